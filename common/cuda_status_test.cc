@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "common/cublas_status.h"
+#include "common/nccl_status.h"
 #include "gtest/gtest.h"
 
 namespace tandem {

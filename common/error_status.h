@@ -6,9 +6,8 @@
 #ifndef TANDEM_COMMON_ERROR_STATUS_H_
 #define TANDEM_COMMON_ERROR_STATUS_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace tandem {
 
@@ -21,8 +20,8 @@ struct CallSite {
 
 // REQUIRES: code != absl::StatusCode::kOk.
 absl::Status LibraryError(absl::StatusCode code, absl::string_view library,
-                          absl::string_view error_name,
-                          absl::string_view description, const CallSite& site);
+                          absl::string_view error_name, absl::string_view description,
+                          const CallSite& site);
 
 }  // namespace tandem
 

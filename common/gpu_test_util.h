@@ -42,15 +42,15 @@ inline bool GpuRequired() {
 
 }  // namespace tandem::testing
 
-#define TANDEM_SKIP_WITHOUT_GPU()                                         \
-  do {                                                                    \
-    std::string tandem_gpu_why_;                                          \
-    if (!::tandem::testing::GpuAvailable(&tandem_gpu_why_)) {             \
-      if (::tandem::testing::GpuRequired()) {                             \
-        FAIL() << "TANDEM_REQUIRE_GPU is set but " << tandem_gpu_why_;    \
-      }                                                                   \
-      GTEST_SKIP() << tandem_gpu_why_;                                    \
-    }                                                                     \
+#define TANDEM_SKIP_WITHOUT_GPU()                                      \
+  do {                                                                 \
+    std::string tandem_gpu_why_;                                       \
+    if (!::tandem::testing::GpuAvailable(&tandem_gpu_why_)) {          \
+      if (::tandem::testing::GpuRequired()) {                          \
+        FAIL() << "TANDEM_REQUIRE_GPU is set but " << tandem_gpu_why_; \
+      }                                                                \
+      GTEST_SKIP() << tandem_gpu_why_;                                 \
+    }                                                                  \
   } while (false)
 
 #endif  // TANDEM_COMMON_GPU_TEST_UTIL_H_

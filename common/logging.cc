@@ -9,16 +9,15 @@ namespace tandem {
 
 absl::Status ValidateLoggingOptions(const LoggingOptions& options) {
   if (options.min_log_level < 0 || options.min_log_level > 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "min_log_level must be in [0, 3], got ", options.min_log_level));
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_log_level must be in [0, 3], got ", options.min_log_level));
   }
   if (options.verbosity < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("verbosity must be >= 0, got ", options.verbosity));
   }
   if (!options.log_to_stderr && options.log_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "log_to_stderr=false needs a log_dir to write files to");
+    return absl::InvalidArgumentError("log_to_stderr=false needs a log_dir to write files to");
   }
   return absl::OkStatus();
 }

@@ -10,16 +10,13 @@ namespace {
 TEST(LoggingTest, RejectsBadOptions) {
   LoggingOptions bad_level;
   bad_level.min_log_level = 4;
-  EXPECT_EQ(InitLogging("logging_test", bad_level).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InitLogging("logging_test", bad_level).code(), absl::StatusCode::kInvalidArgument);
   LoggingOptions bad_verbosity;
   bad_verbosity.verbosity = -1;
-  EXPECT_EQ(ApplyLoggingOptions(bad_verbosity).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ApplyLoggingOptions(bad_verbosity).code(), absl::StatusCode::kInvalidArgument);
   LoggingOptions no_dir;
   no_dir.log_to_stderr = false;
-  EXPECT_EQ(ApplyLoggingOptions(no_dir).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ApplyLoggingOptions(no_dir).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LoggingTest, LogsToStderrWithFileAndLevelFilter) {

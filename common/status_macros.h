@@ -20,17 +20,16 @@
 #define TANDEM_STATUS_CONCAT_INNER_(a, b) a##b
 #define TANDEM_STATUS_CONCAT_(a, b) TANDEM_STATUS_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                                  \
-  do {                                                         \
-    ::absl::Status tandem_status_ = (expr);                    \
-    if (ABSL_PREDICT_FALSE(!tandem_status_.ok())) {            \
-      return tandem_status_;                                   \
-    }                                                          \
+#define RETURN_IF_ERROR(expr)                       \
+  do {                                              \
+    ::absl::Status tandem_status_ = (expr);         \
+    if (ABSL_PREDICT_FALSE(!tandem_status_.ok())) { \
+      return tandem_status_;                        \
+    }                                               \
   } while (false)
 
-#define ASSIGN_OR_RETURN(lhs, rexpr)        \
-  TANDEM_ASSIGN_OR_RETURN_IMPL_(            \
-      TANDEM_STATUS_CONCAT_(tandem_statusor_, __COUNTER__), lhs, rexpr)
+#define ASSIGN_OR_RETURN(lhs, rexpr) \
+  TANDEM_ASSIGN_OR_RETURN_IMPL_(TANDEM_STATUS_CONCAT_(tandem_statusor_, __COUNTER__), lhs, rexpr)
 
 #define TANDEM_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                  \

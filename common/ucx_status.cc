@@ -55,12 +55,10 @@ absl::Status UcxStatus(ucs_status_t status, const CallSite& site) {
   const char* description = ucs_status_string(status);
   if (status == UCS_INPROGRESS) {
     return LibraryError(absl::StatusCode::kInternal, "UCX", "UCS_INPROGRESS",
-                        "operation still in progress; not a final status",
-                        site);
+                        "operation still in progress; not a final status", site);
   }
   return LibraryError(UcxStatusCode(status), "UCX",
-                      absl::StrCat("UCS status ", static_cast<int>(status)),
-                      description, site);
+                      absl::StrCat("UCS status ", static_cast<int>(status)), description, site);
 }
 
 }  // namespace tandem

@@ -25,8 +25,8 @@ __device__ double BlockSum(double v) {
 }
 
 // Pass 1: each block writes the sum of its grid-stride share to partials[blockIdx.x].
-__global__ void __launch_bounds__(kThreads) PartialSums(const float* __restrict__ in, int64_t n,
-                                                        bool vec4, double* __restrict__ partials) {
+__global__ void __launch_bounds__(kThreads)
+    PartialSums(const float* __restrict__ in, int64_t n, bool vec4, double* __restrict__ partials) {
   float acc = 0.f;
   const int64_t tid = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * kThreads;
@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(kThreads) PartialSums(const float* __restrict_
 }
 
 // Pass 2: one block adds the partials.
-__global__ void __launch_bounds__(kThreads) FinalSum(const double* __restrict__ partials,
-                                                     int num_partials, double* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    FinalSum(const double* __restrict__ partials, int num_partials, double* __restrict__ out) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < num_partials; i += kThreads) acc += partials[i];
   double total = BlockSum(acc);
@@ -66,9 +66,10 @@ absl::Status ReduceSumF32(const float* d_in, int64_t n, double* d_out, void* d_w
   }
   const bool vec4 = reinterpret_cast<uintptr_t>(d_in) % 16 == 0;
   const int64_t per_block = int64_t{kThreads} * 4 * 4;  // at least 4 float4s per thread
-  const int blocks = static_cast<int>(
-      n == 0 ? 1 : (n + per_block - 1) / per_block < kMaxBlocks ? (n + per_block - 1) / per_block
-                                                                   : kMaxBlocks);
+  const int blocks = static_cast<int>(n == 0 ? 1
+                                      : (n + per_block - 1) / per_block < kMaxBlocks
+                                          ? (n + per_block - 1) / per_block
+                                          : kMaxBlocks);
   auto* partials = static_cast<double*>(d_workspace);
   PartialSums<<<blocks, kThreads, 0, stream>>>(d_in, n, vec4, partials);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -21,8 +21,8 @@ int64_t ReduceSumWorkspaceBytes();
 // d_in: [n] float (device, any alignment); d_out: one double (device);
 // d_workspace: ReduceSumWorkspaceBytes() bytes (device). Asynchronous on `stream`.
 // REQUIRES: n >= 0.
-absl::Status ReduceSumF32(const float* d_in, int64_t n, double* d_out,
-                          void* d_workspace, cudaStream_t stream);
+absl::Status ReduceSumF32(const float* d_in, int64_t n, double* d_out, void* d_workspace,
+                          cudaStream_t stream);
 
 }  // namespace tandem::gpu_smoke
 

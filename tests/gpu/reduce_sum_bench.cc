@@ -1,7 +1,7 @@
 // Read bandwidth of the smoke reduction (bytes read / time), on the first CUDA device.
 //   reduce_sum_bench [--iters=N]
 // Prints a table; no pass/fail. Reference point on an H200: device copy ~4.27 TB/s (r+w).
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The test command (README.md; .ci/run calls exactly this).
+#
+#   tests/run.sh [BAZEL_FLAGS...]        e.g. tests/run.sh --config=cpu  (CPU-only build)
+#
+# 1. installs the Debian packages the build needs (deploy/install_deps.sh; idempotent),
+# 2. builds everything, CUDA objects too where a toolkit is installed,
+# 3. runs every test (GPU tests skip without a GPU) and the format check,
+# 4. prints one closing line "N passed, N failed, N skipped" (test cases, parsed from Bazel's
+#    build events and gtest's XML) and exits non-zero on any failure.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+start=$(date +%s)
+BAZEL=${BAZEL:-bazel}
+
+fail_early() { echo "tests/run.sh: $1" >&2; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+
+deploy/install_deps.sh || fail_early "installing dependencies failed"
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+echo "tests/run.sh: building //... $*"
+build_ok=1
+"$BAZEL" build --noshow_progress -k "$@" //... || build_ok=0
+
+"$BAZEL" query --noshow_progress "$@" 'tests(//...)' > "$WORK/expected" 2>/dev/null ||
+  fail_early "bazel query failed"
+echo "tests/run.sh: running $(wc -l < "$WORK/expected") test targets"
+"$BAZEL" test --noshow_progress -k "$@" --build_event_json_file="$WORK/bep.json" //...
+test_rc=$?
+
+format=passed
+tests/check_format.sh || format=failed
+build=passed
+[[ $build_ok -eq 1 ]] || build=failed
+
+echo "---- results (tests/run.sh took $(( $(date +%s) - start ))s; bazel test exit $test_rc)"
+python3 tests/summarize_results.py "$WORK/bep.json" "$WORK/expected" \
+  "build //...=$build" "clang-format check=$format"
+rc=$?
+if [[ $rc -ne 0 || $test_rc -ne 0 ]]; then exit 1; fi
+exit 0
