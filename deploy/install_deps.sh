@@ -17,6 +17,7 @@ PACKAGES=(
   libucx-dev ucx-utils     # UCX transfer agent; ucx_perftest for the link-limit benchmark
   libgloo-dev              # CPU collectives
   libgoogle-glog-dev libgflags-dev
+  nlohmann-json3-dev       # config.json and safetensors headers
   clang-format             # tests/check_format.sh
 )
 

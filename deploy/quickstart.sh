@@ -13,5 +13,5 @@ cd "$ROOT"
 deploy/install_deps.sh
 bazel build --noshow_progress "$@" //...
 echo "quickstart: built. Binaries:"
-bazel query --noshow_progress "$@" 'kind("cc_binary", //...)' 2>/dev/null | sed 's/^/  /'
+bazel cquery --noshow_progress "$@" 'kind("cc_binary", //...)' 2>/dev/null | awk '{print "  " $1}'
 echo "quickstart: GPU bundle (for a machine with an NVIDIA driver): tests/gpu/bundle.sh OUT_DIR"

@@ -26,8 +26,9 @@ echo "tests/run.sh: building //... $*"
 build_ok=1
 "$BAZEL" build --noshow_progress -k "$@" //... || build_ok=0
 
-"$BAZEL" query --noshow_progress "$@" 'tests(//...)' > "$WORK/expected" 2>/dev/null ||
-  fail_early "bazel query failed"
+# cquery (not query) so build flags such as --config=cpu apply.
+"$BAZEL" cquery --noshow_progress "$@" 'tests(//...)' 2>/dev/null | awk '{print $1}' \
+  > "$WORK/expected" || fail_early "bazel cquery failed"
 echo "tests/run.sh: running $(wc -l < "$WORK/expected") test targets"
 "$BAZEL" test --noshow_progress -k "$@" --build_event_json_file="$WORK/bep.json" //...
 test_rc=$?

@@ -17,6 +17,8 @@ _PKG_TARGETS = {
     "absl_time": (["absl_time", "absl_time_zone"], []),
     "glog": (["libglog", "gflags"], []),
     "grpc++": (["grpc++", "protobuf"], []),
+    # Header-only (config.json, safetensors headers); the target documents the dependency.
+    "nlohmann_json": (["nlohmann_json"], []),
     "grpc++_reflection": (["grpc++", "protobuf"], ["-Wl,--no-as-needed", "-lgrpc++_reflection", "-Wl,--as-needed"]),
     "protobuf": (["protobuf"], []),
     "ucx": (["ucx"], []),
