@@ -18,6 +18,7 @@ PACKAGES=(
   libgloo-dev              # CPU collectives
   libgoogle-glog-dev libgflags-dev
   nlohmann-json3-dev       # config.json and safetensors headers
+  libssl-dev               # SHA-256 (prefix-cache block hashes)
   clang-format             # tests/check_format.sh
 )
 

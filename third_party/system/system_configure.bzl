@@ -15,6 +15,7 @@ _PKG_TARGETS = {
     "absl_strings": (["absl_strings", "absl_str_format"], []),
     "absl_synchronization": (["absl_synchronization"], []),
     "absl_time": (["absl_time", "absl_time_zone"], []),
+    "crypto": (["libcrypto"], []),  # OpenSSL: SHA-256 for prefix-cache block hashes
     "glog": (["libglog", "gflags"], []),
     "grpc++": (["grpc++", "protobuf"], []),
     # Header-only (config.json, safetensors headers); the target documents the dependency.

@@ -1,0 +1,58 @@
+// Layout of one worker's paged KV pool and a non-owning view of it.
+//
+// The pool is block-major across layers, so one block (every layer's K and V for block_size
+// tokens) is one contiguous region and one RDMA descriptor when it moves between workers:
+//
+//   [num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
+//
+// A token's slot is `block_id * block_size + offset`; within a (block, layer, K|V) tile the
+// token's row for kv head h starts at `offset * num_kv_heads * head_dim + h * head_dim`.
+//
+// Thread safety: plain values; views do not synchronize access to the pool they point at.
+#ifndef TANDEM_KERNELS_ATTENTION_KV_CACHE_LAYOUT_H_
+#define TANDEM_KERNELS_ATTENTION_KV_CACHE_LAYOUT_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tandem::kernels {
+
+struct KvCacheLayout {
+  int64_t num_blocks = 0;
+  int64_t num_layers = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+
+  // Elements of one [block_size][num_kv_heads][head_dim] tile (one layer's K or V of a block).
+  int64_t TileElems() const { return block_size * num_kv_heads * head_dim; }
+  // num_layers * 2 * block_size * num_kv_heads * head_dim.
+  int64_t BlockElems() const { return num_layers * 2 * TileElems(); }
+  // num_blocks * BlockElems().
+  int64_t TotalElems() const { return num_blocks * BlockElems(); }
+  // Number of addressable slots, num_blocks * block_size.
+  int64_t NumSlots() const { return num_blocks * block_size; }
+
+  // Element offset of K (kv = 0) or V (kv = 1) of (block, layer): the start of a
+  // [block_size][num_kv_heads][head_dim] tile.
+  // REQUIRES: 0 <= block < num_blocks, 0 <= layer < num_layers, kv in {0, 1} (not checked: hot
+  // path).
+  int64_t TileOffset(int64_t block, int64_t layer, int kv) const {
+    return ((block * num_layers + layer) * 2 + kv) * TileElems();
+  }
+
+  // OK iff every field is positive and TotalElems() fits in int64_t; otherwise INVALID_ARGUMENT
+  // naming the offending field.
+  absl::Status Validate() const;
+};
+
+// Non-owning view of an fp32 pool of layout.TotalElems() floats.
+struct KvCacheView {
+  float* data = nullptr;
+  KvCacheLayout layout;
+};
+
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_ATTENTION_KV_CACHE_LAYOUT_H_

@@ -1,0 +1,245 @@
+#include "kernels/attention/merge_attn_states.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/attention/attention_test_util.h"
+#include "kernels/attention/paged_attention.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+using ::tandem::kernels::attention_test::CaseOptions;
+using ::tandem::kernels::attention_test::LseClose;
+using ::tandem::kernels::attention_test::MakePagedCase;
+using ::tandem::kernels::attention_test::OutClose;
+using ::tandem::kernels::attention_test::PagedCase;
+using ::tandem::kernels::attention_test::RandomNormal;
+using ::tandem::kernels::attention_test::Reference;
+using ::tandem::kernels::attention_test::ReferenceAttention;
+using ::tandem::kernels::attention_test::TestSeed;
+
+// Merged fp32 partials vs fp64 full attention: max |out - ref| <= 1e-5 * max|ref|,
+// |lse - ref| <= 1e-5 * max(1, |ref|).
+constexpr double kOutTol = 1e-5;
+constexpr double kLseTol = 1e-5;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> ToFloat(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+
+// Split-KV decode through the real kernel: each sequence's context is cut at a block boundary;
+// part A attends to the first blocks, part B to the rest (its own block table), and the merge
+// must equal attention over the whole context.
+TEST(MergeAttnStatesTest, SplitKvDecodeThroughPagedAttentionEqualsFull) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  for (int64_t block_size : {1, 16, 32}) {
+    CaseOptions options;
+    options.num_q_heads = 8;
+    options.num_kv_heads = 2;
+    options.head_dim = 128;
+    options.block_size = block_size;
+    options.q_stddev = 2.0f;
+    PagedCase c = MakePagedCase(rng, options, {{100, 1}, {257, 1}, {64, 1}, {33, 1}});
+    const AttentionParams params{1.0f / std::sqrt(128.0f), -1, 0.0f};
+
+    // Sequence s is split after split_blocks[s] blocks.
+    const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
+    std::vector<int32_t> lens_a, lens_b;
+    std::vector<int32_t> tables_a(c.block_tables.size(), -1), tables_b(c.block_tables.size(), -1);
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t blocks = (c.seqs[s].seq_len + block_size - 1) / block_size;
+      const int64_t split = 1 + static_cast<int64_t>(rng() % (blocks - 1));
+      lens_a.push_back(static_cast<int32_t>(split * block_size));
+      lens_b.push_back(static_cast<int32_t>(c.seqs[s].seq_len - split * block_size));
+      const int32_t* table = c.block_tables.data() + s * c.max_blocks_per_seq;
+      std::copy(table, table + split, tables_a.begin() + s * c.max_blocks_per_seq);
+      std::copy(table + split, table + blocks, tables_b.begin() + s * c.max_blocks_per_seq);
+    }
+    AttentionBatch batch_a = c.Batch();
+    batch_a.seq_lens = lens_a.data();
+    batch_a.block_tables = tables_a.data();
+    AttentionBatch batch_b = c.Batch();
+    batch_b.seq_lens = lens_b.data();
+    batch_b.block_tables = tables_b.data();
+
+    const int64_t rows = c.num_tokens * options.num_q_heads;
+    std::vector<float> out_a(rows * 128), lse_a(rows), out_b(rows * 128), lse_b(rows);
+    ASSERT_TRUE(PagedAttention(c.q.data(), 8, c.View(), options.layer, batch_a, params,
+                               out_a.data(), lse_a.data(), nullptr)
+                    .ok());
+    ASSERT_TRUE(PagedAttention(c.q.data(), 8, c.View(), options.layer, batch_b, params,
+                               out_b.data(), lse_b.data(), nullptr)
+                    .ok());
+    std::vector<float> out(rows * 128), lse(rows);
+    MergeAttnStates(out_a.data(), lse_a.data(), out_b.data(), lse_b.data(), c.num_tokens, 8, 128,
+                    out.data(), lse.data());
+
+    const Reference full = ReferenceAttention(c, params);
+    EXPECT_TRUE(OutClose(out, full.out, kOutTol)) << "block_size " << block_size;
+    EXPECT_TRUE(LseClose(lse, full.lse, kLseTol)) << "block_size " << block_size;
+  }
+}
+
+// Chunked prefill / DCP shape: causal queries over a prefix, keys cut at arbitrary points into
+// [0, cut) and [cut, end). Queries before the cut see nothing of part B (lse -inf there).
+TEST(MergeAttnStatesTest, CausalKeySplitsMergeToFullAttention) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  CaseOptions options;
+  options.num_q_heads = 6;
+  options.num_kv_heads = 3;
+  options.head_dim = 40;
+  options.q_stddev = 2.0f;
+  PagedCase c = MakePagedCase(rng, options, {{90, 30}, {50, 50}, {20, 1}});
+  for (const AttentionParams& params :
+       {AttentionParams{0.2f, -1, 0.0f}, AttentionParams{0.2f, 25, 4.0f}}) {
+    const Reference full = ReferenceAttention(c, params);
+    for (int trial = 0; trial < 5; ++trial) {
+      const int64_t cut = static_cast<int64_t>(rng() % 91);
+      SCOPED_TRACE(::testing::Message() << "cut=" << cut << " window=" << params.window_left);
+      // Partials from the fp64 reference restricted to each key range, rounded to fp32 as a
+      // kernel would hand them over.
+      const Reference a = ReferenceAttention(c, params, 0, cut);
+      const Reference b = ReferenceAttention(c, params, cut);
+      std::vector<float> out(full.out.size()), lse(full.lse.size());
+      MergeAttnStates(ToFloat(a.out).data(), ToFloat(a.lse).data(), ToFloat(b.out).data(),
+                      ToFloat(b.lse).data(), c.num_tokens, 6, 40, out.data(), lse.data());
+      EXPECT_TRUE(OutClose(out, full.out, kOutTol));
+      EXPECT_TRUE(LseClose(lse, full.lse, kLseTol));
+    }
+  }
+}
+
+// Three disjoint ranges merged as (A + B) + C and A + (B + C), in place.
+TEST(MergeAttnStatesTest, MergingIsAssociativeAndInPlace) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  CaseOptions options;
+  options.q_stddev = 2.0f;
+  PagedCase c = MakePagedCase(rng, options, {{120, 4}, {70, 1}});
+  const AttentionParams params{0.125f, -1, 0.0f};
+  const Reference full = ReferenceAttention(c, params);
+  const Reference a = ReferenceAttention(c, params, 0, 30);
+  const Reference b = ReferenceAttention(c, params, 30, 60);
+  const Reference cc = ReferenceAttention(c, params, 60);
+  const int64_t n = c.num_tokens, h = 8, d = 64;
+
+  std::vector<float> out = ToFloat(a.out), lse = ToFloat(a.lse);  // aliases out_a / lse_a
+  MergeAttnStates(out.data(), lse.data(), ToFloat(b.out).data(), ToFloat(b.lse).data(), n, h, d,
+                  out.data(), lse.data());
+  MergeAttnStates(out.data(), lse.data(), ToFloat(cc.out).data(), ToFloat(cc.lse).data(), n, h, d,
+                  out.data(), lse.data());
+  EXPECT_TRUE(OutClose(out, full.out, kOutTol));
+  EXPECT_TRUE(LseClose(lse, full.lse, kLseTol));
+
+  std::vector<float> out_bc = ToFloat(cc.out), lse_bc = ToFloat(cc.lse);  // aliases out_b
+  MergeAttnStates(ToFloat(b.out).data(), ToFloat(b.lse).data(), out_bc.data(), lse_bc.data(), n, h,
+                  d, out_bc.data(), lse_bc.data());
+  std::vector<float> out2(out.size()), lse2(lse.size());
+  MergeAttnStates(ToFloat(a.out).data(), ToFloat(a.lse).data(), out_bc.data(), lse_bc.data(), n, h,
+                  d, out2.data(), lse2.data());
+  EXPECT_TRUE(OutClose(out2, full.out, kOutTol));
+  EXPECT_TRUE(LseClose(lse2, full.lse, kLseTol));
+}
+
+// Random rows against the formula evaluated in fp64.
+TEST(MergeAttnStatesTest, MatchesFormula) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  const int64_t n = 9, h = 3, d = 17;
+  const std::vector<float> out_a = RandomNormal(rng, n * h * d, 1.0f);
+  const std::vector<float> out_b = RandomNormal(rng, n * h * d, 1.0f);
+  std::vector<float> lse_a = RandomNormal(rng, n * h, 5.0f);
+  std::vector<float> lse_b = RandomNormal(rng, n * h, 5.0f);
+  lse_b[0] = lse_a[0] + 150.0f;  // w_a underflows to 0 in fp32
+  lse_b[1] = lse_a[1];           // equal weights
+  std::vector<float> out(n * h * d), lse(n * h);
+  MergeAttnStates(out_a.data(), lse_a.data(), out_b.data(), lse_b.data(), n, h, d, out.data(),
+                  lse.data());
+  std::vector<double> want_out(out.size()), want_lse(lse.size());
+  for (int64_t r = 0; r < n * h; ++r) {
+    const double m = std::max<double>(lse_a[r], lse_b[r]);
+    const double wa = std::exp(lse_a[r] - m), wb = std::exp(lse_b[r] - m);
+    for (int64_t j = 0; j < d; ++j) {
+      want_out[r * d + j] = (wa * out_a[r * d + j] + wb * out_b[r * d + j]) / (wa + wb);
+    }
+    want_lse[r] = m + std::log(wa + wb);
+  }
+  EXPECT_TRUE(OutClose(out, want_out, 1e-6));
+  EXPECT_TRUE(LseClose(lse, want_lse, 1e-6));
+}
+
+// Edge cases, one row (head_dim 3) each: {lse_a, lse_b} -> which side survives.
+TEST(MergeAttnStatesTest, EmptyAndNonFiniteLse) {
+  const std::vector<float> out_a = {1.0f, -2.0f, 3.0f};
+  const std::vector<float> out_b = {-4.0f, 5.0f, 0.5f};
+  const std::vector<float> garbage = {kNaN, kInf, -kInf};
+  struct Case {
+    float lse_a, lse_b;
+    int survivor;  // 0: a, 1: b, -1: neither
+  } cases[] = {
+      {0.3f, -kInf, 0}, {-kInf, 0.3f, 1},  {-kInf, -kInf, -1}, {kNaN, 2.0f, 1},
+      {2.0f, kNaN, 0},  {kNaN, kNaN, -1},  {kInf, 2.0f, 1},    {2.0f, kInf, 0},
+      {kInf, kInf, -1}, {kInf, -kInf, -1}, {kNaN, -kInf, -1},  {-kInf, kInf, -1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "lse_a=" << c.lse_a << " lse_b=" << c.lse_b);
+    // An empty side's out may be garbage; it must not leak into the result.
+    const std::vector<float>& in_a = c.survivor == 0 ? out_a : garbage;
+    const std::vector<float>& in_b = c.survivor == 1 ? out_b : garbage;
+    std::vector<float> out(3, 99.0f);
+    float lse = 99.0f;
+    MergeAttnStates(in_a.data(), &c.lse_a, in_b.data(), &c.lse_b, 1, 1, 3, out.data(), &lse);
+    if (c.survivor == -1) {
+      EXPECT_EQ(out, std::vector<float>(3, 0.0f));
+      EXPECT_EQ(lse, -kInf);
+    } else {
+      EXPECT_EQ(out, c.survivor == 0 ? out_a : out_b);  // copied exactly
+      EXPECT_EQ(lse, c.survivor == 0 ? c.lse_a : c.lse_b);
+    }
+  }
+}
+
+TEST(MergeAttnStatesTest, AliasingOutputs) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  const int64_t n = 5, h = 4, d = 33;
+  const std::vector<float> out_a = RandomNormal(rng, n * h * d, 1.0f);
+  const std::vector<float> out_b = RandomNormal(rng, n * h * d, 1.0f);
+  std::vector<float> lse_a = RandomNormal(rng, n * h, 3.0f);
+  std::vector<float> lse_b = RandomNormal(rng, n * h, 3.0f);
+  lse_a[2] = -kInf;
+  lse_b[3] = kNaN;
+  std::vector<float> want_out(n * h * d), want_lse(n * h);
+  MergeAttnStates(out_a.data(), lse_a.data(), out_b.data(), lse_b.data(), n, h, d, want_out.data(),
+                  want_lse.data());
+
+  std::vector<float> oa = out_a, la = lse_a;
+  MergeAttnStates(oa.data(), la.data(), out_b.data(), lse_b.data(), n, h, d, oa.data(), la.data());
+  EXPECT_EQ(oa, want_out);
+  EXPECT_EQ(la, want_lse);
+
+  std::vector<float> ob = out_b, lb = lse_b;
+  MergeAttnStates(out_a.data(), lse_a.data(), ob.data(), lb.data(), n, h, d, ob.data(), lb.data());
+  EXPECT_EQ(ob, want_out);
+  EXPECT_EQ(lb, want_lse);
+}
+
+TEST(MergeAttnStatesTest, ZeroRowsIsANoOp) {
+  MergeAttnStates(nullptr, nullptr, nullptr, nullptr, 0, 8, 64, nullptr, nullptr);
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,71 @@
+// Paged attention over the block-major KV pool (kv_cache_layout.h): one call covers decode
+// (q_len = 1), speculative verification (q_len > 1 over a long context), prefill (no prefix) and
+// extend (paged prefix + new tokens) for a whole batch, and returns the log-sum-exp of each
+// (token, head) so partial results can be merged (merge_attn_states.h).
+//
+// Thread safety: reads q and the pool, writes out and lse; no shared state. The pool's K/V must
+// not be written concurrently (ReshapeAndCache for this step runs before, not during).
+#ifndef TANDEM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
+#define TANDEM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/attention/kv_cache_layout.h"
+#include "kernels/threading/thread_pool.h"
+
+namespace tandem::kernels {
+
+// Per-step batch metadata, built once on the host and reused by every layer (FlashInfer
+// plan/run style). Non-owning.
+struct AttentionBatch {
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], cu_seqlens of the new (query)
+                                             // tokens; query_start_loc[0] = 0
+  const int32_t* seq_lens = nullptr;         // [num_seqs], total context of each request INCLUDING
+                                             // its new tokens
+  const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq], logical -> physical
+                                             // block ids; entries not needed may hold anything
+  int64_t num_seqs = 0;
+  int64_t max_blocks_per_seq = 0;
+};
+
+struct AttentionParams {
+  float scale = 0;           // multiplies q.k; must be finite and > 0 (usually 1/sqrt(head_dim))
+  int64_t window_left = -1;  // >= 0: query at p sees keys [p - window_left, p]; -1: no window
+  float softcap = 0;         // > 0: s = softcap * tanh(s / softcap) on scaled scores; 0: off
+};
+
+}  // namespace tandem::kernels
+
+namespace tandem::kernels::cpu {
+
+// Sequence s has q_len = query_start_loc[s+1] - query_start_loc[s] new tokens; its query token j
+// sits at position p = seq_lens[s] - q_len + j and attends to context positions [0, p] (causal
+// among the new tokens; their K/V are already in the cache via ReshapeAndCache), narrowed to
+// [p - window_left, p] by a sliding window. GQA/MQA: query head h uses kv head
+// h / (num_q_heads / num_kv_heads).
+//
+// q: [num_tokens, num_q_heads, head_dim]; out: [num_tokens, num_q_heads, head_dim];
+// lse: [num_tokens, num_q_heads], natural-log sum-exp of the (soft-capped) scaled scores, or null.
+// num_tokens = query_start_loc[num_seqs]; head_dim and num_kv_heads come from cache.layout.
+// A query with no visible keys gets out = 0 and lse = -inf. NaN in q or in a visible K/V row
+// gives NaN out (and lse, for K) for the affected (token, head), never a silent 0.
+//
+// Numerics: online softmax over chunks of keys, fp32 accumulation. Work is split into
+// (sequence, kv head, query tile) items, each computed by one thread the same way whatever the
+// pool, so results are bitwise identical for any thread count. Each K/V row is loaded once per
+// item and used by every query head of the kv head's GQA group.
+//
+// INVALID_ARGUMENT (out and lse untouched) on: invalid layout or null cache.data; layer out of
+// range; num_q_heads not a positive multiple of num_kv_heads; scale not finite and > 0; softcap
+// negative or not finite; window_left < -1; num_seqs or max_blocks_per_seq negative;
+// query_start_loc[0] != 0 or decreasing; seq_len < 0, q_len > seq_len, or seq_len beyond
+// max_blocks_per_seq * block_size; a block-table entry needed by some query outside
+// [0, num_blocks); null pointers where data is needed.
+absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cache, int64_t layer,
+                            const AttentionBatch& batch, const AttentionParams& params, float* out,
+                            float* lse, ThreadPool* pool);
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_KERNELS_ATTENTION_PAGED_ATTENTION_H_

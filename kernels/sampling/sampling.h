@@ -1,0 +1,54 @@
+// Token sampling from one row of logits: greedy, or temperature + top-k + top-p with a
+// counter-based RNG, so a request's token at a given output index is reproducible regardless of
+// batching, preemption or which worker produced it.
+//
+// Stateless; safe to call concurrently.
+#ifndef TANDEM_KERNELS_SAMPLING_SAMPLING_H_
+#define TANDEM_KERNELS_SAMPLING_SAMPLING_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tandem::kernels {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // 1 = off; must be in (0, 1]
+  uint64_t seed = 0;
+};
+
+// INVALID_ARGUMENT when temperature is negative or not finite, top_k < 0, or top_p is not in
+// (0, 1] (NaN included), naming the field and value.
+absl::Status ValidateSamplingParams(const SamplingParams& p);
+
+// The uniform draw in [0, 1) used for the token at output index `step` of a request seeded
+// with `seed`: Philox4x32-10 with key = seed and counter = {step low, step high, 0, 0}, first
+// two output words as 53 bits. Exposed so other backends (CUDA) draw the same number.
+double SamplingUniform(uint64_t seed, uint64_t step);
+
+namespace cpu {
+
+// Picks one token id from logits: [vocab] (vocab >= 1).
+// REQUIRES: ValidateSamplingParams(params).ok().
+//
+// Greedy (temperature == 0): argmax; the lowest index wins ties; NaN never wins.
+// Otherwise, in this order (as transformers' logits processors do):
+//   1. temperature: probabilities proportional to exp((logit - max) / temperature);
+//   2. top_k > 0: keep the k largest logits (exactly k: ties at the boundary go to the lower
+//      index, so top_k == 1 is greedy; transformers would keep every tied token);
+//   3. top_p < 1: keep the smallest set of most probable remaining tokens whose probability,
+//      renormalized over the remaining ones, sums to >= top_p (at least one token; ties in
+//      probability again go to the lower index);
+//   4. renormalize over the kept tokens and pick by inverse CDF, scanning kept tokens in index
+//      order, with u = SamplingUniform(params.seed, step).
+// NaN and -inf logits have probability 0. +inf logits share all the probability equally. If
+// no logit is finite or +inf (all NaN / -inf), the result is the greedy choice (0 if all NaN).
+int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+                    uint64_t step);
+
+}  // namespace cpu
+}  // namespace tandem::kernels
+
+#endif  // TANDEM_KERNELS_SAMPLING_SAMPLING_H_

@@ -1,0 +1,103 @@
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tandem::runtime {
+
+Engine::Engine(const EngineConfig& config, const ModelConfig& model_config, int64_t num_blocks,
+               int64_t max_model_len)
+    : config_(config),
+      model_config_(model_config),
+      num_blocks_(num_blocks),
+      max_model_len_(max_model_len) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                       const ModelConfig& model_config,
+                                                       ModelWeights weights) {
+  if (config.block_size <= 0 || config.max_num_batched_tokens <= 0 || config.max_num_seqs <= 0 ||
+      config.num_threads <= 0 || config.max_model_len < 0) {
+    return absl::InvalidArgumentError(
+        "block_size, max_num_batched_tokens, max_num_seqs, num_threads must be positive");
+  }
+  const int64_t max_model_len =
+      config.max_model_len > 0
+          ? std::min(config.max_model_len, model_config.max_position_embeddings)
+          : model_config.max_position_embeddings;
+  // Bytes of one block: every layer's K and V for block_size tokens, fp32 on the CPU backend.
+  const int64_t block_bytes = model_config.num_hidden_layers * 2 * config.block_size *
+                              model_config.num_key_value_heads * model_config.head_dim *
+                              static_cast<int64_t>(sizeof(float));
+  ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(config.kv_cache_bytes, block_bytes));
+
+  std::unique_ptr<Engine> engine(new Engine(config, model_config, num_blocks, max_model_len));
+  engine->pool_ = std::make_unique<kernels::ThreadPool>(config.num_threads);
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                   LlamaModel::Create(model_config, std::move(weights), engine->pool_.get()));
+  const kernels::KvCacheLayout layout = model->KvLayout(num_blocks, config.block_size);
+  RETURN_IF_ERROR(layout.Validate());
+
+  KvCacheConfig kv_config;
+  kv_config.num_blocks = num_blocks;
+  kv_config.block_size = config.block_size;
+  kv_config.enable_prefix_caching = config.enable_prefix_caching;
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, KvCacheManager::Create(kv_config));
+
+  SchedulerConfig sched_config;
+  sched_config.max_num_batched_tokens = config.max_num_batched_tokens;
+  sched_config.max_num_seqs = config.max_num_seqs;
+  sched_config.max_model_len = max_model_len;
+  engine->scheduler_ =
+      std::make_unique<Scheduler>(sched_config, std::move(kv_cache), model_config.eos_token_ids);
+  engine->runner_ = std::make_unique<ModelRunner>(std::move(model), layout);
+  return engine;
+}
+
+absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
+  const int64_t vocab = model_config_.vocab_size;
+  const int64_t n = static_cast<int64_t>(spec.prompt.size());
+  if (n == 0) return absl::InvalidArgumentError("prompt is empty");
+  for (int64_t i = 0; i < n; ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", spec.prompt[i],
+                                                     ", outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  for (int32_t t : spec.stop_token_ids) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (spec.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 1, got ", spec.max_tokens));
+  }
+  if (n + spec.max_tokens > max_model_len_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", n, " tokens) + max_tokens (", spec.max_tokens,
+                     ") exceeds the model's maximum length of ", max_model_len_, " tokens"));
+  }
+  const int64_t blocks_needed = (n + spec.max_tokens + config_.block_size - 1) / config_.block_size;
+  if (blocks_needed > num_blocks_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request needs ", blocks_needed, " KV blocks but the whole pool has ",
+                     num_blocks_, "; raise --kv_cache_bytes or lower max_tokens"));
+  }
+  RETURN_IF_ERROR(kernels::ValidateSamplingParams(spec.sampling));
+  return scheduler_->Add(request_id, std::move(spec));
+}
+
+bool Engine::Abort(int64_t request_id) { return scheduler_->Abort(request_id); }
+
+absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
+  SchedulerOutput batch = scheduler_->Schedule();
+  if (batch.empty()) return std::vector<RequestUpdate>{};
+  ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
+  return scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits);
+}
+
+}  // namespace tandem::runtime

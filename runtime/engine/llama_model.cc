@@ -1,0 +1,142 @@
+#include "runtime/engine/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/attention/reshape_and_cache.h"
+#include "kernels/gemm/linear.h"
+#include "kernels/layers/activation.h"
+#include "kernels/layers/embedding.h"
+#include "kernels/layers/norm.h"
+#include "kernels/layers/rope.h"
+
+namespace tandem::runtime {
+namespace {
+
+const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
+                                                               ModelWeights weights,
+                                                               kernels::ThreadPool* pool) {
+  if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights have ", weights.layers.size(), " layers, config says ", config.num_hidden_layers));
+  }
+  ASSIGN_OR_RETURN(
+      std::vector<float> inv_freq,
+      kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
+  return std::unique_ptr<LlamaModel>(
+      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool));
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
+                       kernels::ThreadPool* pool)
+    : config_(config), weights_(std::move(weights)), inv_freq_(std::move(inv_freq)), pool_(pool) {}
+
+kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
+  kernels::KvCacheLayout layout;
+  layout.num_blocks = num_blocks;
+  layout.num_layers = config_.num_hidden_layers;
+  layout.block_size = block_size;
+  layout.num_kv_heads = config_.num_key_value_heads;
+  layout.head_dim = config_.head_dim;
+  return layout;
+}
+
+absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView cache,
+                                 absl::Span<const int64_t> logit_rows, std::vector<float>* logits) {
+  const int64_t T = static_cast<int64_t>(input.token_ids.size());
+  const int64_t H = config_.hidden_size;
+  const int64_t I = config_.intermediate_size;
+  const int64_t D = config_.head_dim;
+  const int64_t Hq = config_.num_attention_heads;
+  const int64_t Hk = config_.num_key_value_heads;
+  const int64_t q_dim = Hq * D, kv_dim = Hk * D, qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t V = config_.vocab_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (T == 0) return absl::InvalidArgumentError("Forward: empty batch");
+  if (static_cast<int64_t>(input.positions.size()) != T ||
+      static_cast<int64_t>(input.slot_mapping.size()) != T) {
+    return absl::InvalidArgumentError("Forward: token_ids, positions, slot_mapping sizes differ");
+  }
+  for (int64_t row : logit_rows) {
+    if (row < 0 || row >= T) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Forward: logit row ", row, " not in [0, ", T, ")"));
+    }
+  }
+
+  hidden_.resize(T * H);
+  residual_.resize(T * H);
+  qkv_.resize(T * qkv_dim);
+  q_.resize(T * q_dim);
+  k_.resize(T * kv_dim);
+  v_.resize(T * kv_dim);
+  attn_.resize(T * q_dim);
+  gate_up_.resize(T * 2 * I);
+  act_.resize(T * I);
+
+  // residual_ holds the stream; hidden_ the normalized input of the next sub-block.
+  RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
+                                          V, H, residual_.data()));
+  kernels::AttentionParams attn_params;
+  attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    // Pre-attention norm. Layer 0 has nothing to add yet; later layers fold the MLP output
+    // (left in hidden_) into the residual stream first.
+    if (l == 0) {
+      kernels::cpu::RmsNorm(residual_.data(), w.input_layernorm.data(), T, H, eps, hidden_.data());
+    } else {
+      kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), w.input_layernorm.data(), T,
+                                    H, eps);
+    }
+    kernels::cpu::Linear(hidden_.data(), w.qkv_proj.data(), OrNull(w.qkv_bias), T, qkv_dim, H,
+                         qkv_.data(), pool_);
+    // Split the fused rows into contiguous q/k/v: [T, heads, D] each.
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv_.data() + t * qkv_dim;
+      std::copy(row, row + q_dim, q_.data() + t * q_dim);
+      std::copy(row + q_dim, row + q_dim + kv_dim, k_.data() + t * kv_dim);
+      std::copy(row + q_dim + kv_dim, row + qkv_dim, v_.data() + t * kv_dim);
+    }
+    kernels::cpu::ApplyRope(input.positions.data(), T, inv_freq_.data(), D, q_.data(), Hq,
+                            k_.data(), Hk);
+    RETURN_IF_ERROR(kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(),
+                                                  T, l, cache));
+    RETURN_IF_ERROR(kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention,
+                                                 attn_params, attn_.data(), nullptr, pool_));
+    kernels::cpu::Linear(attn_.data(), w.o_proj.data(), OrNull(w.o_bias), T, H, q_dim,
+                         hidden_.data(), pool_);
+    kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
+                                  w.post_attention_layernorm.data(), T, H, eps);
+    kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), OrNull(w.gate_up_bias), T, 2 * I, H,
+                         gate_up_.data(), pool_);
+    kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
+    kernels::cpu::Linear(act_.data(), w.down_proj.data(), OrNull(w.down_bias), T, H, I,
+                         hidden_.data(), pool_);
+  }
+  kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
+
+  // Logits only where a token is sampled (or prompt logits are captured).
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  last_.resize(R * H);
+  for (int64_t r = 0; r < R; ++r) {
+    std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
+  }
+  const std::vector<float>& lm_head =
+      weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
+  logits->resize(R * V);
+  if (R > 0) {
+    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,66 @@
+// The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM) on the CPU backend.
+//
+// Per layer: RMSNorm (fused with the residual add) -> fused QKV projection (+bias) -> RoPE ->
+// KV write into the paged pool -> paged attention -> o_proj -> RMSNorm -> gate_up -> SiLU*up ->
+// down_proj. Every op comes from kernels/ with the signature the CUDA backend mirrors.
+//
+// Thread safety: Forward() is not reentrant (it reuses scratch buffers); the engine calls it
+// from its step loop only. Weights are immutable after Create().
+#ifndef TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_
+#define TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/attention/kv_cache_layout.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/threading/thread_pool.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+
+// One step's flattened batch (T = total new tokens of all sequences).
+struct ForwardInput {
+  absl::Span<const int32_t> token_ids;     // [T]
+  absl::Span<const int64_t> positions;     // [T]
+  absl::Span<const int64_t> slot_mapping;  // [T]; -1 = do not write
+  kernels::AttentionBatch attention;       // query_start_loc / seq_lens / block tables
+};
+
+class LlamaModel {
+ public:
+  // Takes ownership of the weights. `pool` (nullable) must outlive the model.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
+                                                            ModelWeights weights,
+                                                            kernels::ThreadPool* pool);
+
+  // The KV pool layout this model needs for `num_blocks` blocks of `block_size` tokens.
+  kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
+
+  // Runs the decoder over `input`, writing new K/V into `cache`, and computes logits for the
+  // token rows listed in `logit_rows` (indices into [0, T)).
+  // logits: resized to [logit_rows.size(), vocab].
+  absl::Status Forward(const ForwardInput& input, kernels::KvCacheView cache,
+                       absl::Span<const int64_t> logit_rows, std::vector<float>* logits);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
+             kernels::ThreadPool* pool);
+
+  const ModelConfig config_;
+  const ModelWeights weights_;
+  const std::vector<float> inv_freq_;  // [head_dim / 2], shared by all layers
+  kernels::ThreadPool* const pool_;
+  // Scratch, grown on demand and reused across steps.
+  std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_

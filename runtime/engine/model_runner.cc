@@ -1,0 +1,78 @@
+#include "runtime/engine/model_runner.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "kernels/sampling/sampling.h"
+
+namespace tandem::runtime {
+
+ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout)
+    : model_(std::move(model)), layout_(layout), kv_pool_(layout.TotalElems(), 0.0f) {}
+
+absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  const int64_t bs = layout_.block_size;
+  int64_t max_blocks = 1;
+  for (const ScheduledSeq& seq : batch.seqs) {
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(seq.block_table.size()));
+  }
+  token_ids_.clear();
+  positions_.clear();
+  slot_mapping_.clear();
+  logit_rows_.clear();
+  query_start_loc_.assign(1, 0);
+  seq_lens_.clear();
+  block_tables_.assign(S * max_blocks, 0);
+  std::vector<int64_t> logit_row_of_seq(S, -1);
+  for (int64_t s = 0; s < S; ++s) {
+    const ScheduledSeq& seq = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = seq.num_computed_tokens + j;
+      token_ids_.push_back(seq.new_tokens[j]);
+      positions_.push_back(pos);
+      slot_mapping_.push_back(int64_t{seq.block_table[pos / bs]} * bs + pos % bs);
+    }
+    query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
+    seq_lens_.push_back(static_cast<int32_t>(seq.num_computed_tokens + n));
+    std::copy(seq.block_table.begin(), seq.block_table.end(),
+              block_tables_.begin() + s * max_blocks);
+    if (seq.samples || seq.capture_prompt_logits) {
+      logit_row_of_seq[s] = static_cast<int64_t>(logit_rows_.size());
+      logit_rows_.push_back(static_cast<int64_t>(token_ids_.size()) - 1);
+    }
+  }
+
+  ForwardInput input;
+  input.token_ids = token_ids_;
+  input.positions = positions_;
+  input.slot_mapping = slot_mapping_;
+  input.attention.query_start_loc = query_start_loc_.data();
+  input.attention.seq_lens = seq_lens_.data();
+  input.attention.block_tables = block_tables_.data();
+  input.attention.num_seqs = S;
+  input.attention.max_blocks_per_seq = max_blocks;
+  kernels::KvCacheView cache{kv_pool_.data(), layout_};
+  RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
+
+  const int64_t vocab = model_->config().vocab_size;
+  RunnerOutput out;
+  out.sampled_tokens.assign(S, -1);
+  out.last_prompt_logits.resize(S);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t row = logit_row_of_seq[s];
+    if (row < 0) continue;
+    const float* logits = logits_.data() + row * vocab;
+    const ScheduledSeq& seq = batch.seqs[s];
+    if (seq.capture_prompt_logits) out.last_prompt_logits[s].assign(logits, logits + vocab);
+    if (seq.samples) {
+      out.sampled_tokens[s] = kernels::cpu::SampleToken(logits, vocab, seq.sampling,
+                                                        static_cast<uint64_t>(seq.sample_step));
+    }
+  }
+  return out;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,46 @@
+// Executes a scheduled step: builds the batch metadata once (token ids, positions, slot
+// mapping, query_start_loc, seq_lens, block tables), runs the model, samples.
+//
+// The runner owns the KV pool memory and the model; it makes no policy decisions.
+// Thread safety: not thread-safe; called from the engine's step loop.
+#ifndef TANDEM_RUNTIME_ENGINE_MODEL_RUNNER_H_
+#define TANDEM_RUNTIME_ENGINE_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/attention/kv_cache_layout.h"
+#include "runtime/engine/llama_model.h"
+#include "runtime/engine/scheduler.h"
+
+namespace tandem::runtime {
+
+struct RunnerOutput {
+  std::vector<int32_t> sampled_tokens;                 // [num seqs]; -1 where not sampling
+  std::vector<std::vector<float>> last_prompt_logits;  // [num seqs]; filled where captured
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout);
+
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch);
+
+  const kernels::KvCacheLayout& layout() const { return layout_; }
+  const LlamaModel& model() const { return *model_; }
+
+ private:
+  std::unique_ptr<LlamaModel> model_;
+  const kernels::KvCacheLayout layout_;
+  std::vector<float> kv_pool_;  // [layout_.TotalElems()], allocated once
+  // Per-step metadata, reused across steps.
+  std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_;
+  std::vector<int64_t> positions_, slot_mapping_, logit_rows_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_MODEL_RUNNER_H_

@@ -1,0 +1,61 @@
+// A generation request as the engine tracks it: what was asked, and how far it got.
+//
+// The scheduler owns Request objects; the model runner reads the few fields it needs through
+// ScheduledSeq (scheduler.h) and never sees this type's policy fields.
+#ifndef TANDEM_RUNTIME_ENGINE_REQUEST_H_
+#define TANDEM_RUNTIME_ENGINE_REQUEST_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/sampling/sampling.h"
+
+namespace tandem::runtime {
+
+enum class FinishReason {
+  kNone,       // still running
+  kLength,     // max_tokens generated
+  kEos,        // the model's eos token (unless ignore_eos)
+  kStopToken,  // one of stop_token_ids
+  kAborted,
+};
+
+const char* FinishReasonName(FinishReason reason);
+
+// What a caller asks for. Validated by Engine::AddRequest.
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  kernels::SamplingParams sampling;  // temperature 0 = greedy; seed for reproducible sampling
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  std::string cache_salt;  // isolates prefix-cache sharing between tenants
+  bool capture_last_prompt_logits = false;
+};
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+
+struct Request {
+  int64_t id = 0;
+  RequestSpec spec;
+  // prompt followed by the generated tokens so far.
+  std::vector<int32_t> tokens;
+  // Tokens whose K/V are in the cache (computed or taken from the prefix cache).
+  int64_t num_computed_tokens = 0;
+  // Prompt tokens served from the prefix cache at the last (re)admission.
+  int64_t num_cached_prompt_tokens = 0;
+  int64_t num_preemptions = 0;
+  RequestStatus status = RequestStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::vector<float> last_prompt_logits;  // filled once when captured
+
+  int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
+  int64_t num_output_tokens() const {
+    return static_cast<int64_t>(tokens.size()) - num_prompt_tokens();
+  }
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_REQUEST_H_

@@ -1,0 +1,200 @@
+#include "runtime/engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, std::unique_ptr<KvCacheManager> kv_cache,
+                     std::vector<int32_t> eos_token_ids)
+    : config_(config), kv_cache_(std::move(kv_cache)), eos_token_ids_(std::move(eos_token_ids)) {}
+
+absl::Status Scheduler::Add(int64_t request_id, RequestSpec spec) {
+  if (requests_.contains(request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already exists"));
+  }
+  auto req = std::make_unique<Request>();
+  req->id = request_id;
+  req->tokens = spec.prompt;
+  req->spec = std::move(spec);
+  waiting_.push_back(req.get());
+  requests_.emplace(request_id, std::move(req));
+  return absl::OkStatus();
+}
+
+bool Scheduler::Abort(int64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  Request* req = it->second.get();
+  kv_cache_->Free(request_id);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), req), running_.end());
+  requests_.erase(it);
+  return true;
+}
+
+void Scheduler::Preempt(Request* req) {
+  kv_cache_->Free(req->id);
+  req->num_computed_tokens = 0;
+  req->num_preemptions += 1;
+  req->status = RequestStatus::kWaiting;
+  waiting_.push_front(req);
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+  auto add_seq = [&](Request* req, int64_t num_new) {
+    ScheduledSeq seq;
+    seq.request_id = req->id;
+    seq.num_computed_tokens = req->num_computed_tokens;
+    seq.new_tokens = absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, num_new);
+    const int64_t end = req->num_computed_tokens + num_new;
+    seq.samples = end == static_cast<int64_t>(req->tokens.size());
+    seq.capture_prompt_logits = req->spec.capture_last_prompt_logits &&
+                                req->last_prompt_logits.empty() && seq.samples &&
+                                end == req->num_prompt_tokens();
+    seq.sampling = req->spec.sampling;
+    seq.sample_step = req->num_output_tokens();
+    out.seqs.push_back(seq);
+    out.num_batched_tokens += num_new;
+    budget -= num_new;
+  };
+
+  // 1. Running requests, oldest first; grow their block tables, preempting the newest if needed.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* req = running_[i];
+    const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
+    const int64_t num_new = std::min(remaining, budget);
+    if (num_new <= 0) {
+      ++i;
+      continue;
+    }
+    bool preempted_self = false;
+    while (!kv_cache_->Allocate(req->id, req->num_computed_tokens + num_new, nullptr)) {
+      Request* victim = running_.back();
+      running_.pop_back();
+      Preempt(victim);
+      ++out.num_preempted;
+      if (victim == req) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    add_seq(req, num_new);
+    ++i;
+  }
+
+  // 2. Waiting requests, FCFS, only when nobody had to be preempted (the pool is tight then).
+  while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Request* req = waiting_.front();
+    PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
+                                                     /*record_stats=*/false);
+    const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - prefix.num_tokens;
+    const int64_t num_new = std::min(remaining, budget);
+    if (!kv_cache_->Allocate(req->id, prefix.num_tokens + num_new, &prefix)) break;
+    // Count the lookup once, for the admission that succeeded.
+    kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true);
+    req->num_computed_tokens = prefix.num_tokens;
+    req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
+    req->status = RequestStatus::kRunning;
+    waiting_.pop_front();
+    running_.push_back(req);
+    add_seq(req, num_new);
+  }
+
+  // Block tables last: every allocation of this step is done, so the spans stay valid.
+  for (ScheduledSeq& seq : out.seqs) seq.block_table = kv_cache_->BlockTable(seq.request_id);
+  return out;
+}
+
+FinishReason Scheduler::CheckStop(const Request& req) const {
+  const int32_t last = req.tokens.back();
+  if (!req.spec.ignore_eos &&
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), last) != eos_token_ids_.end()) {
+    return FinishReason::kEos;
+  }
+  const auto& stops = req.spec.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), last) != stops.end()) return FinishReason::kStopToken;
+  if (req.num_output_tokens() >= req.spec.max_tokens) return FinishReason::kLength;
+  if (static_cast<int64_t>(req.tokens.size()) >= config_.max_model_len) {
+    return FinishReason::kLength;
+  }
+  return FinishReason::kNone;
+}
+
+void Scheduler::Finish(Request* req, FinishReason reason) {
+  req->finish_reason = reason;
+  req->status = RequestStatus::kFinished;
+  kv_cache_->Free(req->id);
+}
+
+std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,
+                                             absl::Span<const int32_t> sampled_tokens,
+                                             std::vector<std::vector<float>>* prompt_logits) {
+  std::vector<RequestUpdate> updates;
+  bool any_finished = false;
+  for (size_t i = 0; i < output.seqs.size(); ++i) {
+    const ScheduledSeq& seq = output.seqs[i];
+    auto it = requests_.find(seq.request_id);
+    if (it == requests_.end()) continue;  // aborted after scheduling
+    Request* req = it->second.get();
+    if (req->status != RequestStatus::kRunning) continue;
+    req->num_computed_tokens += static_cast<int64_t>(seq.new_tokens.size());
+    RequestUpdate update;
+    update.request_id = req->id;
+    if (seq.capture_prompt_logits && prompt_logits != nullptr && i < prompt_logits->size()) {
+      req->last_prompt_logits = std::move((*prompt_logits)[i]);
+      update.last_prompt_logits = req->last_prompt_logits;
+    }
+    if (seq.samples && i < sampled_tokens.size()) {
+      req->tokens.push_back(sampled_tokens[i]);
+      update.new_token_ids.push_back(sampled_tokens[i]);
+      update.finish_reason = CheckStop(*req);
+    }
+    // Full blocks among the computed tokens become shareable.
+    kv_cache_->CacheBlocks(req->id, req->tokens, req->spec.cache_salt, req->num_computed_tokens);
+    update.num_prompt_tokens = req->num_prompt_tokens();
+    update.num_output_tokens = req->num_output_tokens();
+    update.num_cached_prompt_tokens = req->num_cached_prompt_tokens;
+    if (update.finish_reason != FinishReason::kNone) {
+      Finish(req, update.finish_reason);
+      any_finished = true;
+    }
+    if (!update.new_token_ids.empty() || update.finish_reason != FinishReason::kNone ||
+        !update.last_prompt_logits.empty()) {
+      updates.push_back(std::move(update));
+    }
+  }
+  if (any_finished) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](Request* r) { return r->status == RequestStatus::kFinished; }),
+                   running_.end());
+    for (const RequestUpdate& u : updates) {
+      if (u.finish_reason != FinishReason::kNone) requests_.erase(u.request_id);
+    }
+  }
+  return updates;
+}
+
+}  // namespace tandem::runtime

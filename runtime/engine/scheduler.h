@@ -1,0 +1,114 @@
+// Continuous-batching scheduler with chunked prefill and preemption by recompute.
+//
+// Each step:
+//   1. Running requests first (decode first): each gets the tokens it still needs (1 for a
+//      decode; the rest of its prompt, capped by the token budget, for a chunked prefill). When
+//      the block pool cannot grow a request, the most recently admitted running request is
+//      preempted (blocks freed, progress reset, put back at the head of the waiting queue) until
+//      it fits; if the request itself is the latest, it is preempted and scheduling stops.
+//   2. Then waiting requests in FCFS order while the token budget and max_num_seqs allow: each
+//      takes its cached prefix from the prefix cache and schedules (a chunk of) the rest.
+//      Waiting requests are never admitted by preempting running ones.
+//
+// The scheduler owns requests and the KV cache manager (bookkeeping only); it never touches
+// KV memory. Update() applies the model's sampled tokens and decides who finished.
+//
+// Thread safety: not thread-safe; the engine's step loop owns it.
+#ifndef TANDEM_RUNTIME_ENGINE_SCHEDULER_H_
+#define TANDEM_RUNTIME_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/engine/request.h"
+#include "runtime/kv_cache/kv_cache_manager.h"
+
+namespace tandem::runtime {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 2048;  // token budget per step
+  int64_t max_num_seqs = 256;             // running requests at most
+  int64_t max_model_len = 4096;           // prompt + output tokens per request
+};
+
+// One request's share of a step, as the model runner needs it.
+struct ScheduledSeq {
+  int64_t request_id = 0;
+  absl::Span<const int32_t> new_tokens;  // tokens[num_computed, num_computed + num_new)
+  int64_t num_computed_tokens = 0;       // context already in the cache (start position)
+  absl::Span<const BlockId> block_table;
+  // True when this step processes the request's last known token, so its logits yield a token.
+  bool samples = false;
+  // True when this step processes the last prompt token and the caller wants its logits.
+  bool capture_prompt_logits = false;
+  kernels::SamplingParams sampling;
+  int64_t sample_step = 0;  // output index of the token sampled this step (Philox counter)
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> seqs;  // running (decode) first, then newly admitted
+  int64_t num_batched_tokens = 0;
+  int64_t num_preempted = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+// Per-request result of a step, returned by Update().
+struct RequestUpdate {
+  int64_t request_id = 0;
+  std::vector<int32_t> new_token_ids;  // 0 or 1 token
+  FinishReason finish_reason = FinishReason::kNone;
+  std::vector<float> last_prompt_logits;  // moved out once, when captured
+  int64_t num_prompt_tokens = 0;
+  int64_t num_output_tokens = 0;
+  int64_t num_cached_prompt_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, std::unique_ptr<KvCacheManager> kv_cache,
+            std::vector<int32_t> eos_token_ids);
+
+  // Queues a request. REQUIRES: spec validated (Engine::AddRequest does it).
+  // ALREADY_EXISTS for a duplicate id.
+  absl::Status Add(int64_t request_id, RequestSpec spec);
+
+  // Removes a waiting or running request and frees its blocks. Returns false if unknown.
+  bool Abort(int64_t request_id);
+
+  SchedulerOutput Schedule();
+
+  // Applies one step's results. sampled_tokens[i] belongs to output.seqs[i] (ignored unless
+  // seqs[i].samples); prompt_logits[i] (possibly empty) to seqs[i] when capture_prompt_logits.
+  // Returns one update per scheduled request that produced a token or finished.
+  std::vector<RequestUpdate> Update(const SchedulerOutput& output,
+                                    absl::Span<const int32_t> sampled_tokens,
+                                    std::vector<std::vector<float>>* prompt_logits);
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
+  const KvCacheManager& kv_cache() const { return *kv_cache_; }
+
+ private:
+  // Frees `req`'s blocks and puts it back at the head of the waiting queue.
+  void Preempt(Request* req);
+  FinishReason CheckStop(const Request& req) const;
+  void Finish(Request* req, FinishReason reason);
+
+  const SchedulerConfig config_;
+  std::unique_ptr<KvCacheManager> kv_cache_;
+  const std::vector<int32_t> eos_token_ids_;
+  absl::flat_hash_map<int64_t, std::unique_ptr<Request>> requests_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_SCHEDULER_H_

@@ -1,0 +1,180 @@
+// //runtime:generate — run prompts through the single-worker engine and print JSON lines.
+//
+//   generate --model=DIR --prompt_ids="1,2,3;4,5,6" --max_tokens=N [--temperature=0]
+//            [--top_k=0] [--top_p=1] [--seed=0] [--ignore_eos] [--dump_last_logits]
+//            [--backend=cpu] [--max_num_batched_tokens=2048] [--max_num_seqs=256]
+//            [--kv_cache_bytes=268435456] [--block_size=16] [--num_threads=2]
+//   generate --load_format=dummy --dummy_config=tiny ...      (random weights, no files)
+//
+// Prompts separated by ';' run as one continuous batch. Output: one JSON object per prompt, in
+// prompt order: {"tokens":[...],"finish_reason":"...","last_prompt_logits":[...]} (logits only
+// with --dump_last_logits). Bad input exits non-zero with a message on stderr.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
+ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json path for --load_format=dummy");
+ABSL_FLAG(uint64_t, dummy_seed, 0, "weight seed for --load_format=dummy");
+ABSL_FLAG(std::string, prompt_ids, "", "prompts as token ids: '1,2,3;4,5,6'");
+ABSL_FLAG(int64_t, max_tokens, 16, "tokens to generate per prompt");
+ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "0 = off");
+ABSL_FLAG(double, top_p, 1.0, "1 = off");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed (prompt i uses seed + i)");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past eos");
+ABSL_FLAG(bool, dump_last_logits, false, "print the logits of each prompt's last position");
+ABSL_FLAG(std::string, backend, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
+ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
+ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
+ABSL_FLAG(int32_t, num_threads, 2, "CPU threads");
+ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks across requests");
+
+namespace tandem::runtime {
+namespace {
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> ParsePrompts(const std::string& text) {
+  if (text.empty()) return absl::InvalidArgumentError("--prompt_ids is required");
+  std::vector<std::vector<int32_t>> prompts;
+  for (absl::string_view part : absl::StrSplit(text, ';')) {
+    std::vector<int32_t> prompt;
+    for (absl::string_view tok : absl::StrSplit(part, ',', absl::SkipWhitespace())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(tok, &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt ", prompts.size(), ": '", tok, "' is not a token id"));
+      }
+      prompt.push_back(id);
+    }
+    if (prompt.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", prompts.size(), " is empty"));
+    }
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
+
+std::string JsonFloat(float v) {
+  if (std::isnan(v)) return "NaN";  // not valid JSON; never expected from a finite model
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+absl::Status Run() {
+  if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
+                     " is not available in this build; use --backend=cpu"));
+  }
+  ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
+  ModelConfig config;
+  ModelWeights weights;
+  const std::string format = absl::GetFlag(FLAGS_load_format);
+  if (format == "dummy") {
+    const std::string which = absl::GetFlag(FLAGS_dummy_config);
+    absl::StatusOr<ModelConfig> preset = PresetConfig(which);
+    if (preset.ok()) {
+      config = *preset;
+    } else {
+      ASSIGN_OR_RETURN(config, LoadModelConfig(which));
+    }
+    weights = RandomModelWeights(config, absl::GetFlag(FLAGS_dummy_seed));
+  } else if (format == "auto") {
+    const std::string dir = absl::GetFlag(FLAGS_model);
+    if (dir.empty()) return absl::InvalidArgumentError("--model=DIR is required");
+    ASSIGN_OR_RETURN(config, LoadModelConfig(dir));
+    ASSIGN_OR_RETURN(weights, LoadModelWeights(dir, config));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load_format must be auto or dummy, got '", format, "'"));
+  }
+
+  EngineConfig engine_config;
+  engine_config.block_size = absl::GetFlag(FLAGS_block_size);
+  engine_config.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  engine_config.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
+  engine_config.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  ASSIGN_OR_RETURN(auto engine, Engine::Create(engine_config, config, std::move(weights)));
+
+  const bool dump = absl::GetFlag(FLAGS_dump_last_logits);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec spec;
+    spec.prompt = prompts[i];
+    spec.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    spec.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+    spec.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    spec.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+    spec.sampling.seed = absl::GetFlag(FLAGS_seed) + i;
+    spec.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    spec.capture_last_prompt_logits = dump;
+    absl::Status s = engine->AddRequest(static_cast<int64_t>(i), std::move(spec));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("prompt ", i, ": ", s.message()));
+    }
+  }
+  std::vector<std::vector<int32_t>> tokens(prompts.size());
+  std::vector<std::vector<float>> logits(prompts.size());
+  std::vector<FinishReason> reasons(prompts.size(), FinishReason::kNone);
+  while (engine->HasUnfinished()) {
+    ASSIGN_OR_RETURN(std::vector<RequestUpdate> updates, engine->Step());
+    for (RequestUpdate& u : updates) {
+      auto& t = tokens[u.request_id];
+      t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      if (!u.last_prompt_logits.empty()) logits[u.request_id] = std::move(u.last_prompt_logits);
+      if (u.finish_reason != FinishReason::kNone) reasons[u.request_id] = u.finish_reason;
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string line = "{\"tokens\":[";
+    for (size_t j = 0; j < tokens[i].size(); ++j) {
+      absl::StrAppend(&line, j ? "," : "", tokens[i][j]);
+    }
+    absl::StrAppend(&line, "],\"finish_reason\":\"", FinishReasonName(reasons[i]), "\"");
+    if (dump) {
+      absl::StrAppend(&line, ",\"last_prompt_logits\":[");
+      for (size_t j = 0; j < logits[i].size(); ++j) {
+        absl::StrAppend(&line, j ? "," : "", JsonFloat(logits[i][j]));
+      }
+      absl::StrAppend(&line, "]");
+    }
+    absl::StrAppend(&line, "}\n");
+    std::fputs(line.c_str(), stdout);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::runtime
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "generate --model=DIR --prompt_ids='1,2,3;4,5' --max_tokens=N [--dump_last_logits]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = tandem::runtime::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "generate: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

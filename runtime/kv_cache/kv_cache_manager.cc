@@ -1,0 +1,278 @@
+#include "runtime/kv_cache/kv_cache_manager.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+absl::StatusOr<int64_t> NumBlocksForBudget(int64_t budget_bytes, int64_t block_bytes) {
+  if (block_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache block size in bytes must be positive, got ", block_bytes));
+  }
+  if (budget_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache budget must not be negative, got ", budget_bytes, " bytes"));
+  }
+  const int64_t num_blocks = budget_bytes / block_bytes;
+  if (num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", budget_bytes,
+                                                   " bytes holds no block of ", block_bytes,
+                                                   " bytes; raise the budget or shrink blocks"));
+  }
+  return num_blocks;
+}
+
+double KvCacheStats::Usage() const {
+  return num_blocks > 0 ? 1.0 - static_cast<double>(num_free_blocks) / num_blocks : 0.0;
+}
+
+double KvCacheStats::HitRate() const {
+  return prefix_queried_tokens > 0 ? static_cast<double>(prefix_hit_tokens) / prefix_queried_tokens
+                                   : 0.0;
+}
+
+absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
+    const KvCacheConfig& config) {
+  // The free queue needs one extra index (its sentinel) in BlockId's range.
+  if (config.num_blocks < 1 || config.num_blocks >= std::numeric_limits<BlockId>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig.num_blocks must be in [1, ",
+                                                   std::numeric_limits<BlockId>::max(), "), got ",
+                                                   config.num_blocks));
+  }
+  if (config.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheConfig.block_size must be >= 1, got ", config.block_size));
+  }
+  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config));
+}
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config)
+    : block_size_(config.block_size),
+      enable_prefix_caching_(config.enable_prefix_caching),
+      blocks_(config.num_blocks),
+      free_queue_(static_cast<BlockId>(config.num_blocks)) {}
+
+PrefixMatch KvCacheManager::FindCachedPrefix(absl::Span<const int32_t> tokens,
+                                             absl::string_view salt, bool record_stats) {
+  PrefixMatch match;
+  if (!enable_prefix_caching_) return match;
+  // Leave at least one token to compute: the last prompt token's logits come from running it.
+  const int64_t max_blocks =
+      tokens.empty() ? 0 : static_cast<int64_t>(tokens.size() - 1) / block_size_;
+  BlockHash prev;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const BlockHash hash =
+        HashNextBlock(i == 0 ? nullptr : &prev, tokens.subspan(i * block_size_, block_size_), salt);
+    const auto it = cached_blocks_.find(hash);
+    if (it == cached_blocks_.end()) break;  // the chain breaks here: no later block can match
+    match.blocks.push_back(it->second);
+    prev = hash;
+  }
+  match.num_tokens = static_cast<int64_t>(match.blocks.size()) * block_size_;
+  if (record_stats) {
+    prefix_queried_tokens_ += static_cast<int64_t>(tokens.size());
+    prefix_hit_tokens_ += match.num_tokens;
+  }
+  return match;
+}
+
+bool KvCacheManager::ValidPrefix(const PrefixMatch& prefix, int64_t* num_free) const {
+  *num_free = 0;
+  for (const BlockId id : prefix.blocks) {
+    if (id < 0 || id >= num_blocks() || !blocks_[id].cached) return false;
+    if (blocks_[id].ref_count == 0) ++*num_free;
+  }
+  return true;
+}
+
+int64_t KvCacheManager::NumBlocksNeeded(int64_t request_id, int64_t num_tokens,
+                                        const PrefixMatch* prefix) const {
+  const int64_t blocks_wanted = CeilDiv(std::max<int64_t>(num_tokens, 0), block_size_);
+  const auto it = requests_.find(request_id);
+  if (it != requests_.end() && !it->second.block_table.empty()) {
+    return std::max<int64_t>(0, blocks_wanted - it->second.block_table.size());
+  }
+  int64_t num_prefix = 0;
+  int64_t num_free_in_prefix = 0;
+  if (prefix != nullptr && ValidPrefix(*prefix, &num_free_in_prefix)) {
+    num_prefix = static_cast<int64_t>(prefix->blocks.size());
+  }
+  return std::max<int64_t>(0, blocks_wanted - num_prefix) + num_free_in_prefix;
+}
+
+BlockId KvCacheManager::TakeFreeBlock() {
+  const BlockId id = free_queue_.PopFront();
+  Block& block = blocks_[id];
+  if (block.cached) {  // evict: the new owner overwrites the KV this hash described
+    cached_blocks_.erase(block.hash);
+    block.cached = false;
+    block.hash = BlockHash{};
+  }
+  block.ref_count = 1;
+  return id;
+}
+
+bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix) {
+  const int64_t blocks_wanted = CeilDiv(std::max<int64_t>(num_tokens, 0), block_size_);
+  auto it = requests_.find(request_id);
+  const bool first = it == requests_.end() || it->second.block_table.empty();
+  const bool use_prefix = first && prefix != nullptr && !prefix->blocks.empty();
+
+  // Ask first, entirely without side effects, so failure changes nothing.
+  int64_t num_prefix = 0;
+  int64_t num_free_in_prefix = 0;
+  if (use_prefix) {
+    if (!ValidPrefix(*prefix, &num_free_in_prefix)) return false;
+    num_prefix = static_cast<int64_t>(prefix->blocks.size());
+  }
+  const int64_t num_owned = first ? num_prefix : it->second.block_table.size();
+  const int64_t num_new = std::max<int64_t>(0, blocks_wanted - num_owned);
+  if (num_new + num_free_in_prefix > NumFreeBlocks()) return false;
+  if (num_new == 0 && num_prefix == 0) return true;
+
+  // Act. Prefix blocks first, so taking new blocks from the queue cannot evict them.
+  if (it == requests_.end()) it = requests_.try_emplace(request_id).first;
+  RequestBlocks& request = it->second;
+  request.block_table.reserve(num_owned + num_new);
+  if (use_prefix) {
+    request.block_hashes.clear();
+    for (const BlockId id : prefix->blocks) {
+      Block& block = blocks_[id];
+      if (block.ref_count == 0) free_queue_.Remove(id);  // revive a free cached block
+      ++block.ref_count;
+      request.block_table.push_back(id);
+      // The prefix blocks' hashes are this request's chain: CacheBlocks continues from them.
+      request.block_hashes.push_back(block.hash);
+    }
+  }
+  for (int64_t i = 0; i < num_new; ++i) request.block_table.push_back(TakeFreeBlock());
+  return true;
+}
+
+void KvCacheManager::CacheBlocks(int64_t request_id, absl::Span<const int32_t> tokens,
+                                 absl::string_view salt, int64_t num_tokens) {
+  if (!enable_prefix_caching_) return;
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  RequestBlocks& request = it->second;
+  const int64_t usable_tokens = std::min<int64_t>(num_tokens, tokens.size());
+  const int64_t num_full = std::min<int64_t>(std::max<int64_t>(usable_tokens, 0) / block_size_,
+                                             request.block_table.size());
+  for (int64_t i = request.block_hashes.size(); i < num_full; ++i) {
+    const BlockHash hash = HashNextBlock(i == 0 ? nullptr : &request.block_hashes[i - 1],
+                                         tokens.subspan(i * block_size_, block_size_), salt);
+    request.block_hashes.push_back(hash);
+    const BlockId id = request.block_table[i];
+    Block& block = blocks_[id];
+    if (block.cached) continue;  // already registered (a shared prefix block)
+    // try_emplace keeps an existing mapping: the first registered copy stays the cached one, so
+    // block tables of other requests and the router's view never see a hash move.
+    if (cached_blocks_.try_emplace(hash, id).second) {
+      block.cached = true;
+      block.hash = hash;
+    }
+  }
+}
+
+void KvCacheManager::Free(int64_t request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  const std::vector<BlockId>& table = it->second.block_table;
+  // Reverse order: the chain's last block lands nearest the head and is evicted first; its
+  // first block, the most shareable, survives longest.
+  for (auto id = table.rbegin(); id != table.rend(); ++id) {
+    if (--blocks_[*id].ref_count == 0) free_queue_.PushBack(*id);
+  }
+  requests_.erase(it);
+}
+
+absl::Span<const BlockId> KvCacheManager::BlockTable(int64_t request_id) const {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return {};
+  return it->second.block_table;
+}
+
+KvCacheStats KvCacheManager::Stats() const {
+  KvCacheStats stats;
+  stats.num_blocks = num_blocks();
+  stats.num_free_blocks = NumFreeBlocks();
+  stats.num_cached_blocks = static_cast<int64_t>(cached_blocks_.size());
+  stats.prefix_queried_tokens = prefix_queried_tokens_;
+  stats.prefix_hit_tokens = prefix_hit_tokens_;
+  return stats;
+}
+
+absl::Status KvCacheManager::CheckInvariants() const {
+  if (absl::Status status = free_queue_.CheckInvariants(); !status.ok()) return status;
+
+  std::vector<int32_t> references(blocks_.size(), 0);
+  for (const auto& [request_id, request] : requests_) {
+    absl::flat_hash_set<BlockId> seen;
+    if (request.block_hashes.size() > request.block_table.size()) {
+      return absl::InternalError(absl::StrCat("request ", request_id, " has ",
+                                              request.block_hashes.size(), " hashes for ",
+                                              request.block_table.size(), " blocks"));
+    }
+    for (size_t i = 0; i < request.block_table.size(); ++i) {
+      const BlockId id = request.block_table[i];
+      if (id < 0 || id >= num_blocks()) {
+        return absl::InternalError(
+            absl::StrCat("request ", request_id, " holds invalid block ", id));
+      }
+      if (!seen.insert(id).second) {
+        return absl::InternalError(
+            absl::StrCat("request ", request_id, " holds block ", id, " twice"));
+      }
+      ++references[id];
+      if (i < request.block_hashes.size() && blocks_[id].cached &&
+          blocks_[id].hash != request.block_hashes[i]) {
+        return absl::InternalError(absl::StrCat("request ", request_id, " block ", i, " (physical ",
+                                                id, ") is cached under ", blocks_[id].hash.ToHex(),
+                                                " but the request's chain says ",
+                                                request.block_hashes[i].ToHex()));
+      }
+    }
+  }
+
+  int64_t num_cached = 0;
+  for (BlockId id = 0; id < num_blocks(); ++id) {
+    const Block& block = blocks_[id];
+    if (block.ref_count != references[id]) {
+      return absl::InternalError(absl::StrCat("block ", id, " has ref_count ", block.ref_count,
+                                              " but ", references[id], " block tables hold it"));
+    }
+    if ((block.ref_count == 0) != free_queue_.Contains(id)) {
+      return absl::InternalError(absl::StrCat("block ", id, " has ref_count ", block.ref_count,
+                                              " but is ", free_queue_.Contains(id) ? "" : "not ",
+                                              "in the free queue"));
+    }
+    if (block.cached) {
+      ++num_cached;
+      const auto it = cached_blocks_.find(block.hash);
+      if (it == cached_blocks_.end() || it->second != id) {
+        return absl::InternalError(absl::StrCat("block ", id, " is marked cached under ",
+                                                block.hash.ToHex(), " but the map disagrees"));
+      }
+    }
+  }
+  if (num_cached != static_cast<int64_t>(cached_blocks_.size())) {
+    return absl::InternalError(absl::StrCat(cached_blocks_.size(), " hashes map to blocks but ",
+                                            num_cached, " blocks are marked cached"));
+  }
+  if (!enable_prefix_caching_ && num_cached != 0) {
+    return absl::InternalError("blocks are cached although prefix caching is disabled");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime

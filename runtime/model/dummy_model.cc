@@ -1,0 +1,159 @@
+// RandomModelWeights and WriteDummyModel (declared in model_weights.h).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/weight_layout.h"
+
+namespace tandem::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using internal::HfTensor;
+
+SafetensorsDtype StorageDtype(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::kF32:
+      return SafetensorsDtype::kF32;
+    case WeightDtype::kF16:
+      return SafetensorsDtype::kF16;
+    case WeightDtype::kBF16:
+      return SafetensorsDtype::kBF16;
+  }
+  return SafetensorsDtype::kF32;
+}
+
+absl::Status WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+// Removes weight files of an earlier run: a stale model.safetensors would shadow new shards.
+absl::Status RemoveStaleWeights(const fs::path& dir) {
+  static const std::regex kShard(R"(model-\d+-of-\d+\.safetensors(\.tmp)?)");
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        name == "model.safetensors.tmp" || std::regex_match(name, kShard)) {
+      fs::remove(entry.path(), ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot remove ", entry.path().string()));
+    }
+  }
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot list ", dir.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status WriteShard(const fs::path& path, const std::vector<const HfTensor*>& tensors,
+                        SafetensorsDtype dtype, uint64_t seed) {
+  std::vector<TensorSpec> specs;
+  for (const HfTensor* t : tensors) specs.push_back({t->name, dtype, t->shape});
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                   SafetensorsWriter::Create(path.string(), std::move(specs)));
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<float> chunk;
+  for (const HfTensor* t : tensors) {
+    internal::TensorRandomStream stream(seed, *t);
+    for (int64_t done = 0, total = t->numel(); done < total;) {
+      const int64_t n = std::min(kChunk, total - done);
+      chunk.resize(static_cast<size_t>(n));
+      stream.Fill(chunk.data(), n);
+      RETURN_IF_ERROR(writer->AppendFloats(chunk.data(), n));
+      done += n;
+    }
+  }
+  return writer->Finish();
+}
+
+std::string GenerationConfigJson(const ModelConfig& config) {
+  nlohmann::ordered_json out;
+  out["_from_model_config"] = true;
+  out["bos_token_id"] = config.bos_token_id.has_value()
+                            ? nlohmann::ordered_json(*config.bos_token_id)
+                            : nlohmann::ordered_json(nullptr);
+  if (config.eos_token_ids.size() == 1) {
+    out["eos_token_id"] = config.eos_token_ids[0];
+  } else if (config.eos_token_ids.empty()) {
+    out["eos_token_id"] = nullptr;
+  } else {
+    out["eos_token_id"] = config.eos_token_ids;
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace
+
+ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed) {
+  ModelWeights weights;
+  internal::AllocateModelWeights(config, &weights);
+  for (const HfTensor& t : internal::HfTensorLayout(config)) {
+    internal::TensorRandomStream(seed, t).Fill(internal::SlotData(&weights, t), t.numel());
+  }
+  return weights;
+}
+
+absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
+                             int64_t shard_bytes) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (shard_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_bytes must be positive, got ", shard_bytes));
+  }
+  const fs::path dir(out_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  RETURN_IF_ERROR(RemoveStaleWeights(dir));
+
+  const SafetensorsDtype dtype = StorageDtype(config.dtype);
+  const int64_t item_size = dtype == SafetensorsDtype::kF32 ? 4 : 2;
+  const std::vector<HfTensor> layout = internal::HfTensorLayout(config);
+  // Greedy packing in layout order, so a layer's tensors stay together as in transformers' shards.
+  std::vector<std::vector<const HfTensor*>> shards(1);
+  int64_t shard_size = 0;
+  int64_t total_size = 0;
+  for (const HfTensor& t : layout) {
+    const int64_t bytes = t.numel() * item_size;
+    if (!shards.back().empty() && shard_size + bytes > shard_bytes) {
+      shards.emplace_back();
+      shard_size = 0;
+    }
+    shards.back().push_back(&t);
+    shard_size += bytes;
+    total_size += bytes;
+  }
+
+  if (shards.size() == 1) {
+    RETURN_IF_ERROR(WriteShard(dir / "model.safetensors", shards[0], dtype, seed));
+  } else {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total_size}};
+    std::map<std::string, std::string> weight_map;  // sorted by name, like transformers
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string name =
+          absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
+      RETURN_IF_ERROR(WriteShard(dir / name, shards[i], dtype, seed));
+      for (const HfTensor* t : shards[i]) weight_map[t->name] = name;
+    }
+    index["weight_map"] = weight_map;
+    RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  RETURN_IF_ERROR(WriteText(dir / "generation_config.json", GenerationConfigJson(config)));
+  return WriteText(dir / "config.json", ModelConfigToJson(config));
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,97 @@
+// Model hyperparameters of a Llama-family checkpoint, read from a Hugging Face `config.json`.
+//
+// Supported architectures: LlamaForCausalLM and Qwen2ForCausalLM (silu MLP, RMSNorm, full
+// attention, rotate-half RoPE over the whole head). Parsing follows transformers' LlamaConfig /
+// Qwen2Config, including the two RoPE spellings in the wild:
+//   * transformers < 5: top-level `rope_theta` + `rope_scaling` (null, or a dict whose type is
+//     under "rope_type" or the older "type");
+//   * transformers >= 5: `rope_parameters` = {"rope_type", "rope_theta", "factor", ...}.
+// When both are present `rope_scaling` wins (as in transformers 5); a `rope_theta` inside the
+// dict wins over the top-level one. Absent or null fields take transformers' defaults.
+// Everything this runtime cannot run exactly (other architectures, yarn/dynamic/longrope RoPE,
+// partial rotary, sliding-window layers, activations other than silu) is INVALID_ARGUMENT
+// naming the field and value, never silently approximated.
+//
+// All functions are thread-safe (no shared state).
+#ifndef TANDEM_RUNTIME_MODEL_MODEL_CONFIG_H_
+#define TANDEM_RUNTIME_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/layers/rope.h"
+
+namespace tandem::runtime {
+
+// Storage dtype of the checkpoint (compute is always fp32 on the CPU backend).
+enum class WeightDtype { kF32, kF16, kBF16 };
+
+// "float32" / "float16" / "bfloat16", the spelling transformers writes in config.json.
+absl::string_view WeightDtypeName(WeightDtype dtype);
+// Accepts those names plus "fp32"/"float", "fp16"/"half", "bf16" and a "torch." prefix.
+absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);
+
+struct ModelConfig {
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // == num_attention_heads (MHA), a divisor (GQA), 1 (MQA)
+  int64_t head_dim = 0;             // may differ from hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  kernels::RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  bool qkv_bias = false;  // q/k/v projections have biases (Llama attention_bias; Qwen2 always)
+  bool o_bias = false;    // o_proj has a bias (Llama attention_bias; never for Qwen2)
+  bool mlp_bias = false;  // gate/up/down have biases (Llama mlp_bias)
+  // Tokens that end generation: config.json's eos_token_id (int or list) merged with
+  // generation_config.json's (see LoadModelConfig). May be empty.
+  std::vector<int32_t> eos_token_ids;
+  std::optional<int32_t> bos_token_id;
+  WeightDtype dtype = WeightDtype::kF32;  // `dtype` (transformers 5) or `torch_dtype`
+
+  // Every weight the checkpoint stores (lm_head counted only when not tied).
+  int64_t NumParameters() const;
+};
+
+// Parses and validates the text of a config.json.
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json);
+
+// Reads `model_dir`/config.json and, when present, `model_dir`/generation_config.json: its
+// eos_token_id entries come first, followed by config.json's not already listed (transformers'
+// generate() stops on the generation config's; the union never misses a stop token), and its
+// bos_token_id fills in a missing one. NOT_FOUND when config.json does not exist.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+// INVALID_ARGUMENT naming the field when `config` cannot describe a model we can run: non-positive
+// sizes, heads not divisible by kv heads, odd head_dim, bias flags impossible for the
+// architecture, token ids outside the vocabulary, bad RoPE parameters.
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// A config.json for `config` (2-space indented) that transformers >= 4.40 and 5.x load: RoPE as
+// top-level rope_theta + rope_scaling, which both generations read. (llama3 RoPE needs
+// transformers >= 4.43, a head_dim different from hidden/heads >= 4.45: older ones do not know
+// them.)
+std::string ModelConfigToJson(const ModelConfig& config);
+
+// Built-in shapes for dummy models:
+//   "llama3-8b":  Llama-3.1-8B (vocab 128256, hidden 4096, 32 layers, 32 heads, 8 kv heads,
+//                 inter 14336, rope_theta 500000 with llama3 scaling), bfloat16.
+//   "llama-100m": ~100M parameters (vocab 32000, hidden 768, 12 layers, 12 heads, 4 kv heads,
+//                 inter 2048, tied embeddings), float32.
+//   "tiny":       vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, inter 128, float32.
+// INVALID_ARGUMENT listing the presets for any other name.
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,125 @@
+// ModelConfigToJson and the built-in presets (the write side of model_config.h).
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime {
+namespace {
+
+using kernels::RopeType;
+
+constexpr absl::string_view kLlama = "LlamaForCausalLM";
+constexpr absl::string_view kQwen2 = "Qwen2ForCausalLM";
+
+}  // namespace
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  const bool qwen2 = c.architecture == kQwen2;
+  nlohmann::ordered_json out;
+  out["architectures"] = {c.architecture};
+  out["model_type"] = qwen2 ? "qwen2" : "llama";
+  out["vocab_size"] = c.vocab_size;
+  out["hidden_size"] = c.hidden_size;
+  out["intermediate_size"] = c.intermediate_size;
+  out["num_hidden_layers"] = c.num_hidden_layers;
+  out["num_attention_heads"] = c.num_attention_heads;
+  out["num_key_value_heads"] = c.num_key_value_heads;
+  out["head_dim"] = c.head_dim;
+  out["hidden_act"] = "silu";
+  out["max_position_embeddings"] = c.max_position_embeddings;
+  out["rms_norm_eps"] = c.rms_norm_eps;
+  out["rope_theta"] = c.rope_theta;
+  switch (c.rope_scaling.type) {
+    case RopeType::kDefault:
+      out["rope_scaling"] = nullptr;
+      break;
+    case RopeType::kLinear:
+      // Exactly {"type", "factor"}: transformers 4.40's validator accepts nothing else.
+      out["rope_scaling"] = {{"type", "linear"}, {"factor", c.rope_scaling.factor}};
+      break;
+    case RopeType::kLlama3:
+      out["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", c.rope_scaling.factor},
+          {"low_freq_factor", c.rope_scaling.low_freq_factor},
+          {"high_freq_factor", c.rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  if (qwen2) {
+    out["use_sliding_window"] = false;
+    out["max_window_layers"] = c.num_hidden_layers;
+  } else {
+    out["attention_bias"] = c.qkv_bias;
+    out["mlp_bias"] = c.mlp_bias;
+  }
+  out["tie_word_embeddings"] = c.tie_word_embeddings;
+  out["bos_token_id"] = c.bos_token_id.has_value() ? nlohmann::ordered_json(*c.bos_token_id)
+                                                   : nlohmann::ordered_json(nullptr);
+  if (c.eos_token_ids.empty()) {
+    out["eos_token_id"] = nullptr;
+  } else if (c.eos_token_ids.size() == 1) {
+    out["eos_token_id"] = c.eos_token_ids[0];
+  } else {
+    out["eos_token_id"] = c.eos_token_ids;
+  }
+  out["torch_dtype"] = std::string(WeightDtypeName(c.dtype));
+  out["use_cache"] = true;
+  return out.dump(2) + "\n";
+}
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
+  ModelConfig c;
+  c.architecture = std::string(kLlama);
+  if (name == "llama3-8b") {
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {RopeType::kLlama3, 8.0, 1.0, 4.0, 8192};
+    c.max_position_embeddings = 131072;
+    c.bos_token_id = 128000;
+    c.eos_token_ids = {128001, 128008, 128009};
+    c.dtype = WeightDtype::kBF16;
+  } else if (name == "llama-100m") {
+    c.vocab_size = 32000;
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 4096;
+    c.tie_word_embeddings = true;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+  } else if (name == "tiny") {
+    c.vocab_size = 256;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 2048;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", name, "' (presets: llama3-8b, llama-100m, tiny)"));
+  }
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  return c;
+}
+
+}  // namespace tandem::runtime

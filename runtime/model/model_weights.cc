@@ -1,0 +1,208 @@
+// LoadModelWeights: safetensors checkpoint (single file or sharded) -> fp32 ModelWeights.
+#include "runtime/model/model_weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/half.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/weight_layout.h"
+
+namespace tandem::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using internal::HfTensor;
+using json = nlohmann::json;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Where a tensor was found: for error messages.
+struct Found {
+  const TensorInfo* info = nullptr;
+  const SafetensorsFile* file = nullptr;
+};
+
+struct Checkpoint {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, Found> tensors;  // sorted: errors come out in a stable order
+};
+
+absl::Status AddFile(std::unique_ptr<SafetensorsFile> file, Checkpoint* checkpoint) {
+  for (const TensorInfo& info : file->tensors()) {
+    auto [it, inserted] = checkpoint->tensors.emplace(info.name, Found{&info, file.get()});
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", info.name, "' appears in both ",
+                                                     it->second.file->path(), " and ",
+                                                     file->path()));
+    }
+  }
+  checkpoint->files.push_back(std::move(file));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status OpenSharded(const fs::path& dir, const std::string& index_path,
+                         Checkpoint* checkpoint) {
+  ASSIGN_OR_RETURN(std::string text, ReadText(index_path));
+  json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object"));
+  }
+  auto map_it = index.find("weight_map");
+  if (map_it == index.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": no \"weight_map\" object"));
+  }
+  std::map<std::string, std::vector<std::string>> shards;  // file -> tensors it should hold
+  for (auto it = map_it->begin(); it != map_it->end(); ++it) {
+    if (!it.value().is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": weight_map entry of '", it.key(), "' is not a file name"));
+    }
+    const std::string shard = it.value().get<std::string>();
+    // A plain file name inside the model directory: an index must not reach elsewhere.
+    if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
+        shard.find('\\') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": shard name '", shard, "' of '",
+                                                     it.key(), "' is not a plain file name"));
+    }
+    shards[shard].push_back(it.key());
+  }
+  for (const auto& [shard, names] : shards) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                     SafetensorsFile::Open((dir / shard).string()));
+    for (const std::string& name : names) {
+      if (file->Find(name) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path, " lists tensor '", name, "' in ",
+                                                       shard, " but it is not there"));
+      }
+    }
+    RETURN_IF_ERROR(AddFile(std::move(file), checkpoint));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpenCheckpoint(const std::string& model_dir, Checkpoint* checkpoint) {
+  const fs::path dir(model_dir);
+  const std::string single = (dir / "model.safetensors").string();
+  const std::string index = (dir / "model.safetensors.index.json").string();
+  std::error_code ec;
+  // transformers prefers the single file when both exist; so do we.
+  if (fs::exists(single, ec)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single));
+    return AddFile(std::move(file), checkpoint);
+  }
+  if (fs::exists(index, ec)) return OpenSharded(dir, index, checkpoint);
+  std::string hint;
+  if (fs::exists(dir / "pytorch_model.bin", ec) ||
+      fs::exists(dir / "pytorch_model.bin.index.json", ec)) {
+    hint = " (pytorch_model.bin checkpoints are not supported: convert them to safetensors)";
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no model.safetensors or model.safetensors.index.json in ", model_dir, hint));
+}
+
+bool IsIgnoredBuffer(absl::string_view name) {
+  // Older transformers saved RoPE's inverse frequencies; they are recomputed from the config.
+  return absl::EndsWith(name, "rotary_emb.inv_freq");
+}
+
+absl::Status CheckTensor(const HfTensor& expected, const Found& found) {
+  const TensorInfo& info = *found.info;
+  if (info.shape != expected.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", expected.name, "' has shape ", ShapeString(info.shape), " in ",
+                     found.file->path(), ", expected ", ShapeString(expected.shape)));
+  }
+  if (info.dtype == SafetensorsDtype::kOther) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", expected.name,
+                                                   "' has unsupported dtype '", info.dtype_name,
+                                                   "' (supported: F32, BF16, F16)"));
+  }
+  return absl::OkStatus();
+}
+
+void Widen(const TensorInfo& info, float* out) {
+  const int64_t n = info.dtype == SafetensorsDtype::kF32 ? info.nbytes / 4 : info.nbytes / 2;
+  if (info.dtype == SafetensorsDtype::kF32) {
+    std::memcpy(out, info.data, static_cast<size_t>(info.nbytes));
+    return;
+  }
+  const bool bf16 = info.dtype == SafetensorsDtype::kBF16;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, info.data + 2 * i, 2);  // the mapping is not aligned
+    out[i] = bf16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const ModelConfig& config) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  Checkpoint checkpoint;
+  RETURN_IF_ERROR(OpenCheckpoint(model_dir, &checkpoint));
+  const std::vector<HfTensor> layout = internal::HfTensorLayout(config);
+
+  // Check everything before converting anything: a bad checkpoint fails fast.
+  std::map<std::string, const HfTensor*> expected;
+  for (const HfTensor& t : layout) expected.emplace(t.name, &t);
+  std::vector<std::string> missing;
+  for (const HfTensor& t : layout) {
+    auto it = checkpoint.tensors.find(t.name);
+    if (it == checkpoint.tensors.end()) {
+      missing.push_back(absl::StrCat("'", t.name, "' (expected shape ", ShapeString(t.shape), ")"));
+      continue;
+    }
+    RETURN_IF_ERROR(CheckTensor(t, it->second));
+  }
+  if (!missing.empty()) {
+    std::string more =
+        missing.size() > 1 ? absl::StrCat(" and ", missing.size() - 1, " more") : std::string();
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing tensor ", missing[0], more, " in ", model_dir));
+  }
+  for (const auto& [name, found] : checkpoint.tensors) {
+    if (expected.count(name) > 0 || IsIgnoredBuffer(name)) continue;
+    const std::vector<int64_t>& shape = found.info->shape;
+    if (name == "lm_head.weight" && config.tie_word_embeddings) {
+      // Some exporters store the tied head anyway; it must at least be the embedding's twin.
+      const std::vector<int64_t> embedding = {config.vocab_size, config.hidden_size};
+      if (shape == embedding) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor 'lm_head.weight' has shape ", ShapeString(shape), " in ", found.file->path(),
+          ", expected ", ShapeString(embedding), " (tied to model.embed_tokens.weight)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unexpected tensor '", name, "' with shape ", ShapeString(shape), " in ",
+        found.file->path(), " (not part of ", config.architecture, " with this config)"));
+  }
+
+  ModelWeights weights;
+  internal::AllocateModelWeights(config, &weights);
+  for (const HfTensor& t : layout) {
+    Widen(*checkpoint.tensors.at(t.name).info, internal::SlotData(&weights, t));
+  }
+  return weights;
+}
+
+}  // namespace tandem::runtime

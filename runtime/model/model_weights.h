@@ -1,0 +1,81 @@
+// Model weights in memory (fp32, owned) and the Hugging Face checkpoint formats they come from.
+//
+// Matrices use torch's Linear layout [out_features, in_features], row-major, so y = W x reads a
+// row per output. q/k/v and gate/up are fused at load time (one GEMM each in the forward); the
+// checkpoint stores them unfused under transformers' names:
+//   model.embed_tokens.weight                          [vocab, hidden]
+//   model.layers.{i}.input_layernorm.weight            [hidden]
+//   model.layers.{i}.self_attn.{q,k,v}_proj.weight     [Hq*D | Hkv*D | Hkv*D, hidden]
+//   model.layers.{i}.self_attn.{q,k,v}_proj.bias       (config.qkv_bias)
+//   model.layers.{i}.self_attn.o_proj.weight           [hidden, Hq*D]   (.bias: config.o_bias)
+//   model.layers.{i}.post_attention_layernorm.weight   [hidden]
+//   model.layers.{i}.mlp.{gate,up}_proj.weight         [inter, hidden]  (.bias: config.mlp_bias)
+//   model.layers.{i}.mlp.down_proj.weight              [hidden, inter]  (.bias: config.mlp_bias)
+//   model.norm.weight                                  [hidden]
+//   lm_head.weight                                     [vocab, hidden]  (absent when tied)
+// with Hq = num_attention_heads, Hkv = num_key_value_heads, D = head_dim.
+//
+// All functions are thread-safe (no shared state).
+#ifndef TANDEM_RUNTIME_MODEL_MODEL_WEIGHTS_H_
+#define TANDEM_RUNTIME_MODEL_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime {
+
+struct LayerWeights {
+  std::vector<float> input_layernorm;  // [hidden]
+  std::vector<float> qkv_proj;         // [(Hq + 2*Hkv) * D, hidden]: q rows, k rows, v rows
+  std::vector<float> qkv_bias;         // [(Hq + 2*Hkv) * D] or empty
+  std::vector<float> o_proj;           // [hidden, Hq * D]
+  std::vector<float> o_bias;           // [hidden] or empty
+  std::vector<float> post_attention_layernorm;  // [hidden]
+  std::vector<float> gate_up_proj;              // [2 * inter, hidden]: gate rows, then up rows
+  std::vector<float> gate_up_bias;              // [2 * inter] or empty
+  std::vector<float> down_proj;                 // [hidden, inter]
+  std::vector<float> down_bias;                 // [hidden] or empty
+};
+
+struct ModelWeights {
+  std::vector<float> embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> norm;     // [hidden]
+  std::vector<float> lm_head;  // [vocab, hidden]; EMPTY when tie_word_embeddings (use embed_tokens)
+};
+
+// Loads `model_dir`/model.safetensors, or else every shard named in
+// `model_dir`/model.safetensors.index.json ("weight_map"; shard names must be plain file names
+// inside model_dir). F32, BF16 and F16 tensors are widened to fp32 exactly.
+// NOT_FOUND when neither file exists. INVALID_ARGUMENT, naming the tensor (and both shapes where
+// there are two), for a missing tensor, an unexpected one, a wrong shape, an unsupported dtype,
+// a tensor in two shards, or an index entry its shard does not hold. Ignored: rotary
+// "*.rotary_emb.inv_freq" buffers (old checkpoints saved them), and lm_head.weight when
+// embeddings are tied, provided it has the embedding's shape.
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const ModelConfig& config);
+
+// Random weights (--load_format=dummy), deterministic in (config, seed): every checkpoint tensor
+// draws from its own stream keyed by (seed, tensor name), so the values do not depend on the
+// order or sharding they are produced in. Matrices and biases ~ N(0, 0.02^2); norm weights
+// 1 + N(0, 0.02^2). `config` must pass ValidateModelConfig.
+ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed);
+
+// Writes a Hugging Face model directory that transformers and LoadModelWeights accept:
+// config.json, generation_config.json and the weights of RandomModelWeights(config, seed) in
+// config.dtype under the unfused names, as model.safetensors or, when the weights exceed
+// `shard_bytes`, as model-0000i-of-0000N.safetensors shards (a tensor larger than shard_bytes gets
+// a shard of its own) plus model.safetensors.index.json. Creates `out_dir` if needed and first
+// removes model.safetensors* / model-*-of-*.safetensors left there by an earlier run. Generates
+// and writes one tensor chunk at a time: memory stays small even for 8B models.
+absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
+                             int64_t shard_bytes = 4LL << 30);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_MODEL_MODEL_WEIGHTS_H_

@@ -1,0 +1,72 @@
+// Private to //runtime/model: how checkpoint tensors map onto ModelWeights, and the random
+// streams dummy weights come from. Shared by loading, RandomModelWeights and WriteDummyModel so
+// the three can never disagree.
+#ifndef TANDEM_RUNTIME_MODEL_WEIGHT_LAYOUT_H_
+#define TANDEM_RUNTIME_MODEL_WEIGHT_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::internal {
+
+// Which vector of ModelWeights / LayerWeights a checkpoint tensor lands in.
+enum class WeightSlot {
+  kEmbedTokens,
+  kNorm,
+  kLmHead,
+  kInputLayernorm,
+  kQkvProj,
+  kQkvBias,
+  kOProj,
+  kOBias,
+  kPostAttentionLayernorm,
+  kGateUpProj,
+  kGateUpBias,
+  kDownProj,
+  kDownBias,
+};
+
+struct HfTensor {
+  std::string name;            // transformers' state_dict name
+  std::vector<int64_t> shape;  // as stored in the checkpoint
+  WeightSlot slot = WeightSlot::kEmbedTokens;
+  int64_t layer = -1;    // decoder layer, -1 for model-level tensors
+  int64_t offset = 0;    // element offset inside the (possibly fused) slot vector
+  bool is_norm = false;  // RMSNorm weight: random values centred on 1
+  int64_t numel() const;
+};
+
+// Every tensor of the checkpoint for `config` (lm_head.weight only when not tied): embeddings,
+// then layer by layer, then the final norm and lm_head.
+std::vector<HfTensor> HfTensorLayout(const ModelConfig& config);
+
+// Sizes every vector of `weights` for `config`, zero-filled (biases only where configured).
+void AllocateModelWeights(const ModelConfig& config, ModelWeights* weights);
+
+// Where `tensor`'s first element lives inside `weights` (allocated by AllocateModelWeights).
+float* SlotData(ModelWeights* weights, const HfTensor& tensor);
+
+// The dummy-weight values of one tensor, produced in order, in chunks of any size.
+class TensorRandomStream {
+ public:
+  TensorRandomStream(uint64_t seed, const HfTensor& tensor);
+  void Fill(float* out, int64_t count);
+
+ private:
+  double NextNormal();
+  uint64_t NextBits();
+
+  uint64_t state_;
+  bool is_norm_;
+  bool has_spare_ = false;
+  double spare_ = 0.0;
+};
+
+}  // namespace tandem::runtime::internal
+
+#endif  // TANDEM_RUNTIME_MODEL_WEIGHT_LAYOUT_H_
