@@ -411,6 +411,9 @@ def main():
     ap.add_argument("--out", required=True, help="directory for the fixture folders")
     ap.add_argument("--tar", help="also write a .tar.gz of the fixture folders here")
     ap.add_argument("--only", nargs="*", help="variant names to build (default: all)")
+    ap.add_argument("--seed_offset", type=int, default=0,
+                    help="added to every weight seed: fresh models beyond the committed fixtures "
+                         "(their greedy gaps are then not vetted; the 'problems' list says so)")
     args = ap.parse_args()
 
     torch.manual_seed(SEED)
@@ -426,7 +429,8 @@ def main():
         if args.only and name not in args.only:
             continue
         try:
-            s = build_variant(args.out, name, cls, kwargs, dtype, seed, notes, prompts)
+            s = build_variant(args.out, name, cls, kwargs, dtype, seed + args.seed_offset, notes,
+                              prompts)
         except Exception as e:  # keep going so one broken variant does not hide the others
             import traceback
             traceback.print_exc()
