@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The README's main-job command: from a fresh Debian 12 machine to a generation on the CPU.
+# The README's main-job command: from a fresh Debian 12 machine to a streamed generation through
+# router -> prefill worker -> decode worker, all on this machine's CPU.
 #
 #   deploy/quickstart.sh [BAZEL_FLAGS...]
 #
 # Installs the dependencies, builds every target (CUDA objects too where a toolkit is
-# installed), writes a small random-weight Llama model in Hugging Face format (no download),
-# and generates from two prompts in one continuous batch with the single-worker engine.
-# The serving issue extends this to router + prefill + decode workers streaming a request.
+# installed), writes a ~100M-parameter random-weight Llama in Hugging Face format (no download),
+# brings up 1 router + 1 prefill + 1 decode worker on localhost (deploy/local/up.sh; KV moves
+# from P to D over UCX), streams one request through the router with tandem_cli, prints the
+# same request as JSON with TTFT / inter-token latency, and stops the cluster again.
+# Set TANDEM_KEEP_UP=1 to leave the cluster running (stop it with deploy/local/down.sh out/local).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -14,11 +17,25 @@ deploy/install_deps.sh
 bazel build --noshow_progress -c opt "$@" //...
 BIN=$(bazel info -c opt "$@" bazel-bin 2>/dev/null)
 MODEL=${TANDEM_DEMO_MODEL:-$ROOT/out/demo-llama-100m}
+RUN_DIR=$ROOT/out/local
 if [[ ! -f $MODEL/config.json ]]; then
   echo "quickstart: writing a ~100M-parameter random-weight Llama to $MODEL"
   "$BIN/runtime/model/make_dummy_model" --config=llama-100m --out="$MODEL" --seed=1
 fi
-echo "quickstart: generating (CPU backend, 2 prompts in one batch, greedy, 16 tokens each)"
-"$BIN/runtime/generate" --model="$MODEL" --prompt_ids="1,450,4996,17354;1,319,11148" \
-  --max_tokens=16 --backend=cpu
-echo "quickstart: done. Try: $BIN/runtime/generate --help"
+deploy/local/down.sh "$RUN_DIR" >/dev/null 2>&1 || true
+echo "quickstart: starting router + 1 prefill + 1 decode worker (CPU backend)"
+UP=$(deploy/local/up.sh --prefill=1 --decode=1 --backend=cpu --model="$MODEL" \
+  --run_dir="$RUN_DIR" --bin_dir="$BIN")
+echo "$UP"
+ROUTER=$(sed -n 's/^router: //p' <<<"$UP")
+if [[ -z ${TANDEM_KEEP_UP:-} ]]; then
+  trap 'deploy/local/down.sh "$RUN_DIR" >/dev/null' EXIT
+fi
+"$BIN/router/tandem_cli" workers --router="$ROUTER"
+echo "quickstart: streaming 24 tokens (greedy) through $ROUTER"
+"$BIN/router/tandem_cli" generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
+  --max_tokens=24 --ignore_eos
+echo "quickstart: the same request as JSON (first token from P, the rest from D)"
+"$BIN/router/tandem_cli" generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
+  --max_tokens=24 --ignore_eos --json
+echo "quickstart: done. Single-process engine: $BIN/runtime/generate --model=$MODEL --prompt_ids=1,2,3"

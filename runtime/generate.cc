@@ -26,6 +26,7 @@
 #include "common/status_macros.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -86,27 +87,14 @@ absl::Status Run() {
                      " is not available in this build; use --backend=cpu"));
   }
   ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
-  ModelConfig config;
-  ModelWeights weights;
-  const std::string format = absl::GetFlag(FLAGS_load_format);
-  if (format == "dummy") {
-    const std::string which = absl::GetFlag(FLAGS_dummy_config);
-    absl::StatusOr<ModelConfig> preset = PresetConfig(which);
-    if (preset.ok()) {
-      config = *preset;
-    } else {
-      ASSIGN_OR_RETURN(config, LoadModelConfig(which));
-    }
-    weights = RandomModelWeights(config, absl::GetFlag(FLAGS_dummy_seed));
-  } else if (format == "auto") {
-    const std::string dir = absl::GetFlag(FLAGS_model);
-    if (dir.empty()) return absl::InvalidArgumentError("--model=DIR is required");
-    ASSIGN_OR_RETURN(config, LoadModelConfig(dir));
-    ASSIGN_OR_RETURN(weights, LoadModelWeights(dir, config));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--load_format must be auto or dummy, got '", format, "'"));
-  }
+  ModelSource source;
+  source.model_dir = absl::GetFlag(FLAGS_model);
+  source.load_format = absl::GetFlag(FLAGS_load_format);
+  source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
+  source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
+  ModelConfig config = model.config;
+  ModelWeights weights = std::move(model.weights);
 
   EngineConfig engine_config;
   engine_config.block_size = absl::GetFlag(FLAGS_block_size);

@@ -9,11 +9,12 @@
 namespace tandem::runtime {
 
 Engine::Engine(const EngineConfig& config, const ModelConfig& model_config, int64_t num_blocks,
-               int64_t max_model_len)
+               int64_t max_model_len, int64_t block_bytes)
     : config_(config),
       model_config_(model_config),
       num_blocks_(num_blocks),
-      max_model_len_(max_model_len) {}
+      max_model_len_(max_model_len),
+      block_bytes_(block_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelConfig& model_config,
@@ -33,7 +34,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                               static_cast<int64_t>(sizeof(float));
   ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(config.kv_cache_bytes, block_bytes));
 
-  std::unique_ptr<Engine> engine(new Engine(config, model_config, num_blocks, max_model_len));
+  std::unique_ptr<Engine> engine(
+      new Engine(config, model_config, num_blocks, max_model_len, block_bytes));
   engine->pool_ = std::make_unique<kernels::ThreadPool>(config.num_threads);
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
                    LlamaModel::Create(model_config, std::move(weights), engine->pool_.get()));
@@ -88,16 +90,73 @@ absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
                      num_blocks_, "; raise --kv_cache_bytes or lower max_tokens"));
   }
   RETURN_IF_ERROR(kernels::ValidateSamplingParams(spec.sampling));
+  RETURN_IF_ERROR(ValidateDisaggregation(spec));
   return scheduler_->Add(request_id, std::move(spec));
+}
+
+absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
+  const int64_t n = static_cast<int64_t>(spec.prompt.size());
+  if ((spec.hold_kv_for_remote || spec.remote_kv.has_value()) && connector_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "request needs remote KV transfer but this engine has no KV connector");
+  }
+  if (spec.hold_kv_for_remote && spec.lease_duration <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease duration must be positive");
+  }
+  if (spec.first_token >= model_config_.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", spec.first_token,
+                                                   " is outside the vocabulary [0, ",
+                                                   model_config_.vocab_size, ")"));
+  }
+  if (!spec.remote_kv.has_value()) return absl::OkStatus();
+  const kvtransfer::RemoteKvSpec& remote = *spec.remote_kv;
+  if (spec.first_token < 0) {
+    return absl::InvalidArgumentError("a request with remote KV needs the first token");
+  }
+  if (spec.max_tokens < 2) {
+    return absl::InvalidArgumentError("a request with remote KV needs max_tokens >= 2");
+  }
+  if (remote.num_tokens != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote KV covers ", remote.num_tokens, " tokens but the prompt has ", n));
+  }
+  const int64_t blocks = (remote.num_tokens + config_.block_size - 1) / config_.block_size;
+  if (static_cast<int64_t>(remote.block_ids.size()) != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("remote KV lists ", remote.block_ids.size(),
+                                                   " blocks; ", remote.num_tokens, " tokens need ",
+                                                   blocks));
+  }
+  if (remote.peer.empty()) return absl::InvalidArgumentError("remote KV names no source peer");
+  return absl::OkStatus();
 }
 
 bool Engine::Abort(int64_t request_id) { return scheduler_->Abort(request_id); }
 
+void Engine::AttachConnector(kvtransfer::KvConnector* connector) {
+  connector_ = connector;
+  scheduler_->set_connector(connector);
+}
+
+bool Engine::HasWork() const {
+  return scheduler_->HasUnfinished() || (connector_ != nullptr && connector_->HasPendingLoads());
+}
+
 absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
+  std::vector<RequestUpdate> updates;
+  if (connector_ != nullptr) {
+    // Worker half first: finished loads become runnable this very step.
+    kvtransfer::FinishedTransfers finished = connector_->GetFinished(absl::Now());
+    updates = scheduler_->ApplyConnectorResults(finished, connector_->GetLoadErrors());
+  }
   SchedulerOutput batch = scheduler_->Schedule();
-  if (batch.empty()) return std::vector<RequestUpdate>{};
+  if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
+  if (batch.empty()) return updates;
   ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
-  return scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits);
+  std::vector<RequestUpdate> stepped =
+      scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits);
+  if (updates.empty()) return stepped;
+  for (RequestUpdate& u : stepped) updates.push_back(std::move(u));
+  return updates;
 }
 
 }  // namespace tandem::runtime

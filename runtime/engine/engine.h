@@ -52,6 +52,27 @@ class Engine {
   // Drops a request and frees its blocks; false if it is unknown (or already finished).
   bool Abort(int64_t request_id);
 
+  // Disaggregated serving: routes remote KV through `connector` (must outlive the engine; its
+  // agent must have kv_pool_data() registered). Call once, before the first request.
+  // Requests with RequestSpec::remote_kv / hold_kv_for_remote need it (INVALID_ARGUMENT without).
+  void AttachConnector(kvtransfer::KvConnector* connector);
+  // True while the engine has work that needs Step() calls: unfinished requests or KV loads.
+  bool HasWork() const;
+  void* kv_pool_data() { return runner_->kv_pool_data(); }
+  int64_t kv_pool_bytes() const { return runner_->kv_pool_bytes(); }
+  int64_t kv_block_bytes() const { return block_bytes_; }
+  int64_t block_size() const { return config_.block_size; }
+  int64_t num_running() const { return scheduler_->num_running() + scheduler_->num_loading(); }
+  int64_t num_waiting() const { return scheduler_->num_waiting(); }
+  // Prefix-cache change log (KvCacheManager::EnableCacheEvents / TakeCacheEvents).
+  void EnableCacheEvents(bool enable) { scheduler_->mutable_kv_cache().EnableCacheEvents(enable); }
+  void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
+    scheduler_->mutable_kv_cache().TakeCacheEvents(added, removed);
+  }
+  std::vector<uint64_t> CachedHashesShort() const {
+    return scheduler_->kv_cache().CachedHashesShort();
+  }
+
   // Runs one scheduling step. Returns the updates of the requests it advanced.
   absl::StatusOr<std::vector<RequestUpdate>> Step();
 
@@ -63,12 +84,16 @@ class Engine {
 
  private:
   Engine(const EngineConfig& config, const ModelConfig& model_config, int64_t num_blocks,
-         int64_t max_model_len);
+         int64_t max_model_len, int64_t block_bytes);
+
+  absl::Status ValidateDisaggregation(const RequestSpec& spec) const;
 
   const EngineConfig config_;
   const ModelConfig model_config_;
   const int64_t num_blocks_;
   const int64_t max_model_len_;
+  const int64_t block_bytes_;
+  kvtransfer::KvConnector* connector_ = nullptr;
   std::unique_ptr<kernels::ThreadPool> pool_;  // outlives the runner's model
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -30,6 +30,9 @@ class ModelRunner {
 
   const kernels::KvCacheLayout& layout() const { return layout_; }
   const LlamaModel& model() const { return *model_; }
+  // The KV pool memory (block-major, layout()), for registering with a transfer agent.
+  void* kv_pool_data() { return kv_pool_.data(); }
+  int64_t kv_pool_bytes() const { return static_cast<int64_t>(kv_pool_.size() * sizeof(float)); }
 
  private:
   std::unique_ptr<LlamaModel> model_;

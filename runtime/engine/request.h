@@ -6,10 +6,14 @@
 #define TANDEM_RUNTIME_ENGINE_REQUEST_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "kernels/sampling/sampling.h"
+#include "kvtransfer/connector.h"
 
 namespace tandem::runtime {
 
@@ -19,6 +23,13 @@ enum class FinishReason {
   kEos,        // the model's eos token (unless ignore_eos)
   kStopToken,  // one of stop_token_ids
   kAborted,
+  kError,  // the request could not continue (e.g. its remote KV failed to load, policy fail)
+};
+
+// What a decode worker does when a request's remote KV cannot be loaded.
+enum class KvLoadFailurePolicy {
+  kRecompute,  // prefill the prompt locally
+  kFail,       // finish the request with FinishReason::kError and the load's status
 };
 
 const char* FinishReasonName(FinishReason reason);
@@ -32,9 +43,27 @@ struct RequestSpec {
   bool ignore_eos = false;
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
   bool capture_last_prompt_logits = false;
+
+  // Disaggregated serving, source side (P): when the request finishes by length, keep its KV
+  // blocks under a lease of lease_duration for a remote reader instead of freeing them; the
+  // update reports the lease (RequestUpdate::kv_lease).
+  bool hold_kv_for_remote = false;
+  absl::Duration lease_duration = absl::Seconds(30);
+
+  // Disaggregated serving, destination side (D): the prompt's KV lives on another worker; the
+  // request starts with `first_token` (sampled there) as its first output token, loads the
+  // prompt's KV through the connector, then decodes.
+  std::optional<kvtransfer::RemoteKvSpec> remote_kv;
+  int32_t first_token = -1;
+  KvLoadFailurePolicy on_kv_failure = KvLoadFailurePolicy::kRecompute;
 };
 
-enum class RequestStatus { kWaiting, kRunning, kFinished };
+enum class RequestStatus {
+  kWaiting,
+  kLoadingRemoteKv,  // blocks allocated, waiting for the connector's load to end
+  kRunning,
+  kFinished,
+};
 
 struct Request {
   int64_t id = 0;
@@ -49,6 +78,8 @@ struct Request {
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<float> last_prompt_logits;  // filled once when captured
+  // Aborted while its KV was loading: waits (in the loading set) for the load to end, then goes.
+  bool abort_after_load = false;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

@@ -19,21 +19,28 @@ const char* FinishReasonName(FinishReason reason) {
       return "stop_token";
     case FinishReason::kAborted:
       return "aborted";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, std::unique_ptr<KvCacheManager> kv_cache,
-                     std::vector<int32_t> eos_token_ids)
-    : config_(config), kv_cache_(std::move(kv_cache)), eos_token_ids_(std::move(eos_token_ids)) {}
+                     std::vector<int32_t> eos_token_ids, kvtransfer::KvConnector* connector)
+    : config_(config),
+      kv_cache_(std::move(kv_cache)),
+      eos_token_ids_(std::move(eos_token_ids)),
+      connector_(connector) {}
 
 absl::Status Scheduler::Add(int64_t request_id, RequestSpec spec) {
-  if (requests_.contains(request_id)) {
+  if (requests_.contains(request_id) || held_.contains(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already exists"));
   }
   auto req = std::make_unique<Request>();
   req->id = request_id;
   req->tokens = spec.prompt;
+  // A decode worker continues after the source's first token: it is output token 0.
+  if (spec.first_token >= 0) req->tokens.push_back(spec.first_token);
   req->spec = std::move(spec);
   waiting_.push_back(req.get());
   requests_.emplace(request_id, std::move(req));
@@ -44,6 +51,14 @@ bool Scheduler::Abort(int64_t request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return false;
   Request* req = it->second.get();
+  if (req->status == RequestStatus::kLoadingRemoteKv) {
+    // A READ may still write into its blocks: free them once the connector says it ended.
+    if (!req->abort_after_load) {
+      req->abort_after_load = true;
+      connector_->CancelLoad(request_id);
+    }
+    return true;
+  }
   kv_cache_->Free(request_id);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), req), running_.end());
@@ -105,9 +120,18 @@ SchedulerOutput Scheduler::Schedule() {
   }
 
   // 2. Waiting requests, FCFS, only when nobody had to be preempted (the pool is tight then).
+  //    A request with remote KV takes blocks and starts loading; it runs once loaded.
   while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+         static_cast<int64_t>(running_.size() + loading_.size()) < config_.max_num_seqs) {
     Request* req = waiting_.front();
+    if (req->spec.remote_kv.has_value() && connector_ != nullptr) {
+      if (!AdmitRemoteKv(req)) break;
+      if (req->status == RequestStatus::kLoadingRemoteKv) {
+        waiting_.pop_front();
+        continue;
+      }
+      // Everything it needs is in the local prefix cache: admit it like any request.
+    }
     PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
                                                      /*record_stats=*/false);
     const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - prefix.num_tokens;
@@ -143,9 +167,106 @@ FinishReason Scheduler::CheckStop(const Request& req) const {
   return FinishReason::kNone;
 }
 
-void Scheduler::Finish(Request* req, FinishReason reason) {
+bool Scheduler::AdmitRemoteKv(Request* req) {
+  const kvtransfer::RemoteKvSpec& remote = *req->spec.remote_kv;
+  // tokens = prompt + first token, so the cap of FindCachedPrefix admits every full prompt block.
+  PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
+                                                   /*record_stats=*/false);
+  const int64_t external = connector_->GetNumNewMatchedTokens(req->id, remote, prefix.num_tokens);
+  if (external <= 0) {
+    req->spec.remote_kv.reset();
+    return true;
+  }
+  if (!kv_cache_->Allocate(req->id, prefix.num_tokens + external, &prefix)) return false;
+  kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true);
+  req->num_computed_tokens = prefix.num_tokens;
+  req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
+  connector_->UpdateStateAfterAlloc(req->id, remote, kv_cache_->BlockTable(req->id),
+                                    prefix.num_tokens);
+  req->status = RequestStatus::kLoadingRemoteKv;
+  loading_[req->id] = req;
+  return true;
+}
+
+RequestUpdate Scheduler::MakeUpdate(const Request& req) const {
+  RequestUpdate update;
+  update.request_id = req.id;
+  update.num_prompt_tokens = req.num_prompt_tokens();
+  update.num_output_tokens = req.num_output_tokens();
+  update.num_cached_prompt_tokens = req.num_cached_prompt_tokens;
+  return update;
+}
+
+std::vector<RequestUpdate> Scheduler::ApplyConnectorResults(
+    const kvtransfer::FinishedTransfers& finished, std::vector<kvtransfer::LoadError> errors) {
+  std::vector<RequestUpdate> updates;
+  for (int64_t id : finished.sending_done) {
+    if (held_.erase(id) > 0) kv_cache_->Free(id);
+  }
+  for (int64_t id : finished.receiving_done) {
+    auto it = loading_.find(id);
+    if (it == loading_.end()) continue;
+    Request* req = it->second;
+    loading_.erase(it);
+    if (req->abort_after_load) {
+      kv_cache_->Free(id);
+      requests_.erase(id);
+      continue;
+    }
+    req->num_computed_tokens = req->spec.remote_kv->num_tokens;
+    // The loaded blocks now hold this prefix's KV: share them like computed ones.
+    kv_cache_->CacheBlocks(id, req->tokens, req->spec.cache_salt, req->num_computed_tokens);
+    req->status = RequestStatus::kRunning;
+    running_.push_back(req);
+  }
+  for (kvtransfer::LoadError& error : errors) {
+    auto it = loading_.find(error.request_id);
+    if (it == loading_.end()) continue;
+    Request* req = it->second;
+    loading_.erase(it);
+    // The load ended (connector contract), so its blocks are safe to free; none was cached.
+    kv_cache_->Free(req->id);
+    if (req->abort_after_load) {
+      requests_.erase(req->id);
+      continue;
+    }
+    req->spec.remote_kv.reset();
+    req->num_computed_tokens = 0;
+    req->num_cached_prompt_tokens = 0;
+    if (req->spec.on_kv_failure == KvLoadFailurePolicy::kRecompute) {
+      req->status = RequestStatus::kWaiting;
+      waiting_.push_front(req);
+      continue;
+    }
+    RequestUpdate update = MakeUpdate(*req);
+    update.finish_reason = FinishReason::kError;
+    update.error = std::move(error.status);
+    req->finish_reason = FinishReason::kError;
+    requests_.erase(req->id);
+    updates.push_back(std::move(update));
+  }
+  return updates;
+}
+
+void Scheduler::Finish(Request* req, FinishReason reason, RequestUpdate* update) {
   req->finish_reason = reason;
   req->status = RequestStatus::kFinished;
+  if (connector_ != nullptr && req->spec.hold_kv_for_remote && reason == FinishReason::kLength) {
+    absl::Span<const BlockId> table = kv_cache_->BlockTable(req->id);
+    std::optional<kvtransfer::KvLease> lease =
+        connector_->RequestFinished(req->id, /*hold_for_remote=*/true,
+                                    static_cast<int64_t>(table.size()), req->spec.lease_duration);
+    if (lease.has_value()) {
+      RequestUpdate::Lease held;
+      held.lease = *lease;
+      held.block_ids.assign(table.begin(), table.end());
+      held.num_tokens = req->num_computed_tokens;
+      held.block_hashes = kv_cache_->BlockHashesShort(req->id);
+      update->kv_lease = std::move(held);
+      held_.insert(req->id);
+      return;
+    }
+  }
   kv_cache_->Free(req->id);
 }
 
@@ -178,7 +299,7 @@ std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,
     update.num_output_tokens = req->num_output_tokens();
     update.num_cached_prompt_tokens = req->num_cached_prompt_tokens;
     if (update.finish_reason != FinishReason::kNone) {
-      Finish(req, update.finish_reason);
+      Finish(req, update.finish_reason, &update);
       any_finished = true;
     }
     if (!update.new_token_ids.empty() || update.finish_reason != FinishReason::kNone ||

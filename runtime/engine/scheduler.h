@@ -24,8 +24,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kvtransfer/connector.h"
 #include "runtime/engine/request.h"
 #include "runtime/kv_cache/kv_cache_manager.h"
 
@@ -67,19 +69,37 @@ struct RequestUpdate {
   int64_t num_prompt_tokens = 0;
   int64_t num_output_tokens = 0;
   int64_t num_cached_prompt_tokens = 0;
+  // Set when the request finished holding its KV for a remote reader (RequestSpec::
+  // hold_kv_for_remote): the lease and the blocks it covers (num_tokens = prompt tokens whose KV
+  // is in them; block_hashes = prefix-cache hashes of the full ones, short form).
+  struct Lease {
+    kvtransfer::KvLease lease;
+    std::vector<int32_t> block_ids;
+    int64_t num_tokens = 0;
+    std::vector<uint64_t> block_hashes;
+  };
+  std::optional<Lease> kv_lease;
+  absl::Status error;  // set with FinishReason::kError
 };
 
 class Scheduler {
  public:
+  // `connector` (may be null: no remote KV) must outlive the scheduler.
   Scheduler(const SchedulerConfig& config, std::unique_ptr<KvCacheManager> kv_cache,
-            std::vector<int32_t> eos_token_ids);
+            std::vector<int32_t> eos_token_ids, kvtransfer::KvConnector* connector = nullptr);
 
   // Queues a request. REQUIRES: spec validated (Engine::AddRequest does it).
   // ALREADY_EXISTS for a duplicate id.
   absl::Status Add(int64_t request_id, RequestSpec spec);
 
-  // Removes a waiting or running request and frees its blocks. Returns false if unknown.
+  // Removes a waiting or running request and frees its blocks. A request whose KV is loading is
+  // cancelled and goes (blocks freed) once the load has ended. Returns false if unknown.
   bool Abort(int64_t request_id);
+  // Applies the connector's results (call before Schedule()): loaded requests start decoding,
+  // failed loads recompute or fail (per request policy; returned as updates), ended leases free
+  // their blocks.
+  std::vector<RequestUpdate> ApplyConnectorResults(const kvtransfer::FinishedTransfers& finished,
+                                                   std::vector<kvtransfer::LoadError> errors);
 
   SchedulerOutput Schedule();
 
@@ -92,21 +112,33 @@ class Scheduler {
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
-  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
+  int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
+  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !loading_.empty(); }
   const KvCacheManager& kv_cache() const { return *kv_cache_; }
+  KvCacheManager& mutable_kv_cache() { return *kv_cache_; }
+  // Attaches the connector (before the first request). May be null.
+  void set_connector(kvtransfer::KvConnector* connector) { connector_ = connector; }
 
  private:
   // Frees `req`'s blocks and puts it back at the head of the waiting queue.
   void Preempt(Request* req);
   FinishReason CheckStop(const Request& req) const;
-  void Finish(Request* req, FinishReason reason);
+  // Marks `req` finished and frees its blocks, or hands them to a lease (filling update->kv_lease).
+  void Finish(Request* req, FinishReason reason, RequestUpdate* update);
+  // Waiting request with remote KV: allocates and registers its load. False: no room now.
+  bool AdmitRemoteKv(Request* req);
+  RequestUpdate MakeUpdate(const Request& req) const;
 
   const SchedulerConfig config_;
   std::unique_ptr<KvCacheManager> kv_cache_;
   const std::vector<int32_t> eos_token_ids_;
   absl::flat_hash_map<int64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
-  std::vector<Request*> running_;  // admission order
+  std::vector<Request*> running_;                   // admission order
+  absl::flat_hash_map<int64_t, Request*> loading_;  // remote KV in flight
+  absl::flat_hash_set<int64_t> held_;               // finished, blocks under a lease
+  kvtransfer::KvConnector* connector_;
 };
 
 }  // namespace tandem::runtime

@@ -115,6 +115,7 @@ BlockId KvCacheManager::TakeFreeBlock() {
   Block& block = blocks_[id];
   if (block.cached) {  // evict: the new owner overwrites the KV this hash described
     cached_blocks_.erase(block.hash);
+    if (record_events_) removed_events_.push_back(block.hash.Short());
     block.cached = false;
     block.hash = BlockHash{};
   }
@@ -180,6 +181,7 @@ void KvCacheManager::CacheBlocks(int64_t request_id, absl::Span<const int32_t> t
     if (cached_blocks_.try_emplace(hash, id).second) {
       block.cached = true;
       block.hash = hash;
+      if (record_events_) added_events_.push_back(hash.Short());
     }
   }
 }
@@ -194,6 +196,37 @@ void KvCacheManager::Free(int64_t request_id) {
     if (--blocks_[*id].ref_count == 0) free_queue_.PushBack(*id);
   }
   requests_.erase(it);
+}
+
+std::vector<uint64_t> KvCacheManager::BlockHashesShort(int64_t request_id) const {
+  std::vector<uint64_t> out;
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return out;
+  out.reserve(it->second.block_hashes.size());
+  for (const BlockHash& hash : it->second.block_hashes) out.push_back(hash.Short());
+  return out;
+}
+
+std::vector<uint64_t> KvCacheManager::CachedHashesShort() const {
+  std::vector<uint64_t> out;
+  out.reserve(cached_blocks_.size());
+  for (const auto& [hash, id] : cached_blocks_) out.push_back(hash.Short());
+  return out;
+}
+
+void KvCacheManager::EnableCacheEvents(bool enable) {
+  record_events_ = enable;
+  if (!enable) {
+    added_events_.clear();
+    removed_events_.clear();
+  }
+}
+
+void KvCacheManager::TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
+  added->swap(added_events_);
+  removed->swap(removed_events_);
+  added_events_.clear();
+  removed_events_.clear();
 }
 
 absl::Span<const BlockId> KvCacheManager::BlockTable(int64_t request_id) const {

@@ -143,6 +143,18 @@ class KvCacheManager {
   absl::Span<const BlockId> BlockTable(int64_t request_id) const;
 
   int64_t NumFreeBlocks() const { return free_queue_.size(); }
+
+  // Short forms (BlockHash::Short) of request_id's chained hashes of the full blocks hashed so
+  // far (shared prefix blocks and CacheBlocks), in table order; empty for an unknown request.
+  std::vector<uint64_t> BlockHashesShort(int64_t request_id) const;
+
+  // Prefix-cache change log for an approximate remote index (the router's): when enabled, every
+  // newly registered hash and every evicted one is recorded (short form) until taken. Off by
+  // default. TakeCacheEvents replaces *added / *removed with the events since the last call.
+  void EnableCacheEvents(bool enable);
+  // Short hashes of every block in the prefix cache now (in use or free).
+  std::vector<uint64_t> CachedHashesShort() const;
+  void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed);
   KvCacheStats Stats() const;
 
   // Checks every internal invariant: ref counts equal table membership, free queue = blocks with
@@ -181,6 +193,9 @@ class KvCacheManager {
   // Prefix cache: chained hash -> the one block registered under it (in use or free).
   absl::flat_hash_map<BlockHash, BlockId> cached_blocks_;
   absl::flat_hash_map<int64_t, RequestBlocks> requests_;
+  bool record_events_ = false;
+  std::vector<uint64_t> added_events_;
+  std::vector<uint64_t> removed_events_;
   int64_t prefix_queried_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
 };

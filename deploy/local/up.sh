@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Launches a local Tandem cluster: one router + N prefill + M decode (+ K mixed) workers on
+# localhost, waits until the router sees every worker healthy, and prints `router: HOST:PORT`.
+#
+#   deploy/local/up.sh [--prefill=1] [--decode=1] [--mixed=0] [--backend=cpu]
+#                      [--model=DIR | --load_format=dummy [--dummy_config=tiny]]
+#                      [--run_dir=out/local] [--bin_dir=bazel-bin] [--router_port=0]
+#                      [--timeout_s=120] [-- EXTRA_WORKER_FLAGS...]
+#
+# Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
+# the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
+# //runtime:tandem_worker //router:tandem_router //router:tandem_cli).
+set -euo pipefail
+
+prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
+run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --prefill=*) prefill="${1#*=}" ;;
+    --decode=*) decode="${1#*=}" ;;
+    --mixed=*) mixed="${1#*=}" ;;
+    --backend=*) backend="${1#*=}" ;;
+    --model=*) model="${1#*=}" ;;
+    --load_format=*) load_format="${1#*=}" ;;
+    --dummy_config=*) dummy_config="${1#*=}" ;;
+    --run_dir=*) run_dir="${1#*=}" ;;
+    --bin_dir=*) bin_dir="${1#*=}" ;;
+    --router_port=*) router_port="${1#*=}" ;;
+    --timeout_s=*) timeout_s="${1#*=}" ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "up.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+worker_bin="$bin_dir/runtime/tandem_worker"
+router_bin="$bin_dir/router/tandem_router"
+cli_bin="$bin_dir/router/tandem_cli"
+for b in "$worker_bin" "$router_bin" "$cli_bin"; do
+  [[ -x "$b" ]] || { echo "up.sh: $b not found; build it first (see the header)" >&2; exit 1; }
+done
+if [[ -z "$model" && -z "$load_format" ]]; then
+  echo "up.sh: pass --model=DIR or --load_format=dummy" >&2
+  exit 2
+fi
+model_flags=()
+[[ -n "$model" ]] && model_flags+=("--model=$model")
+[[ -n "$load_format" ]] && model_flags+=("--load_format=$load_format")
+[[ -n "$dummy_config" ]] && model_flags+=("--dummy_config=$dummy_config")
+
+mkdir -p "$run_dir"
+if [[ -s "$run_dir/pids" ]]; then
+  echo "up.sh: $run_dir/pids exists; run deploy/local/down.sh $run_dir first" >&2
+  exit 1
+fi
+: > "$run_dir/pids"
+
+wait_file() {  # wait_file PATH PID WHAT
+  local deadline=$((SECONDS + timeout_s))
+  until [[ -s "$1" ]]; do
+    if ! kill -0 "$2" 2>/dev/null; then
+      echo "up.sh: $3 exited; its log:" >&2
+      tail -n 30 "$run_dir/$3.log" >&2 || true
+      exit 1
+    fi
+    (( SECONDS < deadline )) || { echo "up.sh: timed out waiting for $3" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+
+rm -f "$run_dir"/*.port
+"$router_bin" --listen="127.0.0.1:$router_port" --port_file="$run_dir/router.port" \
+  > "$run_dir/router.log" 2>&1 &
+echo "$! router" >> "$run_dir/pids"
+wait_file "$run_dir/router.port" "$!" router
+router_addr="$(cat "$run_dir/router.port")"
+
+start_worker() {  # start_worker ROLE INDEX
+  local name="$1-$2"
+  "$worker_bin" --role="$1" --backend="$backend" "${model_flags[@]}" --router="$router_addr" \
+    --worker_id="$name" --listen=127.0.0.1:0 --port_file="$run_dir/$name.port" \
+    ${extra[@]+"${extra[@]}"} > "$run_dir/$name.log" 2>&1 &
+  echo "$! $name" >> "$run_dir/pids"
+}
+total=0
+for ((i = 0; i < prefill; i++)); do start_worker prefill "$i"; total=$((total + 1)); done
+for ((i = 0; i < decode; i++)); do start_worker decode "$i"; total=$((total + 1)); done
+for ((i = 0; i < mixed; i++)); do start_worker mixed "$i"; total=$((total + 1)); done
+while read -r pid name; do
+  [[ "$name" == router ]] || wait_file "$run_dir/$name.port" "$pid" "$name"
+done < "$run_dir/pids"
+
+# Ready when the router lists every worker as healthy.
+deadline=$((SECONDS + timeout_s))
+while true; do
+  healthy="$("$cli_bin" workers --router="$router_addr" --json 2>/dev/null |
+    grep -o '"healthy":true' | wc -l || true)"
+  [[ "$healthy" -ge "$total" ]] && break
+  (( SECONDS < deadline )) || { echo "up.sh: only $healthy/$total workers healthy" >&2; exit 1; }
+  sleep 0.2
+done
+echo "router: $router_addr"
+echo "workers: $prefill prefill, $decode decode, $mixed mixed (logs and pids in $run_dir)"

@@ -1,0 +1,209 @@
+// Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
+// KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 rows).
+//   attention_cuda_bench
+// GB/s counts KV bytes read + q + o (+ lse) bytes over the measured time; "%peak" is against
+// 4.3 TB/s (H200 device copy). Small configs read from a rotating set of block tables over a
+// pool >= 1 GiB, so repeated calls do not run out of the 60 MB L2. Prints a table; no pass/fail.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/cuda_status.h"
+#include "kernels/cuda/paged_attention_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+constexpr double kPeak = 4.3e12;
+
+struct Pool {
+  void* data = nullptr;
+  int64_t num_blocks = 0;
+};
+
+// One pool for every config: max KV bytes, or 1 GiB, whichever is larger; filled with random
+// bf16 values (a 64 MiB random chunk replicated on the device).
+absl::Status MakePool(int64_t bytes, Pool* pool) {
+  const int64_t block_bytes = 2 * kBlock * kHkv * kD * 2;
+  pool->num_blocks = (bytes + block_bytes - 1) / block_bytes;
+  const int64_t total = pool->num_blocks * block_bytes;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pool->data, total));
+  const int64_t chunk = int64_t{64} << 20;
+  std::vector<uint16_t> host(chunk / 2);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (uint16_t& x : host) {
+    const float f = dist(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>(bits >> 16);
+  }
+  auto* base = static_cast<uint8_t*>(pool->data);
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(base, host.data(), std::min(chunk, total), cudaMemcpyHostToDevice));
+  for (int64_t off = chunk; off < total; off += chunk) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(base + off, base, std::min(chunk, total - off), cudaMemcpyDeviceToDevice));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
+                       bool tensor_cores, std::mt19937& rng) {
+  const int64_t kv_elem = KvDtypeBytes(dtype);
+  const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+  // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
+  const int64_t pool_blocks = pool.num_blocks * (2 / kv_elem);
+  const int64_t needed = batch * blocks_per_seq;
+  if (needed > pool_blocks) {
+    std::printf("%6lld %7lld skipped (pool too small)\n", static_cast<long long>(batch),
+                static_cast<long long>(ctx));
+    return absl::OkStatus();
+  }
+  const int64_t sets = std::max<int64_t>(1, std::min<int64_t>(8, pool_blocks / needed));
+  std::vector<int32_t> perm(pool_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> tables(sets * needed);
+  for (int64_t i = 0; i < sets * needed; ++i) tables[i] = perm[i];
+  std::vector<int32_t> qsl(batch + 1), lens(batch, static_cast<int32_t>(ctx));
+  for (int64_t i = 0; i <= batch; ++i) qsl[i] = static_cast<int32_t>(i);
+
+  int32_t *d_tables, *d_qsl, *d_lens;
+  void *d_q, *d_out, *d_ws = nullptr;
+  float *d_lse, *d_scale;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_tables, tables.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_qsl, qsl.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lens, lens.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_q, batch * kHq * kD * 2));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, batch * kHq * kD * 2));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lse, batch * kHq * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_scale, kHkv * 4));
+  const std::vector<float> scales(kHkv, 0.05f);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_scale, scales.data(), kHkv * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_qsl, qsl.data(), qsl.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_q, pool.data, batch * kHq * kD * 2, cudaMemcpyDeviceToDevice));
+
+  PagedAttentionPlanInput in{.num_seqs = batch,
+                             .num_tokens = batch,
+                             .max_q_len = 1,
+                             .max_seq_len = ctx,
+                             .num_q_heads = kHq,
+                             .num_kv_heads = kHkv,
+                             .head_dim = kD,
+                             .kv_dtype = dtype,
+                             .num_sms = num_sms,
+                             .allow_tensor_cores = tensor_cores};
+  ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
+  if (plan.workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
+  DeviceKvCache cache{.data = pool.data,
+                      .layout = {.num_blocks = pool_blocks,
+                                 .num_layers = 1,
+                                 .block_size = kBlock,
+                                 .num_kv_heads = kHkv,
+                                 .head_dim = kD},
+                      .dtype = dtype,
+                      .k_scale = d_scale,
+                      .v_scale = d_scale,
+                      .per_head_scale = true};
+  const AttentionParams params{.scale = 0.0884f};
+  auto run = [&](int64_t i) {
+    AttentionBatch b{.query_start_loc = d_qsl,
+                     .seq_lens = d_lens,
+                     .block_tables = d_tables + (i % sets) * needed,
+                     .num_seqs = batch,
+                     .max_blocks_per_seq = blocks_per_seq};
+    return PagedAttention<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(d_q), cache, 0, b,
+                                         params, plan, static_cast<__nv_bfloat16*>(d_out), d_lse,
+                                         d_ws, nullptr);
+  };
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(run(i));
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  const double kv_bytes = static_cast<double>(batch) * ctx * kHkv * kD * 2 * kv_elem;
+  const double io_bytes = static_cast<double>(batch) * kHq * (kD * 2 * 2 + 4);
+  const int iters = static_cast<int>(std::clamp(20e-3 / (kv_bytes / kPeak), 5.0, 2000.0));
+  cudaEvent_t start, stop;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+  for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(run(i));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+  float ms = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+  const double sec = ms * 1e-3 / iters;
+  const double gbs = (kv_bytes + io_bytes) / sec / 1e9;
+  std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%\n", static_cast<long long>(batch),
+              static_cast<long long>(ctx), KvDtypeName(dtype),
+              plan.use_tensor_cores ? "mma" : "fma", plan.num_splits, sec * 1e6, kv_bytes / 1e6,
+              gbs, 100.0 * gbs * 1e9 / kPeak);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(d_tables);
+  cudaFree(d_qsl);
+  cudaFree(d_lens);
+  cudaFree(d_q);
+  cudaFree(d_out);
+  cudaFree(d_lse);
+  cudaFree(d_scale);
+  if (d_ws != nullptr) cudaFree(d_ws);
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  cudaDeviceProp prop{};
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
+              prop.multiProcessorCount);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t want = int64_t{256} * 65536 * kHkv * kD * 2 * 2;  // 68.7 GB: 256 x 64k bf16
+  const int64_t pool_bytes =
+      std::min<int64_t>(want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30));
+  Pool pool;
+  RETURN_IF_ERROR(MakePool(pool_bytes, &pool));
+  std::printf("%6s %7s %8s %4s %7s %10s %9s %8s %8s\n", "batch", "context", "kv", "core", "splits",
+              "time_us", "KV_MB", "GB/s", "%4.3TB/s");
+  std::mt19937 rng(7);
+  for (int64_t batch : {1, 16, 64, 256}) {
+    for (int64_t ctx : {1024, 4096, 16384, 65536}) {
+      RETURN_IF_ERROR(
+          RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true, rng));
+    }
+  }
+  for (auto [batch, ctx] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 65536}, {64, 4096}, {64, 16384}, {256, 4096}}) {
+    RETURN_IF_ERROR(
+        RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kFp8E4m3, true, rng));
+  }
+  std::printf("CUDA-core (fma) kernel on the same bf16 shapes, for comparison:\n");
+  for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
+    RETURN_IF_ERROR(
+        RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, false, rng));
+  }
+  RETURN_IF_ERROR(
+      RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false, rng));
+  CUDA_RETURN_IF_ERROR(cudaFree(pool.data));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
+
+int main() {
+  const absl::Status status = tandem::kernels::cuda::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "attention_cuda_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,113 @@
+// Device helpers shared by the CUDA kernels of this package (internal; include from .cu only).
+#ifndef TANDEM_KERNELS_CUDA_DEVICE_UTILS_CUH_
+#define TANDEM_KERNELS_CUDA_DEVICE_UTILS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace tandem::kernels::cuda::internal {
+
+// Element <-> fp32 conversion for the activation and KV types.
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half x) {
+  return __half2float(x);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_fp8_e4m3>(__nv_fp8_e4m3 x) {
+  return static_cast<float>(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 FromFloat<__nv_fp8_e4m3>(float x) {
+  return __nv_fp8_e4m3(x);  // round to nearest, saturating to +-448
+}
+
+// N elements of T as one aligned vector, for 16-byte (or smaller) global/shared accesses.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Converts N packed elements to fp32. bf16 -> fp32 is a shift, done on 32-bit pairs so the
+// compiler emits two integer ops per pair.
+template <typename T, int N>
+__device__ __forceinline__ void VecToFloat(const Vec<T, N>& in, float* out) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = ToFloat(in.v[i]);
+}
+template <int N>
+__device__ __forceinline__ void VecToFloat(const Vec<__nv_bfloat16, N>& in, float* out) {
+  static_assert(N % 2 == 0);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(in.v);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// fp8 e4m3 -> fp32 two at a time through the hardware fp8x2 -> half2 conversion (exact: every
+// e4m3 value is a half).
+template <int N>
+__device__ __forceinline__ void VecToFloat(const Vec<__nv_fp8_e4m3, N>& in, float* out) {
+  static_assert(N % 2 == 0);
+  const __nv_fp8x2_storage_t* w = reinterpret_cast<const __nv_fp8x2_storage_t*>(in.v);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(w[i], __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> FloatToVec(const float* in) {
+  Vec<T, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.v[i] = FromFloat<T>(in[i]);
+  return out;
+}
+
+// cp.async of 16 bytes global -> shared; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+}  // namespace tandem::kernels::cuda::internal
+
+#endif  // TANDEM_KERNELS_CUDA_DEVICE_UTILS_CUH_

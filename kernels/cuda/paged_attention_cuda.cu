@@ -1,0 +1,281 @@
+// Host side of cuda::PagedAttention: the planner, argument checks, and the one place where run-
+// time head_dim / rows-per-warp / dtypes become template constants.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/paged_attention_cuda.h"
+#include "kernels/cuda/paged_decode_kernel.cuh"
+#include "kernels/cuda/paged_decode_tc_kernel.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using internal::CombineSplitsKernel;
+using internal::DecodeParams;
+using internal::kDecodeThreads;
+using internal::PagedDecodeKernel;
+using internal::PagedDecodeTcKernel;
+using internal::TcCfg;
+
+template <typename... Args>
+absl::Status Invalid(const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat("cuda::PagedAttention: ", args...));
+}
+
+// Largest rows-per-warp kept in registers: q and the accumulator take 2 x head_dim / 8 floats
+// per row, and the kernel must fit 128 registers (4 CTAs of 128 threads per SM).
+int MaxRowsPerWarp(int64_t head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1; }
+
+// Keys of one tile (see DecodeCfg): splits are whole tiles.
+int64_t TileKeys(int64_t head_dim, KvDtype dtype) {
+  return internal::kDecodeStageBytes / (2 * head_dim * KvDtypeBytes(dtype));
+}
+
+template <typename T, typename KV, int D>
+absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
+                          cudaStream_t stream) {
+  const PagedAttentionPlanInput& in = plan.input;
+  const dim3 grid(static_cast<unsigned>(plan.num_splits),
+                  static_cast<unsigned>(in.num_kv_heads * plan.row_tiles),
+                  static_cast<unsigned>(in.num_seqs));
+  if (plan.use_tensor_cores) {
+    if constexpr (D <= 128) {
+      using Cfg = TcCfg<D, sizeof(KV)>;
+      auto* kernel = &PagedDecodeTcKernel<T, KV, D>;
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                Cfg::kSmemBytes));
+      kernel<<<grid, kDecodeThreads, Cfg::kSmemBytes, stream>>>(p);
+    } else {
+      return Invalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
+    }
+  } else {
+    switch (plan.rows_per_warp) {
+      case 1:
+        PagedDecodeKernel<T, KV, D, 1><<<grid, kDecodeThreads, 0, stream>>>(p);
+        break;
+      case 2:
+        if constexpr (D <= 128) {
+          PagedDecodeKernel<T, KV, D, 2><<<grid, kDecodeThreads, 0, stream>>>(p);
+          break;
+        }
+        [[fallthrough]];
+      case 4:
+        if constexpr (D <= 64) {
+          PagedDecodeKernel<T, KV, D, 4><<<grid, kDecodeThreads, 0, stream>>>(p);
+          break;
+        }
+        [[fallthrough]];
+      default:
+        return Invalid("no kernel for rows_per_warp ", plan.rows_per_warp, " at head_dim ", D);
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (plan.num_splits > 1) {
+    const int64_t rows = in.num_tokens * in.num_q_heads;
+    CombineSplitsKernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
+        p.part_o, p.part_lse, plan.num_splits, rows, p.out, p.lse);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return absl::OkStatus();
+}
+
+template <typename T, typename KV>
+absl::Status DispatchHeadDim(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
+                             cudaStream_t stream) {
+  switch (plan.input.head_dim) {
+    case 64:
+      return LaunchDecode<T, KV, 64>(p, plan, stream);
+    case 128:
+      return LaunchDecode<T, KV, 128>(p, plan, stream);
+    case 256:
+      return LaunchDecode<T, KV, 256>(p, plan, stream);
+    default:
+      return Invalid("head_dim ", plan.input.head_dim, " not supported (64, 128, 256)");
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanInput& in) {
+  if (in.num_kv_heads <= 0 || in.num_q_heads <= 0 || in.num_q_heads % in.num_kv_heads != 0) {
+    return Invalid("num_q_heads ", in.num_q_heads, " is not a positive multiple of num_kv_heads ",
+                   in.num_kv_heads);
+  }
+  if (in.head_dim != 64 && in.head_dim != 128 && in.head_dim != 256) {
+    return Invalid("head_dim ", in.head_dim, " not supported (64, 128, 256)");
+  }
+  if (in.num_seqs < 0 || in.num_tokens < 0 || in.max_q_len < 1 || in.max_seq_len < 0 ||
+      in.num_sms <= 0 || in.forced_splits < 0) {
+    return Invalid("plan bounds must be non-negative (max_q_len >= 1, num_sms > 0): num_seqs=",
+                   in.num_seqs, " num_tokens=", in.num_tokens, " max_q_len=", in.max_q_len,
+                   " max_seq_len=", in.max_seq_len, " num_sms=", in.num_sms);
+  }
+  if (in.num_seqs > 65535) return Invalid("num_seqs ", in.num_seqs, " > 65535");
+  if (in.max_seq_len > (int64_t{1} << 30) || in.num_tokens > (int64_t{1} << 30)) {
+    return Invalid("max_seq_len / num_tokens beyond 2^30");
+  }
+  PagedAttentionPlan plan;
+  plan.input = in;
+  const int64_t group = in.num_q_heads / in.num_kv_heads;
+  const int64_t rows_total = in.max_q_len * group;
+  const int max_rpw = MaxRowsPerWarp(in.head_dim);
+  // Rows per CTA: up to 4 warps x max_rpw; as few warps on rows (more on keys) as fit.
+  const int64_t rows_cta = std::min<int64_t>(rows_total, 4 * max_rpw);
+  int rpw = 1;
+  while (rpw < max_rpw && rpw < rows_cta) rpw *= 2;
+  int rg = 1;
+  while (rg * rpw < rows_cta) rg *= 2;
+  plan.use_tensor_cores = in.allow_tensor_cores && in.head_dim <= 128;
+  if (plan.use_tensor_cores) {  // one m16 tile of rows per CTA
+    rpw = 4;
+    rg = 4;
+  }
+  plan.rows_per_warp = rpw;
+  plan.row_groups = rg;
+  plan.row_tiles = static_cast<int>((rows_total + rg * rpw - 1) / (rg * rpw));
+  if (in.num_kv_heads * plan.row_tiles > 65535) {
+    return Invalid("num_kv_heads x row tiles ", in.num_kv_heads * plan.row_tiles, " > 65535");
+  }
+
+  // Splits: minimize waves x (keys per split + fixed cost), waves counted against the CTAs that
+  // fit on an SM (shared memory bound). Each split keeps at least 256 keys.
+  const bool fp8 = in.kv_dtype == KvDtype::kFp8E4m3;
+  const int64_t tile =
+      plan.use_tensor_cores ? TcCfg<128, 2>::kT : TileKeys(in.head_dim, in.kv_dtype);
+  const int64_t base = std::max<int64_t>(1, in.num_seqs * in.num_kv_heads * plan.row_tiles);
+  int ctas_per_sm = 4;
+  if (plan.use_tensor_cores) {
+    ctas_per_sm = in.head_dim <= 64 ? (fp8 ? TcCfg<64, 1>::kCtasPerSm : TcCfg<64, 2>::kCtasPerSm)
+                                    : (fp8 ? TcCfg<128, 1>::kCtasPerSm : TcCfg<128, 2>::kCtasPerSm);
+  }
+  const int64_t slots = int64_t{in.num_sms} * ctas_per_sm;
+  const int64_t keys = std::max<int64_t>(in.max_seq_len, 1);
+  int64_t best = 1;
+  if (in.forced_splits > 0) {
+    best = in.forced_splits;
+  } else {
+    const int64_t max_splits = std::clamp<int64_t>(keys / 256, 1, 256);
+    double best_cost = 0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      const int64_t per_split = ((keys + s - 1) / s + tile - 1) / tile * tile;
+      const int64_t waves = (base * s + slots - 1) / slots;
+      const double cost = static_cast<double>(waves) * static_cast<double>(per_split + 192);
+      if (s == 1 || cost < best_cost * 0.98) {
+        best = s;
+        best_cost = cost;
+      }
+    }
+  }
+  plan.num_splits = static_cast<int>(best);
+  if (plan.num_splits > 1) {
+    const int64_t rows = in.num_tokens * in.num_q_heads;
+    plan.workspace_bytes = plan.num_splits * rows * (in.head_dim + 1) * int64_t{sizeof(float)};
+  }
+  return plan;
+}
+
+template <typename T>
+absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t layer,
+                            const AttentionBatch& batch, const AttentionParams& params,
+                            const PagedAttentionPlan& plan, T* out, float* lse, void* workspace,
+                            cudaStream_t stream) {
+  RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "cuda::PagedAttention"));
+  const KvCacheLayout& layout = cache.layout;
+  const PagedAttentionPlanInput& in = plan.input;
+  if (layer < 0 || layer >= layout.num_layers) {
+    return Invalid("layer ", layer, " out of range [0, ", layout.num_layers, ")");
+  }
+  if (layout.num_kv_heads != in.num_kv_heads || layout.head_dim != in.head_dim ||
+      cache.dtype != in.kv_dtype || batch.num_seqs != in.num_seqs) {
+    return Invalid("plan (kv_heads ", in.num_kv_heads, ", head_dim ", in.head_dim, ", ",
+                   KvDtypeName(in.kv_dtype), ", num_seqs ", in.num_seqs,
+                   ") does not match the cache/batch (kv_heads ", layout.num_kv_heads,
+                   ", head_dim ", layout.head_dim, ", ", KvDtypeName(cache.dtype), ", num_seqs ",
+                   batch.num_seqs, ")");
+  }
+  constexpr KvDtype kOwn = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
+  if (cache.dtype != kOwn && !(cache.dtype == KvDtype::kFp8E4m3 && kOwn == KvDtype::kBf16)) {
+    return Invalid(KvDtypeName(cache.dtype), " pool with ", KvDtypeName(kOwn), " activations");
+  }
+  if (!std::isfinite(params.scale) || params.scale <= 0) {
+    return Invalid("scale must be finite and > 0, got ", params.scale);
+  }
+  if (!std::isfinite(params.softcap) || params.softcap < 0) {
+    return Invalid("softcap must be finite and >= 0 (0 = off), got ", params.softcap);
+  }
+  if (params.window_left < -1 || params.window_left > (int64_t{1} << 30)) {
+    return Invalid("window_left must be in [-1, 2^30], got ", params.window_left);
+  }
+  if (in.num_seqs == 0 || in.num_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || out == nullptr || batch.query_start_loc == nullptr ||
+      batch.seq_lens == nullptr || batch.block_tables == nullptr) {
+    return Invalid("q, out and the batch's device arrays must be non-null");
+  }
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return Invalid("q and out must be 16-byte aligned");
+  }
+  if (plan.workspace_bytes > 0 && workspace == nullptr) {
+    return Invalid("plan needs ", plan.workspace_bytes, " bytes of workspace, got null");
+  }
+
+  DecodeParams<T> p{};
+  p.q = q;
+  p.out = out;
+  p.lse = lse;
+  if (plan.num_splits > 1) {
+    p.part_o = static_cast<float*>(workspace);
+    p.part_lse = p.part_o + int64_t{plan.num_splits} * in.num_tokens * in.num_q_heads * in.head_dim;
+  }
+  p.pool = cache.data;
+  p.block_elems = layout.BlockElems();
+  p.tile_elems = layout.TileElems();
+  p.layer_offset = layout.TileOffset(0, layer, 0);
+  p.token_stride = static_cast<int>(layout.num_kv_heads * layout.head_dim);
+  p.block_size = static_cast<int>(layout.block_size);
+  p.block_shift = -1;
+  for (int s = 0; s < 31; ++s) {
+    if ((int64_t{1} << s) == layout.block_size) p.block_shift = s;
+  }
+  p.query_start_loc = batch.query_start_loc;
+  p.seq_lens = batch.seq_lens;
+  p.block_tables = batch.block_tables;
+  p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.num_q_heads = static_cast<int>(in.num_q_heads);
+  p.num_kv_heads = static_cast<int>(in.num_kv_heads);
+  p.group = static_cast<int>(in.num_q_heads / in.num_kv_heads);
+  p.num_tokens = in.num_tokens;
+  const bool softcap = params.softcap > 0;
+  p.q_scale = softcap ? params.scale : params.scale * internal::kLog2e;
+  p.softcap_log2 = softcap ? params.softcap * internal::kLog2e : 0.0f;
+  p.inv_softcap = softcap ? 1.0f / params.softcap : 0.0f;
+  p.window_left = static_cast<int>(params.window_left);
+  p.num_splits = plan.num_splits;
+  p.rows_per_cta = plan.rows_per_warp * plan.row_groups;
+  p.row_groups = plan.row_groups;
+  p.k_scale = cache.k_scale;
+  p.v_scale = cache.v_scale;
+  p.per_head_scale = cache.per_head_scale ? 1 : 0;
+
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (cache.dtype == KvDtype::kFp8E4m3) {
+      return DispatchHeadDim<T, __nv_fp8_e4m3>(p, plan, stream);
+    }
+  }
+  return DispatchHeadDim<T, T>(p, plan, stream);
+}
+
+template absl::Status PagedAttention<__nv_bfloat16>(const __nv_bfloat16*, const DeviceKvCache&,
+                                                    int64_t, const AttentionBatch&,
+                                                    const AttentionParams&,
+                                                    const PagedAttentionPlan&, __nv_bfloat16*,
+                                                    float*, void*, cudaStream_t);
+template absl::Status PagedAttention<__half>(const __half*, const DeviceKvCache&, int64_t,
+                                             const AttentionBatch&, const AttentionParams&,
+                                             const PagedAttentionPlan&, __half*, float*, void*,
+                                             cudaStream_t);
+
+}  // namespace tandem::kernels::cuda

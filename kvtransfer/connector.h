@@ -1,0 +1,140 @@
+// KvConnector: the engine's view of remote KV (ARCHITECTURE.md, "Connector API"; modelled on
+// vLLM's v1 KV connector). Two halves:
+//
+//  * Scheduler half (called by the scheduler, bookkeeping only):
+//      GetNumNewMatchedTokens  how many tokens of a request can come from a remote source
+//      UpdateStateAfterAlloc   the scheduler allocated blocks for them: remember what to load where
+//      BuildStepMeta           the loads to start this step
+//      RequestFinished         a finished request's blocks: free now, or hold under a lease
+//      CancelLoad              an aborted request that is still loading
+//  * Worker half (called by the engine around the model run; touches KV memory via the agent):
+//      StartLoad, WaitForLayerLoad, SaveLayer, WaitForSave, GetFinished, GetLoadErrors
+//
+// Pull mode (PullKvConnector): P keeps a finished request's blocks under a lease and hands out
+// their ids; D allocates blocks, reads P's blocks with one batched READ per request, and only
+// schedules the request once the READ has ended. WaitForLayerLoad / SaveLayer are therefore
+// no-ops here; a push connector (P writes into D's blocks layer by layer) would implement them.
+//
+// Block safety: a request's blocks are reported back (GetFinished / GetLoadErrors) only after
+// the transfer writing into them has ENDED (transfer_agent.h), so the scheduler never frees a
+// block that a READ may still write.
+#ifndef TANDEM_KVTRANSFER_CONNECTOR_H_
+#define TANDEM_KVTRANSFER_CONNECTOR_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace tandem::kvtransfer {
+
+// Where a request's KV lives on another worker (D side; from a KvHandle).
+struct RemoteKvSpec {
+  std::string peer;                // transfer-agent peer name (the source worker's id)
+  uint64_t epoch = 0;              // the source's epoch when it granted the lease
+  std::vector<int32_t> block_ids;  // source physical blocks, logical order
+  int64_t num_tokens = 0;          // tokens whose KV the source holds (last block may be partial)
+  uint64_t lease_id = 0;
+  absl::Time deadline = absl::InfiniteFuture();  // give up loading (cancel) after this
+};
+
+// A lease granted on the source side (P) for a finished request's blocks.
+struct KvLease {
+  uint64_t lease_id = 0;
+  absl::Time deadline;
+};
+
+// One request's load, as BuildStepMeta hands it to StartLoad.
+struct LoadSpec {
+  int64_t request_id = 0;
+  std::string peer;
+  absl::Time deadline;
+  // (source block, local block) pairs to read; the prefix-cache hits are already skipped.
+  std::vector<std::pair<int32_t, int32_t>> blocks;
+};
+
+struct ConnectorStepMeta {
+  std::vector<LoadSpec> loads;
+};
+
+struct FinishedTransfers {
+  // Source side: requests whose lease ended (released, expired, or dropped): free their blocks.
+  std::vector<int64_t> sending_done;
+  // Destination side: requests whose KV arrived completely.
+  std::vector<int64_t> receiving_done;
+};
+
+// A request whose load ended without the KV (transfer error, deadline, cancel, stale epoch).
+// Its blocks are safe to free or reuse. block_ids = the local blocks that did not get valid KV.
+struct LoadError {
+  int64_t request_id = 0;
+  absl::Status status;
+  std::vector<int32_t> block_ids;
+};
+
+struct KvConnectorStats {
+  uint64_t leases_granted = 0;
+  uint64_t leases_released = 0;
+  uint64_t leases_expired = 0;
+  uint64_t leases_active = 0;
+  uint64_t blocks_leased = 0;  // blocks currently held under leases
+  uint64_t loads_started = 0;
+  uint64_t loads_completed = 0;
+  uint64_t load_failures = 0;
+  uint64_t bytes_loaded = 0;
+};
+
+class KvConnector {
+ public:
+  virtual ~KvConnector() = default;
+
+  // ---- Scheduler half ----
+  // Tokens beyond num_local_computed_tokens (the local prefix-cache hit, block aligned) that
+  // `remote` can supply; 0 when none. No side effects. Always loaded asynchronously.
+  virtual int64_t GetNumNewMatchedTokens(int64_t request_id, const RemoteKvSpec& remote,
+                                         int64_t num_local_computed_tokens) = 0;
+  // The scheduler allocated `block_table` (logical -> local block) covering the local hit plus
+  // the external tokens. Remembers the (source, local) block pairs to read.
+  virtual void UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSpec& remote,
+                                     absl::Span<const int32_t> block_table,
+                                     int64_t num_local_computed_tokens) = 0;
+  // Loads registered since the last call.
+  virtual ConnectorStepMeta BuildStepMeta() = 0;
+  // A request finished. hold_for_remote: keep its `num_blocks` blocks for a remote reader under
+  // a lease of `lease_duration` (returns it; the caller must not free the blocks until the
+  // request shows up in GetFinished().sending_done). Otherwise nullopt: free now.
+  virtual std::optional<KvLease> RequestFinished(int64_t request_id, bool hold_for_remote,
+                                                 int64_t num_blocks,
+                                                 absl::Duration lease_duration) = 0;
+  // Stops a load; the request is reported in GetLoadErrors (CANCELLED) once the transfer ended.
+  virtual void CancelLoad(int64_t request_id) = 0;
+
+  // ---- Lease control (source side; thread-safe, called from RPC threads) ----
+  // The reader is done with the lease: its blocks are reported in sending_done. False for an
+  // unknown (expired, released) lease.
+  virtual bool ReleaseLease(uint64_t lease_id) = 0;
+  // Extends a live lease to now + extend; nullopt for an unknown lease.
+  virtual std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) = 0;
+
+  // ---- Worker half ----
+  virtual absl::Status StartLoad(const ConnectorStepMeta& meta) = 0;
+  virtual absl::Status WaitForLayerLoad(int layer) = 0;
+  virtual absl::Status SaveLayer(int layer) = 0;
+  virtual absl::Status WaitForSave() = 0;
+  // Polls transfers and lease deadlines at `now`.
+  virtual FinishedTransfers GetFinished(absl::Time now) = 0;
+  // Loads that ended in error since the last call.
+  virtual std::vector<LoadError> GetLoadErrors() = 0;
+
+  // True while loads are in flight (the engine keeps polling) or leases are held.
+  virtual bool HasPendingLoads() const = 0;
+  virtual KvConnectorStats Stats() const = 0;
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_CONNECTOR_H_

@@ -1,0 +1,198 @@
+#include "kvtransfer/handshake.h"
+
+#include <glog/logging.h>
+#include <openssl/evp.h>
+
+#include <bit>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tandem/v1/limits.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+using tandem::v1::CompatibilityInfo;
+using tandem::v1::KvLayout;
+using tandem::v1::TransferHandshake;
+
+constexpr char kCompatTag[] = "tandem-compat-v1";
+
+void PutLe(std::string* out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(value >> (8 * i)));
+}
+void PutStr(std::string* out, const std::string& s) {
+  PutLe(out, s.size(), 8);
+  out->append(s);
+}
+void PutFloats(std::string* out, const google::protobuf::RepeatedField<float>& values) {
+  PutLe(out, values.size(), 8);
+  for (float v : values) PutLe(out, std::bit_cast<uint32_t>(v), 4);
+}
+
+// proto3 cannot tell "unset" from 0; 0 DCP ranks or a 0-token interleave mean "no DCP".
+uint32_t OneIfZero(uint32_t v) { return v == 0 ? 1 : v; }
+
+std::string FloatsToString(const google::protobuf::RepeatedField<float>& values) {
+  return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
+}
+
+bool SameBits(const google::protobuf::RepeatedField<float>& a,
+              const google::protobuf::RepeatedField<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (int i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  }
+  return true;
+}
+
+// "<field> differs (local <a>, peer <b>)" for the first differing field, or nullopt.
+std::optional<std::string> FirstDifference(const TransferHandshake& local,
+                                           const TransferHandshake& peer) {
+  const CompatibilityInfo& a = local.compatibility();
+  const CompatibilityInfo& b = peer.compatibility();
+  const KvLayout& la = a.layout();
+  const KvLayout& lb = b.layout();
+  auto diff = [](absl::string_view field, const auto& x, const auto& y) {
+    return absl::StrCat(field, " differs (local ", x, ", peer ", y, ")");
+  };
+  auto quoted = [](const std::string& s) { return absl::StrCat("'", s, "'"); };
+  if (a.model_id() != b.model_id()) {
+    return diff("model_id", quoted(a.model_id()), quoted(b.model_id()));
+  }
+  if (a.model_dtype() != b.model_dtype()) {
+    return diff("model_dtype", quoted(a.model_dtype()), quoted(b.model_dtype()));
+  }
+  if (la.kv_dtype() != lb.kv_dtype()) {
+    return diff("kv_dtype", tandem::v1::KvDtype_Name(la.kv_dtype()),
+                tandem::v1::KvDtype_Name(lb.kv_dtype()));
+  }
+  if (la.scale_granularity() != lb.scale_granularity()) {
+    return diff("scale_granularity", tandem::v1::KvScaleGranularity_Name(la.scale_granularity()),
+                tandem::v1::KvScaleGranularity_Name(lb.scale_granularity()));
+  }
+  if (!SameBits(a.k_scales(), b.k_scales())) {
+    return diff("k_scales", FloatsToString(a.k_scales()), FloatsToString(b.k_scales()));
+  }
+  if (!SameBits(a.v_scales(), b.v_scales())) {
+    return diff("v_scales", FloatsToString(a.v_scales()), FloatsToString(b.v_scales()));
+  }
+  if (la.layout_name() != lb.layout_name()) {
+    return diff("layout_name", quoted(la.layout_name()), quoted(lb.layout_name()));
+  }
+  if (la.block_size() != lb.block_size()) {
+    return diff("block_size", la.block_size(), lb.block_size());
+  }
+  if (la.num_kv_heads() != lb.num_kv_heads()) {
+    return diff("num_kv_heads", la.num_kv_heads(), lb.num_kv_heads());
+  }
+  if (la.head_dim() != lb.head_dim()) return diff("head_dim", la.head_dim(), lb.head_dim());
+  if (la.num_layers() != lb.num_layers()) {
+    return diff("num_layers", la.num_layers(), lb.num_layers());
+  }
+  if (la.block_bytes() != lb.block_bytes()) {
+    return diff("block_bytes", la.block_bytes(), lb.block_bytes());
+  }
+  if (OneIfZero(la.dcp_size()) != OneIfZero(lb.dcp_size())) {
+    return diff("dcp_size", OneIfZero(la.dcp_size()), OneIfZero(lb.dcp_size()));
+  }
+  if (OneIfZero(la.dcp_interleave()) != OneIfZero(lb.dcp_interleave())) {
+    return diff("dcp_interleave", OneIfZero(la.dcp_interleave()), OneIfZero(lb.dcp_interleave()));
+  }
+  if (local.transport() != peer.transport()) {
+    return diff("transport", quoted(local.transport()), quoted(peer.transport()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string CanonicalCompatibilityBytes(const CompatibilityInfo& info) {
+  const KvLayout& layout = info.layout();
+  std::string out(kCompatTag, sizeof(kCompatTag) - 1);
+  PutStr(&out, info.model_id());
+  PutStr(&out, info.model_dtype());
+  PutStr(&out, layout.layout_name());
+  PutLe(&out, layout.num_layers(), 4);
+  PutLe(&out, layout.num_kv_heads(), 4);
+  PutLe(&out, layout.head_dim(), 4);
+  PutLe(&out, layout.block_size(), 4);
+  PutLe(&out, static_cast<uint32_t>(layout.kv_dtype()), 4);
+  PutLe(&out, static_cast<uint32_t>(layout.scale_granularity()), 4);
+  PutLe(&out, layout.block_bytes(), 8);
+  PutLe(&out, OneIfZero(layout.dcp_size()), 4);
+  PutLe(&out, OneIfZero(layout.dcp_interleave()), 4);
+  PutFloats(&out, info.k_scales());
+  PutFloats(&out, info.v_scales());
+  return out;
+}
+
+uint64_t CompatibilityHash(const CompatibilityInfo& info) {
+  const std::string bytes = CanonicalCompatibilityBytes(info);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  // Fails only when OpenSSL cannot allocate; like block_hash.cc we treat that as fatal rather
+  // than return a hash that could falsely match.
+  CHECK_EQ(EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr), 1)
+      << "SHA-256 failed";
+  uint64_t hash = 0;
+  for (int i = 7; i >= 0; --i) hash = (hash << 8) | digest[i];
+  return hash;
+}
+
+absl::Status ValidateHandshake(const TransferHandshake& handshake) {
+  if (handshake.worker_id().size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("handshake worker_id has ",
+                                                   handshake.worker_id().size(), " bytes > limit ",
+                                                   tandem::v1::kMaxIdBytes));
+  }
+  const std::string who = absl::StrCat("handshake of '", handshake.worker_id(), "'");
+  if (handshake.worker_address().size() >
+      static_cast<size_t>(tandem::v1::kMaxTransportAddressBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": worker_address has ", handshake.worker_address().size(),
+                     " bytes > limit ", tandem::v1::kMaxTransportAddressBytes));
+  }
+  if (handshake.transport().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": empty transport"));
+  }
+  if (handshake.regions_size() > tandem::v1::kMaxMemoryRegions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": ", handshake.regions_size(), " regions > limit ", tandem::v1::kMaxMemoryRegions));
+  }
+  for (int i = 0; i < handshake.regions_size(); ++i) {
+    const tandem::v1::MemoryRegion& r = handshake.regions(i);
+    if (r.packed_rkey().size() > static_cast<size_t>(tandem::v1::kMaxPackedRkeyBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": regions[", i, "].packed_rkey has ",
+                                                     r.packed_rkey().size(), " bytes > limit ",
+                                                     tandem::v1::kMaxPackedRkeyBytes));
+    }
+    if (r.length() == 0 || r.base_address() + r.length() < r.base_address()) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": regions[", i, "] has bad range [",
+                                                     r.base_address(), ", +", r.length(), ")"));
+    }
+    if (r.kind() == tandem::v1::MEMORY_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": regions[", i, "] has no kind"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCompatible(const TransferHandshake& local, const TransferHandshake& peer) {
+  if (absl::Status s = ValidateHandshake(peer); !s.ok()) return s;
+  const uint64_t peer_hash = CompatibilityHash(peer.compatibility());
+  if (peer.compatibility_hash() != peer_hash) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer '", peer.worker_id(), "' sent compatibility_hash ",
+                     absl::Hex(peer.compatibility_hash(), absl::kZeroPad16),
+                     " that does not match its CompatibilityInfo (", absl::Hex(peer_hash), ")"));
+  }
+  if (std::optional<std::string> d = FirstDifference(local, peer); d.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("incompatible peer ", peer.worker_id(), ": ", *d));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,281 @@
+#include "kvtransfer/handshake.h"
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/limits.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+using tandem::v1::CompatibilityInfo;
+using tandem::v1::TransferHandshake;
+
+CompatibilityInfo GoldenInfo() {
+  CompatibilityInfo info;
+  info.set_model_id("m");
+  info.set_model_dtype("bfloat16");
+  tandem::v1::KvLayout* l = info.mutable_layout();
+  l->set_layout_name("block_major_v1");
+  l->set_num_layers(2);
+  l->set_num_kv_heads(4);
+  l->set_head_dim(8);
+  l->set_block_size(16);
+  l->set_kv_dtype(tandem::v1::KV_DTYPE_BF16);
+  l->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
+  l->set_block_bytes(4096);
+  return info;
+}
+
+// Python, from the encoding in handshake.h:
+//   s = lambda x: struct.pack("<Q", len(x)) + x
+//   b = b"tandem-compat-v1" + s(b"m") + s(b"bfloat16") + s(b"block_major_v1") +
+//       struct.pack("<IIIIIIQII", 2, 4, 8, 16, 3, 0, 4096, 1, 1) + struct.pack("<QQ", 0, 0)
+//   hex(struct.unpack("<Q", hashlib.sha256(b).digest()[:8])[0])
+TEST(CompatibilityHashTest, GoldenVector) {
+  EXPECT_EQ(CompatibilityHash(GoldenInfo()), 0x5ffb2a7153405883ULL);
+}
+
+TEST(CompatibilityHashTest, UnsetDcpEqualsOne) {
+  CompatibilityInfo a = GoldenInfo(), b = GoldenInfo();
+  b.mutable_layout()->set_dcp_size(1);
+  b.mutable_layout()->set_dcp_interleave(1);
+  EXPECT_EQ(CompatibilityHash(a), CompatibilityHash(b));
+  b.mutable_layout()->set_dcp_size(2);
+  EXPECT_NE(CompatibilityHash(a), CompatibilityHash(b));
+}
+
+// Strings are length-prefixed: moving bytes between adjacent strings changes the hash.
+TEST(CompatibilityHashTest, StringBoundariesMatter) {
+  CompatibilityInfo a = GoldenInfo(), b = GoldenInfo();
+  a.set_model_id("ab");
+  a.set_model_dtype("c");
+  b.set_model_id("a");
+  b.set_model_dtype("bc");
+  EXPECT_NE(CompatibilityHash(a), CompatibilityHash(b));
+}
+
+// One mutation per compared field, in CheckCompatible's documented order.
+struct Mutation {
+  std::string field;
+  std::function<void(TransferHandshake*)> apply;
+};
+
+tandem::v1::KvLayout* layout(TransferHandshake* h) {
+  return h->mutable_compatibility()->mutable_layout();
+}
+
+std::vector<Mutation> Mutations(std::mt19937& rng) {
+  const uint32_t bump = 1 + rng() % 7;
+  return {
+      {"model_id", [](TransferHandshake* h) { h->mutable_compatibility()->set_model_id("other"); }},
+      {"model_dtype",
+       [](TransferHandshake* h) { h->mutable_compatibility()->set_model_dtype("float16"); }},
+      {"kv_dtype",
+       [](TransferHandshake* h) { layout(h)->set_kv_dtype(tandem::v1::KV_DTYPE_FP8_E4M3); }},
+      {"scale_granularity",
+       [](TransferHandshake* h) {
+         layout(h)->set_scale_granularity(tandem::v1::KV_SCALE_PER_HEAD);
+       }},
+      {"k_scales", [](TransferHandshake* h) { h->mutable_compatibility()->add_k_scales(0.5f); }},
+      {"v_scales", [](TransferHandshake* h) { h->mutable_compatibility()->add_v_scales(2.0f); }},
+      {"layout_name", [](TransferHandshake* h) { layout(h)->set_layout_name("head_major"); }},
+      {"block_size",
+       [bump](TransferHandshake* h) { layout(h)->set_block_size(layout(h)->block_size() + bump); }},
+      {"num_kv_heads",
+       [bump](TransferHandshake* h) {
+         layout(h)->set_num_kv_heads(layout(h)->num_kv_heads() + bump);
+       }},
+      {"head_dim",
+       [bump](TransferHandshake* h) { layout(h)->set_head_dim(layout(h)->head_dim() + bump); }},
+      {"num_layers",
+       [bump](TransferHandshake* h) { layout(h)->set_num_layers(layout(h)->num_layers() + bump); }},
+      {"block_bytes",
+       [bump](TransferHandshake* h) {
+         layout(h)->set_block_bytes(layout(h)->block_bytes() + bump);
+       }},
+      {"dcp_size", [](TransferHandshake* h) { layout(h)->set_dcp_size(2); }},
+      {"dcp_interleave", [](TransferHandshake* h) { layout(h)->set_dcp_interleave(16); }},
+      {"transport", [](TransferHandshake* h) { h->set_transport("nccl"); }},
+  };
+}
+
+TransferHandshake RandomHandshake(std::mt19937& rng, const std::string& worker_id) {
+  TransferHandshake h;
+  h.set_worker_id(worker_id);
+  h.set_epoch(rng());
+  CompatibilityInfo* info = h.mutable_compatibility();
+  info->set_model_id(absl::StrCat("llama-", rng() % 1000));
+  info->set_model_dtype("bfloat16");
+  tandem::v1::KvLayout* l = info->mutable_layout();
+  l->set_layout_name("block_major_v1");
+  l->set_num_layers(1 + rng() % 80);
+  l->set_num_kv_heads(1 + rng() % 16);
+  l->set_head_dim(64 * (1 + rng() % 4));
+  l->set_block_size(16);
+  l->set_kv_dtype(tandem::v1::KV_DTYPE_BF16);
+  l->set_block_bytes(uint64_t{2} * l->num_layers() * 2 * l->block_size() * l->num_kv_heads() *
+                     l->head_dim());
+  h.set_transport("ucx");
+  h.set_worker_address(std::string(100 + rng() % 200, 'a'));
+  tandem::v1::MemoryRegion* r = h.add_regions();
+  r->set_base_address(0x7f0000000000ULL + (rng() % 1000) * 4096);
+  r->set_length(l->block_bytes() * (1 + rng() % 100));
+  r->set_kind(tandem::v1::MEMORY_KIND_HOST);
+  r->set_packed_rkey(std::string(64, 'k'));
+  return h;
+}
+
+void Rehash(TransferHandshake* h) {
+  h->set_compatibility_hash(CompatibilityHash(h->compatibility()));
+}
+
+TEST(CheckCompatibleTest, IdenticalFactsAreCompatible) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  TransferHandshake local = RandomHandshake(rng, "d0");
+  TransferHandshake peer = local;
+  peer.set_worker_id("p0");  // transport fields and ids may differ, facts may not
+  peer.set_epoch(local.epoch() + 1);
+  peer.set_worker_address("other address");
+  Rehash(&local);
+  Rehash(&peer);
+  EXPECT_TRUE(CheckCompatible(local, peer).ok());
+  EXPECT_TRUE(CheckCompatible(peer, local).ok());
+}
+
+TEST(CheckCompatibleTest, NamesFirstDifferingField) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  TransferHandshake local = RandomHandshake(rng, "d0");
+  Rehash(&local);
+  const std::vector<Mutation> mutations = Mutations(rng);
+  for (size_t i = 0; i < mutations.size(); ++i) {
+    SCOPED_TRACE(mutations[i].field);
+    // Mutate field i and every later one: the error must name field i.
+    TransferHandshake peer = local;
+    peer.set_worker_id("p0");
+    for (size_t j = i; j < mutations.size(); ++j) mutations[j].apply(&peer);
+    Rehash(&peer);
+    const uint64_t before = CompatibilityHash(local.compatibility());
+    if (mutations[i].field != "transport") {
+      EXPECT_NE(CompatibilityHash(peer.compatibility()), before);
+    }
+    absl::Status s = CheckCompatible(local, peer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(absl::StrCat(mutations[i].field, " differs")), std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("p0"), std::string::npos) << s;
+    // Only field i: same verdict.
+    TransferHandshake single = local;
+    mutations[i].apply(&single);
+    Rehash(&single);
+    absl::Status s1 = CheckCompatible(local, single);
+    EXPECT_EQ(s1.code(), absl::StatusCode::kFailedPrecondition) << s1;
+    EXPECT_NE(s1.message().find(absl::StrCat(mutations[i].field, " differs")), std::string::npos)
+        << s1;
+  }
+}
+
+TEST(CheckCompatibleTest, ScaleBitsMatter) {
+  TransferHandshake local;
+  *local.mutable_compatibility() = GoldenInfo();
+  local.set_transport("ucx");
+  local.mutable_compatibility()->add_k_scales(0.0f);
+  TransferHandshake peer = local;
+  peer.mutable_compatibility()->set_k_scales(0, -0.0f);  // == 0.0f as floats, different bits
+  Rehash(&local);
+  Rehash(&peer);
+  EXPECT_EQ(CheckCompatible(local, peer).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CheckCompatibleTest, LyingHashIsInvalidArgument) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  TransferHandshake local = RandomHandshake(rng, "d0");
+  Rehash(&local);
+  TransferHandshake peer = local;
+  peer.mutable_compatibility()->mutable_layout()->set_block_size(32);  // hash not updated
+  absl::Status s = CheckCompatible(local, peer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("compatibility_hash"), std::string::npos) << s;
+}
+
+TEST(ValidateHandshakeTest, Limits) {
+  std::mt19937 rng(std::random_device{}());
+  const TransferHandshake good = RandomHandshake(rng, "p0");
+  EXPECT_TRUE(ValidateHandshake(good).ok());
+
+  struct Case {
+    std::string name;
+    std::function<void(TransferHandshake*)> apply;
+    std::string expected;  // substring of the message
+  };
+  const std::vector<Case> cases = {
+      {"worker_id",
+       [](TransferHandshake* h) {
+         h->set_worker_id(std::string(tandem::v1::kMaxIdBytes + 1, 'w'));
+       },
+       "worker_id"},
+      {"worker_address",
+       [](TransferHandshake* h) {
+         h->set_worker_address(std::string(tandem::v1::kMaxTransportAddressBytes + 1, 'a'));
+       },
+       "worker_address"},
+      {"regions",
+       [](TransferHandshake* h) {
+         while (h->regions_size() <= tandem::v1::kMaxMemoryRegions)
+           *h->add_regions() = h->regions(0);
+       },
+       "regions"},
+      {"packed_rkey",
+       [](TransferHandshake* h) {
+         h->mutable_regions(0)->set_packed_rkey(
+             std::string(tandem::v1::kMaxPackedRkeyBytes + 1, 'k'));
+       },
+       "packed_rkey"},
+      {"zero length", [](TransferHandshake* h) { h->mutable_regions(0)->set_length(0); },
+       "bad range"},
+      {"wrapping range",
+       [](TransferHandshake* h) { h->mutable_regions(0)->set_base_address(~uint64_t{0} - 10); },
+       "bad range"},
+      {"no kind",
+       [](TransferHandshake* h) {
+         h->mutable_regions(0)->set_kind(tandem::v1::MEMORY_KIND_UNSPECIFIED);
+       },
+       "no kind"},
+      {"transport", [](TransferHandshake* h) { h->clear_transport(); }, "transport"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TransferHandshake h = good;
+    c.apply(&h);
+    absl::Status s = ValidateHandshake(h);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(c.expected), std::string::npos) << s;
+    // CheckCompatible refuses it the same way, before comparing anything.
+    TransferHandshake local = good;
+    Rehash(&local);
+    Rehash(&h);
+    EXPECT_EQ(CheckCompatible(local, h).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // Exactly at the limits is fine.
+  TransferHandshake at_limit = good;
+  at_limit.set_worker_id(std::string(tandem::v1::kMaxIdBytes, 'w'));
+  at_limit.set_worker_address(std::string(tandem::v1::kMaxTransportAddressBytes, 'a'));
+  at_limit.mutable_regions(0)->set_packed_rkey(std::string(tandem::v1::kMaxPackedRkeyBytes, 'k'));
+  while (at_limit.regions_size() < tandem::v1::kMaxMemoryRegions) {
+    *at_limit.add_regions() = at_limit.regions(0);
+  }
+  EXPECT_TRUE(ValidateHandshake(at_limit).ok());
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,205 @@
+#include "kvtransfer/kv_transfer_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "kvtransfer/handshake.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
+
+KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
+                                             tandem::v1::TransferHandshake local)
+    : agent_(agent), connector_(connector), local_(std::move(local)) {
+  absl::Status filled = agent_->FillLocalDescriptor(&local_);
+  if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
+}
+
+grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* /*context*/,
+                                              const tandem::v1::TransferHandshake* request,
+                                              tandem::v1::TransferHandshakeResponse* response) {
+  *response->mutable_peer() = local_;
+  absl::Status compatible = CheckCompatible(local_, *request);
+  if (compatible.code() == absl::StatusCode::kInvalidArgument) return ToGrpc(compatible);
+  if (!compatible.ok()) {
+    response->set_accepted(false);
+    response->set_reason(std::string(compatible.message()));
+    return grpc::Status::OK;
+  }
+  // Pull mode: only the reader needs an endpoint to us, so the source just answers. A source
+  // that also read (push mode) would AddPeer here.
+  response->set_accepted(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvTransferServiceImpl::ReleaseLease(grpc::ServerContext* /*context*/,
+                                                 const tandem::v1::ReleaseLeaseRequest* request,
+                                                 tandem::v1::ReleaseLeaseResponse* response) {
+  if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
+    response->set_released(false);  // a lease of another incarnation: already gone
+    return grpc::Status::OK;
+  }
+  response->set_released(connector_->ReleaseLease(request->lease_id()));
+  return grpc::Status::OK;
+}
+
+grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
+                                               const tandem::v1::RenewLeaseRequest* request,
+                                               tandem::v1::RenewLeaseResponse* response) {
+  if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
+    response->set_renewed(false);
+    return grpc::Status::OK;
+  }
+  const uint32_t extend_ms = std::min<uint32_t>(request->extend_ms(), 10 * 60 * 1000);
+  std::optional<absl::Time> deadline =
+      connector_->RenewLease(request->lease_id(), absl::Milliseconds(extend_ms));
+  response->set_renewed(deadline.has_value());
+  if (deadline.has_value()) response->set_lease_deadline_unix_ms(absl::ToUnixMillis(*deadline));
+  return grpc::Status::OK;
+}
+
+PeerLinks::PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
+                     absl::Duration rpc_timeout)
+    : agent_(agent), local_(std::move(local)), rpc_timeout_(rpc_timeout) {
+  absl::Status filled = agent_->FillLocalDescriptor(&local_);
+  if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
+  releaser_ = std::thread([this] { ReleaseLoop(); });
+}
+
+PeerLinks::~PeerLinks() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  releaser_.join();
+}
+
+void PeerLinks::ReleaseLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !releases_.empty(); };
+    mu_.Await(absl::Condition(&ready));
+    if (releases_.empty()) return;  // stop_ and nothing left to send
+    PendingRelease next = std::move(releases_.front());
+    releases_.pop_front();
+    mu_.Unlock();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+    tandem::v1::ReleaseLeaseResponse response;
+    grpc::Status s = next.stub->ReleaseLease(&context, next.request, &response);
+    if (!s.ok()) {
+      LOG(WARNING) << "ReleaseLease " << next.request.lease_id() << " to "
+                   << next.request.worker_id() << ": " << s.error_message()
+                   << " (the source frees it at lease expiry)";
+    }
+    mu_.Lock();
+  }
+}
+
+uint64_t PeerLinks::handshakes() const {
+  absl::MutexLock lock(&mu_);
+  return handshakes_;
+}
+
+absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> PeerLinks::StubFor(
+    const tandem::v1::KvHandle& handle) {
+  if (handle.transfer_endpoint().empty()) {
+    return absl::InvalidArgumentError("KV handle has no transfer endpoint");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(handle.worker_id());
+    if (it != peers_.end() && it->second.endpoint == handle.transfer_endpoint()) {
+      return it->second.stub;
+    }
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  auto channel = grpc::CreateCustomChannel(handle.transfer_endpoint(),
+                                           grpc::InsecureChannelCredentials(), args);
+  return std::shared_ptr<tandem::v1::KvTransferService::Stub>(
+      tandem::v1::KvTransferService::NewStub(channel));
+}
+
+absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(handle.worker_id());
+    if (it != peers_.end() && it->second.epoch == handle.epoch() &&
+        it->second.endpoint == handle.transfer_endpoint()) {
+      return absl::OkStatus();
+    }
+  }
+  absl::MutexLock serialize(&handshake_mu_);
+  {  // Someone else may have connected while we waited.
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(handle.worker_id());
+    if (it != peers_.end() && it->second.epoch == handle.epoch() &&
+        it->second.endpoint == handle.transfer_endpoint()) {
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> stub = StubFor(handle);
+  if (!stub.ok()) return stub.status();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  tandem::v1::TransferHandshakeResponse response;
+  grpc::Status rpc = (*stub)->Handshake(&context, local_, &response);
+  if (!rpc.ok()) {
+    return FromGrpc(rpc, absl::StrCat("handshake with ", handle.worker_id(), " at ",
+                                      handle.transfer_endpoint()));
+  }
+  if (!response.accepted()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("source ", handle.worker_id(), " refused the handshake: ", response.reason()));
+  }
+  const tandem::v1::TransferHandshake& peer = response.peer();
+  absl::Status compatible = CheckCompatible(local_, peer);
+  if (!compatible.ok()) return compatible;
+  if (peer.worker_id() != handle.worker_id()) {
+    return absl::FailedPreconditionError(absl::StrCat("endpoint ", handle.transfer_endpoint(),
+                                                      " is worker ", peer.worker_id(),
+                                                      ", not the handle's ", handle.worker_id()));
+  }
+  if (peer.epoch() != handle.epoch()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale KV handle: source ", handle.worker_id(), " restarted (epoch ",
+                     peer.epoch(), ", handle epoch ", handle.epoch(), ")"));
+  }
+  absl::Status added = agent_->AddPeer(handle.worker_id(), peer);
+  if (!added.ok()) return added;
+  absl::MutexLock lock(&mu_);
+  peers_[handle.worker_id()] = Peer{peer.epoch(), handle.transfer_endpoint(), *stub};
+  ++handshakes_;
+  return absl::OkStatus();
+}
+
+void PeerLinks::ReleaseLease(const tandem::v1::KvHandle& handle) {
+  absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> stub = StubFor(handle);
+  if (!stub.ok()) return;
+  PendingRelease release;
+  release.stub = *stub;
+  release.request.set_worker_id(handle.worker_id());
+  release.request.set_epoch(handle.epoch());
+  release.request.set_lease_id(handle.lease_id());
+  absl::MutexLock lock(&mu_);
+  releases_.push_back(std::move(release));
+}
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,100 @@
+// The P/D control plane around a TransferAgent (proto KvTransferService):
+//
+//  * KvTransferServiceImpl, served by every KV source (prefill / mixed worker): answers a
+//    reader's Handshake (compatibility check, then both sides know each other's transport
+//    descriptor), and ReleaseLease / RenewLease on the source's connector.
+//  * PeerLinks, used by every reader (decode / mixed worker): handshakes once per source
+//    incarnation (worker id + epoch) before the first READ, detects a restarted source (its
+//    epoch differs from the handle's: the handle is stale), and releases leases asynchronously.
+//
+// Thread safety: both classes are thread-safe.
+#ifndef TANDEM_KVTRANSFER_KV_TRANSFER_SERVICE_H_
+#define TANDEM_KVTRANSFER_KV_TRANSFER_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtransfer/connector.h"
+#include "kvtransfer/transfer_agent.h"
+#include "tandem/v1/kv.grpc.pb.h"
+
+namespace tandem::kvtransfer {
+
+class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Service {
+ public:
+  // `local`: this worker's handshake (worker id, epoch, compatibility; transport fields are
+  // filled from `agent`). `agent` and `connector` must outlive the service.
+  KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
+                        tandem::v1::TransferHandshake local);
+
+  grpc::Status Handshake(grpc::ServerContext* context, const tandem::v1::TransferHandshake* request,
+                         tandem::v1::TransferHandshakeResponse* response) override;
+  grpc::Status ReleaseLease(grpc::ServerContext* context,
+                            const tandem::v1::ReleaseLeaseRequest* request,
+                            tandem::v1::ReleaseLeaseResponse* response) override;
+  grpc::Status RenewLease(grpc::ServerContext* context,
+                          const tandem::v1::RenewLeaseRequest* request,
+                          tandem::v1::RenewLeaseResponse* response) override;
+
+ private:
+  TransferAgent* const agent_;
+  KvConnector* const connector_;
+  tandem::v1::TransferHandshake local_;  // immutable after construction
+};
+
+class PeerLinks {
+ public:
+  // `local`: this worker's handshake, as for the service. `agent` must outlive this object.
+  PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
+            absl::Duration rpc_timeout = absl::Seconds(5));
+  ~PeerLinks();  // sends the queued lease releases (each bounded by rpc_timeout), then stops
+
+  // Ensures the agent can read the blocks of `handle`: handshakes with handle.transfer_endpoint
+  // unless the same source incarnation is already connected. FAILED_PRECONDITION when the
+  // source's epoch is not the handle's (the source restarted: its blocks are gone) or the
+  // layouts are incompatible; UNAVAILABLE when the source does not answer.
+  absl::Status EnsurePeer(const tandem::v1::KvHandle& handle);
+  // Tells the source that the handle's lease is done (best effort, in the background).
+  void ReleaseLease(const tandem::v1::KvHandle& handle);
+
+  uint64_t handshakes() const;
+
+ private:
+  struct Peer {
+    uint64_t epoch = 0;
+    std::string endpoint;
+    std::shared_ptr<tandem::v1::KvTransferService::Stub> stub;
+  };
+  struct PendingRelease {
+    std::shared_ptr<tandem::v1::KvTransferService::Stub> stub;
+    tandem::v1::ReleaseLeaseRequest request;
+  };
+  absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> StubFor(
+      const tandem::v1::KvHandle& handle);
+  void ReleaseLoop();  // the releaser thread: sends queued ReleaseLease RPCs in order
+
+  TransferAgent* const agent_;
+  tandem::v1::TransferHandshake local_;
+  const absl::Duration rpc_timeout_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  // Serializes handshakes so two requests from one new source handshake once.
+  absl::Mutex handshake_mu_;
+  uint64_t handshakes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<PendingRelease> releases_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread releaser_;
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_KV_TRANSFER_SERVICE_H_

@@ -1,0 +1,225 @@
+#include "kvtransfer/pull_connector.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::kvtransfer {
+
+PullKvConnector::PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options)
+    : agent_(agent), options_(options), next_lease_id_(options.first_lease_id) {}
+
+PullKvConnector::~PullKvConnector() {
+  // Cancel what is still in flight; the agent owns the transfers and ends them on destruction.
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, load] : loads_) {
+    if (load.transfer.has_value()) agent_->Cancel(*load.transfer);
+  }
+}
+
+int64_t PullKvConnector::GetNumNewMatchedTokens(int64_t /*request_id*/, const RemoteKvSpec& remote,
+                                                int64_t num_local_computed_tokens) {
+  return std::max<int64_t>(0, remote.num_tokens - num_local_computed_tokens);
+}
+
+void PullKvConnector::UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSpec& remote,
+                                            absl::Span<const int32_t> block_table,
+                                            int64_t num_local_computed_tokens) {
+  const int64_t bs = options_.block_size;
+  const int64_t first = num_local_computed_tokens / bs;
+  const int64_t end = std::min<int64_t>({(remote.num_tokens + bs - 1) / bs,
+                                         static_cast<int64_t>(remote.block_ids.size()),
+                                         static_cast<int64_t>(block_table.size())});
+  Load load;
+  load.peer = remote.peer;
+  load.deadline = remote.deadline;
+  for (int64_t i = first; i < end; ++i) {
+    load.blocks.emplace_back(remote.block_ids[i], block_table[i]);
+    load.local_blocks.push_back(block_table[i]);
+  }
+  load.bytes = load.blocks.size() * options_.block_bytes;
+  absl::MutexLock lock(&mu_);
+  loads_[request_id] = std::move(load);
+  unstarted_.push_back(request_id);
+}
+
+ConnectorStepMeta PullKvConnector::BuildStepMeta() {
+  ConnectorStepMeta meta;
+  absl::MutexLock lock(&mu_);
+  for (int64_t id : unstarted_) {
+    auto it = loads_.find(id);
+    if (it == loads_.end()) continue;  // cancelled before it started
+    LoadSpec spec;
+    spec.request_id = id;
+    spec.peer = it->second.peer;
+    spec.deadline = it->second.deadline;
+    spec.blocks = it->second.blocks;
+    meta.loads.push_back(std::move(spec));
+  }
+  unstarted_.clear();
+  return meta;
+}
+
+std::optional<KvLease> PullKvConnector::RequestFinished(int64_t request_id, bool hold_for_remote,
+                                                        int64_t num_blocks,
+                                                        absl::Duration lease_duration) {
+  if (!hold_for_remote || num_blocks <= 0) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  KvLease lease;
+  lease.lease_id = next_lease_id_++;
+  lease.deadline = absl::Now() + lease_duration;
+  leases_[lease.lease_id] = Lease{request_id, lease.deadline, num_blocks};
+  ++stats_.leases_granted;
+  return lease;
+}
+
+void PullKvConnector::CancelLoad(int64_t request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = loads_.find(request_id);
+  if (it == loads_.end()) return;
+  Load& load = it->second;
+  if (!load.transfer.has_value()) {
+    // Never posted: nothing can write into its blocks.
+    unstarted_.erase(std::remove(unstarted_.begin(), unstarted_.end(), request_id),
+                     unstarted_.end());
+    FailLoadLocked(request_id, load, absl::CancelledError("KV load cancelled"));
+    loads_.erase(it);
+    return;
+  }
+  if (load.cancel_reason.ok()) {
+    load.cancel_reason = absl::CancelledError("KV load cancelled");
+    agent_->Cancel(*load.transfer);
+  }
+}
+
+bool PullKvConnector::ReleaseLease(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  released_.push_back(it->second.request_id);
+  leases_.erase(it);
+  ++stats_.leases_released;
+  return true;
+}
+
+std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::Duration extend) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return std::nullopt;
+  it->second.deadline = std::max(it->second.deadline, absl::Now() + extend);
+  return it->second.deadline;
+}
+
+std::vector<CopyOp> PullKvConnector::BlocksToCopyOps(
+    absl::Span<const std::pair<int32_t, int32_t>> blocks, const PullKvConnectorOptions& options) {
+  std::vector<CopyOp> ops;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i + 1;
+    while (j < blocks.size() && blocks[j].first == blocks[j - 1].first + 1 &&
+           blocks[j].second == blocks[j - 1].second + 1) {
+      ++j;
+    }
+    CopyOp op;
+    op.local_region = options.local_region;
+    op.remote_region = options.remote_region;
+    op.remote_offset = static_cast<uint64_t>(blocks[i].first) * options.block_bytes;
+    op.local_offset = static_cast<uint64_t>(blocks[i].second) * options.block_bytes;
+    op.length = static_cast<uint64_t>(j - i) * options.block_bytes;
+    ops.push_back(op);
+    i = j;
+  }
+  return ops;
+}
+
+absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {
+  absl::MutexLock lock(&mu_);
+  for (const LoadSpec& spec : meta.loads) {
+    auto it = loads_.find(spec.request_id);
+    if (it == loads_.end() || it->second.transfer.has_value()) continue;
+    Load& load = it->second;
+    const std::vector<CopyOp> ops = BlocksToCopyOps(spec.blocks, options_);
+    absl::StatusOr<TransferId> id = agent_->PostRead(spec.peer, ops);
+    ++stats_.loads_started;
+    if (!id.ok()) {
+      // Nothing was posted, so nothing writes into the blocks: report at once.
+      FailLoadLocked(spec.request_id, load, id.status());
+      loads_.erase(it);
+      continue;
+    }
+    load.transfer = *id;
+  }
+  return absl::OkStatus();
+}
+
+// Pull mode loads whole requests before they are scheduled and P keeps its blocks, so there is
+// no per-layer work: see the header comment of connector.h.
+absl::Status PullKvConnector::WaitForLayerLoad(int /*layer*/) { return absl::OkStatus(); }
+absl::Status PullKvConnector::SaveLayer(int /*layer*/) { return absl::OkStatus(); }
+absl::Status PullKvConnector::WaitForSave() { return absl::OkStatus(); }
+
+void PullKvConnector::FailLoadLocked(int64_t request_id, Load& load, absl::Status status) {
+  ++stats_.load_failures;
+  errors_.push_back(LoadError{request_id, std::move(status), std::move(load.local_blocks)});
+}
+
+FinishedTransfers PullKvConnector::GetFinished(absl::Time now) {
+  FinishedTransfers done;
+  absl::MutexLock lock(&mu_);
+  done.sending_done = std::move(released_);
+  released_.clear();
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.deadline <= now) {
+      done.sending_done.push_back(it->second.request_id);
+      ++stats_.leases_expired;
+      leases_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<int64_t> ended;
+  for (auto& [request_id, load] : loads_) {
+    if (!load.transfer.has_value()) continue;
+    if (now >= load.deadline && load.cancel_reason.ok()) {
+      load.cancel_reason = absl::DeadlineExceededError(
+          absl::StrCat("KV load of ", load.blocks.size(), " blocks from ", load.peer,
+                       " did not finish before its deadline"));
+      agent_->Cancel(*load.transfer);
+    }
+    absl::StatusOr<bool> state = agent_->CheckTransfer(*load.transfer);
+    if (state.ok() && !*state) continue;
+    ended.push_back(request_id);
+    if (state.ok() && load.cancel_reason.ok()) {
+      done.receiving_done.push_back(request_id);
+      ++stats_.loads_completed;
+      stats_.bytes_loaded += load.bytes;
+    } else {
+      absl::Status why = !load.cancel_reason.ok() ? load.cancel_reason : state.status();
+      FailLoadLocked(request_id, load, std::move(why));
+    }
+  }
+  for (int64_t id : ended) loads_.erase(id);
+  return done;
+}
+
+std::vector<LoadError> PullKvConnector::GetLoadErrors() {
+  absl::MutexLock lock(&mu_);
+  std::vector<LoadError> errors = std::move(errors_);
+  errors_.clear();
+  return errors;
+}
+
+bool PullKvConnector::HasPendingLoads() const {
+  absl::MutexLock lock(&mu_);
+  return !loads_.empty() || !errors_.empty() || !released_.empty();
+}
+
+KvConnectorStats PullKvConnector::Stats() const {
+  absl::MutexLock lock(&mu_);
+  KvConnectorStats stats = stats_;
+  stats.leases_active = leases_.size();
+  for (const auto& [id, lease] : leases_) stats.blocks_leased += lease.num_blocks;
+  return stats;
+}
+
+}  // namespace tandem::kvtransfer

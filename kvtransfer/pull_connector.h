@@ -1,0 +1,105 @@
+// PullKvConnector: the pull-mode KvConnector (connector.h) over one TransferAgent.
+//
+// Source side (P): RequestFinished(hold_for_remote=true) grants a lease; the blocks come back in
+// GetFinished().sending_done when the reader releases the lease (ReleaseLease, from the
+// KvTransferService RPC thread) or when its deadline passes (counted as expired).
+// Destination side (D): each request's missing blocks are read with ONE batched READ (contiguous
+// runs of (source, local) blocks coalesced into one CopyOp); a load that has not ended by its
+// deadline is cancelled and reported as DEADLINE_EXCEEDED once the agent says it ended.
+//
+// Thread safety: thread-safe (one mutex). The engine thread drives both halves; lease control
+// may come from any thread.
+#ifndef TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
+#define TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtransfer/connector.h"
+#include "kvtransfer/transfer_agent.h"
+
+namespace tandem::kvtransfer {
+
+struct PullKvConnectorOptions {
+  int64_t block_size = 16;      // tokens per block
+  uint64_t block_bytes = 0;     // bytes of one block (all layers' K and V, scales included)
+  uint32_t local_region = 0;    // agent region index of the local KV pool
+  uint32_t remote_region = 0;   // the peer's region index of its KV pool
+  uint64_t first_lease_id = 1;  // start lease ids here (e.g. random per epoch)
+};
+
+class PullKvConnector : public KvConnector {
+ public:
+  // `agent` must outlive the connector and have the local pool registered.
+  PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options);
+  ~PullKvConnector() override;
+
+  int64_t GetNumNewMatchedTokens(int64_t request_id, const RemoteKvSpec& remote,
+                                 int64_t num_local_computed_tokens) override;
+  void UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSpec& remote,
+                             absl::Span<const int32_t> block_table,
+                             int64_t num_local_computed_tokens) override;
+  ConnectorStepMeta BuildStepMeta() override;
+  std::optional<KvLease> RequestFinished(int64_t request_id, bool hold_for_remote,
+                                         int64_t num_blocks,
+                                         absl::Duration lease_duration) override;
+  void CancelLoad(int64_t request_id) override;
+
+  bool ReleaseLease(uint64_t lease_id) override;
+  std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) override;
+
+  absl::Status StartLoad(const ConnectorStepMeta& meta) override;
+  absl::Status WaitForLayerLoad(int layer) override;
+  absl::Status SaveLayer(int layer) override;
+  absl::Status WaitForSave() override;
+  FinishedTransfers GetFinished(absl::Time now) override;
+  std::vector<LoadError> GetLoadErrors() override;
+
+  bool HasPendingLoads() const override;
+  KvConnectorStats Stats() const override;
+
+  // Coalesces (source, local) block pairs into CopyOps: consecutive pairs whose source and local
+  // ids both increase by one become one op. Exposed for tests.
+  static std::vector<CopyOp> BlocksToCopyOps(absl::Span<const std::pair<int32_t, int32_t>> blocks,
+                                             const PullKvConnectorOptions& options);
+
+ private:
+  struct Lease {
+    int64_t request_id = 0;
+    absl::Time deadline;
+    int64_t num_blocks = 0;
+  };
+  struct Load {
+    std::string peer;
+    absl::Time deadline;
+    std::vector<int32_t> local_blocks;
+    std::vector<std::pair<int32_t, int32_t>> blocks;
+    std::optional<TransferId> transfer;  // set once posted
+    uint64_t bytes = 0;
+    // Why we cancelled (CANCELLED for CancelLoad, DEADLINE_EXCEEDED for the deadline); OK if not.
+    absl::Status cancel_reason;
+  };
+
+  void FailLoadLocked(int64_t request_id, Load& load, absl::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  TransferAgent* const agent_;
+  const PullKvConnectorOptions options_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> released_ ABSL_GUARDED_BY(mu_);  // request ids of released leases
+  absl::flat_hash_map<int64_t, Load> loads_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> unstarted_ ABSL_GUARDED_BY(mu_);  // registered, not yet in a step meta
+  std::vector<LoadError> errors_ ABSL_GUARDED_BY(mu_);
+  KvConnectorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_PULL_CONNECTOR_H_

@@ -1,0 +1,176 @@
+// PullKvConnector on its own over InProcessAgents: block-pair coalescing, bit-exact loads of
+// random non-contiguous block lists, deadlines, cancel, leases (release, renew, expiry) and the
+// rule that a load's blocks are reported only after its transfer ended. The engine-level flow
+// (scheduler + connector) is //runtime/engine:disagg_engine_test.
+#include "kvtransfer/pull_connector.h"
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtransfer/inprocess_agent.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+TEST(PullKvConnectorTest, CoalescesRunsWhereBothSidesAreContiguous) {
+  PullKvConnectorOptions options;
+  options.block_bytes = 100;
+  const std::vector<std::pair<int32_t, int32_t>> blocks = {{4, 10},  {5, 11},  {6, 12}, {9, 13},
+                                                           {10, 20}, {11, 21}, {3, 2}};
+  const std::vector<CopyOp> ops = PullKvConnector::BlocksToCopyOps(blocks, options);
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[0].remote_offset, 400u);
+  EXPECT_EQ(ops[0].local_offset, 1000u);
+  EXPECT_EQ(ops[0].length, 300u);
+  EXPECT_EQ(ops[1].remote_offset, 900u);  // source contiguous, local jumps: split
+  EXPECT_EQ(ops[1].length, 100u);
+  EXPECT_EQ(ops[2].remote_offset, 1000u);
+  EXPECT_EQ(ops[2].local_offset, 2000u);
+  EXPECT_EQ(ops[2].length, 200u);
+  EXPECT_EQ(ops[3].length, 100u);
+  EXPECT_TRUE(PullKvConnector::BlocksToCopyOps({}, options).empty());
+}
+
+struct Pair {
+  static constexpr int kBlocks = 32;
+  static constexpr int kBlockBytes = 4096;
+  std::shared_ptr<InProcessFabric> fabric = std::make_shared<InProcessFabric>();
+  std::vector<uint8_t> src = std::vector<uint8_t>(kBlocks * kBlockBytes);
+  std::vector<uint8_t> dst = std::vector<uint8_t>(kBlocks * kBlockBytes);
+  std::unique_ptr<InProcessAgent> p, d;
+  std::unique_ptr<PullKvConnector> pc, dc;
+
+  explicit Pair(uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    for (auto& b : dst) b = static_cast<uint8_t>(rng());
+    p = std::make_unique<InProcessAgent>(fabric, "p");
+    d = std::make_unique<InProcessAgent>(fabric, "d");
+    EXPECT_TRUE(p->RegisterMemory(src.data(), src.size(), tandem::v1::MEMORY_KIND_HOST).ok());
+    EXPECT_TRUE(d->RegisterMemory(dst.data(), dst.size(), tandem::v1::MEMORY_KIND_HOST).ok());
+    tandem::v1::TransferHandshake hs;
+    EXPECT_TRUE(p->FillLocalDescriptor(&hs).ok());
+    EXPECT_TRUE(d->AddPeer("p", hs).ok());
+    PullKvConnectorOptions options;
+    options.block_size = 16;
+    options.block_bytes = kBlockBytes;
+    pc = std::make_unique<PullKvConnector>(p.get(), options);
+    dc = std::make_unique<PullKvConnector>(d.get(), options);
+  }
+  // Polls D's connector until request `id` ends; true = loaded.
+  bool WaitLoad(int64_t id) {
+    for (int i = 0; i < 5000; ++i) {
+      FinishedTransfers f = dc->GetFinished(absl::Now());
+      if (std::count(f.receiving_done.begin(), f.receiving_done.end(), id)) return true;
+      for (const LoadError& e : dc->GetLoadErrors()) {
+        if (e.request_id == id) return false;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ADD_FAILURE() << "load " << id << " never ended";
+    return false;
+  }
+};
+
+TEST(PullKvConnectorTest, LoadsRandomBlockListsBitExactAndSkipsLocalPrefix) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 10; ++trial) {
+    Pair pair(rng());
+    const std::vector<uint8_t> before = pair.dst;
+    std::vector<int32_t> src_ids(Pair::kBlocks), dst_ids(Pair::kBlocks);
+    std::iota(src_ids.begin(), src_ids.end(), 0);
+    std::iota(dst_ids.begin(), dst_ids.end(), 0);
+    std::shuffle(src_ids.begin(), src_ids.end(), rng);
+    std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+    const int n = 1 + static_cast<int>(rng() % 12);
+    const int64_t num_tokens = (n - 1) * 16 + 1 + static_cast<int64_t>(rng() % 16);  // partial tail
+    const int64_t local_hit = 16 * static_cast<int64_t>(rng() % n);  // full blocks D has
+    RemoteKvSpec remote;
+    remote.peer = "p";
+    remote.num_tokens = num_tokens;
+    remote.block_ids.assign(src_ids.begin(), src_ids.begin() + n);
+    std::vector<int32_t> table(dst_ids.begin(), dst_ids.begin() + n);
+    EXPECT_EQ(pair.dc->GetNumNewMatchedTokens(trial, remote, local_hit), num_tokens - local_hit);
+    pair.dc->UpdateStateAfterAlloc(trial, remote, table, local_hit);
+    ASSERT_TRUE(pair.dc->StartLoad(pair.dc->BuildStepMeta()).ok());
+    ASSERT_TRUE(pair.WaitLoad(trial));
+    const int first = static_cast<int>(local_hit / 16);
+    std::vector<uint8_t> expect = before;
+    for (int i = first; i < n; ++i) {
+      std::copy_n(pair.src.begin() + src_ids[i] * Pair::kBlockBytes, Pair::kBlockBytes,
+                  expect.begin() + table[i] * Pair::kBlockBytes);
+    }
+    ASSERT_EQ(pair.dst, expect) << "trial " << trial << ": n=" << n << " hit=" << local_hit;
+    EXPECT_EQ(pair.dc->Stats().bytes_loaded, static_cast<uint64_t>(n - first) * Pair::kBlockBytes);
+  }
+}
+
+TEST(PullKvConnectorTest, DeadlineAndCancelEndOnlyAfterTheTransferEnded) {
+  Pair pair(std::random_device{}());
+  pair.d->HoldTransfers(true);
+  RemoteKvSpec remote;
+  remote.peer = "p";
+  remote.num_tokens = 40;
+  remote.block_ids = {1, 2, 3};
+  remote.deadline = absl::Now() + absl::Milliseconds(20);
+  pair.dc->UpdateStateAfterAlloc(1, remote, std::vector<int32_t>{7, 8, 9}, 0);
+  remote.deadline = absl::InfiniteFuture();
+  pair.dc->UpdateStateAfterAlloc(2, remote, std::vector<int32_t>{4, 5, 6}, 0);
+  ASSERT_TRUE(pair.dc->StartLoad(pair.dc->BuildStepMeta()).ok());
+  pair.dc->CancelLoad(2);
+  absl::SleepFor(absl::Milliseconds(30));
+  std::vector<LoadError> errors;
+  for (int i = 0; i < 2000 && errors.size() < 2; ++i) {
+    EXPECT_TRUE(pair.dc->GetFinished(absl::Now()).receiving_done.empty());
+    for (LoadError& e : pair.dc->GetLoadErrors()) errors.push_back(std::move(e));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(errors.size(), 2u);
+  std::sort(errors.begin(), errors.end(),
+            [](const LoadError& a, const LoadError& b) { return a.request_id < b.request_id; });
+  EXPECT_EQ(errors[0].status.code(), absl::StatusCode::kDeadlineExceeded) << errors[0].status;
+  EXPECT_EQ(errors[0].block_ids, (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(errors[1].status.code(), absl::StatusCode::kCancelled) << errors[1].status;
+  EXPECT_FALSE(pair.dc->HasPendingLoads());
+  EXPECT_EQ(pair.dc->Stats().load_failures, 2u);
+  // Unknown peer: fails at once, nothing was posted.
+  remote.peer = "nobody";
+  pair.dc->UpdateStateAfterAlloc(3, remote, std::vector<int32_t>{1, 2, 3}, 0);
+  ASSERT_TRUE(pair.dc->StartLoad(pair.dc->BuildStepMeta()).ok());
+  auto failed = pair.dc->GetLoadErrors();
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].request_id, 3);
+}
+
+TEST(PullKvConnectorTest, LeasesReleaseRenewAndExpire) {
+  Pair pair(1);
+  auto a = pair.pc->RequestFinished(10, true, 3, absl::Milliseconds(40));
+  auto b = pair.pc->RequestFinished(11, true, 2, absl::Seconds(30));
+  auto c = pair.pc->RequestFinished(12, true, 1, absl::Milliseconds(40));
+  EXPECT_FALSE(pair.pc->RequestFinished(13, false, 4, absl::Seconds(1)).has_value());
+  ASSERT_TRUE(a && b && c);
+  EXPECT_NE(a->lease_id, b->lease_id);
+  EXPECT_EQ(pair.pc->Stats().blocks_leased, 6u);
+  ASSERT_TRUE(pair.pc->RenewLease(c->lease_id, absl::Seconds(30)).has_value());
+  EXPECT_TRUE(pair.pc->ReleaseLease(b->lease_id));
+  EXPECT_FALSE(pair.pc->ReleaseLease(b->lease_id));
+  absl::SleepFor(absl::Milliseconds(60));
+  FinishedTransfers f = pair.pc->GetFinished(absl::Now());
+  std::sort(f.sending_done.begin(), f.sending_done.end());
+  EXPECT_EQ(f.sending_done, (std::vector<int64_t>{10, 11})) << "released + expired, not renewed";
+  const KvConnectorStats stats = pair.pc->Stats();
+  EXPECT_EQ(stats.leases_expired, 1u);
+  EXPECT_EQ(stats.leases_released, 1u);
+  EXPECT_EQ(stats.leases_active, 1u);
+  EXPECT_EQ(stats.blocks_leased, 1u);
+  EXPECT_FALSE(pair.pc->RenewLease(a->lease_id, absl::Seconds(1)).has_value());
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer

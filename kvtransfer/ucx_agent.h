@@ -1,0 +1,220 @@
+// UcxAgent: the TransferAgent over UCX RMA (ucp_get_nbx). One UCP context and one worker per
+// agent; one progress thread drives the worker.
+//
+// Wire objects (FillLocalDescriptor): worker_address = ucp_worker_get_address bytes; one
+// MemoryRegion per RegisterMemory with packed_rkey = ucp_rkey_pack of its ucp_mem_map handle.
+// AddPeer creates an endpoint (UCP_ERR_HANDLING_MODE_PEER) and unpacks every region's rkey on
+// it. Both are opaque UCX bytes that UCX parses without validation: they must come from a
+// checked handshake (kvtransfer/handshake.h), never from an untrusted party.
+//
+// A transfer (PostRead) is its coalesced copy runs split into requests of at most
+// max_request_bytes. PostRead only queues them; the progress thread posts them with at most
+// max_inflight_bytes outstanding per agent (shared memory GETs copy synchronously inside
+// ucp_get_nbx, so posting on the caller's thread would block it). A transfer ends when every
+// posted request completed and either all were posted or it was stopped (Cancel, RemovePeer,
+// peer failure): Cancel stops posting and ucp_request_cancel()s the outstanding requests.
+//
+// Failure: the endpoint error callback (peer died, connection reset; keepalive finds silent
+// deaths) ends every transfer to that peer with UNAVAILABLE once its requests have completed;
+// a failed request ends its transfer with the converted UCX error. The failed endpoint is
+// force-closed; the peer stays known (NOT_FOUND only after RemovePeer) and new PostReads to it
+// fail UNAVAILABLE until AddPeer reconnects. Endpoints are always force-closed (bounded time,
+// no wait for the peer); RemovePeer ends the peer's transfers with CANCELLED.
+//
+// Progress thread: while requests are outstanding or queued it polls ucp_worker_progress
+// (yielding between empty polls); when idle it arms the worker and sleeps in epoll on the
+// worker's event fd plus an eventfd that PostRead/AddPeer/RemovePeer/~UcxAgent signal, waking
+// at least every idle_wakeup for keepalive. An idle agent uses no CPU, yet still serves GETs
+// that need the target's progress (see below) because incoming traffic wakes it.
+//
+// Which transport moves the bytes (UCX 1.13, Debian): with RDMA NICs (rc/dc) ucp_get is a
+// native RDMA READ. On one host with the default "tcp,self,sm" it is NOT shared memory: the
+// shared-memory transports lack peer-failure support (so UCP_ERR_HANDLING_MODE_PEER excludes
+// them) and cma is only used for rendezvous, not for the RMA API; ucp_get therefore runs as
+// active messages over TCP loopback (~1 GB/s, the source's progress thread answers). That is
+// the price of dead-peer detection; bench_main.cc measures it against ucx_perftest.
+//
+// Destruction force-closes every endpoint (outstanding requests complete as cancelled), then
+// unmaps memory and destroys the worker: nothing is written into registered memory after
+// ~UcxAgent returns.
+//
+// Memory kinds: MEMORY_KIND_CUDA is UNIMPLEMENTED unless the UCP context reports CUDA memory
+// support (GPU staging through pinned host memory is the connector's job).
+//
+// Thread safety: all methods are thread-safe. UCX runs in UCS_THREAD_MODE_SERIALIZED: every
+// UCX call, including the callbacks inside ucp_worker_progress, happens under mu_.
+#ifndef TANDEM_KVTRANSFER_UCX_AGENT_H_
+#define TANDEM_KVTRANSFER_UCX_AGENT_H_
+
+#include <ucp/api/ucp.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtransfer/transfer_agent.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::kvtransfer {
+
+struct UcxAgentOptions {
+  // UCX_TLS. Default: loopback-friendly TCP plus shared memory (cma GETs) and self.
+  std::string transports = "tcp,self,sm";
+  // UCX_NET_DEVICES ("all" = every device UCX finds). Default loopback only.
+  std::string net_device = "lo";
+  // UCX_KEEPALIVE_INTERVAL: how fast a silently dead peer is found.
+  absl::Duration keepalive_interval = absl::Seconds(1);
+  // Requests larger than this are split: bounds cancel latency and lock hold time.
+  uint64_t max_request_bytes = uint64_t{4} << 20;
+  // Posted-but-unfinished bytes over all transfers of this agent.
+  uint64_t max_inflight_bytes = uint64_t{64} << 20;
+  // AddPeer waits at most this long for the endpoint's wireup.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Longest idle sleep of the progress thread.
+  absl::Duration idle_wakeup = absl::Milliseconds(100);
+  // UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE (0: UCX's default, 8 KiB). Where GETs travel
+  // as active messages over TCP (see the header comment), larger segments mean fewer round
+  // trips per request.
+  uint64_t tcp_segment_bytes = 0;
+  // Adds UCP_FEATURE_AM to the context. UCX 1.13 selects zero-copy "rma_bw" lanes only for
+  // contexts with AM or TAG, so keep it on.
+  bool enable_am = true;
+  // Further UCX settings, names without the UCX_ prefix, e.g. {"RNDV_THRESH", "8k"}. These and
+  // the fields above override UCX_* environment variables.
+  std::vector<std::pair<std::string, std::string>> extra_config = {};
+};
+
+class UcxAgent final : public TransferAgent {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxAgent>> Create(UcxAgentOptions options = {});
+  ~UcxAgent() override;
+  UcxAgent(const UcxAgent&) = delete;
+  UcxAgent& operator=(const UcxAgent&) = delete;
+
+  std::string transport() const override { return "ucx"; }
+  absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
+                                          tandem::v1::MemoryKind kind) override;
+  absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
+  // Blocks until the endpoint is wired up (at most connect_timeout); UNAVAILABLE when the
+  // peer cannot be reached.
+  absl::Status AddPeer(const std::string& peer_name,
+                       const tandem::v1::TransferHandshake& peer) override;
+  void RemovePeer(const std::string& peer_name) override;
+  absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
+                                      absl::Span<const CopyOp> ops) override;
+  absl::StatusOr<bool> CheckTransfer(TransferId id) override;
+  void Cancel(TransferId id) override;
+  TransferAgentStats Stats() const override;
+
+  // Whether the context can register CUDA memory (false on CPU-only builds of UCX).
+  bool SupportsCudaMemory() const { return cuda_supported_; }
+
+ private:
+  struct LocalRegion {
+    char* base;
+    uint64_t length;
+    ucp_mem_h memh;
+    std::string packed_rkey;
+    tandem::v1::MemoryKind kind;
+  };
+  struct RemoteRegion {
+    uint64_t base;
+    uint64_t length;
+    ucp_rkey_h rkey;
+  };
+  // One endpoint: kActive -> kDraining (stopped; waits for its requests) -> kClosing (rkeys
+  // destroyed, ucp_ep_close_nbx in progress) -> kClosed. A closed Conn that peers_ still names
+  // (the endpoint failed) stays as a tombstone so PostRead can say UNAVAILABLE; otherwise it is
+  // freed. Lives at least until no request of it is outstanding.
+  struct Conn {
+    enum class State { kActive, kDraining, kClosing, kClosed };
+    UcxAgent* agent = nullptr;
+    std::string name;
+    ucp_ep_h ep = nullptr;
+    std::vector<RemoteRegion> regions;   // rkeys; cleared when destroyed
+    std::vector<uint64_t> region_bytes;  // from the descriptor, for validation
+    State state = State::kActive;
+    absl::Status failure;  // not OK once the endpoint failed
+    int inflight = 0;      // posted requests not yet completed
+    void* close_request = nullptr;
+    bool pinned = false;  // AddPeer still uses it (while it waits for the wireup unlocked)
+    absl::Time draining_since;
+  };
+  struct Transfer {
+    TransferId id = 0;
+    Conn* conn = nullptr;
+    std::vector<CopyOp> ops;  // coalesced
+    size_t next_op = 0;       // next request to post: ops[next_op] from next_offset
+    uint64_t next_offset = 0;
+    int inflight = 0;
+    uint64_t inflight_bytes = 0;
+    absl::flat_hash_map<void*, uint64_t> requests;  // outstanding UCX request -> its bytes
+    absl::Status error;                             // first error; stops posting
+    bool cancel_requested = false;
+    bool ended = false;
+    absl::Status result;
+    uint64_t total_bytes = 0;
+  };
+  explicit UcxAgent(UcxAgentOptions options) : options_(std::move(options)) {}
+  absl::Status Init();
+
+  void ProgressLoop();
+  // Posts at most one request; returns whether it did anything.
+  bool PostOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Advances draining/closing endpoints; returns whether any is still pending.
+  bool ReapConnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Flushes a new endpoint, progressing the worker (mu_ is released while yielding).
+  absl::Status WaitConnectedLocked(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WaitIdle();
+  void Wake();
+  // Stops every transfer on `conn` with `reason` and starts draining it.
+  void StopConnLocked(Conn* conn, const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopTransferLocked(Transfer& t, const absl::Status& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeEndLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_status_t status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DestroyRkeysLocked(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a closed Conn unless peers_ still names it.
+  void MaybeFreeConnLocked(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static void OnGetDone(void* request, ucs_status_t status, void* user_data);
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const UcxAgentOptions options_;
+  ucp_context_h context_ = nullptr;
+  bool cuda_supported_ = false;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;    // eventfd
+  int worker_fd_ = -1;  // ucp_worker_get_efd, -1 when unsupported (then short sleeps)
+
+  mutable absl::Mutex mu_;
+  ucp_worker_h worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string worker_address_ ABSL_GUARDED_BY(mu_);
+  std::vector<LocalRegion> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Conn*> peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // all live endpoints
+  absl::flat_hash_map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  std::deque<TransferId> post_queue_ ABSL_GUARDED_BY(mu_);  // transfers with requests to post
+  uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int inflight_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  TransferId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread progress_thread_;
+};
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_UCX_AGENT_H_

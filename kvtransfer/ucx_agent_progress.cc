@@ -1,0 +1,265 @@
+// UcxAgent, part 2: the transfer / endpoint state machines, UCX callbacks and the progress
+// thread (part 1, ucx_agent.cc: setup and the TransferAgent methods). Everything here runs with
+// mu_ held, except ProgressLoop's sleeping.
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/ucx_status.h"
+#include "kvtransfer/ucx_agent.h"
+
+// Converted UCX error naming the call and the line it failed at.
+#define UCX_ERROR(status, call) ::tandem::UcxStatus((status), {(call), __FILE__, __LINE__})
+
+namespace tandem::kvtransfer {
+namespace {
+
+// A draining endpoint whose requests do not complete within this time is force-closed anyway
+// (which completes them as cancelled), so a misbehaving transport cannot hang a transfer.
+constexpr absl::Duration kDrainForceAfter = absl::Seconds(3);
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Transfer state machine (all under mu_).
+
+void UcxAgent::StopTransferLocked(Transfer& t, const absl::Status& reason) {
+  if (t.ended) return;
+  if (t.error.ok()) t.error = reason;
+  // ucp_request_cancel may complete a request (and run OnGetDone) right here: iterate a copy.
+  std::vector<void*> requests;
+  for (const auto& [request, bytes] : t.requests) requests.push_back(request);
+  for (void* request : requests) ucp_request_cancel(worker_, request);
+  MaybeEndLocked(t);
+}
+
+void UcxAgent::MaybeEndLocked(Transfer& t) {
+  if (t.ended || t.inflight > 0) return;
+  const bool all_posted = t.next_op == t.ops.size();
+  if (t.error.ok() && !all_posted) return;
+  t.ended = true;
+  t.result = t.error;
+  if (t.result.ok()) {
+    ++stats_.transfers_completed;
+    stats_.bytes_read += t.total_bytes;
+  } else {
+    ++stats_.transfers_failed;
+  }
+}
+
+void UcxAgent::StopConnLocked(Conn* conn, const absl::Status& reason) {
+  for (auto& [id, t] : transfers_) {
+    if (t->conn == conn) StopTransferLocked(*t, reason);
+  }
+  if (conn->state == Conn::State::kActive) {
+    conn->state = Conn::State::kDraining;
+    conn->draining_since = absl::Now();
+  }
+}
+
+void UcxAgent::OnGetDone(void* request, ucs_status_t status, void* user_data) {
+  Transfer* t = static_cast<Transfer*>(user_data);
+  UcxAgent* agent = t->conn->agent;
+  agent->mu_.AssertHeld();  // callbacks run inside UCX calls we make under mu_
+  auto it = t->requests.find(request);
+  const uint64_t bytes = it == t->requests.end() ? 0 : it->second;
+  if (it != t->requests.end()) t->requests.erase(it);
+  agent->OnRequestDone(*t, request, bytes, status);
+}
+
+void UcxAgent::OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_status_t status) {
+  --t.inflight;
+  --t.conn->inflight;
+  --inflight_requests_;
+  t.inflight_bytes -= bytes;
+  inflight_bytes_ -= bytes;
+  if (request != nullptr) ucp_request_free(request);
+  if (status != UCS_OK) {
+    StopTransferLocked(t, status == UCS_ERR_CANCELED && t.cancel_requested
+                              ? absl::CancelledError(absl::StrCat("transfer ", t.id, " cancelled"))
+                              : UCX_ERROR(status, "ucp_get_nbx completion"));
+  }
+  MaybeEndLocked(t);
+}
+
+void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  Conn* conn = static_cast<Conn*>(arg);
+  UcxAgent* agent = conn->agent;
+  agent->mu_.AssertHeld();
+  if (conn->failure.ok()) {
+    conn->failure = absl::UnavailableError(
+        absl::StrCat("UCX endpoint to peer ", conn->name, " failed: ", ucs_status_string(status)));
+  }
+  agent->StopConnLocked(conn, conn->failure);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress thread.
+
+bool UcxAgent::PostOneLocked() {
+  while (!post_queue_.empty()) {
+    const TransferId id = post_queue_.front();
+    auto it = transfers_.find(id);
+    Transfer* t = it == transfers_.end() ? nullptr : it->second.get();
+    if (t == nullptr || t->ended || !t->error.ok() || t->next_op == t->ops.size()) {
+      post_queue_.pop_front();  // nothing (more) to post
+      continue;
+    }
+    Conn* conn = t->conn;
+    if (conn->state != Conn::State::kActive) {
+      post_queue_.pop_front();
+      StopTransferLocked(
+          *t, conn->failure.ok() ? absl::CancelledError("peer connection closed") : conn->failure);
+      continue;
+    }
+    const CopyOp& op = t->ops[t->next_op];
+    const uint64_t n = std::min(options_.max_request_bytes, op.length - t->next_offset);
+    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) return false;
+    const RemoteRegion& remote = conn->regions[op.remote_region];
+    const LocalRegion& local = regions_[op.local_region];
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+    param.cb.send = &UcxAgent::OnGetDone;
+    param.user_data = t;
+    param.memh = local.memh;
+    char* dest = local.base + op.local_offset + t->next_offset;
+    const uint64_t remote_addr = remote.base + op.remote_offset + t->next_offset;
+    t->next_offset += n;
+    if (t->next_offset == op.length) {
+      ++t->next_op;
+      t->next_offset = 0;
+    }
+    // Round robin between transfers sharing the in-flight window.
+    post_queue_.pop_front();
+    if (t->next_op < t->ops.size()) post_queue_.push_back(id);
+
+    ucs_status_ptr_t request = ucp_get_nbx(conn->ep, dest, n, remote_addr, remote.rkey, &param);
+    if (request == nullptr) {  // completed in place (shared memory GETs usually do)
+      MaybeEndLocked(*t);
+    } else if (UCS_PTR_IS_ERR(request)) {
+      StopTransferLocked(*t, UCX_ERROR(UCS_PTR_STATUS(request), "ucp_get_nbx"));
+    } else {
+      t->requests[request] = n;
+      ++t->inflight;
+      t->inflight_bytes += n;
+      ++conn->inflight;
+      ++inflight_requests_;
+      inflight_bytes_ += n;
+    }
+    return true;
+  }
+  return false;
+}
+
+bool UcxAgent::ReapConnsLocked() {
+  bool pending = false;
+  // Iterate over a snapshot: freeing a Conn erases it from conns_.
+  std::vector<Conn*> snapshot;
+  for (const auto& c : conns_) snapshot.push_back(c.get());
+  for (Conn* conn : snapshot) {
+    if (conn->state == Conn::State::kDraining) {
+      const bool stuck = absl::Now() - conn->draining_since > kDrainForceAfter;
+      if (conn->inflight > 0 && !stuck) {
+        pending = true;
+        continue;
+      }
+      // rkeys go after the operations that used them and before the endpoint (UCX's rule);
+      // only a stuck endpoint is closed first, which completes its requests as cancelled.
+      if (conn->inflight == 0) DestroyRkeysLocked(conn);
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // bounded: never waits for the peer
+      ucs_status_ptr_t request = ucp_ep_close_nbx(conn->ep, &param);
+      conn->close_request = (request == nullptr || UCS_PTR_IS_ERR(request)) ? nullptr : request;
+      conn->ep = nullptr;
+      conn->state = Conn::State::kClosing;
+    }
+    if (conn->state == Conn::State::kClosing) {
+      if (conn->close_request != nullptr) {
+        if (ucp_request_check_status(conn->close_request) == UCS_INPROGRESS) {
+          pending = true;
+          continue;
+        }
+        ucp_request_free(conn->close_request);
+        conn->close_request = nullptr;
+      }
+      if (conn->inflight > 0) {
+        pending = true;
+        continue;
+      }
+      DestroyRkeysLocked(conn);
+      conn->state = Conn::State::kClosed;
+    }
+    if (conn->state == Conn::State::kClosed) MaybeFreeConnLocked(conn);
+  }
+  return pending;
+}
+
+void UcxAgent::DestroyRkeysLocked(Conn* conn) {
+  for (RemoteRegion& r : conn->regions) ucp_rkey_destroy(r.rkey);
+  conn->regions.clear();
+}
+
+void UcxAgent::MaybeFreeConnLocked(Conn* conn) {
+  if (conn->state != Conn::State::kClosed || conn->pinned) return;
+  for (const auto& [name, c] : peers_) {
+    if (c == conn) return;  // tombstone of a failed peer
+  }
+  // Ended transfers may still point at it; they never dereference it again.
+  for (auto& [id, t] : transfers_) {
+    if (t->conn == conn) t->conn = nullptr;
+  }
+  conns_.erase(std::find_if(conns_.begin(), conns_.end(),
+                            [conn](const std::unique_ptr<Conn>& c) { return c.get() == conn; }));
+}
+
+void UcxAgent::ProgressLoop() {
+  while (true) {
+    bool busy = false;
+    bool idle = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      while (ucp_worker_progress(worker_) != 0) busy = true;
+      busy |= PostOneLocked();
+      const bool reaping = ReapConnsLocked();
+      idle = !busy && !reaping && inflight_requests_ == 0 && post_queue_.empty();
+    }
+    if (idle) {
+      WaitIdle();
+    } else if (!busy) {
+      std::this_thread::yield();  // requests in flight: poll, but let the peer's threads run
+    }
+  }
+}
+
+void UcxAgent::WaitIdle() {
+  int timeout_ms = 1;  // without a worker fd: short sleeps
+  if (worker_fd_ >= 0) {
+    absl::MutexLock lock(&mu_);
+    const ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) return;  // events pending: progress again
+    if (s == UCS_OK) {
+      timeout_ms =
+          static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.idle_wakeup)));
+    }
+  }
+  epoll_event events[2];
+  epoll_wait(epoll_fd_, events, 2, timeout_ms);
+  uint64_t drained = 0;
+  [[maybe_unused]] ssize_t r = read(wake_fd_, &drained, sizeof(drained));
+}
+
+void UcxAgent::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof(one));
+}
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,311 @@
+// //router:tandem_cli — talk to a tandem_router.
+//
+//   tandem_cli generate --router=ADDR --prompt_ids=1,2,3 --max_tokens=N [--temperature=0]
+//              [--top_p=0] [--top_k=0] [--seed=S] [--stop_token_ids=5,6] [--ignore_eos]
+//              [--request_id=ID] [--cache_salt=S] [--timeout_ms=600000] [--json]
+//   tandem_cli workers --router=ADDR [--json]
+//   tandem_cli health  --router=ADDR
+//   tandem_cli abort   --router=ADDR --request_id=ID
+//
+// generate prints each token id as it arrives (space separated, flushed), then a newline, and a
+// summary on stderr; with --json it prints one line instead:
+//   {"request_id":"...","tokens":[...],"finish_reason":"length","ttft_ms":1.2,"itl_ms_p50":0.3,
+//    "usage":{"prompt_tokens":3,"completion_tokens":8,"cached_prompt_tokens":0}}
+// Exit status: 0 on success; 1 with the gRPC status on stderr on any error; `health` exits 2
+// when the router answers but is not SERVING (so scripts can wait for readiness).
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "tandem/v1/router.grpc.pb.h"
+
+ABSL_FLAG(std::string, router, "127.0.0.1:7000", "router address host:port");
+ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma separated");
+ABSL_FLAG(int64_t, max_tokens, 16, "tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
+ABSL_FLAG(double, top_p, 0.0, "0 = off");
+ABSL_FLAG(int64_t, top_k, 0, "0 = off");
+ABSL_FLAG(int64_t, seed, -1, "sampling seed; -1 = the worker picks one");
+ABSL_FLAG(std::string, stop_token_ids, "", "stop token ids, comma separated");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past eos");
+ABSL_FLAG(std::string, request_id, "", "request id (generate: empty = router assigns)");
+ABSL_FLAG(std::string, cache_salt, "", "prefix-cache isolation salt");
+ABSL_FLAG(int64_t, timeout_ms, 600000, "client deadline");
+ABSL_FLAG(bool, json, false, "print one JSON line");
+
+namespace tandem::router {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParseIds(absl::string_view flag, const std::string& text) {
+  std::vector<uint32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    uint32_t id = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", part, "' is not a token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// "FINISH_REASON_STOP_TOKEN" -> "stop_token".
+std::string EnumSuffix(const std::string& name, absl::string_view prefix) {
+  absl::string_view view = name;
+  if (view.substr(0, prefix.size()) == prefix) view.remove_prefix(prefix.size());
+  return absl::AsciiStrToLower(view);
+}
+
+std::string FinishName(v1::FinishReason reason) {
+  return EnumSuffix(v1::FinishReason_Name(reason), "FINISH_REASON_");
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::unique_ptr<v1::Router::Stub> Connect() {
+  return v1::Router::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+}
+
+absl::StatusOr<v1::GenerateRequest> BuildRequest() {
+  v1::GenerateRequest req;
+  auto prompt = ParseIds("prompt_ids", absl::GetFlag(FLAGS_prompt_ids));
+  if (!prompt.ok()) return prompt.status();
+  if (prompt->empty()) return absl::InvalidArgumentError("--prompt_ids is required");
+  for (uint32_t t : *prompt) req.add_prompt_token_ids(t);
+  auto stops = ParseIds("stop_token_ids", absl::GetFlag(FLAGS_stop_token_ids));
+  if (!stops.ok()) return stops.status();
+  const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  const int64_t top_k = absl::GetFlag(FLAGS_top_k);
+  if (max_tokens < 0 || max_tokens > UINT32_MAX || top_k < 0 || top_k > UINT32_MAX) {
+    return absl::InvalidArgumentError("--max_tokens and --top_k must be in [0, 2^32)");
+  }
+  req.set_request_id(absl::GetFlag(FLAGS_request_id));
+  req.set_cache_salt(absl::GetFlag(FLAGS_cache_salt));
+  v1::SamplingParams* sp = req.mutable_sampling();
+  sp->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  sp->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  sp->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  sp->set_top_k(static_cast<uint32_t>(top_k));
+  if (absl::GetFlag(FLAGS_seed) >= 0)
+    sp->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+  for (uint32_t t : *stops) sp->add_stop_token_ids(t);
+  sp->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  return req;
+}
+
+absl::Status Generate() {
+  absl::StatusOr<v1::GenerateRequest> req = BuildRequest();
+  if (!req.ok()) return req.status();
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto stub = Connect();
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  const Clock::time_point start = Clock::now();
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(&ctx, *req);
+  v1::GenerateResponse chunk;
+  std::vector<uint32_t> tokens;
+  std::vector<double> itl_ms;
+  double ttft_ms = -1;
+  Clock::time_point last = start;
+  std::string request_id;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  while (reader->Read(&chunk)) {
+    const Clock::time_point now = Clock::now();
+    if (request_id.empty()) request_id = chunk.request_id();
+    if (chunk.token_ids_size() > 0) {
+      const double ms = std::chrono::duration<double, std::milli>(now - last).count();
+      if (ttft_ms < 0) {
+        ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
+      } else {
+        itl_ms.push_back(ms);
+      }
+      last = now;
+    }
+    for (uint32_t t : chunk.token_ids()) {
+      tokens.push_back(t);
+      if (!json) std::printf("%s%u", tokens.size() == 1 ? "" : " ", t);
+    }
+    if (!json) std::fflush(stdout);
+    if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      finish = chunk.finish_reason();
+      usage = chunk.usage();
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (!json && !tokens.empty()) std::printf("\n");
+  if (!status.ok()) return FromGrpc(status);
+  double itl_p50 = 0;
+  if (!itl_ms.empty()) {
+    std::nth_element(itl_ms.begin(), itl_ms.begin() + itl_ms.size() / 2, itl_ms.end());
+    itl_p50 = itl_ms[itl_ms.size() / 2];
+  }
+  if (json) {
+    std::printf(
+        "{\"request_id\":%s,\"tokens\":[%s],\"finish_reason\":\"%s\",\"ttft_ms\":%.3f,"
+        "\"itl_ms_p50\":%.3f,\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
+        "\"cached_prompt_tokens\":%u}}\n",
+        JsonString(request_id).c_str(), absl::StrJoin(tokens, ",").c_str(),
+        FinishName(finish).c_str(), std::max(ttft_ms, 0.0), itl_p50, usage.prompt_tokens(),
+        usage.completion_tokens(), usage.cached_prompt_tokens());
+  } else {
+    std::fprintf(stderr,
+                 "request_id=%s finish_reason=%s prompt_tokens=%u completion_tokens=%u "
+                 "cached_prompt_tokens=%u ttft_ms=%.3f itl_ms_p50=%.3f\n",
+                 request_id.c_str(), FinishName(finish).c_str(), usage.prompt_tokens(),
+                 usage.completion_tokens(), usage.cached_prompt_tokens(), std::max(ttft_ms, 0.0),
+                 itl_p50);
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+std::string RoleName(v1::WorkerRole role) {
+  return EnumSuffix(v1::WorkerRole_Name(role), "WORKER_ROLE_");
+}
+
+std::string StatusName(v1::ServingStatus status) {
+  return EnumSuffix(v1::ServingStatus_Name(status), "SERVING_STATUS_");
+}
+
+absl::Status Workers() {
+  auto stub = Connect();
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListWorkersResponse resp;
+  if (grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp); !s.ok()) {
+    return FromGrpc(s);
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("%-20s %-8s %-22s %-8s %-11s %7s %7s %9s %s\n", "WORKER", "ROLE", "ADDRESS",
+                "HEALTHY", "STATUS", "RUNNING", "WAITING", "FREE_BLKS", "MODEL");
+  }
+  std::vector<std::string> rows;
+  for (const v1::WorkerEntry& w : resp.workers()) {
+    if (json) {
+      rows.push_back(absl::StrFormat(
+          "{\"worker_id\":%s,\"role\":\"%s\",\"address\":%s,\"healthy\":%s,\"status\":\"%s\","
+          "\"epoch\":%u,\"model_id\":%s,\"num_running\":%u,\"num_waiting\":%u,"
+          "\"kv_blocks_free\":%u,\"kv_blocks_total\":%u,\"last_heartbeat_unix_ms\":%d}",
+          JsonString(w.info().worker_id()), RoleName(w.info().role()),
+          JsonString(w.info().address()), w.healthy() ? "true" : "false", StatusName(w.status()),
+          w.info().epoch(), JsonString(w.info().model_id()), w.load().num_running(),
+          w.load().num_waiting(), w.load().kv_blocks_free(), w.load().kv_blocks_total(),
+          w.last_heartbeat_unix_ms()));
+    } else {
+      std::printf("%-20s %-8s %-22s %-8s %-11s %7u %7u %9u %s\n", w.info().worker_id().c_str(),
+                  RoleName(w.info().role()).c_str(), w.info().address().c_str(),
+                  w.healthy() ? "yes" : "no", StatusName(w.status()).c_str(),
+                  w.load().num_running(), w.load().num_waiting(), w.load().kv_blocks_free(),
+                  w.info().model_id().c_str());
+    }
+  }
+  if (json) std::printf("{\"workers\":[%s]}\n", absl::StrJoin(rows, ",").c_str());
+  return absl::OkStatus();
+}
+
+// Returns the exit code.
+absl::StatusOr<int> Health() {
+  auto stub = Connect();
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::HealthResponse resp;
+  if (grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &resp); !s.ok()) {
+    return FromGrpc(s);
+  }
+  std::printf("%s: %s\n", StatusName(resp.status()).c_str(), resp.detail().c_str());
+  return resp.status() == v1::SERVING_STATUS_SERVING ? 0 : 2;
+}
+
+absl::Status Abort() {
+  const std::string id = absl::GetFlag(FLAGS_request_id);
+  if (id.empty()) return absl::InvalidArgumentError("--request_id is required");
+  auto stub = Connect();
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::AbortRequest req;
+  req.set_request_id(id);
+  v1::AbortResponse resp;
+  if (grpc::Status s = stub->Abort(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  std::printf("%s\n", resp.found() ? "aborted" : "not in flight");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::router
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem_cli generate|workers|health|abort --router=HOST:PORT [--prompt_ids=1,2,3 "
+      "--max_tokens=N --json ...]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr,
+                 "usage: tandem_cli generate|workers|health|abort --router=HOST:PORT ...\n");
+    return 1;
+  }
+  const std::string command = args[1];
+  absl::Status s;
+  int code = 0;
+  if (command == "generate") {
+    s = tandem::router::Generate();
+  } else if (command == "workers") {
+    s = tandem::router::Workers();
+  } else if (command == "health") {
+    absl::StatusOr<int> rc = tandem::router::Health();
+    s = rc.status();
+    if (rc.ok()) code = *rc;
+  } else if (command == "abort") {
+    s = tandem::router::Abort();
+  } else {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("unknown command '", command, "'; use generate, workers, health or abort"));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandem_cli %s: %s\n", command.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return code;
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Router, prefill worker, decode worker and CLI as separate processes on loopback:
+# registration, streaming output checked against the fake model, validation errors, a decode
+# worker killed (SIGKILL) mid-stream, and graceful router shutdown on SIGTERM.
+#
+#   multiprocess_test.sh TANDEM_ROUTER FAKE_WORKER TANDEM_CLI
+set -uo pipefail
+ROUTER=$1 WORKER=$2 CLI=$3
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$TMP"/*.log; do echo "== $f" >&2; tail -20 "$f" >&2; done; exit 1; }
+
+"$ROUTER" --listen=127.0.0.1:0 --port_file="$TMP/port" --heartbeat_interval_ms=100 \
+  --worker_timeout_ms=20000 >"$TMP/router.log" 2>&1 &
+router_pid=$!
+pids+=("$router_pid")
+for _ in $(seq 300); do [[ -s $TMP/port ]] && break; sleep 0.1; done
+[[ -s $TMP/port ]] || fail "router wrote no port file"
+ADDR=$(cat "$TMP/port")
+grep -q "router listening on $ADDR" "$TMP/router.log" || sleep 1
+grep -q "router listening on $ADDR" "$TMP/router.log" || fail "no 'router listening on $ADDR' line"
+
+# Nothing registered yet: health says not serving (exit 2), generate is UNAVAILABLE.
+"$CLI" health --router="$ADDR" >/dev/null; [[ $? -eq 2 ]] || fail "health should exit 2 without workers"
+"$CLI" generate --router="$ADDR" --prompt_ids=1 --max_tokens=2 2>"$TMP/err.txt" && fail "generate without workers succeeded"
+grep -q UNAVAILABLE "$TMP/err.txt" || fail "expected UNAVAILABLE, got: $(cat "$TMP/err.txt")"
+
+"$WORKER" --router="$ADDR" --role=prefill --worker_id=p0 >"$TMP/p0.log" 2>&1 &
+pids+=($!)
+"$WORKER" --router="$ADDR" --role=decode --worker_id=d0 --token_delay_ms=5 >"$TMP/d0.log" 2>&1 &
+d0_pid=$!
+pids+=("$d0_pid")
+ready=0
+for _ in $(seq 300); do
+  if "$CLI" health --router="$ADDR" >/dev/null 2>&1; then ready=1; break; fi
+  sleep 0.1
+done
+[[ $ready -eq 1 ]] || fail "router never became SERVING"
+"$CLI" workers --router="$ADDR" >"$TMP/workers.txt" || fail "workers failed"
+grep -qE '^d0 +decode .* yes ' "$TMP/workers.txt" || fail "d0 not listed healthy: $(cat "$TMP/workers.txt")"
+grep -qE '^p0 +prefill .* yes ' "$TMP/workers.txt" || fail "p0 not listed healthy"
+
+# The fake model: next = (31 * prev + 7) % 1000 from the last prompt token.
+expected=() prev=3
+for _ in $(seq 8); do prev=$(( (31 * prev + 7) % 1000 )); expected+=("$prev"); done
+want_json="\"tokens\":[$(IFS=,; echo "${expected[*]}")],\"finish_reason\":\"length\""
+out=$("$CLI" generate --router="$ADDR" --prompt_ids=1,2,3 --max_tokens=8 --json) || fail "generate --json failed"
+[[ $out == *"$want_json"* ]] || fail "json: want $want_json in: $out"
+[[ $out == *'"usage":{"prompt_tokens":3,"completion_tokens":8,'* ]] || fail "usage: $out"
+out=$("$CLI" generate --router="$ADDR" --prompt_ids=1,2,3 --max_tokens=8 --request_id=plain 2>"$TMP/summary.txt") \
+  || fail "generate failed"
+[[ $out == "${expected[*]}" ]] || fail "stream: want '${expected[*]}', got '$out'"
+grep -q "request_id=plain finish_reason=length" "$TMP/summary.txt" || fail "summary: $(cat "$TMP/summary.txt")"
+
+# Validation: non-zero exit with the gRPC status.
+"$CLI" generate --router="$ADDR" --prompt_ids=1,5000 --max_tokens=2 2>"$TMP/err.txt" && fail "bad token accepted"
+grep -q "INVALID_ARGUMENT.*5000" "$TMP/err.txt" || fail "expected INVALID_ARGUMENT: $(cat "$TMP/err.txt")"
+
+# Kill the decode worker mid-stream: the client gets UNAVAILABLE, long before its deadline.
+"$CLI" generate --router="$ADDR" --prompt_ids=4,5 --max_tokens=3000 --timeout_ms=60000 \
+  >"$TMP/long.txt" 2>"$TMP/long_err.txt" &
+cli_pid=$!
+for _ in $(seq 300); do [[ $(wc -w <"$TMP/long.txt") -ge 5 ]] && break; sleep 0.05; done
+[[ $(wc -w <"$TMP/long.txt") -ge 5 ]] || fail "no streamed tokens before the kill"
+kill -9 "$d0_pid"
+start=$(date +%s)
+wait "$cli_pid"; rc=$?
+[[ $rc -ne 0 ]] || fail "the long request succeeded although its decode worker died"
+grep -q UNAVAILABLE "$TMP/long_err.txt" || fail "expected UNAVAILABLE: $(cat "$TMP/long_err.txt")"
+echo "client saw the dead decode worker after $(( $(date +%s) - start ))s"
+"$CLI" workers --router="$ADDR" | grep -qE '^d0 .* no ' || fail "d0 should be unhealthy"
+
+# SIGTERM: graceful shutdown, exit 0.
+kill -TERM "$router_pid"
+wait "$router_pid"; rc=$?
+[[ $rc -eq 0 ]] || fail "router exited $rc on SIGTERM"
+grep -q "router stopped" "$TMP/router.log" || fail "no 'router stopped'"
+echo PASS

@@ -1,0 +1,445 @@
+#include "router/orchestrator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "router/routing_policy.h"
+#include "router/validation.h"
+
+namespace tandem::router {
+namespace {
+
+// One worker's part in a request: counted in the worker's load from BeginCall until destroyed;
+// MarkFailed makes the registry mark the worker unhealthy at that point.
+class WorkerSlot {
+ public:
+  WorkerSlot(WorkerRegistry* registry, WorkerRef ref) : registry_(registry), ref_(std::move(ref)) {}
+  ~WorkerSlot() { registry_->EndCall(ref_, failed_, error_); }
+  WorkerSlot(const WorkerSlot&) = delete;
+  WorkerSlot& operator=(const WorkerSlot&) = delete;
+
+  const WorkerRef& ref() const { return ref_; }
+  const std::string& id() const { return ref_.info.worker_id(); }
+  void MarkFailed(std::string error) {
+    failed_ = true;
+    error_ = std::move(error);
+  }
+
+ private:
+  WorkerRegistry* registry_;
+  WorkerRef ref_;
+  bool failed_ = false;
+  std::string error_;
+};
+
+// Codes that mean "the worker (or the connection to it) is gone", not "the request is bad".
+// A server that dies mid-stream shows up as UNAVAILABLE (connection reset) or CANCELLED (the
+// server cancelled its streams on shutdown); a crashed handler as UNKNOWN.
+bool IsWorkerFault(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+ModelLimits LimitsOf(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+  return ModelLimits{std::min(a.vocab_size(), b.vocab_size()),
+                     std::min(a.max_model_len(), b.max_model_len())};
+}
+
+// A phase's result: the status for the client, or "retry this phase without that worker".
+struct Outcome {
+  absl::Status status;
+  std::string retry_without;
+};
+
+struct RelayResult {
+  bool finished = false;     // a message with finish_reason was relayed
+  bool client_gone = false;  // a Send to the client failed
+  bool got_any = false;      // the worker sent at least one message
+  grpc::Status status;       // the worker stream's final status
+};
+
+// One request's run through the orchestrator. Lives on the handler's stack.
+class GenerateCall {
+ public:
+  GenerateCall(Orchestrator& orch, const v1::GenerateRequest& request, InFlightRequest& flight,
+               const grpc::ServerContext* client, ResponseSink& sink)
+      : orch_(orch), request_(request), flight_(flight), client_(client), sink_(sink) {
+    deadline_ = absl::Now() + orch_.options().request_timeout;
+    if (client_ != nullptr) {
+      deadline_ = std::min(deadline_, absl::FromChrono(client_->deadline()));
+    }
+  }
+
+  absl::Status Run();
+
+ private:
+  Outcome RunDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap);
+  absl::Status RunDecode(const v1::WorkerInfo& prefill, std::unique_ptr<WorkerSlot> decode,
+                         const v1::PrefillResponse& prefilled, const RoutingSnapshot& snap);
+  Outcome RunMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
+
+  RelayResult Relay(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
+                    grpc::ClientContext& ctx, bool usage_from_worker);
+  // The client's status for a failed worker call; marks the worker failed for faults and sets
+  // *retriable then.
+  absl::Status Failure(WorkerSlot& slot, const grpc::Status& status, absl::string_view phase,
+                       bool* retriable);
+  // Whether the client cancelled. A worker call cut by the client's cancel ends CANCELLED
+  // possibly a moment before the server context reports it, so CANCELLED waits a little for it.
+  bool ClientCancelled(grpc::StatusCode code) const;
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  bool Send(v1::GenerateResponse& chunk);
+  v1::Usage FinalUsage() const;
+  absl::Status FinishAborted();
+  void AbortWorkers();
+
+  Orchestrator& orch_;
+  const v1::GenerateRequest& request_;
+  InFlightRequest& flight_;
+  const grpc::ServerContext* client_;
+  ResponseSink& sink_;
+  absl::Time deadline_;
+  uint32_t completion_tokens_ = 0;
+  uint32_t cached_tokens_ = 0;
+  std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
+};
+
+absl::Status GenerateCall::Run() {
+  const int max_attempts = std::max(orch_.options().max_attempts, 1);
+  absl::flat_hash_set<std::string> excluded;
+  const auto& prompt = request_.prompt_token_ids();
+  for (int attempt = 1;; ++attempt) {
+    RoutingSnapshot snap = orch_.registry().Snapshot(
+        absl::MakeConstSpan(prompt.data(), prompt.size()), request_.cache_salt());
+    if (snap.registered == 0) {
+      return absl::UnavailableError("no workers are registered with the router");
+    }
+    std::erase_if(snap.candidates,
+                  [&](const RouteCandidate& c) { return excluded.contains(c.worker_id); });
+    ASSIGN_OR_RETURN(RoutePlan plan, ChooseRoute(snap.candidates));
+    Outcome out = plan.disaggregated() ? RunDisaggregated(plan, snap) : RunMixed(plan, snap);
+    // Router.Abort wins over whatever the interrupted call reported.
+    if (!out.status.ok() && flight_.cancel_reason().code() == absl::StatusCode::kAborted) {
+      return FinishAborted();
+    }
+    if (!out.retry_without.empty() && attempt < max_attempts) {
+      LOG(WARNING) << "request " << flight_.id() << ": retrying without worker "
+                   << out.retry_without << " (" << out.status << ")";
+      excluded.insert(out.retry_without);
+      continue;
+    }
+    return out.status;
+  }
+}
+
+Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap) {
+  absl::StatusOr<WorkerRef> p_ref = orch_.registry().BeginCall(plan.prefill_worker, &snap);
+  if (!p_ref.ok()) return {absl::UnavailableError(p_ref.status().message()), plan.prefill_worker};
+  // P counts in its worker's load only while it prefills (reset below), D until the end.
+  auto prefill = std::make_unique<WorkerSlot>(&orch_.registry(), *std::move(p_ref));
+  absl::StatusOr<WorkerRef> d_ref = orch_.registry().BeginCall(plan.decode_worker);
+  if (!d_ref.ok()) return {absl::UnavailableError(d_ref.status().message()), plan.decode_worker};
+  auto decode = std::make_unique<WorkerSlot>(&orch_.registry(), *std::move(d_ref));
+  if (absl::Status s =
+          ValidateAgainstModel(request_, LimitsOf(prefill->ref().info, decode->ref().info));
+      !s.ok()) {
+    return {s, ""};
+  }
+
+  v1::PrefillRequest preq;
+  *preq.mutable_request() = request_;
+  preq.set_remote_decode(true);
+  preq.set_lease_ms(orch_.options().lease_ms);
+  v1::PrefillResponse prefilled;
+  touched_.push_back(prefill->ref());
+  const v1::WorkerInfo prefill_info = prefill->ref().info;
+  std::unique_ptr<grpc::ClientContext> ctx = NewContext();
+  if (!flight_.AddCall(prefill->id(), ctx.get())) {
+    AbortWorkers();
+    return {flight_.cancel_reason(), ""};
+  }
+  grpc::Status gs = prefill->ref().stub->Prefill(ctx.get(), preq, &prefilled);
+  flight_.RemoveCall(ctx.get());
+  if (!gs.ok()) {
+    bool retriable = false;
+    absl::Status s = Failure(*prefill, gs, "prefill", &retriable);
+    AbortWorkers();
+    return {s, retriable ? prefill->id() : ""};
+  }
+  prefill.reset();
+
+  // The first token goes to the client now: TTFT does not wait for the KV transfer.
+  cached_tokens_ = prefilled.usage().cached_prompt_tokens();
+  completion_tokens_ = 1;
+  v1::GenerateResponse first;
+  first.add_token_ids(prefilled.first_token());
+  const bool finished = prefilled.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  if (finished) {
+    first.set_finish_reason(prefilled.finish_reason());
+    *first.mutable_usage() = FinalUsage();
+  }
+  if (!Send(first)) {
+    AbortWorkers();
+    return {absl::CancelledError("the client went away"), ""};
+  }
+  if (finished) return {absl::OkStatus(), ""};
+  if (!prefilled.has_kv_handle()) {
+    AbortWorkers();
+    return {absl::InternalError(absl::StrCat("prefill worker ", prefill_info.worker_id(),
+                                             " returned neither a finish reason nor a kv_handle")),
+            ""};
+  }
+  return {RunDecode(prefill_info, std::move(decode), prefilled, snap), ""};
+}
+
+absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
+                                     std::unique_ptr<WorkerSlot> decode,
+                                     const v1::PrefillResponse& prefilled,
+                                     const RoutingSnapshot& snap) {
+  v1::DecodeRequest dreq;
+  *dreq.mutable_request() = request_;
+  dreq.set_first_token(prefilled.first_token());
+  *dreq.mutable_kv_handle() = prefilled.kv_handle();
+  dreq.set_on_kv_failure(orch_.options().on_kv_failure);
+  absl::flat_hash_set<std::string> tried;
+  for (int attempt = 1;; ++attempt) {
+    touched_.push_back(decode->ref());
+    std::unique_ptr<grpc::ClientContext> ctx = NewContext();
+    if (!flight_.AddCall(decode->id(), ctx.get())) {
+      AbortWorkers();
+      return flight_.cancel_reason();
+    }
+    std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
+        decode->ref().stub->Decode(ctx.get(), dreq);
+    RelayResult r = Relay(*reader, *ctx, /*usage_from_worker=*/false);
+    flight_.RemoveCall(ctx.get());
+    if (r.finished) return absl::OkStatus();
+    if (r.client_gone) {
+      AbortWorkers();
+      return absl::CancelledError("the client went away");
+    }
+    if (r.status.ok()) {
+      AbortWorkers();
+      return absl::InternalError(absl::StrCat("decode worker ", decode->id(),
+                                              " ended its stream without a finish reason"));
+    }
+    bool retriable = false;
+    absl::Status s = Failure(*decode, r.status, "decode", &retriable);
+    // The KV is still leased on P: a decode worker that failed before producing anything can be
+    // replaced by another one reading the same handle.
+    if (retriable && !r.got_any && attempt < std::max(orch_.options().max_attempts, 1)) {
+      tried.insert(decode->id());
+      std::optional<std::string> next =
+          ChooseDecode(snap.candidates, prefill.model_id(), prefill.kv_layout_hash(), tried);
+      if (next.has_value()) {
+        absl::StatusOr<WorkerRef> ref = orch_.registry().BeginCall(*next);
+        if (ref.ok()) {
+          LOG(WARNING) << "request " << flight_.id() << ": decode worker " << decode->id()
+                       << " failed (" << s << "); retrying on " << *next;
+          decode = std::make_unique<WorkerSlot>(&orch_.registry(), *std::move(ref));
+          continue;
+        }
+      }
+    }
+    AbortWorkers();
+    return s;
+  }
+}
+
+Outcome GenerateCall::RunMixed(const RoutePlan& plan, const RoutingSnapshot& snap) {
+  absl::StatusOr<WorkerRef> ref = orch_.registry().BeginCall(plan.mixed_worker, &snap);
+  if (!ref.ok()) return {absl::UnavailableError(ref.status().message()), plan.mixed_worker};
+  WorkerSlot worker(&orch_.registry(), *std::move(ref));
+  if (absl::Status s =
+          ValidateAgainstModel(request_, LimitsOf(worker.ref().info, worker.ref().info));
+      !s.ok()) {
+    return {s, ""};
+  }
+  touched_.push_back(worker.ref());
+  std::unique_ptr<grpc::ClientContext> ctx = NewContext();
+  if (!flight_.AddCall(worker.id(), ctx.get())) {
+    AbortWorkers();
+    return {flight_.cancel_reason(), ""};
+  }
+  std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
+      worker.ref().stub->Generate(ctx.get(), request_);
+  RelayResult r = Relay(*reader, *ctx, /*usage_from_worker=*/true);
+  flight_.RemoveCall(ctx.get());
+  if (r.finished) return {absl::OkStatus(), ""};
+  AbortWorkers();
+  if (r.client_gone) return {absl::CancelledError("the client went away"), ""};
+  if (r.status.ok()) {
+    return {absl::InternalError(absl::StrCat("mixed worker ", worker.id(),
+                                             " ended its stream without a finish reason")),
+            ""};
+  }
+  bool retriable = false;
+  absl::Status s = Failure(worker, r.status, "generate", &retriable);
+  return {s, retriable && !r.got_any ? worker.id() : ""};
+}
+
+RelayResult GenerateCall::Relay(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
+                                grpc::ClientContext& ctx, bool usage_from_worker) {
+  RelayResult r;
+  v1::GenerateResponse chunk;
+  while (reader.Read(&chunk)) {
+    r.got_any = true;
+    if (r.finished) continue;  // nothing may follow the final message
+    v1::GenerateResponse out;
+    *out.mutable_token_ids() = chunk.token_ids();
+    completion_tokens_ += chunk.token_ids_size();
+    if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      r.finished = true;
+      if (usage_from_worker) cached_tokens_ = chunk.usage().cached_prompt_tokens();
+      out.set_finish_reason(chunk.finish_reason());
+      *out.mutable_usage() = FinalUsage();
+    }
+    if (out.token_ids_size() == 0 && !r.finished) continue;
+    if (!Send(out)) {
+      r.client_gone = true;
+      ctx.TryCancel();
+      break;
+    }
+  }
+  r.status = reader.Finish();
+  return r;
+}
+
+absl::Status GenerateCall::Failure(WorkerSlot& slot, const grpc::Status& status,
+                                   absl::string_view phase, bool* retriable) {
+  *retriable = false;
+  // Interrupted by the router (Router.Abort, lost worker, shutdown): that reason is the answer.
+  if (absl::Status reason = flight_.cancel_reason(); !reason.ok()) return reason;
+  if (ClientCancelled(status.error_code())) {
+    return absl::CancelledError("the client cancelled the request");
+  }
+  const std::string where = absl::StrCat(phase, " worker ", slot.id());
+  const grpc::StatusCode code = status.error_code();
+  // grpc's and absl's clocks may differ by a little; the slack keeps a request timeout from
+  // being blamed on the worker.
+  if (code == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      absl::Now() + absl::Milliseconds(100) >= deadline_) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("request ", flight_.id(), " exceeded its deadline during ", where));
+  }
+  if (IsWorkerFault(code)) {
+    const std::string msg = absl::StrCat(where, " failed: ", status.error_message());
+    slot.MarkFailed(msg);
+    *retriable = true;
+    return absl::UnavailableError(msg);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat(where, ": ", status.error_message()));
+}
+
+bool GenerateCall::ClientCancelled(grpc::StatusCode code) const {
+  if (client_ == nullptr) return false;
+  if (client_->IsCancelled()) return true;
+  if (code != grpc::StatusCode::CANCELLED) return false;
+  const absl::Time until = absl::Now() + absl::Milliseconds(200);
+  while (absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+    if (client_->IsCancelled()) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<grpc::ClientContext> GenerateCall::NewContext() const {
+  // Inheriting from the server context makes a client cancel cancel the worker call at once.
+  std::unique_ptr<grpc::ClientContext> ctx = client_ != nullptr
+                                                 ? grpc::ClientContext::FromServerContext(*client_)
+                                                 : std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(deadline_));
+  return ctx;
+}
+
+bool GenerateCall::Send(v1::GenerateResponse& chunk) {
+  chunk.set_request_id(flight_.id());
+  return sink_.Send(chunk);
+}
+
+v1::Usage GenerateCall::FinalUsage() const {
+  v1::Usage usage;
+  usage.set_prompt_tokens(static_cast<uint32_t>(request_.prompt_token_ids_size()));
+  usage.set_completion_tokens(completion_tokens_);
+  usage.set_cached_prompt_tokens(cached_tokens_);
+  return usage;
+}
+
+absl::Status GenerateCall::FinishAborted() {
+  v1::GenerateResponse last;
+  last.set_finish_reason(v1::FINISH_REASON_ABORTED);
+  *last.mutable_usage() = FinalUsage();
+  if (!Send(last)) return absl::CancelledError("the client went away");
+  return absl::OkStatus();
+}
+
+void GenerateCall::AbortWorkers() {
+  absl::flat_hash_set<std::string> sent;
+  for (const WorkerRef& w : touched_) {
+    if (sent.insert(w.info.worker_id()).second) orch_.SendAbort(w, flight_.id());
+  }
+  touched_.clear();
+}
+
+}  // namespace
+
+Orchestrator::Orchestrator(WorkerRegistry* registry, OrchestratorOptions options)
+    : registry_(registry),
+      options_(std::move(options)),
+      aborts_(std::make_shared<PendingAborts>()) {}
+
+Orchestrator::~Orchestrator() {
+  absl::MutexLock lock(&aborts_->mu);
+  // Abort calls carry abort_timeout as their deadline, so this wait is bounded; callbacks that
+  // come later still find their (shared) counter alive.
+  auto done = [p = aborts_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->count == 0; };
+  aborts_->mu.AwaitWithTimeout(absl::Condition(&done), options_.abort_timeout + absl::Seconds(1));
+}
+
+absl::Status Orchestrator::Generate(const v1::GenerateRequest& request, InFlightRequest& flight,
+                                    const grpc::ServerContext* client, ResponseSink& sink) {
+  const absl::Time start = absl::Now();
+  absl::Status s = GenerateCall(*this, request, flight, client, sink).Run();
+  VLOG(1) << "request " << flight.id() << ": " << request.prompt_token_ids_size()
+          << " prompt tokens, " << absl::FormatDuration(absl::Now() - start) << ", " << s;
+  return s;
+}
+
+void Orchestrator::SendAbort(const WorkerRef& worker, const std::string& request_id) {
+  // Heap state owned by the completion callback.
+  struct AbortCall {
+    grpc::ClientContext ctx;
+    v1::AbortRequest request;
+    v1::AbortResponse response;
+    std::shared_ptr<v1::WorkerService::StubInterface> stub;  // keeps the channel alive
+  };
+  auto* call = new AbortCall;
+  call->request.set_request_id(request_id);
+  call->stub = worker.stub;
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.abort_timeout));
+  {
+    absl::MutexLock lock(&aborts_->mu);
+    ++aborts_->count;
+  }
+  call->stub->async()->Abort(
+      &call->ctx, &call->request, &call->response,
+      [call, pending = aborts_, worker_id = worker.info.worker_id()](grpc::Status s) {
+        VLOG(1) << "Abort(" << call->request.request_id() << ") on " << worker_id << ": "
+                << s.error_code();
+        delete call;
+        absl::MutexLock lock(&pending->mu);
+        --pending->count;
+      });
+}
+
+}  // namespace tandem::router

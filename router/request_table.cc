@@ -1,0 +1,113 @@
+#include "router/request_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::router {
+
+bool InFlightRequest::AddCall(const std::string& worker_id, grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (!reason_.ok()) return false;
+  calls_.emplace_back(worker_id, ctx);
+  return true;
+}
+
+void InFlightRequest::RemoveCall(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(std::remove_if(calls_.begin(), calls_.end(),
+                              [ctx](const auto& call) { return call.second == ctx; }),
+               calls_.end());
+}
+
+void InFlightRequest::Cancel(const absl::Status& reason) {
+  absl::MutexLock lock(&mu_);
+  if (reason_.ok()) reason_ = reason.ok() ? absl::CancelledError("cancelled") : reason;
+  // TryCancel is thread-safe and only interrupts the call; the owner still finishes it. The
+  // contexts stay valid while registered (RemoveCall takes this lock first).
+  for (const auto& call : calls_) call.second->TryCancel();
+}
+
+bool InFlightRequest::CancelIfUsing(const std::string& worker_id, const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (std::none_of(calls_.begin(), calls_.end(),
+                     [&](const auto& call) { return call.first == worker_id; })) {
+      return false;
+    }
+  }
+  Cancel(reason);
+  return true;
+}
+
+absl::Status InFlightRequest::cancel_reason() const {
+  absl::MutexLock lock(&mu_);
+  return reason_;
+}
+
+Admission::~Admission() {
+  if (table_ != nullptr) table_->Release(request_->id());
+}
+
+absl::StatusOr<Admission> RequestTable::Admit(const std::string& requested_id) {
+  absl::MutexLock lock(&mu_);
+  if (requests_.size() >= static_cast<size_t>(max_in_flight_)) {
+    return absl::ResourceExhaustedError(absl::StrCat("router is at its limit of ", max_in_flight_,
+                                                     " requests in flight; retry later"));
+  }
+  std::string id = requested_id;
+  if (id.empty()) {
+    do {
+      id = absl::StrFormat("rtr-%016x", absl::Uniform<uint64_t>(bitgen_));
+    } while (requests_.contains(id));
+  } else if (requests_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+  }
+  auto request = std::make_shared<InFlightRequest>(id);
+  requests_.emplace(id, request);
+  return Admission(this, std::move(request));
+}
+
+void RequestTable::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  requests_.erase(id);
+}
+
+bool RequestTable::Cancel(const std::string& id, const absl::Status& reason) {
+  std::shared_ptr<InFlightRequest> request;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return false;
+    request = it->second;
+  }
+  request->Cancel(reason);
+  return true;
+}
+
+std::vector<std::shared_ptr<InFlightRequest>> RequestTable::AllRequests() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<InFlightRequest>> all;
+  all.reserve(requests_.size());
+  for (const auto& [id, request] : requests_) all.push_back(request);
+  return all;
+}
+
+int RequestTable::CancelUsingWorker(const std::string& worker_id, const absl::Status& reason) {
+  int n = 0;
+  // Outside the table lock: a request's lock is never taken while holding the table's.
+  for (const auto& request : AllRequests()) n += request->CancelIfUsing(worker_id, reason);
+  return n;
+}
+
+void RequestTable::CancelAll(const absl::Status& reason) {
+  for (const auto& request : AllRequests()) request->Cancel(reason);
+}
+
+size_t RequestTable::size() const {
+  absl::MutexLock lock(&mu_);
+  return requests_.size();
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,284 @@
+// Faults end to end: admission limit, client cancel, Router.Abort, deadlines, workers that die
+// mid-stream or before answering, workers that stop heartbeating (hung) and come back, router
+// shutdown. No test asserts on timing; every wait has a generous bound so a broken router fails
+// instead of hanging.
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "router/fake_worker.h"
+#include "router/router_test_util.h"
+
+namespace tandem::router {
+namespace {
+
+using v1::WORKER_ROLE_DECODE;
+using v1::WORKER_ROLE_PREFILL;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// Slow decoding with room for long outputs: requests stay in flight until ended.
+void SlowDecode(FakeWorkerOptions& o) {
+  o.token_delay = absl::Milliseconds(10);
+  o.max_model_len = 1 << 20;
+}
+void LongContext(FakeWorkerOptions& o) { o.max_model_len = 1 << 20; }
+
+// A Generate stream driven by the test.
+class OpenStream {
+ public:
+  OpenStream(v1::Router::Stub& stub, const v1::GenerateRequest& req) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    reader_ = stub.Generate(&ctx_, req);
+  }
+  // Reads until `n` tokens arrived (or the stream ended).
+  int ReadTokens(int n) {
+    v1::GenerateResponse chunk;
+    while (tokens_ < n && reader_->Read(&chunk)) {
+      tokens_ += chunk.token_ids_size();
+      if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish_ = chunk.finish_reason();
+    }
+    return tokens_;
+  }
+  grpc::Status Finish() {
+    v1::GenerateResponse chunk;
+    while (reader_->Read(&chunk)) {
+      tokens_ += chunk.token_ids_size();
+      if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish_ = chunk.finish_reason();
+    }
+    return reader_->Finish();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  v1::FinishReason finish() const { return finish_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  int tokens_ = 0;
+  v1::FinishReason finish_ = v1::FINISH_REASON_UNSPECIFIED;
+};
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout = kWait) {
+  const absl::Time until = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+TEST(RouterFaultTest, QueueFullIsResourceExhaustedBeforeAnyWorkerCall) {
+  RouterOptions options = TestRouterOptions();
+  options.max_queue = 2;
+  RouterHarness h(options);
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  OpenStream a(h.stub(), MakeRequest({1, 2}, 100000, "a"));
+  OpenStream b(h.stub(), MakeRequest({3, 4}, 100000, "b"));
+  ASSERT_EQ(a.ReadTokens(1), 1);
+  ASSERT_EQ(b.ReadTokens(1), 1);
+  ASSERT_TRUE(WaitFor([&] { return d->open_streams() == 2; }));
+  const int calls = p->total_calls() + d->total_calls();
+  StreamResult r = h.Generate(MakeRequest({5}, 1));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
+  EXPECT_EQ(p->total_calls() + d->total_calls(), calls);
+  // Router.Abort ends both with FINISH_REASON_ABORTED and OK; then there is room again.
+  for (const char* id : {"a", "b"}) {
+    grpc::ClientContext ctx;
+    v1::AbortRequest req;
+    req.set_request_id(id);
+    v1::AbortResponse resp;
+    ASSERT_TRUE(h.stub().Abort(&ctx, req, &resp).ok());
+    EXPECT_TRUE(resp.found());
+  }
+  EXPECT_TRUE(a.Finish().ok());
+  EXPECT_TRUE(b.Finish().ok());
+  EXPECT_EQ(a.finish(), v1::FINISH_REASON_ABORTED);
+  EXPECT_EQ(b.finish(), v1::FINISH_REASON_ABORTED);
+  EXPECT_TRUE(p->WaitForAbort("a", kWait));
+  EXPECT_TRUE(d->WaitForAbort("a", kWait));
+  ASSERT_TRUE(WaitFor([&] { return h.server().requests().size() == 0; }));
+  EXPECT_TRUE(h.Generate(MakeRequest({5}, 1)).status.ok());
+}
+
+TEST(RouterFaultTest, AbortOfAnUnknownRequestIsNotFound) {
+  RouterHarness h;
+  grpc::ClientContext ctx;
+  v1::AbortRequest req;
+  req.set_request_id("nobody");
+  v1::AbortResponse resp;
+  ASSERT_TRUE(h.stub().Abort(&ctx, req, &resp).ok());
+  EXPECT_FALSE(resp.found());
+}
+
+TEST(RouterFaultTest, ClientCancelAbortsPrefillAndDecode) {
+  RouterHarness h;
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  OpenStream s(h.stub(), MakeRequest({7, 8, 9}, 100000, "cancel-me"));
+  ASSERT_EQ(s.ReadTokens(3), 3);
+  s.Cancel();
+  EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(p->WaitForAbort("cancel-me", kWait));
+  EXPECT_TRUE(d->WaitForAbort("cancel-me", kWait));
+  EXPECT_TRUE(WaitFor([&] { return d->open_streams() == 0; }));
+  EXPECT_TRUE(WaitFor([&] { return h.server().requests().size() == 0; }));
+  // Cancelling is not a worker failure.
+  EXPECT_TRUE(h.WaitForHealth("d0", true));
+  EXPECT_TRUE(h.Generate(MakeRequest({1}, 3)).status.ok());
+}
+
+TEST(RouterFaultTest, ClientCancelDuringPrefillAbortsPrefill) {
+  RouterHarness h;
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL,
+                              [](FakeWorkerOptions& o) { o.prefill_delay = absl::Seconds(60); });
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  OpenStream s(h.stub(), MakeRequest({1, 2}, 10, "slow-prefill"));
+  ASSERT_TRUE(WaitFor([&] { return p->counters().prefill == 1; }));
+  s.Cancel();
+  EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(p->WaitForAbort("slow-prefill", kWait));
+  EXPECT_EQ(d->total_calls(), 0);
+  EXPECT_TRUE(h.WaitForHealth("p0", true));
+}
+
+TEST(RouterFaultTest, DeadlineExceededAbortsWorkersWithoutBlamingThem) {
+  RouterOptions options = TestRouterOptions();
+  options.orchestrator.request_timeout = absl::Milliseconds(300);
+  RouterHarness h(options);
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  StreamResult r = h.Generate(MakeRequest({1, 2}, 100000, "too-slow"));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << r.status.error_message();
+  EXPECT_FALSE(r.tokens.empty());
+  EXPECT_TRUE(p->WaitForAbort("too-slow", kWait));
+  EXPECT_TRUE(d->WaitForAbort("too-slow", kWait));
+  for (const v1::WorkerEntry& w : h.Workers()) EXPECT_TRUE(w.healthy()) << w.info().worker_id();
+}
+
+TEST(RouterFaultTest, DecodeDyingMidStreamIsUnavailableAndMarksItUnhealthy) {
+  RouterHarness h;
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  OpenStream s(h.stub(), MakeRequest({1, 2, 3}, 100000));
+  ASSERT_EQ(s.ReadTokens(4), 4);
+  d->Kill();
+  // The client deadline is 60 s: UNAVAILABLE (not DEADLINE_EXCEEDED) shows the router did not
+  // wait for it.
+  grpc::Status status = s.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("d0"), std::string::npos) << status.error_message();
+  EXPECT_TRUE(h.WaitForHealth("d0", false));
+  // With the only decode worker gone there is no route.
+  EXPECT_EQ(h.Generate(MakeRequest({1}, 2)).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(RouterFaultTest, UnreachablePrefillIsRetriedOnAnother) {
+  RouterHarness h;
+  FakeWorker* p0 = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* p1 = h.AddWorker("p1", WORKER_ROLE_PREFILL);
+  h.AddWorker("d0", WORKER_ROLE_DECODE);
+  p1->SetLoad(Load(5, 0, 4096));  // p0 is preferred
+  h.SyncHeartbeats();
+  p0->Kill();  // dead, but its heartbeats were recent: still "healthy" to the router
+  v1::GenerateRequest req = MakeRequest({11, 12}, 6);
+  StreamResult r = h.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  EXPECT_EQ(p1->counters().prefill, 1);
+  EXPECT_TRUE(h.WaitForHealth("p0", false));
+}
+
+TEST(RouterFaultTest, UnreachableDecodeIsRetriedWithTheSameHandle) {
+  RouterHarness h;
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* d0 = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  FakeWorker* d1 = h.AddWorker("d1", WORKER_ROLE_DECODE);
+  d0->SetLoad(Load(0, 0, 4000));
+  d1->SetLoad(Load(0, 0, 10));
+  h.SyncHeartbeats();
+  d0->Kill();
+  v1::GenerateRequest req = MakeRequest({21, 22, 23}, 9);
+  StreamResult r = h.Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  EXPECT_EQ(p->counters().prefill, 1);
+  EXPECT_EQ(d1->counters().decode, 1);
+  EXPECT_TRUE(h.WaitForHealth("d0", false));
+}
+
+TEST(RouterFaultTest, OnlyPrefillDeadIsUnavailable) {
+  RouterOptions options = TestRouterOptions();
+  options.orchestrator.max_attempts = 1;
+  RouterHarness h(options);
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  p->Kill();
+  StreamResult r = h.Generate(MakeRequest({1, 2}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("p0"), std::string::npos);
+  EXPECT_TRUE(r.chunks.empty());
+  EXPECT_EQ(d->total_calls(), 0);
+  EXPECT_TRUE(h.WaitForHealth("p0", false));
+}
+
+TEST(RouterFaultTest, SilentWorkerIsSkippedAndReadmittedWhenItHeartbeatsAgain) {
+  RouterOptions options = TestRouterOptions();
+  options.registry.worker_timeout = absl::Milliseconds(400);
+  RouterHarness h(options);
+  FakeWorker* p0 = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* p1 = h.AddWorker("p1", WORKER_ROLE_PREFILL);
+  h.AddWorker("d0", WORKER_ROLE_DECODE);
+  p1->SetLoad(Load(5, 0, 4096));  // p0 is preferred while healthy
+  h.SyncHeartbeats();
+  p0->SetHeartbeatsPaused(true);
+  ASSERT_TRUE(h.WaitForHealth("p0", false));
+  ASSERT_TRUE(h.Generate(MakeRequest({1, 2}, 3)).status.ok());
+  EXPECT_EQ(p0->counters().prefill, 0);
+  EXPECT_EQ(p1->counters().prefill, 1);
+  p0->SetHeartbeatsPaused(false);
+  ASSERT_TRUE(h.WaitForHealth("p0", true));
+  ASSERT_TRUE(h.Generate(MakeRequest({1, 2}, 3)).status.ok());
+  EXPECT_EQ(p0->counters().prefill, 1);
+}
+
+TEST(RouterFaultTest, HungDecodeWorkerIsCutOffByTheHeartbeatTimeout) {
+  // The worker process is alive (its stream stays open) but stops heartbeating: the router
+  // cancels the requests on it rather than waiting for the client deadline.
+  RouterOptions options = TestRouterOptions();
+  options.registry.worker_timeout = absl::Milliseconds(400);
+  RouterHarness h(options);
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, [](FakeWorkerOptions& o) {
+    o.token_delay = absl::Seconds(5);
+    o.max_model_len = 1 << 20;
+  });
+  OpenStream s(h.stub(), MakeRequest({1, 2}, 1000, "hung"));
+  ASSERT_EQ(s.ReadTokens(1), 1);
+  ASSERT_TRUE(WaitFor([&] { return d->open_streams() == 1; }));
+  d->SetHeartbeatsPaused(true);
+  grpc::Status status = s.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("heartbeat"), std::string::npos) << status.error_message();
+  EXPECT_TRUE(d->WaitForAbort("hung", kWait));
+}
+
+TEST(RouterFaultTest, ShutdownEndsInFlightRequestsWithUnavailable) {
+  RouterHarness h;
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  OpenStream s(h.stub(), MakeRequest({1, 2}, 100000));
+  ASSERT_EQ(s.ReadTokens(2), 2);
+  std::thread stopper([&] { h.server().Shutdown(absl::Milliseconds(50)); });
+  grpc::Status status = s.Finish();
+  stopper.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
+}  // namespace
+}  // namespace tandem::router

@@ -1,0 +1,138 @@
+// //router:tandem_router — the router daemon (router/README.md).
+//
+//   tandem_router [--listen=127.0.0.1:7000] [--port_file=PATH] [--heartbeat_interval_ms=1000]
+//                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
+//                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
+//                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
+//
+// Prints "router listening on HOST:PORT" once serving; SIGTERM/SIGINT drain and exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "router/router_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
+          "host:port to serve Router and WorkerRegistry on (port 0 = pick one)");
+ABSL_FLAG(std::string, port_file, "", "write the bound host:port here once listening");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval told to workers");
+ABSL_FLAG(int64_t, worker_timeout_ms, 5000, "no heartbeat for this long -> worker unhealthy");
+ABSL_FLAG(int32_t, max_queue, 1024, "requests in flight at most; more -> RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, request_timeout_ms, 600000, "deadline of one request, end to end");
+ABSL_FLAG(int64_t, lease_ms, 0, "KV lease asked of prefill workers (0 = worker default)");
+ABSL_FLAG(std::string, on_kv_failure, "recompute",
+          "what a decode worker does when it cannot load the KV: recompute or fail");
+ABSL_FLAG(int32_t, max_attempts, 2,
+          "workers tried per phase when one is unreachable before producing output");
+ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
+          "block hashes remembered per worker for prefix-aware routing");
+ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
+ABSL_FLAG(int32_t, verbosity, 0, "log verbosity (VLOG level)");
+
+namespace tandem::router {
+namespace {
+
+absl::StatusOr<RouterOptions> OptionsFromFlags() {
+  RouterOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.registry.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  o.registry.worker_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms));
+  const int64_t index_blocks = absl::GetFlag(FLAGS_prefix_index_max_blocks);
+  if (index_blocks < 1) return absl::InvalidArgumentError("--prefix_index_max_blocks must be >= 1");
+  o.registry.prefix_index_max_blocks = static_cast<size_t>(index_blocks);
+  o.orchestrator.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
+  const int64_t lease_ms = absl::GetFlag(FLAGS_lease_ms);
+  if (lease_ms < 0 || lease_ms > UINT32_MAX) {
+    return absl::InvalidArgumentError("--lease_ms must be in [0, 2^32)");
+  }
+  o.orchestrator.lease_ms = static_cast<uint32_t>(lease_ms);
+  const std::string policy = absl::GetFlag(FLAGS_on_kv_failure);
+  if (policy == "recompute") {
+    o.orchestrator.on_kv_failure = v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE;
+  } else if (policy == "fail") {
+    o.orchestrator.on_kv_failure = v1::KV_LOAD_FAILURE_POLICY_FAIL;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--on_kv_failure must be recompute or fail, got '", policy, "'"));
+  }
+  o.orchestrator.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (o.orchestrator.max_attempts < 1) {
+    return absl::InvalidArgumentError("--max_attempts must be >= 1");
+  }
+  return o;
+}
+
+absl::Status WritePortFile(const std::string& path, const std::string& address) {
+  // Write then rename, so a launcher polling for the file never reads half of it.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << address << "\n";
+    if (!out.good()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  LoggingOptions logging;
+  logging.verbosity = absl::GetFlag(FLAGS_verbosity);
+  if (absl::Status s = ApplyLoggingOptions(logging); !s.ok()) return s;
+  absl::StatusOr<RouterOptions> options = OptionsFromFlags();
+  if (!options.ok()) return options.status();
+
+  // Block the shutdown signals in every thread (gRPC's included, which inherit this mask), then
+  // take them synchronously here.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
+  if (!router.ok()) return router.status();
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, (*router)->address()); !s.ok()) return s;
+  }
+  std::printf("router listening on %s\n", (*router)->address().c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*router)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  std::printf("router stopped\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::router
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem_router --listen=127.0.0.1:PORT [--port_file=PATH] [--max_queue=N] ...");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = tandem::InitLogging(argv[0]); !s.ok()) {
+    std::fprintf(stderr, "tandem_router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  absl::Status s = tandem::router::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandem_router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

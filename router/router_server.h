@@ -1,0 +1,81 @@
+// RouterServer: the whole router in one object: the gRPC server (Router + WorkerRegistry on one
+// port), the worker registry, admission, the orchestrator and the health thread. The daemon's
+// main() and the in-process tests both use it.
+//
+// The health thread ticks every min(heartbeat_interval / 2, 100 ms): workers silent for longer
+// than worker_timeout become unhealthy and the requests with a call open on them are cancelled
+// with UNAVAILABLE, so a hung (not crashed) worker cannot hold a client forever.
+//
+// Thread safety: Shutdown() may be called from any thread, more than once.
+#ifndef TANDEM_ROUTER_ROUTER_SERVER_H_
+#define TANDEM_ROUTER_ROUTER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "router/orchestrator.h"
+#include "router/request_table.h"
+#include "router/router_service.h"
+#include "router/worker_registry.h"
+
+namespace tandem::router {
+
+struct RouterOptions {
+  // host:port; loopback by default (internal ports never bind all interfaces unless asked).
+  // Port 0 picks a free port (see RouterServer::port()).
+  std::string listen = "127.0.0.1:0";
+  RegistryOptions registry;
+  OrchestratorOptions orchestrator;
+  int max_queue = 1024;  // requests in flight at once; more -> RESOURCE_EXHAUSTED
+};
+
+class RouterServer {
+ public:
+  // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterOptions& options);
+  ~RouterServer();  // Shutdown(0)
+
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  int port() const { return port_; }
+  // "host:port" with the bound port (the listen host as given).
+  const std::string& address() const { return address_; }
+
+  // Stops accepting requests, lets in-flight ones run for up to `grace`, then cancels them
+  // (clients get UNAVAILABLE) and stops the health thread. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+  WorkerRegistry& registry() { return registry_; }
+  RequestTable& requests() { return requests_; }
+
+ private:
+  explicit RouterServer(const RouterOptions& options);
+  void HealthLoop();
+
+  const RouterOptions options_;
+  WorkerRegistry registry_;
+  RequestTable requests_;
+  Orchestrator orchestrator_;
+  RouterServiceImpl router_service_;
+  WorkerRegistryServiceImpl registry_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  absl::Notification stop_health_;
+  std::thread health_thread_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_ROUTER_SERVER_H_

@@ -1,0 +1,100 @@
+#include "router/router_service.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "router/routing_policy.h"
+#include "router/validation.h"
+
+namespace tandem::router {
+namespace {
+
+class WriterSink final : public ResponseSink {
+ public:
+  explicit WriterSink(grpc::ServerWriter<v1::GenerateResponse>* writer) : writer_(writer) {}
+  bool Send(const v1::GenerateResponse& chunk) override { return writer_->Write(chunk); }
+
+ private:
+  grpc::ServerWriter<v1::GenerateResponse>* writer_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::Status RouterServiceImpl::Generate(grpc::ServerContext* ctx,
+                                         const v1::GenerateRequest* request,
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (draining_.load()) {
+    return ToGrpcStatus(absl::UnavailableError("the router is shutting down"));
+  }
+  if (absl::Status s = ValidateRequestShape(*request); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<Admission> admission = requests_->Admit(request->request_id());
+  if (!admission.ok()) return ToGrpcStatus(admission.status());
+  v1::GenerateRequest routed = *request;
+  routed.set_request_id(admission->request().id());
+  WriterSink sink(writer);
+  return ToGrpcStatus(orchestrator_->Generate(routed, admission->request(), ctx, sink));
+}
+
+grpc::Status RouterServiceImpl::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                      v1::AbortResponse* response) {
+  response->set_found(requests_->Cancel(
+      request->request_id(),
+      absl::AbortedError(absl::StrCat("request ", request->request_id(), " aborted"))));
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                            v1::ListWorkersResponse* response) {
+  *response = registry_->List();
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterServiceImpl::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                       v1::HealthResponse* response) {
+  if (draining_.load()) {
+    response->set_status(v1::SERVING_STATUS_DRAINING);
+    response->set_detail("shutting down");
+    return grpc::Status::OK;
+  }
+  // A one-token prompt is enough to ask "is there any route at all?".
+  const uint32_t probe = 0;
+  RoutingSnapshot snap = registry_->Snapshot(absl::MakeConstSpan(&probe, 1), "");
+  absl::StatusOr<RoutePlan> plan = ChooseRoute(snap.candidates);
+  const std::string counts =
+      absl::StrCat(snap.registered, " workers registered, ", snap.candidates.size(), " healthy; ",
+                   requests_->size(), " requests in flight");
+  if (plan.ok()) {
+    response->set_status(v1::SERVING_STATUS_SERVING);
+    response->set_detail(absl::StrCat(plan->disaggregated() ? "prefill/decode" : "mixed",
+                                      " route available; ", counts));
+  } else {
+    response->set_status(v1::SERVING_STATUS_NOT_SERVING);
+    response->set_detail(absl::StrCat(plan.status().message(), "; ", counts));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistryServiceImpl::RegisterWorker(grpc::ServerContext*,
+                                                       const v1::RegisterWorkerRequest* request,
+                                                       v1::RegisterWorkerResponse* response) {
+  if (absl::Status s = registry_->Register(request->info()); !s.ok()) return ToGrpcStatus(s);
+  response->set_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistryServiceImpl::Heartbeat(grpc::ServerContext*,
+                                                  const v1::HeartbeatRequest* request,
+                                                  v1::HeartbeatResponse* response) {
+  absl::StatusOr<bool> known = registry_->Heartbeat(*request);
+  if (!known.ok()) return ToGrpcStatus(known.status());
+  response->set_known(*known);
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem::router

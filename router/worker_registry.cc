@@ -1,0 +1,219 @@
+#include "router/worker_registry.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/block_hash.h"
+#include "common/logging.h"
+#include "router/validation.h"
+#include "tandem/v1/limits.h"
+
+namespace tandem::router {
+namespace {
+
+std::shared_ptr<v1::WorkerService::StubInterface> MakeStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
+  args.SetMaxSendMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
+  // A restarted worker comes back on the same address soon; do not wait out a long backoff.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return v1::WorkerService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+bool Routable(v1::ServingStatus status) {
+  return status == v1::SERVING_STATUS_SERVING || status == v1::SERVING_STATUS_UNSPECIFIED;
+}
+
+std::vector<uint64_t> ShortChain(absl::Span<const uint32_t> prompt, uint32_t block_size,
+                                 const std::string& salt) {
+  // Token ids were validated against the vocabulary; the worker hashes the same int32 values.
+  std::vector<int32_t> tokens(prompt.begin(), prompt.end());
+  std::vector<BlockHash> hashes = ComputeBlockHashes(tokens, block_size, salt);
+  std::vector<uint64_t> chain;
+  chain.reserve(hashes.size());
+  for (const BlockHash& h : hashes) chain.push_back(h.Short());
+  return chain;
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(RegistryOptions options, Clock clock)
+    : options_(std::move(options)), clock_(std::move(clock)) {}
+
+absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info) {
+  if (absl::Status s = ValidateWorkerInfo(info); !s.ok()) return s;
+  auto stub = MakeStub(info.address());
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(info.worker_id());
+  if (it != workers_.end()) {
+    Entry& old = *it->second;
+    if (info.epoch() < old.info.epoch()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", info.worker_id(), " registered with epoch ", info.epoch(),
+                       ", older than its current epoch ", old.info.epoch()));
+    }
+    if (info.epoch() == old.info.epoch() && info.address() == old.info.address()) {
+      // A retried registration (the reply was lost): keep the index and the channel.
+      old.info = info;
+      old.last_heartbeat = clock_();
+      old.timed_out = false;
+      return absl::OkStatus();
+    }
+  }
+  auto entry = std::make_unique<Entry>(options_.prefix_index_max_blocks);
+  entry->info = info;
+  entry->stub = std::move(stub);
+  entry->last_heartbeat = clock_();
+  LOG(INFO) << "worker " << info.worker_id() << " registered: role "
+            << v1::WorkerRole_Name(info.role()) << ", epoch " << info.epoch() << ", address "
+            << info.address() << ", model " << info.model_id();
+  workers_[info.worker_id()] = std::move(entry);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
+  if (absl::Status s = ValidateHeartbeat(request); !s.ok()) return s;
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || it->second->info.epoch() != request.epoch()) return false;
+  Entry& e = *it->second;
+  e.last_heartbeat = now;
+  e.status = request.status();
+  e.load = request.load();
+  e.index.Remove(request.removed_block_hashes());
+  e.index.Add(request.added_block_hashes());
+  if (e.timed_out) {
+    e.timed_out = false;
+    LOG(INFO) << "worker " << request.worker_id() << " heartbeats again: re-admitted";
+  }
+  if (e.failed && now >= e.failed_until) {
+    e.failed = false;
+    LOG(INFO) << "worker " << request.worker_id() << " re-admitted after its failure backoff";
+  }
+  return true;
+}
+
+RoutingSnapshot WorkerRegistry::Snapshot(absl::Span<const uint32_t> prompt,
+                                         const std::string& cache_salt) const {
+  RoutingSnapshot snap;
+  absl::flat_hash_set<uint32_t> block_sizes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : workers_) {
+      if (e->info.role() != v1::WORKER_ROLE_DECODE) block_sizes.insert(e->info.block_size());
+    }
+  }
+  // SHA-256 over the prompt: outside the lock.
+  for (uint32_t bs : block_sizes) snap.chains[bs] = ShortChain(prompt, bs, cache_salt);
+
+  absl::MutexLock lock(&mu_);
+  snap.registered = static_cast<int>(workers_.size());
+  for (const auto& [id, e] : workers_) {
+    if (!e->healthy() || !Routable(e->status)) continue;
+    RouteCandidate c;
+    c.worker_id = id;
+    c.role = e->info.role();
+    c.model_id = e->info.model_id();
+    c.kv_layout_hash = e->info.kv_layout_hash();
+    c.load = std::max<int64_t>(int64_t{e->load.num_running()} + int64_t{e->load.num_waiting()},
+                               e->in_flight);
+    c.free_blocks = e->load.kv_blocks_free();
+    auto chain = snap.chains.find(e->info.block_size());
+    if (c.role != v1::WORKER_ROLE_DECODE && chain != snap.chains.end()) {
+      c.cached_tokens =
+          static_cast<int64_t>(e->index.MatchPrefix(chain->second)) * e->info.block_size();
+    }
+    snap.candidates.push_back(std::move(c));
+  }
+  return snap;
+}
+
+absl::StatusOr<WorkerRef> WorkerRegistry::BeginCall(const std::string& worker_id,
+                                                    const RoutingSnapshot* snapshot) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is no longer registered"));
+  }
+  Entry& e = *it->second;
+  ++e.in_flight;
+  if (snapshot != nullptr && e.info.role() != v1::WORKER_ROLE_DECODE) {
+    auto chain = snapshot->chains.find(e.info.block_size());
+    if (chain != snapshot->chains.end()) e.index.Add(chain->second);
+  }
+  return WorkerRef{e.info, e.stub};
+}
+
+void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error) {
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker.info.worker_id());
+  if (it == workers_.end() || it->second->info.epoch() != worker.info.epoch()) return;
+  Entry& e = *it->second;
+  e.in_flight = std::max<int64_t>(e.in_flight - 1, 0);
+  if (!worker_failed) {
+    e.consecutive_failures = 0;
+    return;
+  }
+  e.consecutive_failures = std::min(e.consecutive_failures + 1, 30);
+  absl::Duration backoff = options_.heartbeat_interval;
+  for (int i = 1; i < e.consecutive_failures && backoff < options_.max_failure_backoff; ++i) {
+    backoff *= 2;
+  }
+  backoff = std::min(backoff, options_.max_failure_backoff);
+  e.failed = true;
+  e.failed_until = now + backoff;
+  LOG(WARNING) << "worker " << worker.info.worker_id() << " marked unhealthy for "
+               << absl::FormatDuration(backoff) << ": " << error;
+}
+
+std::vector<std::string> WorkerRegistry::CheckTimeouts() {
+  const absl::Time now = clock_();
+  std::vector<std::string> lost;
+  absl::MutexLock lock(&mu_);
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Entry& e = *it->second;
+    const absl::Duration silent = now - e.last_heartbeat;
+    if (silent > options_.forget_after) {
+      LOG(INFO) << "worker " << it->first << " silent for " << absl::FormatDuration(silent)
+                << ": forgotten";
+      workers_.erase(it++);
+      continue;
+    }
+    if (!e.timed_out && silent > options_.worker_timeout) {
+      e.timed_out = true;
+      LOG(WARNING) << "worker " << it->first << " missed heartbeats for "
+                   << absl::FormatDuration(silent) << ": unhealthy";
+      lost.push_back(it->first);
+    }
+    ++it;
+  }
+  return lost;
+}
+
+v1::ListWorkersResponse WorkerRegistry::List() const {
+  v1::ListWorkersResponse out;
+  absl::MutexLock lock(&mu_);
+  std::vector<const Entry*> sorted;
+  for (const auto& [id, e] : workers_) sorted.push_back(e.get());
+  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
+    return a->info.worker_id() < b->info.worker_id();
+  });
+  for (const Entry* e : sorted) {
+    v1::WorkerEntry* w = out.add_workers();
+    *w->mutable_info() = e->info;
+    w->set_status(e->status);
+    *w->mutable_load() = e->load;
+    w->set_healthy(e->healthy());
+    w->set_last_heartbeat_unix_ms(absl::ToUnixMillis(e->last_heartbeat));
+  }
+  return out;
+}
+
+}  // namespace tandem::router

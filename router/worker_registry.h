@@ -1,0 +1,129 @@
+// WorkerRegistry: every worker the router knows, its health, load and approximate prefix cache.
+//
+// Lifecycle of an entry (keyed by worker_id):
+//   Register(info)     adds it, or replaces it when the epoch grew (a restarted worker: fresh
+//                      channel, empty prefix index); an older epoch is refused.
+//   Heartbeat(...)     refreshes status/load, applies the prefix-index delta (removals first,
+//                      then additions: a hash in both lists was evicted and cached again, so it
+//                      ends up present); returns false
+//                      ("register again") for an unknown worker or a different epoch.
+//   CheckTimeouts()    (the router's health thread) marks workers whose last heartbeat is older
+//                      than worker_timeout unhealthy, and forgets those silent for forget_after.
+//   EndCall(failed)    a call that found the worker dead marks it unhealthy for a backoff
+//                      (heartbeat_interval * 2^(consecutive failures - 1), capped); the first
+//                      heartbeat after the backoff re-admits it, so a worker whose process lives
+//                      but whose calls keep failing is retried ever more rarely, not on every beat.
+// A worker is healthy iff it is neither timed out nor in failure backoff. Routing sees only
+// healthy workers whose status is SERVING (or not yet reported).
+//
+// Thread safety: all methods are thread-safe (one mutex). Prompt hashing for routing happens
+// outside the lock.
+#ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
+#define TANDEM_ROUTER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "router/prefix_index.h"
+#include "router/routing_policy.h"
+#include "tandem/v1/router.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+
+struct RegistryOptions {
+  // Told to workers at registration; also the unit of the failure backoff.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // No heartbeat for this long -> unhealthy (re-admitted by the next heartbeat).
+  absl::Duration worker_timeout = absl::Seconds(5);
+  // Silent for this long -> removed from the registry (it must register again).
+  absl::Duration forget_after = absl::Minutes(10);
+  absl::Duration max_failure_backoff = absl::Seconds(30);
+  size_t prefix_index_max_blocks = size_t{1} << 20;  // per worker
+};
+
+// One worker as a request uses it. The stub is shared: it stays valid for the call even if the
+// worker re-registers meanwhile.
+struct WorkerRef {
+  v1::WorkerInfo info;
+  std::shared_ptr<v1::WorkerService::StubInterface> stub;
+};
+
+// Candidates for one prompt plus the prompt's hash chains (one per block size in use), so the
+// chosen worker's index can be updated without hashing again.
+struct RoutingSnapshot {
+  std::vector<RouteCandidate> candidates;
+  absl::flat_hash_map<uint32_t, std::vector<uint64_t>> chains;  // block_size -> h_0.Short(), ...
+  int registered = 0;                                           // all workers, healthy or not
+};
+
+class WorkerRegistry {
+ public:
+  using Clock = std::function<absl::Time()>;
+
+  explicit WorkerRegistry(RegistryOptions options, Clock clock = absl::Now);
+
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // INVALID_ARGUMENT for a malformed WorkerInfo; FAILED_PRECONDITION for an epoch older than the
+  // registered one.
+  absl::Status Register(const v1::WorkerInfo& info);
+  // Returns `known`. INVALID_ARGUMENT for a malformed request.
+  absl::StatusOr<bool> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // Healthy serving workers with their cached-prefix length for this prompt (tokens hashed with
+  // each worker's block_size and `cache_salt`).
+  RoutingSnapshot Snapshot(absl::Span<const uint32_t> prompt, const std::string& cache_salt) const;
+
+  // Starts a call on `worker_id`: counts it in the worker's load and, for a P or mixed worker,
+  // inserts the prompt's chain into its prefix index right away (the worker will cache it; the
+  // heartbeat that confirms it comes later). NOT_FOUND if the worker is gone.
+  absl::StatusOr<WorkerRef> BeginCall(const std::string& worker_id,
+                                      const RoutingSnapshot* snapshot = nullptr);
+  // Ends a call begun by BeginCall. `worker_failed`: the worker is dead or broken (UNAVAILABLE,
+  // broken stream): mark it unhealthy with backoff. Ignored when the worker re-registered since.
+  void EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error = "");
+
+  // Marks silent workers unhealthy; returns the ids that just became so.
+  std::vector<std::string> CheckTimeouts();
+
+  v1::ListWorkersResponse List() const;
+
+ private:
+  struct Entry {
+    explicit Entry(size_t index_blocks) : index(index_blocks) {}
+    v1::WorkerInfo info;
+    std::shared_ptr<v1::WorkerService::StubInterface> stub;
+    v1::ServingStatus status = v1::SERVING_STATUS_UNSPECIFIED;
+    v1::WorkerLoad load;
+    absl::Time last_heartbeat;  // registration counts as the first heartbeat
+    bool timed_out = false;
+    bool failed = false;  // in failure backoff
+    int consecutive_failures = 0;
+    absl::Time failed_until;
+    int64_t in_flight = 0;  // calls this router has open on the worker
+    PrefixIndex index;
+    bool healthy() const { return !timed_out && !failed; }
+  };
+
+  const RegistryOptions options_;
+  const Clock clock_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Entry>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_WORKER_REGISTRY_H_

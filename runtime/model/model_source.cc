@@ -1,0 +1,59 @@
+#include "runtime/model/model_source.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tandem::runtime {
+
+absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
+  LoadedModel out;
+  if (source.load_format == "dummy") {
+    absl::StatusOr<ModelConfig> preset = PresetConfig(source.dummy_config);
+    if (preset.ok()) {
+      out.config = *preset;
+    } else {
+      ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.dummy_config));
+    }
+    out.weights = RandomModelWeights(out.config, source.dummy_seed);
+    out.model_id = absl::StrCat("dummy:", source.dummy_config, ":", source.dummy_seed);
+    return out;
+  }
+  if (source.load_format != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load_format must be auto or dummy, got '", source.load_format, "'"));
+  }
+  if (source.model_dir.empty()) return absl::InvalidArgumentError("--model=DIR is required");
+  ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.model_dir));
+  ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config));
+  // Same files in different directories (or machines) are the same model: name + a hash of
+  // config.json and the weight files' names and sizes.
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  auto mix = [&h](absl::string_view bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  };
+  std::ifstream config_file(std::filesystem::path(source.model_dir) / "config.json",
+                            std::ios::binary);
+  mix(std::string(std::istreambuf_iterator<char>(config_file), {}));
+  std::error_code ec;
+  std::vector<std::string> weights;
+  for (const auto& entry : std::filesystem::directory_iterator(source.model_dir, ec)) {
+    if (entry.path().extension() == ".safetensors") {
+      weights.push_back(absl::StrCat(entry.path().filename().string(), ":", entry.file_size(ec)));
+    }
+  }
+  std::sort(weights.begin(), weights.end());
+  for (const std::string& w : weights) mix(w);
+  std::filesystem::path dir = std::filesystem::path(source.model_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  out.model_id = absl::StrCat("hf:", dir.filename().string(), ":", absl::Hex(h, absl::kZeroPad16));
+  return out;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,35 @@
+// Where a process gets its model: a Hugging Face directory, or random weights for a preset /
+// config.json (--load_format=dummy). Shared by //runtime:generate and //runtime:tandem_worker.
+#ifndef TANDEM_RUNTIME_MODEL_MODEL_SOURCE_H_
+#define TANDEM_RUNTIME_MODEL_MODEL_SOURCE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+
+struct ModelSource {
+  std::string model_dir;              // load_format "auto"
+  std::string load_format = "auto";   // "auto" or "dummy"
+  std::string dummy_config = "tiny";  // preset name or config.json path (dummy)
+  uint64_t dummy_seed = 0;
+};
+
+struct LoadedModel {
+  ModelConfig config;
+  ModelWeights weights;
+  // Identifies the weights: workers pair only with workers serving the same model_id.
+  // "dummy:<config>:<seed>" or "hf:<absolute dir>".
+  std::string model_id;
+};
+
+// INVALID_ARGUMENT for a bad format or missing --model; loader errors otherwise.
+absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_MODEL_MODEL_SOURCE_H_

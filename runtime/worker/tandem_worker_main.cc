@@ -1,0 +1,246 @@
+// //runtime:tandem_worker — the worker daemon (ARCHITECTURE.md, "Processes").
+//
+//   tandem_worker --role=prefill|decode|mixed --backend=cpu
+//                 (--model=DIR | --load_format=dummy [--dummy_config=tiny] [--dummy_seed=0])
+//                 [--listen=127.0.0.1:0] [--worker_id=ID] [--router=HOST:PORT]
+//                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
+//                 [--max_num_seqs=256] [--num_threads=2] [--lease_ms=30000]
+//                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
+//                 [--ucx_net_device=lo] [--port_file=PATH] [--drain_timeout_ms=30000]
+//
+// Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
+// the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones
+// in flight (up to --drain_timeout_ms), then exit 0.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "kvtransfer/handshake.h"
+#include "kvtransfer/kv_transfer_service.h"
+#include "kvtransfer/pull_connector.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_source.h"
+#include "runtime/worker/engine_loop.h"
+#include "runtime/worker/router_registration.h"
+#include "runtime/worker/transfer_agent_factory.h"
+#include "runtime/worker/worker_service.h"
+#include "tandem/v1/limits.h"
+
+ABSL_FLAG(std::string, role, "mixed", "prefill, decode or mixed");
+ABSL_FLAG(std::string, backend, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
+ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json for --load_format=dummy");
+ABSL_FLAG(uint64_t, dummy_seed, 0, "weight seed for --load_format=dummy");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address (port 0 = any free port)");
+ABSL_FLAG(std::string, worker_id, "", "unique worker name (default: <role>-<port>)");
+ABSL_FLAG(std::string, router, "", "router address to register with (empty: standalone)");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
+ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
+ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
+ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
+ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
+ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
+ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
+ABSL_FLAG(int64_t, kv_load_timeout_ms, 20000, "give up loading remote KV after this long");
+ABSL_FLAG(std::string, kv_transport, "ucx", "KV transfer agent: ucx");
+ABSL_FLAG(std::string, ucx_tls, "tcp,self,sm", "UCX transports (UCX_TLS)");
+ABSL_FLAG(std::string, ucx_net_device, "lo", "UCX network device (UCX_NET_DEVICES)");
+ABSL_FLAG(std::string, port_file, "", "write HOST:PORT here once serving");
+ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "on SIGTERM, wait this long for requests in flight");
+
+namespace tandem::runtime {
+namespace {
+
+absl::StatusOr<tandem::v1::WorkerRole> ParseRole(const std::string& role) {
+  if (role == "prefill") return tandem::v1::WORKER_ROLE_PREFILL;
+  if (role == "decode") return tandem::v1::WORKER_ROLE_DECODE;
+  if (role == "mixed") return tandem::v1::WORKER_ROLE_MIXED;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--role must be prefill, decode or mixed, got '", role, "'"));
+}
+
+tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const Engine& engine) {
+  const ModelConfig& m = engine.model_config();
+  tandem::v1::CompatibilityInfo info;
+  info.set_model_id(model_id);
+  info.set_model_dtype("float32");  // the CPU backend computes and caches in fp32
+  tandem::v1::KvLayout* layout = info.mutable_layout();
+  layout->set_layout_name("block_major_v1");
+  layout->set_num_layers(static_cast<uint32_t>(m.num_hidden_layers));
+  layout->set_num_kv_heads(static_cast<uint32_t>(m.num_key_value_heads));
+  layout->set_head_dim(static_cast<uint32_t>(m.head_dim));
+  layout->set_block_size(static_cast<uint32_t>(engine.block_size()));
+  layout->set_kv_dtype(tandem::v1::KV_DTYPE_F32);
+  layout->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
+  layout->set_block_bytes(static_cast<uint64_t>(engine.kv_block_bytes()));
+  layout->set_dcp_size(1);
+  layout->set_dcp_interleave(1);
+  return info;
+}
+
+absl::Status Serve() {
+  ASSIGN_OR_RETURN(tandem::v1::WorkerRole role, ParseRole(absl::GetFlag(FLAGS_role)));
+  if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
+                                                   " is not available yet; use --backend=cpu"));
+  }
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ModelSource source;
+  source.model_dir = absl::GetFlag(FLAGS_model);
+  source.load_format = absl::GetFlag(FLAGS_load_format);
+  source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
+  source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
+  EngineConfig engine_config;
+  engine_config.block_size = absl::GetFlag(FLAGS_block_size);
+  engine_config.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  engine_config.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  engine_config.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                   Engine::Create(engine_config, model.config, std::move(model.weights)));
+  const std::string router = absl::GetFlag(FLAGS_router);
+  engine->EnableCacheEvents(!router.empty());
+
+  // KV transfer: the whole pool registered once; one connector for both directions.
+  TransferAgentFlags agent_flags;
+  agent_flags.transport = absl::GetFlag(FLAGS_kv_transport);
+  agent_flags.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
+  agent_flags.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
+  ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
+                   MakeTransferAgent(agent_flags));
+  ASSIGN_OR_RETURN(uint32_t region,
+                   agent->RegisterMemory(engine->kv_pool_data(), engine->kv_pool_bytes(),
+                                         tandem::v1::MEMORY_KIND_HOST));
+  const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  kvtransfer::PullKvConnectorOptions connector_options;
+  connector_options.block_size = engine->block_size();
+  connector_options.block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
+  connector_options.local_region = region;
+  connector_options.remote_region = 0;
+  connector_options.first_lease_id = std::random_device{}() | 1;
+  auto connector = std::make_unique<kvtransfer::PullKvConnector>(agent.get(), connector_options);
+  engine->AttachConnector(connector.get());
+
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  tandem::v1::TransferHandshake local;
+  *local.mutable_compatibility() = Compatibility(model.model_id, *engine);
+  local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
+  local.set_epoch(epoch);
+
+  WorkerOptions options;
+  options.epoch = epoch;
+  options.role = role;
+  options.model_id = model.model_id;
+  options.kv_layout_hash = local.compatibility_hash();
+  options.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
+  EngineLoop loop(std::move(engine));
+
+  // The port is known only after the server starts; the services learn the final address before
+  // it is announced (printed, written to --port_file, registered).
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
+  std::string worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (worker_id.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    worker_id = absl::StrCat(absl::GetFlag(FLAGS_role), "-", hostname, "-", getpid());
+  }
+  if (worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
+    return absl::InvalidArgumentError("--worker_id is too long");
+  }
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  options.worker_id = worker_id;
+  local.set_worker_id(worker_id);
+  auto kv_service =
+      std::make_unique<kvtransfer::KvTransferServiceImpl>(agent.get(), connector.get(), local);
+  auto peers = std::make_unique<kvtransfer::PeerLinks>(agent.get(), local);
+  WorkerServiceImpl service(&loop, connector.get(), peers.get(), agent.get(), options);
+  builder.RegisterService(&service);
+  builder.RegisterService(kv_service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  const std::string address = absl::StrCat(host, ":", port);
+  service.SetAddress(address);
+  LOG(INFO) << "worker " << worker_id << " epoch " << epoch;
+  std::printf("worker %s (%s) listening on %s\n", worker_id.c_str(),
+              absl::GetFlag(FLAGS_role).c_str(), address.c_str());
+  std::fflush(stdout);
+  if (const std::string file = absl::GetFlag(FLAGS_port_file); !file.empty()) {
+    std::ofstream(file + ".tmp") << address << "\n";
+    std::rename((file + ".tmp").c_str(), file.c_str());
+  }
+
+  std::unique_ptr<RouterRegistration> registration;
+  if (!router.empty()) {
+    RegistrationCallbacks callbacks;
+    callbacks.info = [&service] { return service.Info(); };
+    callbacks.status = [&service] { return service.status(); };
+    callbacks.load = [&service] { return service.Load(); };
+    callbacks.cache_events = [&loop](std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
+      loop.TakeCacheEvents(added, removed);
+    };
+    callbacks.all_cached_hashes = [&loop] {
+      return loop.WithEngine([](Engine& e) { return e.CachedHashesShort(); });
+    };
+    registration = std::make_unique<RouterRegistration>(router, std::move(callbacks));
+    registration->Start();
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": draining " << loop.NumInFlight() << " requests";
+  service.StartDraining();
+  const absl::Time drain_deadline =
+      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  while (loop.NumInFlight() > 0 && absl::Now() < drain_deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (registration != nullptr) registration->Stop();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  server->Wait();
+  std::printf("worker %s stopped\n", worker_id.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::runtime
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status logging = tandem::InitLogging(argv[0]); !logging.ok()) {
+    std::fprintf(stderr, "tandem_worker: %s\n", logging.ToString().c_str());
+  }
+  absl::Status status = tandem::runtime::Serve();
+  if (!status.ok()) {
+    std::fprintf(stderr, "tandem_worker: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,364 @@
+// The worker's gRPC surface with real gRPC servers on loopback: a prefill worker and a decode
+// worker in one process whose KV moves through InProcessAgents (the UCX agent and separate
+// processes are exercised by //tests/e2e). Checks the P->D handoff over the real RPCs
+// (Prefill -> KvHandle -> Decode, handshake, lease release), equality with a mixed worker,
+// stale handles (source restarted), role checks, bad input and client cancel.
+#include "runtime/worker/worker_service.h"
+
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
+#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/kv_transfer_service.h"
+#include "kvtransfer/pull_connector.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+using kvtransfer::InProcessAgent;
+using kvtransfer::InProcessFabric;
+
+// A whole worker in-process: engine loop, agent, connector, services, gRPC server.
+class TestWorker {
+ public:
+  TestWorker(std::shared_ptr<InProcessFabric> fabric, const std::string& id,
+             tandem::v1::WorkerRole role, uint64_t epoch = 1) {
+    auto config = PresetConfig("tiny");
+    ModelConfig model = *config;
+    model.max_position_embeddings = 256;
+    EngineConfig engine_config;
+    engine_config.kv_cache_bytes = int64_t{4} << 20;
+    engine_config.num_threads = 1;
+    auto engine = Engine::Create(engine_config, model, RandomModelWeights(model, 5));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    agent_ = std::make_unique<InProcessAgent>(fabric, id);
+    EXPECT_TRUE(agent_
+                    ->RegisterMemory((*engine)->kv_pool_data(), (*engine)->kv_pool_bytes(),
+                                     tandem::v1::MEMORY_KIND_HOST)
+                    .ok());
+    kvtransfer::PullKvConnectorOptions copts;
+    copts.block_size = (*engine)->block_size();
+    copts.block_bytes = (*engine)->kv_block_bytes();
+    connector_ = std::make_unique<kvtransfer::PullKvConnector>(agent_.get(), copts);
+    (*engine)->AttachConnector(connector_.get());
+    blocks_ = (*engine)->num_kv_blocks();
+
+    tandem::v1::TransferHandshake local;
+    local.set_worker_id(id);
+    local.set_epoch(epoch);
+    local.mutable_compatibility()->set_model_id("tiny-test");
+    local.mutable_compatibility()->mutable_layout()->set_block_size(16);
+    local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
+    WorkerOptions options;
+    options.worker_id = id;
+    options.epoch = epoch;
+    options.role = role;
+    options.model_id = "tiny-test";
+    options.kv_layout_hash = local.compatibility_hash();
+    loop_ = std::make_unique<EngineLoop>(std::move(*engine));
+    kv_service_ =
+        std::make_unique<kvtransfer::KvTransferServiceImpl>(agent_.get(), connector_.get(), local);
+    peers_ = std::make_unique<kvtransfer::PeerLinks>(agent_.get(), local);
+    service_ = std::make_unique<WorkerServiceImpl>(loop_.get(), connector_.get(), peers_.get(),
+                                                   agent_.get(), options);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    builder.RegisterService(kv_service_.get());
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+    service_->SetAddress(address_);
+    stub_ = tandem::v1::WorkerService::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+  ~TestWorker() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
+
+  tandem::v1::WorkerService::Stub& stub() { return *stub_; }
+  WorkerServiceImpl& service() { return *service_; }
+  EngineLoop& loop() { return *loop_; }
+  kvtransfer::PullKvConnector& connector() { return *connector_; }
+  int64_t blocks() const { return blocks_; }
+  // Waits (bounded) until every block is free again; returns the free count.
+  int64_t WaitAllFree() {
+    for (int i = 0; i < 200 && loop_->Stats().kv.num_free_blocks != blocks_; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return loop_->Stats().kv.num_free_blocks;
+  }
+
+ private:
+  std::unique_ptr<InProcessAgent> agent_;
+  std::unique_ptr<kvtransfer::PullKvConnector> connector_;
+  std::unique_ptr<EngineLoop> loop_;
+  std::unique_ptr<kvtransfer::KvTransferServiceImpl> kv_service_;
+  std::unique_ptr<kvtransfer::PeerLinks> peers_;
+  std::unique_ptr<WorkerServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<tandem::v1::WorkerService::Stub> stub_;
+  std::string address_;
+  int64_t blocks_ = 0;
+};
+
+tandem::v1::GenerateRequest MakeRequest(const std::string& id, std::mt19937& rng, int len,
+                                        int max_tokens) {
+  tandem::v1::GenerateRequest r;
+  r.set_request_id(id);
+  for (int i = 0; i < len; ++i) r.add_prompt_token_ids(rng() % 256);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+struct StreamResult {
+  std::vector<uint32_t> tokens;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  grpc::Status status;
+};
+
+template <typename Reader>
+StreamResult ReadAll(Reader& reader) {
+  StreamResult out;
+  tandem::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    out.tokens.insert(out.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED)
+      out.finish = msg.finish_reason();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+StreamResult RunMixed(TestWorker& w, const tandem::v1::GenerateRequest& request) {
+  grpc::ClientContext ctx;
+  auto reader = w.stub().Generate(&ctx, request);
+  return ReadAll(reader);
+}
+
+StreamResult RunDisaggregated(TestWorker& p, TestWorker& d,
+                              const tandem::v1::GenerateRequest& request,
+                              tandem::v1::PrefillResponse* prefill_out = nullptr) {
+  tandem::v1::PrefillRequest pre;
+  *pre.mutable_request() = request;
+  pre.set_remote_decode(true);
+  tandem::v1::PrefillResponse prefilled;
+  grpc::ClientContext pctx;
+  grpc::Status ps = p.stub().Prefill(&pctx, pre, &prefilled);
+  StreamResult out;
+  if (!ps.ok()) {
+    out.status = ps;
+    return out;
+  }
+  if (prefill_out != nullptr) *prefill_out = prefilled;
+  out.tokens.push_back(prefilled.first_token());
+  if (prefilled.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+    out.finish = prefilled.finish_reason();
+    return out;
+  }
+  tandem::v1::DecodeRequest dec;
+  *dec.mutable_request() = request;
+  dec.set_first_token(prefilled.first_token());
+  *dec.mutable_kv_handle() = prefilled.kv_handle();
+  grpc::ClientContext dctx;
+  auto reader = d.stub().Decode(&dctx, dec);
+  StreamResult rest = ReadAll(reader);
+  out.tokens.insert(out.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  out.finish = rest.finish;
+  out.status = rest.status;
+  return out;
+}
+
+TEST(WorkerServiceTest, PrefillDecodeOverGrpcEqualsMixedWorker) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  auto fabric = std::make_shared<InProcessFabric>();
+  TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
+  TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
+  TestWorker m(fabric, "m0", tandem::v1::WORKER_ROLE_MIXED);
+  for (int i = 0; i < 6; ++i) {
+    auto request = MakeRequest("r" + std::to_string(i), rng, 1 + rng() % 60, 2 + rng() % 8);
+    tandem::v1::PrefillResponse prefilled;
+    StreamResult split = RunDisaggregated(p, d, request, &prefilled);
+    StreamResult whole = RunMixed(m, request);
+    ASSERT_TRUE(split.status.ok()) << split.status.error_message();
+    ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+    EXPECT_EQ(split.tokens, whole.tokens) << "request " << i;
+    EXPECT_EQ(split.finish, tandem::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(prefilled.kv_handle().worker_id(), "p0");
+    EXPECT_EQ(prefilled.kv_handle().num_tokens(),
+              static_cast<uint64_t>(request.prompt_token_ids_size()));
+  }
+  // D released every lease after loading: P's pool is whole again.
+  EXPECT_EQ(p.WaitAllFree(), p.blocks());
+  EXPECT_EQ(d.WaitAllFree(), d.blocks());
+  EXPECT_EQ(p.connector().Stats().leases_released, 6u);
+  tandem::v1::WorkerStats stats = d.service().StatsProto();
+  EXPECT_GT(stats.kv_bytes_received(), 0u);
+  EXPECT_EQ(stats.kv_load_failures(), 0u);
+}
+
+TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
+  std::mt19937 rng(std::random_device{}());
+  auto fabric = std::make_shared<InProcessFabric>();
+  auto request = MakeRequest("stale", rng, 40, 6);
+  tandem::v1::PrefillResponse prefilled;
+  StreamResult expected;
+  TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
+  TestWorker m(fabric, "m0", tandem::v1::WORKER_ROLE_MIXED);
+  expected = RunMixed(m, request);
+  std::string old_address;
+  {
+    TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, /*epoch=*/1);
+    tandem::v1::PrefillRequest pre;
+    *pre.mutable_request() = request;
+    pre.set_remote_decode(true);
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(p.stub().Prefill(&ctx, pre, &prefilled).ok());
+  }
+  // P restarts under the same name with a new epoch, on a new port.
+  TestWorker p2(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, /*epoch=*/2);
+  tandem::v1::KvHandle handle = prefilled.kv_handle();
+  handle.set_transfer_endpoint(p2.service().address());
+  for (auto policy :
+       {tandem::v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE, tandem::v1::KV_LOAD_FAILURE_POLICY_FAIL}) {
+    tandem::v1::DecodeRequest dec;
+    *dec.mutable_request() = request;
+    dec.mutable_request()->set_request_id(std::string("stale-") + std::to_string(policy));
+    dec.set_first_token(prefilled.first_token());
+    *dec.mutable_kv_handle() = handle;
+    dec.set_on_kv_failure(policy);
+    grpc::ClientContext ctx;
+    auto reader = d.stub().Decode(&ctx, dec);
+    StreamResult rest = ReadAll(reader);
+    if (policy == tandem::v1::KV_LOAD_FAILURE_POLICY_FAIL) {
+      EXPECT_EQ(rest.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+      EXPECT_NE(rest.status.error_message().find("restarted"), std::string::npos)
+          << rest.status.error_message();
+    } else {
+      ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
+      std::vector<uint32_t> joined = {prefilled.first_token()};
+      joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+      EXPECT_EQ(joined, expected.tokens) << "recompute on D gives the same tokens";
+    }
+  }
+  EXPECT_EQ(d.service().StatsProto().kv_load_failures(), 2u);
+  EXPECT_EQ(d.WaitAllFree(), d.blocks());
+}
+
+TEST(WorkerServiceTest, RolesAndBadInputAreRefusedBeforeAnythingIsAllocated) {
+  std::mt19937 rng(std::random_device{}());
+  auto fabric = std::make_shared<InProcessFabric>();
+  TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
+  TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
+  {  // Generate on a prefill worker
+    grpc::ClientContext ctx;
+    auto reader = p.stub().Generate(&ctx, MakeRequest("x", rng, 5, 3));
+    EXPECT_EQ(ReadAll(reader).status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {  // Prefill on a decode worker
+    tandem::v1::PrefillRequest pre;
+    *pre.mutable_request() = MakeRequest("y", rng, 5, 3);
+    tandem::v1::PrefillResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(d.stub().Prefill(&ctx, pre, &resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  std::vector<std::pair<std::string, tandem::v1::GenerateRequest>> bad;
+  auto base = MakeRequest("bad", rng, 5, 3);
+  auto r = base;
+  r.add_prompt_token_ids(100000);  // outside the vocabulary
+  bad.emplace_back("token id", r);
+  r = base;
+  r.clear_prompt_token_ids();
+  bad.emplace_back("empty prompt", r);
+  r = base;
+  r.mutable_sampling()->set_max_tokens(252);  // 5 + 252 > 256
+  bad.emplace_back("too long", r);
+  r = base;
+  r.mutable_sampling()->set_temperature(-1);
+  bad.emplace_back("temperature", r);
+  r = base;
+  r.set_request_id("");
+  bad.emplace_back("no id", r);
+  for (const auto& [what, req] : bad) {
+    tandem::v1::PrefillRequest pre;
+    *pre.mutable_request() = req;
+    pre.set_remote_decode(true);
+    tandem::v1::PrefillResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(p.stub().Prefill(&ctx, pre, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << what;
+  }
+  EXPECT_EQ(p.loop().Stats().kv.num_free_blocks, p.blocks());
+  EXPECT_EQ(p.connector().Stats().leases_granted, 0u);
+  {  // Decode with a handle of another layout
+    tandem::v1::DecodeRequest dec;
+    *dec.mutable_request() = base;
+    dec.mutable_kv_handle()->set_layout_hash(12345);
+    dec.mutable_kv_handle()->set_worker_id("p0");
+    grpc::ClientContext ctx;
+    auto reader = d.stub().Decode(&ctx, dec);
+    EXPECT_EQ(ReadAll(reader).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST(WorkerServiceTest, AbortReleasesLeaseAndCancelFreesDecodeBlocks) {
+  std::mt19937 rng(std::random_device{}());
+  auto fabric = std::make_shared<InProcessFabric>();
+  TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
+  TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
+  // Abort on P after prefill: the router's client went away before decode started.
+  auto request = MakeRequest("gone", rng, 35, 50);
+  tandem::v1::PrefillRequest pre;
+  *pre.mutable_request() = request;
+  pre.set_remote_decode(true);
+  tandem::v1::PrefillResponse prefilled;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(p.stub().Prefill(&ctx, pre, &prefilled).ok());
+  }
+  EXPECT_LT(p.loop().Stats().kv.num_free_blocks, p.blocks());
+  {
+    tandem::v1::AbortRequest abort;
+    abort.set_request_id("gone");
+    tandem::v1::AbortResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(p.stub().Abort(&ctx, abort, &resp).ok());
+    EXPECT_TRUE(resp.found());
+  }
+  EXPECT_EQ(p.WaitAllFree(), p.blocks());
+
+  // Client cancels a decode stream mid-way: D frees its blocks.
+  request = MakeRequest("cancel", rng, 30, 200);
+  *pre.mutable_request() = request;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(p.stub().Prefill(&ctx, pre, &prefilled).ok());
+  }
+  tandem::v1::DecodeRequest dec;
+  *dec.mutable_request() = request;
+  dec.set_first_token(prefilled.first_token());
+  *dec.mutable_kv_handle() = prefilled.kv_handle();
+  grpc::ClientContext dctx;
+  auto reader = d.stub().Decode(&dctx, dec);
+  tandem::v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  dctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(d.WaitAllFree(), d.blocks());
+  EXPECT_EQ(p.WaitAllFree(), p.blocks()) << "the lease was released once D loaded";
+}
+
+}  // namespace
+}  // namespace tandem::runtime

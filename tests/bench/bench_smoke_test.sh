@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tandem_bench against a real tandem_router with fake prefill/decode workers (separate
+# processes): Poisson and all-at-once runs complete, every request succeeds, the table and the
+# JSON line carry the metrics.
+#
+#   bench_smoke_test.sh TANDEM_ROUTER FAKE_WORKER TANDEM_BENCH
+set -uo pipefail
+ROUTER=$1 WORKER=$2 BENCH=$3
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$TMP"/*.log "$TMP"/*.txt; do [[ -f $f ]] && { echo "== $f" >&2; tail -30 "$f" >&2; }; done; exit 1; }
+
+"$ROUTER" --listen=127.0.0.1:0 --port_file="$TMP/port" --heartbeat_interval_ms=100 --worker_timeout_ms=20000 \
+  >"$TMP/router.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do [[ -s $TMP/port ]] && break; sleep 0.1; done
+[[ -s $TMP/port ]] || fail "router wrote no port file"
+ADDR=$(cat "$TMP/port")
+for i in 0 1; do
+  "$WORKER" --router="$ADDR" --role=prefill --worker_id=p$i --vocab_size=5000 >"$TMP/p$i.log" 2>&1 &
+  pids+=($!)
+  "$WORKER" --router="$ADDR" --role=decode --worker_id=d$i --vocab_size=5000 --token_delay_ms=1 \
+    >"$TMP/d$i.log" 2>&1 &
+  pids+=($!)
+done
+# Wait until all four are registered (the bench reads the vocabulary from ListWorkers).
+for _ in $(seq 300); do
+  [[ $(grep -c "registered" "$TMP/router.log") -ge 4 ]] && break
+  sleep 0.1
+done
+[[ $(grep -c "registered" "$TMP/router.log") -ge 4 ]] || fail "workers did not register"
+
+"$BENCH" --router="$ADDR" --num_requests=60 --rate=100 --max_concurrency=16 \
+  --prompt_len=8:96 --output_len=2:24 --slo_ttft_ms=5000 --slo_tpot_ms=1000 >"$TMP/table.txt" \
+  || fail "poisson run failed"
+for want in "Successful requests: *60" "Failed requests: *0" "Request throughput" \
+  "Output token throughput" "Goodput" "P99 TTFT" "P90 TPOT" "P50 ITL" "E2EL"; do
+  grep -qE "$want" "$TMP/table.txt" || fail "table lacks '$want'"
+done
+cat "$TMP/table.txt"
+
+"$BENCH" --router="$ADDR" --num_requests=40 --rate=inf --prompt_len=32 --output_len=8 --json \
+  >"$TMP/json.txt" || fail "burst run failed"
+grep -q '"successful_requests":40,"failed_requests":0' "$TMP/json.txt" || fail "json: $(cat "$TMP/json.txt")"
+grep -q '"total_output_tokens":320' "$TMP/json.txt" || fail "expected 40 x 8 output tokens"
+grep -q '"ttft_ms":{"mean"' "$TMP/json.txt" || fail "json lacks ttft"
+
+# Bad flags are refused before anything is sent.
+"$BENCH" --router="$ADDR" --prompt_len=0 2>"$TMP/err.txt" && fail "--prompt_len=0 accepted"
+grep -q "INVALID_ARGUMENT" "$TMP/err.txt" || fail "no INVALID_ARGUMENT: $(cat "$TMP/err.txt")"
+"$BENCH" --router="$ADDR" --prompt_len=4000 --output_len=200 2>"$TMP/err.txt" && fail "too long accepted"
+grep -q "max_model_len" "$TMP/err.txt" || fail "no max_model_len message"
+echo PASS

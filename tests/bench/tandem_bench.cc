@@ -1,0 +1,330 @@
+// //tests/bench:tandem_bench — load generator against a tandem_router.
+//
+//   tandem_bench --router=HOST:PORT [--num_requests=200] [--rate=inf] [--max_concurrency=0]
+//                [--prompt_len=128 | LO:HI] [--output_len=64 | LO:HI] [--seed=0]
+//                [--slo_ttft_ms=0] [--slo_tpot_ms=0] [--temperature=0] [--ignore_eos=true]
+//                [--timeout_ms=600000] [--json]
+//
+// Requests arrive as a Poisson process at --rate requests/s ("inf": all at once), at most
+// --max_concurrency in flight (0 = unlimited). Prompts are random token ids below the smallest
+// vocabulary of the router's workers (ListWorkers); lengths are fixed or uniform. Output lengths
+// are exact with --ignore_eos (the default). Every request is a gRPC callback-API stream, so no
+// thread is held per request and timestamps are taken as messages arrive.
+//
+// Reports, like vLLM's benchmark_serving: successes/failures, duration, request and token
+// throughput, goodput (requests/s meeting every SLO given: TTFT <= --slo_ttft_ms and
+// TPOT <= --slo_tpot_ms), and mean/p50/p90/p99 of TTFT, TPOT (per request: time after the first
+// token / (output tokens - 1)), ITL (gaps between streamed messages) and end-to-end latency.
+// --json prints the same as one JSON line. Exit status 1 when any request failed.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tandem/v1/router.grpc.pb.h"
+#include "tests/bench/stats.h"
+
+ABSL_FLAG(std::string, router, "127.0.0.1:7000", "router address");
+ABSL_FLAG(int32_t, num_requests, 200, "requests to send");
+ABSL_FLAG(std::string, rate, "inf", "Poisson arrival rate in requests/s, or inf");
+ABSL_FLAG(int32_t, max_concurrency, 0, "requests in flight at most (0 = unlimited)");
+ABSL_FLAG(std::string, prompt_len, "128", "prompt tokens: N or LO:HI (uniform)");
+ABSL_FLAG(std::string, output_len, "64", "output tokens (max_tokens): N or LO:HI (uniform)");
+ABSL_FLAG(uint64_t, seed, 0, "random seed (0 = a fresh one, printed)");
+ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on time to first token (0 = none)");
+ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on time per output token (0 = none)");
+ABSL_FLAG(double, temperature, 0, "sampling temperature");
+ABSL_FLAG(bool, ignore_eos, true, "generate exactly max_tokens");
+ABSL_FLAG(int64_t, timeout_ms, 600000, "deadline of each request");
+ABSL_FLAG(bool, json, false, "print one JSON line instead of the table");
+
+namespace tandem::bench {
+namespace {
+
+// What one request saw.
+struct Record {
+  absl::Time sent, first_token, last_token, done;
+  int input_tokens = 0;
+  int output_tokens = 0;
+  std::vector<double> itl_ms;
+  grpc::Status status;
+  bool finished = false;
+};
+
+// Counts requests in flight and done; the dispatcher waits on it for a free slot.
+class Tracker {
+ public:
+  explicit Tracker(int max_in_flight) : max_in_flight_(max_in_flight) {}
+  void Acquire() {
+    absl::MutexLock lock(&mu_);
+    auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return max_in_flight_ <= 0 || in_flight_ < max_in_flight_;
+    };
+    mu_.Await(absl::Condition(&has_room));
+    ++in_flight_;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    ++done_;
+  }
+  void WaitAllDone(int n) {
+    absl::MutexLock lock(&mu_);
+    auto all = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= n; };
+    mu_.Await(absl::Condition(&all));
+  }
+
+ private:
+  const int max_in_flight_;
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One Generate stream on gRPC's callback API. Its Record is written only by gRPC's callbacks
+// (serialized per call) and read after Tracker says it is done.
+class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  Call(v1::GenerateRequest request, Tracker* tracker)
+      : request_(std::move(request)), tracker_(tracker) {
+    record_.input_tokens = request_.prompt_token_ids_size();
+  }
+  void Start(v1::Router::Stub* stub, absl::Duration timeout) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    record_.sent = absl::Now();
+    stub->async()->Generate(&ctx_, &request_, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    const absl::Time now = absl::Now();
+    if (chunk_.token_ids_size() > 0) {
+      if (record_.output_tokens == 0) {
+        record_.first_token = now;
+      } else {
+        record_.itl_ms.push_back(absl::ToDoubleMilliseconds(now - record_.last_token));
+      }
+      record_.last_token = now;
+      record_.output_tokens += chunk_.token_ids_size();
+    }
+    record_.finished |= chunk_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+    StartRead(&chunk_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    record_.done = absl::Now();
+    record_.status = status;
+    tracker_->Release();
+  }
+  const Record& record() const { return record_; }
+
+ private:
+  v1::GenerateRequest request_;
+  Tracker* tracker_;
+  grpc::ClientContext ctx_;
+  v1::GenerateResponse chunk_;
+  Record record_;
+};
+
+struct ModelFacts {
+  uint32_t vocab_size = 0;
+  uint32_t max_model_len = 0;
+};
+
+absl::StatusOr<ModelFacts> QueryWorkers(v1::Router::Stub& stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ListWorkersResponse resp;
+  grpc::Status s = stub.ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("ListWorkers: ", s.error_message()));
+  }
+  ModelFacts facts{std::numeric_limits<uint32_t>::max(), std::numeric_limits<uint32_t>::max()};
+  int healthy = 0;
+  for (const v1::WorkerEntry& w : resp.workers()) {
+    if (!w.healthy()) continue;
+    ++healthy;
+    facts.vocab_size = std::min(facts.vocab_size, w.info().vocab_size());
+    facts.max_model_len = std::min(facts.max_model_len, w.info().max_model_len());
+  }
+  if (healthy == 0) return absl::UnavailableError("the router has no healthy workers");
+  return facts;
+}
+
+std::string Line(absl::string_view name, double value, int precision = 2) {
+  return absl::StrFormat("%-42s %.*f\n", name, precision, value);
+}
+
+std::string SummaryBlock(absl::string_view title, absl::string_view abbrev, const Summary& s) {
+  std::string out = absl::StrFormat("%s\n", title);
+  absl::StrAppend(&out, Line(absl::StrCat("Mean ", abbrev, " (ms):"), s.mean),
+                  Line(absl::StrCat("P50 ", abbrev, " (ms):"), s.p50),
+                  Line(absl::StrCat("P90 ", abbrev, " (ms):"), s.p90),
+                  Line(absl::StrCat("P99 ", abbrev, " (ms):"), s.p99));
+  return out;
+}
+
+std::string SummaryJson(const Summary& s) {
+  return absl::StrFormat("{\"mean\":%.3f,\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f}",
+                         s.mean, s.p50, s.p90, s.p99, s.max);
+}
+
+absl::Status Run() {
+  const int n = absl::GetFlag(FLAGS_num_requests);
+  if (n < 1) return absl::InvalidArgumentError("--num_requests must be >= 1");
+  absl::StatusOr<double> rate = ParseRate(absl::GetFlag(FLAGS_rate));
+  if (!rate.ok()) return rate.status();
+  absl::StatusOr<LengthRange> prompt_len =
+      ParseLengthRange("prompt_len", absl::GetFlag(FLAGS_prompt_len));
+  if (!prompt_len.ok()) return prompt_len.status();
+  absl::StatusOr<LengthRange> output_len =
+      ParseLengthRange("output_len", absl::GetFlag(FLAGS_output_len));
+  if (!output_len.ok()) return output_len.status();
+  uint64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed == 0) seed = (uint64_t{std::random_device()()} << 32) | std::random_device()();
+  std::mt19937_64 rng(seed);
+
+  auto stub = v1::Router::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+  absl::StatusOr<ModelFacts> model = QueryWorkers(*stub);
+  if (!model.ok()) return model.status();
+  if (uint64_t{prompt_len->hi} + output_len->hi > model->max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (up to ", prompt_len->hi, ") + output (up to ", output_len->hi,
+                     ") tokens exceed the workers' max_model_len ", model->max_model_len));
+  }
+
+  Tracker tracker(absl::GetFlag(FLAGS_max_concurrency));
+  std::vector<std::unique_ptr<Call>> calls;
+  std::uniform_int_distribution<uint32_t> token(0, model->vocab_size - 1);
+  for (int i = 0; i < n; ++i) {
+    v1::GenerateRequest req;
+    req.set_request_id(absl::StrFormat("bench-%016x-%d", seed, i));
+    const uint32_t len = prompt_len->Sample(rng);
+    for (uint32_t t = 0; t < len; ++t) req.add_prompt_token_ids(token(rng));
+    req.mutable_sampling()->set_max_tokens(output_len->Sample(rng));
+    req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+    req.mutable_sampling()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+    calls.push_back(std::make_unique<Call>(std::move(req), &tracker));
+  }
+  const std::vector<double> arrivals = PoissonArrivals(n, *rate, rng);
+  const absl::Duration timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    absl::SleepFor(start + absl::Seconds(arrivals[i]) - absl::Now());
+    tracker.Acquire();
+    calls[i]->Start(stub.get(), timeout);
+  }
+  tracker.WaitAllDone(n);
+  absl::Time end = start;
+  for (const auto& c : calls) end = std::max(end, c->record().done);
+  const double duration_s = std::max(absl::ToDoubleSeconds(end - start), 1e-9);
+
+  // Aggregate.
+  std::vector<double> ttft, tpot, itl, e2e;
+  int ok = 0, good = 0;
+  int64_t input_tokens = 0, output_tokens = 0;
+  std::map<std::string, int> errors;
+  const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms);
+  const double slo_tpot = absl::GetFlag(FLAGS_slo_tpot_ms);
+  for (const auto& c : calls) {
+    const Record& r = c->record();
+    if (!r.status.ok() || !r.finished || r.output_tokens == 0) {
+      ++errors[r.status.ok() ? std::string("stream ended without a finish reason")
+                             : absl::StrCat(r.status.error_code(), ": ", r.status.error_message())];
+      continue;
+    }
+    ++ok;
+    input_tokens += r.input_tokens;
+    output_tokens += r.output_tokens;
+    const double t_first = absl::ToDoubleMilliseconds(r.first_token - r.sent);
+    ttft.push_back(t_first);
+    e2e.push_back(absl::ToDoubleMilliseconds(r.done - r.sent));
+    double t_per = 0;
+    if (r.output_tokens > 1) {
+      t_per = absl::ToDoubleMilliseconds(r.last_token - r.first_token) / (r.output_tokens - 1);
+      tpot.push_back(t_per);
+    }
+    itl.insert(itl.end(), r.itl_ms.begin(), r.itl_ms.end());
+    if ((slo_ttft <= 0 || t_first <= slo_ttft) && (slo_tpot <= 0 || t_per <= slo_tpot)) ++good;
+  }
+  const Summary s_ttft = Summarize(ttft), s_tpot = Summarize(tpot), s_itl = Summarize(itl),
+                s_e2e = Summarize(e2e);
+  const double req_tput = ok / duration_s, out_tput = output_tokens / duration_s,
+               total_tput = (input_tokens + output_tokens) / duration_s,
+               goodput = good / duration_s;
+
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf(
+        "{\"seed\":%llu,\"successful_requests\":%d,\"failed_requests\":%d,\"duration_s\":%.3f,"
+        "\"total_input_tokens\":%lld,\"total_output_tokens\":%lld,\"request_throughput\":%.3f,"
+        "\"output_token_throughput\":%.3f,\"total_token_throughput\":%.3f,\"goodput\":%.3f,"
+        "\"ttft_ms\":%s,\"tpot_ms\":%s,\"itl_ms\":%s,\"e2e_ms\":%s}\n",
+        static_cast<unsigned long long>(seed), ok, n - ok, duration_s,
+        static_cast<long long>(input_tokens), static_cast<long long>(output_tokens), req_tput,
+        out_tput, total_tput, goodput, SummaryJson(s_ttft).c_str(), SummaryJson(s_tpot).c_str(),
+        SummaryJson(s_itl).c_str(), SummaryJson(s_e2e).c_str());
+  } else {
+    std::string out = "============ Serving Benchmark Result ============\n";
+    absl::StrAppend(
+        &out, absl::StrFormat("%-42s %s\n", "Router:", absl::GetFlag(FLAGS_router)),
+        absl::StrFormat("%-42s %s req/s, max concurrency %d, seed %d\n", "Load:",
+                        absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_max_concurrency), seed),
+        absl::StrFormat("%-42s %d\n", "Successful requests:", ok),
+        absl::StrFormat("%-42s %d\n", "Failed requests:", n - ok),
+        Line("Benchmark duration (s):", duration_s),
+        absl::StrFormat("%-42s %d\n", "Total input tokens:", input_tokens),
+        absl::StrFormat("%-42s %d\n", "Total generated tokens:", output_tokens),
+        Line("Request throughput (req/s):", req_tput),
+        Line("Output token throughput (tok/s):", out_tput),
+        Line("Total token throughput (tok/s):", total_tput),
+        Line(absl::StrFormat("Goodput (req/s) [TTFT<=%gms, TPOT<=%gms]:", slo_ttft, slo_tpot),
+             goodput),
+        SummaryBlock("---------------Time to First Token----------------", "TTFT", s_ttft),
+        SummaryBlock("-----Time per Output Token (excl. 1st token)------", "TPOT", s_tpot),
+        SummaryBlock("---------------Inter-token Latency----------------", "ITL", s_itl),
+        SummaryBlock("----------------End-to-end Latency----------------", "E2EL", s_e2e),
+        "==================================================\n");
+    std::fputs(out.c_str(), stdout);
+  }
+  for (const auto& [what, count] : errors) {
+    std::fprintf(stderr, "tandem_bench: %d failed: %s\n", count, what.c_str());
+  }
+  std::fflush(stdout);
+  if (ok != n) return absl::UnavailableError(absl::StrCat(n - ok, " of ", n, " requests failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem_bench --router=HOST:PORT --num_requests=N --rate=R|inf --prompt_len=LO:HI "
+      "--output_len=LO:HI [--max_concurrency=C] [--slo_ttft_ms=T --slo_tpot_ms=T]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = tandem::bench::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandem_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,86 @@
+// Test harness for multi-process serving tests: spawns the real tandem_router and tandem_worker
+// binaries (from the test's runfiles) on loopback, waits until the router sees every worker
+// healthy, and hands out gRPC stubs. Processes are killed (SIGKILL) when the Cluster goes away.
+#ifndef TANDEM_TESTS_E2E_CLUSTER_H_
+#define TANDEM_TESTS_E2E_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tandem/v1/router.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::e2e {
+
+// A child process with stdout/stderr in a log file.
+class Process {
+ public:
+  static absl::StatusOr<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv,
+                                                        const std::string& log_path);
+  ~Process();  // SIGKILL + reap if still running
+  void Signal(int sig);
+  // Waits up to `timeout` for exit; returns the wait status, or -1 on timeout.
+  int Wait(absl::Duration timeout);
+  bool Running();
+  pid_t pid() const { return pid_; }
+  std::string LogTail(int max_bytes = 4000) const;
+
+ private:
+  Process(pid_t pid, std::string log) : pid_(pid), log_(std::move(log)) {}
+  pid_t pid_;
+  std::string log_;
+  bool reaped_ = false;
+};
+
+struct ClusterOptions {
+  int prefill = 1;
+  int decode = 1;
+  int mixed = 0;
+  std::string model_dir;  // runfiles-relative or absolute HF directory
+  // When set, workers use --load_format=dummy --dummy_config=<this> instead of model_dir.
+  std::string dummy_config;
+  std::vector<std::string> worker_flags;
+  std::vector<std::string> router_flags;
+};
+
+struct WorkerHandle {
+  std::string id;
+  std::string role;
+  std::string address;
+  std::unique_ptr<Process> process;
+  std::unique_ptr<tandem::v1::WorkerService::Stub> stub;
+};
+
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const ClusterOptions& options);
+  ~Cluster();
+
+  tandem::v1::Router::Stub& router() { return *router_stub_; }
+  const std::string& router_address() const { return router_address_; }
+  std::vector<WorkerHandle>& workers() { return workers_; }
+  WorkerHandle* worker(const std::string& id);
+  absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& worker_id);
+  // Waits until the router reports exactly `healthy` healthy workers.
+  absl::Status WaitHealthy(int healthy, absl::Duration timeout);
+  std::string Logs();
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Process> router_process_;
+  std::string router_address_;
+  std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
+  std::vector<WorkerHandle> workers_;
+};
+
+// Path of a runfile of this workspace (e.g. "runtime/tandem_worker").
+std::string Runfile(const std::string& path);
+
+}  // namespace tandem::e2e
+
+#endif  // TANDEM_TESTS_E2E_CLUSTER_H_

@@ -1,0 +1,369 @@
+// Disaggregated serving end to end, every component a real process on loopback: tandem_router,
+// tandem_worker --role=prefill / decode / mixed (CPU backend, a golden fixture model from
+// Hugging Face transformers), KV moving over UCX between the worker processes.
+//
+// Expected tokens come from the same model run in-process by the engine (what a mixed worker
+// runs), and one test compares against a real mixed worker behind its own router.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_source.h"
+#include "tests/e2e/cluster.h"
+
+namespace tandem::e2e {
+namespace {
+
+constexpr char kModel[] = "tests/golden/fixtures/llama_f32_gqa";
+
+struct Prompt {
+  std::vector<uint32_t> ids;
+  int max_tokens = 8;
+};
+
+struct Result {
+  std::vector<uint32_t> tokens;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  tandem::v1::Usage usage;
+  grpc::Status status;
+};
+
+tandem::v1::GenerateRequest ToRequest(const Prompt& p) {
+  tandem::v1::GenerateRequest r;
+  for (uint32_t t : p.ids) r.add_prompt_token_ids(t);
+  r.mutable_sampling()->set_max_tokens(p.max_tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequest& request,
+                absl::Duration timeout = absl::Seconds(60)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  auto reader = router.Generate(&ctx, request);
+  Result out;
+  tandem::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    out.tokens.insert(out.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      out.finish = msg.finish_reason();
+      out.usage = msg.usage();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+// Greedy reference: the engine in this process on the same model files.
+std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts) {
+  runtime::ModelSource source;
+  source.model_dir = Runfile(kModel);
+  auto model = runtime::LoadModel(source);
+  EXPECT_TRUE(model.ok()) << model.status();
+  runtime::EngineConfig config;
+  config.num_threads = 1;
+  config.kv_cache_bytes = 16 << 20;
+  auto engine = runtime::Engine::Create(config, model->config, std::move(model->weights));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    runtime::RequestSpec spec;
+    spec.prompt.assign(prompts[i].ids.begin(), prompts[i].ids.end());
+    spec.max_tokens = prompts[i].max_tokens;
+    spec.ignore_eos = true;
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
+  }
+  std::vector<std::vector<uint32_t>> out(prompts.size());
+  while ((*engine)->HasUnfinished()) {
+    auto updates = (*engine)->Step();
+    EXPECT_TRUE(updates.ok());
+    if (!updates.ok()) break;
+    for (auto& u : *updates) {
+      out[u.request_id].insert(out[u.request_id].end(), u.new_token_ids.begin(),
+                               u.new_token_ids.end());
+    }
+  }
+  return out;
+}
+
+std::vector<Prompt> RandomPrompts(uint32_t seed, int n, int max_len = 80) {
+  std::mt19937 rng(seed);
+  std::vector<Prompt> prompts(n);
+  for (Prompt& p : prompts) {
+    const int len = 1 + static_cast<int>(rng() % max_len);
+    for (int i = 0; i < len; ++i) p.ids.push_back(3 + rng() % 500);
+    p.max_tokens = 2 + static_cast<int>(rng() % 12);
+  }
+  return prompts;
+}
+
+std::unique_ptr<Cluster> StartCluster(int prefill, int decode, int mixed,
+                                      std::vector<std::string> router_flags = {}) {
+  ClusterOptions options;
+  options.prefill = prefill;
+  options.decode = decode;
+  options.mixed = mixed;
+  options.model_dir = kModel;
+  options.router_flags = std::move(router_flags);
+  auto cluster = Cluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+// Waits until every block of every live worker is free and nothing is leased.
+void ExpectPoolsWhole(Cluster& cluster) {
+  for (WorkerHandle& w : cluster.workers()) {
+    if (!w.process->Running()) continue;
+    tandem::v1::WorkerLoad load;
+    for (int i = 0; i < 300; ++i) {
+      auto stats = cluster.Stats(w.id);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      load = stats->load();
+      if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_leased() == 0) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(load.kv_blocks_free(), load.kv_blocks_total()) << w.id;
+    EXPECT_EQ(load.kv_blocks_leased(), 0u) << w.id;
+  }
+}
+
+TEST(ServingE2eTest, OnePOneDAndTwoPTwoDEqualAMixedWorker) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = RandomPrompts(seed, 10);
+  const auto expected = Reference(prompts);
+  std::map<std::string, std::vector<Result>> results;
+  for (auto [name, p, d, m] : {std::tuple<const char*, int, int, int>{"mixed", 0, 0, 1},
+                               {"1P1D", 1, 1, 0},
+                               {"2P2D", 2, 2, 0}}) {
+    auto cluster = StartCluster(p, d, m);
+    ASSERT_NE(cluster, nullptr);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Result r = Generate(cluster->router(), ToRequest(prompts[i]));
+      ASSERT_TRUE(r.status.ok()) << name << ": " << r.status.error_message() << cluster->Logs();
+      EXPECT_EQ(r.tokens, expected[i]) << name << " prompt " << i;
+      EXPECT_EQ(r.finish, tandem::v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(r.usage.prompt_tokens(), prompts[i].ids.size());
+      EXPECT_EQ(r.usage.completion_tokens(), static_cast<uint32_t>(prompts[i].max_tokens));
+    }
+    ExpectPoolsWhole(*cluster);
+    if (p > 0) {
+      uint64_t received = 0;
+      for (WorkerHandle& w : cluster->workers())
+        received += cluster->Stats(w.id)->kv_bytes_received();
+      EXPECT_GT(received, 0u) << name << ": decode workers loaded KV over UCX";
+    }
+  }
+}
+
+TEST(ServingE2eTest, SixtyFourConcurrentRequestsAllComplete) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = RandomPrompts(seed, 64, 120);
+  const auto expected = Reference(prompts);
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<Result> results(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Generate(cluster->router(), ToRequest(prompts[i]), absl::Seconds(120));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, expected[i]) << "prompt " << i;
+  }
+  ExpectPoolsWhole(*cluster);
+}
+
+TEST(ServingE2eTest, RepeatedPrefixHitsPrefillCache) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  std::mt19937 rng(std::random_device{}());
+  Prompt p;
+  for (int i = 0; i < 70; ++i) p.ids.push_back(3 + rng() % 500);
+  p.max_tokens = 4;
+  Result first = Generate(cluster->router(), ToRequest(p));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  Result second = Generate(cluster->router(), ToRequest(p));
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(first.tokens, second.tokens);
+  auto stats = cluster->Stats("prefill-0");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->prefix_cache_hit_tokens(), 64u) << "4 full blocks of the repeated prompt";
+  EXPECT_GE(second.usage.cached_prompt_tokens(), 64u);
+}
+
+TEST(ServingE2eTest, CancelMidStreamFreesBlocksOnPrefillAndDecode) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  Prompt p;
+  for (int i = 0; i < 40; ++i) p.ids.push_back(10 + i);
+  p.max_tokens = 400;
+  grpc::ClientContext ctx;
+  auto reader = cluster->router().Generate(&ctx, ToRequest(p));
+  tandem::v1::GenerateResponse msg;
+  int got = 0;
+  while (got < 3 && reader->Read(&msg)) got += msg.token_ids_size();
+  ASSERT_GE(got, 3);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectPoolsWhole(*cluster);
+  auto stats = cluster->Stats("decode-0");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->load().num_running(), 0u);
+}
+
+// kill -9 of the worker serving a stream: the client gets UNAVAILABLE quickly, the router marks
+// the worker unhealthy and sends new requests to the survivor. A 100M-parameter random model
+// decodes slowly enough (tens of tokens/s here) that the stream is surely still running.
+void KillMidStream(const std::string& role, int prefill, int decode) {
+  ClusterOptions options;
+  options.prefill = prefill;
+  options.decode = decode;
+  options.dummy_config = "llama-100m";
+  options.worker_flags = {"--kv_cache_bytes=134217728"};
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
+  Prompt p;
+  for (int i = 0; i < 30; ++i) p.ids.push_back(20 + i);
+  p.max_tokens = 1000;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = cluster->router().Generate(&ctx, ToRequest(p));
+  tandem::v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(reader->Read(&msg));  // decoding has started on some D
+  // The victim: the decode worker running the stream, or the prefill worker that served it.
+  WorkerHandle* w = nullptr;
+  for (WorkerHandle& cand : cluster->workers()) {
+    if (cand.role != role) continue;
+    auto stats = cluster->Stats(cand.id);
+    ASSERT_TRUE(stats.ok());
+    const bool busy =
+        role == "decode" ? stats->load().num_running() > 0 : stats->leases_granted() > 0;
+    if (busy) w = &cand;
+  }
+  ASSERT_NE(w, nullptr) << "no " << role << " worker is serving the request";
+  const absl::Time killed = absl::Now();
+  w->process->Signal(SIGKILL);
+  w->process->Wait(absl::Seconds(5));
+  const bool killing_decode = role == "decode";
+  if (killing_decode) {
+    while (reader->Read(&msg)) {
+    }
+    const grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    EXPECT_LT(absl::Now() - killed, absl::Seconds(10)) << "error must come within seconds";
+  } else {
+    // D loaded the KV before it streamed, so losing P does not stop this stream.
+    int more = 0;
+    while (more < 3 && reader->Read(&msg)) more += msg.token_ids_size();
+    EXPECT_GE(more, 3) << "the stream goes on without P";
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    reader->Finish();
+  }
+  // The router notices (failed call or missed heartbeats) and routes around the dead worker.
+  ASSERT_TRUE(cluster->WaitHealthy(prefill + decode - 1, absl::Seconds(15)).ok());
+  for (int i = 0; i < 4; ++i) {
+    Prompt q;
+    for (int t = 0; t < 20 + i; ++t) q.ids.push_back(5 + t * 3);
+    q.max_tokens = 5;
+    Result r = Generate(cluster->router(), ToRequest(q), absl::Seconds(20));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens.size(), 5u);
+  }
+}
+
+TEST(ServingE2eTest, KillDecodeMidStream) { KillMidStream("decode", 1, 2); }
+TEST(ServingE2eTest, KillPrefillIsRoutedAround) { KillMidStream("prefill", 2, 1); }
+
+TEST(ServingE2eTest, SigtermDrainsInFlightRequestsThenExits) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  Prompt p;
+  for (int i = 0; i < 25; ++i) p.ids.push_back(30 + i);
+  p.max_tokens = 400;
+  const auto expected = Reference({p});
+  grpc::ClientContext ctx;
+  auto reader = cluster->router().Generate(&ctx, ToRequest(p));
+  tandem::v1::GenerateResponse msg;
+  std::vector<uint32_t> tokens;
+  // Past the first token (from P) the stream comes from D: the request is in flight there.
+  while (tokens.size() < 3 && reader->Read(&msg)) {
+    tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+  }
+  ASSERT_GE(tokens.size(), 3u);
+  WorkerHandle* d = cluster->worker("decode-0");
+  d->process->Signal(SIGTERM);
+  while (reader->Read(&msg))
+    tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+  grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(tokens, expected[0]) << "the in-flight request finishes whole";
+  const int wait_status = d->process->Wait(absl::Seconds(20));
+  ASSERT_NE(wait_status, -1) << "worker did not exit after draining";
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+  EXPECT_TRUE(cluster->WaitHealthy(1, absl::Seconds(10)).ok()) << "router stops routing to it";
+}
+
+TEST(ServingE2eTest, BadInputIsRejectedBeforeAnyWorkerAllocates) {
+  auto cluster = StartCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
+  tandem::v1::GenerateRequest base;
+  for (uint32_t t : {5u, 6u, 7u}) base.add_prompt_token_ids(t);
+  base.mutable_sampling()->set_max_tokens(4);
+  std::vector<std::pair<std::string, tandem::v1::GenerateRequest>> bad;
+  auto r = base;
+  r.add_prompt_token_ids(512);  // vocab is 512
+  bad.emplace_back("token outside vocab", r);
+  r = base;
+  r.clear_prompt_token_ids();
+  bad.emplace_back("empty prompt", r);
+  r = base;
+  r.mutable_sampling()->set_max_tokens(600);  // 3 + 600 > 512
+  bad.emplace_back("too long", r);
+  r = base;
+  r.mutable_sampling()->set_max_tokens(0);
+  bad.emplace_back("max_tokens 0", r);
+  r = base;
+  r.mutable_sampling()->set_temperature(-0.5f);
+  bad.emplace_back("negative temperature", r);
+  r = base;
+  r.mutable_sampling()->set_top_p(1.5f);
+  bad.emplace_back("top_p > 1", r);
+  r = base;
+  r.set_request_id(std::string(300, 'x'));
+  bad.emplace_back("id too long", r);
+  for (const auto& [what, request] : bad) {
+    Result res = Generate(cluster->router(), request, absl::Seconds(10));
+    EXPECT_EQ(res.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << what << ": " << res.status.error_message();
+  }
+  for (const char* id : {"prefill-0", "decode-0"}) {
+    auto stats = cluster->Stats(id);
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->requests_finished() + stats->requests_aborted(), 0u) << id;
+    EXPECT_EQ(stats->leases_granted(), 0u) << id;
+    EXPECT_EQ(stats->prefix_cache_queried_tokens(), 0u) << id;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::e2e
