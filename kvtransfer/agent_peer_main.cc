@@ -6,11 +6,13 @@
 //           source's region 0 into its own region 0 in a loop until killed (exit 3 on error).
 //
 //   agent_peer --region_bytes=8388608,1000003 --seed=42 [--transports=tcp,self,sm]
+//              [--allocate]  (regions from UcxAgent::AllocateMemory instead of the heap)
 //
 // Region i is filled with pattern stream seed + i (agent_test_util.h), so the reader can
 // regenerate every expected byte without reading the source.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -27,6 +29,9 @@ ABSL_FLAG(std::string, mode, "source", "source or reader");
 ABSL_FLAG(std::string, region_bytes, "1048576", "comma-separated sizes of the regions");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of region 0 (region i uses seed + i)");
 ABSL_FLAG(bool, fill, true, "fill the regions with the pattern (false: leave them zeroed)");
+ABSL_FLAG(bool, allocate, false,
+          "allocate the regions with AllocateMemory (shared-memory readable) instead of the heap");
+ABSL_FLAG(bool, separate_data_endpoint, true, "UcxAgentOptions::separate_data_endpoint");
 ABSL_FLAG(std::string, transports, "tcp,self,sm", "UCX_TLS");
 ABSL_FLAG(std::string, net_device, "lo", "UCX_NET_DEVICES");
 ABSL_FLAG(uint64_t, tcp_segment_bytes, 0, "UcxAgentOptions::tcp_segment_bytes");
@@ -83,24 +88,36 @@ int main(int argc, char** argv) {
     return Fail(absl::InternalError("cannot set up stdout"));
   }
   using tandem::kvtransfer::UcxAgent;
-  auto agent = UcxAgent::Create({.transports = absl::GetFlag(FLAGS_transports),
-                                 .net_device = absl::GetFlag(FLAGS_net_device),
-                                 .tcp_segment_bytes = absl::GetFlag(FLAGS_tcp_segment_bytes)});
+  auto agent =
+      UcxAgent::Create({.transports = absl::GetFlag(FLAGS_transports),
+                        .net_device = absl::GetFlag(FLAGS_net_device),
+                        .tcp_segment_bytes = absl::GetFlag(FLAGS_tcp_segment_bytes),
+                        .separate_data_endpoint = absl::GetFlag(FLAGS_separate_data_endpoint)});
   if (!agent.ok()) return Fail(agent.status());
 
-  std::vector<std::vector<uint8_t>> regions;
+  std::vector<std::vector<uint8_t>> heap;  // the regions' memory unless --allocate
+  std::vector<absl::Span<uint8_t>> regions;
   for (absl::string_view size_text : absl::StrSplit(absl::GetFlag(FLAGS_region_bytes), ',')) {
     uint64_t size = 0;
     if (!absl::SimpleAtoi(size_text, &size) || size == 0) {
       return Fail(absl::InvalidArgumentError("bad --region_bytes"));
     }
-    regions.emplace_back(size);
+    if (absl::GetFlag(FLAGS_allocate)) {
+      auto allocated = (*agent)->AllocateMemory(size, tandem::v1::MEMORY_KIND_HOST);
+      if (!allocated.ok()) return Fail(allocated.status());
+      regions.emplace_back(static_cast<uint8_t*>(allocated->first), size);
+      // Allocated memory is not promised to be zeroed; --fill=false means zeroed.
+      if (!absl::GetFlag(FLAGS_fill)) std::fill(regions.back().begin(), regions.back().end(), 0);
+    } else {
+      heap.emplace_back(size);
+      regions.push_back(absl::MakeSpan(heap.back()));
+    }
   }
   for (size_t i = 0; i < regions.size(); ++i) {
     if (absl::GetFlag(FLAGS_fill)) {
-      tandem::kvtransfer::testing::FillPattern(absl::GetFlag(FLAGS_seed) + i, 0,
-                                               absl::MakeSpan(regions[i]));
+      tandem::kvtransfer::testing::FillPattern(absl::GetFlag(FLAGS_seed) + i, 0, regions[i]);
     }
+    if (absl::GetFlag(FLAGS_allocate)) continue;  // registered by AllocateMemory, in order
     auto index = (*agent)->RegisterMemory(regions[i].data(), regions[i].size(),
                                           tandem::v1::MEMORY_KIND_HOST);
     if (!index.ok()) return Fail(index.status());

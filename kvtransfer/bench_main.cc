@@ -7,13 +7,15 @@
 // 2 MiB: one Llama-3-8B block of 16 tokens, 32 layers x K,V x 8 KV heads x 128 x bf16). Each
 // batch reads `n` random source blocks into random destination blocks (blocks are reused when
 // n > pool, so a 4096-block batch fits in a 1024-block pool); --layout=contiguous reads runs
-// instead. Latency is PostRead -> CheckTransfer true (busy polling); GB/s = batch bytes / p50.
+// instead. Pools come from AllocateMemory unless --allocate=false. Latency is PostRead ->
+// CheckTransfer true (busy polling); GB/s = batch bytes / p50.
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -38,6 +40,9 @@ ABSL_FLAG(uint64_t, bytes_per_point, uint64_t{4} << 30, "bytes moved per batch s
 ABSL_FLAG(std::string, transports, "tcp,self,sm", "UCX_TLS for both agents and ucx_perftest");
 ABSL_FLAG(std::string, net_device, "lo", "UCX_NET_DEVICES");
 ABSL_FLAG(uint64_t, tcp_segment_bytes, 0, "UcxAgentOptions::tcp_segment_bytes");
+ABSL_FLAG(bool, allocate, true,
+          "both pools from UcxAgent::AllocateMemory (false: heap + RegisterMemory)");
+ABSL_FLAG(bool, separate_data_endpoint, true, "UcxAgentOptions::separate_data_endpoint");
 ABSL_FLAG(bool, perftest, true, "also run ucx_perftest -t ucp_get (needs ucx-utils)");
 ABSL_FLAG(int, perftest_port, 0, "ucx_perftest port (0: 20000 + pid % 10000)");
 
@@ -98,9 +103,12 @@ int Run() {
     }
     batches.push_back(n);
   }
-  std::printf("pool: %u blocks x %.1f MiB per side, layout %s, UCX_TLS=%s, %ld cpus\n", pool_blocks,
-              block / 1048576.0, contiguous ? "contiguous" : "random",
-              absl::GetFlag(FLAGS_transports).c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "pool: %u blocks x %.1f MiB per side (%s), layout %s, UCX_TLS=%s, %s endpoint, %ld cpus\n",
+      pool_blocks, block / 1048576.0, absl::GetFlag(FLAGS_allocate) ? "AllocateMemory" : "heap",
+      contiguous ? "contiguous" : "random", absl::GetFlag(FLAGS_transports).c_str(),
+      absl::GetFlag(FLAGS_separate_data_endpoint) ? "data+monitor" : "single PEER",
+      sysconf(_SC_NPROCESSORS_ONLN));
   std::fflush(stdout);
 
   auto peer = PeerProcess::Start(
@@ -108,22 +116,38 @@ int Run() {
       {absl::StrCat("--region_bytes=", pool_bytes), "--seed=7",
        absl::StrCat("--transports=", absl::GetFlag(FLAGS_transports)),
        absl::StrCat("--net_device=", absl::GetFlag(FLAGS_net_device)),
-       absl::StrCat("--tcp_segment_bytes=", absl::GetFlag(FLAGS_tcp_segment_bytes))},
+       absl::StrCat("--tcp_segment_bytes=", absl::GetFlag(FLAGS_tcp_segment_bytes)),
+       absl::StrCat("--allocate=", absl::GetFlag(FLAGS_allocate) ? "true" : "false"),
+       absl::StrCat("--separate_data_endpoint=",
+                    absl::GetFlag(FLAGS_separate_data_endpoint) ? "true" : "false")},
       absl::Seconds(120));
   if (!peer.ok()) {
     std::fprintf(stderr, "agent_peer: %s\n", peer.status().ToString().c_str());
     return 1;
   }
-  auto agent = UcxAgent::Create({.transports = absl::GetFlag(FLAGS_transports),
-                                 .net_device = absl::GetFlag(FLAGS_net_device),
-                                 .tcp_segment_bytes = absl::GetFlag(FLAGS_tcp_segment_bytes)});
+  auto agent =
+      UcxAgent::Create({.transports = absl::GetFlag(FLAGS_transports),
+                        .net_device = absl::GetFlag(FLAGS_net_device),
+                        .tcp_segment_bytes = absl::GetFlag(FLAGS_tcp_segment_bytes),
+                        .separate_data_endpoint = absl::GetFlag(FLAGS_separate_data_endpoint)});
   if (!agent.ok()) {
     std::fprintf(stderr, "UcxAgent: %s\n", agent.status().ToString().c_str());
     return 1;
   }
-  std::vector<uint8_t> pool(pool_bytes, 1);  // touched: every page is real
-  if (!(*agent)->RegisterMemory(pool.data(), pool.size(), tandem::v1::MEMORY_KIND_HOST).ok() ||
-      !(*agent)->AddPeer("p", (*peer)->descriptor()).ok()) {
+  std::vector<uint8_t> heap_pool;
+  bool registered = false;
+  if (absl::GetFlag(FLAGS_allocate)) {
+    auto allocated = (*agent)->AllocateMemory(pool_bytes, tandem::v1::MEMORY_KIND_HOST);
+    if (allocated.ok()) {
+      std::memset(allocated->first, 1, pool_bytes);  // touched: every page is real
+      registered = true;
+    }
+  } else {
+    heap_pool.assign(pool_bytes, 1);  // touched: every page is real
+    registered =
+        (*agent)->RegisterMemory(heap_pool.data(), pool_bytes, tandem::v1::MEMORY_KIND_HOST).ok();
+  }
+  if (!registered || !(*agent)->AddPeer("p", (*peer)->descriptor()).ok()) {
     std::fprintf(stderr, "register/connect failed\n");
     return 1;
   }
@@ -172,8 +196,8 @@ int Run() {
 
   const double perftest =
       absl::GetFlag(FLAGS_perftest) ? RunPerftest(block, absl::GetFlag(FLAGS_transports)) : -1;
-  // Like for like: our endpoints ask for peer-failure handling, which on UCX 1.13 leaves TCP
-  // as the only shared-memory-free lane (see ucx_agent.h), so also measure perftest on TCP.
+  // Also perftest on TCP alone: what a single peer-failure-handling endpoint gets on UCX 1.13
+  // (--separate_data_endpoint=false; see ucx_agent.h).
   const double perftest_tcp = absl::GetFlag(FLAGS_perftest) ? RunPerftest(block, "tcp,self") : -1;
   auto pct = [](double ours, double ref) {
     return ref > 0 ? absl::StrCat(static_cast<int>(100 * ours / ref + 0.5), "%")

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,6 +65,15 @@ class TransferAgent {
   // region index. kind says where the memory lives (host or CUDA device memory).
   virtual absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
                                                   tandem::v1::MemoryKind kind) = 0;
+
+  // Allocates `length` bytes the transport can share best (e.g. UCX-mapped memory that
+  // shared-memory transports can read directly), registers them like RegisterMemory, and
+  // returns {pointer, region index}. The memory lives until the agent is destroyed.
+  // UNIMPLEMENTED: the caller allocates and calls RegisterMemory.
+  virtual absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(
+      uint64_t /*length*/, tandem::v1::MemoryKind /*kind*/) {
+    return absl::UnimplementedError("AllocateMemory");
+  }
 
   // Fills the transport fields of `handshake` (transport, worker_address, regions) so a peer
   // can reach this agent and address its registered regions. Leaves the other fields alone.

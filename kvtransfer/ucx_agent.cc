@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -181,6 +182,49 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
   params.memory_type = memory_type;
   ucp_mem_h memh = nullptr;
   UCX_RETURN_IF_ERROR(ucp_mem_map(context_, &params, &memh));
+  return AddRegionLocked(static_cast<char*>(base), length, memh, kind);
+}
+
+absl::StatusOr<std::pair<void*, uint32_t>> UcxAgent::AllocateMemory(uint64_t length,
+                                                                    tandem::v1::MemoryKind kind) {
+  if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
+  if (kind == tandem::v1::MEMORY_KIND_CUDA) {
+    return absl::UnimplementedError("AllocateMemory: host memory only");
+  }
+  if (kind != tandem::v1::MEMORY_KIND_HOST) {
+    return absl::InvalidArgumentError("AllocateMemory: unspecified memory kind");
+  }
+  absl::MutexLock lock(&mu_);
+  if (regions_.size() >= static_cast<size_t>(tandem::v1::kMaxMemoryRegions)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("at most ", tandem::v1::kMaxMemoryRegions, " memory regions"));
+  }
+  // UCX allocates with its first working method (UCX_MEM_ALLOC_METHODS: sysv, posix, ...);
+  // memory of a shared-memory domain is what its transports can GET from directly.
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  params.address = nullptr;
+  params.length = length;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  params.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucp_mem_h memh = nullptr;
+  UCX_RETURN_IF_ERROR(ucp_mem_map(context_, &params, &memh));
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK || attr.length < length) {
+    ucp_mem_unmap(context_, memh);
+    return s != UCS_OK ? UCX_ERROR(s, "ucp_mem_query")
+                       : absl::InternalError("ucp_mem_map allocated less than asked");
+  }
+  absl::StatusOr<uint32_t> index =
+      AddRegionLocked(static_cast<char*>(attr.address), length, memh, kind);
+  if (!index.ok()) return index.status();
+  return std::make_pair(attr.address, *index);
+}
+
+absl::StatusOr<uint32_t> UcxAgent::AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,
+                                                   tandem::v1::MemoryKind kind) {
   void* packed = nullptr;
   size_t packed_size = 0;
   if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_size); s != UCS_OK) {
@@ -189,7 +233,7 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
   }
   std::string rkey(static_cast<const char*>(packed), packed_size);
   ucp_rkey_buffer_release(packed);
-  regions_.push_back({static_cast<char*>(base), length, memh, std::move(rkey), kind});
+  regions_.push_back({base, length, memh, std::move(rkey), kind});
   return static_cast<uint32_t>(regions_.size() - 1);
 }
 
@@ -236,25 +280,65 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
   auto conn = std::make_unique<Conn>();
   conn->agent = this;
   conn->name = peer_name;
+  const ucp_address_t* address =
+      reinterpret_cast<const ucp_address_t*>(peer.worker_address().data());
+  // The endpoint that detects the peer's death: the data endpoint itself, or a separate
+  // monitor (then the data endpoint has no error handling, so UCX may use shared memory).
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(peer.worker_address().data());
+  params.address = address;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxAgent::OnEndpointError;
   params.err_handler.arg = conn.get();
-  if (ucs_status_t s = ucp_ep_create(worker_, &params, &conn->ep); s != UCS_OK) {
+  ucp_ep_h* watched = options_.separate_data_endpoint ? &conn->monitor_ep : &conn->ep;
+  if (ucs_status_t s = ucp_ep_create(worker_, &params, watched); s != UCS_OK) {
     return UCX_ERROR(s, "ucp_ep_create");
+  }
+  if (options_.separate_data_endpoint) {
+    ucp_ep_params_t data{};
+    data.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    data.address = address;
+    data.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucs_status_t s = ucp_ep_create(worker_, &data, &conn->ep); s != UCS_OK) {
+      conn->ep = nullptr;
+      Conn* raw = conn.get();
+      conns_.push_back(std::move(conn));
+      const absl::Status error = UCX_ERROR(s, "ucp_ep_create");
+      StopConnLocked(raw, error);  // the reaper closes the monitor
+      Wake();
+      return error;
+    }
   }
   absl::Status unpacked = absl::OkStatus();
   for (const tandem::v1::MemoryRegion& r : peer.regions()) {
     ucp_rkey_h rkey = nullptr;
-    if (ucs_status_t s = ucp_ep_rkey_unpack(conn->ep, r.packed_rkey().data(), &rkey); s != UCS_OK) {
+    ucp_ep_h ep = conn->ep;
+    ucs_status_t s = ucp_ep_rkey_unpack(ep, r.packed_rkey().data(), &rkey);
+    void* mapped = nullptr;
+    if (s == UCS_OK && conn->monitor_ep != nullptr &&
+        ucp_rkey_ptr(rkey, r.base_address(), &mapped) != UCS_OK) {
+      // Not directly mapped: a GET on the data endpoint would be an active-message exchange
+      // that never fails if the peer dies. Such regions are read through the monitor.
+      ucp_rkey_destroy(rkey);
+      ep = conn->monitor_ep;
+      s = ucp_ep_rkey_unpack(ep, r.packed_rkey().data(), &rkey);
+    }
+    if (s == UCS_OK && ep == conn->ep && mapped != nullptr) {
+      // The peer's segment is mapped here lazily: the first GET of each page would take a
+      // page fault (about as long as copying the page). Map the page tables now, once per
+      // connection; best effort (older kernels lack MADV_POPULATE_READ).
+      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(mapped) & ~(page - 1);
+      const uintptr_t end = reinterpret_cast<uintptr_t>(mapped) + r.length();
+      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+    }
+    if (s != UCS_OK) {
       unpacked = absl::InvalidArgumentError(
           absl::StrCat(who, ": cannot unpack rkey: ", ucs_status_string(s)));
       break;
     }
-    conn->regions.push_back({r.base_address(), r.length(), rkey});
+    conn->regions.push_back({r.base_address(), r.length(), rkey, ep});
     conn->region_bytes.push_back(r.length());
   }
   Conn* raw = conn.get();
@@ -268,7 +352,10 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
   // here, this keeps wireup messages from sitting in queues: UCX 1.13 aborts the process when
   // a TCP endpoint fails while a wireup reply is still queued on it.
   raw->pinned = true;  // WaitConnectedLocked unlocks: the reaper must not free it meanwhile
-  absl::Status connected = WaitConnectedLocked(raw);
+  // The monitor first: it is the endpoint that reports a dead or unreachable peer.
+  absl::Status connected = absl::OkStatus();
+  if (raw->monitor_ep != nullptr) connected = WaitConnectedLocked(raw, raw->monitor_ep);
+  if (connected.ok()) connected = WaitConnectedLocked(raw, raw->ep);
   raw->pinned = false;
   if (!connected.ok()) {
     StopConnLocked(raw, connected);
@@ -288,9 +375,9 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
   return absl::OkStatus();
 }
 
-absl::Status UcxAgent::WaitConnectedLocked(Conn* conn) {
+absl::Status UcxAgent::WaitConnectedLocked(Conn* conn, ucp_ep_h ep) {
   ucp_request_param_t param{};
-  ucs_status_ptr_t flush = ucp_ep_flush_nbx(conn->ep, &param);
+  ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep, &param);
   if (flush == nullptr) return absl::OkStatus();
   if (UCS_PTR_IS_ERR(flush)) {
     return absl::UnavailableError(absl::StrCat("cannot connect to peer ", conn->name, ": ",

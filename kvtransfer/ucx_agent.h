@@ -2,10 +2,23 @@
 // agent; one progress thread drives the worker.
 //
 // Wire objects (FillLocalDescriptor): worker_address = ucp_worker_get_address bytes; one
-// MemoryRegion per RegisterMemory with packed_rkey = ucp_rkey_pack of its ucp_mem_map handle.
-// AddPeer creates an endpoint (UCP_ERR_HANDLING_MODE_PEER) and unpacks every region's rkey on
-// it. Both are opaque UCX bytes that UCX parses without validation: they must come from a
-// checked handshake (kvtransfer/handshake.h), never from an untrusted party.
+// MemoryRegion per RegisterMemory/AllocateMemory with packed_rkey = ucp_rkey_pack of its
+// ucp_mem_map handle. Both are opaque UCX bytes that UCX parses without validation: they must
+// come from a checked handshake (kvtransfer/handshake.h), never from an untrusted party.
+//
+// Endpoints (AddPeer), with separate_data_endpoint (default): per peer a DATA endpoint without
+// error handling (UCP_ERR_HANDLING_MODE_NONE) plus a MONITOR endpoint with
+// UCP_ERR_HANDLING_MODE_PEER and keepalive. Why two: UCX 1.13 only picks transports with
+// peer-failure support for PEER endpoints, which on one host excludes shared memory (see
+// below); the NONE endpoint may use sysv/posix. A remote region whose rkey the data endpoint
+// can map directly (ucp_rkey_ptr: a shared-memory segment, e.g. the peer's AllocateMemory) is
+// read over the data endpoint; such GETs are plain copies that finish inside ucp_get_nbx and
+// cannot hang on a dead peer. Every other region is read over the monitor endpoint, because a
+// GET on a NONE endpoint that needs the peer's answer (active-message emulation) would never
+// fail if the peer died. When the monitor fails, every transfer to the peer is stopped with
+// UNAVAILABLE and both endpoints are force-closed at once; outstanding requests complete as
+// cancelled before the transfer is reported ended. Without separate_data_endpoint, one PEER
+// endpoint does everything (the behaviour before).
 //
 // A transfer (PostRead) is its coalesced copy runs split into requests of at most
 // max_request_bytes. PostRead only queues them; the progress thread posts them with at most
@@ -27,12 +40,15 @@
 // at least every idle_wakeup for keepalive. An idle agent uses no CPU, yet still serves GETs
 // that need the target's progress (see below) because incoming traffic wakes it.
 //
-// Which transport moves the bytes (UCX 1.13, Debian): with RDMA NICs (rc/dc) ucp_get is a
-// native RDMA READ. On one host with the default "tcp,self,sm" it is NOT shared memory: the
-// shared-memory transports lack peer-failure support (so UCP_ERR_HANDLING_MODE_PEER excludes
-// them) and cma is only used for rendezvous, not for the RMA API; ucp_get therefore runs as
-// active messages over TCP loopback (~1 GB/s, the source's progress thread answers). That is
-// the price of dead-peer detection; bench_main.cc measures it against ucx_perftest.
+// Which transport moves the bytes (UCX 1.13, Debian, measured with bench_main.cc): with RDMA
+// NICs (rc/dc) ucp_get is a native RDMA READ. On one host with "tcp,self,sm": a PEER endpoint
+// only gets TCP (the shared-memory transports lack peer-failure support), so GETs run as
+// active messages over TCP loopback (~1 GB/s). A NONE endpoint gets sysv/posix lanes for RMA,
+// but their GET is a direct copy only from memory the same shared-memory domain allocated
+// (its rkey names the segment): pools from AllocateMemory (ucp_mem_map ALLOCATE, UCX picks
+// sysv first) are read at memcpy speed, like ucx_perftest; plain RegisterMemory pools are
+// not mapped, so they are read over the monitor endpoint (TCP, as before). cma is only used by UCX
+// 1.13 for rendezvous, never for the RMA API.
 //
 // Destruction force-closes every endpoint (outstanding requests complete as cancelled), then
 // unmaps memory and destroys the worker: nothing is written into registered memory after
@@ -69,7 +85,7 @@
 namespace tandem::kvtransfer {
 
 struct UcxAgentOptions {
-  // UCX_TLS. Default: loopback-friendly TCP plus shared memory (cma GETs) and self.
+  // UCX_TLS. Default: loopback-friendly TCP plus shared memory (sysv/posix/cma) and self.
   std::string transports = "tcp,self,sm";
   // UCX_NET_DEVICES ("all" = every device UCX finds). Default loopback only.
   std::string net_device = "lo";
@@ -90,6 +106,8 @@ struct UcxAgentOptions {
   // Adds UCP_FEATURE_AM to the context. UCX 1.13 selects zero-copy "rma_bw" lanes only for
   // contexts with AM or TAG, so keep it on.
   bool enable_am = true;
+  // Data and monitor endpoint per peer (see the header comment); false: one PEER endpoint.
+  bool separate_data_endpoint = true;
   // Further UCX settings, names without the UCX_ prefix, e.g. {"RNDV_THRESH", "8k"}. These and
   // the fields above override UCX_* environment variables.
   std::vector<std::pair<std::string, std::string>> extra_config = {};
@@ -105,6 +123,11 @@ class UcxAgent final : public TransferAgent {
   std::string transport() const override { return "ucx"; }
   absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
                                           tandem::v1::MemoryKind kind) override;
+  // Host memory only (UNIMPLEMENTED for CUDA): ucp_mem_map with UCP_MEM_MAP_ALLOCATE, so
+  // shared-memory lanes can read it directly. Zero-filled is not promised. Unmapped (freed)
+  // by ~UcxAgent.
+  absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(uint64_t length,
+                                                            tandem::v1::MemoryKind kind) override;
   absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
   // Blocks until the endpoint is wired up (at most connect_timeout); UNAVAILABLE when the
   // peer cannot be reached.
@@ -132,6 +155,7 @@ class UcxAgent final : public TransferAgent {
     uint64_t base;
     uint64_t length;
     ucp_rkey_h rkey;
+    ucp_ep_h ep;  // the endpoint its GETs use (the rkey was unpacked on it)
   };
   // One endpoint: kActive -> kDraining (stopped; waits for its requests) -> kClosing (rkeys
   // destroyed, ucp_ep_close_nbx in progress) -> kClosed. A closed Conn that peers_ still names
@@ -141,13 +165,14 @@ class UcxAgent final : public TransferAgent {
     enum class State { kActive, kDraining, kClosing, kClosed };
     UcxAgent* agent = nullptr;
     std::string name;
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;               // data endpoint: every GET, the rkeys
+    ucp_ep_h monitor_ep = nullptr;       // separate_data_endpoint only: failure detection
     std::vector<RemoteRegion> regions;   // rkeys; cleared when destroyed
     std::vector<uint64_t> region_bytes;  // from the descriptor, for validation
     State state = State::kActive;
-    absl::Status failure;  // not OK once the endpoint failed
-    int inflight = 0;      // posted requests not yet completed
-    void* close_request = nullptr;
+    absl::Status failure;               // not OK once the endpoint failed
+    int inflight = 0;                   // posted requests not yet completed
+    std::vector<void*> close_requests;  // of ep and monitor_ep
     bool pinned = false;  // AddPeer still uses it (while it waits for the wireup unlocked)
     absl::Time draining_since;
   };
@@ -174,8 +199,11 @@ class UcxAgent final : public TransferAgent {
   bool PostOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances draining/closing endpoints; returns whether any is still pending.
   bool ReapConnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Flushes a new endpoint, progressing the worker (mu_ is released while yielding).
-  absl::Status WaitConnectedLocked(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Flushes `ep` of a new Conn, progressing the worker (mu_ is released while yielding).
+  absl::Status WaitConnectedLocked(Conn* conn, ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint32_t> AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,
+                                           tandem::v1::MemoryKind kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WaitIdle();
   void Wake();
   // Stops every transfer on `conn` with `reason` and starts draining it.

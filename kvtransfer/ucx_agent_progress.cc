@@ -140,7 +140,7 @@ bool UcxAgent::PostOneLocked() {
     post_queue_.pop_front();
     if (t->next_op < t->ops.size()) post_queue_.push_back(id);
 
-    ucs_status_ptr_t request = ucp_get_nbx(conn->ep, dest, n, remote_addr, remote.rkey, &param);
+    ucs_status_ptr_t request = ucp_get_nbx(remote.ep, dest, n, remote_addr, remote.rkey, &param);
     if (request == nullptr) {  // completed in place (shared memory GETs usually do)
       MaybeEndLocked(*t);
     } else if (UCS_PTR_IS_ERR(request)) {
@@ -165,7 +165,10 @@ bool UcxAgent::ReapConnsLocked() {
   for (const auto& c : conns_) snapshot.push_back(c.get());
   for (Conn* conn : snapshot) {
     if (conn->state == Conn::State::kDraining) {
-      const bool stuck = absl::Now() - conn->draining_since > kDrainForceAfter;
+      // A failed peer (separate endpoints): close both endpoints right away, the monitor's
+      // failed requests complete as cancelled before the transfers are reported ended.
+      const bool abandon = conn->monitor_ep != nullptr && !conn->failure.ok();
+      const bool stuck = abandon || absl::Now() - conn->draining_since > kDrainForceAfter;
       if (conn->inflight > 0 && !stuck) {
         pending = true;
         continue;
@@ -173,24 +176,29 @@ bool UcxAgent::ReapConnsLocked() {
       // rkeys go after the operations that used them and before the endpoint (UCX's rule);
       // only a stuck endpoint is closed first, which completes its requests as cancelled.
       if (conn->inflight == 0) DestroyRkeysLocked(conn);
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // bounded: never waits for the peer
-      ucs_status_ptr_t request = ucp_ep_close_nbx(conn->ep, &param);
-      conn->close_request = (request == nullptr || UCS_PTR_IS_ERR(request)) ? nullptr : request;
-      conn->ep = nullptr;
+      for (ucp_ep_h* ep : {&conn->ep, &conn->monitor_ep}) {
+        if (*ep == nullptr) continue;
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // bounded: never waits for the peer
+        ucs_status_ptr_t request = ucp_ep_close_nbx(*ep, &param);
+        if (request != nullptr && !UCS_PTR_IS_ERR(request)) conn->close_requests.push_back(request);
+        *ep = nullptr;
+      }
       conn->state = Conn::State::kClosing;
     }
     if (conn->state == Conn::State::kClosing) {
-      if (conn->close_request != nullptr) {
-        if (ucp_request_check_status(conn->close_request) == UCS_INPROGRESS) {
-          pending = true;
-          continue;
+      bool closing = false;
+      for (void*& request : conn->close_requests) {
+        if (ucp_request_check_status(request) == UCS_INPROGRESS) {
+          closing = true;
+        } else {
+          ucp_request_free(request);
+          request = nullptr;
         }
-        ucp_request_free(conn->close_request);
-        conn->close_request = nullptr;
       }
-      if (conn->inflight > 0) {
+      std::erase(conn->close_requests, nullptr);
+      if (closing || conn->inflight > 0) {
         pending = true;
         continue;
       }

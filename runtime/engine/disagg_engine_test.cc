@@ -4,6 +4,7 @@
 // equal one mixed engine's token for token (greedy and seeded sampling), with every block back
 // in both pools; load failures recompute or fail per policy; leases expire; aborts and
 // deadlines during a load never free blocks a transfer may still write.
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -329,6 +330,36 @@ TEST(DisaggEngineTest, AbortAndDeadlineDuringLoadWaitForTheTransferToEnd) {
   EXPECT_EQ(joined, mixed.at(0).tokens);
   EXPECT_EQ(d.connector->Stats().load_failures, 2u);
   ExpectAllBlocksFree(*d.engine);
+}
+
+// The worker daemon lets its transfer agent allocate the pool (shareable memory): the engine must
+// use exactly that memory, start from a clean pool whatever it held, and fail cleanly when the
+// allocator does.
+TEST(DisaggEngineTest, ExternalKvPoolMemoryIsUsedAndCleared) {
+  std::mt19937 rng(std::random_device{}());
+  RequestSpec spec;
+  for (int t = 0; t < 37; ++t) spec.prompt.push_back(static_cast<int32_t>(rng() % 256));
+  spec.max_tokens = 6;
+  spec.ignore_eos = true;
+  const auto expected = RunMixed({spec});
+  std::vector<float> memory;
+  const ModelConfig model = TinyConfig();
+  auto engine = Engine::Create(SmallEngine(), model, RandomModelWeights(model, kWeightSeed),
+                               [&memory](int64_t bytes) -> absl::StatusOr<void*> {
+                                 memory.assign(bytes / sizeof(float),
+                                               std::numeric_limits<float>::quiet_NaN());
+                                 return static_cast<void*>(memory.data());
+                               });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->kv_pool_data(), memory.data());
+  EXPECT_EQ((*engine)->kv_pool_bytes(), static_cast<int64_t>(memory.size() * sizeof(float)));
+  ASSERT_TRUE((*engine)->AddRequest(0, spec).ok());
+  auto out = Drain(**engine);
+  EXPECT_EQ(out[0].tokens, expected.at(0).tokens);
+  auto failing = Engine::Create(
+      SmallEngine(), model, RandomModelWeights(model, kWeightSeed),
+      [](int64_t) -> absl::StatusOr<void*> { return absl::ResourceExhaustedError("no memory"); });
+  EXPECT_EQ(failing.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(DisaggEngineTest, RejectsInconsistentRemoteKv) {

@@ -18,7 +18,8 @@ Engine::Engine(const EngineConfig& config, const ModelConfig& model_config, int6
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelConfig& model_config,
-                                                       ModelWeights weights) {
+                                                       ModelWeights weights,
+                                                       const KvPoolAllocator& kv_pool_allocator) {
   if (config.block_size <= 0 || config.max_num_batched_tokens <= 0 || config.max_num_seqs <= 0 ||
       config.num_threads <= 0 || config.max_model_len < 0) {
     return absl::InvalidArgumentError(
@@ -54,7 +55,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   sched_config.max_model_len = max_model_len;
   engine->scheduler_ =
       std::make_unique<Scheduler>(sched_config, std::move(kv_cache), model_config.eos_token_ids);
-  engine->runner_ = std::make_unique<ModelRunner>(std::move(model), layout);
+  float* pool = nullptr;
+  if (kv_pool_allocator) {
+    ASSIGN_OR_RETURN(void* memory,
+                     kv_pool_allocator(layout.TotalElems() * static_cast<int64_t>(sizeof(float))));
+    if (memory == nullptr || reinterpret_cast<uintptr_t>(memory) % alignof(float) != 0) {
+      return absl::InternalError("KV pool allocator returned unusable memory");
+    }
+    pool = static_cast<float*>(memory);
+  }
+  engine->runner_ = std::make_unique<ModelRunner>(std::move(model), layout, pool);
   return engine;
 }
 

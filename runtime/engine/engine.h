@@ -12,6 +12,7 @@
 #define TANDEM_RUNTIME_ENGINE_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,11 +39,17 @@ struct EngineConfig {
   int num_threads = 2;
 };
 
+// Provides the KV pool's memory (`bytes`, float-aligned), e.g. from a transfer agent that can
+// share it with peers; it must outlive the engine. nullptr: declined, the engine allocates.
+// Errors abort Engine::Create.
+using KvPoolAllocator = std::function<absl::StatusOr<void*>(int64_t bytes)>;
+
 class Engine {
  public:
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
-                                                        const ModelConfig& model_config,
-                                                        ModelWeights weights);
+  // `kv_pool_allocator` may be null: the engine allocates the pool itself.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineConfig& config, const ModelConfig& model_config, ModelWeights weights,
+      const KvPoolAllocator& kv_pool_allocator = {});
 
   // INVALID_ARGUMENT for an empty prompt, token ids outside the vocabulary, max_tokens < 1,
   // prompt + max_tokens beyond the model's maximum length or the KV pool, bad sampling

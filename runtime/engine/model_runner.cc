@@ -8,8 +8,16 @@
 
 namespace tandem::runtime {
 
-ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout)
-    : model_(std::move(model)), layout_(layout), kv_pool_(layout.TotalElems(), 0.0f) {}
+ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
+                         float* kv_pool)
+    : model_(std::move(model)), layout_(layout), kv_pool_(kv_pool) {
+  if (kv_pool_ == nullptr) {
+    owned_pool_.assign(layout.TotalElems(), 0.0f);
+    kv_pool_ = owned_pool_.data();
+  } else {
+    std::fill_n(kv_pool_, layout.TotalElems(), 0.0f);
+  }
+}
 
 absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   const int64_t S = static_cast<int64_t>(batch.seqs.size());
@@ -54,7 +62,7 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   input.attention.block_tables = block_tables_.data();
   input.attention.num_seqs = S;
   input.attention.max_blocks_per_seq = max_blocks;
-  kernels::KvCacheView cache{kv_pool_.data(), layout_};
+  kernels::KvCacheView cache{kv_pool_, layout_};
   RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
 
   const int64_t vocab = model_->config().vocab_size;

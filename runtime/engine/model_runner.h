@@ -24,20 +24,27 @@ struct RunnerOutput {
 
 class ModelRunner {
  public:
-  ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout);
+  // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, owned by the caller and
+  // outliving the runner, e.g. a transfer agent's shareable allocation), or null: the runner
+  // allocates it. Either way it is zero-filled once here.
+  ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
+              float* kv_pool = nullptr);
 
   absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch);
 
   const kernels::KvCacheLayout& layout() const { return layout_; }
   const LlamaModel& model() const { return *model_; }
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
-  void* kv_pool_data() { return kv_pool_.data(); }
-  int64_t kv_pool_bytes() const { return static_cast<int64_t>(kv_pool_.size() * sizeof(float)); }
+  void* kv_pool_data() { return kv_pool_; }
+  int64_t kv_pool_bytes() const {
+    return layout_.TotalElems() * static_cast<int64_t>(sizeof(float));
+  }
 
  private:
   std::unique_ptr<LlamaModel> model_;
   const kernels::KvCacheLayout layout_;
-  std::vector<float> kv_pool_;  // [layout_.TotalElems()], allocated once
+  std::vector<float> owned_pool_;  // used when no external pool was given
+  float* kv_pool_;                 // [layout_.TotalElems()], allocated once
   // Per-step metadata, reused across steps.
   std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_;
   std::vector<int64_t> positions_, slot_mapping_, logit_rows_;

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -118,26 +119,38 @@ absl::Status Serve() {
   engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   engine_config.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                   Engine::Create(engine_config, model.config, std::move(model.weights)));
-  const std::string router = absl::GetFlag(FLAGS_router);
-  engine->EnableCacheEvents(!router.empty());
-
-  // KV transfer: the whole pool registered once; one connector for both directions.
+  // KV transfer: the whole pool registered once (allocated by the agent where it can share it
+  // best: UCX-mapped memory that shared-memory transports read in place); one connector for both
+  // directions.
   TransferAgentFlags agent_flags;
   agent_flags.transport = absl::GetFlag(FLAGS_kv_transport);
   agent_flags.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   agent_flags.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
   ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
                    MakeTransferAgent(agent_flags));
-  ASSIGN_OR_RETURN(uint32_t region,
-                   agent->RegisterMemory(engine->kv_pool_data(), engine->kv_pool_bytes(),
-                                         tandem::v1::MEMORY_KIND_HOST));
+  std::optional<uint32_t> region;
+  KvPoolAllocator allocator = [&](int64_t bytes) -> absl::StatusOr<void*> {
+    absl::StatusOr<std::pair<void*, uint32_t>> shared =
+        agent->AllocateMemory(static_cast<uint64_t>(bytes), tandem::v1::MEMORY_KIND_HOST);
+    if (shared.status().code() == absl::StatusCode::kUnimplemented) return nullptr;
+    if (!shared.ok()) return shared.status();
+    region = shared->second;
+    return shared->first;
+  };
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Engine> engine,
+      Engine::Create(engine_config, model.config, std::move(model.weights), allocator));
+  if (!region.has_value()) {  // the agent could not allocate: register the engine's own pool
+    ASSIGN_OR_RETURN(region, agent->RegisterMemory(engine->kv_pool_data(), engine->kv_pool_bytes(),
+                                                   tandem::v1::MEMORY_KIND_HOST));
+  }
+  const std::string router = absl::GetFlag(FLAGS_router);
+  engine->EnableCacheEvents(!router.empty());
   const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
   kvtransfer::PullKvConnectorOptions connector_options;
   connector_options.block_size = engine->block_size();
   connector_options.block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
-  connector_options.local_region = region;
+  connector_options.local_region = *region;
   connector_options.remote_region = 0;
   connector_options.first_lease_id = std::random_device{}() | 1;
   auto connector = std::make_unique<kvtransfer::PullKvConnector>(agent.get(), connector_options);

@@ -1,0 +1,215 @@
+#include "kvtransfer/nccl_agent_peer.h"
+
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <nccl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kvtransfer/nccl_agent.h"
+
+extern char** environ;
+
+namespace tandem::kvtransfer::nccl_peer {
+namespace {
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t EnvU64(const char* name) {
+  const char* v = std::getenv(name);
+  uint64_t out = 0;
+  if (v == nullptr || !absl::SimpleAtoi(v, &out)) return 0;
+  return out;
+}
+
+int RunPeer() {
+  const int device = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_DEVICE"));
+  const uint64_t bytes = EnvU64("TANDEM_NCCL_PEER_BYTES");
+  const uint64_t seed = EnvU64("TANDEM_NCCL_PEER_SEED");
+  const int in = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_IN"));
+  const int out = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_OUT"));
+  if (cudaSetDevice(device) != cudaSuccess) return 3;
+  char* buf = nullptr;
+  if (cudaMalloc(&buf, bytes) != cudaSuccess) return 4;
+  {
+    std::vector<char> host(bytes);
+    FillPattern(seed, 0, bytes, host.data());
+    if (cudaMemcpy(buf, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) return 5;
+  }
+  NcclAgentOptions options;
+  options.device = device;
+  auto agent = NcclAgent::Create(options);
+  if (!agent.ok()) return 6;
+  if (!(*agent)->RegisterMemory(buf, bytes, tandem::v1::MEMORY_KIND_CUDA).ok()) return 7;
+  tandem::v1::TransferHandshake desc;
+  if (!(*agent)->FillLocalDescriptor(&desc).ok()) return 8;
+  std::string wire = desc.SerializeAsString();
+  uint32_t len = static_cast<uint32_t>(wire.size());
+  if (!WriteAll(out, &len, 4) || !WriteAll(out, wire.data(), len)) return 9;
+  ncclComm_t raw = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  char cmd;
+  while (ReadAll(in, &cmd, 1)) {  // EOF: the parent is done
+    if (cmd == 'I') {
+      ncclUniqueId id;
+      if (!ReadAll(in, &id, sizeof(id))) return 10;
+      if (ncclCommInitRank(&raw, 2, id, 1) != ncclSuccess) return 11;
+    } else if (cmd == 'S') {
+      uint64_t n = 0;
+      uint32_t iters = 0;
+      if (!ReadAll(in, &n, 8) || !ReadAll(in, &iters, 4) || raw == nullptr) return 12;
+      for (uint32_t i = 0; i < iters; ++i) {
+        if (ncclSend(buf, n, ncclInt8, 0, raw, stream) != ncclSuccess) return 13;
+      }
+      if (cudaStreamSynchronize(stream) != cudaSuccess) return 14;
+      if (!WriteAll(out, "D", 1)) return 15;
+    } else {
+      return 16;
+    }
+  }
+  agent->reset();
+  if (raw != nullptr) ncclCommAbort(raw);  // local; the parent may be gone already
+  cudaFree(buf);
+  return 0;
+}
+
+}  // namespace
+
+void FillPattern(uint64_t seed, uint64_t offset, uint64_t n, char* out) {
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t pos = offset + i;
+    const uint64_t word = SplitMix(seed ^ SplitMix(pos / 8));
+    for (uint64_t b = pos % 8; b < 8 && i < n; ++b, ++i) {
+      out[i] = static_cast<char>(word >> (8 * b));
+    }
+  }
+}
+
+int MaybeRunPeer() {
+  if (std::getenv("TANDEM_NCCL_PEER") == nullptr) return -1;
+  return RunPeer();
+}
+
+absl::StatusOr<PeerProcess> PeerProcess::Spawn(int device, uint64_t bytes, uint64_t seed) {
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe failed");
+  // Parent ends must not leak into the child (its EOF detection depends on it).
+  fcntl(to_child[1], F_SETFD, FD_CLOEXEC);
+  fcntl(from_child[0], F_SETFD, FD_CLOEXEC);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back("TANDEM_NCCL_PEER=1");
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_DEVICE=", device));
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_BYTES=", bytes));
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_SEED=", seed));
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_IN=", to_child[0]));
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_OUT=", from_child[1]));
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  char arg0[] = "nccl_agent_peer";
+  char* argv[] = {arg0, nullptr};
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    execve("/proc/self/exe", argv, envp.data());
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  PeerProcess p;
+  p.pid_ = pid;
+  p.to_child_ = to_child[1];
+  p.from_child_ = from_child[0];
+  uint32_t len = 0;
+  std::string wire;
+  if (!ReadAll(p.from_child_, &len, 4) ||
+      (wire.resize(len), !ReadAll(p.from_child_, wire.data(), len)) ||
+      !p.descriptor_.ParseFromString(wire)) {
+    return absl::InternalError("nccl peer process died before sending its descriptor");
+  }
+  return p;
+}
+
+PeerProcess::PeerProcess(PeerProcess&& o) noexcept
+    : pid_(o.pid_),
+      to_child_(o.to_child_),
+      from_child_(o.from_child_),
+      descriptor_(std::move(o.descriptor_)) {
+  o.pid_ = -1;
+  o.to_child_ = o.from_child_ = -1;
+}
+
+PeerProcess::~PeerProcess() {
+  if (to_child_ >= 0) close(to_child_);
+  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  if (from_child_ >= 0) close(from_child_);
+}
+
+void PeerProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+absl::Status PeerProcess::RawInit(const std::string& unique_id) {
+  std::string cmd = "I" + unique_id;
+  if (!WriteAll(to_child_, cmd.data(), cmd.size())) return absl::UnavailableError("peer gone");
+  return absl::OkStatus();
+}
+
+absl::Status PeerProcess::RawSend(uint64_t bytes, uint32_t iters) {
+  char cmd[13];
+  cmd[0] = 'S';
+  std::memcpy(cmd + 1, &bytes, 8);
+  std::memcpy(cmd + 9, &iters, 4);
+  if (!WriteAll(to_child_, cmd, sizeof(cmd))) return absl::UnavailableError("peer gone");
+  return absl::OkStatus();
+}
+
+absl::Status PeerProcess::WaitRawDone() {
+  char c = 0;
+  if (!ReadAll(from_child_, &c, 1) || c != 'D') return absl::UnavailableError("peer gone");
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvtransfer::nccl_peer

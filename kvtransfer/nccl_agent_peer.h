@@ -1,0 +1,58 @@
+// Two-process harness for NcclAgent's GPU test and benchmark (CUDA builds only). NCCL refuses
+// one device twice in a communicator, so the source agent runs in a child process: the binary
+// re-executes itself (/proc/self/exe) with TANDEM_NCCL_PEER set, and its main() calls
+// MaybeRunPeer() first.
+//
+// The child: cudaSetDevice(device), allocates `bytes` of device memory filled with
+// FillPattern(seed), registers it with an NcclAgent (region 0), writes its descriptor to the
+// parent, then serves reads until the parent closes its pipe. It also answers raw-NCCL
+// benchmark commands (RawSend) on a separate communicator.
+//
+// Thread safety: a PeerProcess is used by one thread.
+#ifndef TANDEM_KVTRANSFER_NCCL_AGENT_PEER_H_
+#define TANDEM_KVTRANSFER_NCCL_AGENT_PEER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::kvtransfer::nccl_peer {
+
+// Deterministic bytes: out[i] = pattern byte at absolute offset `offset + i` for `seed`.
+void FillPattern(uint64_t seed, uint64_t offset, uint64_t n, char* out);
+
+// Runs the child role when TANDEM_NCCL_PEER is set and returns its exit code; -1 otherwise.
+int MaybeRunPeer();
+
+class PeerProcess {
+ public:
+  static absl::StatusOr<PeerProcess> Spawn(int device, uint64_t bytes, uint64_t seed);
+  PeerProcess(PeerProcess&& other) noexcept;
+  PeerProcess& operator=(PeerProcess&&) = delete;
+  ~PeerProcess();  // closes the pipe and waits for the child
+
+  const tandem::v1::TransferHandshake& descriptor() const { return descriptor_; }
+  void Kill();  // SIGKILL and reap
+  // Raw baseline: the child joins a fresh 2-rank communicator (`unique_id`, rank 1) on first
+  // use, then ncclSends `bytes` from the start of its buffer `iters` times; returns once it has
+  // posted the command (the parent receives with ncclRecv on rank 0).
+  absl::Status RawInit(const std::string& unique_id);
+  absl::Status RawSend(uint64_t bytes, uint32_t iters);
+  absl::Status WaitRawDone();
+
+ private:
+  PeerProcess() = default;
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  tandem::v1::TransferHandshake descriptor_;
+};
+
+}  // namespace tandem::kvtransfer::nccl_peer
+
+#endif  // TANDEM_KVTRANSFER_NCCL_AGENT_PEER_H_

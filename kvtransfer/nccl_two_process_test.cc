@@ -1,0 +1,234 @@
+// NcclAgent across two processes (NCCL will not put one device twice into a communicator): the
+// source agent runs in a re-executed copy of this binary (nccl_agent_peer.h) on device 1, the
+// reader here on device 0. Needs >= 2 GPUs; skips otherwise.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/copy_ops.h"
+#include "kvtransfer/nccl_agent.h"
+#include "kvtransfer/nccl_agent_peer.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+constexpr uint64_t kBlockBytes = 48 * 1024 + 8;  // odd-ish size: offsets are not powers of 2
+constexpr uint32_t kBlocks = 96;
+constexpr uint64_t kPoolBytes = kBlockBytes * kBlocks;
+constexpr char kSentinel = 0x5a;
+
+#define SKIP_WITHOUT_TWO_GPUS()                                                          \
+  do {                                                                                   \
+    TANDEM_SKIP_WITHOUT_GPU();                                                           \
+    int count = 0;                                                                       \
+    cudaGetDeviceCount(&count);                                                          \
+    if (count < 2) {                                                                     \
+      GTEST_SKIP() << "NcclAgent's two-process test needs 2 GPUs (NCCL cannot put both " \
+                      "ranks of a communicator on one device); found "                   \
+                   << count;                                                             \
+    }                                                                                    \
+  } while (false)
+
+absl::StatusOr<bool> WaitEnded(NcclAgent& agent, TransferId id) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    absl::StatusOr<bool> r = agent.CheckTransfer(id);
+    if (!r.ok() || *r) return r;
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("transfer did not end");
+    absl::SleepFor(absl::Microseconds(50));
+  }
+}
+
+class NcclTwoProcessTest : public ::testing::Test {
+ protected:
+  void SetUpAgents() {
+    seed_ = std::random_device{}();
+    auto peer = nccl_peer::PeerProcess::Spawn(/*device=*/1, kPoolBytes, seed_);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    peer_ = std::make_unique<nccl_peer::PeerProcess>(std::move(*peer));
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&local_), kPoolBytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(local_, kSentinel, kPoolBytes), cudaSuccess);
+    auto agent = NcclAgent::Create({.device = 0});
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = std::move(*agent);
+    ASSERT_TRUE(agent_->RegisterMemory(local_, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).ok());
+    ASSERT_TRUE(agent_->AddPeer("src", peer_->descriptor()).ok());
+  }
+  void TearDown() override {
+    agent_.reset();
+    peer_.reset();
+    if (local_ != nullptr) cudaFree(local_);
+  }
+  std::vector<char> LocalBytes() {
+    std::vector<char> host(kPoolBytes);
+    EXPECT_EQ(cudaMemcpy(host.data(), local_, kPoolBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+  uint64_t seed_ = 0;
+  char* local_ = nullptr;
+  std::unique_ptr<nccl_peer::PeerProcess> peer_;
+  std::unique_ptr<NcclAgent> agent_;
+};
+
+TEST(NcclAgentTest, RejectsHostMemoryAndBadDescriptors) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  auto agent = NcclAgent::Create();
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_EQ((*agent)->transport(), "nccl");
+  std::vector<char> host(64, 1);
+  EXPECT_EQ((*agent)
+                ->RegisterMemory(host.data(), host.size(), tandem::v1::MEMORY_KIND_HOST)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  tandem::v1::TransferHandshake desc;
+  ASSERT_TRUE((*agent)->FillLocalDescriptor(&desc).ok());
+  EXPECT_EQ(desc.transport(), "nccl");
+  EXPECT_EQ(desc.worker_address(), (*agent)->control_address());
+  tandem::v1::TransferHandshake bad = desc;
+  bad.set_transport("ucx");
+  EXPECT_EQ((*agent)->AddPeer("p", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = desc;
+  bad.set_worker_address("no-port");
+  EXPECT_EQ((*agent)->AddPeer("p", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.set_worker_address("127.0.0.1:1");  // nothing listens on port 1
+  EXPECT_EQ((*agent)->AddPeer("p", bad).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*agent)->PostRead("p", {{0, 0, 0, 0, 1}}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*agent)->CheckTransfer(12345).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  std::mt19937_64 rng(seed_);
+  std::vector<char> expected(kPoolBytes, kSentinel);  // what local_ should hold
+  std::vector<char> block;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<uint32_t> src(kBlocks), dst(kBlocks);
+    std::iota(src.begin(), src.end(), 0);
+    std::iota(dst.begin(), dst.end(), 0);
+    std::shuffle(src.begin(), src.end(), rng);
+    std::shuffle(dst.begin(), dst.end(), rng);
+    const size_t n = 1 + rng() % 40;
+    src.resize(n);
+    dst.resize(n);
+    if (round == 0) std::iota(src.begin(), src.end(), 0), std::iota(dst.begin(), dst.end(), 3);
+    std::vector<CopyOp> ops = BlockCopyOps(0, 0, kBlockBytes, dst, src);
+    // A partial range too: not every op is block-aligned.
+    const uint64_t off = rng() % (kBlockBytes / 2);
+    ops.push_back({0, dst[0] * kBlockBytes + off, 0, src[0] * kBlockBytes + off, 1 + off / 3});
+    absl::StatusOr<TransferId> id = agent_->PostRead("src", ops);
+    ASSERT_TRUE(id.ok()) << id.status();
+    absl::StatusOr<bool> done = WaitEnded(*agent_, *id);
+    ASSERT_TRUE(done.ok()) << done.status();
+    for (const CopyOp& op : ops) {
+      block.resize(op.length);  // coalesced runs span several blocks
+      nccl_peer::FillPattern(seed_, op.remote_offset, op.length, block.data());
+      std::copy(block.begin(), block.begin() + op.length, expected.begin() + op.local_offset);
+    }
+    ASSERT_TRUE(LocalBytes() == expected) << "round " << round << " mismatch";
+  }
+  EXPECT_GT(agent_->Stats().bytes_read, 0u);
+  EXPECT_EQ(agent_->Stats().transfers_completed, 6u);
+}
+
+TEST_F(NcclTwoProcessTest, SourceRefusesRangesItDoesNotHave) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  // Local validation first.
+  EXPECT_EQ(agent_->PostRead("src", {{0, 0, 0, kPoolBytes, 1}}).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(agent_->PostRead("src", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // A descriptor that overstates the source's region passes local checks; the source refuses.
+  tandem::v1::TransferHandshake lying = peer_->descriptor();
+  lying.mutable_regions(0)->set_length(kPoolBytes * 2);
+  ASSERT_TRUE(agent_->AddPeer("liar", lying).ok());
+  absl::StatusOr<TransferId> id = agent_->PostRead("liar", {{0, 0, 0, kPoolBytes, 16}});
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(WaitEnded(*agent_, *id).status().code(), absl::StatusCode::kOutOfRange);
+  // The connection survives a refused read.
+  id = agent_->PostRead("liar", {{0, 0, 0, 0, kBlockBytes}});
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(WaitEnded(*agent_, *id).ok());
+  EXPECT_EQ(agent_->CheckTransfer(*id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NcclTwoProcessTest, CancelAndRemovePeerEndTransfers) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  std::vector<TransferId> ids;
+  for (int i = 0; i < 8; ++i) {
+    auto id = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  agent_->Cancel(ids.back());
+  // Either it was still queued (CANCELLED) or already posted (CANCELLED after its bytes land,
+  // or OK if it finished first).
+  absl::StatusOr<bool> last = WaitEnded(*agent_, ids.back());
+  EXPECT_TRUE(last.ok() || last.status().code() == absl::StatusCode::kCancelled) << last.status();
+  for (int i = 0; i + 1 < 4; ++i) EXPECT_TRUE(WaitEnded(*agent_, ids[i]).ok());
+  agent_->RemovePeer("src");
+  for (int i = 3; i + 1 < 8; ++i) {
+    absl::StatusOr<bool> r = WaitEnded(*agent_, ids[i]);
+    EXPECT_TRUE(r.ok() || r.status().code() == absl::StatusCode::kCancelled) << r.status();
+  }
+  EXPECT_EQ(agent_->PostRead("src", {{0, 0, 0, 0, 1}}).status().code(),
+            absl::StatusCode::kNotFound);
+  // Re-adding reconnects.
+  ASSERT_TRUE(agent_->AddPeer("src", peer_->descriptor()).ok());
+  auto id = agent_->PostRead("src", {{0, 0, 0, 0, kBlockBytes}});
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(WaitEnded(*agent_, *id).ok());
+}
+
+TEST_F(NcclTwoProcessTest, DeadPeerEndsTransfersUnavailable) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  std::vector<TransferId> ids;
+  for (int i = 0; i < 16; ++i) {
+    auto id = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  peer_->Kill();
+  // Transfers that raced ahead of the kill may have finished; the rest end UNAVAILABLE.
+  for (TransferId id : ids) {
+    absl::StatusOr<bool> r = WaitEnded(*agent_, id);
+    EXPECT_TRUE(r.ok() || r.status().code() == absl::StatusCode::kUnavailable) << r.status();
+  }
+  // The peer stays known but unusable until AddPeer; a read posted before the death is
+  // noticed ends UNAVAILABLE.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<TransferId> id = agent_->PostRead("src", {{0, 0, 0, 0, 1}});
+    last = id.ok() ? WaitEnded(*agent_, *id).status() : id.status();
+    if (!last.ok()) break;
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
+
+int main(int argc, char** argv) {
+  const int peer_rc = tandem::kvtransfer::nccl_peer::MaybeRunPeer();
+  if (peer_rc >= 0) return peer_rc;
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
