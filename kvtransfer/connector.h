@@ -22,15 +22,32 @@
 #define TANDEM_KVTRANSFER_CONNECTOR_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace tandem::kvtransfer {
+
+// D side: asks a KV source to extend a lease while a load from it is still running (the
+// source's RenewLease RPC; PeerLinks implements it, tests inject fakes). Implementations must
+// not block: they send the request in the background and call `done` exactly once, inline or
+// later from any thread, with the lease's new deadline, NOT_FOUND when the source no longer
+// holds the lease (released or expired: its blocks may be reused), or the error of the attempt
+// (the lease may still be alive). Thread-safe.
+class LeaseRenewer {
+ public:
+  virtual ~LeaseRenewer() = default;
+  virtual void RenewLeaseAsync(const std::string& peer, uint64_t epoch, uint64_t lease_id,
+                               absl::Duration extend,
+                               std::function<void(absl::StatusOr<absl::Time>)> done) = 0;
+};
 
 // Where a request's KV lives on another worker (D side; from a KvHandle).
 struct RemoteKvSpec {
@@ -40,6 +57,10 @@ struct RemoteKvSpec {
   int64_t num_tokens = 0;          // tokens whose KV the source holds (last block may be partial)
   uint64_t lease_id = 0;
   absl::Time deadline = absl::InfiniteFuture();  // give up loading (cancel) after this
+  // The source's lease deadline: a load stops a safety margin before it unless the lease is
+  // renewed (PullKvConnector: by `lease_renewer`, when the load runs longer than half the lease).
+  absl::Time lease_deadline = absl::InfiniteFuture();
+  std::shared_ptr<LeaseRenewer> lease_renewer;  // null: no renewal
 };
 
 // A lease granted on the source side (P) for a finished request's blocks.
@@ -80,6 +101,7 @@ struct KvConnectorStats {
   uint64_t leases_granted = 0;
   uint64_t leases_released = 0;
   uint64_t leases_expired = 0;
+  uint64_t lease_renewals = 0;  // D side: renewals of sources' leases that succeeded
   uint64_t leases_active = 0;
   uint64_t blocks_leased = 0;  // blocks currently held under leases
   uint64_t loads_started = 0;

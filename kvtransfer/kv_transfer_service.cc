@@ -1,5 +1,6 @@
 #include "kvtransfer/kv_transfer_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,15 +74,43 @@ grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
+// The LeaseRenewer handed out by lease_renewer(): forwards to the PeerLinks while it lives.
+class PeerLinks::Renewer final : public LeaseRenewer {
+ public:
+  explicit Renewer(PeerLinks* links) : links_(links) {}
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    links_ = nullptr;
+  }
+  void RenewLeaseAsync(const std::string& peer, uint64_t epoch, uint64_t lease_id,
+                       absl::Duration extend,
+                       std::function<void(absl::StatusOr<absl::Time>)> done) override {
+    absl::Status queued = absl::CancelledError("PeerLinks is gone");
+    {
+      absl::MutexLock lock(&mu_);
+      if (links_ != nullptr) queued = links_->QueueRenewal(peer, epoch, lease_id, extend, done);
+    }
+    if (!queued.ok()) done(queued);  // outside the lock: `done` may take its own locks
+  }
+
+ private:
+  absl::Mutex mu_;
+  PeerLinks* links_ ABSL_GUARDED_BY(mu_);
+};
+
 PeerLinks::PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
                      absl::Duration rpc_timeout)
-    : agent_(agent), local_(std::move(local)), rpc_timeout_(rpc_timeout) {
+    : agent_(agent),
+      local_(std::move(local)),
+      rpc_timeout_(rpc_timeout),
+      renewer_(std::make_shared<Renewer>(this)) {
   absl::Status filled = agent_->FillLocalDescriptor(&local_);
   if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
   releaser_ = std::thread([this] { ReleaseLoop(); });
 }
 
 PeerLinks::~PeerLinks() {
+  renewer_->Detach();  // no new renewals
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -89,12 +118,69 @@ PeerLinks::~PeerLinks() {
   releaser_.join();
 }
 
+std::shared_ptr<LeaseRenewer> PeerLinks::lease_renewer() const { return renewer_; }
+
+absl::Status PeerLinks::QueueRenewal(const std::string& peer, uint64_t epoch, uint64_t lease_id,
+                                     absl::Duration extend,
+                                     std::function<void(absl::StatusOr<absl::Time>)>& done) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::CancelledError("PeerLinks is stopping");
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) {
+    return absl::UnavailableError(absl::StrCat("no link to KV source ", peer));
+  }
+  if (it->second.epoch != epoch) {  // the source restarted: the lease died with it
+    return absl::NotFoundError(absl::StrCat("KV source ", peer, " restarted (epoch ",
+                                            it->second.epoch, ", lease of epoch ", epoch, ")"));
+  }
+  PendingRenewal renewal;
+  renewal.stub = it->second.stub;
+  renewal.request.set_worker_id(peer);
+  renewal.request.set_epoch(epoch);
+  renewal.request.set_lease_id(lease_id);
+  renewal.request.set_extend_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(extend), 1, 10 * 60 * 1000)));
+  renewal.done = std::move(done);
+  renewals_.push_back(std::move(renewal));
+  return absl::OkStatus();
+}
+
+void PeerLinks::SendRenewal(PendingRenewal renewal) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  tandem::v1::RenewLeaseResponse response;
+  grpc::Status s = renewal.stub->RenewLease(&context, renewal.request, &response);
+  if (!s.ok()) {
+    renewal.done(FromGrpc(s, absl::StrCat("RenewLease to ", renewal.request.worker_id())));
+  } else if (!response.renewed()) {
+    renewal.done(
+        absl::NotFoundError(absl::StrCat("KV source ", renewal.request.worker_id(),
+                                         " does not hold lease ", renewal.request.lease_id())));
+  } else {
+    renewal.done(absl::FromUnixMillis(response.lease_deadline_unix_ms()));
+  }
+}
+
 void PeerLinks::ReleaseLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    auto ready = [this]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !releases_.empty(); };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || !releases_.empty() || !renewals_.empty();
+    };
     mu_.Await(absl::Condition(&ready));
+    if (!renewals_.empty()) {  // renewals first: a load is waiting on each
+      PendingRenewal next = std::move(renewals_.front());
+      renewals_.pop_front();
+      const bool stopping = stop_;
+      mu_.Unlock();
+      if (stopping) {
+        next.done(absl::CancelledError("PeerLinks is stopping"));
+      } else {
+        SendRenewal(std::move(next));
+      }
+      mu_.Lock();
+      continue;
+    }
     if (releases_.empty()) return;  // stop_ and nothing left to send
     PendingRelease next = std::move(releases_.front());
     releases_.pop_front();

@@ -5,7 +5,8 @@
 //    descriptor), and ReleaseLease / RenewLease on the source's connector.
 //  * PeerLinks, used by every reader (decode / mixed worker): handshakes once per source
 //    incarnation (worker id + epoch) before the first READ, detects a restarted source (its
-//    epoch differs from the handle's: the handle is stale), and releases leases asynchronously.
+//    epoch differs from the handle's: the handle is stale), releases leases asynchronously, and
+//    renews them for long loads (lease_renewer(), a LeaseRenewer for RemoteKvSpec).
 //
 // Thread safety: both classes are thread-safe.
 #ifndef TANDEM_KVTRANSFER_KV_TRANSFER_SERVICE_H_
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -65,10 +67,24 @@ class PeerLinks {
   absl::Status EnsurePeer(const tandem::v1::KvHandle& handle);
   // Tells the source that the handle's lease is done (best effort, in the background).
   void ReleaseLease(const tandem::v1::KvHandle& handle);
+  // Renews leases of handshaked sources with RenewLease RPCs on the background thread (before
+  // queued releases). After ~PeerLinks it answers CANCELLED, so it may outlive this object.
+  std::shared_ptr<LeaseRenewer> lease_renewer() const;
 
   uint64_t handshakes() const;
 
  private:
+  class Renewer;
+  struct PendingRenewal {
+    std::shared_ptr<tandem::v1::KvTransferService::Stub> stub;
+    tandem::v1::RenewLeaseRequest request;
+    std::function<void(absl::StatusOr<absl::Time>)> done;
+  };
+  // Queues a renewal; an error (nothing queued) when `peer` is not a handshaked source.
+  absl::Status QueueRenewal(const std::string& peer, uint64_t epoch, uint64_t lease_id,
+                            absl::Duration extend,
+                            std::function<void(absl::StatusOr<absl::Time>)>& done);
+  void SendRenewal(PendingRenewal renewal);
   struct Peer {
     uint64_t epoch = 0;
     std::string endpoint;
@@ -80,7 +96,8 @@ class PeerLinks {
   };
   absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> StubFor(
       const tandem::v1::KvHandle& handle);
-  void ReleaseLoop();  // the releaser thread: sends queued ReleaseLease RPCs in order
+  // The background thread: sends queued RenewLease RPCs, then ReleaseLease RPCs, in order.
+  void ReleaseLoop();
 
   TransferAgent* const agent_;
   tandem::v1::TransferHandshake local_;
@@ -91,7 +108,9 @@ class PeerLinks {
   absl::Mutex handshake_mu_;
   uint64_t handshakes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<PendingRelease> releases_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingRenewal> renewals_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Renewer> renewer_;
   std::thread releaser_;
 };
 

@@ -1,9 +1,7 @@
 #include "kvtransfer/nccl_agent.h"
 
-#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -11,17 +9,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cuda_status.h"
 #include "common/nccl_status.h"
 #include "common/status_macros.h"
 #include "kvtransfer/copy_ops.h"
+#include "kvtransfer/nccl_agent_link.h"
+#include "kvtransfer/nccl_agent_plan.h"
 #include "kvtransfer/nccl_agent_socket.h"
 #include "kvtransfer/nccl_agent_wire.h"
 #include "tandem/v1/limits.h"
@@ -61,47 +62,34 @@ struct NcclAgent::Served {
   std::thread thread;
 };
 
+// A reader-side transfer whose kRead went out. Owned by the peer thread; the Transfer itself
+// stays in transfers_ (guarded by mu_).
+struct NcclAgent::Posted {
+  Transfer* t = nullptr;
+  absl::Time deadline;  // of the ack (awaiting), or of finishing once it is the oldest (running)
+};
+
 namespace {
 
-// Owns a communicator, stream and event on the calling thread's device. Teardown always aborts:
-// ncclCommAbort is local (no peer needed) and stops in-flight kernels, then the stream is drained
-// so no more bytes land in registered memory.
-struct CommState {
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t event = nullptr;
-  ~CommState() {
-    if (comm != nullptr) ncclCommAbort(comm);
-    if (stream != nullptr) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
-    if (event != nullptr) cudaEventDestroy(event);
-  }
-  absl::Status Init(int device, const ncclUniqueId& id, int rank) {
-    CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, 2, id, rank));
-    return absl::OkStatus();
-  }
-  // Waits for the work recorded on the stream, watching the control socket for the peer's death
-  // and `stop`. OK when the stream finished.
-  absl::Status Wait(int fd, const std::atomic<bool>& stop) {
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream));
-    for (;;) {
-      cudaError_t q = cudaEventQuery(event);
-      if (q == cudaSuccess) return absl::OkStatus();
-      if (q != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(q);
-      ncclResult_t async = ncclSuccess;
-      NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &async));
-      NCCL_RETURN_IF_ERROR(async);
-      if (stop.load()) return absl::CancelledError("nccl agent: connection stopped");
-      RETURN_IF_ERROR(nccl_socket::CheckAlive(fd));
-      std::this_thread::yield();
-    }
-  }
-};
+// The source keeps at most this many transfers of one reader on the GPU; more kReads wait.
+constexpr size_t kMaxServedInFlight = 16;
+
+NcclLinkOptions LinkOptions(const NcclAgentOptions& o) {
+  NcclLinkOptions l;
+  l.device = o.device;
+  l.staging_chunk_bytes = o.staging_chunk_bytes;
+  l.staging_buffers = o.staging_buffers;
+  l.copy_ctas = o.copy_ctas;
+  l.init_timeout = o.init_timeout;
+  return l;
+}
+
+std::vector<uint64_t> OpLengths(absl::Span<const CopyOp> ops) {
+  std::vector<uint64_t> out;
+  out.reserve(ops.size());
+  for (const CopyOp& op : ops) out.push_back(op.length);
+  return out;
+}
 
 }  // namespace
 
@@ -119,6 +107,17 @@ absl::Status NcclAgent::Init() {
   if (options_.device < 0 || options_.device >= count) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl agent: device ", options_.device, " of ", count));
+  }
+  const NcclAgentOptions& o = options_;
+  if (o.staging_chunk_bytes == 0 || o.staging_buffers < 1 || o.direct_min_bytes == 0 ||
+      o.copy_ctas < 1 || o.max_posted_transfers < 1 || o.init_timeout <= absl::ZeroDuration() ||
+      o.transfer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl agent: bad options: staging_chunk_bytes ", o.staging_chunk_bytes,
+        ", staging_buffers ", o.staging_buffers, ", direct_min_bytes ", o.direct_min_bytes,
+        ", copy_ctas ", o.copy_ctas, ", max_posted_transfers ", o.max_posted_transfers,
+        ", init_timeout ", absl::FormatDuration(o.init_timeout), ", transfer_timeout ",
+        absl::FormatDuration(o.transfer_timeout)));
   }
   int port = 0;
   ASSIGN_OR_RETURN(listen_fd_,
@@ -352,98 +351,148 @@ void NcclAgent::AcceptLoop() {
   }
 }
 
+std::vector<uint64_t> NcclAgent::OpAddresses(absl::Span<const CopyOp> ops, bool local) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> out;
+  out.reserve(ops.size());
+  for (const CopyOp& op : ops) {
+    const Region& r = regions_[local ? op.local_region : op.remote_region];
+    out.push_back(reinterpret_cast<uint64_t>(r.base) +
+                  (local ? op.local_offset : op.remote_offset));
+  }
+  return out;
+}
+
 void NcclAgent::ServeLoop(Served* served) {
   const int fd = served->fd;
   MessageType type;
   std::string payload;
   // The reader's hello follows its connect at once; a long wait means a stray client.
-  absl::Status s = nccl_socket::RecvFrame(fd, served->stop, absl::Seconds(30), &type, &payload);
+  absl::Status s = nccl_socket::RecvFrame(fd, served->stop, options_.init_timeout, &type, &payload);
   if (!s.ok() || type != MessageType::kHello || payload.size() != sizeof(ncclUniqueId)) {
     close(fd);
     return;
   }
   ncclUniqueId id;
   std::memcpy(&id, payload.data(), sizeof(id));
-  {
-    CommState comm;
-    if (!comm.Init(options_.device, id, /*rank=*/1).ok()) {
-      close(fd);
-      return;
+  absl::StatusOr<std::unique_ptr<NcclLink>> link =
+      NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kSender, id, fd, served->stop);
+  if (!link.ok()) {
+    close(fd);
+    return;
+  }
+  absl::Time oldest_deadline = absl::InfiniteFuture();  // of the oldest transfer on the GPU
+  // Ends with the connection: the reader hung up, spoke garbage, went silent, or stop.
+  while (!served->stop.load()) {
+    const size_t before = (*link)->in_flight();
+    absl::Status polled;
+    while ((*link)->in_flight() > 0) {
+      absl::StatusOr<bool> done = (*link)->PollOldest();
+      polled = done.status();
+      if (!done.ok() || !*done) break;
     }
-    while (!served->stop.load()) {
-      s = nccl_socket::RecvFrame(fd, served->stop, absl::InfiniteDuration(), &type, &payload);
-      if (!s.ok() || type != MessageType::kRead) break;
-      absl::StatusOr<nccl_wire::ReadRequest> req = nccl_wire::DecodeReadRequest(payload);
-      if (!req.ok()) break;  // the peer speaks garbage: drop the connection
-      std::vector<Region> regions;
-      {
-        absl::MutexLock lock(&mu_);
-        regions = regions_;
-      }
-      std::vector<uint64_t> bytes;
-      for (const Region& r : regions) bytes.push_back(r.length);
-      absl::Status verdict = nccl_wire::ValidateSourceRanges(req->ops, bytes);
-      if (!nccl_socket::SendFrame(fd, MessageType::kReadAck,
-                                  nccl_wire::EncodeReadAck(req->id, verdict))
-               .ok()) {
-        break;
-      }
-      if (!verdict.ok()) continue;
-      ncclResult_t r = ncclGroupStart();
-      for (const CopyOp& op : req->ops) {
-        if (r != ncclSuccess) break;
-        r = ncclSend(regions[op.remote_region].base + op.remote_offset, op.length, ncclInt8,
-                     /*peer=*/0, comm.comm, comm.stream);
-      }
-      ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess || end != ncclSuccess) break;
-      if (!comm.Wait(fd, served->stop).ok()) break;
+    if (!polled.ok()) break;
+    const absl::Time now = absl::Now();
+    if ((*link)->in_flight() < before) oldest_deadline = now + options_.transfer_timeout;
+    if ((*link)->in_flight() > 0 && now > oldest_deadline) break;  // the reader went silent
+    const bool busy = (*link)->in_flight() > 0;
+    // A full GPU queue takes no new kRead until its oldest transfer ended.
+    if (busy && (*link)->in_flight() >= kMaxServedInFlight) {
+      std::this_thread::yield();
+      continue;
     }
-  }  // aborts the communicator and drains the stream
+    s = nccl_socket::WaitReadable(fd, served->stop,
+                                  busy ? absl::ZeroDuration() : absl::Milliseconds(20));
+    if (absl::IsDeadlineExceeded(s)) {
+      if (busy) std::this_thread::yield();
+      continue;
+    }
+    if (!s.ok()) break;
+    s = nccl_socket::RecvFrame(fd, served->stop, options_.transfer_timeout, &type, &payload);
+    if (!s.ok() || type != MessageType::kRead) break;
+    if (!busy) oldest_deadline = absl::Now() + options_.transfer_timeout;
+    if (!Serve(fd, payload, link->get()).ok()) break;
+  }
+  link->reset();  // aborts the communicator and drains the streams
   close(fd);
 }
 
-absl::Status NcclAgent::RunTransfer(Peer* peer, Transfer* t, void* comm_state, int fd,
-                                    absl::Status* result) {
-  CommState& comm = *static_cast<CommState*>(comm_state);
-  ASSIGN_OR_RETURN(std::string request, nccl_wire::EncodeReadRequest(t->id, t->ops));
-  RETURN_IF_ERROR(nccl_socket::SendFrame(fd, MessageType::kRead, request));
-  MessageType type;
-  std::string payload;
-  RETURN_IF_ERROR(
-      nccl_socket::RecvFrame(fd, peer->stop, absl::InfiniteDuration(), &type, &payload));
-  uint64_t id = 0;
-  absl::Status verdict;
-  if (type != MessageType::kReadAck || !nccl_wire::DecodeReadAck(payload, &id, &verdict).ok() ||
-      id != t->id) {
-    return absl::UnavailableError("nccl agent: bad answer from the source");
-  }
-  if (!verdict.ok()) {
-    *result = verdict;
-    return absl::OkStatus();
-  }
-  std::vector<Region> regions;
+absl::Status NcclAgent::Serve(int fd, const std::string& payload, NcclLink* link) {
+  // A request that does not parse means the peer speaks garbage: drop the connection.
+  ASSIGN_OR_RETURN(nccl_wire::ReadRequest req, nccl_wire::DecodeReadRequest(payload));
+  std::vector<uint64_t> region_bytes;
   {
     absl::MutexLock lock(&mu_);
-    regions = regions_;
+    for (const Region& r : regions_) region_bytes.push_back(r.length);
   }
-  NCCL_RETURN_IF_ERROR(ncclGroupStart());
-  ncclResult_t r = ncclSuccess;
-  for (const CopyOp& op : t->ops) {
-    r = ncclRecv(regions[op.local_region].base + op.local_offset, op.length, ncclInt8,
-                 /*peer=*/1, comm.comm, comm.stream);
-    if (r != ncclSuccess) break;
+  nccl_wire::ReadAck ack;
+  ack.id = req.id;
+  ack.chunk_bytes = std::min(req.params.chunk_bytes, options_.staging_chunk_bytes);
+  ack.verdict = nccl_wire::ValidateSourceRanges(req.ops, region_bytes);
+  absl::StatusOr<nccl_plan::Plan> plan = absl::UnknownError("unset");
+  if (ack.verdict.ok()) {
+    plan = nccl_plan::MakePlan(OpLengths(req.ops), {ack.chunk_bytes, req.params.direct_min_bytes});
+    ack.verdict = plan.status();
   }
-  ncclResult_t end = ncclGroupEnd();
-  NCCL_RETURN_IF_ERROR(r);
-  NCCL_RETURN_IF_ERROR(end);
-  RETURN_IF_ERROR(comm.Wait(fd, peer->stop));
-  *result = absl::OkStatus();
+  // Ack first: the reader posts its receives while we launch the sends.
+  RETURN_IF_ERROR(nccl_socket::SendFrame(fd, MessageType::kReadAck, nccl_wire::EncodeReadAck(ack)));
+  if (!ack.verdict.ok()) return absl::OkStatus();
+  return link->Enqueue(*plan, OpAddresses(req.ops, /*local=*/false));
+}
+
+absl::Status NcclAgent::ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<Posted>* awaiting,
+                                 std::deque<Posted>* running) {
+  while (!awaiting->empty()) {
+    absl::Status s = nccl_socket::WaitReadable(fd, peer->stop, absl::ZeroDuration());
+    if (absl::IsDeadlineExceeded(s)) return absl::OkStatus();  // nothing more yet
+    RETURN_IF_ERROR(s);
+    MessageType type;
+    std::string payload;
+    RETURN_IF_ERROR(
+        nccl_socket::RecvFrame(fd, peer->stop, options_.transfer_timeout, &type, &payload));
+    absl::StatusOr<nccl_wire::ReadAck> ack = type == MessageType::kReadAck
+                                                 ? nccl_wire::DecodeReadAck(payload)
+                                                 : absl::InvalidArgumentError("not an ack");
+    Transfer* t = awaiting->front().t;
+    if (!ack.ok() || ack->id != t->id) {
+      return absl::UnavailableError("nccl agent: bad answer from the source");
+    }
+    awaiting->pop_front();
+    if (!ack->verdict.ok()) {
+      absl::MutexLock lock(&mu_);
+      EndLocked(t, ack->verdict);
+      continue;
+    }
+    if (ack->chunk_bytes > options_.staging_chunk_bytes) {
+      return absl::UnavailableError(absl::StrCat("nccl agent: the source chose chunks of ",
+                                                 ack->chunk_bytes, " bytes, above ours"));
+    }
+    ASSIGN_OR_RETURN(
+        nccl_plan::Plan plan,
+        nccl_plan::MakePlan(OpLengths(t->ops), {ack->chunk_bytes, options_.direct_min_bytes}));
+    RETURN_IF_ERROR(link->Enqueue(plan, OpAddresses(t->ops, /*local=*/true)));
+    running->push_back(
+        {t, running->empty() ? absl::Now() + options_.transfer_timeout : absl::InfiniteFuture()});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclAgent::RetireFinished(NcclLink* link, std::deque<Posted>* running) {
+  while (!running->empty()) {
+    ASSIGN_OR_RETURN(bool done, link->PollOldest());
+    if (!done) return absl::OkStatus();
+    Transfer* t = running->front().t;
+    running->pop_front();
+    if (!running->empty()) running->front().deadline = absl::Now() + options_.transfer_timeout;
+    absl::MutexLock lock(&mu_);
+    EndLocked(t, t->cancel ? absl::CancelledError(absl::StrCat("transfer ", t->id, " cancelled"))
+                           : absl::OkStatus());
+  }
   return absl::OkStatus();
 }
 
 void NcclAgent::PeerLoop(Peer* peer) {
-  auto comm = std::make_unique<CommState>();
+  std::unique_ptr<NcclLink> link;
   int fd = -1;
   absl::Status init = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(fd, nccl_socket::Connect(peer->host, peer->port, options_.connect_timeout));
@@ -452,14 +501,18 @@ void NcclAgent::PeerLoop(Peer* peer) {
     RETURN_IF_ERROR(
         nccl_socket::SendFrame(fd, MessageType::kHello,
                                absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
-    return comm->Init(options_.device, id, /*rank=*/0);
+    ASSIGN_OR_RETURN(link, NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kReceiver, id,
+                                             fd, peer->stop));
+    return absl::OkStatus();
   }();
   if (!init.ok()) {
-    comm.reset();
+    link.reset();
     if (fd >= 0) close(fd);
+    const std::string what =
+        absl::StrCat("nccl agent: cannot connect to peer ", peer->name, ": ", init.message());
     absl::MutexLock lock(&mu_);
-    peer->init_status = absl::UnavailableError(
-        absl::StrCat("nccl agent: cannot connect to peer ", peer->name, ": ", init.message()));
+    peer->init_status = absl::IsDeadlineExceeded(init) ? absl::DeadlineExceededError(what)
+                                                       : absl::UnavailableError(what);
     peer->ready = true;
     return;
   }
@@ -467,34 +520,56 @@ void NcclAgent::PeerLoop(Peer* peer) {
     absl::MutexLock lock(&mu_);
     peer->ready = true;
   }
-  absl::Status conn_status;  // why the loop ended
-  Transfer* current = nullptr;
+  const nccl_plan::PlanParams params{options_.staging_chunk_bytes, options_.direct_min_bytes};
+  const size_t window = static_cast<size_t>(options_.max_posted_transfers);
+  std::deque<Posted> awaiting;  // kRead sent, no ack yet
+  std::deque<Posted> running;   // on the GPU
+  absl::Status conn_status;     // why the loop ended
   while (conn_status.ok()) {
-    {
+    std::vector<Transfer*> fresh;
+    bool idle = false;
+    if (peer->stop.load()) break;
+    if (awaiting.size() + running.size() < window) {  // else: no need to contend for mu_
       absl::MutexLock lock(&mu_);
-      auto has_work = [peer] { return !peer->queue.empty() || peer->stop.load(); };
-      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(20));
+      if (awaiting.empty() && running.empty()) {
+        auto has_work = [peer] { return !peer->queue.empty() || peer->stop.load(); };
+        idle = !mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(20));
+      }
       if (peer->stop.load()) break;
-      if (!peer->queue.empty()) {
-        current = transfers_[peer->queue.front()].get();
+      while (awaiting.size() + running.size() + fresh.size() < window && !peer->queue.empty()) {
+        Transfer* t = transfers_[peer->queue.front()].get();
         peer->queue.pop_front();
-        current->posted = true;
+        t->posted = true;
+        fresh.push_back(t);
       }
     }
-    if (current == nullptr) {
+    if (idle) {  // nothing may arrive now: readable means EOF or garbage
       conn_status = nccl_socket::CheckAlive(fd);
       continue;
     }
-    absl::Status result;
-    conn_status = RunTransfer(peer, current, comm.get(), fd, &result);
+    for (Transfer* t : fresh) {
+      awaiting.push_back({t, absl::Now() + options_.transfer_timeout});
+      absl::StatusOr<std::string> request = nccl_wire::EncodeReadRequest(t->id, params, t->ops);
+      conn_status = request.ok() ? nccl_socket::SendFrame(fd, MessageType::kRead, *request)
+                                 : request.status();
+      if (!conn_status.ok()) break;
+    }
     if (!conn_status.ok()) break;
-    absl::MutexLock lock(&mu_);
-    EndLocked(current, current->cancel && result.ok() ? absl::CancelledError(absl::StrCat(
-                                                            "transfer ", current->id, " cancelled"))
-                                                      : result);
-    current = nullptr;
+    conn_status = ReadAcks(peer, fd, link.get(), &awaiting, &running);
+    if (conn_status.ok()) conn_status = RetireFinished(link.get(), &running);
+    if (!conn_status.ok()) break;
+    if (awaiting.empty() && !running.empty()) conn_status = nccl_socket::CheckAlive(fd);
+    const absl::Time now = absl::Now();
+    for (const std::deque<Posted>* q : {&awaiting, &running}) {
+      if (conn_status.ok() && !q->empty() && now > q->front().deadline) {
+        conn_status = absl::UnavailableError(absl::StrCat(
+            "transfer ", q->front().t->id, " made no progress within ",
+            absl::FormatDuration(options_.transfer_timeout), " (silent peer); aborted"));
+      }
+    }
+    if (!awaiting.empty() || !running.empty()) std::this_thread::yield();
   }
-  comm.reset();  // abort + drain: nothing more lands in our memory
+  link.reset();  // abort + drain: nothing more lands in our memory
   close(fd);
   absl::MutexLock lock(&mu_);
   absl::Status reason =
@@ -502,7 +577,9 @@ void NcclAgent::PeerLoop(Peer* peer) {
           ? absl::CancelledError(absl::StrCat("peer ", peer->name, " removed"))
           : absl::UnavailableError(absl::StrCat("peer ", peer->name, ": ", conn_status.message()));
   if (!peer->stop.load()) peer->failure = reason;
-  if (current != nullptr) EndLocked(current, reason);
+  for (const std::deque<Posted>* q : {&awaiting, &running}) {
+    for (const Posted& p : *q) EndLocked(p.t, reason);
+  }
   for (TransferId id : peer->queue) EndLocked(transfers_[id].get(), reason);
   peer->queue.clear();
 }

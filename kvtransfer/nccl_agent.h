@@ -6,22 +6,31 @@
 //    "host:port" is the worker_address of FillLocalDescriptor. Regions carry base/length/kind.
 //  * AddPeer(name, desc) connects to the peer's control socket and makes a 2-rank communicator
 //    for this direction only (this reader = rank 0, generates the ncclUniqueId and sends it in a
-//    kHello frame; the source's accept loop answers with rank 1). Each side initialises and
-//    drives the communicator on its own dedicated thread with its own CUDA stream. A pair that
-//    reads both ways therefore has two independent communicators (no "who is lower" election).
-//  * PostRead validates and coalesces the ops and queues the transfer on the peer's thread,
-//    which runs one transfer at a time: it sends the op list (kRead, nccl_agent_wire.h); the
-//    source validates it against its own regions and answers kReadAck; on OK both post one
-//    ncclSend / ncclRecv per coalesced op inside ncclGroupStart/End, and the reader records a
-//    cudaEvent that its thread polls. A refused list ends the transfer with the source's error.
+//    kHello frame; the source's accept loop answers with rank 1). Both sides join with NCCL's
+//    non-blocking init and a deadline (NcclLink, nccl_agent_link.h): a peer that never joins
+//    fails AddPeer with DEADLINE_EXCEEDED after options.init_timeout, one that hangs up with
+//    UNAVAILABLE. Each side drives the communicator on its own thread with its own streams. A
+//    pair that reads both ways therefore has two independent communicators.
+//  * PostRead validates and coalesces the ops and queues the transfer on the peer's thread. Up
+//    to max_posted_transfers transfers are out at once: the thread sends each one's op list
+//    (kRead, nccl_agent_wire.h) without waiting for earlier ones; the source validates it against
+//    its own regions and acks (kReadAck), and on OK both sides put the transfer's NCCL messages
+//    (nccl_agent_plan.h: packed chunks of staging_chunk_bytes, ops >= direct_min_bytes on their
+//    own) on the GPU behind the earlier ones. The source gathers scattered ranges into a staging
+//    ring with a copy kernel, the reader scatters them out of its own ring; a message that is
+//    contiguous on one side skips that side's copy. A transfer ends when its last scatter ran.
+//    A refused list ends the transfer with the source's error.
 //
 // Cancel: a transfer still queued ends CANCELLED at once. Posted NCCL ops cannot be cancelled:
 // once its kRead was sent the transfer ends CANCELLED only after the bytes have arrived.
-// Failure: EOF or an error on the control socket (peer died), or an NCCL error, ncclCommAbort()s
-// the communicator, waits for the stream, and ends every transfer of that peer UNAVAILABLE; the
-// name stays known and PostRead to it fails UNAVAILABLE until AddPeer reconnects. RemovePeer and
-// re-AddPeer end the old connection's transfers CANCELLED (after the same abort).
-// Limits: ncclCommInitRank is blocking (NCCL's own bootstrap timeouts apply); AddPeer waits for it.
+// Failure: EOF or an error on the control socket (peer died), an NCCL error, or a transfer that
+// makes no progress for options.transfer_timeout (a silent peer: no ack, or the oldest posted
+// transfer not finished) ncclCommAbort()s the communicator, waits for the streams, and ends
+// every transfer of that peer UNAVAILABLE; the name stays known and PostRead to it fails
+// UNAVAILABLE until AddPeer reconnects. RemovePeer and re-AddPeer end the old connection's
+// transfers CANCELLED (after the same abort). The source side applies the same init and
+// transfer deadlines to each reader it serves, so a silent reader cannot pin its thread.
+// Memory: per connection and side, staging_buffers * staging_chunk_bytes of device memory.
 //
 // Thread safety: all methods are thread-safe. Threads: one accept loop, one per outgoing peer,
 // one per incoming (served) connection. ~NcclAgent aborts all communicators and joins them:
@@ -30,6 +39,7 @@
 #define TANDEM_KVTRANSFER_NCCL_AGENT_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,6 +57,8 @@
 
 namespace tandem::kvtransfer {
 
+class NcclLink;
+
 struct NcclAgentOptions {
   // CUDA device this agent's memory lives on; all its NCCL work runs there.
   int device = 0;
@@ -55,6 +67,22 @@ struct NcclAgentOptions {
   int control_port = 0;
   // TCP connect to a peer's control socket gives up after this long.
   absl::Duration connect_timeout = absl::Seconds(5);
+  // Joining a pair's communicator (AddPeer; and serving a new reader) gives up after this long.
+  absl::Duration init_timeout = absl::Seconds(30);
+  // A transfer without progress for this long (no ack from the source; or, once it is the
+  // oldest posted one, not finished) is taken for a silent peer: abort, UNAVAILABLE. The source
+  // uses it for the oldest transfer it serves.
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  // Staging ring per connection: staging_buffers device buffers of staging_chunk_bytes. Packed
+  // messages are at most this long; a pair uses the smaller of both sides' values.
+  uint64_t staging_chunk_bytes = uint64_t{64} << 20;
+  int staging_buffers = 2;
+  // Ops at least this long travel as one NCCL message of their own, pool to pool.
+  uint64_t direct_min_bytes = uint64_t{32} << 20;
+  // CTAs (512 threads) of the gather / scatter kernel; the rest of the SMs stay free for NCCL.
+  int copy_ctas = 64;
+  // Transfers of one peer whose kRead is out at once (reader side).
+  int max_posted_transfers = 4;
 };
 
 class NcclAgent final : public TransferAgent {
@@ -69,7 +97,8 @@ class NcclAgent final : public TransferAgent {
   absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
                                           tandem::v1::MemoryKind kind) override;
   absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
-  // Blocks until the communicator is up. UNAVAILABLE when the peer cannot be reached.
+  // Blocks until the communicator is up, at most connect_timeout + init_timeout. UNAVAILABLE
+  // when the peer cannot be reached or hung up, DEADLINE_EXCEEDED when it never joined.
   absl::Status AddPeer(const std::string& peer_name,
                        const tandem::v1::TransferHandshake& peer) override;
   void RemovePeer(const std::string& peer_name) override;
@@ -90,15 +119,23 @@ class NcclAgent final : public TransferAgent {
   struct Transfer;
   struct Peer;
   struct Served;
+  struct Posted;
 
   explicit NcclAgent(NcclAgentOptions options);  // out of line: members hold incomplete types
   absl::Status Init();
   void AcceptLoop();
   void PeerLoop(Peer* peer);
   void ServeLoop(Served* served);
-  // Reader side of one transfer: kRead, ack, ncclRecv group, wait for the event.
-  // Returns the connection's status; *result gets the transfer's (the source may refuse it).
-  absl::Status RunTransfer(Peer* peer, Transfer* t, void* comm_state, int fd, absl::Status* result);
+  // Reader: reads the acks that arrived, enqueues accepted transfers on `link` (moved from
+  // `awaiting` to `running`), ends refused ones. Returns the connection's status.
+  absl::Status ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<Posted>* awaiting,
+                        std::deque<Posted>* running);
+  // Reader: ends the transfers `link` finished, oldest first.
+  absl::Status RetireFinished(NcclLink* link, std::deque<Posted>* running);
+  // Source: answers one kRead and enqueues its sends. Returns the connection's status.
+  absl::Status Serve(int fd, const std::string& payload, NcclLink* link);
+  // op_addr of `ops` in this agent's regions: the local side (reader) or the remote side.
+  std::vector<uint64_t> OpAddresses(absl::Span<const CopyOp> ops, bool local) const;
   void EndLocked(Transfer* t, absl::Status result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops `peer`'s thread and joins it (mu_ must not be held).
   static void StopPeer(Peer* peer);

@@ -3,10 +3,13 @@
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <nccl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -15,6 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/nccl_agent.h"
+#include "kvtransfer/nccl_agent_socket.h"
+#include "kvtransfer/nccl_agent_wire.h"
 
 extern char** environ;
 
@@ -59,12 +64,70 @@ uint64_t EnvU64(const char* name) {
   return out;
 }
 
+// PeerMode::kStallAfterAck. Speaks the control protocol by hand (nccl_agent_wire.h).
+int RunStalledSource(int device, uint64_t bytes, int in, int out) {
+  if (cudaSetDevice(device) != cudaSuccess) return 3;
+  char* buf = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&buf), bytes) != cudaSuccess) return 4;
+  int port = 0;
+  absl::StatusOr<int> listen_fd = nccl_socket::Listen("127.0.0.1", 0, &port);
+  if (!listen_fd.ok()) return 6;
+  tandem::v1::TransferHandshake desc;
+  desc.set_transport("nccl");
+  desc.set_worker_address(nccl_wire::FormatAddress("127.0.0.1", port));
+  tandem::v1::MemoryRegion* region = desc.add_regions();
+  region->set_base_address(reinterpret_cast<uint64_t>(buf));
+  region->set_length(bytes);
+  region->set_kind(tandem::v1::MEMORY_KIND_CUDA);
+  std::string wire = desc.SerializeAsString();
+  uint32_t len = static_cast<uint32_t>(wire.size());
+  if (!WriteAll(out, &len, 4) || !WriteAll(out, wire.data(), len)) return 9;
+  // Accept the reader, or leave when the parent closes the pipe first.
+  pollfd fds[2] = {{*listen_fd, POLLIN, 0}, {in, POLLIN, 0}};
+  while (poll(fds, 2, -1) < 0) {
+  }
+  if ((fds[0].revents & POLLIN) == 0) _exit(0);
+  const int conn = accept(*listen_fd, nullptr, nullptr);
+  std::atomic<bool> stop{false};
+  nccl_wire::MessageType type;
+  std::string payload;
+  if (conn < 0 || !nccl_socket::RecvFrame(conn, stop, absl::Seconds(30), &type, &payload).ok() ||
+      payload.size() != sizeof(ncclUniqueId)) {
+    return 17;
+  }
+  ncclUniqueId id;
+  std::memcpy(&id, payload.data(), sizeof(id));
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (ncclCommInitRank(&comm, 2, id, 1) != ncclSuccess) return 18;
+  if (ncclSend(buf, 1, ncclInt8, 0, comm, stream) != ncclSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return 19;
+  }
+  if (!nccl_socket::RecvFrame(conn, stop, absl::Seconds(30), &type, &payload).ok()) return 20;
+  absl::StatusOr<nccl_wire::ReadRequest> req = nccl_wire::DecodeReadRequest(payload);
+  if (!req.ok()) return 21;
+  if (!nccl_socket::SendFrame(
+           conn, nccl_wire::MessageType::kReadAck,
+           nccl_wire::EncodeReadAck({req->id, req->params.chunk_bytes, absl::OkStatus()}))
+           .ok()) {
+    return 22;
+  }
+  char c;
+  while (ReadAll(in, &c, 1)) {  // stalled until the parent is done
+  }
+  _exit(0);  // no NCCL teardown: the reader aborted its side long ago
+}
+
 int RunPeer() {
   const int device = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_DEVICE"));
   const uint64_t bytes = EnvU64("TANDEM_NCCL_PEER_BYTES");
   const uint64_t seed = EnvU64("TANDEM_NCCL_PEER_SEED");
   const int in = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_IN"));
   const int out = static_cast<int>(EnvU64("TANDEM_NCCL_PEER_OUT"));
+  const uint64_t chunk = EnvU64("TANDEM_NCCL_PEER_CHUNK");
+  if (EnvU64("TANDEM_NCCL_PEER_STALL") != 0) return RunStalledSource(device, bytes, in, out);
   if (cudaSetDevice(device) != cudaSuccess) return 3;
   char* buf = nullptr;
   if (cudaMalloc(&buf, bytes) != cudaSuccess) return 4;
@@ -75,6 +138,7 @@ int RunPeer() {
   }
   NcclAgentOptions options;
   options.device = device;
+  if (chunk != 0) options.staging_chunk_bytes = chunk;
   auto agent = NcclAgent::Create(options);
   if (!agent.ok()) return 6;
   if (!(*agent)->RegisterMemory(buf, bytes, tandem::v1::MEMORY_KIND_CUDA).ok()) return 7;
@@ -128,7 +192,8 @@ int MaybeRunPeer() {
   return RunPeer();
 }
 
-absl::StatusOr<PeerProcess> PeerProcess::Spawn(int device, uint64_t bytes, uint64_t seed) {
+absl::StatusOr<PeerProcess> PeerProcess::Spawn(int device, uint64_t bytes, uint64_t seed,
+                                               uint64_t staging_chunk_bytes, PeerMode mode) {
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe failed");
   // Parent ends must not leak into the child (its EOF detection depends on it).
@@ -140,6 +205,9 @@ absl::StatusOr<PeerProcess> PeerProcess::Spawn(int device, uint64_t bytes, uint6
   env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_DEVICE=", device));
   env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_BYTES=", bytes));
   env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_SEED=", seed));
+  env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_CHUNK=", staging_chunk_bytes));
+  env_strings.push_back(
+      absl::StrCat("TANDEM_NCCL_PEER_STALL=", mode == PeerMode::kStallAfterAck ? 1 : 0));
   env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_IN=", to_child[0]));
   env_strings.push_back(absl::StrCat("TANDEM_NCCL_PEER_OUT=", from_child[1]));
   std::vector<char*> envp;
@@ -180,6 +248,7 @@ PeerProcess::PeerProcess(PeerProcess&& o) noexcept
 
 PeerProcess::~PeerProcess() {
   if (to_child_ >= 0) close(to_child_);
+  if (pid_ > 0) kill(pid_, SIGCONT);  // a stopped child would never see the EOF
   if (pid_ > 0) waitpid(pid_, nullptr, 0);
   if (from_child_ >= 0) close(from_child_);
 }
@@ -189,6 +258,14 @@ void PeerProcess::Kill() {
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+void PeerProcess::Stop() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void PeerProcess::Continue() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
 }
 
 absl::Status PeerProcess::RawInit(const std::string& unique_id) {

@@ -4,9 +4,10 @@
 // MaybeRunPeer() first.
 //
 // The child: cudaSetDevice(device), allocates `bytes` of device memory filled with
-// FillPattern(seed), registers it with an NcclAgent (region 0), writes its descriptor to the
-// parent, then serves reads until the parent closes its pipe. It also answers raw-NCCL
-// benchmark commands (RawSend) on a separate communicator.
+// FillPattern(seed), registers it with an NcclAgent (region 0; staging_chunk_bytes as given,
+// 0 = the default), writes its descriptor to the parent, then serves reads until the parent
+// closes its pipe. It also answers raw-NCCL benchmark commands (RawSend) on a separate
+// communicator.
 //
 // Thread safety: a PeerProcess is used by one thread.
 #ifndef TANDEM_KVTRANSFER_NCCL_AGENT_PEER_H_
@@ -29,15 +30,28 @@ void FillPattern(uint64_t seed, uint64_t offset, uint64_t n, char* out);
 // Runs the child role when TANDEM_NCCL_PEER is set and returns its exit code; -1 otherwise.
 int MaybeRunPeer();
 
+enum class PeerMode {
+  kAgent,  // a real NcclAgent serves the reads (see above)
+  // A hand-played source (no agent): joins the reader's communicator, sends the warm-up byte,
+  // acks the first kRead with OK and then sends nothing, alive, until the parent's pipe closes.
+  // The reader's receive waits for bytes that never come.
+  kStallAfterAck,
+};
+
 class PeerProcess {
  public:
-  static absl::StatusOr<PeerProcess> Spawn(int device, uint64_t bytes, uint64_t seed);
+  static absl::StatusOr<PeerProcess> Spawn(int device, uint64_t bytes, uint64_t seed,
+                                           uint64_t staging_chunk_bytes = 0,
+                                           PeerMode mode = PeerMode::kAgent);
   PeerProcess(PeerProcess&& other) noexcept;
   PeerProcess& operator=(PeerProcess&&) = delete;
-  ~PeerProcess();  // closes the pipe and waits for the child
+  ~PeerProcess();  // closes the pipe, resumes a stopped child and waits for it
 
   const tandem::v1::TransferHandshake& descriptor() const { return descriptor_; }
   void Kill();  // SIGKILL and reap
+  // SIGSTOP / SIGCONT: a peer that is alive (its sockets stay open) but makes no progress.
+  void Stop();
+  void Continue();
   // Raw baseline: the child joins a fresh 2-rank communicator (`unique_id`, rank 1) on first
   // use, then ncclSends `bytes` from the start of its buffer `iters` times; returns once it has
   // posted the command (the parent receives with ncclRecv on rank 0).

@@ -9,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace tandem::kvtransfer::nccl_socket {
 namespace {
@@ -121,11 +124,17 @@ absl::Status WaitReadable(int fd, const std::atomic<bool>& stop, absl::Duration 
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     if (stop.load()) return absl::CancelledError("nccl control socket: stopped");
+    // Wake at least every 5 ms to look at `stop`; a zero timeout polls once without sleeping.
+    const absl::Duration left = deadline - absl::Now();
+    const int ms =
+        left <= absl::ZeroDuration()
+            ? 0
+            : static_cast<int>(std::min<int64_t>(5, absl::ToInt64Milliseconds(left) + 1));
     pollfd p{fd, POLLIN, 0};
-    int rc = poll(&p, 1, 5);
+    int rc = poll(&p, 1, ms);
     if (rc > 0) return absl::OkStatus();
     if (rc < 0 && errno != EINTR) return Errno("poll");
-    if (absl::Now() > deadline) {
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError("nccl control socket: peer did not answer in time");
     }
   }
@@ -159,6 +168,14 @@ absl::Status CheckAlive(int fd) {
     return Errno("recv");
   }
   return absl::InternalError("nccl control socket: unexpected bytes from the peer");
+}
+
+absl::Status CheckOpen(int fd) {
+  char c;
+  ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0) return absl::UnavailableError("nccl control socket: peer closed the connection");
+  if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Errno("recv");
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::kvtransfer::nccl_socket

@@ -29,7 +29,11 @@ absl::Status RecvFrame(int fd, const std::atomic<bool>& stop, absl::Duration tim
 // Non-blocking: UNAVAILABLE when the peer closed/reset the connection, INTERNAL when it sent
 // unexpected bytes, OK otherwise.
 absl::Status CheckAlive(int fd);
-// Waits until `fd` is readable: OK, CANCELLED (stop) or DEADLINE_EXCEEDED.
+// Non-blocking: UNAVAILABLE when the peer closed/reset the connection and nothing is left to
+// read, OK otherwise (unread bytes stay for RecvFrame).
+absl::Status CheckOpen(int fd);
+// Waits until `fd` is readable: OK, CANCELLED (stop) or DEADLINE_EXCEEDED. A zero timeout
+// polls once without sleeping.
 absl::Status WaitReadable(int fd, const std::atomic<bool>& stop, absl::Duration timeout);
 
 }  // namespace tandem::kvtransfer::nccl_socket

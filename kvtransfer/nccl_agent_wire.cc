@@ -58,14 +58,20 @@ absl::Status DecodeHeader(absl::string_view header, MessageType* type, uint32_t*
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, absl::Span<const CopyOp> ops) {
+absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, const nccl_plan::PlanParams& params,
+                                              absl::Span<const CopyOp> ops) {
   if (ops.empty() || ops.size() > kMaxOpsPerRead) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl read request: ", ops.size(), " ops (need 1..", kMaxOpsPerRead, ")"));
   }
+  if (params.chunk_bytes == 0 || params.direct_min_bytes == 0) {
+    return absl::InvalidArgumentError("nccl read request: zero chunk_bytes or direct_min_bytes");
+  }
   std::string out;
-  out.reserve(12 + ops.size() * kOpBytes);
+  out.reserve(kReadHeaderBytes + ops.size() * kOpBytes);
   Put(&out, id);
+  Put(&out, params.chunk_bytes);
+  Put(&out, params.direct_min_bytes);
   Put(&out, static_cast<uint32_t>(ops.size()));
   for (const CopyOp& op : ops) {
     Put(&out, op.remote_region);
@@ -79,8 +85,12 @@ absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload) {
   ReadRequest req;
   size_t pos = 0;
   uint32_t n = 0;
-  if (!Get(payload, &pos, &req.id) || !Get(payload, &pos, &n)) {
+  if (!Get(payload, &pos, &req.id) || !Get(payload, &pos, &req.params.chunk_bytes) ||
+      !Get(payload, &pos, &req.params.direct_min_bytes) || !Get(payload, &pos, &n)) {
     return absl::InvalidArgumentError("nccl read request: truncated header");
+  }
+  if (req.params.chunk_bytes == 0 || req.params.direct_min_bytes == 0) {
+    return absl::InvalidArgumentError("nccl read request: zero chunk_bytes or direct_min_bytes");
   }
   if (n == 0 || n > kMaxOpsPerRead) {
     return absl::InvalidArgumentError(absl::StrCat("nccl read request: bad op count ", n));
@@ -98,25 +108,31 @@ absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload) {
   return req;
 }
 
-std::string EncodeReadAck(uint64_t id, const absl::Status& status) {
+std::string EncodeReadAck(const ReadAck& ack) {
   std::string out;
-  Put(&out, id);
-  Put(&out, static_cast<uint32_t>(status.code()));
-  out.append(status.message().data(), status.message().size());
+  Put(&out, ack.id);
+  Put(&out, ack.chunk_bytes);
+  Put(&out, static_cast<uint32_t>(ack.verdict.code()));
+  out.append(ack.verdict.message().data(), ack.verdict.message().size());
   return out;
 }
 
-absl::Status DecodeReadAck(absl::string_view payload, uint64_t* id, absl::Status* status) {
+absl::StatusOr<ReadAck> DecodeReadAck(absl::string_view payload) {
+  ReadAck ack;
   size_t pos = 0;
   uint32_t code = 0;
-  if (!Get(payload, &pos, id) || !Get(payload, &pos, &code)) {
+  if (!Get(payload, &pos, &ack.id) || !Get(payload, &pos, &ack.chunk_bytes) ||
+      !Get(payload, &pos, &code)) {
     return absl::InvalidArgumentError("nccl read ack: truncated");
   }
   if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::InvalidArgumentError(absl::StrCat("nccl read ack: bad status code ", code));
   }
-  *status = absl::Status(static_cast<absl::StatusCode>(code), payload.substr(pos));
-  return absl::OkStatus();
+  ack.verdict = absl::Status(static_cast<absl::StatusCode>(code), payload.substr(pos));
+  if (ack.verdict.ok() && ack.chunk_bytes == 0) {
+    return absl::InvalidArgumentError("nccl read ack: zero chunk_bytes");
+  }
+  return ack;
 }
 
 absl::Status ValidateSourceRanges(absl::Span<const CopyOp> ops,

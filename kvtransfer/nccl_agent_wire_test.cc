@@ -35,12 +35,15 @@ TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
   std::mt19937_64 rng(seed);
   for (int round = 0; round < 20; ++round) {
     const uint64_t id = rng();
+    const nccl_plan::PlanParams params{rng() | 1, rng() | 1};
     std::vector<CopyOp> ops = RandomOps(rng, 1 + rng() % 300);
-    absl::StatusOr<std::string> wire = EncodeReadRequest(id, ops);
+    absl::StatusOr<std::string> wire = EncodeReadRequest(id, params, ops);
     ASSERT_TRUE(wire.ok()) << wire.status();
     absl::StatusOr<ReadRequest> req = DecodeReadRequest(*wire);
     ASSERT_TRUE(req.ok()) << req.status();
     EXPECT_EQ(req->id, id);
+    EXPECT_EQ(req->params.chunk_bytes, params.chunk_bytes);
+    EXPECT_EQ(req->params.direct_min_bytes, params.direct_min_bytes);
     ASSERT_EQ(req->ops.size(), ops.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       EXPECT_EQ(req->ops[i].remote_region, ops[i].remote_region);
@@ -57,32 +60,43 @@ TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
   }
 }
 
-TEST(NcclWireTest, ReadRequestRejectsEmptyAndBadCounts) {
-  EXPECT_EQ(EncodeReadRequest(1, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  std::string wire = *EncodeReadRequest(7, std::vector<CopyOp>{{0, 0, 0, 0, 5}});
+TEST(NcclWireTest, ReadRequestRejectsEmptyBadCountsAndZeroParams) {
+  const nccl_plan::PlanParams params{1 << 20, 1 << 22};
+  const std::vector<CopyOp> one = {{0, 0, 0, 0, 5}};
+  EXPECT_EQ(EncodeReadRequest(1, params, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeReadRequest(1, {0, 1}, one).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeReadRequest(1, {1, 0}, one).status().code(), absl::StatusCode::kInvalidArgument);
+  std::string wire = *EncodeReadRequest(7, params, one);
   std::string zero = wire;
-  zero[8] = zero[9] = zero[10] = zero[11] = 0;  // op count 0
+  zero[24] = zero[25] = zero[26] = zero[27] = 0;  // op count 0
   EXPECT_EQ(DecodeReadRequest(zero).status().code(), absl::StatusCode::kInvalidArgument);
   std::string huge = wire;
-  huge[11] = static_cast<char>(0x7f);  // count far beyond kMaxOpsPerRead
+  huge[27] = static_cast<char>(0x7f);  // count far beyond kMaxOpsPerRead
   EXPECT_EQ(DecodeReadRequest(huge).status().code(), absl::StatusCode::kInvalidArgument);
+  std::string no_chunk = wire;
+  for (int i = 8; i < 16; ++i) no_chunk[i] = 0;  // chunk_bytes 0
+  EXPECT_EQ(DecodeReadRequest(no_chunk).status().code(), absl::StatusCode::kInvalidArgument);
+  std::string no_direct = wire;
+  for (int i = 16; i < 24; ++i) no_direct[i] = 0;  // direct_min_bytes 0
+  EXPECT_EQ(DecodeReadRequest(no_direct).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(NcclWireTest, AckRoundTripsStatus) {
+TEST(NcclWireTest, AckRoundTripsStatusAndChunk) {
   for (const absl::Status& s : {absl::OkStatus(), absl::OutOfRangeError("op 3 past region 1"),
                                 absl::InvalidArgumentError("")}) {
-    uint64_t id = 0;
-    absl::Status got;
-    ASSERT_TRUE(DecodeReadAck(EncodeReadAck(42, s), &id, &got).ok());
-    EXPECT_EQ(id, 42u);
-    EXPECT_EQ(got, s);
+    absl::StatusOr<ReadAck> got = DecodeReadAck(EncodeReadAck({42, 12345, s}));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->id, 42u);
+    EXPECT_EQ(got->chunk_bytes, 12345u);
+    EXPECT_EQ(got->verdict, s);
   }
-  uint64_t id = 0;
-  absl::Status got;
-  EXPECT_FALSE(DecodeReadAck("short", &id, &got).ok());
-  std::string bad = EncodeReadAck(1, absl::OkStatus());
-  bad[8] = 99;  // no such status code
-  EXPECT_FALSE(DecodeReadAck(bad, &id, &got).ok());
+  EXPECT_FALSE(DecodeReadAck("short").ok());
+  std::string bad = EncodeReadAck({1, 8, absl::OkStatus()});
+  bad[16] = 99;  // no such status code
+  EXPECT_FALSE(DecodeReadAck(bad).ok());
+  // An OK ack must name the chunk it planned with; a refusal need not.
+  EXPECT_FALSE(DecodeReadAck(EncodeReadAck({1, 0, absl::OkStatus()})).ok());
+  EXPECT_TRUE(DecodeReadAck(EncodeReadAck({1, 0, absl::OutOfRangeError("x")})).ok());
 }
 
 TEST(NcclWireTest, HeaderChecksTypeAndSize) {
@@ -133,8 +147,14 @@ TEST(NcclSocketTest, FramesCrossALoopbackConnectionAndEofIsUnavailable) {
   ASSERT_TRUE(client.ok()) << client.status();
   const int server = accept(*listen_fd, nullptr, nullptr);
   ASSERT_GE(server, 0);
-  const std::string payload = *EncodeReadRequest(5, std::vector<CopyOp>(1000, {0, 0, 1, 2, 3}));
+  const std::string payload =
+      *EncodeReadRequest(5, {64, 64}, std::vector<CopyOp>(1000, {0, 0, 1, 2, 3}));
+  ASSERT_TRUE(nccl_socket::CheckOpen(server).ok());
   ASSERT_TRUE(nccl_socket::SendFrame(*client, MessageType::kRead, payload).ok());
+  ASSERT_TRUE(nccl_socket::WaitReadable(server, std::atomic<bool>{false}, absl::Seconds(5)).ok());
+  // Unread bytes: CheckAlive calls them unexpected, CheckOpen leaves them for RecvFrame.
+  EXPECT_EQ(nccl_socket::CheckAlive(server).code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(nccl_socket::CheckOpen(server).ok());
   std::atomic<bool> stop{false};
   MessageType type;
   std::string got;
@@ -149,6 +169,7 @@ TEST(NcclSocketTest, FramesCrossALoopbackConnectionAndEofIsUnavailable) {
             absl::StatusCode::kCancelled);
   close(*client);
   EXPECT_EQ(nccl_socket::CheckAlive(server).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(nccl_socket::CheckOpen(server).code(), absl::StatusCode::kUnavailable);
   close(server);
   close(*listen_fd);
   // Nobody listens there any more.

@@ -1,28 +1,40 @@
 // NcclAgent vs raw NCCL send/recv between two processes on two GPUs (issue 5: target >= 90%).
 //
-//   bazel-bin/kvtransfer/nccl_bench [--quick]
+//   bazel-bin/kvtransfer/nccl_bench [--quick] [--configs=64/64/4/2,32/64/4/2]
 //
 // The source agent runs in a re-executed copy of this binary on device 1 (nccl_agent_peer.h),
 // the reader here on device 0. For each batch of B blocks of 2 MiB (random, mostly
 // non-contiguous block ids on both sides): the agent's rate posts `iters` PostReads and waits
-// for all; the raw rate is `iters` ncclRecv/ncclSend of the same B * 2 MiB as one buffer on a
-// separate communicator. Both after one warm-up round.
+// for all; the raw rate is `iters` ncclRecv/ncclSend of the same B * 2 MiB as one contiguous
+// buffer on a separate communicator. Both after one warm-up round; each rate is the median of
+// 3 repetitions. One table per reader configuration "chunk_mib/copy_ctas/max_posted/buffers"
+// (staging_chunk_bytes in MiB, copy kernel CTAs, max_posted_transfers, staging_buffers); the
+// first table also times a fully contiguous 1024-block batch (the direct path).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kvtransfer/copy_ops.h"
 #include "kvtransfer/nccl_agent.h"
 #include "kvtransfer/nccl_agent_peer.h"
+
+ABSL_FLAG(bool, quick, false, "fewer iterations");
+ABSL_FLAG(std::string, configs, "64/64/4/2,128/64/4/2",
+          "comma-separated reader configs chunk_mib/copy_ctas/max_posted/staging_buffers");
 
 namespace tandem::kvtransfer {
 namespace {
@@ -30,6 +42,7 @@ namespace {
 constexpr uint64_t kBlockBytes = uint64_t{2} << 20;
 constexpr uint32_t kPoolBlocks = 1024;
 constexpr uint64_t kPoolBytes = kBlockBytes * kPoolBlocks;
+constexpr int kReps = 3;
 
 #define CHECK_OK(expr)                                                                   \
   do {                                                                                   \
@@ -46,6 +59,27 @@ constexpr uint64_t kPoolBytes = kBlockBytes * kPoolBlocks;
       std::exit(1);                                      \
     }                                                    \
   } while (false)
+
+struct Config {
+  uint64_t chunk_mib = 64;
+  int copy_ctas = 64;
+  int max_posted = 4;
+  int buffers = 2;
+};
+
+std::vector<Config> ParseConfigs(const std::string& text) {
+  std::vector<Config> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(item, '/');
+    Config c;
+    CHECK_TRUE(f.size() == 4 && absl::SimpleAtoi(f[0], &c.chunk_mib) &&
+               absl::SimpleAtoi(f[1], &c.copy_ctas) && absl::SimpleAtoi(f[2], &c.max_posted) &&
+               absl::SimpleAtoi(f[3], &c.buffers));
+    out.push_back(c);
+  }
+  CHECK_TRUE(!out.empty());
+  return out;
+}
 
 double AgentSeconds(NcclAgent& agent, const std::vector<CopyOp>& ops, int iters) {
   const absl::Time start = absl::Now();
@@ -76,21 +110,41 @@ double RawSeconds(nccl_peer::PeerProcess& peer, ncclComm_t comm, cudaStream_t st
   return absl::ToDoubleSeconds(absl::Now() - start);
 }
 
-int Run(bool quick) {
+template <typename F>
+double MedianRate(double bytes, F seconds) {
+  std::vector<double> rates;
+  for (int r = 0; r < kReps; ++r) rates.push_back(bytes / seconds() / 1e9);
+  std::sort(rates.begin(), rates.end());
+  return rates[kReps / 2];
+}
+
+std::vector<CopyOp> Batch(std::mt19937_64& rng, uint32_t blocks, bool contiguous) {
+  std::vector<uint32_t> src(kPoolBlocks), dst(kPoolBlocks);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  if (!contiguous) {
+    std::shuffle(src.begin(), src.end(), rng);
+    std::shuffle(dst.begin(), dst.end(), rng);
+  }
+  src.resize(blocks);
+  dst.resize(blocks);
+  return BlockCopyOps(0, 0, kBlockBytes, dst, src);
+}
+
+int Run(bool quick, const std::vector<Config>& configs) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
     std::printf("nccl_bench: needs 2 GPUs, found %d; skipped\n", count);
     return 0;
   }
-  auto peer = nccl_peer::PeerProcess::Spawn(1, kPoolBytes, 1);
+  uint64_t max_chunk = 0;
+  for (const Config& c : configs) max_chunk = std::max(max_chunk, c.chunk_mib << 20);
+  // The source accepts any of the readers' chunk sizes (a pair uses the smaller one).
+  auto peer = nccl_peer::PeerProcess::Spawn(1, kPoolBytes, 1, max_chunk);
   CHECK_OK(peer.status());
   CHECK_TRUE(cudaSetDevice(0) == cudaSuccess);
   char* local = nullptr;
   CHECK_TRUE(cudaMalloc(reinterpret_cast<void**>(&local), kPoolBytes) == cudaSuccess);
-  auto agent = NcclAgent::Create({.device = 0});
-  CHECK_OK(agent.status());
-  CHECK_OK((*agent)->RegisterMemory(local, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).status());
-  CHECK_OK((*agent)->AddPeer("src", peer->descriptor()));
 
   ncclUniqueId id;
   CHECK_TRUE(ncclGetUniqueId(&id) == ncclSuccess);
@@ -100,32 +154,53 @@ int Run(bool quick) {
   cudaStream_t stream = nullptr;
   CHECK_TRUE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
 
-  std::mt19937_64 rng(7);
-  std::printf("%8s %10s %6s %12s %12s %8s\n", "blocks", "MiB/batch", "iters", "agent GB/s",
-              "raw GB/s", "agent%");
-  for (uint32_t blocks : {1u, 16u, 64u, 256u, 1024u}) {
-    std::vector<uint32_t> src(kPoolBlocks), dst(kPoolBlocks);
-    std::iota(src.begin(), src.end(), 0);
-    std::iota(dst.begin(), dst.end(), 0);
-    std::shuffle(src.begin(), src.end(), rng);
-    std::shuffle(dst.begin(), dst.end(), rng);
-    src.resize(blocks);
-    dst.resize(blocks);
-    const std::vector<CopyOp> ops = BlockCopyOps(0, 0, kBlockBytes, dst, src);
-    const uint64_t bytes = blocks * kBlockBytes;
-    const int iters = std::max(quick ? 2 : 5, static_cast<int>((quick ? 256 : 4096) / blocks));
-    AgentSeconds(**agent, ops, 1);
+  std::map<uint64_t, double> raw_gbs;  // by batch bytes
+  auto raw_rate = [&](uint64_t bytes, int iters) {
+    auto it = raw_gbs.find(bytes);
+    if (it != raw_gbs.end()) return it->second;
     RawSeconds(*peer, raw, stream, local, bytes, 1);
-    const double agent_s = AgentSeconds(**agent, ops, iters);
-    const double raw_s = RawSeconds(*peer, raw, stream, local, bytes, iters);
-    const double total = static_cast<double>(bytes) * iters;
-    const double agent_gbs = total / agent_s / 1e9, raw_gbs = total / raw_s / 1e9;
-    std::printf("%8u %10llu %6d %12.1f %12.1f %7.1f%%\n", blocks,
-                static_cast<unsigned long long>(bytes >> 20), iters, agent_gbs, raw_gbs,
-                100.0 * agent_gbs / raw_gbs);
-    std::fflush(stdout);
+    const double gbs = MedianRate(static_cast<double>(bytes) * iters, [&] {
+      return RawSeconds(*peer, raw, stream, local, bytes, iters);
+    });
+    return raw_gbs[bytes] = gbs;
+  };
+
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    const Config& c = configs[ci];
+    NcclAgentOptions options;
+    options.device = 0;
+    options.staging_chunk_bytes = c.chunk_mib << 20;
+    options.copy_ctas = c.copy_ctas;
+    options.max_posted_transfers = c.max_posted;
+    options.staging_buffers = c.buffers;
+    auto agent = NcclAgent::Create(options);
+    CHECK_OK(agent.status());
+    CHECK_OK((*agent)->RegisterMemory(local, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).status());
+    CHECK_OK((*agent)->AddPeer("src", peer->descriptor()));
+    std::printf(
+        "\nconfig: staging_chunk %llu MiB, copy_ctas %d, max_posted_transfers %d, "
+        "staging_buffers %d\n",
+        static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers);
+    std::printf("%8s %10s %6s %12s %12s %8s\n", "blocks", "MiB/batch", "iters", "agent GB/s",
+                "raw GB/s", "agent%");
+    std::mt19937_64 rng(7);
+    std::vector<std::pair<uint32_t, bool>> rows = {
+        {1, false}, {16, false}, {64, false}, {256, false}, {1024, false}};
+    if (ci == 0) rows.push_back({1024, true});
+    for (auto [blocks, contiguous] : rows) {
+      const std::vector<CopyOp> ops = Batch(rng, blocks, contiguous);
+      const uint64_t bytes = blocks * kBlockBytes;
+      const int iters = std::max(quick ? 2 : 5, static_cast<int>((quick ? 256 : 4096) / blocks));
+      AgentSeconds(**agent, ops, 1);
+      const double agent_gbs = MedianRate(static_cast<double>(bytes) * iters,
+                                          [&] { return AgentSeconds(**agent, ops, iters); });
+      const double raw = raw_rate(bytes, iters);
+      std::printf("%7u%s %10llu %6d %12.1f %12.1f %7.1f%%\n", blocks, contiguous ? "c" : " ",
+                  static_cast<unsigned long long>(bytes >> 20), iters, agent_gbs, raw,
+                  100.0 * agent_gbs / raw);
+      std::fflush(stdout);
+    }
   }
-  agent->reset();
   // Abort, not destroy: ncclCommDestroy waits for the peer, which only leaves its command loop
   // once our pipe closes (after this returns).
   ncclCommAbort(raw);
@@ -140,6 +215,7 @@ int Run(bool quick) {
 int main(int argc, char** argv) {
   const int peer_rc = tandem::kvtransfer::nccl_peer::MaybeRunPeer();
   if (peer_rc >= 0) return peer_rc;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  return tandem::kvtransfer::Run(quick);
+  absl::ParseCommandLine(argc, argv);
+  return tandem::kvtransfer::Run(absl::GetFlag(FLAGS_quick),
+                                 tandem::kvtransfer::ParseConfigs(absl::GetFlag(FLAGS_configs)));
 }

@@ -1,7 +1,9 @@
 // NcclAgent across two processes (NCCL will not put one device twice into a communicator): the
 // source agent runs in a re-executed copy of this binary (nccl_agent_peer.h) on device 1, the
-// reader here on device 0. Needs >= 2 GPUs; skips otherwise.
+// reader here on device 0. Needs >= 2 GPUs; skips otherwise (the init-deadline tests need 1).
+// Fault tests with hand-played peers in this process are in nccl_fault_test.cc.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -51,15 +53,23 @@ absl::StatusOr<bool> WaitEnded(NcclAgent& agent, TransferId id) {
 
 class NcclTwoProcessTest : public ::testing::Test {
  protected:
-  void SetUpAgents() {
+  void SetUpAgents(NcclAgentOptions reader = {},
+                   nccl_peer::PeerMode mode = nccl_peer::PeerMode::kAgent) {
     seed_ = std::random_device{}();
-    auto peer = nccl_peer::PeerProcess::Spawn(/*device=*/1, kPoolBytes, seed_);
+    auto peer = nccl_peer::PeerProcess::Spawn(/*device=*/1, kPoolBytes, seed_,
+                                              /*staging_chunk_bytes=*/0, mode);
     ASSERT_TRUE(peer.ok()) << peer.status();
     peer_ = std::make_unique<nccl_peer::PeerProcess>(std::move(*peer));
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&local_), kPoolBytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(local_, kSentinel, kPoolBytes), cudaSuccess);
-    auto agent = NcclAgent::Create({.device = 0});
+    ASSERT_NO_FATAL_FAILURE(NewReader(reader));
+  }
+  // Replaces the reader agent (same pool) with one of other options, connected to the source.
+  void NewReader(NcclAgentOptions options) {
+    agent_.reset();
+    options.device = 0;
+    auto agent = NcclAgent::Create(options);
     ASSERT_TRUE(agent.ok()) << agent.status();
     agent_ = std::move(*agent);
     ASSERT_TRUE(agent_->RegisterMemory(local_, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).ok());
@@ -110,40 +120,69 @@ TEST(NcclAgentTest, RejectsHostMemoryAndBadDescriptors) {
   EXPECT_EQ((*agent)->CheckTransfer(12345).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Several reader configurations over one source: everything packed into one staged message
+// (defaults); odd-sized chunks smaller than a block with runs of >= 3 blocks sent directly, a
+// 2-buffer ring that wraps many times and a 3-CTA copy kernel; chunks of a few blocks with a
+// 3-buffer ring. Each round posts several transfers at once whose destinations may overlap:
+// they must land in posting order (stream order across transfers).
 TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
   SKIP_WITHOUT_TWO_GPUS();
   ASSERT_NO_FATAL_FAILURE(SetUpAgents());
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_);
+  std::vector<NcclAgentOptions> configs(3);
+  configs[1].staging_chunk_bytes = 64 * 1024 + 24;
+  configs[1].direct_min_bytes = 3 * kBlockBytes;
+  configs[1].copy_ctas = 3;
+  configs[1].max_posted_transfers = 2;
+  configs[2].staging_chunk_bytes = 5 * kBlockBytes + 8;
+  configs[2].staging_buffers = 3;
   std::vector<char> expected(kPoolBytes, kSentinel);  // what local_ should hold
   std::vector<char> block;
-  for (int round = 0; round < 6; ++round) {
-    std::vector<uint32_t> src(kBlocks), dst(kBlocks);
-    std::iota(src.begin(), src.end(), 0);
-    std::iota(dst.begin(), dst.end(), 0);
-    std::shuffle(src.begin(), src.end(), rng);
-    std::shuffle(dst.begin(), dst.end(), rng);
-    const size_t n = 1 + rng() % 40;
-    src.resize(n);
-    dst.resize(n);
-    if (round == 0) std::iota(src.begin(), src.end(), 0), std::iota(dst.begin(), dst.end(), 3);
-    std::vector<CopyOp> ops = BlockCopyOps(0, 0, kBlockBytes, dst, src);
-    // A partial range too: not every op is block-aligned.
-    const uint64_t off = rng() % (kBlockBytes / 2);
-    ops.push_back({0, dst[0] * kBlockBytes + off, 0, src[0] * kBlockBytes + off, 1 + off / 3});
-    absl::StatusOr<TransferId> id = agent_->PostRead("src", ops);
-    ASSERT_TRUE(id.ok()) << id.status();
-    absl::StatusOr<bool> done = WaitEnded(*agent_, *id);
-    ASSERT_TRUE(done.ok()) << done.status();
-    for (const CopyOp& op : ops) {
-      block.resize(op.length);  // coalesced runs span several blocks
-      nccl_peer::FillPattern(seed_, op.remote_offset, op.length, block.data());
-      std::copy(block.begin(), block.begin() + op.length, expected.begin() + op.local_offset);
+  uint64_t transfers = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    if (c > 0) {
+      ASSERT_NO_FATAL_FAILURE(NewReader(configs[c]));
     }
-    ASSERT_TRUE(LocalBytes() == expected) << "round " << round << " mismatch";
+    for (int round = 0; round < 4; ++round) {
+      std::vector<TransferId> ids;
+      const int batch = 1 + static_cast<int>(rng() % 4);
+      for (int b = 0; b < batch; ++b) {
+        std::vector<uint32_t> src(kBlocks), dst(kBlocks);
+        std::iota(src.begin(), src.end(), 0);
+        std::iota(dst.begin(), dst.end(), 0);
+        std::shuffle(src.begin(), src.end(), rng);
+        std::shuffle(dst.begin(), dst.end(), rng);
+        const size_t n = 1 + rng() % 40;
+        src.resize(n);
+        dst.resize(n);
+        if (round == 0 && b == 0) {  // long contiguous runs on both sides
+          std::iota(src.begin(), src.end(), 0);
+          std::iota(dst.begin(), dst.end(), 3);
+        }
+        std::vector<CopyOp> ops = BlockCopyOps(0, 0, kBlockBytes, dst, src);
+        // A partial range too: not every op is block-aligned.
+        const uint64_t off = rng() % (kBlockBytes / 2);
+        ops.push_back({0, dst[0] * kBlockBytes + off, 0, src[0] * kBlockBytes + off, 1 + off / 3});
+        absl::StatusOr<TransferId> id = agent_->PostRead("src", ops);
+        ASSERT_TRUE(id.ok()) << id.status();
+        ids.push_back(*id);
+        for (const CopyOp& op : ops) {  // in posting order: later transfers overwrite
+          block.resize(op.length);
+          nccl_peer::FillPattern(seed_, op.remote_offset, op.length, block.data());
+          std::copy(block.begin(), block.end(), expected.begin() + op.local_offset);
+        }
+      }
+      for (TransferId id : ids) {
+        absl::StatusOr<bool> done = WaitEnded(*agent_, id);
+        ASSERT_TRUE(done.ok()) << done.status();
+      }
+      transfers += ids.size();
+      ASSERT_TRUE(LocalBytes() == expected) << "config " << c << " round " << round << " mismatch";
+    }
+    EXPECT_GT(agent_->Stats().bytes_read, 0u);
   }
-  EXPECT_GT(agent_->Stats().bytes_read, 0u);
-  EXPECT_EQ(agent_->Stats().transfers_completed, 6u);
+  EXPECT_GT(transfers, 0u);
 }
 
 TEST_F(NcclTwoProcessTest, SourceRefusesRangesItDoesNotHave) {
@@ -223,12 +262,66 @@ TEST_F(NcclTwoProcessTest, DeadPeerEndsTransfersUnavailable) {
   EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
 }
 
+// A source that is alive (its sockets stay open) but makes no progress (SIGSTOP): the reader's
+// transfer deadline aborts the connection and ends the transfers UNAVAILABLE instead of hanging.
+TEST_F(NcclTwoProcessTest, SilentSourceEndsTransfersUnavailable) {
+  SKIP_WITHOUT_TWO_GPUS();
+  NcclAgentOptions reader;
+  reader.transfer_timeout = absl::Seconds(2);
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(reader));
+  auto warm = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
+  ASSERT_TRUE(warm.ok());
+  ASSERT_TRUE(WaitEnded(*agent_, *warm).ok());
+  peer_->Stop();
+  const absl::Time start = absl::Now();
+  std::vector<TransferId> ids;
+  for (int i = 0; i < 6; ++i) {
+    auto id = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  for (TransferId id : ids) {
+    absl::StatusOr<bool> r = WaitEnded(*agent_, id);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  }
+  const absl::Duration took = absl::Now() - start;
+  // Generous bound: the point is "ends", not "fast" (2 s deadline).
+  EXPECT_LT(took, absl::Seconds(30)) << "silent source noticed after " << took;
+  EXPECT_EQ(agent_->PostRead("src", {{0, 0, 0, 0, 1}}).status().code(),
+            absl::StatusCode::kUnavailable);
+  peer_->Kill();
+}
+
+// A source that acks a read and then sends nothing (the hand-played kStallAfterAck peer): the
+// reader's receive is posted and waits on the GPU. The transfer deadline must abort the
+// communicator (which stops the waiting kernels), drain the streams and end it UNAVAILABLE.
+TEST_F(NcclTwoProcessTest, SourceThatStallsMidTransferIsAbortedAfterTheDeadline) {
+  SKIP_WITHOUT_TWO_GPUS();
+  NcclAgentOptions reader;
+  reader.transfer_timeout = absl::Seconds(2);
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(reader, nccl_peer::PeerMode::kStallAfterAck));
+  const absl::Time start = absl::Now();
+  // Two ranges apart on the reader, so it stages: its scatter waits behind the stuck receive.
+  absl::StatusOr<TransferId> id = agent_->PostRead(
+      "src", {{0, 4 * kBlockBytes, 0, 0, 2 * kBlockBytes}, {0, 0, 0, 8 * kBlockBytes, 64}});
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<bool> r = WaitEnded(*agent_, *id);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("no progress"), std::string::npos) << r.status();
+  EXPECT_LT(took, absl::Seconds(30)) << "stalled source noticed after " << took;
+  EXPECT_EQ(agent_->PostRead("src", {{0, 0, 0, 0, 1}}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer
 
 int main(int argc, char** argv) {
   const int peer_rc = tandem::kvtransfer::nccl_peer::MaybeRunPeer();
   if (peer_rc >= 0) return peer_rc;
+  // A hang is a failure, not a stuck CI job: SIGALRM ends the process (its children see EOF).
+  alarm(240);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

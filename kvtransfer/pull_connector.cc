@@ -8,9 +8,19 @@
 namespace tandem::kvtransfer {
 
 PullKvConnector::PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options)
-    : agent_(agent), options_(options), next_lease_id_(options.first_lease_id) {}
+    : agent_(agent),
+      options_(options),
+      sink_(std::make_shared<RenewalSink>()),
+      next_lease_id_(options.first_lease_id) {
+  absl::MutexLock lock(&sink_->mu);
+  sink_->connector = this;
+}
 
 PullKvConnector::~PullKvConnector() {
+  {
+    absl::MutexLock lock(&sink_->mu);  // waits for a renewal callback in progress
+    sink_->connector = nullptr;
+  }
   // Cancel what is still in flight; the agent owns the transfers and ends them on destruction.
   absl::MutexLock lock(&mu_);
   for (auto& [id, load] : loads_) {
@@ -34,6 +44,10 @@ void PullKvConnector::UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSp
   Load load;
   load.peer = remote.peer;
   load.deadline = remote.deadline;
+  load.epoch = remote.epoch;
+  load.lease_id = remote.lease_id;
+  load.lease_deadline = remote.lease_deadline;
+  load.renewer = remote.lease_renewer;
   for (int64_t i = first; i < end; ++i) {
     load.blocks.emplace_back(remote.block_ids[i], block_table[i]);
     load.local_blocks.push_back(block_table[i]);
@@ -53,7 +67,7 @@ ConnectorStepMeta PullKvConnector::BuildStepMeta() {
     LoadSpec spec;
     spec.request_id = id;
     spec.peer = it->second.peer;
-    spec.deadline = it->second.deadline;
+    spec.deadline = EffectiveDeadline(it->second);
     spec.blocks = it->second.blocks;
     meta.loads.push_back(std::move(spec));
   }
@@ -148,8 +162,74 @@ absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {
       continue;
     }
     load.transfer = *id;
+    // Renew at half of the lease this load starts with (see the header comment).
+    const absl::Time start = absl::Now();
+    if (load.renewer != nullptr && load.lease_id != 0 && load.lease_deadline > start &&
+        load.lease_deadline != absl::InfiniteFuture()) {
+      load.lease_length = load.lease_deadline - start;
+      load.next_renewal = start + load.lease_length / 2;
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Time PullKvConnector::EffectiveDeadline(const Load& load) const {
+  if (load.lease_deadline == absl::InfiniteFuture()) return load.deadline;
+  return std::min(load.deadline, load.lease_deadline - options_.lease_safety_margin);
+}
+
+void PullKvConnector::CollectRenewalsLocked(absl::Time now, std::vector<Renewal>* out) {
+  for (auto& [request_id, load] : loads_) {
+    if (!load.transfer.has_value() || load.renewal_in_flight || now < load.next_renewal ||
+        !load.cancel_reason.ok()) {
+      continue;
+    }
+    load.renewal_in_flight = true;
+    out->push_back(Renewal{request_id, *load.transfer, load.peer, load.epoch, load.lease_id,
+                           load.lease_length, load.renewer});
+  }
+}
+
+void PullKvConnector::SendRenewals(std::vector<Renewal> renewals) {
+  for (Renewal& r : renewals) {
+    std::shared_ptr<RenewalSink> sink = sink_;
+    const int64_t request_id = r.request_id;
+    const TransferId transfer = r.transfer;
+    r.renewer->RenewLeaseAsync(r.peer, r.epoch, r.lease_id, r.extend,
+                               [sink, request_id, transfer](absl::StatusOr<absl::Time> result) {
+                                 absl::MutexLock lock(&sink->mu);
+                                 if (sink->connector != nullptr) {
+                                   sink->connector->OnLeaseRenewed(request_id, transfer, result);
+                                 }
+                               });
+  }
+}
+
+void PullKvConnector::OnLeaseRenewed(int64_t request_id, TransferId transfer,
+                                     const absl::StatusOr<absl::Time>& result) {
+  absl::MutexLock lock(&mu_);
+  auto it = loads_.find(request_id);
+  if (it == loads_.end() || it->second.transfer != transfer) return;  // ended meanwhile
+  Load& load = it->second;
+  load.renewal_in_flight = false;
+  const absl::Time now = absl::Now();
+  if (result.ok()) {
+    ++stats_.lease_renewals;
+    load.lease_deadline = std::max(load.lease_deadline, *result);
+    load.next_renewal = now + (load.lease_deadline - now) / 2;
+    return;
+  }
+  if (result.status().code() == absl::StatusCode::kNotFound) {
+    // The source dropped the lease: what is still to come may be another request's KV.
+    if (load.cancel_reason.ok()) {
+      load.cancel_reason = absl::FailedPreconditionError(
+          absl::StrCat("source ", load.peer, " no longer holds lease ", load.lease_id, ": ",
+                       result.status().message()));
+      agent_->Cancel(transfer);
+    }
+    return;
+  }
+  load.next_renewal = now + load.lease_length / 8;  // retry; the old deadline still stands
 }
 
 // Pull mode loads whole requests before they are scheduled and P keeps its blocks, so there is
@@ -165,7 +245,17 @@ void PullKvConnector::FailLoadLocked(int64_t request_id, Load& load, absl::Statu
 
 FinishedTransfers PullKvConnector::GetFinished(absl::Time now) {
   FinishedTransfers done;
-  absl::MutexLock lock(&mu_);
+  std::vector<Renewal> renewals;
+  {
+    absl::MutexLock lock(&mu_);
+    CollectFinishedLocked(now, done);
+    CollectRenewalsLocked(now, &renewals);
+  }
+  SendRenewals(std::move(renewals));
+  return done;
+}
+
+void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& done) {
   done.sending_done = std::move(released_);
   released_.clear();
   for (auto it = leases_.begin(); it != leases_.end();) {
@@ -180,10 +270,11 @@ FinishedTransfers PullKvConnector::GetFinished(absl::Time now) {
   std::vector<int64_t> ended;
   for (auto& [request_id, load] : loads_) {
     if (!load.transfer.has_value()) continue;
-    if (now >= load.deadline && load.cancel_reason.ok()) {
+    if (now >= EffectiveDeadline(load) && load.cancel_reason.ok()) {
       load.cancel_reason = absl::DeadlineExceededError(
           absl::StrCat("KV load of ", load.blocks.size(), " blocks from ", load.peer,
-                       " did not finish before its deadline"));
+                       now >= load.deadline ? " did not finish before its deadline"
+                                            : " did not finish before the source's lease ran out"));
       agent_->Cancel(*load.transfer);
     }
     absl::StatusOr<bool> state = agent_->CheckTransfer(*load.transfer);
@@ -199,7 +290,6 @@ FinishedTransfers PullKvConnector::GetFinished(absl::Time now) {
     }
   }
   for (int64_t id : ended) loads_.erase(id);
-  return done;
 }
 
 std::vector<LoadError> PullKvConnector::GetLoadErrors() {

@@ -7,13 +7,24 @@
 // runs of (source, local) blocks coalesced into one CopyOp); a load that has not ended by its
 // deadline is cancelled and reported as DEADLINE_EXCEEDED once the agent says it ended.
 //
+// Lease renewal (D side): a load's effective deadline is the earlier of RemoteKvSpec::deadline
+// and the source's lease deadline minus lease_safety_margin (reading blocks the source may
+// already reuse would be garbage). When a load has been in flight for half of the lease it had
+// when it started, GetFinished asks the spec's LeaseRenewer to extend the lease by that length
+// again (asynchronously; never under the connector's lock) and keeps doing so at half of each
+// new lease, so a long transfer outlives the original lease. A source that no longer knows the
+// lease fails the load (FAILED_PRECONDITION: its blocks may be reused); a failed attempt
+// (network) is retried after an eighth of the lease while the old deadline still stands.
+//
 // Thread safety: thread-safe (one mutex). The engine thread drives both halves; lease control
 // may come from any thread.
 #ifndef TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
 #define TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,6 +41,8 @@ struct PullKvConnectorOptions {
   uint32_t local_region = 0;    // agent region index of the local KV pool
   uint32_t remote_region = 0;   // the peer's region index of its KV pool
   uint64_t first_lease_id = 1;  // start lease ids here (e.g. random per epoch)
+  // D side: stop reading this long before the source's lease deadline.
+  absl::Duration lease_safety_margin = absl::Milliseconds(200);
 };
 
 class PullKvConnector : public KvConnector {
@@ -75,7 +88,15 @@ class PullKvConnector : public KvConnector {
   };
   struct Load {
     std::string peer;
-    absl::Time deadline;
+    absl::Time deadline;  // RemoteKvSpec::deadline (the load's own timeout)
+    // Lease renewal (see the header comment); lease_id 0 or no renewer: none.
+    uint64_t epoch = 0;
+    uint64_t lease_id = 0;
+    absl::Time lease_deadline = absl::InfiniteFuture();
+    std::shared_ptr<LeaseRenewer> renewer;
+    absl::Duration lease_length;  // the lease left when the load started; each extension
+    absl::Time next_renewal = absl::InfiniteFuture();
+    bool renewal_in_flight = false;
     std::vector<int32_t> local_blocks;
     std::vector<std::pair<int32_t, int32_t>> blocks;
     std::optional<TransferId> transfer;  // set once posted
@@ -84,11 +105,39 @@ class PullKvConnector : public KvConnector {
     absl::Status cancel_reason;
   };
 
+  // A renewal GetFinished decided on, sent after it released mu_.
+  struct Renewal {
+    int64_t request_id;
+    TransferId transfer;
+    std::string peer;
+    uint64_t epoch;
+    uint64_t lease_id;
+    absl::Duration extend;
+    std::shared_ptr<LeaseRenewer> renewer;
+  };
+  // Outlives the connector in renewal callbacks: they reach the connector only while it lives
+  // (the destructor clears `connector` under `mu`, waiting for a running callback).
+  struct RenewalSink {
+    absl::Mutex mu;
+    PullKvConnector* connector ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
   void FailLoadLocked(int64_t request_id, Load& load, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time EffectiveDeadline(const Load& load) const;
+  // GetFinished's work under the lock: lease expiry, ended loads.
+  void CollectFinishedLocked(absl::Time now, FinishedTransfers& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the renewals due at `now` (marking them in flight).
+  void CollectRenewalsLocked(absl::Time now, std::vector<Renewal>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendRenewals(std::vector<Renewal> renewals) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnLeaseRenewed(int64_t request_id, TransferId transfer,
+                      const absl::StatusOr<absl::Time>& result) ABSL_LOCKS_EXCLUDED(mu_);
 
   TransferAgent* const agent_;
   const PullKvConnectorOptions options_;
+  const std::shared_ptr<RenewalSink> sink_;
 
   mutable absl::Mutex mu_;
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_);

@@ -8,9 +8,13 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/fault_injecting_agent.h"
 #include "kvtransfer/inprocess_agent.h"
 
 namespace tandem::kvtransfer {
@@ -170,6 +174,137 @@ TEST(PullKvConnectorTest, LeasesReleaseRenewAndExpire) {
   EXPECT_EQ(stats.leases_active, 1u);
   EXPECT_EQ(stats.blocks_leased, 1u);
   EXPECT_FALSE(pair.pc->RenewLease(a->lease_id, absl::Seconds(1)).has_value());
+}
+
+// A LeaseRenewer that renews on the source connector directly (inline, as the contract
+// allows), or answers with a scripted error for the first `fail_first` calls.
+class DirectRenewer final : public LeaseRenewer {
+ public:
+  explicit DirectRenewer(PullKvConnector* source) : source_(source) {}
+  void RenewLeaseAsync(const std::string& /*peer*/, uint64_t /*epoch*/, uint64_t lease_id,
+                       absl::Duration extend,
+                       std::function<void(absl::StatusOr<absl::Time>)> done) override {
+    absl::Status scripted = absl::OkStatus();
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      if (fail_first_ > 0) {
+        --fail_first_;
+        scripted = failure_;
+      }
+    }
+    if (!scripted.ok()) return done(scripted);
+    std::optional<absl::Time> deadline = source_->RenewLease(lease_id, extend);
+    if (!deadline.has_value()) return done(absl::NotFoundError("unknown lease"));
+    done(*deadline);
+  }
+  void FailFirst(int n, absl::Status failure) {
+    absl::MutexLock lock(&mu_);
+    fail_first_ = n;
+    failure_ = std::move(failure);
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  PullKvConnector* const source_;
+  absl::Mutex mu_;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int fail_first_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// P leases blocks for `lease`; D's transfers are delayed by `delay` (longer than the lease).
+struct SlowPair {
+  Pair pair;
+  FaultInjectingAgent slow_d;
+  std::unique_ptr<PullKvConnector> dc;
+  std::shared_ptr<DirectRenewer> renewer;
+
+  SlowPair(uint32_t seed, absl::Duration delay) : pair(seed), slow_d(pair.d.get()) {
+    slow_d.SetFaults({.delay = delay});
+    PullKvConnectorOptions options;
+    options.block_size = 16;
+    options.block_bytes = Pair::kBlockBytes;
+    options.lease_safety_margin = absl::Milliseconds(100);
+    dc = std::make_unique<PullKvConnector>(&slow_d, options);
+    renewer = std::make_shared<DirectRenewer>(pair.pc.get());
+  }
+  // Loads source blocks {3, 4, 9} into {0, 1, 2} under a fresh lease; drives both connectors
+  // until the load ends. Returns the load's end (OK = loaded) and P's finished requests.
+  absl::Status Load(absl::Duration lease_duration, bool renew, std::vector<int64_t>* source_done,
+                    bool release_mid_load = false) {
+    std::optional<KvLease> lease = pair.pc->RequestFinished(77, true, 3, lease_duration);
+    EXPECT_TRUE(lease.has_value());
+    RemoteKvSpec remote;
+    remote.peer = "p";
+    remote.epoch = 1;
+    remote.num_tokens = 48;
+    remote.block_ids = {3, 4, 9};
+    remote.lease_id = lease->lease_id;
+    remote.lease_deadline = lease->deadline;
+    remote.deadline = absl::Now() + absl::Seconds(30);
+    if (renew) remote.lease_renewer = renewer;
+    dc->UpdateStateAfterAlloc(5, remote, std::vector<int32_t>{0, 1, 2}, 0);
+    EXPECT_TRUE(dc->StartLoad(dc->BuildStepMeta()).ok());
+    if (release_mid_load) {
+      EXPECT_TRUE(pair.pc->ReleaseLease(lease->lease_id));
+    }
+    for (int i = 0; i < 60000; ++i) {
+      const absl::Time now = absl::Now();
+      FinishedTransfers p = pair.pc->GetFinished(now);
+      source_done->insert(source_done->end(), p.sending_done.begin(), p.sending_done.end());
+      FinishedTransfers d = dc->GetFinished(now);
+      if (!d.receiving_done.empty()) return absl::OkStatus();
+      std::vector<LoadError> errors = dc->GetLoadErrors();
+      if (!errors.empty()) return errors[0].status;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::DeadlineExceededError("test: the load never ended");
+  }
+};
+
+TEST(PullKvConnectorTest, LongLoadRenewsTheSourceLease) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  SlowPair slow(seed, absl::Milliseconds(2500));
+  // One transient failure first: retried, the lease still holds.
+  slow.renewer->FailFirst(1, absl::UnavailableError("injected: source unreachable"));
+  std::vector<int64_t> source_done;
+  ASSERT_TRUE(slow.Load(absl::Seconds(1), /*renew=*/true, &source_done).ok());
+  EXPECT_TRUE(source_done.empty()) << "P gave the blocks back while D still read them";
+  EXPECT_GE(slow.renewer->calls(), 3);  // at 0.5 s, the retry, then at half of each new lease
+  EXPECT_GE(slow.dc->Stats().lease_renewals, 2u);
+  EXPECT_EQ(slow.pair.pc->Stats().leases_expired, 0u);
+  EXPECT_EQ(slow.pair.pc->Stats().leases_active, 1u);  // D releases it next (PeerLinks)
+  for (int i = 0; i < 3; ++i) {
+    const int src = std::vector<int>{3, 4, 9}[i];
+    ASSERT_TRUE(std::equal(slow.pair.src.begin() + src * Pair::kBlockBytes,
+                           slow.pair.src.begin() + (src + 1) * Pair::kBlockBytes,
+                           slow.pair.dst.begin() + i * Pair::kBlockBytes))
+        << "block " << i;
+  }
+}
+
+TEST(PullKvConnectorTest, LongLoadWithoutRenewalStopsBeforeTheLeaseEnds) {
+  SlowPair slow(std::random_device{}(), absl::Milliseconds(2500));
+  std::vector<int64_t> source_done;
+  const absl::Status end = slow.Load(absl::Seconds(1), /*renew=*/false, &source_done);
+  EXPECT_EQ(end.code(), absl::StatusCode::kDeadlineExceeded) << end;
+  EXPECT_NE(end.message().find("lease"), std::string::npos) << end;
+  EXPECT_EQ(slow.renewer->calls(), 0);
+}
+
+TEST(PullKvConnectorTest, LoadFailsWhenTheSourceDroppedTheLease) {
+  SlowPair slow(std::random_device{}(), absl::Milliseconds(2500));
+  std::vector<int64_t> source_done;
+  const absl::Status end =
+      slow.Load(absl::Seconds(1), /*renew=*/true, &source_done, /*release_mid_load=*/true);
+  EXPECT_EQ(end.code(), absl::StatusCode::kFailedPrecondition) << end;
+  EXPECT_EQ(source_done, (std::vector<int64_t>{77}));
+  EXPECT_EQ(slow.dc->Stats().lease_renewals, 0u);
 }
 
 }  // namespace

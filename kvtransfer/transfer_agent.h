@@ -46,6 +46,12 @@ struct CopyOp {
   uint64_t length = 0;
 };
 
+// A byte range of one registered region.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 // Counters for Stats / metrics.
 struct TransferAgentStats {
   uint64_t bytes_read = 0;  // completed READ bytes (this side was the reader)
@@ -73,6 +79,16 @@ class TransferAgent {
   virtual absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(
       uint64_t /*length*/, tandem::v1::MemoryKind /*kind*/) {
     return absl::UnimplementedError("AllocateMemory");
+  }
+
+  // Source side: makes the current contents of `ranges` of local region `region` visible to
+  // remote readers, and returns once they are. Backends that serve device memory through a host
+  // mirror (UcxAgent without UCX CUDA transports, see ucx_agent.h) copy those ranges device ->
+  // mirror here; for every other region and backend this is a no-op. Call it after the KV of
+  // held blocks is final and before their handle is published. OUT_OF_RANGE for a bad range.
+  virtual absl::Status SyncForRemoteRead(uint32_t /*region*/,
+                                         absl::Span<const ByteRange> /*ranges*/) {
+    return absl::OkStatus();
   }
 
   // Fills the transport fields of `handshake` (transport, worker_address, regions) so a peer

@@ -130,6 +130,7 @@ UcxAgent::~UcxAgent() {
     }
     while (!conns_.empty() && absl::Now() < give_up) {
       ucp_worker_progress(worker_);
+      PollStagingLocked();  // device copies of staged requests end their requests
       ReapConnsLocked();
     }
     // Endpoints that peers created to us (wireup) may still have protocol messages queued;
@@ -144,7 +145,11 @@ UcxAgent::~UcxAgent() {
       }
       if (ucp_request_check_status(flush) != UCS_INPROGRESS) ucp_request_free(flush);
     }
-    for (LocalRegion& r : regions_) ucp_mem_unmap(context_, r.memh);
+    DestroyStagingLocked();
+    for (LocalRegion& r : regions_) {
+      if (r.mirror_pinned) CudaUnpinHostMemory(r.base);
+      ucp_mem_unmap(context_, r.memh);
+    }
     regions_.clear();
     ucp_worker_destroy(worker_);  // also drops endpoints that did not close in time
     worker_ = nullptr;
@@ -161,10 +166,6 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
   }
   ucs_memory_type_t memory_type = UCS_MEMORY_TYPE_HOST;
   if (kind == tandem::v1::MEMORY_KIND_CUDA) {
-    if (!cuda_supported_) {
-      return absl::UnimplementedError(
-          "UCX reports no CUDA memory support: stage GPU blocks through host memory");
-    }
     memory_type = UCS_MEMORY_TYPE_CUDA;
   } else if (kind != tandem::v1::MEMORY_KIND_HOST) {
     return absl::InvalidArgumentError("RegisterMemory: unspecified memory kind");
@@ -173,6 +174,14 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
   if (regions_.size() >= static_cast<size_t>(tandem::v1::kMaxMemoryRegions)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("at most ", tandem::v1::kMaxMemoryRegions, " memory regions"));
+  }
+  if (kind == tandem::v1::MEMORY_KIND_CUDA && !cuda_supported_) {
+    if (!options_.stage_cuda_memory) {
+      return absl::UnimplementedError(
+          "UCX reports no CUDA memory support: set UcxAgentOptions::stage_cuda_memory to stage "
+          "GPU memory through host buffers (the source must then SyncForRemoteRead its blocks)");
+    }
+    return RegisterStagedCudaLocked(static_cast<char*>(base), length);
   }
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -324,7 +333,8 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
       ep = conn->monitor_ep;
       s = ucp_ep_rkey_unpack(ep, r.packed_rkey().data(), &rkey);
     }
-    if (s == UCS_OK && ep == conn->ep && mapped != nullptr) {
+    const bool direct = s == UCS_OK && ep == conn->ep && mapped != nullptr;
+    if (direct) {
       // The peer's segment is mapped here lazily: the first GET of each page would take a
       // page fault (about as long as copying the page). Map the page tables now, once per
       // connection; best effort (older kernels lack MADV_POPULATE_READ).
@@ -338,7 +348,8 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
           absl::StrCat(who, ": cannot unpack rkey: ", ucs_status_string(s)));
       break;
     }
-    conn->regions.push_back({r.base_address(), r.length(), rkey, ep});
+    conn->regions.push_back(
+        {r.base_address(), r.length(), rkey, ep, direct ? static_cast<char*>(mapped) : nullptr});
     conn->region_bytes.push_back(r.length());
   }
   Conn* raw = conn.get();

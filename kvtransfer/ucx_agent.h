@@ -46,16 +46,50 @@
 // active messages over TCP loopback (~1 GB/s). A NONE endpoint gets sysv/posix lanes for RMA,
 // but their GET is a direct copy only from memory the same shared-memory domain allocated
 // (its rkey names the segment): pools from AllocateMemory (ucp_mem_map ALLOCATE, UCX picks
-// sysv first) are read at memcpy speed, like ucx_perftest; plain RegisterMemory pools are
-// not mapped, so they are read over the monitor endpoint (TCP, as before). cma is only used by UCX
+// sysv first) are read in place (direct copies, below); plain RegisterMemory pools are not
+// mapped, so they are read over the monitor endpoint (TCP, as before). cma is only used by UCX
 // 1.13 for rendezvous, never for the RMA API.
 //
 // Destruction force-closes every endpoint (outstanding requests complete as cancelled), then
 // unmaps memory and destroys the worker: nothing is written into registered memory after
 // ~UcxAgent returns.
 //
-// Memory kinds: MEMORY_KIND_CUDA is UNIMPLEMENTED unless the UCP context reports CUDA memory
-// support (GPU staging through pinned host memory is the connector's job).
+// Direct copies (direct_copy, default): a GET from a region the data endpoint maps
+// (ucp_rkey_ptr) is a memcpy inside ucp_get_nbx anyway; the agent does that copy itself, with
+// non-temporal stores for large transfers (streaming_copy.h: glibc's memcpy, which UCX uses,
+// keeps ordinary stores up to ~24 MiB per call, which costs ~40% of the bandwidth once a batch
+// of 2 MiB blocks no longer fits the cache) and
+// with mu_ released, so callers are not blocked behind a multi-megabyte copy. The copy counts
+// as an outstanding request: the transfer, the endpoint and the rkey (which keeps the peer's
+// segment mapped) outlive it.
+//
+// Memory kinds: MEMORY_KIND_CUDA is registered with UCX directly when the UCP context reports
+// CUDA memory support. Otherwise (Debian's UCX has no CUDA transports), CUDA builds stage when
+// stage_cuda_memory is set (opt-in, because a source must then call SyncForRemoteRead before it
+// publishes blocks; without the option CUDA memory stays UNIMPLEMENTED):
+//  * Reading INTO device memory: each request GETs (or direct-copies) into one of
+//    cuda_staging_buffers pinned host buffers, then cudaMemcpyAsync's it to the device on the
+//    agent's copy stream; the buffer is free again when that copy's event completed, so while
+//    one buffer drains to the GPU the next request fills another (double buffering or more).
+//    A request, and so its transfer, ends only after its device copy ended: nothing is written
+//    to device memory after the end is reported. Same-host shortcut (cuda_dma_from_mapped):
+//    when the source region is mapped here (shared memory), the agent page-locks that mapping
+//    once (cudaHostRegister, lazily at the first staged read from it) and the GPU copies from
+//    it directly, with no CPU copy; the mapping stays registered until the rkey is destroyed,
+//    which waits for the copies that read it. If page-locking fails, requests take the
+//    staging buffers.
+//  * Serving device memory to readers: the region gets a host MIRROR of its full size,
+//    allocated like AllocateMemory (readers on the host copy it in place, over shared memory)
+//    and page-locked for fast device -> host copies. The descriptor advertises the mirror
+//    (base_address = the mirror's address). SyncForRemoteRead(region, ranges) copies ranges
+//    device -> mirror; the source calls it for the blocks it holds for a reader before
+//    publishing their handle. Why a mirror rather than staging on demand: reads stay one-sided
+//    (one GET per request, no request/response protocol, no work or progress on the source,
+//    a source that dies cannot leave a read half-staged), and the device -> host copy happens
+//    once per held request on the source, off the reader's critical path. The price is pinned
+//    host memory equal to the device region and a D2H copy per held request even when it is
+//    never read. One CUDA device per agent (registering another device: UNIMPLEMENTED).
+// CPU-only builds keep returning UNIMPLEMENTED for CUDA memory.
 //
 // Thread safety: all methods are thread-safe. UCX runs in UCS_THREAD_MODE_SERIALIZED: every
 // UCX call, including the callbacks inside ucp_worker_progress, happens under mu_.
@@ -67,6 +101,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -79,6 +114,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtransfer/cuda_staging.h"
+#include "kvtransfer/streaming_copy.h"
 #include "kvtransfer/transfer_agent.h"
 #include "tandem/v1/kv.pb.h"
 
@@ -108,6 +145,22 @@ struct UcxAgentOptions {
   bool enable_am = true;
   // Data and monitor endpoint per peer (see the header comment); false: one PEER endpoint.
   bool separate_data_endpoint = true;
+  // Direct copies from regions the data endpoint maps (see the header comment); false: every
+  // GET through ucp_get_nbx.
+  bool direct_copy = true;
+  // Direct copies use non-temporal stores (streaming_copy.h) when their transfer moves at least
+  // this many bytes: a smaller transfer fits the last-level cache and finishes sooner with
+  // ordinary stores (1-4 blocks of 2 MiB: 0.28 vs 0.4 ms here). UINT64_MAX: always memcpy.
+  uint64_t min_streaming_transfer_bytes = uint64_t{16} << 20;
+  // Accept CUDA memory without UCX CUDA support by staging it (see the header comment).
+  bool stage_cuda_memory = false;
+  // CUDA staging (see the header comment): pinned host buffers a READ into device memory
+  // passes through (>= 2 so one fills while another drains to the GPU), each this large.
+  int cuda_staging_buffers = 4;
+  uint64_t cuda_staging_bytes = uint64_t{4} << 20;
+  // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
+  // (see the header comment); false: always through the staging buffers.
+  bool cuda_dma_from_mapped = true;
   // Further UCX settings, names without the UCX_ prefix, e.g. {"RNDV_THRESH", "8k"}. These and
   // the fields above override UCX_* environment variables.
   std::vector<std::pair<std::string, std::string>> extra_config = {};
@@ -128,6 +181,9 @@ class UcxAgent final : public TransferAgent {
   // by ~UcxAgent.
   absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(uint64_t length,
                                                             tandem::v1::MemoryKind kind) override;
+  // Copies `ranges` of a staged CUDA region device -> host mirror (see the header comment);
+  // OK at once for other regions. OUT_OF_RANGE for a bad region or range.
+  absl::Status SyncForRemoteRead(uint32_t region, absl::Span<const ByteRange> ranges) override;
   absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
   // Blocks until the endpoint is wired up (at most connect_timeout); UNAVAILABLE when the
   // peer cannot be reached.
@@ -145,17 +201,23 @@ class UcxAgent final : public TransferAgent {
 
  private:
   struct LocalRegion {
-    char* base;
+    char* base;  // staged CUDA regions: the host mirror
     uint64_t length;
     ucp_mem_h memh;
     std::string packed_rkey;
     tandem::v1::MemoryKind kind;
+    char* device = nullptr;      // staged CUDA regions: the device memory
+    bool mirror_pinned = false;  // base is page-locked (CudaPinHostMemory)
   };
   struct RemoteRegion {
     uint64_t base;
     uint64_t length;
     ucp_rkey_h rkey;
-    ucp_ep_h ep;  // the endpoint its GETs use (the rkey was unpacked on it)
+    ucp_ep_h ep;                   // the endpoint its GETs use (the rkey was unpacked on it)
+    const char* mapped = nullptr;  // data endpoint only: local address of `base` (rkey_ptr)
+    // cuda_dma_from_mapped: whether `mapped` was page-locked for DMA (tried once, lazily).
+    bool pin_tried = false;
+    bool pinned = false;
   };
   // One endpoint: kActive -> kDraining (stopped; waits for its requests) -> kClosing (rkeys
   // destroyed, ucp_ep_close_nbx in progress) -> kClosed. A closed Conn that peers_ still names
@@ -191,12 +253,58 @@ class UcxAgent final : public TransferAgent {
     absl::Status result;
     uint64_t total_bytes = 0;
   };
+  // A pinned host buffer that a READ into device memory passes through: filled by a GET or a
+  // direct copy, then copied to the device on copy_stream_ (event slot = index).
+  struct StagingSlot {
+    enum class State { kFree, kFilling, kToDevice };
+    int index = 0;
+    char* host = nullptr;
+    ucp_mem_h memh = nullptr;
+    State state = State::kFree;
+    Transfer* transfer = nullptr;
+    char* device_dst = nullptr;
+    const char* source = nullptr;  // non-null: copy from here (a pinned mapping), not `host`
+    uint64_t bytes = 0;
+  };
+  // A direct copy taken out of the lock (see the header comment).
+  struct DirectCopy {
+    Transfer* transfer = nullptr;
+    char* dst = nullptr;
+    const char* src = nullptr;
+    uint64_t bytes = 0;
+    StagingSlot* slot = nullptr;     // non-null: dst is this staging buffer
+    size_t min_streaming_bytes = 0;  // StreamingCopy's threshold for this copy
+  };
+
   explicit UcxAgent(UcxAgentOptions options) : options_(std::move(options)) {}
   absl::Status Init();
 
   void ProgressLoop();
-  // Posts at most one request; returns whether it did anything.
-  bool PostOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts at most one request; returns whether it did anything. A direct copy is not done
+  // here but returned in *copy (already counted as outstanding) for the caller to run unlocked
+  // and then hand to FinishDirectCopyLocked.
+  bool PostOneLocked(std::optional<DirectCopy>* copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishDirectCopyLocked(const DirectCopy& copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts one posted request of `bytes` as outstanding.
+  void CountPostedLocked(Transfer& t, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends one outstanding request of `t` (undoes CountPostedLocked) with `status`.
+  void EndRequestLocked(Transfer& t, uint64_t bytes, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CUDA staging (ucx_agent_staging.cc).
+  absl::StatusOr<uint32_t> RegisterStagedCudaLocked(char* device, uint64_t length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InitStagingLocked(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StagingSlot* FreeStagingSlotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot's buffer holds its bytes (or slot.source, when set, is the pinned mapping to copy
+  // from): start the device copy (or end the request on error or when the transfer was stopped
+  // meanwhile).
+  void StartToDeviceLocked(StagingSlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether staged reads from `remote` may DMA from its mapping (pins it on first use).
+  bool DmaFromMappedLocked(RemoteRegion& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the requests whose device copies finished; returns whether any did.
+  bool PollStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DestroyStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void OnStagedGetDone(void* request, ucs_status_t status, void* user_data);
   // Advances draining/closing endpoints; returns whether any is still pending.
   bool ReapConnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Flushes `ep` of a new Conn, progressing the worker (mu_ is released while yielding).
@@ -240,6 +348,8 @@ class UcxAgent final : public TransferAgent {
   TransferId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<StagingSlot> staging_ ABSL_GUARDED_BY(mu_);  // fixed once created
+  std::unique_ptr<CudaCopyStream> copy_stream_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/ucx_status.h"
+#include "kvtransfer/cuda_staging.h"
+#include "kvtransfer/streaming_copy.h"
 #include "kvtransfer/ucx_agent.h"
 
 // Converted UCX error naming the call and the line it failed at.
@@ -74,17 +77,31 @@ void UcxAgent::OnGetDone(void* request, ucs_status_t status, void* user_data) {
 }
 
 void UcxAgent::OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_status_t status) {
+  if (request != nullptr) ucp_request_free(request);
+  absl::Status result = absl::OkStatus();
+  if (status != UCS_OK) {
+    result = status == UCS_ERR_CANCELED && t.cancel_requested
+                 ? absl::CancelledError(absl::StrCat("transfer ", t.id, " cancelled"))
+                 : UCX_ERROR(status, "ucp_get_nbx completion");
+  }
+  EndRequestLocked(t, bytes, result);
+}
+
+void UcxAgent::CountPostedLocked(Transfer& t, uint64_t bytes) {
+  ++t.inflight;
+  t.inflight_bytes += bytes;
+  ++t.conn->inflight;
+  ++inflight_requests_;
+  inflight_bytes_ += bytes;
+}
+
+void UcxAgent::EndRequestLocked(Transfer& t, uint64_t bytes, const absl::Status& status) {
   --t.inflight;
   --t.conn->inflight;
   --inflight_requests_;
   t.inflight_bytes -= bytes;
   inflight_bytes_ -= bytes;
-  if (request != nullptr) ucp_request_free(request);
-  if (status != UCS_OK) {
-    StopTransferLocked(t, status == UCS_ERR_CANCELED && t.cancel_requested
-                              ? absl::CancelledError(absl::StrCat("transfer ", t.id, " cancelled"))
-                              : UCX_ERROR(status, "ucp_get_nbx completion"));
-  }
+  if (!status.ok()) StopTransferLocked(t, status);
   MaybeEndLocked(t);
 }
 
@@ -102,7 +119,7 @@ void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
 // ---------------------------------------------------------------------------------------------
 // Progress thread.
 
-bool UcxAgent::PostOneLocked() {
+bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
   while (!post_queue_.empty()) {
     const TransferId id = post_queue_.front();
     auto it = transfers_.find(id);
@@ -119,18 +136,27 @@ bool UcxAgent::PostOneLocked() {
       continue;
     }
     const CopyOp& op = t->ops[t->next_op];
-    const uint64_t n = std::min(options_.max_request_bytes, op.length - t->next_offset);
-    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) return false;
-    const RemoteRegion& remote = conn->regions[op.remote_region];
+    RemoteRegion& remote = conn->regions[op.remote_region];
     const LocalRegion& local = regions_[op.local_region];
-    ucp_request_param_t param{};
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-    param.cb.send = &UcxAgent::OnGetDone;
-    param.user_data = t;
-    param.memh = local.memh;
-    char* dest = local.base + op.local_offset + t->next_offset;
-    const uint64_t remote_addr = remote.base + op.remote_offset + t->next_offset;
+    uint64_t n = std::min(options_.max_request_bytes, op.length - t->next_offset);
+    // A READ into staged device memory goes through a free staging buffer (or waits for one).
+    StagingSlot* slot = nullptr;
+    if (local.device != nullptr) {
+      n = std::min(n, options_.cuda_staging_bytes);
+      slot = FreeStagingSlotLocked();
+      if (slot == nullptr) return false;
+    }
+    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) return false;
+    const uint64_t local_offset = op.local_offset + t->next_offset;
+    const uint64_t remote_offset = op.remote_offset + t->next_offset;
+    char* dest = slot != nullptr ? slot->host : local.base + local_offset;
+    if (slot != nullptr) {
+      slot->state = StagingSlot::State::kFilling;
+      slot->transfer = t;
+      slot->device_dst = local.device + local_offset;
+      slot->source = nullptr;
+      slot->bytes = n;
+    }
     t->next_offset += n;
     if (t->next_offset == op.length) {
       ++t->next_op;
@@ -140,22 +166,52 @@ bool UcxAgent::PostOneLocked() {
     post_queue_.pop_front();
     if (t->next_op < t->ops.size()) post_queue_.push_back(id);
 
-    ucs_status_ptr_t request = ucp_get_nbx(remote.ep, dest, n, remote_addr, remote.rkey, &param);
-    if (request == nullptr) {  // completed in place (shared memory GETs usually do)
-      MaybeEndLocked(*t);
-    } else if (UCS_PTR_IS_ERR(request)) {
+    if (slot != nullptr && DmaFromMappedLocked(remote)) {  // the GPU copies from the mapping
+      CountPostedLocked(*t, n);
+      slot->source = remote.mapped + remote_offset;
+      StartToDeviceLocked(*slot);
+      return true;
+    }
+    if (options_.direct_copy && remote.mapped != nullptr) {
+      CountPostedLocked(*t, n);
+      const size_t streaming = t->total_bytes >= options_.min_streaming_transfer_bytes
+                                   ? kDefaultMinStreamingBytes
+                                   : SIZE_MAX;
+      *copy = DirectCopy{t, dest, remote.mapped + remote_offset, n, slot, streaming};
+      return true;
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+    param.cb.send = slot != nullptr ? &UcxAgent::OnStagedGetDone : &UcxAgent::OnGetDone;
+    param.user_data = slot != nullptr ? static_cast<void*>(slot) : static_cast<void*>(t);
+    param.memh = slot != nullptr ? slot->memh : local.memh;
+    ucs_status_ptr_t request =
+        ucp_get_nbx(remote.ep, dest, n, remote.base + remote_offset, remote.rkey, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      if (slot != nullptr) slot->state = StagingSlot::State::kFree;
       StopTransferLocked(*t, UCX_ERROR(UCS_PTR_STATUS(request), "ucp_get_nbx"));
-    } else {
+      return true;
+    }
+    CountPostedLocked(*t, n);
+    if (request != nullptr) {
       t->requests[request] = n;
-      ++t->inflight;
-      t->inflight_bytes += n;
-      ++conn->inflight;
-      ++inflight_requests_;
-      inflight_bytes_ += n;
+    } else if (slot != nullptr) {  // completed in place: the staging buffer is full
+      StartToDeviceLocked(*slot);
+    } else {  // completed in place (shared memory GETs usually do)
+      EndRequestLocked(*t, n, absl::OkStatus());
     }
     return true;
   }
   return false;
+}
+
+void UcxAgent::FinishDirectCopyLocked(const DirectCopy& copy) {
+  if (copy.slot != nullptr) {
+    StartToDeviceLocked(*copy.slot);
+  } else {
+    EndRequestLocked(*copy.transfer, copy.bytes, absl::OkStatus());
+  }
 }
 
 bool UcxAgent::ReapConnsLocked() {
@@ -211,7 +267,10 @@ bool UcxAgent::ReapConnsLocked() {
 }
 
 void UcxAgent::DestroyRkeysLocked(Conn* conn) {
-  for (RemoteRegion& r : conn->regions) ucp_rkey_destroy(r.rkey);
+  for (RemoteRegion& r : conn->regions) {
+    if (r.pinned) CudaUnpinHostMemory(const_cast<char*>(r.mapped));  // before the unmap
+    ucp_rkey_destroy(r.rkey);
+  }
   conn->regions.clear();
 }
 
@@ -232,13 +291,23 @@ void UcxAgent::ProgressLoop() {
   while (true) {
     bool busy = false;
     bool idle = false;
+    std::optional<DirectCopy> copy;
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
       while (ucp_worker_progress(worker_) != 0) busy = true;
-      busy |= PostOneLocked();
+      busy |= PollStagingLocked();
+      busy |= PostOneLocked(&copy);
       const bool reaping = ReapConnsLocked();
       idle = !busy && !reaping && inflight_requests_ == 0 && post_queue_.empty();
+    }
+    if (copy.has_value()) {
+      // Unlocked: the copy is counted as outstanding, which keeps its transfer, endpoint and
+      // rkey (the mapping of the peer's segment) alive until FinishDirectCopyLocked.
+      StreamingCopy(copy->dst, copy->src, copy->bytes, copy->min_streaming_bytes);
+      absl::MutexLock lock(&mu_);
+      FinishDirectCopyLocked(*copy);
+      continue;
     }
     if (idle) {
       WaitIdle();

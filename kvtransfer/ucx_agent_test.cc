@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/agent_test_util.h"
 #include "kvtransfer/copy_ops.h"
+#include "kvtransfer/cuda_staging.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -157,9 +158,24 @@ TEST_F(UcxAgentTest, RegisterAndAddPeerErrors) {
   Start(4096, 4);
   EXPECT_FALSE(dst_->SupportsCudaMemory());
   std::vector<uint8_t> buf(4096, 1);
+  // CUDA memory without UCX CUDA support: UNIMPLEMENTED unless staging is asked for.
   EXPECT_EQ(
       dst_->RegisterMemory(buf.data(), buf.size(), tandem::v1::MEMORY_KIND_CUDA).status().code(),
       absl::StatusCode::kUnimplemented);
+  // With staging, host memory called CUDA: CPU-only builds cannot stage (UNIMPLEMENTED); CUDA
+  // builds find it is no device memory (INVALID_ARGUMENT), or that there is no GPU
+  // (UNAVAILABLE).
+  auto staging = UcxAgent::Create({.stage_cuda_memory = true});
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  const absl::Status cuda =
+      (*staging)->RegisterMemory(buf.data(), buf.size(), tandem::v1::MEMORY_KIND_CUDA).status();
+  if (CudaStagingCompiled()) {
+    EXPECT_TRUE(cuda.code() == absl::StatusCode::kInvalidArgument ||
+                cuda.code() == absl::StatusCode::kUnavailable)
+        << cuda;
+  } else {
+    EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented) << cuda;
+  }
   EXPECT_EQ(dst_->RegisterMemory(nullptr, 10, MEMORY_KIND_HOST).status().code(),
             absl::StatusCode::kInvalidArgument);
   tandem::v1::TransferHandshake bad = src_descriptor_;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
@@ -41,7 +42,10 @@ ABSL_FLAG(double, top_p, 1.0, "1 = off");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed (prompt i uses seed + i)");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past eos");
 ABSL_FLAG(bool, dump_last_logits, false, "print the logits of each prompt's last position");
-ABSL_FLAG(std::string, backend, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda (CUDA builds)");
+ABSL_FLAG(std::string, dtype, "auto", "cuda: bf16, fp16 or auto (fp16 for f16 checkpoints)");
+ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
+ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
@@ -81,18 +85,24 @@ std::string JsonFloat(float v) {
 }
 
 absl::Status Run() {
-  if (absl::GetFlag(FLAGS_backend) != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
-                     " is not available in this build; use --backend=cpu"));
-  }
   ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
   ModelSource source;
   source.model_dir = absl::GetFlag(FLAGS_model);
   source.load_format = absl::GetFlag(FLAGS_load_format);
   source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
   source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  BackendOptions backend;
+  backend.backend = absl::GetFlag(FLAGS_backend);
+  backend.num_threads = absl::GetFlag(FLAGS_num_threads);
+  backend.device = absl::GetFlag(FLAGS_device);
+  backend.dtype = absl::GetFlag(FLAGS_dtype);
+  backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  if (backend.backend == "cuda" && source.load_format == "dummy") {
+    source.dummy_weights_on_backend = true;  // generated on the device
+    backend.dummy_seed = source.dummy_seed;
+  }
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
+  ASSIGN_OR_RETURN(const ExecutorFactory factory, MakeExecutorFactory(backend, model.config));
   ModelConfig config = model.config;
   ModelWeights weights = std::move(model.weights);
 
@@ -103,7 +113,8 @@ absl::Status Run() {
   engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
   engine_config.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
-  ASSIGN_OR_RETURN(auto engine, Engine::Create(engine_config, config, std::move(weights)));
+  ASSIGN_OR_RETURN(auto engine,
+                   Engine::Create(engine_config, config, std::move(weights), {}, &factory));
 
   const bool dump = absl::GetFlag(FLAGS_dump_last_logits);
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -1,9 +1,10 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
-// KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 rows).
+// KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
 //   attention_cuda_bench
-// GB/s counts KV bytes read + q + o (+ lse) bytes over the measured time; "%peak" is against
-// 4.3 TB/s (H200 device copy). Small configs read from a rotating set of block tables over a
-// pool >= 1 GiB, so repeated calls do not run out of the 60 MB L2. Prints a table; no pass/fail.
+// GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
+// (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
+// configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
+// run out of the 60 MB L2. Prints a table; no pass/fail.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@ constexpr double kPeak = 4.3e12;
 struct Pool {
   void* data = nullptr;
   int64_t num_blocks = 0;
+  float* token_scales = nullptr;  // for the int8 view (twice num_blocks 1-byte blocks)
 };
 
 // One pool for every config: max KV bytes, or 1 GiB, whichever is larger; filled with random
@@ -49,6 +51,15 @@ absl::Status MakePool(int64_t bytes, Pool* pool) {
   for (int64_t off = chunk; off < total; off += chunk) {
     CUDA_RETURN_IF_ERROR(
         cudaMemcpy(base + off, base, std::min(chunk, total - off), cudaMemcpyDeviceToDevice));
+  }
+  // int8 scales: 2 x num_blocks blocks of 2 x 16 x 8 rows, all 0.02.
+  const int64_t scales = 2 * pool->num_blocks * 2 * kBlock * kHkv;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pool->token_scales, scales * 4));
+  const std::vector<float> fill(std::min<int64_t>(scales, chunk / 4), 0.02f);
+  for (int64_t off = 0; off < scales; off += static_cast<int64_t>(fill.size())) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(pool->token_scales + off, fill.data(),
+                                    std::min<int64_t>(fill.size(), scales - off) * 4,
+                                    cudaMemcpyHostToDevice));
   }
   return absl::OkStatus();
 }
@@ -113,7 +124,8 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                       .dtype = dtype,
                       .k_scale = d_scale,
                       .v_scale = d_scale,
-                      .per_head_scale = true};
+                      .per_head_scale = true,
+                      .token_scales = pool.token_scales};
   const AttentionParams params{.scale = 0.0884f};
   auto run = [&](int64_t i) {
     AttentionBatch b{.query_start_loc = d_qsl,
@@ -127,7 +139,8 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   };
   for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(run(i));
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  const double kv_bytes = static_cast<double>(batch) * ctx * kHkv * kD * 2 * kv_elem;
+  const int64_t row_bytes = kD * kv_elem + (dtype == KvDtype::kInt8 ? 4 : 0);
+  const double kv_bytes = static_cast<double>(batch) * ctx * kHkv * 2 * row_bytes;
   const double io_bytes = static_cast<double>(batch) * kHq * (kD * 2 * 2 + 4);
   const int iters = static_cast<int>(std::clamp(20e-3 / (kv_bytes / kPeak), 5.0, 2000.0));
   cudaEvent_t start, stop;
@@ -179,10 +192,11 @@ absl::Status Run() {
           RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true, rng));
     }
   }
-  for (auto [batch, ctx] :
-       std::vector<std::pair<int64_t, int64_t>>{{1, 65536}, {64, 4096}, {64, 16384}, {256, 4096}}) {
-    RETURN_IF_ERROR(
-        RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kFp8E4m3, true, rng));
+  for (KvDtype dtype : {KvDtype::kFp8E4m3, KvDtype::kInt8}) {
+    for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
+      RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng));
+    }
   }
   std::printf("CUDA-core (fma) kernel on the same bf16 shapes, for comparison:\n");
   for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
@@ -192,7 +206,9 @@ absl::Status Run() {
   }
   RETURN_IF_ERROR(
       RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false, rng));
+  RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.data));
+  CUDA_RETURN_IF_ERROR(cudaFree(pool.token_scales));
   return absl::OkStatus();
 }
 

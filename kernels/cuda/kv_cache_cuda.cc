@@ -1,11 +1,17 @@
 #include "kernels/cuda/kv_cache_cuda.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace tandem::kernels::cuda {
 
-int64_t KvDtypeBytes(KvDtype dtype) { return dtype == KvDtype::kFp8E4m3 ? 1 : 2; }
+int64_t KvDtypeBytes(KvDtype dtype) {
+  return dtype == KvDtype::kFp8E4m3 || dtype == KvDtype::kInt8 ? 1 : 2;
+}
 
 const char* KvDtypeName(KvDtype dtype) {
   switch (dtype) {
@@ -15,8 +21,18 @@ const char* KvDtypeName(KvDtype dtype) {
       return "fp16";
     case KvDtype::kFp8E4m3:
       return "fp8_e4m3";
+    case KvDtype::kInt8:
+      return "int8";
   }
   return "unknown";
+}
+
+int64_t KvScaleBlockElems(const KvCacheLayout& layout) {
+  return layout.num_layers * 2 * layout.block_size * layout.num_kv_heads;
+}
+
+int64_t KvScaleBlockBytes(const KvCacheLayout& layout) {
+  return KvScaleBlockElems(layout) * int64_t{sizeof(float)};
 }
 
 absl::Status ValidateDeviceKvCache(const DeviceKvCache& cache, const char* op) {
@@ -35,7 +51,32 @@ absl::Status ValidateDeviceKvCache(const DeviceKvCache& cache, const char* op) {
   if (cache.dtype == KvDtype::kFp8E4m3 && (cache.k_scale == nullptr || cache.v_scale == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": fp8 cache needs k_scale and v_scale"));
   }
+  if (cache.dtype == KvDtype::kInt8 &&
+      (cache.token_scales == nullptr || reinterpret_cast<uintptr_t>(cache.token_scales) % 16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": int8 cache needs 16-byte aligned token_scales"));
+  }
   return absl::OkStatus();
+}
+
+float Int8QuantizeRow(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite || amax == 0.0f) {
+    std::fill(q, q + n, int8_t{0});
+    return finite ? 1.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = amax / 127.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    // nearbyint rounds half to even in the default rounding mode, like __float2int_rn.
+    const float r = std::nearbyint(x[i] / scale);
+    q[i] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+  return scale;
 }
 
 }  // namespace tandem::kernels::cuda

@@ -1,5 +1,6 @@
-// Host side of cuda::PagedAttention: the planner, argument checks, and the one place where run-
-// time head_dim / rows-per-warp / dtypes become template constants.
+// Host side of cuda::PagedAttention: the planner and the argument checks; the KV dtype picks one
+// of the LaunchPagedDecode instantiations (paged_decode_launch.cuh, compiled in
+// paged_decode_{16bit,fp8,int8}.cu), where head_dim and rows-per-warp become template constants.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -9,16 +10,14 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "kernels/cuda/paged_decode_kernel.cuh"
+#include "kernels/cuda/paged_decode_launch.cuh"
 #include "kernels/cuda/paged_decode_tc_kernel.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
-using internal::CombineSplitsKernel;
 using internal::DecodeParams;
-using internal::kDecodeThreads;
-using internal::PagedDecodeKernel;
-using internal::PagedDecodeTcKernel;
+using internal::LaunchPagedDecode;
 using internal::TcCfg;
 
 template <typename... Args>
@@ -35,66 +34,16 @@ int64_t TileKeys(int64_t head_dim, KvDtype dtype) {
   return internal::kDecodeStageBytes / (2 * head_dim * KvDtypeBytes(dtype));
 }
 
-template <typename T, typename KV, int D>
-absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
-                          cudaStream_t stream) {
-  const PagedAttentionPlanInput& in = plan.input;
-  const dim3 grid(static_cast<unsigned>(plan.num_splits),
-                  static_cast<unsigned>(in.num_kv_heads * plan.row_tiles),
-                  static_cast<unsigned>(in.num_seqs));
-  if (plan.use_tensor_cores) {
-    if constexpr (D <= 128) {
-      using Cfg = TcCfg<D, sizeof(KV)>;
-      auto* kernel = &PagedDecodeTcKernel<T, KV, D>;
-      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                Cfg::kSmemBytes));
-      kernel<<<grid, kDecodeThreads, Cfg::kSmemBytes, stream>>>(p);
-    } else {
-      return Invalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
-    }
-  } else {
-    switch (plan.rows_per_warp) {
-      case 1:
-        PagedDecodeKernel<T, KV, D, 1><<<grid, kDecodeThreads, 0, stream>>>(p);
-        break;
-      case 2:
-        if constexpr (D <= 128) {
-          PagedDecodeKernel<T, KV, D, 2><<<grid, kDecodeThreads, 0, stream>>>(p);
-          break;
-        }
-        [[fallthrough]];
-      case 4:
-        if constexpr (D <= 64) {
-          PagedDecodeKernel<T, KV, D, 4><<<grid, kDecodeThreads, 0, stream>>>(p);
-          break;
-        }
-        [[fallthrough]];
-      default:
-        return Invalid("no kernel for rows_per_warp ", plan.rows_per_warp, " at head_dim ", D);
-    }
-  }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (plan.num_splits > 1) {
-    const int64_t rows = in.num_tokens * in.num_q_heads;
-    CombineSplitsKernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
-        p.part_o, p.part_lse, plan.num_splits, rows, p.out, p.lse);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  return absl::OkStatus();
-}
-
-template <typename T, typename KV>
-absl::Status DispatchHeadDim(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
-                             cudaStream_t stream) {
-  switch (plan.input.head_dim) {
-    case 64:
-      return LaunchDecode<T, KV, 64>(p, plan, stream);
-    case 128:
-      return LaunchDecode<T, KV, 128>(p, plan, stream);
-    case 256:
-      return LaunchDecode<T, KV, 256>(p, plan, stream);
+// Blocks per SM of the tensor-core kernel for this head_dim / KV dtype (shared-memory bound).
+int TcCtasPerSm(int64_t head_dim, KvDtype dtype) {
+  const bool d64 = head_dim <= 64;
+  switch (dtype) {
+    case KvDtype::kFp8E4m3:
+      return d64 ? TcCfg<64, __nv_fp8_e4m3>::kCtasPerSm : TcCfg<128, __nv_fp8_e4m3>::kCtasPerSm;
+    case KvDtype::kInt8:
+      return d64 ? TcCfg<64, int8_t>::kCtasPerSm : TcCfg<128, int8_t>::kCtasPerSm;
     default:
-      return Invalid("head_dim ", plan.input.head_dim, " not supported (64, 128, 256)");
+      return d64 ? TcCfg<64, __half>::kCtasPerSm : TcCfg<128, __half>::kCtasPerSm;
   }
 }
 
@@ -105,8 +54,9 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
     return Invalid("num_q_heads ", in.num_q_heads, " is not a positive multiple of num_kv_heads ",
                    in.num_kv_heads);
   }
-  if (in.head_dim != 64 && in.head_dim != 128 && in.head_dim != 256) {
-    return Invalid("head_dim ", in.head_dim, " not supported (64, 128, 256)");
+  if (in.head_dim != 16 && in.head_dim != 32 && in.head_dim != 64 && in.head_dim != 128 &&
+      in.head_dim != 256) {
+    return Invalid("head_dim ", in.head_dim, " not supported (16, 32, 64, 128, 256)");
   }
   if (in.num_seqs < 0 || in.num_tokens < 0 || in.max_q_len < 1 || in.max_seq_len < 0 ||
       in.num_sms <= 0 || in.forced_splits < 0) {
@@ -129,7 +79,7 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
   while (rpw < max_rpw && rpw < rows_cta) rpw *= 2;
   int rg = 1;
   while (rg * rpw < rows_cta) rg *= 2;
-  plan.use_tensor_cores = in.allow_tensor_cores && in.head_dim <= 128;
+  plan.use_tensor_cores = in.allow_tensor_cores && (in.head_dim == 64 || in.head_dim == 128);
   if (plan.use_tensor_cores) {  // one m16 tile of rows per CTA
     rpw = 4;
     rg = 4;
@@ -143,15 +93,11 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
 
   // Splits: minimize waves x (keys per split + fixed cost), waves counted against the CTAs that
   // fit on an SM (shared memory bound). Each split keeps at least 256 keys.
-  const bool fp8 = in.kv_dtype == KvDtype::kFp8E4m3;
-  const int64_t tile =
-      plan.use_tensor_cores ? TcCfg<128, 2>::kT : TileKeys(in.head_dim, in.kv_dtype);
+  const int64_t tile = !plan.use_tensor_cores           ? TileKeys(in.head_dim, in.kv_dtype)
+                       : KvDtypeBytes(in.kv_dtype) == 1 ? TcCfg<128, int8_t>::kT
+                                                        : TcCfg<128, __half>::kT;
   const int64_t base = std::max<int64_t>(1, in.num_seqs * in.num_kv_heads * plan.row_tiles);
-  int ctas_per_sm = 4;
-  if (plan.use_tensor_cores) {
-    ctas_per_sm = in.head_dim <= 64 ? (fp8 ? TcCfg<64, 1>::kCtasPerSm : TcCfg<64, 2>::kCtasPerSm)
-                                    : (fp8 ? TcCfg<128, 1>::kCtasPerSm : TcCfg<128, 2>::kCtasPerSm);
-  }
+  const int ctas_per_sm = plan.use_tensor_cores ? TcCtasPerSm(in.head_dim, in.kv_dtype) : 4;
   const int64_t slots = int64_t{in.num_sms} * ctas_per_sm;
   const int64_t keys = std::max<int64_t>(in.max_seq_len, 1);
   int64_t best = 1;
@@ -198,7 +144,7 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
                    batch.num_seqs, ")");
   }
   constexpr KvDtype kOwn = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
-  if (cache.dtype != kOwn && !(cache.dtype == KvDtype::kFp8E4m3 && kOwn == KvDtype::kBf16)) {
+  if (cache.dtype != kOwn && cache.dtype != KvDtype::kFp8E4m3 && cache.dtype != KvDtype::kInt8) {
     return Invalid(KvDtypeName(cache.dtype), " pool with ", KvDtypeName(kOwn), " activations");
   }
   if (!std::isfinite(params.scale) || params.scale <= 0) {
@@ -259,13 +205,19 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.k_scale = cache.k_scale;
   p.v_scale = cache.v_scale;
   p.per_head_scale = cache.per_head_scale ? 1 : 0;
+  p.token_scales = cache.token_scales;
+  p.scale_block_stride = layout.BlockElems() / layout.head_dim;
+  p.scale_tile = layout.TileElems() / layout.head_dim;
+  p.scale_layer_offset = p.layer_offset / layout.head_dim;
 
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (cache.dtype == KvDtype::kFp8E4m3) {
-      return DispatchHeadDim<T, __nv_fp8_e4m3>(p, plan, stream);
-    }
+  switch (cache.dtype) {
+    case KvDtype::kFp8E4m3:
+      return LaunchPagedDecode<T, __nv_fp8_e4m3>(p, plan, stream);
+    case KvDtype::kInt8:
+      return LaunchPagedDecode<T, int8_t>(p, plan, stream);
+    default:
+      return LaunchPagedDecode<T, T>(p, plan, stream);
   }
-  return DispatchHeadDim<T, T>(p, plan, stream);
 }
 
 template absl::Status PagedAttention<__nv_bfloat16>(const __nv_bfloat16*, const DeviceKvCache&,

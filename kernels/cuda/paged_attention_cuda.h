@@ -35,12 +35,12 @@ struct PagedAttentionPlanInput {
   int64_t max_seq_len = 0;  // >= every request's seq_len (e.g. max_model_len under graphs)
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;  // 64, 128 or 256
+  int64_t head_dim = 0;  // 16, 32, 64, 128 or 256
   KvDtype kv_dtype = KvDtype::kBf16;
   int num_sms = 132;      // cudaDevAttrMultiProcessorCount of the device
   int forced_splits = 0;  // > 0: exactly this many KV splits (tests); 0: the planner chooses
-  // head_dim 64/128 runs on tensor cores (mma.sync; fp8 KV widened to fp16 in shared memory)
-  // unless this is false; otherwise, and for head_dim 256, the CUDA-core kernel runs.
+  // head_dim 64/128 runs on tensor cores (mma.sync; fp8/int8 KV widened to fp16 in registers)
+  // unless this is false; otherwise, and for head_dim 16/32/256, the CUDA-core kernel runs.
   bool allow_tensor_cores = true;
 };
 
@@ -69,9 +69,10 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
 //
 // q: [num_tokens, num_q_heads, head_dim] of T; out: same shape of T; lse: [num_tokens,
 // num_q_heads] fp32 natural log, or null. T is __nv_bfloat16 or __half; the pool is T's own
-// dtype or (T = bf16) fp8 e4m3. workspace: plan.workspace_bytes of device memory (may be null
-// when 0). The pointers must be 16-byte aligned. Rows of out beyond query_start_loc[num_seqs]
-// (graph padding) get unspecified values.
+// dtype, fp8 e4m3 or int8 (dequantized on the fly: the reference semantics hold for the
+// dequantized K/V). workspace: plan.workspace_bytes of device memory (may be null when 0). The
+// pointers must be 16-byte aligned. Rows of out beyond query_start_loc[num_seqs] (graph padding)
+// get unspecified values.
 //
 // INVALID_ARGUMENT (nothing launched) on: invalid cache view, layer out of range, plan/cache
 // mismatch, scale not finite and > 0, softcap negative or not finite, window_left < -1, null or

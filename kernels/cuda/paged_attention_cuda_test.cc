@@ -3,12 +3,15 @@
 // to the kernel's dtype first so only the kernel's own arithmetic is measured.
 //
 // Tolerances: out within 1e-2 x max|ref| (bf16/fp16 output rounding is 2^-9 relative, fp32
-// accumulation adds far less); lse within 2e-3 x max(1, |ref|). fp8: same, against the
-// reference on the dequantized pool.
+// accumulation adds far less); lse within 2e-3 x max(1, |ref|). fp8 (out 2e-2) and int8 (out
+// 1e-2: the tensor-core path rounds the V-scaled weights to fp16, 2^-11 relative) are checked
+// against the reference on the dequantized pool, so quantization error is not measured, only
+// the fused dequantization.
 #include "kernels/cuda/paged_attention_cuda.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,21 +37,64 @@ using cuda_test::DeviceBuffer;
 constexpr double kOutTol = 1e-2;
 constexpr double kLseTol = 2e-3;
 
+// The pool's element type in a test case: the activation type's own, fp8 e4m3 (per-kv-head
+// scales) or int8 (per-token-per-head scales).
+enum class Kv { kOwn, kFp8, kInt8 };
+
+const char* KvName(Kv kv) { return kv == Kv::kOwn ? "own" : kv == Kv::kFp8 ? "fp8" : "int8"; }
+
+double OutTol(Kv kv) { return kv == Kv::kFp8 ? 2 * kOutTol : kOutTol; }
+
+// Multiplies every head_dim row of x by 2^e, e in [-5, 5] picked from the row's first value, so
+// the same row gets the same factor in the pool and in the per-sequence copies: int8 per-token
+// scales then vary by 2^10 between neighbouring keys.
+void VaryRowMagnitudes(std::vector<float>& x, int64_t head_dim) {
+  for (size_t r = 0; r + head_dim <= x.size(); r += head_dim) {
+    if (std::isnan(x[r])) continue;
+    uint32_t bits;
+    std::memcpy(&bits, &x[r], 4);
+    const float f = std::ldexp(1.0f, static_cast<int>((bits >> 7) % 11) - 5);
+    for (int64_t i = 0; i < head_dim; ++i) x[r + i] *= f;
+  }
+}
+
 struct RunResult {
   std::vector<float> out;
   std::vector<float> lse;
 };
 
 // Rounds the case's q and pool (and the reference's K/V copies) to T, or quantizes the pool to
-// fp8 with per-kv-head scales when fp8 is set; runs the kernel; returns out and lse.
+// fp8 with per-kv-head scales or to int8 with per-row scales (the reference's copies then hold
+// the dequantized values); runs the kernel; returns out and lse.
 template <typename T>
-void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, bool fp8,
+void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv kv,
              bool tensor_cores, RunResult* result) {
   const KvCacheLayout& layout = c.layout;
+  const bool fp8 = kv == Kv::kFp8;
   cuda_test::RoundTo<T>(c.q);
   std::vector<float> k_scale(layout.num_kv_heads, 1.0f), v_scale(layout.num_kv_heads, 1.0f);
-  DeviceBuffer<uint8_t> pool_dev(layout.TotalElems() * (fp8 ? 1 : sizeof(T)));
-  if (!fp8) {
+  std::vector<float> token_scales(1, 1.0f);
+  DeviceBuffer<uint8_t> pool_dev(layout.TotalElems() * (kv == Kv::kOwn ? sizeof(T) : 1));
+  const int64_t hd = layout.head_dim;
+  if (kv == Kv::kInt8) {
+    // Rows of the pool (scale index = element offset / head_dim) and of the reference's copies
+    // quantize identically: they hold the same values.
+    std::vector<int8_t> pool(c.pool.size());
+    token_scales.resize(c.pool.size() / hd);
+    for (size_t r = 0; r < token_scales.size(); ++r) {
+      token_scales[r] = Int8QuantizeRow(&c.pool[r * hd], hd, &pool[r * hd]);
+    }
+    auto dequant = [&](std::vector<float>& x) {
+      std::vector<int8_t> q(hd);
+      for (size_t r = 0; r * hd < x.size(); ++r) {
+        const float scale = Int8QuantizeRow(&x[r * hd], hd, q.data());
+        for (int64_t i = 0; i < hd; ++i) x[r * hd + i] = static_cast<float>(q[i]) * scale;
+      }
+    };
+    for (auto& k : c.k) dequant(k);
+    for (auto& v : c.v) dequant(v);
+    TANDEM_CUDA_CHECK(cudaMemcpy(pool_dev.get(), pool.data(), pool.size(), cudaMemcpyHostToDevice));
+  } else if (!fp8) {
     cuda_test::RoundTo<T>(c.pool);
     for (auto& k : c.k) cuda_test::RoundTo<T>(k);
     for (auto& v : c.v) cuda_test::RoundTo<T>(v);
@@ -77,7 +123,7 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, boo
     for (auto& v : c.v) dequant(v, v_scale);
     TANDEM_CUDA_CHECK(cudaMemcpy(pool_dev.get(), pool.data(), pool.size(), cudaMemcpyHostToDevice));
   }
-  DeviceBuffer<float> k_scale_dev(k_scale), v_scale_dev(v_scale);
+  DeviceBuffer<float> k_scale_dev(k_scale), v_scale_dev(v_scale), token_scales_dev(token_scales);
   DeviceBuffer<T> q_dev(cuda_test::Convert<T>(c.q));
   DeviceBuffer<int32_t> qsl_dev(c.query_start_loc), sl_dev(c.seq_lens), bt_dev(c.block_tables);
   const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
@@ -95,8 +141,9 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, boo
   in.num_q_heads = hq;
   in.num_kv_heads = layout.num_kv_heads;
   in.head_dim = d;
-  in.kv_dtype =
-      fp8 ? KvDtype::kFp8E4m3 : (std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16);
+  in.kv_dtype = kv == Kv::kFp8    ? KvDtype::kFp8E4m3
+                : kv == Kv::kInt8 ? KvDtype::kInt8
+                                  : (std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16);
   in.forced_splits = forced_splits;
   in.allow_tensor_cores = tensor_cores;
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
@@ -110,6 +157,7 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, boo
   cache.k_scale = k_scale_dev.get();
   cache.v_scale = v_scale_dev.get();
   cache.per_head_scale = true;
+  cache.token_scales = token_scales_dev.get();
   AttentionBatch batch = c.Batch();
   batch.query_start_loc = qsl_dev.get();
   batch.seq_lens = sl_dev.get();
@@ -127,25 +175,30 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, boo
 
 template <typename T>
 void CheckCase(std::mt19937& rng, const CaseOptions& options, const std::vector<SeqSpec>& seqs,
-               const AttentionParams& params, int forced_splits, bool fp8,
-               const std::string& label) {
-  SCOPED_TRACE(label);
+               const AttentionParams& params, int forced_splits, Kv kv, const std::string& label,
+               bool vary_rows = false) {
+  SCOPED_TRACE(label + " kv=" + KvName(kv));
   PagedCase c = MakePagedCase(rng, options, seqs);
+  if (vary_rows) {
+    VaryRowMagnitudes(c.pool, options.head_dim);
+    for (auto& k : c.k) VaryRowMagnitudes(k, options.head_dim);
+    for (auto& v : c.v) VaryRowMagnitudes(v, options.head_dim);
+  }
   RunResult r;
-  RunCase<T>(c, params, forced_splits, fp8, /*tensor_cores=*/true, &r);
+  RunCase<T>(c, params, forced_splits, kv, /*tensor_cores=*/true, &r);
   if (::testing::Test::HasFatalFailure()) return;
   // RunCase rounded c's inputs (bf16/fp16 rounding is idempotent, so a second run sees the same
   // values); the reference uses the rounded values.
   const attention_test::Reference ref = ReferenceAttention(c, params);
-  EXPECT_TRUE(OutClose(r.out, ref.out, fp8 ? 2 * kOutTol : kOutTol));
+  EXPECT_TRUE(OutClose(r.out, ref.out, OutTol(kv)));
   EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
-  // head_dim 256 runs on the CUDA-core kernel only. (fp8: re-quantizing the dequantized values
-  // gives the same fp8 values, so the second run sees the same inputs too.)
-  if (options.head_dim > 128) return;
+  // Only head_dim 64/128 have a tensor-core kernel; the others ran on the CUDA-core one already.
+  // (fp8/int8: the pool is quantized from c.pool again, which RunCase left unchanged.)
+  if (options.head_dim != 64 && options.head_dim != 128) return;
   SCOPED_TRACE("CUDA-core kernel");
-  RunCase<T>(c, params, forced_splits, fp8, /*tensor_cores=*/false, &r);
+  RunCase<T>(c, params, forced_splits, kv, /*tensor_cores=*/false, &r);
   if (::testing::Test::HasFatalFailure()) return;
-  EXPECT_TRUE(OutClose(r.out, ref.out, fp8 ? 2 * kOutTol : kOutTol));
+  EXPECT_TRUE(OutClose(r.out, ref.out, OutTol(kv)));
   EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
 }
 
@@ -171,7 +224,7 @@ TEST(PagedAttentionCudaTest, DecodeShapesBf16) {
         seqs.push_back({bs, 1});  // exactly one block
         seqs.push_back({0, 0});   // padding request
         for (int splits : {1, 3, 0}) {
-          CheckCase<__nv_bfloat16>(rng, o, seqs, params, splits, false,
+          CheckCase<__nv_bfloat16>(rng, o, seqs, params, splits, Kv::kOwn,
                                    "d=" + std::to_string(d) + " bs=" + std::to_string(bs) +
                                        " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
                                        " splits=" + std::to_string(splits));
@@ -194,7 +247,7 @@ TEST(PagedAttentionCudaTest, SpecDecodeWindowSoftcap) {
         std::vector<SeqSpec> seqs = RandomDecodeSeqs(rng, 3, 400, q_len);
         seqs.push_back({q_len, q_len});  // no prefix: prefill-like
         for (int splits : {1, 4}) {
-          CheckCase<__nv_bfloat16>(rng, o, seqs, params, splits, false,
+          CheckCase<__nv_bfloat16>(rng, o, seqs, params, splits, Kv::kOwn,
                                    "d=" + std::to_string(d) + " q_len=" + std::to_string(q_len) +
                                        " variant=" + std::to_string(variant) +
                                        " splits=" + std::to_string(splits));
@@ -209,9 +262,9 @@ TEST(PagedAttentionCudaTest, Fp16) {
   std::mt19937 rng(TestSeed());
   for (int64_t d : {64, 128, 256}) {
     CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 32};
-    CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 5, 900, 1), {.scale = 0.088f}, 0, false,
+    CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 5, 900, 1), {.scale = 0.088f}, 0, Kv::kOwn,
                       "fp16 d=" + std::to_string(d));
-    CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 3, 300, 4), {.scale = 0.088f}, 2, false,
+    CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 3, 300, 4), {.scale = 0.088f}, 2, Kv::kOwn,
                       "fp16 spec d=" + std::to_string(d));
   }
 }
@@ -221,10 +274,77 @@ TEST(PagedAttentionCudaTest, Fp8PerHeadScale) {
   std::mt19937 rng(TestSeed());
   for (int64_t d : {64, 128, 256}) {
     CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 16};
-    CheckCase<__nv_bfloat16>(rng, o, RandomDecodeSeqs(rng, 5, 900, 1), {.scale = 0.088f}, 0, true,
-                             "fp8 d=" + std::to_string(d));
-    CheckCase<__nv_bfloat16>(rng, o, RandomDecodeSeqs(rng, 3, 300, 3), {.scale = 0.088f}, 3, true,
-                             "fp8 spec d=" + std::to_string(d));
+    CheckCase<__nv_bfloat16>(rng, o, RandomDecodeSeqs(rng, 5, 900, 1), {.scale = 0.088f}, 0,
+                             Kv::kFp8, "fp8 d=" + std::to_string(d));
+    CheckCase<__nv_bfloat16>(rng, o, RandomDecodeSeqs(rng, 3, 300, 3), {.scale = 0.088f}, 3,
+                             Kv::kFp8, "fp8 spec d=" + std::to_string(d));
+  }
+  // fp16 activations over an fp8 pool.
+  CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
+  CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 4, 700, 1), {.scale = 0.088f}, 0, Kv::kFp8,
+                    "fp8 fp16-q d=128");
+  o.head_dim = 64;
+  CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 3, 300, 3), {.scale = 0.088f}, 2, Kv::kFp8,
+                    "fp8 fp16-q spec d=64");
+}
+
+// int8 KV (per-token-per-head scales) on both kernels, bf16 and fp16 activations, with row
+// magnitudes spread over 2^10 so neighbouring keys have very different scales.
+TEST(PagedAttentionCudaTest, Int8PerTokenScales) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t d : {16, 32, 64, 128, 256}) {
+    CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 16};
+    const std::string ds = " d=" + std::to_string(d);
+    std::vector<SeqSpec> seqs = RandomDecodeSeqs(rng, 5, 900, 1);
+    seqs.push_back({1, 1});
+    seqs.push_back({0, 0});
+    CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f}, 0, Kv::kInt8, "bf16" + ds);
+    CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f}, 1, Kv::kInt8, "bf16 varied" + ds,
+                             /*vary_rows=*/true);
+    CheckCase<__half>(rng, o, RandomDecodeSeqs(rng, 3, 500, 1), {.scale = 0.088f}, 3, Kv::kInt8,
+                      "fp16 varied" + ds, /*vary_rows=*/true);
+    CheckCase<__nv_bfloat16>(rng, o, RandomDecodeSeqs(rng, 3, 300, 4),
+                             {.scale = 0.1f, .window_left = 37, .softcap = 5.0f}, 2, Kv::kInt8,
+                             "bf16 spec window softcap" + ds);
+    o.num_q_heads = 4;
+    o.num_kv_heads = 1;  // MQA, prefill-like q_len 64
+    CheckCase<__half>(rng, o, {{64, 64}, {200, 64}}, {.scale = 0.2f}, 0, Kv::kInt8,
+                      "fp16 MQA q_len 64" + ds);
+  }
+}
+
+// The golden test models' shapes: head_dim 16 and 32, 4 query heads over 4 / 2 / 1 kv heads,
+// block 16, decode, speculative and prefill-like q_len up to 64, bf16 and fp16.
+TEST(PagedAttentionCudaTest, SmallHeadDims) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t d : {16, 32}) {
+    for (auto [hq, hkv] :
+         std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {4, 2}, {4, 1}, {16, 2}}) {
+      CaseOptions o{.num_q_heads = hq, .num_kv_heads = hkv, .head_dim = d, .block_size = 16};
+      const std::string label =
+          "d=" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv);
+      std::vector<SeqSpec> decode = RandomDecodeSeqs(rng, 4, 600, 1);
+      decode.push_back({1, 1});
+      decode.push_back({16, 1});
+      decode.push_back({0, 0});
+      for (int splits : {1, 3, 0}) {
+        CheckCase<__nv_bfloat16>(rng, o, decode, {.scale = 0.25f}, splits, Kv::kOwn,
+                                 label + " decode splits=" + std::to_string(splits));
+      }
+      CheckCase<__half>(rng, o, decode, {.scale = 0.25f}, 0, Kv::kOwn, label + " fp16 decode");
+      // Prefill-like (no prefix) and extend-like q_len 64, plus speculative q_len 5.
+      const std::vector<SeqSpec> multi = {{64, 64}, {100, 64}, {37, 5}, {5, 5}, {300, 17}};
+      for (int splits : {1, 2}) {
+        CheckCase<__nv_bfloat16>(rng, o, multi, {.scale = 0.25f}, splits, Kv::kOwn,
+                                 label + " q_len<=64 splits=" + std::to_string(splits));
+        CheckCase<__half>(rng, o, multi, {.scale = 0.25f}, splits, Kv::kOwn,
+                          label + " fp16 q_len<=64 splits=" + std::to_string(splits));
+      }
+      CheckCase<__nv_bfloat16>(rng, o, multi, {.scale = 0.25f, .window_left = 20, .softcap = 8.0f},
+                               0, Kv::kOwn, label + " window softcap");
+    }
   }
 }
 
@@ -239,8 +359,8 @@ TEST(PagedAttentionCudaTest, LongContexts) {
                 .layer = 0};
   // 64k, a long non-multiple of the block size, and short neighbours in one batch.
   const std::vector<SeqSpec> seqs = {{65536, 1}, {40001, 1}, {17, 1}, {16383, 4}};
-  CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f}, 0, false, "long auto splits");
-  CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f, .window_left = 4095}, 1, false,
+  CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f}, 0, Kv::kOwn, "long auto splits");
+  CheckCase<__nv_bfloat16>(rng, o, seqs, {.scale = 0.088f, .window_left = 4095}, 1, Kv::kOwn,
                            "long window one split");
 }
 
@@ -251,7 +371,7 @@ TEST(PagedAttentionCudaTest, NanInQueryStaysInItsRows) {
   PagedCase c = MakePagedCase(rng, o, {{100, 1}, {200, 1}});
   c.q[0] = std::numeric_limits<float>::quiet_NaN();  // token 0, head 0 (kv head 0's group)
   RunResult r;
-  RunCase<__nv_bfloat16>(c, {.scale = 0.1f}, 2, false, true, &r);
+  RunCase<__nv_bfloat16>(c, {.scale = 0.1f}, 2, Kv::kOwn, true, &r);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   EXPECT_TRUE(std::isnan(r.out[0]));
   EXPECT_TRUE(std::isnan(r.lse[0]));
@@ -342,8 +462,16 @@ TEST(PagedAttentionCudaTest, PlanRejectsBadShapes) {
       .num_seqs = 2, .num_tokens = 2, .num_q_heads = 8, .num_kv_heads = 3, .head_dim = 128};
   EXPECT_EQ(PlanPagedAttention(in).status().code(), absl::StatusCode::kInvalidArgument);
   in.num_kv_heads = 2;
-  in.head_dim = 96;
-  EXPECT_EQ(PlanPagedAttention(in).status().code(), absl::StatusCode::kInvalidArgument);
+  for (int64_t d : {8, 48, 96, 512}) {
+    in.head_dim = d;
+    EXPECT_EQ(PlanPagedAttention(in).status().code(), absl::StatusCode::kInvalidArgument) << d;
+  }
+  for (int64_t d : {16, 32}) {  // CUDA-core kernel only
+    in.head_dim = d;
+    absl::StatusOr<PagedAttentionPlan> small = PlanPagedAttention(in);
+    ASSERT_TRUE(small.ok()) << small.status();
+    EXPECT_FALSE(small->use_tensor_cores);
+  }
   in.head_dim = 128;
   in.max_seq_len = 4096;
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);

@@ -4,15 +4,20 @@
 // CTA = 4 warps = (request, kv head, row tile, KV split). Rows are (new token, group head) pairs
 // of the kv head; warp w keeps rows_per_warp (RPW) of them in registers (row group w % RG) and
 // walks its share of the keys (key group w / RG). K/V tiles of kT keys stream through a 3-stage
-// cp.async ring in shared memory (16 KB per stage, 48 KB static), so each K/V byte leaves HBM
-// once per CTA. Within a warp, 8 lanes (a "subgroup") own one key at a time: each lane holds
-// D/8 dims of q and of the output accumulator, dots are finished with 3 xor-shuffles, and each
-// subgroup runs its own online softmax (running max m and sum l in the log2 domain). Subgroups
-// are merged by shuffles, key groups through shared memory at the end.
+// cp.async ring in shared memory (16 KB of K/V per stage, plus the tile's per-token scales for
+// int8 KV), so each K/V byte leaves HBM once per CTA. Within a warp, 8 lanes (a "subgroup") own one
+// key at a time: each lane holds D/8 dims of q and of the output accumulator, dots are finished
+// with 3 xor-shuffles, and each subgroup runs its own online softmax (running max m and sum l in
+// the log2 domain). Subgroups are merged by shuffles, key groups through shared memory at the end.
+//
+// KV element types: T itself, fp8 e4m3 (per-tensor / per-head scales: K's folded into q, V's
+// into the output) and int8 (per-token scales: K's multiplies each finished dot, V's each
+// softmax weight; l sums the unscaled weights). head_dim 16 to 256.
 #ifndef TANDEM_KERNELS_CUDA_PAGED_DECODE_KERNEL_CUH_
 #define TANDEM_KERNELS_CUDA_PAGED_DECODE_KERNEL_CUH_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/device_utils.cuh"
 
@@ -24,10 +29,18 @@ constexpr int kDecodeStages = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// int8 KV carries one fp32 scale per (token, kv head) row (DeviceKvCache::token_scales).
+template <typename KV>
+inline constexpr bool kTokenScaled = std::is_same_v<KV, int8_t>;
+
 template <typename KV, int D>
 struct DecodeCfg {
   static constexpr int kT = kDecodeStageBytes / (2 * D * static_cast<int>(sizeof(KV)));  // keys
-  static constexpr int kDL = D / 8;  // dims per lane
+  // Stage = K tile, V tile, then (int8) the kT K scales and kT V scales.
+  static constexpr int kScaleBytes = kTokenScaled<KV> ? 2 * kT * 4 : 0;
+  static constexpr int kStageBytes = kDecodeStageBytes + kScaleBytes;
+  static constexpr int kSmemBytes = kDecodeStages * kStageBytes;  // dynamic shared memory
+  static constexpr int kDL = D / 8;                               // dims per lane
   static constexpr int kUnitBytes =
       kDL * static_cast<int>(sizeof(KV)) < 16 ? kDL * static_cast<int>(sizeof(KV)) : 16;
   static constexpr int kEU = kUnitBytes / static_cast<int>(sizeof(KV));    // elements per unit
@@ -37,6 +50,7 @@ struct DecodeCfg {
   static constexpr int kKB = kT >= 32 ? 2 : 1;  // keys per subgroup per softmax step
   static_assert(kCopies * kDecodeThreads == kT * kRowUnits);
   static_assert(kT >= 16 * kKB);
+  static_assert(kNU * kEU == kDL && kEU % 2 == 0);
 };
 
 template <typename T>
@@ -71,12 +85,46 @@ struct DecodeParams {
   const float* k_scale;  // fp8 only
   const float* v_scale;
   int per_head_scale;
+  // int8 only: token_scales + scale_layer_offset + kv head is the scale of (block 0, offset 0)'s
+  // K row; + block * scale_block_stride + offset * num_kv_heads moves within K, + scale_tile to V.
+  const float* token_scales;
+  int64_t scale_block_stride;  // block_elems / D
+  int64_t scale_tile;          // tile_elems / D
+  int64_t scale_layer_offset;  // layer_offset / D
 };
 
-// Loads N (multiple of 8 for 2-byte T) elements of T as fp32, 16 bytes at a time.
+// cp.async of 4 bytes (the per-token scales); src_bytes = 0 zero-fills.
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// int8 -> fp32 four at a time without I2F: the byte, offset to unsigned, becomes the low
+// mantissa bits of 2^23 (exact), and subtracting 2^23 + 128 restores the signed value.
+template <int N>
+__device__ __forceinline__ void VecToFloat(const Vec<int8_t, N>& in, float* out) {
+  if constexpr (N % 4 == 0) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(in.v);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint32_t u = w[i] ^ 0x80808080u;
+      out[4 * i] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7540)) - 8388736.0f;
+      out[4 * i + 1] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7541)) - 8388736.0f;
+      out[4 * i + 2] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7542)) - 8388736.0f;
+      out[4 * i + 3] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7543)) - 8388736.0f;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<float>(in.v[i]);
+  }
+}
+
+// Loads N elements of T as fp32, up to 16 bytes at a time (src aligned to that access).
 template <typename T, int N>
 __device__ __forceinline__ void LoadRowPart(const T* src, float* dst) {
-  constexpr int kV = 16 / sizeof(T);
+  constexpr int kV = N < 16 / static_cast<int>(sizeof(T)) ? N : 16 / static_cast<int>(sizeof(T));
+  static_assert(N % kV == 0);
 #pragma unroll
   for (int i = 0; i < N / kV; ++i) {
     VecToFloat(*reinterpret_cast<const Vec<T, kV>*>(src + i * kV), dst + i * kV);
@@ -84,7 +132,8 @@ __device__ __forceinline__ void LoadRowPart(const T* src, float* dst) {
 }
 template <typename T, int N>
 __device__ __forceinline__ void StoreRowPart(const float* src, T* dst) {
-  constexpr int kV = 16 / sizeof(T);
+  constexpr int kV = N < 16 / static_cast<int>(sizeof(T)) ? N : 16 / static_cast<int>(sizeof(T));
+  static_assert(N % kV == 0);
 #pragma unroll
   for (int i = 0; i < N / kV; ++i) {
     *reinterpret_cast<Vec<T, kV>*>(dst + i * kV) = FloatToVec<T, kV>(src + i * kV);
@@ -110,7 +159,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T> p) {
   using C = DecodeCfg<KV, D>;
   constexpr int kT = C::kT, kDL = C::kDL, kEU = C::kEU, kNU = C::kNU, kKB = C::kKB;
-  __shared__ alignas(16) uint8_t smem[kDecodeStages * kDecodeStageBytes];
+  constexpr bool kScaled = kTokenScaled<KV>;
+  extern __shared__ uint4 smem_u4[];  // C::kSmemBytes
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % p.num_kv_heads;
@@ -146,7 +197,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   bool valid[RPW];
   float qf[RPW][kDL], acc[RPW][kDL], m[RPW], l[RPW];
   float k_deq = 1.0f, v_deq = 1.0f;
-  if constexpr (sizeof(KV) == 1) {
+  if constexpr (std::is_same_v<KV, __nv_fp8_e4m3>) {
     k_deq = p.k_scale[p.per_head_scale ? kvh : 0];
     v_deq = p.v_scale[p.per_head_scale ? kvh : 0];
   }
@@ -184,11 +235,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
     }
   }
 
-  // Tile loader: thread copies kCopies 16-byte units of K and the same units of V.
+  // Tile loader: thread copies kCopies 16-byte units of K and the same units of V (and, int8,
+  // some of the tile's 2 x kT scales).
   const KV* pool = static_cast<const KV*>(p.pool) + p.layer_offset + int64_t{kvh} * D;
+  const float* scales = kScaled ? p.token_scales + p.scale_layer_offset + kvh : nullptr;
   const int32_t* table = p.block_tables + int64_t{seq} * p.max_blocks_per_seq;
   auto load_tile = [&](int t) {
-    uint8_t* ks = smem + (t % kDecodeStages) * kDecodeStageBytes;
+    uint8_t* ks = smem + (t % kDecodeStages) * C::kStageBytes;
     uint8_t* vs = ks + kDecodeStageBytes / 2;
     const int tile_start = k_begin + t * kT;
 #pragma unroll
@@ -209,6 +262,26 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
       CpAsync16(ks + c * 16, src, bytes);
       CpAsync16(vs + c * 16, src + (bytes ? p.tile_elems : 0), bytes);
     }
+    if constexpr (kScaled) {
+      float* sc = reinterpret_cast<float*>(ks + kDecodeStageBytes);  // [2][kT]: K, V
+#pragma unroll
+      for (int j = 0; j < (2 * kT + kDecodeThreads - 1) / kDecodeThreads; ++j) {
+        const int c = tid + j * kDecodeThreads;
+        if (c >= 2 * kT) break;
+        const int key = c % kT;
+        const int pos = tile_start + key;
+        const float* src = scales;
+        int bytes = 0;
+        if (pos < k_end) {
+          const int blk = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+          const int off = pos - blk * p.block_size;
+          src = scales + int64_t{table[blk]} * p.scale_block_stride +
+                int64_t{off} * p.num_kv_heads + (c >= kT ? p.scale_tile : 0);
+          bytes = 4;
+        }
+        CpAsync4(sc + c, src, bytes);
+      }
+    }
   };
 
   const int nsg = 4 * KG;           // subgroups sharing a tile's keys
@@ -217,8 +290,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
 
   auto compute_tile = [&](int t, auto masked_tag) {
     constexpr bool kMasked = decltype(masked_tag)::value;
-    const KV* ks = reinterpret_cast<const KV*>(smem + (t % kDecodeStages) * kDecodeStageBytes);
+    const KV* ks = reinterpret_cast<const KV*>(smem + (t % kDecodeStages) * C::kStageBytes);
     const KV* vs = ks + kT * D;
+    const float* k_sc = reinterpret_cast<const float*>(ks + 2 * kT * D);  // int8 only
+    const float* v_sc = k_sc + kT;
     const int tile_start = k_begin + t * kT;
     for (int b = 0; b < nb; ++b) {
       const int key0 = b * nsg * kKB + sg * kKB;
@@ -248,6 +323,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
           v += __shfl_xor_sync(0xffffffffu, v, 1);
           v += __shfl_xor_sync(0xffffffffu, v, 2);
           v += __shfl_xor_sync(0xffffffffu, v, 4);
+          if constexpr (kScaled) v *= k_sc[key0 + kk];
           if (p.softcap_log2 > 0.0f) v = p.softcap_log2 * tanhf(v * p.inv_softcap);
           if constexpr (kMasked) {
             const int pos = tile_start + key0 + kk;
@@ -285,14 +361,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
               *reinterpret_cast<const Vec<KV, kEU>*>(vs + (key0 + kk) * D + (l8 + 8 * u) * kEU),
               &vf[u * kEU]);
         }
+        const float v_tok = kScaled ? v_sc[key0 + kk] : 1.0f;
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
           const float w = s[i][kk];
           // A masked key's V may be NaN (never-written slot of a partial block): skip, as
-          // 0 * NaN would poison the row.
+          // 0 * NaN would poison the row. (l sums w; the int8 V scale only weights V.)
           if (!kMasked || w != 0.0f) {
+            const float wv = kScaled ? w * v_tok : w;
 #pragma unroll
-            for (int d = 0; d < kDL; ++d) acc[i][d] = fmaf(w, vf[d], acc[i][d]);
+            for (int d = 0; d < kDL; ++d) acc[i][d] = fmaf(wv, vf[d], acc[i][d]);
           }
         }
       }
@@ -413,26 +491,28 @@ __global__ void __launch_bounds__(128)
                         float* __restrict__ lse) {
   const int64_t r = blockIdx.x * int64_t{4} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  constexpr int kLanes = D < 32 ? D : 32;  // lanes holding part of the row
+  constexpr int kPer = D / kLanes;         // floats per lane: 1, 2, 4 or 8
   if (r >= rows) return;
   float m = -INFINITY;
   for (int s = 0; s < num_splits; ++s) m = fmaxf(m, part_lse[s * rows + r]);
   const float m_use = m == -INFINITY ? 0.0f : m;
-  constexpr int kPer = D / 32;  // floats per lane: 2, 4 or 8
   float o[kPer] = {};
   float sum = 0.0f;
   for (int s = 0; s < num_splits; ++s) {
     const float w = expf(part_lse[s * rows + r] - m_use);
     sum += w;
+    if (lane >= kLanes) continue;
     const float* src = part_o + (s * rows + r) * D + lane * kPer;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) o[e] = fmaf(w, src[e], o[e]);
   }
   const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+  if (lane < kLanes) {
+    T* dst = out + r * D + lane * kPer;
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) o[e] *= inv;
-  T* dst = out + r * D + lane * kPer;
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[e]);
+    for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[e] * inv);
+  }
   if (lse != nullptr && lane == 0) lse[r] = sum == 0.0f ? -INFINITY : m_use + logf(sum);
 }
 

@@ -1,18 +1,33 @@
-// Tensor-core flash-decoding kernel behind cuda::PagedAttention for bf16/fp16/fp8 KV with
+// Tensor-core flash-decoding kernel behind cuda::PagedAttention for bf16/fp16/fp8/int8 KV with
 // head_dim 64/128 (internal; included by paged_attention_cuda.cu only).
 //
 // CTA = 4 warps = (request, kv head, row tile of up to 16 query rows, KV split), like the CUDA-
 // core kernel in paged_decode_kernel.cuh, but scores and P.V run on mma.sync m16n8k16: the
 // rows (token x group head, zero-padded to 16) are the A operand, K and V go from shared memory
-// to B fragments with ldmatrix (.trans for V) without any conversion to fp32, so the kernel
-// issues a few instructions per 16-byte unit of KV and stays memory-bound. K/V tiles of 64 keys
-// stream through a cp.async ring; shared-memory rows are XOR-swizzled in 16-byte units
-// (unit ^ (key & 7)) so ldmatrix's 8-row reads hit 8 distinct bank groups. Each warp owns 16
-// keys of every tile with its own online softmax (fp32, log2 domain); P is rounded to T for the
-// P.V product (as FlashAttention does) while l sums the fp32 weights. Warps merge at the end
-// through shared memory. fp8 KV: tiles land in the ring as fp8 and are widened to fp16 in a
-// second shared buffer (one hardware cvt per pair) before the same ldmatrix/mma path; the MMA
-// then runs in fp16, with the K scale folded into q and the V scale into the output.
+// to B fragments with ldmatrix (.trans for V), so the kernel issues a few instructions per
+// 16-byte unit of KV and stays memory-bound. K/V tiles of 64 keys (128 for 1-byte KV) stream
+// through a cp.async ring; shared-memory rows are XOR-swizzled in 16-byte units so ldmatrix's 8-row
+// reads hit 8 distinct bank groups. Each warp owns 16 (1-byte KV: 32) keys of every tile with its
+// own online softmax (fp32, log2 domain); P is rounded to the MMA type for the P.V product (as
+// FlashAttention does) while l sums the fp32 weights. Warps merge at the end through shared memory.
+//
+// 1-byte KV (fp8 e4m3, int8) stays 1-byte in shared memory and is widened to fp16 in registers,
+// straight into the B fragments (as FlashInfer and vLLM do), so the MMA runs in fp16:
+//  * K: one ldmatrix 8x8 b16 matrix is 8 keys x 16 one-byte dims; a thread gets 4 consecutive
+//    dims 4*t4..4*t4+3 of key g, which widen to the two B registers of one k16 step if the k
+//    index is permuted (k 2t4, 2t4+1 -> dims 4t4, 4t4+1; k 2t4+8, 2t4+9 -> dims 4t4+2, 4t4+3).
+//    q's A fragment is loaded with the same permutation, so q.k is unchanged.
+//  * V: ldmatrix.trans of the same 8 x 16-byte matrix gives a thread, for keys 2t4 and 2t4+1,
+//    the bytes of dims 2g and 2g+1; a byte permute pairs them per dim, and two MMAs (even and
+//    odd dims) cover the unit. Output column n of the even (odd) MMA of unit u is dim
+//    16u + 2n (+ 1); the final merge writes dims through that map.
+//  * fp8 -> fp16 is one hardware cvt per pair (exact); int8 -> fp16 puts the byte, offset to
+//    unsigned, into the mantissa of 1024 and subtracts 1152 (exact, no I2F).
+//  * Scales: fp8's per-tensor/per-head K scale is folded into q, the V scale into the output.
+//    int8's per-token K scale multiplies each score after the MMA; its V scale is folded into P
+//    before rounding to fp16, normalized by the warp tile's largest V scale (so P' <= 1 keeps
+//    fp16's precision), with the accumulator kept in units of that scale (rescaled together
+//    with the softmax correction; the units are clamped to [2^-40, 2^40] so ratios stay finite).
 #ifndef TANDEM_KERNELS_CUDA_PAGED_DECODE_TC_KERNEL_CUH_
 #define TANDEM_KERNELS_CUDA_PAGED_DECODE_TC_KERNEL_CUH_
 
@@ -24,20 +39,35 @@
 
 namespace tandem::kernels::cuda::internal {
 
-template <int D, int kKvBytes>
+template <int D, typename KV>
 struct TcCfg {
-  static constexpr int kT = 64;  // keys per tile: 16 per warp
+  static constexpr int kKvBytes = static_cast<int>(sizeof(KV));
+  static constexpr bool kByte = kKvBytes == 1;  // fp8 / int8: widened in registers
+  // Keys per tile: 16 x kKeyBlocks per warp. 1-byte tiles take twice the keys, so a tile is as
+  // many bytes as a 2-byte one and the per-tile costs (barrier, softmax update, accumulator
+  // rescale) are spread over as many bytes.
+  static constexpr int kKeyBlocks = kByte ? 2 : 1;
+  static constexpr int kT = 64 * kKeyBlocks;
   static constexpr int kStages = D <= 64 ? 4 : 3;
-  static constexpr int kRowUnits = D * 2 / 16;               // 16-byte units per 2-byte row
-  static constexpr int kKvRowUnits = D * kKvBytes / 16;      // 16-byte units per stored row
-  static constexpr int kStageBytes = 2 * kT * D * kKvBytes;  // K + V as stored
-  static constexpr int kConvBytes = kKvBytes == 1 ? 2 * kT * D * 2 : 0;  // fp8 widened to fp16
-  static constexpr int kSmemBytes = kStages * kStageBytes + kConvBytes;
-  static constexpr int kCopies = kT * kKvRowUnits / kDecodeThreads;  // per thread, K (and V)
+  static constexpr int kRowUnits = D * kKvBytes / 16;       // 16-byte units per stored row
+  static constexpr int kDataBytes = 2 * kT * D * kKvBytes;  // K + V as stored
+  static constexpr int kScaleBytes = kTokenScaled<KV> ? 2 * kT * 4 : 0;  // int8: K, V scales
+  static constexpr int kStageBytes = kDataBytes + kScaleBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kCopies = kT * kRowUnits / kDecodeThreads;  // per thread, K (and V)
   static constexpr int kCtasPerSm =
       (227 * 1024) / (kSmemBytes + 1024) < 4 ? (227 * 1024) / (kSmemBytes + 1024) : 4;
   static constexpr int kRows = 16;
+  // Swizzle of 16-byte units: the 8 consecutive keys one ldmatrix matrix reads at one logical
+  // unit land in 8 distinct 16-byte bank groups (rows shorter than 128 B share a 128 B line).
+  static constexpr int kKeysPerLine = kRowUnits >= 8 ? 1 : 8 / kRowUnits;
+  static constexpr int kSwizzleMask = (kRowUnits >= 8 ? 8 : kRowUnits) - 1;
+  static __device__ __forceinline__ int Swizzle(int key, int unit) {
+    return unit ^ ((key / kKeysPerLine) & kSwizzleMask);
+  }
   static_assert(4 * (kRows * (D + 2)) * 4 <= kSmemBytes);
+  static_assert(kCopies * kDecodeThreads == kT * kRowUnits);
+  static_assert(!kByte || kRowUnits % 2 == 0);
 };
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
@@ -78,12 +108,60 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// 4 one-byte K dims (bytes 0-3 of x) -> the two fp16x2 B registers of one k16 step:
+// lo = (byte 0, byte 1), hi = (byte 2, byte 3).
+template <typename KV>
+__device__ __forceinline__ void WidenK(uint32_t x, uint32_t& lo, uint32_t& hi);
+// ldmatrix.trans word (bytes: key 2t4 dims 2g, 2g+1; key 2t4+1 dims 2g, 2g+1) -> per-dim key
+// pairs: even = (byte 0, byte 2), odd = (byte 1, byte 3).
+template <typename KV>
+__device__ __forceinline__ void WidenV(uint32_t x, uint32_t& even, uint32_t& odd);
+
+__device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t pair16) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair16), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+// u: int8 bytes xor 0x80 (i.e. x + 128); sel picks two of them into the low bytes of two fp16
+// 0x64XX = 1024 + (x + 128); subtracting 1152 leaves x, exactly.
+__device__ __forceinline__ uint32_t Int8PairToHalf2(uint32_t u, uint32_t sel) {
+  const uint32_t biased = __byte_perm(u, 0x64646464u, sel);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased),
+                            __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ void WidenK<__nv_fp8_e4m3>(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  lo = Fp8PairToHalf2(x & 0xffffu);
+  hi = Fp8PairToHalf2(x >> 16);
+}
+template <>
+__device__ __forceinline__ void WidenV<__nv_fp8_e4m3>(uint32_t x, uint32_t& even, uint32_t& odd) {
+  const uint32_t y = __byte_perm(x, 0u, 0x3120);  // bytes 0, 2, 1, 3
+  even = Fp8PairToHalf2(y & 0xffffu);
+  odd = Fp8PairToHalf2(y >> 16);
+}
+template <>
+__device__ __forceinline__ void WidenK<int8_t>(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  const uint32_t u = x ^ 0x80808080u;
+  lo = Int8PairToHalf2(u, 0x4140);
+  hi = Int8PairToHalf2(u, 0x4342);
+}
+template <>
+__device__ __forceinline__ void WidenV<int8_t>(uint32_t x, uint32_t& even, uint32_t& odd) {
+  const uint32_t u = x ^ 0x80808080u;
+  even = Int8PairToHalf2(u, 0x4240);
+  odd = Int8PairToHalf2(u, 0x4341);
+}
+
 template <typename T, typename KV, int D>
-__global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPerSm)
+__global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     PagedDecodeTcKernel(const __grid_constant__ DecodeParams<T> p) {
-  using C = TcCfg<D, sizeof(KV)>;
-  constexpr bool kFp8 = sizeof(KV) == 1;
-  using M = std::conditional_t<kFp8, __half, T>;  // MMA operand type
+  using C = TcCfg<D, KV>;
+  constexpr bool kByte = C::kByte;
+  constexpr bool kFp8 = std::is_same_v<KV, __nv_fp8_e4m3>;
+  constexpr bool kScaled = kTokenScaled<KV>;
+  using M = std::conditional_t<kByte, __half, T>;  // MMA operand type
   constexpr int kT = C::kT, kRU = C::kRowUnits, kKs = D / 16;
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
@@ -141,26 +219,27 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
       const T* row = q_row[r & 1];
       qa[ks][r] = 0u;
       if (row == nullptr) continue;
-      const T* src = row + ks * 16 + t4 * 2 + 8 * (r >> 1);
-      if constexpr (kFp8) {  // q x k_scale, as fp16 for the fp16 MMA
+      if constexpr (kByte) {  // permuted k (see the file comment); q x fp8 k_scale, as fp16
+        const T* src = row + ks * 16 + t4 * 4 + 2 * (r >> 1);
         qa[ks][r] = PackPair<M>(ToFloat(src[0]) * k_deq, ToFloat(src[1]) * k_deq);
       } else {
-        qa[ks][r] = *reinterpret_cast<const uint32_t*>(src);
+        qa[ks][r] = *reinterpret_cast<const uint32_t*>(row + ks * 16 + t4 * 2 + 8 * (r >> 1));
       }
     }
   }
 
   const KV* pool = static_cast<const KV*>(p.pool) + p.layer_offset + int64_t{kvh} * D;
+  const float* scales = kScaled ? p.token_scales + p.scale_layer_offset + kvh : nullptr;
   const int32_t* table = p.block_tables + int64_t{seq} * p.max_blocks_per_seq;
   auto load_tile = [&](int t) {
     uint8_t* ks = smem + (t % C::kStages) * C::kStageBytes;
-    uint8_t* vs = ks + C::kStageBytes / 2;
+    uint8_t* vs = ks + C::kDataBytes / 2;
     const int tile_start = k_begin + t * kT;
 #pragma unroll
     for (int j = 0; j < C::kCopies; ++j) {
       const int c = tid + j * kDecodeThreads;
-      const int key = c / C::kKvRowUnits;
-      const int unit = c % C::kKvRowUnits;
+      const int key = c / kRU;
+      const int unit = c % kRU;
       const int pos = tile_start + key;
       const KV* src = pool;
       int bytes = 0;
@@ -171,10 +250,28 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
               unit * (16 / static_cast<int>(sizeof(KV)));
         bytes = 16;
       }
-      // 2-byte tiles are read by ldmatrix: swizzle. fp8 tiles are read linearly by the widening.
-      const int dst = kFp8 ? c * 16 : (key * kRU + (unit ^ (key & 7))) * 16;
+      const int dst = (key * kRU + C::Swizzle(key, unit)) * 16;
       CpAsync16(ks + dst, src, bytes);
       CpAsync16(vs + dst, src + (bytes ? p.tile_elems : 0), bytes);
+    }
+    if constexpr (kScaled) {  // 2 x kT scales, K then V
+      static_assert(2 * kT % kDecodeThreads == 0);
+#pragma unroll
+      for (int j = 0; j < 2 * kT / kDecodeThreads; ++j) {
+        const int c = tid + j * kDecodeThreads;
+        const int key = c % kT;
+        const int pos = tile_start + key;
+        const float* src = scales;
+        int bytes = 0;
+        if (pos < k_end) {
+          const int blk = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+          const int off = pos - blk * p.block_size;
+          src = scales + int64_t{table[blk]} * p.scale_block_stride +
+                int64_t{off} * p.num_kv_heads + (c >= kT ? p.scale_tile : 0);
+          bytes = 4;
+        }
+        CpAsync4(reinterpret_cast<float*>(ks + C::kDataBytes) + c, src, bytes);
+      }
     }
   };
 
@@ -182,7 +279,9 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int key0 = warp * 16;
+  float ounit = 1.0f;  // int8: o holds the output in units of this V scale
+  constexpr int kKB = C::kKeyBlocks, kNT = 2 * kKB;  // 16-key blocks, 8-key n-tiles per warp
+  const int key0 = warp * 16 * kKB;
   const int mi = lane >> 3, mr = lane & 7;
 
 #pragma unroll
@@ -195,70 +294,83 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
     __syncthreads();
     if (t + C::kStages - 1 < n_tiles) load_tile(t + C::kStages - 1);
     CpAsyncCommit();
-    uint8_t* tile = smem + (t % C::kStages) * C::kStageBytes;
-    if constexpr (kFp8) {
-      // Widen this tile to fp16 in the conversion buffer, in the swizzled 2-byte layout. The
-      // barrier at the top of the next iteration keeps the buffer until every warp is done.
-      uint8_t* conv = smem + C::kStages * C::kStageBytes;
+    const uint8_t* tile = smem + (t % C::kStages) * C::kStageBytes;
+    const uint32_t kbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+    const uint32_t vbase = kbase + C::kDataBytes / 2;
+    const int tile_start = k_begin + t * kT;
+    if (tile_start + key0 >= k_end) continue;  // this warp's keys are all beyond the split
+
+    // ldmatrix lanes: matrices 0/1 = keys 0-7 / 8-15 of a 16-key block, at units u / u + 1
+    // (1-byte) or (K) 8-dim halves of a k16 step (2-byte). s[nt]: keys key0 + 8 nt ...
+    float s[kNT][4] = {};
+    if constexpr (kByte) {
 #pragma unroll
-      for (int j = 0; j < 2 * C::kCopies; ++j) {
-        const int c = tid + j * kDecodeThreads;  // fp8 unit: K units first, then V units
-        const int kv = c / (kT * C::kKvRowUnits);
-        const int key = (c % (kT * C::kKvRowUnits)) / C::kKvRowUnits;
-        const int unit = c % C::kKvRowUnits;
-        // e4m3 -> fp16 is exact and one hardware cvt per pair: no detour through fp32.
-        const uint4 raw = *reinterpret_cast<const uint4*>(tile + c * 16);
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint8_t* dst = conv + kv * (C::kConvBytes / 2);
+      for (int kb = 0; kb < kKB; ++kb) {
+        const int key = key0 + kb * 16 + (mi & 1) * 8 + mr;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint4 wide;
-          uint32_t* w = reinterpret_cast<uint32_t*>(&wide);
+        for (int u = 0; u < kRU; u += 2) {
+          uint32_t b[4];
+          LdMatrixX4(kbase + (key * kRU + C::Swizzle(key, u + (mi >> 1))) * 16, b);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t word = words[2 * h + i / 2];
-            const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>(i % 2 == 0 ? word & 0xffffu : word >> 16),
-                __NV_E4M3);
-            w[i] = static_cast<uint32_t>(pair.x) | (static_cast<uint32_t>(pair.y) << 16);
+          for (int h = 0; h < 2; ++h) {  // unit u + h = k16 step u + h
+            uint32_t lo0, hi0, lo1, hi1;
+            WidenK<KV>(b[2 * h], lo0, hi0);
+            WidenK<KV>(b[2 * h + 1], lo1, hi1);
+            Mma16816<M>(s[2 * kb], qa[u + h], lo0, hi0);
+            Mma16816<M>(s[2 * kb + 1], qa[u + h], lo1, hi1);
           }
-          const int hu = 2 * unit + h;
-          *reinterpret_cast<uint4*>(dst + (key * kRU + (hu ^ (key & 7))) * 16) = wide;
         }
       }
-      __syncthreads();
-      tile = conv;
-    }
-    const uint32_t kbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-    const uint32_t vbase = kbase + (kFp8 ? C::kConvBytes : C::kStageBytes) / 2;
-    const int tile_start = k_begin + t * kT;
-    if (tile_start + key0 >= k_end) continue;  // this warp's 16 keys are all beyond the split
-
-    float s[2][4] = {};
-    {
+    } else {
       const int key = key0 + (mi >> 1) * 8 + mr;
 #pragma unroll
       for (int ks = 0; ks < kKs; ++ks) {
         uint32_t b[4];
-        LdMatrixX4(kbase + (key * kRU + ((ks * 2 + (mi & 1)) ^ (key & 7))) * 16, b);
+        LdMatrixX4(kbase + (key * kRU + C::Swizzle(key, ks * 2 + (mi & 1))) * 16, b);
         Mma16816<M>(s[0], qa[ks], b[0], b[1]);
         Mma16816<M>(s[1], qa[ks], b[2], b[3]);
       }
     }
+    // int8: this thread's keys key0 + nt * 8 + 2 * t4 + (e & 1) and their K / V scales.
+    float ksc[kNT][2] = {}, vsc[kNT][2] = {};
+    if constexpr (kScaled) {
+      const float* sc = reinterpret_cast<const float*>(tile + C::kDataBytes);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const float2 kp = *reinterpret_cast<const float2*>(sc + key0 + nt * 8 + 2 * t4);
+        const float2 vp = *reinterpret_cast<const float2*>(sc + kT + key0 + nt * 8 + 2 * t4);
+        ksc[nt][0] = kp.x;
+        ksc[nt][1] = kp.y;
+        vsc[nt][0] = vp.x;
+        vsc[nt][1] = vp.y;
+      }
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int j = e >> 1;
         const int pos = tile_start + key0 + nt * 8 + t4 * 2 + (e & 1);
         float v = s[nt][e];
+        if constexpr (kScaled) v *= ksc[nt][e & 1];
         v = p.softcap_log2 > 0.0f ? p.softcap_log2 * tanhf(v * p.q_scale * p.inv_softcap)
                                   : v * p.q_scale;
         if (pos < lo[j] || pos >= hi[j]) v = -INFINITY;
         s[nt][e] = v;
         mx[j] = fmaxf(mx[j], v);
       }
+    }
+    // int8: the unit of this tile's P.V = the warp's largest V scale of its keys (fmaxf drops
+    // NaN scales; a NaN still reaches the output through its own weight).
+    float tile_unit = 1.0f;
+    if constexpr (kScaled) {
+      tile_unit = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) tile_unit = fmaxf(tile_unit, fmaxf(vsc[nt][0], vsc[nt][1]));
+      tile_unit = fmaxf(tile_unit, __shfl_xor_sync(0xffffffffu, tile_unit, 1));
+      tile_unit = fmaxf(tile_unit, __shfl_xor_sync(0xffffffffu, tile_unit, 2));
+      tile_unit = fminf(fmaxf(tile_unit, 0x1p-40f), 0x1p40f);
     }
     float m_use[2];
 #pragma unroll
@@ -269,29 +381,57 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
       m_use[j] = m_new == -INFINITY ? 0.0f : m_new;
       const float c = exp2f(m[j] - m_use[j]);
       l[j] *= c;
+      // (Fast division: the units are within [2^-40, 2^40], where it is accurate to 2 ulp.)
+      const float oc = kScaled ? c * __fdividef(ounit, tile_unit) : c;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        o[n][2 * j] *= c;
-        o[n][2 * j + 1] *= c;
+        o[n][2 * j] *= oc;
+        o[n][2 * j + 1] *= oc;
       }
       m[j] = m_new;
     }
+    ounit = tile_unit;
+    const float inv_unit = __fdividef(1.0f, tile_unit);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - m_use[e >> 1]);
-        l[e >> 1] += s[nt][e];
+        const float w = exp2f(s[nt][e] - m_use[e >> 1]);
+        l[e >> 1] += w;
+        // int8: fold the key's V scale into its weight (a masked key's scale is never read).
+        s[nt][e] = kScaled ? (w == 0.0f ? 0.0f : w * (vsc[nt][e & 1] * inv_unit)) : w;
       }
     }
-    const uint32_t pa[4] = {PackPair<M>(s[0][0], s[0][1]), PackPair<M>(s[0][2], s[0][3]),
-                            PackPair<M>(s[1][0], s[1][1]), PackPair<M>(s[1][2], s[1][3])};
-    {
+    if constexpr (kByte) {
+#pragma unroll
+      for (int kb = 0; kb < kKB; ++kb) {
+        const uint32_t pa[4] = {PackPair<M>(s[2 * kb][0], s[2 * kb][1]),
+                                PackPair<M>(s[2 * kb][2], s[2 * kb][3]),
+                                PackPair<M>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
+                                PackPair<M>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+        const int key = key0 + kb * 16 + (mi & 1) * 8 + mr;
+#pragma unroll
+        for (int u = 0; u < kRU; u += 2) {
+          uint32_t b[4];
+          LdMatrixX4Trans(vbase + (key * kRU + C::Swizzle(key, u + (mi >> 1))) * 16, b);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // unit u + h: dims 16 (u + h) .. + 15
+            uint32_t e0, o0, e1, o1;
+            WidenV<KV>(b[2 * h], e0, o0);      // keys 0-7 of the block
+            WidenV<KV>(b[2 * h + 1], e1, o1);  // keys 8-15
+            Mma16816<M>(o[2 * (u + h)], pa, e0, e1);
+            Mma16816<M>(o[2 * (u + h) + 1], pa, o0, o1);
+          }
+        }
+      }
+    } else {
+      const uint32_t pa[4] = {PackPair<M>(s[0][0], s[0][1]), PackPair<M>(s[0][2], s[0][3]),
+                              PackPair<M>(s[1][0], s[1][1]), PackPair<M>(s[1][2], s[1][3])};
       const int key = key0 + (mi & 1) * 8 + mr;
 #pragma unroll
       for (int dt = 0; dt < kKs; ++dt) {
         uint32_t b[4];
-        LdMatrixX4Trans(vbase + (key * kRU + ((dt * 2 + (mi >> 1)) ^ (key & 7))) * 16, b);
+        LdMatrixX4Trans(vbase + (key * kRU + C::Swizzle(key, dt * 2 + (mi >> 1))) * 16, b);
         Mma16816<M>(o[2 * dt], pa, b[0], b[1]);
         Mma16816<M>(o[2 * dt + 1], pa, b[2], b[3]);
       }
@@ -310,8 +450,12 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, sizeof(KV)>::kCtasPer
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      red[(g + 8 * (e >> 1)) * (D + 2) + n * 8 + t4 * 2 + (e & 1)] = o[n][e];
+    for (int e = 0; e < 4; ++e) {
+      // Column map of the accumulators (1-byte: even/odd-dim MMAs per 16-dim unit).
+      const int dim =
+          kByte ? (n >> 1) * 16 + 4 * t4 + 2 * (e & 1) + (n & 1) : n * 8 + t4 * 2 + (e & 1);
+      red[(g + 8 * (e >> 1)) * (D + 2) + dim] = kScaled ? o[n][e] * ounit : o[n][e];
+    }
   }
   if (t4 == 0) {
 #pragma unroll

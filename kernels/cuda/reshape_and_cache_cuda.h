@@ -21,8 +21,10 @@ namespace tandem::kernels::cuda {
 // k, v: [num_tokens, num_kv_heads, head_dim] of T (device; rows may be strided:
 // k_token_stride / v_token_stride elements between tokens, e.g. slices of a fused qkv output);
 // slot_mapping: [num_tokens] (device). Slot -1 means skip.
-// T is __nv_bfloat16 or __half. The pool's dtype is T's own (bf16/fp16: copied exactly) or
-// kFp8E4m3 (stored = saturate(round(x / scale)) with the per-tensor or per-head scale).
+// T is __nv_bfloat16 or __half. The pool's dtype is T's own (bf16/fp16: copied exactly),
+// kFp8E4m3 (stored = saturate(round(x / scale)) with the per-tensor or per-head scale), or kInt8
+// (each (token, kv head) row quantized on its own and its scale written to
+// cache.token_scales, bit-exact with Int8QuantizeRow in kv_cache_cuda.h).
 //
 // INVALID_ARGUMENT (nothing launched) for an invalid cache view, layer out of range,
 // num_tokens < 0, null inputs while num_tokens > 0, a bf16/fp16 pool of the other type, strides

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/engine/model_runner.h"
 
 namespace tandem::runtime {
 
@@ -19,29 +20,40 @@ Engine::Engine(const EngineConfig& config, const ModelConfig& model_config, int6
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelConfig& model_config,
                                                        ModelWeights weights,
-                                                       const KvPoolAllocator& kv_pool_allocator) {
+                                                       const KvPoolAllocator& kv_pool_allocator,
+                                                       const ExecutorFactory* factory) {
   if (config.block_size <= 0 || config.max_num_batched_tokens <= 0 || config.max_num_seqs <= 0 ||
-      config.num_threads <= 0 || config.max_model_len < 0) {
+      config.num_threads <= 0 || config.max_model_len < 0 || config.kv_cache_bytes < 0) {
     return absl::InvalidArgumentError(
-        "block_size, max_num_batched_tokens, max_num_seqs, num_threads must be positive");
+        "block_size, max_num_batched_tokens, max_num_seqs, num_threads must be positive; "
+        "max_model_len and kv_cache_bytes not negative");
+  }
+  const ExecutorFactory cpu_factory =
+      factory == nullptr ? CpuExecutorFactory(config.num_threads) : ExecutorFactory{};
+  const ExecutorFactory& backend = factory == nullptr ? cpu_factory : *factory;
+  if (!backend.create || backend.kv_elem_bytes <= 0) {
+    return absl::InvalidArgumentError("ExecutorFactory without create() or kv_elem_bytes");
   }
   const int64_t max_model_len =
       config.max_model_len > 0
           ? std::min(config.max_model_len, model_config.max_position_embeddings)
           : model_config.max_position_embeddings;
-  // Bytes of one block: every layer's K and V for block_size tokens, fp32 on the CPU backend.
+  // Bytes of one block: every layer's K and V for block_size tokens in the backend's KV dtype.
   const int64_t block_bytes = model_config.num_hidden_layers * 2 * config.block_size *
                               model_config.num_key_value_heads * model_config.head_dim *
-                              static_cast<int64_t>(sizeof(float));
-  ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(config.kv_cache_bytes, block_bytes));
+                              backend.kv_elem_bytes;
+  int64_t budget = config.kv_cache_bytes;
+  if (budget == 0) {
+    if (!backend.default_kv_cache_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes is 0 and the ", backend.name,
+                                                     " backend has no default budget"));
+    }
+    ASSIGN_OR_RETURN(budget, backend.default_kv_cache_bytes(model_config));
+  }
+  ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(budget, block_bytes));
 
   std::unique_ptr<Engine> engine(
       new Engine(config, model_config, num_blocks, max_model_len, block_bytes));
-  engine->pool_ = std::make_unique<kernels::ThreadPool>(config.num_threads);
-  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                   LlamaModel::Create(model_config, std::move(weights), engine->pool_.get()));
-  const kernels::KvCacheLayout layout = model->KvLayout(num_blocks, config.block_size);
-  RETURN_IF_ERROR(layout.Validate());
 
   KvCacheConfig kv_config;
   kv_config.num_blocks = num_blocks;
@@ -55,16 +67,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   sched_config.max_model_len = max_model_len;
   engine->scheduler_ =
       std::make_unique<Scheduler>(sched_config, std::move(kv_cache), model_config.eos_token_ids);
-  float* pool = nullptr;
-  if (kv_pool_allocator) {
-    ASSIGN_OR_RETURN(void* memory,
-                     kv_pool_allocator(layout.TotalElems() * static_cast<int64_t>(sizeof(float))));
-    if (memory == nullptr || reinterpret_cast<uintptr_t>(memory) % alignof(float) != 0) {
-      return absl::InternalError("KV pool allocator returned unusable memory");
-    }
-    pool = static_cast<float*>(memory);
+  ExecutorSpec spec;
+  spec.model_config = model_config;
+  spec.num_blocks = num_blocks;
+  spec.block_size = config.block_size;
+  spec.max_num_batched_tokens = config.max_num_batched_tokens;
+  spec.max_num_seqs = config.max_num_seqs;
+  spec.max_model_len = max_model_len;
+  if (kv_pool_allocator && backend.accepts_external_pool) {
+    // nullptr: the allocator declined; the executor allocates.
+    ASSIGN_OR_RETURN(spec.kv_pool, kv_pool_allocator(num_blocks * block_bytes));
   }
-  engine->runner_ = std::make_unique<ModelRunner>(std::move(model), layout, pool);
+  ASSIGN_OR_RETURN(engine->runner_, backend.create(spec, std::move(weights)));
   return engine;
 }
 

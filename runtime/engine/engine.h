@@ -17,8 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/threading/thread_pool.h"
-#include "runtime/engine/model_runner.h"
+#include "runtime/engine/model_executor.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/kv_cache/kv_cache_manager.h"
@@ -30,13 +29,14 @@ namespace tandem::runtime {
 struct EngineConfig {
   int64_t block_size = 16;
   // KV pool budget; num_blocks = kv_cache_bytes / bytes per block (all layers' K and V).
+  // 0: the backend chooses (ExecutorFactory::default_kv_cache_bytes).
   int64_t kv_cache_bytes = int64_t{256} << 20;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 256;
   // 0 = the model's max_position_embeddings.
   int64_t max_model_len = 0;
   bool enable_prefix_caching = true;
-  int num_threads = 2;
+  int num_threads = 2;  // CPU backend threads (when no ExecutorFactory is given)
 };
 
 // Provides the KV pool's memory (`bytes`, float-aligned), e.g. from a transfer agent that can
@@ -46,10 +46,12 @@ using KvPoolAllocator = std::function<absl::StatusOr<void*>(int64_t bytes)>;
 
 class Engine {
  public:
-  // `kv_pool_allocator` may be null: the engine allocates the pool itself.
+  // `kv_pool_allocator` may be null: the backend allocates the pool itself (it is also not
+  // called for backends that do not accept external pools). `factory` picks the backend;
+  // null: the CPU backend with config.num_threads threads.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineConfig& config, const ModelConfig& model_config, ModelWeights weights,
-      const KvPoolAllocator& kv_pool_allocator = {});
+      const KvPoolAllocator& kv_pool_allocator = {}, const ExecutorFactory* factory = nullptr);
 
   // INVALID_ARGUMENT for an empty prompt, token ids outside the vocabulary, max_tokens < 1,
   // prompt + max_tokens beyond the model's maximum length or the KV pool, bad sampling
@@ -67,6 +69,8 @@ class Engine {
   bool HasWork() const;
   void* kv_pool_data() { return runner_->kv_pool_data(); }
   int64_t kv_pool_bytes() const { return runner_->kv_pool_bytes(); }
+  bool kv_pool_on_device() const { return runner_->pool_on_device(); }
+  ExecutorStats executor_stats() const { return runner_->stats(); }
   int64_t kv_block_bytes() const { return block_bytes_; }
   int64_t block_size() const { return config_.block_size; }
   int64_t num_running() const { return scheduler_->num_running() + scheduler_->num_loading(); }
@@ -101,9 +105,8 @@ class Engine {
   const int64_t max_model_len_;
   const int64_t block_bytes_;
   kvtransfer::KvConnector* connector_ = nullptr;
-  std::unique_ptr<kernels::ThreadPool> pool_;  // outlives the runner's model
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ModelExecutor> runner_;
 };
 
 }  // namespace tandem::runtime

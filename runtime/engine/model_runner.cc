@@ -1,6 +1,7 @@
 #include "runtime/engine/model_runner.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "common/status_macros.h"
@@ -8,9 +9,35 @@
 
 namespace tandem::runtime {
 
+ExecutorFactory CpuExecutorFactory(int num_threads) {
+  ExecutorFactory factory;
+  factory.name = "cpu";
+  factory.kv_elem_bytes = static_cast<int64_t>(sizeof(float));
+  factory.accepts_external_pool = true;
+  factory.create = [num_threads](
+                       const ExecutorSpec& spec,
+                       ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+    if (num_threads <= 0) return absl::InvalidArgumentError("num_threads must be positive");
+    auto thread_pool = std::make_unique<kernels::ThreadPool>(num_threads);
+    ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                     LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get()));
+    const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
+    RETURN_IF_ERROR(layout.Validate());
+    if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {
+      return absl::InternalError("KV pool memory is not float-aligned");
+    }
+    return std::unique_ptr<ModelExecutor>(new ModelRunner(
+        std::move(model), layout, static_cast<float*>(spec.kv_pool), std::move(thread_pool)));
+  };
+  return factory;
+}
+
 ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
-                         float* kv_pool)
-    : model_(std::move(model)), layout_(layout), kv_pool_(kv_pool) {
+                         float* kv_pool, std::unique_ptr<kernels::ThreadPool> thread_pool)
+    : thread_pool_(std::move(thread_pool)),
+      model_(std::move(model)),
+      layout_(layout),
+      kv_pool_(kv_pool) {
   if (kv_pool_ == nullptr) {
     owned_pool_.assign(layout.TotalElems(), 0.0f);
     kv_pool_ = owned_pool_.data();

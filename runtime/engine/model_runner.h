@@ -12,35 +12,37 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/attention/kv_cache_layout.h"
+#include "kernels/threading/thread_pool.h"
 #include "runtime/engine/llama_model.h"
+#include "runtime/engine/model_executor.h"
 #include "runtime/engine/scheduler.h"
 
 namespace tandem::runtime {
 
-struct RunnerOutput {
-  std::vector<int32_t> sampled_tokens;                 // [num seqs]; -1 where not sampling
-  std::vector<std::vector<float>> last_prompt_logits;  // [num seqs]; filled where captured
-};
+// The CPU backend: fp32 weights and KV, `num_threads` compute threads.
+ExecutorFactory CpuExecutorFactory(int num_threads);
 
-class ModelRunner {
+class ModelRunner : public ModelExecutor {
  public:
   // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, owned by the caller and
   // outliving the runner, e.g. a transfer agent's shareable allocation), or null: the runner
-  // allocates it. Either way it is zero-filled once here.
+  // allocates it. Either way it is zero-filled once here. `thread_pool` (nullable) is the
+  // pool the model computes on; the runner keeps it alive.
   ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
-              float* kv_pool = nullptr);
+              float* kv_pool = nullptr, std::unique_ptr<kernels::ThreadPool> thread_pool = nullptr);
 
-  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch);
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
 
   const kernels::KvCacheLayout& layout() const { return layout_; }
   const LlamaModel& model() const { return *model_; }
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
-  void* kv_pool_data() { return kv_pool_; }
-  int64_t kv_pool_bytes() const {
+  void* kv_pool_data() override { return kv_pool_; }
+  int64_t kv_pool_bytes() const override {
     return layout_.TotalElems() * static_cast<int64_t>(sizeof(float));
   }
 
  private:
+  std::unique_ptr<kernels::ThreadPool> thread_pool_;  // outlives model_ (declared first)
   std::unique_ptr<LlamaModel> model_;
   const kernels::KvCacheLayout layout_;
   std::vector<float> owned_pool_;  // used when no external pool was given

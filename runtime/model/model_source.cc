@@ -21,8 +21,11 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
     } else {
       ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.dummy_config));
     }
-    out.weights = RandomModelWeights(out.config, source.dummy_seed);
-    out.model_id = absl::StrCat("dummy:", source.dummy_config, ":", source.dummy_seed);
+    if (!source.dummy_weights_on_backend) {
+      out.weights = RandomModelWeights(out.config, source.dummy_seed);
+    }
+    out.model_id = absl::StrCat("dummy:", source.dummy_config, ":", source.dummy_seed,
+                                source.dummy_weights_on_backend ? ":backend" : "");
     return out;
   }
   if (source.load_format != "auto") {

@@ -17,6 +17,9 @@ struct ModelSource {
   std::string load_format = "auto";   // "auto" or "dummy"
   std::string dummy_config = "tiny";  // preset name or config.json path (dummy)
   uint64_t dummy_seed = 0;
+  // dummy only: return the config and no weights; the backend generates them where they live
+  // (the CUDA backend fills device memory directly).
+  bool dummy_weights_on_backend = false;
 };
 
 struct LoadedModel {

@@ -32,6 +32,7 @@
 #include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_transfer_service.h"
 #include "kvtransfer/pull_connector.h"
+#include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_source.h"
 #include "runtime/worker/engine_loop.h"
@@ -41,7 +42,12 @@
 #include "tandem/v1/limits.h"
 
 ABSL_FLAG(std::string, role, "mixed", "prefill, decode or mixed");
-ABSL_FLAG(std::string, backend, "cpu", "cpu (cuda arrives with the CUDA backend)");
+ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda (CUDA builds)");
+ABSL_FLAG(std::string, dtype, "auto", "cuda: bf16, fp16 or auto (fp16 for f16 checkpoints)");
+ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "cuda with --kv_cache_bytes=0: fraction of free device memory to use");
+ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
 ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json for --load_format=dummy");
@@ -74,18 +80,26 @@ absl::StatusOr<tandem::v1::WorkerRole> ParseRole(const std::string& role) {
       absl::StrCat("--role must be prefill, decode or mixed, got '", role, "'"));
 }
 
-tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const Engine& engine) {
+tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const Engine& engine,
+                                            const std::string& backend) {
   const ModelConfig& m = engine.model_config();
   tandem::v1::CompatibilityInfo info;
   info.set_model_id(model_id);
-  info.set_model_dtype("float32");  // the CPU backend computes and caches in fp32
+  // The KV element type follows the backend: fp32 on the CPU, bf16/fp16 on CUDA.
+  const int64_t elem_bytes =
+      engine.kv_block_bytes() /
+      (m.num_hidden_layers * 2 * engine.block_size() * m.num_key_value_heads * m.head_dim);
+  const bool fp16 = backend == "cuda:fp16";
+  info.set_model_dtype(elem_bytes == 4 ? "float32" : fp16 ? "float16" : "bfloat16");
   tandem::v1::KvLayout* layout = info.mutable_layout();
   layout->set_layout_name("block_major_v1");
   layout->set_num_layers(static_cast<uint32_t>(m.num_hidden_layers));
   layout->set_num_kv_heads(static_cast<uint32_t>(m.num_key_value_heads));
   layout->set_head_dim(static_cast<uint32_t>(m.head_dim));
   layout->set_block_size(static_cast<uint32_t>(engine.block_size()));
-  layout->set_kv_dtype(tandem::v1::KV_DTYPE_F32);
+  layout->set_kv_dtype(elem_bytes == 4 ? tandem::v1::KV_DTYPE_F32
+                       : fp16          ? tandem::v1::KV_DTYPE_F16
+                                       : tandem::v1::KV_DTYPE_BF16);
   layout->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
   layout->set_block_bytes(static_cast<uint64_t>(engine.kv_block_bytes()));
   layout->set_dcp_size(1);
@@ -95,10 +109,6 @@ tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const E
 
 absl::Status Serve() {
   ASSIGN_OR_RETURN(tandem::v1::WorkerRole role, ParseRole(absl::GetFlag(FLAGS_role)));
-  if (absl::GetFlag(FLAGS_backend) != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
-                                                   " is not available yet; use --backend=cpu"));
-  }
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -111,7 +121,19 @@ absl::Status Serve() {
   source.load_format = absl::GetFlag(FLAGS_load_format);
   source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
   source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  BackendOptions backend;
+  backend.backend = absl::GetFlag(FLAGS_backend);
+  backend.num_threads = absl::GetFlag(FLAGS_num_threads);
+  backend.device = absl::GetFlag(FLAGS_device);
+  backend.dtype = absl::GetFlag(FLAGS_dtype);
+  backend.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  if (backend.backend == "cuda" && source.load_format == "dummy") {
+    source.dummy_weights_on_backend = true;  // generated on the device
+    backend.dummy_seed = source.dummy_seed;
+  }
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
+  ASSIGN_OR_RETURN(const ExecutorFactory factory, MakeExecutorFactory(backend, model.config));
   EngineConfig engine_config;
   engine_config.block_size = absl::GetFlag(FLAGS_block_size);
   engine_config.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
@@ -126,6 +148,7 @@ absl::Status Serve() {
   agent_flags.transport = absl::GetFlag(FLAGS_kv_transport);
   agent_flags.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   agent_flags.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
+  agent_flags.stage_cuda_memory = backend.backend == "cuda";
   ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
                    MakeTransferAgent(agent_flags));
   std::optional<uint32_t> region;
@@ -139,10 +162,18 @@ absl::Status Serve() {
   };
   ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
-      Engine::Create(engine_config, model.config, std::move(model.weights), allocator));
-  if (!region.has_value()) {  // the agent could not allocate: register the engine's own pool
-    ASSIGN_OR_RETURN(region, agent->RegisterMemory(engine->kv_pool_data(), engine->kv_pool_bytes(),
-                                                   tandem::v1::MEMORY_KIND_HOST));
+      Engine::Create(engine_config, model.config, std::move(model.weights), allocator, &factory));
+  if (!region.has_value()) {  // the agent did not allocate: register the engine's own pool
+    absl::StatusOr<uint32_t> registered = agent->RegisterMemory(
+        engine->kv_pool_data(), engine->kv_pool_bytes(),
+        engine->kv_pool_on_device() ? tandem::v1::MEMORY_KIND_CUDA : tandem::v1::MEMORY_KIND_HOST);
+    if (!registered.ok()) {
+      return absl::Status(
+          registered.status().code(),
+          absl::StrCat("registering the ", factory.name, " backend's KV pool with the ",
+                       agent->transport(), " transfer agent: ", registered.status().message()));
+    }
+    region = *registered;
   }
   const std::string router = absl::GetFlag(FLAGS_router);
   engine->EnableCacheEvents(!router.empty());
@@ -158,7 +189,7 @@ absl::Status Serve() {
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   tandem::v1::TransferHandshake local;
-  *local.mutable_compatibility() = Compatibility(model.model_id, *engine);
+  *local.mutable_compatibility() = Compatibility(model.model_id, *engine, factory.name);
   local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
   local.set_epoch(epoch);
 
@@ -169,6 +200,8 @@ absl::Status Serve() {
   options.kv_layout_hash = local.compatibility_hash();
   options.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
+  options.kv_region = *region;
+  options.kv_block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
   EngineLoop loop(std::move(engine));
 
   // The port is known only after the server starts; the services learn the final address before

@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     kvtransfer::UcxAgentOptions options;
     options.transports = flags.ucx_tls;
     options.net_device = flags.ucx_net_device;
+    options.stage_cuda_memory = flags.stage_cuda_memory;
     absl::StatusOr<std::unique_ptr<kvtransfer::UcxAgent>> agent =
         kvtransfer::UcxAgent::Create(std::move(options));
     if (!agent.ok()) return agent.status();

@@ -14,6 +14,9 @@ struct TransferAgentFlags {
   std::string transport = "ucx";
   std::string ucx_tls = "tcp,self,sm";
   std::string ucx_net_device = "lo";
+  // The KV pool is device memory (CUDA backend): UCX without CUDA transports stages it through
+  // host memory (the worker then syncs held blocks before publishing them).
+  bool stage_cuda_memory = false;
 };
 
 // INVALID_ARGUMENT for an unknown transport; the agent's own errors otherwise.

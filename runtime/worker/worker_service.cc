@@ -191,6 +191,24 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
     return grpc::Status::OK;
   }
   const RequestUpdate::Lease& lease = *update.kv_lease;
+  if (agent_ != nullptr && options_.kv_block_bytes > 0) {
+    // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
+    // memory), coalescing runs of consecutive block ids.
+    std::vector<kvtransfer::ByteRange> ranges;
+    for (int32_t b : lease.block_ids) {
+      const uint64_t offset = static_cast<uint64_t>(b) * options_.kv_block_bytes;
+      if (!ranges.empty() && ranges.back().offset + ranges.back().length == offset) {
+        ranges.back().length += options_.kv_block_bytes;
+      } else {
+        ranges.push_back({offset, options_.kv_block_bytes});
+      }
+    }
+    const absl::Status synced = agent_->SyncForRemoteRead(options_.kv_region, ranges);
+    if (!synced.ok()) {
+      loop_->Abort(id);  // releases the lease: the blocks cannot be served
+      return ToGrpc(synced);
+    }
+  }
   tandem::v1::KvHandle* handle = response->mutable_kv_handle();
   handle->set_worker_id(options_.worker_id);
   handle->set_epoch(options_.epoch);
@@ -295,10 +313,11 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
     remote.block_ids.assign(handle.block_ids().begin(), handle.block_ids().end());
     remote.num_tokens = static_cast<int64_t>(handle.num_tokens());
     remote.lease_id = handle.lease_id();
-    // Stop reading a little before the source may reuse the blocks.
-    remote.deadline =
-        std::min(absl::FromUnixMillis(handle.lease_deadline_unix_ms()) - absl::Milliseconds(200),
-                 absl::Now() + options_.kv_load_timeout);
+    // The connector stops reading a little before the lease deadline, and renews the lease
+    // while a long load is still running.
+    remote.deadline = absl::Now() + options_.kv_load_timeout;
+    remote.lease_deadline = absl::FromUnixMillis(handle.lease_deadline_unix_ms());
+    remote.lease_renewer = peers_->lease_renewer();
     spec->remote_kv = std::move(remote);
   } else {
     ++kv_load_failures_;

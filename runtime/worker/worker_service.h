@@ -42,6 +42,11 @@ struct WorkerOptions {
   uint64_t kv_layout_hash = 0;
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
+  // The KV pool's region in the agent and its block size in bytes: a prefill worker calls
+  // agent->SyncForRemoteRead on a held request's blocks before publishing its handle (a no-op
+  // unless the agent mirrors device memory for remote reads).
+  uint32_t kv_region = 0;
+  uint64_t kv_block_bytes = 0;
 };
 
 // RequestSpec from the wire: INVALID_ARGUMENT for limits (proto/tandem/v1/limits.h) and values

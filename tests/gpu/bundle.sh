@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds GPU tests and benchmarks and stages them, self-contained, into OUT_DIR.
 #
-#   tests/gpu/bundle.sh OUT_DIR [--with-cuda-libs] [//pkg:target ...]
+#   tests/gpu/bundle.sh OUT_DIR [--with-cuda-libs] [//pkg:target ...] [tool//pkg:target ...]
 #
+# A target written tool//pkg:target (e.g. the worker and router binaries for a GPU serving
+# smoke test) is staged into bin/ with its libraries but not run by run.sh.
 # Default targets: every cc_test tagged "gpu" and cc_binary tagged "gpu_bench" (the
 # cuda_cc_test / cuda_cc_binary macros add the tags). The result runs on a machine with only
 # the NVIDIA driver and the CUDA 13 runtime libraries: no Bazel, Java or Debian packages.
@@ -24,10 +26,12 @@ usage() { echo "usage: $0 OUT_DIR [--with-cuda-libs] [//pkg:target ...]" >&2; ex
 OUT=$1; shift
 WITH_CUDA_LIBS=0
 TARGETS=()
+TOOLS=()
 for a in "$@"; do
   case "$a" in
     --with-cuda-libs) WITH_CUDA_LIBS=1 ;;
     //*) TARGETS+=("$a") ;;
+    tool//*) TOOLS+=("${a#tool}") ;;
     *) usage ;;
   esac
 done
@@ -37,7 +41,7 @@ cd "$ROOT"
 BAZEL=${BAZEL:-bazel}
 
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
-  mapfile -t TARGETS < <("$BAZEL" query --noshow_progress \
+  mapfile -t TARGETS < <($BAZEL query --noshow_progress \
     'attr(tags, "\bgpu(_bench)?\b", kind("cc_test|cc_binary", //...))' 2>/dev/null | sort)
 fi
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
@@ -46,9 +50,9 @@ if [[ ${#TARGETS[@]} -eq 0 ]]; then
   exit 1
 fi
 
-echo "bundle.sh: building ${#TARGETS[@]} targets" >&2
-"$BAZEL" build --noshow_progress "${TARGETS[@]}" >&2
-BIN_DIR=$("$BAZEL" info bazel-bin 2>/dev/null)
+echo "bundle.sh: building ${#TARGETS[@]} targets and ${#TOOLS[@]} tools" >&2
+$BAZEL build --noshow_progress "${TARGETS[@]}" ${TOOLS[@]+"${TOOLS[@]}"} >&2
+BIN_DIR=$($BAZEL info bazel-bin 2>/dev/null)
 
 mkdir -p "$OUT/bin" "$OUT/lib"
 : > "$OUT/manifest.txt"
@@ -69,9 +73,13 @@ is_cuda_toolkit_lib() {
   return 1
 }
 
-for t in "${TARGETS[@]}"; do
+for t in "${TARGETS[@]}" ${TOOLS[@]+"${TOOLS[@]}"}; do
   pkg=${t#//}; pkg=${pkg%%:*}; name=${t##*:}
-  kind=$("$BAZEL" query --noshow_progress "kind(cc_test, $t)" 2>/dev/null | grep -q . && echo test || echo bench)
+  if [[ " ${TOOLS[*]-} " == *" $t "* ]]; then
+    kind=tool
+  else
+    kind=$($BAZEL query --noshow_progress "kind(cc_test, $t)" 2>/dev/null | grep -q . && echo test || echo bench)
+  fi
   src="$BIN_DIR/$pkg/$name"
   [[ -x "$src" ]] || { echo "bundle.sh: $src missing after build" >&2; exit 1; }
   mkdir -p "$OUT/bin/$pkg"

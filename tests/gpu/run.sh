@@ -26,6 +26,7 @@ xml_count() { grep -o "$1" "$2" 2>/dev/null | wc -l; }
 
 while read -r kind bin; do
   [[ -n "$kind" ]] || continue
+  [[ $kind == tool ]] && continue  # staged for scripts, not run here
   echo "$bin" | grep -Eq -- "$FILTER" || continue
   if [[ $kind == bench && ${TANDEM_BUNDLE_SKIP_BENCH:-0} == 1 ]]; then continue; fi
   base=${bin#bin/}; base=${base//\//__}

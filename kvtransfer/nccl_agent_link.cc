@@ -1,0 +1,300 @@
+#include "kvtransfer/nccl_agent_link.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cuda_status.h"
+#include "common/nccl_status.h"
+#include "common/status_macros.h"
+#include "kvtransfer/nccl_agent_copy.h"
+#include "kvtransfer/nccl_agent_socket.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+// Largest tile of the gather / scatter kernel: a 64 MiB message makes 512 tiles, enough to keep
+// every CTA busy, while the table stays ~0.02% of the data.
+constexpr uint64_t kTileBytes = uint64_t{128} << 10;
+constexpr size_t kMinTileCapacity = 4096;
+constexpr uint64_t kStagingAlign = 256;
+
+}  // namespace
+
+// Freed only after the link drained its streams (~NcclLink), or while idle.
+struct NcclLink::Slot {
+  nccl_plan::CopyTile* host = nullptr;  // pinned
+  nccl_plan::CopyTile* device = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+  ~Slot() {
+    if (host != nullptr) cudaFreeHost(host);
+    if (device != nullptr) cudaFree(device);
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+};
+
+NcclLink::NcclLink(const NcclLinkOptions& options, Role role, int control_fd,
+                   const std::atomic<bool>& stop)
+    : options_(options), role_(role), control_fd_(control_fd), stop_(stop) {}
+
+absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Connect(const NcclLinkOptions& options,
+                                                            Role role, const ncclUniqueId& id,
+                                                            int control_fd,
+                                                            const std::atomic<bool>& stop) {
+  if (options.staging_chunk_bytes == 0 || options.staging_buffers < 1 || options.copy_ctas < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl link: staging_chunk_bytes ", options.staging_chunk_bytes, ", staging_buffers ",
+        options.staging_buffers, ", copy_ctas ", options.copy_ctas));
+  }
+  std::unique_ptr<NcclLink> link(new NcclLink(options, role, control_fd, stop));
+  RETURN_IF_ERROR(link->Setup(id));
+  return link;
+}
+
+absl::Status NcclLink::Setup(const ncclUniqueId& id) {
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&nccl_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  for (int b = 0; b < options_.staging_buffers; ++b) {
+    ready_.emplace_back();
+    free_.emplace_back();
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready_.back(), cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&free_.back(), cudaEventDisableTiming));
+  }
+  staging_stride_ =
+      (options_.staging_chunk_bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&staging_), staging_stride_ * options_.staging_buffers));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&scratch_), kStagingAlign));
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const int rank = role_ == Role::kReceiver ? 0 : 1;
+  ncclResult_t init = ncclCommInitRankConfig(&comm_, 2, id, rank, &config);
+  if (init != ncclSuccess && init != ncclInProgress) {
+    NCCL_RETURN_IF_ERROR(init);
+  }
+  RETURN_IF_ERROR(WaitFor(
+      [this]() -> absl::StatusOr<bool> {
+        ncclResult_t state = ncclSuccess;
+        NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+        if (state == ncclInProgress) return false;
+        NCCL_RETURN_IF_ERROR(state);
+        return true;
+      },
+      deadline, "communicator init (the peer never joined)"));
+  // Warm-up: NCCL connects p2p channels lazily, on the first message.
+  if (role_ == Role::kReceiver) {
+    RETURN_IF_ERROR(Settle(ncclRecv(scratch_, 1, ncclInt8, 1, comm_, nccl_stream_), deadline));
+  } else {
+    RETURN_IF_ERROR(Settle(ncclSend(scratch_, 1, ncclInt8, 0, comm_, nccl_stream_), deadline));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, nccl_stream_));
+  return WaitFor(
+      [this]() -> absl::StatusOr<bool> {
+        ncclResult_t state = ncclSuccess;
+        NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+        if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
+        const cudaError_t q = cudaEventQuery(join_);
+        if (q == cudaErrorNotReady) return false;
+        CUDA_RETURN_IF_ERROR(q);
+        return true;
+      },
+      deadline, "warm-up message");
+}
+
+NcclLink::~NcclLink() {
+  cudaSetDevice(options_.device);
+  // Abort first: it makes NCCL kernels that wait for the peer exit, so the drains below end.
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  if (nccl_stream_ != nullptr) cudaStreamSynchronize(nccl_stream_);
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+  idle_.clear();
+  running_.clear();
+  for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  if (join_ != nullptr) cudaEventDestroy(join_);
+  if (staging_ != nullptr) cudaFree(staging_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (nccl_stream_ != nullptr) cudaStreamDestroy(nccl_stream_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+}
+
+absl::Status NcclLink::WaitFor(const std::function<absl::StatusOr<bool>()>& done,
+                               absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    ASSIGN_OR_RETURN(bool finished, done());
+    if (finished) return absl::OkStatus();
+    if (stop_.load()) return absl::CancelledError("nccl link: connection stopped");
+    RETURN_IF_ERROR(nccl_socket::CheckOpen(control_fd_));
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("nccl link: ", what,
+                                                      " did not finish within ",
+                                                      absl::FormatDuration(options_.init_timeout)));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+absl::Status NcclLink::Settle(ncclResult_t result, absl::Time deadline) {
+  // A non-blocking communicator answers every ncclSend / ncclRecv with ncclInProgress and
+  // launches it from a helper thread within tens of microseconds; later stream work must wait
+  // for that launch. Spin, not sleep: a sleep here (>= ~60 us with timer slack, measured ~300 us
+  // per message) would throttle the whole pipeline to one message per sleep.
+  uint32_t spins = 0;
+  while (result == ncclInProgress) {
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &result));
+    if (result != ncclInProgress) break;
+    if ((++spins & 1023) == 0) {
+      if (stop_.load()) return absl::CancelledError("nccl link: connection stopped");
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("nccl link: an NCCL call did not launch within ",
+                         absl::FormatDuration(options_.init_timeout)));
+      }
+    }
+    std::this_thread::yield();
+  }
+  NCCL_RETURN_IF_ERROR(result);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclLink::Slot>> NcclLink::TakeSlot() {
+  if (!idle_.empty()) {
+    std::unique_ptr<Slot> slot = std::move(idle_.back());
+    idle_.pop_back();
+    return slot;
+  }
+  auto slot = std::make_unique<Slot>();
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming));
+  return slot;
+}
+
+absl::Status NcclLink::Enqueue(const nccl_plan::Plan& plan, absl::Span<const uint64_t> op_addr) {
+  if (plan.max_packed_bytes > options_.staging_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl link: packed message of ",
+                                                   plan.max_packed_bytes, " bytes exceeds ",
+                                                   options_.staging_chunk_bytes));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  ASSIGN_OR_RETURN(std::unique_ptr<Slot> slot, TakeSlot());
+  absl::Status status = EnqueueWith(*slot, plan, op_addr);
+  if (!status.ok()) {
+    idle_.push_back(std::move(slot));  // may still be read by queued work: freed after the drain
+    return status;
+  }
+  running_.push_back(std::move(slot));
+  return absl::OkStatus();
+}
+
+absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
+                                   absl::Span<const uint64_t> op_addr) {
+  // Where NCCL reads / writes each message, and which tiles the kernel copies for it.
+  struct Step {
+    char* buffer = nullptr;
+    int ring = -1;  // staging buffer index; -1: NCCL uses the pool directly
+    uint32_t first_tile = 0;
+    uint32_t num_tiles = 0;
+  };
+  std::vector<Step> steps(plan.messages.size());
+  tiles_.clear();
+  const nccl_plan::Direction direction =
+      role_ == Role::kSender ? nccl_plan::Direction::kGather : nccl_plan::Direction::kScatter;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step& s = steps[i];
+    const nccl_plan::Message& m = plan.messages[i];
+    if (std::optional<uint64_t> addr = nccl_plan::ContiguousAddress(plan, m, op_addr)) {
+      s.buffer = reinterpret_cast<char*>(*addr);
+      continue;
+    }
+    s.ring = static_cast<int>(next_buffer_++ % static_cast<uint64_t>(options_.staging_buffers));
+    s.buffer = staging_ + staging_stride_ * s.ring;
+    s.first_tile = static_cast<uint32_t>(tiles_.size());
+    nccl_plan::AppendTiles(plan, m, op_addr, reinterpret_cast<uint64_t>(s.buffer), direction,
+                           kTileBytes, &tiles_);
+    s.num_tiles = static_cast<uint32_t>(tiles_.size()) - s.first_tile;
+  }
+  if (tiles_.size() > slot.capacity) {
+    // The slot is idle (its last transfer ended), so its old table is no longer read.
+    const size_t capacity = std::max({tiles_.size(), kMinTileCapacity, 2 * slot.capacity});
+    if (slot.host != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(slot.host));
+    if (slot.device != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(slot.device));
+    slot.host = nullptr;
+    slot.device = nullptr;
+    slot.capacity = 0;
+    const size_t bytes = capacity * sizeof(nccl_plan::CopyTile);
+    CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, cudaHostAllocDefault));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&slot.device), bytes));
+    slot.capacity = capacity;
+  }
+  if (!tiles_.empty()) {
+    const size_t bytes = tiles_.size() * sizeof(nccl_plan::CopyTile);
+    std::memcpy(slot.host, tiles_.data(), bytes);
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  }
+  // Transfers land in posting order even where their destinations overlap: staged messages
+  // are scattered in copy-stream order, but a direct receive writes the pool from the NCCL
+  // stream, so it first waits for the scatters of earlier transfers.
+  const bool any_direct =
+      std::any_of(steps.begin(), steps.end(), [](const Step& s) { return s.ring < 0; });
+  if (role_ == Role::kReceiver && any_direct) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, copy_stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, join_, 0));
+  }
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const size_t bytes = plan.messages[i].bytes;
+    const nccl_plan::CopyTile* tiles = slot.device + s.first_tile;
+    if (role_ == Role::kSender) {
+      if (s.ring >= 0) {
+        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, free_[s.ring], 0));
+        CUDA_RETURN_IF_ERROR(
+            nccl_copy::LaunchCopyTiles(tiles, s.num_tiles, options_.copy_ctas, copy_stream_));
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], copy_stream_));
+        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, ready_[s.ring], 0));
+      }
+      RETURN_IF_ERROR(
+          Settle(ncclSend(s.buffer, bytes, ncclInt8, 0, comm_, nccl_stream_), deadline));
+      if (s.ring >= 0) CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], nccl_stream_));
+    } else {
+      if (s.ring >= 0) CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, free_[s.ring], 0));
+      RETURN_IF_ERROR(
+          Settle(ncclRecv(s.buffer, bytes, ncclInt8, 1, comm_, nccl_stream_), deadline));
+      if (s.ring >= 0) {
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], nccl_stream_));
+        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[s.ring], 0));
+        CUDA_RETURN_IF_ERROR(
+            nccl_copy::LaunchCopyTiles(tiles, s.num_tiles, options_.copy_ctas, copy_stream_));
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], copy_stream_));
+      }
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, nccl_stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, join_, 0));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done, copy_stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> NcclLink::PollOldest() {
+  if (running_.empty()) return false;
+  ncclResult_t state = ncclSuccess;
+  NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+  if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
+  const cudaError_t q = cudaEventQuery(running_.front()->done);
+  if (q == cudaErrorNotReady) return false;
+  CUDA_RETURN_IF_ERROR(q);
+  idle_.push_back(std::move(running_.front()));
+  running_.pop_front();
+  return true;
+}
+
+}  // namespace tandem::kvtransfer

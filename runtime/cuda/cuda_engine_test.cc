@@ -1,0 +1,313 @@
+// The engine on the CUDA backend (GPU; skips without one):
+//  * golden fixtures (tests/golden/fixtures, transformers' outputs): bf16 / f16 checkpoints at
+//    the README's reduced-precision tolerances, f32 checkpoints served in bf16 at the bf16
+//    tolerances; and against the CPU backend's fp32 logits on the same prompts;
+//  * graph-captured and uncaptured decode give identical tokens (and graphs were used);
+//  * a head_dim 128 GQA model with host random weights agrees with the CPU backend;
+//  * device-generated dummy weights run end to end; bad configs fail cleanly.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/cuda_model_runner.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+std::string FixtureDir(const std::string& variant) {
+  const char* root = std::getenv("TANDEM_FIXTURES");
+  return std::string(root != nullptr ? root : "tests/golden/fixtures") + "/" + variant;
+}
+
+struct Golden {
+  std::string dtype;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> greedy;
+  std::vector<std::vector<float>> gaps;
+  int max_new_tokens = 0;
+};
+
+Golden LoadGolden(const std::string& variant) {
+  std::ifstream in(FixtureDir(variant) + "/expected.json");
+  Golden g;
+  if (!in.good()) {
+    ADD_FAILURE() << "missing fixture " << FixtureDir(variant)
+                  << " (run from the repo root or set TANDEM_FIXTURES)";
+    return g;
+  }
+  nlohmann::json j = nlohmann::json::parse(in);
+  g.dtype = j["dtype"];
+  g.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
+  g.logits = j["last_prompt_logits"].get<std::vector<std::vector<float>>>();
+  g.greedy = j["greedy_tokens"].get<std::vector<std::vector<int32_t>>>();
+  g.gaps = j["greedy_top2_gaps"].get<std::vector<std::vector<float>>>();
+  g.max_new_tokens = j["max_new_tokens"];
+  return g;
+}
+
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+};
+
+// Runs every prompt through one engine (all at once when `together`).
+std::vector<Output> RunPrompts(const ModelConfig& model, ModelWeights weights,
+                               const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                               const ExecutorFactory* factory, bool together,
+                               ExecutorStats* stats = nullptr) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t{64} << 20;
+  config.max_num_batched_tokens = 512;
+  config.max_num_seqs = 64;
+  auto engine = Engine::Create(config, model, std::move(weights), {}, factory);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  std::vector<Output> out(prompts.size());
+  if (!engine.ok()) return out;
+  auto drain = [&] {
+    while ((*engine)->HasUnfinished()) {
+      auto updates = (*engine)->Step();
+      ASSERT_TRUE(updates.ok()) << updates.status();
+      for (RequestUpdate& u : *updates) {
+        Output& o = out[u.request_id];
+        o.tokens.insert(o.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+        if (!u.last_prompt_logits.empty()) o.logits = std::move(u.last_prompt_logits);
+      }
+    }
+  };
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec spec;
+    spec.prompt = prompts[i];
+    spec.max_tokens = max_new_tokens;
+    spec.ignore_eos = true;
+    spec.capture_last_prompt_logits = true;
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
+    if (!together) drain();
+  }
+  drain();
+  if (stats != nullptr) *stats = (*engine)->executor_stats();
+  return out;
+}
+
+float MaxAbs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+int ArgMax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return -2;
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ab += double{a[i]} * b[i];
+    aa += double{a[i]} * a[i];
+    bb += double{b[i]} * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+struct GoldenCase {
+  const char* variant;
+  ActDtype dtype;
+  double margin;  // top-1 must agree where transformers' top-2 gap >= margin * max|logit|
+};
+
+class CudaGoldenTest : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(CudaGoldenTest, MatchesTransformersAndCpuBackend) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const GoldenCase& c = GetParam();
+  const Golden g = LoadGolden(c.variant);
+  ASSERT_FALSE(g.prompts.empty());
+  auto model = LoadModelConfig(FixtureDir(c.variant));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto weights = LoadModelWeights(FixtureDir(c.variant), *model);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ModelWeights cpu_weights = *weights;
+
+  CudaBackendConfig backend;
+  backend.dtype = c.dtype;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  // Together (continuous batching, graphs for decode) and one at a time.
+  for (bool together : {true, false}) {
+    SCOPED_TRACE(together ? "batched" : "alone");
+    const std::vector<Output> got =
+        RunPrompts(*model, *weights, g.prompts, g.max_new_tokens, &factory, together);
+    const std::vector<Output> cpu =
+        RunPrompts(*model, cpu_weights, g.prompts, g.max_new_tokens, nullptr, together);
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << c.variant << " prompt " << i);
+      ASSERT_EQ(got[i].logits.size(), g.logits[i].size());
+      EXPECT_GE(Cosine(got[i].logits, g.logits[i]), 0.999);
+      EXPECT_GE(Cosine(got[i].logits, cpu[i].logits), 0.999);
+      const float scale = MaxAbs(g.logits[i]);
+      const float margin = static_cast<float>(c.margin) * scale;
+      const int ours = ArgMax(got[i].logits);
+      // transformers' value of our top-1 is within its rounding margin of its own top-1.
+      EXPECT_GE(g.logits[i][ours], g.logits[i][ArgMax(g.logits[i])] - margin);
+      // Greedy tokens until the first step whose reference gap is under the margin.
+      ASSERT_EQ(got[i].tokens.size(), g.greedy[i].size());
+      for (size_t step = 0; step < g.greedy[i].size(); ++step) {
+        if (g.gaps[i][step] < margin) break;
+        EXPECT_EQ(got[i].tokens[step], g.greedy[i][step]) << "step " << step;
+        if (got[i].tokens[step] != g.greedy[i][step]) break;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaGoldenTest,
+    ::testing::Values(GoldenCase{"llama_bf16", ActDtype::kBf16, 0.03},
+                      GoldenCase{"qwen2_f16", ActDtype::kFp16, 0.005},
+                      GoldenCase{"llama_f32_gqa", ActDtype::kBf16, 0.03},
+                      GoldenCase{"llama_f32_mqa_headdim_bias", ActDtype::kBf16, 0.03},
+                      GoldenCase{"llama_f32_llama3_tied", ActDtype::kBf16, 0.03},
+                      GoldenCase{"qwen2_f32", ActDtype::kFp16, 0.005}),
+    [](const ::testing::TestParamInfo<GoldenCase>& info) {
+      return std::string(info.param.variant);
+    });
+
+// TANDEM_TEST_PREFILL=off|mma|wgmma (default mma, the backend's default) picks the prefill kernel
+// of the MidConfig tests, to compare variants on a GPU without rebuilding.
+CudaBackendConfig MidBackend() {
+  CudaBackendConfig backend;
+  const char* v = std::getenv("TANDEM_TEST_PREFILL");
+  const std::string mode = v != nullptr ? v : "mma";
+  backend.use_prefill_kernel = mode != "off";
+  backend.prefill_allow_wgmma = mode == "wgmma";
+  return backend;
+}
+
+ModelConfig MidConfig() {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 1024;
+  c.hidden_size = 512;
+  c.intermediate_size = 1024;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 1024;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+std::vector<std::vector<int32_t>> RandomPrompts(int n, int max_len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(n);
+  for (auto& p : prompts) {
+    p.resize(1 + rng() % max_len);
+    for (int32_t& t : p) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+  }
+  return prompts;
+}
+
+TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = MidConfig();
+  const auto prompts = RandomPrompts(13, 70, static_cast<int>(model.vocab_size), seed);
+  CudaBackendConfig with_graphs = MidBackend();
+  with_graphs.gemm_autotune = false;  // timing-based GEMM choices could differ between engines
+  CudaBackendConfig without = with_graphs;
+  without.enable_cuda_graphs = false;
+  const ExecutorFactory graphs = CudaExecutorFactory(with_graphs);
+  const ExecutorFactory eager = CudaExecutorFactory(without);
+  ExecutorStats graph_stats, eager_stats;
+  const auto a =
+      RunPrompts(model, RandomModelWeights(model, seed), prompts, 24, &graphs, true, &graph_stats);
+  const auto b =
+      RunPrompts(model, RandomModelWeights(model, seed), prompts, 24, &eager, true, &eager_stats);
+  EXPECT_GT(graph_stats.graph_steps, 0);
+  EXPECT_GT(graph_stats.graphs_captured, 0);
+  EXPECT_EQ(eager_stats.graph_steps, 0);
+  EXPECT_GT(eager_stats.padded_steps, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "prompt " << i;
+    EXPECT_EQ(a[i].tokens.size(), 24u);
+  }
+}
+
+TEST(CudaEngineTest, HeadDim128AgreesWithCpuBackend) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ModelConfig model = MidConfig();
+  const auto prompts = RandomPrompts(6, 200, static_cast<int>(model.vocab_size), seed);
+  // Larger weights than the dummy default so logits are far from uniform.
+  ModelWeights weights = RandomModelWeights(model, seed);
+  for (std::vector<float>* m : {&weights.embed_tokens, &weights.lm_head}) {
+    for (float& x : *m) x *= 25.0f;
+  }
+  for (LayerWeights& l : weights.layers) {
+    for (std::vector<float>* m : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj}) {
+      for (float& x : *m) x *= 3.0f;
+    }
+  }
+  CudaBackendConfig backend = MidBackend();
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  CudaBackendConfig decode_only = backend;
+  decode_only.use_prefill_kernel = false;
+  const ExecutorFactory decode_factory = CudaExecutorFactory(decode_only);
+  const auto got = RunPrompts(model, weights, prompts, 4, &factory, true);
+  const auto via_decode = RunPrompts(model, weights, prompts, 4, &decode_factory, true);
+  const auto cpu = RunPrompts(model, weights, prompts, 4, nullptr, true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_GE(Cosine(got[i].logits, cpu[i].logits), 0.999) << "prompt " << i;
+    // The prefill kernel and the decode kernel on the same step: same math, fp32 accumulation.
+    EXPECT_GE(Cosine(got[i].logits, via_decode[i].logits), 0.9999) << "prompt " << i;
+  }
+}
+
+TEST(CudaEngineTest, DeviceDummyWeightsRun) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const ModelConfig model = MidConfig();
+  CudaBackendConfig backend = MidBackend();
+  backend.dummy_seed = 7;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  const auto prompts = RandomPrompts(4, 40, static_cast<int>(model.vocab_size), 11);
+  const auto a = RunPrompts(model, ModelWeights{}, prompts, 8, &factory, true);
+  const auto b = RunPrompts(model, ModelWeights{}, prompts, 8, &factory, true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(a[i].tokens.size(), 8u);
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "same seed, same tokens";
+    for (int32_t t : a[i].tokens) {
+      EXPECT_GE(t, 0);
+      EXPECT_LT(t, model.vocab_size);
+    }
+  }
+}
+
+TEST(CudaEngineTest, RejectsExternalPoolAndBadDtypeShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  ModelConfig model = MidConfig();
+  model.hidden_size = 500;  // not a multiple of 8
+  CudaBackendConfig backend;
+  backend.dummy_seed = 1;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t{16} << 20;
+  auto engine = Engine::Create(config, model, ModelWeights{}, {}, &factory);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+}
+
+}  // namespace
+}  // namespace tandem::runtime::cuda

@@ -1,0 +1,350 @@
+#include "runtime/cuda/cuda_llama_model.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/convert_cuda.h"
+#include "kernels/cuda/layers_cuda.h"
+#include "kernels/cuda/reshape_and_cache_cuda.h"
+#include "kernels/layers/rope.h"
+#include "runtime/cuda/dummy_init.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+namespace kc = ::tandem::kernels::cuda;
+
+// bf16 and fp16 are both two bytes.
+int64_t ActBytes(ActDtype /*dtype*/) { return 2; }
+
+// Uploads one fp32 host tensor into a new device buffer of the activation dtype, converting on
+// the device through `staging` (fp32, large enough), then frees the host copy.
+absl::StatusOr<DeviceBuffer> UploadTensor(std::vector<float>* host, ActDtype dtype,
+                                          DeviceBuffer* staging, const char* what,
+                                          cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(host->size());
+  if (n == 0) return DeviceBuffer();
+  ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(n * ActBytes(dtype), what));
+  if (staging->bytes() < n * static_cast<int64_t>(sizeof(float))) {
+    staging->Reset();
+    ASSIGN_OR_RETURN(*staging,
+                     DeviceBuffer::Allocate(n * static_cast<int64_t>(sizeof(float)), "staging"));
+  }
+  // The copy is synchronous (pageable source); the conversion is ordered after it on `stream`.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging->data(), host->data(), n * sizeof(float),
+                                       cudaMemcpyHostToDevice, stream));
+  if (dtype == ActDtype::kBf16) {
+    RETURN_IF_ERROR(kc::ConvertFromF32(staging->get<float>(), n, out.get<__nv_bfloat16>(), stream));
+  } else {
+    RETURN_IF_ERROR(kc::ConvertFromF32(staging->get<float>(), n, out.get<__half>(), stream));
+  }
+  // Keep the staging buffer valid until the conversion ran before reusing it.
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::vector<float>().swap(*host);
+  return out;
+}
+
+absl::Status CheckSize(const std::vector<float>& v, int64_t want, const std::string& name) {
+  if (static_cast<int64_t>(v.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", name, " has ", v.size(), " elements, expected ", want));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+T* Ptr(const DeviceBuffer& b) {
+  return b.get<T>();
+}
+
+// out = a * w^T (+ bias): a named helper so the two template arguments stay out of macros.
+template <typename T, typename TOut>
+absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, const T* bias, int64_t m,
+                 int64_t n, int64_t k, TOut* out, cudaStream_t stream) {
+  return gemm.Linear<T, TOut>(a, w, bias, m, n, k, out, stream);
+}
+
+}  // namespace
+
+const char* ActDtypeName(ActDtype dtype) { return dtype == ActDtype::kBf16 ? "bf16" : "fp16"; }
+
+CudaLlamaModel::CudaLlamaModel(const ModelConfig& config, const CudaModelOptions& options)
+    : config_(config), options_(options) {}
+
+CudaLlamaModel::~CudaLlamaModel() = default;
+
+absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
+    const ModelConfig& config, ModelWeights weights, const CudaModelOptions& options,
+    cudaStream_t stream) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  const int64_t D = config.head_dim;
+  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 || D % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend needs hidden_size and intermediate_size multiples of 8 and head_dim a "
+        "multiple of 16 (got ",
+        config.hidden_size, ", ", config.intermediate_size, ", ", D, ")"));
+  }
+  if (options.max_tokens <= 0 || options.max_logit_rows <= 0) {
+    return absl::InvalidArgumentError("max_tokens and max_logit_rows must be positive");
+  }
+  std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, options));
+  ASSIGN_OR_RETURN(model->gemm_, kc::CublasLtGemm::Create());
+  ASSIGN_OR_RETURN(std::vector<float> inv_freq,
+                   kernels::ComputeRopeInvFreq(config.rope_theta, D, config.rope_scaling));
+  ASSIGN_OR_RETURN(model->inv_freq_,
+                   DeviceBuffer::Allocate(inv_freq.size() * sizeof(float), "rope inv_freq"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(model->inv_freq_.data(), inv_freq.data(),
+                                  inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (options.dummy_seed.has_value()) {
+    if (!weights.layers.empty() || !weights.embed_tokens.empty()) {
+      return absl::InvalidArgumentError("dummy weights requested but host weights were given");
+    }
+    RETURN_IF_ERROR(model->GenerateDummy(*options.dummy_seed, stream));
+  } else {
+    RETURN_IF_ERROR(model->Upload(std::move(weights), stream));
+  }
+  RETURN_IF_ERROR(model->AllocateActivations());
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return model;
+}
+
+absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads,
+                Hk = config_.num_key_value_heads;
+  const int64_t qkv_dim = (Hq + 2 * Hk) * D;
+  if (static_cast<int64_t>(w.layers.size()) != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights have ", w.layers.size(), " layers, config says ", config_.num_hidden_layers));
+  }
+  RETURN_IF_ERROR(CheckSize(w.embed_tokens, V * H, "embed_tokens"));
+  RETURN_IF_ERROR(CheckSize(w.norm, H, "norm"));
+  if (!config_.tie_word_embeddings) RETURN_IF_ERROR(CheckSize(w.lm_head, V * H, "lm_head"));
+  DeviceBuffer staging;
+  const ActDtype dt = options_.dtype;
+  ASSIGN_OR_RETURN(embed_tokens_, UploadTensor(&w.embed_tokens, dt, &staging, "embed", stream));
+  ASSIGN_OR_RETURN(norm_, UploadTensor(&w.norm, dt, &staging, "norm", stream));
+  ASSIGN_OR_RETURN(lm_head_, UploadTensor(&w.lm_head, dt, &staging, "lm_head", stream));
+  layers_.resize(w.layers.size());
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    LayerWeights& src = w.layers[l];
+    const std::string p = absl::StrCat("layer ", l, " ");
+    RETURN_IF_ERROR(CheckSize(src.input_layernorm, H, p + "input_layernorm"));
+    RETURN_IF_ERROR(CheckSize(src.qkv_proj, qkv_dim * H, p + "qkv_proj"));
+    RETURN_IF_ERROR(CheckSize(src.o_proj, H * Hq * D, p + "o_proj"));
+    RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, H, p + "post_attention_layernorm"));
+    RETURN_IF_ERROR(CheckSize(src.gate_up_proj, 2 * I * H, p + "gate_up_proj"));
+    RETURN_IF_ERROR(CheckSize(src.down_proj, H * I, p + "down_proj"));
+    if (config_.qkv_bias) RETURN_IF_ERROR(CheckSize(src.qkv_bias, qkv_dim, p + "qkv_bias"));
+    if (config_.o_bias) RETURN_IF_ERROR(CheckSize(src.o_bias, H, p + "o_bias"));
+    if (config_.mlp_bias) {
+      RETURN_IF_ERROR(CheckSize(src.gate_up_bias, 2 * I, p + "gate_up_bias"));
+      RETURN_IF_ERROR(CheckSize(src.down_bias, H, p + "down_bias"));
+    }
+    Layer& dst = layers_[l];
+    ASSIGN_OR_RETURN(dst.input_layernorm,
+                     UploadTensor(&src.input_layernorm, dt, &staging, "input_layernorm", stream));
+    ASSIGN_OR_RETURN(dst.qkv_proj, UploadTensor(&src.qkv_proj, dt, &staging, "qkv_proj", stream));
+    ASSIGN_OR_RETURN(dst.qkv_bias, UploadTensor(&src.qkv_bias, dt, &staging, "qkv_bias", stream));
+    ASSIGN_OR_RETURN(dst.o_proj, UploadTensor(&src.o_proj, dt, &staging, "o_proj", stream));
+    ASSIGN_OR_RETURN(dst.o_bias, UploadTensor(&src.o_bias, dt, &staging, "o_bias", stream));
+    ASSIGN_OR_RETURN(dst.post_attention_layernorm,
+                     UploadTensor(&src.post_attention_layernorm, dt, &staging,
+                                  "post_attention_layernorm", stream));
+    ASSIGN_OR_RETURN(dst.gate_up_proj,
+                     UploadTensor(&src.gate_up_proj, dt, &staging, "gate_up_proj", stream));
+    ASSIGN_OR_RETURN(dst.gate_up_bias,
+                     UploadTensor(&src.gate_up_bias, dt, &staging, "gate_up_bias", stream));
+    ASSIGN_OR_RETURN(dst.down_proj,
+                     UploadTensor(&src.down_proj, dt, &staging, "down_proj", stream));
+    ASSIGN_OR_RETURN(dst.down_bias,
+                     UploadTensor(&src.down_bias, dt, &staging, "down_bias", stream));
+  }
+  weight_bytes_ = 0;
+  auto add = [&](const DeviceBuffer& b) { weight_bytes_ += b.bytes(); };
+  add(embed_tokens_);
+  add(norm_);
+  add(lm_head_);
+  for (const Layer& l : layers_) {
+    for (const DeviceBuffer* b : {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj,
+                                  &l.o_bias, &l.post_attention_layernorm, &l.gate_up_proj,
+                                  &l.gate_up_bias, &l.down_proj, &l.down_bias}) {
+      add(*b);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads,
+                Hk = config_.num_key_value_heads;
+  const int64_t qkv_dim = (Hq + 2 * Hk) * D;
+  const int64_t es = ActBytes(options_.dtype);
+  uint64_t stream_id = 0;
+  // Each tensor gets its own Philox stream (1, 2, ...): values do not depend on the order.
+  auto make = [&](int64_t n, float mean, const char* what) -> absl::StatusOr<DeviceBuffer> {
+    ++stream_id;
+    ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(n * es, what));
+    if (options_.dtype == ActDtype::kBf16) {
+      RETURN_IF_ERROR(FillNormal(b.get<__nv_bfloat16>(), n, mean, 0.02f, seed, stream_id, stream));
+    } else {
+      RETURN_IF_ERROR(FillNormal(b.get<__half>(), n, mean, 0.02f, seed, stream_id, stream));
+    }
+    weight_bytes_ += b.bytes();
+    return b;
+  };
+  weight_bytes_ = 0;
+  ASSIGN_OR_RETURN(embed_tokens_, make(V * H, 0.0f, "embed"));
+  ASSIGN_OR_RETURN(norm_, make(H, 1.0f, "norm"));
+  if (!config_.tie_word_embeddings) {
+    ASSIGN_OR_RETURN(lm_head_, make(V * H, 0.0f, "lm_head"));
+  }
+  layers_.resize(config_.num_hidden_layers);
+  for (Layer& l : layers_) {
+    ASSIGN_OR_RETURN(l.input_layernorm, make(H, 1.0f, "input_layernorm"));
+    ASSIGN_OR_RETURN(l.qkv_proj, make(qkv_dim * H, 0.0f, "qkv_proj"));
+    if (config_.qkv_bias) {
+      ASSIGN_OR_RETURN(l.qkv_bias, make(qkv_dim, 0.0f, "qkv_bias"));
+    }
+    ASSIGN_OR_RETURN(l.o_proj, make(H * Hq * D, 0.0f, "o_proj"));
+    if (config_.o_bias) {
+      ASSIGN_OR_RETURN(l.o_bias, make(H, 0.0f, "o_bias"));
+    }
+    ASSIGN_OR_RETURN(l.post_attention_layernorm, make(H, 1.0f, "post_attention_layernorm"));
+    ASSIGN_OR_RETURN(l.gate_up_proj, make(2 * I * H, 0.0f, "gate_up_proj"));
+    if (config_.mlp_bias) {
+      ASSIGN_OR_RETURN(l.gate_up_bias, make(2 * I, 0.0f, "gate_up_bias"));
+    }
+    ASSIGN_OR_RETURN(l.down_proj, make(H * I, 0.0f, "down_proj"));
+    if (config_.mlp_bias) {
+      ASSIGN_OR_RETURN(l.down_bias, make(H, 0.0f, "down_bias"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaLlamaModel::AllocateActivations() {
+  const int64_t T = options_.max_tokens, R = options_.max_logit_rows;
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads,
+                Hk = config_.num_key_value_heads;
+  const int64_t es = ActBytes(options_.dtype);
+  ASSIGN_OR_RETURN(hidden_, DeviceBuffer::Allocate(T * H * es, "hidden"));
+  ASSIGN_OR_RETURN(residual_, DeviceBuffer::Allocate(T * H * es, "residual"));
+  ASSIGN_OR_RETURN(qkv_, DeviceBuffer::Allocate(T * (Hq + 2 * Hk) * D * es, "qkv"));
+  ASSIGN_OR_RETURN(q_, DeviceBuffer::Allocate(T * Hq * D * es, "q"));
+  ASSIGN_OR_RETURN(attn_, DeviceBuffer::Allocate(T * Hq * D * es, "attn"));
+  ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::Allocate(T * 2 * I * es, "gate_up"));
+  ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(T * I * es, "act"));
+  ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
+  ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
+  return absl::OkStatus();
+}
+
+kernels::KvCacheLayout CudaLlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
+  kernels::KvCacheLayout layout;
+  layout.num_blocks = num_blocks;
+  layout.num_layers = config_.num_hidden_layers;
+  layout.block_size = block_size;
+  layout.num_kv_heads = config_.num_key_value_heads;
+  layout.head_dim = config_.head_dim;
+  return layout;
+}
+
+kc::KvDtype CudaLlamaModel::kv_dtype() const {
+  return options_.dtype == ActDtype::kBf16 ? kc::KvDtype::kBf16 : kc::KvDtype::kFp16;
+}
+
+absl::Status CudaLlamaModel::Forward(const DeviceStep& step, const kc::DeviceKvCache& cache,
+                                     const StepAttentionPlan& plan, void* attn_workspace,
+                                     cudaStream_t stream) {
+  if (step.num_tokens <= 0 || step.num_tokens > options_.max_tokens || step.num_logit_rows < 0 ||
+      step.num_logit_rows > options_.max_logit_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward: ", step.num_tokens, " tokens / ", step.num_logit_rows,
+                     " logit rows outside the model's bounds (", options_.max_tokens, " / ",
+                     options_.max_logit_rows, ")"));
+  }
+  if (cache.dtype != kv_dtype()) {
+    return absl::InvalidArgumentError("Forward: KV pool dtype differs from the model's");
+  }
+  if (options_.dtype == ActDtype::kBf16) {
+    return ForwardT<__nv_bfloat16>(step, cache, plan, attn_workspace, stream);
+  }
+  return ForwardT<__half>(step, cache, plan, attn_workspace, stream);
+}
+
+template <typename T>
+absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCache& cache,
+                                      const StepAttentionPlan& plan, void* attn_workspace,
+                                      cudaStream_t stream) {
+  const int64_t Tn = step.num_tokens, R = step.num_logit_rows;
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads,
+                Hk = config_.num_key_value_heads;
+  const int64_t q_dim = Hq * D, kv_dim = Hk * D, qkv_dim = q_dim + 2 * kv_dim;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  T* hidden = Ptr<T>(hidden_);
+  T* residual = Ptr<T>(residual_);
+  T* qkv = Ptr<T>(qkv_);
+  kernels::AttentionParams attn_params;
+  attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  RETURN_IF_ERROR(
+      kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const Layer& w = layers_[l];
+    if (l == 0) {
+      RETURN_IF_ERROR(
+          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream));
+    } else {
+      RETURN_IF_ERROR(
+          kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H, eps, stream));
+    }
+    RETURN_IF_ERROR(
+        Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv, stream));
+    RETURN_IF_ERROR(kc::ApplyRope<T>(step.positions, Tn, inv_freq_.get<float>(), D, qkv, Hq,
+                                     qkv + q_dim, Hk, stream, qkv_dim, qkv_dim));
+    RETURN_IF_ERROR(kc::ReshapeAndCache<T>(qkv + q_dim, qkv + q_dim + kv_dim, step.slot_mapping, Tn,
+                                           l, cache, stream, qkv_dim, qkv_dim));
+    // Attention reads a dense q: [T, Hq, D].
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(Ptr<T>(q_), q_dim * sizeof(T), qkv, qkv_dim * sizeof(T),
+                                           q_dim * sizeof(T), Tn, cudaMemcpyDeviceToDevice,
+                                           stream));
+    if (plan.use_prefill) {
+      RETURN_IF_ERROR(kc::PagedPrefillAttention<T>(Ptr<T>(q_), cache, l, step.attention,
+                                                   attn_params, plan.prefill, Ptr<T>(attn_),
+                                                   nullptr, attn_workspace, stream));
+    } else {
+      RETURN_IF_ERROR(kc::PagedAttention<T>(Ptr<T>(q_), cache, l, step.attention, attn_params,
+                                            plan.decode, Ptr<T>(attn_), nullptr, attn_workspace,
+                                            stream));
+    }
+    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, q_dim,
+                        hidden, stream));
+    RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
+                                           H, eps, stream));
+    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Ptr<T>(w.gate_up_bias), Tn, 2 * I,
+                        H, Ptr<T>(gate_up_), stream));
+    RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Ptr<T>(w.down_bias), Tn, H, I,
+                        hidden, stream));
+  }
+  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream));
+  if (R == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
+  const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
+  return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V, H,
+             logits_.get<float>(), stream);
+}
+
+}  // namespace tandem::runtime::cuda

@@ -1,0 +1,127 @@
+// The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM) on the CUDA backend: the twin of
+// runtime/engine/llama_model.h with bf16/fp16 weights, activations and KV on one device, fp32
+// accumulation in every op (cuBLASLt GEMMs, kernels/cuda/ layer and attention kernels).
+//
+// Per layer: (fused add +) RMSNorm -> qkv GEMM (+bias) -> RoPE in place on the fused qkv rows ->
+// KV write (strided k/v rows) -> paged attention -> o_proj -> fused add + RMSNorm -> gate_up ->
+// SiLU*up -> down_proj. The residual stream is kept in the activation dtype (as vLLM does).
+//
+// Forward() only enqueues work on the model's stream (no allocation, no host sync), so a
+// runner can capture it in a CUDA graph once every GEMM shape has been seen.
+//
+// Thread safety: not thread-safe; one runner drives it. Weights are immutable after Create().
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_LLAMA_MODEL_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_LLAMA_MODEL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/cuda/gemm_cuda.h"
+#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/cuda/paged_attention_cuda.h"
+#include "kernels/cuda/paged_prefill_cuda.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+
+enum class ActDtype { kBf16, kFp16 };
+const char* ActDtypeName(ActDtype dtype);
+
+// One step's metadata, all DEVICE pointers (T tokens, S sequences, R logit rows).
+struct DeviceStep {
+  const int32_t* token_ids = nullptr;     // [T]
+  const int64_t* positions = nullptr;     // [T]
+  const int64_t* slot_mapping = nullptr;  // [T]; -1 = do not write
+  const int32_t* logit_rows = nullptr;    // [R], indices into [0, T)
+  kernels::AttentionBatch attention;      // device query_start_loc / seq_lens / block_tables
+  int64_t num_tokens = 0;                 // T
+  int64_t num_logit_rows = 0;             // R
+};
+
+// The attention kernel of one step, planned once and shared by every layer: the split-KV
+// decode kernel (decode, speculative verification, graph-captured steps), or the tensor-core
+// prefill kernel for steps with long query runs.
+struct StepAttentionPlan {
+  bool use_prefill = false;
+  kernels::cuda::PagedAttentionPlan decode;
+  kernels::cuda::PagedPrefillPlan prefill;
+  int64_t workspace_bytes() const {
+    return use_prefill ? prefill.workspace_bytes : decode.workspace_bytes;
+  }
+};
+
+struct CudaModelOptions {
+  ActDtype dtype = ActDtype::kBf16;
+  // Buffers are sized once for these bounds.
+  int64_t max_tokens = 2048;     // T per step
+  int64_t max_logit_rows = 256;  // R per step
+  // Random weights generated on the device (--load_format=dummy): N(0, 0.02^2) matrices,
+  // 1 + N(0, 0.02^2) norm weights, keyed by (seed, tensor). The host weights must be empty.
+  std::optional<uint64_t> dummy_seed;
+};
+
+class CudaLlamaModel {
+ public:
+  // Uploads `weights` (fp32 host, freed tensor by tensor as they are uploaded) converted on the
+  // device to options.dtype, or generates dummy weights. INVALID_ARGUMENT for a config the
+  // kernels cannot run (head_dim, alignment) or weights that do not match it.
+  static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> Create(const ModelConfig& config,
+                                                                ModelWeights weights,
+                                                                const CudaModelOptions& options,
+                                                                cudaStream_t stream);
+  ~CudaLlamaModel();
+
+  kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
+  kernels::cuda::KvDtype kv_dtype() const;
+
+  // Enqueues the forward over `step` on `stream`: writes new K/V into `cache`, and fp32 logits
+  // [R, vocab] into logits(). `plan` must be planned for this step's bounds; `attn_workspace`
+  // holds plan.workspace_bytes(). Requires T <= max_tokens, R <= max_logit_rows.
+  absl::Status Forward(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                       const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
+
+  // GEMM plans for m <= max_m first used from now on are chosen by timing (CublasLtGemm::
+  // set_autotune_max_m); the runner enables it for its padded decode sizes only.
+  void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+
+  const float* logits() const { return logits_.get<float>(); }
+  const ModelConfig& config() const { return config_; }
+  const CudaModelOptions& options() const { return options_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    DeviceBuffer input_layernorm, qkv_proj, qkv_bias, o_proj, o_bias, post_attention_layernorm,
+        gate_up_proj, gate_up_bias, down_proj, down_bias;
+  };
+  CudaLlamaModel(const ModelConfig& config, const CudaModelOptions& options);
+  template <typename T>
+  absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                        const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
+  absl::Status Upload(ModelWeights weights, cudaStream_t stream);
+  absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
+  absl::Status AllocateActivations();
+
+  const ModelConfig config_;
+  const CudaModelOptions options_;
+  std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
+  DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied
+  std::vector<Layer> layers_;
+  DeviceBuffer inv_freq_;  // [head_dim / 2] fp32
+  // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
+  DeviceBuffer hidden_, residual_, qkv_, q_, attn_, gate_up_, act_, last_, logits_;
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_LLAMA_MODEL_H_

@@ -1,0 +1,401 @@
+#include "runtime/cuda/cuda_model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/sampling_cuda.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+namespace kc = ::tandem::kernels::cuda;
+
+int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
+
+const std::vector<int64_t>& DefaultGraphSizes() {
+  static const std::vector<int64_t> kSizes = {1,  2,  4,   8,   16,  24,  32, 48,
+                                              64, 96, 128, 160, 192, 224, 256};
+  return kSizes;
+}
+
+}  // namespace
+
+ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
+  ExecutorFactory factory;
+  factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
+  factory.kv_elem_bytes = 2;
+  factory.accepts_external_pool = false;
+  factory.create = [config](
+                       const ExecutorSpec& spec,
+                       ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                     CudaModelRunner::Create(config, spec, std::move(weights)));
+    return std::unique_ptr<ModelExecutor>(std::move(runner));
+  };
+  factory.default_kv_cache_bytes = [config](const ModelConfig& model) -> absl::StatusOr<int64_t> {
+    if (!(config.gpu_memory_utilization > 0.0 && config.gpu_memory_utilization <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpu_memory_utilization ", config.gpu_memory_utilization, " not in (0, 1]"));
+    }
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(config.device));
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const int64_t weights = model.NumParameters() * 2;
+    const int64_t reserve = int64_t{2} << 30;
+    const int64_t budget =
+        static_cast<int64_t>(static_cast<double>(free_bytes) * config.gpu_memory_utilization) -
+        weights - reserve;
+    if (budget <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no room for a KV cache: ", free_bytes, " bytes free x ", config.gpu_memory_utilization,
+          " minus ", weights, " bytes of weights and a ", reserve, "-byte reserve"));
+    }
+    return budget;
+  };
+  return factory;
+}
+
+CudaModelRunner::CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec)
+    : config_(config), spec_(spec) {}
+
+CudaModelRunner::~CudaModelRunner() {
+  for (auto& [size, exec] : graphs_) cudaGraphExecDestroy(exec);
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    const CudaBackendConfig& config, const ExecutorSpec& spec, ModelWeights weights) {
+  if (spec.kv_pool != nullptr) {
+    return absl::InvalidArgumentError("the CUDA backend allocates its own device KV pool");
+  }
+  if (spec.num_blocks <= 0 || spec.block_size <= 0 || spec.max_num_batched_tokens <= 0 ||
+      spec.max_num_seqs <= 0 || spec.max_model_len <= 0) {
+    return absl::InvalidArgumentError("CudaModelRunner: non-positive bounds in ExecutorSpec");
+  }
+  std::unique_ptr<CudaModelRunner> r(new CudaModelRunner(config, spec));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(config.device));
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&r->num_sms_, cudaDevAttrMultiProcessorCount, config.device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r->stream_, cudaStreamNonBlocking));
+
+  // Graph sizes: sorted, unique, within max_num_seqs and max_num_batched_tokens.
+  const int64_t seq_cap = std::min(spec.max_num_seqs, spec.max_num_batched_tokens);
+  {
+    // Padded decode uses these sizes with or without graphs (identical numerics either way).
+    std::vector<int64_t> sizes =
+        config.graph_batch_sizes.empty() ? DefaultGraphSizes() : config.graph_batch_sizes;
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    for (int64_t s : sizes) {
+      if (s <= 0) return absl::InvalidArgumentError("graph batch sizes must be positive");
+      if (s <= seq_cap) r->graph_sizes_.push_back(s);
+    }
+  }
+  r->max_seqs_ = spec.max_num_seqs;
+  r->max_tokens_ = std::max(spec.max_num_batched_tokens,
+                            r->graph_sizes_.empty() ? int64_t{1} : r->graph_sizes_.back());
+  r->max_rows_ =
+      std::max(r->max_seqs_, r->graph_sizes_.empty() ? int64_t{1} : r->graph_sizes_.back());
+  r->max_blocks_per_seq_ = (spec.max_model_len + spec.block_size - 1) / spec.block_size;
+
+  CudaModelOptions options;
+  options.dtype = config.dtype;
+  options.max_tokens = r->max_tokens_;
+  options.max_logit_rows = r->max_rows_;
+  options.dummy_seed = config.dummy_seed;
+  ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
+                                                     r->stream_));
+
+  // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
+  const kernels::KvCacheLayout layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
+  RETURN_IF_ERROR(layout.Validate());
+  ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(layout.TotalElems() * 2, "KV pool"));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
+  r->cache_.data = r->pool_.data();
+  r->cache_.layout = layout;
+  r->cache_.dtype = r->model_->kv_dtype();
+  RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
+
+  // Packed metadata: small arrays first, block tables last (copied up to the used rows).
+  MetaLayout& m = r->meta_;
+  int64_t off = 0;
+  auto take = [&off](int64_t bytes) {
+    const int64_t at = off;
+    off = Align16(off + bytes);
+    return at;
+  };
+  m.token_ids = take(r->max_tokens_ * 4);
+  m.positions = take(r->max_tokens_ * 8);
+  m.slot_mapping = take(r->max_tokens_ * 8);
+  const int64_t seqs_cap = std::max(r->max_seqs_, r->max_rows_);
+  m.query_start_loc = take((seqs_cap + 1) * 4);
+  m.seq_lens = take(seqs_cap * 4);
+  m.logit_rows = take(r->max_rows_ * 4);
+  m.sampling_rows = take(r->max_rows_ * static_cast<int64_t>(sizeof(kc::DeviceSamplingRow)));
+  m.block_tables = take(seqs_cap * r->max_blocks_per_seq_ * 4);
+  m.total = off;
+  ASSIGN_OR_RETURN(r->meta_host_, PinnedBuffer::Allocate(m.total, "step metadata (host)"));
+  ASSIGN_OR_RETURN(r->meta_dev_, DeviceBuffer::Allocate(m.total, "step metadata"));
+  std::memset(r->meta_host_.data(), 0, m.total);
+  ASSIGN_OR_RETURN(r->sample_workspace_,
+                   DeviceBuffer::Allocate(
+                       kc::SampleTokensWorkspaceBytes(r->max_rows_, spec.model_config.vocab_size),
+                       "sampling workspace"));
+  ASSIGN_OR_RETURN(r->sampled_dev_, DeviceBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
+  ASSIGN_OR_RETURN(r->sampled_host_, PinnedBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
+  return r;
+}
+
+int64_t CudaModelRunner::GraphSizeFor(int64_t num_seqs) const {
+  for (int64_t s : graph_sizes_) {
+    if (s >= num_seqs) return s;
+  }
+  return 0;
+}
+
+DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_seqs,
+                                 int64_t* max_q_len, int64_t* max_seq_len, int64_t* copy_bytes) {
+  char* base = meta_host_.get<char>();
+  auto* token_ids = reinterpret_cast<int32_t*>(base + meta_.token_ids);
+  auto* positions = reinterpret_cast<int64_t*>(base + meta_.positions);
+  auto* slots = reinterpret_cast<int64_t*>(base + meta_.slot_mapping);
+  auto* qsl = reinterpret_cast<int32_t*>(base + meta_.query_start_loc);
+  auto* seq_lens = reinterpret_cast<int32_t*>(base + meta_.seq_lens);
+  auto* logit_rows = reinterpret_cast<int32_t*>(base + meta_.logit_rows);
+  auto* rows = reinterpret_cast<kc::DeviceSamplingRow*>(base + meta_.sampling_rows);
+  auto* tables = reinterpret_cast<int32_t*>(base + meta_.block_tables);
+  const int64_t bs = spec_.block_size;
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  int64_t t = 0, r = 0;
+  *max_q_len = 1;
+  *max_seq_len = 1;
+  qsl[0] = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const ScheduledSeq& seq = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    for (int64_t j = 0; j < n; ++j, ++t) {
+      const int64_t pos = seq.num_computed_tokens + j;
+      token_ids[t] = seq.new_tokens[j];
+      positions[t] = pos;
+      slots[t] = int64_t{seq.block_table[pos / bs]} * bs + pos % bs;
+    }
+    qsl[s + 1] = static_cast<int32_t>(t);
+    seq_lens[s] = static_cast<int32_t>(seq.num_computed_tokens + n);
+    *max_q_len = std::max(*max_q_len, n);
+    *max_seq_len = std::max<int64_t>(*max_seq_len, seq_lens[s]);
+    std::copy(seq.block_table.begin(), seq.block_table.end(), tables + s * max_blocks_per_seq_);
+    // A padded decode step computes logits for every row (the graph's shape is fixed).
+    if (padded_seqs > 0 || seq.samples || seq.capture_prompt_logits) {
+      logit_rows[r] = static_cast<int32_t>(t - 1);
+      kc::DeviceSamplingRow& row = rows[r];
+      row.temperature = seq.sampling.temperature;
+      row.top_k = seq.sampling.top_k;
+      row.top_p = seq.sampling.top_p;
+      row.seed = seq.sampling.seed;
+      row.step = static_cast<uint64_t>(seq.sample_step);
+      ++r;
+    }
+  }
+  int64_t num_seqs = S;
+  if (padded_seqs > 0) {
+    // Padding sequences: q_len 0, nothing read or written; their greedy rows are ignored.
+    for (int64_t s = S; s < padded_seqs; ++s, ++t, ++r) {
+      token_ids[t] = 0;
+      positions[t] = 0;
+      slots[t] = -1;
+      qsl[s + 1] = static_cast<int32_t>(S);
+      seq_lens[s] = 0;
+      logit_rows[r] = static_cast<int32_t>(S > 0 ? S - 1 : 0);
+      rows[r] = kc::DeviceSamplingRow{};
+    }
+    num_seqs = padded_seqs;
+    // Rows of q/out beyond qsl[S] are padding; T stays the padded size for fixed shapes.
+  }
+  *copy_bytes = meta_.block_tables + num_seqs * max_blocks_per_seq_ * 4;
+
+  const char* dev = meta_dev_.get<char>();
+  DeviceStep step;
+  step.token_ids = reinterpret_cast<const int32_t*>(dev + meta_.token_ids);
+  step.positions = reinterpret_cast<const int64_t*>(dev + meta_.positions);
+  step.slot_mapping = reinterpret_cast<const int64_t*>(dev + meta_.slot_mapping);
+  step.logit_rows = reinterpret_cast<const int32_t*>(dev + meta_.logit_rows);
+  step.attention.query_start_loc = reinterpret_cast<const int32_t*>(dev + meta_.query_start_loc);
+  step.attention.seq_lens = reinterpret_cast<const int32_t*>(dev + meta_.seq_lens);
+  step.attention.block_tables = reinterpret_cast<const int32_t*>(dev + meta_.block_tables);
+  step.attention.num_seqs = num_seqs;
+  step.attention.max_blocks_per_seq = max_blocks_per_seq_;
+  step.num_tokens = padded_seqs > 0 ? padded_seqs : t;
+  step.num_logit_rows = r;
+  return step;
+}
+
+absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_t num_tokens,
+                                                        int64_t max_q_len, int64_t max_seq_len,
+                                                        bool allow_prefill) const {
+  const ModelConfig& m = spec_.model_config;
+  StepAttentionPlan plan;
+  const bool prefill_head_dim = m.head_dim == 64 || m.head_dim == 128 || m.head_dim == 256;
+  if (allow_prefill && max_q_len >= kPrefillMinQLen && prefill_head_dim) {
+    kc::PagedPrefillPlanInput in;
+    in.num_seqs = num_seqs;
+    in.num_tokens = num_tokens;
+    in.max_q_len = max_q_len;
+    in.max_seq_len = max_seq_len;
+    in.num_q_heads = m.num_attention_heads;
+    in.num_kv_heads = m.num_key_value_heads;
+    in.head_dim = m.head_dim;
+    in.kv_dtype = cache_.dtype;
+    in.num_sms = num_sms_;
+    in.allow_wgmma = config_.prefill_allow_wgmma;
+    ASSIGN_OR_RETURN(plan.prefill, kc::PlanPagedPrefill(in));
+    plan.use_prefill = true;
+    return plan;
+  }
+  kc::PagedAttentionPlanInput in;
+  in.num_seqs = num_seqs;
+  in.num_tokens = num_tokens;
+  in.max_q_len = max_q_len;
+  in.max_seq_len = max_seq_len;
+  in.num_q_heads = m.num_attention_heads;
+  in.num_kv_heads = m.num_key_value_heads;
+  in.head_dim = m.head_dim;
+  in.kv_dtype = cache_.dtype;
+  in.num_sms = num_sms_;
+  ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
+  return plan;
+}
+
+absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
+  if (bytes <= attn_workspace_.bytes()) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  attn_workspace_.Reset();
+  ASSIGN_OR_RETURN(attn_workspace_, DeviceBuffer::Allocate(bytes, "attention workspace"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Enqueue(const DeviceStep& step, const StepAttentionPlan& plan) {
+  RETURN_IF_ERROR(model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_));
+  if (step.num_logit_rows == 0) return absl::OkStatus();
+  const char* dev = meta_dev_.get<char>();
+  return kc::SampleTokens(model_->logits(), step.num_logit_rows, spec_.model_config.vocab_size,
+                          reinterpret_cast<const kc::DeviceSamplingRow*>(dev + meta_.sampling_rows),
+                          sampled_dev_.get<int32_t>(), sample_workspace_.data(),
+                          sample_workspace_.bytes(), stream_);
+}
+
+absl::StatusOr<cudaGraphExec_t> CudaModelRunner::GraphFor(const DeviceStep& step,
+                                                          const StepAttentionPlan& plan) {
+  const int64_t size = step.attention.num_seqs;
+  auto it = graphs_.find(size);
+  if (it != graphs_.end()) return it->second;
+  // One eager run first: cuBLASLt picks and caches its algorithms for these shapes outside the
+  // capture (it must not allocate or query inside it). Re-running the step from the graph is
+  // idempotent: the same K/V are written to the same slots and the same tokens sampled.
+  RETURN_IF_ERROR(Enqueue(step, plan));
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = Enqueue(step, plan);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (!enqueued.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return enqueued;
+  }
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(inst);
+  graphs_[size] = exec;
+  ++stats_.graphs_captured;
+  return exec;
+}
+
+absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(config_.device));
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  RunnerOutput out;
+  out.sampled_tokens.assign(S, -1);
+  out.last_prompt_logits.resize(S);
+  if (S == 0) return out;
+  if (S > max_seqs_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", S, " sequences, the runner was sized for ", max_seqs_));
+  }
+  int64_t total_tokens = 0;
+  bool decode = true;
+  for (const ScheduledSeq& seq : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    total_tokens += n;
+    decode = decode && n == 1;
+    if (static_cast<int64_t>(seq.block_table.size()) > max_blocks_per_seq_) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", seq.request_id, " has ",
+                                                     seq.block_table.size(),
+                                                     " blocks, more than max_model_len allows"));
+    }
+  }
+  if (total_tokens == 0 || total_tokens > max_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", total_tokens, " tokens; the runner takes 1..", max_tokens_));
+  }
+  const int64_t padded = decode ? GraphSizeFor(S) : 0;
+  int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
+  const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_dev_.data(), meta_host_.data(), copy_bytes,
+                                       cudaMemcpyHostToDevice, stream_));
+  // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before
+  // any graph capture); prefill sizes vary too much.
+  model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
+  if (padded > 0) {
+    // Fixed plan for the padded size: the grid must not depend on this step's lengths.
+    ASSIGN_OR_RETURN(StepAttentionPlan plan,
+                     Plan(padded, padded, 1, spec_.max_model_len, /*allow_prefill=*/false));
+    RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
+    ++stats_.padded_steps;
+    if (config_.enable_cuda_graphs) {
+      ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan));
+      CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
+      ++stats_.graph_steps;
+    } else {
+      RETURN_IF_ERROR(Enqueue(step, plan));
+    }
+  } else {
+    ASSIGN_OR_RETURN(StepAttentionPlan plan,
+                     Plan(S, total_tokens, max_q_len, max_seq_len, config_.use_prefill_kernel));
+    RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
+    RETURN_IF_ERROR(Enqueue(step, plan));
+    ++stats_.eager_steps;
+  }
+  const int64_t R = step.num_logit_rows;
+  if (R > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampled_host_.data(), sampled_dev_.data(), R * 4,
+                                         cudaMemcpyDeviceToHost, stream_));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  // Row r belongs to the r-th sequence that has a row (every sequence when padded).
+  const int64_t vocab = spec_.model_config.vocab_size;
+  int64_t r = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const ScheduledSeq& seq = batch.seqs[s];
+    if (padded == 0 && !seq.samples && !seq.capture_prompt_logits) continue;
+    if (seq.samples) out.sampled_tokens[s] = sampled_host_.get<int32_t>()[r];
+    if (seq.capture_prompt_logits) {
+      std::vector<float>& logits = out.last_prompt_logits[s];
+      logits.resize(vocab);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data(), model_->logits() + r * vocab,
+                                      vocab * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    ++r;
+  }
+  return out;
+}
+
+}  // namespace tandem::runtime::cuda

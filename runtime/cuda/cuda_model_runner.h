@@ -1,0 +1,130 @@
+// The CUDA backend's ModelExecutor: owns the device KV pool, the model, one compute stream and
+// the per-step metadata buffers; runs one scheduled step per Run().
+//
+// Per step: the batch metadata (token ids, positions, slot mapping, query_start_loc, seq_lens,
+// block tables with a fixed stride, logit rows, sampling rows) is packed into one pinned buffer
+// and copied with ONE host-to-device copy; the attention plan is built once and shared by every
+// layer; sampling runs on the device; only the sampled tokens (and captured prompt logits)
+// come back.
+//
+// Decode steps (every sequence has exactly one new token, at most the largest graph size) are
+// padded to the nearest graph batch size (padding sequences have q_len 0 and slot -1, so they
+// read and write nothing) and run as a CUDA graph captured on first use for that size. With
+// graphs disabled the same padded step runs eagerly, so graph-captured and uncaptured decode
+// compute bit-identical logits.
+//
+// Errors: every launch is checked; a CUDA error fails the step with its converted Status.
+// Thread safety: not thread-safe; called from the engine's step loop. The device is made
+// current on the calling thread in Run().
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_MODEL_RUNNER_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_MODEL_RUNNER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/cuda/paged_attention_cuda.h"
+#include "runtime/cuda/cuda_llama_model.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/engine/model_executor.h"
+
+namespace tandem::runtime::cuda {
+
+struct CudaBackendConfig {
+  int device = 0;
+  ActDtype dtype = ActDtype::kBf16;
+  // Used when EngineConfig::kv_cache_bytes is 0: the KV pool takes this fraction of the
+  // device's free memory, minus the weights and a 2 GiB activation/workspace reserve.
+  double gpu_memory_utilization = 0.9;
+  bool enable_cuda_graphs = true;
+  // Time cuBLASLt's candidate algorithms once per padded decode size (CublasLtGemm::
+  // set_autotune_max_m). The choice depends on timings, so two processes may pick different
+  // algorithms (and round differently); false: cuBLASLt's first heuristic choice, reproducible.
+  bool gemm_autotune = true;
+  // Steps with a query run of >= kPrefillMinQLen tokens use the tensor-core prefill kernel
+  // (head_dim 64/128/256); false: the decode kernel serves every step (comparisons).
+  bool use_prefill_kernel = true;
+  // The prefill kernel's Hopper (wgmma) variant for head_dim 64/128; false: its mma.sync one.
+  // Off by default: in the engine (8 q / 2 kv heads, d128, varlen prompts of 1-70 tokens) the
+  // wgmma variant hung on the H200 while the mma.sync one passed; see kernels/cuda/README.md.
+  bool prefill_allow_wgmma = false;
+  // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
+  // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
+  std::vector<int64_t> graph_batch_sizes;
+  // Random weights generated on the device (the engine is then given empty host weights).
+  std::optional<uint64_t> dummy_seed;
+};
+
+// The CUDA backend for Engine::Create. The KV pool is device memory in the activation dtype
+// (kv_elem_bytes 2); external (host) pools are not accepted.
+ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config);
+
+class CudaModelRunner : public ModelExecutor {
+ public:
+  static constexpr int64_t kPrefillMinQLen = 16;
+
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(const CudaBackendConfig& config,
+                                                                 const ExecutorSpec& spec,
+                                                                 ModelWeights weights);
+  ~CudaModelRunner() override;
+
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
+  void* kv_pool_data() override { return pool_.data(); }
+  int64_t kv_pool_bytes() const override { return pool_.bytes(); }
+  bool pool_on_device() const override { return true; }
+
+  ExecutorStats stats() const override { return stats_; }
+  const CudaLlamaModel& model() const { return *model_; }
+
+ private:
+  // Byte offsets of the packed metadata arrays (capacities fixed at creation).
+  struct MetaLayout {
+    int64_t token_ids, positions, slot_mapping, query_start_loc, seq_lens, logit_rows,
+        sampling_rows, block_tables, total;
+  };
+  CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec);
+
+  // Packs `batch` (padded to `padded_seqs` decode sequences when > 0) into the pinned buffer.
+  // Returns the host-side step description (device pointers into meta_dev_).
+  DeviceStep Pack(const SchedulerOutput& batch, int64_t padded_seqs, int64_t* max_q_len,
+                  int64_t* max_seq_len, int64_t* copy_bytes);
+  // The decode kernel's plan, or the prefill kernel's when max_q_len >= kPrefillMinQLen and the
+  // head_dim has a prefill kernel (never for graph steps: allow_prefill = false).
+  absl::StatusOr<StepAttentionPlan> Plan(int64_t num_seqs, int64_t num_tokens, int64_t max_q_len,
+                                         int64_t max_seq_len, bool allow_prefill) const;
+  absl::Status EnsureAttnWorkspace(int64_t bytes);
+  // Enqueues forward + sampling for `step` (what a graph captures).
+  absl::Status Enqueue(const DeviceStep& step, const StepAttentionPlan& plan);
+  // The graph of a padded decode step of step.attention.num_seqs sequences, captured on first
+  // use (the metadata for `step` must already be on the device).
+  absl::StatusOr<cudaGraphExec_t> GraphFor(const DeviceStep& step, const StepAttentionPlan& plan);
+  int64_t GraphSizeFor(int64_t num_seqs) const;
+
+  const CudaBackendConfig config_;
+  const ExecutorSpec spec_;
+  int64_t max_blocks_per_seq_ = 0;  // block-table stride: ceil(max_model_len / block_size)
+  int64_t max_tokens_ = 0, max_seqs_ = 0, max_rows_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaLlamaModel> model_;
+  DeviceBuffer pool_;
+  kernels::cuda::DeviceKvCache cache_;
+  MetaLayout meta_{};
+  PinnedBuffer meta_host_;
+  DeviceBuffer meta_dev_;
+  DeviceBuffer attn_workspace_, sample_workspace_, sampled_dev_;
+  PinnedBuffer sampled_host_;
+  std::vector<int64_t> graph_sizes_;
+  std::map<int64_t, cudaGraphExec_t> graphs_;
+  ExecutorStats stats_;
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_MODEL_RUNNER_H_

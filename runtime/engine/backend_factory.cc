@@ -1,0 +1,51 @@
+#include "runtime/engine/backend_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/engine/model_runner.h"
+#if defined(TANDEM_WITH_CUDA)
+#include "runtime/cuda/cuda_model_runner.h"
+#endif
+
+namespace tandem::runtime {
+
+bool CudaBackendAvailable() {
+#if defined(TANDEM_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
+                                                    const ModelConfig& model) {
+  if (options.backend == "cpu") {
+    if (options.num_threads <= 0) return absl::InvalidArgumentError("num_threads must be > 0");
+    return CpuExecutorFactory(options.num_threads);
+  }
+  if (options.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend must be cpu or cuda, got '", options.backend, "'"));
+  }
+  if (options.dtype != "auto" && options.dtype != "bf16" && options.dtype != "fp16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be auto, bf16 or fp16, got '", options.dtype, "'"));
+  }
+#if defined(TANDEM_WITH_CUDA)
+  cuda::CudaBackendConfig config;
+  config.device = options.device;
+  const bool fp16 =
+      options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
+  config.dtype = fp16 ? cuda::ActDtype::kFp16 : cuda::ActDtype::kBf16;
+  config.gpu_memory_utilization = options.gpu_memory_utilization;
+  config.enable_cuda_graphs = options.cuda_graphs;
+  config.dummy_seed = options.dummy_seed;
+  return cuda::CudaExecutorFactory(config);
+#else
+  (void)model;
+  return absl::UnimplementedError(
+      "--backend=cuda: this binary was built without the CUDA toolkit (CPU-only build); "
+      "rebuild on a machine with CUDA or use --backend=cpu");
+#endif
+}
+
+}  // namespace tandem::runtime

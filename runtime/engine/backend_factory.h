@@ -1,0 +1,37 @@
+// Picks the engine's backend from command-line style options: "cpu" (always built) or "cuda"
+// (built when the CUDA toolkit was found; otherwise a clear UNIMPLEMENTED error).
+// Shared by //runtime:generate and //runtime:tandem_worker.
+#ifndef TANDEM_RUNTIME_ENGINE_BACKEND_FACTORY_H_
+#define TANDEM_RUNTIME_ENGINE_BACKEND_FACTORY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/model_executor.h"
+
+namespace tandem::runtime {
+
+struct BackendOptions {
+  std::string backend = "cpu";  // "cpu" | "cuda"
+  int num_threads = 2;          // cpu
+  int device = 0;               // cuda: device ordinal
+  std::string dtype = "auto";   // cuda: "bf16", "fp16", or "auto" (fp16 for f16 checkpoints,
+                                // else bf16)
+  double gpu_memory_utilization = 0.9;  // cuda, with kv_cache_bytes = 0
+  bool cuda_graphs = true;              // cuda
+  std::optional<uint64_t> dummy_seed;   // cuda: generate dummy weights on the device
+};
+
+// True when this binary was built with the CUDA backend.
+bool CudaBackendAvailable();
+
+// INVALID_ARGUMENT for an unknown backend or dtype; UNIMPLEMENTED for "cuda" in a CPU-only build.
+// `model` picks the "auto" dtype.
+absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
+                                                    const ModelConfig& model);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_BACKEND_FACTORY_H_

@@ -1,0 +1,83 @@
+// The engine's view of a backend: something that runs one scheduled step on a KV pool it owns
+// (or was given) and returns sampled tokens. The CPU backend (ModelRunner) and the CUDA backend
+// (runtime/cuda: CudaModelRunner) implement it; the engine and scheduler are shared.
+//
+// Thread safety: executors are not thread-safe; the engine calls them from its step loop.
+#ifndef TANDEM_RUNTIME_ENGINE_MODEL_EXECUTOR_H_
+#define TANDEM_RUNTIME_ENGINE_MODEL_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/scheduler.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+
+struct RunnerOutput {
+  std::vector<int32_t> sampled_tokens;                 // [num seqs]; -1 where not sampling
+  std::vector<std::vector<float>> last_prompt_logits;  // [num seqs]; filled where captured
+};
+
+// Counters for tests and benchmarks (backends fill what applies).
+struct ExecutorStats {
+  int64_t graph_steps = 0;   // steps replayed from a CUDA graph
+  int64_t padded_steps = 0;  // decode steps run padded to a graph batch size (graph or eager)
+  int64_t eager_steps = 0;   // other steps
+  int64_t graphs_captured = 0;
+};
+
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+
+  // Runs the model over the step's new tokens (writing their K/V into the pool) and samples
+  // where batch.seqs[i].samples.
+  virtual absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) = 0;
+
+  // The KV pool (block-major [blocks][layers][2][block_size][kv_heads][head_dim]), for
+  // registering with a transfer agent; device memory when pool_on_device().
+  virtual void* kv_pool_data() = 0;
+  virtual int64_t kv_pool_bytes() const = 0;
+  virtual bool pool_on_device() const { return false; }
+  virtual ExecutorStats stats() const { return {}; }
+};
+
+// Everything a backend needs to build its executor. `kv_pool` is memory for the pool from the
+// engine's KvPoolAllocator (kv_pool_bytes of it, see ExecutorFactory::kv_elem_bytes), or null:
+// the executor allocates it.
+struct ExecutorSpec {
+  ModelConfig model_config;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  void* kv_pool = nullptr;
+  // The scheduler's bounds (EngineConfig), so a backend can size buffers once.
+  int64_t max_num_batched_tokens = 0;
+  int64_t max_num_seqs = 0;
+  int64_t max_model_len = 0;
+};
+
+// A backend: the size of one KV element (so the engine can turn a byte budget into blocks) and
+// how to build an executor. Made by CpuExecutorFactory (model_runner.h) or
+// CudaExecutorFactory (runtime/cuda/cuda_backend.h).
+struct ExecutorFactory {
+  std::string name = "cpu";
+  int64_t kv_elem_bytes = 4;
+  // The KvPoolAllocator may provide the pool only for host-memory backends.
+  bool accepts_external_pool = true;
+  std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(const ExecutorSpec& spec,
+                                                               ModelWeights weights)>
+      create;
+  // Used when EngineConfig::kv_cache_bytes is 0: the backend's own budget (e.g. a fraction of
+  // free GPU memory after the weights). Null: a budget of 0 is an error.
+  std::function<absl::StatusOr<int64_t>(const ModelConfig&)> default_kv_cache_bytes;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_MODEL_EXECUTOR_H_
