@@ -25,15 +25,7 @@ namespace {
 using cuda_test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-uint32_t TestSeed() {
-  uint32_t seed = std::random_device{}();
-  if (const char* env = std::getenv("TANDEM_TEST_SEED"); env != nullptr && *env != '\0') {
-    seed = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  }
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  std::cout << "seed=" << seed << " (replay with TANDEM_TEST_SEED=" << seed << ")\n";
-  return seed;
-}
+using cuda_test::TestSeed;
 
 template <typename T>
 uint16_t Bits(T x) {

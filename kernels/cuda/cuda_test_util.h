@@ -9,7 +9,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +22,18 @@
 namespace tandem::kernels::cuda_test {
 
 #define TANDEM_CUDA_CHECK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A fresh seed per test (std::random_device), or TANDEM_TEST_SEED to replay one; printed and
+// recorded as a test property so a failure names it.
+inline uint32_t TestSeed() {
+  uint32_t seed = std::random_device{}();
+  if (const char* env = std::getenv("TANDEM_TEST_SEED"); env != nullptr && *env != '\0') {
+    seed = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  }
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  std::cout << "seed=" << seed << " (replay with TANDEM_TEST_SEED=" << seed << ")\n";
+  return seed;
+}
 
 // Owned device allocation of n elements of T (cudaMalloc: 256-byte aligned).
 template <typename T>

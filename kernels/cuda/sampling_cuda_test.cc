@@ -36,15 +36,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kMarginTolerance = 1e-9;
 
-uint32_t TestSeed() {
-  uint32_t seed = std::random_device{}();
-  if (const char* env = std::getenv("TANDEM_TEST_SEED"); env != nullptr && *env != '\0') {
-    seed = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  }
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  std::cout << "seed=" << seed << " (replay with TANDEM_TEST_SEED=" << seed << ")\n";
-  return seed;
-}
+using cuda_test::TestSeed;
 
 struct RefResult {
   int32_t token;
