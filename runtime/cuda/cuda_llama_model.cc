@@ -14,7 +14,7 @@
 #include "kernels/cuda/convert_cuda.h"
 #include "kernels/cuda/gemv_cuda.h"
 #include "kernels/cuda/layers_cuda.h"
-#include "kernels/cuda/reshape_and_cache_cuda.h"
+#include "kernels/cuda/rope_cache_cuda.h"
 #include "kernels/layers/rope.h"
 #include "runtime/cuda/dummy_init.h"
 
@@ -322,14 +322,10 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     }
     RETURN_IF_ERROR(
         Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv, stream));
-    RETURN_IF_ERROR(kc::ApplyRope<T>(step.positions, Tn, inv_freq_.get<float>(), D, qkv, Hq,
-                                     qkv + q_dim, Hk, stream, qkv_dim, qkv_dim));
-    RETURN_IF_ERROR(kc::ReshapeAndCache<T>(qkv + q_dim, qkv + q_dim + kv_dim, step.slot_mapping, Tn,
-                                           l, cache, stream, qkv_dim, qkv_dim));
-    // Attention reads a dense q: [T, Hq, D].
-    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(Ptr<T>(q_), q_dim * sizeof(T), qkv, qkv_dim * sizeof(T),
-                                           q_dim * sizeof(T), Tn, cudaMemcpyDeviceToDevice,
-                                           stream));
+    // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
+    RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
+                                          inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
+                                          stream));
     if (plan.use_prefill) {
       RETURN_IF_ERROR(kc::PagedPrefillAttention<T>(Ptr<T>(q_), cache, l, step.attention,
                                                    attn_params, plan.prefill, Ptr<T>(attn_),
