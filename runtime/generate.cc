@@ -97,12 +97,9 @@ absl::Status Run() {
   backend.device = absl::GetFlag(FLAGS_device);
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  if (backend.backend == "cuda" && source.load_format == "dummy") {
-    source.dummy_weights_on_backend = true;  // generated on the device
-    backend.dummy_seed = source.dummy_seed;
-  }
-  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
-  ASSIGN_OR_RETURN(const ExecutorFactory factory, MakeExecutorFactory(backend, model.config));
+  ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(source, backend));
+  LoadedModel& model = loaded.model;
+  const ExecutorFactory& factory = loaded.factory;
   ModelConfig config = model.config;
   ModelWeights weights = std::move(model.weights);
 

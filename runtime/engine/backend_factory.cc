@@ -1,6 +1,7 @@
 #include "runtime/engine/backend_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "runtime/engine/model_runner.h"
 #if defined(TANDEM_WITH_CUDA)
 #include "runtime/cuda/cuda_model_runner.h"
@@ -46,6 +47,17 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
       "--backend=cuda: this binary was built without the CUDA toolkit (CPU-only build); "
       "rebuild on a machine with CUDA or use --backend=cpu");
 #endif
+}
+
+absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOptions options) {
+  if (options.backend == "cuda" && source.load_format == "dummy") {
+    source.dummy_weights_on_backend = true;  // generated on the device
+    options.dummy_seed = source.dummy_seed;
+  }
+  BackendModel out;
+  ASSIGN_OR_RETURN(out.model, LoadModel(source));
+  ASSIGN_OR_RETURN(out.factory, MakeExecutorFactory(options, out.model.config));
+  return out;
 }
 
 }  // namespace tandem::runtime

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/engine/model_executor.h"
+#include "runtime/model/model_source.h"
 
 namespace tandem::runtime {
 
@@ -31,6 +32,15 @@ bool CudaBackendAvailable();
 // `model` picks the "auto" dtype.
 absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
                                                     const ModelConfig& model);
+
+// The model and the backend that will run it, as the binaries load them: with --backend=cuda
+// and --load_format=dummy the weights are generated on the device (the host loads the config
+// only). Errors of LoadModel and MakeExecutorFactory.
+struct BackendModel {
+  LoadedModel model;
+  ExecutorFactory factory;
+};
+absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOptions options);
 
 }  // namespace tandem::runtime
 

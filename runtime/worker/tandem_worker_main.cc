@@ -128,12 +128,9 @@ absl::Status Serve() {
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  if (backend.backend == "cuda" && source.load_format == "dummy") {
-    source.dummy_weights_on_backend = true;  // generated on the device
-    backend.dummy_seed = source.dummy_seed;
-  }
-  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(source));
-  ASSIGN_OR_RETURN(const ExecutorFactory factory, MakeExecutorFactory(backend, model.config));
+  ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(source, backend));
+  LoadedModel& model = loaded.model;
+  const ExecutorFactory& factory = loaded.factory;
   EngineConfig engine_config;
   engine_config.block_size = absl::GetFlag(FLAGS_block_size);
   engine_config.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
