@@ -1,0 +1,111 @@
+// Backend selection (--backend / --dtype) and model loading for a backend. Runs without a GPU:
+// building a CUDA factory does not touch the device.
+#include "runtime/engine/backend_factory.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime {
+namespace {
+
+ModelConfig Tiny(WeightDtype dtype = WeightDtype::kF32) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->dtype = dtype;
+  return *config;
+}
+
+TEST(BackendFactoryTest, CpuBackend) {
+  BackendOptions options;
+  options.num_threads = 3;
+  absl::StatusOr<ExecutorFactory> factory = MakeExecutorFactory(options, Tiny());
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  EXPECT_EQ(factory->name, "cpu");
+  EXPECT_EQ(factory->kv_elem_bytes, 4);
+  EXPECT_TRUE(factory->accepts_external_pool);
+  options.num_threads = 0;
+  EXPECT_EQ(MakeExecutorFactory(options, Tiny()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BackendFactoryTest, RejectsUnknownBackendAndDtype) {
+  BackendOptions options;
+  options.backend = "tpu";
+  absl::Status st = MakeExecutorFactory(options, Tiny()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tpu"), absl::string_view::npos) << st;
+  options.backend = "cuda";
+  options.dtype = "fp8";
+  st = MakeExecutorFactory(options, Tiny()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("fp8"), absl::string_view::npos) << st;
+}
+
+TEST(BackendFactoryTest, CudaBackendOrAClearError) {
+  BackendOptions options;
+  options.backend = "cuda";
+  absl::StatusOr<ExecutorFactory> bf16 = MakeExecutorFactory(options, Tiny());
+  if (!CudaBackendAvailable()) {
+    EXPECT_EQ(bf16.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(bf16.status().message().find("--backend=cpu"), absl::string_view::npos);
+    return;
+  }
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->name, "cuda:bf16");  // auto: f32 checkpoints are served in bf16
+  EXPECT_EQ(bf16->kv_elem_bytes, 2);
+  EXPECT_FALSE(bf16->accepts_external_pool);
+  EXPECT_TRUE(static_cast<bool>(bf16->default_kv_cache_bytes));
+  absl::StatusOr<ExecutorFactory> fp16 = MakeExecutorFactory(options, Tiny(WeightDtype::kF16));
+  ASSERT_TRUE(fp16.ok()) << fp16.status();
+  EXPECT_EQ(fp16->name, "cuda:fp16");  // auto: f16 checkpoints stay in fp16
+  options.dtype = "bf16";
+  EXPECT_EQ(MakeExecutorFactory(options, Tiny(WeightDtype::kF16))->name, "cuda:bf16");
+}
+
+TEST(BackendFactoryTest, LoadModelForBackendGeneratesDummyWeightsWhereTheyRun) {
+  ModelSource source;
+  source.load_format = "dummy";
+  source.dummy_config = "tiny";
+  source.dummy_seed = 3;
+  BackendOptions cpu;
+  absl::StatusOr<BackendModel> on_cpu = LoadModelForBackend(source, cpu);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_EQ(on_cpu->factory.name, "cpu");
+  EXPECT_FALSE(on_cpu->model.weights.embed_tokens.empty());
+  EXPECT_EQ(on_cpu->model.model_id, "dummy:tiny:3");
+
+  BackendOptions cuda;
+  cuda.backend = "cuda";
+  absl::StatusOr<BackendModel> on_cuda = LoadModelForBackend(source, cuda);
+  if (!CudaBackendAvailable()) {
+    EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+  // The device generates them: the host loads the config only, and the id says so (a CPU and a
+  // CUDA worker with the same seed hold different weights and must not pair).
+  EXPECT_TRUE(on_cuda->model.weights.embed_tokens.empty());
+  EXPECT_TRUE(on_cuda->model.weights.layers.empty());
+  EXPECT_EQ(on_cuda->model.model_id, "dummy:tiny:3:backend");
+}
+
+TEST(BackendFactoryTest, EngineNeedsABudgetOrABackendDefault) {
+  EngineConfig config;
+  config.kv_cache_bytes = 0;  // the CPU backend has no default budget
+  const ModelConfig model = Tiny();
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(config, model, RandomModelWeights(model, 1));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("cpu"), absl::string_view::npos) << engine.status();
+  ExecutorFactory empty;  // no create(): refused before anything is built
+  config.kv_cache_bytes = int64_t{1} << 20;
+  engine = Engine::Create(config, model, RandomModelWeights(model, 1), {}, &empty);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
