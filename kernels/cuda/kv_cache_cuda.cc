@@ -79,4 +79,57 @@ float Int8QuantizeRow(const float* x, int64_t n, int8_t* q) {
   return scale;
 }
 
+namespace {
+
+template <typename... Args>
+absl::Status InvalidIn(const char* op, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
+}
+
+}  // namespace
+
+absl::Status ValidateAttentionGeometry(const char* op, const DeviceKvCache& cache, int64_t layer,
+                                       const AttentionBatch& batch, int64_t plan_kv_heads,
+                                       int64_t plan_head_dim, KvDtype plan_kv_dtype,
+                                       int64_t plan_num_seqs) {
+  const KvCacheLayout& layout = cache.layout;
+  if (layer < 0 || layer >= layout.num_layers) {
+    return InvalidIn(op, "layer ", layer, " out of range [0, ", layout.num_layers, ")");
+  }
+  if (layout.num_kv_heads != plan_kv_heads || layout.head_dim != plan_head_dim ||
+      cache.dtype != plan_kv_dtype || batch.num_seqs != plan_num_seqs) {
+    return InvalidIn(op, "plan (kv_heads ", plan_kv_heads, ", head_dim ", plan_head_dim, ", ",
+                     KvDtypeName(plan_kv_dtype), ", num_seqs ", plan_num_seqs,
+                     ") does not match the cache/batch (kv_heads ", layout.num_kv_heads,
+                     ", head_dim ", layout.head_dim, ", ", KvDtypeName(cache.dtype), ", num_seqs ",
+                     batch.num_seqs, ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttentionParams(const char* op, const AttentionParams& params) {
+  if (!std::isfinite(params.scale) || params.scale <= 0) {
+    return InvalidIn(op, "scale must be finite and > 0, got ", params.scale);
+  }
+  if (!std::isfinite(params.softcap) || params.softcap < 0) {
+    return InvalidIn(op, "softcap must be finite and >= 0 (0 = off), got ", params.softcap);
+  }
+  if (params.window_left < -1 || params.window_left > (int64_t{1} << 30)) {
+    return InvalidIn(op, "window_left must be in [-1, 2^30], got ", params.window_left);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttentionPointers(const char* op, const void* q, const void* out,
+                                       const AttentionBatch& batch) {
+  if (q == nullptr || out == nullptr || batch.query_start_loc == nullptr ||
+      batch.seq_lens == nullptr || batch.block_tables == nullptr) {
+    return InvalidIn(op, "q, out and the batch's device arrays must be non-null");
+  }
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return InvalidIn(op, "q and out must be 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::kernels::cuda

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention/kv_cache_layout.h"
+#include "kernels/attention/paged_attention.h"
 
 namespace tandem::kernels::cuda {
 
@@ -68,6 +69,22 @@ absl::Status ValidateDeviceKvCache(const DeviceKvCache& cache, const char* op);
 //   otherwise              -> scale = max|x| / 127 (fp32 division),
 //                             q = round-half-even(x / scale) clamped to [-127, 127].
 float Int8QuantizeRow(const float* x, int64_t n, int8_t* q);
+
+// Host-side checks shared by the attention entry points (PagedAttention, PagedPrefillAttention),
+// INVALID_ARGUMENT prefixed with `op`:
+//  * ValidateAttentionGeometry: layer in range; the plan's kv heads / head_dim / KV dtype /
+//    num_seqs match the cache and batch.
+//  * ValidateAttentionParams: scale finite and > 0, softcap finite and >= 0, window_left in
+//    [-1, 2^30].
+//  * ValidateAttentionPointers (only when the step has work): q, out and the batch's device
+//    arrays non-null, q and out 16-byte aligned.
+absl::Status ValidateAttentionGeometry(const char* op, const DeviceKvCache& cache, int64_t layer,
+                                       const AttentionBatch& batch, int64_t plan_kv_heads,
+                                       int64_t plan_head_dim, KvDtype plan_kv_dtype,
+                                       int64_t plan_num_seqs);
+absl::Status ValidateAttentionParams(const char* op, const AttentionParams& params);
+absl::Status ValidateAttentionPointers(const char* op, const void* q, const void* out,
+                                       const AttentionBatch& batch);
 
 }  // namespace tandem::kernels::cuda
 

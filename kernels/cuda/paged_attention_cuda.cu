@@ -132,38 +132,16 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "cuda::PagedAttention"));
   const KvCacheLayout& layout = cache.layout;
   const PagedAttentionPlanInput& in = plan.input;
-  if (layer < 0 || layer >= layout.num_layers) {
-    return Invalid("layer ", layer, " out of range [0, ", layout.num_layers, ")");
-  }
-  if (layout.num_kv_heads != in.num_kv_heads || layout.head_dim != in.head_dim ||
-      cache.dtype != in.kv_dtype || batch.num_seqs != in.num_seqs) {
-    return Invalid("plan (kv_heads ", in.num_kv_heads, ", head_dim ", in.head_dim, ", ",
-                   KvDtypeName(in.kv_dtype), ", num_seqs ", in.num_seqs,
-                   ") does not match the cache/batch (kv_heads ", layout.num_kv_heads,
-                   ", head_dim ", layout.head_dim, ", ", KvDtypeName(cache.dtype), ", num_seqs ",
-                   batch.num_seqs, ")");
-  }
+  RETURN_IF_ERROR(ValidateAttentionGeometry("cuda::PagedAttention", cache, layer, batch,
+                                            in.num_kv_heads, in.head_dim, in.kv_dtype,
+                                            in.num_seqs));
   constexpr KvDtype kOwn = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   if (cache.dtype != kOwn && cache.dtype != KvDtype::kFp8E4m3 && cache.dtype != KvDtype::kInt8) {
     return Invalid(KvDtypeName(cache.dtype), " pool with ", KvDtypeName(kOwn), " activations");
   }
-  if (!std::isfinite(params.scale) || params.scale <= 0) {
-    return Invalid("scale must be finite and > 0, got ", params.scale);
-  }
-  if (!std::isfinite(params.softcap) || params.softcap < 0) {
-    return Invalid("softcap must be finite and >= 0 (0 = off), got ", params.softcap);
-  }
-  if (params.window_left < -1 || params.window_left > (int64_t{1} << 30)) {
-    return Invalid("window_left must be in [-1, 2^30], got ", params.window_left);
-  }
+  RETURN_IF_ERROR(ValidateAttentionParams("cuda::PagedAttention", params));
   if (in.num_seqs == 0 || in.num_tokens == 0) return absl::OkStatus();
-  if (q == nullptr || out == nullptr || batch.query_start_loc == nullptr ||
-      batch.seq_lens == nullptr || batch.block_tables == nullptr) {
-    return Invalid("q, out and the batch's device arrays must be non-null");
-  }
-  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    return Invalid("q and out must be 16-byte aligned");
-  }
+  RETURN_IF_ERROR(ValidateAttentionPointers("cuda::PagedAttention", q, out, batch));
   if (plan.workspace_bytes > 0 && workspace == nullptr) {
     return Invalid("plan needs ", plan.workspace_bytes, " bytes of workspace, got null");
   }

@@ -130,17 +130,9 @@ absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64
   RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "cuda::PagedPrefillAttention"));
   const KvCacheLayout& layout = cache.layout;
   const PagedPrefillPlanInput& in = plan.input;
-  if (layer < 0 || layer >= layout.num_layers) {
-    return Invalid("layer ", layer, " out of range [0, ", layout.num_layers, ")");
-  }
-  if (layout.num_kv_heads != in.num_kv_heads || layout.head_dim != in.head_dim ||
-      cache.dtype != in.kv_dtype || batch.num_seqs != in.num_seqs) {
-    return Invalid("plan (kv_heads ", in.num_kv_heads, ", head_dim ", in.head_dim, ", ",
-                   KvDtypeName(in.kv_dtype), ", num_seqs ", in.num_seqs,
-                   ") does not match the cache/batch (kv_heads ", layout.num_kv_heads,
-                   ", head_dim ", layout.head_dim, ", ", KvDtypeName(cache.dtype), ", num_seqs ",
-                   batch.num_seqs, ")");
-  }
+  RETURN_IF_ERROR(ValidateAttentionGeometry("cuda::PagedPrefillAttention", cache, layer, batch,
+                                            in.num_kv_heads, in.head_dim, in.kv_dtype,
+                                            in.num_seqs));
   constexpr KvDtype kOwn = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   if (cache.dtype != kOwn) {
     return Invalid(KvDtypeName(cache.dtype), " pool with ", KvDtypeName(kOwn),
@@ -149,26 +141,12 @@ absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64
   if (layout.block_size > (int64_t{1} << 30) || in.num_kv_heads * in.head_dim > INT_MAX) {
     return Invalid("block_size or kv row width out of range");
   }
-  if (!std::isfinite(params.scale) || params.scale <= 0) {
-    return Invalid("scale must be finite and > 0, got ", params.scale);
-  }
-  if (!std::isfinite(params.softcap) || params.softcap < 0) {
-    return Invalid("softcap must be finite and >= 0 (0 = off), got ", params.softcap);
-  }
-  if (params.window_left < -1 || params.window_left > (int64_t{1} << 30)) {
-    return Invalid("window_left must be in [-1, 2^30], got ", params.window_left);
-  }
+  RETURN_IF_ERROR(ValidateAttentionParams("cuda::PagedPrefillAttention", params));
   if (batch.max_blocks_per_seq < 0) {
     return Invalid("max_blocks_per_seq must be >= 0, got ", batch.max_blocks_per_seq);
   }
   if (in.num_seqs == 0 || in.num_tokens == 0) return absl::OkStatus();
-  if (q == nullptr || out == nullptr || batch.query_start_loc == nullptr ||
-      batch.seq_lens == nullptr || batch.block_tables == nullptr) {
-    return Invalid("q, out and the batch's device arrays must be non-null");
-  }
-  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    return Invalid("q and out must be 16-byte aligned");
-  }
+  RETURN_IF_ERROR(ValidateAttentionPointers("cuda::PagedPrefillAttention", q, out, batch));
   bool wgmma = plan.use_wgmma;
   if (wgmma) {
     ASSIGN_OR_RETURN(wgmma, DeviceIsSm90());
