@@ -269,6 +269,38 @@ TEST(PagedPrefillCudaTest, ManySmallRequests) {
   }
 }
 
+// The batches the engine's first step builds (runtime/cuda cuda_engine_test, MidConfig): 4 or
+// 13 prompts of 1..70 tokens, all pure prefill, 8 q / 2 kv heads, head_dim 128, block 16, a
+// block-table row of 64 entries (max_model_len 1024), two layers attended one after the other.
+TEST(PagedPrefillCudaTest, EngineFirstStepShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  std::uniform_int_distribution<int64_t> len(1, 70);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int n = trial % 2 == 0 ? 4 : 13;
+    std::vector<SeqSpec> seqs;
+    int64_t blocks = 0;
+    for (int i = 0; i < n; ++i) {
+      const int64_t l = len(rng);
+      seqs.push_back({l, l});
+      blocks = std::max<int64_t>(blocks, (l + 15) / 16);
+    }
+    for (int64_t layer : {0, 1}) {
+      CaseOptions o{.num_q_heads = 8,
+                    .num_kv_heads = 2,
+                    .head_dim = 128,
+                    .block_size = 16,
+                    .num_layers = 2,
+                    .layer = layer,
+                    .spare_table_columns = 64 - blocks};
+      CheckCase<__nv_bfloat16>(
+          rng, o, seqs, {{.scale = 0.088f}},
+          "trial " + std::to_string(trial) + " layer " + std::to_string(layer));
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST(PagedPrefillCudaTest, NanInQueryStaysInItsRowAndNullLse) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());

@@ -15,9 +15,10 @@
 //     the tensor cores. Each consumer warp arrives on the stage's "empty" barrier once its
 //     wgmma reading it has completed.
 // Q, K and V sit in the 128-byte-swizzled layout wgmma reads (prefill_wgmma.cuh). The grid is
-// fixed by the plan; items are walked round-robin, heaviest tile of each request first.
+// fixed by the plan; items are walked in alternating round-robin (WalkItem), heaviest tile of each
+// request first.
 //
-// Performance (H200, d128, causal, bf16): 367-512 TFLOP/s (README.md). A 16-byte copy costs
+// Performance (H200, d128, causal, bf16): 389-526 TFLOP/s (README.md). A 16-byte copy costs
 // the producer ~8-10 instructions (WgProducer); with ~80 (a table lookup and 64-bit address
 // math per copy) it bound the kernel at ~200. What remains: per-item overhead and the static
 // round-robin schedule's imbalance (README.md).
@@ -133,9 +134,10 @@ __device__ __forceinline__ void WgProducer(const PrefillParams<T>& p, const int3
     pend_old = pend_new = nullptr;
   };
 
-  for (int w = blockIdx.x; w < p.num_work; w += gridDim.x) {
+  for (int round = 0; round * static_cast<int>(gridDim.x) < p.num_work; ++round) {
+    const int w = WalkItem(round);
     WorkItem it;
-    if (!GetWork<C::kRows>(p, qsl, w, &it)) continue;
+    if (w >= p.num_work || !GetWork<C::kRows>(p, qsl, w, &it)) continue;
     const int nb_lo = it.lo_cta / C::kKeys, nb_hi = (it.hi_cta - 1) / C::kKeys;
     // The consumers release Q after their last QK^T of the previous item, which needs that
     // item's K tiles signalled: flush before blocking.
@@ -330,9 +332,10 @@ __global__ void __launch_bounds__(WgCfg<D>::kThreads, 1)
   auto wait_full = [&](uint64_t* bar, uint32_t parity) { MbarWait(bar, parity); };
 
   uint32_t kvc = 0, qc = 0;
-  for (int w = blockIdx.x; w < p.num_work; w += gridDim.x) {
+  for (int round = 0; round * static_cast<int>(gridDim.x) < p.num_work; ++round) {
+    const int w = WalkItem(round);
     WorkItem it;
-    if (!GetWork<C::kRows>(p, qsl, w, &it)) continue;
+    if (w >= p.num_work || !GetWork<C::kRows>(p, qsl, w, &it)) continue;
     const int nb_lo = it.lo_cta / C::kKeys, nb_hi = (it.hi_cta - 1) / C::kKeys;
     const int n_tiles = nb_hi - nb_lo + 1;
     int lo[2], hi[2];

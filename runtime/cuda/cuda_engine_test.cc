@@ -181,12 +181,12 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.variant);
     });
 
-// TANDEM_TEST_PREFILL=off|mma|wgmma (default mma, the backend's default) picks the prefill kernel
-// of the MidConfig tests, to compare variants on a GPU without rebuilding.
+// TANDEM_TEST_PREFILL=off|mma|wgmma (default wgmma, the backend's default) picks the prefill
+// kernel of the MidConfig tests, to compare variants on a GPU without rebuilding.
 CudaBackendConfig MidBackend() {
   CudaBackendConfig backend;
   const char* v = std::getenv("TANDEM_TEST_PREFILL");
-  const std::string mode = v != nullptr ? v : "mma";
+  const std::string mode = v != nullptr ? v : "wgmma";
   backend.use_prefill_kernel = mode != "off";
   backend.prefill_allow_wgmma = mode == "wgmma";
   return backend;

@@ -52,10 +52,9 @@ struct CudaBackendConfig {
   // Steps with a query run of >= kPrefillMinQLen tokens use the tensor-core prefill kernel
   // (head_dim 64/128/256); false: the decode kernel serves every step (comparisons).
   bool use_prefill_kernel = true;
-  // The prefill kernel's Hopper (wgmma) variant for head_dim 64/128; false: its mma.sync one.
-  // Off by default: in the engine (8 q / 2 kv heads, d128, varlen prompts of 1-70 tokens) the
-  // wgmma variant hung on the H200 while the mma.sync one passed; see kernels/cuda/README.md.
-  bool prefill_allow_wgmma = false;
+  // The prefill kernel's Hopper (wgmma) variant for head_dim 64/128 (2-2.5x the mma.sync one on
+  // the H200); false: its mma.sync one.
+  bool prefill_allow_wgmma = true;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;
