@@ -1,6 +1,7 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
-//   attention_cuda_bench
+//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT]   (e.g. --only=fp8_e4m3:64x16384: that one
+//                                                       tensor-core config, for a profiler)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -9,10 +10,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 
@@ -171,7 +175,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   return absl::OkStatus();
 }
 
-absl::Status Run() {
+absl::Status Run(const char* only) {
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
@@ -186,6 +190,20 @@ absl::Status Run() {
   std::printf("%6s %7s %8s %4s %7s %10s %9s %8s %8s\n", "batch", "context", "kv", "core", "splits",
               "time_us", "KV_MB", "GB/s", "%4.3TB/s");
   std::mt19937 rng(7);
+  if (only != nullptr) {
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8E4m3, KvDtype::kInt8}) {
+      for (int64_t batch : {1, 16, 64, 256}) {
+        for (int64_t ctx : {1024, 4096, 16384, 65536}) {
+          const std::string name = absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx);
+          if (name == only) {
+            RETURN_IF_ERROR(
+                RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   for (int64_t batch : {1, 16, 64, 256}) {
     for (int64_t ctx : {1024, 4096, 16384, 65536}) {
       RETURN_IF_ERROR(
@@ -215,8 +233,17 @@ absl::Status Run() {
 }  // namespace
 }  // namespace tandem::kernels::cuda
 
-int main() {
-  const absl::Status status = tandem::kernels::cuda::Run();
+int main(int argc, char** argv) {
+  const char* only = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--only=", 7) == 0) {
+      only = argv[i] + 7;
+    } else {
+      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT]\n", argv[0]);
+      return 2;
+    }
+  }
+  const absl::Status status = tandem::kernels::cuda::Run(only);
   if (!status.ok()) {
     std::fprintf(stderr, "attention_cuda_bench: %s\n", status.ToString().c_str());
     return 1;
