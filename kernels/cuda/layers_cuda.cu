@@ -29,6 +29,18 @@ unsigned EltBlocks(int64_t work) {
   return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
 }
 
+// PDL. Both are no-ops for a grid launched without the attribute.
+__device__ __forceinline__ void WaitForPrecedingGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ float BlockSum(float v) {
   __shared__ float warp_sums[kNormThreads / 32];
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -48,6 +60,9 @@ template <typename T, bool kFusedAdd, int kVecs>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const T* x, T* residual, const T* __restrict__ weight, int64_t hidden, float eps,
                   T* out) {
+  // PDL (see layers_cuda.h): every tensor is read after the preceding grid completed.
+  WaitForPrecedingGrid();
+  AllowDependentLaunch();
   const int64_t base = blockIdx.x * hidden;
   const T* src = kFusedAdd ? residual : x;
   constexpr int kHeld = kVecs > 0 ? kVecs : 1;
@@ -103,26 +118,27 @@ __global__ void __launch_bounds__(kNormThreads)
 
 // The one place where hidden becomes the per-thread vector count.
 template <typename T, bool kFusedAdd>
-void LaunchRmsNorm(const T* x, T* residual, const T* weight, int64_t num_tokens, int64_t hidden,
-                   float eps, T* out, cudaStream_t stream) {
+cudaError_t LaunchRmsNorm(const T* x, T* residual, const T* weight, int64_t num_tokens,
+                          int64_t hidden, float eps, T* out, cudaStream_t stream,
+                          bool programmatic_launch) {
   const int64_t vecs = (hidden / kVec + kNormThreads - 1) / kNormThreads;
-  const dim3 grid(static_cast<unsigned>(num_tokens));
-  if (vecs <= 1) {
-    RmsNormKernel<T, kFusedAdd, 1>
-        <<<grid, kNormThreads, 0, stream>>>(x, residual, weight, hidden, eps, out);
-  } else if (vecs <= 2) {
-    RmsNormKernel<T, kFusedAdd, 2>
-        <<<grid, kNormThreads, 0, stream>>>(x, residual, weight, hidden, eps, out);
-  } else if (vecs <= 4) {
-    RmsNormKernel<T, kFusedAdd, 4>
-        <<<grid, kNormThreads, 0, stream>>>(x, residual, weight, hidden, eps, out);
-  } else if (vecs <= 8) {
-    RmsNormKernel<T, kFusedAdd, 8>
-        <<<grid, kNormThreads, 0, stream>>>(x, residual, weight, hidden, eps, out);
-  } else {
-    RmsNormKernel<T, kFusedAdd, 0>
-        <<<grid, kNormThreads, 0, stream>>>(x, residual, weight, hidden, eps, out);
-  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(num_tokens));
+  config.blockDim = dim3(kNormThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = programmatic_launch ? 1 : 0;
+  auto launch = [&](auto kernel) {
+    return cudaLaunchKernelEx(&config, kernel, x, residual, weight, hidden, eps, out);
+  };
+  if (vecs <= 1) return launch(RmsNormKernel<T, kFusedAdd, 1>);
+  if (vecs <= 2) return launch(RmsNormKernel<T, kFusedAdd, 2>);
+  if (vecs <= 4) return launch(RmsNormKernel<T, kFusedAdd, 4>);
+  if (vecs <= 8) return launch(RmsNormKernel<T, kFusedAdd, 8>);
+  return launch(RmsNormKernel<T, kFusedAdd, 0>);
 }
 
 // Thread = 8 consecutive rotary pairs (i .. i+7, i + half .. i + half + 7) of one head.
@@ -208,7 +224,7 @@ __global__ void __launch_bounds__(kEltThreads)
 
 template <typename T>
 absl::Status RmsNorm(const T* x, const T* weight, int64_t num_tokens, int64_t hidden, float eps,
-                     T* out, cudaStream_t stream) {
+                     T* out, cudaStream_t stream, bool programmatic_launch) {
   if (num_tokens < 0 || hidden <= 0 || hidden % kVec != 0 || !(eps >= 0)) {
     return Invalid("RmsNorm",
                    "need num_tokens >= 0, hidden a positive multiple of 8, eps >= 0;"
@@ -221,14 +237,14 @@ absl::Status RmsNorm(const T* x, const T* weight, int64_t num_tokens, int64_t hi
     return Invalid("RmsNorm", "x, weight and out must be non-null and 16-byte aligned");
   }
   if (num_tokens > 0x7fffffff) return Invalid("RmsNorm", "too many tokens ", num_tokens);
-  LaunchRmsNorm<T, false>(x, nullptr, weight, num_tokens, hidden, eps, out, stream);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR((LaunchRmsNorm<T, false>(x, nullptr, weight, num_tokens, hidden, eps, out,
+                                                stream, programmatic_launch)));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status FusedAddRmsNorm(T* x, T* residual, const T* weight, int64_t num_tokens, int64_t hidden,
-                             float eps, cudaStream_t stream) {
+                             float eps, cudaStream_t stream, bool programmatic_launch) {
   if (num_tokens < 0 || hidden <= 0 || hidden % kVec != 0 || !(eps >= 0)) {
     return Invalid("FusedAddRmsNorm",
                    "need num_tokens >= 0, hidden a positive multiple of 8, "
@@ -241,8 +257,8 @@ absl::Status FusedAddRmsNorm(T* x, T* residual, const T* weight, int64_t num_tok
     return Invalid("FusedAddRmsNorm", "x, residual and weight must be non-null, 16-byte aligned");
   }
   if (num_tokens > 0x7fffffff) return Invalid("FusedAddRmsNorm", "too many tokens ", num_tokens);
-  LaunchRmsNorm<T, true>(x, residual, weight, num_tokens, hidden, eps, x, stream);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR((LaunchRmsNorm<T, true>(x, residual, weight, num_tokens, hidden, eps, x,
+                                               stream, programmatic_launch)));
   return absl::OkStatus();
 }
 
@@ -313,14 +329,15 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
   return absl::OkStatus();
 }
 
-#define TANDEM_LAYERS_CUDA_INSTANTIATE(T)                                                          \
-  template absl::Status RmsNorm<T>(const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t); \
-  template absl::Status FusedAddRmsNorm<T>(T*, T*, const T*, int64_t, int64_t, float,              \
-                                           cudaStream_t);                                          \
-  template absl::Status ApplyRope<T>(const int64_t*, int64_t, const float*, int64_t, T*, int64_t,  \
-                                     T*, int64_t, cudaStream_t, int64_t, int64_t);                 \
-  template absl::Status SiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);               \
-  template absl::Status Embedding<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*,      \
+#define TANDEM_LAYERS_CUDA_INSTANTIATE(T)                                                         \
+  template absl::Status RmsNorm<T>(const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t, \
+                                   bool);                                                         \
+  template absl::Status FusedAddRmsNorm<T>(T*, T*, const T*, int64_t, int64_t, float,             \
+                                           cudaStream_t, bool);                                   \
+  template absl::Status ApplyRope<T>(const int64_t*, int64_t, const float*, int64_t, T*, int64_t, \
+                                     T*, int64_t, cudaStream_t, int64_t, int64_t);                \
+  template absl::Status SiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);              \
+  template absl::Status Embedding<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*,     \
                                      cudaStream_t, int32_t*);
 TANDEM_LAYERS_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_LAYERS_CUDA_INSTANTIATE(__half)

@@ -5,6 +5,12 @@
 // INVALID_ARGUMENT (nothing launched) for negative sizes, null pointers where data is needed,
 // or rows that are not 16-byte aligned (pointers and row lengths must allow 8-element vectors:
 // hidden, inter and head_dim / 2 multiples of 8). T is __nv_bfloat16 or __half.
+//
+// programmatic_launch (the norms): launch with programmatic stream serialization (PDL, sm_90),
+// so the kernel may start while the previous kernel on the stream still runs; it waits
+// (griddepcontrol.wait: the preceding grid complete, its memory visible) before touching any
+// tensor, then lets its own PDL successor launch. Same semantics as kernels/cuda/gemv_cuda.h;
+// false: an ordinary launch (the wait is then a no-op).
 #ifndef TANDEM_KERNELS_CUDA_LAYERS_CUDA_H_
 #define TANDEM_KERNELS_CUDA_LAYERS_CUDA_H_
 
@@ -22,13 +28,13 @@ namespace tandem::kernels::cuda {
 // x, out: [num_tokens, hidden]; weight: [hidden]. out may alias x exactly.
 template <typename T>
 absl::Status RmsNorm(const T* x, const T* weight, int64_t num_tokens, int64_t hidden, float eps,
-                     T* out, cudaStream_t stream);
+                     T* out, cudaStream_t stream, bool programmatic_launch = false);
 
 // vLLM's fused_add_rms_norm, in place: residual = round_T(residual + x); x = RmsNorm(residual).
 // x, residual: [num_tokens, hidden] (non-overlapping); weight: [hidden].
 template <typename T>
 absl::Status FusedAddRmsNorm(T* x, T* residual, const T* weight, int64_t num_tokens, int64_t hidden,
-                             float eps, cudaStream_t stream);
+                             float eps, cudaStream_t stream, bool programmatic_launch = false);
 
 // Rotate-half RoPE in place on q and k (rotary_dim == head_dim), as cpu::ApplyRope: the angle is
 // the fp32 product float(positions[t]) * inv_freq[i]; cos/sin are accurate fp32 (sincosf).
@@ -60,9 +66,9 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
 
 #define TANDEM_LAYERS_CUDA_EXTERN(T)                                                               \
   extern template absl::Status RmsNorm<T>(const T*, const T*, int64_t, int64_t, float, T*,         \
-                                          cudaStream_t);                                           \
+                                          cudaStream_t, bool);                                     \
   extern template absl::Status FusedAddRmsNorm<T>(T*, T*, const T*, int64_t, int64_t, float,       \
-                                                  cudaStream_t);                                   \
+                                                  cudaStream_t, bool);                             \
   extern template absl::Status ApplyRope<T>(const int64_t*, int64_t, const float*, int64_t, T*,    \
                                             int64_t, T*, int64_t, cudaStream_t, int64_t, int64_t); \
   extern template absl::Status SiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);        \

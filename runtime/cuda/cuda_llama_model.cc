@@ -72,12 +72,17 @@ T* Ptr(const DeviceBuffer& b) {
 // re-reads the activations from L1 once per weight vector and row).
 constexpr int64_t kGemvRows = 1;
 
+bool UseGemv(const void* a, const void* w, int64_t m, int64_t n, int64_t k) {
+  return m <= kGemvRows && kc::SmallMLinearSupported(a, w, m, n, k);
+}
+
 // out = a * w^T (+ bias): a named helper so the two template arguments stay out of macros.
+// pdl: programmatic dependent launch for the GEMV (cuBLASLt launches as usual).
 template <typename T, typename TOut>
 absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, const T* bias, int64_t m,
-                 int64_t n, int64_t k, TOut* out, cudaStream_t stream) {
-  if (m <= kGemvRows && kc::SmallMLinearSupported(a, w, m, n, k)) {
-    return kc::SmallMLinear<T, TOut>(a, w, bias, m, n, k, out, stream);
+                 int64_t n, int64_t k, TOut* out, cudaStream_t stream, bool pdl) {
+  if (UseGemv(a, w, m, n, k)) {
+    return kc::SmallMLinear<T, TOut>(a, w, bias, m, n, k, out, stream, pdl);
   }
   return gemm.Linear<T, TOut>(a, w, bias, m, n, k, out, stream);
 }
@@ -309,19 +314,20 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   kernels::AttentionParams attn_params;
   attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
 
+  const bool pdl = options_.programmatic_launch;
   RETURN_IF_ERROR(
       kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& w = layers_[l];
     if (l == 0) {
       RETURN_IF_ERROR(
-          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream));
+          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream, pdl));
     } else {
-      RETURN_IF_ERROR(
-          kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H, eps, stream));
+      RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H,
+                                             eps, stream, pdl));
     }
-    RETURN_IF_ERROR(
-        Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv, stream));
+    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv,
+                        stream, pdl));
     // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
     RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
                                           inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
@@ -336,21 +342,28 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                                             stream));
     }
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, q_dim,
-                        hidden, stream));
+                        hidden, stream, pdl));
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
-                                           H, eps, stream));
-    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Ptr<T>(w.gate_up_bias), Tn, 2 * I,
-                        H, Ptr<T>(gate_up_), stream));
-    RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+                                           H, eps, stream, pdl));
+    if (UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
+      // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
+      RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
+                                                 Ptr<T>(w.gate_up_bias), Tn, I, H, Ptr<T>(act_),
+                                                 stream, pdl));
+    } else {
+      RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Ptr<T>(w.gate_up_bias), Tn, 2 * I,
+                          H, Ptr<T>(gate_up_), stream, pdl));
+      RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+    }
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Ptr<T>(w.down_bias), Tn, H, I,
-                        hidden, stream));
+                        hidden, stream, pdl));
   }
-  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream));
+  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
   return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V, H,
-             logits_.get<float>(), stream);
+             logits_.get<float>(), stream, pdl);
 }
 
 }  // namespace tandem::runtime::cuda

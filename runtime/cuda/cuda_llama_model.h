@@ -5,6 +5,9 @@
 // Per layer: (fused add +) RMSNorm -> qkv GEMM (+bias) -> RoPE in place on the fused qkv rows ->
 // KV write (strided k/v rows) -> paged attention -> o_proj -> fused add + RMSNorm -> gate_up ->
 // SiLU*up -> down_proj. The residual stream is kept in the activation dtype (as vLLM does).
+// Single-row steps (batch-1 decode) run their products on the weight-streaming GEMV with SiLU*up
+// folded into the gate_up GEMV (bit-identical to the separate kernels), and launch the GEMVs and
+// norms with programmatic dependent launch unless CudaModelOptions::programmatic_launch is off.
 //
 // Forward() only enqueues work on the model's stream (no allocation, no host sync), so a
 // runner can capture it in a CUDA graph once every GEMM shape has been seen.
@@ -67,6 +70,10 @@ struct CudaModelOptions {
   // Random weights generated on the device (--load_format=dummy): N(0, 0.02^2) matrices,
   // 1 + N(0, 0.02^2) norm weights, keyed by (seed, tensor). The host weights must be empty.
   std::optional<uint64_t> dummy_seed;
+  // Launch the GEMV and RMSNorm kernels with programmatic dependent launch (kernels/cuda/
+  // gemv_cuda.h): each is scheduled during its predecessor's tail and waits on the device for
+  // its output, hiding the launch gap. Same results either way; off for comparisons.
+  bool programmatic_launch = true;
 };
 
 class CudaLlamaModel {

@@ -1,10 +1,12 @@
 // Decode-step benchmark of the CUDA backend with Llama-3-8B shapes and device-generated dummy
 // bf16 weights: the whole engine (scheduler, metadata copy, graphs, sampling), not a kernel.
 //
-//   decode_step_bench [--batches=1,64] [--context=1024] [--steps=64] [--graphs=1]
+//   decode_step_bench [--batches=1,64] [--context=1024] [--steps=64] [--graphs=1] [--pdl=1]
 //
-// Prints per batch: mean decode step time, tokens/s, and for batch 1 the weight-read roofline
-// (weight bytes / 4.3 TB/s per step).
+// --pdl=0 turns off programmatic dependent launch of the GEMV / norm kernels
+// (CudaBackendConfig::programmatic_launch), for comparisons.
+// Prints per batch: mean decode step time, tokens/s, the tokens/s the weight-read roofline
+// allows (weight bytes / 4.3 TB/s per step) and the step's share of it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,18 +52,20 @@ std::vector<int> ParseList(const char* s) {
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64;
-  bool graphs = true;
+  bool graphs = true, pdl = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
     if (a.rfind("--context=", 0) == 0) context = std::atoi(argv[i] + 10);
     if (a.rfind("--steps=", 0) == 0) steps = std::atoi(argv[i] + 8);
     if (a.rfind("--graphs=", 0) == 0) graphs = std::atoi(argv[i] + 9) != 0;
+    if (a.rfind("--pdl=", 0) == 0) pdl = std::atoi(argv[i] + 6) != 0;
   }
   const ModelConfig model = Llama3_8B();
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
+  backend.programmatic_launch = pdl;
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   EngineConfig config;
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
@@ -75,8 +79,9 @@ int Main(int argc, char** argv) {
   }
   // Weight bytes read per decode step: every parameter once (bf16), tied or not.
   const double weight_bytes = static_cast<double>(model.NumParameters()) * 2.0;
-  std::printf("Llama-3-8B shapes, dummy bf16 weights (%.2f GB), CUDA graphs %s, context %d\n",
-              weight_bytes / 1e9, graphs ? "on" : "off", context);
+  std::printf(
+      "Llama-3-8B shapes, dummy bf16 weights (%.2f GB), CUDA graphs %s, PDL %s, context %d\n",
+      weight_bytes / 1e9, graphs ? "on" : "off", pdl ? "on" : "off", context);
   std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
               "% roof");
   int64_t next_id = 0;
