@@ -67,6 +67,7 @@ class Args {
       {"tcp_segment_bytes", "0"},
       {"separate_data_endpoint", "true"},
       {"direct_copy", "true"},
+      {"copy_threads", "2"},
       {"min_streaming_transfer_bytes", absl::StrCat(uint64_t{16} << 20)},
   };
 };
@@ -197,6 +198,7 @@ int RunAgentPeer(int argc, char** argv) {
                         .tcp_segment_bytes = args.U64("tcp_segment_bytes"),
                         .separate_data_endpoint = args.Bool("separate_data_endpoint"),
                         .direct_copy = args.Bool("direct_copy"),
+                        .copy_threads = static_cast<int>(args.U64("copy_threads")),
                         .min_streaming_transfer_bytes = args.U64("min_streaming_transfer_bytes"),
                         .stage_cuda_memory = args.Bool("cuda")});
   if (!agent.ok()) return Fail(agent.status());

@@ -21,7 +21,8 @@
 //                                    values and region 1 the fp32 scales of N blocks
 //                                    (quantized_kv_test_util.h), filled from --seed
 //   --transports=tcp,self,sm --net_device=lo --tcp_segment_bytes=0 --separate_data_endpoint
-//   --direct_copy=true --min_streaming_transfer_bytes=16777216   the UcxAgentOptions fields
+//   --direct_copy=true --copy_threads=2 --min_streaming_transfer_bytes=16777216
+//                                    the UcxAgentOptions fields
 //   --mode=source|reader
 #ifndef TANDEM_KVTRANSFER_AGENT_PEER_H_
 #define TANDEM_KVTRANSFER_AGENT_PEER_H_

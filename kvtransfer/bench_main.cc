@@ -10,14 +10,21 @@
 // random destination blocks (blocks are reused when n > pool, so a 4096-block batch fits in a
 // 1024-block pool); --layout=contiguous reads runs instead. Pools come from AllocateMemory
 // unless --allocate=false; --cuda puts both pools in GPU memory (staged through pinned host
-// buffers, ucx_agent.h). Latency is PostRead -> CheckTransfer true; GB/s = batch bytes / p50.
+// buffers, ucx_agent.h). Latency is PostRead -> CheckTransfer true (polled every --poll_us);
+// GB/s = batch bytes / the median latency of a round's iterations.
 //
 // The reference: ucx_perftest -t ucp_get with message size = batch bytes (capped at
-// --perftest_max_bytes; ucx_perftest needs the message on both sides), same UCX_TLS, run
-// alternately with our measurement for --rounds rounds (the dev VM is shared: both then see the
-// same background load); the table gives medians and bests over the rounds. Caveat: ucx_perftest
-// re-reads one buffer, which sits in the last-level cache when it fits (up to a few MiB), so for
-// small batches it measures cache bandwidth, not a random block of a big pool.
+// --perftest_max_bytes; ucx_perftest needs the message on both sides), same UCX_TLS, the same
+// number of iterations and warm-ups for the same bytes, and the same statistic: GB/s = message
+// bytes / its median ("typical") iteration time. Each round runs ours, then ucx_perftest (the dev
+// VM is shared: both then see the same background load); the table gives medians and bests over
+// --rounds rounds, ours / perftest of the medians, and the median of the per-round ratios (paired,
+// so load that shifts between rounds cancels). What the reference measures: one memcpy of the
+// message per GET (shared memory), from and into one buffer each. glibc (2.36 on the dev VM)
+// uses non-temporal stores only above 192 MiB per call (__x86_shared_non_temporal_threshold), so
+// ucx_perftest gets ~8-9 GB/s up to 128 MiB and ~14-17 GB/s from 256 MiB; below a few MiB its
+// buffers stay in the last-level cache, so for 1-block batches it measures cache bandwidth, not
+// a random block of a big pool.
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,7 +59,8 @@ ABSL_FLAG(uint32_t, pool_blocks, 1024, "blocks per pool (each side holds one poo
 ABSL_FLAG(uint64_t, block_bytes, uint64_t{2} << 20, "bytes per KV block");
 ABSL_FLAG(std::string, batches, "1,4,16,64,256,1024,4096", "blocks per transfer");
 ABSL_FLAG(std::string, layout, "random", "random: scattered blocks; contiguous: one run");
-ABSL_FLAG(uint64_t, bytes_per_point, uint64_t{4} << 30, "bytes moved per batch size (>= 3 iters)");
+ABSL_FLAG(uint64_t, bytes_per_point, uint64_t{4} << 30,
+          "bytes per round and batch size: iterations = this / batch bytes, clamped to [5, 50]");
 ABSL_FLAG(std::string, transports, "tcp,self,sm", "UCX_TLS for both agents and ucx_perftest");
 ABSL_FLAG(std::string, net_device, "lo", "UCX_NET_DEVICES");
 ABSL_FLAG(uint64_t, tcp_segment_bytes, 0, "UcxAgentOptions::tcp_segment_bytes");
@@ -60,6 +68,7 @@ ABSL_FLAG(bool, allocate, true,
           "both pools from UcxAgent::AllocateMemory (false: heap + RegisterMemory)");
 ABSL_FLAG(bool, separate_data_endpoint, true, "UcxAgentOptions::separate_data_endpoint");
 ABSL_FLAG(bool, direct_copy, true, "UcxAgentOptions::direct_copy (false: ucp_get_nbx)");
+ABSL_FLAG(int, copy_threads, 2, "UcxAgentOptions::copy_threads (threads running direct copies)");
 ABSL_FLAG(uint64_t, min_streaming_transfer_bytes, uint64_t{16} << 20,
           "UcxAgentOptions::min_streaming_transfer_bytes (18446744073709551615: plain memcpy)");
 ABSL_FLAG(bool, cuda, TANDEM_UCX_BENCH_DEFAULT_CUDA != 0,
@@ -69,38 +78,49 @@ ABSL_FLAG(uint64_t, cuda_staging_bytes, uint64_t{4} << 20, "UcxAgentOptions::cud
 ABSL_FLAG(bool, cuda_dma_from_mapped, true, "UcxAgentOptions::cuda_dma_from_mapped");
 ABSL_FLAG(bool, perftest, TANDEM_UCX_BENCH_DEFAULT_CUDA == 0,
           "also run ucx_perftest -t ucp_get (needs ucx-utils; GPU bundles have none)");
-ABSL_FLAG(int, rounds, 3, "rounds per batch size, ours and ucx_perftest alternating");
+ABSL_FLAG(int, poll_us, 20, "CheckTransfer polling interval (microseconds)");
+ABSL_FLAG(int, rounds, 5, "rounds per batch size, ours and ucx_perftest alternating");
 ABSL_FLAG(uint64_t, perftest_max_bytes, uint64_t{1} << 30, "largest ucx_perftest message");
 ABSL_FLAG(int, perftest_port, 0, "ucx_perftest port (0: 20000 + pid % 10000)");
 
 namespace tandem::kvtransfer {
 namespace {
 
-// One batch size: per round our p50 GB/s and ucx_perftest's GB/s, measured alternately so
-// both see the same background load (the dev VM is shared and noisy).
+// Warm-up iterations before the measured ones, ours and ucx_perftest's alike.
+constexpr int kWarmupIterations = 2;
+
+// Measured iterations for messages (batches) of `bytes`, ours and ucx_perftest's alike.
+int Iterations(uint64_t bytes) {
+  return static_cast<int>(
+      std::clamp<uint64_t>(absl::GetFlag(FLAGS_bytes_per_point) / bytes, 5, 50));
+}
+
+// One batch size: per round our p50 GB/s and ucx_perftest's, measured alternately so both see
+// the same background load (the dev VM is shared and noisy).
 struct Point {
   uint32_t blocks = 0;
   uint64_t perftest_bytes = 0;
   std::vector<double> p50_ms;
-  std::vector<double> gbps;  // 1e9 bytes per second at p50
-  std::vector<double> perftest_gbps;
+  std::vector<double> gbps;           // 1e9 bytes per second at p50
+  std::vector<double> perftest_gbps;  // the same for ucx_perftest (< 0: it did not run)
+  std::vector<double> ratios;         // ours / perftest per round (rounds where both ran)
 };
 
 double Median(std::vector<double> v) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 double Best(const std::vector<double>& v) {
   return v.empty() ? -1 : *std::max_element(v.begin(), v.end());
 }
 
 // ucx_perftest server + client on 127.0.0.1 moving `message_bytes` per GET; returns the client's
-// average bandwidth in GB/s (1e9 B/s), or a negative value when it could not run.
-// `port`: a fresh one per run (the last server's port may linger in TIME_WAIT).
+// bandwidth at its median iteration time in GB/s (1e9 B/s), or a negative value when it could not
+// run. `port`: a fresh one per run (the last server's port may linger in TIME_WAIT).
 double RunPerftest(uint64_t message_bytes, const std::string& transports, int port) {
-  const uint64_t iters =
-      std::clamp<uint64_t>(absl::GetFlag(FLAGS_bytes_per_point) / message_bytes, 5, 500);
+  const int iters = Iterations(message_bytes);
   const std::string env =
       absl::StrCat("UCX_TLS=", transports, " UCX_NET_DEVICES=", absl::GetFlag(FLAGS_net_device));
   const std::string server =
@@ -111,23 +131,35 @@ double RunPerftest(uint64_t message_bytes, const std::string& transports, int po
   if (std::fscanf(s, "%d", &server_pid) != 1) server_pid = 0;
   pclose(s);
   absl::SleepFor(absl::Milliseconds(700));  // let the server listen
-  const std::string client = absl::StrCat(env, " timeout 300 ucx_perftest 127.0.0.1 -p ", port,
-                                          " -t ucp_get -s ", message_bytes, " -n ", iters, " -w ",
-                                          std::max<uint64_t>(2, iters / 10), " 2>&1");
+  const std::string client =
+      absl::StrCat(env, " timeout 300 ucx_perftest 127.0.0.1 -p ", port, " -t ucp_get -s ",
+                   message_bytes, " -n ", iters, " -w ", kWarmupIterations, " 2>&1");
   FILE* c = popen(client.c_str(), "r");
-  double mbps = -1;
+  double lat50_us = -1;
   if (c != nullptr) {
     char line[512];
     while (std::fgets(line, sizeof(line), c) != nullptr) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
-      // Final: iters lat50 lat_avg lat_all bw_avg bw_all rate_avg rate_all
-      if (f.size() >= 6 && f[0] == "Final:" && !absl::SimpleAtod(f[5], &mbps)) mbps = -1;
+      // Final: iters lat50 lat_avg lat_all bw_avg bw_all rate_avg rate_all (latencies in us per
+      // iteration; one iteration = one GET of the message).
+      if (f.size() >= 6 && f[0] == "Final:" && !absl::SimpleAtod(f[2], &lat50_us)) lat50_us = -1;
     }
     pclose(c);
   }
   if (server_pid > 0) kill(server_pid, SIGTERM);  // normally it already exited
-  // ucx_perftest's MB is 2^20 bytes.
-  return mbps < 0 ? -1 : mbps * (1 << 20) / 1e9;
+  return lat50_us <= 0 ? -1 : message_bytes / (lat50_us * 1e-6) / 1e9;
+}
+
+// The first field of /proc/loadavg ("?" where unreadable): the table is only as good as the VM
+// was quiet.
+std::string LoadAverage() {
+  std::string load = "?";
+  if (FILE* f = std::fopen("/proc/loadavg", "r"); f != nullptr) {
+    char text[32] = {0};
+    if (std::fscanf(f, "%31s", text) == 1) load = text;
+    std::fclose(f);
+  }
+  return load;
 }
 
 std::string Pct(double ours, double ref) {
@@ -169,15 +201,13 @@ absl::Status SetUpLocalPool(UcxAgent& agent, uint64_t bytes, LocalPool& pool,
   return agent.RegisterMemory(pool.heap.data(), bytes, tandem::v1::MEMORY_KIND_HOST).status();
 }
 
-// Reads `n` random (or contiguous) source blocks into random local blocks, iters times after a
-// warm-up; returns the p50 latency in ms.
+// Reads `n` random (or contiguous) source blocks into random local blocks, Iterations() times
+// after the warm-ups; returns the p50 latency in ms.
 absl::StatusOr<double> MeasureBatch(UcxAgent& agent, uint32_t n, uint32_t pool_blocks,
                                     uint64_t block, bool contiguous, std::mt19937& rng) {
-  const uint64_t batch_bytes = uint64_t{n} * block;
-  const int iters = static_cast<int>(
-      std::clamp<uint64_t>(absl::GetFlag(FLAGS_bytes_per_point) / batch_bytes, 3, 50));
+  const int iters = Iterations(uint64_t{n} * block);
   std::vector<double> ms;
-  for (int it = -1; it < iters; ++it) {  // it == -1: warm-up
+  for (int it = -kWarmupIterations; it < iters; ++it) {  // it < 0: warm-up
     std::vector<uint32_t> src(n), dst(n);
     std::vector<uint32_t> perm_src(pool_blocks), perm_dst(pool_blocks);
     for (uint32_t i = 0; i < pool_blocks; ++i) perm_src[i] = perm_dst[i] = i;
@@ -196,7 +226,7 @@ absl::StatusOr<double> MeasureBatch(UcxAgent& agent, uint32_t n, uint32_t pool_b
     absl::StatusOr<bool> done;
     // Poll like a connector would, leaving the cores to the progress threads.
     while ((done = agent.CheckTransfer(*id)).ok() && !*done) {
-      absl::SleepFor(absl::Microseconds(20));
+      absl::SleepFor(absl::Microseconds(absl::GetFlag(FLAGS_poll_us)));
     }
     if (!done.ok()) return done.status();
     if (it >= 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
@@ -227,13 +257,14 @@ int Run() {
            : (absl::GetFlag(FLAGS_allocate) ? "AllocateMemory" : "heap");
   std::printf(
       "pool: %u blocks x %.1f MiB per side (%s), layout %s, UCX_TLS=%s, %s endpoint, "
-      "direct_copy %d, min_streaming_transfer_bytes %lu, %ld cpus\n",
+      "direct_copy %d, copy_threads %d, min_streaming_transfer_bytes %lu, poll %d us, %ld cpus, "
+      "load %s\n",
       pool_blocks, block / 1048576.0, memory.c_str(), contiguous ? "contiguous" : "random",
       absl::GetFlag(FLAGS_transports).c_str(),
       absl::GetFlag(FLAGS_separate_data_endpoint) ? "data+monitor" : "single PEER",
-      absl::GetFlag(FLAGS_direct_copy),
+      absl::GetFlag(FLAGS_direct_copy), absl::GetFlag(FLAGS_copy_threads),
       static_cast<unsigned long>(absl::GetFlag(FLAGS_min_streaming_transfer_bytes)),
-      sysconf(_SC_NPROCESSORS_ONLN));
+      absl::GetFlag(FLAGS_poll_us), sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
   std::fflush(stdout);
 
   const auto [peer_binary, peer_args] = ReexecAsAgentPeer(
@@ -260,6 +291,7 @@ int Run() {
          .tcp_segment_bytes = absl::GetFlag(FLAGS_tcp_segment_bytes),
          .separate_data_endpoint = absl::GetFlag(FLAGS_separate_data_endpoint),
          .direct_copy = absl::GetFlag(FLAGS_direct_copy),
+         .copy_threads = absl::GetFlag(FLAGS_copy_threads),
          .min_streaming_transfer_bytes = absl::GetFlag(FLAGS_min_streaming_transfer_bytes),
          .stage_cuda_memory = cuda,
          .cuda_staging_buffers = absl::GetFlag(FLAGS_cuda_staging_buffers),
@@ -298,8 +330,12 @@ int Run() {
         point.p50_ms.push_back(*p50);
         point.gbps.push_back(uint64_t{n} * block / (*p50 * 1e-3) / 1e9);
         if (perftest) {
-          point.perftest_gbps.push_back(RunPerftest(
-              point.perftest_bytes, absl::GetFlag(FLAGS_transports), base_port + perftest_runs++));
+          const double ref = RunPerftest(point.perftest_bytes, absl::GetFlag(FLAGS_transports),
+                                         base_port + perftest_runs++);
+          if (ref > 0) {
+            point.perftest_gbps.push_back(ref);
+            point.ratios.push_back(point.gbps.back() / ref);
+          }
         }
       }
       points.push_back(std::move(point));
@@ -309,25 +345,31 @@ int Run() {
 
   std::printf(
       "\n| blocks |    MiB | p50 ms | GB/s median | GB/s best | perftest MiB | perftest median "
-      "| perftest best | %% median | %% best |\n");
+      "| perftest best | %% of medians | %% paired | %% best |\n");
   std::printf(
       "|-------:|-------:|-------:|------------:|----------:|-------------:|----------------:"
-      "|--------------:|---------:|-------:|\n");
+      "|--------------:|-------------:|---------:|-------:|\n");
   for (const Point& p : points) {
     const double ref_median = Median(p.perftest_gbps);
     const double ref_best = Best(p.perftest_gbps);
-    std::printf("| %6u | %6.0f | %6.2f | %11.2f | %9.2f | %12.0f | %15.2f | %13.2f | %8s | %6s |\n",
-                p.blocks, p.blocks * block / 1048576.0, Median(p.p50_ms), Median(p.gbps),
-                Best(p.gbps), p.perftest_bytes / 1048576.0, ref_median, ref_best,
-                Pct(Median(p.gbps), ref_median).c_str(), Pct(Best(p.gbps), ref_best).c_str());
+    const double paired = Median(p.ratios);
+    std::printf(
+        "| %6u | %6.0f | %6.2f | %11.2f | %9.2f | %12.0f | %15.2f | %13.2f | %12s | %8s | %6s |\n",
+        p.blocks, p.blocks * block / 1048576.0, Median(p.p50_ms), Median(p.gbps), Best(p.gbps),
+        p.perftest_bytes / 1048576.0, ref_median, ref_best, Pct(Median(p.gbps), ref_median).c_str(),
+        Pct(paired, paired > 0 ? 1.0 : -1.0).c_str(), Pct(Best(p.gbps), ref_best).c_str());
   }
   if (absl::GetFlag(FLAGS_perftest)) {
     std::printf(
         "\nperftest: ucx_perftest 127.0.0.1 -t ucp_get -s <perftest MiB> with UCX_TLS=%s, run "
-        "alternately with ours (%d rounds; negative: did not run). It re-reads one buffer, which "
-        "is cache-resident up to a few MiB.\n",
-        absl::GetFlag(FLAGS_transports).c_str(), absl::GetFlag(FLAGS_rounds));
+        "alternately with ours (%d rounds, %d warm-ups + clamp(%lu / bytes, 5, 50) iterations "
+        "each, GB/s at the median iteration; -1: did not run). %% paired: median over rounds of "
+        "ours / perftest in the same round. It re-reads one buffer, which is cache-resident up "
+        "to a few MiB.\n",
+        absl::GetFlag(FLAGS_transports).c_str(), absl::GetFlag(FLAGS_rounds), kWarmupIterations,
+        static_cast<unsigned long>(absl::GetFlag(FLAGS_bytes_per_point)));
   }
+  std::printf("load average (1 min) at the end: %s\n", LoadAverage().c_str());
   if (cuda) {
     std::printf(
         "source side: SyncForRemoteRead of the whole %.0f MiB pool (device -> mirror) "

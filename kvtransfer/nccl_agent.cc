@@ -80,6 +80,7 @@ NcclLinkOptions LinkOptions(const NcclAgentOptions& o) {
   l.staging_chunk_bytes = o.staging_chunk_bytes;
   l.staging_buffers = o.staging_buffers;
   l.copy_ctas = o.copy_ctas;
+  l.copy_mode = o.copy_mode;
   l.init_timeout = o.init_timeout;
   return l;
 }

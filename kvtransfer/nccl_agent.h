@@ -16,10 +16,10 @@
 //    (kRead, nccl_agent_wire.h) without waiting for earlier ones; the source validates it against
 //    its own regions and acks (kReadAck), and on OK both sides put the transfer's NCCL messages
 //    (nccl_agent_plan.h: packed chunks of staging_chunk_bytes, ops >= direct_min_bytes on their
-//    own) on the GPU behind the earlier ones. The source gathers scattered ranges into a staging
-//    ring with a copy kernel, the reader scatters them out of its own ring; a message that is
-//    contiguous on one side skips that side's copy. A transfer ends when its last scatter ran.
-//    A refused list ends the transfer with the source's error.
+//    own, a run of those as one NCCL group) on the GPU behind the earlier ones. The source gathers
+//    scattered ranges into a staging ring with a copy kernel, the reader scatters them out of its
+//    own ring; a message that is contiguous on one side skips that side's copy. A transfer ends
+//    when its last scatter ran. A refused list ends the transfer with the source's error.
 //
 // Cancel: a transfer still queued ends CANCELLED at once. Posted NCCL ops cannot be cancelled:
 // once its kRead was sent the transfer ends CANCELLED only after the bytes have arrived.
@@ -30,7 +30,8 @@
 // UNAVAILABLE until AddPeer reconnects. RemovePeer and re-AddPeer end the old connection's
 // transfers CANCELLED (after the same abort). The source side applies the same init and
 // transfer deadlines to each reader it serves, so a silent reader cannot pin its thread.
-// Memory: per connection and side, staging_buffers * staging_chunk_bytes of device memory.
+// Memory: per connection and side, staging_buffers * staging_chunk_bytes of device memory
+// (384 MiB by default).
 //
 // Thread safety: all methods are thread-safe. Threads: one accept loop, one per outgoing peer,
 // one per incoming (served) connection. ~NcclAgent aborts all communicators and joins them:
@@ -52,6 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtransfer/nccl_agent_copy.h"
 #include "kvtransfer/transfer_agent.h"
 #include "tandem/v1/kv.pb.h"
 
@@ -74,13 +76,20 @@ struct NcclAgentOptions {
   // uses it for the oldest transfer it serves.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Staging ring per connection: staging_buffers device buffers of staging_chunk_bytes. Packed
-  // messages are at most this long; a pair uses the smaller of both sides' values.
-  uint64_t staging_chunk_bytes = uint64_t{64} << 20;
-  int staging_buffers = 2;
+  // messages are at most this long; a pair uses the smaller of both sides' values. Defaults:
+  // the best measured on 2 H200s (kvtransfer/README.md, "NCCL agent"): NCCL's cost per message
+  // (~15-20 us) wants long messages, a third buffer absorbs jitter between copy and send.
+  uint64_t staging_chunk_bytes = uint64_t{128} << 20;
+  int staging_buffers = 3;
   // Ops at least this long travel as one NCCL message of their own, pool to pool.
   uint64_t direct_min_bytes = uint64_t{32} << 20;
-  // CTAs (512 threads) of the gather / scatter kernel; the rest of the SMs stay free for NCCL.
-  int copy_ctas = 64;
+  // CTAs (512 threads) of the gather / scatter kernel (copy_mode kKernel / kStreamingKernel);
+  // the rest of the SMs stay free for NCCL.
+  int copy_ctas = 32;
+  // What moves bytes between the pools and the staging ring (nccl_agent_copy.h). The copy
+  // engines slow NCCL's concurrent sends least: a source's gather kernel cost ~8% of NCCL's
+  // rate whatever its CTA count, the engines ~5% (kvtransfer/README.md).
+  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kCopyEngine;
   // Transfers of one peer whose kRead is out at once (reader side).
   int max_posted_transfers = 4;
 };

@@ -1,6 +1,7 @@
 #include "kvtransfer/nccl_agent_link.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -25,15 +26,20 @@ constexpr uint64_t kStagingAlign = 256;
 }  // namespace
 
 // Freed only after the link drained its streams (~NcclLink), or while idle.
+// A transfer ended once both streams passed its last work: two events, not one stream waiting
+// for the other, so the next transfer's first gather (sender) can run while this one's last
+// send is still on the wire.
 struct NcclLink::Slot {
   nccl_plan::CopyTile* host = nullptr;  // pinned
   nccl_plan::CopyTile* device = nullptr;
   size_t capacity = 0;
-  cudaEvent_t done = nullptr;
+  cudaEvent_t copy_done = nullptr;
+  cudaEvent_t nccl_done = nullptr;
   ~Slot() {
     if (host != nullptr) cudaFreeHost(host);
     if (device != nullptr) cudaFree(device);
-    if (done != nullptr) cudaEventDestroy(done);
+    if (copy_done != nullptr) cudaEventDestroy(copy_done);
+    if (nccl_done != nullptr) cudaEventDestroy(nccl_done);
   }
 };
 
@@ -172,7 +178,8 @@ absl::StatusOr<std::unique_ptr<NcclLink::Slot>> NcclLink::TakeSlot() {
     return slot;
   }
   auto slot = std::make_unique<Slot>();
-  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->copy_done, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->nccl_done, cudaEventDisableTiming));
   return slot;
 }
 
@@ -204,6 +211,8 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
   };
   std::vector<Step> steps(plan.messages.size());
   tiles_.clear();
+  // The copy engines take one copy per piece, described from the host during the call.
+  const bool engines = options_.copy_mode == nccl_copy::CopyMode::kCopyEngine;
   const nccl_plan::Direction direction =
       role_ == Role::kSender ? nccl_plan::Direction::kGather : nccl_plan::Direction::kScatter;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -217,10 +226,10 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     s.buffer = staging_ + staging_stride_ * s.ring;
     s.first_tile = static_cast<uint32_t>(tiles_.size());
     nccl_plan::AppendTiles(plan, m, op_addr, reinterpret_cast<uint64_t>(s.buffer), direction,
-                           kTileBytes, &tiles_);
+                           engines ? UINT64_MAX : kTileBytes, &tiles_);
     s.num_tiles = static_cast<uint32_t>(tiles_.size()) - s.first_tile;
   }
-  if (tiles_.size() > slot.capacity) {
+  if (!engines && tiles_.size() > slot.capacity) {
     // The slot is idle (its last transfer ended), so its old table is no longer read.
     const size_t capacity = std::max({tiles_.size(), kMinTileCapacity, 2 * slot.capacity});
     if (slot.host != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(slot.host));
@@ -234,7 +243,7 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&slot.device), bytes));
     slot.capacity = capacity;
   }
-  if (!tiles_.empty()) {
+  if (!engines && !tiles_.empty()) {
     const size_t bytes = tiles_.size() * sizeof(nccl_plan::CopyTile);
     std::memcpy(slot.host, tiles_.data(), bytes);
     CUDA_RETURN_IF_ERROR(
@@ -250,37 +259,70 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, join_, 0));
   }
   const absl::Time deadline = absl::Now() + options_.init_timeout;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const Step& s = steps[i];
-    const size_t bytes = plan.messages[i].bytes;
-    const nccl_plan::CopyTile* tiles = slot.device + s.first_tile;
-    if (role_ == Role::kSender) {
-      if (s.ring >= 0) {
-        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, free_[s.ring], 0));
-        CUDA_RETURN_IF_ERROR(
-            nccl_copy::LaunchCopyTiles(tiles, s.num_tiles, options_.copy_ctas, copy_stream_));
-        CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], copy_stream_));
-        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, ready_[s.ring], 0));
-      }
-      RETURN_IF_ERROR(
-          Settle(ncclSend(s.buffer, bytes, ncclInt8, 0, comm_, nccl_stream_), deadline));
-      if (s.ring >= 0) CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], nccl_stream_));
-    } else {
-      if (s.ring >= 0) CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, free_[s.ring], 0));
-      RETURN_IF_ERROR(
-          Settle(ncclRecv(s.buffer, bytes, ncclInt8, 1, comm_, nccl_stream_), deadline));
-      if (s.ring >= 0) {
-        CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], nccl_stream_));
-        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[s.ring], 0));
-        CUDA_RETURN_IF_ERROR(
-            nccl_copy::LaunchCopyTiles(tiles, s.num_tiles, options_.copy_ctas, copy_stream_));
-        CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], copy_stream_));
-      }
+  // Posts messages [begin, end) as one NCCL call. A non-blocking communicator launches every
+  // group from a helper thread of its own (tens of microseconds of host time), so a run of
+  // direct messages goes as one group: one launch. Runs are cut by the plan's `direct` flags,
+  // which both sides share, so sender and receiver group the same messages.
+  auto post = [&](size_t begin, size_t end) -> absl::Status {
+    const bool group = end - begin > 1;
+    if (group) NCCL_RETURN_IF_ERROR(ncclGroupStart());
+    ncclResult_t r = ncclSuccess;
+    for (size_t i = begin; i < end && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      r = role_ == Role::kSender ? ncclSend(steps[i].buffer, plan.messages[i].bytes, ncclInt8,
+                                            /*peer=*/0, comm_, nccl_stream_)
+                                 : ncclRecv(steps[i].buffer, plan.messages[i].bytes, ncclInt8,
+                                            /*peer=*/1, comm_, nccl_stream_);
     }
+    if (!group) return Settle(r, deadline);
+    const ncclResult_t ended = ncclGroupEnd();  // always: it closes the group even after errors
+    if (r != ncclSuccess && r != ncclInProgress) {
+      Settle(ended, deadline).IgnoreError();
+      NCCL_RETURN_IF_ERROR(r);
+    }
+    return Settle(ended, deadline);
+  };
+  auto copy = [&](const Step& s) -> cudaError_t {
+    if (engines) {
+      return nccl_copy::CopyTilesWithEngines(tiles_.data() + s.first_tile, s.num_tiles,
+                                             copy_stream_);
+    }
+    return nccl_copy::LaunchCopyTiles(slot.device + s.first_tile, s.num_tiles, options_.copy_ctas,
+                                      options_.copy_mode == nccl_copy::CopyMode::kStreamingKernel,
+                                      copy_stream_);
+  };
+  for (size_t i = 0; i < steps.size();) {
+    const Step& s = steps[i];
+    if (plan.messages[i].direct) {
+      size_t end = i + 1;
+      while (end < steps.size() && plan.messages[end].direct) ++end;
+      RETURN_IF_ERROR(post(i, end));
+      i = end;
+      continue;
+    }
+    if (s.ring < 0) {  // contiguous on this side only: alone, as the other side posts it
+      RETURN_IF_ERROR(post(i, i + 1));
+      ++i;
+      continue;
+    }
+    if (role_ == Role::kSender) {
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, free_[s.ring], 0));
+      CUDA_RETURN_IF_ERROR(copy(s));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], copy_stream_));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, ready_[s.ring], 0));
+      RETURN_IF_ERROR(post(i, i + 1));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], nccl_stream_));
+    } else {
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, free_[s.ring], 0));
+      RETURN_IF_ERROR(post(i, i + 1));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], nccl_stream_));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[s.ring], 0));
+      CUDA_RETURN_IF_ERROR(copy(s));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], copy_stream_));
+    }
+    ++i;
   }
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, nccl_stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, join_, 0));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done, copy_stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copy_done, copy_stream_));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.nccl_done, nccl_stream_));
   return absl::OkStatus();
 }
 
@@ -289,9 +331,11 @@ absl::StatusOr<bool> NcclLink::PollOldest() {
   ncclResult_t state = ncclSuccess;
   NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
   if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
-  const cudaError_t q = cudaEventQuery(running_.front()->done);
-  if (q == cudaErrorNotReady) return false;
-  CUDA_RETURN_IF_ERROR(q);
+  for (cudaEvent_t done : {running_.front()->nccl_done, running_.front()->copy_done}) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaErrorNotReady) return false;
+    CUDA_RETURN_IF_ERROR(q);
+  }
   idle_.push_back(std::move(running_.front()));
   running_.pop_front();
   return true;

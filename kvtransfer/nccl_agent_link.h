@@ -16,8 +16,11 @@
 //     receiver (rank 0, reader): [nccl] wait free[b]; ncclRecv(staging[b]); record ready[b]
 //                                [copy] wait ready[b]; scatter kernel -> pool; record free[b]
 // so the gather / scatter of one message overlaps the NCCL transfer of its neighbours (and of
-// the neighbouring transfers). A transfer's end event is recorded once both streams passed its
-// last work: on the receiver, after its last scatter. PollOldest reports ends in order.
+// the neighbouring transfers: neither stream waits for the other at a transfer's end). A run of
+// consecutive direct messages (nccl_plan::Message::direct) is one ncclGroupStart/End: one
+// launch for the run.
+// A transfer has ended once both streams passed its last work (an event on each; on the
+// receiver the copy stream's is after its last scatter). PollOldest reports ends in order.
 // Transfers land in enqueue order (a receiver transfer with direct messages first waits for the
 // earlier scatters); ops of one transfer with overlapping destinations land in no set order.
 //
@@ -26,7 +29,7 @@
 //
 // Memory per link: staging_buffers * staging_chunk_bytes of device memory, allocated by Connect,
 // plus per in-flight transfer a tile table (24 bytes per <= 128 KiB of staged data, pinned host +
-// device, grown on demand).
+// device, grown on demand; none with the copy engines, which take the table from the host).
 //
 // Thread safety: none. One thread owns a link (the agent's connection thread); `stop` and
 // `control_fd` must outlive it.
@@ -48,15 +51,17 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtransfer/nccl_agent_copy.h"
 #include "kvtransfer/nccl_agent_plan.h"
 
 namespace tandem::kvtransfer {
 
 struct NcclLinkOptions {
   int device = 0;
-  uint64_t staging_chunk_bytes = uint64_t{64} << 20;  // packed messages must fit
-  int staging_buffers = 2;
-  int copy_ctas = 64;  // CTAs of the gather / scatter kernel
+  uint64_t staging_chunk_bytes = uint64_t{128} << 20;  // packed messages must fit
+  int staging_buffers = 3;
+  int copy_ctas = 32;  // CTAs of the gather / scatter kernel
+  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kCopyEngine;
   // Connect's whole budget; also bounds any later wait for NCCL's non-blocking calls.
   absl::Duration init_timeout = absl::Seconds(30);
 };
@@ -85,7 +90,7 @@ class NcclLink {
   size_t in_flight() const { return running_.size(); }
 
  private:
-  struct Slot;  // one in-flight transfer's tile table and end event
+  struct Slot;  // one in-flight transfer's tile table and end events
   NcclLink(const NcclLinkOptions& options, Role role, int control_fd,
            const std::atomic<bool>& stop);
   absl::Status Setup(const ncclUniqueId& id);
@@ -107,7 +112,7 @@ class NcclLink {
   ncclComm_t comm_ = nullptr;
   cudaStream_t nccl_stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t join_ = nullptr;
+  cudaEvent_t join_ = nullptr;      // warm-up; a receiver's direct messages wait for scatters
   std::vector<cudaEvent_t> ready_;  // per staging buffer: filled (gathered / received)
   std::vector<cudaEvent_t> free_;   // per staging buffer: drained (sent / scattered)
   char* staging_ = nullptr;

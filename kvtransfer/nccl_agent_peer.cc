@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -136,17 +138,31 @@ int RunPeer() {
     FillPattern(seed, 0, bytes, host.data());
     if (cudaMemcpy(buf, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) return 5;
   }
-  NcclAgentOptions options;
-  options.device = device;
-  if (chunk != 0) options.staging_chunk_bytes = chunk;
-  auto agent = NcclAgent::Create(options);
-  if (!agent.ok()) return 6;
-  if (!(*agent)->RegisterMemory(buf, bytes, tandem::v1::MEMORY_KIND_CUDA).ok()) return 7;
-  tandem::v1::TransferHandshake desc;
-  if (!(*agent)->FillLocalDescriptor(&desc).ok()) return 8;
-  std::string wire = desc.SerializeAsString();
-  uint32_t len = static_cast<uint32_t>(wire.size());
-  if (!WriteAll(out, &len, 4) || !WriteAll(out, wire.data(), len)) return 9;
+  std::unique_ptr<NcclAgent> agent;
+  // Creates the agent (the old one first ends its connections) and sends its descriptor.
+  auto start_agent = [&](const PeerAgentConfig& config) -> int {
+    agent.reset();
+    NcclAgentOptions options;
+    options.device = device;
+    if (config.staging_chunk_bytes != 0) options.staging_chunk_bytes = config.staging_chunk_bytes;
+    if (config.copy_ctas != 0) options.copy_ctas = config.copy_ctas;
+    if (config.staging_buffers != 0) options.staging_buffers = config.staging_buffers;
+    if (config.copy_mode >= 0)
+      options.copy_mode = static_cast<nccl_copy::CopyMode>(config.copy_mode);
+    auto created = NcclAgent::Create(options);
+    if (!created.ok()) return 6;
+    agent = std::move(*created);
+    if (!agent->RegisterMemory(buf, bytes, tandem::v1::MEMORY_KIND_CUDA).ok()) return 7;
+    tandem::v1::TransferHandshake desc;
+    if (!agent->FillLocalDescriptor(&desc).ok()) return 8;
+    std::string wire = desc.SerializeAsString();
+    uint32_t len = static_cast<uint32_t>(wire.size());
+    if (!WriteAll(out, &len, 4) || !WriteAll(out, wire.data(), len)) return 9;
+    return 0;
+  };
+  PeerAgentConfig first;
+  first.staging_chunk_bytes = chunk;
+  if (int rc = start_agent(first); rc != 0) return rc;
   ncclComm_t raw = nullptr;
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -165,11 +181,18 @@ int RunPeer() {
       }
       if (cudaStreamSynchronize(stream) != cudaSuccess) return 14;
       if (!WriteAll(out, "D", 1)) return 15;
+    } else if (cmd == 'R') {
+      PeerAgentConfig config;
+      if (!ReadAll(in, &config.staging_chunk_bytes, 8) || !ReadAll(in, &config.copy_ctas, 4) ||
+          !ReadAll(in, &config.staging_buffers, 4) || !ReadAll(in, &config.copy_mode, 4)) {
+        return 12;
+      }
+      if (int rc = start_agent(config); rc != 0) return rc;
     } else {
       return 16;
     }
   }
-  agent->reset();
+  agent.reset();
   if (raw != nullptr) ncclCommAbort(raw);  // local; the parent may be gone already
   cudaFree(buf);
   return 0;
@@ -280,6 +303,24 @@ absl::Status PeerProcess::RawSend(uint64_t bytes, uint32_t iters) {
   std::memcpy(cmd + 1, &bytes, 8);
   std::memcpy(cmd + 9, &iters, 4);
   if (!WriteAll(to_child_, cmd, sizeof(cmd))) return absl::UnavailableError("peer gone");
+  return absl::OkStatus();
+}
+
+absl::Status PeerProcess::RestartAgent(const PeerAgentConfig& config) {
+  char cmd[21];
+  cmd[0] = 'R';
+  std::memcpy(cmd + 1, &config.staging_chunk_bytes, 8);
+  std::memcpy(cmd + 9, &config.copy_ctas, 4);
+  std::memcpy(cmd + 13, &config.staging_buffers, 4);
+  std::memcpy(cmd + 17, &config.copy_mode, 4);
+  if (!WriteAll(to_child_, cmd, sizeof(cmd))) return absl::UnavailableError("peer gone");
+  uint32_t len = 0;
+  std::string wire;
+  if (!ReadAll(from_child_, &len, 4) ||
+      (wire.resize(len), !ReadAll(from_child_, wire.data(), len)) ||
+      !descriptor_.ParseFromString(wire)) {
+    return absl::UnavailableError("nccl peer process died restarting its agent");
+  }
   return absl::OkStatus();
 }
 

@@ -7,7 +7,7 @@
 // FillPattern(seed), registers it with an NcclAgent (region 0; staging_chunk_bytes as given,
 // 0 = the default), writes its descriptor to the parent, then serves reads until the parent
 // closes its pipe. It also answers raw-NCCL benchmark commands (RawSend) on a separate
-// communicator.
+// communicator, and RestartAgent (the benchmark gives the source each configuration it sweeps).
 //
 // Thread safety: a PeerProcess is used by one thread.
 #ifndef TANDEM_KVTRANSFER_NCCL_AGENT_PEER_H_
@@ -29,6 +29,15 @@ void FillPattern(uint64_t seed, uint64_t offset, uint64_t n, char* out);
 
 // Runs the child role when TANDEM_NCCL_PEER is set and returns its exit code; -1 otherwise.
 int MaybeRunPeer();
+
+// Source agent settings RestartAgent applies; 0 (-1 for copy_mode) keeps NcclAgentOptions'
+// default.
+struct PeerAgentConfig {
+  uint64_t staging_chunk_bytes = 0;
+  int copy_ctas = 0;
+  int staging_buffers = 0;
+  int copy_mode = -1;  // a nccl_copy::CopyMode
+};
 
 enum class PeerMode {
   kAgent,  // a real NcclAgent serves the reads (see above)
@@ -58,6 +67,9 @@ class PeerProcess {
   absl::Status RawInit(const std::string& unique_id);
   absl::Status RawSend(uint64_t bytes, uint32_t iters);
   absl::Status WaitRawDone();
+  // PeerMode::kAgent only: replaces the child's agent by a fresh one with `config` over the same
+  // memory (its readers' connections end) and updates descriptor(). Connect readers anew.
+  absl::Status RestartAgent(const PeerAgentConfig& config);
 
  private:
   PeerProcess() = default;

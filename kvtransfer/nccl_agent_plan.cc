@@ -25,7 +25,7 @@ absl::StatusOr<Plan> MakePlan(absl::Span<const uint64_t> op_bytes, const PlanPar
     if (len == 0) return absl::InvalidArgumentError(absl::StrCat("nccl plan: op ", op, " empty"));
     if (len >= params.direct_min_bytes) {
       close_open();
-      plan.messages.push_back({len, static_cast<uint32_t>(plan.pieces.size()), 1});
+      plan.messages.push_back({len, static_cast<uint32_t>(plan.pieces.size()), 1, true});
       plan.pieces.push_back({op, 0, len});
       continue;
     }

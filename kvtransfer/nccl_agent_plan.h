@@ -39,11 +39,14 @@ struct Piece {
 };
 
 // One ncclSend/ncclRecv: pieces [first_piece, first_piece + num_pieces) of Plan::pieces, in
-// stream order; `bytes` is their sum.
+// stream order; `bytes` is their sum. `direct`: one whole op of at least direct_min_bytes
+// (contiguous on both sides). Both sides see the same flags, so they can batch runs of direct
+// messages into the same NCCL groups.
 struct Message {
   uint64_t bytes = 0;
   uint32_t first_piece = 0;
   uint32_t num_pieces = 0;
+  bool direct = false;
 };
 
 struct Plan {

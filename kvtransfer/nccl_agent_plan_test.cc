@@ -32,6 +32,8 @@ TEST(NcclPlanTest, PacksSmallOpsAndSendsLargeOnesAlone) {
   for (const Message& m : plan->messages) sizes.push_back(m.bytes);
   EXPECT_EQ(sizes, (std::vector<uint64_t>{7, 9, 10, 1}));
   EXPECT_EQ(plan->messages[1].num_pieces, 1u);
+  EXPECT_TRUE(plan->messages[1].direct);
+  EXPECT_FALSE(plan->messages[0].direct);
   EXPECT_EQ(plan->pieces[plan->messages[1].first_piece].op, 2u);
   // Op 4 (6 bytes) straddles: 5 bytes in message 2, 1 byte in message 3.
   const Piece& last = plan->pieces[plan->messages[3].first_piece];
@@ -85,6 +87,7 @@ TEST(NcclPlanTest, RandomPlansCoverTheStreamInOrder) {
       }
       EXPECT_EQ(sum, m.bytes);
       const Piece& first = plan->pieces[m.first_piece];
+      EXPECT_EQ(m.direct, ops[first.op] >= params.direct_min_bytes) << "message " << i;
       if (ops[first.op] >= params.direct_min_bytes) {
         EXPECT_EQ(m.num_pieces, 1u);
         EXPECT_EQ(m.bytes, ops[first.op]);

@@ -1,15 +1,20 @@
 // NcclAgent vs raw NCCL send/recv between two processes on two GPUs (issue 5: target >= 90%).
 //
-//   bazel-bin/kvtransfer/nccl_bench [--quick] [--configs=64/64/4/2,32/64/4/2]
+//   bazel-bin/kvtransfer/nccl_bench [--quick] [--configs=64/64/4/2,128/32/4/3/16]
+//                                   [--blocks=1,16,64,256,1024] [--halves]
 //
 // The source agent runs in a re-executed copy of this binary on device 1 (nccl_agent_peer.h),
 // the reader here on device 0. For each batch of B blocks of 2 MiB (random, mostly
 // non-contiguous block ids on both sides): the agent's rate posts `iters` PostReads and waits
 // for all; the raw rate is `iters` ncclRecv/ncclSend of the same B * 2 MiB as one contiguous
 // buffer on a separate communicator. Both after one warm-up round; each rate is the median of
-// 3 repetitions. One table per reader configuration "chunk_mib/copy_ctas/max_posted/buffers"
-// (staging_chunk_bytes in MiB, copy kernel CTAs, max_posted_transfers, staging_buffers); the
-// first table also times a fully contiguous 1024-block batch (the direct path).
+// 5 repetitions. One table per configuration "chunk_mib/copy_ctas/max_posted/buffers[/direct_mib
+// [/mode]]" (staging_chunk_bytes in MiB, copy kernel CTAs, max_posted_transfers, staging_buffers,
+// direct_min_bytes in MiB, default 32; copy_mode k = kernel, s = streaming kernel, e = copy
+// engines, the default), applied to both agents (the source is restarted with it). Each table ends
+// with a fully contiguous 1024-block batch ("1024c": one direct message, or chunked without copies
+// when direct_mib > 2048), with --halves batches random on one side only, and raw NCCL in messages
+// of the chunk size (NCCL's own cost per message).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -30,11 +35,17 @@
 #include "absl/time/time.h"
 #include "kvtransfer/copy_ops.h"
 #include "kvtransfer/nccl_agent.h"
+#include "kvtransfer/nccl_agent_copy.h"
 #include "kvtransfer/nccl_agent_peer.h"
 
 ABSL_FLAG(bool, quick, false, "fewer iterations");
-ABSL_FLAG(std::string, configs, "64/64/4/2,128/64/4/2",
-          "comma-separated reader configs chunk_mib/copy_ctas/max_posted/staging_buffers");
+ABSL_FLAG(std::string, configs, "128/32/4/3/32/e,128/32/4/3/32/k",
+          "comma-separated configs chunk_mib/copy_ctas/max_posted/staging_buffers"
+          "[/direct_mib[/k|s|e]]");
+ABSL_FLAG(bool, halves, false,
+          "also time 1024 blocks random on one side only (1024g: source, 1024s: reader)");
+ABSL_FLAG(std::string, blocks, "1,16,64,256,1024",
+          "comma-separated batch sizes (random blocks); a contiguous 1024-block batch follows");
 
 namespace tandem::kvtransfer {
 namespace {
@@ -42,7 +53,7 @@ namespace {
 constexpr uint64_t kBlockBytes = uint64_t{2} << 20;
 constexpr uint32_t kPoolBlocks = 1024;
 constexpr uint64_t kPoolBytes = kBlockBytes * kPoolBlocks;
-constexpr int kReps = 3;
+constexpr int kReps = 5;
 
 #define CHECK_OK(expr)                                                                   \
   do {                                                                                   \
@@ -60,21 +71,45 @@ constexpr int kReps = 3;
     }                                                    \
   } while (false)
 
+// Omitted trailing fields keep NcclAgentOptions' defaults.
 struct Config {
-  uint64_t chunk_mib = 64;
-  int copy_ctas = 64;
+  uint64_t chunk_mib = 128;
+  int copy_ctas = 32;
   int max_posted = 4;
-  int buffers = 2;
+  int buffers = 3;
+  uint64_t direct_mib = 32;
+  char copy_mode = 'e';  // k: kernel, s: streaming kernel, e: copy engines
 };
+
+nccl_copy::CopyMode ModeOf(char c) {
+  return c == 's'   ? nccl_copy::CopyMode::kStreamingKernel
+         : c == 'e' ? nccl_copy::CopyMode::kCopyEngine
+                    : nccl_copy::CopyMode::kKernel;
+}
+
+std::vector<uint32_t> ParseBlocks(const std::string& text) {
+  std::vector<uint32_t> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    uint32_t b = 0;
+    CHECK_TRUE(absl::SimpleAtoi(item, &b) && b >= 1 && b <= kPoolBlocks);
+    out.push_back(b);
+  }
+  return out;
+}
 
 std::vector<Config> ParseConfigs(const std::string& text) {
   std::vector<Config> out;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(item, '/');
     Config c;
-    CHECK_TRUE(f.size() == 4 && absl::SimpleAtoi(f[0], &c.chunk_mib) &&
+    CHECK_TRUE(f.size() >= 4 && f.size() <= 6 && absl::SimpleAtoi(f[0], &c.chunk_mib) &&
                absl::SimpleAtoi(f[1], &c.copy_ctas) && absl::SimpleAtoi(f[2], &c.max_posted) &&
-               absl::SimpleAtoi(f[3], &c.buffers));
+               absl::SimpleAtoi(f[3], &c.buffers) &&
+               (f.size() < 5 || absl::SimpleAtoi(f[4], &c.direct_mib)));
+    if (f.size() == 6) {
+      CHECK_TRUE(f[5] == "k" || f[5] == "s" || f[5] == "e");
+      c.copy_mode = f[5][0];
+    }
     out.push_back(c);
   }
   CHECK_TRUE(!out.empty());
@@ -118,12 +153,24 @@ double MedianRate(double bytes, F seconds) {
   return rates[kReps / 2];
 }
 
-std::vector<CopyOp> Batch(std::mt19937_64& rng, uint32_t blocks, bool contiguous) {
+// Block order of a batch: random on both sides, contiguous on both, or random on one side only
+// (the other side's copy kernel does all the work: "g" gathers on the source, "s" scatters on
+// the reader).
+enum class Layout : char {
+  kRandom = ' ',
+  kContiguous = 'c',
+  kGatherOnly = 'g',
+  kScatterOnly = 's'
+};
+
+std::vector<CopyOp> Batch(std::mt19937_64& rng, uint32_t blocks, Layout layout) {
   std::vector<uint32_t> src(kPoolBlocks), dst(kPoolBlocks);
   std::iota(src.begin(), src.end(), 0);
   std::iota(dst.begin(), dst.end(), 0);
-  if (!contiguous) {
+  if (layout == Layout::kRandom || layout == Layout::kGatherOnly) {
     std::shuffle(src.begin(), src.end(), rng);
+  }
+  if (layout == Layout::kRandom || layout == Layout::kScatterOnly) {
     std::shuffle(dst.begin(), dst.end(), rng);
   }
   src.resize(blocks);
@@ -131,16 +178,14 @@ std::vector<CopyOp> Batch(std::mt19937_64& rng, uint32_t blocks, bool contiguous
   return BlockCopyOps(0, 0, kBlockBytes, dst, src);
 }
 
-int Run(bool quick, const std::vector<Config>& configs) {
+int Run(bool quick, bool halves, const std::vector<Config>& configs,
+        const std::vector<uint32_t>& blocks) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
     std::printf("nccl_bench: needs 2 GPUs, found %d; skipped\n", count);
     return 0;
   }
-  uint64_t max_chunk = 0;
-  for (const Config& c : configs) max_chunk = std::max(max_chunk, c.chunk_mib << 20);
-  // The source accepts any of the readers' chunk sizes (a pair uses the smaller one).
-  auto peer = nccl_peer::PeerProcess::Spawn(1, kPoolBytes, 1, max_chunk);
+  auto peer = nccl_peer::PeerProcess::Spawn(1, kPoolBytes, 1);
   CHECK_OK(peer.status());
   CHECK_TRUE(cudaSetDevice(0) == cudaSuccess);
   char* local = nullptr;
@@ -165,41 +210,64 @@ int Run(bool quick, const std::vector<Config>& configs) {
     return raw_gbs[bytes] = gbs;
   };
 
-  for (size_t ci = 0; ci < configs.size(); ++ci) {
-    const Config& c = configs[ci];
+  for (const Config& c : configs) {
+    CHECK_OK(peer->RestartAgent(
+        {c.chunk_mib << 20, c.copy_ctas, c.buffers, static_cast<int>(ModeOf(c.copy_mode))}));
     NcclAgentOptions options;
     options.device = 0;
     options.staging_chunk_bytes = c.chunk_mib << 20;
     options.copy_ctas = c.copy_ctas;
     options.max_posted_transfers = c.max_posted;
     options.staging_buffers = c.buffers;
+    options.direct_min_bytes = c.direct_mib << 20;
+    options.copy_mode = ModeOf(c.copy_mode);
     auto agent = NcclAgent::Create(options);
     CHECK_OK(agent.status());
     CHECK_OK((*agent)->RegisterMemory(local, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).status());
     CHECK_OK((*agent)->AddPeer("src", peer->descriptor()));
     std::printf(
-        "\nconfig: staging_chunk %llu MiB, copy_ctas %d, max_posted_transfers %d, "
-        "staging_buffers %d\n",
-        static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers);
+        "\nconfig %llu/%d/%d/%d/%llu/%c: staging_chunk %llu MiB, copy_ctas %d, "
+        "max_posted_transfers %d, staging_buffers %d, direct_min %llu MiB, copy %s\n",
+        static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
+        static_cast<unsigned long long>(c.direct_mib), c.copy_mode,
+        static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
+        static_cast<unsigned long long>(c.direct_mib),
+        c.copy_mode == 's'   ? "streaming kernel"
+        : c.copy_mode == 'e' ? "copy engines"
+                             : "kernel");
     std::printf("%8s %10s %6s %12s %12s %8s\n", "blocks", "MiB/batch", "iters", "agent GB/s",
                 "raw GB/s", "agent%");
     std::mt19937_64 rng(7);
-    std::vector<std::pair<uint32_t, bool>> rows = {
-        {1, false}, {16, false}, {64, false}, {256, false}, {1024, false}};
-    if (ci == 0) rows.push_back({1024, true});
-    for (auto [blocks, contiguous] : rows) {
-      const std::vector<CopyOp> ops = Batch(rng, blocks, contiguous);
+    std::vector<std::pair<uint32_t, Layout>> rows;
+    for (uint32_t b : blocks) rows.push_back({b, Layout::kRandom});
+    rows.push_back({kPoolBlocks, Layout::kContiguous});
+    if (halves) {
+      rows.push_back({kPoolBlocks, Layout::kGatherOnly});
+      rows.push_back({kPoolBlocks, Layout::kScatterOnly});
+    }
+    double worst = 1e9;  // lowest agent% of the random batches >= 64 blocks
+    for (auto [blocks, layout] : rows) {
+      const std::vector<CopyOp> ops = Batch(rng, blocks, layout);
       const uint64_t bytes = blocks * kBlockBytes;
       const int iters = std::max(quick ? 2 : 5, static_cast<int>((quick ? 256 : 4096) / blocks));
       AgentSeconds(**agent, ops, 1);
       const double agent_gbs = MedianRate(static_cast<double>(bytes) * iters,
                                           [&] { return AgentSeconds(**agent, ops, iters); });
       const double raw = raw_rate(bytes, iters);
-      std::printf("%7u%s %10llu %6d %12.1f %12.1f %7.1f%%\n", blocks, contiguous ? "c" : " ",
+      std::printf("%7u%c %10llu %6d %12.1f %12.1f %7.1f%%\n", blocks, static_cast<char>(layout),
                   static_cast<unsigned long long>(bytes >> 20), iters, agent_gbs, raw,
                   100.0 * agent_gbs / raw);
+      if (layout == Layout::kRandom && blocks >= 64)
+        worst = std::min(worst, 100.0 * agent_gbs / raw);
       std::fflush(stdout);
     }
+    // NCCL's own cost per message: the same 2 GiB as raw messages of the chunk size.
+    const uint64_t chunk = std::min(c.chunk_mib << 20, kPoolBytes);
+    const double raw_chunked = raw_rate(chunk, static_cast<int>(kPoolBytes / chunk));
+    std::printf(
+        "raw NCCL in %llu MiB messages: %.1f GB/s; lowest agent%% for >= 64 blocks: %.1f%%\n",
+        static_cast<unsigned long long>(chunk >> 20), raw_chunked, worst);
+    std::fflush(stdout);
   }
   // Abort, not destroy: ncclCommDestroy waits for the peer, which only leaves its command loop
   // once our pipe closes (after this returns).
@@ -216,6 +284,7 @@ int main(int argc, char** argv) {
   const int peer_rc = tandem::kvtransfer::nccl_peer::MaybeRunPeer();
   if (peer_rc >= 0) return peer_rc;
   absl::ParseCommandLine(argc, argv);
-  return tandem::kvtransfer::Run(absl::GetFlag(FLAGS_quick),
-                                 tandem::kvtransfer::ParseConfigs(absl::GetFlag(FLAGS_configs)));
+  return tandem::kvtransfer::Run(absl::GetFlag(FLAGS_quick), absl::GetFlag(FLAGS_halves),
+                                 tandem::kvtransfer::ParseConfigs(absl::GetFlag(FLAGS_configs)),
+                                 tandem::kvtransfer::ParseBlocks(absl::GetFlag(FLAGS_blocks)));
 }

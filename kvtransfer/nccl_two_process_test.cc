@@ -65,9 +65,14 @@ class NcclTwoProcessTest : public ::testing::Test {
     ASSERT_EQ(cudaMemset(local_, kSentinel, kPoolBytes), cudaSuccess);
     ASSERT_NO_FATAL_FAILURE(NewReader(reader));
   }
-  // Replaces the reader agent (same pool) with one of other options, connected to the source.
-  void NewReader(NcclAgentOptions options) {
+  // Replaces the reader agent (same pool) with one of other options, connected to the source
+  // (restarted with `source` first unless that is null).
+  void NewReader(NcclAgentOptions options, const nccl_peer::PeerAgentConfig* source = nullptr) {
     agent_.reset();
+    if (source != nullptr) {
+      absl::Status restarted = peer_->RestartAgent(*source);
+      ASSERT_TRUE(restarted.ok()) << restarted;
+    }
     options.device = 0;
     auto agent = NcclAgent::Create(options);
     ASSERT_TRUE(agent.ok()) << agent.status();
@@ -123,26 +128,37 @@ TEST(NcclAgentTest, RejectsHostMemoryAndBadDescriptors) {
 // Several reader configurations over one source: everything packed into one staged message
 // (defaults); odd-sized chunks smaller than a block with runs of >= 3 blocks sent directly, a
 // 2-buffer ring that wraps many times and a 3-CTA copy kernel; chunks of a few blocks with a
-// 3-buffer ring. Each round posts several transfers at once whose destinations may overlap:
-// they must land in posting order (stream order across transfers).
+// 3-buffer ring; every whole block direct (runs of direct messages go as one NCCL group) with
+// only the partial ranges staged. The source is restarted with each configuration's copy mode
+// (copy engines by default, streaming kernel, kernel), ring and CTAs. Each round posts several
+// transfers at once whose destinations may overlap: they must land in posting order (stream order
+// across transfers).
 TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
   SKIP_WITHOUT_TWO_GPUS();
   ASSERT_NO_FATAL_FAILURE(SetUpAgents());
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_);
-  std::vector<NcclAgentOptions> configs(3);
+  std::vector<NcclAgentOptions> configs(4);
   configs[1].staging_chunk_bytes = 64 * 1024 + 24;
   configs[1].direct_min_bytes = 3 * kBlockBytes;
   configs[1].copy_ctas = 3;
   configs[1].max_posted_transfers = 2;
+  configs[1].copy_mode = nccl_copy::CopyMode::kStreamingKernel;
   configs[2].staging_chunk_bytes = 5 * kBlockBytes + 8;
   configs[2].staging_buffers = 3;
+  configs[2].copy_mode = nccl_copy::CopyMode::kKernel;
+  configs[3].direct_min_bytes = kBlockBytes;
+  configs[3].staging_chunk_bytes = 3 * kBlockBytes;
   std::vector<char> expected(kPoolBytes, kSentinel);  // what local_ should hold
   std::vector<char> block;
   uint64_t transfers = 0;
   for (size_t c = 0; c < configs.size(); ++c) {
     if (c > 0) {
-      ASSERT_NO_FATAL_FAILURE(NewReader(configs[c]));
+      nccl_peer::PeerAgentConfig source;
+      source.copy_ctas = configs[c].copy_ctas;
+      source.staging_buffers = configs[c].staging_buffers;
+      source.copy_mode = static_cast<int>(configs[c].copy_mode);
+      ASSERT_NO_FATAL_FAILURE(NewReader(configs[c], &source));
     }
     for (int round = 0; round < 4; ++round) {
       std::vector<TransferId> ids;

@@ -4,9 +4,46 @@
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
+#include <xmmintrin.h>
 #endif
 
 namespace tandem::kvtransfer {
+namespace {
+
+#if defined(__x86_64__)
+// Source bytes are prefetched this far ahead of the loads (8 cache lines; 256 and 1024 measured
+// a few percent slower on the dev VM, no prefetch ~4% slower).
+constexpr size_t kPrefetchBytes = 512;
+
+// Copies 128 bytes (two cache lines) from s to the 16-byte aligned d with streaming stores. The
+// eight loads name eight registers: written as an array with inner loops, GCC 12 kept the array
+// on the stack (a load, a spill and a reload per 16 bytes), which cost ~25% of the bandwidth.
+template <bool kPrefetch>
+inline void Copy128(char* d, const char* s) {
+  if constexpr (kPrefetch) {
+    _mm_prefetch(s + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(s + kPrefetchBytes + 64, _MM_HINT_T0);
+  }
+  const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+  const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+  const __m128i r4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 64));
+  const __m128i r5 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 80));
+  const __m128i r6 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 96));
+  const __m128i r7 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 112));
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d), r0);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), r1);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), r2);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), r3);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 64), r4);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 80), r5);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 96), r6);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 112), r7);
+}
+#endif
+
+}  // namespace
 
 void StreamingCopy(void* dst, const void* src, size_t n, size_t min_streaming_bytes) {
 #if defined(__x86_64__)
@@ -23,15 +60,12 @@ void StreamingCopy(void* dst, const void* src, size_t n, size_t min_streaming_by
   d += head;
   s += head;
   n -= head;
-  // 128 bytes (two cache lines) per iteration: 8 loads in flight, then 8 streaming stores.
   const size_t body = n & ~size_t{127};
-  for (size_t i = 0; i < body; i += 128) {
-    __m128i r[8];
-    for (int k = 0; k < 8; ++k) {
-      r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16 * k));
-    }
-    for (int k = 0; k < 8; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16 * k), r[k]);
-  }
+  size_t i = 0;
+  // Prefetches stay inside the source: past its end they would touch unrelated (maybe
+  // unmapped) pages.
+  for (; i + 128 + kPrefetchBytes <= body; i += 128) Copy128<true>(d + i, s + i);
+  for (; i < body; i += 128) Copy128<false>(d + i, s + i);
   // Streaming stores are weakly ordered: fence so the bytes are globally visible before whoever
   // observes the copy's completion (another thread, a DMA engine) looks at them.
   _mm_sfence();

@@ -1,12 +1,13 @@
 // StreamingCopy: memcpy with non-temporal (cache-bypassing) stores for large copies.
 //
 // Why: a KV block pull copies megabytes whose destination the CPU will not read soon. glibc's
-// memcpy switches to non-temporal stores only above ~3/4 of the last-level cache (24 MiB on the
-// 32 MiB-L3 dev VM), so a 2 MiB block copy uses ordinary stores: every destination line is
-// first read (read-for-ownership) and then evicted, ~1.5x the memory traffic. Streaming stores
-// write whole lines without reading them. Measured on the dev VM (random 2 MiB blocks of a
-// 2 GiB sysv segment): memcpy 7.4 GB/s, this 11.7-13.4 GB/s; the same effect shows as UCX's
-// shared-memory GET (which calls memcpy) reaching 10-11.6 GB/s with
+// memcpy switches to non-temporal stores only above __x86_shared_non_temporal_threshold, which is
+// 192 MiB on the 32 MiB-L3 dev VM (glibc 2.36, read with gdb), so a 2 MiB block copy uses
+// ordinary stores: every destination line is first read (read-for-ownership) and then evicted,
+// ~1.5x the memory traffic. Streaming stores write whole lines without reading them. Measured on
+// the dev VM (random 2 MiB blocks of a 2 GiB shared mapping, one thread, quiet): memcpy 9 GB/s,
+// this 16-17 GB/s (the same as glibc's own non-temporal loop on >= 192 MiB copies); the same
+// effect shows as UCX's shared-memory GET (which calls memcpy) reaching 10-11.6 GB/s with
 // GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x100000 instead of 7.
 //
 // Copies shorter than `min_streaming_bytes` (and non-x86 builds) use memcpy: for small copies

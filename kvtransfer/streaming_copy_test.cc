@@ -1,5 +1,6 @@
 // StreamingCopy against a byte loop: every alignment of source and destination, lengths around
-// the streaming threshold and the 128-byte body, and the bytes next to the destination untouched.
+// the streaming threshold, the 128-byte body and the end of its prefetching part, and the bytes
+// next to the destination untouched.
 #include "kvtransfer/streaming_copy.h"
 
 #include <cstdint>
@@ -18,8 +19,10 @@ TEST(StreamingCopyTest, MatchesByteCopyForAllAlignmentsAndLengths) {
   constexpr size_t kMax = (size_t{1} << 20) + 1000;
   std::vector<uint8_t> src(kMax + 64), dst(kMax + 128), expect(kMax + 128);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  const std::vector<size_t> lengths = {0,    1,    15,    16,     127,    128,    255,  256,   257,
-                                       1000, 4095, 65536, 262143, 262144, 262145, kMax, 300001};
+  // 639-769: around where the body loop stops prefetching (512 bytes before the end).
+  const std::vector<size_t> lengths = {0,     1,      15,     16,     127,  128,   256,  257,
+                                       639,   640,    641,    767,    768,  769,   1000, 4095,
+                                       65536, 262143, 262144, 262145, kMax, 300001};
   for (size_t n : lengths) {
     for (int trial = 0; trial < 4; ++trial) {
       const size_t so = rng() % 64;

@@ -33,6 +33,10 @@ absl::Status ErrnoError(absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(UcxAgentOptions options) {
+  if (options.copy_threads < 1 || options.copy_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UcxAgentOptions::copy_threads must be in [1, 64], got ", options.copy_threads));
+  }
   std::unique_ptr<UcxAgent> agent(new UcxAgent(std::move(options)));
   if (absl::Status s = agent->Init(); !s.ok()) return s;
   return agent;
@@ -104,6 +108,9 @@ absl::Status UcxAgent::Init() {
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, f, &ev) != 0) return ErrnoError("epoll_ctl");
   }
   progress_thread_ = std::thread([this] { ProgressLoop(); });
+  for (int i = 1; i < options_.copy_threads; ++i) {
+    copy_threads_.emplace_back([this] { CopyLoop(); });
+  }
   return absl::OkStatus();
 }
 
@@ -116,6 +123,9 @@ UcxAgent::~UcxAgent() {
     Wake();
     progress_thread_.join();
   }
+  // Helpers finish the copy they run (bounded by max_request_bytes) and leave; stopping the
+  // transfers below drops the copies still queued.
+  for (std::thread& helper : copy_threads_) helper.join();
   absl::MutexLock lock(&mu_);
   if (worker_ != nullptr) {
     for (auto& [id, t] : transfers_) {

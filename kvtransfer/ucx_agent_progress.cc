@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,6 +38,18 @@ void UcxAgent::StopTransferLocked(Transfer& t, const absl::Status& reason) {
   std::vector<void*> requests;
   for (const auto& [request, bytes] : t.requests) requests.push_back(request);
   for (void* request : requests) ucp_request_cancel(worker_, request);
+  // Queued direct copies of `t` never run: the transfer ends as soon as the copies already
+  // running (and cancelled UCX requests) are done.
+  std::vector<DirectCopy> dropped;
+  for (auto it = copy_queue_.begin(); it != copy_queue_.end();) {
+    if (it->transfer == &t) {
+      dropped.push_back(*it);
+      it = copy_queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const DirectCopy& copy : dropped) FinishDirectCopyLocked(copy);
   MaybeEndLocked(t);
 }
 
@@ -119,7 +130,7 @@ void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
 // ---------------------------------------------------------------------------------------------
 // Progress thread.
 
-bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
+UcxAgent::Posted UcxAgent::PostOneLocked() {
   while (!post_queue_.empty()) {
     const TransferId id = post_queue_.front();
     auto it = transfers_.find(id);
@@ -144,9 +155,11 @@ bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
     if (local.device != nullptr) {
       n = std::min(n, options_.cuda_staging_bytes);
       slot = FreeStagingSlotLocked();
-      if (slot == nullptr) return false;
+      if (slot == nullptr) return Posted::kNothing;
     }
-    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) return false;
+    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) {
+      return Posted::kNothing;
+    }
     const uint64_t local_offset = op.local_offset + t->next_offset;
     const uint64_t remote_offset = op.remote_offset + t->next_offset;
     char* dest = slot != nullptr ? slot->host : local.base + local_offset;
@@ -170,15 +183,16 @@ bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
       CountPostedLocked(*t, n);
       slot->source = remote.mapped + remote_offset;
       StartToDeviceLocked(*slot);
-      return true;
+      return Posted::kRequest;
     }
     if (options_.direct_copy && remote.mapped != nullptr) {
       CountPostedLocked(*t, n);
       const size_t streaming = t->total_bytes >= options_.min_streaming_transfer_bytes
                                    ? kDefaultMinStreamingBytes
                                    : SIZE_MAX;
-      *copy = DirectCopy{t, dest, remote.mapped + remote_offset, n, slot, streaming};
-      return true;
+      copy_queue_.push_back(DirectCopy{t, dest, remote.mapped + remote_offset, n, slot, streaming});
+      ++direct_copies_;
+      return Posted::kDirectCopy;
     }
     ucp_request_param_t param{};
     param.op_attr_mask =
@@ -191,7 +205,7 @@ bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
     if (UCS_PTR_IS_ERR(request)) {
       if (slot != nullptr) slot->state = StagingSlot::State::kFree;
       StopTransferLocked(*t, UCX_ERROR(UCS_PTR_STATUS(request), "ucp_get_nbx"));
-      return true;
+      return Posted::kRequest;
     }
     CountPostedLocked(*t, n);
     if (request != nullptr) {
@@ -201,12 +215,25 @@ bool UcxAgent::PostOneLocked(std::optional<DirectCopy>* copy) {
     } else {  // completed in place (shared memory GETs usually do)
       EndRequestLocked(*t, n, absl::OkStatus());
     }
-    return true;
+    return Posted::kRequest;
   }
-  return false;
+  return Posted::kNothing;
+}
+
+void UcxAgent::RunQueuedCopyLocked() {
+  const DirectCopy copy = copy_queue_.front();
+  copy_queue_.pop_front();
+  // Unlocked: the copy is counted as outstanding, which keeps its transfer, endpoint and rkey
+  // (the mapping of the peer's segment) alive until FinishDirectCopyLocked. A transfer stopped
+  // meanwhile still gets this one copy (bounded by max_request_bytes) before it can end.
+  mu_.Unlock();
+  StreamingCopy(copy.dst, copy.src, copy.bytes, copy.min_streaming_bytes);
+  mu_.Lock();
+  FinishDirectCopyLocked(copy);
 }
 
 void UcxAgent::FinishDirectCopyLocked(const DirectCopy& copy) {
+  --direct_copies_;
   if (copy.slot != nullptr) {
     StartToDeviceLocked(*copy.slot);
   } else {
@@ -215,6 +242,13 @@ void UcxAgent::FinishDirectCopyLocked(const DirectCopy& copy) {
 }
 
 bool UcxAgent::ReapConnsLocked() {
+  // The common case (every endpoint active) without the snapshot's allocation: this runs once
+  // per progress loop, i.e. per direct copy.
+  if (std::all_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
+        return c->state == Conn::State::kActive;
+      })) {
+    return false;
+  }
   bool pending = false;
   // Iterate over a snapshot: freeing a Conn erases it from conns_.
   std::vector<Conn*> snapshot;
@@ -291,28 +325,48 @@ void UcxAgent::ProgressLoop() {
   while (true) {
     bool busy = false;
     bool idle = false;
-    std::optional<DirectCopy> copy;
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
       while (ucp_worker_progress(worker_) != 0) busy = true;
       busy |= PollStagingLocked();
-      busy |= PostOneLocked(&copy);
+      // Queuing a direct copy is bookkeeping only, so fill the in-flight window with them at
+      // once (the helpers start on them right away); a UCX GET may copy inside ucp_get_nbx, so
+      // at most one of those per round.
+      for (Posted posted = PostOneLocked(); posted != Posted::kNothing; posted = PostOneLocked()) {
+        busy = true;
+        if (posted == Posted::kRequest) break;
+      }
       const bool reaping = ReapConnsLocked();
-      idle = !busy && !reaping && inflight_requests_ == 0 && post_queue_.empty();
-    }
-    if (copy.has_value()) {
-      // Unlocked: the copy is counted as outstanding, which keeps its transfer, endpoint and
-      // rkey (the mapping of the peer's segment) alive until FinishDirectCopyLocked.
-      StreamingCopy(copy->dst, copy->src, copy->bytes, copy->min_streaming_bytes);
-      absl::MutexLock lock(&mu_);
-      FinishDirectCopyLocked(*copy);
-      continue;
+      if (!copy_queue_.empty()) {
+        RunQueuedCopyLocked();  // the progress thread is one of the copy threads
+        continue;
+      }
+      // Direct copies running on helpers need no polling: a helper wakes this thread when its
+      // copy frees room in the window for more posts, or leaves something to poll.
+      idle = !busy && !reaping && inflight_requests_ == direct_copies_;
     }
     if (idle) {
       WaitIdle();
     } else if (!busy) {
       std::this_thread::yield();  // requests in flight: poll, but let the peer's threads run
+    }
+  }
+}
+
+void UcxAgent::CopyLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(this, &UcxAgent::CopyWorkOrStopLocked));
+    if (stop_) return;
+    RunQueuedCopyLocked();
+    // More to post (the copy freed room in the window), or a staged request's device copy or a
+    // draining endpoint to poll: the progress thread may be asleep.
+    if (!post_queue_.empty() || inflight_requests_ > direct_copies_ ||
+        std::any_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
+          return c->state != Conn::State::kActive;
+        })) {
+      Wake();
     }
   }
 }

@@ -118,6 +118,7 @@ class UcxTwoProcessTest : public ::testing::Test {
   }
 
   void KillSourceMidTransfer(bool allocate, bool separate);
+  void CancelStopsWriting(bool allocate, int copy_threads);
 
   unsigned seed_ = 0;
   std::mt19937 rng_;
@@ -281,19 +282,24 @@ TEST_F(UcxTwoProcessTest, AllocatedRegionsAreBitExact) {
   EXPECT_EQ(peer->Stop(), 0);
 }
 
-TEST_F(UcxTwoProcessTest, CancelEndsCancelledAndStopsWriting) {
-  TRACE_SEED();
+// Cancels a 64 MiB read after a random delay: it ends OK or CANCELLED, nothing is written after
+// the end, what arrived is correct, and the connection still works. allocate: the source's pool
+// is shared memory, read by direct copies on `copy_threads` threads.
+void UcxTwoProcessTest::CancelStopsWriting(bool allocate, int copy_threads) {
   const uint64_t bytes = uint64_t{64} << 20;
-  std::unique_ptr<PeerProcess> peer = StartPeer({bytes}, seed_);
+  std::unique_ptr<PeerProcess> peer = StartPeer({bytes}, seed_, /*fill=*/true, allocate);
   ASSERT_NE(peer, nullptr);
-  StartReader({bytes}, {.max_request_bytes = 64 << 10, .max_inflight_bytes = 128 << 10});
+  StartReader({bytes}, {.max_request_bytes = 64 << 10,
+                        .max_inflight_bytes = allocate ? uint64_t{1} << 20 : uint64_t{128} << 10,
+                        .copy_threads = copy_threads});
   ASSERT_TRUE(reader_->AddPeer("p", peer->descriptor()).ok());
   const std::vector<CopyOp> all = {{0, 0, 0, 0, bytes}};
   int cancelled = 0;
   for (int round = 0; round < 4; ++round) {
     ResetLocal();
     const TransferId id = *reader_->PostRead("p", all);
-    absl::SleepFor(absl::Microseconds(rng_() % 5000));
+    // Round 0 cancels at once (surely before the end), the others after a random delay.
+    if (round > 0) absl::SleepFor(absl::Microseconds(rng_() % 5000));
     reader_->Cancel(id);
     absl::Status end = WaitForEnd(*reader_, id, absl::Seconds(10));
     ASSERT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
@@ -314,6 +320,21 @@ TEST_F(UcxTwoProcessTest, CancelEndsCancelledAndStopsWriting) {
   const std::vector<CopyOp> one = {{0, 4096, 0, 8192, 100000}};
   ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostRead("p", one)).ok());
   ExpectExactly(one, seed_);
+}
+
+TEST_F(UcxTwoProcessTest, CancelEndsCancelledAndStopsWriting) {
+  TRACE_SEED();
+  CancelStopsWriting(/*allocate=*/false, /*copy_threads=*/2);
+}
+
+TEST_F(UcxTwoProcessTest, CancelStopsDirectCopiesOnOneThread) {
+  TRACE_SEED();
+  CancelStopsWriting(/*allocate=*/true, /*copy_threads=*/1);
+}
+
+TEST_F(UcxTwoProcessTest, CancelStopsDirectCopiesOnTwoThreads) {
+  TRACE_SEED();
+  CancelStopsWriting(/*allocate=*/true, /*copy_threads=*/2);
 }
 
 // P must survive D's crash: a reader process is killed while it pulls from this process's
