@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -107,6 +108,45 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+// Programmatic dependent launch (PDL). A kernel launched through PdlLaunchConfig with pdl = true
+// may start while its predecessor in the stream still runs: it must call WaitForPrecedingGrid()
+// before touching anything the predecessor writes (griddepcontrol.wait returns once that grid
+// has completed and its memory is visible), and may call AllowDependentLaunch() to let its own
+// successor be scheduled early. Both are no-ops in a grid launched without the attribute.
+__device__ __forceinline__ void WaitForPrecedingGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A cudaLaunchKernelEx configuration (no dynamic shared memory) with programmatic stream
+// serialization when `pdl`. Not copyable: the config points at its own attribute array.
+class PdlLaunchConfig {
+ public:
+  PdlLaunchConfig(dim3 grid, dim3 block, cudaStream_t stream, bool pdl) {
+    config_.gridDim = grid;
+    config_.blockDim = block;
+    config_.dynamicSmemBytes = 0;
+    config_.stream = stream;
+    attr_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr_[0].val.programmaticStreamSerializationAllowed = 1;
+    config_.attrs = attr_;
+    config_.numAttrs = pdl ? 1 : 0;
+  }
+  PdlLaunchConfig(const PdlLaunchConfig&) = delete;
+  PdlLaunchConfig& operator=(const PdlLaunchConfig&) = delete;
+  const cudaLaunchConfig_t* get() const { return &config_; }
+
+ private:
+  cudaLaunchConfig_t config_ = {};
+  cudaLaunchAttribute attr_[1] = {};
+};
 
 }  // namespace tandem::kernels::cuda::internal
 

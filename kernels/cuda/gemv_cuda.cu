@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/gemv_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -29,18 +30,6 @@ __device__ __forceinline__ TOut FromFloat(float x) {
   } else {
     return __float2half_rn(x);
   }
-}
-
-// PDL (see gemv_cuda.h). Both are no-ops for a grid launched without the attribute.
-__device__ __forceinline__ void WaitForPrecedingGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void AllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 // acc[r] += dot(8 elements of w, 8 elements of row r of a).
@@ -105,8 +94,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // Nothing before the wait: prefetching this warp's first weight chunks into L2 there (they
   // never depend on the predecessor) made the H200 Llama-3-8B batch-1 step ~7% slower under PDL
   // (4.60 -> 4.98 ms), so the kernel only waits, and gains the predecessor's launch latency.
-  WaitForPrecedingGrid();
-  AllowDependentLaunch();
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
   if (!active) return;
   float acc[kRows][M];
 #pragma unroll
@@ -133,17 +122,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 template <typename T, typename TOut, int M, int kRows>
 cudaError_t Launch(const T* a, const T* w, const T* bias, int64_t n, int64_t k, TOut* out,
                    cudaStream_t stream, bool programmatic_launch) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  config.blockDim = dim3(kWarpsPerBlock * 32);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = programmatic_launch ? 1 : 0;
-  return cudaLaunchKernelEx(&config, SmallMLinearKernel<T, TOut, M, kRows>, a, w, bias, n, k, out);
+  const internal::PdlLaunchConfig config(
+      dim3(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+      dim3(kWarpsPerBlock * 32), stream, programmatic_launch);
+  return cudaLaunchKernelEx(config.get(), SmallMLinearKernel<T, TOut, M, kRows>, a, w, bias, n, k,
+                            out);
 }
 
 // The one place where m becomes a template constant.

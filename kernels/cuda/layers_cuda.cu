@@ -29,18 +29,6 @@ unsigned EltBlocks(int64_t work) {
   return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
 }
 
-// PDL. Both are no-ops for a grid launched without the attribute.
-__device__ __forceinline__ void WaitForPrecedingGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void AllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ float BlockSum(float v) {
   __shared__ float warp_sums[kNormThreads / 32];
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -61,8 +49,8 @@ __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const T* x, T* residual, const T* __restrict__ weight, int64_t hidden, float eps,
                   T* out) {
   // PDL (see layers_cuda.h): every tensor is read after the preceding grid completed.
-  WaitForPrecedingGrid();
-  AllowDependentLaunch();
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
   const int64_t base = blockIdx.x * hidden;
   const T* src = kFusedAdd ? residual : x;
   constexpr int kHeld = kVecs > 0 ? kVecs : 1;
@@ -122,17 +110,10 @@ cudaError_t LaunchRmsNorm(const T* x, T* residual, const T* weight, int64_t num_
                           int64_t hidden, float eps, T* out, cudaStream_t stream,
                           bool programmatic_launch) {
   const int64_t vecs = (hidden / kVec + kNormThreads - 1) / kNormThreads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_tokens));
-  config.blockDim = dim3(kNormThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = programmatic_launch ? 1 : 0;
+  const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(num_tokens)),
+                                         dim3(kNormThreads), stream, programmatic_launch);
   auto launch = [&](auto kernel) {
-    return cudaLaunchKernelEx(&config, kernel, x, residual, weight, hidden, eps, out);
+    return cudaLaunchKernelEx(config.get(), kernel, x, residual, weight, hidden, eps, out);
   };
   if (vecs <= 1) return launch(RmsNormKernel<T, kFusedAdd, 1>);
   if (vecs <= 2) return launch(RmsNormKernel<T, kFusedAdd, 2>);
