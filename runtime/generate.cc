@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda (CUDA builds)");
 ABSL_FLAG(std::string, dtype, "auto", "cuda: bf16, fp16 or auto (fp16 for f16 checkpoints)");
 ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
 ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
+ABSL_FLAG(std::string, prefill_kernel, "auto",
+          "cuda: auto (Hopper wgmma where supported), mma (mma.sync) or decode (no prefill "
+          "kernel)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
@@ -97,6 +100,7 @@ absl::Status Run() {
   backend.device = absl::GetFlag(FLAGS_device);
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(source, backend));
   LoadedModel& model = loaded.model;
   const ExecutorFactory& factory = loaded.factory;

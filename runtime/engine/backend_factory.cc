@@ -31,6 +31,11 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(
         absl::StrCat("--dtype must be auto, bf16 or fp16, got '", options.dtype, "'"));
   }
+  if (options.prefill_kernel != "auto" && options.prefill_kernel != "mma" &&
+      options.prefill_kernel != "decode") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
+  }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;
   config.device = options.device;
@@ -39,6 +44,8 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.dtype = fp16 ? cuda::ActDtype::kFp16 : cuda::ActDtype::kBf16;
   config.gpu_memory_utilization = options.gpu_memory_utilization;
   config.enable_cuda_graphs = options.cuda_graphs;
+  config.use_prefill_kernel = options.prefill_kernel != "decode";
+  config.prefill_allow_wgmma = options.prefill_kernel == "auto";
   config.dummy_seed = options.dummy_seed;
   return cuda::CudaExecutorFactory(config);
 #else

@@ -22,13 +22,18 @@ struct BackendOptions {
                                 // else bf16)
   double gpu_memory_utilization = 0.9;  // cuda, with kv_cache_bytes = 0
   bool cuda_graphs = true;              // cuda
-  std::optional<uint64_t> dummy_seed;   // cuda: generate dummy weights on the device
+  // cuda: the kernel of steps with >= 16-token query runs: "auto" (Hopper wgmma where the GPU
+  // and head_dim allow, else mma.sync), "mma" (always the mma.sync kernel), "decode" (no
+  // prefill kernel: the split-KV decode kernel serves every step; slow, for comparisons).
+  std::string prefill_kernel = "auto";
+  std::optional<uint64_t> dummy_seed;  // cuda: generate dummy weights on the device
 };
 
 // True when this binary was built with the CUDA backend.
 bool CudaBackendAvailable();
 
-// INVALID_ARGUMENT for an unknown backend or dtype; UNIMPLEMENTED for "cuda" in a CPU-only build.
+// INVALID_ARGUMENT for an unknown backend, dtype or prefill kernel; UNIMPLEMENTED for "cuda" in a
+// CPU-only build.
 // `model` picks the "auto" dtype.
 absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
                                                     const ModelConfig& model);

@@ -42,6 +42,12 @@ TEST(BackendFactoryTest, RejectsUnknownBackendAndDtype) {
   st = MakeExecutorFactory(options, Tiny()).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("fp8"), absl::string_view::npos) << st;
+  options.dtype = "bf16";
+  options.prefill_kernel = "flash";
+  st = MakeExecutorFactory(options, Tiny()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("--prefill_kernel"), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find("flash"), absl::string_view::npos) << st;
 }
 
 TEST(BackendFactoryTest, CudaBackendOrAClearError) {

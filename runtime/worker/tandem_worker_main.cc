@@ -48,6 +48,9 @@ ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "cuda with --kv_cache_bytes=0: fraction of free device memory to use");
 ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
+ABSL_FLAG(std::string, prefill_kernel, "auto",
+          "cuda: auto (Hopper wgmma where supported), mma (mma.sync) or decode (no prefill "
+          "kernel)");
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
 ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json for --load_format=dummy");
@@ -128,6 +131,7 @@ absl::Status Serve() {
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(source, backend));
   LoadedModel& model = loaded.model;
   const ExecutorFactory& factory = loaded.factory;
