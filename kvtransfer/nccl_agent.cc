@@ -454,12 +454,15 @@ absl::Status NcclAgent::ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<
     absl::StatusOr<nccl_wire::ReadAck> ack = type == MessageType::kReadAck
                                                  ? nccl_wire::DecodeReadAck(payload)
                                                  : absl::InvalidArgumentError("not an ack");
+    // A transfer is always in `awaiting` or `running` until it ends: on any error below it
+    // stays in one of them, and the connection's teardown ends it (PeerLoop). (It used to leave
+    // `awaiting` before Enqueue, so an Enqueue stopped by RemovePeer lost it: it never ended.)
     Transfer* t = awaiting->front().t;
     if (!ack.ok() || ack->id != t->id) {
       return absl::UnavailableError("nccl agent: bad answer from the source");
     }
-    awaiting->pop_front();
     if (!ack->verdict.ok()) {
+      awaiting->pop_front();
       absl::MutexLock lock(&mu_);
       EndLocked(t, ack->verdict);
       continue;
@@ -471,9 +474,10 @@ absl::Status NcclAgent::ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<
     ASSIGN_OR_RETURN(
         nccl_plan::Plan plan,
         nccl_plan::MakePlan(OpLengths(t->ops), {ack->chunk_bytes, options_.direct_min_bytes}));
-    RETURN_IF_ERROR(link->Enqueue(plan, OpAddresses(t->ops, /*local=*/true)));
+    awaiting->pop_front();
     running->push_back(
         {t, running->empty() ? absl::Now() + options_.transfer_timeout : absl::InfiniteFuture()});
+    RETURN_IF_ERROR(link->Enqueue(plan, OpAddresses(t->ops, /*local=*/true)));
   }
   return absl::OkStatus();
 }
@@ -548,8 +552,9 @@ void NcclAgent::PeerLoop(Peer* peer) {
       conn_status = nccl_socket::CheckAlive(fd);
       continue;
     }
+    // All of them into `awaiting` first: if a send fails, the teardown ends them all.
+    for (Transfer* t : fresh) awaiting.push_back({t, absl::Now() + options_.transfer_timeout});
     for (Transfer* t : fresh) {
-      awaiting.push_back({t, absl::Now() + options_.transfer_timeout});
       absl::StatusOr<std::string> request = nccl_wire::EncodeReadRequest(t->id, params, t->ops);
       conn_status = request.ok() ? nccl_socket::SendFrame(fd, MessageType::kRead, *request)
                                  : request.status();

@@ -1,7 +1,8 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
-//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT]   (e.g. --only=fp8_e4m3:64x16384: that one
-//                                                       tensor-core config, for a profiler)
+//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT [--splits=N]]   (e.g.
+//       --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits forces
+//       the planner's KV split count)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -69,7 +71,7 @@ absl::Status MakePool(int64_t bytes, Pool* pool) {
 }
 
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
-                       bool tensor_cores, std::mt19937& rng) {
+                       bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -116,6 +118,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                              .head_dim = kD,
                              .kv_dtype = dtype,
                              .num_sms = num_sms,
+                             .forced_splits = static_cast<int>(forced_splits),
                              .allow_tensor_cores = tensor_cores};
   ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
   if (plan.workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
@@ -175,7 +178,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   return absl::OkStatus();
 }
 
-absl::Status Run(const char* only) {
+absl::Status Run(const char* only, int64_t forced_splits) {
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
@@ -196,8 +199,8 @@ absl::Status Run(const char* only) {
         for (int64_t ctx : {1024, 4096, 16384, 65536}) {
           const std::string name = absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx);
           if (name == only) {
-            RETURN_IF_ERROR(
-                RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng));
+            RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng,
+                                      forced_splits));
           }
         }
       }
@@ -235,15 +238,18 @@ absl::Status Run(const char* only) {
 
 int main(int argc, char** argv) {
   const char* only = nullptr;
+  int64_t forced_splits = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) {
       only = argv[i] + 7;
+    } else if (std::strncmp(argv[i], "--splits=", 9) == 0) {
+      forced_splits = std::atoll(argv[i] + 9);
     } else {
-      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT [--splits=N]]\n", argv[0]);
       return 2;
     }
   }
-  const absl::Status status = tandem::kernels::cuda::Run(only);
+  const absl::Status status = tandem::kernels::cuda::Run(only, forced_splits);
   if (!status.ok()) {
     std::fprintf(stderr, "attention_cuda_bench: %s\n", status.ToString().c_str());
     return 1;
