@@ -218,8 +218,14 @@ absl::StatusOr<std::pair<void*, uint32_t>> UcxAgent::AllocateMemory(uint64_t len
     return absl::ResourceExhaustedError(
         absl::StrCat("at most ", tandem::v1::kMaxMemoryRegions, " memory regions"));
   }
-  // UCX allocates with its first working method (UCX_MEM_ALLOC_METHODS: sysv, posix, ...);
-  // memory of a shared-memory domain is what its transports can GET from directly.
+  ucp_mem_h memh = nullptr;
+  ASSIGN_OR_RETURN(char* base, MapSharedHostMemory(length, &memh));
+  absl::StatusOr<uint32_t> index = AddRegionLocked(base, length, memh, kind);
+  if (!index.ok()) return index.status();
+  return std::make_pair(static_cast<void*>(base), *index);
+}
+
+absl::StatusOr<char*> UcxAgent::MapSharedHostMemory(uint64_t length, ucp_mem_h* memh) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
@@ -227,19 +233,17 @@ absl::StatusOr<std::pair<void*, uint32_t>> UcxAgent::AllocateMemory(uint64_t len
   params.length = length;
   params.flags = UCP_MEM_MAP_ALLOCATE;
   params.memory_type = UCS_MEMORY_TYPE_HOST;
-  ucp_mem_h memh = nullptr;
-  UCX_RETURN_IF_ERROR(ucp_mem_map(context_, &params, &memh));
+  *memh = nullptr;
+  UCX_RETURN_IF_ERROR(ucp_mem_map(context_, &params, memh));
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK || attr.length < length) {
-    ucp_mem_unmap(context_, memh);
+  if (ucs_status_t s = ucp_mem_query(*memh, &attr); s != UCS_OK || attr.length < length) {
+    ucp_mem_unmap(context_, *memh);
+    *memh = nullptr;
     return s != UCS_OK ? UCX_ERROR(s, "ucp_mem_query")
                        : absl::InternalError("ucp_mem_map allocated less than asked");
   }
-  absl::StatusOr<uint32_t> index =
-      AddRegionLocked(static_cast<char*>(attr.address), length, memh, kind);
-  if (!index.ok()) return index.status();
-  return std::make_pair(attr.address, *index);
+  return static_cast<char*>(attr.address);
 }
 
 absl::StatusOr<uint32_t> UcxAgent::AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,

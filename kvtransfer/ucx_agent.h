@@ -331,6 +331,10 @@ class UcxAgent final : public TransferAgent {
   bool ReapConnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Flushes `ep` of a new Conn, progressing the worker (mu_ is released while yielding).
   absl::Status WaitConnectedLocked(Conn* conn, ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `length` bytes of host memory allocated by UCX in a shared-memory domain (its first working
+  // UCX_MEM_ALLOC_METHODS method: sysv, posix, ...), so same-host readers' transports GET from
+  // it directly (and the agent maps it for direct copies). `*memh` owns it (ucp_mem_unmap).
+  absl::StatusOr<char*> MapSharedHostMemory(uint64_t length, ucp_mem_h* memh);
   absl::StatusOr<uint32_t> AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,
                                            tandem::v1::MemoryKind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -31,23 +31,8 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterStagedCudaLocked(char* device, uint64
   }
   if (copy_stream_ == nullptr) RETURN_IF_ERROR(InitStagingLocked(*device_id));
   // The mirror: memory of a shared-memory domain, so readers on this host copy it in place.
-  ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = nullptr;
-  params.length = length;
-  params.flags = UCP_MEM_MAP_ALLOCATE;
-  params.memory_type = UCS_MEMORY_TYPE_HOST;
   ucp_mem_h memh = nullptr;
-  UCX_RETURN_IF_ERROR(ucp_mem_map(context_, &params, &memh));
-  ucp_mem_attr_t attr{};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK || attr.length < length) {
-    ucp_mem_unmap(context_, memh);
-    return s != UCS_OK ? UCX_ERROR(s, "ucp_mem_query")
-                       : absl::InternalError("ucp_mem_map allocated less than asked");
-  }
-  char* mirror = static_cast<char*>(attr.address);
+  ASSIGN_OR_RETURN(char* mirror, MapSharedHostMemory(length, &memh));
   // Page-locked, device -> mirror copies run at full DMA speed; without it they still work
   // (through the driver's bounce buffers), so a failure here is not fatal.
   const bool pinned = CudaPinHostMemory(mirror, length).ok();
