@@ -112,13 +112,13 @@ absl::Status NcclAgent::Init() {
   const NcclAgentOptions& o = options_;
   if (o.staging_chunk_bytes == 0 || o.staging_buffers < 1 || o.direct_min_bytes == 0 ||
       o.copy_ctas < 1 || o.max_posted_transfers < 1 || o.init_timeout <= absl::ZeroDuration() ||
-      o.transfer_timeout <= absl::ZeroDuration()) {
+      o.transfer_timeout <= absl::ZeroDuration() || o.num_comms < 1 || o.num_comms > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "nccl agent: bad options: staging_chunk_bytes ", o.staging_chunk_bytes,
         ", staging_buffers ", o.staging_buffers, ", direct_min_bytes ", o.direct_min_bytes,
         ", copy_ctas ", o.copy_ctas, ", max_posted_transfers ", o.max_posted_transfers,
         ", init_timeout ", absl::FormatDuration(o.init_timeout), ", transfer_timeout ",
-        absl::FormatDuration(o.transfer_timeout)));
+        absl::FormatDuration(o.transfer_timeout), ", num_comms ", o.num_comms, " (1 or 2)"));
   }
   int port = 0;
   ASSIGN_OR_RETURN(listen_fd_,
@@ -370,14 +370,16 @@ void NcclAgent::ServeLoop(Served* served) {
   std::string payload;
   // The reader's hello follows its connect at once; a long wait means a stray client.
   absl::Status s = nccl_socket::RecvFrame(fd, served->stop, options_.init_timeout, &type, &payload);
-  if (!s.ok() || type != MessageType::kHello || payload.size() != sizeof(ncclUniqueId)) {
+  // One ncclUniqueId per communicator: the reader picks how many.
+  if (!s.ok() || type != MessageType::kHello ||
+      (payload.size() != sizeof(ncclUniqueId) && payload.size() != 2 * sizeof(ncclUniqueId))) {
     close(fd);
     return;
   }
-  ncclUniqueId id;
-  std::memcpy(&id, payload.data(), sizeof(id));
+  std::vector<ncclUniqueId> ids(payload.size() / sizeof(ncclUniqueId));
+  std::memcpy(ids.data(), payload.data(), payload.size());
   absl::StatusOr<std::unique_ptr<NcclLink>> link =
-      NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kSender, id, fd, served->stop);
+      NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kSender, ids, fd, served->stop);
   if (!link.ok()) {
     close(fd);
     return;
@@ -501,12 +503,12 @@ void NcclAgent::PeerLoop(Peer* peer) {
   int fd = -1;
   absl::Status init = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(fd, nccl_socket::Connect(peer->host, peer->port, options_.connect_timeout));
-    ncclUniqueId id;
-    NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-    RETURN_IF_ERROR(
-        nccl_socket::SendFrame(fd, MessageType::kHello,
-                               absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
-    ASSIGN_OR_RETURN(link, NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kReceiver, id,
+    std::vector<ncclUniqueId> ids(static_cast<size_t>(options_.num_comms));
+    for (ncclUniqueId& id : ids) NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+    RETURN_IF_ERROR(nccl_socket::SendFrame(
+        fd, MessageType::kHello,
+        absl::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(ids[0]))));
+    ASSIGN_OR_RETURN(link, NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kReceiver, ids,
                                              fd, peer->stop));
     return absl::OkStatus();
   }();

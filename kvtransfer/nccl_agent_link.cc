@@ -26,20 +26,20 @@ constexpr uint64_t kStagingAlign = 256;
 }  // namespace
 
 // Freed only after the link drained its streams (~NcclLink), or while idle.
-// A transfer ended once both streams passed its last work: two events, not one stream waiting
-// for the other, so the next transfer's first gather (sender) can run while this one's last
-// send is still on the wire.
+// A transfer ended once all streams passed its last work: an event per stream, not one stream
+// waiting for the other, so the next transfer's first gather (sender) can run while this one's
+// last send is still on the wire.
 struct NcclLink::Slot {
   nccl_plan::CopyTile* host = nullptr;  // pinned
   nccl_plan::CopyTile* device = nullptr;
   size_t capacity = 0;
   cudaEvent_t copy_done = nullptr;
-  cudaEvent_t nccl_done = nullptr;
+  std::vector<cudaEvent_t> nccl_done;  // per NCCL stream
   ~Slot() {
     if (host != nullptr) cudaFreeHost(host);
     if (device != nullptr) cudaFree(device);
     if (copy_done != nullptr) cudaEventDestroy(copy_done);
-    if (nccl_done != nullptr) cudaEventDestroy(nccl_done);
+    for (cudaEvent_t e : nccl_done) cudaEventDestroy(e);
   }
 };
 
@@ -48,23 +48,42 @@ NcclLink::NcclLink(const NcclLinkOptions& options, Role role, int control_fd,
     : options_(options), role_(role), control_fd_(control_fd), stop_(stop) {}
 
 absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Connect(const NcclLinkOptions& options,
-                                                            Role role, const ncclUniqueId& id,
+                                                            Role role,
+                                                            absl::Span<const ncclUniqueId> ids,
                                                             int control_fd,
                                                             const std::atomic<bool>& stop) {
-  if (options.staging_chunk_bytes == 0 || options.staging_buffers < 1 || options.copy_ctas < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl link: staging_chunk_bytes ", options.staging_chunk_bytes, ", staging_buffers ",
-        options.staging_buffers, ", copy_ctas ", options.copy_ctas));
+  if (options.staging_chunk_bytes == 0 || options.staging_buffers < 1 || options.copy_ctas < 1 ||
+      ids.empty() || ids.size() > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl link: staging_chunk_bytes ", options.staging_chunk_bytes,
+                     ", staging_buffers ", options.staging_buffers, ", copy_ctas ",
+                     options.copy_ctas, ", communicators ", ids.size(), " (1 or 2)"));
   }
   std::unique_ptr<NcclLink> link(new NcclLink(options, role, control_fd, stop));
-  RETURN_IF_ERROR(link->Setup(id));
+  RETURN_IF_ERROR(link->Setup(ids));
   return link;
 }
 
-absl::Status NcclLink::Setup(const ncclUniqueId& id) {
+absl::Status NcclLink::CommErrors() {
+  for (ncclComm_t comm : comms_) {
+    if (comm == nullptr) continue;
+    ncclResult_t state = ncclSuccess;
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
+    if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclLink::Setup(absl::Span<const ncclUniqueId> ids) {
   const absl::Time deadline = absl::Now() + options_.init_timeout;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&nccl_stream_, cudaStreamNonBlocking));
+  comms_.assign(ids.size(), nullptr);
+  for (size_t c = 0; c < ids.size(); ++c) {
+    nccl_streams_.emplace_back();
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&nccl_streams_.back(), cudaStreamNonBlocking));
+    joins_.emplace_back();
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&joins_.back(), cudaEventDisableTiming));
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   for (int b = 0; b < options_.staging_buffers; ++b) {
@@ -82,34 +101,43 @@ absl::Status NcclLink::Setup(const ncclUniqueId& id) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   const int rank = role_ == Role::kReceiver ? 0 : 1;
-  ncclResult_t init = ncclCommInitRankConfig(&comm_, 2, id, rank, &config);
-  if (init != ncclSuccess && init != ncclInProgress) {
-    NCCL_RETURN_IF_ERROR(init);
+  // Both sides start the inits in the same order, so they join concurrently.
+  for (size_t c = 0; c < ids.size(); ++c) {
+    ncclResult_t init = ncclCommInitRankConfig(&comms_[c], 2, ids[c], rank, &config);
+    if (init != ncclSuccess && init != ncclInProgress) {
+      NCCL_RETURN_IF_ERROR(init);
+    }
   }
   RETURN_IF_ERROR(WaitFor(
       [this]() -> absl::StatusOr<bool> {
-        ncclResult_t state = ncclSuccess;
-        NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
-        if (state == ncclInProgress) return false;
-        NCCL_RETURN_IF_ERROR(state);
+        for (ncclComm_t comm : comms_) {
+          ncclResult_t state = ncclSuccess;
+          NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
+          if (state == ncclInProgress) return false;
+          NCCL_RETURN_IF_ERROR(state);
+        }
         return true;
       },
       deadline, "communicator init (the peer never joined)"));
   // Warm-up: NCCL connects p2p channels lazily, on the first message.
-  if (role_ == Role::kReceiver) {
-    RETURN_IF_ERROR(Settle(ncclRecv(scratch_, 1, ncclInt8, 1, comm_, nccl_stream_), deadline));
-  } else {
-    RETURN_IF_ERROR(Settle(ncclSend(scratch_, 1, ncclInt8, 0, comm_, nccl_stream_), deadline));
+  for (size_t c = 0; c < comms_.size(); ++c) {
+    if (role_ == Role::kReceiver) {
+      RETURN_IF_ERROR(Settle(
+          comms_[c], ncclRecv(scratch_, 1, ncclInt8, 1, comms_[c], nccl_streams_[c]), deadline));
+    } else {
+      RETURN_IF_ERROR(Settle(
+          comms_[c], ncclSend(scratch_, 1, ncclInt8, 0, comms_[c], nccl_streams_[c]), deadline));
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(joins_[c], nccl_streams_[c]));
   }
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, nccl_stream_));
   return WaitFor(
       [this]() -> absl::StatusOr<bool> {
-        ncclResult_t state = ncclSuccess;
-        NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
-        if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
-        const cudaError_t q = cudaEventQuery(join_);
-        if (q == cudaErrorNotReady) return false;
-        CUDA_RETURN_IF_ERROR(q);
+        RETURN_IF_ERROR(CommErrors());
+        for (cudaEvent_t e : joins_) {
+          const cudaError_t q = cudaEventQuery(e);
+          if (q == cudaErrorNotReady) return false;
+          CUDA_RETURN_IF_ERROR(q);
+        }
         return true;
       },
       deadline, "warm-up message");
@@ -118,17 +146,35 @@ absl::Status NcclLink::Setup(const ncclUniqueId& id) {
 NcclLink::~NcclLink() {
   cudaSetDevice(options_.device);
   // Abort first: it makes NCCL kernels that wait for the peer exit, so the drains below end.
-  if (comm_ != nullptr) ncclCommAbort(comm_);
-  if (nccl_stream_ != nullptr) cudaStreamSynchronize(nccl_stream_);
+  // All communicators at once: one's kernels may wait (through the staging ring's events) for
+  // the other's, so no abort may wait for the next one to start.
+  std::vector<std::thread> aborts;
+  for (size_t c = 1; c < comms_.size(); ++c) {
+    if (comms_[c] == nullptr) continue;
+    aborts.emplace_back([this, c] {
+      cudaSetDevice(options_.device);
+      ncclCommAbort(comms_[c]);
+    });
+  }
+  if (!comms_.empty() && comms_[0] != nullptr) ncclCommAbort(comms_[0]);
+  for (std::thread& t : aborts) t.join();
+  for (cudaStream_t s : nccl_streams_) {
+    if (s != nullptr) cudaStreamSynchronize(s);
+  }
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   idle_.clear();
   running_.clear();
   for (cudaEvent_t e : ready_) cudaEventDestroy(e);
   for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  for (cudaEvent_t e : joins_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (join_ != nullptr) cudaEventDestroy(join_);
   if (staging_ != nullptr) cudaFree(staging_);
   if (scratch_ != nullptr) cudaFree(scratch_);
-  if (nccl_stream_ != nullptr) cudaStreamDestroy(nccl_stream_);
+  for (cudaStream_t s : nccl_streams_) {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
 }
 
@@ -148,14 +194,14 @@ absl::Status NcclLink::WaitFor(const std::function<absl::StatusOr<bool>()>& done
   }
 }
 
-absl::Status NcclLink::Settle(ncclResult_t result, absl::Time deadline) {
+absl::Status NcclLink::Settle(ncclComm_t comm, ncclResult_t result, absl::Time deadline) {
   // A non-blocking communicator answers every ncclSend / ncclRecv with ncclInProgress and
   // launches it from a helper thread within tens of microseconds; later stream work must wait
   // for that launch. Spin, not sleep: a sleep here (>= ~60 us with timer slack, measured ~300 us
   // per message) would throttle the whole pipeline to one message per sleep.
   uint32_t spins = 0;
   while (result == ncclInProgress) {
-    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &result));
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &result));
     if (result != ncclInProgress) break;
     if ((++spins & 1023) == 0) {
       if (stop_.load()) return absl::CancelledError("nccl link: connection stopped");
@@ -179,7 +225,10 @@ absl::StatusOr<std::unique_ptr<NcclLink::Slot>> NcclLink::TakeSlot() {
   }
   auto slot = std::make_unique<Slot>();
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->copy_done, cudaEventDisableTiming));
-  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->nccl_done, cudaEventDisableTiming));
+  for (size_t c = 0; c < nccl_streams_.size(); ++c) {
+    slot->nccl_done.emplace_back();
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->nccl_done.back(), cudaEventDisableTiming));
+  }
   return slot;
 }
 
@@ -250,36 +299,49 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
         cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, copy_stream_));
   }
   // Transfers land in posting order even where their destinations overlap: staged messages
-  // are scattered in copy-stream order, but a direct receive writes the pool from the NCCL
-  // stream, so it first waits for the scatters of earlier transfers.
+  // are scattered in copy-stream order, but a direct receive writes the pool from an NCCL
+  // stream, so it first waits for the scatters and NCCL calls of earlier transfers.
   const bool any_direct =
       std::any_of(steps.begin(), steps.end(), [](const Step& s) { return s.ring < 0; });
   if (role_ == Role::kReceiver && any_direct) {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, copy_stream_));
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, join_, 0));
+    for (size_t c = 0; c < nccl_streams_.size(); ++c) {
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(joins_[c], nccl_streams_[c]));
+    }
+    for (size_t c = 0; c < nccl_streams_.size(); ++c) {
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_streams_[c], join_, 0));
+      for (size_t o = 0; o < nccl_streams_.size(); ++o) {
+        if (o != c) CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_streams_[c], joins_[o], 0));
+      }
+    }
   }
   const absl::Time deadline = absl::Now() + options_.init_timeout;
   // Posts messages [begin, end) as one NCCL call. A non-blocking communicator launches every
   // group from a helper thread of its own (tens of microseconds of host time), so a run of
   // direct messages goes as one group: one launch. Runs are cut by the plan's `direct` flags,
-  // which both sides share, so sender and receiver group the same messages.
+  // which both sides share, so sender and receiver group the same messages, and make the same
+  // calls: call k goes on communicator k % comms_.size() on both sides.
+  auto stream_of_next = [&]() { return nccl_streams_[next_call_ % nccl_streams_.size()]; };
   auto post = [&](size_t begin, size_t end) -> absl::Status {
+    const size_t c = next_call_++ % comms_.size();
+    ncclComm_t comm = comms_[c];
+    cudaStream_t stream = nccl_streams_[c];
     const bool group = end - begin > 1;
     if (group) NCCL_RETURN_IF_ERROR(ncclGroupStart());
     ncclResult_t r = ncclSuccess;
     for (size_t i = begin; i < end && (r == ncclSuccess || r == ncclInProgress); ++i) {
       r = role_ == Role::kSender ? ncclSend(steps[i].buffer, plan.messages[i].bytes, ncclInt8,
-                                            /*peer=*/0, comm_, nccl_stream_)
+                                            /*peer=*/0, comm, stream)
                                  : ncclRecv(steps[i].buffer, plan.messages[i].bytes, ncclInt8,
-                                            /*peer=*/1, comm_, nccl_stream_);
+                                            /*peer=*/1, comm, stream);
     }
-    if (!group) return Settle(r, deadline);
+    if (!group) return Settle(comm, r, deadline);
     const ncclResult_t ended = ncclGroupEnd();  // always: it closes the group even after errors
     if (r != ncclSuccess && r != ncclInProgress) {
-      Settle(ended, deadline).IgnoreError();
+      Settle(comm, ended, deadline).IgnoreError();
       NCCL_RETURN_IF_ERROR(r);
     }
-    return Settle(ended, deadline);
+    return Settle(comm, ended, deadline);
   };
   auto copy = [&](const Step& s) -> cudaError_t {
     if (engines) {
@@ -304,17 +366,18 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
       ++i;
       continue;
     }
+    cudaStream_t nccl_stream = stream_of_next();
     if (role_ == Role::kSender) {
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, free_[s.ring], 0));
       CUDA_RETURN_IF_ERROR(copy(s));
       CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], copy_stream_));
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, ready_[s.ring], 0));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream, ready_[s.ring], 0));
       RETURN_IF_ERROR(post(i, i + 1));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], nccl_stream_));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], nccl_stream));
     } else {
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream_, free_[s.ring], 0));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(nccl_stream, free_[s.ring], 0));
       RETURN_IF_ERROR(post(i, i + 1));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], nccl_stream_));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[s.ring], nccl_stream));
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[s.ring], 0));
       CUDA_RETURN_IF_ERROR(copy(s));
       CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[s.ring], copy_stream_));
@@ -322,20 +385,24 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     ++i;
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copy_done, copy_stream_));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.nccl_done, nccl_stream_));
+  for (size_t c = 0; c < nccl_streams_.size(); ++c) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.nccl_done[c], nccl_streams_[c]));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> NcclLink::PollOldest() {
   if (running_.empty()) return false;
-  ncclResult_t state = ncclSuccess;
-  NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
-  if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
-  for (cudaEvent_t done : {running_.front()->nccl_done, running_.front()->copy_done}) {
+  RETURN_IF_ERROR(CommErrors());
+  const Slot& oldest = *running_.front();
+  for (cudaEvent_t done : oldest.nccl_done) {
     const cudaError_t q = cudaEventQuery(done);
     if (q == cudaErrorNotReady) return false;
     CUDA_RETURN_IF_ERROR(q);
   }
+  const cudaError_t q = cudaEventQuery(oldest.copy_done);
+  if (q == cudaErrorNotReady) return false;
+  CUDA_RETURN_IF_ERROR(q);
   idle_.push_back(std::move(running_.front()));
   running_.pop_front();
   return true;

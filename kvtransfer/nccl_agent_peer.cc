@@ -93,19 +93,25 @@ int RunStalledSource(int device, uint64_t bytes, int in, int out) {
   std::atomic<bool> stop{false};
   nccl_wire::MessageType type;
   std::string payload;
+  // One ncclUniqueId per communicator of the pair (the reader's num_comms): join each in turn
+  // (the reader inits them concurrently) and answer its warm-up.
   if (conn < 0 || !nccl_socket::RecvFrame(conn, stop, absl::Seconds(30), &type, &payload).ok() ||
-      payload.size() != sizeof(ncclUniqueId)) {
+      payload.empty() || payload.size() % sizeof(ncclUniqueId) != 0) {
     return 17;
   }
-  ncclUniqueId id;
-  std::memcpy(&id, payload.data(), sizeof(id));
-  ncclComm_t comm = nullptr;
+  std::vector<ncclUniqueId> ids(payload.size() / sizeof(ncclUniqueId));
+  std::memcpy(ids.data(), payload.data(), payload.size());
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (ncclCommInitRank(&comm, 2, id, 1) != ncclSuccess) return 18;
-  if (ncclSend(buf, 1, ncclInt8, 0, comm, stream) != ncclSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess) {
-    return 19;
+  std::vector<ncclComm_t> comms(ids.size(), nullptr);
+  for (size_t c = 0; c < ids.size(); ++c) {
+    if (ncclCommInitRank(&comms[c], 2, ids[c], 1) != ncclSuccess) return 18;
+  }
+  for (ncclComm_t comm : comms) {
+    if (ncclSend(buf, 1, ncclInt8, 0, comm, stream) != ncclSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess) {
+      return 19;
+    }
   }
   if (!nccl_socket::RecvFrame(conn, stop, absl::Seconds(30), &type, &payload).ok()) return 20;
   absl::StatusOr<nccl_wire::ReadRequest> req = nccl_wire::DecodeReadRequest(payload);

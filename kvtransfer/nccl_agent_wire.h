@@ -2,10 +2,11 @@
 // built and tested in CPU-only builds too.
 //
 // Every message is a frame: [u32 type][u32 payload_bytes][payload], little-endian.
-//   kHello    reader -> source, once: the 128-byte ncclUniqueId of the pair's communicator
-//             (reader = rank 0, source = rank 1). Both then join it (non-blocking init with a
-//             deadline) and exchange one warm-up message: rank 1 ncclSends 1 byte (ncclInt8) to
-//             rank 0, so NCCL's lazy p2p connection setup also happens under that deadline.
+//   kHello    reader -> source, once: the 128-byte ncclUniqueIds of the pair's communicators,
+//             1 or 2 (reader = rank 0, source = rank 1). Both then join them (non-blocking init
+//             with a deadline) and exchange one warm-up message on each: rank 1 ncclSends 1 byte
+//             (ncclInt8) to rank 0, so NCCL's lazy p2p connection setup also happens under that
+//             deadline. NCCL call k of the pair (nccl_agent_link.h) uses communicator k % count.
 //   kRead     reader -> source: u64 transfer id, u64 chunk_bytes, u64 direct_min_bytes (the
 //             reader's nccl_plan::PlanParams), u32 op count, then per op (u32 remote_region,
 //             u64 remote_offset, u64 length). Only the source's side of each CopyOp travels; the

@@ -39,9 +39,9 @@
 #include "kvtransfer/nccl_agent_peer.h"
 
 ABSL_FLAG(bool, quick, false, "fewer iterations");
-ABSL_FLAG(std::string, configs, "128/32/4/3/32/e,128/32/4/3/32/k",
+ABSL_FLAG(std::string, configs, "128/32/4/3/32/e/2,128/32/4/3/32/e/1,128/32/4/3/32/k/2",
           "comma-separated configs chunk_mib/copy_ctas/max_posted/staging_buffers"
-          "[/direct_mib[/k|s|e]]");
+          "[/direct_mib[/k|s|e[/num_comms]]]");
 ABSL_FLAG(bool, halves, false,
           "also time 1024 blocks random on one side only (1024g: source, 1024s: reader)");
 ABSL_FLAG(std::string, blocks, "1,16,64,256,1024",
@@ -79,6 +79,7 @@ struct Config {
   int buffers = 3;
   uint64_t direct_mib = 32;
   char copy_mode = 'e';  // k: kernel, s: streaming kernel, e: copy engines
+  int num_comms = 2;
 };
 
 nccl_copy::CopyMode ModeOf(char c) {
@@ -102,13 +103,16 @@ std::vector<Config> ParseConfigs(const std::string& text) {
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(item, '/');
     Config c;
-    CHECK_TRUE(f.size() >= 4 && f.size() <= 6 && absl::SimpleAtoi(f[0], &c.chunk_mib) &&
+    CHECK_TRUE(f.size() >= 4 && f.size() <= 7 && absl::SimpleAtoi(f[0], &c.chunk_mib) &&
                absl::SimpleAtoi(f[1], &c.copy_ctas) && absl::SimpleAtoi(f[2], &c.max_posted) &&
                absl::SimpleAtoi(f[3], &c.buffers) &&
                (f.size() < 5 || absl::SimpleAtoi(f[4], &c.direct_mib)));
-    if (f.size() == 6) {
+    if (f.size() >= 6) {
       CHECK_TRUE(f[5] == "k" || f[5] == "s" || f[5] == "e");
       c.copy_mode = f[5][0];
+    }
+    if (f.size() == 7) {
+      CHECK_TRUE(absl::SimpleAtoi(f[6], &c.num_comms) && c.num_comms >= 1 && c.num_comms <= 2);
     }
     out.push_back(c);
   }
@@ -221,20 +225,23 @@ int Run(bool quick, bool halves, const std::vector<Config>& configs,
     options.staging_buffers = c.buffers;
     options.direct_min_bytes = c.direct_mib << 20;
     options.copy_mode = ModeOf(c.copy_mode);
+    options.num_comms = c.num_comms;
     auto agent = NcclAgent::Create(options);
     CHECK_OK(agent.status());
     CHECK_OK((*agent)->RegisterMemory(local, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).status());
     CHECK_OK((*agent)->AddPeer("src", peer->descriptor()));
     std::printf(
-        "\nconfig %llu/%d/%d/%d/%llu/%c: staging_chunk %llu MiB, copy_ctas %d, "
-        "max_posted_transfers %d, staging_buffers %d, direct_min %llu MiB, copy %s\n",
+        "\nconfig %llu/%d/%d/%d/%llu/%c/%d: staging_chunk %llu MiB, copy_ctas %d, "
+        "max_posted_transfers %d, staging_buffers %d, direct_min %llu MiB, copy %s, "
+        "num_comms %d\n",
         static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
-        static_cast<unsigned long long>(c.direct_mib), c.copy_mode,
+        static_cast<unsigned long long>(c.direct_mib), c.copy_mode, c.num_comms,
         static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
         static_cast<unsigned long long>(c.direct_mib),
         c.copy_mode == 's'   ? "streaming kernel"
         : c.copy_mode == 'e' ? "copy engines"
-                             : "kernel");
+                             : "kernel",
+        c.num_comms);
     std::printf("%8s %10s %6s %12s %12s %8s\n", "blocks", "MiB/batch", "iters", "agent GB/s",
                 "raw GB/s", "agent%");
     std::mt19937_64 rng(7);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -108,17 +109,22 @@ NcclAgentOptions ShortDeadlines() {
 
 TEST(NcclFaultTest, AddPeerGivesUpWhenThePeerNeverJoins) {
   TANDEM_SKIP_WITHOUT_GPU();
-  auto agent = NcclAgent::Create(ShortDeadlines());
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  NeverJoiningSource silent(/*hang_up=*/false);
-  ASSERT_TRUE(silent.Listen().ok());
-  const absl::Time start = absl::Now();
-  absl::Status s = (*agent)->AddPeer("silent", silent.descriptor());
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_LT(took, absl::Seconds(2) + kSlack) << s;
-  EXPECT_EQ((*agent)->PostRead("silent", {{0, 0, 0, 0, 1}}).status().code(),
-            absl::StatusCode::kNotFound);
+  for (int comms : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "num_comms " << comms);
+    NcclAgentOptions options = ShortDeadlines();
+    options.num_comms = comms;
+    auto agent = NcclAgent::Create(options);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    NeverJoiningSource silent(/*hang_up=*/false);
+    ASSERT_TRUE(silent.Listen().ok());
+    const absl::Time start = absl::Now();
+    absl::Status s = (*agent)->AddPeer("silent", silent.descriptor());
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_LT(took, absl::Seconds(2) + kSlack) << s;
+    EXPECT_EQ((*agent)->PostRead("silent", {{0, 0, 0, 0, 1}}).status().code(),
+              absl::StatusCode::kNotFound);
+  }
 }
 
 TEST(NcclFaultTest, AddPeerFailsWhenThePeerHangsUpBeforeJoining) {
@@ -131,32 +137,36 @@ TEST(NcclFaultTest, AddPeerFailsWhenThePeerHangsUpBeforeJoining) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
-// The agent as source: a "reader" sends a hello with a fresh ncclUniqueId and never joins. The
-// agent must give up after init_timeout and close the connection (not pin its serving thread).
+// The agent as source: a "reader" sends a hello with fresh ncclUniqueIds (1 or 2 communicators)
+// and never joins. The agent must give up after init_timeout and close the connection (not pin
+// its serving thread).
 TEST(NcclFaultTest, SourceDropsAReaderThatNeverJoins) {
   TANDEM_SKIP_WITHOUT_GPU();
-  auto agent = NcclAgent::Create(ShortDeadlines());
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  std::string host;
-  int port = 0;
-  ASSERT_TRUE(nccl_wire::ParseAddress((*agent)->control_address(), &host, &port).ok());
-  absl::StatusOr<int> fd = nccl_socket::Connect(host, port, absl::Seconds(5));
-  ASSERT_TRUE(fd.ok()) << fd.status();
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  ASSERT_TRUE(
-      nccl_socket::SendFrame(*fd, MessageType::kHello,
-                             absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id)))
-          .ok());
-  std::atomic<bool> stop{false};
-  MessageType type;
-  std::string payload;
-  const absl::Time start = absl::Now();
-  absl::Status s = nccl_socket::RecvFrame(*fd, stop, absl::Seconds(2) + kSlack, &type, &payload);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << "the agent kept the connection: " << s;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2) + kSlack);
-  close(*fd);
-  agent->reset();  // returns: no thread is stuck in NCCL init
+  for (int comms : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "communicators " << comms);
+    auto agent = NcclAgent::Create(ShortDeadlines());
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    std::string host;
+    int port = 0;
+    ASSERT_TRUE(nccl_wire::ParseAddress((*agent)->control_address(), &host, &port).ok());
+    absl::StatusOr<int> fd = nccl_socket::Connect(host, port, absl::Seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    std::vector<ncclUniqueId> ids(comms);
+    for (ncclUniqueId& id : ids) ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ASSERT_TRUE(nccl_socket::SendFrame(*fd, MessageType::kHello,
+                                       absl::string_view(reinterpret_cast<const char*>(ids.data()),
+                                                         ids.size() * sizeof(ids[0])))
+                    .ok());
+    std::atomic<bool> stop{false};
+    MessageType type;
+    std::string payload;
+    const absl::Time start = absl::Now();
+    absl::Status s = nccl_socket::RecvFrame(*fd, stop, absl::Seconds(2) + kSlack, &type, &payload);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << "the agent kept the connection: " << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2) + kSlack);
+    close(*fd);
+    agent->reset();  // returns: no thread is stuck in NCCL init
+  }
 }
 
 }  // namespace

@@ -51,6 +51,14 @@ absl::StatusOr<bool> WaitEnded(NcclAgent& agent, TransferId id) {
   }
 }
 
+// Tests name the communicator count they cover (half of them 1, half 2) rather than take the
+// default, so both stay covered whatever NcclAgentOptions::num_comms defaults to.
+NcclAgentOptions WithComms(int num_comms) {
+  NcclAgentOptions o;
+  o.num_comms = num_comms;
+  return o;
+}
+
 class NcclTwoProcessTest : public ::testing::Test {
  protected:
   void SetUpAgents(NcclAgentOptions reader = {},
@@ -123,32 +131,41 @@ TEST(NcclAgentTest, RejectsHostMemoryAndBadDescriptors) {
   EXPECT_EQ((*agent)->PostRead("p", {{0, 0, 0, 0, 1}}).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ((*agent)->CheckTransfer(12345).status().code(), absl::StatusCode::kNotFound);
+  for (int comms : {0, 3}) {
+    NcclAgentOptions wrong;
+    wrong.num_comms = comms;
+    EXPECT_EQ(NcclAgent::Create(wrong).status().code(), absl::StatusCode::kInvalidArgument)
+        << "num_comms " << comms;
+  }
 }
 
 // Several reader configurations over one source: everything packed into one staged message
 // (defaults); odd-sized chunks smaller than a block with runs of >= 3 blocks sent directly, a
 // 2-buffer ring that wraps many times and a 3-CTA copy kernel; chunks of a few blocks with a
 // 3-buffer ring; every whole block direct (runs of direct messages go as one NCCL group) with
-// only the partial ranges staged. The source is restarted with each configuration's copy mode
+// only the partial ranges staged. The 1st and 3rd use 1 communicator, the 2nd and 4th 2 (NCCL
+// calls alternate between them). The source is restarted with each configuration's copy mode
 // (copy engines by default, streaming kernel, kernel), ring and CTAs. Each round posts several
-// transfers at once whose destinations may overlap: they must land in posting order (stream order
-// across transfers).
+// transfers at once whose destinations may overlap: they must land in posting order (stream
+// order across transfers).
 TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
   SKIP_WITHOUT_TWO_GPUS();
-  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(WithComms(1)));
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_);
-  std::vector<NcclAgentOptions> configs(4);
+  std::vector<NcclAgentOptions> configs(4, WithComms(1));  // configs[0]: SetUpAgents' reader
   configs[1].staging_chunk_bytes = 64 * 1024 + 24;
   configs[1].direct_min_bytes = 3 * kBlockBytes;
   configs[1].copy_ctas = 3;
   configs[1].max_posted_transfers = 2;
   configs[1].copy_mode = nccl_copy::CopyMode::kStreamingKernel;
+  configs[1].num_comms = 2;
   configs[2].staging_chunk_bytes = 5 * kBlockBytes + 8;
   configs[2].staging_buffers = 3;
   configs[2].copy_mode = nccl_copy::CopyMode::kKernel;
   configs[3].direct_min_bytes = kBlockBytes;
   configs[3].staging_chunk_bytes = 3 * kBlockBytes;
+  configs[3].num_comms = 2;
   std::vector<char> expected(kPoolBytes, kSentinel);  // what local_ should hold
   std::vector<char> block;
   uint64_t transfers = 0;
@@ -203,7 +220,7 @@ TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
 
 TEST_F(NcclTwoProcessTest, SourceRefusesRangesItDoesNotHave) {
   SKIP_WITHOUT_TWO_GPUS();
-  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(WithComms(1)));
   // Local validation first.
   EXPECT_EQ(agent_->PostRead("src", {{0, 0, 0, kPoolBytes, 1}}).status().code(),
             absl::StatusCode::kOutOfRange);
@@ -224,7 +241,7 @@ TEST_F(NcclTwoProcessTest, SourceRefusesRangesItDoesNotHave) {
 
 TEST_F(NcclTwoProcessTest, CancelAndRemovePeerEndTransfers) {
   SKIP_WITHOUT_TWO_GPUS();
-  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(WithComms(1)));
   std::vector<TransferId> ids;
   for (int i = 0; i < 8; ++i) {
     auto id = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
@@ -251,9 +268,10 @@ TEST_F(NcclTwoProcessTest, CancelAndRemovePeerEndTransfers) {
   EXPECT_TRUE(WaitEnded(*agent_, *id).ok());
 }
 
+// With 2 communicators per pair: both are aborted.
 TEST_F(NcclTwoProcessTest, DeadPeerEndsTransfersUnavailable) {
   SKIP_WITHOUT_TWO_GPUS();
-  ASSERT_NO_FATAL_FAILURE(SetUpAgents());
+  ASSERT_NO_FATAL_FAILURE(SetUpAgents(WithComms(2)));
   std::vector<TransferId> ids;
   for (int i = 0; i < 16; ++i) {
     auto id = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
@@ -282,7 +300,7 @@ TEST_F(NcclTwoProcessTest, DeadPeerEndsTransfersUnavailable) {
 // transfer deadline aborts the connection and ends the transfers UNAVAILABLE instead of hanging.
 TEST_F(NcclTwoProcessTest, SilentSourceEndsTransfersUnavailable) {
   SKIP_WITHOUT_TWO_GPUS();
-  NcclAgentOptions reader;
+  NcclAgentOptions reader = WithComms(1);
   reader.transfer_timeout = absl::Seconds(2);
   ASSERT_NO_FATAL_FAILURE(SetUpAgents(reader));
   auto warm = agent_->PostRead("src", {{0, 0, 0, 0, kPoolBytes}});
@@ -310,10 +328,10 @@ TEST_F(NcclTwoProcessTest, SilentSourceEndsTransfersUnavailable) {
 
 // A source that acks a read and then sends nothing (the hand-played kStallAfterAck peer): the
 // reader's receive is posted and waits on the GPU. The transfer deadline must abort the
-// communicator (which stops the waiting kernels), drain the streams and end it UNAVAILABLE.
+// communicators (which stops the waiting kernels), drain the streams and end it UNAVAILABLE.
 TEST_F(NcclTwoProcessTest, SourceThatStallsMidTransferIsAbortedAfterTheDeadline) {
   SKIP_WITHOUT_TWO_GPUS();
-  NcclAgentOptions reader;
+  NcclAgentOptions reader = WithComms(2);
   reader.transfer_timeout = absl::Seconds(2);
   ASSERT_NO_FATAL_FAILURE(SetUpAgents(reader, nccl_peer::PeerMode::kStallAfterAck));
   const absl::Time start = absl::Now();
