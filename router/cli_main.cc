@@ -6,6 +6,8 @@
 //   tandem_cli workers --router=ADDR [--json]
 //   tandem_cli health  --router=ADDR
 //   tandem_cli abort   --router=ADDR --request_id=ID
+//   tandem_cli stats   --worker=ADDR [--json]   one worker's WorkerStats (KV bytes received,
+//                      load failures, leases, prefix-cache hits, ...), asked of the worker itself
 //
 // generate prints each token id as it arrives (space separated, flushed), then a newline, and a
 // summary on stderr; with --json it prints one line instead:
@@ -32,9 +34,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
 #include "tandem/v1/router.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
 
 ABSL_FLAG(std::string, router, "127.0.0.1:7000", "router address host:port");
+ABSL_FLAG(std::string, worker, "", "stats: the worker's address host:port");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma separated");
 ABSL_FLAG(int64_t, max_tokens, 16, "tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
@@ -273,17 +278,44 @@ absl::Status Abort() {
   return absl::OkStatus();
 }
 
+absl::Status WorkerStats() {
+  const std::string address = absl::GetFlag(FLAGS_worker);
+  if (address.empty()) return absl::InvalidArgumentError("--worker is required");
+  auto stub =
+      v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::WorkerStats stats;
+  if (grpc::Status s = stub->Stats(&ctx, v1::WorkerStatsRequest(), &stats); !s.ok()) {
+    return FromGrpc(s);
+  }
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", stats.DebugString().c_str());
+    return absl::OkStatus();
+  }
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (auto s = google::protobuf::util::MessageToJsonString(stats, &json, options); !s.ok()) {
+    return absl::InternalError(absl::StrCat("stats to JSON: ", s.ToString()));
+  }
+  std::printf("%s\n", json.c_str());
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tandem::router
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tandem_cli generate|workers|health|abort --router=HOST:PORT [--prompt_ids=1,2,3 "
-      "--max_tokens=N --json ...]");
+      "--max_tokens=N --json ...] | tandem_cli stats --worker=HOST:PORT [--json]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr,
-                 "usage: tandem_cli generate|workers|health|abort --router=HOST:PORT ...\n");
+                 "usage: tandem_cli generate|workers|health|abort --router=HOST:PORT ... | "
+                 "stats --worker=HOST:PORT\n");
     return 1;
   }
   const std::string command = args[1];
@@ -299,9 +331,11 @@ int main(int argc, char** argv) {
     if (rc.ok()) code = *rc;
   } else if (command == "abort") {
     s = tandem::router::Abort();
+  } else if (command == "stats") {
+    s = tandem::router::WorkerStats();
   } else {
-    s = absl::InvalidArgumentError(
-        absl::StrCat("unknown command '", command, "'; use generate, workers, health or abort"));
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "unknown command '", command, "'; use generate, workers, health, abort or stats"));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "tandem_cli %s: %s\n", command.c_str(), s.ToString().c_str());

@@ -42,6 +42,13 @@ done
 grep -qE '^d0 +decode .* yes ' "$TMP/workers.txt" || fail "d0 not listed healthy: $(cat "$TMP/workers.txt")"
 grep -qE '^p0 +prefill .* yes ' "$TMP/workers.txt" || fail "p0 not listed healthy"
 
+# A worker's own stats, asked of the worker at the address the router lists.
+p0_addr=$(awk '$1 == "p0" {print $3}' "$TMP/workers.txt")
+out=$("$CLI" stats --worker="$p0_addr" --json) || fail "stats --worker=$p0_addr failed"
+[[ $out == *'"worker_id":"p0"'* && $out == *'"kv_load_failures":"0"'* ]] || fail "stats: $out"
+"$CLI" stats 2>"$TMP/err.txt" && fail "stats without --worker succeeded"
+grep -q "INVALID_ARGUMENT.*--worker is required" "$TMP/err.txt" || fail "stats: $(cat "$TMP/err.txt")"
+
 # The fake model: next = (31 * prev + 7) % 1000 from the last prompt token.
 expected=() prev=3
 for _ in $(seq 8); do prev=$(( (31 * prev + 7) % 1000 )); expected+=("$prev"); done

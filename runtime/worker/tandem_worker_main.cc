@@ -6,7 +6,8 @@
 //                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
 //                 [--max_num_seqs=256] [--num_threads=2] [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
-//                 [--ucx_net_device=lo] [--port_file=PATH] [--drain_timeout_ms=30000]
+//                 [--ucx_net_device=lo] [--kv_transport=nccl --nccl_control_host=127.0.0.1]
+//                 [--port_file=PATH] [--drain_timeout_ms=30000]
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
 // the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones
@@ -66,9 +67,12 @@ ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
 ABSL_FLAG(int64_t, kv_load_timeout_ms, 20000, "give up loading remote KV after this long");
-ABSL_FLAG(std::string, kv_transport, "ucx", "KV transfer agent: ucx");
+ABSL_FLAG(std::string, kv_transport, "ucx",
+          "KV transfer agent: ucx, or nccl (--backend=cuda; GPU peers on one fabric)");
 ABSL_FLAG(std::string, ucx_tls, "tcp,self,sm", "UCX transports (UCX_TLS)");
 ABSL_FLAG(std::string, ucx_net_device, "lo", "UCX network device (UCX_NET_DEVICES)");
+ABSL_FLAG(std::string, nccl_control_host, "127.0.0.1",
+          "--kv_transport=nccl: address the NCCL agent's control socket binds to");
 ABSL_FLAG(std::string, port_file, "", "write HOST:PORT here once serving");
 ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "on SIGTERM, wait this long for requests in flight");
 
@@ -149,7 +153,9 @@ absl::Status Serve() {
   agent_flags.transport = absl::GetFlag(FLAGS_kv_transport);
   agent_flags.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   agent_flags.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
-  agent_flags.stage_cuda_memory = backend.backend == "cuda";
+  agent_flags.cuda_pool = backend.backend == "cuda";
+  agent_flags.device = backend.device;
+  agent_flags.nccl_control_host = absl::GetFlag(FLAGS_nccl_control_host);
   ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
                    MakeTransferAgent(agent_flags));
   std::optional<uint32_t> region;

@@ -1,4 +1,4 @@
-// Builds the worker's TransferAgent from its flags (--kv_transport and the UCX options).
+// Builds the worker's TransferAgent from its flags (--kv_transport, the UCX and NCCL options).
 #ifndef TANDEM_RUNTIME_WORKER_TRANSFER_AGENT_FACTORY_H_
 #define TANDEM_RUNTIME_WORKER_TRANSFER_AGENT_FACTORY_H_
 
@@ -11,15 +11,23 @@
 namespace tandem::runtime {
 
 struct TransferAgentFlags {
+  // "ucx" (host or staged device memory, any two processes) or "nccl" (device memory, GPU
+  // peers on one fabric; CUDA builds with --backend=cuda only).
   std::string transport = "ucx";
   std::string ucx_tls = "tcp,self,sm";
   std::string ucx_net_device = "lo";
-  // The KV pool is device memory (CUDA backend): UCX without CUDA transports stages it through
-  // host memory (the worker then syncs held blocks before publishing them).
-  bool stage_cuda_memory = false;
+  // The KV pool is device memory (CUDA backend) on `device`. UCX without CUDA transports then
+  // stages it through host memory (the worker syncs held blocks before publishing them); NCCL
+  // moves it device to device and needs it.
+  bool cuda_pool = false;
+  int device = 0;
+  // The NCCL agent's control socket binds here (port chosen by the kernel); peers learn the
+  // address from the handshake.
+  std::string nccl_control_host = "127.0.0.1";
 };
 
-// INVALID_ARGUMENT for an unknown transport; the agent's own errors otherwise.
+// INVALID_ARGUMENT for an unknown transport, or "nccl" without a CUDA pool; UNIMPLEMENTED for
+// "nccl" in a build without CUDA; the agent's own errors otherwise (e.g. no GPU).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     const TransferAgentFlags& flags);
 

@@ -3,7 +3,10 @@
 # serve requests through tandem_cli; the CUDA mixed worker must give the same greedy tokens as a
 # CPU mixed worker is NOT expected (bf16 vs fp32), so this checks liveness, token counts, JSON
 # timing fields and clean shutdown. With a UCX agent that accepts device memory it also runs
-# one prefill + one decode CUDA worker (P -> D KV over UCX, staged through host memory).
+# one prefill + one decode CUDA worker (P -> D KV over UCX, staged through host memory), and on
+# a machine with 2 GPUs a prefill worker on GPU 0 and a decode worker on GPU 1 with
+# --kv_transport=nccl (device to device). The greedy tokens of the disaggregated runs must equal
+# the mixed worker's for the same prompts (same kernels, same bf16 KV).
 #
 #   tests/gpu/serve_cuda_smoke.sh BUNDLE_DIR LOG_DIR
 #
@@ -38,19 +41,39 @@ pids+=($!)
 wait_file "$LOG/mixed.port" || { echo "mixed worker did not start"; tail "$LOG/mixed.log"; exit 1; }
 sleep 2
 check workers "$C" workers --router="$ROUTER"
-gen() {
+gen() {  # prompt_ids, max_tokens, tag: the tokens go to $LOG/tokens.TAG
   "$C" generate --router="$ROUTER" --prompt_ids="$1" --max_tokens="$2" --ignore_eos --json \
     >"$LOG/gen.json" || return 1
-  python3 - "$LOG/gen.json" "$2" <<'PY'
+  python3 - "$LOG/gen.json" "$2" "$LOG/tokens.$3" <<'PY'
 import json, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 toks = j.get("token_ids") or j.get("tokens") or []
 assert len(toks) == int(sys.argv[2]), j
+open(sys.argv[3], "w").write(",".join(map(str, toks)) + "\n")
 print(j)
 PY
 }
-check mixed_generate gen 1,450,4996,17354,29871 32
-check mixed_long_prompt gen "$(seq -s, 100 900)" 16
+same_tokens() {  # run_a run_b: same greedy tokens for the short and the long prompt
+  local len
+  for len in short long; do
+    cat "$LOG/tokens.$1_$len" "$LOG/tokens.$2_$len"
+    cmp "$LOG/tokens.$1_$len" "$LOG/tokens.$2_$len" || return 1
+  done
+}
+kv_moved() {  # decode worker's port file: it received KV over its agent, no load failed
+  "$C" stats --worker="$(cat "$1")" --json >"$LOG/stats.json" || return 1
+  python3 - "$LOG/stats.json" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+print({k: j[k] for k in ("kv_bytes_received", "kv_load_failures", "requests_finished")})
+assert int(j["kv_bytes_received"]) > 0, j
+assert int(j["kv_load_failures"]) == 0, j
+PY
+}
+SHORT=1,450,4996,17354,29871
+LONG=$(seq -s, 100 900)
+check mixed_generate gen $SHORT 32 mixed_short
+check mixed_long_prompt gen "$LONG" 16 mixed_long
 # 16 concurrent requests (continuous batching + decode graphs).
 conc() {
   local ps=()
@@ -73,9 +96,46 @@ done
 wait_file "$LOG/prefill.port" && wait_file "$LOG/decode.port" || { tail "$LOG"/{prefill,decode}.log; exit 1; }
 sleep 8  # the router drops the killed mixed worker after its heartbeat timeout
 check pd_workers "$C" workers --router="$ROUTER"
-check pd_generate gen 1,450,4996,17354,29871 32
-check pd_long_prompt gen "$(seq -s, 100 900)" 16
+check pd_generate gen $SHORT 32 pd_short
+check pd_long_prompt gen "$LONG" 16 pd_long
+check pd_same_tokens_as_mixed same_tokens mixed pd
 check pd_concurrent conc
-grep -h "kv_bytes\|received" "$LOG"/decode.log | tail -2
+check pd_kv_moved kv_moved "$LOG/decode.port"
+
+# Disaggregated over NCCL: prefill on GPU 0, decode on GPU 1 (NCCL needs one rank per GPU).
+nccl_checks=(nccl_workers nccl_generate nccl_long_prompt nccl_same_tokens_as_mixed
+             nccl_concurrent nccl_kv_moved)
+if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') -lt 2 ]]; then
+  echo "SKIP ${nccl_checks[*]} (fewer than 2 GPUs)"
+  skipped=$((skipped + ${#nccl_checks[@]}))
+else
+  for p in "${pids[@]:2}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  dev=0
+  for role in prefill decode; do
+    "$W" --role=$role --worker_id=nccl-$role "${COMMON[@]}" --device=$dev --kv_transport=nccl \
+      --port_file="$LOG/nccl-$role.port" >"$LOG/nccl-$role.log" 2>&1 &
+    pids+=($!)
+    dev=$((dev + 1))
+  done
+  wait_file "$LOG/nccl-prefill.port" && wait_file "$LOG/nccl-decode.port" ||
+    { tail "$LOG"/nccl-{prefill,decode}.log; exit 1; }
+  sleep 8  # the router drops the UCX workers after their heartbeat timeout
+  workers_nccl() {  # both NCCL workers serving, the stopped UCX ones no longer
+    local w
+    for _ in $(seq 1 40); do
+      w=$("$C" workers --router="$ROUTER") || return 1
+      if grep -q nccl-prefill <<<"$w" && grep -q nccl-decode <<<"$w" &&
+         ! grep -qE '^cuda-.* serving ' <<<"$w"; then echo "$w"; return 0; fi
+      sleep 0.5
+    done
+    echo "$w"; return 1
+  }
+  check nccl_workers workers_nccl
+  check nccl_generate gen $SHORT 32 nccl_short
+  check nccl_long_prompt gen "$LONG" 16 nccl_long
+  check nccl_same_tokens_as_mixed same_tokens mixed nccl
+  check nccl_concurrent conc
+  check nccl_kv_moved kv_moved "$LOG/nccl-decode.port"
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]
