@@ -164,6 +164,7 @@ absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {
     load.transfer = *id;
     // Renew at half of the lease this load starts with (see the header comment).
     const absl::Time start = absl::Now();
+    load.posted = start;
     if (load.renewer != nullptr && load.lease_id != 0 && load.lease_deadline > start &&
         load.lease_deadline != absl::InfiniteFuture()) {
       load.lease_length = load.lease_deadline - start;
@@ -284,6 +285,9 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
       done.receiving_done.push_back(request_id);
       ++stats_.loads_completed;
       stats_.bytes_loaded += load.bytes;
+      // Not `now`: callers may pass a time taken before this step's StartLoad.
+      stats_.load_micros += static_cast<uint64_t>(
+          std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - load.posted)));
     } else {
       absl::Status why = !load.cancel_reason.ok() ? load.cancel_reason : state.status();
       FailLoadLocked(request_id, load, std::move(why));

@@ -100,6 +100,7 @@ class PullKvConnector : public KvConnector {
     std::vector<int32_t> local_blocks;
     std::vector<std::pair<int32_t, int32_t>> blocks;
     std::optional<TransferId> transfer;  // set once posted
+    absl::Time posted;                   // when it was posted
     uint64_t bytes = 0;
     // Why we cancelled (CANCELLED for CancelLoad, DEADLINE_EXCEEDED for the deadline); OK if not.
     absl::Status cancel_reason;

@@ -115,6 +115,38 @@ TEST(PullKvConnectorTest, LoadsRandomBlockListsBitExactAndSkipsLocalPrefix) {
   }
 }
 
+// load_micros sums each completed load's wait from posting to the poll that saw it end; failed
+// loads add nothing.
+TEST(PullKvConnectorTest, LoadTimeCountsFromPostToSeenFinished) {
+  Pair pair(std::random_device{}());
+  pair.d->HoldTransfers(true);
+  RemoteKvSpec remote;
+  remote.peer = "p";
+  remote.num_tokens = 33;
+  remote.block_ids = {5, 1, 2};
+  pair.dc->UpdateStateAfterAlloc(1, remote, std::vector<int32_t>{3, 4, 9}, 0);
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(pair.dc->StartLoad(pair.dc->BuildStepMeta()).ok());
+  absl::SleepFor(absl::Milliseconds(40));
+  EXPECT_TRUE(pair.dc->GetFinished(absl::Now()).receiving_done.empty());
+  EXPECT_EQ(pair.dc->Stats().load_micros, 0u);  // nothing completed yet
+  pair.d->HoldTransfers(false);
+  ASSERT_TRUE(pair.WaitLoad(1));
+  const uint64_t waited = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - before));
+  const KvConnectorStats stats = pair.dc->Stats();
+  EXPECT_EQ(stats.loads_completed, 1u);
+  EXPECT_GE(stats.load_micros, 40000u);
+  EXPECT_LE(stats.load_micros, waited);
+  // A second load that fails (cancelled while held) leaves the sum alone.
+  pair.d->HoldTransfers(true);
+  pair.dc->UpdateStateAfterAlloc(2, remote, std::vector<int32_t>{6, 7, 8}, 0);
+  ASSERT_TRUE(pair.dc->StartLoad(pair.dc->BuildStepMeta()).ok());
+  pair.dc->CancelLoad(2);
+  EXPECT_FALSE(pair.WaitLoad(2));
+  EXPECT_EQ(pair.dc->Stats().load_micros, stats.load_micros);
+  EXPECT_EQ(pair.dc->Stats().load_failures, 1u);
+}
+
 TEST(PullKvConnectorTest, DeadlineAndCancelEndOnlyAfterTheTransferEnded) {
   Pair pair(std::random_device{}());
   pair.d->HoldTransfers(true);

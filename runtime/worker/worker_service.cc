@@ -429,6 +429,8 @@ tandem::v1::WorkerStats WorkerServiceImpl::StatsProto() const {
     out.set_leases_released(c.leases_released);
     out.set_leases_expired(c.leases_expired);
     out.set_kv_bytes_received(c.bytes_loaded);
+    out.set_kv_load_micros(c.load_micros);
+    out.set_kv_loads_completed(c.loads_completed);
     load_failures += c.load_failures;
   }
   out.set_kv_load_failures(load_failures);

@@ -157,10 +157,17 @@ TEST(ServingE2eTest, OnePOneDAndTwoPTwoDEqualAMixedWorker) {
     }
     ExpectPoolsWhole(*cluster);
     if (p > 0) {
-      uint64_t received = 0;
-      for (WorkerHandle& w : cluster->workers())
-        received += cluster->Stats(w.id)->kv_bytes_received();
+      uint64_t received = 0, loads = 0, load_micros = 0;
+      for (WorkerHandle& w : cluster->workers()) {
+        auto stats = cluster->Stats(w.id);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        received += stats->kv_bytes_received();
+        loads += stats->kv_loads_completed();
+        load_micros += stats->kv_load_micros();
+      }
       EXPECT_GT(received, 0u) << name << ": decode workers loaded KV over UCX";
+      EXPECT_GT(loads, 0u) << name;
+      EXPECT_GT(load_micros, 0u) << name << ": load time is counted";
     }
   }
 }
