@@ -554,10 +554,16 @@ void NcclAgent::PeerLoop(Peer* peer) {
       conn_status = nccl_socket::CheckAlive(fd);
       continue;
     }
+    const bool alone = fresh.size() == 1 && awaiting.empty() && running.empty();
     // All of them into `awaiting` first: if a send fails, the teardown ends them all.
     for (Transfer* t : fresh) awaiting.push_back({t, absl::Now() + options_.transfer_timeout});
     for (Transfer* t : fresh) {
-      absl::StatusOr<std::string> request = nccl_wire::EncodeReadRequest(t->id, params, t->ops);
+      nccl_plan::PlanParams p = params;
+      if (alone) {
+        p.chunk_bytes = nccl_plan::LoneTransferChunk(t->bytes, options_.staging_chunk_bytes,
+                                                     options_.lone_min_chunk_bytes);
+      }
+      absl::StatusOr<std::string> request = nccl_wire::EncodeReadRequest(t->id, p, t->ops);
       conn_status = request.ok() ? nccl_socket::SendFrame(fd, MessageType::kRead, *request)
                                  : request.status();
       if (!conn_status.ok()) break;

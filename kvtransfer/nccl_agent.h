@@ -97,6 +97,11 @@ struct NcclAgentOptions {
   // cost of one message overlaps the tail of the one before: 256 / 1024 random blocks went from
   // ~89% to ~94-95% of raw NCCL on 2 H200s (kvtransfer/README.md, "NCCL agent").
   int num_comms = 2;
+  // A transfer alone on its connection (nothing else posted or running: a decode worker
+  // loading one request's KV) asks for packed messages of about an eighth of its size, at
+  // least this long (nccl_plan::LoneTransferChunk), instead of staging_chunk_bytes: one 128 MiB
+  // message cannot overlap its own gather and scatter. 0 = always staging_chunk_bytes.
+  uint64_t lone_min_chunk_bytes = uint64_t{32} << 20;
 };
 
 class NcclAgent final : public TransferAgent {

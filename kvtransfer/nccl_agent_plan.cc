@@ -6,6 +6,13 @@
 
 namespace tandem::kvtransfer::nccl_plan {
 
+uint64_t LoneTransferChunk(uint64_t transfer_bytes, uint64_t max_chunk, uint64_t min_chunk) {
+  if (min_chunk == 0) return max_chunk;
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const uint64_t eighth = (transfer_bytes / 8 + kMiB - 1) / kMiB * kMiB;
+  return std::clamp(eighth, std::min(min_chunk, max_chunk), max_chunk);
+}
+
 absl::StatusOr<Plan> MakePlan(absl::Span<const uint64_t> op_bytes, const PlanParams& params) {
   if (op_bytes.empty()) return absl::InvalidArgumentError("nccl plan: no ops");
   if (params.chunk_bytes == 0 || params.direct_min_bytes == 0) {

@@ -58,6 +58,12 @@ struct Plan {
 // INVALID_ARGUMENT for no ops, a zero-length op, or zero params.
 absl::StatusOr<Plan> MakePlan(absl::Span<const uint64_t> op_bytes, const PlanParams& params);
 
+// The packed-message size a reader asks for when a transfer of `transfer_bytes` is alone on its
+// connection (nothing else posted or running): about an eighth of the transfer, rounded up to a
+// MiB, within [min(min_chunk, max_chunk), max_chunk], so its gather, NCCL messages and scatter
+// overlap inside it. Returns max_chunk when min_chunk is 0 (off).
+uint64_t LoneTransferChunk(uint64_t transfer_bytes, uint64_t max_chunk, uint64_t min_chunk);
+
 // op_addr[i]: the address of op i's first byte on one side. Returns the address of the
 // message's first byte when its pieces follow each other in that memory, else nullopt.
 std::optional<uint64_t> ContiguousAddress(const Plan& plan, const Message& message,

@@ -174,5 +174,32 @@ TEST(NcclPlanTest, HostSimulatedStagingMovesEveryByteLikeAPlainCopy) {
   }
 }
 
+TEST(LoneTransferChunkTest, AnEighthWithinBounds) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const uint64_t max = 128 * kMiB, min = 32 * kMiB;
+  EXPECT_EQ(LoneTransferChunk(2 * kMiB, max, min), min);    // small: the floor
+  EXPECT_EQ(LoneTransferChunk(128 * kMiB, max, min), min);  // 16 MiB -> 32
+  EXPECT_EQ(LoneTransferChunk(512 * kMiB, max, min), 64 * kMiB);
+  EXPECT_EQ(LoneTransferChunk(2048 * kMiB, max, min), max);           // 256 MiB -> 128
+  EXPECT_EQ(LoneTransferChunk(300 * kMiB + 5, max, min), 38 * kMiB);  // 37.5 MiB, rounded up
+  EXPECT_EQ(LoneTransferChunk(512 * kMiB, max, 0), max);              // off
+  EXPECT_EQ(LoneTransferChunk(2 * kMiB, 16 * kMiB, min), 16 * kMiB);  // floor above the ceiling
+  // Random sizes: always a whole number of MiB (or the ceiling) within the bounds, monotone.
+  std::mt19937_64 rng(std::random_device{}());
+  uint64_t prev_chunk = 0;
+  std::vector<uint64_t> sizes(200);
+  for (uint64_t& s : sizes) s = 1 + rng() % (4096 * kMiB);
+  std::sort(sizes.begin(), sizes.end());
+  for (uint64_t s : sizes) {
+    const uint64_t c = LoneTransferChunk(s, max, min);
+    EXPECT_GE(c, min);
+    EXPECT_LE(c, max);
+    EXPECT_EQ(c % kMiB, 0u);
+    EXPECT_GE(c * 8, std::min(s, 8 * max)) << s;
+    EXPECT_GE(c, prev_chunk) << s;  // sizes ascend
+    prev_chunk = c;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer::nccl_plan

@@ -39,6 +39,8 @@
 #include "kvtransfer/nccl_agent_peer.h"
 
 ABSL_FLAG(bool, quick, false, "fewer iterations");
+ABSL_FLAG(int64_t, lone_min_mib, 32,
+          "NcclAgentOptions::lone_min_chunk_bytes in MiB for every config (0 = off)");
 ABSL_FLAG(std::string, configs, "128/32/4/3/32/e/2,128/32/4/3/32/e/1,128/32/4/3/32/k/2",
           "comma-separated configs chunk_mib/copy_ctas/max_posted/staging_buffers"
           "[/direct_mib[/k|s|e[/num_comms]]]");
@@ -226,6 +228,7 @@ int Run(bool quick, bool halves, const std::vector<Config>& configs,
     options.direct_min_bytes = c.direct_mib << 20;
     options.copy_mode = ModeOf(c.copy_mode);
     options.num_comms = c.num_comms;
+    options.lone_min_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_lone_min_mib)) << 20;
     auto agent = NcclAgent::Create(options);
     CHECK_OK(agent.status());
     CHECK_OK((*agent)->RegisterMemory(local, kPoolBytes, tandem::v1::MEMORY_KIND_CUDA).status());
@@ -233,7 +236,7 @@ int Run(bool quick, bool halves, const std::vector<Config>& configs,
     std::printf(
         "\nconfig %llu/%d/%d/%d/%llu/%c/%d: staging_chunk %llu MiB, copy_ctas %d, "
         "max_posted_transfers %d, staging_buffers %d, direct_min %llu MiB, copy %s, "
-        "num_comms %d\n",
+        "num_comms %d, lone_min_chunk %llu MiB\n",
         static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
         static_cast<unsigned long long>(c.direct_mib), c.copy_mode, c.num_comms,
         static_cast<unsigned long long>(c.chunk_mib), c.copy_ctas, c.max_posted, c.buffers,
@@ -241,7 +244,7 @@ int Run(bool quick, bool halves, const std::vector<Config>& configs,
         c.copy_mode == 's'   ? "streaming kernel"
         : c.copy_mode == 'e' ? "copy engines"
                              : "kernel",
-        c.num_comms);
+        c.num_comms, static_cast<unsigned long long>(options.lone_min_chunk_bytes >> 20));
     std::printf("%8s %10s %6s %12s %12s %8s\n", "blocks", "MiB/batch", "iters", "agent GB/s",
                 "raw GB/s", "agent%");
     std::mt19937_64 rng(7);
