@@ -83,6 +83,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
 }
 
 absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
+  RETURN_IF_ERROR(ValidateRequest(spec));
+  return scheduler_->Add(request_id, std::move(spec));
+}
+
+absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   const int64_t vocab = model_config_.vocab_size;
   const int64_t n = static_cast<int64_t>(spec.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("prompt is empty");
@@ -114,8 +119,7 @@ absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
                      num_blocks_, "; raise --kv_cache_bytes or lower max_tokens"));
   }
   RETURN_IF_ERROR(kernels::ValidateSamplingParams(spec.sampling));
-  RETURN_IF_ERROR(ValidateDisaggregation(spec));
-  return scheduler_->Add(request_id, std::move(spec));
+  return ValidateDisaggregation(spec);
 }
 
 absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {

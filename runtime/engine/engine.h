@@ -57,6 +57,9 @@ class Engine {
   // prompt + max_tokens beyond the model's maximum length or the KV pool, bad sampling
   // parameters; ALREADY_EXISTS for a duplicate id. Nothing is allocated on error.
   absl::Status AddRequest(int64_t request_id, RequestSpec spec);
+  // AddRequest's checks alone (all but ALREADY_EXISTS). Thread-safe with a running Step(): it
+  // reads only what is fixed before the first request (model, limits, pool size, connector).
+  absl::Status ValidateRequest(const RequestSpec& spec) const;
 
   // Drops a request and frees its blocks; false if it is unknown (or already finished).
   bool Abort(int64_t request_id);
@@ -75,6 +78,7 @@ class Engine {
   int64_t block_size() const { return config_.block_size; }
   int64_t num_running() const { return scheduler_->num_running() + scheduler_->num_loading(); }
   int64_t num_waiting() const { return scheduler_->num_waiting(); }
+  int64_t num_loading() const { return scheduler_->num_loading(); }
   // Prefix-cache change log (KvCacheManager::EnableCacheEvents / TakeCacheEvents).
   void EnableCacheEvents(bool enable) { scheduler_->mutable_kv_cache().EnableCacheEvents(enable); }
   void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {

@@ -1,5 +1,6 @@
 #include "runtime/worker/engine_loop.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,26 +8,24 @@
 
 namespace tandem::runtime {
 
-bool RequestStream::Next(RequestUpdate* update, absl::Duration timeout) {
+bool RequestStream::Next(RequestUpdate* update, absl::Duration timeout, int64_t* step) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return false;
-  *update = std::move(queue_.front());
+  *update = std::move(queue_.front().update);
+  if (step != nullptr) *step = queue_.front().step;
   queue_.pop_front();
   return true;
 }
 
-void RequestStream::Push(RequestUpdate update) {
+void RequestStream::Push(RequestUpdate update, int64_t step) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(update));
+  queue_.push_back(Item{std::move(update), step});
 }
 
-EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, absl::Duration idle_poll)
-    : idle_poll_(idle_poll), engine_(std::move(engine)) {
-  {
-    absl::MutexLock lock(&mu_);
-    PublishLocked();
-  }
+EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, EngineLoopOptions options)
+    : options_(options), engine_(std::move(engine)) {
+  Publish();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -40,17 +39,24 @@ EngineLoop::~EngineLoop() {
 
 absl::StatusOr<std::shared_ptr<RequestStream>> EngineLoop::Submit(const std::string& id,
                                                                   RequestSpec spec) {
+  // Outside the lock: validation reads only the engine's creation-time limits.
+  if (absl::Status valid = engine_->ValidateRequest(spec); !valid.ok()) return valid;
   absl::MutexLock lock(&mu_);
   if (by_name_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request '", id, "' is already in flight"));
   }
+  const int64_t queued = queued_submissions_ + draining_submissions_ + engine_waiting_;
+  if (queued >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat("worker queue is full: ", queued,
+                                                     " requests wait to run (limit ",
+                                                     options_.max_queued_requests, ")"));
+  }
   const int64_t engine_id = next_engine_id_++;
-  absl::Status added = engine_->AddRequest(engine_id, std::move(spec));
-  if (!added.ok()) return added;
-  auto stream = std::make_shared<RequestStream>(engine_id);
+  auto stream = std::make_shared<RequestStream>(engine_id, steps_);
   by_name_[id] = stream;
   names_[engine_id] = id;
-  PublishLocked();
+  inbox_.push_back(Op{Op::Kind::kSubmit, engine_id, std::move(spec)});
+  ++queued_submissions_;
   return stream;
 }
 
@@ -59,15 +65,23 @@ bool EngineLoop::Abort(const std::string& id) {
   auto it = by_name_.find(id);
   if (it == by_name_.end()) return false;
   const int64_t engine_id = it->second->engine_id();
-  engine_->Abort(engine_id);
+  // Not yet handed to the engine: take the submission out of the inbox.
+  auto queued = std::find_if(inbox_.begin(), inbox_.end(), [engine_id](const Op& op) {
+    return op.kind == Op::Kind::kSubmit && op.engine_id == engine_id;
+  });
+  if (queued != inbox_.end()) {
+    inbox_.erase(queued);
+    --queued_submissions_;
+  } else {
+    inbox_.push_back(Op{Op::Kind::kAbort, engine_id, {}});
+  }
   RequestUpdate final_update;
   final_update.request_id = engine_id;
   final_update.finish_reason = FinishReason::kAborted;
-  it->second->Push(std::move(final_update));
+  it->second->Push(std::move(final_update), steps_);
   names_.erase(engine_id);
   by_name_.erase(it);
-  ++counters_.requests_aborted;
-  PublishLocked();
+  ++requests_aborted_;
   return true;
 }
 
@@ -77,8 +91,15 @@ int64_t EngineLoop::NumInFlight() const {
 }
 
 EngineLoopStats EngineLoop::Stats() const {
-  absl::MutexLock lock(&snapshot_mu_);
-  return snapshot_;
+  EngineLoopStats stats;
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    stats = snapshot_;
+  }
+  absl::MutexLock lock(&mu_);
+  stats.num_waiting += queued_submissions_ + draining_submissions_;
+  stats.requests_aborted = requests_aborted_;
+  return stats;
 }
 
 void EngineLoop::TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
@@ -89,70 +110,144 @@ void EngineLoop::TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint6
   removed_.clear();
 }
 
-void EngineLoop::PublishLocked() {
-  EngineLoopStats stats = counters_;
+std::vector<uint64_t> EngineLoop::CachedHashes() const {
+  absl::MutexLock lock(&snapshot_mu_);
+  return std::vector<uint64_t>(cached_.begin(), cached_.end());
+}
+
+void EngineLoop::Publish() {
+  EngineLoopStats stats;
   stats.num_running = engine_->num_running();
   stats.num_waiting = engine_->num_waiting();
   stats.kv = engine_->kv_cache_stats();
+  stats.requests_finished = requests_finished_;
+  stats.step_errors = step_errors_;
+  stats.steps = steps_done_;
   std::vector<uint64_t> added, removed;
   engine_->TakeCacheEvents(&added, &removed);
-  absl::MutexLock lock(&snapshot_mu_);
-  snapshot_ = stats;
-  added_.insert(added_.end(), added.begin(), added.end());
-  removed_.insert(removed_.end(), removed.begin(), removed.end());
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    snapshot_ = stats;
+    // Every add of a hash is followed by its remove before it can be added again, so applying
+    // a step's adds before its removes leaves exactly the cached set.
+    for (uint64_t h : added) cached_.insert(h);
+    for (uint64_t h : removed) cached_.erase(h);
+    added_.insert(added_.end(), added.begin(), added.end());
+    removed_.insert(removed_.end(), removed.begin(), removed.end());
+  }
+  absl::MutexLock lock(&mu_);
+  engine_waiting_ = stats.num_waiting;
+  draining_submissions_ = 0;
+}
+
+void EngineLoop::Apply(std::deque<Op> ops, int64_t step) {
+  for (Op& op : ops) {
+    if (op.kind == Op::Kind::kAbort) {
+      engine_->Abort(op.engine_id);
+      continue;
+    }
+    absl::Status added = engine_->AddRequest(op.engine_id, std::move(op.spec));
+    if (added.ok()) continue;
+    // Submit validated it already; anything left is a bug, reported on the request.
+    LOG(ERROR) << "request " << op.engine_id << " validated but not added: " << added;
+    RequestUpdate failed;
+    failed.request_id = op.engine_id;
+    failed.finish_reason = FinishReason::kError;
+    failed.error = added;
+    Deliver({std::move(failed)}, step);
+  }
+}
+
+void EngineLoop::Deliver(std::vector<RequestUpdate> updates, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (RequestUpdate& u : updates) {
+    auto name = names_.find(u.request_id);
+    if (name == names_.end()) continue;  // aborted meanwhile
+    auto stream = by_name_.find(name->second);
+    const bool finished = u.finish_reason != FinishReason::kNone;
+    stream->second->Push(std::move(u), step);
+    if (finished) {
+      by_name_.erase(stream);
+      names_.erase(name);
+    }
+  }
+}
+
+void EngineLoop::FailAll(const absl::Status& error, int64_t step) {
+  LOG(ERROR) << "engine step failed: " << error;
+  ++step_errors_;
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, stream] : by_name_) {
+    engine_->Abort(stream->engine_id());
+    RequestUpdate failed;
+    failed.request_id = stream->engine_id();
+    failed.finish_reason = FinishReason::kError;
+    failed.error = error;
+    stream->Push(std::move(failed), step);
+  }
+  // Submissions still in the inbox were failed above too; drop them.
+  inbox_.clear();
+  queued_submissions_ = 0;
+  by_name_.clear();
+  names_.clear();
 }
 
 void EngineLoop::Run() {
-  absl::MutexLock lock(&mu_);
-  while (!stop_) {
-    if (!engine_->HasWork()) {
-      // Idle: sleep, but wake for new work, shutdown, or the next lease-expiry poll.
-      auto wake = [this]()
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || engine_->HasWork(); };
-      mu_.AwaitWithTimeout(absl::Condition(&wake), idle_poll_);
-      if (stop_) break;
-    }
-    absl::StatusOr<std::vector<RequestUpdate>> updates = engine_->Step();
-    if (!updates.ok()) {
-      // A failed step (a kernel error) fails every request in flight: their KV may be bad.
-      LOG(ERROR) << "engine step failed: " << updates.status();
-      ++counters_.step_errors;
-      for (auto& [name, stream] : by_name_) {
-        engine_->Abort(stream->engine_id());
-        RequestUpdate failed;
-        failed.request_id = stream->engine_id();
-        failed.finish_reason = FinishReason::kError;
-        failed.error = updates.status();
-        stream->Push(std::move(failed));
+  bool poll_due = false;
+  while (true) {
+    // One round = one step index: take the inbox and number the step in one critical section,
+    // so whatever a handler queues while step S runs is in the engine before step S + 1.
+    const bool has_work = engine_->HasWork();
+    std::deque<Op> ops;
+    int64_t step = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      if (!has_work && !poll_due && inbox_.empty()) {
+        // Idle: sleep until something arrives, shutdown, or the next lease-expiry poll (an
+        // engine step with nothing to run still lets the connector expire leases).
+        auto wake = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !inbox_.empty(); };
+        poll_due = !mu_.AwaitWithTimeout(absl::Condition(&wake), options_.idle_poll);
+        continue;
       }
-      by_name_.clear();
-      names_.clear();
-      PublishLocked();
+      ops.swap(inbox_);
+      draining_submissions_ = queued_submissions_;
+      queued_submissions_ = 0;
+      step = ++steps_;
+    }
+    Apply(std::move(ops), step);
+    if (!engine_->HasWork() && !poll_due) {
+      // Only aborts (or submissions that failed): nothing to run, but the blocks are free now.
+      ++steps_done_;
+      Publish();
       continue;
+    }
+    poll_due = false;
+    absl::StatusOr<std::vector<RequestUpdate>> updates = engine_->Step();
+    ++steps_done_;
+    if (!updates.ok()) {
+      FailAll(updates.status(), step);
+      Publish();
+      continue;
+    }
+    for (const RequestUpdate& u : *updates) {
+      if (u.finish_reason != FinishReason::kNone && u.finish_reason != FinishReason::kAborted) {
+        ++requests_finished_;
+      }
     }
     // Publish before handing out updates: a handler that sees its request finish then reads
     // statistics that include that step.
-    for (const RequestUpdate& u : *updates) {
-      if (u.finish_reason != FinishReason::kNone && names_.contains(u.request_id)) {
-        ++counters_.requests_finished;
-      }
+    Publish();
+    Deliver(*std::move(updates), step);
+    if (engine_->HasWork() && engine_->num_running() == engine_->num_loading() &&
+        engine_->num_waiting() == 0) {
+      // Only remote KV loads in flight: poll them without spinning a core, but wake at once
+      // for new work.
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !inbox_.empty(); };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Microseconds(200));
     }
-    PublishLocked();
-    for (RequestUpdate& u : *updates) {
-      auto name = names_.find(u.request_id);
-      if (name == names_.end()) continue;  // aborted meanwhile
-      auto stream = by_name_.find(name->second);
-      const bool finished = u.finish_reason != FinishReason::kNone;
-      stream->second->Push(std::move(u));
-      if (finished) {
-        by_name_.erase(stream);
-        names_.erase(name);
-      }
-    }
-    // Let handlers waiting for the lock in Submit/Abort in between steps.
-    mu_.Unlock();
-    std::this_thread::yield();
-    mu_.Lock();
   }
 }
 

@@ -4,7 +4,8 @@
 //                 (--model=DIR | --load_format=dummy [--dummy_config=tiny] [--dummy_seed=0])
 //                 [--listen=127.0.0.1:0] [--worker_id=ID] [--router=HOST:PORT]
 //                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
-//                 [--max_num_seqs=256] [--num_threads=2] [--lease_ms=30000]
+//                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
+//                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
 //                 [--ucx_net_device=lo] [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
@@ -63,6 +64,8 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
+ABSL_FLAG(int64_t, max_queued_requests, 4096,
+          "requests waiting to run at most (more: RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
@@ -209,7 +212,12 @@ absl::Status Serve() {
   options.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
   options.kv_region = *region;
   options.kv_block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
-  EngineLoop loop(std::move(engine));
+  EngineLoopOptions loop_options;
+  loop_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  if (loop_options.max_queued_requests < 1) {
+    return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
+  }
+  EngineLoop loop(std::move(engine), loop_options);
 
   // The port is known only after the server starts; the services learn the final address before
   // it is announced (printed, written to --port_file, registered).
@@ -259,9 +267,7 @@ absl::Status Serve() {
     callbacks.cache_events = [&loop](std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
       loop.TakeCacheEvents(added, removed);
     };
-    callbacks.all_cached_hashes = [&loop] {
-      return loop.WithEngine([](Engine& e) { return e.CachedHashesShort(); });
-    };
+    callbacks.all_cached_hashes = [&loop] { return loop.CachedHashes(); };
     registration = std::make_unique<RouterRegistration>(router, std::move(callbacks));
     registration->Start();
   }

@@ -47,6 +47,17 @@ grep -q '"successful_requests":40,"failed_requests":0' "$TMP/json.txt" || fail "
 grep -q '"total_output_tokens":320' "$TMP/json.txt" || fail "expected 40 x 8 output tokens"
 grep -q '"ttft_ms":{"mean"' "$TMP/json.txt" || fail "json lacks ttft"
 
+# Warmup, then two load levels: one JSON line per level, each naming its rate.
+"$BENCH" --router="$ADDR" --num_requests=12 --rate=50,inf --warmup=3 --prompt_len=16 \
+  --output_len=4 --json >"$TMP/levels.txt" || fail "levels run failed"
+[[ $(wc -l <"$TMP/levels.txt") -eq 2 ]] || fail "want 2 JSON lines: $(cat "$TMP/levels.txt")"
+grep -q '^{"rate":"50",.*"successful_requests":12,"failed_requests":0' "$TMP/levels.txt" \
+  || fail "level 50: $(cat "$TMP/levels.txt")"
+grep -q '^{"rate":"inf",.*"total_output_tokens":48,.*"ttft_ms":{"mean"' "$TMP/levels.txt" \
+  || fail "level inf (warmup must not be counted): $(cat "$TMP/levels.txt")"
+"$BENCH" --router="$ADDR" --rate=1,x 2>"$TMP/err.txt" && fail "--rate=1,x accepted"
+"$BENCH" --router="$ADDR" --warmup=-1 2>"$TMP/err.txt" && fail "--warmup=-1 accepted"
+
 # Bad flags are refused before anything is sent.
 "$BENCH" --router="$ADDR" --prompt_len=0 2>"$TMP/err.txt" && fail "--prompt_len=0 accepted"
 grep -q "INVALID_ARGUMENT" "$TMP/err.txt" || fail "no INVALID_ARGUMENT: $(cat "$TMP/err.txt")"

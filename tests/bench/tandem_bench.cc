@@ -1,6 +1,7 @@
 // //tests/bench:tandem_bench — load generator against a tandem_router.
 //
-//   tandem_bench --router=HOST:PORT [--num_requests=200] [--rate=inf] [--max_concurrency=0]
+//   tandem_bench --router=HOST:PORT [--num_requests=200] [--rate=inf | R1,R2,...] [--warmup=0]
+//                [--max_concurrency=0]
 //                [--prompt_len=128 | LO:HI] [--output_len=64 | LO:HI] [--seed=0]
 //                [--slo_ttft_ms=0] [--slo_tpot_ms=0] [--temperature=0] [--ignore_eos=true]
 //                [--timeout_ms=600000] [--json]
@@ -15,7 +16,9 @@
 // throughput, goodput (requests/s meeting every SLO given: TTFT <= --slo_ttft_ms and
 // TPOT <= --slo_tpot_ms), and mean/p50/p90/p99 of TTFT, TPOT (per request: time after the first
 // token / (output tokens - 1)), ITL (gaps between streamed messages) and end-to-end latency.
-// --json prints the same as one JSON line. Exit status 1 when any request failed.
+// --json prints the same as one JSON line per load level ("rate" names the level). A comma
+// list of rates runs the levels in order; --warmup requests go first, one at a time, and are
+// not reported. Exit status 1 when any request failed.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -35,15 +38,20 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tests/bench/stats.h"
 
 ABSL_FLAG(std::string, router, "127.0.0.1:7000", "router address");
 ABSL_FLAG(int32_t, num_requests, 200, "requests to send");
-ABSL_FLAG(std::string, rate, "inf", "Poisson arrival rate in requests/s, or inf");
+ABSL_FLAG(std::string, rate, "inf",
+          "Poisson arrival rate in requests/s, or inf; a comma list runs one level after the "
+          "other (e.g. 1,4,inf), each with --num_requests requests");
+ABSL_FLAG(int32_t, warmup, 0, "requests sent one at a time before measuring (not reported)");
 ABSL_FLAG(int32_t, max_concurrency, 0, "requests in flight at most (0 = unlimited)");
 ABSL_FLAG(std::string, prompt_len, "128", "prompt tokens: N or LO:HI (uniform)");
 ABSL_FLAG(std::string, output_len, "64", "output tokens (max_tokens): N or LO:HI (uniform)");
@@ -186,75 +194,63 @@ std::string SummaryJson(const Summary& s) {
                          s.mean, s.p50, s.p90, s.p99, s.max);
 }
 
-absl::Status Run() {
-  const int n = absl::GetFlag(FLAGS_num_requests);
-  if (n < 1) return absl::InvalidArgumentError("--num_requests must be >= 1");
-  absl::StatusOr<double> rate = ParseRate(absl::GetFlag(FLAGS_rate));
-  if (!rate.ok()) return rate.status();
-  absl::StatusOr<LengthRange> prompt_len =
-      ParseLengthRange("prompt_len", absl::GetFlag(FLAGS_prompt_len));
-  if (!prompt_len.ok()) return prompt_len.status();
-  absl::StatusOr<LengthRange> output_len =
-      ParseLengthRange("output_len", absl::GetFlag(FLAGS_output_len));
-  if (!output_len.ok()) return output_len.status();
-  uint64_t seed = absl::GetFlag(FLAGS_seed);
-  if (seed == 0) seed = (uint64_t{std::random_device()()} << 32) | std::random_device()();
-  std::mt19937_64 rng(seed);
+// One load level's outcome.
+struct LevelResult {
+  std::string rate;  // as given
+  int requests = 0;
+  int ok = 0;
+  int good = 0;
+  double duration_s = 0;
+  int64_t input_tokens = 0, output_tokens = 0;
+  Summary ttft, tpot, itl, e2e;
+  std::map<std::string, int> errors;
+};
 
-  auto stub = v1::Router::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
-  absl::StatusOr<ModelFacts> model = QueryWorkers(*stub);
-  if (!model.ok()) return model.status();
-  if (uint64_t{prompt_len->hi} + output_len->hi > model->max_model_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt (up to ", prompt_len->hi, ") + output (up to ", output_len->hi,
-                     ") tokens exceed the workers' max_model_len ", model->max_model_len));
-  }
+// The run's fixed parts: where to send, what to send.
+struct Workload {
+  v1::Router::Stub* stub = nullptr;
+  ModelFacts model;
+  LengthRange prompt_len, output_len;
+  uint64_t seed = 0;
+  absl::Duration timeout;
+  int max_concurrency = 0;
+};
 
-  Tracker tracker(absl::GetFlag(FLAGS_max_concurrency));
+std::vector<std::unique_ptr<Call>> MakeCalls(const Workload& w, int n, absl::string_view tag,
+                                             Tracker* tracker, std::mt19937_64& rng) {
   std::vector<std::unique_ptr<Call>> calls;
-  std::uniform_int_distribution<uint32_t> token(0, model->vocab_size - 1);
+  std::uniform_int_distribution<uint32_t> token(0, w.model.vocab_size - 1);
   for (int i = 0; i < n; ++i) {
     v1::GenerateRequest req;
-    req.set_request_id(absl::StrFormat("bench-%016x-%d", seed, i));
-    const uint32_t len = prompt_len->Sample(rng);
+    req.set_request_id(absl::StrFormat("bench-%016x-%s-%d", w.seed, tag, i));
+    const uint32_t len = w.prompt_len.Sample(rng);
     for (uint32_t t = 0; t < len; ++t) req.add_prompt_token_ids(token(rng));
-    req.mutable_sampling()->set_max_tokens(output_len->Sample(rng));
+    req.mutable_sampling()->set_max_tokens(w.output_len.Sample(rng));
     req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
     req.mutable_sampling()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-    calls.push_back(std::make_unique<Call>(std::move(req), &tracker));
+    calls.push_back(std::make_unique<Call>(std::move(req), tracker));
   }
-  const std::vector<double> arrivals = PoissonArrivals(n, *rate, rng);
-  const absl::Duration timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  return calls;
+}
 
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < n; ++i) {
-    absl::SleepFor(start + absl::Seconds(arrivals[i]) - absl::Now());
-    tracker.Acquire();
-    calls[i]->Start(stub.get(), timeout);
-  }
-  tracker.WaitAllDone(n);
-  absl::Time end = start;
-  for (const auto& c : calls) end = std::max(end, c->record().done);
-  const double duration_s = std::max(absl::ToDoubleSeconds(end - start), 1e-9);
-
-  // Aggregate.
+LevelResult Aggregate(const std::vector<std::unique_ptr<Call>>& calls, double duration_s) {
+  LevelResult out;
+  out.requests = static_cast<int>(calls.size());
+  out.duration_s = duration_s;
   std::vector<double> ttft, tpot, itl, e2e;
-  int ok = 0, good = 0;
-  int64_t input_tokens = 0, output_tokens = 0;
-  std::map<std::string, int> errors;
   const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms);
   const double slo_tpot = absl::GetFlag(FLAGS_slo_tpot_ms);
   for (const auto& c : calls) {
     const Record& r = c->record();
     if (!r.status.ok() || !r.finished || r.output_tokens == 0) {
-      ++errors[r.status.ok() ? std::string("stream ended without a finish reason")
-                             : absl::StrCat(r.status.error_code(), ": ", r.status.error_message())];
+      ++out.errors[r.status.ok()
+                       ? std::string("stream ended without a finish reason")
+                       : absl::StrCat(r.status.error_code(), ": ", r.status.error_message())];
       continue;
     }
-    ++ok;
-    input_tokens += r.input_tokens;
-    output_tokens += r.output_tokens;
+    ++out.ok;
+    out.input_tokens += r.input_tokens;
+    out.output_tokens += r.output_tokens;
     const double t_first = absl::ToDoubleMilliseconds(r.first_token - r.sent);
     ttft.push_back(t_first);
     e2e.push_back(absl::ToDoubleMilliseconds(r.done - r.sent));
@@ -264,52 +260,134 @@ absl::Status Run() {
       tpot.push_back(t_per);
     }
     itl.insert(itl.end(), r.itl_ms.begin(), r.itl_ms.end());
-    if ((slo_ttft <= 0 || t_first <= slo_ttft) && (slo_tpot <= 0 || t_per <= slo_tpot)) ++good;
+    if ((slo_ttft <= 0 || t_first <= slo_ttft) && (slo_tpot <= 0 || t_per <= slo_tpot)) {
+      ++out.good;
+    }
   }
-  const Summary s_ttft = Summarize(ttft), s_tpot = Summarize(tpot), s_itl = Summarize(itl),
-                s_e2e = Summarize(e2e);
-  const double req_tput = ok / duration_s, out_tput = output_tokens / duration_s,
-               total_tput = (input_tokens + output_tokens) / duration_s,
-               goodput = good / duration_s;
+  out.ttft = Summarize(ttft);
+  out.tpot = Summarize(tpot);
+  out.itl = Summarize(itl);
+  out.e2e = Summarize(e2e);
+  return out;
+}
 
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf(
-        "{\"seed\":%llu,\"successful_requests\":%d,\"failed_requests\":%d,\"duration_s\":%.3f,"
-        "\"total_input_tokens\":%lld,\"total_output_tokens\":%lld,\"request_throughput\":%.3f,"
-        "\"output_token_throughput\":%.3f,\"total_token_throughput\":%.3f,\"goodput\":%.3f,"
-        "\"ttft_ms\":%s,\"tpot_ms\":%s,\"itl_ms\":%s,\"e2e_ms\":%s}\n",
-        static_cast<unsigned long long>(seed), ok, n - ok, duration_s,
-        static_cast<long long>(input_tokens), static_cast<long long>(output_tokens), req_tput,
-        out_tput, total_tput, goodput, SummaryJson(s_ttft).c_str(), SummaryJson(s_tpot).c_str(),
-        SummaryJson(s_itl).c_str(), SummaryJson(s_e2e).c_str());
-  } else {
-    std::string out = "============ Serving Benchmark Result ============\n";
-    absl::StrAppend(
-        &out, absl::StrFormat("%-42s %s\n", "Router:", absl::GetFlag(FLAGS_router)),
-        absl::StrFormat("%-42s %s req/s, max concurrency %d, seed %d\n", "Load:",
-                        absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_max_concurrency), seed),
-        absl::StrFormat("%-42s %d\n", "Successful requests:", ok),
-        absl::StrFormat("%-42s %d\n", "Failed requests:", n - ok),
-        Line("Benchmark duration (s):", duration_s),
-        absl::StrFormat("%-42s %d\n", "Total input tokens:", input_tokens),
-        absl::StrFormat("%-42s %d\n", "Total generated tokens:", output_tokens),
-        Line("Request throughput (req/s):", req_tput),
-        Line("Output token throughput (tok/s):", out_tput),
-        Line("Total token throughput (tok/s):", total_tput),
-        Line(absl::StrFormat("Goodput (req/s) [TTFT<=%gms, TPOT<=%gms]:", slo_ttft, slo_tpot),
-             goodput),
-        SummaryBlock("---------------Time to First Token----------------", "TTFT", s_ttft),
-        SummaryBlock("-----Time per Output Token (excl. 1st token)------", "TPOT", s_tpot),
-        SummaryBlock("---------------Inter-token Latency----------------", "ITL", s_itl),
-        SummaryBlock("----------------End-to-end Latency----------------", "E2EL", s_e2e),
-        "==================================================\n");
-    std::fputs(out.c_str(), stdout);
+// Sends `n` requests arriving at `rate` (Poisson) and waits for all of them.
+LevelResult RunLevel(const Workload& w, int n, const std::string& rate_text, double rate,
+                     absl::string_view tag, std::mt19937_64& rng) {
+  Tracker tracker(w.max_concurrency);
+  std::vector<std::unique_ptr<Call>> calls = MakeCalls(w, n, tag, &tracker, rng);
+  const std::vector<double> arrivals = PoissonArrivals(n, rate, rng);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    absl::SleepFor(start + absl::Seconds(arrivals[i]) - absl::Now());
+    tracker.Acquire();
+    calls[i]->Start(w.stub, w.timeout);
   }
-  for (const auto& [what, count] : errors) {
-    std::fprintf(stderr, "tandem_bench: %d failed: %s\n", count, what.c_str());
+  tracker.WaitAllDone(n);
+  absl::Time end = start;
+  for (const auto& c : calls) end = std::max(end, c->record().done);
+  LevelResult result = Aggregate(calls, std::max(absl::ToDoubleSeconds(end - start), 1e-9));
+  result.rate = rate_text;
+  return result;
+}
+
+void PrintJson(const LevelResult& r, uint64_t seed) {
+  const double d = r.duration_s;
+  std::printf(
+      "{\"rate\":\"%s\",\"seed\":%llu,\"successful_requests\":%d,\"failed_requests\":%d,"
+      "\"duration_s\":%.3f,\"total_input_tokens\":%lld,\"total_output_tokens\":%lld,"
+      "\"request_throughput\":%.3f,\"output_token_throughput\":%.3f,"
+      "\"total_token_throughput\":%.3f,\"goodput\":%.3f,\"ttft_ms\":%s,\"tpot_ms\":%s,"
+      "\"itl_ms\":%s,\"e2e_ms\":%s}\n",
+      r.rate.c_str(), static_cast<unsigned long long>(seed), r.ok, r.requests - r.ok, d,
+      static_cast<long long>(r.input_tokens), static_cast<long long>(r.output_tokens), r.ok / d,
+      r.output_tokens / d, (r.input_tokens + r.output_tokens) / d, r.good / d,
+      SummaryJson(r.ttft).c_str(), SummaryJson(r.tpot).c_str(), SummaryJson(r.itl).c_str(),
+      SummaryJson(r.e2e).c_str());
+}
+
+void PrintTable(const LevelResult& r, uint64_t seed) {
+  const double d = r.duration_s;
+  std::string out = "============ Serving Benchmark Result ============\n";
+  absl::StrAppend(
+      &out, absl::StrFormat("%-42s %s\n", "Router:", absl::GetFlag(FLAGS_router)),
+      absl::StrFormat("%-42s %s req/s, max concurrency %d, seed %d\n", "Load:", r.rate,
+                      absl::GetFlag(FLAGS_max_concurrency), seed),
+      absl::StrFormat("%-42s %d\n", "Successful requests:", r.ok),
+      absl::StrFormat("%-42s %d\n", "Failed requests:", r.requests - r.ok),
+      Line("Benchmark duration (s):", d),
+      absl::StrFormat("%-42s %d\n", "Total input tokens:", r.input_tokens),
+      absl::StrFormat("%-42s %d\n", "Total generated tokens:", r.output_tokens),
+      Line("Request throughput (req/s):", r.ok / d),
+      Line("Output token throughput (tok/s):", r.output_tokens / d),
+      Line("Total token throughput (tok/s):", (r.input_tokens + r.output_tokens) / d),
+      Line(absl::StrFormat("Goodput (req/s) [TTFT<=%gms, TPOT<=%gms]:",
+                           absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms)),
+           r.good / d),
+      SummaryBlock("---------------Time to First Token----------------", "TTFT", r.ttft),
+      SummaryBlock("-----Time per Output Token (excl. 1st token)------", "TPOT", r.tpot),
+      SummaryBlock("---------------Inter-token Latency----------------", "ITL", r.itl),
+      SummaryBlock("----------------End-to-end Latency----------------", "E2EL", r.e2e),
+      "==================================================\n");
+  std::fputs(out.c_str(), stdout);
+}
+
+absl::Status Run() {
+  const int n = absl::GetFlag(FLAGS_num_requests);
+  if (n < 1) return absl::InvalidArgumentError("--num_requests must be >= 1");
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (warmup < 0) return absl::InvalidArgumentError("--warmup must be >= 0");
+  std::vector<std::pair<std::string, double>> levels;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_rate), ',')) {
+    absl::StatusOr<double> rate = ParseRate(text);
+    if (!rate.ok()) return rate.status();
+    levels.emplace_back(std::string(text), *rate);
   }
-  std::fflush(stdout);
-  if (ok != n) return absl::UnavailableError(absl::StrCat(n - ok, " of ", n, " requests failed"));
+  Workload w;
+  ASSIGN_OR_RETURN(w.prompt_len, ParseLengthRange("prompt_len", absl::GetFlag(FLAGS_prompt_len)));
+  ASSIGN_OR_RETURN(w.output_len, ParseLengthRange("output_len", absl::GetFlag(FLAGS_output_len)));
+  w.seed = absl::GetFlag(FLAGS_seed);
+  if (w.seed == 0) w.seed = (uint64_t{std::random_device()()} << 32) | std::random_device()();
+  std::mt19937_64 rng(w.seed);
+  w.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  w.max_concurrency = absl::GetFlag(FLAGS_max_concurrency);
+
+  auto stub = v1::Router::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+  w.stub = stub.get();
+  ASSIGN_OR_RETURN(w.model, QueryWorkers(*stub));
+  if (uint64_t{w.prompt_len.hi} + w.output_len.hi > w.model.max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (up to ", w.prompt_len.hi, ") + output (up to ", w.output_len.hi,
+                     ") tokens exceed the workers' max_model_len ", w.model.max_model_len));
+  }
+  if (warmup > 0) {
+    // Not measured: first-use costs (connections, CUDA graphs, allocator growth) land here.
+    Workload one_at_a_time = w;
+    one_at_a_time.max_concurrency = 1;
+    const LevelResult r = RunLevel(one_at_a_time, warmup, "inf",
+                                   std::numeric_limits<double>::infinity(), "warmup", rng);
+    if (r.ok != r.requests) {
+      return absl::UnavailableError(
+          absl::StrCat(r.requests - r.ok, " of ", r.requests, " warmup requests failed"));
+    }
+  }
+  int failed = 0;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const LevelResult r =
+        RunLevel(w, n, levels[i].first, levels[i].second, absl::StrCat("l", i), rng);
+    absl::GetFlag(FLAGS_json) ? PrintJson(r, w.seed) : PrintTable(r, w.seed);
+    for (const auto& [what, count] : r.errors) {
+      std::fprintf(stderr, "tandem_bench: rate %s: %d failed: %s\n", r.rate.c_str(), count,
+                   what.c_str());
+    }
+    std::fflush(stdout);
+    failed += r.requests - r.ok;
+  }
+  if (failed > 0) {
+    return absl::UnavailableError(
+        absl::StrCat(failed, " of ", n * levels.size(), " requests failed"));
+  }
   return absl::OkStatus();
 }
 

@@ -301,6 +301,56 @@ void KillMidStream(const std::string& role, int prefill, int decode) {
 TEST(ServingE2eTest, KillDecodeMidStream) { KillMidStream("decode", 1, 2); }
 TEST(ServingE2eTest, KillPrefillIsRoutedAround) { KillMidStream("prefill", 2, 1); }
 
+// Continuous batching across processes: while a long request decodes, a new request is
+// admitted in the next step of P and of D (or of the mixed worker), so it finishes long before
+// the first one would. The first stream must still be running when the second ends (the old
+// starvation held the second until the running batch drained).
+void NewRequestOvertakesALongOne(int prefill, int decode, int mixed) {
+  ClusterOptions options;
+  options.prefill = prefill;
+  options.decode = decode;
+  options.mixed = mixed;
+  options.dummy_config = "llama-100m";  // tens of tokens/s here: 1000 tokens take many seconds
+  options.worker_flags = {"--kv_cache_bytes=134217728", "--num_threads=1"};
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
+  Prompt long_prompt;
+  for (int i = 0; i < 30; ++i) long_prompt.ids.push_back(20 + i);
+  long_prompt.max_tokens = 1000;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto reader = cluster->router().Generate(&ctx, ToRequest(long_prompt));
+  tandem::v1::GenerateResponse msg;
+  int long_tokens = 0;
+  while (long_tokens < 3 && reader->Read(&msg)) long_tokens += msg.token_ids_size();
+  ASSERT_GE(long_tokens, 3) << "the long request is decoding";
+
+  for (int i = 0; i < 3; ++i) {
+    Prompt q;
+    for (int t = 0; t < 24; ++t) q.ids.push_back(7 + t * 5 + i);
+    q.max_tokens = 4;
+    Result r = Generate(cluster->router(), ToRequest(q), absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens.size(), 4u);
+    EXPECT_EQ(r.finish, tandem::v1::FINISH_REASON_LENGTH);
+  }
+  // The long request is still streaming: the short ones did not wait for it.
+  ASSERT_TRUE(reader->Read(&msg)) << "the long request ended first";
+  EXPECT_EQ(msg.finish_reason(), tandem::v1::FINISH_REASON_UNSPECIFIED);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST(ServingE2eTest, NewRequestOvertakesALongOneOnAMixedWorker) {
+  NewRequestOvertakesALongOne(0, 0, 1);
+}
+TEST(ServingE2eTest, NewRequestOvertakesALongOneThroughPrefillAndDecode) {
+  NewRequestOvertakesALongOne(1, 1, 0);
+}
+
 TEST(ServingE2eTest, SigtermDrainsInFlightRequestsThenExits) {
   auto cluster = StartCluster(1, 1, 0);
   ASSERT_NE(cluster, nullptr);
