@@ -177,6 +177,7 @@ class FakeWorker::Service final : public v1::WorkerService::Service {
 
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* req,
                      v1::AbortResponse* resp) override {
+    absl::SleepFor(w_->options_.abort_reply_delay);
     absl::MutexLock lock(&w_->mu_);
     ++w_->counters_.abort;
     w_->aborted_.insert(req->request_id());

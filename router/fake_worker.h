@@ -50,7 +50,8 @@ struct FakeWorkerOptions {
   std::string router_address;                                // register + heartbeat there when set
   absl::Duration heartbeat_interval = absl::ZeroDuration();  // 0 = as the router says
   absl::Duration prefill_delay = absl::ZeroDuration();
-  absl::Duration token_delay = absl::ZeroDuration();  // before each decode/generate token
+  absl::Duration token_delay = absl::ZeroDuration();        // before each decode/generate token
+  absl::Duration abort_reply_delay = absl::ZeroDuration();  // before answering Abort
 };
 
 uint32_t FakeNextToken(uint32_t prev, uint32_t vocab_size);

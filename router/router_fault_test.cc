@@ -4,6 +4,8 @@
 // instead of hanging.
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,6 +178,77 @@ TEST(RouterFaultTest, DecodeDyingMidStreamIsUnavailableAndMarksItUnhealthy) {
   EXPECT_TRUE(h.WaitForHealth("d0", false));
   // With the only decode worker gone there is no route.
   EXPECT_EQ(h.Generate(MakeRequest({1}, 2)).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// A decode worker restarted on its own address (a higher epoch) while the streams to its old
+// incarnation are breaking: reported to crash the router (SIGSEGV in grpc_completion_queue_next
+// or "ref_counted.h: prior > 0", issue 15). Every restart has streams in flight (asserted), they
+// end UNAVAILABLE, and the router keeps serving. 10 restarts; TANDEM_LONG=1: 100.
+TEST(RouterFaultTest, DecodeRestartedOnItsAddressUnderLoadLeavesTheRouterServing) {
+  const int restarts = std::getenv("TANDEM_LONG") != nullptr ? 100 : 10;
+  constexpr int kStreams = 4;
+  RouterHarness h;
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE, SlowDecode);
+  const std::string address = d->address();
+  for (int i = 0; i < restarts; ++i) {
+    SCOPED_TRACE(testing::Message() << "restart " << i);
+    std::vector<std::unique_ptr<OpenStream>> streams;
+    for (int s = 0; s < kStreams; ++s) {
+      streams.push_back(std::make_unique<OpenStream>(
+          h.stub(), MakeRequest({1, 2, static_cast<uint32_t>(3 + s)}, 100000)));
+    }
+    for (auto& s : streams) ASSERT_GE(s->ReadTokens(2), 2) << "stream not in flight";
+    ASSERT_EQ(d->open_streams(), kStreams);
+    d->Kill();
+    // Back at once on the same address with a new epoch, while the old calls are failing.
+    d = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) {
+      SlowDecode(o);
+      o.listen = address;
+      o.epoch = static_cast<uint64_t>(i) + 2;
+    });
+    ASSERT_NE(d, nullptr);
+    for (auto& s : streams) {
+      const grpc::Status status = s->Finish();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    }
+    ASSERT_TRUE(h.WaitForHealth("d0", true));
+    v1::GenerateRequest req = MakeRequest({7, 8, static_cast<uint32_t>(i)}, 4);
+    StreamResult r = h.Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  }
+}
+
+// One sequence that could produce that crash: the router's Abort to a worker still waits for its
+// reply when the worker re-registers (new epoch, new address) and the request has ended, so the
+// Abort's completion callback holds the last reference to the old worker's client and the gRPC
+// channel is destroyed inside its own callback. The router must survive it.
+TEST(RouterFaultTest, AbortReplyAfterTheWorkerReRegisteredDoesNotFreeItsClientInTheCallback) {
+  RouterHarness h;
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, LongContext);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(testing::Message() << "round " << i);
+    FakeWorker* old_d = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) {
+      SlowDecode(o);
+      o.epoch = 10 * i + 1;
+      o.abort_reply_delay = absl::Milliseconds(300);
+    });
+    {
+      OpenStream s(h.stub(), MakeRequest({1, 2, 3}, 100000));
+      ASSERT_GE(s.ReadTokens(2), 2);
+      s.Cancel();  // the router aborts p0 and d0; d0 answers only after 300 ms
+      EXPECT_EQ(s.Finish().error_code(), grpc::StatusCode::CANCELLED);
+    }
+    // Re-register under the same id elsewhere while that Abort waits for its reply.
+    h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) { o.epoch = 10 * i + 2; });
+    absl::SleepFor(absl::Milliseconds(400));  // the reply arrives: the callback runs
+    ASSERT_TRUE(WaitFor([&] { return old_d->counters().abort >= 1; }));
+    v1::GenerateRequest req = MakeRequest({4, 5, static_cast<uint32_t>(i)}, 3);
+    StreamResult r = h.Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  }
 }
 
 TEST(RouterFaultTest, UnreachablePrefillIsRetriedOnAnother) {

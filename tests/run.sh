@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test command (README.md; .ci/run calls exactly this).
 #
-#   tests/run.sh [BAZEL_FLAGS...]        e.g. tests/run.sh --config=cpu  (CPU-only build)
+#   tests/run.sh [--long] [BAZEL_FLAGS...]   e.g. tests/run.sh --config=cpu  (CPU-only build)
+#
+# --long: the full randomized / soak counts (TANDEM_LONG=1 in every test's environment, e.g. 100
+# worker restarts instead of 10); CI runs without it.
 #
 # 1. installs the Debian packages the build needs (deploy/install_deps.sh; idempotent),
 # 2. builds everything, CUDA objects too where a toolkit is installed,
@@ -10,6 +13,11 @@
 #    build events and gtest's XML) and exits non-zero on any failure.
 set -uo pipefail
 
+LONG=()
+if [[ ${1:-} == --long ]]; then
+  LONG=(--test_env=TANDEM_LONG=1 --test_timeout=3600)
+  shift
+fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 start=$(date +%s)
@@ -30,7 +38,7 @@ build_ok=1
 "$BAZEL" cquery --noshow_progress "$@" 'tests(//...)' 2>/dev/null | awk '{print $1}' \
   > "$WORK/expected" || fail_early "bazel cquery failed"
 echo "tests/run.sh: running $(wc -l < "$WORK/expected") test targets"
-"$BAZEL" test --noshow_progress -k "$@" --build_event_json_file="$WORK/bep.json" //...
+"$BAZEL" test --noshow_progress -k "$@" ${LONG[@]+"${LONG[@]}"} --build_event_json_file="$WORK/bep.json" //...
 test_rc=$?
 
 format=passed

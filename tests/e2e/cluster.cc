@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -152,6 +153,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
     auto process = Process::Spawn(argv, absl::StrCat(dir, "/", w.id, ".log"));
     if (!process.ok()) return process.status();
     w.process = std::move(*process);
+    w.argv = std::move(argv);
     cluster->workers_.push_back(std::move(w));
     return absl::OkStatus();
   };
@@ -198,6 +200,32 @@ absl::StatusOr<tandem::v1::WorkerStats> Cluster::Stats(const std::string& worker
   grpc::Status s = w->stub->Stats(&ctx, tandem::v1::WorkerStatsRequest(), &stats);
   if (!s.ok()) return absl::UnavailableError(s.error_message());
   return stats;
+}
+
+absl::Status Cluster::RestartWorker(const std::string& worker_id, int sig) {
+  WorkerHandle* w = worker(worker_id);
+  if (w == nullptr) return absl::NotFoundError(worker_id);
+  if (w->process->Running()) {
+    w->process->Signal(sig);
+    if (w->process->Wait(absl::Seconds(30)) == -1) {
+      return absl::DeadlineExceededError(absl::StrCat(worker_id, " did not exit"));
+    }
+  }
+  ++w->restarts;
+  const std::string port_file = absl::StrCat(dir_, "/", w->id, ".port");
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = w->argv;
+  argv.push_back(absl::StrCat("--listen=", w->address));
+  auto process = Process::Spawn(argv, absl::StrCat(dir_, "/", w->id, ".", w->restarts, ".log"));
+  if (!process.ok()) return process.status();
+  w->process = std::move(*process);
+  auto addr = WaitPortFile(port_file, *w->process, absl::Seconds(60));
+  if (!addr.ok()) return addr.status();
+  if (*addr != w->address) {
+    return absl::InternalError(
+        absl::StrCat(worker_id, " came back on ", *addr, ", not on ", w->address));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Cluster::WaitHealthy(int healthy, absl::Duration timeout) {

@@ -52,6 +52,8 @@ struct WorkerHandle {
   std::string id;
   std::string role;
   std::string address;
+  std::vector<std::string> argv;  // how it was started (RestartWorker reuses it)
+  int restarts = 0;
   std::unique_ptr<Process> process;
   std::unique_ptr<tandem::v1::WorkerService::Stub> stub;
 };
@@ -66,6 +68,10 @@ class Cluster {
   std::vector<WorkerHandle>& workers() { return workers_; }
   WorkerHandle* worker(const std::string& id);
   absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& worker_id);
+  // Kills the worker with `sig` (if running), waits for it to exit, and starts it again with
+  // the same flags on the same address (a new process: a new epoch). Returns once it serves
+  // (its port file is written); the router learns of it by its registration.
+  absl::Status RestartWorker(const std::string& worker_id, int sig);
   // Waits until the router reports exactly `healthy` healthy workers.
   absl::Status WaitHealthy(int healthy, absl::Duration timeout);
   std::string Logs();

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -349,6 +350,58 @@ TEST(ServingE2eTest, NewRequestOvertakesALongOneOnAMixedWorker) {
 }
 TEST(ServingE2eTest, NewRequestOvertakesALongOneThroughPrefillAndDecode) {
   NewRequestOvertakesALongOne(1, 1, 0);
+}
+
+// A decode worker restarted on its own address (kill -9, then the same flags: a new process
+// and epoch) while streams to it are breaking. The router once died here (SIGSEGV in
+// grpc_completion_queue_next or "ref_counted.h: prior > 0", 3 of 4 tries); every user's stream
+// with it. Each restart has streams in flight (asserted); they end UNAVAILABLE; the router stays
+// up and serves through the restarted worker. 10 restarts; TANDEM_LONG=1: 100.
+TEST(ServingE2eTest, DecodeRestartedOnItsAddressUnderLoadLeavesTheRouterServing) {
+  const int restarts = std::getenv("TANDEM_LONG") != nullptr ? 100 : 10;
+  ClusterOptions options;
+  options.prefill = 1;
+  options.decode = 1;
+  options.dummy_config = "llama-100m";
+  options.worker_flags = {"--kv_cache_bytes=134217728"};
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
+  for (int i = 0; i < restarts; ++i) {
+    SCOPED_TRACE(testing::Message() << "restart " << i);
+    constexpr int kStreams = 3;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientReader<tandem::v1::GenerateResponse>>> readers;
+    for (int s = 0; s < kStreams; ++s) {
+      Prompt p;
+      for (int t = 0; t < 20; ++t) p.ids.push_back(30 + 7 * t + s + 3 * i);
+      p.max_tokens = 2000;
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+      readers.push_back(cluster->router().Generate(contexts.back().get(), ToRequest(p)));
+    }
+    for (auto& reader : readers) {
+      tandem::v1::GenerateResponse msg;
+      int got = 0;
+      while (got < 2 && reader->Read(&msg)) got += msg.token_ids_size();
+      ASSERT_GE(got, 2) << "stream not decoding before the restart";
+    }
+    ASSERT_TRUE(cluster->RestartWorker("decode-0", SIGKILL).ok());
+    for (auto& reader : readers) {
+      tandem::v1::GenerateResponse msg;
+      while (reader->Read(&msg)) {
+      }
+      const grpc::Status status = reader->Finish();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    }
+    ASSERT_TRUE(cluster->WaitHealthy(2, absl::Seconds(30)).ok()) << cluster->Logs();
+    Prompt q;
+    for (int t = 0; t < 10; ++t) q.ids.push_back(5 + t + i);
+    q.max_tokens = 3;
+    Result r = Generate(cluster->router(), ToRequest(q), absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
+    EXPECT_EQ(r.tokens.size(), 3u);
+  }
 }
 
 TEST(ServingE2eTest, SigtermDrainsInFlightRequestsThenExits) {
