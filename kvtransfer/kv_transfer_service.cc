@@ -4,25 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kvtransfer/handshake.h"
 
 namespace tandem::kvtransfer {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-}  // namespace
 
 KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
                                              tandem::v1::TransferHandshake local)
@@ -36,7 +23,7 @@ grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* /*context*/,
                                               tandem::v1::TransferHandshakeResponse* response) {
   *response->mutable_peer() = local_;
   absl::Status compatible = CheckCompatible(local_, *request);
-  if (compatible.code() == absl::StatusCode::kInvalidArgument) return ToGrpc(compatible);
+  if (compatible.code() == absl::StatusCode::kInvalidArgument) return ToGrpcStatus(compatible);
   if (!compatible.ok()) {
     response->set_accepted(false);
     response->set_reason(std::string(compatible.message()));
@@ -151,7 +138,7 @@ void PeerLinks::SendRenewal(PendingRenewal renewal) {
   tandem::v1::RenewLeaseResponse response;
   grpc::Status s = renewal.stub->RenewLease(&context, renewal.request, &response);
   if (!s.ok()) {
-    renewal.done(FromGrpc(s, absl::StrCat("RenewLease to ", renewal.request.worker_id())));
+    renewal.done(FromGrpcStatus(s, absl::StrCat("RenewLease to ", renewal.request.worker_id())));
   } else if (!response.renewed()) {
     renewal.done(
         absl::NotFoundError(absl::StrCat("KV source ", renewal.request.worker_id(),
@@ -248,8 +235,8 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
   tandem::v1::TransferHandshakeResponse response;
   grpc::Status rpc = (*stub)->Handshake(&context, local_, &response);
   if (!rpc.ok()) {
-    return FromGrpc(rpc, absl::StrCat("handshake with ", handle.worker_id(), " at ",
-                                      handle.transfer_endpoint()));
+    return FromGrpcStatus(rpc, absl::StrCat("handshake with ", handle.worker_id(), " at ",
+                                            handle.transfer_endpoint()));
   }
   if (!response.accepted()) {
     return absl::FailedPreconditionError(

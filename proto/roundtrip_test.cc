@@ -199,7 +199,6 @@ TEST(LimitsTest, MessagesAtEveryLimitFitInOneGrpcMessage) {
   handle.set_transfer_endpoint(std::string(256, 'h'));
   for (int i = 0; i < kMaxKvHandleBlocks; ++i) {
     handle.add_block_ids(kWorstToken);
-    handle.add_block_hashes(std::numeric_limits<uint64_t>::max());
   }
 
   DecodeRequest decode;  // the largest router -> worker message: request + handle

@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -57,11 +58,6 @@ namespace tandem::router {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 absl::StatusOr<std::vector<uint32_t>> ParseIds(absl::string_view flag, const std::string& text) {
   std::vector<uint32_t> ids;
@@ -180,7 +176,7 @@ absl::Status Generate() {
   }
   grpc::Status status = reader->Finish();
   if (!json && !tokens.empty()) std::printf("\n");
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   double itl_p50 = 0;
   if (!itl_ms.empty()) {
     std::nth_element(itl_ms.begin(), itl_ms.begin() + itl_ms.size() / 2, itl_ms.end());
@@ -220,7 +216,7 @@ absl::Status Workers() {
   SetDeadline(ctx);
   v1::ListWorkersResponse resp;
   if (grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp); !s.ok()) {
-    return FromGrpc(s);
+    return FromGrpcStatus(s);
   }
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
@@ -258,7 +254,7 @@ absl::StatusOr<int> Health() {
   SetDeadline(ctx);
   v1::HealthResponse resp;
   if (grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &resp); !s.ok()) {
-    return FromGrpc(s);
+    return FromGrpcStatus(s);
   }
   std::printf("%s: %s\n", StatusName(resp.status()).c_str(), resp.detail().c_str());
   return resp.status() == v1::SERVING_STATUS_SERVING ? 0 : 2;
@@ -273,7 +269,7 @@ absl::Status Abort() {
   v1::AbortRequest req;
   req.set_request_id(id);
   v1::AbortResponse resp;
-  if (grpc::Status s = stub->Abort(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  if (grpc::Status s = stub->Abort(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
   std::printf("%s\n", resp.found() ? "aborted" : "not in flight");
   return absl::OkStatus();
 }
@@ -287,7 +283,7 @@ absl::Status WorkerStats() {
   SetDeadline(ctx);
   v1::WorkerStats stats;
   if (grpc::Status s = stub->Stats(&ctx, v1::WorkerStatsRequest(), &stats); !s.ok()) {
-    return FromGrpc(s);
+    return FromGrpcStatus(s);
   }
   if (!absl::GetFlag(FLAGS_json)) {
     std::printf("%s", stats.DebugString().c_str());

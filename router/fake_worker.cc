@@ -127,7 +127,6 @@ class FakeWorker::Service final : public v1::WorkerService::Service {
     h->set_layout_hash(o.kv_layout_hash);
     h->set_lease_id(lease_id);
     h->set_lease_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Seconds(30)));
-    for (uint64_t hash : chain) h->add_block_hashes(hash);
     h->set_transfer_endpoint(w_->address_);
     return grpc::Status::OK;
   }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "router/routing_policy.h"
 #include "router/validation.h"
 
@@ -19,11 +20,6 @@ class WriterSink final : public ResponseSink {
 };
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 grpc::Status RouterServiceImpl::Generate(grpc::ServerContext* ctx,
                                          const v1::GenerateRequest* request,

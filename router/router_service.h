@@ -22,9 +22,6 @@
 
 namespace tandem::router {
 
-// absl::Status -> grpc::Status (the codes are numerically identical).
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 class RouterServiceImpl final : public v1::Router::Service {
  public:
   RouterServiceImpl(WorkerRegistry* registry, RequestTable* requests, Orchestrator* orchestrator)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that every C++/CUDA source of ours is clang-format clean (.clang-format: Google style,
-# 100 columns). With --fix, reformats them in place instead.
+# 100 columns), and that every repository path named in a comment or README exists
+# (tests/check_paths.py). With --fix, reformats them in place instead.
 #
 #   tests/check_format.sh [--fix]
 set -euo pipefail
@@ -26,4 +27,9 @@ if [[ ${1:-} == --fix ]]; then
 else
   "$CLANG_FORMAT" --dry-run --Werror "${existing[@]}"
   echo "check_format: ${#existing[@]} files clean"
+fi
+# Repository paths named in comments and READMEs exist (a git checkout only: it lists files).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  python3 tests/check_paths.py . || exit 1
+  echo "check_paths: clean"
 fi

@@ -178,7 +178,6 @@ TEST(DisaggEngineTest, PrefillThenDecodeEqualsMixedEngine) {
     EXPECT_EQ(o.reason, FinishReason::kLength);
     ASSERT_TRUE(o.lease.has_value()) << "prompt " << i;
     EXPECT_EQ(o.lease->num_tokens, static_cast<int64_t>(specs[i].prompt.size()));
-    EXPECT_EQ(o.lease->block_hashes.size(), specs[i].prompt.size() / 16);
     ASSERT_TRUE(d.engine->AddRequest(static_cast<int64_t>(i), DecodeSpec(specs[i], o, "p")).ok());
   }
   EXPECT_EQ(p.connector->Stats().leases_active, specs.size());

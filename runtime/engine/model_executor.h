@@ -63,8 +63,8 @@ struct ExecutorSpec {
 };
 
 // A backend: the size of one KV element (so the engine can turn a byte budget into blocks) and
-// how to build an executor. Made by CpuExecutorFactory (model_runner.h) or
-// CudaExecutorFactory (runtime/cuda/cuda_backend.h).
+// how to build an executor. Made by CpuExecutorFactory (runtime/engine/model_runner.h) or
+// CudaExecutorFactory (runtime/cuda/cuda_model_runner.h).
 struct ExecutorFactory {
   std::string name = "cpu";
   int64_t kv_elem_bytes = 4;

@@ -261,7 +261,6 @@ void Scheduler::Finish(Request* req, FinishReason reason, RequestUpdate* update)
       held.lease = *lease;
       held.block_ids.assign(table.begin(), table.end());
       held.num_tokens = req->num_computed_tokens;
-      held.block_hashes = kv_cache_->BlockHashesShort(req->id);
       update->kv_lease = std::move(held);
       held_.insert(req->id);
       return;

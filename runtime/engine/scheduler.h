@@ -71,12 +71,11 @@ struct RequestUpdate {
   int64_t num_cached_prompt_tokens = 0;
   // Set when the request finished holding its KV for a remote reader (RequestSpec::
   // hold_kv_for_remote): the lease and the blocks it covers (num_tokens = prompt tokens whose KV
-  // is in them; block_hashes = prefix-cache hashes of the full ones, short form).
+  // is in them).
   struct Lease {
     kvtransfer::KvLease lease;
     std::vector<int32_t> block_ids;
     int64_t num_tokens = 0;
-    std::vector<uint64_t> block_hashes;
   };
   std::optional<Lease> kv_lease;
   absl::Status error;  // set with FinishReason::kError

@@ -198,15 +198,6 @@ void KvCacheManager::Free(int64_t request_id) {
   requests_.erase(it);
 }
 
-std::vector<uint64_t> KvCacheManager::BlockHashesShort(int64_t request_id) const {
-  std::vector<uint64_t> out;
-  const auto it = requests_.find(request_id);
-  if (it == requests_.end()) return out;
-  out.reserve(it->second.block_hashes.size());
-  for (const BlockHash& hash : it->second.block_hashes) out.push_back(hash.Short());
-  return out;
-}
-
 std::vector<uint64_t> KvCacheManager::CachedHashesShort() const {
   std::vector<uint64_t> out;
   out.reserve(cached_blocks_.size());

@@ -144,10 +144,6 @@ class KvCacheManager {
 
   int64_t NumFreeBlocks() const { return free_queue_.size(); }
 
-  // Short forms (BlockHash::Short) of request_id's chained hashes of the full blocks hashed so
-  // far (shared prefix blocks and CacheBlocks), in table order; empty for an unknown request.
-  std::vector<uint64_t> BlockHashesShort(int64_t request_id) const;
-
   // Prefix-cache change log for an approximate remote index (the router's): when enabled, every
   // newly registered hash and every evicted one is recorded (short form) until taken. Off by
   // default. TakeCacheEvents replaces *added / *removed with the events since the last call.

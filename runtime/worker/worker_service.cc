@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "tandem/v1/limits.h"
 
@@ -12,11 +13,6 @@ namespace tandem::runtime {
 namespace {
 
 using tandem::v1::GenerateResponse;
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 const char* RoleName(tandem::v1::WorkerRole role) {
   switch (role) {
@@ -143,7 +139,7 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   grpc::Status admitted = Admit(tandem::v1::WORKER_ROLE_PREFILL, "Prefill");
   if (!admitted.ok()) return admitted;
   absl::StatusOr<RequestSpec> spec = SpecFromProto(request->request());
-  if (!spec.ok()) return ToGrpc(spec.status());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
   const std::string& id = request->request().request_id();
   const bool hold = request->remote_decode() && spec->max_tokens > 1;
   if (hold && connector_ == nullptr) {
@@ -165,7 +161,7 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   }
   spec->max_tokens = 1;
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, *std::move(spec));
-  if (!stream.ok()) return ToGrpc(stream.status());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
   RequestUpdate update;
   while (true) {
     if (context->IsCancelled()) {
@@ -178,7 +174,7 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   if (update.finish_reason == FinishReason::kAborted) {
     return grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat("request ", id, " was aborted"));
   }
-  if (update.finish_reason == FinishReason::kError) return ToGrpc(update.error);
+  if (update.finish_reason == FinishReason::kError) return ToGrpcStatus(update.error);
   response->set_request_id(id);
   if (!update.new_token_ids.empty()) response->set_first_token(update.new_token_ids[0]);
   FillUsage(update, response->mutable_usage());
@@ -206,7 +202,7 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
     const absl::Status synced = agent_->SyncForRemoteRead(options_.kv_region, ranges);
     if (!synced.ok()) {
       loop_->Abort(id);  // releases the lease: the blocks cannot be served
-      return ToGrpc(synced);
+      return ToGrpcStatus(synced);
     }
   }
   tandem::v1::KvHandle* handle = response->mutable_kv_handle();
@@ -217,7 +213,6 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   handle->set_layout_hash(options_.kv_layout_hash);
   handle->set_lease_id(lease.lease.lease_id);
   handle->set_lease_deadline_unix_ms(absl::ToUnixMillis(lease.lease.deadline));
-  for (uint64_t h : lease.block_hashes) handle->add_block_hashes(h);
   absl::MutexLock lock(&mu_);
   handle->set_transfer_endpoint(address_);
   const absl::Time now = absl::Now();
@@ -287,7 +282,7 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no KV transfer");
   }
   absl::StatusOr<RequestSpec> spec = SpecFromProto(request->request());
-  if (!spec.ok()) return ToGrpc(spec.status());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
   const std::string& id = request->request().request_id();
   const tandem::v1::KvHandle& handle = request->kv_handle();
   if (handle.layout_hash() != options_.kv_layout_hash) {
@@ -334,7 +329,7 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, *std::move(spec));
   if (!stream.ok()) {
     if (remote) peers_->ReleaseLease(handle);
-    return ToGrpc(stream.status());
+    return ToGrpcStatus(stream.status());
   }
   // The first update of a remote request comes after its load ended (the engine schedules it only
   // then), so the source's blocks can go.
@@ -349,10 +344,10 @@ grpc::Status WorkerServiceImpl::Generate(grpc::ServerContext* context,
   grpc::Status admitted = Admit(tandem::v1::WORKER_ROLE_MIXED, "Generate");
   if (!admitted.ok()) return admitted;
   absl::StatusOr<RequestSpec> spec = SpecFromProto(*request);
-  if (!spec.ok()) return ToGrpc(spec.status());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
   absl::StatusOr<std::shared_ptr<RequestStream>> stream =
       loop_->Submit(request->request_id(), *std::move(spec));
-  if (!stream.ok()) return ToGrpc(stream.status());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
   return Relay(context, request->request_id(), **stream, writer, [] {});
 }
 

@@ -1,6 +1,6 @@
 // Size limits of the tandem.v1 wire messages. Receivers enforce them (INVALID_ARGUMENT) and
 // servers cap gRPC messages at kMaxGrpcMessageBytes; proto/README.md explains each number.
-// limits_test checks that a message at every limit still fits in kMaxGrpcMessageBytes.
+// proto/roundtrip_test.cc checks that a message at every limit still fits in kMaxGrpcMessageBytes.
 #ifndef TANDEM_PROTO_TANDEM_V1_LIMITS_H_
 #define TANDEM_PROTO_TANDEM_V1_LIMITS_H_
 
