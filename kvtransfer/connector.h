@@ -35,18 +35,22 @@
 
 namespace tandem::kvtransfer {
 
-// D side: asks a KV source to extend a lease while a load from it is still running (the
-// source's RenewLease RPC; PeerLinks implements it, tests inject fakes). Implementations must
-// not block: they send the request in the background and call `done` exactly once, inline or
-// later from any thread, with the lease's new deadline, NOT_FOUND when the source no longer
-// holds the lease (released or expired: its blocks may be reused), or the error of the attempt
-// (the lease may still be alive). Thread-safe.
-class LeaseRenewer {
+// D side: the connector's line to a KV source's leases (the source's RenewLease / ReleaseLease
+// RPCs; PeerLinks implements it, tests inject fakes). The connector owns a remote lease's whole
+// life on the reading side: it renews it while a long load runs and releases it once the load
+// has ended (or the request no longer needs it). Implementations must not block: they send in
+// the background. RenewLeaseAsync calls `done` exactly once, inline or later from any thread,
+// with the lease's new deadline, NOT_FOUND when the source no longer holds the lease (released
+// or expired: its blocks may be reused), or the error of the attempt (the lease may still be
+// alive). ReleaseLeaseAsync is best effort (the source frees the blocks at expiry otherwise).
+// Thread-safe.
+class LeaseClient {
  public:
-  virtual ~LeaseRenewer() = default;
+  virtual ~LeaseClient() = default;
   virtual void RenewLeaseAsync(const std::string& peer, uint64_t epoch, uint64_t lease_id,
                                absl::Duration extend,
                                std::function<void(absl::StatusOr<absl::Time>)> done) = 0;
+  virtual void ReleaseLeaseAsync(const std::string& peer, uint64_t epoch, uint64_t lease_id) = 0;
 };
 
 // Where a request's KV lives on another worker (D side; from a KvHandle).
@@ -58,9 +62,10 @@ struct RemoteKvSpec {
   uint64_t lease_id = 0;
   absl::Time deadline = absl::InfiniteFuture();  // give up loading (cancel) after this
   // The source's lease deadline: a load stops a safety margin before it unless the lease is
-  // renewed (PullKvConnector: by `lease_renewer`, when the load runs longer than half the lease).
+  // renewed (PullKvConnector: by `lease_client`, when the load runs longer than half the lease).
   absl::Time lease_deadline = absl::InfiniteFuture();
-  std::shared_ptr<LeaseRenewer> lease_renewer;  // null: no renewal
+  // Renews and releases the source's lease; null: neither (the source frees at expiry).
+  std::shared_ptr<LeaseClient> lease_client;
 };
 
 // A lease granted on the source side (P) for a finished request's blocks.
@@ -132,9 +137,13 @@ class KvConnector {
   // A request finished. hold_for_remote: keep its `num_blocks` blocks for a remote reader under
   // a lease of `lease_duration` (returns it; the caller must not free the blocks until the
   // request shows up in GetFinished().sending_done). Otherwise nullopt: free now.
-  virtual std::optional<KvLease> RequestFinished(int64_t request_id, bool hold_for_remote,
-                                                 int64_t num_blocks,
+  // `external_id` (the router's request id, may be empty) lets ReleaseLeaseOf find the lease.
+  virtual std::optional<KvLease> RequestFinished(int64_t request_id, const std::string& external_id,
+                                                 bool hold_for_remote, int64_t num_blocks,
                                                  absl::Duration lease_duration) = 0;
+  // D side: `remote` will not be loaded (its tokens were all in the local prefix cache, or the
+  // request ended before its load started): release the source's lease now.
+  virtual void DropRemote(const RemoteKvSpec& remote) = 0;
   // Stops a load; the request is reported in GetLoadErrors (CANCELLED) once the transfer ended.
   virtual void CancelLoad(int64_t request_id) = 0;
 
@@ -142,6 +151,13 @@ class KvConnector {
   // The reader is done with the lease: its blocks are reported in sending_done. False for an
   // unknown (expired, released) lease.
   virtual bool ReleaseLease(uint64_t lease_id) = 0;
+  // The lease held for request `external_id` (RequestFinished), e.g. when the request is
+  // aborted after its prefill: released like ReleaseLease. False when none is held.
+  virtual bool ReleaseLeaseOf(const std::string& external_id) = 0;
+  // Makes held blocks readable by remote peers (the agent's SyncForRemoteRead over their byte
+  // ranges: a device -> host mirror where the agent stages GPU memory; else nothing). Call after
+  // their KV is final, before their handle is published.
+  virtual absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) = 0;
   // Extends a live lease to now + extend; nullopt for an unknown lease.
   virtual std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) = 0;
 

@@ -61,8 +61,8 @@ grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
-// The LeaseRenewer handed out by lease_renewer(): forwards to the PeerLinks while it lives.
-class PeerLinks::Renewer final : public LeaseRenewer {
+// The LeaseClient handed out by lease_client(): forwards to the PeerLinks while it lives.
+class PeerLinks::Renewer final : public LeaseClient {
  public:
   explicit Renewer(PeerLinks* links) : links_(links) {}
   void Detach() {
@@ -78,6 +78,10 @@ class PeerLinks::Renewer final : public LeaseRenewer {
       if (links_ != nullptr) queued = links_->QueueRenewal(peer, epoch, lease_id, extend, done);
     }
     if (!queued.ok()) done(queued);  // outside the lock: `done` may take its own locks
+  }
+  void ReleaseLeaseAsync(const std::string& peer, uint64_t epoch, uint64_t lease_id) override {
+    absl::MutexLock lock(&mu_);
+    if (links_ != nullptr) links_->QueueRelease(peer, epoch, lease_id);
   }
 
  private:
@@ -105,7 +109,7 @@ PeerLinks::~PeerLinks() {
   releaser_.join();
 }
 
-std::shared_ptr<LeaseRenewer> PeerLinks::lease_renewer() const { return renewer_; }
+std::shared_ptr<LeaseClient> PeerLinks::lease_client() const { return renewer_; }
 
 absl::Status PeerLinks::QueueRenewal(const std::string& peer, uint64_t epoch, uint64_t lease_id,
                                      absl::Duration extend,
@@ -261,6 +265,19 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
   peers_[handle.worker_id()] = Peer{peer.epoch(), handle.transfer_endpoint(), *stub};
   ++handshakes_;
   return absl::OkStatus();
+}
+
+void PeerLinks::QueueRelease(const std::string& peer, uint64_t epoch, uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  // Never linked, or restarted since (the lease died with the old process): nothing to tell.
+  if (stop_ || it == peers_.end() || it->second.epoch != epoch) return;
+  PendingRelease release;
+  release.stub = it->second.stub;
+  release.request.set_worker_id(peer);
+  release.request.set_epoch(epoch);
+  release.request.set_lease_id(lease_id);
+  releases_.push_back(std::move(release));
 }
 
 void PeerLinks::ReleaseLease(const tandem::v1::KvHandle& handle) {

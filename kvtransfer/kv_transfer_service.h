@@ -5,8 +5,9 @@
 //    descriptor), and ReleaseLease / RenewLease on the source's connector.
 //  * PeerLinks, used by every reader (decode / mixed worker): handshakes once per source
 //    incarnation (worker id + epoch) before the first READ, detects a restarted source (its
-//    epoch differs from the handle's: the handle is stale), releases leases asynchronously, and
-//    renews them for long loads (lease_renewer(), a LeaseRenewer for RemoteKvSpec).
+//    epoch differs from the handle's: the handle is stale), and gives the connector a
+//    LeaseClient (lease_client(), for RemoteKvSpec) that renews leases for long loads and
+//    releases them when loads end, asynchronously.
 //
 // Thread safety: both classes are thread-safe.
 #ifndef TANDEM_KVTRANSFER_KV_TRANSFER_SERVICE_H_
@@ -69,7 +70,7 @@ class PeerLinks {
   void ReleaseLease(const tandem::v1::KvHandle& handle);
   // Renews leases of handshaked sources with RenewLease RPCs on the background thread (before
   // queued releases). After ~PeerLinks it answers CANCELLED, so it may outlive this object.
-  std::shared_ptr<LeaseRenewer> lease_renewer() const;
+  std::shared_ptr<LeaseClient> lease_client() const;
 
   uint64_t handshakes() const;
 
@@ -80,6 +81,9 @@ class PeerLinks {
     tandem::v1::RenewLeaseRequest request;
     std::function<void(absl::StatusOr<absl::Time>)> done;
   };
+  // Queues a ReleaseLease RPC to the handshaked source `peer` (dropped when it is unknown or its
+  // epoch is not `epoch`).
+  void QueueRelease(const std::string& peer, uint64_t epoch, uint64_t lease_id);
   // Queues a renewal; an error (nothing queued) when `peer` is not a handshaked source.
   absl::Status QueueRenewal(const std::string& peer, uint64_t epoch, uint64_t lease_id,
                             absl::Duration extend,

@@ -1,6 +1,6 @@
 // KvTransferServiceImpl + PeerLinks over a real gRPC server on loopback, KV moving through
 // InProcessAgents: a load that takes longer than the source's lease (fault-injected delay)
-// survives because D renews the lease with RenewLease RPCs (PeerLinks::lease_renewer()); the
+// survives because D renews the lease with RenewLease RPCs (PeerLinks::lease_client()); the
 // lease is released afterwards; a restarted source (other epoch) fails the renewal.
 #include "kvtransfer/kv_transfer_service.h"
 
@@ -72,7 +72,7 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
 
   // P leases source blocks {2, 3, 7} for `lease`; returns the handle D gets.
   tandem::v1::KvHandle Lease(absl::Duration lease) {
-    std::optional<KvLease> granted = pc_->RequestFinished(42, true, 3, lease);
+    std::optional<KvLease> granted = pc_->RequestFinished(42, "", true, 3, lease);
     EXPECT_TRUE(granted.has_value());
     tandem::v1::KvHandle handle;
     handle.set_worker_id("p");
@@ -96,7 +96,7 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
     remote.lease_id = handle.lease_id();
     remote.deadline = absl::Now() + absl::Seconds(30);
     remote.lease_deadline = absl::FromUnixMillis(handle.lease_deadline_unix_ms());
-    remote.lease_renewer = peers_->lease_renewer();
+    remote.lease_client = peers_->lease_client();
     dc_->UpdateStateAfterAlloc(9, remote, std::vector<int32_t>{10, 11, 12}, 0);
     EXPECT_TRUE(dc_->StartLoad(dc_->BuildStepMeta()).ok());
     for (int i = 0; i < 60000; ++i) {
@@ -166,7 +166,7 @@ TEST_F(LeaseRenewalOverGrpcTest, RenewalOfAnotherIncarnationFailsTheLoad) {
 }
 
 TEST_F(LeaseRenewalOverGrpcTest, RenewerOutlivingPeerLinksAnswersCancelled) {
-  std::shared_ptr<LeaseRenewer> renewer = peers_->lease_renewer();
+  std::shared_ptr<LeaseClient> renewer = peers_->lease_client();
   peers_.reset();
   absl::Status answer;
   renewer->RenewLeaseAsync("p", kEpoch, 1, absl::Seconds(1),

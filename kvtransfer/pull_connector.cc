@@ -47,7 +47,7 @@ void PullKvConnector::UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSp
   load.epoch = remote.epoch;
   load.lease_id = remote.lease_id;
   load.lease_deadline = remote.lease_deadline;
-  load.renewer = remote.lease_renewer;
+  load.renewer = remote.lease_client;
   for (int64_t i = first; i < end; ++i) {
     load.blocks.emplace_back(remote.block_ids[i], block_table[i]);
     load.local_blocks.push_back(block_table[i]);
@@ -75,17 +75,38 @@ ConnectorStepMeta PullKvConnector::BuildStepMeta() {
   return meta;
 }
 
-std::optional<KvLease> PullKvConnector::RequestFinished(int64_t request_id, bool hold_for_remote,
-                                                        int64_t num_blocks,
+std::optional<KvLease> PullKvConnector::RequestFinished(int64_t request_id,
+                                                        const std::string& external_id,
+                                                        bool hold_for_remote, int64_t num_blocks,
                                                         absl::Duration lease_duration) {
   if (!hold_for_remote || num_blocks <= 0) return std::nullopt;
   absl::MutexLock lock(&mu_);
   KvLease lease;
   lease.lease_id = next_lease_id_++;
   lease.deadline = absl::Now() + lease_duration;
-  leases_[lease.lease_id] = Lease{request_id, lease.deadline, num_blocks};
+  leases_[lease.lease_id] = Lease{request_id, external_id, lease.deadline, num_blocks};
+  if (!external_id.empty()) lease_of_[external_id] = lease.lease_id;
   ++stats_.leases_granted;
   return lease;
+}
+
+void PullKvConnector::DropRemote(const RemoteKvSpec& remote) {
+  if (remote.lease_client != nullptr && remote.lease_id != 0) {
+    remote.lease_client->ReleaseLeaseAsync(remote.peer, remote.epoch, remote.lease_id);
+  }
+}
+
+void PullKvConnector::EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it) {
+  if (!it->second.external_id.empty()) {
+    auto named = lease_of_.find(it->second.external_id);
+    if (named != lease_of_.end() && named->second == it->first) lease_of_.erase(named);
+  }
+  leases_.erase(it);
+}
+
+void PullKvConnector::QueueSourceReleaseLocked(const Load& load) {
+  if (load.renewer == nullptr || load.lease_id == 0) return;
+  source_releases_.push_back(SourceRelease{load.renewer, load.peer, load.epoch, load.lease_id});
 }
 
 void PullKvConnector::CancelLoad(int64_t request_id) {
@@ -112,9 +133,40 @@ bool PullKvConnector::ReleaseLease(uint64_t lease_id) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
   released_.push_back(it->second.request_id);
-  leases_.erase(it);
+  EraseLeaseLocked(it);
   ++stats_.leases_released;
   return true;
+}
+
+bool PullKvConnector::ReleaseLeaseOf(const std::string& external_id) {
+  uint64_t lease_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = lease_of_.find(external_id);
+    if (it == lease_of_.end()) return false;
+    lease_id = it->second;
+  }
+  return ReleaseLease(lease_id);
+}
+
+std::vector<ByteRange> PullKvConnector::BlocksToByteRanges(absl::Span<const int32_t> block_ids,
+                                                           uint64_t block_bytes) {
+  std::vector<ByteRange> ranges;
+  for (int32_t b : block_ids) {
+    const uint64_t offset = static_cast<uint64_t>(b) * block_bytes;
+    if (!ranges.empty() && ranges.back().offset + ranges.back().length == offset) {
+      ranges.back().length += block_bytes;
+    } else {
+      ranges.push_back({offset, block_bytes});
+    }
+  }
+  return ranges;
+}
+
+absl::Status PullKvConnector::PrepareForRemoteRead(absl::Span<const int32_t> block_ids) {
+  if (block_ids.empty() || options_.block_bytes == 0) return absl::OkStatus();
+  return agent_->SyncForRemoteRead(options_.local_region,
+                                   BlocksToByteRanges(block_ids, options_.block_bytes));
 }
 
 std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::Duration extend) {
@@ -241,18 +293,22 @@ absl::Status PullKvConnector::WaitForSave() { return absl::OkStatus(); }
 
 void PullKvConnector::FailLoadLocked(int64_t request_id, Load& load, absl::Status status) {
   ++stats_.load_failures;
+  QueueSourceReleaseLocked(load);
   errors_.push_back(LoadError{request_id, std::move(status), std::move(load.local_blocks)});
 }
 
 FinishedTransfers PullKvConnector::GetFinished(absl::Time now) {
   FinishedTransfers done;
   std::vector<Renewal> renewals;
+  std::vector<SourceRelease> releases;
   {
     absl::MutexLock lock(&mu_);
     CollectFinishedLocked(now, done);
     CollectRenewalsLocked(now, &renewals);
+    releases.swap(source_releases_);
   }
   SendRenewals(std::move(renewals));
+  for (const SourceRelease& r : releases) r.client->ReleaseLeaseAsync(r.peer, r.epoch, r.lease_id);
   return done;
 }
 
@@ -263,7 +319,7 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
     if (it->second.deadline <= now) {
       done.sending_done.push_back(it->second.request_id);
       ++stats_.leases_expired;
-      leases_.erase(it++);
+      EraseLeaseLocked(it++);
     } else {
       ++it;
     }
@@ -282,6 +338,7 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
     if (state.ok() && !*state) continue;
     ended.push_back(request_id);
     if (state.ok() && load.cancel_reason.ok()) {
+      QueueSourceReleaseLocked(load);
       done.receiving_done.push_back(request_id);
       ++stats_.loads_completed;
       stats_.bytes_loaded += load.bytes;
@@ -305,7 +362,7 @@ std::vector<LoadError> PullKvConnector::GetLoadErrors() {
 
 bool PullKvConnector::HasPendingLoads() const {
   absl::MutexLock lock(&mu_);
-  return !loads_.empty() || !errors_.empty() || !released_.empty();
+  return !loads_.empty() || !errors_.empty() || !released_.empty() || !source_releases_.empty();
 }
 
 KvConnectorStats PullKvConnector::Stats() const {

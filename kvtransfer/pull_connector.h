@@ -10,7 +10,7 @@
 // Lease renewal (D side): a load's effective deadline is the earlier of RemoteKvSpec::deadline
 // and the source's lease deadline minus lease_safety_margin (reading blocks the source may
 // already reuse would be garbage). When a load has been in flight for half of the lease it had
-// when it started, GetFinished asks the spec's LeaseRenewer to extend the lease by that length
+// when it started, GetFinished asks the spec's LeaseClient to extend the lease by that length
 // again (asynchronously; never under the connector's lock) and keeps doing so at half of each
 // new lease, so a long transfer outlives the original lease. A source that no longer knows the
 // lease fails the load (FAILED_PRECONDITION: its blocks may be reused); a failed attempt
@@ -57,12 +57,15 @@ class PullKvConnector : public KvConnector {
                              absl::Span<const int32_t> block_table,
                              int64_t num_local_computed_tokens) override;
   ConnectorStepMeta BuildStepMeta() override;
-  std::optional<KvLease> RequestFinished(int64_t request_id, bool hold_for_remote,
-                                         int64_t num_blocks,
+  std::optional<KvLease> RequestFinished(int64_t request_id, const std::string& external_id,
+                                         bool hold_for_remote, int64_t num_blocks,
                                          absl::Duration lease_duration) override;
+  void DropRemote(const RemoteKvSpec& remote) override;
   void CancelLoad(int64_t request_id) override;
 
   bool ReleaseLease(uint64_t lease_id) override;
+  bool ReleaseLeaseOf(const std::string& external_id) override;
+  absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) override;
   std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) override;
 
   absl::Status StartLoad(const ConnectorStepMeta& meta) override;
@@ -79,12 +82,23 @@ class PullKvConnector : public KvConnector {
   // ids both increase by one become one op. Exposed for tests.
   static std::vector<CopyOp> BlocksToCopyOps(absl::Span<const std::pair<int32_t, int32_t>> blocks,
                                              const PullKvConnectorOptions& options);
+  // Byte ranges of whole blocks (`block_bytes` each), runs of consecutive ids coalesced.
+  static std::vector<ByteRange> BlocksToByteRanges(absl::Span<const int32_t> block_ids,
+                                                   uint64_t block_bytes);
 
  private:
   struct Lease {
     int64_t request_id = 0;
+    std::string external_id;
     absl::Time deadline;
     int64_t num_blocks = 0;
+  };
+  // A source lease to release once mu_ is released (GetFinished sends them).
+  struct SourceRelease {
+    std::shared_ptr<LeaseClient> client;
+    std::string peer;
+    uint64_t epoch = 0;
+    uint64_t lease_id = 0;
   };
   struct Load {
     std::string peer;
@@ -93,7 +107,7 @@ class PullKvConnector : public KvConnector {
     uint64_t epoch = 0;
     uint64_t lease_id = 0;
     absl::Time lease_deadline = absl::InfiniteFuture();
-    std::shared_ptr<LeaseRenewer> renewer;
+    std::shared_ptr<LeaseClient> renewer;
     absl::Duration lease_length;  // the lease left when the load started; each extension
     absl::Time next_renewal = absl::InfiniteFuture();
     bool renewal_in_flight = false;
@@ -114,7 +128,7 @@ class PullKvConnector : public KvConnector {
     uint64_t epoch;
     uint64_t lease_id;
     absl::Duration extend;
-    std::shared_ptr<LeaseRenewer> renewer;
+    std::shared_ptr<LeaseClient> renewer;
   };
   // Outlives the connector in renewal callbacks: they reach the connector only while it lives
   // (the destructor clears `connector` under `mu`, waiting for a running callback).
@@ -124,6 +138,11 @@ class PullKvConnector : public KvConnector {
   };
 
   void FailLoadLocked(int64_t request_id, Load& load, absl::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A load ended (either way): its source lease is no longer needed.
+  void QueueSourceReleaseLocked(const Load& load) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a lease (released or expired) and its external-id entry.
+  void EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time EffectiveDeadline(const Load& load) const;
   // GetFinished's work under the lock: lease expiry, ended loads.
@@ -143,6 +162,8 @@ class PullKvConnector : public KvConnector {
   mutable absl::Mutex mu_;
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> lease_of_ ABSL_GUARDED_BY(mu_);  // external id ->
+  std::vector<SourceRelease> source_releases_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> released_ ABSL_GUARDED_BY(mu_);  // request ids of released leases
   absl::flat_hash_map<int64_t, Load> loads_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> unstarted_ ABSL_GUARDED_BY(mu_);  // registered, not yet in a step meta

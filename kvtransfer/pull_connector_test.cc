@@ -186,10 +186,10 @@ TEST(PullKvConnectorTest, DeadlineAndCancelEndOnlyAfterTheTransferEnded) {
 
 TEST(PullKvConnectorTest, LeasesReleaseRenewAndExpire) {
   Pair pair(1);
-  auto a = pair.pc->RequestFinished(10, true, 3, absl::Milliseconds(40));
-  auto b = pair.pc->RequestFinished(11, true, 2, absl::Seconds(30));
-  auto c = pair.pc->RequestFinished(12, true, 1, absl::Milliseconds(40));
-  EXPECT_FALSE(pair.pc->RequestFinished(13, false, 4, absl::Seconds(1)).has_value());
+  auto a = pair.pc->RequestFinished(10, "", true, 3, absl::Milliseconds(40));
+  auto b = pair.pc->RequestFinished(11, "", true, 2, absl::Seconds(30));
+  auto c = pair.pc->RequestFinished(12, "", true, 1, absl::Milliseconds(40));
+  EXPECT_FALSE(pair.pc->RequestFinished(13, "", false, 4, absl::Seconds(1)).has_value());
   ASSERT_TRUE(a && b && c);
   EXPECT_NE(a->lease_id, b->lease_id);
   EXPECT_EQ(pair.pc->Stats().blocks_leased, 6u);
@@ -208,9 +208,9 @@ TEST(PullKvConnectorTest, LeasesReleaseRenewAndExpire) {
   EXPECT_FALSE(pair.pc->RenewLease(a->lease_id, absl::Seconds(1)).has_value());
 }
 
-// A LeaseRenewer that renews on the source connector directly (inline, as the contract
+// A LeaseClient that renews on the source connector directly (inline, as the contract
 // allows), or answers with a scripted error for the first `fail_first` calls.
-class DirectRenewer final : public LeaseRenewer {
+class DirectRenewer final : public LeaseClient {
  public:
   explicit DirectRenewer(PullKvConnector* source) : source_(source) {}
   void RenewLeaseAsync(const std::string& /*peer*/, uint64_t /*epoch*/, uint64_t lease_id,
@@ -230,6 +230,16 @@ class DirectRenewer final : public LeaseRenewer {
     if (!deadline.has_value()) return done(absl::NotFoundError("unknown lease"));
     done(*deadline);
   }
+  // Records the connector's request (the source is told by the test itself where it matters).
+  void ReleaseLeaseAsync(const std::string& /*peer*/, uint64_t /*epoch*/,
+                         uint64_t lease_id) override {
+    absl::MutexLock lock(&mu_);
+    released_.push_back(lease_id);
+  }
+  std::vector<uint64_t> released() {
+    absl::MutexLock lock(&mu_);
+    return released_;
+  }
   void FailFirst(int n, absl::Status failure) {
     absl::MutexLock lock(&mu_);
     fail_first_ = n;
@@ -246,6 +256,7 @@ class DirectRenewer final : public LeaseRenewer {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_first_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> released_ ABSL_GUARDED_BY(mu_);
 };
 
 // P leases blocks for `lease`; D's transfers are delayed by `delay` (longer than the lease).
@@ -268,7 +279,7 @@ struct SlowPair {
   // until the load ends. Returns the load's end (OK = loaded) and P's finished requests.
   absl::Status Load(absl::Duration lease_duration, bool renew, std::vector<int64_t>* source_done,
                     bool release_mid_load = false) {
-    std::optional<KvLease> lease = pair.pc->RequestFinished(77, true, 3, lease_duration);
+    std::optional<KvLease> lease = pair.pc->RequestFinished(77, "", true, 3, lease_duration);
     EXPECT_TRUE(lease.has_value());
     RemoteKvSpec remote;
     remote.peer = "p";
@@ -278,7 +289,7 @@ struct SlowPair {
     remote.lease_id = lease->lease_id;
     remote.lease_deadline = lease->deadline;
     remote.deadline = absl::Now() + absl::Seconds(30);
-    if (renew) remote.lease_renewer = renewer;
+    if (renew) remote.lease_client = renewer;
     dc->UpdateStateAfterAlloc(5, remote, std::vector<int32_t>{0, 1, 2}, 0);
     EXPECT_TRUE(dc->StartLoad(dc->BuildStepMeta()).ok());
     if (release_mid_load) {
@@ -310,7 +321,9 @@ TEST(PullKvConnectorTest, LongLoadRenewsTheSourceLease) {
   EXPECT_GE(slow.renewer->calls(), 3);  // at 0.5 s, the retry, then at half of each new lease
   EXPECT_GE(slow.dc->Stats().lease_renewals, 2u);
   EXPECT_EQ(slow.pair.pc->Stats().leases_expired, 0u);
-  EXPECT_EQ(slow.pair.pc->Stats().leases_active, 1u);  // D releases it next (PeerLinks)
+  EXPECT_EQ(slow.pair.pc->Stats().leases_active, 1u);  // the release is D's LeaseClient's
+  // The load ended: the connector asked (once) for the source's lease to be released.
+  EXPECT_EQ(slow.renewer->released().size(), 1u);
   for (int i = 0; i < 3; ++i) {
     const int src = std::vector<int>{3, 4, 9}[i];
     ASSERT_TRUE(std::equal(slow.pair.src.begin() + src * Pair::kBlockBytes,
@@ -337,6 +350,55 @@ TEST(PullKvConnectorTest, LoadFailsWhenTheSourceDroppedTheLease) {
   EXPECT_EQ(end.code(), absl::StatusCode::kFailedPrecondition) << end;
   EXPECT_EQ(source_done, (std::vector<int64_t>{77}));
   EXPECT_EQ(slow.dc->Stats().lease_renewals, 0u);
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
+
+namespace tandem::kvtransfer {
+namespace {
+
+TEST(PullKvConnectorTest, ReleaseLeaseOfFindsTheLeaseByTheRequestsExternalId) {
+  Pair pair(std::random_device{}());
+  ASSERT_TRUE(pair.pc->RequestFinished(5, "req-a", true, 2, absl::Seconds(30)).has_value());
+  ASSERT_TRUE(pair.pc->RequestFinished(6, "req-b", true, 1, absl::Milliseconds(1)).has_value());
+  EXPECT_FALSE(pair.pc->ReleaseLeaseOf("unknown"));
+  EXPECT_TRUE(pair.pc->ReleaseLeaseOf("req-a"));
+  EXPECT_FALSE(pair.pc->ReleaseLeaseOf("req-a"));  // once
+  absl::SleepFor(absl::Milliseconds(5));
+  FinishedTransfers done = pair.pc->GetFinished(absl::Now());
+  std::sort(done.sending_done.begin(), done.sending_done.end());
+  EXPECT_EQ(done.sending_done, (std::vector<int64_t>{5, 6}));
+  EXPECT_FALSE(pair.pc->ReleaseLeaseOf("req-b"));  // expired: gone with its lease
+  EXPECT_EQ(pair.pc->Stats().leases_released, 1u);
+  EXPECT_EQ(pair.pc->Stats().leases_expired, 1u);
+}
+
+TEST(PullKvConnectorTest, DroppedRemoteKvReleasesTheSourceLeaseAtOnce) {
+  Pair pair(std::random_device{}());
+  auto client = std::make_shared<DirectRenewer>(pair.pc.get());
+  RemoteKvSpec remote;
+  remote.peer = "p";
+  remote.epoch = 3;
+  remote.lease_id = 41;
+  remote.lease_client = client;
+  pair.dc->DropRemote(remote);
+  EXPECT_EQ(client->released(), std::vector<uint64_t>{41});
+  remote.lease_client = nullptr;
+  pair.dc->DropRemote(remote);  // no client: nothing to tell (the source frees at expiry)
+  EXPECT_EQ(client->released().size(), 1u);
+}
+
+TEST(PullKvConnectorTest, BlocksToByteRangesCoalescesRuns) {
+  const std::vector<ByteRange> ranges =
+      PullKvConnector::BlocksToByteRanges(std::vector<int32_t>{3, 4, 5, 9, 10, 2}, 100);
+  ASSERT_EQ(ranges.size(), 3u);
+  EXPECT_EQ(ranges[0].offset, 300u);
+  EXPECT_EQ(ranges[0].length, 300u);
+  EXPECT_EQ(ranges[1].offset, 900u);
+  EXPECT_EQ(ranges[1].length, 200u);
+  EXPECT_EQ(ranges[2].offset, 200u);
+  EXPECT_EQ(ranges[2].length, 100u);
 }
 
 }  // namespace

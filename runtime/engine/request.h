@@ -36,6 +36,9 @@ const char* FinishReasonName(FinishReason reason);
 
 // What a caller asks for. Validated by Engine::AddRequest.
 struct RequestSpec {
+  // The caller's (router's) id of the request, carried along for the connector's lease lookup
+  // and for logs; may be empty. The engine's own key is the int64 id of AddRequest.
+  std::string external_id;
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
   kernels::SamplingParams sampling;  // temperature 0 = greedy; seed for reproducible sampling

@@ -59,6 +59,11 @@ bool Scheduler::Abort(int64_t request_id) {
     }
     return true;
   }
+  // Still waiting with remote KV it never started to load: the source's lease can go.
+  if (req->status == RequestStatus::kWaiting && req->spec.remote_kv.has_value() &&
+      connector_ != nullptr) {
+    connector_->DropRemote(*req->spec.remote_kv);
+  }
   kv_cache_->Free(request_id);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), req), running_.end());
@@ -174,6 +179,7 @@ bool Scheduler::AdmitRemoteKv(Request* req) {
                                                    /*record_stats=*/false);
   const int64_t external = connector_->GetNumNewMatchedTokens(req->id, remote, prefix.num_tokens);
   if (external <= 0) {
+    connector_->DropRemote(remote);  // all of it is cached here: the source's copy can go
     req->spec.remote_kv.reset();
     return true;
   }
@@ -254,7 +260,7 @@ void Scheduler::Finish(Request* req, FinishReason reason, RequestUpdate* update)
   if (connector_ != nullptr && req->spec.hold_kv_for_remote && reason == FinishReason::kLength) {
     absl::Span<const BlockId> table = kv_cache_->BlockTable(req->id);
     std::optional<kvtransfer::KvLease> lease =
-        connector_->RequestFinished(req->id, /*hold_for_remote=*/true,
+        connector_->RequestFinished(req->id, req->spec.external_id, /*hold_for_remote=*/true,
                                     static_cast<int64_t>(table.size()), req->spec.lease_duration);
     if (lease.has_value()) {
       RequestUpdate::Lease held;

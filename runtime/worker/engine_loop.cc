@@ -52,6 +52,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineLoop::Submit(const std::str
                                                      options_.max_queued_requests, ")"));
   }
   const int64_t engine_id = next_engine_id_++;
+  spec.external_id = id;
   auto stream = std::make_shared<RequestStream>(engine_id, steps_);
   by_name_[id] = stream;
   names_[engine_id] = id;
@@ -65,16 +66,9 @@ bool EngineLoop::Abort(const std::string& id) {
   auto it = by_name_.find(id);
   if (it == by_name_.end()) return false;
   const int64_t engine_id = it->second->engine_id();
-  // Not yet handed to the engine: take the submission out of the inbox.
-  auto queued = std::find_if(inbox_.begin(), inbox_.end(), [engine_id](const Op& op) {
-    return op.kind == Op::Kind::kSubmit && op.engine_id == engine_id;
-  });
-  if (queued != inbox_.end()) {
-    inbox_.erase(queued);
-    --queued_submissions_;
-  } else {
-    inbox_.push_back(Op{Op::Kind::kAbort, engine_id, {}});
-  }
+  // Even a submission still in the inbox goes to the engine and is aborted there (in the same
+  // step): the engine's abort is what releases a remote KV lease the request carries.
+  inbox_.push_back(Op{Op::Kind::kAbort, engine_id, {}});
   RequestUpdate final_update;
   final_update.request_id = engine_id;
   final_update.finish_reason = FinishReason::kAborted;

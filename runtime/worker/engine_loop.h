@@ -94,7 +94,8 @@ class EngineLoop {
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(const std::string& id, RequestSpec spec)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts the in-flight request `id`; false when unknown. Its stream gets a final kAborted at
-  // once; the engine drops it (and frees its blocks) at the start of the next step.
+  // once; the engine drops it (freeing its blocks, releasing a remote KV lease it carries) at
+  // the start of the next step, even when it was still in the inbox.
   bool Abort(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Requests in flight (submitted, not yet finished or aborted).
   int64_t NumInFlight() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -246,8 +246,9 @@ TEST(EngineLoopTest, FullQueueAnswersResourceExhausted) {
   EXPECT_EQ(loop->NumInFlight(), 4);
   EXPECT_EQ(loop->Stats().kv.num_free_blocks, free_blocks);
 
-  // Room again after one leaves the queue.
+  // Room again once one has left the queue (at the next step).
   ASSERT_TRUE(loop->Abort("q0"));
+  ASSERT_TRUE(WaitForStats(*loop, [](const EngineLoopStats& s) { return s.num_waiting == 2; }));
   EXPECT_TRUE(loop->Submit("fits-now", Spec(8, 4)).ok());
   // Bad input is refused before the queue is consulted, without touching it.
   auto bad = loop->Submit("bad", Spec(0, 4));

@@ -210,8 +210,6 @@ absl::Status Serve() {
   options.kv_layout_hash = local.compatibility_hash();
   options.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
-  options.kv_region = *region;
-  options.kv_block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
   EngineLoopOptions loop_options;
   loop_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   if (loop_options.max_queued_requests < 1) {
@@ -240,7 +238,7 @@ absl::Status Serve() {
   auto kv_service =
       std::make_unique<kvtransfer::KvTransferServiceImpl>(agent.get(), connector.get(), local);
   auto peers = std::make_unique<kvtransfer::PeerLinks>(agent.get(), local);
-  WorkerServiceImpl service(&loop, connector.get(), peers.get(), agent.get(), options);
+  WorkerServiceImpl service(&loop, connector.get(), peers.get(), options);
   builder.RegisterService(&service);
   builder.RegisterService(kv_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -96,13 +96,8 @@ absl::StatusOr<RequestSpec> SpecFromProto(const tandem::v1::GenerateRequest& req
 }
 
 WorkerServiceImpl::WorkerServiceImpl(EngineLoop* loop, kvtransfer::KvConnector* connector,
-                                     kvtransfer::PeerLinks* peers, kvtransfer::TransferAgent* agent,
-                                     WorkerOptions options)
-    : loop_(loop),
-      connector_(connector),
-      peers_(peers),
-      agent_(agent),
-      options_(std::move(options)) {
+                                     kvtransfer::PeerLinks* peers, WorkerOptions options)
+    : loop_(loop), connector_(connector), peers_(peers), options_(std::move(options)) {
   address_ = options_.address;
 }
 
@@ -187,43 +182,19 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
     return grpc::Status::OK;
   }
   const RequestUpdate::Lease& lease = *update.kv_lease;
-  if (agent_ != nullptr && options_.kv_block_bytes > 0) {
-    // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
-    // memory), coalescing runs of consecutive block ids.
-    std::vector<kvtransfer::ByteRange> ranges;
-    for (int32_t b : lease.block_ids) {
-      const uint64_t offset = static_cast<uint64_t>(b) * options_.kv_block_bytes;
-      if (!ranges.empty() && ranges.back().offset + ranges.back().length == offset) {
-        ranges.back().length += options_.kv_block_bytes;
-      } else {
-        ranges.push_back({offset, options_.kv_block_bytes});
-      }
-    }
-    const absl::Status synced = agent_->SyncForRemoteRead(options_.kv_region, ranges);
-    if (!synced.ok()) {
-      loop_->Abort(id);  // releases the lease: the blocks cannot be served
-      return ToGrpcStatus(synced);
-    }
+  // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
+  // memory) before anyone learns of them.
+  if (const absl::Status ready = connector_->PrepareForRemoteRead(lease.block_ids); !ready.ok()) {
+    connector_->ReleaseLease(lease.lease.lease_id);  // the blocks cannot be served
+    return ToGrpcStatus(ready);
   }
-  tandem::v1::KvHandle* handle = response->mutable_kv_handle();
-  handle->set_worker_id(options_.worker_id);
-  handle->set_epoch(options_.epoch);
-  for (int32_t b : lease.block_ids) handle->add_block_ids(static_cast<uint32_t>(b));
-  handle->set_num_tokens(lease.num_tokens);
-  handle->set_layout_hash(options_.kv_layout_hash);
-  handle->set_lease_id(lease.lease.lease_id);
-  handle->set_lease_deadline_unix_ms(absl::ToUnixMillis(lease.lease.deadline));
-  absl::MutexLock lock(&mu_);
-  handle->set_transfer_endpoint(address_);
-  const absl::Time now = absl::Now();
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.second < now) {
-      leases_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
-  leases_[id] = {lease.lease.lease_id, lease.lease.deadline};
+  kvtransfer::KvSource source;
+  source.worker_id = options_.worker_id;
+  source.epoch = options_.epoch;
+  source.layout_hash = options_.kv_layout_hash;
+  source.transfer_endpoint = address();
+  *response->mutable_kv_handle() =
+      kvtransfer::ToKvHandle(source, lease.lease, lease.block_ids, lease.num_tokens);
   return grpc::Status::OK;
 }
 
@@ -285,14 +256,9 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   const std::string& id = request->request().request_id();
   const tandem::v1::KvHandle& handle = request->kv_handle();
-  if (handle.layout_hash() != options_.kv_layout_hash) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("KV handle layout ", handle.layout_hash(),
-                                     " does not match this worker's ", options_.kv_layout_hash));
-  }
-  if (handle.block_ids_size() > tandem::v1::kMaxKvHandleBlocks || handle.worker_id().empty() ||
-      handle.worker_id().size() > tandem::v1::kMaxIdBytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed KV handle");
+  if (absl::Status valid = kvtransfer::ValidateKvHandle(handle, options_.kv_layout_hash);
+      !valid.ok()) {
+    return ToGrpcStatus(valid);
   }
   spec->first_token = static_cast<int32_t>(
       std::min<uint32_t>(request->first_token(), std::numeric_limits<int32_t>::max()));
@@ -302,18 +268,10 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
 
   absl::Status linked = peers_->EnsurePeer(handle);
   if (linked.ok()) {
-    kvtransfer::RemoteKvSpec remote;
-    remote.peer = handle.worker_id();
-    remote.epoch = handle.epoch();
-    remote.block_ids.assign(handle.block_ids().begin(), handle.block_ids().end());
-    remote.num_tokens = static_cast<int64_t>(handle.num_tokens());
-    remote.lease_id = handle.lease_id();
-    // The connector stops reading a little before the lease deadline, and renews the lease
-    // while a long load is still running.
-    remote.deadline = absl::Now() + options_.kv_load_timeout;
-    remote.lease_deadline = absl::FromUnixMillis(handle.lease_deadline_unix_ms());
-    remote.lease_renewer = peers_->lease_renewer();
-    spec->remote_kv = std::move(remote);
+    // From here on the connector owns the source's lease: it stops reading a little before the
+    // lease deadline, renews it while a long load runs, and releases it when the load has ended.
+    spec->remote_kv = kvtransfer::ToRemoteKvSpec(handle, absl::Now() + options_.kv_load_timeout,
+                                                 peers_->lease_client());
   } else {
     ++kv_load_failures_;
     LOG(WARNING) << "request " << id << ": cannot reach KV source " << handle.worker_id() << ": "
@@ -325,17 +283,13 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
     }
     // Recompute: prefill prompt + first token here; the source's lease just expires.
   }
-  const bool remote = spec->remote_kv.has_value();
+  std::optional<kvtransfer::RemoteKvSpec> remote = spec->remote_kv;
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, *std::move(spec));
   if (!stream.ok()) {
-    if (remote) peers_->ReleaseLease(handle);
+    if (remote.has_value()) connector_->DropRemote(*remote);  // never reached the engine
     return ToGrpcStatus(stream.status());
   }
-  // The first update of a remote request comes after its load ended (the engine schedules it only
-  // then), so the source's blocks can go.
-  return Relay(context, id, **stream, writer, [&] {
-    if (remote) peers_->ReleaseLease(handle);
-  });
+  return Relay(context, id, **stream, writer, [] {});
 }
 
 grpc::Status WorkerServiceImpl::Generate(grpc::ServerContext* context,
@@ -355,17 +309,8 @@ grpc::Status WorkerServiceImpl::Abort(grpc::ServerContext* /*context*/,
                                       const tandem::v1::AbortRequest* request,
                                       tandem::v1::AbortResponse* response) {
   bool found = loop_->Abort(request->request_id());
-  std::optional<uint64_t> lease;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = leases_.find(request->request_id());
-    if (it != leases_.end()) {
-      lease = it->second.first;
-      leases_.erase(it);
-    }
-  }
   // A prefilled request whose decode will not happen: give its blocks back now.
-  if (lease.has_value() && connector_ != nullptr) found |= connector_->ReleaseLease(*lease);
+  if (connector_ != nullptr) found |= connector_->ReleaseLeaseOf(request->request_id());
   response->set_found(found);
   return grpc::Status::OK;
 }

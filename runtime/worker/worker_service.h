@@ -26,8 +26,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/connector.h"
+#include "kvtransfer/kv_handle.h"
 #include "kvtransfer/kv_transfer_service.h"
-#include "kvtransfer/transfer_agent.h"
 #include "runtime/worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -42,11 +42,6 @@ struct WorkerOptions {
   uint64_t kv_layout_hash = 0;
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
-  // The KV pool's region in the agent and its block size in bytes: a prefill worker calls
-  // agent->SyncForRemoteRead on a held request's blocks before publishing its handle (a no-op
-  // unless the agent mirrors device memory for remote reads).
-  uint32_t kv_region = 0;
-  uint64_t kv_block_bytes = 0;
 };
 
 // RequestSpec from the wire: INVALID_ARGUMENT for limits (proto/tandem/v1/limits.h) and values
@@ -56,11 +51,11 @@ tandem::v1::FinishReason FinishReasonToProto(FinishReason reason);
 
 class WorkerServiceImpl final : public tandem::v1::WorkerService::Service {
  public:
-  // `connector`, `peers` and `agent` may be null (no disaggregation): then Prefill with
-  // remote_decode and Decode are refused. All pointers must outlive the service.
+  // `connector` and `peers` may be null (no disaggregation): then Prefill with remote_decode
+  // and Decode are refused. All pointers must outlive the service. The connector owns every KV
+  // lease (granting, releasing on Abort, and on D renewing/releasing the source's).
   WorkerServiceImpl(EngineLoop* loop, kvtransfer::KvConnector* connector,
-                    kvtransfer::PeerLinks* peers, kvtransfer::TransferAgent* agent,
-                    WorkerOptions options);
+                    kvtransfer::PeerLinks* peers, WorkerOptions options);
 
   grpc::Status Prefill(grpc::ServerContext* context, const tandem::v1::PrefillRequest* request,
                        tandem::v1::PrefillResponse* response) override;
@@ -97,14 +92,11 @@ class WorkerServiceImpl final : public tandem::v1::WorkerService::Service {
   EngineLoop* const loop_;
   kvtransfer::KvConnector* const connector_;
   kvtransfer::PeerLinks* const peers_;
-  kvtransfer::TransferAgent* const agent_;
   const WorkerOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> kv_load_failures_{0};
 
-  // Prefill side: leases handed out, by request id, so Abort can release them early.
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::pair<uint64_t, absl::Time>> leases_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
 };
 

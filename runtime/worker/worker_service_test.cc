@@ -67,8 +67,8 @@ class TestWorker {
     kv_service_ =
         std::make_unique<kvtransfer::KvTransferServiceImpl>(agent_.get(), connector_.get(), local);
     peers_ = std::make_unique<kvtransfer::PeerLinks>(agent_.get(), local);
-    service_ = std::make_unique<WorkerServiceImpl>(loop_.get(), connector_.get(), peers_.get(),
-                                                   agent_.get(), options);
+    service_ =
+        std::make_unique<WorkerServiceImpl>(loop_.get(), connector_.get(), peers_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -1,0 +1,47 @@
+// The KV handle (proto tandem.v1.KvHandle) and its in-process forms, converted in one place:
+//
+//   source side (P):  KvSource + KvLease + held block ids  --ToKvHandle-->  KvHandle (to the
+//   router) reader side (D):  KvHandle (from the router)  --ValidateKvHandle, ToRemoteKvSpec-->
+//                     RemoteKvSpec (to the engine's connector)
+//
+// Thread safety: pure functions.
+#ifndef TANDEM_KVTRANSFER_KV_HANDLE_H_
+#define TANDEM_KVTRANSFER_KV_HANDLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtransfer/connector.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::kvtransfer {
+
+// Who serves the blocks a handle names: fixed for one worker incarnation.
+struct KvSource {
+  std::string worker_id;
+  uint64_t epoch = 0;        // the worker's start time (Unix us): a restart makes handles stale
+  uint64_t layout_hash = 0;  // CompatibilityHash of its KV layout
+  std::string transfer_endpoint;  // host:port of its KvTransferService
+};
+
+// P: the handle for `block_ids` (logical order) holding `num_tokens` tokens under `lease`.
+tandem::v1::KvHandle ToKvHandle(const KvSource& source, const KvLease& lease,
+                                absl::Span<const int32_t> block_ids, int64_t num_tokens);
+
+// D: INVALID_ARGUMENT for a handle this worker cannot use: a layout hash other than
+// `local_layout_hash`, a missing or oversized worker id, or more than kMaxKvHandleBlocks blocks.
+// (Whether the blocks cover the prompt is the engine's check: Engine::ValidateRequest.)
+absl::Status ValidateKvHandle(const tandem::v1::KvHandle& handle, uint64_t local_layout_hash);
+
+// D: the engine's view of a validated handle. The load gives up at `load_deadline`; `leases`
+// renews and releases the source's lease (may be null).
+RemoteKvSpec ToRemoteKvSpec(const tandem::v1::KvHandle& handle, absl::Time load_deadline,
+                            std::shared_ptr<LeaseClient> leases);
+
+}  // namespace tandem::kvtransfer
+
+#endif  // TANDEM_KVTRANSFER_KV_HANDLE_H_
