@@ -17,7 +17,7 @@ using tandem::v1::CompatibilityInfo;
 using tandem::v1::KvLayout;
 using tandem::v1::TransferHandshake;
 
-constexpr char kCompatTag[] = "tandem-compat-v1";
+constexpr char kCompatTag[] = "tandem-compat-v2";
 
 void PutLe(std::string* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(value >> (8 * i)));
@@ -31,8 +31,23 @@ void PutFloats(std::string* out, const google::protobuf::RepeatedField<float>& v
   for (float v : values) PutLe(out, std::bit_cast<uint32_t>(v), 4);
 }
 
-// proto3 cannot tell "unset" from 0; 0 DCP ranks or a 0-token interleave mean "no DCP".
+// proto3 cannot tell "unset" from 0: 0 ranks or a 0-token interleave mean "one" / "none".
 uint32_t OneIfZero(uint32_t v) { return v == 0 ? 1 : v; }
+
+// A geometry with proto3's zeros read as the single-rank defaults of a pool of `num_kv_heads`.
+tandem::v1::RankGeometry Normalized(tandem::v1::RankGeometry g, uint32_t num_kv_heads) {
+  g.set_tp_size(OneIfZero(g.tp_size()));
+  g.set_dcp_size(OneIfZero(g.dcp_size()));
+  g.set_dcp_interleave(OneIfZero(g.dcp_interleave()));
+  if (g.kv_head_count() == 0) g.set_kv_head_count(num_kv_heads);
+  return g;
+}
+
+std::string GeometryString(const tandem::v1::RankGeometry& g) {
+  return absl::StrCat("tp ", g.tp_rank(), "/", g.tp_size(), ", kv heads [", g.kv_head_begin(), ", ",
+                      g.kv_head_begin() + g.kv_head_count(), "), dcp ", g.dcp_size(), " x ",
+                      g.dcp_interleave(), ", ", g.block_bytes(), " bytes/block");
+}
 
 std::string FloatsToString(const google::protobuf::RepeatedField<float>& values) {
   return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
@@ -91,15 +106,6 @@ std::optional<std::string> FirstDifference(const TransferHandshake& local,
   if (la.num_layers() != lb.num_layers()) {
     return diff("num_layers", la.num_layers(), lb.num_layers());
   }
-  if (la.block_bytes() != lb.block_bytes()) {
-    return diff("block_bytes", la.block_bytes(), lb.block_bytes());
-  }
-  if (OneIfZero(la.dcp_size()) != OneIfZero(lb.dcp_size())) {
-    return diff("dcp_size", OneIfZero(la.dcp_size()), OneIfZero(lb.dcp_size()));
-  }
-  if (OneIfZero(la.dcp_interleave()) != OneIfZero(lb.dcp_interleave())) {
-    return diff("dcp_interleave", OneIfZero(la.dcp_interleave()), OneIfZero(lb.dcp_interleave()));
-  }
   if (local.transport() != peer.transport()) {
     return diff("transport", quoted(local.transport()), quoted(peer.transport()));
   }
@@ -120,9 +126,6 @@ std::string CanonicalCompatibilityBytes(const CompatibilityInfo& info) {
   PutLe(&out, layout.block_size(), 4);
   PutLe(&out, static_cast<uint32_t>(layout.kv_dtype()), 4);
   PutLe(&out, static_cast<uint32_t>(layout.scale_granularity()), 4);
-  PutLe(&out, layout.block_bytes(), 8);
-  PutLe(&out, OneIfZero(layout.dcp_size()), 4);
-  PutLe(&out, OneIfZero(layout.dcp_interleave()), 4);
   PutFloats(&out, info.k_scales());
   PutFloats(&out, info.v_scales());
   return out;
@@ -192,7 +195,90 @@ absl::Status CheckCompatible(const TransferHandshake& local, const TransferHands
     return absl::FailedPreconditionError(
         absl::StrCat("incompatible peer ", peer.worker_id(), ": ", *d));
   }
+  if (absl::Status s = ValidateGeometry(peer.compatibility(), peer.geometry()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("peer '", peer.worker_id(), "': ", s.message()));
+  }
+  return CheckGeometry(local, peer);
+}
+
+tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts) {
+  tandem::v1::CompatibilityInfo info;
+  info.set_model_id(facts.model_id);
+  info.set_model_dtype(facts.model_dtype);
+  KvLayout* layout = info.mutable_layout();
+  layout->set_layout_name("block_major_v1");
+  layout->set_num_layers(facts.num_layers);
+  layout->set_num_kv_heads(facts.num_kv_heads);
+  layout->set_head_dim(facts.head_dim);
+  layout->set_block_size(facts.block_size);
+  layout->set_kv_dtype(facts.kv_dtype);
+  layout->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
+  return info;
+}
+
+tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo& info,
+                                            uint64_t block_bytes) {
+  tandem::v1::RankGeometry g;
+  g.set_tp_size(1);
+  g.set_tp_rank(0);
+  g.set_kv_head_begin(0);
+  g.set_kv_head_count(info.layout().num_kv_heads());
+  g.set_dcp_size(1);
+  g.set_dcp_interleave(1);
+  g.set_block_bytes(block_bytes);
+  return g;
+}
+
+absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
+                              const tandem::v1::RankGeometry& geometry) {
+  const KvLayout& l = info.layout();
+  const tandem::v1::RankGeometry g = Normalized(geometry, l.num_kv_heads());
+  if (g.tp_rank() >= g.tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank geometry: tp_rank ", g.tp_rank(), " of tp_size ", g.tp_size()));
+  }
+  if (uint64_t{g.kv_head_begin()} + g.kv_head_count() > l.num_kv_heads()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank geometry: kv heads [", g.kv_head_begin(),
+                                                   ", ", g.kv_head_begin() + g.kv_head_count(),
+                                                   ") outside the model's ", l.num_kv_heads()));
+  }
+  uint64_t elem_bytes = 0;
+  switch (l.kv_dtype()) {
+    case tandem::v1::KV_DTYPE_F32:
+      elem_bytes = 4;
+      break;
+    case tandem::v1::KV_DTYPE_F16:
+    case tandem::v1::KV_DTYPE_BF16:
+      elem_bytes = 2;
+      break;
+    default:
+      return absl::OkStatus();  // quantized blocks carry scales: their size is the backend's
+  }
+  const uint64_t want =
+      uint64_t{l.num_layers()} * 2 * l.block_size() * g.kv_head_count() * l.head_dim() * elem_bytes;
+  if (g.block_bytes() != 0 && g.block_bytes() != want) {  // 0: not stated
+    return absl::InvalidArgumentError(absl::StrCat("rank geometry: ", g.block_bytes(),
+                                                   " bytes per block; the layout and ",
+                                                   g.kv_head_count(), " kv heads make ", want));
+  }
   return absl::OkStatus();
+}
+
+absl::Status CheckGeometry(const TransferHandshake& local, const TransferHandshake& peer) {
+  const uint32_t heads = local.compatibility().layout().num_kv_heads();
+  const tandem::v1::RankGeometry a = Normalized(local.geometry(), heads);
+  const tandem::v1::RankGeometry b = Normalized(peer.geometry(), heads);
+  if (a.tp_size() == b.tp_size() && a.tp_rank() == b.tp_rank() &&
+      a.kv_head_begin() == b.kv_head_begin() && a.kv_head_count() == b.kv_head_count() &&
+      a.dcp_size() == b.dcp_size() && a.dcp_interleave() == b.dcp_interleave() &&
+      a.block_bytes() == b.block_bytes()) {
+    return absl::OkStatus();
+  }
+  // Same model and layout, different split over ranks: compatible, but the re-sharding
+  // transfer (heads gathered in bulk) belongs to the tensor-parallel work and is not built yet.
+  return absl::UnimplementedError(absl::StrCat(
+      "peer ", peer.worker_id(), " splits the same KV differently (local ", GeometryString(a),
+      "; peer ", GeometryString(b), "): re-sharding between group shapes is not implemented yet"));
 }
 
 }  // namespace tandem::kvtransfer

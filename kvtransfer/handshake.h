@@ -2,24 +2,31 @@
 // both sides exchange a TransferHandshake and refuse a peer whose model, KV layout or transport
 // differs from their own.
 //
-// Compatibility hash, canonical encoding version 1. le32/le64 are little-endian unsigned
+// Two kinds of facts (ARCHITECTURE.md, "Worker groups"): what must match EXACTLY for two groups
+// to exchange KV (model, dtypes, layers, KV heads in total, head_dim, block size, layout, scales:
+// CompatibilityInfo, hashed), and how each side splits that KV over its ranks (RankGeometry: tp
+// size and rank, its KV head range, DCP size and interleave, bytes per block), which travels
+// beside the hash and is reconciled by the transfer instead of refused. A router may pair any two
+// groups whose hashes are equal.
+//
+// Compatibility hash, canonical encoding version 2. le32/le64 are little-endian unsigned
 // integers, str(s) = le64(byte length) || bytes, f32(x) = le32 of the IEEE-754 bits:
 //
-//   bytes = "tandem-compat-v1"                            16 ASCII bytes (domain tag)
+//   bytes = "tandem-compat-v2"                            16 ASCII bytes (domain tag)
 //           || str(model_id) || str(model_dtype)
 //           || str(layout.layout_name) || le32(layout.num_layers) || le32(layout.num_kv_heads)
 //           || le32(layout.head_dim) || le32(layout.block_size) || le32(layout.kv_dtype)
-//           || le32(layout.scale_granularity) || le64(layout.block_bytes)
-//           || le32(dcp_size') || le32(dcp_interleave')      0 is read as 1 (proto3 unset)
+//           || le32(layout.scale_granularity)
 //           || le64(#k_scales) || f32(k_scales[i])...  || le64(#v_scales) || f32(v_scales[i])...
 //   CompatibilityHash = first 8 bytes of SHA-256(bytes), read as le64.
+// (v1 also hashed block_bytes, dcp_size and dcp_interleave: rank geometry, now RankGeometry.)
 //
 // Unlike protobuf serialization, this encoding does not depend on the protobuf version or on
 // unknown fields, so workers built at different times agree. Adding a field to
 // CompatibilityInfo means a new tag ("tandem-compat-v2") and a new version here.
 // Golden vector (handshake_test.cc, GoldenVector): model_id "m", model_dtype "bfloat16",
-// layout {"block_major_v1", 2 layers, 4 heads, head_dim 8, block_size 16, BF16, NONE,
-// block_bytes 4096}, no scales -> 0x5ffb2a7153405883 (see the test for the Python one-liner).
+// layout {"block_major_v1", 2 layers, 4 heads, head_dim 8, block_size 16, BF16, NONE}, no
+// scales -> see the test (with its Python one-liner).
 //
 // Thread safety: all functions are thread-safe (no shared state).
 #ifndef TANDEM_KVTRANSFER_HANDSHAKE_H_
@@ -51,12 +58,40 @@ absl::Status ValidateHandshake(const tandem::v1::TransferHandshake& handshake);
 //    hash of its own CompatibilityInfo (a corrupt or lying peer).
 //  * FAILED_PRECONDITION naming the FIRST differing field, in this order: model_id,
 //    model_dtype, kv_dtype, scale_granularity, k_scales, v_scales, layout_name, block_size,
-//    num_kv_heads, head_dim, num_layers, block_bytes, dcp_size, dcp_interleave, transport.
-//    The message shows both values, e.g. "incompatible peer d0: block_size differs (local 16,
-//    peer 32)".
-//  * OK otherwise. `local` is trusted (its hash is not re-checked).
+//    num_kv_heads, head_dim, num_layers, transport. The message shows both values, e.g.
+//    "incompatible peer d0: block_size differs (local 16, peer 32)".
+//  * INVALID_ARGUMENT when the peer's RankGeometry contradicts its layout (ValidateGeometry).
+//  * CheckGeometry's answer otherwise. `local` is trusted (its hash is not re-checked).
 absl::Status CheckCompatible(const tandem::v1::TransferHandshake& local,
                              const tandem::v1::TransferHandshake& peer);
+
+// What a worker knows of its KV (the hashed facts); CompatibilityFor fills CompatibilityInfo
+// from it (layout "block_major_v1", unquantized: no scales). One place builds it, so what enters
+// the hash is pinned by handshake_test.
+struct KvCompatibilityFacts {
+  std::string model_id;
+  std::string model_dtype;  // "float32", "float16", "bfloat16"
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;  // of the model, in total
+  uint32_t head_dim = 0;
+  uint32_t block_size = 0;
+  tandem::v1::KvDtype kv_dtype = tandem::v1::KV_DTYPE_UNSPECIFIED;
+};
+tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts);
+// The geometry of a worker that is a single rank: all KV heads, no DCP.
+tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo& info,
+                                            uint64_t block_bytes);
+// INVALID_ARGUMENT when `geometry` cannot describe a rank of `info`'s layout: tp_rank >=
+// tp_size, a KV head range outside the model's, or (unquantized KV) block_bytes other than
+// layers * 2 * block_size * heads of the rank * head_dim * element size. proto3 zeros are read
+// as the single-rank defaults.
+absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
+                              const tandem::v1::RankGeometry& geometry);
+// Whether a transfer can move blocks between these two ranks as they are split: OK for the same
+// split; UNIMPLEMENTED, naming both splits, for a different one (same model, different group
+// shape: the tensor-parallel re-sharding transfer reconciles it once it exists).
+absl::Status CheckGeometry(const tandem::v1::TransferHandshake& local,
+                           const tandem::v1::TransferHandshake& peer);
 
 }  // namespace tandem::kvtransfer
 

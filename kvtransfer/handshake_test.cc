@@ -27,26 +27,75 @@ CompatibilityInfo GoldenInfo() {
   l->set_block_size(16);
   l->set_kv_dtype(tandem::v1::KV_DTYPE_BF16);
   l->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
-  l->set_block_bytes(4096);
   return info;
 }
 
 // Python, from the encoding in handshake.h:
 //   s = lambda x: struct.pack("<Q", len(x)) + x
-//   b = b"tandem-compat-v1" + s(b"m") + s(b"bfloat16") + s(b"block_major_v1") +
-//       struct.pack("<IIIIIIQII", 2, 4, 8, 16, 3, 0, 4096, 1, 1) + struct.pack("<QQ", 0, 0)
+//   b = b"tandem-compat-v2" + s(b"m") + s(b"bfloat16") + s(b"block_major_v1") +
+//       struct.pack("<IIIIII", 2, 4, 8, 16, 3, 0) + struct.pack("<QQ", 0, 0)
 //   hex(struct.unpack("<Q", hashlib.sha256(b).digest()[:8])[0])
 TEST(CompatibilityHashTest, GoldenVector) {
-  EXPECT_EQ(CompatibilityHash(GoldenInfo()), 0x5ffb2a7153405883ULL);
+  EXPECT_EQ(CompatibilityHash(GoldenInfo()), 0x9e813be338d8ae89ULL);
 }
 
-TEST(CompatibilityHashTest, UnsetDcpEqualsOne) {
-  CompatibilityInfo a = GoldenInfo(), b = GoldenInfo();
-  b.mutable_layout()->set_dcp_size(1);
-  b.mutable_layout()->set_dcp_interleave(1);
-  EXPECT_EQ(CompatibilityHash(a), CompatibilityHash(b));
-  b.mutable_layout()->set_dcp_size(2);
-  EXPECT_NE(CompatibilityHash(a), CompatibilityHash(b));
+// CompatibilityFor pins what enters the hash: each fact changes it; the rank geometry does not
+// enter it at all (it is not part of CompatibilityInfo).
+TEST(CompatibilityHashTest, CompatibilityForHashesEveryFactAndNoGeometry) {
+  KvCompatibilityFacts facts;
+  facts.model_id = "m";
+  facts.model_dtype = "bfloat16";
+  facts.num_layers = 2;
+  facts.num_kv_heads = 4;
+  facts.head_dim = 8;
+  facts.block_size = 16;
+  facts.kv_dtype = tandem::v1::KV_DTYPE_BF16;
+  const CompatibilityInfo info = CompatibilityFor(facts);
+  EXPECT_EQ(CompatibilityHash(info), CompatibilityHash(GoldenInfo()));
+  const std::vector<std::function<void(KvCompatibilityFacts*)>> changes = {
+      [](KvCompatibilityFacts* f) { f->model_id = "n"; },
+      [](KvCompatibilityFacts* f) { f->model_dtype = "float16"; },
+      [](KvCompatibilityFacts* f) { f->num_layers = 3; },
+      [](KvCompatibilityFacts* f) { f->num_kv_heads = 8; },
+      [](KvCompatibilityFacts* f) { f->head_dim = 16; },
+      [](KvCompatibilityFacts* f) { f->block_size = 32; },
+      [](KvCompatibilityFacts* f) { f->kv_dtype = tandem::v1::KV_DTYPE_F16; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    KvCompatibilityFacts changed = facts;
+    changes[i](&changed);
+    EXPECT_NE(CompatibilityHash(CompatibilityFor(changed)), CompatibilityHash(info)) << i;
+  }
+  // Two ranks of a TP=2 group and a single-rank worker of the same model hash alike.
+  TransferHandshake single, rank1;
+  *single.mutable_compatibility() = info;
+  *rank1.mutable_compatibility() = info;
+  *single.mutable_geometry() = SingleRankGeometry(info, 4096);
+  rank1.mutable_geometry()->set_tp_size(2);
+  rank1.mutable_geometry()->set_tp_rank(1);
+  rank1.mutable_geometry()->set_kv_head_begin(2);
+  rank1.mutable_geometry()->set_kv_head_count(2);
+  rank1.mutable_geometry()->set_block_bytes(2048);
+  EXPECT_EQ(CompatibilityHash(single.compatibility()), CompatibilityHash(rank1.compatibility()));
+  EXPECT_TRUE(ValidateGeometry(info, single.geometry()).ok());
+  EXPECT_TRUE(ValidateGeometry(info, rank1.geometry()).ok());
+}
+
+TEST(RankGeometryTest, GeometryThatContradictsTheLayoutIsInvalid) {
+  const CompatibilityInfo info = GoldenInfo();  // 2 layers, 4 heads, head_dim 8, bs 16, bf16
+  tandem::v1::RankGeometry g = SingleRankGeometry(info, 4096);
+  EXPECT_TRUE(ValidateGeometry(info, g).ok());
+  EXPECT_TRUE(ValidateGeometry(info, tandem::v1::RankGeometry()).ok());  // unset: one rank
+  tandem::v1::RankGeometry bad = g;
+  bad.set_block_bytes(4000);
+  EXPECT_EQ(ValidateGeometry(info, bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = g;
+  bad.set_kv_head_begin(3);  // heads [3, 7) of 4
+  EXPECT_EQ(ValidateGeometry(info, bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = g;
+  bad.set_tp_size(2);
+  bad.set_tp_rank(2);
+  EXPECT_EQ(ValidateGeometry(info, bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Strings are length-prefixed: moving bytes between adjacent strings changes the hash.
@@ -94,12 +143,6 @@ std::vector<Mutation> Mutations(std::mt19937& rng) {
        [bump](TransferHandshake* h) { layout(h)->set_head_dim(layout(h)->head_dim() + bump); }},
       {"num_layers",
        [bump](TransferHandshake* h) { layout(h)->set_num_layers(layout(h)->num_layers() + bump); }},
-      {"block_bytes",
-       [bump](TransferHandshake* h) {
-         layout(h)->set_block_bytes(layout(h)->block_bytes() + bump);
-       }},
-      {"dcp_size", [](TransferHandshake* h) { layout(h)->set_dcp_size(2); }},
-      {"dcp_interleave", [](TransferHandshake* h) { layout(h)->set_dcp_interleave(16); }},
       {"transport", [](TransferHandshake* h) { h->set_transport("nccl"); }},
   };
 }
@@ -118,13 +161,14 @@ TransferHandshake RandomHandshake(std::mt19937& rng, const std::string& worker_i
   l->set_head_dim(64 * (1 + rng() % 4));
   l->set_block_size(16);
   l->set_kv_dtype(tandem::v1::KV_DTYPE_BF16);
-  l->set_block_bytes(uint64_t{2} * l->num_layers() * 2 * l->block_size() * l->num_kv_heads() *
-                     l->head_dim());
+  const uint64_t block_bytes =
+      uint64_t{2} * l->num_layers() * 2 * l->block_size() * l->num_kv_heads() * l->head_dim();
+  *h.mutable_geometry() = SingleRankGeometry(*info, block_bytes);
   h.set_transport("ucx");
   h.set_worker_address(std::string(100 + rng() % 200, 'a'));
   tandem::v1::MemoryRegion* r = h.add_regions();
   r->set_base_address(0x7f0000000000ULL + (rng() % 1000) * 4096);
-  r->set_length(l->block_bytes() * (1 + rng() % 100));
+  r->set_length(block_bytes * (1 + rng() % 100));
   r->set_kind(tandem::v1::MEMORY_KIND_HOST);
   r->set_packed_rkey(std::string(64, 'k'));
   return h;
@@ -275,6 +319,32 @@ TEST(ValidateHandshakeTest, Limits) {
     *at_limit.add_regions() = at_limit.regions(0);
   }
   EXPECT_TRUE(ValidateHandshake(at_limit).ok());
+}
+
+TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
+  std::mt19937 rng(std::random_device{}());
+  TransferHandshake local = RandomHandshake(rng, "d0");
+  TransferHandshake peer = local;
+  peer.set_worker_id("p0");
+  const uint32_t heads = local.compatibility().layout().num_kv_heads();
+  if (heads % 2 != 0) {
+    local.mutable_compatibility()->mutable_layout()->set_num_kv_heads(heads + 1);
+    Rehash(&local);
+    peer = local;
+    peer.set_worker_id("p0");
+  }
+  *local.mutable_geometry() = SingleRankGeometry(local.compatibility(), /*block_bytes=*/0);
+  tandem::v1::RankGeometry* g = peer.mutable_geometry();
+  g->set_tp_size(2);
+  g->set_tp_rank(0);
+  g->set_kv_head_begin(0);
+  g->set_kv_head_count(local.compatibility().layout().num_kv_heads() / 2);
+  g->set_block_bytes(0);
+  ASSERT_TRUE(CheckGeometry(local, local).ok());
+  const absl::Status s = CheckCompatible(local, peer);
+  // Not FAILED_PRECONDITION (incompatible): the transfer's re-sharding answers it.
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("tp 0/2"), std::string::npos) << s;
 }
 
 }  // namespace

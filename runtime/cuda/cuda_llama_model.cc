@@ -17,6 +17,7 @@
 #include "kernels/cuda/rope_cache_cuda.h"
 #include "kernels/layers/rope.h"
 #include "runtime/cuda/dummy_init.h"
+#include "runtime/engine/kv_layout.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -266,13 +267,7 @@ absl::Status CudaLlamaModel::AllocateActivations() {
 }
 
 kernels::KvCacheLayout CudaLlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
-  kernels::KvCacheLayout layout;
-  layout.num_blocks = num_blocks;
-  layout.num_layers = config_.num_hidden_layers;
-  layout.block_size = block_size;
-  layout.num_kv_heads = config_.num_key_value_heads;
-  layout.head_dim = config_.head_dim;
-  return layout;
+  return KvLayoutForModel(config_, num_blocks, block_size);
 }
 
 kc::KvDtype CudaLlamaModel::kv_dtype() const {

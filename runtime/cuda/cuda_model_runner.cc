@@ -28,7 +28,7 @@ const std::vector<int64_t>& DefaultGraphSizes() {
 ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   ExecutorFactory factory;
   factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
-  factory.kv_elem_bytes = 2;
+  factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
   factory.accepts_external_pool = false;
   factory.create = [config](
                        const ExecutorSpec& spec,

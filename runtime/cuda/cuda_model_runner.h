@@ -65,7 +65,7 @@ struct CudaBackendConfig {
 };
 
 // The CUDA backend for Engine::Create. The KV pool is device memory in the activation dtype
-// (kv_elem_bytes 2); external (host) pools are not accepted.
+// (kv_dtype bf16 or fp16, the activation dtype); external (host) pools are not accepted.
 ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config);
 
 class CudaModelRunner : public ModelExecutor {

@@ -24,7 +24,7 @@ TEST(BackendFactoryTest, CpuBackend) {
   absl::StatusOr<ExecutorFactory> factory = MakeExecutorFactory(options, Tiny());
   ASSERT_TRUE(factory.ok()) << factory.status();
   EXPECT_EQ(factory->name, "cpu");
-  EXPECT_EQ(factory->kv_elem_bytes, 4);
+  EXPECT_EQ(factory->kv_elem_bytes(), 4);
   EXPECT_TRUE(factory->accepts_external_pool);
   options.num_threads = 0;
   EXPECT_EQ(MakeExecutorFactory(options, Tiny()).status().code(),
@@ -61,7 +61,7 @@ TEST(BackendFactoryTest, CudaBackendOrAClearError) {
   }
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->name, "cuda:bf16");  // auto: f32 checkpoints are served in bf16
-  EXPECT_EQ(bf16->kv_elem_bytes, 2);
+  EXPECT_EQ(bf16->kv_elem_bytes(), 2);
   EXPECT_FALSE(bf16->accepts_external_pool);
   EXPECT_TRUE(static_cast<bool>(bf16->default_kv_cache_bytes));
   absl::StatusOr<ExecutorFactory> fp16 = MakeExecutorFactory(options, Tiny(WeightDtype::kF16));

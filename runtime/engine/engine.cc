@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/engine/model_runner.h"
 
 namespace tandem::runtime {
@@ -31,17 +32,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   const ExecutorFactory cpu_factory =
       factory == nullptr ? CpuExecutorFactory(config.num_threads) : ExecutorFactory{};
   const ExecutorFactory& backend = factory == nullptr ? cpu_factory : *factory;
-  if (!backend.create || backend.kv_elem_bytes <= 0) {
-    return absl::InvalidArgumentError("ExecutorFactory without create() or kv_elem_bytes");
-  }
+  if (!backend.create) return absl::InvalidArgumentError("ExecutorFactory without create()");
   const int64_t max_model_len =
       config.max_model_len > 0
           ? std::min(config.max_model_len, model_config.max_position_embeddings)
           : model_config.max_position_embeddings;
   // Bytes of one block: every layer's K and V for block_size tokens in the backend's KV dtype.
-  const int64_t block_bytes = model_config.num_hidden_layers * 2 * config.block_size *
-                              model_config.num_key_value_heads * model_config.head_dim *
-                              backend.kv_elem_bytes;
+  const int64_t block_bytes = KvBlockBytes(model_config, config.block_size, backend.kv_dtype);
   int64_t budget = config.kv_cache_bytes;
   if (budget == 0) {
     if (!backend.default_kv_cache_bytes) {
@@ -54,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
 
   std::unique_ptr<Engine> engine(
       new Engine(config, model_config, num_blocks, max_model_len, block_bytes));
+  engine->kv_dtype_ = backend.kv_dtype;
 
   KvCacheConfig kv_config;
   kv_config.num_blocks = num_blocks;

@@ -75,6 +75,7 @@ class Engine {
   bool kv_pool_on_device() const { return runner_->pool_on_device(); }
   ExecutorStats executor_stats() const { return runner_->stats(); }
   int64_t kv_block_bytes() const { return block_bytes_; }
+  KvDtype kv_dtype() const { return kv_dtype_; }  // the backend's (ExecutorFactory::kv_dtype)
   int64_t block_size() const { return config_.block_size; }
   int64_t num_running() const { return scheduler_->num_running() + scheduler_->num_loading(); }
   int64_t num_waiting() const { return scheduler_->num_waiting(); }
@@ -108,6 +109,7 @@ class Engine {
   const int64_t num_blocks_;
   const int64_t max_model_len_;
   const int64_t block_bytes_;
+  KvDtype kv_dtype_ = KvDtype::kF32;
   kvtransfer::KvConnector* connector_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelExecutor> runner_;

@@ -12,6 +12,7 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
+#include "runtime/engine/kv_layout.h"
 
 namespace tandem::runtime {
 namespace {
@@ -39,13 +40,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vec
     : config_(config), weights_(std::move(weights)), inv_freq_(std::move(inv_freq)), pool_(pool) {}
 
 kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
-  kernels::KvCacheLayout layout;
-  layout.num_blocks = num_blocks;
-  layout.num_layers = config_.num_hidden_layers;
-  layout.block_size = block_size;
-  layout.num_kv_heads = config_.num_key_value_heads;
-  layout.head_dim = config_.head_dim;
-  return layout;
+  return KvLayoutForModel(config_, num_blocks, block_size);
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView cache,

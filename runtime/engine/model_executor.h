@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -49,7 +50,7 @@ class ModelExecutor {
 };
 
 // Everything a backend needs to build its executor. `kv_pool` is memory for the pool from the
-// engine's KvPoolAllocator (kv_pool_bytes of it, see ExecutorFactory::kv_elem_bytes), or null:
+// engine's KvPoolAllocator (kv_pool_bytes of it, see ExecutorFactory::kv_dtype), or null:
 // the executor allocates it.
 struct ExecutorSpec {
   ModelConfig model_config;
@@ -67,7 +68,11 @@ struct ExecutorSpec {
 // CudaExecutorFactory (runtime/cuda/cuda_model_runner.h).
 struct ExecutorFactory {
   std::string name = "cpu";
-  int64_t kv_elem_bytes = 4;
+  // The element type of the KV pool this backend keeps (fp32 on the CPU; the activation dtype
+  // on CUDA). The engine turns a byte budget into blocks with it; the worker's transfer
+  // compatibility names it.
+  KvDtype kv_dtype = KvDtype::kF32;
+  int64_t kv_elem_bytes() const { return KvDtypeBytes(kv_dtype); }
   // The KvPoolAllocator may provide the pool only for host-memory backends.
   bool accepts_external_pool = true;
   std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(const ExecutorSpec& spec,

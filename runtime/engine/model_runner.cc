@@ -12,7 +12,7 @@ namespace tandem::runtime {
 ExecutorFactory CpuExecutorFactory(int num_threads) {
   ExecutorFactory factory;
   factory.name = "cpu";
-  factory.kv_elem_bytes = static_cast<int64_t>(sizeof(float));
+  factory.kv_dtype = KvDtype::kF32;
   factory.accepts_external_pool = true;
   factory.create = [num_threads](
                        const ExecutorSpec& spec,

@@ -83,7 +83,7 @@ std::unique_ptr<EngineLoop> MakeLoop(const LoopSetup& setup) {
   config.num_threads = 1;
   ExecutorFactory factory;
   factory.name = "sleeping";
-  factory.kv_elem_bytes = 4;
+  factory.kv_dtype = KvDtype::kF32;
   factory.accepts_external_pool = false;
   factory.create = [setup](const ExecutorSpec& spec,
                            ModelWeights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {

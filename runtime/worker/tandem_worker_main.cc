@@ -90,31 +90,31 @@ absl::StatusOr<tandem::v1::WorkerRole> ParseRole(const std::string& role) {
       absl::StrCat("--role must be prefill, decode or mixed, got '", role, "'"));
 }
 
-tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const Engine& engine,
-                                            const std::string& backend) {
+tandem::v1::KvDtype ToProto(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return tandem::v1::KV_DTYPE_F32;
+    case KvDtype::kF16:
+      return tandem::v1::KV_DTYPE_F16;
+    case KvDtype::kBf16:
+      return tandem::v1::KV_DTYPE_BF16;
+  }
+  return tandem::v1::KV_DTYPE_UNSPECIFIED;
+}
+
+// What a peer must match exactly (hashed), from the engine's own facts: the backend names its KV
+// dtype (ExecutorFactory::kv_dtype); the model runs in the same dtype.
+tandem::v1::CompatibilityInfo Compatibility(const std::string& model_id, const Engine& engine) {
   const ModelConfig& m = engine.model_config();
-  tandem::v1::CompatibilityInfo info;
-  info.set_model_id(model_id);
-  // The KV element type follows the backend: fp32 on the CPU, bf16/fp16 on CUDA.
-  const int64_t elem_bytes =
-      engine.kv_block_bytes() /
-      (m.num_hidden_layers * 2 * engine.block_size() * m.num_key_value_heads * m.head_dim);
-  const bool fp16 = backend == "cuda:fp16";
-  info.set_model_dtype(elem_bytes == 4 ? "float32" : fp16 ? "float16" : "bfloat16");
-  tandem::v1::KvLayout* layout = info.mutable_layout();
-  layout->set_layout_name("block_major_v1");
-  layout->set_num_layers(static_cast<uint32_t>(m.num_hidden_layers));
-  layout->set_num_kv_heads(static_cast<uint32_t>(m.num_key_value_heads));
-  layout->set_head_dim(static_cast<uint32_t>(m.head_dim));
-  layout->set_block_size(static_cast<uint32_t>(engine.block_size()));
-  layout->set_kv_dtype(elem_bytes == 4 ? tandem::v1::KV_DTYPE_F32
-                       : fp16          ? tandem::v1::KV_DTYPE_F16
-                                       : tandem::v1::KV_DTYPE_BF16);
-  layout->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
-  layout->set_block_bytes(static_cast<uint64_t>(engine.kv_block_bytes()));
-  layout->set_dcp_size(1);
-  layout->set_dcp_interleave(1);
-  return info;
+  kvtransfer::KvCompatibilityFacts facts;
+  facts.model_id = model_id;
+  facts.model_dtype = KvDtypeName(engine.kv_dtype());
+  facts.num_layers = static_cast<uint32_t>(m.num_hidden_layers);
+  facts.num_kv_heads = static_cast<uint32_t>(m.num_key_value_heads);
+  facts.head_dim = static_cast<uint32_t>(m.head_dim);
+  facts.block_size = static_cast<uint32_t>(engine.block_size());
+  facts.kv_dtype = ToProto(engine.kv_dtype());
+  return kvtransfer::CompatibilityFor(facts);
 }
 
 absl::Status Serve() {
@@ -199,7 +199,9 @@ absl::Status Serve() {
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   tandem::v1::TransferHandshake local;
-  *local.mutable_compatibility() = Compatibility(model.model_id, *engine, factory.name);
+  *local.mutable_compatibility() = Compatibility(model.model_id, *engine);
+  *local.mutable_geometry() = kvtransfer::SingleRankGeometry(
+      local.compatibility(), static_cast<uint64_t>(engine->kv_block_bytes()));
   local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
   local.set_epoch(epoch);
 
