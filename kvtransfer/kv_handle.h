@@ -37,6 +37,18 @@ tandem::v1::KvHandle ToKvHandle(const KvSource& source, const KvLease& lease,
 // (Whether the blocks cover the prompt is the engine's check: Engine::ValidateRequest.)
 absl::Status ValidateKvHandle(const tandem::v1::KvHandle& handle, uint64_t local_layout_hash);
 
+// D: what a reader needs of the sources named by handles: a link to the source (handshake
+// once per source incarnation; FAILED_PRECONDITION for a restarted source or an incompatible
+// one, UNAVAILABLE when it does not answer) and the LeaseClient that renews and releases its
+// leases. PeerLinks (kv_transfer_service.h) implements it over the KvTransferService RPCs.
+// Thread-safe.
+class KvSourceLinks {
+ public:
+  virtual ~KvSourceLinks() = default;
+  virtual absl::Status EnsurePeer(const tandem::v1::KvHandle& handle) = 0;
+  virtual std::shared_ptr<LeaseClient> lease_client() const = 0;
+};
+
 // D: the engine's view of a validated handle. The load gives up at `load_deadline`; `leases`
 // renews and releases the source's lease (may be null).
 RemoteKvSpec ToRemoteKvSpec(const tandem::v1::KvHandle& handle, absl::Time load_deadline,

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/connector.h"
+#include "kvtransfer/kv_handle.h"
 #include "kvtransfer/transfer_agent.h"
 #include "tandem/v1/kv.grpc.pb.h"
 
@@ -54,7 +55,7 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
   tandem::v1::TransferHandshake local_;  // immutable after construction
 };
 
-class PeerLinks {
+class PeerLinks final : public KvSourceLinks {
  public:
   // `local`: this worker's handshake, as for the service. `agent` must outlive this object.
   PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
@@ -65,12 +66,12 @@ class PeerLinks {
   // unless the same source incarnation is already connected. FAILED_PRECONDITION when the
   // source's epoch is not the handle's (the source restarted: its blocks are gone) or the
   // layouts are incompatible; UNAVAILABLE when the source does not answer.
-  absl::Status EnsurePeer(const tandem::v1::KvHandle& handle);
+  absl::Status EnsurePeer(const tandem::v1::KvHandle& handle) override;
   // Tells the source that the handle's lease is done (best effort, in the background).
   void ReleaseLease(const tandem::v1::KvHandle& handle);
   // Renews leases of handshaked sources with RenewLease RPCs on the background thread (before
   // queued releases). After ~PeerLinks it answers CANCELLED, so it may outlive this object.
-  std::shared_ptr<LeaseClient> lease_client() const;
+  std::shared_ptr<LeaseClient> lease_client() const override;
 
   uint64_t handshakes() const;
 

@@ -240,7 +240,8 @@ absl::Status Serve() {
   auto kv_service =
       std::make_unique<kvtransfer::KvTransferServiceImpl>(agent.get(), connector.get(), local);
   auto peers = std::make_unique<kvtransfer::PeerLinks>(agent.get(), local);
-  WorkerServiceImpl service(&loop, connector.get(), peers.get(), options);
+  Worker worker(&loop, connector.get(), peers.get(), options);
+  WorkerServiceImpl service(&worker);
   builder.RegisterService(&service);
   builder.RegisterService(kv_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -248,7 +249,7 @@ absl::Status Serve() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
   const std::string address = absl::StrCat(host, ":", port);
-  service.SetAddress(address);
+  worker.SetAddress(address);
   LOG(INFO) << "worker " << worker_id << " epoch " << epoch;
   std::printf("worker %s (%s) listening on %s\n", worker_id.c_str(),
               absl::GetFlag(FLAGS_role).c_str(), address.c_str());
@@ -261,9 +262,9 @@ absl::Status Serve() {
   std::unique_ptr<RouterRegistration> registration;
   if (!router.empty()) {
     RegistrationCallbacks callbacks;
-    callbacks.info = [&service] { return service.Info(); };
-    callbacks.status = [&service] { return service.status(); };
-    callbacks.load = [&service] { return service.Load(); };
+    callbacks.info = [&worker] { return worker.Info(); };
+    callbacks.status = [&worker] { return worker.status(); };
+    callbacks.load = [&worker] { return worker.Load(); };
     callbacks.cache_events = [&loop](std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
       loop.TakeCacheEvents(added, removed);
     };
@@ -275,7 +276,7 @@ absl::Status Serve() {
   int sig = 0;
   sigwait(&signals, &sig);
   LOG(INFO) << "signal " << sig << ": draining " << loop.NumInFlight() << " requests";
-  service.StartDraining();
+  worker.StartDraining();
   const absl::Time drain_deadline =
       absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   while (loop.NumInFlight() > 0 && absl::Now() < drain_deadline) {

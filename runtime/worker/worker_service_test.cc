@@ -67,8 +67,8 @@ class TestWorker {
     kv_service_ =
         std::make_unique<kvtransfer::KvTransferServiceImpl>(agent_.get(), connector_.get(), local);
     peers_ = std::make_unique<kvtransfer::PeerLinks>(agent_.get(), local);
-    service_ =
-        std::make_unique<WorkerServiceImpl>(loop_.get(), connector_.get(), peers_.get(), options);
+    worker_ = std::make_unique<Worker>(loop_.get(), connector_.get(), peers_.get(), options);
+    service_ = std::make_unique<WorkerServiceImpl>(worker_.get());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -76,14 +76,14 @@ class TestWorker {
     builder.RegisterService(kv_service_.get());
     server_ = builder.BuildAndStart();
     address_ = "127.0.0.1:" + std::to_string(port);
-    service_->SetAddress(address_);
+    worker_->SetAddress(address_);
     stub_ = tandem::v1::WorkerService::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
   ~TestWorker() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
 
   tandem::v1::WorkerService::Stub& stub() { return *stub_; }
-  WorkerServiceImpl& service() { return *service_; }
+  Worker& worker() { return *worker_; }
   EngineLoop& loop() { return *loop_; }
   kvtransfer::PullKvConnector& connector() { return *connector_; }
   int64_t blocks() const { return blocks_; }
@@ -101,6 +101,7 @@ class TestWorker {
   std::unique_ptr<EngineLoop> loop_;
   std::unique_ptr<kvtransfer::KvTransferServiceImpl> kv_service_;
   std::unique_ptr<kvtransfer::PeerLinks> peers_;
+  std::unique_ptr<Worker> worker_;
   std::unique_ptr<WorkerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<tandem::v1::WorkerService::Stub> stub_;
@@ -201,7 +202,7 @@ TEST(WorkerServiceTest, PrefillDecodeOverGrpcEqualsMixedWorker) {
   EXPECT_EQ(p.WaitAllFree(), p.blocks());
   EXPECT_EQ(d.WaitAllFree(), d.blocks());
   EXPECT_EQ(p.connector().Stats().leases_released, 6u);
-  tandem::v1::WorkerStats stats = d.service().StatsProto();
+  tandem::v1::WorkerStats stats = d.worker().StatsProto();
   EXPECT_GT(stats.kv_bytes_received(), 0u);
   EXPECT_EQ(stats.kv_load_failures(), 0u);
 }
@@ -227,7 +228,7 @@ TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
   // P restarts under the same name with a new epoch, on a new port.
   TestWorker p2(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, /*epoch=*/2);
   tandem::v1::KvHandle handle = prefilled.kv_handle();
-  handle.set_transfer_endpoint(p2.service().address());
+  handle.set_transfer_endpoint(p2.worker().address());
   for (auto policy :
        {tandem::v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE, tandem::v1::KV_LOAD_FAILURE_POLICY_FAIL}) {
     tandem::v1::DecodeRequest dec;
@@ -250,7 +251,7 @@ TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
       EXPECT_EQ(joined, expected.tokens) << "recompute on D gives the same tokens";
     }
   }
-  EXPECT_EQ(d.service().StatsProto().kv_load_failures(), 2u);
+  EXPECT_EQ(d.worker().StatsProto().kv_load_failures(), 2u);
   EXPECT_EQ(d.WaitAllFree(), d.blocks());
 }
 

@@ -1,0 +1,245 @@
+#include "runtime/worker/worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace tandem::runtime {
+namespace {
+
+// How long a call waits for the next update before asking whether its caller is still there.
+constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
+
+}  // namespace
+
+const char* RoleName(tandem::v1::WorkerRole role) {
+  switch (role) {
+    case tandem::v1::WORKER_ROLE_PREFILL:
+      return "prefill";
+    case tandem::v1::WORKER_ROLE_DECODE:
+      return "decode";
+    case tandem::v1::WORKER_ROLE_MIXED:
+      return "mixed";
+    default:
+      return "unspecified";
+  }
+}
+
+Worker::Worker(EngineLoop* loop, kvtransfer::KvConnector* connector,
+               kvtransfer::KvSourceLinks* links, WorkerOptions options)
+    : loop_(loop), connector_(connector), links_(links), options_(std::move(options)) {
+  address_ = options_.address;
+}
+
+void Worker::SetAddress(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  address_ = address;
+}
+
+std::string Worker::address() const {
+  absl::MutexLock lock(&mu_);
+  return address_;
+}
+
+tandem::v1::ServingStatus Worker::status() const {
+  return draining_ ? tandem::v1::SERVING_STATUS_DRAINING : tandem::v1::SERVING_STATUS_SERVING;
+}
+
+absl::Status Worker::Admit(tandem::v1::WorkerRole needed, const char* rpc) const {
+  if (draining_) {
+    return absl::UnavailableError(absl::StrCat("worker ", options_.worker_id, " is draining"));
+  }
+  if (options_.role != needed && options_.role != tandem::v1::WORKER_ROLE_MIXED) {
+    return absl::FailedPreconditionError(absl::StrCat(rpc, " needs a ", RoleName(needed),
+                                                      " or mixed worker; ", options_.worker_id,
+                                                      " is ", RoleName(options_.role)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec spec,
+                                              bool remote_decode, absl::Duration lease,
+                                              const CallerGone& gone) {
+  const bool hold = remote_decode && spec.max_tokens > 1;
+  if (hold && connector_ == nullptr) {
+    return absl::FailedPreconditionError("this worker has no KV transfer");
+  }
+  if (hold) {
+    spec.hold_kv_for_remote = true;
+    spec.lease_duration = lease > absl::ZeroDuration() ? lease : options_.default_lease;
+  }
+  // P computes the prompt and the first token; D does the rest. Validate the whole request
+  // first so P never holds KV for something D must refuse.
+  const int64_t max_tokens = spec.max_tokens;
+  if (static_cast<int64_t>(spec.prompt.size()) + max_tokens > loop_->max_model_len()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", spec.prompt.size(), " tokens) + max_tokens (", max_tokens,
+                     ") exceeds the model's maximum length ", loop_->max_model_len()));
+  }
+  spec.max_tokens = 1;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
+  if (!stream.ok()) return stream.status();
+  PrefillResult result;
+  RequestUpdate& update = result.first;
+  while (true) {
+    if (gone()) {
+      loop_->Abort(id);
+      return absl::CancelledError("client cancelled the prefill");
+    }
+    if (!(*stream)->Next(&update, kPollSlice)) continue;
+    if (update.finish_reason != FinishReason::kNone) break;
+  }
+  if (update.finish_reason == FinishReason::kAborted) {
+    return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
+  }
+  if (update.finish_reason == FinishReason::kError) return update.error;
+  if (!update.kv_lease.has_value()) return result;  // ended at its first token: nothing to hand
+  const RequestUpdate::Lease& held = *update.kv_lease;
+  // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
+  // memory) before anyone learns of them.
+  if (const absl::Status ready = connector_->PrepareForRemoteRead(held.block_ids); !ready.ok()) {
+    connector_->ReleaseLease(held.lease.lease_id);  // the blocks cannot be served
+    return ready;
+  }
+  kvtransfer::KvSource source;
+  source.worker_id = options_.worker_id;
+  source.epoch = options_.epoch;
+  source.layout_hash = options_.kv_layout_hash;
+  source.transfer_endpoint = address();
+  result.kv_handle = kvtransfer::ToKvHandle(source, held.lease, held.block_ids, held.num_tokens);
+  update.finish_reason = FinishReason::kNone;  // it goes on at the decode worker
+  return result;
+}
+
+absl::Status Worker::Relay(const std::string& id, RequestStream& stream, const CallerGone& gone,
+                           const UpdateSink& sink) {
+  while (true) {
+    if (gone()) {
+      loop_->Abort(id);
+      return absl::CancelledError("client cancelled");
+    }
+    RequestUpdate update;
+    if (!stream.Next(&update, kPollSlice)) continue;
+    if (update.finish_reason == FinishReason::kError) {
+      return absl::UnavailableError(
+          absl::StrCat("request ", id, " failed: ", update.error.message()));
+    }
+    const bool finished = update.finish_reason != FinishReason::kNone;
+    if (update.new_token_ids.empty() && !finished) continue;
+    if (!sink(update)) {
+      loop_->Abort(id);
+      return absl::CancelledError("client went away");
+    }
+    if (finished) return absl::OkStatus();
+  }
+}
+
+absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
+                            const tandem::v1::KvHandle& handle, int32_t first_token,
+                            KvLoadFailurePolicy on_kv_failure, const CallerGone& gone,
+                            const UpdateSink& sink) {
+  if (connector_ == nullptr || links_ == nullptr) {
+    return absl::FailedPreconditionError("this worker has no KV transfer");
+  }
+  if (absl::Status valid = kvtransfer::ValidateKvHandle(handle, options_.kv_layout_hash);
+      !valid.ok()) {
+    return valid;
+  }
+  spec.first_token = first_token;
+  spec.on_kv_failure = on_kv_failure;
+  if (absl::Status linked = links_->EnsurePeer(handle); linked.ok()) {
+    // From here on the connector owns the source's lease: it stops reading a little before the
+    // lease deadline, renews it while a long load runs, and releases it when the load has ended.
+    spec.remote_kv = kvtransfer::ToRemoteKvSpec(handle, absl::Now() + options_.kv_load_timeout,
+                                                links_->lease_client());
+  } else {
+    ++kv_link_failures_;
+    LOG(WARNING) << "request " << id << ": cannot reach KV source " << handle.worker_id() << ": "
+                 << linked;
+    if (on_kv_failure == KvLoadFailurePolicy::kFail) {
+      return absl::UnavailableError(
+          absl::StrCat("KV of request ", id, " is unavailable: ", linked.message()));
+    }
+    // Recompute: prefill prompt + first token here; the source's lease just expires.
+  }
+  std::optional<kvtransfer::RemoteKvSpec> remote = spec.remote_kv;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
+  if (!stream.ok()) {
+    if (remote.has_value()) connector_->DropRemote(*remote);  // never reached the engine
+    return stream.status();
+  }
+  return Relay(id, **stream, gone, sink);
+}
+
+absl::Status Worker::Generate(const std::string& id, RequestSpec spec, const CallerGone& gone,
+                              const UpdateSink& sink) {
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
+  if (!stream.ok()) return stream.status();
+  return Relay(id, **stream, gone, sink);
+}
+
+bool Worker::Abort(const std::string& id) {
+  bool found = loop_->Abort(id);
+  // A prefilled request whose decode will not happen: give its blocks back now.
+  if (connector_ != nullptr) found |= connector_->ReleaseLeaseOf(id);
+  return found;
+}
+
+tandem::v1::WorkerInfo Worker::Info() const {
+  tandem::v1::WorkerInfo info;
+  info.set_worker_id(options_.worker_id);
+  info.set_address(address());
+  info.set_role(options_.role);
+  info.set_epoch(options_.epoch);
+  info.set_model_id(options_.model_id);
+  const ModelConfig& model = loop_->model_config();
+  info.set_vocab_size(static_cast<uint32_t>(model.vocab_size));
+  info.set_max_model_len(static_cast<uint32_t>(loop_->max_model_len()));
+  info.set_block_size(static_cast<uint32_t>(loop_->block_size()));
+  info.set_kv_layout_hash(options_.kv_layout_hash);
+  for (int32_t eos : model.eos_token_ids) info.add_eos_token_ids(static_cast<uint32_t>(eos));
+  return info;
+}
+
+tandem::v1::WorkerLoad Worker::Load() const {
+  const EngineLoopStats stats = loop_->Stats();
+  tandem::v1::WorkerLoad load;
+  load.set_num_running(static_cast<uint32_t>(stats.num_running));
+  load.set_num_waiting(static_cast<uint32_t>(stats.num_waiting));
+  load.set_kv_blocks_total(static_cast<uint32_t>(stats.kv.num_blocks));
+  load.set_kv_blocks_free(static_cast<uint32_t>(stats.kv.num_free_blocks));
+  if (connector_ != nullptr) {
+    load.set_kv_blocks_leased(static_cast<uint32_t>(connector_->Stats().blocks_leased));
+  }
+  return load;
+}
+
+tandem::v1::WorkerStats Worker::StatsProto() const {
+  tandem::v1::WorkerStats out;
+  *out.mutable_info() = Info();
+  out.set_status(status());
+  *out.mutable_load() = Load();
+  const EngineLoopStats stats = loop_->Stats();
+  out.set_prefix_cache_queried_tokens(stats.kv.prefix_queried_tokens);
+  out.set_prefix_cache_hit_tokens(stats.kv.prefix_hit_tokens);
+  out.set_requests_finished(stats.requests_finished);
+  out.set_requests_aborted(stats.requests_aborted);
+  uint64_t load_failures = kv_link_failures_;
+  if (connector_ != nullptr) {
+    const kvtransfer::KvConnectorStats c = connector_->Stats();
+    out.set_leases_granted(c.leases_granted);
+    out.set_leases_released(c.leases_released);
+    out.set_leases_expired(c.leases_expired);
+    out.set_kv_bytes_received(c.bytes_loaded);
+    out.set_kv_load_micros(c.load_micros);
+    out.set_kv_loads_completed(c.loads_completed);
+    load_failures += c.load_failures;
+  }
+  out.set_kv_load_failures(load_failures);
+  // kv_bytes_sent stays 0: in pull mode the reader's one-sided READs are invisible to the source
+  // (its readers report kv_bytes_received).
+  return out;
+}
+
+}  // namespace tandem::runtime

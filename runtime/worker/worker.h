@@ -1,0 +1,122 @@
+// Worker: the worker daemon's core, apart from its gRPC edge (ARCHITECTURE.md, "Processes",
+// "The P->D handoff"). WorkerServiceImpl (worker_service.h) only translates proto <-> these
+// types and absl::Status <-> grpc::Status; tests drive a Worker directly.
+//
+//   Prefill   (prefill/mixed) runs the prompt and samples the first token; with remote decode
+//             the blocks stay leased (by the connector) and the result carries the KvHandle.
+//   Decode    (decode/mixed)  links to the handle's source, hands the connector the remote KV
+//             (it loads, renews and releases the source's lease), streams the tokens after the
+//             first one.
+//   Generate  (mixed)         a whole request here.
+//   Abort     drops a request in flight, and a lease held for it after its prefill.
+//
+// Errors: bad input INVALID_ARGUMENT, a duplicate id ALREADY_EXISTS, a full queue
+// RESOURCE_EXHAUSTED, the wrong role FAILED_PRECONDITION, draining UNAVAILABLE, a failed KV load
+// with policy fail UNAVAILABLE, the caller gone CANCELLED (the request is aborted, its blocks
+// freed). A request's updates are polled in short slices so a cancelled caller is noticed.
+//
+// Thread safety: thread-safe.
+#ifndef TANDEM_RUNTIME_WORKER_WORKER_H_
+#define TANDEM_RUNTIME_WORKER_WORKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtransfer/connector.h"
+#include "kvtransfer/kv_handle.h"
+#include "runtime/worker/engine_loop.h"
+#include "tandem/v1/kv.pb.h"
+#include "tandem/v1/router.pb.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem::runtime {
+
+struct WorkerOptions {
+  std::string worker_id;
+  uint64_t epoch = 0;
+  tandem::v1::WorkerRole role = tandem::v1::WORKER_ROLE_MIXED;
+  std::string address;  // host:port of this worker's services (also its KV endpoint)
+  std::string model_id;
+  uint64_t kv_layout_hash = 0;
+  absl::Duration default_lease = absl::Seconds(30);
+  absl::Duration kv_load_timeout = absl::Seconds(20);
+};
+
+const char* RoleName(tandem::v1::WorkerRole role);
+
+// True once the caller of a running call has gone away (its RPC was cancelled).
+using CallerGone = std::function<bool()>;
+// Receives a request's updates in order; false: the caller cannot take more (it went away).
+using UpdateSink = std::function<bool(const RequestUpdate& update)>;
+
+struct PrefillResult {
+  // The first token (in new_token_ids), usage counts, and the finish reason when the request
+  // ended at its first token (eos, a stop token, max_tokens 1: no handle then).
+  RequestUpdate first;
+  std::optional<tandem::v1::KvHandle> kv_handle;  // remote decode: the leased KV
+};
+
+class Worker {
+ public:
+  // `connector` and `links` may be null (no disaggregation): then a remote-decode Prefill and
+  // Decode are refused. All pointers must outlive the worker.
+  Worker(EngineLoop* loop, kvtransfer::KvConnector* connector, kvtransfer::KvSourceLinks* links,
+         WorkerOptions options);
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // UNAVAILABLE while draining; FAILED_PRECONDITION when this worker's role cannot serve `rpc`.
+  absl::Status Admit(tandem::v1::WorkerRole needed, const char* rpc) const;
+
+  // `lease`: how long the KV stays leased for the decode worker (0: the default).
+  absl::StatusOr<PrefillResult> Prefill(const std::string& id, RequestSpec spec, bool remote_decode,
+                                        absl::Duration lease, const CallerGone& gone);
+  // Streams every update after `first_token` to `sink`; OK once the final one was accepted
+  // (an aborted request ends with a kAborted update).
+  absl::Status Decode(const std::string& id, RequestSpec spec, const tandem::v1::KvHandle& handle,
+                      int32_t first_token, KvLoadFailurePolicy on_kv_failure,
+                      const CallerGone& gone, const UpdateSink& sink);
+  absl::Status Generate(const std::string& id, RequestSpec spec, const CallerGone& gone,
+                        const UpdateSink& sink);
+  // True when `id` was in flight or held a lease.
+  bool Abort(const std::string& id);
+
+  // SIGTERM: refuse new requests (UNAVAILABLE), keep serving the ones in flight.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+  int64_t NumInFlight() const { return loop_->NumInFlight(); }
+  tandem::v1::ServingStatus status() const;
+  tandem::v1::WorkerInfo Info() const;
+  tandem::v1::WorkerLoad Load() const;
+  tandem::v1::WorkerStats StatsProto() const;
+  const WorkerOptions& options() const { return options_; }
+  // The address this worker serves on, once its server knows its port (before it is announced).
+  void SetAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string address() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Hands `stream`'s updates to `sink` until the request finishes, the caller goes away, or
+  // the sink refuses one.
+  absl::Status Relay(const std::string& id, RequestStream& stream, const CallerGone& gone,
+                     const UpdateSink& sink);
+
+  EngineLoop* const loop_;
+  kvtransfer::KvConnector* const connector_;
+  kvtransfer::KvSourceLinks* const links_;
+  const WorkerOptions options_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> kv_link_failures_{0};
+  mutable absl::Mutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_WORKER_WORKER_H_

@@ -1,0 +1,275 @@
+// The worker core without gRPC: prefill, decode and mixed Workers in one process, KV over
+// InProcessAgents, sources linked by an in-process KvSourceLinks whose lease calls go straight to
+// the source's connector. (The gRPC edge over the same core: worker_service_test.)
+#include "runtime/worker/worker.h"
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
+#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/pull_connector.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+using kvtransfer::InProcessAgent;
+using kvtransfer::InProcessFabric;
+using kvtransfer::PullKvConnector;
+
+constexpr uint64_t kLayoutHash = 0x7e57;
+
+// A whole worker core: engine loop, agent, connector, Worker.
+struct CoreWorker {
+  CoreWorker(std::shared_ptr<InProcessFabric> fabric, const std::string& id,
+             tandem::v1::WorkerRole role, kvtransfer::KvSourceLinks* links) {
+    ModelConfig model = *PresetConfig("tiny");
+    model.max_position_embeddings = 256;
+    EngineConfig config;
+    config.kv_cache_bytes = int64_t{4} << 20;
+    config.num_threads = 1;
+    auto engine = Engine::Create(config, model, RandomModelWeights(model, 5));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    agent = std::make_unique<InProcessAgent>(fabric, id);
+    EXPECT_TRUE(agent
+                    ->RegisterMemory((*engine)->kv_pool_data(), (*engine)->kv_pool_bytes(),
+                                     tandem::v1::MEMORY_KIND_HOST)
+                    .ok());
+    kvtransfer::PullKvConnectorOptions options;
+    options.block_size = (*engine)->block_size();
+    options.block_bytes = static_cast<uint64_t>((*engine)->kv_block_bytes());
+    connector = std::make_unique<PullKvConnector>(agent.get(), options);
+    (*engine)->AttachConnector(connector.get());
+    loop = std::make_unique<EngineLoop>(*std::move(engine));
+    WorkerOptions wo;
+    wo.worker_id = id;
+    wo.epoch = 1;
+    wo.role = role;
+    wo.model_id = "tiny-test";
+    wo.kv_layout_hash = kLayoutHash;
+    wo.address = id + ".local:1";
+    worker = std::make_unique<Worker>(loop.get(), connector.get(), links, wo);
+  }
+  // Waits (bounded) until every block is free and nothing is leased.
+  bool PoolWhole() {
+    for (int i = 0; i < 2000; ++i) {
+      const tandem::v1::WorkerLoad load = worker->Load();
+      if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_leased() == 0) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  std::unique_ptr<InProcessAgent> agent;
+  std::unique_ptr<PullKvConnector> connector;
+  std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<Worker> worker;
+};
+
+// KvSourceLinks in one process: links D's agent to a source's agent, and sends lease calls to
+// the source's connector directly (counting releases).
+class LocalLinks final : public kvtransfer::KvSourceLinks, public kvtransfer::LeaseClient {
+ public:
+  void AddSource(CoreWorker* source) {
+    absl::MutexLock lock(&mu_);
+    sources_[source->worker->options().worker_id] = source;
+  }
+  void set_reader(InProcessAgent* reader) { reader_ = reader; }
+
+  absl::Status EnsurePeer(const tandem::v1::KvHandle& handle) override {
+    absl::MutexLock lock(&mu_);
+    auto it = sources_.find(handle.worker_id());
+    if (it == sources_.end()) return absl::UnavailableError("no such source");
+    if (linked_.contains(handle.worker_id())) return absl::OkStatus();
+    tandem::v1::TransferHandshake descriptor;
+    if (absl::Status s = it->second->agent->FillLocalDescriptor(&descriptor); !s.ok()) return s;
+    if (absl::Status s = reader_->AddPeer(handle.worker_id(), descriptor); !s.ok()) return s;
+    linked_[handle.worker_id()] = true;
+    return absl::OkStatus();
+  }
+  std::shared_ptr<kvtransfer::LeaseClient> lease_client() const override { return self_; }
+  void RenewLeaseAsync(const std::string& peer, uint64_t, uint64_t lease_id, absl::Duration extend,
+                       std::function<void(absl::StatusOr<absl::Time>)> done) override {
+    std::optional<absl::Time> deadline = Source(peer)->connector->RenewLease(lease_id, extend);
+    if (!deadline.has_value()) return done(absl::NotFoundError("unknown lease"));
+    done(*deadline);
+  }
+  void ReleaseLeaseAsync(const std::string& peer, uint64_t, uint64_t lease_id) override {
+    ++releases_;
+    Source(peer)->connector->ReleaseLease(lease_id);
+  }
+  int releases() const { return releases_; }
+  // Shares ownership with nobody: the test owns this object and outlives the workers.
+  void SetSelf(std::shared_ptr<LocalLinks> self) { self_ = std::move(self); }
+
+ private:
+  CoreWorker* Source(const std::string& peer) {
+    absl::MutexLock lock(&mu_);
+    return sources_.at(peer);
+  }
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, CoreWorker*> sources_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, bool> linked_ ABSL_GUARDED_BY(mu_);
+  InProcessAgent* reader_ = nullptr;
+  std::shared_ptr<LocalLinks> self_;
+  std::atomic<int> releases_{0};
+};
+
+RequestSpec RandomSpec(std::mt19937& rng, int len, int max_tokens) {
+  RequestSpec spec;
+  for (int i = 0; i < len; ++i) spec.prompt.push_back(static_cast<int32_t>(rng() % 256));
+  spec.max_tokens = max_tokens;
+  spec.ignore_eos = true;
+  return spec;
+}
+
+const CallerGone kStaying = [] { return false; };
+
+// Collects a stream's tokens and its final update.
+struct Collected {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  UpdateSink Sink() {
+    return [this](const RequestUpdate& u) {
+      tokens.insert(tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      finish = u.finish_reason;
+      return true;
+    };
+  }
+};
+
+struct Cluster {
+  Cluster()
+      : fabric(std::make_shared<InProcessFabric>()),
+        links(std::make_shared<LocalLinks>()),
+        p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, nullptr),
+        d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE, links.get()),
+        m(fabric, "m0", tandem::v1::WORKER_ROLE_MIXED, nullptr) {
+    links->SetSelf(links);
+    links->AddSource(&p);
+    links->set_reader(d.agent.get());
+  }
+  ~Cluster() { links->SetSelf(nullptr); }
+  std::shared_ptr<InProcessFabric> fabric;
+  std::shared_ptr<LocalLinks> links;
+  CoreWorker p, d, m;
+};
+
+TEST(WorkerTest, PrefillThenDecodeEqualsGenerateWithoutGrpc) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  Cluster c;
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    const RequestSpec spec = RandomSpec(rng, 1 + rng() % 60, 2 + rng() % 8);
+    absl::StatusOr<PrefillResult> pre =
+        c.p.worker->Prefill(id, spec, /*remote_decode=*/true, absl::ZeroDuration(), kStaying);
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    ASSERT_TRUE(pre->kv_handle.has_value());
+    EXPECT_EQ(pre->first.finish_reason, FinishReason::kNone);
+    EXPECT_EQ(pre->kv_handle->worker_id(), "p0");
+    EXPECT_EQ(pre->kv_handle->transfer_endpoint(), "p0.local:1");
+    EXPECT_EQ(pre->kv_handle->num_tokens(), spec.prompt.size());
+    Collected split;
+    split.tokens = pre->first.new_token_ids;
+    ASSERT_TRUE(c.d.worker
+                    ->Decode(id, spec, *pre->kv_handle, pre->first.new_token_ids.at(0),
+                             KvLoadFailurePolicy::kFail, kStaying, split.Sink())
+                    .ok());
+    Collected whole;
+    ASSERT_TRUE(c.m.worker->Generate(id, spec, kStaying, whole.Sink()).ok());
+    EXPECT_EQ(split.tokens, whole.tokens) << "request " << i;
+    EXPECT_EQ(split.finish, FinishReason::kLength);
+  }
+  // D's connector released every source lease once its load ended: P's pool is whole again.
+  EXPECT_EQ(c.links->releases(), 5);
+  EXPECT_TRUE(c.p.PoolWhole());
+  EXPECT_TRUE(c.d.PoolWhole());
+  EXPECT_EQ(c.p.worker->StatsProto().leases_released(), 5u);
+  EXPECT_GT(c.d.worker->StatsProto().kv_bytes_received(), 0u);
+}
+
+TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster c;
+  absl::StatusOr<PrefillResult> pre = c.p.worker->Prefill(
+      "held", RandomSpec(rng, 40, 8), /*remote_decode=*/true, absl::Seconds(30), kStaying);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  EXPECT_GT(c.p.worker->Load().kv_blocks_leased(), 0u);
+  EXPECT_TRUE(c.p.worker->Abort("held"));
+  EXPECT_FALSE(c.p.worker->Abort("held"));
+  EXPECT_TRUE(c.p.PoolWhole()) << "blocks must come back well before the 30 s lease";
+  EXPECT_EQ(c.p.worker->StatsProto().leases_released(), 1u);
+}
+
+TEST(WorkerTest, CallerGoneMidStreamAbortsAndFreesBlocks) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster c;
+  int seen = 0;
+  std::atomic<bool> gone{false};
+  const absl::Status s = c.m.worker->Generate(
+      "leaving", RandomSpec(rng, 30, 200), [&] { return gone.load(); },
+      [&](const RequestUpdate& u) {
+        seen += static_cast<int>(u.new_token_ids.size());
+        if (seen >= 3) gone = true;
+        return true;
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_LT(seen, 200);
+  EXPECT_TRUE(c.m.PoolWhole());
+  EXPECT_EQ(c.m.worker->NumInFlight(), 0);
+}
+
+TEST(WorkerTest, RolesDrainingAndBadHandlesAreRefusedBeforeAnythingIsAllocated) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster c;
+  EXPECT_EQ(c.d.worker->Admit(tandem::v1::WORKER_ROLE_PREFILL, "Prefill").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(c.m.worker->Admit(tandem::v1::WORKER_ROLE_PREFILL, "Prefill").ok());
+  // A handle of another layout, or with no source: INVALID_ARGUMENT, nothing leased or loaded.
+  tandem::v1::KvHandle handle;
+  handle.set_worker_id("p0");
+  handle.set_layout_hash(kLayoutHash + 1);
+  Collected out;
+  EXPECT_EQ(c.d.worker
+                ->Decode("x", RandomSpec(rng, 8, 4), handle, 1, KvLoadFailurePolicy::kFail,
+                         kStaying, out.Sink())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  handle.set_layout_hash(kLayoutHash);
+  handle.clear_worker_id();
+  EXPECT_EQ(c.d.worker
+                ->Decode("x", RandomSpec(rng, 8, 4), handle, 1, KvLoadFailurePolicy::kFail,
+                         kStaying, out.Sink())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_TRUE(c.d.PoolWhole());
+  // Too long for the model: refused before P holds anything.
+  EXPECT_EQ(
+      c.p.worker->Prefill("long", RandomSpec(rng, 200, 100), true, absl::ZeroDuration(), kStaying)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  c.p.worker->StartDraining();
+  EXPECT_EQ(c.p.worker->Admit(tandem::v1::WORKER_ROLE_PREFILL, "Prefill").code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.p.worker->status(), tandem::v1::SERVING_STATUS_DRAINING);
+  EXPECT_TRUE(c.p.PoolWhole());
+}
+
+}  // namespace
+}  // namespace tandem::runtime
