@@ -324,15 +324,11 @@ TEST(ValidateHandshakeTest, Limits) {
 TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
   std::mt19937 rng(std::random_device{}());
   TransferHandshake local = RandomHandshake(rng, "d0");
+  const uint32_t heads = local.compatibility().layout().num_kv_heads();
+  if (heads % 2 != 0) local.mutable_compatibility()->mutable_layout()->set_num_kv_heads(heads + 1);
+  Rehash(&local);
   TransferHandshake peer = local;
   peer.set_worker_id("p0");
-  const uint32_t heads = local.compatibility().layout().num_kv_heads();
-  if (heads % 2 != 0) {
-    local.mutable_compatibility()->mutable_layout()->set_num_kv_heads(heads + 1);
-    Rehash(&local);
-    peer = local;
-    peer.set_worker_id("p0");
-  }
   *local.mutable_geometry() = SingleRankGeometry(local.compatibility(), /*block_bytes=*/0);
   tandem::v1::RankGeometry* g = peer.mutable_geometry();
   g->set_tp_size(2);

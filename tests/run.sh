@@ -8,7 +8,8 @@
 #
 # 1. installs the Debian packages the build needs (deploy/install_deps.sh; idempotent),
 # 2. builds everything, CUDA objects too where a toolkit is installed,
-# 3. runs every test (GPU tests skip without a GPU) and the format check,
+# 3. runs every test (GPU tests skip without a GPU), the format check and the dependency check
+#    (tests/check_deps.sh: core targets have no path to gRPC),
 # 4. prints one closing line "N passed, N failed, N skipped" (test cases, parsed from Bazel's
 #    build events and gtest's XML) and exits non-zero on any failure.
 set -uo pipefail
@@ -43,12 +44,14 @@ test_rc=$?
 
 format=passed
 tests/check_format.sh || format=failed
+deps=passed
+tests/check_deps.sh || deps=failed
 build=passed
 [[ $build_ok -eq 1 ]] || build=failed
 
 echo "---- results (tests/run.sh took $(( $(date +%s) - start ))s; bazel test exit $test_rc)"
 python3 tests/summarize_results.py "$WORK/bep.json" "$WORK/expected" \
-  "build //...=$build" "clang-format check=$format"
+  "build //...=$build" "clang-format check=$format" "cores free of gRPC=$deps"
 rc=$?
 if [[ $rc -ne 0 || $test_rc -ne 0 ]]; then exit 1; fi
 exit 0

@@ -8,8 +8,10 @@ imported as `import "tandem/v1/foo.proto";` and its header included as "tandem/v
 """
 
 def tandem_proto_library(name, srcs, deps = [], grpc = False, visibility = None):
+    """Messages in `name`; with grpc = True, the service stubs in `name + "_grpc"` (it depends on
+    `name` and on gRPC), so code that needs only the messages has no dependency on gRPC."""
     pkg = native.package_name()
-    hdrs, ccs = [], []
+    hdrs, ccs, grpc_hdrs, grpc_ccs = [], [], [], []
     for src in srcs:
         if not src.endswith(".proto"):
             fail("tandem_proto_library: %s is not a .proto file" % src)
@@ -17,8 +19,8 @@ def tandem_proto_library(name, srcs, deps = [], grpc = False, visibility = None)
         hdrs.append(base + ".pb.h")
         ccs.append(base + ".pb.cc")
         if grpc:
-            hdrs.append(base + ".grpc.pb.h")
-            ccs.append(base + ".grpc.pb.cc")
+            grpc_hdrs.append(base + ".grpc.pb.h")
+            grpc_ccs.append(base + ".grpc.pb.cc")
 
     native.filegroup(name = name + "_protos", srcs = srcs + [d + "_protos" for d in deps], visibility = visibility)
 
@@ -29,7 +31,7 @@ def tandem_proto_library(name, srcs, deps = [], grpc = False, visibility = None)
     native.genrule(
         name = name + "_codegen",
         srcs = [":" + name + "_protos"],
-        outs = hdrs + ccs,
+        outs = hdrs + ccs + grpc_hdrs + grpc_ccs,
         cmd = cmd,
         message = "protoc %s" % name,
         visibility = ["//visibility:private"],
@@ -39,6 +41,15 @@ def tandem_proto_library(name, srcs, deps = [], grpc = False, visibility = None)
         srcs = ccs,
         hdrs = hdrs,
         includes = ["."],
-        deps = deps + ["@system//:protobuf"] + (["@system//:grpc++"] if grpc else []),
+        deps = deps + ["@system//:protobuf"],
         visibility = visibility,
     )
+    if grpc:
+        native.cc_library(
+            name = name + "_grpc",
+            srcs = grpc_ccs,
+            hdrs = grpc_hdrs,
+            includes = ["."],
+            deps = [":" + name, "@system//:grpc++"],
+            visibility = visibility,
+        )

@@ -1,0 +1,29 @@
+"""Who may depend on whom: ARCHITECTURE.md's "may depend on" table as Bazel visibility.
+
+Each module's packages default to the visibility below, so a wrong-way dependency (router on
+runtime, kvtransfer on runtime, kernels on anything of ours) fails the build. `proto/` and
+`common/` are visible to all; `tests/` and `deploy/` may use everything.
+"""
+
+_TESTS = ["//tests:__subpackages__", "//deploy:__subpackages__"]
+
+KERNELS_VISIBILITY = [
+    "//kernels:__subpackages__",
+    "//comm:__subpackages__",
+    "//runtime:__subpackages__",
+] + _TESTS
+
+COMM_VISIBILITY = [
+    "//comm:__subpackages__",
+    "//kvtransfer:__subpackages__",
+    "//runtime:__subpackages__",
+] + _TESTS
+
+KVTRANSFER_VISIBILITY = [
+    "//kvtransfer:__subpackages__",
+    "//runtime:__subpackages__",
+] + _TESTS
+
+RUNTIME_VISIBILITY = ["//runtime:__subpackages__"] + _TESTS
+
+ROUTER_VISIBILITY = ["//router:__subpackages__"] + _TESTS

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The cores have no dependency path to gRPC (gRPC types only at the edges, ARCHITECTURE.md):
+# for each target below, `bazel query somepath(target, grpc++)` must be empty. Run by
+# tests/run.sh (a failing path is printed).
+#
+#   tests/check_deps.sh [BAZEL_FLAGS...]
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BAZEL=${BAZEL:-bazel}
+CORES=(
+  //runtime/worker:worker        # the worker core (worker.h): its gRPC edge is worker_service
+  //runtime/worker:engine_loop
+  //runtime/engine:engine
+  //kvtransfer:connector
+  //kvtransfer:pull_connector
+  //kvtransfer:kv_handle
+)
+rc=0
+for t in "${CORES[@]}"; do
+  path=$("$BAZEL" query --noshow_progress "somepath($t, \"@system//:grpc++\")" 2>/dev/null)
+  if [[ -n $path ]]; then
+    echo "check_deps: $t reaches gRPC:" >&2
+    sed 's/^/  /' <<<"$path" >&2
+    rc=1
+  fi
+done
+[[ $rc -eq 0 ]] && echo "check_deps: ${#CORES[@]} core targets have no path to gRPC"
+exit $rc
