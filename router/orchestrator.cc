@@ -1,7 +1,5 @@
 #include "router/orchestrator.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -44,9 +42,9 @@ class WorkerSlot {
 // Codes that mean "the worker (or the connection to it) is gone", not "the request is bad".
 // A server that dies mid-stream shows up as UNAVAILABLE (connection reset) or CANCELLED (the
 // server cancelled its streams on shutdown); a crashed handler as UNKNOWN.
-bool IsWorkerFault(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
-         code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+bool IsWorkerFault(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled ||
+         code == absl::StatusCode::kUnknown || code == absl::StatusCode::kDeadlineExceeded;
 }
 
 ModelLimits LimitsOf(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
@@ -64,19 +62,17 @@ struct RelayResult {
   bool finished = false;     // a message with finish_reason was relayed
   bool client_gone = false;  // a Send to the client failed
   bool got_any = false;      // the worker sent at least one message
-  grpc::Status status;       // the worker stream's final status
+  absl::Status status;       // the worker stream's final status
 };
 
 // One request's run through the orchestrator. Lives on the handler's stack.
 class GenerateCall {
  public:
   GenerateCall(Orchestrator& orch, const v1::GenerateRequest& request, InFlightRequest& flight,
-               const grpc::ServerContext* client, ResponseSink& sink)
+               const CallerContext* client, ResponseSink& sink)
       : orch_(orch), request_(request), flight_(flight), client_(client), sink_(sink) {
     deadline_ = absl::Now() + orch_.options().request_timeout;
-    if (client_ != nullptr) {
-      deadline_ = std::min(deadline_, absl::FromChrono(client_->deadline()));
-    }
+    if (client_ != nullptr) deadline_ = std::min(deadline_, client_->deadline());
   }
 
   absl::Status Run();
@@ -87,16 +83,15 @@ class GenerateCall {
                          const v1::PrefillResponse& prefilled, const RoutingSnapshot& snap);
   Outcome RunMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
 
-  RelayResult Relay(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
-                    grpc::ClientContext& ctx, bool usage_from_worker);
+  RelayResult Relay(StreamCall& stream, bool usage_from_worker);
   // The client's status for a failed worker call; marks the worker failed for faults and sets
   // *retriable then.
-  absl::Status Failure(WorkerSlot& slot, const grpc::Status& status, absl::string_view phase,
+  absl::Status Failure(WorkerSlot& slot, const absl::Status& status, absl::string_view phase,
                        bool* retriable);
   // Whether the client cancelled. A worker call cut by the client's cancel ends CANCELLED
   // possibly a moment before the server context reports it, so CANCELLED waits a little for it.
-  bool ClientCancelled(grpc::StatusCode code) const;
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  bool ClientCancelled(absl::StatusCode code) const;
+  CallOptions NewCallOptions() const;
   bool Send(v1::GenerateResponse& chunk);
   v1::Usage FinalUsage() const;
   absl::Status FinishAborted();
@@ -105,7 +100,7 @@ class GenerateCall {
   Orchestrator& orch_;
   const v1::GenerateRequest& request_;
   InFlightRequest& flight_;
-  const grpc::ServerContext* client_;
+  const CallerContext* client_;
   ResponseSink& sink_;
   absl::Time deadline_;
   uint32_t completion_tokens_ = 0;
@@ -162,19 +157,20 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
   v1::PrefillResponse prefilled;
   touched_.push_back(prefill->ref());
   const v1::WorkerInfo prefill_info = prefill->ref().info;
-  std::unique_ptr<grpc::ClientContext> ctx = NewContext();
-  if (!flight_.AddCall(prefill->id(), ctx.get())) {
+  std::unique_ptr<PrefillCall> call = prefill->ref().client->NewPrefill(NewCallOptions());
+  if (!flight_.AddCall(prefill->id(), call.get())) {
     AbortWorkers();
     return {flight_.cancel_reason(), ""};
   }
-  grpc::Status gs = prefill->ref().stub->Prefill(ctx.get(), preq, &prefilled);
-  flight_.RemoveCall(ctx.get());
-  if (!gs.ok()) {
+  absl::StatusOr<v1::PrefillResponse> answered = call->Run(preq);
+  flight_.RemoveCall(call.get());
+  if (!answered.ok()) {
     bool retriable = false;
-    absl::Status s = Failure(*prefill, gs, "prefill", &retriable);
+    absl::Status s = Failure(*prefill, answered.status(), "prefill", &retriable);
     AbortWorkers();
     return {s, retriable ? prefill->id() : ""};
   }
+  prefilled = *std::move(answered);
   prefill.reset();
 
   // The first token goes to the client now: TTFT does not wait for the KV transfer.
@@ -213,15 +209,13 @@ absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
   absl::flat_hash_set<std::string> tried;
   for (int attempt = 1;; ++attempt) {
     touched_.push_back(decode->ref());
-    std::unique_ptr<grpc::ClientContext> ctx = NewContext();
-    if (!flight_.AddCall(decode->id(), ctx.get())) {
+    std::unique_ptr<StreamCall> stream = decode->ref().client->NewDecode(dreq, NewCallOptions());
+    if (!flight_.AddCall(decode->id(), stream.get())) {
       AbortWorkers();
       return flight_.cancel_reason();
     }
-    std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
-        decode->ref().stub->Decode(ctx.get(), dreq);
-    RelayResult r = Relay(*reader, *ctx, /*usage_from_worker=*/false);
-    flight_.RemoveCall(ctx.get());
+    RelayResult r = Relay(*stream, /*usage_from_worker=*/false);
+    flight_.RemoveCall(stream.get());
     if (r.finished) return absl::OkStatus();
     if (r.client_gone) {
       AbortWorkers();
@@ -265,15 +259,13 @@ Outcome GenerateCall::RunMixed(const RoutePlan& plan, const RoutingSnapshot& sna
     return {s, ""};
   }
   touched_.push_back(worker.ref());
-  std::unique_ptr<grpc::ClientContext> ctx = NewContext();
-  if (!flight_.AddCall(worker.id(), ctx.get())) {
+  std::unique_ptr<StreamCall> stream = worker.ref().client->NewGenerate(request_, NewCallOptions());
+  if (!flight_.AddCall(worker.id(), stream.get())) {
     AbortWorkers();
     return {flight_.cancel_reason(), ""};
   }
-  std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
-      worker.ref().stub->Generate(ctx.get(), request_);
-  RelayResult r = Relay(*reader, *ctx, /*usage_from_worker=*/true);
-  flight_.RemoveCall(ctx.get());
+  RelayResult r = Relay(*stream, /*usage_from_worker=*/true);
+  flight_.RemoveCall(stream.get());
   if (r.finished) return {absl::OkStatus(), ""};
   AbortWorkers();
   if (r.client_gone) return {absl::CancelledError("the client went away"), ""};
@@ -287,11 +279,10 @@ Outcome GenerateCall::RunMixed(const RoutePlan& plan, const RoutingSnapshot& sna
   return {s, retriable && !r.got_any ? worker.id() : ""};
 }
 
-RelayResult GenerateCall::Relay(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
-                                grpc::ClientContext& ctx, bool usage_from_worker) {
+RelayResult GenerateCall::Relay(StreamCall& stream, bool usage_from_worker) {
   RelayResult r;
   v1::GenerateResponse chunk;
-  while (reader.Read(&chunk)) {
+  while (stream.Read(&chunk)) {
     r.got_any = true;
     if (r.finished) continue;  // nothing may follow the final message
     v1::GenerateResponse out;
@@ -306,60 +297,59 @@ RelayResult GenerateCall::Relay(grpc::ClientReaderInterface<v1::GenerateResponse
     if (out.token_ids_size() == 0 && !r.finished) continue;
     if (!Send(out)) {
       r.client_gone = true;
-      ctx.TryCancel();
+      stream.Cancel();
       break;
     }
   }
-  r.status = reader.Finish();
+  r.status = stream.Finish();
   return r;
 }
 
-absl::Status GenerateCall::Failure(WorkerSlot& slot, const grpc::Status& status,
+absl::Status GenerateCall::Failure(WorkerSlot& slot, const absl::Status& status,
                                    absl::string_view phase, bool* retriable) {
   *retriable = false;
   // Interrupted by the router (Router.Abort, lost worker, shutdown): that reason is the answer.
   if (absl::Status reason = flight_.cancel_reason(); !reason.ok()) return reason;
-  if (ClientCancelled(status.error_code())) {
+  if (ClientCancelled(status.code())) {
     return absl::CancelledError("the client cancelled the request");
   }
   const std::string where = absl::StrCat(phase, " worker ", slot.id());
-  const grpc::StatusCode code = status.error_code();
+  const absl::StatusCode code = status.code();
   // grpc's and absl's clocks may differ by a little; the slack keeps a request timeout from
   // being blamed on the worker.
-  if (code == grpc::StatusCode::DEADLINE_EXCEEDED &&
+  if (code == absl::StatusCode::kDeadlineExceeded &&
       absl::Now() + absl::Milliseconds(100) >= deadline_) {
     return absl::DeadlineExceededError(
         absl::StrCat("request ", flight_.id(), " exceeded its deadline during ", where));
   }
   if (IsWorkerFault(code)) {
-    const std::string msg = absl::StrCat(where, " failed: ", status.error_message());
+    const std::string msg = absl::StrCat(where, " failed: ", status.message());
     slot.MarkFailed(msg);
     *retriable = true;
     return absl::UnavailableError(msg);
   }
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat(where, ": ", status.error_message()));
+  return absl::Status(code, absl::StrCat(where, ": ", status.message()));
 }
 
-bool GenerateCall::ClientCancelled(grpc::StatusCode code) const {
+bool GenerateCall::ClientCancelled(absl::StatusCode code) const {
   if (client_ == nullptr) return false;
-  if (client_->IsCancelled()) return true;
-  if (code != grpc::StatusCode::CANCELLED) return false;
+  if (client_->Cancelled()) return true;
+  if (code != absl::StatusCode::kCancelled) return false;
   const absl::Time until = absl::Now() + absl::Milliseconds(200);
   while (absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(2));
-    if (client_->IsCancelled()) return true;
+    if (client_->Cancelled()) return true;
   }
   return false;
 }
 
-std::unique_ptr<grpc::ClientContext> GenerateCall::NewContext() const {
-  // Inheriting from the server context makes a client cancel cancel the worker call at once.
-  std::unique_ptr<grpc::ClientContext> ctx = client_ != nullptr
-                                                 ? grpc::ClientContext::FromServerContext(*client_)
-                                                 : std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(deadline_));
-  return ctx;
+CallOptions GenerateCall::NewCallOptions() const {
+  // The caller makes a client cancel cancel the worker call at once (and carries the client's
+  // own deadline, where it has one).
+  CallOptions options;
+  options.deadline = deadline_;
+  options.caller = client_;
+  return options;
 }
 
 bool GenerateCall::Send(v1::GenerateResponse& chunk) {
@@ -407,7 +397,7 @@ Orchestrator::~Orchestrator() {
 }
 
 absl::Status Orchestrator::Generate(const v1::GenerateRequest& request, InFlightRequest& flight,
-                                    const grpc::ServerContext* client, ResponseSink& sink) {
+                                    const CallerContext* client, ResponseSink& sink) {
   const absl::Time start = absl::Now();
   absl::Status s = GenerateCall(*this, request, flight, client, sink).Run();
   VLOG(1) << "request " << flight.id() << ": " << request.prompt_token_ids_size()
@@ -416,27 +406,15 @@ absl::Status Orchestrator::Generate(const v1::GenerateRequest& request, InFlight
 }
 
 void Orchestrator::SendAbort(const WorkerRef& worker, const std::string& request_id) {
-  // Heap state owned by the completion callback.
-  struct AbortCall {
-    grpc::ClientContext ctx;
-    v1::AbortRequest request;
-    v1::AbortResponse response;
-    std::shared_ptr<v1::WorkerService::StubInterface> stub;  // keeps the channel alive
-  };
-  auto* call = new AbortCall;
-  call->request.set_request_id(request_id);
-  call->stub = worker.stub;
-  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.abort_timeout));
+  if (worker.client == nullptr) return;
   {
     absl::MutexLock lock(&aborts_->mu);
     ++aborts_->count;
   }
-  call->stub->async()->Abort(
-      &call->ctx, &call->request, &call->response,
-      [call, pending = aborts_, worker_id = worker.info.worker_id()](grpc::Status s) {
-        VLOG(1) << "Abort(" << call->request.request_id() << ") on " << worker_id << ": "
-                << s.error_code();
-        delete call;
+  worker.client->AbortAsync(
+      request_id, options_.abort_timeout,
+      [pending = aborts_, request_id, worker_id = worker.info.worker_id()](absl::Status s) {
+        VLOG(1) << "Abort(" << request_id << ") on " << worker_id << ": " << s.code();
         absl::MutexLock lock(&pending->mu);
         --pending->count;
       });

@@ -22,8 +22,6 @@
 #ifndef TANDEM_ROUTER_ORCHESTRATOR_H_
 #define TANDEM_ROUTER_ORCHESTRATOR_H_
 
-#include <grpcpp/server_context.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/request_table.h"
+#include "router/worker_client.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/router.pb.h"
 #include "tandem/v1/worker.pb.h"
@@ -68,7 +67,7 @@ class Orchestrator {
   // Serves `request` (already shape-validated; request_id final). `client` may be null (no
   // client cancellation to inherit). Returns the status for the client; OK after a finish.
   absl::Status Generate(const v1::GenerateRequest& request, InFlightRequest& flight,
-                        const grpc::ServerContext* client, ResponseSink& sink);
+                        const CallerContext* client, ResponseSink& sink);
 
   // Best effort, returns at once: Abort(request_id) on `worker` with abort_timeout.
   void SendAbort(const WorkerRef& worker, const std::string& request_id);

@@ -7,26 +7,26 @@
 
 namespace tandem::router {
 
-bool InFlightRequest::AddCall(const std::string& worker_id, grpc::ClientContext* ctx) {
+bool InFlightRequest::AddCall(const std::string& worker_id, WorkerCall* call) {
   absl::MutexLock lock(&mu_);
   if (!reason_.ok()) return false;
-  calls_.emplace_back(worker_id, ctx);
+  calls_.emplace_back(worker_id, call);
   return true;
 }
 
-void InFlightRequest::RemoveCall(grpc::ClientContext* ctx) {
+void InFlightRequest::RemoveCall(WorkerCall* call) {
   absl::MutexLock lock(&mu_);
   calls_.erase(std::remove_if(calls_.begin(), calls_.end(),
-                              [ctx](const auto& call) { return call.second == ctx; }),
+                              [call](const auto& c) { return c.second == call; }),
                calls_.end());
 }
 
 void InFlightRequest::Cancel(const absl::Status& reason) {
   absl::MutexLock lock(&mu_);
   if (reason_.ok()) reason_ = reason.ok() ? absl::CancelledError("cancelled") : reason;
-  // TryCancel is thread-safe and only interrupts the call; the owner still finishes it. The
-  // contexts stay valid while registered (RemoveCall takes this lock first).
-  for (const auto& call : calls_) call.second->TryCancel();
+  // Cancel is thread-safe and only interrupts the call; the owner still finishes it. The calls
+  // stay valid while registered (RemoveCall takes this lock first).
+  for (const auto& call : calls_) call.second->Cancel();
 }
 
 bool InFlightRequest::CancelIfUsing(const std::string& worker_id, const absl::Status& reason) {

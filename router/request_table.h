@@ -5,7 +5,7 @@
 // when no in-flight request uses it (else ALREADY_EXISTS); an empty id gets a fresh random one.
 // The same id is used on the prefill and the decode worker.
 //
-// Cancellation: each request registers the worker calls it has open (grpc::ClientContext) on its
+// Cancellation: each request registers the worker calls it has open (WorkerCall) on its
 // InFlightRequest, so Router.Abort, the health thread (a worker missed its heartbeats) and router
 // shutdown can interrupt them from other threads. The first cancel reason wins and is what the
 // request's handler reports.
@@ -13,8 +13,6 @@
 // Thread safety: everything is thread-safe.
 #ifndef TANDEM_ROUTER_REQUEST_TABLE_H_
 #define TANDEM_ROUTER_REQUEST_TABLE_H_
-
-#include <grpcpp/client_context.h>
 
 #include <cstddef>
 #include <memory>
@@ -28,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "router/worker_client.h"
 
 namespace tandem::router {
 
@@ -38,10 +37,10 @@ class InFlightRequest {
   const std::string& id() const { return id_; }
 
   // Registers an open call on `worker_id`. Returns false, registering nothing, when the request
-  // is already cancelled: the caller must not start the call. `ctx` must stay valid until
-  // RemoveCall(ctx).
-  bool AddCall(const std::string& worker_id, grpc::ClientContext* ctx);
-  void RemoveCall(grpc::ClientContext* ctx);
+  // is already cancelled: the caller must not start the call. `call` must stay valid until
+  // RemoveCall(call).
+  bool AddCall(const std::string& worker_id, WorkerCall* call);
+  void RemoveCall(WorkerCall* call);
 
   // Records `reason` (the first one wins; must not be OK) and cancels every open call.
   void Cancel(const absl::Status& reason);
@@ -54,7 +53,7 @@ class InFlightRequest {
   const std::string id_;
   mutable absl::Mutex mu_;
   absl::Status reason_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, grpc::ClientContext*>> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, WorkerCall*>> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 class RequestTable;

@@ -1,7 +1,6 @@
 #include "router/request_table.h"
 
-#include <grpcpp/client_context.h>
-
+#include <atomic>
 #include <optional>
 #include <string>
 #include <thread>
@@ -12,6 +11,13 @@
 
 namespace tandem::router {
 namespace {
+
+// A registered call that records whether it was cancelled.
+class RecordingCall final : public WorkerCall {
+ public:
+  void Cancel() override { cancelled = true; }
+  std::atomic<bool> cancelled{false};
+};
 
 TEST(RequestTableTest, AdmissionLimitAndIds) {
   RequestTable table(2);
@@ -47,16 +53,18 @@ TEST(RequestTableTest, CancelInterruptsRegisteredCallsAndRefusesNewOnes) {
   RequestTable table(4);
   absl::StatusOr<Admission> a = table.Admit("a");
   absl::StatusOr<Admission> b = table.Admit("b");
-  grpc::ClientContext ctx_a, ctx_b;
+  RecordingCall ctx_a, ctx_b;
   ASSERT_TRUE(a->request().AddCall("w1", &ctx_a));
   ASSERT_TRUE(b->request().AddCall("w2", &ctx_b));
   EXPECT_EQ(table.CancelUsingWorker("w1", absl::UnavailableError("w1 lost")), 1);
   EXPECT_EQ(a->request().cancel_reason().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(b->request().cancel_reason().ok());
+  EXPECT_TRUE(ctx_a.cancelled);  // the open call was interrupted
+  EXPECT_FALSE(ctx_b.cancelled);
   // The first reason wins; a cancelled request starts no new call.
   EXPECT_TRUE(table.Cancel("a", absl::AbortedError("abort")));
   EXPECT_EQ(a->request().cancel_reason().code(), absl::StatusCode::kUnavailable);
-  grpc::ClientContext ctx_a2;
+  RecordingCall ctx_a2;
   EXPECT_FALSE(a->request().AddCall("w3", &ctx_a2));
   EXPECT_FALSE(table.Cancel("zzz", absl::AbortedError("abort")));
   b->request().RemoveCall(&ctx_b);

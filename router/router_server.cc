@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "router/grpc_worker_client.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {
@@ -40,7 +41,8 @@ std::string WithPort(const std::string& listen, int port) {
 
 RouterServer::RouterServer(const RouterOptions& options)
     : options_(options),
-      registry_(options.registry),
+      registry_(options.registry, absl::Now,
+                options.worker_clients ? options.worker_clients : MakeGrpcWorkerClient),
       requests_(options.max_queue),
       orchestrator_(&registry_, options.orchestrator),
       router_service_(&registry_, &requests_, &orchestrator_),

@@ -35,6 +35,8 @@ struct RouterOptions {
   RegistryOptions registry;
   OrchestratorOptions orchestrator;
   int max_queue = 1024;  // requests in flight at once; more -> RESOURCE_EXHAUSTED
+  // Makes each worker's client; empty: the gRPC one (MakeGrpcWorkerClient). Tests inject fakes.
+  WorkerClientFactory worker_clients;
 };
 
 class RouterServer {

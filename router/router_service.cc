@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "router/grpc_worker_client.h"
 #include "router/routing_policy.h"
 #include "router/validation.h"
 
@@ -33,7 +34,8 @@ grpc::Status RouterServiceImpl::Generate(grpc::ServerContext* ctx,
   v1::GenerateRequest routed = *request;
   routed.set_request_id(admission->request().id());
   WriterSink sink(writer);
-  return ToGrpcStatus(orchestrator_->Generate(routed, admission->request(), ctx, sink));
+  GrpcCaller caller(ctx);
+  return ToGrpcStatus(orchestrator_->Generate(routed, admission->request(), &caller, sink));
 }
 
 grpc::Status RouterServiceImpl::Abort(grpc::ServerContext*, const v1::AbortRequest* request,

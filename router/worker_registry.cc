@@ -1,7 +1,5 @@
 #include "router/worker_registry.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -14,16 +12,6 @@
 
 namespace tandem::router {
 namespace {
-
-std::shared_ptr<v1::WorkerService::StubInterface> MakeStub(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
-  args.SetMaxSendMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
-  // A restarted worker comes back on the same address soon; do not wait out a long backoff.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return v1::WorkerService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-}
 
 bool Routable(v1::ServingStatus status) {
   return status == v1::SERVING_STATUS_SERVING || status == v1::SERVING_STATUS_UNSPECIFIED;
@@ -42,12 +30,12 @@ std::vector<uint64_t> ShortChain(absl::Span<const uint32_t> prompt, uint32_t blo
 
 }  // namespace
 
-WorkerRegistry::WorkerRegistry(RegistryOptions options, Clock clock)
-    : options_(std::move(options)), clock_(std::move(clock)) {}
+WorkerRegistry::WorkerRegistry(RegistryOptions options, Clock clock, WorkerClientFactory clients)
+    : options_(std::move(options)), clock_(std::move(clock)), clients_(std::move(clients)) {}
 
 absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info) {
   if (absl::Status s = ValidateWorkerInfo(info); !s.ok()) return s;
-  auto stub = MakeStub(info.address());
+  std::shared_ptr<WorkerClient> client = clients_ ? clients_(info.address()) : nullptr;
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(info.worker_id());
   if (it != workers_.end()) {
@@ -67,7 +55,7 @@ absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info) {
   }
   auto entry = std::make_unique<Entry>(options_.prefix_index_max_blocks);
   entry->info = info;
-  entry->stub = std::move(stub);
+  entry->client = std::move(client);
   entry->last_heartbeat = clock_();
   LOG(INFO) << "worker " << info.worker_id() << " registered: role "
             << v1::WorkerRole_Name(info.role()) << ", epoch " << info.epoch() << ", address "
@@ -147,7 +135,7 @@ absl::StatusOr<WorkerRef> WorkerRegistry::BeginCall(const std::string& worker_id
     auto chain = snapshot->chains.find(e.info.block_size());
     if (chain != snapshot->chains.end()) e.index.Add(chain->second);
   }
-  return WorkerRef{e.info, e.stub};
+  return WorkerRef{e.info, e.client};
 }
 
 void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error) {

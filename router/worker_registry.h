@@ -37,8 +37,8 @@
 #include "absl/types/span.h"
 #include "router/prefix_index.h"
 #include "router/routing_policy.h"
+#include "router/worker_client.h"
 #include "tandem/v1/router.pb.h"
-#include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
 
@@ -53,11 +53,11 @@ struct RegistryOptions {
   size_t prefix_index_max_blocks = size_t{1} << 20;  // per worker
 };
 
-// One worker as a request uses it. The stub is shared: it stays valid for the call even if the
-// worker re-registers meanwhile.
+// One worker as a request uses it. The client is shared: it stays valid for the call even if
+// the worker re-registers meanwhile (a new incarnation gets a new client).
 struct WorkerRef {
   v1::WorkerInfo info;
-  std::shared_ptr<v1::WorkerService::StubInterface> stub;
+  std::shared_ptr<WorkerClient> client;
 };
 
 // Candidates for one prompt plus the prompt's hash chains (one per block size in use), so the
@@ -72,7 +72,10 @@ class WorkerRegistry {
  public:
   using Clock = std::function<absl::Time()>;
 
-  explicit WorkerRegistry(RegistryOptions options, Clock clock = absl::Now);
+  // `clients` makes the client of each registered worker incarnation (the gRPC one in the
+  // router, fakes in tests); empty: entries have no client (tests of the bookkeeping alone).
+  explicit WorkerRegistry(RegistryOptions options, Clock clock = absl::Now,
+                          WorkerClientFactory clients = {});
 
   WorkerRegistry(const WorkerRegistry&) = delete;
   WorkerRegistry& operator=(const WorkerRegistry&) = delete;
@@ -105,7 +108,7 @@ class WorkerRegistry {
   struct Entry {
     explicit Entry(size_t index_blocks) : index(index_blocks) {}
     v1::WorkerInfo info;
-    std::shared_ptr<v1::WorkerService::StubInterface> stub;
+    std::shared_ptr<WorkerClient> client;
     v1::ServingStatus status = v1::SERVING_STATUS_UNSPECIFIED;
     v1::WorkerLoad load;
     absl::Time last_heartbeat;  // registration counts as the first heartbeat
@@ -120,6 +123,7 @@ class WorkerRegistry {
 
   const RegistryOptions options_;
   const Clock clock_;
+  const WorkerClientFactory clients_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Entry>> workers_ ABSL_GUARDED_BY(mu_);
 };

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/block_hash.h"
 #include "gtest/gtest.h"
+#include "router/fake_worker_client.h"
 
 namespace tandem::router {
 namespace {
@@ -52,7 +53,10 @@ v1::HeartbeatRequest Beat(const std::string& id, uint64_t epoch = 1) {
 
 class WorkerRegistryTest : public ::testing::Test {
  protected:
-  WorkerRegistryTest() : registry_(Options(), [this] { return clock_.Now(); }) {}
+  WorkerRegistryTest()
+      : registry_(
+            Options(), [this] { return clock_.Now(); },
+            [](const std::string&) { return std::make_shared<FakeWorkerClient>(); }) {}
   static RegistryOptions Options() {
     RegistryOptions o;
     o.heartbeat_interval = absl::Seconds(1);
@@ -134,7 +138,7 @@ TEST_F(WorkerRegistryTest, BeginCallCountsLoadAndRemembersThePrompt) {
   EXPECT_EQ(Find(snap, "p")->cached_tokens, 0);
   absl::StatusOr<WorkerRef> ref = registry_.BeginCall("p", &snap);
   ASSERT_TRUE(ref.ok());
-  EXPECT_NE(ref->stub, nullptr);
+  EXPECT_NE(ref->client, nullptr);
   RoutingSnapshot after = registry_.Snapshot(probe_, "");
   EXPECT_EQ(Find(after, "p")->load, 1);
   EXPECT_EQ(Find(after, "p")->cached_tokens, 8);

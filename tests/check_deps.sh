@@ -14,6 +14,9 @@ CORES=(
   //kvtransfer:connector
   //kvtransfer:pull_connector
   //kvtransfer:kv_handle
+  //router:orchestrator          # the router core: its gRPC edge is router_server + grpc_worker_client
+  //router:worker_registry
+  //router:request_table
 )
 rc=0
 for t in "${CORES[@]}"; do

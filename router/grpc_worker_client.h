@@ -1,0 +1,38 @@
+// The gRPC side of the router's worker seam (worker_client.h): a WorkerClient over the
+// WorkerService stub of one worker, and the CallerContext of a client request served by the
+// router's gRPC service. Only this file and router_service.cc see gRPC types in the router.
+//
+// Worker calls made for a GrpcCaller inherit its cancellation (ClientContext::
+// FromServerContext): a client that goes away cancels them at once.
+//
+// Thread safety: as worker_client.h.
+#ifndef TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
+#define TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "router/worker_client.h"
+
+namespace tandem::router {
+
+class GrpcCaller final : public CallerContext {
+ public:
+  explicit GrpcCaller(const grpc::ServerContext* context) : context_(context) {}
+  bool Cancelled() const override { return context_->IsCancelled(); }
+  absl::Time deadline() const override { return absl::FromChrono(context_->deadline()); }
+  const grpc::ServerContext* context() const { return context_; }
+
+ private:
+  const grpc::ServerContext* context_;
+};
+
+// A client with its own channel to `address` (message size limits of proto/tandem/v1/limits.h,
+// a short reconnect backoff: a restarted worker comes back on the same address soon).
+std::shared_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
