@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/daemon.h"
 #include "router/fake_worker.h"
 
 ABSL_FLAG(std::string, router, "", "router address to register with");
@@ -67,11 +68,7 @@ int main(int argc, char** argv) {
     o.eos_token_ids.push_back(id);
   }
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tandem::TerminationSignals signals;
 
   auto worker = tandem::router::FakeWorker::Start(o);
   if (!worker.ok()) {
@@ -81,8 +78,7 @@ int main(int argc, char** argv) {
   std::printf("fake worker %s (%s) listening on %s\n", o.worker_id.c_str(), role.c_str(),
               (*worker)->address().c_str());
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&signals, &sig);
+  signals.Wait();
   (*worker)->Kill();
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 #include "router/router_server.h"
 
@@ -72,20 +73,6 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   return o;
 }
 
-absl::Status WritePortFile(const std::string& path, const std::string& address) {
-  // Write then rename, so a launcher polling for the file never reads half of it.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << address << "\n";
-    if (!out.good()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Run() {
   LoggingOptions logging;
   logging.verbosity = absl::GetFlag(FLAGS_verbosity);
@@ -93,13 +80,8 @@ absl::Status Run() {
   absl::StatusOr<RouterOptions> options = OptionsFromFlags();
   if (!options.ok()) return options.status();
 
-  // Block the shutdown signals in every thread (gRPC's included, which inherit this mask), then
-  // take them synchronously here.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Taken synchronously here; blocked in every thread started after this (gRPC's included).
+  TerminationSignals signals;
 
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
   if (!router.ok()) return router.status();
@@ -110,8 +92,7 @@ absl::Status Run() {
   std::printf("router listening on %s\n", (*router)->address().c_str());
   std::fflush(stdout);
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = signals.Wait();
   LOG(INFO) << "signal " << sig << ": shutting down";
   (*router)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   std::printf("router stopped\n");

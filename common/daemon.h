@@ -1,0 +1,38 @@
+// Plumbing every daemon (tandem_router, tandem_worker, the fake worker) shares: shutdown signals
+// taken synchronously, and the port file a launcher polls for.
+//
+//   TerminationSignals signals;        // first thing in main, before any thread starts
+//   ... start servers; WritePortFile(path, address) ...
+//   int sig = signals.Wait();          // SIGTERM or SIGINT
+//
+// Thread safety: TerminationSignals is used by the thread that made it; WritePortFile is
+// thread-safe for distinct paths.
+#ifndef TANDEM_COMMON_DAEMON_H_
+#define TANDEM_COMMON_DAEMON_H_
+
+#include <csignal>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+// Blocks SIGTERM and SIGINT in this thread and every thread started after it (gRPC's too), so
+// Wait() receives them here instead of a handler running anywhere.
+class TerminationSignals {
+ public:
+  TerminationSignals();
+  // Returns the signal that arrived.
+  int Wait();
+
+ private:
+  sigset_t set_;
+};
+
+// Writes "address\n" to `path` via a temporary file and a rename, so a launcher polling for the
+// file never reads half of it. UNAVAILABLE naming the file when it cannot.
+absl::Status WritePortFile(const std::string& path, const std::string& address);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_DAEMON_H_

@@ -1,0 +1,236 @@
+#include "runtime/worker/worker_daemon.h"
+
+#include <unistd.h>
+
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "kvtransfer/handshake.h"
+#include "kvtransfer/kv_transfer_service.h"
+#include "kvtransfer/pull_connector.h"
+#include "runtime/worker/router_registration.h"
+#include "runtime/worker/worker_service.h"
+#include "tandem/v1/limits.h"
+
+namespace tandem::runtime {
+namespace {
+
+tandem::v1::KvDtype ToProto(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return tandem::v1::KV_DTYPE_F32;
+    case KvDtype::kF16:
+      return tandem::v1::KV_DTYPE_F16;
+    case KvDtype::kBf16:
+      return tandem::v1::KV_DTYPE_BF16;
+  }
+  return tandem::v1::KV_DTYPE_UNSPECIFIED;
+}
+
+// What a peer must match exactly (hashed), from the engine's own facts: the backend names its KV
+// dtype (ExecutorFactory::kv_dtype); the model runs in the same dtype. Its rank geometry (one
+// rank: all KV heads) travels beside it.
+tandem::v1::TransferHandshake LocalHandshake(const std::string& model_id, const Engine& engine,
+                                             uint64_t epoch) {
+  const ModelConfig& m = engine.model_config();
+  kvtransfer::KvCompatibilityFacts facts;
+  facts.model_id = model_id;
+  facts.model_dtype = KvDtypeName(engine.kv_dtype());
+  facts.num_layers = static_cast<uint32_t>(m.num_hidden_layers);
+  facts.num_kv_heads = static_cast<uint32_t>(m.num_key_value_heads);
+  facts.head_dim = static_cast<uint32_t>(m.head_dim);
+  facts.block_size = static_cast<uint32_t>(engine.block_size());
+  facts.kv_dtype = ToProto(engine.kv_dtype());
+  tandem::v1::TransferHandshake local;
+  *local.mutable_compatibility() = kvtransfer::CompatibilityFor(facts);
+  *local.mutable_geometry() = kvtransfer::SingleRankGeometry(
+      local.compatibility(), static_cast<uint64_t>(engine.kv_block_bytes()));
+  local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
+  local.set_epoch(epoch);
+  return local;
+}
+
+std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  return absl::StrCat(RoleName(role), "-", hostname, "-", getpid());
+}
+
+}  // namespace
+
+// Declared in the order they must be built; destroyed in reverse (registration first, the
+// transfer agent that owns the pool's memory last).
+struct WorkerDaemon::Parts {
+  std::unique_ptr<kvtransfer::TransferAgent> agent;
+  std::unique_ptr<kvtransfer::PullKvConnector> connector;
+  std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<kvtransfer::KvTransferServiceImpl> kv_service;
+  std::unique_ptr<kvtransfer::PeerLinks> peers;
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<WorkerServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<RouterRegistration> registration;
+
+  // The engine on the agent's memory where the agent can share it best (UCX-mapped memory that
+  // shared-memory transports read in place), else its own pool registered with the agent.
+  absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(WorkerConfig& config, BackendModel& loaded,
+                                                      uint32_t* region);
+  absl::Status StartServer(const WorkerConfig& config, std::string* address);
+  void StartRegistration(const std::string& router);
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerConfig& config,
+                                                                         BackendModel& loaded,
+                                                                         uint32_t* region) {
+  std::optional<uint32_t> shared_region;
+  KvPoolAllocator allocator = [&](int64_t bytes) -> absl::StatusOr<void*> {
+    absl::StatusOr<std::pair<void*, uint32_t>> shared =
+        agent->AllocateMemory(static_cast<uint64_t>(bytes), tandem::v1::MEMORY_KIND_HOST);
+    if (shared.status().code() == absl::StatusCode::kUnimplemented) return nullptr;
+    if (!shared.ok()) return shared.status();
+    shared_region = shared->second;
+    return shared->first;
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                   Engine::Create(config.engine, loaded.model.config,
+                                  std::move(loaded.model.weights), allocator, &loaded.factory));
+  if (!shared_region.has_value()) {
+    absl::StatusOr<uint32_t> registered = agent->RegisterMemory(
+        engine->kv_pool_data(), engine->kv_pool_bytes(),
+        engine->kv_pool_on_device() ? tandem::v1::MEMORY_KIND_CUDA : tandem::v1::MEMORY_KIND_HOST);
+    if (!registered.ok()) {
+      return absl::Status(
+          registered.status().code(),
+          absl::StrCat("registering the ", loaded.factory.name, " backend's KV pool with the ",
+                       agent->transport(), " transfer agent: ", registered.status().message()));
+    }
+    shared_region = *registered;
+  }
+  *region = *shared_region;
+  return engine;
+}
+
+absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, std::string* address) {
+  // The port is known only after the server starts; the worker learns the final address before
+  // it is announced (printed, written to the port file, registered).
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
+  builder.RegisterService(service.get());
+  builder.RegisterService(kv_service.get());
+  server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen));
+  }
+  *address = absl::StrCat(config.listen.substr(0, config.listen.rfind(':')), ":", port);
+  worker->SetAddress(*address);
+  return absl::OkStatus();
+}
+
+void WorkerDaemon::Parts::StartRegistration(const std::string& router) {
+  RegistrationCallbacks callbacks;
+  Worker* w = worker.get();
+  EngineLoop* l = loop.get();
+  callbacks.info = [w] { return w->Info(); };
+  callbacks.status = [w] { return w->status(); };
+  callbacks.load = [w] { return w->Load(); };
+  callbacks.cache_events = [l](std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {
+    l->TakeCacheEvents(added, removed);
+  };
+  callbacks.all_cached_hashes = [l] { return l->CachedHashes(); };
+  registration = std::make_unique<RouterRegistration>(router, std::move(callbacks));
+  registration->Start();
+}
+
+absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig config) {
+  if (config.max_queued_requests < 1) {
+    return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
+  }
+  if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
+  if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
+    return absl::InvalidArgumentError("--worker_id is too long");
+  }
+  ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(config.model, config.backend));
+  auto parts = std::make_unique<Parts>();
+  config.transfer.cuda_pool = config.backend.backend == "cuda";
+  config.transfer.device = config.backend.device;
+  ASSIGN_OR_RETURN(parts->agent, MakeTransferAgent(config.transfer));
+  uint32_t region = 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, parts->BuildEngine(config, loaded, &region));
+  engine->EnableCacheEvents(!config.router.empty());
+  const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  kvtransfer::PullKvConnectorOptions connector_options;
+  connector_options.block_size = engine->block_size();
+  connector_options.block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
+  connector_options.local_region = region;
+  connector_options.first_lease_id = std::random_device{}() | 1;
+  parts->connector =
+      std::make_unique<kvtransfer::PullKvConnector>(parts->agent.get(), connector_options);
+  engine->AttachConnector(parts->connector.get());
+  tandem::v1::TransferHandshake local = LocalHandshake(loaded.model.model_id, *engine, epoch);
+  local.set_worker_id(config.worker_id);
+
+  WorkerOptions options;
+  options.worker_id = config.worker_id;
+  options.epoch = epoch;
+  options.role = config.role;
+  options.model_id = loaded.model.model_id;
+  options.kv_layout_hash = local.compatibility_hash();
+  options.default_lease = config.default_lease;
+  options.kv_load_timeout = config.kv_load_timeout;
+  EngineLoopOptions loop_options;
+  loop_options.max_queued_requests = config.max_queued_requests;
+  parts->loop = std::make_unique<EngineLoop>(std::move(engine), loop_options);
+  parts->kv_service = std::make_unique<kvtransfer::KvTransferServiceImpl>(
+      parts->agent.get(), parts->connector.get(), local);
+  parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local);
+  parts->worker = std::make_unique<Worker>(parts->loop.get(), parts->connector.get(),
+                                           parts->peers.get(), options);
+  parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
+  std::string address;
+  RETURN_IF_ERROR(parts->StartServer(config, &address));
+  if (!config.router.empty()) parts->StartRegistration(config.router);
+  LOG(INFO) << "worker " << config.worker_id << " epoch " << epoch << " serving on " << address;
+  auto daemon = std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(parts)));
+  daemon->address_ = address;
+  daemon->worker_id_ = config.worker_id;
+  daemon->epoch_ = epoch;
+  return daemon;
+}
+
+WorkerDaemon::WorkerDaemon(std::unique_ptr<Parts> parts)
+    : parts_(std::move(parts)), worker_(parts_->worker.get()) {}
+
+WorkerDaemon::~WorkerDaemon() {
+  if (parts_->registration != nullptr) parts_->registration->Stop();
+  if (parts_->server != nullptr) {
+    parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    parts_->server->Wait();
+  }
+}
+
+void WorkerDaemon::Drain(absl::Duration timeout) {
+  LOG(INFO) << "draining " << worker_->NumInFlight() << " requests";
+  worker_->StartDraining();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (worker_->NumInFlight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Last word to the router (DRAINING), then stop serving.
+  if (parts_->registration != nullptr) {
+    parts_->registration->Stop();
+    parts_->registration.reset();
+  }
+  parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  parts_->server->Wait();
+  parts_->server.reset();
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,72 @@
+// WorkerDaemon: one whole worker process's parts, wired in one place from a WorkerConfig
+// (tandem_worker's flags, or a test's values): model + backend, KV transfer agent (the pool
+// registered once), connector, engine loop, Worker core, the gRPC server with WorkerService and
+// KvTransferService on one port, and router registration. tandem_worker's main is flags ->
+// WorkerConfig -> Create -> wait for a signal -> Drain.
+//
+// Thread safety: Create / Drain / the destructor from one thread; worker() is thread-safe.
+#ifndef TANDEM_RUNTIME_WORKER_WORKER_DAEMON_H_
+#define TANDEM_RUNTIME_WORKER_WORKER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/engine/backend_factory.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_source.h"
+#include "runtime/worker/transfer_agent_factory.h"
+#include "runtime/worker/worker.h"
+#include "tandem/v1/router.pb.h"
+
+namespace tandem::runtime {
+
+struct WorkerConfig {
+  tandem::v1::WorkerRole role = tandem::v1::WORKER_ROLE_MIXED;
+  ModelSource model;
+  BackendOptions backend;
+  EngineConfig engine;
+  TransferAgentFlags transfer;  // transfer.cuda_pool / device follow `backend`
+  std::string listen = "127.0.0.1:0";
+  std::string worker_id;  // empty: <role>-<hostname>-<pid>
+  std::string router;     // empty: standalone (no registration)
+  absl::Duration default_lease = absl::Seconds(30);
+  absl::Duration kv_load_timeout = absl::Seconds(20);
+  int64_t max_queued_requests = 4096;
+};
+
+class WorkerDaemon {
+ public:
+  // Loads the model, builds everything, starts serving and (with a router) registering.
+  // INVALID_ARGUMENT for bad values, UNAVAILABLE when `listen` cannot be bound, the backend's
+  // and the transfer agent's own errors otherwise.
+  static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(WorkerConfig config);
+  ~WorkerDaemon();  // stops registration, the server, the engine loop, in that order
+
+  WorkerDaemon(const WorkerDaemon&) = delete;
+  WorkerDaemon& operator=(const WorkerDaemon&) = delete;
+
+  const std::string& address() const { return address_; }  // host:port actually bound
+  const std::string& worker_id() const { return worker_id_; }
+  uint64_t epoch() const { return epoch_; }
+  Worker& worker() { return *worker_; }
+
+  // SIGTERM: stop taking requests (DRAINING, told to the router), let the ones in flight finish
+  // for up to `timeout`, send a last heartbeat and stop the server.
+  void Drain(absl::Duration timeout);
+
+ private:
+  struct Parts;
+  explicit WorkerDaemon(std::unique_ptr<Parts> parts);
+
+  std::unique_ptr<Parts> parts_;
+  Worker* worker_ = nullptr;
+  std::string address_;
+  std::string worker_id_;
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_WORKER_WORKER_DAEMON_H_

@@ -1,0 +1,86 @@
+// WorkerDaemon::Create from a WorkerConfig, as tandem_worker's main uses it: a whole worker
+// (dummy tiny model, UCX agent on loopback, gRPC server) in this process, served and drained;
+// bad configurations are refused with the flag's problem named.
+#include "runtime/worker/worker_daemon.h"
+
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::runtime {
+namespace {
+
+WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {
+  WorkerConfig config;
+  config.role = role;
+  config.model.load_format = "dummy";
+  config.model.dummy_config = "tiny";
+  config.backend.num_threads = 1;
+  config.engine.num_threads = 1;
+  config.engine.kv_cache_bytes = int64_t{4} << 20;
+  config.worker_id = "daemon-test";
+  return config;
+}
+
+TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon =
+      WorkerDaemon::Create(TinyConfig(tandem::v1::WORKER_ROLE_MIXED));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_EQ((*daemon)->address().rfind("127.0.0.1:", 0), 0u) << (*daemon)->address();
+  EXPECT_GT((*daemon)->epoch(), 0u);
+  auto stub = tandem::v1::WorkerService::NewStub(
+      grpc::CreateChannel((*daemon)->address(), grpc::InsecureChannelCredentials()));
+  tandem::v1::GenerateRequest request;
+  request.set_request_id("r");
+  for (uint32_t t : {3u, 1u, 4u, 1u, 5u}) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_max_tokens(6);
+  request.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, request);
+  tandem::v1::GenerateResponse msg;
+  int tokens = 0;
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 6);
+  const tandem::v1::WorkerStats stats = (*daemon)->worker().StatsProto();
+  EXPECT_EQ(stats.info().worker_id(), "daemon-test");
+  EXPECT_EQ(stats.requests_finished(), 1u);
+  EXPECT_NE(stats.info().kv_layout_hash(), 0u);
+
+  (*daemon)->Drain(absl::Seconds(5));
+  EXPECT_EQ((*daemon)->worker().status(), tandem::v1::SERVING_STATUS_DRAINING);
+  grpc::ClientContext after;
+  after.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  tandem::v1::HealthResponse health;
+  EXPECT_FALSE(stub->Health(&after, tandem::v1::WorkerHealthRequest(), &health).ok())
+      << "the server stopped";
+}
+
+TEST(WorkerDaemonTest, BadConfigurationsAreRefusedNamingTheProblem) {
+  WorkerConfig queue = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  queue.max_queued_requests = 0;
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> d = WorkerDaemon::Create(queue);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("max_queued_requests"), std::string::npos) << d.status();
+
+  WorkerConfig transport = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  transport.transfer.transport = "carrier-pigeon";
+  d = WorkerDaemon::Create(transport);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+
+  WorkerConfig listen = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  listen.listen = "256.1.1.1:0";
+  d = WorkerDaemon::Create(listen);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kUnavailable) << d.status();
+
+  WorkerConfig id = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  id.worker_id = std::string(1000, 'w');
+  d = WorkerDaemon::Create(id);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+}
+
+}  // namespace
+}  // namespace tandem::runtime
