@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/copy_ops.h"
 
 namespace tandem::kvtransfer {
 
@@ -179,23 +180,15 @@ std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::D
 
 std::vector<CopyOp> PullKvConnector::BlocksToCopyOps(
     absl::Span<const std::pair<int32_t, int32_t>> blocks, const PullKvConnectorOptions& options) {
-  std::vector<CopyOp> ops;
-  for (size_t i = 0; i < blocks.size();) {
-    size_t j = i + 1;
-    while (j < blocks.size() && blocks[j].first == blocks[j - 1].first + 1 &&
-           blocks[j].second == blocks[j - 1].second + 1) {
-      ++j;
-    }
-    CopyOp op;
-    op.local_region = options.local_region;
-    op.remote_region = options.remote_region;
-    op.remote_offset = static_cast<uint64_t>(blocks[i].first) * options.block_bytes;
-    op.local_offset = static_cast<uint64_t>(blocks[i].second) * options.block_bytes;
-    op.length = static_cast<uint64_t>(j - i) * options.block_bytes;
-    ops.push_back(op);
-    i = j;
+  std::vector<uint32_t> local, remote;
+  local.reserve(blocks.size());
+  remote.reserve(blocks.size());
+  for (const auto& [source, destination] : blocks) {
+    remote.push_back(static_cast<uint32_t>(source));
+    local.push_back(static_cast<uint32_t>(destination));
   }
-  return ops;
+  return BlockCopyOps(options.local_region, options.remote_region, options.block_bytes, local,
+                      remote);
 }
 
 absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {

@@ -51,8 +51,7 @@
 
 namespace tandem::runtime {
 
-// Physical block index in [0, num_blocks) (also declared in free_block_queue.h).
-using BlockId = int32_t;
+// BlockId (a physical block index in [0, num_blocks)) comes from free_block_queue.h.
 
 struct KvCacheConfig {
   int64_t num_blocks = 0;   // >= 1; fewer than INT32_MAX
