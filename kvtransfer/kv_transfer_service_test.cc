@@ -12,10 +12,10 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "kvtransfer/fault_injecting_agent.h"
 #include "kvtransfer/handshake.h"
-#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
+#include "kvtransfer/testing/fault_injecting_agent.h"
 
 namespace tandem::kvtransfer {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "kvtransfer/fault_injecting_agent.h"
-#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
+#include "kvtransfer/testing/fault_injecting_agent.h"
 
 namespace tandem::kvtransfer {
 namespace {

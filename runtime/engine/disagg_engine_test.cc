@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"

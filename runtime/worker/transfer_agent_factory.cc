@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/ucx_agent.h"
+#include "kvtransfer/ucx/ucx_agent.h"
 #if defined(TANDEM_WITH_CUDA)
-#include "kvtransfer/nccl_agent.h"
+#include "kvtransfer/nccl/nccl_agent.h"
 #endif
 
 namespace tandem::runtime {

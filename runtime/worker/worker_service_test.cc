@@ -14,7 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/handshake.h"
-#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/kv_transfer_service.h"
 #include "kvtransfer/pull_connector.h"
 #include "runtime/model/model_config.h"

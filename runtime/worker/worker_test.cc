@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/handshake.h"
-#include "kvtransfer/inprocess_agent.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"

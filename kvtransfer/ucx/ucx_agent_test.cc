@@ -1,0 +1,366 @@
+// UcxAgent with both agents in this process (loopback; the two-process tests are in
+// ucx_two_process_test.cc).
+#include "kvtransfer/ucx/ucx_agent.h"
+
+#include <algorithm>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/copy_ops.h"
+#include "kvtransfer/cuda_staging.h"
+#include "kvtransfer/testing/agent_test_util.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+using ::tandem::kvtransfer::testing::FillPattern;
+using ::tandem::kvtransfer::testing::FirstPatternMismatch;
+using ::tandem::kvtransfer::testing::WaitForEnd;
+using ::tandem::v1::MEMORY_KIND_HOST;
+
+constexpr uint8_t kFill = 0xC3;
+
+class UcxAgentTest : public ::testing::Test {
+ protected:
+  // `block` bytes per block, `blocks` blocks per pool. allocate_source: the source pool comes
+  // from AllocateMemory (shared memory), so the reader copies it directly (direct copies).
+  void Start(uint64_t block, uint32_t blocks, UcxAgentOptions options = {},
+             bool allocate_source = false) {
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+    block_ = block;
+    blocks_ = blocks;
+    dst_pool_.assign(block * blocks, kFill);
+    auto src = UcxAgent::Create(options);
+    ASSERT_TRUE(src.ok()) << src.status();
+    auto dst = UcxAgent::Create(options);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    src_ = *std::move(src);
+    dst_ = *std::move(dst);
+    if (allocate_source) {
+      auto allocated = src_->AllocateMemory(block * blocks, MEMORY_KIND_HOST);
+      ASSERT_TRUE(allocated.ok()) << allocated.status();
+      ASSERT_EQ(allocated->second, 0u);
+      FillPattern(seed_, 0,
+                  absl::MakeSpan(static_cast<uint8_t*>(allocated->first), block * blocks));
+    } else {
+      src_pool_.resize(block * blocks);
+      FillPattern(seed_, 0, absl::MakeSpan(src_pool_));
+      ASSERT_EQ(*src_->RegisterMemory(src_pool_.data(), src_pool_.size(), MEMORY_KIND_HOST), 0u);
+    }
+    ASSERT_EQ(*dst_->RegisterMemory(dst_pool_.data(), dst_pool_.size(), MEMORY_KIND_HOST), 0u);
+    ASSERT_TRUE(src_->FillLocalDescriptor(&src_descriptor_).ok());
+    ASSERT_TRUE(dst_->AddPeer("p0", src_descriptor_).ok());
+  }
+
+  std::vector<CopyOp> RandomOps(uint32_t n, bool partial_last) {
+    std::vector<uint32_t> local(blocks_), remote(blocks_);
+    for (uint32_t i = 0; i < blocks_; ++i) local[i] = remote[i] = i;
+    std::shuffle(local.begin(), local.end(), rng_);
+    std::shuffle(remote.begin(), remote.end(), rng_);
+    local.resize(n);
+    remote.resize(n);
+    if (rng_() % 2) std::sort(remote.begin(), remote.end());
+    if (rng_() % 2) std::sort(local.begin(), local.end());
+    std::vector<CopyOp> ops = BlockCopyOps(0, 0, block_, local, remote);
+    if (partial_last) ops.back().length -= rng_() % ops.back().length;
+    return ops;
+  }
+
+  // Every target byte holds the source pattern; every other byte still holds kFill.
+  void ExpectExactly(const std::vector<CopyOp>& ops) {
+    std::vector<bool> written(dst_pool_.size(), false);
+    for (const CopyOp& op : ops) {
+      ASSERT_EQ(FirstPatternMismatch(seed_, op.remote_offset,
+                                     absl::MakeSpan(&dst_pool_[op.local_offset], op.length)),
+                -1);
+      std::fill_n(written.begin() + op.local_offset, op.length, true);
+    }
+    for (size_t i = 0; i < written.size(); ++i) {
+      if (!written[i]) {
+        ASSERT_EQ(dst_pool_[i], kFill) << "byte " << i << " outside the targets changed";
+      }
+    }
+  }
+
+  // Cancels a long transfer after a random delay, `rounds` times: it ends OK or CANCELLED,
+  // nothing changes after its end was observed, and every byte that did arrive is correct.
+  void CancelAndCheckNoLateWrites(int rounds) {
+    int cancelled = 0;
+    for (int round = 0; round < rounds; ++round) {
+      std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+      const std::vector<CopyOp> ops = RandomOps(blocks_, false);
+      const TransferId id = *dst_->PostRead("p0", ops);
+      // Round 0 cancels at once (surely before the end), the others after a random delay.
+      if (round > 0) absl::SleepFor(absl::Microseconds(rng_() % 2000));
+      dst_->Cancel(id);
+      absl::Status end = WaitForEnd(*dst_, id);
+      ASSERT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
+      cancelled += end.code() == absl::StatusCode::kCancelled;
+      const std::vector<uint8_t> at_end = dst_pool_;
+      absl::SleepFor(absl::Milliseconds(20));
+      ASSERT_TRUE(dst_pool_ == at_end) << "bytes written after the end was observed";
+      for (const CopyOp& op : ops) {
+        for (uint64_t i = 0; i < op.length; i += 997) {
+          const uint8_t got = dst_pool_[op.local_offset + i];
+          if (got != kFill) {
+            ASSERT_EQ(got, testing::PatternByte(seed_, op.remote_offset + i))
+                << "local byte " << op.local_offset + i;
+          }
+        }
+      }
+    }
+    EXPECT_GT(cancelled, 0);
+    EXPECT_EQ(dst_->Stats().transfers_failed, static_cast<uint64_t>(cancelled));
+  }
+
+  unsigned seed_ = 0;
+  std::mt19937 rng_;
+  uint64_t block_ = 0;
+  uint32_t blocks_ = 0;
+  std::vector<uint8_t> src_pool_, dst_pool_;
+  std::unique_ptr<UcxAgent> src_, dst_;
+  tandem::v1::TransferHandshake src_descriptor_;
+};
+
+#define TRACE_SEED() SCOPED_TRACE(::testing::Message() << "seed " << seed_)
+
+TEST_F(UcxAgentTest, RandomBlockListsAreBitExact) {
+  // Small requests so one transfer spans many requests and the in-flight window.
+  Start(64 << 10, 48, {.max_request_bytes = 100000, .max_inflight_bytes = 300000});
+  TRACE_SEED();
+  for (int round = 0; round < 12; ++round) {
+    std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+    const std::vector<CopyOp> ops = RandomOps(1 + rng_() % blocks_, round % 2 == 1);
+    absl::StatusOr<TransferId> id = dst_->PostRead("p0", ops);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(WaitForEnd(*dst_, *id).ok());
+    ExpectExactly(ops);
+  }
+  EXPECT_EQ(dst_->Stats().transfers_completed, 12u);
+  EXPECT_EQ(dst_->Stats().peers, 1u);
+}
+
+TEST_F(UcxAgentTest, OddBlockSizeAndConcurrentTransfers) {
+  Start(4099, 64, {.max_request_bytes = 5000, .max_inflight_bytes = 20000});
+  TRACE_SEED();
+  // Four concurrent transfers over disjoint destination blocks.
+  std::vector<TransferId> ids;
+  std::vector<CopyOp> all;
+  for (uint32_t t = 0; t < 4; ++t) {
+    std::vector<uint32_t> local, remote;
+    for (uint32_t b = t; b < blocks_; b += 4) {
+      local.push_back(b);
+      remote.push_back(blocks_ - 1 - b);
+    }
+    std::vector<CopyOp> ops = BlockCopyOps(0, 0, block_, local, remote);
+    all.insert(all.end(), ops.begin(), ops.end());
+    ids.push_back(*dst_->PostRead("p0", ops));
+  }
+  for (TransferId id : ids) ASSERT_TRUE(WaitForEnd(*dst_, id).ok());
+  ExpectExactly(all);
+}
+
+TEST_F(UcxAgentTest, ReadFromSelf) {
+  Start(8192, 8);
+  TRACE_SEED();
+  tandem::v1::TransferHandshake self;
+  ASSERT_TRUE(src_->FillLocalDescriptor(&self).ok());
+  ASSERT_TRUE(src_->AddPeer("self", self).ok());
+  const std::vector<CopyOp> ops = {{0, 0, 0, 4 * 8192, 8192}};  // block 4 -> block 0
+  ASSERT_TRUE(WaitForEnd(*src_, *src_->PostRead("self", ops)).ok());
+  EXPECT_EQ(FirstPatternMismatch(seed_, 4 * 8192, absl::MakeSpan(src_pool_.data(), 8192)), -1);
+}
+
+TEST_F(UcxAgentTest, PostReadValidation) {
+  Start(4096, 4);
+  EXPECT_EQ(dst_->PostRead("nobody", RandomOps(1, false)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(dst_->PostRead("p0", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<CopyOp> zero = {{0, 0, 0, 0, 0}};
+  EXPECT_EQ(dst_->PostRead("p0", zero).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<CopyOp> past_remote = {{0, 0, 0, 4 * 4096 - 1, 2}};
+  EXPECT_EQ(dst_->PostRead("p0", past_remote).status().code(), absl::StatusCode::kOutOfRange);
+  const std::vector<CopyOp> past_local = {{0, 4 * 4096, 0, 0, 1}};
+  EXPECT_EQ(dst_->PostRead("p0", past_local).status().code(), absl::StatusCode::kOutOfRange);
+  const std::vector<CopyOp> bad_region = {{0, 0, 3, 0, 1}};
+  EXPECT_EQ(dst_->PostRead("p0", bad_region).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(dst_->CheckTransfer(999).status().code(), absl::StatusCode::kNotFound);
+  dst_->Cancel(999);  // no-op
+}
+
+TEST_F(UcxAgentTest, RegisterAndAddPeerErrors) {
+  Start(4096, 4);
+  EXPECT_FALSE(dst_->SupportsCudaMemory());
+  std::vector<uint8_t> buf(4096, 1);
+  // CUDA memory without UCX CUDA support: UNIMPLEMENTED unless staging is asked for.
+  EXPECT_EQ(
+      dst_->RegisterMemory(buf.data(), buf.size(), tandem::v1::MEMORY_KIND_CUDA).status().code(),
+      absl::StatusCode::kUnimplemented);
+  // With staging, host memory called CUDA: CPU-only builds cannot stage (UNIMPLEMENTED); CUDA
+  // builds find it is no device memory (INVALID_ARGUMENT), or that there is no GPU
+  // (UNAVAILABLE).
+  auto staging = UcxAgent::Create({.stage_cuda_memory = true});
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  const absl::Status cuda =
+      (*staging)->RegisterMemory(buf.data(), buf.size(), tandem::v1::MEMORY_KIND_CUDA).status();
+  if (CudaStagingCompiled()) {
+    EXPECT_TRUE(cuda.code() == absl::StatusCode::kInvalidArgument ||
+                cuda.code() == absl::StatusCode::kUnavailable)
+        << cuda;
+  } else {
+    EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented) << cuda;
+  }
+  EXPECT_EQ(dst_->RegisterMemory(nullptr, 10, MEMORY_KIND_HOST).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  tandem::v1::TransferHandshake bad = src_descriptor_;
+  bad.set_transport("inprocess");
+  EXPECT_EQ(dst_->AddPeer("x", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = src_descriptor_;
+  bad.clear_worker_address();
+  EXPECT_EQ(dst_->AddPeer("x", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = src_descriptor_;
+  bad.mutable_regions(0)->clear_packed_rkey();
+  EXPECT_EQ(dst_->AddPeer("x", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dst_->Stats().peers, 1u);
+}
+
+TEST_F(UcxAgentTest, CancelEndsAndNothingIsWrittenAfterTheEnd) {
+  // Many small requests through a narrow window: the transfer is long enough to cancel.
+  Start(64 << 10, 256, {.max_request_bytes = 4096, .max_inflight_bytes = 8192});
+  TRACE_SEED();
+  CancelAndCheckNoLateWrites(5);
+  if (HasFatalFailure()) return;
+  // The agent still works afterwards.
+  std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+  const std::vector<CopyOp> ops = RandomOps(3, true);
+  ASSERT_TRUE(WaitForEnd(*dst_, *dst_->PostRead("p0", ops)).ok());
+  ExpectExactly(ops);
+}
+
+TEST_F(UcxAgentTest, RemoveAndReAddPeer) {
+  Start(64 << 10, 128, {.max_request_bytes = 4096, .max_inflight_bytes = 8192});
+  TRACE_SEED();
+  const TransferId id = *dst_->PostRead("p0", RandomOps(blocks_, false));
+  dst_->RemovePeer("p0");
+  absl::Status end = WaitForEnd(*dst_, id);
+  EXPECT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
+  EXPECT_EQ(dst_->PostRead("p0", RandomOps(1, false)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dst_->Stats().peers, 0u);
+  ASSERT_TRUE(dst_->AddPeer("p0", src_descriptor_).ok());
+  // Re-adding over a live connection replaces it.
+  const TransferId before = *dst_->PostRead("p0", RandomOps(blocks_, false));
+  ASSERT_TRUE(dst_->AddPeer("p0", src_descriptor_).ok());
+  end = WaitForEnd(*dst_, before);
+  EXPECT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
+  std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+  const std::vector<CopyOp> ops = RandomOps(5, true);
+  ASSERT_TRUE(WaitForEnd(*dst_, *dst_->PostRead("p0", ops)).ok());
+  ExpectExactly(ops);
+}
+
+TEST_F(UcxAgentTest, DestroyWithTransfersInFlight) {
+  Start(64 << 10, 128, {.max_request_bytes = 4096, .max_inflight_bytes = 8192});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(dst_->PostRead("p0", RandomOps(blocks_, false)).ok());
+  dst_.reset();  // must not hang or crash
+  const std::vector<uint8_t> after = dst_pool_;
+  absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(dst_pool_ == after);
+}
+
+TEST_F(UcxAgentTest, IdleAgentDoesNotSpin) {
+  Start(4096, 4);
+  // CPU time of this process over an idle period: two idle progress threads must not burn it.
+  const std::clock_t c0 = std::clock();
+  absl::SleepFor(absl::Milliseconds(300));
+  const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  // Generous: a spinning thread would use ~0.3 s; idle wakeups use well under 0.05 s.
+  EXPECT_LT(cpu_s, 0.15) << "idle CPU " << cpu_s << " s";
+}
+
+TEST(UcxAgentOptionsTest, CopyThreadsOutOfRangeAreRefused) {
+  for (int threads : {0, -1, 65}) {
+    EXPECT_EQ(UcxAgent::Create({.copy_threads = threads}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << threads;
+  }
+}
+
+// Direct copies (source pool from AllocateMemory, mapped by the reader) run by 1, 2 or 3 copy
+// threads.
+class UcxAgentDirectCopyTest : public UcxAgentTest, public ::testing::WithParamInterface<int> {
+ protected:
+  // Small requests through a window of several: the copy queue holds many copies at once.
+  void StartDirect(uint64_t block, uint32_t blocks, uint64_t request_bytes, uint64_t window_bytes) {
+    Start(block, blocks,
+          {.max_request_bytes = request_bytes,
+           .max_inflight_bytes = window_bytes,
+           .copy_threads = GetParam(),
+           .min_streaming_transfer_bytes = 0},  // streaming stores even for short transfers
+          /*allocate_source=*/true);
+  }
+};
+
+TEST_P(UcxAgentDirectCopyTest, RandomBlockListsAndConcurrentTransfersAreBitExact) {
+  StartDirect(64 << 10, 64, 10007, 200000);
+  TRACE_SEED();
+  for (int round = 0; round < 8; ++round) {
+    std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+    // Two concurrent transfers into disjoint destination blocks (even / odd), odd lengths.
+    std::vector<CopyOp> all;
+    std::vector<TransferId> ids;
+    std::vector<uint32_t> remote(blocks_);
+    for (uint32_t i = 0; i < blocks_; ++i) remote[i] = i;
+    std::shuffle(remote.begin(), remote.end(), rng_);
+    for (uint32_t part = 0; part < 2; ++part) {
+      std::vector<uint32_t> local, src;
+      for (uint32_t b = part; b < blocks_; b += 2) {
+        if (rng_() % 3 == 0) continue;
+        local.push_back(b);
+        src.push_back(remote[b]);
+      }
+      if (local.empty()) continue;
+      std::vector<CopyOp> ops = BlockCopyOps(0, 0, block_, local, src);
+      ops.back().length -= rng_() % ops.back().length;
+      all.insert(all.end(), ops.begin(), ops.end());
+      absl::StatusOr<TransferId> id = dst_->PostRead("p0", ops);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
+    }
+    for (TransferId id : ids) ASSERT_TRUE(WaitForEnd(*dst_, id).ok());
+    ExpectExactly(all);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(UcxAgentDirectCopyTest, CancelEndsAndNothingIsWrittenAfterTheEnd) {
+  StartDirect(64 << 10, 256, 4096, 64 << 10);
+  TRACE_SEED();
+  CancelAndCheckNoLateWrites(5);
+}
+
+TEST_P(UcxAgentDirectCopyTest, RemovePeerAndDestroyWithCopiesQueued) {
+  StartDirect(64 << 10, 128, 4096, 64 << 10);
+  TRACE_SEED();
+  const TransferId removed = *dst_->PostRead("p0", RandomOps(blocks_, false));
+  dst_->RemovePeer("p0");
+  const absl::Status end = WaitForEnd(*dst_, removed);
+  EXPECT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
+  ASSERT_TRUE(dst_->AddPeer("p0", src_descriptor_).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(dst_->PostRead("p0", RandomOps(blocks_, false)).ok());
+  dst_.reset();  // must not hang or crash, and leaves no copy running
+  const std::vector<uint8_t> after = dst_pool_;
+  absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(dst_pool_ == after);
+}
+
+INSTANTIATE_TEST_SUITE_P(CopyThreads, UcxAgentDirectCopyTest, ::testing::Values(1, 2, 3));
+
+}  // namespace
+}  // namespace tandem::kvtransfer
