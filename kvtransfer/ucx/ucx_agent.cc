@@ -1,5 +1,3 @@
-#include "kvtransfer/ucx/ucx_agent.h"
-
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -14,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/ucx_status.h"
 #include "kvtransfer/copy_ops.h"
+#include "kvtransfer/ucx/ucx_agent_impl.h"
 #include "tandem/v1/limits.h"
 
 // Converted UCX error naming the call and the line it failed at.
@@ -37,12 +36,12 @@ absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(UcxAgentOptions optio
     return absl::InvalidArgumentError(absl::StrCat(
         "UcxAgentOptions::copy_threads must be in [1, 64], got ", options.copy_threads));
   }
-  std::unique_ptr<UcxAgent> agent(new UcxAgent(std::move(options)));
+  std::unique_ptr<UcxAgentImpl> agent(new UcxAgentImpl(std::move(options)));
   if (absl::Status s = agent->Init(); !s.ok()) return s;
   return agent;
 }
 
-absl::Status UcxAgent::Init() {
+absl::Status UcxAgentImpl::Init() {
   ucp_config_t* config = nullptr;
   UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
   std::vector<std::pair<std::string, std::string>> settings = {
@@ -114,7 +113,7 @@ absl::Status UcxAgent::Init() {
   return absl::OkStatus();
 }
 
-UcxAgent::~UcxAgent() {
+UcxAgentImpl::~UcxAgentImpl() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -169,8 +168,8 @@ UcxAgent::~UcxAgent() {
   if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
-absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
-                                                  tandem::v1::MemoryKind kind) {
+absl::StatusOr<uint32_t> UcxAgentImpl::RegisterMemory(void* base, uint64_t length,
+                                                      tandem::v1::MemoryKind kind) {
   if (base == nullptr || length == 0) {
     return absl::InvalidArgumentError("RegisterMemory: null base or zero length");
   }
@@ -204,8 +203,8 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterMemory(void* base, uint64_t length,
   return AddRegionLocked(static_cast<char*>(base), length, memh, kind);
 }
 
-absl::StatusOr<std::pair<void*, uint32_t>> UcxAgent::AllocateMemory(uint64_t length,
-                                                                    tandem::v1::MemoryKind kind) {
+absl::StatusOr<std::pair<void*, uint32_t>> UcxAgentImpl::AllocateMemory(
+    uint64_t length, tandem::v1::MemoryKind kind) {
   if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
   if (kind == tandem::v1::MEMORY_KIND_CUDA) {
     return absl::UnimplementedError("AllocateMemory: host memory only");
@@ -225,7 +224,7 @@ absl::StatusOr<std::pair<void*, uint32_t>> UcxAgent::AllocateMemory(uint64_t len
   return std::make_pair(static_cast<void*>(base), *index);
 }
 
-absl::StatusOr<char*> UcxAgent::MapSharedHostMemory(uint64_t length, ucp_mem_h* memh) {
+absl::StatusOr<char*> UcxAgentImpl::MapSharedHostMemory(uint64_t length, ucp_mem_h* memh) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
@@ -246,8 +245,8 @@ absl::StatusOr<char*> UcxAgent::MapSharedHostMemory(uint64_t length, ucp_mem_h* 
   return static_cast<char*>(attr.address);
 }
 
-absl::StatusOr<uint32_t> UcxAgent::AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,
-                                                   tandem::v1::MemoryKind kind) {
+absl::StatusOr<uint32_t> UcxAgentImpl::AddRegionLocked(char* base, uint64_t length, ucp_mem_h memh,
+                                                       tandem::v1::MemoryKind kind) {
   void* packed = nullptr;
   size_t packed_size = 0;
   if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_size); s != UCS_OK) {
@@ -260,7 +259,7 @@ absl::StatusOr<uint32_t> UcxAgent::AddRegionLocked(char* base, uint64_t length, 
   return static_cast<uint32_t>(regions_.size() - 1);
 }
 
-absl::Status UcxAgent::FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) {
+absl::Status UcxAgentImpl::FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) {
   absl::MutexLock lock(&mu_);
   handshake->set_transport(transport());
   handshake->set_worker_address(worker_address_);
@@ -275,8 +274,8 @@ absl::Status UcxAgent::FillLocalDescriptor(tandem::v1::TransferHandshake* handsh
   return absl::OkStatus();
 }
 
-absl::Status UcxAgent::AddPeer(const std::string& peer_name,
-                               const tandem::v1::TransferHandshake& peer) {
+absl::Status UcxAgentImpl::AddPeer(const std::string& peer_name,
+                                   const tandem::v1::TransferHandshake& peer) {
   const std::string who = absl::StrCat("peer ", peer_name);
   if (peer.transport() != transport()) {
     return absl::InvalidArgumentError(
@@ -312,7 +311,7 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = address;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &UcxAgent::OnEndpointError;
+  params.err_handler.cb = &UcxAgentImpl::OnEndpointError;
   params.err_handler.arg = conn.get();
   ucp_ep_h* watched = options_.separate_data_endpoint ? &conn->monitor_ep : &conn->ep;
   if (ucs_status_t s = ucp_ep_create(worker_, &params, watched); s != UCS_OK) {
@@ -400,7 +399,7 @@ absl::Status UcxAgent::AddPeer(const std::string& peer_name,
   return absl::OkStatus();
 }
 
-absl::Status UcxAgent::WaitConnectedLocked(Conn* conn, ucp_ep_h ep) {
+absl::Status UcxAgentImpl::WaitConnectedLocked(Conn* conn, ucp_ep_h ep) {
   ucp_request_param_t param{};
   ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep, &param);
   if (flush == nullptr) return absl::OkStatus();
@@ -431,7 +430,7 @@ absl::Status UcxAgent::WaitConnectedLocked(Conn* conn, ucp_ep_h ep) {
       absl::StrCat("cannot connect to peer ", conn->name, ": ", ucs_status_string(status)));
 }
 
-void UcxAgent::RemovePeer(const std::string& peer_name) {
+void UcxAgentImpl::RemovePeer(const std::string& peer_name) {
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(peer_name);
   if (it == peers_.end()) return;
@@ -442,8 +441,8 @@ void UcxAgent::RemovePeer(const std::string& peer_name) {
   Wake();
 }
 
-absl::StatusOr<TransferId> UcxAgent::PostRead(const std::string& peer_name,
-                                              absl::Span<const CopyOp> ops) {
+absl::StatusOr<TransferId> UcxAgentImpl::PostRead(const std::string& peer_name,
+                                                  absl::Span<const CopyOp> ops) {
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(peer_name);
   if (it == peers_.end()) {
@@ -471,7 +470,7 @@ absl::StatusOr<TransferId> UcxAgent::PostRead(const std::string& peer_name,
   return id;
 }
 
-absl::StatusOr<bool> UcxAgent::CheckTransfer(TransferId id) {
+absl::StatusOr<bool> UcxAgentImpl::CheckTransfer(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
   if (it == transfers_.end()) {
@@ -484,7 +483,7 @@ absl::StatusOr<bool> UcxAgent::CheckTransfer(TransferId id) {
   return true;
 }
 
-void UcxAgent::Cancel(TransferId id) {
+void UcxAgentImpl::Cancel(TransferId id) {
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
   if (it == transfers_.end() || it->second->ended) return;
@@ -493,7 +492,7 @@ void UcxAgent::Cancel(TransferId id) {
                      absl::CancelledError(absl::StrCat("transfer ", id, " cancelled")));
 }
 
-TransferAgentStats UcxAgent::Stats() const {
+TransferAgentStats UcxAgentImpl::Stats() const {
   absl::MutexLock lock(&mu_);
   TransferAgentStats stats = stats_;
   stats.peers = peers_.size();

@@ -14,7 +14,7 @@
 #include "common/ucx_status.h"
 #include "kvtransfer/cuda_staging.h"
 #include "kvtransfer/streaming_copy.h"
-#include "kvtransfer/ucx/ucx_agent.h"
+#include "kvtransfer/ucx/ucx_agent_impl.h"
 
 // Converted UCX error naming the call and the line it failed at.
 #define UCX_ERROR(status, call) ::tandem::UcxStatus((status), {(call), __FILE__, __LINE__})
@@ -31,7 +31,7 @@ constexpr absl::Duration kDrainForceAfter = absl::Seconds(3);
 // ---------------------------------------------------------------------------------------------
 // Transfer state machine (all under mu_).
 
-void UcxAgent::StopTransferLocked(Transfer& t, const absl::Status& reason) {
+void UcxAgentImpl::StopTransferLocked(Transfer& t, const absl::Status& reason) {
   if (t.ended) return;
   if (t.error.ok()) t.error = reason;
   // ucp_request_cancel may complete a request (and run OnGetDone) right here: iterate a copy.
@@ -53,7 +53,7 @@ void UcxAgent::StopTransferLocked(Transfer& t, const absl::Status& reason) {
   MaybeEndLocked(t);
 }
 
-void UcxAgent::MaybeEndLocked(Transfer& t) {
+void UcxAgentImpl::MaybeEndLocked(Transfer& t) {
   if (t.ended || t.inflight > 0) return;
   const bool all_posted = t.next_op == t.ops.size();
   if (t.error.ok() && !all_posted) return;
@@ -67,7 +67,7 @@ void UcxAgent::MaybeEndLocked(Transfer& t) {
   }
 }
 
-void UcxAgent::StopConnLocked(Conn* conn, const absl::Status& reason) {
+void UcxAgentImpl::StopConnLocked(Conn* conn, const absl::Status& reason) {
   for (auto& [id, t] : transfers_) {
     if (t->conn == conn) StopTransferLocked(*t, reason);
   }
@@ -77,9 +77,9 @@ void UcxAgent::StopConnLocked(Conn* conn, const absl::Status& reason) {
   }
 }
 
-void UcxAgent::OnGetDone(void* request, ucs_status_t status, void* user_data) {
+void UcxAgentImpl::OnGetDone(void* request, ucs_status_t status, void* user_data) {
   Transfer* t = static_cast<Transfer*>(user_data);
-  UcxAgent* agent = t->conn->agent;
+  UcxAgentImpl* agent = t->conn->agent;
   agent->mu_.AssertHeld();  // callbacks run inside UCX calls we make under mu_
   auto it = t->requests.find(request);
   const uint64_t bytes = it == t->requests.end() ? 0 : it->second;
@@ -87,7 +87,7 @@ void UcxAgent::OnGetDone(void* request, ucs_status_t status, void* user_data) {
   agent->OnRequestDone(*t, request, bytes, status);
 }
 
-void UcxAgent::OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_status_t status) {
+void UcxAgentImpl::OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_status_t status) {
   if (request != nullptr) ucp_request_free(request);
   absl::Status result = absl::OkStatus();
   if (status != UCS_OK) {
@@ -98,7 +98,7 @@ void UcxAgent::OnRequestDone(Transfer& t, void* request, uint64_t bytes, ucs_sta
   EndRequestLocked(t, bytes, result);
 }
 
-void UcxAgent::CountPostedLocked(Transfer& t, uint64_t bytes) {
+void UcxAgentImpl::CountPostedLocked(Transfer& t, uint64_t bytes) {
   ++t.inflight;
   t.inflight_bytes += bytes;
   ++t.conn->inflight;
@@ -106,7 +106,7 @@ void UcxAgent::CountPostedLocked(Transfer& t, uint64_t bytes) {
   inflight_bytes_ += bytes;
 }
 
-void UcxAgent::EndRequestLocked(Transfer& t, uint64_t bytes, const absl::Status& status) {
+void UcxAgentImpl::EndRequestLocked(Transfer& t, uint64_t bytes, const absl::Status& status) {
   --t.inflight;
   --t.conn->inflight;
   --inflight_requests_;
@@ -116,9 +116,9 @@ void UcxAgent::EndRequestLocked(Transfer& t, uint64_t bytes, const absl::Status&
   MaybeEndLocked(t);
 }
 
-void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+void UcxAgentImpl::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   Conn* conn = static_cast<Conn*>(arg);
-  UcxAgent* agent = conn->agent;
+  UcxAgentImpl* agent = conn->agent;
   agent->mu_.AssertHeld();
   if (conn->failure.ok()) {
     conn->failure = absl::UnavailableError(
@@ -130,7 +130,7 @@ void UcxAgent::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
 // ---------------------------------------------------------------------------------------------
 // Progress thread.
 
-UcxAgent::Posted UcxAgent::PostOneLocked() {
+UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
   while (!post_queue_.empty()) {
     const TransferId id = post_queue_.front();
     auto it = transfers_.find(id);
@@ -197,7 +197,7 @@ UcxAgent::Posted UcxAgent::PostOneLocked() {
     ucp_request_param_t param{};
     param.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-    param.cb.send = slot != nullptr ? &UcxAgent::OnStagedGetDone : &UcxAgent::OnGetDone;
+    param.cb.send = slot != nullptr ? &UcxAgentImpl::OnStagedGetDone : &UcxAgentImpl::OnGetDone;
     param.user_data = slot != nullptr ? static_cast<void*>(slot) : static_cast<void*>(t);
     param.memh = slot != nullptr ? slot->memh : local.memh;
     ucs_status_ptr_t request =
@@ -220,7 +220,7 @@ UcxAgent::Posted UcxAgent::PostOneLocked() {
   return Posted::kNothing;
 }
 
-void UcxAgent::RunQueuedCopyLocked() {
+void UcxAgentImpl::RunQueuedCopyLocked() {
   const DirectCopy copy = copy_queue_.front();
   copy_queue_.pop_front();
   // Unlocked: the copy is counted as outstanding, which keeps its transfer, endpoint and rkey
@@ -232,7 +232,7 @@ void UcxAgent::RunQueuedCopyLocked() {
   FinishDirectCopyLocked(copy);
 }
 
-void UcxAgent::FinishDirectCopyLocked(const DirectCopy& copy) {
+void UcxAgentImpl::FinishDirectCopyLocked(const DirectCopy& copy) {
   --direct_copies_;
   if (copy.slot != nullptr) {
     StartToDeviceLocked(*copy.slot);
@@ -241,7 +241,7 @@ void UcxAgent::FinishDirectCopyLocked(const DirectCopy& copy) {
   }
 }
 
-bool UcxAgent::ReapConnsLocked() {
+bool UcxAgentImpl::ReapConnsLocked() {
   // The common case (every endpoint active) without the snapshot's allocation: this runs once
   // per progress loop, i.e. per direct copy.
   if (std::all_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
@@ -300,7 +300,7 @@ bool UcxAgent::ReapConnsLocked() {
   return pending;
 }
 
-void UcxAgent::DestroyRkeysLocked(Conn* conn) {
+void UcxAgentImpl::DestroyRkeysLocked(Conn* conn) {
   for (RemoteRegion& r : conn->regions) {
     if (r.pinned) CudaUnpinHostMemory(const_cast<char*>(r.mapped));  // before the unmap
     ucp_rkey_destroy(r.rkey);
@@ -308,7 +308,7 @@ void UcxAgent::DestroyRkeysLocked(Conn* conn) {
   conn->regions.clear();
 }
 
-void UcxAgent::MaybeFreeConnLocked(Conn* conn) {
+void UcxAgentImpl::MaybeFreeConnLocked(Conn* conn) {
   if (conn->state != Conn::State::kClosed || conn->pinned) return;
   for (const auto& [name, c] : peers_) {
     if (c == conn) return;  // tombstone of a failed peer
@@ -321,7 +321,7 @@ void UcxAgent::MaybeFreeConnLocked(Conn* conn) {
                             [conn](const std::unique_ptr<Conn>& c) { return c.get() == conn; }));
 }
 
-void UcxAgent::ProgressLoop() {
+void UcxAgentImpl::ProgressLoop() {
   while (true) {
     bool busy = false;
     bool idle = false;
@@ -354,10 +354,10 @@ void UcxAgent::ProgressLoop() {
   }
 }
 
-void UcxAgent::CopyLoop() {
+void UcxAgentImpl::CopyLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    mu_.Await(absl::Condition(this, &UcxAgent::CopyWorkOrStopLocked));
+    mu_.Await(absl::Condition(this, &UcxAgentImpl::CopyWorkOrStopLocked));
     if (stop_) return;
     RunQueuedCopyLocked();
     // More to post (the copy freed room in the window), or a staged request's device copy or a
@@ -371,7 +371,7 @@ void UcxAgent::CopyLoop() {
   }
 }
 
-void UcxAgent::WaitIdle() {
+void UcxAgentImpl::WaitIdle() {
   int timeout_ms = 1;  // without a worker fd: short sleeps
   if (worker_fd_ >= 0) {
     absl::MutexLock lock(&mu_);
@@ -388,7 +388,7 @@ void UcxAgent::WaitIdle() {
   [[maybe_unused]] ssize_t r = read(wake_fd_, &drained, sizeof(drained));
 }
 
-void UcxAgent::Wake() {
+void UcxAgentImpl::Wake() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof(one));
 }

@@ -9,14 +9,14 @@
 #include "common/status_macros.h"
 #include "common/ucx_status.h"
 #include "kvtransfer/cuda_staging.h"
-#include "kvtransfer/ucx/ucx_agent.h"
+#include "kvtransfer/ucx/ucx_agent_impl.h"
 
 // Converted UCX error naming the call and the line it failed at.
 #define UCX_ERROR(status, call) ::tandem::UcxStatus((status), {(call), __FILE__, __LINE__})
 
 namespace tandem::kvtransfer {
 
-absl::StatusOr<uint32_t> UcxAgent::RegisterStagedCudaLocked(char* device, uint64_t length) {
+absl::StatusOr<uint32_t> UcxAgentImpl::RegisterStagedCudaLocked(char* device, uint64_t length) {
   if (!CudaStagingCompiled()) {
     return absl::UnimplementedError(
         "CUDA memory: UCX has no CUDA transports and this build has no CUDA to stage through "
@@ -47,7 +47,7 @@ absl::StatusOr<uint32_t> UcxAgent::RegisterStagedCudaLocked(char* device, uint64
   return index;
 }
 
-absl::Status UcxAgent::InitStagingLocked(int device) {
+absl::Status UcxAgentImpl::InitStagingLocked(int device) {
   if (options_.cuda_staging_buffers < 1 || options_.cuda_staging_bytes == 0) {
     return absl::InvalidArgumentError("CUDA staging needs at least one non-empty buffer");
   }
@@ -87,14 +87,14 @@ absl::Status UcxAgent::InitStagingLocked(int device) {
   return absl::OkStatus();
 }
 
-UcxAgent::StagingSlot* UcxAgent::FreeStagingSlotLocked() {
+UcxAgentImpl::StagingSlot* UcxAgentImpl::FreeStagingSlotLocked() {
   for (StagingSlot& slot : staging_) {
     if (slot.state == StagingSlot::State::kFree) return &slot;
   }
   return nullptr;
 }
 
-bool UcxAgent::DmaFromMappedLocked(RemoteRegion& remote) {
+bool UcxAgentImpl::DmaFromMappedLocked(RemoteRegion& remote) {
   if (!options_.cuda_dma_from_mapped || remote.mapped == nullptr) return false;
   if (!remote.pin_tried) {
     remote.pin_tried = true;
@@ -104,7 +104,7 @@ bool UcxAgent::DmaFromMappedLocked(RemoteRegion& remote) {
   return remote.pinned;
 }
 
-void UcxAgent::StartToDeviceLocked(StagingSlot& slot) {
+void UcxAgentImpl::StartToDeviceLocked(StagingSlot& slot) {
   Transfer& t = *slot.transfer;
   absl::Status started = absl::OkStatus();
   if (t.error.ok()) {  // a stopped transfer writes nothing more
@@ -119,7 +119,7 @@ void UcxAgent::StartToDeviceLocked(StagingSlot& slot) {
   EndRequestLocked(t, slot.bytes, started);
 }
 
-bool UcxAgent::PollStagingLocked() {
+bool UcxAgentImpl::PollStagingLocked() {
   bool any = false;
   for (StagingSlot& slot : staging_) {
     if (slot.state != StagingSlot::State::kToDevice) continue;
@@ -132,10 +132,10 @@ bool UcxAgent::PollStagingLocked() {
   return any;
 }
 
-void UcxAgent::OnStagedGetDone(void* request, ucs_status_t status, void* user_data) {
+void UcxAgentImpl::OnStagedGetDone(void* request, ucs_status_t status, void* user_data) {
   StagingSlot* slot = static_cast<StagingSlot*>(user_data);
   Transfer& t = *slot->transfer;
-  UcxAgent* agent = t.conn->agent;
+  UcxAgentImpl* agent = t.conn->agent;
   agent->mu_.AssertHeld();  // callbacks run inside UCX calls we make under mu_
   t.requests.erase(request);
   ucp_request_free(request);
@@ -150,7 +150,7 @@ void UcxAgent::OnStagedGetDone(void* request, ucs_status_t status, void* user_da
                               : UCX_ERROR(status, "ucp_get_nbx completion"));
 }
 
-void UcxAgent::DestroyStagingLocked() {
+void UcxAgentImpl::DestroyStagingLocked() {
   if (copy_stream_ != nullptr) {
     copy_stream_->Synchronize().IgnoreError();  // teardown: nothing left to report to
     PollStagingLocked();
@@ -163,7 +163,7 @@ void UcxAgent::DestroyStagingLocked() {
   staging_.clear();
 }
 
-absl::Status UcxAgent::SyncForRemoteRead(uint32_t region, absl::Span<const ByteRange> ranges) {
+absl::Status UcxAgentImpl::SyncForRemoteRead(uint32_t region, absl::Span<const ByteRange> ranges) {
   char* device = nullptr;
   char* mirror = nullptr;
   {
