@@ -5,49 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "tandem/v1/limits.h"
+#include "tandem/v1/request_shape.h"
 
 namespace tandem::router {
-namespace {
-
-absl::Status CheckIdLength(absl::string_view field, const std::string& value) {
-  if (value.size() > static_cast<size_t>(v1::kMaxIdBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " is ", value.size(), " bytes; the limit is ", v1::kMaxIdBytes));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status ValidateRequestShape(const v1::GenerateRequest& request) {
-  if (absl::Status s = CheckIdLength("request_id", request.request_id()); !s.ok()) return s;
-  if (absl::Status s = CheckIdLength("cache_salt", request.cache_salt()); !s.ok()) return s;
-  const int prompt_len = request.prompt_token_ids_size();
-  if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
-  if (prompt_len > v1::kMaxPromptTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt has ", prompt_len, " tokens; the limit is ", v1::kMaxPromptTokens));
-  }
-  const v1::SamplingParams& sp = request.sampling();
-  if (sp.max_tokens() < 1) {
-    return absl::InvalidArgumentError("sampling.max_tokens must be >= 1, got 0");
-  }
-  // Written as !(in range) so NaN fails too.
-  if (!(sp.temperature() >= 0.0f && sp.temperature() <= v1::kMaxTemperature)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sampling.temperature must be in [0, ", v1::kMaxTemperature, "], got ", sp.temperature()));
-  }
-  if (!(sp.top_p() >= 0.0f && sp.top_p() <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling.top_p must be in [0, 1] (0 = off), got ", sp.top_p()));
-  }
-  if (sp.stop_token_ids_size() > v1::kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids has ",
-                                                   sp.stop_token_ids_size(), " ids; the limit is ",
-                                                   v1::kMaxStopTokenIds));
-  }
-  return absl::OkStatus();
-}
+using v1::CheckIdLength;
 
 absl::Status ValidateAgainstModel(const v1::GenerateRequest& request, const ModelLimits& limits) {
   const auto& prompt = request.prompt_token_ids();

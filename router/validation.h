@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "tandem/v1/request_shape.h"
 #include "tandem/v1/router.pb.h"
 
 namespace tandem::router {
@@ -23,9 +24,8 @@ struct ModelLimits {
   uint32_t max_model_len = 0;
 };
 
-// request_id/cache_salt <= kMaxIdBytes, 1 <= prompt tokens <= kMaxPromptTokens, max_tokens >= 1,
-// temperature finite in [0, kMaxTemperature], top_p finite in [0, 1], stop ids <= kMaxStopTokenIds.
-absl::Status ValidateRequestShape(const v1::GenerateRequest& request);
+// The model-independent shape check is shared with the workers: proto/tandem/v1/request_shape.h.
+using v1::ValidateRequestShape;
 
 // Every prompt and stop token id < vocab_size; prompt + max_tokens <= max_model_len.
 absl::Status ValidateAgainstModel(const v1::GenerateRequest& request, const ModelLimits& limits);

@@ -8,6 +8,7 @@
 #include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "tandem/v1/limits.h"
+#include "tandem/v1/request_shape.h"
 
 namespace tandem::runtime {
 namespace {
@@ -40,23 +41,14 @@ tandem::v1::FinishReason FinishReasonToProto(FinishReason reason) {
 }
 
 absl::StatusOr<RequestSpec> SpecFromProto(const tandem::v1::GenerateRequest& request) {
-  if (request.request_id().empty() || request.request_id().size() > tandem::v1::kMaxIdBytes) {
+  // The same shape check the router ran (a worker may be called directly), then only what a
+  // worker adds: an id is required here (the router assigns one), ids fit an int32.
+  if (absl::Status s = tandem::v1::ValidateRequestShape(request); !s.ok()) return s;
+  if (request.request_id().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id must have 1..", tandem::v1::kMaxIdBytes, " bytes"));
   }
-  if (request.prompt_token_ids_size() > tandem::v1::kMaxPromptTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", request.prompt_token_ids_size(),
-                                                   " tokens; the limit is ",
-                                                   tandem::v1::kMaxPromptTokens));
-  }
   const tandem::v1::SamplingParams& sp = request.sampling();
-  if (sp.stop_token_ids_size() > tandem::v1::kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most ", tandem::v1::kMaxStopTokenIds, " stop token ids"));
-  }
-  if (request.cache_salt().size() > tandem::v1::kMaxIdBytes) {
-    return absl::InvalidArgumentError("cache_salt is too long");
-  }
   constexpr uint32_t kMaxId = std::numeric_limits<int32_t>::max();
   RequestSpec spec;
   spec.prompt.reserve(request.prompt_token_ids_size());

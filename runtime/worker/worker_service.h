@@ -15,8 +15,9 @@
 
 namespace tandem::runtime {
 
-// RequestSpec from the wire: INVALID_ARGUMENT for limits (proto/tandem/v1/limits.h) and values
-// the engine cannot represent; the engine checks the rest (vocabulary, lengths, sampling).
+// RequestSpec from the wire: INVALID_ARGUMENT for the shape the router checks too
+// (proto/tandem/v1/request_shape.h), a missing id, and values the engine cannot represent; the
+// engine checks the rest (vocabulary, lengths, sampling).
 absl::StatusOr<RequestSpec> SpecFromProto(const tandem::v1::GenerateRequest& request);
 tandem::v1::FinishReason FinishReasonToProto(FinishReason reason);
 
