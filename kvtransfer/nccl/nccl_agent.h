@@ -77,7 +77,7 @@ struct NcclAgentOptions {
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Staging ring per connection: staging_buffers device buffers of staging_chunk_bytes. Packed
   // messages are at most this long; a pair uses the smaller of both sides' values. Defaults:
-  // the best measured on 2 H200s (kvtransfer/README.md, "NCCL agent"): NCCL's cost per message
+  // the best measured on 2 H200s (kvtransfer/BENCHMARKS.md, "NcclAgent"): NCCL's cost per message
   // (~15-20 us) wants long messages, a third buffer absorbs jitter between copy and send.
   uint64_t staging_chunk_bytes = uint64_t{128} << 20;
   int staging_buffers = 3;
@@ -88,14 +88,14 @@ struct NcclAgentOptions {
   int copy_ctas = 32;
   // What moves bytes between the pools and the staging ring (nccl_agent_copy.h). The copy
   // engines slow NCCL's concurrent sends least: a source's gather kernel cost ~8% of NCCL's
-  // rate whatever its CTA count, the engines ~5% (kvtransfer/README.md).
+  // rate whatever its CTA count, the engines ~5% (kvtransfer/BENCHMARKS.md).
   nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kCopyEngine;
   // Transfers of one peer whose kRead is out at once (reader side).
   int max_posted_transfers = 4;
   // Communicators (each with its own NCCL stream) per reader/source pair, 1 or 2; the reader's
   // value holds for the pair. With 2, NCCL messages alternate between them, so NCCL's start-up
   // cost of one message overlaps the tail of the one before: 256 / 1024 random blocks went from
-  // ~89% to ~94-95% of raw NCCL on 2 H200s (kvtransfer/README.md, "NCCL agent").
+  // ~89% to ~94-95% of raw NCCL on 2 H200s (kvtransfer/BENCHMARKS.md, "NcclAgent").
   int num_comms = 2;
   // A transfer alone on its connection (nothing else posted or running: a decode worker
   // loading one request's KV) asks for packed messages of about an eighth of its size, at

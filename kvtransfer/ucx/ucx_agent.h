@@ -56,8 +56,8 @@ struct UcxAgentOptions {
   // Threads that run direct copies (README: UcxAgent design notes): the progress thread plus
   // copy_threads - 1 helper threads. 1: the progress thread alone (the behaviour before). Default
   // 2, measured on the 2-core dev VM (random 2 MiB blocks, >= 64 per transfer): 1 thread copies
-  // 15-16 GB/s, 2 threads 20-25 (kvtransfer/README.md); 3 no more than 2. Each helper is a thread
-  // that sleeps unless copies are queued. Create() refuses values outside [1, 64]
+  // 15-16 GB/s, 2 threads 20-25 (kvtransfer/BENCHMARKS.md); 3 no more than 2. Each helper is a
+  // thread that sleeps unless copies are queued. Create() refuses values outside [1, 64]
   // (INVALID_ARGUMENT).
   int copy_threads = 2;
   // Direct copies use non-temporal stores (streaming_copy.h) when their transfer moves at least
