@@ -161,7 +161,8 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   auto parts = std::make_unique<Parts>();
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = config.backend.device;
-  ASSIGN_OR_RETURN(parts->agent, MakeTransferAgent(config.transfer));
+  ASSIGN_OR_RETURN(parts->agent,
+                   config.make_agent ? config.make_agent() : MakeTransferAgent(config.transfer));
   uint32_t region = 0;
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, parts->BuildEngine(config, loaded, &region));
   engine->EnableCacheEvents(!config.router.empty());

@@ -8,6 +8,7 @@
 #ifndef TANDEM_RUNTIME_WORKER_WORKER_DAEMON_H_
 #define TANDEM_RUNTIME_WORKER_WORKER_DAEMON_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,9 @@ struct WorkerConfig {
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
+  // Makes the transfer agent (the transport seam, like LevelDB's Env); empty:
+  // MakeTransferAgent(transfer). Tests pass in-process agents.
+  std::function<absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>>()> make_agent;
 };
 
 class WorkerDaemon {

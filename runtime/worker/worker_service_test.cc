@@ -5,6 +5,7 @@
 // stale handles (source restarted), role checks, bad input and client cancel.
 #include "runtime/worker/worker_service.h"
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -13,12 +14,8 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "kvtransfer/handshake.h"
 #include "kvtransfer/inprocess/inprocess_agent.h"
-#include "kvtransfer/kv_transfer_service.h"
-#include "kvtransfer/pull_connector.h"
-#include "runtime/model/model_config.h"
-#include "runtime/model/model_weights.h"
+#include "runtime/worker/worker_daemon.h"
 
 namespace tandem::runtime {
 namespace {
@@ -26,86 +23,51 @@ namespace {
 using kvtransfer::InProcessAgent;
 using kvtransfer::InProcessFabric;
 
-// A whole worker in-process: engine loop, agent, connector, services, gRPC server.
+// A whole worker in-process, built as tandem_worker builds one (WorkerDaemon::Create from a
+// WorkerConfig), with an in-process transfer agent on the test's fabric.
 class TestWorker {
  public:
   TestWorker(std::shared_ptr<InProcessFabric> fabric, const std::string& id,
-             tandem::v1::WorkerRole role, uint64_t epoch = 1) {
-    auto config = PresetConfig("tiny");
-    ModelConfig model = *config;
-    model.max_position_embeddings = 256;
-    EngineConfig engine_config;
-    engine_config.kv_cache_bytes = int64_t{4} << 20;
-    engine_config.num_threads = 1;
-    auto engine = Engine::Create(engine_config, model, RandomModelWeights(model, 5));
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    agent_ = std::make_unique<InProcessAgent>(fabric, id);
-    EXPECT_TRUE(agent_
-                    ->RegisterMemory((*engine)->kv_pool_data(), (*engine)->kv_pool_bytes(),
-                                     tandem::v1::MEMORY_KIND_HOST)
-                    .ok());
-    kvtransfer::PullKvConnectorOptions copts;
-    copts.block_size = (*engine)->block_size();
-    copts.block_bytes = (*engine)->kv_block_bytes();
-    connector_ = std::make_unique<kvtransfer::PullKvConnector>(agent_.get(), copts);
-    (*engine)->AttachConnector(connector_.get());
-    blocks_ = (*engine)->num_kv_blocks();
-
-    tandem::v1::TransferHandshake local;
-    local.set_worker_id(id);
-    local.set_epoch(epoch);
-    local.mutable_compatibility()->set_model_id("tiny-test");
-    local.mutable_compatibility()->mutable_layout()->set_block_size(16);
-    local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
-    WorkerOptions options;
-    options.worker_id = id;
-    options.epoch = epoch;
-    options.role = role;
-    options.model_id = "tiny-test";
-    options.kv_layout_hash = local.compatibility_hash();
-    loop_ = std::make_unique<EngineLoop>(std::move(*engine));
-    kv_service_ =
-        std::make_unique<kvtransfer::KvTransferServiceImpl>(agent_.get(), connector_.get(), local);
-    peers_ = std::make_unique<kvtransfer::PeerLinks>(agent_.get(), local);
-    worker_ = std::make_unique<Worker>(loop_.get(), connector_.get(), peers_.get(), options);
-    service_ = std::make_unique<WorkerServiceImpl>(worker_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    builder.RegisterService(kv_service_.get());
-    server_ = builder.BuildAndStart();
-    address_ = "127.0.0.1:" + std::to_string(port);
-    worker_->SetAddress(address_);
+             tandem::v1::WorkerRole role) {
+    WorkerConfig config;
+    config.role = role;
+    config.worker_id = id;
+    config.model.load_format = "dummy";
+    config.model.dummy_config = "tiny";
+    config.model.dummy_seed = 5;
+    config.backend.num_threads = 1;
+    config.engine.num_threads = 1;
+    config.engine.kv_cache_bytes = int64_t{4} << 20;
+    config.engine.max_model_len = 256;
+    config.make_agent = [fabric,
+                         id]() -> absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> {
+      return std::make_unique<InProcessAgent>(fabric, id);
+    };
+    absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon = WorkerDaemon::Create(config);
+    EXPECT_TRUE(daemon.ok()) << daemon.status();
+    if (!daemon.ok()) std::abort();
+    daemon_ = *std::move(daemon);
     stub_ = tandem::v1::WorkerService::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+    blocks_ = worker().Load().kv_blocks_total();
   }
-  ~TestWorker() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
 
   tandem::v1::WorkerService::Stub& stub() { return *stub_; }
-  Worker& worker() { return *worker_; }
-  EngineLoop& loop() { return *loop_; }
-  kvtransfer::PullKvConnector& connector() { return *connector_; }
+  Worker& worker() { return daemon_->worker(); }
   int64_t blocks() const { return blocks_; }
+  int64_t free_blocks() { return worker().Load().kv_blocks_free(); }
+  tandem::v1::WorkerStats stats() { return worker().StatsProto(); }
   // Waits (bounded) until every block is free again; returns the free count.
   int64_t WaitAllFree() {
-    for (int i = 0; i < 200 && loop_->Stats().kv.num_free_blocks != blocks_; ++i) {
+    for (int i = 0; i < 200 && free_blocks() != blocks_; ++i) {
       absl::SleepFor(absl::Milliseconds(10));
     }
-    return loop_->Stats().kv.num_free_blocks;
+    return free_blocks();
   }
 
  private:
-  std::unique_ptr<InProcessAgent> agent_;
-  std::unique_ptr<kvtransfer::PullKvConnector> connector_;
-  std::unique_ptr<EngineLoop> loop_;
-  std::unique_ptr<kvtransfer::KvTransferServiceImpl> kv_service_;
-  std::unique_ptr<kvtransfer::PeerLinks> peers_;
-  std::unique_ptr<Worker> worker_;
-  std::unique_ptr<WorkerServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<WorkerDaemon> daemon_;
   std::unique_ptr<tandem::v1::WorkerService::Stub> stub_;
-  std::string address_;
   int64_t blocks_ = 0;
 };
 
@@ -201,7 +163,7 @@ TEST(WorkerServiceTest, PrefillDecodeOverGrpcEqualsMixedWorker) {
   // D released every lease after loading: P's pool is whole again.
   EXPECT_EQ(p.WaitAllFree(), p.blocks());
   EXPECT_EQ(d.WaitAllFree(), d.blocks());
-  EXPECT_EQ(p.connector().Stats().leases_released, 6u);
+  EXPECT_EQ(p.stats().leases_released(), 6u);
   tandem::v1::WorkerStats stats = d.worker().StatsProto();
   EXPECT_GT(stats.kv_bytes_received(), 0u);
   EXPECT_EQ(stats.kv_load_failures(), 0u);
@@ -218,15 +180,15 @@ TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
   expected = RunMixed(m, request);
   std::string old_address;
   {
-    TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, /*epoch=*/1);
+    TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
     tandem::v1::PrefillRequest pre;
     *pre.mutable_request() = request;
     pre.set_remote_decode(true);
     grpc::ClientContext ctx;
     ASSERT_TRUE(p.stub().Prefill(&ctx, pre, &prefilled).ok());
   }
-  // P restarts under the same name with a new epoch, on a new port.
-  TestWorker p2(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, /*epoch=*/2);
+  // P restarts under the same name (a new process: a later epoch), on a new port.
+  TestWorker p2(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
   tandem::v1::KvHandle handle = prefilled.kv_handle();
   handle.set_transfer_endpoint(p2.worker().address());
   for (auto policy :
@@ -299,8 +261,8 @@ TEST(WorkerServiceTest, RolesAndBadInputAreRefusedBeforeAnythingIsAllocated) {
     EXPECT_EQ(p.stub().Prefill(&ctx, pre, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << what;
   }
-  EXPECT_EQ(p.loop().Stats().kv.num_free_blocks, p.blocks());
-  EXPECT_EQ(p.connector().Stats().leases_granted, 0u);
+  EXPECT_EQ(p.free_blocks(), p.blocks());
+  EXPECT_EQ(p.stats().leases_granted(), 0u);
   {  // Decode with a handle of another layout
     tandem::v1::DecodeRequest dec;
     *dec.mutable_request() = base;
@@ -327,7 +289,7 @@ TEST(WorkerServiceTest, AbortReleasesLeaseAndCancelFreesDecodeBlocks) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(p.stub().Prefill(&ctx, pre, &prefilled).ok());
   }
-  EXPECT_LT(p.loop().Stats().kv.num_free_blocks, p.blocks());
+  EXPECT_LT(p.free_blocks(), p.blocks());
   {
     tandem::v1::AbortRequest abort;
     abort.set_request_id("gone");
