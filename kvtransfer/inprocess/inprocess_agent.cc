@@ -166,11 +166,11 @@ absl::Status InProcessAgent::AddPeer(const std::string& peer_name,
 
   absl::MutexLock lock(&mu_);
   // Replacing a connection ends the transfers that used the old one, like RemovePeer.
-  for (auto& [id, t] : transfers_) {
-    if (t->peer_name == peer_name && !t->ended && t->cancel_reason.ok()) {
-      t->cancel_reason = absl::CancelledError(absl::StrCat("peer ", peer_name, " was re-added"));
+  transfers_.ForEach([&](Transfer& t) {
+    if (t.peer_name == peer_name && !t.ended && t.cancel_reason.ok()) {
+      t.cancel_reason = absl::CancelledError(absl::StrCat("peer ", peer_name, " was re-added"));
     }
-  }
+  });
   peers_[peer_name] = std::move(entry);
   cv_.SignalAll();
   return absl::OkStatus();
@@ -179,11 +179,11 @@ absl::Status InProcessAgent::AddPeer(const std::string& peer_name,
 void InProcessAgent::RemovePeer(const std::string& peer_name) {
   absl::MutexLock lock(&mu_);
   if (peers_.erase(peer_name) == 0) return;
-  for (auto& [id, t] : transfers_) {
-    if (t->peer_name == peer_name && !t->ended && t->cancel_reason.ok()) {
-      t->cancel_reason = absl::CancelledError(absl::StrCat("peer ", peer_name, " was removed"));
+  transfers_.ForEach([&](Transfer& t) {
+    if (t.peer_name == peer_name && !t.ended && t.cancel_reason.ok()) {
+      t.cancel_reason = absl::CancelledError(absl::StrCat("peer ", peer_name, " was removed"));
     }
-  }
+  });
   cv_.SignalAll();
 }
 
@@ -217,8 +217,7 @@ absl::StatusOr<TransferId> InProcessAgent::PostRead(const std::string& peer_name
     t->dests.push_back(local_bases[op.local_region] + op.local_offset);
     t->total_bytes += op.length;
   }
-  const TransferId id = next_id_++;
-  transfers_[id] = std::move(t);
+  const TransferId id = transfers_.Add(std::move(t))->id;
   queue_.push_back(id);
   cv_.SignalAll();
   return id;
@@ -226,22 +225,14 @@ absl::StatusOr<TransferId> InProcessAgent::PostRead(const std::string& peer_name
 
 absl::StatusOr<bool> InProcessAgent::CheckTransfer(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown or already ended transfer ", id));
-  }
-  if (!it->second->ended) return false;
-  absl::Status result = std::move(it->second->result);
-  transfers_.erase(it);
-  if (!result.ok()) return result;
-  return true;
+  return transfers_.Check(id);
 }
 
 void InProcessAgent::Cancel(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second->ended || !it->second->cancel_reason.ok()) return;
-  it->second->cancel_reason = absl::CancelledError(absl::StrCat("transfer ", id, " cancelled"));
+  Transfer* t = transfers_.Find(id);
+  if (t == nullptr || t->ended || !t->cancel_reason.ok()) return;
+  t->cancel_reason = absl::CancelledError(absl::StrCat("transfer ", id, " cancelled"));
   cv_.SignalAll();
 }
 
@@ -259,14 +250,7 @@ void InProcessAgent::HoldTransfers(bool hold) {
 }
 
 void InProcessAgent::EndLocked(Transfer& t, absl::Status result) {
-  t.ended = true;
-  if (result.ok()) {
-    ++stats_.transfers_completed;
-    stats_.bytes_read += t.total_bytes;
-  } else {
-    ++stats_.transfers_failed;
-  }
-  t.result = std::move(result);
+  transfers_.End(t, std::move(result), t.total_bytes, &stats_);
 }
 
 void InProcessAgent::CopyLoop() {
@@ -274,7 +258,7 @@ void InProcessAgent::CopyLoop() {
   while (!stop_) {
     // End every queued transfer that must stop without moving more bytes.
     for (auto it = queue_.begin(); it != queue_.end();) {
-      Transfer& t = *transfers_[*it];
+      Transfer& t = *transfers_.Find(*it);
       absl::Status reason = t.cancel_reason;
       if (reason.ok() && !self_->alive_hint.load()) {
         reason = absl::UnavailableError(absl::StrCat("agent ", name_, " was killed"));
@@ -300,7 +284,7 @@ void InProcessAgent::CopyLoop() {
       continue;
     }
     const TransferId id = queue_.front();
-    Transfer* t = transfers_[id].get();  // stable: only this thread ends and dequeues it
+    Transfer* t = transfers_.Find(id);  // stable: only this thread ends and dequeues it
     mu_.Unlock();
     absl::Status status = CopyChunk(*t);
     if (options_.chunk_delay > absl::ZeroDuration()) absl::SleepFor(options_.chunk_delay);

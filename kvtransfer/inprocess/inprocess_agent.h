@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvtransfer/transfer_agent.h"
+#include "kvtransfer/transfer_table.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kvtransfer {
@@ -119,6 +120,7 @@ class InProcessAgent final : public TransferAgent {
     std::vector<uint64_t> region_bytes;  // from the peer's descriptor
   };
   struct Transfer {
+    TransferId id = 0;
     std::string peer_name;
     std::shared_ptr<inprocess_internal::Endpoint> source;
     std::vector<CopyOp> ops;   // coalesced
@@ -127,8 +129,8 @@ class InProcessAgent final : public TransferAgent {
     size_t next_op = 0;  // progress: ops[next_op] at byte next_offset
     uint64_t next_offset = 0;
     absl::Status cancel_reason;  // not OK once Cancel / RemovePeer asked it to stop
-    bool ended = false;
-    absl::Status result;  // valid once ended
+    bool ended = false;          // TransferTable's
+    absl::Status result;         // valid once ended
   };
 
   void CopyLoop();
@@ -145,9 +147,8 @@ class InProcessAgent final : public TransferAgent {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // signalled on every event the copy loop must see
   absl::flat_hash_map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  TransferTable<Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   std::deque<TransferId> queue_ ABSL_GUARDED_BY(mu_);  // in-flight ids, copied in order
-  TransferId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);

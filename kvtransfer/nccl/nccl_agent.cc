@@ -273,43 +273,26 @@ absl::StatusOr<TransferId> NcclAgent::PostRead(const std::string& peer_name,
     return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
   }
   auto t = std::make_unique<Transfer>();
-  t->id = next_id_++;
   t->ops = CoalesceCopyOps(ops);
   t->bytes = TotalBytes(t->ops);
-  const TransferId id = t->id;
-  transfers_[id] = std::move(t);
+  const TransferId id = transfers_.Add(std::move(t))->id;
   peer->queue.push_back(id);
   return id;
 }
 
 void NcclAgent::EndLocked(Transfer* t, absl::Status result) {
-  if (t->ended) return;
-  t->ended = true;
-  t->result = std::move(result);
-  if (t->result.ok()) {
-    stats_.bytes_read += t->bytes;
-    ++stats_.transfers_completed;
-  } else {
-    ++stats_.transfers_failed;
-  }
+  transfers_.End(*t, std::move(result), t->bytes, &stats_);
 }
 
 absl::StatusOr<bool> NcclAgent::CheckTransfer(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end()) return absl::NotFoundError(absl::StrCat("unknown transfer ", id));
-  if (!it->second->ended) return false;
-  absl::Status result = std::move(it->second->result);
-  transfers_.erase(it);
-  if (!result.ok()) return result;
-  return true;
+  return transfers_.Check(id);
 }
 
 void NcclAgent::Cancel(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second->ended) return;
-  Transfer* t = it->second.get();
+  Transfer* t = transfers_.Find(id);
+  if (t == nullptr || t->ended) return;
   t->cancel = true;
   if (t->posted) return;  // NCCL ops cannot be withdrawn: ends CANCELLED once they finish
   for (auto& [name, peer] : peers_) {
@@ -544,7 +527,7 @@ void NcclAgent::PeerLoop(Peer* peer) {
       }
       if (peer->stop.load()) break;
       while (awaiting.size() + running.size() + fresh.size() < window && !peer->queue.empty()) {
-        Transfer* t = transfers_[peer->queue.front()].get();
+        Transfer* t = transfers_.Find(peer->queue.front());
         peer->queue.pop_front();
         t->posted = true;
         fresh.push_back(t);
@@ -594,7 +577,7 @@ void NcclAgent::PeerLoop(Peer* peer) {
   for (const std::deque<Posted>* q : {&awaiting, &running}) {
     for (const Posted& p : *q) EndLocked(p.t, reason);
   }
-  for (TransferId id : peer->queue) EndLocked(transfers_[id].get(), reason);
+  for (TransferId id : peer->queue) EndLocked(transfers_.Find(id), reason);
   peer->queue.clear();
 }
 

@@ -55,6 +55,7 @@
 #include "absl/types/span.h"
 #include "kvtransfer/nccl/nccl_agent_copy.h"
 #include "kvtransfer/transfer_agent.h"
+#include "kvtransfer/transfer_table.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kvtransfer {
@@ -170,8 +171,7 @@ class NcclAgent final : public TransferAgent {
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Served>> served_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
-  TransferId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  TransferTable<Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

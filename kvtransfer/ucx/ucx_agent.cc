@@ -127,9 +127,9 @@ UcxAgentImpl::~UcxAgentImpl() {
   for (std::thread& helper : copy_threads_) helper.join();
   absl::MutexLock lock(&mu_);
   if (worker_ != nullptr) {
-    for (auto& [id, t] : transfers_) {
-      if (!t->ended) StopTransferLocked(*t, absl::CancelledError("transfer agent destroyed"));
-    }
+    transfers_.ForEach([this](Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!t.ended) StopTransferLocked(t, absl::CancelledError("transfer agent destroyed"));
+    });
     // Let cancelled requests finish, then close every endpoint; all bounded in time.
     const absl::Time give_up = absl::Now() + kDrainForceAfter;
     peers_.clear();  // no tombstones: every Conn may be freed
@@ -452,11 +452,11 @@ absl::StatusOr<TransferId> UcxAgentImpl::PostRead(const std::string& peer_name,
   std::vector<uint64_t> local_bytes;
   for (const LocalRegion& r : regions_) local_bytes.push_back(r.length);
   if (absl::Status s = ValidateCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) return s;
-  auto t = std::make_unique<Transfer>();
-  t->id = next_id_++;
-  t->conn = conn;
-  t->ops = CoalesceCopyOps(ops);
-  t->total_bytes = TotalBytes(t->ops);
+  auto owned = std::make_unique<Transfer>();
+  owned->conn = conn;
+  owned->ops = CoalesceCopyOps(ops);
+  owned->total_bytes = TotalBytes(owned->ops);
+  Transfer* t = transfers_.Add(std::move(owned));
   if (conn->state != Conn::State::kActive) {  // only failed endpoints stay in peers_
     t->error = absl::UnavailableError(
         absl::StrCat("peer ", peer_name, " failed earlier: ", conn->failure.message()));
@@ -465,31 +465,20 @@ absl::StatusOr<TransferId> UcxAgentImpl::PostRead(const std::string& peer_name,
     post_queue_.push_back(t->id);
     Wake();
   }
-  const TransferId id = t->id;
-  transfers_[id] = std::move(t);
-  return id;
+  return t->id;
 }
 
 absl::StatusOr<bool> UcxAgentImpl::CheckTransfer(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown or already ended transfer ", id));
-  }
-  if (!it->second->ended) return false;
-  absl::Status result = std::move(it->second->result);
-  transfers_.erase(it);
-  if (!result.ok()) return result;
-  return true;
+  return transfers_.Check(id);
 }
 
 void UcxAgentImpl::Cancel(TransferId id) {
   absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second->ended) return;
-  it->second->cancel_requested = true;
-  StopTransferLocked(*it->second,
-                     absl::CancelledError(absl::StrCat("transfer ", id, " cancelled")));
+  Transfer* t = transfers_.Find(id);
+  if (t == nullptr || t->ended) return;
+  t->cancel_requested = true;
+  StopTransferLocked(*t, absl::CancelledError(absl::StrCat("transfer ", id, " cancelled")));
 }
 
 TransferAgentStats UcxAgentImpl::Stats() const {

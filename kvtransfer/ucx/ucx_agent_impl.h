@@ -28,6 +28,7 @@
 #include "kvtransfer/cuda_staging.h"
 #include "kvtransfer/streaming_copy.h"
 #include "kvtransfer/transfer_agent.h"
+#include "kvtransfer/transfer_table.h"
 #include "kvtransfer/ucx/ucx_agent.h"
 #include "tandem/v1/kv.pb.h"
 
@@ -219,7 +220,7 @@ class UcxAgentImpl final : public UcxAgent {
   std::vector<LocalRegion> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Conn*> peers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // all live endpoints
-  absl::flat_hash_map<TransferId, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  TransferTable<Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   std::deque<TransferId> post_queue_ ABSL_GUARDED_BY(mu_);  // transfers with requests to post
   uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int inflight_requests_ ABSL_GUARDED_BY(mu_) = 0;
@@ -227,7 +228,6 @@ class UcxAgentImpl final : public UcxAgent {
   // Direct copies queued or running (part of inflight_requests_): unlike UCX requests and
   // device copies they need no polling, so the progress thread may sleep while only they run.
   int direct_copies_ ABSL_GUARDED_BY(mu_) = 0;
-  TransferId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<StagingSlot> staging_ ABSL_GUARDED_BY(mu_);  // fixed once created

@@ -57,20 +57,13 @@ void UcxAgentImpl::MaybeEndLocked(Transfer& t) {
   if (t.ended || t.inflight > 0) return;
   const bool all_posted = t.next_op == t.ops.size();
   if (t.error.ok() && !all_posted) return;
-  t.ended = true;
-  t.result = t.error;
-  if (t.result.ok()) {
-    ++stats_.transfers_completed;
-    stats_.bytes_read += t.total_bytes;
-  } else {
-    ++stats_.transfers_failed;
-  }
+  transfers_.End(t, t.error, t.total_bytes, &stats_);
 }
 
 void UcxAgentImpl::StopConnLocked(Conn* conn, const absl::Status& reason) {
-  for (auto& [id, t] : transfers_) {
-    if (t->conn == conn) StopTransferLocked(*t, reason);
-  }
+  transfers_.ForEach([&](Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (t.conn == conn) StopTransferLocked(t, reason);
+  });
   if (conn->state == Conn::State::kActive) {
     conn->state = Conn::State::kDraining;
     conn->draining_since = absl::Now();
@@ -133,8 +126,7 @@ void UcxAgentImpl::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t stat
 UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
   while (!post_queue_.empty()) {
     const TransferId id = post_queue_.front();
-    auto it = transfers_.find(id);
-    Transfer* t = it == transfers_.end() ? nullptr : it->second.get();
+    Transfer* t = transfers_.Find(id);
     if (t == nullptr || t->ended || !t->error.ok() || t->next_op == t->ops.size()) {
       post_queue_.pop_front();  // nothing (more) to post
       continue;
@@ -314,9 +306,9 @@ void UcxAgentImpl::MaybeFreeConnLocked(Conn* conn) {
     if (c == conn) return;  // tombstone of a failed peer
   }
   // Ended transfers may still point at it; they never dereference it again.
-  for (auto& [id, t] : transfers_) {
-    if (t->conn == conn) t->conn = nullptr;
-  }
+  transfers_.ForEach([conn](Transfer& t) {
+    if (t.conn == conn) t.conn = nullptr;
+  });
   conns_.erase(std::find_if(conns_.begin(), conns_.end(),
                             [conn](const std::unique_ptr<Conn>& c) { return c.get() == conn; }));
 }
