@@ -25,6 +25,10 @@ inline constexpr int kMaxMemoryRegions = 64;
 // Heartbeat prefix-index deltas (hashes per heartbeat, each list).
 inline constexpr int kMaxHeartbeatBlockHashes = 1 << 16;
 
+// One process-group store message (tandem/v1/comm.proto): rendezvous keys and values (transport
+// addresses, NCCL unique ids) are small.
+inline constexpr int kMaxStoreMessageBytes = 1 << 20;
+
 }  // namespace tandem::v1
 
 #endif  // TANDEM_PROTO_TANDEM_V1_LIMITS_H_

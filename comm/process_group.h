@@ -1,0 +1,49 @@
+// ProcessGroup: the collectives a worker group's ranks run together (ARCHITECTURE.md, "Worker
+// groups"): all-reduce (TP row-parallel layers), all-gather (vocab-parallel logits), broadcast
+// (rank 0's per-step plan), all-to-all with uneven splits (DCP), barrier. Backends: Gloo on host
+// memory (gloo_process_group.h; the CPU backend, and a correctness path for CUDA ranks sharing
+// a GPU); NCCL on device memory is the next step of the tensor-parallel work.
+//
+// Failure model: every collective has the group's deadline. A rank that died (its connections
+// closed) makes its peers' collectives fail UNAVAILABLE; a rank that is wedged (alive but not
+// calling) makes them fail DEADLINE_EXCEEDED when the deadline passes. Either way the group is
+// broken afterwards (collectives are matched by order): every later call fails at once with the
+// first error, and the worker reports itself unhealthy.
+//
+// Thread safety: one thread calls a group's collectives (they are ordered); rank()/size() and
+// status() are thread-safe.
+#ifndef TANDEM_COMM_PROCESS_GROUP_H_
+#define TANDEM_COMM_PROCESS_GROUP_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace tandem::comm {
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // OK while the group works; its first failure afterwards.
+  virtual absl::Status status() const = 0;
+
+  // data[i] = sum over ranks of data[i]; same size on every rank.
+  virtual absl::Status AllReduceSum(absl::Span<float> data) = 0;
+  // out = the ranks' `in`, concatenated in rank order; out.size() = size() * in.size().
+  virtual absl::Status AllGather(absl::Span<const float> in, absl::Span<float> out) = 0;
+  // data = root's data on every rank (bytes: plans and other small messages).
+  virtual absl::Status Broadcast(absl::Span<char> data, int root) = 0;
+  // Rank r sends in[send_offsets[j] .. + send_counts[j]) to rank j, receiving rank j's part for
+  // it into the next recv_counts[j] elements of out (rank order). Counts may differ per pair
+  // (and be 0); send_counts of j must equal rank j's recv_counts of r.
+  virtual absl::Status AllToAll(absl::Span<const float> in, absl::Span<const int64_t> send_counts,
+                                absl::Span<float> out, absl::Span<const int64_t> recv_counts) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+}  // namespace tandem::comm
+
+#endif  // TANDEM_COMM_PROCESS_GROUP_H_
