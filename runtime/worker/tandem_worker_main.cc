@@ -7,7 +7,8 @@
 //                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
 //                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
-//                 [--ucx_net_device=lo] [--kv_transport=nccl --nccl_control_host=127.0.0.1]
+//                 [--ucx_net_device=auto] [--advertise_address=HOST]
+//                 [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
@@ -57,7 +58,11 @@ ABSL_FLAG(int64_t, kv_load_timeout_ms, 20000, "give up loading remote KV after t
 ABSL_FLAG(std::string, kv_transport, "ucx",
           "KV transfer agent: ucx, or nccl (--backend=cuda; GPU peers on one fabric)");
 ABSL_FLAG(std::string, ucx_tls, "tcp,self,sm", "UCX transports (UCX_TLS)");
-ABSL_FLAG(std::string, ucx_net_device, "lo", "UCX network device (UCX_NET_DEVICES)");
+ABSL_FLAG(std::string, ucx_net_device, "auto",
+          "UCX network device (UCX_NET_DEVICES); auto: the interface of the advertised address");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host peers reach this worker at (default: the --listen host; with a wildcard "
+          "--listen, this host's first non-loopback address)");
 ABSL_FLAG(std::string, nccl_control_host, "127.0.0.1",
           "--kv_transport=nccl: address the NCCL agent's control socket binds to");
 ABSL_FLAG(std::string, port_file, "", "write HOST:PORT here once serving");
@@ -99,6 +104,7 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.transfer.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
   config.transfer.nccl_control_host = absl::GetFlag(FLAGS_nccl_control_host);
   config.listen = absl::GetFlag(FLAGS_listen);
+  config.advertise_host = absl::GetFlag(FLAGS_advertise_address);
   config.worker_id = absl::GetFlag(FLAGS_worker_id);
   config.router = absl::GetFlag(FLAGS_router);
   config.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));

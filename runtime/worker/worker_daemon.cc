@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -56,6 +57,20 @@ tandem::v1::TransferHandshake LocalHandshake(const std::string& model_id, const 
   return local;
 }
 
+// Where peers reach this worker (WorkerConfig::advertise_host).
+absl::StatusOr<std::string> AdvertisedHost(const WorkerConfig& config) {
+  if (!config.advertise_host.empty()) return config.advertise_host;
+  const std::string listen_host = config.listen.substr(0, config.listen.rfind(':'));
+  if (!IsWildcardHost(listen_host)) return listen_host;
+  absl::StatusOr<std::string> first = FirstNonLoopbackAddress();
+  if (!first.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", config.listen, " serves every interface but ", first.status().message(),
+        "; set --advertise_address to the address peers reach"));
+  }
+  return *first;
+}
+
 std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
   char hostname[256] = {};
   gethostname(hostname, sizeof(hostname) - 1);
@@ -81,7 +96,8 @@ struct WorkerDaemon::Parts {
   // shared-memory transports read in place), else its own pool registered with the agent.
   absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(WorkerConfig& config, BackendModel& loaded,
                                                       uint32_t* region);
-  absl::Status StartServer(const WorkerConfig& config, std::string* address);
+  absl::Status StartServer(const WorkerConfig& config, const std::string& host,
+                           std::string* address);
   void StartRegistration(const std::string& router);
 };
 
@@ -116,7 +132,8 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
   return engine;
 }
 
-absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, std::string* address) {
+absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const std::string& host,
+                                              std::string* address) {
   // The port is known only after the server starts; the worker learns the final address before
   // it is announced (printed, written to the port file, registered).
   int port = 0;
@@ -129,7 +146,7 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, std::s
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen));
   }
-  *address = absl::StrCat(config.listen.substr(0, config.listen.rfind(':')), ":", port);
+  *address = absl::StrCat(host, ":", port);
   worker->SetAddress(*address);
   return absl::OkStatus();
 }
@@ -156,6 +173,11 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
   if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
     return absl::InvalidArgumentError("--worker_id is too long");
+  }
+  ASSIGN_OR_RETURN(const std::string advertise, AdvertisedHost(config));
+  if (config.transfer.ucx_net_device == "auto") {
+    absl::StatusOr<std::string> iface = InterfaceForAddress(advertise);
+    config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
   }
   ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(config.model, config.backend));
   auto parts = std::make_unique<Parts>();
@@ -196,7 +218,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
                                            parts->peers.get(), options);
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
   std::string address;
-  RETURN_IF_ERROR(parts->StartServer(config, &address));
+  RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));
   if (!config.router.empty()) parts->StartRegistration(config.router);
   LOG(INFO) << "worker " << config.worker_id << " epoch " << epoch << " serving on " << address;
   auto daemon = std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(parts)));

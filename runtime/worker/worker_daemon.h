@@ -28,8 +28,13 @@ struct WorkerConfig {
   ModelSource model;
   BackendOptions backend;
   EngineConfig engine;
-  TransferAgentFlags transfer;  // transfer.cuda_pool / device follow `backend`
+  // transfer.cuda_pool / device follow `backend`; transfer.ucx_net_device "auto" becomes the
+  // interface of the advertised host ("all" when none of ours has it).
+  TransferAgentFlags transfer;
   std::string listen = "127.0.0.1:0";
+  // The host peers reach this worker at (registered with the router, in KV handles). Empty: the
+  // listen host, or, when listening on every interface, this host's first non-loopback address.
+  std::string advertise_host;
   std::string worker_id;  // empty: <role>-<hostname>-<pid>
   std::string router;     // empty: standalone (no registration)
   absl::Duration default_lease = absl::Seconds(30);

@@ -59,6 +59,37 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
       << "the server stopped";
 }
 
+TEST(WorkerDaemonTest, AWildcardListenAdvertisesAnAddressPeersCanReach) {
+  // Listening on every interface, the worker must not register as 0.0.0.0.
+  WorkerConfig config = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  config.listen = "0.0.0.0:0";
+  config.advertise_host = "127.0.0.1";
+  config.transfer.ucx_net_device = "auto";
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon = WorkerDaemon::Create(config);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_EQ((*daemon)->address().rfind("127.0.0.1:", 0), 0u) << (*daemon)->address();
+  EXPECT_EQ((*daemon)->worker().Info().address(), (*daemon)->address());
+  // Reachable at the advertised address (the server listens on all of them).
+  auto stub = tandem::v1::WorkerService::NewStub(
+      grpc::CreateChannel((*daemon)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  tandem::v1::HealthResponse health;
+  EXPECT_TRUE(stub->Health(&ctx, tandem::v1::WorkerHealthRequest(), &health).ok());
+
+  // Without --advertise_address: the host's first non-loopback address, never the wildcard.
+  config.advertise_host.clear();
+  config.worker_id = "daemon-test-2";
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> guessed = WorkerDaemon::Create(config);
+  if (guessed.ok()) {
+    EXPECT_EQ((*guessed)->address().rfind("0.0.0.0", 0), std::string::npos)
+        << (*guessed)->address();
+  } else {
+    EXPECT_EQ(guessed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(guessed.status().message().find("--advertise_address"), std::string::npos);
+  }
+}
+
 TEST(WorkerDaemonTest, BadConfigurationsAreRefusedNamingTheProblem) {
   WorkerConfig queue = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
   queue.max_queued_requests = 0;
