@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "kvtransfer/copy_ops.h"
 
 namespace tandem::kvtransfer {
@@ -286,6 +287,9 @@ absl::Status PullKvConnector::WaitForSave() { return absl::OkStatus(); }
 
 void PullKvConnector::FailLoadLocked(int64_t request_id, Load& load, absl::Status status) {
   ++stats_.load_failures;
+  // Counted, and said with its cause: a recompute must not hide a misconfigured transport.
+  LOG(WARNING) << "KV load of request " << request_id << " (" << load.blocks.size()
+               << " blocks from " << load.peer << ") failed: " << status;
   QueueSourceReleaseLocked(load);
   errors_.push_back(LoadError{request_id, std::move(status), std::move(load.local_blocks)});
 }

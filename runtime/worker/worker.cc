@@ -43,7 +43,33 @@ std::string Worker::address() const {
 }
 
 tandem::v1::ServingStatus Worker::status() const {
-  return draining_ ? tandem::v1::SERVING_STATUS_DRAINING : tandem::v1::SERVING_STATUS_SERVING;
+  if (draining_) return tandem::v1::SERVING_STATUS_DRAINING;
+  if (KvUnhealthy()) return tandem::v1::SERVING_STATUS_NOT_SERVING;
+  return tandem::v1::SERVING_STATUS_SERVING;
+}
+
+bool Worker::KvUnhealthy() const {
+  if (connector_ == nullptr || options_.kv_failures_unhealthy <= 0) return false;
+  const kvtransfer::KvConnectorStats stats = connector_->Stats();
+  const uint64_t failures = stats.load_failures + kv_link_failures_.load();
+  absl::MutexLock lock(&health_mu_);
+  if (stats.loads_completed > seen_completed_) failure_streak_ = 0;  // a load worked
+  failure_streak_ += static_cast<int64_t>(failures - seen_failures_);
+  seen_completed_ = stats.loads_completed;
+  seen_failures_ = failures;
+  const absl::Time now = absl::Now();
+  if (failure_streak_ < options_.kv_failures_unhealthy) return false;
+  if (unhealthy_since_ == absl::InfinitePast()) {
+    unhealthy_since_ = now;
+    LOG(WARNING) << "worker " << options_.worker_id << ": the last " << failure_streak_
+                 << " KV loads failed; reporting NOT_SERVING (probing again in "
+                 << options_.kv_unhealthy_probe << ")";
+  }
+  if (now - unhealthy_since_ < options_.kv_unhealthy_probe) return true;
+  // Probe: serve again; the next failures (or a success) decide.
+  failure_streak_ = 0;
+  unhealthy_since_ = absl::InfinitePast();
+  return false;
 }
 
 absl::Status Worker::Admit(tandem::v1::WorkerRole needed, const char* rpc) const {

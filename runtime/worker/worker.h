@@ -47,6 +47,11 @@ struct WorkerOptions {
   uint64_t kv_layout_hash = 0;
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
+  // A decode worker whose last `kv_failures_unhealthy` KV loads in a row failed (source
+  // unreachable, transfer errors) reports NOT_SERVING, so a misconfigured transport is not
+  // hidden behind recomputes; after `kv_unhealthy_probe` it serves again to probe. 0: never.
+  int kv_failures_unhealthy = 8;
+  absl::Duration kv_unhealthy_probe = absl::Seconds(30);
 };
 
 const char* RoleName(tandem::v1::WorkerRole role);
@@ -111,10 +116,19 @@ class Worker {
   kvtransfer::KvConnector* const connector_;
   kvtransfer::KvSourceLinks* const links_;
   const WorkerOptions options_;
+  // Whether the last kv_failures_unhealthy loads all failed (and the probe time has not come).
+  bool KvUnhealthy() const ABSL_LOCKS_EXCLUDED(health_mu_);
+
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> kv_link_failures_{0};
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
+  // KV failure streak, followed from the connector's counters each time status() is asked.
+  mutable absl::Mutex health_mu_;
+  mutable uint64_t seen_completed_ ABSL_GUARDED_BY(health_mu_) = 0;
+  mutable uint64_t seen_failures_ ABSL_GUARDED_BY(health_mu_) = 0;
+  mutable int64_t failure_streak_ ABSL_GUARDED_BY(health_mu_) = 0;
+  mutable absl::Time unhealthy_since_ ABSL_GUARDED_BY(health_mu_) = absl::InfinitePast();
 };
 
 }  // namespace tandem::runtime

@@ -4,6 +4,7 @@
 #include "runtime/worker/worker.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -32,7 +33,8 @@ constexpr uint64_t kLayoutHash = 0x7e57;
 // A whole worker core: engine loop, agent, connector, Worker.
 struct CoreWorker {
   CoreWorker(std::shared_ptr<InProcessFabric> fabric, const std::string& id,
-             tandem::v1::WorkerRole role, kvtransfer::KvSourceLinks* links) {
+             tandem::v1::WorkerRole role, kvtransfer::KvSourceLinks* links,
+             const std::function<void(WorkerOptions&)>& customize = nullptr) {
     ModelConfig model = *PresetConfig("tiny");
     model.max_position_embeddings = 256;
     EngineConfig config;
@@ -58,6 +60,7 @@ struct CoreWorker {
     wo.model_id = "tiny-test";
     wo.kv_layout_hash = kLayoutHash;
     wo.address = id + ".local:1";
+    if (customize) customize(wo);
     worker = std::make_unique<Worker>(loop.get(), connector.get(), links, wo);
   }
   // Waits (bounded) until every block is free and nothing is leased.
@@ -269,6 +272,40 @@ TEST(WorkerTest, RolesDrainingAndBadHandlesAreRefusedBeforeAnythingIsAllocated) 
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.p.worker->status(), tandem::v1::SERVING_STATUS_DRAINING);
   EXPECT_TRUE(c.p.PoolWhole());
+}
+
+TEST(WorkerTest, UnreachableKvSourcesMakeADecodeWorkerNotServingUntilItsProbe) {
+  std::mt19937 rng(std::random_device{}());
+  auto fabric = std::make_shared<InProcessFabric>();
+  auto links = std::make_shared<LocalLinks>();  // knows no source: every link fails
+  links->SetSelf(links);
+  CoreWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE, links.get(), [](WorkerOptions& o) {
+    o.kv_failures_unhealthy = 3;
+    o.kv_unhealthy_probe = absl::Milliseconds(300);
+  });
+  links->set_reader(d.agent.get());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(d.worker->status(), tandem::v1::SERVING_STATUS_SERVING) << i;
+    const RequestSpec spec = RandomSpec(rng, 20, 3);
+    tandem::v1::KvHandle handle;
+    handle.set_worker_id("p-unreachable");
+    handle.set_layout_hash(kLayoutHash);
+    handle.set_num_tokens(spec.prompt.size());
+    handle.add_block_ids(0);
+    handle.add_block_ids(1);
+    Collected out;
+    // Recompute hides nothing: the request succeeds, the failure is counted.
+    ASSERT_TRUE(d.worker
+                    ->Decode("r" + std::to_string(i), spec, handle, 5,
+                             KvLoadFailurePolicy::kRecompute, kStaying, out.Sink())
+                    .ok());
+    EXPECT_EQ(out.tokens.size(), 2u);
+  }
+  EXPECT_EQ(d.worker->StatsProto().kv_load_failures(), 3u);
+  EXPECT_EQ(d.worker->status(), tandem::v1::SERVING_STATUS_NOT_SERVING);
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_EQ(d.worker->status(), tandem::v1::SERVING_STATUS_SERVING) << "probes again";
+  links->SetSelf(nullptr);
 }
 
 }  // namespace
