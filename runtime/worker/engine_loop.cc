@@ -153,10 +153,25 @@ void EngineLoop::Apply(std::deque<Op> ops, int64_t step) {
 }
 
 void EngineLoop::Deliver(std::vector<RequestUpdate> updates, int64_t step) {
-  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> orphan_leases;
+  {
+    absl::MutexLock lock(&mu_);
+    DeliverLocked(updates, step, &orphan_leases);
+  }
+  // Aborted while the step that finished it ran: nobody will hand its KV to a reader.
+  for (uint64_t lease : orphan_leases) {
+    if (options_.release_orphan_lease) options_.release_orphan_lease(lease);
+  }
+}
+
+void EngineLoop::DeliverLocked(std::vector<RequestUpdate>& updates, int64_t step,
+                               std::vector<uint64_t>* orphan_leases) {
   for (RequestUpdate& u : updates) {
     auto name = names_.find(u.request_id);
-    if (name == names_.end()) continue;  // aborted meanwhile
+    if (name == names_.end()) {  // aborted meanwhile
+      if (u.kv_lease.has_value()) orphan_leases->push_back(u.kv_lease->lease.lease_id);
+      continue;
+    }
     auto stream = by_name_.find(name->second);
     const bool finished = u.finish_reason != FinishReason::kNone;
     stream->second->Push(std::move(u), step);

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,6 +79,10 @@ struct EngineLoopOptions {
   // Requests submitted but not yet running (inbox + the scheduler's waiting queue) at most;
   // Submit answers RESOURCE_EXHAUSTED beyond it.
   int64_t max_queued_requests = 4096;
+  // Called (from the loop thread, no lock held) with the lease of a request that finished
+  // holding its KV for a remote reader but was aborted meanwhile: its handle never reaches a
+  // reader, so the lease must end now, not at expiry (e.g. KvConnector::ReleaseLease).
+  std::function<void(uint64_t lease_id)> release_orphan_lease;
 };
 
 class EngineLoop {
@@ -124,6 +129,9 @@ class EngineLoop {
   void Run();
   // Loop thread: hands the inbox's submissions and aborts to the engine.
   void Apply(std::deque<Op> ops, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Loop thread: hands a step's updates to their streams; collects the leases of aborted ones.
+  void DeliverLocked(std::vector<RequestUpdate>& updates, int64_t step,
+                     std::vector<uint64_t>* orphan_leases) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loop thread: hands a step's updates to their streams.
   void Deliver(std::vector<RequestUpdate> updates, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Loop thread: a failed step fails every request in flight (their KV may be bad).

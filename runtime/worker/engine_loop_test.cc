@@ -15,6 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/inprocess/inprocess_agent.h"
+#include "kvtransfer/pull_connector.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/model/model_config.h"
 
@@ -72,6 +74,7 @@ struct LoopSetup {
   int64_t max_num_seqs = 256;
   int64_t max_queued_requests = 4096;
   std::shared_ptr<StepGate> gate;
+  kvtransfer::KvConnector* connector = nullptr;  // attached, and told of orphaned leases
 };
 
 std::unique_ptr<EngineLoop> MakeLoop(const LoopSetup& setup) {
@@ -93,6 +96,12 @@ std::unique_ptr<EngineLoop> MakeLoop(const LoopSetup& setup) {
   EXPECT_TRUE(engine.ok()) << engine.status();
   EngineLoopOptions options;
   options.max_queued_requests = setup.max_queued_requests;
+  if (setup.connector != nullptr) {
+    (*engine)->AttachConnector(setup.connector);
+    options.release_orphan_lease = [c = setup.connector](uint64_t lease) {
+      c->ReleaseLease(lease);
+    };
+  }
   return std::make_unique<EngineLoop>(*std::move(engine), options);
 }
 
@@ -346,6 +355,50 @@ TEST(EngineLoopTest, HandlersNeverWaitForARunningStep) {
   EXPECT_EQ(NextUpdate(*queued, &step).new_token_ids.size(), 1u);
   EXPECT_EQ(step, queued->submit_step() + 1);
   EXPECT_EQ(NextUpdate(*queued).finish_reason, FinishReason::kLength);
+}
+
+TEST(EngineLoopTest, ALeaseGrantedToARequestAbortedDuringItsLastStepIsReleasedAtOnce) {
+  // P side: the request finishes (its KV held for a reader, lease granted) in the very step
+  // during which the caller aborted it. Its handle will never reach a reader.
+  auto fabric = std::make_shared<kvtransfer::InProcessFabric>();
+  kvtransfer::InProcessAgent agent(fabric, "p0");
+  kvtransfer::PullKvConnectorOptions copts;
+  copts.block_bytes = 1;
+  kvtransfer::PullKvConnector connector(&agent, copts);
+  LoopSetup setup;
+  setup.step_time = absl::ZeroDuration();
+  setup.gate = std::make_shared<StepGate>();
+  setup.connector = &connector;
+  auto loop = MakeLoop(setup);
+  const int64_t total = loop->Stats().kv.num_blocks;
+  {
+    absl::MutexLock lock(&setup.gate->mu);
+    setup.gate->open = false;
+  }
+  RequestSpec spec = Spec(40, 1);
+  spec.hold_kv_for_remote = true;
+  spec.lease_duration = absl::Seconds(30);
+  auto held = loop->Submit("held", spec);
+  ASSERT_TRUE(held.ok()) << held.status();
+  {
+    absl::MutexLock lock(&setup.gate->mu);
+    auto in_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(setup.gate->mu) {
+      return setup.gate->entered > 0;
+    };
+    setup.gate->mu.Await(absl::Condition(&in_step));
+  }
+  ASSERT_TRUE(loop->Abort("held"));  // during the step that grants the lease
+  {
+    absl::MutexLock lock(&setup.gate->mu);
+    setup.gate->open = true;
+  }
+  // Released at once (not after 30 s), so the blocks come back at the next idle poll.
+  ASSERT_TRUE(WaitForStats(
+      *loop, [&](const EngineLoopStats& s) { return s.kv.num_free_blocks == total; },
+      absl::Seconds(10)));
+  EXPECT_EQ(connector.Stats().leases_granted, 1u);
+  EXPECT_EQ(connector.Stats().leases_released, 1u);
+  EXPECT_EQ(connector.Stats().leases_active, 0u);
 }
 
 }  // namespace

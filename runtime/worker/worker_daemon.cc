@@ -210,6 +210,9 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.kv_load_timeout = config.kv_load_timeout;
   EngineLoopOptions loop_options;
   loop_options.max_queued_requests = config.max_queued_requests;
+  loop_options.release_orphan_lease = [connector = parts->connector.get()](uint64_t lease) {
+    connector->ReleaseLease(lease);
+  };
   parts->loop = std::make_unique<EngineLoop>(std::move(engine), loop_options);
   parts->kv_service = std::make_unique<kvtransfer::KvTransferServiceImpl>(
       parts->agent.get(), parts->connector.get(), local);

@@ -52,7 +52,11 @@ struct CoreWorker {
     options.block_bytes = static_cast<uint64_t>((*engine)->kv_block_bytes());
     connector = std::make_unique<PullKvConnector>(agent.get(), options);
     (*engine)->AttachConnector(connector.get());
-    loop = std::make_unique<EngineLoop>(*std::move(engine));
+    EngineLoopOptions loop_options;
+    loop_options.release_orphan_lease = [c = connector.get()](uint64_t lease) {
+      c->ReleaseLease(lease);
+    };
+    loop = std::make_unique<EngineLoop>(*std::move(engine), loop_options);
     WorkerOptions wo;
     wo.worker_id = id;
     wo.epoch = 1;
