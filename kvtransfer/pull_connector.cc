@@ -6,14 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kvtransfer/copy_ops.h"
+#include "openssl/rand.h"
 
 namespace tandem::kvtransfer {
 
 PullKvConnector::PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options)
-    : agent_(agent),
-      options_(options),
-      sink_(std::make_shared<RenewalSink>()),
-      next_lease_id_(options.first_lease_id) {
+    : agent_(agent), options_(options), sink_(std::make_shared<RenewalSink>()) {
   absl::MutexLock lock(&sink_->mu);
   sink_->connector = this;
 }
@@ -84,12 +82,23 @@ std::optional<KvLease> PullKvConnector::RequestFinished(int64_t request_id,
   if (!hold_for_remote || num_blocks <= 0) return std::nullopt;
   absl::MutexLock lock(&mu_);
   KvLease lease;
-  lease.lease_id = next_lease_id_++;
+  lease.lease_id = NewLeaseIdLocked();
   lease.deadline = absl::Now() + lease_duration;
   leases_[lease.lease_id] = Lease{request_id, external_id, lease.deadline, num_blocks};
   if (!external_id.empty()) lease_of_[external_id] = lease.lease_id;
   ++stats_.leases_granted;
   return lease;
+}
+
+uint64_t PullKvConnector::NewLeaseIdLocked() const {
+  while (true) {
+    uint64_t id = 0;
+    // RAND_bytes fails only when OpenSSL cannot seed; a predictable id would be a security bug,
+    // so that is fatal (like block_hash.cc's SHA-256).
+    CHECK_EQ(RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof(id)), 1)
+        << "RAND_bytes failed";
+    if (id != 0 && !leases_.contains(id)) return id;
+  }
 }
 
 void PullKvConnector::DropRemote(const RemoteKvSpec& remote) {

@@ -36,11 +36,12 @@
 namespace tandem::kvtransfer {
 
 struct PullKvConnectorOptions {
-  int64_t block_size = 16;      // tokens per block
-  uint64_t block_bytes = 0;     // bytes of one block (all layers' K and V, scales included)
-  uint32_t local_region = 0;    // agent region index of the local KV pool
-  uint32_t remote_region = 0;   // the peer's region index of its KV pool
-  uint64_t first_lease_id = 1;  // start lease ids here (e.g. random per epoch)
+  int64_t block_size = 16;     // tokens per block
+  uint64_t block_bytes = 0;    // bytes of one block (all layers' K and V, scales included)
+  uint32_t local_region = 0;   // agent region index of the local KV pool
+  uint32_t remote_region = 0;  // the peer's region index of its KV pool
+  // Lease ids are random 64-bit values (OpenSSL's RAND_bytes), so a peer cannot guess another
+  // reader's lease to release or renew it.
   // D side: stop reading this long before the source's lease deadline.
   absl::Duration lease_safety_margin = absl::Milliseconds(200);
 };
@@ -160,7 +161,8 @@ class PullKvConnector : public KvConnector {
   const std::shared_ptr<RenewalSink> sink_;
 
   mutable absl::Mutex mu_;
-  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_);
+  // A fresh lease id: random, non-zero, not in use.
+  uint64_t NewLeaseIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> lease_of_ ABSL_GUARDED_BY(mu_);  // external id ->
   std::vector<SourceRelease> source_releases_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "runtime/worker/worker.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +94,8 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   }
   if (hold) {
     spec.hold_kv_for_remote = true;
-    spec.lease_duration = lease > absl::ZeroDuration() ? lease : options_.default_lease;
+    spec.lease_duration =
+        lease > absl::ZeroDuration() ? std::min(lease, options_.max_lease) : options_.default_lease;
   }
   // P computes the prompt and the first token; D does the rest. Validate the whole request
   // first so P never holds KV for something D must refuse.

@@ -46,6 +46,9 @@ struct WorkerOptions {
   std::string model_id;
   uint64_t kv_layout_hash = 0;
   absl::Duration default_lease = absl::Seconds(30);
+  // The longest lease a caller may ask for (PrefillRequest.lease_ms beyond it is cut to it):
+  // the worker, not the caller, bounds how long its blocks can be held.
+  absl::Duration max_lease = absl::Minutes(2);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   // A decode worker whose last `kv_failures_unhealthy` KV loads in a row failed (source
   // unreachable, transfer errors) reports NOT_SERVING, so a misconfigured transport is not

@@ -193,7 +193,6 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   connector_options.block_size = engine->block_size();
   connector_options.block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
   connector_options.local_region = region;
-  connector_options.first_lease_id = std::random_device{}() | 1;
   parts->connector =
       std::make_unique<kvtransfer::PullKvConnector>(parts->agent.get(), connector_options);
   engine->AttachConnector(parts->connector.get());

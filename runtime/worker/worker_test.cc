@@ -222,6 +222,28 @@ TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
   EXPECT_EQ(c.p.worker->StatsProto().leases_released(), 1u);
 }
 
+TEST(WorkerTest, TheWorkerBoundsLeasesAndTheirIdsAreUnguessable) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster c;
+  // A caller asking for 49 days gets the worker's cap (2 minutes by default).
+  absl::StatusOr<PrefillResult> greedy = c.p.worker->Prefill(
+      "greedy", RandomSpec(rng, 20, 4), /*remote_decode=*/true, absl::Hours(24 * 49), kStaying);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  const absl::Time deadline = absl::FromUnixMillis(greedy->kv_handle->lease_deadline_unix_ms());
+  EXPECT_LE(deadline, absl::Now() + c.p.worker->options().max_lease);
+  absl::StatusOr<PrefillResult> other = c.p.worker->Prefill(
+      "other", RandomSpec(rng, 20, 4), /*remote_decode=*/true, absl::ZeroDuration(), kStaying);
+  ASSERT_TRUE(other.ok()) << other.status();
+  // Not sequential: knowing one lease id tells nothing about the next.
+  const uint64_t a = greedy->kv_handle->lease_id(), b = other->kv_handle->lease_id();
+  EXPECT_NE(a, 0u);
+  EXPECT_NE(b, 0u);
+  EXPECT_GT(a > b ? a - b : b - a, 1u << 20);
+  EXPECT_TRUE(c.p.worker->Abort("greedy"));
+  EXPECT_TRUE(c.p.worker->Abort("other"));
+  EXPECT_TRUE(c.p.PoolWhole());
+}
+
 TEST(WorkerTest, CallerGoneMidStreamAbortsAndFreesBlocks) {
   std::mt19937 rng(std::random_device{}());
   Cluster c;
