@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "router/fake_worker_client.h"
+#include "router/manual_clock.h"
 
 namespace tandem::router {
 namespace {
@@ -44,22 +45,6 @@ class CollectingSink final : public ResponseSink {
  private:
   absl::Mutex mu_;
   std::vector<v1::GenerateResponse> chunks_ ABSL_GUARDED_BY(mu_);
-};
-
-class ManualClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'800'000'000);
 };
 
 v1::WorkerInfo Info(const std::string& id, v1::WorkerRole role) {

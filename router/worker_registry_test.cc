@@ -8,27 +8,12 @@
 #include "common/block_hash.h"
 #include "gtest/gtest.h"
 #include "router/fake_worker_client.h"
+#include "router/manual_clock.h"
 
 namespace tandem::router {
 namespace {
 
 // A clock the test moves by hand.
-class ManualClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
-
 v1::WorkerInfo Info(const std::string& id, v1::WorkerRole role, uint64_t epoch = 1,
                     uint32_t block_size = 4) {
   v1::WorkerInfo info;

@@ -1,6 +1,5 @@
 #include "runtime/worker/engine_loop.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

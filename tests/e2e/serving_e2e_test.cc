@@ -120,6 +120,22 @@ std::unique_ptr<Cluster> StartCluster(int prefill, int decode, int mixed,
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
+// A cluster of the 100M-parameter random model (decodes at tens of tokens/s on these CPUs, so a
+// long stream is surely still running while a test acts on it).
+std::unique_ptr<Cluster> StartSlowCluster(int prefill, int decode, int mixed,
+                                          std::vector<std::string> extra_flags = {}) {
+  ClusterOptions options;
+  options.prefill = prefill;
+  options.decode = decode;
+  options.mixed = mixed;
+  options.dummy_config = "llama-100m";
+  options.worker_flags = {"--kv_cache_bytes=134217728"};
+  options.worker_flags.insert(options.worker_flags.end(), extra_flags.begin(), extra_flags.end());
+  auto started = Cluster::Start(options);
+  EXPECT_TRUE(started.ok()) << started.status();
+  return started.ok() ? std::move(*started) : nullptr;
+}
+
 // Waits until every block of every live worker is free and nothing is leased.
 void ExpectPoolsWhole(Cluster& cluster) {
   for (WorkerHandle& w : cluster.workers()) {
@@ -239,14 +255,8 @@ TEST(ServingE2eTest, CancelMidStreamFreesBlocksOnPrefillAndDecode) {
 // the worker unhealthy and sends new requests to the survivor. A 100M-parameter random model
 // decodes slowly enough (tens of tokens/s here) that the stream is surely still running.
 void KillMidStream(const std::string& role, int prefill, int decode) {
-  ClusterOptions options;
-  options.prefill = prefill;
-  options.decode = decode;
-  options.dummy_config = "llama-100m";
-  options.worker_flags = {"--kv_cache_bytes=134217728"};
-  auto started = Cluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<Cluster> cluster = std::move(*started);
+  std::unique_ptr<Cluster> cluster = StartSlowCluster(prefill, decode, 0);
+  ASSERT_NE(cluster, nullptr);
   Prompt p;
   for (int i = 0; i < 30; ++i) p.ids.push_back(20 + i);
   p.max_tokens = 1000;
@@ -307,15 +317,9 @@ TEST(ServingE2eTest, KillPrefillIsRoutedAround) { KillMidStream("prefill", 2, 1)
 // the first one would. The first stream must still be running when the second ends (the old
 // starvation held the second until the running batch drained).
 void NewRequestOvertakesALongOne(int prefill, int decode, int mixed) {
-  ClusterOptions options;
-  options.prefill = prefill;
-  options.decode = decode;
-  options.mixed = mixed;
-  options.dummy_config = "llama-100m";  // tens of tokens/s here: 1000 tokens take many seconds
-  options.worker_flags = {"--kv_cache_bytes=134217728", "--num_threads=1"};
-  auto started = Cluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<Cluster> cluster = std::move(*started);
+  // Tens of tokens/s: 1000 tokens take many seconds.
+  std::unique_ptr<Cluster> cluster = StartSlowCluster(prefill, decode, mixed, {"--num_threads=1"});
+  ASSERT_NE(cluster, nullptr);
   Prompt long_prompt;
   for (int i = 0; i < 30; ++i) long_prompt.ids.push_back(20 + i);
   long_prompt.max_tokens = 1000;
@@ -359,14 +363,8 @@ TEST(ServingE2eTest, NewRequestOvertakesALongOneThroughPrefillAndDecode) {
 // up and serves through the restarted worker. 10 restarts; TANDEM_LONG=1: 100.
 TEST(ServingE2eTest, DecodeRestartedOnItsAddressUnderLoadLeavesTheRouterServing) {
   const int restarts = std::getenv("TANDEM_LONG") != nullptr ? 100 : 10;
-  ClusterOptions options;
-  options.prefill = 1;
-  options.decode = 1;
-  options.dummy_config = "llama-100m";
-  options.worker_flags = {"--kv_cache_bytes=134217728"};
-  auto started = Cluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<Cluster> cluster = std::move(*started);
+  std::unique_ptr<Cluster> cluster = StartSlowCluster(1, 1, 0);
+  ASSERT_NE(cluster, nullptr);
   for (int i = 0; i < restarts; ++i) {
     SCOPED_TRACE(testing::Message() << "restart " << i);
     constexpr int kStreams = 3;
