@@ -10,7 +10,8 @@
 # Environment (defaults are the issue's setup: one H100/H200, Llama-3-8B shape, dummy bf16):
 #   BACKEND=cuda  MODEL=llama3-8b  PROMPT=1024  KV_BYTES=8589934592 (per worker)
 #   SCALE=1       multiplies request counts (0.25 for a quick check)
-#   ROWS="unloaded 1:16 1:512 4:128 4:128:c1 pd:1:512"   which rows to run (RATE:OUT[:c1])
+#   ROWS="unloaded 1:16 1:512 4:128 4:128:c1 pd:1:512"   which rows to run (RATE:OUT[:c1]);
+#                 sat:OUT sends 128 requests at once (saturation)
 #   EXTRA_WORKER_FLAGS   e.g. "--num_threads=2" for BACKEND=cpu
 #   WORKER_BIN    another tandem_worker binary (e.g. an older build, for before/after)
 # BUNDLE_DIR: tests/gpu/bundle.sh OUT tool//runtime:tandem_worker tool//router:tandem_router
@@ -101,6 +102,7 @@ for row in $ROWS; do
   fi
   case $row in
     unloaded) bench unloaded inf 16 "$(count 20)" 1 ;;
+    sat:*) IFS=: read -r _ out <<<"$row"; bench "mixed-sat-$out" inf "$out" "$(count 128)" ;;
     *:c1) IFS=: read -r rate out _ <<<"$row"; bench "mixed-$rate-$out-c1" "$rate" "$out" "$(count 40)" 1 ;;
     *) IFS=: read -r rate out <<<"$row"
        n=$(count 40); [[ $rate == 4 ]] && n=$(count 80)
