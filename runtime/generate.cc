@@ -5,6 +5,7 @@
 //            [--backend=cpu] [--max_num_batched_tokens=2048] [--max_num_seqs=256]
 //            [--kv_cache_bytes=268435456] [--block_size=16] [--num_threads=2]
 //   generate --load_format=dummy --dummy_config=tiny ...      (random weights, no files)
+//   generate --tp=N ...   tensor parallelism: N rank processes (runtime/parallel/rank_group.h)
 //
 // Prompts separated by ';' run as one continuous batch. Output: one JSON object per prompt, in
 // prompt order: {"tokens":[...],"finish_reason":"...","last_prompt_logits":[...]} (logits only
@@ -29,6 +30,7 @@
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/parallel/group_backend.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
@@ -87,7 +89,7 @@ std::string JsonFloat(float v) {
   return buf;
 }
 
-absl::Status Run() {
+absl::Status Run(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
   ModelSource source;
   source.model_dir = absl::GetFlag(FLAGS_model);
@@ -101,10 +103,13 @@ absl::Status Run() {
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
-  ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(source, backend));
-  LoadedModel& model = loaded.model;
-  const ExecutorFactory& factory = loaded.factory;
-  ModelConfig config = model.config;
+  ASSIGN_OR_RETURN(
+      GroupBackend group_backend,
+      LoadGroupBackend(source, backend, RankGroupOptionsFromFlags(backend.device), argv));
+  if (!group_backend.is_leader()) return RunFollowerRank(std::move(group_backend));
+  LoadedModel& model = group_backend.loaded.model;
+  const ExecutorFactory& factory = group_backend.loaded.factory;
+  ModelConfig config = model.local_config;
   ModelWeights weights = std::move(model.weights);
 
   EngineConfig engine_config;
@@ -170,8 +175,9 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "generate --model=DIR --prompt_ids='1,2,3;4,5' --max_tokens=N [--dump_last_logits]");
+  const std::vector<std::string> args(argv, argv + argc);
   absl::ParseCommandLine(argc, argv);
-  absl::Status s = tandem::runtime::Run();
+  absl::Status s = tandem::runtime::Run(args);
   if (!s.ok()) {
     std::fprintf(stderr, "generate: %s\n", s.ToString().c_str());
     return 1;

@@ -15,6 +15,14 @@ namespace tandem::kernels::cpu {
 absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
                        int64_t hidden, float* out);
 
+// The vocab-parallel lookup of one tensor-parallel rank (vLLM's VocabParallelEmbedding): `table`
+// holds vocabulary rows [vocab_begin, vocab_begin + rows); out[t, :] is the row of ids[t] when it
+// falls there, else zeros (the group's all-reduce sums the ranks' outputs into the full lookup).
+// INVALID_ARGUMENT, as Embedding, when an id is < 0 or >= vocab (the full vocabulary).
+absl::Status VocabShardEmbedding(const int32_t* ids, int64_t num_tokens, const float* table,
+                                 int64_t vocab_begin, int64_t rows, int64_t vocab, int64_t hidden,
+                                 float* out);
+
 }  // namespace tandem::kernels::cpu
 
 #endif  // TANDEM_KERNELS_LAYERS_EMBEDDING_H_

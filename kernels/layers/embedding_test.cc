@@ -1,5 +1,6 @@
 #include "kernels/layers/embedding.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -72,6 +73,34 @@ TEST(EmbeddingTest, OutOfRangeIdsAreRejectedWithoutWriting) {
     EXPECT_THAT(s.message(), HasSubstr("[0, 10)"));
     for (float v : out) ASSERT_EQ(v, 42.0f) << "out was written despite the error";
   }
+}
+
+TEST(EmbeddingTest, VocabShardsSumToTheFullLookup) {
+  const int64_t vocab = 11, hidden = 3, num_tokens = 6;
+  std::vector<float> table(vocab * hidden);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = 0.5f + static_cast<float>(i) * 0.25f;
+  const std::vector<int32_t> ids = {10, 0, 4, 7, 3, 10};
+  std::vector<float> full(num_tokens * hidden);
+  ASSERT_TRUE(Embedding(ids.data(), num_tokens, table.data(), vocab, hidden, full.data()).ok());
+  for (int64_t n : {2, 3, 4}) {
+    const int64_t rows = (vocab + n - 1) / n;
+    std::vector<float> sum(num_tokens * hidden, 0.0f), part(num_tokens * hidden, -1.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<float> shard(rows * hidden, 0.0f);  // padded past the vocabulary
+      for (int64_t i = 0; i < rows && r * rows + i < vocab; ++i) {
+        std::copy_n(table.data() + (r * rows + i) * hidden, hidden, shard.data() + i * hidden);
+      }
+      ASSERT_TRUE(VocabShardEmbedding(ids.data(), num_tokens, shard.data(), r * rows, rows, vocab,
+                                      hidden, part.data())
+                      .ok());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    EXPECT_EQ(sum, full) << n << " shards";
+  }
+  const std::vector<int32_t> bad = {1, 11};
+  EXPECT_EQ(
+      VocabShardEmbedding(bad.data(), 2, table.data(), 0, 6, vocab, hidden, full.data()).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

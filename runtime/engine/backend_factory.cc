@@ -21,7 +21,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                                                     const ModelConfig& model) {
   if (options.backend == "cpu") {
     if (options.num_threads <= 0) return absl::InvalidArgumentError("num_threads must be > 0");
-    return CpuExecutorFactory(options.num_threads);
+    return CpuExecutorFactory(options.num_threads, options.group);
   }
   if (options.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -35,6 +35,12 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
       options.prefill_kernel != "decode") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
+  }
+  if (options.group != nullptr && options.group->size() > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("--tp=", options.group->size(),
+                     " with --backend=cuda: the CUDA backend's sharded model is not built yet "
+                     "(tensor parallelism runs on --backend=cpu)"));
   }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;
@@ -60,6 +66,9 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
   if (options.backend == "cuda" && source.load_format == "dummy") {
     source.dummy_weights_on_backend = true;  // generated on the device
     options.dummy_seed = source.dummy_seed;
+  }
+  if (options.group != nullptr) {
+    source.shard = TpShard{options.group->rank(), options.group->size()};
   }
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));

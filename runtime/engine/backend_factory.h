@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "comm/process_group.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/model/model_source.h"
 
@@ -27,6 +28,9 @@ struct BackendOptions {
   // prefill kernel: the split-KV decode kernel serves every step; slow, for comparisons).
   std::string prefill_kernel = "auto";
   std::optional<uint64_t> dummy_seed;  // cuda: generate dummy weights on the device
+  // The rank's tensor-parallel group (runtime/parallel), or null for a worker of one rank. The
+  // model is loaded as that rank's shard and computes with the group.
+  comm::ProcessGroup* group = nullptr;
 };
 
 // True when this binary was built with the CUDA backend.

@@ -74,6 +74,8 @@ class Engine {
   int64_t kv_pool_bytes() const { return runner_->kv_pool_bytes(); }
   bool kv_pool_on_device() const { return runner_->pool_on_device(); }
   ExecutorStats executor_stats() const { return runner_->stats(); }
+  // ModelExecutor::health(): thread-safe, may be read while a step runs.
+  absl::Status executor_health() const { return runner_->health(); }
   int64_t kv_block_bytes() const { return block_bytes_; }
   KvDtype kv_dtype() const { return kv_dtype_; }  // the backend's (ExecutorFactory::kv_dtype)
   int64_t block_size() const { return config_.block_size; }

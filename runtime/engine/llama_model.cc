@@ -19,25 +19,45 @@ namespace {
 
 const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+// Rows of the vocabulary each rank of `group` holds (ceil(vocab / n); the whole one alone).
+int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
+  const int64_t n = group == nullptr ? 1 : group->size();
+  return (config.vocab_size + n - 1) / n;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
                                                                ModelWeights weights,
-                                                               kernels::ThreadPool* pool) {
+                                                               kernels::ThreadPool* pool,
+                                                               comm::ProcessGroup* group) {
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights have ", weights.layers.size(), " layers, config says ", config.num_hidden_layers));
+  }
+  const int64_t embed_elems = VocabRows(config, group) * config.hidden_size;
+  if (static_cast<int64_t>(weights.embed_tokens.size()) != embed_elems ||
+      (!weights.lm_head.empty() && static_cast<int64_t>(weights.lm_head.size()) != embed_elems)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "embedding / lm_head weights do not hold ", embed_elems / config.hidden_size,
+        " vocabulary rows (the ", group == nullptr ? 1 : group->size(), "-way vocab partition)"));
   }
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
   return std::unique_ptr<LlamaModel>(
-      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool));
+      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group));
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                       kernels::ThreadPool* pool)
-    : config_(config), weights_(std::move(weights)), inv_freq_(std::move(inv_freq)), pool_(pool) {}
+                       kernels::ThreadPool* pool, comm::ProcessGroup* group)
+    : config_(config),
+      weights_(std::move(weights)),
+      inv_freq_(std::move(inv_freq)),
+      pool_(pool),
+      group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      vocab_begin_(group_ == nullptr ? 0 : group_->rank() * VocabRows(config, group_)),
+      vocab_rows_(VocabRows(config, group_)) {}
 
 kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
   return KvLayoutForModel(config_, num_blocks, block_size);
@@ -77,8 +97,15 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   act_.resize(T * I);
 
   // residual_ holds the stream; hidden_ the normalized input of the next sub-block.
-  RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
-                                          V, H, residual_.data()));
+  if (group_ == nullptr) {
+    RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
+                                            V, H, residual_.data()));
+  } else {
+    RETURN_IF_ERROR(kernels::cpu::VocabShardEmbedding(input.token_ids.data(), T,
+                                                      weights_.embed_tokens.data(), vocab_begin_,
+                                                      vocab_rows_, V, H, residual_.data()));
+    RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(residual_.data(), T * H)));
+  }
   kernels::AttentionParams attn_params;
   attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
 
@@ -109,6 +136,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
                                                  attn_params, attn_.data(), nullptr, pool_));
     kernels::cpu::Linear(attn_.data(), w.o_proj.data(), OrNull(w.o_bias), T, H, q_dim,
                          hidden_.data(), pool_);
+    if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
     kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), OrNull(w.gate_up_bias), T, 2 * I, H,
@@ -116,6 +144,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
     kernels::cpu::Linear(act_.data(), w.down_proj.data(), OrNull(w.down_bias), T, H, I,
                          hidden_.data(), pool_);
+    if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
 
@@ -125,11 +154,36 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   for (int64_t r = 0; r < R; ++r) {
     std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
   }
+  return LmHead(R, logits);
+}
+
+absl::Status LlamaModel::LmHead(int64_t R, std::vector<float>* logits) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const std::vector<float>& lm_head =
       weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
   logits->resize(R * V);
+  if (group_ == nullptr) {
+    if (R > 0) {
+      kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+    }
+    return absl::OkStatus();
+  }
+  // Every rank takes part even with R = 0 rows: the gather is collective.
+  const int64_t P = vocab_rows_, n = group_->size();
+  local_logits_.resize(R * P);
+  gathered_.resize(n * R * P);
   if (R > 0) {
-    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, P, H, local_logits_.data(),
+                         pool_);
+  }
+  RETURN_IF_ERROR(group_->AllGather(local_logits_, absl::MakeSpan(gathered_)));
+  // gathered_ is [rank][row][P]; logits is [row][V] (the padding past V dropped).
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t cols = std::min(P, V - r * P);
+    if (cols <= 0) continue;
+    for (int64_t row = 0; row < R; ++row) {
+      std::copy_n(gathered_.data() + (r * R + row) * P, cols, logits->data() + row * V + r * P);
+    }
   }
   return absl::OkStatus();
 }

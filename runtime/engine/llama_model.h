@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "comm/process_group.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/threading/thread_pool.h"
@@ -34,9 +35,15 @@ struct ForwardInput {
 class LlamaModel {
  public:
   // Takes ownership of the weights. `pool` (nullable) must outlive the model.
+  // Tensor parallelism: with a `group` of size > 1 this model is rank group->rank() of it;
+  // `config` is the rank's (LocalModelConfig: its heads and MLP width, the full vocabulary) and
+  // `weights` its shard (runtime/model/tensor_parallel.h). The group (outliving the model) sums
+  // the row-parallel o_proj / down_proj outputs and the vocab-parallel embedding, and gathers
+  // the vocab-parallel logits, so every rank's Forward returns the full logits.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
                                                             ModelWeights weights,
-                                                            kernels::ThreadPool* pool);
+                                                            kernels::ThreadPool* pool,
+                                                            comm::ProcessGroup* group = nullptr);
 
   // The KV pool layout this model needs for `num_blocks` blocks of `block_size` tokens.
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
@@ -51,14 +58,20 @@ class LlamaModel {
 
  private:
   LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-             kernels::ThreadPool* pool);
+             kernels::ThreadPool* pool, comm::ProcessGroup* group);
+  // Logits of `R` rows (last_) into logits: the local vocabulary rows, gathered across the group.
+  absl::Status LmHead(int64_t R, std::vector<float>* logits);
 
   const ModelConfig config_;
   const ModelWeights weights_;
   const std::vector<float> inv_freq_;  // [head_dim / 2], shared by all layers
   kernels::ThreadPool* const pool_;
+  comm::ProcessGroup* const group_;  // null: no tensor parallelism
+  const int64_t vocab_begin_;        // this rank's embedding / lm_head rows
+  const int64_t vocab_rows_;
   // Scratch, grown on demand and reused across steps.
-  std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_;
+  std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_,
+      local_logits_, gathered_;
 };
 
 }  // namespace tandem::runtime

@@ -47,6 +47,9 @@ class ModelExecutor {
   virtual int64_t kv_pool_bytes() const = 0;
   virtual bool pool_on_device() const { return false; }
   virtual ExecutorStats stats() const { return {}; }
+  // OK while the executor can run steps; a worker group's broken process group otherwise (the
+  // worker then reports NOT_SERVING). Thread-safe.
+  virtual absl::Status health() const { return absl::OkStatus(); }
 };
 
 // Everything a backend needs to build its executor. `kv_pool` is memory for the pool from the

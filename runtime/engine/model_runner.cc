@@ -9,18 +9,19 @@
 
 namespace tandem::runtime {
 
-ExecutorFactory CpuExecutorFactory(int num_threads) {
+ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group) {
   ExecutorFactory factory;
   factory.name = "cpu";
   factory.kv_dtype = KvDtype::kF32;
   factory.accepts_external_pool = true;
-  factory.create = [num_threads](
+  factory.create = [num_threads, group](
                        const ExecutorSpec& spec,
                        ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
     if (num_threads <= 0) return absl::InvalidArgumentError("num_threads must be positive");
     auto thread_pool = std::make_unique<kernels::ThreadPool>(num_threads);
-    ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                     LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get()));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<LlamaModel> model,
+        LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get(), group));
     const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
     RETURN_IF_ERROR(layout.Validate());
     if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {

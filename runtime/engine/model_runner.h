@@ -19,8 +19,9 @@
 
 namespace tandem::runtime {
 
-// The CPU backend: fp32 weights and KV, `num_threads` compute threads.
-ExecutorFactory CpuExecutorFactory(int num_threads);
+// The CPU backend: fp32 weights and KV, `num_threads` compute threads. With a tensor-parallel
+// `group` (size > 1; outliving the executors) the model is the group's rank's shard (LlamaModel).
+ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = nullptr);
 
 class ModelRunner : public ModelExecutor {
  public:

@@ -106,6 +106,39 @@ ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed) {
   return weights;
 }
 
+absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint64_t seed,
+                                                TpShard shard) {
+  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
+  ModelWeights weights;
+  internal::AllocateModelWeights(config, dims, &weights);
+  std::vector<float> row;
+  for (const HfTensor& t : internal::HfTensorLayout(config, dims)) {
+    if (!t.keep) continue;
+    internal::TensorRandomStream stream(seed, t);
+    float* out = internal::SlotData(&weights, t);
+    if (t.slice_dim < 0) {
+      stream.Fill(out, t.numel());
+      continue;
+    }
+    // Draw row by row (the stream is sequential) and keep the slice; rows after a row slice's
+    // end are never drawn.
+    const int64_t rows = t.shape[0];
+    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    row.resize(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      stream.Fill(row.data(), cols);
+      if (t.slice_dim == 0) {
+        if (r < t.slice_begin) continue;
+        if (r >= t.slice_begin + t.slice_count) break;
+        std::copy_n(row.data(), cols, out + (r - t.slice_begin) * cols);
+      } else {
+        std::copy_n(row.data() + t.slice_begin, t.slice_count, out + r * t.slice_count);
+      }
+    }
+  }
+  return weights;
+}
+
 absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
                              int64_t shard_bytes) {
   RETURN_IF_ERROR(ValidateModelConfig(config));

@@ -21,8 +21,10 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
     } else {
       ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.dummy_config));
     }
+    ASSIGN_OR_RETURN(out.local_config, LocalModelConfig(out.config, source.shard));
     if (!source.dummy_weights_on_backend) {
-      out.weights = RandomModelWeights(out.config, source.dummy_seed);
+      ASSIGN_OR_RETURN(out.weights,
+                       RandomModelWeights(out.config, source.dummy_seed, source.shard));
     }
     out.model_id = absl::StrCat("dummy:", source.dummy_config, ":", source.dummy_seed,
                                 source.dummy_weights_on_backend ? ":backend" : "");
@@ -34,7 +36,8 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
   }
   if (source.model_dir.empty()) return absl::InvalidArgumentError("--model=DIR is required");
   ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.model_dir));
-  ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config));
+  ASSIGN_OR_RETURN(out.local_config, LocalModelConfig(out.config, source.shard));
+  ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config, source.shard));
   // Same files in different directories (or machines) are the same model: name + a hash of
   // config.json and the weight files' names and sizes.
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
 
@@ -20,10 +21,13 @@ struct ModelSource {
   // dummy only: return the config and no weights; the backend generates them where they live
   // (the CUDA backend fills device memory directly).
   bool dummy_weights_on_backend = false;
+  // Load only this tensor-parallel rank's part of the weights (tensor_parallel.h).
+  TpShard shard;
 };
 
 struct LoadedModel {
-  ModelConfig config;
+  ModelConfig config;        // the whole model
+  ModelConfig local_config;  // what this rank computes with (LocalModelConfig; = config at tp 1)
   ModelWeights weights;
   // Identifies the weights: workers pair only with workers serving the same model_id.
   // "dummy:<config>:<seed>" or "hf:<absolute dir>".

@@ -140,28 +140,46 @@ absl::Status CheckTensor(const HfTensor& expected, const Found& found) {
   return absl::OkStatus();
 }
 
-void Widen(const TensorInfo& info, float* out) {
-  const int64_t n = info.dtype == SafetensorsDtype::kF32 ? info.nbytes / 4 : info.nbytes / 2;
+// Widens elements [begin, begin + count) of the tensor into out.
+void WidenRange(const TensorInfo& info, int64_t begin, int64_t count, float* out) {
   if (info.dtype == SafetensorsDtype::kF32) {
-    std::memcpy(out, info.data, static_cast<size_t>(info.nbytes));
+    std::memcpy(out, info.data + 4 * begin, static_cast<size_t>(count) * 4);
     return;
   }
   const bool bf16 = info.dtype == SafetensorsDtype::kBF16;
-  for (int64_t i = 0; i < n; ++i) {
+  const uint8_t* src = info.data + 2 * begin;
+  for (int64_t i = 0; i < count; ++i) {
     uint16_t bits;
-    std::memcpy(&bits, info.data + 2 * i, 2);  // the mapping is not aligned
+    std::memcpy(&bits, src + 2 * i, 2);  // the mapping is not aligned
     out[i] = bf16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
+  }
+}
+
+// Copies the rank's part of `t` (its slice; see HfTensor) out of the mapping: only those pages
+// of the file are read.
+void WidenSlice(const TensorInfo& info, const HfTensor& t, float* out) {
+  if (t.slice_dim < 0) {
+    WidenRange(info, 0, t.numel(), out);
+  } else if (t.slice_dim == 0) {
+    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    WidenRange(info, t.slice_begin * cols, t.slice_count * cols, out);
+  } else {
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      WidenRange(info, r * cols + t.slice_begin, t.slice_count, out + r * t.slice_count);
+    }
   }
 }
 
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config) {
+                                              const ModelConfig& config, TpShard shard) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
+  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
   Checkpoint checkpoint;
   RETURN_IF_ERROR(OpenCheckpoint(model_dir, &checkpoint));
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(config);
+  const std::vector<HfTensor> layout = internal::HfTensorLayout(config, dims);
 
   // Check everything before converting anything: a bad checkpoint fails fast.
   std::map<std::string, const HfTensor*> expected;
@@ -198,9 +216,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
   }
 
   ModelWeights weights;
-  internal::AllocateModelWeights(config, &weights);
+  internal::AllocateModelWeights(config, dims, &weights);
   for (const HfTensor& t : layout) {
-    Widen(*checkpoint.tensors.at(t.name).info, internal::SlotData(&weights, t));
+    if (!t.keep) continue;
+    WidenSlice(*checkpoint.tensors.at(t.name).info, t, internal::SlotData(&weights, t));
   }
   return weights;
 }

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
 
@@ -57,14 +58,21 @@ struct ModelWeights {
 // a tensor in two shards, or an index entry its shard does not hold. Ignored: rotary
 // "*.rotary_emb.inv_freq" buffers (old checkpoints saved them), and lm_head.weight when
 // embeddings are tied, provided it has the embedding's shape.
+// With a `shard` of a tensor-parallel group, only that rank's slices (tensor_parallel.h) are read
+// from the memory-mapped files and kept; the whole checkpoint is still checked. Its topology
+// errors (ComputeTpDims) are INVALID_ARGUMENT.
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config);
+                                              const ModelConfig& config, TpShard shard = {});
 
 // Random weights (--load_format=dummy), deterministic in (config, seed): every checkpoint tensor
 // draws from its own stream keyed by (seed, tensor name), so the values do not depend on the
 // order or sharding they are produced in. Matrices and biases ~ N(0, 0.02^2); norm weights
-// 1 + N(0, 0.02^2). `config` must pass ValidateModelConfig.
+// 1 + N(0, 0.02^2). `config` must pass ValidateModelConfig. With a `shard`: that rank's slices
+// of the same values (the full streams are drawn, a row at a time, and the slice kept); topology
+// errors as ComputeTpDims.
 ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed);
+absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint64_t seed,
+                                                TpShard shard);
 
 // Writes a Hugging Face model directory that transformers and LoadModelWeights accept:
 // config.json, generation_config.json and the weights of RandomModelWeights(config, seed) in

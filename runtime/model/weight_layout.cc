@@ -1,5 +1,6 @@
 #include "runtime/model/weight_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -37,54 +38,107 @@ int64_t HfTensor::numel() const {
   return n;
 }
 
+int64_t HfTensor::local_numel() const {
+  if (!keep) return 0;
+  if (slice_dim < 0) return numel();
+  return slice_dim == 0 ? slice_count * shape[1] : shape[0] * slice_count;
+}
+
+TpDims FullTpDims(const ModelConfig& c) {
+  TpDims d;
+  d.q_heads = c.num_attention_heads;
+  d.kv_heads = c.num_key_value_heads;
+  d.intermediate = c.intermediate_size;
+  d.vocab_rows = c.vocab_size;
+  return d;
+}
+
 std::vector<HfTensor> HfTensorLayout(const ModelConfig& c) {
-  const int64_t h = c.hidden_size;
-  const int64_t q = c.num_attention_heads * c.head_dim;
-  const int64_t kv = c.num_key_value_heads * c.head_dim;
+  return HfTensorLayout(c, FullTpDims(c));
+}
+
+std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  const int64_t q = c.num_attention_heads * hd;
+  const int64_t kv = c.num_key_value_heads * hd;
   const int64_t inter = c.intermediate_size;
+  // Local widths and where the rank's slices start in the checkpoint tensors.
+  const int64_t lq = d.q_heads * hd, q0 = d.q_head_begin * hd;
+  const int64_t lkv = d.kv_heads * hd, kv0 = d.kv_head_begin * hd;
+  const int64_t li = d.intermediate, i0 = d.intermediate_begin;
+  const int64_t vocab_count =
+      std::max<int64_t>(0, std::min(d.vocab_rows, c.vocab_size - d.vocab_begin));
   std::vector<HfTensor> out;
-  auto add = [&out](std::string name, std::vector<int64_t> shape, WeightSlot slot, int64_t layer,
-                    int64_t offset, bool is_norm = false) {
-    out.push_back({std::move(name), std::move(shape), slot, layer, offset, is_norm});
+  // slice: {dim, begin, count}; dim -1 = whole.
+  struct Slice {
+    int dim = -1;
+    int64_t begin = 0, count = 0;
   };
-  add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1, 0);
+  auto add = [&out](std::string name, std::vector<int64_t> shape, WeightSlot slot, int64_t layer,
+                    int64_t offset, Slice s, bool is_norm = false, bool keep = true) {
+    HfTensor t{std::move(name), std::move(shape), slot, layer, offset, is_norm};
+    t.slice_dim = s.dim;
+    t.slice_begin = s.begin;
+    t.slice_count = s.count;
+    t.keep = keep;
+    out.push_back(std::move(t));
+  };
+  const Slice whole;
+  const Slice vocab{0, d.vocab_begin, vocab_count};
+  const Slice q_rows{0, q0, lq}, kv_rows{0, kv0, lkv}, q_cols{1, q0, lq};
+  const Slice i_rows{0, i0, li}, i_cols{1, i0, li};
+  const bool row_bias = d.adds_row_parallel_bias;
+  add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1, 0, vocab);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    add(p + "input_layernorm.weight", {h}, WeightSlot::kInputLayernorm, i, 0, true);
-    add(p + "self_attn.q_proj.weight", {q, h}, WeightSlot::kQkvProj, i, 0);
-    add(p + "self_attn.k_proj.weight", {kv, h}, WeightSlot::kQkvProj, i, q * h);
-    add(p + "self_attn.v_proj.weight", {kv, h}, WeightSlot::kQkvProj, i, (q + kv) * h);
+    add(p + "input_layernorm.weight", {h}, WeightSlot::kInputLayernorm, i, 0, whole, true);
+    add(p + "self_attn.q_proj.weight", {q, h}, WeightSlot::kQkvProj, i, 0, q_rows);
+    add(p + "self_attn.k_proj.weight", {kv, h}, WeightSlot::kQkvProj, i, lq * h, kv_rows);
+    add(p + "self_attn.v_proj.weight", {kv, h}, WeightSlot::kQkvProj, i, (lq + lkv) * h, kv_rows);
     if (c.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {q}, WeightSlot::kQkvBias, i, 0);
-      add(p + "self_attn.k_proj.bias", {kv}, WeightSlot::kQkvBias, i, q);
-      add(p + "self_attn.v_proj.bias", {kv}, WeightSlot::kQkvBias, i, q + kv);
+      add(p + "self_attn.q_proj.bias", {q}, WeightSlot::kQkvBias, i, 0, q_rows);
+      add(p + "self_attn.k_proj.bias", {kv}, WeightSlot::kQkvBias, i, lq, kv_rows);
+      add(p + "self_attn.v_proj.bias", {kv}, WeightSlot::kQkvBias, i, lq + lkv, kv_rows);
     }
-    add(p + "self_attn.o_proj.weight", {h, q}, WeightSlot::kOProj, i, 0);
-    if (c.o_bias) add(p + "self_attn.o_proj.bias", {h}, WeightSlot::kOBias, i, 0);
+    add(p + "self_attn.o_proj.weight", {h, q}, WeightSlot::kOProj, i, 0, q_cols);
+    if (c.o_bias) {
+      add(p + "self_attn.o_proj.bias", {h}, WeightSlot::kOBias, i, 0, whole, false, row_bias);
+    }
     add(p + "post_attention_layernorm.weight", {h}, WeightSlot::kPostAttentionLayernorm, i, 0,
-        true);
-    add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, 0);
-    add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, inter * h);
-    add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i, 0);
+        whole, true);
+    add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, 0, i_rows);
+    add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, li * h, i_rows);
+    add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i, 0, i_cols);
     if (c.mlp_bias) {
-      add(p + "mlp.gate_proj.bias", {inter}, WeightSlot::kGateUpBias, i, 0);
-      add(p + "mlp.up_proj.bias", {inter}, WeightSlot::kGateUpBias, i, inter);
-      add(p + "mlp.down_proj.bias", {h}, WeightSlot::kDownBias, i, 0);
+      add(p + "mlp.gate_proj.bias", {inter}, WeightSlot::kGateUpBias, i, 0, i_rows);
+      add(p + "mlp.up_proj.bias", {inter}, WeightSlot::kGateUpBias, i, li, i_rows);
+      add(p + "mlp.down_proj.bias", {h}, WeightSlot::kDownBias, i, 0, whole, false, row_bias);
     }
   }
-  add("model.norm.weight", {h}, WeightSlot::kNorm, -1, 0, true);
+  add("model.norm.weight", {h}, WeightSlot::kNorm, -1, 0, whole, true);
   if (!c.tie_word_embeddings) {
-    add("lm_head.weight", {c.vocab_size, h}, WeightSlot::kLmHead, -1, 0);
+    add("lm_head.weight", {c.vocab_size, h}, WeightSlot::kLmHead, -1, 0, vocab);
+  }
+  // A slice that covers the whole tensor is the whole tensor (TP=1 loads take the fast path).
+  for (HfTensor& t : out) {
+    if (t.slice_dim >= 0 && t.slice_begin == 0 && t.slice_count == t.shape[t.slice_dim]) {
+      t.slice_dim = -1;
+    }
   }
   return out;
 }
 
 void AllocateModelWeights(const ModelConfig& c, ModelWeights* w) {
+  AllocateModelWeights(c, FullTpDims(c), w);
+}
+
+void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w) {
   const auto h = static_cast<size_t>(c.hidden_size);
-  const auto q = static_cast<size_t>(c.num_attention_heads * c.head_dim);
-  const auto kv = static_cast<size_t>(c.num_key_value_heads * c.head_dim);
-  const auto inter = static_cast<size_t>(c.intermediate_size);
-  const auto vocab = static_cast<size_t>(c.vocab_size);
+  const auto q = static_cast<size_t>(d.q_heads * c.head_dim);
+  const auto kv = static_cast<size_t>(d.kv_heads * c.head_dim);
+  const auto inter = static_cast<size_t>(d.intermediate);
+  const auto vocab = static_cast<size_t>(d.vocab_rows);
+  const bool row_bias = d.adds_row_parallel_bias;
   w->embed_tokens.assign(vocab * h, 0.0f);
   w->norm.assign(h, 0.0f);
   w->lm_head.clear();
@@ -95,12 +149,12 @@ void AllocateModelWeights(const ModelConfig& c, ModelWeights* w) {
     layer.qkv_proj.assign((q + 2 * kv) * h, 0.0f);
     if (c.qkv_bias) layer.qkv_bias.assign(q + 2 * kv, 0.0f);
     layer.o_proj.assign(h * q, 0.0f);
-    if (c.o_bias) layer.o_bias.assign(h, 0.0f);
+    if (c.o_bias && row_bias) layer.o_bias.assign(h, 0.0f);
     layer.post_attention_layernorm.assign(h, 0.0f);
     layer.gate_up_proj.assign(2 * inter * h, 0.0f);
     if (c.mlp_bias) layer.gate_up_bias.assign(2 * inter, 0.0f);
     layer.down_proj.assign(h * inter, 0.0f);
-    if (c.mlp_bias) layer.down_bias.assign(h, 0.0f);
+    if (c.mlp_bias && row_bias) layer.down_bias.assign(h, 0.0f);
   }
 }
 

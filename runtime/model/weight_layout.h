@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime::internal {
 
@@ -38,15 +39,30 @@ struct HfTensor {
   int64_t layer = -1;    // decoder layer, -1 for model-level tensors
   int64_t offset = 0;    // element offset inside the (possibly fused) slot vector
   bool is_norm = false;  // RMSNorm weight: random values centred on 1
-  int64_t numel() const;
+  // The part one tensor-parallel rank keeps: slice_dim -1 = all of it; 0 = rows
+  // [slice_begin, slice_begin + slice_count); 1 = those columns of every row. `keep` false:
+  // checked but not stored (row-parallel biases on ranks that do not add them).
+  int slice_dim = -1;
+  int64_t slice_begin = 0;
+  int64_t slice_count = 0;
+  bool keep = true;
+  int64_t numel() const;        // of the checkpoint tensor
+  int64_t local_numel() const;  // of the rank's part (0 when !keep)
 };
 
 // Every tensor of the checkpoint for `config` (lm_head.weight only when not tied): embeddings,
-// then layer by layer, then the final norm and lm_head.
+// then layer by layer, then the final norm and lm_head; offsets and slices for rank `dims`
+// (default: the whole model).
 std::vector<HfTensor> HfTensorLayout(const ModelConfig& config);
+std::vector<HfTensor> HfTensorLayout(const ModelConfig& config, const TpDims& dims);
 
-// Sizes every vector of `weights` for `config`, zero-filled (biases only where configured).
+// Sizes every vector of `weights` for rank `dims` of `config`, zero-filled (biases only where
+// configured and kept; embedding / lm_head with dims.vocab_rows rows).
 void AllocateModelWeights(const ModelConfig& config, ModelWeights* weights);
+void AllocateModelWeights(const ModelConfig& config, const TpDims& dims, ModelWeights* weights);
+
+// The whole model as "rank 0 of 1".
+TpDims FullTpDims(const ModelConfig& config);
 
 // Where `tensor`'s first element lives inside `weights` (allocated by AllocateModelWeights).
 float* SlotData(ModelWeights* weights, const HfTensor& tensor);

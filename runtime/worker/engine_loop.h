@@ -106,6 +106,8 @@ class EngineLoop {
   int64_t NumInFlight() const ABSL_LOCKS_EXCLUDED(mu_);
   // As of the last step (queue depth as of now): never waits for a running step.
   EngineLoopStats Stats() const ABSL_LOCKS_EXCLUDED(mu_, snapshot_mu_);
+  // The executor's health (a worker group's process group): never waits for a running step.
+  absl::Status ExecutorHealth() const { return engine_->executor_health(); }
   // Prefix-cache events collected after each step (Engine::TakeCacheEvents); never waits.
   void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed)
       ABSL_LOCKS_EXCLUDED(snapshot_mu_);

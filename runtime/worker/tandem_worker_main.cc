@@ -26,6 +26,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/parallel/group_backend.h"
 #include "runtime/worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, role, "mixed", "prefill, decode or mixed");
@@ -113,9 +114,18 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   return config;
 }
 
-absl::Status Serve() {
+absl::Status Serve(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerConfig config, ConfigFromFlags());
   TerminationSignals signals;  // before any thread starts
+  const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
+  RETURN_IF_ERROR(CheckGroupRole(config.role, group_options.tp));
+  // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
+  // the daemon: the group outlives the engine that uses it.
+  ASSIGN_OR_RETURN(GroupBackend group,
+                   LoadGroupBackend(config.model, config.backend, group_options, argv));
+  if (!group.is_leader()) return RunFollowerRank(std::move(group));
+  config.tp = group.group->size();
+  config.loaded = std::move(group.loaded);
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerDaemon> daemon, WorkerDaemon::Create(std::move(config)));
   std::printf("worker %s (%s) listening on %s\n", daemon->worker_id().c_str(),
               absl::GetFlag(FLAGS_role).c_str(), daemon->address().c_str());
@@ -134,11 +144,12 @@ absl::Status Serve() {
 }  // namespace tandem::runtime
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv, argv + argc);
   absl::ParseCommandLine(argc, argv);
   if (absl::Status logging = tandem::InitLogging(argv[0]); !logging.ok()) {
     std::fprintf(stderr, "tandem_worker: %s\n", logging.ToString().c_str());
   }
-  absl::Status status = tandem::runtime::Serve();
+  absl::Status status = tandem::runtime::Serve(args);
   if (!status.ok()) {
     std::fprintf(stderr, "tandem_worker: %s\n", status.ToString().c_str());
     return 1;

@@ -46,6 +46,8 @@ std::string Worker::address() const {
 tandem::v1::ServingStatus Worker::status() const {
   if (draining_) return tandem::v1::SERVING_STATUS_DRAINING;
   if (KvUnhealthy()) return tandem::v1::SERVING_STATUS_NOT_SERVING;
+  // A worker group with a dead or wedged rank cannot run a step again.
+  if (!loop_->ExecutorHealth().ok()) return tandem::v1::SERVING_STATUS_NOT_SERVING;
   return tandem::v1::SERVING_STATUS_SERVING;
 }
 

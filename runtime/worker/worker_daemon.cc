@@ -79,6 +79,15 @@ std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
 
 }  // namespace
 
+absl::Status CheckGroupRole(tandem::v1::WorkerRole role, int tp) {
+  if (tp <= 1 || role == tandem::v1::WORKER_ROLE_MIXED) return absl::OkStatus();
+  // Each rank's pool holds its own heads; moving only rank 0's would hand decode garbage.
+  return absl::UnimplementedError(absl::StrCat(
+      "--tp=", tp, " with --role=", RoleName(role),
+      ": KV transfer between worker groups (every rank's heads) is not built yet; a worker "
+      "group serves --role=mixed"));
+}
+
 // Declared in the order they must be built; destroyed in reverse (registration first, the
 // transfer agent that owns the pool's memory last).
 struct WorkerDaemon::Parts {
@@ -114,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
     return shared->first;
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                   Engine::Create(config.engine, loaded.model.config,
+                   Engine::Create(config.engine, loaded.model.local_config,
                                   std::move(loaded.model.weights), allocator, &loaded.factory));
   if (!shared_region.has_value()) {
     absl::StatusOr<uint32_t> registered = agent->RegisterMemory(
@@ -179,7 +188,14 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     absl::StatusOr<std::string> iface = InterfaceForAddress(advertise);
     config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
   }
-  ASSIGN_OR_RETURN(BackendModel loaded, LoadModelForBackend(config.model, config.backend));
+  RETURN_IF_ERROR(CheckGroupRole(config.role, config.tp));
+  BackendModel loaded;
+  if (config.loaded.has_value()) {
+    loaded = *std::move(config.loaded);
+    config.loaded.reset();
+  } else {
+    ASSIGN_OR_RETURN(loaded, LoadModelForBackend(config.model, config.backend));
+  }
   auto parts = std::make_unique<Parts>();
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = config.backend.device;

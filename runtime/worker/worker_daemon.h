@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -40,10 +41,18 @@ struct WorkerConfig {
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
+  // The model and backend already loaded (rank 0 of a worker group: LoadGroupBackend, its
+  // backend fanned out over the group); empty: loaded here from `model` and `backend`.
+  std::optional<BackendModel> loaded;
+  int tp = 1;  // ranks in this worker's group (for the checks below and the logs)
   // Makes the transfer agent (the transport seam, like LevelDB's Env); empty:
   // MakeTransferAgent(transfer). Tests pass in-process agents.
   std::function<absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>>()> make_agent;
 };
+
+// UNIMPLEMENTED for a worker group (tp > 1) in a disaggregated role: KV transfer between groups
+// is not built yet. Create() checks it; main checks it before starting the group's ranks.
+absl::Status CheckGroupRole(tandem::v1::WorkerRole role, int tp);
 
 class WorkerDaemon {
  public:

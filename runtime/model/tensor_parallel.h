@@ -1,0 +1,65 @@
+// Tensor parallelism's arithmetic: which heads, MLP columns and vocabulary rows one rank of a
+// `--tp=N` group holds (Megatron-style, as vLLM splits Llama):
+//   * q/k/v projections column-parallel by heads: rank r has query heads [r*Hq/N, (r+1)*Hq/N)
+//     and KV heads [r*Hkv/N, ...) when N divides Hkv; when Hkv < N (N a multiple of Hkv) each
+//     KV head is replicated on N/Hkv ranks: rank r keeps KV head r / (N/Hkv), the one its query
+//     heads attend with;
+//   * o_proj and down_proj row-parallel (their input columns split; partial sums all-reduced;
+//     their biases added once, by rank 0);
+//   * gate/up column-parallel by intermediate rows;
+//   * embedding and lm_head vocab-parallel: rank r holds rows [r*P, r*P + P) of the vocabulary,
+//     P = ceil(vocab / N), the last partition zero-padded.
+// Norm weights are replicated. One rule for sizes everywhere (vLLM's): a group has N ranks in
+// all; DCP (a later issue) divides it.
+//
+// All functions are thread-safe (no shared state).
+#ifndef TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
+#define TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime {
+
+// One rank's place in its tensor-parallel group.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// What rank `shard.rank` holds, in units of the full model (see the header comment).
+struct TpDims {
+  TpShard shard;
+  int64_t q_heads = 0;  // local query heads
+  int64_t q_head_begin = 0;
+  int64_t kv_heads = 0;  // local KV heads
+  int64_t kv_head_begin = 0;
+  bool kv_replicated = false;  // Hkv < N: each KV head lives on N / Hkv ranks
+  int64_t intermediate = 0;    // local MLP width
+  int64_t intermediate_begin = 0;
+  int64_t vocab_rows = 0;  // local embedding / lm_head rows (the padded partition size)
+  int64_t vocab_begin = 0;
+  // Row-parallel biases (o_proj, down_proj) are added by one rank only.
+  bool adds_row_parallel_bias = true;
+};
+
+// INVALID_ARGUMENT naming the numbers for a topology the model cannot be split into: a size
+// or rank out of range, query heads or the intermediate size not divisible by N, KV heads
+// neither divisible by N nor dividing it. `config` must pass ValidateModelConfig.
+absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& config, TpShard shard);
+
+// The config one rank computes with: its query heads, KV heads and intermediate size. vocab_size
+// stays the full vocabulary (token ids and sampling are global); the KV layout of the rank's
+// pool follows from it (num_key_value_heads = its local KV heads).
+absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard shard);
+
+// One line for logs and startup messages, e.g. "tp=4: 1 of 4 query heads and 1 of 2 KV heads per
+// rank (KV heads replicated on 2 ranks each), intermediate 32 of 128, vocab rows 128 of 512".
+std::string DescribeTp(const ModelConfig& config, int tp);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_

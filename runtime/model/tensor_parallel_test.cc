@@ -1,0 +1,182 @@
+// Tensor-parallel shards: the topology rules, and every rank's weights (random and loaded from a
+// safetensors directory) equal to the slices of the full model cut here independently.
+#include "runtime/model/tensor_parallel.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+ModelConfig Config(int64_t heads, int64_t kv_heads) {
+  ModelConfig c = *PresetConfig("tiny");  // hidden 64, inter 128, vocab 256
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 8;
+  c.vocab_size = 250;  // not divisible by 4: the last partition is padded
+  c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  c.tie_word_embeddings = false;
+  EXPECT_TRUE(ValidateModelConfig(c).ok());
+  return c;
+}
+
+TEST(TensorParallelTest, TopologyRulesNameTheNumbers) {
+  const ModelConfig c = Config(8, 2);
+  auto bad_heads = ComputeTpDims(c, {0, 3});
+  ASSERT_FALSE(bad_heads.ok());
+  EXPECT_NE(bad_heads.status().message().find("--tp=3 does not divide the model's 8 attention"),
+            std::string::npos)
+      << bad_heads.status();
+  ModelConfig odd_kv = Config(12, 3);
+  auto bad_kv = ComputeTpDims(odd_kv, {0, 2});
+  ASSERT_FALSE(bad_kv.ok());
+  EXPECT_NE(bad_kv.status().message().find("3 KV heads"), std::string::npos) << bad_kv.status();
+  ModelConfig odd_inter = c;
+  odd_inter.intermediate_size = 100;
+  EXPECT_FALSE(ComputeTpDims(odd_inter, {0, 8}).ok());
+  EXPECT_FALSE(ComputeTpDims(c, {2, 2}).ok());
+  EXPECT_FALSE(ComputeTpDims(c, {0, 0}).ok());
+
+  // Replicated KV heads (2 KV heads over 4 ranks): ranks 0,1 share head 0; 2,3 head 1.
+  for (int r = 0; r < 4; ++r) {
+    auto d = ComputeTpDims(c, {r, 4});
+    ASSERT_TRUE(d.ok());
+    EXPECT_TRUE(d->kv_replicated);
+    EXPECT_EQ(d->kv_heads, 1);
+    EXPECT_EQ(d->kv_head_begin, r / 2);
+    EXPECT_EQ(d->q_heads, 2);
+    // The rank's query heads all belong to the group of its KV head (4 q heads per KV head).
+    EXPECT_EQ(d->q_head_begin / 4, d->kv_head_begin);
+    EXPECT_EQ(d->vocab_rows, 63);
+    EXPECT_EQ(d->adds_row_parallel_bias, r == 0);
+  }
+  EXPECT_NE(DescribeTp(c, 4).find("replicated on 2 ranks"), std::string::npos) << DescribeTp(c, 4);
+  auto local = LocalModelConfig(c, {1, 2});
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->num_attention_heads, 4);
+  EXPECT_EQ(local->num_key_value_heads, 1);
+  EXPECT_EQ(local->intermediate_size, 64);
+  EXPECT_EQ(local->vocab_size, 250);
+}
+
+// rows [begin, begin + count) of a row-major [rows, cols] matrix (zero rows past its end).
+std::vector<float> Rows(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t count,
+                        int64_t total_rows) {
+  std::vector<float> out(count * cols, 0.0f);
+  for (int64_t r = 0; r < count && begin + r < total_rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = m[(begin + r) * cols + j];
+  }
+  return out;
+}
+
+std::vector<float> Cols(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t count) {
+  const int64_t rows = static_cast<int64_t>(m.size()) / cols;
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < count; ++j) out.push_back(m[r * cols + begin + j]);
+  }
+  return out;
+}
+
+std::vector<float> Concat(std::initializer_list<std::vector<float>> parts) {
+  std::vector<float> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// What rank r of n must hold, cut from the full weights.
+ModelWeights ExpectedShard(const ModelConfig& c, const ModelWeights& full, int r, int n) {
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads;
+  const int64_t hkv = c.num_key_value_heads, inter = c.intermediate_size;
+  const int64_t lq = hq / n, lkv = hkv >= n ? hkv / n : 1;
+  const int64_t kv0 = hkv >= n ? r * lkv : r / (n / hkv);
+  const int64_t li = inter / n, p = (c.vocab_size + n - 1) / n;
+  ModelWeights w;
+  w.embed_tokens = Rows(full.embed_tokens, h, r * p, p, c.vocab_size);
+  w.lm_head = Rows(full.lm_head, h, r * p, p, c.vocab_size);
+  w.norm = full.norm;
+  for (const LayerWeights& f : full.layers) {
+    LayerWeights l;
+    l.input_layernorm = f.input_layernorm;
+    l.post_attention_layernorm = f.post_attention_layernorm;
+    const int64_t rows = hq * d + 2 * hkv * d;
+    l.qkv_proj = Concat({Rows(f.qkv_proj, h, r * lq * d, lq * d, rows),
+                         Rows(f.qkv_proj, h, hq * d + kv0 * d, lkv * d, rows),
+                         Rows(f.qkv_proj, h, (hq + hkv) * d + kv0 * d, lkv * d, rows)});
+    l.qkv_bias = Concat({Rows(f.qkv_bias, 1, r * lq * d, lq * d, rows),
+                         Rows(f.qkv_bias, 1, hq * d + kv0 * d, lkv * d, rows),
+                         Rows(f.qkv_bias, 1, (hq + hkv) * d + kv0 * d, lkv * d, rows)});
+    l.o_proj = Cols(f.o_proj, hq * d, r * lq * d, lq * d);
+    if (r == 0) l.o_bias = f.o_bias;
+    l.gate_up_proj = Concat({Rows(f.gate_up_proj, h, r * li, li, 2 * inter),
+                             Rows(f.gate_up_proj, h, inter + r * li, li, 2 * inter)});
+    l.gate_up_bias = Concat({Rows(f.gate_up_bias, 1, r * li, li, 2 * inter),
+                             Rows(f.gate_up_bias, 1, inter + r * li, li, 2 * inter)});
+    l.down_proj = Cols(f.down_proj, inter, r * li, li);
+    if (r == 0) l.down_bias = f.down_bias;
+    w.layers.push_back(std::move(l));
+  }
+  return w;
+}
+
+void ExpectSameWeights(const ModelWeights& a, const ModelWeights& b, const std::string& what) {
+  EXPECT_EQ(a.embed_tokens, b.embed_tokens) << what;
+  EXPECT_EQ(a.lm_head, b.lm_head) << what;
+  EXPECT_EQ(a.norm, b.norm) << what;
+  ASSERT_EQ(a.layers.size(), b.layers.size()) << what;
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const LayerWeights &x = a.layers[i], &y = b.layers[i];
+    EXPECT_EQ(x.input_layernorm, y.input_layernorm) << what << " layer " << i;
+    EXPECT_EQ(x.qkv_proj, y.qkv_proj) << what << " layer " << i;
+    EXPECT_EQ(x.qkv_bias, y.qkv_bias) << what << " layer " << i;
+    EXPECT_EQ(x.o_proj, y.o_proj) << what << " layer " << i;
+    EXPECT_EQ(x.o_bias, y.o_bias) << what << " layer " << i;
+    EXPECT_EQ(x.post_attention_layernorm, y.post_attention_layernorm) << what << " layer " << i;
+    EXPECT_EQ(x.gate_up_proj, y.gate_up_proj) << what << " layer " << i;
+    EXPECT_EQ(x.gate_up_bias, y.gate_up_bias) << what << " layer " << i;
+    EXPECT_EQ(x.down_proj, y.down_proj) << what << " layer " << i;
+    EXPECT_EQ(x.down_bias, y.down_bias) << what << " layer " << i;
+  }
+}
+
+TEST(TensorParallelTest, ShardsAreSlicesOfTheFullModel) {
+  const std::string dir = ::testing::TempDir() + "/tp_shards";
+  for (auto [heads, kv] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}, {4, 4}}) {
+    const ModelConfig c = Config(heads, kv);
+    const ModelWeights full = RandomModelWeights(c, 11);
+    ASSERT_TRUE(WriteDummyModel(c, dir, 11, /*shard_bytes=*/40000).ok());  // several files
+    for (int n : {1, 2, 4}) {
+      for (int r = 0; r < n; ++r) {
+        const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv) +
+                                 " rank " + std::to_string(r) + " of " + std::to_string(n);
+        const ModelWeights expected = ExpectedShard(c, full, r, n);
+        auto random = RandomModelWeights(c, 11, TpShard{r, n});
+        ASSERT_TRUE(random.ok()) << random.status();
+        ExpectSameWeights(*random, expected, what + " (random)");
+        auto loaded = LoadModelWeights(dir, c, TpShard{r, n});
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+        ExpectSameWeights(*loaded, expected, what + " (loaded)");
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TensorParallelTest, LoadRejectsImpossibleTopology) {
+  const std::string dir = ::testing::TempDir() + "/tp_bad";
+  const ModelConfig c = Config(8, 2);
+  ASSERT_TRUE(WriteDummyModel(c, dir, 3).ok());
+  auto loaded = LoadModelWeights(dir, c, TpShard{0, 3});
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RandomModelWeights(c, 3, TpShard{0, 16}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tandem::runtime

@@ -1,0 +1,53 @@
+#include "runtime/parallel/group_backend.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "runtime/engine/kv_layout.h"
+#include "runtime/model/tensor_parallel.h"
+
+namespace tandem::runtime {
+
+absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions backend,
+                                              const RankGroupOptions& group_options,
+                                              const std::vector<std::string>& argv,
+                                              GroupExecutorOptions executor_options) {
+  GroupBackend out;
+  ASSIGN_OR_RETURN(out.group, RankGroup::Join(group_options, argv));
+  backend.group = out.group->group();
+  backend.device = out.group->device();
+  absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
+  comm::ProcessGroup* group = out.group->group();
+  if (group != nullptr) {
+    // Every rank states what it loaded, even a failed load: the others then fail with a message
+    // naming it instead of waiting on a collective it will never join.
+    const std::string identity =
+        loaded.ok() ? absl::StrCat(loaded->model.model_id, " backend=", loaded->factory.name,
+                                   " kv_dtype=", KvDtypeName(loaded->factory.kv_dtype),
+                                   " tp=", group->size())
+                    : absl::StrCat("load failed: ", loaded.status().message());
+    absl::Status agreement = CheckGroupAgreement(group, identity);
+    RETURN_IF_ERROR(loaded.status());
+    RETURN_IF_ERROR(agreement);
+    if (out.group->rank() == 0) {
+      LOG(INFO) << "worker group: " << DescribeTp(loaded->model.config, group->size());
+    }
+  }
+  RETURN_IF_ERROR(loaded.status());
+  out.loaded = *std::move(loaded);
+  out.local_factory = out.loaded.factory;
+  if (group != nullptr && out.is_leader()) {
+    out.loaded.factory = GroupExecutorFactory(out.local_factory, group, executor_options);
+  }
+  return out;
+}
+
+absl::Status RunFollowerRank(GroupBackend backend) {
+  const ModelConfig local_config = backend.loaded.model.local_config;
+  return RunFollower(backend.group->group(), backend.local_factory, local_config,
+                     std::move(backend.loaded.model.weights));
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,201 @@
+#include "runtime/parallel/group_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "runtime/parallel/plan_codec.h"
+
+namespace tandem::runtime {
+namespace {
+
+// Gathers one flag per rank (1 = ok); returns the ranks that reported 0.
+absl::StatusOr<std::vector<int>> FailedRanks(comm::ProcessGroup* group, bool ok) {
+  const float mine = ok ? 1.0f : 0.0f;
+  std::vector<float> all(group->size());
+  RETURN_IF_ERROR(group->AllGather(absl::MakeConstSpan(&mine, 1), absl::MakeSpan(all)));
+  std::vector<int> failed;
+  for (int r = 0; r < group->size(); ++r) {
+    if (all[r] != 1.0f) failed.push_back(r);
+  }
+  return failed;
+}
+
+// The group's minimum of each rank's budget, exchanged in MiB (exact in a float below 16 TiB).
+absl::StatusOr<int64_t> MinBudget(comm::ProcessGroup* group, int64_t bytes) {
+  const float mine = static_cast<float>(bytes >> 20);
+  std::vector<float> all(group->size());
+  RETURN_IF_ERROR(group->AllGather(absl::MakeConstSpan(&mine, 1), absl::MakeSpan(all)));
+  const float lowest = *std::min_element(all.begin(), all.end());
+  return static_cast<int64_t>(lowest) << 20;
+}
+
+ExecutorSpec SpecFromCommand(const tandem::v1::CreateExecutor& c, const ModelConfig& config) {
+  ExecutorSpec spec;
+  spec.model_config = config;
+  spec.num_blocks = c.num_blocks();
+  spec.block_size = c.block_size();
+  spec.max_num_batched_tokens = c.max_num_batched_tokens();
+  spec.max_num_seqs = c.max_num_seqs();
+  spec.max_model_len = c.max_model_len();
+  return spec;
+}
+
+}  // namespace
+
+GroupExecutor::GroupExecutor(std::unique_ptr<ModelExecutor> local, comm::ProcessGroup* group,
+                             GroupExecutorOptions options)
+    : local_(std::move(local)), group_(group), options_(options) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_command_ = absl::Now();
+  }
+  keepalive_ = std::thread([this] { KeepaliveLoop(); });
+}
+
+GroupExecutor::~GroupExecutor() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (group_->status().ok()) {
+      tandem::v1::RankCommand shutdown;
+      shutdown.set_shutdown(true);
+      absl::Status s = SendCommand(group_, shutdown);
+      if (!s.ok()) LOG(WARNING) << "worker group: shutdown not delivered: " << s;
+    }
+  }
+  keepalive_.join();
+}
+
+void GroupExecutor::KeepaliveLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    const absl::Time due = last_command_ + options_.keepalive;
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    if (mu_.AwaitWithDeadline(absl::Condition(&stopped), due)) break;
+    if (absl::Now() < last_command_ + options_.keepalive) continue;  // a step ran meanwhile
+    if (!group_->status().ok()) break;  // broken: nothing more to prove
+    tandem::v1::RankCommand keepalive;
+    keepalive.set_keepalive(true);
+    absl::Status s = SendCommand(group_, keepalive);
+    last_command_ = absl::Now();
+    if (!s.ok()) {
+      LOG(ERROR) << "worker group: keepalive failed, the group is unusable: " << s;
+      break;
+    }
+  }
+}
+
+absl::StatusOr<RunnerOutput> GroupExecutor::Run(const SchedulerOutput& batch) {
+  absl::MutexLock lock(&mu_);
+  tandem::v1::RankCommand command;
+  *command.mutable_step() = ToStepPlan(batch);
+  last_command_ = absl::Now();
+  RETURN_IF_ERROR(SendCommand(group_, command));
+  absl::StatusOr<RunnerOutput> out = local_->Run(batch);
+  last_command_ = absl::Now();
+  return out;
+}
+
+ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* group,
+                                     GroupExecutorOptions options) {
+  ExecutorFactory factory = local;
+  factory.name = absl::StrCat(local.name, " x", group->size());
+  factory.create = [local, group, options](
+                       const ExecutorSpec& spec,
+                       ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+    tandem::v1::RankCommand command;
+    tandem::v1::CreateExecutor* c = command.mutable_create();
+    c->set_num_blocks(spec.num_blocks);
+    c->set_block_size(spec.block_size);
+    c->set_max_num_batched_tokens(spec.max_num_batched_tokens);
+    c->set_max_num_seqs(spec.max_num_seqs);
+    c->set_max_model_len(spec.max_model_len);
+    RETURN_IF_ERROR(SendCommand(group, command));
+    absl::StatusOr<std::unique_ptr<ModelExecutor>> mine = local.create(spec, std::move(weights));
+    ASSIGN_OR_RETURN(std::vector<int> failed, FailedRanks(group, mine.ok()));
+    if (!mine.ok()) return mine.status();
+    if (!failed.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker group: rank(s) ", absl::StrJoin(failed, ", "),
+                       " could not build their executor (see their logs)"));
+    }
+    return std::unique_ptr<ModelExecutor>(new GroupExecutor(*std::move(mine), group, options));
+  };
+  if (local.default_kv_cache_bytes) {
+    factory.default_kv_cache_bytes = [local,
+                                      group](const ModelConfig& config) -> absl::StatusOr<int64_t> {
+      tandem::v1::RankCommand command;
+      command.set_kv_budget(true);
+      RETURN_IF_ERROR(SendCommand(group, command));
+      absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes(config);
+      ASSIGN_OR_RETURN(int64_t lowest, MinBudget(group, mine.ok() ? *mine : 0));
+      RETURN_IF_ERROR(mine.status());
+      return lowest;
+    };
+  }
+  return factory;
+}
+
+absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
+                         const ModelConfig& local_config, ModelWeights weights) {
+  std::unique_ptr<ModelExecutor> executor;
+  ReceivedStep step;
+  while (true) {
+    ASSIGN_OR_RETURN(tandem::v1::RankCommand command, ReceiveCommand(group));
+    switch (command.command_case()) {
+      case tandem::v1::RankCommand::kShutdown:
+        return absl::OkStatus();
+      case tandem::v1::RankCommand::kKeepalive:
+        break;
+      case tandem::v1::RankCommand::kKvBudget: {
+        absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes
+                                           ? local.default_kv_cache_bytes(local_config)
+                                           : absl::StatusOr<int64_t>(0);
+        if (!mine.ok()) LOG(ERROR) << "worker group: KV budget: " << mine.status();
+        RETURN_IF_ERROR(MinBudget(group, mine.ok() ? *mine : 0).status());
+        break;
+      }
+      case tandem::v1::RankCommand::kCreate: {
+        if (executor != nullptr) {
+          return absl::FailedPreconditionError("worker group: executor created twice");
+        }
+        absl::StatusOr<std::unique_ptr<ModelExecutor>> made =
+            local.create(SpecFromCommand(command.create(), local_config), std::move(weights));
+        if (!made.ok()) LOG(ERROR) << "worker group: cannot build the executor: " << made.status();
+        RETURN_IF_ERROR(FailedRanks(group, made.ok()).status());
+        RETURN_IF_ERROR(made.status());
+        executor = *std::move(made);
+        break;
+      }
+      case tandem::v1::RankCommand::kStep: {
+        if (executor == nullptr) {
+          return absl::FailedPreconditionError("worker group: a step before the executor");
+        }
+        RETURN_IF_ERROR(FromStepPlan(std::move(*command.mutable_step()), &step));
+        RETURN_IF_ERROR(executor->Run(step.batch).status());
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError("worker group: unknown rank command");
+    }
+  }
+}
+
+absl::Status CheckGroupAgreement(comm::ProcessGroup* group, const std::string& identity) {
+  std::string root = identity;
+  RETURN_IF_ERROR(BroadcastBytes(group, &root));
+  ASSIGN_OR_RETURN(std::vector<int> failed, FailedRanks(group, root == identity));
+  if (failed.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker group: rank(s) ", absl::StrJoin(failed, ", "),
+                   " loaded something else than rank 0 (rank 0: ", root,
+                   group->rank() == 0 ? "" : absl::StrCat("; this rank: ", identity), ")"));
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,87 @@
+// A worker group's step fan-out (ARCHITECTURE.md "Worker groups"): rank 0 runs the scheduler,
+// the KV-cache manager's bookkeeping and the services; every rank executes each step.
+//
+// Rank 0's engine gets an ExecutorFactory from GroupExecutorFactory(): its executor
+// (GroupExecutor) broadcasts each step's plan (plan_codec.h) and then runs the rank's own
+// executor, whose model takes part in the step's collectives (tensor-parallel all-reduces). The
+// other ranks run RunFollower(): receive a command, execute it with their own executor, until
+// rank 0 says shutdown. The two sides are this one interface, not `if (rank == 0)` branches
+// through the engine.
+//
+// Failure model: a rank that dies or wedges fails the others' collectives (UNAVAILABLE /
+// DEADLINE_EXCEEDED, comm/process_group.h) and the group stays broken: rank 0's steps fail
+// with that error and health() reports it, so the worker goes NOT_SERVING; followers return it
+// and exit. While rank 0 is idle it sends a keepalive every `keepalive` (well inside the group's
+// deadline), so an idle follower's wait never times out and a dead follower is noticed.
+//
+// Thread safety: GroupExecutor's Run() is called from the engine's step loop; its keepalive
+// thread shares the group under mu_. health() is thread-safe.
+#ifndef TANDEM_RUNTIME_PARALLEL_GROUP_EXECUTOR_H_
+#define TANDEM_RUNTIME_PARALLEL_GROUP_EXECUTOR_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "runtime/engine/model_executor.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+
+struct GroupExecutorOptions {
+  // Rank 0 idle for this long sends a keepalive command (must be well under the group's
+  // collective deadline).
+  absl::Duration keepalive = absl::Seconds(2);
+};
+
+class GroupExecutor final : public ModelExecutor {
+ public:
+  GroupExecutor(std::unique_ptr<ModelExecutor> local, comm::ProcessGroup* group,
+                GroupExecutorOptions options);
+  // Tells the followers to shut down (when the group still works) and joins the keepalive.
+  ~GroupExecutor() override;
+
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
+  void* kv_pool_data() override { return local_->kv_pool_data(); }
+  int64_t kv_pool_bytes() const override { return local_->kv_pool_bytes(); }
+  bool pool_on_device() const override { return local_->pool_on_device(); }
+  ExecutorStats stats() const override { return local_->stats(); }
+  absl::Status health() const override { return group_->status(); }
+
+ private:
+  void KeepaliveLoop();
+
+  const std::unique_ptr<ModelExecutor> local_;
+  comm::ProcessGroup* const group_;
+  const GroupExecutorOptions options_;
+  absl::Mutex mu_;  // the group's collectives: the step loop and the keepalive
+  absl::Time last_command_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread keepalive_;
+};
+
+// Rank 0's backend: `local` (this rank's own backend, built for the group) fanned out over
+// `group`. create() tells every rank to build its executor for the same spec and fails, naming
+// the ranks, when any could not; default_kv_cache_bytes() is the minimum over the ranks (each
+// measures its own GPU). `group` must outlive the factory and its executors.
+ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* group,
+                                     GroupExecutorOptions options = {});
+
+// Ranks > 0: executes rank 0's commands with `local` (built with this rank's `local_config`
+// and `weights`) until shutdown (OK) or the group fails (its error).
+absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
+                         const ModelConfig& local_config, ModelWeights weights);
+
+// Every rank calls this once at startup with what it loaded (model id, backend, dtype, tp):
+// FAILED_PRECONDITION on every rank, naming the ranks and rank 0's identity, unless all agree.
+absl::Status CheckGroupAgreement(comm::ProcessGroup* group, const std::string& identity);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_PARALLEL_GROUP_EXECUTOR_H_

@@ -1,0 +1,77 @@
+// How a process becomes one rank of a worker group (one rule for sizes, vLLM's: a group has
+// `--tp=N` ranks in all; DCP, later, divides it):
+//   * `--tp=N` alone: this process is rank 0 and starts ranks 1..N-1 on this host itself (the
+//     same binary and flags plus --rank/--world_size/--dist_init/--device=device+rank), serving
+//     the rendezvous on 127.0.0.1; the children die with it (PR_SET_PDEATHSIG).
+//   * `--tp=N --rank=R --dist_init=HOST:PORT` (the form srun and Kubernetes use): a launcher
+//     started every rank; rank 0 serves the rendezvous on HOST:PORT.
+// Each rank's collectives bind `--dist_bind` (default: 127.0.0.1 for a loopback --dist_init,
+// else this host's first non-loopback address).
+//
+// Thread safety: a RankGroup is owned by main(); its ProcessGroup is used by one thread at a time
+// (group_executor.h).
+#ifndef TANDEM_RUNTIME_PARALLEL_RANK_GROUP_H_
+#define TANDEM_RUNTIME_PARALLEL_RANK_GROUP_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/gloo_process_group.h"
+#include "comm/process_group.h"
+#include "comm/tcp_store.h"
+
+namespace tandem::runtime {
+
+struct RankGroupOptions {
+  int tp = 1;             // ranks in the group (its world size)
+  int rank = -1;          // -1: this process is rank 0 and starts the others (one host)
+  int world_size = 0;     // with --rank: must equal --tp when both are given (0: --tp)
+  std::string dist_init;  // HOST:PORT of rank 0's rendezvous (required with --rank)
+  std::string dist_bind;  // this rank's collective address ("": see the header comment)
+  absl::Duration timeout = absl::Seconds(30);  // rendezvous and every collective
+  int device = 0;  // this rank's device ordinal; local ranks get device + rank
+};
+
+class RankGroup {
+ public:
+  // INVALID_ARGUMENT naming the flags for inconsistent sizes, a missing or malformed
+  // --dist_init; the rendezvous' errors (UNAVAILABLE / DEADLINE_EXCEEDED) when ranks are missing.
+  // `argv`: this process's command line, re-run for the local ranks.
+  static absl::StatusOr<std::unique_ptr<RankGroup>> Join(const RankGroupOptions& options,
+                                                         const std::vector<std::string>& argv);
+  // Rank 0 of a local launch: waits up to 10 s for its ranks to exit (they do after the
+  // executor's shutdown command; at once if the group is broken), then kills what is left,
+  // and reaps them.
+  ~RankGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  // Null for a group of one.
+  comm::ProcessGroup* group() const { return group_.get(); }
+  // The ranks this process started (rank 0 of a local launch).
+  const std::vector<pid_t>& children() const { return children_; }
+
+ private:
+  RankGroup(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
+
+  const int rank_;
+  const int size_;
+  const int device_;
+  std::unique_ptr<comm::TcpStoreServer> store_;  // local launch: rank 0 serves the rendezvous
+  std::unique_ptr<comm::GlooProcessGroup> group_;
+  std::vector<pid_t> children_;
+};
+
+// The --tp / --rank / --world_size / --dist_init / --dist_bind / --dist_timeout_s flags
+// (defined once, in rank_group_flags.cc) as options; `device` is the binary's --device.
+RankGroupOptions RankGroupOptionsFromFlags(int device);
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_PARALLEL_RANK_GROUP_H_

@@ -1,0 +1,33 @@
+// The worker-group flags, defined once for every binary that links //runtime/parallel
+// (generate, tandem_worker): see rank_group.h.
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "runtime/parallel/rank_group.h"
+
+ABSL_FLAG(int32_t, tp, 1,
+          "tensor-parallel ranks in the worker group (its world size); alone, starts the other "
+          "ranks on this host");
+ABSL_FLAG(int32_t, rank, -1, "this process's rank when a launcher starts every rank");
+ABSL_FLAG(int32_t, world_size, 0, "with --rank: the group's size (must equal --tp if both given)");
+ABSL_FLAG(std::string, dist_init, "", "with --rank: HOST:PORT of rank 0's rendezvous");
+ABSL_FLAG(std::string, dist_bind, "",
+          "address this rank's collectives bind (default: 127.0.0.1 for a loopback --dist_init, "
+          "else this host's first non-loopback address)");
+ABSL_FLAG(double, dist_timeout_s, 30.0, "deadline of the rendezvous and of every collective");
+
+namespace tandem::runtime {
+
+RankGroupOptions RankGroupOptionsFromFlags(int device) {
+  RankGroupOptions o;
+  o.tp = absl::GetFlag(FLAGS_tp);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.dist_init = absl::GetFlag(FLAGS_dist_init);
+  o.dist_bind = absl::GetFlag(FLAGS_dist_bind);
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_dist_timeout_s));
+  o.device = device;
+  return o;
+}
+
+}  // namespace tandem::runtime

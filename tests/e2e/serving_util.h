@@ -1,0 +1,55 @@
+// Helpers shared by the serving end-to-end tests: prompts, a streaming Generate through the
+// router, the in-process engine reference, and clusters of the golden fixture or of the slow
+// 100M-parameter dummy model.
+#ifndef TANDEM_TESTS_E2E_SERVING_UTIL_H_
+#define TANDEM_TESTS_E2E_SERVING_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/e2e/cluster.h"
+
+namespace tandem::e2e {
+
+// The golden fixture the serving tests run (transformers-checked).
+inline constexpr char kModel[] = "tests/golden/fixtures/llama_f32_gqa";
+
+struct Prompt {
+  std::vector<uint32_t> ids;
+  int max_tokens = 8;
+};
+
+struct Result {
+  std::vector<uint32_t> tokens;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  tandem::v1::Usage usage;
+  grpc::Status status;
+};
+
+tandem::v1::GenerateRequest ToRequest(const Prompt& p);  // greedy, ignore_eos
+
+Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequest& request,
+                absl::Duration timeout = absl::Seconds(60));
+
+// Greedy reference: the engine in this process on kModel.
+std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts);
+
+std::vector<Prompt> RandomPrompts(uint32_t seed, int n, int max_len = 80);
+
+// kModel workers; null (and a test failure) when the cluster does not start.
+std::unique_ptr<Cluster> StartCluster(int prefill, int decode, int mixed,
+                                      std::vector<std::string> router_flags = {},
+                                      std::vector<std::string> worker_flags = {});
+
+// A cluster of the 100M-parameter random model (decodes at tens of tokens/s on these CPUs, so a
+// long stream is surely still running while a test acts on it).
+std::unique_ptr<Cluster> StartSlowCluster(int prefill, int decode, int mixed,
+                                          std::vector<std::string> extra_flags = {});
+
+}  // namespace tandem::e2e
+
+#endif  // TANDEM_TESTS_E2E_SERVING_UTIL_H_
