@@ -180,18 +180,18 @@ __global__ void __launch_bounds__(kEltThreads)
 template <typename T>
 __global__ void __launch_bounds__(kEltThreads)
     EmbeddingKernel(const int32_t* __restrict__ ids, int64_t num_tokens,
-                    const T* __restrict__ table, int64_t vocab, int64_t hidden, T* __restrict__ out,
-                    int32_t* bad_id_count) {
+                    const T* __restrict__ table, int64_t vocab_begin, int64_t vocab, int64_t hidden,
+                    T* __restrict__ out, int32_t* bad_id_count) {
   const int64_t vecs = hidden / kVec;
   const int64_t total = num_tokens * vecs;
   for (int64_t idx = blockIdx.x * int64_t{kEltThreads} + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * kEltThreads) {
     const int64_t t = idx / vecs;
     const int64_t i = (idx % vecs) * kVec;
-    const int32_t id = ids[t];
+    const int64_t id = int64_t{ids[t]} - vocab_begin;  // row in this table
     Vec<T, kVec> v;
     if (id >= 0 && id < vocab) {
-      v = *reinterpret_cast<const Vec<T, kVec>*>(table + int64_t{id} * hidden + i);
+      v = *reinterpret_cast<const Vec<T, kVec>*>(table + id * hidden + i);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) v.v[j] = FromFloat<T>(0.0f);
@@ -305,7 +305,29 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
     return Invalid("Embedding", "ids, table and out must be non-null, table/out 16-byte aligned");
   }
   EmbeddingKernel<T><<<EltBlocks(num_tokens * hidden / kVec), kEltThreads, 0, stream>>>(
-      ids, num_tokens, table, vocab, hidden, out, bad_id_count);
+      ids, num_tokens, table, 0, vocab, hidden, out, bad_id_count);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status VocabShardEmbedding(const int32_t* ids, int64_t num_tokens, const T* table,
+                                 int64_t vocab_begin, int64_t rows, int64_t hidden, T* out,
+                                 cudaStream_t stream) {
+  if (num_tokens < 0 || rows <= 0 || vocab_begin < 0 || hidden <= 0 || hidden % kVec != 0) {
+    return Invalid("VocabShardEmbedding",
+                   "need num_tokens >= 0, rows > 0, vocab_begin >= 0, hidden a positive multiple "
+                   "of 8; got ",
+                   num_tokens, ", ", rows, ", ", vocab_begin, ", ", hidden);
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (ids == nullptr || table == nullptr || out == nullptr || !Aligned(table) || !Aligned(out)) {
+    return Invalid("VocabShardEmbedding",
+                   "ids, table and out must be non-null, table/out 16-byte aligned");
+  }
+  // Ids outside this rank's rows are another rank's: zero rows, not errors.
+  EmbeddingKernel<T><<<EltBlocks(num_tokens * hidden / kVec), kEltThreads, 0, stream>>>(
+      ids, num_tokens, table, vocab_begin, rows, hidden, out, nullptr);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -319,7 +341,9 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
                                      T*, int64_t, cudaStream_t, int64_t, int64_t);                \
   template absl::Status SiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);              \
   template absl::Status Embedding<T>(const int32_t*, int64_t, const T*, int64_t, int64_t, T*,     \
-                                     cudaStream_t, int32_t*);
+                                     cudaStream_t, int32_t*);                                     \
+  template absl::Status VocabShardEmbedding<T>(const int32_t*, int64_t, const T*, int64_t,        \
+                                               int64_t, int64_t, T*, cudaStream_t);
 TANDEM_LAYERS_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_LAYERS_CUDA_INSTANTIATE(__half)
 

@@ -64,6 +64,14 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
                        int64_t hidden, T* out, cudaStream_t stream,
                        int32_t* bad_id_count = nullptr);
 
+// The vocab-parallel lookup of one tensor-parallel rank (the CPU op's twin,
+// kernels/layers/embedding.h): `table` holds vocabulary rows [vocab_begin, vocab_begin + rows);
+// out[t, :] is ids[t]'s row when it falls there, else zeros.
+template <typename T>
+absl::Status VocabShardEmbedding(const int32_t* ids, int64_t num_tokens, const T* table,
+                                 int64_t vocab_begin, int64_t rows, int64_t hidden, T* out,
+                                 cudaStream_t stream);
+
 #define TANDEM_LAYERS_CUDA_EXTERN(T)                                                               \
   extern template absl::Status RmsNorm<T>(const T*, const T*, int64_t, int64_t, float, T*,         \
                                           cudaStream_t, bool);                                     \
@@ -73,7 +81,9 @@ absl::Status Embedding(const int32_t* ids, int64_t num_tokens, const T* table, i
                                             int64_t, T*, int64_t, cudaStream_t, int64_t, int64_t); \
   extern template absl::Status SiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);        \
   extern template absl::Status Embedding<T>(const int32_t*, int64_t, const T*, int64_t, int64_t,   \
-                                            T*, cudaStream_t, int32_t*);
+                                            T*, cudaStream_t, int32_t*);                           \
+  extern template absl::Status VocabShardEmbedding<T>(const int32_t*, int64_t, const T*, int64_t,  \
+                                                      int64_t, int64_t, T*, cudaStream_t);
 TANDEM_LAYERS_CUDA_EXTERN(__nv_bfloat16)
 TANDEM_LAYERS_CUDA_EXTERN(__half)
 #undef TANDEM_LAYERS_CUDA_EXTERN

@@ -165,6 +165,26 @@ TEST(LayersCudaTest, EmbeddingGatherAndBadIds) {
   EXPECT_EQ(bad.ToHost()[0], 2);
 }
 
+TEST(LayersCudaTest, VocabShardEmbeddingMatchesTheCpuOp) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(attention_test::TestSeed());
+  const int64_t vocab = 1000, hidden = 264, rows = 334, begin = 334;  // rank 1 of 3
+  std::vector<float> shard = RandomNormal(rng, rows * hidden, 1.0f);
+  cuda_test::RoundTo<__nv_bfloat16>(shard);
+  const std::vector<int32_t> ids = {0, 999, 334, 667, 500, 333, 668};
+  std::vector<float> want(ids.size() * hidden, -1.0f);
+  ASSERT_TRUE(
+      cpu::VocabShardEmbedding(ids.data(), 7, shard.data(), begin, rows, vocab, hidden, want.data())
+          .ok());
+  DeviceBuffer<__nv_bfloat16> td(cuda_test::Convert<__nv_bfloat16>(shard)), od(want.size());
+  DeviceBuffer<int32_t> idd(ids);
+  ASSERT_TRUE(VocabShardEmbedding<__nv_bfloat16>(idd.get(), 7, td.get(), begin, rows, hidden,
+                                                 od.get(), nullptr)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(cuda_test::ToFloat(od.ToHost()), want);
+}
+
 TEST(LayersCudaTest, RejectsBadArguments) {
   EXPECT_EQ(RmsNorm<__nv_bfloat16>(nullptr, nullptr, 1, 12, 1e-5f, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/process_group.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/kv_cache_cuda.h"
@@ -74,6 +75,12 @@ struct CudaModelOptions {
   // gemv_cuda.h): each is scheduled during its predecessor's tail and waits on the device for
   // its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
+  // Tensor parallelism (a group of size > 1, outliving the model): the model is the group's
+  // rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host weights: the rank's
+  // slices; no device dummy weights). The all-reduces and the logits gather go through host
+  // memory (copy, the group's collective, copy back): the correctness path for ranks over Gloo,
+  // e.g. several ranks sharing one GPU; not capturable in CUDA graphs.
+  comm::ProcessGroup* group = nullptr;
 };
 
 class CudaLlamaModel {
@@ -117,9 +124,21 @@ class CudaLlamaModel {
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   absl::Status AllocateActivations();
+  // Sums `n` elements of `data` (device, T) over the group, staged through host fp32.
+  template <typename T>
+  absl::Status AllReduceOverHost(T* data, int64_t n, cudaStream_t stream);
+  // The group's vocab-parallel logits: local [R, vocab_rows_] -> logits_ [R, vocab].
+  absl::Status GatherLogits(int64_t R, cudaStream_t stream);
+  comm::ProcessGroup* group() const { return options_.group; }
 
   const ModelConfig config_;
   const CudaModelOptions options_;
+  int64_t vocab_rows_ = 0;          // embedding / lm_head rows this rank holds
+  int64_t vocab_begin_ = 0;         // the first one's vocabulary id
+  DeviceBuffer local_logits_;       // [R, vocab_rows_] fp32 (groups only)
+  std::vector<uint16_t> host_act_;  // staging (groups only)
+  std::vector<float> host_f32_, host_gathered_;
+
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
   DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied
   std::vector<Layer> layers_;

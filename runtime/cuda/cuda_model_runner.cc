@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   options.max_logit_rows = r->max_rows_;
   options.dummy_seed = config.dummy_seed;
   options.programmatic_launch = config.programmatic_launch;
+  options.group = config.group;
   ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
                                                      r->stream_));
 

@@ -60,6 +60,9 @@ struct CudaBackendConfig {
   std::vector<int64_t> graph_batch_sizes;
   // Random weights generated on the device (the engine is then given empty host weights).
   std::optional<uint64_t> dummy_seed;
+  // CudaModelOptions::group: a tensor-parallel rank (its collectives staged through host
+  // memory; CUDA graphs off).
+  comm::ProcessGroup* group = nullptr;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
 };

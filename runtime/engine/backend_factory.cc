@@ -36,12 +36,6 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
-  if (options.group != nullptr && options.group->size() > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("--tp=", options.group->size(),
-                     " with --backend=cuda: the CUDA backend's sharded model is not built yet "
-                     "(tensor parallelism runs on --backend=cpu)"));
-  }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;
   config.device = options.device;
@@ -53,6 +47,11 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.use_prefill_kernel = options.prefill_kernel != "decode";
   config.prefill_allow_wgmma = options.prefill_kernel == "auto";
   config.dummy_seed = options.dummy_seed;
+  if (options.group != nullptr && options.group->size() > 1) {
+    // Host-staged collectives (the Gloo correctness path) cannot be captured in a graph.
+    config.group = options.group;
+    config.enable_cuda_graphs = false;
+  }
   return cuda::CudaExecutorFactory(config);
 #else
   (void)model;
@@ -63,7 +62,10 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
 }
 
 absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOptions options) {
-  if (options.backend == "cuda" && source.load_format == "dummy") {
+  const bool group = options.group != nullptr && options.group->size() > 1;
+  // A tensor-parallel rank takes its slices of the host-generated weights (the device generator
+  // draws whole tensors).
+  if (options.backend == "cuda" && source.load_format == "dummy" && !group) {
     source.dummy_weights_on_backend = true;  // generated on the device
     options.dummy_seed = source.dummy_seed;
   }

@@ -118,7 +118,9 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
     gloo.serve_store = false;
     gloo.bind_host = "127.0.0.1";
     for (int r = 1; r < size; ++r) {
-      ASSIGN_OR_RETURN(pid_t pid, SpawnRank(argv, r, size, gloo.store_port, options.device + r));
+      ASSIGN_OR_RETURN(pid_t pid,
+                       SpawnRank(argv, r, size, gloo.store_port,
+                                 options.share_device ? options.device : options.device + r));
       out->children_.push_back(pid);
     }
   }

@@ -35,6 +35,9 @@ struct RankGroupOptions {
   std::string dist_bind;  // this rank's collective address ("": see the header comment)
   absl::Duration timeout = absl::Seconds(30);  // rendezvous and every collective
   int device = 0;  // this rank's device ordinal; local ranks get device + rank
+  // Local ranks all use `device` (--tp_share_device): a correctness path for CUDA ranks over
+  // Gloo on a machine with one GPU (NCCL refuses two ranks on one device).
+  bool share_device = false;
 };
 
 class RankGroup {

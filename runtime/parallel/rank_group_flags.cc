@@ -15,6 +15,9 @@ ABSL_FLAG(std::string, dist_bind, "",
           "address this rank's collectives bind (default: 127.0.0.1 for a loopback --dist_init, "
           "else this host's first non-loopback address)");
 ABSL_FLAG(double, dist_timeout_s, 30.0, "deadline of the rendezvous and of every collective");
+ABSL_FLAG(bool, tp_share_device, false,
+          "--tp alone: every local rank uses --device (CUDA ranks sharing one GPU over Gloo, a "
+          "correctness path); default: rank r uses --device + r");
 
 namespace tandem::runtime {
 
@@ -27,6 +30,7 @@ RankGroupOptions RankGroupOptionsFromFlags(int device) {
   o.dist_bind = absl::GetFlag(FLAGS_dist_bind);
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_dist_timeout_s));
   o.device = device;
+  o.share_device = absl::GetFlag(FLAGS_tp_share_device);
   return o;
 }
 
