@@ -1,10 +1,12 @@
 #include "comm/gloo_process_group.h"
 
 #include <chrono>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
@@ -15,6 +17,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/types.h"
 
 namespace tandem::comm {
 namespace {
@@ -83,14 +86,14 @@ absl::Status GlooProcessGroup::status() const {
 }
 
 template <typename Op>
-absl::Status GlooProcessGroup::Run(const char* what, Op op) {
+absl::Status GlooProcessGroup::Run(const char* what, Op op, bool collective) {
   {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
   }
   absl::Status result;
   try {
-    op(next_tag_++);
+    op(collective ? next_tag_++ : 0);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     result = FromGloo(what, e);
@@ -193,6 +196,71 @@ absl::Status GlooProcessGroup::Barrier() {
     opts.setTimeout(Ms(timeout_));
     gloo::barrier(opts);
   });
+}
+
+}  // namespace tandem::comm
+
+namespace tandem::comm {
+namespace {
+
+// Point-to-point slots: a prefix of our own (Gloo's collectives use 0x01..0x0a) + sequence.
+constexpr uint8_t kP2pSlotPrefix = 0x7e;
+
+}  // namespace
+
+absl::Status GlooProcessGroup::ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (static_cast<int64_t>(in.size()) != n * size_) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter: ", in.size(), " inputs for ",
+                                                   out.size(), " outputs x ", size_, " ranks"));
+  }
+  if (size_ == 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return status();
+  }
+  // Every rank sends part j to rank j (one all-to-all, the bytes of a ring), then sums its
+  // received parts in rank order (the same order on every rank).
+  std::vector<float> parts(in.size());
+  const std::vector<int64_t> counts(size_, n);
+  RETURN_IF_ERROR(AllToAll(in, counts, absl::MakeSpan(parts), counts));
+  std::copy_n(parts.begin(), n, out.begin());
+  for (int r = 1; r < size_; ++r) {
+    for (int64_t i = 0; i < n; ++i) out[i] += parts[r * n + i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooProcessGroup::Send(absl::Span<const float> data, int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("send: peer ", peer, " of ", size_));
+  }
+  const uint32_t seq = send_seq_[peer]++;
+  if (data.empty()) return status();
+  return Run(
+      "send",
+      [&](uint32_t) {
+        auto buffer = context_->createUnboundBuffer(const_cast<float*>(data.data()),
+                                                    data.size() * sizeof(float));
+        buffer->send(peer, gloo::Slot::build(kP2pSlotPrefix, seq));
+        if (!buffer->waitSend(Ms(timeout_))) throw std::runtime_error("send aborted");
+      },
+      /*collective=*/false);
+}
+
+absl::Status GlooProcessGroup::Recv(absl::Span<float> data, int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("recv: peer ", peer, " of ", size_));
+  }
+  const uint32_t seq = recv_seq_[peer]++;
+  if (data.empty()) return status();
+  return Run(
+      "recv",
+      [&](uint32_t) {
+        auto buffer = context_->createUnboundBuffer(data.data(), data.size() * sizeof(float));
+        buffer->recv(peer, gloo::Slot::build(kP2pSlotPrefix, seq));
+        if (!buffer->waitRecv(Ms(timeout_))) throw std::runtime_error("recv aborted");
+      },
+      /*collective=*/false);
 }
 
 }  // namespace tandem::comm

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -61,13 +62,17 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::Status AllToAll(absl::Span<const float> in, absl::Span<const int64_t> send_counts,
                         absl::Span<float> out, absl::Span<const int64_t> recv_counts) override;
   absl::Status Barrier() override;
+  absl::Status ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) override;
+  absl::Status Send(absl::Span<const float> data, int peer) override;
+  absl::Status Recv(absl::Span<float> data, int peer) override;
 
  private:
   GlooProcessGroup(int rank, int size, absl::Duration timeout)
-      : rank_(rank), size_(size), timeout_(timeout) {}
+      : rank_(rank), size_(size), timeout_(timeout), send_seq_(size), recv_seq_(size) {}
   // Runs `op` (which may throw gloo exceptions) unless the group is broken; records a failure.
+  // A collective gets the next tag (equal on every rank); point-to-point calls do not take one.
   template <typename Op>
-  absl::Status Run(const char* what, Op op);
+  absl::Status Run(const char* what, Op op, bool collective = true);
 
   const int rank_;
   const int size_;
@@ -77,6 +82,9 @@ class GlooProcessGroup final : public ProcessGroup {
   std::unique_ptr<TcpStoreClient> client_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 1;  // collectives are matched by order; tags keep them apart
+  // Point-to-point sequence numbers per peer (their own slots: they do not advance next_tag_,
+  // which must stay equal on every rank).
+  std::vector<uint32_t> send_seq_, recv_seq_;
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };

@@ -106,6 +106,32 @@ TEST(GlooProcessGroupTest, CollectivesMatchAReference) {
           EXPECT_EQ(received[at++], 1000.0f * j + 100 * rank + k) << "from " << j;
         }
       }
+      // reduce-scatter: rank r gets the sum of everyone's r-th part.
+      std::vector<float> scattered(n);
+      std::vector<float> rs_in(static_cast<size_t>(n) * size);
+      for (int i = 0; i < n * size; ++i) rs_in[i] = inputs[rank][i % n] * (1 + i / n);
+      ASSERT_TRUE(group.ReduceScatterSum(rs_in, absl::MakeSpan(scattered)).ok());
+      for (int i = 0; i < n; ++i) {
+        double want = 0;
+        for (int r = 0; r < size; ++r) want += inputs[r][i] * (1 + rank);
+        EXPECT_NEAR(scattered[i], want, 1e-5) << "reduce-scatter element " << i;
+      }
+      // send/recv around a ring, twice (sequence numbers), between two collectives that must
+      // still match on every rank.
+      for (int round = 0; round < 2; ++round) {
+        const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+        std::vector<float> mine(n + round), theirs(n + round, -1.0f);
+        for (int i = 0; i < n + round; ++i) mine[i] = 10.0f * rank + i + 0.5f * round;
+        if (rank % 2 == 0) {
+          ASSERT_TRUE(group.Send(mine, next).ok());
+          ASSERT_TRUE(group.Recv(absl::MakeSpan(theirs), prev).ok());
+        } else {
+          ASSERT_TRUE(group.Recv(absl::MakeSpan(theirs), prev).ok());
+          ASSERT_TRUE(group.Send(mine, next).ok());
+        }
+        for (int i = 0; i < n + round; ++i) EXPECT_EQ(theirs[i], 10.0f * prev + i + 0.5f * round);
+      }
+      EXPECT_FALSE(group.Send(data, rank).ok()) << "a send to itself is refused";
       EXPECT_TRUE(group.Barrier().ok());
       EXPECT_TRUE(group.status().ok());
     });

@@ -1,8 +1,9 @@
 // ProcessGroup: the collectives a worker group's ranks run together (ARCHITECTURE.md, "Worker
 // groups"): all-reduce (TP row-parallel layers), all-gather (vocab-parallel logits), broadcast
-// (rank 0's per-step plan), all-to-all with uneven splits (DCP), barrier. Backends: Gloo on host
-// memory (gloo_process_group.h; the CPU backend, and a correctness path for CUDA ranks sharing
-// a GPU); NCCL on device memory is the next step of the tensor-parallel work.
+// (rank 0's per-step plan), reduce-scatter, all-to-all with uneven splits (DCP), barrier,
+// send/recv. On host memory: the backend is Gloo (gloo_process_group.h; the CPU backend, and the
+// control plane of CUDA groups). Device tensors of CUDA ranks go through a DeviceCommunicator
+// (device_communicator.h: NCCL, or host-staged over this interface).
 //
 // Failure model: every collective has the group's deadline. A rank that died (its connections
 // closed) makes its peers' collectives fail UNAVAILABLE; a rank that is wedged (alive but not
@@ -34,6 +35,8 @@ class ProcessGroup {
   virtual absl::Status AllReduceSum(absl::Span<float> data) = 0;
   // out = the ranks' `in`, concatenated in rank order; out.size() = size() * in.size().
   virtual absl::Status AllGather(absl::Span<const float> in, absl::Span<float> out) = 0;
+  // out[i] = sum over ranks of in[rank() * out.size() + i]; in.size() = size() * out.size().
+  virtual absl::Status ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) = 0;
   // data = root's data on every rank (bytes: plans and other small messages).
   virtual absl::Status Broadcast(absl::Span<char> data, int root) = 0;
   // Rank r sends in[send_offsets[j] .. + send_counts[j]) to rank j, receiving rank j's part for
@@ -42,6 +45,10 @@ class ProcessGroup {
   virtual absl::Status AllToAll(absl::Span<const float> in, absl::Span<const int64_t> send_counts,
                                 absl::Span<float> out, absl::Span<const int64_t> recv_counts) = 0;
   virtual absl::Status Barrier() = 0;
+  // Point to point: the n-th Send from rank a to rank b meets b's n-th Recv from a (same size).
+  // Only the two ranks take part; the group's other collectives are unaffected.
+  virtual absl::Status Send(absl::Span<const float> data, int peer) = 0;
+  virtual absl::Status Recv(absl::Span<float> data, int peer) = 0;
 };
 
 }  // namespace tandem::comm

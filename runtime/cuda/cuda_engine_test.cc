@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "comm/gloo_process_group.h"
+#include "comm/tcp_store.h"
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_model_runner.h"
@@ -242,6 +244,49 @@ TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(a[i].tokens, b[i].tokens) << "prompt " << i;
     EXPECT_EQ(a[i].tokens.size(), 24u);
+  }
+}
+
+// The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group
+// of one: over NCCL inside captured decode graphs, and host-staged over Gloo (eager), both
+// bit-identical to the runner without a group (every collective of one rank is a copy).
+TEST(CudaEngineTest, GroupOfOneRunsTheTensorParallelPathOverNcclInGraphs) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = MidConfig();
+  const auto prompts = RandomPrompts(9, 60, static_cast<int>(model.vocab_size), seed);
+  auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  comm::GlooGroupOptions group_options;
+  group_options.store_port = (*server)->port();
+  group_options.serve_store = false;
+  auto group = comm::GlooProcessGroup::Create(group_options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  CudaBackendConfig plain = MidBackend();
+  plain.gemm_autotune = false;
+  const ExecutorFactory plain_factory = CudaExecutorFactory(plain);
+  ExecutorStats plain_stats;
+  const auto want = RunPrompts(model, RandomModelWeights(model, seed), prompts, 16, &plain_factory,
+                               true, &plain_stats);
+  for (const char* tp_comm : {"nccl", "gloo"}) {
+    SCOPED_TRACE(tp_comm);
+    CudaBackendConfig tp = plain;
+    tp.group = group->get();
+    tp.tp_comm = tp_comm;
+    const ExecutorFactory factory = CudaExecutorFactory(tp);
+    ExecutorStats stats;
+    const auto got =
+        RunPrompts(model, RandomModelWeights(model, seed), prompts, 16, &factory, true, &stats);
+    if (std::string(tp_comm) == "nccl") {
+      EXPECT_GT(stats.graph_steps, 0) << "NCCL collectives are captured in the decode graphs";
+    } else {
+      EXPECT_EQ(stats.graph_steps, 0) << "host-staged collectives cannot be captured";
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+      EXPECT_EQ(got[i].logits, want[i].logits) << "prompt " << i;
+    }
   }
 }
 

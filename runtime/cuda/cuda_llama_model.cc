@@ -112,16 +112,15 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
   if (options.max_tokens <= 0 || options.max_logit_rows <= 0) {
     return absl::InvalidArgumentError("max_tokens and max_logit_rows must be positive");
   }
-  CudaModelOptions opts = options;
-  if (opts.group != nullptr && opts.group->size() <= 1) opts.group = nullptr;
-  if (opts.group != nullptr && opts.dummy_seed.has_value()) {
+  const CudaModelOptions& opts = options;
+  if (opts.comm != nullptr && opts.dummy_seed.has_value()) {
     return absl::InvalidArgumentError(
         "tensor-parallel ranks take host weights (their slices), not device dummy weights");
   }
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, opts));
-  const int64_t n = opts.group == nullptr ? 1 : opts.group->size();
+  const int64_t n = opts.comm == nullptr ? 1 : opts.comm->size();
   model->vocab_rows_ = (config.vocab_size + n - 1) / n;
-  model->vocab_begin_ = opts.group == nullptr ? 0 : opts.group->rank() * model->vocab_rows_;
+  model->vocab_begin_ = opts.comm == nullptr ? 0 : opts.comm->rank() * model->vocab_rows_;
   ASSIGN_OR_RETURN(model->gemm_, kc::CublasLtGemm::Create());
   ASSIGN_OR_RETURN(std::vector<float> inv_freq,
                    kernels::ComputeRopeInvFreq(config.rope_theta, D, config.rope_scaling));
@@ -153,7 +152,7 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   }
   const int64_t P = vocab_rows_;  // the whole vocabulary without a group
   // Row-parallel biases are added by rank 0 only (runtime/model/tensor_parallel.h).
-  const bool row_bias = group() == nullptr || group()->rank() == 0;
+  const bool row_bias = comm() == nullptr || comm()->rank() == 0;
   RETURN_IF_ERROR(CheckSize(w.embed_tokens, P * H, "embed_tokens"));
   RETURN_IF_ERROR(CheckSize(w.norm, H, "norm"));
   if (!config_.tie_word_embeddings) RETURN_IF_ERROR(CheckSize(w.lm_head, P * H, "lm_head"));
@@ -276,9 +275,12 @@ absl::Status CudaLlamaModel::AllocateActivations() {
   ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(T * I * es, "act"));
   ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
-  if (group() != nullptr) {
+  if (comm() != nullptr) {
     ASSIGN_OR_RETURN(local_logits_,
                      DeviceBuffer::Allocate(R * vocab_rows_ * int64_t{4}, "local logits"));
+    ASSIGN_OR_RETURN(
+        gathered_logits_,
+        DeviceBuffer::Allocate(comm()->size() * R * vocab_rows_ * int64_t{4}, "gathered logits"));
   }
   return absl::OkStatus();
 }
@@ -327,13 +329,13 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   const bool pdl = options_.programmatic_launch;
-  if (group() == nullptr) {
+  if (comm() == nullptr) {
     RETURN_IF_ERROR(
         kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
   } else {
     RETURN_IF_ERROR(kc::VocabShardEmbedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_),
                                                vocab_begin_, vocab_rows_, H, residual, stream));
-    RETURN_IF_ERROR(AllReduceOverHost(residual, Tn * H, stream));
+    RETURN_IF_ERROR(AllReduce(residual, Tn * H, stream));
   }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& w = layers_[l];
@@ -361,7 +363,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     }
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, q_dim,
                         hidden, stream, pdl));
-    if (group() != nullptr) RETURN_IF_ERROR(AllReduceOverHost(hidden, Tn * H, stream));
+    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream, pdl));
     if (UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
@@ -376,13 +378,13 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     }
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Ptr<T>(w.down_bias), Tn, H, I,
                         hidden, stream, pdl));
-    if (group() != nullptr) RETURN_IF_ERROR(AllReduceOverHost(hidden, Tn * H, stream));
+    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
   }
   RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
-  if (group() == nullptr) {
+  if (comm() == nullptr) {
     return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V, H,
                logits_.get<float>(), stream, pdl);
   }
@@ -391,49 +393,24 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   return GatherLogits(R, stream);
 }
 
-template <typename T>
-absl::Status CudaLlamaModel::AllReduceOverHost(T* data, int64_t n, cudaStream_t stream) {
-  static_assert(sizeof(T) == 2);
-  const bool bf16 = options_.dtype == ActDtype::kBf16;
-  host_act_.resize(n);
-  host_f32_.resize(n);
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_act_.data(), data, n * 2, cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  for (int64_t i = 0; i < n; ++i) {
-    host_f32_[i] = bf16 ? Bf16ToFloat(host_act_[i]) : F16ToFloat(host_act_[i]);
-  }
-  RETURN_IF_ERROR(group()->AllReduceSum(absl::MakeSpan(host_f32_)));
-  for (int64_t i = 0; i < n; ++i) {
-    host_act_[i] = bf16 ? FloatToBf16(host_f32_[i]) : FloatToF16(host_f32_[i]);
-  }
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(data, host_act_.data(), n * 2, cudaMemcpyHostToDevice, stream));
-  // host_act_ is reused by the next call: the copy must be done before this returns.
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
+absl::Status CudaLlamaModel::AllReduce(void* data, int64_t n, cudaStream_t stream) {
+  const comm::CommDtype dtype =
+      options_.dtype == ActDtype::kBf16 ? comm::CommDtype::kBf16 : comm::CommDtype::kF16;
+  return comm()->AllReduceSum(data, n, dtype, stream);
 }
 
 absl::Status CudaLlamaModel::GatherLogits(int64_t R, cudaStream_t stream) {
-  const int64_t P = vocab_rows_, V = config_.vocab_size, n = group()->size();
-  host_f32_.resize(R * P);
-  host_gathered_.resize(n * R * P);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_f32_.data(), local_logits_.data(), R * P * 4,
-                                       cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  RETURN_IF_ERROR(group()->AllGather(host_f32_, absl::MakeSpan(host_gathered_)));
-  // [rank][row][P] -> [row][V], the padding past V dropped.
-  host_f32_.resize(R * V);
+  const int64_t P = vocab_rows_, V = config_.vocab_size, n = comm()->size();
+  RETURN_IF_ERROR(comm()->AllGather(local_logits_.data(), gathered_logits_.data(), R * P,
+                                    comm::CommDtype::kF32, stream));
+  // [rank][row][P] -> [row][V]: rank r's block is columns r*P .. of every row.
   for (int64_t r = 0; r < n; ++r) {
     const int64_t cols = std::min(P, V - r * P);
-    for (int64_t row = 0; cols > 0 && row < R; ++row) {
-      std::copy_n(host_gathered_.data() + (r * R + row) * P, cols,
-                  host_f32_.data() + row * V + r * P);
-    }
+    if (cols <= 0) continue;
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(logits_.get<float>() + r * P, V * 4,
+                                           gathered_logits_.get<float>() + r * R * P, P * 4,
+                                           cols * 4, R, cudaMemcpyDeviceToDevice, stream));
   }
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(logits_.data(), host_f32_.data(), R * V * 4, cudaMemcpyHostToDevice, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 

@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "comm/process_group.h"
+#include "comm/device_communicator.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/kv_cache_cuda.h"
@@ -75,12 +75,12 @@ struct CudaModelOptions {
   // gemv_cuda.h): each is scheduled during its predecessor's tail and waits on the device for
   // its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
-  // Tensor parallelism (a group of size > 1, outliving the model): the model is the group's
-  // rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host weights: the rank's
-  // slices; no device dummy weights). The all-reduces and the logits gather go through host
-  // memory (copy, the group's collective, copy back): the correctness path for ranks over Gloo,
-  // e.g. several ranks sharing one GPU; not capturable in CUDA graphs.
-  comm::ProcessGroup* group = nullptr;
+  // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
+  // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
+  // weights: the rank's slices; no device dummy weights). Vocab-parallel embedding + all-reduce,
+  // all-reduce after o_proj and down_proj, lm_head on the local vocabulary rows + all-gather, on
+  // the device through the communicator (NCCL: capturable in graphs; host-staged: not).
+  comm::DeviceCommunicator* comm = nullptr;
 };
 
 class CudaLlamaModel {
@@ -124,20 +124,19 @@ class CudaLlamaModel {
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   absl::Status AllocateActivations();
-  // Sums `n` elements of `data` (device, T) over the group, staged through host fp32.
-  template <typename T>
-  absl::Status AllReduceOverHost(T* data, int64_t n, cudaStream_t stream);
-  // The group's vocab-parallel logits: local [R, vocab_rows_] -> logits_ [R, vocab].
+  // Sums `n` activations (device, the activation dtype) over the communicator.
+  absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
+  // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->
+  // logits_ [R, vocab] (one strided copy per rank, the padding past vocab dropped).
   absl::Status GatherLogits(int64_t R, cudaStream_t stream);
-  comm::ProcessGroup* group() const { return options_.group; }
+  comm::DeviceCommunicator* comm() const { return options_.comm; }
 
   const ModelConfig config_;
   const CudaModelOptions options_;
-  int64_t vocab_rows_ = 0;          // embedding / lm_head rows this rank holds
-  int64_t vocab_begin_ = 0;         // the first one's vocabulary id
-  DeviceBuffer local_logits_;       // [R, vocab_rows_] fp32 (groups only)
-  std::vector<uint16_t> host_act_;  // staging (groups only)
-  std::vector<float> host_f32_, host_gathered_;
+  int64_t vocab_rows_ = 0;        // embedding / lm_head rows this rank holds
+  int64_t vocab_begin_ = 0;       // the first one's vocabulary id
+  DeviceBuffer local_logits_;     // [R, vocab_rows_] fp32 (communicator only)
+  DeviceBuffer gathered_logits_;  // [ranks, R, vocab_rows_] fp32 (communicator only)
 
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
   DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied

@@ -6,8 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/host_staged_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "kernels/cuda/sampling_cuda.h"
 
 namespace tandem::runtime::cuda {
@@ -59,6 +62,27 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   };
   return factory;
 }
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<comm::DeviceCommunicator>> MakeCommunicator(
+    const CudaBackendConfig& config) {
+  if (config.tp_comm == "gloo") {
+    return std::make_unique<comm::HostStagedCommunicator>(config.group);
+  }
+  if (config.tp_comm != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp_comm must be nccl or gloo, got '", config.tp_comm, "'"));
+  }
+  comm::NcclCommunicatorOptions options;
+  options.device = config.device;
+  options.timeout = config.comm_timeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> nccl,
+                   comm::NcclCommunicator::Create(config.group, options));
+  return nccl;
+}
+
+}  // namespace
 
 CudaModelRunner::CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec)
     : config_(config), spec_(spec) {}
@@ -112,7 +136,12 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   options.max_logit_rows = r->max_rows_;
   options.dummy_seed = config.dummy_seed;
   options.programmatic_launch = config.programmatic_launch;
-  options.group = config.group;
+  if (config.group != nullptr) {
+    ASSIGN_OR_RETURN(r->comm_, MakeCommunicator(config));
+    options.comm = r->comm_.get();
+    LOG(INFO) << "tensor-parallel rank " << r->comm_->rank() << "/" << r->comm_->size()
+              << ": collectives over " << r->comm_->backend();
+  }
   ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
                                                      r->stream_));
 
@@ -362,7 +391,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
                      Plan(padded, padded, 1, spec_.max_model_len, /*allow_prefill=*/false));
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
     ++stats_.padded_steps;
-    if (config_.enable_cuda_graphs) {
+    if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
       ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan));
       CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
       ++stats_.graph_steps;
@@ -381,7 +410,12 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampled_host_.data(), sampled_dev_.data(), R * 4,
                                          cudaMemcpyDeviceToHost, stream_));
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (comm_ != nullptr) {
+    // The step's collectives wait for the other ranks: the group's deadline, never a hang.
+    RETURN_IF_ERROR(comm_->Synchronize(stream_));
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  }
   // Row r belongs to the r-th sequence that has a row (every sequence when padded).
   const int64_t vocab = spec_.model_config.vocab_size;
   int64_t r = 0;

@@ -25,9 +25,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/device_communicator.h"
+#include "comm/process_group.h"
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
@@ -60,9 +64,14 @@ struct CudaBackendConfig {
   std::vector<int64_t> graph_batch_sizes;
   // Random weights generated on the device (the engine is then given empty host weights).
   std::optional<uint64_t> dummy_seed;
-  // CudaModelOptions::group: a tensor-parallel rank (its collectives staged through host
-  // memory; CUDA graphs off).
+  // A tensor-parallel rank: its group's host ProcessGroup (outliving the runner; any size, 1
+  // included). The runner builds the device communicator over it (CudaModelOptions::comm):
+  // tp_comm "nccl" (one GPU per rank; graphs stay on) or "gloo" (host-staged, for ranks sharing
+  // a GPU; graphs off). Creating the runner is then collective over the group.
   comm::ProcessGroup* group = nullptr;
+  std::string tp_comm = "nccl";
+  // Deadline of the communicator's init and of every step's collectives (NCCL).
+  absl::Duration comm_timeout = absl::Seconds(30);
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
 };
@@ -86,6 +95,10 @@ class CudaModelRunner : public ModelExecutor {
   bool pool_on_device() const override { return true; }
 
   ExecutorStats stats() const override { return stats_; }
+  // The communicator's first failure (a dead or wedged rank), else OK.
+  absl::Status health() const override {
+    return comm_ == nullptr ? absl::OkStatus() : comm_->status();
+  }
   const CudaLlamaModel& model() const { return *model_; }
 
  private:
@@ -118,6 +131,7 @@ class CudaModelRunner : public ModelExecutor {
   int64_t max_tokens_ = 0, max_seqs_ = 0, max_rows_ = 0;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<comm::DeviceCommunicator> comm_;  // before model_: the model uses it
   std::unique_ptr<CudaLlamaModel> model_;
   DeviceBuffer pool_;
   kernels::cuda::DeviceKvCache cache_;

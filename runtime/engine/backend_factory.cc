@@ -48,9 +48,11 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.prefill_allow_wgmma = options.prefill_kernel == "auto";
   config.dummy_seed = options.dummy_seed;
   if (options.group != nullptr && options.group->size() > 1) {
-    // Host-staged collectives (the Gloo correctness path) cannot be captured in a graph.
+    // The runner builds its device communicator over the group (NCCL or host-staged); graphs
+    // stay on where the communicator can be captured.
     config.group = options.group;
-    config.enable_cuda_graphs = false;
+    config.tp_comm = options.tp_comm;
+    config.comm_timeout = options.comm_timeout;
   }
   return cuda::CudaExecutorFactory(config);
 #else

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/model/model_source.h"
@@ -31,6 +32,10 @@ struct BackendOptions {
   // The rank's tensor-parallel group (runtime/parallel), or null for a worker of one rank. The
   // model is loaded as that rank's shard and computes with the group.
   comm::ProcessGroup* group = nullptr;
+  // cuda, with a group: its device collectives, "nccl" or "gloo" (host-staged; ranks sharing a
+  // GPU), and their deadline.
+  std::string tp_comm = "nccl";
+  absl::Duration comm_timeout = absl::Seconds(30);
 };
 
 // True when this binary was built with the CUDA backend.

@@ -18,6 +18,8 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   ASSIGN_OR_RETURN(out.group, RankGroup::Join(group_options, argv));
   backend.group = out.group->group();
   backend.device = out.group->device();
+  backend.tp_comm = group_options.TpComm();
+  backend.comm_timeout = group_options.timeout;
   absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
   comm::ProcessGroup* group = out.group->group();
   if (group != nullptr) {

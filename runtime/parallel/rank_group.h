@@ -38,6 +38,11 @@ struct RankGroupOptions {
   // Local ranks all use `device` (--tp_share_device): a correctness path for CUDA ranks over
   // Gloo on a machine with one GPU (NCCL refuses two ranks on one device).
   bool share_device = false;
+  // The CUDA ranks' device collectives (--tp_comm): "nccl", "gloo" (host-staged), or "auto"
+  // (gloo with share_device, else nccl). See TpComm().
+  std::string comm = "auto";
+  // "nccl" or "gloo": what `comm` means for these options.
+  std::string TpComm() const { return comm != "auto" ? comm : share_device ? "gloo" : "nccl"; }
 };
 
 class RankGroup {

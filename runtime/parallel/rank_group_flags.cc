@@ -19,6 +19,11 @@ ABSL_FLAG(bool, tp_share_device, false,
           "--tp alone: every local rank uses --device (CUDA ranks sharing one GPU over Gloo, a "
           "correctness path); default: rank r uses --device + r");
 
+ABSL_FLAG(std::string, tp_comm, "auto",
+          "CUDA ranks' tensor collectives: nccl (one GPU per rank, graph-capturable), gloo "
+          "(staged through host memory; ranks may share a GPU), auto (gloo with "
+          "--tp_share_device, else nccl)");
+
 namespace tandem::runtime {
 
 RankGroupOptions RankGroupOptionsFromFlags(int device) {
@@ -31,6 +36,7 @@ RankGroupOptions RankGroupOptionsFromFlags(int device) {
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_dist_timeout_s));
   o.device = device;
   o.share_device = absl::GetFlag(FLAGS_tp_share_device);
+  o.comm = absl::GetFlag(FLAGS_tp_comm);
   return o;
 }
 

@@ -10,8 +10,8 @@
 #
 #   tests/gpu/tp_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
-# SHARE="" (env) puts rank r on GPU r instead (a machine with >= 4 GPUs for the TP=4 run; with 2,
-# the TP=4 run shares: TP4_FLAGS). Default SHARE=--tp_share_device.
+# SHARE="" (env) puts rank r on GPU r instead, the collectives then over NCCL (--tp_comm=auto)
+# (a machine with >= 4 GPUs for the TP=4 run; with 2, the TP=4 run shares: TP4_FLAGS). Default SHARE=--tp_share_device.
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate tool//runtime/model:make_dummy_model. Run from the repository root
 # (reads tests/golden/fixtures). Prints "N passed, N failed, N skipped".
 set -uo pipefail
