@@ -26,4 +26,11 @@ KVTRANSFER_VISIBILITY = [
 
 RUNTIME_VISIBILITY = ["//runtime:__subpackages__"] + _TESTS
 
+# Tokenizers: the router (text in / text out) and the runtime's tools may use them.
+TOKENIZER_VISIBILITY = [
+    "//tokenizer:__subpackages__",
+    "//router:__subpackages__",
+    "//runtime:__subpackages__",
+] + _TESTS
+
 ROUTER_VISIBILITY = ["//router:__subpackages__"] + _TESTS

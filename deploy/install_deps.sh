@@ -19,6 +19,7 @@ PACKAGES=(
   libgoogle-glog-dev libgflags-dev
   nlohmann-json3-dev       # config.json and safetensors headers
   libssl-dev               # SHA-256 (prefix-cache block hashes)
+  libpcre2-dev libicu-dev  # tokenizer: pre-tokenizer regexes, Unicode normalization
   clang-format             # tests/check_format.sh
 )
 

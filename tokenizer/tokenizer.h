@@ -1,0 +1,106 @@
+// Tokenizer: a Hugging Face tokenizer.json in C++ (no Python in the serving path), verified
+// against Hugging Face's `tokenizers` id for id (tokenizer_test, fixtures in testdata/).
+//
+//   Encode:  text -> added tokens split out (leftmost-longest; lstrip / rstrip / single_word;
+//            normalized=false ones on the raw text, normalized=true ones after the normalizer)
+//            -> normalizer -> pre-tokenizer -> BPE per word -> post-processor (with
+//            add_special_tokens: TemplateProcessing's special tokens, e.g. Llama-3's BOS).
+//   Decode:  ids -> token strings (special ones skipped on request) -> the ByteLevel decoder
+//            (bytes back, invalid UTF-8 replaced by U+FFFD as Hugging Face does).
+//
+// Supported (what GPT-2, Llama-3, Qwen2/2.5 and DeepSeek files use): model BPE; normalizers
+// NFC/NFKC/NFD/NFKD, Prepend, Replace, Sequence; pre-tokenizers Split, ByteLevel, Digits,
+// Sequence; post-processors TemplateProcessing, ByteLevel, Sequence; decoder ByteLevel. Anything
+// else fails FromJson with an error naming the component (the Metaspace / SentencePiece-BPE
+// family — Llama-2, Mistral tokenizer.json — is not built yet).
+//
+// Thread safety: const methods may be called concurrently.
+#ifndef TANDEM_TOKENIZER_TOKENIZER_H_
+#define TANDEM_TOKENIZER_TOKENIZER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/pipeline.h"
+
+namespace tandem::tokenizer {
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool special = false;
+  bool lstrip = false, rstrip = false, single_word = false, normalized = false;
+};
+
+class Tokenizer {
+ public:
+  // INVALID_ARGUMENT for malformed JSON; UNIMPLEMENTED naming an unsupported component.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(absl::string_view json);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+
+  // INVALID_ARGUMENT for text that is not valid UTF-8 (naming the byte offset).
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              bool add_special_tokens) const;
+  // INVALID_ARGUMENT for an id outside the vocabulary.
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
+  // The bytes token `id` contributes to a decoded text (empty for a skipped special token);
+  // Decode(ids) == Utf8Lossy(concatenation of TokenBytes). INVALID_ARGUMENT for a bad id.
+  absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens) const;
+
+  // Ids 0 .. vocab_size() - 1 (model vocabulary and added tokens).
+  int32_t vocab_size() const { return vocab_size_; }
+  std::optional<int32_t> TokenToId(absl::string_view token) const;
+  bool IsSpecial(int32_t id) const;
+
+ private:
+  Tokenizer() = default;
+  absl::Status ParseAddedTokens(const nlohmann::json& list);
+  absl::Status ParsePostProcessor(const nlohmann::json& spec);
+  // Splits `text` on the added tokens with normalized == `normalized`: appends (text, -1) runs
+  // and (content, id) matches to `out`.
+  void SplitAdded(absl::string_view text, bool normalized,
+                  std::vector<std::pair<std::string, int32_t>>* out) const;
+  absl::Status EncodeSegment(absl::string_view text, std::vector<int32_t>* ids) const;
+
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<BpeModel> model_;
+  std::vector<AddedToken> added_;
+  absl::flat_hash_map<int32_t, size_t> added_by_id_;
+  absl::flat_hash_map<std::string, int32_t> added_by_content_;
+  // [normalized][first byte] -> indices into added_, longest content first.
+  std::array<std::vector<size_t>, 256> by_first_byte_[2];
+  // Post-processor (single sequence): ids before and after the text with add_special_tokens.
+  std::vector<int32_t> prefix_ids_, suffix_ids_;
+  int32_t vocab_size_ = 0;
+};
+
+// Streams a decoded text token by token: Add returns only complete UTF-8 (a character split over
+// tokens, or a byte-fallback sequence, is held back until it completes), and the concatenation
+// of every Add and the final Flush equals Tokenizer::Decode of all the ids.
+class IncrementalDecoder {
+ public:
+  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+      : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
+  absl::StatusOr<std::string> Add(int32_t id);
+  // What is held back, decoded lossily (the stream ended).
+  std::string Flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  const bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace tandem::tokenizer
+
+#endif  // TANDEM_TOKENIZER_TOKENIZER_H_
