@@ -20,6 +20,7 @@ PACKAGES=(
   nlohmann-json3-dev       # config.json and safetensors headers
   libssl-dev               # SHA-256 (prefix-cache block hashes)
   libpcre2-dev libicu-dev  # tokenizer: pre-tokenizer regexes, Unicode normalization
+  libsentencepiece-dev     # tokenizer: SentencePiece .model files
   clang-format             # tests/check_format.sh
 )
 

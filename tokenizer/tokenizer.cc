@@ -242,7 +242,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   return ids;
 }
 
-absl::StatusOr<std::string> Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
+absl::StatusOr<std::string> Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens,
+                                                  bool /*first*/) const {
   const std::string* token = nullptr;
   auto added = added_by_id_.find(id);
   if (added != added_by_id_.end()) {
@@ -277,7 +278,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
                                               bool skip_special_tokens) const {
   std::string bytes;
   for (int32_t id : ids) {
-    auto piece = TokenBytes(id, skip_special_tokens);
+    auto piece = TokenBytes(id, skip_special_tokens, bytes.empty());
     if (!piece.ok()) return piece.status();
     bytes += *piece;
   }
@@ -295,22 +296,6 @@ std::optional<int32_t> Tokenizer::TokenToId(absl::string_view token) const {
 bool Tokenizer::IsSpecial(int32_t id) const {
   auto it = added_by_id_.find(id);
   return it != added_by_id_.end() && added_[it->second].special;
-}
-
-absl::StatusOr<std::string> IncrementalDecoder::Add(int32_t id) {
-  auto piece = tokenizer_.TokenBytes(id, skip_special_);
-  if (!piece.ok()) return piece.status();
-  pending_ += *piece;
-  const size_t final_bytes = Utf8FinalPrefix(pending_);
-  std::string out = Utf8Lossy(absl::string_view(pending_).substr(0, final_bytes));
-  pending_.erase(0, final_bytes);
-  return out;
-}
-
-std::string IncrementalDecoder::Flush() {
-  std::string out = Utf8Lossy(pending_);
-  pending_.clear();
-  return out;
 }
 
 }  // namespace tandem::tokenizer

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pipeline.h"
+#include "tokenizer/text_tokenizer.h"
 
 namespace tandem::tokenizer {
 
@@ -41,7 +42,7 @@ struct AddedToken {
   bool lstrip = false, rstrip = false, single_word = false, normalized = false;
 };
 
-class Tokenizer {
+class Tokenizer final : public TextTokenizer {
  public:
   // INVALID_ARGUMENT for malformed JSON; UNIMPLEMENTED naming an unsupported component.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(absl::string_view json);
@@ -49,17 +50,18 @@ class Tokenizer {
 
   // INVALID_ARGUMENT for text that is not valid UTF-8 (naming the byte offset).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
-                                              bool add_special_tokens) const;
+                                              bool add_special_tokens) const override;
   // INVALID_ARGUMENT for an id outside the vocabulary.
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
   // The bytes token `id` contributes to a decoded text (empty for a skipped special token);
   // Decode(ids) == Utf8Lossy(concatenation of TokenBytes). INVALID_ARGUMENT for a bad id.
-  absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens) const;
+  absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens,
+                                         bool first = false) const override;
 
   // Ids 0 .. vocab_size() - 1 (model vocabulary and added tokens).
-  int32_t vocab_size() const { return vocab_size_; }
-  std::optional<int32_t> TokenToId(absl::string_view token) const;
-  bool IsSpecial(int32_t id) const;
+  int32_t vocab_size() const override { return vocab_size_; }
+  std::optional<int32_t> TokenToId(absl::string_view token) const override;
+  bool IsSpecial(int32_t id) const override;
 
  private:
   Tokenizer() = default;
@@ -82,23 +84,6 @@ class Tokenizer {
   // Post-processor (single sequence): ids before and after the text with add_special_tokens.
   std::vector<int32_t> prefix_ids_, suffix_ids_;
   int32_t vocab_size_ = 0;
-};
-
-// Streams a decoded text token by token: Add returns only complete UTF-8 (a character split over
-// tokens, or a byte-fallback sequence, is held back until it completes), and the concatenation
-// of every Add and the final Flush equals Tokenizer::Decode of all the ids.
-class IncrementalDecoder {
- public:
-  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
-      : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
-  absl::StatusOr<std::string> Add(int32_t id);
-  // What is held back, decoded lossily (the stream ended).
-  std::string Flush();
-
- private:
-  const Tokenizer& tokenizer_;
-  const bool skip_special_;
-  std::string pending_;
 };
 
 }  // namespace tandem::tokenizer

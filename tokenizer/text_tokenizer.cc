@@ -1,0 +1,45 @@
+#include "tokenizer/text_tokenizer.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace tandem::tokenizer {
+
+absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizer(const std::string& model_dir) {
+  const std::filesystem::path dir(model_dir);
+  if (std::filesystem::exists(dir / "tokenizer.json")) {
+    auto t = Tokenizer::FromFile((dir / "tokenizer.json").string());
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TextTokenizer>(*std::move(t));
+  }
+  if (std::filesystem::exists(dir / "tokenizer.model")) {
+    auto t = SentencePieceTokenizer::FromFile((dir / "tokenizer.model").string());
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TextTokenizer>(*std::move(t));
+  }
+  return absl::NotFoundError(
+      absl::StrCat(model_dir, " has neither tokenizer.json nor tokenizer.model"));
+}
+
+absl::StatusOr<std::string> IncrementalDecoder::Add(int32_t id) {
+  auto piece = tokenizer_.TokenBytes(id, skip_special_, /*first=*/!started_);
+  if (!piece.ok()) return piece.status();
+  started_ = started_ || !piece->empty();
+  pending_ += *piece;
+  const size_t final_bytes = Utf8FinalPrefix(pending_);
+  std::string out = Utf8Lossy(absl::string_view(pending_).substr(0, final_bytes));
+  pending_.erase(0, final_bytes);
+  return out;
+}
+
+std::string IncrementalDecoder::Flush() {
+  std::string out = Utf8Lossy(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tandem::tokenizer
