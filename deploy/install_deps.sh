@@ -21,6 +21,7 @@ PACKAGES=(
   libssl-dev               # SHA-256 (prefix-cache block hashes)
   libpcre2-dev libicu-dev  # tokenizer: pre-tokenizer regexes, Unicode normalization
   libsentencepiece-dev     # tokenizer: SentencePiece .model files
+  libboost-dev             # Boost.Beast (header-only): the HTTP server (common/http)
   clang-format             # tests/check_format.sh
 )
 

@@ -67,6 +67,8 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(std::string, nccl_control_host, "127.0.0.1",
           "--kv_transport=nccl: address the NCCL agent's control socket binds to");
 ABSL_FLAG(std::string, port_file, "", "write HOST:PORT here once serving");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the HTTP plane with GET /metrics (Prometheus) and /health (empty: off)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "on SIGTERM, wait this long for requests in flight");
 
 namespace tandem::runtime {
@@ -105,6 +107,7 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.transfer.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
   config.transfer.nccl_control_host = absl::GetFlag(FLAGS_nccl_control_host);
   config.listen = absl::GetFlag(FLAGS_listen);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.advertise_host = absl::GetFlag(FLAGS_advertise_address);
   config.worker_id = absl::GetFlag(FLAGS_worker_id);
   config.router = absl::GetFlag(FLAGS_router);

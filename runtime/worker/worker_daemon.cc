@@ -16,6 +16,7 @@
 #include "kvtransfer/kv_transfer_service.h"
 #include "kvtransfer/pull_connector.h"
 #include "runtime/worker/router_registration.h"
+#include "runtime/worker/worker_metrics.h"
 #include "runtime/worker/worker_service.h"
 #include "tandem/v1/limits.h"
 
@@ -100,6 +101,7 @@ struct WorkerDaemon::Parts {
   std::unique_ptr<WorkerServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<RouterRegistration> registration;
+  std::unique_ptr<http::HttpServer> metrics;
 
   // The engine on the agent's memory where the agent can share it best (UCX-mapped memory that
   // shared-memory transports read in place), else its own pool registered with the agent.
@@ -237,6 +239,14 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
   std::string address;
   RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));
+  if (!config.metrics_listen.empty()) {
+    Worker* w = parts->worker.get();
+    ASSIGN_OR_RETURN(parts->metrics,
+                     StartWorkerHttp(config.metrics_listen, [w] { return w->StatsProto(); }));
+    LOG(INFO) << "metrics on http://"
+              << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
+              << parts->metrics->port() << "/metrics";
+  }
   if (!config.router.empty()) parts->StartRegistration(config.router);
   LOG(INFO) << "worker " << config.worker_id << " epoch " << epoch << " serving on " << address;
   auto daemon = std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(parts)));
@@ -249,7 +259,12 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
 WorkerDaemon::WorkerDaemon(std::unique_ptr<Parts> parts)
     : parts_(std::move(parts)), worker_(parts_->worker.get()) {}
 
+int WorkerDaemon::metrics_port() const {
+  return parts_->metrics == nullptr ? 0 : parts_->metrics->port();
+}
+
 WorkerDaemon::~WorkerDaemon() {
+  parts_->metrics.reset();
   if (parts_->registration != nullptr) parts_->registration->Stop();
   if (parts_->server != nullptr) {
     parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

@@ -37,7 +37,9 @@ struct WorkerConfig {
   // listen host, or, when listening on every interface, this host's first non-loopback address.
   std::string advertise_host;
   std::string worker_id;  // empty: <role>-<hostname>-<pid>
-  std::string router;     // empty: standalone (no registration)
+  // GET /metrics and /health over HTTP (worker_metrics.h) on HOST:PORT; empty: none.
+  std::string metrics_listen;
+  std::string router;  // empty: standalone (no registration)
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
@@ -68,6 +70,8 @@ class WorkerDaemon {
   const std::string& address() const { return address_; }  // host:port actually bound
   const std::string& worker_id() const { return worker_id_; }
   uint64_t epoch() const { return epoch_; }
+  // The port of the /metrics plane (0 without --metrics_listen).
+  int metrics_port() const;
   Worker& worker() { return *worker_; }
 
   // SIGTERM: stop taking requests (DRAINING, told to the router), let the ones in flight finish

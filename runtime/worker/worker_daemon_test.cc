@@ -3,6 +3,11 @@
 // bad configurations are refused with the flag's problem named.
 #include "runtime/worker/worker_daemon.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 
@@ -12,6 +17,28 @@
 
 namespace tandem::runtime {
 namespace {
+
+// GET `path` from 127.0.0.1:port over a raw socket (HTTP/1.0: the server closes after it).
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
 
 WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {
   WorkerConfig config;
@@ -26,8 +53,9 @@ WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {
 }
 
 TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
-  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon =
-      WorkerDaemon::Create(TinyConfig(tandem::v1::WORKER_ROLE_MIXED));
+  WorkerConfig config = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  config.metrics_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon = WorkerDaemon::Create(config);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   EXPECT_EQ((*daemon)->address().rfind("127.0.0.1:", 0), 0u) << (*daemon)->address();
   EXPECT_GT((*daemon)->epoch(), 0u);
@@ -49,9 +77,22 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
   EXPECT_EQ(stats.info().worker_id(), "daemon-test");
   EXPECT_EQ(stats.requests_finished(), 1u);
   EXPECT_NE(stats.info().kv_layout_hash(), 0u);
+  // The HTTP plane: the request is counted, the worker is healthy.
+  ASSERT_GT((*daemon)->metrics_port(), 0);
+  const std::string metrics = HttpGet((*daemon)->metrics_port(), "/metrics");
+  EXPECT_NE(metrics.find("HTTP/1.1 200"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("# TYPE tandem:request_success_total counter"), std::string::npos);
+  EXPECT_NE(metrics.find("tandem:request_success_total{model_name=\""), std::string::npos);
+  EXPECT_NE(metrics.find("worker_id=\"daemon-test\",role=\"WORKER_ROLE_MIXED\"} 1\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("tandem:worker_serving{"), std::string::npos);
+  EXPECT_NE(HttpGet((*daemon)->metrics_port(), "/health").find("HTTP/1.1 200"), std::string::npos);
 
   (*daemon)->Drain(absl::Seconds(5));
   EXPECT_EQ((*daemon)->worker().status(), tandem::v1::SERVING_STATUS_DRAINING);
+  EXPECT_NE(HttpGet((*daemon)->metrics_port(), "/health").find("HTTP/1.1 503"), std::string::npos)
+      << "a draining worker is not healthy";
   grpc::ClientContext after;
   after.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   tandem::v1::HealthResponse health;

@@ -35,6 +35,8 @@ _PKG_TARGETS = {
 _PLAIN_TARGETS = {
     # Debian's libgloo-dev installs /usr/lib/libgloo.so (not the multiarch dir).
     "gloo": ("lib/libgloo.so", ["-L/usr/lib", "-lgloo", "-lpthread"]),
+    # Boost.Beast / Asio 1.74 (header-only): the daemons' HTTP server (common/http).
+    "boost_beast": ("include/boost/beast.hpp", ["-lpthread"]),
     # Debian's googletest ships static archives only; order matters for static linking.
     "gtest": ("lib/x86_64-linux-gnu/libgtest.a", ["-l:libgmock.a", "-l:libgtest.a", "-lpthread"]),
     "gtest_main": ("lib/x86_64-linux-gnu/libgtest_main.a", ["-l:libgtest_main.a", "-l:libgmock.a", "-l:libgtest.a", "-lpthread"]),

@@ -1,0 +1,111 @@
+// HttpServer: a small asynchronous HTTP/1.1 server (Boost.Beast 1.74 from Debian) for the
+// daemons' HTTP planes: the router's OpenAI-compatible API, and `/metrics` + `/health` on the
+// router and every worker.
+//
+// Asynchronous: a fixed pool of `threads` runs every connection (thousands of open streams do not
+// mean thousands of threads). Handlers run on those threads and must not block: a handler either
+// replies at once (Responder::Reply) or starts a stream (Responder::StartStream) and writes to it
+// later from any thread (Server-Sent Events, chunked). A client that disconnects mid-stream
+// cancels the stream: `cancelled()` turns true and the OnCancel callback runs once (e.g. to abort
+// the request on the workers).
+//
+// Limits: request bodies over `max_body_bytes` get 413, headers over 16 KiB 431, a request not
+// read within `read_timeout` closes the connection, more than `max_connections` open connections
+// are refused (closed at accept). Bad requests get 400. Unknown paths 404, known path with another
+// method 405. Errors are JSON `{"error": {"message", "type", "code"}}` (OpenAI's shape).
+//
+// Thread safety: Start/Stop from one thread; a ResponseStream from any thread.
+#ifndef TANDEM_COMMON_HTTP_HTTP_SERVER_H_
+#define TANDEM_COMMON_HTTP_HTTP_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::http {
+
+struct Request {
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // without the query
+  std::string query;                           // after '?', undecoded
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+  std::string peer;  // "ip:port" of the client
+  // The header's value, or "" when absent (`name` lower-case).
+  std::string Header(const std::string& name) const;
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+// OpenAI's error body: {"error": {"message": ..., "type": ..., "code": status}}.
+Response ErrorResponse(int status, const std::string& message, const std::string& type = "");
+
+// The body of a streamed response. Thread-safe.
+class ResponseStream {
+ public:
+  virtual ~ResponseStream() = default;
+  // Queues `data` as one chunk; false once the client is gone (nothing more will be sent).
+  virtual bool Write(std::string data) = 0;
+  // Ends the response (the last chunk); later Writes return false.
+  virtual void Close() = 0;
+  virtual bool cancelled() const = 0;
+  // Runs `fn` once when the client disconnects before Close (at once if it already has).
+  virtual void OnCancel(std::function<void()> fn) = 0;
+};
+
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  // Exactly one of Reply or StartStream, once.
+  virtual void Reply(Response response) = 0;
+  virtual std::shared_ptr<ResponseStream> StartStream(
+      int status, const std::string& content_type,
+      std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+};
+
+using Handler = std::function<void(const Request&, Responder&)>;
+
+struct HttpServerOptions {
+  std::string address = "127.0.0.1";  // the interface to bind
+  int port = 0;                       // 0: any free port (see HttpServer::port)
+  int threads = 2;
+  uint64_t max_body_bytes = 8 << 20;
+  absl::Duration read_timeout = absl::Seconds(30);
+  int max_connections = 10000;
+};
+
+class HttpServer {
+ public:
+  // Routes: (method, path) -> handler. INVALID_ARGUMENT for a bad address, UNAVAILABLE when the
+  // port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const HttpServerOptions& options,
+      std::map<std::pair<std::string, std::string>, Handler> routes);
+  // Stops accepting, closes every connection (open streams are cancelled), joins the threads.
+  ~HttpServer();
+  int port() const;
+  // Open connections now (tests, benchmarks).
+  int connections() const;
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::http
+
+#endif  // TANDEM_COMMON_HTTP_HTTP_SERVER_H_

@@ -1,0 +1,161 @@
+// HttpServer over loopback with a raw-socket client: routing (200, 404, 405), keep-alive, the
+// body limit (413), malformed requests (400), a chunked Server-Sent-Events stream written from
+// another thread, and a client that disconnects mid-stream cancelling the stream (OnCancel runs,
+// Write turns false) — with the connection count back to zero afterwards.
+#include "common/http/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::http {
+namespace {
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+void Send(int fd, const std::string& data) {
+  ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+}
+
+// Reads until `until` appears in what was read (or EOF / timeout).
+std::string ReadUntil(int fd, const std::string& until) {
+  std::string out;
+  char buf[4096];
+  while (out.find(until) == std::string::npos) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+std::map<std::pair<std::string, std::string>, Handler> Routes(
+    std::shared_ptr<ResponseStream>* stream, absl::Notification* stream_started) {
+  std::map<std::pair<std::string, std::string>, Handler> routes;
+  routes[{"GET", "/health"}] = [](const Request& req, Responder& r) {
+    Response res;
+    res.content_type = "text/plain";
+    res.body = absl::StrCat("ok ", req.query);
+    r.Reply(res);
+  };
+  routes[{"POST", "/echo"}] = [](const Request& req, Responder& r) {
+    Response res;
+    res.body = req.body + "|" + req.Header("x-test");
+    r.Reply(res);
+  };
+  routes[{"GET", "/stream"}] = [stream, stream_started](const Request&, Responder& r) {
+    *stream = r.StartStream(200, "text/event-stream");
+    stream_started->Notify();
+  };
+  return routes;
+}
+
+TEST(HttpServerTest, RoutesLimitsAndKeepAlive) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  options.max_body_bytes = 1000;
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  // Two requests on one keep-alive connection.
+  Send(fd, "GET /health?x=1 HTTP/1.1\r\nHost: a\r\n\r\n");
+  std::string r1 = ReadUntil(fd, "ok x=1");
+  EXPECT_NE(r1.find("HTTP/1.1 200"), std::string::npos) << r1;
+  Send(fd, "POST /echo HTTP/1.1\r\nHost: a\r\nX-Test: yes\r\nContent-Length: 5\r\n\r\nhello");
+  std::string r2 = ReadUntil(fd, "hello|yes");
+  EXPECT_NE(r2.find("hello|yes"), std::string::npos) << r2;
+  Send(fd, "GET /nope HTTP/1.1\r\nHost: a\r\n\r\n");
+  std::string r3 = ReadUntil(fd, "}}");
+  EXPECT_NE(r3.find("HTTP/1.1 404"), std::string::npos) << r3;
+  EXPECT_NE(r3.find("\"error\""), std::string::npos) << r3;
+  Send(fd, "GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+  std::string r4 = ReadUntil(fd, "}}");
+  EXPECT_NE(r4.find("HTTP/1.1 405"), std::string::npos) << r4;
+  close(fd);
+  // Body over the limit: 413 and the connection closes.
+  const int big = Connect((*server)->port());
+  Send(big, absl::StrCat("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\n\r\n",
+                         std::string(5000, 'x')));
+  std::string r5 = ReadUntil(big, "}}");
+  EXPECT_NE(r5.find("HTTP/1.1 413"), std::string::npos) << r5;
+  close(big);
+  // Garbage: 400.
+  const int bad = Connect((*server)->port());
+  Send(bad, "NOT AN HTTP REQUEST\r\n\r\n");
+  std::string r6 = ReadUntil(bad, "}}");
+  EXPECT_NE(r6.find("HTTP/1.1 400"), std::string::npos) << r6;
+  close(bad);
+}
+
+TEST(HttpServerTest, StreamsChunksAndSeesADisconnect) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  // A complete stream, written from another thread.
+  int fd = Connect((*server)->port());
+  Send(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n");
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  std::thread writer([&] {
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(stream->Write(absl::StrCat("data: ", i, "\n\n")));
+    stream->Close();
+  });
+  std::string all = ReadUntil(fd, "\r\n0\r\n\r\n");
+  writer.join();
+  EXPECT_NE(all.find("Transfer-Encoding: chunked"), std::string::npos) << all;
+  EXPECT_NE(all.find("text/event-stream"), std::string::npos) << all;
+  EXPECT_NE(all.find("data: 0"), std::string::npos);
+  EXPECT_NE(all.find("data: 2"), std::string::npos);
+  close(fd);
+  stream.reset();
+  // A client that goes away mid-stream: the stream is cancelled.
+  absl::Notification started2;
+  std::shared_ptr<ResponseStream> stream2;
+  auto server2 = HttpServer::Start(HttpServerOptions{}, Routes(&stream2, &started2));
+  ASSERT_TRUE(server2.ok());
+  fd = Connect((*server2)->port());
+  Send(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n");
+  ASSERT_TRUE(started2.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  absl::Notification cancelled;
+  stream2->OnCancel([&] { cancelled.Notify(); });
+  EXPECT_TRUE(stream2->Write("data: first\n\n"));
+  ReadUntil(fd, "first");
+  close(fd);
+  ASSERT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(stream2->cancelled());
+  EXPECT_FALSE(stream2->Write("data: more\n\n"));
+  stream2.reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while ((*server2)->connections() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*server2)->connections(), 0);
+}
+
+}  // namespace
+}  // namespace tandem::http

@@ -1,0 +1,86 @@
+#include "runtime/worker/worker_metrics.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/http/prometheus.h"
+
+namespace tandem::runtime {
+
+std::string WorkerMetricsText(const tandem::v1::WorkerStats& s) {
+  const http::Labels labels = {{"model_name", s.info().model_id()},
+                               {"worker_id", s.info().worker_id()},
+                               {"role", tandem::v1::WorkerRole_Name(s.info().role())}};
+  http::PrometheusText p;
+  const tandem::v1::WorkerLoad& load = s.load();
+  p.Gauge("tandem:num_requests_running", "Requests in the running batch.", load.num_running(),
+          labels);
+  p.Gauge("tandem:num_requests_waiting", "Requests waiting to be scheduled.", load.num_waiting(),
+          labels);
+  const double total = load.kv_blocks_total();
+  p.Gauge("tandem:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).",
+          total > 0 ? 1.0 - load.kv_blocks_free() / total : 0.0, labels);
+  p.Gauge("tandem:kv_blocks_leased", "KV blocks held under leases for decode workers.",
+          load.kv_blocks_leased(), labels);
+  p.Gauge("tandem:worker_serving", "1 while the worker is SERVING, else 0.",
+          s.status() == tandem::v1::SERVING_STATUS_SERVING ? 1 : 0, labels);
+  p.Counter("tandem:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queried_tokens(), labels);
+  p.Counter("tandem:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+            s.prefix_cache_hit_tokens(), labels);
+  p.Counter("tandem:request_success_total", "Requests that finished.", s.requests_finished(),
+            labels);
+  p.Counter("tandem:request_aborted_total", "Requests aborted (cancelled, failed).",
+            s.requests_aborted(), labels);
+  p.Counter("tandem:kv_leases_granted_total", "KV leases granted (prefill side).",
+            s.leases_granted(), labels);
+  p.Counter("tandem:kv_leases_released_total", "KV leases released by their reader.",
+            s.leases_released(), labels);
+  p.Counter("tandem:kv_leases_expired_total", "KV leases that expired unreleased.",
+            s.leases_expired(), labels);
+  p.Counter("tandem:kv_transfer_bytes_sent_total", "KV bytes read from this worker.",
+            s.kv_bytes_sent(), labels);
+  p.Counter("tandem:kv_transfer_bytes_received_total", "KV bytes this worker read.",
+            s.kv_bytes_received(), labels);
+  p.Counter("tandem:kv_loads_total", "Completed KV loads (decode side).", s.kv_loads_completed(),
+            labels);
+  p.Counter("tandem:kv_load_seconds_total", "Time of the completed KV loads, summed.",
+            s.kv_load_micros() / 1e6, labels);
+  p.Counter("tandem:kv_load_failures_total", "KV loads that failed.", s.kv_load_failures(), labels);
+  return p.text();
+}
+
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(
+    const std::string& listen, std::function<tandem::v1::WorkerStats()> stats) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen must be HOST:PORT, got '", listen, "'"));
+  }
+  http::HttpServerOptions options;
+  options.address = listen.substr(0, colon);
+  options.port = port;
+  options.threads = 1;
+  options.max_body_bytes = 4096;
+  std::map<std::pair<std::string, std::string>, http::Handler> routes;
+  routes[{"GET", "/metrics"}] = [stats](const http::Request&, http::Responder& r) {
+    http::Response res;
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res.body = WorkerMetricsText(stats());
+    r.Reply(std::move(res));
+  };
+  routes[{"GET", "/health"}] = [stats](const http::Request&, http::Responder& r) {
+    const tandem::v1::WorkerStats s = stats();
+    http::Response res;
+    res.content_type = "text/plain";
+    res.status = s.status() == tandem::v1::SERVING_STATUS_SERVING ? 200 : 503;
+    res.body = tandem::v1::ServingStatus_Name(s.status()) + "\n";
+    r.Reply(std::move(res));
+  };
+  return http::HttpServer::Start(options, std::move(routes));
+}
+
+}  // namespace tandem::runtime
