@@ -8,14 +8,16 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "tokenizer/chat/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tandem::tokenizer::chat {
 namespace {
 
 enum class TagKind { kVar, kBlock, kComment };
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsNameStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
@@ -59,7 +61,7 @@ class Lexer {
   explicit Lexer(absl::string_view source) : src_(NormalizeSource(source)) {}
 
   absl::StatusOr<std::vector<Token>> Run() {
-    while (pos_ < src_.size()) CHAT_RETURN_IF_ERROR(LexDataAndTag());
+    while (pos_ < src_.size()) RETURN_IF_ERROR(LexDataAndTag());
     Push(Token::Type::kEof, "");
     return std::move(out_);
   }
@@ -79,8 +81,8 @@ class Lexer {
     out_.push_back(std::move(t));
   }
   absl::Status Error(absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("template syntax error (line ", LineAt(pos_),
-                                                   "): ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("template syntax error (line ", LineAt(pos_), "): ", what));
   }
 
   absl::Status LexDataAndTag();
@@ -88,6 +90,7 @@ class Lexer {
   absl::Status LexComment();
   absl::Status LexTagBody(TagKind kind);
   absl::Status LexString();
+  absl::Status AppendEscape(size_t* i, std::string* value);
   absl::Status LexNumber();
   bool AtTagEnd(TagKind kind);
 
@@ -204,9 +207,9 @@ absl::Status Lexer::LexTagBody(TagKind kind) {
     if (depth_ == 0 && AtTagEnd(kind)) return absl::OkStatus();
     const char c = src_[pos_];
     if (c == '\'' || c == '"') {
-      CHAT_RETURN_IF_ERROR(LexString());
+      RETURN_IF_ERROR(LexString());
     } else if (IsDigit(c)) {
-      CHAT_RETURN_IF_ERROR(LexNumber());
+      RETURN_IF_ERROR(LexNumber());
     } else if (IsNameStart(c)) {
       size_t end = pos_;
       while (end < src_.size() && IsNameChar(src_[end])) ++end;
@@ -235,59 +238,80 @@ absl::Status Lexer::LexTagBody(TagKind kind) {
   }
 }
 
+absl::Status Lexer::AppendEscape(size_t* i, std::string* value) {
+  const char e = src_[*i];
+  uint32_t cp = 0;
+  switch (e) {
+    case 'n':
+      value->push_back('\n');
+      return absl::OkStatus();
+    case 't':
+      value->push_back('\t');
+      return absl::OkStatus();
+    case 'r':
+      value->push_back('\r');
+      return absl::OkStatus();
+    case 'a':
+      value->push_back('\a');
+      return absl::OkStatus();
+    case 'b':
+      value->push_back('\b');
+      return absl::OkStatus();
+    case 'f':
+      value->push_back('\f');
+      return absl::OkStatus();
+    case 'v':
+      value->push_back('\v');
+      return absl::OkStatus();
+    case '\\':
+    case '\'':
+    case '"':
+      value->push_back(e);
+      return absl::OkStatus();
+    case '\n':
+      return absl::OkStatus();  // Line continuation.
+    case 'N':
+      return absl::UnimplementedError("unsupported string escape '\\N{...}'");
+    case 'x':
+    case 'u':
+    case 'U': {
+      const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+      if (*i + n >= src_.size()) return Error("invalid escape in string literal");
+      for (size_t k = 1; k <= n; ++k) {
+        const char h = src_[*i + k];
+        if (!absl::ascii_isxdigit(h)) return Error("invalid escape in string literal");
+        cp = cp * 16 + (IsDigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
+      }
+      if (cp > 0x10FFFF) return Error("invalid escape in string literal");
+      AppendUtf8Cp(cp, value);
+      *i += n;
+      return absl::OkStatus();
+    }
+    default:
+      break;
+  }
+  if (e < '0' || e > '7') {  // Unknown escapes stay as written.
+    value->push_back('\\');
+    value->push_back(e);
+    return absl::OkStatus();
+  }
+  for (int n = 0; n < 3 && *i < src_.size() && src_[*i] >= '0' && src_[*i] <= '7'; ++n) {
+    cp = cp * 8 + (src_[(*i)++] - '0');
+  }
+  --*i;
+  AppendUtf8Cp(cp, value);
+  return absl::OkStatus();
+}
+
 absl::Status Lexer::LexString() {
   const char quote = src_[pos_];
   std::string value;
   size_t i = pos_ + 1;
-  auto hex = [&](size_t start, int n, uint32_t* cp) {
-    if (start + n > src_.size()) return false;
-    *cp = 0;
-    for (int k = 0; k < n; ++k) {
-      const char h = src_[start + k];
-      if (!absl::ascii_isxdigit(h)) return false;
-      *cp = *cp * 16 + (IsDigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
-    }
-    return true;
-  };
   for (; i < src_.size() && src_[i] != quote; ++i) {
     if (src_[i] != '\\') {
       value.push_back(src_[i]);
-      continue;
-    }
-    if (++i >= src_.size()) break;
-    const char e = src_[i];
-    uint32_t cp = 0;
-    switch (e) {
-      case 'n': value.push_back('\n'); break;
-      case 't': value.push_back('\t'); break;
-      case 'r': value.push_back('\r'); break;
-      case 'a': value.push_back('\a'); break;
-      case 'b': value.push_back('\b'); break;
-      case 'f': value.push_back('\f'); break;
-      case 'v': value.push_back('\v'); break;
-      case '\\': case '\'': case '"': value.push_back(e); break;
-      case '\n': break;  // Line continuation.
-      case 'x': case 'u': case 'U': {
-        const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-        if (!hex(i + 1, n, &cp) || cp > 0x10FFFF) return Error("invalid escape in string literal");
-        AppendUtf8Cp(cp, &value);
-        i += n;
-        break;
-      }
-      case 'N': return absl::UnimplementedError("unsupported string escape '\\N{...}'");
-      default:
-        if (e >= '0' && e <= '7') {
-          int n = 0;
-          while (n < 3 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7') {
-            cp = cp * 8 + (src_[i++] - '0');
-            ++n;
-          }
-          --i;
-          AppendUtf8Cp(cp, &value);
-        } else {
-          value.push_back('\\');
-          value.push_back(e);
-        }
+    } else if (++i < src_.size()) {
+      RETURN_IF_ERROR(AppendEscape(&i, &value));
     }
   }
   if (i >= src_.size()) return Error("unterminated string literal");
@@ -298,8 +322,8 @@ absl::Status Lexer::LexString() {
 
 absl::Status Lexer::LexNumber() {
   auto digits = [&](size_t p) {  // \d+(_\d+)*
-    while (p < src_.size() && (IsDigit(src_[p]) || (src_[p] == '_' && p + 1 < src_.size() &&
-                                                    IsDigit(src_[p + 1])))) {
+    while (p < src_.size() &&
+           (IsDigit(src_[p]) || (src_[p] == '_' && p + 1 < src_.size() && IsDigit(src_[p + 1])))) {
       ++p;
     }
     return p;

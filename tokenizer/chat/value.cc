@@ -5,8 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "tokenizer/chat/py_string.h"
-#include "tokenizer/chat/status_macros.h"
 
 namespace tandem::tokenizer::chat {
 
@@ -251,12 +251,12 @@ absl::Status AppendJsonContainer(const Value& v, const JsonOptions& options, int
     if (i > 0) out->append(options.item_separator);
     if (pretty) AppendNewline(options, depth + 1, out);
     if (is_list) {
-      CHAT_RETURN_IF_ERROR(AppendJson(v.items()[i], options, depth + 1, out));
+      RETURN_IF_ERROR(AppendJson(v.items()[i], options, depth + 1, out));
     } else {
       const auto& [key, item] = v.dict()[order[i]];
       AppendJsonString(key, options.ensure_ascii, out);
       out->append(options.key_separator);
-      CHAT_RETURN_IF_ERROR(AppendJson(item, options, depth + 1, out));
+      RETURN_IF_ERROR(AppendJson(item, options, depth + 1, out));
     }
   }
   if (pretty) AppendNewline(options, depth, out);
@@ -303,7 +303,7 @@ absl::Status AppendJson(const Value& v, const JsonOptions& options, int depth, s
 
 absl::StatusOr<std::string> ToJson(const Value& v, const JsonOptions& options) {
   std::string out;
-  CHAT_RETURN_IF_ERROR(AppendJson(v, options, 0, &out));
+  RETURN_IF_ERROR(AppendJson(v, options, 0, &out));
   return out;
 }
 

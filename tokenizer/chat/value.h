@@ -68,6 +68,7 @@ class Value {
   static Value Float(double d) { return Value(d); }
   static Value Str(std::string s) { return Value(std::move(s)); }
   static Value Str(absl::string_view s) { return Value(std::string(s.data(), s.size())); }
+  static Value Str(const char* s) { return Value(std::string(s)); }
   static Value MakeList(std::vector<Value> items, bool is_tuple = false);
   static Value MakeDict(Dict dict);
   static Value MakeNamespace(Dict attrs);

@@ -154,6 +154,108 @@ TOOL_CONVERSATIONS = {
 }
 
 
+# Small templates exercising the interpreter piece by piece (rendered by jinja2 as well).
+UNIT_CONTEXT = {"d": {"a": 1, "b": [1, 2.5, None, True, "x'y"]}, "s": "  Hi There  ",
+                "msgs": [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
+                         {"role": "user", "content": "u2"}],
+                "n": 7, "f": 0.1, "empty": [], "text": "héllo wörld", "none_value": None}
+UNIT_TEMPLATES = [
+    # Whitespace control, trim_blocks, lstrip_blocks, comments, trailing newline.
+    "a  {{- 'b' -}}  c",
+    "{% if true %}\nx\n{% endif %}\ny\n",
+    "  {% if true %}x{% endif %}\n  {{ 'y' }}\n  {%+ if true %}z{% endif %}",
+    "a {# comment #}\nb {#- trimmed -#}   c\n    {# indented #}\nd",
+    "{%- for i in [1, 2] -%}\n  [{{ i }}]\n{%- endfor %}\nend\n\n",
+    "line1\r\nline2\r\n",
+    "{% if true %}  {% endif %}|{% if true -%}  \n  x{%- endif %}",
+    "{{ 'a' }}\n{{ 'b' }}\n",
+    # Loops.
+    "{% for x in ['a', 'b', 'c'] %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}"
+    "{{ loop.length }}{{ loop.revindex }}{{ loop.revindex0 }}|{% endfor %}",
+    "{% for x in [1, 2, 3] %}{{ loop.previtem }}-{{ loop.nextitem }};{% endfor %}",
+    "{% for x in empty %}x{% else %}empty{% endfor %}",
+    "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}",
+    "{% for k, v in d|items %}{{ k }}:{{ v|tojson }} {% endfor %}",
+    "{% for k in d %}{{ k }}{% endfor %}",
+    "{% for m in msgs if m.role == 'user' %}{{ m.content }}{{ loop.last }} {% endfor %}",
+    "{% for i in range(6) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 4 %}{% break %}"
+    "{% endif %}{{ i }}{% endfor %}",
+    "{% set x = 0 %}{% for i in [1, 2] %}{{ x }}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}",
+    "{% for a in [[1, 2], [3, 4]] %}{% for b in a %}{{ loop.index }}{{ b }}{% endfor %}"
+    "{{ loop.index }};{% endfor %}",
+    # Set, namespace.
+    "{% set ns = namespace(count=0, names='') %}{% for m in msgs %}{% set ns.count = ns.count + 1 %}"
+    "{% set ns.names = ns.names ~ m.role[0] %}{% endfor %}{{ ns.count }} {{ ns.names }} {{ ns }}",
+    "{% set a, b = [1, 2] %}{{ a }}{{ b }}{% set c = 1, 2 %}{{ c }}",
+    "{% set t %}x{{ 1 + 1 }}y{% endset %}[{{ t }}]",
+    "{% if true %}{% set inner = 'set in if' %}{% endif %}{{ inner }}",
+    # Literals and operators.
+    "{{ 1/2 }} {{ 4/2 }} {{ 7//2 }} {{ -7//2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 1e20 }}"
+    " {{ 0.1 + 0.2 }} {{ 1.5e-7 }} {{ 100.0 }} {{ 1e16 }} {{ 123456789.125 }} {{ -0.0 }} {{ 1_000 }}",
+    "{{ 'ab' * 2 }} {{ [1] + [2] }} {{ 'a' ~ 1 ~ none ~ true }} {{ 3 - 1.5 }} {{ -n }} {{ 7.5 // 2 }}",
+    "{{ 'a\\tb\\n\\u00e9\\x41\\'q\\\\' }}|{{ \"dq'\" }}|{{ 'adj' 'acent' }}",
+    "{{ 1 < 2 < 3 }} {{ 1 < 2 > 3 }} {{ 'a' in 'cat' }} {{ 2 in [1, 2] }} {{ 'a' in d }}"
+    " {{ 'z' not in d }} {{ 1 == 1.0 }} {{ true == 1 }} {{ [1, 2] == [1, 2] }} {{ 'b' > 'a' }}",
+    "{{ none }} {{ true }} {{ false }} {{ d }} {{ d.b }} {{ (1, 'a') }} {{ (1,) }} {{ () }} {{ {} }}",
+    "{{ 'yes' if n > 3 else 'no' }} {{ 'yes' if n > 30 }}| {{ n and 'x' }} {{ 0 or 'y' }}"
+    " {{ none or empty }} {{ not n }}",
+    # Attribute / subscript / slices.
+    "{{ msgs[0]['role'] }} {{ msgs[-1].content }} {{ msgs[1:]|length }} {{ d.b[1:3] }}"
+    " {{ d.b[::-1] }} {{ text[1:4] }} {{ text[-5:] }} {{ text[::2] }} {{ d['b'][0] }} {{ msgs.0.role }}",
+    "{{ d.missing }}|{{ d['missing'] }}|{{ d.b[10] }}|{{ none_value.x }}|{{ undefined_var }}",
+    # Tests.
+    "{{ x is defined }} {{ d is defined }} {{ x is undefined }} {{ none_value is none }}"
+    " {{ 's' is string }} {{ d is mapping }} {{ d.b is iterable }} {{ 's' is iterable }}"
+    " {{ 1 is number }} {{ 1.5 is float }} {{ 1 is integer }} {{ true is boolean }} {{ n is odd }}"
+    " {{ n is even }} {{ 9 is divisibleby 3 }} {{ n is not none }} {{ 'ab' is lower }}"
+    " {{ d.b is sequence }} {{ n is equalto 7 }} {{ n is sameas 7 }} {{ x is iterable }}",
+    # Filters.
+    "[{{ s|trim }}] [{{ s|upper }}] [{{ s|lower }}] [{{ 'hELLO wORLD'|capitalize }}]"
+    " [{{ 'hello big-world (x)'|title }}] [{{ s|length }}] [{{ text|length }}] [{{ d|length }}]",
+    "{{ d|tojson }} {{ d|tojson(indent=2) }} {{ text|tojson }} {{ text|tojson(ensure_ascii=True) }}"
+    " {{ d|tojson(separators=(',', ':')) }} {{ {'b': 1, 'a': [] }|tojson(sort_keys=true) }}"
+    " {{ 'q\"\\\\\\n\\t\\u0001'|tojson }} {{ 1.0|tojson }} {{ none|tojson }}",
+    "{{ ['a', 'b']|join(', ') }} {{ msgs|map(attribute='role')|join('/') }} {{ d.b|join }}"
+    " {{ msgs|join(',', attribute='content') }}",
+    "{{ x|default('dflt') }} {{ none_value|default('dflt') }} {{ none_value|default('dflt', true) }}"
+    " {{ ''|d('empty', boolean=true) }}",
+    "{{ d.b|first }} {{ d.b|last }} {{ text|first }} {{ 'abc'|list }} {{ d|list }} {{ 42|string }}"
+    " {{ d.b|string }}",
+    "{{ 'Hello World'|replace('o', '0') }} {{ 'aaa'|replace('a', 'b', 2) }} {{ '10'|int + 1 }}"
+    " {{ '1.5'|int }} {{ 'x'|int(7) }} {{ 3.9|int }} {{ '2.5'|float }} {{ -3|abs }} {{ true|int }}",
+    "{{ msgs|selectattr('role', 'equalto', 'user')|list|length }}"
+    " {{ msgs|rejectattr('role', 'equalto', 'user')|map(attribute='content')|list }}"
+    " {{ [1, 0, 2, none]|select|list }} {{ [1, 2, 3, 4]|reject('odd')|list }}"
+    " {{ ['a', 'B']|map('upper')|list }} {{ ['a', 'code_interpreter']|reject('equalto', 'code_interpreter')|list }}",
+    "{{ [3, 1]|reverse|list }} {{ 'abc'|reverse }} {{ '<a & b>'|e }} {{ '<x>'|safe }}",
+    # Methods.
+    "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ 'xxaxx'.strip('x') }}|{{ s.split() }}"
+    "|{{ 'a,b,,c'.split(',') }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a b c'.rsplit(' ', 1) }}"
+    "|{{ 'x</think>y</think>z'.split('</think>')[-1] }}",
+    "{{ s.startswith('  H') }} {{ s.endswith(('x', '  ')) }} {{ s.upper() }} {{ s.lower() }}"
+    " {{ 'ab cd'.title() }} {{ 'aB'.capitalize() }} {{ 'a-b'.replace('-', '+') }} {{ 'abcb'.find('b') }}"
+    " {{ 'abcb'.rfind('b') }} {{ 'abcb'.count('b') }} {{ '-'.join(['a', 'b']) }} {{ 'l1\\nl2'.splitlines() }}",
+    "{{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 3) }} {{ d.keys()|list }} {{ d.values()|list|length }}"
+    " {{ d.items()|list|first }}",
+    # Globals.
+    "{{ range(3)|list }} {{ range(1, 10, 3)|list }} {{ dict(a=1, b='x') }} {{ namespace(a=1).a }}"
+    " {{ strftime_now is defined }} {{ raise_exception is defined }}",
+]
+UNIT_ERROR_TEMPLATES = [
+    "{{ raise_exception('custom failure: ' ~ n) }}",
+    "{{ undefined_var.attr }}",
+    "{{ d.missing.attr }}",
+    "{{ 'a' + 1 }}",
+    "{{ undefined_var + 1 }}",
+    "{{ none_value|length }}",
+    "{{ 'a' < 1 }}",
+    "{{ d.b.append(1) }}",
+    "{% set d.x = 1 %}",
+    "{% for a, b in [[1, 2, 3]] %}{% endfor %}",
+    "{{ 1 / 0 }}",
+]
+
+
 def render(name, template, context):
     case = {"template": name, "context": context}
     try:
@@ -193,10 +295,17 @@ def main():
                 case = render(name, template, context)
                 case["case"] = f"tools/gen={gen}"
                 cases.append(case)
+    unit_cases = []
+    for template in UNIT_TEMPLATES + UNIT_ERROR_TEMPLATES:
+        case = render("", template, UNIT_CONTEXT)
+        del case["template"], case["context"]
+        case["source"] = template
+        unit_cases.append(case)
     with open(os.path.join(HERE, "expected.json"), "w", encoding="utf-8") as f:
         json.dump({"generator": {"jinja2": jinja2.__version__,
                                  "transformers": transformers.__version__},
-                   "cases": cases}, f, ensure_ascii=False, indent=1)
+                   "cases": cases, "unit_context": UNIT_CONTEXT, "unit_cases": unit_cases},
+                  f, ensure_ascii=False, indent=1)
         f.write("\n")
     errors = sum("error" in c for c in cases)
     print(f"wrote {len(cases)} cases ({errors} errors)")
