@@ -65,17 +65,6 @@ absl::StatusOr<std::string> SentencePieceTokenizer::TokenBytes(int32_t id, bool 
   return out;
 }
 
-absl::StatusOr<std::string> SentencePieceTokenizer::Decode(absl::Span<const int32_t> ids,
-                                                           bool skip_special_tokens) const {
-  std::string bytes;
-  for (int32_t id : ids) {
-    auto piece = TokenBytes(id, skip_special_tokens, bytes.empty());
-    if (!piece.ok()) return piece.status();
-    bytes += *piece;
-  }
-  return Utf8Lossy(bytes);
-}
-
 int32_t SentencePieceTokenizer::vocab_size() const { return sp_->size(); }
 
 std::optional<int32_t> SentencePieceTokenizer::TokenToId(absl::string_view token) const {

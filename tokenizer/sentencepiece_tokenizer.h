@@ -26,8 +26,6 @@ class SentencePieceTokenizer final : public TextTokenizer {
 
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               bool add_special_tokens) const override;
-  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
-                                     bool skip_special_tokens) const override;
   absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens,
                                          bool first) const override;
   int32_t vocab_size() const override;

@@ -25,6 +25,17 @@ absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizer(const std::string& 
       absl::StrCat(model_dir, " has neither tokenizer.json nor tokenizer.model"));
 }
 
+absl::StatusOr<std::string> TextTokenizer::Decode(absl::Span<const int32_t> ids,
+                                                  bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    auto piece = TokenBytes(id, skip_special_tokens, /*first=*/bytes.empty());
+    if (!piece.ok()) return piece.status();
+    bytes += *piece;
+  }
+  return Utf8Lossy(bytes);
+}
+
 absl::StatusOr<std::string> IncrementalDecoder::Add(int32_t id) {
   auto piece = tokenizer_.TokenBytes(id, skip_special_, /*first=*/!started_);
   if (!piece.ok()) return piece.status();

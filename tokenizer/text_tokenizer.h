@@ -25,9 +25,9 @@ class TextTokenizer {
   // INVALID_ARGUMENT for text that is not valid UTF-8 (naming the byte offset).
   virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                                       bool add_special_tokens) const = 0;
-  // INVALID_ARGUMENT for an id outside the vocabulary.
-  virtual absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
-                                             bool skip_special_tokens) const = 0;
+  // The lossy UTF-8 decoding of the ids' TokenBytes (invalid sequences -> U+FFFD, as Hugging
+  // Face's decoders). INVALID_ARGUMENT for an id outside the vocabulary.
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
   // The bytes token `id` adds to a decoded text; `first`: no byte has been produced before it
   // (decoders that drop a leading space do it here). Decode(ids) == Utf8Lossy(concatenation).
   virtual absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens,

@@ -274,17 +274,6 @@ absl::StatusOr<std::string> Tokenizer::TokenBytes(int32_t id, bool skip_special_
   return bytes;
 }
 
-absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
-                                              bool skip_special_tokens) const {
-  std::string bytes;
-  for (int32_t id : ids) {
-    auto piece = TokenBytes(id, skip_special_tokens, bytes.empty());
-    if (!piece.ok()) return piece.status();
-    bytes += *piece;
-  }
-  return Utf8Lossy(bytes);
-}
-
 std::optional<int32_t> Tokenizer::TokenToId(absl::string_view token) const {
   auto added = added_by_content_.find(token);
   if (added != added_by_content_.end()) return added->second;

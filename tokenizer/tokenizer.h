@@ -51,8 +51,6 @@ class Tokenizer final : public TextTokenizer {
   // INVALID_ARGUMENT for text that is not valid UTF-8 (naming the byte offset).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               bool add_special_tokens) const override;
-  // INVALID_ARGUMENT for an id outside the vocabulary.
-  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
   // The bytes token `id` contributes to a decoded text (empty for a skipped special token);
   // Decode(ids) == Utf8Lossy(concatenation of TokenBytes). INVALID_ARGUMENT for a bad id.
   absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens,

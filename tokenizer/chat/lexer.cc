@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "tokenizer/utf8.h"
 
 namespace tandem::tokenizer::chat {
 namespace {
@@ -36,24 +37,6 @@ std::string NormalizeSource(absl::string_view source) {
   }
   if (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
-}
-
-void AppendUtf8Cp(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 class Lexer {
@@ -283,7 +266,7 @@ absl::Status Lexer::AppendEscape(size_t* i, std::string* value) {
         cp = cp * 16 + (IsDigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
       }
       if (cp > 0x10FFFF) return Error("invalid escape in string literal");
-      AppendUtf8Cp(cp, value);
+      AppendUtf8(cp, value);
       *i += n;
       return absl::OkStatus();
     }
@@ -299,7 +282,7 @@ absl::Status Lexer::AppendEscape(size_t* i, std::string* value) {
     cp = cp * 8 + (src_[(*i)++] - '0');
   }
   --*i;
-  AppendUtf8Cp(cp, value);
+  AppendUtf8(cp, value);
   return absl::OkStatus();
 }
 
