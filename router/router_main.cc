@@ -16,10 +16,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "router/openai/http_api.h"
 #include "router/router_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
@@ -38,6 +40,15 @@ ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
           "block hashes remembered per worker for prefix-aware routing");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
 ABSL_FLAG(int32_t, verbosity, 0, "log verbosity (VLOG level)");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT of the OpenAI-compatible HTTP API (port 0 = any free port; empty: off)");
+ABSL_FLAG(std::string, model, "",
+          "with --http_listen: model directory for the tokenizer, chat template and config.json "
+          "(no weights are read)");
+ABSL_FLAG(std::string, served_model_name, "", "the API's model name (default: --model's name)");
+ABSL_FLAG(int32_t, http_max_running, 64, "HTTP requests generating at once (threads)");
+ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests queued behind them; more -> 429");
+ABSL_FLAG(int32_t, http_max_n, 4, "largest 'n' (choices per request) the HTTP API accepts");
 
 namespace tandem::router {
 namespace {
@@ -73,6 +84,36 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   return o;
 }
 
+// The OpenAI-compatible HTTP API when --http_listen is set (null otherwise).
+absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& router) {
+  const std::string listen = absl::GetFlag(FLAGS_http_listen);
+  if (listen.empty()) return std::unique_ptr<openai::HttpApi>();
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_listen must be HOST:PORT, got '", listen, "'"));
+  }
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    return absl::InvalidArgumentError("--http_listen needs --model=DIR (tokenizer files)");
+  }
+  absl::StatusOr<std::unique_ptr<openai::ServedModel>> model =
+      openai::ServedModel::Load(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_served_model_name));
+  if (!model.ok()) return model.status();
+  openai::HttpApiOptions options;
+  options.address = listen.substr(0, colon);
+  options.port = port;
+  options.max_running = absl::GetFlag(FLAGS_http_max_running);
+  options.max_pending = absl::GetFlag(FLAGS_http_max_pending);
+  options.limits.max_n = absl::GetFlag(FLAGS_http_max_n);
+  if (options.max_running < 1 || options.max_pending < 0 || options.limits.max_n < 1) {
+    return absl::InvalidArgumentError("--http_max_running and --http_max_n must be >= 1");
+  }
+  return openai::HttpApi::Start(options, *std::move(model), &router.registry(), &router.requests(),
+                                &router.orchestrator());
+}
+
 absl::Status Run() {
   LoggingOptions logging;
   logging.verbosity = absl::GetFlag(FLAGS_verbosity);
@@ -90,10 +131,20 @@ absl::Status Run() {
     if (absl::Status s = WritePortFile(port_file, (*router)->address()); !s.ok()) return s;
   }
   std::printf("router listening on %s\n", (*router)->address().c_str());
+  absl::StatusOr<std::unique_ptr<openai::HttpApi>> http = StartHttpApi(**router);
+  if (!http.ok()) return http.status();
+  if (*http != nullptr) {
+    std::printf("http: %s:%d (model '%s')\n",
+                absl::GetFlag(FLAGS_http_listen)
+                    .substr(0, absl::GetFlag(FLAGS_http_listen).rfind(':'))
+                    .c_str(),
+                (*http)->port(), (*http)->model().name.c_str());
+  }
   std::fflush(stdout);
 
   const int sig = signals.Wait();
   LOG(INFO) << "signal " << sig << ": shutting down";
+  http->reset();  // open HTTP streams end (their requests are aborted on the workers)
   (*router)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   std::printf("router stopped\n");
   return absl::OkStatus();

@@ -58,6 +58,7 @@ class RouterServer {
 
   WorkerRegistry& registry() { return registry_; }
   RequestTable& requests() { return requests_; }
+  Orchestrator& orchestrator() { return orchestrator_; }
 
  private:
   explicit RouterServer(const RouterOptions& options);

@@ -1,5 +1,7 @@
 #include "tokenizer/sentencepiece_tokenizer.h"
 
+#include <filesystem>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tokenizer/utf8.h"
@@ -77,6 +79,18 @@ std::optional<int32_t> SentencePieceTokenizer::TokenToId(absl::string_view token
 
 bool SentencePieceTokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < sp_->size() && sp_->IsControl(id);
+}
+
+absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizerWithSentencePiece(
+    const std::string& model_dir) {
+  const std::string json = model_dir + "/tokenizer.json";
+  const std::string model = model_dir + "/tokenizer.model";
+  if (std::filesystem::exists(json) || !std::filesystem::exists(model)) {
+    return LoadTokenizer(model_dir);
+  }
+  auto t = SentencePieceTokenizer::FromFile(model);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<TextTokenizer>(*std::move(t));
 }
 
 }  // namespace tandem::tokenizer

@@ -5,6 +5,11 @@
 // first piece's leading space dropped); control pieces (<s>, </s>) render as their text unless
 // skipped.
 //
+// Link caveat: Debian's libsentencepiece.so exports a bundled protobuf-lite; loaded into a process
+// with the system libprotobuf (anything with gRPC) the two interpose and crash at start-up. So
+// this is its own target, kept out of the router and the workers; isolating it (dlmopen of a
+// C-ABI wrapper) is the way to serve SentencePiece-only models from the router.
+//
 // Thread safety: const methods may be called concurrently (SentencePieceProcessor's are const).
 #ifndef TANDEM_TOKENIZER_SENTENCEPIECE_TOKENIZER_H_
 #define TANDEM_TOKENIZER_SENTENCEPIECE_TOKENIZER_H_
@@ -36,6 +41,10 @@ class SentencePieceTokenizer final : public TextTokenizer {
   explicit SentencePieceTokenizer(std::unique_ptr<spm::Model> sp) : sp_(std::move(sp)) {}
   std::unique_ptr<spm::Model> sp_;
 };
+
+// LoadTokenizer, plus tokenizer.model (SentencePiece) when the directory has no tokenizer.json.
+absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizerWithSentencePiece(
+    const std::string& model_dir);
 
 }  // namespace tandem::tokenizer
 

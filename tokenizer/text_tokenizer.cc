@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -17,9 +16,11 @@ absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizer(const std::string& 
     return std::unique_ptr<TextTokenizer>(*std::move(t));
   }
   if (std::filesystem::exists(dir / "tokenizer.model")) {
-    auto t = SentencePieceTokenizer::FromFile((dir / "tokenizer.model").string());
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<TextTokenizer>(*std::move(t));
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir,
+        " has only a SentencePiece tokenizer.model: this binary reads tokenizer.json "
+        "(SentencePiece models load through LoadTokenizerWithSentencePiece, in processes that do "
+        "not link protobuf: Debian's libsentencepiece bundles its own protobuf-lite)"));
   }
   return absl::NotFoundError(
       absl::StrCat(model_dir, " has neither tokenizer.json nor tokenizer.model"));

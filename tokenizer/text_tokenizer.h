@@ -37,8 +37,9 @@ class TextTokenizer {
   virtual bool IsSpecial(int32_t id) const = 0;
 };
 
-// The tokenizer of a model directory: tokenizer.json when present, else tokenizer.model
-// (SentencePiece). NOT_FOUND naming the directory when it has neither.
+// The tokenizer.json of a model directory. NOT_FOUND naming the directory when it has none;
+// UNIMPLEMENTED when it has only a SentencePiece tokenizer.model (see
+// LoadTokenizerWithSentencePiece, sentencepiece_tokenizer.h).
 absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizer(const std::string& model_dir);
 
 // Streams a decoded text token by token: Add returns only complete UTF-8 (a character split over

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/text_tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -49,7 +50,7 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureTest, MatchesTheReference) {
   const std::string dir = TestData() + "/" + GetParam();
-  auto tok = LoadTokenizer(dir);
+  auto tok = LoadTokenizerWithSentencePiece(dir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   const nlohmann::json expected = nlohmann::json::parse(ReadFile(dir + "/expected.json"));
   int cases = 0;
@@ -95,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(Families()),
 TEST(TokenizerTest, SplitCharactersStreamWholeAndInvalidInputIsRefused) {
   const std::vector<std::string> families = Families();
   ASSERT_FALSE(families.empty());
-  auto tok = LoadTokenizer(TestData() + "/" + families[0]);
+  auto tok = LoadTokenizerWithSentencePiece(TestData() + "/" + families[0]);
   ASSERT_TRUE(tok.ok()) << tok.status();
   // A CJK character and an emoji are several byte-level tokens each: chunks never split them.
   auto ids = (*tok)->Encode("界😀", false);

@@ -86,6 +86,8 @@ class Session : public std::enable_shared_from_this<Session>, public Responder {
       int status, const std::string& content_type,
       std::vector<std::pair<std::string, std::string>> headers) override;
 
+  void BeginStream(int status, const std::string& content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers);
   // Stream side (posted onto the strand).
   bool Write(std::string data);
   void Close();
@@ -201,10 +203,15 @@ void Session::Dispatch() {
                !keep_alive_);
     return;
   }
-  it->second(req, *this);
+  it->second(req, shared_from_this());
 }
 
-void Session::Reply(Response response) { SendSimple(std::move(response), !keep_alive_); }
+void Session::Reply(Response response) {
+  net::dispatch(stream_.get_executor(),
+                [self = shared_from_this(), r = std::move(response)]() mutable {
+                  self->SendSimple(std::move(r), !self->keep_alive_);
+                });
+}
 
 void Session::SendSimple(Response response, bool close) {
   auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
@@ -228,6 +235,15 @@ void Session::SendSimple(Response response, bool close) {
 std::shared_ptr<ResponseStream> Session::StartStream(
     int status, const std::string& content_type,
     std::vector<std::pair<std::string, std::string>> headers) {
+  net::dispatch(stream_.get_executor(),
+                [self = shared_from_this(), status, content_type, headers = std::move(headers)] {
+                  self->BeginStream(status, content_type, headers);
+                });
+  return std::make_shared<StreamHandle>(shared_from_this());
+}
+
+void Session::BeginStream(int status, const std::string& content_type,
+                          const std::vector<std::pair<std::string, std::string>>& headers) {
   streaming_ = true;
   stream_.expires_never();
   stream_header_ =
@@ -250,7 +266,6 @@ std::shared_ptr<ResponseStream> Session::StartStream(
                               self->WatchForDisconnect();
                               self->WriteNext();
                             });
-  return std::make_shared<StreamHandle>(shared_from_this());
 }
 
 void Session::WatchForDisconnect() {

@@ -3,8 +3,8 @@
 // router and every worker.
 //
 // Asynchronous: a fixed pool of `threads` runs every connection (thousands of open streams do not
-// mean thousands of threads). Handlers run on those threads and must not block: a handler either
-// replies at once (Responder::Reply) or starts a stream (Responder::StartStream) and writes to it
+// mean thousands of threads). Handlers run on those threads and must not block: a handler replies
+// (Responder::Reply) or starts a stream (Responder::StartStream, then writes to it) at once or
 // later from any thread (Server-Sent Events, chunked). A client that disconnects mid-stream
 // cancels the stream: `cancelled()` turns true and the OnCancel callback runs once (e.g. to abort
 // the request on the workers).
@@ -65,17 +65,19 @@ class ResponseStream {
   virtual void OnCancel(std::function<void()> fn) = 0;
 };
 
+// How a handler answers: now, or later from any thread (keep the shared_ptr), e.g. after running
+// a request on a worker pool.
 class Responder {
  public:
   virtual ~Responder() = default;
-  // Exactly one of Reply or StartStream, once.
+  // Exactly one of Reply or StartStream, once; from any thread.
   virtual void Reply(Response response) = 0;
   virtual std::shared_ptr<ResponseStream> StartStream(
       int status, const std::string& content_type,
       std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
 };
 
-using Handler = std::function<void(const Request&, Responder&)>;
+using Handler = std::function<void(const Request&, std::shared_ptr<Responder>)>;
 
 struct HttpServerOptions {
   std::string address = "127.0.0.1";  // the interface to bind

@@ -55,19 +55,20 @@ std::string ReadUntil(int fd, const std::string& until) {
 std::map<std::pair<std::string, std::string>, Handler> Routes(
     std::shared_ptr<ResponseStream>* stream, absl::Notification* stream_started) {
   std::map<std::pair<std::string, std::string>, Handler> routes;
-  routes[{"GET", "/health"}] = [](const Request& req, Responder& r) {
+  routes[{"GET", "/health"}] = [](const Request& req, std::shared_ptr<Responder> r) {
     Response res;
     res.content_type = "text/plain";
     res.body = absl::StrCat("ok ", req.query);
-    r.Reply(res);
+    r->Reply(res);
   };
-  routes[{"POST", "/echo"}] = [](const Request& req, Responder& r) {
+  routes[{"POST", "/echo"}] = [](const Request& req, std::shared_ptr<Responder> r) {
     Response res;
     res.body = req.body + "|" + req.Header("x-test");
-    r.Reply(res);
+    r->Reply(res);
   };
-  routes[{"GET", "/stream"}] = [stream, stream_started](const Request&, Responder& r) {
-    *stream = r.StartStream(200, "text/event-stream");
+  routes[{"GET", "/stream"}] = [stream, stream_started](const Request&,
+                                                        std::shared_ptr<Responder> r) {
+    *stream = r->StartStream(200, "text/event-stream");
     stream_started->Notify();
   };
   return routes;

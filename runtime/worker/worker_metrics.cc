@@ -66,19 +66,19 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(
   options.threads = 1;
   options.max_body_bytes = 4096;
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
-  routes[{"GET", "/metrics"}] = [stats](const http::Request&, http::Responder& r) {
+  routes[{"GET", "/metrics"}] = [stats](const http::Request&, std::shared_ptr<http::Responder> r) {
     http::Response res;
     res.content_type = "text/plain; version=0.0.4; charset=utf-8";
     res.body = WorkerMetricsText(stats());
-    r.Reply(std::move(res));
+    r->Reply(std::move(res));
   };
-  routes[{"GET", "/health"}] = [stats](const http::Request&, http::Responder& r) {
+  routes[{"GET", "/health"}] = [stats](const http::Request&, std::shared_ptr<http::Responder> r) {
     const tandem::v1::WorkerStats s = stats();
     http::Response res;
     res.content_type = "text/plain";
     res.status = s.status() == tandem::v1::SERVING_STATUS_SERVING ? 200 : 503;
     res.body = tandem::v1::ServingStatus_Name(s.status()) + "\n";
-    r.Reply(std::move(res));
+    r->Reply(std::move(res));
   };
   return http::HttpServer::Start(options, std::move(routes));
 }

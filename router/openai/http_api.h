@@ -1,0 +1,103 @@
+// HttpApi: the router's OpenAI-compatible HTTP API (text in, text out) on its own port:
+//   POST /v1/completions, POST /v1/chat/completions (stream or not; SSE `data:` chunks, usage,
+//   `[DONE]`), GET /v1/models, POST /tokenize, POST /detokenize (vLLM's shapes), GET /health.
+// Text is tokenized / the chat template rendered in the router (tokenizer/, no Python); each
+// choice runs through the same Orchestrator as the gRPC API; tokens come back through an
+// IncrementalDecoder (complete UTF-8 only) and a StopMatcher (stop strings across tokens, the
+// output cut before them, the request then aborted on the workers).
+//
+// Threads: the HTTP server's pool (asynchronous connections) + `max_running` generation threads
+// (the Orchestrator's calls block per request); more than `max_running + max_pending` requests at
+// once get 429. A client that disconnects mid-stream cancels its request on P and D.
+//
+// Errors (OpenAI's JSON): 400 naming the field, 404 unknown model or path, 413 body too large,
+// 429 overloaded, 503 no workers, 504 deadline; an error after a stream started is sent as an
+// SSE `data: {"error": ...}` event before `[DONE]`.
+//
+// Thread safety: Start / destruction from one thread; handlers run concurrently.
+#ifndef TANDEM_ROUTER_OPENAI_HTTP_API_H_
+#define TANDEM_ROUTER_OPENAI_HTTP_API_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/http/http_server.h"
+#include "router/openai/protocol.h"
+#include "router/orchestrator.h"
+#include "router/request_table.h"
+#include "router/worker_registry.h"
+
+namespace tandem::router::openai {
+
+struct HttpApiOptions {
+  std::string address = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  int http_threads = 2;
+  int max_running = 64;    // generation threads
+  int max_pending = 1024;  // queued behind them; more -> 429
+  ApiLimits limits;
+};
+
+// A fixed pool of threads running queued jobs; Submit refuses past `max_pending` queued.
+class JobPool {
+ public:
+  JobPool(int threads, int max_pending);
+  ~JobPool();  // runs what is queued, then joins
+  bool Submit(std::function<void()> job);
+
+ private:
+  void Loop();
+  const int max_pending_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+class HttpApi {
+ public:
+  // `registry`, `requests` and `orchestrator` outlive the API (the RouterServer's).
+  static absl::StatusOr<std::unique_ptr<HttpApi>> Start(const HttpApiOptions& options,
+                                                        std::unique_ptr<ServedModel> model,
+                                                        WorkerRegistry* registry,
+                                                        RequestTable* requests,
+                                                        Orchestrator* orchestrator);
+  ~HttpApi();  // stops the server (open streams cancelled), then the generation threads
+  int port() const { return server_->port(); }
+  const ServedModel& model() const { return *model_; }
+
+ private:
+  HttpApi() = default;
+  void Completions(const http::Request& req, std::shared_ptr<http::Responder> r, bool chat);
+  void Tokenize(const http::Request& req, std::shared_ptr<http::Responder> r);
+  void Detokenize(const http::Request& req, std::shared_ptr<http::Responder> r);
+  void Models(std::shared_ptr<http::Responder> r);
+  void Health(std::shared_ptr<http::Responder> r);
+  // OK when some healthy route exists; UNAVAILABLE naming why not.
+  absl::Status RouteAvailable() const;
+  // Runs every choice of `params` (on a generation thread) and answers `r`.
+  void Run(const CompletionParams& params, std::shared_ptr<http::Responder> r);
+
+  HttpApiOptions options_;
+  std::unique_ptr<ServedModel> model_;
+  WorkerRegistry* registry_ = nullptr;
+  RequestTable* requests_ = nullptr;
+  Orchestrator* orchestrator_ = nullptr;
+  std::unique_ptr<JobPool> pool_;
+  std::unique_ptr<http::HttpServer> server_;
+};
+
+// absl status code -> HTTP status (INVALID_ARGUMENT 400, NOT_FOUND 404, RESOURCE_EXHAUSTED 429,
+// UNAVAILABLE 503, DEADLINE_EXCEEDED 504, UNAUTHENTICATED 401, else 500).
+int HttpStatusFor(const absl::Status& status);
+
+}  // namespace tandem::router::openai
+
+#endif  // TANDEM_ROUTER_OPENAI_HTTP_API_H_

@@ -1,0 +1,319 @@
+// The OpenAI-compatible HTTP API on a real router with fake workers (real gRPC), over raw
+// HTTP/1.1 on loopback, with the real Qwen2.5 tokenizer and chat template (tokenizer/ fixtures):
+// completions and chat (whole and streamed: the SSE deltas concatenate to the whole text, which
+// is the tokenizer's decoding of what the worker generated), usage, n, stop strings cutting the
+// text and aborting the request on the worker, /v1/models, /tokenize + /detokenize, a client that
+// disconnects mid-stream aborting its request, and the error codes (400 naming the field, 404,
+// 405, 503 without workers) with nothing sent to a worker for a bad request.
+#include "router/openai/http_api.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "router/router_test_util.h"
+
+namespace tandem::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+struct HttpResult {
+  int status = 0;
+  std::string body;  // de-chunked
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+std::string Dechunk(const std::string& raw) {
+  std::string out;
+  size_t at = 0;
+  while (at < raw.size()) {
+    const size_t eol = raw.find("\r\n", at);
+    if (eol == std::string::npos) break;
+    int64_t n = 0;
+    if (!absl::SimpleHexAtoi(raw.substr(at, eol - at), &n) || n == 0) break;
+    out += raw.substr(eol + 2, n);
+    at = eol + 2 + n + 2;
+  }
+  return out;
+}
+
+HttpResult Call(int port, const std::string& method, const std::string& path,
+                const std::string& body = "") {
+  HttpResult r;
+  const int fd = Connect(port);
+  if (fd < 0) return r;
+  const std::string req = absl::StrCat(
+      method, " ", path, " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n",
+      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return r;
+  std::string raw;
+  char buf[8192];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) raw.append(buf, n);
+  close(fd);
+  const size_t head = raw.find("\r\n\r\n");
+  if (head == std::string::npos || raw.size() < 12) return r;
+  absl::SimpleAtoi(raw.substr(9, 3), &r.status);
+  const std::string headers = raw.substr(0, head);
+  r.body = raw.substr(head + 4);
+  if (headers.find("chunked") != std::string::npos) r.body = Dechunk(r.body);
+  return r;
+}
+
+// The SSE events' JSON payloads (the "[DONE]" marker as a string).
+std::vector<Json> Events(const std::string& body) {
+  std::vector<Json> out;
+  for (absl::string_view part : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&part, "data: ")) continue;
+    out.push_back(part == "[DONE]" ? Json("[DONE]") : Json::parse(std::string(part)));
+  }
+  return out;
+}
+
+// A model directory: the Qwen2.5 tokenizer and chat template (fixtures), a config.json.
+std::string ModelDir() {
+  const std::string dir = ::testing::TempDir() + "/qwen-api";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path root = std::filesystem::current_path();
+  std::filesystem::copy_file(root / "tokenizer/testdata/qwen2/tokenizer.json",
+                             dir + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(root / "tokenizer/chat/testdata/configs/qwen2.5_tokenizer_config.json",
+                             dir + "/tokenizer_config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 4096})";
+  return dir;
+}
+
+class HttpApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = ServedModel::Load(ModelDir(), "qwen-test");
+    ASSERT_TRUE(model.ok()) << model.status();
+    vocab_ = static_cast<uint32_t>((*model)->tokenizer->vocab_size());
+    HttpApiOptions options;
+    options.max_running = 4;
+    auto api = HttpApi::Start(options, *std::move(model), &harness_.server().registry(),
+                              &harness_.server().requests(), &harness_.server().orchestrator());
+    ASSERT_TRUE(api.ok()) << api.status();
+    api_ = *std::move(api);
+  }
+  FakeWorker* AddWorker(absl::Duration token_delay = absl::ZeroDuration()) {
+    return harness_.AddWorker("w", v1::WORKER_ROLE_MIXED, [&](FakeWorkerOptions& o) {
+      o.vocab_size = vocab_;
+      o.token_delay = token_delay;
+    });
+  }
+  // What the fake worker generates for `prompt`, as text.
+  std::string Expected(const std::vector<uint32_t>& prompt, uint32_t max_tokens) {
+    v1::GenerateRequest r = MakeRequest(prompt, max_tokens);
+    const FakeCompletion c = FakeGenerate(r, vocab_, {});
+    std::vector<int32_t> ids(c.tokens.begin(), c.tokens.end());
+    return *api_->model().tokenizer->Decode(ids, /*skip_special_tokens=*/true);
+  }
+  std::vector<uint32_t> Tokens(const std::string& text) {
+    auto ids = api_->model().tokenizer->Encode(text, true);
+    return std::vector<uint32_t>(ids->begin(), ids->end());
+  }
+
+  RouterHarness harness_;
+  std::unique_ptr<HttpApi> api_;
+  uint32_t vocab_ = 0;
+};
+
+TEST_F(HttpApiTest, CompletionsWholeAndStreamedAgree) {
+  FakeWorker* w = AddWorker();
+  const std::string prompt = "Hello, 世界! The quick brown fox";
+  const std::string want = Expected(Tokens(prompt), 12);
+  Json req = {{"model", "qwen-test"}, {"prompt", prompt}, {"max_tokens", 12}};
+  HttpResult whole = Call(api_->port(), "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const Json body = Json::parse(whole.body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["text"], want);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], Tokens(prompt).size());
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  HttpResult streamed = Call(api_->port(), "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(streamed.status, 200);
+  std::string text;
+  const std::vector<Json> events = Events(streamed.body);
+  ASSERT_GE(events.size(), 3u);
+  for (const Json& e : events) {
+    if (e.is_string() || e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, want);
+  EXPECT_EQ(events.back(), Json("[DONE]"));
+  EXPECT_EQ(events[events.size() - 2]["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(w->counters().generate, 2);
+}
+
+TEST_F(HttpApiTest, ChatRendersTheTemplateStreamsDeltasAndHonoursN) {
+  AddWorker();
+  Json req = {
+      {"model", "qwen-test"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi 👋"}}}},
+      {"max_tokens", 8},
+      {"n", 2}};
+  const std::string rendered =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 👋<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  HttpResult tok =
+      Call(api_->port(), "POST", "/tokenize", Json{{"messages", req["messages"]}}.dump());
+  ASSERT_EQ(tok.status, 200) << tok.body;
+  std::vector<uint32_t> ids = Json::parse(tok.body)["tokens"].get<std::vector<uint32_t>>();
+  auto direct = api_->model().tokenizer->Encode(rendered, false);
+  EXPECT_EQ(ids, std::vector<uint32_t>(direct->begin(), direct->end()))
+      << "the chat template's prompt";
+  HttpResult whole = Call(api_->port(), "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const Json body = Json::parse(whole.body);
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], Expected(ids, 8));
+  req["stream"] = true;
+  req["n"] = 1;
+  const std::vector<Json> events =
+      Events(Call(api_->port(), "POST", "/v1/chat/completions", req.dump()).body);
+  std::string content;
+  for (const Json& e : events) {
+    if (e.is_string()) continue;
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (e["choices"][0]["delta"].contains("content")) {
+      content += e["choices"][0]["delta"]["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(content, Expected(ids, 8));
+}
+
+TEST_F(HttpApiTest, StopStringsCutTheTextAndAbortTheRequest) {
+  FakeWorker* w = AddWorker(absl::Milliseconds(5));
+  const std::string prompt = "Count with me";
+  const std::string full = Expected(Tokens(prompt), 40);
+  // A stop string from the middle of what the worker would produce.
+  std::string stop;
+  size_t cut = std::string::npos;
+  for (size_t at = full.size() / 3; at + 3 < full.size() && stop.empty(); ++at) {
+    if ((static_cast<unsigned char>(full[at]) & 0xC0) == 0x80) continue;
+    stop = full.substr(at, 3);
+    if ((static_cast<unsigned char>(stop.back()) & 0x80) != 0) stop.clear();  // ASCII end only
+    cut = full.find(stop);
+  }
+  ASSERT_FALSE(stop.empty()) << full;
+  Json req = {{"model", "qwen-test"}, {"prompt", prompt}, {"max_tokens", 40}, {"stop", stop}};
+  HttpResult r = Call(api_->port(), "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json body = Json::parse(r.body);
+  EXPECT_EQ(body["choices"][0]["text"], full.substr(0, cut));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(body["usage"]["completion_tokens"].get<int>(), 40);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (w->counters().abort == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(w->counters().abort, 1) << "the request was ended on the worker";
+}
+
+TEST_F(HttpApiTest, ModelsTokenizeDetokenizeAndErrors) {
+  // No worker yet: 503, nothing routed.
+  Json req = {{"model", "qwen-test"}, {"prompt", "hi"}};
+  EXPECT_EQ(Call(api_->port(), "POST", "/v1/completions", req.dump()).status, 503);
+  EXPECT_EQ(Call(api_->port(), "GET", "/health").status, 503);
+  FakeWorker* w = AddWorker();
+  EXPECT_EQ(Call(api_->port(), "GET", "/health").status, 200);
+  const Json models = Json::parse(Call(api_->port(), "GET", "/v1/models").body);
+  EXPECT_EQ(models["data"][0]["id"], "qwen-test");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 4096);
+  HttpResult tok = Call(api_->port(), "POST", "/tokenize",
+                        Json{{"prompt", "naïve café 😀"}, {"add_special_tokens", false}}.dump());
+  const Json t = Json::parse(tok.body);
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  HttpResult detok =
+      Call(api_->port(), "POST", "/detokenize", Json{{"tokens", t["tokens"]}}.dump());
+  EXPECT_EQ(Json::parse(detok.body)["prompt"], "naïve café 😀");
+  struct Bad {
+    std::string body;
+    int status;
+    std::string names;
+  };
+  const std::vector<Bad> bad = {
+      {"{not json", 400, "not valid JSON"},
+      {R"({"prompt": "x"})", 400, "'model'"},
+      {R"({"model": "other", "prompt": "x"})", 404, "other"},
+      {R"({"model": "qwen-test", "prompt": "x", "temperature": "hot"})", 400, "'temperature'"},
+      {R"({"model": "qwen-test", "prompt": "x", "max_tokens": 0})", 400, "'max_tokens'"},
+      {R"({"model": "qwen-test", "prompt": "x", "n": 99})", 400, "'n'"},
+      {R"({"model": "qwen-test", "prompt": [99999999]})", 400, "'prompt'"},
+      {R"({"model": "qwen-test", "prompt": "x", "logprobs": 2})", 400, "'logprobs'"},
+      {R"({"model": "qwen-test", "prompt": "x", "stop": 5})", 400, "'stop'"},
+      {R"({"model": "qwen-test", "prompt": "x", "max_tokens": 5000})", 400, "context"},
+  };
+  const int calls = w->total_calls();
+  for (const Bad& b : bad) {
+    HttpResult r = Call(api_->port(), "POST", "/v1/completions", b.body);
+    EXPECT_EQ(r.status, b.status) << b.body << " -> " << r.body;
+    EXPECT_NE(r.body.find(b.names), std::string::npos) << b.body << " -> " << r.body;
+    EXPECT_NE(r.body.find("\"error\""), std::string::npos);
+  }
+  HttpResult chat_bad = Call(api_->port(), "POST", "/v1/chat/completions",
+                             R"({"model": "qwen-test", "messages": [{"content": "x"}]})");
+  EXPECT_EQ(chat_bad.status, 400);
+  EXPECT_NE(chat_bad.body.find("'messages'"), std::string::npos);
+  EXPECT_EQ(Call(api_->port(), "GET", "/v1/completions").status, 405);
+  EXPECT_EQ(w->total_calls(), calls) << "no bad request reached a worker";
+}
+
+TEST_F(HttpApiTest, AClientLeavingMidStreamAbortsItsRequest) {
+  FakeWorker* w = AddWorker(absl::Milliseconds(50));
+  const int fd = Connect(api_->port());
+  ASSERT_GE(fd, 0);
+  const std::string body = Json{
+      {"model", "qwen-test"},
+      {"prompt", "a long story"},
+      {"max_tokens", 500},
+      {"stream", true}}.dump();
+  const std::string req =
+      absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: ", body.size(),
+                   "\r\n\r\n", body);
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  char buf[4096];
+  ASSERT_GT(read(fd, buf, sizeof(buf)), 0);  // the stream started
+  close(fd);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((w->counters().abort == 0 || w->open_streams() > 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(w->counters().abort, 1);
+  EXPECT_EQ(w->open_streams(), 0);
+}
+
+}  // namespace
+}  // namespace tandem::router::openai

@@ -1,0 +1,91 @@
+// OpenAI-compatible request parsing and response bodies for the router's HTTP API
+// (http_api.h): `POST /v1/completions` and `/v1/chat/completions` bodies become validated
+// CompletionParams (errors name the field, as OpenAI's 400s do), and the results become
+// OpenAI's JSON (whole responses, SSE chunks, usage).
+//
+// Thread safety: pure functions; ServedModel is immutable after Load.
+#ifndef TANDEM_ROUTER_OPENAI_PROTOCOL_H_
+#define TANDEM_ROUTER_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tokenizer/chat/chat_template.h"
+#include "tokenizer/text_tokenizer.h"
+
+namespace tandem::router::openai {
+
+// What the router knows of the model it serves text for: tokenizer and chat template files and
+// config.json (no weights).
+struct ServedModel {
+  std::string name;  // --served_model_name (default: the directory's name)
+  std::unique_ptr<tokenizer::TextTokenizer> tokenizer;
+  std::unique_ptr<tokenizer::chat::ChatTemplate> chat_template;  // null: none in the files
+  std::string bos_token, eos_token;
+  int64_t max_model_len = 0;
+  // NOT_FOUND / INVALID_ARGUMENT naming the file that is missing or bad.
+  static absl::StatusOr<std::unique_ptr<ServedModel>> Load(const std::string& dir,
+                                                           const std::string& served_name);
+};
+
+struct ApiLimits {
+  int max_n = 4;
+  uint32_t default_max_tokens = 256;
+  size_t max_stop_strings = 16;
+};
+
+struct CompletionParams {
+  bool chat = false;
+  std::string model;
+  std::vector<std::vector<uint32_t>> prompts;  // one per prompt (completions may batch)
+  uint32_t max_tokens = 0;
+  float temperature = 1.0f, top_p = 1.0f;
+  uint32_t top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<uint32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  bool stream = false;
+  bool include_usage = false;
+  int n = 1;
+  std::string user;  // cache salt
+};
+
+// INVALID_ARGUMENT naming the field for a bad body; NOT_FOUND for another model's name.
+absl::StatusOr<CompletionParams> ParseCompletion(const nlohmann::json& body, bool chat,
+                                                 const ServedModel& model, const ApiLimits& limits);
+
+// The chat template applied to `messages` (with the generation prompt) and tokenized.
+absl::StatusOr<std::vector<uint32_t>> RenderChat(const nlohmann::ordered_json& messages,
+                                                 const nlohmann::ordered_json& tools,
+                                                 const ServedModel& model);
+
+struct Choice {
+  int index = 0;
+  std::string text;
+  std::string finish_reason;  // "stop" | "length" | "" (not finished)
+};
+struct UsageCounts {
+  uint64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+nlohmann::json CompletionBody(bool chat, const std::string& id, int64_t created,
+                              const std::string& model, const std::vector<Choice>& choices,
+                              const UsageCounts& usage);
+// One SSE chunk's JSON: a text delta of choice `c` (chat: `delta.content`, with the role on the
+// first chunk), or its finish reason.
+nlohmann::json ChunkBody(bool chat, const std::string& id, int64_t created,
+                         const std::string& model, const Choice& c, bool first);
+nlohmann::json UsageChunkBody(bool chat, const std::string& id, int64_t created,
+                              const std::string& model, const UsageCounts& usage);
+nlohmann::json UsageJson(const UsageCounts& usage);
+
+}  // namespace tandem::router::openai
+
+#endif  // TANDEM_ROUTER_OPENAI_PROTOCOL_H_
