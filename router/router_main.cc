@@ -46,6 +46,7 @@ ABSL_FLAG(std::string, model, "",
           "with --http_listen: model directory for the tokenizer, chat template and config.json "
           "(no weights are read)");
 ABSL_FLAG(std::string, served_model_name, "", "the API's model name (default: --model's name)");
+ABSL_FLAG(std::string, http_port_file, "", "write the HTTP API's bound host:port here");
 ABSL_FLAG(int32_t, http_max_running, 64, "HTTP requests generating at once (threads)");
 ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests queued behind them; more -> 429");
 ABSL_FLAG(int32_t, http_max_n, 4, "largest 'n' (choices per request) the HTTP API accepts");
@@ -134,11 +135,14 @@ absl::Status Run() {
   absl::StatusOr<std::unique_ptr<openai::HttpApi>> http = StartHttpApi(**router);
   if (!http.ok()) return http.status();
   if (*http != nullptr) {
-    std::printf("http: %s:%d (model '%s')\n",
-                absl::GetFlag(FLAGS_http_listen)
-                    .substr(0, absl::GetFlag(FLAGS_http_listen).rfind(':'))
-                    .c_str(),
-                (*http)->port(), (*http)->model().name.c_str());
+    const std::string listen = absl::GetFlag(FLAGS_http_listen);
+    const std::string http_address =
+        absl::StrCat(listen.substr(0, listen.rfind(':')), ":", (*http)->port());
+    std::printf("http: %s (model '%s')\n", http_address.c_str(), (*http)->model().name.c_str());
+    const std::string http_port_file = absl::GetFlag(FLAGS_http_port_file);
+    if (!http_port_file.empty()) {
+      if (absl::Status s = WritePortFile(http_port_file, http_address); !s.ok()) return s;
+    }
   }
   std::fflush(stdout);
 

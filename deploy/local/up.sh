@@ -5,7 +5,12 @@
 #   deploy/local/up.sh [--prefill=1] [--decode=1] [--mixed=0] [--backend=cpu]
 #                      [--model=DIR | --load_format=dummy [--dummy_config=tiny]]
 #                      [--run_dir=out/local] [--bin_dir=bazel-bin] [--router_port=0]
-#                      [--timeout_s=120] [-- EXTRA_WORKER_FLAGS...]
+#                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
+#                      [-- EXTRA_WORKER_FLAGS...]
+#
+# --http_port: also serve the OpenAI-compatible HTTP API on the router (0 = any free port) and
+# print `http: HOST:PORT`; it reads the tokenizer and chat template of --http_model (default
+# --model; with dummy weights, a directory with tokenizer.json + config.json).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
@@ -13,7 +18,7 @@
 set -euo pipefail
 
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
-run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120
+run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -28,8 +33,10 @@ while [[ $# -gt 0 ]]; do
     --bin_dir=*) bin_dir="${1#*=}" ;;
     --router_port=*) router_port="${1#*=}" ;;
     --timeout_s=*) timeout_s="${1#*=}" ;;
+    --http_port=*) http_port="${1#*=}" ;;
+    --http_model=*) http_model="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -71,8 +78,15 @@ wait_file() {  # wait_file PATH PID WHAT
 }
 
 rm -f "$run_dir"/*.port
+http_flags=()
+if [[ -n "$http_port" ]]; then
+  http_model="${http_model:-$model}"
+  [[ -n "$http_model" ]] || { echo "up.sh: --http_port needs --http_model=DIR or --model" >&2; exit 2; }
+  http_flags=(--http_listen="127.0.0.1:$http_port" --model="$http_model"
+              --http_port_file="$run_dir/http.port")
+fi
 "$router_bin" --listen="127.0.0.1:$router_port" --port_file="$run_dir/router.port" \
-  > "$run_dir/router.log" 2>&1 &
+  ${http_flags[@]+"${http_flags[@]}"} > "$run_dir/router.log" 2>&1 &
 echo "$! router" >> "$run_dir/pids"
 wait_file "$run_dir/router.port" "$!" router
 router_addr="$(cat "$run_dir/router.port")"
@@ -102,4 +116,8 @@ while true; do
   sleep 0.2
 done
 echo "router: $router_addr"
+if [[ -n "$http_port" ]]; then
+  wait_file "$run_dir/http.port" "$(awk '$2 == "router" {print $1}' "$run_dir/pids")" router
+  echo "http: $(cat "$run_dir/http.port")"
+fi
 echo "workers: $prefill prefill, $decode decode, $mixed mixed (logs and pids in $run_dir)"

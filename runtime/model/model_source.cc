@@ -26,7 +26,21 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
       ASSIGN_OR_RETURN(out.weights,
                        RandomModelWeights(out.config, source.dummy_seed, source.shard));
     }
-    out.model_id = absl::StrCat("dummy:", source.dummy_config, ":", source.dummy_seed,
+    // A preset by name; a config file by its directory's name and a hash of its contents (a
+    // path can be longer than a model id may be, and moving the file changes no weight).
+    std::string what = source.dummy_config;
+    if (!preset.ok()) {
+      std::filesystem::path path(source.dummy_config);
+      if (std::filesystem::is_directory(path)) path /= "config.json";
+      std::ifstream in(path, std::ios::binary);
+      uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+      for (char c : std::string(std::istreambuf_iterator<char>(in), {})) {
+        h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      }
+      what = absl::StrCat(path.parent_path().filename().string().substr(0, 48), "-",
+                          absl::Hex(h, absl::kZeroPad16));
+    }
+    out.model_id = absl::StrCat("dummy:", what, ":", source.dummy_seed,
                                 source.dummy_weights_on_backend ? ":backend" : "");
     return out;
   }

@@ -316,7 +316,9 @@ TEST(EngineLoopTest, HandlersNeverWaitForARunningStep) {
   setup.step_time = absl::ZeroDuration();
   setup.gate = std::make_shared<StepGate>();
   auto loop = MakeLoop(setup);
-  auto running = loop->Submit("running", Spec(8, 100));
+  // Long enough that it is still running when the gate closes, however slowly this thread runs
+  // (with zero step time, 100 tokens could all be generated before; then no step ever entered).
+  auto running = loop->Submit("running", Spec(8, 8000));
   ASSERT_TRUE(running.ok());
   NextUpdate(**running);
   {
@@ -326,7 +328,8 @@ TEST(EngineLoopTest, HandlersNeverWaitForARunningStep) {
     auto in_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(setup.gate->mu) {
       return setup.gate->entered > entered;
     };
-    setup.gate->mu.Await(absl::Condition(&in_step));
+    ASSERT_TRUE(setup.gate->mu.AwaitWithTimeout(absl::Condition(&in_step), absl::Seconds(30)))
+        << "no step entered the model";
   }
   // A step is stuck inside the model now. Every handler-facing call must still return.
   absl::Notification done;

