@@ -38,4 +38,31 @@ echo "quickstart: streaming 24 tokens (greedy) through $ROUTER"
 echo "quickstart: the same request as JSON (first token from P, the rest from D)"
 "$BIN/router/tandem_cli" generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
   --max_tokens=24 --ignore_eos --json
+
+# Text in, text out: the OpenAI-compatible HTTP API on the router, over a model directory with a
+# real tokenizer and chat template (Qwen2.5's, from PyPI) and random weights (words, not sense).
+TEXT_MODEL=$ROOT/out/demo-text
+TEXT_RUN=$ROOT/out/local-text
+deploy/local/make_text_model.sh "$TEXT_MODEL"
+deploy/local/down.sh "$TEXT_RUN" >/dev/null 2>&1 || true
+UP=$(deploy/local/up.sh --prefill=1 --decode=1 --load_format=dummy --dummy_config="$TEXT_MODEL" \
+  --http_port=0 --http_model="$TEXT_MODEL" --run_dir="$TEXT_RUN" --bin_dir="$BIN")
+echo "$UP"
+HTTP=$(sed -n 's/^http: //p' <<<"$UP")
+if [[ -z ${TANDEM_KEEP_UP:-} ]]; then
+  trap 'deploy/local/down.sh "$RUN_DIR" >/dev/null; deploy/local/down.sh "$TEXT_RUN" >/dev/null' EXIT
+fi
+echo "quickstart: streaming a chat completion as text from http://$HTTP/v1/chat/completions"
+curl -sN "http://$HTTP/v1/chat/completions" -H 'Content-Type: application/json' -d \
+  '{"model": "demo-text", "stream": true, "max_tokens": 24,
+    "messages": [{"role": "user", "content": "Tell me about Paris."}]}' |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        for c in json.loads(line[6:])["choices"]:
+            sys.stdout.write(c["delta"].get("content", ""))
+            sys.stdout.flush()
+print()'
 echo "quickstart: done. Single-process engine: $BIN/runtime/generate --model=$MODEL --prompt_ids=1,2,3"
+echo "quickstart: the HTTP API works with the openai client: base_url=http://$HTTP/v1, model demo-text"
