@@ -15,13 +15,17 @@ StopMatcher::Result StopMatcher::Add(absl::string_view text) {
   Result r;
   if (stopped_) return r;
   held_.append(text.data(), text.size());
-  // The earliest stop string (the longest at the same position).
-  size_t best = std::string::npos;
+  // The stop string that completes first (as a token-by-token check would see it, whatever the
+  // chunking); among those completing at the same byte, the one starting first.
+  size_t best = std::string::npos, best_end = std::string::npos;
   const std::string* which = nullptr;
   for (const std::string& s : stops_) {
     const size_t at = held_.find(s);
-    if (at != std::string::npos && (at < best || (at == best && s.size() > which->size()))) {
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < best_end || (end == best_end && at < best)) {
       best = at;
+      best_end = end;
       which = &s;
     }
   }

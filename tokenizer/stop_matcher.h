@@ -1,7 +1,9 @@
 // StopMatcher: OpenAI-style stop strings on a streamed text. Text arrives in chunks (the
 // IncrementalDecoder's complete-UTF-8 pieces), a stop string may straddle chunks, and the output
-// ends right before the first stop string found (which is not emitted). Add returns what is safe
-// to send now: everything except a tail that could still begin a stop string.
+// ends right before the stop string that completes first — the one a token-by-token check finds,
+// so the result does not depend on the chunking (ties: the one starting first); it is not
+// emitted. Add returns what is safe to send now: everything except a tail that could still begin
+// a stop string.
 //
 // Thread safety: one stream's (not thread-safe).
 #ifndef TANDEM_TOKENIZER_STOP_MATCHER_H_
