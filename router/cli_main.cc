@@ -3,6 +3,10 @@
 //   tandem_cli generate --router=ADDR --prompt_ids=1,2,3 --max_tokens=N [--temperature=0]
 //              [--top_p=0] [--top_k=0] [--seed=S] [--stop_token_ids=5,6] [--ignore_eos]
 //              [--request_id=ID] [--cache_salt=S] [--timeout_ms=600000] [--json]
+//   tandem_cli generate --http=HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N] ...
+//   tandem_cli chat     --http=HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N] ...
+//              text in, text out through the router's OpenAI-compatible HTTP API (router/openai/);
+//              prints the text as it streams
 //   tandem_cli workers --router=ADDR [--json]
 //   tandem_cli health  --router=ADDR
 //   tandem_cli abort   --router=ADDR --request_id=ID
@@ -36,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
+#include "router/cli_text.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -53,6 +58,9 @@ ABSL_FLAG(std::string, request_id, "", "request id (generate: empty = router ass
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache isolation salt");
 ABSL_FLAG(int64_t, timeout_ms, 600000, "client deadline");
 ABSL_FLAG(bool, json, false, "print one JSON line");
+ABSL_FLAG(std::string, http, "", "generate --prompt / chat: the router's HTTP API host:port");
+ABSL_FLAG(std::string, prompt, "", "generate / chat: the prompt as text (needs --http)");
+ABSL_FLAG(std::string, model, "", "generate --prompt / chat: model name (default: the served one)");
 
 namespace tandem::router {
 namespace {
@@ -317,7 +325,21 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   absl::Status s;
   int code = 0;
-  if (command == "generate") {
+  if (command == "chat" || (command == "generate" && !absl::GetFlag(FLAGS_prompt).empty())) {
+    tandem::router::TextRequest text;
+    text.http_address = absl::GetFlag(FLAGS_http);
+    text.model = absl::GetFlag(FLAGS_model);
+    text.prompt = absl::GetFlag(FLAGS_prompt);
+    text.chat = command == "chat";
+    text.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    text.temperature = absl::GetFlag(FLAGS_temperature);
+    text.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    if (text.http_address.empty() || text.prompt.empty()) {
+      s = absl::InvalidArgumentError("text generation needs --http=HOST:PORT and --prompt");
+    } else {
+      s = tandem::router::StreamText(text);
+    }
+  } else if (command == "generate") {
     s = tandem::router::Generate();
   } else if (command == "workers") {
     s = tandem::router::Workers();
@@ -331,7 +353,7 @@ int main(int argc, char** argv) {
     s = tandem::router::WorkerStats();
   } else {
     s = absl::InvalidArgumentError(absl::StrCat(
-        "unknown command '", command, "'; use generate, workers, health, abort or stats"));
+        "unknown command '", command, "'; use generate, chat, workers, health, abort or stats"));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "tandem_cli %s: %s\n", command.c_str(), s.ToString().c_str());

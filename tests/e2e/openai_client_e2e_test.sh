@@ -28,4 +28,27 @@ for log in "$RUN"/prefill-0.log "$RUN"/decode-0.log; do
   [[ -n "$url" ]] || { echo "no metrics URL in $log"; exit 1; }
   metrics+=("$url")
 done
-"$PY" "$ROOT/tests/e2e/openai_client_test.py" "http://$(cat "$RUN/http.port")" "${metrics[@]}"
+"$PY" "$ROOT/tests/e2e/openai_client_test.py" "http://$(cat "$RUN/http.port")" "${metrics[@]}" ||
+  exit 1
+# tandem_cli's text commands through the same API.
+HTTP=$(cat "$RUN/http.port")
+out=$("$ROOT/router/tandem_cli" chat --http="$HTTP" --prompt="Hi there" --max_tokens=8 --ignore_eos;
+     echo x) || { echo "FAIL tandem_cli chat"; exit 1; }
+out=${out%$'\n'x}  # keep trailing newlines: the text may be only whitespace (random weights)
+want=$("$PY" - "$HTTP" <<'PYEOF'
+import json, sys, urllib.request
+req = urllib.request.Request(
+    f"http://{sys.argv[1]}/v1/chat/completions", method="POST",
+    headers={"Content-Type": "application/json"},
+    data=json.dumps({"model": "textmodel", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                     "messages": [{"role": "user", "content": "Hi there"}]}).encode())
+sys.stdout.write(json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"] + "\n")
+PYEOF
+echo x)
+want=${want%x}
+want=${want%$'\n'}
+[[ "$out" == "$want" ]] || { echo "FAIL tandem_cli chat printed [$out], the API says [$want]"; exit 1; }
+err=$("$ROOT/router/tandem_cli" generate --http="$HTTP" --prompt=x --model=nope 2>&1) &&
+  { echo "FAIL tandem_cli generate with an unknown model succeeded"; exit 1; }
+[[ $err == *"HTTP 404"*"nope"* ]] || { echo "FAIL tandem_cli error: $err"; exit 1; }
+echo "tandem_cli chat / generate --prompt: 2 passed"

@@ -1,0 +1,164 @@
+#include "router/cli_text.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::router {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::StatusOr<int> Connect(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--http must be HOST:PORT, got ", address));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints,
+                  &res) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", address));
+  }
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
+  return fd;
+}
+
+// One HTTP/1.1 exchange (Connection: close). `on_body` receives the de-chunked body as it comes.
+template <typename OnBody>
+absl::StatusOr<int> Exchange(const std::string& address, const std::string& method,
+                             const std::string& path, const std::string& body, OnBody on_body) {
+  absl::StatusOr<int> fd = Connect(address);
+  if (!fd.ok()) return fd.status();
+  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: ", address,
+                                       "\r\nConnection: close\r\nContent-Type: application/json",
+                                       "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  if (write(*fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(*fd);
+    return absl::UnavailableError("write failed");
+  }
+  std::string raw;
+  int status = 0;
+  bool chunked = false, in_body = false;
+  char buf[8192];
+  for (ssize_t n; (n = read(*fd, buf, sizeof(buf))) > 0;) {
+    raw.append(buf, n);
+    if (!in_body) {
+      const size_t head = raw.find("\r\n\r\n");
+      if (head == std::string::npos) continue;
+      if (raw.size() > 12) absl::SimpleAtoi(raw.substr(9, 3), &status);
+      chunked = raw.substr(0, head).find("chunked") != std::string::npos;
+      raw.erase(0, head + 4);
+      in_body = true;
+    }
+    if (!chunked) continue;
+    // Hand over every complete chunk.
+    for (;;) {
+      const size_t eol = raw.find("\r\n");
+      int64_t size = 0;
+      if (eol == std::string::npos || !absl::SimpleHexAtoi(raw.substr(0, eol), &size)) break;
+      if (raw.size() < eol + 2 + size + 2) break;
+      on_body(raw.substr(eol + 2, size));
+      raw.erase(0, eol + 2 + size + 2);
+    }
+  }
+  close(*fd);
+  if (!chunked) on_body(raw);
+  if (status == 0) return absl::UnavailableError("no HTTP response");
+  return status;
+}
+
+absl::StatusOr<std::string> FirstModel(const std::string& address) {
+  std::string body;
+  absl::StatusOr<int> status =
+      Exchange(address, "GET", "/v1/models", "", [&](const std::string& b) { body += b; });
+  if (!status.ok()) return status.status();
+  const Json j = Json::parse(body, nullptr, false);
+  if (*status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty()) {
+    return absl::UnavailableError(absl::StrCat("GET /v1/models: HTTP ", *status, " ", body));
+  }
+  return j["data"][0]["id"].get<std::string>();
+}
+
+}  // namespace
+
+absl::Status StreamText(const TextRequest& request) {
+  std::string model = request.model;
+  if (model.empty()) {
+    absl::StatusOr<std::string> first = FirstModel(request.http_address);
+    if (!first.ok()) return first.status();
+    model = *first;
+  }
+  Json body = {{"model", model},
+               {"max_tokens", request.max_tokens},
+               {"temperature", request.temperature},
+               {"ignore_eos", request.ignore_eos},
+               {"stream", true}};
+  if (request.chat) {
+    body["messages"] = Json::array({{{"role", "user"}, {"content", request.prompt}}});
+  } else {
+    body["prompt"] = request.prompt;
+  }
+  std::string pending, error_body;
+  absl::Status error;
+  absl::StatusOr<int> status = Exchange(
+      request.http_address, "POST", request.chat ? "/v1/chat/completions" : "/v1/completions",
+      body.dump(), [&](const std::string& data) {
+        pending += data;
+        error_body += data;
+        for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+          const std::string event = pending.substr(0, end);
+          pending.erase(0, end + 2);
+          if (event.rfind("data: {", 0) != 0) continue;
+          const Json j = Json::parse(event.substr(6), nullptr, false);
+          if (j.is_discarded()) continue;
+          if (j.contains("error")) {
+            error = absl::InternalError(j["error"].value("message", event));
+            continue;
+          }
+          if (!j.contains("choices") || !j["choices"].is_array()) continue;
+          for (const Json& c : j["choices"]) {
+            const Json* holder = &c;
+            if (request.chat) {
+              if (!c.contains("delta")) continue;
+              holder = &c["delta"];
+            }
+            const char* key = request.chat ? "content" : "text";
+            if (holder->contains(key) && (*holder)[key].is_string()) {
+              std::fputs((*holder)[key].get<std::string>().c_str(), stdout);
+            }
+          }
+          std::fflush(stdout);
+        }
+      });
+  if (!status.ok()) return status.status();
+  std::fputc('\n', stdout);
+  if (*status != 200) {
+    const Json j = Json::parse(error_body, nullptr, false);
+    const std::string message = !j.is_discarded() && j.contains("error")
+                                    ? j["error"].value("message", error_body)
+                                    : error_body;
+    return absl::InvalidArgumentError(absl::StrCat("HTTP ", *status, ": ", message));
+  }
+  return error;
+}
+
+}  // namespace tandem::router
