@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "router/router_metrics.h"
 #include "router/routing_policy.h"
 #include "router/validation.h"
 
@@ -396,12 +397,51 @@ Orchestrator::~Orchestrator() {
   aborts_->mu.AwaitWithTimeout(absl::Condition(&done), options_.abort_timeout + absl::Seconds(1));
 }
 
+namespace {
+
+// Times a request's stream for RouterMetrics: first token, gaps between chunks, tokens.
+class TimingSink final : public ResponseSink {
+ public:
+  TimingSink(ResponseSink& inner, RouterMetrics* metrics, absl::Time start)
+      : inner_(inner), metrics_(metrics), start_(start) {}
+  bool Send(const v1::GenerateResponse& chunk) override {
+    if (chunk.token_ids_size() > 0) {
+      const absl::Time now = absl::Now();
+      if (tokens_ == 0) {
+        first_ = now;
+      } else if (metrics_ != nullptr) {
+        metrics_->RecordInterToken(now - last_);
+      }
+      last_ = now;
+      tokens_ += chunk.token_ids_size();
+    }
+    return inner_.Send(chunk);
+  }
+  int64_t tokens() const { return tokens_; }
+  absl::Duration ttft() const { return first_ - start_; }
+
+ private:
+  ResponseSink& inner_;
+  RouterMetrics* const metrics_;
+  const absl::Time start_;
+  absl::Time first_, last_;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace
+
 absl::Status Orchestrator::Generate(const v1::GenerateRequest& request, InFlightRequest& flight,
                                     const CallerContext* client, ResponseSink& sink) {
   const absl::Time start = absl::Now();
-  absl::Status s = GenerateCall(*this, request, flight, client, sink).Run();
+  TimingSink timed(sink, options_.metrics, start);
+  absl::Status s = GenerateCall(*this, request, flight, client, timed).Run();
+  const absl::Duration e2e = absl::Now() - start;
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordRequest(timed.ttft(), e2e, timed.tokens(),
+                                    request.prompt_token_ids_size(), s);
+  }
   VLOG(1) << "request " << flight.id() << ": " << request.prompt_token_ids_size()
-          << " prompt tokens, " << absl::FormatDuration(absl::Now() - start) << ", " << s;
+          << " prompt tokens, " << absl::FormatDuration(e2e) << ", " << s;
   return s;
 }
 

@@ -38,6 +38,8 @@
 
 namespace tandem::router {
 
+class RouterMetrics;
+
 struct OrchestratorOptions {
   absl::Duration request_timeout = absl::Minutes(10);
   // Deadline of the best-effort Abort calls sent to workers.
@@ -46,6 +48,8 @@ struct OrchestratorOptions {
   v1::KvLoadFailurePolicy on_kv_failure = v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE;
   // Workers tried per phase when the previous one was unreachable before producing output.
   int max_attempts = 2;
+  // Records each request's latencies and outcome (may be null; outlives the Orchestrator).
+  RouterMetrics* metrics = nullptr;
 };
 
 // Where a request's chunks go. Send returns false when the client is gone.

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/http/http_server.h"
 #include "common/logging.h"
 #include "router/openai/http_api.h"
 #include "router/router_server.h"
@@ -46,6 +47,8 @@ ABSL_FLAG(std::string, model, "",
           "with --http_listen: model directory for the tokenizer, chat template and config.json "
           "(no weights are read)");
 ABSL_FLAG(std::string, served_model_name, "", "the API's model name (default: --model's name)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of GET /metrics (Prometheus: latencies, outcomes, workers) and /health");
 ABSL_FLAG(std::string, http_port_file, "", "write the HTTP API's bound host:port here");
 ABSL_FLAG(int32_t, http_max_running, 64, "HTTP requests generating at once (threads)");
 ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests queued behind them; more -> 429");
@@ -115,6 +118,38 @@ absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& rout
                                 &router.orchestrator());
 }
 
+// GET /metrics and /health on --metrics_listen (null without it).
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetrics(RouterServer& router) {
+  const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (listen.empty()) return std::unique_ptr<http::HttpServer>();
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen must be HOST:PORT, got '", listen, "'"));
+  }
+  http::HttpServerOptions options;
+  options.address = listen.substr(0, colon);
+  options.port = port;
+  options.threads = 1;
+  std::map<std::pair<std::string, std::string>, http::Handler> routes;
+  routes[{"GET", "/metrics"}] = [&router](const http::Request&,
+                                          std::shared_ptr<http::Responder> r) {
+    http::Response res;
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res.body = router.MetricsText();
+    r->Reply(std::move(res));
+  };
+  routes[{"GET", "/health"}] = [](const http::Request&, std::shared_ptr<http::Responder> r) {
+    http::Response res;
+    res.content_type = "text/plain";
+    res.body = "ok\n";
+    r->Reply(std::move(res));
+  };
+  return http::HttpServer::Start(options, std::move(routes));
+}
+
 absl::Status Run() {
   LoggingOptions logging;
   logging.verbosity = absl::GetFlag(FLAGS_verbosity);
@@ -132,6 +167,9 @@ absl::Status Run() {
     if (absl::Status s = WritePortFile(port_file, (*router)->address()); !s.ok()) return s;
   }
   std::printf("router listening on %s\n", (*router)->address().c_str());
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> metrics = StartMetrics(**router);
+  if (!metrics.ok()) return metrics.status();
+  if (*metrics != nullptr) std::printf("metrics on port %d\n", (*metrics)->port());
   absl::StatusOr<std::unique_ptr<openai::HttpApi>> http = StartHttpApi(**router);
   if (!http.ok()) return http.status();
   if (*http != nullptr) {
@@ -148,6 +186,7 @@ absl::Status Run() {
 
   const int sig = signals.Wait();
   LOG(INFO) << "signal " << sig << ": shutting down";
+  metrics->reset();
   http->reset();  // open HTTP streams end (their requests are aborted on the workers)
   (*router)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   std::printf("router stopped\n");

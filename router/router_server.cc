@@ -37,14 +37,23 @@ std::string WithPort(const std::string& listen, int port) {
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
 }
 
+OrchestratorOptions WithMetrics(OrchestratorOptions options, RouterMetrics* metrics) {
+  if (options.metrics == nullptr) options.metrics = metrics;
+  return options;
+}
+
 }  // namespace
+
+std::string RouterServer::MetricsText() {
+  return metrics_.Render(registry_.List(), static_cast<int64_t>(requests_.size()));
+}
 
 RouterServer::RouterServer(const RouterOptions& options)
     : options_(options),
       registry_(options.registry, absl::Now,
                 options.worker_clients ? options.worker_clients : MakeGrpcWorkerClient),
       requests_(options.max_queue),
-      orchestrator_(&registry_, options.orchestrator),
+      orchestrator_(&registry_, WithMetrics(options.orchestrator, &metrics_)),
       router_service_(&registry_, &requests_, &orchestrator_),
       registry_service_(&registry_, options.registry.heartbeat_interval) {}
 

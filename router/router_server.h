@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
+#include "router/router_metrics.h"
 #include "router/router_service.h"
 #include "router/worker_registry.h"
 
@@ -59,12 +60,15 @@ class RouterServer {
   WorkerRegistry& registry() { return registry_; }
   RequestTable& requests() { return requests_; }
   Orchestrator& orchestrator() { return orchestrator_; }
+  // Requests' latencies and outcomes plus the workers' state as Prometheus text.
+  std::string MetricsText();
 
  private:
   explicit RouterServer(const RouterOptions& options);
   void HealthLoop();
 
   const RouterOptions options_;
+  RouterMetrics metrics_;  // before orchestrator_ (which records into it)
   WorkerRegistry registry_;
   RequestTable requests_;
   Orchestrator orchestrator_;
