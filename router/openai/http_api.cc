@@ -268,43 +268,69 @@ void HttpApi::Completions(const http::Request& req, std::shared_ptr<http::Respon
   }
 }
 
+HttpApi::ChoiceResult HttpApi::RunChoice(const CompletionParams& params,
+                                         const std::vector<uint32_t>& prompt, int k, int index,
+                                         http::ResponseStream* stream, const std::string& id,
+                                         int64_t created) {
+  ChoiceResult out;
+  v1::GenerateRequest request;
+  for (uint32_t t : prompt) request.add_prompt_token_ids(t);
+  v1::SamplingParams* s = request.mutable_sampling();
+  s->set_max_tokens(params.max_tokens);
+  s->set_temperature(params.temperature);
+  s->set_top_p(params.top_p);
+  s->set_top_k(params.top_k);
+  if (params.seed.has_value()) s->set_seed(*params.seed + k);
+  for (uint32_t t : params.stop_token_ids) s->add_stop_token_ids(t);
+  s->set_ignore_eos(params.ignore_eos);
+  request.set_cache_salt(params.user);
+  absl::StatusOr<Admission> admission = requests_->Admit("");
+  if (!admission.ok()) {
+    out.status = admission.status();
+    return out;
+  }
+  request.set_request_id(admission->request().id());
+  ChoiceRun run(*model_, params, index, stream, id, created);
+  out.status = run.Outcome(orchestrator_->Generate(request, admission->request(), &run, run));
+  if (stream != nullptr && stream->cancelled()) return out;
+  run.Finish();
+  out.choice = run.choice();
+  out.completion_tokens = run.completion_tokens();
+  out.cached_tokens = run.cached_tokens();
+  return out;
+}
+
 void HttpApi::Run(const CompletionParams& params, std::shared_ptr<http::Responder> r) {
   const std::string id = NewId(params.chat ? "chatcmpl" : "cmpl");
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   std::shared_ptr<http::ResponseStream> stream;
   if (params.stream) stream = r->StartStream(200, "text/event-stream");
+  // Every choice (prompts x n, bounded by ParseCompletion) runs at once: this thread takes the
+  // first, one thread each the others (their chunks interleave in a stream, told apart by index).
+  std::vector<std::pair<const std::vector<uint32_t>*, int>> work;
+  for (const std::vector<uint32_t>& prompt : params.prompts) {
+    for (int k = 0; k < params.n; ++k) work.emplace_back(&prompt, k);
+  }
+  std::vector<ChoiceResult> results(work.size());
+  std::vector<std::thread> others;
+  for (size_t i = 1; i < work.size(); ++i) {
+    others.emplace_back([&, i] {
+      results[i] = RunChoice(params, *work[i].first, work[i].second, static_cast<int>(i),
+                             stream.get(), id, created);
+    });
+  }
+  results[0] = RunChoice(params, *work[0].first, work[0].second, 0, stream.get(), id, created);
+  for (std::thread& t : others) t.join();
+  if (stream != nullptr && stream->cancelled()) return;  // the client left; nothing to say
   std::vector<Choice> choices;
   UsageCounts usage;
   absl::Status failure;
-  int index = 0;
-  for (const std::vector<uint32_t>& prompt : params.prompts) {
-    usage.prompt_tokens += prompt.size() * params.n;
-    for (int k = 0; k < params.n && failure.ok(); ++k, ++index) {
-      v1::GenerateRequest request;
-      for (uint32_t t : prompt) request.add_prompt_token_ids(t);
-      v1::SamplingParams* s = request.mutable_sampling();
-      s->set_max_tokens(params.max_tokens);
-      s->set_temperature(params.temperature);
-      s->set_top_p(params.top_p);
-      s->set_top_k(params.top_k);
-      if (params.seed.has_value()) s->set_seed(*params.seed + k);
-      for (uint32_t t : params.stop_token_ids) s->add_stop_token_ids(t);
-      s->set_ignore_eos(params.ignore_eos);
-      request.set_cache_salt(params.user);
-      absl::StatusOr<Admission> admission = requests_->Admit("");
-      if (!admission.ok()) {
-        failure = admission.status();
-        break;
-      }
-      request.set_request_id(admission->request().id());
-      ChoiceRun run(*model_, params, index, stream.get(), id, created);
-      failure = run.Outcome(orchestrator_->Generate(request, admission->request(), &run, run));
-      if (stream != nullptr && stream->cancelled()) return;  // the client left; nothing to say
-      run.Finish();
-      usage.completion_tokens += run.completion_tokens();
-      usage.cached_tokens += run.cached_tokens();
-      choices.push_back(run.choice());
-    }
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (failure.ok()) failure = results[i].status;
+    usage.prompt_tokens += work[i].first->size();
+    usage.completion_tokens += results[i].completion_tokens;
+    usage.cached_tokens += results[i].cached_tokens;
+    choices.push_back(results[i].choice);
   }
   if (stream == nullptr) {
     r->Reply(failure.ok() ? JsonResponse(CompletionBody(params.chat, id, created, params.model,

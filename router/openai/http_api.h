@@ -7,8 +7,9 @@
 // output cut before them, the request then aborted on the workers).
 //
 // Threads: the HTTP server's pool (asynchronous connections) + `max_running` generation threads
-// (the Orchestrator's calls block per request); more than `max_running + max_pending` requests at
-// once get 429. A client that disconnects mid-stream cancels its request on P and D.
+// (the Orchestrator's calls block per request; a request's extra choices, n > 1 or several
+// prompts, run at once on threads of their own); more than `max_running + max_pending` requests
+// at once get 429. A client that disconnects mid-stream cancels its request on P and D.
 //
 // Errors (OpenAI's JSON): 400 naming the field, 404 unknown model or path, 413 body too large,
 // 429 overloaded, 503 no workers, 504 deadline; an error after a stream started is sent as an
@@ -82,8 +83,18 @@ class HttpApi {
   void Health(std::shared_ptr<http::Responder> r);
   // OK when some healthy route exists; UNAVAILABLE naming why not.
   absl::Status RouteAvailable() const;
-  // Runs every choice of `params` (on a generation thread) and answers `r`.
+  // Runs every choice of `params` (on a generation thread; the other choices on threads of their
+  // own, at once) and answers `r`.
   void Run(const CompletionParams& params, std::shared_ptr<http::Responder> r);
+  struct ChoiceResult {
+    absl::Status status;
+    Choice choice;
+    uint64_t completion_tokens = 0, cached_tokens = 0;
+  };
+  // One choice through the Orchestrator (its chunks into `stream` when streaming).
+  ChoiceResult RunChoice(const CompletionParams& params, const std::vector<uint32_t>& prompt, int k,
+                         int index, http::ResponseStream* stream, const std::string& id,
+                         int64_t created);
 
   HttpApiOptions options_;
   std::unique_ptr<ServedModel> model_;

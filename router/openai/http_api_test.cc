@@ -200,20 +200,23 @@ TEST_F(HttpApiTest, ChatRendersTheTemplateStreamsDeltasAndHonoursN) {
   EXPECT_EQ(body["choices"][1]["index"], 1);
   EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(body["choices"][0]["message"]["content"], Expected(ids, 8));
-  req["stream"] = true;
-  req["n"] = 1;
+  req["stream"] = true;  // both choices at once, their chunks interleaved, told apart by index
   const std::vector<Json> events =
       Events(Call(api_->port(), "POST", "/v1/chat/completions", req.dump()).body);
-  std::string content;
+  std::string content[2];
+  bool role[2] = {false, false};
   for (const Json& e : events) {
     if (e.is_string()) continue;
     EXPECT_EQ(e["object"], "chat.completion.chunk");
-    if (e["choices"][0]["delta"].contains("content")) {
-      content += e["choices"][0]["delta"]["content"].get<std::string>();
-    }
+    const int index = e["choices"][0]["index"].get<int>();
+    ASSERT_TRUE(index == 0 || index == 1);
+    const Json& delta = e["choices"][0]["delta"];
+    if (delta.contains("role")) role[index] = true;
+    if (delta.contains("content")) content[index] += delta["content"].get<std::string>();
   }
-  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
-  EXPECT_EQ(content, Expected(ids, 8));
+  EXPECT_TRUE(role[0] && role[1]);
+  EXPECT_EQ(content[0], Expected(ids, 8));
+  EXPECT_EQ(content[1], Expected(ids, 8));
 }
 
 TEST_F(HttpApiTest, StopStringsCutTheTextAndAbortTheRequest) {
