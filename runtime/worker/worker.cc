@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -27,9 +28,29 @@ const char* RoleName(tandem::v1::WorkerRole role) {
   }
 }
 
+namespace {
+
+// Bucket edges (seconds) after vLLM's.
+std::vector<double> LatencyBuckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> InterTokenBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+          0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
+}
+
+}  // namespace
+
 Worker::Worker(EngineLoop* loop, kvtransfer::KvConnector* connector,
                kvtransfer::KvSourceLinks* links, WorkerOptions options)
-    : loop_(loop), connector_(connector), links_(links), options_(std::move(options)) {
+    : loop_(loop),
+      connector_(connector),
+      links_(links),
+      options_(std::move(options)),
+      first_token_(LatencyBuckets()),
+      inter_token_(InterTokenBuckets()),
+      e2e_(LatencyBuckets()) {
   address_ = options_.address;
 }
 
@@ -108,6 +129,7 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
                      ") exceeds the model's maximum length ", loop_->max_model_len()));
   }
   spec.max_tokens = 1;
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
   if (!stream.ok()) return stream.status();
   PrefillResult result;
@@ -124,6 +146,9 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
     return absl::CancelledError(absl::StrCat("request ", id, " was aborted"));
   }
   if (update.finish_reason == FinishReason::kError) return update.error;
+  const absl::Duration took = absl::Now() - start;
+  first_token_.Observe(absl::ToDoubleSeconds(took));
+  e2e_.Observe(absl::ToDoubleSeconds(took));
   if (!update.kv_lease.has_value()) return result;  // ended at its first token: nothing to hand
   const RequestUpdate::Lease& held = *update.kv_lease;
   // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
@@ -142,8 +167,9 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   return result;
 }
 
-absl::Status Worker::Relay(const std::string& id, RequestStream& stream, const CallerGone& gone,
-                           const UpdateSink& sink) {
+absl::Status Worker::Relay(const std::string& id, RequestStream& stream, absl::Time start,
+                           const CallerGone& gone, const UpdateSink& sink) {
+  absl::Time last = absl::InfinitePast();
   while (true) {
     if (gone()) {
       loop_->Abort(id);
@@ -157,6 +183,16 @@ absl::Status Worker::Relay(const std::string& id, RequestStream& stream, const C
     }
     const bool finished = update.finish_reason != FinishReason::kNone;
     if (update.new_token_ids.empty() && !finished) continue;
+    const absl::Time now = absl::Now();
+    if (!update.new_token_ids.empty()) {
+      if (last == absl::InfinitePast()) {
+        first_token_.Observe(absl::ToDoubleSeconds(now - start));
+      } else {
+        inter_token_.Observe(absl::ToDoubleSeconds(now - last));
+      }
+      last = now;
+    }
+    if (finished) e2e_.Observe(absl::ToDoubleSeconds(now - start));
     if (!sink(update)) {
       loop_->Abort(id);
       return absl::CancelledError("client went away");
@@ -194,19 +230,25 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
     // Recompute: prefill prompt + first token here; the source's lease just expires.
   }
   std::optional<kvtransfer::RemoteKvSpec> remote = spec.remote_kv;
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
   if (!stream.ok()) {
     if (remote.has_value()) connector_->DropRemote(*remote);  // never reached the engine
     return stream.status();
   }
-  return Relay(id, **stream, gone, sink);
+  return Relay(id, **stream, start, gone, sink);
 }
 
 absl::Status Worker::Generate(const std::string& id, RequestSpec spec, const CallerGone& gone,
                               const UpdateSink& sink) {
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
   if (!stream.ok()) return stream.status();
-  return Relay(id, **stream, gone, sink);
+  return Relay(id, **stream, start, gone, sink);
+}
+
+Worker::Latencies Worker::LatencySnapshots() const {
+  return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot()};
 }
 
 bool Worker::Abort(const std::string& id) {

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/http/prometheus.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/kv_handle.h"
 #include "runtime/worker/engine_loop.h"
@@ -104,6 +105,13 @@ class Worker {
   tandem::v1::WorkerInfo Info() const;
   tandem::v1::WorkerLoad Load() const;
   tandem::v1::WorkerStats StatsProto() const;
+  // Latency histograms of the requests served here (worker_metrics.h renders them): the first
+  // token (prefill: the prompt's; decode: after the KV load; mixed: both), the gaps between
+  // streamed updates, and whole requests.
+  struct Latencies {
+    http::HistogramSnapshot first_token, inter_token, e2e;
+  };
+  Latencies LatencySnapshots() const;
   const WorkerOptions& options() const { return options_; }
   // The address this worker serves on, once its server knows its port (before it is announced).
   void SetAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
@@ -112,8 +120,9 @@ class Worker {
  private:
   // Hands `stream`'s updates to `sink` until the request finishes, the caller goes away, or
   // the sink refuses one.
-  absl::Status Relay(const std::string& id, RequestStream& stream, const CallerGone& gone,
-                     const UpdateSink& sink);
+  // `start`: when the call arrived (the first-token and e2e histograms measure from it).
+  absl::Status Relay(const std::string& id, RequestStream& stream, absl::Time start,
+                     const CallerGone& gone, const UpdateSink& sink);
 
   EngineLoop* const loop_;
   kvtransfer::KvConnector* const connector_;
@@ -124,6 +133,7 @@ class Worker {
 
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> kv_link_failures_{0};
+  http::Histogram first_token_, inter_token_, e2e_;
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
   // KV failure streak, followed from the connector's counters each time status() is asked.

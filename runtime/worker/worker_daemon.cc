@@ -240,9 +240,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   std::string address;
   RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));
   if (!config.metrics_listen.empty()) {
-    Worker* w = parts->worker.get();
-    ASSIGN_OR_RETURN(parts->metrics,
-                     StartWorkerHttp(config.metrics_listen, [w] { return w->StatsProto(); }));
+    ASSIGN_OR_RETURN(parts->metrics, StartWorkerHttp(config.metrics_listen, parts->worker.get()));
     LOG(INFO) << "metrics on http://"
               << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
               << parts->metrics->port() << "/metrics";

@@ -87,6 +87,15 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("tandem:worker_serving{"), std::string::npos);
+  // One Generate: one first token, one whole request, 5 gaps between its 6 streamed tokens (or
+  // fewer when updates carried several tokens).
+  for (const char* h : {"tandem:worker_time_to_first_token_seconds_count{",
+                        "tandem:worker_e2e_request_latency_seconds_count{"}) {
+    const size_t at = metrics.find(h);
+    ASSERT_NE(at, std::string::npos) << h;
+    EXPECT_EQ(metrics.substr(metrics.find("} ", at) + 2, 2), "1\n") << h;
+  }
+  EXPECT_NE(metrics.find("le=\"+Inf\"} 1\n"), std::string::npos);
   EXPECT_NE(HttpGet((*daemon)->metrics_port(), "/health").find("HTTP/1.1 200"), std::string::npos);
 
   (*daemon)->Drain(absl::Seconds(5));

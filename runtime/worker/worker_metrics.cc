@@ -8,7 +8,8 @@
 
 namespace tandem::runtime {
 
-std::string WorkerMetricsText(const tandem::v1::WorkerStats& s) {
+std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
+                              const Worker::Latencies& latencies) {
   const http::Labels labels = {{"model_name", s.info().model_id()},
                                {"worker_id", s.info().worker_id()},
                                {"role", tandem::v1::WorkerRole_Name(s.info().role())}};
@@ -48,11 +49,19 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s) {
   p.Counter("tandem:kv_load_seconds_total", "Time of the completed KV loads, summed.",
             s.kv_load_micros() / 1e6, labels);
   p.Counter("tandem:kv_load_failures_total", "KV loads that failed.", s.kv_load_failures(), labels);
+  p.Histogram("tandem:worker_time_to_first_token_seconds",
+              "From a call's arrival to its first token here (prefill: the prompt; decode: after "
+              "the KV load).",
+              latencies.first_token, labels);
+  p.Histogram("tandem:worker_inter_token_latency_seconds", "Gap between streamed updates.",
+              latencies.inter_token, labels);
+  p.Histogram("tandem:worker_e2e_request_latency_seconds", "A call from arrival to its end.",
+              latencies.e2e, labels);
   return p.text();
 }
 
-absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(
-    const std::string& listen, std::function<tandem::v1::WorkerStats()> stats) {
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(const std::string& listen,
+                                                                  const Worker* worker) {
   const size_t colon = listen.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
@@ -66,14 +75,14 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(
   options.threads = 1;
   options.max_body_bytes = 4096;
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
-  routes[{"GET", "/metrics"}] = [stats](const http::Request&, std::shared_ptr<http::Responder> r) {
+  routes[{"GET", "/metrics"}] = [worker](const http::Request&, std::shared_ptr<http::Responder> r) {
     http::Response res;
     res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res.body = WorkerMetricsText(stats());
+    res.body = WorkerMetricsText(worker->StatsProto(), worker->LatencySnapshots());
     r->Reply(std::move(res));
   };
-  routes[{"GET", "/health"}] = [stats](const http::Request&, std::shared_ptr<http::Responder> r) {
-    const tandem::v1::WorkerStats s = stats();
+  routes[{"GET", "/health"}] = [worker](const http::Request&, std::shared_ptr<http::Responder> r) {
+    const tandem::v1::WorkerStats s = worker->StatsProto();
     http::Response res;
     res.content_type = "text/plain";
     res.status = s.status() == tandem::v1::SERVING_STATUS_SERVING ? 200 : 503;
