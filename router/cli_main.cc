@@ -228,27 +228,38 @@ absl::Status Workers() {
   }
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
-    std::printf("%-20s %-8s %-22s %-8s %-11s %7s %7s %9s %s\n", "WORKER", "ROLE", "ADDRESS",
-                "HEALTHY", "STATUS", "RUNNING", "WAITING", "FREE_BLKS", "MODEL");
+    std::printf("%-20s %-8s %-22s %-8s %-11s %-14s %7s %7s %9s %s\n", "WORKER", "ROLE", "ADDRESS",
+                "HEALTHY", "STATUS", "GROUP", "RUNNING", "WAITING", "FREE_BLKS", "MODEL");
   }
   std::vector<std::string> rows;
   for (const v1::WorkerEntry& w : resp.workers()) {
+    // The rank group: "1" or "tp=2 nccl [0,1]".
+    const v1::WorkerGroup& g = w.info().group();
+    const std::string group =
+        g.size() <= 1
+            ? "1"
+            : absl::StrCat("tp=", g.size(), " ", g.backend(),
+                           g.devices().empty()
+                               ? ""
+                               : absl::StrCat(" [", absl::StrJoin(g.devices(), ","), "]"));
     if (json) {
       rows.push_back(absl::StrFormat(
           "{\"worker_id\":%s,\"role\":\"%s\",\"address\":%s,\"healthy\":%s,\"status\":\"%s\","
           "\"epoch\":%u,\"model_id\":%s,\"num_running\":%u,\"num_waiting\":%u,"
-          "\"kv_blocks_free\":%u,\"kv_blocks_total\":%u,\"last_heartbeat_unix_ms\":%d}",
+          "\"kv_blocks_free\":%u,\"kv_blocks_total\":%u,\"last_heartbeat_unix_ms\":%d,"
+          "\"tp_size\":%u,\"tp_backend\":%s,\"devices\":[%s]}",
           JsonString(w.info().worker_id()), RoleName(w.info().role()),
           JsonString(w.info().address()), w.healthy() ? "true" : "false", StatusName(w.status()),
           w.info().epoch(), JsonString(w.info().model_id()), w.load().num_running(),
           w.load().num_waiting(), w.load().kv_blocks_free(), w.load().kv_blocks_total(),
-          w.last_heartbeat_unix_ms()));
+          w.last_heartbeat_unix_ms(), std::max<uint32_t>(g.size(), 1), JsonString(g.backend()),
+          absl::StrJoin(g.devices(), ",")));
     } else {
-      std::printf("%-20s %-8s %-22s %-8s %-11s %7u %7u %9u %s\n", w.info().worker_id().c_str(),
-                  RoleName(w.info().role()).c_str(), w.info().address().c_str(),
-                  w.healthy() ? "yes" : "no", StatusName(w.status()).c_str(),
-                  w.load().num_running(), w.load().num_waiting(), w.load().kv_blocks_free(),
-                  w.info().model_id().c_str());
+      std::printf("%-20s %-8s %-22s %-8s %-11s %-14s %7u %7u %9u %s\n",
+                  w.info().worker_id().c_str(), RoleName(w.info().role()).c_str(),
+                  w.info().address().c_str(), w.healthy() ? "yes" : "no",
+                  StatusName(w.status()).c_str(), group.c_str(), w.load().num_running(),
+                  w.load().num_waiting(), w.load().kv_blocks_free(), w.info().model_id().c_str());
     }
   }
   if (json) std::printf("{\"workers\":[%s]}\n", absl::StrJoin(rows, ",").c_str());

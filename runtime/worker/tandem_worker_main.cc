@@ -128,6 +128,19 @@ absl::Status Serve(const std::vector<std::string>& argv) {
                    LoadGroupBackend(config.model, config.backend, group_options, argv));
   if (!group.is_leader()) return RunFollowerRank(std::move(group));
   config.tp = group.group->size();
+  config.group.set_size(static_cast<uint32_t>(config.tp));
+  if (config.tp > 1) {
+    const bool cuda = config.backend.backend == "cuda";
+    config.group.set_backend(!cuda                              ? "gloo"
+                             : group_options.TpComm() == "nccl" ? "nccl"
+                                                                : "gloo-host-staged");
+    if (cuda && group_options.rank < 0) {  // this host started every rank
+      for (int r = 0; r < config.tp; ++r) {
+        config.group.add_devices(group_options.share_device ? config.backend.device
+                                                            : config.backend.device + r);
+      }
+    }
+  }
   config.loaded = std::move(group.loaded);
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerDaemon> daemon, WorkerDaemon::Create(std::move(config)));
   std::printf("worker %s (%s) listening on %s\n", daemon->worker_id().c_str(),

@@ -271,6 +271,7 @@ tandem::v1::WorkerInfo Worker::Info() const {
   info.set_block_size(static_cast<uint32_t>(loop_->block_size()));
   info.set_kv_layout_hash(options_.kv_layout_hash);
   for (int32_t eos : model.eos_token_ids) info.add_eos_token_ids(static_cast<uint32_t>(eos));
+  if (options_.group.size() > 1) *info.mutable_group() = options_.group;
   return info;
 }
 

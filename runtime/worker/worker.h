@@ -56,6 +56,8 @@ struct WorkerOptions {
   // hidden behind recomputes; after `kv_unhealthy_probe` it serves again to probe. 0: never.
   int kv_failures_unhealthy = 8;
   absl::Duration kv_unhealthy_probe = absl::Seconds(30);
+  // The worker's rank group, told to the router (size 1: a single rank).
+  tandem::v1::WorkerGroup group;
 };
 
 const char* RoleName(tandem::v1::WorkerRole role);

@@ -225,6 +225,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.kv_layout_hash = local.compatibility_hash();
   options.default_lease = config.default_lease;
   options.kv_load_timeout = config.kv_load_timeout;
+  options.group = config.group;
   EngineLoopOptions loop_options;
   loop_options.max_queued_requests = config.max_queued_requests;
   loop_options.release_orphan_lease = [connector = parts->connector.get()](uint64_t lease) {

@@ -47,6 +47,8 @@ struct WorkerConfig {
   // backend fanned out over the group); empty: loaded here from `model` and `backend`.
   std::optional<BackendModel> loaded;
   int tp = 1;  // ranks in this worker's group (for the checks below and the logs)
+  // What the router is told of the group (WorkerInfo.group); size 0/1: none.
+  tandem::v1::WorkerGroup group;
   // Makes the transfer agent (the transport seam, like LevelDB's Env); empty:
   // MakeTransferAgent(transfer). Tests pass in-process agents.
   std::function<absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>>()> make_agent;

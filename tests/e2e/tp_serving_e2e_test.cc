@@ -1,7 +1,7 @@
 // Worker groups served for real: tandem_worker --tp=2 (rank 0 serves and schedules, rank 1 a
 // child process it started, both over Gloo on loopback) behind a real tandem_router.
-//   * greedy tokens equal the TP=1 engine's on the golden fixture; SIGTERM drains the whole
-//     group (both rank processes exit);
+//   * the router lists the worker's group (2 ranks over gloo); greedy tokens equal the TP=1
+//     engine's on the golden fixture; SIGTERM drains the whole group (both rank processes exit);
 //   * SIGKILL of rank 1 mid-stream: the client gets UNAVAILABLE within 5 s, the worker reports
 //     NOT_SERVING and the router stops routing to it;
 //   * --role=prefill with --tp=2 is refused at startup (KV transfer between groups is not built).
@@ -61,6 +61,15 @@ TEST(TpServingE2eTest, Tp2MixedWorkerEqualsTp1AndDrainsTheGroup) {
   WorkerHandle& worker = cluster->workers()[0];
   const std::vector<pid_t> ranks = Children(worker.process->pid());
   ASSERT_EQ(ranks.size(), 1u) << "rank 1 runs as the worker's child";
+  {  // The router shows the group.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    tandem::v1::ListWorkersResponse list;
+    ASSERT_TRUE(cluster->router().ListWorkers(&ctx, tandem::v1::ListWorkersRequest(), &list).ok());
+    ASSERT_EQ(list.workers_size(), 1);
+    EXPECT_EQ(list.workers(0).info().group().size(), 2u);
+    EXPECT_EQ(list.workers(0).info().group().backend(), "gloo");
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     Result r = Generate(cluster->router(), ToRequest(prompts[i]));
     ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
