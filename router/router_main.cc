@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/daemon.h"
 #include "common/http/http_server.h"
+#include "common/http/metrics_server.h"
 #include "common/logging.h"
 #include "router/openai/http_api.h"
 #include "router/router_server.h"
@@ -92,13 +93,8 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
 absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& router) {
   const std::string listen = absl::GetFlag(FLAGS_http_listen);
   if (listen.empty()) return std::unique_ptr<openai::HttpApi>();
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--http_listen must be HOST:PORT, got '", listen, "'"));
-  }
+  absl::StatusOr<std::pair<std::string, int>> address = http::ParseHostPort(listen, "http_listen");
+  if (!address.ok()) return address.status();
   if (absl::GetFlag(FLAGS_model).empty()) {
     return absl::InvalidArgumentError("--http_listen needs --model=DIR (tokenizer files)");
   }
@@ -106,8 +102,8 @@ absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& rout
       openai::ServedModel::Load(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_served_model_name));
   if (!model.ok()) return model.status();
   openai::HttpApiOptions options;
-  options.address = listen.substr(0, colon);
-  options.port = port;
+  options.address = address->first;
+  options.port = address->second;
   options.max_running = absl::GetFlag(FLAGS_http_max_running);
   options.max_pending = absl::GetFlag(FLAGS_http_max_pending);
   options.limits.max_n = absl::GetFlag(FLAGS_http_max_n);
@@ -122,32 +118,9 @@ absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& rout
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetrics(RouterServer& router) {
   const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
   if (listen.empty()) return std::unique_ptr<http::HttpServer>();
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_listen must be HOST:PORT, got '", listen, "'"));
-  }
-  http::HttpServerOptions options;
-  options.address = listen.substr(0, colon);
-  options.port = port;
-  options.threads = 1;
-  std::map<std::pair<std::string, std::string>, http::Handler> routes;
-  routes[{"GET", "/metrics"}] = [&router](const http::Request&,
-                                          std::shared_ptr<http::Responder> r) {
-    http::Response res;
-    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res.body = router.MetricsText();
-    r->Reply(std::move(res));
-  };
-  routes[{"GET", "/health"}] = [](const http::Request&, std::shared_ptr<http::Responder> r) {
-    http::Response res;
-    res.content_type = "text/plain";
-    res.body = "ok\n";
-    r->Reply(std::move(res));
-  };
-  return http::HttpServer::Start(options, std::move(routes));
+  return http::StartMetricsServer(
+      listen, "metrics_listen", [&router] { return router.MetricsText(); },
+      [] { return std::pair<int, std::string>(200, "ok\n"); });
 }
 
 absl::Status Run() {

@@ -4,22 +4,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem::router {
-namespace {
-
-// vLLM's bucket edges for TTFT / e2e (seconds) and inter-token latency.
-std::vector<double> LatencyBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
-          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
-}
-std::vector<double> ItlBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-          0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
-}
-
-}  // namespace
-
 RouterMetrics::RouterMetrics()
-    : ttft_(LatencyBuckets()), e2e_(LatencyBuckets()), itl_(ItlBuckets()) {}
+    : ttft_(http::LatencyBuckets()),
+      e2e_(http::LatencyBuckets()),
+      itl_(http::InterTokenBuckets()) {}
 
 void RouterMetrics::RecordRequest(absl::Duration ttft, absl::Duration e2e,
                                   int64_t completion_tokens, int64_t prompt_tokens,

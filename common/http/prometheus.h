@@ -41,6 +41,11 @@ class Histogram {
   uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Histogram bucket edges (seconds) after vLLM's: request latencies (TTFT, end to end) and the
+// gaps between streamed tokens.
+std::vector<double> LatencyBuckets();
+std::vector<double> InterTokenBuckets();
+
 class PrometheusText {
  public:
   void Counter(const std::string& name, const std::string& help, double value,

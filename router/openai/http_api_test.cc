@@ -7,9 +7,6 @@
 // 405, 503 without workers) with nothing sent to a worker for a bad request.
 #include "router/openai/http_api.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -17,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/http/test_client.h"
 #include "gtest/gtest.h"
 #include "router/router_test_util.h"
 
@@ -28,60 +25,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-struct HttpResult {
-  int status = 0;
-  std::string body;  // de-chunked
-};
-
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  timeval tv{30, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
-
-std::string Dechunk(const std::string& raw) {
-  std::string out;
-  size_t at = 0;
-  while (at < raw.size()) {
-    const size_t eol = raw.find("\r\n", at);
-    if (eol == std::string::npos) break;
-    int64_t n = 0;
-    if (!absl::SimpleHexAtoi(raw.substr(at, eol - at), &n) || n == 0) break;
-    out += raw.substr(eol + 2, n);
-    at = eol + 2 + n + 2;
-  }
-  return out;
-}
+using HttpResult = http::TestResponse;
 
 HttpResult Call(int port, const std::string& method, const std::string& path,
                 const std::string& body = "") {
-  HttpResult r;
-  const int fd = Connect(port);
-  if (fd < 0) return r;
-  const std::string req = absl::StrCat(
-      method, " ", path, " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n",
-      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return r;
-  std::string raw;
-  char buf[8192];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) raw.append(buf, n);
-  close(fd);
-  const size_t head = raw.find("\r\n\r\n");
-  if (head == std::string::npos || raw.size() < 12) return r;
-  absl::SimpleAtoi(raw.substr(9, 3), &r.status);
-  const std::string headers = raw.substr(0, head);
-  r.body = raw.substr(head + 4);
-  if (headers.find("chunked") != std::string::npos) r.body = Dechunk(r.body);
-  return r;
+  return http::HttpCall(port, method, path, body);
 }
 
 // The SSE events' JSON payloads (the "[DONE]" marker as a string).
@@ -296,7 +244,7 @@ TEST_F(HttpApiTest, ModelsTokenizeDetokenizeAndErrors) {
 
 TEST_F(HttpApiTest, AClientLeavingMidStreamAbortsItsRequest) {
   FakeWorker* w = AddWorker(absl::Milliseconds(50));
-  const int fd = Connect(api_->port());
+  const int fd = http::ConnectLoopback(api_->port());
   ASSERT_GE(fd, 0);
   const std::string body = Json{
       {"model", "qwen-test"},

@@ -28,29 +28,15 @@ const char* RoleName(tandem::v1::WorkerRole role) {
   }
 }
 
-namespace {
-
-// Bucket edges (seconds) after vLLM's.
-std::vector<double> LatencyBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
-          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
-}
-std::vector<double> InterTokenBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-          0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
-}
-
-}  // namespace
-
 Worker::Worker(EngineLoop* loop, kvtransfer::KvConnector* connector,
                kvtransfer::KvSourceLinks* links, WorkerOptions options)
     : loop_(loop),
       connector_(connector),
       links_(links),
       options_(std::move(options)),
-      first_token_(LatencyBuckets()),
-      inter_token_(InterTokenBuckets()),
-      e2e_(LatencyBuckets()) {
+      first_token_(http::LatencyBuckets()),
+      inter_token_(http::InterTokenBuckets()),
+      e2e_(http::LatencyBuckets()) {
   address_ = options_.address;
 }
 

@@ -3,14 +3,11 @@
 // bad configurations are refused with the flag's problem named.
 #include "runtime/worker/worker_daemon.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/http/test_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -18,26 +15,10 @@
 namespace tandem::runtime {
 namespace {
 
-// GET `path` from 127.0.0.1:port over a raw socket (HTTP/1.0: the server closes after it).
+// GET `path` from 127.0.0.1:port: "HTTP/1.1 <status>" + the body.
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
-  close(fd);
-  return out;
+  const http::TestResponse r = http::HttpCall(port, "GET", path);
+  return absl::StrCat("HTTP/1.1 ", r.status, "\n", r.body);
 }
 
 WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {

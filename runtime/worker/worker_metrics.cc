@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/http/metrics_server.h"
 #include "common/http/prometheus.h"
 
 namespace tandem::runtime {
@@ -62,34 +62,14 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
 
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartWorkerHttp(const std::string& listen,
                                                                   const Worker* worker) {
-  const size_t colon = listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_listen must be HOST:PORT, got '", listen, "'"));
-  }
-  http::HttpServerOptions options;
-  options.address = listen.substr(0, colon);
-  options.port = port;
-  options.threads = 1;
-  options.max_body_bytes = 4096;
-  std::map<std::pair<std::string, std::string>, http::Handler> routes;
-  routes[{"GET", "/metrics"}] = [worker](const http::Request&, std::shared_ptr<http::Responder> r) {
-    http::Response res;
-    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res.body = WorkerMetricsText(worker->StatsProto(), worker->LatencySnapshots());
-    r->Reply(std::move(res));
-  };
-  routes[{"GET", "/health"}] = [worker](const http::Request&, std::shared_ptr<http::Responder> r) {
-    const tandem::v1::WorkerStats s = worker->StatsProto();
-    http::Response res;
-    res.content_type = "text/plain";
-    res.status = s.status() == tandem::v1::SERVING_STATUS_SERVING ? 200 : 503;
-    res.body = tandem::v1::ServingStatus_Name(s.status()) + "\n";
-    r->Reply(std::move(res));
-  };
-  return http::HttpServer::Start(options, std::move(routes));
+  return http::StartMetricsServer(
+      listen, "metrics_listen",
+      [worker] { return WorkerMetricsText(worker->StatsProto(), worker->LatencySnapshots()); },
+      [worker]() -> std::pair<int, std::string> {
+        const tandem::v1::ServingStatus status = worker->status();
+        return {status == tandem::v1::SERVING_STATUS_SERVING ? 200 : 503,
+                tandem::v1::ServingStatus_Name(status) + "\n"};
+      });
 }
 
 }  // namespace tandem::runtime
