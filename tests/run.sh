@@ -44,6 +44,19 @@ if ! "$HOME/.cache/tandem/k8s-venv/bin/python" -c "import kubernetes_validate" 2
     "$HOME/.cache/tandem/k8s-venv/bin/pip" install --quiet "kubernetes-validate==1.24.1" ||
     fail_early "installing kubernetes-validate (PyPI) failed"
 fi
+# A real Slurm for //deploy/slurm:slurm_test (it starts its own munged/slurmctld/slurmds): the
+# packages only, their services kept from starting at install (policy-rc.d).
+if ! command -v slurmctld > /dev/null || ! command -v munged > /dev/null; then
+  made_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d &&
+      made_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge > /dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge \
+        > /dev/null; } || fail_early "installing slurm-wlm and munge failed"
+  [[ $made_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
+fi
 # The official `openai` client (PyPI) for the HTTP API's end-to-end test, in a cached venv.
 PYENV=${TANDEM_PYENV:-$HOME/.cache/tandem/pyenv}
 if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null; then

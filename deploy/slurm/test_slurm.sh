@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# deploy/slurm/test_slurm.sh: runs deploy/slurm/tandem.sbatch on a REAL Slurm (Debian's slurm-wlm)
+# brought up just for this test, and checks it end to end:
+#   * munged on its own key and socket, slurmctld, and two slurmd "nodes" (n1, n2), each in its own
+#     Linux network namespace (+ UTS namespace) on a bridge 10.213.77.0/24 created here; if network
+#     namespaces cannot be made, ONE node (n1 on 127.0.0.1) instead, said so in the output.
+#   * job A: sbatch -N 2 tandem.sbatch, CPU backend, dummy tiny weights, 1 prefill + 1 decode
+#     (tp=1): waits for `router: HOST:PORT`, generates 8 tokens through it, checks the logs, scancel,
+#     checks that every tandem process is gone.
+#   * job B: one mixed TP=2 group, two srun tasks (--rank/--world_size/--dist_init from Slurm),
+#     spread over both nodes (two namespaces) when there are two: same checks.
+#   * at the end (also on failure / TERM): jobs cancelled, daemons stopped, namespaces, bridge and
+#     the temp dir removed. Prints `N passed, N failed`; exits non-zero on failure.
+# Needs root, iproute2, util-linux (unshare), slurm-wlm and munge (installed here with apt-get if
+# missing). Refuses to run if a munged/slurmctld/slurmd is already running on this machine.
+#
+#   deploy/slurm/test_slurm.sh                 # from the repository root (uses bazel-bin), or
+#   bazel test //deploy/slurm:slurm_test       # (binaries from the runfiles)
+# Environment: TANDEM_SLURM_NODES=auto|netns|local (auto: netns, else local), KEEP_TMP=1.
+set -uo pipefail
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
+t_start=$SECONDS
+passed=0 failed=0
+say() { echo "[test_slurm +$((SECONDS - t_start))s] $*"; }
+ok() { passed=$((passed + 1)); say "PASS: $*"; }
+bad() { failed=$((failed + 1)); say "FAIL: $*"; }
+finish() { echo "$passed passed, $failed failed"; (( failed == 0 )) && exit 0 || exit 1; }
+abort() { bad "$*"; finish; }
+
+# ---- where things are -------------------------------------------------------------------------
+if [[ -n "${TEST_SRCDIR:-}" ]]; then   # bazel test: cwd is the runfiles root (same layout as bazel-bin)
+  root=$PWD bin_dir=$PWD
+else
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) bin_dir=$root/bazel-bin
+fi
+sbatch_script=$root/deploy/slurm/tandem.sbatch
+cli=$bin_dir/router/tandem_cli
+for f in "$sbatch_script" "$bin_dir/router/tandem_router" "$bin_dir/runtime/tandem_worker" "$cli"; do
+  [[ -e "$f" ]] || abort "missing $f (build //router:tandem_router //runtime:tandem_worker //router:tandem_cli)"
+done
+(( EUID == 0 )) || abort "needs root (slurmd, munged, network namespaces)"
+
+# ---- Slurm + munge: install if missing; never touch running ones -------------------------------
+if ! command -v slurmctld > /dev/null || ! command -v slurmd > /dev/null || ! command -v sbatch > /dev/null ||
+   ! command -v munged > /dev/null; then
+  say "installing slurm-wlm and munge (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 apt-get install -y slurm-wlm munge > /tmp/test_slurm_apt.$$.log 2>&1 ||
+    { timeout 300 apt-get update > /dev/null 2>&1 &&
+      timeout 600 apt-get install -y slurm-wlm munge > /tmp/test_slurm_apt.$$.log 2>&1; } ||
+    { tail -n 20 /tmp/test_slurm_apt.$$.log; abort "apt-get install slurm-wlm munge failed"; }
+  rm -f /tmp/test_slurm_apt.$$.log
+fi
+for d in munged slurmctld slurmd slurmstepd; do
+  for p in $(pgrep -x "$d"); do   # (zombies of an earlier run, waiting for init to reap them, do not count)
+    grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null && continue
+    abort "a $d is already running here (pid $p); refusing to start a test cluster next to it"
+  done
+done
+say "$(slurmctld -V), $(munged -V 2>&1 | head -n 1)"
+
+# ---- state, cleanup ---------------------------------------------------------------------------
+T=$(mktemp -d /tmp/tdmslurm.XXXXXX) || abort "mktemp failed"
+mkdir -p "$T/munge" "$T/state" "$T/spool" "$T/log" "$T/job"
+chmod 711 "$T" "$T/munge"   # munged wants its socket's directories searchable by all
+sfx=$$ net=10.213.77 br="" netns=() munged_pid="" ctld_pid="" slurmd_pids=() cleaned=0
+export SLURM_CONF=$T/slurm.conf
+cleanup() {
+  (( cleaned )) && return 0
+  cleaned=1
+  trap '' TERM INT
+  if [[ -n "$ctld_pid" ]] && kill -0 "$ctld_pid" 2>/dev/null; then
+    if [[ -n "$(squeue -h -o %i 2>/dev/null)" ]]; then   # only our cluster's jobs (own slurm.conf)
+      scancel --full $(squeue -h -o %i) 2>/dev/null
+      for _ in $(seq 100); do [[ -z "$(squeue -h -o %i 2>/dev/null)" ]] && break; sleep 0.2; done
+    fi
+  fi
+  stop_pid() {  # stop_pid PID: TERM, then KILL after 10 s
+    [[ -n "$1" ]] || return 0
+    kill -TERM "$1" 2>/dev/null || return 0
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+  }
+  for p in "${slurmd_pids[@]}"; do stop_pid "$p"; done
+  stop_pid "$ctld_pid"
+  stop_pid "$munged_pid"
+  # Anything still inside our namespaces is ours (slurmstepd, stray tasks): kill it, then the
+  # namespaces (their veth ends go with them) and the bridge.
+  local i
+  for i in "${!netns[@]}"; do
+    for p in $(ip netns pids "${netns[$i]}" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip link del "tdm${sfx}h$((i + 1))" 2>/dev/null
+    ip netns del "${netns[$i]}" 2>/dev/null
+  done
+  [[ -n "$br" ]] && ip link del "$br" 2>/dev/null
+  if [[ "${KEEP_TMP:-0}" == 1 ]]; then say "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'say "signal: cleaning up"; exit 143' TERM INT
+show_logs() {  # on failure: what the daemons and the job said
+  local f
+  for f in "$T"/log/*.log "$T"/job/*.out "$T"/job/tandem-*/logs/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "---- ${f#$T/} (last 15 lines)"; tail -n 15 "$f"
+  done
+}
+free_port() {  # a TCP port nobody listens on in this (host) namespace
+  local p
+  while true; do
+    p=$((20000 + RANDOM % 20000))
+    [[ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]] && { echo "$p"; return; }
+  done
+}
+wait_until() {  # wait_until TIMEOUT_S CMD...: polls CMD every 0.2 s
+  local deadline=$((SECONDS + $1)); shift
+  until "$@"; do (( SECONDS < deadline )) || return 1; sleep 0.2; done
+}
+
+# ---- nodes: two network namespaces on a bridge, or one node on loopback -----------------------
+mode=${TANDEM_SLURM_NODES:-auto}
+setup_netns() {
+  if ip -4 addr show | grep -q " $net\."; then say "$net.0/24 is already in use here"; return 1; fi
+  br=tdmbr$sfx
+  ip link add "$br" type bridge || { br=""; return 1; }
+  ip addr add "$net.1/24" dev "$br" && ip link set "$br" up || return 1
+  local i ns
+  for i in 1 2; do
+    ns=tdm${sfx}n$i
+    ip netns add "$ns" || return 1
+    netns+=("$ns")
+    ip link add "tdm${sfx}h$i" type veth peer name "tdm${sfx}p$i" || return 1
+    ip link set "tdm${sfx}p$i" netns "$ns" &&
+      ip link set "tdm${sfx}h$i" master "$br" && ip link set "tdm${sfx}h$i" up &&
+      ip netns exec "$ns" ip link set lo up &&
+      ip netns exec "$ns" ip addr add "$net.1$i/24" dev "tdm${sfx}p$i" &&
+      ip netns exec "$ns" ip link set "tdm${sfx}p$i" up || return 1
+  done
+  # The bridge must carry traffic between the namespaces and to the host (slurmctld, the test):
+  # a TCP connect to a closed port must be refused (not time out).
+  refused() {  # refused ADDR [ip netns exec NS]
+    local a=$1 out; shift
+    out=$(timeout 3 "$@" bash -c "echo > /dev/tcp/$a/9" 2>&1)
+    [[ "$out" == *refused* ]]
+  }
+  bridge_up() {
+    refused "$net.12" ip netns exec "tdm${sfx}n1" && refused "$net.11" &&
+      refused "$net.1" ip netns exec "tdm${sfx}n2"
+  }
+  wait_until 15 bridge_up || { say "no traffic across the bridge $br"; return 1; }
+}
+teardown_netns() {
+  local i
+  for i in "${!netns[@]}"; do
+    ip link del "tdm${sfx}h$((i + 1))" 2>/dev/null
+    ip netns del "${netns[$i]}" 2>/dev/null
+  done
+  netns=()
+  [[ -n "$br" ]] && ip link del "$br" 2>/dev/null
+  br=""
+}
+if [[ "$mode" != local ]]; then
+  if setup_netns; then mode=netns
+  else
+    teardown_netns
+    [[ "$mode" == netns ]] && abort "network namespaces were asked for (TANDEM_SLURM_NODES=netns) but could not be set up"
+    mode=local
+  fi
+fi
+if [[ "$mode" == netns ]]; then
+  nodes=(n1 n2) addrs=("$net.11" "$net.12") ctld_addr=$net.1
+  say "MODE: two Slurm nodes n1 ($net.11) and n2 ($net.12), each slurmd in its own network+UTS namespace"
+else
+  nodes=(n1) addrs=(127.0.0.1) ctld_addr=127.0.0.1
+  say "MODE: ONE Slurm node n1 on 127.0.0.1 (network namespaces unavailable here): no cross-node traffic is tested"
+fi
+
+# ---- munge ------------------------------------------------------------------------------------
+sock=$T/munge/munge.socket
+head -c 1024 /dev/urandom > "$T/munge/munge.key" && chmod 400 "$T/munge/munge.key"
+munged -F --socket="$sock" --key-file="$T/munge/munge.key" --pid-file="$T/munge/munged.pid" \
+  --log-file="$T/log/munged.log" --seed-file="$T/munge/munged.seed" > "$T/log/munged.out.log" 2>&1 &
+munged_pid=$!
+wait_until 10 bash -c "{ munge -n --socket='$sock' | unmunge --socket='$sock'; } > /dev/null 2>&1" ||
+  { show_logs; abort "munged did not come up"; }
+ok "munged up (own key, socket $sock)"
+
+# ---- slurm.conf -------------------------------------------------------------------------------
+ctld_port=$(free_port) slurmd_port=$(free_port)
+while [[ "$slurmd_port" == "$ctld_port" ]]; do slurmd_port=$(free_port); done
+{
+  cat <<EOF
+ClusterName=tandemtest
+SlurmctldHost=$(hostname -s)($ctld_addr)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$sock
+CredType=cred/munge
+StateSaveLocation=$T/state
+SlurmdSpoolDir=$T/spool/%n
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd-%n.pid
+SlurmctldLogFile=$T/log/slurmctld.log
+SlurmdLogFile=$T/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+SwitchType=switch/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+ReturnToService=2
+SlurmdParameters=config_overrides
+PropagateResourceLimits=NONE
+KillWait=15
+MessageTimeout=10
+SlurmdTimeout=60
+InactiveLimit=0
+MinJobAge=60
+EOF
+  for i in "${!nodes[@]}"; do
+    echo "NodeName=${nodes[$i]} NodeAddr=${addrs[$i]} CPUs=8 RealMemory=1000 State=UNKNOWN"
+  done
+  echo "PartitionName=tandem Nodes=$(IFS=,; echo "${nodes[*]}") Default=YES MaxTime=INFINITE State=UP"
+} > "$T/slurm.conf"
+
+# ---- daemons ----------------------------------------------------------------------------------
+slurmctld -D -c -f "$T/slurm.conf" > "$T/log/slurmctld.out.log" 2>&1 &
+ctld_pid=$!
+for i in "${!nodes[@]}"; do
+  n=${nodes[$i]}
+  mkdir -p "$T/spool/$n"
+  if [[ "$mode" == netns ]]; then   # its own network and hostname: a separate machine, as far as it can tell
+    # (nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, which slurmd needs)
+    nsenter --net="/run/netns/${netns[$i]}" unshare --uts bash -c "hostname $n && exec slurmd -D -N $n -f '$T/slurm.conf'" \
+      > "$T/log/slurmd-$n.out.log" 2>&1 &
+  else
+    slurmd -D -N "$n" -f "$T/slurm.conf" > "$T/log/slurmd-$n.out.log" 2>&1 &
+  fi
+  slurmd_pids+=($!)
+done
+nodes_idle() { [[ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c '^idle')" == "${#nodes[@]}" ]]; }
+if wait_until 40 nodes_idle; then ok "slurmctld + ${#nodes[@]} slurmd up, nodes idle: $(sinfo -h -N -o '%N=%t' | tr '\n' ' ')"
+else sinfo -N 2>&1; show_logs; abort "Slurm nodes did not become idle"; fi
+
+# ---- one job ----------------------------------------------------------------------------------
+# run_job NAME NODES TOKEN_CHECK_ROLE SBATCH_ARGS...: submit, wait for the endpoint, generate, check
+# logs and workers, scancel, check that every tandem process is gone.
+job_state() { squeue -h -j "$1" -o %T 2>/dev/null; }
+run_job() {
+  local name=$1 n=$2; shift 2
+  local out=$T/job/$name.out job_dir=$T/job/tandem-$name jobid ep="" deadline
+  jobid=$(sbatch --parsable -N "$n" --chdir="$T/job" --output="$out" --job-name="tandem-$name" \
+    --time=10 "$sbatch_script" --backend=cpu --load_format=dummy --dummy_config=tiny \
+    --bin_dir="$bin_dir" --job_dir="$job_dir" --router_port=0 --cpus_per_task=1 \
+    --ready_timeout_s=60 --stop_grace_s=10 "$@" 2>&1) || { bad "$name: sbatch failed: $jobid"; return; }
+  say "$name: submitted job $jobid ($*)"
+  deadline=$((SECONDS + 90))
+  while (( SECONDS < deadline )); do
+    ep=$(sed -n 's/^router: //p' "$out" 2>/dev/null | head -n 1)
+    [[ -n "$ep" ]] && break
+    [[ -z "$(job_state "$jobid")" ]] && break   # the job ended without an endpoint
+    sleep 0.3
+  done
+  if [[ -z "$ep" ]]; then
+    bad "$name: no 'router: HOST:PORT' in the job output (job state: $(job_state "$jobid" || true); empty = ended)"
+    show_logs; scancel "$jobid" 2>/dev/null; return
+  fi
+  ok "$name: job $jobid $(job_state "$jobid") on $(squeue -h -j "$jobid" -o %N), endpoint $ep (+$((SECONDS - t_start))s)"
+  [[ "$(cat "$job_dir/endpoint" 2>/dev/null)" == "$ep" ]] && ok "$name: endpoint file $job_dir/endpoint" ||
+    bad "$name: endpoint file missing or different"
+  say "$name: steps: $(squeue -h -s -j "$jobid" -o '%i=%j@%N' | tr '\n' ' ')"
+  local gen
+  gen=$(timeout 30 "$cli" generate --router="$ep" --prompt_ids=1,2,3 --max_tokens=8 --json --timeout_ms=20000 2>&1)
+  local ntok
+  ntok=$(sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p' <<< "$gen" | tr ',' '\n' | grep -c .)
+  if [[ "$ntok" == 8 ]]; then ok "$name: generate through $ep: 8 tokens: $gen"
+  else bad "$name: generate: $gen"; show_logs; fi
+  local workers
+  workers=$(timeout 10 "$cli" workers --router="$ep" --json 2>&1)
+  echo "$workers" | grep -q '"healthy":false' && bad "$name: an unhealthy worker: $workers"
+  check_workers "$name" "$workers"
+  local logs
+  logs=$(cd "$job_dir/logs" 2>/dev/null && ls | tr '\n' ' ')
+  [[ -n "$logs" ]] && ok "$name: per-node per-role logs: $logs" || bad "$name: no logs in $job_dir/logs"
+  check_logs "$name" "$job_dir/logs"
+
+  # Teardown: scancel; the job's trap stops the steps; nothing of tandem may be left running.
+  scancel "$jobid"
+  if wait_until 40 bash -c "[[ -z \"\$(squeue -h -j $jobid -o %i 2>/dev/null)\" ]]"; then
+    ok "$name: scancel: job $jobid gone"
+  else bad "$name: job $jobid still there 40 s after scancel: $(job_state "$jobid")"; fi
+  local left=()
+  left_now() {
+    left=()
+    local p comm
+    for p in $(pgrep -f -- "--router=$ep") $(pgrep -f -- "$job_dir") $(for ns in "${netns[@]}"; do ip netns pids "$ns"; done); do
+      comm=$(cat "/proc/$p/comm" 2>/dev/null) || continue
+      [[ "$comm" == tandem* || "$comm" == srun || "$comm" == worker_task.sh ]] && left+=("$p:$comm")
+    done
+    (( ${#left[@]} == 0 ))
+  }
+  if wait_until 20 left_now; then ok "$name: no tandem process left after scancel"
+  else bad "$name: left running after scancel: ${left[*]}"; fi
+  grep -q "all steps stopped" "$out" && ok "$name: the job's trap tore the steps down" ||
+    { bad "$name: no 'all steps stopped' in the job output"; tail -n 20 "$out"; }
+  [[ ! -e "$job_dir/endpoint" ]] || bad "$name: endpoint file left behind"
+}
+
+# Job A: 1 prefill + 1 decode, tp=1.
+check_workers() {
+  grep -q '"role":"prefill"' <<< "$2" && grep -q '"role":"decode"' <<< "$2" &&
+    ok "$1: router lists a healthy prefill and a decode worker" || bad "$1: workers: $2"
+}
+check_logs() {
+  ls "$2" | grep -q -- '-router.log$' && ls "$2" | grep -q -- '-prefill0-rank0.log$' &&
+    ls "$2" | grep -q -- '-decode0-rank0.log$' || bad "$1: router/prefill/decode logs missing"
+}
+run_job pd "${#nodes[@]}" --prefill=1 --decode=1 --tp=1
+
+# Job B: one mixed TP=2 group, rank 0 and rank 1 on different nodes when there are two.
+check_workers() {
+  grep -q '"tp_size":2' <<< "$2" && ok "$1: router lists one healthy mixed worker group of tp_size 2" ||
+    bad "$1: workers: $2"
+}
+check_logs() {
+  local r0 r1
+  r0=$(ls "$2" | grep -- '-mixed0-rank0.log$') r1=$(ls "$2" | grep -- '-mixed0-rank1.log$')
+  if [[ -z "$r0" || -z "$r1" ]]; then bad "$1: mixed0 rank logs missing"; return; fi
+  grep -q "rank 1/2: .*--rank=1 --world_size=2 --dist_init=" "$2/$r1" &&
+    ok "$1: rank 1 got --rank/--world_size/--dist_init from Slurm: $(grep -o -- '--dist_init=[^ ]*' "$2/$r1")" ||
+    bad "$1: rank 1's flags: $(head -n 1 "$2/$r1")"
+  grep -q "rank 1 of 2 joined" "$2/$r1" && ok "$1: rank 1 joined the group ($r0, $r1)" ||
+    bad "$1: rank 1 did not join: $(tail -n 3 "$2/$r1")"
+}
+if [[ "$mode" == netns ]]; then run_job tp2 2 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=2
+else run_job tp2 1 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=1; fi
+
+# ---- teardown of the test cluster --------------------------------------------------------------
+(( failed )) && show_logs
+daemon_pids=("$munged_pid" "$ctld_pid" "${slurmd_pids[@]}")
+cleanup
+alive=()
+for p in "${daemon_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+ip netns list 2>/dev/null | grep -q "^tdm${sfx}n" && alive+=("netns tdm${sfx}n*")
+ip link show "tdmbr$sfx" > /dev/null 2>&1 && alive+=("bridge tdmbr$sfx")
+[[ -d "$T" && "${KEEP_TMP:-0}" != 1 ]] && alive+=("dir $T")
+if (( ${#alive[@]} == 0 )); then
+  ok "munged, slurmctld and slurmd stopped; namespaces, bridge and temp dir cleaned up"
+else bad "left after cleanup: ${alive[*]}"; fi
+say "mode: $mode; took $((SECONDS - t_start)) s"
+finish
