@@ -239,8 +239,15 @@ for i in "${!nodes[@]}"; do
   n=${nodes[$i]}
   mkdir -p "$T/spool/$n"
   if [[ "$mode" == netns ]]; then   # its own network and hostname: a separate machine, as far as it can tell
-    # (nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, which slurmd needs)
-    nsenter --net="/run/netns/${netns[$i]}" unshare --uts bash -c "hostname $n && exec slurmd -D -N $n -f '$T/slurm.conf'" \
+    # (nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, which slurmd needs).
+    # Its own sysfs too, so the workers it starts see this namespace's network interfaces (UCX
+    # reads /sys/class/net; the worker refuses to start on a device it cannot see), with the
+    # host's cgroup mount carried over for slurmd.
+    mkdir -p "$T/cg-$n"
+    nsenter --net="/run/netns/${netns[$i]}" unshare --uts --mount --propagation private bash -c \
+      "mount --rbind /sys/fs/cgroup '$T/cg-$n' && mount -t sysfs -o ro sysfs /sys &&
+       mount --rbind '$T/cg-$n' /sys/fs/cgroup && hostname $n &&
+       exec slurmd -D -N $n -f '$T/slurm.conf'" \
       > "$T/log/slurmd-$n.out.log" 2>&1 &
   else
     slurmd -D -N "$n" -f "$T/slurm.conf" > "$T/log/slurmd-$n.out.log" 2>&1 &

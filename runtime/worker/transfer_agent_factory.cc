@@ -1,8 +1,13 @@
 #include "runtime/worker/transfer_agent_factory.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kvtransfer/ucx/ucx_agent.h"
 #if defined(TANDEM_WITH_CUDA)
 #include "kvtransfer/nccl/nccl_agent.h"
@@ -18,11 +23,35 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> Upcast(
   return std::unique_ptr<kvtransfer::TransferAgent>(std::move(*agent));
 }
 
+// Every TCP-style entry of a UCX device list ("all", and RDMA "dev:port" entries aside) must be
+// an interface UCX can see, else it silently drops it and every KV read fails unreachable.
+absl::Status CheckNetDevices(const std::string& devices, const std::string& sysfs_net_dir) {
+  for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipEmpty())) {
+    if (d == "all" || d.find(':') != absl::string_view::npos) continue;
+    if (std::filesystem::exists(std::filesystem::path(sysfs_net_dir) / std::string(d))) continue;
+    std::vector<std::string> seen;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(sysfs_net_dir, ec)) {
+      seen.push_back(entry.path().filename().string());
+    }
+    std::sort(seen.begin(), seen.end());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX network device '", d, "' is not in ", sysfs_net_dir,
+        " (it lists: ", seen.empty() ? "nothing" : absl::StrJoin(seen, ", "),
+        "); every KV transfer would fail. Set --ucx_net_device to one of those, or run where "
+        "this network namespace's /sys is mounted"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     const TransferAgentFlags& flags) {
   if (flags.transport == "ucx") {
+    if (absl::Status s = CheckNetDevices(flags.ucx_net_device, flags.sysfs_net_dir); !s.ok()) {
+      return s;
+    }
     kvtransfer::UcxAgentOptions options;
     options.transports = flags.ucx_tls;
     options.net_device = flags.ucx_net_device;

@@ -24,10 +24,14 @@ struct TransferAgentFlags {
   // The NCCL agent's control socket binds here (port chosen by the kernel); peers learn the
   // address from the handshake.
   std::string nccl_control_host = "127.0.0.1";
+  // Where the network interfaces UCX may use are listed (UCX itself looks there): a device in
+  // ucx_net_device that is missing makes startup fail instead of every KV load later.
+  std::string sysfs_net_dir = "/sys/class/net";
 };
 
-// INVALID_ARGUMENT for an unknown transport, or "nccl" without a CUDA pool; UNIMPLEMENTED for
-// "nccl" in a build without CUDA; the agent's own errors otherwise (e.g. no GPU).
+// INVALID_ARGUMENT for an unknown transport, "nccl" without a CUDA pool, or a UCX network device
+// UCX cannot see (named, with what it can see: e.g. a container that mounts the host's /sys);
+// UNIMPLEMENTED for "nccl" in a build without CUDA; the agent's own errors otherwise (no GPU).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     const TransferAgentFlags& flags);
 

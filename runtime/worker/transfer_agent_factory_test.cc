@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <string>
+
 #include "absl/status/status.h"
 #include "tandem/v1/kv.pb.h"
 
@@ -26,6 +29,21 @@ TEST(TransferAgentFactoryTest, NcclNeedsADevicePool) {
   ASSERT_EQ(agent.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(agent.status().message().find("--backend=cuda"), absl::string_view::npos)
       << agent.status();
+}
+
+TEST(TransferAgentFactoryTest, AUcxDeviceThisHostCannotSeeFailsAtStartup) {
+  // A sysfs that lists only "eth7" (as a container with another namespace's /sys would).
+  const std::string sysfs = ::testing::TempDir() + "/fake-sys-class-net";
+  std::filesystem::create_directories(sysfs + "/eth7");
+  TransferAgentFlags flags;
+  flags.sysfs_net_dir = sysfs;
+  flags.ucx_net_device = "veth-gone0";
+  auto agent = MakeTransferAgent(flags);
+  ASSERT_EQ(agent.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(agent.status().message().find("'veth-gone0'"), absl::string_view::npos);
+  EXPECT_NE(agent.status().message().find("eth7"), absl::string_view::npos) << agent.status();
+  flags.ucx_net_device = "all";  // UCX picks: nothing to check
+  EXPECT_NE(MakeTransferAgent(flags).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TransferAgentFactoryTest, UcxOnLoopback) {

@@ -142,7 +142,8 @@ ok "bridge $br ($net.0/24): router ${ADDR[r]}, prefill ${ADDR[p]}, decode ${ADDR
 # as UCX can tell; pid in $last_pid.
 #  * sysfs: UCX finds its network devices in /sys/class/net. With nsenter alone /sys stays the
 #    host's, which lists none of the namespace's interfaces, so UCX sees only 'lo' and every KV
-#    load fails "Destination is unreachable" (TANDEM_MULTIHOST_HOST_SYSFS=1 shows that).
+#    load failed "Destination is unreachable"; the worker now refuses to start on such a device
+#    (TANDEM_MULTIHOST_HOST_SYSFS=1 shows that).
 #  * boot id: UCX's shared-memory transports (sm: posix, sysv, cma; in the default --ucx_tls)
 #    take two processes with the same /proc/sys/kernel/random/boot_id for one host and move the
 #    KV through shared memory, never over the link (TANDEM_MULTIHOST_SHARED_BOOT_ID=1 shows that:
