@@ -147,9 +147,7 @@ TEST(ServingE2eTest, CancelMidStreamFreesBlocksOnPrefillAndDecode) {
 void KillMidStream(const std::string& role, int prefill, int decode) {
   std::unique_ptr<Cluster> cluster = StartSlowCluster(prefill, decode, 0);
   ASSERT_NE(cluster, nullptr);
-  Prompt p;
-  for (int i = 0; i < 30; ++i) p.ids.push_back(20 + i);
-  p.max_tokens = 1000;
+  const Prompt p = LongPrompt();
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
   auto reader = cluster->router().Generate(&ctx, ToRequest(p));

@@ -9,6 +9,13 @@
 
 namespace tandem::e2e {
 
+Prompt LongPrompt(int max_tokens) {
+  Prompt p;
+  for (int i = 0; i < 30; ++i) p.ids.push_back(20 + i);
+  p.max_tokens = max_tokens;
+  return p;
+}
+
 tandem::v1::GenerateRequest ToRequest(const Prompt& p) {
   tandem::v1::GenerateRequest r;
   for (uint32_t t : p.ids) r.add_prompt_token_ids(t);

@@ -31,6 +31,8 @@ struct Result {
 };
 
 tandem::v1::GenerateRequest ToRequest(const Prompt& p);  // greedy, ignore_eos
+// A 30-token prompt asking for `max_tokens` (a stream that runs long enough to be interrupted).
+Prompt LongPrompt(int max_tokens = 1000);
 
 Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequest& request,
                 absl::Duration timeout = absl::Seconds(60));

@@ -89,9 +89,7 @@ TEST(TpServingE2eTest, KillRankOneMidStream) {
   WorkerHandle& worker = cluster->workers()[0];
   const std::vector<pid_t> ranks = Children(worker.process->pid());
   ASSERT_EQ(ranks.size(), 1u);
-  Prompt p;
-  for (int i = 0; i < 30; ++i) p.ids.push_back(20 + i);
-  p.max_tokens = 1000;
+  const Prompt p = LongPrompt();
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
   auto reader = cluster->router().Generate(&ctx, ToRequest(p));
