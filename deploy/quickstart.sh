@@ -28,15 +28,20 @@ UP=$(deploy/local/up.sh --prefill=1 --decode=1 --backend=cpu --model="$MODEL" \
   --run_dir="$RUN_DIR" --bin_dir="$BIN")
 echo "$UP"
 ROUTER=$(sed -n 's/^router: //p' <<<"$UP")
+# TLS with an API key (up.sh made the CA, the certificates and the key under $RUN_DIR/certs).
+TLS_CA=$(sed -n 's/^tls_ca: //p' <<<"$UP")
+TANDEM_API_KEY=$(cat "$(sed -n 's/^api_key_file: //p' <<<"$UP")")
+export TANDEM_API_KEY
+cli() { "$BIN/router/tandem_cli" "$@" --tls_ca="$TLS_CA"; }
 if [[ -z ${TANDEM_KEEP_UP:-} ]]; then
   trap 'deploy/local/down.sh "$RUN_DIR" >/dev/null' EXIT
 fi
-"$BIN/router/tandem_cli" workers --router="$ROUTER"
+cli workers --router="$ROUTER"
 echo "quickstart: streaming 24 tokens (greedy) through $ROUTER"
-"$BIN/router/tandem_cli" generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
+cli generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
   --max_tokens=24 --ignore_eos
 echo "quickstart: the same request as JSON (first token from P, the rest from D)"
-"$BIN/router/tandem_cli" generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
+cli generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
   --max_tokens=24 --ignore_eos --json
 
 # Text in, text out: the OpenAI-compatible HTTP API on the router, over a model directory with a
@@ -48,12 +53,15 @@ deploy/local/down.sh "$TEXT_RUN" >/dev/null 2>&1 || true
 UP=$(deploy/local/up.sh --prefill=1 --decode=1 --load_format=dummy --dummy_config="$TEXT_MODEL" \
   --http_port=0 --http_model="$TEXT_MODEL" --run_dir="$TEXT_RUN" --bin_dir="$BIN")
 echo "$UP"
-HTTP=$(sed -n 's/^http: //p' <<<"$UP")
+HTTP=$(sed -n 's/^http: //p' <<<"$UP")  # https://HOST:PORT (the router's certificate)
+HTTP_CA=$(sed -n 's/^tls_ca: //p' <<<"$UP")
+HTTP_KEY=$(cat "$(sed -n 's/^api_key_file: //p' <<<"$UP")")
 if [[ -z ${TANDEM_KEEP_UP:-} ]]; then
   trap 'deploy/local/down.sh "$RUN_DIR" >/dev/null; deploy/local/down.sh "$TEXT_RUN" >/dev/null' EXIT
 fi
-echo "quickstart: streaming a chat completion as text from http://$HTTP/v1/chat/completions"
-curl -sN "http://$HTTP/v1/chat/completions" -H 'Content-Type: application/json' -d \
+echo "quickstart: streaming a chat completion as text from $HTTP/v1/chat/completions"
+curl -sN --cacert "$HTTP_CA" "$HTTP/v1/chat/completions" -H 'Content-Type: application/json' \
+  -H "Authorization: Bearer $HTTP_KEY" -d \
   '{"model": "demo-text", "stream": true, "max_tokens": 24,
     "messages": [{"role": "user", "content": "Tell me about Paris."}]}' |
   python3 -c '
@@ -65,4 +73,6 @@ for line in sys.stdin:
             sys.stdout.flush()
 print()'
 echo "quickstart: done. Single-process engine: $BIN/runtime/generate --model=$MODEL --prompt_ids=1,2,3"
-echo "quickstart: the HTTP API works with the openai client: base_url=http://$HTTP/v1, model demo-text"
+echo "quickstart: the HTTP API works with the openai client: base_url=$HTTP/v1, model demo-text," \
+  "api_key=$HTTP_KEY, http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(" \
+  "cafile='$HTTP_CA'))"

@@ -144,6 +144,37 @@ uint64_t CompatibilityHash(const CompatibilityInfo& info) {
   return hash;
 }
 
+namespace {
+
+// TransferHandshake.ranks: one entry per rank, in rank order, each a valid descriptor of its own
+// (no nested ranks), naming the group's size and its own rank.
+absl::Status ValidateGroupRanks(const TransferHandshake& handshake, const std::string& who) {
+  const int n = handshake.ranks_size();
+  if (n == 0) return absl::OkStatus();
+  if (n > tandem::v1::kMaxGroupRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": ", n, " ranks > limit ", tandem::v1::kMaxGroupRanks));
+  }
+  for (int r = 0; r < n; ++r) {
+    const TransferHandshake& rank = handshake.ranks(r);
+    if (rank.ranks_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": ranks[", r, "] nests ranks"));
+    }
+    if (rank.geometry().tp_rank() != static_cast<uint32_t>(r) ||
+        rank.geometry().tp_size() != static_cast<uint32_t>(n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": ranks[", r, "] says rank ", rank.geometry().tp_rank(), " of ",
+                       rank.geometry().tp_size(), ", the group lists ", n));
+    }
+    if (absl::Status s = ValidateHandshake(rank); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": ranks[", r, "]: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateHandshake(const TransferHandshake& handshake) {
   if (handshake.worker_id().size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
     return absl::InvalidArgumentError(absl::StrCat("handshake worker_id has ",
@@ -179,7 +210,7 @@ absl::Status ValidateHandshake(const TransferHandshake& handshake) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": regions[", i, "] has no kind"));
     }
   }
-  return absl::OkStatus();
+  return ValidateGroupRanks(handshake, who);
 }
 
 absl::Status CheckCompatible(const TransferHandshake& local, const TransferHandshake& peer) {
@@ -197,6 +228,13 @@ absl::Status CheckCompatible(const TransferHandshake& local, const TransferHands
   }
   if (absl::Status s = ValidateGeometry(peer.compatibility(), peer.geometry()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("peer '", peer.worker_id(), "': ", s.message()));
+  }
+  for (int r = 0; r < peer.ranks_size(); ++r) {
+    if (absl::Status s = ValidateGeometry(peer.compatibility(), peer.ranks(r).geometry());
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer '", peer.worker_id(), "' rank ", r, ": ", s.message()));
+    }
   }
   return CheckGeometry(local, peer);
 }
@@ -274,11 +312,18 @@ absl::Status CheckGeometry(const TransferHandshake& local, const TransferHandsha
       a.block_bytes() == b.block_bytes()) {
     return absl::OkStatus();
   }
-  // Same model and layout, different split over ranks: compatible, but the re-sharding
-  // transfer (heads gathered in bulk) belongs to the tensor-parallel work and is not built yet.
-  return absl::UnimplementedError(absl::StrCat(
-      "peer ", peer.worker_id(), " splits the same KV differently (local ", GeometryString(a),
-      "; peer ", GeometryString(b), "): re-sharding between group shapes is not implemented yet"));
+  // Same model and layout, different split over tensor-parallel ranks: reconciled by the reader
+  // (rank_reader.h re-shards heads in bulk). Context-parallel splits and quantized blocks
+  // (scales inside the block) are not re-sharded.
+  const bool quantized =
+      local.compatibility().layout().scale_granularity() != tandem::v1::KV_SCALE_NONE;
+  if (a.dcp_size() != b.dcp_size() || a.dcp_interleave() != b.dcp_interleave() || quantized) {
+    return absl::UnimplementedError(absl::StrCat(
+        "peer ", peer.worker_id(), " splits the same KV differently (local ", GeometryString(a),
+        "; peer ", GeometryString(b), "): re-sharding ",
+        quantized ? "quantized KV" : "between context-parallel shapes", " is not implemented"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::kvtransfer

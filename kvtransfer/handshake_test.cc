@@ -337,10 +337,52 @@ TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
   g->set_kv_head_count(local.compatibility().layout().num_kv_heads() / 2);
   g->set_block_bytes(0);
   ASSERT_TRUE(CheckGeometry(local, local).ok());
-  const absl::Status s = CheckCompatible(local, peer);
-  // Not FAILED_PRECONDITION (incompatible): the transfer's re-sharding answers it.
+  // A different tensor-parallel split pairs: the reader re-shards the heads (rank_reader.h).
+  EXPECT_TRUE(CheckCompatible(local, peer).ok()) << CheckCompatible(local, peer);
+  // A different context-parallel split is not re-sharded: UNIMPLEMENTED naming both splits
+  // (not FAILED_PRECONDITION: the model and layout are the same).
+  TransferHandshake dcp = peer;
+  dcp.mutable_geometry()->set_dcp_size(2);
+  const absl::Status s = CheckCompatible(local, dcp);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_NE(s.message().find("tp 0/2"), std::string::npos) << s;
+}
+
+TEST(RankGeometryTest, GroupRanksAreValidated) {
+  std::mt19937 rng(std::random_device{}());
+  TransferHandshake group = RandomHandshake(rng, "p0");
+  group.mutable_compatibility()->mutable_layout()->set_num_kv_heads(4);
+  Rehash(&group);
+  for (uint32_t r = 0; r < 2; ++r) {
+    TransferHandshake* rank = group.add_ranks();
+    rank->set_transport(group.transport());
+    *rank->mutable_regions() = group.regions();
+    rank->mutable_geometry()->set_tp_size(2);
+    rank->mutable_geometry()->set_tp_rank(r);
+    rank->mutable_geometry()->set_kv_head_begin(2 * r);
+    rank->mutable_geometry()->set_kv_head_count(2);
+  }
+  *group.mutable_geometry() = group.ranks(0).geometry();
+  ASSERT_TRUE(ValidateHandshake(group).ok()) << ValidateHandshake(group);
+  TransferHandshake local = group;
+  local.clear_ranks();
+  *local.mutable_geometry() = SingleRankGeometry(local.compatibility(), 0);
+  EXPECT_TRUE(CheckCompatible(local, group).ok()) << CheckCompatible(local, group);
+
+  TransferHandshake swapped = group;
+  swapped.mutable_ranks(1)->mutable_geometry()->set_tp_rank(0);
+  EXPECT_NE(ValidateHandshake(swapped).message().find("ranks[1] says rank 0 of 2"),
+            std::string::npos);
+  TransferHandshake nested = group;
+  *nested.mutable_ranks(0)->add_ranks() = group.ranks(1);
+  EXPECT_NE(ValidateHandshake(nested).message().find("nests ranks"), std::string::npos);
+  TransferHandshake outside = group;
+  outside.mutable_ranks(1)->mutable_geometry()->set_kv_head_begin(3);
+  EXPECT_EQ(CheckCompatible(local, outside).code(), absl::StatusCode::kInvalidArgument);
+  TransferHandshake too_many = group;
+  while (too_many.ranks_size() <= tandem::v1::kMaxGroupRanks)
+    *too_many.add_ranks() = group.ranks(0);
+  EXPECT_NE(ValidateHandshake(too_many).message().find("ranks > limit"), std::string::npos);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/security/grpc_security.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kvtransfer/handshake.h"
@@ -12,8 +13,9 @@
 namespace tandem::kvtransfer {
 
 KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
-                                             tandem::v1::TransferHandshake local)
-    : agent_(agent), connector_(connector), local_(std::move(local)) {
+                                             tandem::v1::TransferHandshake local,
+                                             absl::Duration max_lease)
+    : agent_(agent), connector_(connector), local_(std::move(local)), max_lease_(max_lease) {
   absl::Status filled = agent_->FillLocalDescriptor(&local_);
   if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
 }
@@ -53,7 +55,8 @@ grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
     response->set_renewed(false);
     return grpc::Status::OK;
   }
-  const uint32_t extend_ms = std::min<uint32_t>(request->extend_ms(), 10 * 60 * 1000);
+  const int64_t extend_ms =
+      std::min<int64_t>(request->extend_ms(), absl::ToInt64Milliseconds(max_lease_));
   std::optional<absl::Time> deadline =
       connector_->RenewLease(request->lease_id(), absl::Milliseconds(extend_ms));
   response->set_renewed(deadline.has_value());
@@ -90,10 +93,12 @@ class PeerLinks::Renewer final : public LeaseClient {
 };
 
 PeerLinks::PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
-                     absl::Duration rpc_timeout)
+                     absl::Duration rpc_timeout, SourceLinker linker, LinkCheck linked)
     : agent_(agent),
       local_(std::move(local)),
       rpc_timeout_(rpc_timeout),
+      linker_(std::move(linker)),
+      linked_(std::move(linked)),
       renewer_(std::make_shared<Renewer>(this)) {
   absl::Status filled = agent_->FillLocalDescriptor(&local_);
   if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
@@ -152,6 +157,10 @@ void PeerLinks::SendRenewal(PendingRenewal renewal) {
   }
 }
 
+// Attempts of one ReleaseLease RPC whose source did not answer (each bounded by rpc_timeout,
+// 500 ms apart): about half a default lease.
+constexpr int kReleaseAttempts = 4;
+
 void PeerLinks::ReleaseLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -173,19 +182,43 @@ void PeerLinks::ReleaseLoop() {
       continue;
     }
     if (releases_.empty()) return;  // stop_ and nothing left to send
-    PendingRelease next = std::move(releases_.front());
-    releases_.pop_front();
+    // The first release that is due (retries wait `not_before`; new ones are due at once).
+    const absl::Time now = absl::Now();
+    auto due = std::find_if(releases_.begin(), releases_.end(),
+                            [&](const PendingRelease& r) { return r.not_before <= now; });
+    if (due == releases_.end() && !stop_) {
+      absl::Time wake = absl::InfiniteFuture();
+      for (const PendingRelease& r : releases_) wake = std::min(wake, r.not_before);
+      const size_t queued = releases_.size();
+      auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !renewals_.empty() || releases_.size() != queued;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&more), wake);
+      continue;
+    }
+    if (due == releases_.end()) due = releases_.begin();  // stopping: one last try each
+    PendingRelease next = std::move(*due);
+    releases_.erase(due);
+    const bool stopping = stop_;
     mu_.Unlock();
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
     tandem::v1::ReleaseLeaseResponse response;
     grpc::Status s = next.stub->ReleaseLease(&context, next.request, &response);
+    const bool retry = !s.ok() && !stopping && next.attempts + 1 < kReleaseAttempts &&
+                       (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
     if (!s.ok()) {
       LOG(WARNING) << "ReleaseLease " << next.request.lease_id() << " to "
                    << next.request.worker_id() << ": " << s.error_message()
-                   << " (the source frees it at lease expiry)";
+                   << (retry ? " (trying again)" : " (the source frees it at lease expiry)");
     }
     mu_.Lock();
+    if (retry) {
+      ++next.attempts;
+      next.not_before = absl::Now() + absl::Milliseconds(500);
+      releases_.push_back(std::move(next));
+    }
   }
 }
 
@@ -208,8 +241,12 @@ absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> PeerLinks::
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
-  auto channel = grpc::CreateCustomChannel(handle.transfer_endpoint(),
-                                           grpc::InsecureChannelCredentials(), args);
+  // A source restarted on its address must be reachable at once. With gRPC's default reconnect
+  // backoff (growing towards 2 minutes while the source was down) handshakes failed fast for
+  // seconds after it came back; every request in that window recomputed on D and left its lease
+  // held on the new source until expiry (tests/reliability fault_test, KillPrefillDuringKvRead).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = security::CreateInternalChannel(handle.transfer_endpoint(), args);
   return std::shared_ptr<tandem::v1::KvTransferService::Stub>(
       tandem::v1::KvTransferService::NewStub(channel));
 }
@@ -219,7 +256,8 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(handle.worker_id());
     if (it != peers_.end() && it->second.epoch == handle.epoch() &&
-        it->second.endpoint == handle.transfer_endpoint()) {
+        it->second.endpoint == handle.transfer_endpoint() &&
+        (!linked_ || linked_(handle.worker_id()))) {
       return absl::OkStatus();
     }
   }
@@ -228,7 +266,8 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(handle.worker_id());
     if (it != peers_.end() && it->second.epoch == handle.epoch() &&
-        it->second.endpoint == handle.transfer_endpoint()) {
+        it->second.endpoint == handle.transfer_endpoint() &&
+        (!linked_ || linked_(handle.worker_id()))) {
       return absl::OkStatus();
     }
   }
@@ -236,6 +275,7 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
   if (!stub.ok()) return stub.status();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  context.set_wait_for_ready(true);  // rides out a reconnect (above), bounded by the deadline
   tandem::v1::TransferHandshakeResponse response;
   grpc::Status rpc = (*stub)->Handshake(&context, local_, &response);
   if (!rpc.ok()) {
@@ -259,7 +299,8 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
         absl::StrCat("stale KV handle: source ", handle.worker_id(), " restarted (epoch ",
                      peer.epoch(), ", handle epoch ", handle.epoch(), ")"));
   }
-  absl::Status added = agent_->AddPeer(handle.worker_id(), peer);
+  absl::Status added =
+      linker_ ? linker_(handle.worker_id(), peer) : agent_->AddPeer(handle.worker_id(), peer);
   if (!added.ok()) return added;
   absl::MutexLock lock(&mu_);
   peers_[handle.worker_id()] = Peer{peer.epoch(), handle.transfer_endpoint(), *stub};

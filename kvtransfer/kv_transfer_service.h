@@ -37,8 +37,11 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
  public:
   // `local`: this worker's handshake (worker id, epoch, compatibility; transport fields are
   // filled from `agent`). `agent` and `connector` must outlive the service.
+  // A renewal extends a lease by at most `max_lease` (the worker bounds how long its blocks can
+  // be held, not the reader).
   KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
-                        tandem::v1::TransferHandshake local);
+                        tandem::v1::TransferHandshake local,
+                        absl::Duration max_lease = absl::Minutes(2));
 
   grpc::Status Handshake(grpc::ServerContext* context, const tandem::v1::TransferHandshake* request,
                          tandem::v1::TransferHandshakeResponse* response) override;
@@ -53,13 +56,24 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
   TransferAgent* const agent_;
   KvConnector* const connector_;
   tandem::v1::TransferHandshake local_;  // immutable after construction
+  const absl::Duration max_lease_;
 };
 
 class PeerLinks final : public KvSourceLinks {
  public:
+  // Connects the reading side to a source that passed the handshake checks (every rank of a
+  // worker group links to the source's ranks: RankKvReader::AddSource, GroupBlockTransport).
+  using SourceLinker =
+      std::function<absl::Status(const std::string& peer, const tandem::v1::TransferHandshake&)>;
   // `local`: this worker's handshake, as for the service. `agent` must outlive this object.
+  // `linker` null: agent->AddPeer (whole blocks from a source split like this worker).
+  // `linked` (may be null): whether the reading side still holds a working link to a peer
+  // (RankKvReader::SourceLinked); false makes the next EnsurePeer handshake and link again even
+  // for the same source incarnation (its connection was closed after it stopped answering).
+  using LinkCheck = std::function<bool(const std::string& peer)>;
   PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
-            absl::Duration rpc_timeout = absl::Seconds(5));
+            absl::Duration rpc_timeout = absl::Seconds(5), SourceLinker linker = nullptr,
+            LinkCheck linked = nullptr);
   ~PeerLinks();  // sends the queued lease releases (each bounded by rpc_timeout), then stops
 
   // Ensures the agent can read the blocks of `handle`: handshakes with handle.transfer_endpoint
@@ -98,6 +112,10 @@ class PeerLinks final : public KvSourceLinks {
   struct PendingRelease {
     std::shared_ptr<tandem::v1::KvTransferService::Stub> stub;
     tandem::v1::ReleaseLeaseRequest request;
+    // A release whose RPC failed (the source unreachable or stopped for a while) is tried again
+    // later, so the source frees the blocks when it answers again rather than at lease expiry.
+    int attempts = 0;
+    absl::Time not_before = absl::InfinitePast();
   };
   absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> StubFor(
       const tandem::v1::KvHandle& handle);
@@ -107,6 +125,8 @@ class PeerLinks final : public KvSourceLinks {
   TransferAgent* const agent_;
   tandem::v1::TransferHandshake local_;
   const absl::Duration rpc_timeout_;
+  const SourceLinker linker_;
+  const LinkCheck linked_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
   // Serializes handshakes so two requests from one new source handshake once.

@@ -174,5 +174,26 @@ TEST_F(LeaseRenewalOverGrpcTest, RenewerOutlivingPeerLinksAnswersCancelled) {
   EXPECT_EQ(answer.code(), absl::StatusCode::kCancelled) << answer;
 }
 
+// The source, not the reader, bounds how long its blocks stay held: a renewal asking for an hour
+// extends the lease by the worker's max_lease at most.
+TEST_F(LeaseRenewalOverGrpcTest, RenewalIsCappedByTheSourcesMaxLease) {
+  KvTransferServiceImpl capped(p_agent_.get(), pc_.get(), LocalHandshake("p", kEpoch),
+                               /*max_lease=*/absl::Seconds(2));
+  const tandem::v1::KvHandle handle = Lease(absl::Milliseconds(500));
+  tandem::v1::RenewLeaseRequest request;
+  request.set_worker_id("p");
+  request.set_epoch(kEpoch);
+  request.set_lease_id(handle.lease_id());
+  request.set_extend_ms(3600 * 1000);
+  tandem::v1::RenewLeaseResponse response;
+  grpc::ServerContext context;
+  ASSERT_TRUE(capped.RenewLease(&context, &request, &response).ok());
+  ASSERT_TRUE(response.renewed());
+  EXPECT_LE(absl::FromUnixMillis(response.lease_deadline_unix_ms()),
+            absl::Now() + absl::Seconds(2) + absl::Milliseconds(50));
+  EXPECT_GE(absl::FromUnixMillis(response.lease_deadline_unix_ms()),
+            absl::Now() + absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer

@@ -11,7 +11,17 @@
 namespace tandem::kvtransfer {
 
 PullKvConnector::PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options)
-    : agent_(agent), options_(options), sink_(std::make_shared<RenewalSink>()) {
+    : owned_transport_(std::make_unique<AgentBlockTransport>(
+          agent, options.local_region, options.remote_region, options.block_bytes)),
+      transport_(owned_transport_.get()),
+      options_(options),
+      sink_(std::make_shared<RenewalSink>()) {
+  absl::MutexLock lock(&sink_->mu);
+  sink_->connector = this;
+}
+
+PullKvConnector::PullKvConnector(BlockTransport* transport, const PullKvConnectorOptions& options)
+    : transport_(transport), options_(options), sink_(std::make_shared<RenewalSink>()) {
   absl::MutexLock lock(&sink_->mu);
   sink_->connector = this;
 }
@@ -24,7 +34,7 @@ PullKvConnector::~PullKvConnector() {
   // Cancel what is still in flight; the agent owns the transfers and ends them on destruction.
   absl::MutexLock lock(&mu_);
   for (auto& [id, load] : loads_) {
-    if (load.transfer.has_value()) agent_->Cancel(*load.transfer);
+    if (load.transfer.has_value()) transport_->Cancel(*load.transfer);
   }
 }
 
@@ -135,7 +145,7 @@ void PullKvConnector::CancelLoad(int64_t request_id) {
   }
   if (load.cancel_reason.ok()) {
     load.cancel_reason = absl::CancelledError("KV load cancelled");
-    agent_->Cancel(*load.transfer);
+    transport_->Cancel(*load.transfer);
   }
 }
 
@@ -162,22 +172,12 @@ bool PullKvConnector::ReleaseLeaseOf(const std::string& external_id) {
 
 std::vector<ByteRange> PullKvConnector::BlocksToByteRanges(absl::Span<const int32_t> block_ids,
                                                            uint64_t block_bytes) {
-  std::vector<ByteRange> ranges;
-  for (int32_t b : block_ids) {
-    const uint64_t offset = static_cast<uint64_t>(b) * block_bytes;
-    if (!ranges.empty() && ranges.back().offset + ranges.back().length == offset) {
-      ranges.back().length += block_bytes;
-    } else {
-      ranges.push_back({offset, block_bytes});
-    }
-  }
-  return ranges;
+  return kvtransfer::BlocksToByteRanges(block_ids, block_bytes);
 }
 
 absl::Status PullKvConnector::PrepareForRemoteRead(absl::Span<const int32_t> block_ids) {
-  if (block_ids.empty() || options_.block_bytes == 0) return absl::OkStatus();
-  return agent_->SyncForRemoteRead(options_.local_region,
-                                   BlocksToByteRanges(block_ids, options_.block_bytes));
+  if (block_ids.empty()) return absl::OkStatus();
+  return transport_->SyncForRemoteRead(block_ids);
 }
 
 std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::Duration extend) {
@@ -190,15 +190,8 @@ std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::D
 
 std::vector<CopyOp> PullKvConnector::BlocksToCopyOps(
     absl::Span<const std::pair<int32_t, int32_t>> blocks, const PullKvConnectorOptions& options) {
-  std::vector<uint32_t> local, remote;
-  local.reserve(blocks.size());
-  remote.reserve(blocks.size());
-  for (const auto& [source, destination] : blocks) {
-    remote.push_back(static_cast<uint32_t>(source));
-    local.push_back(static_cast<uint32_t>(destination));
-  }
-  return BlockCopyOps(options.local_region, options.remote_region, options.block_bytes, local,
-                      remote);
+  return BlockPairsToCopyOps(blocks, options.local_region, options.remote_region,
+                             options.block_bytes);
 }
 
 absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {
@@ -207,8 +200,7 @@ absl::Status PullKvConnector::StartLoad(const ConnectorStepMeta& meta) {
     auto it = loads_.find(spec.request_id);
     if (it == loads_.end() || it->second.transfer.has_value()) continue;
     Load& load = it->second;
-    const std::vector<CopyOp> ops = BlocksToCopyOps(spec.blocks, options_);
-    absl::StatusOr<TransferId> id = agent_->PostRead(spec.peer, ops);
+    absl::StatusOr<TransferId> id = transport_->PostRead(spec.peer, spec.blocks);
     ++stats_.loads_started;
     if (!id.ok()) {
       // Nothing was posted, so nothing writes into the blocks: report at once.
@@ -281,7 +273,7 @@ void PullKvConnector::OnLeaseRenewed(int64_t request_id, TransferId transfer,
       load.cancel_reason = absl::FailedPreconditionError(
           absl::StrCat("source ", load.peer, " no longer holds lease ", load.lease_id, ": ",
                        result.status().message()));
-      agent_->Cancel(transfer);
+      transport_->Cancel(transfer);
     }
     return;
   }
@@ -338,9 +330,9 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
           absl::StrCat("KV load of ", load.blocks.size(), " blocks from ", load.peer,
                        now >= load.deadline ? " did not finish before its deadline"
                                             : " did not finish before the source's lease ran out"));
-      agent_->Cancel(*load.transfer);
+      transport_->Cancel(*load.transfer);
     }
-    absl::StatusOr<bool> state = agent_->CheckTransfer(*load.transfer);
+    absl::StatusOr<bool> state = transport_->CheckTransfer(*load.transfer);
     if (state.ok() && !*state) continue;
     ended.push_back(request_id);
     if (state.ok() && load.cancel_reason.ok()) {

@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/block_transport.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/transfer_agent.h"
 
@@ -48,8 +49,13 @@ struct PullKvConnectorOptions {
 
 class PullKvConnector : public KvConnector {
  public:
-  // `agent` must outlive the connector and have the local pool registered.
+  // `agent` must outlive the connector and have the local pool registered; blocks move whole
+  // (AgentBlockTransport: the source splits its KV as this worker does).
   PullKvConnector(TransferAgent* agent, const PullKvConnectorOptions& options);
+  // Blocks move through `transport` (must outlive the connector): e.g. a RankKvReader
+  // (rank_reader.h) that re-shards heads, or a worker group's fan-out to its ranks.
+  // options.local_region / remote_region are the transport's business then.
+  PullKvConnector(BlockTransport* transport, const PullKvConnectorOptions& options);
   ~PullKvConnector() override;
 
   int64_t GetNumNewMatchedTokens(int64_t request_id, const RemoteKvSpec& remote,
@@ -156,7 +162,8 @@ class PullKvConnector : public KvConnector {
   void OnLeaseRenewed(int64_t request_id, TransferId transfer,
                       const absl::StatusOr<absl::Time>& result) ABSL_LOCKS_EXCLUDED(mu_);
 
-  TransferAgent* const agent_;
+  const std::unique_ptr<BlockTransport> owned_transport_;  // the agent's, or null
+  BlockTransport* const transport_;
   const PullKvConnectorOptions options_;
   const std::shared_ptr<RenewalSink> sink_;
 

@@ -3,10 +3,10 @@
 //   tandem_cli generate --router=ADDR --prompt_ids=1,2,3 --max_tokens=N [--temperature=0]
 //              [--top_p=0] [--top_k=0] [--seed=S] [--stop_token_ids=5,6] [--ignore_eos]
 //              [--request_id=ID] [--cache_salt=S] [--timeout_ms=600000] [--json]
-//   tandem_cli generate --http=HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N] ...
-//   tandem_cli chat     --http=HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N] ...
+//   tandem_cli generate --http=[https://]HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N]
+//   tandem_cli chat     --http=[https://]HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N]
 //              text in, text out through the router's OpenAI-compatible HTTP API (router/openai/);
-//              prints the text as it streams
+//              prints the text as it streams (HTTPS with --tls_ca, plain HTTP with --insecure)
 //   tandem_cli workers --router=ADDR [--json]
 //   tandem_cli health  --router=ADDR
 //   tandem_cli abort   --router=ADDR --request_id=ID
@@ -17,6 +17,9 @@
 // summary on stderr; with --json it prints one line instead:
 //   {"request_id":"...","tokens":[...],"finish_reason":"length","ttft_ms":1.2,"itl_ms_p50":0.3,
 //    "usage":{"prompt_tokens":3,"completion_tokens":8,"cached_prompt_tokens":0}}
+// Security: --tls_ca=PEM (the cluster CA; TLS) with --api_key=KEY (or $TANDEM_API_KEY) for the
+// public port, or --tls_cert/--tls_key of an admin certificate for `workers --router=INTERNAL`
+// (the router's internal port) and `stats --worker=ADDR`; --insecure for plain text.
 // Exit status: 0 on success; 1 with the gRPC status on stderr on any error; `health` exits 2
 // when the router answers but is not SERVING (so scripts can wait for readiness).
 #include <grpcpp/grpcpp.h>
@@ -24,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -39,6 +43,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "common/http/tls.h"
+#include "common/security/flags.h"
+#include "common/security/grpc_security.h"
 #include "google/protobuf/util/json_util.h"
 #include "router/cli_text.h"
 #include "tandem/v1/router.grpc.pb.h"
@@ -58,9 +65,13 @@ ABSL_FLAG(std::string, request_id, "", "request id (generate: empty = router ass
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache isolation salt");
 ABSL_FLAG(int64_t, timeout_ms, 600000, "client deadline");
 ABSL_FLAG(bool, json, false, "print one JSON line");
-ABSL_FLAG(std::string, http, "", "generate --prompt / chat: the router's HTTP API host:port");
+ABSL_FLAG(std::string, http, "",
+          "generate --prompt / chat: the router's HTTP API, HOST:PORT or https://HOST:PORT (HTTPS "
+          "with --tls_ca; plain HTTP with --insecure)");
 ABSL_FLAG(std::string, prompt, "", "generate / chat: the prompt as text (needs --http)");
 ABSL_FLAG(std::string, model, "", "generate --prompt / chat: model name (default: the served one)");
+ABSL_FLAG(std::string, api_key, "",
+          "API key for the router's public port (default: $TANDEM_API_KEY)");
 
 namespace tandem::router {
 namespace {
@@ -106,14 +117,27 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-std::unique_ptr<v1::Router::Stub> Connect() {
-  return v1::Router::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+// Loaded once in main from --tls_* / --insecure.
+const security::SecurityConfig& Security() { return security::ProcessSecurity(); }
+
+std::string ApiKey() {
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (key.empty()) {
+    const char* env = std::getenv("TANDEM_API_KEY");
+    if (env != nullptr) key = env;
+  }
+  return key;
 }
 
+std::unique_ptr<v1::Router::Stub> Connect() {
+  return v1::Router::NewStub(security::CreateChannel(absl::GetFlag(FLAGS_router), Security()));
+}
+
+// Deadline and API key of every call.
 void SetDeadline(grpc::ClientContext& ctx) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+  security::AttachApiKey(&ctx, ApiKey());
 }
 
 absl::StatusOr<v1::GenerateRequest> BuildRequest() {
@@ -296,8 +320,7 @@ absl::Status Abort() {
 absl::Status WorkerStats() {
   const std::string address = absl::GetFlag(FLAGS_worker);
   if (address.empty()) return absl::InvalidArgumentError("--worker is required");
-  auto stub =
-      v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::WorkerService::NewStub(security::CreateChannel(address, Security()));
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::WorkerStats stats;
@@ -336,7 +359,19 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   absl::Status s;
   int code = 0;
-  if (command == "chat" || (command == "generate" && !absl::GetFlag(FLAGS_prompt).empty())) {
+  const bool text =
+      command == "chat" || (command == "generate" && !absl::GetFlag(FLAGS_prompt).empty());
+  // The CA is enough for the public ports (gRPC and HTTPS); an admin certificate for internal
+  // calls (and for a public port that asks for client certificates).
+  absl::StatusOr<tandem::security::SecurityConfig> security =
+      tandem::security::LoadSecurityConfig(tandem::security::SecurityOptionsFromFlags(
+          /*require_cert=*/false, /*require_ca=*/true));
+  if (!security.ok()) {
+    std::fprintf(stderr, "tandem_cli: %s\n", security.status().ToString().c_str());
+    return 1;
+  }
+  tandem::security::SetProcessSecurity(*std::move(security));
+  if (text) {
     tandem::router::TextRequest text;
     text.http_address = absl::GetFlag(FLAGS_http);
     text.model = absl::GetFlag(FLAGS_model);
@@ -345,6 +380,11 @@ int main(int argc, char** argv) {
     text.max_tokens = absl::GetFlag(FLAGS_max_tokens);
     text.temperature = absl::GetFlag(FLAGS_temperature);
     text.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    text.api_key = tandem::router::ApiKey();
+    if (const tandem::security::SecurityConfig& sec = tandem::router::Security(); !sec.insecure) {
+      text.tls = tandem::http::ClientTlsOptions{sec.tls.ca_pem, sec.server_name_override,
+                                                sec.tls.cert_pem, sec.tls.key_pem};
+    }
     if (text.http_address.empty() || text.prompt.empty()) {
       s = absl::InvalidArgumentError("text generation needs --http=HOST:PORT and --prompt");
     } else {

@@ -1,14 +1,15 @@
 #include "router/cli_text.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdio>
+#include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "common/http/client_connection.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::router {
@@ -16,51 +17,58 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::StatusOr<int> Connect(const std::string& address) {
+// Where the API is: --http's HOST:PORT (an http:// or https:// prefix and a trailing '/' are
+// accepted; the scheme must agree with the security mode) and how to talk to it.
+struct Endpoint {
+  std::string host, port;
+  std::string host_port;  // for the Host header
+  std::optional<http::ClientTlsOptions> tls;
+};
+
+absl::StatusOr<Endpoint> ParseEndpoint(const TextRequest& request) {
+  absl::string_view address = request.http_address;
+  if (absl::ConsumePrefix(&address, "https://") && !request.tls.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http=", request.http_address, " needs --tls_ca (the cluster CA)"));
+  }
+  if (absl::ConsumePrefix(&address, "http://") && request.tls.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http=", request.http_address, " is plain HTTP: use https:// or pass --insecure"));
+  }
+  absl::ConsumeSuffix(&address, "/");
   const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("--http must be HOST:PORT, got ", address));
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http must be HOST:PORT, got ", request.http_address));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints,
-                  &res) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", address));
-  }
-  int fd = -1;
-  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
-  return fd;
+  return Endpoint{std::string(address.substr(0, colon)), std::string(address.substr(colon + 1)),
+                  std::string(address), request.tls};
 }
 
 // One HTTP/1.1 exchange (Connection: close). `on_body` receives the de-chunked body as it comes.
 template <typename OnBody>
-absl::StatusOr<int> Exchange(const std::string& address, const std::string& method,
-                             const std::string& path, const std::string& body, OnBody on_body) {
-  absl::StatusOr<int> fd = Connect(address);
-  if (!fd.ok()) return fd.status();
-  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: ", address,
-                                       "\r\nConnection: close\r\nContent-Type: application/json",
-                                       "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  if (write(*fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    close(*fd);
-    return absl::UnavailableError("write failed");
-  }
+absl::StatusOr<int> Exchange(const Endpoint& server, const std::string& api_key,
+                             const std::string& method, const std::string& path,
+                             const std::string& body, OnBody on_body) {
+  absl::StatusOr<std::unique_ptr<http::ClientConnection>> conn =
+      http::ClientConnection::Connect(server.host, server.port, server.tls);
+  if (!conn.ok()) return conn.status();
+  const std::string auth =
+      api_key.empty() ? "" : absl::StrCat("\r\nAuthorization: Bearer ", api_key);
+  const std::string req =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: ", server.host_port, auth,
+                   "\r\nConnection: close\r\nContent-Type: application/json",
+                   "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  if (absl::Status s = (*conn)->Write(req); !s.ok()) return s;
   std::string raw;
   int status = 0;
   bool chunked = false, in_body = false;
   char buf[8192];
-  for (ssize_t n; (n = read(*fd, buf, sizeof(buf))) > 0;) {
-    raw.append(buf, n);
+  for (;;) {
+    absl::StatusOr<size_t> n = (*conn)->ReadSome(buf, sizeof(buf));
+    if (!n.ok()) return n.status();
+    if (*n == 0) break;
+    raw.append(buf, *n);
     if (!in_body) {
       const size_t head = raw.find("\r\n\r\n");
       if (head == std::string::npos) continue;
@@ -80,16 +88,15 @@ absl::StatusOr<int> Exchange(const std::string& address, const std::string& meth
       raw.erase(0, eol + 2 + size + 2);
     }
   }
-  close(*fd);
   if (!chunked) on_body(raw);
   if (status == 0) return absl::UnavailableError("no HTTP response");
   return status;
 }
 
-absl::StatusOr<std::string> FirstModel(const std::string& address) {
+absl::StatusOr<std::string> FirstModel(const Endpoint& server, const std::string& api_key) {
   std::string body;
   absl::StatusOr<int> status =
-      Exchange(address, "GET", "/v1/models", "", [&](const std::string& b) { body += b; });
+      Exchange(server, api_key, "GET", "/v1/models", "", [&](const std::string& b) { body += b; });
   if (!status.ok()) return status.status();
   const Json j = Json::parse(body, nullptr, false);
   if (*status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty()) {
@@ -101,9 +108,11 @@ absl::StatusOr<std::string> FirstModel(const std::string& address) {
 }  // namespace
 
 absl::Status StreamText(const TextRequest& request) {
+  absl::StatusOr<Endpoint> server = ParseEndpoint(request);
+  if (!server.ok()) return server.status();
   std::string model = request.model;
   if (model.empty()) {
-    absl::StatusOr<std::string> first = FirstModel(request.http_address);
+    absl::StatusOr<std::string> first = FirstModel(*server, request.api_key);
     if (!first.ok()) return first.status();
     model = *first;
   }
@@ -120,7 +129,7 @@ absl::Status StreamText(const TextRequest& request) {
   std::string pending, error_body;
   absl::Status error;
   absl::StatusOr<int> status = Exchange(
-      request.http_address, "POST", request.chat ? "/v1/chat/completions" : "/v1/completions",
+      *server, request.api_key, "POST", request.chat ? "/v1/chat/completions" : "/v1/completions",
       body.dump(), [&](const std::string& data) {
         pending += data;
         error_body += data;

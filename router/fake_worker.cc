@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_hash.h"
+#include "common/grpc_keepalive.h"
+#include "common/security/grpc_security.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {
@@ -257,8 +259,10 @@ absl::StatusOr<std::unique_ptr<FakeWorker>> FakeWorker::Start(FakeWorkerOptions 
   std::unique_ptr<FakeWorker> w(new FakeWorker(std::move(options)));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(w->options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(w->options_.listen,
+                           security::InternalServerCredentials(w->options_.security), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
+  AllowKeepalivePings(builder);  // the router's channels ping every second
   builder.RegisterService(w->service_.get());
   w->server_ = builder.BuildAndStart();
   if (w->server_ == nullptr || port == 0) {
@@ -356,7 +360,7 @@ bool FakeWorker::SendHeartbeat(v1::WorkerRegistry::Stub& stub) {
 
 void FakeWorker::HeartbeatLoop() {
   auto stub = v1::WorkerRegistry::NewStub(
-      grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
+      security::CreateChannel(options_.router_address, options_.security));
   absl::Duration interval = options_.heartbeat_interval > absl::ZeroDuration()
                                 ? options_.heartbeat_interval
                                 : absl::Seconds(1);

@@ -30,6 +30,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security/security_config.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -52,6 +53,9 @@ struct FakeWorkerOptions {
   absl::Duration prefill_delay = absl::ZeroDuration();
   absl::Duration token_delay = absl::ZeroDuration();        // before each decode/generate token
   absl::Duration abort_reply_delay = absl::ZeroDuration();  // before answering Abort
+  // Plain text by default; with TLS its WorkerService is an internal mTLS server (only the router
+  // role may call it) and it registers with its certificate.
+  security::SecurityConfig security;
 };
 
 uint32_t FakeNextToken(uint32_t prev, uint32_t vocab_size);

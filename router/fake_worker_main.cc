@@ -5,6 +5,7 @@
 //                    [--listen=127.0.0.1:0] [--vocab_size=1000] [--max_model_len=4096]
 //                    [--block_size=16] [--token_delay_ms=0] [--prefill_delay_ms=0]
 //                    [--eos_token_ids=] [--model_id=fake-model] [--epoch=1]
+//                    (--tls_cert --tls_key --tls_ca | --insecure)
 //
 // Prints "fake worker ID (ROLE) listening on ADDR"; runs until SIGTERM/SIGINT.
 #include <signal.h>
@@ -17,6 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon.h"
+#include "common/logging.h"
+#include "common/security/flags.h"
 #include "router/fake_worker.h"
 
 ABSL_FLAG(std::string, router, "", "router address to register with");
@@ -34,7 +37,18 @@ ABSL_FLAG(std::string, eos_token_ids, "", "eos token ids, comma separated");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = tandem::InitLogging(argv[0]); !s.ok()) {
+    std::fprintf(stderr, "fake_worker: %s\n", s.ToString().c_str());
+    return 1;
+  }
   tandem::router::FakeWorkerOptions o;
+  absl::StatusOr<tandem::security::SecurityConfig> security =
+      tandem::security::DaemonSecurityFromFlags("fake_worker");
+  if (!security.ok()) {
+    std::fprintf(stderr, "fake_worker: %s\n", security.status().ToString().c_str());
+    return 1;
+  }
+  o.security = *std::move(security);
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "prefill") {
     o.role = tandem::v1::WORKER_ROLE_PREFILL;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "common/security/security_config.h"
 #include "router/worker_client.h"
 
 namespace tandem::router {
@@ -31,7 +32,9 @@ class GrpcCaller final : public CallerContext {
 
 // A client with its own channel to `address` (message size limits of proto/tandem/v1/limits.h,
 // a short reconnect backoff: a restarted worker comes back on the same address soon).
-std::shared_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address);
+// `security`: the router's credentials (plain text when insecure).
+std::shared_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   const security::SecurityConfig& security = {});
 
 }  // namespace tandem::router
 

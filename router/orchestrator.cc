@@ -81,7 +81,7 @@ class GenerateCall {
  private:
   Outcome RunDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap);
   absl::Status RunDecode(const v1::WorkerInfo& prefill, std::unique_ptr<WorkerSlot> decode,
-                         const v1::PrefillResponse& prefilled, const RoutingSnapshot& snap);
+                         const v1::PrefillResponse& prefilled);
   Outcome RunMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
 
   RelayResult Relay(StreamCall& stream, bool usage_from_worker);
@@ -195,13 +195,12 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
                                              " returned neither a finish reason nor a kv_handle")),
             ""};
   }
-  return {RunDecode(prefill_info, std::move(decode), prefilled, snap), ""};
+  return {RunDecode(prefill_info, std::move(decode), prefilled), ""};
 }
 
 absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
                                      std::unique_ptr<WorkerSlot> decode,
-                                     const v1::PrefillResponse& prefilled,
-                                     const RoutingSnapshot& snap) {
+                                     const v1::PrefillResponse& prefilled) {
   v1::DecodeRequest dreq;
   *dreq.mutable_request() = request_;
   dreq.set_first_token(prefilled.first_token());
@@ -233,8 +232,11 @@ absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
     // replaced by another one reading the same handle.
     if (retriable && !r.got_any && attempt < std::max(orch_.options().max_attempts, 1)) {
       tried.insert(decode->id());
+      // A fresh view, not the one routing used: under load the prefill took seconds, and in a
+      // rolling restart the decode worker that was away then may be back while this one drains.
+      const RoutingSnapshot now = orch_.registry().Snapshot({}, request_.cache_salt());
       std::optional<std::string> next =
-          ChooseDecode(snap.candidates, prefill.model_id(), prefill.kv_layout_hash(), tried);
+          ChooseDecode(now.candidates, prefill.model_id(), prefill.kv_layout_hash(), tried);
       if (next.has_value()) {
         absl::StatusOr<WorkerRef> ref = orch_.registry().BeginCall(*next);
         if (ref.ok()) {
@@ -354,7 +356,7 @@ CallOptions GenerateCall::NewCallOptions() const {
 }
 
 bool GenerateCall::Send(v1::GenerateResponse& chunk) {
-  chunk.set_request_id(flight_.id());
+  chunk.set_request_id(flight_.client_id());
   return sink_.Send(chunk);
 }
 

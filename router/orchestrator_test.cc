@@ -206,5 +206,31 @@ TEST(OrchestratorTest, ClientOutlivesTheRegistryEntryOfARestartedWorker) {
   EXPECT_TRUE(h.Healthy("d0")) << "the new incarnation is not blamed for the old one";
 }
 
+// A rolling restart under load: the decode worker chosen at routing time starts draining while
+// the prefill runs, and the one that was away then is back. The retry routes with the registry
+// of now (a stale snapshot had no other decode worker: the request failed).
+TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
+  Harness h;
+  h.Start("r4", 3);
+  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(prefill, 0);
+  ASSERT_TRUE(h.registry.Register(Info("d1", v1::WORKER_ROLE_DECODE)).ok());  // back
+  h.client("p0").ReplyPrefill(prefill, Prefilled("r4", 11));
+  const int refused = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  ASSERT_GE(refused, 0);
+  h.client("d0").End(refused, absl::UnavailableError("worker d0 is draining"));
+  const int decode = h.client("d1").WaitForCall(FakeWorkerClient::kDecode);
+  ASSERT_GE(decode, 0) << "retried on the decode worker registered after routing";
+  v1::GenerateResponse rest;
+  rest.add_token_ids(12);
+  rest.add_token_ids(13);
+  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  h.client("d1").Push(decode, rest);
+  h.client("d1").End(decode, absl::OkStatus());
+  const absl::Status s = h.Result();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(h.sink.tokens(), (std::vector<uint32_t>{11, 12, 13}));
+}
+
 }  // namespace
 }  // namespace tandem::router

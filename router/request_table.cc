@@ -47,38 +47,53 @@ absl::Status InFlightRequest::cancel_reason() const {
 }
 
 Admission::~Admission() {
-  if (table_ != nullptr) table_->Release(request_->id());
+  if (table_ != nullptr) table_->Release(*request_);
 }
 
-absl::StatusOr<Admission> RequestTable::Admit(const std::string& requested_id) {
+std::string RequestTable::FreshIdLocked() {
+  std::string id;
+  do {
+    id = absl::StrFormat("rtr-%016x", absl::Uniform<uint64_t>(bitgen_));
+  } while (worker_ids_.contains(id));
+  return id;
+}
+
+absl::StatusOr<Admission> RequestTable::Admit(const std::string& requested_id,
+                                              const std::string& owner) {
   absl::MutexLock lock(&mu_);
   if (requests_.size() >= static_cast<size_t>(max_in_flight_)) {
     return absl::ResourceExhaustedError(absl::StrCat("router is at its limit of ", max_in_flight_,
                                                      " requests in flight; retry later"));
   }
-  std::string id = requested_id;
-  if (id.empty()) {
+  std::string client_id = requested_id;
+  if (client_id.empty()) {
     do {
-      id = absl::StrFormat("rtr-%016x", absl::Uniform<uint64_t>(bitgen_));
-    } while (requests_.contains(id));
-  } else if (requests_.contains(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+      client_id = FreshIdLocked();
+    } while (requests_.contains(std::make_pair(owner, client_id)));
+  } else if (requests_.contains(std::make_pair(owner, client_id))) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", client_id, "' is already in flight"));
   }
-  auto request = std::make_shared<InFlightRequest>(id);
-  requests_.emplace(id, request);
+  // Another owner's request may use the same id on the workers: give this one a fresh id there.
+  std::string worker_id = worker_ids_.contains(client_id) ? FreshIdLocked() : client_id;
+  worker_ids_.insert(worker_id);
+  auto request = std::make_shared<InFlightRequest>(std::move(worker_id), client_id, owner);
+  requests_.emplace(std::make_pair(owner, std::move(client_id)), request);
   return Admission(this, std::move(request));
 }
 
-void RequestTable::Release(const std::string& id) {
+void RequestTable::Release(const InFlightRequest& request) {
   absl::MutexLock lock(&mu_);
-  requests_.erase(id);
+  requests_.erase(std::make_pair(request.owner(), request.client_id()));
+  worker_ids_.erase(request.id());
 }
 
-bool RequestTable::Cancel(const std::string& id, const absl::Status& reason) {
+bool RequestTable::Cancel(const std::string& client_id, const absl::Status& reason,
+                          const std::string& owner) {
   std::shared_ptr<InFlightRequest> request;
   {
     absl::MutexLock lock(&mu_);
-    auto it = requests_.find(id);
+    auto it = requests_.find(std::make_pair(owner, client_id));
     if (it == requests_.end()) return false;
     request = it->second;
   }

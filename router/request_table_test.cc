@@ -96,5 +96,30 @@ TEST(RequestTableTest, ConcurrentAdmitAndRelease) {
   EXPECT_EQ(table.size(), 0u);
 }
 
+TEST(RequestTableTest, IdsAndAbortsAreScopedToTheirOwner) {
+  RequestTable table(8);
+  absl::StatusOr<Admission> alice = table.Admit("job-1", "alice");
+  ASSERT_TRUE(alice.ok());
+  EXPECT_EQ(alice->request().id(), "job-1");  // first user of the id: kept on the workers too
+  EXPECT_EQ(alice->request().client_id(), "job-1");
+  // Bob may use the same id; on the workers his request gets another one.
+  absl::StatusOr<Admission> bob = table.Admit("job-1", "bob");
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  EXPECT_EQ(bob->request().client_id(), "job-1");
+  EXPECT_NE(bob->request().id(), "job-1");
+  EXPECT_EQ(table.Admit("job-1", "alice").status().code(), absl::StatusCode::kAlreadyExists);
+  // Mallory cannot abort either; Bob aborts only his own.
+  EXPECT_FALSE(table.Cancel("job-1", absl::AbortedError("x"), "mallory"));
+  EXPECT_FALSE(table.Cancel("job-1", absl::AbortedError("x")));
+  EXPECT_TRUE(table.Cancel("job-1", absl::AbortedError("x"), "bob"));
+  EXPECT_FALSE(bob->request().cancel_reason().ok());
+  EXPECT_TRUE(alice->request().cancel_reason().ok());
+  // An anonymous request cannot take a worker id in use either.
+  absl::StatusOr<Admission> anon = table.Admit(bob->request().id());
+  ASSERT_TRUE(anon.ok());
+  EXPECT_NE(anon->request().id(), bob->request().id());
+  EXPECT_EQ(table.size(), 3u);
+}
+
 }  // namespace
 }  // namespace tandem::router

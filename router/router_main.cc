@@ -1,6 +1,8 @@
 // //router:tandem_router — the router daemon (router/README.md).
 //
-//   tandem_router [--listen=127.0.0.1:7000] [--port_file=PATH] [--heartbeat_interval_ms=1000]
+//   tandem_router [--listen=127.0.0.1:7000] [--port_file=PATH] [--internal_listen=HOST:PORT]
+//                 [--internal_port_file=PATH] (--tls_cert --tls_key --tls_ca [--api_key_file]
+//                 [--public_client_ca] | --insecure) [--heartbeat_interval_ms=1000]
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
@@ -23,12 +25,19 @@
 #include "common/http/http_server.h"
 #include "common/http/metrics_server.h"
 #include "common/logging.h"
+#include "common/security/flags.h"
 #include "router/openai/http_api.h"
 #include "router/router_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
-          "host:port to serve Router and WorkerRegistry on (port 0 = pick one)");
+          "host:port of the public Router service (port 0 = pick one)");
 ABSL_FLAG(std::string, port_file, "", "write the bound host:port here once listening");
+ABSL_FLAG(std::string, internal_listen, "",
+          "host:port of the internal port: WorkerRegistry + admin ListWorkers, mTLS (required "
+          "with TLS; empty with --insecure: served on --listen)");
+ABSL_FLAG(std::string, internal_port_file, "", "write the internal port's host:port here");
+ABSL_FLAG(std::string, public_client_ca, "",
+          "PEM CA whose client certificates the public port requires (empty: none asked for)");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval told to workers");
 ABSL_FLAG(int64_t, worker_timeout_ms, 5000, "no heartbeat for this long -> worker unhealthy");
 ABSL_FLAG(int32_t, max_queue, 1024, "requests in flight at most; more -> RESOURCE_EXHAUSTED");
@@ -43,7 +52,8 @@ ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
 ABSL_FLAG(int32_t, verbosity, 0, "log verbosity (VLOG level)");
 ABSL_FLAG(std::string, http_listen, "",
-          "HOST:PORT of the OpenAI-compatible HTTP API (port 0 = any free port; empty: off)");
+          "HOST:PORT of the OpenAI-compatible HTTP API: HTTPS with --tls_cert/--tls_key (and "
+          "--public_client_ca), plain HTTP with --insecure (port 0 = any free port; empty: off)");
 ABSL_FLAG(std::string, model, "",
           "with --http_listen: model directory for the tokenizer, chat template and config.json "
           "(no weights are read)");
@@ -61,6 +71,16 @@ namespace {
 absl::StatusOr<RouterOptions> OptionsFromFlags() {
   RouterOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
+  o.internal_listen = absl::GetFlag(FLAGS_internal_listen);
+  absl::StatusOr<security::SecurityConfig> sec = security::DaemonSecurityFromFlags("tandem_router");
+  if (!sec.ok()) return sec.status();
+  o.security = *std::move(sec);
+  if (!absl::GetFlag(FLAGS_public_client_ca).empty()) {
+    absl::StatusOr<std::string> ca =
+        security::ReadPemFile(absl::GetFlag(FLAGS_public_client_ca), "--public_client_ca");
+    if (!ca.ok()) return ca.status();
+    o.public_client_ca_pem = *std::move(ca);
+  }
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.registry.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   o.registry.worker_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms));
@@ -90,7 +110,10 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
 }
 
 // The OpenAI-compatible HTTP API when --http_listen is set (null otherwise).
-absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& router) {
+// HTTPS with the public port's certificate (and its client CA) unless --insecure.
+absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& router,
+                                                              const RouterOptions& router_options) {
+  const security::SecurityConfig& security = router_options.security;
   const std::string listen = absl::GetFlag(FLAGS_http_listen);
   if (listen.empty()) return std::unique_ptr<openai::HttpApi>();
   absl::StatusOr<std::pair<std::string, int>> address = http::ParseHostPort(listen, "http_listen");
@@ -107,6 +130,11 @@ absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& rout
   options.max_running = absl::GetFlag(FLAGS_http_max_running);
   options.max_pending = absl::GetFlag(FLAGS_http_max_pending);
   options.limits.max_n = absl::GetFlag(FLAGS_http_max_n);
+  options.api_keys = security.api_keys;
+  if (!security.insecure) {
+    options.tls = http::ServerTlsOptions{security.tls.cert_pem, security.tls.key_pem,
+                                         router_options.public_client_ca_pem};
+  }
   if (options.max_running < 1 || options.max_pending < 0 || options.limits.max_n < 1) {
     return absl::InvalidArgumentError("--http_max_running and --http_max_n must be >= 1");
   }
@@ -140,16 +168,23 @@ absl::Status Run() {
     if (absl::Status s = WritePortFile(port_file, (*router)->address()); !s.ok()) return s;
   }
   std::printf("router listening on %s\n", (*router)->address().c_str());
+  std::printf("internal: %s\n", (*router)->internal_address().c_str());
+  const std::string internal_port_file = absl::GetFlag(FLAGS_internal_port_file);
+  if (!internal_port_file.empty()) {
+    absl::Status s = WritePortFile(internal_port_file, (*router)->internal_address());
+    if (!s.ok()) return s;
+  }
   absl::StatusOr<std::unique_ptr<http::HttpServer>> metrics = StartMetrics(**router);
   if (!metrics.ok()) return metrics.status();
   if (*metrics != nullptr) std::printf("metrics on port %d\n", (*metrics)->port());
-  absl::StatusOr<std::unique_ptr<openai::HttpApi>> http = StartHttpApi(**router);
+  absl::StatusOr<std::unique_ptr<openai::HttpApi>> http = StartHttpApi(**router, *options);
   if (!http.ok()) return http.status();
   if (*http != nullptr) {
     const std::string listen = absl::GetFlag(FLAGS_http_listen);
     const std::string http_address =
         absl::StrCat(listen.substr(0, listen.rfind(':')), ":", (*http)->port());
-    std::printf("http: %s (model '%s')\n", http_address.c_str(), (*http)->model().name.c_str());
+    std::printf("http: %s://%s (model '%s')\n", options->security.insecure ? "http" : "https",
+                http_address.c_str(), (*http)->model().name.c_str());
     const std::string http_port_file = absl::GetFlag(FLAGS_http_port_file);
     if (!http_port_file.empty()) {
       if (absl::Status s = WritePortFile(http_port_file, http_address); !s.ok()) return s;

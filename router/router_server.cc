@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_keepalive.h"
 #include "common/logging.h"
+#include "common/security/grpc_security.h"
 #include "router/grpc_worker_client.h"
 #include "tandem/v1/limits.h"
 
@@ -28,6 +31,18 @@ absl::Status ValidateOptions(const RouterOptions& o) {
   if (o.registry.prefix_index_max_blocks < 1) {
     return absl::InvalidArgumentError("prefix_index_max_blocks must be >= 1");
   }
+  if (!o.security.insecure && o.internal_listen.empty()) {
+    return absl::InvalidArgumentError(
+        "with TLS the router needs --internal_listen (WorkerRegistry and admin calls are not "
+        "served on the public port)");
+  }
+  if (!o.security.insecure && !o.security.has_client_cert()) {
+    return absl::InvalidArgumentError("with TLS the router needs its certificate (--tls_cert)");
+  }
+  if (!o.internal_listen.empty() && o.internal_listen == o.listen &&
+      !absl::EndsWith(o.listen, ":0")) {
+    return absl::InvalidArgumentError("--internal_listen must differ from --listen");
+  }
   return absl::OkStatus();
 }
 
@@ -35,6 +50,19 @@ absl::Status ValidateOptions(const RouterOptions& o) {
 std::string WithPort(const std::string& listen, int port) {
   const size_t colon = listen.rfind(':');
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
+}
+
+WorkerClientFactory ClientFactory(const RouterOptions& options) {
+  if (options.worker_clients) return options.worker_clients;
+  return [security = options.security](const std::string& address) {
+    return MakeGrpcWorkerClient(address, security);
+  };
+}
+
+void SetMessageLimits(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
+  AllowKeepalivePings(builder);  // workers' registration channels ping every second
 }
 
 OrchestratorOptions WithMetrics(OrchestratorOptions options, RouterMetrics* metrics) {
@@ -50,27 +78,51 @@ std::string RouterServer::MetricsText() {
 
 RouterServer::RouterServer(const RouterOptions& options)
     : options_(options),
-      registry_(options.registry, absl::Now,
-                options.worker_clients ? options.worker_clients : MakeGrpcWorkerClient),
+      registry_(options.registry, absl::Now, ClientFactory(options)),
       requests_(options.max_queue),
       orchestrator_(&registry_, WithMetrics(options.orchestrator, &metrics_)),
-      router_service_(&registry_, &requests_, &orchestrator_),
-      registry_service_(&registry_, options.registry.heartbeat_interval) {}
+      router_service_(&registry_, &requests_, &orchestrator_, &options_.security,
+                      !options.public_client_ca_pem.empty()),
+      admin_service_(&registry_),
+      registry_service_(&registry_, options.registry.heartbeat_interval, &options_.security) {}
+
+absl::Status RouterServer::StartServers() {
+  const bool single_port = options_.internal_listen.empty();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      options_.listen,
+      security::PublicServerCredentials(options_.security, options_.public_client_ca_pem), &port_);
+  SetMessageLimits(builder);
+  builder.RegisterService(&router_service_);
+  if (single_port) builder.RegisterService(&registry_service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  address_ = WithPort(options_.listen, port_);
+  if (single_port) {
+    internal_address_ = address_;
+    return absl::OkStatus();
+  }
+  int internal_port = 0;
+  grpc::ServerBuilder internal;
+  internal.AddListeningPort(options_.internal_listen,
+                            security::InternalServerCredentials(options_.security), &internal_port);
+  SetMessageLimits(internal);
+  internal.RegisterService(&registry_service_);
+  internal.RegisterService(&admin_service_);
+  internal_server_ = internal.BuildAndStart();
+  if (internal_server_ == nullptr || internal_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.internal_listen));
+  }
+  internal_address_ = WithPort(options_.internal_listen, internal_port);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   std::unique_ptr<RouterServer> router(new RouterServer(options));
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &router->port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(v1::kMaxGrpcMessageBytes));
-  builder.RegisterService(&router->router_service_);
-  builder.RegisterService(&router->registry_service_);
-  router->server_ = builder.BuildAndStart();
-  if (router->server_ == nullptr || router->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  }
-  router->address_ = WithPort(options.listen, router->port_);
+  if (absl::Status s = router->StartServers(); !s.ok()) return s;
   router->health_thread_ = std::thread([r = router.get()] { r->HealthLoop(); });
   return router;
 }
@@ -108,6 +160,7 @@ void RouterServer::Shutdown(absl::Duration grace) {
       }
     });
     server_->Shutdown(absl::ToChronoTime(deadline));
+    if (internal_server_ != nullptr) internal_server_->Shutdown(absl::ToChronoTime(deadline));
     stop_health_.Notify();
     canceller.join();
   } else {

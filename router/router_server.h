@@ -1,6 +1,12 @@
-// RouterServer: the whole router in one object: the gRPC server (Router + WorkerRegistry on one
-// port), the worker registry, admission, the orchestrator and the health thread. The daemon's
-// main() and the in-process tests both use it.
+// RouterServer: the whole router in one object: the public gRPC server (Router), the internal one
+// (WorkerRegistry + the admin ListWorkers, mTLS), the worker registry, admission, the
+// orchestrator and the health thread. The daemon's main() and the in-process tests both use it.
+//
+// Planes: `listen` serves only the public Router service (TLS + API keys unless insecure);
+// `internal_listen` serves WorkerRegistry and ListWorkers under the internal plane's role policy
+// (common/security/internal_policy.h). An insecure router without `internal_listen` serves both
+// on `listen` (the legacy single port, for tests and demos only). Workers are called with the
+// router's certificate (their WorkerService admits only the router role).
 //
 // The health thread ticks every min(heartbeat_interval / 2, 100 ms): workers silent for longer
 // than worker_timeout become unhealthy and the requests with a call open on them are cancelled
@@ -21,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/security/security_config.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
 #include "router/router_metrics.h"
@@ -33,10 +40,18 @@ struct RouterOptions {
   // host:port; loopback by default (internal ports never bind all interfaces unless asked).
   // Port 0 picks a free port (see RouterServer::port()).
   std::string listen = "127.0.0.1:0";
+  // host:port of the internal port (WorkerRegistry, admin ListWorkers); required with TLS.
+  std::string internal_listen;
+  // Default: insecure (plain text, no keys). With TLS: the router's certificate (role router),
+  // the cluster CA, API keys for the public port.
+  security::SecurityConfig security;
+  // PEM CA the public port's clients must present certificates from (empty: none asked for).
+  std::string public_client_ca_pem;
   RegistryOptions registry;
   OrchestratorOptions orchestrator;
   int max_queue = 1024;  // requests in flight at once; more -> RESOURCE_EXHAUSTED
-  // Makes each worker's client; empty: the gRPC one (MakeGrpcWorkerClient). Tests inject fakes.
+  // Makes each worker's client; empty: the gRPC one (MakeGrpcWorkerClient with `security`).
+  // Tests inject fakes.
   WorkerClientFactory worker_clients;
 };
 
@@ -52,6 +67,8 @@ class RouterServer {
   int port() const { return port_; }
   // "host:port" with the bound port (the listen host as given).
   const std::string& address() const { return address_; }
+  // Where workers register and admins list workers (address() on a single-port router).
+  const std::string& internal_address() const { return internal_address_; }
 
   // Stops accepting requests, lets in-flight ones run for up to `grace`, then cancels them
   // (clients get UNAVAILABLE) and stops the health thread. Idempotent.
@@ -65,6 +82,7 @@ class RouterServer {
 
  private:
   explicit RouterServer(const RouterOptions& options);
+  absl::Status StartServers();
   void HealthLoop();
 
   const RouterOptions options_;
@@ -73,10 +91,13 @@ class RouterServer {
   RequestTable requests_;
   Orchestrator orchestrator_;
   RouterServiceImpl router_service_;
+  AdminServiceImpl admin_service_;
   WorkerRegistryServiceImpl registry_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> internal_server_;  // null on a single-port router
   int port_ = 0;
   std::string address_;
+  std::string internal_address_;
   absl::Notification stop_health_;
   std::thread health_thread_;
   absl::Mutex shutdown_mu_;

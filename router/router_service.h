@@ -6,6 +6,14 @@
 // ALREADY_EXISTS) -> Orchestrator::Generate. Router.Health is SERVING while some route exists
 // (a healthy P/D pair or mixed worker), NOT_SERVING when none does, DRAINING during shutdown.
 //
+// Authentication (public port): with API keys configured every call needs a valid
+// `authorization: Bearer` key (UNAUTHENTICATED otherwise); the key's name owns the request ids
+// and aborts (RequestTable). Without keys but with a required client certificate, its name does.
+// ListWorkers on the public port needs an admin key (or an admin certificate), except in the
+// legacy open mode (--insecure without keys). The internal port serves ListWorkers through
+// AdminServiceImpl, where the mTLS policy already admitted only admin certificates; there
+// WorkerRegistry also checks that a worker registers with the role its certificate names.
+//
 // Thread safety: handlers run concurrently on gRPC's threads; the core objects are thread-safe.
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
 #define TANDEM_ROUTER_ROUTER_SERVICE_H_
@@ -15,6 +23,7 @@
 #include <atomic>
 
 #include "absl/status/status.h"
+#include "common/security/security_config.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
 #include "router/worker_registry.h"
@@ -22,10 +31,23 @@
 
 namespace tandem::router {
 
+// Who called the public port.
+struct PublicCaller {
+  std::string owner;  // "key:NAME", "cert:NAME" or "" (anonymous)
+  bool admin = false;
+};
+
 class RouterServiceImpl final : public v1::Router::Service {
  public:
-  RouterServiceImpl(WorkerRegistry* registry, RequestTable* requests, Orchestrator* orchestrator)
-      : registry_(registry), requests_(requests), orchestrator_(orchestrator) {}
+  // `security` must outlive the service; `client_certs`: the public port requires client
+  // certificates (their names identify callers when there are no API keys).
+  RouterServiceImpl(WorkerRegistry* registry, RequestTable* requests, Orchestrator* orchestrator,
+                    const security::SecurityConfig* security, bool client_certs)
+      : registry_(registry),
+        requests_(requests),
+        orchestrator_(orchestrator),
+        security_(security),
+        client_certs_(client_certs) {}
 
   // After this, Generate answers UNAVAILABLE and Health DRAINING.
   void StartDraining() { draining_.store(true); }
@@ -40,16 +62,33 @@ class RouterServiceImpl final : public v1::Router::Service {
                       v1::HealthResponse* response) override;
 
  private:
+  // UNAUTHENTICATED (generic) when keys are configured and the call has no valid one.
+  absl::StatusOr<PublicCaller> Authenticate(const grpc::ServerContext& ctx) const;
+
   WorkerRegistry* const registry_;
   RequestTable* const requests_;
   Orchestrator* const orchestrator_;
+  const security::SecurityConfig* const security_;
+  const bool client_certs_;
   std::atomic<bool> draining_{false};
+};
+
+// The internal port's admin calls (only ListWorkers; the rest of Router is UNIMPLEMENTED there).
+class AdminServiceImpl final : public v1::Router::Service {
+ public:
+  explicit AdminServiceImpl(WorkerRegistry* registry) : registry_(registry) {}
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  WorkerRegistry* const registry_;
 };
 
 class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
  public:
-  explicit WorkerRegistryServiceImpl(WorkerRegistry* registry, absl::Duration heartbeat_interval)
-      : registry_(registry), heartbeat_interval_(heartbeat_interval) {}
+  WorkerRegistryServiceImpl(WorkerRegistry* registry, absl::Duration heartbeat_interval,
+                            const security::SecurityConfig* security)
+      : registry_(registry), heartbeat_interval_(heartbeat_interval), security_(security) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
@@ -59,6 +98,7 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
  private:
   WorkerRegistry* const registry_;
   const absl::Duration heartbeat_interval_;
+  const security::SecurityConfig* const security_;
 };
 
 }  // namespace tandem::router

@@ -1,17 +1,23 @@
 #include "common/http/http_server.h"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cctype>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/http/tls_context.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::http {
@@ -22,7 +28,14 @@ namespace bhttp = boost::beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
+// A connection's byte stream: plain TCP, or TLS over it. Session is templated on it, so the HTTP
+// code below is the same for both.
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
 constexpr uint32_t kHeaderLimit = 16 * 1024;
+// How long a TLS connection being closed waits for the client's close_notify.
+constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
 
 const char* ErrorType(int status) {
   if (status == 401) return "authentication_error";
@@ -30,6 +43,16 @@ const char* ErrorType(int status) {
   if (status == 429) return "rate_limit_error";
   if (status >= 500) return "server_error";
   return "invalid_request_error";
+}
+
+// OpenSSL's verdict on a "handshake" that began with a plain HTTP request line.
+bool IsPlainHttpOnTls(const beast::error_code& ec) {
+  return ec.category() == net::error::get_ssl_category() &&
+         ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST;
+}
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
 }  // namespace
@@ -50,34 +73,67 @@ Response ErrorResponse(int status, const std::string& message, const std::string
   return r;
 }
 
-class Session;
+// What the server and a stream handle need of a connection, whatever its byte stream.
+class SessionBase : public Responder {
+ public:
+  // Stream side, from any thread (they post onto the connection's strand).
+  virtual bool Write(std::string data) = 0;
+  virtual void Close() = 0;
+  // Cancels an open stream and closes the connection (HttpServer's Stop).
+  virtual void RequestCancel() = 0;
+  bool cancelled() const { return cancelled_.load(); }
+  void OnCancel(std::function<void()> fn);
+
+ protected:
+  // The OnCancel callback, once (null when none was set).
+  std::function<void()> TakeOnCancel();
+
+  std::atomic<bool> cancelled_{false}, closed_{false};
+
+ private:
+  std::mutex cancel_mu_;
+  std::function<void()> on_cancel_;
+};
 
 struct HttpServer::Impl {
   HttpServerOptions options;
   std::map<std::pair<std::string, std::string>, Handler> routes;
+  std::unique_ptr<net::ssl::context> tls;  // null: plain HTTP
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
   std::mutex mu;
-  std::vector<std::weak_ptr<Session>> sessions;  // to cancel their streams on Stop
+  std::vector<std::weak_ptr<SessionBase>> sessions;  // to cancel their streams on Stop
 
   void Accept(std::shared_ptr<Impl> self);
   void Stop();
 };
 
-// One connection. Runs on its strand; ResponseStream calls post onto it.
-class Session : public std::enable_shared_from_this<Session>, public Responder {
+// One connection over `Stream` (PlainStream or TlsStream). Runs on its strand; ResponseStream
+// calls post onto it.
+template <typename Stream>
+class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<HttpServer::Impl> server)
-      : stream_(std::move(socket)), server_(std::move(server)) {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  // `stream_args`: the accepted socket (and, for TLS, the context).
+  template <typename... StreamArgs>
+  explicit Session(std::shared_ptr<HttpServer::Impl> server, StreamArgs&&... stream_args)
+      : stream_(std::forward<StreamArgs>(stream_args)...), server_(std::move(server)) {
     ++server_->connections;
   }
   ~Session() override { --server_->connections; }
 
   void Start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        self->Handshake();
+      } else {
+        self->Read();
+      }
+    });
   }
 
   // Responder (called from the handler, on the strand).
@@ -86,48 +142,52 @@ class Session : public std::enable_shared_from_this<Session>, public Responder {
       int status, const std::string& content_type,
       std::vector<std::pair<std::string, std::string>> headers) override;
 
-  void BeginStream(int status, const std::string& content_type,
-                   const std::vector<std::pair<std::string, std::string>>& headers);
-  // Stream side (posted onto the strand).
-  bool Write(std::string data);
-  void Close();
-  void Cancel();
-  void RequestCancel() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] { self->Cancel(); });
+  bool Write(std::string data) override;
+  void Close() override;
+  void RequestCancel() override {
+    net::post(stream_.get_executor(), [self = this->shared_from_this()] {
+      self->Cancel();
+      self->CloseSocket();
+    });
   }
-  bool cancelled() const { return cancelled_.load(); }
-  void OnCancel(std::function<void()> fn);
 
  private:
+  beast::tcp_stream& tcp() { return beast::get_lowest_layer(stream_); }
+  void Handshake();
+  void RefusePlainHttp();
+  void DrainThenClose();
   void Read();
   void OnRead(beast::error_code ec);
   void Dispatch();
   void SendSimple(Response response, bool close);
+  void BeginStream(int status, const std::string& content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers);
   void WriteNext();
   void WatchForDisconnect();
+  void Cancel();
+  // Ends the connection: over TLS a close_notify first (unless cancelled), then CloseSocket.
   void Shutdown();
+  void CloseSocket();
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   std::shared_ptr<HttpServer::Impl> server_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bool keep_alive_ = false;
-  // Streaming state (strand only, except the atomics / cancel_mu_).
+  // Streaming state (strand only, except the atomics in SessionBase).
   bool streaming_ = false, writing_ = false, closing_ = false;
   std::deque<std::string> queue_;
   std::shared_ptr<bhttp::response<bhttp::empty_body>> stream_header_;
   std::shared_ptr<bhttp::response_serializer<bhttp::empty_body>> serializer_;
-  std::atomic<bool> cancelled_{false}, closed_{false};
-  std::mutex cancel_mu_;
-  std::function<void()> on_cancel_;
   char probe_[1];
+  std::optional<net::steady_timer> close_timer_;  // TLS: bounds the close_notify exchange
 };
 
 namespace {
 
 class StreamHandle final : public ResponseStream {
  public:
-  explicit StreamHandle(std::shared_ptr<Session> s) : session_(std::move(s)) {}
+  explicit StreamHandle(std::shared_ptr<SessionBase> s) : session_(std::move(s)) {}
   ~StreamHandle() override { session_->Close(); }
   bool Write(std::string data) override { return session_->Write(std::move(data)); }
   void Close() override { session_->Close(); }
@@ -135,23 +195,87 @@ class StreamHandle final : public ResponseStream {
   void OnCancel(std::function<void()> fn) override { session_->OnCancel(std::move(fn)); }
 
  private:
-  std::shared_ptr<Session> session_;
+  std::shared_ptr<SessionBase> session_;
 };
 
 }  // namespace
 
-void Session::Read() {
+void SessionBase::OnCancel(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    if (!cancelled_.load()) {
+      on_cancel_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+std::function<void()> SessionBase::TakeOnCancel() {
+  std::lock_guard<std::mutex> lock(cancel_mu_);
+  return std::move(on_cancel_);
+}
+
+template <typename Stream>
+void Session<Stream>::Handshake() {
+  tcp().expires_after(ToChrono(server_->options.read_timeout));
+  stream_.async_handshake(net::ssl::stream_base::server,
+                          [self = this->shared_from_this()](beast::error_code ec) {
+                            if (!ec) {
+                              self->Read();
+                            } else if (IsPlainHttpOnTls(ec)) {
+                              self->RefusePlainHttp();
+                            } else {  // not TLS, an untrusted client certificate, a timeout
+                              self->CloseSocket();
+                            }
+                          });
+}
+
+template <typename Stream>
+void Session<Stream>::RefusePlainHttp() {
+  // In plain text on the TCP stream, so that a client dialling http:// learns what went wrong.
+  Response error = ErrorResponse(400, "this port speaks HTTPS: use an https:// URL");
+  auto res = std::make_shared<bhttp::response<bhttp::string_body>>(bhttp::status::bad_request, 11);
+  res->set(bhttp::field::server, "tandem");
+  res->set(bhttp::field::content_type, error.content_type);
+  res->keep_alive(false);
+  res->body() = std::move(error.body);
+  res->prepare_payload();
+  bhttp::async_write(tcp(), *res,
+                     [self = this->shared_from_this(), res](beast::error_code ec, size_t) {
+                       if (ec) return self->CloseSocket();
+                       beast::error_code ignored;
+                       self->tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+                       self->tcp().expires_after(kTlsCloseTimeout);
+                       self->DrainThenClose();
+                     });
+}
+
+template <typename Stream>
+void Session<Stream>::DrainThenClose() {
+  // A lingering close: closing with the rest of the request unread would send a reset, which can
+  // destroy the 400 before the client reads it. Drop what comes until the client closes (or the
+  // deadline the caller set passes).
+  tcp().async_read_some(buffer_.prepare(4096),
+                        [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                          if (ec) return self->CloseSocket();
+                          self->DrainThenClose();
+                        });
+}
+
+template <typename Stream>
+void Session<Stream>::Read() {
   parser_.emplace();
   parser_->body_limit(server_->options.max_body_bytes);
   parser_->header_limit(kHeaderLimit);
-  stream_.expires_after(
-      std::chrono::milliseconds(absl::ToInt64Milliseconds(server_->options.read_timeout)));
+  tcp().expires_after(ToChrono(server_->options.read_timeout));
   bhttp::async_read(
       stream_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
 }
 
-void Session::OnRead(beast::error_code ec) {
+template <typename Stream>
+void Session<Stream>::OnRead(beast::error_code ec) {
   if (ec == bhttp::error::body_limit) {
     SendSimple(ErrorResponse(413, absl::StrCat("request body over ",
                                                server_->options.max_body_bytes, " bytes")),
@@ -174,7 +298,8 @@ void Session::OnRead(beast::error_code ec) {
   Dispatch();
 }
 
-void Session::Dispatch() {
+template <typename Stream>
+void Session<Stream>::Dispatch() {
   const auto& msg = parser_->get();
   Request req;
   req.method = std::string(msg.method_string());
@@ -190,7 +315,7 @@ void Session::Dispatch() {
   }
   req.body = msg.body();
   beast::error_code ignored;
-  const auto endpoint = stream_.socket().remote_endpoint(ignored);
+  const auto endpoint = tcp().socket().remote_endpoint(ignored);
   req.peer = absl::StrCat(endpoint.address().to_string(), ":", endpoint.port());
   keep_alive_ = msg.keep_alive();
   auto it = server_->routes.find({req.method, req.path});
@@ -203,17 +328,19 @@ void Session::Dispatch() {
                !keep_alive_);
     return;
   }
-  it->second(req, shared_from_this());
+  it->second(req, this->shared_from_this());
 }
 
-void Session::Reply(Response response) {
+template <typename Stream>
+void Session<Stream>::Reply(Response response) {
   net::dispatch(stream_.get_executor(),
-                [self = shared_from_this(), r = std::move(response)]() mutable {
+                [self = this->shared_from_this(), r = std::move(response)]() mutable {
                   self->SendSimple(std::move(r), !self->keep_alive_);
                 });
 }
 
-void Session::SendSimple(Response response, bool close) {
+template <typename Stream>
+void Session<Stream>::SendSimple(Response response, bool close) {
   auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
       static_cast<bhttp::status>(response.status), 11);
   res->set(bhttp::field::server, "tandem");
@@ -223,7 +350,7 @@ void Session::SendSimple(Response response, bool close) {
   res->body() = std::move(response.body);
   res->prepare_payload();
   bhttp::async_write(stream_, *res,
-                     [self = shared_from_this(), res, close](beast::error_code ec, size_t) {
+                     [self = this->shared_from_this(), res, close](beast::error_code ec, size_t) {
                        if (ec || close) {
                          self->Shutdown();
                        } else {
@@ -232,20 +359,22 @@ void Session::SendSimple(Response response, bool close) {
                      });
 }
 
-std::shared_ptr<ResponseStream> Session::StartStream(
+template <typename Stream>
+std::shared_ptr<ResponseStream> Session<Stream>::StartStream(
     int status, const std::string& content_type,
     std::vector<std::pair<std::string, std::string>> headers) {
-  net::dispatch(stream_.get_executor(),
-                [self = shared_from_this(), status, content_type, headers = std::move(headers)] {
-                  self->BeginStream(status, content_type, headers);
-                });
-  return std::make_shared<StreamHandle>(shared_from_this());
+  net::dispatch(stream_.get_executor(), [self = this->shared_from_this(), status, content_type,
+                                         headers = std::move(headers)] {
+    self->BeginStream(status, content_type, headers);
+  });
+  return std::make_shared<StreamHandle>(this->shared_from_this());
 }
 
-void Session::BeginStream(int status, const std::string& content_type,
-                          const std::vector<std::pair<std::string, std::string>>& headers) {
+template <typename Stream>
+void Session<Stream>::BeginStream(int status, const std::string& content_type,
+                                  const std::vector<std::pair<std::string, std::string>>& headers) {
   streaming_ = true;
-  stream_.expires_never();
+  tcp().expires_never();
   stream_header_ =
       std::make_shared<bhttp::response<bhttp::empty_body>>(static_cast<bhttp::status>(status), 11);
   stream_header_->set(bhttp::field::server, "tandem");
@@ -257,7 +386,7 @@ void Session::BeginStream(int status, const std::string& content_type,
   serializer_ = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*stream_header_);
   writing_ = true;
   bhttp::async_write_header(stream_, *serializer_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
                               self->writing_ = false;
                               if (ec) {
                                 self->Cancel();
@@ -268,40 +397,46 @@ void Session::BeginStream(int status, const std::string& content_type,
                             });
 }
 
-void Session::WatchForDisconnect() {
-  // A streaming client sends nothing; a completed read means it closed (or misbehaves).
+template <typename Stream>
+void Session<Stream>::WatchForDisconnect() {
+  // A streaming client sends nothing; a completed read means it closed (or misbehaves). Over TLS
+  // this read runs alongside the chunk writes (one read and one write at a time is allowed).
   stream_.async_read_some(net::buffer(probe_),
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                          [self = this->shared_from_this()](beast::error_code ec, size_t) {
                             if (ec && !self->closed_.load()) self->Cancel();
                           });
 }
 
-bool Session::Write(std::string data) {
+template <typename Stream>
+bool Session<Stream>::Write(std::string data) {
   if (cancelled_.load() || closed_.load()) return false;
-  net::post(stream_.get_executor(), [self = shared_from_this(), d = std::move(data)]() mutable {
-    if (self->cancelled_.load() || self->closing_) return;
-    self->queue_.push_back(std::move(d));
-    self->WriteNext();
-  });
+  net::post(stream_.get_executor(),
+            [self = this->shared_from_this(), d = std::move(data)]() mutable {
+              if (self->cancelled_.load() || self->closing_) return;
+              self->queue_.push_back(std::move(d));
+              self->WriteNext();
+            });
   return true;
 }
 
-void Session::Close() {
+template <typename Stream>
+void Session<Stream>::Close() {
   if (closed_.exchange(true)) return;
-  net::post(stream_.get_executor(), [self = shared_from_this()] {
+  net::post(stream_.get_executor(), [self = this->shared_from_this()] {
     self->closing_ = true;
     self->WriteNext();
   });
 }
 
-void Session::WriteNext() {
+template <typename Stream>
+void Session<Stream>::WriteNext() {
   if (writing_ || cancelled_.load() || !streaming_) return;
   if (!queue_.empty()) {
     auto data = std::make_shared<std::string>(std::move(queue_.front()));
     queue_.pop_front();
     writing_ = true;
     net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)),
-                     [self = shared_from_this(), data](beast::error_code ec, size_t) {
+                     [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
                        self->writing_ = false;
                        if (ec) {
                          self->Cancel();
@@ -315,40 +450,44 @@ void Session::WriteNext() {
     streaming_ = false;
     writing_ = true;
     net::async_write(stream_, bhttp::make_chunk_last(),
-                     [self = shared_from_this()](beast::error_code, size_t) {
+                     [self = this->shared_from_this()](beast::error_code, size_t) {
                        self->writing_ = false;
                        self->Shutdown();  // one streamed response per connection
                      });
   }
 }
 
-void Session::Cancel() {
+template <typename Stream>
+void Session<Stream>::Cancel() {
   if (closed_.load() && !streaming_) return;
   if (cancelled_.exchange(true)) return;
-  std::function<void()> fn;
-  {
-    std::lock_guard<std::mutex> lock(cancel_mu_);
-    fn = std::move(on_cancel_);
-  }
-  if (fn) fn();
+  if (std::function<void()> fn = TakeOnCancel()) fn();
   Shutdown();
 }
 
-void Session::OnCancel(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(cancel_mu_);
-    if (!cancelled_.load()) {
-      on_cancel_ = std::move(fn);
+template <typename Stream>
+void Session<Stream>::Shutdown() {
+  if constexpr (kTls) {
+    // close_notify lets the client tell the end of the connection from a truncation. A client
+    // that does not answer it (or keeps the connection pooled) is cut off after kTlsCloseTimeout.
+    if (!cancelled_.load() && !close_timer_) {
+      close_timer_.emplace(stream_.get_executor(), kTlsCloseTimeout);
+      close_timer_->async_wait(
+          [self = this->shared_from_this()](beast::error_code) { self->CloseSocket(); });
+      stream_.async_shutdown(
+          [self = this->shared_from_this()](beast::error_code) { self->CloseSocket(); });
       return;
     }
   }
-  fn();
+  CloseSocket();
 }
 
-void Session::Shutdown() {
+template <typename Stream>
+void Session<Stream>::CloseSocket() {
+  if (close_timer_) close_timer_->cancel();
   beast::error_code ignored;
-  stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  stream_.socket().close(ignored);
+  tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+  tcp().socket().close(ignored);
 }
 
 void HttpServer::Impl::Accept(std::shared_ptr<Impl> self) {
@@ -359,15 +498,21 @@ void HttpServer::Impl::Accept(std::shared_ptr<Impl> self) {
           beast::error_code ignored;
           socket.close(ignored);
         } else {
-          auto session = std::make_shared<Session>(std::move(socket), self);
-          {
-            std::lock_guard<std::mutex> lock(mu);
-            sessions.erase(std::remove_if(sessions.begin(), sessions.end(),
-                                          [](const auto& w) { return w.expired(); }),
-                           sessions.end());
-            sessions.push_back(session);
+          std::shared_ptr<SessionBase> session;
+          if (tls != nullptr) {
+            auto tls_session = std::make_shared<Session<TlsStream>>(self, std::move(socket), *tls);
+            tls_session->Start();
+            session = std::move(tls_session);
+          } else {
+            auto plain_session = std::make_shared<Session<PlainStream>>(self, std::move(socket));
+            plain_session->Start();
+            session = std::move(plain_session);
           }
-          session->Start();
+          std::lock_guard<std::mutex> lock(mu);
+          sessions.erase(std::remove_if(sessions.begin(), sessions.end(),
+                                        [](const auto& w) { return w.expired(); }),
+                         sessions.end());
+          sessions.push_back(std::move(session));
         }
         Accept(self);
       });
@@ -379,7 +524,7 @@ void HttpServer::Impl::Stop() {
     beast::error_code ignored;
     acceptor.close(ignored);
   });
-  std::vector<std::shared_ptr<Session>> live;
+  std::vector<std::shared_ptr<SessionBase>> live;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& w : sessions) {
@@ -402,6 +547,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->routes = std::move(routes);
+  if (options.tls.has_value()) {
+    absl::StatusOr<std::unique_ptr<net::ssl::context>> tls = MakeServerTlsContext(*options.tls);
+    if (!tls.ok()) return tls.status();
+    impl->tls = *std::move(tls);
+  }
   beast::error_code ec;
   const auto address = net::ip::make_address(options.address, ec);
   if (ec) {

@@ -14,6 +14,11 @@
 // are refused (closed at accept). Bad requests get 400. Unknown paths 404, known path with another
 // method 405. Errors are JSON `{"error": {"message", "type", "code"}}` (OpenAI's shape).
 //
+// HTTPS: with `tls` set every connection starts with a TLS handshake (TLS 1.2+; with a client CA,
+// clients must present a certificate chaining to it). A failed handshake closes the connection; a
+// plain HTTP request gets a plain 400 saying the port speaks HTTPS. Handlers and streams work the
+// same either way.
+//
 // Thread safety: Start/Stop from one thread; a ResponseStream from any thread.
 #ifndef TANDEM_COMMON_HTTP_HTTP_SERVER_H_
 #define TANDEM_COMMON_HTTP_HTTP_SERVER_H_
@@ -22,12 +27,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/http/tls.h"
 
 namespace tandem::http {
 
@@ -86,12 +93,13 @@ struct HttpServerOptions {
   uint64_t max_body_bytes = 8 << 20;
   absl::Duration read_timeout = absl::Seconds(30);
   int max_connections = 10000;
+  std::optional<ServerTlsOptions> tls;  // unset: plain HTTP
 };
 
 class HttpServer {
  public:
-  // Routes: (method, path) -> handler. INVALID_ARGUMENT for a bad address, UNAVAILABLE when the
-  // port cannot be bound.
+  // Routes: (method, path) -> handler. INVALID_ARGUMENT for a bad address or bad TLS material,
+  // UNAVAILABLE when the port cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const HttpServerOptions& options,
       std::map<std::pair<std::string, std::string>, Handler> routes);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cross-checks rendered Tandem manifests against the real binaries (used by validate.sh).
 
-  check_manifests.py manifests RENDERED.yaml BIN_DIR   # one overlay's `kubectl kustomize` output
+  check_manifests.py manifests RENDERED.yaml BIN_DIR [SECRETS.yaml]
+                                   # one overlay's `kubectl kustomize` output (+ make_secrets.sh's)
   check_manifests.py dockerfile Dockerfile REPO_ROOT BIN_DIR MANIFEST.yaml...
 
 Prints one "PASS <what>" or "FAIL <what>: <why>" line per check; exits 1 if any failed.
@@ -15,15 +16,25 @@ Also: containerPorts = the ports the --*listen flags bind (on a wildcard host), 
 Services name existing ports, Services never expose a --metrics_listen port,
 terminationGracePeriodSeconds covers preStop + drain, nvidia.com/gpu = --tp on cuda, --model
 lies on a mounted volume.
+Security (every overlay is secure): no --insecure; --tls_cert/--tls_key/--tls_ca (and the
+router's --api_key_file) point into a read-only mount of a non-optional Secret volume (mode not
+world-readable); the router has --internal_listen, and only a ClusterIP Service exposes that port
+(never together with a public port), while the workers' --router names that Service's port. With
+SECRETS.yaml (deploy/k8s/make_secrets.sh's output): every mounted Secret exists with the keys the
+flags read, the certificate's role (URI SAN spiffe://tandem/role/R) is the container's role, its
+key matches, it chains to ca.crt (one CA for all), and it carries --tls_server_name as a DNS SAN.
 dockerfile: every COPY source exists (build context: REPO_ROOT; the build stage's staged
 binaries: BIN_DIR), every binary's shared libraries resolve (ldd), and every container command
 in the manifests is a path the Dockerfile installs.
 """
+import base64
 import math
+import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -33,6 +44,11 @@ FIELD_DUMMIES = {"status.podIP": "10.1.2.3", "metadata.name": "pod-0",
                  "metadata.namespace": "tandem", "spec.nodeName": "node-0"}
 # Time a daemon needs past its drain (worker: gRPC shutdown 2 s) plus slack.
 GRACE_MARGIN_S = 5
+# Flags naming a file of TLS material (must come from a Secret): which binaries need them.
+TLS_FILE_FLAGS = {"tls_cert": "both", "tls_key": "both", "tls_ca": "both",
+                  "api_key_file": "tandem_router"}
+# CA certificates seen in the Secrets (all must be the same cluster CA).
+seen_cas = set()
 
 failures = 0
 
@@ -97,7 +113,7 @@ def port_number(port, declared):
     return declared.get(port)
 
 
-def check_container(kind, wl, pod, c, configmaps, bin_dir):
+def check_container(kind, wl, pod, c, configmaps, bin_dir, secrets=None):
     what = f"{kind}/{wl['metadata']['name']}/{c['name']}"
     cmd = c.get("command", [])
     binary = BINARIES.get(cmd[0].rsplit("/", 1)[-1]) if cmd else None
@@ -158,57 +174,187 @@ def check_container(kind, wl, pod, c, configmaps, bin_dir):
     if model:
         report(any((model + "/").startswith(m) for m in mounts), f"{what} --model={model} mounted",
                f"no volumeMount holds it ({mounts})")
-    return declared, flags
+    check_tls(what, binary, flags, c, pod, secrets)
+    return declared, flags, binary
 
 
-def check_manifests(path, bin_dir):
+def secret_file(path, c, pod):
+    """(secretName, key, problem) for a file path inside the container."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in c.get("volumeMounts", []):
+        root = m["mountPath"].rstrip("/") + "/"
+        if not path.startswith(root) or "subPath" in m:
+            continue
+        v = volumes.get(m["name"], {})
+        if "secret" not in v:
+            return None, None, f"{path} is on volume {m['name']}, not a Secret"
+        if m.get("readOnly") is not True:
+            return None, None, f"{path}: mount {m['mountPath']} is not readOnly"
+        rel = path[len(root):]
+        items = v["secret"].get("items")
+        if items:
+            key = next((i["key"] for i in items if i["path"] == rel), None)
+            if key is None:
+                return None, None, f"{path}: no item of Secret {v['secret']['secretName']} maps to {rel}"
+        else:
+            key = rel
+        return v["secret"]["secretName"], key, ""
+    return None, None, f"{path} is on no volumeMount"
+
+
+def openssl(*args, stdin=None):
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, input=stdin)
+
+
+def check_certificate(what, role, files, server_name):
+    """files: {flag: path} of decoded Secret data. Role, key, chain, SAN checks with openssl."""
+    cert, key, ca = files["tls_cert"], files["tls_key"], files["tls_ca"]
+    text = openssl("x509", "-in", cert, "-noout", "-text").stdout
+    roles = re.findall(r"URI:spiffe://tandem/role/([a-z]+)", text)
+    report(roles == [role], f"{what} certificate role {roles}", f"want [{role!r}]")
+    pub_cert = openssl("x509", "-in", cert, "-noout", "-pubkey").stdout
+    pub_key = openssl("pkey", "-in", key, "-pubout").stdout
+    report(bool(pub_cert) and pub_cert == pub_key, f"{what} --tls_key matches --tls_cert",
+           "different public keys")
+    v = openssl("verify", "-CAfile", ca, cert)
+    report(v.returncode == 0, f"{what} certificate chains to --tls_ca", v.stdout + v.stderr)
+    seen_cas.add(open(ca).read())
+    report(len(seen_cas) == 1, f"{what} --tls_ca is the one cluster CA", f"{len(seen_cas)} CAs")
+    if server_name:
+        sans = re.findall(r"DNS:([^,\s]+)", text)
+        report(server_name in sans, f"{what} certificate has --tls_server_name {server_name} as SAN",
+               f"DNS SANs {sans}")
+    if "api_key_file" in files:
+        keys = [l for l in open(files["api_key_file"]).read().splitlines()
+                if l.strip() and not l.startswith("#")]
+        report(len(keys) > 0, f"{what} --api_key_file has {len(keys)} key(s)", "no keys")
+
+
+def check_tls(what, binary, flags, c, pod, secrets):
+    """Every container is secure: TLS flags read files from a read-only mounted Secret."""
+    name = binary.rsplit("/", 1)[-1]
+    report(flags.get("insecure", "false") == "false", f"{what} no --insecure",
+           f"--insecure={flags.get('insecure')} in a secure overlay")
+    needed = [f for f, who in TLS_FILE_FLAGS.items() if who in ("both", name)]
+    problems, files = [], {}
+    for f in needed:
+        if not flags.get(f):
+            problems.append(f"--{f} missing")
+            continue
+        secret, key, why = secret_file(flags[f], c, pod)
+        if why:
+            problems.append(f"--{f}: {why}")
+        else:
+            files[f] = (secret, key)
+    report(not problems, f"{what} TLS flags {needed} read a mounted Secret "
+           f"({sorted(set(s for s, _ in files.values()))})", "; ".join(problems))
+    if name == "tandem_router":
+        report(bool(flags.get("internal_listen")), f"{what} --internal_listen (mTLS plane)",
+               "with TLS the router needs its internal port")
+    if secrets is None or problems:
+        return
+    role = "router" if name == "tandem_router" else flags.get("role", "mixed")
+    with tempfile.TemporaryDirectory() as tmp:
+        decoded, missing = {}, []
+        for f, (secret, key) in files.items():
+            data = secrets.get(secret, {}).get(key)
+            if data is None:
+                missing.append(f"Secret {secret} key {key}" if secret in secrets
+                               else f"Secret {secret}")
+                continue
+            decoded[f] = os.path.join(tmp, f)
+            with open(decoded[f], "wb") as out:
+                out.write(base64.b64decode(data))
+        report(not missing, f"{what} make_secrets.sh provides {sorted(set(files.values()))}",
+               f"missing {missing}")
+        if not missing:
+            check_certificate(what, role, decoded, flags.get("tls_server_name", ""))
+
+
+def check_manifests(path, bin_dir, secrets_path=None):
     docs = [d for d in yaml.safe_load_all(open(path)) if d]
     configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs
                   if d["kind"] == "ConfigMap"}
-    workloads = []  # (labels, {portName: port}, metrics ports)
+    secrets = None
+    if secrets_path:
+        secret_docs = [d for d in yaml.safe_load_all(open(secrets_path)) if d]
+        namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+        secrets = {d["metadata"]["name"]: d.get("data", {}) for d in secret_docs
+                   if d["kind"] == "Secret"}
+        wrong = [d["metadata"]["name"] for d in secret_docs
+                 if d["metadata"].get("namespace") not in namespaces]
+        report(not wrong, f"make_secrets.sh Secrets {sorted(secrets)} in namespace {namespaces}",
+               f"{wrong} in another namespace")
+    workloads = []  # (labels, {portName: port}, metrics ports, {port: flag}, kind/name)
+    worker_routers = []  # (what, --router value)
     for d in docs:
         if d["kind"] not in ("Deployment", "StatefulSet"):
             continue
         pod = d["spec"]["template"]["spec"]
-        declared, metrics = {}, set()
+        declared, metrics, bound = {}, set(), {}
         for c in pod["containers"]:
-            r = check_container(d["kind"], d, pod, c, configmaps, bin_dir)
+            r = check_container(d["kind"], d, pod, c, configmaps, bin_dir, secrets)
             if r:
                 declared.update(r[0])
                 metrics.update(listen_ports({"metrics_listen": r[1].get("metrics_listen", "")}))
+                bound.update({p: f for p, (f, _) in listen_ports(r[1]).items()})
+                if r[2].endswith("worker"):
+                    worker_routers.append((f"{d['kind']}/{d['metadata']['name']}/{c['name']}",
+                                           r[1].get("router", "")))
         for v in pod.get("volumes", []):
             if "secret" in v:
-                report(v["secret"].get("optional") is True,
-                       f"{d['kind']}/{d['metadata']['name']} secret volume {v['name']} optional",
-                       "the TLS Secret is a placeholder: mount it optional")
+                mode = v["secret"].get("defaultMode", 0o644)
+                report(v["secret"].get("optional") is not True and mode & 0o007 == 0,
+                       f"{d['kind']}/{d['metadata']['name']} secret volume {v['name']} required, "
+                       f"mode {mode:o}",
+                       "TLS material: not optional (the pod must not start without it), "
+                       "not world-readable")
         if d["kind"] == "StatefulSet":
             svc = d["spec"].get("serviceName")
             ok = any(s["kind"] == "Service" and s["metadata"]["name"] == svc and
                      s["spec"].get("clusterIP") == "None" for s in docs)
             report(ok, f"StatefulSet/{d['metadata']['name']} headless Service {svc}",
                    "serviceName must name a headless Service")
-        workloads.append((d["spec"]["template"]["metadata"].get("labels", {}), declared, metrics))
+        workloads.append((d["spec"]["template"]["metadata"].get("labels", {}), declared, metrics,
+                          bound))
 
     def selected(sel):
         return [w for w in workloads if sel and all(w[0].get(k) == v for k, v in sel.items())]
 
+    internal_services = {}  # (service name, port) of the router's internal port
     for d in docs:
         name = f"{d['kind']}/{d['metadata']['name']}"
         if d["kind"] == "Service":
             pods = selected(d["spec"].get("selector", {}))
             problems = [] if pods else ["selects no workload"]
+            planes = set()  # flags binding the ports this Service exposes
             for p in d["spec"].get("ports", []):
-                for _, declared, metrics in pods:
+                for _, declared, metrics, bound in pods:
                     n = port_number(p.get("targetPort", p["port"]), declared)
                     if n is None:
                         problems.append(f"targetPort {p.get('targetPort')!r} not a containerPort")
                     elif n in metrics:
                         problems.append(f"exposes the metrics port {n}")
+                    else:
+                        planes.add(bound.get(n))
+                        if bound.get(n) == "internal_listen":
+                            internal_services[(d["metadata"]["name"], p["port"])] = True
             report(not problems, f"{name} ports {[p['port'] for p in d['spec']['ports']]}",
                    "; ".join(problems))
+            if "internal_listen" in planes:
+                kind = d["spec"].get("type", "ClusterIP")
+                report(kind == "ClusterIP" and planes == {"internal_listen"},
+                       f"{name} exposes the router's internal port only, as {kind}",
+                       f"internal (mTLS) port with {sorted(p for p in planes if p)} / type {kind}")
         elif d["kind"] == "PodDisruptionBudget":
             report(bool(selected(d["spec"]["selector"].get("matchLabels", {}))),
                    f"{name} selector", "selects no workload")
+    # Workers register on the internal port, through its Service (NAME[.ns...]:PORT).
+    for what, router in worker_routers:
+        host, _, port = router.rpartition(":")
+        ok = port.isdigit() and (host.split(".")[0], int(port)) in internal_services
+        report(ok, f"{what} --router={router} is the router's internal port",
+               f"internal Services: {sorted(internal_services)}")
 
 
 def check_dockerfile(dockerfile, root, bin_dir, manifests):
@@ -250,8 +396,8 @@ def check_dockerfile(dockerfile, root, bin_dir, manifests):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "manifests":
-        check_manifests(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "manifests":
+        check_manifests(*sys.argv[2:])
     elif len(sys.argv) >= 5 and sys.argv[1] == "dockerfile":
         check_dockerfile(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     else:

@@ -5,7 +5,10 @@
 #   2. validates the output against the Kubernetes JSON schemas (PyPI kubernetes-validate,
 #      strict: unknown fields fail; a kind without a schema fails too);
 #   3. cross-checks it against the real binaries (check_manifests.py: every container's flags
-#      parse, ports, probes, Services, drain vs terminationGracePeriodSeconds, GPUs vs --tp);
+#      parse, ports, probes, Services, drain vs terminationGracePeriodSeconds, GPUs vs --tp) and
+#      against the Secrets make_secrets.sh writes for its namespace (schema-validated too): TLS
+#      flags point into read-only Secret mounts, certificate role / key / CA / SANs, no --insecure,
+#      the router's internal port only behind a ClusterIP Service;
 # then checks the Dockerfile's COPY sources against a build (check_manifests.py dockerfile).
 #
 #   deploy/k8s/validate.sh [BIN_DIR]      BIN_DIR: the Bazel output with runtime/tandem_worker,
@@ -81,6 +84,31 @@ cross_check() {
   if ! grep -q '^\(PASS\|FAIL\) ' <<<"$out"; then failed=$((failed + 1)); fi
 }
 
+# The Secrets, as a user makes them (make_secrets.sh; one CA shared by all namespaces); a second
+# run must change nothing (the CA and the leaves are kept).
+secrets_for() {  # secrets_for NAMESPACE: make_secrets.sh's secrets.yaml for it in $secrets_yaml
+  local d="$TMP/secrets/$1"
+  secrets_yaml=""
+  if [[ ! -s "$d/secrets.yaml" ]]; then
+    if ! "$HERE/make_secrets.sh" "$d" --namespace="$1" --certs_dir="$TMP/secrets/certs" > "$TMP/ms.log" 2>&1; then
+      fail "make_secrets.sh --namespace=$1: $(cat "$TMP/ms.log")"; return 1
+    fi
+    cp "$d/secrets.yaml" "$TMP/first.yaml"
+    "$HERE/make_secrets.sh" "$d" --namespace="$1" --certs_dir="$TMP/secrets/certs" > /dev/null 2>&1 &&
+      cmp -s "$d/secrets.yaml" "$TMP/first.yaml" && pass "make_secrets.sh --namespace=$1: rerun changes nothing" ||
+      fail "make_secrets.sh --namespace=$1: a second run changed secrets.yaml"
+    for v in $SCHEMAS; do
+      if "$PYENV/bin/kubernetes-validate" --strict --quiet -k "$v" "$d/secrets.yaml" > "$TMP/kv" 2>&1 &&
+         ! grep -q . "$TMP/kv"; then
+        pass "make_secrets.sh Secrets ($1): schema $v"
+      else
+        fail "make_secrets.sh Secrets ($1): schema $v: $(cat "$TMP/kv")"
+      fi
+    done
+  fi
+  secrets_yaml=$d/secrets.yaml
+}
+
 rendered=()
 for dir in "$HERE"/overlays/*/; do
   name=$(basename "$dir")
@@ -101,7 +129,14 @@ for dir in "$HERE"/overlays/*/; do
       fail "$name: schema $v: $(cat "$TMP/kv")"
     fi
   done
-  cross_check manifests "$out" "$BIN_DIR"
+  ns=$(sed -n 's/^  namespace: //p' "$out" | sort -u)
+  if [[ $(wc -l <<< "$ns") != 1 || -z "$ns" ]]; then
+    fail "$name: one namespace expected, got: $(echo $ns)"
+    cross_check manifests "$out" "$BIN_DIR"
+  else
+    secrets_for "$ns" || true
+    cross_check manifests "$out" "$BIN_DIR" ${secrets_yaml:+"$secrets_yaml"}
+  fi
 done
 [[ ${#rendered[@]} -gt 0 ]] || fail "no overlay rendered"
 

@@ -16,4 +16,5 @@ export TANDEM_K8S_NO_INSTALL=1
 COPY=${TEST_TMPDIR:-$(mktemp -d)}/k8s
 rm -rf "$COPY" && mkdir -p "$COPY/deploy"
 cp -rL "$RUNFILES/deploy/k8s" "$COPY/deploy/k8s"
+cp -rL "$RUNFILES/deploy/certs" "$COPY/deploy/certs"   # make_secrets.sh runs make_certs.sh
 TANDEM_REPO_ROOT=$RUNFILES exec "$COPY/deploy/k8s/validate.sh" "$RUNFILES"

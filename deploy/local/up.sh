@@ -6,25 +6,43 @@
 #                      [--model=DIR | --load_format=dummy [--dummy_config=tiny]]
 #                      [--run_dir=out/local] [--bin_dir=bazel-bin] [--router_port=0]
 #                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
-#                      [-- EXTRA_WORKER_FLAGS...]
+#                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
+#                      [--insecure] [-- EXTRA_WORKER_FLAGS...]
+#
+# Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates and an
+# API key to RUN_DIR/certs (kept across runs); the router's public port serves TLS and requires
+# the key, workers register on its internal mTLS port with their role's certificate. Clients:
+# tandem_cli --tls_ca=RUN_DIR/certs/ca.pem with TANDEM_API_KEY=$(cat RUN_DIR/certs/api_key)
+# (up.sh prints both paths). --insecure: everything in plain text, no keys.
 #
 # --http_port: also serve the OpenAI-compatible HTTP API on the router (0 = any free port) and
-# print `http: HOST:PORT`; it reads the tokenizer and chat template of --http_model (default
-# --model; with dummy weights, a directory with tokenizer.json + config.json).
+# print its URL, `http: https://HOST:PORT` (the router's certificate, the same API key; clients
+# pass the CA, e.g. curl --cacert RUN_DIR/certs/ca.pem; `http://` with --insecure); it reads the
+# tokenizer and chat template of --http_model (default --model; with dummy weights, a directory
+# with tokenizer.json + config.json).
+#
+# --prefill_tp / --decode_tp / --mixed_tp: each worker of that role is a tensor-parallel group of
+# that many ranks (tandem_worker --tp=N starts its ranks on this host); P and D groups of
+# different sizes exchange KV re-sharded by heads (kvtransfer/rank_reader.h).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
 # //runtime:tandem_worker //router:tandem_router //router:tandem_cli).
 set -euo pipefail
 
+prefill_tp=1 decode_tp=1 mixed_tp=1
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
 run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
+insecure=0
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prefill=*) prefill="${1#*=}" ;;
     --decode=*) decode="${1#*=}" ;;
     --mixed=*) mixed="${1#*=}" ;;
+    --prefill_tp=*) prefill_tp="${1#*=}" ;;
+    --decode_tp=*) decode_tp="${1#*=}" ;;
+    --mixed_tp=*) mixed_tp="${1#*=}" ;;
     --backend=*) backend="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
     --load_format=*) load_format="${1#*=}" ;;
@@ -35,8 +53,9 @@ while [[ $# -gt 0 ]]; do
     --timeout_s=*) timeout_s="${1#*=}" ;;
     --http_port=*) http_port="${1#*=}" ;;
     --http_model=*) http_model="${1#*=}" ;;
+    --insecure) insecure=1 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -78,6 +97,21 @@ wait_file() {  # wait_file PATH PID WHAT
 }
 
 rm -f "$run_dir"/*.port
+certs="$run_dir/certs"
+if [[ "$insecure" == 1 ]]; then
+  router_sec=(--insecure)
+  cli_sec=(--insecure)
+  worker_sec() { echo --insecure; }
+else
+  "$(dirname "$0")/../certs/make_certs.sh" "$certs" --api_key > /dev/null
+  router_sec=(--tls_cert="$certs/router.pem" --tls_key="$certs/router.key" --tls_ca="$certs/ca.pem"
+              --api_key_file="$certs/api_keys" --internal_listen=127.0.0.1:0
+              --internal_port_file="$run_dir/internal.port")
+  cli_sec=(--tls_ca="$certs/ca.pem" --api_key="$(cat "$certs/api_key")")
+  worker_sec() {  # the role's certificate (paths without spaces: printed unquoted)
+    echo --tls_cert="$certs/$1.pem" --tls_key="$certs/$1.key" --tls_ca="$certs/ca.pem"
+  }
+fi
 http_flags=()
 if [[ -n "$http_port" ]]; then
   http_model="${http_model:-$model}"
@@ -86,14 +120,21 @@ if [[ -n "$http_port" ]]; then
               --http_port_file="$run_dir/http.port")
 fi
 "$router_bin" --listen="127.0.0.1:$router_port" --port_file="$run_dir/router.port" \
-  ${http_flags[@]+"${http_flags[@]}"} > "$run_dir/router.log" 2>&1 &
+  "${router_sec[@]}" ${http_flags[@]+"${http_flags[@]}"} > "$run_dir/router.log" 2>&1 &
 echo "$! router" >> "$run_dir/pids"
 wait_file "$run_dir/router.port" "$!" router
 router_addr="$(cat "$run_dir/router.port")"
+internal_addr="$router_addr"
+if [[ "$insecure" == 0 ]]; then
+  wait_file "$run_dir/internal.port" "$(awk '$2 == "router" {print $1}' "$run_dir/pids")" router
+  internal_addr="$(cat "$run_dir/internal.port")"
+fi
 
 start_worker() {  # start_worker ROLE INDEX
-  local name="$1-$2"
-  "$worker_bin" --role="$1" --backend="$backend" "${model_flags[@]}" --router="$router_addr" \
+  local name="$1-$2" tp=1
+  case "$1" in prefill) tp=$prefill_tp ;; decode) tp=$decode_tp ;; mixed) tp=$mixed_tp ;; esac
+  "$worker_bin" --role="$1" --tp="$tp" --backend="$backend" "${model_flags[@]}" \
+    --router="$internal_addr" $(worker_sec "$1") \
     --worker_id="$name" --listen=127.0.0.1:0 --port_file="$run_dir/$name.port" \
     ${extra[@]+"${extra[@]}"} > "$run_dir/$name.log" 2>&1 &
   echo "$! $name" >> "$run_dir/pids"
@@ -109,15 +150,22 @@ done < "$run_dir/pids"
 # Ready when the router lists every worker as healthy.
 deadline=$((SECONDS + timeout_s))
 while true; do
-  healthy="$("$cli_bin" workers --router="$router_addr" --json 2>/dev/null |
+  healthy="$("$cli_bin" workers --router="$router_addr" "${cli_sec[@]}" --json 2>/dev/null |
     grep -o '"healthy":true' | wc -l || true)"
   [[ "$healthy" -ge "$total" ]] && break
   (( SECONDS < deadline )) || { echo "up.sh: only $healthy/$total workers healthy" >&2; exit 1; }
   sleep 0.2
 done
 echo "router: $router_addr"
+if [[ "$insecure" == 0 ]]; then
+  echo "internal: $internal_addr"
+  echo "tls_ca: $certs/ca.pem"
+  echo "api_key_file: $certs/api_key"
+fi
 if [[ -n "$http_port" ]]; then
   wait_file "$run_dir/http.port" "$(awk '$2 == "router" {print $1}' "$run_dir/pids")" router
-  echo "http: $(cat "$run_dir/http.port")"
+  http_scheme=https
+  [[ "$insecure" == 1 ]] && http_scheme=http
+  echo "http: $http_scheme://$(cat "$run_dir/http.port")"
 fi
 echo "workers: $prefill prefill, $decode decode, $mixed mixed (logs and pids in $run_dir)"

@@ -5,10 +5,17 @@
 #     Linux network namespace (+ UTS namespace) on a bridge 10.213.77.0/24 created here; if network
 #     namespaces cannot be made, ONE node (n1 on 127.0.0.1) instead, said so in the output.
 #   * job A: sbatch -N 2 tandem.sbatch, CPU backend, dummy tiny weights, 1 prefill + 1 decode
-#     (tp=1): waits for `router: HOST:PORT`, generates 8 tokens through it, checks the logs, scancel,
-#     checks that every tandem process is gone.
+#     (tp=1), secure by default (the job generates its CA + per-role certificates + API key):
+#     waits for `router: HOST:PORT`, generates 8 tokens through it over TLS with the key, checks
+#     the certificates' SANs cover the nodes' addresses, that plain text / no key / no client
+#     certificate are refused and an admin certificate lists the workers on the internal port,
+#     that every daemon logged mutual TLS, checks the logs, scancel, checks that every tandem
+#     process is gone.
 #   * job B: one mixed TP=2 group, two srun tasks (--rank/--world_size/--dist_init from Slurm),
-#     spread over both nodes (two namespaces) when there are two: same checks.
+#     spread over both nodes (two namespaces) when there are two, with certificates made here
+#     (--certs_dir): same checks.
+#   * two nodes: a --certs_dir whose certificates lack the nodes' addresses is refused before any
+#     step starts. job C: --insecure (the explicit opt-out) still serves, in plain text.
 #   * at the end (also on failure / TERM): jobs cancelled, daemons stopped, namespaces, bridge and
 #     the temp dir removed. Prints `N passed, N failed`; exits non-zero on failure.
 # Needs root, iproute2, util-linux (unshare), slurm-wlm and munge (installed here with apt-get if
@@ -34,8 +41,9 @@ else
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) bin_dir=$root/bazel-bin
 fi
 sbatch_script=$root/deploy/slurm/tandem.sbatch
+make_certs=$root/deploy/certs/make_certs.sh
 cli=$bin_dir/router/tandem_cli
-for f in "$sbatch_script" "$bin_dir/router/tandem_router" "$bin_dir/runtime/tandem_worker" "$cli"; do
+for f in "$sbatch_script" "$make_certs" "$bin_dir/router/tandem_router" "$bin_dir/runtime/tandem_worker" "$cli"; do
   [[ -e "$f" ]] || abort "missing $f (build //router:tandem_router //runtime:tandem_worker //router:tandem_cli)"
 done
 (( EUID == 0 )) || abort "needs root (slurmd, munged, network namespaces)"
@@ -285,14 +293,25 @@ run_job() {
   [[ "$(cat "$job_dir/endpoint" 2>/dev/null)" == "$ep" ]] && ok "$name: endpoint file $job_dir/endpoint" ||
     bad "$name: endpoint file missing or different"
   say "$name: steps: $(squeue -h -s -j "$jobid" -o '%i=%j@%N' | tr '\n' ' ')"
+  # What the job printed for clients: the CA and the API key file (none with --insecure).
+  local internal ca key_file
+  internal=$(sed -n 's/^internal: //p' "$out" | head -n 1)
+  ca=$(sed -n 's/^tls_ca: //p' "$out" | head -n 1) key_file=$(sed -n 's/^api_key_file: //p' "$out" | head -n 1)
+  if [[ -n "$ca" ]]; then
+    cli_sec=(--tls_ca="$ca") api_key=$(cat "$key_file" 2>/dev/null)
+    check_security "$name" "$ep" "$internal" "$(dirname "$ca")" "$job_dir/logs"
+  else
+    cli_sec=(--insecure) api_key=""
+  fi
+  check_certs_source "$name" "$out" "$job_dir"
   local gen
-  gen=$(timeout 30 "$cli" generate --router="$ep" --prompt_ids=1,2,3 --max_tokens=8 --json --timeout_ms=20000 2>&1)
+  gen=$(timeout 30 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" generate --router="$ep" --prompt_ids=1,2,3 --max_tokens=8 --json --timeout_ms=20000 2>&1)
   local ntok
   ntok=$(sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p' <<< "$gen" | tr ',' '\n' | grep -c .)
   if [[ "$ntok" == 8 ]]; then ok "$name: generate through $ep: 8 tokens: $gen"
   else bad "$name: generate: $gen"; show_logs; fi
   local workers
-  workers=$(timeout 10 "$cli" workers --router="$ep" --json 2>&1)
+  workers=$(timeout 10 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" workers --router="$ep" --json 2>&1)
   echo "$workers" | grep -q '"healthy":false' && bad "$name: an unhealthy worker: $workers"
   check_workers "$name" "$workers"
   local logs
@@ -309,7 +328,7 @@ run_job() {
   left_now() {
     left=()
     local p comm
-    for p in $(pgrep -f -- "--router=$ep") $(pgrep -f -- "$job_dir") $(for ns in "${netns[@]}"; do ip netns pids "$ns"; done); do
+    for p in $(pgrep -f -- "--router=$ep") ${internal:+$(pgrep -f -- "--router=$internal")} $(pgrep -f -- "$job_dir") $(for ns in "${netns[@]}"; do ip netns pids "$ns"; done); do
       comm=$(cat "/proc/$p/comm" 2>/dev/null) || continue
       [[ "$comm" == tandem* || "$comm" == srun || "$comm" == worker_task.sh ]] && left+=("$p:$comm")
     done
@@ -322,7 +341,44 @@ run_job() {
   [[ ! -e "$job_dir/endpoint" ]] || bad "$name: endpoint file left behind"
 }
 
-# Job A: 1 prefill + 1 decode, tp=1.
+# check_security NAME ENDPOINT INTERNAL CERTS_DIR LOGS: a TLS job's certificates and planes.
+check_security() {
+  local name=$1 ep=$2 internal=$3 certs=$4 logs=$5 r a bad_sans=() out
+  for r in router prefill decode mixed; do
+    [[ -f "$certs/$r.pem" ]] || continue
+    for a in "${addrs[@]}"; do
+      openssl x509 -in "$certs/$r.pem" -noout -checkip "$a" | grep -q 'does match' || bad_sans+=("$r.pem:$a")
+    done
+  done
+  (( ${#bad_sans[@]} == 0 )) && ok "$name: every role certificate has SANs for the nodes' addresses (${addrs[*]})" ||
+    bad "$name: SANs missing: ${bad_sans[*]}"
+  [[ "$(stat -c %a "$certs/router.key")" == 600 ]] && ok "$name: keys are 0600" ||
+    bad "$name: $certs/router.key mode $(stat -c %a "$certs/router.key")"
+  # The public port: TLS, and the key is required.
+  out=$(timeout 10 env -u TANDEM_API_KEY "$cli" --insecure workers --router="$ep" --timeout_ms=5000 2>&1) &&
+    bad "$name: plain text accepted on the public port: $out" || ok "$name: plain text refused on the public port"
+  out=$(timeout 10 env -u TANDEM_API_KEY "$cli" --tls_ca="$certs/ca.pem" generate --router="$ep" --prompt_ids=1 --max_tokens=1 --timeout_ms=5000 2>&1)
+  [[ $? != 0 && "$out" == *UNAUTHENTICATED* ]] && ok "$name: TLS without the API key: UNAUTHENTICATED" ||
+    bad "$name: TLS without the API key: $out"
+  # The internal port: mutual TLS (no client certificate: refused; an admin certificate: served).
+  out=$(timeout 10 "$cli" --tls_ca="$certs/ca.pem" workers --router="$internal" --timeout_ms=5000 2>&1) &&
+    bad "$name: internal port without a client certificate: $out" || ok "$name: internal port refuses a client without a certificate"
+  out=$(timeout 10 "$cli" --tls_ca="$certs/ca.pem" --tls_cert="$certs/admin.pem" --tls_key="$certs/admin.key" \
+        workers --router="$internal" --json --timeout_ms=5000 2>&1)
+  grep -q '"healthy":true' <<< "$out" && ok "$name: internal port $internal lists the workers for an admin certificate" ||
+    bad "$name: admin on the internal port: $out"
+  # Every daemon (router, each worker rank) logged that it runs mutual TLS.
+  local f plain=()
+  for f in "$logs"/*.log; do grep -q 'mutual TLS with the cluster CA' "$f" || plain+=("${f##*/}"); done
+  (( ${#plain[@]} == 0 )) && ok "$name: every daemon runs mutual TLS ($(ls "$logs" | wc -l) logs)" ||
+    bad "$name: no 'mutual TLS' in ${plain[*]}"
+}
+# Job A: 1 prefill + 1 decode, tp=1; the job generates its certificates.
+check_certs_source() {
+  grep -q "certificates: $3/certs (CA + " "$2" && [[ -s "$3/certs/ca.pem" ]] &&
+    ok "$1: the job generated its CA and certificates in $3/certs" ||
+    bad "$1: no generated certificates: $(grep certificates "$2")"
+}
 check_workers() {
   grep -q '"role":"prefill"' <<< "$2" && grep -q '"role":"decode"' <<< "$2" &&
     ok "$1: router lists a healthy prefill and a decode worker" || bad "$1: workers: $2"
@@ -333,7 +389,16 @@ check_logs() {
 }
 run_job pd "${#nodes[@]}" --prefill=1 --decode=1 --tp=1
 
-# Job B: one mixed TP=2 group, rank 0 and rank 1 on different nodes when there are two.
+# Job B: one mixed TP=2 group, rank 0 and rank 1 on different nodes when there are two; the
+# certificates are made here and passed with --certs_dir.
+given_certs=$T/job/given-certs
+"$make_certs" "$given_certs" --hosts="$(IFS=,; echo "${addrs[*]}")" --api_key > /dev/null ||
+  abort "make_certs.sh $given_certs failed"
+check_certs_source() {
+  grep -q "certificates: $given_certs (given)" "$2" && [[ ! -e "$3/certs" ]] &&
+    ok "$1: the job used --certs_dir=$given_certs (generated none)" ||
+    bad "$1: --certs_dir not used: $(grep certificates "$2")"
+}
 check_workers() {
   grep -q '"tp_size":2' <<< "$2" && ok "$1: router lists one healthy mixed worker group of tp_size 2" ||
     bad "$1: workers: $2"
@@ -348,8 +413,35 @@ check_logs() {
   grep -q "rank 1 of 2 joined" "$2/$r1" && ok "$1: rank 1 joined the group ($r0, $r1)" ||
     bad "$1: rank 1 did not join: $(tail -n 3 "$2/$r1")"
 }
-if [[ "$mode" == netns ]]; then run_job tp2 2 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=2
-else run_job tp2 1 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=1; fi
+if [[ "$mode" == netns ]]; then run_job tp2 2 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=2 --certs_dir="$given_certs"
+else run_job tp2 1 --mixed=1 --prefill=0 --decode=0 --tp=2 --group_nodes=1 --certs_dir="$given_certs"; fi
+
+if [[ "$mode" == netns ]]; then
+  # Certificates without the nodes' addresses (SANs localhost / 127.0.0.1 only): refused up front.
+  "$make_certs" "$T/job/nosan-certs" --api_key > /dev/null || abort "make_certs.sh nosan-certs failed"
+  out=$T/job/nosan.out
+  jobid=$(sbatch --parsable -N 2 --chdir="$T/job" --output="$out" --job-name=tandem-nosan --time=5 \
+    "$sbatch_script" --backend=cpu --load_format=dummy --bin_dir="$bin_dir" --job_dir="$T/job/tandem-nosan" \
+    --router_port=0 --certs_dir="$T/job/nosan-certs" 2>&1) || bad "nosan: sbatch failed: $jobid"
+  wait_until 40 bash -c "[[ -z \"\$(squeue -h -j $jobid -o %i 2>/dev/null)\" ]]"
+  if grep -q "has no SAN for node address ${addrs[0]}" "$out" && ! grep -q '^router: ' "$out" &&
+     [[ -z "$(ls -A "$T/job/tandem-nosan/logs" 2>/dev/null)" ]]; then
+    ok "nosan: --certs_dir without the nodes' addresses refused before any step: $(grep -o 'has no SAN.*' "$out" | head -c 120)"
+  else bad "nosan: job output: $(tail -n 5 "$out" 2>/dev/null)"; fi
+
+  # Job C: the explicit opt-out.
+  check_certs_source() {
+    grep -q "WARNING: --insecure" "$2" && [[ ! -e "$3/certs" ]] && ! grep -q '^tls_ca: ' "$2" &&
+      ok "$1: --insecure: no certificates, a warning in the job output" || bad "$1: --insecure output: $(head -n 5 "$2")"
+  }
+  check_workers() {
+    grep -q '"role":"mixed"' <<< "$2" && ok "$1: router lists the mixed worker (plain text)" || bad "$1: workers: $2"
+  }
+  check_logs() {
+    grep -q 'INSECURE' "$2"/*-router.log && ok "$1: the router logged INSECURE" || bad "$1: no INSECURE in the router's log"
+  }
+  run_job insecure 1 --mixed=1 --prefill=0 --decode=0 --tp=1 --insecure
+fi
 
 # ---- teardown of the test cluster --------------------------------------------------------------
 (( failed )) && show_logs

@@ -35,6 +35,7 @@ AttentionBatch PagedCase::Batch() const {
   batch.block_tables = block_tables.data();
   batch.num_seqs = static_cast<int64_t>(seqs.size());
   batch.max_blocks_per_seq = max_blocks_per_seq;
+  if (!local_seq_lens.empty()) batch.local_seq_lens = local_seq_lens.data();
   return batch;
 }
 
@@ -95,40 +96,104 @@ PagedCase MakePagedCase(std::mt19937& rng, const CaseOptions& options,
   return c;
 }
 
+PagedCase MakeDcpShardCase(std::mt19937& rng, const PagedCase& global, const DcpShard& dcp) {
+  PagedCase c;
+  c.options = global.options;
+  c.seqs = global.seqs;
+  c.k = global.k;
+  c.v = global.v;
+  c.q = global.q;
+  c.query_start_loc = global.query_start_loc;
+  c.seq_lens = global.seq_lens;
+  c.num_tokens = global.num_tokens;
+  const CaseOptions& options = global.options;
+  const int64_t bs = options.block_size;
+  int64_t blocks_needed = 0;
+  for (const SeqSpec& s : global.seqs) {
+    const int64_t local = DcpLocalCount(s.seq_len, dcp);
+    c.local_seq_lens.push_back(static_cast<int32_t>(local));
+    blocks_needed += (local + bs - 1) / bs;
+    c.max_blocks_per_seq = std::max(c.max_blocks_per_seq, (local + bs - 1) / bs);
+  }
+  c.max_blocks_per_seq += options.spare_table_columns;
+  c.layout = {.num_blocks = blocks_needed + options.spare_blocks,
+              .num_layers = options.num_layers,
+              .block_size = bs,
+              .num_kv_heads = options.num_kv_heads,
+              .head_dim = options.head_dim};
+  // Every layer but options.layer stays NaN, like the slots no sequence owns.
+  c.pool.assign(c.layout.TotalElems(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<int32_t> physical(c.layout.num_blocks);
+  for (int32_t i = 0; i < static_cast<int32_t>(physical.size()); ++i) physical[i] = i;
+  std::shuffle(physical.begin(), physical.end(), rng);
+
+  const int64_t row = options.num_kv_heads * options.head_dim;
+  c.block_tables.assign(c.seqs.size() * c.max_blocks_per_seq, -1);
+  int64_t next_block = 0;
+  for (size_t s = 0; s < c.seqs.size(); ++s) {
+    const int64_t local = c.local_seq_lens[s];
+    int32_t* table = c.block_tables.data() + s * c.max_blocks_per_seq;
+    std::vector<int64_t> slots(local);
+    std::vector<float> k(local * row), v(local * row);
+    for (int64_t j = 0; j < local; ++j) {
+      if (j % bs == 0) table[j / bs] = physical[next_block++];
+      slots[j] = int64_t{table[j / bs]} * bs + j % bs;
+      const int64_t g = DcpGlobalPos(j, dcp);
+      std::copy_n(global.k[s].begin() + g * row, row, k.begin() + j * row);
+      std::copy_n(global.v[s].begin() + g * row, row, v.begin() + j * row);
+    }
+    const absl::Status status =
+        cpu::ReshapeAndCache(k.data(), v.data(), slots.data(), local, options.layer, c.View());
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  return c;
+}
+
 void ReferenceAttentionSeq(const float* q, const float* k, const float* v, int64_t q_len,
                            int64_t seq_len, int64_t num_q_heads, int64_t num_kv_heads,
                            int64_t head_dim, const AttentionParams& params, int64_t key_begin,
                            int64_t key_end, double* out, double* lse) {
   const int64_t group = num_q_heads / num_kv_heads;
   std::vector<double> scores;
+  std::vector<int64_t> keys;  // visible positions of the current query
   for (int64_t j = 0; j < q_len; ++j) {
     const int64_t pos = seq_len - q_len + j;
     int64_t lo = params.window_left >= 0 ? std::max<int64_t>(0, pos - params.window_left) : 0;
     lo = std::max(lo, key_begin);
     const int64_t hi = std::min(pos + 1, key_end);
+    keys.clear();
+    for (int64_t t = lo; t < hi; ++t) {
+      // DCP: only the shard's own keys, picked by the placement rule itself (not the local
+      // index arithmetic the kernels use).
+      if (params.dcp_size > 1 && (t / params.dcp_interleave) % params.dcp_size != params.dcp_rank) {
+        continue;
+      }
+      keys.push_back(t);
+    }
     for (int64_t h = 0; h < num_q_heads; ++h) {
       const int64_t kvh = h / group;
       const float* q_row = q + (j * num_q_heads + h) * head_dim;
       double* o = out + (j * num_q_heads + h) * head_dim;
       std::fill(o, o + head_dim, 0.0);
-      if (lo >= hi) {
+      if (keys.empty()) {
         lse[j * num_q_heads + h] = -std::numeric_limits<double>::infinity();
         continue;
       }
-      scores.assign(hi - lo, 0.0);
+      scores.assign(keys.size(), 0.0);
       double max_score = -std::numeric_limits<double>::infinity();
-      for (int64_t t = lo; t < hi; ++t) {
-        const float* k_row = k + (t * num_kv_heads + kvh) * head_dim;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const float* k_row = k + (keys[i] * num_kv_heads + kvh) * head_dim;
         double dot = 0;
         for (int64_t d = 0; d < head_dim; ++d) dot += double{q_row[d]} * k_row[d];
         double score = dot * params.scale;
         if (params.softcap > 0) score = params.softcap * std::tanh(score / params.softcap);
-        scores[t - lo] = score;
+        scores[i] = score;
         max_score = std::max(max_score, score);
       }
       double sum = 0;
-      for (int64_t t = lo; t < hi; ++t) {
-        const double w = std::exp(scores[t - lo] - max_score);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const int64_t t = keys[i];
+        const double w = std::exp(scores[i] - max_score);
         sum += w;
         const float* v_row = v + (t * num_kv_heads + kvh) * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) o[d] += w * v_row[d];

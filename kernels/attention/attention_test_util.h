@@ -48,13 +48,16 @@ struct PagedCase {
   CaseOptions options;
   KvCacheLayout layout;
   std::vector<SeqSpec> seqs;
-  std::vector<float> pool;               // layout.TotalElems()
-  std::vector<std::vector<float>> k;     // per sequence: [seq_len, num_kv_heads, head_dim], `layer`
+  std::vector<float> pool;  // layout.TotalElems()
+  // Per sequence: [seq_len, num_kv_heads, head_dim] of `layer`, every GLOBAL position (also in
+  // a DCP shard case, whose pool holds only the shard's rows).
+  std::vector<std::vector<float>> k;
   std::vector<std::vector<float>> v;     // same
   std::vector<float> q;                  // [num_tokens, num_q_heads, head_dim]
   std::vector<int32_t> query_start_loc;  // [num_seqs + 1]
   std::vector<int32_t> seq_lens;         // [num_seqs]
   std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq]
+  std::vector<int32_t> local_seq_lens;   // DCP shard cases only: [num_seqs], else empty
   int64_t max_blocks_per_seq = 0;
   int64_t num_tokens = 0;
 
@@ -65,8 +68,17 @@ struct PagedCase {
 PagedCase MakePagedCase(std::mt19937& rng, const CaseOptions& options,
                         const std::vector<SeqSpec>& seqs);
 
+// Rank dcp.rank's KV shard of `global` (decode context parallelism, dcp_shard.h): the same q,
+// query_start_loc and GLOBAL seq_lens, local_seq_lens = DcpLocalCount(seq_len), and a fresh pool
+// (shuffled blocks) holding local row j = global row DcpGlobalPos(j) of layer options.layer;
+// every other layer and every unowned slot is NaN. k and v keep the global rows, so
+// ReferenceAttention(shard, params with the same dcp) is the shard's expected partial.
+PagedCase MakeDcpShardCase(std::mt19937& rng, const PagedCase& global, const DcpShard& dcp);
+
 // fp64 attention of one sequence over its contiguous K/V, with the causal, window and softcap
-// semantics of PagedAttention, restricted further to keys [key_begin, key_end) (partials).
+// semantics of PagedAttention, restricted further to keys [key_begin, key_end) (partials) and,
+// when params.dcp_size > 1, to the keys of shard params.dcp_rank (positions g with
+// (g / interleave) % size == rank; k and v still hold every global position).
 // q: [q_len, num_q_heads, head_dim]; k, v: [seq_len, num_kv_heads, head_dim];
 // out: [q_len, num_q_heads, head_dim]; lse: [q_len, num_q_heads] (-inf where no key is visible).
 void ReferenceAttentionSeq(const float* q, const float* k, const float* v, int64_t q_len,

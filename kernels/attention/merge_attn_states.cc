@@ -50,4 +50,40 @@ void MergeAttnStates(const float* out_a, const float* lse_a, const float* out_b,
   }
 }
 
+void MergeAttnStatesN(const AttnPartials<float>& parts, int64_t num_tokens, int64_t num_heads,
+                      int64_t head_dim, float* out, float* lse) {
+  const int64_t rows = num_tokens * num_heads;
+  for (int64_t r = 0; r < rows; ++r) {
+    // max() over the finite lse only: NaN / +inf partials must not reach m (see IsEmpty).
+    float m = -std::numeric_limits<float>::infinity();
+    int64_t non_empty = 0;
+    for (int64_t i = 0; i < parts.num_parts; ++i) {
+      const float l = parts.lse[i * parts.lse_stride + r];
+      if (IsEmpty(l)) continue;
+      m = std::max(m, l);
+      ++non_empty;
+    }
+    float* o = out + r * head_dim;
+    if (non_empty == 0) {
+      std::fill(o, o + head_dim, 0.0f);
+      if (lse != nullptr) lse[r] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    std::fill(o, o + head_dim, 0.0f);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < parts.num_parts; ++i) {
+      const float l = parts.lse[i * parts.lse_stride + r];
+      if (IsEmpty(l)) continue;         // never read: an empty partial's out may be garbage
+      const float w = std::exp(l - m);  // 1 for the partial holding the max
+      sum += w;
+      const float* oi = parts.out + i * parts.out_stride + r * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += w * oi[d];
+    }
+    // sum >= 1, so the division is safe; one non-empty partial: w = sum = 1, an exact copy.
+    const float inv = 1.0f / sum;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+    if (lse != nullptr) lse[r] = m + std::log(sum);
+  }
+}
+
 }  // namespace tandem::kernels::cpu

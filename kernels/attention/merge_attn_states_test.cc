@@ -241,5 +241,123 @@ TEST(MergeAttnStatesTest, ZeroRowsIsANoOp) {
   MergeAttnStates(nullptr, nullptr, nullptr, nullptr, 0, 8, 64, nullptr, nullptr);
 }
 
+// ---- N-way merge ----
+
+// N partials in a strided stack with NaN gaps between them (the gaps must never be read); each
+// row gets a random set of empty partials (lse -inf, NaN or +inf, out NaN), some rows all empty.
+TEST(MergeAttnStatesNTest, MatchesFormulaWithEmptyPartials) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  for (int64_t parts : {1, 2, 3, 5, 8}) {
+    SCOPED_TRACE(::testing::Message() << parts << " partials");
+    const int64_t n = 7, h = 3, d = 19, rows = n * h;
+    const int64_t out_stride = rows * d + 11, lse_stride = rows + 5;
+    std::vector<float> outs(parts * out_stride, kNaN), lses(parts * lse_stride, kNaN);
+    for (int64_t i = 0; i < parts; ++i) {
+      const std::vector<float> o = RandomNormal(rng, rows * d, 1.0f);
+      const std::vector<float> l = RandomNormal(rng, rows, 5.0f);
+      std::copy(o.begin(), o.end(), outs.begin() + i * out_stride);
+      std::copy(l.begin(), l.end(), lses.begin() + i * lse_stride);
+    }
+    if (parts > 1) lses[lse_stride + 2] = lses[2] + 150.0f;  // row 2: partial 0's weight underflows
+    const float empties[] = {-kInf, kNaN, kInf};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < parts; ++i) {
+        // Row 0: all empty; row 1: only partial 0 non-empty; row 2: none empty; others: random.
+        const bool empty = r == 0 || (r == 1 && i > 0) || (r > 2 && rng() % 3 == 0);
+        if (!empty) continue;
+        lses[i * lse_stride + r] = empties[rng() % 3];
+        outs[i * out_stride + r * d + rng() % d] = kNaN;
+      }
+    }
+    const AttnPartials<float> view{outs.data(), out_stride, lses.data(), lse_stride, parts};
+    std::vector<float> out(rows * d, 99.0f), lse(rows, 99.0f);
+    MergeAttnStatesN(view, n, h, d, out.data(), lse.data());
+
+    std::vector<double> want_out(rows * d, 0.0), want_lse(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t i = 0; i < parts; ++i) {
+        const float l = lses[i * lse_stride + r];
+        if (std::isfinite(l)) m = std::max<double>(m, l);
+      }
+      if (std::isinf(m)) {
+        want_lse[r] = m;
+        continue;
+      }
+      double sum = 0;
+      for (int64_t i = 0; i < parts; ++i) {
+        const float l = lses[i * lse_stride + r];
+        if (!std::isfinite(l)) continue;
+        const double w = std::exp(l - m);
+        sum += w;
+        for (int64_t j = 0; j < d; ++j) want_out[r * d + j] += w * outs[i * out_stride + r * d + j];
+      }
+      for (int64_t j = 0; j < d; ++j) want_out[r * d + j] /= sum;
+      want_lse[r] = m + std::log(sum);
+    }
+    EXPECT_TRUE(OutClose(out, want_out, 1e-6));
+    EXPECT_TRUE(LseClose(lse, want_lse, 1e-6));
+    // All empty: exactly 0 / -inf. One non-empty: an exact copy.
+    EXPECT_EQ(lse[0], -kInf);
+    for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out[j], 0.0f);
+    EXPECT_EQ(lse[1], lses[1]);
+    for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out[d + j], outs[d + j]);
+    // lse is optional and does not change out.
+    std::vector<float> out_no_lse(rows * d);
+    MergeAttnStatesN(view, n, h, d, out_no_lse.data(), nullptr);
+    EXPECT_EQ(out_no_lse, out);
+  }
+}
+
+// Real attention partials: keys cut into N ranges (some empty for early queries) merge to full
+// attention, and N = 2 agrees with the two-way merge.
+TEST(MergeAttnStatesNTest, KeyRangesMergeToFullAttention) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  CaseOptions options;
+  options.num_q_heads = 6;
+  options.num_kv_heads = 3;
+  options.head_dim = 40;
+  options.q_stddev = 2.0f;
+  PagedCase c = MakePagedCase(rng, options, {{90, 30}, {50, 50}, {20, 1}});
+  const AttentionParams params{0.2f, 25, 0.0f};
+  const Reference full = ReferenceAttention(c, params);
+  const int64_t rows = c.num_tokens * 6, elems = rows * 40;
+  for (int64_t parts : {2, 4, 6}) {
+    std::vector<int64_t> cuts = {0};
+    for (int64_t i = 1; i < parts; ++i) cuts.push_back(static_cast<int64_t>(rng() % 91));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.push_back(std::numeric_limits<int64_t>::max());
+    std::vector<float> outs, lses;
+    for (int64_t i = 0; i < parts; ++i) {
+      const Reference p = ReferenceAttention(c, params, cuts[i], cuts[i + 1]);
+      outs.insert(outs.end(), p.out.begin(), p.out.end());
+      lses.insert(lses.end(), p.lse.begin(), p.lse.end());
+    }
+    std::vector<float> out(elems), lse(rows);
+    MergeAttnStatesN({outs.data(), elems, lses.data(), rows, parts}, c.num_tokens, 6, 40,
+                     out.data(), lse.data());
+    EXPECT_TRUE(OutClose(out, full.out, kOutTol)) << parts << " partials";
+    EXPECT_TRUE(LseClose(lse, full.lse, kLseTol)) << parts << " partials";
+    if (parts != 2) continue;
+    std::vector<float> out2(elems), lse2(rows);
+    MergeAttnStates(outs.data(), lses.data(), outs.data() + elems, lses.data() + rows, c.num_tokens,
+                    6, 40, out2.data(), lse2.data());
+    EXPECT_TRUE(OutClose(out, std::vector<double>(out2.begin(), out2.end()), 1e-6));
+    EXPECT_TRUE(LseClose(lse, std::vector<double>(lse2.begin(), lse2.end()), 1e-6));
+  }
+}
+
+TEST(MergeAttnStatesNTest, ZeroRowsAndZeroPartials) {
+  MergeAttnStatesN({}, 0, 8, 64, nullptr, nullptr);
+  std::vector<float> out(2 * 3, 5.0f), lse(2, 5.0f);
+  MergeAttnStatesN({}, 1, 2, 3, out.data(), lse.data());  // no partials: every row empty
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (float x : lse) EXPECT_EQ(x, -kInf);
+}
+
 }  // namespace
 }  // namespace tandem::kernels::cpu

@@ -3,7 +3,9 @@
 // the union of its rows' visible keys in chunks of kKeyChunk positions, resolves each position
 // through the block table once, and runs an online-softmax update (running max m, running sum
 // l, unnormalized output acc) for every row whose causal/window range meets the chunk. Items
-// are handed to pool threads one at a time, largest first.
+// are handed to pool threads one at a time, largest first. Under decode context parallelism the
+// pool holds one KV shard at local indices; a query's visible global range maps to one contiguous
+// range of local keys (dcp_shard.h), after which nothing differs.
 #include "kernels/attention/paged_attention.h"
 
 #include <algorithm>
@@ -59,6 +61,22 @@ struct Plan {
   AttentionBatch batch;
   AttentionParams params;
 };
+
+// Keys [lo, hi) of the pool's copy of a sequence that the query at global position pos sees: the
+// positions themselves, or under DCP the local indices of this shard's keys in that range (one
+// branch per query token; the size-1 path is the plain arithmetic).
+struct KeyRange {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+inline KeyRange VisibleKeys(int64_t pos, const AttentionParams& params) {
+  KeyRange r{params.window_left >= 0 ? std::max<int64_t>(0, pos - params.window_left) : 0, pos + 1};
+  if (params.dcp_size > 1) {
+    r.lo = DcpLocalCount(r.lo, params.Dcp());
+    r.hi = DcpLocalCount(r.hi, params.Dcp());
+  }
+  return r;
+}
 
 // Per-thread buffers, sized for the largest work item and reused across items.
 struct Scratch {
@@ -195,9 +213,9 @@ void RunItem(const Plan& plan, const WorkItem& item, Scratch& s) {
   const int32_t* block_table = batch.block_tables + item.seq * batch.max_blocks_per_seq;
 
   for (int64_t t = 0; t < num_tok; ++t) {
-    const int64_t pos = first_pos + item.q_begin + t;
-    s.hi[t] = pos + 1;
-    s.lo[t] = params.window_left >= 0 ? std::max<int64_t>(0, pos - params.window_left) : 0;
+    const KeyRange keys = VisibleKeys(first_pos + item.q_begin + t, params);
+    s.lo[t] = keys.lo;
+    s.hi[t] = keys.hi;
   }
   const int64_t rows = num_tok * group;
   std::fill(s.m.begin(), s.m.begin() + rows, kNegInf);
@@ -336,6 +354,12 @@ absl::Status ValidateParams(int64_t num_q_heads, const KvCacheView& cache, int64
   if (params.window_left < -1) {
     return Invalid("window_left must be >= -1 (-1 = off), got ", params.window_left);
   }
+  if (!DcpShardValid(params.Dcp())) {
+    return Invalid("dcp shard (size ", params.dcp_size, ", rank ", params.dcp_rank, ", interleave ",
+                   params.dcp_interleave,
+                   ") invalid: need size >= 1, 0 <= rank < size, interleave >= 1, "
+                   "size * interleave <= 2^30");
+  }
   if (batch.num_seqs < 0) return Invalid("num_seqs must be >= 0, got ", batch.num_seqs);
   if (batch.max_blocks_per_seq < 0) {
     return Invalid("max_blocks_per_seq must be >= 0, got ", batch.max_blocks_per_seq);
@@ -351,6 +375,10 @@ absl::Status ValidateBatch(const AttentionBatch& batch, const KvCacheLayout& lay
   if (batch.query_start_loc == nullptr || batch.seq_lens == nullptr) {
     return Invalid("query_start_loc and seq_lens must be non-null when num_seqs > 0");
   }
+  const bool dcp = params.dcp_size > 1;
+  if (dcp && batch.local_seq_lens == nullptr) {
+    return Invalid("local_seq_lens must be non-null under decode context parallelism");
+  }
   if (batch.query_start_loc[0] != 0) {
     return Invalid("query_start_loc[0] must be 0, got ", batch.query_start_loc[0]);
   }
@@ -365,15 +393,24 @@ absl::Status ValidateBatch(const AttentionBatch& batch, const KvCacheLayout& lay
     if (q_len > seq_len) {
       return Invalid("sequence ", s, " has q_len ", q_len, " > seq_len ", seq_len);
     }
-    const int64_t blocks_used = (seq_len + layout.block_size - 1) / layout.block_size;
+    // Keys in the pool: the whole context, or under DCP this shard's part of it.
+    int64_t kv_len = seq_len;
+    if (dcp) {
+      kv_len = batch.local_seq_lens[s];
+      if (kv_len != DcpLocalCount(seq_len, params.Dcp())) {
+        return Invalid("local_seq_lens[", s, "] = ", kv_len, " but rank ", params.dcp_rank, " of ",
+                       params.dcp_size, " (interleave ", params.dcp_interleave, ") holds ",
+                       DcpLocalCount(seq_len, params.Dcp()), " of seq_len ", seq_len);
+      }
+    }
+    const int64_t blocks_used = (kv_len + layout.block_size - 1) / layout.block_size;
     if (blocks_used > batch.max_blocks_per_seq) {
-      return Invalid("sequence ", s, " has seq_len ", seq_len, " > max_blocks_per_seq ",
-                     batch.max_blocks_per_seq, " x block_size ", layout.block_size);
+      return Invalid("sequence ", s, " has ", dcp ? "local_seq_len " : "seq_len ", kv_len,
+                     " > max_blocks_per_seq ", batch.max_blocks_per_seq, " x block_size ",
+                     layout.block_size);
     }
     if (q_len == 0) continue;
-    const int64_t first_pos = seq_len - q_len;
-    const int64_t first_key =
-        params.window_left >= 0 ? std::max<int64_t>(0, first_pos - params.window_left) : 0;
+    const int64_t first_key = VisibleKeys(seq_len - q_len, params).lo;
     if (batch.block_tables == nullptr) return Invalid("block_tables is null");
     const int32_t* table = batch.block_tables + s * batch.max_blocks_per_seq;
     for (int64_t b = first_key / layout.block_size; b < blocks_used; ++b) {
@@ -420,8 +457,9 @@ absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cac
     const int64_t seq_len = batch.seq_lens[s];
     for (int64_t q_begin = 0; q_begin < q_len; q_begin += plan.tile_tokens) {
       const int64_t q_end = std::min(q_len, q_begin + plan.tile_tokens);
-      int64_t keys = seq_len - q_len + q_end;  // keys seen by the tile's last token
-      if (params.window_left >= 0) keys = std::min(keys, params.window_left + (q_end - q_begin));
+      // Keys seen by the tile: from its first token's first to its last token's last.
+      const int64_t keys = VisibleKeys(seq_len - q_len + q_end - 1, params).hi -
+                           VisibleKeys(seq_len - q_len + q_begin, params).lo;
       for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
         items.push_back({s, h, q_begin, q_end, (q_end - q_begin) * plan.group * keys});
       }

@@ -117,6 +117,12 @@ absl::Status ValidateAttentionParams(const char* op, const AttentionParams& para
   if (params.window_left < -1 || params.window_left > (int64_t{1} << 30)) {
     return InvalidIn(op, "window_left must be in [-1, 2^30], got ", params.window_left);
   }
+  if (!DcpShardValid(params.Dcp())) {
+    return InvalidIn(op, "dcp shard (size ", params.dcp_size, ", rank ", params.dcp_rank,
+                     ", interleave ", params.dcp_interleave,
+                     ") invalid: need size >= 1, 0 <= rank < size, interleave >= 1, "
+                     "size * interleave <= 2^30");
+  }
   return absl::OkStatus();
 }
 

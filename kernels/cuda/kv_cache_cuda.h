@@ -75,7 +75,7 @@ float Int8QuantizeRow(const float* x, int64_t n, int8_t* q);
 //  * ValidateAttentionGeometry: layer in range; the plan's kv heads / head_dim / KV dtype /
 //    num_seqs match the cache and batch.
 //  * ValidateAttentionParams: scale finite and > 0, softcap finite and >= 0, window_left in
-//    [-1, 2^30].
+//    [-1, 2^30], a valid DCP shard (DcpShardValid).
 //  * ValidateAttentionPointers (only when the step has work): q, out and the batch's device
 //    arrays non-null, q and out 16-byte aligned.
 absl::Status ValidateAttentionGeometry(const char* op, const DeviceKvCache& cache, int64_t layer,

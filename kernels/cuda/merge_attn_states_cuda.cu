@@ -63,6 +63,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One warp per (token, head) row of the N-way merge: every lane reads the row's N lse values
+// (N is the DCP size, a handful), then owns 16-byte vectors of the row and sums them over the
+// non-empty partials in index order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    MergeNKernel(const AttnPartials<T> parts, int64_t rows, int vecs_per_row, T* out, float* lse) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t r = blockIdx.x * int64_t{kThreads / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  // isfinite() drops NaN and +-inf: such a partial is empty (see MergeKernel), and fmaxf over
+  // the finite values alone keeps NaN/+inf out of m.
+  float m = -INFINITY;
+  for (int64_t i = 0; i < parts.num_parts; ++i) {
+    const float l = parts.lse[i * parts.lse_stride + r];
+    if (isfinite(l)) m = fmaxf(m, l);
+  }
+  const bool all_empty = m == -INFINITY;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < parts.num_parts; ++i) {
+    const float l = parts.lse[i * parts.lse_stride + r];
+    if (isfinite(l)) sum += expf(l - m);  // >= 1 when any partial is non-empty
+  }
+  const float inv = all_empty ? 0.0f : 1.0f / sum;
+  for (int j = lane; j < vecs_per_row; j += 32) {
+    float acc[kVec] = {};
+    for (int64_t i = 0; i < parts.num_parts; ++i) {
+      const float l = parts.lse[i * parts.lse_stride + r];
+      if (!isfinite(l)) continue;  // never read: an empty partial's out may be garbage
+      const float w = expf(l - m);
+      const auto x = *reinterpret_cast<const Vec<T, kVec>*>(parts.out + i * parts.out_stride +
+                                                            (r * vecs_per_row + j) * kVec);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[e] = fmaf(w, ToFloat(x.v[e]), acc[e]);
+    }
+    // One non-empty partial: w = sum = 1, so acc * inv is that partial's value, exactly.
+    Vec<T, kVec> res;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) res.v[e] = FromFloat<T>(acc[e] * inv);
+    *reinterpret_cast<Vec<T, kVec>*>(out + (r * vecs_per_row + j) * kVec) = res;
+  }
+  if (lse != nullptr && lane == 0) lse[r] = all_empty ? -INFINITY : m + logf(sum);
+}
+
 }  // namespace
 
 template <typename T>
@@ -112,5 +156,47 @@ template absl::Status MergeAttnStates<__nv_bfloat16>(const __nv_bfloat16*, const
 template absl::Status MergeAttnStates<__half>(const __half*, const float*, const __half*,
                                               const float*, int64_t, int64_t, int64_t, __half*,
                                               float*, cudaStream_t);
+
+template <typename T>
+absl::Status MergeAttnStatesN(const AttnPartials<T>& parts, int64_t num_tokens, int64_t num_heads,
+                              int64_t head_dim, T* out, float* lse, cudaStream_t stream) {
+  constexpr const char* kOp = "cuda::MergeAttnStatesN";
+  constexpr int kVec = 16 / sizeof(T);
+  if (num_tokens < 0 || num_heads < 0 || head_dim <= 0 || parts.num_parts < 0 ||
+      parts.out_stride < 0 || parts.lse_stride < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": bad sizes num_tokens=", num_tokens,
+                                                   " num_heads=", num_heads, " head_dim=", head_dim,
+                                                   " num_parts=", parts.num_parts, " strides ",
+                                                   parts.out_stride, "/", parts.lse_stride));
+  }
+  if (head_dim % kVec != 0 || parts.out_stride % kVec != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": head_dim ", head_dim, " and out_stride ",
+                                                   parts.out_stride, " must be multiples of ",
+                                                   kVec));
+  }
+  const int64_t rows = num_tokens * num_heads;
+  if (rows == 0) return absl::OkStatus();
+  if (out == nullptr || (parts.num_parts > 0 && (parts.out == nullptr || parts.lse == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": null pointer"));
+  }
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(parts.out) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": out pointers must be 16-byte aligned"));
+  }
+  const int64_t rows_per_block = kThreads / 32;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  MergeNKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      parts, rows, static_cast<int>(head_dim / kVec), out, lse);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template absl::Status MergeAttnStatesN<float>(const AttnPartials<float>&, int64_t, int64_t, int64_t,
+                                              float*, float*, cudaStream_t);
+template absl::Status MergeAttnStatesN<__nv_bfloat16>(const AttnPartials<__nv_bfloat16>&, int64_t,
+                                                      int64_t, int64_t, __nv_bfloat16*, float*,
+                                                      cudaStream_t);
+template absl::Status MergeAttnStatesN<__half>(const AttnPartials<__half>&, int64_t, int64_t,
+                                               int64_t, __half*, float*, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda

@@ -1,5 +1,6 @@
-// CUDA twin of kernels/attention/merge_attn_states.h: merges two partial attention results over
-// disjoint key sets by their log-sum-exp (split-KV, chunked prefill, decode context parallelism).
+// CUDA twin of kernels/attention/merge_attn_states.h: merges two (split-KV, chunked prefill) or N
+// (decode context parallelism) partial attention results over disjoint key sets by their
+// log-sum-exp.
 //
 // Thread safety: asynchronous on `stream`; writes only out and lse.
 #ifndef TANDEM_KERNELS_CUDA_MERGE_ATTN_STATES_CUDA_H_
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention/merge_attn_states.h"
 
 namespace tandem::kernels::cuda {
 
@@ -39,6 +41,26 @@ extern template absl::Status MergeAttnStates<__nv_bfloat16>(const __nv_bfloat16*
 extern template absl::Status MergeAttnStates<__half>(const __half*, const float*, const __half*,
                                                      const float*, int64_t, int64_t, int64_t,
                                                      __half*, float*, cudaStream_t);
+
+// N-way merge with exactly cpu::MergeAttnStatesN's semantics, fp32 math, output in T: partials
+// summed in index order over the non-empty ones (lse finite); NaN/+-inf lse = empty, its out
+// never read; one non-empty partial is copied exactly; none gives out = 0, lse = -inf.
+// parts: device view (AttnPartials: a dense stack, or the regions of a DCP receive buffer);
+// out: [num_tokens, num_heads, head_dim] of T; lse: [num_tokens, num_heads] fp32 or null. out
+// and lse must not overlap the partials. head_dim * sizeof(T), parts.out_stride * sizeof(T) and
+// the out pointers must be 16-byte aligned (INVALID_ARGUMENT otherwise, or for negative sizes /
+// strides / null pointers when there are rows). One warp per row; asynchronous.
+template <typename T>
+absl::Status MergeAttnStatesN(const AttnPartials<T>& parts, int64_t num_tokens, int64_t num_heads,
+                              int64_t head_dim, T* out, float* lse, cudaStream_t stream);
+
+extern template absl::Status MergeAttnStatesN<float>(const AttnPartials<float>&, int64_t, int64_t,
+                                                     int64_t, float*, float*, cudaStream_t);
+extern template absl::Status MergeAttnStatesN<__nv_bfloat16>(const AttnPartials<__nv_bfloat16>&,
+                                                             int64_t, int64_t, int64_t,
+                                                             __nv_bfloat16*, float*, cudaStream_t);
+extern template absl::Status MergeAttnStatesN<__half>(const AttnPartials<__half>&, int64_t, int64_t,
+                                                      int64_t, __half*, float*, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda
 

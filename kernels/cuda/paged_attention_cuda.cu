@@ -145,6 +145,9 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   if (plan.workspace_bytes > 0 && workspace == nullptr) {
     return Invalid("plan needs ", plan.workspace_bytes, " bytes of workspace, got null");
   }
+  if (params.dcp_size > 1 && batch.local_seq_lens == nullptr) {
+    return Invalid("local_seq_lens must be non-null under decode context parallelism");
+  }
 
   DecodeParams<T> p{};
   p.q = q;
@@ -187,6 +190,13 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.scale_block_stride = layout.BlockElems() / layout.head_dim;
   p.scale_tile = layout.TileElems() / layout.head_dim;
   p.scale_layer_offset = p.layer_offset / layout.head_dim;
+  // 32-bit on the device: ValidateAttentionParams checked DcpShardValid (size * interleave
+  // <= 2^30).
+  p.dcp_size = static_cast<int>(params.dcp_size);
+  p.dcp_interleave = static_cast<int>(params.dcp_interleave);
+  p.dcp_cycle = static_cast<int>(params.dcp_size * params.dcp_interleave);
+  p.dcp_offset = static_cast<int>(params.dcp_rank * params.dcp_interleave);
+  p.local_seq_lens = batch.local_seq_lens;
 
   switch (cache.dtype) {
     case KvDtype::kFp8E4m3:

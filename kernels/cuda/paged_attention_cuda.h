@@ -32,7 +32,8 @@ struct PagedAttentionPlanInput {
   int64_t num_seqs = 0;
   int64_t num_tokens = 0;   // rows of q/out: query_start_loc[num_seqs] (or a padded bound)
   int64_t max_q_len = 1;    // >= every request's q_len
-  int64_t max_seq_len = 0;  // >= every request's seq_len (e.g. max_model_len under graphs)
+  int64_t max_seq_len = 0;  // >= every request's seq_len (e.g. max_model_len under graphs); only
+                            // sizes the splits: under DCP the largest LOCAL length suffices
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;  // 16, 32, 64, 128 or 256
@@ -67,6 +68,12 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
 // `batch` holds DEVICE pointers (query_start_loc, seq_lens, block_tables); its num_seqs and the
 // pool geometry must match the plan. Requests with q_len 0 (padding) are skipped.
 //
+// Decode context parallelism (params.dcp_size > 1): as cpu::PagedAttention, the pool holds rank
+// dcp_rank's KV shard at local indices (batch.local_seq_lens, DEVICE, = DcpLocalCount of the
+// global seq_lens) and queries keep global positions; the result is the shard's partial (out, lse)
+// for the DCP exchange (dcp_exchange_cuda.h). Any q_len (decode, verification, a prefill chunk);
+// keys at local index >= local_seq_lens[s] are never read. dcp_size 1 runs the unchanged path.
+//
 // q: [num_tokens, num_q_heads, head_dim] of T; out: same shape of T; lse: [num_tokens,
 // num_q_heads] fp32 natural log, or null. T is __nv_bfloat16 or __half; the pool is T's own
 // dtype, fp8 e4m3 or int8 (dequantized on the fly: the reference semantics hold for the
@@ -75,9 +82,9 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
 // get unspecified values.
 //
 // INVALID_ARGUMENT (nothing launched) on: invalid cache view, layer out of range, plan/cache
-// mismatch, scale not finite and > 0, softcap negative or not finite, window_left < -1, null or
-// unaligned pointers. Batch contents (device memory) are NOT validated: they are the caller's
-// contract, as the CPU op checks them.
+// mismatch, scale not finite and > 0, softcap negative or not finite, window_left < -1, an
+// invalid DCP shard or null local_seq_lens under DCP, null or unaligned pointers. Batch contents
+// (device memory) are NOT validated: they are the caller's contract, as the CPU op checks them.
 template <typename T>
 absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t layer,
                             const AttentionBatch& batch, const AttentionParams& params,

@@ -13,6 +13,10 @@
 // KV element types: T itself, fp8 e4m3 (per-tensor / per-head scales: K's folded into q, V's
 // into the output) and int8 (per-token scales: K's multiplies each finished dot, V's each
 // softmax weight; l sums the unscaled weights). head_dim 16 to 256.
+//
+// Decode context parallelism (dcp_size > 1): the pool holds one KV shard at local indices while
+// query positions stay global; each row's visible global range becomes a range of local keys
+// (DcpLocalKeyBound) once, in the prologue, and everything after it is unchanged.
 #ifndef TANDEM_KERNELS_CUDA_PAGED_DECODE_KERNEL_CUH_
 #define TANDEM_KERNELS_CUDA_PAGED_DECODE_KERNEL_CUH_
 
@@ -91,7 +95,28 @@ struct DecodeParams {
   int64_t scale_block_stride;  // block_elems / D
   int64_t scale_tile;          // tile_elems / D
   int64_t scale_layer_offset;  // layer_offset / D
+  // Decode context parallelism: dcp_size > 1 when the pool holds only one shard; then seq_lens
+  // are global and local_seq_lens[seq] is the shard's length of the request. 32-bit, with the
+  // products precomputed (DcpShardValid keeps size * interleave <= 2^30).
+  int dcp_size;
+  int dcp_interleave;
+  int dcp_cycle;   // interleave * size
+  int dcp_offset;  // rank * interleave
+  const int32_t* local_seq_lens;
 };
+
+// Under decode context parallelism (dcp_size > 1), the key bound in the shard for the global
+// bound x (keys at positions < x): the number of the shard's keys before x (DcpLocalCount of
+// dcp_shard.h in 32-bit arithmetic), at most the request's local length. The kernels compute
+// their bounds as global positions, issue the q loads, and only then convert every bound in one
+// uniform branch: per-bound branches (and 64-bit division) slowed the dcp_size 1 path by 0.3 us
+// at batch 1 and made the fp8 kernel spill.
+template <typename T>
+__device__ __forceinline__ int DcpLocalKeyBound(const DecodeParams<T>& p, int x, int local_len) {
+  const int cycles = x / p.dcp_cycle;
+  const int partial = min(max(x - cycles * p.dcp_cycle - p.dcp_offset, 0), p.dcp_interleave);
+  return min(local_len, cycles * p.dcp_interleave + partial);
+}
 
 // cp.async of 4 bytes (the per-token scales); src_bytes = 0 zero-fills.
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, int src_bytes) {
@@ -184,15 +209,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   const int first_pos = seq_len - q_len;
   const int tok_first = row0 / p.group;
   const int tok_last = (min(row0 + p.rows_per_cta, rows_total) - 1) / p.group;
-  const int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
-  const int hi_cta = first_pos + tok_last + 1;
-  const int span = hi_cta - lo_cta;
-  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
-  const int k_begin = lo_cta + split * chunk;
-  const int k_end = min(hi_cta, k_begin + chunk);
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+  int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
+  int hi_cta = first_pos + tok_last + 1;
 
-  // This warp's rows: visible keys [lo, hi) within the split, q pre-scaled, fresh state.
+  // This warp's rows: visible keys [lo, hi) (global until the split is known), q pre-scaled,
+  // fresh state.
   int lo[RPW], hi[RPW], tok[RPW], head[RPW];
   bool valid[RPW];
   float qf[RPW][kDL], acc[RPW][kDL], m[RPW], l[RPW];
@@ -201,7 +222,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
     k_deq = p.k_scale[p.per_head_scale ? kvh : 0];
     v_deq = p.v_scale[p.per_head_scale ? kvh : 0];
   }
-  int common_lo = k_begin, common_hi = k_end;  // keys visible to every valid row of the warp
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {
     const int gr = row0 + rg * RPW + i;
@@ -209,13 +229,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
     tok[i] = valid[i] ? gr / p.group : 0;
     head[i] = kvh * p.group + (valid[i] ? gr % p.group : 0);
     const int pos = first_pos + tok[i];
-    lo[i] = max(k_begin, p.window_left >= 0 ? max(0, pos - p.window_left) : 0);
-    hi[i] = min(k_end, pos + 1);
-    if (!valid[i]) lo[i] = hi[i] = 0;
-    if (valid[i]) {
-      common_lo = max(common_lo, lo[i]);
-      common_hi = min(common_hi, hi[i]);
-    }
+    lo[i] = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
+    hi[i] = pos + 1;
     m[i] = -INFINITY;
     l[i] = 0.0f;
 #pragma unroll
@@ -232,6 +247,32 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
       }
 #pragma unroll
       for (int e = 0; e < kEU; ++e) qf[i][u * kEU + e] *= qs;
+    }
+  }
+
+  if (p.dcp_size > 1) {  // the pool holds one KV shard: global bounds -> local key indices
+    const int local_len = p.local_seq_lens[seq];
+    lo_cta = DcpLocalKeyBound(p, lo_cta, local_len);
+    hi_cta = DcpLocalKeyBound(p, hi_cta, local_len);
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      lo[i] = DcpLocalKeyBound(p, lo[i], local_len);
+      hi[i] = DcpLocalKeyBound(p, hi[i], local_len);
+    }
+  }
+  const int span = hi_cta - lo_cta;
+  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
+  const int k_begin = lo_cta + split * chunk;
+  const int k_end = min(hi_cta, k_begin + chunk);
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+  int common_lo = k_begin, common_hi = k_end;  // keys visible to every valid row of the warp
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    lo[i] = valid[i] ? max(k_begin, lo[i]) : 0;
+    hi[i] = valid[i] ? min(k_end, hi[i]) : 0;
+    if (valid[i]) {
+      common_lo = max(common_lo, lo[i]);
+      common_hi = min(common_hi, hi[i]);
     }
   }
 

@@ -188,15 +188,11 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const int rows_here = min(C::kRows, rows_total - row0);
   const int tok_first = row0 / p.group;
   const int tok_last = (row0 + rows_here - 1) / p.group;
-  const int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
-  const int hi_cta = first_pos + tok_last + 1;
-  const int span = hi_cta - lo_cta;
-  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
-  const int k_begin = lo_cta + split * chunk;
-  const int k_end = min(hi_cta, k_begin + chunk);
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+  int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
+  int hi_cta = first_pos + tok_last + 1;
 
-  // This thread's two rows (g, g + 8): visible keys and q as A fragments.
+  // This thread's two rows (g, g + 8): visible keys (global until the split is known) and q as
+  // A fragments.
   int lo[2], hi[2];
   const T* q_row[2];
 #pragma unroll
@@ -206,8 +202,8 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     const int gr = row0 + rr;
     const int tok = valid ? gr / p.group : 0;
     const int pos = first_pos + tok;
-    lo[j] = valid ? max(k_begin, p.window_left >= 0 ? max(0, pos - p.window_left) : 0) : 0;
-    hi[j] = valid ? min(k_end, pos + 1) : 0;
+    lo[j] = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
+    hi[j] = valid ? pos + 1 : 0;  // invalid rows: empty
     q_row[j] =
         valid ? p.q + (int64_t{q_start + tok} * p.num_q_heads + kvh * p.group + gr % p.group) * D
               : nullptr;
@@ -232,6 +228,27 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
         qa[ks][r] = *reinterpret_cast<const uint32_t*>(row + ks * 16 + t4 * 2 + 8 * (r >> 1));
       }
     }
+  }
+
+  if (p.dcp_size > 1) {  // the pool holds one KV shard: global bounds -> local key indices
+    const int local_len = p.local_seq_lens[seq];
+    lo_cta = DcpLocalKeyBound(p, lo_cta, local_len);
+    hi_cta = DcpLocalKeyBound(p, hi_cta, local_len);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      lo[j] = DcpLocalKeyBound(p, lo[j], local_len);
+      hi[j] = DcpLocalKeyBound(p, hi[j], local_len);
+    }
+  }
+  const int span = hi_cta - lo_cta;
+  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
+  const int k_begin = lo_cta + split * chunk;
+  const int k_end = min(hi_cta, k_begin + chunk);
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    lo[j] = max(k_begin, lo[j]);
+    hi[j] = min(k_end, hi[j]);
   }
 
   const KV* pool = static_cast<const KV*>(p.pool) + p.layer_offset + int64_t{kvh} * D;

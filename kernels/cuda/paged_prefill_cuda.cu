@@ -142,6 +142,10 @@ absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64
     return Invalid("block_size or kv row width out of range");
   }
   RETURN_IF_ERROR(ValidateAttentionParams("cuda::PagedPrefillAttention", params));
+  if (params.dcp_size > 1) {
+    return Invalid("decode context parallelism (dcp_size ", params.dcp_size,
+                   ") is served by cuda::PagedAttention (any q_len), not the prefill kernels");
+  }
   if (batch.max_blocks_per_seq < 0) {
     return Invalid("max_blocks_per_seq must be >= 0, got ", batch.max_blocks_per_seq);
   }

@@ -82,8 +82,9 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
 //
 // INVALID_ARGUMENT (nothing launched) on: invalid cache view, layer out of range, plan/cache
 // mismatch, a pool dtype other than T's, scale not finite and > 0, softcap negative or not
-// finite, window_left < -1, null or unaligned pointers. Batch contents (device memory) are NOT
-// validated: they are the caller's contract, as the CPU op checks them.
+// finite, window_left < -1, dcp_size > 1 (decode context parallelism runs on
+// cuda::PagedAttention, whatever the q_len), null or unaligned pointers. Batch contents (device
+// memory) are NOT validated: they are the caller's contract, as the CPU op checks them.
 template <typename T>
 absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64_t layer,
                                    const AttentionBatch& batch, const AttentionParams& params,

@@ -117,6 +117,7 @@ class UcxAgentImpl final : public UcxAgent {
     absl::flat_hash_map<void*, uint64_t> requests;  // outstanding UCX request -> its bytes
     absl::Status error;                             // first error; stops posting
     bool cancel_requested = false;
+    absl::Time cancelled_at = absl::InfiniteFuture();  // Cancel / StopTransferLocked
     bool ended = false;
     absl::Status result;
     uint64_t total_bytes = 0;
@@ -182,6 +183,11 @@ class UcxAgentImpl final : public UcxAgent {
   static void OnStagedGetDone(void* request, ucs_status_t status, void* user_data);
   // Advances draining/closing endpoints; returns whether any is still pending.
   bool ReapConnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stopped transfer whose UCX requests still have not completed kCancelForceAfter later (a
+  // wedged peer: SIGSTOP, a dead link before keepalive notices; ucp_request_cancel cannot take
+  // back an RMA GET) closes its connection by force, which completes them as cancelled, so a
+  // cancel always ends. The peer's later reads fail UNAVAILABLE until it is added again.
+  void ForceStuckCancelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Flushes `ep` of a new Conn, progressing the worker (mu_ is released while yielding).
   absl::Status WaitConnectedLocked(Conn* conn, ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `length` bytes of host memory allocated by UCX in a shared-memory domain (its first working

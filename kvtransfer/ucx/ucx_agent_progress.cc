@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/ucx_status.h"
+#include "glog/logging.h"
 #include "kvtransfer/cuda_staging.h"
 #include "kvtransfer/streaming_copy.h"
 #include "kvtransfer/ucx/ucx_agent_impl.h"
@@ -25,6 +26,7 @@ namespace {
 // A draining endpoint whose requests do not complete within this time is force-closed anyway
 // (which completes them as cancelled), so a misbehaving transport cannot hang a transfer.
 constexpr absl::Duration kDrainForceAfter = absl::Seconds(3);
+constexpr absl::Duration kCancelForceAfter = absl::Seconds(1);
 
 }  // namespace
 
@@ -34,6 +36,7 @@ constexpr absl::Duration kDrainForceAfter = absl::Seconds(3);
 void UcxAgentImpl::StopTransferLocked(Transfer& t, const absl::Status& reason) {
   if (t.ended) return;
   if (t.error.ok()) t.error = reason;
+  t.cancelled_at = std::min(t.cancelled_at, absl::Now());
   // ucp_request_cancel may complete a request (and run OnGetDone) right here: iterate a copy.
   std::vector<void*> requests;
   for (const auto& [request, bytes] : t.requests) requests.push_back(request);
@@ -233,6 +236,24 @@ void UcxAgentImpl::FinishDirectCopyLocked(const DirectCopy& copy) {
   }
 }
 
+void UcxAgentImpl::ForceStuckCancelsLocked() {
+  const absl::Time now = absl::Now();
+  std::vector<Conn*> stuck;
+  transfers_.ForEach([&](Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!t.ended && !t.requests.empty() && now - t.cancelled_at > kCancelForceAfter &&
+        t.conn->state == Conn::State::kActive) {
+      stuck.push_back(t.conn);
+    }
+  });
+  for (Conn* conn : stuck) {
+    if (conn->state != Conn::State::kActive) continue;  // listed twice
+    LOG(WARNING) << "UCX peer did not complete cancelled reads within "
+                 << absl::FormatDuration(kCancelForceAfter) << ": closing its connection";
+    StopConnLocked(conn, absl::UnavailableError("KV source did not answer (connection closed)"));
+    conn->draining_since = absl::InfinitePast();  // force-close its endpoints at once
+  }
+}
+
 bool UcxAgentImpl::ReapConnsLocked() {
   // The common case (every endpoint active) without the snapshot's allocation: this runs once
   // per progress loop, i.e. per direct copy.
@@ -329,6 +350,7 @@ void UcxAgentImpl::ProgressLoop() {
         busy = true;
         if (posted == Posted::kRequest) break;
       }
+      ForceStuckCancelsLocked();
       const bool reaping = ReapConnsLocked();
       if (!copy_queue_.empty()) {
         RunQueuedCopyLocked();  // the progress thread is one of the copy threads

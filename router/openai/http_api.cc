@@ -210,6 +210,19 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpApiOptions& op
   api->pool_ = std::make_unique<JobPool>(options.max_running, options.max_pending);
   HttpApi* self = api.get();
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
+  // Keys first: nothing else (not even the body) is looked at for an unauthenticated request.
+  const auto with_key = [keys = options.api_keys](http::Handler handler) -> http::Handler {
+    if (keys.empty()) return handler;
+    return [keys, handler](const http::Request& q, std::shared_ptr<http::Responder> r) {
+      if (!keys.Authenticate(q.Header("authorization")).ok()) {
+        http::Response denied = http::ErrorResponse(401, "invalid or missing API key");
+        denied.headers.emplace_back("WWW-Authenticate", "Bearer");
+        r->Reply(std::move(denied));
+        return;
+      }
+      handler(q, std::move(r));
+    };
+  };
   routes[{"POST", "/v1/completions"}] = [self](const http::Request& q, auto r) {
     self->Completions(q, std::move(r), /*chat=*/false);
   };
@@ -221,11 +234,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpApiOptions& op
   routes[{"POST", "/detokenize"}] = [self](const http::Request& q, auto r) {
     self->Detokenize(q, r);
   };
+  for (auto& [route, handler] : routes) handler = with_key(std::move(handler));
   routes[{"GET", "/health"}] = [self](const http::Request&, auto r) { self->Health(r); };
   http::HttpServerOptions server_options;
   server_options.address = options.address;
   server_options.port = options.port;
   server_options.threads = options.http_threads;
+  server_options.tls = options.tls;
   absl::StatusOr<std::unique_ptr<http::HttpServer>> server =
       http::HttpServer::Start(server_options, std::move(routes));
   if (!server.ok()) return server.status();

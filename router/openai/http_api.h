@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
+#include "common/security/api_keys.h"
 #include "router/openai/protocol.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
@@ -44,6 +46,12 @@ struct HttpApiOptions {
   int max_running = 64;    // generation threads
   int max_pending = 1024;  // queued behind them; more -> 429
   ApiLimits limits;
+  // Non-empty: every route but GET /health needs `Authorization: Bearer <key>`; otherwise 401
+  // with OpenAI's error body (type "authentication_error"), the same for every failure.
+  security::ApiKeySet api_keys;
+  // Set: HTTPS (the router's public certificate; a client CA makes it mutual TLS). Unset: plain
+  // HTTP (--insecure).
+  std::optional<http::ServerTlsOptions> tls;
 };
 
 // A fixed pool of threads running queued jobs; Submit refuses past `max_pending` queued.

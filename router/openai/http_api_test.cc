@@ -4,7 +4,8 @@
 // is the tokenizer's decoding of what the worker generated), usage, n, stop strings cutting the
 // text and aborting the request on the worker, /v1/models, /tokenize + /detokenize, a client that
 // disconnects mid-stream aborting its request, and the error codes (400 naming the field, 404,
-// 405, 503 without workers) with nothing sent to a worker for a bad request.
+// 405, 503 without workers) with nothing sent to a worker for a bad request; API keys; and the
+// same API over HTTPS.
 #include "router/openai/http_api.h"
 
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/http/test_client.h"
+#include "common/security/test_certs.h"
 #include "gtest/gtest.h"
 #include "router/router_test_util.h"
 
@@ -264,6 +266,92 @@ TEST_F(HttpApiTest, AClientLeavingMidStreamAbortsItsRequest) {
   }
   EXPECT_GE(w->counters().abort, 1);
   EXPECT_EQ(w->open_streams(), 0);
+}
+
+TEST(HttpApiKeysTest, EveryRouteButHealthNeedsAKey) {
+  RouterHarness harness;
+  auto model = ServedModel::Load(ModelDir(), "qwen-test");
+  ASSERT_TRUE(model.ok()) << model.status();
+  HttpApiOptions options;
+  absl::StatusOr<security::ApiKeySet> keys =
+      security::ApiKeySet::Parse("sk-http-0123456789abcdef alice\n");
+  ASSERT_TRUE(keys.ok());
+  options.api_keys = *keys;
+  auto api = HttpApi::Start(options, *std::move(model), &harness.server().registry(),
+                            &harness.server().requests(), &harness.server().orchestrator());
+  ASSERT_TRUE(api.ok()) << api.status();
+  const int port = (*api)->port();
+  const std::string bad_body = "{not json";
+  for (const std::vector<std::string>& headers :
+       {std::vector<std::string>{},
+        {"Authorization: Bearer sk-http-0123456789abcdeX"},
+        {"Authorization: Basic sk-http-0123456789abcdef"}}) {
+    for (const auto& [method, path] :
+         std::vector<std::pair<std::string, std::string>>{{"GET", "/v1/models"},
+                                                          {"POST", "/v1/completions"},
+                                                          {"POST", "/v1/chat/completions"},
+                                                          {"POST", "/tokenize"}}) {
+      // The key is checked before the (malformed) body is looked at.
+      http::TestResponse r = http::HttpCall(port, method, path, bad_body, headers);
+      ASSERT_EQ(r.status, 401) << path << " " << r.body;
+      const Json body = Json::parse(r.body);
+      EXPECT_EQ(body["error"]["type"], "authentication_error");
+      EXPECT_EQ(body["error"]["code"], 401);
+      EXPECT_EQ(body["error"]["message"], "invalid or missing API key");
+    }
+  }
+  http::TestResponse ok = http::HttpCall(port, "GET", "/v1/models", "",
+                                         {"Authorization: Bearer sk-http-0123456789abcdef"});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Json::parse(ok.body)["data"][0]["id"], "qwen-test");
+  http::TestResponse bad = http::HttpCall(port, "POST", "/v1/completions", bad_body,
+                                          {"authorization: bearer sk-http-0123456789abcdef"});
+  EXPECT_EQ(bad.status, 400) << bad.body;  // authenticated: now the body is judged
+  EXPECT_NE(http::HttpCall(port, "GET", "/health").status, 401);  // probes need no key
+}
+
+// HTTPS (the router's default): the same API and stream over TLS, the key still required, and a
+// plain HTTP client told to use https://.
+TEST(HttpApiTlsTest, ServesHttpsWithKeysAndStreams) {
+  absl::StatusOr<security::TestCerts> certs = security::MakeTestCerts("http-api");
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  const security::SecurityConfig router = certs->Config("router");
+  RouterHarness harness;
+  auto model = ServedModel::Load(ModelDir(), "qwen-test");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint32_t vocab = static_cast<uint32_t>((*model)->tokenizer->vocab_size());
+  harness.AddWorker("w", v1::WORKER_ROLE_MIXED,
+                    [&](FakeWorkerOptions& o) { o.vocab_size = vocab; });
+  HttpApiOptions options;
+  options.api_keys = *security::ApiKeySet::Parse("sk-tls-0123456789abcdef bob\n");
+  options.tls = http::ServerTlsOptions{router.tls.cert_pem, router.tls.key_pem, ""};
+  auto api = HttpApi::Start(options, *std::move(model), &harness.server().registry(),
+                            &harness.server().requests(), &harness.server().orchestrator());
+  ASSERT_TRUE(api.ok()) << api.status();
+  const int port = (*api)->port();
+  const http::ClientTlsOptions tls{router.tls.ca_pem, "", "", ""};
+  const std::vector<std::string> key = {"Authorization: Bearer sk-tls-0123456789abcdef"};
+  const std::string body =
+      Json{{"model", "qwen-test"}, {"prompt", "Hello"}, {"max_tokens", 6}}.dump();
+  http::TestResponse whole = http::HttpsCall(port, tls, "POST", "/v1/completions", body, key);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  Json streamed_body = Json::parse(body);
+  streamed_body["stream"] = true;
+  http::TestResponse streamed =
+      http::HttpsCall(port, tls, "POST", "/v1/completions", streamed_body.dump(), key);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::string text;
+  const std::vector<Json> events = Events(streamed.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (const Json& e : events) {
+    if (e.is_object() && !e["choices"].empty()) text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, Json::parse(whole.body)["choices"][0]["text"]);
+  EXPECT_EQ(http::HttpsCall(port, tls, "GET", "/v1/models").status, 401);
+  http::TestResponse plain = http::HttpCall(port, "GET", "/v1/models", "", key);
+  EXPECT_EQ(plain.status, 400);
+  EXPECT_NE(plain.body.find("https://"), std::string::npos) << plain.body;
 }
 
 }  // namespace

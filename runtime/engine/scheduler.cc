@@ -222,6 +222,11 @@ std::vector<RequestUpdate> Scheduler::ApplyConnectorResults(
     req->num_computed_tokens = req->spec.remote_kv->num_tokens;
     // The loaded blocks now hold this prefix's KV: share them like computed ones.
     kv_cache_->CacheBlocks(id, req->tokens, req->spec.cache_salt, req->num_computed_tokens);
+    // The KV is local now and the source's lease is released (the connector did when the load
+    // ended): a later preemption recomputes here. Keeping the spec made a preempted request read
+    // the source's blocks again after the release, when they may hold another request's KV
+    // (wrong tokens, and another tenant's data; tests/reliability kv_test, both pools tiny).
+    req->spec.remote_kv.reset();
     req->status = RequestStatus::kRunning;
     running_.push_back(req);
   }

@@ -41,15 +41,16 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   out.loaded = *std::move(loaded);
   out.local_factory = out.loaded.factory;
   if (group != nullptr && out.is_leader()) {
-    out.loaded.factory = GroupExecutorFactory(out.local_factory, group, executor_options);
+    out.channel = std::make_shared<GroupChannel>(group, executor_options.keepalive);
+    out.loaded.factory = GroupExecutorFactory(out.local_factory, out.channel);
   }
   return out;
 }
 
-absl::Status RunFollowerRank(GroupBackend backend) {
+absl::Status RunFollowerRank(GroupBackend backend, RankKvHooks* kv) {
   const ModelConfig local_config = backend.loaded.model.local_config;
   return RunFollower(backend.group->group(), backend.local_factory, local_config,
-                     std::move(backend.loaded.model.weights));
+                     std::move(backend.loaded.model.weights), kv);
 }
 
 }  // namespace tandem::runtime

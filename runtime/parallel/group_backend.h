@@ -23,6 +23,9 @@ struct GroupBackend {
   // backend to build the engine with (fanned out over the group when it has several ranks).
   BackendModel loaded;
   ExecutorFactory local_factory;  // this rank's own backend
+  // Rank 0 of a group of several: its line to the other ranks (shared by the executor it built
+  // and the group's KV transfer side). Null otherwise.
+  std::shared_ptr<GroupChannel> channel;
   bool is_leader() const { return group->rank() == 0; }
 };
 
@@ -33,8 +36,9 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
                                               const std::vector<std::string>& argv,
                                               GroupExecutorOptions executor_options = {});
 
-// Ranks > 0: serves rank 0's steps until it shuts the group down (RunFollower).
-absl::Status RunFollowerRank(GroupBackend backend);
+// Ranks > 0: serves rank 0's steps (and, with `kv`, its KV transfer commands) until it shuts
+// the group down (RunFollower).
+absl::Status RunFollowerRank(GroupBackend backend, RankKvHooks* kv = nullptr);
 
 }  // namespace tandem::runtime
 

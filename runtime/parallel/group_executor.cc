@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/parallel/plan_codec.h"
 
 namespace tandem::runtime {
@@ -46,67 +47,51 @@ ExecutorSpec SpecFromCommand(const tandem::v1::CreateExecutor& c, const ModelCon
   return spec;
 }
 
+// A follower's executor for `spec`, its pool where `kv` places it (the rank's transfer agent's
+// memory), announced to `kv` once built.
+absl::StatusOr<std::unique_ptr<ModelExecutor>> CreateFollowerExecutor(const ExecutorFactory& local,
+                                                                      ExecutorSpec spec,
+                                                                      ModelWeights weights,
+                                                                      RankKvHooks* kv) {
+  if (kv != nullptr && local.accepts_external_pool) {
+    const int64_t bytes =
+        spec.num_blocks * KvBlockBytes(spec.model_config, spec.block_size, local.kv_dtype);
+    ASSIGN_OR_RETURN(spec.kv_pool, kv->AllocatePool(bytes));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor, local.create(spec, std::move(weights)));
+  if (kv != nullptr) RETURN_IF_ERROR(kv->PoolReady(*executor, spec));
+  return executor;
+}
+
 }  // namespace
 
-GroupExecutor::GroupExecutor(std::unique_ptr<ModelExecutor> local, comm::ProcessGroup* group,
-                             GroupExecutorOptions options)
-    : local_(std::move(local)), group_(group), options_(options) {
-  {
-    absl::MutexLock lock(&mu_);
-    last_command_ = absl::Now();
-  }
-  keepalive_ = std::thread([this] { KeepaliveLoop(); });
-}
+GroupExecutor::GroupExecutor(std::unique_ptr<ModelExecutor> local,
+                             std::shared_ptr<GroupChannel> channel)
+    : local_(std::move(local)), channel_(std::move(channel)) {}
 
-GroupExecutor::~GroupExecutor() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    if (group_->status().ok()) {
-      tandem::v1::RankCommand shutdown;
-      shutdown.set_shutdown(true);
-      absl::Status s = SendCommand(group_, shutdown);
-      if (!s.ok()) LOG(WARNING) << "worker group: shutdown not delivered: " << s;
-    }
-  }
-  keepalive_.join();
-}
-
-void GroupExecutor::KeepaliveLoop() {
-  absl::MutexLock lock(&mu_);
-  while (!stop_) {
-    const absl::Time due = last_command_ + options_.keepalive;
-    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-    if (mu_.AwaitWithDeadline(absl::Condition(&stopped), due)) break;
-    if (absl::Now() < last_command_ + options_.keepalive) continue;  // a step ran meanwhile
-    if (!group_->status().ok()) break;  // broken: nothing more to prove
-    tandem::v1::RankCommand keepalive;
-    keepalive.set_keepalive(true);
-    absl::Status s = SendCommand(group_, keepalive);
-    last_command_ = absl::Now();
-    if (!s.ok()) {
-      LOG(ERROR) << "worker group: keepalive failed, the group is unusable: " << s;
-      break;
-    }
-  }
-}
+GroupExecutor::~GroupExecutor() { channel_->Shutdown(); }
 
 absl::StatusOr<RunnerOutput> GroupExecutor::Run(const SchedulerOutput& batch) {
-  absl::MutexLock lock(&mu_);
   tandem::v1::RankCommand command;
   *command.mutable_step() = ToStepPlan(batch);
-  last_command_ = absl::Now();
-  RETURN_IF_ERROR(SendCommand(group_, command));
-  absl::StatusOr<RunnerOutput> out = local_->Run(batch);
-  last_command_ = absl::Now();
+  absl::StatusOr<RunnerOutput> out = absl::UnknownError("step not run");
+  RETURN_IF_ERROR(channel_->Run(command, [&] {
+    out = local_->Run(batch);
+    return out.status();
+  }));
   return out;
 }
 
 ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* group,
                                      GroupExecutorOptions options) {
+  return GroupExecutorFactory(std::move(local),
+                              std::make_shared<GroupChannel>(group, options.keepalive));
+}
+
+ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<GroupChannel> channel) {
   ExecutorFactory factory = local;
-  factory.name = absl::StrCat(local.name, " x", group->size());
-  factory.create = [local, group, options](
+  factory.name = absl::StrCat(local.name, " x", channel->size());
+  factory.create = [local, channel](
                        const ExecutorSpec& spec,
                        ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
     tandem::v1::RankCommand command;
@@ -116,26 +101,33 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* 
     c->set_max_num_batched_tokens(spec.max_num_batched_tokens);
     c->set_max_num_seqs(spec.max_num_seqs);
     c->set_max_model_len(spec.max_model_len);
-    RETURN_IF_ERROR(SendCommand(group, command));
-    absl::StatusOr<std::unique_ptr<ModelExecutor>> mine = local.create(spec, std::move(weights));
-    ASSIGN_OR_RETURN(std::vector<int> failed, FailedRanks(group, mine.ok()));
-    if (!mine.ok()) return mine.status();
-    if (!failed.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker group: rank(s) ", absl::StrJoin(failed, ", "),
-                       " could not build their executor (see their logs)"));
-    }
-    return std::unique_ptr<ModelExecutor>(new GroupExecutor(*std::move(mine), group, options));
+    absl::StatusOr<std::unique_ptr<ModelExecutor>> mine = absl::UnknownError("executor not built");
+    RETURN_IF_ERROR(channel->WithGroup([&](comm::ProcessGroup* group) -> absl::Status {
+      RETURN_IF_ERROR(SendCommand(group, command));
+      mine = local.create(spec, std::move(weights));
+      ASSIGN_OR_RETURN(std::vector<int> failed, FailedRanks(group, mine.ok()));
+      if (!mine.ok()) return mine.status();
+      if (!failed.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker group: rank(s) ", absl::StrJoin(failed, ", "),
+                         " could not build their executor (see their logs)"));
+      }
+      return absl::OkStatus();
+    }));
+    return std::unique_ptr<ModelExecutor>(new GroupExecutor(*std::move(mine), channel));
   };
   if (local.default_kv_cache_bytes) {
-    factory.default_kv_cache_bytes = [local,
-                                      group](const ModelConfig& config) -> absl::StatusOr<int64_t> {
-      tandem::v1::RankCommand command;
-      command.set_kv_budget(true);
-      RETURN_IF_ERROR(SendCommand(group, command));
-      absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes(config);
-      ASSIGN_OR_RETURN(int64_t lowest, MinBudget(group, mine.ok() ? *mine : 0));
-      RETURN_IF_ERROR(mine.status());
+    factory.default_kv_cache_bytes =
+        [local, channel](const ModelConfig& config) -> absl::StatusOr<int64_t> {
+      int64_t lowest = 0;
+      RETURN_IF_ERROR(channel->WithGroup([&](comm::ProcessGroup* group) -> absl::Status {
+        tandem::v1::RankCommand command;
+        command.set_kv_budget(true);
+        RETURN_IF_ERROR(SendCommand(group, command));
+        absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes(config);
+        ASSIGN_OR_RETURN(lowest, MinBudget(group, mine.ok() ? *mine : 0));
+        return mine.status();
+      }));
       return lowest;
     };
   }
@@ -143,7 +135,7 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* 
 }
 
 absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
-                         const ModelConfig& local_config, ModelWeights weights) {
+                         const ModelConfig& local_config, ModelWeights weights, RankKvHooks* kv) {
   std::unique_ptr<ModelExecutor> executor;
   ReceivedStep step;
   while (true) {
@@ -165,8 +157,8 @@ absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local
         if (executor != nullptr) {
           return absl::FailedPreconditionError("worker group: executor created twice");
         }
-        absl::StatusOr<std::unique_ptr<ModelExecutor>> made =
-            local.create(SpecFromCommand(command.create(), local_config), std::move(weights));
+        absl::StatusOr<std::unique_ptr<ModelExecutor>> made = CreateFollowerExecutor(
+            local, SpecFromCommand(command.create(), local_config), std::move(weights), kv);
         if (!made.ok()) LOG(ERROR) << "worker group: cannot build the executor: " << made.status();
         RETURN_IF_ERROR(FailedRanks(group, made.ok()).status());
         RETURN_IF_ERROR(made.status());
@@ -179,6 +171,19 @@ absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local
         }
         RETURN_IF_ERROR(FromStepPlan(std::move(*command.mutable_step()), &step));
         RETURN_IF_ERROR(executor->Run(step.batch).status());
+        break;
+      }
+      case tandem::v1::RankCommand::kKv: {
+        std::string reply;
+        if (kv != nullptr) {
+          reply = kv->Handle(command.kv());
+        } else {
+          tandem::v1::KvReply refused;
+          refused.set_code(static_cast<int>(absl::StatusCode::kUnimplemented));
+          refused.set_message("this rank has no KV transfer side (--role=mixed)");
+          reply = refused.SerializeAsString();
+        }
+        RETURN_IF_ERROR(GatherBytes(group, reply).status());
         break;
       }
       default:

@@ -14,8 +14,9 @@
 // and exit. While rank 0 is idle it sends a keepalive every `keepalive` (well inside the group's
 // deadline), so an idle follower's wait never times out and a dead follower is noticed.
 //
-// Thread safety: GroupExecutor's Run() is called from the engine's step loop; its keepalive
-// thread shares the group under mu_. health() is thread-safe.
+// Thread safety: GroupExecutor's Run() is called from the engine's step loop; the group is
+// shared with the keepalive and KV transfer calls through the GroupChannel. health() is
+// thread-safe.
 #ifndef TANDEM_RUNTIME_PARALLEL_GROUP_EXECUTOR_H_
 #define TANDEM_RUNTIME_PARALLEL_GROUP_EXECUTOR_H_
 
@@ -31,6 +32,7 @@
 #include "runtime/engine/model_executor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/parallel/group_channel.h"
 
 namespace tandem::runtime {
 
@@ -42,41 +44,50 @@ struct GroupExecutorOptions {
 
 class GroupExecutor final : public ModelExecutor {
  public:
-  GroupExecutor(std::unique_ptr<ModelExecutor> local, comm::ProcessGroup* group,
-                GroupExecutorOptions options);
-  // Tells the followers to shut down (when the group still works) and joins the keepalive.
+  GroupExecutor(std::unique_ptr<ModelExecutor> local, std::shared_ptr<GroupChannel> channel);
+  // Tells the followers to shut down (when the group still works).
   ~GroupExecutor() override;
-
   absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
   void* kv_pool_data() override { return local_->kv_pool_data(); }
   int64_t kv_pool_bytes() const override { return local_->kv_pool_bytes(); }
   bool pool_on_device() const override { return local_->pool_on_device(); }
   ExecutorStats stats() const override { return local_->stats(); }
-  absl::Status health() const override { return group_->status(); }
+  absl::Status health() const override { return channel_->status(); }
 
  private:
-  void KeepaliveLoop();
-
   const std::unique_ptr<ModelExecutor> local_;
-  comm::ProcessGroup* const group_;
-  const GroupExecutorOptions options_;
-  absl::Mutex mu_;  // the group's collectives: the step loop and the keepalive
-  absl::Time last_command_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread keepalive_;
+  const std::shared_ptr<GroupChannel> channel_;
+};
+
+// A rank's KV transfer side in a prefill or decode group (group_kv.h implements it): where the
+// executor's pool lives, and what the rank does with rank 0's KV commands.
+class RankKvHooks {
+ public:
+  virtual ~RankKvHooks() = default;
+  // Memory for the executor's KV pool of `bytes`; nullptr: the executor allocates its own.
+  virtual absl::StatusOr<void*> AllocatePool(int64_t bytes) = 0;
+  // The executor was built for `spec` (its pool at executor.kv_pool_data()).
+  virtual absl::Status PoolReady(ModelExecutor& executor, const ExecutorSpec& spec) = 0;
+  // This rank's answer to a KV command: a serialized tandem.v1.KvReply.
+  virtual std::string Handle(const tandem::v1::KvCommand& command) = 0;
 };
 
 // Rank 0's backend: `local` (this rank's own backend, built for the group) fanned out over
 // `group`. create() tells every rank to build its executor for the same spec and fails, naming
 // the ranks, when any could not; default_kv_cache_bytes() is the minimum over the ranks (each
 // measures its own GPU). `group` must outlive the factory and its executors.
+ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<GroupChannel> channel);
+// As above with a channel of its own over `group`.
 ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* group,
                                      GroupExecutorOptions options = {});
 
 // Ranks > 0: executes rank 0's commands with `local` (built with this rank's `local_config`
 // and `weights`) until shutdown (OK) or the group fails (its error).
+// `kv` (may be null: KV commands are answered UNIMPLEMENTED) places the pool and serves rank 0's
+// KV commands; it must outlive the call.
 absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
-                         const ModelConfig& local_config, ModelWeights weights);
+                         const ModelConfig& local_config, ModelWeights weights,
+                         RankKvHooks* kv = nullptr);
 
 // Every rank calls this once at startup with what it loaded (model id, backend, dtype, tp):
 // FAILED_PRECONDITION on every rank, naming the ranks and rank 0's identity, unless all agree.

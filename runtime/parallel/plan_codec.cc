@@ -54,8 +54,8 @@ absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out) {
   return absl::OkStatus();
 }
 
-absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes) {
-  const bool root = group->rank() == 0;
+absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes, int root_rank) {
+  const bool root = group->rank() == root_rank;
   int64_t size = root ? static_cast<int64_t>(bytes->size()) : 0;
   if (root && size > kMaxRankCommandBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -63,7 +63,7 @@ absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes) {
   }
   char header[8];
   std::memcpy(header, &size, sizeof(size));  // little-endian hosts only (x86-64, aarch64)
-  RETURN_IF_ERROR(group->Broadcast(absl::MakeSpan(header, sizeof(header)), 0));
+  RETURN_IF_ERROR(group->Broadcast(absl::MakeSpan(header, sizeof(header)), root_rank));
   std::memcpy(&size, header, sizeof(size));
   if (size < 0 || size > kMaxRankCommandBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -71,7 +71,17 @@ absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes) {
   }
   if (!root) bytes->resize(static_cast<size_t>(size));
   if (size == 0) return absl::OkStatus();
-  return group->Broadcast(absl::MakeSpan(bytes->data(), bytes->size()), 0);
+  return group->Broadcast(absl::MakeSpan(bytes->data(), bytes->size()), root_rank);
+}
+
+absl::StatusOr<std::vector<std::string>> GatherBytes(comm::ProcessGroup* group,
+                                                     const std::string& mine) {
+  std::vector<std::string> all(static_cast<size_t>(group->size()));
+  for (int r = 0; r < group->size(); ++r) {
+    if (r == group->rank()) all[r] = mine;
+    RETURN_IF_ERROR(BroadcastBytes(group, &all[r], r));
+  }
+  return all;
 }
 
 absl::Status SendCommand(comm::ProcessGroup* group, const tandem::v1::RankCommand& command) {

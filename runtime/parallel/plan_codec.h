@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/process_group.h"
@@ -31,10 +32,15 @@ struct ReceivedStep {
 // INVALID_ARGUMENT when a sequence's block table cannot hold its tokens.
 absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out);
 
-// Rank 0 (the root): broadcasts `bytes`. Other ranks: receive rank 0's. Errors of the group;
+// Rank `root`: broadcasts `bytes`. Other ranks: receive the root's. Errors of the group;
 // INVALID_ARGUMENT for a frame over kMaxRankCommandBytes (the receiver cannot follow: the group
 // is unusable afterwards, and the caller fails).
-absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes);
+absl::Status BroadcastBytes(comm::ProcessGroup* group, std::string* bytes, int root = 0);
+
+// Every rank calls it with its `mine`; every rank gets all of them in rank order (one broadcast
+// per rank: for small replies, e.g. KV transfer states).
+absl::StatusOr<std::vector<std::string>> GatherBytes(comm::ProcessGroup* group,
+                                                     const std::string& mine);
 
 absl::Status SendCommand(comm::ProcessGroup* group, const tandem::v1::RankCommand& command);
 absl::StatusOr<tandem::v1::RankCommand> ReceiveCommand(comm::ProcessGroup* group);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/grpc_keepalive.h"
+#include "common/security/grpc_security.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/limits.h"
@@ -14,8 +16,10 @@ RouterRegistration::RouterRegistration(std::string router_address, RegistrationC
     : router_address_(std::move(router_address)),
       callbacks_(std::move(callbacks)),
       retry_interval_(retry_interval) {
+  grpc::ChannelArguments args;
+  EnableKeepalive(args);  // a lost link to the router is noticed in ~1-2 s
   stub_ = tandem::v1::WorkerRegistry::NewStub(
-      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+      security::CreateInternalChannel(router_address_, std::move(args)));
 }
 
 RouterRegistration::~RouterRegistration() { Stop(); }
@@ -27,7 +31,20 @@ void RouterRegistration::Start() {
 void RouterRegistration::Stop() {
   if (!thread_.joinable()) return;
   stop_.Notify();
+  HeartbeatNow();  // wakes the thread
   thread_.join();
+}
+
+void RouterRegistration::HeartbeatNow() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+void RouterRegistration::WaitForNextBeat(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_; };
+  mu_.AwaitWithTimeout(absl::Condition(&woken), timeout);
+  wake_ = false;
 }
 
 bool RouterRegistration::registered() const {
@@ -133,7 +150,7 @@ void RouterRegistration::Run() {
       registered_ = false;
       continue;
     }
-    stop_.WaitForNotificationWithTimeout(heartbeat_interval_);
+    WaitForNextBeat(heartbeat_interval_);
   }
   // Last word: tell the router our status (DRAINING on shutdown) so it stops routing here.
   bool known = true;

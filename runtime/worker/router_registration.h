@@ -40,6 +40,9 @@ class RouterRegistration {
                      absl::Duration retry_interval = absl::Milliseconds(500));
   ~RouterRegistration();  // Stop()
   void Start();
+  // Heartbeats now instead of at the next interval (e.g. to announce DRAINING); no-op before
+  // the first registration.
+  void HeartbeatNow();
   // Sends a last heartbeat with the current status (e.g. DRAINING) and stops the thread.
   void Stop();
   bool registered() const;
@@ -48,6 +51,8 @@ class RouterRegistration {
   void Run();
   bool Register();
   bool Heartbeat(bool* known);
+  // Waits up to `timeout` for HeartbeatNow / Stop.
+  void WaitForNextBeat(absl::Duration timeout);
 
   const std::string router_address_;
   const RegistrationCallbacks callbacks_;
@@ -57,6 +62,7 @@ class RouterRegistration {
   std::thread thread_;
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;                // HeartbeatNow or Stop was called
   absl::Duration heartbeat_interval_ = absl::Seconds(1);  // background thread only
   std::string last_refusal_;  // background thread only: the last refusal logged
   // Hashes not yet acknowledged by a heartbeat (kept across failed heartbeats).

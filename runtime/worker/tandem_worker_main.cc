@@ -13,7 +13,8 @@
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
 // the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones
-// in flight (up to --drain_timeout_ms), then exit 0.
+// in flight and serve the KV still leased to decode workers (up to --drain_timeout_ms), then
+// exit 0.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,9 +25,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/security/flags.h"
+#include "common/security/grpc_security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "runtime/parallel/group_backend.h"
+#include "runtime/parallel/group_kv.h"
+#include "runtime/worker/transfer_agent_factory.h"
 #include "runtime/worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, role, "mixed", "prefill, decode or mixed");
@@ -69,7 +74,8 @@ ABSL_FLAG(std::string, nccl_control_host, "127.0.0.1",
 ABSL_FLAG(std::string, port_file, "", "write HOST:PORT here once serving");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of the HTTP plane with GET /metrics (Prometheus) and /health (empty: off)");
-ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "on SIGTERM, wait this long for requests in flight");
+ABSL_FLAG(int64_t, drain_timeout_ms, 30000,
+          "on SIGTERM, wait this long for requests in flight and KV leases held for decode");
 
 namespace tandem::runtime {
 namespace {
@@ -117,17 +123,51 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   return config;
 }
 
+// A rank > 0. In a prefill or decode group it also moves its own KV heads: its transfer agent
+// serves its pool to readers and reads the heads it holds when rank 0 says so (group_kv.h).
+absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
+  if (config.role == tandem::v1::WORKER_ROLE_MIXED) return RunFollowerRank(std::move(group));
+  config.transfer.cuda_pool = config.backend.backend == "cuda";
+  config.transfer.device = group.group->device();
+  if (config.transfer.ucx_net_device == "auto") config.transfer.ucx_net_device = "all";
+  ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
+                   MakeTransferAgent(config.transfer));
+  RankKvEndpointOptions options;
+  options.model = group.loaded.model.config;
+  options.kv_dtype = group.local_factory.kv_dtype;
+  options.tp_rank = group.group->rank();
+  options.tp_size = group.group->size();
+  RankKvEndpoint endpoint(agent.get(), options);
+  return RunFollowerRank(std::move(group), &endpoint);
+}
+
+// --tls_* / --insecure (common/security): every internal channel and server of this process uses
+// them; a worker's certificate must name its --role.
+absl::Status SetUpSecurity() {
+  ASSIGN_OR_RETURN(security::SecurityConfig sec,
+                   security::DaemonSecurityFromFlags("tandem_worker"));
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (!sec.insecure && security::RoleName(sec.self->role) != role) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls_cert names role '",
+                                                   security::RoleName(sec.self->role),
+                                                   "', this worker is --role=", role));
+  }
+  security::SetProcessSecurity(std::move(sec));
+  return absl::OkStatus();
+}
+
 absl::Status Serve(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerConfig config, ConfigFromFlags());
+  RETURN_IF_ERROR(SetUpSecurity());
   TerminationSignals signals;  // before any thread starts
   const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
-  RETURN_IF_ERROR(CheckGroupRole(config.role, group_options.tp));
   // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
   // the daemon: the group outlives the engine that uses it.
   ASSIGN_OR_RETURN(GroupBackend group,
                    LoadGroupBackend(config.model, config.backend, group_options, argv));
-  if (!group.is_leader()) return RunFollowerRank(std::move(group));
+  if (!group.is_leader()) return ServeFollower(config, std::move(group));
   config.tp = group.group->size();
+  config.group_channel = group.channel;
   config.group.set_size(static_cast<uint32_t>(config.tp));
   if (config.tp > 1) {
     const bool cuda = config.backend.backend == "cuda";

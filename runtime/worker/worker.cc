@@ -209,11 +209,15 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
     ++kv_link_failures_;
     LOG(WARNING) << "request " << id << ": cannot reach KV source " << handle.worker_id() << ": "
                  << linked;
+    // The source's lease is released anyway: a source known from before that is only slow to
+    // answer gets it when it answers again (the release is retried); else it expires.
+    links_->lease_client()->ReleaseLeaseAsync(handle.worker_id(), handle.epoch(),
+                                              handle.lease_id());
     if (on_kv_failure == KvLoadFailurePolicy::kFail) {
       return absl::UnavailableError(
           absl::StrCat("KV of request ", id, " is unavailable: ", linked.message()));
     }
-    // Recompute: prefill prompt + first token here; the source's lease just expires.
+    // Recompute: prefill prompt + first token here.
   }
   std::optional<kvtransfer::RemoteKvSpec> remote = spec.remote_kv;
   const absl::Time start = absl::Now();
@@ -296,6 +300,7 @@ tandem::v1::WorkerStats Worker::StatsProto() const {
     load_failures += c.load_failures;
   }
   out.set_kv_load_failures(load_failures);
+  if (options_.rank_kv_stats) options_.rank_kv_stats(&out);
   // kv_bytes_sent stays 0: in pull mode the reader's one-sided READs are invisible to the source
   // (its readers report kv_bytes_received).
   return out;

@@ -58,6 +58,8 @@ struct WorkerOptions {
   absl::Duration kv_unhealthy_probe = absl::Seconds(30);
   // The worker's rank group, told to the router (size 1: a single rank).
   tandem::v1::WorkerGroup group;
+  // Fills the per-rank KV transfer counters of WorkerStats (kv_*_per_rank); null: none.
+  std::function<void(tandem::v1::WorkerStats*)> rank_kv_stats;
 };
 
 const char* RoleName(tandem::v1::WorkerRole role);

@@ -8,13 +8,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_keepalive.h"
 #include "common/net.h"
+#include "common/security/grpc_security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_transfer_service.h"
 #include "kvtransfer/pull_connector.h"
+#include "runtime/parallel/group_kv.h"
 #include "runtime/worker/router_registration.h"
 #include "runtime/worker/worker_metrics.h"
 #include "runtime/worker/worker_service.h"
@@ -23,36 +26,16 @@
 namespace tandem::runtime {
 namespace {
 
-tandem::v1::KvDtype ToProto(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::kF32:
-      return tandem::v1::KV_DTYPE_F32;
-    case KvDtype::kF16:
-      return tandem::v1::KV_DTYPE_F16;
-    case KvDtype::kBf16:
-      return tandem::v1::KV_DTYPE_BF16;
-  }
-  return tandem::v1::KV_DTYPE_UNSPECIFIED;
-}
-
-// What a peer must match exactly (hashed), from the engine's own facts: the backend names its KV
-// dtype (ExecutorFactory::kv_dtype); the model runs in the same dtype. Its rank geometry (one
-// rank: all KV heads) travels beside it.
-tandem::v1::TransferHandshake LocalHandshake(const std::string& model_id, const Engine& engine,
-                                             uint64_t epoch) {
-  const ModelConfig& m = engine.model_config();
-  kvtransfer::KvCompatibilityFacts facts;
-  facts.model_id = model_id;
-  facts.model_dtype = KvDtypeName(engine.kv_dtype());
-  facts.num_layers = static_cast<uint32_t>(m.num_hidden_layers);
-  facts.num_kv_heads = static_cast<uint32_t>(m.num_key_value_heads);
-  facts.head_dim = static_cast<uint32_t>(m.head_dim);
-  facts.block_size = static_cast<uint32_t>(engine.block_size());
-  facts.kv_dtype = ToProto(engine.kv_dtype());
+// What a peer must match exactly (hashed): the model and the layout of the WHOLE model's KV (the
+// endpoint's, from the full config: a rank's engine only knows its own heads); the backend names
+// its KV dtype (ExecutorFactory::kv_dtype) and the model runs in it. The rank geometry (rank 0's
+// share; a group adds every rank's in `ranks`) travels beside it.
+tandem::v1::TransferHandshake LocalHandshake(const std::string& model_id,
+                                             const RankKvEndpoint& endpoint, uint64_t epoch) {
   tandem::v1::TransferHandshake local;
-  *local.mutable_compatibility() = kvtransfer::CompatibilityFor(facts);
-  *local.mutable_geometry() = kvtransfer::SingleRankGeometry(
-      local.compatibility(), static_cast<uint64_t>(engine.kv_block_bytes()));
+  *local.mutable_compatibility() = endpoint.layout();
+  local.mutable_compatibility()->set_model_id(model_id);
+  *local.mutable_geometry() = endpoint.geometry();
   local.set_compatibility_hash(kvtransfer::CompatibilityHash(local.compatibility()));
   local.set_epoch(epoch);
   return local;
@@ -80,19 +63,14 @@ std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
 
 }  // namespace
 
-absl::Status CheckGroupRole(tandem::v1::WorkerRole role, int tp) {
-  if (tp <= 1 || role == tandem::v1::WORKER_ROLE_MIXED) return absl::OkStatus();
-  // Each rank's pool holds its own heads; moving only rank 0's would hand decode garbage.
-  return absl::UnimplementedError(absl::StrCat(
-      "--tp=", tp, " with --role=", RoleName(role),
-      ": KV transfer between worker groups (every rank's heads) is not built yet; a worker "
-      "group serves --role=mixed"));
-}
-
 // Declared in the order they must be built; destroyed in reverse (registration first, the
 // transfer agent that owns the pool's memory last).
 struct WorkerDaemon::Parts {
   std::unique_ptr<kvtransfer::TransferAgent> agent;
+  // This rank's KV side (its reader re-shards heads from sources split differently) and, for a
+  // group, the fan-out of every read to all ranks.
+  std::unique_ptr<RankKvEndpoint> endpoint;
+  std::unique_ptr<GroupBlockTransport> group_transport;
   std::unique_ptr<kvtransfer::PullKvConnector> connector;
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<kvtransfer::KvTransferServiceImpl> kv_service;
@@ -107,6 +85,12 @@ struct WorkerDaemon::Parts {
   // shared-memory transports read in place), else its own pool registered with the agent.
   absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(WorkerConfig& config, BackendModel& loaded,
                                                       uint32_t* region);
+  // The endpoint, the group fan-out (tp > 1) and the connector over them; returns the local
+  // handshake (a group's lists every rank's descriptor).
+  absl::StatusOr<tandem::v1::TransferHandshake> BuildKvSide(const WorkerConfig& config,
+                                                            const BackendModel& loaded,
+                                                            Engine& engine, uint32_t region,
+                                                            uint64_t epoch);
   absl::Status StartServer(const WorkerConfig& config, const std::string& host,
                            std::string* address);
   void StartRegistration(const std::string& router);
@@ -143,14 +127,50 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
   return engine;
 }
 
+absl::StatusOr<tandem::v1::TransferHandshake> WorkerDaemon::Parts::BuildKvSide(
+    const WorkerConfig& config, const BackendModel& loaded, Engine& engine, uint32_t region,
+    uint64_t epoch) {
+  RankKvEndpointOptions endpoint_options;
+  endpoint_options.model = loaded.model.config;
+  endpoint_options.kv_dtype = engine.kv_dtype();
+  endpoint_options.tp_size = config.tp;
+  endpoint_options.staging_bytes = config.kv_staging_bytes;
+  endpoint = std::make_unique<RankKvEndpoint>(agent.get(), endpoint_options);
+  char* host_pool =
+      engine.kv_pool_on_device() ? nullptr : static_cast<char*>(engine.kv_pool_data());
+  RETURN_IF_ERROR(endpoint->AttachPool(region, host_pool,
+                                       engine.kv_pool_bytes() / engine.kv_block_bytes(),
+                                       engine.block_size(), engine.kv_pool_bytes()));
+  tandem::v1::TransferHandshake local = LocalHandshake(loaded.model.model_id, *endpoint, epoch);
+  local.set_worker_id(config.worker_id);
+  kvtransfer::BlockTransport* transport = endpoint->reader();
+  if (config.tp > 1 && config.role != tandem::v1::WORKER_ROLE_MIXED) {
+    if (config.group_channel == nullptr) {
+      return absl::InvalidArgumentError("a worker group without its channel to the ranks");
+    }
+    group_transport = std::make_unique<GroupBlockTransport>(config.group_channel, endpoint.get());
+    ASSIGN_OR_RETURN(std::vector<tandem::v1::TransferHandshake> ranks,
+                     group_transport->DescribeRanks());
+    for (tandem::v1::TransferHandshake& rank : ranks) *local.add_ranks() = std::move(rank);
+    transport = group_transport.get();
+  }
+  kvtransfer::PullKvConnectorOptions connector_options;
+  connector_options.block_size = engine.block_size();
+  connector_options.block_bytes = static_cast<uint64_t>(engine.kv_block_bytes());
+  connector_options.local_region = region;
+  connector = std::make_unique<kvtransfer::PullKvConnector>(transport, connector_options);
+  return local;
+}
+
 absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const std::string& host,
                                               std::string* address) {
   // The port is known only after the server starts; the worker learns the final address before
   // it is announced (printed, written to the port file, registered).
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, security::InternalServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
+  AllowKeepalivePings(builder);  // the router's channels ping every second
   builder.RegisterService(service.get());
   builder.RegisterService(kv_service.get());
   server = builder.BuildAndStart();
@@ -190,7 +210,6 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     absl::StatusOr<std::string> iface = InterfaceForAddress(advertise);
     config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
   }
-  RETURN_IF_ERROR(CheckGroupRole(config.role, config.tp));
   BackendModel loaded;
   if (config.loaded.has_value()) {
     loaded = *std::move(config.loaded);
@@ -207,15 +226,9 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, parts->BuildEngine(config, loaded, &region));
   engine->EnableCacheEvents(!config.router.empty());
   const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
-  kvtransfer::PullKvConnectorOptions connector_options;
-  connector_options.block_size = engine->block_size();
-  connector_options.block_bytes = static_cast<uint64_t>(engine->kv_block_bytes());
-  connector_options.local_region = region;
-  parts->connector =
-      std::make_unique<kvtransfer::PullKvConnector>(parts->agent.get(), connector_options);
+  ASSIGN_OR_RETURN(tandem::v1::TransferHandshake local,
+                   parts->BuildKvSide(config, loaded, *engine, region, epoch));
   engine->AttachConnector(parts->connector.get());
-  tandem::v1::TransferHandshake local = LocalHandshake(loaded.model.model_id, *engine, epoch);
-  local.set_worker_id(config.worker_id);
 
   WorkerOptions options;
   options.worker_id = config.worker_id;
@@ -226,6 +239,21 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.default_lease = config.default_lease;
   options.kv_load_timeout = config.kv_load_timeout;
   options.group = config.group;
+  options.rank_kv_stats = [p = parts.get()](tandem::v1::WorkerStats* out) {
+    if (p->group_transport != nullptr) {
+      const GroupKvStats g = p->group_transport->stats();
+      for (size_t r = 0; r < g.bytes_kept.size(); ++r) {
+        out->add_kv_bytes_received_per_rank(g.bytes_kept[r]);
+        out->add_kv_bytes_read_per_rank(g.bytes_read[r]);
+        out->add_kv_copy_ops_per_rank(g.copy_ops[r]);
+      }
+      return;
+    }
+    const kvtransfer::RankKvReaderStats s = p->endpoint->reader()->stats();
+    out->add_kv_bytes_received_per_rank(s.bytes_kept);
+    out->add_kv_bytes_read_per_rank(s.bytes_read);
+    out->add_kv_copy_ops_per_rank(s.copy_ops);
+  };
   EngineLoopOptions loop_options;
   loop_options.max_queued_requests = config.max_queued_requests;
   loop_options.release_orphan_lease = [connector = parts->connector.get()](uint64_t lease) {
@@ -233,8 +261,18 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   };
   parts->loop = std::make_unique<EngineLoop>(std::move(engine), loop_options);
   parts->kv_service = std::make_unique<kvtransfer::KvTransferServiceImpl>(
-      parts->agent.get(), parts->connector.get(), local);
-  parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local);
+      parts->agent.get(), parts->connector.get(), local, options.max_lease);
+  kvtransfer::PeerLinks::SourceLinker linker =
+      [p = parts.get()](const std::string& peer, const tandem::v1::TransferHandshake& source) {
+        return p->group_transport != nullptr ? p->group_transport->AddSource(peer, source)
+                                             : p->endpoint->reader()->AddSource(peer, source);
+      };
+  kvtransfer::PeerLinks::LinkCheck linked = [p = parts.get()](const std::string& peer) {
+    return p->group_transport != nullptr ? p->group_transport->SourceLinked(peer)
+                                         : p->endpoint->reader()->SourceLinked(peer);
+  };
+  parts->peers = std::make_unique<kvtransfer::PeerLinks>(
+      parts->agent.get(), local, absl::Seconds(5), std::move(linker), std::move(linked));
   parts->worker = std::make_unique<Worker>(parts->loop.get(), parts->connector.get(),
                                            parts->peers.get(), options);
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
@@ -272,11 +310,24 @@ WorkerDaemon::~WorkerDaemon() {
 }
 
 void WorkerDaemon::Drain(absl::Duration timeout) {
-  LOG(INFO) << "draining " << worker_->NumInFlight() << " requests";
+  // A prefill worker's finished requests may still hold KV leases a decode worker has yet to
+  // read: keep serving KvTransferService until each is released (or expires, on the engine
+  // loop's idle polls), so a restart under load costs no recompute and no failed request.
+  auto leases = [this] { return parts_->connector->Stats().leases_active; };
+  LOG(INFO) << "draining " << worker_->NumInFlight() << " requests, " << leases() << " KV leases";
   worker_->StartDraining();
-  const absl::Time deadline = absl::Now() + timeout;
-  while (worker_->NumInFlight() > 0 && absl::Now() < deadline) {
+  // Tell the router now, not at the next heartbeat, so it stops routing here at once.
+  if (parts_->registration != nullptr) parts_->registration->HeartbeatNow();
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  while ((worker_->NumInFlight() > 0 || leases() > 0) && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (worker_->NumInFlight() > 0 || leases() > 0) {
+    LOG(WARNING) << "drain timed out after " << timeout << " with " << worker_->NumInFlight()
+                 << " requests and " << leases() << " KV leases left";
+  } else {
+    LOG(INFO) << "drained in " << absl::Now() - start;
   }
   // Last word to the router (DRAINING), then stop serving.
   if (parts_->registration != nullptr) {

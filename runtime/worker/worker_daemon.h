@@ -18,6 +18,7 @@
 #include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_source.h"
+#include "runtime/parallel/group_channel.h"
 #include "runtime/worker/transfer_agent_factory.h"
 #include "runtime/worker/worker.h"
 #include "tandem/v1/router.pb.h"
@@ -49,14 +50,15 @@ struct WorkerConfig {
   int tp = 1;  // ranks in this worker's group (for the checks below and the logs)
   // What the router is told of the group (WorkerInfo.group); size 0/1: none.
   tandem::v1::WorkerGroup group;
+  // Rank 0 of a group (tp > 1): the line to the other ranks (LoadGroupBackend's), over which a
+  // prefill or decode group moves every rank's KV heads (runtime/parallel/group_kv.h).
+  std::shared_ptr<GroupChannel> group_channel;
+  // KV staging per rank for re-sharded reads (kvtransfer/rank_reader.h).
+  uint64_t kv_staging_bytes = uint64_t{64} << 20;
   // Makes the transfer agent (the transport seam, like LevelDB's Env); empty:
   // MakeTransferAgent(transfer). Tests pass in-process agents.
   std::function<absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>>()> make_agent;
 };
-
-// UNIMPLEMENTED for a worker group (tp > 1) in a disaggregated role: KV transfer between groups
-// is not built yet. Create() checks it; main checks it before starting the group's ranks.
-absl::Status CheckGroupRole(tandem::v1::WorkerRole role, int tp);
 
 class WorkerDaemon {
  public:
@@ -76,8 +78,9 @@ class WorkerDaemon {
   int metrics_port() const;
   Worker& worker() { return *worker_; }
 
-  // SIGTERM: stop taking requests (DRAINING, told to the router), let the ones in flight finish
-  // for up to `timeout`, send a last heartbeat and stop the server.
+  // SIGTERM: stop taking requests (DRAINING, told to the router at once), let the ones in flight
+  // finish and the KV leases held for decode workers be released or expire, for up to `timeout`
+  // in all; then send a last heartbeat and stop the server.
   void Drain(absl::Duration timeout);
 
  private:

@@ -5,8 +5,10 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/http/test_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -88,6 +90,70 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
   tandem::v1::HealthResponse health;
   EXPECT_FALSE(stub->Health(&after, tandem::v1::WorkerHealthRequest(), &health).ok())
       << "the server stopped";
+}
+
+// A prefill worker's SIGTERM: no new prefills, but a KV lease a decode worker has yet to read
+// keeps the server up until it is released (here by Abort, as the router sends), or, bounded by
+// the drain timeout, until the timeout.
+TEST(WorkerDaemonTest, PrefillDrainWaitsForItsKvLeases) {
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon =
+      WorkerDaemon::Create(TinyConfig(tandem::v1::WORKER_ROLE_PREFILL));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = tandem::v1::WorkerService::NewStub(
+      grpc::CreateChannel((*daemon)->address(), grpc::InsecureChannelCredentials()));
+  auto prefill = [&](const std::string& id) {
+    tandem::v1::PrefillRequest request;
+    request.mutable_request()->set_request_id(id);
+    for (uint32_t t : {3u, 1u, 4u, 1u, 5u}) request.mutable_request()->add_prompt_token_ids(t);
+    request.mutable_request()->mutable_sampling()->set_max_tokens(8);
+    request.mutable_request()->mutable_sampling()->set_ignore_eos(true);
+    request.set_remote_decode(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    tandem::v1::PrefillResponse response;
+    return stub->Prefill(&ctx, request, &response);
+  };
+  ASSERT_TRUE(prefill("leased").ok());
+  ASSERT_GT((*daemon)->worker().Load().kv_blocks_leased(), 0u);
+
+  absl::Notification drained;
+  std::thread drain([&] {
+    (*daemon)->Drain(absl::Seconds(20));
+    drained.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_FALSE(drained.HasBeenNotified()) << "the lease is still held: the worker must wait";
+  EXPECT_EQ(prefill("new").error_code(), grpc::StatusCode::UNAVAILABLE) << "draining";
+  grpc::ClientContext ctx;
+  tandem::v1::AbortRequest abort;
+  abort.set_request_id("leased");
+  tandem::v1::AbortResponse aborted;
+  ASSERT_TRUE(stub->Abort(&ctx, abort, &aborted).ok()) << "still serving while draining";
+  EXPECT_TRUE(aborted.found());
+  EXPECT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(5)))
+      << "released: the drain ends";
+  drain.join();
+}
+
+TEST(WorkerDaemonTest, DrainIsBoundedByItsTimeout) {
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon =
+      WorkerDaemon::Create(TinyConfig(tandem::v1::WORKER_ROLE_PREFILL));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = tandem::v1::WorkerService::NewStub(
+      grpc::CreateChannel((*daemon)->address(), grpc::InsecureChannelCredentials()));
+  tandem::v1::PrefillRequest request;
+  request.mutable_request()->set_request_id("held");
+  request.mutable_request()->add_prompt_token_ids(7);
+  request.mutable_request()->mutable_sampling()->set_max_tokens(4);
+  request.set_remote_decode(true);
+  grpc::ClientContext ctx;
+  tandem::v1::PrefillResponse response;
+  ASSERT_TRUE(stub->Prefill(&ctx, request, &response).ok());
+  const absl::Time start = absl::Now();
+  (*daemon)->Drain(absl::Milliseconds(600));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(550));
+  EXPECT_LT(took, absl::Seconds(5));
 }
 
 TEST(WorkerDaemonTest, AWildcardListenAdvertisesAnAddressPeersCanReach) {

@@ -114,6 +114,7 @@ class LocalLinks final : public kvtransfer::KvSourceLinks, public kvtransfer::Le
     done(*deadline);
   }
   void ReleaseLeaseAsync(const std::string& peer, uint64_t, uint64_t lease_id) override {
+    if (!sources_.contains(peer)) return;  // never reachable: nothing to tell (as PeerLinks)
     ++releases_;
     Source(peer)->connector->ReleaseLease(lease_id);
   }

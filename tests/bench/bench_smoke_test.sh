@@ -12,16 +12,16 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$TMP"/*.log "$TMP"/*.txt; do [[ -f $f ]] && { echo "== $f" >&2; tail -30 "$f" >&2; }; done; exit 1; }
 
-"$ROUTER" --listen=127.0.0.1:0 --port_file="$TMP/port" --heartbeat_interval_ms=100 --worker_timeout_ms=20000 \
+"$ROUTER" --insecure --listen=127.0.0.1:0 --port_file="$TMP/port" --heartbeat_interval_ms=100 --worker_timeout_ms=20000 \
   >"$TMP/router.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 300); do [[ -s $TMP/port ]] && break; sleep 0.1; done
 [[ -s $TMP/port ]] || fail "router wrote no port file"
 ADDR=$(cat "$TMP/port")
 for i in 0 1; do
-  "$WORKER" --router="$ADDR" --role=prefill --worker_id=p$i --vocab_size=5000 >"$TMP/p$i.log" 2>&1 &
+  "$WORKER" --insecure --router="$ADDR" --role=prefill --worker_id=p$i --vocab_size=5000 >"$TMP/p$i.log" 2>&1 &
   pids+=($!)
-  "$WORKER" --router="$ADDR" --role=decode --worker_id=d$i --vocab_size=5000 --token_delay_ms=1 \
+  "$WORKER" --insecure --router="$ADDR" --role=decode --worker_id=d$i --vocab_size=5000 --token_delay_ms=1 \
     >"$TMP/d$i.log" 2>&1 &
   pids+=($!)
 done

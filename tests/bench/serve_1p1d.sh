@@ -24,7 +24,7 @@ done
 RUN_DIR=$(mktemp -d /tmp/tandem-bench.XXXXXX)
 trap '"$ROOT/deploy/local/down.sh" "$RUN_DIR" >/dev/null; rm -rf "$RUN_DIR"' EXIT
 UP=$("$ROOT/deploy/local/up.sh" --prefill=1 --decode=1 "${model_flags[@]}" --run_dir="$RUN_DIR" \
-  --bin_dir="$BIN" -- --num_threads="$threads" --kv_cache_bytes=536870912)
+  --bin_dir="$BIN" --insecure -- --num_threads="$threads" --kv_cache_bytes=536870912)
 echo "$UP"
 ROUTER=$(sed -n 's/^router: //p' <<<"$UP")
 "$BIN/tests/bench/tandem_bench" --router="$ROUTER" ${bench[@]+"${bench[@]}"}

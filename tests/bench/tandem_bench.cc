@@ -4,7 +4,7 @@
 //                [--max_concurrency=0]
 //                [--prompt_len=128 | LO:HI] [--output_len=64 | LO:HI] [--seed=0]
 //                [--slo_ttft_ms=0] [--slo_tpot_ms=0] [--temperature=0] [--ignore_eos=true]
-//                [--timeout_ms=600000] [--json]
+//                [--timeout_ms=600000] [--json] [--stop_file=PATH] [--requests_out=PATH]
 //
 // Requests arrive as a Poisson process at --rate requests/s ("inf": all at once), at most
 // --max_concurrency in flight (0 = unlimited). Prompts are random token ids below the smallest
@@ -19,11 +19,18 @@
 // --json prints the same as one JSON line per load level ("rate" names the level). A comma
 // list of rates runs the levels in order; --warmup requests go first, one at a time, and are
 // not reported. Exit status 1 when any request failed.
+//
+// --stop_file: a level stops sending new requests once PATH exists (checked at least every
+// 100 ms) and reports the ones it sent, so a driver can hold a steady load for as long as
+// something else (a rolling restart) takes. --requests_out: appends one JSON line per request
+// (level, send time in Unix ms, ok, TTFT, e2e, tokens, every ITL gap, the error), for a driver
+// that splits one run into phases.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -62,6 +69,9 @@ ABSL_FLAG(double, temperature, 0, "sampling temperature");
 ABSL_FLAG(bool, ignore_eos, true, "generate exactly max_tokens");
 ABSL_FLAG(int64_t, timeout_ms, 600000, "deadline of each request");
 ABSL_FLAG(bool, json, false, "print one JSON line instead of the table");
+ABSL_FLAG(std::string, stop_file, "",
+          "stop sending new requests once this file exists (the level reports those sent)");
+ABSL_FLAG(std::string, requests_out, "", "append one JSON line per request to this file");
 
 namespace tandem::bench {
 namespace {
@@ -216,21 +226,19 @@ struct Workload {
   int max_concurrency = 0;
 };
 
-std::vector<std::unique_ptr<Call>> MakeCalls(const Workload& w, int n, absl::string_view tag,
-                                             Tracker* tracker, std::mt19937_64& rng) {
-  std::vector<std::unique_ptr<Call>> calls;
+// The `i`-th request of a level; prompts and lengths are drawn from `rng` in send order, one
+// request at a time (a --stop_file run may ask for millions and send a few hundred).
+std::unique_ptr<Call> MakeCall(const Workload& w, int i, absl::string_view tag, Tracker* tracker,
+                               std::mt19937_64& rng) {
   std::uniform_int_distribution<uint32_t> token(0, w.model.vocab_size - 1);
-  for (int i = 0; i < n; ++i) {
-    v1::GenerateRequest req;
-    req.set_request_id(absl::StrFormat("bench-%016x-%s-%d", w.seed, tag, i));
-    const uint32_t len = w.prompt_len.Sample(rng);
-    for (uint32_t t = 0; t < len; ++t) req.add_prompt_token_ids(token(rng));
-    req.mutable_sampling()->set_max_tokens(w.output_len.Sample(rng));
-    req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
-    req.mutable_sampling()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-    calls.push_back(std::make_unique<Call>(std::move(req), tracker));
-  }
-  return calls;
+  v1::GenerateRequest req;
+  req.set_request_id(absl::StrFormat("bench-%016x-%s-%d", w.seed, tag, i));
+  const uint32_t len = w.prompt_len.Sample(rng);
+  for (uint32_t t = 0; t < len; ++t) req.add_prompt_token_ids(token(rng));
+  req.mutable_sampling()->set_max_tokens(w.output_len.Sample(rng));
+  req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  req.mutable_sampling()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  return std::make_unique<Call>(std::move(req), tracker);
 }
 
 LevelResult Aggregate(const std::vector<std::unique_ptr<Call>>& calls, double duration_s) {
@@ -271,19 +279,83 @@ LevelResult Aggregate(const std::vector<std::unique_ptr<Call>>& calls, double du
   return out;
 }
 
-// Sends `n` requests arriving at `rate` (Poisson) and waits for all of them.
+bool StopRequested(const std::string& stop_file) {
+  std::error_code ignored;
+  return !stop_file.empty() && std::filesystem::exists(stop_file, ignored);
+}
+
+// Sleeps until `until`, in slices short enough to notice the stop file; false: stop.
+bool SleepUnlessStopped(absl::Time until, const std::string& stop_file) {
+  if (stop_file.empty()) {
+    absl::SleepFor(until - absl::Now());
+    return true;
+  }
+  while (true) {
+    if (StopRequested(stop_file)) return false;
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return true;
+    absl::SleepFor(std::min(left, absl::Milliseconds(100)));
+  }
+}
+
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+  }
+  return out;
+}
+
+void AppendRequestLines(const std::vector<std::unique_ptr<Call>>& calls, const std::string& level,
+                        const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    std::fprintf(stderr, "tandem_bench: cannot open --requests_out=%s\n", path.c_str());
+    return;
+  }
+  for (const auto& c : calls) {
+    const Record& r = c->record();
+    const bool ok = r.status.ok() && r.finished && r.output_tokens > 0;
+    std::string itl;
+    for (double gap : r.itl_ms)
+      absl::StrAppend(&itl, itl.empty() ? "" : ",", absl::StrFormat("%.3f", gap));
+    std::fprintf(
+        f,
+        "{\"level\":\"%s\",\"sent_unix_ms\":%.3f,\"ok\":%s,\"ttft_ms\":%.3f,"
+        "\"e2e_ms\":%.3f,\"output_tokens\":%d,\"itl_ms\":[%s],\"error\":\"%s\"}\n",
+        level.c_str(), absl::ToDoubleMilliseconds(r.sent - absl::UnixEpoch()),
+        ok ? "true" : "false",
+        r.output_tokens > 0 ? absl::ToDoubleMilliseconds(r.first_token - r.sent) : -1.0,
+        absl::ToDoubleMilliseconds(r.done - r.sent), r.output_tokens, itl.c_str(),
+        ok ? ""
+           : JsonEscaped(absl::StrCat(r.status.error_code(), ": ", r.status.error_message()))
+                 .c_str());
+  }
+  std::fclose(f);
+}
+
+// Sends `n` requests arriving at `rate` (Poisson), or fewer when --stop_file appears, and waits
+// for all of them.
 LevelResult RunLevel(const Workload& w, int n, const std::string& rate_text, double rate,
                      absl::string_view tag, std::mt19937_64& rng) {
   Tracker tracker(w.max_concurrency);
-  std::vector<std::unique_ptr<Call>> calls = MakeCalls(w, n, tag, &tracker, rng);
   const std::vector<double> arrivals = PoissonArrivals(n, rate, rng);
+  const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
+  std::vector<std::unique_ptr<Call>> calls;
   const absl::Time start = absl::Now();
-  for (int i = 0; i < n; ++i) {
-    absl::SleepFor(start + absl::Seconds(arrivals[i]) - absl::Now());
+  int sent = 0;
+  for (; sent < n; ++sent) {
+    std::unique_ptr<Call> call = MakeCall(w, sent, tag, &tracker, rng);  // before its send time
+    if (!SleepUnlessStopped(start + absl::Seconds(arrivals[sent]), stop_file)) break;
     tracker.Acquire();
-    calls[i]->Start(w.stub, w.timeout);
+    call->Start(w.stub, w.timeout);
+    calls.push_back(std::move(call));  // the Call stays where it is: callbacks may run already
   }
-  tracker.WaitAllDone(n);
+  tracker.WaitAllDone(sent);
+  if (!absl::GetFlag(FLAGS_requests_out).empty() && tag != "warmup") {
+    AppendRequestLines(calls, rate_text, absl::GetFlag(FLAGS_requests_out));
+  }
   absl::Time end = start;
   for (const auto& c : calls) end = std::max(end, c->record().done);
   LevelResult result = Aggregate(calls, std::max(absl::ToDoubleSeconds(end - start), 1e-9));
@@ -372,7 +444,7 @@ absl::Status Run() {
           absl::StrCat(r.requests - r.ok, " of ", r.requests, " warmup requests failed"));
     }
   }
-  int failed = 0;
+  int failed = 0, total = 0;
   for (size_t i = 0; i < levels.size(); ++i) {
     const LevelResult r =
         RunLevel(w, n, levels[i].first, levels[i].second, absl::StrCat("l", i), rng);
@@ -383,10 +455,10 @@ absl::Status Run() {
     }
     std::fflush(stdout);
     failed += r.requests - r.ok;
+    total += r.requests;
   }
   if (failed > 0) {
-    return absl::UnavailableError(
-        absl::StrCat(failed, " of ", n * levels.size(), " requests failed"));
+    return absl::UnavailableError(absl::StrCat(failed, " of ", total, " requests failed"));
   }
   return absl::OkStatus();
 }

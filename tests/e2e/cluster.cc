@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/grpc_security.h"
+#include "common/security/security_config.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tandem::e2e {
@@ -40,7 +42,40 @@ absl::StatusOr<std::string> WaitPortFile(const std::string& path, Process& proce
   return absl::DeadlineExceededError(absl::StrCat("no port file ", path, "\n", process.LogTail()));
 }
 
+// TLS material for the test's own clients: the CA, and NAME's certificate when given.
+security::SecurityConfig ClientSecurity(const std::string& certs_dir, const std::string& name) {
+  if (certs_dir.empty()) return security::SecurityConfig();
+  security::SecurityOptions o;
+  o.files.ca = certs_dir + "/ca.pem";
+  if (!name.empty())
+    o.files = {certs_dir + "/" + name + ".pem", certs_dir + "/" + name + ".key", o.files.ca};
+  o.require_cert = !name.empty();
+  absl::StatusOr<security::SecurityConfig> config = security::LoadSecurityConfig(o);
+  if (!config.ok()) {
+    std::fprintf(stderr, "cluster: %s\n", config.status().ToString().c_str());
+    std::abort();
+  }
+  return *std::move(config);
+}
+
+// Generates the cluster's certificates and API key under `dir`.
+absl::Status MakeCerts(const std::string& dir) {
+  const std::string cmd = absl::StrCat("'", Runfile("deploy/certs/make_certs.sh"), "' '", dir,
+                                       "' --api_key > '", dir, ".log' 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("make_certs.sh failed: ", ReadFile(dir + ".log")));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<std::string> SecurityFlags(const std::string& certs_dir, const std::string& name) {
+  if (certs_dir.empty()) return {"--insecure"};
+  return {absl::StrCat("--tls_cert=", certs_dir, "/", name, ".pem"),
+          absl::StrCat("--tls_key=", certs_dir, "/", name, ".key"),
+          absl::StrCat("--tls_ca=", certs_dir, "/ca.pem")};
+}
 
 std::string Runfile(const std::string& path) {
   if (!path.empty() && path[0] == '/') return path;
@@ -120,19 +155,41 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
   cluster->dir_ = templ;
   const std::string& dir = cluster->dir_;
 
+  if (options.tls) {
+    cluster->certs_dir_ = dir + "/certs";
+    if (absl::Status s = MakeCerts(cluster->certs_dir_); !s.ok()) return s;
+    cluster->api_key_ = ReadFile(cluster->certs_dir_ + "/api_key");
+    while (!cluster->api_key_.empty() && cluster->api_key_.back() == '\n')
+      cluster->api_key_.pop_back();
+  }
+  const std::string& certs = cluster->certs_dir_;
   std::vector<std::string> router_argv = {Runfile("router/tandem_router"), "--listen=127.0.0.1:0",
                                           absl::StrCat("--port_file=", dir, "/router.port"),
                                           "--heartbeat_interval_ms=200",
                                           "--worker_timeout_ms=1500"};
+  for (const std::string& flag : SecurityFlags(certs, "router")) router_argv.push_back(flag);
+  if (options.tls) {
+    router_argv.push_back("--internal_listen=127.0.0.1:0");
+    router_argv.push_back(absl::StrCat("--internal_port_file=", dir, "/internal.port"));
+    router_argv.push_back(absl::StrCat("--api_key_file=", certs, "/api_keys"));
+  }
   router_argv.insert(router_argv.end(), options.router_flags.begin(), options.router_flags.end());
+  cluster->router_argv_ = router_argv;
   auto router = Process::Spawn(router_argv, dir + "/router.log");
   if (!router.ok()) return router.status();
   cluster->router_process_ = std::move(*router);
   auto address = WaitPortFile(dir + "/router.port", *cluster->router_process_, absl::Seconds(30));
   if (!address.ok()) return address.status();
   cluster->router_address_ = *address;
+  cluster->internal_address_ = *address;
+  if (options.tls) {
+    auto internal =
+        WaitPortFile(dir + "/internal.port", *cluster->router_process_, absl::Seconds(30));
+    if (!internal.ok()) return internal.status();
+    cluster->internal_address_ = *internal;
+  }
   cluster->router_stub_ = tandem::v1::Router::NewStub(
-      grpc::CreateChannel(*address, grpc::InsecureChannelCredentials()));
+      security::CreateChannelWithApiKey(*address, ClientSecurity(certs, ""), cluster->api_key_));
 
   auto spawn = [&](const std::string& role, int index) -> absl::Status {
     WorkerHandle w;
@@ -144,12 +201,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                          ? absl::StrCat("--model=", Runfile(options.model_dir))
                                          : absl::StrCat("--dummy_config=", options.dummy_config),
                                      absl::StrCat("--worker_id=", w.id),
-                                     absl::StrCat("--router=", cluster->router_address_),
+                                     absl::StrCat("--router=", cluster->internal_address_),
                                      absl::StrCat("--port_file=", dir, "/", w.id, ".port"),
                                      "--num_threads=1",
                                      "--kv_cache_bytes=16777216"};
     if (!options.dummy_config.empty()) argv.push_back("--load_format=dummy");
+    for (const std::string& flag : SecurityFlags(certs, role)) argv.push_back(flag);
     argv.insert(argv.end(), options.worker_flags.begin(), options.worker_flags.end());
+    const std::vector<std::string>& by_role = role == "prefill"  ? options.prefill_flags
+                                              : role == "decode" ? options.decode_flags
+                                                                 : options.mixed_flags;
+    argv.insert(argv.end(), by_role.begin(), by_role.end());
     auto process = Process::Spawn(argv, absl::StrCat(dir, "/", w.id, ".log"));
     if (!process.ok()) return process.status();
     w.process = std::move(*process);
@@ -171,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
     if (!addr.ok()) return addr.status();
     w.address = *addr;
     w.stub = tandem::v1::WorkerService::NewStub(
-        grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials()));
+        security::CreateChannel(w.address, ClientSecurity(certs, "admin")));
   }
   absl::Status healthy =
       cluster->WaitHealthy(static_cast<int>(cluster->workers_.size()), absl::Seconds(60));
@@ -225,6 +287,40 @@ absl::Status Cluster::RestartWorker(const std::string& worker_id, int sig) {
     return absl::InternalError(
         absl::StrCat(worker_id, " came back on ", *addr, ", not on ", w->address));
   }
+  // A fresh channel: the old one may sit in gRPC's reconnect backoff after the refused
+  // connections of the restart, failing calls for seconds.
+  w->stub = tandem::v1::WorkerService::NewStub(
+      security::CreateChannel(w->address, ClientSecurity(certs_dir_, "admin")));
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartRouter(int sig) {
+  if (router_process_->Running()) {
+    router_process_->Signal(sig);
+    if (router_process_->Wait(absl::Seconds(30)) == -1) {
+      return absl::DeadlineExceededError("the router did not exit");
+    }
+  }
+  ++router_restarts_;
+  const std::string port_file = absl::StrCat(dir_, "/router.port");
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = router_argv_;
+  argv.push_back(absl::StrCat("--listen=", router_address_));  // the last --listen wins
+  if (internal_address_ != router_address_) {
+    argv.push_back(absl::StrCat("--internal_listen=", internal_address_));
+  }
+  auto process = Process::Spawn(argv, absl::StrCat(dir_, "/router.", router_restarts_, ".log"));
+  if (!process.ok()) return process.status();
+  router_process_ = std::move(*process);
+  auto addr = WaitPortFile(port_file, *router_process_, absl::Seconds(30));
+  if (!addr.ok()) return addr.status();
+  if (*addr != router_address_) {
+    return absl::InternalError(
+        absl::StrCat("the router came back on ", *addr, ", not on ", router_address_));
+  }
+  // A new channel: the old one is in gRPC's reconnect backoff (seconds after a short outage).
+  router_stub_ = tandem::v1::Router::NewStub(
+      security::CreateChannelWithApiKey(router_address_, ClientSecurity(certs_dir_, ""), api_key_));
   return absl::OkStatus();
 }
 

@@ -1,6 +1,11 @@
 // Test harness for multi-process serving tests: spawns the real tandem_router and tandem_worker
 // binaries (from the test's runfiles) on loopback, waits until the router sees every worker
 // healthy, and hands out gRPC stubs. Processes are killed (SIGKILL) when the Cluster goes away.
+//
+// Secure by default (`tls`): certificates from deploy/certs/make_certs.sh (a runfile), the
+// router's public port with TLS and an API key (the router stub sends it with every call), its
+// internal port (mTLS) where the workers register with their role's certificate, and worker
+// stubs that present the admin certificate (Stats). `tls = false` runs everything --insecure.
 #ifndef TANDEM_TESTS_E2E_CLUSTER_H_
 #define TANDEM_TESTS_E2E_CLUSTER_H_
 
@@ -45,7 +50,10 @@ struct ClusterOptions {
   // When set, workers use --load_format=dummy --dummy_config=<this> instead of model_dir.
   std::string dummy_config;
   std::vector<std::string> worker_flags;
+  // Added after worker_flags for the workers of one role (e.g. --tp=2 for the prefill group).
+  std::vector<std::string> prefill_flags, decode_flags, mixed_flags;
   std::vector<std::string> router_flags;
+  bool tls = true;
 };
 
 struct WorkerHandle {
@@ -65,6 +73,12 @@ class Cluster {
 
   tandem::v1::Router::Stub& router() { return *router_stub_; }
   const std::string& router_address() const { return router_address_; }
+  // Where workers register (the router's internal port; router_address() when insecure).
+  const std::string& internal_address() const { return internal_address_; }
+  // With TLS: the certificates' directory (ca.pem, NAME.pem/key, api_key); empty otherwise.
+  const std::string& certs_dir() const { return certs_dir_; }
+  // The public port's API key (empty when insecure).
+  const std::string& api_key() const { return api_key_; }
   std::vector<WorkerHandle>& workers() { return workers_; }
   WorkerHandle* worker(const std::string& id);
   absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& worker_id);
@@ -75,14 +89,29 @@ class Cluster {
   // Waits until the router reports exactly `healthy` healthy workers.
   absl::Status WaitHealthy(int healthy, absl::Duration timeout);
   std::string Logs();
+  // The router process (tests signal it and read its /proc entries).
+  Process& router_process() { return *router_process_; }
+  // Kills the router with `sig` (if running), waits for it to exit, and starts it again with
+  // the same flags on the same address. Returns once it listens; the workers register with it
+  // again on their own (their heartbeats come back unknown). router() is a new stub then (the
+  // old channel would wait out gRPC's reconnect backoff).
+  absl::Status RestartRouter(int sig);
 
  private:
   std::string dir_;
+  std::vector<std::string> router_argv_;  // how the router was started
+  int router_restarts_ = 0;
   std::unique_ptr<Process> router_process_;
   std::string router_address_;
+  std::string internal_address_;
+  std::string certs_dir_;
+  std::string api_key_;
   std::unique_ptr<tandem::v1::Router::Stub> router_stub_;
   std::vector<WorkerHandle> workers_;
 };
+
+// The TLS flags presenting certificate NAME of `certs_dir` ({"--insecure"} when it is empty).
+std::vector<std::string> SecurityFlags(const std::string& certs_dir, const std::string& name);
 
 // Path of a runfile of this workspace (e.g. "runtime/tandem_worker").
 std::string Runfile(const std::string& path);

@@ -7,8 +7,13 @@ exception types (BadRequestError naming the field, NotFoundError), and a stream 
 mid-way releasing every KV block on both workers (their /metrics back to baseline).
 
     openai_client_test.py HTTP_BASE_URL METRICS_URL...
+
+HTTP_BASE_URL is https:// when the cluster runs TLS (up.sh's default): the client trusts the CA in
+$TANDEM_TLS_CA through its own httpx client (verify=). The workers' METRICS_URLs are plain HTTP.
 """
+import os
 import re
+import ssl
 import sys
 import time
 import urllib.request
@@ -17,7 +22,14 @@ import openai
 
 BASE, METRICS = sys.argv[1], sys.argv[2:]
 MODEL = "textmodel"
-client = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=120)
+# The cluster runs with API keys (deploy/local/up.sh's default); the key comes in TANDEM_API_KEY.
+API_KEY = os.environ.get("TANDEM_API_KEY", "unused")
+CA = os.environ.get("TANDEM_TLS_CA")
+http_client = None
+if CA:
+    http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=CA))
+client = openai.OpenAI(base_url=BASE + "/v1", api_key=API_KEY, max_retries=0, timeout=120,
+                       http_client=http_client)
 passed = failed = 0
 
 

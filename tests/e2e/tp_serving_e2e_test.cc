@@ -4,7 +4,8 @@
 //     engine's on the golden fixture; SIGTERM drains the whole group (both rank processes exit);
 //   * SIGKILL of rank 1 mid-stream: the client gets UNAVAILABLE within 5 s, the worker reports
 //     NOT_SERVING and the router stops routing to it;
-//   * --role=prefill with --tp=2 is refused at startup (KV transfer between groups is not built).
+//   * prefill and decode groups of TP 2->1, 1->2, 2->2 equal a mixed worker, each D rank holding
+//     exactly its heads of the KV, moved in bulk.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -112,18 +113,89 @@ TEST(TpServingE2eTest, KillRankOneMidStream) {
   EXPECT_FALSE(r.status.ok()) << "no healthy worker is left";
 }
 
-TEST(TpServingE2eTest, PrefillGroupIsRefusedAtStartup) {
-  const std::string log = absl::StrCat(::testing::TempDir(), "/tp_prefill.log");
-  auto worker = Process::Spawn(
-      {Runfile("runtime/tandem_worker"), "--role=prefill", "--tp=2", "--num_threads=1",
-       absl::StrCat("--model=", Runfile(kModel)), "--listen=127.0.0.1:0"},
-      log);
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  const int status = (*worker)->Wait(absl::Seconds(30));
-  ASSERT_NE(status, -1) << (*worker)->LogTail();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
-  EXPECT_NE((*worker)->LogTail().find("KV transfer between worker groups"), std::string::npos)
-      << (*worker)->LogTail();
+// P and D groups of any tensor-parallel sizes through the router: each D rank pulls its own KV
+// heads from the P ranks that hold them (kvtransfer/rank_reader.h), and the tokens equal a
+// mixed worker's; every D rank received exactly its share of the KV, in bulk (descriptors per
+// load bounded by source ranks x blocks), and no load failed (no recompute).
+TEST(TpServingE2eTest, PrefillAndDecodeGroupsOfAnyTpEqualAMixedWorker) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = RandomPrompts(seed, 5);
+  const auto expected = Reference(prompts);
+  struct Shape {
+    int prefill_tp, decode_tp;
+  };
+  for (const Shape shape : {Shape{2, 1}, Shape{1, 2}, Shape{2, 2}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "P TP=" << shape.prefill_tp << " -> D TP=" << shape.decode_tp);
+    ClusterOptions options;
+    options.model_dir = kModel;
+    options.worker_flags = {"--num_threads=1"};
+    options.prefill_flags = {absl::StrCat("--tp=", shape.prefill_tp)};
+    options.decode_flags = {absl::StrCat("--tp=", shape.decode_tp)};
+    auto started = Cluster::Start(options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    Cluster& cluster = **started;
+    int handed_off = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Result r = Generate(cluster.router(), ToRequest(prompts[i]));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
+      EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
+      handed_off += r.tokens.size() > 1 ? 1 : 0;
+    }
+    absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->kv_load_failures(), 0u) << cluster.Logs();
+    EXPECT_EQ(stats->kv_loads_completed(), static_cast<uint64_t>(handed_off));
+    ASSERT_EQ(stats->kv_bytes_received_per_rank_size(), shape.decode_tp);
+    uint64_t total_blocks = 0;
+    for (const Prompt& p : prompts) total_blocks += (p.ids.size() + 15) / 16;
+    for (int r = 0; r < shape.decode_tp; ++r) {
+      SCOPED_TRACE(testing::Message() << "D rank " << r);
+      // The golden model's 2 KV heads split evenly: every rank keeps the same share.
+      EXPECT_GT(stats->kv_bytes_received_per_rank(r), 0u);
+      EXPECT_EQ(stats->kv_bytes_received_per_rank(r), stats->kv_bytes_received_per_rank(0));
+      EXPECT_GE(stats->kv_bytes_read_per_rank(r), stats->kv_bytes_received_per_rank(r));
+      // Bulk: at most one descriptor per (source rank, block), never per token or head.
+      EXPECT_LE(stats->kv_copy_ops_per_rank(r), shape.prefill_tp * total_blocks);
+    }
+  }
+}
+
+// A decode group's rank killed mid-stream: the client gets UNAVAILABLE within 5 s, the prefill
+// worker's leases go back to none (the decode group had released them after its load), and the
+// group leaves the router's rotation.
+TEST(TpServingE2eTest, KillDecodeRankOneMidStreamFreesThePrefillSide) {
+  ClusterOptions options;
+  options.dummy_config = "llama-100m";
+  options.worker_flags = {"--kv_cache_bytes=134217728", "--num_threads=1"};
+  options.decode_flags = {"--tp=2"};
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  WorkerHandle* decode = cluster.worker("decode-0");
+  ASSERT_NE(decode, nullptr);
+  const std::vector<pid_t> ranks = Children(decode->process->pid());
+  ASSERT_EQ(ranks.size(), 1u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = cluster.router().Generate(&ctx, ToRequest(LongPrompt()));
+  tandem::v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(reader->Read(&msg));  // decoding on the group: its KV came from prefill-0
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(ranks[0], SIGKILL), 0);
+  while (reader->Read(&msg)) {
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "the error must come within seconds";
+  absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->load().kv_blocks_leased(), 0u) << "the prefill side holds nothing";
+  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->status(), tandem::v1::SERVING_STATUS_SERVING);
 }
 
 }  // namespace

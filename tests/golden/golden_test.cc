@@ -186,7 +186,8 @@ TEST_P(GoldenTest, MatchesTransformersAloneBatchedChunkedAndPrefixHit) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values("llama_f32_gqa", "llama_f32_mqa_headdim_bias",
                                            "llama_f32_llama3_tied", "qwen2_f32",
-                                           "llama_f32_old_format", "llama_bf16", "qwen2_f16"));
+                                           "llama_f32_old_format", "llama_bf16", "qwen2_f16",
+                                           "llama_f32_gqa8x4"));
 
 }  // namespace
 }  // namespace tandem::runtime

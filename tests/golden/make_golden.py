@@ -88,6 +88,12 @@ VARIANTS = [
           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
      torch.float16, 8, "As qwen2_f32 (same seed: its weights rounded to f16), stored and computed "
      "in f16 by transformers on the CPU."),
+    ("llama_f32_gqa8x4", LlamaConfig,
+     dict(num_attention_heads=8, num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+     torch.float32, 8, "GQA with 8 query and 4 KV heads, head_dim 16 (q width 128 != hidden 64), "
+     "default RoPE theta 1e4, untied lm_head: enough heads to split over TP 2/4/8 (KV heads "
+     "replicated at 8) and decode context parallelism with TP_A 1/2/4."),
     ("llama_f32_old_format", LlamaConfig,
      dict(num_key_value_heads=2, tie_word_embeddings=False,
           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),

@@ -47,6 +47,13 @@ for variant in llama_f32_gqa llama_f32_mqa_headdim_bias llama_f32_llama3_tied qw
     [[ $tp == 1 ]] || compare_tp "$T/$variant.$tp.jsonl" "$T/$variant.1.jsonl"
   done
 done
+# 8 query / 4 KV heads: KV heads split over 2 and 4 ranks, replicated (2 ranks each) over 8.
+for tp in 1 2 4 8; do
+  echo "llama_f32_gqa8x4 tp=$tp"
+  run llama_f32_gqa8x4 "$tp" "$T/gqa8x4.$tp.jsonl"
+  python3 "$COMPARE" "$T/gqa8x4.$tp.jsonl" "$FIXTURES/llama_f32_gqa8x4/expected.json"
+  [[ $tp == 1 ]] || compare_tp "$T/gqa8x4.$tp.jsonl" "$T/gqa8x4.1.jsonl"
+done
 echo "qwen2_f16 tp=2 vs tp=1"
 run qwen2_f16 1 "$T/f16.1.jsonl"
 run qwen2_f16 2 "$T/f16.2.jsonl"

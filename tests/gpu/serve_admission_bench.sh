@@ -43,13 +43,13 @@ count() { python3 -c "import math; print(max(4, math.ceil($1 * $SCALE)))"; }
 start_cluster() {
   local name=$1; shift
   rm -f "$LOG"/*.port
-  "$R" --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/$name-router.log" 2>&1 &
+  "$R" --insecure --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/$name-router.log" 2>&1 &
   pids+=($!)
   wait_file "$LOG/router.port" || { echo "router did not start"; return 1; }
   ROUTER=$(cat "$LOG/router.port")
   for role in "$@"; do
     # shellcheck disable=SC2086
-    "$W" --role="$role" --worker_id="$name-$role" --backend="$BACKEND" --load_format=dummy \
+    "$W" --insecure --role="$role" --worker_id="$name-$role" --backend="$BACKEND" --load_format=dummy \
       --dummy_config="$MODEL" --router="$ROUTER" --device=0 --kv_cache_bytes="$KV_BYTES" \
       --max_model_len=4096 --listen=127.0.0.1:0 --port_file="$LOG/$role.port" \
       ${EXTRA_WORKER_FLAGS:-} >"$LOG/$name-$role.log" 2>&1 &
@@ -59,7 +59,7 @@ start_cluster() {
     wait_file "$LOG/$role.port" || { tail -20 "$LOG/$name-$role.log"; return 1; }
   done
   for _ in $(seq 1 300); do
-    [[ $("$C" workers --router="$ROUTER" --json 2>/dev/null | grep -o "\"healthy\":true" | wc -l) -ge $# ]] && return 0
+    [[ $("$C" --insecure workers --router="$ROUTER" --json 2>/dev/null | grep -o "\"healthy\":true" | wc -l) -ge $# ]] && return 0
     sleep 0.2
   done
   echo "workers did not become healthy"; return 1

@@ -29,20 +29,20 @@ check() {  # name, command...
 }
 wait_file() { for _ in $(seq 1 600); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
 
-"$R" --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/router.log" 2>&1 &
+"$R" --insecure --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/router.log" 2>&1 &
 pids+=($!)
 wait_file "$LOG/router.port" || { echo "router did not start"; exit 1; }
 ROUTER=$(cat "$LOG/router.port")
 COMMON=(--backend=cuda --load_format=dummy --dummy_config=llama-100m --router="$ROUTER"
         --kv_cache_bytes=1073741824 --listen=127.0.0.1:0)
-"$W" --role=mixed --worker_id=cuda-mixed "${COMMON[@]}" --port_file="$LOG/mixed.port" \
+"$W" --insecure --role=mixed --worker_id=cuda-mixed "${COMMON[@]}" --port_file="$LOG/mixed.port" \
   >"$LOG/mixed.log" 2>&1 &
 pids+=($!)
 wait_file "$LOG/mixed.port" || { echo "mixed worker did not start"; tail "$LOG/mixed.log"; exit 1; }
 sleep 2
-check workers "$C" workers --router="$ROUTER"
+check workers "$C" --insecure workers --router="$ROUTER"
 gen() {  # prompt_ids, max_tokens, tag: the tokens go to $LOG/tokens.TAG
-  "$C" generate --router="$ROUTER" --prompt_ids="$1" --max_tokens="$2" --ignore_eos --json \
+  "$C" --insecure generate --router="$ROUTER" --prompt_ids="$1" --max_tokens="$2" --ignore_eos --json \
     >"$LOG/gen.json" || return 1
   python3 - "$LOG/gen.json" "$2" "$LOG/tokens.$3" <<'PY'
 import json, sys
@@ -61,7 +61,7 @@ same_tokens() {  # run_a run_b: same greedy tokens for the short and the long pr
   done
 }
 kv_moved() {  # decode worker's port file: it received KV over its agent, no load failed
-  "$C" stats --worker="$(cat "$1")" --json >"$LOG/stats.json" || return 1
+  "$C" --insecure stats --worker="$(cat "$1")" --json >"$LOG/stats.json" || return 1
   python3 - "$LOG/stats.json" <<'PY'
 import json, sys
 j = json.loads(open(sys.argv[1]).read())
@@ -78,7 +78,7 @@ check mixed_long_prompt gen "$LONG" 16 mixed_long
 conc() {
   local ps=()
   for i in $(seq 1 16); do
-    "$C" generate --router="$ROUTER" --prompt_ids="$i,$((i+7)),$((i*3+11))" --max_tokens=24 \
+    "$C" --insecure generate --router="$ROUTER" --prompt_ids="$i,$((i+7)),$((i*3+11))" --max_tokens=24 \
       --ignore_eos --json >"$LOG/c$i.json" 2>&1 & ps+=($!)
   done
   for p in "${ps[@]}"; do wait "$p" || return 1; done
@@ -89,13 +89,13 @@ check mixed_concurrent conc
 # through host memory (the P's mirror is read in place by the local D).
 kill "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
 for role in prefill decode; do
-  "$W" --role=$role --worker_id=cuda-$role "${COMMON[@]}" --port_file="$LOG/$role.port" \
+  "$W" --insecure --role=$role --worker_id=cuda-$role "${COMMON[@]}" --port_file="$LOG/$role.port" \
     >"$LOG/$role.log" 2>&1 &
   pids+=($!)
 done
 wait_file "$LOG/prefill.port" && wait_file "$LOG/decode.port" || { tail "$LOG"/{prefill,decode}.log; exit 1; }
 sleep 8  # the router drops the killed mixed worker after its heartbeat timeout
-check pd_workers "$C" workers --router="$ROUTER"
+check pd_workers "$C" --insecure workers --router="$ROUTER"
 check pd_generate gen $SHORT 32 pd_short
 check pd_long_prompt gen "$LONG" 16 pd_long
 check pd_same_tokens_as_mixed same_tokens mixed pd
@@ -112,7 +112,7 @@ else
   for p in "${pids[@]:2}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   dev=0
   for role in prefill decode; do
-    "$W" --role=$role --worker_id=nccl-$role "${COMMON[@]}" --device=$dev --kv_transport=nccl \
+    "$W" --insecure --role=$role --worker_id=nccl-$role "${COMMON[@]}" --device=$dev --kv_transport=nccl \
       --port_file="$LOG/nccl-$role.port" >"$LOG/nccl-$role.log" 2>&1 &
     pids+=($!)
     dev=$((dev + 1))
@@ -123,7 +123,7 @@ else
   workers_nccl() {  # both NCCL workers serving, the stopped UCX ones no longer
     local w
     for _ in $(seq 1 40); do
-      w=$("$C" workers --router="$ROUTER") || return 1
+      w=$("$C" --insecure workers --router="$ROUTER") || return 1
       if grep -q nccl-prefill <<<"$w" && grep -q nccl-decode <<<"$w" &&
          ! grep -qE '^cuda-.* serving ' <<<"$w"; then echo "$w"; return 0; fi
       sleep 0.5

@@ -27,19 +27,19 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
 wait_file() { for _ in $(seq 1 1200); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
-stats() { "$C" stats --worker="$(cat "$1")" --json; }
+stats() { "$C" --insecure stats --worker="$(cat "$1")" --json; }
 
 printf '%-9s %7s %9s %10s %12s %9s %9s %12s\n' transport tokens MiB/req requests \
   load_ms_mean GB/s ttft_ms 2nd_tok_ms
 for transport in ${TRANSPORTS:-ucx nccl}; do
   rm -f "$LOG"/*.port
-  "$R" --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/router-$transport.log" 2>&1 &
+  "$R" --insecure --listen=127.0.0.1:0 --port_file="$LOG/router.port" >"$LOG/router-$transport.log" 2>&1 &
   pids+=($!)
   wait_file "$LOG/router.port" || { echo "router did not start"; exit 1; }
   ROUTER=$(cat "$LOG/router.port")
   dev=0
   for role in prefill decode; do
-    "$W" --role=$role --worker_id=$transport-$role --backend="${BACKEND:-cuda}" --load_format=dummy \
+    "$W" --insecure --role=$role --worker_id=$transport-$role --backend="${BACKEND:-cuda}" --load_format=dummy \
       --dummy_config="$MODEL" --router="$ROUTER" --device=$dev --kv_transport=$transport \
       --kv_cache_bytes=$((6 << 30)) --max_model_len=32768 --listen=127.0.0.1:0 \
       --port_file="$LOG/$role.port" >"$LOG/$transport-$role.log" 2>&1 &
@@ -48,7 +48,7 @@ for transport in ${TRANSPORTS:-ucx nccl}; do
   done
   wait_file "$LOG/prefill.port" && wait_file "$LOG/decode.port" ||
     { tail "$LOG/$transport-prefill.log" "$LOG/$transport-decode.log"; exit 1; }
-  for _ in $(seq 1 100); do "$C" health --router="$ROUTER" >/dev/null 2>&1 && break; sleep 0.2; done
+  for _ in $(seq 1 100); do "$C" --insecure health --router="$ROUTER" >/dev/null 2>&1 && break; sleep 0.2; done
   seed=1
   IFS=, read -ra lens <<<"$LENS"
   for len in 64 "${lens[@]}"; do  # 64: warm-up (peer connection, graphs), not printed
@@ -57,7 +57,7 @@ for transport in ${TRANSPORTS:-ucx nccl}; do
     for _ in $(seq 1 "$REQUESTS"); do
       ids=$(python3 -c "import random,sys; r=random.Random($seed); print(','.join(str(r.randrange(1, 30000)) for _ in range($len)))")
       seed=$((seed + 1))
-      "$C" generate --router="$ROUTER" --prompt_ids="$ids" --max_tokens=2 --ignore_eos --json \
+      "$C" --insecure generate --router="$ROUTER" --prompt_ids="$ids" --max_tokens=2 --ignore_eos --json \
         >>"$LOG/client.jsonl" || { echo "generate failed ($transport, $len)"; exit 1; }
     done
     after=$(stats "$LOG/decode.port") || exit 1

@@ -17,6 +17,13 @@
 #   * link down mid-stream: a long generation (--ignore_eos) is streaming when the decode's veth is
 #     taken down; the client must get an error within 30 s (the time is printed); with the link
 #     up again the decode worker must be healthy and serve a new request (time printed).
+# Everything runs with TLS, as deployed: deploy/certs/make_certs.sh makes a CA, per-role
+# certificates whose SANs are the namespaces' addresses, and an API key; the router serves its
+# public port with TLS + the key and its internal port (worker registration) with mutual TLS,
+# workers use their role's certificate (router -> worker and worker -> worker calls are mTLS),
+# tandem_cli uses the CA + key (an admin certificate for worker stats). Checked too: plain text
+# refused on the router's public port, a worker refuses a client without a certificate and a
+# `client`-role certificate (PERMISSION_DENIED), every daemon logged mutual TLS.
 # Prints `N passed, N failed` and exits non-zero on failure. Cleans up (processes, namespaces,
 # veths, bridge, temp dir) on every exit path.
 #
@@ -49,12 +56,14 @@ else
 fi
 ROUTER_BIN=$bin_dir/router/tandem_router WORKER_BIN=$bin_dir/runtime/tandem_worker
 CLI=$bin_dir/router/tandem_cli
+if [[ -n "${TEST_SRCDIR:-}" ]]; then MAKE_CERTS=$PWD/deploy/certs/make_certs.sh
+else MAKE_CERTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/deploy/certs/make_certs.sh; fi
 show_logs() { :; }
-for f in "$ROUTER_BIN" "$WORKER_BIN" "$CLI"; do
+for f in "$ROUTER_BIN" "$WORKER_BIN" "$CLI" "$MAKE_CERTS"; do
   [[ -x "$f" ]] || abort "missing $f (build //router:tandem_router //runtime:tandem_worker //router:tandem_cli)"
 done
 (( EUID == 0 )) || abort "needs root (network namespaces, tc)"
-for c in ip tc nsenter unshare python3 timeout; do
+for c in ip tc nsenter unshare python3 timeout openssl; do
   command -v "$c" > /dev/null || abort "needs $c"
 done
 
@@ -160,7 +169,28 @@ start() {
   last_pid=$!
   pids+=("$last_pid")
 }
-PORT=7000 WPORT=7100
+PORT=7000 IPORT=7001 WPORT=7100
+
+# ---- certificates: CA, one per role, SANs = the namespaces' addresses; an API key -------------
+CERTS=$T/certs
+"$MAKE_CERTS" "$CERTS" --hosts="$net.10,$net.11,$net.12,$net.13" --api_key > "$T/make_certs.log" 2>&1 ||
+  abort "make_certs.sh failed: $(cat "$T/make_certs.log")"
+san_missing=()
+for r in router prefill decode mixed; do
+  for k in r p d m; do
+    openssl x509 -in "$CERTS/$r.pem" -noout -checkip "${ADDR[$k]}" | grep -q 'does match' ||
+      san_missing+=("$r:${ADDR[$k]}")
+  done
+done
+(( ${#san_missing[@]} == 0 )) && ok "certificates (make_certs.sh): router/prefill/decode/mixed SANs cover ${ADDR[*]}" ||
+  abort "certificate SANs missing: ${san_missing[*]}"
+tls() { echo --tls_cert="$CERTS/$1.pem" --tls_key="$CERTS/$1.key" --tls_ca="$CERTS/ca.pem"; }  # (no spaces in $T)
+# tandem_cli on the public port: TLS with the CA + the API key (from the environment); on a
+# worker: an admin certificate.
+export TANDEM_API_KEY
+TANDEM_API_KEY=$(cat "$CERTS/api_key")
+PUB_CLI=("$CLI" --tls_ca="$CERTS/ca.pem")
+ADMIN_CLI=("$CLI" $(tls admin))
 read -r -a EXTRA <<< "${TANDEM_MULTIHOST_UCX_FLAGS:-}"
 MODEL=(--backend=cpu --load_format=dummy --dummy_config=tiny --dummy_seed=0 --num_threads=1)
 
@@ -171,7 +201,7 @@ P3=$(python3 -c "print(','.join(str(3 + (i * 37) % 250) for i in range(100)))")
 PLONG=$(python3 -c "print(','.join(str(3 + (i * 131 + i // 7) % 250) for i in range(1500)))")
 PROMPTS=(P1 P2 P3 PLONG)
 gen_tokens() {  # gen_tokens ROUTER PROMPT MAX OUT: tokens (comma list) in OUT, JSON in OUT.json
-  timeout 60 "$CLI" generate --router="$1" --prompt_ids="$2" --max_tokens="$3" --ignore_eos --json \
+  timeout 60 "${PUB_CLI[@]}" generate --router="$1" --prompt_ids="$2" --max_tokens="$3" --ignore_eos --json \
     --timeout_ms=50000 > "$4.json" 2> "$4.err" || return 1
   python3 - "$4.json" "$3" "$4" <<'PY'
 import json, sys
@@ -183,16 +213,17 @@ open(sys.argv[3], "w").write(",".join(map(str, toks)))
 PY
 }
 stats() {  # stats WORKER_ADDR FIELD: one numeric WorkerStats field (proto JSON prints uint64 as strings)
-  timeout 15 "$CLI" stats --worker="$1" --json --timeout_ms=10000 2> /dev/null |
+  timeout 15 "${ADMIN_CLI[@]}" stats --worker="$1" --json --timeout_ms=10000 2> /dev/null |
     python3 -c "import json,sys; print(int(json.load(sys.stdin).get('$2', 0)))"
 }
-workers_json() { timeout 15 "$CLI" workers --router="$1" --json --timeout_ms=10000 2> /dev/null; }
+workers_json() { timeout 15 "${PUB_CLI[@]}" workers --router="$1" --json --timeout_ms=10000 2> /dev/null; }
 
 # ---- reference: one mixed worker (own router) in the "mixed" namespace ------------------------
 REF_ROUTER=${ADDR[m]}:$PORT
-start m ref_router "$ROUTER_BIN" --listen="$REF_ROUTER"
-start m mixed "$WORKER_BIN" --role=mixed --worker_id=mixed0 --listen="${ADDR[m]}:$WPORT" \
-  --router="$REF_ROUTER" --metrics_listen="${ADDR[m]}:0" "${MODEL[@]}" "${EXTRA[@]}"
+start m ref_router "$ROUTER_BIN" --listen="$REF_ROUTER" --internal_listen="${ADDR[m]}:$IPORT" \
+  $(tls router) --api_key_file="$CERTS/api_keys"
+start m mixed "$WORKER_BIN" $(tls mixed) --role=mixed --worker_id=mixed0 --listen="${ADDR[m]}:$WPORT" \
+  --router="${ADDR[m]}:$IPORT" --metrics_listen="${ADDR[m]}:0" "${MODEL[@]}" "${EXTRA[@]}"
 ref_ready() { workers_json "$REF_ROUTER" | grep -q '"role":"mixed".*"healthy":true'; }
 wait_until 40 ref_ready || abort "the reference mixed worker did not become healthy: $(workers_json "$REF_ROUTER")"
 for p in "${PROMPTS[@]}"; do
@@ -206,18 +237,20 @@ for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
 pids=()
 
 # ---- the disaggregated cluster: router, prefill, decode on three "hosts" ----------------------
-ROUTER=${ADDR[r]}:$PORT
+ROUTER=${ADDR[r]}:$PORT ROUTER_INTERNAL=${ADDR[r]}:$IPORT
 PREFILL=${ADDR[p]}:$WPORT DECODE=${ADDR[d]}:$WPORT
-start r router "$ROUTER_BIN" --listen="$ROUTER"
+start r router "$ROUTER_BIN" --listen="$ROUTER" --internal_listen="$ROUTER_INTERNAL" $(tls router) \
+  --api_key_file="$CERTS/api_keys"
 router_pid=$last_pid
-wait_until 20 bash -c "timeout 5 '$CLI' workers --router='$ROUTER' --timeout_ms=3000 > /dev/null 2>&1" ||
-  abort "router did not come up at $ROUTER"
-# prefill: wildcard --listen + --advertise_address; decode: its own address.
-start p prefill "$WORKER_BIN" --role=prefill --worker_id=prefill0 --listen="0.0.0.0:$WPORT" \
-  --advertise_address="${ADDR[p]}" --router="$ROUTER" --metrics_listen="${ADDR[p]}:0" \
+router_up() { timeout 5 "${PUB_CLI[@]}" workers --router="$ROUTER" --timeout_ms=3000 > /dev/null 2>&1; }
+wait_until 20 router_up || abort "router did not come up at $ROUTER"
+# prefill: wildcard --listen + --advertise_address; decode: its own address. Both register on the
+# router's internal (mTLS) port.
+start p prefill "$WORKER_BIN" $(tls prefill) --role=prefill --worker_id=prefill0 --listen="0.0.0.0:$WPORT" \
+  --advertise_address="${ADDR[p]}" --router="$ROUTER_INTERNAL" --metrics_listen="${ADDR[p]}:0" \
   "${MODEL[@]}" "${EXTRA[@]}"
-start d decode "$WORKER_BIN" --role=decode --worker_id=decode0 --listen="$DECODE" \
-  --router="$ROUTER" --metrics_listen="${ADDR[d]}:0" "${MODEL[@]}" "${EXTRA[@]}"
+start d decode "$WORKER_BIN" $(tls decode) --role=decode --worker_id=decode0 --listen="$DECODE" \
+  --router="$ROUTER_INTERNAL" --metrics_listen="${ADDR[d]}:0" "${MODEL[@]}" "${EXTRA[@]}"
 decode_pid=$last_pid
 both_healthy() {
   local j
@@ -242,6 +275,19 @@ ws = {w["role"]: w["address"] for w in json.loads(sys.argv[1])["workers"]}
 print("  workers:", ws)
 sys.exit(0 if ws.get("prefill") == sys.argv[2] and ws.get("decode") == sys.argv[3] else 1)
 PY
+
+# ---- the planes refuse what they must ----------------------------------------------------------
+out=$(timeout 10 "$CLI" --insecure workers --router="$ROUTER" --timeout_ms=5000 2>&1) &&
+  bad "plain text accepted on the router's public port: $out" || ok "router's public port refuses plain text"
+out=$(timeout 10 "$CLI" --tls_ca="$CERTS/ca.pem" stats --worker="$DECODE" --timeout_ms=5000 2>&1) &&
+  bad "decode worker answered a client without a certificate: $out" ||
+  ok "decode worker refuses a client without a certificate ($(head -c 80 <<< "$out"))"
+out=$(timeout 10 "$CLI" $(tls client) stats --worker="$DECODE" --timeout_ms=5000 2>&1)
+[[ $? != 0 && "$out" == *PERMISSION_DENIED* ]] && ok "decode worker: a 'client' certificate gets PERMISSION_DENIED for Stats" ||
+  bad "decode worker, 'client' certificate: $out"
+no_tls=()
+for f in router prefill decode; do grep -q 'mutual TLS with the cluster CA' "$T/$f.log" || no_tls+=("$f"); done
+(( ${#no_tls[@]} == 0 )) && ok "router, prefill and decode run mutual TLS (their logs)" || bad "no 'mutual TLS' in the logs of ${no_tls[*]}"
 
 # ---- P -> D tokens equal the mixed worker's; the decode worker loaded the KV ------------------
 veth_tx() { cat "/sys/class/net/$(hveth d)/statistics/tx_bytes"; }   # bytes sent INTO decode
@@ -283,7 +329,7 @@ kvc=$(stats "$DECODE" kv_loads_completed)
 if [[ -n "$kvb" && -n "$kvf" ]] && (( kvb > 0 && kvf == 0 && kvc >= ${#PROMPTS[@]} )); then
   ok "decode stats: kv_bytes_received=$kvb kv_loads_completed=$kvc kv_load_failures=$kvf (no recompute fallback)"
 else
-  bad "decode stats: kv_bytes_received=$kvb kv_loads_completed=$kvc kv_load_failures=$kvf ($(timeout 10 "$CLI" stats --worker="$DECODE" --json 2>&1 | head -c 600))"
+  bad "decode stats: kv_bytes_received=$kvb kv_loads_completed=$kvc kv_load_failures=$kvf ($(timeout 10 "${ADMIN_CLI[@]}" stats --worker="$DECODE" --json 2>&1 | head -c 600))"
 fi
 long_kv pd 1
 fast_us=${LAST_KV_US:-0}
@@ -307,7 +353,7 @@ fi
 # ---- link down mid-stream ---------------------------------------------------------------------
 ntok() { tr -s ' \n' '\n\n' < "$1" | grep -c '^[0-9]'; }
 stream_out=$T/stream.out stream_err=$T/stream.err
-timeout 120 "$CLI" generate --router="$ROUTER" --prompt_ids="$P1" --max_tokens=2000 --ignore_eos \
+timeout 120 "${PUB_CLI[@]}" generate --router="$ROUTER" --prompt_ids="$P1" --max_tokens=2000 --ignore_eos \
   --timeout_ms=110000 > "$stream_out" 2> "$stream_err" &
 cli_pid=$!
 pids+=("$cli_pid")

@@ -16,6 +16,7 @@ _PKG_TARGETS = {
     "absl_synchronization": (["absl_synchronization"], []),
     "absl_time": (["absl_time", "absl_time_zone"], []),
     "crypto": (["libcrypto"], []),  # OpenSSL: SHA-256 for prefix-cache block hashes
+    "ssl": (["libssl", "libcrypto"], []),  # OpenSSL TLS: HTTPS in common/http
     "glog": (["libglog", "gflags"], []),
     "grpc++": (["grpc++", "protobuf"], []),
     # Header-only (config.json, safetensors headers); the target documents the dependency.

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make_certs.sh: every certificate verifies against its CA, carries its role (URI SAN + OU) and
+# the requested SANs; a second run changes nothing; new hosts re-issue the leaves but keep the CA;
+# another CA's certificates do not verify.
+set -euo pipefail
+script="$1"
+out="$TEST_TMPDIR/certs"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$script" "$out" --hosts=10.1.2.3,node-a --cert=prefill-1:prefill --api_key > /dev/null
+for spec in router:router prefill:prefill decode:decode mixed:mixed admin:admin client:client \
+            prefill-1:prefill; do
+  name="${spec%%:*}" role="${spec#*:}"
+  openssl verify -CAfile "$out/ca.pem" "$out/$name.pem" > /dev/null || fail "$name does not verify"
+  text="$(openssl x509 -in "$out/$name.pem" -noout -text)"
+  grep -q "URI:spiffe://tandem/role/$role" <<< "$text" || fail "$name: no role URI"
+  grep -q "OU *= *$role" <<< "$text" || fail "$name: no OU=$role"
+  grep -q "CN *= *$name" <<< "$text" || fail "$name: CN"
+  for san in "DNS:localhost" "IP Address:127.0.0.1" "IP Address:10.1.2.3" "DNS:node-a"; do
+    grep -q "$san" <<< "$text" || fail "$name: missing SAN $san"
+  done
+  grep -q "TLS Web Server Authentication, TLS Web Client Authentication" <<< "$text" ||
+    fail "$name: extended key usage"
+  grep -q "CA:FALSE" <<< "$text" || fail "$name: leaf is a CA"
+  # The key is the certificate's.
+  [[ "$(openssl x509 -in "$out/$name.pem" -noout -pubkey)" == \
+     "$(openssl pkey -in "$out/$name.key" -pubout)" ]] || fail "$name: key mismatch"
+  [[ "$(stat -c %a "$out/$name.key")" == 600 ]] || fail "$name.key is not 0600"
+done
+grep -q "^tk-[0-9a-f]\{48\} local admin$" "$out/api_keys" || fail "api_keys format"
+[[ "$(cat "$out/api_key")" == "$(awk '/^tk-/ {print $1}' "$out/api_keys")" ]] || fail "api_key"
+
+# Idempotent: a second run prints nothing and changes no file.
+before="$(cd "$out" && sha256sum ./*)"
+[[ -z "$("$script" "$out" --hosts=10.1.2.3,node-a --cert=prefill-1:prefill --api_key)" ]] ||
+  fail "second run re-issued something"
+[[ "$(cd "$out" && sha256sum ./*)" == "$before" ]] || fail "second run changed files"
+
+# New hosts: leaves re-issued with them, the CA kept (old leaves' peers still trust it).
+ca_before="$(sha256sum < "$out/ca.pem")"
+"$script" "$out" --hosts=10.9.9.9 > /dev/null
+[[ "$(sha256sum < "$out/ca.pem")" == "$ca_before" ]] || fail "CA changed"
+openssl x509 -in "$out/router.pem" -noout -text | grep -q "IP Address:10.9.9.9" ||
+  fail "router not re-issued for the new host"
+openssl verify -CAfile "$out/ca.pem" "$out/router.pem" > /dev/null || fail "re-issued router"
+
+# Another CA's certificates are not ours.
+"$script" "$TEST_TMPDIR/other" > /dev/null
+if openssl verify -CAfile "$out/ca.pem" "$TEST_TMPDIR/other/router.pem" > /dev/null 2>&1; then
+  fail "a certificate from another CA verifies"
+fi
+# Bad arguments are refused.
+if "$script" "$out" --cert=x:root > /dev/null 2>&1; then fail "unknown role accepted"; fi
+if "$script" "$out" --days=1 > /dev/null 2>&1; then fail "--days=1 accepted"; fi
+echo PASS

@@ -1,0 +1,282 @@
+// The router's planes and authentication against a real tandem_router process with TLS
+// (certificates from deploy/certs/make_certs.sh): API keys on the public port, WorkerRegistry
+// only on the internal mTLS port and only for worker roles, ListWorkers as an admin call, request
+// ids and Router.Abort scoped to the caller's key, workers' WorkerService only for the router.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/security/grpc_security.h"
+#include "common/security/test_certs.h"
+#include "gtest/gtest.h"
+#include "router/fake_worker.h"
+#include "tandem/v1/router.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+namespace {
+
+using security::MakeTestCerts;
+using security::SecurityConfig;
+using security::TestCerts;
+
+constexpr char kAlice[] = "sk-alice-0123456789abcdef";
+constexpr char kBob[] = "sk-bob-0123456789abcdef";
+constexpr char kOps[] = "sk-ops-0123456789abcdef";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// tandem_router as a child process; SIGKILLed when destroyed.
+class RouterProcess {
+ public:
+  explicit RouterProcess(const std::vector<std::string>& argv, const std::string& log) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~RouterProcess() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+std::string WaitForFile(const std::string& path) {
+  for (int i = 0; i < 600 && ReadFile(path).empty(); ++i) absl::SleepFor(absl::Milliseconds(50));
+  return ReadFile(path);
+}
+
+class RouterSecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<TestCerts> certs = MakeTestCerts("cluster");
+    absl::StatusOr<TestCerts> other = MakeTestCerts("other");
+    ASSERT_TRUE(certs.ok() && other.ok());
+    certs_ = new TestCerts(*certs);
+    other_ = new TestCerts(*other);
+    const std::string dir = std::getenv("TEST_TMPDIR");
+    std::ofstream(dir + "/keys") << kAlice << " alice\n"
+                                 << kBob << " bob\n"
+                                 << kOps << " ops admin\n";
+    const std::string srcdir = std::getenv("TEST_SRCDIR");
+    router_ = new RouterProcess(
+        {srcdir + "/tandem/router/tandem_router", "--listen=127.0.0.1:0",
+         "--internal_listen=127.0.0.1:0", "--port_file=" + dir + "/public.port",
+         "--internal_port_file=" + dir + "/internal.port", "--heartbeat_interval_ms=50",
+         "--tls_cert=" + certs_->Pem("router"), "--tls_key=" + certs_->Key("router"),
+         "--tls_ca=" + certs_->Ca(), "--api_key_file=" + dir + "/keys"},
+        dir + "/router.log");
+    public_ = new std::string(WaitForFile(dir + "/public.port"));
+    internal_ = new std::string(WaitForFile(dir + "/internal.port"));
+    ASSERT_FALSE(public_->empty() || internal_->empty()) << ReadFile(dir + "/router.log");
+  }
+  static void TearDownTestSuite() { delete router_; }
+
+  // A client of the public port: TLS trusting the CA, no certificate.
+  static SecurityConfig PublicClient() {
+    SecurityConfig c = certs_->Config("client");
+    c.tls.cert_pem.clear();
+    c.tls.key_pem.clear();
+    return c;
+  }
+  static std::unique_ptr<v1::Router::Stub> RouterStub(const std::string& address,
+                                                      const SecurityConfig& config,
+                                                      const std::string& key = "") {
+    return v1::Router::NewStub(security::CreateChannelWithApiKey(address, config, key));
+  }
+  static grpc::Status Health(const std::string& key) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::HealthResponse resp;
+    return RouterStub(*public_, PublicClient(), key)->Health(&ctx, v1::HealthRequest(), &resp);
+  }
+  static grpc::Status ListWorkers(const std::string& address, const SecurityConfig& config,
+                                  const std::string& key, v1::ListWorkersResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return RouterStub(address, config, key)->ListWorkers(&ctx, v1::ListWorkersRequest(), resp);
+  }
+  static grpc::Status Register(const std::string& address, const SecurityConfig& config,
+                               v1::WorkerRole role) {
+    auto stub = v1::WorkerRegistry::NewStub(security::CreateChannel(address, config));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::RegisterWorkerRequest req;
+    req.mutable_info()->set_worker_id("intruder");
+    req.mutable_info()->set_address("127.0.0.1:1");
+    req.mutable_info()->set_role(role);
+    req.mutable_info()->set_model_id("m");
+    req.mutable_info()->set_vocab_size(100);
+    req.mutable_info()->set_max_model_len(100);
+    req.mutable_info()->set_block_size(16);
+    v1::RegisterWorkerResponse resp;
+    return stub->RegisterWorker(&ctx, req, &resp);
+  }
+  std::unique_ptr<FakeWorker> StartWorker(const std::string& id, v1::WorkerRole role,
+                                          const std::string& cert, absl::Duration token_delay) {
+    FakeWorkerOptions o;
+    o.worker_id = id;
+    o.role = role;
+    o.router_address = *internal_;
+    o.security = certs_->Config(cert);
+    o.token_delay = token_delay;
+    absl::StatusOr<std::unique_ptr<FakeWorker>> w = FakeWorker::Start(o);
+    EXPECT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE((*w)->WaitForHeartbeats(1, absl::Seconds(30))) << id;
+    return *std::move(w);
+  }
+
+  static TestCerts* certs_;
+  static TestCerts* other_;
+  static RouterProcess* router_;
+  static std::string* public_;
+  static std::string* internal_;
+};
+TestCerts* RouterSecurityTest::certs_ = nullptr;
+TestCerts* RouterSecurityTest::other_ = nullptr;
+RouterProcess* RouterSecurityTest::router_ = nullptr;
+std::string* RouterSecurityTest::public_ = nullptr;
+std::string* RouterSecurityTest::internal_ = nullptr;
+
+TEST_F(RouterSecurityTest, PublicPortNeedsAValidKey) {
+  EXPECT_TRUE(Health(kAlice).ok());
+  for (const std::string& key :
+       {std::string(), std::string("sk-alice-0123456789abcdeX"), std::string(kAlice) + "x"}) {
+    grpc::Status s = Health(key);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << key;
+    EXPECT_EQ(s.error_message(), "authentication failed") << key;
+  }
+  // Plain text is not spoken on the TLS port.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::HealthResponse resp;
+  EXPECT_EQ(
+      RouterStub(*public_, SecurityConfig())->Health(&ctx, v1::HealthRequest(), &resp).error_code(),
+      grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(RouterSecurityTest, NoInternalRpcOnThePublicPort) {
+  // Even a valid worker certificate cannot register through the public port.
+  EXPECT_EQ(Register(*public_, certs_->Config("prefill"), v1::WORKER_ROLE_PREFILL).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  v1::ListWorkersResponse list;
+  EXPECT_EQ(ListWorkers(*public_, PublicClient(), kAlice, &list).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(ListWorkers(*public_, PublicClient(), kOps, &list).ok());  // an admin key
+}
+
+TEST_F(RouterSecurityTest, InternalPortChecksCertificatesAndRoles) {
+  v1::ListWorkersResponse list;
+  EXPECT_TRUE(ListWorkers(*internal_, certs_->Config("admin"), "", &list).ok());
+  for (const char* who : {"prefill", "decode", "mixed", "router", "client"}) {
+    grpc::Status s = ListWorkers(*internal_, certs_->Config(who), "", &list);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << who;
+    EXPECT_EQ(s.error_message(), "permission denied") << who;
+  }
+  for (const char* who : {"admin", "client", "router"}) {
+    EXPECT_EQ(Register(*internal_, certs_->Config(who), v1::WORKER_ROLE_PREFILL).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << who;
+  }
+  // A prefill certificate may not register a decode worker.
+  EXPECT_EQ(Register(*internal_, certs_->Config("prefill"), v1::WORKER_ROLE_DECODE).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Another CA's prefill certificate, no certificate, plain text: refused at the handshake.
+  SecurityConfig rogue = other_->Config("prefill");
+  rogue.tls.ca_pem = certs_->Config("prefill").tls.ca_pem;
+  EXPECT_EQ(Register(*internal_, rogue, v1::WORKER_ROLE_PREFILL).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Register(*internal_, PublicClient(), v1::WORKER_ROLE_PREFILL).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Register(*internal_, SecurityConfig(), v1::WORKER_ROLE_PREFILL).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  ASSERT_TRUE(ListWorkers(*internal_, certs_->Config("admin"), "", &list).ok());
+  for (const auto& w : list.workers()) EXPECT_NE(w.info().worker_id(), "intruder");
+}
+
+TEST_F(RouterSecurityTest, ServesAndScopesRequestIdsToTheKey) {
+  std::unique_ptr<FakeWorker> p =
+      StartWorker("p0", v1::WORKER_ROLE_PREFILL, "prefill", absl::ZeroDuration());
+  std::unique_ptr<FakeWorker> d =
+      StartWorker("d0", v1::WORKER_ROLE_DECODE, "decode", absl::Milliseconds(20));
+  // Alice's long request, id "job".
+  auto alice = RouterStub(*public_, PublicClient(), kAlice);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  v1::GenerateRequest req;
+  req.set_request_id("job");
+  req.add_prompt_token_ids(5);
+  req.mutable_sampling()->set_max_tokens(2000);
+  req.mutable_sampling()->set_ignore_eos(true);
+  auto reader = alice->Generate(&ctx, req);
+  v1::GenerateResponse chunk;
+  ASSERT_TRUE(reader->Read(&chunk));  // the first token: the request is in flight
+  EXPECT_EQ(chunk.request_id(), "job");
+  // Bob knows the id but cannot abort it; he may use the same id himself.
+  auto abort = [&](const char* key) {
+    grpc::ClientContext actx;
+    v1::AbortRequest areq;
+    areq.set_request_id("job");
+    v1::AbortResponse aresp;
+    EXPECT_TRUE(RouterStub(*public_, PublicClient(), key)->Abort(&actx, areq, &aresp).ok());
+    return aresp.found();
+  };
+  EXPECT_FALSE(abort(kBob));
+  {
+    grpc::ClientContext bctx;
+    v1::GenerateRequest breq = req;
+    breq.mutable_sampling()->set_max_tokens(3);
+    auto bob = RouterStub(*public_, PublicClient(), kBob)->Generate(&bctx, breq);
+    int tokens = 0;
+    while (bob->Read(&chunk)) {
+      EXPECT_EQ(chunk.request_id(), "job");
+      tokens += chunk.token_ids_size();
+    }
+    EXPECT_TRUE(bob->Finish().ok());
+    EXPECT_EQ(tokens, 3);
+  }
+  ASSERT_TRUE(reader->Read(&chunk));  // Alice's stream goes on
+  EXPECT_NE(chunk.finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_TRUE(abort(kAlice));
+  v1::FinishReason last = v1::FINISH_REASON_UNSPECIFIED;
+  while (reader->Read(&chunk)) last = chunk.finish_reason();
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(last, v1::FINISH_REASON_ABORTED);
+  // The fake worker's WorkerService admits only the router's certificate.
+  auto worker =
+      v1::WorkerService::NewStub(security::CreateChannel(d->address(), certs_->Config("decode")));
+  grpc::ClientContext wctx;
+  v1::AbortResponse wresp;
+  EXPECT_EQ(worker->Abort(&wctx, v1::AbortRequest(), &wresp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+}  // namespace
+}  // namespace tandem::router
