@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/http/prometheus.h"
 
 namespace tandem::kvtransfer {
 
@@ -116,6 +117,9 @@ struct KvConnectorStats {
   // Completed loads, summed: from posting the read to the poll (GetFinished) that saw it end,
   // i.e. the wait a request had for its KV. Mean load time = load_micros / loads_completed.
   uint64_t load_micros = 0;
+  // The same loads one by one (seconds, posting to end; http::LatencyBuckets): the workers'
+  // tandem:kv_transfer_duration_seconds. Empty (no bounds) from a connector that keeps none.
+  http::HistogramSnapshot load_seconds;
 };
 
 class KvConnector {

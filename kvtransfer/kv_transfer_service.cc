@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_keepalive.h"
 #include "common/grpc_status.h"
 #include "common/security/grpc_security.h"
 #include "glog/logging.h"
@@ -246,6 +247,9 @@ absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> PeerLinks::
   // seconds after it came back; every request in that window recomputed on D and left its lease
   // held on the new source until expiry (tests/reliability fault_test, KillPrefillDuringKvRead).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A source whose link goes silent fails the lease RPCs open on it in ~1-2 s (the worker's
+  // server accepts these pings: common/grpc_keepalive.h).
+  EnableKeepalive(args);
   auto channel = security::CreateInternalChannel(handle.transfer_endpoint(), args);
   return std::shared_ptr<tandem::v1::KvTransferService::Stub>(
       tandem::v1::KvTransferService::NewStub(channel));

@@ -341,8 +341,10 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
       ++stats_.loads_completed;
       stats_.bytes_loaded += load.bytes;
       // Not `now`: callers may pass a time taken before this step's StartLoad.
-      stats_.load_micros += static_cast<uint64_t>(
-          std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - load.posted)));
+      const int64_t micros =
+          std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - load.posted));
+      stats_.load_micros += static_cast<uint64_t>(micros);
+      load_seconds_.Observe(static_cast<double>(micros) / 1e6);
     } else {
       absl::Status why = !load.cancel_reason.ok() ? load.cancel_reason : state.status();
       FailLoadLocked(request_id, load, std::move(why));
@@ -366,6 +368,7 @@ bool PullKvConnector::HasPendingLoads() const {
 KvConnectorStats PullKvConnector::Stats() const {
   absl::MutexLock lock(&mu_);
   KvConnectorStats stats = stats_;
+  stats.load_seconds = load_seconds_.Snapshot();
   stats.leases_active = leases_.size();
   for (const auto& [id, lease] : leases_) stats.blocks_leased += lease.num_blocks;
   return stats;

@@ -178,6 +178,7 @@ class PullKvConnector : public KvConnector {
   std::vector<int64_t> unstarted_ ABSL_GUARDED_BY(mu_);  // registered, not yet in a step meta
   std::vector<LoadError> errors_ ABSL_GUARDED_BY(mu_);
   KvConnectorStats stats_ ABSL_GUARDED_BY(mu_);
+  http::Histogram load_seconds_{http::LatencyBuckets()};  // completed loads (thread-safe)
 };
 
 }  // namespace tandem::kvtransfer

@@ -122,6 +122,14 @@ absl::Status GenerateCall::Run() {
     std::erase_if(snap.candidates,
                   [&](const RouteCandidate& c) { return excluded.contains(c.worker_id); });
     ASSIGN_OR_RETURN(RoutePlan plan, ChooseRoute(snap.candidates));
+    if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+      if (plan.disaggregated()) {
+        metrics->RecordRouting(plan.prefill_worker, v1::WORKER_ROLE_PREFILL);
+        metrics->RecordRouting(plan.decode_worker, v1::WORKER_ROLE_DECODE);
+      } else {
+        metrics->RecordRouting(plan.mixed_worker, v1::WORKER_ROLE_MIXED);
+      }
+    }
     Outcome out = plan.disaggregated() ? RunDisaggregated(plan, snap) : RunMixed(plan, snap);
     // Router.Abort wins over whatever the interrupted call reported.
     if (!out.status.ok() && flight_.cancel_reason().code() == absl::StatusCode::kAborted) {
@@ -240,6 +248,9 @@ absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
       if (next.has_value()) {
         absl::StatusOr<WorkerRef> ref = orch_.registry().BeginCall(*next);
         if (ref.ok()) {
+          if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+            metrics->RecordRouting(*next, v1::WORKER_ROLE_DECODE);
+          }
           LOG(WARNING) << "request " << flight_.id() << ": decode worker " << decode->id()
                        << " failed (" << s << "); retrying on " << *next;
           decode = std::make_unique<WorkerSlot>(&orch_.registry(), *std::move(ref));

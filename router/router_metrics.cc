@@ -1,5 +1,9 @@
 #include "router/router_metrics.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
@@ -26,6 +30,11 @@ void RouterMetrics::RecordInterToken(absl::Duration gap) {
   itl_.Observe(absl::ToDoubleSeconds(gap));
 }
 
+void RouterMetrics::RecordRouting(const std::string& worker_id, v1::WorkerRole role) {
+  absl::MutexLock lock(&mu_);
+  ++routed_[{worker_id, static_cast<int>(role)}];
+}
+
 std::string RouterMetrics::Render(const v1::ListWorkersResponse& workers, int64_t in_flight) const {
   http::PrometheusText p;
   p.Gauge("tandem:router_requests_in_flight", "Requests the router is serving now.", in_flight);
@@ -37,6 +46,17 @@ std::string RouterMetrics::Render(const v1::ListWorkersResponse& workers, int64_
     }
     p.Counter("tandem:prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
     p.Counter("tandem:generation_tokens_total", "Tokens streamed to clients.", generation_tokens_);
+    std::vector<std::pair<std::string, int>> routed;
+    for (const auto& [key, n] : routed_) routed.push_back(key);
+    std::sort(routed.begin(), routed.end());
+    for (const auto& key : routed) {
+      p.Counter(
+          "tandem:routing_decisions_total",
+          "Requests routed to a worker, by the role it served them in (a retry counts again).",
+          routed_.at(key),
+          {{"worker_id", key.first},
+           {"role", v1::WorkerRole_Name(static_cast<v1::WorkerRole>(key.second))}});
+    }
   }
   p.Histogram("tandem:time_to_first_token_seconds", "Time from arrival to the first token.",
               ttft_.Snapshot());

@@ -1,7 +1,8 @@
 // RouterMetrics: what the router measures of the requests it serves (gRPC and HTTP alike: the
 // Orchestrator records them) and renders with the registry's view of the workers as Prometheus
 // text (`GET /metrics` on --metrics_listen): time to first token, end-to-end latency and
-// inter-token gap histograms, requests by outcome, tokens, and per-worker health/load gauges.
+// inter-token gap histograms, requests by outcome, tokens, per-worker health/load gauges, and
+// the routing decisions (which worker was chosen, for which role).
 // Names follow vLLM's with the `tandem:` prefix.
 //
 // Thread safety: thread-safe.
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -29,6 +31,9 @@ class RouterMetrics {
                      int64_t prompt_tokens, const absl::Status& status);
   // The gap between two consecutive chunks of one stream.
   void RecordInterToken(absl::Duration gap);
+  // The router chose `worker_id` to serve a request as `role` (PREFILL / DECODE of a P/D pair,
+  // MIXED for a whole request); a retry on another worker is a decision of its own.
+  void RecordRouting(const std::string& worker_id, v1::WorkerRole role);
   // The families above plus the workers' (`workers`: the registry's ListWorkers answer) and the
   // requests in flight now.
   std::string Render(const v1::ListWorkersResponse& workers, int64_t in_flight) const;
@@ -39,6 +44,7 @@ class RouterMetrics {
   absl::flat_hash_map<std::string, uint64_t> outcomes_ ABSL_GUARDED_BY(mu_);
   uint64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::pair<std::string, int>, uint64_t> routed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::router

@@ -38,6 +38,41 @@ TEST(RouterMetricsTest, CountsRequestsLatenciesAndWorkers) {
       << text;
   // Inter-token gaps: each stream of 5 tokens in chunks gives (chunks - 1) gaps, at least 0.
   EXPECT_NE(text.find("tandem:inter_token_latency_seconds_count "), std::string::npos);
+  // Every request was routed to m, the refused one too (the vocabulary is the worker's: it is
+  // checked against the chosen worker).
+  EXPECT_TRUE(Has(
+      text,
+      absl::StrCat("tandem:routing_decisions_total{worker_id=\"m\",role=\"WORKER_ROLE_MIXED\"} ",
+                   n + 1)))
+      << text;
+}
+
+// A P/D pair: each request is one prefill and one decode decision; both workers are healthy.
+TEST(RouterMetricsTest, CountsRoutingDecisionsOfAPrefillDecodePair) {
+  RouterHarness harness;
+  harness.AddWorker("p", v1::WORKER_ROLE_PREFILL);
+  harness.AddWorker("d", v1::WORKER_ROLE_DECODE);
+  const int n = 4;
+  for (int i = 0; i < n; ++i) {
+    StreamResult r = harness.Generate(MakeRequest({1, 2, 3, 4}, 5));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  const std::string text = harness.server().MetricsText();
+  EXPECT_TRUE(
+      Has(text,
+          absl::StrCat(
+              "tandem:routing_decisions_total{worker_id=\"p\",role=\"WORKER_ROLE_PREFILL\"} ", n)))
+      << text;
+  EXPECT_TRUE(Has(
+      text, absl::StrCat(
+                "tandem:routing_decisions_total{worker_id=\"d\",role=\"WORKER_ROLE_DECODE\"} ", n)))
+      << text;
+  EXPECT_TRUE(Has(text, "tandem:worker_healthy{worker_id=\"p\",role=\"WORKER_ROLE_PREFILL\"} 1"));
+  EXPECT_TRUE(Has(text, "tandem:worker_healthy{worker_id=\"d\",role=\"WORKER_ROLE_DECODE\"} 1"));
+  EXPECT_EQ(text.find("# TYPE tandem:routing_decisions_total counter"),
+            text.rfind("# TYPE tandem:routing_decisions_total counter"))
+      << "one TYPE line per family";
+  EXPECT_TRUE(Has(text, absl::StrCat("tandem:router_requests_total{outcome=\"ok\"} ", n)));
 }
 
 }  // namespace

@@ -200,6 +200,12 @@ TEST(DisaggEngineTest, PrefillThenDecodeEqualsMixedEngine) {
   ExpectAllBlocksFree(*d.engine);
   EXPECT_EQ(p.connector->Stats().leases_released, specs.size());
   EXPECT_EQ(p.connector->Stats().blocks_leased, 0u);
+  // One duration per completed load (the workers' tandem:kv_transfer_duration_seconds).
+  const kvtransfer::KvConnectorStats loaded = d.connector->Stats();
+  EXPECT_EQ(loaded.loads_completed, specs.size());
+  EXPECT_EQ(loaded.load_seconds.count, loaded.loads_completed);
+  EXPECT_NEAR(loaded.load_seconds.sum, loaded.load_micros / 1e6, 1e-3);
+  EXPECT_EQ(d.engine->num_kv_recomputes(), 0u);
 }
 
 TEST(DisaggEngineTest, DecodeSkipsBlocksItsPrefixCacheHolds) {
@@ -259,6 +265,9 @@ TEST(DisaggEngineTest, DeadSourceRecomputesOrFailsPerPolicy) {
   EXPECT_TRUE(decoded[1].tokens.empty());
   EXPECT_EQ(decoded[1].error.code(), absl::StatusCode::kUnavailable) << decoded[1].error;
   EXPECT_EQ(d.connector->Stats().load_failures, 2u);
+  EXPECT_EQ(d.connector->Stats().load_seconds.count, 0u);
+  EXPECT_EQ(d.engine->num_kv_recomputes(), 1u) << "only the recompute policy recomputes";
+  EXPECT_TRUE(d.engine->TakeQueueTimes().empty()) << "no arrival times were given";
   ExpectAllBlocksFree(*d.engine);
 }
 

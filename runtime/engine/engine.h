@@ -82,6 +82,9 @@ class Engine {
   int64_t num_running() const { return scheduler_->num_running() + scheduler_->num_loading(); }
   int64_t num_waiting() const { return scheduler_->num_waiting(); }
   int64_t num_loading() const { return scheduler_->num_loading(); }
+  // Scheduler::TakeQueueTimes / num_kv_recomputes.
+  std::vector<absl::Duration> TakeQueueTimes() { return scheduler_->TakeQueueTimes(); }
+  uint64_t num_kv_recomputes() const { return scheduler_->num_kv_recomputes(); }
   // Prefix-cache change log (KvCacheManager::EnableCacheEvents / TakeCacheEvents).
   void EnableCacheEvents(bool enable) { scheduler_->mutable_kv_cache().EnableCacheEvents(enable); }
   void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {

@@ -59,6 +59,11 @@ struct RequestSpec {
   std::optional<kvtransfer::RemoteKvSpec> remote_kv;
   int32_t first_token = -1;
   KvLoadFailurePolicy on_kv_failure = KvLoadFailurePolicy::kRecompute;
+
+  // When the request reached the worker (EngineLoop::Submit sets it): the scheduler reports the
+  // time from it to the request's first admission (Scheduler::TakeQueueTimes). InfinitePast:
+  // not measured.
+  absl::Time arrival = absl::InfinitePast();
 };
 
 enum class RequestStatus {
@@ -83,6 +88,8 @@ struct Request {
   std::vector<float> last_prompt_logits;  // filled once when captured
   // Aborted while its KV was loading: waits (in the loading set) for the load to end, then goes.
   bool abort_after_load = false;
+  // Admitted by the scheduler at least once (to run, or to load its remote KV).
+  bool scheduled = false;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

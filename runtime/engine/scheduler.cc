@@ -133,6 +133,7 @@ SchedulerOutput Scheduler::Schedule() {
       if (!AdmitRemoteKv(req)) break;
       if (req->status == RequestStatus::kLoadingRemoteKv) {
         waiting_.pop_front();
+        MarkScheduled(req);
         continue;
       }
       // Everything it needs is in the local prefix cache: admit it like any request.
@@ -149,6 +150,7 @@ SchedulerOutput Scheduler::Schedule() {
     req->status = RequestStatus::kRunning;
     waiting_.pop_front();
     running_.push_back(req);
+    MarkScheduled(req);
     add_seq(req, num_new);
   }
 
@@ -192,6 +194,13 @@ bool Scheduler::AdmitRemoteKv(Request* req) {
   req->status = RequestStatus::kLoadingRemoteKv;
   loading_[req->id] = req;
   return true;
+}
+
+void Scheduler::MarkScheduled(Request* req) {
+  if (req->scheduled) return;
+  req->scheduled = true;
+  if (req->spec.arrival == absl::InfinitePast()) return;
+  queue_times_.push_back(std::max(absl::ZeroDuration(), absl::Now() - req->spec.arrival));
 }
 
 RequestUpdate Scheduler::MakeUpdate(const Request& req) const {
@@ -245,6 +254,7 @@ std::vector<RequestUpdate> Scheduler::ApplyConnectorResults(
     req->num_computed_tokens = 0;
     req->num_cached_prompt_tokens = 0;
     if (req->spec.on_kv_failure == KvLoadFailurePolicy::kRecompute) {
+      ++kv_recomputes_;
       req->status = RequestStatus::kWaiting;
       waiting_.push_front(req);
       continue;

@@ -26,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvtransfer/connector.h"
 #include "runtime/engine/request.h"
@@ -113,6 +114,18 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
   int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
+  // Queue times of the requests admitted for the first time (to run, or to load their remote
+  // KV) since the last call: from RequestSpec::arrival to the Schedule() that admitted them.
+  // Requests without an arrival time are not reported. A preempted or recomputed request is
+  // counted once.
+  std::vector<absl::Duration> TakeQueueTimes() {
+    std::vector<absl::Duration> out;
+    out.swap(queue_times_);
+    return out;
+  }
+  // Requests whose remote KV failed to load and that were queued to prefill here instead
+  // (KvLoadFailurePolicy::kRecompute).
+  uint64_t num_kv_recomputes() const { return kv_recomputes_; }
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !loading_.empty(); }
   const KvCacheManager& kv_cache() const { return *kv_cache_; }
   KvCacheManager& mutable_kv_cache() { return *kv_cache_; }
@@ -128,6 +141,8 @@ class Scheduler {
   // Waiting request with remote KV: allocates and registers its load. False: no room now.
   bool AdmitRemoteKv(Request* req);
   RequestUpdate MakeUpdate(const Request& req) const;
+  // `req` was admitted: the first time, its queue time is reported (TakeQueueTimes).
+  void MarkScheduled(Request* req);
 
   const SchedulerConfig config_;
   std::unique_ptr<KvCacheManager> kv_cache_;
@@ -138,6 +153,8 @@ class Scheduler {
   absl::flat_hash_map<int64_t, Request*> loading_;  // remote KV in flight
   absl::flat_hash_set<int64_t> held_;               // finished, blocks under a lease
   kvtransfer::KvConnector* connector_;
+  std::vector<absl::Duration> queue_times_;
+  uint64_t kv_recomputes_ = 0;
 };
 
 }  // namespace tandem::runtime

@@ -52,6 +52,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineLoop::Submit(const std::str
   }
   const int64_t engine_id = next_engine_id_++;
   spec.external_id = id;
+  if (spec.arrival == absl::InfinitePast()) spec.arrival = absl::Now();
   auto stream = std::make_shared<RequestStream>(engine_id, steps_);
   by_name_[id] = stream;
   names_[engine_id] = id;
@@ -116,6 +117,7 @@ void EngineLoop::Publish() {
   stats.requests_finished = requests_finished_;
   stats.step_errors = step_errors_;
   stats.steps = steps_done_;
+  stats.kv_recomputes = engine_->num_kv_recomputes();
   std::vector<uint64_t> added, removed;
   engine_->TakeCacheEvents(&added, &removed);
   {
@@ -234,6 +236,9 @@ void EngineLoop::Run() {
     poll_due = false;
     absl::StatusOr<std::vector<RequestUpdate>> updates = engine_->Step();
     ++steps_done_;
+    for (absl::Duration queued : engine_->TakeQueueTimes()) {
+      queue_time_.Observe(absl::ToDoubleSeconds(queued));
+    }
     if (!updates.ok()) {
       FailAll(updates.status(), step);
       Publish();

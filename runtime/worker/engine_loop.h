@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/http/prometheus.h"
 #include "runtime/engine/engine.h"
 
 namespace tandem::runtime {
@@ -71,6 +72,8 @@ struct EngineLoopStats {
   uint64_t requests_aborted = 0;
   uint64_t step_errors = 0;
   int64_t steps = 0;  // loop steps completed (each drains the inbox, then steps the engine)
+  // Requests whose remote KV failed to load and were queued to prefill here instead.
+  uint64_t kv_recomputes = 0;
 };
 
 struct EngineLoopOptions {
@@ -114,6 +117,10 @@ class EngineLoop {
   // Every short hash in the prefix cache as of the last step (needs the engine's cache events
   // enabled, Engine::EnableCacheEvents); never waits.
   std::vector<uint64_t> CachedHashes() const ABSL_LOCKS_EXCLUDED(snapshot_mu_);
+  // Queue time (seconds, http::LatencyBuckets): from Submit (RequestSpec::arrival, unless the
+  // caller set it earlier) to the step whose scheduling first admitted the request (to run, or
+  // to load its remote KV); one observation per request admitted. Never waits.
+  http::HistogramSnapshot QueueTimeSnapshot() const { return queue_time_.Snapshot(); }
 
   // Fixed at creation: safe from any thread.
   const ModelConfig& model_config() const { return engine_->model_config(); }
@@ -164,6 +171,7 @@ class EngineLoop {
   uint64_t requests_finished_ = 0;
   uint64_t step_errors_ = 0;
   int64_t steps_done_ = 0;
+  http::Histogram queue_time_{http::LatencyBuckets()};  // thread-safe
 
   // Lock order: mu_ is never held while taking snapshot_mu_ or the reverse.
   mutable absl::Mutex snapshot_mu_;

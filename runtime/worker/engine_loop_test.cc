@@ -391,13 +391,19 @@ TEST(EngineLoopTest, ALeaseGrantedToARequestAbortedDuringItsLastStepIsReleasedAt
     setup.gate->mu.Await(absl::Condition(&in_step));
   }
   ASSERT_TRUE(loop->Abort("held"));  // during the step that grants the lease
+  // The gated step has not published its snapshot yet.
+  const int64_t steps_before = loop->Stats().steps;
   {
     absl::MutexLock lock(&setup.gate->mu);
     setup.gate->open = true;
   }
-  // Released at once (not after 30 s), so the blocks come back at the next idle poll.
+  // Released at once (not after 30 s), so the blocks come back at the next idle poll. (After
+  // the gated step: a snapshot published before it has every block free too.)
   ASSERT_TRUE(WaitForStats(
-      *loop, [&](const EngineLoopStats& s) { return s.kv.num_free_blocks == total; },
+      *loop,
+      [&](const EngineLoopStats& s) {
+        return s.steps > steps_before && s.kv.num_free_blocks == total;
+      },
       absl::Seconds(10)));
   // Whether the lease was granted before the abort reached the engine depends on where the
   // step was when the abort landed (a fresh-clone CI run under load saw the abort win once):

@@ -200,6 +200,7 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
   }
   spec.first_token = first_token;
   spec.on_kv_failure = on_kv_failure;
+  bool recompute = false;  // the source is unreachable: this worker prefills the prompt
   if (absl::Status linked = links_->EnsurePeer(handle); linked.ok()) {
     // From here on the connector owns the source's lease: it stops reading a little before the
     // lease deadline, renews it while a long load runs, and releases it when the load has ended.
@@ -218,6 +219,7 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
           absl::StrCat("KV of request ", id, " is unavailable: ", linked.message()));
     }
     // Recompute: prefill prompt + first token here.
+    recompute = true;
   }
   std::optional<kvtransfer::RemoteKvSpec> remote = spec.remote_kv;
   const absl::Time start = absl::Now();
@@ -226,6 +228,7 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
     if (remote.has_value()) connector_->DropRemote(*remote);  // never reached the engine
     return stream.status();
   }
+  if (recompute) ++kv_link_recomputes_;
   return Relay(id, **stream, start, gone, sink);
 }
 
@@ -238,7 +241,11 @@ absl::Status Worker::Generate(const std::string& id, RequestSpec spec, const Cal
 }
 
 Worker::Latencies Worker::LatencySnapshots() const {
-  return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot()};
+  http::HistogramSnapshot kv_load =
+      connector_ != nullptr ? connector_->Stats().load_seconds : http::HistogramSnapshot{};
+  if (kv_load.bounds.empty()) kv_load = http::Histogram(http::LatencyBuckets()).Snapshot();
+  return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot(),
+          loop_->QueueTimeSnapshot(), std::move(kv_load)};
 }
 
 bool Worker::Abort(const std::string& id) {
@@ -300,6 +307,7 @@ tandem::v1::WorkerStats Worker::StatsProto() const {
     load_failures += c.load_failures;
   }
   out.set_kv_load_failures(load_failures);
+  out.set_kv_recomputes(kv_link_recomputes_ + stats.kv_recomputes);
   if (options_.rank_kv_stats) options_.rank_kv_stats(&out);
   // kv_bytes_sent stays 0: in pull mode the reader's one-sided READs are invisible to the source
   // (its readers report kv_bytes_received).

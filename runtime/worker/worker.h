@@ -111,9 +111,11 @@ class Worker {
   tandem::v1::WorkerStats StatsProto() const;
   // Latency histograms of the requests served here (worker_metrics.h renders them): the first
   // token (prefill: the prompt's; decode: after the KV load; mixed: both), the gaps between
-  // streamed updates, and whole requests.
+  // streamed updates, whole requests, the queue time (arrival to first admission by the
+  // scheduler: EngineLoop::QueueTimeSnapshot), and the completed KV loads (decode side, posting
+  // to end: KvConnectorStats::load_seconds; empty buckets without a connector).
   struct Latencies {
-    http::HistogramSnapshot first_token, inter_token, e2e;
+    http::HistogramSnapshot first_token, inter_token, e2e, queue, kv_load;
   };
   Latencies LatencySnapshots() const;
   const WorkerOptions& options() const { return options_; }
@@ -137,6 +139,7 @@ class Worker {
 
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> kv_link_failures_{0};
+  std::atomic<uint64_t> kv_link_recomputes_{0};  // of those, recomputed here
   http::Histogram first_token_, inter_token_, e2e_;
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);

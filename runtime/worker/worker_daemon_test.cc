@@ -73,7 +73,8 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
   // One Generate: one first token, one whole request, 5 gaps between its 6 streamed tokens (or
   // fewer when updates carried several tokens).
   for (const char* h : {"tandem:worker_time_to_first_token_seconds_count{",
-                        "tandem:worker_e2e_request_latency_seconds_count{"}) {
+                        "tandem:worker_e2e_request_latency_seconds_count{",
+                        "tandem:request_queue_time_seconds_count{"}) {
     const size_t at = metrics.find(h);
     ASSERT_NE(at, std::string::npos) << h;
     EXPECT_EQ(metrics.substr(metrics.find("} ", at) + 2, 2), "1\n") << h;

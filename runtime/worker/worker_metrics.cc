@@ -49,6 +49,25 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
   p.Counter("tandem:kv_load_seconds_total", "Time of the completed KV loads, summed.",
             s.kv_load_micros() / 1e6, labels);
   p.Counter("tandem:kv_load_failures_total", "KV loads that failed.", s.kv_load_failures(), labels);
+  // vLLM-style KV-transfer names (the counters above say the same per direction / as leases).
+  p.Counter("tandem:kv_transfer_bytes_total", "KV bytes moved by this worker's transfers.",
+            s.kv_bytes_received() + s.kv_bytes_sent(), labels);
+  p.Counter("tandem:kv_transfer_failures_total",
+            "KV loads that failed (source unreachable, transfer error, deadline).",
+            s.kv_load_failures(), labels);
+  p.Counter("tandem:kv_lease_expiries_total",
+            "KV leases that expired before their reader released them.", s.leases_expired(),
+            labels);
+  p.Counter("tandem:kv_recomputes_total",
+            "Requests whose KV load failed and whose prompt was prefilled here instead.",
+            s.kv_recomputes(), labels);
+  p.Histogram("tandem:kv_transfer_duration_seconds",
+              "A completed KV load, from posting the read to seeing it end (decode side).",
+              latencies.kv_load, labels);
+  p.Histogram("tandem:request_queue_time_seconds",
+              "From a request's arrival at the worker to the scheduler admitting it (to run, or "
+              "to load its remote KV).",
+              latencies.queue, labels);
   p.Histogram("tandem:worker_time_to_first_token_seconds",
               "From a call's arrival to its first token here (prefill: the prompt; decode: after "
               "the KV load).",

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kvtransfer/pull_connector.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/worker/worker_metrics.h"
 
 namespace tandem::runtime {
 namespace {
@@ -145,6 +147,17 @@ RequestSpec RandomSpec(std::mt19937& rng, int len, int max_tokens) {
 
 const CallerGone kStaying = [] { return false; };
 
+// The value of the one sample of `family` (e.g. "tandem:kv_recomputes_total" or
+// "tandem:request_queue_time_seconds_count") in `worker`'s /metrics text; -1 when absent.
+double Sample(const Worker& worker, const std::string& family) {
+  std::istringstream text(WorkerMetricsText(worker.StatsProto(), worker.LatencySnapshots()));
+  for (std::string line; std::getline(text, line);) {
+    if (line.rfind(family + "{", 0) != 0) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 // Collects a stream's tokens and its final update.
 struct Collected {
   std::vector<int32_t> tokens;
@@ -208,6 +221,21 @@ TEST(WorkerTest, PrefillThenDecodeEqualsGenerateWithoutGrpc) {
   EXPECT_TRUE(c.d.PoolWhole());
   EXPECT_EQ(c.p.worker->StatsProto().leases_released(), 5u);
   EXPECT_GT(c.d.worker->StatsProto().kv_bytes_received(), 0u);
+  // /metrics: every worker queued each of the 5 requests once; D loaded 5 KVs, none failed.
+  for (const CoreWorker* w : {&c.p, &c.d, &c.m}) {
+    EXPECT_EQ(Sample(*w->worker, "tandem:request_queue_time_seconds_count"), 5)
+        << w->worker->options().worker_id;
+  }
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:kv_transfer_duration_seconds_count"), 5);
+  EXPECT_GT(Sample(*c.d.worker, "tandem:kv_transfer_duration_seconds_sum"), 0);
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:kv_transfer_bytes_total"),
+            c.d.worker->StatsProto().kv_bytes_received());
+  EXPECT_GT(Sample(*c.d.worker, "tandem:kv_transfer_bytes_total"), 0);
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:kv_transfer_failures_total"), 0);
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:kv_recomputes_total"), 0);
+  EXPECT_EQ(Sample(*c.p.worker, "tandem:kv_lease_expiries_total"), 0);
+  EXPECT_EQ(Sample(*c.p.worker, "tandem:kv_transfer_duration_seconds_count"), 0);
+  EXPECT_EQ(Sample(*c.m.worker, "tandem:kv_transfer_duration_seconds_count"), 0);
 }
 
 TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
@@ -329,6 +357,10 @@ TEST(WorkerTest, UnreachableKvSourcesMakeADecodeWorkerNotServingUntilItsProbe) {
     EXPECT_EQ(out.tokens.size(), 2u);
   }
   EXPECT_EQ(d.worker->StatsProto().kv_load_failures(), 3u);
+  EXPECT_EQ(Sample(*d.worker, "tandem:kv_transfer_failures_total"), 3);
+  EXPECT_EQ(Sample(*d.worker, "tandem:kv_recomputes_total"), 3);
+  EXPECT_EQ(Sample(*d.worker, "tandem:kv_transfer_duration_seconds_count"), 0);
+  EXPECT_EQ(Sample(*d.worker, "tandem:request_queue_time_seconds_count"), 3);
   EXPECT_EQ(d.worker->status(), tandem::v1::SERVING_STATUS_NOT_SERVING);
   absl::SleepFor(absl::Milliseconds(400));
   EXPECT_EQ(d.worker->status(), tandem::v1::SERVING_STATUS_SERVING) << "probes again";

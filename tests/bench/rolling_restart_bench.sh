@@ -9,16 +9,18 @@
 #   tests/bench/rolling_restart_bench.sh [--prefill=2] [--decode=2] [--rate=4]
 #       [--prompt_len=64:256] [--output_len=32:64] [--max_concurrency=64] [--before_s=20]
 #       [--after_s=10] [--settle_s=0] [--dummy_config=tiny | --model=DIR] [--num_threads=1]
-#       [--bin_dir=bazel-bin] [--run_dir=DIR (kept)] [--summary_json=FILE] [-- WORKER_FLAGS]
+#       [--bin_dir=bazel-bin] [--run_dir=DIR (kept)] [--summary_json=FILE] [--insecure]
+#       [-- WORKER_FLAGS]
 #
 # Build first: bazel build -c opt //runtime:tandem_worker //router:tandem_router \
 #   //router:tandem_cli //tests/bench:tandem_bench
-# The cluster runs --insecure: tandem_bench speaks plain text (rolling_restart.sh itself also
-# handles up.sh's default TLS clusters).
+# The cluster is up.sh's default (TLS, mTLS between router and workers, an API key; tandem_bench
+# uses up.sh's CA and key); --insecure runs it all in plain text.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 prefill=2 decode=2 rate=4 prompt_len=64:256 output_len=32:64 max_concurrency=64
-before_s=20 after_s=10 settle_s=0 threads=1 bin_dir="$ROOT/bazel-bin" run_dir="" summary_json=""
+before_s=20 after_s=10 settle_s=0 threads=1 insecure=0
+bin_dir="$ROOT/bazel-bin" run_dir="" summary_json=""
 model_flags=(--load_format=dummy --dummy_config=tiny)
 extra=()
 while [[ $# -gt 0 ]]; do
@@ -38,6 +40,7 @@ while [[ $# -gt 0 ]]; do
     --bin_dir=*) bin_dir="${1#*=}" ;;
     --run_dir=*) run_dir="${1#*=}" ;;
     --summary_json=*) summary_json="${1#*=}" ;;
+    --insecure) insecure=1 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "rolling_restart_bench.sh: unknown argument $1" >&2; exit 2 ;;
@@ -58,14 +61,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
+sec=()
+[[ "$insecure" == 1 ]] && sec=(--insecure)
 up=$("$ROOT/deploy/local/up.sh" --prefill="$prefill" --decode="$decode" "${model_flags[@]}" \
-  --run_dir="$run_dir" --bin_dir="$bin_dir" --insecure -- --num_threads="$threads" \
+  --run_dir="$run_dir" --bin_dir="$bin_dir" ${sec[@]+"${sec[@]}"} -- --num_threads="$threads" \
   ${extra[@]+"${extra[@]}"})
 echo "$up"
 router=$(sed -n 's/^router: //p' <<< "$up")
+bench_sec=()
+if [[ "$insecure" == 0 ]]; then
+  bench_sec=(--tls_ca="$(sed -n 's/^tls_ca: //p' <<< "$up")")
+  TANDEM_API_KEY="$(cat "$(sed -n 's/^api_key_file: //p' <<< "$up")")"
+  export TANDEM_API_KEY
+fi
 
 rm -f "$run_dir/stop" "$run_dir/requests.jsonl"
-"$bin_dir/tests/bench/tandem_bench" --router="$router" --rate="$rate" --num_requests=1000000 \
+"$bin_dir/tests/bench/tandem_bench" --router="$router" ${bench_sec[@]+"${bench_sec[@]}"} \
+  --rate="$rate" --num_requests=1000000 \
   --prompt_len="$prompt_len" --output_len="$output_len" --max_concurrency="$max_concurrency" \
   --warmup=2 --stop_file="$run_dir/stop" --requests_out="$run_dir/requests.jsonl" --json \
   > "$run_dir/bench.json" 2> "$run_dir/bench.err" &

@@ -5,7 +5,11 @@
 //                [--prompt_len=128 | LO:HI] [--output_len=64 | LO:HI] [--seed=0]
 //                [--slo_ttft_ms=0] [--slo_tpot_ms=0] [--temperature=0] [--ignore_eos=true]
 //                [--timeout_ms=600000] [--json] [--stop_file=PATH] [--requests_out=PATH]
+//                [--tls_ca=PEM [--api_key=KEY | $TANDEM_API_KEY]]
 //
+// Plain text by default; with --tls_ca the router's public port over TLS, every call carrying
+// the API key (an admin key: the prompts' vocabulary comes from ListWorkers), as
+// deploy/local/up.sh prints them.
 // Requests arrive as a Poisson process at --rate requests/s ("inf": all at once), at most
 // --max_concurrency in flight (0 = unlimited). Prompts are random token ids below the smallest
 // vocabulary of the router's workers (ListWorkers); lengths are fixed or uniform. Output lengths
@@ -30,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -49,6 +54,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/security/flags.h"
+#include "common/security/grpc_security.h"
 #include "common/status_macros.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tests/bench/stats.h"
@@ -72,6 +79,7 @@ ABSL_FLAG(bool, json, false, "print one JSON line instead of the table");
 ABSL_FLAG(std::string, stop_file, "",
           "stop sending new requests once this file exists (the level reports those sent)");
 ABSL_FLAG(std::string, requests_out, "", "append one JSON line per request to this file");
+ABSL_FLAG(std::string, api_key, "", "API key for the router (default: $TANDEM_API_KEY)");
 
 namespace tandem::bench {
 namespace {
@@ -404,6 +412,20 @@ void PrintTable(const LevelResult& r, uint64_t seed) {
   std::fputs(out.c_str(), stdout);
 }
 
+// Plain text unless --tls_ca is given (the existing scripts pass neither it nor --insecure).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> RouterChannel() {
+  const std::string router = absl::GetFlag(FLAGS_router);
+  if (absl::GetFlag(FLAGS_tls_ca).empty()) {
+    return grpc::CreateChannel(router, grpc::InsecureChannelCredentials());
+  }
+  ASSIGN_OR_RETURN(security::SecurityConfig config,
+                   security::LoadSecurityConfig(security::SecurityOptionsFromFlags(
+                       /*require_cert=*/false, /*require_ca=*/true)));
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("TANDEM_API_KEY"); key.empty() && env != nullptr) key = env;
+  return security::CreateChannelWithApiKey(router, config, key);
+}
+
 absl::Status Run() {
   const int n = absl::GetFlag(FLAGS_num_requests);
   if (n < 1) return absl::InvalidArgumentError("--num_requests must be >= 1");
@@ -424,8 +446,8 @@ absl::Status Run() {
   w.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   w.max_concurrency = absl::GetFlag(FLAGS_max_concurrency);
 
-  auto stub = v1::Router::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials()));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, RouterChannel());
+  auto stub = v1::Router::NewStub(channel);
   w.stub = stub.get();
   ASSIGN_OR_RETURN(w.model, QueryWorkers(*stub));
   if (uint64_t{w.prompt_len.hi} + w.output_len.hi > w.model.max_model_len) {
