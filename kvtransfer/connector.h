@@ -122,6 +122,12 @@ struct KvConnectorStats {
   http::HistogramSnapshot load_seconds;
 };
 
+// One request's completed KV load: its bytes and its time from posting the read to its end.
+struct KvLoadRecord {
+  uint64_t bytes = 0;
+  uint64_t micros = 0;
+};
+
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
@@ -178,6 +184,11 @@ class KvConnector {
   // True while loads are in flight (the engine keeps polling) or leases are held.
   virtual bool HasPendingLoads() const = 0;
   virtual KvConnectorStats Stats() const = 0;
+  // One completed load of `request_id` (engine id), taken once (a per-request trace); nullopt
+  // when the connector keeps none or the load did not complete. Thread-safe.
+  virtual std::optional<KvLoadRecord> TakeLoadRecord(int64_t /*request_id*/) {
+    return std::nullopt;
+  }
 };
 
 }  // namespace tandem::kvtransfer

@@ -344,6 +344,12 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
       const int64_t micros =
           std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - load.posted));
       stats_.load_micros += static_cast<uint64_t>(micros);
+      load_records_[request_id] = {load.bytes, static_cast<uint64_t>(micros)};
+      load_record_order_.push_back(request_id);
+      while (load_record_order_.size() > kMaxLoadRecords) {
+        load_records_.erase(load_record_order_.front());
+        load_record_order_.pop_front();
+      }
       load_seconds_.Observe(static_cast<double>(micros) / 1e6);
     } else {
       absl::Status why = !load.cancel_reason.ok() ? load.cancel_reason : state.status();
@@ -351,6 +357,15 @@ void PullKvConnector::CollectFinishedLocked(absl::Time now, FinishedTransfers& d
     }
   }
   for (int64_t id : ended) loads_.erase(id);
+}
+
+std::optional<KvLoadRecord> PullKvConnector::TakeLoadRecord(int64_t request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = load_records_.find(request_id);
+  if (it == load_records_.end()) return std::nullopt;
+  KvLoadRecord record = it->second;
+  load_records_.erase(it);  // its id stays in the order queue until it falls off
+  return record;
 }
 
 std::vector<LoadError> PullKvConnector::GetLoadErrors() {

@@ -22,6 +22,7 @@
 #define TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +85,7 @@ class PullKvConnector : public KvConnector {
 
   bool HasPendingLoads() const override;
   KvConnectorStats Stats() const override;
+  std::optional<KvLoadRecord> TakeLoadRecord(int64_t request_id) override;
 
   // Coalesces (source, local) block pairs into CopyOps: consecutive pairs whose source and local
   // ids both increase by one become one op. Exposed for tests.
@@ -178,6 +180,10 @@ class PullKvConnector : public KvConnector {
   std::vector<int64_t> unstarted_ ABSL_GUARDED_BY(mu_);  // registered, not yet in a step meta
   std::vector<LoadError> errors_ ABSL_GUARDED_BY(mu_);
   KvConnectorStats stats_ ABSL_GUARDED_BY(mu_);
+  // Completed loads not yet taken (TakeLoadRecord), oldest first; at most kMaxLoadRecords.
+  static constexpr size_t kMaxLoadRecords = 4096;
+  absl::flat_hash_map<int64_t, KvLoadRecord> load_records_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> load_record_order_ ABSL_GUARDED_BY(mu_);
   http::Histogram load_seconds_{http::LatencyBuckets()};  // completed loads (thread-safe)
 };
 

@@ -2,7 +2,7 @@
 //
 //   tandem_cli generate --router=ADDR --prompt_ids=1,2,3 --max_tokens=N [--temperature=0]
 //              [--top_p=0] [--top_k=0] [--seed=S] [--stop_token_ids=5,6] [--ignore_eos]
-//              [--request_id=ID] [--cache_salt=S] [--timeout_ms=600000] [--json]
+//              [--request_id=ID] [--cache_salt=S] [--timeout_ms=600000] [--json] [--trace]
 //   tandem_cli generate --http=[https://]HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N]
 //   tandem_cli chat     --http=[https://]HOST:PORT --prompt=TEXT [--model=NAME] [--max_tokens=N]
 //              text in, text out through the router's OpenAI-compatible HTTP API (router/openai/);
@@ -65,6 +65,9 @@ ABSL_FLAG(std::string, request_id, "", "request id (generate: empty = router ass
 ABSL_FLAG(std::string, cache_salt, "", "prefix-cache isolation salt");
 ABSL_FLAG(int64_t, timeout_ms, 600000, "client deadline");
 ABSL_FLAG(bool, json, false, "print one JSON line");
+ABSL_FLAG(bool, trace, false,
+          "generate: ask the router for the request's trace (phase times, workers, KV bytes); "
+          "--json adds it as \"trace\", else it goes to stderr");
 ABSL_FLAG(std::string, http, "",
           "generate --prompt / chat: the router's HTTP API, HOST:PORT or https://HOST:PORT (HTTPS "
           "with --tls_ca; plain HTTP with --insecure)");
@@ -164,6 +167,7 @@ absl::StatusOr<v1::GenerateRequest> BuildRequest() {
     sp->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
   for (uint32_t t : *stops) sp->add_stop_token_ids(t);
   sp->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  req.set_trace(absl::GetFlag(FLAGS_trace));
   return req;
 }
 
@@ -184,6 +188,8 @@ absl::Status Generate() {
   std::string request_id;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
+  v1::RequestTrace trace;
+  bool has_trace = false;
   while (reader->Read(&chunk)) {
     const Clock::time_point now = Clock::now();
     if (request_id.empty()) request_id = chunk.request_id();
@@ -204,6 +210,10 @@ absl::Status Generate() {
     if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       finish = chunk.finish_reason();
       usage = chunk.usage();
+      if (chunk.has_trace()) {
+        trace = chunk.trace();
+        has_trace = true;
+      }
     }
   }
   grpc::Status status = reader->Finish();
@@ -214,14 +224,24 @@ absl::Status Generate() {
     std::nth_element(itl_ms.begin(), itl_ms.begin() + itl_ms.size() / 2, itl_ms.end());
     itl_p50 = itl_ms[itl_ms.size() / 2];
   }
+  std::string trace_json;
+  if (has_trace) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    if (auto s = google::protobuf::util::MessageToJsonString(trace, &trace_json, options);
+        !s.ok()) {
+      return absl::InternalError(std::string(s.message()));
+    }
+  }
   if (json) {
     std::printf(
         "{\"request_id\":%s,\"tokens\":[%s],\"finish_reason\":\"%s\",\"ttft_ms\":%.3f,"
         "\"itl_ms_p50\":%.3f,\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
-        "\"cached_prompt_tokens\":%u}}\n",
+        "\"cached_prompt_tokens\":%u}%s%s}\n",
         JsonString(request_id).c_str(), absl::StrJoin(tokens, ",").c_str(),
         FinishName(finish).c_str(), std::max(ttft_ms, 0.0), itl_p50, usage.prompt_tokens(),
-        usage.completion_tokens(), usage.cached_prompt_tokens());
+        usage.completion_tokens(), usage.cached_prompt_tokens(), has_trace ? ",\"trace\":" : "",
+        trace_json.c_str());
   } else {
     std::fprintf(stderr,
                  "request_id=%s finish_reason=%s prompt_tokens=%u completion_tokens=%u "
@@ -229,6 +249,7 @@ absl::Status Generate() {
                  request_id.c_str(), FinishName(finish).c_str(), usage.prompt_tokens(),
                  usage.completion_tokens(), usage.cached_prompt_tokens(), std::max(ttft_ms, 0.0),
                  itl_p50);
+    if (has_trace) std::fprintf(stderr, "trace=%s\n", trace_json.c_str());
   }
   std::fflush(stdout);
   return absl::OkStatus();

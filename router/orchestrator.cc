@@ -1,5 +1,7 @@
 #include "router/orchestrator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "router/router_metrics.h"
 #include "router/routing_policy.h"
 #include "router/validation.h"
@@ -70,8 +73,15 @@ struct RelayResult {
 class GenerateCall {
  public:
   GenerateCall(Orchestrator& orch, const v1::GenerateRequest& request, InFlightRequest& flight,
-               const CallerContext* client, ResponseSink& sink)
-      : orch_(orch), request_(request), flight_(flight), client_(client), sink_(sink) {
+               const CallerContext* client, ResponseSink& sink, absl::Time start,
+               v1::RequestTrace& trace)
+      : orch_(orch),
+        request_(request),
+        flight_(flight),
+        client_(client),
+        sink_(sink),
+        start_(start),
+        trace_(trace) {
     deadline_ = absl::Now() + orch_.options().request_timeout;
     if (client_ != nullptr) deadline_ = std::min(deadline_, client_->deadline());
   }
@@ -97,6 +107,8 @@ class GenerateCall {
   v1::Usage FinalUsage() const;
   absl::Status FinishAborted();
   void AbortWorkers();
+  // Microseconds since the router took the request (never 0, so 0 stays "did not happen").
+  uint64_t Since() const;
 
   Orchestrator& orch_;
   const v1::GenerateRequest& request_;
@@ -104,6 +116,8 @@ class GenerateCall {
   const CallerContext* client_;
   ResponseSink& sink_;
   absl::Time deadline_;
+  const absl::Time start_;
+  v1::RequestTrace& trace_;
   uint32_t completion_tokens_ = 0;
   uint32_t cached_tokens_ = 0;
   std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
@@ -166,13 +180,17 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
   v1::PrefillResponse prefilled;
   touched_.push_back(prefill->ref());
   const v1::WorkerInfo prefill_info = prefill->ref().info;
+  trace_.set_prefill_worker_id(prefill_info.worker_id());
+  trace_.set_decode_worker_id(decode->id());
   std::unique_ptr<PrefillCall> call = prefill->ref().client->NewPrefill(NewCallOptions());
   if (!flight_.AddCall(prefill->id(), call.get())) {
     AbortWorkers();
     return {flight_.cancel_reason(), ""};
   }
+  trace_.set_prefill_sent_micros(Since());
   absl::StatusOr<v1::PrefillResponse> answered = call->Run(preq);
   flight_.RemoveCall(call.get());
+  trace_.set_prefill_done_micros(Since());
   if (!answered.ok()) {
     bool retriable = false;
     absl::Status s = Failure(*prefill, answered.status(), "prefill", &retriable);
@@ -181,6 +199,7 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
   }
   prefilled = *std::move(answered);
   prefill.reset();
+  *trace_.mutable_prefill() = prefilled.worker_times();
 
   // The first token goes to the client now: TTFT does not wait for the KV transfer.
   cached_tokens_ = prefilled.usage().cached_prompt_tokens();
@@ -217,6 +236,10 @@ absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
   absl::flat_hash_set<std::string> tried;
   for (int attempt = 1;; ++attempt) {
     touched_.push_back(decode->ref());
+    trace_.set_decode_worker_id(decode->id());
+    trace_.set_decode_attempts(static_cast<uint32_t>(attempt));
+    trace_.set_decode_sent_micros(Since());
+    trace_.clear_decode_first_micros();
     std::unique_ptr<StreamCall> stream = decode->ref().client->NewDecode(dreq, NewCallOptions());
     if (!flight_.AddCall(decode->id(), stream.get())) {
       AbortWorkers();
@@ -273,6 +296,8 @@ Outcome GenerateCall::RunMixed(const RoutePlan& plan, const RoutingSnapshot& sna
     return {s, ""};
   }
   touched_.push_back(worker.ref());
+  trace_.set_mixed_worker_id(worker.id());
+  trace_.set_decode_sent_micros(Since());
   std::unique_ptr<StreamCall> stream = worker.ref().client->NewGenerate(request_, NewCallOptions());
   if (!flight_.AddCall(worker.id(), stream.get())) {
     AbortWorkers();
@@ -299,12 +324,16 @@ RelayResult GenerateCall::Relay(StreamCall& stream, bool usage_from_worker) {
   while (stream.Read(&chunk)) {
     r.got_any = true;
     if (r.finished) continue;  // nothing may follow the final message
+    if (chunk.token_ids_size() > 0 && trace_.decode_first_micros() == 0) {
+      trace_.set_decode_first_micros(Since());
+    }
     v1::GenerateResponse out;
     *out.mutable_token_ids() = chunk.token_ids();
     completion_tokens_ += chunk.token_ids_size();
     if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       r.finished = true;
       if (usage_from_worker) cached_tokens_ = chunk.usage().cached_prompt_tokens();
+      *trace_.mutable_decode() = chunk.worker_times();
       out.set_finish_reason(chunk.finish_reason());
       *out.mutable_usage() = FinalUsage();
     }
@@ -368,7 +397,23 @@ CallOptions GenerateCall::NewCallOptions() const {
 
 bool GenerateCall::Send(v1::GenerateResponse& chunk) {
   chunk.set_request_id(flight_.client_id());
+  if (chunk.token_ids_size() > 0 && trace_.first_token_micros() == 0) {
+    trace_.set_first_token_micros(Since());
+  }
+  if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    trace_.set_end_micros(Since());
+    trace_.set_finish_reason(chunk.finish_reason());
+    trace_.set_prompt_tokens(chunk.usage().prompt_tokens());
+    trace_.set_completion_tokens(chunk.usage().completion_tokens());
+    trace_.set_status("OK");  // a final message: the stream ends OK
+    if (request_.trace()) *chunk.mutable_trace() = trace_;
+  }
   return sink_.Send(chunk);
+}
+
+uint64_t GenerateCall::Since() const {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(1, absl::ToInt64Microseconds(absl::Now() - start_)));
 }
 
 v1::Usage GenerateCall::FinalUsage() const {
@@ -412,6 +457,21 @@ Orchestrator::~Orchestrator() {
 
 namespace {
 
+// One line, written with a single write(2) so concurrent requests' lines do not interleave.
+void LogTraceJson(const v1::RequestTrace& trace) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(trace, &json, options).ok()) return;
+  std::string line = absl::StrCat("{\"request_trace\":", json, "}\n");
+  size_t off = 0;
+  while (off < line.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data() + off, line.size() - off);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+}
+
 // Times a request's stream for RouterMetrics: first token, gaps between chunks, tokens.
 class TimingSink final : public ResponseSink {
  public:
@@ -447,8 +507,19 @@ absl::Status Orchestrator::Generate(const v1::GenerateRequest& request, InFlight
                                     const CallerContext* client, ResponseSink& sink) {
   const absl::Time start = absl::Now();
   TimingSink timed(sink, options_.metrics, start);
-  absl::Status s = GenerateCall(*this, request, flight, client, timed).Run();
+  v1::RequestTrace trace;
+  trace.set_request_id(flight.id());
+  trace.set_start_unix_micros(absl::ToUnixMicros(start));
+  absl::Status s = GenerateCall(*this, request, flight, client, timed, start, trace).Run();
   const absl::Duration e2e = absl::Now() - start;
+  if (options_.log_trace_json) {
+    if (trace.end_micros() == 0) {
+      trace.set_end_micros(
+          static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Microseconds(e2e))));
+    }
+    trace.set_status(s.ok() ? "OK" : s.ToString());
+    LogTraceJson(trace);
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->RecordRequest(timed.ttft(), e2e, timed.tokens(),
                                     request.prompt_token_ids_size(), s);

@@ -50,6 +50,8 @@ struct OrchestratorOptions {
   int max_attempts = 2;
   // Records each request's latencies and outcome (may be null; outlives the Orchestrator).
   RouterMetrics* metrics = nullptr;
+  // Writes each finished request's RequestTrace as one JSON line to stderr (--log_format=json).
+  bool log_trace_json = false;
 };
 
 // Where a request's chunks go. Send returns false when the client is gone.

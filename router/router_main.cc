@@ -51,6 +51,9 @@ ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
           "block hashes remembered per worker for prefix-aware routing");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
 ABSL_FLAG(int32_t, verbosity, 0, "log verbosity (VLOG level)");
+ABSL_FLAG(std::string, log_format, "text",
+          "text | json: json also writes one {\"request_trace\":{...}} line per finished request "
+          "to stderr (request id, workers, phase times in microseconds, KV bytes, status)");
 ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT of the OpenAI-compatible HTTP API: HTTPS with --tls_cert/--tls_key (and "
           "--public_client_ca), plain HTTP with --insecure (port 0 = any free port; empty: off)");
@@ -106,6 +109,11 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   if (o.orchestrator.max_attempts < 1) {
     return absl::InvalidArgumentError("--max_attempts must be >= 1");
   }
+  const std::string log_format = absl::GetFlag(FLAGS_log_format);
+  if (log_format != "text" && log_format != "json") {
+    return absl::InvalidArgumentError("--log_format must be text or json");
+  }
+  o.orchestrator.log_trace_json = log_format == "json";
   return o;
 }
 

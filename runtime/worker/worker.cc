@@ -13,6 +13,10 @@ namespace {
 // How long a call waits for the next update before asking whether its caller is still there.
 constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 
+uint64_t Micros(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(d)));
+}
+
 }  // namespace
 
 const char* RoleName(tandem::v1::WorkerRole role) {
@@ -135,6 +139,7 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   const absl::Duration took = absl::Now() - start;
   first_token_.Observe(absl::ToDoubleSeconds(took));
   e2e_.Observe(absl::ToDoubleSeconds(took));
+  result.times.set_prefill_micros(Micros(took));
   if (!update.kv_lease.has_value()) return result;  // ended at its first token: nothing to hand
   const RequestUpdate::Lease& held = *update.kv_lease;
   // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
@@ -154,7 +159,8 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
 }
 
 absl::Status Worker::Relay(const std::string& id, RequestStream& stream, absl::Time start,
-                           const CallerGone& gone, const UpdateSink& sink) {
+                           const CallerGone& gone, const UpdateSink& sink,
+                           tandem::v1::WorkerPhaseTimes* times) {
   absl::Time last = absl::InfinitePast();
   while (true) {
     if (gone()) {
@@ -173,12 +179,24 @@ absl::Status Worker::Relay(const std::string& id, RequestStream& stream, absl::T
     if (!update.new_token_ids.empty()) {
       if (last == absl::InfinitePast()) {
         first_token_.Observe(absl::ToDoubleSeconds(now - start));
+        if (times != nullptr) times->set_first_token_micros(Micros(now - start));
       } else {
         inter_token_.Observe(absl::ToDoubleSeconds(now - last));
       }
       last = now;
     }
     if (finished) e2e_.Observe(absl::ToDoubleSeconds(now - start));
+    if (finished && times != nullptr) {
+      times->set_decode_micros(Micros(now - start));
+      if (connector_ != nullptr) {
+        if (std::optional<kvtransfer::KvLoadRecord> load =
+                connector_->TakeLoadRecord(stream.engine_id());
+            load.has_value()) {
+          times->set_kv_load_micros(load->micros);
+          times->set_kv_bytes(load->bytes);
+        }
+      }
+    }
     if (!sink(update)) {
       loop_->Abort(id);
       return absl::CancelledError("client went away");
@@ -190,7 +208,7 @@ absl::Status Worker::Relay(const std::string& id, RequestStream& stream, absl::T
 absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
                             const tandem::v1::KvHandle& handle, int32_t first_token,
                             KvLoadFailurePolicy on_kv_failure, const CallerGone& gone,
-                            const UpdateSink& sink) {
+                            const UpdateSink& sink, tandem::v1::WorkerPhaseTimes* times) {
   if (connector_ == nullptr || links_ == nullptr) {
     return absl::FailedPreconditionError("this worker has no KV transfer");
   }
@@ -201,7 +219,10 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
   spec.first_token = first_token;
   spec.on_kv_failure = on_kv_failure;
   bool recompute = false;  // the source is unreachable: this worker prefills the prompt
-  if (absl::Status linked = links_->EnsurePeer(handle); linked.ok()) {
+  const absl::Time link_start = absl::Now();
+  absl::Status linked = links_->EnsurePeer(handle);
+  if (times != nullptr) times->set_kv_link_micros(Micros(absl::Now() - link_start));
+  if (linked.ok()) {
     // From here on the connector owns the source's lease: it stops reading a little before the
     // lease deadline, renews it while a long load runs, and releases it when the load has ended.
     spec.remote_kv = kvtransfer::ToRemoteKvSpec(handle, absl::Now() + options_.kv_load_timeout,
@@ -229,15 +250,16 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
     return stream.status();
   }
   if (recompute) ++kv_link_recomputes_;
-  return Relay(id, **stream, start, gone, sink);
+  if (times != nullptr) times->set_kv_recomputed(recompute);
+  return Relay(id, **stream, start, gone, sink, times);
 }
 
 absl::Status Worker::Generate(const std::string& id, RequestSpec spec, const CallerGone& gone,
-                              const UpdateSink& sink) {
+                              const UpdateSink& sink, tandem::v1::WorkerPhaseTimes* times) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
   if (!stream.ok()) return stream.status();
-  return Relay(id, **stream, start, gone, sink);
+  return Relay(id, **stream, start, gone, sink, times);
 }
 
 Worker::Latencies Worker::LatencySnapshots() const {

@@ -74,6 +74,7 @@ struct PrefillResult {
   // ended at its first token (eos, a stop token, max_tokens 1: no handle then).
   RequestUpdate first;
   std::optional<tandem::v1::KvHandle> kv_handle;  // remote decode: the leased KV
+  tandem::v1::WorkerPhaseTimes times;             // prefill_micros (the request's trace)
 };
 
 class Worker {
@@ -92,12 +93,14 @@ class Worker {
   absl::StatusOr<PrefillResult> Prefill(const std::string& id, RequestSpec spec, bool remote_decode,
                                         absl::Duration lease, const CallerGone& gone);
   // Streams every update after `first_token` to `sink`; OK once the final one was accepted
-  // (an aborted request ends with a kAborted update).
+  // (an aborted request ends with a kAborted update). `times` (may be null) is filled with the
+  // request's phase times before the final update goes to `sink` (the request's trace).
   absl::Status Decode(const std::string& id, RequestSpec spec, const tandem::v1::KvHandle& handle,
                       int32_t first_token, KvLoadFailurePolicy on_kv_failure,
-                      const CallerGone& gone, const UpdateSink& sink);
+                      const CallerGone& gone, const UpdateSink& sink,
+                      tandem::v1::WorkerPhaseTimes* times = nullptr);
   absl::Status Generate(const std::string& id, RequestSpec spec, const CallerGone& gone,
-                        const UpdateSink& sink);
+                        const UpdateSink& sink, tandem::v1::WorkerPhaseTimes* times = nullptr);
   // True when `id` was in flight or held a lease.
   bool Abort(const std::string& id);
 
@@ -127,8 +130,11 @@ class Worker {
   // Hands `stream`'s updates to `sink` until the request finishes, the caller goes away, or
   // the sink refuses one.
   // `start`: when the call arrived (the first-token and e2e histograms measure from it).
+  // `times` (may be null): first token, last token and the KV load, filled before the final
+  // update goes to `sink`.
   absl::Status Relay(const std::string& id, RequestStream& stream, absl::Time start,
-                     const CallerGone& gone, const UpdateSink& sink);
+                     const CallerGone& gone, const UpdateSink& sink,
+                     tandem::v1::WorkerPhaseTimes* times);
 
   EngineLoop* const loop_;
   kvtransfer::KvConnector* const connector_;

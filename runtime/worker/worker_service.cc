@@ -92,12 +92,14 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   FillUsage(first, response->mutable_usage());
   response->set_finish_reason(FinishReasonToProto(first.finish_reason));
   if (result->kv_handle.has_value()) *response->mutable_kv_handle() = *std::move(result->kv_handle);
+  *response->mutable_worker_times() = result->times;
   return grpc::Status::OK;
 }
 
 UpdateSink WorkerServiceImpl::StreamTo(const std::string& id,
-                                       grpc::ServerWriter<GenerateResponse>* writer) {
-  return [id, writer](const RequestUpdate& update) {
+                                       grpc::ServerWriter<GenerateResponse>* writer,
+                                       const tandem::v1::WorkerPhaseTimes* times) {
+  return [id, writer, times](const RequestUpdate& update) {
     GenerateResponse out;
     out.set_request_id(id);
     if (update.finish_reason == FinishReason::kAborted) {
@@ -109,6 +111,7 @@ UpdateSink WorkerServiceImpl::StreamTo(const std::string& id,
     if (update.finish_reason != FinishReason::kNone) {
       out.set_finish_reason(FinishReasonToProto(update.finish_reason));
       FillUsage(update, out.mutable_usage());
+      if (times != nullptr) *out.mutable_worker_times() = *times;
     }
     return writer->Write(out);
   };
@@ -129,9 +132,10 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
       request->on_kv_failure() == tandem::v1::KV_LOAD_FAILURE_POLICY_FAIL
           ? KvLoadFailurePolicy::kFail
           : KvLoadFailurePolicy::kRecompute;
+  tandem::v1::WorkerPhaseTimes times;  // filled by the worker before the final message
   return ToGrpcStatus(worker_->Decode(
       id, *std::move(spec), request->kv_handle(), first_token, policy,
-      [context] { return context->IsCancelled(); }, StreamTo(id, writer)));
+      [context] { return context->IsCancelled(); }, StreamTo(id, writer, &times), &times));
 }
 
 grpc::Status WorkerServiceImpl::Generate(grpc::ServerContext* context,
@@ -143,8 +147,10 @@ grpc::Status WorkerServiceImpl::Generate(grpc::ServerContext* context,
   absl::StatusOr<RequestSpec> spec = SpecFromProto(*request);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   const std::string& id = request->request_id();
+  tandem::v1::WorkerPhaseTimes times;
   return ToGrpcStatus(worker_->Generate(
-      id, *std::move(spec), [context] { return context->IsCancelled(); }, StreamTo(id, writer)));
+      id, *std::move(spec), [context] { return context->IsCancelled(); },
+      StreamTo(id, writer, &times), &times));
 }
 
 grpc::Status WorkerServiceImpl::Abort(grpc::ServerContext* /*context*/,

@@ -40,9 +40,11 @@ class WorkerServiceImpl final : public tandem::v1::WorkerService::Service {
                      tandem::v1::WorkerStats* response) override;
 
  private:
-  // Writes a request's updates as GenerateResponse messages (an abort as a final ABORTED one).
+  // Writes a request's updates as GenerateResponse messages (an abort as a final ABORTED one);
+  // the final one carries `*times` (the worker fills it before; may be null).
   static UpdateSink StreamTo(const std::string& id,
-                             grpc::ServerWriter<tandem::v1::GenerateResponse>* writer);
+                             grpc::ServerWriter<tandem::v1::GenerateResponse>* writer,
+                             const tandem::v1::WorkerPhaseTimes* times);
 
   Worker* const worker_;
 };
