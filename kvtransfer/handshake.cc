@@ -267,6 +267,18 @@ tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo&
   return g;
 }
 
+uint64_t KvElementBytes(tandem::v1::KvDtype dtype) {
+  switch (dtype) {
+    case tandem::v1::KV_DTYPE_F32:
+      return 4;
+    case tandem::v1::KV_DTYPE_F16:
+    case tandem::v1::KV_DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
 absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
                               const tandem::v1::RankGeometry& geometry) {
   const KvLayout& l = info.layout();
@@ -280,18 +292,9 @@ absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
                                                    ", ", g.kv_head_begin() + g.kv_head_count(),
                                                    ") outside the model's ", l.num_kv_heads()));
   }
-  uint64_t elem_bytes = 0;
-  switch (l.kv_dtype()) {
-    case tandem::v1::KV_DTYPE_F32:
-      elem_bytes = 4;
-      break;
-    case tandem::v1::KV_DTYPE_F16:
-    case tandem::v1::KV_DTYPE_BF16:
-      elem_bytes = 2;
-      break;
-    default:
-      return absl::OkStatus();  // quantized blocks carry scales: their size is the backend's
-  }
+  const uint64_t elem_bytes = KvElementBytes(l.kv_dtype());
+  // Quantized blocks carry scales: their size is the backend's.
+  if (elem_bytes == 0) return absl::OkStatus();
   const uint64_t want =
       uint64_t{l.num_layers()} * 2 * l.block_size() * g.kv_head_count() * l.head_dim() * elem_bytes;
   if (g.block_bytes() != 0 && g.block_bytes() != want) {  // 0: not stated

@@ -81,6 +81,10 @@ tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts
 // The geometry of a worker that is a single rank: all KV heads, no DCP.
 tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo& info,
                                             uint64_t block_bytes);
+// Bytes of one KV element of an unquantized dtype; 0 for quantized ones (their blocks carry
+// scales, so a block's size is the backend's to state).
+uint64_t KvElementBytes(tandem::v1::KvDtype dtype);
+
 // INVALID_ARGUMENT when `geometry` cannot describe a rank of `info`'s layout: tp_rank >=
 // tp_size, a KV head range outside the model's, or (unquantized KV) block_bytes other than
 // layers * 2 * block_size * heads of the rank * head_dim * element size. proto3 zeros are read

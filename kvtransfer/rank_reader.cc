@@ -8,25 +8,13 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kvtransfer/copy_ops.h"
+#include "kvtransfer/handshake.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
 using tandem::v1::RankGeometry;
 using tandem::v1::TransferHandshake;
-
-// Bytes of one KV element; 0 for quantized dtypes (their blocks carry scales).
-int64_t ElementBytes(tandem::v1::KvDtype dtype) {
-  switch (dtype) {
-    case tandem::v1::KV_DTYPE_F32:
-      return 4;
-    case tandem::v1::KV_DTYPE_F16:
-    case tandem::v1::KV_DTYPE_BF16:
-      return 2;
-    default:
-      return 0;
-  }
-}
 
 // proto3 zeros read as one rank holding every head.
 RankHeads HeadsOf(const RankGeometry& g, int total_heads) {
@@ -40,8 +28,9 @@ RankKvReader::RankKvReader(TransferAgent* agent, RankKvReaderOptions options)
     : agent_(agent),
       options_(std::move(options)),
       mine_(HeadsOf(options_.geometry, options_.compatibility.layout().num_kv_heads())),
-      head_bytes_(int64_t{options_.compatibility.layout().head_dim()} *
-                  ElementBytes(options_.compatibility.layout().kv_dtype())) {}
+      head_bytes_(
+          int64_t{options_.compatibility.layout().head_dim()} *
+          static_cast<int64_t>(KvElementBytes(options_.compatibility.layout().kv_dtype()))) {}
 
 RankKvReader::~RankKvReader() {
   {
