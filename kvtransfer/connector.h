@@ -75,6 +75,29 @@ struct KvLease {
   absl::Time deadline;
 };
 
+// What a source lease was issued for (P side; BindLease records it before the handle is
+// published, so a lease is never known outside P without it). A handle presented to the source
+// is honoured only when it names exactly this (kv_transfer_service.h, AuthorizeRead), and only
+// `reader` may use the lease at all.
+struct LeaseBinding {
+  // The worker id of the one reader allowed to use the lease (the decode worker the router
+  // picked). Empty: any reader (an --insecure worker asked without one; see the README).
+  std::string reader;
+  std::string request_id;          // the router's request id (KvHandle.request_id)
+  std::vector<int32_t> block_ids;  // as issued, logical order
+  int64_t num_tokens = 0;
+};
+
+// One use of a source lease over the control plane, as the source's service saw it.
+struct LeaseUse {
+  uint64_t lease_id = 0;
+  // The caller's worker id: from its certificate with mTLS, as claimed with --insecure.
+  std::string reader;
+  // A read: the handle the caller presents (request id, blocks, tokens). Null for a renewal or a
+  // release, where the lease id and the caller suffice.
+  const LeaseBinding* presented = nullptr;
+};
+
 // One request's load, as BuildStepMeta hands it to StartLoad.
 struct LoadSpec {
   int64_t request_id = 0;
@@ -170,6 +193,23 @@ class KvConnector {
   virtual absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) = 0;
   // Extends a live lease to now + extend; nullopt for an unknown lease.
   virtual std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) = 0;
+
+  // ---- Lease binding (source side; thread-safe). The table of leases is the connector's, so
+  // what a lease was issued for lives with it and dies with it. ----
+  // Records what `lease_id` (just granted, not yet published) was issued for. NOT_FOUND for an
+  // unknown lease, FAILED_PRECONDITION when it is bound already, INVALID_ARGUMENT when the
+  // binding's blocks are not the lease's count.
+  virtual absl::Status BindLease(uint64_t lease_id, LeaseBinding binding) = 0;
+  // Moves the lease of request `request_id` to another reader (the router replaced a failed
+  // decode worker). NOT_FOUND unless `lease_id` is that request's bound lease.
+  virtual absl::Status ReassignLease(const std::string& request_id, uint64_t lease_id,
+                                     const std::string& reader) = 0;
+  // OK when `use` may go ahead: the lease is live and bound, `use.reader` is its reader (or it
+  // has none), and a presented handle is exactly what was issued. NOT_FOUND for an unknown
+  // lease; PERMISSION_DENIED otherwise (an unbound lease included).
+  virtual absl::Status AuthorizeLeaseUse(const LeaseUse& use) const = 0;
+  // Whether a live lease is bound to `reader` (the source answers a handshake only then).
+  virtual bool HasLeaseFor(const std::string& reader) const = 0;
 
   // ---- Worker half ----
   virtual absl::Status StartLoad(const ConnectorStepMeta& meta) = 0;

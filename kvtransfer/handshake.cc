@@ -191,6 +191,11 @@ absl::Status ValidateHandshake(const TransferHandshake& handshake) {
   if (handshake.transport().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": empty transport"));
   }
+  if (handshake.access_token().size() > static_cast<size_t>(tandem::v1::kMaxAccessTokenBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": access_token has ", handshake.access_token().size(), " bytes > limit ",
+                     tandem::v1::kMaxAccessTokenBytes));
+  }
   if (handshake.regions_size() > tandem::v1::kMaxMemoryRegions) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": ", handshake.regions_size(), " regions > limit ", tandem::v1::kMaxMemoryRegions));
@@ -316,15 +321,26 @@ absl::Status CheckGeometry(const TransferHandshake& local, const TransferHandsha
     return absl::OkStatus();
   }
   // Same model and layout, different split over tensor-parallel ranks: reconciled by the reader
-  // (rank_reader.h re-shards heads in bulk). Context-parallel splits and quantized blocks
-  // (scales inside the block) are not re-sharded.
+  // (rank_reader.h re-shards heads in bulk). A decode context-parallel group reads from an
+  // unsharded source when its shards hold whole blocks (each rank reads its shard's blocks,
+  // runtime/parallel/group_kv.h); other context-parallel pairs and quantized blocks (scales
+  // inside the block) are not re-sharded.
   const bool quantized =
       local.compatibility().layout().scale_granularity() != tandem::v1::KV_SCALE_NONE;
-  if (a.dcp_size() != b.dcp_size() || a.dcp_interleave() != b.dcp_interleave() || quantized) {
+  const bool same_dcp = a.dcp_size() == b.dcp_size() && a.dcp_interleave() == b.dcp_interleave();
+  const uint32_t block_size = local.compatibility().layout().block_size();
+  const tandem::v1::RankGeometry& sharded = a.dcp_size() > 1 ? a : b;
+  const tandem::v1::RankGeometry& plain = a.dcp_size() > 1 ? b : a;
+  const bool whole_blocks =
+      plain.dcp_size() == 1 && block_size > 0 && sharded.dcp_interleave() % block_size == 0;
+  if (quantized || (!same_dcp && !whole_blocks)) {
     return absl::UnimplementedError(absl::StrCat(
         "peer ", peer.worker_id(), " splits the same KV differently (local ", GeometryString(a),
         "; peer ", GeometryString(b), "): re-sharding ",
-        quantized ? "quantized KV" : "between context-parallel shapes", " is not implemented"));
+        quantized ? "quantized KV"
+                  : "between context-parallel shapes (only an unsharded side with a side whose "
+                    "dcp_interleave is a multiple of the block size)",
+        " is not implemented"));
   }
   return absl::OkStatus();
 }

@@ -339,13 +339,29 @@ TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
   ASSERT_TRUE(CheckGeometry(local, local).ok());
   // A different tensor-parallel split pairs: the reader re-shards the heads (rank_reader.h).
   EXPECT_TRUE(CheckCompatible(local, peer).ok()) << CheckCompatible(local, peer);
-  // A different context-parallel split is not re-sharded: UNIMPLEMENTED naming both splits
-  // (not FAILED_PRECONDITION: the model and layout are the same).
+  // A decode context-parallel group whose shards hold whole blocks reads from an unsharded
+  // source (each rank reads its shard's blocks), either side calling.
+  const uint32_t block_size = local.compatibility().layout().block_size();
   TransferHandshake dcp = peer;
   dcp.mutable_geometry()->set_dcp_size(2);
-  const absl::Status s = CheckCompatible(local, dcp);
+  dcp.mutable_geometry()->set_dcp_interleave(2 * block_size);
+  EXPECT_TRUE(CheckCompatible(local, dcp).ok()) << CheckCompatible(local, dcp);
+  EXPECT_TRUE(CheckCompatible(dcp, local).ok()) << CheckCompatible(dcp, local);
+  // Shards splitting blocks, or two different context-parallel splits, are not re-sharded:
+  // UNIMPLEMENTED naming both splits (not FAILED_PRECONDITION: the model and layout are the same).
+  if (block_size > 1) {
+    TransferHandshake split = dcp;
+    split.mutable_geometry()->set_dcp_interleave(block_size - 1);
+    const absl::Status s = CheckCompatible(local, split);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("tp 0/2"), std::string::npos) << s;
+  }
+  TransferHandshake other = local;
+  other.mutable_geometry()->set_dcp_size(4);
+  other.mutable_geometry()->set_dcp_interleave(block_size);
+  const absl::Status s = CheckCompatible(other, dcp);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("tp 0/2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("context-parallel"), std::string::npos) << s;
 }
 
 TEST(RankGeometryTest, GroupRanksAreValidated) {

@@ -28,12 +28,19 @@ struct KvSource {
   std::string transfer_endpoint;  // host:port of its KvTransferService
 };
 
-// P: the handle for `block_ids` (logical order) holding `num_tokens` tokens under `lease`.
+// P: the handle for `block_ids` (logical order) holding `num_tokens` tokens of request
+// `request_id` under `lease`.
 tandem::v1::KvHandle ToKvHandle(const KvSource& source, const KvLease& lease,
-                                absl::Span<const int32_t> block_ids, int64_t num_tokens);
+                                absl::Span<const int32_t> block_ids, int64_t num_tokens,
+                                const std::string& request_id);
+
+// What a handle claims about its lease (request, blocks, tokens), for the source to compare
+// with what it issued (KvConnector::AuthorizeLeaseUse). `reader` is left empty.
+LeaseBinding PresentedBinding(const tandem::v1::KvHandle& handle);
 
 // D: INVALID_ARGUMENT for a handle this worker cannot use: a layout hash other than
-// `local_layout_hash`, a missing or oversized worker id, or more than kMaxKvHandleBlocks blocks.
+// `local_layout_hash`, a missing or oversized worker id, an oversized request id, or more than
+// kMaxKvHandleBlocks blocks.
 // (Whether the blocks cover the prompt is the engine's check: Engine::ValidateRequest.)
 absl::Status ValidateKvHandle(const tandem::v1::KvHandle& handle, uint64_t local_layout_hash);
 
@@ -46,6 +53,11 @@ class KvSourceLinks {
  public:
   virtual ~KvSourceLinks() = default;
   virtual absl::Status EnsurePeer(const tandem::v1::KvHandle& handle) = 0;
+  // Asks the handle's source whether this worker may read what the handle names (before
+  // EnsurePeer: the source describes its pool only to a reader it holds a lease for): OK,
+  // PERMISSION_DENIED (not issued for this worker, or not as presented), NOT_FOUND (the lease is
+  // gone), FAILED_PRECONDITION (a stale handle: the source restarted), UNAVAILABLE (no answer).
+  virtual absl::Status AuthorizeRead(const tandem::v1::KvHandle& handle) = 0;
   virtual std::shared_ptr<LeaseClient> lease_client() const = 0;
 };
 

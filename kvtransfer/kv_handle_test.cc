@@ -31,8 +31,14 @@ TEST(KvHandleTest, HeldBlocksSurviveTheTripFromSourceToReader) {
   for (int32_t& b : blocks) b = static_cast<int32_t>(rng() % 100000);
   const int64_t num_tokens = static_cast<int64_t>(blocks.size()) * 16 - rng() % 16;
 
-  const tandem::v1::KvHandle handle = ToKvHandle(source, lease, blocks, num_tokens);
+  const tandem::v1::KvHandle handle = ToKvHandle(source, lease, blocks, num_tokens, "req-1");
   EXPECT_EQ(handle.worker_id(), source.worker_id);
+  EXPECT_EQ(handle.request_id(), "req-1");
+  const LeaseBinding presented = PresentedBinding(handle);
+  EXPECT_EQ(presented.request_id, "req-1");
+  EXPECT_EQ(presented.block_ids, blocks);
+  EXPECT_EQ(presented.num_tokens, num_tokens);
+  EXPECT_TRUE(presented.reader.empty());
   EXPECT_EQ(handle.epoch(), source.epoch);
   EXPECT_EQ(handle.layout_hash(), source.layout_hash);
   EXPECT_EQ(handle.transfer_endpoint(), source.transfer_endpoint);
@@ -54,7 +60,7 @@ TEST(KvHandleTest, HeldBlocksSurviveTheTripFromSourceToReader) {
 
 TEST(KvHandleTest, HandlesTheReaderCannotUseAreInvalidArgument) {
   KvSource source{"p", 1, 0xabc, "127.0.0.1:1"};
-  tandem::v1::KvHandle good = ToKvHandle(source, KvLease{1, absl::Now()}, {1, 2}, 20);
+  tandem::v1::KvHandle good = ToKvHandle(source, KvLease{1, absl::Now()}, {1, 2}, 20, "r");
   ASSERT_TRUE(ValidateKvHandle(good, 0xabc).ok());
 
   const absl::Status other_layout = ValidateKvHandle(good, 0xdef);
@@ -68,6 +74,10 @@ TEST(KvHandleTest, HandlesTheReaderCannotUseAreInvalidArgument) {
   tandem::v1::KvHandle long_id = good;
   long_id.set_worker_id(std::string(tandem::v1::kMaxIdBytes + 1, 'x'));
   EXPECT_EQ(ValidateKvHandle(long_id, 0xabc).code(), absl::StatusCode::kInvalidArgument);
+
+  tandem::v1::KvHandle long_request = good;
+  long_request.set_request_id(std::string(tandem::v1::kMaxIdBytes + 1, 'x'));
+  EXPECT_EQ(ValidateKvHandle(long_request, 0xabc).code(), absl::StatusCode::kInvalidArgument);
 
   tandem::v1::KvHandle too_many = good;
   for (int i = 0; i < tandem::v1::kMaxKvHandleBlocks; ++i) too_many.add_block_ids(3);

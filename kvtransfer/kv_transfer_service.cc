@@ -6,10 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_keepalive.h"
 #include "common/grpc_status.h"
+#include "common/security/auth_status.h"
 #include "common/security/grpc_security.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kvtransfer/handshake.h"
+#include "tandem/v1/limits.h"
 
 namespace tandem::kvtransfer {
 
@@ -21,9 +23,55 @@ KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvConnector* 
   if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
 }
 
-grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* /*context*/,
+namespace {
+
+// The calling worker's id. On an mTLS plane (the peer presented a certificate the CA verified;
+// an internal server accepts no other) it is the certificate's, and a request claiming another
+// is refused; on a plain-text plane (--insecure) nothing is authenticated and the claim is all
+// there is. PERMISSION_DENIED (opaque) for a certificate that names no worker.
+absl::StatusOr<std::string> CallerWorkerId(const grpc::ServerContext& context,
+                                           const std::string& claimed) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return claimed;
+  absl::StatusOr<security::PeerIdentity> peer = security::PeerIdentityOf(*auth);
+  if (!peer.ok()) return peer.status();
+  if (peer->worker_id.empty()) {
+    return security::PermissionDenied(
+        absl::StrCat(peer->ToString(), ": a role certificate names no worker to bind leases to"));
+  }
+  if (!claimed.empty() && claimed != peer->worker_id) {
+    return security::PermissionDenied(
+        absl::StrCat(peer->ToString(), " claims to be worker ", claimed));
+  }
+  return peer->worker_id;
+}
+
+// A refused lease use as the caller sees it: NOT_FOUND (the lease is gone) stays, the rest says
+// only "permission denied" (the reason is logged at VLOG 1).
+absl::Status LeaseRefusal(const absl::Status& status) {
+  if (status.ok() || absl::IsNotFound(status)) return status;
+  return security::Opaque(status);
+}
+
+}  // namespace
+
+grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* context,
                                               const tandem::v1::TransferHandshake* request,
                                               tandem::v1::TransferHandshakeResponse* response) {
+  // Only a reader that holds a lease here learns how to reach this worker's pool: the transport
+  // descriptor (UCX rkeys, the NCCL control socket) and a token for the NCCL socket.
+  absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->worker_id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!connector_->HasLeaseFor(*caller)) {
+    // Refused without the transport descriptor. The worker id and epoch (not secret) still tell
+    // a reader holding a stale handle that this source restarted.
+    VLOG(1) << "handshake from '" << *caller << "' refused: no live lease is bound to it";
+    response->mutable_peer()->set_worker_id(local_.worker_id());
+    response->mutable_peer()->set_epoch(local_.epoch());
+    response->set_accepted(false);
+    response->set_reason("no live KV lease here is bound to this worker");
+    return grpc::Status::OK;
+  }
   *response->mutable_peer() = local_;
   absl::Status compatible = CheckCompatible(local_, *request);
   if (compatible.code() == absl::StatusCode::kInvalidArgument) return ToGrpcStatus(compatible);
@@ -33,29 +81,55 @@ grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* /*context*/,
     return grpc::Status::OK;
   }
   // Pull mode: only the reader needs an endpoint to us, so the source just answers. A source
-  // that also read (push mode) would AddPeer here.
+  // that also read (push mode) would AddPeer here. The token opens every rank's connection (the
+  // ranks of a group verify it with the key they share: kvtransfer/nccl/nccl_agent_auth.h).
+  const std::string token = agent_->IssueAccessToken();
+  if (!token.empty()) {
+    response->mutable_peer()->set_access_token(token);
+    for (tandem::v1::TransferHandshake& rank : *response->mutable_peer()->mutable_ranks()) {
+      rank.set_access_token(token);
+    }
+  }
   response->set_accepted(true);
   return grpc::Status::OK;
 }
 
-grpc::Status KvTransferServiceImpl::ReleaseLease(grpc::ServerContext* /*context*/,
+grpc::Status KvTransferServiceImpl::ReleaseLease(grpc::ServerContext* context,
                                                  const tandem::v1::ReleaseLeaseRequest* request,
                                                  tandem::v1::ReleaseLeaseResponse* response) {
   if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
     response->set_released(false);  // a lease of another incarnation: already gone
     return grpc::Status::OK;
   }
+  absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  const absl::Status allowed =
+      connector_->AuthorizeLeaseUse({request->lease_id(), *caller, nullptr});
+  if (absl::IsNotFound(allowed)) {
+    response->set_released(false);
+    return grpc::Status::OK;
+  }
+  if (!allowed.ok()) return ToGrpcStatus(LeaseRefusal(allowed));
   response->set_released(connector_->ReleaseLease(request->lease_id()));
   return grpc::Status::OK;
 }
 
-grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
+grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* context,
                                                const tandem::v1::RenewLeaseRequest* request,
                                                tandem::v1::RenewLeaseResponse* response) {
   if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
     response->set_renewed(false);
     return grpc::Status::OK;
   }
+  absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  const absl::Status allowed =
+      connector_->AuthorizeLeaseUse({request->lease_id(), *caller, nullptr});
+  if (absl::IsNotFound(allowed)) {
+    response->set_renewed(false);
+    return grpc::Status::OK;
+  }
+  if (!allowed.ok()) return ToGrpcStatus(LeaseRefusal(allowed));
   const int64_t extend_ms =
       std::min<int64_t>(request->extend_ms(), absl::ToInt64Milliseconds(max_lease_));
   std::optional<absl::Time> deadline =
@@ -63,6 +137,42 @@ grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* /*context*/,
   response->set_renewed(deadline.has_value());
   if (deadline.has_value()) response->set_lease_deadline_unix_ms(absl::ToUnixMillis(*deadline));
   return grpc::Status::OK;
+}
+
+grpc::Status KvTransferServiceImpl::AuthorizeRead(grpc::ServerContext* context,
+                                                  const tandem::v1::AuthorizeReadRequest* request,
+                                                  tandem::v1::AuthorizeReadResponse* /*response*/) {
+  const tandem::v1::KvHandle& handle = request->handle();
+  if (handle.worker_id() != local_.worker_id()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "KV handle names source ", handle.worker_id(), ", this is ", local_.worker_id())));
+  }
+  if (handle.epoch() != local_.epoch()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("stale KV handle: source ", local_.worker_id(), " restarted (epoch ",
+                     local_.epoch(), ", handle epoch ", handle.epoch(), ")")));
+  }
+  if (handle.block_ids_size() > tandem::v1::kMaxKvHandleBlocks) {
+    return ToGrpcStatus(absl::InvalidArgumentError("KV handle has too many blocks"));
+  }
+  absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  const LeaseBinding presented = PresentedBinding(handle);
+  return ToGrpcStatus(
+      LeaseRefusal(connector_->AuthorizeLeaseUse({handle.lease_id(), *caller, &presented})));
+}
+
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictKvTransferService(
+    tandem::v1::KvTransferService::Service* service) {
+  using S = tandem::v1::KvTransferService::Service;
+  auto strict = std::make_unique<StrictParsingService>(
+      tandem::v1::KvTransferService::service_full_name(), tandem::v1::kMaxGrpcMessageBytes);
+  strict->Unary("Handshake", service, &S::Handshake)
+      .Unary("ReleaseLease", service, &S::ReleaseLease)
+      .Unary("RenewLease", service, &S::RenewLease)
+      .Unary("AuthorizeRead", service, &S::AuthorizeRead);
+  if (absl::Status s = strict->Complete(); !s.ok()) return s;
+  return strict;
 }
 
 // The LeaseClient handed out by lease_client(): forwards to the PeerLinks while it lives.
@@ -135,6 +245,7 @@ absl::Status PeerLinks::QueueRenewal(const std::string& peer, uint64_t epoch, ui
   renewal.request.set_worker_id(peer);
   renewal.request.set_epoch(epoch);
   renewal.request.set_lease_id(lease_id);
+  renewal.request.set_reader_worker_id(local_.worker_id());
   renewal.request.set_extend_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(absl::ToInt64Milliseconds(extend), 1, 10 * 60 * 1000)));
   renewal.done = std::move(done);
@@ -255,6 +366,29 @@ absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> PeerLinks::
       tandem::v1::KvTransferService::NewStub(channel));
 }
 
+namespace {
+
+// With mTLS: the endpoint that answered must hold a KV-source certificate and, when it names its
+// worker, be the handle's worker (an address taken over by another daemon cannot serve a handle
+// it did not issue). Plain text: nothing to check.
+absl::Status CheckSourceIdentity(const grpc::ClientContext& context,
+                                 const tandem::v1::KvHandle& handle) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  absl::StatusOr<security::PeerIdentity> source = security::PeerIdentityOf(*auth);
+  if (!source.ok()) return source.status();
+  const bool serves_kv =
+      source->role == security::Role::kPrefill || source->role == security::Role::kMixed;
+  if (!serves_kv || (!source->worker_id.empty() && source->worker_id != handle.worker_id())) {
+    return absl::PermissionDeniedError(absl::StrCat("endpoint ", handle.transfer_endpoint(),
+                                                    " presents ", source->ToString(),
+                                                    ", not KV source ", handle.worker_id()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
   {
     absl::MutexLock lock(&mu_);
@@ -286,11 +420,17 @@ absl::Status PeerLinks::EnsurePeer(const tandem::v1::KvHandle& handle) {
     return FromGrpcStatus(rpc, absl::StrCat("handshake with ", handle.worker_id(), " at ",
                                             handle.transfer_endpoint()));
   }
+  if (absl::Status who = CheckSourceIdentity(context, handle); !who.ok()) return who;
+  const tandem::v1::TransferHandshake& peer = response.peer();
   if (!response.accepted()) {
+    if (peer.worker_id() == handle.worker_id() && peer.epoch() != handle.epoch()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stale KV handle: source ", handle.worker_id(), " restarted (epoch ",
+                       peer.epoch(), ", handle epoch ", handle.epoch(), ")"));
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("source ", handle.worker_id(), " refused the handshake: ", response.reason()));
   }
-  const tandem::v1::TransferHandshake& peer = response.peer();
   absl::Status compatible = CheckCompatible(local_, peer);
   if (!compatible.ok()) return compatible;
   if (peer.worker_id() != handle.worker_id()) {
@@ -322,6 +462,7 @@ void PeerLinks::QueueRelease(const std::string& peer, uint64_t epoch, uint64_t l
   release.request.set_worker_id(peer);
   release.request.set_epoch(epoch);
   release.request.set_lease_id(lease_id);
+  release.request.set_reader_worker_id(local_.worker_id());
   releases_.push_back(std::move(release));
 }
 
@@ -333,8 +474,25 @@ void PeerLinks::ReleaseLease(const tandem::v1::KvHandle& handle) {
   release.request.set_worker_id(handle.worker_id());
   release.request.set_epoch(handle.epoch());
   release.request.set_lease_id(handle.lease_id());
+  release.request.set_reader_worker_id(local_.worker_id());
   absl::MutexLock lock(&mu_);
   releases_.push_back(std::move(release));
+}
+
+absl::Status PeerLinks::AuthorizeRead(const tandem::v1::KvHandle& handle) {
+  absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> stub = StubFor(handle);
+  if (!stub.ok()) return stub.status();
+  tandem::v1::AuthorizeReadRequest request;
+  *request.mutable_handle() = handle;
+  request.set_reader_worker_id(local_.worker_id());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  context.set_wait_for_ready(true);  // rides out a reconnect (StubFor), bounded by the deadline
+  tandem::v1::AuthorizeReadResponse response;
+  const grpc::Status s = (*stub)->AuthorizeRead(&context, request, &response);
+  if (s.ok()) return absl::OkStatus();
+  return FromGrpcStatus(s, absl::StrCat("KV source ", handle.worker_id(), " authorizing lease ",
+                                        handle.lease_id(), " of request ", handle.request_id()));
 }
 
 }  // namespace tandem::kvtransfer

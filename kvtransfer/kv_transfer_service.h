@@ -2,7 +2,17 @@
 //
 //  * KvTransferServiceImpl, served by every KV source (prefill / mixed worker): answers a
 //    reader's Handshake (compatibility check, then both sides know each other's transport
-//    descriptor), and ReleaseLease / RenewLease on the source's connector.
+//    descriptor), ReleaseLease / RenewLease on the source's connector, and AuthorizeRead.
+//
+// Lease binding (kvtransfer/README.md, "Lease binding"): a lease is bound to the decode worker
+// the router picked (KvConnector::BindLease). Every RPC names its caller: on an mTLS plane the
+// worker id of the caller's certificate (spiffe://tandem/role/<role>/worker/<id>), on a
+// plain-text plane (--insecure) the id the request claims. Handshake accepts only a caller some
+// live lease is bound to (and hands it the transport's short-lived access token; others get
+// accepted = false with nothing but the source's worker id and epoch); Renew / Release
+// act only for the lease's reader; AuthorizeRead is OK only when the presented handle is exactly
+// what was issued (request id, blocks, tokens, lease) and the caller is its reader. Refusals are
+// PERMISSION_DENIED; an unknown lease is NOT_FOUND (AuthorizeRead) or renewed / released = false.
 //  * PeerLinks, used by every reader (decode / mixed worker): handshakes once per source
 //    incarnation (worker id + epoch) before the first READ, detects a restarted source (its
 //    epoch differs from the handle's: the handle is stale), and gives the connector a
@@ -26,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc_strict_parse.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/kv_handle.h"
 #include "kvtransfer/transfer_agent.h"
@@ -51,6 +62,9 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
   grpc::Status RenewLease(grpc::ServerContext* context,
                           const tandem::v1::RenewLeaseRequest* request,
                           tandem::v1::RenewLeaseResponse* response) override;
+  grpc::Status AuthorizeRead(grpc::ServerContext* context,
+                             const tandem::v1::AuthorizeReadRequest* request,
+                             tandem::v1::AuthorizeReadResponse* response) override;
 
  private:
   TransferAgent* const agent_;
@@ -58,6 +72,12 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
   tandem::v1::TransferHandshake local_;  // immutable after construction
   const absl::Duration max_lease_;
 };
+
+// `service`'s methods behind strict request parsing (common/grpc_strict_parse.h): request bytes
+// that do not parse are INVALID_ARGUMENT. Register the result instead of `service` (which must
+// outlive it); an error when the list misses a KvTransferService method.
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictKvTransferService(
+    tandem::v1::KvTransferService::Service* service);
 
 class PeerLinks final : public KvSourceLinks {
  public:
@@ -79,8 +99,12 @@ class PeerLinks final : public KvSourceLinks {
   // Ensures the agent can read the blocks of `handle`: handshakes with handle.transfer_endpoint
   // unless the same source incarnation is already connected. FAILED_PRECONDITION when the
   // source's epoch is not the handle's (the source restarted: its blocks are gone) or the
-  // layouts are incompatible; UNAVAILABLE when the source does not answer.
+  // layouts are incompatible; UNAVAILABLE when the source does not answer; PERMISSION_DENIED
+  // when the source refuses us (no lease bound to us) or, with mTLS, the endpoint's certificate
+  // is not the handle's worker.
   absl::Status EnsurePeer(const tandem::v1::KvHandle& handle) override;
+  // The AuthorizeRead RPC (synchronous, bounded by rpc_timeout).
+  absl::Status AuthorizeRead(const tandem::v1::KvHandle& handle) override;
   // Tells the source that the handle's lease is done (best effort, in the background).
   void ReleaseLease(const tandem::v1::KvHandle& handle);
   // Renews leases of handshaked sources with RenewLease RPCs on the background thread (before

@@ -70,10 +70,11 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
-  // P leases source blocks {2, 3, 7} for `lease`; returns the handle D gets.
+  // P leases source blocks {2, 3, 7} for `lease`, bound to D ("d"); returns the handle D gets.
   tandem::v1::KvHandle Lease(absl::Duration lease) {
-    std::optional<KvLease> granted = pc_->RequestFinished(42, "", true, 3, lease);
+    std::optional<KvLease> granted = pc_->RequestFinished(42, "req-42", true, 3, lease);
     EXPECT_TRUE(granted.has_value());
+    EXPECT_TRUE(pc_->BindLease(granted->lease_id, {"d", "req-42", {2, 3, 7}, 48}).ok());
     tandem::v1::KvHandle handle;
     handle.set_worker_id("p");
     handle.set_epoch(kEpoch);
@@ -82,6 +83,7 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
     handle.set_lease_id(granted->lease_id);
     handle.set_lease_deadline_unix_ms(absl::ToUnixMillis(granted->deadline));
     handle.set_transfer_endpoint(endpoint_);
+    handle.set_request_id("req-42");
     return handle;
   }
 
@@ -129,6 +131,7 @@ TEST_F(LeaseRenewalOverGrpcTest, LoadLongerThanTheLeaseSucceedsByRenewing) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const tandem::v1::KvHandle handle = Lease(absl::Seconds(1));
   ASSERT_TRUE(peers_->EnsurePeer(handle).ok());
+  ASSERT_TRUE(peers_->AuthorizeRead(handle).ok());
   slow_d_->SetFaults({.delay = absl::Milliseconds(2500)});  // 2.5 leases
   std::vector<int64_t> source_done;
   const absl::Status end = LoadFrom(handle, kEpoch, &source_done);
@@ -185,6 +188,7 @@ TEST_F(LeaseRenewalOverGrpcTest, RenewalIsCappedByTheSourcesMaxLease) {
   request.set_epoch(kEpoch);
   request.set_lease_id(handle.lease_id());
   request.set_extend_ms(3600 * 1000);
+  request.set_reader_worker_id("d");  // plain text: the claim is what the lease is checked with
   tandem::v1::RenewLeaseResponse response;
   grpc::ServerContext context;
   ASSERT_TRUE(capped.RenewLease(&context, &request, &response).ok());

@@ -94,7 +94,8 @@ std::optional<KvLease> PullKvConnector::RequestFinished(int64_t request_id,
   KvLease lease;
   lease.lease_id = NewLeaseIdLocked();
   lease.deadline = absl::Now() + lease_duration;
-  leases_[lease.lease_id] = Lease{request_id, external_id, lease.deadline, num_blocks};
+  leases_[lease.lease_id] =
+      Lease{request_id, external_id, lease.deadline, num_blocks, std::nullopt};
   if (!external_id.empty()) lease_of_[external_id] = lease.lease_id;
   ++stats_.leases_granted;
   return lease;
@@ -186,6 +187,74 @@ std::optional<absl::Time> PullKvConnector::RenewLease(uint64_t lease_id, absl::D
   if (it == leases_.end()) return std::nullopt;
   it->second.deadline = std::max(it->second.deadline, absl::Now() + extend);
   return it->second.deadline;
+}
+
+absl::Status PullKvConnector::BindLease(uint64_t lease_id, LeaseBinding binding) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", lease_id));
+  Lease& lease = it->second;
+  if (lease.binding.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is bound already"));
+  }
+  if (static_cast<int64_t>(binding.block_ids.size()) != lease.num_blocks ||
+      binding.num_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lease ", lease_id, " holds ", lease.num_blocks,
+                                                   " blocks, the binding names ",
+                                                   binding.block_ids.size()));
+  }
+  lease.binding = std::move(binding);
+  return absl::OkStatus();
+}
+
+absl::Status PullKvConnector::ReassignLease(const std::string& request_id, uint64_t lease_id,
+                                            const std::string& reader) {
+  absl::MutexLock lock(&mu_);
+  auto named = lease_of_.find(request_id);
+  auto it = leases_.find(lease_id);
+  if (request_id.empty() || named == lease_of_.end() || named->second != lease_id ||
+      it == leases_.end() || !it->second.binding.has_value() ||
+      it->second.binding->request_id != request_id) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", request_id, " holds no lease ", lease_id, " here"));
+  }
+  it->second.binding->reader = reader;
+  return absl::OkStatus();
+}
+
+absl::Status PullKvConnector::AuthorizeLeaseUse(const LeaseUse& use) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(use.lease_id);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", use.lease_id));
+  const std::optional<LeaseBinding>& bound = it->second.binding;
+  if (!bound.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat("lease ", use.lease_id, " is not published"));
+  }
+  if (!bound->reader.empty() && use.reader != bound->reader) {
+    return absl::PermissionDeniedError(absl::StrCat("lease ", use.lease_id, " is bound to ",
+                                                    bound->reader, ", not to '", use.reader, "'"));
+  }
+  const LeaseBinding* shown = use.presented;
+  if (shown != nullptr &&
+      (shown->request_id != bound->request_id || shown->block_ids != bound->block_ids ||
+       shown->num_tokens != bound->num_tokens)) {
+    // A forged or edited handle: whatever its blocks, it reads nothing here.
+    return absl::PermissionDeniedError(
+        absl::StrCat("KV handle (request '", shown->request_id, "', ", shown->block_ids.size(),
+                     " blocks) is not what lease ", use.lease_id, " was issued for"));
+  }
+  return absl::OkStatus();
+}
+
+bool PullKvConnector::HasLeaseFor(const std::string& reader) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, lease] : leases_) {
+    if (lease.binding.has_value() &&
+        (lease.binding->reader.empty() || lease.binding->reader == reader)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::vector<CopyOp> PullKvConnector::BlocksToCopyOps(

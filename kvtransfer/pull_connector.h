@@ -16,6 +16,10 @@
 // lease fails the load (FAILED_PRECONDITION: its blocks may be reused); a failed attempt
 // (network) is retried after an eighth of the lease while the old deadline still stands.
 //
+// Lease binding (source side): a granted lease is bound (BindLease) to what it was issued for,
+// the request, its blocks and the one reader, before its handle leaves the worker;
+// AuthorizeLeaseUse checks every use against that (kvtransfer/README.md, "Lease binding").
+//
 // Thread safety: thread-safe (one mutex). The engine thread drives both halves; lease control
 // may come from any thread.
 #ifndef TANDEM_KVTRANSFER_PULL_CONNECTOR_H_
@@ -75,6 +79,11 @@ class PullKvConnector : public KvConnector {
   bool ReleaseLeaseOf(const std::string& external_id) override;
   absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) override;
   std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) override;
+  absl::Status BindLease(uint64_t lease_id, LeaseBinding binding) override;
+  absl::Status ReassignLease(const std::string& request_id, uint64_t lease_id,
+                             const std::string& reader) override;
+  absl::Status AuthorizeLeaseUse(const LeaseUse& use) const override;
+  bool HasLeaseFor(const std::string& reader) const override;
 
   absl::Status StartLoad(const ConnectorStepMeta& meta) override;
   absl::Status WaitForLayerLoad(int layer) override;
@@ -101,6 +110,7 @@ class PullKvConnector : public KvConnector {
     std::string external_id;
     absl::Time deadline;
     int64_t num_blocks = 0;
+    std::optional<LeaseBinding> binding;  // BindLease; unbound leases serve no one
   };
   // A source lease to release once mu_ is released (GetFinished sends them).
   struct SourceRelease {

@@ -95,6 +95,13 @@ class TransferAgent {
   // can reach this agent and address its registered regions. Leaves the other fields alone.
   virtual absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) = 0;
 
+  // Source side: a fresh short-lived token whose possession a reader's agent must prove when it
+  // opens this agent's own transport connection (TransferHandshake.access_token: the source's
+  // KvTransferService hands one out with each handshake it answers, i.e. only to readers the
+  // control plane authenticated). Empty: this transport checks none (the default; UCX and the
+  // in-process agent, or an agent configured without a token key).
+  virtual std::string IssueAccessToken() { return std::string(); }
+
   // Connects to the peer described by `peer` (its FillLocalDescriptor output) under `peer_name`.
   // INVALID_ARGUMENT for a descriptor of another transport or a malformed one; re-adding a name
   // replaces the old connection (a restarted peer with a new epoch).

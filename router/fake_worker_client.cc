@@ -11,6 +11,7 @@ struct FakeWorkerClient::State {
     Kind kind;
     const CallerContext* caller = nullptr;
     v1::GenerateRequest request;
+    std::string decode_worker_id;  // kPrefill: PrefillRequest.decode_worker_id
     bool started = false;
     bool seen = false;  // returned by WaitForCall
     bool cancelled = false;
@@ -21,6 +22,7 @@ struct FakeWorkerClient::State {
   mutable absl::Mutex mu;
   std::vector<Call> calls ABSL_GUARDED_BY(mu);
   std::vector<std::string> aborts ABSL_GUARDED_BY(mu);
+  std::vector<v1::ReassignLeaseRequest> reassigns ABSL_GUARDED_BY(mu);
 
   int Add(Kind kind, const CallOptions& options, v1::GenerateRequest request) {
     absl::MutexLock lock(&mu);
@@ -58,6 +60,7 @@ class FakeWorkerClient::Prefill final : public PrefillCall {
   absl::StatusOr<v1::PrefillResponse> Run(const v1::PrefillRequest& request) override {
     absl::MutexLock lock(&state_->mu);
     state_->calls[id_].request = request.request();
+    state_->calls[id_].decode_worker_id = request.decode_worker_id();
     state_->calls[id_].started = true;
     if (!state_->Wait(id_, [](const State::Call& c) { return c.reply.has_value(); })) {
       return absl::CancelledError("fake prefill cancelled");
@@ -127,6 +130,13 @@ void FakeWorkerClient::AbortAsync(const std::string& request_id, absl::Duration 
   if (done) done(absl::OkStatus());
 }
 
+absl::Status FakeWorkerClient::ReassignLease(const v1::ReassignLeaseRequest& request,
+                                             absl::Time /*deadline*/) {
+  absl::MutexLock lock(&state_->mu);
+  state_->reassigns.push_back(request);
+  return absl::OkStatus();
+}
+
 int FakeWorkerClient::WaitForCall(Kind kind, absl::Duration timeout) {
   absl::MutexLock lock(&state_->mu);
   int found = -1;
@@ -148,6 +158,11 @@ int FakeWorkerClient::WaitForCall(Kind kind, absl::Duration timeout) {
 v1::GenerateRequest FakeWorkerClient::request(int call) const {
   absl::MutexLock lock(&state_->mu);
   return state_->calls[call].request;
+}
+
+std::string FakeWorkerClient::decode_worker_id(int call) const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->calls[call].decode_worker_id;
 }
 
 void FakeWorkerClient::ReplyPrefill(int call, absl::StatusOr<v1::PrefillResponse> reply) {
@@ -173,6 +188,11 @@ bool FakeWorkerClient::cancelled(int call) const {
 std::vector<std::string> FakeWorkerClient::aborts() const {
   absl::MutexLock lock(&state_->mu);
   return state_->aborts;
+}
+
+std::vector<v1::ReassignLeaseRequest> FakeWorkerClient::reassigns() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->reassigns;
 }
 
 }  // namespace tandem::router

@@ -42,18 +42,23 @@ class FakeWorkerClient final : public WorkerClient {
   // Recorded and answered OK at once.
   void AbortAsync(const std::string& request_id, absl::Duration timeout,
                   std::function<void(absl::Status)> done) override;
+  // Recorded and answered OK at once.
+  absl::Status ReassignLease(const v1::ReassignLeaseRequest& request, absl::Time deadline) override;
 
   // Waits up to `timeout` for a call of `kind` that started (Run / first Read) and has not been
   // returned by an earlier WaitForCall; its handle, or -1.
   int WaitForCall(Kind kind, absl::Duration timeout = absl::Seconds(10));
   // The request a call was made with (PrefillRequest's request for kPrefill).
   v1::GenerateRequest request(int call) const;
+  // kPrefill: the decode worker the router bound the lease to.
+  std::string decode_worker_id(int call) const;
   void ReplyPrefill(int call, absl::StatusOr<v1::PrefillResponse> reply);
   void Push(int call, v1::GenerateResponse message);
   void End(int call, absl::Status status);
   // Whether the call ended cancelled (Cancel() or its caller went away).
   bool cancelled(int call) const;
   std::vector<std::string> aborts() const;
+  std::vector<v1::ReassignLeaseRequest> reassigns() const;
 
  private:
   struct State;

@@ -110,6 +110,13 @@ class GrpcWorkerClient final : public WorkerClient,
       if (finished) finished(FromGrpcStatus(s));
     });
   }
+  absl::Status ReassignLease(const v1::ReassignLeaseRequest& request,
+                             absl::Time deadline) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::ReassignLeaseResponse response;
+    return FromGrpcStatus(stub_->ReassignLease(&ctx, request, &response));
+  }
 
  private:
   const std::shared_ptr<Stub> stub_;

@@ -90,8 +90,14 @@ class GenerateCall {
 
  private:
   Outcome RunDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap);
-  absl::Status RunDecode(const v1::WorkerInfo& prefill, std::unique_ptr<WorkerSlot> decode,
-                         const v1::PrefillResponse& prefilled);
+  // `prefill_client`: the P that holds the KV lease (asked to rebind it when D is replaced).
+  absl::Status RunDecode(const v1::WorkerInfo& prefill, WorkerClient& prefill_client,
+                         std::unique_ptr<WorkerSlot> decode, const v1::PrefillResponse& prefilled);
+  // The KV lease P holds for this request moves to `decode_worker` (P serves no other reader).
+  // Best effort: if P does not answer, the new decode worker finds the source unreachable or the
+  // lease not its own, and recomputes or fails as for any KV failure.
+  void ReassignLease(WorkerClient& prefill_client, uint64_t lease_id,
+                     const std::string& decode_worker);
   Outcome RunMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
 
   RelayResult Relay(StreamCall& stream, bool usage_from_worker);
@@ -177,6 +183,8 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
   *preq.mutable_request() = request_;
   preq.set_remote_decode(true);
   preq.set_lease_ms(orch_.options().lease_ms);
+  // P binds the KV lease to this decode worker: only it may read, renew or release it.
+  preq.set_decode_worker_id(decode->id());
   v1::PrefillResponse prefilled;
   touched_.push_back(prefill->ref());
   const v1::WorkerInfo prefill_info = prefill->ref().info;
@@ -198,6 +206,7 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
     return {s, retriable ? prefill->id() : ""};
   }
   prefilled = *std::move(answered);
+  const std::shared_ptr<WorkerClient> prefill_client = prefill->ref().client;
   prefill.reset();
   *trace_.mutable_prefill() = prefilled.worker_times();
 
@@ -222,10 +231,10 @@ Outcome GenerateCall::RunDisaggregated(const RoutePlan& plan, const RoutingSnaps
                                              " returned neither a finish reason nor a kv_handle")),
             ""};
   }
-  return {RunDecode(prefill_info, std::move(decode), prefilled), ""};
+  return {RunDecode(prefill_info, *prefill_client, std::move(decode), prefilled), ""};
 }
 
-absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
+absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill, WorkerClient& prefill_client,
                                      std::unique_ptr<WorkerSlot> decode,
                                      const v1::PrefillResponse& prefilled) {
   v1::DecodeRequest dreq;
@@ -276,6 +285,7 @@ absl::Status GenerateCall::RunDecode(const v1::WorkerInfo& prefill,
           }
           LOG(WARNING) << "request " << flight_.id() << ": decode worker " << decode->id()
                        << " failed (" << s << "); retrying on " << *next;
+          ReassignLease(prefill_client, prefilled.kv_handle().lease_id(), *next);
           decode = std::make_unique<WorkerSlot>(&orch_.registry(), *std::move(ref));
           continue;
         }
@@ -430,6 +440,20 @@ absl::Status GenerateCall::FinishAborted() {
   *last.mutable_usage() = FinalUsage();
   if (!Send(last)) return absl::CancelledError("the client went away");
   return absl::OkStatus();
+}
+
+void GenerateCall::ReassignLease(WorkerClient& prefill_client, uint64_t lease_id,
+                                 const std::string& decode_worker) {
+  v1::ReassignLeaseRequest request;
+  request.set_request_id(request_.request_id());
+  request.set_lease_id(lease_id);
+  request.set_decode_worker_id(decode_worker);
+  const absl::Status s = prefill_client.ReassignLease(
+      request, std::min(deadline_, absl::Now() + orch_.options().abort_timeout));
+  if (!s.ok()) {
+    LOG(WARNING) << "request " << flight_.id() << ": moving its KV lease to " << decode_worker
+                 << ": " << s;
+  }
 }
 
 void GenerateCall::AbortWorkers() {

@@ -221,6 +221,13 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   h.client("d0").End(refused, absl::UnavailableError("worker d0 is draining"));
   const int decode = h.client("d1").WaitForCall(FakeWorkerClient::kDecode);
   ASSERT_GE(decode, 0) << "retried on the decode worker registered after routing";
+  // P bound the lease to d0 (the decode worker routing picked); the retry moved it to d1 first.
+  EXPECT_EQ(h.client("p0").decode_worker_id(prefill), "d0");
+  const std::vector<v1::ReassignLeaseRequest> moved = h.client("p0").reassigns();
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].request_id(), "r4");
+  EXPECT_EQ(moved[0].lease_id(), 42u);
+  EXPECT_EQ(moved[0].decode_worker_id(), "d1");
   v1::GenerateResponse rest;
   rest.add_token_ids(12);
   rest.add_token_ids(13);

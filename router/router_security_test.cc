@@ -76,7 +76,7 @@ std::string WaitForFile(const std::string& path) {
 class RouterSecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<TestCerts> certs = MakeTestCerts("cluster");
+    absl::StatusOr<TestCerts> certs = MakeTestCerts("cluster", {"--worker=decode-7:decode"});
     absl::StatusOr<TestCerts> other = MakeTestCerts("other");
     ASSERT_TRUE(certs.ok() && other.ok());
     certs_ = new TestCerts(*certs);
@@ -124,12 +124,12 @@ class RouterSecurityTest : public ::testing::Test {
     return RouterStub(address, config, key)->ListWorkers(&ctx, v1::ListWorkersRequest(), resp);
   }
   static grpc::Status Register(const std::string& address, const SecurityConfig& config,
-                               v1::WorkerRole role) {
+                               v1::WorkerRole role, const std::string& worker_id = "intruder") {
     auto stub = v1::WorkerRegistry::NewStub(security::CreateChannel(address, config));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::RegisterWorkerRequest req;
-    req.mutable_info()->set_worker_id("intruder");
+    req.mutable_info()->set_worker_id(worker_id);
     req.mutable_info()->set_address("127.0.0.1:1");
     req.mutable_info()->set_role(role);
     req.mutable_info()->set_model_id("m");
@@ -217,6 +217,24 @@ TEST_F(RouterSecurityTest, InternalPortChecksCertificatesAndRoles) {
             grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Register(*internal_, SecurityConfig(), v1::WORKER_ROLE_PREFILL).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+  // A worker's own certificate registers and heartbeats only as that worker (a heartbeat of its
+  // own id is answered: known = false, it never registered).
+  const SecurityConfig decode7 = certs_->Config("decode-7");
+  EXPECT_EQ(Register(*internal_, decode7, v1::WORKER_ROLE_DECODE).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // (Not registered for real: a worker at 127.0.0.1:1 would be routed to by the other tests.)
+  auto registry = v1::WorkerRegistry::NewStub(security::CreateChannel(*internal_, decode7));
+  for (const char* id : {"decode-7", "intruder"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(id);
+    v1::HeartbeatResponse resp;
+    EXPECT_EQ(
+        registry->Heartbeat(&ctx, beat, &resp).error_code(),
+        id == std::string("intruder") ? grpc::StatusCode::PERMISSION_DENIED : grpc::StatusCode::OK)
+        << id;
+  }
   ASSERT_TRUE(ListWorkers(*internal_, certs_->Config("admin"), "", &list).ok());
   for (const auto& w : list.workers()) EXPECT_NE(w.info().worker_id(), "intruder");
 }

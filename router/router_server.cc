@@ -8,6 +8,7 @@
 #include "common/grpc_keepalive.h"
 #include "common/logging.h"
 #include "common/security/grpc_security.h"
+#include "common/status_macros.h"
 #include "router/grpc_worker_client.h"
 #include "tandem/v1/limits.h"
 
@@ -88,13 +89,16 @@ RouterServer::RouterServer(const RouterOptions& options)
 
 absl::Status RouterServer::StartServers() {
   const bool single_port = options_.internal_listen.empty();
+  ASSIGN_OR_RETURN(strict_router_, StrictRouterService(&router_service_));
+  ASSIGN_OR_RETURN(strict_admin_, StrictRouterService(&admin_service_));
+  ASSIGN_OR_RETURN(strict_registry_, StrictRegistryService(&registry_service_));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(
       options_.listen,
       security::PublicServerCredentials(options_.security, options_.public_client_ca_pem), &port_);
   SetMessageLimits(builder);
-  builder.RegisterService(&router_service_);
-  if (single_port) builder.RegisterService(&registry_service_);
+  builder.RegisterService(strict_router_.get());
+  if (single_port) builder.RegisterService(strict_registry_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
@@ -109,8 +113,8 @@ absl::Status RouterServer::StartServers() {
   internal.AddListeningPort(options_.internal_listen,
                             security::InternalServerCredentials(options_.security), &internal_port);
   SetMessageLimits(internal);
-  internal.RegisterService(&registry_service_);
-  internal.RegisterService(&admin_service_);
+  internal.RegisterService(strict_registry_.get());
+  internal.RegisterService(strict_admin_.get());
   internal_server_ = internal.BuildAndStart();
   if (internal_server_ == nullptr || internal_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.internal_listen));

@@ -93,6 +93,9 @@ class RouterServer {
   RouterServiceImpl router_service_;
   AdminServiceImpl admin_service_;
   WorkerRegistryServiceImpl registry_service_;
+  // The three above behind strict request parsing (registered instead of them; outlive the
+  // servers).
+  std::unique_ptr<StrictParsingService> strict_router_, strict_admin_, strict_registry_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> internal_server_;  // null on a single-port router
   int port_ = 0;

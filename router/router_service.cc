@@ -10,6 +10,7 @@
 #include "router/grpc_worker_client.h"
 #include "router/routing_policy.h"
 #include "router/validation.h"
+#include "tandem/v1/limits.h"
 
 namespace tandem::router {
 namespace {
@@ -134,20 +135,36 @@ grpc::Status RouterServiceImpl::Health(grpc::ServerContext* ctx, const v1::Healt
   return grpc::Status::OK;
 }
 
+absl::Status WorkerRegistryServiceImpl::CheckWorkerCertificate(
+    const grpc::ServerContext& ctx, const std::string& worker_id,
+    std::optional<v1::WorkerRole> role) const {
+  if (security_->insecure) return absl::OkStatus();
+  // The mTLS policy admitted a worker certificate; it must be of the role being registered and,
+  // when it names its worker (a daemon's own certificate), of this worker: decode workers are
+  // told apart by id (KV leases are bound to them), so no worker may speak for another.
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  absl::StatusOr<security::PeerIdentity> peer = auth == nullptr
+                                                    ? security::Unauthenticated("no auth context")
+                                                    : security::PeerIdentityOf(*auth);
+  if (!peer.ok()) return peer.status();
+  if (role.has_value() && CertRoleFor(*role) != peer->role) {
+    return security::PermissionDenied(
+        absl::StrCat(peer->ToString(), " registering as role ", *role));
+  }
+  if (!peer->worker_id.empty() && peer->worker_id != worker_id) {
+    return security::PermissionDenied(
+        absl::StrCat(peer->ToString(), " speaking for worker ", worker_id));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status WorkerRegistryServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                        const v1::RegisterWorkerRequest* request,
                                                        v1::RegisterWorkerResponse* response) {
-  if (!security_->insecure) {
-    // The mTLS policy admitted a worker certificate; it must be of the role being registered.
-    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
-    absl::StatusOr<security::PeerIdentity> peer = auth == nullptr
-                                                      ? security::Unauthenticated("no auth context")
-                                                      : security::PeerIdentityOf(*auth);
-    if (!peer.ok()) return ToGrpcStatus(peer.status());
-    if (CertRoleFor(request->info().role()) != peer->role) {
-      return ToGrpcStatus(security::PermissionDenied(
-          absl::StrCat(peer->ToString(), " registering as role ", request->info().role())));
-    }
+  if (absl::Status s =
+          CheckWorkerCertificate(*ctx, request->info().worker_id(), request->info().role());
+      !s.ok()) {
+    return ToGrpcStatus(s);
   }
   if (absl::Status s = registry_->Register(request->info()); !s.ok()) return ToGrpcStatus(s);
   response->set_heartbeat_interval_ms(
@@ -155,13 +172,40 @@ grpc::Status WorkerRegistryServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerRegistryServiceImpl::Heartbeat(grpc::ServerContext*,
+grpc::Status WorkerRegistryServiceImpl::Heartbeat(grpc::ServerContext* ctx,
                                                   const v1::HeartbeatRequest* request,
                                                   v1::HeartbeatResponse* response) {
+  if (absl::Status s = CheckWorkerCertificate(*ctx, request->worker_id(), std::nullopt); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<bool> known = registry_->Heartbeat(*request);
   if (!known.ok()) return ToGrpcStatus(known.status());
   response->set_known(*known);
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRouterService(
+    v1::Router::Service* service) {
+  using S = v1::Router::Service;
+  auto strict = std::make_unique<StrictParsingService>(v1::Router::service_full_name(),
+                                                       v1::kMaxGrpcMessageBytes);
+  strict->ServerStreaming("Generate", service, &S::Generate)
+      .Unary("Abort", service, &S::Abort)
+      .Unary("ListWorkers", service, &S::ListWorkers)
+      .Unary("Health", service, &S::Health);
+  if (absl::Status s = strict->Complete(); !s.ok()) return s;
+  return strict;
+}
+
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRegistryService(
+    v1::WorkerRegistry::Service* service) {
+  using S = v1::WorkerRegistry::Service;
+  auto strict = std::make_unique<StrictParsingService>(v1::WorkerRegistry::service_full_name(),
+                                                       v1::kMaxGrpcMessageBytes);
+  strict->Unary("RegisterWorker", service, &S::RegisterWorker)
+      .Unary("Heartbeat", service, &S::Heartbeat);
+  if (absl::Status s = strict->Complete(); !s.ok()) return s;
+  return strict;
 }
 
 }  // namespace tandem::router

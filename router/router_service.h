@@ -21,8 +21,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
+#include "common/grpc_strict_parse.h"
 #include "common/security/security_config.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
@@ -96,10 +100,23 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
                          v1::HeartbeatResponse* response) override;
 
  private:
+  // With TLS: the caller's certificate is of `role` (when given) and, if it names a worker, of
+  // `worker_id`. PERMISSION_DENIED (opaque) otherwise.
+  absl::Status CheckWorkerCertificate(const grpc::ServerContext& ctx, const std::string& worker_id,
+                                      std::optional<v1::WorkerRole> role) const;
+
   WorkerRegistry* const registry_;
   const absl::Duration heartbeat_interval_;
   const security::SecurityConfig* const security_;
 };
+
+// The services above behind strict request parsing (common/grpc_strict_parse.h): request bytes
+// that do not parse are INVALID_ARGUMENT. Register the result instead of `service` (which must
+// outlive it); an error when the list below misses a method of the proto service.
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRouterService(
+    v1::Router::Service* service);
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRegistryService(
+    v1::WorkerRegistry::Service* service);
 
 }  // namespace tandem::router
 

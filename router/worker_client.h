@@ -75,6 +75,10 @@ class WorkerClient {
   // client stays alive until `done` has run.
   virtual void AbortAsync(const std::string& request_id, absl::Duration timeout,
                           std::function<void(absl::Status)> done) = 0;
+  // Prefill worker: rebinds the KV lease it holds for a request to another decode worker
+  // (WorkerService.ReassignLease). Blocks until answered or `deadline`.
+  virtual absl::Status ReassignLease(const v1::ReassignLeaseRequest& request,
+                                     absl::Time deadline) = 0;
 };
 
 // Makes the client for a worker serving at `address` (host:port).

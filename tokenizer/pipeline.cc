@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "tokenizer/utf8.h"
 
 namespace tandem::tokenizer {
 namespace {
@@ -49,6 +50,34 @@ absl::StatusOr<std::unique_ptr<Regex>> PatternRegex(const nlohmann::json& patter
 }
 
 }  // namespace
+
+absl::StatusOr<MetaspaceOptions> ParseMetaspace(const nlohmann::json& spec) {
+  MetaspaceOptions o;
+  o.replacement = spec.at("replacement").get<std::string>();
+  size_t end = 0;
+  if (o.replacement.empty() || (NextCodePoint(o.replacement, &end), end != o.replacement.size())) {
+    return absl::InvalidArgumentError("tokenizer.json: Metaspace replacement is not one character");
+  }
+  const std::string scheme = spec.value("prepend_scheme", std::string("always"));
+  if (scheme == "first") {
+    o.prepend_scheme = MetaspaceOptions::kFirst;
+  } else if (scheme == "never") {
+    o.prepend_scheme = MetaspaceOptions::kNever;
+  } else if (scheme == "always") {
+    o.prepend_scheme = MetaspaceOptions::kAlways;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.json: Metaspace prepend_scheme '", scheme, "' is not known"));
+  }
+  if (spec.contains("add_prefix_space") && spec["add_prefix_space"] == false) {
+    if (o.prepend_scheme != MetaspaceOptions::kNever) {  // as Hugging Face refuses it
+      return absl::InvalidArgumentError(
+          "tokenizer.json: Metaspace add_prefix_space does not match prepend_scheme");
+    }
+  }
+  o.split = Flag(spec, "split", true);
+  return o;
+}
 
 absl::StatusOr<std::unique_ptr<Normalizer>> Normalizer::Create(const nlohmann::json& spec) {
   auto n = std::make_unique<Normalizer>();
@@ -196,6 +225,11 @@ absl::Status PreTokenizer::Parse(const nlohmann::json& spec, std::vector<Step>* 
       if (!regex.ok()) return regex.status();
       step.regex = *std::move(regex);
     }
+  } else if (type == "Metaspace") {
+    step.kind = Step::kMetaspace;
+    absl::StatusOr<MetaspaceOptions> options = ParseMetaspace(spec);
+    if (!options.ok()) return options.status();
+    step.metaspace = *std::move(options);
   } else if (type == "Digits") {
     step.kind = Step::kDigits;
     step.individual_digits = Flag(spec, "individual_digits", false);
@@ -210,7 +244,41 @@ absl::Status PreTokenizer::Parse(const nlohmann::json& spec, std::vector<Step>* 
   return absl::OkStatus();
 }
 
-absl::Status PreTokenizer::ApplyStep(const Step& step, std::vector<std::string>* pieces) {
+// Hugging Face's Metaspace: spaces -> the replacement, which is prepended to a piece that does
+// not start with it ("always"; "first": only to a piece at offset 0 of the input), then (split)
+// each replacement starts a new piece (MergedWithNext: a run of them leaves all but the last
+// alone).
+void PreTokenizer::ApplyMetaspace(const MetaspaceOptions& options, bool at_start,
+                                  std::vector<std::string>* pieces) {
+  const std::string& rep = options.replacement;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    std::string piece = absl::StrReplaceAll((*pieces)[i], {{" ", rep}});
+    const bool prepend = options.prepend_scheme == MetaspaceOptions::kAlways ||
+                         (options.prepend_scheme == MetaspaceOptions::kFirst && at_start && i == 0);
+    if (prepend && !piece.empty() && piece.compare(0, rep.size(), rep) != 0) piece.insert(0, rep);
+    if (!options.split) {
+      out.push_back(std::move(piece));
+      continue;
+    }
+    size_t begin = 0;
+    const size_t from = piece.compare(0, rep.size(), rep) == 0 ? rep.size() : 0;
+    for (size_t at = piece.find(rep, from); at != std::string::npos;
+         at = piece.find(rep, at + rep.size())) {
+      out.push_back(piece.substr(begin, at - begin));
+      begin = at;
+    }
+    out.push_back(piece.substr(begin));
+  }
+  *pieces = std::move(out);
+}
+
+absl::Status PreTokenizer::ApplyStep(const Step& step, bool at_start,
+                                     std::vector<std::string>* pieces) {
+  if (step.kind == Step::kMetaspace) {
+    ApplyMetaspace(step.metaspace, at_start, pieces);
+    return absl::OkStatus();
+  }
   std::vector<std::string> out;
   for (std::string& piece : *pieces) {
     if (step.kind == Step::kByteLevel && step.add_prefix_space && !piece.empty() &&
@@ -278,10 +346,11 @@ absl::Status PreTokenizer::ApplyStep(const Step& step, std::vector<std::string>*
   return absl::OkStatus();
 }
 
-absl::Status PreTokenizer::Split(absl::string_view text, std::vector<std::string>* out) const {
+absl::Status PreTokenizer::Split(absl::string_view text, bool at_start,
+                                 std::vector<std::string>* out) const {
   std::vector<std::string> pieces = {std::string(text)};
   for (const Step& step : steps_) {
-    absl::Status s = ApplyStep(step, &pieces);
+    absl::Status s = ApplyStep(step, at_start, &pieces);
     if (!s.ok()) return s;
   }
   for (std::string& p : pieces) {

@@ -3,8 +3,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
 
 namespace tandem::tokenizer {
 
@@ -16,42 +16,31 @@ absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadTokenizer(const std::string& 
     return std::unique_ptr<TextTokenizer>(*std::move(t));
   }
   if (std::filesystem::exists(dir / "tokenizer.model")) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir,
-        " has only a SentencePiece tokenizer.model: this binary reads tokenizer.json "
-        "(SentencePiece models load through LoadTokenizerWithSentencePiece, in processes that do "
-        "not link protobuf: Debian's libsentencepiece bundles its own protobuf-lite)"));
+    auto t = SentencePieceTokenizer::FromFile((dir / "tokenizer.model").string());
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TextTokenizer>(*std::move(t));
   }
   return absl::NotFoundError(
       absl::StrCat(model_dir, " has neither tokenizer.json nor tokenizer.model"));
 }
 
+absl::StatusOr<std::string> DecodeStream::AddAll(absl::Span<const int32_t> ids) {
+  std::string text;
+  for (int32_t id : ids) {
+    absl::StatusOr<std::string> piece = Add(id);
+    if (!piece.ok()) return piece.status();
+    text += *piece;
+  }
+  return text;
+}
+
 absl::StatusOr<std::string> TextTokenizer::Decode(absl::Span<const int32_t> ids,
                                                   bool skip_special_tokens) const {
-  std::string bytes;
-  for (int32_t id : ids) {
-    auto piece = TokenBytes(id, skip_special_tokens, /*first=*/bytes.empty());
-    if (!piece.ok()) return piece.status();
-    bytes += *piece;
-  }
-  return Utf8Lossy(bytes);
-}
-
-absl::StatusOr<std::string> IncrementalDecoder::Add(int32_t id) {
-  auto piece = tokenizer_.TokenBytes(id, skip_special_, /*first=*/!started_);
-  if (!piece.ok()) return piece.status();
-  started_ = started_ || !piece->empty();
-  pending_ += *piece;
-  const size_t final_bytes = Utf8FinalPrefix(pending_);
-  std::string out = Utf8Lossy(absl::string_view(pending_).substr(0, final_bytes));
-  pending_.erase(0, final_bytes);
-  return out;
-}
-
-std::string IncrementalDecoder::Flush() {
-  std::string out = Utf8Lossy(pending_);
-  pending_.clear();
-  return out;
+  std::unique_ptr<DecodeStream> stream = NewDecodeStream(skip_special_tokens);
+  absl::StatusOr<std::string> text = stream->AddAll(ids);
+  if (!text.ok()) return text.status();
+  *text += stream->Flush();
+  return text;
 }
 
 }  // namespace tandem::tokenizer

@@ -69,13 +69,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     auto pre = PreTokenizer::Create(doc.value("pre_tokenizer", nlohmann::json()));
     if (!pre.ok()) return pre.status();
     t->pre_tokenizer_ = *std::move(pre);
-    const nlohmann::json decoder = doc.value("decoder", nlohmann::json());
-    if (TypeOf(decoder) != "ByteLevel" || !t->pre_tokenizer_->byte_level()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tokenizer.json: decoder '", TypeOf(decoder),
-          "' is not supported (byte-level BPE with the ByteLevel decoder is; Metaspace / "
-          "SentencePiece-style BPE is not built yet)"));
-    }
+    auto decoder = Decoder::Create(doc.value("decoder", nlohmann::json()));
+    if (!decoder.ok()) return decoder.status();
+    t->decoder_ = *std::move(decoder);
     auto bpe = BpeModel::Create(model, t->pre_tokenizer_->byte_level());
     if (!bpe.ok()) return bpe.status();
     t->model_ = *std::move(bpe);
@@ -103,19 +99,26 @@ absl::Status Tokenizer::ParseAddedTokens(const nlohmann::json& list) {
     if (a.id < 0 || a.content.empty()) {
       return absl::InvalidArgumentError("tokenizer.json: an added token without id or content");
     }
+    a.text = a.content;
+    if (a.normalized) {
+      absl::StatusOr<std::string> text = normalizer_->Apply(a.content);
+      if (!text.ok()) return text.status();
+      if (!text->empty()) a.text = *std::move(text);
+    }
     vocab_size_ = std::max(vocab_size_, a.id + 1);
     added_by_id_[a.id] = added_.size();
     added_by_content_[a.content] = a.id;
+    if (a.special) special_contents_.insert(a.content);
     added_.push_back(std::move(a));
   }
   for (size_t i = 0; i < added_.size(); ++i) {
     const AddedToken& a = added_[i];
-    by_first_byte_[a.normalized][static_cast<uint8_t>(a.content[0])].push_back(i);
+    by_first_byte_[a.normalized][static_cast<uint8_t>(a.text[0])].push_back(i);
   }
   for (auto& table : by_first_byte_) {
     for (std::vector<size_t>& list : table) {
       std::stable_sort(list.begin(), list.end(), [this](size_t x, size_t y) {
-        return added_[x].content.size() > added_[y].content.size();
+        return added_[x].text.size() > added_[y].text.size();
       });
     }
   }
@@ -163,10 +166,10 @@ void Tokenizer::SplitAdded(absl::string_view text, bool normalized,
     const AddedToken* best = nullptr;
     for (size_t index : by_first_byte_[normalized][static_cast<uint8_t>(text[pos])]) {
       const AddedToken& a = added_[index];
-      if (a.content.size() > text.size() - pos) continue;
-      if (text.compare(pos, a.content.size(), a.content) != 0) continue;
+      if (a.text.size() > text.size() - pos) continue;
+      if (text.compare(pos, a.text.size(), a.text) != 0) continue;
       if (a.single_word) {
-        const size_t end = pos + a.content.size();
+        const size_t end = pos + a.text.size();
         if ((pos > 0 && IsWordByte(text[pos - 1])) || (end < text.size() && IsWordByte(text[end])))
           continue;
       }
@@ -177,7 +180,7 @@ void Tokenizer::SplitAdded(absl::string_view text, bool normalized,
       ++pos;
       continue;
     }
-    size_t begin = pos, end = pos + best->content.size();
+    size_t begin = pos, end = pos + best->text.size();
     if (best->lstrip) {
       while (begin > run_begin) {
         size_t prev = 0;
@@ -200,19 +203,21 @@ void Tokenizer::SplitAdded(absl::string_view text, bool normalized,
   if (run_begin < text.size()) out->emplace_back(std::string(text.substr(run_begin)), -1);
 }
 
-absl::Status Tokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* ids) const {
+absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool at_start,
+                                      std::vector<int32_t>* ids) const {
   auto normalized = normalizer_->Apply(std::string(text));
   if (!normalized.ok()) return normalized.status();
   std::vector<std::pair<std::string, int32_t>> parts;
   SplitAdded(*normalized, /*normalized=*/true, &parts);
   std::vector<std::string> words;
-  for (const auto& [part, id] : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& [part, id] = parts[i];
     if (id >= 0) {
       ids->push_back(id);
       continue;
     }
     words.clear();
-    absl::Status s = pre_tokenizer_->Split(part, &words);
+    absl::Status s = pre_tokenizer_->Split(part, at_start && i == 0, &words);
     if (!s.ok()) return s;
     for (const std::string& w : words) {
       s = model_->Tokenize(w, ids);
@@ -230,11 +235,12 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   if (add_special_tokens) ids = prefix_ids_;
   std::vector<std::pair<std::string, int32_t>> parts;
   SplitAdded(text, /*normalized=*/false, &parts);
-  for (const auto& [part, id] : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& [part, id] = parts[i];
     if (id >= 0) {
       ids.push_back(id);
     } else {
-      absl::Status s = EncodeSegment(part, &ids);
+      absl::Status s = EncodeSegment(part, /*at_start=*/i == 0, &ids);
       if (!s.ok()) return s;
     }
   }
@@ -242,36 +248,27 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   return ids;
 }
 
-absl::StatusOr<std::string> Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens,
-                                                  bool /*first*/) const {
+absl::StatusOr<const std::string*> Tokenizer::DecoderToken(int32_t id,
+                                                           bool skip_special_tokens) const {
   const std::string* token = nullptr;
   auto added = added_by_id_.find(id);
   if (added != added_by_id_.end()) {
-    const AddedToken& a = added_[added->second];
-    if (skip_special_tokens && a.special) return std::string();
-    token = &a.content;
+    token = &added_[added->second].text;
   } else {
     token = model_->IdToToken(id);
+    if (token != nullptr && token->empty()) token = nullptr;  // a gap in the ids
   }
-  if (token == nullptr || (added == added_by_id_.end() && token->empty())) {
+  if (token == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("token id ", id, " is not in the vocabulary (size ", vocab_size_, ")"));
   }
-  // ByteLevel decoder: every character back to its byte; a token with a character outside the
-  // byte alphabet (an added token) contributes its own UTF-8 bytes.
-  static const auto* byte_of = [] {
-    auto* m = new absl::flat_hash_map<uint32_t, char>();
-    const auto& cps = ByteLevelCodePoints();
-    for (int b = 0; b < 256; ++b) (*m)[cps[b]] = static_cast<char>(b);
-    return m;
-  }();
-  std::string bytes;
-  for (size_t pos = 0; pos < token->size();) {
-    auto it = byte_of->find(NextCodePoint(*token, &pos));
-    if (it == byte_of->end()) return *token;
-    bytes.push_back(it->second);
-  }
-  return bytes;
+  if (skip_special_tokens && special_contents_.contains(*token)) return nullptr;
+  return token;
+}
+
+std::unique_ptr<DecodeStream> Tokenizer::NewDecodeStream(bool skip_special_tokens) const {
+  return decoder_->NewStream(
+      [this, skip_special_tokens](int32_t id) { return DecoderToken(id, skip_special_tokens); });
 }
 
 std::optional<int32_t> Tokenizer::TokenToId(absl::string_view token) const {

@@ -4,15 +4,16 @@
 //   Encode:  text -> added tokens split out (leftmost-longest; lstrip / rstrip / single_word;
 //            normalized=false ones on the raw text, normalized=true ones after the normalizer)
 //            -> normalizer -> pre-tokenizer -> BPE per word -> post-processor (with
-//            add_special_tokens: TemplateProcessing's special tokens, e.g. Llama-3's BOS).
-//   Decode:  ids -> token strings (special ones skipped on request) -> the ByteLevel decoder
-//            (bytes back, invalid UTF-8 replaced by U+FFFD as Hugging Face does).
+//            add_special_tokens: TemplateProcessing's special tokens, e.g. Llama's BOS).
+//   Decode:  ids -> token strings (special ones skipped on request) -> the decoder (decoder.h:
+//            ByteLevel, or the SentencePiece-style Replace / ByteFallback / Fuse / Strip /
+//            Metaspace chain).
 //
-// Supported (what GPT-2, Llama-3, Qwen2/2.5 and DeepSeek files use): model BPE; normalizers
-// NFC/NFKC/NFD/NFKD, Prepend, Replace, Sequence; pre-tokenizers Split, ByteLevel, Digits,
-// Sequence; post-processors TemplateProcessing, ByteLevel, Sequence; decoder ByteLevel. Anything
-// else fails FromJson with an error naming the component (the Metaspace / SentencePiece-BPE
-// family — Llama-2, Mistral tokenizer.json — is not built yet).
+// Supported (what GPT-2, Llama-2/3, Mistral, Qwen2/2.5 and DeepSeek files use): model BPE
+// (byte-level, or on characters with byte_fallback / unk_token); normalizers NFC/NFKC/NFD/NFKD,
+// Prepend, Replace, Sequence; pre-tokenizers Split, ByteLevel, Digits, Metaspace, Sequence;
+// post-processors TemplateProcessing, ByteLevel, Sequence; the decoders of decoder.h. Anything
+// else fails FromJson with an error naming the component.
 //
 // Thread safety: const methods may be called concurrently.
 #ifndef TANDEM_TOKENIZER_TOKENIZER_H_
@@ -26,10 +27,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/decoder.h"
 #include "tokenizer/pipeline.h"
 #include "tokenizer/text_tokenizer.h"
 
@@ -38,6 +41,9 @@ namespace tandem::tokenizer {
 struct AddedToken {
   int32_t id = 0;
   std::string content;
+  // What is matched and decoded: `content`, normalized when `normalized` (as tokenizers >= 0.23
+  // does: e.g. a Prepend normalizer makes "foo" match and decode as "\u2581foo").
+  std::string text;
   bool special = false;
   bool lstrip = false, rstrip = false, single_word = false, normalized = false;
 };
@@ -51,10 +57,7 @@ class Tokenizer final : public TextTokenizer {
   // INVALID_ARGUMENT for text that is not valid UTF-8 (naming the byte offset).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               bool add_special_tokens) const override;
-  // The bytes token `id` contributes to a decoded text (empty for a skipped special token);
-  // Decode(ids) == Utf8Lossy(concatenation of TokenBytes). INVALID_ARGUMENT for a bad id.
-  absl::StatusOr<std::string> TokenBytes(int32_t id, bool skip_special_tokens,
-                                         bool first = false) const override;
+  std::unique_ptr<DecodeStream> NewDecodeStream(bool skip_special_tokens) const override;
 
   // Ids 0 .. vocab_size() - 1 (model vocabulary and added tokens).
   int32_t vocab_size() const override { return vocab_size_; }
@@ -69,14 +72,21 @@ class Tokenizer final : public TextTokenizer {
   // and (content, id) matches to `out`.
   void SplitAdded(absl::string_view text, bool normalized,
                   std::vector<std::pair<std::string, int32_t>>* out) const;
-  absl::Status EncodeSegment(absl::string_view text, std::vector<int32_t>* ids) const;
+  // `at_start`: `text` begins at offset 0 of the input.
+  absl::Status EncodeSegment(absl::string_view text, bool at_start,
+                             std::vector<int32_t>* ids) const;
+  // What the decoder is given for `id`: its string, or nullptr when it is skipped (a special
+  // token's string, as Hugging Face compares them, with skip_special_tokens).
+  absl::StatusOr<const std::string*> DecoderToken(int32_t id, bool skip_special_tokens) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<BpeModel> model_;
+  std::unique_ptr<Decoder> decoder_;
   std::vector<AddedToken> added_;
   absl::flat_hash_map<int32_t, size_t> added_by_id_;
   absl::flat_hash_map<std::string, int32_t> added_by_content_;
+  absl::flat_hash_set<std::string> special_contents_;
   // [normalized][first byte] -> indices into added_, longest content first.
   std::array<std::vector<size_t>, 256> by_first_byte_[2];
   // Post-processor (single sequence): ids before and after the text with add_special_tokens.

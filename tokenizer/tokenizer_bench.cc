@@ -1,6 +1,6 @@
 // tokenizer_bench: encode and decode throughput (MB of text per second, one thread) of a
-// tokenizer.json on a text file, the counterpart of bench_hf.py (Hugging Face `tokenizers` on
-// the same file; compare_bench.sh runs both).
+// tokenizer.json (or a SentencePiece tokenizer.model) on a text file, the counterpart of
+// bench_hf.py (Hugging Face `tokenizers` on the same file; compare_bench.sh runs both).
 //
 //   bazel run -c opt //tokenizer:tokenizer_bench -- --tokenizer=DIR/tokenizer.json --text=FILE
 #include <cstdio>
@@ -11,17 +11,25 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
-ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json");
+ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json, or a SentencePiece *.model");
 ABSL_FLAG(std::string, text, "", "UTF-8 text file; encoded line by line (batches of lines)");
 ABSL_FLAG(int, repeat, 3, "passes over the file (the best is reported)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  auto tok = tandem::tokenizer::Tokenizer::FromFile(absl::GetFlag(FLAGS_tokenizer));
+  const std::string path = absl::GetFlag(FLAGS_tokenizer);
+  absl::StatusOr<std::unique_ptr<tandem::tokenizer::TextTokenizer>> tok;
+  if (absl::EndsWith(path, ".model")) {
+    tok = tandem::tokenizer::SentencePieceTokenizer::FromFile(path);
+  } else {
+    tok = tandem::tokenizer::Tokenizer::FromFile(path);
+  }
   if (!tok.ok()) {
     std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
     return 1;

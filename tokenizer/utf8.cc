@@ -76,6 +76,23 @@ std::string Utf8Lossy(absl::string_view bytes) {
   return out;
 }
 
+std::string Utf8LossyPerByte(absl::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t pos = 0; pos < bytes.size();) {
+    int subpart = 0;
+    const int len = CharAt(bytes, pos, &subpart);
+    if (len > 0) {
+      out.append(bytes.data() + pos, len);
+      pos += len;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++pos;
+    }
+  }
+  return out;
+}
+
 size_t Utf8FinalPrefix(absl::string_view bytes) {
   size_t pos = 0;
   while (pos < bytes.size()) {

@@ -1,8 +1,8 @@
-// UTF-8 helpers of the tokenizer: validation (what Encode accepts), the lossy decoding Hugging
-// Face's decoders apply to byte sequences (Rust's String::from_utf8_lossy: every maximal
-// invalid subpart becomes one U+FFFD), and the split an incremental decoder needs (how many
-// leading bytes are final: complete characters, or invalid subparts that no later byte can
-// complete).
+// UTF-8 helpers of the tokenizer: validation (what Encode accepts), the lossy decodings the
+// reference decoders apply to byte sequences (Rust's String::from_utf8_lossy: every maximal
+// invalid subpart becomes one U+FFFD; SentencePiece: every invalid byte does), and the split an
+// incremental decoder needs (how many leading bytes are final: complete characters, or invalid
+// subparts that no later byte can complete).
 //
 // Thread safety: pure functions.
 #ifndef TANDEM_TOKENIZER_UTF8_H_
@@ -21,6 +21,10 @@ absl::Status ValidateUtf8(absl::string_view text);
 
 // `bytes` with each maximal invalid subpart replaced by U+FFFD (EF BF BD).
 std::string Utf8Lossy(absl::string_view bytes);
+
+// SentencePiece's decoding of a run of byte pieces: each byte that does not begin a valid
+// character becomes a U+FFFD of its own (so an incomplete character is one per byte).
+std::string Utf8LossyPerByte(absl::string_view bytes);
 
 // The longest prefix of `bytes` whose lossy decoding cannot change when more bytes are appended:
 // everything except a trailing incomplete (but so far valid) character.

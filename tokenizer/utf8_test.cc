@@ -1,6 +1,7 @@
 // UTF-8 helpers against hand-checked cases of the Unicode "maximal subpart" rule (what Rust's
-// from_utf8_lossy, and so Hugging Face's decoders, do) and random byte strings: the final prefix
-// never changes its decoding when bytes are appended.
+// from_utf8_lossy, and so Hugging Face's ByteLevel decoder, do), of SentencePiece's per-byte
+// replacement, and random byte strings: the final prefix never changes its decoding when bytes
+// are appended.
 #include "tokenizer/utf8.h"
 
 #include <random>
@@ -34,6 +35,15 @@ TEST(Utf8Test, LossyReplacesMaximalSubparts) {
   EXPECT_EQ(Utf8Lossy("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
 }
 
+TEST(Utf8Test, LossyPerByteReplacesEveryInvalidByte) {  // SentencePiece's byte-piece runs
+  EXPECT_EQ(Utf8LossyPerByte("abc"), "abc");
+  EXPECT_EQ(Utf8LossyPerByte("a\xE4\xB8z"), std::string("a") + kFffd + kFffd + "z");
+  EXPECT_EQ(Utf8LossyPerByte("\xF0\x9F\x98"), std::string(kFffd) + kFffd + kFffd);
+  EXPECT_EQ(Utf8LossyPerByte("\xE4\xB8\x96\xFF"), std::string("\xE4\xB8\x96") + kFffd);
+  EXPECT_EQ(Utf8LossyPerByte("\xF0\xE4\xB8\x96"), std::string(kFffd) + "\xE4\xB8\x96");
+  EXPECT_EQ(Utf8LossyPerByte("\xED\xA0\x80"), std::string(kFffd) + kFffd + kFffd);
+}
+
 TEST(Utf8Test, FinalPrefixHoldsBackOnlyAnIncompleteTail) {
   EXPECT_EQ(Utf8FinalPrefix("ab\xE4\xB8"), 2u);
   EXPECT_EQ(Utf8FinalPrefix("ab\xE4\xB8\xAD"), 5u);
@@ -58,6 +68,11 @@ TEST(Utf8Test, FinalPrefixHoldsBackOnlyAnIncompleteTail) {
     EXPECT_EQ(Utf8Lossy(extended).substr(0, Utf8Lossy(bytes.substr(0, final_bytes)).size()),
               Utf8Lossy(bytes.substr(0, final_bytes)));
     EXPECT_TRUE(ValidateUtf8(Utf8Lossy(bytes)).ok());
+    // The same split serves the per-byte decoding (SentencePiece's streams).
+    EXPECT_EQ(Utf8LossyPerByte(bytes.substr(0, final_bytes)) +
+                  Utf8LossyPerByte(bytes.substr(final_bytes)),
+              Utf8LossyPerByte(bytes));
+    EXPECT_TRUE(ValidateUtf8(Utf8LossyPerByte(bytes)).ok());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -63,19 +64,41 @@ std::vector<std::string> UriSans(X509* cert) {
   return out;
 }
 
-// The role the URI SANs name; nullopt when none does; an error when they disagree.
-absl::StatusOr<std::optional<Role>> RoleFromUris(const std::vector<std::string>& uris) {
+// What the role URIs of a certificate name: a role and maybe a worker id.
+struct UriIdentity {
   std::optional<Role> role;
+  std::string worker_id;
+};
+
+// The role (and worker id) the URI SANs name; no role when none does; an error when they
+// disagree or one is malformed.
+absl::StatusOr<UriIdentity> IdentityFromUris(const std::vector<std::string>& uris) {
+  UriIdentity out;
   for (const std::string& uri : uris) {
     if (!absl::StartsWith(uri, kRoleUriPrefix)) continue;
-    std::optional<Role> r = ParseRole(absl::string_view(uri).substr(kRoleUriPrefix.size()));
-    if (!r.has_value() || (role.has_value() && *role != *r)) {
+    absl::string_view rest = absl::string_view(uri).substr(kRoleUriPrefix.size());
+    std::string worker_id;
+    if (const size_t at = rest.find(kWorkerUriInfix); at != absl::string_view::npos) {
+      worker_id = std::string(rest.substr(at + kWorkerUriInfix.size()));
+      rest = rest.substr(0, at);
+      if (!IsValidWorkerId(worker_id)) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("certificate URI '", uri, "' names a malformed worker id"));
+      }
+    }
+    std::optional<Role> r = ParseRole(rest);
+    if (!r.has_value() || (out.role.has_value() && *out.role != *r)) {
       return absl::PermissionDeniedError(
           absl::StrCat("certificate role URI '", uri, "' is unknown or conflicts with another"));
     }
-    role = r;
+    if (!worker_id.empty() && !out.worker_id.empty() && worker_id != out.worker_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("certificate URI '", uri, "' names a second worker id"));
+    }
+    out.role = r;
+    if (!worker_id.empty()) out.worker_id = std::move(worker_id);
   }
-  return role;
+  return out;
 }
 
 }  // namespace
@@ -96,6 +119,21 @@ std::optional<Role> ParseRole(absl::string_view name) {
 
 bool IsWorkerRole(Role role) { return RoleSet::Workers().Contains(role); }
 
+std::string IdentityUri(Role role, absl::string_view worker_id) {
+  if (worker_id.empty()) return absl::StrCat(kRoleUriPrefix, RoleName(role));
+  return absl::StrCat(kRoleUriPrefix, RoleName(role), kWorkerUriInfix, worker_id);
+}
+
+bool IsValidWorkerId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxWorkerIdBytes) return false;
+  for (char c : id) {
+    const bool ok =
+        absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 std::string RoleSet::ToString() const {
   std::vector<absl::string_view> names;
   for (const auto& [r, name] : kRoleNames) {
@@ -104,28 +142,33 @@ std::string RoleSet::ToString() const {
   return absl::StrJoin(names, "|");
 }
 
-std::string PeerIdentity::ToString() const { return absl::StrCat(RoleName(role), ":", name); }
+std::string PeerIdentity::ToString() const {
+  if (worker_id.empty()) return absl::StrCat(RoleName(role), ":", name);
+  return absl::StrCat(RoleName(role), ":", name, kWorkerUriInfix, worker_id);
+}
 
 absl::StatusOr<PeerIdentity> IdentityFromCertificatePem(absl::string_view pem) {
   std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   if (bio == nullptr) return absl::ResourceExhaustedError("BIO_new_mem_buf failed");
   std::unique_ptr<X509, X509Free> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
   if (cert == nullptr) return absl::InvalidArgumentError("not a PEM certificate");
-  absl::StatusOr<std::optional<Role>> role = RoleFromUris(UriSans(cert.get()));
-  if (!role.ok()) return role.status();
+  absl::StatusOr<UriIdentity> from_uris = IdentityFromUris(UriSans(cert.get()));
+  if (!from_uris.ok()) return from_uris.status();
+  std::optional<Role> role = from_uris->role;
   const std::vector<std::string> ous = SubjectEntries(cert.get(), NID_organizationalUnitName);
   for (const std::string& ou : ous) {
     std::optional<Role> r = ParseRole(ou);
     if (!r.has_value()) continue;
-    if (role->has_value() && **role != *r) {
+    if (role.has_value() && *role != *r) {
       return absl::PermissionDeniedError(
           absl::StrCat("certificate OU '", ou, "' conflicts with its role URI"));
     }
-    if (!role->has_value()) *role = r;
+    if (!role.has_value()) role = r;
   }
-  if (!role->has_value()) return absl::PermissionDeniedError("certificate names no tandem role");
+  if (!role.has_value()) return absl::PermissionDeniedError("certificate names no tandem role");
   PeerIdentity id;
-  id.role = **role;
+  id.role = *role;
+  id.worker_id = std::move(from_uris->worker_id);
   const std::vector<std::string> cns = SubjectEntries(cert.get(), NID_commonName);
   if (!cns.empty()) id.name = cns.front();
   return id;

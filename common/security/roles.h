@@ -7,6 +7,13 @@
 // and OU) disagree. The certificate's CN names the peer (e.g. "prefill-0"); it scopes what the
 // peer owns (request ids, aborts), the role says what it may call.
 //
+// A worker daemon's certificate also names the ONE worker it belongs to, in the same URI:
+// `spiffe://tandem/role/<role>/worker/<worker_id>` (make_certs.sh --worker=ID:ROLE). The role
+// checks read the role part as before; the worker id is what per-daemon checks compare (a KV
+// lease bound to a decode worker: kvtransfer/kv_transfer_service.h; a registration under its
+// own id only: router/router_service.cc). A certificate naming two different worker ids is
+// refused. Worker ids are 1..kMaxWorkerIdBytes bytes of [A-Za-z0-9._-].
+//
 // Thread safety: pure functions and values.
 #ifndef TANDEM_COMMON_SECURITY_ROLES_H_
 #define TANDEM_COMMON_SECURITY_ROLES_H_
@@ -31,6 +38,14 @@ enum class Role : uint8_t {
 };
 
 inline constexpr absl::string_view kRoleUriPrefix = "spiffe://tandem/role/";
+// Between the role and the worker id in a per-daemon URI.
+inline constexpr absl::string_view kWorkerUriInfix = "/worker/";
+inline constexpr size_t kMaxWorkerIdBytes = 128;  // tandem::v1::kMaxIdBytes
+
+// The URI SAN naming `role` (and `worker_id` when not empty).
+std::string IdentityUri(Role role, absl::string_view worker_id = "");
+// Whether `id` can appear in an identity URI (see the header comment).
+bool IsValidWorkerId(absl::string_view id);
 
 absl::string_view RoleName(Role role);
 // "router", "prefill", "decode", "mixed", "admin", "client"; nullopt otherwise.
@@ -62,7 +77,8 @@ class RoleSet {
 struct PeerIdentity {
   Role role = Role::kClient;
   std::string name;              // the certificate's CN (may be empty)
-  std::string ToString() const;  // "prefill:prefill-0"
+  std::string worker_id;         // from a per-daemon URI; empty for a role-only certificate
+  std::string ToString() const;  // "prefill:prefill-0", "decode:decode-1/worker/decode-1"
 };
 
 // The identity a PEM certificate (the leaf) asserts. Checks nothing about who signed it: call it

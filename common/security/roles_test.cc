@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/security/internal_policy.h"
@@ -60,6 +62,46 @@ TEST(RolesTest, EveryGeneratedCertificateNamesItsRole) {
   EXPECT_EQ(extra->ToString(), "prefill:prefill-7");
 }
 
+TEST(RolesTest, WorkerCertificatesNameTheirWorker) {
+  absl::StatusOr<TestCerts> certs = MakeTestCerts("workers", {"--worker=decode-3:decode"});
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  absl::StatusOr<PeerIdentity> id = IdentityFromCertificatePem(ReadOrDie(certs->Pem("decode-3")));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->role, Role::kDecode);
+  EXPECT_EQ(id->worker_id, "decode-3");
+  EXPECT_EQ(id->name, "decode-3");
+  EXPECT_EQ(id->ToString(), "decode:decode-3/worker/decode-3");
+  absl::StatusOr<PeerIdentity> role_only =
+      IdentityFromCertificatePem(ReadOrDie(certs->Pem("decode")));
+  ASSERT_TRUE(role_only.ok()) << role_only.status();
+  EXPECT_EQ(role_only->worker_id, "");
+  EXPECT_EQ(IdentityUri(Role::kDecode, "d-1"), "spiffe://tandem/role/decode/worker/d-1");
+  EXPECT_EQ(IdentityUri(Role::kRouter), "spiffe://tandem/role/router");
+  EXPECT_TRUE(IsValidWorkerId("tandem-decode-0.x_1"));
+  EXPECT_FALSE(IsValidWorkerId(""));
+  EXPECT_FALSE(IsValidWorkerId("a/b"));
+  EXPECT_FALSE(IsValidWorkerId(std::string(129, 'a')));
+  // The role-only and the per-worker form of one role together: the worker id stands.
+  const std::string both = SelfSigned(
+      "both", "/CN=x",
+      "-addext subjectAltName=URI:spiffe://tandem/role/mixed,URI:spiffe://tandem/role/mixed/"
+      "worker/m-0");
+  absl::StatusOr<PeerIdentity> both_id = IdentityFromCertificatePem(both);
+  ASSERT_TRUE(both_id.ok()) << both_id.status();
+  EXPECT_EQ(both_id->worker_id, "m-0");
+  // Two workers, a malformed id, a worker URI whose role conflicts with the OU: refused.
+  for (const auto& [name, subject, san] : std::vector<std::array<std::string, 3>>{
+           {"two_workers", "/CN=x",
+            "URI:spiffe://tandem/role/decode/worker/a,URI:spiffe://tandem/role/decode/worker/b"},
+           {"bad_id", "/CN=x", "URI:spiffe://tandem/role/decode/worker/a%2Fb"},
+           {"empty_id", "/CN=x", "URI:spiffe://tandem/role/decode/worker/"},
+           {"ou_conflict", "/OU=prefill/CN=x", "URI:spiffe://tandem/role/decode/worker/a"}}) {
+    const std::string pem = SelfSigned(name, subject, "-addext subjectAltName=" + san);
+    EXPECT_EQ(IdentityFromCertificatePem(pem).status().code(), absl::StatusCode::kPermissionDenied)
+        << name;
+  }
+}
+
 TEST(RolesTest, RoleFromOuWhenNoUri) {
   absl::StatusOr<PeerIdentity> id =
       IdentityFromCertificatePem(SelfSigned("ou", "/OU=decode/CN=d1", ""));
@@ -97,7 +139,7 @@ TEST(RolesTest, RefusesCertificatesWithoutOrWithConflictingRoles) {
 
 TEST(InternalPolicyTest, Table) {
   auto allowed = [](absl::string_view method, Role role) {
-    return AuthorizeInternalCall(method, PeerIdentity{role, "x"}).ok();
+    return AuthorizeInternalCall(method, PeerIdentity{role, "x", ""}).ok();
   };
   for (Role w : {Role::kPrefill, Role::kDecode, Role::kMixed}) {
     EXPECT_TRUE(allowed("/tandem.v1.WorkerRegistry/RegisterWorker", w));
@@ -120,7 +162,7 @@ TEST(InternalPolicyTest, Table) {
   EXPECT_FALSE(allowed("/tandem.v1.Router/Generate", Role::kAdmin));  // not internal
   EXPECT_FALSE(allowed("/tandem.v1.WorkerService/", Role::kRouter));
   EXPECT_FALSE(allowed("/grpc.health.v1.Health/Check", Role::kRouter));  // default deny
-  absl::Status denied = AuthorizeInternalCall("/x/y", PeerIdentity{Role::kRouter, "r"});
+  absl::Status denied = AuthorizeInternalCall("/x/y", PeerIdentity{Role::kRouter, "r", ""});
   EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(denied.message(), "permission denied");
 }

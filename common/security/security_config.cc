@@ -1,6 +1,8 @@
 #include "common/security/security_config.h"
 
 #include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
@@ -122,6 +124,19 @@ absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& o) {
   }
   config.self = *self;
   return config;
+}
+
+std::string DeriveSecret(const SecurityConfig& config, absl::string_view purpose) {
+  if (config.insecure || config.tls.key_pem.empty()) return std::string();
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  const std::string& key = config.tls.key_pem;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(purpose.data()), purpose.size(), mac,
+           &length) == nullptr) {
+    return std::string();
+  }
+  return std::string(reinterpret_cast<const char*>(mac), length);
 }
 
 std::string Describe(const SecurityConfig& c) {

@@ -67,6 +67,12 @@ absl::StatusOr<SecurityConfig> LoadSecurityConfig(const SecurityOptions& options
 // Reads a whole (small) file; NOT_FOUND naming `what` and the path.
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view what);
 
+// A 32-byte secret for `purpose` that only holders of this process's private key can compute:
+// HMAC-SHA256(key = the private key's PEM, purpose). Every process started with the same key
+// (the ranks of one worker group) derives the same secret, with no exchange. Empty for an
+// insecure config or one without a key.
+std::string DeriveSecret(const SecurityConfig& config, absl::string_view purpose);
+
 // One line for the startup log: "TLS as prefill:prefill-0 (CA ...), 2 API keys" or the
 // insecure warning text.
 std::string Describe(const SecurityConfig& config);

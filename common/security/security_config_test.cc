@@ -75,5 +75,17 @@ TEST_F(SecurityConfigTest, ClientWithOnlyTheCa) {
   EXPECT_EQ(LoadSecurityConfig(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The ranks of a worker group share the worker's key, so they derive the same secret; another
+// key, another purpose or no key at all derives another (or none).
+TEST_F(SecurityConfigTest, DerivedSecretsFollowTheKey) {
+  const SecurityConfig prefill = certs_->Config("prefill");
+  const std::string a = DeriveSecret(prefill, "purpose a");
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(DeriveSecret(certs_->Config("prefill"), "purpose a"), a);
+  EXPECT_NE(DeriveSecret(prefill, "purpose b"), a);
+  EXPECT_NE(DeriveSecret(certs_->Config("decode"), "purpose a"), a);
+  EXPECT_EQ(DeriveSecret(SecurityConfig(), "purpose a"), "");
+}
+
 }  // namespace
 }  // namespace tandem::security

@@ -2,7 +2,7 @@
 # Generates a Tandem cluster CA and one certificate per daemon role with openssl.
 #
 #   deploy/certs/make_certs.sh OUT_DIR [--hosts=HOST,...] [--days=825]
-#                              [--cert=NAME:ROLE ...] [--api_key]
+#                              [--cert=NAME:ROLE ...] [--worker=ID:ROLE ...] [--api_key]
 #
 # OUT_DIR receives (keys mode 0600):
 #   ca.pem ca.key                  the cluster CA (EC P-256); every internal peer trusts it
@@ -12,20 +12,25 @@
 #   client.{pem,key}               role client   (a public client, when the public port asks for
 #                                                 client certificates)
 #   NAME.{pem,key}                 one more per --cert=NAME:ROLE (e.g. --cert=prefill-1:prefill)
+#   ID.{pem,key}                   one per --worker=ID:ROLE: a worker daemon's own certificate,
+#                                  naming the worker (--worker_id=ID) as well as its role. Worker
+#                                  daemons with TLS need one (a KV lease is bound to the decode
+#                                  worker it was handed to, which proves who it is with it).
 #   api_keys                       with --api_key: one random key named "local" (admin) plus
 #                                  api_key (the bare key, for clients' --api_key / TANDEM_API_KEY)
 #
 # The role is encoded twice, as common/security reads it: the URI SAN
-# spiffe://tandem/role/ROLE (authoritative) and the subject's OU. SANs of every leaf: DNS
-# localhost, IP 127.0.0.1, IP ::1, plus each --hosts entry (IP or DNS name). Leaves are valid for
-# both serverAuth and clientAuth (daemons are servers on one plane and clients on another).
+# spiffe://tandem/role/ROLE (authoritative; spiffe://tandem/role/ROLE/worker/ID for --worker)
+# and the subject's OU. SANs of every leaf: DNS localhost, IP 127.0.0.1, IP ::1, plus each
+# --hosts entry (IP or DNS name). Leaves are valid for both serverAuth and clientAuth (daemons
+# are servers on one plane and clients on another).
 #
 # Idempotent: an existing CA is kept; an existing leaf is kept when it verifies against the CA,
 # has the requested role and hosts (a stamp file records them) and is valid for another 30 days;
 # otherwise it is re-issued. Deleting OUT_DIR starts over.
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0"; }
+usage() { sed -n '2,29p' "$0"; }
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
 [[ "$1" == -h || "$1" == --help ]] && { usage; exit 0; }
 out="$1"; shift
@@ -36,6 +41,7 @@ while [[ $# -gt 0 ]]; do
     --hosts=*) hosts="${1#*=}" ;;
     --days=*) days="${1#*=}" ;;
     --cert=*) certs+=("${1#*=}") ;;
+    --worker=*) certs+=("${1#*=}:worker") ;;
     --api_key) api_key=1 ;;
     *) echo "make_certs.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -68,9 +74,10 @@ for h in ${host_list[@]+"${host_list[@]}"}; do
 done
 
 valid_roles=" router prefill decode mixed admin client "
-issue() {  # issue NAME ROLE
-  local name="$1" role="$2" stamp="$out/$1.stamp"
-  local want="role=$role san=URI:spiffe://tandem/role/$role,$san"
+issue() {  # issue NAME ROLE [worker]: with "worker", the URI also names worker NAME
+  local name="$1" role="$2" stamp="$out/$1.stamp" uri="spiffe://tandem/role/$2"
+  [[ "${3:-}" == worker ]] && uri+="/worker/$name"
+  local want="role=$role san=URI:$uri,$san"
   if [[ -s "$out/$name.pem" && -s "$out/$name.key" && -s "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
      openssl verify -CAfile "$out/ca.pem" "$out/$name.pem" >/dev/null 2>&1 &&
      openssl x509 -in "$out/$name.pem" -noout -checkend $((30 * 86400)) >/dev/null 2>&1; then
@@ -80,7 +87,7 @@ issue() {  # issue NAME ROLE
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth,clientAuth
-subjectAltName=URI:spiffe://tandem/role/$role,$san
+subjectAltName=URI:$uri,$san
 authorityKeyIdentifier=keyid
 subjectKeyIdentifier=hash
 EXT
@@ -96,12 +103,15 @@ EXT
 }
 
 for spec in "${certs[@]}"; do
-  name="${spec%%:*}" role="${spec#*:}"
-  [[ "$name" =~ ^[A-Za-z0-9._-]+$ && "$name" != ca ]] ||
+  name="${spec%%:*}" role="${spec#*:}" kind=""
+  [[ "$role" == *:worker ]] && { role="${role%:worker}"; kind=worker; }
+  [[ "$name" =~ ^[A-Za-z0-9._-]+$ && "$name" != ca && ${#name} -le 128 ]] ||
     { echo "make_certs.sh: bad certificate name '$name'" >&2; exit 2; }
   [[ "$valid_roles" == *" $role "* ]] ||
     { echo "make_certs.sh: role '$role' is not one of:$valid_roles" >&2; exit 2; }
-  issue "$name" "$role"
+  [[ -z "$kind" || " prefill decode mixed " == *" $role "* ]] ||
+    { echo "make_certs.sh: --worker=$name:$role: workers are prefill, decode or mixed" >&2; exit 2; }
+  issue "$name" "$role" $kind
 done
 
 if [[ "$api_key" == 1 && ! -s "$out/api_keys" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make_certs.sh: every certificate verifies against its CA, carries its role (URI SAN + OU) and
 # the requested SANs; a second run changes nothing; new hosts re-issue the leaves but keep the CA;
-# another CA's certificates do not verify.
+# another CA's certificates do not verify; --worker certificates name their worker.
 set -euo pipefail
 script="$1"
 out="$TEST_TMPDIR/certs"
@@ -49,7 +49,19 @@ openssl verify -CAfile "$out/ca.pem" "$out/router.pem" > /dev/null || fail "re-i
 if openssl verify -CAfile "$out/ca.pem" "$TEST_TMPDIR/other/router.pem" > /dev/null 2>&1; then
   fail "a certificate from another CA verifies"
 fi
+# A worker daemon's certificate: the URI names role and worker, CN the worker.
+"$script" "$out" --worker=decode-3:decode > /dev/null
+text="$(openssl x509 -in "$out/decode-3.pem" -noout -text)"
+grep -q "URI:spiffe://tandem/role/decode/worker/decode-3," <<< "$text" || fail "decode-3: worker URI"
+grep -q "OU *= *decode" <<< "$text" || fail "decode-3: no OU=decode"
+openssl verify -CAfile "$out/ca.pem" "$out/decode-3.pem" > /dev/null || fail "decode-3 does not verify"
+[[ -z "$("$script" "$out" --worker=decode-3:decode)" ]] || fail "worker certificate re-issued"
+# The same name as a role-only certificate is re-issued without the worker part.
+"$script" "$out" --cert=decode-3:decode > /dev/null
+openssl x509 -in "$out/decode-3.pem" -noout -text | grep -q "/worker/" && fail "--cert kept worker URI"
 # Bad arguments are refused.
+if "$script" "$out" --worker=r:router > /dev/null 2>&1; then fail "worker certificate of role router"; fi
+if "$script" "$out" --worker='a/b:decode' > /dev/null 2>&1; then fail "bad worker id accepted"; fi
 if "$script" "$out" --cert=x:root > /dev/null 2>&1; then fail "unknown role accepted"; fi
 if "$script" "$out" --days=1 > /dev/null 2>&1; then fail "--days=1 accepted"; fi
 echo PASS

@@ -22,7 +22,9 @@ world-readable); the router has --internal_listen, and only a ClusterIP Service 
 (never together with a public port), while the workers' --router names that Service's port. With
 SECRETS.yaml (deploy/k8s/make_secrets.sh's output): every mounted Secret exists with the keys the
 flags read, the certificate's role (URI SAN spiffe://tandem/role/R) is the container's role, its
-key matches, it chains to ca.crt (one CA for all), and it carries --tls_server_name as a DNS SAN.
+key matches, it chains to ca.crt (one CA for all), and it carries --tls_server_name as a DNS SAN;
+a worker's certificate names its --worker_id (spiffe://tandem/role/R/worker/ID), and per-pod
+files ($(POD_NAME)) exist in the Secret for every replica of the StatefulSet.
 dockerfile: every COPY source exists (build context: REPO_ROOT; the build stage's staged
 binaries: BIN_DIR), every binary's shared libraries resolve (ldd), and every container command
 in the manifests is a path the Dockerfile installs.
@@ -68,7 +70,7 @@ def expand(text, env):
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
-def container_env(c, configmaps):
+def container_env(c, configmaps, pod_name="pod-0"):
     env = {}
     for src in c.get("envFrom", []):
         ref = src.get("configMapRef")
@@ -80,7 +82,8 @@ def container_env(c, configmaps):
         if vf is None:
             env[e["name"]] = expand(e.get("value", ""), env)
         elif "fieldRef" in vf:
-            env[e["name"]] = FIELD_DUMMIES.get(vf["fieldRef"]["fieldPath"], "x")
+            path = vf["fieldRef"]["fieldPath"]
+            env[e["name"]] = pod_name if path == "metadata.name" else FIELD_DUMMIES.get(path, "x")
         elif "configMapKeyRef" in vf:
             ref = vf["configMapKeyRef"]
             env[e["name"]] = configmaps.get(ref["name"], {}).get(ref["key"], f"$({e['name']})")
@@ -120,7 +123,9 @@ def check_container(kind, wl, pod, c, configmaps, bin_dir, secrets=None):
     if binary is None:
         report(False, f"{what} command", f"{cmd} is not one of {sorted(BINARIES)}")
         return
-    env = container_env(c, configmaps)
+    # A StatefulSet's first pod: its name is what per-pod flags ($(POD_NAME)) resolve to.
+    pod_name = f"{wl['metadata']['name']}-0" if kind == "StatefulSet" else "pod-0"
+    env = container_env(c, configmaps, pod_name)
     args = [expand(a, env) for a in cmd[1:] + c.get("args", [])]
     unresolved = [a for a in args if re.search(r"\$\([A-Za-z_]", a)]
     positional = [a for a in args if not a.startswith("-")]
@@ -175,7 +180,26 @@ def check_container(kind, wl, pod, c, configmaps, bin_dir, secrets=None):
         report(any((model + "/").startswith(m) for m in mounts), f"{what} --model={model} mounted",
                f"no volumeMount holds it ({mounts})")
     check_tls(what, binary, flags, c, pod, secrets)
+    check_pod_certificates(what, kind, wl, c, pod, configmaps, secrets)
     return declared, flags, binary
+
+
+def check_pod_certificates(what, kind, wl, c, pod, configmaps, secrets):
+    """Per-pod TLS files ($(POD_NAME) in --tls_cert/--tls_key): every replica has its own."""
+    raw = {m.group(1): m.group(2) for a in c.get("args", [])
+           for m in [re.match(r"--(tls_cert|tls_key)=(.*)$", a)] if m}
+    if secrets is None or not any("$(POD_NAME)" in v for v in raw.values()):
+        return
+    replicas = wl["spec"].get("replicas", 1) if kind == "StatefulSet" else 1
+    missing = []
+    for i in range(replicas):
+        env = container_env(c, configmaps, f"{wl['metadata']['name']}-{i}")
+        for flag, path in raw.items():
+            secret, key, why = secret_file(expand(path, env), c, pod)
+            if why or key not in secrets.get(secret, {}):
+                missing.append(f"pod {i}: --{flag} {expand(path, env)} ({why or 'no such key'})")
+    report(not missing, f"{what} every one of its {replicas} pods has its own certificate",
+           "; ".join(missing) + " (make_secrets.sh --replicas)")
 
 
 def secret_file(path, c, pod):
@@ -206,12 +230,16 @@ def openssl(*args, stdin=None):
     return subprocess.run(["openssl", *args], capture_output=True, text=True, input=stdin)
 
 
-def check_certificate(what, role, files, server_name):
+def check_certificate(what, role, files, server_name, worker_id=""):
     """files: {flag: path} of decoded Secret data. Role, key, chain, SAN checks with openssl."""
     cert, key, ca = files["tls_cert"], files["tls_key"], files["tls_ca"]
     text = openssl("x509", "-in", cert, "-noout", "-text").stdout
     roles = re.findall(r"URI:spiffe://tandem/role/([a-z]+)", text)
     report(roles == [role], f"{what} certificate role {roles}", f"want [{role!r}]")
+    if worker_id:  # a worker's own certificate must name its --worker_id
+        named = re.findall(r"URI:spiffe://tandem/role/[a-z]+/worker/([A-Za-z0-9._-]+)", text)
+        report(named == [worker_id], f"{what} certificate names worker {named}",
+               f"want [{worker_id!r}] (--worker_id)")
     pub_cert = openssl("x509", "-in", cert, "-noout", "-pubkey").stdout
     pub_key = openssl("pkey", "-in", key, "-pubout").stdout
     report(bool(pub_cert) and pub_cert == pub_key, f"{what} --tls_key matches --tls_cert",
@@ -268,7 +296,8 @@ def check_tls(what, binary, flags, c, pod, secrets):
         report(not missing, f"{what} make_secrets.sh provides {sorted(set(files.values()))}",
                f"missing {missing}")
         if not missing:
-            check_certificate(what, role, decoded, flags.get("tls_server_name", ""))
+            check_certificate(what, role, decoded, flags.get("tls_server_name", ""),
+                              flags.get("worker_id", "") if role != "router" else "")
 
 
 def check_manifests(path, bin_dir, secrets_path=None):

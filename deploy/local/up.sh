@@ -7,11 +7,12 @@
 #                      [--run_dir=out/local] [--bin_dir=bazel-bin] [--router_port=0]
 #                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
 #                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
-#                      [--insecure] [-- EXTRA_WORKER_FLAGS...]
+#                      [--decode_dcp=1] [--mixed_dcp=1] [--insecure] [-- EXTRA_WORKER_FLAGS...]
 #
-# Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates and an
-# API key to RUN_DIR/certs (kept across runs); the router's public port serves TLS and requires
-# the key, workers register on its internal mTLS port with their role's certificate. Clients:
+# Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates, one
+# certificate per worker (ROLE-I, naming the worker) and an API key to RUN_DIR/certs (kept across
+# runs); the router's public port serves TLS and requires the key, workers register on its
+# internal mTLS port with their own certificates. Clients:
 # tandem_cli --tls_ca=RUN_DIR/certs/ca.pem with TANDEM_API_KEY=$(cat RUN_DIR/certs/api_key)
 # (up.sh prints both paths). --insecure: everything in plain text, no keys.
 #
@@ -24,13 +25,17 @@
 # --prefill_tp / --decode_tp / --mixed_tp: each worker of that role is a tensor-parallel group of
 # that many ranks (tandem_worker --tp=N starts its ranks on this host); P and D groups of
 # different sizes exchange KV re-sharded by heads (kvtransfer/rank_reader.h).
+# --decode_dcp=K / --mixed_dcp=K: decode context parallelism in those groups (tandem_worker
+# --dcp=K: K KV shards per attention slice; runtime/model/tensor_parallel.h); the group has
+# --decode_tp ranks in all, which K must divide; --decode_dcp=K alone means --decode_tp=K. Each D
+# rank reads exactly its shard's blocks from the prefill group.
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
 # //runtime:tandem_worker //router:tandem_router //router:tandem_cli).
 set -euo pipefail
 
-prefill_tp=1 decode_tp=1 mixed_tp=1
+prefill_tp=1 decode_tp="" mixed_tp="" decode_dcp=1 mixed_dcp=1
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
 run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
 insecure=0
@@ -43,6 +48,8 @@ while [[ $# -gt 0 ]]; do
     --prefill_tp=*) prefill_tp="${1#*=}" ;;
     --decode_tp=*) decode_tp="${1#*=}" ;;
     --mixed_tp=*) mixed_tp="${1#*=}" ;;
+    --decode_dcp=*) decode_dcp="${1#*=}" ;;
+    --mixed_dcp=*) mixed_dcp="${1#*=}" ;;
     --backend=*) backend="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
     --load_format=*) load_format="${1#*=}" ;;
@@ -60,6 +67,9 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+# A DCP group has --*_tp ranks in all; --*_dcp=K alone means K ranks.
+decode_tp=${decode_tp:-$decode_dcp}
+mixed_tp=${mixed_tp:-$mixed_dcp}
 
 worker_bin="$bin_dir/runtime/tandem_worker"
 router_bin="$bin_dir/router/tandem_router"
@@ -103,12 +113,18 @@ if [[ "$insecure" == 1 ]]; then
   cli_sec=(--insecure)
   worker_sec() { echo --insecure; }
 else
-  "$(dirname "$0")/../certs/make_certs.sh" "$certs" --api_key > /dev/null
+  # Every worker gets its own certificate (naming its --worker_id): KV leases are bound to the
+  # decode worker they are for, which proves who it is with it.
+  workers=()
+  for r in prefill decode mixed; do
+    for ((i = 0; i < ${!r}; i++)); do workers+=(--worker="$r-$i:$r"); done
+  done
+  "$(dirname "$0")/../certs/make_certs.sh" "$certs" --api_key ${workers[@]+"${workers[@]}"} > /dev/null
   router_sec=(--tls_cert="$certs/router.pem" --tls_key="$certs/router.key" --tls_ca="$certs/ca.pem"
               --api_key_file="$certs/api_keys" --internal_listen=127.0.0.1:0
               --internal_port_file="$run_dir/internal.port")
   cli_sec=(--tls_ca="$certs/ca.pem" --api_key="$(cat "$certs/api_key")")
-  worker_sec() {  # the role's certificate (paths without spaces: printed unquoted)
+  worker_sec() {  # worker_sec WORKER_ID: its own certificate (paths without spaces: unquoted)
     echo --tls_cert="$certs/$1.pem" --tls_key="$certs/$1.key" --tls_ca="$certs/ca.pem"
   }
 fi
@@ -131,10 +147,14 @@ if [[ "$insecure" == 0 ]]; then
 fi
 
 start_worker() {  # start_worker ROLE INDEX
-  local name="$1-$2" tp=1
-  case "$1" in prefill) tp=$prefill_tp ;; decode) tp=$decode_tp ;; mixed) tp=$mixed_tp ;; esac
-  "$worker_bin" --role="$1" --tp="$tp" --backend="$backend" "${model_flags[@]}" \
-    --router="$internal_addr" $(worker_sec "$1") \
+  local name="$1-$2" tp=1 dcp=1
+  case "$1" in
+    prefill) tp=$prefill_tp ;;
+    decode) tp=$decode_tp dcp=$decode_dcp ;;
+    mixed) tp=$mixed_tp dcp=$mixed_dcp ;;
+  esac
+  "$worker_bin" --role="$1" --tp="$tp" --dcp="$dcp" --backend="$backend" "${model_flags[@]}" \
+    --router="$internal_addr" $(worker_sec "$name") \
     --worker_id="$name" --listen=127.0.0.1:0 --port_file="$run_dir/$name.port" \
     ${extra[@]+"${extra[@]}"} > "$run_dir/$name.log" 2>&1 &
   echo "$! $name" >> "$run_dir/pids"

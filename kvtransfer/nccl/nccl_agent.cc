@@ -44,6 +44,7 @@ struct NcclAgent::Transfer {
 // Outgoing connection: this agent reads from the peer (rank 0 of the pair's communicator).
 struct NcclAgent::Peer {
   std::string name;
+  std::string token;  // the source's access token (desc.access_token), sent in the hello
   std::string host;
   int port = 0;
   std::vector<uint64_t> remote_bytes;
@@ -71,6 +72,8 @@ struct NcclAgent::Posted {
 
 namespace {
 
+static_assert(sizeof(ncclUniqueId) == nccl_wire::kUniqueIdBytes);
+
 // The source keeps at most this many transfers of one reader on the GPU; more kReads wait.
 constexpr size_t kMaxServedInFlight = 16;
 
@@ -94,7 +97,9 @@ std::vector<uint64_t> OpLengths(absl::Span<const CopyOp> ops) {
 
 }  // namespace
 
-NcclAgent::NcclAgent(NcclAgentOptions options) : options_(std::move(options)) {}
+NcclAgent::NcclAgent(NcclAgentOptions options)
+    : options_(std::move(options)),
+      auth_(options_.control_token_key, options_.control_token_lifetime) {}
 
 absl::StatusOr<std::unique_ptr<NcclAgent>> NcclAgent::Create(NcclAgentOptions options) {
   std::unique_ptr<NcclAgent> agent(new NcclAgent(std::move(options)));
@@ -109,6 +114,7 @@ absl::Status NcclAgent::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl agent: device ", options_.device, " of ", count));
   }
+  RETURN_IF_ERROR(auth_.Validate());
   const NcclAgentOptions& o = options_;
   if (o.staging_chunk_bytes == 0 || o.staging_buffers < 1 || o.direct_min_bytes == 0 ||
       o.copy_ctas < 1 || o.max_posted_transfers < 1 || o.init_timeout <= absl::ZeroDuration() ||
@@ -198,8 +204,12 @@ absl::Status NcclAgent::AddPeer(const std::string& peer_name,
   if (desc.regions_size() > tandem::v1::kMaxMemoryRegions) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": too many regions"));
   }
+  if (desc.access_token().size() > nccl_wire::kMaxHelloTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": access token too long"));
+  }
   auto peer = std::make_unique<Peer>();
   peer->name = peer_name;
+  peer->token = desc.access_token();
   absl::Status parsed = nccl_wire::ParseAddress(desc.worker_address(), &peer->host, &peer->port);
   if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(who, ": ", parsed.message()));
   for (const tandem::v1::MemoryRegion& r : desc.regions()) {
@@ -351,16 +361,18 @@ void NcclAgent::ServeLoop(Served* served) {
   const int fd = served->fd;
   MessageType type;
   std::string payload;
-  // The reader's hello follows its connect at once; a long wait means a stray client.
-  absl::Status s = nccl_socket::RecvFrame(fd, served->stop, options_.init_timeout, &type, &payload);
-  // One ncclUniqueId per communicator: the reader picks how many.
-  if (!s.ok() || type != MessageType::kHello ||
-      (payload.size() != sizeof(ncclUniqueId) && payload.size() != 2 * sizeof(ncclUniqueId))) {
+  // The reader's hello answers our challenge at once (a long wait means a stray client), and
+  // must prove a token we issued before anything else happens (nccl_agent_auth.h). One
+  // ncclUniqueId per communicator: the reader picks how many.
+  absl::StatusOr<std::string> hello =
+      nccl_auth::AcceptHello(fd, auth_, served->stop, options_.init_timeout);
+  if (!hello.ok()) {
     close(fd);
     return;
   }
-  std::vector<ncclUniqueId> ids(payload.size() / sizeof(ncclUniqueId));
-  std::memcpy(ids.data(), payload.data(), payload.size());
+  std::vector<ncclUniqueId> ids(hello->size() / sizeof(ncclUniqueId));
+  std::memcpy(ids.data(), hello->data(), hello->size());
+  absl::Status s;
   absl::StatusOr<std::unique_ptr<NcclLink>> link =
       NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kSender, ids, fd, served->stop);
   if (!link.ok()) {
@@ -488,9 +500,11 @@ void NcclAgent::PeerLoop(Peer* peer) {
     ASSIGN_OR_RETURN(fd, nccl_socket::Connect(peer->host, peer->port, options_.connect_timeout));
     std::vector<ncclUniqueId> ids(static_cast<size_t>(options_.num_comms));
     for (ncclUniqueId& id : ids) NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-    RETURN_IF_ERROR(nccl_socket::SendFrame(
-        fd, MessageType::kHello,
-        absl::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(ids[0]))));
+    // Answers the source's challenge with a proof of its access token (nccl_agent_auth.h).
+    RETURN_IF_ERROR(nccl_auth::SendHello(
+        fd, peer->token,
+        absl::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(ids[0])),
+        peer->stop, options_.init_timeout));
     ASSIGN_OR_RETURN(link, NcclLink::Connect(LinkOptions(options_), NcclLink::Role::kReceiver, ids,
                                              fd, peer->stop));
     return absl::OkStatus();

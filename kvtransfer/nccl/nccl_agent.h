@@ -7,6 +7,10 @@
 //  * AddPeer(name, desc) connects to the peer's control socket and makes options.num_comms
 //    2-rank communicators for this direction only (this reader = rank 0, generates their
 //    ncclUniqueIds and sends them in a kHello frame; the source's accept loop joins as rank 1).
+//    The source opens with a challenge; the hello answers it with a proof of desc.access_token:
+//    with options.control_token_key set, the source accepts a connection only with a live token
+//    it issued (IssueAccessToken, handed out by its KvTransferService to authenticated readers)
+//    and closes it otherwise, before NCCL runs (nccl_agent_auth.h).
 //    Both sides join with NCCL's non-blocking init and a deadline (NcclLink, nccl_agent_link.h): a
 //    peer that never joins fails AddPeer with DEADLINE_EXCEEDED after options.init_timeout, one
 //    that hangs up with UNAVAILABLE. Each side drives the communicators on its own thread with its
@@ -53,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtransfer/nccl/nccl_agent_auth.h"
 #include "kvtransfer/nccl/nccl_agent_copy.h"
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/transfer_table.h"
@@ -68,6 +73,12 @@ struct NcclAgentOptions {
   // Control listener address. Port 0 picks a free port.
   std::string control_host = "127.0.0.1";
   int control_port = 0;
+  // Authenticates the control socket (nccl_agent_auth.h): tokens are derived with this key (the
+  // worker derives it from its TLS key, so every rank of a group shares it) and open
+  // connections for control_token_lifetime. Empty: no token is issued or checked (--insecure
+  // workers, tests).
+  std::string control_token_key;
+  absl::Duration control_token_lifetime = absl::Seconds(60);
   // TCP connect to a peer's control socket gives up after this long.
   absl::Duration connect_timeout = absl::Seconds(5);
   // Joining a pair's communicator (AddPeer; and serving a new reader) gives up after this long.
@@ -117,6 +128,8 @@ class NcclAgent final : public TransferAgent {
   absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
                                           tandem::v1::MemoryKind kind) override;
   absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
+  // A short-lived access token for the control socket ("" without control_token_key).
+  std::string IssueAccessToken() override { return auth_.Issue(); }
   // Blocks until the communicators are up, at most connect_timeout + init_timeout. UNAVAILABLE
   // when the peer cannot be reached or hung up, DEADLINE_EXCEEDED when it never joined.
   absl::Status AddPeer(const std::string& peer_name,
@@ -161,6 +174,7 @@ class NcclAgent final : public TransferAgent {
   static void StopPeer(Peer* peer);
 
   const NcclAgentOptions options_;
+  nccl_auth::ControlTokenAuthority auth_;  // thread-safe
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: wakes the accept loop on destruction
   std::string address_;

@@ -141,7 +141,7 @@ absl::Status WaitReadable(int fd, const std::atomic<bool>& stop, absl::Duration 
 }
 
 absl::Status RecvFrame(int fd, const std::atomic<bool>& stop, absl::Duration timeout,
-                       nccl_wire::MessageType* type, std::string* payload) {
+                       nccl_wire::MessageType* type, std::string* payload, uint32_t max_payload) {
   if (absl::Status s = WaitReadable(fd, stop, timeout); !s.ok()) return s;
   char header[nccl_wire::kFrameHeaderBytes];
   if (absl::Status s = RecvAll(fd, header, sizeof(header)); !s.ok()) return s;
@@ -150,6 +150,10 @@ absl::Status RecvFrame(int fd, const std::atomic<bool>& stop, absl::Duration tim
           nccl_wire::DecodeHeader(absl::string_view(header, sizeof(header)), type, &bytes);
       !s.ok()) {
     return absl::UnavailableError(absl::StrCat("nccl control socket: ", s.message()));
+  }
+  if (bytes > max_payload) {
+    return absl::UnavailableError(absl::StrCat("nccl control socket: a frame of ", bytes,
+                                               " bytes, at most ", max_payload, " expected"));
   }
   payload->resize(bytes);
   return RecvAll(fd, payload->data(), bytes);

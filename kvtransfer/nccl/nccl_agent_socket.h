@@ -23,9 +23,11 @@ absl::StatusOr<int> Listen(const std::string& host, int port, int* bound_port);
 absl::StatusOr<int> Connect(const std::string& host, int port, absl::Duration timeout);
 
 absl::Status SendFrame(int fd, nccl_wire::MessageType type, absl::string_view payload);
-// Waits (checking `stop` every few ms) up to `timeout` for a whole frame and reads it.
+// Waits (checking `stop` every few ms) up to `timeout` for a whole frame and reads it. A frame
+// announcing more than `max_payload` bytes is refused (UNAVAILABLE) before its payload is read.
 absl::Status RecvFrame(int fd, const std::atomic<bool>& stop, absl::Duration timeout,
-                       nccl_wire::MessageType* type, std::string* payload);
+                       nccl_wire::MessageType* type, std::string* payload,
+                       uint32_t max_payload = nccl_wire::kMaxPayloadBytes);
 // Non-blocking: UNAVAILABLE when the peer closed/reset the connection, INTERNAL when it sent
 // unexpected bytes, OK otherwise.
 absl::Status CheckAlive(int fd);

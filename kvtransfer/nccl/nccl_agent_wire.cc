@@ -47,7 +47,7 @@ absl::Status DecodeHeader(absl::string_view header, MessageType* type, uint32_t*
       !Get(header, &pos, payload_bytes)) {
     return absl::InvalidArgumentError("nccl control frame: bad header size");
   }
-  if (t < 1 || t > 3) {
+  if (t < 1 || t > 4) {
     return absl::InvalidArgumentError(absl::StrCat("nccl control frame: unknown type ", t));
   }
   if (*payload_bytes > kMaxPayloadBytes) {
@@ -56,6 +56,43 @@ absl::Status DecodeHeader(absl::string_view header, MessageType* type, uint32_t*
   }
   *type = static_cast<MessageType>(t);
   return absl::OkStatus();
+}
+
+namespace {
+
+bool ValidHelloParts(size_t token_bytes, size_t ids_bytes) {
+  return token_bytes <= kMaxHelloTokenBytes &&
+         (ids_bytes == kUniqueIdBytes || ids_bytes == 2 * kUniqueIdBytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeHello(absl::string_view credential,
+                                        absl::string_view unique_ids) {
+  if (!ValidHelloParts(credential.size(), unique_ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl hello: credential of ", credential.size(),
+                                                   " bytes, ", unique_ids.size(),
+                                                   " bytes of unique ids"));
+  }
+  std::string out;
+  Put(&out, static_cast<uint32_t>(credential.size()));
+  out.append(credential.data(), credential.size());
+  out.append(unique_ids.data(), unique_ids.size());
+  return out;
+}
+
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
+  size_t pos = 0;
+  uint32_t token_bytes = 0;
+  if (!Get(payload, &pos, &token_bytes) || token_bytes > payload.size() - pos ||
+      !ValidHelloParts(token_bytes, payload.size() - pos - token_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl hello: malformed payload of ", payload.size(), " bytes"));
+  }
+  Hello hello;
+  hello.credential = std::string(payload.substr(pos, token_bytes));
+  hello.unique_ids = std::string(payload.substr(pos + token_bytes));
+  return hello;
 }
 
 absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, const nccl_plan::PlanParams& params,

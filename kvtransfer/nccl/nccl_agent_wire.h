@@ -2,8 +2,14 @@
 // built and tested in CPU-only builds too.
 //
 // Every message is a frame: [u32 type][u32 payload_bytes][payload], little-endian.
-//   kHello    reader -> source, once: the 128-byte ncclUniqueIds of the pair's communicators,
-//             1 or 2 (reader = rank 0, source = rank 1). Both then join them (non-blocking init
+//   kChallenge source -> reader, first on every accepted connection: kChallengeBytes random
+//             bytes (nccl_agent_auth.h).
+//   kHello    reader -> source, once, after the challenge: u32 credential_bytes, the credential
+//             (proof that the reader holds an access token the source issued in a handshake,
+//             bound to this challenge: nccl_auth::Prove; 0 bytes without a token), then the
+//             128-byte ncclUniqueIds of the pair's communicators, 1 or 2 (reader = rank 0,
+//             source = rank 1). The source reads at most kMaxHelloBytes of it and checks the
+//             credential before anything else. Both then join them (non-blocking init
 //             with a deadline) and exchange one warm-up message on each: rank 1 ncclSends 1 byte
 //             (ncclInt8) to rank 0, so NCCL's lazy p2p connection setup also happens under that
 //             deadline. NCCL call k of the pair (nccl_agent_link.h) uses communicator k % count.
@@ -34,7 +40,7 @@
 
 namespace tandem::kvtransfer::nccl_wire {
 
-enum class MessageType : uint32_t { kHello = 1, kRead = 2, kReadAck = 3 };
+enum class MessageType : uint32_t { kHello = 1, kRead = 2, kReadAck = 3, kChallenge = 4 };
 
 inline constexpr size_t kFrameHeaderBytes = 8;
 inline constexpr size_t kUniqueIdBytes = 128;  // sizeof(ncclUniqueId)
@@ -42,12 +48,26 @@ inline constexpr size_t kUniqueIdBytes = 128;  // sizeof(ncclUniqueId)
 inline constexpr uint32_t kMaxOpsPerRead = 1u << 20;
 inline constexpr size_t kReadHeaderBytes = 8 + 8 + 8 + 4;
 inline constexpr uint32_t kMaxPayloadBytes = kReadHeaderBytes + kMaxOpsPerRead * 20;
+inline constexpr size_t kChallengeBytes = 32;
+inline constexpr size_t kMaxHelloTokenBytes = 256;  // credential; tandem::v1::kMaxAccessTokenBytes
+inline constexpr uint32_t kMaxHelloBytes = 4 + kMaxHelloTokenBytes + 2 * kUniqueIdBytes;
 
 // Frame header for `type` with `payload_bytes` following it.
 std::string EncodeHeader(MessageType type, uint32_t payload_bytes);
 // Parses a kFrameHeaderBytes header. INVALID_ARGUMENT for an unknown type or a payload larger
 // than kMaxPayloadBytes.
 absl::Status DecodeHeader(absl::string_view header, MessageType* type, uint32_t* payload_bytes);
+
+struct Hello {
+  std::string credential;  // nccl_auth::Prove's
+  std::string unique_ids;  // 1 or 2 x kUniqueIdBytes
+};
+// Payload of kHello. INVALID_ARGUMENT for a credential over kMaxHelloTokenBytes or unique ids
+// that are not 1 or 2 ids.
+absl::StatusOr<std::string> EncodeHello(absl::string_view credential, absl::string_view unique_ids);
+// INVALID_ARGUMENT for a truncated payload, a credential over kMaxHelloTokenBytes, or unique ids
+// that are not 1 or 2 ids.
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
 
 struct ReadRequest {
   uint64_t id = 0;

@@ -105,6 +105,8 @@ TEST(NcclWireTest, HeaderChecksTypeAndSize) {
   ASSERT_TRUE(DecodeHeader(EncodeHeader(MessageType::kReadAck, 123), &type, &bytes).ok());
   EXPECT_EQ(type, MessageType::kReadAck);
   EXPECT_EQ(bytes, 123u);
+  ASSERT_TRUE(DecodeHeader(EncodeHeader(MessageType::kChallenge, 32), &type, &bytes).ok());
+  EXPECT_EQ(type, MessageType::kChallenge);
   std::string unknown = EncodeHeader(MessageType::kRead, 1);
   unknown[0] = 9;
   EXPECT_EQ(DecodeHeader(unknown, &type, &bytes).code(), absl::StatusCode::kInvalidArgument);
@@ -126,6 +128,31 @@ TEST(NcclWireTest, ValidateSourceRangesUsesOnlyTheSourceSide) {
   EXPECT_EQ(ValidateSourceRanges({{0, 0, 0, 0, 0}}, regions).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateSourceRanges({}, regions).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NcclWireTest, HelloCarriesTheCredentialAndOneOrTwoIdsWithinItsBounds) {
+  const std::string ids(kUniqueIdBytes, 'i'), two(2 * kUniqueIdBytes, 'j');
+  for (const std::string& token : {std::string(), std::string(56, 't')}) {
+    for (const std::string* u : {&ids, &two}) {
+      absl::StatusOr<std::string> payload = EncodeHello(token, *u);
+      ASSERT_TRUE(payload.ok()) << payload.status();
+      EXPECT_LE(payload->size(), kMaxHelloBytes);
+      absl::StatusOr<Hello> hello = DecodeHello(*payload);
+      ASSERT_TRUE(hello.ok()) << hello.status();
+      EXPECT_EQ(hello->credential, token);
+      EXPECT_EQ(hello->unique_ids, *u);
+    }
+  }
+  EXPECT_FALSE(EncodeHello(std::string(kMaxHelloTokenBytes + 1, 't'), ids).ok());
+  EXPECT_FALSE(EncodeHello("", std::string(kUniqueIdBytes + 1, 'i')).ok());
+  const std::string good = *EncodeHello("tok", ids);
+  EXPECT_FALSE(DecodeHello(good.substr(0, 3)).ok()) << "truncated length";
+  EXPECT_FALSE(DecodeHello(good.substr(0, good.size() - 1)).ok()) << "truncated ids";
+  EXPECT_FALSE(DecodeHello(good + "x").ok()) << "trailing byte";
+  std::string huge = good;
+  huge[0] = '\xff';  // token length past the payload
+  EXPECT_FALSE(DecodeHello(huge).ok());
+  EXPECT_FALSE(DecodeHello(ids).ok()) << "the pre-token form (ids only)";
 }
 
 TEST(NcclWireTest, AddressParsing) {

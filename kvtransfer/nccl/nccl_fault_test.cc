@@ -22,6 +22,7 @@
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/nccl/nccl_agent.h"
+#include "kvtransfer/nccl/nccl_agent_auth.h"
 #include "kvtransfer/nccl/nccl_agent_socket.h"
 #include "kvtransfer/nccl/nccl_agent_wire.h"
 
@@ -83,7 +84,8 @@ class FakePeer {
   std::thread thread_;
 };
 
-// Reads the reader's hello, then hangs up at once or holds the connection without joining NCCL.
+// Challenges the reader (as a source does), reads its hello, then hangs up at once or holds the
+// connection without joining NCCL.
 class NeverJoiningSource : public FakePeer {
  public:
   explicit NeverJoiningSource(bool hang_up) : hang_up_(hang_up) {}
@@ -93,6 +95,8 @@ class NeverJoiningSource : public FakePeer {
   void Run(int conn) override {
     MessageType type;
     std::string payload;
+    const std::string challenge(nccl_wire::kChallengeBytes, 'c');
+    if (!nccl_socket::SendFrame(conn, MessageType::kChallenge, challenge).ok()) return;
     if (!nccl_socket::RecvFrame(conn, stop_, absl::Seconds(30), &type, &payload).ok()) return;
     if (!hang_up_) HoldUntilStopped();
   }
@@ -153,11 +157,12 @@ TEST(NcclFaultTest, SourceDropsAReaderThatNeverJoins) {
     ASSERT_TRUE(fd.ok()) << fd.status();
     std::vector<ncclUniqueId> ids(comms);
     for (ncclUniqueId& id : ids) ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-    ASSERT_TRUE(nccl_socket::SendFrame(*fd, MessageType::kHello,
-                                       absl::string_view(reinterpret_cast<const char*>(ids.data()),
-                                                         ids.size() * sizeof(ids[0])))
-                    .ok());
     std::atomic<bool> stop{false};
+    ASSERT_TRUE(nccl_auth::SendHello(*fd, "",
+                                     absl::string_view(reinterpret_cast<const char*>(ids.data()),
+                                                       ids.size() * sizeof(ids[0])),
+                                     stop, absl::Seconds(5))
+                    .ok());
     MessageType type;
     std::string payload;
     const absl::Time start = absl::Now();
@@ -167,6 +172,46 @@ TEST(NcclFaultTest, SourceDropsAReaderThatNeverJoins) {
     close(*fd);
     agent->reset();  // returns: no thread is stuck in NCCL init
   }
+}
+
+// The agent as source with a control token key: a hello without a token, or with one it did not
+// issue, is dropped at once (NCCL never starts); one proving a token it issued gets to NCCL's
+// init (and is dropped only when the reader never joins, after init_timeout), on every
+// connection of the token's lifetime.
+TEST(NcclFaultTest, SourceAcceptsOnlyConnectionsWithATokenItIssued) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  NcclAgentOptions options = ShortDeadlines();
+  options.init_timeout = absl::Seconds(4);
+  options.control_token_key = std::string(32, 'k');
+  auto agent = NcclAgent::Create(options);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(nccl_wire::ParseAddress((*agent)->control_address(), &host, &port).ok());
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const absl::string_view ids(reinterpret_cast<const char*>(&id), sizeof(id));
+  // Sends a hello with `token`; whether the agent still holds the connection after 1 s.
+  auto held = [&](const std::string& token) {
+    absl::StatusOr<int> fd = nccl_socket::Connect(host, port, absl::Seconds(5));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (!fd.ok()) return false;
+    std::atomic<bool> stop{false};
+    EXPECT_TRUE(nccl_auth::SendHello(*fd, token, ids, stop, absl::Seconds(5)).ok());
+    const absl::Status waited = nccl_socket::WaitReadable(*fd, stop, absl::Seconds(1));
+    const bool open = absl::IsDeadlineExceeded(waited) && nccl_socket::CheckOpen(*fd).ok();
+    close(*fd);
+    return open;
+  };
+  EXPECT_FALSE(held("")) << "no token";
+  EXPECT_FALSE(held(std::string(nccl_auth::kTokenBytes, 'x'))) << "a forged token";
+  nccl_auth::ControlTokenAuthority stranger(std::string(32, 's'));
+  EXPECT_FALSE(held(stranger.Issue())) << "another worker's token";
+  const std::string token = (*agent)->IssueAccessToken();
+  ASSERT_EQ(token.size(), nccl_auth::kTokenBytes);
+  EXPECT_TRUE(held(token)) << "a token it issued reaches NCCL's init";
+  EXPECT_TRUE(held(token)) << "and does so for a second reader rank";
+  agent->reset();  // returns: the half-joined connection is dropped
 }
 
 }  // namespace

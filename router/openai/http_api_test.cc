@@ -4,14 +4,16 @@
 // is the tokenizer's decoding of what the worker generated), usage, n, stop strings cutting the
 // text and aborting the request on the worker, /v1/models, /tokenize + /detokenize, a client that
 // disconnects mid-stream aborting its request, and the error codes (400 naming the field, 404,
-// 405, 503 without workers) with nothing sent to a worker for a bad request; API keys; and the
-// same API over HTTPS.
+// 405, 503 without workers) with nothing sent to a worker for a bad request; API keys; the
+// same API over HTTPS; and a model directory with only a SentencePiece tokenizer.model, served
+// by this gRPC/libprotobuf binary through libtandem_spm.so in its own link namespace.
 #include "router/openai/http_api.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "common/security/test_certs.h"
 #include "gtest/gtest.h"
 #include "router/router_test_util.h"
+#include "tokenizer/sentencepiece_library.h"
 
 namespace tandem::router::openai {
 namespace {
@@ -352,6 +355,97 @@ TEST(HttpApiTlsTest, ServesHttpsWithKeysAndStreams) {
   http::TestResponse plain = http::HttpCall(port, "GET", "/v1/models", "", key);
   EXPECT_EQ(plain.status, 400);
   EXPECT_NE(plain.body.find("https://"), std::string::npos) << plain.body;
+}
+
+// Mistral's tokenizer.model (fixture) and a config.json, nothing else: no tokenizer.json.
+std::string SentencePieceModelDir() {
+  const std::string dir = ::testing::TempDir() + "/mistral-spm";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(
+      std::filesystem::current_path() / "tokenizer/testdata/mistral_v3/tokenizer.model",
+      dir + "/tokenizer.model", std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 4096})";
+  return dir;
+}
+
+Json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return Json::parse(s.str());
+}
+
+// SentencePiece's own decoding (the library, in its namespace), the reference for the text.
+std::string SentencePieceDecode(const std::string& model_path, const std::vector<int32_t>& ids) {
+  absl::StatusOr<const tokenizer::SentencePieceLibrary*> lib =
+      tokenizer::SentencePieceLibrary::Default();
+  if (!lib.ok()) return lib.status().ToString();
+  char* error = nullptr;
+  tandem_spm_model* model = (*lib)->load(model_path.c_str(), &error);
+  if (model == nullptr) return (*lib)->TakeError(error);
+  char* text = nullptr;
+  size_t len = 0;
+  std::string out = (*lib)->decode(model, ids.data(), ids.size(), &text, &len, &error) == 0
+                        ? std::string(text, len)
+                        : (*lib)->TakeError(error);
+  if (text != nullptr) (*lib)->free(text);
+  (*lib)->unload(model);
+  return out;
+}
+
+TEST(HttpApiSentencePieceTest, ServesATokenizerModelOnlyDirectory) {
+  const std::string dir = SentencePieceModelDir();
+  RouterHarness harness;
+  auto model = ServedModel::Load(dir, "mistral-test");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint32_t vocab = static_cast<uint32_t>((*model)->tokenizer->vocab_size());
+  EXPECT_EQ(vocab, 32768u);
+  FakeWorker* w = harness.AddWorker("w", v1::WORKER_ROLE_MIXED,
+                                    [&](FakeWorkerOptions& o) { o.vocab_size = vocab; });
+  auto api = HttpApi::Start(HttpApiOptions(), *std::move(model), &harness.server().registry(),
+                            &harness.server().requests(), &harness.server().orchestrator());
+  ASSERT_TRUE(api.ok()) << api.status();
+  const int port = (*api)->port();
+  // SentencePiece's (Python package's) ids and text for corpus texts, through the HTTP API.
+  const Json expected = ReadJson("tokenizer/testdata/mistral_v3/expected.json");
+  for (int i : {0, 2, 8, 15, 18}) {
+    const Json& c = expected["cases"][i];
+    HttpResult tok = Call(port, "POST", "/tokenize", Json{{"prompt", c["text"]}}.dump());
+    ASSERT_EQ(tok.status, 200) << tok.body;
+    EXPECT_EQ(Json::parse(tok.body)["tokens"], c["ids_with_special"]) << c["text"];
+    HttpResult detok = Call(port, "POST", "/detokenize", Json{{"tokens", c["ids"]}}.dump());
+    ASSERT_EQ(detok.status, 200) << detok.body;
+    EXPECT_EQ(Json::parse(detok.body)["prompt"], c["decoded_skip_special"]);
+  }
+  // A completion, whole and streamed: the text of the fake worker's tokens, as SentencePiece
+  // itself decodes them.
+  const std::string prompt = "Bonjour, 世界! Tell me a story";
+  const std::vector<int32_t> prompt_ids = *(*api)->model().tokenizer->Encode(prompt, true);
+  const FakeCompletion fake = FakeGenerate(
+      MakeRequest(std::vector<uint32_t>(prompt_ids.begin(), prompt_ids.end()), 16), vocab, {});
+  const std::string want = SentencePieceDecode(
+      dir + "/tokenizer.model", std::vector<int32_t>(fake.tokens.begin(), fake.tokens.end()));
+  ASSERT_FALSE(want.empty());
+  Json req = {{"model", "mistral-test"}, {"prompt", prompt}, {"max_tokens", 16}};
+  HttpResult whole = Call(port, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(Json::parse(whole.body)["choices"][0]["text"], want);
+  EXPECT_EQ(Json::parse(whole.body)["usage"]["prompt_tokens"], prompt_ids.size());
+  req["stream"] = true;
+  HttpResult streamed = Call(port, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::string text;
+  for (const Json& e : Events(streamed.body)) {
+    if (e.is_object() && !e["choices"].empty()) text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, want);
+  EXPECT_EQ(w->counters().generate, 2);
+  // No chat template in the directory: chat is refused, naming the way out.
+  HttpResult chat =
+      Call(port, "POST", "/v1/chat/completions",
+           R"({"model": "mistral-test", "messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_NE(chat.body.find("/v1/completions"), std::string::npos) << chat.body;
 }
 
 }  // namespace

@@ -117,6 +117,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
     return absl::InvalidArgumentError(
         "tensor-parallel ranks take host weights (their slices), not device dummy weights");
   }
+  if (opts.dcp.size > 1 &&
+      (opts.comm == nullptr || config.num_attention_heads % opts.dcp.size != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DCP size ", opts.dcp.size, " needs a tensor-parallel communicator and ",
+                     "must divide the ", config.num_attention_heads, " local attention heads"));
+  }
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, opts));
   const int64_t n = opts.comm == nullptr ? 1 : opts.comm->size();
   model->vocab_rows_ = (config.vocab_size + n - 1) / n;
@@ -167,7 +173,8 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
     const std::string p = absl::StrCat("layer ", l, " ");
     RETURN_IF_ERROR(CheckSize(src.input_layernorm, H, p + "input_layernorm"));
     RETURN_IF_ERROR(CheckSize(src.qkv_proj, qkv_dim * H, p + "qkv_proj"));
-    RETURN_IF_ERROR(CheckSize(src.o_proj, H * Hq * D, p + "o_proj"));
+    // DCP: o_proj holds this rank's Hq / dcp heads (TpDims::o_heads).
+    RETURN_IF_ERROR(CheckSize(src.o_proj, H * (Hq / options_.dcp.size) * D, p + "o_proj"));
     RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, H, p + "post_attention_layernorm"));
     RETURN_IF_ERROR(CheckSize(src.gate_up_proj, 2 * I * H, p + "gate_up_proj"));
     RETURN_IF_ERROR(CheckSize(src.down_proj, H * I, p + "down_proj"));
@@ -243,7 +250,7 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
     if (config_.qkv_bias) {
       ASSIGN_OR_RETURN(l.qkv_bias, make(qkv_dim, 0.0f, "qkv_bias"));
     }
-    ASSIGN_OR_RETURN(l.o_proj, make(H * Hq * D, 0.0f, "o_proj"));
+    ASSIGN_OR_RETURN(l.o_proj, make(H * (Hq / options_.dcp.size) * D, 0.0f, "o_proj"));
     if (config_.o_bias) {
       ASSIGN_OR_RETURN(l.o_bias, make(H, 0.0f, "o_bias"));
     }
@@ -275,6 +282,9 @@ absl::Status CudaLlamaModel::AllocateActivations() {
   ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(T * I * es, "act"));
   ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
+  if (options_.dcp.size > 1) {
+    ASSIGN_OR_RETURN(dcp_exchange_, CudaDcpExchange::Create(options_.dcp, comm(), T, Hq, D, es));
+  }
   if (comm() != nullptr) {
     ASSIGN_OR_RETURN(local_logits_,
                      DeviceBuffer::Allocate(R * vocab_rows_ * int64_t{4}, "local logits"));
@@ -306,6 +316,10 @@ absl::Status CudaLlamaModel::Forward(const DeviceStep& step, const kc::DeviceKvC
   if (cache.dtype != kv_dtype()) {
     return absl::InvalidArgumentError("Forward: KV pool dtype differs from the model's");
   }
+  if (options_.dcp.size > 1 && (plan.use_prefill || step.attention.local_seq_lens == nullptr)) {
+    return absl::InvalidArgumentError(
+        "Forward: DCP needs a decode-kernel plan and attention.local_seq_lens");
+  }
   if (options_.dtype == ActDtype::kBf16) {
     return ForwardT<__nv_bfloat16>(step, cache, plan, attn_workspace, stream);
   }
@@ -325,8 +339,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   T* hidden = Ptr<T>(hidden_);
   T* residual = Ptr<T>(residual_);
   T* qkv = Ptr<T>(qkv_);
-  kernels::AttentionParams attn_params;
-  attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // o_proj's input width: this rank's heads after the DCP exchange, else all of attn_.
+  const int64_t o_dim = q_dim / options_.dcp.size;
 
   const bool pdl = options_.programmatic_launch;
   if (comm() == nullptr) {
@@ -352,17 +366,9 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
                                           inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
                                           stream));
-    if (plan.use_prefill) {
-      RETURN_IF_ERROR(kc::PagedPrefillAttention<T>(Ptr<T>(q_), cache, l, step.attention,
-                                                   attn_params, plan.prefill, Ptr<T>(attn_),
-                                                   nullptr, attn_workspace, stream));
-    } else {
-      RETURN_IF_ERROR(kc::PagedAttention<T>(Ptr<T>(q_), cache, l, step.attention, attn_params,
-                                            plan.decode, Ptr<T>(attn_), nullptr, attn_workspace,
-                                            stream));
-    }
-    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, q_dim,
-                        hidden, stream, pdl));
+    ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
+    RETURN_IF_ERROR(
+        Lin(*gemm_, o_in, Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, o_dim, hidden, stream, pdl));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream, pdl));
@@ -391,6 +397,35 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R,
                       vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
   return GatherLogits(R, stream);
+}
+
+template <typename T>
+absl::StatusOr<const T*> CudaLlamaModel::Attention(const DeviceStep& step,
+                                                   const kc::DeviceKvCache& cache, int64_t l,
+                                                   const StepAttentionPlan& plan,
+                                                   void* attn_workspace, cudaStream_t stream) {
+  kernels::AttentionParams params;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  if (plan.use_prefill) {
+    RETURN_IF_ERROR(kc::PagedPrefillAttention<T>(Ptr<T>(q_), cache, l, step.attention, params,
+                                                 plan.prefill, Ptr<T>(attn_), nullptr,
+                                                 attn_workspace, stream));
+    return Ptr<T>(attn_);
+  }
+  if (dcp_exchange_ == nullptr) {
+    RETURN_IF_ERROR(kc::PagedAttention<T>(Ptr<T>(q_), cache, l, step.attention, params, plan.decode,
+                                          Ptr<T>(attn_), nullptr, attn_workspace, stream));
+    return Ptr<T>(attn_);
+  }
+  // DCP: this shard's partial over all the slice's heads, then one all-to-all + LSE merge.
+  params.dcp_size = options_.dcp.size;
+  params.dcp_rank = options_.dcp.rank;
+  params.dcp_interleave = options_.dcp.interleave;
+  RETURN_IF_ERROR(kc::PagedAttention<T>(Ptr<T>(q_), cache, l, step.attention, params, plan.decode,
+                                        Ptr<T>(attn_), dcp_exchange_->lse(), attn_workspace,
+                                        stream));
+  RETURN_IF_ERROR(dcp_exchange_->Exchange<T>(Ptr<T>(attn_), step.num_tokens, stream));
+  return dcp_exchange_->merged<T>();
 }
 
 absl::Status CudaLlamaModel::AllReduce(void* data, int64_t n, cudaStream_t stream) {

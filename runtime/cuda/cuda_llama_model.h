@@ -26,11 +26,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/device_communicator.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "kernels/cuda/paged_prefill_cuda.h"
+#include "runtime/cuda/cuda_dcp_exchange.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -81,6 +83,14 @@ struct CudaModelOptions {
   // all-reduce after o_proj and down_proj, lm_head on the local vocabulary rows + all-gather, on
   // the device through the communicator (NCCL: capturable in graphs; host-staged: not).
   comm::DeviceCommunicator* comm = nullptr;
+  // Decode context parallelism (dcp.size > 1; needs `comm`, dcp.size dividing its size, dcp.rank
+  // = comm->rank() % dcp.size): as the CPU LlamaModel, the config's heads are the attention
+  // slice's, the pool holds this rank's KV shard (the step's slot mapping writes only its tokens;
+  // attention.local_seq_lens on the device), and each layer runs shard attention with LSE, one
+  // all-to-all of the group and an LSE merge (CudaDcpExchange) before o_proj, whose weights hold
+  // the rank's num_attention_heads / dcp.size heads (TpDims::o_heads). Decode-kernel plans only
+  // (the prefill kernel has no DCP path).
+  kernels::DcpShard dcp;
 };
 
 class CudaLlamaModel {
@@ -124,6 +134,13 @@ class CudaLlamaModel {
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   absl::Status AllocateActivations();
+  // Layer `l`'s attention of the step (q_ ready): attn_, or with DCP this rank's heads merged
+  // over every shard. Returns o_proj's input.
+  template <typename T>
+  absl::StatusOr<const T*> Attention(const DeviceStep& step,
+                                     const kernels::cuda::DeviceKvCache& cache, int64_t l,
+                                     const StepAttentionPlan& plan, void* attn_workspace,
+                                     cudaStream_t stream);
   // Sums `n` activations (device, the activation dtype) over the communicator.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->
@@ -144,6 +161,7 @@ class CudaLlamaModel {
   DeviceBuffer inv_freq_;  // [head_dim / 2] fp32
   // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
   DeviceBuffer hidden_, residual_, qkv_, q_, attn_, gate_up_, act_, last_, logits_;
+  std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers
   int64_t weight_bytes_ = 0;
 };
 

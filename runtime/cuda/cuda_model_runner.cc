@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/cuda/sampling_cuda.h"
+#include "runtime/kv_cache/dcp_blocks.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -33,6 +34,9 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
   factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
   factory.accepts_external_pool = false;
+  // The engine books KV per shard from these (ExecutorSpec::num_blocks is one shard's pool).
+  factory.dcp_size = config.dcp_size;
+  factory.dcp_interleave = config.dcp_interleave;
   factory.create = [config](
                        const ExecutorSpec& spec,
                        ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
@@ -82,6 +86,22 @@ absl::StatusOr<std::unique_ptr<comm::DeviceCommunicator>> MakeCommunicator(
   return nccl;
 }
 
+// This rank's KV shard under decode context parallelism (size 1 without it).
+absl::StatusOr<kernels::DcpShard> DcpShardOf(const CudaBackendConfig& config,
+                                             const ExecutorSpec& spec) {
+  if (config.dcp_size <= 1) return kernels::DcpShard{};
+  if (config.group == nullptr || config.group->size() % config.dcp_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dcp=", config.dcp_size, " must divide the group of --tp=",
+                     config.group == nullptr ? 1 : config.group->size(), " ranks"));
+  }
+  const DcpBlockLayout blocks{config.dcp_size,
+                              config.dcp_interleave == 0 ? spec.block_size : config.dcp_interleave,
+                              spec.block_size};
+  RETURN_IF_ERROR(blocks.Validate());
+  return blocks.Shard(config.group->rank() % config.dcp_size);
+}
+
 }  // namespace
 
 CudaModelRunner::CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec)
@@ -129,6 +149,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->max_rows_ =
       std::max(r->max_seqs_, r->graph_sizes_.empty() ? int64_t{1} : r->graph_sizes_.back());
   r->max_blocks_per_seq_ = (spec.max_model_len + spec.block_size - 1) / spec.block_size;
+  ASSIGN_OR_RETURN(r->dcp_, DcpShardOf(config, spec));
 
   CudaModelOptions options;
   options.dtype = config.dtype;
@@ -136,11 +157,15 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   options.max_logit_rows = r->max_rows_;
   options.dummy_seed = config.dummy_seed;
   options.programmatic_launch = config.programmatic_launch;
+  options.dcp = r->dcp_;
   if (config.group != nullptr) {
     ASSIGN_OR_RETURN(r->comm_, MakeCommunicator(config));
     options.comm = r->comm_.get();
     LOG(INFO) << "tensor-parallel rank " << r->comm_->rank() << "/" << r->comm_->size()
-              << ": collectives over " << r->comm_->backend();
+              << ": collectives over " << r->comm_->backend()
+              << (r->dcp_.size > 1 ? absl::StrCat(", DCP shard ", r->dcp_.rank, "/", r->dcp_.size,
+                                                  " interleave ", r->dcp_.interleave)
+                                   : std::string());
   }
   ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
                                                      r->stream_));
@@ -169,6 +194,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   const int64_t seqs_cap = std::max(r->max_seqs_, r->max_rows_);
   m.query_start_loc = take((seqs_cap + 1) * 4);
   m.seq_lens = take(seqs_cap * 4);
+  m.local_seq_lens = take(seqs_cap * 4);
   m.logit_rows = take(r->max_rows_ * 4);
   m.sampling_rows = take(r->max_rows_ * static_cast<int64_t>(sizeof(kc::DeviceSamplingRow)));
   m.block_tables = take(seqs_cap * r->max_blocks_per_seq_ * 4);
@@ -201,6 +227,7 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
   auto* slots = reinterpret_cast<int64_t*>(base + meta_.slot_mapping);
   auto* qsl = reinterpret_cast<int32_t*>(base + meta_.query_start_loc);
   auto* seq_lens = reinterpret_cast<int32_t*>(base + meta_.seq_lens);
+  auto* local_seq_lens = reinterpret_cast<int32_t*>(base + meta_.local_seq_lens);
   auto* logit_rows = reinterpret_cast<int32_t*>(base + meta_.logit_rows);
   auto* rows = reinterpret_cast<kc::DeviceSamplingRow*>(base + meta_.sampling_rows);
   auto* tables = reinterpret_cast<int32_t*>(base + meta_.block_tables);
@@ -213,17 +240,24 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
   for (int64_t s = 0; s < S; ++s) {
     const ScheduledSeq& seq = batch.seqs[s];
     const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    int32_t* table = tables + s * max_blocks_per_seq_;
+    PackBlockTable(seq.block_table, table);
     for (int64_t j = 0; j < n; ++j, ++t) {
       const int64_t pos = seq.num_computed_tokens + j;
       token_ids[t] = seq.new_tokens[j];
       positions[t] = pos;
-      slots[t] = int64_t{seq.block_table[pos / bs]} * bs + pos % bs;
+      // Only the shard holding the token writes it, at its local index (without DCP: every
+      // token, local = global).
+      const int64_t local = kernels::DcpLocalCount(pos, dcp_);
+      slots[t] = kernels::DcpRankOf(pos, dcp_) == dcp_.rank
+                     ? int64_t{table[local / bs]} * bs + local % bs
+                     : -1;
     }
     qsl[s + 1] = static_cast<int32_t>(t);
     seq_lens[s] = static_cast<int32_t>(seq.num_computed_tokens + n);
+    local_seq_lens[s] = static_cast<int32_t>(kernels::DcpLocalCount(seq_lens[s], dcp_));
     *max_q_len = std::max(*max_q_len, n);
-    *max_seq_len = std::max<int64_t>(*max_seq_len, seq_lens[s]);
-    std::copy(seq.block_table.begin(), seq.block_table.end(), tables + s * max_blocks_per_seq_);
+    *max_seq_len = std::max<int64_t>(*max_seq_len, local_seq_lens[s]);
     // A padded decode step computes logits for every row (the graph's shape is fixed).
     if (padded_seqs > 0 || seq.samples || seq.capture_prompt_logits) {
       logit_rows[r] = static_cast<int32_t>(t - 1);
@@ -245,6 +279,7 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
       slots[t] = -1;
       qsl[s + 1] = static_cast<int32_t>(S);
       seq_lens[s] = 0;
+      local_seq_lens[s] = 0;
       logit_rows[r] = static_cast<int32_t>(S > 0 ? S - 1 : 0);
       rows[r] = kc::DeviceSamplingRow{};
     }
@@ -262,11 +297,27 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
   step.attention.query_start_loc = reinterpret_cast<const int32_t*>(dev + meta_.query_start_loc);
   step.attention.seq_lens = reinterpret_cast<const int32_t*>(dev + meta_.seq_lens);
   step.attention.block_tables = reinterpret_cast<const int32_t*>(dev + meta_.block_tables);
+  step.attention.local_seq_lens =
+      dcp_.size > 1 ? reinterpret_cast<const int32_t*>(dev + meta_.local_seq_lens) : nullptr;
   step.attention.num_seqs = num_seqs;
   step.attention.max_blocks_per_seq = max_blocks_per_seq_;
   step.num_tokens = padded_seqs > 0 ? padded_seqs : t;
   step.num_logit_rows = r;
   return step;
+}
+
+void CudaModelRunner::PackBlockTable(absl::Span<const BlockId> table, int32_t* row) const {
+  if (dcp_.size == 1) {
+    std::copy(table.begin(), table.end(), row);
+    return;
+  }
+  // The request's blocks on this shard, in order, as local ids of this rank's pool.
+  const DcpBlockLayout blocks{dcp_.size, dcp_.interleave, spec_.block_size};
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (blocks.ShardOfBlock(static_cast<int64_t>(i)) == dcp_.rank) {
+      *row++ = static_cast<int32_t>(table[i] / dcp_.size);
+    }
+  }
 }
 
 absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_t num_tokens,
@@ -275,7 +326,8 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   const ModelConfig& m = spec_.model_config;
   StepAttentionPlan plan;
   const bool prefill_head_dim = m.head_dim == 64 || m.head_dim == 128 || m.head_dim == 256;
-  if (allow_prefill && max_q_len >= kPrefillMinQLen && prefill_head_dim) {
+  // The prefill kernel has no DCP path; the decode kernel takes any q_len on a shard.
+  if (allow_prefill && dcp_.size == 1 && max_q_len >= kPrefillMinQLen && prefill_head_dim) {
     kc::PagedPrefillPlanInput in;
     in.num_seqs = num_seqs;
     in.num_tokens = num_tokens;
@@ -386,9 +438,11 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   // any graph capture); prefill sizes vary too much.
   model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
   if (padded > 0) {
-    // Fixed plan for the padded size: the grid must not depend on this step's lengths.
+    // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
+    // by the most tokens of max_model_len this rank's shard can hold).
     ASSIGN_OR_RETURN(StepAttentionPlan plan,
-                     Plan(padded, padded, 1, spec_.max_model_len, /*allow_prefill=*/false));
+                     Plan(padded, padded, 1, kernels::DcpLocalCount(spec_.max_model_len, dcp_),
+                          /*allow_prefill=*/false));
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
     ++stats_.padded_steps;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {

@@ -13,6 +13,12 @@
 // graphs disabled the same padded step runs eagerly, so graph-captured and uncaptured decode
 // compute bit-identical logits.
 //
+// Decode context parallelism (CudaBackendConfig::dcp_size > 1), as the CPU ModelRunner: the
+// scheduler's block tables hold group-wide block ids (runtime/kv_cache/dcp_blocks.h: id x lives
+// on shard x % dcp at local block x / dcp); the runner packs this shard's blocks as local ids,
+// gives slot -1 to the tokens of other shards and uploads local_seq_lens with the metadata. Every
+// step then runs on the decode kernel (the prefill kernel has no DCP path).
+//
 // Errors: every launch is checked; a CUDA error fails the step with its converted Status.
 // Thread safety: not thread-safe; called from the engine's step loop. The device is made
 // current on the calling thread in Run().
@@ -30,8 +36,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "comm/device_communicator.h"
 #include "comm/process_group.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
@@ -74,6 +82,11 @@ struct CudaBackendConfig {
   absl::Duration comm_timeout = absl::Seconds(30);
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
+  // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
+  // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
+  // dcp_size) and tokens per unit (0: the block size).
+  int64_t dcp_size = 1;
+  int64_t dcp_interleave = 0;
 };
 
 // The CUDA backend for Engine::Create. The KV pool is device memory in the activation dtype
@@ -104,15 +117,19 @@ class CudaModelRunner : public ModelExecutor {
  private:
   // Byte offsets of the packed metadata arrays (capacities fixed at creation).
   struct MetaLayout {
-    int64_t token_ids, positions, slot_mapping, query_start_loc, seq_lens, logit_rows,
-        sampling_rows, block_tables, total;
+    int64_t token_ids, positions, slot_mapping, query_start_loc, seq_lens, local_seq_lens,
+        logit_rows, sampling_rows, block_tables, total;
   };
   CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec);
 
   // Packs `batch` (padded to `padded_seqs` decode sequences when > 0) into the pinned buffer.
-  // Returns the host-side step description (device pointers into meta_dev_).
+  // Returns the host-side step description (device pointers into meta_dev_). max_seq_len: the
+  // longest context this rank's pool holds (its shard's under DCP: it only sizes the splits).
   DeviceStep Pack(const SchedulerOutput& batch, int64_t padded_seqs, int64_t* max_q_len,
                   int64_t* max_seq_len, int64_t* copy_bytes);
+  // Writes `table` (a request's scheduler block table) as this rank's pool sees it into `row`
+  // (its shard's blocks as local ids under DCP).
+  void PackBlockTable(absl::Span<const BlockId> table, int32_t* row) const;
   // The decode kernel's plan, or the prefill kernel's when max_q_len >= kPrefillMinQLen and the
   // head_dim has a prefill kernel (never for graph steps: allow_prefill = false).
   absl::StatusOr<StepAttentionPlan> Plan(int64_t num_seqs, int64_t num_tokens, int64_t max_q_len,
@@ -130,6 +147,7 @@ class CudaModelRunner : public ModelExecutor {
   int64_t max_blocks_per_seq_ = 0;  // block-table stride: ceil(max_model_len / block_size)
   int64_t max_tokens_ = 0, max_seqs_ = 0, max_rows_ = 0;
   int num_sms_ = 0;
+  kernels::DcpShard dcp_;  // size 1: no decode context parallelism
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<comm::DeviceCommunicator> comm_;  // before model_: the model uses it
   std::unique_ptr<CudaLlamaModel> model_;

@@ -21,7 +21,8 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                                                     const ModelConfig& model) {
   if (options.backend == "cpu") {
     if (options.num_threads <= 0) return absl::InvalidArgumentError("num_threads must be > 0");
-    return CpuExecutorFactory(options.num_threads, options.group);
+    return CpuExecutorFactory(options.num_threads, options.group, options.dcp_size,
+                              options.dcp_interleave);
   }
   if (options.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -54,6 +55,9 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     config.tp_comm = options.tp_comm;
     config.comm_timeout = options.comm_timeout;
   }
+  // Decode context parallelism over the group (the runner refuses it without one).
+  config.dcp_size = options.dcp_size;
+  config.dcp_interleave = options.dcp_interleave;
   return cuda::CudaExecutorFactory(config);
 #else
   (void)model;
@@ -72,7 +76,7 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
     options.dummy_seed = source.dummy_seed;
   }
   if (options.group != nullptr) {
-    source.shard = TpShard{options.group->rank(), options.group->size()};
+    source.shard = TpShard{options.group->rank(), options.group->size(), options.dcp_size};
   }
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));

@@ -35,6 +35,10 @@ struct BackendOptions {
   // cuda, with a group: its device collectives, "nccl" or "gloo" (host-staged; ranks sharing a
   // GPU), and their deadline.
   std::string tp_comm = "nccl";
+  // Decode context parallelism over the group (runtime/model/tensor_parallel.h): KV shards per
+  // attention slice (divides the group's size) and tokens per unit (0: the block size).
+  int dcp_size = 1;
+  int64_t dcp_interleave = 0;
   absl::Duration comm_timeout = absl::Seconds(30);
 };
 

@@ -69,6 +69,13 @@ TEST(BackendFactoryTest, CudaBackendOrAClearError) {
   EXPECT_EQ(fp16->name, "cuda:fp16");  // auto: f16 checkpoints stay in fp16
   options.dtype = "bf16";
   EXPECT_EQ(MakeExecutorFactory(options, Tiny(WeightDtype::kF16))->name, "cuda:bf16");
+  // DCP: the engine books KV per shard from the factory's dcp_size / dcp_interleave.
+  options.dcp_size = 2;
+  options.dcp_interleave = 4;
+  absl::StatusOr<ExecutorFactory> dcp = MakeExecutorFactory(options, Tiny());
+  ASSERT_TRUE(dcp.ok()) << dcp.status();
+  EXPECT_EQ(dcp->dcp_size, 2);
+  EXPECT_EQ(dcp->dcp_interleave, 4);
 }
 
 TEST(BackendFactoryTest, LoadModelForBackendGeneratesDummyWeightsWhereTheyRun) {

@@ -11,12 +11,13 @@
 namespace tandem::runtime {
 
 Engine::Engine(const EngineConfig& config, const ModelConfig& model_config, int64_t num_blocks,
-               int64_t max_model_len, int64_t block_bytes)
+               int64_t max_model_len, int64_t block_bytes, DcpBlockLayout dcp)
     : config_(config),
       model_config_(model_config),
       num_blocks_(num_blocks),
       max_model_len_(max_model_len),
-      block_bytes_(block_bytes) {}
+      block_bytes_(block_bytes),
+      dcp_(dcp) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelConfig& model_config,
@@ -47,16 +48,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     }
     ASSIGN_OR_RETURN(budget, backend.default_kv_cache_bytes(model_config));
   }
+  // The budget is each rank's: with DCP every shard's pool holds num_blocks blocks.
   ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(budget, block_bytes));
+  DcpBlockLayout dcp;
+  dcp.size = backend.dcp_size;
+  dcp.interleave = backend.dcp_interleave == 0 ? config.block_size : backend.dcp_interleave;
+  dcp.block_size = config.block_size;
+  RETURN_IF_ERROR(dcp.Validate());
 
   std::unique_ptr<Engine> engine(
-      new Engine(config, model_config, num_blocks, max_model_len, block_bytes));
+      new Engine(config, model_config, num_blocks * dcp.size, max_model_len, block_bytes, dcp));
   engine->kv_dtype_ = backend.kv_dtype;
 
   KvCacheConfig kv_config;
-  kv_config.num_blocks = num_blocks;
+  kv_config.num_blocks = num_blocks * dcp.size;
   kv_config.block_size = config.block_size;
   kv_config.enable_prefix_caching = config.enable_prefix_caching;
+  kv_config.dcp_size = dcp.size;
+  kv_config.dcp_interleave = dcp.interleave;
   ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, KvCacheManager::Create(kv_config));
 
   SchedulerConfig sched_config;
@@ -110,11 +119,15 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
         absl::StrCat("prompt (", n, " tokens) + max_tokens (", spec.max_tokens,
                      ") exceeds the model's maximum length of ", max_model_len_, " tokens"));
   }
-  const int64_t blocks_needed = (n + spec.max_tokens + config_.block_size - 1) / config_.block_size;
-  if (blocks_needed > num_blocks_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request needs ", blocks_needed, " KV blocks but the whole pool has ",
-                     num_blocks_, "; raise --kv_cache_bytes or lower max_tokens"));
+  // Shard 0 holds the most blocks of any request (shards fill in order).
+  const int64_t blocks_needed = dcp_.NumShardBlocks(n + spec.max_tokens, 0);
+  const int64_t shard_blocks = num_blocks_ / dcp_.size;
+  if (blocks_needed > shard_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs ", blocks_needed, " KV blocks",
+        dcp_.size > 1 ? absl::StrCat(" on DCP shard 0 of ", dcp_.size) : "", " but the whole ",
+        dcp_.size > 1 ? "shard's " : "", "pool has ", shard_blocks, "; raise --kv_cache_bytes",
+        dcp_.size > 1 ? " or --dcp" : "", " or lower max_tokens"));
   }
   RETURN_IF_ERROR(kernels::ValidateSamplingParams(spec.sampling));
   return ValidateDisaggregation(spec);
@@ -145,6 +158,12 @@ absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
   if (remote.num_tokens != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("remote KV covers ", remote.num_tokens, " tokens but the prompt has ", n));
+  }
+  if (!dcp_.WholeBlocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote KV into a DCP group needs --dcp_interleave a multiple of the block size ",
+        config_.block_size, " (whole blocks per shard); this group deals ", dcp_.interleave,
+        " tokens per shard"));
   }
   const int64_t blocks = (remote.num_tokens + config_.block_size - 1) / config_.block_size;
   if (static_cast<int64_t>(remote.block_ids.size()) != blocks) {

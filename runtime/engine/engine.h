@@ -99,13 +99,16 @@ class Engine {
 
   bool HasUnfinished() const { return scheduler_->HasUnfinished(); }
   KvCacheStats kv_cache_stats() const { return scheduler_->kv_cache().Stats(); }
+  // Blocks over all DCP shards (the KV-cache manager's id space); each rank's pool holds
+  // num_kv_blocks() / dcp().size of them.
   int64_t num_kv_blocks() const { return num_blocks_; }
+  const DcpBlockLayout& dcp() const { return dcp_; }
   int64_t max_model_len() const { return max_model_len_; }
   const ModelConfig& model_config() const { return model_config_; }
 
  private:
   Engine(const EngineConfig& config, const ModelConfig& model_config, int64_t num_blocks,
-         int64_t max_model_len, int64_t block_bytes);
+         int64_t max_model_len, int64_t block_bytes, DcpBlockLayout dcp);
 
   absl::Status ValidateDisaggregation(const RequestSpec& spec) const;
 
@@ -114,6 +117,7 @@ class Engine {
   const int64_t num_blocks_;
   const int64_t max_model_len_;
   const int64_t block_bytes_;
+  const DcpBlockLayout dcp_;
   KvDtype kv_dtype_ = KvDtype::kF32;
   kvtransfer::KvConnector* connector_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/reshape_and_cache.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
@@ -30,7 +31,18 @@ int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
                                                                ModelWeights weights,
                                                                kernels::ThreadPool* pool,
-                                                               comm::ProcessGroup* group) {
+                                                               comm::ProcessGroup* group,
+                                                               kernels::DcpShard dcp) {
+  if (dcp.size > 1) {
+    const int64_t n = group == nullptr ? 1 : group->size();
+    if (!kernels::DcpShardValid(dcp) || n % dcp.size != 0 || group->rank() % dcp.size != dcp.rank ||
+        config.num_attention_heads % dcp.size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP size ", dcp.size, " rank ", dcp.rank, " interleave ", dcp.interleave,
+                       " does not fit a group of ", n, " ranks with ", config.num_attention_heads,
+                       " local attention heads (dcp must divide both; rank = group rank % dcp)"));
+    }
+  }
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights have ", weights.layers.size(), " layers, config says ", config.num_hidden_layers));
@@ -46,18 +58,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
   return std::unique_ptr<LlamaModel>(
-      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group));
+      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                       kernels::ThreadPool* pool, comm::ProcessGroup* group)
+                       kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp)
     : config_(config),
       weights_(std::move(weights)),
       inv_freq_(std::move(inv_freq)),
       pool_(pool),
       group_(group != nullptr && group->size() > 1 ? group : nullptr),
       vocab_begin_(group_ == nullptr ? 0 : group_->rank() * VocabRows(config, group_)),
-      vocab_rows_(VocabRows(config, group_)) {}
+      vocab_rows_(VocabRows(config, group_)),
+      dcp_(dcp) {}
 
 kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
   return KvLayoutForModel(config_, num_blocks, block_size);
@@ -108,6 +121,17 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   }
   kernels::AttentionParams attn_params;
   attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  attn_params.dcp_size = dcp_.size;
+  attn_params.dcp_rank = dcp_.rank;
+  attn_params.dcp_interleave = dcp_.interleave;
+  // o_proj's input: this rank's heads after the DCP exchange, else all of attn_.
+  const int64_t o_dim = q_dim / dcp_.size;
+  if (dcp_.size > 1) {
+    if (input.attention.local_seq_lens == nullptr) {
+      return absl::InvalidArgumentError("Forward: DCP needs attention.local_seq_lens");
+    }
+    lse_.resize(T * Hq);
+  }
 
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
@@ -133,9 +157,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     RETURN_IF_ERROR(kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(),
                                                   T, l, cache));
     RETURN_IF_ERROR(kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention,
-                                                 attn_params, attn_.data(), nullptr, pool_));
-    kernels::cpu::Linear(attn_.data(), w.o_proj.data(), OrNull(w.o_bias), T, H, q_dim,
-                         hidden_.data(), pool_);
+                                                 attn_params, attn_.data(),
+                                                 dcp_.size > 1 ? lse_.data() : nullptr, pool_));
+    if (dcp_.size > 1) RETURN_IF_ERROR(ExchangeAttention(T));
+    kernels::cpu::Linear(dcp_.size > 1 ? merged_.data() : attn_.data(), w.o_proj.data(),
+                         OrNull(w.o_bias), T, H, o_dim, hidden_.data(), pool_);
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
@@ -155,6 +181,29 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
   }
   return LmHead(R, logits);
+}
+
+absl::Status LlamaModel::ExchangeAttention(int64_t T) {
+  kernels::DcpExchangeLayout layout;
+  layout.num_tokens = T;
+  layout.num_heads = config_.num_attention_heads;
+  layout.head_dim = config_.head_dim;
+  layout.dcp_size = dcp_.size;
+  layout.elem_bytes = sizeof(float);
+  RETURN_IF_ERROR(layout.Validate());
+  // Regions are multiples of 16 bytes, so of floats; vectors of float are 16-byte aligned.
+  const int64_t region = layout.RegionBytes() / static_cast<int64_t>(sizeof(float));
+  send_.resize(dcp_.size * region);
+  recv_.resize(dcp_.size * region);
+  merged_.resize(T * layout.HeadsPerRank() * config_.head_dim);
+  RETURN_IF_ERROR(
+      kernels::cpu::DcpPackForExchange(attn_.data(), lse_.data(), layout, send_.data()));
+  // The slice's ranks are contiguous in the group: [first, first + dcp.size).
+  std::vector<int64_t> counts(group_->size(), 0);
+  const int first = group_->rank() - static_cast<int>(dcp_.rank);
+  for (int64_t k = 0; k < dcp_.size; ++k) counts[first + k] = region;
+  RETURN_IF_ERROR(group_->AllToAll(send_, counts, absl::MakeSpan(recv_), counts));
+  return kernels::cpu::DcpMergeReceived(recv_.data(), layout, merged_.data(), nullptr);
 }
 
 absl::Status LlamaModel::LmHead(int64_t R, std::vector<float>* logits) {

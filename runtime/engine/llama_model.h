@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "comm/process_group.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/threading/thread_pool.h"
@@ -40,10 +41,20 @@ class LlamaModel {
   // `weights` its shard (runtime/model/tensor_parallel.h). The group (outliving the model) sums
   // the row-parallel o_proj / down_proj outputs and the vocab-parallel embedding, and gathers
   // the vocab-parallel logits, so every rank's Forward returns the full logits.
+  //
+  // Decode context parallelism (`dcp.size` > 1, dividing the group; tensor_parallel.h): the
+  // group's ranks t*KVP .. t*KVP+KVP-1 hold KV shards 0..KVP-1 of attention slice t (`config` is
+  // the slice's heads); each runs paged attention over its shard (global positions; the caller's
+  // ForwardInput writes only the tokens the shard holds and gives local_seq_lens), then ONE
+  // all-to-all per layer among the slice's ranks exchanges (out, lse) packed in one buffer
+  // (kernels/attention/dcp_exchange.h), each rank merges its Hq/N heads by LSE and runs its
+  // o_proj rows (row-parallel over all N ranks, all-reduced). `dcp.rank` must be
+  // group->rank() % dcp.size.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
                                                             ModelWeights weights,
                                                             kernels::ThreadPool* pool,
-                                                            comm::ProcessGroup* group = nullptr);
+                                                            comm::ProcessGroup* group = nullptr,
+                                                            kernels::DcpShard dcp = {});
 
   // The KV pool layout this model needs for `num_blocks` blocks of `block_size` tokens.
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
@@ -55,10 +66,15 @@ class LlamaModel {
                        absl::Span<const int64_t> logit_rows, std::vector<float>* logits);
 
   const ModelConfig& config() const { return config_; }
+  const kernels::DcpShard& dcp() const { return dcp_; }
 
  private:
   LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-             kernels::ThreadPool* pool, comm::ProcessGroup* group);
+             kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
+  // DCP: attn_ / lse_ of T tokens (all the slice's heads, this shard's keys) -> merged_ (this
+  // rank's Hq/N heads over every shard's keys), through one all-to-all of the whole group (zero
+  // counts outside the slice).
+  absl::Status ExchangeAttention(int64_t T);
   // Logits of `R` rows (last_) into logits: the local vocabulary rows, gathered across the group.
   absl::Status LmHead(int64_t R, std::vector<float>* logits);
 
@@ -69,9 +85,10 @@ class LlamaModel {
   comm::ProcessGroup* const group_;  // null: no tensor parallelism
   const int64_t vocab_begin_;        // this rank's embedding / lm_head rows
   const int64_t vocab_rows_;
+  const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_,
-      local_logits_, gathered_;
+      local_logits_, gathered_, lse_, send_, recv_, merged_;
 };
 
 }  // namespace tandem::runtime

@@ -57,7 +57,7 @@ class ModelExecutor {
 // the executor allocates it.
 struct ExecutorSpec {
   ModelConfig model_config;
-  int64_t num_blocks = 0;
+  int64_t num_blocks = 0;  // this rank's pool (one DCP shard's)
   int64_t block_size = 0;
   void* kv_pool = nullptr;
   // The scheduler's bounds (EngineConfig), so a backend can size buffers once.
@@ -78,6 +78,11 @@ struct ExecutorFactory {
   int64_t kv_elem_bytes() const { return KvDtypeBytes(kv_dtype); }
   // The KvPoolAllocator may provide the pool only for host-memory backends.
   bool accepts_external_pool = true;
+  // Decode context parallelism (runtime/kv_cache/dcp_blocks.h): the executor's group keeps each
+  // request's KV in dcp_size shards, tokens dealt in units of dcp_interleave (0 = the block size).
+  // The engine then books blocks per shard; ExecutorSpec::num_blocks is one shard's pool.
+  int64_t dcp_size = 1;
+  int64_t dcp_interleave = 0;
   std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(const ExecutorSpec& spec,
                                                                ModelWeights weights)>
       create;

@@ -5,23 +5,34 @@
 #include <utility>
 
 #include "common/status_macros.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/sampling/sampling.h"
+#include "runtime/kv_cache/dcp_blocks.h"
 
 namespace tandem::runtime {
 
-ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group) {
+ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, int64_t dcp_size,
+                                   int64_t dcp_interleave) {
   ExecutorFactory factory;
   factory.name = "cpu";
   factory.kv_dtype = KvDtype::kF32;
   factory.accepts_external_pool = true;
-  factory.create = [num_threads, group](
+  factory.dcp_size = dcp_size;
+  factory.dcp_interleave = dcp_interleave;
+  factory.create = [num_threads, group, dcp_size, dcp_interleave](
                        const ExecutorSpec& spec,
                        ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
     if (num_threads <= 0) return absl::InvalidArgumentError("num_threads must be positive");
     auto thread_pool = std::make_unique<kernels::ThreadPool>(num_threads);
+    kernels::DcpShard dcp;
+    if (dcp_size > 1) {
+      dcp.size = dcp_size;
+      dcp.rank = group == nullptr ? 0 : group->rank() % dcp_size;
+      dcp.interleave = dcp_interleave == 0 ? spec.block_size : dcp_interleave;
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<LlamaModel> model,
-        LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get(), group));
+        LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get(), group, dcp));
     const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
     RETURN_IF_ERROR(layout.Validate());
     if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {
@@ -50,9 +61,10 @@ ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayo
 absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   const int64_t S = static_cast<int64_t>(batch.seqs.size());
   const int64_t bs = layout_.block_size;
+  if (model_->dcp().size > 1) BuildDcpTables(batch);
   int64_t max_blocks = 1;
-  for (const ScheduledSeq& seq : batch.seqs) {
-    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(seq.block_table.size()));
+  for (int64_t s = 0; s < S; ++s) {
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(Table(batch, s).size()));
   }
   token_ids_.clear();
   positions_.clear();
@@ -62,19 +74,26 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   seq_lens_.clear();
   block_tables_.assign(S * max_blocks, 0);
   std::vector<int64_t> logit_row_of_seq(S, -1);
+  const kernels::DcpShard& dcp = model_->dcp();
+  local_seq_lens_.clear();
   for (int64_t s = 0; s < S; ++s) {
     const ScheduledSeq& seq = batch.seqs[s];
+    const absl::Span<const BlockId> table = Table(batch, s);
     const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
     for (int64_t j = 0; j < n; ++j) {
       const int64_t pos = seq.num_computed_tokens + j;
       token_ids_.push_back(seq.new_tokens[j]);
       positions_.push_back(pos);
-      slot_mapping_.push_back(int64_t{seq.block_table[pos / bs]} * bs + pos % bs);
+      // With DCP only the shard holding the token writes it, at its local index.
+      const bool mine = dcp.size == 1 || kernels::DcpRankOf(pos, dcp) == dcp.rank;
+      const int64_t local = dcp.size == 1 ? pos : kernels::DcpLocalCount(pos, dcp);
+      slot_mapping_.push_back(mine ? int64_t{table[local / bs]} * bs + local % bs : -1);
     }
     query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
     seq_lens_.push_back(static_cast<int32_t>(seq.num_computed_tokens + n));
-    std::copy(seq.block_table.begin(), seq.block_table.end(),
-              block_tables_.begin() + s * max_blocks);
+    local_seq_lens_.push_back(
+        static_cast<int32_t>(kernels::DcpLocalCount(seq.num_computed_tokens + n, dcp)));
+    std::copy(table.begin(), table.end(), block_tables_.begin() + s * max_blocks);
     if (seq.samples || seq.capture_prompt_logits) {
       logit_row_of_seq[s] = static_cast<int64_t>(logit_rows_.size());
       logit_rows_.push_back(static_cast<int64_t>(token_ids_.size()) - 1);
@@ -88,6 +107,7 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   input.attention.query_start_loc = query_start_loc_.data();
   input.attention.seq_lens = seq_lens_.data();
   input.attention.block_tables = block_tables_.data();
+  input.attention.local_seq_lens = dcp.size > 1 ? local_seq_lens_.data() : nullptr;
   input.attention.num_seqs = S;
   input.attention.max_blocks_per_seq = max_blocks;
   kernels::KvCacheView cache{kv_pool_, layout_};
@@ -109,6 +129,28 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
     }
   }
   return out;
+}
+
+void ModelRunner::BuildDcpTables(const SchedulerOutput& batch) {
+  const kernels::DcpShard& dcp = model_->dcp();
+  const DcpBlockLayout blocks{dcp.size, dcp.interleave, layout_.block_size};
+  local_tables_.resize(batch.seqs.size());
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    // The request's blocks on this shard, in order, as local ids of this rank's pool.
+    const absl::Span<const BlockId> table = batch.seqs[s].block_table;
+    std::vector<BlockId>& local = local_tables_[s];
+    local.clear();
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (blocks.ShardOfBlock(static_cast<int64_t>(i)) == dcp.rank) {
+        local.push_back(static_cast<BlockId>(table[i] / dcp.size));
+      }
+    }
+  }
+}
+
+absl::Span<const BlockId> ModelRunner::Table(const SchedulerOutput& batch, int64_t s) const {
+  if (model_->dcp().size == 1) return batch.seqs[s].block_table;
+  return local_tables_[s];
 }
 
 }  // namespace tandem::runtime

@@ -21,8 +21,14 @@ namespace tandem::runtime {
 
 // The CPU backend: fp32 weights and KV, `num_threads` compute threads. With a tensor-parallel
 // `group` (size > 1; outliving the executors) the model is the group's rank's shard (LlamaModel).
-ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = nullptr);
+// dcp_size > 1: decode context parallelism over the group (ExecutorFactory::dcp_size; the rank
+// is KV shard group->rank() % dcp_size); dcp_interleave 0 = the block size.
+ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = nullptr,
+                                   int64_t dcp_size = 1, int64_t dcp_interleave = 0);
 
+// With DCP (the model's dcp().size > 1) the scheduler's block tables hold group-wide block ids
+// (runtime/kv_cache/dcp_blocks.h); the runner keeps this shard's blocks as local ids, writes only
+// the tokens its shard holds and gives the attention local sequence lengths.
 class ModelRunner : public ModelExecutor {
  public:
   // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, owned by the caller and
@@ -52,6 +58,13 @@ class ModelRunner : public ModelExecutor {
   std::vector<int32_t> token_ids_, query_start_loc_, seq_lens_, block_tables_;
   std::vector<int64_t> positions_, slot_mapping_, logit_rows_;
   std::vector<float> logits_;
+  // DCP: this shard's part of each scheduled request's block table (local ids), and lengths.
+  std::vector<std::vector<BlockId>> local_tables_;
+  std::vector<int32_t> local_seq_lens_;
+
+  void BuildDcpTables(const SchedulerOutput& batch);
+  // Sequence s's block table as this rank's pool sees it.
+  absl::Span<const BlockId> Table(const SchedulerOutput& batch, int64_t s) const;
 };
 
 }  // namespace tandem::runtime

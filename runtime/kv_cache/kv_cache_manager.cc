@@ -10,7 +10,13 @@
 namespace tandem::runtime {
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+DcpBlockLayout DcpLayoutOf(const KvCacheConfig& config) {
+  DcpBlockLayout dcp;
+  dcp.size = config.dcp_size;
+  dcp.interleave = config.dcp_interleave == 0 ? config.block_size : config.dcp_interleave;
+  dcp.block_size = config.block_size;
+  return dcp;
+}
 
 }  // namespace
 
@@ -53,14 +59,63 @@ absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("KvCacheConfig.block_size must be >= 1, got ", config.block_size));
   }
+  const DcpBlockLayout dcp = DcpLayoutOf(config);
+  if (absl::Status status = dcp.Validate(); !status.ok()) return status;
+  if (config.num_blocks % dcp.size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig.num_blocks ", config.num_blocks,
+                                                   " is not a multiple of dcp_size ", dcp.size));
+  }
   return std::unique_ptr<KvCacheManager>(new KvCacheManager(config));
 }
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : block_size_(config.block_size),
-      enable_prefix_caching_(config.enable_prefix_caching),
-      blocks_(config.num_blocks),
-      free_queue_(static_cast<BlockId>(config.num_blocks)) {}
+      dcp_(DcpLayoutOf(config)),
+      enable_prefix_caching_(config.enable_prefix_caching && dcp_.WholeBlocks()),
+      blocks_(config.num_blocks) {
+  free_queues_.reserve(dcp_.size);
+  for (int64_t k = 0; k < dcp_.size; ++k) {
+    free_queues_.emplace_back(static_cast<BlockId>(config.num_blocks / dcp_.size));
+  }
+}
+
+int64_t KvCacheManager::NumFreeBlocks() const {
+  int64_t total = 0;
+  for (const FreeBlockQueue& queue : free_queues_) total += queue.size();
+  return total;
+}
+
+bool KvCacheManager::IsFree(BlockId id) const {
+  return free_queues_[id % dcp_.size].Contains(static_cast<BlockId>(id / dcp_.size));
+}
+
+void KvCacheManager::PushFree(BlockId id) {
+  free_queues_[id % dcp_.size].PushBack(static_cast<BlockId>(id / dcp_.size));
+}
+
+void KvCacheManager::RemoveFree(BlockId id) {
+  free_queues_[id % dcp_.size].Remove(static_cast<BlockId>(id / dcp_.size));
+}
+
+bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted,
+                                    const PrefixMatch* prefix) const {
+  if (dcp_.size == 1) {
+    int64_t free_in_prefix = 0;
+    if (prefix != nullptr) {
+      for (const BlockId id : prefix->blocks) free_in_prefix += blocks_[id].ref_count == 0;
+    }
+    return std::max<int64_t>(0, wanted - owned) + free_in_prefix <= NumFreeBlocks();
+  }
+  std::vector<int64_t> need(dcp_.size, 0);
+  for (int64_t i = owned; i < wanted; ++i) ++need[dcp_.ShardOfBlock(i)];
+  if (prefix != nullptr) {
+    for (const BlockId id : prefix->blocks) need[id % dcp_.size] += blocks_[id].ref_count == 0;
+  }
+  for (int64_t k = 0; k < dcp_.size; ++k) {
+    if (need[k] > free_queues_[k].size()) return false;
+  }
+  return true;
+}
 
 PrefixMatch KvCacheManager::FindCachedPrefix(absl::Span<const int32_t> tokens,
                                              absl::string_view salt, bool record_stats) {
@@ -97,7 +152,7 @@ bool KvCacheManager::ValidPrefix(const PrefixMatch& prefix, int64_t* num_free) c
 
 int64_t KvCacheManager::NumBlocksNeeded(int64_t request_id, int64_t num_tokens,
                                         const PrefixMatch* prefix) const {
-  const int64_t blocks_wanted = CeilDiv(std::max<int64_t>(num_tokens, 0), block_size_);
+  const int64_t blocks_wanted = dcp_.NumBlocks(num_tokens);
   const auto it = requests_.find(request_id);
   if (it != requests_.end() && !it->second.block_table.empty()) {
     return std::max<int64_t>(0, blocks_wanted - it->second.block_table.size());
@@ -110,8 +165,8 @@ int64_t KvCacheManager::NumBlocksNeeded(int64_t request_id, int64_t num_tokens,
   return std::max<int64_t>(0, blocks_wanted - num_prefix) + num_free_in_prefix;
 }
 
-BlockId KvCacheManager::TakeFreeBlock() {
-  const BlockId id = free_queue_.PopFront();
+BlockId KvCacheManager::TakeFreeBlock(int64_t shard) {
+  const auto id = static_cast<BlockId>(free_queues_[shard].PopFront() * dcp_.size + shard);
   Block& block = blocks_[id];
   if (block.cached) {  // evict: the new owner overwrites the KV this hash described
     cached_blocks_.erase(block.hash);
@@ -124,7 +179,7 @@ BlockId KvCacheManager::TakeFreeBlock() {
 }
 
 bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix) {
-  const int64_t blocks_wanted = CeilDiv(std::max<int64_t>(num_tokens, 0), block_size_);
+  const int64_t blocks_wanted = dcp_.NumBlocks(num_tokens);
   auto it = requests_.find(request_id);
   const bool first = it == requests_.end() || it->second.block_table.empty();
   const bool use_prefix = first && prefix != nullptr && !prefix->blocks.empty();
@@ -138,7 +193,7 @@ bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const Pref
   }
   const int64_t num_owned = first ? num_prefix : it->second.block_table.size();
   const int64_t num_new = std::max<int64_t>(0, blocks_wanted - num_owned);
-  if (num_new + num_free_in_prefix > NumFreeBlocks()) return false;
+  if (!ShardsHaveRoom(num_owned, blocks_wanted, use_prefix ? prefix : nullptr)) return false;
   if (num_new == 0 && num_prefix == 0) return true;
 
   // Act. Prefix blocks first, so taking new blocks from the queue cannot evict them.
@@ -149,14 +204,16 @@ bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const Pref
     request.block_hashes.clear();
     for (const BlockId id : prefix->blocks) {
       Block& block = blocks_[id];
-      if (block.ref_count == 0) free_queue_.Remove(id);  // revive a free cached block
+      if (block.ref_count == 0) RemoveFree(id);  // revive a free cached block
       ++block.ref_count;
       request.block_table.push_back(id);
       // The prefix blocks' hashes are this request's chain: CacheBlocks continues from them.
       request.block_hashes.push_back(block.hash);
     }
   }
-  for (int64_t i = 0; i < num_new; ++i) request.block_table.push_back(TakeFreeBlock());
+  for (int64_t i = num_owned; i < num_owned + num_new; ++i) {
+    request.block_table.push_back(TakeFreeBlock(dcp_.ShardOfBlock(i)));
+  }
   return true;
 }
 
@@ -193,7 +250,7 @@ void KvCacheManager::Free(int64_t request_id) {
   // Reverse order: the chain's last block lands nearest the head and is evicted first; its
   // first block, the most shareable, survives longest.
   for (auto id = table.rbegin(); id != table.rend(); ++id) {
-    if (--blocks_[*id].ref_count == 0) free_queue_.PushBack(*id);
+    if (--blocks_[*id].ref_count == 0) PushFree(*id);
   }
   requests_.erase(it);
 }
@@ -233,11 +290,15 @@ KvCacheStats KvCacheManager::Stats() const {
   stats.num_cached_blocks = static_cast<int64_t>(cached_blocks_.size());
   stats.prefix_queried_tokens = prefix_queried_tokens_;
   stats.prefix_hit_tokens = prefix_hit_tokens_;
+  for (const FreeBlockQueue& queue : free_queues_)
+    stats.free_blocks_per_shard.push_back(queue.size());
   return stats;
 }
 
 absl::Status KvCacheManager::CheckInvariants() const {
-  if (absl::Status status = free_queue_.CheckInvariants(); !status.ok()) return status;
+  for (const FreeBlockQueue& queue : free_queues_) {
+    if (absl::Status status = queue.CheckInvariants(); !status.ok()) return status;
+  }
 
   std::vector<int32_t> references(blocks_.size(), 0);
   for (const auto& [request_id, request] : requests_) {
@@ -258,6 +319,11 @@ absl::Status KvCacheManager::CheckInvariants() const {
             absl::StrCat("request ", request_id, " holds block ", id, " twice"));
       }
       ++references[id];
+      if (id % dcp_.size != dcp_.ShardOfBlock(static_cast<int64_t>(i))) {
+        return absl::InternalError(absl::StrCat("request ", request_id, " block ", i, " (physical ",
+                                                id, ") is on shard ", id % dcp_.size, ", not ",
+                                                dcp_.ShardOfBlock(static_cast<int64_t>(i))));
+      }
       if (i < request.block_hashes.size() && blocks_[id].cached &&
           blocks_[id].hash != request.block_hashes[i]) {
         return absl::InternalError(absl::StrCat("request ", request_id, " block ", i, " (physical ",
@@ -275,9 +341,9 @@ absl::Status KvCacheManager::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("block ", id, " has ref_count ", block.ref_count,
                                               " but ", references[id], " block tables hold it"));
     }
-    if ((block.ref_count == 0) != free_queue_.Contains(id)) {
+    if ((block.ref_count == 0) != IsFree(id)) {
       return absl::InternalError(absl::StrCat("block ", id, " has ref_count ", block.ref_count,
-                                              " but is ", free_queue_.Contains(id) ? "" : "not ",
+                                              " but is ", IsFree(id) ? "" : "not ",
                                               "in the free queue"));
     }
     if (block.cached) {

@@ -47,6 +47,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/block_hash.h"
+#include "runtime/kv_cache/dcp_blocks.h"
 #include "runtime/kv_cache/free_block_queue.h"
 
 namespace tandem::runtime {
@@ -54,9 +55,15 @@ namespace tandem::runtime {
 // BlockId (a physical block index in [0, num_blocks)) comes from free_block_queue.h.
 
 struct KvCacheConfig {
-  int64_t num_blocks = 0;   // >= 1; fewer than INT32_MAX
+  int64_t num_blocks = 0;   // >= 1; fewer than INT32_MAX; over all DCP shards
   int64_t block_size = 16;  // tokens per block, >= 1
   bool enable_prefix_caching = true;
+  // Decode context parallelism (dcp_blocks.h): the pool is dcp_size shards of num_blocks /
+  // dcp_size blocks each (block id x on shard x % dcp_size); logical block i of every request
+  // comes from shard DcpBlockLayout::ShardOfBlock(i). dcp_interleave 0 = block_size. Prefix
+  // caching needs whole blocks (DcpBlockLayout::WholeBlocks()); it is off otherwise.
+  int64_t dcp_size = 1;
+  int64_t dcp_interleave = 0;
 };
 
 // Blocks that fit a byte budget: floor(budget_bytes / block_bytes). INVALID_ARGUMENT when
@@ -76,6 +83,7 @@ struct KvCacheStats {
   int64_t num_cached_blocks = 0;      // have a hash (in use or free)
   int64_t prefix_queried_tokens = 0;  // sum of tokens.size() over recorded lookups
   int64_t prefix_hit_tokens = 0;      // sum of PrefixMatch::num_tokens over recorded lookups
+  std::vector<int64_t> free_blocks_per_shard;  // [dcp_size]
 
   double Usage() const;    // 1 - free / total (0 for an empty pool)
   double HitRate() const;  // hit / queried (0 when nothing was queried)
@@ -83,7 +91,8 @@ struct KvCacheStats {
 
 class KvCacheManager {
  public:
-  // INVALID_ARGUMENT for num_blocks outside [1, INT32_MAX) or block_size < 1.
+  // INVALID_ARGUMENT for num_blocks outside [1, INT32_MAX), block_size < 1, or a DCP layout that
+  // DcpBlockLayout::Validate refuses or num_blocks not a multiple of dcp_size.
   static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(const KvCacheConfig& config);
 
   KvCacheManager(const KvCacheManager&) = delete;
@@ -91,6 +100,7 @@ class KvCacheManager {
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  const DcpBlockLayout& dcp() const { return dcp_; }
 
   // Longest run of leading FULL blocks of `tokens` present in the prefix cache (chain seeded with
   // `salt`), capped so that at least one token remains to compute (the model must run on at
@@ -107,14 +117,16 @@ class KvCacheManager {
   // `prefix` matters only while request_id owns no blocks (its first allocation); may be null.
   int64_t NumBlocksNeeded(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix) const;
 
-  // Ensures request_id owns blocks for its first num_tokens tokens (ceil(num_tokens / block_size)
-  // blocks; never shrinks a table). On the request's first allocation (it owns no blocks yet),
+  // Ensures request_id owns blocks for its first num_tokens tokens (dcp().NumBlocks(num_tokens):
+  // ceil(num_tokens / block_size) without DCP; never shrinks a table), logical block i from shard
+  // dcp().ShardOfBlock(i). On the request's first allocation (it owns no blocks yet),
   // the `prefix` blocks from FindCachedPrefix in the same step become the head of its table
   // (ref_count++; a block with ref 0 leaves the free queue) and `prefix` is ignored afterwards.
-  // New blocks come from the head of the free queue (least recently used), losing their old hash.
-  // Returns false and changes NOTHING when free blocks are insufficient. Also returns false,
-  // changing nothing, when `prefix` is stale (a block id out of range or no longer cached; i.e.
-  // FindCachedPrefix was not called in the same step). num_tokens <= 0 allocates nothing.
+  // New blocks come from the head of their shard's free queue (least recently used), losing their
+  // old hash. Returns false and changes NOTHING when free blocks are insufficient (on any shard).
+  // Also returns false, changing nothing, when `prefix` is stale (a block id out of range or no
+  // longer cached; i.e. FindCachedPrefix was not called in the same step). num_tokens <= 0
+  // allocates nothing.
   bool Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix);
 
   // Registers the hashes of request_id's full blocks among tokens[0, num_tokens) so later
@@ -141,7 +153,9 @@ class KvCacheManager {
   // invalidated by the next Allocate, CacheBlocks or Free call.
   absl::Span<const BlockId> BlockTable(int64_t request_id) const;
 
-  int64_t NumFreeBlocks() const { return free_queue_.size(); }
+  // Free blocks over all shards, and on one.
+  int64_t NumFreeBlocks() const;
+  int64_t NumFreeBlocksOnShard(int64_t shard) const { return free_queues_[shard].size(); }
 
   // Prefix-cache change log for an approximate remote index (the router's): when enabled, every
   // newly registered hash and every evicted one is recorded (short form) until taken. Off by
@@ -178,13 +192,21 @@ class KvCacheManager {
   // True when `prefix` is usable now (ids in range, all still cached); then *num_free is how
   // many of its blocks are free (ref 0) and would leave the free queue.
   bool ValidPrefix(const PrefixMatch& prefix, int64_t* num_free) const;
-  // Takes the queue's head for a new owner, dropping any cached hash it still had.
-  BlockId TakeFreeBlock();
+  // Takes the head of `shard`'s queue for a new owner, dropping any cached hash it still had.
+  BlockId TakeFreeBlock(int64_t shard);
+  // The free queues hold each shard's local ids (id / dcp_size).
+  bool IsFree(BlockId id) const;
+  void PushFree(BlockId id);
+  void RemoveFree(BlockId id);
+  // Blocks `request` would take from each shard to own logical blocks [owned, wanted), plus the
+  // free blocks among `prefix` (nullable); true when every shard has them.
+  bool ShardsHaveRoom(int64_t owned, int64_t wanted, const PrefixMatch* prefix) const;
 
   const int64_t block_size_;
+  const DcpBlockLayout dcp_;
   const bool enable_prefix_caching_;
-  std::vector<Block> blocks_;  // [num_blocks]
-  FreeBlockQueue free_queue_;
+  std::vector<Block> blocks_;                // [num_blocks]
+  std::vector<FreeBlockQueue> free_queues_;  // [dcp_size], of local ids
   // Prefix cache: chained hash -> the one block registered under it (in use or free).
   absl::flat_hash_map<BlockHash, BlockId> cached_blocks_;
   absl::flat_hash_map<int64_t, RequestBlocks> requests_;

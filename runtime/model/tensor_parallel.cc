@@ -4,15 +4,70 @@
 #include "common/status_macros.h"
 
 namespace tandem::runtime {
+namespace {
+
+// What every rank of N holds whatever the attention split: o_proj's input heads (H/N, after DCP's
+// all-to-all or directly), the MLP's intermediate rows and the vocabulary rows. INVALID_ARGUMENT
+// when the intermediate size does not split.
+absl::StatusOr<TpDims> SplitNWays(const ModelConfig& c, TpShard shard) {
+  const int64_t n = shard.size, r = shard.rank;
+  if (c.intermediate_size % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp=", n, " does not divide the model's ",
+                                                   "intermediate size ", c.intermediate_size));
+  }
+  TpDims d;
+  d.shard = shard;
+  d.o_heads = c.num_attention_heads / n;
+  d.o_head_begin = r * d.o_heads;
+  d.intermediate = c.intermediate_size / n;
+  d.intermediate_begin = r * d.intermediate;
+  d.vocab_rows = (c.vocab_size + n - 1) / n;
+  d.vocab_begin = r * d.vocab_rows;
+  d.adds_row_parallel_bias = r == 0;
+  return d;
+}
+
+// ComputeTpDims for dcp > 1 (the header comment): attention over TP_A = N / dcp slices.
+absl::StatusOr<TpDims> ComputeDcpDims(const ModelConfig& c, TpShard shard) {
+  const int64_t n = shard.size, kvp = shard.dcp;
+  if (n % kvp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dcp=", kvp, " does not divide the group of --tp=", n, " ranks"));
+  }
+  const int64_t tp_a = n / kvp, hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  if (hkv % tp_a != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp=", n, " --dcp=", kvp, ": the attention split TP_A = tp / dcp = ", tp_a,
+        " does not divide the model's ", hkv, " KV heads (DCP needs whole KV heads per rank)"));
+  }
+  if (hq % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp=", n, " --dcp=", kvp, ": the model's ", hq, " attention heads do not split over ", n,
+        " ranks after the all-to-all (heads per rank = heads / tp)"));
+  }
+  const int64_t t = shard.rank / kvp;
+  ASSIGN_OR_RETURN(TpDims d, SplitNWays(c, shard));
+  d.q_heads = hq / tp_a;
+  d.q_head_begin = t * d.q_heads;
+  d.kv_heads = hkv / tp_a;
+  d.kv_head_begin = t * d.kv_heads;
+  return d;
+}
+
+}  // namespace
 
 absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& c, TpShard shard) {
   const int64_t n = shard.size;
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 1, got ", n));
+  if (shard.dcp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--dcp must be >= 1, got ", shard.dcp));
+  }
   if (shard.rank < 0 || shard.rank >= n) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", shard.rank, " is outside the group of ", n, " ranks"));
   }
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  if (shard.dcp > 1) return ComputeDcpDims(c, shard);
   if (hq % n != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tp=", n, " does not divide the model's ", hq, " attention heads"));
@@ -22,23 +77,13 @@ absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& c, TpShard shard) {
         "--tp=", n, " and the model's ", hkv,
         " KV heads: the KV heads must be divisible by tp (split) or divide it (replicated)"));
   }
-  if (c.intermediate_size % n != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tp=", n, " does not divide the model's ",
-                                                   "intermediate size ", c.intermediate_size));
-  }
   const int64_t r = shard.rank;
-  TpDims d;
-  d.shard = shard;
+  ASSIGN_OR_RETURN(TpDims d, SplitNWays(c, shard));
   d.q_heads = hq / n;
   d.q_head_begin = r * d.q_heads;
   d.kv_replicated = hkv < n;
   d.kv_heads = d.kv_replicated ? 1 : hkv / n;
   d.kv_head_begin = d.kv_replicated ? r / (n / hkv) : r * d.kv_heads;
-  d.intermediate = c.intermediate_size / n;
-  d.intermediate_begin = r * d.intermediate;
-  d.vocab_rows = (c.vocab_size + n - 1) / n;
-  d.vocab_begin = r * d.vocab_rows;
-  d.adds_row_parallel_bias = r == 0;
   return d;
 }
 
@@ -51,9 +96,16 @@ absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard 
   return local;
 }
 
-std::string DescribeTp(const ModelConfig& c, int tp) {
-  absl::StatusOr<TpDims> d = ComputeTpDims(c, TpShard{0, tp});
+std::string DescribeTp(const ModelConfig& c, int tp, int dcp) {
+  absl::StatusOr<TpDims> d = ComputeTpDims(c, TpShard{0, tp, dcp});
   if (!d.ok()) return std::string(d.status().message());
+  if (dcp > 1) {
+    return absl::StrCat("tp=", tp, " dcp=", dcp, ": ", tp / dcp, " attention slice(s) of ",
+                        d->q_heads, " query / ", d->kv_heads, " KV heads, each over ", dcp,
+                        " KV shards; o_proj ", d->o_heads, " heads, intermediate ", d->intermediate,
+                        " of ", c.intermediate_size, ", vocab rows ", d->vocab_rows, " of ",
+                        c.vocab_size, " per rank");
+  }
   std::string kv = d->kv_replicated ? absl::StrCat(" (KV heads replicated on ",
                                                    tp / c.num_key_value_heads, " ranks each)")
                                     : "";

@@ -10,7 +10,13 @@
 //   * embedding and lm_head vocab-parallel: rank r holds rows [r*P, r*P + P) of the vocabulary,
 //     P = ceil(vocab / N), the last partition zero-padded.
 // Norm weights are replicated. One rule for sizes everywhere (vLLM's): a group has N ranks in
-// all; DCP (a later issue) divides it.
+// all; decode context parallelism divides it: `--dcp=KVP` (KVP | N) makes rank r = t * KVP + k
+// the k-th KV shard of attention slice t of TP_A = N / KVP slices:
+//   * q/k/v by heads over TP_A (slice t: query heads [t*Hq/TP_A, ...), KV heads [t*Hkv/TP_A,
+//     ...); TP_A must divide Hkv: no replicated KV heads with DCP);
+//   * after the all-to-all each rank owns Hq/N of its slice's heads, so o_proj stays
+//     row-parallel over all N ranks (rank r: heads [r*Hq/N, (r+1)*Hq/N)), and the MLP,
+//     embedding and lm_head are split N ways as without DCP.
 //
 // All functions are thread-safe (no shared state).
 #ifndef TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
@@ -28,6 +34,7 @@ namespace tandem::runtime {
 struct TpShard {
   int rank = 0;
   int size = 1;
+  int dcp = 1;  // KVP: KV shards per attention slice; divides size
 };
 
 // What rank `shard.rank` holds, in units of the full model (see the header comment).
@@ -38,7 +45,9 @@ struct TpDims {
   int64_t kv_heads = 0;  // local KV heads
   int64_t kv_head_begin = 0;
   bool kv_replicated = false;  // Hkv < N: each KV head lives on N / Hkv ranks
-  int64_t intermediate = 0;    // local MLP width
+  int64_t o_heads = 0;         // heads of o_proj's input columns (q_heads / dcp)
+  int64_t o_head_begin = 0;
+  int64_t intermediate = 0;  // local MLP width
   int64_t intermediate_begin = 0;
   int64_t vocab_rows = 0;  // local embedding / lm_head rows (the padded partition size)
   int64_t vocab_begin = 0;
@@ -48,7 +57,8 @@ struct TpDims {
 
 // INVALID_ARGUMENT naming the numbers for a topology the model cannot be split into: a size
 // or rank out of range, query heads or the intermediate size not divisible by N, KV heads
-// neither divisible by N nor dividing it. `config` must pass ValidateModelConfig.
+// neither divisible by N nor dividing it; with dcp > 1: dcp not dividing N, TP_A = N / dcp not
+// dividing the KV heads. `config` must pass ValidateModelConfig.
 absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& config, TpShard shard);
 
 // The config one rank computes with: its query heads, KV heads and intermediate size. vocab_size
@@ -58,7 +68,7 @@ absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard 
 
 // One line for logs and startup messages, e.g. "tp=4: 1 of 4 query heads and 1 of 2 KV heads per
 // rank (KV heads replicated on 2 ranks each), intermediate 32 of 128, vocab rows 128 of 512".
-std::string DescribeTp(const ModelConfig& config, int tp);
+std::string DescribeTp(const ModelConfig& config, int tp, int dcp = 1);
 
 }  // namespace tandem::runtime
 

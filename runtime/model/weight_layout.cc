@@ -47,6 +47,7 @@ int64_t HfTensor::local_numel() const {
 TpDims FullTpDims(const ModelConfig& c) {
   TpDims d;
   d.q_heads = c.num_attention_heads;
+  d.o_heads = c.num_attention_heads;
   d.kv_heads = c.num_key_value_heads;
   d.intermediate = c.intermediate_size;
   d.vocab_rows = c.vocab_size;
@@ -65,6 +66,7 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
   // Local widths and where the rank's slices start in the checkpoint tensors.
   const int64_t lq = d.q_heads * hd, q0 = d.q_head_begin * hd;
   const int64_t lkv = d.kv_heads * hd, kv0 = d.kv_head_begin * hd;
+  const int64_t lo = d.o_heads * hd, o0 = d.o_head_begin * hd;
   const int64_t li = d.intermediate, i0 = d.intermediate_begin;
   const int64_t vocab_count =
       std::max<int64_t>(0, std::min(d.vocab_rows, c.vocab_size - d.vocab_begin));
@@ -85,7 +87,7 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
   };
   const Slice whole;
   const Slice vocab{0, d.vocab_begin, vocab_count};
-  const Slice q_rows{0, q0, lq}, kv_rows{0, kv0, lkv}, q_cols{1, q0, lq};
+  const Slice q_rows{0, q0, lq}, kv_rows{0, kv0, lkv}, o_cols{1, o0, lo};
   const Slice i_rows{0, i0, li}, i_cols{1, i0, li};
   const bool row_bias = d.adds_row_parallel_bias;
   add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1, 0, vocab);
@@ -100,7 +102,7 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
       add(p + "self_attn.k_proj.bias", {kv}, WeightSlot::kQkvBias, i, lq, kv_rows);
       add(p + "self_attn.v_proj.bias", {kv}, WeightSlot::kQkvBias, i, lq + lkv, kv_rows);
     }
-    add(p + "self_attn.o_proj.weight", {h, q}, WeightSlot::kOProj, i, 0, q_cols);
+    add(p + "self_attn.o_proj.weight", {h, q}, WeightSlot::kOProj, i, 0, o_cols);
     if (c.o_bias) {
       add(p + "self_attn.o_proj.bias", {h}, WeightSlot::kOBias, i, 0, whole, false, row_bias);
     }
@@ -136,6 +138,7 @@ void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w
   const auto h = static_cast<size_t>(c.hidden_size);
   const auto q = static_cast<size_t>(d.q_heads * c.head_dim);
   const auto kv = static_cast<size_t>(d.kv_heads * c.head_dim);
+  const auto o = static_cast<size_t>(d.o_heads * c.head_dim);
   const auto inter = static_cast<size_t>(d.intermediate);
   const auto vocab = static_cast<size_t>(d.vocab_rows);
   const bool row_bias = d.adds_row_parallel_bias;
@@ -148,7 +151,7 @@ void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w
     layer.input_layernorm.assign(h, 0.0f);
     layer.qkv_proj.assign((q + 2 * kv) * h, 0.0f);
     if (c.qkv_bias) layer.qkv_bias.assign(q + 2 * kv, 0.0f);
-    layer.o_proj.assign(h * q, 0.0f);
+    layer.o_proj.assign(h * o, 0.0f);
     if (c.o_bias && row_bias) layer.o_bias.assign(h, 0.0f);
     layer.post_attention_layernorm.assign(h, 0.0f);
     layer.gate_up_proj.assign(2 * inter * h, 0.0f);

@@ -20,6 +20,8 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   backend.device = out.group->device();
   backend.tp_comm = group_options.TpComm();
   backend.comm_timeout = group_options.timeout;
+  backend.dcp_size = group_options.dcp;
+  backend.dcp_interleave = group_options.dcp_interleave;
   absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
   comm::ProcessGroup* group = out.group->group();
   if (group != nullptr) {
@@ -28,13 +30,15 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
     const std::string identity =
         loaded.ok() ? absl::StrCat(loaded->model.model_id, " backend=", loaded->factory.name,
                                    " kv_dtype=", KvDtypeName(loaded->factory.kv_dtype),
-                                   " tp=", group->size())
+                                   " tp=", group->size(), " dcp=", group_options.dcp,
+                                   " dcp_interleave=", group_options.dcp_interleave)
                     : absl::StrCat("load failed: ", loaded.status().message());
     absl::Status agreement = CheckGroupAgreement(group, identity);
     RETURN_IF_ERROR(loaded.status());
     RETURN_IF_ERROR(agreement);
     if (out.group->rank() == 0) {
-      LOG(INFO) << "worker group: " << DescribeTp(loaded->model.config, group->size());
+      LOG(INFO) << "worker group: "
+                << DescribeTp(loaded->model.config, group->size(), group_options.dcp);
     }
   }
   RETURN_IF_ERROR(loaded.status());

@@ -82,14 +82,17 @@ absl::Status RankKvEndpoint::PoolReady(ModelExecutor& executor, const ExecutorSp
 absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num_blocks,
                                         int64_t block_size, int64_t pool_bytes) {
   ASSIGN_OR_RETURN(const TpDims dims,
-                   ComputeTpDims(options_.model, TpShard{options_.tp_rank, options_.tp_size}));
+                   ComputeTpDims(options_.model,
+                                 TpShard{options_.tp_rank, options_.tp_size, options_.dcp_size}));
   tandem::v1::RankGeometry g;
   g.set_tp_size(static_cast<uint32_t>(options_.tp_size));
   g.set_tp_rank(static_cast<uint32_t>(options_.tp_rank));
   g.set_kv_head_begin(static_cast<uint32_t>(dims.kv_head_begin));
   g.set_kv_head_count(static_cast<uint32_t>(dims.kv_heads));
-  g.set_dcp_size(1);
-  g.set_dcp_interleave(1);
+  g.set_dcp_size(static_cast<uint32_t>(options_.dcp_size));
+  g.set_dcp_interleave(static_cast<uint32_t>(options_.dcp_size == 1        ? 1
+                                             : options_.dcp_interleave > 0 ? options_.dcp_interleave
+                                                                           : block_size));
   g.set_block_bytes(
       static_cast<uint64_t>(KvBlockBytes(options_.model, block_size, options_.kv_dtype,
                                          KvHeadShare{dims.kv_head_begin, dims.kv_heads})));
@@ -109,6 +112,22 @@ absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num
   layout_ = reader.compatibility;
   reader_ = std::make_unique<kvtransfer::RankKvReader>(agent_, std::move(reader));
   return absl::OkStatus();
+}
+
+std::vector<std::pair<int32_t, int32_t>> RankKvEndpoint::ShardBlocks(
+    const tandem::v1::KvRead& read) const {
+  std::vector<std::pair<int32_t, int32_t>> blocks;
+  const int n = std::min(read.source_blocks_size(), read.local_blocks_size());
+  const int32_t shards = options_.dcp_size, shard = options_.tp_rank % options_.dcp_size;
+  for (int i = 0; i < n; ++i) {
+    const int32_t local = read.local_blocks(i);
+    if (shards == 1) {
+      blocks.emplace_back(read.source_blocks(i), local);
+    } else if (local >= 0 && local % shards == shard) {
+      blocks.emplace_back(read.source_blocks(i), local / shards);
+    }
+  }
+  return blocks;
 }
 
 tandem::v1::RankGeometry RankKvEndpoint::geometry() const {
@@ -145,21 +164,22 @@ tandem::v1::KvReply RankKvEndpoint::HandleCommand(const tandem::v1::KvCommand& c
     SetError(&reply, reader_->AddSource(link.peer(), link.source()));
   }
   for (const tandem::v1::KvRead& read : command.reads()) {
-    std::vector<std::pair<int32_t, int32_t>> blocks;
-    const int n = std::min(read.source_blocks_size(), read.local_blocks_size());
-    for (int i = 0; i < n; ++i) blocks.emplace_back(read.source_blocks(i), read.local_blocks(i));
-    absl::StatusOr<kvtransfer::TransferId> id =
-        read.source_blocks_size() == read.local_blocks_size()
-            ? reader_->PostRead(read.peer(), blocks)
-            : absl::InvalidArgumentError("KV read: block lists of different lengths");
-    if (id.ok()) {
-      reads_[read.id()] = *id;
-      continue;
+    const std::vector<std::pair<int32_t, int32_t>> blocks = ShardBlocks(read);
+    absl::Status posted;  // OK and nothing posted: none of the blocks is on this shard
+    if (read.source_blocks_size() != read.local_blocks_size()) {
+      posted = absl::InvalidArgumentError("KV read: block lists of different lengths");
+    } else if (!blocks.empty()) {
+      absl::StatusOr<kvtransfer::TransferId> id = reader_->PostRead(read.peer(), blocks);
+      if (id.ok()) {
+        reads_[read.id()] = *id;
+        continue;
+      }
+      posted = id.status();
     }
     tandem::v1::KvReadEnd end;  // nothing posted: ended at once
     end.set_id(read.id());
-    end.set_code(static_cast<int>(id.status().code()));
-    end.set_message(std::string(id.status().message()));
+    end.set_code(static_cast<int>(posted.code()));
+    end.set_message(std::string(posted.message()));
     ended_.push_back(std::move(end));
   }
   for (uint64_t id : command.cancels()) {

@@ -8,9 +8,10 @@
 //    blocks readable. Followers plug it into RunFollower (RankKvHooks).
 //  * GroupBlockTransport, on rank 0: the connector's BlockTransport for the whole group. A read
 //    is fanned out to every rank (each pulls its own heads from the source ranks that hold
-//    them); it has ended when every rank's part has ended, and failed if any part failed (the
-//    other parts are cancelled). Rank 0's connector keeps all the bookkeeping (leases, renewal,
-//    deadlines), exactly as for a single rank.
+//    them; in a DCP group, only for the blocks of its KV shard); it has ended when every rank's
+//    part has ended, and failed if any part failed (the other parts are cancelled). Rank 0's
+//    connector keeps all the bookkeeping (leases, renewal, deadlines), exactly as for a single
+//    rank.
 //
 // Polling: CheckTransfer polls the group (one broadcast + gather) at most every `poll_interval`
 // and answers from the last poll otherwise.
@@ -50,6 +51,12 @@ struct RankKvEndpointOptions {
   KvDtype kv_dtype = KvDtype::kF32;
   int tp_rank = 0;
   int tp_size = 1;
+  // Decode context parallelism (runtime/kv_cache/dcp_blocks.h): this rank holds KV shard
+  // tp_rank % dcp_size; interleave 0 = the block size. A group read then lands on this rank only
+  // for the blocks its shard holds (group-wide block ids x with x % dcp_size == shard, at local
+  // block x / dcp_size): each rank reads exactly its shard's blocks.
+  int dcp_size = 1;
+  int64_t dcp_interleave = 0;
   uint64_t staging_bytes = uint64_t{64} << 20;  // RankKvReaderOptions::staging_bytes
 };
 
@@ -75,6 +82,9 @@ class RankKvEndpoint final : public RankKvHooks {
   kvtransfer::RankKvReader* reader();
 
  private:
+  // `read`'s (source, local) block pairs that land on this rank (DCP: its shard's, as local ids).
+  std::vector<std::pair<int32_t, int32_t>> ShardBlocks(const tandem::v1::KvRead& read) const;
+
   kvtransfer::TransferAgent* const agent_;
   const RankKvEndpointOptions options_;
   mutable absl::Mutex mu_;

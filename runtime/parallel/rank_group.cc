@@ -81,6 +81,16 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
                                                    " disagrees with --tp=", options.tp,
                                                    " (a group has --tp ranks in all)"));
   }
+  if (options.dcp < 1 || size % options.dcp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dcp=", options.dcp, " must divide the group of --tp=", size,
+        " ranks (a group has --tp ranks in all; --tp=2 --dcp=2 is two ranks, each with all "
+        "heads and half of every request's tokens)"));
+  }
+  if (options.dcp_interleave < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dcp_interleave must be >= 0 (0: the block size), got ", options.dcp_interleave));
+  }
   if (launched && options.rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank=", options.rank, " is outside a group of ", size, " ranks"));

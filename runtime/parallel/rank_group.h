@@ -42,6 +42,10 @@ struct RankGroupOptions {
   // (gloo with share_device, else nccl). See TpComm().
   std::string comm = "auto";
   // "nccl" or "gloo": what `comm` means for these options.
+  // Decode context parallelism (--dcp, --dcp_interleave): KV shards per attention slice, dividing
+  // the group's size; tokens per unit dealt to a shard (0: the block size).
+  int dcp = 1;
+  int64_t dcp_interleave = 0;
   std::string TpComm() const { return comm != "auto" ? comm : share_device ? "gloo" : "nccl"; }
 };
 
@@ -76,7 +80,8 @@ class RankGroup {
   std::vector<pid_t> children_;
 };
 
-// The --tp / --rank / --world_size / --dist_init / --dist_bind / --dist_timeout_s flags
+// The --tp / --dcp / --dcp_interleave / --rank / --world_size / --dist_init / --dist_bind /
+// --dist_timeout_s flags
 // (defined once, in rank_group_flags.cc) as options; `device` is the binary's --device.
 RankGroupOptions RankGroupOptionsFromFlags(int device);
 

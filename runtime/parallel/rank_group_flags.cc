@@ -8,6 +8,12 @@
 ABSL_FLAG(int32_t, tp, 1,
           "tensor-parallel ranks in the worker group (its world size); alone, starts the other "
           "ranks on this host");
+ABSL_FLAG(int32_t, dcp, 1,
+          "decode context parallelism: KV shards per attention slice; divides --tp (--tp=N "
+          "--dcp=K: N/K head slices, each over K ranks holding a part of every request's tokens)");
+ABSL_FLAG(int64_t, dcp_interleave, 0,
+          "with --dcp: consecutive tokens dealt to one KV shard (0: the block size; a multiple or "
+          "divisor of it; KV from a prefill worker needs a multiple)");
 ABSL_FLAG(int32_t, rank, -1, "this process's rank when a launcher starts every rank");
 ABSL_FLAG(int32_t, world_size, 0, "with --rank: the group's size (must equal --tp if both given)");
 ABSL_FLAG(std::string, dist_init, "", "with --rank: HOST:PORT of rank 0's rendezvous");
@@ -29,6 +35,8 @@ namespace tandem::runtime {
 RankGroupOptions RankGroupOptionsFromFlags(int device) {
   RankGroupOptions o;
   o.tp = absl::GetFlag(FLAGS_tp);
+  o.dcp = absl::GetFlag(FLAGS_dcp);
+  o.dcp_interleave = absl::GetFlag(FLAGS_dcp_interleave);
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world_size = absl::GetFlag(FLAGS_world_size);
   o.dist_init = absl::GetFlag(FLAGS_dist_init);

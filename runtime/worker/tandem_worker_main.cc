@@ -49,7 +49,8 @@ ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (rando
 ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json for --load_format=dummy");
 ABSL_FLAG(uint64_t, dummy_seed, 0, "weight seed for --load_format=dummy");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address (port 0 = any free port)");
-ABSL_FLAG(std::string, worker_id, "", "unique worker name (default: <role>-<port>)");
+ABSL_FLAG(std::string, worker_id, "",
+          "unique worker name (default: the one --tls_cert names; <role>-<port> with --insecure)");
 ABSL_FLAG(std::string, router, "", "router address to register with (empty: standalone)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
@@ -137,13 +138,18 @@ absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
   options.kv_dtype = group.local_factory.kv_dtype;
   options.tp_rank = group.group->rank();
   options.tp_size = group.group->size();
+  options.dcp_size = static_cast<int>(group.local_factory.dcp_size);
+  options.dcp_interleave = group.local_factory.dcp_interleave;
   RankKvEndpoint endpoint(agent.get(), options);
   return RunFollowerRank(std::move(group), &endpoint);
 }
 
 // --tls_* / --insecure (common/security): every internal channel and server of this process uses
-// them; a worker's certificate must name its --role.
-absl::Status SetUpSecurity() {
+// them. A worker's certificate must name its --role and its worker
+// (spiffe://tandem/role/<role>/worker/<id>, make_certs.sh --worker=ID:ROLE): KV leases are bound
+// to decode workers by id, and a worker proves its id with its certificate. --worker_id defaults
+// to the certificate's and may not differ from it.
+absl::Status SetUpSecurity(WorkerConfig& config) {
   ASSIGN_OR_RETURN(security::SecurityConfig sec,
                    security::DaemonSecurityFromFlags("tandem_worker"));
   const std::string role = absl::GetFlag(FLAGS_role);
@@ -152,15 +158,40 @@ absl::Status SetUpSecurity() {
                                                    security::RoleName(sec.self->role),
                                                    "', this worker is --role=", role));
   }
+  if (!sec.insecure) {
+    const std::string& named = sec.self->worker_id;
+    if (named.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_cert is a role certificate (", sec.self->ToString(),
+          "); a worker needs its own, naming its worker id: deploy/certs/make_certs.sh DIR "
+          "--worker=ID:",
+          role));
+    }
+    if (!config.worker_id.empty() && config.worker_id != named) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker_id=", config.worker_id, " but --tls_cert is worker ", named));
+    }
+    config.worker_id = named;
+  }
   security::SetProcessSecurity(std::move(sec));
   return absl::OkStatus();
 }
 
 absl::Status Serve(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerConfig config, ConfigFromFlags());
-  RETURN_IF_ERROR(SetUpSecurity());
+  RETURN_IF_ERROR(SetUpSecurity(config));
+  // Every rank runs with the worker's certificate, so all derive the same key and accept the
+  // NCCL control tokens rank 0's KvTransferService hands out.
+  config.transfer.nccl_token_key = NcclControlTokenKey(security::ProcessSecurity());
   TerminationSignals signals;  // before any thread starts
   const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
+  if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dcp=", group_options.dcp,
+        " with --role=prefill: decode context parallelism is for "
+        "decode and mixed groups (a prefill group of any --tp hands whole blocks to a DCP decode "
+        "group)"));
+  }
   // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
   // the daemon: the group outlives the engine that uses it.
   ASSIGN_OR_RETURN(GroupBackend group,
@@ -169,6 +200,8 @@ absl::Status Serve(const std::vector<std::string>& argv) {
   config.tp = group.group->size();
   config.group_channel = group.channel;
   config.group.set_size(static_cast<uint32_t>(config.tp));
+  config.group.set_dcp_size(static_cast<uint32_t>(group_options.dcp));
+  config.group.set_dcp_interleave(static_cast<uint32_t>(group_options.dcp_interleave));
   if (config.tp > 1) {
     const bool cuda = config.backend.backend == "cuda";
     config.group.set_backend(!cuda                              ? "gloo"

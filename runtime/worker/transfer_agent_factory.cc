@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     kvtransfer::NcclAgentOptions options;
     options.device = flags.device;
     options.control_host = flags.nccl_control_host;
+    options.control_token_key = flags.nccl_token_key;
     return Upcast(kvtransfer::NcclAgent::Create(std::move(options)));
 #else
     return absl::UnimplementedError("--kv_transport=nccl: this build has no CUDA");
@@ -74,6 +75,10 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--kv_transport must be ucx or nccl, got '", flags.transport, "'"));
+}
+
+std::string NcclControlTokenKey(const security::SecurityConfig& security) {
+  return security::DeriveSecret(security, "tandem nccl control token key v1");
 }
 
 }  // namespace tandem::runtime

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/security/security_config.h"
 #include "kvtransfer/transfer_agent.h"
 
 namespace tandem::runtime {
@@ -24,6 +25,10 @@ struct TransferAgentFlags {
   // The NCCL agent's control socket binds here (port chosen by the kernel); peers learn the
   // address from the handshake.
   std::string nccl_control_host = "127.0.0.1";
+  // Authenticates the NCCL control socket (kvtransfer/nccl/nccl_agent_auth.h): the worker's
+  // secret derived from its TLS key (NcclControlTokenKey). Empty (--insecure): unauthenticated,
+  // bound to nccl_control_host only.
+  std::string nccl_token_key;
   // Where the network interfaces UCX may use are listed (UCX itself looks there): a device in
   // ucx_net_device that is missing makes startup fail instead of every KV load later.
   std::string sysfs_net_dir = "/sys/class/net";
@@ -34,6 +39,10 @@ struct TransferAgentFlags {
 // UNIMPLEMENTED for "nccl" in a build without CUDA; the agent's own errors otherwise (no GPU).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     const TransferAgentFlags& flags);
+
+// The key NCCL control tokens are MACed with: derived from this process's TLS private key, so
+// every rank of a worker group (one certificate) has the same; empty when insecure.
+std::string NcclControlTokenKey(const security::SecurityConfig& security);
 
 }  // namespace tandem::runtime
 

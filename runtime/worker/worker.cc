@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
+#include "tandem/v1/limits.h"
 
 namespace tandem::runtime {
 namespace {
@@ -98,13 +100,27 @@ absl::Status Worker::Admit(tandem::v1::WorkerRole needed, const char* rpc) const
   return absl::OkStatus();
 }
 
+// Checks the decode worker a lease is to be bound to (Prefill, ReassignLease).
+absl::Status Worker::CheckReader(const std::string& decode_worker_id) const {
+  if (decode_worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
+    return absl::InvalidArgumentError("decode_worker_id is too long");
+  }
+  if (decode_worker_id.empty() && options_.require_decode_worker) {
+    return absl::InvalidArgumentError(
+        "decode_worker_id is required: the KV lease is bound to the decode worker it is for");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec spec,
                                               bool remote_decode, absl::Duration lease,
-                                              const CallerGone& gone) {
+                                              const CallerGone& gone,
+                                              const std::string& decode_worker_id) {
   const bool hold = remote_decode && spec.max_tokens > 1;
   if (hold && connector_ == nullptr) {
     return absl::FailedPreconditionError("this worker has no KV transfer");
   }
+  if (remote_decode) RETURN_IF_ERROR(CheckReader(decode_worker_id));
   if (hold) {
     spec.hold_kv_for_remote = true;
     spec.lease_duration =
@@ -148,12 +164,20 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
     connector_->ReleaseLease(held.lease.lease_id);  // the blocks cannot be served
     return ready;
   }
+  // The lease serves exactly this request's blocks, to the decode worker the router named.
+  if (const absl::Status bound = connector_->BindLease(
+          held.lease.lease_id, {decode_worker_id, id, held.block_ids, held.num_tokens});
+      !bound.ok()) {
+    connector_->ReleaseLease(held.lease.lease_id);  // e.g. aborted meanwhile: nothing to hand
+    return bound;
+  }
   kvtransfer::KvSource source;
   source.worker_id = options_.worker_id;
   source.epoch = options_.epoch;
   source.layout_hash = options_.kv_layout_hash;
   source.transfer_endpoint = address();
-  result.kv_handle = kvtransfer::ToKvHandle(source, held.lease, held.block_ids, held.num_tokens);
+  result.kv_handle =
+      kvtransfer::ToKvHandle(source, held.lease, held.block_ids, held.num_tokens, id);
   update.finish_reason = FinishReason::kNone;  // it goes on at the decode worker
   return result;
 }
@@ -216,12 +240,27 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
       !valid.ok()) {
     return valid;
   }
+  if (handle.request_id() != id) {
+    return absl::InvalidArgumentError(absl::StrCat("KV handle was issued for request '",
+                                                   handle.request_id(), "', not '", id, "'"));
+  }
   spec.first_token = first_token;
   spec.on_kv_failure = on_kv_failure;
   bool recompute = false;  // the source is unreachable: this worker prefills the prompt
   const absl::Time link_start = absl::Now();
-  absl::Status linked = links_->EnsurePeer(handle);
+  // The source must honour the handle for this request and this worker before a byte moves, and
+  // before it describes its pool to us (a handshake answers only a worker it holds a lease for):
+  // a restarted source says so (stale: recompute), a lease that is gone is NOT_FOUND
+  // (recompute), one that is not ours PERMISSION_DENIED (refused).
+  absl::Status linked = links_->AuthorizeRead(handle);
+  if (linked.ok()) linked = links_->EnsurePeer(handle);
   if (times != nullptr) times->set_kv_link_micros(Micros(absl::Now() - link_start));
+  if (absl::IsPermissionDenied(linked)) {
+    LOG(WARNING) << "request " << id << ": KV source " << handle.worker_id()
+                 << " does not honour its handle for this worker: " << linked;
+    return absl::PermissionDeniedError(absl::StrCat(
+        "KV handle of request ", id, " is not honoured for this worker: ", linked.message()));
+  }
   if (linked.ok()) {
     // From here on the connector owns the source's lease: it stops reading a little before the
     // lease deadline, renews it while a long load runs, and releases it when the load has ended.
@@ -268,6 +307,13 @@ Worker::Latencies Worker::LatencySnapshots() const {
   if (kv_load.bounds.empty()) kv_load = http::Histogram(http::LatencyBuckets()).Snapshot();
   return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot(),
           loop_->QueueTimeSnapshot(), std::move(kv_load)};
+}
+
+absl::Status Worker::ReassignLease(const std::string& id, uint64_t lease_id,
+                                   const std::string& decode_worker_id) {
+  if (connector_ == nullptr) return absl::FailedPreconditionError("this worker has no KV transfer");
+  RETURN_IF_ERROR(CheckReader(decode_worker_id));
+  return connector_->ReassignLease(id, lease_id, decode_worker_id);
 }
 
 bool Worker::Abort(const std::string& id) {
@@ -330,6 +376,7 @@ tandem::v1::WorkerStats Worker::StatsProto() const {
   }
   out.set_kv_load_failures(load_failures);
   out.set_kv_recomputes(kv_link_recomputes_ + stats.kv_recomputes);
+  for (int64_t free : stats.kv.free_blocks_per_shard) out.add_kv_free_blocks_per_shard(free);
   if (options_.rank_kv_stats) options_.rank_kv_stats(&out);
   // kv_bytes_sent stays 0: in pull mode the reader's one-sided READs are invisible to the source
   // (its readers report kv_bytes_received).

@@ -3,17 +3,23 @@
 // types and absl::Status <-> grpc::Status; tests drive a Worker directly.
 //
 //   Prefill   (prefill/mixed) runs the prompt and samples the first token; with remote decode
-//             the blocks stay leased (by the connector) and the result carries the KvHandle.
-//   Decode    (decode/mixed)  links to the handle's source, hands the connector the remote KV
-//             (it loads, renews and releases the source's lease), streams the tokens after the
-//             first one.
+//             the blocks stay leased (by the connector), the lease is bound to the decode worker
+//             the router named (KvConnector::BindLease) and the result carries the KvHandle.
+//   Decode    (decode/mixed)  has the source authorize the read (AuthorizeRead: the handle is
+//             what was issued for this request and this worker), links to it, hands the
+//             connector the remote KV (it loads, renews and releases the source's
+//             lease), streams the tokens after the first one.
+//   ReassignLease  (prefill/mixed) the router replaced a failed decode worker: the request's
+//             lease is rebound to the new one.
 //   Generate  (mixed)         a whole request here.
 //   Abort     drops a request in flight, and a lease held for it after its prefill.
 //
 // Errors: bad input INVALID_ARGUMENT, a duplicate id ALREADY_EXISTS, a full queue
 // RESOURCE_EXHAUSTED, the wrong role FAILED_PRECONDITION, draining UNAVAILABLE, a failed KV load
-// with policy fail UNAVAILABLE, the caller gone CANCELLED (the request is aborted, its blocks
-// freed). A request's updates are polled in short slices so a cancelled caller is noticed.
+// with policy fail UNAVAILABLE, a KV handle its source does not honour for this worker
+// PERMISSION_DENIED (never recomputed: the handle is not ours), the caller gone CANCELLED (the
+// request is aborted, its blocks freed). A request's updates are polled in short slices so a
+// cancelled caller is noticed.
 //
 // Thread safety: thread-safe.
 #ifndef TANDEM_RUNTIME_WORKER_WORKER_H_
@@ -50,6 +56,10 @@ struct WorkerOptions {
   // The longest lease a caller may ask for (PrefillRequest.lease_ms beyond it is cut to it):
   // the worker, not the caller, bounds how long its blocks can be held.
   absl::Duration max_lease = absl::Minutes(2);
+  // A remote-decode Prefill must name its decode worker (the daemon sets it with TLS: a lease
+  // bound to no reader would be usable by every decode worker). False: an empty name binds the
+  // lease to any reader (--insecure).
+  bool require_decode_worker = false;
   absl::Duration kv_load_timeout = absl::Seconds(20);
   // A decode worker whose last `kv_failures_unhealthy` KV loads in a row failed (source
   // unreachable, transfer errors) reports NOT_SERVING, so a misconfigured transport is not
@@ -89,9 +99,11 @@ class Worker {
   // UNAVAILABLE while draining; FAILED_PRECONDITION when this worker's role cannot serve `rpc`.
   absl::Status Admit(tandem::v1::WorkerRole needed, const char* rpc) const;
 
-  // `lease`: how long the KV stays leased for the decode worker (0: the default).
+  // `lease`: how long the KV stays leased for the decode worker (0: the default);
+  // `decode_worker_id`: the decode worker the lease is bound to (see require_decode_worker).
   absl::StatusOr<PrefillResult> Prefill(const std::string& id, RequestSpec spec, bool remote_decode,
-                                        absl::Duration lease, const CallerGone& gone);
+                                        absl::Duration lease, const CallerGone& gone,
+                                        const std::string& decode_worker_id = "");
   // Streams every update after `first_token` to `sink`; OK once the final one was accepted
   // (an aborted request ends with a kAborted update). `times` (may be null) is filled with the
   // request's phase times before the final update goes to `sink` (the request's trace).
@@ -103,6 +115,10 @@ class Worker {
                         const UpdateSink& sink, tandem::v1::WorkerPhaseTimes* times = nullptr);
   // True when `id` was in flight or held a lease.
   bool Abort(const std::string& id);
+  // Rebinds lease `lease_id` of request `id` to `decode_worker_id`: NOT_FOUND when the request
+  // holds no such lease here. Also while draining (the leases are still served then).
+  absl::Status ReassignLease(const std::string& id, uint64_t lease_id,
+                             const std::string& decode_worker_id);
 
   // SIGTERM: refuse new requests (UNAVAILABLE), keep serving the ones in flight.
   void StartDraining() { draining_ = true; }
@@ -135,6 +151,9 @@ class Worker {
   absl::Status Relay(const std::string& id, RequestStream& stream, absl::Time start,
                      const CallerGone& gone, const UpdateSink& sink,
                      tandem::v1::WorkerPhaseTimes* times);
+
+  // INVALID_ARGUMENT for a decode worker id a lease cannot be bound to.
+  absl::Status CheckReader(const std::string& decode_worker_id) const;
 
   EngineLoop* const loop_;
   kvtransfer::KvConnector* const connector_;

@@ -77,6 +77,8 @@ struct WorkerDaemon::Parts {
   std::unique_ptr<kvtransfer::PeerLinks> peers;
   std::unique_ptr<Worker> worker;
   std::unique_ptr<WorkerServiceImpl> service;
+  // service and kv_service behind strict request parsing (registered instead of them).
+  std::unique_ptr<StrictParsingService> strict_service, strict_kv_service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<RouterRegistration> registration;
   std::unique_ptr<http::HttpServer> metrics;
@@ -134,6 +136,8 @@ absl::StatusOr<tandem::v1::TransferHandshake> WorkerDaemon::Parts::BuildKvSide(
   endpoint_options.model = loaded.model.config;
   endpoint_options.kv_dtype = engine.kv_dtype();
   endpoint_options.tp_size = config.tp;
+  endpoint_options.dcp_size = static_cast<int>(engine.dcp().size);
+  endpoint_options.dcp_interleave = engine.dcp().interleave;
   endpoint_options.staging_bytes = config.kv_staging_bytes;
   endpoint = std::make_unique<RankKvEndpoint>(agent.get(), endpoint_options);
   char* host_pool =
@@ -167,12 +171,14 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const 
   // The port is known only after the server starts; the worker learns the final address before
   // it is announced (printed, written to the port file, registered).
   int port = 0;
+  ASSIGN_OR_RETURN(strict_service, StrictWorkerService(service.get()));
+  ASSIGN_OR_RETURN(strict_kv_service, kvtransfer::StrictKvTransferService(kv_service.get()));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.listen, security::InternalServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
   AllowKeepalivePings(builder);  // the router's channels ping every second
-  builder.RegisterService(service.get());
-  builder.RegisterService(kv_service.get());
+  builder.RegisterService(strict_service.get());
+  builder.RegisterService(strict_kv_service.get());
   server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen));
@@ -237,6 +243,9 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.model_id = loaded.model.model_id;
   options.kv_layout_hash = local.compatibility_hash();
   options.default_lease = config.default_lease;
+  // With mTLS a lease is bound to the decode worker the router names (it proves its id with its
+  // certificate); --insecure has no identities, so an unnamed reader is allowed there.
+  options.require_decode_worker = !security::ProcessSecurity().insecure;
   options.kv_load_timeout = config.kv_load_timeout;
   options.group = config.group;
   options.rank_kv_stats = [p = parts.get()](tandem::v1::WorkerStats* out) {

@@ -84,7 +84,7 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   const std::string& id = request->request().request_id();
   absl::StatusOr<PrefillResult> result = worker_->Prefill(
       id, *std::move(spec), request->remote_decode(), absl::Milliseconds(request->lease_ms()),
-      [context] { return context->IsCancelled(); });
+      [context] { return context->IsCancelled(); }, request->decode_worker_id());
   if (!result.ok()) return ToGrpcStatus(result.status());
   const RequestUpdate& first = result->first;
   response->set_request_id(id);
@@ -160,6 +160,13 @@ grpc::Status WorkerServiceImpl::Abort(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerServiceImpl::ReassignLease(grpc::ServerContext* /*context*/,
+                                              const tandem::v1::ReassignLeaseRequest* request,
+                                              tandem::v1::ReassignLeaseResponse* /*response*/) {
+  return ToGrpcStatus(worker_->ReassignLease(request->request_id(), request->lease_id(),
+                                             request->decode_worker_id()));
+}
+
 grpc::Status WorkerServiceImpl::Health(grpc::ServerContext* /*context*/,
                                        const tandem::v1::WorkerHealthRequest* /*request*/,
                                        tandem::v1::HealthResponse* response) {
@@ -174,6 +181,22 @@ grpc::Status WorkerServiceImpl::Stats(grpc::ServerContext* /*context*/,
                                       tandem::v1::WorkerStats* response) {
   *response = worker_->StatsProto();
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictWorkerService(
+    tandem::v1::WorkerService::Service* service) {
+  using S = tandem::v1::WorkerService::Service;
+  auto strict = std::make_unique<StrictParsingService>(
+      tandem::v1::WorkerService::service_full_name(), tandem::v1::kMaxGrpcMessageBytes);
+  strict->Unary("Prefill", service, &S::Prefill)
+      .ServerStreaming("Decode", service, &S::Decode)
+      .ServerStreaming("Generate", service, &S::Generate)
+      .Unary("Abort", service, &S::Abort)
+      .Unary("ReassignLease", service, &S::ReassignLease)
+      .Unary("Health", service, &S::Health)
+      .Unary("Stats", service, &S::Stats);
+  if (absl::Status s = strict->Complete(); !s.ok()) return s;
+  return strict;
 }
 
 }  // namespace tandem::runtime

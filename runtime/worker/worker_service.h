@@ -7,9 +7,11 @@
 #ifndef TANDEM_RUNTIME_WORKER_WORKER_SERVICE_H_
 #define TANDEM_RUNTIME_WORKER_WORKER_SERVICE_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/grpc_strict_parse.h"
 #include "runtime/worker/worker.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -34,6 +36,9 @@ class WorkerServiceImpl final : public tandem::v1::WorkerService::Service {
                         grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override;
   grpc::Status Abort(grpc::ServerContext* context, const tandem::v1::AbortRequest* request,
                      tandem::v1::AbortResponse* response) override;
+  grpc::Status ReassignLease(grpc::ServerContext* context,
+                             const tandem::v1::ReassignLeaseRequest* request,
+                             tandem::v1::ReassignLeaseResponse* response) override;
   grpc::Status Health(grpc::ServerContext* context, const tandem::v1::WorkerHealthRequest* request,
                       tandem::v1::HealthResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
@@ -48,6 +53,12 @@ class WorkerServiceImpl final : public tandem::v1::WorkerService::Service {
 
   Worker* const worker_;
 };
+
+// `service`'s methods behind strict request parsing (common/grpc_strict_parse.h): request bytes
+// that do not parse are INVALID_ARGUMENT. Register the result instead of `service` (which must
+// outlive it); an error when the list misses a WorkerService method.
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictWorkerService(
+    tandem::v1::WorkerService::Service* service);
 
 }  // namespace tandem::runtime
 

@@ -169,6 +169,53 @@ TEST(WorkerServiceTest, PrefillDecodeOverGrpcEqualsMixedWorker) {
   EXPECT_EQ(stats.kv_load_failures(), 0u);
 }
 
+// The lease is bound to the decode worker named in the PrefillRequest: another one is refused
+// (PERMISSION_DENIED, nothing recomputed) until ReassignLease (the router's decode retry) moves
+// the lease to it, over the RPC.
+TEST(WorkerServiceTest, LeaseServesTheNamedDecodeWorkerAndMovesWithReassignLease) {
+  std::mt19937 rng(std::random_device{}());
+  auto fabric = std::make_shared<InProcessFabric>();
+  TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
+  TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
+  const auto request = MakeRequest("bound", rng, 40, 6);
+  tandem::v1::PrefillRequest pre;
+  *pre.mutable_request() = request;
+  pre.set_remote_decode(true);
+  pre.set_decode_worker_id("d9");
+  tandem::v1::PrefillResponse prefilled;
+  grpc::ClientContext pctx;
+  ASSERT_TRUE(p.stub().Prefill(&pctx, pre, &prefilled).ok());
+  auto decode = [&] {
+    tandem::v1::DecodeRequest dec;
+    *dec.mutable_request() = request;
+    dec.set_first_token(prefilled.first_token());
+    *dec.mutable_kv_handle() = prefilled.kv_handle();
+    grpc::ClientContext ctx;
+    auto reader = d.stub().Decode(&ctx, dec);
+    return ReadAll(reader);
+  };
+  const StreamResult refused = decode();
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << refused.status.error_message();
+  EXPECT_TRUE(refused.tokens.empty());
+  auto reassign = [&](const std::string& id) {
+    tandem::v1::ReassignLeaseRequest move;
+    move.set_request_id(id);
+    move.set_lease_id(prefilled.kv_handle().lease_id());
+    move.set_decode_worker_id("d0");
+    tandem::v1::ReassignLeaseResponse moved;
+    grpc::ClientContext ctx;
+    return p.stub().ReassignLease(&ctx, move, &moved).error_code();
+  };
+  EXPECT_EQ(reassign("other"), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(reassign("bound"), grpc::StatusCode::OK);
+  const StreamResult served = decode();
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.tokens.size(), 5u);
+  EXPECT_EQ(p.WaitAllFree(), p.blocks());
+  EXPECT_EQ(d.WaitAllFree(), d.blocks());
+}
+
 TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
   std::mt19937 rng(std::random_device{}());
   auto fabric = std::make_shared<InProcessFabric>();
@@ -198,6 +245,7 @@ TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
     dec.mutable_request()->set_request_id(std::string("stale-") + std::to_string(policy));
     dec.set_first_token(prefilled.first_token());
     *dec.mutable_kv_handle() = handle;
+    dec.mutable_kv_handle()->set_request_id(dec.request().request_id());  // a request of its own
     dec.set_on_kv_failure(policy);
     grpc::ClientContext ctx;
     auto reader = d.stub().Decode(&ctx, dec);

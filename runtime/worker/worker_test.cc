@@ -108,6 +108,16 @@ class LocalLinks final : public kvtransfer::KvSourceLinks, public kvtransfer::Le
     linked_[handle.worker_id()] = true;
     return absl::OkStatus();
   }
+  // As the source's KvTransferService would: the reader is D ("d0"), the handle as presented.
+  absl::Status AuthorizeRead(const tandem::v1::KvHandle& handle) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!sources_.contains(handle.worker_id())) return absl::UnavailableError("no such source");
+    }
+    const kvtransfer::LeaseBinding presented = kvtransfer::PresentedBinding(handle);
+    return Source(handle.worker_id())
+        ->connector->AuthorizeLeaseUse({handle.lease_id(), "d0", &presented});
+  }
   std::shared_ptr<kvtransfer::LeaseClient> lease_client() const override { return self_; }
   void RenewLeaseAsync(const std::string& peer, uint64_t, uint64_t lease_id, absl::Duration extend,
                        std::function<void(absl::StatusOr<absl::Time>)> done) override {
@@ -273,6 +283,53 @@ TEST(WorkerTest, TheWorkerBoundsLeasesAndTheirIdsAreUnguessable) {
   EXPECT_TRUE(c.p.PoolWhole());
 }
 
+// The lease is bound to the decode worker the router named: that worker reads, another is
+// refused (PERMISSION_DENIED, no recompute), and so is a handle of another request; a
+// reassignment moves it. With require_decode_worker a Prefill must name one.
+TEST(WorkerTest, LeasesServeOnlyTheDecodeWorkerTheyAreBoundTo) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster c;
+  const RequestSpec spec = RandomSpec(rng, 30, 4);
+  absl::StatusOr<PrefillResult> for_d0 =
+      c.p.worker->Prefill("a", spec, true, absl::ZeroDuration(), kStaying, "d0");
+  ASSERT_TRUE(for_d0.ok()) << for_d0.status();
+  EXPECT_EQ(for_d0->kv_handle->request_id(), "a");
+  Collected ok;
+  const absl::Status served = c.d.worker->Decode("a", spec, *for_d0->kv_handle, 1,
+                                                 KvLoadFailurePolicy::kFail, kStaying, ok.Sink());
+  EXPECT_TRUE(served.ok()) << served;
+
+  absl::StatusOr<PrefillResult> for_d9 =
+      c.p.worker->Prefill("b", spec, true, absl::ZeroDuration(), kStaying, "d9");
+  ASSERT_TRUE(for_d9.ok()) << for_d9.status();
+  Collected refused;
+  const absl::Status not_ours = c.d.worker->Decode(
+      "b", spec, *for_d9->kv_handle, 1, KvLoadFailurePolicy::kRecompute, kStaying, refused.Sink());
+  EXPECT_EQ(not_ours.code(), absl::StatusCode::kPermissionDenied) << not_ours;
+  EXPECT_TRUE(refused.tokens.empty()) << "a refused handle must not be recomputed either";
+  // Another request's handle under this request's id: refused on D before anything moves.
+  const absl::Status other_request = c.d.worker->Decode(
+      "c", spec, *for_d9->kv_handle, 1, KvLoadFailurePolicy::kFail, kStaying, refused.Sink());
+  EXPECT_EQ(other_request.code(), absl::StatusCode::kInvalidArgument) << other_request;
+  // The router moves it to d0: now it reads.
+  EXPECT_EQ(c.p.worker->ReassignLease("c", for_d9->kv_handle->lease_id(), "d0").code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(c.p.worker->ReassignLease("b", for_d9->kv_handle->lease_id(), "d0").ok());
+  Collected moved;
+  const absl::Status after = c.d.worker->Decode("b", spec, *for_d9->kv_handle, 1,
+                                                KvLoadFailurePolicy::kFail, kStaying, moved.Sink());
+  EXPECT_TRUE(after.ok()) << after;
+  EXPECT_EQ(moved.tokens, ok.tokens);
+  EXPECT_TRUE(c.p.PoolWhole());
+  EXPECT_TRUE(c.d.PoolWhole());
+
+  CoreWorker strict(c.fabric, "p1", tandem::v1::WORKER_ROLE_PREFILL, nullptr,
+                    [](WorkerOptions& o) { o.require_decode_worker = true; });
+  EXPECT_EQ(strict.worker->Prefill("x", spec, true, absl::ZeroDuration(), kStaying).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(strict.PoolWhole());
+}
+
 TEST(WorkerTest, CallerGoneMidStreamAbortsAndFreesBlocks) {
   std::mt19937 rng(std::random_device{}());
   Cluster c;
@@ -344,6 +401,7 @@ TEST(WorkerTest, UnreachableKvSourcesMakeADecodeWorkerNotServingUntilItsProbe) {
     const RequestSpec spec = RandomSpec(rng, 20, 3);
     tandem::v1::KvHandle handle;
     handle.set_worker_id("p-unreachable");
+    handle.set_request_id("r" + std::to_string(i));
     handle.set_layout_hash(kLayoutHash);
     handle.set_num_tokens(spec.prompt.size());
     handle.add_block_ids(0);

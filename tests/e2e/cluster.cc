@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
@@ -58,10 +59,13 @@ security::SecurityConfig ClientSecurity(const std::string& certs_dir, const std:
   return *std::move(config);
 }
 
-// Generates the cluster's certificates and API key under `dir`.
-absl::Status MakeCerts(const std::string& dir) {
-  const std::string cmd = absl::StrCat("'", Runfile("deploy/certs/make_certs.sh"), "' '", dir,
-                                       "' --api_key > '", dir, ".log' 2>&1");
+// Generates the cluster's certificates and API key under `dir`: the role certificates plus one
+// per worker (`workers`: "ID:ROLE"), naming it (a worker with TLS needs its own).
+absl::Status MakeCerts(const std::string& dir, const std::vector<std::string>& workers) {
+  std::string cmd =
+      absl::StrCat("'", Runfile("deploy/certs/make_certs.sh"), "' '", dir, "' --api_key");
+  for (const std::string& w : workers) absl::StrAppend(&cmd, " --worker=", w);
+  absl::StrAppend(&cmd, " > '", dir, ".log' 2>&1");
   if (std::system(cmd.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("make_certs.sh failed: ", ReadFile(dir + ".log")));
   }
@@ -157,7 +161,13 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
 
   if (options.tls) {
     cluster->certs_dir_ = dir + "/certs";
-    if (absl::Status s = MakeCerts(cluster->certs_dir_); !s.ok()) return s;
+    std::vector<std::string> workers;
+    for (const auto& [role, count] : {std::pair<std::string, int>{"prefill", options.prefill},
+                                      {"decode", options.decode},
+                                      {"mixed", options.mixed}}) {
+      for (int i = 0; i < count; ++i) workers.push_back(absl::StrCat(role, "-", i, ":", role));
+    }
+    if (absl::Status s = MakeCerts(cluster->certs_dir_, workers); !s.ok()) return s;
     cluster->api_key_ = ReadFile(cluster->certs_dir_ + "/api_key");
     while (!cluster->api_key_.empty() && cluster->api_key_.back() == '\n')
       cluster->api_key_.pop_back();
@@ -206,7 +216,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                      "--num_threads=1",
                                      "--kv_cache_bytes=16777216"};
     if (!options.dummy_config.empty()) argv.push_back("--load_format=dummy");
-    for (const std::string& flag : SecurityFlags(certs, role)) argv.push_back(flag);
+    for (const std::string& flag : SecurityFlags(certs, w.id)) argv.push_back(flag);
     argv.insert(argv.end(), options.worker_flags.begin(), options.worker_flags.end());
     const std::vector<std::string>& by_role = role == "prefill"  ? options.prefill_flags
                                               : role == "decode" ? options.decode_flags

@@ -4,7 +4,8 @@
 //
 // Secure by default (`tls`): certificates from deploy/certs/make_certs.sh (a runfile), the
 // router's public port with TLS and an API key (the router stub sends it with every call), its
-// internal port (mTLS) where the workers register with their role's certificate, and worker
+// internal port (mTLS) where the workers register with their own certificates (certs_dir/ID.pem,
+// naming worker ID and its role: KV leases are bound to decode workers by id), and worker
 // stubs that present the admin certificate (Stats). `tls = false` runs everything --insecure.
 #ifndef TANDEM_TESTS_E2E_CLUSTER_H_
 #define TANDEM_TESTS_E2E_CLUSTER_H_

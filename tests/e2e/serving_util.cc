@@ -1,8 +1,15 @@
 #include "tests/e2e/serving_util.h"
 
+#include <dirent.h>
+#include <signal.h>
+
+#include <fstream>
 #include <random>
 #include <utility>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_source.h"
@@ -111,6 +118,64 @@ std::unique_ptr<Cluster> StartSlowCluster(int prefill, int decode, int mixed,
   auto started = Cluster::Start(options);
   EXPECT_TRUE(started.ok()) << started.status();
   return started.ok() ? std::move(*started) : nullptr;
+}
+
+std::vector<pid_t> Children(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return out;
+  while (dirent* entry = readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces; split after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(line.substr(close + 2), ' ');
+    pid_t ppid = 0;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
+      out.push_back(pid);
+    }
+  }
+  closedir(proc);
+  return out;
+}
+
+bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+void KillDecodeRankMidStream(std::vector<std::string> decode_flags) {
+  ClusterOptions options;
+  options.dummy_config = "llama-100m";
+  options.worker_flags = {"--kv_cache_bytes=134217728", "--num_threads=1"};
+  options.decode_flags = std::move(decode_flags);
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  WorkerHandle* decode = cluster.worker("decode-0");
+  ASSERT_NE(decode, nullptr);
+  const std::vector<pid_t> ranks = Children(decode->process->pid());
+  ASSERT_EQ(ranks.size(), 1u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = cluster.router().Generate(&ctx, ToRequest(LongPrompt()));
+  tandem::v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(reader->Read(&msg));  // decoding on the group: its KV came from prefill-0
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(ranks[0], SIGKILL), 0);
+  while (reader->Read(&msg)) {
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "the error must come within seconds";
+  absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->load().kv_blocks_leased(), 0u) << "the prefill side holds nothing";
+  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NE(stats->status(), tandem::v1::SERVING_STATUS_SERVING);
 }
 
 }  // namespace tandem::e2e

@@ -4,6 +4,8 @@
 #ifndef TANDEM_TESTS_E2E_SERVING_UTIL_H_
 #define TANDEM_TESTS_E2E_SERVING_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +41,16 @@ Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequ
 
 // Greedy reference: the engine in this process on kModel.
 std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts);
+
+// The processes whose parent is `parent` (from /proc/PID/stat): a worker group's rank processes.
+std::vector<pid_t> Children(pid_t parent);
+bool Alive(pid_t pid);
+
+// A decode group (prefill-0 -> decode-0 started with `decode_flags`, e.g. {"--tp=2"}) whose
+// rank 1 is SIGKILLed mid-stream: the client gets UNAVAILABLE within 5 s, the prefill worker's
+// leases go back to none (the group had released them after its load), and the group stops
+// serving. Reports failures through gtest.
+void KillDecodeRankMidStream(std::vector<std::string> decode_flags);
 
 std::vector<Prompt> RandomPrompts(uint32_t seed, int n, int max_len = 80);
 

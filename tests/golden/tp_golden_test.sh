@@ -13,20 +13,7 @@ T=${TEST_TMPDIR:-$(mktemp -d)}
 FIXTURES=tests/golden/fixtures
 
 compare_tp() {  # OUT REF: same tokens, logits within 1e-4 * max|ref|
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-got = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-ref = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-assert len(got) == len(ref) > 0, (len(got), len(ref))
-worst = 0.0
-for i, (g, r) in enumerate(zip(got, ref)):
-    assert g["tokens"] == r["tokens"], f"prompt {i}: {g['tokens']} != {r['tokens']}"
-    m = max(abs(x) for x in r["last_prompt_logits"])
-    d = max(abs(a - b) for a, b in zip(g["last_prompt_logits"], r["last_prompt_logits"]))
-    assert d <= 1e-4 * m, f"prompt {i}: logits differ by {d} > {1e-4 * m}"
-    worst = max(worst, d / m)
-print(f"  same tokens as tp=1 on {len(got)} prompts, worst logit diff {worst:.2e} of max")
-PY
+  python3 "$COMPARE" --run "$1" "$2" tp=1
 }
 
 run() {  # VARIANT TP OUT

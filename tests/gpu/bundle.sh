@@ -90,7 +90,11 @@ for t in "${TARGETS[@]}" ${TOOLS[@]+"${TOOLS[@]}"}; do
     is_system_lib "$lib" && continue
     if is_cuda_toolkit_lib "$lib" && [[ $WITH_CUDA_LIBS -eq 0 ]]; then continue; fi
     cp -Lf "$lib" "$OUT/lib/$(basename "$lib")"
-  done < <(ldd "$src" | awk '/=> \// {print $3} /^\s*\// {print $1}')
+  done < <(ldd "$src" | awk '/=> \// {print $3} /^\s*\// {print $1}'
+           # SentencePiece (tokenizer/sentencepiece_library.h): dlmopen'ed, so not in ldd's list;
+           # found at run time through LD_LIBRARY_PATH.
+           spm="$src.runfiles/tandem/tokenizer/libtandem_spm.so"
+           if [[ -f $spm ]]; then echo "$spm"; ldd "$spm" | awk '/=> \// {print $3}'; fi)
 done
 
 # Tests first, then benchmarks.

@@ -20,7 +20,8 @@
 # Everything runs with TLS, as deployed: deploy/certs/make_certs.sh makes a CA, per-role
 # certificates whose SANs are the namespaces' addresses, and an API key; the router serves its
 # public port with TLS + the key and its internal port (worker registration) with mutual TLS,
-# workers use their role's certificate (router -> worker and worker -> worker calls are mTLS),
+# workers use their own certificates (naming their worker ids: KV leases are bound to the decode
+# worker; router -> worker and worker -> worker calls are mTLS),
 # tandem_cli uses the CA + key (an admin certificate for worker stats). Checked too: plain text
 # refused on the router's public port, a worker refuses a client without a certificate and a
 # `client`-role certificate (PERMISSION_DENIED), every daemon logged mutual TLS.
@@ -173,16 +174,17 @@ PORT=7000 IPORT=7001 WPORT=7100
 
 # ---- certificates: CA, one per role, SANs = the namespaces' addresses; an API key -------------
 CERTS=$T/certs
-"$MAKE_CERTS" "$CERTS" --hosts="$net.10,$net.11,$net.12,$net.13" --api_key > "$T/make_certs.log" 2>&1 ||
+"$MAKE_CERTS" "$CERTS" --hosts="$net.10,$net.11,$net.12,$net.13" --api_key \
+  --worker=mixed0:mixed --worker=prefill0:prefill --worker=decode0:decode > "$T/make_certs.log" 2>&1 ||
   abort "make_certs.sh failed: $(cat "$T/make_certs.log")"
 san_missing=()
-for r in router prefill decode mixed; do
+for r in router prefill0 decode0 mixed0; do
   for k in r p d m; do
     openssl x509 -in "$CERTS/$r.pem" -noout -checkip "${ADDR[$k]}" | grep -q 'does match' ||
       san_missing+=("$r:${ADDR[$k]}")
   done
 done
-(( ${#san_missing[@]} == 0 )) && ok "certificates (make_certs.sh): router/prefill/decode/mixed SANs cover ${ADDR[*]}" ||
+(( ${#san_missing[@]} == 0 )) && ok "certificates (make_certs.sh): router/prefill0/decode0/mixed0 SANs cover ${ADDR[*]}" ||
   abort "certificate SANs missing: ${san_missing[*]}"
 tls() { echo --tls_cert="$CERTS/$1.pem" --tls_key="$CERTS/$1.key" --tls_ca="$CERTS/ca.pem"; }  # (no spaces in $T)
 # tandem_cli on the public port: TLS with the CA + the API key (from the environment); on a
@@ -222,7 +224,7 @@ workers_json() { timeout 15 "${PUB_CLI[@]}" workers --router="$1" --json --timeo
 REF_ROUTER=${ADDR[m]}:$PORT
 start m ref_router "$ROUTER_BIN" --listen="$REF_ROUTER" --internal_listen="${ADDR[m]}:$IPORT" \
   $(tls router) --api_key_file="$CERTS/api_keys"
-start m mixed "$WORKER_BIN" $(tls mixed) --role=mixed --worker_id=mixed0 --listen="${ADDR[m]}:$WPORT" \
+start m mixed "$WORKER_BIN" $(tls mixed0) --role=mixed --worker_id=mixed0 --listen="${ADDR[m]}:$WPORT" \
   --router="${ADDR[m]}:$IPORT" --metrics_listen="${ADDR[m]}:0" "${MODEL[@]}" "${EXTRA[@]}"
 ref_ready() { workers_json "$REF_ROUTER" | grep -q '"role":"mixed".*"healthy":true'; }
 wait_until 40 ref_ready || abort "the reference mixed worker did not become healthy: $(workers_json "$REF_ROUTER")"
@@ -246,10 +248,10 @@ router_up() { timeout 5 "${PUB_CLI[@]}" workers --router="$ROUTER" --timeout_ms=
 wait_until 20 router_up || abort "router did not come up at $ROUTER"
 # prefill: wildcard --listen + --advertise_address; decode: its own address. Both register on the
 # router's internal (mTLS) port.
-start p prefill "$WORKER_BIN" $(tls prefill) --role=prefill --worker_id=prefill0 --listen="0.0.0.0:$WPORT" \
+start p prefill "$WORKER_BIN" $(tls prefill0) --role=prefill --worker_id=prefill0 --listen="0.0.0.0:$WPORT" \
   --advertise_address="${ADDR[p]}" --router="$ROUTER_INTERNAL" --metrics_listen="${ADDR[p]}:0" \
   "${MODEL[@]}" "${EXTRA[@]}"
-start d decode "$WORKER_BIN" $(tls decode) --role=decode --worker_id=decode0 --listen="$DECODE" \
+start d decode "$WORKER_BIN" $(tls decode0) --role=decode --worker_id=decode0 --listen="$DECODE" \
   --router="$ROUTER_INTERNAL" --metrics_listen="${ADDR[d]}:0" "${MODEL[@]}" "${EXTRA[@]}"
 decode_pid=$last_pid
 both_healthy() {

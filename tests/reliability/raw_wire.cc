@@ -28,10 +28,11 @@ namespace {
 
 template <typename T>
 RawMethod Method(std::string path, const T& sample = T()) {
-  // Who may call it (common/security/internal_policy.h).
+  // Who may call it (common/security/internal_policy.h); a KV reader is a decode worker with its
+  // own certificate (kvtransfer/kv_transfer_service.h: role certificates use no lease).
   std::string cert = path.starts_with("/tandem.v1.Router/")              ? ""
                      : path.starts_with("/tandem.v1.WorkerRegistry/")    ? "prefill"
-                     : path.starts_with("/tandem.v1.KvTransferService/") ? "decode"
+                     : path.starts_with("/tandem.v1.KvTransferService/") ? "decode-0"
                                                                          : "router";
   return RawMethod{std::move(path), std::make_shared<T>(), sample.SerializeAsString(),
                    std::move(cert)};
@@ -41,7 +42,11 @@ v1::GenerateRequest SampleGenerate() {
   v1::GenerateRequest r;
   r.set_request_id("raw-sample");
   for (uint32_t t = 3; t < 40; ++t) r.add_prompt_token_ids(t);
-  r.mutable_sampling()->set_max_tokens(4);
+  // One token: a truncation that still parses is served with ONE stream message. CallRaw frames
+  // every call as unary; a stream of two messages never delivers its status to such a call (the
+  // second message is never read), which ended in the call's deadline (~6% of runs, whenever a
+  // truncation fell right after the sampling field).
+  r.mutable_sampling()->set_max_tokens(1);
   r.set_cache_salt("salt");
   return r;
 }
@@ -85,6 +90,7 @@ std::vector<RawMethod> WorkerMethods() {
   v1::PrefillRequest prefill;
   *prefill.mutable_request() = SampleGenerate();
   prefill.set_remote_decode(true);
+  prefill.set_decode_worker_id("decode-0");
   v1::DecodeRequest decode;
   *decode.mutable_request() = SampleGenerate();
   decode.mutable_kv_handle()->set_worker_id("raw-p");
@@ -93,7 +99,7 @@ std::vector<RawMethod> WorkerMethods() {
   v1::AbortRequest abort;
   abort.set_request_id("raw-abort");
   v1::TransferHandshake hs;
-  hs.set_worker_id("raw-d");
+  hs.set_worker_id("decode-0");  // the caller's own id (its certificate's): else refused
   hs.set_transport("ucx");
   hs.set_worker_address(std::string(64, 'x'));
   v1::ReleaseLeaseRequest release;
@@ -103,15 +109,24 @@ std::vector<RawMethod> WorkerMethods() {
   renew.set_worker_id("raw-d");
   renew.set_lease_id(7);
   renew.set_extend_ms(1000);
-  return {Method<v1::PrefillRequest>("/tandem.v1.WorkerService/Prefill", prefill),
-          Method<v1::DecodeRequest>("/tandem.v1.WorkerService/Decode", decode),
-          Method<v1::GenerateRequest>("/tandem.v1.WorkerService/Generate", SampleGenerate()),
-          Method<v1::AbortRequest>("/tandem.v1.WorkerService/Abort", abort),
-          Method<v1::WorkerHealthRequest>("/tandem.v1.WorkerService/Health"),
-          Method<v1::WorkerStatsRequest>("/tandem.v1.WorkerService/Stats"),
-          Method<v1::TransferHandshake>("/tandem.v1.KvTransferService/Handshake", hs),
-          Method<v1::ReleaseLeaseRequest>("/tandem.v1.KvTransferService/ReleaseLease", release),
-          Method<v1::RenewLeaseRequest>("/tandem.v1.KvTransferService/RenewLease", renew)};
+  v1::AuthorizeReadRequest authorize;
+  *authorize.mutable_handle() = decode.kv_handle();
+  v1::ReassignLeaseRequest reassign;
+  reassign.set_request_id("raw-sample");
+  reassign.set_lease_id(7);
+  reassign.set_decode_worker_id("raw-d");
+  return {
+      Method<v1::PrefillRequest>("/tandem.v1.WorkerService/Prefill", prefill),
+      Method<v1::DecodeRequest>("/tandem.v1.WorkerService/Decode", decode),
+      Method<v1::GenerateRequest>("/tandem.v1.WorkerService/Generate", SampleGenerate()),
+      Method<v1::AbortRequest>("/tandem.v1.WorkerService/Abort", abort),
+      Method<v1::ReassignLeaseRequest>("/tandem.v1.WorkerService/ReassignLease", reassign),
+      Method<v1::WorkerHealthRequest>("/tandem.v1.WorkerService/Health"),
+      Method<v1::WorkerStatsRequest>("/tandem.v1.WorkerService/Stats"),
+      Method<v1::TransferHandshake>("/tandem.v1.KvTransferService/Handshake", hs),
+      Method<v1::ReleaseLeaseRequest>("/tandem.v1.KvTransferService/ReleaseLease", release),
+      Method<v1::RenewLeaseRequest>("/tandem.v1.KvTransferService/RenewLease", renew),
+      Method<v1::AuthorizeReadRequest>("/tandem.v1.KvTransferService/AuthorizeRead", authorize)};
 }
 
 grpc::Status CallRaw(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,

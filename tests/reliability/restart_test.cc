@@ -76,6 +76,7 @@ TEST(RestartTest, SamePortIsANewEpochAndStaleHandlesAreRefused) {
   v1::PrefillRequest preq;
   *preq.mutable_request() = request;
   preq.set_remote_decode(true);
+  preq.set_decode_worker_id("decode-0");  // the lease is bound to the decode worker
   v1::PrefillResponse prefilled;
   {
     grpc::ClientContext ctx;
@@ -102,7 +103,9 @@ TEST(RestartTest, SamePortIsANewEpochAndStaleHandlesAreRefused) {
   std::printf("stale handle, policy fail: %d %s\n", refused.status.error_code(),
               refused.status.error_message().c_str());
   request.set_request_id("stale-handle-2");
-  Outcome recomputed = DecodeDirect(*cluster, request, prefilled.first_token(), stale,
+  v1::KvHandle stale_2 = stale;  // a handle names its request: this one as if issued for it
+  stale_2.set_request_id("stale-handle-2");
+  Outcome recomputed = DecodeDirect(*cluster, request, prefilled.first_token(), stale_2,
                                     v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE);
   std::printf("stale handle, policy recompute: %d %s, %zu tokens\n", recomputed.status.error_code(),
               recomputed.status.error_message().c_str(), recomputed.tokens.size());
@@ -116,9 +119,9 @@ TEST(RestartTest, SamePortIsANewEpochAndStaleHandlesAreRefused) {
               std::vector<uint32_t>(reference.tokens.begin() + 1, reference.tokens.end()));
   }
 
-  // The old lease is no lease of the new process.
+  // The old lease is no lease of the new process (asked by the decode worker it was bound to).
   auto kv = v1::KvTransferService::NewStub(
-      Connect(*cluster, cluster->worker("prefill-0")->address, "decode"));
+      Connect(*cluster, cluster->worker("prefill-0")->address, "decode-0"));
   for (uint64_t epoch : {old_epoch, new_epoch}) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

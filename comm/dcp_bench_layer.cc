@@ -1,0 +1,460 @@
+#include "comm/dcp_bench_layer.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/attention/dcp_exchange.h"
+#include "kernels/attention/dcp_shard.h"
+#include "kernels/cuda/dcp_exchange_cuda.h"
+#include "kernels/cuda/paged_attention_cuda.h"
+
+namespace tandem::comm::dcp_bench {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+namespace kc = ::tandem::kernels::cuda;
+using ::tandem::kernels::AttentionBatch;
+using ::tandem::kernels::AttentionParams;
+using ::tandem::kernels::DcpExchangeLayout;
+using ::tandem::kernels::DcpLocalCount;
+using ::tandem::kernels::DcpShard;
+
+// One call's KV rotates over copies of the tables until it reads at least this much, so the
+// 50-60 MB L2 does not hold it between calls.
+constexpr int64_t kRotateBytes = int64_t{1} << 30;
+constexpr int64_t kMaxSets = 16;
+constexpr int64_t kMarginBytes = int64_t{512} << 20;  // plan workspaces, NCCL's lazy buffers
+
+// Host numbers of one config.
+struct Geometry {
+  int64_t local_max = 0;       // rank 0's tokens of a request: the most any rank holds
+  int64_t local = 0;           // this rank's tokens of a request
+  int64_t blocks_per_seq = 0;  // block-table row length (rank 0's blocks)
+  int64_t block_bytes = 0;     // K + V of one block of the one-layer pool
+  int64_t sets = 1;            // rotating copies of the batch's block tables
+  int64_t pool_blocks = 0;
+};
+
+Geometry GeometryOf(const LayerConfig& c) {
+  Geometry g;
+  g.local_max = DcpLocalCount(c.context, DcpShard{c.dcp, 0, c.block_size});
+  g.local = DcpLocalCount(c.context, DcpShard{c.dcp, c.rank, c.block_size});
+  g.blocks_per_seq = (g.local_max + c.block_size - 1) / c.block_size;
+  g.block_bytes = 2 * c.block_size * c.shape.num_kv_heads * c.shape.head_dim * 2;
+  const int64_t batch_bytes = std::max<int64_t>(1, c.batch * g.blocks_per_seq * g.block_bytes);
+  g.sets = std::clamp<int64_t>((kRotateBytes + batch_bytes - 1) / batch_bytes, 1, kMaxSets);
+  g.pool_blocks = g.sets * c.batch * g.blocks_per_seq;
+  return g;
+}
+
+// Device allocations freed at scope exit.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  absl::Status Alloc(int64_t count, T** out) {
+    void* p = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(count, 1) * sizeof(T)));
+    ptrs_.push_back(p);
+    *out = static_cast<T*>(p);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// Fills `bytes` of device memory with bf16 N(0, 1) values, never zero (a zero KV row would make
+// every score equal and hide indexing mistakes), from a fixed seed: the same on every rank.
+absl::Status FillRandomBf16(void* data, int64_t bytes) {
+  static const std::vector<uint16_t>* const chunk = [] {
+    auto* host = new std::vector<uint16_t>(int64_t{32} << 20);  // 64 MiB
+    std::mt19937 rng(42);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (uint16_t& x : *host) {
+      const float f = dist(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      x = static_cast<uint16_t>(bits >> 16);
+      if ((x & 0x7fff) == 0) x = 0x3f80;  // 1.0
+    }
+    return host;
+  }();
+  const int64_t chunk_bytes = std::min<int64_t>(bytes, chunk->size() * 2);
+  auto* base = static_cast<uint8_t*>(data);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(base, chunk->data(), chunk_bytes, cudaMemcpyHostToDevice));
+  for (int64_t off = chunk_bytes; off < bytes; off += chunk_bytes) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(base + off, base, std::min(chunk_bytes, bytes - off), cudaMemcpyDeviceToDevice));
+  }
+  return absl::OkStatus();
+}
+
+// Device state of one config on this rank.
+struct LayerState {
+  kc::DeviceKvCache cache;
+  std::vector<int32_t> host_tables;  // [sets][batch][blocks_per_seq] physical block ids
+  int32_t *tables = nullptr, *qsl = nullptr, *lens = nullptr, *local_lens = nullptr;
+  Bf16 *q = nullptr, *out = nullptr, *merged = nullptr;
+  float *lse = nullptr, *merged_lse = nullptr;
+  uint8_t *workspace = nullptr, *send = nullptr, *recv = nullptr;
+  kc::PagedAttentionPlan plan;
+  DcpExchangeLayout layout;
+};
+
+template <typename T>
+absl::Status Upload(const std::vector<T>& host, T* device) {
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status SetUp(const LayerConfig& c, const Geometry& g, int num_sms, DeviceArena& arena,
+                   LayerState& s) {
+  const ModelShape& m = c.shape;
+  s.cache.layout = {.num_blocks = g.pool_blocks,
+                    .num_layers = 1,
+                    .block_size = c.block_size,
+                    .num_kv_heads = m.num_kv_heads,
+                    .head_dim = m.head_dim};
+  RETURN_IF_ERROR(
+      arena.Alloc(g.pool_blocks * g.block_bytes, reinterpret_cast<uint8_t**>(&s.cache.data)));
+  RETURN_IF_ERROR(FillRandomBf16(s.cache.data, g.pool_blocks * g.block_bytes));
+  s.host_tables.resize(g.pool_blocks);
+  std::iota(s.host_tables.begin(), s.host_tables.end(), 0);
+  std::mt19937 rng(7);  // the same tables on every rank (the check relies on it)
+  std::shuffle(s.host_tables.begin(), s.host_tables.end(), rng);
+  std::vector<int32_t> qsl(c.batch + 1), lens(c.batch, static_cast<int32_t>(c.context));
+  std::vector<int32_t> local_lens(c.batch, static_cast<int32_t>(g.local));
+  std::iota(qsl.begin(), qsl.end(), 0);
+  s.layout = {.num_tokens = c.batch,
+              .num_heads = m.num_q_heads,
+              .head_dim = m.head_dim,
+              .dcp_size = c.dcp,
+              .elem_bytes = 2};
+  RETURN_IF_ERROR(s.layout.Validate());
+  const int64_t rows = c.batch * m.num_q_heads;
+  RETURN_IF_ERROR(arena.Alloc(s.host_tables.size(), &s.tables));
+  RETURN_IF_ERROR(arena.Alloc(c.batch + 1, &s.qsl));
+  RETURN_IF_ERROR(arena.Alloc(c.batch, &s.lens));
+  RETURN_IF_ERROR(arena.Alloc(c.batch, &s.local_lens));
+  RETURN_IF_ERROR(arena.Alloc(rows * m.head_dim, &s.q));
+  RETURN_IF_ERROR(arena.Alloc(rows * m.head_dim, &s.out));
+  RETURN_IF_ERROR(arena.Alloc(rows, &s.lse));
+  RETURN_IF_ERROR(arena.Alloc(rows * m.head_dim, &s.merged));
+  RETURN_IF_ERROR(arena.Alloc(rows, &s.merged_lse));
+  RETURN_IF_ERROR(arena.Alloc(s.layout.BufferBytes(), &s.send));
+  RETURN_IF_ERROR(arena.Alloc(s.layout.BufferBytes(), &s.recv));
+  RETURN_IF_ERROR(Upload(s.host_tables, s.tables));
+  RETURN_IF_ERROR(Upload(qsl, s.qsl));
+  RETURN_IF_ERROR(Upload(lens, s.lens));
+  RETURN_IF_ERROR(Upload(local_lens, s.local_lens));
+  // q: random values from the pool (the same on every rank, as DCP replicates q).
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(s.q, s.cache.data, rows * m.head_dim * 2, cudaMemcpyDeviceToDevice));
+  ASSIGN_OR_RETURN(s.plan, kc::PlanPagedAttention({.num_seqs = c.batch,
+                                                   .num_tokens = c.batch,
+                                                   .max_q_len = 1,
+                                                   .max_seq_len = g.local_max,
+                                                   .num_q_heads = m.num_q_heads,
+                                                   .num_kv_heads = m.num_kv_heads,
+                                                   .head_dim = m.head_dim,
+                                                   .kv_dtype = kc::KvDtype::kBf16,
+                                                   .num_sms = num_sms}));
+  if (s.plan.workspace_bytes > 0) {
+    RETURN_IF_ERROR(arena.Alloc(s.plan.workspace_bytes, &s.workspace));
+  }
+  return absl::OkStatus();
+}
+
+using Step = std::function<absl::Status(int)>;  // enqueues layer call i on the stream
+
+// Times steps on one stream: CUDA events around many calls. Waits go through the communicator
+// when there is one, so a dead or wedged peer fails the wait at its deadline instead of hanging.
+class Timer {
+ public:
+  Timer(cudaStream_t stream, DeviceCommunicator* comm, bool graphs, int iters)
+      : stream_(stream), comm_(comm), graphs_(graphs), iters_(iters) {}
+
+  // Microseconds per call of `step`, after warm-up.
+  absl::StatusOr<double> Us(const Step& step) { return graphs_ ? GraphUs(step) : EagerUs(step); }
+  absl::Status Wait() {
+    if (comm_ != nullptr) return comm_->Synchronize(stream_);
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  // Microseconds between events around what `enqueue` puts on the stream.
+  absl::StatusOr<double> Elapsed(const std::function<absl::Status()>& enqueue) {
+    cudaEvent_t start, stop;
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    absl::Status status =
+        CudaStatus(cudaEventRecord(start, stream_), {"record", __FILE__, __LINE__});
+    if (status.ok()) status = enqueue();
+    if (status.ok())
+      status = CudaStatus(cudaEventRecord(stop, stream_), {"record", __FILE__, __LINE__});
+    if (status.ok()) status = Wait();
+    float ms = 0;
+    if (status.ok()) {
+      status = CudaStatus(cudaEventElapsedTime(&ms, start, stop), {"elapsed", __FILE__, __LINE__});
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    RETURN_IF_ERROR(status);
+    return 1e3 * ms;
+  }
+
+  // Call by call, after 3 warm-up calls; includes the host's launch cost where it exceeds the
+  // device's time (and, host-staged, the staging copies).
+  absl::StatusOr<double> EagerUs(const Step& step) {
+    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(step(i));
+    RETURN_IF_ERROR(Wait());
+    ASSIGN_OR_RETURN(const double us, Elapsed([&]() -> absl::Status {
+                       for (int i = 0; i < iters_; ++i) RETURN_IF_ERROR(step(i));
+                       return absl::OkStatus();
+                     }));
+    return us / iters_;
+  }
+
+  // iters_ calls captured in one CUDA graph, as the engine runs a decode step: device time. The
+  // warm-up replay and the timed ones are enqueued back to back, so the ranks' timed replays
+  // start together (the warm-up's last collective lines them up).
+  absl::StatusOr<double> GraphUs(const Step& step) {
+    RETURN_IF_ERROR(step(0));  // eager first: NCCL connects its peers outside the capture
+    RETURN_IF_ERROR(Wait());
+    cudaGraph_t graph;
+    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status captured = absl::OkStatus();
+    for (int i = 0; i < iters_ && captured.ok(); ++i) captured = step(i);
+    CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));
+    RETURN_IF_ERROR(captured);
+    cudaGraphExec_t exec;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_RETURN_IF_ERROR(instantiated);
+    const cudaError_t warm = cudaGraphLaunch(exec, stream_);  // not waited for: see above
+    if (warm != cudaSuccess) cudaGraphExecDestroy(exec);
+    CUDA_RETURN_IF_ERROR(warm);
+    constexpr int kReplays = 3;
+    absl::StatusOr<double> us = Elapsed([&]() -> absl::Status {
+      for (int r = 0; r < kReplays; ++r) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
+      return absl::OkStatus();
+    });
+    cudaGraphExecDestroy(exec);
+    if (!us.ok()) return us.status();
+    return *us / (kReplays * iters_);
+  }
+
+  cudaStream_t stream_;
+  DeviceCommunicator* comm_;
+  bool graphs_;
+  int iters_;
+};
+
+// The layer's four parts as steps over one config's state.
+struct LayerSteps {
+  Step attention, pack, all_to_all, merge, layer;
+};
+
+LayerSteps MakeSteps(const LayerConfig& c, const Geometry& g, const LayerState& s,
+                     DeviceCommunicator* comm, cudaStream_t stream) {
+  AttentionParams params{.scale = 1.0f / std::sqrt(static_cast<float>(c.shape.head_dim))};
+  params.dcp_size = c.dcp;
+  params.dcp_rank = c.rank;
+  params.dcp_interleave = c.block_size;
+  const int64_t set_entries = c.batch * g.blocks_per_seq;
+  LayerSteps st;
+  st.attention = [&c, &g, &s, params, set_entries, stream](int i) {
+    const AttentionBatch b{.query_start_loc = s.qsl,
+                           .seq_lens = s.lens,
+                           .block_tables = s.tables + (i % g.sets) * set_entries,
+                           .num_seqs = c.batch,
+                           .max_blocks_per_seq = g.blocks_per_seq,
+                           .local_seq_lens = s.local_lens};
+    return kc::PagedAttention<Bf16>(s.q, s.cache, 0, b, params, s.plan, s.out, s.lse, s.workspace,
+                                    stream);
+  };
+  st.pack = [&s, stream](int) {
+    return kc::DcpPackForExchange<Bf16>(s.out, s.lse, s.layout, s.send, stream);
+  };
+  // The buffer mixes bf16 and fp32: moved as fp32 words (RegionBytes is a multiple of 16), so
+  // the host-staged path copies bits instead of rounding them as bf16.
+  st.all_to_all = [&s, comm, stream](int) {
+    const std::vector<int64_t> counts(s.layout.dcp_size, s.layout.RegionBytes() / 4);
+    return comm->AllToAll(s.send, counts, s.recv, counts, CommDtype::kF32, stream);
+  };
+  st.merge = [&s, stream](int) {
+    return kc::DcpMergeReceived<Bf16>(s.recv, s.layout, s.merged, s.merged_lse, stream);
+  };
+  st.layer = [st](int i) -> absl::Status {
+    RETURN_IF_ERROR(st.attention(i));
+    RETURN_IF_ERROR(st.pack(i));
+    RETURN_IF_ERROR(st.all_to_all(i));
+    return st.merge(i);
+  };
+  return st;
+}
+
+float Bf16BitsToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, 4);
+  return f;
+}
+
+absl::StatusOr<std::vector<float>> Download(const Bf16* device, int64_t count) {
+  std::vector<uint16_t> bits(count);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(bits.data(), device, count * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(count);
+  for (int64_t i = 0; i < count; ++i) out[i] = Bf16BitsToFloat(bits[i]);
+  return out;
+}
+
+// One eager layer over table set 0, then unsharded attention over the global request that the
+// ranks' identical pools and tables describe: global block b of request r is rank b % dcp's
+// local block b / dcp, i.e. physical block table0[r][b / dcp] on every rank. Returns
+// max |merged - reference| / max |reference| over this rank's heads.
+absl::StatusOr<double> Check(const LayerConfig& c, const Geometry& g, const LayerState& s,
+                             const LayerSteps& st, Timer& timer, int num_sms, DeviceArena& arena,
+                             cudaStream_t stream) {
+  RETURN_IF_ERROR(st.layer(0));
+  RETURN_IF_ERROR(timer.Wait());
+  const ModelShape& m = c.shape;
+  const int64_t global_blocks = (c.context + c.block_size - 1) / c.block_size;
+  std::vector<int32_t> global(c.batch * global_blocks);
+  for (int64_t r = 0; r < c.batch; ++r) {
+    for (int64_t b = 0; b < global_blocks; ++b) {
+      global[r * global_blocks + b] = s.host_tables[r * g.blocks_per_seq + b / c.dcp];
+    }
+  }
+  int32_t* global_tables;
+  Bf16* ref;
+  const int64_t rows = c.batch * m.num_q_heads;
+  RETURN_IF_ERROR(arena.Alloc(global.size(), &global_tables));
+  RETURN_IF_ERROR(arena.Alloc(rows * m.head_dim, &ref));
+  RETURN_IF_ERROR(Upload(global, global_tables));
+  kc::PagedAttentionPlanInput in = s.plan.input;
+  in.max_seq_len = c.context;
+  in.num_sms = num_sms;
+  ASSIGN_OR_RETURN(const kc::PagedAttentionPlan plan, kc::PlanPagedAttention(in));
+  uint8_t* workspace = nullptr;
+  if (plan.workspace_bytes > 0) RETURN_IF_ERROR(arena.Alloc(plan.workspace_bytes, &workspace));
+  const AttentionBatch b{.query_start_loc = s.qsl,
+                         .seq_lens = s.lens,
+                         .block_tables = global_tables,
+                         .num_seqs = c.batch,
+                         .max_blocks_per_seq = global_blocks};
+  const AttentionParams params{.scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim))};
+  RETURN_IF_ERROR(
+      kc::PagedAttention<Bf16>(s.q, s.cache, 0, b, params, plan, ref, nullptr, workspace, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const int64_t hpr = s.layout.HeadsPerRank(), d = m.head_dim;
+  ASSIGN_OR_RETURN(const std::vector<float> want, Download(ref, rows * d));
+  ASSIGN_OR_RETURN(const std::vector<float> got, Download(s.merged, c.batch * hpr * d));
+  double err = 0, scale = 0;
+  for (int64_t t = 0; t < c.batch; ++t) {
+    for (int64_t h = 0; h < hpr; ++h) {
+      for (int64_t i = 0; i < d; ++i) {
+        const double w = want[(t * m.num_q_heads + c.rank * hpr + h) * d + i];
+        const double x = got[(t * hpr + h) * d + i];
+        err = std::isnan(x) ? INFINITY : std::max(err, std::abs(x - w));
+        scale = std::max(scale, std::abs(w));
+      }
+    }
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+// Layers per measurement: about 20 ms of attention at ~3 TB/s, 20..500.
+int ItersFor(const LayerConfig& c) {
+  if (c.iters > 0) return c.iters;
+  const double attention_s = static_cast<double>(KvBytesPerRank(c)) / 3e12;
+  return static_cast<int>(std::clamp(20e-3 / std::max(attention_s, 1e-9), 20.0, 500.0));
+}
+
+absl::StatusOr<LayerTimes> Measure(const LayerConfig& c, const Geometry& g, const LayerState& s,
+                                   DeviceCommunicator* comm, int num_sms, DeviceArena& arena,
+                                   cudaStream_t stream) {
+  const LayerSteps st = MakeSteps(c, g, s, comm, stream);
+  Timer timer(stream, comm, c.graphs, ItersFor(c));
+  LayerTimes t;
+  t.num_splits = s.plan.num_splits;
+  ASSIGN_OR_RETURN(t.attention_us, timer.Us(st.attention));
+  if (c.dcp == 1) {
+    t.layer_us = t.attention_us;  // no exchange without context parallelism
+    return t;
+  }
+  ASSIGN_OR_RETURN(t.pack_us, timer.Us(st.pack));
+  ASSIGN_OR_RETURN(t.all_to_all_us, timer.Us(st.all_to_all));
+  ASSIGN_OR_RETURN(t.merge_us, timer.Us(st.merge));
+  ASSIGN_OR_RETURN(t.layer_us, timer.Us(st.layer));
+  if (c.check) {
+    ASSIGN_OR_RETURN(t.max_rel_err, Check(c, g, s, st, timer, num_sms, arena, stream));
+  }
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelShape> ShapeByName(const std::string& name) {
+  if (name == "llama3-8b") return ModelShape{name, 32, 8, 128, 32};
+  if (name == "llama3-70b") return ModelShape{name, 64, 8, 128, 80};
+  return absl::InvalidArgumentError(
+      absl::StrCat("--shape: unknown model shape '", name, "' (llama3-8b or llama3-70b)"));
+}
+
+int64_t KvBytesPerRank(const LayerConfig& c) {
+  return c.batch * GeometryOf(c).local_max * c.shape.num_kv_heads * c.shape.head_dim * 2 * 2;
+}
+
+int64_t DeviceBytesNeeded(const LayerConfig& c) {
+  const Geometry g = GeometryOf(c);
+  const int64_t rows = c.batch * c.shape.num_q_heads;
+  return g.pool_blocks * g.block_bytes + 6 * rows * c.shape.head_dim * 4 + kMarginBytes;
+}
+
+absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, DeviceCommunicator* comm, int num_sms) {
+  if (c.dcp < 1 || c.rank < 0 || c.rank >= c.dcp || c.batch < 1 || c.context < 1 ||
+      c.block_size < 1 || c.shape.num_q_heads % c.dcp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp_bench: bad config (batch ", c.batch, ", context ", c.context, ", dcp ",
+                     c.dcp, ", rank ", c.rank, ", ", c.shape.num_q_heads, " query heads)"));
+  }
+  if ((comm == nullptr) != (c.dcp == 1) ||
+      (comm != nullptr && (comm->size() != c.dcp || comm->rank() != c.rank))) {
+    return absl::InvalidArgumentError("dcp_bench: the communicator does not match the config");
+  }
+  if (c.graphs && comm != nullptr && !comm->graph_capturable()) {
+    return absl::InvalidArgumentError(absl::StrCat("dcp_bench: the ", std::string(comm->backend()),
+                                                   " communicator is not capturable"));
+  }
+  const Geometry g = GeometryOf(c);
+  DeviceArena arena;
+  LayerState s;
+  RETURN_IF_ERROR(SetUp(c, g, num_sms, arena, s));
+  cudaStream_t stream;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  absl::StatusOr<LayerTimes> times = Measure(c, g, s, comm, num_sms, arena, stream);
+  cudaStreamDestroy(stream);
+  return times;
+}
+
+}  // namespace tandem::comm::dcp_bench
