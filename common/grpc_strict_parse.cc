@@ -57,9 +57,11 @@ StrictParsingService::StrictParsingService(absl::string_view service_full_name,
 void StrictParsingService::Add(absl::string_view method, grpc::internal::RpcMethod::RpcType type,
                                const google::protobuf::Descriptor& request,
                                const google::protobuf::Descriptor& response,
-                               grpc::internal::MethodHandler* handler) {
+                               grpc::internal::MethodHandler* handler, bool callback) {
   paths_.push_back(absl::StrCat("/", service_name_, "/", method));
-  AddMethod(new grpc::internal::RpcServiceMethod(paths_.back().c_str(), type, handler));
+  auto* rpc = new grpc::internal::RpcServiceMethod(paths_.back().c_str(), type, handler);
+  if (callback) rpc->SetServerApiType(grpc::internal::RpcServiceMethod::ApiType::CALL_BACK);
+  AddMethod(rpc);
   registered_.emplace_back(method);
   if (!status_.ok() || descriptor_ == nullptr) return;
   const google::protobuf::MethodDescriptor* m = descriptor_->FindMethodByName(std::string(method));

@@ -20,13 +20,18 @@
 //   RETURN_IF_ERROR(strict.Complete());  // every method of the proto service, types matching
 //   builder.RegisterService(&strict);    // instead of impl (which must outlive the server)
 //
-// Only unary and server-streaming methods (all Tandem has). Thread safety: build it on one
-// thread before the server starts; afterwards gRPC calls the handlers concurrently (they keep
-// no state).
+// Only unary and server-streaming methods (all Tandem has). A server-streaming method may also
+// be a callback (reactor) method, `ServerStreamingCallback`: grpc++'s callback handler answers a
+// request that failed to parse with UNIMPLEMENTED and an empty message, so here such a request is
+// answered by a reactor that only finishes with the parse status.
+//
+// Thread safety: build it on one thread before the server starts; afterwards gRPC calls the
+// handlers concurrently (they keep no state).
 #ifndef TANDEM_COMMON_GRPC_STRICT_PARSE_H_
 #define TANDEM_COMMON_GRPC_STRICT_PARSE_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/server_callback_handlers.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/support/method_handler.h>
 
@@ -76,6 +81,52 @@ class ParsingHandler final : public grpc::internal::MethodHandler {
   const size_t max_bytes_;
 };
 
+// A server-streaming reactor that only finishes the call with `status`.
+template <class Response>
+class FinishingWriteReactor final : public grpc::ServerWriteReactor<Response> {
+ public:
+  explicit FinishingWriteReactor(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+// A callback server-streaming method's handler: parses as ParsingHandler; grpc++'s callback
+// handler (`inner_`) runs the method for a request that parsed, a FinishingWriteReactor answers
+// one that did not with the parse status.
+template <class Request, class Response>
+class CallbackStreamingParsingHandler final : public grpc::internal::MethodHandler {
+ public:
+  using GetReactor = std::function<grpc::ServerWriteReactor<Response>*(grpc::CallbackServerContext*,
+                                                                       const Request*)>;
+  CallbackStreamingParsingHandler(GetReactor get_reactor, size_t max_bytes)
+      : inner_(std::move(get_reactor)), max_bytes_(max_bytes) {}
+  void RunHandler(const HandlerParameter& param) override {
+    if (param.status.ok()) {
+      inner_.RunHandler(param);
+      return;
+    }
+    grpc::internal::CallbackServerStreamingHandler<Request, Response> failing(
+        [status = param.status](grpc::CallbackServerContext*, const Request*) {
+          return new FinishingWriteReactor<Response>(status);
+        });
+    failing.RunHandler(HandlerParameter(param.call, param.server_context, /*req=*/nullptr,
+                                        grpc::Status::OK, param.internal_data,
+                                        param.call_requester));
+  }
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status,
+                    void** /*handler_data*/) override {
+    auto* request =
+        new (grpc::g_core_codegen_interface->grpc_call_arena_alloc(call, sizeof(Request))) Request;
+    *status = ParseRequestBytes(req, max_bytes_, request);
+    if (status->ok()) return request;
+    request->~Request();
+    return nullptr;
+  }
+
+ private:
+  grpc::internal::CallbackServerStreamingHandler<Request, Response> inner_;
+  const size_t max_bytes_;
+};
+
 }  // namespace strict_parse_internal
 
 class StrictParsingService final : public grpc::Service {
@@ -111,6 +162,23 @@ class StrictParsingService final : public grpc::Service {
     return *this;
   }
 
+  // A callback (reactor) server-streaming method: `fn` returns the call's reactor.
+  template <class Service, class Request, class Response>
+  StrictParsingService& ServerStreamingCallback(absl::string_view method,
+                                                std::type_identity_t<Service>* impl,
+                                                grpc::ServerWriteReactor<Response>* (Service::*fn)(
+                                                    grpc::CallbackServerContext*, const Request*)) {
+    Add(method, grpc::internal::RpcMethod::SERVER_STREAMING, *Request::descriptor(),
+        *Response::descriptor(),
+        new strict_parse_internal::CallbackStreamingParsingHandler<Request, Response>(
+            [impl, fn](grpc::CallbackServerContext* ctx, const Request* request) {
+              return (impl->*fn)(ctx, request);
+            },
+            max_request_bytes_),
+        /*callback=*/true);
+    return *this;
+  }
+
   // OK when every method of the proto service was registered once with its request and response
   // types and streaming shape; the first mismatch otherwise (INVALID_ARGUMENT, FAILED_PRECONDITION
   // for a missing method).
@@ -119,7 +187,8 @@ class StrictParsingService final : public grpc::Service {
  private:
   void Add(absl::string_view method, grpc::internal::RpcMethod::RpcType type,
            const google::protobuf::Descriptor& request,
-           const google::protobuf::Descriptor& response, grpc::internal::MethodHandler* handler);
+           const google::protobuf::Descriptor& response, grpc::internal::MethodHandler* handler,
+           bool callback = false);
 
   const std::string service_name_;
   const google::protobuf::ServiceDescriptor* const descriptor_;

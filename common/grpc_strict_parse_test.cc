@@ -2,7 +2,8 @@
 // server-streaming methods): malformed bytes get INVALID_ARGUMENT naming the message type (gRPC's
 // own handler answers INTERNAL with an empty message, also checked), valid bytes reach the
 // implementation, oversize requests get RESOURCE_EXHAUSTED, and Complete() catches a method that
-// is missing, unknown or registered with the wrong types.
+// is missing, unknown or registered with the wrong types. The same for a callback (reactor)
+// server-streaming method, which grpc++ alone answers UNIMPLEMENTED when the bytes do not parse.
 #include "common/grpc_strict_parse.h"
 
 #include <memory>
@@ -131,6 +132,59 @@ TEST(StrictParseTest, RequestsOverTheLimitAreResourceExhausted) {
   EXPECT_EQ(
       server.Call("/tandem.v1.WorkerService/Prefill", request.SerializeAsString()).error_code(),
       grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+// Generate as a callback (reactor) method: one message with the request's id, then OK.
+class CallbackImpl {
+ public:
+  grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const tandem::v1::GenerateRequest* request) {
+    class Reactor final : public grpc::ServerWriteReactor<tandem::v1::GenerateResponse> {
+     public:
+      explicit Reactor(const std::string& id) {
+        out_.set_request_id(id);
+        StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      tandem::v1::GenerateResponse out_;
+    };
+    return new Reactor(request->request_id());
+  }
+};
+
+TEST(StrictParseTest, CallbackStreamingMethodsParseStrictlyToo) {
+  Impl impl;
+  CallbackImpl callback;
+  StrictParsingService strict(tandem::v1::WorkerService::service_full_name());
+  strict.Unary("Prefill", &impl, &S::Prefill)
+      .ServerStreaming("Decode", &impl, &S::Decode)
+      .ServerStreamingCallback("Generate", &callback, &CallbackImpl::Generate)
+      .Unary("Abort", &impl, &S::Abort)
+      .Unary("ReassignLease", &impl, &S::ReassignLease)
+      .Unary("Health", &impl, &S::Health)
+      .Unary("Stats", &impl, &S::Stats);
+  ASSERT_TRUE(strict.Complete().ok()) << strict.Complete();
+  Server server(&strict);
+  const grpc::Status bad = server.Call("/tandem.v1.WorkerService/Generate", kGarbage);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad.error_message().find("malformed request"), std::string::npos)
+      << bad.error_message();
+  EXPECT_NE(bad.error_message().find("tandem.v1.GenerateRequest"), std::string::npos);
+  // A request that parses reaches the reactor; sync methods of the same server still work.
+  auto stub = tandem::v1::WorkerService::NewStub(server.channel);
+  grpc::ClientContext ctx;
+  tandem::v1::GenerateRequest request;
+  request.set_request_id("g1");
+  auto reader = stub->Generate(&ctx, request);
+  tandem::v1::GenerateResponse out;
+  ASSERT_TRUE(reader->Read(&out));
+  EXPECT_EQ(out.request_id(), "g1");
+  EXPECT_FALSE(reader->Read(&out));
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(server.Call("/tandem.v1.WorkerService/Decode", kGarbage).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST(StrictParseTest, CompleteCatchesMissingUnknownAndMistypedMethods) {

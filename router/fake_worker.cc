@@ -56,7 +56,94 @@ FakeCompletion FakeGenerate(const v1::GenerateRequest& request, uint32_t vocab_s
   return out;
 }
 
-class FakeWorker::Service final : public v1::WorkerService::Service {
+namespace {
+
+// A stream refused before its first message: only its status.
+class RefusedStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit RefusedStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// A Decode/Generate stream: one token per `token_delay`, one write in flight. Each step (a tick
+// on the worker's executor, or gRPC's OnWriteDone) starts exactly the next one, so one runs at a
+// time and none is pending when the stream finishes; a wait is cut in 5 ms slices, each checking
+// for a cancel, an Abort or Kill() (as Pause does for Prefill).
+class FakeWorker::StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  // Streams tokens after `prev` (`count` already generated), one per message.
+  StreamReactor(FakeWorker* w, grpc::CallbackServerContext* ctx, v1::GenerateRequest request,
+                uint32_t prev, uint32_t count)
+      : w_(w), ctx_(ctx), request_(std::move(request)), prev_(prev), count_(count) {
+    {
+      absl::MutexLock lock(&w_->mu_);
+      w_->active_[request_.request_id()] = false;
+      ++w_->open_streams_;
+    }
+    due_ = absl::Now() + w_->options_.token_delay;
+    w_->executor_.Post([this] { Tick(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    } else if (finished_) {
+      Finish(grpc::Status::OK);
+    } else {
+      due_ = absl::Now() + w_->options_.token_delay;
+      Tick();
+    }
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&w_->mu_);
+      --w_->open_streams_;
+      w_->active_.erase(request_.request_id());
+    }
+    delete this;
+  }
+
+ private:
+  void Tick() {
+    if (ctx_->IsCancelled() || w_->Stopped(request_.request_id())) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled or aborted"));
+      return;
+    }
+    const absl::Time now = absl::Now();
+    if (now < due_) {
+      w_->executor_.PostAt(std::min(due_, now + absl::Milliseconds(5)), [this] { Tick(); });
+      return;
+    }
+    const FakeWorkerOptions& o = w_->options_;
+    prev_ = FakeNextToken(prev_, o.vocab_size);
+    ++count_;
+    chunk_.Clear();
+    chunk_.set_request_id(request_.request_id());
+    chunk_.add_token_ids(prev_);
+    const v1::FinishReason finish = FinishOf(prev_, count_, request_, o.eos_token_ids);
+    if (finish != v1::FINISH_REASON_UNSPECIFIED) {
+      finished_ = true;
+      chunk_.set_finish_reason(finish);
+      chunk_.mutable_usage()->set_prompt_tokens(request_.prompt_token_ids_size());
+      chunk_.mutable_usage()->set_completion_tokens(count_);
+    }
+    StartWrite(&chunk_);
+  }
+
+  FakeWorker* const w_;
+  grpc::CallbackServerContext* const ctx_;
+  const v1::GenerateRequest request_;
+  uint32_t prev_, count_;
+  absl::Time due_;
+  bool finished_ = false;
+  v1::GenerateResponse chunk_;  // the write in flight
+};
+
+class FakeWorker::Service final
+    : public v1::WorkerService::WithCallbackMethod_Decode<
+          v1::WorkerService::WithCallbackMethod_Generate<v1::WorkerService::Service>> {
  public:
   // Marks a request as running on this worker for its scope, so Abort can stop it.
   class ActiveCall {
@@ -133,8 +220,8 @@ class FakeWorker::Service final : public v1::WorkerService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
-                      grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Decode(grpc::CallbackServerContext* ctx,
+                                                         const v1::DecodeRequest* req) override {
     const FakeWorkerOptions& o = w_->options_;
     const v1::GenerateRequest& r = req->request();
     {
@@ -142,38 +229,41 @@ class FakeWorker::Service final : public v1::WorkerService::Service {
       ++w_->counters_.decode;
     }
     if (o.role == v1::WORKER_ROLE_PREFILL) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "prefill worker: no Decode");
+      return new RefusedStream(
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "prefill worker: no Decode"));
     }
     // The router must hand over P's handle untouched.
     const v1::KvHandle& h = req->kv_handle();
     if (h.num_tokens() != static_cast<uint64_t>(r.prompt_token_ids_size()) ||
         h.layout_hash() != o.kv_layout_hash || h.worker_id().empty()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("kv_handle does not match the request: ", h.num_tokens(),
-                                       " tokens from '", h.worker_id(), "'"));
+      return new RefusedStream(
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       absl::StrCat("kv_handle does not match the request: ", h.num_tokens(),
+                                    " tokens from '", h.worker_id(), "'")));
     }
     if (FinishOf(req->first_token(), 1, r, o.eos_token_ids) != v1::FINISH_REASON_UNSPECIFIED) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "the request already finished at its first token");
+      return new RefusedStream(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                            "the request already finished at its first token"));
     }
-    return Stream(ctx, r, req->first_token(), /*count=*/1, writer);
+    return new StreamReactor(w_, ctx, r, req->first_token(), /*count=*/1);
   }
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* r,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* r) override {
     const FakeWorkerOptions& o = w_->options_;
     {
       absl::MutexLock lock(&w_->mu_);
       ++w_->counters_.generate;
     }
     if (o.role != v1::WORKER_ROLE_MIXED) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not a mixed worker");
+      return new RefusedStream(
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not a mixed worker"));
     }
     if (r->prompt_token_ids().empty()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty prompt");
+      return new RefusedStream(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty prompt"));
     }
-    return Stream(ctx, *r, r->prompt_token_ids(r->prompt_token_ids_size() - 1), /*count=*/0,
-                  writer);
+    return new StreamReactor(w_, ctx, *r, r->prompt_token_ids(r->prompt_token_ids_size() - 1),
+                             /*count=*/0);
   }
 
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* req,
@@ -206,43 +296,6 @@ class FakeWorker::Service final : public v1::WorkerService::Service {
   }
 
  private:
-  // Streams tokens after `prev` (`count` already generated), one per message.
-  grpc::Status Stream(grpc::ServerContext* ctx, const v1::GenerateRequest& r, uint32_t prev,
-                      uint32_t count, grpc::ServerWriter<v1::GenerateResponse>* writer) {
-    const FakeWorkerOptions& o = w_->options_;
-    ActiveCall active(w_, r.request_id());
-    {
-      absl::MutexLock lock(&w_->mu_);
-      ++w_->open_streams_;
-    }
-    grpc::Status status = grpc::Status::OK;
-    while (true) {
-      if (!w_->Pause(ctx, r.request_id(), o.token_delay)) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled or aborted");
-        break;
-      }
-      prev = FakeNextToken(prev, o.vocab_size);
-      ++count;
-      v1::GenerateResponse chunk;
-      chunk.set_request_id(r.request_id());
-      chunk.add_token_ids(prev);
-      const v1::FinishReason finish = FinishOf(prev, count, r, o.eos_token_ids);
-      if (finish != v1::FINISH_REASON_UNSPECIFIED) {
-        chunk.set_finish_reason(finish);
-        chunk.mutable_usage()->set_prompt_tokens(r.prompt_token_ids_size());
-        chunk.mutable_usage()->set_completion_tokens(count);
-      }
-      if (!writer->Write(chunk)) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-        break;
-      }
-      if (finish != v1::FINISH_REASON_UNSPECIFIED) break;
-    }
-    absl::MutexLock lock(&w_->mu_);
-    --w_->open_streams_;
-    return status;
-  }
-
   FakeWorker* w_;
 };
 
@@ -302,16 +355,18 @@ v1::WorkerInfo FakeWorker::Info() const {
   return info;
 }
 
+bool FakeWorker::Stopped(const std::string& request_id) const {
+  if (killed_.load()) return true;
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(request_id);
+  return it != active_.end() && it->second;
+}
+
 bool FakeWorker::Pause(grpc::ServerContext* ctx, const std::string& request_id,
                        absl::Duration d) const {
   const absl::Time until = absl::Now() + d;
   while (true) {
-    if (killed_.load() || ctx->IsCancelled()) return false;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = active_.find(request_id);
-      if (it != active_.end() && it->second) return false;
-    }
+    if (ctx->IsCancelled() || Stopped(request_id)) return false;
     const absl::Duration left = until - absl::Now();
     if (left <= absl::ZeroDuration()) return true;
     absl::SleepFor(std::min(left, absl::Milliseconds(5)));

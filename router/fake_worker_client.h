@@ -1,11 +1,14 @@
-// FakeWorkerClient: a WorkerClient (worker_client.h) whose calls block until the test answers
-// them, one at a time, so orchestration can be tested at every interleaving without a network
-// (the pattern of Ray's fake_object_manager_client.h). Like the gRPC client, a call ends
-// CANCELLED as soon as it is cancelled or its caller (CallOptions::caller) goes away, and a
-// cancel wins over a reply released afterwards.
+// FakeWorkerClient: a WorkerClient (worker_client.h) whose calls complete only when the test
+// answers them, one at a time, so orchestration can be tested at every interleaving without a
+// network (the pattern of Ray's fake_object_manager_client.h). Like the gRPC client, a call ends
+// CANCELLED as soon as it is cancelled or its caller (CallOptions::caller) goes away (a thread of
+// the fake polls the callers every millisecond), and a cancel wins over a reply released
+// afterwards. Completion callbacks run on the thread that releases a reply, ends a call or asks
+// for the next message (inline inside the caller's Start/ReadNext when the answer is already
+// there), or on the polling thread, which also delivers every cancel (never inside Cancel()).
 //
 //   auto p = std::make_shared<FakeWorkerClient>();
-//   ... orchestrator thread calls p->NewPrefill(...)->Run(request) ...
+//   ... the orchestrator starts p->NewPrefill(...) ...
 //   int call = p->WaitForCall(FakeWorkerClient::kPrefill);
 //   p->ReplyPrefill(call, response);            // or an error status
 //   int stream = d->WaitForCall(FakeWorkerClient::kDecode);
@@ -19,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -43,9 +47,10 @@ class FakeWorkerClient final : public WorkerClient {
   void AbortAsync(const std::string& request_id, absl::Duration timeout,
                   std::function<void(absl::Status)> done) override;
   // Recorded and answered OK at once.
-  absl::Status ReassignLease(const v1::ReassignLeaseRequest& request, absl::Time deadline) override;
+  void ReassignLeaseAsync(const v1::ReassignLeaseRequest& request, absl::Time deadline,
+                          std::function<void(absl::Status)> done) override;
 
-  // Waits up to `timeout` for a call of `kind` that started (Run / first Read) and has not been
+  // Waits up to `timeout` for a call of `kind` that started (Start) and has not been
   // returned by an earlier WaitForCall; its handle, or -1.
   int WaitForCall(Kind kind, absl::Duration timeout = absl::Seconds(10));
   // The request a call was made with (PrefillRequest's request for kPrefill).
@@ -65,6 +70,7 @@ class FakeWorkerClient final : public WorkerClient {
   class Prefill;
   class Stream;
   std::shared_ptr<State> state_;
+  std::thread poller_;  // cancels the calls whose caller went away
 };
 
 }  // namespace tandem::router

@@ -12,14 +12,16 @@ namespace tandem::router {
 namespace {
 
 using Stub = v1::WorkerService::Stub;
+using Reactor = grpc::ClientReadReactor<v1::GenerateResponse>;
 
 // A client context with the call's deadline, inheriting the client's cancellation when the
 // caller is a gRPC request.
 std::unique_ptr<grpc::ClientContext> NewContext(const CallOptions& options) {
   const auto* grpc_caller = dynamic_cast<const GrpcCaller*>(options.caller);
   std::unique_ptr<grpc::ClientContext> ctx =
-      grpc_caller != nullptr ? grpc::ClientContext::FromServerContext(*grpc_caller->context())
-                             : std::make_unique<grpc::ClientContext>();
+      grpc_caller != nullptr
+          ? grpc::ClientContext::FromCallbackServerContext(*grpc_caller->context())
+          : std::make_unique<grpc::ClientContext>();
   if (options.deadline != absl::InfiniteFuture()) {
     ctx->set_deadline(absl::ToChronoTime(options.deadline));
   }
@@ -31,48 +33,78 @@ class GrpcPrefillCall final : public PrefillCall {
   GrpcPrefillCall(std::shared_ptr<Stub> stub, const CallOptions& options)
       : stub_(std::move(stub)), ctx_(NewContext(options)) {}
   void Cancel() override { ctx_->TryCancel(); }  // before the call starts: it starts cancelled
-  absl::StatusOr<v1::PrefillResponse> Run(const v1::PrefillRequest& request) override {
-    v1::PrefillResponse response;
-    grpc::Status s = stub_->Prefill(ctx_.get(), request, &response);
-    if (!s.ok()) return FromGrpcStatus(s);
-    return response;
+  void Start(const v1::PrefillRequest& request, DoneCallback done) override {
+    request_ = request;
+    done_ = std::move(done);
+    stub_->async()->Prefill(ctx_.get(), &request_, &response_, [this](grpc::Status s) {
+      // Moved out first: `done` may destroy this call (its owner's last step).
+      DoneCallback done = std::move(done_);
+      if (s.ok()) {
+        std::move(done)(std::move(response_));
+      } else {
+        std::move(done)(FromGrpcStatus(s));
+      }
+    });
   }
 
  private:
   const std::shared_ptr<Stub> stub_;
   const std::unique_ptr<grpc::ClientContext> ctx_;
+  v1::PrefillRequest request_;
+  v1::PrefillResponse response_;
+  DoneCallback done_;
 };
 
+void Open(Stub& stub, grpc::ClientContext* ctx, const v1::DecodeRequest* request, Reactor* r) {
+  stub.async()->Decode(ctx, request, r);
+}
+void Open(Stub& stub, grpc::ClientContext* ctx, const v1::GenerateRequest* request, Reactor* r) {
+  stub.async()->Generate(ctx, request, r);
+}
+
+// One read outstanding at a time. A hold keeps gRPC from finishing the call (OnDone) while the
+// reader has a message and has not asked for the next one; the read that ends the stream
+// (ok=false) removes it.
 template <typename Request>
-class GrpcStreamCall final : public StreamCall {
+class GrpcStreamCall final : public StreamCall, public Reactor {
  public:
-  using Open = std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> (Stub::*)(
-      grpc::ClientContext*, const Request&);
-  GrpcStreamCall(std::shared_ptr<Stub> stub, Open open, Request request, const CallOptions& options)
-      : stub_(std::move(stub)),
-        open_(open),
-        request_(std::move(request)),
-        ctx_(NewContext(options)) {}
+  GrpcStreamCall(std::shared_ptr<Stub> stub, Request request, const CallOptions& options)
+      : stub_(std::move(stub)), request_(std::move(request)), ctx_(NewContext(options)) {}
   void Cancel() override { ctx_->TryCancel(); }
-  bool Read(v1::GenerateResponse* message) override {
-    if (reader_ == nullptr) reader_ = ((*stub_).*open_)(ctx_.get(), request_);
-    return reader_->Read(message);
+  void Start(MessageCallback on_message, DoneCallback on_done) override {
+    on_message_ = std::move(on_message);
+    on_done_ = std::move(on_done);
+    Open(*stub_, ctx_.get(), &request_, this);
+    AddHold();
+    StartRead(&message_);
+    StartCall();
   }
-  absl::Status Finish() override {
-    if (reader_ == nullptr) reader_ = ((*stub_).*open_)(ctx_.get(), request_);
-    return FromGrpcStatus(reader_->Finish());
+  void ReadNext() override { StartRead(&message_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      RemoveHold();
+      return;
+    }
+    v1::GenerateResponse message = std::move(message_);
+    message_.Clear();
+    on_message_(std::move(message));
+  }
+  void OnDone(const grpc::Status& s) override {
+    DoneCallback done = std::move(on_done_);  // `done` may destroy this call
+    std::move(done)(FromGrpcStatus(s));
   }
 
  private:
   const std::shared_ptr<Stub> stub_;
-  const Open open_;
   const Request request_;
   const std::unique_ptr<grpc::ClientContext> ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;  // after ctx_: dies first
+  v1::GenerateResponse message_;
+  MessageCallback on_message_;
+  DoneCallback on_done_;
 };
 
-class GrpcWorkerClient final : public WorkerClient,
-                               public std::enable_shared_from_this<GrpcWorkerClient> {
+class GrpcWorkerClient final : public WorkerClient {
  public:
   explicit GrpcWorkerClient(std::shared_ptr<Stub> stub) : stub_(std::move(stub)) {}
 
@@ -81,44 +113,53 @@ class GrpcWorkerClient final : public WorkerClient,
   }
   std::unique_ptr<StreamCall> NewDecode(const v1::DecodeRequest& request,
                                         const CallOptions& options) override {
-    return std::make_unique<GrpcStreamCall<v1::DecodeRequest>>(stub_, &Stub::Decode, request,
-                                                               options);
+    return std::make_unique<GrpcStreamCall<v1::DecodeRequest>>(stub_, request, options);
   }
   std::unique_ptr<StreamCall> NewGenerate(const v1::GenerateRequest& request,
                                           const CallOptions& options) override {
-    return std::make_unique<GrpcStreamCall<v1::GenerateRequest>>(stub_, &Stub::Generate, request,
-                                                                 options);
+    return std::make_unique<GrpcStreamCall<v1::GenerateRequest>>(stub_, request, options);
   }
   void AbortAsync(const std::string& request_id, absl::Duration timeout,
                   std::function<void(absl::Status)> done) override {
-    // Heap state owned by the completion callback; it keeps the stub (and channel) alive.
-    struct AbortCall {
-      grpc::ClientContext ctx;
-      v1::AbortRequest request;
-      v1::AbortResponse response;
-      std::shared_ptr<Stub> stub;
-      std::function<void(absl::Status)> done;
-    };
-    auto* call = new AbortCall;
-    call->request.set_request_id(request_id);
-    call->stub = stub_;
-    call->done = std::move(done);
-    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    call->stub->async()->Abort(&call->ctx, &call->request, &call->response, [call](grpc::Status s) {
-      std::function<void(absl::Status)> finished = std::move(call->done);
-      delete call;
-      if (finished) finished(FromGrpcStatus(s));
-    });
+    v1::AbortRequest request;
+    request.set_request_id(request_id);
+    Unary<v1::AbortRequest, v1::AbortResponse>(std::move(request), absl::Now() + timeout,
+                                               &Stub::async::Abort, std::move(done));
   }
-  absl::Status ReassignLease(const v1::ReassignLeaseRequest& request,
-                             absl::Time deadline) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    v1::ReassignLeaseResponse response;
-    return FromGrpcStatus(stub_->ReassignLease(&ctx, request, &response));
+  void ReassignLeaseAsync(const v1::ReassignLeaseRequest& request, absl::Time deadline,
+                          std::function<void(absl::Status)> done) override {
+    Unary<v1::ReassignLeaseRequest, v1::ReassignLeaseResponse>(
+        request, deadline, &Stub::async::ReassignLease, std::move(done));
   }
 
  private:
+  // A unary call whose heap state is owned by its completion callback; it keeps the stub (and
+  // channel) alive until `done` has run.
+  template <typename Request, typename Response>
+  void Unary(Request request, absl::Time deadline,
+             void (Stub::async::*method)(grpc::ClientContext*, const Request*, Response*,
+                                         std::function<void(grpc::Status)>),
+             std::function<void(absl::Status)> done) {
+    struct Call {
+      grpc::ClientContext ctx;
+      Request request;
+      Response response;
+      std::shared_ptr<Stub> stub;
+      std::function<void(absl::Status)> done;
+    };
+    auto* call = new Call;
+    call->request = std::move(request);
+    call->stub = stub_;
+    call->done = std::move(done);
+    call->ctx.set_deadline(absl::ToChronoTime(deadline));
+    (call->stub->async()->*method)(
+        &call->ctx, &call->request, &call->response, [call](grpc::Status s) {
+          std::function<void(absl::Status)> finished = std::move(call->done);
+          delete call;
+          if (finished) finished(FromGrpcStatus(s));
+        });
+  }
+
   const std::shared_ptr<Stub> stub_;
 };
 

@@ -3,7 +3,8 @@
 // router's gRPC service. Only this file and router_service.cc see gRPC types in the router.
 //
 // Worker calls made for a GrpcCaller inherit its cancellation (ClientContext::
-// FromServerContext): a client that goes away cancels them at once.
+// FromCallbackServerContext): a client that goes away cancels them at once. Calls use gRPC's
+// callback API (`stub->async()`): completions run on gRPC's own threads, none is held per call.
 //
 // Thread safety: as worker_client.h.
 #ifndef TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
@@ -19,15 +20,16 @@
 
 namespace tandem::router {
 
+// A client request served by the router's (callback) gRPC service.
 class GrpcCaller final : public CallerContext {
  public:
-  explicit GrpcCaller(const grpc::ServerContext* context) : context_(context) {}
+  explicit GrpcCaller(const grpc::CallbackServerContext* context) : context_(context) {}
   bool Cancelled() const override { return context_->IsCancelled(); }
   absl::Time deadline() const override { return absl::FromChrono(context_->deadline()); }
-  const grpc::ServerContext* context() const { return context_; }
+  const grpc::CallbackServerContext* context() const { return context_; }
 
  private:
-  const grpc::ServerContext* context_;
+  const grpc::CallbackServerContext* context_;
 };
 
 // A client with its own channel to `address` (message size limits of proto/tandem/v1/limits.h,

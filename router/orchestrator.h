@@ -1,4 +1,4 @@
-// Orchestrator: serves one admitted request end to end (ARCHITECTURE.md, "The P->D handoff").
+// Orchestrator: serves admitted requests end to end (ARCHITECTURE.md, "The P->D handoff").
 //
 //   route     registry snapshot -> ChooseRoute (P by cached prefix then load, D by free blocks
 //             then load; a mixed worker when no P/D pair exists)
@@ -9,16 +9,24 @@
 // The client's last message carries finish_reason and usage counted by the router (prompt and
 // completion tokens; cached prompt tokens as the prefill/mixed worker reported them).
 //
+// Asynchronous: Start() returns at once. Each request is a state machine (GenerateFlow,
+// generate_flow.h) advanced by its worker calls' completion callbacks, one step at a time on the
+// request's strand (executor.h): on the completion's own thread (gRPC's callback threads) when the
+// strand is idle, else on a fixed pool of `threads`. A request waiting for a worker holds no
+// thread, so the router's thread count does not grow with the requests in flight.
+//
 // Failures, never hangs: every worker call has the request deadline and inherits the client's
 // cancellation. A worker that is unreachable or breaks its stream (UNAVAILABLE, CANCELLED that we
 // did not cause, UNKNOWN) is marked unhealthy and the client gets UNAVAILABLE; when nothing was
 // produced yet by that worker (no token from this phase), the phase is retried on another worker
-// (up to max_attempts). Client cancel, Router.Abort and deadline send Abort to P and D (async,
-// best effort). Router.Abort ends the stream with FINISH_REASON_ABORTED and OK status. Worker
-// errors that are about the request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...) pass through with
-// the worker named.
+// (up to max_attempts; a decode worker is replaced after P was asked to move the KV lease to
+// the new one, WorkerService.ReassignLease). Client cancel, Router.Abort and deadline send Abort
+// to P and D (async, best effort). Router.Abort ends the stream with FINISH_REASON_ABORTED and OK
+// status. Worker errors that are about the request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)
+// pass through with the worker named.
 //
-// Thread safety: Generate() may run concurrently from many threads; one call per request.
+// Thread safety: Start() from any thread, concurrently. A request's sink is called on the threads
+// that run its steps (above), one call at a time.
 #ifndef TANDEM_ROUTER_ORCHESTRATOR_H_
 #define TANDEM_ROUTER_ORCHESTRATOR_H_
 
@@ -27,9 +35,11 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "router/executor.h"
 #include "router/request_table.h"
 #include "router/worker_client.h"
 #include "router/worker_registry.h"
@@ -42,7 +52,7 @@ class RouterMetrics;
 
 struct OrchestratorOptions {
   absl::Duration request_timeout = absl::Minutes(10);
-  // Deadline of the best-effort Abort calls sent to workers.
+  // Deadline of the best-effort Abort (and ReassignLease) calls sent to workers.
   absl::Duration abort_timeout = absl::Seconds(2);
   uint32_t lease_ms = 0;  // PrefillRequest.lease_ms; 0 = the worker's default
   v1::KvLoadFailurePolicy on_kv_failure = v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE;
@@ -52,34 +62,49 @@ struct OrchestratorOptions {
   RouterMetrics* metrics = nullptr;
   // Writes each finished request's RequestTrace as one JSON line to stderr (--log_format=json).
   bool log_trace_json = false;
+  // Threads running the requests' steps that do not run on a completion's own thread (their
+  // start, timed steps, steps queued behind a busy strand), with their sink's work (the HTTP API
+  // detokenizes and formats SSE there). Fixed: the requests in flight do not add any.
+  int threads = 2;
 };
 
-// Where a request's chunks go. Send returns false when the client is gone.
+// Where a request's chunks and its end go. Called on the threads that run the request's steps,
+// one call at a time per request; must not block (it would hold one of the few threads that run
+// every request).
 class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
+  // Queues `chunk` for the client; false when the client is gone (the request then ends
+  // CANCELLED and is aborted on its workers).
   virtual bool Send(const v1::GenerateResponse& chunk) = 0;
+  // The request's final status for the client (OK after a finish). Runs once, last: every worker
+  // call of the request has ended and its admission (slot and id) is released.
+  virtual void Finish(const absl::Status& status) = 0;
 };
 
 class Orchestrator {
  public:
   Orchestrator(WorkerRegistry* registry, OrchestratorOptions options);
-  // Waits (bounded by abort_timeout) for outstanding Abort calls.
+  // Cancels the requests still running (UNAVAILABLE), waits for them to end, then waits
+  // (bounded by abort_timeout) for outstanding Abort calls.
   ~Orchestrator();
 
   Orchestrator(const Orchestrator&) = delete;
   Orchestrator& operator=(const Orchestrator&) = delete;
 
-  // Serves `request` (already shape-validated; request_id final). `client` may be null (no
-  // client cancellation to inherit). Returns the status for the client; OK after a finish.
-  absl::Status Generate(const v1::GenerateRequest& request, InFlightRequest& flight,
-                        const CallerContext* client, ResponseSink& sink);
+  // Starts serving `request` (already shape-validated; request_id = the admission's id on the
+  // workers) and returns at once. The orchestrator keeps `admission` until the request ends
+  // and `sink` until sink->Finish returned. `client` may be null (no client cancellation to
+  // inherit); else it must stay valid until sink->Finish was called.
+  void Start(v1::GenerateRequest request, Admission admission, const CallerContext* client,
+             std::shared_ptr<ResponseSink> sink);
 
   // Best effort, returns at once: Abort(request_id) on `worker` with abort_timeout.
   void SendAbort(const WorkerRef& worker, const std::string& request_id);
 
   const OrchestratorOptions& options() const { return options_; }
   WorkerRegistry& registry() const { return *registry_; }
+  Executor& executor() { return executor_; }
 
  private:
   // Abort calls in flight; shared with their callbacks so a late one never outlives it.
@@ -91,6 +116,11 @@ class Orchestrator {
   WorkerRegistry* const registry_;
   const OrchestratorOptions options_;
   const std::shared_ptr<PendingAborts> aborts_;
+  absl::Mutex mu_;
+  // The requests running now, by a key of their own (cancelled by the destructor).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<InFlightRequest>> running_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 0;
+  Executor executor_;  // last: its threads stop before anything above is destroyed
 };
 
 }  // namespace tandem::router

@@ -1,17 +1,19 @@
 // The orchestrator over FakeWorkerClients, no network: the test releases each worker reply
 // itself, so the interleavings that are races over gRPC (a reply held while the client
-// cancels, a reply released after the worker was declared dead) happen exactly. Over real gRPC
-// servers: router_fault_test, router_stream_test.
+// cancels, a reply released after the worker was declared dead) happen exactly. Requests run
+// asynchronously on the orchestrator's own threads; the sink records their chunks and end. Over
+// real gRPC servers: router_fault_test, router_stream_test.
 #include "router/orchestrator.h"
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -23,10 +25,26 @@ namespace {
 
 class TestCaller final : public CallerContext {
  public:
-  bool Cancelled() const override { return cancelled; }
+  bool Cancelled() const override {
+    if (cancelled) return true;
+    // Armed: says so only from its third question on, as a server context that learns of the
+    // client's cancel a moment after the worker call it cut.
+    return armed && asked.fetch_add(1) >= 2;
+  }
   absl::Time deadline() const override { return absl::InfiniteFuture(); }
   std::atomic<bool> cancelled{false};
+  std::atomic<bool> armed{false};
+  mutable std::atomic<int> asked{0};
 };
+
+int64_t ProcessThreads() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
 
 class CollectingSink final : public ResponseSink {
  public:
@@ -34,6 +52,23 @@ class CollectingSink final : public ResponseSink {
     absl::MutexLock lock(&mu_);
     chunks_.push_back(chunk);
     return true;
+  }
+  void Finish(const absl::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = status;
+    }
+    done_.Notify();
+  }
+  // The request's final status; fails the test when it did not end in time.
+  absl::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(20))) << "request hung";
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  v1::GenerateResponse last() {
+    absl::MutexLock lock(&mu_);
+    return chunks_.empty() ? v1::GenerateResponse() : chunks_.back();
   }
   std::vector<uint32_t> tokens() {
     absl::MutexLock lock(&mu_);
@@ -45,6 +80,8 @@ class CollectingSink final : public ResponseSink {
  private:
   absl::Mutex mu_;
   std::vector<v1::GenerateResponse> chunks_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;
 };
 
 v1::WorkerInfo Info(const std::string& id, v1::WorkerRole role) {
@@ -62,7 +99,7 @@ v1::WorkerInfo Info(const std::string& id, v1::WorkerRole role) {
 }
 
 // A registry whose workers are FakeWorkerClients (one per address), an orchestrator over it,
-// and one request running on its own thread.
+// and one request running on it.
 struct Harness {
   Harness()
       : registry(
@@ -73,36 +110,26 @@ struct Harness {
               if (client == nullptr) client = std::make_shared<FakeWorkerClient>();
               return client;
             }),
-        requests(16),
+        requests(512),
         orchestrator(&registry, OrchestratorOptions()) {
     EXPECT_TRUE(registry.Register(Info("p0", v1::WORKER_ROLE_PREFILL)).ok());
     EXPECT_TRUE(registry.Register(Info("d0", v1::WORKER_ROLE_DECODE)).ok());
-  }
-  ~Harness() {
-    if (thread.joinable()) thread.join();
   }
   FakeWorkerClient& client(const std::string& worker) {
     absl::MutexLock lock(&mu);
     return *clients.at(worker + ":1");
   }
-  void Start(const std::string& id, uint32_t max_tokens) {
+  void Start(const std::string& id, uint32_t max_tokens,
+             std::shared_ptr<CollectingSink> into = nullptr) {
     v1::GenerateRequest request;
     request.set_request_id(id);
     for (uint32_t t : {5u, 6u, 7u}) request.add_prompt_token_ids(t);
     request.mutable_sampling()->set_max_tokens(max_tokens);
     absl::StatusOr<Admission> admitted = requests.Admit(id);
     ASSERT_TRUE(admitted.ok());
-    admission = std::make_unique<Admission>(*std::move(admitted));
-    thread = std::thread([this, request] {
-      result = orchestrator.Generate(request, admission->request(), &caller, sink);
-      done.Notify();
-    });
+    orchestrator.Start(request, *std::move(admitted), &caller, into != nullptr ? into : sink);
   }
-  absl::Status Result() {
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << "request hung";
-    thread.join();
-    return result;
-  }
+  absl::Status Result() { return sink->Wait(); }
   bool Healthy(const std::string& id) {
     const v1::ListWorkersResponse list = registry.List();
     for (const auto& w : list.workers()) {
@@ -114,15 +141,11 @@ struct Harness {
   absl::Mutex mu;
   absl::flat_hash_map<std::string, std::shared_ptr<FakeWorkerClient>> clients ABSL_GUARDED_BY(mu);
   ManualClock clock;
+  TestCaller caller;  // outlives the orchestrator (and every request it runs)
+  std::shared_ptr<CollectingSink> sink = std::make_shared<CollectingSink>();
   WorkerRegistry registry;
   RequestTable requests;
   Orchestrator orchestrator;
-  TestCaller caller;
-  CollectingSink sink;
-  std::unique_ptr<Admission> admission;
-  std::thread thread;
-  absl::Notification done;
-  absl::Status result;
 };
 
 v1::PrefillResponse Prefilled(const std::string& id, uint32_t first) {
@@ -145,15 +168,15 @@ TEST(OrchestratorTest, DecodeReplyHeldWhileTheClientCancels) {
   v1::GenerateResponse second;
   second.add_token_ids(12);
   h.client("d0").Push(decode, second);
-  for (int i = 0; i < 10000 && h.sink.tokens().size() < 2; ++i)
+  for (int i = 0; i < 10000 && h.sink->tokens().size() < 2; ++i)
     absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(h.sink.tokens().size(), 2u) << "the second token reached the client";
+  ASSERT_EQ(h.sink->tokens().size(), 2u) << "the second token reached the client";
   // D holds its next reply; the client goes away meanwhile.
   h.caller.cancelled = true;
   const absl::Status s = h.Result();
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
   EXPECT_TRUE(h.client("d0").cancelled(decode));
-  EXPECT_EQ(h.sink.tokens(), (std::vector<uint32_t>{11, 12}));
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12}));
   // Both workers are told to drop the request (P's lease, D's stream); neither is blamed.
   EXPECT_EQ(h.client("d0").aborts(), std::vector<std::string>{"r1"});
   EXPECT_EQ(h.client("p0").aborts(), std::vector<std::string>{"r1"});
@@ -181,7 +204,7 @@ TEST(OrchestratorTest, PrefillReplyReleasedAfterTheWorkerIsMarkedDead) {
   const absl::Status s = h.Result();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("p0"), std::string::npos) << s;
-  EXPECT_TRUE(h.sink.tokens().empty()) << "no token from a worker declared dead";
+  EXPECT_TRUE(h.sink->tokens().empty()) << "no token from a worker declared dead";
   EXPECT_EQ(h.client("d0").WaitForCall(FakeWorkerClient::kDecode, absl::Milliseconds(50)), -1);
   EXPECT_EQ(h.client("p0").aborts(), std::vector<std::string>{"r2"});  // its lease, if any
 }
@@ -236,7 +259,81 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   h.client("d1").End(decode, absl::OkStatus());
   const absl::Status s = h.Result();
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(h.sink.tokens(), (std::vector<uint32_t>{11, 12, 13}));
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
+}
+
+// The point of the asynchronous orchestrator: requests waiting for their workers are state
+// machines, not threads. 200 prefills held open at once on an orchestrator of 2 threads add no
+// thread to the process; released, every request finishes.
+TEST(OrchestratorTest, RequestsWaitingForWorkersHoldNoThread) {
+  Harness h;
+  constexpr int kRequests = 200;
+  const int64_t threads_before = ProcessThreads();
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < kRequests; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    h.Start(absl::StrCat("many-", i), 1, sinks.back());
+  }
+  std::vector<int> calls;
+  for (int i = 0; i < kRequests; ++i) {
+    calls.push_back(h.client("p0").WaitForCall(FakeWorkerClient::kPrefill));
+    ASSERT_GE(calls.back(), 0) << "request " << i << " did not reach its prefill";
+  }
+  EXPECT_EQ(h.orchestrator.executor().threads(), 2);
+  EXPECT_LE(ProcessThreads(), threads_before) << "a thread per request in flight";
+  EXPECT_EQ(h.requests.size(), static_cast<size_t>(kRequests));
+  for (int call : calls) {
+    v1::PrefillResponse done = Prefilled(h.client("p0").request(call).request_id(), 11);
+    done.set_finish_reason(v1::FINISH_REASON_LENGTH);  // max_tokens 1: the first token ends it
+    h.client("p0").ReplyPrefill(call, done);
+  }
+  for (auto& sink : sinks) {
+    const absl::Status s = sink->Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(sink->tokens(), std::vector<uint32_t>{11});
+  }
+  EXPECT_EQ(h.requests.size(), 0u) << "every admission released before its end was reported";
+}
+
+// Router.Abort while P holds the request: the stream ends FINISH_REASON_ABORTED with OK, and P
+// (the only worker that saw it) is told to drop it.
+TEST(OrchestratorTest, RouterAbortDuringPrefillEndsTheStreamAborted) {
+  Harness h;
+  h.Start("r5", 50);
+  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(prefill, 0);
+  EXPECT_TRUE(h.requests.Cancel("r5", absl::AbortedError("request r5 aborted")));
+  const absl::Status s = h.Result();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(h.client("p0").cancelled(prefill));
+  EXPECT_EQ(h.sink->last().finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_EQ(h.client("p0").aborts(), std::vector<std::string>{"r5"});
+  EXPECT_TRUE(h.client("d0").aborts().empty());
+  EXPECT_TRUE(h.Healthy("p0"));
+}
+
+// A worker stream that ends CANCELLED although nobody cancelled it (a worker shutting down its
+// streams) is the worker's fault; one the client cut is not, even when the client's cancel shows
+// only a moment later (the orchestrator looks again on a timer, without a thread sleeping).
+TEST(OrchestratorTest, CancelledStreamsAreTheWorkersFaultUnlessTheClientCancelled) {
+  for (const bool client_cancelled : {false, true}) {
+    SCOPED_TRACE(client_cancelled ? "the client cancelled" : "nobody cancelled");
+    Harness h;
+    h.Start("r6", 50);
+    const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+    ASSERT_GE(prefill, 0);
+    h.client("p0").ReplyPrefill(prefill, Prefilled("r6", 11));
+    const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+    ASSERT_GE(decode, 0);
+    h.caller.armed = client_cancelled;
+    h.client("d0").End(decode, absl::CancelledError("stream cancelled"));
+    const absl::Status s = h.Result();
+    EXPECT_EQ(s.code(),
+              client_cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kUnavailable)
+        << s;
+    EXPECT_EQ(h.Healthy("d0"), client_cancelled);
+    EXPECT_EQ(h.client("d0").aborts(), std::vector<std::string>{"r6"});
+  }
 }
 
 }  // namespace

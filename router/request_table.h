@@ -83,6 +83,8 @@ class Admission {
   ~Admission();
 
   InFlightRequest& request() const { return *request_; }
+  // The same request, for holders that may outlive this admission (cancel hooks).
+  const std::shared_ptr<InFlightRequest>& shared_request() const { return request_; }
 
  private:
   RequestTable* table_;

@@ -64,8 +64,11 @@ ABSL_FLAG(std::string, served_model_name, "", "the API's model name (default: --
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of GET /metrics (Prometheus: latencies, outcomes, workers) and /health");
 ABSL_FLAG(std::string, http_port_file, "", "write the HTTP API's bound host:port here");
-ABSL_FLAG(int32_t, http_max_running, 64, "HTTP requests generating at once (threads)");
-ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests queued behind them; more -> 429");
+ABSL_FLAG(int32_t, http_max_running, 1024,
+          "HTTP requests generating at once (no thread each; also bounded by --max_queue)");
+ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests waiting behind them; more -> 429");
+ABSL_FLAG(int32_t, orchestrator_threads, 2,
+          "threads running every request's steps (fixed: requests in flight add none)");
 ABSL_FLAG(int32_t, http_max_n, 4, "largest 'n' (choices per request) the HTTP API accepts");
 
 namespace tandem::router {
@@ -114,6 +117,10 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--log_format must be text or json");
   }
   o.orchestrator.log_trace_json = log_format == "json";
+  o.orchestrator.threads = absl::GetFlag(FLAGS_orchestrator_threads);
+  if (o.orchestrator.threads < 1) {
+    return absl::InvalidArgumentError("--orchestrator_threads must be >= 1");
+  }
   return o;
 }
 

@@ -90,7 +90,7 @@ RouterServer::RouterServer(const RouterOptions& options)
 absl::Status RouterServer::StartServers() {
   const bool single_port = options_.internal_listen.empty();
   ASSIGN_OR_RETURN(strict_router_, StrictRouterService(&router_service_));
-  ASSIGN_OR_RETURN(strict_admin_, StrictRouterService(&admin_service_));
+  ASSIGN_OR_RETURN(strict_admin_, StrictAdminService(&admin_service_));
   ASSIGN_OR_RETURN(strict_registry_, StrictRegistryService(&registry_service_));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(

@@ -1,7 +1,10 @@
 #include "router/router_service.h"
 
+#include <deque>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -15,13 +18,103 @@
 namespace tandem::router {
 namespace {
 
-class WriterSink final : public ResponseSink {
+using GenerateReactor = grpc::ServerWriteReactor<v1::GenerateResponse>;
+
+// A Generate call answered before any chunk (refused): only its status.
+class RefusedStream final : public GenerateReactor {
  public:
-  explicit WriterSink(grpc::ServerWriter<v1::GenerateResponse>* writer) : writer_(writer) {}
-  bool Send(const v1::GenerateResponse& chunk) override { return writer_->Write(chunk); }
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+// One admitted Generate call: the Orchestrator's sink on one side, gRPC's write reactor on the
+// other. Chunks queue while a write is in flight (one at a time, as gRPC requires); the status
+// goes after the last of them. gRPC ops are started outside mu_ by whoever holds the write turn.
+// Owned by itself until gRPC's OnDone and by the Orchestrator until it finished the request.
+class GenerateStream final : public GenerateReactor, public ResponseSink {
+ public:
+  static GenerateReactor* Start(grpc::CallbackServerContext* ctx, Orchestrator* orchestrator,
+                                v1::GenerateRequest request, Admission admission) {
+    std::shared_ptr<GenerateStream> stream(new GenerateStream(ctx, admission.shared_request()));
+    stream->self_ = stream;
+    orchestrator->Start(std::move(request), std::move(admission), &stream->caller_, stream);
+    return stream.get();
+  }
+
+  bool Send(const v1::GenerateResponse& chunk) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (gone_) return false;
+      queue_.push_back(chunk);
+    }
+    Pump();
+    return true;
+  }
+  void Finish(const absl::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = ToGrpcStatus(status);
+    }
+    Pump();
+  }
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {  // the client is gone: nothing more will be written
+        gone_ = true;
+        queue_.clear();
+      }
+    }
+    Pump();
+  }
+  // The client cancelled, its deadline passed, or the server is shutting down (which also
+  // cancels its requests with UNAVAILABLE; the first reason wins).
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      gone_ = true;
+    }
+    request_->Cancel(absl::Now() >= caller_.deadline()
+                         ? absl::DeadlineExceededError("the client's deadline passed")
+                         : absl::CancelledError("the client cancelled the request"));
+  }
+  void OnDone() override { self_.reset(); }
 
  private:
-  grpc::ServerWriter<v1::GenerateResponse>* writer_;
+  GenerateStream(grpc::CallbackServerContext* ctx, std::shared_ptr<InFlightRequest> request)
+      : caller_(ctx), request_(std::move(request)) {}
+
+  // Starts the next write, or the finish once every queued chunk was written.
+  void Pump() {
+    bool write = false;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = write = true;
+      } else if (status_.has_value()) {
+        finished_ = true;
+        finish = *status_;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish.has_value()) GenerateReactor::Finish(*std::move(finish));
+  }
+
+  const GrpcCaller caller_;
+  const std::shared_ptr<InFlightRequest> request_;
+  std::shared_ptr<GenerateStream> self_;  // until OnDone
+  absl::Mutex mu_;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse current_;  // the write in flight (owned by the write turn)
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
 };
 
 // The role a worker's certificate must name to register as `role`.
@@ -40,7 +133,8 @@ std::optional<security::Role> CertRoleFor(v1::WorkerRole role) {
 
 }  // namespace
 
-absl::StatusOr<PublicCaller> RouterServiceImpl::Authenticate(const grpc::ServerContext& ctx) const {
+absl::StatusOr<PublicCaller> RouterServiceImpl::Authenticate(
+    const grpc::ServerContextBase& ctx) const {
   PublicCaller caller;
   if (!security_->api_keys.empty()) {
     absl::StatusOr<security::ApiKeyIdentity> key = security::ApiKeyOf(ctx, security_->api_keys);
@@ -62,22 +156,19 @@ absl::StatusOr<PublicCaller> RouterServiceImpl::Authenticate(const grpc::ServerC
   return caller;
 }
 
-grpc::Status RouterServiceImpl::Generate(grpc::ServerContext* ctx,
-                                         const v1::GenerateRequest* request,
-                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+GenerateReactor* RouterServiceImpl::StartGenerate(grpc::CallbackServerContext* ctx,
+                                                  const v1::GenerateRequest* request) {
   absl::StatusOr<PublicCaller> who = Authenticate(*ctx);
-  if (!who.ok()) return ToGrpcStatus(who.status());
+  if (!who.ok()) return new RefusedStream(who.status());
   if (draining_.load()) {
-    return ToGrpcStatus(absl::UnavailableError("the router is shutting down"));
+    return new RefusedStream(absl::UnavailableError("the router is shutting down"));
   }
-  if (absl::Status s = ValidateRequestShape(*request); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = ValidateRequestShape(*request); !s.ok()) return new RefusedStream(s);
   absl::StatusOr<Admission> admission = requests_->Admit(request->request_id(), who->owner);
-  if (!admission.ok()) return ToGrpcStatus(admission.status());
+  if (!admission.ok()) return new RefusedStream(admission.status());
   v1::GenerateRequest routed = *request;
   routed.set_request_id(admission->request().id());
-  WriterSink sink(writer);
-  GrpcCaller caller(ctx);
-  return ToGrpcStatus(orchestrator_->Generate(routed, admission->request(), &caller, sink));
+  return GenerateStream::Start(ctx, orchestrator_, std::move(routed), *std::move(admission));
 }
 
 grpc::Status RouterServiceImpl::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* request,
@@ -185,7 +276,20 @@ grpc::Status WorkerRegistryServiceImpl::Heartbeat(grpc::ServerContext* ctx,
 }
 
 absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRouterService(
-    v1::Router::Service* service) {
+    RouterServiceImpl* service) {
+  using S = v1::Router::Service;
+  auto strict = std::make_unique<StrictParsingService>(v1::Router::service_full_name(),
+                                                       v1::kMaxGrpcMessageBytes);
+  strict->ServerStreamingCallback("Generate", service, &RouterServiceImpl::StartGenerate)
+      .Unary("Abort", service, &S::Abort)
+      .Unary("ListWorkers", service, &S::ListWorkers)
+      .Unary("Health", service, &S::Health);
+  if (absl::Status s = strict->Complete(); !s.ok()) return s;
+  return strict;
+}
+
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictAdminService(
+    AdminServiceImpl* service) {
   using S = v1::Router::Service;
   auto strict = std::make_unique<StrictParsingService>(v1::Router::service_full_name(),
                                                        v1::kMaxGrpcMessageBytes);

@@ -3,8 +3,13 @@
 // (RequestTable, Orchestrator, WorkerRegistry); grpc::Status appears nowhere else.
 //
 // Router.Generate: shape validation (INVALID_ARGUMENT) -> admission (RESOURCE_EXHAUSTED,
-// ALREADY_EXISTS) -> Orchestrator::Generate. Router.Health is SERVING while some route exists
+// ALREADY_EXISTS) -> Orchestrator::Start. Router.Health is SERVING while some route exists
 // (a healthy P/D pair or mixed worker), NOT_SERVING when none does, DRAINING during shutdown.
+//
+// Generate is a callback (reactor) method: the stream is a ServerWriteReactor fed by the
+// asynchronous Orchestrator, one write in flight at a time (chunks queue behind it), and the
+// client's cancel (OnCancel) cancels the request. An open stream holds no thread. The unary
+// methods stay synchronous (they return at once).
 //
 // Authentication (public port): with API keys configured every call needs a valid
 // `authorization: Bearer` key (UNAUTHENTICATED otherwise); the key's name owns the request ids
@@ -56,8 +61,9 @@ class RouterServiceImpl final : public v1::Router::Service {
   // After this, Generate answers UNAVAILABLE and Health DRAINING.
   void StartDraining() { draining_.store(true); }
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  // Router.Generate's reactor (registered by StrictRouterService as a callback method).
+  grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(grpc::CallbackServerContext* ctx,
+                                                                const v1::GenerateRequest* request);
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* request,
@@ -67,7 +73,7 @@ class RouterServiceImpl final : public v1::Router::Service {
 
  private:
   // UNAUTHENTICATED (generic) when keys are configured and the call has no valid one.
-  absl::StatusOr<PublicCaller> Authenticate(const grpc::ServerContext& ctx) const;
+  absl::StatusOr<PublicCaller> Authenticate(const grpc::ServerContextBase& ctx) const;
 
   WorkerRegistry* const registry_;
   RequestTable* const requests_;
@@ -112,9 +118,12 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
 
 // The services above behind strict request parsing (common/grpc_strict_parse.h): request bytes
 // that do not parse are INVALID_ARGUMENT. Register the result instead of `service` (which must
-// outlive it); an error when the list below misses a method of the proto service.
+// outlive it); an error when the list below misses a method of the proto service. The public
+// service's Generate is the callback method StartGenerate; the admin service's Generate is the
+// base class's (UNIMPLEMENTED).
 absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRouterService(
-    v1::Router::Service* service);
+    RouterServiceImpl* service);
+absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictAdminService(AdminServiceImpl* service);
 absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRegistryService(
     v1::WorkerRegistry::Service* service);
 

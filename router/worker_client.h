@@ -5,11 +5,20 @@
 // (WorkerRegistry's ClientFactory) and hands it to calls by shared_ptr, so a client outlives
 // every call that holds it, even when its worker re-registers meanwhile.
 //
+// Every call is asynchronous: it starts and returns at once, and its completion callbacks run
+// later (gRPC's callback threads; in the fake, the thread that releases the reply). A callback
+// may also run inline inside Start() or ReadNext(), so a caller must not hold a lock there that
+// its callbacks take; never inside Cancel(), which InFlightRequest calls under its lock.
+// Callbacks must not block: the Orchestrator's continue the request on its strand (executor.h),
+// on the callback's own thread when the strand is idle.
+//
 // Calls: New*() prepares a call without starting it, so the caller can register it for
 // cancellation first (InFlightRequest::AddCall); Cancel() may come from any thread, before or
-// during the call, and makes it end CANCELLED. A call is driven by one thread.
+// during the call, and makes it end CANCELLED. A call object must outlive its final callback
+// (a prefill's `done`, a stream's `on_done`).
 //
-// Thread safety: clients are thread-safe; a call object is used by one thread plus Cancel().
+// Thread safety: clients are thread-safe; a call's Start/ReadNext come from one caller at a time,
+// Cancel from any thread.
 #ifndef TANDEM_ROUTER_WORKER_CLIENT_H_
 #define TANDEM_ROUTER_WORKER_CLIENT_H_
 
@@ -17,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -38,7 +48,8 @@ class CallerContext {
 
 struct CallOptions {
   absl::Time deadline = absl::InfiniteFuture();
-  const CallerContext* caller = nullptr;  // may be null: nothing to inherit
+  // May be null: nothing to inherit. Must outlive the call.
+  const CallerContext* caller = nullptr;
 };
 
 class WorkerCall {
@@ -49,18 +60,24 @@ class WorkerCall {
 
 class PrefillCall : public WorkerCall {
  public:
-  // Runs the call (once). Worker errors come back with their code (UNAVAILABLE when the worker
-  // is unreachable, DEADLINE_EXCEEDED, CANCELLED, ...).
-  virtual absl::StatusOr<v1::PrefillResponse> Run(const v1::PrefillRequest& request) = 0;
+  using DoneCallback = absl::AnyInvocable<void(absl::StatusOr<v1::PrefillResponse>) &&>;
+  // Starts the call (once); `done` runs once with the reply or the error (UNAVAILABLE when the
+  // worker is unreachable, DEADLINE_EXCEEDED, CANCELLED, ...).
+  virtual void Start(const v1::PrefillRequest& request, DoneCallback done) = 0;
 };
 
+// A server stream (Decode, Generate), read one message at a time: the next read starts only when
+// the reader asks for it, so a slow reader holds back its worker stream, not the router's memory.
 class StreamCall : public WorkerCall {
  public:
-  // The next message; false at the end of the stream (then Finish()). Starts the call at the
-  // first Read.
-  virtual bool Read(v1::GenerateResponse* message) = 0;
-  // The stream's final status; after Read returned false.
-  virtual absl::Status Finish() = 0;
+  using MessageCallback = absl::AnyInvocable<void(v1::GenerateResponse)>;
+  using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
+  // Starts the call (once) and its first read. `on_message` runs for each message, one at a
+  // time; after each the reader calls ReadNext() exactly once (also after Cancel(): that read
+  // ends at once and lets the stream finish). `on_done` runs once, last, with the stream's
+  // final status, after the last `on_message` returned and its ReadNext() was made.
+  virtual void Start(MessageCallback on_message, DoneCallback on_done) = 0;
+  virtual void ReadNext() = 0;
 };
 
 class WorkerClient {
@@ -76,9 +93,10 @@ class WorkerClient {
   virtual void AbortAsync(const std::string& request_id, absl::Duration timeout,
                           std::function<void(absl::Status)> done) = 0;
   // Prefill worker: rebinds the KV lease it holds for a request to another decode worker
-  // (WorkerService.ReassignLease). Blocks until answered or `deadline`.
-  virtual absl::Status ReassignLease(const v1::ReassignLeaseRequest& request,
-                                     absl::Time deadline) = 0;
+  // (WorkerService.ReassignLease). Returns at once; `done` runs once (any thread) with the
+  // answer, by `deadline` at the latest. The client stays alive until `done` has run.
+  virtual void ReassignLeaseAsync(const v1::ReassignLeaseRequest& request, absl::Time deadline,
+                                  std::function<void(absl::Status)> done) = 0;
 };
 
 // Makes the client for a worker serving at `address` (host:port).

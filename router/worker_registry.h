@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -126,6 +127,29 @@ class WorkerRegistry {
   const WorkerClientFactory clients_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Entry>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+// One worker's part in a request, from BeginCall until destroyed (EndCall): counted in the
+// worker's load meanwhile; MarkFailed makes the registry mark the worker unhealthy at the end.
+class WorkerSlot {
+ public:
+  WorkerSlot(WorkerRegistry* registry, WorkerRef ref) : registry_(registry), ref_(std::move(ref)) {}
+  ~WorkerSlot() { registry_->EndCall(ref_, failed_, error_); }
+  WorkerSlot(const WorkerSlot&) = delete;
+  WorkerSlot& operator=(const WorkerSlot&) = delete;
+
+  const WorkerRef& ref() const { return ref_; }
+  const std::string& id() const { return ref_.info.worker_id(); }
+  void MarkFailed(std::string error) {
+    failed_ = true;
+    error_ = std::move(error);
+  }
+
+ private:
+  WorkerRegistry* const registry_;
+  const WorkerRef ref_;
+  bool failed_ = false;
+  std::string error_;
 };
 
 }  // namespace tandem::router

@@ -119,7 +119,7 @@ absl::StatusOr<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& auth) {
   return id;
 }
 
-absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContext& ctx, const ApiKeySet& keys) {
+absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContextBase& ctx, const ApiKeySet& keys) {
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) return Unauthenticated("no authorization metadata");

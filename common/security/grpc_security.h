@@ -58,7 +58,7 @@ std::shared_ptr<grpc::Channel> CreateChannelWithApiKey(const std::string& target
 absl::StatusOr<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& auth);
 // The caller's API key from `authorization` metadata; UNAUTHENTICATED (generic) when absent or
 // unknown.
-absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContext& ctx, const ApiKeySet& keys);
+absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContextBase& ctx, const ApiKeySet& keys);
 // Client side: sends `authorization: Bearer <key>` with the call (no-op for an empty key).
 void AttachApiKey(grpc::ClientContext* ctx, const std::string& key);
 

@@ -15,7 +15,14 @@
 #     spread over both nodes (two namespaces) when there are two, with certificates made here
 #     (--certs_dir): same checks.
 #   * two nodes: a --certs_dir whose certificates lack the nodes' addresses is refused before any
-#     step starts. job C: --insecure (the explicit opt-out) still serves, in plain text.
+#     step starts.
+#   * job C: --insecure (the explicit opt-out) still serves, in plain text; its one mixed worker
+#     gives the reference tokens for jobs D and E.
+#   * jobs D and E: 1 prefill worker + a decode GROUP of --decode_tp=2 ranks, one per node
+#     (--decode_group_nodes=2), E with --dcp=2: greedy tokens equal the mixed worker's, the decode
+#     worker's WorkerStats show KV received on both ranks, and the rank on the node without the
+#     prefill worker reads a 1500-token prompt's KV over its veth (each node has its own boot id,
+#     so UCX cannot take the shared-memory path).
 #   * at the end (also on failure / TERM): jobs cancelled, daemons stopped, namespaces, bridge and
 #     the temp dir removed. Prints `N passed, N failed`; exits non-zero on failure.
 # Needs root, iproute2, util-linux (unshare), slurm-wlm and munge (installed here with apt-get if
@@ -23,7 +30,9 @@
 #
 #   deploy/slurm/test_slurm.sh                 # from the repository root (uses bazel-bin), or
 #   bazel test //deploy/slurm:slurm_test       # (binaries from the runfiles)
-# Environment: TANDEM_SLURM_NODES=auto|netns|local (auto: netns, else local), KEEP_TMP=1.
+# Environment: TANDEM_SLURM_NODES=auto|netns|local (auto: netns, else local), KEEP_TMP=1,
+# TANDEM_SLURM_SHARED_BOOT_ID=1 (the nodes share the host's boot id: UCX moves KV through shared
+# memory and the veth checks of jobs D and E fail; shows that they can).
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 t_start=$SECONDS
@@ -250,12 +259,18 @@ for i in "${!nodes[@]}"; do
     # (nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, which slurmd needs).
     # Its own sysfs too, so the workers it starts see this namespace's network interfaces (UCX
     # reads /sys/class/net; the worker refuses to start on a device it cannot see), with the
-    # host's cgroup mount carried over for slurmd.
+    # host's cgroup mount carried over for slurmd. And its own boot id: UCX takes processes with
+    # the same /proc/sys/kernel/random/boot_id for one host and moves KV through shared memory
+    # (`sm` is in the default --ucx_tls), so without it no KV would cross the veths
+    # (tests/multihost/README.md; TANDEM_SLURM_SHARED_BOOT_ID=1 shows that: the P/D TP jobs'
+    # veth check fails).
     mkdir -p "$T/cg-$n"
+    if [[ "${TANDEM_SLURM_SHARED_BOOT_ID:-0}" == 1 ]]; then cp /proc/sys/kernel/random/boot_id "$T/boot_id-$n"
+    else cat /proc/sys/kernel/random/uuid > "$T/boot_id-$n"; fi
     nsenter --net="/run/netns/${netns[$i]}" unshare --uts --mount --propagation private bash -c \
       "mount --rbind /sys/fs/cgroup '$T/cg-$n' && mount -t sysfs -o ro sysfs /sys &&
-       mount --rbind '$T/cg-$n' /sys/fs/cgroup && hostname $n &&
-       exec slurmd -D -N $n -f '$T/slurm.conf'" \
+       mount --rbind '$T/cg-$n' /sys/fs/cgroup && mount --bind '$T/boot_id-$n' /proc/sys/kernel/random/boot_id &&
+       hostname $n && exec slurmd -D -N $n -f '$T/slurm.conf'" \
       > "$T/log/slurmd-$n.out.log" 2>&1 &
   else
     slurmd -D -N "$n" -f "$T/slurm.conf" > "$T/log/slurmd-$n.out.log" 2>&1 &
@@ -314,6 +329,7 @@ run_job() {
   workers=$(timeout 10 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" workers --router="$ep" --json 2>&1)
   echo "$workers" | grep -q '"healthy":false' && bad "$name: an unhealthy worker: $workers"
   check_workers "$name" "$workers"
+  check_serving "$name" "$ep" "$ca" "$job_dir/logs"
   local logs
   logs=$(cd "$job_dir/logs" 2>/dev/null && ls | tr '\n' ' ')
   [[ -n "$logs" ]] && ok "$name: per-node per-role logs: $logs" || bad "$name: no logs in $job_dir/logs"
@@ -373,6 +389,8 @@ check_security() {
   (( ${#plain[@]} == 0 )) && ok "$name: every daemon runs mutual TLS ($(ls "$logs" | wc -l) logs)" ||
     bad "$name: no 'mutual TLS' in ${plain[*]}"
 }
+# check_serving NAME ENDPOINT CA LOGS: more checks through the endpoint (per job; none by default).
+check_serving() { :; }
 # Job A: 1 prefill + 1 decode, tp=1; the job generates its certificates.
 check_certs_source() {
   grep -q "certificates: $3/certs (CA + " "$2" && [[ -s "$3/certs/ca.pem" ]] &&
@@ -428,20 +446,125 @@ if [[ "$mode" == netns ]]; then
      [[ -z "$(ls -A "$T/job/tandem-nosan/logs" 2>/dev/null)" ]]; then
     ok "nosan: --certs_dir without the nodes' addresses refused before any step: $(grep -o 'has no SAN.*' "$out" | head -c 120)"
   else bad "nosan: job output: $(tail -n 5 "$out" 2>/dev/null)"; fi
-
-  # Job C: the explicit opt-out.
-  check_certs_source() {
-    grep -q "WARNING: --insecure" "$2" && [[ ! -e "$3/certs" ]] && ! grep -q '^tls_ca: ' "$2" &&
-      ok "$1: --insecure: no certificates, a warning in the job output" || bad "$1: --insecure output: $(head -n 5 "$2")"
-  }
-  check_workers() {
-    grep -q '"role":"mixed"' <<< "$2" && ok "$1: router lists the mixed worker (plain text)" || bad "$1: workers: $2"
-  }
-  check_logs() {
-    grep -q 'INSECURE' "$2"/*-router.log && ok "$1: the router logged INSECURE" || bad "$1: no INSECURE in the router's log"
-  }
-  run_job insecure 1 --mixed=1 --prefill=0 --decode=0 --tp=1 --insecure
 fi
+
+# Job C: the explicit opt-out: one mixed worker (tp=1), which also gives the reference tokens of
+# the P/D TP jobs: `prompts`, 16 greedy tokens each (--ignore_eos).
+prompts=(1,2,3 "$(for i in $(seq 0 99); do echo $((3 + (i * 37) % 250)); done | paste -sd, -)")
+long_prompt=$(for i in $(seq 0 1499); do echo $((3 + (i * 131 + i / 7) % 250)); done | paste -sd, -)
+declare -A ref=()
+gen16() {  # gen16 ENDPOINT PROMPT: the 16 tokens (comma separated), or the client's output
+  local out
+  out=$(timeout 30 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" generate --router="$1" \
+    --prompt_ids="$2" --max_tokens=16 --ignore_eos --json --timeout_ms=20000 2>&1)
+  sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p' <<< "$out" | tail -n 1 | grep -E '^[0-9]+(,[0-9]+){15}$' ||
+    echo "$out" | tail -n 2
+}
+check_certs_source() {
+  grep -q "WARNING: --insecure" "$2" && [[ ! -e "$3/certs" ]] && ! grep -q '^tls_ca: ' "$2" &&
+    ok "$1: --insecure: no certificates, a warning in the job output" || bad "$1: --insecure output: $(head -n 5 "$2")"
+}
+check_workers() {
+  grep -q '"role":"mixed"' <<< "$2" && ok "$1: router lists the mixed worker (plain text)" || bad "$1: workers: $2"
+}
+check_logs() {
+  grep -q 'INSECURE' "$2"/*-router.log && ok "$1: the router logged INSECURE" || bad "$1: no INSECURE in the router's log"
+}
+check_serving() {
+  local p
+  for p in "${!prompts[@]}"; do ref[$p]=$(gen16 "$2" "${prompts[$p]}"); done
+  [[ "${ref[0]}" =~ ^[0-9,]+$ && "${ref[1]}" =~ ^[0-9,]+$ ]] &&
+    ok "$1: reference tokens (one mixed worker, 16 each): [${ref[0]}] for 1,2,3; [${ref[1]}] for 100 tokens" ||
+    bad "$1: reference generation failed: ${ref[*]}"
+}
+run_job insecure 1 --mixed=1 --prefill=0 --decode=0 --tp=1 --insecure
+
+# Jobs D and E: a prefill worker and a decode GROUP of two ranks, one per node (two srun tasks of
+# one step over both nodes), secure by default; E also shards the decode group's KV (--dcp=2).
+# The tokens must equal the mixed worker's, and the decode worker's stats must show KV received
+# on BOTH ranks: each rank reads its own part from the prefill worker's agent (one of them from
+# the other node, over the veths: each node has its own boot id, so UCX cannot use shared memory).
+check_certs_source() {
+  grep -q "certificates: $3/certs (CA + " "$2" && [[ -s "$3/certs/ca.pem" ]] &&
+    ok "$1: the job generated its CA and certificates in $3/certs" ||
+    bad "$1: no generated certificates: $(grep certificates "$2")"
+}
+check_workers() {
+  grep -q '"role":"prefill".*"tp_size":1' <<< "$2" && grep -q '"role":"decode".*"tp_size":2' <<< "$2" &&
+    ok "$1: router lists a healthy prefill worker and a decode group of tp_size 2 (one entry: rank 0)" ||
+    bad "$1: workers: $2"
+}
+check_logs() {
+  local r0 r1
+  r0=$(ls "$2" | grep -- '-decode0-rank0.log$') r1=$(ls "$2" | grep -- '-decode0-rank1.log$')
+  if [[ -z "$r0" || -z "$r1" ]]; then bad "$1: decode0 rank logs missing"; return; fi
+  if [[ "$mode" == netns && "${r0%%-*}" == "${r1%%-*}" ]]; then
+    bad "$1: both decode ranks on node ${r0%%-*} ($r0, $r1)"
+  fi
+  grep -q "rank 1/2: .*--rank=1 --world_size=2 --dist_init=[^ ]* --dist_bind=${addrs[-1]} .*$dcp_flag" "$2/$r1" &&
+    grep -q "rank 1 of 2 joined" "$2/$r1" &&
+    ok "$1: decode rank 1 ($r1) joined rank 0 ($r0): $(grep -o -- '--dist_init=[^ ]* --dist_bind=[^ ]*' "$2/$r1")${dcp_flag:+ $dcp_flag}" ||
+    bad "$1: decode rank 1: $(head -n 1 "$2/$r1" | head -c 400) ... $(tail -n 2 "$2/$r1")"
+}
+# kv_per_rank WORKER CLI_SECURITY_FLAGS...: the worker's WorkerStats.kv_bytes_received_per_rank
+# and kv_bytes_read_per_rank (space separated) in kv_bytes and kv_read, its --json in kv_stats.
+kv_per_rank() {
+  kv_stats=$(timeout 10 "$cli" "${@:2}" stats --worker="$1" --json --timeout_ms=5000 2>&1)
+  kv_bytes=$(grep -o '"kv_bytes_received_per_rank":\[[^]]*\]' <<< "$kv_stats" | grep -o '[0-9][0-9]*' | paste -sd' ' -)
+  kv_read=$(grep -o '"kv_bytes_read_per_rank":\[[^]]*\]' <<< "$kv_stats" | grep -o '[0-9][0-9]*' | paste -sd' ' -)
+}
+# veth_tx NODE_INDEX: bytes the bridge sent into that node's namespace (0 with one node).
+veth_tx() { cat "/sys/class/net/tdm${sfx}h$(($1 + 1))/statistics/tx_bytes" 2>/dev/null || echo 0; }
+check_serving() {
+  local p got mism=() decode ca=$3 logs=$4 sec=(--insecure) b1 r1 r2 kv_stats kv_bytes kv_read
+  local pnode far="" far_node=-1 i tx0 tx1
+  for p in "${!prompts[@]}"; do
+    got=$(gen16 "$2" "${prompts[$p]}")
+    [[ -n "${ref[$p]}" && "$got" == "${ref[$p]}" ]] || mism+=("prompt $p: [$got] vs [${ref[$p]}]")
+  done
+  (( ${#mism[@]} == 0 )) && ok "$1: P -> D(tp=2${dcp_flag:+, $dcp_flag}) tokens equal the mixed worker's for ${#prompts[@]} prompts" ||
+    bad "$1: tokens differ from the mixed worker's: ${mism[*]}"
+  # The decode worker (rank 0's address, from the router): KV bytes per rank of its group.
+  [[ -n "$ca" ]] && sec=(--tls_ca="$ca" --tls_cert="$(dirname "$ca")/admin.pem" --tls_key="$(dirname "$ca")/admin.key")
+  decode=$(timeout 10 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" workers --router="$2" --json 2>/dev/null |
+           grep -o '"role":"decode","address":"[^"]*"' | sed 's/.*"address":"//; s/"$//')
+  kv_per_rank "$decode" "${sec[@]}"
+  read -r -a b1 <<< "$kv_bytes"
+  read -r -a r1 <<< "$kv_read"
+  if (( ${#b1[@]} == 2 && b1[0] > 0 && b1[1] > 0 )) &&
+     grep -q '"kv_load_failures":"0"' <<< "$kv_stats" && grep -q '"kv_recomputes":"0"' <<< "$kv_stats" &&
+     { [[ -n "$dcp_flag" ]] || (( b1[0] == b1[1] )); }; then
+    ok "$1: decode $decode stats: kv_bytes_received_per_rank=[${b1[*]}] (KV on both ranks), kv_bytes_read_per_rank=[${r1[*]}], no load failure or recompute"
+  else bad "$1: decode $decode stats: per rank [${b1[*]}]: $(head -c 700 <<< "$kv_stats")"; fi
+  # Two nodes: the decode rank on the node WITHOUT the prefill worker reads its part of a
+  # 1500-token prompt's KV over that node's veth (2 tokens: one decode step, so the group's own
+  # collectives add little): at least the bytes its agent read must cross the veth into it.
+  [[ "$mode" == netns ]] || return 0
+  pnode=$(cd "$logs" && ls | sed -n 's/-prefill0-rank0[.]log$//p')
+  for i in "${!nodes[@]}"; do
+    [[ "${nodes[$i]}" != "$pnode" ]] || continue
+    far_node=$i far=$(cd "$logs" && ls | sed -n "s/^${nodes[$i]}-decode0-rank\\([0-9]*\\)[.]log$/\\1/p")
+  done
+  [[ -n "$far" ]] || { bad "$1: no decode rank on the node without the prefill worker ($pnode)"; return; }
+  tx0=$(veth_tx "$far_node")
+  got=$(timeout 30 env TANDEM_API_KEY="$api_key" "$cli" "${cli_sec[@]}" generate --router="$2" \
+    --prompt_ids="$long_prompt" --max_tokens=2 --ignore_eos --json --timeout_ms=20000 2>&1)
+  tx1=$(veth_tx "$far_node")
+  kv_per_rank "$decode" "${sec[@]}"
+  read -r -a r2 <<< "$kv_read"
+  if (( ${#r2[@]} == 2 && r2[far] - r1[far] > 0 && tx1 - tx0 >= r2[far] - r1[far] )) &&
+     grep -q '"kv_load_failures":"0"' <<< "$kv_stats"; then
+    ok "$1: 1500-token prompt: decode rank $far (${nodes[$far_node]}; prefill on $pnode) read $((r2[far] - r1[far])) KV bytes, $((tx1 - tx0)) bytes crossed ${nodes[$far_node]}'s veth"
+  else
+    bad "$1: 1500-token prompt: decode rank $far on ${nodes[$far_node]} read $((${r2[far]:-0} - ${r1[far]:-0})) KV bytes, $((tx1 - tx0)) crossed its veth: $(head -c 300 <<< "$got")"
+  fi
+}
+pdtp_nodes=(--decode_group_nodes=1)
+[[ "$mode" == netns ]] && pdtp_nodes=(--decode_group_nodes=2)
+dcp_flag=""
+run_job pdtp "${#nodes[@]}" --prefill=1 --decode=1 --decode_tp=2 "${pdtp_nodes[@]}"
+dcp_flag=--dcp=2
+run_job pddcp "${#nodes[@]}" --prefill=1 --decode=1 --decode_tp=2 "${pdtp_nodes[@]}" --dcp=2
 
 # ---- teardown of the test cluster --------------------------------------------------------------
 (( failed )) && show_logs

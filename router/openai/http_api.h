@@ -6,10 +6,11 @@
 // IncrementalDecoder (complete UTF-8 only) and a StopMatcher (stop strings across tokens, the
 // output cut before them, the request then aborted on the workers).
 //
-// Threads: the HTTP server's pool (asynchronous connections) + `max_running` generation threads
-// (the Orchestrator's calls block per request; a request's extra choices, n > 1 or several
-// prompts, run at once on threads of their own); more than `max_running + max_pending` requests
-// at once get 429. A client that disconnects mid-stream cancels its request on P and D.
+// Threads: the HTTP server's pool (asynchronous connections) and the Orchestrator's (requests are
+// state machines there, completion_job.h): no thread per open stream nor per generating request.
+// `max_running` requests generate at once (every choice of each: n > 1 or several prompts run at
+// once), `max_pending` more wait for a turn (holding no thread), more than that get 429. A client
+// that disconnects mid-stream cancels its requests on P and D.
 //
 // Errors (OpenAI's JSON): 400 naming the field, 404 unknown model or path, 413 body too large,
 // 429 overloaded, 503 no workers, 504 deadline; an error after a stream started is sent as an
@@ -20,18 +21,16 @@
 #define TANDEM_ROUTER_OPENAI_HTTP_API_H_
 
 #include <deque>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
 #include "common/security/api_keys.h"
+#include "router/openai/completion_job.h"
 #include "router/openai/protocol.h"
 #include "router/orchestrator.h"
 #include "router/request_table.h"
@@ -43,8 +42,8 @@ struct HttpApiOptions {
   std::string address = "127.0.0.1";
   int port = 0;  // 0: any free port
   int http_threads = 2;
-  int max_running = 64;    // generation threads
-  int max_pending = 1024;  // queued behind them; more -> 429
+  int max_running = 1024;  // requests generating at once (no thread each)
+  int max_pending = 1024;  // waiting behind them; more -> 429
   ApiLimits limits;
   // Non-empty: every route but GET /health needs `Authorization: Bearer <key>`; otherwise 401
   // with OpenAI's error body (type "authentication_error"), the same for every failure.
@@ -52,22 +51,6 @@ struct HttpApiOptions {
   // Set: HTTPS (the router's public certificate; a client CA makes it mutual TLS). Unset: plain
   // HTTP (--insecure).
   std::optional<http::ServerTlsOptions> tls;
-};
-
-// A fixed pool of threads running queued jobs; Submit refuses past `max_pending` queued.
-class JobPool {
- public:
-  JobPool(int threads, int max_pending);
-  ~JobPool();  // runs what is queued, then joins
-  bool Submit(std::function<void()> job);
-
- private:
-  void Loop();
-  const int max_pending_;
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
 };
 
 class HttpApi {
@@ -78,7 +61,9 @@ class HttpApi {
                                                         WorkerRegistry* registry,
                                                         RequestTable* requests,
                                                         Orchestrator* orchestrator);
-  ~HttpApi();  // stops the server (open streams cancelled), then the generation threads
+  // Refuses the waiting requests (503), stops the server (open streams cancelled: their
+  // requests end on the workers), then waits for the running requests to end.
+  ~HttpApi();
   int port() const { return server_->port(); }
   const ServedModel& model() const { return *model_; }
 
@@ -91,25 +76,18 @@ class HttpApi {
   void Health(std::shared_ptr<http::Responder> r);
   // OK when some healthy route exists; UNAVAILABLE naming why not.
   absl::Status RouteAvailable() const;
-  // Runs every choice of `params` (on a generation thread; the other choices on threads of their
-  // own, at once) and answers `r`.
-  void Run(const CompletionParams& params, std::shared_ptr<http::Responder> r);
-  struct ChoiceResult {
-    absl::Status status;
-    Choice choice;
-    uint64_t completion_tokens = 0, cached_tokens = 0;
-  };
-  // One choice through the Orchestrator (its chunks into `stream` when streaming).
-  ChoiceResult RunChoice(const CompletionParams& params, const std::vector<uint32_t>& prompt, int k,
-                         int index, http::ResponseStream* stream, const std::string& id,
-                         int64_t created);
+  // A completion request ended: the next waiting one (if any) takes its turn.
+  void JobEnded();
 
   HttpApiOptions options_;
   std::unique_ptr<ServedModel> model_;
   WorkerRegistry* registry_ = nullptr;
   RequestTable* requests_ = nullptr;
   Orchestrator* orchestrator_ = nullptr;
-  std::unique_ptr<JobPool> pool_;
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // completion requests generating now
+  std::deque<std::shared_ptr<CompletionJob>> waiting_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<http::HttpServer> server_;
 };
 

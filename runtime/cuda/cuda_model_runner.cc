@@ -313,11 +313,7 @@ void CudaModelRunner::PackBlockTable(absl::Span<const BlockId> table, int32_t* r
   }
   // The request's blocks on this shard, in order, as local ids of this rank's pool.
   const DcpBlockLayout blocks{dcp_.size, dcp_.interleave, spec_.block_size};
-  for (size_t i = 0; i < table.size(); ++i) {
-    if (blocks.ShardOfBlock(static_cast<int64_t>(i)) == dcp_.rank) {
-      *row++ = static_cast<int32_t>(table[i] / dcp_.size);
-    }
-  }
+  blocks.ShardLocalBlocks(table, dcp_.rank, row);
 }
 
 absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_t num_tokens,

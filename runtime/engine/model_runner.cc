@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "common/status_macros.h"
@@ -136,15 +137,9 @@ void ModelRunner::BuildDcpTables(const SchedulerOutput& batch) {
   const DcpBlockLayout blocks{dcp.size, dcp.interleave, layout_.block_size};
   local_tables_.resize(batch.seqs.size());
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    // The request's blocks on this shard, in order, as local ids of this rank's pool.
-    const absl::Span<const BlockId> table = batch.seqs[s].block_table;
-    std::vector<BlockId>& local = local_tables_[s];
-    local.clear();
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (blocks.ShardOfBlock(static_cast<int64_t>(i)) == dcp.rank) {
-        local.push_back(static_cast<BlockId>(table[i] / dcp.size));
-      }
-    }
+    local_tables_[s].clear();
+    blocks.ShardLocalBlocks(batch.seqs[s].block_table, dcp.rank,
+                            std::back_inserter(local_tables_[s]));
   }
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/attention/dcp_shard.h"
 
 namespace tandem::runtime {
@@ -45,6 +46,16 @@ struct DcpBlockLayout {
   int64_t NumBlocks(int64_t num_tokens) const;
   // Of those, the blocks on `shard`.
   int64_t NumShardBlocks(int64_t num_tokens, int64_t shard) const;
+  // The blocks of a request's `table` (group-wide ids, logical order) that `shard` holds, in
+  // order, as that rank's local ids (x / size), written through the output iterator `out`.
+  template <typename OutputIt>
+  void ShardLocalBlocks(absl::Span<const int32_t> table, int64_t shard, OutputIt out) const {
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (ShardOfBlock(static_cast<int64_t>(i)) == shard) {
+        *out++ = static_cast<int32_t>(table[i] / size);
+      }
+    }
+  }
   // The kernels' view of shard `rank`.
   kernels::DcpShard Shard(int64_t rank) const { return {size, rank, interleave}; }
 };

@@ -7,8 +7,21 @@
 #include "glog/logging.h"
 #include "runtime/engine/kv_layout.h"
 #include "runtime/model/tensor_parallel.h"
+#include "runtime/parallel/shm_command_line.h"
 
 namespace tandem::runtime {
+namespace {
+
+// Shared memory between the ranks rank 0 started on its host; the group's broadcast otherwise.
+// Rank 0 and its followers decide alike: the segment exists on all of them or on none.
+std::unique_ptr<CommandLine> CommandLineOf(const RankGroup& group) {
+  if (group.plan_segment() != nullptr) {
+    return std::make_unique<ShmCommandLine>(group.plan_segment(), group.group(), group.timeout());
+  }
+  return GlooCommandLine(group.group());
+}
+
+}  // namespace
 
 absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions backend,
                                               const RankGroupOptions& group_options,
@@ -45,7 +58,8 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   out.loaded = *std::move(loaded);
   out.local_factory = out.loaded.factory;
   if (group != nullptr && out.is_leader()) {
-    out.channel = std::make_shared<GroupChannel>(group, executor_options.keepalive);
+    out.channel = std::make_shared<GroupChannel>(group, executor_options.keepalive,
+                                                 CommandLineOf(*out.group));
     out.loaded.factory = GroupExecutorFactory(out.local_factory, out.channel);
   }
   return out;
@@ -53,8 +67,9 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
 
 absl::Status RunFollowerRank(GroupBackend backend, RankKvHooks* kv) {
   const ModelConfig local_config = backend.loaded.model.local_config;
+  const std::unique_ptr<CommandLine> line = CommandLineOf(*backend.group);
   return RunFollower(backend.group->group(), backend.local_factory, local_config,
-                     std::move(backend.loaded.model.weights), kv);
+                     std::move(backend.loaded.model.weights), kv, line.get());
 }
 
 }  // namespace tandem::runtime

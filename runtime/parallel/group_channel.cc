@@ -1,13 +1,18 @@
 #include "runtime/parallel/group_channel.h"
 
+#include <utility>
+
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "runtime/parallel/plan_codec.h"
 
 namespace tandem::runtime {
 
-GroupChannel::GroupChannel(comm::ProcessGroup* group, absl::Duration keepalive)
-    : group_(group), keepalive_(keepalive) {
+GroupChannel::GroupChannel(comm::ProcessGroup* group, absl::Duration keepalive,
+                           std::unique_ptr<CommandLine> line)
+    : group_(group),
+      line_(line != nullptr ? std::move(line) : GlooCommandLine(group)),
+      keepalive_(keepalive) {
   {
     absl::MutexLock lock(&mu_);
     last_command_ = absl::Now();
@@ -24,10 +29,10 @@ void GroupChannel::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return;
   shut_down_ = true;
-  if (group_->status().ok()) {
+  if (line_->status().ok()) {
     tandem::v1::RankCommand shutdown;
     shutdown.set_shutdown(true);
-    absl::Status s = SendCommand(group_, shutdown);
+    absl::Status s = line_->Send(shutdown);
     if (!s.ok()) LOG(WARNING) << "worker group: shutdown not delivered: " << s;
   }
 }
@@ -44,10 +49,10 @@ void GroupChannel::KeepaliveLoop() {
     auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
     if (mu_.AwaitWithDeadline(absl::Condition(&stopped), due)) break;
     if (absl::Now() < last_command_ + keepalive_) continue;  // a command went out meanwhile
-    if (!group_->status().ok()) break;                       // broken: nothing more to prove
+    if (!line_->status().ok()) break;                        // broken: nothing more to prove
     tandem::v1::RankCommand keepalive;
     keepalive.set_keepalive(true);
-    absl::Status s = SendCommand(group_, keepalive);
+    absl::Status s = line_->Send(keepalive);
     last_command_ = absl::Now();
     if (!s.ok()) {
       LOG(ERROR) << "worker group: keepalive failed, the group is unusable: " << s;
@@ -61,7 +66,7 @@ absl::Status GroupChannel::Run(const tandem::v1::RankCommand& command,
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpenLocked());
   last_command_ = absl::Now();
-  RETURN_IF_ERROR(SendCommand(group_, command));
+  RETURN_IF_ERROR(line_->Send(command));
   absl::Status s = local();
   last_command_ = absl::Now();
   return s;
@@ -72,10 +77,22 @@ absl::StatusOr<std::vector<std::string>> GroupChannel::Call(
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpenLocked());
   last_command_ = absl::Now();
-  RETURN_IF_ERROR(SendCommand(group_, command));
+  RETURN_IF_ERROR(line_->Send(command));
   absl::StatusOr<std::vector<std::string>> replies = GatherBytes(group_, local());
   last_command_ = absl::Now();
   return replies;
+}
+
+absl::Status GroupChannel::RunWithGroup(
+    const tandem::v1::RankCommand& command,
+    const std::function<absl::Status(comm::ProcessGroup*)>& fn) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
+  last_command_ = absl::Now();
+  RETURN_IF_ERROR(line_->Send(command));
+  absl::Status s = fn(group_);
+  last_command_ = absl::Now();
+  return s;
 }
 
 absl::Status GroupChannel::WithGroup(const std::function<absl::Status(comm::ProcessGroup*)>& fn) {

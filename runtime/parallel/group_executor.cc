@@ -102,8 +102,7 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<Grou
     c->set_max_num_seqs(spec.max_num_seqs);
     c->set_max_model_len(spec.max_model_len);
     absl::StatusOr<std::unique_ptr<ModelExecutor>> mine = absl::UnknownError("executor not built");
-    RETURN_IF_ERROR(channel->WithGroup([&](comm::ProcessGroup* group) -> absl::Status {
-      RETURN_IF_ERROR(SendCommand(group, command));
+    RETURN_IF_ERROR(channel->RunWithGroup(command, [&](comm::ProcessGroup* group) -> absl::Status {
       mine = local.create(spec, std::move(weights));
       ASSIGN_OR_RETURN(std::vector<int> failed, FailedRanks(group, mine.ok()));
       if (!mine.ok()) return mine.status();
@@ -120,14 +119,14 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<Grou
     factory.default_kv_cache_bytes =
         [local, channel](const ModelConfig& config) -> absl::StatusOr<int64_t> {
       int64_t lowest = 0;
-      RETURN_IF_ERROR(channel->WithGroup([&](comm::ProcessGroup* group) -> absl::Status {
-        tandem::v1::RankCommand command;
-        command.set_kv_budget(true);
-        RETURN_IF_ERROR(SendCommand(group, command));
-        absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes(config);
-        ASSIGN_OR_RETURN(lowest, MinBudget(group, mine.ok() ? *mine : 0));
-        return mine.status();
-      }));
+      tandem::v1::RankCommand command;
+      command.set_kv_budget(true);
+      RETURN_IF_ERROR(
+          channel->RunWithGroup(command, [&](comm::ProcessGroup* group) -> absl::Status {
+            absl::StatusOr<int64_t> mine = local.default_kv_cache_bytes(config);
+            ASSIGN_OR_RETURN(lowest, MinBudget(group, mine.ok() ? *mine : 0));
+            return mine.status();
+          }));
       return lowest;
     };
   }
@@ -135,11 +134,17 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<Grou
 }
 
 absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
-                         const ModelConfig& local_config, ModelWeights weights, RankKvHooks* kv) {
+                         const ModelConfig& local_config, ModelWeights weights, RankKvHooks* kv,
+                         CommandLine* line) {
+  std::unique_ptr<CommandLine> gloo_line;
+  if (line == nullptr) {
+    gloo_line = GlooCommandLine(group);
+    line = gloo_line.get();
+  }
   std::unique_ptr<ModelExecutor> executor;
   ReceivedStep step;
   while (true) {
-    ASSIGN_OR_RETURN(tandem::v1::RankCommand command, ReceiveCommand(group));
+    ASSIGN_OR_RETURN(tandem::v1::RankCommand command, line->Receive());
     switch (command.command_case()) {
       case tandem::v1::RankCommand::kShutdown:
         return absl::OkStatus();

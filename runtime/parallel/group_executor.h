@@ -2,11 +2,11 @@
 // the KV-cache manager's bookkeeping and the services; every rank executes each step.
 //
 // Rank 0's engine gets an ExecutorFactory from GroupExecutorFactory(): its executor
-// (GroupExecutor) broadcasts each step's plan (plan_codec.h) and then runs the rank's own
-// executor, whose model takes part in the step's collectives (tensor-parallel all-reduces). The
-// other ranks run RunFollower(): receive a command, execute it with their own executor, until
-// rank 0 says shutdown. The two sides are this one interface, not `if (rank == 0)` branches
-// through the engine.
+// (GroupExecutor) sends each step's plan (plan_codec.h) on its channel's CommandLine and then
+// runs the rank's own executor, whose model takes part in the step's collectives
+// (tensor-parallel all-reduces). The other ranks run RunFollower(): receive a command, execute
+// it with their own executor, until rank 0 says shutdown. The two sides are this one interface,
+// not `if (rank == 0)` branches through the engine.
 //
 // Failure model: a rank that dies or wedges fails the others' collectives (UNAVAILABLE /
 // DEADLINE_EXCEEDED, comm/process_group.h) and the group stays broken: rank 0's steps fail
@@ -32,6 +32,7 @@
 #include "runtime/engine/model_executor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/parallel/command_line.h"
 #include "runtime/parallel/group_channel.h"
 
 namespace tandem::runtime {
@@ -84,10 +85,11 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, comm::ProcessGroup* 
 // Ranks > 0: executes rank 0's commands with `local` (built with this rank's `local_config`
 // and `weights`) until shutdown (OK) or the group fails (its error).
 // `kv` (may be null: KV commands are answered UNIMPLEMENTED) places the pool and serves rank 0's
-// KV commands; it must outlive the call.
+// KV commands; it must outlive the call. `line` (may be null: the group's broadcast) receives the
+// commands; it must be of the kind rank 0's GroupChannel sends on, and outlive the call.
 absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local,
                          const ModelConfig& local_config, ModelWeights weights,
-                         RankKvHooks* kv = nullptr);
+                         RankKvHooks* kv = nullptr, CommandLine* line = nullptr);
 
 // Every rank calls this once at startup with what it loaded (model id, backend, dtype, tp):
 // FAILED_PRECONDITION on every rank, naming the ranks and rank 0's identity, unless all agree.

@@ -1,5 +1,6 @@
 #include "runtime/parallel/rank_group.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -44,14 +45,16 @@ bool IsLoopback(const std::string& host) {
 }
 
 // Starts rank `rank` of `size` as a copy of this process; it dies when this process does.
+// `shm_fd` (>= 0): rank 0's plan segment, inherited by the child (--dist_shm_fd).
 absl::StatusOr<pid_t> SpawnRank(const std::vector<std::string>& argv, int rank, int size, int port,
-                                int device) {
+                                int device, int shm_fd) {
   std::vector<std::string> args = argv;
   args.push_back(absl::StrCat("--rank=", rank));
   args.push_back(absl::StrCat("--world_size=", size));
   args.push_back(absl::StrCat("--dist_init=127.0.0.1:", port));
   args.push_back("--dist_bind=127.0.0.1");
   args.push_back(absl::StrCat("--device=", device));
+  if (shm_fd >= 0) args.push_back(absl::StrCat("--dist_shm_fd=", shm_fd));
   std::vector<char*> cargv;
   for (std::string& a : args) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -60,7 +63,8 @@ absl::StatusOr<pid_t> SpawnRank(const std::vector<std::string>& argv, int rank, 
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);  // the parent died before prctl
+    if (getppid() != parent) _exit(1);                            // the parent died before prctl
+    if (shm_fd >= 0 && fcntl(shm_fd, F_SETFD, 0) != 0) _exit(1);  // inherit it across exec
     execv("/proc/self/exe", cargv.data());
     _exit(127);
   }
@@ -102,6 +106,7 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
   }
   const int rank = launched ? options.rank : 0;
   std::unique_ptr<RankGroup> out(new RankGroup(rank, size, options.device));
+  out->timeout_ = options.timeout;
   if (size == 1) return out;
 
   comm::GlooGroupOptions gloo;
@@ -113,6 +118,11 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
     gloo.store_host = init.host;
     gloo.store_port = init.port;
     gloo.serve_store = rank == 0;
+    if (options.plan_shm_fd >= 0) {
+      // Started by rank 0 on its host: map its plan segment before joining (rank 0 knows every
+      // rank mapped it once the group exists).
+      ASSIGN_OR_RETURN(out->plan_segment_, PlanSegment::Attach(options.plan_shm_fd));
+    }
     if (!options.dist_bind.empty()) {
       gloo.bind_host = options.dist_bind;
     } else if (IsLoopback(init.host)) {
@@ -127,16 +137,26 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
     gloo.store_port = out->store_->port();
     gloo.serve_store = false;
     gloo.bind_host = "127.0.0.1";
+    absl::StatusOr<std::unique_ptr<PlanSegment>> segment = PlanSegment::Create(size);
+    if (segment.ok()) {
+      out->plan_segment_ = *std::move(segment);
+    } else {
+      LOG(WARNING) << "worker group: no shared memory for the plan, using the group's broadcast: "
+                   << segment.status();
+    }
+    const int shm_fd = out->plan_segment_ != nullptr ? out->plan_segment_->fd() : -1;
     for (int r = 1; r < size; ++r) {
-      ASSIGN_OR_RETURN(pid_t pid,
-                       SpawnRank(argv, r, size, gloo.store_port,
-                                 options.share_device ? options.device : options.device + r));
+      ASSIGN_OR_RETURN(
+          pid_t pid, SpawnRank(argv, r, size, gloo.store_port,
+                               options.share_device ? options.device : options.device + r, shm_fd));
       out->children_.push_back(pid);
     }
   }
+  out->bind_host_ = gloo.bind_host;
   ASSIGN_OR_RETURN(out->group_, comm::GlooProcessGroup::Create(gloo));
   LOG(INFO) << "worker group: rank " << rank << " of " << size << " joined (collectives on "
-            << gloo.bind_host << ")";
+            << gloo.bind_host << ", plan over "
+            << (out->plan_segment_ != nullptr ? "shared memory" : "the group") << ")";
   return out;
 }
 

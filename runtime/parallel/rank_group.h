@@ -2,7 +2,9 @@
 // `--tp=N` ranks in all; DCP, later, divides it):
 //   * `--tp=N` alone: this process is rank 0 and starts ranks 1..N-1 on this host itself (the
 //     same binary and flags plus --rank/--world_size/--dist_init/--device=device+rank), serving
-//     the rendezvous on 127.0.0.1; the children die with it (PR_SET_PDEATHSIG).
+//     the rendezvous on 127.0.0.1; the children die with it (PR_SET_PDEATHSIG). Rank 0 also
+//     creates the shared memory its commands travel through (plan_segment.h), which the children
+//     inherit (--dist_shm_fd).
 //   * `--tp=N --rank=R --dist_init=HOST:PORT` (the form srun and Kubernetes use): a launcher
 //     started every rank; rank 0 serves the rendezvous on HOST:PORT.
 // Each rank's collectives bind `--dist_bind` (default: 127.0.0.1 for a loopback --dist_init,
@@ -24,6 +26,7 @@
 #include "comm/gloo_process_group.h"
 #include "comm/process_group.h"
 #include "comm/tcp_store.h"
+#include "runtime/parallel/plan_segment.h"
 
 namespace tandem::runtime {
 
@@ -46,6 +49,9 @@ struct RankGroupOptions {
   // the group's size; tokens per unit dealt to a shard (0: the block size).
   int dcp = 1;
   int64_t dcp_interleave = 0;
+  // Set by rank 0 of a local launch for the ranks it starts (--dist_shm_fd): the inherited
+  // descriptor of its plan segment. -1: none.
+  int plan_shm_fd = -1;
   std::string TpComm() const { return comm != "auto" ? comm : share_device ? "gloo" : "nccl"; }
 };
 
@@ -64,8 +70,15 @@ class RankGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
+  // The address this rank's collectives bind (127.0.0.1 for a local launch); empty alone.
+  const std::string& bind_host() const { return bind_host_; }
   // Null for a group of one.
   comm::ProcessGroup* group() const { return group_.get(); }
+  // The shared memory of rank 0's commands (a local launch; null otherwise, and when it could
+  // not be made: then commands go over the group).
+  PlanSegment* plan_segment() const { return plan_segment_.get(); }
+  // The deadline of the group's collectives (--dist_timeout_s).
+  absl::Duration timeout() const { return timeout_; }
   // The ranks this process started (rank 0 of a local launch).
   const std::vector<pid_t>& children() const { return children_; }
 
@@ -75,6 +88,9 @@ class RankGroup {
   const int rank_;
   const int size_;
   const int device_;
+  std::string bind_host_;
+  absl::Duration timeout_ = absl::Seconds(30);
+  std::unique_ptr<PlanSegment> plan_segment_;
   std::unique_ptr<comm::TcpStoreServer> store_;  // local launch: rank 0 serves the rendezvous
   std::unique_ptr<comm::GlooProcessGroup> group_;
   std::vector<pid_t> children_;

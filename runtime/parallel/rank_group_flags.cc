@@ -25,6 +25,10 @@ ABSL_FLAG(bool, tp_share_device, false,
           "--tp alone: every local rank uses --device (CUDA ranks sharing one GPU over Gloo, a "
           "correctness path); default: rank r uses --device + r");
 
+ABSL_FLAG(int32_t, dist_shm_fd, -1,
+          "internal: set by rank 0 of a local launch (--tp alone) for the ranks it starts: the "
+          "inherited descriptor of its shared-memory plan segment");
+
 ABSL_FLAG(std::string, tp_comm, "auto",
           "CUDA ranks' tensor collectives: nccl (one GPU per rank, graph-capturable), gloo "
           "(staged through host memory; ranks may share a GPU), auto (gloo with "
@@ -45,6 +49,7 @@ RankGroupOptions RankGroupOptionsFromFlags(int device) {
   o.device = device;
   o.share_device = absl::GetFlag(FLAGS_tp_share_device);
   o.comm = absl::GetFlag(FLAGS_tp_comm);
+  o.plan_shm_fd = absl::GetFlag(FLAGS_dist_shm_fd);
   return o;
 }
 

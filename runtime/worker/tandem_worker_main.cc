@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/security/flags.h"
 #include "common/security/grpc_security.h"
 #include "common/status_macros.h"
@@ -130,7 +131,15 @@ absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
   if (config.role == tandem::v1::WORKER_ROLE_MIXED) return RunFollowerRank(std::move(group));
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = group.group->device();
-  if (config.transfer.ucx_net_device == "auto") config.transfer.ucx_net_device = "all";
+  if (config.transfer.ucx_net_device == "auto") {
+    // A launched rank's agent uses the interface of its --dist_bind address (the fabric the group
+    // was told to use); ranks of a local launch (bound to loopback) share rank 0's host: all.
+    const std::string& bind = group.group->bind_host();
+    absl::StatusOr<std::string> iface = bind.empty() || bind.rfind("127.", 0) == 0
+                                            ? absl::NotFoundError("loopback")
+                                            : InterfaceForAddress(bind);
+    config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
                    MakeTransferAgent(config.transfer));
   RankKvEndpointOptions options;

@@ -65,6 +65,7 @@ TEST(DcpServingE2eTest, PrefillGroupsIntoDcpDecodeGroupsEqualTheEngine) {
     EXPECT_EQ(stats->kv_load_failures(), 0u) << cluster.Logs();
     EXPECT_EQ(stats->kv_recomputes(), 0u);
     EXPECT_EQ(stats->kv_loads_completed(), prompts.size());
+    EXPECT_GT(stats->prefix_cache_queried_tokens(), 0u);
     // Each rank kept exactly its shard's blocks: bytes proportional to the shard's block count
     // (TP_A ranks of one shard hold equal head shares).
     const std::vector<uint64_t> blocks = ShardBlocks(prompts, shape.dcp);
@@ -75,6 +76,26 @@ TEST(DcpServingE2eTest, PrefillGroupsIntoDcpDecodeGroupsEqualTheEngine) {
       SCOPED_TRACE(testing::Message() << "D rank " << r << " (shard " << r % shape.dcp << ")");
       EXPECT_EQ(stats->kv_bytes_received_per_rank(r), blocks[r % shape.dcp] * per_block);
     }
+    // The longest prompt again: D's prefix cache holds its full blocks (hashes are global), so
+    // each shard reads only its blocks past the cached prefix (the last, partial one, and the
+    // block the cache leaves to compute).
+    const auto longest = std::max_element(
+        prompts.begin(), prompts.end(),
+        [](const Prompt& a, const Prompt& b) { return a.ids.size() < b.ids.size(); });
+    const uint64_t n = longest->ids.size(), cached = (n - 1) / kBlockSize;
+    std::vector<uint64_t> delta(shape.dcp, 0);
+    for (uint64_t i = cached; i < (n + kBlockSize - 1) / kBlockSize; ++i) ++delta[i % shape.dcp];
+    Result again = Generate(cluster.router(), ToRequest(*longest));
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    EXPECT_EQ(again.tokens, expected[longest - prompts.begin()]);
+    absl::StatusOr<tandem::v1::WorkerStats> after = cluster.Stats("decode-0");
+    ASSERT_TRUE(after.ok()) << after.status();
+    for (int r = 0; r < shape.decode_tp; ++r) {
+      EXPECT_EQ(after->kv_bytes_received_per_rank(r) - stats->kv_bytes_received_per_rank(r),
+                delta[r % shape.dcp] * per_block)
+          << "D rank " << r << ": only the blocks past the cached prefix are read";
+    }
+    stats = std::move(after);
     // Every shard's pool is whole again (requests finished, blocks freed or cached).
     ASSERT_EQ(stats->kv_free_blocks_per_shard_size(), shape.dcp);
     const uint64_t shard_blocks = stats->load().kv_blocks_total() / shape.dcp;

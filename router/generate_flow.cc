@@ -1,0 +1,619 @@
+#include "router/generate_flow.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "router/router_metrics.h"
+#include "router/routing_policy.h"
+#include "router/validation.h"
+
+namespace tandem::router {
+namespace {
+
+// Codes that mean "the worker (or the connection to it) is gone", not "the request is bad".
+// A server that dies mid-stream shows up as UNAVAILABLE (connection reset) or CANCELLED (the
+// server cancelled its streams on shutdown); a crashed handler as UNKNOWN.
+bool IsWorkerFault(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled ||
+         code == absl::StatusCode::kUnknown || code == absl::StatusCode::kDeadlineExceeded;
+}
+
+ModelLimits LimitsOf(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+  return ModelLimits{std::min(a.vocab_size(), b.vocab_size()),
+                     std::min(a.max_model_len(), b.max_model_len())};
+}
+
+// One line, written with a single write(2) so concurrent requests' lines do not interleave.
+void LogTraceJson(const v1::RequestTrace& trace) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(trace, &json, options).ok()) return;
+  std::string line = absl::StrCat("{\"request_trace\":", json, "}\n");
+  size_t off = 0;
+  while (off < line.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data() + off, line.size() - off);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+}
+
+class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
+ public:
+  GenerateFlow(Orchestrator& orch, v1::GenerateRequest request, Admission admission,
+               const CallerContext* client, std::shared_ptr<ResponseSink> sink, Task on_end)
+      : orch_(orch),
+        strand_(std::make_shared<Strand>(&orch.executor())),
+        request_(std::move(request)),
+        flight_(admission.shared_request()),
+        admission_(std::move(admission)),
+        client_(client),
+        sink_(std::move(sink)),
+        on_end_(std::move(on_end)),
+        start_(absl::Now()) {
+    deadline_ = start_ + orch_.options().request_timeout;
+    if (client_ != nullptr) deadline_ = std::min(deadline_, client_->deadline());
+    trace_.set_request_id(flight_->id());
+    trace_.set_start_unix_micros(absl::ToUnixMicros(start_));
+  }
+
+  void Begin() {
+    Post(shared_from_this(), [](GenerateFlow& f) { f.Route(); });
+  }
+
+ private:
+  enum class Phase { kDecode, kMixed };
+  // What a stream relayed so far.
+  struct Relay {
+    bool finished = false;     // a message with finish_reason was relayed
+    bool client_gone = false;  // a Send to the client failed
+    bool got_any = false;      // the worker sent at least one message
+  };
+  using FailureNext = absl::AnyInvocable<void(GenerateFlow&, absl::Status, bool retriable) &&>;
+  using ClientNext = absl::AnyInvocable<void(GenerateFlow&, bool cancelled) &&>;
+
+  // Runs `step` on the flow's strand: queued (Post), or from a completion callback at once on the
+  // callback's thread when the strand is idle (Continue). A copy of the strand is held across
+  // the call: the flow (and its strand) may end on another thread as soon as the step is queued.
+  template <typename Step>
+  static void Post(std::shared_ptr<GenerateFlow> self, Step step) {
+    const std::shared_ptr<Strand> strand = self->strand_;
+    strand->Post(
+        [self = std::move(self), step = std::move(step)]() mutable { std::move(step)(*self); });
+  }
+  template <typename Step>
+  static void Continue(std::shared_ptr<GenerateFlow> self, Step step) {
+    const std::shared_ptr<Strand> strand = self->strand_;
+    strand->Dispatch(
+        [self = std::move(self), step = std::move(step)]() mutable { std::move(step)(*self); });
+  }
+  template <typename Step>
+  static void PostAt(std::shared_ptr<GenerateFlow> self, absl::Time when, Step step) {
+    const std::shared_ptr<Strand> strand = self->strand_;
+    strand->PostAt(when, [self = std::move(self), step = std::move(step)]() mutable {
+      std::move(step)(*self);
+    });
+  }
+
+  void Route();
+  void StartDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap);
+  void OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered);
+  void StartDecode();
+  // The KV lease P holds for this request moves to `decode_worker` (P serves no other reader),
+  // then the decode restarts there. Best effort: if P does not answer, the new decode worker
+  // finds the source unreachable or the lease not its own, and recomputes or fails as for any
+  // KV failure.
+  bool ReplaceDecode(const absl::Status& failure);
+  void StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
+  void StartStream(std::unique_ptr<StreamCall> stream, Phase phase);
+  void OnStreamMessage(v1::GenerateResponse chunk);
+  void OnStreamDone(const absl::Status& status);
+  void OnDecodeEnded(const absl::Status& status);
+  void OnMixedEnded(const absl::Status& status);
+  // A phase's result: the status for the client, or "retry this phase without that worker".
+  void EndPhase(absl::Status status, std::string retry_without);
+  absl::Status FinishAborted();
+  // The request's end: trace, metrics, slots and admission released, then the sink told.
+  void Done(const absl::Status& status);
+
+  // The client's status for a failed worker call (`slot` stays valid until `next` ran): marks
+  // the worker failed for faults and passes retriable=true then.
+  void ClassifyFailure(WorkerSlot* slot, absl::Status status, std::string phase, FailureNext next);
+  absl::Status Failure(WorkerSlot& slot, const absl::Status& status, absl::string_view phase,
+                       bool* retriable);
+  // Runs `next` once it is known whether the client cancelled. A worker call cut by the
+  // client's cancel ends CANCELLED possibly a moment before the server context reports it, so
+  // for CANCELLED this re-checks every 2 ms until `until` (a timer, not a sleep).
+  void CheckClientCancelled(absl::StatusCode code, absl::Time until, ClientNext next);
+  CallOptions NewCallOptions() const;
+  bool Send(v1::GenerateResponse& chunk);
+  v1::Usage FinalUsage() const;
+  void AbortWorkers();
+  // Microseconds since the router took the request (never 0, so 0 stays "did not happen").
+  uint64_t Since() const;
+  int MaxAttempts() const { return std::max(orch_.options().max_attempts, 1); }
+  WorkerRegistry& registry() const { return orch_.registry(); }
+
+  Orchestrator& orch_;
+  const std::shared_ptr<Strand> strand_;
+  const v1::GenerateRequest request_;
+  const std::shared_ptr<InFlightRequest> flight_;
+  std::optional<Admission> admission_;
+  const CallerContext* const client_;
+  std::shared_ptr<ResponseSink> sink_;
+  Task on_end_;
+  const absl::Time start_;
+  absl::Time deadline_;
+  v1::RequestTrace trace_;
+  // Counted for the client's usage and the metrics.
+  uint32_t completion_tokens_ = 0;
+  uint32_t cached_tokens_ = 0;
+  int64_t sent_tokens_ = 0;
+  absl::Time first_sent_, last_sent_;
+  // Routing.
+  int attempt_ = 1;
+  absl::flat_hash_set<std::string> excluded_;
+  std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
+  // The P/D phase: P until it answered, then D (or the mixed worker) until the end.
+  std::unique_ptr<WorkerSlot> prefill_slot_, stream_slot_;
+  std::unique_ptr<PrefillCall> prefill_call_;
+  std::unique_ptr<StreamCall> stream_;
+  Phase phase_ = Phase::kMixed;
+  Relay relay_;
+  v1::WorkerInfo prefill_info_;
+  std::shared_ptr<WorkerClient> prefill_client_;  // holds the KV lease during decode
+  v1::DecodeRequest decode_request_;
+  int decode_attempt_ = 0;
+  absl::flat_hash_set<std::string> decode_tried_;
+};
+
+void GenerateFlow::Route() {
+  const auto& prompt = request_.prompt_token_ids();
+  RoutingSnapshot snap =
+      registry().Snapshot(absl::MakeConstSpan(prompt.data(), prompt.size()), request_.cache_salt());
+  if (snap.registered == 0) {
+    return Done(absl::UnavailableError("no workers are registered with the router"));
+  }
+  std::erase_if(snap.candidates,
+                [&](const RouteCandidate& c) { return excluded_.contains(c.worker_id); });
+  absl::StatusOr<RoutePlan> plan = ChooseRoute(snap.candidates);
+  if (!plan.ok()) return Done(plan.status());
+  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+    if (plan->disaggregated()) {
+      metrics->RecordRouting(plan->prefill_worker, v1::WORKER_ROLE_PREFILL);
+      metrics->RecordRouting(plan->decode_worker, v1::WORKER_ROLE_DECODE);
+    } else {
+      metrics->RecordRouting(plan->mixed_worker, v1::WORKER_ROLE_MIXED);
+    }
+  }
+  if (plan->disaggregated()) {
+    StartDisaggregated(*plan, snap);
+  } else {
+    StartMixed(*plan, snap);
+  }
+}
+
+void GenerateFlow::StartDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap) {
+  absl::StatusOr<WorkerRef> p_ref = registry().BeginCall(plan.prefill_worker, &snap);
+  if (!p_ref.ok()) {
+    return EndPhase(absl::UnavailableError(p_ref.status().message()), plan.prefill_worker);
+  }
+  // P counts in its worker's load only while it prefills, D until the end.
+  prefill_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(p_ref));
+  absl::StatusOr<WorkerRef> d_ref = registry().BeginCall(plan.decode_worker);
+  if (!d_ref.ok()) {
+    return EndPhase(absl::UnavailableError(d_ref.status().message()), plan.decode_worker);
+  }
+  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(d_ref));
+  const WorkerRef& p = prefill_slot_->ref();
+  if (absl::Status s = ValidateAgainstModel(request_, LimitsOf(p.info, stream_slot_->ref().info));
+      !s.ok()) {
+    return EndPhase(s, "");
+  }
+  v1::PrefillRequest preq;
+  *preq.mutable_request() = request_;
+  preq.set_remote_decode(true);
+  preq.set_lease_ms(orch_.options().lease_ms);
+  // P binds the KV lease to this decode worker: only it may read, renew or release it.
+  preq.set_decode_worker_id(stream_slot_->id());
+  touched_.push_back(p);
+  prefill_info_ = p.info;
+  trace_.set_prefill_worker_id(prefill_info_.worker_id());
+  trace_.set_decode_worker_id(stream_slot_->id());
+  prefill_call_ = p.client->NewPrefill(NewCallOptions());
+  if (!flight_->AddCall(prefill_slot_->id(), prefill_call_.get())) {
+    prefill_call_.reset();
+    AbortWorkers();
+    return EndPhase(flight_->cancel_reason(), "");
+  }
+  trace_.set_prefill_sent_micros(Since());
+  prefill_call_->Start(
+      preq, [self = shared_from_this()](absl::StatusOr<v1::PrefillResponse> answered) mutable {
+        Continue(std::move(self), [answered = std::move(answered)](GenerateFlow& f) mutable {
+          f.OnPrefilled(std::move(answered));
+        });
+      });
+}
+
+void GenerateFlow::OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered) {
+  flight_->RemoveCall(prefill_call_.get());
+  prefill_call_.reset();
+  trace_.set_prefill_done_micros(Since());
+  if (!answered.ok()) {
+    return ClassifyFailure(prefill_slot_.get(), answered.status(), "prefill",
+                           [](GenerateFlow& f, absl::Status s, bool retriable) {
+                             f.AbortWorkers();
+                             std::string retry = retriable ? f.prefill_slot_->id() : "";
+                             f.EndPhase(std::move(s), std::move(retry));
+                           });
+  }
+  const v1::PrefillResponse& prefilled = *answered;
+  prefill_client_ = prefill_slot_->ref().client;
+  prefill_slot_.reset();
+  *trace_.mutable_prefill() = prefilled.worker_times();
+  // The first token goes to the client now: TTFT does not wait for the KV transfer.
+  cached_tokens_ = prefilled.usage().cached_prompt_tokens();
+  completion_tokens_ = 1;
+  v1::GenerateResponse first;
+  first.add_token_ids(prefilled.first_token());
+  const bool finished = prefilled.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  if (finished) {
+    first.set_finish_reason(prefilled.finish_reason());
+    *first.mutable_usage() = FinalUsage();
+  }
+  if (!Send(first)) {
+    AbortWorkers();
+    return EndPhase(absl::CancelledError("the client went away"), "");
+  }
+  if (finished) return EndPhase(absl::OkStatus(), "");
+  if (!prefilled.has_kv_handle()) {
+    AbortWorkers();
+    return EndPhase(
+        absl::InternalError(absl::StrCat("prefill worker ", prefill_info_.worker_id(),
+                                         " returned neither a finish reason nor a kv_handle")),
+        "");
+  }
+  *decode_request_.mutable_request() = request_;
+  decode_request_.set_first_token(prefilled.first_token());
+  *decode_request_.mutable_kv_handle() = prefilled.kv_handle();
+  decode_request_.set_on_kv_failure(orch_.options().on_kv_failure);
+  decode_attempt_ = 1;
+  StartDecode();
+}
+
+void GenerateFlow::StartDecode() {
+  touched_.push_back(stream_slot_->ref());
+  trace_.set_decode_worker_id(stream_slot_->id());
+  trace_.set_decode_attempts(static_cast<uint32_t>(decode_attempt_));
+  trace_.set_decode_sent_micros(Since());
+  trace_.clear_decode_first_micros();
+  StartStream(stream_slot_->ref().client->NewDecode(decode_request_, NewCallOptions()),
+              Phase::kDecode);
+}
+
+bool GenerateFlow::ReplaceDecode(const absl::Status& failure) {
+  decode_tried_.insert(stream_slot_->id());
+  // A fresh view, not the one routing used: under load the prefill took seconds, and in a
+  // rolling restart the decode worker that was away then may be back while this one drains.
+  const RoutingSnapshot now = registry().Snapshot({}, request_.cache_salt());
+  std::optional<std::string> next = ChooseDecode(now.candidates, prefill_info_.model_id(),
+                                                 prefill_info_.kv_layout_hash(), decode_tried_);
+  if (!next.has_value()) return false;
+  absl::StatusOr<WorkerRef> ref = registry().BeginCall(*next);
+  if (!ref.ok()) return false;
+  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+    metrics->RecordRouting(*next, v1::WORKER_ROLE_DECODE);
+  }
+  LOG(WARNING) << "request " << flight_->id() << ": decode worker " << stream_slot_->id()
+               << " failed (" << failure << "); retrying on " << *next;
+  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));  // ends the old
+  ++decode_attempt_;
+  v1::ReassignLeaseRequest reassign;
+  reassign.set_request_id(request_.request_id());
+  reassign.set_lease_id(decode_request_.kv_handle().lease_id());
+  reassign.set_decode_worker_id(*next);
+  prefill_client_->ReassignLeaseAsync(
+      reassign, std::min(deadline_, absl::Now() + orch_.options().abort_timeout),
+      [self = shared_from_this(), worker = *next](absl::Status s) {
+        Continue(self, [worker, s](GenerateFlow& f) {
+          if (!s.ok()) {
+            LOG(WARNING) << "request " << f.flight_->id() << ": moving its KV lease to " << worker
+                         << ": " << s;
+          }
+          f.StartDecode();
+        });
+      });
+  return true;
+}
+
+void GenerateFlow::StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap) {
+  absl::StatusOr<WorkerRef> ref = registry().BeginCall(plan.mixed_worker, &snap);
+  if (!ref.ok()) return EndPhase(absl::UnavailableError(ref.status().message()), plan.mixed_worker);
+  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));
+  const WorkerRef& w = stream_slot_->ref();
+  if (absl::Status s = ValidateAgainstModel(request_, LimitsOf(w.info, w.info)); !s.ok()) {
+    return EndPhase(s, "");
+  }
+  touched_.push_back(w);
+  trace_.set_mixed_worker_id(w.info.worker_id());
+  trace_.set_decode_sent_micros(Since());
+  StartStream(w.client->NewGenerate(request_, NewCallOptions()), Phase::kMixed);
+}
+
+void GenerateFlow::StartStream(std::unique_ptr<StreamCall> stream, Phase phase) {
+  phase_ = phase;
+  relay_ = Relay();
+  if (!flight_->AddCall(stream_slot_->id(), stream.get())) {
+    AbortWorkers();
+    return EndPhase(flight_->cancel_reason(), "");
+  }
+  stream_ = std::move(stream);
+  // The callbacks hold the flow until the stream ends (OnStreamDone drops the call, and them).
+  stream_->Start(
+      [self = shared_from_this()](v1::GenerateResponse chunk) {
+        Continue(self, [chunk = std::move(chunk)](GenerateFlow& f) mutable {
+          f.OnStreamMessage(std::move(chunk));
+        });
+      },
+      [self = shared_from_this()](absl::Status status) mutable {
+        Continue(std::move(self), [status](GenerateFlow& f) { f.OnStreamDone(status); });
+      });
+}
+
+void GenerateFlow::OnStreamMessage(v1::GenerateResponse chunk) {
+  relay_.got_any = true;
+  // Nothing may follow the final message; after the client left, the stream only drains.
+  if (relay_.finished || relay_.client_gone) return stream_->ReadNext();
+  if (chunk.token_ids_size() > 0 && trace_.decode_first_micros() == 0) {
+    trace_.set_decode_first_micros(Since());
+  }
+  v1::GenerateResponse out;
+  *out.mutable_token_ids() = std::move(*chunk.mutable_token_ids());
+  completion_tokens_ += out.token_ids_size();
+  if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    relay_.finished = true;
+    if (phase_ == Phase::kMixed) cached_tokens_ = chunk.usage().cached_prompt_tokens();
+    *trace_.mutable_decode() = chunk.worker_times();
+    out.set_finish_reason(chunk.finish_reason());
+    *out.mutable_usage() = FinalUsage();
+  }
+  if ((out.token_ids_size() > 0 || relay_.finished) && !Send(out)) {
+    relay_.client_gone = true;
+    stream_->Cancel();
+  }
+  stream_->ReadNext();
+}
+
+void GenerateFlow::OnStreamDone(const absl::Status& status) {
+  flight_->RemoveCall(stream_.get());
+  stream_.reset();
+  if (phase_ == Phase::kDecode) {
+    OnDecodeEnded(status);
+  } else {
+    OnMixedEnded(status);
+  }
+}
+
+void GenerateFlow::OnDecodeEnded(const absl::Status& status) {
+  if (relay_.finished) return EndPhase(absl::OkStatus(), "");
+  if (relay_.client_gone) {
+    AbortWorkers();
+    return EndPhase(absl::CancelledError("the client went away"), "");
+  }
+  if (status.ok()) {
+    AbortWorkers();
+    return EndPhase(absl::InternalError(absl::StrCat("decode worker ", stream_slot_->id(),
+                                                     " ended its stream without a finish reason")),
+                    "");
+  }
+  ClassifyFailure(stream_slot_.get(), status, "decode",
+                  [](GenerateFlow& f, absl::Status s, bool retriable) {
+                    // The KV is still leased on P: a decode worker that failed before producing
+                    // anything can be replaced by another one reading the same handle.
+                    if (retriable && !f.relay_.got_any && f.decode_attempt_ < f.MaxAttempts() &&
+                        f.ReplaceDecode(s)) {
+                      return;
+                    }
+                    f.AbortWorkers();
+                    f.EndPhase(std::move(s), "");
+                  });
+}
+
+void GenerateFlow::OnMixedEnded(const absl::Status& status) {
+  if (relay_.finished) return EndPhase(absl::OkStatus(), "");
+  AbortWorkers();
+  if (relay_.client_gone) return EndPhase(absl::CancelledError("the client went away"), "");
+  if (status.ok()) {
+    return EndPhase(absl::InternalError(absl::StrCat("mixed worker ", stream_slot_->id(),
+                                                     " ended its stream without a finish reason")),
+                    "");
+  }
+  ClassifyFailure(stream_slot_.get(), status, "generate",
+                  [](GenerateFlow& f, absl::Status s, bool retriable) {
+                    std::string retry = retriable && !f.relay_.got_any ? f.stream_slot_->id() : "";
+                    f.EndPhase(std::move(s), std::move(retry));
+                  });
+}
+
+void GenerateFlow::EndPhase(absl::Status status, std::string retry_without) {
+  // The phase's workers leave the request (a failed one is marked unhealthy now).
+  prefill_slot_.reset();
+  stream_slot_.reset();
+  prefill_client_.reset();
+  // Router.Abort wins over whatever the interrupted call reported.
+  if (!status.ok() && flight_->cancel_reason().code() == absl::StatusCode::kAborted) {
+    return Done(FinishAborted());
+  }
+  if (!retry_without.empty() && attempt_ < MaxAttempts()) {
+    LOG(WARNING) << "request " << flight_->id() << ": retrying without worker " << retry_without
+                 << " (" << status << ")";
+    excluded_.insert(std::move(retry_without));
+    ++attempt_;
+    return Route();
+  }
+  Done(status);
+}
+
+absl::Status GenerateFlow::FinishAborted() {
+  v1::GenerateResponse last;
+  last.set_finish_reason(v1::FINISH_REASON_ABORTED);
+  *last.mutable_usage() = FinalUsage();
+  if (!Send(last)) return absl::CancelledError("the client went away");
+  return absl::OkStatus();
+}
+
+void GenerateFlow::Done(const absl::Status& status) {
+  const absl::Duration e2e = absl::Now() - start_;
+  const OrchestratorOptions& options = orch_.options();
+  if (options.log_trace_json) {
+    if (trace_.end_micros() == 0) trace_.set_end_micros(Since());
+    trace_.set_status(status.ok() ? "OK" : status.ToString());
+    LogTraceJson(trace_);
+  }
+  if (options.metrics != nullptr) {
+    options.metrics->RecordRequest(first_sent_ - start_, e2e, sent_tokens_,
+                                   request_.prompt_token_ids_size(), status);
+  }
+  VLOG(1) << "request " << flight_->id() << ": " << request_.prompt_token_ids_size()
+          << " prompt tokens, " << absl::FormatDuration(e2e) << ", " << status;
+  prefill_slot_.reset();
+  stream_slot_.reset();
+  prefill_client_.reset();
+  touched_.clear();
+  admission_.reset();  // the id is free again before the client hears of the end
+  std::shared_ptr<ResponseSink> sink = std::move(sink_);
+  sink->Finish(status);
+  sink.reset();
+  Task on_end = std::move(on_end_);
+  std::move(on_end)();
+}
+
+void GenerateFlow::ClassifyFailure(WorkerSlot* slot, absl::Status status, std::string phase,
+                                   FailureNext next) {
+  // Interrupted by the router (Router.Abort, lost worker, shutdown): that reason is the answer.
+  if (absl::Status reason = flight_->cancel_reason(); !reason.ok()) {
+    return std::move(next)(*this, reason, false);
+  }
+  const absl::StatusCode code = status.code();
+  CheckClientCancelled(code, absl::Now() + absl::Milliseconds(200),
+                       [slot, status = std::move(status), phase = std::move(phase),
+                        next = std::move(next)](GenerateFlow& f, bool cancelled) mutable {
+                         if (cancelled) {
+                           return std::move(next)(
+                               f, absl::CancelledError("the client cancelled the request"), false);
+                         }
+                         bool retriable = false;
+                         absl::Status s = f.Failure(*slot, status, phase, &retriable);
+                         std::move(next)(f, std::move(s), retriable);
+                       });
+}
+
+absl::Status GenerateFlow::Failure(WorkerSlot& slot, const absl::Status& status,
+                                   absl::string_view phase, bool* retriable) {
+  *retriable = false;
+  if (absl::Status reason = flight_->cancel_reason(); !reason.ok()) return reason;
+  const std::string where = absl::StrCat(phase, " worker ", slot.id());
+  const absl::StatusCode code = status.code();
+  // grpc's and absl's clocks may differ by a little; the slack keeps a request timeout from
+  // being blamed on the worker.
+  if (code == absl::StatusCode::kDeadlineExceeded &&
+      absl::Now() + absl::Milliseconds(100) >= deadline_) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("request ", flight_->id(), " exceeded its deadline during ", where));
+  }
+  if (IsWorkerFault(code)) {
+    const std::string msg = absl::StrCat(where, " failed: ", status.message());
+    slot.MarkFailed(msg);
+    *retriable = true;
+    return absl::UnavailableError(msg);
+  }
+  return absl::Status(code, absl::StrCat(where, ": ", status.message()));
+}
+
+void GenerateFlow::CheckClientCancelled(absl::StatusCode code, absl::Time until, ClientNext next) {
+  if (client_ == nullptr) return std::move(next)(*this, false);
+  if (client_->Cancelled()) return std::move(next)(*this, true);
+  if (code != absl::StatusCode::kCancelled || absl::Now() >= until) {
+    return std::move(next)(*this, false);
+  }
+  PostAt(shared_from_this(), absl::Now() + absl::Milliseconds(2),
+         [code, until, next = std::move(next)](GenerateFlow& f) mutable {
+           f.CheckClientCancelled(code, until, std::move(next));
+         });
+}
+
+CallOptions GenerateFlow::NewCallOptions() const {
+  // The caller makes a client cancel cancel the worker call at once (and carries the client's
+  // own deadline, where it has one).
+  CallOptions options;
+  options.deadline = deadline_;
+  options.caller = client_;
+  return options;
+}
+
+bool GenerateFlow::Send(v1::GenerateResponse& chunk) {
+  chunk.set_request_id(flight_->client_id());
+  if (chunk.token_ids_size() > 0) {
+    if (trace_.first_token_micros() == 0) trace_.set_first_token_micros(Since());
+    // For RouterMetrics: time to the first token, gaps between chunks.
+    const absl::Time now = absl::Now();
+    if (sent_tokens_ == 0) {
+      first_sent_ = now;
+    } else if (orch_.options().metrics != nullptr) {
+      orch_.options().metrics->RecordInterToken(now - last_sent_);
+    }
+    last_sent_ = now;
+    sent_tokens_ += chunk.token_ids_size();
+  }
+  if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    trace_.set_end_micros(Since());
+    trace_.set_finish_reason(chunk.finish_reason());
+    trace_.set_prompt_tokens(chunk.usage().prompt_tokens());
+    trace_.set_completion_tokens(chunk.usage().completion_tokens());
+    trace_.set_status("OK");  // a final message: the stream ends OK
+    if (request_.trace()) *chunk.mutable_trace() = trace_;
+  }
+  return sink_->Send(chunk);
+}
+
+uint64_t GenerateFlow::Since() const {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(1, absl::ToInt64Microseconds(absl::Now() - start_)));
+}
+
+v1::Usage GenerateFlow::FinalUsage() const {
+  v1::Usage usage;
+  usage.set_prompt_tokens(static_cast<uint32_t>(request_.prompt_token_ids_size()));
+  usage.set_completion_tokens(completion_tokens_);
+  usage.set_cached_prompt_tokens(cached_tokens_);
+  return usage;
+}
+
+void GenerateFlow::AbortWorkers() {
+  absl::flat_hash_set<std::string> sent;
+  for (const WorkerRef& w : touched_) {
+    if (sent.insert(w.info.worker_id()).second) orch_.SendAbort(w, flight_->id());
+  }
+  touched_.clear();
+}
+
+}  // namespace
+
+void StartGenerateFlow(Orchestrator& orch, v1::GenerateRequest request, Admission admission,
+                       const CallerContext* client, std::shared_ptr<ResponseSink> sink,
+                       Task on_end) {
+  std::make_shared<GenerateFlow>(orch, std::move(request), std::move(admission), client,
+                                 std::move(sink), std::move(on_end))
+      ->Begin();
+}
+
+}  // namespace tandem::router
