@@ -270,4 +270,15 @@ Reference ReferenceAttention(const PagedCase& c, const AttentionParams& params, 
   return ::testing::AssertionSuccess();
 }
 
+KernelResult RunCpuPagedAttention(PagedCase& c, const AttentionParams& params, ThreadPool* pool) {
+  KernelResult r;
+  r.out.assign(c.num_tokens * c.options.num_q_heads * c.options.head_dim, 1234.5f);
+  r.lse.assign(c.num_tokens * c.options.num_q_heads, 1234.5f);
+  const absl::Status status =
+      cpu::PagedAttention(c.q.data(), c.options.num_q_heads, c.View(), c.options.layer, c.Batch(),
+                          params, r.out.data(), r.lse.data(), pool);
+  EXPECT_TRUE(status.ok()) << status;
+  return r;
+}
+
 }  // namespace tandem::kernels::attention_test

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/threading/thread_pool.h"
 
 namespace tandem::kernels::attention_test {
 
@@ -93,6 +94,14 @@ struct Reference {
 Reference ReferenceAttention(const PagedCase& c, const AttentionParams& params,
                              int64_t key_begin = 0,
                              int64_t key_end = std::numeric_limits<int64_t>::max());
+
+// The CPU kernel's output and lse for `c` (buffers pre-filled with a sentinel, so anything the
+// kernel leaves unwritten shows); a kernel error fails the calling test.
+struct KernelResult {
+  std::vector<float> out;  // [num_tokens, num_q_heads, head_dim]
+  std::vector<float> lse;  // [num_tokens, num_q_heads]
+};
+KernelResult RunCpuPagedAttention(PagedCase& c, const AttentionParams& params, ThreadPool* pool);
 
 // max |actual - expected| <= rel_tol * max|expected| (rel_tol absolute if expected is all 0);
 // NaN fails. Reports the worst element.

@@ -36,21 +36,8 @@ using ::tandem::kernels::attention_test::TestSeed;
 constexpr double kOutTol = 1e-5;
 constexpr double kLseTol = 1e-5;
 
-struct Result {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
-
-Result RunShard(PagedCase& c, const AttentionParams& params, ThreadPool* pool) {
-  Result r;
-  r.out.assign(c.num_tokens * c.options.num_q_heads * c.options.head_dim, 1234.5f);
-  r.lse.assign(c.num_tokens * c.options.num_q_heads, 1234.5f);
-  const absl::Status status =
-      PagedAttention(c.q.data(), c.options.num_q_heads, c.View(), c.options.layer, c.Batch(),
-                     params, r.out.data(), r.lse.data(), pool);
-  EXPECT_TRUE(status.ok()) << status;
-  return r;
-}
+using Result = ::tandem::kernels::attention_test::KernelResult;
+using ::tandem::kernels::attention_test::RunCpuPagedAttention;
 
 AttentionParams WithDcp(AttentionParams params, const DcpShard& dcp) {
   params.dcp_size = dcp.size;
@@ -104,10 +91,10 @@ void CheckShards(std::mt19937& rng, const PagedCase& global, int64_t dcp_size, i
                    << "dcp " << dcp_size << " rank " << rank << " interleave " << interleave
                    << " window " << params.window_left << " softcap " << params.softcap);
       const Reference ref = ReferenceAttention(shard, params);
-      const Result single = RunShard(shard, params, nullptr);
+      const Result single = RunCpuPagedAttention(shard, params, nullptr);
       EXPECT_TRUE(OutClose(single.out, ref.out, kOutTol));
       EXPECT_TRUE(LseClose(single.lse, ref.lse, kLseTol));
-      const Result threaded = RunShard(shard, params, pool);
+      const Result threaded = RunCpuPagedAttention(shard, params, pool);
       EXPECT_TRUE(threaded.out == single.out) << "thread pool changed the output";
       EXPECT_TRUE(threaded.lse == single.lse) << "thread pool changed the lse";
       // A query that sees none of the shard: exactly out 0, lse -inf.
@@ -197,11 +184,11 @@ TEST(DcpShardAttentionEdgeTest, SizeOneIsTheOrdinaryPath) {
   CaseOptions options;
   PagedCase c = MakePagedCase(rng, options, DcpBatch());
   const AttentionParams plain{0.125f, 23, 0.0f};
-  const Result a = RunShard(c, plain, nullptr);
+  const Result a = RunCpuPagedAttention(c, plain, nullptr);
   const AttentionParams one = WithDcp(plain, {1, 0, 7});
   std::vector<int32_t> junk(c.seqs.size(), -5);
   c.local_seq_lens = junk;  // ignored at size 1
-  const Result b = RunShard(c, one, nullptr);
+  const Result b = RunCpuPagedAttention(c, one, nullptr);
   EXPECT_TRUE(a.out == b.out);
   EXPECT_TRUE(a.lse == b.lse);
 }
@@ -223,7 +210,8 @@ void CheckPipeline(std::mt19937& rng, PagedCase& global, int64_t dcp_size, int64
   std::vector<std::vector<float>> send(dcp_size, std::vector<float>(words, -777.0f));
   for (int64_t k = 0; k < dcp_size; ++k) {
     PagedCase shard = MakeDcpShardCase(rng, global, {dcp_size, k, interleave});
-    const Result partial = RunShard(shard, WithDcp(params, {dcp_size, k, interleave}), nullptr);
+    const Result partial =
+        RunCpuPagedAttention(shard, WithDcp(params, {dcp_size, k, interleave}), nullptr);
     ASSERT_TRUE(
         DcpPackForExchange(partial.out.data(), partial.lse.data(), layout, send[k].data()).ok());
   }
@@ -243,7 +231,7 @@ void CheckPipeline(std::mt19937& rng, PagedCase& global, int64_t dcp_size, int64
       std::copy_n(lse.begin() + t * hpr, hpr, merged_lse.begin() + t * hq + j * hpr);
     }
   }
-  const Result full = RunShard(global, params, nullptr);
+  const Result full = RunCpuPagedAttention(global, params, nullptr);
   EXPECT_TRUE(OutClose(merged_out, std::vector<double>(full.out.begin(), full.out.end()), 1e-5));
   EXPECT_TRUE(LseClose(merged_lse, std::vector<double>(full.lse.begin(), full.lse.end()), 1e-5));
   const Reference ref = ReferenceAttention(global, params);

@@ -33,31 +33,18 @@ using ::tandem::kernels::attention_test::TestSeed;
 constexpr double kOutTol = 1e-5;
 constexpr double kLseTol = 1e-5;
 
-struct Result {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
-
-Result RunKernel(PagedCase& c, const AttentionParams& params, ThreadPool* pool) {
-  Result r;
-  r.out.assign(c.num_tokens * c.options.num_q_heads * c.options.head_dim, 1234.5f);
-  r.lse.assign(c.num_tokens * c.options.num_q_heads, 1234.5f);
-  const absl::Status status =
-      PagedAttention(c.q.data(), c.options.num_q_heads, c.View(), c.options.layer, c.Batch(),
-                     params, r.out.data(), r.lse.data(), pool);
-  EXPECT_TRUE(status.ok()) << status;
-  return r;
-}
+using Result = ::tandem::kernels::attention_test::KernelResult;
+using ::tandem::kernels::attention_test::RunCpuPagedAttention;
 
 // Runs single-threaded and on a pool, checks both against the reference and each other.
 void CheckAgainstReference(PagedCase& c, const AttentionParams& params, ThreadPool* pool) {
   SCOPED_TRACE(::testing::Message()
                << "window_left=" << params.window_left << " softcap=" << params.softcap);
   const Reference ref = ReferenceAttention(c, params);
-  const Result single = RunKernel(c, params, nullptr);
+  const Result single = RunCpuPagedAttention(c, params, nullptr);
   EXPECT_TRUE(OutClose(single.out, ref.out, kOutTol));
   EXPECT_TRUE(LseClose(single.lse, ref.lse, kLseTol));
-  const Result threaded = RunKernel(c, params, pool);
+  const Result threaded = RunCpuPagedAttention(c, params, pool);
   // Each work item runs the same code on one thread, so the thread count changes nothing.
   EXPECT_TRUE(threaded.out == single.out) << "thread pool changed the output";
   EXPECT_TRUE(threaded.lse == single.lse) << "thread pool changed the lse";
@@ -165,7 +152,7 @@ TEST(PagedAttentionStabilityTest, LargeScoresDoNotOverflow) {
   PagedCase c = MakePagedCase(rng, options, {{300, 1}, {90, 30}});
   const AttentionParams params{1.0f / 8.0f, -1, 0.0f};
   const Reference ref = ReferenceAttention(c, params);
-  const Result r = RunKernel(c, params, nullptr);
+  const Result r = RunCpuPagedAttention(c, params, nullptr);
   // Scores of magnitude ~100 carry fp32 rounding of ~1e-5 absolute, which moves the softmax
   // weights by that much relatively: errors reach ~7e-6 x max|out| here (vs < 1e-6 in the other
   // tests), so this test allows 3e-5.
@@ -190,7 +177,7 @@ TEST(PagedAttentionWindowTest, BlocksBeforeTheWindowAreNeverRead) {
       c.block_tables[s * c.max_blocks_per_seq + b] = -7;
     }
   }
-  const Result r = RunKernel(c, params, nullptr);
+  const Result r = RunCpuPagedAttention(c, params, nullptr);
   EXPECT_TRUE(OutClose(r.out, ref.out, kOutTol));
   EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
 }
@@ -210,7 +197,7 @@ TEST(PagedAttentionEdgeTest, NanKeyPoisonsExactlyTheQueriesThatSeeIt) {
   c.pool[c.layout.TileOffset(slot / 16, options.layer, 0) + (slot % 16) * 2 * 64] =
       std::numeric_limits<float>::quiet_NaN();
   const Reference ref = ReferenceAttention(c, params);  // reads the unpoisoned contiguous K
-  const Result r = RunKernel(c, params, nullptr);
+  const Result r = RunCpuPagedAttention(c, params, nullptr);
   for (int64_t pos = 0; pos < 40; ++pos) {
     for (int64_t h = 0; h < 8; ++h) {
       const bool sees_nan = pos >= poisoned_pos && h < 4;  // q heads 0-3 use kv head 0
@@ -231,7 +218,7 @@ TEST(PagedAttentionEdgeTest, LseIsOptional) {
   std::mt19937 rng(TestSeed());
   PagedCase c = MakePagedCase(rng, CaseOptions{}, {{50, 3}});
   const AttentionParams params{0.125f, -1, 0.0f};
-  const Result with_lse = RunKernel(c, params, nullptr);
+  const Result with_lse = RunCpuPagedAttention(c, params, nullptr);
   std::vector<float> out(with_lse.out.size());
   ASSERT_TRUE(
       PagedAttention(c.q.data(), 8, c.View(), 1, c.Batch(), params, out.data(), nullptr, nullptr)

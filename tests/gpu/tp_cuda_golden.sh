@@ -15,52 +15,8 @@
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate tool//runtime/model:make_dummy_model. Run from the repository root
 # (reads tests/golden/fixtures). Prints "N passed, N failed, N skipped".
 set -uo pipefail
-B=$(cd "${1:?bundle dir}" && pwd)
-LOG=${2:?log dir}
-mkdir -p "$LOG"
-export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-G=$B/bin/runtime/generate
-SHARE=${SHARE---tp_share_device}
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
 TP4_FLAGS=${TP4_FLAGS-$SHARE}
-passed=0 failed=0 skipped=0
-if ! nvidia-smi -L > /dev/null 2>&1; then
-  echo "no GPU: skipped"; echo "0 passed, 0 failed, 1 skipped"; exit 0
-fi
-
-compare() {  # NAME OUT REF [EXPECTED_JSON]
-  python3 - "$@" <<'PY'
-import json, math, sys
-name, out, ref = sys.argv[1:4]
-exp = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else None
-got = [json.loads(l) for l in open(out) if l.strip()]
-want = [json.loads(l) for l in open(ref) if l.strip()]
-assert len(got) == len(want) > 0
-def cos(a, b):
-    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-bad, same_tokens, worst_ref, worst_hf = 0, 0, 1.0, 1.0
-for i, (g, w) in enumerate(zip(got, want)):
-    lg, lw = g["last_prompt_logits"], w["last_prompt_logits"]
-    c = cos(lg, lw); worst_ref = min(worst_ref, c)
-    if c < 0.999: print(f"{name} prompt {i}: cosine to tp=1 {c:.5f}"); bad += 1
-    if exp is not None:
-        ch = cos(lg, exp["last_prompt_logits"][i]); worst_hf = min(worst_hf, ch)
-        if ch < 0.999: print(f"{name} prompt {i}: cosine to transformers {ch:.5f}"); bad += 1
-    top = sorted(lw, reverse=True)
-    if top[0] - top[1] >= 0.03 * max(abs(x) for x in lw) and g["tokens"][0] != w["tokens"][0]:
-        print(f"{name} prompt {i}: first token {g['tokens'][0]} != tp=1 {w['tokens'][0]}"); bad += 1
-    same_tokens += g["tokens"] == w["tokens"]
-print(f"{name}: {len(got)} prompts, cosine to tp=1 >= {worst_ref:.6f}"
-      + (f", to transformers >= {worst_hf:.6f}" if exp else "")
-      + f", greedy tokens equal to tp=1 on {same_tokens}/{len(got)}, {bad} failures")
-sys.exit(1 if bad else 0)
-PY
-}
-
-run() {  # OUT ARGS...
-  local out=$1; shift
-  timeout 300 "$G" --backend=cuda --kv_cache_bytes=268435456 --max_tokens=16 --ignore_eos \
-    --dump_last_logits --num_threads=1 "$@" > "$out" 2> "$out.err"
-}
 
 for variant in llama_f32_gqa llama_f32_mqa_headdim_bias llama_f32_llama3_tied qwen2_f32 llama_bf16 \
                qwen2_f16; do
