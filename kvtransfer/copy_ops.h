@@ -36,6 +36,23 @@ std::vector<CopyOp> BlockCopyOps(uint32_t local_region, uint32_t remote_region,
 // Sum of the ops' lengths.
 uint64_t TotalBytes(absl::Span<const CopyOp> ops);
 
+// Strided batches (StridedCopyOp), the same checks: INVALID_ARGUMENT for an empty batch, zero
+// rows or row bytes, a stride below the row length; OUT_OF_RANGE for an unknown region or a last
+// row past a region's end (overflow-safe).
+absl::Status ValidateStridedCopyOps(absl::Span<const StridedCopyOp> ops,
+                                    absl::Span<const uint64_t> local_region_bytes,
+                                    absl::Span<const uint64_t> remote_region_bytes);
+
+// Merges op i+1 into op i when it continues op i's rows exactly (same regions, row length and
+// strides; its first rows are where op i's next rows would be on both sides).
+std::vector<StridedCopyOp> CoalesceStridedCopyOps(absl::Span<const StridedCopyOp> ops);
+
+// rows * row_bytes summed over the ops.
+uint64_t TotalBytes(absl::Span<const StridedCopyOp> ops);
+
+// A contiguous op as a strided one of one row.
+StridedCopyOp AsStrided(const CopyOp& op);
+
 }  // namespace tandem::kvtransfer
 
 #endif  // TANDEM_KVTRANSFER_COPY_OPS_H_

@@ -101,5 +101,58 @@ TEST(BlockCopyOpsTest, ContiguousBlocksBecomeOneOp) {
   EXPECT_TRUE(BlockCopyOps(0, 0, 100, local, std::vector<uint32_t>{1}).empty());
 }
 
+TEST(StridedCopyOpsTest, ValidateChecksRowsStridesAndTheLastRow) {
+  const std::vector<uint64_t> local = {1000}, remote = {4000};
+  const StridedCopyOp ok{.local_offset = 10,
+                         .local_stride = 100,
+                         .remote_offset = 0,
+                         .remote_stride = 400,
+                         .row_bytes = 90,
+                         .rows = 10};  // local rows end at 10 + 900 + 90 = 1000
+  EXPECT_TRUE(ValidateStridedCopyOps({ok}, local, remote).ok());
+  StridedCopyOp past = ok;
+  past.local_offset = 11;
+  EXPECT_EQ(ValidateStridedCopyOps({past}, local, remote).code(), absl::StatusCode::kOutOfRange);
+  StridedCopyOp overlap = ok;
+  overlap.remote_stride = 89;
+  EXPECT_EQ(ValidateStridedCopyOps({overlap}, local, remote).code(),
+            absl::StatusCode::kInvalidArgument);
+  StridedCopyOp empty = ok;
+  empty.rows = 0;
+  EXPECT_EQ(ValidateStridedCopyOps({empty}, local, remote).code(),
+            absl::StatusCode::kInvalidArgument);
+  StridedCopyOp overflow = ok;
+  overflow.rows = uint64_t{1} << 62;
+  EXPECT_EQ(ValidateStridedCopyOps({overflow}, local, remote).code(),
+            absl::StatusCode::kOutOfRange);
+  StridedCopyOp region = ok;
+  region.remote_region = 1;
+  EXPECT_EQ(ValidateStridedCopyOps({region}, local, remote).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ValidateStridedCopyOps({}, local, remote).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StridedCopyOpsTest, CoalescesOnlyOpsThatContinueTheRows) {
+  const StridedCopyOp a{.local_offset = 0,
+                        .local_stride = 64,
+                        .remote_offset = 32,
+                        .remote_stride = 128,
+                        .row_bytes = 32,
+                        .rows = 4};
+  StridedCopyOp b = a;  // the next 4 rows on both sides
+  b.local_offset = 256;
+  b.remote_offset = 32 + 512;
+  StridedCopyOp c = b;  // continues locally only
+  c.local_offset = 512;
+  c.remote_offset = 0;
+  const std::vector<StridedCopyOp> out = CoalesceStridedCopyOps({a, b, c});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].rows, 8u);
+  EXPECT_EQ(out[1].local_offset, 512u);
+  EXPECT_EQ(TotalBytes(absl::MakeConstSpan(out)), 12u * 32);
+  const StridedCopyOp one = AsStrided(CopyOp{.local_offset = 5, .remote_offset = 7, .length = 9});
+  EXPECT_EQ(one.rows, 1u);
+  EXPECT_EQ(one.row_bytes, 9u);
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer

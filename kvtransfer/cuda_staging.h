@@ -48,6 +48,10 @@ class CudaCopyStream {
   int device() const { return device_; }
   // Enqueues dst <- src (n bytes) and records slot's event after it.
   absl::Status CopyAsync(void* dst, const void* src, uint64_t n, int slot);
+  // Enqueues `rows` rows of `row_bytes`, row i from src + i * src_pitch to dst + i * dst_pitch
+  // (one cudaMemcpy2DAsync: the copy engine re-strides them), and records slot's event after.
+  absl::Status Copy2DAsync(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
+                           uint64_t row_bytes, uint64_t rows, int slot);
   // true once every copy enqueued for `slot` has finished; an error when one failed.
   absl::StatusOr<bool> SlotDone(int slot);
   absl::Status Synchronize();

@@ -27,6 +27,11 @@ absl::Status CudaCopyStream::CopyAsync(void* /*dst*/, const void* /*src*/, uint6
                                        int /*slot*/) {
   return NoCuda();
 }
+absl::Status CudaCopyStream::Copy2DAsync(void* /*dst*/, uint64_t /*dst_pitch*/, const void* /*src*/,
+                                         uint64_t /*src_pitch*/, uint64_t /*row_bytes*/,
+                                         uint64_t /*rows*/, int /*slot*/) {
+  return NoCuda();
+}
 absl::StatusOr<bool> CudaCopyStream::SlotDone(int /*slot*/) { return NoCuda(); }
 absl::Status CudaCopyStream::Synchronize() { return NoCuda(); }
 

@@ -112,6 +112,18 @@ absl::Status CudaCopyStream::CopyAsync(void* dst, const void* src, uint64_t n, i
   return absl::OkStatus();
 }
 
+absl::Status CudaCopyStream::Copy2DAsync(void* dst, uint64_t dst_pitch, const void* src,
+                                         uint64_t src_pitch, uint64_t row_bytes, uint64_t rows,
+                                         int slot) {
+  DeviceScope scope(device_);
+  RETURN_IF_ERROR(scope.status());
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                         cudaMemcpyDefault, stream));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(events_.at(slot)), stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> CudaCopyStream::SlotDone(int slot) {
   const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(events_.at(slot)));
   if (e == cudaErrorNotReady) return false;

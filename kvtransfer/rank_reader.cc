@@ -95,21 +95,42 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
         absl::StrCat("KV source ", peer, " (", n, " ranks): ", plan.status().message()));
   }
   s.plan = *std::move(plan);
+  absl::MutexLock lock(&mu_);
+  std::vector<bool> needed(n, false);
+  for (const ReshardPiece& piece : s.plan) needed[piece.src_rank] = true;
+  for (int r = 0; r < n; ++r) {
+    if (!needed[r]) continue;
+    if (absl::Status added = agent_->AddPeer(s.agent_peers[r], *ranks[r]); !added.ok()) {
+      return absl::Status(added.code(),
+                          absl::StrCat("KV source ", peer, " rank ", r, ": ", added.message()));
+    }
+  }
+  // Each piece: direct (whole blocks), strided (the agent re-strides the head slice in its own
+  // copy), or staged (whole blocks into staging, then scattered here).
   bool staged = false;
   for (const ReshardPiece& piece : s.plan) {
     const bool direct = IsDirect(piece, s.heads[piece.src_rank], mine_);
+    const bool strided =
+        !direct && head_bytes_ != 0 && options_.strided_reads &&
+        agent_->CanReadStrided(s.agent_peers[piece.src_rank], options_.pool_region);
     s.direct.push_back(direct);
-    staged |= !direct;
+    s.strided.push_back(strided);
+    staged |= !direct && !strided;
   }
   if (staged && (head_bytes_ == 0 || options_.pool == nullptr)) {
-    return absl::UnimplementedError(
-        absl::StrCat("KV source ", peer, " splits its ", total_heads, " KV heads over ", n,
-                     " ranks, this rank holds heads [", mine_.head_begin, ", ",
-                     mine_.head_begin + mine_.head_count, "): re-sharding into ",
-                     head_bytes_ == 0 ? "quantized KV" : "a device pool",
-                     " is not built (pair groups of equal tensor-parallel size)"));
+    // Refused: leave no half-linked source behind.
+    for (int r = 0; r < n; ++r) {
+      if (needed[r]) agent_->RemovePeer(s.agent_peers[r]);
+    }
+    sources_.erase(peer);
+    return absl::UnimplementedError(absl::StrCat(
+        "KV source ", peer, " splits its ", total_heads, " KV heads over ", n,
+        " ranks, this rank holds heads [", mine_.head_begin, ", ",
+        mine_.head_begin + mine_.head_count, "): re-sharding into ",
+        head_bytes_ == 0 ? "quantized KV" : "a device pool",
+        head_bytes_ == 0 ? "" : " needs strided reads, which this transport cannot do from it",
+        " (pair groups of equal tensor-parallel size)"));
   }
-  absl::MutexLock lock(&mu_);
   if (staged) {
     if (absl::Status st = EnsureStagingLocked(); !st.ok()) return st;
     for (const BlockShape& shape : s.shapes) {
@@ -118,15 +139,6 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
             absl::StrCat("KV staging of ", options_.staging_bytes, " bytes (", kSlots,
                          " slots) holds no block of ", shape.BlockBytes(), " bytes"));
       }
-    }
-  }
-  std::vector<bool> needed(n, false);
-  for (const ReshardPiece& piece : s.plan) needed[piece.src_rank] = true;
-  for (int r = 0; r < n; ++r) {
-    if (!needed[r]) continue;
-    if (absl::Status added = agent_->AddPeer(s.agent_peers[r], *ranks[r]); !added.ok()) {
-      return absl::Status(added.code(),
-                          absl::StrCat("KV source ", peer, " rank ", r, ": ", added.message()));
     }
   }
   sources_[peer] = std::move(s);
@@ -178,6 +190,7 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
     Part part;
     part.piece = s.plan[i];
     part.direct = s.direct[i];
+    part.strided = s.strided[i];
     part.agent_peer = s.agent_peers[part.piece.src_rank];
     part.src_shape = s.shapes[part.piece.src_rank];
     part.src_head_begin = s.heads[part.piece.src_rank].head_begin;
@@ -186,7 +199,7 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
   }
   for (size_t i = 0; i < read.parts.size(); ++i) {
     Part& part = read.parts[i];
-    if (!part.direct) {
+    if (!part.direct && !part.strided) {
       staging_queue_.emplace_back(id, i);
       continue;
     }
@@ -207,14 +220,27 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
 }
 
 absl::Status RankKvReader::PostDirectLocked(Read& read, Part& part) {
-  const std::vector<CopyOp> ops = BlockPairsToCopyOps(read.blocks, options_.pool_region,
-                                                      /*remote_region=*/0, part.src_block_bytes);
-  absl::StatusOr<TransferId> id = agent_->PostRead(part.agent_peer, ops);
+  absl::StatusOr<TransferId> id;
+  size_t descriptors = 0;
+  if (part.strided) {
+    const std::vector<StridedCopyOp> ops = StridedHeadOps(
+        read.blocks, part.src_shape, part.piece.head_begin - part.src_head_begin, LocalShape(),
+        part.piece.head_begin - mine_.head_begin, part.piece.head_count, options_.pool_region,
+        /*remote_region=*/0);
+    id = agent_->PostStridedRead(part.agent_peer, ops);
+    part.bytes = TotalBytes(ops);
+    descriptors = ops.size();
+  } else {
+    const std::vector<CopyOp> ops = BlockPairsToCopyOps(read.blocks, options_.pool_region,
+                                                        /*remote_region=*/0, part.src_block_bytes);
+    id = agent_->PostRead(part.agent_peer, ops);
+    part.bytes = TotalBytes(ops);
+    descriptors = ops.size();
+  }
   if (!id.ok()) return id.status();
   part.inflight = *id;
-  part.bytes = TotalBytes(ops);
   ++stats_.agent_reads;
-  stats_.copy_ops += ops.size();
+  stats_.copy_ops += descriptors;
   return absl::OkStatus();
 }
 

@@ -9,18 +9,25 @@
 // plan:
 //   * direct (the source rank holds exactly this rank's heads: equal TP, rank r <- rank r): ONE
 //     agent read of whole blocks, contiguous runs coalesced, straight into the pool;
-//   * staged (the heads are split differently): whole source blocks are read into a staging
+//   * strided (the heads are split differently, and the agent copies strided rows itself:
+//     TransferAgent::CanReadStrided, e.g. UCX between ranks of one host, into host or device
+//     pools): ONE agent read of strided descriptors (reshard.h StridedHeadOps, one per run of
+//     blocks) that moves exactly this rank's heads from the source rank's blocks into the pool:
+//     no staging, no second pass, and P tp < D tp moves only the kept bytes;
+//   * staged (the heads are split differently, no strided reads): whole source blocks are read into
+//   a staging
 //     region of this rank (one agent read per chunk of blocks that fits it, runs coalesced),
 //     and the piece's heads are scattered from there into the pool (reshard.h, memcpy).
 // Never one transfer per token or per head: the descriptors of a read are at most (source
-// ranks of the plan) x (contiguous runs) per staging chunk. When a source rank holds more heads
-// than this rank needs (P tp < D tp) whole blocks still move, so that direction reads
+// ranks of the plan) x (contiguous runs) per staging chunk. When a staged source rank holds more
+// heads than this rank needs (P tp < D tp) whole blocks still move, so that direction reads
 // (source heads / needed heads) times the bytes it keeps; the source-side gather that would
-// avoid it is not built (kvtransfer/README.md).
+// avoid it over transports without strided reads (RDMA between hosts) is not built
+// (kvtransfer/README.md).
 //
 // Staged reads need a host pool (RankKvReaderOptions::pool); into a device pool only direct
-// plans are possible (AddSource says UNIMPLEMENTED otherwise). Quantized KV (scales inside the
-// block) is read direct only.
+// and strided plans are possible (AddSource says UNIMPLEMENTED otherwise). Quantized KV
+// (scales inside the block) is read direct only.
 //
 // Staged chunks are polled, scattered and re-posted by the reader's own staging thread (started
 // with the staging region), never on the caller's: a scatter of tens of MiB must not stall the
@@ -62,6 +69,9 @@ struct RankKvReaderOptions {
   // Staging for re-sharded reads, allocated from the agent at the first source that needs it;
   // must hold at least one source block.
   uint64_t staging_bytes = uint64_t{64} << 20;
+  // Use the agent's strided reads where it offers them (TransferAgent::CanReadStrided); false:
+  // stage every re-shard (rank_reader_bench compares the two).
+  bool strided_reads = true;
 };
 
 struct RankKvReaderStats {
@@ -105,16 +115,18 @@ class RankKvReader final : public BlockTransport {
     std::vector<uint64_t> block_bytes;     // per source rank
     std::vector<ReshardPiece> plan;        // this rank's heads, by source rank
     std::vector<bool> direct;              // per piece
+    std::vector<bool> strided;             // per piece
   };
   struct Part {
     ReshardPiece piece;
     bool direct = false;
+    bool strided = false;  // one strided agent read, posted like a direct one
     std::string agent_peer;
     BlockShape src_shape;
     int src_head_begin = 0;
     uint64_t src_block_bytes = 0;
-    std::optional<TransferId> inflight;  // direct: the whole read
-    uint64_t bytes = 0;                  // direct: its bytes
+    std::optional<TransferId> inflight;  // direct / strided: the whole read
+    uint64_t bytes = 0;                  // direct / strided: its bytes
     size_t posted = 0;                   // staged: blocks [0, posted) are read or being read
     size_t done = 0;                     // staged: blocks scattered into the pool
     bool finished = false;  // all its blocks arrived (direct) or were scattered (staged)
@@ -138,6 +150,7 @@ class RankKvReader final : public BlockTransport {
   };
 
   absl::Status EnsureStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts a direct or strided part: one agent read.
   absl::Status PostDirectLocked(Read& read, Part& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls the direct parts' agent reads (the caller's thread).
   void ProgressDirectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

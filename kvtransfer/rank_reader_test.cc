@@ -4,6 +4,9 @@
 // exactly its heads of the source's KV, block for block; blocks outside the request stay
 // untouched; descriptors per destination rank stay at most (source ranks of its plan) x
 // (contiguous runs) — never per token or head; each rank keeps exactly its share of the bytes.
+// Both ways a re-shard can move: strided reads (InProcessAgent copies strided rows itself: one
+// descriptor per run of blocks, only the kept bytes move) and staged ones (the same agent behind
+// FaultInjectingAgent, which does not forward strided reads: whole blocks, then a scatter).
 // Plus: a staging region smaller than the request (several chunks), cancel, an unlinked peer.
 #include "kvtransfer/rank_reader.h"
 
@@ -16,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/inprocess/inprocess_agent.h"
+#include "kvtransfer/testing/fault_injecting_agent.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -147,67 +151,79 @@ TEST(RankKvReaderTest, EveryDestinationRankHoldsExactlyItsHeads) {
   cases.push_back({4, 2, 1, 2 * 256});  // slots of exactly one source block
   constexpr int kPoolBlocks = 24;
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "Hkv " << c.num_kv_heads << " P TP=" << c.src_tp
-                                      << " -> D TP=" << c.dst_tp << " staging " << c.staging_bytes);
-    auto fabric = std::make_shared<InProcessFabric>();
-    std::vector<Rank> src = MakeGroup(fabric, "p", c.num_kv_heads, c.src_tp, kPoolBlocks, rng);
-    std::vector<Rank> dst = MakeGroup(fabric, "d", c.num_kv_heads, c.dst_tp, kPoolBlocks, rng);
-    const TransferHandshake source = GroupHandshake(src, c.num_kv_heads);
-    // A request of random length over random, partly consecutive blocks on both sides.
-    const int n = 1 + static_cast<int>(rng() % 10);
-    std::vector<int32_t> ids(kPoolBlocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    std::vector<int32_t> src_blocks(ids.begin(), ids.begin() + n);
-    std::sort(src_blocks.begin(), src_blocks.begin() + n / 2);  // some runs coalesce
-    std::shuffle(ids.begin(), ids.end(), rng);
-    std::vector<int32_t> dst_blocks(ids.begin(), ids.begin() + n);
-    std::vector<std::pair<int32_t, int32_t>> pairs;
-    for (int i = 0; i < n; ++i) pairs.emplace_back(src_blocks[i], dst_blocks[i]);
+    for (const bool strided : {true, false}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "Hkv " << c.num_kv_heads << " P TP=" << c.src_tp << " -> D TP=" << c.dst_tp
+                   << " staging " << c.staging_bytes << (strided ? " strided" : " staged"));
+      auto fabric = std::make_shared<InProcessFabric>();
+      std::vector<Rank> src = MakeGroup(fabric, "p", c.num_kv_heads, c.src_tp, kPoolBlocks, rng);
+      std::vector<Rank> dst = MakeGroup(fabric, "d", c.num_kv_heads, c.dst_tp, kPoolBlocks, rng);
+      const TransferHandshake source = GroupHandshake(src, c.num_kv_heads);
+      // A request of random length over random, partly consecutive blocks on both sides.
+      const int n = 1 + static_cast<int>(rng() % 10);
+      std::vector<int32_t> ids(kPoolBlocks);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<int32_t> src_blocks(ids.begin(), ids.begin() + n);
+      std::sort(src_blocks.begin(), src_blocks.begin() + n / 2);  // some runs coalesce
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<int32_t> dst_blocks(ids.begin(), ids.begin() + n);
+      std::vector<std::pair<int32_t, int32_t>> pairs;
+      for (int i = 0; i < n; ++i) pairs.emplace_back(src_blocks[i], dst_blocks[i]);
 
-    for (int r = 0; r < c.dst_tp; ++r) {
-      SCOPED_TRACE(::testing::Message() << "D rank " << r);
-      Rank& rank = dst[r];
-      const std::vector<char> before = rank.pool;
-      RankKvReaderOptions options = ReaderOptions(rank, c.num_kv_heads, c.dst_tp, r, kPoolBlocks);
-      options.staging_bytes = c.staging_bytes;
-      RankKvReader reader(rank.agent.get(), options);
-      ASSERT_TRUE(reader.AddSource("p", source).ok()) << reader.AddSource("p", source);
-      absl::StatusOr<TransferId> id = reader.PostRead("p", pairs);
-      ASSERT_TRUE(id.ok()) << id.status();
-      ASSERT_TRUE(WaitFor(reader, *id).ok()) << WaitFor(reader, *id);
-      // Every head of this rank, in every request block, equals the source rank's that holds it.
-      for (int i = 0; i < n; ++i) {
-        for (int h = rank.heads.head_begin; h < rank.heads.head_begin + rank.heads.head_count;
-             ++h) {
-          const Rank* holder = nullptr;
-          for (const Rank& s : src) {
-            if (h >= s.heads.head_begin && h < s.heads.head_begin + s.heads.head_count) holder = &s;
-          }
-          ASSERT_NE(holder, nullptr);
-          for (int64_t row = 0; row < 2 * kLayers; ++row) {
-            for (int t = 0; t < kBlockSize; ++t) {
-              ASSERT_EQ(0, std::memcmp(rank.At(dst_blocks[i], row, t, h),
-                                       holder->At(src_blocks[i], row, t, h), kHeadBytes))
-                  << "block " << i << " head " << h << " row " << row << " token " << t;
+      for (int r = 0; r < c.dst_tp; ++r) {
+        SCOPED_TRACE(::testing::Message() << "D rank " << r);
+        Rank& rank = dst[r];
+        const std::vector<char> before = rank.pool;
+        RankKvReaderOptions options = ReaderOptions(rank, c.num_kv_heads, c.dst_tp, r, kPoolBlocks);
+        options.staging_bytes = c.staging_bytes;
+        FaultInjectingAgent no_strided(rank.agent.get());
+        TransferAgent* agent =
+            strided ? static_cast<TransferAgent*>(rank.agent.get()) : &no_strided;
+        RankKvReader reader(agent, options);
+        ASSERT_TRUE(reader.AddSource("p", source).ok()) << reader.AddSource("p", source);
+        absl::StatusOr<TransferId> id = reader.PostRead("p", pairs);
+        ASSERT_TRUE(id.ok()) << id.status();
+        ASSERT_TRUE(WaitFor(reader, *id).ok()) << WaitFor(reader, *id);
+        // Every head of this rank, in every request block, equals the source rank's that holds it.
+        for (int i = 0; i < n; ++i) {
+          for (int h = rank.heads.head_begin; h < rank.heads.head_begin + rank.heads.head_count;
+               ++h) {
+            const Rank* holder = nullptr;
+            for (const Rank& s : src) {
+              if (h >= s.heads.head_begin && h < s.heads.head_begin + s.heads.head_count)
+                holder = &s;
+            }
+            ASSERT_NE(holder, nullptr);
+            for (int64_t row = 0; row < 2 * kLayers; ++row) {
+              for (int t = 0; t < kBlockSize; ++t) {
+                ASSERT_EQ(0, std::memcmp(rank.At(dst_blocks[i], row, t, h),
+                                         holder->At(src_blocks[i], row, t, h), kHeadBytes))
+                    << "block " << i << " head " << h << " row " << row << " token " << t;
+              }
             }
           }
         }
+        // Blocks outside the request are untouched.
+        for (int32_t b = 0; b < kPoolBlocks; ++b) {
+          if (std::find(dst_blocks.begin(), dst_blocks.end(), b) != dst_blocks.end()) continue;
+          ASSERT_EQ(0, std::memcmp(rank.pool.data() + b * rank.BlockBytes(),
+                                   before.data() + b * rank.BlockBytes(), rank.BlockBytes()));
+        }
+        const RankKvReaderStats stats = reader.stats();
+        // Bulk: per source rank of the plan, at most one descriptor per contiguous run of the
+        // request per staging chunk — never per token or head.
+        const int64_t chunks = std::max<int64_t>(
+            1, (n * src[0].BlockBytes() + c.staging_bytes / 2 - 1) / (c.staging_bytes / 2));
+        EXPECT_LE(stats.copy_ops, static_cast<uint64_t>(c.src_tp * n));
+        EXPECT_LE(stats.agent_reads, static_cast<uint64_t>(c.src_tp * chunks + c.src_tp));
+        EXPECT_EQ(stats.bytes_kept, static_cast<uint64_t>(n * rank.BlockBytes()));
+        if (strided) {
+          // One agent read per source rank of the plan, and only the kept bytes move.
+          EXPECT_LE(stats.agent_reads, static_cast<uint64_t>(c.src_tp));
+          EXPECT_EQ(stats.bytes_read, stats.bytes_kept);
+        }
       }
-      // Blocks outside the request are untouched.
-      for (int32_t b = 0; b < kPoolBlocks; ++b) {
-        if (std::find(dst_blocks.begin(), dst_blocks.end(), b) != dst_blocks.end()) continue;
-        ASSERT_EQ(0, std::memcmp(rank.pool.data() + b * rank.BlockBytes(),
-                                 before.data() + b * rank.BlockBytes(), rank.BlockBytes()));
-      }
-      const RankKvReaderStats stats = reader.stats();
-      // Bulk: per source rank of the plan, at most one descriptor per contiguous run of the
-      // request per staging chunk — never per token or head.
-      const int64_t chunks = std::max<int64_t>(
-          1, (n * src[0].BlockBytes() + c.staging_bytes / 2 - 1) / (c.staging_bytes / 2));
-      EXPECT_LE(stats.copy_ops, static_cast<uint64_t>(c.src_tp * n));
-      EXPECT_LE(stats.agent_reads, static_cast<uint64_t>(c.src_tp * chunks + c.src_tp));
-      EXPECT_EQ(stats.bytes_kept, static_cast<uint64_t>(n * rank.BlockBytes()));
     }
   }
 }
@@ -236,15 +252,20 @@ TEST(RankKvReaderTest, CancelUnlinkedBadBlocksAndDevicePools) {
   EXPECT_EQ(reader.CheckTransfer(*id).status().code(), absl::StatusCode::kNotFound);
 
   // A staged plan cannot scatter into a device pool (no host address): refused at link time,
-  // naming the split; a direct one (equal geometry) is fine.
+  // naming the split, and nothing stays linked; a direct one (equal geometry) is fine, and so
+  // is a strided one (the agent writes the pool itself).
   RankKvReaderOptions device = ReaderOptions(dst[0], 4, 1, 0, 8);
   device.pool = nullptr;
-  RankKvReader device_reader(dst[0].agent.get(), device);
+  FaultInjectingAgent no_strided(dst[0].agent.get());
+  RankKvReader device_reader(&no_strided, device);
   const absl::Status staged = device_reader.AddSource("p", GroupHandshake(src, 4));
   EXPECT_EQ(staged.code(), absl::StatusCode::kUnimplemented) << staged;
   EXPECT_NE(staged.message().find("over 2 ranks"), std::string::npos) << staged;
+  EXPECT_FALSE(device_reader.SourceLinked("p"));
   std::vector<Rank> single = MakeGroup(fabric, "q", 4, 1, 8, rng);
   EXPECT_TRUE(device_reader.AddSource("q", GroupHandshake(single, 4)).ok());
+  RankKvReader strided_reader(dst[0].agent.get(), device);
+  EXPECT_TRUE(strided_reader.AddSource("p", GroupHandshake(src, 4)).ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/copy_ops.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -111,6 +112,29 @@ absl::Status ScatterHeads(const char* staging, int64_t staging_bytes, char* pool
                std::memcpy(pool + pool_at, staging + staged_at, bytes);
              });
   return absl::OkStatus();
+}
+
+std::vector<StridedCopyOp> StridedHeadOps(absl::Span<const std::pair<int32_t, int32_t>> blocks,
+                                          const BlockShape& src, int src_local_head,
+                                          const BlockShape& dst, int dst_local_head, int head_count,
+                                          uint32_t local_region, uint32_t remote_region) {
+  const uint64_t rows = static_cast<uint64_t>(src.num_layers * 2 * src.block_size);
+  std::vector<StridedCopyOp> ops;
+  ops.reserve(blocks.size());
+  for (const auto& [from, to] : blocks) {
+    ops.push_back(StridedCopyOp{
+        .local_region = local_region,
+        .local_offset =
+            static_cast<uint64_t>(to * dst.BlockBytes() + dst_local_head * dst.head_bytes),
+        .local_stride = static_cast<uint64_t>(dst.num_kv_heads * dst.head_bytes),
+        .remote_region = remote_region,
+        .remote_offset =
+            static_cast<uint64_t>(from * src.BlockBytes() + src_local_head * src.head_bytes),
+        .remote_stride = static_cast<uint64_t>(src.num_kv_heads * src.head_bytes),
+        .row_bytes = static_cast<uint64_t>(head_count * src.head_bytes),
+        .rows = rows});
+  }
+  return CoalesceStridedCopyOps(ops);
 }
 
 }  // namespace tandem::kvtransfer

@@ -11,17 +11,21 @@
 // gather and the destination's scatter. Quantized pools (scales after a block's values) are
 // refused: their scales would need re-sharding too.
 //
-// Equal geometry (rank r reads rank r's whole pool share) needs no staging: IsDirect().
+// Equal geometry (rank r reads rank r's whole pool share) needs no staging: IsDirect(). Where the
+// transport copies strided rows itself (TransferAgent::CanReadStrided), a head slice moves in one
+// pass too: StridedHeadOps, one strided descriptor per run of blocks, no staging.
 //
 // Thread safety: pure functions.
 #ifndef TANDEM_KVTRANSFER_RESHARD_H_
 #define TANDEM_KVTRANSFER_RESHARD_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kvtransfer/transfer_agent.h"
 
 namespace tandem::kvtransfer {
 
@@ -72,6 +76,17 @@ absl::Status GatherHeads(const char* pool, const BlockShape& shape, int64_t pool
 absl::Status ScatterHeads(const char* staging, int64_t staging_bytes, char* pool,
                           const BlockShape& shape, int64_t pool_blocks,
                           absl::Span<const int32_t> blocks, int local_head_begin, int head_count);
+
+// Strided copies moving heads [src_local_head, + head_count) of source blocks (shape `src`, in
+// remote region `remote_region`) into heads [dst_local_head, + head_count) of destination blocks
+// (shape `dst`, local region `local_region`), for each (source block, destination block) pair of
+// `blocks`. A row is one token's heads of one (layer, K|V); one op per block pair, and pairs
+// that continue each other on both sides coalesce into one op (so a run of blocks is one
+// descriptor). Unquantized pools; REQUIRES: the heads inside both shapes, ids >= 0.
+std::vector<StridedCopyOp> StridedHeadOps(absl::Span<const std::pair<int32_t, int32_t>> blocks,
+                                          const BlockShape& src, int src_local_head,
+                                          const BlockShape& dst, int dst_local_head, int head_count,
+                                          uint32_t local_region, uint32_t remote_region);
 
 }  // namespace tandem::kvtransfer
 

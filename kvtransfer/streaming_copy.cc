@@ -1,5 +1,6 @@
 #include "kvtransfer/streaming_copy.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -74,6 +75,47 @@ void StreamingCopy(void* dst, const void* src, size_t n, size_t min_streaming_by
   (void)min_streaming_bytes;
   std::memcpy(dst, src, n);
 #endif
+}
+
+void StridedStreamingCopy(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                          size_t row_bytes, size_t rows, size_t min_streaming_bytes) {
+  if (rows == 0) return;
+  if (rows == 1 || (dst_stride == row_bytes && src_stride == row_bytes)) {
+    StreamingCopy(dst, src, rows * row_bytes, min_streaming_bytes);
+    return;
+  }
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if defined(__x86_64__)
+  if (rows * row_bytes >= min_streaming_bytes && row_bytes >= 128) {
+    for (size_t r = 0; r < rows; ++r, d += dst_stride, s += src_stride) {
+      const char* next = r + 1 < rows ? s + src_stride : nullptr;
+      // Prefetches `ahead` bytes into this row, or past its end into the next row's start.
+      auto prefetch = [&](size_t ahead) {
+        if (ahead < row_bytes) {
+          _mm_prefetch(s + ahead, _MM_HINT_T0);
+        } else if (next != nullptr && ahead - row_bytes < row_bytes) {
+          _mm_prefetch(next + (ahead - row_bytes), _MM_HINT_T0);
+        }
+      };
+      const size_t head =
+          std::min<size_t>(row_bytes, (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15);
+      std::memcpy(d, s, head);
+      const size_t body = (row_bytes - head) & ~size_t{127};
+      for (size_t i = head; i < head + body; i += 128) {
+        prefetch(i + kPrefetchBytes);
+        prefetch(i + kPrefetchBytes + 64);
+        Copy128<false>(d + i, s + i);
+      }
+      std::memcpy(d + head + body, s + head + body, row_bytes - head - body);
+    }
+    _mm_sfence();
+    return;
+  }
+#else
+  (void)min_streaming_bytes;
+#endif
+  for (size_t r = 0; r < rows; ++r, d += dst_stride, s += src_stride) std::memcpy(d, s, row_bytes);
 }
 
 }  // namespace tandem::kvtransfer

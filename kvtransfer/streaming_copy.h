@@ -27,6 +27,14 @@ inline constexpr size_t kDefaultMinStreamingBytes = size_t{256} << 10;
 void StreamingCopy(void* dst, const void* src, size_t n,
                    size_t min_streaming_bytes = kDefaultMinStreamingBytes);
 
+// `rows` rows of `row_bytes`: row i from src + i * src_stride to dst + i * dst_stride, with
+// streaming stores when rows * row_bytes >= min_streaming_bytes and a row is >= 128 bytes; the
+// prefetch runs on into the next source row, so 1 KiB rows (a KV head slice of a token) copy at
+// nearly the contiguous rate. The rows must not overlap.
+void StridedStreamingCopy(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                          size_t row_bytes, size_t rows,
+                          size_t min_streaming_bytes = kDefaultMinStreamingBytes);
+
 }  // namespace tandem::kvtransfer
 
 #endif  // TANDEM_KVTRANSFER_STREAMING_COPY_H_

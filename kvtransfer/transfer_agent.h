@@ -46,6 +46,24 @@ struct CopyOp {
   uint64_t length = 0;
 };
 
+// A strided copy: `rows` rows of `row_bytes` each, row i from the peer's `remote_region` at
+// `remote_offset + i * remote_stride` into the local `local_region` at
+// `local_offset + i * local_stride`. One descriptor moves a head slice of a run of KV blocks
+// between ranks of different tensor-parallel splits (kvtransfer/reshard.h, StridedHeadOps):
+// the re-sharding happens inside the copy, never one transfer per token or per head.
+// REQUIRES (ValidateStridedCopyOps): rows, row_bytes > 0; strides >= row_bytes (rows do not
+// overlap).
+struct StridedCopyOp {
+  uint32_t local_region = 0;
+  uint64_t local_offset = 0;
+  uint64_t local_stride = 0;
+  uint32_t remote_region = 0;
+  uint64_t remote_offset = 0;
+  uint64_t remote_stride = 0;
+  uint64_t row_bytes = 0;
+  uint64_t rows = 0;
+};
+
 // A byte range of one registered region.
 struct ByteRange {
   uint64_t offset = 0;
@@ -115,6 +133,20 @@ class TransferAgent {
   // INVALID_ARGUMENT for an empty batch. Never blocks on the network.
   virtual absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
                                               absl::Span<const CopyOp> ops) = 0;
+
+  // Whether PostStridedRead from `peer_name` into local region `local_region` works and moves
+  // each byte once (no staging pass on top of the transport's own copy). false (the default)
+  // for unknown peers and backends without strided reads: the caller stages whole blocks.
+  virtual bool CanReadStrided(const std::string& /*peer_name*/, uint32_t /*local_region*/) {
+    return false;
+  }
+
+  // Posts one batched READ of strided copies (StridedCopyOp), ended and polled like PostRead's.
+  // UNIMPLEMENTED where CanReadStrided is false; otherwise PostRead's errors.
+  virtual absl::StatusOr<TransferId> PostStridedRead(const std::string& /*peer_name*/,
+                                                     absl::Span<const StridedCopyOp> /*ops*/) {
+    return absl::UnimplementedError("strided reads");
+  }
 
   // false: still in flight. true: ended successfully. Error: ended with that error. See the
   // header comment for when an id is forgotten.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kvtransfer/copy_ops.h"
 #include "tandem/v1/limits.h"
 
@@ -221,6 +222,43 @@ absl::StatusOr<TransferId> InProcessAgent::PostRead(const std::string& peer_name
   queue_.push_back(id);
   cv_.SignalAll();
   return id;
+}
+
+bool InProcessAgent::CanReadStrided(const std::string& peer_name, uint32_t local_region) {
+  {
+    absl::ReaderMutexLock lock(&self_->mu);
+    if (local_region >= self_->regions.size()) return false;
+  }
+  absl::MutexLock lock(&mu_);
+  return peers_.contains(peer_name);
+}
+
+absl::StatusOr<TransferId> InProcessAgent::PostStridedRead(const std::string& peer_name,
+                                                           absl::Span<const StridedCopyOp> ops) {
+  std::vector<uint64_t> local_bytes;
+  {
+    absl::ReaderMutexLock lock(&self_->mu);
+    for (const Endpoint::Region& r : self_->regions) local_bytes.push_back(r.length);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto peer = peers_.find(peer_name);
+    if (peer == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("PostStridedRead: unknown peer '", peer_name, "'"));
+    }
+    RETURN_IF_ERROR(ValidateStridedCopyOps(ops, local_bytes, peer->second.region_bytes));
+  }
+  std::vector<CopyOp> rows;
+  for (const StridedCopyOp& op : ops) {
+    for (uint64_t i = 0; i < op.rows; ++i) {
+      rows.push_back(CopyOp{.local_region = op.local_region,
+                            .local_offset = op.local_offset + i * op.local_stride,
+                            .remote_region = op.remote_region,
+                            .remote_offset = op.remote_offset + i * op.remote_stride,
+                            .length = op.row_bytes});
+    }
+  }
+  return PostRead(peer_name, rows);
 }
 
 absl::StatusOr<bool> InProcessAgent::CheckTransfer(TransferId id) {

@@ -105,6 +105,11 @@ class InProcessAgent final : public TransferAgent {
   void RemovePeer(const std::string& peer_name) override;
   absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
                                       absl::Span<const CopyOp> ops) override;
+  // Strided reads: true for every known peer; the rows become one contiguous op each (this
+  // transport is memcpy, so there is no per-descriptor cost to avoid).
+  bool CanReadStrided(const std::string& peer_name, uint32_t local_region) override;
+  absl::StatusOr<TransferId> PostStridedRead(const std::string& peer_name,
+                                             absl::Span<const StridedCopyOp> ops) override;
   absl::StatusOr<bool> CheckTransfer(TransferId id) override;
   void Cancel(TransferId id) override;
   TransferAgentStats Stats() const override;

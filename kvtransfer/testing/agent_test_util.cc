@@ -69,4 +69,49 @@ absl::Status WaitForEnd(TransferAgent& agent, TransferId id, absl::Duration hang
   }
 }
 
+std::vector<StridedCopyOp> RandomStridedOps(std::mt19937& rng, uint64_t local_bytes,
+                                            uint64_t remote_bytes, int count, uint64_t max_row) {
+  std::vector<StridedCopyOp> ops;
+  const uint64_t slice = local_bytes / static_cast<uint64_t>(count);
+  for (int i = 0; i < count; ++i) {
+    StridedCopyOp op;
+    op.row_bytes = 1 + rng() % std::min(max_row, slice / 2);
+    op.local_stride = op.row_bytes + rng() % (op.row_bytes + 1);
+    op.remote_stride = op.row_bytes + rng() % (2 * op.row_bytes + 1);
+    const uint64_t local_rows = (slice - op.row_bytes) / op.local_stride + 1;
+    const uint64_t remote_rows = (remote_bytes - op.row_bytes) / op.remote_stride + 1;
+    op.rows = 1 + rng() % std::min(local_rows, remote_rows);
+    const uint64_t local_span = (op.rows - 1) * op.local_stride + op.row_bytes;
+    const uint64_t remote_span = (op.rows - 1) * op.remote_stride + op.row_bytes;
+    op.local_offset = i * slice + rng() % (slice - local_span + 1);
+    op.remote_offset = rng() % (remote_bytes - remote_span + 1);
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+absl::Status CheckStridedCopies(uint64_t seed, absl::Span<const StridedCopyOp> ops,
+                                absl::Span<const uint8_t> local, uint8_t fill) {
+  std::vector<bool> written(local.size(), false);
+  for (size_t o = 0; o < ops.size(); ++o) {
+    const StridedCopyOp& op = ops[o];
+    for (uint64_t r = 0; r < op.rows; ++r) {
+      const uint64_t at = op.local_offset + r * op.local_stride;
+      const int64_t bad = FirstPatternMismatch(seed, op.remote_offset + r * op.remote_stride,
+                                               local.subspan(at, op.row_bytes));
+      if (bad != -1) {
+        return absl::DataLossError(
+            absl::StrCat("op ", o, " row ", r, ": local byte ", at + bad, " differs"));
+      }
+      std::fill_n(written.begin() + at, op.row_bytes, true);
+    }
+  }
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (!written[i] && local[i] != fill) {
+      return absl::DataLossError(absl::StrCat("local byte ", i, " outside the rows changed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::kvtransfer::testing

@@ -9,6 +9,8 @@
 #define TANDEM_KVTRANSFER_AGENT_TEST_UTIL_H_
 
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -33,6 +35,17 @@ absl::Status WaitForEnd(TransferAgent& agent, TransferId id,
                         absl::Duration hang_guard = absl::Seconds(20),
                         absl::Duration poll = absl::Microseconds(200),
                         absl::Duration* elapsed = nullptr);
+
+// `count` random strided ops of region 0 -> region 0 (rows of up to `max_row` bytes, strides
+// at least the row, gaps between rows), each inside its own slice of the local region, so no two
+// ops write the same byte. For tests of PostStridedRead.
+std::vector<StridedCopyOp> RandomStridedOps(std::mt19937& rng, uint64_t local_bytes,
+                                            uint64_t remote_bytes, int count, uint64_t max_row);
+
+// OK when every row of `ops` in `local` (the whole local region 0) holds the pattern of `seed`
+// at its remote offsets and every other byte is `fill`; otherwise what differs first.
+absl::Status CheckStridedCopies(uint64_t seed, absl::Span<const StridedCopyOp> ops,
+                                absl::Span<const uint8_t> local, uint8_t fill);
 
 }  // namespace tandem::kvtransfer::testing
 

@@ -48,6 +48,8 @@
 
 namespace tandem::kvtransfer {
 
+// Strided reads are not forwarded (CanReadStrided stays false): a RankKvReader behind this
+// wrapper takes its staged path.
 class FaultInjectingAgent final : public TransferAgent {
  public:
   struct Faults {

@@ -7,7 +7,7 @@
 // equal-TP case of the same D size. Not a test: numbers for kvtransfer/BENCHMARKS.md.
 //
 //   bazel run -c opt //kvtransfer/ucx:rank_reader_bench -- [--tokens=2048] [--rounds=3]
-//       [--shapes=1:1,2:2,2:1,4:1,4:2,1:2,1:4] [--copy_threads=2]
+//       [--shapes=1:1,2:2,2:1,4:1,4:2,1:2,1:4] [--copy_threads=2] [--modes=strided,staged]
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -30,6 +30,9 @@ ABSL_FLAG(int, tokens, 2048, "tokens of the request");
 ABSL_FLAG(int, rounds, 3, "timed rounds per shape (the best is reported)");
 ABSL_FLAG(std::string, shapes, "1:1,2:2,4:4,2:1,4:1,4:2,1:2,1:4", "P_TP:D_TP pairs");
 ABSL_FLAG(int, copy_threads, 2, "UcxAgentOptions::copy_threads of each agent");
+ABSL_FLAG(std::string, modes, "strided,staged",
+          "re-shard paths to measure: strided (the agent copies head slices in one pass), "
+          "staged (whole blocks into staging, then a scatter)");
 
 namespace tandem::kvtransfer {
 namespace {
@@ -108,7 +111,7 @@ struct Result {
   uint64_t kept = 0, wire = 0, ops = 0, agent_reads = 0;
 };
 
-Result RunShape(int p_tp, int d_tp, int tokens, int rounds) {
+Result RunShape(int p_tp, int d_tp, int tokens, int rounds, bool strided) {
   const int blocks = (tokens + kBlock - 1) / kBlock;
   const int pool_blocks = blocks + 16;
   std::vector<Rank> p = MakeGroup(p_tp, pool_blocks, /*fill=*/true);
@@ -122,6 +125,7 @@ Result RunShape(int p_tp, int d_tp, int tokens, int rounds) {
     o.pool_region = d[r].region;
     o.pool = d[r].pool;
     o.pool_blocks = pool_blocks;
+    o.strided_reads = strided;
     readers.push_back(std::make_unique<RankKvReader>(d[r].agent.get(), o));
     absl::Status linked = readers.back()->AddSource("p", source);
     if (!linked.ok()) {
@@ -180,8 +184,8 @@ int main(int argc, char** argv) {
       "request of %d tokens, Llama-3-8B KV (32 layers, 8 KV heads, head_dim 128, bf16, "
       "block 16): %.1f MiB in all; best of %d rounds\n",
       tokens, tokens / 16.0 * BlockBytes(8) / 1048576.0, absl::GetFlag(FLAGS_rounds));
-  std::printf("%-8s %10s %12s %12s %14s %14s %10s\n", "P->D TP", "ms", "useful GB/s", "wire GB/s",
-              "descr/D rank", "reads/D rank", "vs equal");
+  std::printf("%-8s %-8s %10s %12s %12s %14s %14s %10s\n", "P->D TP", "mode", "ms", "useful GB/s",
+              "wire GB/s", "descr/D rank", "reads/D rank", "vs equal");
   std::vector<std::pair<int, int>> shapes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
     std::vector<std::string> ab = absl::StrSplit(s, ':');
@@ -190,17 +194,22 @@ int main(int argc, char** argv) {
     shapes.emplace_back(a, b);
   }
   std::vector<std::pair<int, double>> equal;  // D size -> useful GB/s with P of the same size
+  const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (auto [a, b] : shapes) {
-    const Result r = RunShape(a, b, tokens, absl::GetFlag(FLAGS_rounds));
-    const double useful = r.kept / r.seconds / 1e9;
-    if (a == b) equal.emplace_back(b, useful);
-    std::string vs = "-";
-    for (auto [size, gbs] : equal) {
-      if (size == b && a != b) vs = absl::StrCat(static_cast<int>(100 * useful / gbs), "%");
+    for (const std::string& mode : modes) {
+      if (a == b && mode != modes.front()) continue;  // equal TP reads direct in every mode
+      const Result r = RunShape(a, b, tokens, absl::GetFlag(FLAGS_rounds), mode == "strided");
+      const double useful = r.kept / r.seconds / 1e9;
+      if (a == b) equal.emplace_back(b, useful);
+      std::string vs = "-";
+      for (auto [size, gbs] : equal) {
+        if (size == b && a != b) vs = absl::StrCat(static_cast<int>(100 * useful / gbs), "%");
+      }
+      std::printf("%d->%-5d %-8s %10.1f %12.2f %12.2f %14.1f %14.1f %10s\n", a, b,
+                  a == b ? "direct" : mode.c_str(), r.seconds * 1e3, useful,
+                  r.wire / r.seconds / 1e9, static_cast<double>(r.ops) / b,
+                  static_cast<double>(r.agent_reads) / b, vs.c_str());
     }
-    std::printf("%d->%-5d %10.1f %12.2f %12.2f %14.1f %14.1f %10s\n", a, b, r.seconds * 1e3, useful,
-                r.wire / r.seconds / 1e9, static_cast<double>(r.ops) / b,
-                static_cast<double>(r.agent_reads) / b, vs.c_str());
   }
   return 0;
 }

@@ -452,9 +452,63 @@ absl::StatusOr<TransferId> UcxAgentImpl::PostRead(const std::string& peer_name,
   std::vector<uint64_t> local_bytes;
   for (const LocalRegion& r : regions_) local_bytes.push_back(r.length);
   if (absl::Status s = ValidateCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) return s;
+  std::vector<StridedCopyOp> rows;
+  rows.reserve(ops.size());
+  for (const CopyOp& op : CoalesceCopyOps(ops)) rows.push_back(AsStrided(op));
+  return AddTransferLocked(conn, std::move(rows), peer_name);
+}
+
+bool UcxAgentImpl::AllRegionsMappedLocked(const Conn& conn) const {
+  if (!options_.direct_copy || conn.regions.empty()) return false;
+  for (const RemoteRegion& r : conn.regions) {
+    if (r.mapped == nullptr) return false;
+  }
+  return true;
+}
+
+bool UcxAgentImpl::CanReadStrided(const std::string& peer_name, uint32_t local_region) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer_name);
+  return it != peers_.end() && it->second->state == Conn::State::kActive &&
+         local_region < regions_.size() && AllRegionsMappedLocked(*it->second);
+}
+
+absl::StatusOr<TransferId> UcxAgentImpl::PostStridedRead(const std::string& peer_name,
+                                                         absl::Span<const StridedCopyOp> ops) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer_name);
+  if (it == peers_.end()) {
+    return absl::NotFoundError(absl::StrCat("PostStridedRead: unknown peer '", peer_name, "'"));
+  }
+  Conn* conn = it->second;
+  std::vector<uint64_t> local_bytes;
+  for (const LocalRegion& r : regions_) local_bytes.push_back(r.length);
+  if (absl::Status s = ValidateStridedCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) {
+    return s;
+  }
+  if (conn->state == Conn::State::kActive && !AllRegionsMappedLocked(*conn)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "PostStridedRead: peer '", peer_name,
+        "' is not mapped for direct copies (another host, or direct_copy off): UCX has no "
+        "strided GET"));
+  }
+  for (const StridedCopyOp& op : ops) {
+    const uint64_t limit = regions_[op.local_region].device != nullptr
+                               ? std::min(options_.max_request_bytes, options_.cuda_staging_bytes)
+                               : options_.max_request_bytes;
+    if (op.row_bytes > limit) {
+      return absl::InvalidArgumentError(absl::StrCat("PostStridedRead: rows of ", op.row_bytes,
+                                                     " bytes exceed one request of ", limit));
+    }
+  }
+  return AddTransferLocked(conn, CoalesceStridedCopyOps(ops), peer_name);
+}
+
+TransferId UcxAgentImpl::AddTransferLocked(Conn* conn, std::vector<StridedCopyOp> ops,
+                                           const std::string& peer_name) {
   auto owned = std::make_unique<Transfer>();
   owned->conn = conn;
-  owned->ops = CoalesceCopyOps(ops);
+  owned->ops = std::move(ops);
   owned->total_bytes = TotalBytes(owned->ops);
   Transfer* t = transfers_.Add(std::move(owned));
   if (conn->state != Conn::State::kActive) {  // only failed endpoints stay in peers_

@@ -60,6 +60,13 @@ class UcxAgentImpl final : public UcxAgent {
   void RemovePeer(const std::string& peer_name) override;
   absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
                                       absl::Span<const CopyOp> ops) override;
+  // Strided reads are direct copies (or, into staged CUDA memory, a copy into a staging buffer
+  // and one 2D device copy, or one 2D DMA from the mapping): only from peers whose every
+  // region the data endpoint maps (same host, shared memory) with direct_copy on. Over other
+  // lanes (TCP, RDMA) UCX has no strided GET: CanReadStrided says false there.
+  bool CanReadStrided(const std::string& peer_name, uint32_t local_region) override;
+  absl::StatusOr<TransferId> PostStridedRead(const std::string& peer_name,
+                                             absl::Span<const StridedCopyOp> ops) override;
   absl::StatusOr<bool> CheckTransfer(TransferId id) override;
   void Cancel(TransferId id) override;
   TransferAgentStats Stats() const override;
@@ -109,9 +116,11 @@ class UcxAgentImpl final : public UcxAgent {
   struct Transfer {
     TransferId id = 0;
     Conn* conn = nullptr;
-    std::vector<CopyOp> ops;  // coalesced
-    size_t next_op = 0;       // next request to post: ops[next_op] from next_offset
-    uint64_t next_offset = 0;
+    // Coalesced; a PostRead op is one row. Requests split a one-row op by bytes and a strided
+    // op by whole rows.
+    std::vector<StridedCopyOp> ops;
+    size_t next_op = 0;        // next request to post: ops[next_op] from next_offset
+    uint64_t next_offset = 0;  // bytes into a one-row op, rows into a strided one
     int inflight = 0;
     uint64_t inflight_bytes = 0;
     absl::flat_hash_map<void*, uint64_t> requests;  // outstanding UCX request -> its bytes
@@ -134,6 +143,12 @@ class UcxAgentImpl final : public UcxAgent {
     char* device_dst = nullptr;
     const char* source = nullptr;  // non-null: copy from here (a pinned mapping), not `host`
     uint64_t bytes = 0;
+    // A strided request: `rows` rows of `row_bytes`, `device_stride` apart on the device and
+    // `source_stride` apart at `source` (`host` holds them packed). rows == 1: contiguous.
+    uint64_t rows = 1;
+    uint64_t row_bytes = 0;
+    uint64_t device_stride = 0;
+    uint64_t source_stride = 0;
   };
   // A direct copy, queued in copy_queue_ and run outside the lock (README: UcxAgent design notes).
   struct DirectCopy {
@@ -143,6 +158,11 @@ class UcxAgentImpl final : public UcxAgent {
     uint64_t bytes = 0;
     StagingSlot* slot = nullptr;     // non-null: dst is this staging buffer
     size_t min_streaming_bytes = 0;  // StreamingCopy's threshold for this copy
+    // A strided request: `rows` rows of `row_bytes` (bytes = rows * row_bytes).
+    uint64_t rows = 1;
+    uint64_t row_bytes = 0;
+    uint64_t dst_stride = 0;
+    uint64_t src_stride = 0;
   };
 
   explicit UcxAgentImpl(UcxAgentOptions options) : options_(std::move(options)) {}
@@ -158,6 +178,11 @@ class UcxAgentImpl final : public UcxAgent {
   // Posts at most one request; says what it did. A direct copy is not done here but queued in
   // copy_queue_ (already counted as outstanding) for a copy thread.
   Posted PostOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PostRead / PostStridedRead after validation: queues a transfer of `ops` (coalesced).
+  TransferId AddTransferLocked(Conn* conn, std::vector<StridedCopyOp> ops,
+                               const std::string& peer_name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every region of `conn` is mapped for direct copies.
+  bool AllRegionsMappedLocked(const Conn& conn) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the oldest queued direct copy, runs it with mu_ released and ends its request.
   void RunQueuedCopyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishDirectCopyLocked(const DirectCopy& copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -141,22 +141,32 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
           *t, conn->failure.ok() ? absl::CancelledError("peer connection closed") : conn->failure);
       continue;
     }
-    const CopyOp& op = t->ops[t->next_op];
+    const StridedCopyOp& op = t->ops[t->next_op];
     RemoteRegion& remote = conn->regions[op.remote_region];
     const LocalRegion& local = regions_[op.local_region];
-    uint64_t n = std::min(options_.max_request_bytes, op.length - t->next_offset);
+    const bool strided = op.rows > 1;
+    // A request: one row's next bytes, or whole rows of a strided op (a row always fits one:
+    // PostStridedRead checks it).
+    uint64_t limit = options_.max_request_bytes;
     // A READ into staged device memory goes through a free staging buffer (or waits for one).
     StagingSlot* slot = nullptr;
     if (local.device != nullptr) {
-      n = std::min(n, options_.cuda_staging_bytes);
+      limit = std::min(limit, options_.cuda_staging_bytes);
       slot = FreeStagingSlotLocked();
       if (slot == nullptr) return Posted::kNothing;
     }
+    const uint64_t rows =
+        strided ? std::min(op.rows - t->next_offset, std::max<uint64_t>(1, limit / op.row_bytes))
+                : 1;
+    const uint64_t n =
+        strided ? rows * op.row_bytes : std::min(limit, op.row_bytes - t->next_offset);
     if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) {
       return Posted::kNothing;
     }
-    const uint64_t local_offset = op.local_offset + t->next_offset;
-    const uint64_t remote_offset = op.remote_offset + t->next_offset;
+    const uint64_t local_offset =
+        op.local_offset + (strided ? t->next_offset * op.local_stride : t->next_offset);
+    const uint64_t remote_offset =
+        op.remote_offset + (strided ? t->next_offset * op.remote_stride : t->next_offset);
     char* dest = slot != nullptr ? slot->host : local.base + local_offset;
     if (slot != nullptr) {
       slot->state = StagingSlot::State::kFilling;
@@ -164,9 +174,13 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
       slot->device_dst = local.device + local_offset;
       slot->source = nullptr;
       slot->bytes = n;
+      slot->rows = rows;
+      slot->row_bytes = strided ? op.row_bytes : n;
+      slot->device_stride = op.local_stride;
+      slot->source_stride = op.remote_stride;
     }
-    t->next_offset += n;
-    if (t->next_offset == op.length) {
+    t->next_offset += strided ? rows : n;
+    if (t->next_offset == (strided ? op.rows : op.row_bytes)) {
       ++t->next_op;
       t->next_offset = 0;
     }
@@ -185,9 +199,22 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
       const size_t streaming = t->total_bytes >= options_.min_streaming_transfer_bytes
                                    ? kDefaultMinStreamingBytes
                                    : SIZE_MAX;
-      copy_queue_.push_back(DirectCopy{t, dest, remote.mapped + remote_offset, n, slot, streaming});
+      DirectCopy copy{t, dest, remote.mapped + remote_offset, n, slot, streaming};
+      if (strided) {
+        copy.rows = rows;
+        copy.row_bytes = op.row_bytes;
+        // Into a staging buffer the rows land packed; the device copy spreads them.
+        copy.dst_stride = slot != nullptr ? op.row_bytes : op.local_stride;
+        copy.src_stride = op.remote_stride;
+      }
+      copy_queue_.push_back(copy);
       ++direct_copies_;
       return Posted::kDirectCopy;
+    }
+    if (strided) {  // PostStridedRead admits only mapped peers; a lost mapping is an error
+      if (slot != nullptr) slot->state = StagingSlot::State::kFree;
+      StopTransferLocked(*t, absl::UnavailableError("strided read from an unmapped region"));
+      return Posted::kRequest;
     }
     ucp_request_param_t param{};
     param.op_attr_mask =
@@ -222,7 +249,12 @@ void UcxAgentImpl::RunQueuedCopyLocked() {
   // (the mapping of the peer's segment) alive until FinishDirectCopyLocked. A transfer stopped
   // meanwhile still gets this one copy (bounded by max_request_bytes) before it can end.
   mu_.Unlock();
-  StreamingCopy(copy.dst, copy.src, copy.bytes, copy.min_streaming_bytes);
+  if (copy.rows > 1) {
+    StridedStreamingCopy(copy.dst, copy.dst_stride, copy.src, copy.src_stride, copy.row_bytes,
+                         copy.rows, copy.min_streaming_bytes);
+  } else {
+    StreamingCopy(copy.dst, copy.src, copy.bytes, copy.min_streaming_bytes);
+  }
   mu_.Lock();
   FinishDirectCopyLocked(copy);
 }

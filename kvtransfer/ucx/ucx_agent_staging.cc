@@ -109,7 +109,14 @@ void UcxAgentImpl::StartToDeviceLocked(StagingSlot& slot) {
   absl::Status started = absl::OkStatus();
   if (t.error.ok()) {  // a stopped transfer writes nothing more
     const char* from = slot.source != nullptr ? slot.source : slot.host;
-    started = copy_stream_->CopyAsync(slot.device_dst, from, slot.bytes, slot.index);
+    if (slot.rows > 1) {  // a strided request: rows packed in `host`, or strided at `source`
+      started =
+          copy_stream_->Copy2DAsync(slot.device_dst, slot.device_stride, from,
+                                    slot.source != nullptr ? slot.source_stride : slot.row_bytes,
+                                    slot.row_bytes, slot.rows, slot.index);
+    } else {
+      started = copy_stream_->CopyAsync(slot.device_dst, from, slot.bytes, slot.index);
+    }
     if (started.ok()) {
       slot.state = StagingSlot::State::kToDevice;
       return;

@@ -130,6 +130,55 @@ TEST(UcxGpuTest, RandomBlockListsIntoDeviceMemoryAreBitExact) {
   }
 }
 
+// Strided reads (a tensor-parallel re-shard's head slices) into device memory: from the mirror
+// of a CUDA source, and from shared host memory by 2D DMA from the mapping or through the
+// staging buffers (then one 2D device copy per request); every row bit-exact, every other
+// device byte untouched. A heap source is not mapped: no strided reads (UNIMPLEMENTED).
+TEST(UcxGpuTest, StridedReadsIntoDeviceMemoryAreBitExact) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const uint64_t remote_bytes = 24 << 20, local_bytes = 16 << 20;
+  struct Case {
+    std::string source;
+    bool dma_from_mapped;
+    bool strided;  // whether the reader can read it strided
+  };
+  for (const Case& c :
+       {Case{"--cuda", true, true}, Case{"--cuda", false, true}, Case{"--allocate", true, true},
+        Case{"--allocate", false, true}, Case{"--allocate=false", true, false}}) {
+    SCOPED_TRACE(::testing::Message() << c.source << " dma_from_mapped " << c.dma_from_mapped);
+    std::unique_ptr<PeerProcess> peer = StartSelfPeer(
+        {absl::StrCat("--region_bytes=", remote_bytes), absl::StrCat("--seed=", seed), c.source});
+    ASSERT_NE(peer, nullptr);
+    DeviceBuffer local(local_bytes);
+    std::unique_ptr<UcxAgent> reader = StagingReader(c.dma_from_mapped);
+    ASSERT_NE(reader, nullptr);
+    ASSERT_TRUE(reader->RegisterMemory(local.ptr, local_bytes, MEMORY_KIND_CUDA).ok());
+    ASSERT_TRUE(reader->AddPeer("p", peer->descriptor()).ok());
+    ASSERT_EQ(reader->CanReadStrided("p", 0), c.strided);
+    for (int round = 0; round < 4; ++round) {
+      local.Fill(kFill);
+      // Rows of KV head slices (256 B - 4 KiB) and odd ones; some ops span many requests.
+      const std::vector<StridedCopyOp> ops =
+          testing::RandomStridedOps(rng, local_bytes, remote_bytes, 6, round % 2 == 0 ? 4096 : 777);
+      absl::StatusOr<TransferId> id = reader->PostStridedRead("p", ops);
+      if (!c.strided) {
+        EXPECT_EQ(id.status().code(), absl::StatusCode::kUnimplemented) << id.status();
+        break;
+      }
+      ASSERT_TRUE(id.ok()) << id.status();
+      ASSERT_TRUE(testing::WaitForEnd(*reader, *id).ok());
+      const std::vector<uint8_t> got = local.Read();
+      const absl::Status check = testing::CheckStridedCopies(seed, ops, got, kFill);
+      ASSERT_TRUE(check.ok()) << "round " << round << ": " << check;
+    }
+    reader.reset();
+    EXPECT_EQ(peer->Stop(), 0);
+  }
+}
+
 // fp8 values + fp32 scales, both regions in device memory on both sides.
 TEST(UcxGpuTest, QuantizedKvWithScalesDeviceToDeviceIsBitExact) {
   TANDEM_SKIP_WITHOUT_GPU();
