@@ -42,6 +42,48 @@ inline void Copy128(char* d, const char* s) {
   _mm_stream_si128(reinterpret_cast<__m128i*>(d + 96), r6);
   _mm_stream_si128(reinterpret_cast<__m128i*>(d + 112), r7);
 }
+
+// Copies 64 bytes (one cache line) from s to the 16-byte aligned d with streaming stores.
+inline void Copy64(char* d, const char* s) {
+  const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+  const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d), r0);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), r1);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), r2);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), r3);
+}
+
+// Source rows with gaps between them (a rank reading its share of wider rows): copies rows in
+// groups of kRowGroup side by side, line i of each row in turn, prefetching the next group's
+// lines. One row at a time the hardware prefetcher runs past each row's end into the gap and
+// few misses are in flight; several rows at once keep several streams going. Measured on the
+// dev VM (one thread, 128 MiB, contiguous 21-23 GB/s): 1 KiB of every 2 KiB 13.3 GB/s row by
+// row, 17.5-19.9 in groups of 4 (8: 15.8-16.7); 512 B of every 2 KiB 8.6-10 row by row, 12.5
+// in groups of 4, 15.1-15.5 in groups of 8. Returns the rows it copied (whole groups); the
+// caller copies the rest. REQUIRES: d and dst_stride 16-byte aligned, row_bytes >= 64.
+template <size_t kRowGroup>
+size_t CopyRowGroups(char* d, size_t dst_stride, const char* s, size_t src_stride, size_t row_bytes,
+                     size_t rows) {
+  const size_t lines = row_bytes & ~size_t{63};
+  size_t r = 0;
+  for (; r + kRowGroup <= rows; r += kRowGroup) {
+    const char* src = s + r * src_stride;
+    char* dst = d + r * dst_stride;
+    const bool next_group = r + 2 * kRowGroup <= rows;
+    for (size_t i = 0; i < lines; i += 64) {
+      for (size_t k = 0; k < kRowGroup; ++k) {
+        if (next_group) _mm_prefetch(src + (k + kRowGroup) * src_stride + i, _MM_HINT_T0);
+        Copy64(dst + k * dst_stride + i, src + k * src_stride + i);
+      }
+    }
+    for (size_t k = 0; k < kRowGroup; ++k) {
+      std::memcpy(dst + k * dst_stride + lines, src + k * src_stride + lines, row_bytes - lines);
+    }
+  }
+  return r;
+}
 #endif
 
 }  // namespace
@@ -88,7 +130,15 @@ void StridedStreamingCopy(void* dst, size_t dst_stride, const void* src, size_t 
   const char* s = static_cast<const char*>(src);
 #if defined(__x86_64__)
   if (rows * row_bytes >= min_streaming_bytes && row_bytes >= 128) {
-    for (size_t r = 0; r < rows; ++r, d += dst_stride, s += src_stride) {
+    size_t r = 0;
+    if (src_stride != row_bytes && row_bytes >= 256 && (reinterpret_cast<uintptr_t>(d) & 15) == 0 &&
+        dst_stride % 16 == 0) {
+      r = row_bytes <= 512 ? CopyRowGroups<8>(d, dst_stride, s, src_stride, row_bytes, rows)
+                           : CopyRowGroups<4>(d, dst_stride, s, src_stride, row_bytes, rows);
+      d += r * dst_stride;
+      s += r * src_stride;
+    }
+    for (; r < rows; ++r, d += dst_stride, s += src_stride) {
       const char* next = r + 1 < rows ? s + src_stride : nullptr;
       // Prefetches `ahead` bytes into this row, or past its end into the next row's start.
       auto prefetch = [&](size_t ahead) {

@@ -41,7 +41,8 @@ TEST(StreamingCopyTest, MatchesByteCopyForAllAlignmentsAndLengths) {
 
 // StridedStreamingCopy against a row-by-row byte loop: row lengths around the 128-byte body and
 // the prefetch distance (which runs on into the next row), unaligned rows and strides, gaps left
-// untouched, both the streaming and the memcpy path.
+// untouched, both the streaming and the memcpy path, and the row-group path (aligned destination
+// rows, gaps in the source) with row counts that leave a remainder.
 TEST(StreamingCopyTest, StridedMatchesRowByRowCopy) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -50,9 +51,14 @@ TEST(StreamingCopyTest, StridedMatchesRowByRowCopy) {
     for (int trial = 0; trial < 6; ++trial) {
       const size_t rows = 1 + rng() % 300;
       const size_t src_stride = row + rng() % (row + 1);
-      const size_t dst_stride = row + (trial == 0 ? 0 : rng() % (row + 1));
-      const size_t so = rng() % 64, doff = 1 + rng() % 63;
-      std::vector<uint8_t> src(so + rows * src_stride), dst(doff + rows * dst_stride + 64);
+      size_t dst_stride = row + (trial == 0 ? 0 : rng() % (row + 1));
+      // Trials 3-5: 16-byte aligned destination rows (the row-group path for source gaps).
+      const bool aligned = trial >= 3;
+      if (aligned) dst_stride = (dst_stride + 15) & ~size_t{15};
+      const size_t so = rng() % 64;
+      std::vector<uint8_t> src(so + rows * src_stride), dst(64 + rows * dst_stride + 64);
+      size_t doff = 1 + rng() % 63;  // >= 1: the byte before must stay untouched
+      if (aligned) doff = 16 + ((16 - reinterpret_cast<uintptr_t>(dst.data() + 16)) & 15);
       for (auto& b : src) b = static_cast<uint8_t>(rng());
       const uint8_t fill = static_cast<uint8_t>(rng());
       std::fill(dst.begin(), dst.end(), fill);

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
@@ -82,13 +84,18 @@ struct Outcome {
   std::optional<RequestUpdate::Lease> lease;
 };
 
-// Steps `engine` until it has no work; returns the updates per request id.
+// Steps `engine` until it has no work; returns the updates per request id. A step that produced
+// nothing (a KV load still copying on the agent's thread) yields briefly; the hang guard is
+// time, not steps, so a loaded CI machine that schedules the copy thread late does not end the
+// loop early.
 std::map<int64_t, Outcome> Drain(Engine& engine) {
   std::map<int64_t, Outcome> out;
-  for (int guard = 0; engine.HasWork() && guard < 100000; ++guard) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (engine.HasWork() && absl::Now() < give_up) {
     auto updates = engine.Step();
     EXPECT_TRUE(updates.ok()) << updates.status();
     if (!updates.ok()) break;
+    if (updates->empty()) absl::SleepFor(absl::Microseconds(50));
     for (RequestUpdate& u : *updates) {
       Outcome& o = out[u.request_id];
       o.tokens.insert(o.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
