@@ -444,18 +444,23 @@ void UcxAgentImpl::RemovePeer(const std::string& peer_name) {
 absl::StatusOr<TransferId> UcxAgentImpl::PostRead(const std::string& peer_name,
                                                   absl::Span<const CopyOp> ops) {
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(peer_name);
-  if (it == peers_.end()) {
-    return absl::NotFoundError(absl::StrCat("PostRead: unknown peer '", peer_name, "'"));
-  }
-  Conn* conn = it->second;
   std::vector<uint64_t> local_bytes;
-  for (const LocalRegion& r : regions_) local_bytes.push_back(r.length);
+  ASSIGN_OR_RETURN(Conn * conn, PostTargetLocked("PostRead", peer_name, &local_bytes));
   if (absl::Status s = ValidateCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) return s;
   std::vector<StridedCopyOp> rows;
   rows.reserve(ops.size());
   for (const CopyOp& op : CoalesceCopyOps(ops)) rows.push_back(AsStrided(op));
   return AddTransferLocked(conn, std::move(rows), peer_name);
+}
+
+absl::StatusOr<UcxAgentImpl::Conn*> UcxAgentImpl::PostTargetLocked(
+    const char* what, const std::string& peer_name, std::vector<uint64_t>* local_bytes) {
+  auto it = peers_.find(peer_name);
+  if (it == peers_.end()) {
+    return absl::NotFoundError(absl::StrCat(what, ": unknown peer '", peer_name, "'"));
+  }
+  for (const LocalRegion& r : regions_) local_bytes->push_back(r.length);
+  return it->second;
 }
 
 bool UcxAgentImpl::AllRegionsMappedLocked(const Conn& conn) const {
@@ -476,13 +481,8 @@ bool UcxAgentImpl::CanReadStrided(const std::string& peer_name, uint32_t local_r
 absl::StatusOr<TransferId> UcxAgentImpl::PostStridedRead(const std::string& peer_name,
                                                          absl::Span<const StridedCopyOp> ops) {
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(peer_name);
-  if (it == peers_.end()) {
-    return absl::NotFoundError(absl::StrCat("PostStridedRead: unknown peer '", peer_name, "'"));
-  }
-  Conn* conn = it->second;
   std::vector<uint64_t> local_bytes;
-  for (const LocalRegion& r : regions_) local_bytes.push_back(r.length);
+  ASSIGN_OR_RETURN(Conn * conn, PostTargetLocked("PostStridedRead", peer_name, &local_bytes));
   if (absl::Status s = ValidateStridedCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) {
     return s;
   }

@@ -181,6 +181,11 @@ class UcxAgentImpl final : public UcxAgent {
   // PostRead / PostStridedRead after validation: queues a transfer of `ops` (coalesced).
   TransferId AddTransferLocked(Conn* conn, std::vector<StridedCopyOp> ops,
                                const std::string& peer_name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PostRead / PostStridedRead (`what`): the peer's connection (NOT_FOUND for an unknown name)
+  // and the local regions' sizes, for validating the batch.
+  absl::StatusOr<Conn*> PostTargetLocked(const char* what, const std::string& peer_name,
+                                         std::vector<uint64_t>* local_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every region of `conn` is mapped for direct copies.
   bool AllRegionsMappedLocked(const Conn& conn) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the oldest queued direct copy, runs it with mu_ released and ends its request.
