@@ -33,7 +33,7 @@ using nccl_wire::MessageType;
 
 struct NcclAgent::Transfer {
   TransferId id = 0;
-  std::vector<CopyOp> ops;  // coalesced
+  std::vector<StridedCopyOp> ops;  // coalesced; a contiguous op is one row
   uint64_t bytes = 0;
   bool posted = false;  // its kRead went out: it can no longer be withdrawn
   bool cancel = false;
@@ -88,10 +88,24 @@ NcclLinkOptions LinkOptions(const NcclAgentOptions& o) {
   return l;
 }
 
-std::vector<uint64_t> OpLengths(absl::Span<const CopyOp> ops) {
-  std::vector<uint64_t> out;
+std::vector<nccl_plan::OpShape> OpShapes(absl::Span<const StridedCopyOp> ops) {
+  std::vector<nccl_plan::OpShape> out;
   out.reserve(ops.size());
-  for (const CopyOp& op : ops) out.push_back(op.length);
+  for (const StridedCopyOp& op : ops) out.push_back({op.row_bytes, op.rows});
+  return out;
+}
+
+// Coalesced; ops whose rows follow each other on both sides become one row, so they may travel
+// as direct messages (the plan sends strided ops only packed).
+std::vector<StridedCopyOp> Normalized(absl::Span<const StridedCopyOp> ops) {
+  std::vector<StridedCopyOp> out = CoalesceStridedCopyOps(ops);
+  for (StridedCopyOp& op : out) {
+    if (op.rows > 1 && op.local_stride == op.row_bytes && op.remote_stride == op.row_bytes) {
+      op.row_bytes *= op.rows;  // validated: inside a region
+      op.rows = 1;
+      op.local_stride = op.remote_stride = op.row_bytes;
+    }
+  }
   return out;
 }
 
@@ -266,9 +280,8 @@ void NcclAgent::RemovePeer(const std::string& peer_name) {
   StopPeer(peer.get());
 }
 
-absl::StatusOr<TransferId> NcclAgent::PostRead(const std::string& peer_name,
-                                               absl::Span<const CopyOp> ops) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<NcclAgent::Peer*> NcclAgent::PostTargetLocked(const std::string& peer_name,
+                                                             std::vector<uint64_t>* local_bytes) {
   auto it = peers_.find(peer_name);
   if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("unknown peer ", peer_name));
   Peer* peer = it->second.get();
@@ -276,18 +289,50 @@ absl::StatusOr<TransferId> NcclAgent::PostRead(const std::string& peer_name,
     return absl::UnavailableError(
         absl::StrCat("peer ", peer_name, " failed: ", peer->failure.message()));
   }
-  std::vector<uint64_t> local_bytes;
-  for (const Region& r : regions_) local_bytes.push_back(r.length);
-  RETURN_IF_ERROR(ValidateCopyOps(ops, local_bytes, peer->remote_bytes));
-  if (ops.size() > nccl_wire::kMaxOpsPerRead) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
-  }
+  for (const Region& r : regions_) local_bytes->push_back(r.length);
+  return peer;
+}
+
+TransferId NcclAgent::QueueLocked(Peer* peer, std::vector<StridedCopyOp> ops) {
   auto t = std::make_unique<Transfer>();
-  t->ops = CoalesceCopyOps(ops);
+  t->ops = std::move(ops);
   t->bytes = TotalBytes(t->ops);
   const TransferId id = transfers_.Add(std::move(t))->id;
   peer->queue.push_back(id);
   return id;
+}
+
+absl::StatusOr<TransferId> NcclAgent::PostRead(const std::string& peer_name,
+                                               absl::Span<const CopyOp> ops) {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> local_bytes;
+  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, &local_bytes));
+  RETURN_IF_ERROR(ValidateCopyOps(ops, local_bytes, peer->remote_bytes));
+  if (ops.size() > nccl_wire::kMaxOpsPerRead) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
+  }
+  std::vector<StridedCopyOp> rows;
+  rows.reserve(ops.size());
+  for (const CopyOp& op : CoalesceCopyOps(ops)) rows.push_back(AsStrided(op));
+  return QueueLocked(peer, std::move(rows));
+}
+
+bool NcclAgent::CanReadStrided(const std::string& peer_name, uint32_t local_region) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer_name);
+  return it != peers_.end() && it->second->failure.ok() && local_region < regions_.size();
+}
+
+absl::StatusOr<TransferId> NcclAgent::PostStridedRead(const std::string& peer_name,
+                                                      absl::Span<const StridedCopyOp> ops) {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> local_bytes;
+  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, &local_bytes));
+  RETURN_IF_ERROR(ValidateStridedCopyOps(ops, local_bytes, peer->remote_bytes));
+  if (ops.size() > nccl_wire::kMaxOpsPerRead) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
+  }
+  return QueueLocked(peer, Normalized(ops));
 }
 
 void NcclAgent::EndLocked(Transfer* t, absl::Status result) {
@@ -345,14 +390,16 @@ void NcclAgent::AcceptLoop() {
   }
 }
 
-std::vector<uint64_t> NcclAgent::OpAddresses(absl::Span<const CopyOp> ops, bool local) const {
+std::vector<nccl_plan::OpPlace> NcclAgent::OpPlaces(absl::Span<const StridedCopyOp> ops,
+                                                    bool local) const {
   absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> out;
+  std::vector<nccl_plan::OpPlace> out;
   out.reserve(ops.size());
-  for (const CopyOp& op : ops) {
+  for (const StridedCopyOp& op : ops) {
     const Region& r = regions_[local ? op.local_region : op.remote_region];
-    out.push_back(reinterpret_cast<uint64_t>(r.base) +
-                  (local ? op.local_offset : op.remote_offset));
+    out.push_back(
+        {reinterpret_cast<uint64_t>(r.base) + (local ? op.local_offset : op.remote_offset),
+         local ? op.local_stride : op.remote_stride});
   }
   return out;
 }
@@ -429,13 +476,13 @@ absl::Status NcclAgent::Serve(int fd, const std::string& payload, NcclLink* link
   ack.verdict = nccl_wire::ValidateSourceRanges(req.ops, region_bytes);
   absl::StatusOr<nccl_plan::Plan> plan = absl::UnknownError("unset");
   if (ack.verdict.ok()) {
-    plan = nccl_plan::MakePlan(OpLengths(req.ops), {ack.chunk_bytes, req.params.direct_min_bytes});
+    plan = nccl_plan::MakePlan(OpShapes(req.ops), {ack.chunk_bytes, req.params.direct_min_bytes});
     ack.verdict = plan.status();
   }
   // Ack first: the reader posts its receives while we launch the sends.
   RETURN_IF_ERROR(nccl_socket::SendFrame(fd, MessageType::kReadAck, nccl_wire::EncodeReadAck(ack)));
   if (!ack.verdict.ok()) return absl::OkStatus();
-  return link->Enqueue(*plan, OpAddresses(req.ops, /*local=*/false));
+  return link->Enqueue(*plan, OpPlaces(req.ops, /*local=*/false));
 }
 
 absl::Status NcclAgent::ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<Posted>* awaiting,
@@ -470,11 +517,11 @@ absl::Status NcclAgent::ReadAcks(Peer* peer, int fd, NcclLink* link, std::deque<
     }
     ASSIGN_OR_RETURN(
         nccl_plan::Plan plan,
-        nccl_plan::MakePlan(OpLengths(t->ops), {ack->chunk_bytes, options_.direct_min_bytes}));
+        nccl_plan::MakePlan(OpShapes(t->ops), {ack->chunk_bytes, options_.direct_min_bytes}));
     awaiting->pop_front();
     running->push_back(
         {t, running->empty() ? absl::Now() + options_.transfer_timeout : absl::InfiniteFuture()});
-    RETURN_IF_ERROR(link->Enqueue(plan, OpAddresses(t->ops, /*local=*/true)));
+    RETURN_IF_ERROR(link->Enqueue(plan, OpPlaces(t->ops, /*local=*/true)));
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,9 @@
 //    peer that never joins fails AddPeer with DEADLINE_EXCEEDED after options.init_timeout, one
 //    that hangs up with UNAVAILABLE. Each side drives the communicators on its own thread with its
 //    own streams. A pair that reads both ways therefore has two independent sets of communicators.
-//  * PostRead validates and coalesces the ops and queues the transfer on the peer's thread. Up
+//  * PostRead (and PostStridedRead: rows of a KV head slice with gaps on either side, the
+//    re-shard between TP splits, gathered / scattered by the same copies) validates and
+//    coalesces the ops and queues the transfer on the peer's thread. Up
 //    to max_posted_transfers transfers are out at once: the thread sends each one's op list
 //    (kRead, nccl_agent_wire.h) without waiting for earlier ones; the source validates it against
 //    its own regions and acks (kReadAck), and on OK both sides put the transfer's NCCL messages
@@ -59,6 +61,7 @@
 #include "absl/types/span.h"
 #include "kvtransfer/nccl/nccl_agent_auth.h"
 #include "kvtransfer/nccl/nccl_agent_copy.h"
+#include "kvtransfer/nccl/nccl_agent_plan.h"
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/transfer_table.h"
 #include "tandem/v1/kv.pb.h"
@@ -137,6 +140,11 @@ class NcclAgent final : public TransferAgent {
   void RemovePeer(const std::string& peer_name) override;
   absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
                                       absl::Span<const CopyOp> ops) override;
+  // Any connected peer, any region: the source gathers the rows into its staging ring and the
+  // reader scatters them out of its own (nccl_agent_plan.h); strided ops always travel packed.
+  bool CanReadStrided(const std::string& peer_name, uint32_t local_region) override;
+  absl::StatusOr<TransferId> PostStridedRead(const std::string& peer_name,
+                                             absl::Span<const StridedCopyOp> ops) override;
   absl::StatusOr<bool> CheckTransfer(TransferId id) override;
   void Cancel(TransferId id) override;
   TransferAgentStats Stats() const override;
@@ -167,8 +175,15 @@ class NcclAgent final : public TransferAgent {
   absl::Status RetireFinished(NcclLink* link, std::deque<Posted>* running);
   // Source: answers one kRead and enqueues its sends. Returns the connection's status.
   absl::Status Serve(int fd, const std::string& payload, NcclLink* link);
-  // op_addr of `ops` in this agent's regions: the local side (reader) or the remote side.
-  std::vector<uint64_t> OpAddresses(absl::Span<const CopyOp> ops, bool local) const;
+  // Where `ops` lie in this agent's regions: the local side (reader) or the remote side.
+  std::vector<nccl_plan::OpPlace> OpPlaces(absl::Span<const StridedCopyOp> ops, bool local) const;
+  // The connected peer a Post* goes to, and the lengths of our regions. NOT_FOUND / UNAVAILABLE.
+  absl::StatusOr<Peer*> PostTargetLocked(const std::string& peer_name,
+                                         std::vector<uint64_t>* local_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a transfer of validated, coalesced ops on `peer`'s thread.
+  TransferId QueueLocked(Peer* peer, std::vector<StridedCopyOp> ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLocked(Transfer* t, absl::Status result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops `peer`'s thread and joins it (mu_ must not be held).
   static void StopPeer(Peer* peer);

@@ -3,12 +3,17 @@
 //
 // Two engines:
 //  * LaunchCopyTiles: a kernel. Each CTA (512 threads) copies whole tiles, grid-striding over
-//    the list; within a tile it uses 16-byte vectors when source and destination share their
-//    address modulo 16 (8 / 4 / 1 bytes otherwise), with byte-wise head and tail, so any offsets
-//    and lengths are correct. The grid is capped at `max_ctas` so NCCL's own kernels, running at
-//    the same time on another stream, still find free SMs. `streaming` marks its loads and
-//    stores evict-first (ld/st.global.cs): the copied lines leave L2 before NCCL's.
-//  * CopyTilesWithEngines: the DMA copy engines (one cudaMemcpyBatchAsync), no SMs at all.
+//    the list; a one-row tile with all its threads; a tile of rows (CopyTile::rows > 1, the
+//    head slices of a re-shard) as one flat list of 16-byte vectors over all its rows when
+//    rows, starts and pitches are 16-byte multiples, else one row per warp; within a row it
+//    uses 16-byte vectors when source
+//    and destination share their address modulo 16 (8 / 4 / 1 bytes otherwise), with byte-wise head
+//    and tail, so any offsets and lengths are correct. The grid is capped at `max_ctas` so NCCL's
+//    own kernels, running at the same time on another stream, still find free SMs. `streaming`
+//    marks its loads and stores evict-first (ld/st.global.cs): the copied lines leave L2 before
+//    NCCL's.
+//  * CopyTilesWithEngines: the DMA copy engines (one cudaMemcpyBatchAsync for the one-row tiles,
+//    one cudaMemcpy2DAsync per tile of rows), no SMs at all.
 //
 // Thread safety: stateless; the usual CUDA stream semantics.
 #ifndef TANDEM_KVTRANSFER_NCCL_AGENT_COPY_H_

@@ -232,7 +232,8 @@ absl::StatusOr<std::unique_ptr<NcclLink::Slot>> NcclLink::TakeSlot() {
   return slot;
 }
 
-absl::Status NcclLink::Enqueue(const nccl_plan::Plan& plan, absl::Span<const uint64_t> op_addr) {
+absl::Status NcclLink::Enqueue(const nccl_plan::Plan& plan,
+                               absl::Span<const nccl_plan::OpPlace> op_place) {
   if (plan.max_packed_bytes > options_.staging_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("nccl link: packed message of ",
                                                    plan.max_packed_bytes, " bytes exceeds ",
@@ -240,7 +241,7 @@ absl::Status NcclLink::Enqueue(const nccl_plan::Plan& plan, absl::Span<const uin
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   ASSIGN_OR_RETURN(std::unique_ptr<Slot> slot, TakeSlot());
-  absl::Status status = EnqueueWith(*slot, plan, op_addr);
+  absl::Status status = EnqueueWith(*slot, plan, op_place);
   if (!status.ok()) {
     idle_.push_back(std::move(slot));  // may still be read by queued work: freed after the drain
     return status;
@@ -250,35 +251,48 @@ absl::Status NcclLink::Enqueue(const nccl_plan::Plan& plan, absl::Span<const uin
 }
 
 absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
-                                   absl::Span<const uint64_t> op_addr) {
+                                   absl::Span<const nccl_plan::OpPlace> op_place) {
   // Where NCCL reads / writes each message, and which tiles the kernel copies for it.
   struct Step {
     char* buffer = nullptr;
     int ring = -1;  // staging buffer index; -1: NCCL uses the pool directly
     uint32_t first_tile = 0;
     uint32_t num_tiles = 0;
+    bool kernel = false;  // the copy kernel moves its tiles (else the copy engines)
   };
   std::vector<Step> steps(plan.messages.size());
   tiles_.clear();
-  // The copy engines take one copy per piece, described from the host during the call.
+  // The copy engines take one copy per piece, described from the host during the call. A
+  // message with strided rows (a re-shard) goes through the kernel in every mode: the engines
+  // move rows of a few hundred bytes at 80-270 GB/s on an H200, the kernel at 400-1000
+  // (kvtransfer/BENCHMARKS.md, "NCCL re-shard copies").
   const bool engines = options_.copy_mode == nccl_copy::CopyMode::kCopyEngine;
   const nccl_plan::Direction direction =
       role_ == Role::kSender ? nccl_plan::Direction::kGather : nccl_plan::Direction::kScatter;
+  bool any_kernel = false;
   for (size_t i = 0; i < steps.size(); ++i) {
     Step& s = steps[i];
     const nccl_plan::Message& m = plan.messages[i];
-    if (std::optional<uint64_t> addr = nccl_plan::ContiguousAddress(plan, m, op_addr)) {
+    if (std::optional<uint64_t> addr = nccl_plan::ContiguousAddress(plan, m, op_place)) {
       s.buffer = reinterpret_cast<char*>(*addr);
       continue;
     }
     s.ring = static_cast<int>(next_buffer_++ % static_cast<uint64_t>(options_.staging_buffers));
     s.buffer = staging_ + staging_stride_ * s.ring;
     s.first_tile = static_cast<uint32_t>(tiles_.size());
-    nccl_plan::AppendTiles(plan, m, op_addr, reinterpret_cast<uint64_t>(s.buffer), direction,
-                           engines ? UINT64_MAX : kTileBytes, &tiles_);
+    const uint64_t staging = reinterpret_cast<uint64_t>(s.buffer);
+    nccl_plan::AppendTiles(plan, m, op_place, staging, direction, engines ? UINT64_MAX : kTileBytes,
+                           &tiles_);
+    s.kernel = !engines || std::any_of(tiles_.begin() + s.first_tile, tiles_.end(),
+                                       [](const nccl_plan::CopyTile& t) { return t.rows > 1; });
+    if (engines && s.kernel) {  // again, in tiles the kernel's CTAs share out
+      tiles_.resize(s.first_tile);
+      nccl_plan::AppendTiles(plan, m, op_place, staging, direction, kTileBytes, &tiles_);
+    }
     s.num_tiles = static_cast<uint32_t>(tiles_.size()) - s.first_tile;
+    any_kernel |= s.kernel;
   }
-  if (!engines && tiles_.size() > slot.capacity) {
+  if (any_kernel && tiles_.size() > slot.capacity) {
     // The slot is idle (its last transfer ended), so its old table is no longer read.
     const size_t capacity = std::max({tiles_.size(), kMinTileCapacity, 2 * slot.capacity});
     if (slot.host != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(slot.host));
@@ -292,7 +306,7 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&slot.device), bytes));
     slot.capacity = capacity;
   }
-  if (!engines && !tiles_.empty()) {
+  if (any_kernel && !tiles_.empty()) {
     const size_t bytes = tiles_.size() * sizeof(nccl_plan::CopyTile);
     std::memcpy(slot.host, tiles_.data(), bytes);
     CUDA_RETURN_IF_ERROR(
@@ -344,12 +358,13 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
     return Settle(comm, ended, deadline);
   };
   auto copy = [&](const Step& s) -> cudaError_t {
-    if (engines) {
+    if (!s.kernel) {
       return nccl_copy::CopyTilesWithEngines(tiles_.data() + s.first_tile, s.num_tiles,
                                              copy_stream_);
     }
+    // Strided messages in engine mode: evict-first, like the engines (no L2 pollution).
     return nccl_copy::LaunchCopyTiles(slot.device + s.first_tile, s.num_tiles, options_.copy_ctas,
-                                      options_.copy_mode == nccl_copy::CopyMode::kStreamingKernel,
+                                      options_.copy_mode != nccl_copy::CopyMode::kKernel,
                                       copy_stream_);
   };
   for (size_t i = 0; i < steps.size();) {

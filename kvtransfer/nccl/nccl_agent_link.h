@@ -16,8 +16,9 @@
 // Enqueue puts one whole transfer (the messages of an nccl_plan::Plan) on the GPU, in stream
 // order behind earlier transfers; nothing waits on the host. Per message:
 //   contiguous on this side (nccl_plan::ContiguousAddress): NCCL reads / writes the pool itself.
-//   otherwise, with b cycling through the staging ring (continuing across transfers), and
-//   [nccl] the stream of the message's communicator:
+//   otherwise (rows with gaps between them: by the kernel in every copy mode), with b cycling
+//   through the staging ring (continuing across transfers), and [nccl] the stream of the message's
+//   communicator:
 //     sender   (rank 1, source): [copy] wait free[b]; gather kernel -> staging[b]; record ready[b]
 //                                [nccl] wait ready[b]; ncclSend(staging[b]); record free[b]
 //     receiver (rank 0, reader): [nccl] wait free[b]; ncclRecv(staging[b]); record ready[b]
@@ -36,8 +37,9 @@
 // silent or dead peer), then drains the streams: no byte lands in the pool after it returns.
 //
 // Memory per link: staging_buffers * staging_chunk_bytes of device memory, allocated by Connect,
-// plus per in-flight transfer a tile table (24 bytes per <= 128 KiB of staged data, pinned host +
-// device, grown on demand; none with the copy engines, which take the table from the host).
+// plus per in-flight transfer a tile table (48 bytes per <= 128 KiB of staged data, pinned host +
+// device, grown on demand; none with the copy engines, which take the table from the host,
+// unless a transfer has strided messages: those go through the kernel in every copy mode).
 //
 // Thread safety: none. One thread owns a link (the agent's connection thread); `stop` and
 // `control_fd` must outlive it.
@@ -91,9 +93,10 @@ class NcclLink {
   NcclLink(const NcclLink&) = delete;
   NcclLink& operator=(const NcclLink&) = delete;
 
-  // op_addr[i]: device address of op i's first byte in this side's pool. INVALID_ARGUMENT when
-  // a packed message exceeds staging_chunk_bytes. Any other error leaves the link unusable.
-  absl::Status Enqueue(const nccl_plan::Plan& plan, absl::Span<const uint64_t> op_addr);
+  // op_place[i]: where op i lives in this side's pool (device addresses; strided ops are
+  // gathered / scattered row by row, nccl_plan::AppendTiles). INVALID_ARGUMENT when a packed
+  // message exceeds staging_chunk_bytes. Any other error leaves the link unusable.
+  absl::Status Enqueue(const nccl_plan::Plan& plan, absl::Span<const nccl_plan::OpPlace> op_place);
   // OK(true): the oldest enqueued transfer ended (and is forgotten). OK(false): it is still
   // running, or none is. Error: the communicator or the device failed.
   absl::StatusOr<bool> PollOldest();
@@ -115,7 +118,7 @@ class NcclLink {
   absl::Status CommErrors();
   absl::StatusOr<std::unique_ptr<Slot>> TakeSlot();
   absl::Status EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
-                           absl::Span<const uint64_t> op_addr);
+                           absl::Span<const nccl_plan::OpPlace> op_place);
 
   const NcclLinkOptions options_;
   const Role role_;

@@ -29,8 +29,6 @@ bool Get(absl::string_view in, size_t* pos, T* v) {
   return true;
 }
 
-constexpr size_t kOpBytes = 4 + 8 + 8;
-
 }  // namespace
 
 std::string EncodeHeader(MessageType type, uint32_t payload_bytes) {
@@ -96,7 +94,7 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
 }
 
 absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, const nccl_plan::PlanParams& params,
-                                              absl::Span<const CopyOp> ops) {
+                                              absl::Span<const StridedCopyOp> ops) {
   if (ops.empty() || ops.size() > kMaxOpsPerRead) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl read request: ", ops.size(), " ops (need 1..", kMaxOpsPerRead, ")"));
@@ -105,15 +103,17 @@ absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, const nccl_plan::Plan
     return absl::InvalidArgumentError("nccl read request: zero chunk_bytes or direct_min_bytes");
   }
   std::string out;
-  out.reserve(kReadHeaderBytes + ops.size() * kOpBytes);
+  out.reserve(kReadHeaderBytes + ops.size() * kReadOpBytes);
   Put(&out, id);
   Put(&out, params.chunk_bytes);
   Put(&out, params.direct_min_bytes);
   Put(&out, static_cast<uint32_t>(ops.size()));
-  for (const CopyOp& op : ops) {
+  for (const StridedCopyOp& op : ops) {
     Put(&out, op.remote_region);
     Put(&out, op.remote_offset);
-    Put(&out, op.length);
+    Put(&out, op.row_bytes);
+    Put(&out, op.rows);
+    Put(&out, op.remote_stride);
   }
   return out;
 }
@@ -132,15 +132,17 @@ absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload) {
   if (n == 0 || n > kMaxOpsPerRead) {
     return absl::InvalidArgumentError(absl::StrCat("nccl read request: bad op count ", n));
   }
-  if (payload.size() - pos != static_cast<size_t>(n) * kOpBytes) {
+  if (payload.size() - pos != static_cast<size_t>(n) * kReadOpBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl read request: ", payload.size() - pos, " op bytes for ", n, " ops"));
   }
   req.ops.resize(n);
-  for (CopyOp& op : req.ops) {
+  for (StridedCopyOp& op : req.ops) {
     Get(payload, &pos, &op.remote_region);
     Get(payload, &pos, &op.remote_offset);
-    Get(payload, &pos, &op.length);
+    Get(payload, &pos, &op.row_bytes);
+    Get(payload, &pos, &op.rows);
+    Get(payload, &pos, &op.remote_stride);
   }
   return req;
 }
@@ -172,15 +174,16 @@ absl::StatusOr<ReadAck> DecodeReadAck(absl::string_view payload) {
   return ack;
 }
 
-absl::Status ValidateSourceRanges(absl::Span<const CopyOp> ops,
+absl::Status ValidateSourceRanges(absl::Span<const StridedCopyOp> ops,
                                   absl::Span<const uint64_t> region_bytes) {
-  // Reuse ValidateCopyOps by making each op's local side mirror its remote side.
-  std::vector<CopyOp> mirrored(ops.begin(), ops.end());
-  for (CopyOp& op : mirrored) {
+  // Reuse ValidateStridedCopyOps by making each op's local side mirror its remote side.
+  std::vector<StridedCopyOp> mirrored(ops.begin(), ops.end());
+  for (StridedCopyOp& op : mirrored) {
     op.local_region = op.remote_region;
     op.local_offset = op.remote_offset;
+    op.local_stride = op.remote_stride;
   }
-  return ValidateCopyOps(mirrored, region_bytes, region_bytes);
+  return ValidateStridedCopyOps(mirrored, region_bytes, region_bytes);
 }
 
 std::string FormatAddress(absl::string_view host, int port) {

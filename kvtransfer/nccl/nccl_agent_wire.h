@@ -15,11 +15,13 @@
 //             deadline. NCCL call k of the pair (nccl_agent_link.h) uses communicator k % count.
 //   kRead     reader -> source: u64 transfer id, u64 chunk_bytes, u64 direct_min_bytes (the
 //             reader's nccl_plan::PlanParams), u32 op count, then per op (u32 remote_region,
-//             u64 remote_offset, u64 length). Only the source's side of each CopyOp travels; the
-//             reader keeps its local side. The reader may send further kReads before the ack.
+//             u64 remote_offset, u64 row_bytes, u64 rows, u64 remote_stride): a StridedCopyOp,
+//             a contiguous CopyOp being one row. Only the source's side of each op travels;
+//             the reader keeps its local side. The reader may send further kReads before the
+//             ack.
 //   kReadAck  source -> reader: u64 transfer id, u64 chunk_bytes the source chose (<= the
 //             reader's), u32 absl::StatusCode, then the message bytes. OK means the source has
-//             queued the transfer's ncclSends: the messages of nccl_plan::MakePlan(op lengths,
+//             queued the transfer's ncclSends: the messages of nccl_plan::MakePlan(op shapes,
 //             {chunk_bytes of the ack, direct_min_bytes of the kRead}), in order, behind those of
 //             earlier acked kReads. Acks come in kRead order.
 //
@@ -44,10 +46,11 @@ enum class MessageType : uint32_t { kHello = 1, kRead = 2, kReadAck = 3, kChalle
 
 inline constexpr size_t kFrameHeaderBytes = 8;
 inline constexpr size_t kUniqueIdBytes = 128;  // sizeof(ncclUniqueId)
-// Bounds what a peer can make us allocate: 1M ops (20 MiB payload).
+// Bounds what a peer can make us allocate: 1M ops (36 MiB payload).
 inline constexpr uint32_t kMaxOpsPerRead = 1u << 20;
 inline constexpr size_t kReadHeaderBytes = 8 + 8 + 8 + 4;
-inline constexpr uint32_t kMaxPayloadBytes = kReadHeaderBytes + kMaxOpsPerRead * 20;
+inline constexpr size_t kReadOpBytes = 4 + 8 + 8 + 8 + 8;
+inline constexpr uint32_t kMaxPayloadBytes = kReadHeaderBytes + kMaxOpsPerRead * kReadOpBytes;
 inline constexpr size_t kChallengeBytes = 32;
 inline constexpr size_t kMaxHelloTokenBytes = 256;  // credential; tandem::v1::kMaxAccessTokenBytes
 inline constexpr uint32_t kMaxHelloBytes = 4 + kMaxHelloTokenBytes + 2 * kUniqueIdBytes;
@@ -72,14 +75,14 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
 struct ReadRequest {
   uint64_t id = 0;
   nccl_plan::PlanParams params;
-  std::vector<CopyOp> ops;  // local_* fields are zero after decoding
+  std::vector<StridedCopyOp> ops;  // local_* fields are zero after decoding
 };
 // Payload of kRead (no header). INVALID_ARGUMENT for no ops, more than kMaxOpsPerRead, or a zero
 // param.
 absl::StatusOr<std::string> EncodeReadRequest(uint64_t id, const nccl_plan::PlanParams& params,
-                                              absl::Span<const CopyOp> ops);
+                                              absl::Span<const StridedCopyOp> ops);
 // INVALID_ARGUMENT for a truncated or oversized payload, a count that does not match, or a zero
-// param.
+// param. (The ops' geometry is checked by ValidateSourceRanges.)
 absl::StatusOr<ReadRequest> DecodeReadRequest(absl::string_view payload);
 
 struct ReadAck {
@@ -93,9 +96,10 @@ std::string EncodeReadAck(const ReadAck& ack);
 // with an OK verdict).
 absl::StatusOr<ReadAck> DecodeReadAck(absl::string_view payload);
 
-// Checks the source's side of each op against the source's regions: INVALID_ARGUMENT for
-// zero-length ops / no ops, OUT_OF_RANGE for an unknown region or a range past its end.
-absl::Status ValidateSourceRanges(absl::Span<const CopyOp> ops,
+// Checks the source's side of each op against the source's regions (ValidateStridedCopyOps):
+// INVALID_ARGUMENT for no ops, zero rows or row bytes, a stride below the row; OUT_OF_RANGE for
+// an unknown region or a last row past its end.
+absl::Status ValidateSourceRanges(absl::Span<const StridedCopyOp> ops,
                                   absl::Span<const uint64_t> region_bytes);
 
 // "host:port" <-> parts. INVALID_ARGUMENT for a missing colon, empty host or bad port.

@@ -12,21 +12,30 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvtransfer/copy_ops.h"
 #include "kvtransfer/nccl/nccl_agent_socket.h"
 
 namespace tandem::kvtransfer::nccl_wire {
 namespace {
 
-std::vector<CopyOp> RandomOps(std::mt19937_64& rng, size_t n) {
-  std::vector<CopyOp> ops(n);
-  for (CopyOp& op : ops) {
+std::vector<StridedCopyOp> RandomOps(std::mt19937_64& rng, size_t n) {
+  std::vector<StridedCopyOp> ops(n);
+  for (StridedCopyOp& op : ops) {
     op.local_region = static_cast<uint32_t>(rng() % 4);
     op.local_offset = rng();
+    op.local_stride = rng();
     op.remote_region = static_cast<uint32_t>(rng());
     op.remote_offset = rng();
-    op.length = rng() | 1;
+    op.remote_stride = rng();
+    op.row_bytes = rng() | 1;
+    op.rows = rng() % 2 ? 1 : rng();
   }
   return ops;
+}
+
+// A contiguous op of `length` bytes at the source's `region` + `offset`.
+StridedCopyOp Source(uint32_t region, uint64_t offset, uint64_t length) {
+  return AsStrided({0, 0, region, offset, length});
 }
 
 TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
@@ -36,7 +45,7 @@ TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
   for (int round = 0; round < 20; ++round) {
     const uint64_t id = rng();
     const nccl_plan::PlanParams params{rng() | 1, rng() | 1};
-    std::vector<CopyOp> ops = RandomOps(rng, 1 + rng() % 300);
+    std::vector<StridedCopyOp> ops = RandomOps(rng, 1 + rng() % 300);
     absl::StatusOr<std::string> wire = EncodeReadRequest(id, params, ops);
     ASSERT_TRUE(wire.ok()) << wire.status();
     absl::StatusOr<ReadRequest> req = DecodeReadRequest(*wire);
@@ -48,9 +57,12 @@ TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
     for (size_t i = 0; i < ops.size(); ++i) {
       EXPECT_EQ(req->ops[i].remote_region, ops[i].remote_region);
       EXPECT_EQ(req->ops[i].remote_offset, ops[i].remote_offset);
-      EXPECT_EQ(req->ops[i].length, ops[i].length);
+      EXPECT_EQ(req->ops[i].remote_stride, ops[i].remote_stride);
+      EXPECT_EQ(req->ops[i].row_bytes, ops[i].row_bytes);
+      EXPECT_EQ(req->ops[i].rows, ops[i].rows);
       EXPECT_EQ(req->ops[i].local_region, 0u);  // the reader's side does not travel
       EXPECT_EQ(req->ops[i].local_offset, 0u);
+      EXPECT_EQ(req->ops[i].local_stride, 0u);
     }
     // Every truncation and any extra byte is refused.
     const size_t cut = rng() % wire->size();
@@ -62,7 +74,7 @@ TEST(NcclWireTest, ReadRequestRoundTripsRandomOps) {
 
 TEST(NcclWireTest, ReadRequestRejectsEmptyBadCountsAndZeroParams) {
   const nccl_plan::PlanParams params{1 << 20, 1 << 22};
-  const std::vector<CopyOp> one = {{0, 0, 0, 0, 5}};
+  const std::vector<StridedCopyOp> one = {Source(0, 0, 5)};
   EXPECT_EQ(EncodeReadRequest(1, params, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeReadRequest(1, {0, 1}, one).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeReadRequest(1, {1, 0}, one).status().code(), absl::StatusCode::kInvalidArgument);
@@ -119,15 +131,30 @@ TEST(NcclWireTest, HeaderChecksTypeAndSize) {
 TEST(NcclWireTest, ValidateSourceRangesUsesOnlyTheSourceSide) {
   const std::vector<uint64_t> regions = {100, 50};
   // local_* fields are garbage on purpose: the source cannot know the reader's regions.
-  EXPECT_TRUE(ValidateSourceRanges({{77, 999999, 1, 10, 40}, {9, 1, 0, 0, 100}}, regions).ok());
-  EXPECT_EQ(ValidateSourceRanges({{0, 0, 1, 10, 41}}, regions).code(),
+  StridedCopyOp garbage_local = Source(1, 10, 40);
+  garbage_local.local_region = 77;
+  garbage_local.local_offset = 999999;
+  garbage_local.local_stride = 3;  // below the row: only the source's stride counts
+  EXPECT_TRUE(ValidateSourceRanges({garbage_local, Source(0, 0, 100)}, regions).ok());
+  EXPECT_EQ(ValidateSourceRanges({Source(1, 10, 41)}, regions).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(ValidateSourceRanges({{0, 0, 2, 0, 1}}, regions).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(ValidateSourceRanges({{0, 0, 0, ~uint64_t{0}, 2}}, regions).code(),
+  EXPECT_EQ(ValidateSourceRanges({Source(2, 0, 1)}, regions).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ValidateSourceRanges({Source(0, ~uint64_t{0}, 2)}, regions).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(ValidateSourceRanges({{0, 0, 0, 0, 0}}, regions).code(),
+  EXPECT_EQ(ValidateSourceRanges({Source(0, 0, 0)}, regions).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateSourceRanges({}, regions).code(), absl::StatusCode::kInvalidArgument);
+  // Strided: 4 rows of 10 bytes 30 apart from 5 end at 5 + 3 * 30 + 10 = 105 > 100.
+  StridedCopyOp rows = Source(0, 5, 10);
+  rows.rows = 4;
+  rows.remote_stride = 30;
+  EXPECT_EQ(ValidateSourceRanges({rows}, regions).code(), absl::StatusCode::kOutOfRange);
+  rows.remote_offset = 0;  // ends at 100: fits
+  EXPECT_TRUE(ValidateSourceRanges({rows}, regions).ok());
+  rows.remote_stride = 9;  // rows would overlap
+  EXPECT_EQ(ValidateSourceRanges({rows}, regions).code(), absl::StatusCode::kInvalidArgument);
+  rows.remote_stride = ~uint64_t{0} / 2;  // overflow
+  EXPECT_EQ(ValidateSourceRanges({rows}, regions).code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST(NcclWireTest, HelloCarriesTheCredentialAndOneOrTwoIdsWithinItsBounds) {
@@ -175,7 +202,7 @@ TEST(NcclSocketTest, FramesCrossALoopbackConnectionAndEofIsUnavailable) {
   const int server = accept(*listen_fd, nullptr, nullptr);
   ASSERT_GE(server, 0);
   const std::string payload =
-      *EncodeReadRequest(5, {64, 64}, std::vector<CopyOp>(1000, {0, 0, 1, 2, 3}));
+      *EncodeReadRequest(5, {64, 64}, std::vector<StridedCopyOp>(1000, Source(1, 2, 3)));
   ASSERT_TRUE(nccl_socket::CheckOpen(server).ok());
   ASSERT_TRUE(nccl_socket::SendFrame(*client, MessageType::kRead, payload).ok());
   ASSERT_TRUE(nccl_socket::WaitReadable(server, std::atomic<bool>{false}, absl::Seconds(5)).ok());

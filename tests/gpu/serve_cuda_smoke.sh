@@ -6,7 +6,9 @@
 # one prefill + one decode CUDA worker (P -> D KV over UCX, staged through host memory), and on
 # a machine with 2 GPUs a prefill worker on GPU 0 and a decode worker on GPU 1 with
 # --kv_transport=nccl (device to device). The greedy tokens of the disaggregated runs must equal
-# the mixed worker's for the same prompts (same kernels, same bf16 KV).
+# the mixed worker's for the same prompts (same kernels, same bf16 KV). Heterogeneous TP (P and
+# D groups of different sizes, KV heads re-sharded in the read) over UCX with ranks sharing
+# GPU 0, and over NCCL with one GPU per rank on a machine with >= 3 GPUs.
 #
 #   tests/gpu/serve_cuda_smoke.sh BUNDLE_DIR LOG_DIR
 #
@@ -123,23 +125,40 @@ MODEL_DIR=$LOG/llama-100m
 HCOMMON=(--backend=cuda --model="$MODEL_DIR" --router="$ROUTER" --kv_cache_bytes=1073741824
          --listen=127.0.0.1:0)
 share() { [[ $1 -gt 1 ]] && echo --tp_share_device; }
-hetero() {  # tag, prefill tp, decode tp
-  local tag=$1 ptp=$2 dtp=$3 p
+hetero() {  # tag, prefill tp, decode tp[, prefill device, decode device]: the last two = NCCL
+  local tag=$1 ptp=$2 dtp=$3 p pflags=() dflags=()
+  if [[ $# -ge 5 ]]; then  # one GPU per rank: rank r of a group on --device + r
+    pflags=(--kv_transport=nccl --device="$4")
+    dflags=(--kv_transport=nccl --device="$5")
+  else
+    pflags=($(share "$ptp"))
+    dflags=($(share "$dtp"))
+  fi
   for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   pids=("${pids[0]}")
-  "$W" --insecure --role=prefill --worker_id=$tag-prefill "${HCOMMON[@]}" --tp="$ptp" $(share "$ptp") \
+  "$W" --insecure --role=prefill --worker_id=$tag-prefill "${HCOMMON[@]}" --tp="$ptp" "${pflags[@]}" \
     --port_file="$LOG/$tag-prefill.port" >"$LOG/$tag-prefill.log" 2>&1 &
   pids+=($!)
-  "$W" --insecure --role=decode --worker_id=$tag-decode "${HCOMMON[@]}" --tp="$dtp" $(share "$dtp") \
+  "$W" --insecure --role=decode --worker_id=$tag-decode "${HCOMMON[@]}" --tp="$dtp" "${dflags[@]}" \
     --port_file="$LOG/$tag-decode.port" >"$LOG/$tag-decode.log" 2>&1 &
   pids+=($!)
   wait_file "$LOG/$tag-prefill.port" && wait_file "$LOG/$tag-decode.port" ||
     { tail "$LOG"/$tag-{prefill,decode}.log; return 1; }
   sleep 8  # the router drops the stopped workers after their heartbeat timeout
 }
-for shape in "tp21 2 1" "tp12 1 2"; do
-  read -r tag ptp dtp <<<"$shape"
-  if hetero "$tag" "$ptp" "$dtp"; then
+# The same over NCCL with one GPU per rank (>= 3 GPUs): P TP=2 on GPUs 0,1 -> D TP=1 on GPU 2,
+# P TP=1 on GPU 0 -> D TP=2 on GPUs 1,2: the P ranks gather the head slices on the GPU, only the
+# kept bytes cross NCCL.
+shapes=("tp21 2 1" "tp12 1 2")
+if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') -ge 3 ]]; then
+  shapes+=("nccl21 2 1 0 2" "nccl12 1 2 0 1")
+else
+  echo "SKIP nccl21_* nccl12_* (fewer than 3 GPUs)"
+  skipped=$((skipped + 8))
+fi
+for shape in "${shapes[@]}"; do
+  read -r tag ptp dtp pdev ddev <<<"$shape"
+  if hetero "$tag" "$ptp" "$dtp" $pdev $ddev; then
     check ${tag}_generate gen $SHORT 32 ${tag}_short
     check ${tag}_long_prompt gen "$LONG" 16 ${tag}_long
     check ${tag}_concurrent conc
