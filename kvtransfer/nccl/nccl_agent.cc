@@ -281,7 +281,11 @@ void NcclAgent::RemovePeer(const std::string& peer_name) {
 }
 
 absl::StatusOr<NcclAgent::Peer*> NcclAgent::PostTargetLocked(const std::string& peer_name,
+                                                             size_t num_ops,
                                                              std::vector<uint64_t>* local_bytes) {
+  if (num_ops > nccl_wire::kMaxOpsPerRead) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", num_ops, " ops"));
+  }
   auto it = peers_.find(peer_name);
   if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("unknown peer ", peer_name));
   Peer* peer = it->second.get();
@@ -306,11 +310,8 @@ absl::StatusOr<TransferId> NcclAgent::PostRead(const std::string& peer_name,
                                                absl::Span<const CopyOp> ops) {
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> local_bytes;
-  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, &local_bytes));
+  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, ops.size(), &local_bytes));
   RETURN_IF_ERROR(ValidateCopyOps(ops, local_bytes, peer->remote_bytes));
-  if (ops.size() > nccl_wire::kMaxOpsPerRead) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
-  }
   std::vector<StridedCopyOp> rows;
   rows.reserve(ops.size());
   for (const CopyOp& op : CoalesceCopyOps(ops)) rows.push_back(AsStrided(op));
@@ -327,11 +328,8 @@ absl::StatusOr<TransferId> NcclAgent::PostStridedRead(const std::string& peer_na
                                                       absl::Span<const StridedCopyOp> ops) {
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> local_bytes;
-  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, &local_bytes));
+  ASSIGN_OR_RETURN(Peer * peer, PostTargetLocked(peer_name, ops.size(), &local_bytes));
   RETURN_IF_ERROR(ValidateStridedCopyOps(ops, local_bytes, peer->remote_bytes));
-  if (ops.size() > nccl_wire::kMaxOpsPerRead) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl agent: batch of ", ops.size(), " ops"));
-  }
   return QueueLocked(peer, Normalized(ops));
 }
 

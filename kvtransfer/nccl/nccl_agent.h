@@ -177,8 +177,9 @@ class NcclAgent final : public TransferAgent {
   absl::Status Serve(int fd, const std::string& payload, NcclLink* link);
   // Where `ops` lie in this agent's regions: the local side (reader) or the remote side.
   std::vector<nccl_plan::OpPlace> OpPlaces(absl::Span<const StridedCopyOp> ops, bool local) const;
-  // The connected peer a Post* goes to, and the lengths of our regions. NOT_FOUND / UNAVAILABLE.
-  absl::StatusOr<Peer*> PostTargetLocked(const std::string& peer_name,
+  // The connected peer a Post* of `num_ops` ops goes to, and the lengths of our regions.
+  // NOT_FOUND / UNAVAILABLE; INVALID_ARGUMENT for more than kMaxOpsPerRead ops.
+  absl::StatusOr<Peer*> PostTargetLocked(const std::string& peer_name, size_t num_ops,
                                          std::vector<uint64_t>* local_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a transfer of validated, coalesced ops on `peer`'s thread.

@@ -1,7 +1,7 @@
 // NcclAgent vs raw NCCL send/recv between two processes on two GPUs (issue 5: target >= 90%).
 //
 //   bazel-bin/kvtransfer/nccl_bench [--quick] [--configs=64/64/4/2,128/32/4/3/16]
-//                                   [--blocks=1,16,64,256,1024] [--halves]
+//                                   [--blocks=1,16,64,256,1024] [--halves] [--reshard=2,4]
 //
 // The source agent runs in a re-executed copy of this binary on device 1 (nccl_agent_peer.h),
 // the reader here on device 0. For each batch of B blocks of 2 MiB (random, mostly
@@ -14,7 +14,9 @@
 // engines, the default), applied to both agents (the source is restarted with it). Each table ends
 // with a fully contiguous 1024-block batch ("1024c": one direct message, or chunked without copies
 // when direct_mib > 2048), with --halves batches random on one side only, and raw NCCL in messages
-// of the chunk size (NCCL's own cost per message).
+// of the chunk size (NCCL's own cost per message). --reshard adds, per TP ratio R, strided reads
+// of KV head slices (PostStridedRead: 1/R of every 2 KiB row; 1->R the source gathers, R->1 the
+// reader scatters) against whole-block reads and raw NCCL of the same kept bytes.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -25,6 +27,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -46,6 +49,10 @@ ABSL_FLAG(std::string, configs, "128/32/4/3/32/e/2,128/32/4/3/32/e/1,128/32/4/3/
           "[/direct_mib[/k|s|e[/num_comms]]]");
 ABSL_FLAG(bool, halves, false,
           "also time 1024 blocks random on one side only (1024g: source, 1024s: reader)");
+ABSL_FLAG(std::string, reshard, "2,4",
+          "TP ratios R of the re-shard rows (strided reads, kvtransfer/BENCHMARKS.md): 1->R "
+          "reads 1/R of every 2 KiB row of 256 / 1024 random source blocks (the source gathers), "
+          "R->1 writes them into 1/R of every row (the reader scatters); empty = none");
 ABSL_FLAG(std::string, blocks, "1,16,64,256,1024",
           "comma-separated batch sizes (random blocks); a contiguous 1024-block batch follows");
 
@@ -122,11 +129,17 @@ std::vector<Config> ParseConfigs(const std::string& text) {
   return out;
 }
 
-double AgentSeconds(NcclAgent& agent, const std::vector<CopyOp>& ops, int iters) {
+template <typename Op>
+double AgentSeconds(NcclAgent& agent, const std::vector<Op>& ops, int iters) {
   const absl::Time start = absl::Now();
   std::vector<TransferId> ids;
   for (int i = 0; i < iters; ++i) {
-    auto id = agent.PostRead("src", ops);
+    absl::StatusOr<TransferId> id;
+    if constexpr (std::is_same_v<Op, StridedCopyOp>) {
+      id = agent.PostStridedRead("src", ops);
+    } else {
+      id = agent.PostRead("src", ops);
+    }
     CHECK_OK(id.status());
     ids.push_back(*id);
   }
@@ -182,6 +195,51 @@ std::vector<CopyOp> Batch(std::mt19937_64& rng, uint32_t blocks, Layout layout) 
   src.resize(blocks);
   dst.resize(blocks);
   return BlockCopyOps(0, 0, kBlockBytes, dst, src);
+}
+
+// A re-shard between TP splits of ratio `ratio`: per random block pair, rows of 2 KiB (one
+// token's heads of one layer's K or V) of which 1/ratio is kept. gather: the source holds the
+// whole rows (P tp < D tp) and the reader's block is the kept slices back to back; else the
+// reverse (the reader scatters into every row).
+constexpr uint64_t kRowBytes = 2048;
+std::vector<StridedCopyOp> ReshardBatch(std::mt19937_64& rng, uint32_t blocks, uint64_t ratio,
+                                        bool gather) {
+  std::vector<uint32_t> src(kPoolBlocks), dst(kPoolBlocks);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(src.begin(), src.end(), rng);
+  std::shuffle(dst.begin(), dst.end(), rng);
+  const uint64_t kept = kRowBytes / ratio;
+  std::vector<StridedCopyOp> ops;
+  for (uint32_t i = 0; i < blocks; ++i) {
+    const uint64_t slice = (rng() % ratio) * kept;  // which heads
+    StridedCopyOp op;
+    op.row_bytes = kept;
+    op.rows = kBlockBytes / kRowBytes;
+    if (gather) {
+      op.remote_offset = src[i] * kBlockBytes + slice;
+      op.remote_stride = kRowBytes;
+      op.local_offset = dst[i] * (kBlockBytes / ratio);
+      op.local_stride = kept;
+    } else {
+      op.remote_offset = src[i] * (kBlockBytes / ratio);
+      op.remote_stride = kept;
+      op.local_offset = dst[i] * kBlockBytes + slice;
+      op.local_stride = kRowBytes;
+    }
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+std::vector<uint64_t> ParseRatios(const std::string& text) {
+  std::vector<uint64_t> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    uint64_t r = 0;
+    CHECK_TRUE(absl::SimpleAtoi(item, &r) && r >= 2 && kRowBytes % r == 0);
+    out.push_back(r);
+  }
+  return out;
 }
 
 int Run(bool quick, bool halves, const std::vector<Config>& configs,
@@ -270,6 +328,32 @@ int Run(bool quick, bool halves, const std::vector<Config>& configs,
       if (layout == Layout::kRandom && blocks >= 64)
         worst = std::min(worst, 100.0 * agent_gbs / raw);
       std::fflush(stdout);
+    }
+    // Re-shard rows: kept GB/s vs the agent's whole-block rate and raw NCCL on the same bytes.
+    for (uint64_t ratio : ParseRatios(absl::GetFlag(FLAGS_reshard))) {
+      for (bool gather : {true, false}) {
+        for (uint32_t n : {256u, 1024u}) {
+          const std::vector<StridedCopyOp> ops = ReshardBatch(rng, n, ratio, gather);
+          const uint64_t bytes = n * kBlockBytes / ratio;
+          const int iters = std::max(quick ? 2 : 5, static_cast<int>((quick ? 256 : 4096) / n));
+          AgentSeconds(**agent, ops, 1);
+          const double gbs = MedianRate(static_cast<double>(bytes) * iters,
+                                        [&] { return AgentSeconds(**agent, ops, iters); });
+          const std::vector<CopyOp> equal =
+              Batch(rng, n / static_cast<uint32_t>(ratio), Layout::kRandom);
+          const double equal_gbs = MedianRate(static_cast<double>(bytes) * iters,
+                                              [&] { return AgentSeconds(**agent, equal, iters); });
+          const double raw = raw_rate(bytes, iters);
+          const std::string label =
+              gather ? "1->" + std::to_string(ratio) : std::to_string(ratio) + "->1";
+          std::printf(
+              "%-5s %4u blocks, %4llu MiB kept: %7.1f GB/s, %5.1f%% of whole blocks "
+              "(%.1f GB/s), %5.1f%% of raw NCCL\n",
+              label.c_str(), n, static_cast<unsigned long long>(bytes >> 20), gbs,
+              100.0 * gbs / equal_gbs, equal_gbs, 100.0 * gbs / raw);
+          std::fflush(stdout);
+        }
+      }
     }
     // NCCL's own cost per message: the same 2 GiB as raw messages of the chunk size.
     const uint64_t chunk = std::min(c.chunk_mib << 20, kPoolBytes);

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -171,17 +173,10 @@ void WidenSlice(const TensorInfo& info, const HfTensor& t, float* out) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config, TpShard shard) {
-  RETURN_IF_ERROR(ValidateModelConfig(config));
-  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
-  Checkpoint checkpoint;
-  RETURN_IF_ERROR(OpenCheckpoint(model_dir, &checkpoint));
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(config, dims);
-
-  // Check everything before converting anything: a bad checkpoint fails fast.
+// Every tensor of `layout` is in `checkpoint` with its shape and a dtype we convert; nothing
+// else is (see LoadModelWeights).
+absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfTensor>& layout,
+                             const ModelConfig& config, const std::string& where) {
   std::map<std::string, const HfTensor*> expected;
   for (const HfTensor& t : layout) expected.emplace(t.name, &t);
   std::vector<std::string> missing;
@@ -197,7 +192,7 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
     std::string more =
         missing.size() > 1 ? absl::StrCat(" and ", missing.size() - 1, " more") : std::string();
     return absl::InvalidArgumentError(
-        absl::StrCat("missing tensor ", missing[0], more, " in ", model_dir));
+        absl::StrCat("missing tensor ", missing[0], more, " in ", where));
   }
   for (const auto& [name, found] : checkpoint.tensors) {
     if (expected.count(name) > 0 || IsIgnoredBuffer(name)) continue;
@@ -214,7 +209,71 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
         "unexpected tensor '", name, "' with shape ", ShapeString(shape), " in ",
         found.file->path(), " (not part of ", config.architecture, " with this config)"));
   }
+  return absl::OkStatus();
+}
 
+// The rank directory of a pre-sharded checkpoint.
+std::string RankDir(int rank, int size) { return absl::StrCat("rank-", rank, "-of-", size); }
+
+// A pre-sharded checkpoint's manifest: nullopt when `model_dir` has none.
+struct PreSharding {
+  int tp = 0;
+  int dcp = 0;
+};
+absl::StatusOr<std::optional<PreSharding>> ReadPreSharding(const std::string& model_dir) {
+  const fs::path path = fs::path(model_dir) / kPreShardedManifest;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  ASSIGN_OR_RETURN(std::string text, ReadText(path.string()));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto int_field = [&](const char* key) -> int {
+    auto it = j.is_object() ? j.find(key) : j.end();
+    return it != j.end() && it->is_number_integer() ? it->get<int>() : 0;
+  };
+  PreSharding p{int_field("tp"), int_field("dcp")};
+  if (p.tp < 1 || p.dcp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": needs integer \"tp\" and \"dcp\" >= 1"));
+  }
+  return p;
+}
+
+// The rank's part of every tensor as a whole tensor of its own: what a pre-sharded rank file
+// holds (parts a rank does not keep are not in it).
+std::vector<HfTensor> LocalLayout(const std::vector<HfTensor>& layout) {
+  std::vector<HfTensor> out;
+  for (HfTensor t : layout) {
+    if (!t.keep) continue;
+    if (t.slice_dim >= 0) t.shape[t.slice_dim] = t.slice_count;
+    t.slice_dim = -1;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const ModelConfig& config, TpShard shard) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
+  std::vector<HfTensor> layout = internal::HfTensorLayout(config, dims);
+  std::string weights_dir = model_dir;
+  ASSIGN_OR_RETURN(std::optional<PreSharding> pre, ReadPreSharding(model_dir));
+  if (pre.has_value()) {
+    if (pre->tp != shard.size || pre->dcp != shard.dcp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_dir, " is pre-sharded for tp=", pre->tp, " dcp=", pre->dcp,
+                       ", but this rank belongs to a group of tp=", shard.size, " dcp=", shard.dcp,
+                       " (shard the original checkpoint for this group, or load the original)"));
+    }
+    weights_dir = (fs::path(model_dir) / RankDir(shard.rank, shard.size)).string();
+    layout = LocalLayout(layout);
+  }
+  Checkpoint checkpoint;
+  RETURN_IF_ERROR(OpenCheckpoint(weights_dir, &checkpoint));
+  // Check everything before converting anything: a bad checkpoint fails fast.
+  RETURN_IF_ERROR(CheckCheckpoint(checkpoint, layout, config, weights_dir));
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
   for (const HfTensor& t : layout) {
@@ -222,6 +281,71 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
     WidenSlice(*checkpoint.tensors.at(t.name).info, t, internal::SlotData(&weights, t));
   }
   return weights;
+}
+
+absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,
+                                       int tp, int dcp, const std::string& out_dir) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  const fs::path out(out_dir);
+  std::error_code ec;
+  if (fs::equivalent(fs::path(model_dir), out, ec)) {
+    return absl::InvalidArgumentError("pre-sharding: the output directory is the model directory");
+  }
+  Checkpoint checkpoint;
+  RETURN_IF_ERROR(OpenCheckpoint(model_dir, &checkpoint));
+  RETURN_IF_ERROR(CheckCheckpoint(checkpoint, internal::HfTensorLayout(config), config, model_dir));
+  fs::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  // A manifest of an earlier run would vouch for rank files about to be replaced.
+  fs::remove(out / kPreShardedManifest, ec);
+  for (int rank = 0; rank < tp; ++rank) {
+    ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, TpShard{rank, tp, dcp}));
+    const std::vector<HfTensor> full = internal::HfTensorLayout(config, dims);
+    const std::vector<HfTensor> local = LocalLayout(full);
+    std::vector<TensorSpec> specs;
+    for (const HfTensor& t : local) {
+      specs.push_back({t.name, checkpoint.tensors.at(t.name).info->dtype, t.shape});
+    }
+    const fs::path dir = out / RankDir(rank, tp);
+    fs::create_directories(dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string()));
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                     SafetensorsWriter::Create((dir / "model.safetensors").string(), specs));
+    for (const HfTensor& t : full) {
+      if (!t.keep) continue;
+      const TensorInfo& info = *checkpoint.tensors.at(t.name).info;
+      const int64_t item = info.nbytes / std::max<int64_t>(1, t.numel());
+      const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+      if (t.slice_dim < 0) {
+        RETURN_IF_ERROR(writer->AppendBytes(info.data, info.nbytes));
+      } else if (t.slice_dim == 0) {
+        RETURN_IF_ERROR(writer->AppendBytes(info.data + t.slice_begin * cols * item,
+                                            t.slice_count * cols * item));
+      } else {
+        for (int64_t r = 0; r < t.shape[0]; ++r) {
+          RETURN_IF_ERROR(writer->AppendBytes(info.data + (r * cols + t.slice_begin) * item,
+                                              t.slice_count * item));
+        }
+      }
+    }
+    RETURN_IF_ERROR(writer->Finish());
+  }
+  // The config, tokenizer and templates go along; the weights do not.
+  const std::regex weights(R"(model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|.*\.bin)");
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || std::regex_match(name, weights)) continue;
+    fs::copy_file(entry.path(), out / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", name, ": ", ec.message()));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", model_dir, ": ", ec.message()));
+  json manifest = {{"format", "tandem-tp-shards"}, {"tp", tp}, {"dcp", dcp}};
+  for (int rank = 0; rank < tp; ++rank) manifest["ranks"].push_back(RankDir(rank, tp));
+  std::ofstream f(out / kPreShardedManifest, std::ios::binary | std::ios::trunc);
+  f << manifest.dump(2) << "\n";
+  f.close();
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", kPreShardedManifest));
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::runtime

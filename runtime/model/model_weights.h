@@ -60,9 +60,29 @@ struct ModelWeights {
 // embeddings are tied, provided it has the embedding's shape.
 // With a `shard` of a tensor-parallel group, only that rank's slices (tensor_parallel.h) are read
 // from the memory-mapped files and kept; the whole checkpoint is still checked. Its topology
-// errors (ComputeTpDims) are INVALID_ARGUMENT.
+// errors (ComputeTpDims) are INVALID_ARGUMENT. A row-parallel slice (o_proj, down_proj: some
+// columns of every row) still reads most pages of its tensor; a pre-sharded checkpoint
+// (WritePreShardedCheckpoint) reads only the rank's bytes.
+// A directory with kPreShardedManifest is pre-sharded: the rank reads
+// `model_dir`/rank-R-of-N/model.safetensors, which holds exactly its parts, checked like a
+// whole checkpoint; INVALID_ARGUMENT naming both topologies when the manifest's tp / dcp are
+// not the shard's.
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
                                               const ModelConfig& config, TpShard shard = {});
+
+// Marks a pre-sharded checkpoint directory: {"format": "tandem-tp-shards", "tp": N, "dcp": K,
+// "ranks": ["rank-0-of-N", ...]}.
+inline constexpr char kPreShardedManifest[] = "tandem_tp_shards.json";
+
+// Splits the checkpoint in `model_dir` (checked as LoadModelWeights does) for a group of `tp`
+// ranks with `dcp` KV shards into `out_dir`: per rank rank-R-of-N/model.safetensors with that
+// rank's parts of every tensor it keeps, in their stored dtype (bit for bit), under the same
+// names; the other files of `model_dir` (config, tokenizer, templates; not the weights) copied
+// next to them; the manifest written last, so an interrupted run leaves no loadable directory.
+// Each rank then reads ~1/N of the weights (vLLM's sharded_state load format does the same).
+// Topology errors as ComputeTpDims; INVALID_ARGUMENT when out_dir is model_dir.
+absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,
+                                       int tp, int dcp, const std::string& out_dir);
 
 // Random weights (--load_format=dummy), deterministic in (config, seed): every checkpoint tensor
 // draws from its own stream keyed by (seed, tensor name), so the values do not depend on the

@@ -8,7 +8,8 @@
 // file mapping is gone by then), bytes read from storage during the load (/proc/self/io
 // read_bytes; the files are evicted from the page cache first, so every byte read counts,
 // readahead included),
-// the fp32 bytes of the shard and of the whole model. Run it once per (N, R).
+// the fp32 bytes of the shard and of the whole model. Run it once per (N, R). DIR may be a
+// pre-sharded checkpoint (shard_checkpoint --tp=N): then the rank reads its own file only.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -70,7 +71,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (absl::GetFlag(FLAGS_evict)) {
-    for (const auto& entry : std::filesystem::directory_iterator(absl::GetFlag(FLAGS_model))) {
+    // Recursive: a pre-sharded checkpoint keeps its rank files in subdirectories.
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(absl::GetFlag(FLAGS_model))) {
       if (entry.path().extension() != ".safetensors") continue;
       const int fd = open(entry.path().c_str(), O_RDONLY);
       if (fd < 0) continue;

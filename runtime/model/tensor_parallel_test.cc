@@ -167,6 +167,69 @@ TEST(TensorParallelTest, ShardsAreSlicesOfTheFullModel) {
   std::filesystem::remove_all(dir);
 }
 
+// A pre-sharded checkpoint (WritePreShardedCheckpoint) loads, rank by rank, exactly what the
+// original gives that rank (bf16: the parts are stored bit for bit), each rank's file holds
+// about 1/N of the weights, and a group of another topology is refused by name.
+TEST(TensorParallelTest, PreShardedCheckpointLoadsTheSameShards) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/tp_orig";
+  const std::string out = ::testing::TempDir() + "/tp_pre";
+  for (auto [heads, kv] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}}) {
+    ModelConfig c = Config(heads, kv);
+    c.dtype = WeightDtype::kBF16;
+    ASSERT_TRUE(WriteDummyModel(c, dir, 5, /*shard_bytes=*/40000).ok());
+    uint64_t whole = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") whole += fs::file_size(e.path());
+    }
+    for (auto [n, dcp] : {std::pair{2, 1}, {4, 1}, {4, 2}}) {
+      const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv) +
+                               " tp " + std::to_string(n) + " dcp " + std::to_string(dcp);
+      const absl::Status written = WritePreShardedCheckpoint(dir, c, n, dcp, out);
+      if (!ComputeTpDims(c, TpShard{0, n, dcp}).ok()) {  // e.g. 1 KV head over 2 KV shards
+        EXPECT_EQ(written.code(), absl::StatusCode::kInvalidArgument) << what;
+        continue;
+      }
+      ASSERT_TRUE(written.ok()) << what << ": " << written;
+      auto config = LoadModelConfig(out);  // config.json went along
+      ASSERT_TRUE(config.ok()) << config.status();
+      for (int r = 0; r < n; ++r) {
+        auto expected = LoadModelWeights(dir, c, TpShard{r, n, dcp});
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        auto loaded = LoadModelWeights(out, *config, TpShard{r, n, dcp});
+        ASSERT_TRUE(loaded.ok()) << what << ": " << loaded.status();
+        ExpectSameWeights(*loaded, *expected, what + " rank " + std::to_string(r));
+        const uint64_t bytes = fs::file_size(
+            fs::path(out) / ("rank-" + std::to_string(r) + "-of-" + std::to_string(n)) /
+            "model.safetensors");
+        // 1/N of the sharded part, plus norms (and KV heads replicated when kv < tp / dcp).
+        EXPECT_LT(bytes, whole / n + whole / 4) << what << " rank " << r;
+      }
+      // Another group shape: refused, naming both.
+      auto wrong = LoadModelWeights(out, *config, TpShard{0, n == 2 ? 4 : 2, 1});
+      EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << what;
+      EXPECT_NE(
+          std::string(wrong.status().message()).find("pre-sharded for tp=" + std::to_string(n)),
+          std::string::npos)
+          << wrong.status();
+      fs::remove_all(out);
+    }
+  }
+  // A rank file gone: NOT_FOUND; the model directory as the output: refused.
+  const ModelConfig c = Config(8, 2);
+  ASSERT_TRUE(WriteDummyModel(c, dir, 5).ok());
+  ASSERT_TRUE(WritePreShardedCheckpoint(dir, c, 2, 1, out).ok());
+  fs::remove_all(fs::path(out) / "rank-1-of-2");
+  EXPECT_EQ(LoadModelWeights(out, c, TpShard{1, 2}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(LoadModelWeights(out, c, TpShard{0, 2}).ok());
+  EXPECT_EQ(WritePreShardedCheckpoint(dir, c, 2, 1, dir).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WritePreShardedCheckpoint(dir, c, 3, 1, out).code(),
+            absl::StatusCode::kInvalidArgument);  // 8 heads over 3 ranks
+  fs::remove_all(out);
+  fs::remove_all(dir);
+}
+
 TEST(TensorParallelTest, LoadRejectsImpossibleTopology) {
   const std::string dir = ::testing::TempDir() + "/tp_bad";
   const ModelConfig c = Config(8, 2);

@@ -5,10 +5,12 @@
 //   * SIGKILL of rank 1 mid-stream: the client gets UNAVAILABLE within 5 s, the worker reports
 //     NOT_SERVING and the router stops routing to it;
 //   * prefill and decode groups of TP 2->1, 1->2, 2->2 equal a mixed worker, each D rank holding
-//     exactly its heads of the KV, moved in bulk.
+//     exactly its heads of the KV, moved in bulk;
+//   * a checkpoint pre-sharded for TP=2 serves the same tokens.
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
 #include "tests/e2e/cluster.h"
 #include "tests/e2e/serving_util.h"
 
@@ -52,6 +56,33 @@ TEST(TpServingE2eTest, Tp2MixedWorkerEqualsTp1AndDrainsTheGroup) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int i = 0; i < 100 && Alive(ranks[0]); ++i) absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(Alive(ranks[0])) << "rank 1 outlived its group";
+}
+
+// A checkpoint pre-sharded for TP=2 (shard_checkpoint): each rank reads only its own file, and
+// the group still gives the TP=1 engine's tokens; a TP=1 worker refuses it, naming both.
+TEST(TpServingE2eTest, PreShardedCheckpointServesTheSameTokens) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = RandomPrompts(seed, 4);
+  const auto expected = Reference(prompts);
+  const std::string model = Runfile(kModel);
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/pre_sharded_tp2_", seed);
+  auto config = runtime::LoadModelConfig(model);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(runtime::WritePreShardedCheckpoint(model, *config, 2, 1, dir).ok());
+  auto cluster = StartCluster(0, 0, 1, {}, {"--tp=2", "--num_threads=1", "--model=" + dir});
+  ASSERT_NE(cluster, nullptr);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result r = Generate(cluster->router(), ToRequest(prompts[i]));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
+    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
+  }
+  auto tp1 = runtime::LoadModelWeights(dir, *config, runtime::TpShard{0, 1});
+  EXPECT_EQ(tp1.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(tp1.status().message()).find("pre-sharded for tp=2"), std::string::npos)
+      << tp1.status();
+  cluster.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TpServingE2eTest, KillRankOneMidStream) {
