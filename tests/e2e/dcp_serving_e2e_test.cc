@@ -77,12 +77,13 @@ TEST(DcpServingE2eTest, PrefillGroupsIntoDcpDecodeGroupsEqualTheEngine) {
       EXPECT_EQ(stats->kv_bytes_received_per_rank(r), blocks[r % shape.dcp] * per_block);
     }
     // The longest prompt again: D's prefix cache holds its full blocks (hashes are global), so
-    // each shard reads only its blocks past the cached prefix (the last, partial one, and the
-    // block the cache leaves to compute).
+    // each shard reads only its blocks past the cached prefix: the last, partial one, or none
+    // when the prompt fills whole blocks (D's tokens are the prompt plus P's first token, so the
+    // cache's one-token-to-compute cap still admits every full prompt block).
     const auto longest = std::max_element(
         prompts.begin(), prompts.end(),
         [](const Prompt& a, const Prompt& b) { return a.ids.size() < b.ids.size(); });
-    const uint64_t n = longest->ids.size(), cached = (n - 1) / kBlockSize;
+    const uint64_t n = longest->ids.size(), cached = n / kBlockSize;
     std::vector<uint64_t> delta(shape.dcp, 0);
     for (uint64_t i = cached; i < (n + kBlockSize - 1) / kBlockSize; ++i) ++delta[i % shape.dcp];
     Result again = Generate(cluster.router(), ToRequest(*longest));
