@@ -196,6 +196,12 @@ absl::Status ValidateHandshake(const TransferHandshake& handshake) {
         absl::StrCat(who, ": access_token has ", handshake.access_token().size(), " bytes > limit ",
                      tandem::v1::kMaxAccessTokenBytes));
   }
+  if (!handshake.ucx_gather_key().empty() &&
+      handshake.ucx_gather_key().size() != static_cast<size_t>(tandem::v1::kUcxGatherKeyBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": ucx_gather_key has ", handshake.ucx_gather_key().size(),
+                     " bytes, want 0 or ", tandem::v1::kUcxGatherKeyBytes));
+  }
   if (handshake.regions_size() > tandem::v1::kMaxMemoryRegions) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": ", handshake.regions_size(), " regions > limit ", tandem::v1::kMaxMemoryRegions));

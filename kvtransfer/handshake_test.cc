@@ -296,6 +296,16 @@ TEST(ValidateHandshakeTest, Limits) {
        },
        "no kind"},
       {"transport", [](TransferHandshake* h) { h->clear_transport(); }, "transport"},
+      {"short gather key",
+       [](TransferHandshake* h) {
+         h->set_ucx_gather_key(std::string(tandem::v1::kUcxGatherKeyBytes - 1, 'g'));
+       },
+       "ucx_gather_key"},
+      {"long gather key",
+       [](TransferHandshake* h) {
+         h->set_ucx_gather_key(std::string(tandem::v1::kUcxGatherKeyBytes + 1, 'g'));
+       },
+       "ucx_gather_key"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -318,6 +328,7 @@ TEST(ValidateHandshakeTest, Limits) {
   while (at_limit.regions_size() < tandem::v1::kMaxMemoryRegions) {
     *at_limit.add_regions() = at_limit.regions(0);
   }
+  at_limit.set_ucx_gather_key(std::string(tandem::v1::kUcxGatherKeyBytes, 'g'));
   EXPECT_TRUE(ValidateHandshake(at_limit).ok());
 }
 

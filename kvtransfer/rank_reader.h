@@ -9,21 +9,20 @@
 // plan:
 //   * direct (the source rank holds exactly this rank's heads: equal TP, rank r <- rank r): ONE
 //     agent read of whole blocks, contiguous runs coalesced, straight into the pool;
-//   * strided (the heads are split differently, and the agent copies strided rows itself:
-//     TransferAgent::CanReadStrided, e.g. UCX between ranks of one host, into host or device
-//     pools): ONE agent read of strided descriptors (reshard.h StridedHeadOps, one per run of
-//     blocks) that moves exactly this rank's heads from the source rank's blocks into the pool:
-//     no staging, no second pass, and P tp < D tp moves only the kept bytes;
-//   * staged (the heads are split differently, no strided reads): whole source blocks are read into
-//   a staging
+//   * strided (the heads are split differently, and the agent reads strided rows itself:
+//     TransferAgent::CanReadStrided; UCX: direct copies between ranks of one host, gathers at
+//     the source between hosts; NCCL: gathers at the source; into host or device pools): ONE
+//     agent read of strided descriptors (reshard.h StridedHeadOps, one per run of blocks) that
+//     moves exactly this rank's heads from the source rank's blocks into the pool: no staging
+//     here, no second pass, and P tp < D tp moves only the kept bytes;
+//   * staged (the heads are split differently, no strided reads: an agent or peer without them,
+//     e.g. UcxAgentOptions::remote_gather off): whole source blocks are read into a staging
 //     region of this rank (one agent read per chunk of blocks that fits it, runs coalesced),
 //     and the piece's heads are scattered from there into the pool (reshard.h, memcpy).
 // Never one transfer per token or per head: the descriptors of a read are at most (source
 // ranks of the plan) x (contiguous runs) per staging chunk. When a staged source rank holds more
 // heads than this rank needs (P tp < D tp) whole blocks still move, so that direction reads
-// (source heads / needed heads) times the bytes it keeps; the source-side gather that would
-// avoid it over transports without strided reads (RDMA between hosts) is not built
-// (kvtransfer/README.md).
+// (source heads / needed heads) times the bytes it keeps.
 //
 // Staged reads need a host pool (RankKvReaderOptions::pool); into a device pool only direct
 // and strided plans are possible (AddSource says UNIMPLEMENTED otherwise). Quantized KV

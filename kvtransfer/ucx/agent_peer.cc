@@ -54,6 +54,7 @@ class Args {
  private:
   absl::flat_hash_map<std::string, std::string> values_ = {
       {"mode", "source"},
+      {"strided_row_bytes", "0"},
       {"region_bytes", "1048576"},
       {"seed", "1"},
       {"fill", "true"},
@@ -81,7 +82,9 @@ bool ReadExactly(char* out, size_t n) {
   return true;
 }
 
-int ReadForever(UcxAgent& agent) {
+// row_bytes > 0: strided reads of the first row_bytes of every 2 * row_bytes (a re-shard's head
+// slices), else the whole region.
+int ReadForever(UcxAgent& agent, uint64_t row_bytes) {
   char header[8];
   if (!ReadExactly(header, 8)) return Fail(absl::UnavailableError("no source descriptor"));
   uint64_t size = 0;
@@ -94,9 +97,15 @@ int ReadForever(UcxAgent& agent) {
     return Fail(absl::InvalidArgumentError("bad source descriptor"));
   }
   if (absl::Status s = agent.AddPeer("source", source); !s.ok()) return Fail(s);
-  const std::vector<CopyOp> all = {{0, 0, 0, 0, source.regions(0).length()}};
+  const uint64_t length = source.regions(0).length();
+  const std::vector<CopyOp> all = {{0, 0, 0, 0, length}};
+  const std::vector<StridedCopyOp> rows = {{.local_stride = row_bytes,
+                                            .remote_stride = 2 * row_bytes,
+                                            .row_bytes = row_bytes,
+                                            .rows = row_bytes > 0 ? length / (2 * row_bytes) : 0}};
   while (true) {
-    absl::StatusOr<TransferId> id = agent.PostRead("source", all);
+    absl::StatusOr<TransferId> id =
+        row_bytes > 0 ? agent.PostStridedRead("source", rows) : agent.PostRead("source", all);
     if (!id.ok()) return Fail(id.status());
     if (absl::Status s = testing::WaitForEnd(agent, *id); !s.ok()) {
       std::fprintf(stderr, "agent_peer: %s\n", s.ToString().c_str());
@@ -214,7 +223,7 @@ int RunAgentPeer(int argc, char** argv) {
       std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size() || std::fflush(out) != 0) {
     return Fail(absl::InternalError("cannot write the descriptor"));
   }
-  if (args.Str("mode") == "reader") return ReadForever(**agent);
+  if (args.Str("mode") == "reader") return ReadForever(**agent, args.U64("strided_row_bytes"));
   // Serve (the agent's progress thread does the work) until the parent closes our stdin.
   char buf[64];
   while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {

@@ -24,6 +24,8 @@
 //   --direct_copy=true --copy_threads=2 --min_streaming_transfer_bytes=16777216
 //                                    the UcxAgentOptions fields
 //   --mode=source|reader
+//   --strided_row_bytes=0            reader: > 0 pulls the first N bytes of every 2N (strided
+//                                    reads: gathers at the source over TCP) instead of all
 #ifndef TANDEM_KVTRANSFER_AGENT_PEER_H_
 #define TANDEM_KVTRANSFER_AGENT_PEER_H_
 

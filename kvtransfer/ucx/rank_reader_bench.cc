@@ -8,6 +8,9 @@
 //
 //   bazel run -c opt //kvtransfer/ucx:rank_reader_bench -- [--tokens=2048] [--rounds=3]
 //       [--shapes=1:1,2:2,2:1,4:1,4:2,1:2,1:4] [--copy_threads=2] [--modes=strided,staged]
+//       [--transports=tcp,self,sm]
+// --transports=tcp,self: no shared memory, so no agent maps another's pool (as between hosts):
+// equal TP reads by GETs over TCP, strided reads are gathers at the source.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -30,6 +33,7 @@ ABSL_FLAG(int, tokens, 2048, "tokens of the request");
 ABSL_FLAG(int, rounds, 3, "timed rounds per shape (the best is reported)");
 ABSL_FLAG(std::string, shapes, "1:1,2:2,4:4,2:1,4:1,4:2,1:2,1:4", "P_TP:D_TP pairs");
 ABSL_FLAG(int, copy_threads, 2, "UcxAgentOptions::copy_threads of each agent");
+ABSL_FLAG(std::string, transports, "tcp,self,sm", "UcxAgentOptions::transports of every agent");
 ABSL_FLAG(std::string, modes, "strided,staged",
           "re-shard paths to measure: strided (the agent copies head slices in one pass), "
           "staged (whole blocks into staging, then a scatter)");
@@ -67,6 +71,7 @@ std::vector<Rank> MakeGroup(int tp, int pool_blocks, bool fill) {
     Rank& rank = group[r];
     UcxAgentOptions options;
     options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
+    options.transports = absl::GetFlag(FLAGS_transports);
     rank.agent = *UcxAgent::Create(options);
     rank.heads = kHeads / tp;
     rank.head_begin = r * rank.heads;
@@ -182,8 +187,9 @@ int main(int argc, char** argv) {
   const int tokens = absl::GetFlag(FLAGS_tokens);
   std::printf(
       "request of %d tokens, Llama-3-8B KV (32 layers, 8 KV heads, head_dim 128, bf16, "
-      "block 16): %.1f MiB in all; best of %d rounds\n",
-      tokens, tokens / 16.0 * BlockBytes(8) / 1048576.0, absl::GetFlag(FLAGS_rounds));
+      "block 16): %.1f MiB in all; best of %d rounds; UCX transports %s\n",
+      tokens, tokens / 16.0 * BlockBytes(8) / 1048576.0, absl::GetFlag(FLAGS_rounds),
+      absl::GetFlag(FLAGS_transports).c_str());
   std::printf("%-8s %-8s %10s %12s %12s %14s %14s %10s\n", "P->D TP", "mode", "ms", "useful GB/s",
               "wire GB/s", "descr/D rank", "reads/D rank", "vs equal");
   std::vector<std::pair<int, int>> shapes;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/ucx_status.h"
+#include "glog/logging.h"
 #include "kvtransfer/copy_ops.h"
 #include "kvtransfer/ucx/ucx_agent_impl.h"
 #include "tandem/v1/limits.h"
@@ -83,6 +84,10 @@ absl::Status UcxAgentImpl::Init() {
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // we serialize every call under mu_
   UCX_RETURN_IF_ERROR(ucp_worker_create(context_, &wparams, &worker_));
+  if (options_.enable_am) RETURN_IF_ERROR(RegisterGatherHandlersLocked());
+  if (options_.enable_am && options_.remote_gather) {
+    ASSIGN_OR_RETURN(gather_key_, NewGatherKey());
+  }
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
   UCX_RETURN_IF_ERROR(ucp_worker_get_address(worker_, &address, &address_length));
@@ -142,6 +147,7 @@ UcxAgentImpl::~UcxAgentImpl() {
       PollStagingLocked();  // device copies of staged requests end their requests
       ReapConnsLocked();
     }
+    const bool answers_drained = DrainGatherAnswersLocked(kDrainForceAfter);
     // Endpoints that peers created to us (wireup) may still have protocol messages queued;
     // UCX 1.13 asserts when ucp_worker_destroy purges a queued wireup reply, so flush the
     // worker first (bounded: a dead peer's endpoint fails instead of blocking the flush).
@@ -160,8 +166,21 @@ UcxAgentImpl::~UcxAgentImpl() {
       ucp_mem_unmap(context_, r.memh);
     }
     regions_.clear();
-    ucp_worker_destroy(worker_);  // also drops endpoints that did not close in time
-    worker_ = nullptr;
+    if (!answers_drained) {
+      // UCX 1.13 would abort the process in ucp_worker_destroy: leave the worker, the context
+      // and the answers' buffers to the process exit instead.
+      LOG(WARNING) << answers_.size()
+                   << " gather answers to vanished readers never completed: the UCX worker is "
+                      "left to the process exit";
+      for (auto& [raw, answer] : answers_) answer.release();
+      worker_ = nullptr;
+      context_ = nullptr;
+    } else {
+      ucp_worker_destroy(worker_);  // also drops endpoints that did not close in time
+      worker_ = nullptr;
+    }
+    gathers_.clear();  // receives the worker dropped unfinished
+    answers_.clear();
   }
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -263,6 +282,7 @@ absl::Status UcxAgentImpl::FillLocalDescriptor(tandem::v1::TransferHandshake* ha
   absl::MutexLock lock(&mu_);
   handshake->set_transport(transport());
   handshake->set_worker_address(worker_address_);
+  handshake->set_ucx_gather_key(AnswersGathersLocked() ? gather_key_ : "");
   handshake->clear_regions();
   for (const LocalRegion& r : regions_) {
     tandem::v1::MemoryRegion* region = handshake->add_regions();
@@ -302,6 +322,9 @@ absl::Status UcxAgentImpl::AddPeer(const std::string& peer_name,
   auto conn = std::make_unique<Conn>();
   conn->agent = this;
   conn->name = peer_name;
+  conn->gather_key = peer.ucx_gather_key();
+  conn->gather =
+      conn->gather_key.size() == kGatherKeyBytes && options_.remote_gather && options_.enable_am;
   const ucp_address_t* address =
       reinterpret_cast<const ucp_address_t*>(peer.worker_address().data());
   // The endpoint that detects the peer's death: the data endpoint itself, or a separate
@@ -475,7 +498,8 @@ bool UcxAgentImpl::CanReadStrided(const std::string& peer_name, uint32_t local_r
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(peer_name);
   return it != peers_.end() && it->second->state == Conn::State::kActive &&
-         local_region < regions_.size() && AllRegionsMappedLocked(*it->second);
+         local_region < regions_.size() &&
+         (AllRegionsMappedLocked(*it->second) || it->second->gather);
 }
 
 absl::StatusOr<TransferId> UcxAgentImpl::PostStridedRead(const std::string& peer_name,
@@ -486,11 +510,11 @@ absl::StatusOr<TransferId> UcxAgentImpl::PostStridedRead(const std::string& peer
   if (absl::Status s = ValidateStridedCopyOps(ops, local_bytes, conn->region_bytes); !s.ok()) {
     return s;
   }
-  if (conn->state == Conn::State::kActive && !AllRegionsMappedLocked(*conn)) {
+  if (conn->state == Conn::State::kActive && !AllRegionsMappedLocked(*conn) && !conn->gather) {
     return absl::UnimplementedError(absl::StrCat(
         "PostStridedRead: peer '", peer_name,
-        "' is not mapped for direct copies (another host, or direct_copy off): UCX has no "
-        "strided GET"));
+        "' is not mapped for direct copies (another host, or direct_copy off) and answers no "
+        "gathers (remote_gather or active messages off): UCX has no strided GET"));
   }
   for (const StridedCopyOp& op : ops) {
     const uint64_t limit = regions_[op.local_region].device != nullptr

@@ -73,6 +73,16 @@ struct UcxAgentOptions {
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
   // (README: UcxAgent design notes); false: always through the staging buffers.
   bool cuda_dma_from_mapped = true;
+  // Strided reads from peers this agent does not map (another host: TCP, RDMA) as gathers at the
+  // source (README: UcxAgent design notes, "Gathers at the source"): per request one active
+  // message asks the source to pack the rows into one buffer and send it back, so only the kept
+  // bytes cross the wire. Needs enable_am here and at the source (its handshake says so); false:
+  // such peers get no strided reads (CanReadStrided false) and callers stage whole blocks.
+  bool remote_gather = true;
+  // Source side: gathered answers not yet sent, in bytes. A request past it is refused
+  // (RESOURCE_EXHAUSTED: the reader's transfer fails). A reader keeps at most its
+  // max_inflight_bytes in flight, so this bounds memory for many readers.
+  uint64_t max_gather_answer_bytes = uint64_t{1} << 30;
   // Further UCX settings, names without the UCX_ prefix, e.g. {"RNDV_THRESH", "8k"}. These and
   // the fields above override UCX_* environment variables.
   std::vector<std::pair<std::string, std::string>> extra_config = {};

@@ -1,6 +1,6 @@
 // UcxAgentImpl: UcxAgent's implementation (ucx_agent.cc, ucx_agent_progress.cc,
-// ucx_agent_staging.cc). Only those files and the agent's own tests include this header; the
-// design it implements is in kvtransfer/README.md, "UcxAgent design notes".
+// ucx_agent_staging.cc, ucx_agent_gather.cc). Only those files and the agent's own tests include
+// this header; the design it implements is in kvtransfer/README.md, "UcxAgent design notes".
 //
 // Thread safety: all methods are thread-safe. UCX runs in UCS_THREAD_MODE_SERIALIZED: every
 // UCX call, including the callbacks inside ucp_worker_progress, happens under mu_. Direct-copy
@@ -20,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -30,6 +31,7 @@
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/transfer_table.h"
 #include "kvtransfer/ucx/ucx_agent.h"
+#include "kvtransfer/ucx/ucx_gather_wire.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kvtransfer {
@@ -61,9 +63,10 @@ class UcxAgentImpl final : public UcxAgent {
   absl::StatusOr<TransferId> PostRead(const std::string& peer_name,
                                       absl::Span<const CopyOp> ops) override;
   // Strided reads are direct copies (or, into staged CUDA memory, a copy into a staging buffer
-  // and one 2D device copy, or one 2D DMA from the mapping): only from peers whose every
-  // region the data endpoint maps (same host, shared memory) with direct_copy on. Over other
-  // lanes (TCP, RDMA) UCX has no strided GET: CanReadStrided says false there.
+  // and one 2D device copy, or one 2D DMA from the mapping) from peers whose every region the
+  // data endpoint maps (same host, shared memory) with direct_copy on. Over other lanes (TCP,
+  // RDMA) UCX has no strided GET: there they are gathers at the source (remote_gather, and the
+  // peer's handshake says it answers them); without, CanReadStrided says false.
   bool CanReadStrided(const std::string& peer_name, uint32_t local_region) override;
   absl::StatusOr<TransferId> PostStridedRead(const std::string& peer_name,
                                              absl::Span<const StridedCopyOp> ops) override;
@@ -106,6 +109,8 @@ class UcxAgentImpl final : public UcxAgent {
     ucp_ep_h monitor_ep = nullptr;       // separate_data_endpoint only: failure detection
     std::vector<RemoteRegion> regions;   // rkeys; cleared when destroyed
     std::vector<uint64_t> region_bytes;  // from the descriptor, for validation
+    bool gather = false;                 // the peer answers gather requests (its handshake)
+    std::string gather_key;              // and wants this key in them
     State state = State::kActive;
     absl::Status failure;               // not OK once the endpoint failed
     int inflight = 0;                   // posted requests not yet completed
@@ -150,6 +155,37 @@ class UcxAgentImpl final : public UcxAgent {
     uint64_t device_stride = 0;
     uint64_t source_stride = 0;
   };
+  // Reader side of a gather at the source (ucx_agent_gather.cc): a request sent, its answer (the
+  // rows packed) not yet in. Counted as one outstanding request of its transfer.
+  struct Gather {
+    UcxAgentImpl* agent = nullptr;
+    uint64_t token = 0;
+    Transfer* transfer = nullptr;
+    uint64_t bytes = 0;
+    char* dest = nullptr;             // where the packed answer lands
+    ucp_mem_h memh = nullptr;         // dest's registration, if any
+    std::unique_ptr<char[]> scratch;  // dest, when the rows must be spread afterwards
+    char* spread_to = nullptr;        // non-null: spread the packed rows here, `stride` apart
+    uint64_t stride = 0;
+    uint64_t rows = 0;
+    uint64_t row_bytes = 0;
+    StagingSlot* slot = nullptr;  // the answer lands in this staging buffer (device dest)
+    void* receive = nullptr;      // a rendezvous answer's receive, while it runs
+  };
+  // A gather request's header while UCX sends it (freed by OnGatherRequestSent).
+  struct SentGatherRequest {
+    UcxAgentImpl* agent = nullptr;
+    GatherRequest header;
+  };
+  // Source side: a gathered answer being sent (freed when the send completes).
+  struct GatherAnswer {
+    UcxAgentImpl* agent = nullptr;
+    GatherReply header;
+    std::unique_ptr<char[]> data;
+    uint64_t bytes = 0;
+    void* request = nullptr;  // the send
+  };
+
   // A direct copy, queued in copy_queue_ and run outside the lock (README: UcxAgent design notes).
   struct DirectCopy {
     Transfer* transfer = nullptr;
@@ -241,6 +277,34 @@ class UcxAgentImpl final : public UcxAgent {
   void MaybeFreeConnLocked(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static void OnGetDone(void* request, ucs_status_t status, void* user_data);
+  // Gathers at the source (ucx_agent_gather.cc).
+  absl::Status RegisterGatherHandlersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a reader may ask this agent for gathers: every region is host memory (a staged
+  // CUDA region's host mirror counts).
+  bool AnswersGathersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Sends the request for `rows` rows of `op` from row `first_row` (the caller counts nothing;
+  // this counts the request as outstanding). `slot`: the answer goes through this staging buffer
+  // (already set up for the device copy).
+  void PostGatherLocked(Transfer& t, const StridedCopyOp& op, uint64_t first_row, uint64_t rows,
+                        StagingSlot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a gather: spreads or stages its rows when `status` is OK, then ends its request.
+  void FinishGatherLocked(uint64_t token, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stopped transfer's gathers still waiting for their answers end now (a late answer is
+  // dropped); those whose answer is being received end when the receive does.
+  void AbandonGathersLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendGatherAnswerLocked(ucp_ep_h reply_ep, std::unique_ptr<GatherAnswer> answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Teardown: cancels the answers still being sent and progresses until they end (at most
+  // `timeout`). Returns whether none is left (UCX 1.13 aborts in ucp_worker_destroy on an
+  // endpoint that still has requests: an answer to a reader that vanished mid-rendezvous).
+  bool DrainGatherAnswersLocked(absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static ucs_status_t OnGatherRequest(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnGatherAnswer(void* arg, const void* header, size_t header_length,
+                                     void* data, size_t length, const ucp_am_recv_param_t* param);
+  static void OnGatherRequestSent(void* request, ucs_status_t status, void* user_data);
+  static void OnGatherAnswerSent(void* request, ucs_status_t status, void* user_data);
+  static void OnGatherReceived(void* request, ucs_status_t status, size_t length, void* user_data);
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const UcxAgentOptions options_;
@@ -267,6 +331,15 @@ class UcxAgentImpl final : public UcxAgent {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TransferAgentStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<StagingSlot> staging_ ABSL_GUARDED_BY(mu_);  // fixed once created
+  // Gathers (ucx_agent_gather.cc): the reader's, by token (random: an answer names its request),
+  // and the source's answers being sent.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Gather>> gathers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GatherAnswer*, std::unique_ptr<GatherAnswer>> answers_ ABSL_GUARDED_BY(mu_);
+  uint64_t answer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::BitGen token_gen_ ABSL_GUARDED_BY(mu_);
+  // The key a gather request must carry (ucx_gather_wire.h); set in Init, empty when this agent
+  // answers no gathers.
+  std::string gather_key_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CudaCopyStream> copy_stream_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
   std::vector<std::thread> copy_threads_;  // the copy_threads - 1 helpers

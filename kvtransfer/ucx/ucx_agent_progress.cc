@@ -53,6 +53,7 @@ void UcxAgentImpl::StopTransferLocked(Transfer& t, const absl::Status& reason) {
     }
   }
   for (const DirectCopy& copy : dropped) FinishDirectCopyLocked(copy);
+  AbandonGathersLocked(t);
   MaybeEndLocked(t);
 }
 
@@ -163,6 +164,7 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
     if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) {
       return Posted::kNothing;
     }
+    const uint64_t first_row = t->next_offset;  // strided ops
     const uint64_t local_offset =
         op.local_offset + (strided ? t->next_offset * op.local_stride : t->next_offset);
     const uint64_t remote_offset =
@@ -211,7 +213,11 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
       ++direct_copies_;
       return Posted::kDirectCopy;
     }
-    if (strided) {  // PostStridedRead admits only mapped peers; a lost mapping is an error
+    if (strided && conn->gather) {  // no strided GET: the source packs the rows
+      PostGatherLocked(*t, op, first_row, rows, slot);
+      return Posted::kRequest;
+    }
+    if (strided) {  // PostStridedRead admits only mapped or gathering peers
       if (slot != nullptr) slot->state = StagingSlot::State::kFree;
       StopTransferLocked(*t, absl::UnavailableError("strided read from an unmapped region"));
       return Posted::kRequest;

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -15,6 +18,7 @@
 #include "kvtransfer/copy_ops.h"
 #include "kvtransfer/cuda_staging.h"
 #include "kvtransfer/testing/agent_test_util.h"
+#include "kvtransfer/ucx/ucx_gather_wire.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -30,14 +34,16 @@ class UcxAgentTest : public ::testing::Test {
  protected:
   // `block` bytes per block, `blocks` blocks per pool. allocate_source: the source pool comes
   // from AllocateMemory (shared memory), so the reader copies it directly (direct copies).
+  // source_options: the source's, when they differ from the reader's.
   void Start(uint64_t block, uint32_t blocks, UcxAgentOptions options = {},
-             bool allocate_source = false) {
+             bool allocate_source = false,
+             std::optional<UcxAgentOptions> source_options = std::nullopt) {
     seed_ = std::random_device{}();
     rng_.seed(seed_);
     block_ = block;
     blocks_ = blocks;
     dst_pool_.assign(block * blocks, kFill);
-    auto src = UcxAgent::Create(options);
+    auto src = UcxAgent::Create(source_options.value_or(options));
     ASSERT_TRUE(src.ok()) << src.status();
     auto dst = UcxAgent::Create(options);
     ASSERT_TRUE(dst.ok()) << dst.status();
@@ -118,6 +124,27 @@ class UcxAgentTest : public ::testing::Test {
     }
     EXPECT_GT(cancelled, 0);
     EXPECT_EQ(dst_->Stats().transfers_failed, static_cast<uint64_t>(cancelled));
+  }
+
+  // Rounds of random strided ops (rows up to max_row bytes, gaps on either side) split into two
+  // concurrent transfers: every row lands where it should and nothing else changes.
+  void CheckStridedRounds(int rounds, uint64_t max_row) {
+    for (int round = 0; round < rounds; ++round) {
+      std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+      const std::vector<StridedCopyOp> ops = testing::RandomStridedOps(
+          rng_, dst_pool_.size(), block_ * blocks_, 8, round % 2 == 0 ? max_row / 3 : max_row);
+      const size_t half = ops.size() / 2;
+      absl::StatusOr<TransferId> a =
+          dst_->PostStridedRead("p0", absl::MakeConstSpan(ops).subspan(0, half));
+      absl::StatusOr<TransferId> b =
+          dst_->PostStridedRead("p0", absl::MakeConstSpan(ops).subspan(half));
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_TRUE(WaitForEnd(*dst_, *a).ok());
+      ASSERT_TRUE(WaitForEnd(*dst_, *b).ok());
+      const absl::Status check = testing::CheckStridedCopies(seed_, ops, dst_pool_, kFill);
+      ASSERT_TRUE(check.ok()) << "round " << round << ": " << check;
+    }
   }
 
   unsigned seed_ = 0;
@@ -369,22 +396,7 @@ TEST_P(UcxAgentDirectCopyTest, StridedReadsAreBitExact) {
   ASSERT_TRUE(dst_->CanReadStrided("p0", 0));
   EXPECT_FALSE(dst_->CanReadStrided("nobody", 0));
   EXPECT_FALSE(dst_->CanReadStrided("p0", 7));
-  for (int round = 0; round < 6; ++round) {
-    std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
-    const std::vector<StridedCopyOp> ops = testing::RandomStridedOps(
-        rng_, dst_pool_.size(), block_ * blocks_, 8, round % 2 == 0 ? 3000 : 9000);
-    const size_t half = ops.size() / 2;
-    absl::StatusOr<TransferId> a =
-        dst_->PostStridedRead("p0", absl::MakeConstSpan(ops).subspan(0, half));
-    absl::StatusOr<TransferId> b =
-        dst_->PostStridedRead("p0", absl::MakeConstSpan(ops).subspan(half));
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_TRUE(WaitForEnd(*dst_, *a).ok());
-    ASSERT_TRUE(WaitForEnd(*dst_, *b).ok());
-    const absl::Status check = testing::CheckStridedCopies(seed_, ops, dst_pool_, kFill);
-    ASSERT_TRUE(check.ok()) << "round " << round << ": " << check;
-  }
+  CheckStridedRounds(6, 9000);
   // Bad batches: the same checks as PostRead's, plus strides and row sizes.
   StridedCopyOp op{.local_stride = 64, .remote_stride = 64, .row_bytes = 64, .rows = 4};
   EXPECT_EQ(dst_->PostStridedRead("nobody", {op}).status().code(), absl::StatusCode::kNotFound);
@@ -405,14 +417,104 @@ TEST_P(UcxAgentDirectCopyTest, StridedReadsAreBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(CopyThreads, UcxAgentDirectCopyTest, ::testing::Values(1, 2, 3));
 
-// Sources the reader does not map (heap memory: GETs over TCP) or with direct copies off: no
-// strided reads (UCX has no strided GET), so callers stage.
-TEST_F(UcxAgentTest, NoStridedReadsWithoutAMapping) {
-  Start(4096, 16);
-  EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
+// Gathers at the source: strided reads from a source the reader does not map (heap memory over
+// TCP, as a reader on another host sees it). Param: the request size and UCX's rendezvous
+// threshold ("" = UCX's choice): many small requests answered eagerly, and 1 MiB requests answered
+// by rendezvous.
+class UcxAgentGatherTest : public UcxAgentTest,
+                           public ::testing::WithParamInterface<std::pair<uint64_t, std::string>> {
+ protected:
+  void StartGather(uint64_t block, uint32_t blocks) {
+    UcxAgentOptions options{.transports = "tcp,self",
+                            .max_request_bytes = GetParam().first,
+                            .max_inflight_bytes = 4 * GetParam().first};
+    if (!GetParam().second.empty()) options.extra_config = {{"RNDV_THRESH", GetParam().second}};
+    Start(block, blocks, options);
+  }
+};
+
+TEST_P(UcxAgentGatherTest, StridedReadsAreBitExact) {
+  StartGather(64 << 10, 64);
+  TRACE_SEED();
+  ASSERT_TRUE(dst_->CanReadStrided("p0", 0));
+  CheckStridedRounds(6, 9000);
+}
+
+// The source answers only requests carrying the gather key of its handshake: a reader holding a
+// descriptor with another key (one it made up) reads nothing, its transfer fails
+// PERMISSION_DENIED and no byte of its pool changes; the same reader with the real descriptor
+// reads.
+TEST_P(UcxAgentGatherTest, RequestsWithoutTheSourcesKeyReadNothing) {
+  StartGather(64 << 10, 16);
+  TRACE_SEED();
+  ASSERT_EQ(src_descriptor_.ucx_gather_key().size(), kGatherKeyBytes);
+  tandem::v1::TransferHandshake forged = src_descriptor_;
+  std::string key = forged.ucx_gather_key();
+  key[rng_() % key.size()] ^= 0x20;
+  forged.set_ucx_gather_key(key);
+  ASSERT_TRUE(dst_->AddPeer("forged", forged).ok());
+  ASSERT_TRUE(dst_->CanReadStrided("forged", 0));
+  // Strided ops only (a one-row op is a GET, whose credential is the region's rkey instead).
+  std::vector<StridedCopyOp> ops;
+  for (uint64_t i = 0; i < 4; ++i) {
+    const uint64_t row = 1 + rng_() % 3000;
+    ops.push_back({.local_offset = i * (block_ * blocks_ / 4),
+                   .local_stride = row + rng_() % 64,
+                   .remote_offset = rng_() % 4096,
+                   .remote_stride = 2 * row,
+                   .row_bytes = row,
+                   .rows = 2 + rng_() % 30});
+  }
+  const absl::Status end = WaitForEnd(*dst_, *dst_->PostStridedRead("forged", ops));
+  EXPECT_EQ(end.code(), absl::StatusCode::kPermissionDenied) << end;
+  EXPECT_TRUE(std::all_of(dst_pool_.begin(), dst_pool_.end(), [](uint8_t b) { return b == kFill; }))
+      << "a request without the key wrote bytes";
+  CheckStridedRounds(1, 3000);  // the real key still reads
+}
+
+// A cancelled gather read ends (answers still on their way are dropped) and writes nothing after
+// its end; the agent serves the next read.
+TEST_P(UcxAgentGatherTest, CancelEndsAndNothingIsWrittenAfterTheEnd) {
+  StartGather(256 << 10, 64);  // transfers of several MiB: round 0's cancel comes before the end
+  TRACE_SEED();
+  int cancelled = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::fill(dst_pool_.begin(), dst_pool_.end(), kFill);
+    const std::vector<StridedCopyOp> ops =
+        testing::RandomStridedOps(rng_, dst_pool_.size(), block_ * blocks_, 8, 4000);
+    const TransferId id = *dst_->PostStridedRead("p0", ops);
+    if (round > 0) absl::SleepFor(absl::Microseconds(rng_() % 2000));
+    dst_->Cancel(id);
+    const absl::Status end = WaitForEnd(*dst_, id);
+    ASSERT_TRUE(end.ok() || end.code() == absl::StatusCode::kCancelled) << end;
+    cancelled += end.code() == absl::StatusCode::kCancelled;
+    const std::vector<uint8_t> at_end = dst_pool_;
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(dst_pool_ == at_end) << "bytes written after the end was observed";
+  }
+  EXPECT_GT(cancelled, 0);
+  CheckStridedRounds(1, 4000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Answers, UcxAgentGatherTest,
+                         ::testing::Values(std::pair<uint64_t, std::string>{10007, ""},
+                                           std::pair<uint64_t, std::string>{1 << 20, ""},
+                                           std::pair<uint64_t, std::string>{1 << 20, "1k"}));
+
+// Without a mapping and without gathers (the reader's remote_gather off, or a source that does not
+// answer them) or with direct copies off on a mapped source without gathers: no strided reads, so
+// callers stage.
+TEST_F(UcxAgentTest, NoStridedReadsWithoutAMappingOrGathers) {
   const StridedCopyOp op{.local_stride = 128, .remote_stride = 256, .row_bytes = 64, .rows = 4};
+  Start(4096, 16, {.remote_gather = false});
+  EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
   EXPECT_EQ(dst_->PostStridedRead("p0", {op}).status().code(), absl::StatusCode::kUnimplemented);
-  Start(4096, 16, {.direct_copy = false}, /*allocate_source=*/true);
+  Start(4096, 16, {}, /*allocate_source=*/false, UcxAgentOptions{.remote_gather = false});
+  EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
+  EXPECT_EQ(dst_->PostStridedRead("p0", {op}).status().code(), absl::StatusCode::kUnimplemented);
+  Start(4096, 16, {.enable_am = false});
+  EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
+  Start(4096, 16, {.direct_copy = false, .remote_gather = false}, /*allocate_source=*/true);
   EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
   EXPECT_EQ(dst_->PostStridedRead("p0", {op}).status().code(), absl::StatusCode::kUnimplemented);
 }

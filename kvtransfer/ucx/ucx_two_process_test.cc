@@ -1,11 +1,15 @@
 // UcxAgent between two real processes on loopback: this test reads from an agent_peer child
 // (fork+exec; descriptor over a pipe, see peer_process.h).
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +43,22 @@ std::unique_ptr<PeerProcess> StartPeer(const std::vector<uint64_t>& region_bytes
                           absl::StrCat("--allocate=", allocate ? "true" : "false")});
   EXPECT_TRUE(peer.ok()) << peer.status();
   return peer.ok() ? *std::move(peer) : nullptr;
+}
+
+// Waits (at most 5 s) until process `pid` is stopped (state T in /proc/PID/stat).
+bool WaitUntilStopped(pid_t pid) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
 }
 
 // Expected value of remote byte `offset` of region `region` (the peer fills region i with
@@ -117,7 +137,8 @@ class UcxTwoProcessTest : public ::testing::Test {
     return ops;
   }
 
-  void KillSourceMidTransfer(bool allocate, bool separate);
+  // strided: the reads are strided over TCP (gathers at the source).
+  void KillSourceMidTransfer(bool allocate, bool separate, bool strided = false);
   void CancelStopsWriting(bool allocate, int copy_threads);
 
   unsigned seed_ = 0;
@@ -161,19 +182,26 @@ TEST_F(UcxTwoProcessTest, RandomBlockListsAreBitExact) {
 }
 
 // Kills the source process mid-transfer; the transfer must end with an error, not hang.
-void UcxTwoProcessTest::KillSourceMidTransfer(bool allocate, bool separate) {
+void UcxTwoProcessTest::KillSourceMidTransfer(bool allocate, bool separate, bool strided) {
   const uint64_t bytes = uint64_t{128} << 20;
   std::unique_ptr<PeerProcess> peer = StartPeer({bytes}, seed_, /*fill=*/false, allocate);
   ASSERT_NE(peer, nullptr);
   // Small requests through a narrow window: the transfer stays in flight long enough to kill.
-  StartReader({bytes}, {.max_request_bytes = 64 << 10,
+  StartReader({bytes}, {.transports = strided ? "tcp,self" : "tcp,self,sm",
+                        .max_request_bytes = 64 << 10,
                         .max_inflight_bytes = 128 << 10,
                         .separate_data_endpoint = separate});
   ASSERT_TRUE(reader_->AddPeer("p", peer->descriptor()).ok());
   const std::vector<CopyOp> all = {{0, 0, 0, 0, bytes}};
-  ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostRead("p", all)).ok());  // connection works
+  // Strided: the first 1 KiB of every 2 KiB, over TCP (gathers at the source).
+  const std::vector<StridedCopyOp> rows = {
+      {.local_stride = 1024, .remote_stride = 2048, .row_bytes = 1024, .rows = bytes / 2048}};
+  auto post = [&] {
+    return strided ? reader_->PostStridedRead("p", rows) : reader_->PostRead("p", all);
+  };
+  ASSERT_TRUE(WaitForEnd(*reader_, *post()).ok());  // connection works
 
-  TransferId id = *reader_->PostRead("p", all);
+  TransferId id = *post();
   absl::SleepFor(absl::Milliseconds(rng_() % 10));
   // On shared memory the transfer may already be over: then CheckTransfer reports its end once.
   const absl::StatusOr<bool> first = reader_->CheckTransfer(id);
@@ -194,19 +222,21 @@ void UcxTwoProcessTest::KillSourceMidTransfer(bool allocate, bool separate) {
     }
     ASSERT_NE(end.code(), absl::StatusCode::kDeadlineExceeded) << "hang: " << end;
     if (!end.ok()) break;
-    absl::StatusOr<TransferId> next = reader_->PostRead("p", all);
+    absl::StatusOr<TransferId> next = post();
     ASSERT_TRUE(next.ok()) << next.status();
     id = *next;
   }
   EXPECT_FALSE(end.ok());
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
   const absl::Duration since_kill = absl::Now() - killed_at;
-  std::printf("allocate %d separate %d: kill -9 -> transfer error in %s (was in flight: %d): %s\n",
-              allocate, separate, absl::FormatDuration(since_kill).c_str(), in_flight,
-              end.ToString().c_str());
+  std::printf(
+      "allocate %d separate %d strided %d: kill -9 -> transfer error in %s (was in flight: %d): "
+      "%s\n",
+      allocate, separate, strided, absl::FormatDuration(since_kill).c_str(), in_flight,
+      end.ToString().c_str());
   EXPECT_LT(since_kill, absl::Seconds(5)) << "dead peer found too late";
   // Later reads from the dead peer fail too, and do not hang.
-  absl::StatusOr<TransferId> later = reader_->PostRead("p", all);
+  absl::StatusOr<TransferId> later = post();
   if (later.ok()) {
     absl::Status s = WaitForEnd(*reader_, *later, absl::Seconds(10));
     EXPECT_FALSE(s.ok());
@@ -227,6 +257,59 @@ TEST_F(UcxTwoProcessTest, KilledSourceFailsTheTransferOnSharedMemory) {
 TEST_F(UcxTwoProcessTest, KilledSourceFailsTheTransferOnOneEndpoint) {
   TRACE_SEED();
   KillSourceMidTransfer(/*allocate=*/false, /*separate=*/false);
+}
+
+TEST_F(UcxTwoProcessTest, KilledSourceFailsAGatherRead) {
+  TRACE_SEED();
+  KillSourceMidTransfer(/*allocate=*/false, /*separate=*/true, /*strided=*/true);
+}
+
+// Gathers from another process over TCP: bit-exact rows (gaps on the source side, and on both
+// sides), and a source stopped with SIGSTOP (it answers nothing) does not keep a cancelled read
+// from ending; once it runs again the connection still serves.
+TEST_F(UcxTwoProcessTest, GatherReadsAreBitExactAndACancelEndsOnAStoppedSource) {
+  TRACE_SEED();
+  const uint64_t bytes = uint64_t{16} << 20;
+  std::unique_ptr<PeerProcess> peer = StartPeer({bytes}, seed_);
+  ASSERT_NE(peer, nullptr);
+  StartReader({bytes}, {.transports = "tcp,self", .max_request_bytes = 256 << 10});
+  ASSERT_TRUE(reader_->AddPeer("p", peer->descriptor()).ok());
+  ASSERT_TRUE(reader_->CanReadStrided("p", 0));
+  for (const auto& [row, local_stride] :
+       {std::pair<uint64_t, uint64_t>{1024, 1024}, {768, 1000}, {4096, 4096 + 64}}) {
+    ResetLocal();
+    const uint64_t n = std::min(bytes / (2 * row), bytes / local_stride);
+    const std::vector<StridedCopyOp> ops = {
+        {.local_stride = local_stride, .remote_stride = 2 * row, .row_bytes = row, .rows = n}};
+    ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostStridedRead("p", ops)).ok());
+    const absl::Status check = testing::CheckStridedCopies(seed_, ops, local_[0], kFill);
+    ASSERT_TRUE(check.ok()) << "rows of " << row << ": " << check;
+  }
+  ASSERT_EQ(kill(peer->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitUntilStopped(peer->pid()));  // answers nothing from here on
+  const std::vector<StridedCopyOp> rows = {
+      {.local_stride = 1024, .remote_stride = 2048, .row_bytes = 1024, .rows = bytes / 2048}};
+  const TransferId id = *reader_->PostStridedRead("p", rows);
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_FALSE(*reader_->CheckTransfer(id)) << "a stopped source answered";
+  const absl::Time cancelled_at = absl::Now();
+  reader_->Cancel(id);
+  const absl::Status end = WaitForEnd(*reader_, id, absl::Seconds(10));
+  EXPECT_EQ(end.code(), absl::StatusCode::kCancelled) << end;
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2));
+  ASSERT_EQ(kill(peer->pid(), SIGCONT), 0);
+  ResetLocal();
+  absl::Status again = WaitForEnd(*reader_, *reader_->PostStridedRead("p", rows));
+  if (!again.ok()) {
+    // A cancel that had to close the connection (an answer was being received when the source
+    // stopped) leaves the peer failed until it is added again.
+    EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+    ASSERT_TRUE(reader_->AddPeer("p", peer->descriptor()).ok());
+    again = WaitForEnd(*reader_, *reader_->PostStridedRead("p", rows));
+  }
+  ASSERT_TRUE(again.ok()) << again;
+  const absl::Status check = testing::CheckStridedCopies(seed_, rows, local_[0], kFill);
+  EXPECT_TRUE(check.ok()) << check;
 }
 
 // AllocateMemory'd regions on both sides (the shared-memory fast path): random block lists
@@ -344,8 +427,14 @@ TEST_F(UcxTwoProcessTest, CancelStopsDirectCopiesOnTwoThreads) {
 // messages answered by the source, and a reader killed mid-GET can make UCX abort the SOURCE
 // process: ucp_get_req_handler's "Fatal: unexpected error: Endpoint timeout". That is why the
 // worker allocates its pool through the agent.)
-TEST_F(UcxTwoProcessTest, KilledReaderDoesNotHurtTheSource) {
+// Param: the reader's strided rows (0: whole-region reads, direct copies; > 0: strided reads over
+// TCP, which the source answers by gathers).
+class UcxKilledReaderTest : public UcxTwoProcessTest,
+                            public ::testing::WithParamInterface<uint64_t> {};
+
+TEST_P(UcxKilledReaderTest, KilledReaderDoesNotHurtTheSource) {
   TRACE_SEED();
+  const uint64_t row = GetParam();
   const uint64_t bytes = uint64_t{32} << 20;
   auto source = UcxAgent::Create();
   ASSERT_TRUE(source.ok()) << source.status();
@@ -355,9 +444,11 @@ TEST_F(UcxTwoProcessTest, KilledReaderDoesNotHurtTheSource) {
   tandem::v1::TransferHandshake descriptor;
   ASSERT_TRUE((*source)->FillLocalDescriptor(&descriptor).ok());
   for (int round = 0; round < 2; ++round) {
-    auto reader = PeerProcess::Start(
-        SiblingBinary("agent_peer"),
-        {"--mode=reader", absl::StrCat("--region_bytes=", bytes), "--fill=false"});
+    auto reader =
+        PeerProcess::Start(SiblingBinary("agent_peer"),
+                           {"--mode=reader", absl::StrCat("--region_bytes=", bytes), "--fill=false",
+                            absl::StrCat("--strided_row_bytes=", row),
+                            absl::StrCat("--transports=", row > 0 ? "tcp,self" : "tcp,self,sm")});
     ASSERT_TRUE(reader.ok()) << reader.status();
     ASSERT_TRUE((*reader)->Send(descriptor.SerializeAsString()).ok());
     absl::SleepFor(absl::Milliseconds(100 + rng_() % 200));  // it is pulling in a loop
@@ -365,14 +456,26 @@ TEST_F(UcxTwoProcessTest, KilledReaderDoesNotHurtTheSource) {
     (*reader)->Kill();
   }
   // A fresh reader in this process gets correct bytes from the same source.
-  StartReader({bytes});
+  StartReader({bytes}, {.transports = row > 0 ? "tcp,self" : "tcp,self,sm"});
   ASSERT_TRUE(reader_->AddPeer("p", descriptor).ok());
-  const std::vector<CopyOp> all = {{0, 0, 0, 0, bytes}};
-  ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostRead("p", all)).ok());
-  EXPECT_EQ(FirstPatternMismatch(seed_, 0, local_[0]), -1);
+  if (row > 0) {
+    const std::vector<StridedCopyOp> rows = {{.local_stride = row,
+                                              .remote_stride = 2 * row,
+                                              .row_bytes = row,
+                                              .rows = bytes / (2 * row)}};
+    ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostStridedRead("p", rows)).ok());
+    const absl::Status check = testing::CheckStridedCopies(seed_, rows, local_[0], kFill);
+    EXPECT_TRUE(check.ok()) << check;
+  } else {
+    const std::vector<CopyOp> all = {{0, 0, 0, 0, bytes}};
+    ASSERT_TRUE(WaitForEnd(*reader_, *reader_->PostRead("p", all)).ok());
+    EXPECT_EQ(FirstPatternMismatch(seed_, 0, local_[0]), -1);
+  }
   reader_.reset();
   source->reset();  // clean shutdown with dead peers' endpoints around
 }
+
+INSTANTIATE_TEST_SUITE_P(Rows, UcxKilledReaderTest, ::testing::Values(0, 4096));
 
 TEST_F(UcxTwoProcessTest, AddPeerOfDeadProcessFailsWithoutHanging) {
   std::unique_ptr<PeerProcess> peer = StartPeer({1 << 20}, seed_);

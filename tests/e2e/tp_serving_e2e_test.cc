@@ -117,7 +117,9 @@ TEST(TpServingE2eTest, KillRankOneMidStream) {
 // P and D groups of any tensor-parallel sizes through the router: each D rank pulls its own KV
 // heads from the P ranks that hold them (kvtransfer/rank_reader.h), and the tokens equal a
 // mixed worker's; every D rank received exactly its share of the KV, in bulk (descriptors per
-// load bounded by source ranks x blocks), and no load failed (no recompute).
+// load bounded by source ranks x blocks), read no byte it did not keep (strided reads: direct
+// copies over shared memory, gathers at the source over TCP as between hosts), and no load
+// failed (no recompute).
 TEST(TpServingE2eTest, PrefillAndDecodeGroupsOfAnyTpEqualAMixedWorker) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -125,13 +127,15 @@ TEST(TpServingE2eTest, PrefillAndDecodeGroupsOfAnyTpEqualAMixedWorker) {
   const auto expected = Reference(prompts);
   struct Shape {
     int prefill_tp, decode_tp;
+    const char* ucx_tls;
   };
-  for (const Shape shape : {Shape{2, 1}, Shape{1, 2}, Shape{2, 2}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "P TP=" << shape.prefill_tp << " -> D TP=" << shape.decode_tp);
+  for (const Shape& shape : {Shape{2, 1, "tcp,self,sm"}, Shape{1, 2, "tcp,self,sm"},
+                             Shape{2, 2, "tcp,self,sm"}, Shape{1, 2, "tcp,self"}}) {
+    SCOPED_TRACE(testing::Message() << "P TP=" << shape.prefill_tp << " -> D TP=" << shape.decode_tp
+                                    << " over " << shape.ucx_tls);
     ClusterOptions options;
     options.model_dir = kModel;
-    options.worker_flags = {"--num_threads=1"};
+    options.worker_flags = {"--num_threads=1", absl::StrCat("--ucx_tls=", shape.ucx_tls)};
     options.prefill_flags = {absl::StrCat("--tp=", shape.prefill_tp)};
     options.decode_flags = {absl::StrCat("--tp=", shape.decode_tp)};
     auto started = Cluster::Start(options);
@@ -156,7 +160,7 @@ TEST(TpServingE2eTest, PrefillAndDecodeGroupsOfAnyTpEqualAMixedWorker) {
       // The golden model's 2 KV heads split evenly: every rank keeps the same share.
       EXPECT_GT(stats->kv_bytes_received_per_rank(r), 0u);
       EXPECT_EQ(stats->kv_bytes_received_per_rank(r), stats->kv_bytes_received_per_rank(0));
-      EXPECT_GE(stats->kv_bytes_read_per_rank(r), stats->kv_bytes_received_per_rank(r));
+      EXPECT_EQ(stats->kv_bytes_read_per_rank(r), stats->kv_bytes_received_per_rank(r));
       // Bulk: at most one descriptor per (source rank, block), never per token or head.
       EXPECT_LE(stats->kv_copy_ops_per_rank(r), shape.prefill_tp * total_blocks);
     }

@@ -24,6 +24,8 @@ inline constexpr int kMaxPackedRkeyBytes = 64 << 10;
 inline constexpr int kMaxMemoryRegions = 64;
 // TransferHandshake.access_token (the NCCL control-socket token is 56 bytes).
 inline constexpr int kMaxAccessTokenBytes = 256;
+// TransferHandshake.ucx_gather_key: empty, or exactly this many random bytes.
+inline constexpr int kUcxGatherKeyBytes = 16;
 // Ranks of one worker group in a TransferHandshake (TransferHandshake.ranks).
 inline constexpr int kMaxGroupRanks = 64;
 // Heartbeat prefix-index deltas (hashes per heartbeat, each list).
