@@ -101,10 +101,13 @@ struct NcclAgentOptions {
   // CTAs (512 threads) of the gather / scatter kernel (copy_mode kKernel / kStreamingKernel);
   // the rest of the SMs stay free for NCCL.
   int copy_ctas = 32;
-  // What moves bytes between the pools and the staging ring (nccl_agent_copy.h). The copy
-  // engines slow NCCL's concurrent sends least: a source's gather kernel cost ~8% of NCCL's
-  // rate whatever its CTA count, the engines ~5% (kvtransfer/BENCHMARKS.md).
-  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kCopyEngine;
+  // What moves bytes between the pools and the staging ring (nccl_agent_copy.h). The kernel:
+  // on two 2-H100 machines (2026-11-28) it moved random 2 MiB blocks at 95-103% of raw NCCL for
+  // >= 64 blocks, the copy engines at 74-81% (one copy per block, issued from the host). On
+  // 2 H200s (2026-11) the engines had measured 94-97% and a one-communicator gather kernel ~89%
+  // (kvtransfer/BENCHMARKS.md, "NcclAgent vs raw NCCL" and "NCCL on two H100s"). Re-shards use
+  // the kernel in every mode.
+  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kKernel;
   // Transfers of one peer whose kRead is out at once (reader side).
   int max_posted_transfers = 4;
   // Communicators (each with its own NCCL stream) per reader/source pair, 1 or 2; the reader's

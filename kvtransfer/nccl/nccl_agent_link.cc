@@ -263,10 +263,14 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
   std::vector<Step> steps(plan.messages.size());
   tiles_.clear();
   // The copy engines take one copy per piece, described from the host during the call. A
-  // message with strided rows (a re-shard) goes through the kernel in every mode: the engines
-  // move rows of a few hundred bytes at 80-270 GB/s on an H200, the kernel at 400-1000
-  // (kvtransfer/BENCHMARKS.md, "NCCL re-shard copies").
-  const bool engines = options_.copy_mode == nccl_copy::CopyMode::kCopyEngine;
+  // re-shard (any op of strided rows; both sides see the same ops, so both decide alike) goes
+  // through the kernel in every mode and for every message: the engines move rows of a few
+  // hundred bytes at 80-270 GB/s on an H200, the kernel at 400-1000 (kvtransfer/BENCHMARKS.md,
+  // "NCCL re-shard copies"), and on 2 H100s a re-shard with the packed side copied by the
+  // engines reached 35-80% of whole blocks, all-kernel 97-99% ("NCCL re-shard on two GPUs").
+  const bool reshard = std::any_of(plan.ops.begin(), plan.ops.end(),
+                                   [](const nccl_plan::OpShape& op) { return op.rows > 1; });
+  const bool engines = options_.copy_mode == nccl_copy::CopyMode::kCopyEngine && !reshard;
   const nccl_plan::Direction direction =
       role_ == Role::kSender ? nccl_plan::Direction::kGather : nccl_plan::Direction::kScatter;
   bool any_kernel = false;
@@ -362,9 +366,8 @@ absl::Status NcclLink::EnqueueWith(Slot& slot, const nccl_plan::Plan& plan,
       return nccl_copy::CopyTilesWithEngines(tiles_.data() + s.first_tile, s.num_tiles,
                                              copy_stream_);
     }
-    // Strided messages in engine mode: evict-first, like the engines (no L2 pollution).
     return nccl_copy::LaunchCopyTiles(slot.device + s.first_tile, s.num_tiles, options_.copy_ctas,
-                                      options_.copy_mode != nccl_copy::CopyMode::kKernel,
+                                      options_.copy_mode == nccl_copy::CopyMode::kStreamingKernel,
                                       copy_stream_);
   };
   for (size_t i = 0; i < steps.size();) {

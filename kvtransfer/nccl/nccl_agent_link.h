@@ -71,7 +71,7 @@ struct NcclLinkOptions {
   uint64_t staging_chunk_bytes = uint64_t{128} << 20;  // packed messages must fit
   int staging_buffers = 3;
   int copy_ctas = 32;  // CTAs of the gather / scatter kernel
-  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kCopyEngine;
+  nccl_copy::CopyMode copy_mode = nccl_copy::CopyMode::kKernel;
   // Connect's whole budget; also bounds any later wait for NCCL's non-blocking calls.
   absl::Duration init_timeout = absl::Seconds(30);
 };

@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/nccl/nccl_agent.h"
+#include "kvtransfer/nccl/nccl_agent_auth.h"
 #include "kvtransfer/nccl/nccl_agent_socket.h"
 #include "kvtransfer/nccl/nccl_agent_wire.h"
 
@@ -92,13 +93,15 @@ int RunStalledSource(int device, uint64_t bytes, int in, int out) {
   const int conn = accept(*listen_fd, nullptr, nullptr);
   std::atomic<bool> stop{false};
   nccl_wire::MessageType type;
-  std::string payload;
-  // One ncclUniqueId per communicator of the pair (the reader's num_comms): join each in turn
-  // (the reader inits them concurrently) and answer its warm-up.
-  if (conn < 0 || !nccl_socket::RecvFrame(conn, stop, absl::Seconds(30), &type, &payload).ok() ||
-      payload.empty() || payload.size() % sizeof(ncclUniqueId) != 0) {
-    return 17;
-  }
+  // The opening exchange as a real source does it (challenge, then the reader's hello; no key:
+  // nothing checked), giving one ncclUniqueId per communicator of the pair (the reader's
+  // num_comms): join each in turn (the reader inits them concurrently) and answer its warm-up.
+  if (conn < 0) return 17;
+  const nccl_auth::ControlTokenAuthority no_auth("");
+  absl::StatusOr<std::string> hello =
+      nccl_auth::AcceptHello(conn, no_auth, stop, absl::Seconds(30));
+  if (!hello.ok() || hello->empty() || hello->size() % sizeof(ncclUniqueId) != 0) return 17;
+  std::string payload = *std::move(hello);
   std::vector<ncclUniqueId> ids(payload.size() / sizeof(ncclUniqueId));
   std::memcpy(ids.data(), payload.data(), payload.size());
   cudaStream_t stream = nullptr;

@@ -11,12 +11,12 @@
 // 5 repetitions. One table per configuration "chunk_mib/copy_ctas/max_posted/buffers[/direct_mib
 // [/mode]]" (staging_chunk_bytes in MiB, copy kernel CTAs, max_posted_transfers, staging_buffers,
 // direct_min_bytes in MiB, default 32; copy_mode k = kernel, s = streaming kernel, e = copy
-// engines, the default), applied to both agents (the source is restarted with it). Each table ends
-// with a fully contiguous 1024-block batch ("1024c": one direct message, or chunked without copies
-// when direct_mib > 2048), with --halves batches random on one side only, and raw NCCL in messages
-// of the chunk size (NCCL's own cost per message). --reshard adds, per TP ratio R, strided reads
-// of KV head slices (PostStridedRead: 1/R of every 2 KiB row; 1->R the source gathers, R->1 the
-// reader scatters) against whole-block reads and raw NCCL of the same kept bytes.
+// engines; the default is the kernel), applied to both agents (the source is restarted with it).
+// Each table ends with a fully contiguous 1024-block batch ("1024c": one direct message, or chunked
+// without copies when direct_mib > 2048), with --halves batches random on one side only, and raw
+// NCCL in messages of the chunk size (NCCL's own cost per message). --reshard adds, per TP ratio R,
+// strided reads of KV head slices (PostStridedRead: 1/R of every 2 KiB row; 1->R the source
+// gathers, R->1 the reader scatters) against whole-block reads and raw NCCL of the same kept bytes.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -44,7 +44,7 @@
 ABSL_FLAG(bool, quick, false, "fewer iterations");
 ABSL_FLAG(int64_t, lone_min_mib, 32,
           "NcclAgentOptions::lone_min_chunk_bytes in MiB for every config (0 = off)");
-ABSL_FLAG(std::string, configs, "128/32/4/3/32/e/2,128/32/4/3/32/e/1,128/32/4/3/32/k/2",
+ABSL_FLAG(std::string, configs, "128/32/4/3/32/k/2,128/32/4/3/32/e/2,128/32/4/3/32/k/1",
           "comma-separated configs chunk_mib/copy_ctas/max_posted/staging_buffers"
           "[/direct_mib[/k|s|e[/num_comms]]]");
 ABSL_FLAG(bool, halves, false,
@@ -87,7 +87,7 @@ struct Config {
   int max_posted = 4;
   int buffers = 3;
   uint64_t direct_mib = 32;
-  char copy_mode = 'e';  // k: kernel, s: streaming kernel, e: copy engines
+  char copy_mode = 'k';  // k: kernel (the default), s: streaming kernel, e: copy engines
   int num_comms = 2;
 };
 

@@ -18,6 +18,9 @@
 # (reads tests/golden/fixtures). Prints "N passed, N failed, N skipped"; without a GPU it skips.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
+# SHARE="" (env): rank r on GPU r, collectives over NCCL; TP4_FLAGS: the 4-rank cases' flags
+# (--tp_share_device on a machine with 2 or 3 GPUs).
+TP4_FLAGS=${TP4_FLAGS-$SHARE}
 
 check() {  # NAME OUT REF EXPECTED_JSON ARGS...: a DCP run compared with the TP=1 reference
   local name=$1 out=$2 ref=$3 exp=$4; shift 4
@@ -44,9 +47,9 @@ for variant in llama_f32_gqa8x4 qwen2_f32; do
   check "$variant dcp2 chunked" "$LOG/$variant.d2chunk.jsonl" "$ref" "$exp" "${P[@]}" \
     --tp=2 --dcp=2 --block_size=4 --max_num_batched_tokens=8 $SHARE
   check "$variant dcp2 tp4" "$LOG/$variant.d2a2.jsonl" "$ref" "$exp" "${P[@]}" \
-    --tp=4 --dcp=2 $SHARE
+    --tp=4 --dcp=2 $TP4_FLAGS
   if [[ $variant == llama_f32_gqa8x4 ]]; then
-    check "$variant dcp4" "$LOG/$variant.d4.jsonl" "$ref" "$exp" "${P[@]}" --tp=4 --dcp=4 $SHARE
+    check "$variant dcp4" "$LOG/$variant.d4.jsonl" "$ref" "$exp" "${P[@]}" --tp=4 --dcp=4 $TP4_FLAGS
   fi
 done
 

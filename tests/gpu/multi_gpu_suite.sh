@@ -21,6 +21,9 @@ export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 D=$(dirname "${BASH_SOURCE[0]}")
 nvidia-smi -L | tee "$LOG/gpus.txt"
 nvidia-smi topo -m > "$LOG/topo.txt" 2>&1
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+# 4-rank golden cases: one GPU per rank where there are 4, else the ranks share (over Gloo).
+if [[ $NGPU -lt 4 ]]; then export TP4_FLAGS=--tp_share_device; fi
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
 part() {  # NAME SECONDS COMMAND...: runs it under a time limit, keeps its summary line
   local name=$1 secs=$2; shift 2
@@ -31,11 +34,16 @@ part() {  # NAME SECONDS COMMAND...: runs it under a time limit, keeps its summa
 }
 if want unit; then
   # NCCL agent (two processes, one GPU each), device communicators, DCP exchange.
-  part unit 240 "$B/run.sh" "$LOG/unit" 'comm/|kvtransfer/nccl/|runtime/cuda/cuda_engine'
+  TANDEM_BUNDLE_SKIP_BENCH=1 part unit 150 "$B/run.sh" "$LOG/unit" \
+    'comm/|kvtransfer/nccl/|runtime/cuda/cuda_engine'
 fi
-want serve && part serve 200 "$D/serve_cuda_smoke.sh" "$B" "$LOG/serve"
-want tp && SHARE="" part tp 150 "$D/tp_cuda_golden.sh" "$B" "$LOG/tp"
-want dcp && SHARE="" part dcp 150 "$D/dcp_cuda_golden.sh" "$B" "$LOG/dcp"
+want serve && part serve 150 "$D/serve_cuda_smoke.sh" "$B" "$LOG/serve"
+# Rank r on GPU r: the group's collectives over NCCL (the logs say which backend each run used).
+want tp && SHARE="" part tp 90 "$D/tp_cuda_golden.sh" "$B" "$LOG/tp"
+want dcp && SHARE="" part dcp 90 "$D/dcp_cuda_golden.sh" "$B" "$LOG/dcp"
+for d in tp dcp; do
+  [[ -d $LOG/$d ]] && echo "   $d runs whose log names NCCL: $(grep -lis nccl "$LOG/$d"/*.err | wc -l)"
+done
 if want bench; then
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH part nccl_bench 120 \
     "$B/bin/kvtransfer/nccl/nccl_bench" --quick --reshard=2,4
