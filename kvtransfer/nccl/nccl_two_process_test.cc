@@ -145,7 +145,7 @@ TEST(NcclAgentTest, RejectsHostMemoryAndBadDescriptors) {
 // 3-buffer ring; every whole block direct (runs of direct messages go as one NCCL group) with
 // only the partial ranges staged. The 1st and 3rd use 1 communicator, the 2nd and 4th 2 (NCCL
 // calls alternate between them). The source is restarted with each configuration's copy mode
-// (copy engines by default, streaming kernel, kernel), ring and CTAs. Each round posts several
+// (the kernel by default, streaming kernel, copy engines), ring and CTAs. Each round posts several
 // transfers at once whose destinations may overlap: they must land in posting order (stream
 // order across transfers).
 TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
@@ -162,7 +162,7 @@ TEST_F(NcclTwoProcessTest, RandomBlockListsAreBitExact) {
   configs[1].num_comms = 2;
   configs[2].staging_chunk_bytes = 5 * kBlockBytes + 8;
   configs[2].staging_buffers = 3;
-  configs[2].copy_mode = nccl_copy::CopyMode::kKernel;
+  configs[2].copy_mode = nccl_copy::CopyMode::kCopyEngine;
   configs[3].direct_min_bytes = kBlockBytes;
   configs[3].staging_chunk_bytes = 3 * kBlockBytes;
   configs[3].num_comms = 2;
