@@ -296,7 +296,9 @@ TEST_F(UcxTwoProcessTest, GatherReadsAreBitExactAndACancelEndsOnAStoppedSource) 
   reader_->Cancel(id);
   const absl::Status end = WaitForEnd(*reader_, id, absl::Seconds(10));
   EXPECT_EQ(end.code(), absl::StatusCode::kCancelled) << end;
-  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2));
+  // A receive that cannot end (the source stopped mid-rendezvous) is closed by force after 1 s.
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(5))
+      << "cancel on a stopped source took too long";
   ASSERT_EQ(kill(peer->pid(), SIGCONT), 0);
   ResetLocal();
   absl::Status again = WaitForEnd(*reader_, *reader_->PostStridedRead("p", rows));
