@@ -492,7 +492,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json) {
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  const std::string config_path = (std::filesystem::path(model_dir) / "config.json").string();
+  namespace fs = std::filesystem;
+  // A directory, or the config file itself (`--dummy_config=DIR/config.json`): then the
+  // generation config next to it belongs to the same model only when the file is the
+  // directory's config.json.
+  std::error_code file_ec;
+  const bool is_file = fs::is_regular_file(model_dir, file_ec);
+  const fs::path config_file = is_file ? fs::path(model_dir) : fs::path(model_dir) / "config.json";
+  const std::string config_path = config_file.string();
   ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
   absl::StatusOr<ModelConfig> parsed = ParseModelConfig(text);
   if (!parsed.ok()) {
@@ -501,10 +508,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   }
   ModelConfig config = *std::move(parsed);
 
+  if (is_file && config_file.filename() != "config.json") return config;
   const std::string generation_path =
-      (std::filesystem::path(model_dir) / "generation_config.json").string();
+      (config_file.parent_path() / "generation_config.json").string();
   std::error_code ec;
-  if (!std::filesystem::exists(generation_path, ec)) return config;
+  if (!fs::exists(generation_path, ec)) return config;
   ASSIGN_OR_RETURN(std::string generation_text, ReadFile(generation_path));
   absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(json generation, ParseJsonText(generation_text, "generation_config.json"));

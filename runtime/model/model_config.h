@@ -66,7 +66,8 @@ struct ModelConfig {
 // Parses and validates the text of a config.json.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json);
 
-// Reads `model_dir`/config.json and, when present, `model_dir`/generation_config.json: its
+// Reads `model_dir`/config.json (or `model_dir` itself when it names a file) and, when present,
+// the generation_config.json beside config.json: its
 // eos_token_id entries come first, followed by config.json's not already listed (transformers'
 // generate() stops on the generation config's; the union never misses a stop token), and its
 // bos_token_id fills in a missing one. NOT_FOUND when config.json does not exist.

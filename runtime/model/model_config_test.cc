@@ -511,5 +511,29 @@ TEST_F(LoadModelConfigTest, WithoutGenerationConfigAndMissingDir) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("GPT2LMHeadModel"));
 }
 
+// --dummy_config / --model may name the config file itself (issue 31 item 5, issue 30 item 13):
+// DIR/config.json loads the same config as DIR (its generation_config.json included), any other
+// file name loads that file alone; the old tree read DIR/config.json/config.json.
+TEST_F(LoadModelConfigTest, AcceptsTheConfigFileItself) {
+  json j = Base();
+  j["eos_token_id"] = 128001;
+  Write("config.json", j.dump());
+  Write("generation_config.json", R"({"eos_token_id": [128009]})");
+  absl::StatusOr<ModelConfig> from_dir = LoadModelConfig(dir_.string());
+  absl::StatusOr<ModelConfig> from_file = LoadModelConfig((dir_ / "config.json").string());
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status();
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(ModelConfigToJson(*from_file), ModelConfigToJson(*from_dir));
+  EXPECT_EQ(from_file->eos_token_ids, (std::vector<int32_t>{128009, 128001}));
+
+  Write("other.json", kQwen25);
+  absl::StatusOr<ModelConfig> other = LoadModelConfig((dir_ / "other.json").string());
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(other->eos_token_ids, std::vector<int32_t>{151645});  // no generation config
+  EXPECT_EQ(LoadModelConfig((dir_ / "missing.json").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace tandem::runtime
