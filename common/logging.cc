@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/crash_handler.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -39,7 +40,7 @@ absl::Status InitLogging(const char* argv0, const LoggingOptions& options) {
   static std::once_flag once;
   std::call_once(once, [&] {
     google::InitGoogleLogging(argv0 != nullptr ? argv0 : "tandem");
-    if (options.install_failure_handler) google::InstallFailureSignalHandler();
+    if (options.install_failure_handler) InstallCrashHandler(argv0);
   });
   return ApplyLoggingOptions(options);
 }

@@ -24,7 +24,8 @@ struct LoggingOptions {
   // Logs go to stderr (the launcher captures them); when false glog writes files to log_dir.
   bool log_to_stderr = true;
   std::string log_dir;
-  // Dump a stack trace on SIGSEGV/SIGABRT/... before dying.
+  // Dump a stack trace on SIGSEGV/SIGABRT/... before dying, stack overflows included
+  // (common/crash_handler.h).
   bool install_failure_handler = true;
 };
 

@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/crash_handler.h"
+#include "common/http/body_budget.h"
 #include "common/http/tls_context.h"
 #include "nlohmann/json.hpp"
 
@@ -36,6 +38,9 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 constexpr uint32_t kHeaderLimit = 16 * 1024;
 // How long a TLS connection being closed waits for the client's close_notify.
 constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
+// How long a refused request's unread body is drained (discarded) before the connection closes:
+// closing with it unread would reset the connection, which can destroy the refusal in flight.
+constexpr auto kRefusalDrainTimeout = std::chrono::seconds(2);
 
 const char* ErrorType(int status) {
   if (status == 401) return "authentication_error";
@@ -99,6 +104,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   std::map<std::pair<std::string, std::string>, Handler> routes;
   std::unique_ptr<net::ssl::context> tls;  // null: plain HTTP
+  std::unique_ptr<BodyBudget> body_budget;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -121,7 +127,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // `stream_args`: the accepted socket (and, for TLS, the context).
   template <typename... StreamArgs>
   explicit Session(std::shared_ptr<HttpServer::Impl> server, StreamArgs&&... stream_args)
-      : stream_(std::forward<StreamArgs>(stream_args)...), server_(std::move(server)) {
+      : stream_(std::forward<StreamArgs>(stream_args)...),
+        server_(std::move(server)),
+        reservation_(server_->body_budget.get()) {
     ++server_->connections;
   }
   ~Session() override { --server_->connections; }
@@ -157,9 +165,19 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void RefusePlainHttp();
   void DrainThenClose();
   void Read();
+  // The read's error answered (or the connection ended); false when there was none.
+  bool OnReadError(beast::error_code ec);
+  void OnHeader(beast::error_code ec);
+  // Admission, the body's size and the body budget; a refusal when the request may not go on.
+  std::optional<Response> Admit();
+  void ReadBody();
   void OnRead(beast::error_code ec);
+  // The request line and headers of the request being read (no body).
+  Request Head();
   void Dispatch();
   void SendSimple(Response response, bool close);
+  // Sends `response` and closes without reading the request's body (drained unread).
+  void Refuse(Response response);
   void BeginStream(int status, const std::string& content_type,
                    const std::vector<std::pair<std::string, std::string>>& headers);
   void WriteNext();
@@ -171,9 +189,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   Stream stream_;
   std::shared_ptr<HttpServer::Impl> server_;
+  BodyReservation reservation_;  // the body of the request being read
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bool keep_alive_ = false;
+  bool drain_on_close_ = false;  // a refused request's body is still coming
   // Streaming state (strand only, except the atomics in SessionBase).
   bool streaming_ = false, writing_ = false, closing_ = false;
   std::deque<std::string> queue_;
@@ -269,6 +289,73 @@ void Session<Stream>::Read() {
   parser_->body_limit(server_->options.max_body_bytes);
   parser_->header_limit(kHeaderLimit);
   tcp().expires_after(ToChrono(server_->options.read_timeout));
+  bhttp::async_read_header(
+      stream_, buffer_, *parser_,
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+}
+
+template <typename Stream>
+bool Session<Stream>::OnReadError(beast::error_code ec) {
+  if (!ec) return false;
+  if (ec == bhttp::error::body_limit) {
+    Refuse(ErrorResponse(
+        413, absl::StrCat("request body over ", server_->options.max_body_bytes, " bytes")));
+  } else if (ec == bhttp::error::header_limit) {
+    SendSimple(ErrorResponse(431, "request headers too large"), true);
+  } else if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
+             ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+    SendSimple(ErrorResponse(400, absl::StrCat("malformed HTTP request: ", ec.message())), true);
+  } else {
+    Shutdown();  // closed, timed out, reset
+  }
+  return true;
+}
+
+template <typename Stream>
+void Session<Stream>::OnHeader(beast::error_code ec) {
+  if (OnReadError(ec)) return;
+  if (std::optional<Response> refusal = Admit()) {
+    Refuse(*std::move(refusal));
+    return;
+  }
+  const auto& msg = parser_->get();
+  if (!parser_->is_done() && beast::iequals(msg[bhttp::field::expect], "100-continue")) {
+    auto go_on = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, 11);
+    bhttp::async_write(stream_, *go_on,
+                       [self = this->shared_from_this(), go_on](beast::error_code ec, size_t) {
+                         if (ec) return self->Shutdown();
+                         self->ReadBody();
+                       });
+    return;
+  }
+  ReadBody();
+}
+
+template <typename Stream>
+std::optional<Response> Session<Stream>::Admit() {
+  const HttpServerOptions& options = server_->options;
+  if (options.admission) {
+    if (std::optional<Response> refusal = options.admission(Head())) return refusal;
+  }
+  uint64_t body_bytes = 0;
+  if (parser_->chunked()) {
+    body_bytes = options.max_body_bytes;  // the most it may grow to
+  } else if (const auto length = parser_->content_length(); length.has_value()) {
+    body_bytes = *length;  // within max_body_bytes: the parser refused the headers otherwise
+  }
+  if (!reservation_.Reserve(body_bytes)) {
+    Response busy = ErrorResponse(
+        503, absl::StrCat("the server holds its limit of ", options.max_buffered_body_bytes,
+                          " bytes of request bodies; retry later"));
+    busy.headers.emplace_back("Retry-After", "1");
+    return busy;
+  }
+  return std::nullopt;
+}
+
+template <typename Stream>
+void Session<Stream>::ReadBody() {
+  tcp().expires_after(ToChrono(server_->options.read_timeout));
   bhttp::async_read(
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -276,30 +363,12 @@ void Session<Stream>::Read() {
 
 template <typename Stream>
 void Session<Stream>::OnRead(beast::error_code ec) {
-  if (ec == bhttp::error::body_limit) {
-    SendSimple(ErrorResponse(413, absl::StrCat("request body over ",
-                                               server_->options.max_body_bytes, " bytes")),
-               true);
-    return;
-  }
-  if (ec == bhttp::error::header_limit) {
-    SendSimple(ErrorResponse(431, "request headers too large"), true);
-    return;
-  }
-  if (ec) {
-    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
-        ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
-      SendSimple(ErrorResponse(400, absl::StrCat("malformed HTTP request: ", ec.message())), true);
-      return;
-    }
-    Shutdown();  // closed, timed out, reset
-    return;
-  }
+  if (OnReadError(ec)) return;
   Dispatch();
 }
 
 template <typename Stream>
-void Session<Stream>::Dispatch() {
+Request Session<Stream>::Head() {
   const auto& msg = parser_->get();
   Request req;
   req.method = std::string(msg.method_string());
@@ -313,22 +382,33 @@ void Session<Stream>::Dispatch() {
                    [](unsigned char c) { return std::tolower(c); });
     req.headers[name] = std::string(field.value());
   }
-  req.body = msg.body();
   beast::error_code ignored;
   const auto endpoint = tcp().socket().remote_endpoint(ignored);
   req.peer = absl::StrCat(endpoint.address().to_string(), ":", endpoint.port());
-  keep_alive_ = msg.keep_alive();
-  auto it = server_->routes.find({req.method, req.path});
-  if (it == server_->routes.end()) {
-    bool path_known = false;
-    for (const auto& [key, handler] : server_->routes) path_known |= key.second == req.path;
-    SendSimple(path_known ? ErrorResponse(405, absl::StrCat("method ", req.method,
-                                                            " not allowed on ", req.path))
-                          : ErrorResponse(404, absl::StrCat("no route for ", req.path)),
-               !keep_alive_);
-    return;
-  }
-  it->second(req, this->shared_from_this());
+  return req;
+}
+
+template <typename Stream>
+void Session<Stream>::Dispatch() {
+  keep_alive_ = parser_->get().keep_alive();
+  {
+    Request req = Head();
+    req.body = std::move(parser_->get().body());
+    parser_.reset();
+    auto it = server_->routes.find({req.method, req.path});
+    if (it != server_->routes.end()) {
+      it->second(req, this->shared_from_this());
+    } else {
+      bool path_known = false;
+      for (const auto& [key, handler] : server_->routes) path_known |= key.second == req.path;
+      SendSimple(path_known ? ErrorResponse(405, absl::StrCat("method ", req.method,
+                                                              " not allowed on ", req.path))
+                            : ErrorResponse(404, absl::StrCat("no route for ", req.path)),
+                 !keep_alive_);
+    }
+  }  // the body is freed here: handlers copy what they keep
+  reservation_.Release();
+  buffer_.shrink_to_fit();
 }
 
 template <typename Stream>
@@ -351,12 +431,25 @@ void Session<Stream>::SendSimple(Response response, bool close) {
   res->prepare_payload();
   bhttp::async_write(stream_, *res,
                      [self = this->shared_from_this(), res, close](beast::error_code ec, size_t) {
-                       if (ec || close) {
+                       if (!ec && close && self->drain_on_close_) {
+                         beast::error_code ignored;
+                         self->tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+                         self->tcp().expires_after(kRefusalDrainTimeout);
+                         self->DrainThenClose();
+                       } else if (ec || close) {
                          self->Shutdown();
                        } else {
                          self->Read();
                        }
                      });
+}
+
+template <typename Stream>
+void Session<Stream>::Refuse(Response response) {
+  reservation_.Release();
+  parser_.reset();
+  drain_on_close_ = true;
+  SendSimple(std::move(response), /*close=*/true);
 }
 
 template <typename Stream>
@@ -547,6 +640,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->routes = std::move(routes);
+  impl->body_budget = std::make_unique<BodyBudget>(options.max_buffered_body_bytes);
   if (options.tls.has_value()) {
     absl::StatusOr<std::unique_ptr<net::ssl::context>> tls = MakeServerTlsContext(*options.tls);
     if (!tls.ok()) return tls.status();
@@ -569,7 +663,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   }
   impl->Accept(impl);
   for (int i = 0; i < std::max(1, options.threads); ++i) {
-    impl->threads.emplace_back([impl_raw = impl.get()] { impl_raw->ioc.run(); });
+    impl->threads.emplace_back([impl_raw = impl.get()] {
+      UseAlternateSignalStack();  // handlers parse what clients send: a trace even on overflow
+      impl_raw->ioc.run();
+    });
   }
   return std::unique_ptr<HttpServer>(new HttpServer(impl));
 }

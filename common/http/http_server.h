@@ -9,7 +9,12 @@
 // cancels the stream: `cancelled()` turns true and the OnCancel callback runs once (e.g. to abort
 // the request on the workers).
 //
-// Limits: request bodies over `max_body_bytes` get 413, headers over 16 KiB 431, a request not
+// Headers first: a request's line and headers are read, then `admission` (e.g. the API key),
+// the body's size (over `max_body_bytes`: 413) and the server-wide body budget (over
+// `max_buffered_body_bytes` in flight: 503 with Retry-After) decide on it before its body is read;
+// a refused request's body is drained unread and the connection closed. `Expect: 100-continue`
+// is answered once admitted. A request's body is freed when its handler returns.
+// Limits: headers over 16 KiB get 431, a request not
 // read within `read_timeout` closes the connection, more than `max_connections` open connections
 // are refused (closed at accept). Bad requests get 400. Unknown paths 404, known path with another
 // method 405. Errors are JSON `{"error": {"message", "type", "code"}}` (OpenAI's shape).
@@ -86,11 +91,21 @@ class Responder {
 
 using Handler = std::function<void(const Request&, std::shared_ptr<Responder>)>;
 
+// Decides on a request from its request line and headers alone (Request::body is empty), before
+// any byte of its body is read: nullopt lets it in; a Response refuses it (sent at once, the body
+// is never read, the connection closes). E.g. an API-key check: a client without a key cannot
+// make the server buffer anything.
+using Admission = std::function<std::optional<Response>(const Request& headers_only)>;
+
 struct HttpServerOptions {
   std::string address = "127.0.0.1";  // the interface to bind
   int port = 0;                       // 0: any free port (see HttpServer::port)
   int threads = 2;
-  uint64_t max_body_bytes = 8 << 20;
+  uint64_t max_body_bytes = 8 << 20;  // one request's body; more -> 413 before reading it
+  // The bodies all connections may hold at once: a request is admitted with its Content-Length
+  // (max_body_bytes when chunked) reserved, else 503 before its body is read (body_budget.h).
+  uint64_t max_buffered_body_bytes = 64 << 20;
+  Admission admission;  // unset: every request is read
   absl::Duration read_timeout = absl::Seconds(30);
   int max_connections = 10000;
   std::optional<ServerTlsOptions> tls;  // unset: plain HTTP

@@ -143,5 +143,112 @@ TEST(HttpServerTest, StreamsChunksAndSeesADisconnect) {
   EXPECT_EQ((*server2)->connections(), 0);
 }
 
+// Issue 30 item 2: the admission check (an API key) runs on the headers: a refused client gets its
+// answer without sending a byte of its body, so it cannot make the server buffer one.
+TEST(HttpServerTest, AdmissionDecidesOnTheHeadersBeforeTheBody) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  std::atomic<int> admitted{0};
+  options.admission = [&](const Request& head) -> std::optional<Response> {
+    EXPECT_TRUE(head.body.empty());
+    if (head.Header("authorization") == "Bearer good") {
+      ++admitted;
+      return std::nullopt;
+    }
+    return ErrorResponse(401, "invalid or missing API key");
+  };
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Announces 8 MiB and sends none of it: answered at once (it would wait 30 s for the body).
+  const int keyless = Connect((*server)->port());
+  Send(keyless, "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 8388608\r\n\r\n");
+  const absl::Time start = absl::Now();
+  std::string r1 = ReadUntil(keyless, "}}");
+  EXPECT_NE(r1.find("HTTP/1.1 401"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("Connection: close"), std::string::npos) << r1;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The body it then sends is drained unread: the server closes the connection after it.
+  const std::string chunk(64 * 1024, 'x');
+  for (int i = 0; i < 16; ++i) {
+    if (write(keyless, chunk.data(), chunk.size()) <= 0) break;
+  }
+  close(keyless);
+  EXPECT_EQ(admitted.load(), 0);
+  // With the key, the same request is read and served.
+  TestResponse ok = HttpCall((*server)->port(), "POST", "/echo", "hello",
+                             {"Authorization: Bearer good", "X-Test: k"});
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.body, "hello|k");
+  EXPECT_EQ(admitted.load(), 1);
+}
+
+// A body announced over the limit is refused from its headers (413) without being read.
+TEST(HttpServerTest, AnnouncedBodyOverTheLimitIsRefusedUnread) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  options.max_body_bytes = 1000;
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  const int fd = Connect((*server)->port());
+  Send(fd, "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\n\r\n");
+  std::string r = ReadUntil(fd, "}}");
+  EXPECT_NE(r.find("HTTP/1.1 413"), std::string::npos) << r;
+  EXPECT_NE(r.find("over 1000 bytes"), std::string::npos) << r;
+  close(fd);
+}
+
+// Bodies in flight are bounded server-wide: past the budget a request gets 503 + Retry-After
+// from its headers; once the admitted one is handled its bytes are free again.
+TEST(HttpServerTest, BodiesInFlightStayWithinTheBudget) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  options.max_body_bytes = 700 * 1024;
+  options.max_buffered_body_bytes = 1024 * 1024;
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  const std::string body(600 * 1024, 'b');
+  const std::string head =
+      absl::StrCat("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: ", body.size(), "\r\n\r\n");
+  const int first = Connect((*server)->port());
+  Send(first, head);  // admitted: 600 KiB reserved while its body comes
+  absl::SleepFor(absl::Milliseconds(200));
+  const int second = Connect((*server)->port());
+  Send(second, head);
+  std::string busy = ReadUntil(second, "}}");
+  EXPECT_NE(busy.find("HTTP/1.1 503"), std::string::npos) << busy;
+  EXPECT_NE(busy.find("Retry-After: 1"), std::string::npos) << busy;
+  close(second);
+  // Small bodies still fit beside it.
+  TestResponse small = HttpCall((*server)->port(), "POST", "/echo", "tiny", {"X-Test: s"});
+  EXPECT_EQ(small.status, 200);
+  Send(first, body);
+  std::string done = ReadUntil(first, "|");
+  EXPECT_NE(done.find("HTTP/1.1 200"), std::string::npos) << done.substr(0, 200);
+  close(first);
+  // Its 600 KiB are back: the next one is admitted.
+  TestResponse again = HttpCall((*server)->port(), "POST", "/echo", body, {"X-Test: t"});
+  EXPECT_EQ(again.status, 200);
+  EXPECT_EQ(again.body.size(), body.size() + 2);
+}
+
+// `Expect: 100-continue` gets its interim answer once admitted (curl waits 1 s for it otherwise).
+TEST(HttpServerTest, ExpectContinueIsAnswered) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  const int fd = Connect((*server)->port());
+  Send(fd, "POST /echo HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+  std::string interim = ReadUntil(fd, "\r\n\r\n");
+  EXPECT_NE(interim.find("HTTP/1.1 100 Continue"), std::string::npos) << interim;
+  Send(fd, "hi");
+  std::string r = ReadUntil(fd, "hi|");
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+  close(fd);
+}
+
 }  // namespace
 }  // namespace tandem::http

@@ -8,6 +8,8 @@ Leaf packages depend on these labels; they never spell `-l` flags themselves.
 # target name -> (pkg-config modules, extra link flags)
 _PKG_TARGETS = {
     "absl_base": (["absl_base", "absl_log_severity"], []),
+    # Failure signal handler + symbolizer: stack traces when a daemon dies (common/crash_handler).
+    "absl_debugging": (["absl_failure_signal_handler", "absl_symbolize", "absl_stacktrace"], []),
     "absl_container": (["absl_raw_hash_set", "absl_hash", "absl_flat_hash_map", "absl_node_hash_map"], []),
     "absl_flags": (["absl_flags", "absl_flags_parse", "absl_flags_usage", "absl_flags_marshalling"], []),
     "absl_random": (["absl_random_random", "absl_random_distributions", "absl_random_seed_sequences"], []),
