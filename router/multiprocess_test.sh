@@ -18,7 +18,9 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$TMP"/*.log; do echo "== $f" >&2; tail -20 "$f" >&2; done; exit 1; }
 
 if [[ $MODE == tls ]]; then
-  "$MAKE_CERTS" "$TMP/certs" --api_key >/dev/null || fail "make_certs.sh failed"
+  # Each worker registers with its own certificate (naming it): role-only ones may not.
+  "$MAKE_CERTS" "$TMP/certs" --api_key --worker=p0:prefill --worker=d0:decode >/dev/null ||
+    fail "make_certs.sh failed"
   C=$TMP/certs
   router_sec=(--tls_cert="$C/router.pem" --tls_key="$C/router.key" --tls_ca="$C/ca.pem"
               --api_key_file="$C/api_keys" --internal_listen=127.0.0.1:0
@@ -64,9 +66,9 @@ fi
 "$CLI" generate --router="$ADDR" "${cli_sec[@]}" --prompt_ids=1 --max_tokens=2 2>"$TMP/err.txt" && fail "generate without workers succeeded"
 grep -q UNAVAILABLE "$TMP/err.txt" || fail "expected UNAVAILABLE, got: $(cat "$TMP/err.txt")"
 
-"$WORKER" --router="$INTERNAL" $(worker_sec prefill) --role=prefill --worker_id=p0 >"$TMP/p0.log" 2>&1 &
+"$WORKER" --router="$INTERNAL" $(worker_sec p0) --role=prefill --worker_id=p0 >"$TMP/p0.log" 2>&1 &
 pids+=($!)
-"$WORKER" --router="$INTERNAL" $(worker_sec decode) --role=decode --worker_id=d0 --token_delay_ms=5 >"$TMP/d0.log" 2>&1 &
+"$WORKER" --router="$INTERNAL" $(worker_sec d0) --role=decode --worker_id=d0 --token_delay_ms=5 >"$TMP/d0.log" 2>&1 &
 d0_pid=$!
 pids+=("$d0_pid")
 ready=0

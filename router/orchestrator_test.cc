@@ -112,8 +112,8 @@ struct Harness {
             }),
         requests(512),
         orchestrator(&registry, OrchestratorOptions()) {
-    EXPECT_TRUE(registry.Register(Info("p0", v1::WORKER_ROLE_PREFILL)).ok());
-    EXPECT_TRUE(registry.Register(Info("d0", v1::WORKER_ROLE_DECODE)).ok());
+    EXPECT_TRUE(registry.Register(Info("p0", v1::WORKER_ROLE_PREFILL), {}).ok());
+    EXPECT_TRUE(registry.Register(Info("d0", v1::WORKER_ROLE_DECODE), {}).ok());
   }
   FakeWorkerClient& client(const std::string& worker) {
     absl::MutexLock lock(&mu);
@@ -222,7 +222,7 @@ TEST(OrchestratorTest, ClientOutlivesTheRegistryEntryOfARestartedWorker) {
   v1::WorkerInfo restarted = Info("d0", v1::WORKER_ROLE_DECODE);
   restarted.set_epoch(2);
   restarted.set_address("d0-new:1");
-  ASSERT_TRUE(h.registry.Register(restarted).ok());
+  ASSERT_TRUE(h.registry.Register(restarted, {}).ok());
   h.client("d0").End(decode, absl::UnavailableError("connection reset"));
   const absl::Status s = h.Result();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
@@ -237,7 +237,7 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   h.Start("r4", 3);
   const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
   ASSERT_GE(prefill, 0);
-  ASSERT_TRUE(h.registry.Register(Info("d1", v1::WORKER_ROLE_DECODE)).ok());  // back
+  ASSERT_TRUE(h.registry.Register(Info("d1", v1::WORKER_ROLE_DECODE), {}).ok());  // back
   h.client("p0").ReplyPrefill(prefill, Prefilled("r4", 11));
   const int refused = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
   ASSERT_GE(refused, 0);

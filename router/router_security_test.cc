@@ -2,16 +2,24 @@
 // (certificates from deploy/certs/make_certs.sh): API keys on the public port, WorkerRegistry
 // only on the internal mTLS port and only for worker roles, ListWorkers as an admin call, request
 // ids and Router.Abort scoped to the caller's key, workers' WorkerService only for the router.
+// Worker identity (issue 30 items 3, 4): a worker id is registered and heartbeaten only with the
+// certificate naming it; the role-only decode.pem / prefill.pem neither take over a live worker
+// (even with epoch 2^64-1) nor drain one.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -76,7 +84,9 @@ std::string WaitForFile(const std::string& path) {
 class RouterSecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<TestCerts> certs = MakeTestCerts("cluster", {"--worker=decode-7:decode"});
+    absl::StatusOr<TestCerts> certs = MakeTestCerts(
+        "cluster", {"--worker=decode-7:decode", "--worker=p0:prefill", "--worker=d0:decode",
+                    "--worker=prefill-0:prefill", "--worker=decode-0:decode"});
     absl::StatusOr<TestCerts> other = MakeTestCerts("other");
     ASSERT_TRUE(certs.ok() && other.ok());
     certs_ = new TestCerts(*certs);
@@ -90,8 +100,9 @@ class RouterSecurityTest : public ::testing::Test {
         {srcdir + "/tandem/router/tandem_router", "--listen=127.0.0.1:0",
          "--internal_listen=127.0.0.1:0", "--port_file=" + dir + "/public.port",
          "--internal_port_file=" + dir + "/internal.port", "--heartbeat_interval_ms=50",
-         "--tls_cert=" + certs_->Pem("router"), "--tls_key=" + certs_->Key("router"),
-         "--tls_ca=" + certs_->Ca(), "--api_key_file=" + dir + "/keys"},
+         "--worker_timeout_ms=2000", "--tls_cert=" + certs_->Pem("router"),
+         "--tls_key=" + certs_->Key("router"), "--tls_ca=" + certs_->Ca(),
+         "--api_key_file=" + dir + "/keys"},
         dir + "/router.log");
     public_ = new std::string(WaitForFile(dir + "/public.port"));
     internal_ = new std::string(WaitForFile(dir + "/internal.port"));
@@ -124,7 +135,8 @@ class RouterSecurityTest : public ::testing::Test {
     return RouterStub(address, config, key)->ListWorkers(&ctx, v1::ListWorkersRequest(), resp);
   }
   static grpc::Status Register(const std::string& address, const SecurityConfig& config,
-                               v1::WorkerRole role, const std::string& worker_id = "intruder") {
+                               v1::WorkerRole role, const std::string& worker_id = "intruder",
+                               uint64_t epoch = 1) {
     auto stub = v1::WorkerRegistry::NewStub(security::CreateChannel(address, config));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -132,6 +144,7 @@ class RouterSecurityTest : public ::testing::Test {
     req.mutable_info()->set_worker_id(worker_id);
     req.mutable_info()->set_address("127.0.0.1:1");
     req.mutable_info()->set_role(role);
+    req.mutable_info()->set_epoch(epoch);
     req.mutable_info()->set_model_id("m");
     req.mutable_info()->set_vocab_size(100);
     req.mutable_info()->set_max_model_len(100);
@@ -139,11 +152,14 @@ class RouterSecurityTest : public ::testing::Test {
     v1::RegisterWorkerResponse resp;
     return stub->RegisterWorker(&ctx, req, &resp);
   }
+  // A fake worker registering with the router under certificate `cert` (its own: named `id`).
   std::unique_ptr<FakeWorker> StartWorker(const std::string& id, v1::WorkerRole role,
-                                          const std::string& cert, absl::Duration token_delay) {
+                                          const std::string& cert, absl::Duration token_delay,
+                                          uint64_t epoch = 1) {
     FakeWorkerOptions o;
     o.worker_id = id;
     o.role = role;
+    o.epoch = epoch;
     o.router_address = *internal_;
     o.security = certs_->Config(cert);
     o.token_delay = token_delay;
@@ -151,6 +167,47 @@ class RouterSecurityTest : public ::testing::Test {
     EXPECT_TRUE(w.ok()) << w.status();
     EXPECT_TRUE((*w)->WaitForHeartbeats(1, absl::Seconds(30))) << id;
     return *std::move(w);
+  }
+  // The workers ListWorkers (admin) shows; `healthy`: only those.
+  static std::map<std::string, v1::WorkerEntry> Workers(bool healthy) {
+    v1::ListWorkersResponse list;
+    EXPECT_TRUE(ListWorkers(*internal_, certs_->Config("admin"), "", &list).ok());
+    std::map<std::string, v1::WorkerEntry> out;
+    for (const v1::WorkerEntry& w : list.workers()) {
+      if (!healthy || w.healthy()) out[w.info().worker_id()] = w;
+    }
+    return out;
+  }
+  // Waits until exactly `ids` are healthy (workers of earlier tests time out after 2 s).
+  static void WaitForHealthy(const std::set<std::string>& ids) {
+    std::set<std::string> now;
+    for (int i = 0; i < 300; ++i) {
+      now.clear();
+      for (const auto& [id, w] : Workers(true)) now.insert(id);
+      if (now == ids) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "healthy workers: " << now.size();
+  }
+  // One request with a random prompt and length from Alice (a client key); its tokens must be
+  // the real fake model's (vocabulary 1000).
+  static void GenerateAndCheck(std::mt19937& rng) {
+    v1::GenerateRequest req;
+    for (int i = 0, n = 1 + static_cast<int>(rng() % 20); i < n; ++i) {
+      req.add_prompt_token_ids(rng() % 1000);
+    }
+    req.mutable_sampling()->set_max_tokens(2 + rng() % 8);
+    req.mutable_sampling()->set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto reader = RouterStub(*public_, PublicClient(), kAlice)->Generate(&ctx, req);
+    std::vector<uint32_t> tokens;
+    v1::GenerateResponse chunk;
+    while (reader->Read(&chunk))
+      tokens.insert(tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+    EXPECT_EQ(tokens, FakeGenerate(req, 1000, {}).tokens);
   }
 
   static TestCerts* certs_;
@@ -241,9 +298,9 @@ TEST_F(RouterSecurityTest, InternalPortChecksCertificatesAndRoles) {
 
 TEST_F(RouterSecurityTest, ServesAndScopesRequestIdsToTheKey) {
   std::unique_ptr<FakeWorker> p =
-      StartWorker("p0", v1::WORKER_ROLE_PREFILL, "prefill", absl::ZeroDuration());
+      StartWorker("p0", v1::WORKER_ROLE_PREFILL, "p0", absl::ZeroDuration());
   std::unique_ptr<FakeWorker> d =
-      StartWorker("d0", v1::WORKER_ROLE_DECODE, "decode", absl::Milliseconds(20));
+      StartWorker("d0", v1::WORKER_ROLE_DECODE, "d0", absl::Milliseconds(20));
   // Alice's long request, id "job".
   auto alice = RouterStub(*public_, PublicClient(), kAlice);
   grpc::ClientContext ctx;
@@ -294,6 +351,92 @@ TEST_F(RouterSecurityTest, ServesAndScopesRequestIdsToTheKey) {
   v1::AbortResponse wresp;
   EXPECT_EQ(worker->Abort(&wctx, v1::AbortRequest(), &wresp).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// Issue 30 item 3: make_certs.sh's role-only decode.pem registered as decode-0 with epoch
+// 2^64-1; prompts went to the imposter, and the real decode-0 stayed locked out.
+TEST_F(RouterSecurityTest, RoleOnlyCertificateCannotTakeOverAWorker) {
+  std::unique_ptr<FakeWorker> p =
+      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, "prefill-0", absl::ZeroDuration());
+  std::unique_ptr<FakeWorker> d =
+      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, "decode-0", absl::ZeroDuration());
+  WaitForHealthy({"prefill-0", "decode-0"});
+  const uint64_t kMaxEpoch = ~uint64_t{0};
+  grpc::Status s =
+      Register(*internal_, certs_->Config("decode"), v1::WORKER_ROLE_DECODE, "decode-0", kMaxEpoch);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(s.error_message(), "permission denied");
+  // Not another worker's own certificate either; decode-0's own may not jump to 2^64-1.
+  EXPECT_EQ(Register(*internal_, certs_->Config("decode-7"), v1::WORKER_ROLE_DECODE, "decode-0",
+                     kMaxEpoch)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Register(*internal_, certs_->Config("decode-0"), v1::WORKER_ROLE_DECODE, "decode-0",
+                     kMaxEpoch)
+                .error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // An imposter daemon with decode.pem, a different model (vocabulary 997) and epoch 2^64-1,
+  // retrying its registration and heartbeats all along.
+  FakeWorkerOptions o;
+  o.worker_id = "decode-0";
+  o.role = v1::WORKER_ROLE_DECODE;
+  o.epoch = kMaxEpoch;
+  o.vocab_size = 997;
+  o.router_address = *internal_;
+  o.security = certs_->Config("decode");
+  absl::StatusOr<std::unique_ptr<FakeWorker>> imposter = FakeWorker::Start(o);
+  ASSERT_TRUE(imposter.ok()) << imposter.status();
+  EXPECT_FALSE((*imposter)->WaitForHeartbeats(1, absl::Milliseconds(500)));
+  std::mt19937 rng(1128);
+  for (int i = 0; i < 8; ++i) GenerateAndCheck(rng);
+  std::map<std::string, v1::WorkerEntry> workers = Workers(false);
+  ASSERT_EQ(workers.count("decode-0"), 1u);
+  EXPECT_EQ(workers["decode-0"].info().address(), d->address());
+  EXPECT_EQ(workers["decode-0"].info().epoch(), 1u);
+  EXPECT_EQ(workers["decode-0"].info().vocab_size(), 1000u);
+  imposter->reset();
+  for (int i = 0; i < 4; ++i) GenerateAndCheck(rng);  // the real decode-0 serves on
+}
+
+// Issue 30 item 4: decode.pem heartbeating DRAINING for prefill-0 failed 54 of 56 requests.
+TEST_F(RouterSecurityTest, OnlyAWorkersOwnCertificateHeartbeatsForIt) {
+  std::unique_ptr<FakeWorker> p =
+      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, "prefill-0", absl::ZeroDuration(), 2);
+  std::unique_ptr<FakeWorker> d =
+      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, "decode-0", absl::ZeroDuration(), 2);
+  WaitForHealthy({"prefill-0", "decode-0"});
+  // The forger knows prefill-0's epoch (ListWorkers) and drains it every 2 ms meanwhile.
+  const uint64_t epoch = Workers(false)["prefill-0"].info().epoch();
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0}, denied{0};
+  std::thread forger([&] {
+    const char* certs[] = {"decode", "prefill", "decode-0", "mixed"};
+    std::vector<std::unique_ptr<v1::WorkerRegistry::Stub>> stubs;
+    for (const char* c : certs) {
+      stubs.push_back(
+          v1::WorkerRegistry::NewStub(security::CreateChannel(*internal_, certs_->Config(c))));
+    }
+    while (!stop.load()) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::HeartbeatRequest beat;
+      beat.set_worker_id("prefill-0");
+      beat.set_epoch(epoch);
+      beat.set_status(v1::SERVING_STATUS_DRAINING);
+      v1::HeartbeatResponse resp;
+      grpc::Status s = stubs[sent.load() % stubs.size()]->Heartbeat(&ctx, beat, &resp);
+      ++sent;
+      if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) ++denied;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  });
+  std::mt19937 rng(30);
+  for (int i = 0; i < 20; ++i) GenerateAndCheck(rng);
+  stop.store(true);
+  forger.join();
+  EXPECT_GT(sent.load(), 0);
+  EXPECT_EQ(denied.load(), sent.load());
+  EXPECT_EQ(Workers(true).count("prefill-0"), 1u);
 }
 
 }  // namespace

@@ -117,20 +117,6 @@ class GenerateStream final : public GenerateReactor, public ResponseSink {
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
 };
 
-// The role a worker's certificate must name to register as `role`.
-std::optional<security::Role> CertRoleFor(v1::WorkerRole role) {
-  switch (role) {
-    case v1::WORKER_ROLE_PREFILL:
-      return security::Role::kPrefill;
-    case v1::WORKER_ROLE_DECODE:
-      return security::Role::kDecode;
-    case v1::WORKER_ROLE_MIXED:
-      return security::Role::kMixed;
-    default:
-      return std::nullopt;
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<PublicCaller> RouterServiceImpl::Authenticate(
@@ -215,6 +201,9 @@ grpc::Status RouterServiceImpl::Health(grpc::ServerContext* ctx, const v1::Healt
   const std::string counts =
       absl::StrCat(snap.registered, " workers registered, ", snap.candidates.size(), " healthy; ",
                    requests_->size(), " requests in flight");
+  const WorkerRegistry::ModelLimits limits = registry_->Limits();
+  response->set_vocab_size(limits.vocab_size);
+  response->set_max_model_len(limits.max_model_len);
   if (plan.ok()) {
     response->set_status(v1::SERVING_STATUS_SERVING);
     response->set_detail(absl::StrCat(plan->disaggregated() ? "prefill/decode" : "mixed",
@@ -226,38 +215,26 @@ grpc::Status RouterServiceImpl::Health(grpc::ServerContext* ctx, const v1::Healt
   return grpc::Status::OK;
 }
 
-absl::Status WorkerRegistryServiceImpl::CheckWorkerCertificate(
-    const grpc::ServerContext& ctx, const std::string& worker_id,
-    std::optional<v1::WorkerRole> role) const {
-  if (security_->insecure) return absl::OkStatus();
-  // The mTLS policy admitted a worker certificate; it must be of the role being registered and,
-  // when it names its worker (a daemon's own certificate), of this worker: decode workers are
-  // told apart by id (KV leases are bound to them), so no worker may speak for another.
+absl::StatusOr<RegistryCaller> WorkerRegistryServiceImpl::CallerOf(
+    const grpc::ServerContext& ctx) const {
+  RegistryCaller caller;
+  if (security_->insecure) return caller;
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  absl::StatusOr<security::PeerIdentity> peer = auth == nullptr
-                                                    ? security::Unauthenticated("no auth context")
-                                                    : security::PeerIdentityOf(*auth);
+  if (auth == nullptr) return security::Unauthenticated("no auth context");
+  absl::StatusOr<security::PeerIdentity> peer = security::PeerIdentityOf(*auth);
   if (!peer.ok()) return peer.status();
-  if (role.has_value() && CertRoleFor(*role) != peer->role) {
-    return security::PermissionDenied(
-        absl::StrCat(peer->ToString(), " registering as role ", *role));
-  }
-  if (!peer->worker_id.empty() && peer->worker_id != worker_id) {
-    return security::PermissionDenied(
-        absl::StrCat(peer->ToString(), " speaking for worker ", worker_id));
-  }
-  return absl::OkStatus();
+  caller.peer = *std::move(peer);
+  return caller;
 }
 
 grpc::Status WorkerRegistryServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                        const v1::RegisterWorkerRequest* request,
                                                        v1::RegisterWorkerResponse* response) {
-  if (absl::Status s =
-          CheckWorkerCertificate(*ctx, request->info().worker_id(), request->info().role());
-      !s.ok()) {
+  absl::StatusOr<RegistryCaller> caller = CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = registry_->Register(request->info(), *caller); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  if (absl::Status s = registry_->Register(request->info()); !s.ok()) return ToGrpcStatus(s);
   response->set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   return grpc::Status::OK;
@@ -266,10 +243,9 @@ grpc::Status WorkerRegistryServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
 grpc::Status WorkerRegistryServiceImpl::Heartbeat(grpc::ServerContext* ctx,
                                                   const v1::HeartbeatRequest* request,
                                                   v1::HeartbeatResponse* response) {
-  if (absl::Status s = CheckWorkerCertificate(*ctx, request->worker_id(), std::nullopt); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  absl::StatusOr<bool> known = registry_->Heartbeat(*request);
+  absl::StatusOr<RegistryCaller> caller = CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<bool> known = registry_->Heartbeat(*request, *caller);
   if (!known.ok()) return ToGrpcStatus(known.status());
   response->set_known(*known);
   return grpc::Status::OK;

@@ -16,8 +16,9 @@
 // and aborts (RequestTable). Without keys but with a required client certificate, its name does.
 // ListWorkers on the public port needs an admin key (or an admin certificate), except in the
 // legacy open mode (--insecure without keys). The internal port serves ListWorkers through
-// AdminServiceImpl, where the mTLS policy already admitted only admin certificates; there
-// WorkerRegistry also checks that a worker registers with the role its certificate names.
+// AdminServiceImpl, where the mTLS policy already admitted only admin certificates.
+// WorkerRegistryServiceImpl passes the caller's certificate identity to WorkerRegistry, which
+// alone decides who may register or heartbeat for a worker id (worker_registry.h, "Identity").
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the core objects are thread-safe.
 #ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
@@ -106,10 +107,9 @@ class WorkerRegistryServiceImpl final : public v1::WorkerRegistry::Service {
                          v1::HeartbeatResponse* response) override;
 
  private:
-  // With TLS: the caller's certificate is of `role` (when given) and, if it names a worker, of
-  // `worker_id`. PERMISSION_DENIED (opaque) otherwise.
-  absl::Status CheckWorkerCertificate(const grpc::ServerContext& ctx, const std::string& worker_id,
-                                      std::optional<v1::WorkerRole> role) const;
+  // The caller as the registry sees it: its certificate's identity (none with --insecure).
+  // UNAUTHENTICATED (generic) when TLS is on and the call has no readable identity.
+  absl::StatusOr<RegistryCaller> CallerOf(const grpc::ServerContext& ctx) const;
 
   WorkerRegistry* const registry_;
   const absl::Duration heartbeat_interval_;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_hash.h"
 #include "common/logging.h"
+#include "common/security/auth_status.h"
 #include "router/validation.h"
 #include "tandem/v1/limits.h"
 
@@ -28,35 +29,91 @@ std::vector<uint64_t> ShortChain(absl::Span<const uint32_t> prompt, uint32_t blo
   return chain;
 }
 
+// The certificate role that may claim a worker of `role`.
+std::optional<security::Role> CertRoleFor(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_PREFILL:
+      return security::Role::kPrefill;
+    case v1::WORKER_ROLE_DECODE:
+      return security::Role::kDecode;
+    case v1::WORKER_ROLE_MIXED:
+      return security::Role::kMixed;
+    default:
+      return std::nullopt;
+  }
+}
+
+// The identity with which `caller` speaks for `worker_id` ("" without TLS): its certificate must
+// name that worker (and be of `role` when given). PERMISSION_DENIED (generic) otherwise.
+absl::StatusOr<std::string> ClaimantOf(const RegistryCaller& caller, const std::string& worker_id,
+                                       std::optional<v1::WorkerRole> role) {
+  if (!caller.peer.has_value()) return std::string();
+  const security::PeerIdentity& peer = *caller.peer;
+  if (peer.worker_id.empty()) {
+    return security::PermissionDenied(absl::StrCat(
+        peer.ToString(), " (a role-only certificate) speaking for worker ", worker_id));
+  }
+  if (peer.worker_id != worker_id) {
+    return security::PermissionDenied(
+        absl::StrCat(peer.ToString(), " speaking for worker ", worker_id));
+  }
+  if (role.has_value() && CertRoleFor(*role) != peer.role) {
+    return security::PermissionDenied(
+        absl::StrCat(peer.ToString(), " registering as role ", v1::WorkerRole_Name(*role)));
+  }
+  return security::IdentityUri(peer.role, peer.worker_id);
+}
+
+// FAILED_PRECONDITION when `epoch` (Unix microseconds) is more than `ahead` past `now`.
+absl::Status CheckEpochNotAhead(const v1::WorkerInfo& info, absl::Time now, absl::Duration ahead) {
+  const int64_t limit = absl::ToUnixMicros(now + ahead);
+  if (limit >= 0 && info.epoch() <= static_cast<uint64_t>(limit)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker ", info.worker_id(), " registered with epoch ", info.epoch(),
+                   ", more than ", absl::FormatDuration(ahead),
+                   " ahead of the router's clock (epochs are start times in Unix microseconds)"));
+}
+
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(RegistryOptions options, Clock clock, WorkerClientFactory clients)
     : options_(std::move(options)), clock_(std::move(clock)), clients_(std::move(clients)) {}
 
-absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info) {
+absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info, const RegistryCaller& caller) {
   if (absl::Status s = ValidateWorkerInfo(info); !s.ok()) return s;
+  absl::StatusOr<std::string> owner = ClaimantOf(caller, info.worker_id(), info.role());
+  if (!owner.ok()) return owner.status();
+  const absl::Time now = clock_();
+  if (absl::Status s = CheckEpochNotAhead(info, now, options_.max_epoch_ahead); !s.ok()) return s;
   std::shared_ptr<WorkerClient> client = clients_ ? clients_(info.address()) : nullptr;
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(info.worker_id());
   if (it != workers_.end()) {
     Entry& old = *it->second;
-    if (info.epoch() < old.info.epoch()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", info.worker_id(), " registered with epoch ", info.epoch(),
-                       ", older than its current epoch ", old.info.epoch()));
+    if (old.owner != *owner && !old.timed_out) {
+      return security::PermissionDenied(absl::StrCat("worker ", info.worker_id(), " is live as ",
+                                                     old.owner, "; ", *owner,
+                                                     " may not replace it"));
     }
-    if (info.epoch() == old.info.epoch() && info.address() == old.info.address()) {
+    if (info.epoch() == old.info.epoch() && info.address() == old.info.address() &&
+        old.owner == *owner) {
       // A retried registration (the reply was lost): keep the index and the channel.
       old.info = info;
-      old.last_heartbeat = clock_();
+      old.last_heartbeat = now;
       old.timed_out = false;
       return absl::OkStatus();
+    }
+    if (info.epoch() <= old.info.epoch()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", info.worker_id(), " registered with epoch ", info.epoch(),
+                       ", not newer than its current epoch ", old.info.epoch()));
     }
   }
   auto entry = std::make_unique<Entry>(options_.prefix_index_max_blocks);
   entry->info = info;
+  entry->owner = *std::move(owner);
   entry->client = std::move(client);
-  entry->last_heartbeat = clock_();
+  entry->last_heartbeat = now;
   LOG(INFO) << "worker " << info.worker_id() << " registered: role "
             << v1::WorkerRole_Name(info.role()) << ", epoch " << info.epoch() << ", address "
             << info.address() << ", model " << info.model_id();
@@ -64,13 +121,21 @@ absl::Status WorkerRegistry::Register(const v1::WorkerInfo& info) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
+absl::StatusOr<bool> WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request,
+                                               const RegistryCaller& caller) {
   if (absl::Status s = ValidateHeartbeat(request); !s.ok()) return s;
+  absl::StatusOr<std::string> owner = ClaimantOf(caller, request.worker_id(), std::nullopt);
+  if (!owner.ok()) return owner.status();
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || it->second->info.epoch() != request.epoch()) return false;
+  if (it == workers_.end()) return false;
   Entry& e = *it->second;
+  if (e.owner != *owner) {
+    return security::PermissionDenied(
+        absl::StrCat(*owner, " heartbeating for worker ", request.worker_id(), " of ", e.owner));
+  }
+  if (e.info.epoch() != request.epoch()) return false;
   e.last_heartbeat = now;
   e.status = request.status();
   e.load = request.load();
@@ -202,6 +267,21 @@ v1::ListWorkersResponse WorkerRegistry::List() const {
     w->set_last_heartbeat_unix_ms(absl::ToUnixMillis(e->last_heartbeat));
   }
   return out;
+}
+
+WorkerRegistry::ModelLimits WorkerRegistry::Limits() const {
+  ModelLimits limits;
+  bool any = false;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : workers_) {
+    if (!e->healthy() || !Routable(e->status)) continue;
+    limits.vocab_size =
+        any ? std::min(limits.vocab_size, e->info.vocab_size()) : e->info.vocab_size();
+    limits.max_model_len =
+        any ? std::min(limits.max_model_len, e->info.max_model_len()) : e->info.max_model_len();
+    any = true;
+  }
+  return limits;
 }
 
 }  // namespace tandem::router

@@ -2,7 +2,8 @@
 //
 // Lifecycle of an entry (keyed by worker_id):
 //   Register(info)     adds it, or replaces it when the epoch grew (a restarted worker: fresh
-//                      channel, empty prefix index); an older epoch is refused.
+//                      channel, empty prefix index); an epoch that is not newer, or that is
+//                      ahead of the router's clock by more than max_epoch_ahead, is refused.
 //   Heartbeat(...)     refreshes status/load, applies the prefix-index delta (removals first,
 //                      then additions: a hash in both lists was evicted and cached again, so it
 //                      ends up present); returns false
@@ -16,6 +17,21 @@
 // A worker is healthy iff it is neither timed out nor in failure backoff. Routing sees only
 // healthy workers whose status is SERVING (or not yet reported).
 //
+// Identity (the one place the router decides who may speak for a worker id). Register and
+// Heartbeat take the caller as the transport authenticated it (RegistryCaller). With TLS a
+// worker id is claimed only by a certificate that NAMES it (make_certs.sh --worker=ID:ROLE, URI
+// spiffe://tandem/role/ROLE/worker/ID) and is of the registered role; role-only worker
+// certificates (prefill.pem, decode.pem, mixed.pem) register and heartbeat for no id at all.
+// An entry remembers the identity that registered it: while it is live (not timed out) only
+// that identity replaces it, and only that identity heartbeats for it. All refusals are
+// PERMISSION_DENIED with the generic message (the reason is logged, common/security/auth_status.h).
+// Without TLS (--insecure) there are no identities: only the epoch rules hold.
+//
+// Epochs: a worker daemon's epoch is its start time in Unix microseconds
+// (runtime/worker/worker_daemon.cc); any increasing number works (fake workers use 1, 2, ...).
+// The router refuses one more than max_epoch_ahead ahead of its own clock, so no registration
+// can push the id's epoch far into the future and lock the next incarnation out.
+//
 // Thread safety: all methods are thread-safe (one mutex). Prompt hashing for routing happens
 // outside the lock.
 #ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
@@ -24,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +53,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security/roles.h"
 #include "router/prefix_index.h"
 #include "router/routing_policy.h"
 #include "router/worker_client.h"
@@ -52,6 +70,15 @@ struct RegistryOptions {
   absl::Duration forget_after = absl::Minutes(10);
   absl::Duration max_failure_backoff = absl::Seconds(30);
   size_t prefix_index_max_blocks = size_t{1} << 20;  // per worker
+  // The most a registration's epoch (Unix microseconds) may be ahead of the router's clock:
+  // room for clocks of different hosts that disagree a little (NTP keeps them within ms).
+  absl::Duration max_epoch_ahead = absl::Minutes(1);
+};
+
+// Who sends a registration or heartbeat, as the transport authenticated it.
+struct RegistryCaller {
+  // The caller's certificate; nullopt only when the router runs without TLS (--insecure).
+  std::optional<security::PeerIdentity> peer;
 };
 
 // One worker as a request uses it. The client is shared: it stays valid for the call even if
@@ -81,11 +108,13 @@ class WorkerRegistry {
   WorkerRegistry(const WorkerRegistry&) = delete;
   WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 
-  // INVALID_ARGUMENT for a malformed WorkerInfo; FAILED_PRECONDITION for an epoch older than the
-  // registered one.
-  absl::Status Register(const v1::WorkerInfo& info);
-  // Returns `known`. INVALID_ARGUMENT for a malformed request.
-  absl::StatusOr<bool> Heartbeat(const v1::HeartbeatRequest& request);
+  // INVALID_ARGUMENT for a malformed WorkerInfo; PERMISSION_DENIED when `caller` may not claim
+  // the id (see "Identity" above); FAILED_PRECONDITION for an epoch that is not newer than the
+  // registered one (the same epoch from the same address is a retry: OK) or too far ahead.
+  absl::Status Register(const v1::WorkerInfo& info, const RegistryCaller& caller);
+  // Returns `known`. INVALID_ARGUMENT for a malformed request; PERMISSION_DENIED when `caller`
+  // may not speak for the worker (a DRAINING beat would take it out of routing).
+  absl::StatusOr<bool> Heartbeat(const v1::HeartbeatRequest& request, const RegistryCaller& caller);
 
   // Healthy serving workers with their cached-prefix length for this prompt (tokens hashed with
   // each worker's block_size and `cache_salt`).
@@ -105,10 +134,19 @@ class WorkerRegistry {
 
   v1::ListWorkersResponse List() const;
 
+  // The smallest vocabulary and max_model_len among healthy serving workers (0, 0 when there is
+  // none): what any client needs to form valid prompts, without the workers' addresses.
+  struct ModelLimits {
+    uint32_t vocab_size = 0;
+    uint32_t max_model_len = 0;
+  };
+  ModelLimits Limits() const;
+
  private:
   struct Entry {
     explicit Entry(size_t index_blocks) : index(index_blocks) {}
     v1::WorkerInfo info;
+    std::string owner;  // the identity that registered it ("" without TLS)
     std::shared_ptr<WorkerClient> client;
     v1::ServingStatus status = v1::SERVING_STATUS_UNSPECIFIED;
     v1::WorkerLoad load;

@@ -6,6 +6,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/block_hash.h"
+#include "common/security/auth_status.h"
 #include "gtest/gtest.h"
 #include "router/fake_worker_client.h"
 #include "router/manual_clock.h"
@@ -71,19 +72,19 @@ class WorkerRegistryTest : public ::testing::Test {
 };
 
 TEST_F(WorkerRegistryTest, RegisterHeartbeatAndEpochs) {
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_PREFILL, 2)).ok());
-  EXPECT_EQ(registry_.Register(Info("w", v1::WORKER_ROLE_PREFILL, 1)).code(),
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_PREFILL, 2), {}).ok());
+  EXPECT_EQ(registry_.Register(Info("w", v1::WORKER_ROLE_PREFILL, 1), {}).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(registry_.Register(Info("", v1::WORKER_ROLE_PREFILL)).code(),
+  EXPECT_EQ(registry_.Register(Info("", v1::WORKER_ROLE_PREFILL), {}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(*registry_.Heartbeat(Beat("w", 2)));
-  EXPECT_FALSE(*registry_.Heartbeat(Beat("w", 1)));  // stale epoch: register again
-  EXPECT_FALSE(*registry_.Heartbeat(Beat("unknown")));
+  EXPECT_TRUE(*registry_.Heartbeat(Beat("w", 2), {}));
+  EXPECT_FALSE(*registry_.Heartbeat(Beat("w", 1), {}));  // stale epoch: register again
+  EXPECT_FALSE(*registry_.Heartbeat(Beat("unknown"), {}));
   v1::HeartbeatRequest hb = Beat("w", 2);
   hb.mutable_load()->set_num_running(2);
   hb.mutable_load()->set_num_waiting(3);
   hb.mutable_load()->set_kv_blocks_free(77);
-  ASSERT_TRUE(registry_.Heartbeat(hb).ok());
+  ASSERT_TRUE(registry_.Heartbeat(hb, {}).ok());
   RoutingSnapshot snap = registry_.Snapshot(probe_, "");
   ASSERT_NE(Find(snap, "w"), nullptr);
   EXPECT_EQ(Find(snap, "w")->load, 5);
@@ -91,8 +92,8 @@ TEST_F(WorkerRegistryTest, RegisterHeartbeatAndEpochs) {
 }
 
 TEST_F(WorkerRegistryTest, PrefixIndexFromHeartbeatDeltasUsesTheWorkersBlockSize) {
-  ASSERT_TRUE(registry_.Register(Info("w4", v1::WORKER_ROLE_PREFILL, 1, 4)).ok());
-  ASSERT_TRUE(registry_.Register(Info("w2", v1::WORKER_ROLE_MIXED, 1, 2)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w4", v1::WORKER_ROLE_PREFILL, 1, 4), {}).ok());
+  ASSERT_TRUE(registry_.Register(Info("w2", v1::WORKER_ROLE_MIXED, 1, 2), {}).ok());
   std::vector<int32_t> tokens(probe_.begin(), probe_.end());
   v1::HeartbeatRequest hb4 = Beat("w4");
   for (const BlockHash& h : ComputeBlockHashes(tokens, 4, "salt")) {
@@ -102,23 +103,23 @@ TEST_F(WorkerRegistryTest, PrefixIndexFromHeartbeatDeltasUsesTheWorkersBlockSize
   for (const BlockHash& h : ComputeBlockHashes(tokens, 2, "salt")) {
     hb2.add_added_block_hashes(h.Short());
   }
-  ASSERT_TRUE(registry_.Heartbeat(hb4).ok());
-  ASSERT_TRUE(registry_.Heartbeat(hb2).ok());
+  ASSERT_TRUE(registry_.Heartbeat(hb4, {}).ok());
+  ASSERT_TRUE(registry_.Heartbeat(hb2, {}).ok());
   // The next heartbeat reports block 3 evicted.
   hb2 = Beat("w2");
   hb2.add_removed_block_hashes(ComputeBlockHashes(tokens, 2, "salt")[3].Short());
-  ASSERT_TRUE(registry_.Heartbeat(hb2).ok());
+  ASSERT_TRUE(registry_.Heartbeat(hb2, {}).ok());
   RoutingSnapshot snap = registry_.Snapshot(probe_, "salt");
   EXPECT_EQ(Find(snap, "w4")->cached_tokens, 8);  // 2 full blocks of 4
   EXPECT_EQ(Find(snap, "w2")->cached_tokens, 6);  // blocks 0..2 of 2; block 3 evicted
   EXPECT_EQ(Find(registry_.Snapshot(probe_, "other"), "w4")->cached_tokens, 0);
   // A re-registration with a new epoch starts from an empty index.
-  ASSERT_TRUE(registry_.Register(Info("w4", v1::WORKER_ROLE_PREFILL, 2, 4)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w4", v1::WORKER_ROLE_PREFILL, 2, 4), {}).ok());
   EXPECT_EQ(Find(registry_.Snapshot(probe_, "salt"), "w4")->cached_tokens, 0);
 }
 
 TEST_F(WorkerRegistryTest, BeginCallCountsLoadAndRemembersThePrompt) {
-  ASSERT_TRUE(registry_.Register(Info("p", v1::WORKER_ROLE_PREFILL)).ok());
+  ASSERT_TRUE(registry_.Register(Info("p", v1::WORKER_ROLE_PREFILL), {}).ok());
   RoutingSnapshot snap = registry_.Snapshot(probe_, "");
   EXPECT_EQ(Find(snap, "p")->cached_tokens, 0);
   absl::StatusOr<WorkerRef> ref = registry_.BeginCall("p", &snap);
@@ -133,7 +134,7 @@ TEST_F(WorkerRegistryTest, BeginCallCountsLoadAndRemembersThePrompt) {
 }
 
 TEST_F(WorkerRegistryTest, MissedHeartbeatsThenReadmission) {
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE), {}).ok());
   clock_.Advance(absl::Seconds(4));
   EXPECT_TRUE(registry_.CheckTimeouts().empty());
   clock_.Advance(absl::Seconds(2));
@@ -141,18 +142,18 @@ TEST_F(WorkerRegistryTest, MissedHeartbeatsThenReadmission) {
   EXPECT_TRUE(registry_.CheckTimeouts().empty());  // reported once
   EXPECT_FALSE(Healthy("w"));
   EXPECT_EQ(Find(registry_.Snapshot(probe_, ""), "w"), nullptr);
-  ASSERT_TRUE(*registry_.Heartbeat(Beat("w")));
+  ASSERT_TRUE(*registry_.Heartbeat(Beat("w"), {}));
   EXPECT_TRUE(Healthy("w"));
   EXPECT_NE(Find(registry_.Snapshot(probe_, ""), "w"), nullptr);
   // Silent past forget_after: removed, and its heartbeat asks it to register again.
   clock_.Advance(absl::Minutes(2));
   registry_.CheckTimeouts();
   EXPECT_EQ(registry_.List().workers_size(), 0);
-  EXPECT_FALSE(*registry_.Heartbeat(Beat("w")));
+  EXPECT_FALSE(*registry_.Heartbeat(Beat("w"), {}));
 }
 
 TEST_F(WorkerRegistryTest, FailedCallsBackOffExponentially) {
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE), {}).ok());
   for (absl::Duration backoff :
        {absl::Seconds(1), absl::Seconds(2), absl::Seconds(4), absl::Seconds(8), absl::Seconds(8)}) {
     absl::StatusOr<WorkerRef> ref = registry_.BeginCall("w");
@@ -160,10 +161,10 @@ TEST_F(WorkerRegistryTest, FailedCallsBackOffExponentially) {
     registry_.EndCall(*ref, true, "connection refused");
     EXPECT_FALSE(Healthy("w"));
     clock_.Advance(backoff - absl::Milliseconds(1));
-    ASSERT_TRUE(*registry_.Heartbeat(Beat("w")));
+    ASSERT_TRUE(*registry_.Heartbeat(Beat("w"), {}));
     EXPECT_FALSE(Healthy("w")) << "re-admitted before " << backoff;
     clock_.Advance(absl::Milliseconds(1));
-    ASSERT_TRUE(*registry_.Heartbeat(Beat("w")));
+    ASSERT_TRUE(*registry_.Heartbeat(Beat("w"), {}));
     EXPECT_TRUE(Healthy("w")) << "still out after " << backoff;
   }
   // A success resets the backoff.
@@ -172,29 +173,159 @@ TEST_F(WorkerRegistryTest, FailedCallsBackOffExponentially) {
   ref = registry_.BeginCall("w");
   registry_.EndCall(*ref, true, "again");
   clock_.Advance(absl::Seconds(1));
-  ASSERT_TRUE(*registry_.Heartbeat(Beat("w")));
+  ASSERT_TRUE(*registry_.Heartbeat(Beat("w"), {}));
   EXPECT_TRUE(Healthy("w"));
 }
 
 TEST_F(WorkerRegistryTest, FailuresOfAnOldEpochDoNotTouchTheNewOne) {
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE, 1)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE, 1), {}).ok());
   absl::StatusOr<WorkerRef> old = registry_.BeginCall("w");
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE, 2)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE, 2), {}).ok());
   registry_.EndCall(*old, true, "old process died");
   EXPECT_TRUE(Healthy("w"));
 }
 
 TEST_F(WorkerRegistryTest, NotServingWorkersAreNotCandidates) {
-  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED)).ok());
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED), {}).ok());
   EXPECT_NE(Find(registry_.Snapshot(probe_, ""), "w"), nullptr);  // not reported yet: routable
   v1::HeartbeatRequest hb = Beat("w");
   hb.set_status(v1::SERVING_STATUS_DRAINING);
-  ASSERT_TRUE(registry_.Heartbeat(hb).ok());
+  ASSERT_TRUE(registry_.Heartbeat(hb, {}).ok());
   RoutingSnapshot snap = registry_.Snapshot(probe_, "");
   EXPECT_EQ(Find(snap, "w"), nullptr);
   EXPECT_EQ(snap.registered, 1);
   const v1::ListWorkersResponse list = registry_.List();
   EXPECT_EQ(list.workers(0).status(), v1::SERVING_STATUS_DRAINING);
+}
+
+// Callers as the router's TLS transport reports them (what the certificates name).
+RegistryCaller Cert(security::Role role, const std::string& worker_id = "") {
+  security::PeerIdentity peer;
+  peer.role = role;
+  peer.name = worker_id.empty() ? std::string(security::RoleName(role)) : worker_id;
+  peer.worker_id = worker_id;
+  return RegistryCaller{peer};
+}
+
+// Issue 30 item 3: the role-only decode.pem registered as decode-0 with epoch 2^64-1 and took
+// its traffic. Item 4: it heartbeat DRAINING for prefill-0 and took that out of routing.
+TEST_F(WorkerRegistryTest, RoleOnlyCertificatesClaimNoWorkerId) {
+  const RegistryCaller decode0 = Cert(security::Role::kDecode, "decode-0");
+  const RegistryCaller prefill0 = Cert(security::Role::kPrefill, "prefill-0");
+  ASSERT_TRUE(registry_.Register(Info("decode-0", v1::WORKER_ROLE_DECODE, 5), decode0).ok());
+  ASSERT_TRUE(registry_.Register(Info("prefill-0", v1::WORKER_ROLE_PREFILL, 5), prefill0).ok());
+  for (security::Role role :
+       {security::Role::kDecode, security::Role::kPrefill, security::Role::kMixed}) {
+    const RegistryCaller role_only = Cert(role);
+    for (const char* id : {"decode-0", "prefill-0", "brand-new"}) {
+      v1::WorkerInfo info = Info(id, v1::WORKER_ROLE_DECODE, 6);
+      if (role == security::Role::kPrefill) info.set_role(v1::WORKER_ROLE_PREFILL);
+      if (role == security::Role::kMixed) info.set_role(v1::WORKER_ROLE_MIXED);
+      absl::Status s = registry_.Register(info, role_only);
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << id;
+      EXPECT_EQ(s.message(), security::kPermissionDeniedMessage);
+      v1::HeartbeatRequest drain = Beat(id, 5);
+      drain.set_status(v1::SERVING_STATUS_DRAINING);
+      EXPECT_EQ(registry_.Heartbeat(drain, role_only).status().code(),
+                absl::StatusCode::kPermissionDenied)
+          << id;
+    }
+  }
+  const v1::ListWorkersResponse list = registry_.List();
+  ASSERT_EQ(list.workers_size(), 2);
+  for (const auto& w : list.workers()) {
+    EXPECT_EQ(w.info().epoch(), 5u) << w.info().worker_id();
+    EXPECT_NE(w.status(), v1::SERVING_STATUS_DRAINING) << w.info().worker_id();
+  }
+}
+
+TEST_F(WorkerRegistryTest, AWorkerIdIsClaimedAndBeatenOnlyByTheCertificateNamingIt) {
+  const RegistryCaller decode0 = Cert(security::Role::kDecode, "decode-0");
+  const RegistryCaller decode1 = Cert(security::Role::kDecode, "decode-1");
+  // decode-0's id in a certificate of another role (make_certs.sh --worker=decode-0:prefill).
+  const RegistryCaller prefill_named_decode0 = Cert(security::Role::kPrefill, "decode-0");
+  ASSERT_TRUE(registry_.Register(Info("decode-0", v1::WORKER_ROLE_DECODE, 3), decode0).ok());
+  EXPECT_EQ(registry_.Register(Info("decode-0", v1::WORKER_ROLE_DECODE, 4), decode1).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      registry_.Register(Info("decode-0", v1::WORKER_ROLE_DECODE, 4), prefill_named_decode0).code(),
+      absl::StatusCode::kPermissionDenied);  // of another role than it registers
+  // Live: replaced only by the same identity.
+  EXPECT_EQ(registry_.Register(Info("decode-0", v1::WORKER_ROLE_PREFILL, 4), prefill_named_decode0)
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  for (const RegistryCaller& other : {decode1, prefill_named_decode0}) {
+    v1::HeartbeatRequest drain = Beat("decode-0", 3);
+    drain.set_status(v1::SERVING_STATUS_DRAINING);
+    EXPECT_EQ(registry_.Heartbeat(drain, other).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_NE(Find(registry_.Snapshot(probe_, ""), "decode-0"), nullptr);
+  EXPECT_TRUE(*registry_.Heartbeat(Beat("decode-0", 3), decode0));
+  // Its own restart replaces it.
+  ASSERT_TRUE(registry_.Register(Info("decode-0", v1::WORKER_ROLE_DECODE, 4), decode0).ok());
+  EXPECT_EQ(registry_.List().workers(0).info().epoch(), 4u);
+  // Timed out, it is no longer live: another identity naming the id may take it (newer epoch).
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry_.CheckTimeouts().size(), 1u);
+  EXPECT_TRUE(
+      registry_.Register(Info("decode-0", v1::WORKER_ROLE_PREFILL, 5), prefill_named_decode0).ok());
+  EXPECT_EQ(registry_.Heartbeat(Beat("decode-0", 5), decode0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(WorkerRegistryTest, EpochsMustBeNewerAndNotAheadOfTheClock) {
+  std::mt19937_64 rng(20261128);
+  const RegistryCaller w = Cert(security::Role::kMixed, "w");
+  const uint64_t now = static_cast<uint64_t>(absl::ToUnixMicros(clock_.Now()));
+  const uint64_t minute = 60'000'000;
+  // Far ahead (the probe's 2^64 - 1), or just past the allowed minute: refused, nothing kept.
+  for (uint64_t epoch : {~uint64_t{0}, now + minute + 1 + rng() % (1000 * minute)}) {
+    EXPECT_EQ(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED, epoch), w).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << epoch;
+  }
+  EXPECT_EQ(registry_.List().workers_size(), 0);
+  // Within the minute (a worker whose clock is a little ahead): taken.
+  const uint64_t first = now + rng() % minute;
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED, first), w).ok());
+  // The same epoch again from the same address is a retry; from another address, or older: no.
+  EXPECT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED, first), w).ok());
+  v1::WorkerInfo moved = Info("w", v1::WORKER_ROLE_MIXED, first);
+  moved.set_address("127.0.0.1:2");
+  EXPECT_EQ(registry_.Register(moved, w).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      registry_.Register(Info("w", v1::WORKER_ROLE_MIXED, first - 1 - rng() % first), w).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.List().workers(0).info().address(), "127.0.0.1:1");
+  // The clock moves on: a restart with the epoch of now is newer and taken.
+  clock_.Advance(absl::Minutes(2));
+  const uint64_t restart = static_cast<uint64_t>(absl::ToUnixMicros(clock_.Now()));
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_MIXED, restart), w).ok());
+  EXPECT_EQ(registry_.List().workers(0).info().epoch(), restart);
+}
+
+TEST_F(WorkerRegistryTest, LimitsAreTheSmallestOfHealthyServingWorkers) {
+  EXPECT_EQ(registry_.Limits().vocab_size, 0u);
+  std::mt19937 rng(7);
+  uint32_t vocab = ~0u, len = ~0u;
+  for (int i = 0; i < 5; ++i) {
+    v1::WorkerInfo info = Info("w" + std::to_string(i), v1::WORKER_ROLE_MIXED);
+    info.set_vocab_size(100 + rng() % 50000);
+    info.set_max_model_len(100 + rng() % 50000);
+    vocab = std::min(vocab, info.vocab_size());
+    len = std::min(len, info.max_model_len());
+    ASSERT_TRUE(registry_.Register(info, {}).ok());
+  }
+  v1::WorkerInfo small = Info("draining", v1::WORKER_ROLE_MIXED);
+  small.set_vocab_size(50);
+  small.set_max_model_len(50);
+  ASSERT_TRUE(registry_.Register(small, {}).ok());
+  v1::HeartbeatRequest drain = Beat("draining");
+  drain.set_status(v1::SERVING_STATUS_DRAINING);
+  ASSERT_TRUE(registry_.Heartbeat(drain, {}).ok());
+  EXPECT_EQ(registry_.Limits().vocab_size, vocab);
+  EXPECT_EQ(registry_.Limits().max_model_len, len);
 }
 
 }  // namespace
