@@ -113,9 +113,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
     return absl::InvalidArgumentError("max_tokens and max_logit_rows must be positive");
   }
   const CudaModelOptions& opts = options;
-  if (opts.comm != nullptr && opts.dummy_seed.has_value()) {
+  if (opts.comm != nullptr && opts.dummy_seed.has_value() && opts.dummy_plan.empty()) {
     return absl::InvalidArgumentError(
-        "tensor-parallel ranks take host weights (their slices), not device dummy weights");
+        "device dummy weights of a tensor-parallel rank need its plan (DummyWeightPlan)");
   }
   if (opts.dcp.size > 1 &&
       (opts.comm == nullptr || config.num_attention_heads % opts.dcp.size != 0)) {
@@ -219,52 +219,98 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
 }
 
 absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
-  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads,
                 Hk = config_.num_key_value_heads;
   const int64_t qkv_dim = (Hq + 2 * Hk) * D;
   const int64_t es = ActBytes(options_.dtype);
-  uint64_t stream_id = 0;
-  // Each tensor gets its own Philox stream (1, 2, ...): values do not depend on the order.
-  auto make = [&](int64_t n, float mean, const char* what) -> absl::StatusOr<DeviceBuffer> {
-    ++stream_id;
-    ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(n * es, what));
-    if (options_.dtype == ActDtype::kBf16) {
-      RETURN_IF_ERROR(FillNormal(b.get<__nv_bfloat16>(), n, mean, 0.02f, seed, stream_id, stream));
-    } else {
-      RETURN_IF_ERROR(FillNormal(b.get<__half>(), n, mean, 0.02f, seed, stream_id, stream));
-    }
-    weight_bytes_ += b.bytes();
-    return b;
-  };
+  // The rank's buffers, sized as Upload() checks them, zero-filled: vocabulary rows past the
+  // end of the last partition stay zero.
   weight_bytes_ = 0;
-  ASSIGN_OR_RETURN(embed_tokens_, make(V * H, 0.0f, "embed"));
-  ASSIGN_OR_RETURN(norm_, make(H, 1.0f, "norm"));
-  if (!config_.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(lm_head_, make(V * H, 0.0f, "lm_head"));
-  }
+  auto alloc = [&](DeviceBuffer* b, int64_t n, const char* what) -> absl::Status {
+    ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(n * es, what));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->data(), 0, b->bytes(), stream));
+    weight_bytes_ += b->bytes();
+    return absl::OkStatus();
+  };
+  const bool row_bias = comm() == nullptr || comm()->rank() == 0;
+  RETURN_IF_ERROR(alloc(&embed_tokens_, vocab_rows_ * H, "embed"));
+  RETURN_IF_ERROR(alloc(&norm_, H, "norm"));
+  if (!config_.tie_word_embeddings) RETURN_IF_ERROR(alloc(&lm_head_, vocab_rows_ * H, "lm_head"));
   layers_.resize(config_.num_hidden_layers);
   for (Layer& l : layers_) {
-    ASSIGN_OR_RETURN(l.input_layernorm, make(H, 1.0f, "input_layernorm"));
-    ASSIGN_OR_RETURN(l.qkv_proj, make(qkv_dim * H, 0.0f, "qkv_proj"));
-    if (config_.qkv_bias) {
-      ASSIGN_OR_RETURN(l.qkv_bias, make(qkv_dim, 0.0f, "qkv_bias"));
+    RETURN_IF_ERROR(alloc(&l.input_layernorm, H, "input_layernorm"));
+    RETURN_IF_ERROR(alloc(&l.qkv_proj, qkv_dim * H, "qkv_proj"));
+    if (config_.qkv_bias) RETURN_IF_ERROR(alloc(&l.qkv_bias, qkv_dim, "qkv_bias"));
+    RETURN_IF_ERROR(alloc(&l.o_proj, H * (Hq / options_.dcp.size) * D, "o_proj"));
+    if (config_.o_bias && row_bias) RETURN_IF_ERROR(alloc(&l.o_bias, H, "o_bias"));
+    RETURN_IF_ERROR(alloc(&l.post_attention_layernorm, H, "post_attention_layernorm"));
+    RETURN_IF_ERROR(alloc(&l.gate_up_proj, 2 * I * H, "gate_up_proj"));
+    if (config_.mlp_bias) RETURN_IF_ERROR(alloc(&l.gate_up_bias, 2 * I, "gate_up_bias"));
+    RETURN_IF_ERROR(alloc(&l.down_proj, H * I, "down_proj"));
+    if (config_.mlp_bias && row_bias) RETURN_IF_ERROR(alloc(&l.down_bias, H, "down_bias"));
+  }
+  std::vector<DummyTensorFill> whole;
+  if (options_.dummy_plan.empty()) {
+    ASSIGN_OR_RETURN(whole, DummyWeightPlan(config_));
+  }
+  const std::vector<DummyTensorFill>& plan =
+      options_.dummy_plan.empty() ? whole : options_.dummy_plan;
+  for (const DummyTensorFill& f : plan) {
+    DeviceBuffer* b = SlotBuffer(f.slot, f.layer);
+    if (b == nullptr || (f.offset + f.slice.numel()) * es > b->bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dummy plan does not fit the model: slot ", static_cast<int>(f.slot),
+                       " layer ", f.layer, " elements [", f.offset, ", ",
+                       f.offset + f.slice.numel(), ") of ", b == nullptr ? 0 : b->bytes() / es));
     }
-    ASSIGN_OR_RETURN(l.o_proj, make(H * (Hq / options_.dcp.size) * D, 0.0f, "o_proj"));
-    if (config_.o_bias) {
-      ASSIGN_OR_RETURN(l.o_bias, make(H, 0.0f, "o_bias"));
-    }
-    ASSIGN_OR_RETURN(l.post_attention_layernorm, make(H, 1.0f, "post_attention_layernorm"));
-    ASSIGN_OR_RETURN(l.gate_up_proj, make(2 * I * H, 0.0f, "gate_up_proj"));
-    if (config_.mlp_bias) {
-      ASSIGN_OR_RETURN(l.gate_up_bias, make(2 * I, 0.0f, "gate_up_bias"));
-    }
-    ASSIGN_OR_RETURN(l.down_proj, make(H * I, 0.0f, "down_proj"));
-    if (config_.mlp_bias) {
-      ASSIGN_OR_RETURN(l.down_bias, make(H, 0.0f, "down_bias"));
+    if (options_.dtype == ActDtype::kBf16) {
+      RETURN_IF_ERROR(FillDummySlice(b->get<__nv_bfloat16>() + f.offset, f.slice, f.mean, seed,
+                                     f.stream_id, stream));
+    } else {
+      RETURN_IF_ERROR(
+          FillDummySlice(b->get<__half>() + f.offset, f.slice, f.mean, seed, f.stream_id, stream));
     }
   }
   return absl::OkStatus();
+}
+
+DeviceBuffer* CudaLlamaModel::SlotBuffer(WeightSlot slot, int64_t layer) {
+  if (layer >= static_cast<int64_t>(layers_.size())) return nullptr;
+  Layer* l = layer >= 0 ? &layers_[static_cast<size_t>(layer)] : nullptr;
+  if ((l == nullptr) != (slot == WeightSlot::kEmbedTokens || slot == WeightSlot::kNorm ||
+                         slot == WeightSlot::kLmHead)) {
+    return nullptr;
+  }
+  switch (slot) {
+    case WeightSlot::kEmbedTokens:
+      return &embed_tokens_;
+    case WeightSlot::kNorm:
+      return &norm_;
+    case WeightSlot::kLmHead:
+      return &lm_head_;
+    case WeightSlot::kInputLayernorm:
+      return &l->input_layernorm;
+    case WeightSlot::kQkvProj:
+      return &l->qkv_proj;
+    case WeightSlot::kQkvBias:
+      return &l->qkv_bias;
+    case WeightSlot::kOProj:
+      return &l->o_proj;
+    case WeightSlot::kOBias:
+      return &l->o_bias;
+    case WeightSlot::kPostAttentionLayernorm:
+      return &l->post_attention_layernorm;
+    case WeightSlot::kGateUpProj:
+      return &l->gate_up_proj;
+    case WeightSlot::kGateUpBias:
+      return &l->gate_up_bias;
+    case WeightSlot::kDownProj:
+      return &l->down_proj;
+    case WeightSlot::kDownBias:
+      return &l->down_bias;
+  }
+  return nullptr;
 }
 
 absl::Status CudaLlamaModel::AllocateActivations() {

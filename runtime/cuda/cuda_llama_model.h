@@ -70,18 +70,23 @@ struct CudaModelOptions {
   // Buffers are sized once for these bounds.
   int64_t max_tokens = 2048;     // T per step
   int64_t max_logit_rows = 256;  // R per step
-  // Random weights generated on the device (--load_format=dummy): N(0, 0.02^2) matrices,
-  // 1 + N(0, 0.02^2) norm weights, keyed by (seed, tensor). The host weights must be empty.
+  // Random weights generated on the device (--load_format=dummy): the values of
+  // RandomModelWeights(seed) (runtime/model/dummy_draw.h) rounded to the activation dtype, drawn
+  // where they live. The host weights must be empty. `dummy_plan`: what this rank draws
+  // (DummyWeightPlan of the whole model's config and the rank's shard: only its slices); empty
+  // without a communicator: the whole model of `config`.
   std::optional<uint64_t> dummy_seed;
+  std::vector<DummyTensorFill> dummy_plan;
   // Launch the GEMV and RMSNorm kernels with programmatic dependent launch (kernels/cuda/
   // gemv_cuda.h): each is scheduled during its predecessor's tail and waits on the device for
   // its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
-  // weights: the rank's slices; no device dummy weights). Vocab-parallel embedding + all-reduce,
-  // all-reduce after o_proj and down_proj, lm_head on the local vocabulary rows + all-gather, on
-  // the device through the communicator (NCCL: capturable in graphs; host-staged: not).
+  // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding
+  // + all-reduce, all-reduce after o_proj and down_proj, lm_head on the local vocabulary rows +
+  // all-gather, on the device through the communicator (NCCL: capturable in graphs; host-staged:
+  // not).
   comm::DeviceCommunicator* comm = nullptr;
   // Decode context parallelism (dcp.size > 1; needs `comm`, dcp.size dividing its size, dcp.rank
   // = comm->rank() % dcp.size): as the CPU LlamaModel, the config's heads are the attention
@@ -133,6 +138,8 @@ class CudaLlamaModel {
                         const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
+  // The device buffer a dummy fill lands in (null when the model has no such buffer).
+  DeviceBuffer* SlotBuffer(WeightSlot slot, int64_t layer);
   absl::Status AllocateActivations();
   // Layer `l`'s attention of the step (q_ ready): attn_, or with DCP this rank's heads merged
   // over every shard. Returns o_proj's input.

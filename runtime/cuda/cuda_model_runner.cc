@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   options.max_tokens = r->max_tokens_;
   options.max_logit_rows = r->max_rows_;
   options.dummy_seed = config.dummy_seed;
+  options.dummy_plan = config.dummy_plan;
   options.programmatic_launch = config.programmatic_launch;
   options.dcp = r->dcp_;
   if (config.group != nullptr) {

@@ -70,8 +70,10 @@ struct CudaBackendConfig {
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;
-  // Random weights generated on the device (the engine is then given empty host weights).
+  // Random weights generated on the device (the engine is then given empty host weights); with
+  // a group, `dummy_plan` says which slices this rank draws (CudaModelOptions::dummy_plan).
   std::optional<uint64_t> dummy_seed;
+  std::vector<DummyTensorFill> dummy_plan;
   // A tensor-parallel rank: its group's host ProcessGroup (outliving the runner; any size, 1
   // included). The runner builds the device communicator over it (CudaModelOptions::comm):
   // tp_comm "nccl" (one GPU per rank; graphs stay on) or "gloo" (host-staged, for ranks sharing

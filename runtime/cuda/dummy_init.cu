@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
-#include "kernels/sampling/philox.h"
 #include "runtime/cuda/dummy_init.h"
 
 namespace tandem::runtime::cuda {
@@ -23,51 +22,45 @@ __device__ __half FromFloat<__half>(float x) {
   return __float2half_rn(x);
 }
 
-// Each thread makes one pair of normals from one Philox draw (elements 2p and 2p + 1).
+// One element per thread (its pair's draw is recomputed by the neighbour: the kernel is bound
+// by the double-precision log / sincos, not by Philox, and stays far under a second for 8B).
 template <typename T>
-__global__ void FillNormalKernel(T* out, int64_t n, float mean, float stddev, uint64_t seed,
-                                 uint64_t stream_id) {
-  const kernels::PhiloxKey key = kernels::PhiloxKeyFromSeed(seed);
-  const int64_t pairs = (n + 1) / 2;
-  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs;
-       p += int64_t{gridDim.x} * blockDim.x) {
-    const kernels::PhiloxCounter counter{{static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32),
-                                          static_cast<uint32_t>(stream_id),
-                                          static_cast<uint32_t>(stream_id >> 32)}};
-    const kernels::PhiloxOutput r = kernels::Philox4x32_10(counter, key);
-    // u1 in (0, 1] so log(u1) is finite.
-    const float u1 = 1.0f - kernels::UniformFloat(r.x[0]);
-    const float u2 = kernels::UniformFloat(r.x[1]);
-    const float radius = sqrtf(-2.0f * logf(u1));
-    float s, c;
-    sincospif(2.0f * u2, &s, &c);
-    out[2 * p] = FromFloat<T>(mean + stddev * radius * c);
-    if (2 * p + 1 < n) out[2 * p + 1] = FromFloat<T>(mean + stddev * radius * s);
+__global__ void FillDummySliceKernel(T* out, DummySlice slice, float mean, uint64_t seed,
+                                     uint64_t stream_id) {
+  const int64_t n = slice.numel();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = FromFloat<T>(DummyValue(seed, stream_id, slice.GlobalIndex(i), mean));
   }
 }
 
 }  // namespace
 
 template <typename T>
-absl::Status FillNormal(T* out, int64_t n, float mean, float stddev, uint64_t seed,
-                        uint64_t stream_id, cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("FillNormal: n = ", n));
+absl::Status FillDummySlice(T* out, const DummySlice& slice, float mean, uint64_t seed,
+                            uint64_t stream_id, cudaStream_t stream) {
+  if (slice.num_rows < 0 || slice.num_cols < 0 || slice.row_begin < 0 || slice.col_begin < 0 ||
+      slice.col_begin + slice.num_cols > slice.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FillDummySlice: bad slice rows ", slice.row_begin, "+", slice.num_rows,
+                     " cols ", slice.col_begin, "+", slice.num_cols, " of ", slice.cols));
+  }
+  const int64_t n = slice.numel();
   if (n == 0) return absl::OkStatus();
-  if (out == nullptr) return absl::InvalidArgumentError("FillNormal: null output");
-  const int64_t pairs = (n + 1) / 2;
+  if (out == nullptr) return absl::InvalidArgumentError("FillDummySlice: null output");
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((pairs + threads - 1) / threads, 132 * 32);
-  FillNormalKernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(out, n, mean, stddev,
-                                                                             seed, stream_id);
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 132 * 32);
+  FillDummySliceKernel<T>
+      <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(out, slice, mean, seed, stream_id);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-template absl::Status FillNormal<float>(float*, int64_t, float, float, uint64_t, uint64_t,
-                                        cudaStream_t);
-template absl::Status FillNormal<__nv_bfloat16>(__nv_bfloat16*, int64_t, float, float, uint64_t,
-                                                uint64_t, cudaStream_t);
-template absl::Status FillNormal<__half>(__half*, int64_t, float, float, uint64_t, uint64_t,
-                                         cudaStream_t);
+template absl::Status FillDummySlice<float>(float*, const DummySlice&, float, uint64_t, uint64_t,
+                                            cudaStream_t);
+template absl::Status FillDummySlice<__nv_bfloat16>(__nv_bfloat16*, const DummySlice&, float,
+                                                    uint64_t, uint64_t, cudaStream_t);
+template absl::Status FillDummySlice<__half>(__half*, const DummySlice&, float, uint64_t, uint64_t,
+                                             cudaStream_t);
 
 }  // namespace tandem::runtime::cuda

@@ -1,5 +1,6 @@
 // Device-side random weights for --load_format=dummy on the CUDA backend: multi-GB models are
-// generated where they live instead of on the host.
+// generated where they live instead of on the host, and a tensor-parallel rank draws only its
+// own slices (runtime/model/dummy_draw.h: the values the whole tensor has at those indices).
 #ifndef TANDEM_RUNTIME_CUDA_DUMMY_INIT_H_
 #define TANDEM_RUNTIME_CUDA_DUMMY_INIT_H_
 
@@ -10,15 +11,16 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "runtime/model/dummy_draw.h"
 
 namespace tandem::runtime::cuda {
 
-// out[i] = mean + stddev * N(0, 1), the normal drawn by Box-Muller from Philox4x32-10 with
-// key = seed and counter = {i / 2, stream_id low, stream_id high, 0}: deterministic in
-// (seed, stream_id, i), independent of the launch shape. T is float, __nv_bfloat16 or __half.
+// out[i] = T(DummyValue(seed, stream_id, slice.GlobalIndex(i), mean)) for i < slice.numel(),
+// rounded to nearest from the fp32 value (as the host upload converts RandomModelWeights).
+// T is float, __nv_bfloat16 or __half. Enqueued on `stream`.
 template <typename T>
-absl::Status FillNormal(T* out, int64_t n, float mean, float stddev, uint64_t seed,
-                        uint64_t stream_id, cudaStream_t stream);
+absl::Status FillDummySlice(T* out, const DummySlice& slice, float mean, uint64_t seed,
+                            uint64_t stream_id, cudaStream_t stream);
 
 }  // namespace tandem::runtime::cuda
 

@@ -48,6 +48,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.use_prefill_kernel = options.prefill_kernel != "decode";
   config.prefill_allow_wgmma = options.prefill_kernel == "auto";
   config.dummy_seed = options.dummy_seed;
+  config.dummy_plan = options.dummy_plan;
   if (options.group != nullptr && options.group->size() > 1) {
     // The runner builds its device communicator over the group (NCCL or host-staged); graphs
     // stay on where the communicator can be captured.
@@ -68,11 +69,8 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
 }
 
 absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOptions options) {
-  const bool group = options.group != nullptr && options.group->size() > 1;
-  // A tensor-parallel rank takes its slices of the host-generated weights (the device generator
-  // draws whole tensors).
-  if (options.backend == "cuda" && source.load_format == "dummy" && !group) {
-    source.dummy_weights_on_backend = true;  // generated on the device
+  if (options.backend == "cuda" && source.load_format == "dummy") {
+    source.dummy_weights_on_backend = true;  // generated on the device, each rank its slices
     options.dummy_seed = source.dummy_seed;
   }
   if (options.group != nullptr) {
@@ -80,6 +78,9 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
   }
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));
+  if (source.dummy_weights_on_backend && options.group != nullptr) {
+    ASSIGN_OR_RETURN(options.dummy_plan, DummyWeightPlan(out.model.config, source.shard));
+  }
   ASSIGN_OR_RETURN(out.factory, MakeExecutorFactory(options, out.model.config));
   return out;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -28,7 +29,8 @@ struct BackendOptions {
   // and head_dim allow, else mma.sync), "mma" (always the mma.sync kernel), "decode" (no
   // prefill kernel: the split-KV decode kernel serves every step; slow, for comparisons).
   std::string prefill_kernel = "auto";
-  std::optional<uint64_t> dummy_seed;  // cuda: generate dummy weights on the device
+  std::optional<uint64_t> dummy_seed;       // cuda: generate dummy weights on the device
+  std::vector<DummyTensorFill> dummy_plan;  // cuda, with a group: the rank's slices to draw
   // The rank's tensor-parallel group (runtime/parallel), or null for a worker of one rank. The
   // model is loaded as that rank's shard and computes with the group.
   comm::ProcessGroup* group = nullptr;
@@ -53,7 +55,8 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
 
 // The model and the backend that will run it, as the binaries load them: with --backend=cuda
 // and --load_format=dummy the weights are generated on the device (the host loads the config
-// only). Errors of LoadModel and MakeExecutorFactory.
+// only; a tensor-parallel rank draws its slices only). Errors of LoadModel and
+// MakeExecutorFactory.
 struct BackendModel {
   LoadedModel model;
   ExecutorFactory factory;

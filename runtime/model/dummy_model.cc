@@ -97,44 +97,32 @@ std::string GenerationConfigJson(const ModelConfig& config) {
 
 }  // namespace
 
-ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed) {
-  ModelWeights weights;
-  internal::AllocateModelWeights(config, &weights);
-  for (const HfTensor& t : internal::HfTensorLayout(config)) {
-    internal::TensorRandomStream(seed, t).Fill(internal::SlotData(&weights, t), t.numel());
+absl::StatusOr<std::vector<DummyTensorFill>> DummyWeightPlan(const ModelConfig& config,
+                                                             TpShard shard) {
+  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
+  std::vector<DummyTensorFill> plan;
+  for (const HfTensor& t : internal::HfTensorLayout(config, dims)) {
+    if (!t.keep) continue;
+    plan.push_back(DummyTensorFill{t.slot, t.layer, t.offset, t.slice(),
+                                   DummyStreamId(t.name.c_str()), t.is_norm ? 1.0f : 0.0f});
   }
-  return weights;
+  return plan;
+}
+
+ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed) {
+  absl::StatusOr<ModelWeights> weights = RandomModelWeights(config, seed, TpShard{});
+  return weights.ok() ? *std::move(weights) : ModelWeights();  // one rank always splits
 }
 
 absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint64_t seed,
                                                 TpShard shard) {
   ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
+  ASSIGN_OR_RETURN(std::vector<DummyTensorFill> plan, DummyWeightPlan(config, shard));
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
-  std::vector<float> row;
-  for (const HfTensor& t : internal::HfTensorLayout(config, dims)) {
-    if (!t.keep) continue;
-    internal::TensorRandomStream stream(seed, t);
-    float* out = internal::SlotData(&weights, t);
-    if (t.slice_dim < 0) {
-      stream.Fill(out, t.numel());
-      continue;
-    }
-    // Draw row by row (the stream is sequential) and keep the slice; rows after a row slice's
-    // end are never drawn.
-    const int64_t rows = t.shape[0];
-    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
-    row.resize(static_cast<size_t>(cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      stream.Fill(row.data(), cols);
-      if (t.slice_dim == 0) {
-        if (r < t.slice_begin) continue;
-        if (r >= t.slice_begin + t.slice_count) break;
-        std::copy_n(row.data(), cols, out + (r - t.slice_begin) * cols);
-      } else {
-        std::copy_n(row.data() + t.slice_begin, t.slice_count, out + r * t.slice_count);
-      }
-    }
+  for (const DummyTensorFill& fill : plan) {
+    internal::FillDummySlice(seed, fill.stream_id, fill.mean, fill.slice,
+                             SlotVector(&weights, fill.slot, fill.layer)->data() + fill.offset);
   }
   return weights;
 }

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/tensor_parallel.h"
 
@@ -84,15 +85,54 @@ inline constexpr char kPreShardedManifest[] = "tandem_tp_shards.json";
 absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,
                                        int tp, int dcp, const std::string& out_dir);
 
-// Random weights (--load_format=dummy), deterministic in (config, seed): every checkpoint tensor
-// draws from its own stream keyed by (seed, tensor name), so the values do not depend on the
-// order or sharding they are produced in. Matrices and biases ~ N(0, 0.02^2); norm weights
-// 1 + N(0, 0.02^2). `config` must pass ValidateModelConfig. With a `shard`: that rank's slices
-// of the same values (the full streams are drawn, a row at a time, and the slice kept); topology
+// Random weights (--load_format=dummy), deterministic in (config, seed): element i of every
+// checkpoint tensor is DummyValue(seed, DummyStreamId(tensor name), i, mean) (dummy_draw.h), so
+// the values do not depend on the order or sharding they are produced in. Matrices and biases
+// ~ N(0, 0.02^2); norm weights 1 + N(0, 0.02^2). `config` must pass ValidateModelConfig. With a
+// `shard`: that rank's slices of the same values, only those drawn (DummyWeightPlan); topology
 // errors as ComputeTpDims.
 ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed);
 absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint64_t seed,
                                                 TpShard shard);
+
+// Which vector of ModelWeights / LayerWeights a checkpoint tensor lands in.
+enum class WeightSlot {
+  kEmbedTokens,
+  kNorm,
+  kLmHead,
+  kInputLayernorm,
+  kQkvProj,
+  kQkvBias,
+  kOProj,
+  kOBias,
+  kPostAttentionLayernorm,
+  kGateUpProj,
+  kGateUpBias,
+  kDownProj,
+  kDownBias,
+};
+
+// The vector of `slot` in `weights` (of layers[layer] for per-layer slots).
+std::vector<float>* SlotVector(ModelWeights* weights, WeightSlot slot, int64_t layer);
+
+// One checkpoint tensor's part of a rank's dummy weights: local element i of `slice` is
+// DummyValue(seed, stream_id, slice.GlobalIndex(i), mean) and goes to element offset + i of the
+// rank's `slot` vector (of layer `layer`; -1 for model-level slots), sized as RandomModelWeights
+// sizes it (embedding / lm_head rows past the vocabulary stay zero).
+struct DummyTensorFill {
+  WeightSlot slot = WeightSlot::kEmbedTokens;
+  int64_t layer = -1;
+  int64_t offset = 0;
+  DummySlice slice;
+  uint64_t stream_id = 0;
+  float mean = 0.0f;  // 1 for norm weights
+};
+
+// Every tensor the rank of `shard` keeps, as fills: what RandomModelWeights(config, seed, shard)
+// computes on the host, and what the CUDA backend draws on the device for that rank only.
+// Topology errors as ComputeTpDims.
+absl::StatusOr<std::vector<DummyTensorFill>> DummyWeightPlan(const ModelConfig& config,
+                                                             TpShard shard = {});
 
 // Writes a Hugging Face model directory that transformers and LoadModelWeights accept:
 // config.json, generation_config.json and the weights of RandomModelWeights(config, seed) in

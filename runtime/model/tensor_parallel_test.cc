@@ -2,7 +2,10 @@
 // safetensors directory) equal to the slices of the full model cut here independently.
 #include "runtime/model/tensor_parallel.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -165,6 +168,67 @@ TEST(TensorParallelTest, ShardsAreSlicesOfTheFullModel) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// Every vector of `w` set to zero (the sizes kept).
+void ZeroAll(ModelWeights* w) {
+  for (std::vector<float>* v : {&w->embed_tokens, &w->norm, &w->lm_head}) {
+    std::fill(v->begin(), v->end(), 0.0f);
+  }
+  for (LayerWeights& l : w->layers) {
+    for (std::vector<float>* v : {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj,
+                                  &l.o_bias, &l.post_attention_layernorm, &l.gate_up_proj,
+                                  &l.gate_up_bias, &l.down_proj, &l.down_bias}) {
+      std::fill(v->begin(), v->end(), 0.0f);
+    }
+  }
+}
+
+// Device dummy weights at TP (issue 31 item 1): each rank draws only its slice, element by
+// element as the CUDA kernel does (DummyWeightPlan + DummySlice::GlobalIndex + DummyValue), and
+// gets exactly the slice of the whole-tensor draw: the same seed is the same model at any TP.
+TEST(TensorParallelTest, DummyShardsAreSlicesOfTheWholeDraw) {
+  const uint64_t seed = 0x5eed0000 + std::random_device()() % 1000;
+  SCOPED_TRACE(seed);
+  for (auto [heads, kv] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}, {4, 4}}) {
+    const ModelConfig c = Config(heads, kv);
+    const ModelWeights full = RandomModelWeights(c, seed);
+    for (int n : {1, 2, 4}) {
+      for (int r = 0; r < n; ++r) {
+        const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv) +
+                                 " rank " + std::to_string(r) + " of " + std::to_string(n);
+        auto plan = DummyWeightPlan(c, TpShard{r, n});
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        auto sized = RandomModelWeights(c, seed, TpShard{r, n});
+        ASSERT_TRUE(sized.ok()) << sized.status();
+        ModelWeights drawn = *sized;
+        ZeroAll(&drawn);
+        for (const DummyTensorFill& f : *plan) {
+          std::vector<float>* slot = SlotVector(&drawn, f.slot, f.layer);
+          ASSERT_LE(f.offset + f.slice.numel(), static_cast<int64_t>(slot->size())) << what;
+          for (int64_t i = 0; i < f.slice.numel(); ++i) {
+            (*slot)[f.offset + i] = DummyValue(seed, f.stream_id, f.slice.GlobalIndex(i), f.mean);
+          }
+        }
+        const ModelWeights expected = ExpectedShard(c, full, r, n);
+        ExpectSameWeights(drawn, expected, what + " (per element)");
+        ExpectSameWeights(*sized, expected, what + " (host)");
+      }
+    }
+  }
+  // Well scaled and seed-dependent: not a constant or a copy.
+  const ModelConfig c = Config(8, 2);
+  const ModelWeights a = RandomModelWeights(c, seed);
+  double sum = 0.0, sum_sq = 0.0;
+  for (float x : a.layers[0].qkv_proj) {
+    sum += x;
+    sum_sq += static_cast<double>(x) * x;
+  }
+  const double count = static_cast<double>(a.layers[0].qkv_proj.size());
+  EXPECT_NEAR(sum / count, 0.0, 0.002);
+  EXPECT_NEAR(std::sqrt(sum_sq / count), 0.02, 0.002);
+  EXPECT_NE(a.layers[0].qkv_proj, RandomModelWeights(c, seed + 1).layers[0].qkv_proj);
+  EXPECT_NE(a.layers[0].qkv_proj, a.layers[1].qkv_proj);
 }
 
 // A pre-sharded checkpoint (WritePreShardedCheckpoint) loads, rank by rank, exactly what the

@@ -1,36 +1,11 @@
 #include "runtime/model/weight_layout.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numbers>
 
 #include "absl/strings/str_cat.h"
 
-namespace tandem::runtime::internal {
-namespace {
-
-// SplitMix64 (Steele, Lea, Flood 2014): a tiny generator with a fixed, documented output, so
-// dummy weights stay identical across compilers and standard libraries (std::normal_distribution
-// is implementation-defined).
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t Fnv1a(absl::string_view text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (char c : text) {
-    hash ^= static_cast<uint8_t>(c);
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-constexpr double kStddev = 0.02;
-
-}  // namespace
+namespace tandem::runtime {
+namespace internal {
 
 int64_t HfTensor::numel() const {
   int64_t n = 1;
@@ -38,10 +13,13 @@ int64_t HfTensor::numel() const {
   return n;
 }
 
-int64_t HfTensor::local_numel() const {
-  if (!keep) return 0;
-  if (slice_dim < 0) return numel();
-  return slice_dim == 0 ? slice_count * shape[1] : shape[0] * slice_count;
+int64_t HfTensor::local_numel() const { return keep ? slice().numel() : 0; }
+
+DummySlice HfTensor::slice() const {
+  const int64_t cols = shape.size() > 1 ? shape[1] : 1;
+  if (slice_dim < 0) return DummySlice{numel(), 0, 1, 0, numel()};
+  if (slice_dim == 0) return DummySlice{cols, slice_begin, slice_count, 0, cols};
+  return DummySlice{cols, 0, shape[0], slice_begin, slice_count};
 }
 
 TpDims FullTpDims(const ModelConfig& c) {
@@ -161,10 +139,12 @@ void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w
   }
 }
 
-float* SlotData(ModelWeights* w, const HfTensor& t) {
+}  // namespace internal
+
+std::vector<float>* SlotVector(ModelWeights* w, WeightSlot slot, int64_t layer_index) {
   std::vector<float>* target = nullptr;
-  LayerWeights* layer = t.layer >= 0 ? &w->layers[static_cast<size_t>(t.layer)] : nullptr;
-  switch (t.slot) {
+  LayerWeights* layer = layer_index >= 0 ? &w->layers[static_cast<size_t>(layer_index)] : nullptr;
+  switch (slot) {
     case WeightSlot::kEmbedTokens:
       target = &w->embed_tokens;
       break;
@@ -205,38 +185,39 @@ float* SlotData(ModelWeights* w, const HfTensor& t) {
       target = &layer->down_bias;
       break;
   }
-  return target->data() + t.offset;
+  return target;
+}
+
+namespace internal {
+
+float* SlotData(ModelWeights* w, const HfTensor& t) {
+  return SlotVector(w, t.slot, t.layer)->data() + t.offset;
 }
 
 TensorRandomStream::TensorRandomStream(uint64_t seed, const HfTensor& tensor)
-    : is_norm_(tensor.is_norm) {
-  // Mixing the name hash through one SplitMix64 step decorrelates neighbouring seeds.
-  uint64_t mix = seed ^ Fnv1a(tensor.name);
-  state_ = SplitMix64(mix);
-}
-
-uint64_t TensorRandomStream::NextBits() { return SplitMix64(state_); }
-
-double TensorRandomStream::NextNormal() {
-  if (has_spare_) {
-    has_spare_ = false;
-    return spare_;
-  }
-  // Box-Muller; u1 in (0, 1] keeps log() finite.
-  const double u1 = (static_cast<double>(NextBits() >> 11) + 1.0) * 0x1.0p-53;
-  const double u2 = static_cast<double>(NextBits() >> 11) * 0x1.0p-53;
-  const double radius = std::sqrt(-2.0 * std::log(u1));
-  const double angle = 2.0 * std::numbers::pi * u2;
-  spare_ = radius * std::sin(angle);
-  has_spare_ = true;
-  return radius * std::cos(angle);
-}
+    : seed_(seed),
+      stream_id_(DummyStreamId(tensor.name.c_str())),
+      mean_(tensor.is_norm ? 1.0f : 0.0f) {}
 
 void TensorRandomStream::Fill(float* out, int64_t count) {
-  const double center = is_norm_ ? 1.0 : 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    out[i] = static_cast<float>(center + kStddev * NextNormal());
+  FillDummySlice(seed_, stream_id_, mean_, DummySlice{count, 0, 1, position_, count}, out);
+  position_ += count;
+}
+
+void FillDummySlice(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,
+                    float* out) {
+  for (int64_t r = 0; r < slice.num_rows; ++r) {
+    // One row of the slice is a run of consecutive checkpoint indices [g, end).
+    int64_t g = (slice.row_begin + r) * slice.cols + slice.col_begin;
+    const int64_t end = g + slice.num_cols;
+    float* dst = out + r * slice.num_cols;
+    while (g < end) {
+      float z[2];
+      DummyPair(seed, stream_id, static_cast<uint64_t>(g) >> 1, mean, &z[0], &z[1]);
+      for (int64_t k = g & 1; k < 2 && g < end; ++k, ++g) *dst++ = z[k];
+    }
   }
 }
 
-}  // namespace tandem::runtime::internal
+}  // namespace internal
+}  // namespace tandem::runtime

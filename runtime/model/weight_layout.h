@@ -9,28 +9,12 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime::internal {
-
-// Which vector of ModelWeights / LayerWeights a checkpoint tensor lands in.
-enum class WeightSlot {
-  kEmbedTokens,
-  kNorm,
-  kLmHead,
-  kInputLayernorm,
-  kQkvProj,
-  kQkvBias,
-  kOProj,
-  kOBias,
-  kPostAttentionLayernorm,
-  kGateUpProj,
-  kGateUpBias,
-  kDownProj,
-  kDownBias,
-};
 
 struct HfTensor {
   std::string name;            // transformers' state_dict name
@@ -48,6 +32,7 @@ struct HfTensor {
   bool keep = true;
   int64_t numel() const;        // of the checkpoint tensor
   int64_t local_numel() const;  // of the rank's part (0 when !keep)
+  DummySlice slice() const;     // the rank's part as a 2-D slice (local_numel() elements)
 };
 
 // Every tensor of the checkpoint for `config` (lm_head.weight only when not tied): embeddings,
@@ -67,21 +52,24 @@ TpDims FullTpDims(const ModelConfig& config);
 // Where `tensor`'s first element lives inside `weights` (allocated by AllocateModelWeights).
 float* SlotData(ModelWeights* weights, const HfTensor& tensor);
 
-// The dummy-weight values of one tensor, produced in order, in chunks of any size.
+// The dummy-weight values of one whole tensor (dummy_draw.h), produced in order, in chunks of
+// any size.
 class TensorRandomStream {
  public:
   TensorRandomStream(uint64_t seed, const HfTensor& tensor);
   void Fill(float* out, int64_t count);
 
  private:
-  double NextNormal();
-  uint64_t NextBits();
-
-  uint64_t state_;
-  bool is_norm_;
-  bool has_spare_ = false;
-  double spare_ = 0.0;
+  uint64_t seed_;
+  uint64_t stream_id_;
+  float mean_;
+  int64_t position_ = 0;
 };
+
+// Writes the dummy values of `slice` of the tensor drawn from (seed, stream_id) to out[0,
+// slice.numel()): each pair is drawn once.
+void FillDummySlice(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,
+                    float* out);
 
 }  // namespace tandem::runtime::internal
 
