@@ -42,8 +42,14 @@ uint32_t FakeNextToken(uint32_t prev, uint32_t vocab_size) {
   return static_cast<uint32_t>((31 * uint64_t{prev} + 7) % vocab_size);
 }
 
+uint32_t FakeSampledVocab(const v1::GenerateRequest& request, uint32_t vocab_size) {
+  const uint32_t limit = request.sampling().vocab_limit();
+  return limit > 0 && limit < vocab_size ? limit : vocab_size;
+}
+
 FakeCompletion FakeGenerate(const v1::GenerateRequest& request, uint32_t vocab_size,
                             absl::Span<const uint32_t> eos_token_ids) {
+  vocab_size = FakeSampledVocab(request, vocab_size);
   FakeCompletion out;
   const auto& prompt = request.prompt_token_ids();
   uint32_t prev = prompt.empty() ? 0 : prompt[prompt.size() - 1];
@@ -117,7 +123,7 @@ class FakeWorker::StreamReactor final : public grpc::ServerWriteReactor<v1::Gene
       return;
     }
     const FakeWorkerOptions& o = w_->options_;
-    prev_ = FakeNextToken(prev_, o.vocab_size);
+    prev_ = FakeNextToken(prev_, w_->SampledVocab(request_));
     ++count_;
     chunk_.Clear();
     chunk_.set_request_id(request_.request_id());
@@ -196,7 +202,7 @@ class FakeWorker::Service final
       lease_id = w_->next_lease_id_++;
     }
     const uint32_t first =
-        FakeNextToken(r.prompt_token_ids(r.prompt_token_ids_size() - 1), o.vocab_size);
+        FakeNextToken(r.prompt_token_ids(r.prompt_token_ids_size() - 1), w_->SampledVocab(r));
     resp->set_request_id(r.request_id());
     resp->set_first_token(first);
     resp->set_finish_reason(FinishOf(first, 1, r, o.eos_token_ids));
@@ -338,6 +344,11 @@ void FakeWorker::Kill() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // A deadline in the past cancels every open call at once; then waits for the handlers.
   server_->Shutdown(std::chrono::system_clock::now());
+}
+
+uint32_t FakeWorker::SampledVocab(const v1::GenerateRequest& request) const {
+  if (options_.ignore_vocab_limit) return options_.vocab_size;
+  return FakeSampledVocab(request, options_.vocab_size);
 }
 
 v1::WorkerInfo FakeWorker::Info() const {

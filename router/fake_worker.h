@@ -3,10 +3,10 @@
 // with a router exactly like the real worker daemon (RegisterWorker until answered, Heartbeat every
 // interval with status, load and prefix-hash deltas, register again on known=false).
 //
-// The model: next = (31 * prev + 7) % vocab_size, starting from the last prompt token; the first
-// token comes from Prefill (or the first Generate message), Decode streams the rest one token per
-// message. Finish: eos (unless ignore_eos), then stop ids, then max_tokens. FakeGenerate computes
-// the expected output, so tests compare whole streams.
+// The model: next = (31 * prev + 7) % vocab_size (the request's vocab_limit when smaller), starting
+// from the last prompt token; the first token comes from Prefill (or the first Generate message),
+// Decode streams the rest one token per message. Finish: eos (unless ignore_eos), then stop ids,
+// then max_tokens. FakeGenerate computes the expected output, so tests compare whole streams.
 //
 // Decode and Generate are callback (reactor) streams paced by a small executor's timers, so a
 // fake worker holds thousands of open streams without a thread each (http_bench runs 2000); they
@@ -58,6 +58,9 @@ struct FakeWorkerOptions {
   absl::Duration prefill_delay = absl::ZeroDuration();
   absl::Duration token_delay = absl::ZeroDuration();        // before each decode/generate token
   absl::Duration abort_reply_delay = absl::ZeroDuration();  // before answering Abort
+  // True: generates over the whole vocab_size whatever the request's sampling.vocab_limit (a
+  // worker that would return ids its router's tokenizer cannot decode).
+  bool ignore_vocab_limit = false;
   // Plain text by default; with TLS its WorkerService is an internal mTLS server (only the router
   // role may call it) and it registers with its certificate.
   security::SecurityConfig security;
@@ -69,6 +72,9 @@ struct FakeCompletion {
   std::vector<uint32_t> tokens;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
 };
+
+// The ids a fake worker generates among for `request`: [0, min(vocab_size, vocab_limit)).
+uint32_t FakeSampledVocab(const v1::GenerateRequest& request, uint32_t vocab_size);
 
 // What a fake worker with `eos_token_ids` generates for `request` (all tokens, first included).
 FakeCompletion FakeGenerate(const v1::GenerateRequest& request, uint32_t vocab_size,
@@ -128,6 +134,8 @@ class FakeWorker {
   // Whether `request_id` was aborted (while running here) or the worker killed.
   bool Stopped(const std::string& request_id) const;
   v1::WorkerInfo Info() const;
+  // The ids it generates among for `request` (FakeSampledVocab unless ignore_vocab_limit).
+  uint32_t SampledVocab(const v1::GenerateRequest& request) const;
 
   const FakeWorkerOptions options_;
   Executor executor_{2};  // paces the streams; outlives the server's calls (Kill waits for them)

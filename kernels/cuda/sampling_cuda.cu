@@ -1,5 +1,8 @@
 // Token sampling on the device, matching cpu::SampleToken (kernels/sampling/sampling.cc).
 //
+// A row's vocab_limit (> 0) cuts it short: both kernels see only its first vocab_limit logits,
+// so a padding id past the tokenizer can never be picked.
+//
 // Two kernels. RowMaxKernel: (row, split) CTAs reduce a slice of the row to its max / argmax
 // (lowest index on ties, NaN skipped) and counts of eligible and +inf logits. SampleRowKernel:
 // one CTA per row combines the slices; greedy rows stop there; sampled rows then
@@ -60,14 +63,22 @@ __device__ __forceinline__ bool Better(float v1, int32_t a1, float v2, int32_t a
   return a1 >= 0 && (a2 < 0 || v1 > v2 || (v1 == v2 && a1 < a2));
 }
 
+// The logits of a row that take part in sampling: the first vocab_limit when 0 < limit < vocab.
+__device__ __forceinline__ int64_t SampledVocab(int64_t vocab, int64_t vocab_limit) {
+  return vocab_limit > 0 && vocab_limit < vocab ? vocab_limit : vocab;
+}
+
 __global__ void __launch_bounds__(kSplitThreads)
-    RowMaxKernel(const float* __restrict__ logits, int64_t vocab, int splits,
+    RowMaxKernel(const float* __restrict__ logits, int64_t vocab,
+                 const DeviceSamplingRow* __restrict__ rows, int splits,
                  Partial* __restrict__ partials) {
   const int64_t row = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
+  // Slices split the whole row (the grid is fixed for a graph); a limit only shortens the last.
   const int64_t chunk = (vocab + splits - 1) / splits;
+  const int64_t sampled = SampledVocab(vocab, rows[row].vocab_limit);
   const int64_t begin = split * chunk;
-  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
+  const int64_t end = begin + chunk < sampled ? begin + chunk : sampled;
   const float* x = logits + row * vocab;
   float best = 0.0f;
   int32_t arg = -1;
@@ -494,13 +505,14 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   __syncthreads();
   const DeviceSamplingRow p = rows[row];
+  const int64_t sampled = SampledVocab(vocab, p.vocab_limit);  // RowCtx.vocab: the cut row
   const float max_logit = s.row_max;
   // Greedy also when nothing has positive probability (all NaN / -inf): argmax, 0 if all NaN.
-  if (!(p.temperature > 0.0f) || vocab == 1 || s.row_argmax < 0 || max_logit == -kInf) {
+  if (!(p.temperature > 0.0f) || sampled == 1 || s.row_argmax < 0 || max_logit == -kInf) {
     if (threadIdx.x == 0) out[row] = s.row_argmax < 0 ? 0 : s.row_argmax;
     return;
   }
-  const RowCtx c{logits + row * vocab, vocab, max_logit, max_logit == kInf,
+  const RowCtx c{logits + row * vocab, sampled, max_logit, max_logit == kInf,
                  1.0 / static_cast<double>(p.temperature)};
   const int64_t num_eligible = c.inf_max ? s.num_pos_inf : s.num_eligible;
 
@@ -567,7 +579,7 @@ absl::Status SampleTokens(const float* logits, int64_t num_rows, int64_t vocab,
   const int splits = static_cast<int>(NumSplits(num_rows, vocab));
   auto* partials = static_cast<Partial*>(workspace);
   RowMaxKernel<<<static_cast<unsigned>(num_rows * splits), kSplitThreads, 0, stream>>>(
-      logits, vocab, splits, partials);
+      logits, vocab, rows, splits, partials);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   SampleRowKernel<<<static_cast<unsigned>(num_rows), kRowThreads, 0, stream>>>(
       logits, vocab, rows, partials, splits, out);

@@ -24,6 +24,9 @@ struct DeviceSamplingRow {
   float top_p;        // 1 = off
   uint64_t seed;
   uint64_t step;
+  // > 0: only ids < vocab_limit are picked (the row's logits past it are masked); 0 or >= vocab:
+  // the whole row. Last, so {temperature, top_k, top_p, seed, step} still reads as before.
+  int64_t vocab_limit;
 };
 
 // Bytes of device workspace SampleTokens needs for this shape (0 when num_rows == 0). A pure
@@ -31,7 +34,8 @@ struct DeviceSamplingRow {
 int64_t SampleTokensWorkspaceBytes(int64_t num_rows, int64_t vocab);
 
 // out[r] = cpu::SampleToken(logits + r * vocab, vocab, params of rows[r], rows[r].step) for
-// every row, with exactly its semantics: greedy (argmax, lowest index on ties, NaN never wins,
+// every row, with exactly its semantics: only the first SampledVocab(vocab, params) logits of a
+// row take part (vocab_limit); among them greedy (argmax, lowest index on ties, NaN never wins,
 // 0 when all NaN) for temperature 0 or vocab 1 or no logit above -inf; otherwise temperature,
 // top-k (exactly k, ties to the lower index), top-p (smallest most-probable prefix reaching
 // top_p, ties to the lower index), then inverse CDF in index order with

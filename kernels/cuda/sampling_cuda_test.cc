@@ -215,7 +215,7 @@ Batch MakeBatch(std::mt19937& rng, int64_t vocab, int rows_per_combo) {
         const int32_t k = p.top_k == -1   ? static_cast<int32_t>(vocab - 1)
                           : p.top_k == -2 ? static_cast<int32_t>(vocab + 3)
                                           : p.top_k;
-        b.rows.push_back({p.temperature, k, p.top_p, u64(rng), u64(rng)});
+        b.rows.push_back({p.temperature, k, p.top_p, u64(rng), u64(rng), /*vocab_limit=*/0});
         b.names.push_back(name + " T=" + std::to_string(p.temperature) + " k=" + std::to_string(k) +
                           " p=" + std::to_string(p.top_p));
       }
@@ -242,10 +242,13 @@ void Compare(const Batch& b, int64_t first, const std::vector<int32_t>& got, int
   for (size_t j = 0; j < got.size(); ++j) {
     const int64_t r = first + static_cast<int64_t>(j);
     const DeviceSamplingRow& d = b.rows[r];
-    const SamplingParams params{d.temperature, d.top_k, d.top_p, d.seed};
+    const SamplingParams params{d.temperature, d.top_k, d.top_p, d.seed, d.vocab_limit};
     const float* x = &b.logits[r * b.vocab];
     const int32_t cpu_token = cpu::SampleToken(x, b.vocab, params, d.step);
-    const RefResult ref = Reference(x, b.vocab, params, d.step);
+    // The reference sees the row as the limit cuts it.
+    SamplingParams whole = params;
+    whole.vocab_limit = 0;
+    const RefResult ref = Reference(x, SampledVocab(b.vocab, params), whole, d.step);
     ASSERT_TRUE(ref.token == cpu_token || ref.margin < kMarginTolerance)
         << "test reference disagrees with the CPU on row " << r << " (" << b.names[r] << ")";
     if (got[j] == cpu_token) continue;
@@ -306,6 +309,49 @@ TEST(SamplingCudaTest, MatchesCpuLargestVocab) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());
   CheckVocab(rng, 256000, 1, 4);
+}
+
+// vocab_limit masks a row's tail (a model's embedding padded past its tokenizer): the tail's
+// logits dominate (+inf, huge, NaN), yet no row picks an id at or past its limit, and every row
+// matches the CPU, batched and alone, at Qwen2.5's sizes (151,936 logits, 151,665 tokens) and at
+// random limits of a small vocab (a limit of 0 or past the end: the whole row).
+TEST(SamplingCudaTest, VocabLimitMasksThePaddingIds) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (const int64_t vocab : {int64_t{1000}, int64_t{151936}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    Batch b = MakeBatch(rng, vocab, 1);
+    const int64_t n = static_cast<int64_t>(b.rows.size());
+    std::uniform_int_distribution<int64_t> any_limit(1, vocab - 1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t limit = vocab == 151936 ? 151665 : any_limit(rng);
+      if (r % 7 == 5) limit = r % 2 == 0 ? 0 : vocab + 5;  // no cut
+      b.rows[r].vocab_limit = limit;
+      for (int64_t i = limit; limit > 0 && i < vocab; ++i) {
+        const int kind = static_cast<int>(rng() % 4);
+        b.logits[r * vocab + i] = kind == 0 ? kInf : kind == 1 ? kNaN : 60.0f + normal(rng);
+      }
+    }
+    DeviceBuffer<float> logits(b.logits);
+    DeviceBuffer<DeviceSamplingRow> rows(b.rows);
+    DeviceBuffer<int32_t> out(n);
+    int allowed = 0;
+    ASSERT_TRUE(RunGpu(logits.get(), n, vocab, rows.get(), out.get(), nullptr).ok());
+    const std::vector<int32_t> got = out.ToHost();
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t limit = b.rows[r].vocab_limit;
+      if (limit > 0 && limit < vocab) {
+        EXPECT_LT(got[r], limit) << "row " << r << " " << b.names[r];
+      }
+    }
+    Compare(b, 0, got, &allowed);
+    for (int64_t r = 0; r < n; r += 9) {  // alone: the max pass splits the row over many CTAs
+      ASSERT_TRUE(
+          RunGpu(logits.get() + r * vocab, 1, vocab, rows.get() + r, out.get(), nullptr).ok());
+      Compare(b, r, {out.ToHost()[0]}, &allowed);
+    }
+  }
 }
 
 TEST(SamplingCudaTest, ReplaysFromCudaGraphWithNewLogitsAndParams) {

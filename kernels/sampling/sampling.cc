@@ -23,6 +23,10 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling: top_p must be in (0, 1] (1 = off), got ", p.top_p));
   }
+  if (p.vocab_limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling: vocab_limit must be >= 0 (0 = off), got ", p.vocab_limit));
+  }
   return absl::OkStatus();
 }
 
@@ -85,8 +89,10 @@ void KeepNucleus(float top_p, std::vector<Candidate>& kept) {
 
 }  // namespace
 
-int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+int32_t SampleToken(const float* logits, int64_t vocab_in_row, const SamplingParams& params,
                     uint64_t step) {
+  // Ids past the limit are masked by never being looked at: everything below sees a shorter row.
+  const int64_t vocab = SampledVocab(vocab_in_row, params);
   if (params.temperature == 0.0f || vocab == 1) return Greedy(logits, vocab);
 
   constexpr float kInf = std::numeric_limits<float>::infinity();

@@ -17,10 +17,19 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off; must be in (0, 1]
   uint64_t seed = 0;
+  // > 0: only ids < vocab_limit can be picked, as if the row ended there (the logits past it are
+  // masked: a model's embedding padded past its tokenizer has rows no tokenizer can decode).
+  // 0, or >= the row's vocab: the whole row.
+  int64_t vocab_limit = 0;
 };
 
-// INVALID_ARGUMENT when temperature is negative or not finite, top_k < 0, or top_p is not in
-// (0, 1] (NaN included), naming the field and value.
+// The ids a row of `vocab` logits is sampled from: [0, SampledVocab(vocab, params)).
+inline int64_t SampledVocab(int64_t vocab, const SamplingParams& p) {
+  return p.vocab_limit > 0 && p.vocab_limit < vocab ? p.vocab_limit : vocab;
+}
+
+// INVALID_ARGUMENT when temperature is negative or not finite, top_k < 0, top_p is not in
+// (0, 1] (NaN included), or vocab_limit < 0, naming the field and value.
 absl::Status ValidateSamplingParams(const SamplingParams& p);
 
 // The uniform draw in [0, 1) used for the token at output index `step` of a request seeded
@@ -30,7 +39,9 @@ double SamplingUniform(uint64_t seed, uint64_t step);
 
 namespace cpu {
 
-// Picks one token id from logits: [vocab] (vocab >= 1).
+// Picks one token id from logits: [vocab] (vocab >= 1), among the first
+// SampledVocab(vocab, params) only: the result equals SampleToken of the row cut there with no
+// vocab_limit, so an id >= params.vocab_limit (> 0) is never returned.
 // REQUIRES: ValidateSamplingParams(params).ok().
 //
 // Greedy (temperature == 0): argmax; the lowest index wins ties; NaN never wins.

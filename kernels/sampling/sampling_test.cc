@@ -34,6 +34,11 @@ SamplingParams Params(float temperature, int32_t top_k, float top_p, uint64_t se
   return p;
 }
 
+SamplingParams Limited(SamplingParams p, int64_t vocab_limit) {
+  p.vocab_limit = vocab_limit;
+  return p;
+}
+
 TEST(ValidateSamplingParamsTest, AcceptsValidAndNamesTheBadField) {
   EXPECT_TRUE(ValidateSamplingParams(SamplingParams{}).ok());
   EXPECT_TRUE(ValidateSamplingParams(Params(0.7f, 50, 0.9f, 1)).ok());
@@ -47,7 +52,8 @@ TEST(ValidateSamplingParamsTest, AcceptsValidAndNamesTheBadField) {
         Case{Params(kNaN, 0, 1.0f, 0), "temperature"},
         Case{Params(kInf, 0, 1.0f, 0), "temperature"}, Case{Params(1.0f, -1, 1.0f, 0), "top_k"},
         Case{Params(1.0f, 0, 0.0f, 0), "top_p"}, Case{Params(1.0f, 0, -0.5f, 0), "top_p"},
-        Case{Params(1.0f, 0, 1.01f, 0), "top_p"}, Case{Params(1.0f, 0, kNaN, 0), "top_p"}}) {
+        Case{Params(1.0f, 0, 1.01f, 0), "top_p"}, Case{Params(1.0f, 0, kNaN, 0), "top_p"},
+        Case{Limited(Params(1.0f, 0, 1.0f, 0), -1), "vocab_limit"}}) {
     const absl::Status s = ValidateSamplingParams(c.p);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
     EXPECT_THAT(s.message(), HasSubstr(c.field));
@@ -227,6 +233,50 @@ TEST(SampleTokenTest, NonFiniteLogitsInSamplingMode) {
   }
   const std::vector<float> single = {-3.0f};
   EXPECT_EQ(cpu::SampleToken(single.data(), 1, Params(1.0f, 5, 0.5f, seed), 0), 0);
+}
+
+// A model's embedding padded past its tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens): with
+// vocab_limit the padding ids are never picked, even where their logits dominate (+inf, huge,
+// the only finite ones), and the pick equals sampling the row cut at the limit, on random rows
+// for every mode (greedy, temperature, top-k, top-p).
+TEST(SampleTokenTest, VocabLimitMasksThePaddingIds) {
+  const uint64_t seed = RandomSeed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const SamplingParams modes[] = {Params(0.0f, 0, 1.0f, 0),    Params(1.0f, 0, 1.0f, 0),
+                                  Params(100.0f, 0, 1.0f, 0),  Params(0.7f, 20, 1.0f, 0),
+                                  Params(1.0f, 0, 0.8f, 0),    Params(1.3f, 50, 0.9f, 0),
+                                  Params(2.0f, 400, 0.999f, 0)};
+  int padding_without_limit = 0, draws = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t limit = 100 + static_cast<int64_t>(rng() % 900);
+    const int64_t vocab = limit + 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<float> logits(vocab);
+    for (float& l : logits) l = normal(rng);
+    // The padding rows: huge or +inf logits (an untrained, or adversarial, tail).
+    for (int64_t i = limit; i < vocab; ++i) {
+      const uint64_t kind = rng() % 4;
+      logits[i] = kind == 0 ? kInf : kind == 1 ? kNaN : 50.0f + normal(rng);
+    }
+    for (SamplingParams p : modes) {
+      p.seed = rng();
+      const uint64_t step = rng();
+      const int32_t cut = cpu::SampleToken(logits.data(), limit, p, step);  // the row cut short
+      const int32_t limited = cpu::SampleToken(logits.data(), vocab, Limited(p, limit), step);
+      ASSERT_LT(limited, limit) << "trial " << trial;
+      EXPECT_EQ(limited, cut) << "trial " << trial << " T=" << p.temperature;
+      // A limit at or past the row's end changes nothing.
+      EXPECT_EQ(cpu::SampleToken(logits.data(), vocab, Limited(p, vocab), step),
+                cpu::SampleToken(logits.data(), vocab, p, step));
+      EXPECT_EQ(cpu::SampleToken(logits.data(), vocab, Limited(p, vocab + 7), step),
+                cpu::SampleToken(logits.data(), vocab, p, step));
+      padding_without_limit += cpu::SampleToken(logits.data(), vocab, p, step) >= limit;
+      ++draws;
+    }
+  }
+  // Without the limit these rows do sample padding ids (what the limit is for).
+  EXPECT_GT(padding_without_limit, draws / 2);
 }
 
 TEST(SampleTokenTest, SamplingUniformIsDeterministicAndInRange) {

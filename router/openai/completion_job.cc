@@ -42,7 +42,7 @@ std::string FinishReasonText(v1::FinishReason r) {
   }
 }
 
-v1::GenerateRequest ChoiceRequest(const CompletionParams& params,
+v1::GenerateRequest ChoiceRequest(const CompletionParams& params, const ServedModel& model,
                                   const std::vector<uint32_t>& prompt, int k) {
   v1::GenerateRequest request;
   for (uint32_t t : prompt) request.add_prompt_token_ids(t);
@@ -54,6 +54,9 @@ v1::GenerateRequest ChoiceRequest(const CompletionParams& params,
   if (params.seed.has_value()) s->set_seed(*params.seed + k);
   for (uint32_t t : params.stop_token_ids) s->add_stop_token_ids(t);
   s->set_ignore_eos(params.ignore_eos);
+  // Only ids the tokenizer can decode are sampled: the model's embedding may be padded past it
+  // (Qwen2.5: 151,936 rows, 151,665 tokens) and the workers mask those logits.
+  s->set_vocab_limit(static_cast<uint32_t>(model.tokenizer->vocab_size()));
   request.set_cache_salt(params.user);
   return request;
 }
@@ -83,7 +86,12 @@ class ChoiceRun final : public ResponseSink, public CallerContext {
       ++completion_tokens_;
       absl::StatusOr<std::string> text = decoder_.Add(static_cast<int32_t>(token));
       if (!text.ok()) {
-        error_ = text.status();
+        // The worker produced it, not the client: a server fault (500 server_error), never the
+        // client's 400. Workers sample below the request's vocab_limit, so this is a worker that
+        // ignored it (or an id in a gap of the tokenizer's ids).
+        error_ = absl::InternalError(
+            absl::StrCat("the model generated token id ", token,
+                         ", which the tokenizer cannot decode: ", text.status().message()));
         return false;
       }
       tokenizer::StopMatcher::Result r = matcher_.Add(*text);
@@ -187,7 +195,8 @@ void CompletionJob::Start() {
 }
 
 void CompletionJob::StartChoice(size_t i) {
-  v1::GenerateRequest request = ChoiceRequest(*params_, *work_[i].first, work_[i].second);
+  v1::GenerateRequest request =
+      ChoiceRequest(*params_, *services_.model, *work_[i].first, work_[i].second);
   absl::StatusOr<Admission> admission = services_.requests->Admit("");
   if (!admission.ok()) {
     ChoiceResult refused;

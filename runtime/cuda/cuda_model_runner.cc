@@ -268,6 +268,7 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
       row.top_p = seq.sampling.top_p;
       row.seed = seq.sampling.seed;
       row.step = static_cast<uint64_t>(seq.sample_step);
+      row.vocab_limit = seq.sampling.vocab_limit;
       ++r;
     }
   }

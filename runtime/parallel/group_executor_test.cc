@@ -172,6 +172,7 @@ TEST(GroupExecutorTest, StepPlanRoundTrips) {
   seq.sampling.top_k = 5;
   seq.sampling.top_p = 0.9f;
   seq.sampling.seed = 77;
+  seq.sampling.vocab_limit = 151665;
   seq.sample_step = 3;
   batch.seqs.push_back(seq);
   batch.num_batched_tokens = 3;
@@ -188,6 +189,7 @@ TEST(GroupExecutorTest, StepPlanRoundTrips) {
   EXPECT_EQ(s.sampling.top_k, 5);
   EXPECT_FLOAT_EQ(s.sampling.top_p, 0.9f);
   EXPECT_EQ(s.sampling.seed, 77u);
+  EXPECT_EQ(s.sampling.vocab_limit, 151665);  // every rank masks the same padding ids
   EXPECT_EQ(s.sample_step, 3);
   EXPECT_EQ(got.batch.num_batched_tokens, 3);
 }

@@ -23,6 +23,7 @@ tandem::v1::StepPlan ToStepPlan(const SchedulerOutput& batch) {
     p->set_top_k(seq.sampling.top_k);
     p->set_top_p(seq.sampling.top_p);
     p->set_seed(seq.sampling.seed);
+    p->set_vocab_limit(seq.sampling.vocab_limit);
     p->set_sample_step(seq.sample_step);
   }
   return plan;
@@ -44,6 +45,7 @@ absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out) {
     seq.sampling.top_k = p.top_k();
     seq.sampling.top_p = p.top_p();
     seq.sampling.seed = p.seed();
+    seq.sampling.vocab_limit = p.vocab_limit();
     seq.sample_step = p.sample_step();
     if (seq.num_computed_tokens < 0 || seq.block_table.empty()) {
       return absl::InvalidArgumentError(

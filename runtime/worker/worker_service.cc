@@ -66,6 +66,7 @@ absl::StatusOr<RequestSpec> SpecFromProto(const tandem::v1::GenerateRequest& req
   spec.sampling.top_k = static_cast<int32_t>(std::min<uint32_t>(sp.top_k(), kMaxId));
   // Without a seed, sampling is still reproducible per request id on this worker.
   spec.sampling.seed = sp.has_seed() ? sp.seed() : std::hash<std::string>()(request.request_id());
+  spec.sampling.vocab_limit = sp.vocab_limit();  // 0: the whole vocabulary
   spec.ignore_eos = sp.ignore_eos();
   spec.cache_salt = request.cache_salt();
   return spec;
