@@ -36,7 +36,8 @@ cli() { "$BIN/router/tandem_cli" "$@" --tls_ca="$TLS_CA"; }
 if [[ -z ${TANDEM_KEEP_UP:-} ]]; then
   trap 'deploy/local/down.sh "$RUN_DIR" >/dev/null' EXIT
 fi
-cli workers --router="$ROUTER"
+# Listing workers (addresses, epochs) is the operator's: the admin key; the rest the client key.
+cli workers --router="$ROUTER" --api_key="$(cat "$(sed -n 's/^admin_api_key_file: //p' <<<"$UP")")"
 echo "quickstart: streaming 24 tokens (greedy) through $ROUTER"
 cli generate --router="$ROUTER" --prompt_ids=1,450,4996,17354,29871 \
   --max_tokens=24 --ignore_eos

@@ -5,9 +5,11 @@
 #
 #   multiprocess_test.sh TANDEM_ROUTER FAKE_WORKER TANDEM_CLI MAKE_CERTS [tls|insecure]
 #
-# tls (default): certificates from deploy/certs/make_certs.sh, the public port with TLS and an
-# API key (TANDEM_API_KEY for the CLI), workers registering on the internal mTLS port, stats
-# asked with the admin certificate; plus the refusals: no key / a wrong key -> UNAUTHENTICATED.
+# tls (default): certificates from deploy/certs/make_certs.sh, the public port with TLS and its
+# client API key (TANDEM_API_KEY for the CLI: generate, health), workers registering on the
+# internal mTLS port with their own certificates, `workers` with the operator key and stats with
+# the admin certificate; plus the refusals: no key / a wrong key -> UNAUTHENTICATED, the client
+# key listing workers -> PERMISSION_DENIED (issue 30 item 10).
 # insecure: everything in plain text with --insecure on one port (the legacy mode).
 set -uo pipefail
 ROUTER=$1 WORKER=$2 CLI=$3 MAKE_CERTS=$4 MODE=${5:-tls}
@@ -29,7 +31,9 @@ if [[ $MODE == tls ]]; then
   cli_sec=(--tls_ca="$C/ca.pem")
   admin_sec=(--tls_ca="$C/ca.pem" --tls_cert="$C/admin.pem" --tls_key="$C/admin.key")
   export TANDEM_API_KEY=$(cat "$C/api_key")
+  operator=(--api_key="$(cat "$C/admin_api_key")")
 else
+  operator=()
   router_sec=(--insecure)
   worker_sec() { echo --insecure; }
   cli_sec=(--insecure)
@@ -77,7 +81,13 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 [[ $ready -eq 1 ]] || fail "router never became SERVING"
-"$CLI" workers --router="$ADDR" "${cli_sec[@]}" >"$TMP/workers.txt" || fail "workers failed"
+"$CLI" workers --router="$ADDR" "${cli_sec[@]}" ${operator[@]+"${operator[@]}"} >"$TMP/workers.txt" ||
+  fail "workers failed"
+if [[ $MODE == tls ]]; then
+  # The client key (what users get) serves generate and health but lists no worker.
+  "$CLI" workers --router="$ADDR" "${cli_sec[@]}" 2>"$TMP/err.txt" && fail "the client key listed workers"
+  grep -q "PERMISSION_DENIED: permission denied" "$TMP/err.txt" || fail "client workers: $(cat "$TMP/err.txt")"
+fi
 grep -qE '^d0 +decode .* yes ' "$TMP/workers.txt" || fail "d0 not listed healthy: $(cat "$TMP/workers.txt")"
 grep -qE '^p0 +prefill .* yes ' "$TMP/workers.txt" || fail "p0 not listed healthy"
 
@@ -116,7 +126,8 @@ wait "$cli_pid"; rc=$?
 [[ $rc -ne 0 ]] || fail "the long request succeeded although its decode worker died"
 grep -q UNAVAILABLE "$TMP/long_err.txt" || fail "expected UNAVAILABLE: $(cat "$TMP/long_err.txt")"
 echo "client saw the dead decode worker after $(( $(date +%s) - start ))s"
-"$CLI" workers --router="$ADDR" "${cli_sec[@]}" | grep -qE '^d0 .* no ' || fail "d0 should be unhealthy"
+"$CLI" workers --router="$ADDR" "${cli_sec[@]}" ${operator[@]+"${operator[@]}"} | grep -qE '^d0 .* no ' ||
+  fail "d0 should be unhealthy"
 
 if [[ $MODE == tls ]]; then
   # The admin certificate lists workers on the internal port; a worker's certificate may not.

@@ -16,8 +16,15 @@
 #                                  naming the worker (--worker_id=ID) as well as its role. Worker
 #                                  daemons with TLS need one (a KV lease is bound to the decode
 #                                  worker it was handed to, which proves who it is with it).
-#   api_keys                       with --api_key: one random key named "local" (admin) plus
-#                                  api_key (the bare key, for clients' --api_key / TANDEM_API_KEY)
+#   api_keys                       with --api_key: the router's --api_key_file, two random keys:
+#                                  "client" (generate, health, abort) and "operator" (admin: also
+#                                  ListWorkers, which shows worker addresses and epochs)
+#   api_key                        the bare client key: what users get (--api_key / TANDEM_API_KEY)
+#   admin_api_key                  the bare operator key: keep it to operators (tandem_cli workers)
+#
+# prefill/decode/mixed.pem are role-only: they pass the internal port's role table but claim no
+# worker id (the router registers and heartbeats a worker only with a certificate naming it:
+# --worker), and use no KV lease.
 #
 # The role is encoded twice, as common/security reads it: the URI SAN
 # spiffe://tandem/role/ROLE (authoritative; spiffe://tandem/role/ROLE/worker/ID for --worker)
@@ -30,7 +37,7 @@
 # otherwise it is re-issued. Deleting OUT_DIR starts over.
 set -euo pipefail
 
-usage() { sed -n '2,29p' "$0"; }
+usage() { sed -n '2,36p' "$0"; }
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
 [[ "$1" == -h || "$1" == --help ]] && { usage; exit 0; }
 out="$1"; shift
@@ -114,9 +121,12 @@ for spec in "${certs[@]}"; do
   issue "$name" "$role" $kind
 done
 
-if [[ "$api_key" == 1 && ! -s "$out/api_keys" ]]; then
-  key="tk-$(openssl rand -hex 24)"
-  printf '# key name [admin]\n%s local admin\n' "$key" > "$out/api_keys"
-  printf '%s\n' "$key" > "$out/api_key"
-  echo "make_certs.sh: new API key in $out/api_key"
+# A directory from before the client/operator split (one admin key, handed to every client)
+# gets both keys anew: the old key is dropped.
+if [[ "$api_key" == 1 && ( ! -s "$out/api_keys" || ! -s "$out/admin_api_key" ) ]]; then
+  client="tk-$(openssl rand -hex 24)" admin="tk-$(openssl rand -hex 24)"
+  printf '# key name [admin]\n%s client\n%s operator admin\n' "$client" "$admin" > "$out/api_keys"
+  printf '%s\n' "$client" > "$out/api_key"
+  printf '%s\n' "$admin" > "$out/admin_api_key"
+  echo "make_certs.sh: new API keys: $out/api_key (clients), $out/admin_api_key (operators)"
 fi

@@ -27,8 +27,18 @@ for spec in router:router prefill:prefill decode:decode mixed:mixed admin:admin 
      "$(openssl pkey -in "$out/$name.key" -pubout)" ]] || fail "$name: key mismatch"
   [[ "$(stat -c %a "$out/$name.key")" == 600 ]] || fail "$name.key is not 0600"
 done
-grep -q "^tk-[0-9a-f]\{48\} local admin$" "$out/api_keys" || fail "api_keys format"
-[[ "$(cat "$out/api_key")" == "$(awk '/^tk-/ {print $1}' "$out/api_keys")" ]] || fail "api_key"
+# Two keys (issue 30 item 10): the client key in api_key, the operator's (admin) in admin_api_key.
+[[ $(grep -c '^tk-' "$out/api_keys") == 2 ]] || fail "api_keys: want 2 keys"
+grep -q "^tk-[0-9a-f]\{48\} client$" "$out/api_keys" || fail "api_keys: no client key"
+grep -q "^tk-[0-9a-f]\{48\} operator admin$" "$out/api_keys" || fail "api_keys: no operator key"
+[[ "$(cat "$out/api_key")" == "$(awk '$2 == "client" && NF == 2 {print $1}' "$out/api_keys")" ]] ||
+  fail "api_key is not the client (non-admin) key"
+[[ "$(cat "$out/admin_api_key")" == "$(awk '$3 == "admin" {print $1}' "$out/api_keys")" ]] ||
+  fail "admin_api_key is not the admin key"
+[[ "$(cat "$out/api_key")" != "$(cat "$out/admin_api_key")" ]] || fail "one key for both"
+for f in api_keys api_key admin_api_key; do
+  [[ "$(stat -c %a "$out/$f")" == 600 ]] || fail "$f is not 0600"
+done
 
 # Idempotent: a second run prints nothing and changes no file.
 before="$(cd "$out" && sha256sum ./*)"
@@ -59,6 +69,14 @@ openssl verify -CAfile "$out/ca.pem" "$out/decode-3.pem" > /dev/null || fail "de
 # The same name as a role-only certificate is re-issued without the worker part.
 "$script" "$out" --cert=decode-3:decode > /dev/null
 openssl x509 -in "$out/decode-3.pem" -noout -text | grep -q "/worker/" && fail "--cert kept worker URI"
+# A directory from before the split (one admin key that every client held): both keys anew.
+old_dir="$TEST_TMPDIR/old-keys"
+"$script" "$old_dir" > /dev/null
+printf '# key name [admin]\ntk-0123 local admin\n' > "$old_dir/api_keys"
+echo tk-0123 > "$old_dir/api_key"
+"$script" "$old_dir" --api_key > /dev/null
+grep -q tk-0123 "$old_dir/api_keys" "$old_dir/api_key" "$old_dir/admin_api_key" && fail "old admin key kept"
+grep -q "^$(cat "$old_dir/api_key") client$" "$old_dir/api_keys" || fail "upgrade: no client key"
 # Bad arguments are refused.
 if "$script" "$out" --worker=r:router > /dev/null 2>&1; then fail "worker certificate of role router"; fi
 if "$script" "$out" --worker='a/b:decode' > /dev/null 2>&1; then fail "bad worker id accepted"; fi

@@ -8,8 +8,9 @@
 #
 # OUT_DIR receives
 #   certs/          make_certs.sh's output (unless --certs_dir): ca.pem + ca.key, role
-#                   certificates, api_keys + api_key. KEEP IT: ca.key issues certificates (it is
-#                   never put into a Secret); ca.pem and api_key are what clients need.
+#                   certificates, api_keys + api_key + admin_api_key. KEEP IT: ca.key issues
+#                   certificates (it is never put into a Secret); ca.pem and api_key (the
+#                   client key) are what clients need; admin_api_key is the operators'.
 #   secrets.yaml    three Opaque Secrets (keys mode 0600 locally; the file holds private keys):
 #                     tandem-tls-router   tls.crt tls.key ca.crt api_keys   (router.pem, .key, ...)
 #                     tandem-tls-prefill  ca.crt, POD.crt POD.key for POD = tandem-prefill-0..R-1
@@ -124,3 +125,4 @@ mv "$out/secrets.yaml.tmp" "$out/secrets.yaml"
 echo "make_secrets.sh: $out/secrets.yaml (tandem-tls-router, tandem-tls-prefill, tandem-tls-decode in namespace $namespace; worker certificates for $replicas pods per role)"
 echo "  kubectl apply -f $out/secrets.yaml"
 echo "  clients: tandem_cli --tls_ca=$certs/ca.pem with TANDEM_API_KEY=\$(cat $certs/api_key)"
+echo "  operators (tandem_cli workers): TANDEM_API_KEY=\$(cat $certs/admin_api_key)"

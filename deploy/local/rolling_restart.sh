@@ -57,8 +57,8 @@ cli_bin="$(cd "$router_cwd" && cd "$(dirname "${router_argv[0]}")" && pwd)/tande
 [[ -x "$cli_bin" ]] || { echo "rolling_restart.sh: no $cli_bin next to the router" >&2; exit 1; }
 if printf '%s\n' "${router_argv[@]}" | grep -qx -- --insecure; then
   cli_sec=(--insecure)
-else  # up.sh's certificates: the CA and the admin API key (ListWorkers on the public port)
-  cli_sec=(--tls_ca="$run_dir/certs/ca.pem" --api_key="$(cat "$run_dir/certs/api_key")")
+else  # up.sh's certificates: the CA and the operator (admin) key (ListWorkers on the public port)
+  cli_sec=(--tls_ca="$run_dir/certs/ca.pem" --api_key="$(cat "$run_dir/certs/admin_api_key")")
 fi
 
 # The router's view of one worker: "EPOCH HEALTHY STATUS" (empty when it is not listed).

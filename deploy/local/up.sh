@@ -10,11 +10,13 @@
 #                      [--decode_dcp=1] [--mixed_dcp=1] [--insecure] [-- EXTRA_WORKER_FLAGS...]
 #
 # Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates, one
-# certificate per worker (ROLE-I, naming the worker) and an API key to RUN_DIR/certs (kept across
-# runs); the router's public port serves TLS and requires the key, workers register on its
-# internal mTLS port with their own certificates. Clients:
+# certificate per worker (ROLE-I, naming the worker) and two API keys to RUN_DIR/certs (kept
+# across runs); the router's public port serves TLS and requires a key, workers register on its
+# internal mTLS port with their own certificates. Users get the client key:
 # tandem_cli --tls_ca=RUN_DIR/certs/ca.pem with TANDEM_API_KEY=$(cat RUN_DIR/certs/api_key)
-# (up.sh prints both paths). --insecure: everything in plain text, no keys.
+# (generate, health, abort; tandem_bench). The operator key, RUN_DIR/certs/admin_api_key, also
+# lists the workers (addresses, epochs: `tandem_cli workers`); up.sh prints the three paths.
+# --insecure: everything in plain text, no keys.
 #
 # --http_port: also serve the OpenAI-compatible HTTP API on the router (0 = any free port) and
 # print its URL, `http: https://HOST:PORT` (the router's certificate, the same API key; clients
@@ -123,7 +125,8 @@ else
   router_sec=(--tls_cert="$certs/router.pem" --tls_key="$certs/router.key" --tls_ca="$certs/ca.pem"
               --api_key_file="$certs/api_keys" --internal_listen=127.0.0.1:0
               --internal_port_file="$run_dir/internal.port")
-  cli_sec=(--tls_ca="$certs/ca.pem" --api_key="$(cat "$certs/api_key")")
+  # up.sh itself waits on ListWorkers: the operator key.
+  cli_sec=(--tls_ca="$certs/ca.pem" --api_key="$(cat "$certs/admin_api_key")")
   worker_sec() {  # worker_sec WORKER_ID: its own certificate (paths without spaces: unquoted)
     echo --tls_cert="$certs/$1.pem" --tls_key="$certs/$1.key" --tls_ca="$certs/ca.pem"
   }
@@ -181,6 +184,7 @@ if [[ "$insecure" == 0 ]]; then
   echo "internal: $internal_addr"
   echo "tls_ca: $certs/ca.pem"
   echo "api_key_file: $certs/api_key"
+  echo "admin_api_key_file: $certs/admin_api_key"
 fi
 if [[ -n "$http_port" ]]; then
   wait_file "$run_dir/http.port" "$(awk '$2 == "router" {print $1}' "$run_dir/pids")" router

@@ -311,7 +311,7 @@ run_job() {
   # What the job printed for clients: the CA and the API key file (none with --insecure).
   local internal ca key_file
   internal=$(sed -n 's/^internal: //p' "$out" | head -n 1)
-  ca=$(sed -n 's/^tls_ca: //p' "$out" | head -n 1) key_file=$(sed -n 's/^api_key_file: //p' "$out" | head -n 1)
+  ca=$(sed -n 's/^tls_ca: //p' "$out" | head -n 1) key_file=$(sed -n 's/^admin_api_key_file: //p' "$out" | head -n 1)
   if [[ -n "$ca" ]]; then
     cli_sec=(--tls_ca="$ca") api_key=$(cat "$key_file" 2>/dev/null)
     check_security "$name" "$ep" "$internal" "$(dirname "$ca")" "$job_dir/logs"

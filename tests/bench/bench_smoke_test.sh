@@ -3,9 +3,12 @@
 # processes): Poisson and all-at-once runs complete, every request succeeds, the table and the
 # JSON line carry the metrics.
 #
-#   bench_smoke_test.sh TANDEM_ROUTER FAKE_WORKER TANDEM_BENCH
+# Then over TLS with a client (non-admin) API key: the bench reads the model's limits from
+# Router.Health, which any key may call (issue 30 item 10).
+#
+#   bench_smoke_test.sh TANDEM_ROUTER FAKE_WORKER TANDEM_BENCH MAKE_CERTS
 set -uo pipefail
-ROUTER=$1 WORKER=$2 BENCH=$3
+ROUTER=$1 WORKER=$2 BENCH=$3 MAKE_CERTS=$4
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
@@ -63,4 +66,29 @@ grep -q '^{"rate":"inf",.*"total_output_tokens":48,.*"ttft_ms":{"mean"' "$TMP/le
 grep -q "INVALID_ARGUMENT" "$TMP/err.txt" || fail "no INVALID_ARGUMENT: $(cat "$TMP/err.txt")"
 "$BENCH" --router="$ADDR" --prompt_len=4000 --output_len=200 2>"$TMP/err.txt" && fail "too long accepted"
 grep -q "max_model_len" "$TMP/err.txt" || fail "no max_model_len message"
+
+# TLS, workers with their own certificates, and a key that is not an admin key.
+C=$TMP/certs
+"$MAKE_CERTS" "$C" --worker=tp:prefill --worker=td:decode >/dev/null || fail "make_certs.sh failed"
+echo "sk-bench-client-0123456789abcdef bench" >"$TMP/keys"
+"$ROUTER" --listen=127.0.0.1:0 --port_file="$TMP/tls_port" --internal_listen=127.0.0.1:0 \
+  --internal_port_file="$TMP/tls_internal" --heartbeat_interval_ms=100 --worker_timeout_ms=20000 \
+  --tls_cert="$C/router.pem" --tls_key="$C/router.key" --tls_ca="$C/ca.pem" --api_key_file="$TMP/keys" \
+  >"$TMP/tls_router.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do [[ -s $TMP/tls_port && -s $TMP/tls_internal ]] && break; sleep 0.1; done
+[[ -s $TMP/tls_internal ]] || fail "TLS router wrote no port files"
+for w in tp:prefill td:decode; do
+  "$WORKER" --router="$(cat "$TMP/tls_internal")" --tls_cert="$C/${w%:*}.pem" --tls_key="$C/${w%:*}.key" \
+    --tls_ca="$C/ca.pem" --role="${w#*:}" --worker_id="${w%:*}" --vocab_size=5000 >"$TMP/${w%:*}.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 300); do
+  [[ $(grep -c "registered" "$TMP/tls_router.log") -ge 2 ]] && break
+  sleep 0.1
+done
+TANDEM_API_KEY=sk-bench-client-0123456789abcdef "$BENCH" --router="$(cat "$TMP/tls_port")" \
+  --tls_ca="$C/ca.pem" --num_requests=8 --rate=inf --prompt_len=16 --output_len=4 --json \
+  >"$TMP/tls.txt" 2>&1 || fail "bench with a client key failed: $(cat "$TMP/tls.txt")"
+grep -q '"successful_requests":8,"failed_requests":0' "$TMP/tls.txt" || fail "tls: $(cat "$TMP/tls.txt")"
 echo PASS

@@ -8,13 +8,12 @@
 //                [--tls_ca=PEM [--api_key=KEY | $TANDEM_API_KEY]]
 //
 // Plain text by default; with --tls_ca the router's public port over TLS, every call carrying
-// the API key (an admin key: the prompts' vocabulary comes from ListWorkers), as
-// deploy/local/up.sh prints them.
+// the API key (a client key is enough), as deploy/local/up.sh prints them.
 // Requests arrive as a Poisson process at --rate requests/s ("inf": all at once), at most
 // --max_concurrency in flight (0 = unlimited). Prompts are random token ids below the smallest
-// vocabulary of the router's workers (ListWorkers); lengths are fixed or uniform. Output lengths
-// are exact with --ignore_eos (the default). Every request is a gRPC callback-API stream, so no
-// thread is held per request and timestamps are taken as messages arrive.
+// vocabulary of the router's healthy workers (Router.Health); lengths are fixed or uniform. Output
+// lengths are exact with --ignore_eos (the default). Every request is a gRPC callback-API stream,
+// so no thread is held per request and timestamps are taken as messages arrive.
 //
 // Reports, like vLLM's benchmark_serving: successes/failures, duration, request and token
 // throughput, goodput (requests/s meeting every SLO given: TTFT <= --slo_ttft_ms and
@@ -174,24 +173,19 @@ struct ModelFacts {
   uint32_t max_model_len = 0;
 };
 
-absl::StatusOr<ModelFacts> QueryWorkers(v1::Router::Stub& stub) {
+// The vocabulary and length limits from Router.Health, which any client key may call (the
+// admin-only ListWorkers would also show the workers' addresses and epochs).
+absl::StatusOr<ModelFacts> QueryModel(v1::Router::Stub& stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::ListWorkersResponse resp;
-  grpc::Status s = stub.ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
-  if (!s.ok()) {
-    return absl::UnavailableError(absl::StrCat("ListWorkers: ", s.error_message()));
+  v1::HealthResponse resp;
+  grpc::Status s = stub.Health(&ctx, v1::HealthRequest(), &resp);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("Health: ", s.error_message()));
+  if (resp.vocab_size() == 0 || resp.max_model_len() == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the router has no healthy serving workers: ", resp.detail()));
   }
-  ModelFacts facts{std::numeric_limits<uint32_t>::max(), std::numeric_limits<uint32_t>::max()};
-  int healthy = 0;
-  for (const v1::WorkerEntry& w : resp.workers()) {
-    if (!w.healthy()) continue;
-    ++healthy;
-    facts.vocab_size = std::min(facts.vocab_size, w.info().vocab_size());
-    facts.max_model_len = std::min(facts.max_model_len, w.info().max_model_len());
-  }
-  if (healthy == 0) return absl::UnavailableError("the router has no healthy workers");
-  return facts;
+  return ModelFacts{resp.vocab_size(), resp.max_model_len()};
 }
 
 std::string Line(absl::string_view name, double value, int precision = 2) {
@@ -449,7 +443,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, RouterChannel());
   auto stub = v1::Router::NewStub(channel);
   w.stub = stub.get();
-  ASSIGN_OR_RETURN(w.model, QueryWorkers(*stub));
+  ASSIGN_OR_RETURN(w.model, QueryModel(*stub));
   if (uint64_t{w.prompt_len.hi} + w.output_len.hi > w.model.max_model_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt (up to ", w.prompt_len.hi, ") + output (up to ", w.output_len.hi,

@@ -168,7 +168,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
       for (int i = 0; i < count; ++i) workers.push_back(absl::StrCat(role, "-", i, ":", role));
     }
     if (absl::Status s = MakeCerts(cluster->certs_dir_, workers); !s.ok()) return s;
-    cluster->api_key_ = ReadFile(cluster->certs_dir_ + "/api_key");
+    // The operator's key: the tests also list workers (ListWorkers is admin-only).
+    cluster->api_key_ = ReadFile(cluster->certs_dir_ + "/admin_api_key");
     while (!cluster->api_key_.empty() && cluster->api_key_.back() == '\n')
       cluster->api_key_.pop_back();
   }

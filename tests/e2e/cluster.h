@@ -78,7 +78,8 @@ class Cluster {
   const std::string& internal_address() const { return internal_address_; }
   // With TLS: the certificates' directory (ca.pem, NAME.pem/key, api_key); empty otherwise.
   const std::string& certs_dir() const { return certs_dir_; }
-  // The public port's API key (empty when insecure).
+  // The public port's operator (admin) API key, make_certs.sh's admin_api_key (empty when
+  // insecure): it generates and lists workers.
   const std::string& api_key() const { return api_key_; }
   std::vector<WorkerHandle>& workers() { return workers_; }
   WorkerHandle* worker(const std::string& id);

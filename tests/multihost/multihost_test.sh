@@ -190,7 +190,7 @@ tls() { echo --tls_cert="$CERTS/$1.pem" --tls_key="$CERTS/$1.key" --tls_ca="$CER
 # tandem_cli on the public port: TLS with the CA + the API key (from the environment); on a
 # worker: an admin certificate.
 export TANDEM_API_KEY
-TANDEM_API_KEY=$(cat "$CERTS/api_key")
+TANDEM_API_KEY=$(cat "$CERTS/admin_api_key")  # the operator's: it also lists workers
 PUB_CLI=("$CLI" --tls_ca="$CERTS/ca.pem")
 ADMIN_CLI=("$CLI" $(tls admin))
 read -r -a EXTRA <<< "${TANDEM_MULTIHOST_UCX_FLAGS:-}"
