@@ -5,6 +5,10 @@
 //
 //   [num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
 //
+// A multi-head latent attention model (DeepSeek MLA, kernels/mla) keeps ONE plane per layer
+// instead of K and V (num_planes = 1): one latent "head" of kv_lora_rank + qk_rope_head_dim
+// values per token, [num_blocks][num_layers][1][block_size][1][latent_dim].
+//
 // A token's slot is `block_id * block_size + offset`; within a (block, layer, K|V) tile the
 // token's row for kv head h starts at `offset * num_kv_heads * head_dim + h * head_dim`.
 //
@@ -24,11 +28,12 @@ struct KvCacheLayout {
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  int64_t num_planes = 2;  // 2: K and V tiles per layer; 1: one latent tile (MLA)
 
   // Elements of one [block_size][num_kv_heads][head_dim] tile (one layer's K or V of a block).
   int64_t TileElems() const { return block_size * num_kv_heads * head_dim; }
-  // num_layers * 2 * block_size * num_kv_heads * head_dim.
-  int64_t BlockElems() const { return num_layers * 2 * TileElems(); }
+  // num_layers * num_planes * block_size * num_kv_heads * head_dim.
+  int64_t BlockElems() const { return num_layers * num_planes * TileElems(); }
   // num_blocks * BlockElems().
   int64_t TotalElems() const { return num_blocks * BlockElems(); }
   // Number of addressable slots, num_blocks * block_size.
@@ -36,14 +41,14 @@ struct KvCacheLayout {
 
   // Element offset of K (kv = 0) or V (kv = 1) of (block, layer): the start of a
   // [block_size][num_kv_heads][head_dim] tile.
-  // REQUIRES: 0 <= block < num_blocks, 0 <= layer < num_layers, kv in {0, 1} (not checked: hot
-  // path).
+  // REQUIRES: 0 <= block < num_blocks, 0 <= layer < num_layers, 0 <= kv < num_planes (not
+  // checked: hot path). An MLA latent tile is kv = 0.
   int64_t TileOffset(int64_t block, int64_t layer, int kv) const {
-    return ((block * num_layers + layer) * 2 + kv) * TileElems();
+    return ((block * num_layers + layer) * num_planes + kv) * TileElems();
   }
 
-  // OK iff every field is positive and TotalElems() fits in int64_t; otherwise INVALID_ARGUMENT
-  // naming the offending field.
+  // OK iff every field is positive (num_planes 1 or 2) and TotalElems() fits in int64_t;
+  // otherwise INVALID_ARGUMENT naming the offending field.
   absl::Status Validate() const;
 };
 
