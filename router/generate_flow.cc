@@ -67,7 +67,12 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   }
 
   void Begin() {
-    Post(shared_from_this(), [](GenerateFlow& f) { f.Route(); });
+    Post(shared_from_this(), [](GenerateFlow& f) {
+      // The one shape check (limits.h), here for every entry (gRPC, the HTTP API, ...), so no
+      // request reaches a worker without it; the model's own limits follow once routed.
+      if (absl::Status s = ValidateRequestShape(f.request_); !s.ok()) return f.Done(s);
+      f.Route();
+    });
   }
 
  private:

@@ -2,7 +2,8 @@
 //
 //   route     registry snapshot -> ChooseRoute (P by cached prefix then load, D by free blocks
 //             then load; a mixed worker when no P/D pair exists)
-//   validate  against the chosen model's vocab_size / max_model_len (before any worker call)
+//   validate  the shape every entry shares (ValidateRequestShape: ids, sizes, sampling ranges),
+//             then the chosen model's vocab_size / max_model_len (before any worker call)
 //   P->D      P.Prefill(remote_decode) -> first token to the client at once -> if not finished,
 //             D.Decode(kv_handle) and relay its stream
 //   mixed     W.Generate and relay its stream
@@ -92,10 +93,11 @@ class Orchestrator {
   Orchestrator(const Orchestrator&) = delete;
   Orchestrator& operator=(const Orchestrator&) = delete;
 
-  // Starts serving `request` (already shape-validated; request_id = the admission's id on the
-  // workers) and returns at once. The orchestrator keeps `admission` until the request ends
-  // and `sink` until sink->Finish returned. `client` may be null (no client cancellation to
-  // inherit); else it must stay valid until sink->Finish was called.
+  // Starts serving `request` (request_id = the admission's id on the workers) and returns at
+  // once. A request that fails ValidateRequestShape ends INVALID_ARGUMENT naming the field,
+  // before any worker is called, whichever entry it came from. The orchestrator keeps `admission`
+  // until the request ends and `sink` until sink->Finish returned. `client` may be null (no client
+  // cancellation to inherit); else it must stay valid until sink->Finish was called.
   void Start(v1::GenerateRequest request, Admission admission, const CallerContext* client,
              std::shared_ptr<ResponseSink> sink);
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -334,6 +335,66 @@ TEST(OrchestratorTest, CancelledStreamsAreTheWorkersFaultUnlessTheClientCancelle
     EXPECT_EQ(h.Healthy("d0"), client_cancelled);
     EXPECT_EQ(h.client("d0").aborts(), std::vector<std::string>{"r6"});
   }
+}
+
+// The shape check runs in the orchestrator, for every entry (the HTTP API calls Start directly,
+// the gRPC service too): a request over a wire limit ends INVALID_ARGUMENT naming the field, and
+// no worker is called; a request at the limits is served.
+TEST(OrchestratorTest, EveryEntryGetsTheShapeCheckBeforeAnyWorker) {
+  Harness h;
+  struct Case {
+    const char* field;
+    std::function<void(v1::GenerateRequest&)> spoil;
+  };
+  const Case cases[] = {
+      {"cache_salt", [](v1::GenerateRequest& r) { r.set_cache_salt(std::string(129, 'u')); }},
+      {"stop_token_ids",
+       [](v1::GenerateRequest& r) {
+         for (int i = 0; i < 65; ++i) r.mutable_sampling()->add_stop_token_ids(i);
+       }},
+      {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); }},
+      {"top_p", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }},
+      {"max_tokens", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(0); }},
+      {"prompt_token_ids", [](v1::GenerateRequest& r) { r.clear_prompt_token_ids(); }},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    v1::GenerateRequest request;
+    const std::string id = absl::StrCat("bad-", n++);
+    request.set_request_id(id);
+    for (uint32_t t : {5u, 6u, 7u}) request.add_prompt_token_ids(t);
+    request.mutable_sampling()->set_max_tokens(4);
+    c.spoil(request);
+    absl::StatusOr<Admission> admitted = h.requests.Admit(id);
+    ASSERT_TRUE(admitted.ok());
+    auto sink = std::make_shared<CollectingSink>();
+    h.orchestrator.Start(request, *std::move(admitted), &h.caller, sink);
+    const absl::Status s = sink->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(c.field), std::string::npos) << s;
+  }
+  EXPECT_EQ(h.client("p0").WaitForCall(FakeWorkerClient::kPrefill, absl::Milliseconds(100)), -1)
+      << "a malformed request reached the prefill worker";
+  EXPECT_EQ(h.requests.size(), 0u) << "admissions released";
+  // At the limits (a 128-byte salt, 64 stop ids): served as usual.
+  v1::GenerateRequest ok;
+  ok.set_request_id("edge");
+  for (uint32_t t : {5u, 6u, 7u}) ok.add_prompt_token_ids(t);
+  ok.mutable_sampling()->set_max_tokens(1);
+  ok.set_cache_salt(std::string(128, 'u'));
+  for (int i = 0; i < 64; ++i) ok.mutable_sampling()->add_stop_token_ids(900 + i % 10);
+  absl::StatusOr<Admission> admitted = h.requests.Admit("edge");
+  ASSERT_TRUE(admitted.ok());
+  h.orchestrator.Start(ok, *std::move(admitted), &h.caller, h.sink);
+  const int call = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(call, 0);
+  EXPECT_EQ(h.client("p0").request(call).cache_salt(), std::string(128, 'u'));
+  v1::PrefillResponse first = Prefilled("edge", 9);
+  first.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  first.clear_kv_handle();
+  h.client("p0").ReplyPrefill(call, first);
+  EXPECT_TRUE(h.Result().ok());
 }
 
 }  // namespace

@@ -215,11 +215,13 @@ void HttpApi::Detokenize(const http::Request& req, std::shared_ptr<http::Respond
   }
   std::vector<int32_t> ids;
   for (const Json& t : body["tokens"]) {
-    if (!t.is_number_integer()) {
-      r->Reply(http::ErrorResponse(400, "'tokens' must hold integers"));
+    const std::optional<uint32_t> id = TokenIdOf(t, model_->tokenizer->vocab_size());
+    if (!id.has_value()) {  // never wrapped: 2^63 is not id 0, 2^32 + 100 not id 100
+      r->Reply(http::ErrorResponse(400, absl::StrCat("'tokens' must hold token ids in [0, ",
+                                                     model_->tokenizer->vocab_size(), ")")));
       return;
     }
-    ids.push_back(t.get<int32_t>());
+    ids.push_back(static_cast<int32_t>(*id));
   }
   absl::StatusOr<std::string> text = model_->tokenizer->Decode(ids, false);
   if (!text.ok()) {

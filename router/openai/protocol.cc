@@ -3,9 +3,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tandem/v1/limits.h"
 
 namespace tandem::router::openai {
 namespace {
@@ -42,6 +44,9 @@ template <typename T>
 absl::Status Number(const Json& body, const char* key, T lo, T hi, T* out) {
   if (!body.contains(key) || body[key].is_null()) return absl::OkStatus();
   if (!body[key].is_number()) return Field(key, "must be a number");
+  if constexpr (std::is_integral_v<T>) {
+    if (!body[key].is_number_integer()) return Field(key, "must be an integer");
+  }
   const double v = body[key].get<double>();
   if (v < static_cast<double>(lo) || v > static_cast<double>(hi)) {
     return Field(key, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
@@ -61,12 +66,12 @@ absl::StatusOr<std::vector<uint32_t>> TokenIds(const Json& list, const ServedMod
                                                const std::string& field) {
   std::vector<uint32_t> ids;
   for (const Json& t : list) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() >= model.tokenizer->vocab_size()) {
+    const std::optional<uint32_t> id = TokenIdOf(t, model.tokenizer->vocab_size());
+    if (!id.has_value()) {
       return Field(
           field, absl::StrCat("holds a token id outside [0, ", model.tokenizer->vocab_size(), ")"));
     }
-    ids.push_back(t.get<uint32_t>());
+    ids.push_back(*id);
   }
   if (ids.empty()) return Field(field, "is empty");
   return ids;
@@ -108,12 +113,16 @@ absl::Status ParsePrompts(const Json& prompt, const ServedModel& model, Completi
   return absl::OkStatus();
 }
 
-absl::Status ParseStop(const Json& body, const ApiLimits& limits, CompletionParams* p) {
+absl::Status ParseStop(const Json& body, const ServedModel& model, const ApiLimits& limits,
+                       CompletionParams* p) {
   if (body.contains("stop") && !body["stop"].is_null()) {
     const Json& stop = body["stop"];
     if (stop.is_string()) {
       p->stop.push_back(stop.get<std::string>());
     } else if (stop.is_array()) {
+      if (stop.size() > limits.max_stop_strings) {
+        return Field("stop", absl::StrCat("has more than ", limits.max_stop_strings, " strings"));
+      }
       for (const Json& s : stop) {
         if (!s.is_string()) return Field("stop", "must be a string or a list of strings");
         p->stop.push_back(s.get<std::string>());
@@ -121,23 +130,100 @@ absl::Status ParseStop(const Json& body, const ApiLimits& limits, CompletionPara
     } else {
       return Field("stop", "must be a string or a list of strings");
     }
-    if (p->stop.size() > limits.max_stop_strings) {
-      return Field("stop", absl::StrCat("has more than ", limits.max_stop_strings, " strings"));
+    for (const std::string& s : p->stop) {
+      if (s.size() > limits.max_stop_string_bytes) {
+        return Field("stop", absl::StrCat("holds a string of ", s.size(), " bytes; the limit is ",
+                                          limits.max_stop_string_bytes));
+      }
     }
   }
   if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
-    if (!body["stop_token_ids"].is_array()) return Field("stop_token_ids", "must be a list");
-    for (const Json& t : body["stop_token_ids"]) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0) {
-        return Field("stop_token_ids", "must hold token ids");
+    const Json& ids = body["stop_token_ids"];
+    if (!ids.is_array()) return Field("stop_token_ids", "must be a list");
+    if (ids.size() > static_cast<size_t>(v1::kMaxStopTokenIds)) {
+      return Field("stop_token_ids",
+                   absl::StrCat("has ", ids.size(), " ids; the limit is ", v1::kMaxStopTokenIds));
+    }
+    for (const Json& t : ids) {
+      const std::optional<uint32_t> id = TokenIdOf(t, model.tokenizer->vocab_size());
+      if (!id.has_value()) {
+        return Field("stop_token_ids", absl::StrCat("holds a token id outside [0, ",
+                                                    model.tokenizer->vocab_size(), ")"));
       }
-      p->stop_token_ids.push_back(t.get<uint32_t>());
+      p->stop_token_ids.push_back(*id);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const Json& body, const ApiLimits& limits, CompletionParams* p) {
+// `user` (the cache salt): a string of at most kMaxIdBytes, the bound the workers enforce.
+absl::Status ParseUser(const Json& body, CompletionParams* p) {
+  if (!body.contains("user") || body["user"].is_null()) return absl::OkStatus();
+  if (!body["user"].is_string()) return Field("user", "must be a string");
+  p->user = body["user"].get<std::string>();
+  if (p->user.size() > static_cast<size_t>(v1::kMaxIdBytes)) {
+    return Field("user",
+                 absl::StrCat("is ", p->user.size(), " bytes; the limit is ", v1::kMaxIdBytes));
+  }
+  return absl::OkStatus();
+}
+
+// The fields we do not implement: absent, null or their neutral value (false, best_of 1, an
+// empty logit_bias), else a 400 naming them.
+absl::Status RefuseUnsupported(const Json& body) {
+  for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias"}) {
+    if (!body.contains(key)) continue;
+    const Json& v = body[key];
+    const bool neutral = v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+                         (std::string(key) == "best_of" && v.is_number_integer() && v == 1) ||
+                         (std::string(key) == "logit_bias" && v.is_object() && v.empty());
+    if (!neutral) return Field(key, "is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// Chat bodies: the message list and the tools the template sees, bounded in count and size
+// (the template renders all of it).
+absl::Status CheckChatShape(const Json& body, const ApiLimits& limits) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    return Field("messages", "must be a non-empty list");
+  }
+  const Json& messages = body["messages"];
+  if (messages.size() > limits.max_messages) {
+    return Field("messages", absl::StrCat("has ", messages.size(), " messages; the limit is ",
+                                          limits.max_messages));
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Field("messages", "items must be objects with a string 'role'");
+    }
+    const size_t bytes = m.dump().size();
+    if (bytes > limits.max_message_bytes) {
+      return Field("messages", absl::StrCat("[", i, "] is ", bytes, " bytes of JSON; the limit is ",
+                                            limits.max_message_bytes));
+    }
+  }
+  if (!body.contains("tools") || body["tools"].is_null()) return absl::OkStatus();
+  const Json& tools = body["tools"];
+  if (!tools.is_array()) return Field("tools", "must be a list");
+  if (tools.size() > limits.max_tools) {
+    return Field("tools",
+                 absl::StrCat("has ", tools.size(), " tools; the limit is ", limits.max_tools));
+  }
+  for (const Json& t : tools) {
+    if (!t.is_object()) return Field("tools", "items must be objects");
+  }
+  const size_t bytes = tools.dump().size();
+  if (bytes > limits.max_tools_bytes) {
+    return Field("tools", absl::StrCat("is ", bytes, " bytes of JSON; the limit is ",
+                                       limits.max_tools_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const Json& body, const ServedModel& model, const ApiLimits& limits,
+                           CompletionParams* p) {
   p->max_tokens = limits.default_max_tokens;
   const char* max_key =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -167,17 +253,27 @@ absl::Status ParseSampling(const Json& body, const ApiLimits& limits, Completion
       return s;
     }
   }
-  for (const char* unsupported : {"logprobs", "echo", "best_of", "suffix", "logit_bias"}) {
-    if (body.contains(unsupported) && !body[unsupported].is_null() &&
-        !(body[unsupported].is_boolean() && !body[unsupported].get<bool>()) &&
-        !(std::string(unsupported) == "best_of" && body[unsupported] == 1)) {
-      return Field(unsupported, "is not supported");
-    }
-  }
-  return ParseStop(body, limits, p);
+  if (absl::Status s = RefuseUnsupported(body); !s.ok()) return s;
+  if (absl::Status s = ParseUser(body, p); !s.ok()) return s;
+  return ParseStop(body, model, limits, p);
 }
 
 }  // namespace
+
+std::optional<uint32_t> TokenIdOf(const Json& value, int64_t vocab_size) {
+  // An unsigned JSON number may exceed int64 (2^63 would read as negative), a signed one may be
+  // negative: each is read as what it is, and only then compared.
+  if (value.is_number_unsigned()) {
+    const uint64_t v = value.get<uint64_t>();
+    if (vocab_size > 0 && v < static_cast<uint64_t>(vocab_size)) return static_cast<uint32_t>(v);
+    return std::nullopt;
+  }
+  if (value.is_number_integer()) {
+    const int64_t v = value.get<int64_t>();
+    if (v >= 0 && v < vocab_size) return static_cast<uint32_t>(v);
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(const std::string& dir,
                                                                const std::string& served_name) {
@@ -250,17 +346,9 @@ absl::StatusOr<CompletionParams> ParseCompletion(const Json& body, bool chat,
   if (p.model != model.name) {
     return absl::NotFoundError(absl::StrCat("The model '", p.model, "' does not exist"));
   }
-  if (absl::Status s = ParseSampling(body, limits, &p); !s.ok()) return s;
-  if (body.contains("user") && body["user"].is_string()) p.user = body["user"].get<std::string>();
+  if (absl::Status s = ParseSampling(body, model, limits, &p); !s.ok()) return s;
   if (chat) {
-    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-      return Field("messages", "must be a non-empty list");
-    }
-    for (const Json& m : body["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return Field("messages", "items must be objects with a string 'role'");
-      }
-    }
+    if (absl::Status s = CheckChatShape(body, limits); !s.ok()) return s;
     // Key order matters to templates that print dicts (tools): keep the client's.
     const auto ordered = nlohmann::ordered_json::parse(body.dump());
     auto ids =

@@ -33,10 +33,18 @@ struct ServedModel {
                                                            const std::string& served_name);
 };
 
+// Bounds on the fields of a body (each violation is a 400 naming the field). `user` becomes the
+// cache salt and `stop_token_ids` the request's stop ids, so those two are bounded by the wire
+// limits every entry shares (proto/tandem/v1/limits.h: kMaxIdBytes, kMaxStopTokenIds).
 struct ApiLimits {
   int max_n = 4;
   uint32_t default_max_tokens = 256;
   size_t max_stop_strings = 16;
+  size_t max_stop_string_bytes = 1024;
+  size_t max_messages = 2048;
+  size_t max_message_bytes = size_t{1} << 20;  // one message, as JSON
+  size_t max_tools = 128;
+  size_t max_tools_bytes = size_t{256} << 10;  // the whole `tools` list, as JSON
 };
 
 struct CompletionParams {
@@ -56,6 +64,10 @@ struct CompletionParams {
   int n = 1;
   std::string user;  // cache salt
 };
+
+// A JSON token id in [0, vocab_size), or nullopt: not an integer, negative, or too large (never
+// wrapped: 2^32 is not id 0, 2^63 not id 0 either).
+std::optional<uint32_t> TokenIdOf(const nlohmann::json& value, int64_t vocab_size);
 
 // INVALID_ARGUMENT naming the field for a bad body; NOT_FOUND for another model's name.
 absl::StatusOr<CompletionParams> ParseCompletion(const nlohmann::json& body, bool chat,
