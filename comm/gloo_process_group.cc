@@ -1,11 +1,14 @@
 #include "comm/gloo_process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -49,6 +52,7 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   auto group = std::unique_ptr<GlooProcessGroup>(
       new GlooProcessGroup(options.rank, options.world_size, options.timeout));
   group->store_port_ = options.store_port;
+  group->name_ = options.name;
   if (options.rank == 0 && options.serve_store) {
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
         TcpStoreServer::Start(options.store_host, options.store_port);
@@ -186,6 +190,37 @@ absl::Status GlooProcessGroup::AllToAll(absl::Span<const float> in,
     opts.setTimeout(Ms(timeout_));
     gloo::alltoallv(opts);
   });
+}
+
+absl::Status GlooProcessGroup::MeetWithProgress(const std::string& phase, absl::Duration limit,
+                                                absl::Duration every,
+                                                const ArrivalProgress& progress) {
+  if (size_ == 1) return status();
+  const std::string prefix = absl::StrCat(name_, "/meet/", phase, "/");
+  RETURN_IF_ERROR(client_->Set(absl::StrCat(prefix, rank_), "1", timeout_));
+  const absl::Time start = absl::Now();
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) missing.push_back(r);
+  while (true) {
+    // Who is still missing: a short wait per rank not seen yet.
+    std::vector<int> still;
+    for (int r : missing) {
+      if (!client_->Get(absl::StrCat(prefix, r), absl::Milliseconds(1)).ok()) still.push_back(r);
+    }
+    missing = std::move(still);
+    if (missing.empty()) return absl::OkStatus();
+    const absl::Duration waited = absl::Now() - start;
+    if (waited >= limit) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(phase, ": rank(s) ", absl::StrJoin(missing, ", "), " did not arrive within ",
+                       absl::FormatDuration(limit)));
+    }
+    if (waited > absl::ZeroDuration()) progress(missing, waited);
+    std::vector<std::string> keys;
+    for (int r : missing) keys.push_back(absl::StrCat(prefix, r));
+    // Wait for all of them, at most until the next report (a timeout here is not an error).
+    (void)client_->Wait(keys, std::min(every, limit - waited));
+  }
 }
 
 absl::Status GlooProcessGroup::Barrier() {

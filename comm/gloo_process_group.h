@@ -65,6 +65,10 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::Status ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) override;
   absl::Status Send(absl::Span<const float> data, int peer) override;
   absl::Status Recv(absl::Span<float> data, int peer) override;
+  // Over the rendezvous store: "<name>/meet/<phase>/<rank>" keys (the Gloo context is not used,
+  // so a timeout here does not break the group).
+  absl::Status MeetWithProgress(const std::string& phase, absl::Duration limit,
+                                absl::Duration every, const ArrivalProgress& progress) override;
 
  private:
   GlooProcessGroup(int rank, int size, absl::Duration timeout)
@@ -78,6 +82,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const int size_;
   const absl::Duration timeout_;
   int store_port_ = 0;
+  std::string name_;                        // GlooGroupOptions::name
   std::unique_ptr<TcpStoreServer> server_;  // rank 0
   std::unique_ptr<TcpStoreClient> client_;
   std::shared_ptr<gloo::rendezvous::Context> context_;

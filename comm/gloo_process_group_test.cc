@@ -211,6 +211,35 @@ TEST(GlooProcessGroupTest, MissingRankFailsTheRendezvousAndBadArgumentsAreRefuse
             absl::StatusCode::kInvalidArgument);
 }
 
+// Startup meeting (issue 31 item 1): a late rank is named in the progress reports of the ranks
+// waiting for it, everyone then meets; a rank that never comes fails the wait at the limit,
+// named, and the group's collectives still work afterwards (the store, not Gloo, was used).
+TEST(GlooProcessGroupTest, MeetWithProgressNamesTheLateRank) {
+  RunRanks(3, absl::Seconds(20), [](int rank, GlooProcessGroup& group) {
+    if (rank == 2) absl::SleepFor(absl::Milliseconds(600));
+    std::vector<std::vector<int>> reports;
+    const absl::Status met = group.MeetWithProgress(
+        "loaded", absl::Seconds(20), absl::Milliseconds(100),
+        [&](const std::vector<int>& missing, absl::Duration) { reports.push_back(missing); });
+    EXPECT_TRUE(met.ok()) << met;
+    if (rank != 2) {
+      ASSERT_FALSE(reports.empty()) << "rank " << rank;
+      EXPECT_EQ(reports.back(), std::vector<int>{2}) << "rank " << rank;
+    }
+    // Only rank 0 and 1 meet again; rank 2 stays away: they give up at the limit, naming it.
+    if (rank != 2) {
+      const absl::Status late =
+          group.MeetWithProgress("again", absl::Milliseconds(300), absl::Milliseconds(100),
+                                 [](const std::vector<int>&, absl::Duration) {});
+      EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+      EXPECT_NE(late.message().find("rank(s) 2 did not arrive"), absl::string_view::npos) << late;
+    }
+    std::vector<float> one = {1.0f};
+    EXPECT_TRUE(group.AllReduceSum(absl::MakeSpan(one)).ok());
+    EXPECT_EQ(one[0], 3.0f);
+  });
+}
+
 TEST(TcpStoreTest, SetGetWaitAndTimeouts) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok());

@@ -68,6 +68,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         return true;
       },
       deadline, "communicator init", options.timeout)));
+  if (options.custom_all_reduce_max_bytes <= 0 || c->size_ == 1) {
+    c->custom_off_ = "not asked for";
+    return c;
+  }
+  CustomAllReduceOptions custom;
+  custom.device = options.device;
+  custom.limits.max_bytes = options.custom_all_reduce_max_bytes;
+  custom.timeout = options.timeout;
+  ASSIGN_OR_RETURN(c->custom_, CustomAllReduce::Create(bootstrap, custom, &c->custom_off_));
   return c;
 }
 
@@ -122,6 +131,12 @@ absl::Status NcclCommunicator::AllReduceSum(void* data, int64_t count, CommDtype
                                             DeviceStream stream) {
   RETURN_IF_ERROR(CheckUsable(count));
   if (count == 0) return absl::OkStatus();
+  // Every rank decides alike (same count, dtype and group); alignment is the caller's layout,
+  // the same on every rank of a model.
+  if (custom_ != nullptr && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+      custom_->Plan(count * CommDtypeBytes(dtype)).path != ArPath::kNccl) {
+    return Fail(custom_->AllReduce(data, data, count, dtype, stream));
+  }
   return Settle("all-reduce",
                 ncclAllReduce(data, data, count, NcclType(dtype), ncclSum, comm_, stream));
 }
@@ -216,7 +231,7 @@ absl::Status NcclCommunicator::Recv(void* data, int64_t count, CommDtype dtype, 
 absl::Status NcclCommunicator::Synchronize(DeviceStream stream) {
   RETURN_IF_ERROR(status());
   CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream));
-  return Fail(PollUntil(
+  RETURN_IF_ERROR(Fail(PollUntil(
       [&]() -> absl::StatusOr<bool> {
         const cudaError_t q = cudaEventQuery(done_);
         if (q == cudaSuccess) return true;
@@ -226,7 +241,13 @@ absl::Status NcclCommunicator::Synchronize(DeviceStream stream) {
         if (state != ncclInProgress) NCCL_RETURN_IF_ERROR(state);
         return false;
       },
-      absl::Now() + options_.timeout, "a step's collectives", options_.timeout));
+      absl::Now() + options_.timeout, "a step's collectives", options_.timeout)));
+  if (custom_ != nullptr && custom_->Aborted()) {
+    return Fail(absl::DeadlineExceededError(
+        absl::StrCat("custom all-reduce: a peer did not arrive within ",
+                     absl::FormatDuration(options_.timeout), " (a rank is dead or wedged)")));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::comm

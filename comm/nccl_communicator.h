@@ -11,6 +11,9 @@
 // Graphs: the calls may be captured (graph_capturable()); a captured collective is launched by
 // cudaGraphLaunch and waited for by Synchronize() like any other.
 //
+// All-reduce: small messages inside one host take CustomAllReduce (one kernel over CUDA IPC,
+// comm/README.md "All-reduce paths") when it could be set up at creation; NCCL otherwise.
+//
 // Thread safety: as DeviceCommunicator.
 #ifndef TANDEM_COMM_NCCL_COMMUNICATOR_H_
 #define TANDEM_COMM_NCCL_COMMUNICATOR_H_
@@ -19,11 +22,13 @@
 #include <nccl.h>
 
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "comm/custom_all_reduce.h"
 #include "comm/device_communicator.h"
 #include "comm/process_group.h"
 
@@ -33,6 +38,10 @@ struct NcclCommunicatorOptions {
   int device = 0;
   // Deadline of the init and of every wait (Synchronize, a call's launch).
   absl::Duration timeout = absl::Seconds(30);
+  // All-reduces of at most this many bytes take the custom one-shot / two-shot kernels
+  // (custom_all_reduce.h) where the group allows them (one host, 2/4/8 GPUs with peer access);
+  // 0: NCCL only.
+  int64_t custom_all_reduce_max_bytes = int64_t{8} << 20;
 };
 
 class NcclCommunicator final : public DeviceCommunicator {
@@ -46,7 +55,12 @@ class NcclCommunicator final : public DeviceCommunicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Status status() const override;
-  std::string_view backend() const override { return "nccl"; }
+  // "nccl", or "nccl+custom-ar" with the custom all-reduce.
+  std::string_view backend() const override {
+    return custom_ != nullptr ? "nccl+custom-ar" : "nccl";
+  }
+  // Why the custom all-reduce is off ("" when on).
+  const std::string& custom_all_reduce_off_reason() const { return custom_off_; }
   bool graph_capturable() const override { return true; }
 
   absl::Status AllReduceSum(void* data, int64_t count, CommDtype dtype,
@@ -78,6 +92,8 @@ class NcclCommunicator final : public DeviceCommunicator {
   const int size_;
   const NcclCommunicatorOptions options_;
   ncclComm_t comm_ = nullptr;
+  std::unique_ptr<CustomAllReduce> custom_;
+  std::string custom_off_;
   cudaEvent_t done_ = nullptr;  // Synchronize's marker
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);

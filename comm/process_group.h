@@ -17,8 +17,12 @@
 #define TANDEM_COMM_PROCESS_GROUP_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace tandem::comm {
@@ -49,6 +53,18 @@ class ProcessGroup {
   // Only the two ranks take part; the group's other collectives are unaffected.
   virtual absl::Status Send(absl::Span<const float> data, int peer) = 0;
   virtual absl::Status Recv(absl::Span<float> data, int peer) = 0;
+
+  // A startup meeting point that reports who it waits for: this rank arrives at `phase` (each
+  // rank once per phase name), then waits up to `limit` for every rank, calling
+  // progress(missing ranks, time waited) every `every` while some are missing.
+  // DEADLINE_EXCEEDED naming the missing ranks at `limit`. Groups without a store to poll meet
+  // at a Barrier() (no progress; the group's own deadline).
+  using ArrivalProgress = std::function<void(const std::vector<int>& missing, absl::Duration)>;
+  virtual absl::Status MeetWithProgress(const std::string& phase, absl::Duration limit,
+                                        absl::Duration every, const ArrivalProgress& progress) {
+    (void)phase, (void)limit, (void)every, (void)progress;
+    return Barrier();
+  }
 };
 
 }  // namespace tandem::comm

@@ -309,8 +309,9 @@ DeviceBuffer* CudaLlamaModel::SlotBuffer(WeightSlot slot, int64_t layer) {
       return &l->down_proj;
     case WeightSlot::kDownBias:
       return &l->down_bias;
+    default:  // slots of other model families: no buffer in this dense model
+      return nullptr;
   }
-  return nullptr;
 }
 
 absl::Status CudaLlamaModel::AllocateActivations() {

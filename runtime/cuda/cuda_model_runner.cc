@@ -81,8 +81,14 @@ absl::StatusOr<std::unique_ptr<comm::DeviceCommunicator>> MakeCommunicator(
   comm::NcclCommunicatorOptions options;
   options.device = config.device;
   options.timeout = config.comm_timeout;
+  if (!config.custom_all_reduce) options.custom_all_reduce_max_bytes = 0;
   ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> nccl,
                    comm::NcclCommunicator::Create(config.group, options));
+  if (config.group->rank() == 0 && options.custom_all_reduce_max_bytes > 0 &&
+      !nccl->custom_all_reduce_off_reason().empty()) {
+    LOG(INFO) << "tensor-parallel all-reduce on NCCL only: "
+              << nccl->custom_all_reduce_off_reason();
+  }
   return nccl;
 }
 

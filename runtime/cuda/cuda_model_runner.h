@@ -82,6 +82,9 @@ struct CudaBackendConfig {
   std::string tp_comm = "nccl";
   // Deadline of the communicator's init and of every step's collectives (NCCL).
   absl::Duration comm_timeout = absl::Seconds(30);
+  // NCCL: small all-reduces on the custom one-shot / two-shot kernels where the group allows
+  // (comm/custom_all_reduce.h); false: NCCL only (comparisons).
+  bool custom_all_reduce = true;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV

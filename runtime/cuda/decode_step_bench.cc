@@ -1,12 +1,16 @@
-// Decode-step benchmark of the CUDA backend with Llama-3-8B shapes and device-generated dummy
-// bf16 weights: the whole engine (scheduler, metadata copy, graphs, sampling), not a kernel.
+// Decode-step benchmark of the CUDA backend with Llama-3-8B (or -70B) shapes and device-generated
+// dummy bf16 weights: the whole engine (scheduler, metadata copy, graphs, sampling), not a kernel.
 //
-//   decode_step_bench [--batches=1,64] [--context=1024] [--steps=64] [--graphs=1] [--pdl=1]
+//   decode_step_bench [--shape=8b|70b] [--batches=1,64] [--context=1024] [--steps=64]
+//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1]
 //
 // --pdl=0 turns off programmatic dependent launch of the GEMV / norm kernels
-// (CudaBackendConfig::programmatic_launch), for comparisons.
-// Prints per batch: mean decode step time, tokens/s, the tokens/s the weight-read roofline
-// allows (weight bytes / 4.3 TB/s per step) and the step's share of it.
+// (CudaBackendConfig::programmatic_launch), for comparisons. --tp=N runs N rank processes (GPUs
+// 0..N-1), each an engine over its shard with NCCL collectives (the same requests on every rank
+// schedule identical steps, so no plan travels: the step without rank 0's plan broadcast);
+// --custom_ar=0 keeps every all-reduce on NCCL (CudaBackendConfig::custom_all_reduce).
+// Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
+// weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,8 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "comm/gloo_process_group.h"
+#include "comm/rank_spawn.h"
+#include "comm/tcp_store.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/engine/engine.h"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -38,6 +47,15 @@ ModelConfig Llama3_8B() {
   return c;
 }
 
+ModelConfig Llama3_70B() {
+  ModelConfig c = Llama3_8B();
+  c.hidden_size = 8192;
+  c.intermediate_size = 28672;
+  c.num_hidden_layers = 80;
+  c.num_attention_heads = 64;
+  return c;
+}
+
 std::vector<int> ParseList(const char* s) {
   std::vector<int> out;
   for (const char* p = s; *p != '\0';) {
@@ -51,8 +69,8 @@ std::vector<int> ParseList(const char* s) {
 
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
-  int context = 1024, steps = 64;
-  bool graphs = true, pdl = true;
+  int context = 1024, steps = 64, tp = 1;
+  bool graphs = true, pdl = true, custom_ar = true, big = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
@@ -60,30 +78,80 @@ int Main(int argc, char** argv) {
     if (a.rfind("--steps=", 0) == 0) steps = std::atoi(argv[i] + 8);
     if (a.rfind("--graphs=", 0) == 0) graphs = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--pdl=", 0) == 0) pdl = std::atoi(argv[i] + 6) != 0;
+    if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
+    if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
+    if (a == "--shape=70b") big = true;
   }
-  const ModelConfig model = Llama3_8B();
+  const int rank = comm::SpawnedRank();
+  if (tp > 1 && rank < 0) {  // the launcher: start the ranks, wait for them
+    auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
+    if (!server.ok()) return 1;
+    std::vector<pid_t> pids;
+    for (int r = 0; r < tp; ++r) {
+      pids.push_back(comm::SpawnRank(r, tp, (*server)->port(),
+                                     std::vector<std::string>(argv + 1, argv + argc)));
+    }
+    int rc = 0;
+    for (pid_t p : pids) rc |= comm::WaitRank(p, absl::Minutes(9)) != 0;
+    return rc;
+  }
+  const ModelConfig model = big ? Llama3_70B() : Llama3_8B();
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
   backend.programmatic_launch = pdl;
+  backend.custom_all_reduce = custom_ar;
+  // Graphs for the measured batch sizes only: capture time is not what is measured here.
+  backend.graph_batch_sizes.assign(batches.begin(), batches.end());
+  std::unique_ptr<comm::GlooProcessGroup> group;
+  ModelConfig local = model;
+  const int me = rank < 0 ? 0 : rank;
+  if (tp > 1) {
+    comm::GlooGroupOptions g;
+    g.rank = me;
+    g.world_size = tp;
+    g.store_port = comm::SpawnedPort();
+    g.serve_store = false;
+    g.timeout = absl::Seconds(120);
+    auto made = comm::GlooProcessGroup::Create(g);
+    auto plan = DummyWeightPlan(model, TpShard{me, tp});
+    auto local_config = LocalModelConfig(model, TpShard{me, tp});
+    if (!made.ok() || !plan.ok() || !local_config.ok()) return 1;
+    group = *std::move(made);
+    local = *local_config;
+    backend.device = me;
+    backend.group = group.get();
+    backend.dummy_plan = *plan;
+    backend.comm_timeout = absl::Seconds(120);
+  }
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   EngineConfig config;
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
   config.max_model_len = 8192;
-  auto engine = Engine::Create(config, model, ModelWeights{}, {}, &factory);
+  const auto created = std::chrono::steady_clock::now();
+  auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
     return 1;
   }
-  // Weight bytes read per decode step: every parameter once (bf16), tied or not.
-  const double weight_bytes = static_cast<double>(model.NumParameters()) * 2.0;
-  std::printf(
-      "Llama-3-8B shapes, dummy bf16 weights (%.2f GB), CUDA graphs %s, PDL %s, context %d\n",
-      weight_bytes / 1e9, graphs ? "on" : "off", pdl ? "on" : "off", context);
-  std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
-              "% roof");
+  const double create_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+  // Bytes read per decode step on one GPU: its weights (bf16) and, per sequence, its KV heads.
+  const double weight_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
+  const double kv_bytes_per_token = 2.0 * 2.0 * static_cast<double>(model.num_hidden_layers) *
+                                    static_cast<double>(local.num_key_value_heads * model.head_dim);
+  const bool print = me == 0;
+  if (print) {
+    std::printf(
+        "Llama-3-%s shapes, tp %d, dummy bf16 weights (%.2f GB per GPU, engine up in %.1f s), "
+        "CUDA graphs %s, PDL %s, all-reduce %s\n",
+        big ? "70B" : "8B", tp, weight_bytes / 1e9, create_s, graphs ? "on" : "off",
+        pdl ? "on" : "off", custom_ar ? "custom+nccl" : "nccl");
+    std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
+                "% roof");
+  }
   int64_t next_id = 0;
   for (int batch : batches) {
     for (int b = 0; b < batch; ++b) {
@@ -119,15 +187,19 @@ int Main(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
         steps;
     const double tok_s = batch * 1000.0 / ms;
-    const double roof_ms = weight_bytes / 4.3e12 * 1e3;
-    std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
-                batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+    const double roof_ms =
+        (weight_bytes + kv_bytes_per_token * batch * (context + steps / 2.0)) / 4.3e12 * 1e3;
+    if (print) {
+      std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
+                  batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+      std::fflush(stdout);
+    }
     while ((*engine)->HasUnfinished()) {
       auto u = (*engine)->Step();
       if (!u.ok()) return 1;
     }
   }
-  std::printf("roofline = weight bytes / 4.3 TB/s per step (KV reads not counted)\n");
+  if (print) std::printf("roofline = (weight + KV bytes per GPU) / 4.3 TB/s per step\n");
   return 0;
 }
 

@@ -1,8 +1,12 @@
 #include "runtime/parallel/group_backend.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "runtime/engine/kv_layout.h"
@@ -11,6 +15,10 @@
 
 namespace tandem::runtime {
 namespace {
+
+// How long ranks wait for each other to finish loading (a checkpoint of a large model on slow
+// disks), with progress in the log; the group's own --dist_timeout_s when longer.
+constexpr absl::Duration kLoadMeetLimit = absl::Minutes(15);
 
 // Shared memory between the ranks rank 0 started on its host; the group's broadcast otherwise.
 // Rank 0 and its followers decide alike: the segment exists on all of them or on none.
@@ -35,9 +43,22 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   backend.comm_timeout = group_options.timeout;
   backend.dcp_size = group_options.dcp;
   backend.dcp_interleave = group_options.dcp_interleave;
+  const absl::Time load_start = absl::Now();
   absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
   comm::ProcessGroup* group = out.group->group();
   if (group != nullptr) {
+    // The ranks load at their own pace: meet with a log line every 10 s naming the ranks still
+    // loading, so a slow peer shows in the log instead of as a collective's timeout.
+    const int rank = out.group->rank();
+    LOG(INFO) << "worker group: rank " << rank << " loaded the model in "
+              << absl::FormatDuration(absl::Now() - load_start);
+    RETURN_IF_ERROR(group->MeetWithProgress(
+        "loaded", std::max(kLoadMeetLimit, group_options.timeout), absl::Seconds(10),
+        [rank](const std::vector<int>& missing, absl::Duration waited) {
+          LOG(INFO) << "worker group: rank " << rank << " waits for rank(s) "
+                    << absl::StrJoin(missing, ", ") << " to finish loading ("
+                    << absl::FormatDuration(absl::Trunc(waited, absl::Seconds(1))) << ")";
+        }));
     // Every rank states what it loaded, even a failed load: the others then fail with a message
     // naming it instead of waiting on a collective it will never join.
     const std::string identity =

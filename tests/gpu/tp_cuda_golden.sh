@@ -6,7 +6,8 @@
 # Criteria (the CUDA golden rule, tests/golden/README.md): last-prompt logits cosine >= 0.999
 # to transformers and to TP=1; first greedy token equal to TP=1 wherever TP=1's top-2 gap is
 # >= 3% of max|logit|; reported: greedy tokens equal to TP=1, prompt by prompt.
-# Also a dummy Llama-shaped model (llama-100m) at TP=2 vs TP=1 by the same logits rule.
+# Also a dummy Llama-shaped model (llama-100m) at TP=2 vs TP=1 by the same logits rule, from
+# files and drawn on the devices (--load_format=dummy).
 #
 #   tests/gpu/tp_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -30,8 +31,7 @@ for variant in llama_f32_gqa llama_f32_mqa_headdim_bias llama_f32_llama3_tied qw
     echo "FAIL $variant"; tail -3 "$LOG/$variant.2.jsonl.err"; failed=$((failed + 1))
   fi
 done
-# Random Llama-shaped weights written as a checkpoint (the device dummy generator draws whole
-# tensors, so TP ranks read the same files instead).
+# Random Llama-shaped weights written as a checkpoint, every rank reading its slices.
 "$B/bin/runtime/model/make_dummy_model" --config=llama-100m --dtype=bfloat16 --seed=1 \
   --out="$LOG/llama100m" > "$LOG/make_dummy.out" 2>&1
 DUMMY=(--model="$LOG/llama100m" --prompt_ids="5,6,7,8,9;100,200,300;17")
@@ -42,6 +42,17 @@ if run "$LOG/dummy.1.jsonl" "${DUMMY[@]}" && run "$LOG/dummy.2.jsonl" "${DUMMY[@
   echo "PASS llama-100m"; passed=$((passed + 1))
 else
   echo "FAIL llama-100m"; tail -3 "$LOG"/dummy.*.err; failed=$((failed + 1))
+fi
+# Dummy weights drawn on each rank's device, its slices only (runtime/model/dummy_draw.h): the
+# same seed is the same model at any TP, so TP=2 / TP=4 must match TP=1 by the same rule.
+DEV=(--load_format=dummy --dummy_config=llama-100m --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,300;17")
+if run "$LOG/devdummy.1.jsonl" "${DEV[@]}" && run "$LOG/devdummy.2.jsonl" "${DEV[@]}" --tp=2 $SHARE &&
+   run "$LOG/devdummy.4.jsonl" "${DEV[@]}" --tp=4 $TP4_FLAGS &&
+   compare device-dummy-tp2 "$LOG/devdummy.2.jsonl" "$LOG/devdummy.1.jsonl" &&
+   compare device-dummy-tp4 "$LOG/devdummy.4.jsonl" "$LOG/devdummy.1.jsonl"; then
+  echo "PASS device-dummy"; passed=$((passed + 1))
+else
+  echo "FAIL device-dummy"; tail -3 "$LOG"/devdummy.*.err; failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

@@ -1,0 +1,378 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "comm/custom_all_reduce.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+
+namespace tandem::comm {
+namespace {
+
+// The flags at the start of every rank's IPC allocation. flags[phase][block][rank]: the last
+// call whose barrier `phase` block `block` of `rank` reached (written by that rank into this
+// one's memory); counter[block]: this rank's calls so far, per block (local only).
+struct ArSignal {
+  uint32_t flags[2][kArMaxBlocks][kArMaxRanks];
+  uint32_t counter[kArMaxBlocks];
+};
+constexpr int64_t kSignalBytes = 4096;
+static_assert(sizeof(ArSignal) <= kSignalBytes);
+
+// Offsets inside an allocation of max_bytes: signal | staging half 0 | staging half 1 | result.
+__host__ __device__ int64_t StagingOffset(int64_t max_bytes, uint32_t call) {
+  return kSignalBytes + (call & 1) * max_bytes;
+}
+__host__ __device__ int64_t ResultOffset(int64_t max_bytes) { return kSignalBytes + 2 * max_bytes; }
+
+struct ArParams {
+  char* base[kArMaxRanks];  // every rank's allocation, mapped here
+  int rank = 0;
+  int64_t max_bytes = 0;
+  const uint4* in = nullptr;
+  uint4* out = nullptr;
+  ArLaunch launch;
+  uint64_t timeout_ns = 0;
+  int* abort = nullptr;  // mapped host flag
+};
+
+__device__ __forceinline__ ArSignal* SignalOf(const ArParams& p, int r) {
+  return reinterpret_cast<ArSignal*>(p.base[r]);
+}
+
+__device__ __forceinline__ void StoreRelease(uint32_t* addr, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* addr) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Block `blockIdx.x` of every rank meets here for `phase` of call `flag`: thread q < N tells
+// rank q this block arrived (release: the block's earlier writes, ordered by __syncthreads, are
+// visible to whoever acquires the flag) and waits until rank q's block arrived. Flags only grow,
+// and a peer may already be at the next call, hence ">=" (modulo 2^32). False when a peer did
+// not arrive within the timeout (then the host flag is raised).
+template <int N>
+__device__ bool BlockBarrier(const ArParams& p, int phase, uint32_t flag, int* failed) {
+  if (threadIdx.x == 0) *failed = 0;
+  __syncthreads();
+  if (threadIdx.x < N) {
+    const int q = threadIdx.x;
+    StoreRelease(&SignalOf(p, q)->flags[phase][blockIdx.x][p.rank], flag);
+    const uint32_t* mine = &SignalOf(p, p.rank)->flags[phase][blockIdx.x][q];
+    uint64_t start = 0;
+    for (uint32_t spins = 1; static_cast<int32_t>(LoadAcquire(mine) - flag) < 0; ++spins) {
+      if ((spins & 1023) != 0) continue;
+      const uint64_t now = GlobalTimerNs();
+      if (start == 0) start = now;
+      if (now - start > p.timeout_ns) {
+        atomicExch(failed, 1);
+        atomicExch(p.abort, 1);
+        __threadfence_system();
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return *failed == 0;
+}
+
+// 8 values of T per 16-byte pack, widened to fp32 and back (round to nearest even).
+template <typename T>
+struct Pack8;
+template <>
+struct Pack8<__nv_bfloat16> {
+  static constexpr int kValues = 8;
+  __device__ static void Add(const uint4& v, float* acc) {
+    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v);
+    for (int e = 0; e < kValues; ++e) acc[e] += __bfloat162float(x[e]);
+  }
+  __device__ static uint4 Round(const float* acc) {
+    uint4 v;
+    __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(&v);
+    for (int e = 0; e < kValues; ++e) x[e] = __float2bfloat16_rn(acc[e]);
+    return v;
+  }
+};
+template <>
+struct Pack8<__half> {
+  static constexpr int kValues = 8;
+  __device__ static void Add(const uint4& v, float* acc) {
+    const __half* x = reinterpret_cast<const __half*>(&v);
+    for (int e = 0; e < kValues; ++e) acc[e] += __half2float(x[e]);
+  }
+  __device__ static uint4 Round(const float* acc) {
+    uint4 v;
+    __half* x = reinterpret_cast<__half*>(&v);
+    for (int e = 0; e < kValues; ++e) x[e] = __float2half_rn(acc[e]);
+    return v;
+  }
+};
+template <>
+struct Pack8<float> {
+  static constexpr int kValues = 4;
+  __device__ static void Add(const uint4& v, float* acc) {
+    const float* x = reinterpret_cast<const float*>(&v);
+    for (int e = 0; e < kValues; ++e) acc[e] += x[e];
+  }
+  __device__ static uint4 Round(const float* acc) {
+    uint4 v;
+    float* x = reinterpret_cast<float*>(&v);
+    for (int e = 0; e < kValues; ++e) x[e] = acc[e];
+    return v;
+  }
+};
+
+// The fp32 sum of pack `pack` over the N staging buffers, in rank order 0..N-1 (every rank sums
+// in the same order: bit-identical results). __ldcg: peer memory is read past L1.
+template <typename T, int N>
+__device__ __forceinline__ uint4 SumPack(const ArParams& p, int64_t staging, int64_t pack) {
+  float acc[Pack8<T>::kValues] = {};
+#pragma unroll
+  for (int q = 0; q < N; ++q) {
+    Pack8<T>::Add(__ldcg(reinterpret_cast<const uint4*>(p.base[q] + staging) + pack), acc);
+  }
+  return Pack8<T>::Round(acc);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
+  __shared__ int failed;
+  const uint32_t flag = SignalOf(p, p.rank)->counter[blockIdx.x] + 1;
+  const int64_t staging = StagingOffset(p.max_bytes, flag);
+  uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
+  const int b = blockIdx.x, t = threadIdx.x;
+  for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, p.launch.packs)) >= 0; ++k) {
+    mine[i] = p.in[i];
+  }
+  if (!BlockBarrier<N>(p, 0, flag, &failed)) return;
+  for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, p.launch.packs)) >= 0; ++k) {
+    p.out[i] = SumPack<T, N>(p, staging, i);
+  }
+  if (t == 0) SignalOf(p, p.rank)->counter[b] = flag;
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kArThreads) TwoShotKernel(ArParams p) {
+  __shared__ int failed[2];
+  const uint32_t flag = SignalOf(p, p.rank)->counter[blockIdx.x] + 1;
+  const int64_t staging = StagingOffset(p.max_bytes, flag);
+  const int64_t result = ResultOffset(p.max_bytes);
+  uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
+  const int b = blockIdx.x, t = threadIdx.x;
+  const int64_t n = p.launch.segment;
+  for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, n)) >= 0; ++k) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t pack = ArSegmentPack(p.launch, j, i);
+      if (pack >= 0) mine[pack] = p.in[pack];
+    }
+  }
+  if (!BlockBarrier<N>(p, 0, flag, &failed[0])) return;
+  // Reduce-scatter: this rank's segment, kept in its result buffer for the peers.
+  uint4* my_result = reinterpret_cast<uint4*>(p.base[p.rank] + result);
+  for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, n)) >= 0; ++k) {
+    const int64_t pack = ArSegmentPack(p.launch, p.rank, i);
+    if (pack < 0) continue;
+    const uint4 v = SumPack<T, N>(p, staging, pack);
+    my_result[pack] = v;
+    p.out[pack] = v;
+  }
+  if (!BlockBarrier<N>(p, 1, flag, &failed[1])) return;
+  // All-gather: every other segment from its owner.
+  for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, n)) >= 0; ++k) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t pack = ArSegmentPack(p.launch, j, i);
+      if (j == p.rank || pack < 0) continue;
+      p.out[pack] = __ldcg(reinterpret_cast<const uint4*>(p.base[j] + result) + pack);
+    }
+  }
+  if (t == 0) SignalOf(p, p.rank)->counter[b] = flag;
+}
+
+template <typename T, int N>
+cudaError_t LaunchFor(const ArParams& p, cudaStream_t stream) {
+  if (p.launch.path == ArPath::kOneShot) {
+    OneShotKernel<T, N><<<p.launch.blocks, kArThreads, 0, stream>>>(p);
+  } else {
+    TwoShotKernel<T, N><<<p.launch.blocks, kArThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchWorld(int world, const ArParams& p, cudaStream_t stream) {
+  switch (world) {
+    case 2:
+      return LaunchFor<T, 2>(p, stream);
+    case 4:
+      return LaunchFor<T, 4>(p, stream);
+    default:
+      return LaunchFor<T, 8>(p, stream);
+  }
+}
+
+// What a rank tells the others at creation.
+struct RankInfo {
+  char host[192];  // hostname + boot id: equal only for processes of one running machine
+  char bus_id[32];
+  cudaIpcMemHandle_t handle;
+  int32_t allocated;
+};
+
+std::string HostKey() {
+  char name[128] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id((std::istreambuf_iterator<char>(boot)), {});
+  return absl::StrCat(name, "/", id).substr(0, 191);
+}
+
+// Agreement: OK on every rank, or the number of ranks that said no.
+absl::StatusOr<int> CountRefusals(ProcessGroup* group, bool ok) {
+  float refusals = ok ? 0.0f : 1.0f;
+  RETURN_IF_ERROR(group->AllReduceSum(absl::MakeSpan(&refusals, 1)));
+  return static_cast<int>(refusals);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
+    ProcessGroup* group, const CustomAllReduceOptions& options, std::string* why_not) {
+  const int world = group->size(), rank = group->rank();
+  if (!(world == 2 || world == 4 || world == 8)) {
+    *why_not = absl::StrCat("world size ", world, " (2, 4 or 8 only)");
+    return nullptr;
+  }
+  std::unique_ptr<CustomAllReduce> ar(new CustomAllReduce(rank, world, options));
+  ar->peers_.assign(world, nullptr);
+  const int64_t bytes = ResultOffset(options.limits.max_bytes) + options.limits.max_bytes;
+  RankInfo mine{};
+  std::string local_problem;
+  const std::string host = HostKey();
+  std::memcpy(mine.host, host.data(), host.size());
+  if (cudaSetDevice(options.device) != cudaSuccess ||
+      cudaDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), options.device) != cudaSuccess ||
+      cudaMalloc(&ar->own_, bytes) != cudaSuccess ||
+      cudaMemset(ar->own_, 0, bytes) != cudaSuccess ||
+      cudaIpcGetMemHandle(&mine.handle, ar->own_) != cudaSuccess ||
+      cudaHostAlloc(reinterpret_cast<void**>(const_cast<int**>(&ar->abort_host_)), sizeof(int),
+                    cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&ar->abort_device_),
+                               const_cast<int*>(ar->abort_host_), 0) != cudaSuccess) {
+    cudaGetLastError();
+    local_problem = absl::StrCat("rank ", rank, ": IPC buffer allocation failed");
+  } else {
+    *ar->abort_host_ = 0;
+    mine.allocated = 1;
+  }
+  std::vector<RankInfo> all(world);
+  for (int r = 0; r < world; ++r) {
+    all[r] = mine;
+    RETURN_IF_ERROR(
+        group->Broadcast(absl::MakeSpan(reinterpret_cast<char*>(&all[r]), sizeof(RankInfo)), r));
+  }
+  for (int r = 0; r < world && local_problem.empty(); ++r) {
+    if (!all[r].allocated) local_problem = absl::StrCat("rank ", r, " has no IPC buffer");
+    if (std::strncmp(all[r].host, mine.host, sizeof(mine.host)) != 0) {
+      local_problem = absl::StrCat("ranks ", rank, " and ", r, " are on different hosts");
+    }
+    if (r == rank || !local_problem.empty()) continue;
+    int device = -1, can = 0;
+    if (std::strncmp(all[r].bus_id, mine.bus_id, sizeof(mine.bus_id)) == 0) {
+      local_problem = absl::StrCat("ranks ", rank, " and ", r, " share GPU ", mine.bus_id);
+    } else if (cudaDeviceGetByPCIBusId(&device, all[r].bus_id) != cudaSuccess ||
+               cudaDeviceCanAccessPeer(&can, options.device, device) != cudaSuccess || !can) {
+      cudaGetLastError();
+      local_problem = absl::StrCat("rank ", rank, " cannot access rank ", r, "'s GPU ",
+                                   all[r].bus_id, " (not visible or no peer access)");
+    }
+  }
+  ASSIGN_OR_RETURN(int refusals, CountRefusals(group, local_problem.empty()));
+  for (int r = 0; r < world && refusals == 0; ++r) {
+    if (r == rank) {
+      ar->peers_[r] = ar->own_;
+    } else if (cudaIpcOpenMemHandle(&ar->peers_[r], all[r].handle,
+                                    cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+      cudaGetLastError();
+      ar->peers_[r] = nullptr;
+      local_problem = absl::StrCat("rank ", rank, ": cudaIpcOpenMemHandle of rank ", r, " failed");
+      break;
+    }
+  }
+  if (refusals == 0) {
+    ASSIGN_OR_RETURN(refusals, CountRefusals(group, local_problem.empty()));
+  }
+  if (refusals > 0) {
+    *why_not = local_problem.empty() ? absl::StrCat(refusals, " rank(s) could not set it up")
+                                     : local_problem;
+    return nullptr;  // the destructor unmaps and frees what exists
+  }
+  // Every rank's flags are zero before anyone signals into them.
+  RETURN_IF_ERROR(group->Barrier());
+  return ar;
+}
+
+CustomAllReduce::~CustomAllReduce() {
+  cudaSetDevice(options_.device);
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
+    if (r != rank_ && peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
+  }
+  if (own_ != nullptr) cudaFree(own_);
+  if (abort_host_ != nullptr) cudaFreeHost(const_cast<int*>(abort_host_));
+}
+
+ArLaunch CustomAllReduce::Plan(int64_t bytes) const {
+  return PlanAllReduce(bytes, world_, true, options_.limits);
+}
+
+bool CustomAllReduce::Aborted() const { return *abort_host_ != 0; }
+
+absl::Status CustomAllReduce::AllReduce(const void* in, void* out, int64_t count, CommDtype dtype,
+                                        cudaStream_t stream) {
+  ArParams p;
+  p.launch = Plan(count * CommDtypeBytes(dtype));
+  if (p.launch.path == ArPath::kNccl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("custom all-reduce: ", count, " elements take another path"));
+  }
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return absl::InvalidArgumentError("custom all-reduce: buffers must be 16-byte aligned");
+  }
+  for (int r = 0; r < world_; ++r) p.base[r] = static_cast<char*>(peers_[r]);
+  p.rank = rank_;
+  p.max_bytes = options_.limits.max_bytes;
+  p.in = static_cast<const uint4*>(in);
+  p.out = static_cast<uint4*>(out);
+  p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  p.abort = abort_device_;
+  cudaError_t e = cudaSuccess;
+  switch (dtype) {
+    case CommDtype::kBf16:
+      e = LaunchWorld<__nv_bfloat16>(world_, p, stream);
+      break;
+    case CommDtype::kF16:
+      e = LaunchWorld<__half>(world_, p, stream);
+      break;
+    case CommDtype::kF32:
+      e = LaunchWorld<float>(world_, p, stream);
+      break;
+  }
+  CUDA_RETURN_IF_ERROR(e);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::comm

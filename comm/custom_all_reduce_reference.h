@@ -1,0 +1,31 @@
+// The custom all-reduce on the host (CI has no GPU): the kernels' phases played rank by rank and
+// block by block with the pack assignment of custom_all_reduce_layout.h, on bf16 values summed
+// the way the kernels sum them. Checks what the per-block flag barriers rely on: every pack a
+// block reads from a peer's buffer was written there by the same block index of that peer in an
+// earlier phase of the same call, and every output pack is written exactly once.
+//
+// Thread-safe (no state).
+#ifndef TANDEM_COMM_CUSTOM_ALL_REDUCE_REFERENCE_H_
+#define TANDEM_COMM_CUSTOM_ALL_REDUCE_REFERENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/custom_all_reduce_layout.h"
+
+namespace tandem::comm {
+
+// Each rank's output of `launch` (one-shot or two-shot) over `inputs` (one bf16 vector per rank,
+// launch.packs * 8 values each). FAILED_PRECONDITION naming the rank, block and pack when the
+// assignment breaks the barrier discipline or leaves an output pack unwritten / written twice;
+// INVALID_ARGUMENT for inputs that do not match the launch.
+absl::StatusOr<std::vector<std::vector<uint16_t>>> SimulateAllReduceBf16(
+    const std::vector<std::vector<uint16_t>>& inputs, const ArLaunch& launch);
+
+// The sum every rank must get: fp32 accumulation in rank order 0..N-1, rounded to bf16 once.
+std::vector<uint16_t> AllReduceReferenceBf16(const std::vector<std::vector<uint16_t>>& inputs);
+
+}  // namespace tandem::comm
+
+#endif  // TANDEM_COMM_CUSTOM_ALL_REDUCE_REFERENCE_H_
