@@ -85,8 +85,8 @@ class RouterSecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     absl::StatusOr<TestCerts> certs = MakeTestCerts(
-        "cluster", {"--worker=decode-7:decode", "--worker=p0:prefill", "--worker=d0:decode",
-                    "--worker=prefill-0:prefill", "--worker=decode-0:decode"});
+        "cluster",
+        {"--worker=decode-7:decode", "--worker=prefill-0:prefill", "--worker=decode-0:decode"});
     absl::StatusOr<TestCerts> other = MakeTestCerts("other");
     ASSERT_TRUE(certs.ok() && other.ok());
     certs_ = new TestCerts(*certs);
@@ -100,9 +100,8 @@ class RouterSecurityTest : public ::testing::Test {
         {srcdir + "/tandem/router/tandem_router", "--listen=127.0.0.1:0",
          "--internal_listen=127.0.0.1:0", "--port_file=" + dir + "/public.port",
          "--internal_port_file=" + dir + "/internal.port", "--heartbeat_interval_ms=50",
-         "--worker_timeout_ms=2000", "--tls_cert=" + certs_->Pem("router"),
-         "--tls_key=" + certs_->Key("router"), "--tls_ca=" + certs_->Ca(),
-         "--api_key_file=" + dir + "/keys"},
+         "--tls_cert=" + certs_->Pem("router"), "--tls_key=" + certs_->Key("router"),
+         "--tls_ca=" + certs_->Ca(), "--api_key_file=" + dir + "/keys"},
         dir + "/router.log");
     public_ = new std::string(WaitForFile(dir + "/public.port"));
     internal_ = new std::string(WaitForFile(dir + "/internal.port"));
@@ -152,16 +151,16 @@ class RouterSecurityTest : public ::testing::Test {
     v1::RegisterWorkerResponse resp;
     return stub->RegisterWorker(&ctx, req, &resp);
   }
-  // A fake worker registering with the router under certificate `cert` (its own: named `id`).
+  // A fake worker registering with its own certificate (named `id`) and, as a daemon does, its
+  // start time as the epoch: it replaces the previous test's worker of that id at once.
   std::unique_ptr<FakeWorker> StartWorker(const std::string& id, v1::WorkerRole role,
-                                          const std::string& cert, absl::Duration token_delay,
-                                          uint64_t epoch = 1) {
+                                          absl::Duration token_delay) {
     FakeWorkerOptions o;
     o.worker_id = id;
     o.role = role;
-    o.epoch = epoch;
+    o.epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
     o.router_address = *internal_;
-    o.security = certs_->Config(cert);
+    o.security = certs_->Config(id);
     o.token_delay = token_delay;
     absl::StatusOr<std::unique_ptr<FakeWorker>> w = FakeWorker::Start(o);
     EXPECT_TRUE(w.ok()) << w.status();
@@ -178,7 +177,7 @@ class RouterSecurityTest : public ::testing::Test {
     }
     return out;
   }
-  // Waits until exactly `ids` are healthy (workers of earlier tests time out after 2 s).
+  // Waits until exactly `ids` are healthy.
   static void WaitForHealthy(const std::set<std::string>& ids) {
     std::set<std::string> now;
     for (int i = 0; i < 300; ++i) {
@@ -298,9 +297,9 @@ TEST_F(RouterSecurityTest, InternalPortChecksCertificatesAndRoles) {
 
 TEST_F(RouterSecurityTest, ServesAndScopesRequestIdsToTheKey) {
   std::unique_ptr<FakeWorker> p =
-      StartWorker("p0", v1::WORKER_ROLE_PREFILL, "p0", absl::ZeroDuration());
+      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, absl::ZeroDuration());
   std::unique_ptr<FakeWorker> d =
-      StartWorker("d0", v1::WORKER_ROLE_DECODE, "d0", absl::Milliseconds(20));
+      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, absl::Milliseconds(20));
   // Alice's long request, id "job".
   auto alice = RouterStub(*public_, PublicClient(), kAlice);
   grpc::ClientContext ctx;
@@ -357,10 +356,12 @@ TEST_F(RouterSecurityTest, ServesAndScopesRequestIdsToTheKey) {
 // 2^64-1; prompts went to the imposter, and the real decode-0 stayed locked out.
 TEST_F(RouterSecurityTest, RoleOnlyCertificateCannotTakeOverAWorker) {
   std::unique_ptr<FakeWorker> p =
-      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, "prefill-0", absl::ZeroDuration());
+      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, absl::ZeroDuration());
   std::unique_ptr<FakeWorker> d =
-      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, "decode-0", absl::ZeroDuration());
+      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, absl::ZeroDuration());
   WaitForHealthy({"prefill-0", "decode-0"});
+  const v1::WorkerEntry real = Workers(false)["decode-0"];
+  ASSERT_EQ(real.info().address(), d->address());
   const uint64_t kMaxEpoch = ~uint64_t{0};
   grpc::Status s =
       Register(*internal_, certs_->Config("decode"), v1::WORKER_ROLE_DECODE, "decode-0", kMaxEpoch);
@@ -392,7 +393,7 @@ TEST_F(RouterSecurityTest, RoleOnlyCertificateCannotTakeOverAWorker) {
   std::map<std::string, v1::WorkerEntry> workers = Workers(false);
   ASSERT_EQ(workers.count("decode-0"), 1u);
   EXPECT_EQ(workers["decode-0"].info().address(), d->address());
-  EXPECT_EQ(workers["decode-0"].info().epoch(), 1u);
+  EXPECT_EQ(workers["decode-0"].info().epoch(), real.info().epoch());
   EXPECT_EQ(workers["decode-0"].info().vocab_size(), 1000u);
   imposter->reset();
   for (int i = 0; i < 4; ++i) GenerateAndCheck(rng);  // the real decode-0 serves on
@@ -401,9 +402,9 @@ TEST_F(RouterSecurityTest, RoleOnlyCertificateCannotTakeOverAWorker) {
 // Issue 30 item 4: decode.pem heartbeating DRAINING for prefill-0 failed 54 of 56 requests.
 TEST_F(RouterSecurityTest, OnlyAWorkersOwnCertificateHeartbeatsForIt) {
   std::unique_ptr<FakeWorker> p =
-      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, "prefill-0", absl::ZeroDuration(), 2);
+      StartWorker("prefill-0", v1::WORKER_ROLE_PREFILL, absl::ZeroDuration());
   std::unique_ptr<FakeWorker> d =
-      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, "decode-0", absl::ZeroDuration(), 2);
+      StartWorker("decode-0", v1::WORKER_ROLE_DECODE, absl::ZeroDuration());
   WaitForHealthy({"prefill-0", "decode-0"});
   // The forger knows prefill-0's epoch (ListWorkers) and drains it every 2 ms meanwhile.
   const uint64_t epoch = Workers(false)["prefill-0"].info().epoch();
