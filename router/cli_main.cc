@@ -218,6 +218,9 @@ absl::Status Generate() {
   }
   grpc::Status status = reader->Finish();
   if (!json && !tokens.empty()) std::printf("\n");
+  // The summary and errors go to stderr, which is not buffered: end the token line first, or
+  // with both streams on one pipe (a log, `2>&1 | tee`) the summary lands on the token line.
+  std::fflush(stdout);
   if (!status.ok()) return FromGrpcStatus(status);
   double itl_p50 = 0;
   if (!itl_ms.empty()) {

@@ -109,6 +109,12 @@ out=$("$CLI" generate --router="$ADDR" "${cli_sec[@]}" --prompt_ids=1,2,3 --max_
   || fail "generate failed"
 [[ $out == "${expected[*]}" ]] || fail "stream: want '${expected[*]}', got '$out'"
 grep -q "request_id=plain finish_reason=length" "$TMP/summary.txt" || fail "summary: $(cat "$TMP/summary.txt")"
+# Both streams on one pipe (a log, `2>&1 | tee`): stdout is then fully buffered, stderr not, and
+# the token line must still end before the summary line (it used to read "...532request_id=").
+out=$("$CLI" generate --router="$ADDR" "${cli_sec[@]}" --prompt_ids=1,2,3 --max_tokens=8 --request_id=piped 2>&1) \
+  || fail "generate (one pipe) failed"
+[[ $(sed -n 1p <<<"$out") == "${expected[*]}" ]] || fail "one pipe: token line: '$out'"
+[[ $(sed -n 2p <<<"$out") == "request_id=piped finish_reason=length "* ]] || fail "one pipe: summary line: '$out'"
 
 # Validation: non-zero exit with the gRPC status.
 "$CLI" generate --router="$ADDR" "${cli_sec[@]}" --prompt_ids=1,5000 --max_tokens=2 2>"$TMP/err.txt" && fail "bad token accepted"
