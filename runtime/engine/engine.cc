@@ -34,6 +34,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
       factory == nullptr ? CpuExecutorFactory(config.num_threads) : ExecutorFactory{};
   const ExecutorFactory& backend = factory == nullptr ? cpu_factory : *factory;
   if (!backend.create) return absl::InvalidArgumentError("ExecutorFactory without create()");
+  RETURN_IF_ERROR(ValidateSpeculativeConfig(config.speculative));
+  if (config.speculative.enabled() && !backend.verifies_drafts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", backend.name, " backend cannot verify drafts (speculative decoding)"));
+  }
   const int64_t max_model_len =
       config.max_model_len > 0
           ? std::min(config.max_model_len, model_config.max_position_embeddings)
@@ -72,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   sched_config.max_num_batched_tokens = config.max_num_batched_tokens;
   sched_config.max_num_seqs = config.max_num_seqs;
   sched_config.max_model_len = max_model_len;
+  sched_config.speculative = config.speculative;
   engine->scheduler_ =
       std::make_unique<Scheduler>(sched_config, std::move(kv_cache), model_config.eos_token_ids);
   ExecutorSpec spec;
@@ -81,6 +87,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   spec.max_num_batched_tokens = config.max_num_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
   spec.max_model_len = max_model_len;
+  spec.num_speculative_tokens =
+      config.speculative.enabled() ? config.speculative.num_speculative_tokens : 0;
   if (kv_pool_allocator && backend.accepts_external_pool) {
     // nullptr: the allocator declined; the executor allocates.
     ASSIGN_OR_RETURN(spec.kv_pool, kv_pool_allocator(num_blocks * block_bytes));
@@ -198,7 +206,7 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
   if (batch.empty()) return updates;
   ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
   std::vector<RequestUpdate> stepped =
-      scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits);
+      scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits, out.draft_samples);
   if (updates.empty()) return stepped;
   for (RequestUpdate& u : stepped) updates.push_back(std::move(u));
   return updates;

@@ -20,6 +20,7 @@
 #include "runtime/engine/model_executor.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
+#include "runtime/engine/speculative.h"
 #include "runtime/kv_cache/kv_cache_manager.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -37,6 +38,9 @@ struct EngineConfig {
   int64_t max_model_len = 0;
   bool enable_prefix_caching = true;
   int num_threads = 2;  // CPU backend threads (when no ExecutorFactory is given)
+  // Speculative decoding (speculative.h); off by default. Needs a backend that verifies drafts
+  // (ExecutorFactory::verifies_drafts).
+  SpeculativeConfig speculative;
 };
 
 // Provides the KV pool's memory (`bytes`, float-aligned), e.g. from a transfer agent that can
@@ -85,6 +89,8 @@ class Engine {
   // Scheduler::TakeQueueTimes / num_kv_recomputes.
   std::vector<absl::Duration> TakeQueueTimes() { return scheduler_->TakeQueueTimes(); }
   uint64_t num_kv_recomputes() const { return scheduler_->num_kv_recomputes(); }
+  // Speculative decoding counters (all zero when off).
+  const SpecStats& spec_stats() const { return scheduler_->spec_stats(); }
   // Prefix-cache change log (KvCacheManager::EnableCacheEvents / TakeCacheEvents).
   void EnableCacheEvents(bool enable) { scheduler_->mutable_kv_cache().EnableCacheEvents(enable); }
   void TakeCacheEvents(std::vector<uint64_t>* added, std::vector<uint64_t>* removed) {

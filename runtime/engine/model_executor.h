@@ -23,6 +23,9 @@ namespace tandem::runtime {
 struct RunnerOutput {
   std::vector<int32_t> sampled_tokens;                 // [num seqs]; -1 where not sampling
   std::vector<std::vector<float>> last_prompt_logits;  // [num seqs]; filled where captured
+  // [num seqs]; for a sequence with num_draft_tokens = K > 0: the K samples at the positions of
+  // its last token and its first K - 1 drafts (sampled_tokens holds the one after the last draft).
+  std::vector<std::vector<int32_t>> draft_samples;
 };
 
 // Counters for tests and benchmarks (backends fill what applies).
@@ -64,6 +67,8 @@ struct ExecutorSpec {
   int64_t max_num_batched_tokens = 0;
   int64_t max_num_seqs = 0;
   int64_t max_model_len = 0;
+  // Speculative decoding's K (0: off): a step samples up to max_num_seqs * (K + 1) rows.
+  int64_t num_speculative_tokens = 0;
 };
 
 // A backend: the size of one KV element (so the engine can turn a byte budget into blocks) and
@@ -78,6 +83,9 @@ struct ExecutorFactory {
   int64_t kv_elem_bytes() const { return KvDtypeBytes(kv_dtype); }
   // The KvPoolAllocator may provide the pool only for host-memory backends.
   bool accepts_external_pool = true;
+  // The executor samples every draft position of a verify pass (ScheduledSeq::num_draft_tokens,
+  // RunnerOutput::draft_samples); the engine refuses speculative decoding on backends without.
+  bool verifies_drafts = false;
   // Decode context parallelism (runtime/kv_cache/dcp_blocks.h): the executor's group keeps each
   // request's KV in dcp_size shards, tokens dealt in units of dcp_interleave (0 = the block size).
   // The engine then books blocks per shard; ExecutorSpec::num_blocks is one shard's pool.

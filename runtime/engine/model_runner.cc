@@ -18,6 +18,7 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
   factory.name = "cpu";
   factory.kv_dtype = KvDtype::kF32;
   factory.accepts_external_pool = true;
+  factory.verifies_drafts = true;
   factory.dcp_size = dcp_size;
   factory.dcp_interleave = dcp_interleave;
   factory.create = [num_threads, group, dcp_size, dcp_interleave](
@@ -96,8 +97,12 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
         static_cast<int32_t>(kernels::DcpLocalCount(seq.num_computed_tokens + n, dcp)));
     std::copy(table.begin(), table.end(), block_tables_.begin() + s * max_blocks);
     if (seq.samples || seq.capture_prompt_logits) {
+      // A verify pass samples at its last token and at every draft: rows first .. first + K.
       logit_row_of_seq[s] = static_cast<int64_t>(logit_rows_.size());
-      logit_rows_.push_back(static_cast<int64_t>(token_ids_.size()) - 1);
+      const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
+      for (int64_t j = k; j >= 0; --j) {
+        logit_rows_.push_back(static_cast<int64_t>(token_ids_.size()) - 1 - j);
+      }
     }
   }
 
@@ -118,15 +123,23 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   RunnerOutput out;
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
+  out.draft_samples.resize(S);
   for (int64_t s = 0; s < S; ++s) {
-    const int64_t row = logit_row_of_seq[s];
-    if (row < 0) continue;
-    const float* logits = logits_.data() + row * vocab;
     const ScheduledSeq& seq = batch.seqs[s];
+    const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
+    const int64_t first = logit_row_of_seq[s];
+    if (first < 0) continue;
+    for (int64_t j = 0; j < k; ++j) {
+      out.draft_samples[s].push_back(
+          kernels::cpu::SampleToken(logits_.data() + (first + j) * vocab, vocab, seq.sampling,
+                                    static_cast<uint64_t>(seq.sample_step + j)));
+    }
+    const int64_t row = first + k;
+    const float* logits = logits_.data() + row * vocab;
     if (seq.capture_prompt_logits) out.last_prompt_logits[s].assign(logits, logits + vocab);
     if (seq.samples) {
       out.sampled_tokens[s] = kernels::cpu::SampleToken(logits, vocab, seq.sampling,
-                                                        static_cast<uint64_t>(seq.sample_step));
+                                                        static_cast<uint64_t>(seq.sample_step + k));
     }
   }
   return out;

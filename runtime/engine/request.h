@@ -90,6 +90,9 @@ struct Request {
   bool abort_after_load = false;
   // Admitted by the scheduler at least once (to run, or to load its remote KV).
   bool scheduled = false;
+  // Speculative decoding: this step's verify input, [last token, drafts...] (the scheduled
+  // sequence's new_tokens point here until Update).
+  std::vector<int32_t> verify_input;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

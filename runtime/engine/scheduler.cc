@@ -82,12 +82,18 @@ void Scheduler::Preempt(Request* req) {
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
+  // num_new past the request's tokens: its verify_input (last token + drafts) is fed.
   auto add_seq = [&](Request* req, int64_t num_new) {
     ScheduledSeq seq;
     seq.request_id = req->id;
     seq.num_computed_tokens = req->num_computed_tokens;
-    seq.new_tokens = absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, num_new);
-    const int64_t end = req->num_computed_tokens + num_new;
+    const int64_t known = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
+    seq.num_draft_tokens = std::max<int64_t>(0, num_new - known);
+    seq.new_tokens =
+        seq.num_draft_tokens > 0
+            ? absl::MakeConstSpan(req->verify_input)
+            : absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, num_new);
+    const int64_t end = req->num_computed_tokens + num_new - seq.num_draft_tokens;
     seq.samples = end == static_cast<int64_t>(req->tokens.size());
     seq.capture_prompt_logits = req->spec.capture_last_prompt_logits &&
                                 req->last_prompt_logits.empty() && seq.samples &&
@@ -105,6 +111,14 @@ SchedulerOutput Scheduler::Schedule() {
     const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
     const int64_t num_new = std::min(remaining, budget);
     if (num_new <= 0) {
+      ++i;
+      continue;
+    }
+    // A decoding request may verify drafts: only when its blocks can grow without preempting.
+    if (const int64_t drafts = remaining == 1 ? Draft(req, budget) : 0;
+        drafts > 0 &&
+        kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr)) {
+      add_seq(req, 1 + drafts);
       ++i;
       continue;
     }
@@ -194,6 +208,46 @@ bool Scheduler::AdmitRemoteKv(Request* req) {
   req->status = RequestStatus::kLoadingRemoteKv;
   loading_[req->id] = req;
   return true;
+}
+
+int64_t Scheduler::Draft(Request* req, int64_t budget) {
+  const SpeculativeConfig& spec = config_.speculative;
+  if (!spec.enabled()) return 0;
+  // Drafts plus the correction / bonus token never exceed max_tokens (so their positions stay
+  // inside the KV the request was validated for) or the step's token budget.
+  const int64_t room = std::min({spec.num_speculative_tokens,
+                                 req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
+  if (room <= 0) return 0;
+  std::vector<int32_t> drafts = NgramDraft(req->tokens, spec, room);
+  if (drafts.empty()) return 0;
+  req->verify_input.assign(1, req->tokens.back());
+  req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.end());
+  return static_cast<int64_t>(drafts.size());
+}
+
+void Scheduler::ApplyVerify(const ScheduledSeq& seq, int32_t last_sample,
+                            absl::Span<const int32_t> draft_samples, Request* req,
+                            RequestUpdate* update) {
+  const int64_t k = seq.num_draft_tokens;
+  const absl::Span<const int32_t> drafts = seq.new_tokens.subspan(1);
+  const int64_t accepted = AcceptedDraftLength(drafts, draft_samples);
+  spec_stats_.verify_passes += 1;
+  spec_stats_.drafted_tokens += static_cast<uint64_t>(k);
+  spec_stats_.accepted_tokens += static_cast<uint64_t>(accepted);
+  // The request gains x_0 .. x_accepted: the accepted drafts (x_i == d_{i+1}) and the sample at
+  // the first rejected position, or the bonus sample after the last draft. The KV of the fed
+  // last token and of the accepted drafts is valid; the rejected drafts' slots are rewritten by
+  // later steps (their positions are >= num_computed_tokens, never in a shared block).
+  int64_t emitted = 0;
+  for (int64_t i = 0; i <= accepted; ++i) {
+    const int32_t token = i < k ? draft_samples[i] : last_sample;
+    req->tokens.push_back(token);
+    update->new_token_ids.push_back(token);
+    ++emitted;
+    update->finish_reason = CheckStop(*req);
+    if (update->finish_reason != FinishReason::kNone) break;
+  }
+  req->num_computed_tokens += emitted;  // the last token and the accepted drafts before the cut
 }
 
 void Scheduler::MarkScheduled(Request* req) {
@@ -292,7 +346,8 @@ void Scheduler::Finish(Request* req, FinishReason reason, RequestUpdate* update)
 
 std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,
                                              absl::Span<const int32_t> sampled_tokens,
-                                             std::vector<std::vector<float>>* prompt_logits) {
+                                             std::vector<std::vector<float>>* prompt_logits,
+                                             absl::Span<const std::vector<int32_t>> draft_samples) {
   std::vector<RequestUpdate> updates;
   bool any_finished = false;
   for (size_t i = 0; i < output.seqs.size(); ++i) {
@@ -301,14 +356,23 @@ std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,
     if (it == requests_.end()) continue;  // aborted after scheduling
     Request* req = it->second.get();
     if (req->status != RequestStatus::kRunning) continue;
-    req->num_computed_tokens += static_cast<int64_t>(seq.new_tokens.size());
     RequestUpdate update;
     update.request_id = req->id;
+    if (seq.num_draft_tokens > 0) {
+      // A backend without the drafts' samples wasted the step: nothing advances (Engine::Create
+      // refuses speculation on such a backend, so this is a guard, not a path).
+      if (seq.samples && i < sampled_tokens.size() && i < draft_samples.size() &&
+          static_cast<int64_t>(draft_samples[i].size()) >= seq.num_draft_tokens) {
+        ApplyVerify(seq, sampled_tokens[i], draft_samples[i], req, &update);
+      }
+    } else {
+      req->num_computed_tokens += static_cast<int64_t>(seq.new_tokens.size());
+    }
     if (seq.capture_prompt_logits && prompt_logits != nullptr && i < prompt_logits->size()) {
       req->last_prompt_logits = std::move((*prompt_logits)[i]);
       update.last_prompt_logits = req->last_prompt_logits;
     }
-    if (seq.samples && i < sampled_tokens.size()) {
+    if (seq.samples && seq.num_draft_tokens == 0 && i < sampled_tokens.size()) {
       req->tokens.push_back(sampled_tokens[i]);
       update.new_token_ids.push_back(sampled_tokens[i]);
       update.finish_reason = CheckStop(*req);

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "kvtransfer/connector.h"
 #include "runtime/engine/request.h"
+#include "runtime/engine/speculative.h"
 #include "runtime/kv_cache/kv_cache_manager.h"
 
 namespace tandem::runtime {
@@ -38,6 +39,9 @@ struct SchedulerConfig {
   int64_t max_num_batched_tokens = 2048;  // token budget per step
   int64_t max_num_seqs = 256;             // running requests at most
   int64_t max_model_len = 4096;           // prompt + output tokens per request
+  // Off by default. When on, a decoding request feeds its last token plus up to K drafts
+  // (speculative.h); drafts count against the token budget and never cause a preemption.
+  SpeculativeConfig speculative;
 };
 
 // One request's share of a step, as the model runner needs it.
@@ -52,6 +56,10 @@ struct ScheduledSeq {
   bool capture_prompt_logits = false;
   kernels::SamplingParams sampling;
   int64_t sample_step = 0;  // output index of the token sampled this step (Philox counter)
+  // Speculative decoding: the last num_draft_tokens of new_tokens are drafts. The executor then
+  // samples at each of the last num_draft_tokens + 1 positions, position j with Philox counter
+  // sample_step + j (RunnerOutput::draft_samples, sampled_tokens holding the last).
+  int64_t num_draft_tokens = 0;
 };
 
 struct SchedulerOutput {
@@ -64,7 +72,8 @@ struct SchedulerOutput {
 // Per-request result of a step, returned by Update().
 struct RequestUpdate {
   int64_t request_id = 0;
-  std::vector<int32_t> new_token_ids;  // 0 or 1 token
+  // 0 or 1 token; up to K + 1 when a verify pass accepted drafts (cut at a stop condition).
+  std::vector<int32_t> new_token_ids;
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<float> last_prompt_logits;  // moved out once, when captured
   int64_t num_prompt_tokens = 0;
@@ -104,11 +113,14 @@ class Scheduler {
   SchedulerOutput Schedule();
 
   // Applies one step's results. sampled_tokens[i] belongs to output.seqs[i] (ignored unless
-  // seqs[i].samples); prompt_logits[i] (possibly empty) to seqs[i] when capture_prompt_logits.
-  // Returns one update per scheduled request that produced a token or finished.
+  // seqs[i].samples); prompt_logits[i] (possibly empty) to seqs[i] when capture_prompt_logits;
+  // draft_samples[i] (seqs[i].num_draft_tokens > 0) the samples at the positions before each
+  // draft (speculative.h). Returns one update per scheduled request that produced a token or
+  // finished.
   std::vector<RequestUpdate> Update(const SchedulerOutput& output,
                                     absl::Span<const int32_t> sampled_tokens,
-                                    std::vector<std::vector<float>>* prompt_logits);
+                                    std::vector<std::vector<float>>* prompt_logits,
+                                    absl::Span<const std::vector<int32_t>> draft_samples = {});
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -126,6 +138,8 @@ class Scheduler {
   // Requests whose remote KV failed to load and that were queued to prefill here instead
   // (KvLoadFailurePolicy::kRecompute).
   uint64_t num_kv_recomputes() const { return kv_recomputes_; }
+  // Speculative decoding counters since the scheduler started.
+  const SpecStats& spec_stats() const { return spec_stats_; }
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !loading_.empty(); }
   const KvCacheManager& kv_cache() const { return *kv_cache_; }
   KvCacheManager& mutable_kv_cache() { return *kv_cache_; }
@@ -141,6 +155,13 @@ class Scheduler {
   // Waiting request with remote KV: allocates and registers its load. False: no room now.
   bool AdmitRemoteKv(Request* req);
   RequestUpdate MakeUpdate(const Request& req) const;
+  // A decoding request's drafts for this step (at most `budget` - 1 of them), in
+  // req->verify_input after its last token; 0 when it does not speculate.
+  int64_t Draft(Request* req, int64_t budget);
+  // Applies a verify pass to `req` (num_computed_tokens not yet advanced): appends the accepted
+  // drafts and the correction / bonus token, stopping at a stop condition, into `update`.
+  void ApplyVerify(const ScheduledSeq& seq, int32_t last_sample,
+                   absl::Span<const int32_t> draft_samples, Request* req, RequestUpdate* update);
   // `req` was admitted: the first time, its queue time is reported (TakeQueueTimes).
   void MarkScheduled(Request* req);
 
@@ -155,6 +176,7 @@ class Scheduler {
   kvtransfer::KvConnector* connector_;
   std::vector<absl::Duration> queue_times_;
   uint64_t kv_recomputes_ = 0;
+  SpecStats spec_stats_;
 };
 
 }  // namespace tandem::runtime

@@ -1,0 +1,89 @@
+#include "runtime/engine/speculative.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime {
+
+absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(absl::string_view name) {
+  if (name.empty() || name == "none") return SpeculativeMethod::kNone;
+  if (name == "ngram") return SpeculativeMethod::kNgram;
+  if (name == "draft" || name == "mtp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative_method=", name, " is not built yet (issue 34); this build drafts: ngram"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--speculative_method must be none or ngram, got '", name, "'"));
+}
+
+const char* SpeculativeMethodName(SpeculativeMethod method) {
+  switch (method) {
+    case SpeculativeMethod::kNone:
+      return "none";
+    case SpeculativeMethod::kNgram:
+      return "ngram";
+  }
+  return "unknown";
+}
+
+absl::Status ValidateSpeculativeConfig(const SpeculativeConfig& config) {
+  if (config.method == SpeculativeMethod::kNone) {
+    if (config.num_speculative_tokens < 0) {
+      return absl::InvalidArgumentError("--num_speculative_tokens must not be negative");
+    }
+    return absl::OkStatus();
+  }
+  if (config.num_speculative_tokens < 1 || config.num_speculative_tokens > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_speculative_tokens must be in [1, 16] with --speculative_method=",
+        SpeculativeMethodName(config.method), ", got ", config.num_speculative_tokens));
+  }
+  if (config.ngram_min < 1 || config.ngram_min > config.ngram_max || config.ngram_max > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1 <= --ngram_min <= --ngram_max <= 64, got ", config.ngram_min, " and ",
+                     config.ngram_max));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, const SpeculativeConfig& config,
+                                int64_t max_tokens) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  if (max_tokens <= 0) return {};
+  for (int64_t n = std::min(config.ngram_max, len - 1); n >= config.ngram_min; --n) {
+    const absl::Span<const int32_t> suffix = tokens.subspan(len - n, n);
+    // Latest earlier occurrence first: it starts before len - n (not the suffix itself).
+    for (int64_t start = len - n - 1; start >= 0; --start) {
+      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
+      const int64_t from = start + n;
+      const int64_t take = std::min(max_tokens, len - from);
+      return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + take);
+    }
+  }
+  return {};
+}
+
+int64_t AcceptedDraftLength(absl::Span<const int32_t> drafts,
+                            absl::Span<const int32_t> target_samples) {
+  int64_t a = 0;
+  while (a < static_cast<int64_t>(drafts.size()) &&
+         a < static_cast<int64_t>(target_samples.size()) && drafts[a] == target_samples[a]) {
+    ++a;
+  }
+  return a;
+}
+
+double SpecStats::acceptance_rate() const {
+  return drafted_tokens == 0
+             ? 0.0
+             : static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens);
+}
+
+double SpecStats::mean_accepted_length() const {
+  return verify_passes == 0
+             ? 0.0
+             : 1.0 + static_cast<double>(accepted_tokens) / static_cast<double>(verify_passes);
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,403 @@
+// Speculative decoding (n-gram drafts, verified in one step) through the CPU engine on random-
+// weight models, against the same engine without speculation:
+//  * greedy: token-for-token equal for K = 1, 3, 5 on repetitive prompts (drafts accepted) and
+//    random ones (drafts rejected), with a tight token budget and with preemption;
+//  * seeded sampling: the same tokens as without speculation for the same seed;
+//  * distribution: on a 16-token vocabulary, speculative and plain sampling with independent seeds
+//    agree per position (two-sample chi-square, p > 0.001), and the verifier's rule (sample, accept
+//    iff equal) accepts a point-mass draft with probability p(d) and otherwise follows p without d;
+//  * a stop token or max_tokens inside an accepted run cuts it there; abort frees every block;
+//    the prefix cache holds exactly the blocks of accepted tokens.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/sampling/sampling.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/speculative.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+ModelConfig TinyConfig(int64_t vocab = 256) {
+  auto config = PresetConfig("tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  ModelConfig c = *config;
+  c.max_position_embeddings = 256;
+  c.vocab_size = vocab;
+  return c;
+}
+
+SpeculativeConfig Ngram(int64_t k) {
+  SpeculativeConfig c;
+  c.method = SpeculativeMethod::kNgram;
+  c.num_speculative_tokens = k;
+  c.ngram_min = 1;
+  c.ngram_max = 3;
+  return c;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kNone;
+  int64_t max_update = 0;  // most tokens one update carried
+};
+
+struct Outcome {
+  std::vector<Result> results;
+  SpecStats stats;
+  std::vector<uint64_t> cached_hashes;  // sorted
+};
+
+Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs,
+               int64_t vocab = 256) {
+  const ModelConfig model = TinyConfig(vocab);
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, 4321));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  Outcome run;
+  run.results.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  for (int guard = 0; (*engine)->HasUnfinished() && guard < 100000; ++guard) {
+    auto updates = (*engine)->Step();
+    EXPECT_TRUE(updates.ok()) << updates.status();
+    if (!updates.ok()) break;
+    for (RequestUpdate& u : *updates) {
+      Result& r = run.results[u.request_id];
+      r.tokens.insert(r.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      r.max_update = std::max<int64_t>(r.max_update, u.new_token_ids.size());
+      if (u.finish_reason != FinishReason::kNone) r.reason = u.finish_reason;
+    }
+  }
+  EXPECT_FALSE((*engine)->HasUnfinished());
+  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks())
+      << "every block must return to the pool";
+  run.stats = (*engine)->spec_stats();
+  run.cached_hashes = (*engine)->CachedHashesShort();
+  std::sort(run.cached_hashes.begin(), run.cached_hashes.end());
+  return run;
+}
+
+// Half repetitive prompts (a short random pattern repeated: drafts get accepted), half random.
+std::vector<RequestSpec> Prompts(uint32_t seed, int n, int64_t vocab = 256) {
+  std::mt19937 rng(seed);
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < n; ++i) {
+    RequestSpec spec;
+    const int len = 4 + static_cast<int>(rng() % 40);
+    std::vector<int32_t> pattern(2 + rng() % 4);
+    for (int32_t& t : pattern) t = static_cast<int32_t>(rng() % vocab);
+    for (int t = 0; t < len; ++t) {
+      spec.prompt.push_back(i % 2 == 0 ? pattern[t % pattern.size()]
+                                       : static_cast<int32_t>(rng() % vocab));
+    }
+    spec.max_tokens = 4 + static_cast<int>(rng() % 40);
+    spec.ignore_eos = i % 3 != 0;  // some may end at the eos token (2)
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+void ExpectSameTokens(const Outcome& plain, const Outcome& spec, const std::string& what) {
+  ASSERT_EQ(plain.results.size(), spec.results.size());
+  for (size_t i = 0; i < plain.results.size(); ++i) {
+    EXPECT_EQ(plain.results[i].tokens, spec.results[i].tokens) << what << ": prompt " << i;
+    EXPECT_EQ(plain.results[i].reason, spec.results[i].reason) << what << ": prompt " << i;
+  }
+}
+
+TEST(SpeculativeEngineTest, GreedyIsTokenForTokenTheNonSpeculativeOutput) {
+  const std::vector<RequestSpec> specs = Prompts(11, 24);
+  EngineConfig base;
+  base.num_threads = 1;
+  const Outcome plain = RunAll(base, specs);
+  EXPECT_EQ(plain.stats.verify_passes, 0u);
+  for (int64_t k : {1, 3, 5}) {
+    EngineConfig config = base;
+    config.speculative = Ngram(k);
+    const Outcome spec = RunAll(config, specs);
+    ExpectSameTokens(plain, spec, "K=" + std::to_string(k));
+    // Both paths were exercised: accepted drafts and rejected ones.
+    EXPECT_GT(spec.stats.accepted_tokens, 0u) << "K=" << k;
+    EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens) << "K=" << k;
+    EXPECT_LE(spec.stats.drafted_tokens, spec.stats.verify_passes * k);
+    int64_t longest = 0;
+    for (const Result& r : spec.results) longest = std::max(longest, r.max_update);
+    EXPECT_GT(longest, 1) << "K=" << k << ": no update carried an accepted run";
+    EXPECT_LE(longest, k + 1);
+    // The prefix cache registered exactly the blocks decoding without speculation registers:
+    // only accepted tokens are hashed.
+    EXPECT_EQ(spec.cached_hashes, plain.cached_hashes) << "K=" << k;
+  }
+}
+
+TEST(SpeculativeEngineTest, GreedyExactUnderATightBudgetAndPreemption) {
+  const std::vector<RequestSpec> specs = Prompts(23, 16);
+  EngineConfig base;
+  base.num_threads = 1;
+  base.max_num_batched_tokens = 12;  // drafts shrink to the budget
+  base.kv_cache_bytes = 24 * 8192;   // 24 blocks of the tiny model: preemption
+  const Outcome plain = RunAll(base, specs);
+  EngineConfig config = base;
+  config.speculative = Ngram(4);
+  const Outcome spec = RunAll(config, specs);
+  ExpectSameTokens(plain, spec, "tight");
+  EXPECT_GT(spec.stats.accepted_tokens, 0u);
+}
+
+TEST(SpeculativeEngineTest, SeededSamplingReproducesTheNonSpeculativeTokens) {
+  std::vector<RequestSpec> specs = Prompts(37, 20);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].sampling.temperature = i % 2 ? 0.9f : 0.3f;
+    specs[i].sampling.top_k = i % 3 == 0 ? 8 : 0;
+    specs[i].sampling.top_p = i % 4 == 0 ? 0.9f : 1.0f;
+    specs[i].sampling.seed = 1000 + i;
+  }
+  EngineConfig base;
+  base.num_threads = 1;
+  const Outcome plain = RunAll(base, specs);
+  EngineConfig config = base;
+  config.speculative = Ngram(3);
+  const Outcome spec = RunAll(config, specs);
+  ExpectSameTokens(plain, spec, "seeded");
+  EXPECT_GT(spec.stats.accepted_tokens, 0u);
+  EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
+  // And again: the same seeds give the same tokens.
+  ExpectSameTokens(spec, RunAll(config, specs), "seeded, again");
+}
+
+// Two-sample chi-square statistic of counts a and b over the same categories, and its degrees of
+// freedom (categories seen in either, minus 1).
+std::pair<double, int> ChiSquare(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  double na = 0, nb = 0;
+  for (size_t v = 0; v < a.size(); ++v) {
+    na += a[v];
+    nb += b[v];
+  }
+  double stat = 0;
+  int cells = 0;
+  for (size_t v = 0; v < a.size(); ++v) {
+    const double total = a[v] + b[v];
+    if (total == 0) continue;
+    ++cells;
+    const double ea = total * na / (na + nb), eb = total * nb / (na + nb);
+    stat += (a[v] - ea) * (a[v] - ea) / ea + (b[v] - eb) * (b[v] - eb) / eb;
+  }
+  return {stat, cells - 1};
+}
+
+// The chi-square quantile with p = 0.001 above it (Wilson-Hilferty; within 1% for df >= 3).
+double ChiSquareCritical(int df) {
+  const double z = 3.0902;  // standard normal upper 0.001 quantile
+  const double t = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - t + z * std::sqrt(t), 3.0);
+}
+
+TEST(SpeculativeEngineTest, SampledDistributionPerPositionEqualsPlainSampling) {
+  constexpr int64_t kVocab = 16;
+  constexpr int kSamples = 6000;
+  constexpr int kPositions = 4;
+  // One repetitive prompt, many seeds: spec and plain draw independent seeds.
+  RequestSpec base_spec;
+  base_spec.prompt = {3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7};
+  base_spec.max_tokens = kPositions;
+  base_spec.ignore_eos = true;
+  base_spec.sampling.temperature = 1.0f;
+  auto make = [&](uint64_t first_seed) {
+    std::vector<RequestSpec> specs(kSamples, base_spec);
+    for (int i = 0; i < kSamples; ++i) specs[i].sampling.seed = first_seed + i;
+    return specs;
+  };
+  EngineConfig base;
+  base.num_threads = 1;
+  base.max_num_seqs = 1024;
+  base.max_num_batched_tokens = 8192;
+  const Outcome plain = RunAll(base, make(1), kVocab);
+  EngineConfig config = base;
+  config.speculative = Ngram(3);
+  const Outcome spec = RunAll(config, make(1 + kSamples), kVocab);
+  EXPECT_GT(spec.stats.accepted_tokens, 0u);
+  EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
+  for (int pos = 0; pos < kPositions; ++pos) {
+    std::vector<int64_t> a(kVocab, 0), b(kVocab, 0);
+    for (int i = 0; i < kSamples; ++i) {
+      ASSERT_EQ(plain.results[i].tokens.size(), static_cast<size_t>(kPositions));
+      ASSERT_EQ(spec.results[i].tokens.size(), static_cast<size_t>(kPositions));
+      ++a[plain.results[i].tokens[pos]];
+      ++b[spec.results[i].tokens[pos]];
+    }
+    const auto [stat, df] = ChiSquare(a, b);
+    ASSERT_GE(df, 3) << "position " << pos << ": too concentrated to test";
+    EXPECT_LT(stat, ChiSquareCritical(df)) << "position " << pos << " (df " << df << ")";
+  }
+}
+
+// The verifier's rule on one target distribution: drawing x with the request's sampler and
+// accepting draft d iff x == d accepts with probability p(d), and on rejection x follows p with d
+// removed and renormalised (Leviathan et al.'s residual for a point-mass draft).
+TEST(SpeculativeEngineTest, AcceptanceIsPTargetOfTheDraftAndTheResidualIsPWithoutIt) {
+  constexpr int kVocab = 8;
+  constexpr int kTrials = 20000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits(kVocab);
+  for (float& l : logits) l = normal(rng);
+  kernels::SamplingParams params;
+  params.temperature = 0.8f;
+  params.seed = 77;
+  std::vector<double> p(kVocab);
+  double z = 0;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  for (int v = 0; v < kVocab; ++v) z += p[v] = std::exp((logits[v] - mx) / params.temperature);
+  for (double& x : p) x /= z;
+  const int32_t draft = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+  int64_t accepted = 0;
+  std::vector<int64_t> residual(kVocab, 0);
+  for (int t = 0; t < kTrials; ++t) {
+    params.seed = 77 + t;
+    const int32_t x = kernels::cpu::SampleToken(logits.data(), kVocab, params, /*step=*/3);
+    const int32_t samples[1] = {x};
+    const int32_t drafts[1] = {draft};
+    if (AcceptedDraftLength(drafts, samples) == 1) {
+      ++accepted;
+    } else {
+      ++residual[x];
+    }
+  }
+  // Acceptance: binomial, 5 standard deviations.
+  const double sd = std::sqrt(kTrials * p[draft] * (1 - p[draft]));
+  EXPECT_NEAR(static_cast<double>(accepted), kTrials * p[draft], 5 * sd);
+  EXPECT_EQ(residual[draft], 0);
+  // Residual: goodness of fit against p without the draft, renormalised.
+  const double rejected = static_cast<double>(kTrials - accepted);
+  double stat = 0;
+  for (int v = 0; v < kVocab; ++v) {
+    if (v == draft) continue;
+    const double e = rejected * p[v] / (1 - p[draft]);
+    stat += (residual[v] - e) * (residual[v] - e) / e;
+  }
+  EXPECT_LT(stat, ChiSquareCritical(kVocab - 2));
+}
+
+// The first request of Prompts() whose speculative greedy run carried >= 2 tokens in one update
+// with a token, after the update's first, that the output had not had before: (prompt, output,
+// index of that token in the output).
+struct LongRun {
+  RequestSpec spec;
+  std::vector<int32_t> output;
+  size_t cut = 0;
+};
+
+LongRun FindLongRun(const EngineConfig& config) {
+  std::vector<RequestSpec> specs = Prompts(11, 24);
+  const ModelConfig model = TinyConfig();
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, 4321));
+  EXPECT_TRUE(engine.ok());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].ignore_eos = true;
+    specs[i].max_tokens = 40;
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  std::map<int64_t, std::vector<int32_t>> out;
+  std::map<int64_t, size_t> cut;
+  while ((*engine)->HasUnfinished()) {
+    auto updates = (*engine)->Step();
+    EXPECT_TRUE(updates.ok());
+    if (!updates.ok()) break;
+    for (const RequestUpdate& u : *updates) {
+      std::vector<int32_t>& o = out[u.request_id];
+      const size_t start = o.size();
+      o.insert(o.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      if (cut.contains(u.request_id)) continue;
+      for (size_t j = start + 1; j < o.size(); ++j) {
+        if (std::find(o.begin(), o.begin() + j, o[j]) == o.begin() + j) {
+          cut[u.request_id] = j;
+          break;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(cut.empty()) << "no accepted run brought a new token";
+  LongRun found;
+  if (cut.empty()) return found;
+  const int64_t id = cut.begin()->first;
+  found.spec = specs[id];
+  found.output = out[id];
+  found.cut = cut.begin()->second;
+  return found;
+}
+
+TEST(SpeculativeEngineTest, StopTokenAndMaxTokensInsideAnAcceptedRun) {
+  EngineConfig base;
+  base.num_threads = 1;
+  EngineConfig config = base;
+  config.speculative = Ngram(4);
+  const LongRun run = FindLongRun(config);
+  ASSERT_FALSE(run.output.empty());
+  // A stop token that a token inside the run is: the output ends there, with it.
+  RequestSpec stop = run.spec;
+  stop.stop_token_ids = {run.output[run.cut]};
+  const Outcome spec_stop = RunAll(config, {stop});
+  const Outcome plain_stop = RunAll(base, {stop});
+  ExpectSameTokens(plain_stop, spec_stop, "stop token");
+  const std::vector<int32_t> expected(run.output.begin(), run.output.begin() + run.cut + 1);
+  EXPECT_EQ(spec_stop.results[0].tokens, expected);
+  EXPECT_EQ(spec_stop.results[0].reason, FinishReason::kStopToken);
+  // max_tokens at every length up to past the run: exactly that many tokens, the same ones.
+  std::vector<RequestSpec> lengths;
+  for (size_t n = 1; n <= run.cut + 3 && n <= run.output.size(); ++n) {
+    RequestSpec s = run.spec;
+    s.max_tokens = static_cast<int64_t>(n);
+    lengths.push_back(s);
+  }
+  const Outcome spec_len = RunAll(config, lengths);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(spec_len.results[i].tokens,
+              std::vector<int32_t>(run.output.begin(), run.output.begin() + i + 1))
+        << "max_tokens " << i + 1;
+    EXPECT_EQ(spec_len.results[i].reason, FinishReason::kLength);
+  }
+}
+
+TEST(SpeculativeEngineTest, AbortWhileVerifyingFreesEveryBlock) {
+  const ModelConfig model = TinyConfig();
+  EngineConfig config;
+  config.num_threads = 1;
+  config.speculative = Ngram(5);
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, 4321));
+  ASSERT_TRUE(engine.ok());
+  std::vector<RequestSpec> specs = Prompts(11, 12);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].max_tokens = 60;
+    specs[i].ignore_eos = true;
+    ASSERT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  // Run until drafts were verified, then abort half the requests, finish the rest, abort none.
+  for (int guard = 0; (*engine)->spec_stats().accepted_tokens == 0 && guard < 200; ++guard) {
+    ASSERT_TRUE((*engine)->Step().ok());
+  }
+  ASSERT_GT((*engine)->spec_stats().accepted_tokens, 0u);
+  for (int64_t id = 0; id < 12; id += 2) EXPECT_TRUE((*engine)->Abort(id));
+  while ((*engine)->HasUnfinished()) ASSERT_TRUE((*engine)->Step().ok());
+  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
+}
+
+TEST(SpeculativeEngineTest, RefusesBadConfigs) {
+  const ModelConfig model = TinyConfig();
+  EngineConfig config;
+  config.speculative = Ngram(0);
+  EXPECT_FALSE(Engine::Create(config, model, RandomModelWeights(model, 1)).ok());
+  config.speculative = Ngram(2);
+  config.speculative.ngram_min = 5;
+  EXPECT_FALSE(Engine::Create(config, model, RandomModelWeights(model, 1)).ok());
+}
+
+}  // namespace
+}  // namespace tandem::runtime

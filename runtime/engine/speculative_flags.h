@@ -1,0 +1,21 @@
+// The speculative-decoding flags, one spelling for every binary that runs an engine
+// (//runtime:generate, //runtime:tandem_worker):
+//
+//   --speculative_method=none|ngram  --num_speculative_tokens=K  --ngram_min=N  --ngram_max=M
+//
+// Off by default. A prefill worker never speculates (tandem_worker ignores them for
+// --role=prefill).
+#ifndef TANDEM_RUNTIME_ENGINE_SPECULATIVE_FLAGS_H_
+#define TANDEM_RUNTIME_ENGINE_SPECULATIVE_FLAGS_H_
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/speculative.h"
+
+namespace tandem::runtime {
+
+// The flags as a validated SpeculativeConfig (INVALID_ARGUMENT naming the bad flag).
+absl::StatusOr<SpeculativeConfig> SpeculativeConfigFromFlags();
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_SPECULATIVE_FLAGS_H_

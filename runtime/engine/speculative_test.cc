@@ -1,0 +1,79 @@
+// The n-gram drafter and the acceptance rule, on hand-made token sequences.
+#include "runtime/engine/speculative.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::runtime {
+namespace {
+
+SpeculativeConfig Ngram(int64_t k, int64_t n_min, int64_t n_max) {
+  SpeculativeConfig c;
+  c.method = SpeculativeMethod::kNgram;
+  c.num_speculative_tokens = k;
+  c.ngram_min = n_min;
+  c.ngram_max = n_max;
+  return c;
+}
+
+TEST(NgramDraftTest, ContinuesTheLatestEarlierOccurrenceOfTheLongestSuffix) {
+  // Suffix [7, 8] occurred at 1 (followed by 9, 4) and at 5 (followed by 5, 6): the latest wins.
+  const std::vector<int32_t> tokens = {3, 7, 8, 9, 4, 7, 8, 5, 6, 1, 7, 8};
+  EXPECT_EQ(NgramDraft(tokens, Ngram(3, 1, 3), 3), (std::vector<int32_t>{5, 6, 1}));
+  // max_tokens caps the draft.
+  EXPECT_EQ(NgramDraft(tokens, Ngram(3, 1, 3), 1), (std::vector<int32_t>{5}));
+  // A longer suffix that matches beats a more recent shorter one: [1, 2, 3] matches at 0 only,
+  // [3] alone most recently at 4.
+  const std::vector<int32_t> t2 = {1, 2, 3, 9, 3, 8, 1, 2, 3};
+  EXPECT_EQ(NgramDraft(t2, Ngram(2, 1, 3), 2), (std::vector<int32_t>{9, 3}));
+  EXPECT_EQ(NgramDraft(t2, Ngram(2, 1, 1), 2), (std::vector<int32_t>{8, 1}));
+}
+
+TEST(NgramDraftTest, NoMatchNoDraftAndNeverPastTheEnd) {
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  EXPECT_TRUE(NgramDraft(tokens, Ngram(4, 1, 3), 4).empty());
+  // The match right before the end: only the tokens that exist follow it.
+  const std::vector<int32_t> rep = {5, 5, 5};
+  EXPECT_EQ(NgramDraft(rep, Ngram(4, 1, 2), 4), (std::vector<int32_t>{5}));
+  // ngram_min above every match length: nothing.
+  const std::vector<int32_t> pair = {1, 2, 9, 2};
+  EXPECT_TRUE(NgramDraft(pair, Ngram(2, 2, 3), 2).empty());
+  EXPECT_EQ(NgramDraft(pair, Ngram(2, 1, 3), 2), (std::vector<int32_t>{9, 2}));
+  EXPECT_TRUE(NgramDraft({}, Ngram(2, 1, 3), 2).empty());
+  EXPECT_TRUE(NgramDraft(tokens, Ngram(2, 1, 3), 0).empty());
+}
+
+TEST(AcceptedDraftLengthTest, LongestPrefixWhereTheTargetAgrees) {
+  EXPECT_EQ(AcceptedDraftLength({4, 5, 6}, {4, 5, 6}), 3);
+  EXPECT_EQ(AcceptedDraftLength({4, 5, 6}, {4, 9, 6}), 1);
+  EXPECT_EQ(AcceptedDraftLength({4, 5, 6}, {1, 5, 6}), 0);
+  EXPECT_EQ(AcceptedDraftLength({}, {1}), 0);
+}
+
+TEST(SpeculativeConfigTest, ParsesAndValidates) {
+  EXPECT_EQ(*ParseSpeculativeMethod("ngram"), SpeculativeMethod::kNgram);
+  EXPECT_EQ(*ParseSpeculativeMethod(""), SpeculativeMethod::kNone);
+  EXPECT_FALSE(ParseSpeculativeMethod("draft").ok());
+  EXPECT_FALSE(ParseSpeculativeMethod("eagle").ok());
+  EXPECT_TRUE(ValidateSpeculativeConfig(Ngram(4, 1, 4)).ok());
+  EXPECT_FALSE(ValidateSpeculativeConfig(Ngram(0, 1, 4)).ok());
+  EXPECT_FALSE(ValidateSpeculativeConfig(Ngram(17, 1, 4)).ok());
+  EXPECT_FALSE(ValidateSpeculativeConfig(Ngram(2, 3, 2)).ok());
+  EXPECT_FALSE(ValidateSpeculativeConfig(Ngram(2, 0, 2)).ok());
+  EXPECT_TRUE(ValidateSpeculativeConfig(SpeculativeConfig{}).ok());
+}
+
+TEST(SpecStatsTest, RatesFromCounters) {
+  SpecStats s;
+  EXPECT_EQ(s.acceptance_rate(), 0.0);
+  EXPECT_EQ(s.mean_accepted_length(), 0.0);
+  s.verify_passes = 4;
+  s.drafted_tokens = 12;
+  s.accepted_tokens = 6;
+  EXPECT_DOUBLE_EQ(s.acceptance_rate(), 0.5);
+  EXPECT_DOUBLE_EQ(s.mean_accepted_length(), 2.5);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
