@@ -37,6 +37,14 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
+  // The CUDA model runs the dense Llama layers (Llama, Qwen2, Mistral) only: refused at startup,
+  // before any device work, naming what it lacks.
+  if (model.IsMoe() || model.qk_norm) {
+    return absl::UnimplementedError(
+        absl::StrCat("--backend=cuda cannot run ", model.architecture, " yet (",
+                     model.IsMoe() ? "mixture-of-experts layers" : "per-head q/k norms",
+                     " are implemented on the CPU backend only); use --backend=cpu"));
+  }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;
   config.device = options.device;

@@ -50,6 +50,28 @@ TEST(BackendFactoryTest, RejectsUnknownBackendAndDtype) {
   EXPECT_NE(st.message().find("flash"), absl::string_view::npos) << st;
 }
 
+// Models the CUDA backend cannot run yet are refused by name, with or without a toolkit.
+TEST(BackendFactoryTest, CudaRefusesMoeAndQwen3ByArchitecture) {
+  BackendOptions options;
+  options.backend = "cuda";
+  for (const char* config :
+       {R"({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2})",
+        R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2})",
+        R"({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2})"}) {
+    absl::StatusOr<ModelConfig> model = ParseModelConfig(config);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::Status st = MakeExecutorFactory(options, *model).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+    EXPECT_NE(st.message().find("--backend=cuda cannot run " + model->architecture),
+              absl::string_view::npos)
+        << st;
+    options.backend = "cpu";
+    options.num_threads = 1;
+    EXPECT_TRUE(MakeExecutorFactory(options, *model).ok());  // the CPU backend runs them
+    options.backend = "cuda";
+  }
+}
+
 TEST(BackendFactoryTest, CudaBackendOrAClearError) {
   BackendOptions options;
   options.backend = "cuda";

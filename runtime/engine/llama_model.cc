@@ -13,6 +13,7 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
+#include "kernels/moe/moe.h"
 #include "runtime/engine/kv_layout.h"
 
 namespace tandem::runtime {
@@ -47,6 +48,20 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
     return absl::InvalidArgumentError(absl::StrCat(
         "weights have ", weights.layers.size(), " layers, config says ", config.num_hidden_layers));
   }
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    const bool moe = config.IsMoeLayer(l);
+    const int64_t experts_gate_up =
+        config.num_experts * 2 * config.moe_intermediate_size * config.hidden_size;
+    if ((config.qk_norm && (static_cast<int64_t>(w.q_norm.size()) != config.head_dim ||
+                            static_cast<int64_t>(w.k_norm.size()) != config.head_dim)) ||
+        (moe && (static_cast<int64_t>(w.router.size()) != config.num_experts * config.hidden_size ||
+                 static_cast<int64_t>(w.experts_gate_up.size()) != experts_gate_up)) ||
+        (!moe && w.gate_up_proj.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", l, " weights do not match the config (q/k norms, router or experts)"));
+    }
+  }
   const int64_t embed_elems = VocabRows(config, group) * config.hidden_size;
   if (static_cast<int64_t>(weights.embed_tokens.size()) != embed_elems ||
       (!weights.lm_head.empty() && static_cast<int64_t>(weights.lm_head.size()) != embed_elems)) {
@@ -80,7 +95,6 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
                                  absl::Span<const int64_t> logit_rows, std::vector<float>* logits) {
   const int64_t T = static_cast<int64_t>(input.token_ids.size());
   const int64_t H = config_.hidden_size;
-  const int64_t I = config_.intermediate_size;
   const int64_t D = config_.head_dim;
   const int64_t Hq = config_.num_attention_heads;
   const int64_t Hk = config_.num_key_value_heads;
@@ -106,8 +120,6 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   k_.resize(T * kv_dim);
   v_.resize(T * kv_dim);
   attn_.resize(T * q_dim);
-  gate_up_.resize(T * 2 * I);
-  act_.resize(T * I);
 
   // residual_ holds the stream; hidden_ the normalized input of the next sub-block.
   if (group_ == nullptr) {
@@ -152,6 +164,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
       std::copy(row + q_dim, row + q_dim + kv_dim, k_.data() + t * kv_dim);
       std::copy(row + q_dim + kv_dim, row + qkv_dim, v_.data() + t * kv_dim);
     }
+    if (config_.qk_norm) {  // Qwen3: RMSNorm over each head's D values, before RoPE
+      kernels::cpu::RmsNorm(q_.data(), w.q_norm.data(), T * Hq, D, eps, q_.data());
+      kernels::cpu::RmsNorm(k_.data(), w.k_norm.data(), T * Hk, D, eps, k_.data());
+    }
     kernels::cpu::ApplyRope(input.positions.data(), T, inv_freq_.data(), D, q_.data(), Hq,
                             k_.data(), Hk);
     RETURN_IF_ERROR(kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(),
@@ -165,11 +181,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
-    kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), OrNull(w.gate_up_bias), T, 2 * I, H,
-                         gate_up_.data(), pool_);
-    kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
-    kernels::cpu::Linear(act_.data(), w.down_proj.data(), OrNull(w.down_bias), T, H, I,
-                         hidden_.data(), pool_);
+    RETURN_IF_ERROR(Mlp(l, T));
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
@@ -181,6 +193,52 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
   }
   return LmHead(R, logits);
+}
+
+absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {
+  const LayerWeights& w = weights_.layers[l];
+  if (config_.IsMoeLayer(l)) return MoeMlp(w, T);
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  gate_up_.resize(T * 2 * I);
+  act_.resize(T * I);
+  kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), OrNull(w.gate_up_bias), T, 2 * I, H,
+                       gate_up_.data(), pool_);
+  kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
+  kernels::cpu::Linear(act_.data(), w.down_proj.data(), OrNull(w.down_bias), T, H, I,
+                       hidden_.data(), pool_);
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::MoeMlp(const LayerWeights& w, int64_t T) {
+  const int64_t H = config_.hidden_size, E = config_.num_experts;
+  // The router sees the whole (replicated) hidden state on every rank, so all ranks route alike.
+  router_logits_.resize(T * E);
+  kernels::cpu::Linear(hidden_.data(), w.router.data(), nullptr, T, E, H, router_logits_.data(),
+                       pool_);
+  RETURN_IF_ERROR(kernels::cpu::SoftmaxTopK(
+      router_logits_.data(), T, {E, config_.num_experts_per_tok, config_.norm_topk_prob},
+      &routing_));
+  moe_out_.resize(T * H);
+  const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(), E, H,
+                                          config_.moe_intermediate_size};
+  RETURN_IF_ERROR(kernels::cpu::FusedMoe(hidden_.data(), routing_, experts, moe_out_.data(), pool_,
+                                         &moe_scratch_));
+  if (config_.shared_expert_intermediate_size > 0) {
+    // Qwen2-MoE: out += sigmoid(shared_expert_gate . x) * SharedMlp(x), on the same input.
+    const int64_t I = config_.shared_expert_intermediate_size;
+    gate_up_.resize(T * 2 * I);
+    act_.resize(T * I);
+    shared_out_.resize(T * H);
+    kernels::cpu::Linear(hidden_.data(), w.shared_gate_up.data(), nullptr, T, 2 * I, H,
+                         gate_up_.data(), pool_);
+    kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
+    kernels::cpu::Linear(act_.data(), w.shared_down.data(), nullptr, T, H, I, shared_out_.data(),
+                         pool_);
+    kernels::cpu::AddSigmoidGated(hidden_.data(), w.shared_expert_gate.data(), shared_out_.data(),
+                                  T, H, moe_out_.data());
+  }
+  hidden_.swap(moe_out_);
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::ExchangeAttention(int64_t T) {

@@ -1,8 +1,14 @@
-// The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM) on the CPU backend.
+// The Llama-family decoder on the CPU backend: Llama, Qwen2, Mistral, Qwen3 and the mixtures of
+// experts Mixtral, Qwen2-MoE, Qwen3-MoE (runtime/model/model_config.h).
 //
-// Per layer: RMSNorm (fused with the residual add) -> fused QKV projection (+bias) -> RoPE ->
-// KV write into the paged pool -> paged attention -> o_proj -> RMSNorm -> gate_up -> SiLU*up ->
-// down_proj. Every op comes from kernels/ with the signature the CUDA backend mirrors.
+// Per layer: RMSNorm (fused with the residual add) -> fused QKV projection (+bias) -> [Qwen3:
+// per-head q/k RMSNorm] -> RoPE -> KV write into the paged pool -> paged attention -> o_proj ->
+// RMSNorm -> MLP: gate_up -> SiLU*up -> down_proj, or on a mixture-of-experts layer the router
+// -> softmax top-k -> each expert's SwiGLU on its tokens -> weighted combine (kernels/moe), plus
+// Qwen2-MoE's sigmoid-gated shared expert. Under tensor parallelism every rank routes the same
+// (replicated) tokens with the replicated router and runs its slice of every expert; the one
+// all-reduce after the MLP sums the slices, as for a dense MLP. Every op comes from kernels/ with
+// the signature the CUDA backend mirrors.
 //
 // Thread safety: Forward() is not reentrant (it reuses scratch buffers); the engine calls it
 // from its step loop only. Weights are immutable after Create().
@@ -19,6 +25,7 @@
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/moe/moe.h"
 #include "kernels/threading/thread_pool.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -77,6 +84,10 @@ class LlamaModel {
   absl::Status ExchangeAttention(int64_t T);
   // Logits of `R` rows (last_) into logits: the local vocabulary rows, gathered across the group.
   absl::Status LmHead(int64_t R, std::vector<float>* logits);
+  // Layer l's MLP (dense or mixture of experts) on hidden_ ([T, H], normalized) into hidden_
+  // (this rank's partial sum).
+  absl::Status Mlp(int64_t l, int64_t T);
+  absl::Status MoeMlp(const LayerWeights& w, int64_t T);
 
   const ModelConfig config_;
   const ModelWeights weights_;
@@ -88,7 +99,9 @@ class LlamaModel {
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_,
-      local_logits_, gathered_, lse_, send_, recv_, merged_;
+      local_logits_, gathered_, lse_, send_, recv_, merged_, router_logits_, moe_out_, shared_out_;
+  kernels::MoeRouting routing_;
+  kernels::MoeScratch moe_scratch_;
 };
 
 }  // namespace tandem::runtime

@@ -13,15 +13,15 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "runtime/model/model_config_family.h"
 
 namespace tandem::runtime {
 namespace {
 
 using json = nlohmann::json;
+using internal::ArchitectureInfo;
+using internal::AttentionBias;
 using kernels::RopeType;
-
-constexpr absl::string_view kLlama = "LlamaForCausalLM";
-constexpr absl::string_view kQwen2 = "Qwen2ForCausalLM";
 
 // Bounds far above any real model; they keep every size product below 2^63.
 constexpr int64_t kMaxDim = int64_t{1} << 24;
@@ -139,7 +139,7 @@ absl::StatusOr<std::optional<int32_t>> OptTokenId(const json& object, absl::stri
   return std::optional<int32_t>(id);
 }
 
-absl::StatusOr<std::string> ParseArchitecture(const json& root) {
+absl::StatusOr<const ArchitectureInfo*> ParseArchitecture(const json& root) {
   std::string architecture;
   if (const json* list = Field(root, "architectures"); list != nullptr) {
     if (!list->is_array() || list->empty() || !(*list)[0].is_string()) {
@@ -152,16 +152,21 @@ absl::StatusOr<std::string> ParseArchitecture(const json& root) {
     if (!model_type.has_value()) {
       return absl::InvalidArgumentError("config has neither 'architectures' nor 'model_type'");
     }
-    if (*model_type == "llama") return std::string(kLlama);
-    if (*model_type == "qwen2") return std::string(kQwen2);
+    const ArchitectureInfo* arch = internal::FindArchitectureByModelType(*model_type);
+    if (arch == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unsupported model_type '", *model_type,
+                       "' (supported: ", internal::SupportedModelTypes(), ")"));
+    }
+    return arch;
+  }
+  const ArchitectureInfo* arch = internal::FindArchitecture(architecture);
+  if (arch == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unsupported model_type '", *model_type, "' (supported: llama, qwen2)"));
+        absl::StrCat("unsupported architecture '", architecture,
+                     "' (supported: ", internal::SupportedArchitectures(), ")"));
   }
-  if (architecture != kLlama && architecture != kQwen2) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported architecture '", architecture,
-                                                   "' (supported: ", kLlama, ", ", kQwen2, ")"));
-  }
-  return architecture;
+  return arch;
 }
 
 absl::Status RejectPartialRotary(const json& object, absl::string_view where) {
@@ -176,7 +181,7 @@ absl::Status RejectPartialRotary(const json& object, absl::string_view where) {
 
 // Fills rope_theta and rope_scaling the way transformers 5's convert_rope_params_to_dict reads
 // both spellings (transformers 4 reads the same fields of the older one).
-absl::Status ParseRope(const json& root, ModelConfig* config) {
+absl::Status ParseRope(const json& root, double default_theta, ModelConfig* config) {
   const json* rope = nullptr;
   std::string where;
   for (absl::string_view key : {"rope_scaling", "rope_parameters"}) {
@@ -190,7 +195,7 @@ absl::Status ParseRope(const json& root, ModelConfig* config) {
     break;
   }
   ASSIGN_OR_RETURN(std::optional<double> top_theta, OptDouble(root, "rope_theta"));
-  config->rope_theta = top_theta.value_or(10000.0);
+  config->rope_theta = top_theta.value_or(default_theta);
   config->rope_scaling = kernels::RopeScaling();
   RETURN_IF_ERROR(RejectPartialRotary(root, ""));
   if (rope == nullptr) return absl::OkStatus();
@@ -239,24 +244,53 @@ absl::Status ParseRope(const json& root, ModelConfig* config) {
   return absl::OkStatus();
 }
 
+// q/k/v, o_proj and MLP biases as the architecture's attention / MLP classes build them.
+absl::Status ParseBiases(const json& root, const ArchitectureInfo& arch, ModelConfig* c) {
+  c->qkv_bias = c->o_bias = c->mlp_bias = false;
+  switch (arch.bias) {
+    case AttentionBias::kLlama: {
+      ASSIGN_OR_RETURN(bool attention_bias, Bool(root, "attention_bias", false));
+      c->qkv_bias = c->o_bias = attention_bias;
+      break;
+    }
+    case AttentionBias::kQwen2:  // Qwen2Attention hard-codes q/k/v biases, none on o_proj
+      c->qkv_bias = true;
+      break;
+    case AttentionBias::kQkvFlag: {
+      ASSIGN_OR_RETURN(c->qkv_bias, Bool(root, "qkv_bias", true));
+      break;
+    }
+    case AttentionBias::kNone:
+      break;
+  }
+  if (arch.mlp_bias_flag) {
+    ASSIGN_OR_RETURN(c->mlp_bias, Bool(root, "mlp_bias", false));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json must hold a JSON object, got ", Show(root)));
   }
   ModelConfig c;
-  ASSIGN_OR_RETURN(c.architecture, ParseArchitecture(root));
-  const bool qwen2 = c.architecture == kQwen2;
-  // Defaults of transformers' LlamaConfig / Qwen2Config.
-  ASSIGN_OR_RETURN(c.vocab_size, Int(root, "vocab_size", qwen2 ? 151936 : 32000));
-  ASSIGN_OR_RETURN(c.hidden_size, Int(root, "hidden_size", 4096));
-  ASSIGN_OR_RETURN(c.intermediate_size, Int(root, "intermediate_size", qwen2 ? 22016 : 11008));
-  ASSIGN_OR_RETURN(c.num_hidden_layers, Int(root, "num_hidden_layers", 32));
-  ASSIGN_OR_RETURN(c.num_attention_heads, Int(root, "num_attention_heads", 32));
-  ASSIGN_OR_RETURN(c.num_key_value_heads, Int(root, "num_key_value_heads", c.num_attention_heads));
+  ASSIGN_OR_RETURN(const ArchitectureInfo* arch, ParseArchitecture(root));
+  c.architecture = std::string(arch->name);
+  // Defaults of the architecture's transformers config class.
+  ASSIGN_OR_RETURN(c.vocab_size, Int(root, "vocab_size", arch->vocab_size));
+  ASSIGN_OR_RETURN(c.hidden_size, Int(root, "hidden_size", arch->hidden_size));
+  ASSIGN_OR_RETURN(c.intermediate_size, Int(root, "intermediate_size", arch->intermediate_size));
+  ASSIGN_OR_RETURN(c.num_hidden_layers, Int(root, "num_hidden_layers", arch->num_hidden_layers));
+  ASSIGN_OR_RETURN(c.num_attention_heads,
+                   Int(root, "num_attention_heads", arch->num_attention_heads));
+  ASSIGN_OR_RETURN(
+      c.num_key_value_heads,
+      Int(root, "num_key_value_heads",
+          arch->num_key_value_heads > 0 ? arch->num_key_value_heads : c.num_attention_heads));
   ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, OptInt(root, "head_dim"));
-  if (head_dim.has_value()) {
-    c.head_dim = *head_dim;
+  if (head_dim.has_value() || arch->head_dim > 0) {
+    c.head_dim = head_dim.value_or(arch->head_dim);
   } else if (c.num_attention_heads > 0) {
     if (c.hidden_size % c.num_attention_heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -266,9 +300,9 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   ASSIGN_OR_RETURN(c.max_position_embeddings,
-                   Int(root, "max_position_embeddings", qwen2 ? 32768 : 2048));
+                   Int(root, "max_position_embeddings", arch->max_position_embeddings));
   ASSIGN_OR_RETURN(std::optional<double> eps, OptDouble(root, "rms_norm_eps"));
-  c.rms_norm_eps = eps.value_or(1e-6);
+  c.rms_norm_eps = eps.value_or(arch->rms_norm_eps);
   ASSIGN_OR_RETURN(c.tie_word_embeddings, Bool(root, "tie_word_embeddings", false));
 
   ASSIGN_OR_RETURN(std::optional<std::string> act, OptString(root, "hidden_act"));
@@ -276,11 +310,8 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported hidden_act '", *act, "' (supported: silu)"));
   }
-  if (qwen2) {
-    // Qwen2Attention hard-codes bias=True for q/k/v and bias=False for o_proj and the MLP.
-    c.qkv_bias = true;
-    c.o_bias = false;
-    c.mlp_bias = false;
+  RETURN_IF_ERROR(ParseBiases(root, *arch, &c));
+  if (arch->window == ArchitectureInfo::Window::kQwen2) {
     ASSIGN_OR_RETURN(bool sliding, Bool(root, "use_sliding_window", false));
     ASSIGN_OR_RETURN(int64_t max_window_layers, Int(root, "max_window_layers", 28));
     if (sliding && c.num_hidden_layers > max_window_layers) {
@@ -289,11 +320,6 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
           "max_window_layers (",
           max_window_layers, ") of num_hidden_layers (", c.num_hidden_layers, ") would use it"));
     }
-  } else {
-    ASSIGN_OR_RETURN(bool attention_bias, Bool(root, "attention_bias", false));
-    c.qkv_bias = attention_bias;
-    c.o_bias = attention_bias;
-    ASSIGN_OR_RETURN(c.mlp_bias, Bool(root, "mlp_bias", false));
   }
   if (const json* layer_types = Field(root, "layer_types"); layer_types != nullptr) {
     if (!layer_types->is_array()) return TypeError("", "layer_types", "a list", *layer_types);
@@ -304,12 +330,13 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
       }
     }
   }
-  RETURN_IF_ERROR(ParseRope(root, &c));
+  RETURN_IF_ERROR(ParseRope(root, arch->rope_theta, &c));
+  RETURN_IF_ERROR(internal::ParseFamilyFields(root, *arch, &c));
 
   ASSIGN_OR_RETURN(std::optional<int32_t> bos, OptTokenId(root, "bos_token_id"));
   ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> eos, TokenIds(root, "eos_token_id"));
-  // LlamaConfig defaults bos/eos to 1/2; an explicit null means "none", as in transformers.
-  const bool llama_defaults = !qwen2;
+  // LlamaConfig (Mistral, Mixtral) defaults bos/eos to 1/2; an explicit null means "none".
+  const bool llama_defaults = arch->llama_token_defaults;
   if (bos.has_value()) {
     c.bos_token_id = bos;
   } else if (llama_defaults && !root.contains("bos_token_id")) {
@@ -408,19 +435,32 @@ int64_t ModelConfig::NumParameters() const {
   const int64_t kv = num_key_value_heads * head_dim;
   const int64_t h = hidden_size;
   const int64_t i = intermediate_size;
-  int64_t per_layer = 2 * h + (q + 2 * kv) * h + q * h + 3 * i * h;
+  int64_t per_layer = 2 * h + (q + 2 * kv) * h + q * h;
   if (qkv_bias) per_layer += q + 2 * kv;
   if (o_bias) per_layer += h;
-  if (mlp_bias) per_layer += 2 * i + h;
+  if (qk_norm) per_layer += 2 * head_dim;
+  int64_t mlps = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (!IsMoeLayer(l)) {
+      mlps += 3 * i * h + (mlp_bias ? 2 * i + h : 0);
+      continue;
+    }
+    mlps += num_experts * h + num_experts * 3 * moe_intermediate_size * h;
+    if (shared_expert_intermediate_size > 0) mlps += 3 * shared_expert_intermediate_size * h + h;
+  }
   const int64_t embedding = vocab_size * h;
-  return embedding + num_hidden_layers * per_layer + h + (tie_word_embeddings ? 0 : embedding);
+  return embedding + num_hidden_layers * per_layer + mlps + h +
+         (tie_word_embeddings ? 0 : embedding);
 }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  if (c.architecture != kLlama && c.architecture != kQwen2) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported architecture '", c.architecture,
-                                                   "' (supported: ", kLlama, ", ", kQwen2, ")"));
+  const ArchitectureInfo* arch = internal::FindArchitecture(c.architecture);
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported architecture '", c.architecture,
+                     "' (supported: ", internal::SupportedArchitectures(), ")"));
   }
+  RETURN_IF_ERROR(internal::ValidateMoeConfig(c));
   RETURN_IF_ERROR(CheckRange("vocab_size", c.vocab_size, kMaxDim));
   RETURN_IF_ERROR(CheckRange("hidden_size", c.hidden_size, kMaxDim));
   RETURN_IF_ERROR(CheckRange("intermediate_size", c.intermediate_size, kMaxDim));
@@ -446,7 +486,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   const double approx = 2.0 * static_cast<double>(c.vocab_size) * h +
                         static_cast<double>(c.num_hidden_layers) *
                             (2.0 * width * h + 3.0 * static_cast<double>(c.intermediate_size) * h +
-                             2.0 * width + 3.0 * static_cast<double>(c.intermediate_size) + 3 * h);
+                             2.0 * width + 3.0 * static_cast<double>(c.intermediate_size) + 3 * h +
+                             static_cast<double>(c.num_experts) * h *
+                                 (1.0 + 3.0 * static_cast<double>(c.moe_intermediate_size)) +
+                             3.0 * static_cast<double>(c.shared_expert_intermediate_size) * h);
   if (approx > kMaxParameters) {
     return absl::InvalidArgumentError(
         absl::StrCat("model too large: about ", approx, " parameters"));
@@ -469,14 +512,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                rope.original_max_position_embeddings,
                                std::numeric_limits<int32_t>::max()));
   }
-  if (c.architecture == kQwen2 && (!c.qkv_bias || c.o_bias || c.mlp_bias)) {
-    return absl::InvalidArgumentError(
-        "Qwen2ForCausalLM has q/k/v biases and no o_proj or MLP biases");
-  }
-  if (c.architecture == kLlama && c.qkv_bias != c.o_bias) {
-    return absl::InvalidArgumentError(
-        "LlamaForCausalLM's attention_bias covers q/k/v and o_proj alike (qkv_bias != o_bias)");
-  }
+  RETURN_IF_ERROR(internal::CheckFamilyFlags(c, *arch));
   for (int32_t id : c.eos_token_ids) {
     RETURN_IF_ERROR(CheckTokenId("eos_token_id", id, c.vocab_size));
   }

@@ -1,8 +1,10 @@
 // Model hyperparameters of a Llama-family checkpoint, read from a Hugging Face `config.json`.
 //
-// Supported architectures: LlamaForCausalLM and Qwen2ForCausalLM (silu MLP, RMSNorm, full
-// attention, rotate-half RoPE over the whole head). Parsing follows transformers' LlamaConfig /
-// Qwen2Config, including the two RoPE spellings in the wild:
+// Supported architectures (silu MLPs, RMSNorm, full attention, rotate-half RoPE over the whole
+// head): the dense LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and Qwen3ForCausalLM
+// (per-head q/k RMSNorm), and the mixtures of experts MixtralForCausalLM, Qwen2MoeForCausalLM
+// (shared expert with a sigmoid gate) and Qwen3MoeForCausalLM (model_config_family.cc). Parsing
+// follows transformers' config classes, including the two RoPE spellings in the wild:
 //   * transformers < 5: top-level `rope_theta` + `rope_scaling` (null, or a dict whose type is
 //     under "rope_type" or the older "type");
 //   * transformers >= 5: `rope_parameters` = {"rope_type", "rope_theta", "factor", ...}.
@@ -37,7 +39,7 @@ absl::string_view WeightDtypeName(WeightDtype dtype);
 absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
+  std::string architecture;  // one of the supported architectures above
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -58,6 +60,28 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
   WeightDtype dtype = WeightDtype::kF32;  // `dtype` (transformers 5) or `torch_dtype`
+  // Qwen3 / Qwen3-MoE: q and k are RMSNorm'ed per head (weights [head_dim]) before RoPE.
+  bool qk_norm = false;
+
+  // Mixture of experts (num_experts == 0: dense). A sparse layer replaces the MLP by a router
+  // ([num_experts, hidden], no bias) -> softmax -> top num_experts_per_tok (renormalised when
+  // norm_topk_prob) -> SwiGLU experts of width moe_intermediate_size, weighted and summed; plus,
+  // for Qwen2-MoE, a shared expert of width shared_expert_intermediate_size scaled by
+  // sigmoid(shared_expert_gate . x). Dense layers (IsMoeLayer false) keep the MLP of width
+  // intermediate_size. Mixtral: every layer sparse, experts of width intermediate_size.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  int64_t decoder_sparse_step = 1;              // layer l sparse when (l + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;         // ... and l is not listed here
+
+  bool IsMoe() const { return num_experts > 0; }
+  bool IsMoeLayer(int64_t layer) const;
+  // Checkpoint names of the experts: Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2, else
+  // mlp.experts.{e}.gate_proj/up_proj/down_proj.
+  bool MixtralExpertNames() const { return architecture == "MixtralForCausalLM"; }
 
   // Every weight the checkpoint stores (lm_head counted only when not tied).
   int64_t NumParameters() const;
@@ -90,6 +114,9 @@ std::string ModelConfigToJson(const ModelConfig& config);
 //   "llama-100m": ~100M parameters (vocab 32000, hidden 768, 12 layers, 12 heads, 4 kv heads,
 //                 inter 2048, tied embeddings), float32.
 //   "tiny":       vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, inter 128, float32.
+//   "qwen3-30b-a3b": Qwen3-30B-A3B (48 layers, 128 experts of 768, top-8), bfloat16.
+//   "mixtral-8x7b":  Mixtral-8x7B (32 layers, 8 experts of 14336, top-2), bfloat16.
+//   "tiny-moe":   a Qwen3-MoE of "tiny"'s shape with 8 experts of 32, top-2, float32.
 // INVALID_ARGUMENT listing the presets for any other name.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 

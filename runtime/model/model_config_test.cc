@@ -326,8 +326,8 @@ TEST(ModelConfigTest, EosAndDtypeSpellings) {
 
 TEST(ModelConfigTest, UnsupportedModelsAndBadValues) {
   json j = Base();
-  j["architectures"] = {"MistralForCausalLM"};
-  ExpectError(j, "unsupported architecture 'MistralForCausalLM'");
+  j["architectures"] = {"GemmaForCausalLM"};
+  ExpectError(j, "unsupported architecture 'GemmaForCausalLM'");
   j["architectures"] = json::array();
   ExpectError(j, "architectures");
   ExpectError(json::object(), "neither 'architectures' nor 'model_type'");

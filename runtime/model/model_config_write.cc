@@ -5,6 +5,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config.h"
+#include "runtime/model/model_config_family.h"
 
 namespace tandem::runtime {
 namespace {
@@ -14,13 +15,77 @@ using kernels::RopeType;
 constexpr absl::string_view kLlama = "LlamaForCausalLM";
 constexpr absl::string_view kQwen2 = "Qwen2ForCausalLM";
 
+// The mixture-of-experts presets (PresetConfig).
+absl::StatusOr<ModelConfig> MoePreset(absl::string_view name) {
+  ModelConfig c;
+  if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B's config.json
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.norm_topk_prob = true;
+    c.qk_norm = true;
+    c.rope_theta = 1e6;
+    c.max_position_embeddings = 40960;
+    c.bos_token_id = 151643;
+    c.eos_token_ids = {151645};
+    c.dtype = WeightDtype::kBF16;
+  } else if (name == "mixtral-8x7b") {  // Mixtral-8x7B-v0.1's config.json
+    c.architecture = "MixtralForCausalLM";
+    c.vocab_size = 32000;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 14336;
+    c.norm_topk_prob = true;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 1e6;
+    c.max_position_embeddings = 32768;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+    c.dtype = WeightDtype::kBF16;
+  } else {  // tiny-moe: a Qwen3-MoE small enough for tests
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.vocab_size = 256;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 32;
+    c.norm_topk_prob = true;
+    c.qk_norm = true;
+    c.max_position_embeddings = 2048;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+  }
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  return c;
+}
+
 }  // namespace
 
 std::string ModelConfigToJson(const ModelConfig& c) {
   const bool qwen2 = c.architecture == kQwen2;
+  const internal::ArchitectureInfo* arch = internal::FindArchitecture(c.architecture);
   nlohmann::ordered_json out;
   out["architectures"] = {c.architecture};
-  out["model_type"] = qwen2 ? "qwen2" : "llama";
+  out["model_type"] = arch != nullptr ? std::string(arch->model_type) : "llama";
   out["vocab_size"] = c.vocab_size;
   out["hidden_size"] = c.hidden_size;
   out["intermediate_size"] = c.intermediate_size;
@@ -49,12 +114,32 @@ std::string ModelConfigToJson(const ModelConfig& c) {
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
       break;
   }
+  using internal::AttentionBias;
   if (qwen2) {
     out["use_sliding_window"] = false;
     out["max_window_layers"] = c.num_hidden_layers;
-  } else {
+  } else if (arch == nullptr || arch->bias == AttentionBias::kLlama) {
     out["attention_bias"] = c.qkv_bias;
-    out["mlp_bias"] = c.mlp_bias;
+    if (arch == nullptr || arch->mlp_bias_flag) out["mlp_bias"] = c.mlp_bias;
+  } else if (arch->bias == AttentionBias::kQkvFlag) {
+    out["qkv_bias"] = c.qkv_bias;
+  }
+  if (arch != nullptr && arch->window == internal::ArchitectureInfo::Window::kMistral) {
+    out["sliding_window"] = nullptr;
+  }
+  if (c.IsMoe()) {
+    out[c.MixtralExpertNames() ? "num_local_experts" : "num_experts"] = c.num_experts;
+    out["num_experts_per_tok"] = c.num_experts_per_tok;
+    if (!c.MixtralExpertNames()) {
+      out["moe_intermediate_size"] = c.moe_intermediate_size;
+      out["norm_topk_prob"] = c.norm_topk_prob;
+      out["decoder_sparse_step"] = c.decoder_sparse_step;
+      out["mlp_only_layers"] = c.mlp_only_layers;
+      // Qwen2MoeConfig defaults a missing width to 5632: always written there.
+      if (arch != nullptr && arch->shared_expert_intermediate_size > 0) {
+        out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+      }
+    }
   }
   out["tie_word_embeddings"] = c.tie_word_embeddings;
   out["bos_token_id"] = c.bos_token_id.has_value() ? nlohmann::ordered_json(*c.bos_token_id)
@@ -114,9 +199,13 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
     c.max_position_embeddings = 2048;
     c.bos_token_id = 1;
     c.eos_token_ids = {2};
+  } else if (name == "qwen3-30b-a3b" || name == "mixtral-8x7b" || name == "tiny-moe") {
+    return MoePreset(name);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset '", name, "' (presets: llama3-8b, llama-100m, tiny)"));
+        absl::StrCat("unknown preset '", name,
+                     "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, mixtral-8x7b, "
+                     "tiny-moe)"));
   }
   RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;

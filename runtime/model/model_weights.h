@@ -11,6 +11,15 @@
 //   model.layers.{i}.post_attention_layernorm.weight   [hidden]
 //   model.layers.{i}.mlp.{gate,up}_proj.weight         [inter, hidden]  (.bias: config.mlp_bias)
 //   model.layers.{i}.mlp.down_proj.weight              [hidden, inter]  (.bias: config.mlp_bias)
+//   model.layers.{i}.self_attn.{q,k}_norm.weight       [D]              (config.qk_norm)
+// and, on mixture-of-experts layers instead of mlp.*_proj (weight_layout_moe.cc), with
+// M = "block_sparse_moe" (Mixtral) or "mlp", E experts of width Ie, a shared one of width Is:
+//   model.layers.{i}.M.gate.weight                     [E, hidden]
+//   model.layers.{i}.M.experts.{e}.{gate,up}_proj.weight  [Ie, hidden]  (Mixtral: w1, w3)
+//   model.layers.{i}.M.experts.{e}.down_proj.weight    [hidden, Ie]     (Mixtral: w2)
+//   model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight
+//                                                      (Qwen2-MoE: [Is, hidden] / [hidden, Is]
+//                                                      / [1, hidden])
 //   model.norm.weight                                  [hidden]
 //   lm_head.weight                                     [vocab, hidden]  (absent when tied)
 // with Hq = num_attention_heads, Hkv = num_key_value_heads, D = head_dim.
@@ -42,6 +51,17 @@ struct LayerWeights {
   std::vector<float> gate_up_bias;              // [2 * inter] or empty
   std::vector<float> down_proj;                 // [hidden, inter]
   std::vector<float> down_bias;                 // [hidden] or empty
+  // Qwen3 (config.qk_norm): per-head RMSNorm weights of q and k; empty otherwise.
+  std::vector<float> q_norm;  // [D]
+  std::vector<float> k_norm;  // [D]
+  // Mixture-of-experts layers (config.IsMoeLayer; their gate_up_proj / down_proj are empty).
+  // E = num_experts, Ie = moe_intermediate_size, Is = shared_expert_intermediate_size.
+  std::vector<float> router;              // [E, hidden] (mlp.gate / block_sparse_moe.gate)
+  std::vector<float> experts_gate_up;     // [E, 2 * Ie, hidden]: per expert gate rows, up rows
+  std::vector<float> experts_down;        // [E, hidden, Ie]
+  std::vector<float> shared_gate_up;      // [2 * Is, hidden] or empty (Qwen2-MoE)
+  std::vector<float> shared_down;         // [hidden, Is] or empty
+  std::vector<float> shared_expert_gate;  // [hidden] or empty
 };
 
 struct ModelWeights {
@@ -110,6 +130,14 @@ enum class WeightSlot {
   kGateUpBias,
   kDownProj,
   kDownBias,
+  kQNorm,
+  kKNorm,
+  kRouter,
+  kExpertsGateUp,
+  kExpertsDown,
+  kSharedGateUp,
+  kSharedDown,
+  kSharedExpertGate,
 };
 
 // The vector of `slot` in `weights` (of layers[layer] for per-layer slots).

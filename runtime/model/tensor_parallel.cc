@@ -1,5 +1,7 @@
 #include "runtime/model/tensor_parallel.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -15,12 +17,26 @@ absl::StatusOr<TpDims> SplitNWays(const ModelConfig& c, TpShard shard) {
     return absl::InvalidArgumentError(absl::StrCat("--tp=", n, " does not divide the model's ",
                                                    "intermediate size ", c.intermediate_size));
   }
+  for (auto [name, width] :
+       {std::pair<const char*, int64_t>{"expert intermediate size", c.moe_intermediate_size},
+        {"shared expert intermediate size", c.shared_expert_intermediate_size}}) {
+    if (c.IsMoe() && width % n != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tp=", n, " does not divide the model's ", name, " ", width));
+    }
+  }
   TpDims d;
   d.shard = shard;
   d.o_heads = c.num_attention_heads / n;
   d.o_head_begin = r * d.o_heads;
   d.intermediate = c.intermediate_size / n;
   d.intermediate_begin = r * d.intermediate;
+  if (c.IsMoe()) {
+    d.moe_intermediate = c.moe_intermediate_size / n;
+    d.moe_intermediate_begin = r * d.moe_intermediate;
+    d.shared_intermediate = c.shared_expert_intermediate_size / n;
+    d.shared_intermediate_begin = r * d.shared_intermediate;
+  }
   d.vocab_rows = (c.vocab_size + n - 1) / n;
   d.vocab_begin = r * d.vocab_rows;
   d.adds_row_parallel_bias = r == 0;
@@ -93,6 +109,8 @@ absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard 
   local.num_attention_heads = d.q_heads;
   local.num_key_value_heads = d.kv_heads;
   local.intermediate_size = d.intermediate;
+  local.moe_intermediate_size = d.moe_intermediate;
+  local.shared_expert_intermediate_size = d.shared_intermediate;
   return local;
 }
 

@@ -6,7 +6,9 @@
 //     heads attend with;
 //   * o_proj and down_proj row-parallel (their input columns split; partial sums all-reduced;
 //     their biases added once, by rank 0);
-//   * gate/up column-parallel by intermediate rows;
+//   * gate/up column-parallel by intermediate rows; mixture-of-experts layers the same way per
+//     expert (each rank a slice of every expert's and the shared expert's intermediate rows,
+//     the down projections row-parallel; router and shared_expert_gate replicated);
 //   * embedding and lm_head vocab-parallel: rank r holds rows [r*P, r*P + P) of the vocabulary,
 //     P = ceil(vocab / N), the last partition zero-padded.
 // Norm weights are replicated. One rule for sizes everywhere (vLLM's): a group has N ranks in
@@ -49,6 +51,12 @@ struct TpDims {
   int64_t o_head_begin = 0;
   int64_t intermediate = 0;  // local MLP width
   int64_t intermediate_begin = 0;
+  // Mixture of experts (config.IsMoe()): every rank holds the same slice of every expert's
+  // intermediate rows (and of the shared expert's), like a dense MLP; the router is replicated.
+  int64_t moe_intermediate = 0;
+  int64_t moe_intermediate_begin = 0;
+  int64_t shared_intermediate = 0;
+  int64_t shared_intermediate_begin = 0;
   int64_t vocab_rows = 0;  // local embedding / lm_head rows (the padded partition size)
   int64_t vocab_begin = 0;
   // Row-parallel biases (o_proj, down_proj) are added by one rank only.
@@ -56,7 +64,8 @@ struct TpDims {
 };
 
 // INVALID_ARGUMENT naming the numbers for a topology the model cannot be split into: a size
-// or rank out of range, query heads or the intermediate size not divisible by N, KV heads
+// or rank out of range, query heads or the intermediate size (or the experts' / shared expert's)
+// not divisible by N, KV heads
 // neither divisible by N nor dividing it; with dcp > 1: dcp not dividing N, TP_A = N / dcp not
 // dividing the KV heads. `config` must pass ValidateModelConfig.
 absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& config, TpShard shard);

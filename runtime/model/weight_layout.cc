@@ -28,6 +28,8 @@ TpDims FullTpDims(const ModelConfig& c) {
   d.o_heads = c.num_attention_heads;
   d.kv_heads = c.num_key_value_heads;
   d.intermediate = c.intermediate_size;
+  d.moe_intermediate = c.moe_intermediate_size;
+  d.shared_intermediate = c.shared_expert_intermediate_size;
   d.vocab_rows = c.vocab_size;
   return d;
 }
@@ -86,6 +88,8 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
     }
     add(p + "post_attention_layernorm.weight", {h}, WeightSlot::kPostAttentionLayernorm, i, 0,
         whole, true);
+    internal::AppendFamilyLayerTensors(c, d, i, &out);  // q/k norms, experts
+    if (c.IsMoeLayer(i)) continue;
     add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, 0, i_rows);
     add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, li * h, i_rows);
     add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i, 0, i_cols);
@@ -137,6 +141,7 @@ void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w
     layer.down_proj.assign(h * inter, 0.0f);
     if (c.mlp_bias && row_bias) layer.down_bias.assign(h, 0.0f);
   }
+  AllocateFamilyWeights(c, d, w);
 }
 
 }  // namespace internal
@@ -183,6 +188,16 @@ std::vector<float>* SlotVector(ModelWeights* w, WeightSlot slot, int64_t layer_i
       break;
     case WeightSlot::kDownBias:
       target = &layer->down_bias;
+      break;
+    case WeightSlot::kQNorm:
+    case WeightSlot::kKNorm:
+    case WeightSlot::kRouter:
+    case WeightSlot::kExpertsGateUp:
+    case WeightSlot::kExpertsDown:
+    case WeightSlot::kSharedGateUp:
+    case WeightSlot::kSharedDown:
+    case WeightSlot::kSharedExpertGate:
+      target = internal::FamilySlotVector(layer, slot);  // weight_layout_moe.cc
       break;
   }
   return target;

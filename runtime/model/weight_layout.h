@@ -46,6 +46,16 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& config, const TpDims& di
 void AllocateModelWeights(const ModelConfig& config, ModelWeights* weights);
 void AllocateModelWeights(const ModelConfig& config, const TpDims& dims, ModelWeights* weights);
 
+// weight_layout_moe.cc: the tensors of layer `layer` beyond the dense Llama ones, appended to
+// `out` for rank `dims`: Qwen3's q/k norms and, on a mixture-of-experts layer (which then has
+// no mlp.*_proj), the router, every expert and the shared expert.
+void AppendFamilyLayerTensors(const ModelConfig& config, const TpDims& dims, int64_t layer,
+                              std::vector<HfTensor>* out);
+// Sizes those vectors (q/k norms; on MoE layers the expert slots, clearing the dense MLP's).
+void AllocateFamilyWeights(const ModelConfig& config, const TpDims& dims, ModelWeights* weights);
+// The LayerWeights vector of one of those slots.
+std::vector<float>* FamilySlotVector(LayerWeights* layer, WeightSlot slot);
+
 // The whole model as "rank 0 of 1".
 TpDims FullTpDims(const ModelConfig& config);
 

@@ -29,14 +29,52 @@ def safetensors_header(path):
     return header, data_len
 
 
+def moe_layer(cfg, i):
+    """transformers' rule: Mixtral every layer; Qwen MoE unless listed in mlp_only_layers, every
+    decoder_sparse_step-th layer."""
+    if cfg["model_type"] == "mixtral":
+        return True
+    if cfg["model_type"] not in ("qwen2_moe", "qwen3_moe"):
+        return False
+    return i not in (cfg.get("mlp_only_layers") or []) and \
+        (i + 1) % cfg.get("decoder_sparse_step", 1) == 0
+
+
+def moe_tensors(cfg, p):
+    """The hub's per-expert names of one sparse layer (prefix p = model.layers.{i}.)."""
+    h = cfg["hidden_size"]
+    mixtral = cfg["model_type"] == "mixtral"
+    experts = cfg.get("num_local_experts", cfg.get("num_experts"))
+    inter = cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"]
+    m = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    t = {m + "gate.weight": [experts, h]}
+    for e in range(experts):
+        t[f"{m}experts.{e}.{names[0]}.weight"] = [inter, h]
+        t[f"{m}experts.{e}.{names[1]}.weight"] = [inter, h]
+        t[f"{m}experts.{e}.{names[2]}.weight"] = [h, inter]
+    shared = cfg.get("shared_expert_intermediate_size", 0) if cfg["model_type"] == "qwen2_moe" else 0
+    if shared:
+        for name, shape in (("gate_proj", [shared, h]), ("up_proj", [shared, h]),
+                            ("down_proj", [h, shared])):
+            t[f"{p}mlp.shared_expert.{name}.weight"] = shape
+        t[p + "mlp.shared_expert_gate.weight"] = [1, h]
+    return t
+
+
 def expected_tensors(cfg):
     """name -> shape, from config.json in either format (head_dim / mlp_bias may be absent)."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
     inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
-    qwen2 = cfg["model_type"] == "qwen2"
+    kind = cfg["model_type"]
+    qwen2 = kind == "qwen2"
     qkv_bias = qwen2 or cfg.get("attention_bias", False)
     o_bias = (not qwen2) and cfg.get("attention_bias", False)
+    if kind in ("mistral", "mixtral"):
+        qkv_bias = o_bias = False
+    if kind == "qwen2_moe":
+        qkv_bias, o_bias = cfg.get("qkv_bias", True), False
     mlp_bias = cfg.get("mlp_bias", False)
     t = {"model.embed_tokens.weight": [vocab, h], "model.norm.weight": [h]}
     if not cfg.get("tie_word_embeddings", False):
@@ -52,6 +90,12 @@ def expected_tensors(cfg):
         t[p + "self_attn.o_proj.weight"] = [h, nh * hd]
         if o_bias:
             t[p + "self_attn.o_proj.bias"] = [h]
+        if kind in ("qwen3", "qwen3_moe"):
+            t[p + "self_attn.q_norm.weight"] = [hd]
+            t[p + "self_attn.k_norm.weight"] = [hd]
+        if moe_layer(cfg, i):
+            t.update(moe_tensors(cfg, p))
+            continue
         for name, shape in (("gate_proj", [inter, h]), ("up_proj", [inter, h]),
                             ("down_proj", [h, inter])):
             t[p + f"mlp.{name}.weight"] = shape

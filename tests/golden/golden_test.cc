@@ -189,5 +189,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                                            "llama_f32_old_format", "llama_bf16", "qwen2_f16",
                                            "llama_f32_gqa8x4"));
 
+// The families beyond Llama/Qwen2 (make_golden_moe.py): Mistral (a sliding window larger than
+// every prompt), Qwen3 (q/k norms), and the mixtures of experts Mixtral, Qwen3-MoE (dense and
+// sparse layers) and Qwen2-MoE (shared expert), checkpoints in the hub's per-expert layout.
+INSTANTIATE_TEST_SUITE_P(Families, GoldenTest,
+                         ::testing::Values("mistral_f32", "qwen3_f32", "mixtral_f32",
+                                           "qwen3_moe_f32", "qwen2_moe_f32"));
+
 }  // namespace
 }  // namespace tandem::runtime
