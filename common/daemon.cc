@@ -1,7 +1,9 @@
 #include "common/daemon.h"
 
+#include <malloc.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -22,6 +24,12 @@ int TerminationSignals::Wait() {
   return sig;
 }
 
+int TerminationSignals::WaitFor(absl::Duration timeout) {
+  const timespec ts = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  const int sig = sigtimedwait(&set_, nullptr, &ts);
+  return sig > 0 ? sig : 0;  // -1: EAGAIN (timed out) or EINTR (another signal's handler ran)
+}
+
 absl::Status WritePortFile(const std::string& path, const std::string& address) {
   const std::string tmp = path + ".tmp";
   {
@@ -33,6 +41,12 @@ absl::Status WritePortFile(const std::string& path, const std::string& address) 
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+void ReturnLargeFreedBlocksToTheSystem() {
+  // Setting the threshold turns glibc's dynamic adjustment off; trimming follows it.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 2 << 20);
 }
 
 }  // namespace tandem

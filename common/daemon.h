@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace tandem {
 
@@ -24,10 +25,18 @@ class TerminationSignals {
   TerminationSignals();
   // Returns the signal that arrived.
   int Wait();
+  // Like Wait, for at most `timeout`: 0 when none arrived by then.
+  int WaitFor(absl::Duration timeout);
 
  private:
   sigset_t set_;
 };
+
+// Makes every allocation of 1 MiB or more a mapping of its own, unmapped when freed. glibc's
+// default raises that threshold to the largest block ever freed (up to 32 MiB), after which freed
+// request bodies stay in the heap: a router that buffered 40 uploads kept their 300 MB after the
+// clients left. Process-wide (malloc's settings are); call once, early in main.
+void ReturnLargeFreedBlocksToTheSystem();
 
 // Writes "address\n" to `path` via a temporary file and a rename, so a launcher polling for the
 // file never reads half of it. UNAVAILABLE naming the file when it cannot.

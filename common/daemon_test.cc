@@ -33,5 +33,14 @@ TEST(DaemonTest, WaitReturnsTheSignalSentToTheProcess) {
   EXPECT_EQ(signals.Wait(), SIGTERM);
 }
 
+TEST(DaemonTest, WaitForReturnsTheSignalOrZeroAtTheTimeout) {
+  TerminationSignals signals;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(signals.WaitFor(absl::Milliseconds(50)), 0);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  ASSERT_EQ(kill(getpid(), SIGINT), 0);
+  EXPECT_EQ(signals.WaitFor(absl::Seconds(10)), SIGINT);
+}
+
 }  // namespace
 }  // namespace tandem

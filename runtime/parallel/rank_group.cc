@@ -160,6 +160,29 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
   return out;
 }
 
+absl::Status RankGroup::CheckRanksAlive() const {
+  for (size_t i = 0; i < children_.size(); ++i) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(children_[i]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == children_[i]) {
+      const bool killed = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
+      return absl::UnavailableError(
+          absl::StrCat("worker group: rank ", i + 1, " (pid ", children_[i], ") ",
+                       killed ? absl::StrCat("was killed by signal ", info.si_status)
+                              : absl::StrCat("exited with status ", info.si_status)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RankGroup::KillRanks() {
+  for (pid_t pid : children_) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  children_.clear();
+}
+
 RankGroup::~RankGroup() {
   if (children_.empty()) return;
   // A working group told its ranks to shut down: give them time to exit. A broken one cannot

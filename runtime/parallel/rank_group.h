@@ -81,6 +81,13 @@ class RankGroup {
   absl::Duration timeout() const { return timeout_; }
   // The ranks this process started (rank 0 of a local launch).
   const std::vector<pid_t>& children() const { return children_; }
+  // Rank 0 of a local launch: UNAVAILABLE naming the first rank process that exited or was
+  // killed (seen without reaping it, so the destructor still reaps it); OK while all run, and
+  // for every other rank. Cheap (one waitid per rank): a supervisor may poll it.
+  absl::Status CheckRanksAlive() const;
+  // Rank 0 of a local launch giving up on a broken group: kills (SIGKILL) and reaps every rank
+  // process it started, at once; the destructor then has none to wait for.
+  void KillRanks();
 
  private:
   RankGroup(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}

@@ -16,7 +16,9 @@
 // in flight and serve the KV still leased to decode workers (up to --drain_timeout_ms), then
 // exit 0.
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,6 +34,7 @@
 #include "glog/logging.h"
 #include "runtime/parallel/group_backend.h"
 #include "runtime/parallel/group_kv.h"
+#include "runtime/worker/group_restart.h"
 #include "runtime/worker/transfer_agent_factory.h"
 #include "runtime/worker/worker_daemon.h"
 
@@ -78,6 +81,14 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of the HTTP plane with GET /metrics (Prometheus) and /health (empty: off)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 30000,
           "on SIGTERM, wait this long for requests in flight and KV leases held for decode");
+ABSL_FLAG(bool, restart_broken_group, true,
+          "--tp > 1: when a rank dies or wedges, rank 0 restarts the whole group in place (same "
+          "pid and address, a new epoch; runtime/worker/group_restart.h); ranks a launcher "
+          "started (--rank): rank 0 exits 1 for the launcher to restart them. false: the worker "
+          "stays NOT_SERVING until restarted");
+ABSL_FLAG(int32_t, group_restarts, 0,
+          "internal: set by rank 0 when it restarts its broken group: quick restarts in a row "
+          "(the back-off)");
 
 namespace tandem::runtime {
 namespace {
@@ -131,13 +142,16 @@ absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
   if (config.role == tandem::v1::WORKER_ROLE_MIXED) return RunFollowerRank(std::move(group));
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = group.group->device();
-  if (config.transfer.ucx_net_device == "auto") {
-    // A launched rank's agent uses the interface of its --dist_bind address (the fabric the group
-    // was told to use); ranks of a local launch (bound to loopback) share rank 0's host: all.
-    const std::string& bind = group.group->bind_host();
-    absl::StatusOr<std::string> iface = bind.empty() || bind.rfind("127.", 0) == 0
-                                            ? absl::NotFoundError("loopback")
-                                            : InterfaceForAddress(bind);
+  const std::string& bind = group.group->bind_host();
+  if (bind.empty() || bind.rfind("127.", 0) == 0) {
+    // Ranks rank 0 started (collectives on loopback) serve KV where rank 0 does: the interface of
+    // the advertised host, resolved from the same flags. Before, "all": a group configured on
+    // 127.0.0.1 had rank 1 listening on the host's external address too.
+    ASSIGN_OR_RETURN(config.transfer.ucx_net_device, ResolveUcxNetDevice(config));
+  } else if (config.transfer.ucx_net_device == "auto") {
+    // A launched rank: the interface of its --dist_bind address (the fabric the group was told
+    // to use).
+    absl::StatusOr<std::string> iface = InterfaceForAddress(bind);
     config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
   }
   ASSIGN_OR_RETURN(std::unique_ptr<kvtransfer::TransferAgent> agent,
@@ -186,26 +200,35 @@ absl::Status SetUpSecurity(WorkerConfig& config) {
   return absl::OkStatus();
 }
 
-absl::Status Serve(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(WorkerConfig config, ConfigFromFlags());
-  RETURN_IF_ERROR(SetUpSecurity(config));
-  // Every rank runs with the worker's certificate, so all derive the same key and accept the
-  // NCCL control tokens rank 0's KvTransferService hands out.
-  config.transfer.nccl_token_key = NcclControlTokenKey(security::ProcessSecurity());
-  TerminationSignals signals;  // before any thread starts
-  const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
-  if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dcp=", group_options.dcp,
-        " with --role=prefill: decode context parallelism is for "
-        "decode and mixed groups (a prefill group of any --tp hands whole blocks to a DCP decode "
-        "group)"));
+// What main does once every part of the worker is gone (the group's rank processes too).
+struct ServeResult {
+  // Rank 0 of a broken local group: run this binary again in place with these flags appended.
+  std::optional<std::vector<std::string>> restart_with;
+};
+
+// The flags rank 0 restarts its group with: the address it was bound to (a --listen or
+// --metrics_listen port 0 became a real one: the router and peers keep it), its worker id, and
+// its count of quick restarts in a row (GroupRestartDelay).
+std::vector<std::string> RestartFlags(const WorkerDaemon& daemon, int quick_restarts) {
+  auto with_port = [](const std::string& listen, absl::string_view bound) {
+    return absl::StrCat(listen.substr(0, listen.rfind(':')), bound.substr(bound.rfind(':')));
+  };
+  std::vector<std::string> flags = {
+      absl::StrCat("--listen=", with_port(absl::GetFlag(FLAGS_listen), daemon.address())),
+      absl::StrCat("--worker_id=", daemon.worker_id()),
+      absl::StrCat("--group_restarts=", quick_restarts)};
+  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_listen); !metrics.empty()) {
+    flags.push_back(absl::StrCat("--metrics_listen=",
+                                 with_port(metrics, absl::StrCat(":", daemon.metrics_port()))));
   }
-  // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
-  // the daemon: the group outlives the engine that uses it.
-  ASSIGN_OR_RETURN(GroupBackend group,
-                   LoadGroupBackend(config.model, config.backend, group_options, argv));
-  if (!group.is_leader()) return ServeFollower(config, std::move(group));
+  return flags;
+}
+
+// Rank 0 (or a worker of one rank): serves until a signal (drain, exit 0) or, with
+// --restart_broken_group, until its group breaks (group_restart.h).
+absl::StatusOr<ServeResult> ServeLeader(WorkerConfig config, GroupBackend group,
+                                        const RankGroupOptions& group_options,
+                                        TerminationSignals& signals) {
   config.tp = group.group->size();
   config.group_channel = group.channel;
   config.group.set_size(static_cast<uint32_t>(config.tp));
@@ -231,11 +254,68 @@ absl::Status Serve(const std::vector<std::string>& argv) {
   if (const std::string file = absl::GetFlag(FLAGS_port_file); !file.empty()) {
     RETURN_IF_ERROR(WritePortFile(file, daemon->address()));
   }
-  const int sig = signals.Wait();
-  LOG(INFO) << "signal " << sig;
-  daemon->Drain(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
-  std::printf("worker %s stopped\n", daemon->worker_id().c_str());
-  return absl::OkStatus();
+  const absl::Time serving_since = absl::Now();
+  std::function<absl::Status()> group_health;
+  if (group.channel != nullptr && absl::GetFlag(FLAGS_restart_broken_group)) {
+    group_health = [&group] {
+      RETURN_IF_ERROR(group.group->CheckRanksAlive());
+      return group.channel->status();
+    };
+  }
+  const ServeEnd end = WaitForSignalOrBrokenGroup(signals, group_health);
+  if (end.signal != 0) {
+    LOG(INFO) << "signal " << end.signal;
+    daemon->Drain(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
+    std::printf("worker %s stopped\n", daemon->worker_id().c_str());
+    return ServeResult{};
+  }
+  // Nothing in flight can finish (its steps fail): tell the router now, stop serving, end the
+  // other ranks at once, then let go of the engine and the group.
+  LOG(ERROR) << "worker group broken: " << end.broken;
+  daemon->Drain(absl::ZeroDuration());
+  const int quick =
+      absl::Now() - serving_since < kStableServing ? absl::GetFlag(FLAGS_group_restarts) + 1 : 1;
+  std::vector<std::string> restart = RestartFlags(*daemon, quick);
+  group.group->KillRanks();
+  daemon.reset();
+  group.channel.reset();
+  group.group.reset();
+  if (group_options.rank >= 0) {
+    return absl::UnavailableError(absl::StrCat(
+        end.broken.message(), "; rank 0 exits so that its launcher restarts every rank"));
+  }
+  const absl::Duration delay = GroupRestartDelay(quick);
+  std::printf("worker group broken (%s); restarting it in place (quick restart %d, in %s)\n",
+              std::string(end.broken.message()).c_str(), quick,
+              absl::FormatDuration(delay).c_str());
+  if (const int sig = signals.WaitFor(delay); sig != 0) return ServeResult{};
+  return ServeResult{std::move(restart)};
+}
+
+absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(WorkerConfig config, ConfigFromFlags());
+  RETURN_IF_ERROR(SetUpSecurity(config));
+  // Every rank runs with the worker's certificate, so all derive the same key and accept the
+  // NCCL control tokens rank 0's KvTransferService hands out.
+  config.transfer.nccl_token_key = NcclControlTokenKey(security::ProcessSecurity());
+  TerminationSignals signals;  // before any thread starts
+  const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
+  if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dcp=", group_options.dcp,
+        " with --role=prefill: decode context parallelism is for "
+        "decode and mixed groups (a prefill group of any --tp hands whole blocks to a DCP decode "
+        "group)"));
+  }
+  // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
+  // the daemon: the group outlives the engine that uses it.
+  ASSIGN_OR_RETURN(GroupBackend group,
+                   LoadGroupBackend(config.model, config.backend, group_options, argv));
+  if (!group.is_leader()) {
+    RETURN_IF_ERROR(ServeFollower(config, std::move(group)));
+    return ServeResult{};
+  }
+  return ServeLeader(std::move(config), std::move(group), group_options, signals);
 }
 
 }  // namespace
@@ -247,9 +327,12 @@ int main(int argc, char** argv) {
   if (absl::Status logging = tandem::InitLogging(argv[0]); !logging.ok()) {
     std::fprintf(stderr, "tandem_worker: %s\n", logging.ToString().c_str());
   }
-  absl::Status status = tandem::runtime::Serve(args);
-  if (!status.ok()) {
-    std::fprintf(stderr, "tandem_worker: %s\n", status.ToString().c_str());
+  absl::StatusOr<tandem::runtime::ServeResult> result = tandem::runtime::Serve(args);
+  if (result.ok() && result->restart_with.has_value()) {
+    result = tandem::runtime::ExecSelf(args, *result->restart_with);  // returns only on failure
+  }
+  if (!result.ok()) {
+    std::fprintf(stderr, "tandem_worker: %s\n", result.status().ToString().c_str());
     return 1;
   }
   return 0;

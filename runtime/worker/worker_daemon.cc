@@ -41,6 +41,8 @@ tandem::v1::TransferHandshake LocalHandshake(const std::string& model_id,
   return local;
 }
 
+}  // namespace
+
 // Where peers reach this worker (WorkerConfig::advertise_host).
 absl::StatusOr<std::string> AdvertisedHost(const WorkerConfig& config) {
   if (!config.advertise_host.empty()) return config.advertise_host;
@@ -54,6 +56,15 @@ absl::StatusOr<std::string> AdvertisedHost(const WorkerConfig& config) {
   }
   return *first;
 }
+
+absl::StatusOr<std::string> ResolveUcxNetDevice(const WorkerConfig& config) {
+  if (config.transfer.ucx_net_device != "auto") return config.transfer.ucx_net_device;
+  ASSIGN_OR_RETURN(const std::string advertise, AdvertisedHost(config));
+  absl::StatusOr<std::string> iface = InterfaceForAddress(advertise);
+  return iface.ok() ? *iface : "all";
+}
+
+namespace {
 
 std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
   char hostname[256] = {};
@@ -212,10 +223,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     return absl::InvalidArgumentError("--worker_id is too long");
   }
   ASSIGN_OR_RETURN(const std::string advertise, AdvertisedHost(config));
-  if (config.transfer.ucx_net_device == "auto") {
-    absl::StatusOr<std::string> iface = InterfaceForAddress(advertise);
-    config.transfer.ucx_net_device = iface.ok() ? *iface : "all";
-  }
+  ASSIGN_OR_RETURN(config.transfer.ucx_net_device, ResolveUcxNetDevice(config));
   BackendModel loaded;
   if (config.loaded.has_value()) {
     loaded = *std::move(config.loaded);

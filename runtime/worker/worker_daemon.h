@@ -60,6 +60,16 @@ struct WorkerConfig {
   std::function<absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>>()> make_agent;
 };
 
+// Where peers reach the worker: `advertise_host`, else the `listen` host, else (a wildcard
+// listen) this host's first non-loopback address. INVALID_ARGUMENT when there is none.
+absl::StatusOr<std::string> AdvertisedHost(const WorkerConfig& config);
+
+// The UCX network devices of the worker's KV agent: `transfer.ucx_net_device` unless "auto"; then
+// the interface that holds the advertised host ("lo" for 127.0.0.1), or "all" when no interface
+// of this host holds it (a DNS name, an address behind NAT). Every rank of a group started on
+// one host resolves it from the same flags, so all of them listen where rank 0 does.
+absl::StatusOr<std::string> ResolveUcxNetDevice(const WorkerConfig& config);
+
 class WorkerDaemon {
  public:
   // Loads the model, builds everything, starts serving and (with a router) registering.

@@ -5,7 +5,7 @@
 //     D rank received exactly its shard's blocks (bytes in the ratio of the blocks each shard
 //     owns), no load failed, nothing recomputed, every shard's pool back to full;
 //   * SIGKILL of a DCP rank mid-stream: the client gets UNAVAILABLE within 5 s, the prefill side
-//     holds no lease, the group stops serving.
+//     holds no lease, the group is restarted in place and serves again.
 #include <algorithm>
 #include <random>
 #include <string>

@@ -157,6 +157,8 @@ void KillDecodeRankMidStream(std::vector<std::string> decode_flags) {
   ASSERT_NE(decode, nullptr);
   const std::vector<pid_t> ranks = Children(decode->process->pid());
   ASSERT_EQ(ranks.size(), 1u);
+  absl::StatusOr<tandem::v1::WorkerStats> before = cluster.Stats("decode-0");
+  ASSERT_TRUE(before.ok()) << before.status();
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
   auto reader = cluster.router().Generate(&ctx, ToRequest(LongPrompt()));
@@ -173,9 +175,19 @@ void KillDecodeRankMidStream(std::vector<std::string> decode_flags) {
   absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
   ASSERT_TRUE(prefill.ok()) << prefill.status();
   EXPECT_EQ(prefill->load().kv_blocks_leased(), 0u) << "the prefill side holds nothing";
-  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
-  ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_NE(stats->status(), tandem::v1::SERVING_STATUS_SERVING);
+  // The group restarts in place (runtime/worker/group_restart.h): a new epoch, serving again.
+  absl::StatusOr<tandem::v1::WorkerStats> stats;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+    stats = cluster.Stats("decode-0");
+    if (stats.ok() && stats->info().epoch() > before->info().epoch() &&
+        stats->status() == tandem::v1::SERVING_STATUS_SERVING) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(stats.ok()) << stats.status() << cluster.Logs();
+  EXPECT_GT(stats->info().epoch(), before->info().epoch()) << cluster.Logs();
+  EXPECT_EQ(stats->status(), tandem::v1::SERVING_STATUS_SERVING);
 }
 
 }  // namespace tandem::e2e

@@ -48,8 +48,8 @@ bool Alive(pid_t pid);
 
 // A decode group (prefill-0 -> decode-0 started with `decode_flags`, e.g. {"--tp=2"}) whose
 // rank 1 is SIGKILLed mid-stream: the client gets UNAVAILABLE within 5 s, the prefill worker's
-// leases go back to none (the group had released them after its load), and the group stops
-// serving. Reports failures through gtest.
+// leases go back to none (the group had released them after its load), and the group comes
+// back (rank 0 restarts it in place: a new epoch, SERVING). Reports failures through gtest.
 void KillDecodeRankMidStream(std::vector<std::string> decode_flags);
 
 std::vector<Prompt> RandomPrompts(uint32_t seed, int n, int max_len = 80);

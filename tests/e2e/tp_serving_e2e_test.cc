@@ -2,8 +2,8 @@
 // child process it started, both over Gloo on loopback) behind a real tandem_router.
 //   * the router lists the worker's group (2 ranks over gloo); greedy tokens equal the TP=1
 //     engine's on the golden fixture; SIGTERM drains the whole group (both rank processes exit);
-//   * SIGKILL of rank 1 mid-stream: the client gets UNAVAILABLE within 5 s, the worker reports
-//     NOT_SERVING and the router stops routing to it;
+//   * SIGKILL of rank 1 mid-stream: the client gets UNAVAILABLE within 5 s; rank 0 restarts the
+//     group in place and the router routes to it again;
 //   * prefill and decode groups of TP 2->1, 1->2, 2->2 equal a mixed worker, each D rank holding
 //     exactly its heads of the KV, moved in bulk;
 //   * a checkpoint pre-sharded for TP=2 serves the same tokens.
@@ -105,13 +105,22 @@ TEST(TpServingE2eTest, KillRankOneMidStream) {
   const grpc::Status status = reader->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "the error must come within seconds";
-  // The group cannot run a step again: the worker says NOT_SERVING, the router drops it.
-  EXPECT_TRUE(cluster->WaitHealthy(0, absl::Seconds(10)).ok()) << cluster->Logs();
+  // The broken group cannot run a step again: rank 0 restarts it in place (the same process, a
+  // new rank 1; runtime/worker/group_restart.h) and the router routes to it again.
   Prompt q;
   q.ids = {5, 6, 7};
   q.max_tokens = 2;
-  Result r = Generate(cluster->router(), ToRequest(q), absl::Seconds(10));
-  EXPECT_FALSE(r.status.ok()) << "no healthy worker is left";
+  Result r;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+    r = Generate(cluster->router(), ToRequest(q), absl::Seconds(10));
+    if (r.status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
+  EXPECT_TRUE(worker.process->Running());
+  const std::vector<pid_t> now = Children(worker.process->pid());
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], ranks[0]);
 }
 
 // P and D groups of any tensor-parallel sizes through the router: each D rank pulls its own KV
@@ -169,7 +178,7 @@ TEST(TpServingE2eTest, PrefillAndDecodeGroupsOfAnyTpEqualAMixedWorker) {
 
 // A decode group's rank killed mid-stream: the client gets UNAVAILABLE within 5 s, the prefill
 // worker's leases go back to none (the decode group had released them after its load), and the
-// group leaves the router's rotation.
+// group is restarted in place (serving again under a new epoch).
 TEST(TpServingE2eTest, KillDecodeRankOneMidStreamFreesThePrefillSide) {
   KillDecodeRankMidStream({"--tp=2"});
 }

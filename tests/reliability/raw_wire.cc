@@ -177,7 +177,31 @@ std::vector<Payload> MalformedPayloads(const RawMethod& method, std::mt19937& rn
   return out;
 }
 
-std::vector<int> ListeningTcpPorts(pid_t pid) {
+namespace {
+
+// An address of /proc/net/tcp{,6}: 8 or 32 hex digits, each 32-bit word printed in host order.
+std::string ProcNetAddress(absl::string_view hex) {
+  unsigned char bytes[16] = {};
+  const size_t words = hex.size() / 8;
+  if ((words != 1 && words != 4) || hex.size() % 8 != 0) return std::string(hex);
+  for (size_t w = 0; w < words; ++w) {
+    uint32_t word = 0;
+    if (!absl::SimpleHexAtoi(hex.substr(w * 8, 8), &word)) return std::string(hex);
+    std::memcpy(bytes + w * 4, &word, 4);  // back to network order (the kernel's bytes)
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  static constexpr unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (words == 1 || std::memcmp(bytes, kMapped, sizeof(kMapped)) == 0) {
+    inet_ntop(AF_INET, words == 1 ? bytes : bytes + 12, text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, bytes, text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<TcpListener> ListeningTcpSockets(pid_t pid) {
   std::set<std::string> inodes;
   const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
   if (DIR* d = opendir(fd_dir.c_str())) {
@@ -194,7 +218,7 @@ std::vector<int> ListeningTcpPorts(pid_t pid) {
     }
     closedir(d);
   }
-  std::set<int> ports;
+  std::vector<TcpListener> out;
   for (const char* table : {"tcp", "tcp6"}) {
     std::ifstream in(absl::StrCat("/proc/", pid, "/net/", table));
     std::string line;
@@ -204,13 +228,21 @@ std::vector<int> ListeningTcpPorts(pid_t pid) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
       if (f.size() < 10 || f[3] != "0A" || !inodes.contains(f[9])) continue;  // 0A: LISTEN
       const size_t colon = f[1].rfind(':');
-      int port = 0;
-      if (colon != std::string::npos &&
-          absl::SimpleHexAtoi(absl::string_view(f[1]).substr(colon + 1), &port)) {
-        ports.insert(port);
+      TcpListener l;
+      if (colon == std::string::npos ||
+          !absl::SimpleHexAtoi(absl::string_view(f[1]).substr(colon + 1), &l.port)) {
+        continue;
       }
+      l.address = ProcNetAddress(absl::string_view(f[1]).substr(0, colon));
+      out.push_back(std::move(l));
     }
   }
+  return out;
+}
+
+std::vector<int> ListeningTcpPorts(pid_t pid) {
+  std::set<int> ports;
+  for (const TcpListener& l : ListeningTcpSockets(pid)) ports.insert(l.port);
   return {ports.begin(), ports.end()};
 }
 

@@ -46,8 +46,15 @@ struct Payload {
 // lengths past the end, invalid UTF-8 in string field 1, unterminated groups nested 200 deep.
 std::vector<Payload> MalformedPayloads(const RawMethod& method, std::mt19937& rng);
 
-// TCP ports `pid` listens on (IPv4 and IPv6, any address), from /proc/PID/fd and
-// /proc/PID/net/tcp{,6}.
+// A TCP socket a process listens on: the local address as text ("127.0.0.1", "0.0.0.0", "::",
+// "10.1.2.3"; an IPv4-mapped IPv6 address as its IPv4 one) and the port.
+struct TcpListener {
+  std::string address;
+  int port = 0;
+};
+// The TCP sockets `pid` listens on (IPv4 and IPv6), from /proc/PID/fd and /proc/PID/net/tcp{,6}.
+std::vector<TcpListener> ListeningTcpSockets(pid_t pid);
+// Their ports, each once.
 std::vector<int> ListeningTcpPorts(pid_t pid);
 
 // Connects to 127.0.0.1:`port`, writes `bytes`, and waits up to `wait` for the peer to close.
