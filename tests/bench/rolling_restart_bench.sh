@@ -73,6 +73,14 @@ if [[ "$insecure" == 0 ]]; then
   bench_sec=(--tls_ca="$(sed -n 's/^tls_ca: //p' <<< "$up")")
   TANDEM_API_KEY="$(cat "$(sed -n 's/^api_key_file: //p' <<< "$up")")"
   export TANDEM_API_KEY
+  # up.sh hands users a client key: it lists no worker (addresses, epochs); the operator's key
+  # does (issue 30 item 10).
+  if "$bin_dir/router/tandem_cli" workers --router="$router" "${bench_sec[@]}" > /dev/null 2>&1; then
+    echo "rolling_restart_bench.sh: up.sh's api_key_file lists workers (an admin key)" >&2
+    exit 1
+  fi
+  "$bin_dir/router/tandem_cli" workers --router="$router" "${bench_sec[@]}" \
+    --api_key="$(cat "$(sed -n 's/^admin_api_key_file: //p' <<< "$up")")" > /dev/null
 fi
 
 rm -f "$run_dir/stop" "$run_dir/requests.jsonl"
