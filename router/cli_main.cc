@@ -18,8 +18,10 @@
 //   {"request_id":"...","tokens":[...],"finish_reason":"length","ttft_ms":1.2,"itl_ms_p50":0.3,
 //    "usage":{"prompt_tokens":3,"completion_tokens":8,"cached_prompt_tokens":0}}
 // Security: --tls_ca=PEM (the cluster CA; TLS) with --api_key=KEY (or $TANDEM_API_KEY) for the
-// public port, or --tls_cert/--tls_key of an admin certificate for `workers --router=INTERNAL`
-// (the router's internal port) and `stats --worker=ADDR`; --insecure for plain text.
+// public port: a client key serves generate, health and abort; `workers` there needs an admin
+// (operator) key (make_certs.sh's admin_api_key). Or --tls_cert/--tls_key of an admin
+// certificate for `workers --router=INTERNAL` (the router's internal port) and
+// `stats --worker=ADDR`; --insecure for plain text.
 // Exit status: 0 on success; 1 with the gRPC status on stderr on any error; `health` exits 2
 // when the router answers but is not SERVING (so scripts can wait for readiness).
 #include <grpcpp/grpcpp.h>
