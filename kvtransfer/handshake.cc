@@ -6,6 +6,7 @@
 #include <bit>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tandem/v1/limits.h"
@@ -255,7 +256,10 @@ tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts
   info.set_model_id(facts.model_id);
   info.set_model_dtype(facts.model_dtype);
   KvLayout* layout = info.mutable_layout();
-  layout->set_layout_name("block_major_v1");
+  layout->set_layout_name(facts.kv_lora_rank == 0
+                              ? std::string("block_major_v1")
+                              : absl::StrCat(kMlaLatentLayout, "(kv_lora_rank=", facts.kv_lora_rank,
+                                             ",qk_rope_head_dim=", facts.qk_rope_head_dim, ")"));
   layout->set_num_layers(facts.num_layers);
   layout->set_num_kv_heads(facts.num_kv_heads);
   layout->set_head_dim(facts.head_dim);
@@ -306,8 +310,10 @@ absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
   const uint64_t elem_bytes = KvElementBytes(l.kv_dtype());
   // Quantized blocks carry scales: their size is the backend's.
   if (elem_bytes == 0) return absl::OkStatus();
-  const uint64_t want =
-      uint64_t{l.num_layers()} * 2 * l.block_size() * g.kv_head_count() * l.head_dim() * elem_bytes;
+  // An MLA latent layout has one plane per layer, K and V layouts two.
+  const uint64_t planes = absl::StartsWith(l.layout_name(), kMlaLatentLayout) ? 1 : 2;
+  const uint64_t want = uint64_t{l.num_layers()} * planes * l.block_size() * g.kv_head_count() *
+                        l.head_dim() * elem_bytes;
   if (g.block_bytes() != 0 && g.block_bytes() != want) {  // 0: not stated
     return absl::InvalidArgumentError(absl::StrCat("rank geometry: ", g.block_bytes(),
                                                    " bytes per block; the layout and ",

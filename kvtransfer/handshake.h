@@ -76,7 +76,14 @@ struct KvCompatibilityFacts {
   uint32_t head_dim = 0;
   uint32_t block_size = 0;
   tandem::v1::KvDtype kv_dtype = tandem::v1::KV_DTYPE_UNSPECIFIED;
+  // Multi-head latent attention (DeepSeek MLA): one latent "head" of kv_lora_rank +
+  // qk_rope_head_dim per token and layer, no separate V (num_kv_heads 1, head_dim the latent
+  // width). The layout is then named kMlaLatentLayout + "(kv_lora_rank=R,qk_rope_head_dim=D)", so
+  // MLA and GQA workers, or MLA workers of different latent splits, refuse to pair, naming both.
+  uint32_t kv_lora_rank = 0;  // 0: K and V ("block_major_v1")
+  uint32_t qk_rope_head_dim = 0;
 };
+inline constexpr char kMlaLatentLayout[] = "mla_latent_v1";
 tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts);
 // The geometry of a worker that is a single rank: all KV heads, no DCP.
 tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo& info,

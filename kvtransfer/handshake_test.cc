@@ -375,6 +375,53 @@ TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
   EXPECT_NE(s.message().find("context-parallel"), std::string::npos) << s;
 }
 
+// A DeepSeek MLA worker's latent cache (one plane per layer): its layout names the latent split,
+// so a GQA worker or an MLA worker of another split is refused naming both; block bytes count one
+// plane, not K and V.
+TEST(RankGeometryTest, MlaLatentLayoutNamesItsSplitAndHasOnePlane) {
+  std::mt19937 rng(5);
+  KvCompatibilityFacts facts;
+  facts.model_id = "deepseek";
+  facts.model_dtype = "bfloat16";
+  facts.num_layers = 3;
+  facts.num_kv_heads = 1;
+  facts.head_dim = 576;
+  facts.block_size = 16;
+  facts.kv_dtype = tandem::v1::KV_DTYPE_BF16;
+  facts.kv_lora_rank = 512;
+  facts.qk_rope_head_dim = 64;
+  const CompatibilityInfo info = CompatibilityFor(facts);
+  EXPECT_EQ(info.layout().layout_name(), "mla_latent_v1(kv_lora_rank=512,qk_rope_head_dim=64)");
+  const uint64_t one_plane = 3 * 16 * 576 * 2;
+  EXPECT_TRUE(ValidateGeometry(info, SingleRankGeometry(info, one_plane)).ok());
+  EXPECT_EQ(ValidateGeometry(info, SingleRankGeometry(info, 2 * one_plane)).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  KvCompatibilityFacts other_split = facts;  // the same 576-wide latent, split 448 + 128
+  other_split.kv_lora_rank = 448;
+  other_split.qk_rope_head_dim = 128;
+  KvCompatibilityFacts gqa = facts;  // K and V of one 576-wide head
+  gqa.kv_lora_rank = gqa.qk_rope_head_dim = 0;
+  TransferHandshake local = RandomHandshake(rng, "d0");
+  *local.mutable_compatibility() = info;
+  *local.mutable_geometry() = SingleRankGeometry(info, one_plane);
+  Rehash(&local);
+  for (const KvCompatibilityFacts& f : {other_split, gqa}) {
+    TransferHandshake peer = local;
+    peer.set_worker_id("p0");
+    *peer.mutable_compatibility() = CompatibilityFor(f);
+    *peer.mutable_geometry() = SingleRankGeometry(peer.compatibility(), 0);
+    Rehash(&peer);
+    const absl::Status s = CheckCompatible(local, peer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("layout_name"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("kv_lora_rank=512"), std::string::npos) << s;
+  }
+  TransferHandshake same = local;
+  same.set_worker_id("p1");
+  EXPECT_TRUE(CheckCompatible(local, same).ok()) << CheckCompatible(local, same);
+}
+
 TEST(RankGeometryTest, GroupRanksAreValidated) {
   std::mt19937 rng(std::random_device{}());
   TransferHandshake group = RandomHandshake(rng, "p0");

@@ -1,5 +1,6 @@
 #include "kernels/layers/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -58,7 +59,53 @@ void ApplyLlama3Scaling(const RopeScaling& s, std::vector<float>& inv_freq) {
   }
 }
 
+// transformers' _compute_yarn_parameters, fp32 tensor ops emulated in fp32; the correction range
+// is python float math (fp64).
+void ApplyYarnScaling(const RopeScaling& s, double theta, int64_t dim,
+                      std::vector<float>& inv_freq) {
+  const double two_pi = 2.0 * std::numbers::pi;
+  auto correction_dim = [&](double rotations) {
+    return (static_cast<double>(dim) *
+            std::log(static_cast<double>(s.original_max_position_embeddings) /
+                     (rotations * two_pi))) /
+           (2.0 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // transformers: prevent a singularity
+  const float factor = static_cast<float>(s.factor);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const float extrapolation = inv_freq[i];  // 1 / pos_freqs
+    const float pos_freq = 1.0f / extrapolation;
+    const float interpolation = 1.0f / (factor * pos_freq);
+    const float ramp = std::clamp(
+        (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+        1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    inv_freq[i] =
+        interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+  }
+}
+
 }  // namespace
+
+double YarnGetMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double RopeAttentionFactor(const RopeScaling& s) {
+  if (s.type != RopeType::kYarn) return 1.0;
+  if (s.attention_factor > 0.0) return s.attention_factor;
+  if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
+    return YarnGetMscale(s.factor, s.mscale) / YarnGetMscale(s.factor, s.mscale_all_dim);
+  }
+  return YarnGetMscale(s.factor, 1.0);
+}
 
 absl::StatusOr<std::vector<float>> ComputeRopeInvFreq(double theta, int64_t rotary_dim,
                                                       const RopeScaling& scaling) {
@@ -102,6 +149,16 @@ absl::StatusOr<std::vector<float>> ComputeRopeInvFreq(double theta, int64_t rota
     }
     case RopeType::kLlama3:
       ApplyLlama3Scaling(scaling, inv_freq);
+      break;
+    case RopeType::kYarn:
+      if (scaling.original_max_position_embeddings <= 0 || !(scaling.beta_fast > 0.0) ||
+          !(scaling.beta_slow > 0.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rope: yarn needs original_max_position_embeddings, beta_fast, beta_slow > 0, got ",
+            scaling.original_max_position_embeddings, ", ", scaling.beta_fast, ", ",
+            scaling.beta_slow));
+      }
+      ApplyYarnScaling(scaling, theta, rotary_dim, inv_freq);
       break;
   }
   return inv_freq;

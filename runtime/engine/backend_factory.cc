@@ -37,6 +37,13 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
+  // DeepSeek multi-head latent attention runs on the CPU backend only (kernels/mla).
+  if (model.IsMla()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--backend=cuda cannot run ", model.architecture,
+        " yet: multi-head latent attention (MLA) is implemented on the CPU backend only; use "
+        "--backend=cpu"));
+  }
   // The CUDA model runs the dense Llama layers (Llama, Qwen2, Mistral) only: refused at startup,
   // before any device work, naming what it lacks.
   if (model.IsMoe() || model.qk_norm) {

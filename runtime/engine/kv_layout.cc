@@ -31,6 +31,14 @@ kernels::KvCacheLayout KvLayoutForModel(const ModelConfig& model, int64_t num_bl
   layout.num_blocks = num_blocks;
   layout.num_layers = model.num_hidden_layers;
   layout.block_size = block_size;
+  if (model.IsMla()) {
+    // One latent row per token and layer, [c_kv | k_pe], the same on every rank (not split by
+    // heads): kernels/mla.
+    layout.num_planes = 1;
+    layout.num_kv_heads = 1;
+    layout.head_dim = model.kv_lora_rank + model.qk_rope_head_dim;
+    return layout;
+  }
   layout.num_kv_heads = share.count < 0 ? model.num_key_value_heads : share.count;
   layout.head_dim = model.head_dim;
   return layout;

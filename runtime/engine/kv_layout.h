@@ -26,7 +26,9 @@ struct KvHeadShare {
   int64_t count = -1;  // -1: all of the model's KV heads
 };
 
-// [num_blocks][num_layers][2][block_size][heads of `share`][head_dim] for `model`.
+// [num_blocks][num_layers][2][block_size][heads of `share`][head_dim] for `model`; for a DeepSeek
+// MLA model (model.IsMla()) the latent layout [num_blocks][num_layers][1][block_size][1]
+// [kv_lora_rank + qk_rope_head_dim], whatever `share` says (the latent is not split by heads).
 kernels::KvCacheLayout KvLayoutForModel(const ModelConfig& model, int64_t num_blocks,
                                         int64_t block_size, KvHeadShare share = {});
 

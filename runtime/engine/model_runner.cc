@@ -32,9 +32,10 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
       dcp.rank = group == nullptr ? 0 : group->rank() % dcp_size;
       dcp.interleave = dcp_interleave == 0 ? spec.block_size : dcp_interleave;
     }
+    // LlamaModel, or MlaModel for DeepSeek multi-head latent attention (cpu_model.h).
     ASSIGN_OR_RETURN(
-        std::unique_ptr<LlamaModel> model,
-        LlamaModel::Create(spec.model_config, std::move(weights), thread_pool.get(), group, dcp));
+        std::unique_ptr<CpuModel> model,
+        MakeCpuModel(spec.model_config, std::move(weights), thread_pool.get(), group, dcp));
     const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
     RETURN_IF_ERROR(layout.Validate());
     if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {
@@ -46,7 +47,7 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
   return factory;
 }
 
-ModelRunner::ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
+ModelRunner::ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,
                          float* kv_pool, std::unique_ptr<kernels::ThreadPool> thread_pool)
     : thread_pool_(std::move(thread_pool)),
       model_(std::move(model)),

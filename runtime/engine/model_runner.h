@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/threading/thread_pool.h"
+#include "runtime/engine/cpu_model.h"
 #include "runtime/engine/llama_model.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/engine/scheduler.h"
@@ -35,13 +36,13 @@ class ModelRunner : public ModelExecutor {
   // outliving the runner, e.g. a transfer agent's shareable allocation), or null: the runner
   // allocates it. Either way it is zero-filled once here. `thread_pool` (nullable) is the
   // pool the model computes on; the runner keeps it alive.
-  ModelRunner(std::unique_ptr<LlamaModel> model, kernels::KvCacheLayout layout,
+  ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,
               float* kv_pool = nullptr, std::unique_ptr<kernels::ThreadPool> thread_pool = nullptr);
 
   absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
 
   const kernels::KvCacheLayout& layout() const { return layout_; }
-  const LlamaModel& model() const { return *model_; }
+  const CpuModel& model() const { return *model_; }
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
   void* kv_pool_data() override { return kv_pool_; }
   int64_t kv_pool_bytes() const override {
@@ -50,7 +51,7 @@ class ModelRunner : public ModelExecutor {
 
  private:
   std::unique_ptr<kernels::ThreadPool> thread_pool_;  // outlives model_ (declared first)
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<CpuModel> model_;
   const kernels::KvCacheLayout layout_;
   std::vector<float> owned_pool_;  // used when no external pool was given
   float* kv_pool_;                 // [layout_.TotalElems()], allocated once

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config_family.h"
+#include "runtime/model/model_config_mla.h"
 
 namespace tandem::runtime {
 namespace {
@@ -274,6 +275,8 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json must hold a JSON object, got ", Show(root)));
   }
+  // DeepSeek (multi-head latent attention) has its own fields: model_config_mla.cc.
+  if (internal::IsDeepseekConfig(root)) return internal::ParseDeepseekConfig(root);
   ModelConfig c;
   ASSIGN_OR_RETURN(const ArchitectureInfo* arch, ParseArchitecture(root));
   c.architecture = std::string(arch->name);
@@ -431,6 +434,7 @@ absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name) {
 }
 
 int64_t ModelConfig::NumParameters() const {
+  if (IsMla()) return internal::MlaNumParameters(*this);
   const int64_t q = num_attention_heads * head_dim;
   const int64_t kv = num_key_value_heads * head_dim;
   const int64_t h = hidden_size;
@@ -454,6 +458,7 @@ int64_t ModelConfig::NumParameters() const {
 }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
+  if (c.IsMla()) return internal::ValidateMlaConfig(c);
   const ArchitectureInfo* arch = internal::FindArchitecture(c.architecture);
   if (arch == nullptr) {
     return absl::InvalidArgumentError(

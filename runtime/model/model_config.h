@@ -55,6 +55,20 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v projections have biases (Llama attention_bias; Qwen2 always)
   bool o_bias = false;    // o_proj has a bias (Llama attention_bias; never for Qwen2)
   bool mlp_bias = false;  // gate/up/down have biases (Llama mlp_bias)
+  // DeepSeek-V2/V3 multi-head latent attention (model_config_mla.cc), when kv_lora_rank > 0:
+  // q through q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj when q_lora_rank > 0; heads of
+  // qk_nope_head_dim + qk_rope_head_dim; kv_a_proj_with_mqa -> latent c_kv (kv_lora_rank, then
+  // kv_a_layernorm) + one shared k_pe (qk_rope_head_dim); kv_b_proj -> per-head k_nope and v
+  // (v_head_dim). head_dim is qk_rope_head_dim (the RoPE'd part, as transformers sets it) and
+  // the KV cache keeps one latent of kv_lora_rank + qk_rope_head_dim per token and layer.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool rope_interleave = false;  // RoPE on (x[2i], x[2i+1]) pairs (V2; V3's flag), else rotate-half
+  int64_t first_k_dense_replace = 0;  // layers below it have a dense MLP (all of them, for now)
+  bool IsMla() const { return kv_lora_rank > 0; }
   // Tokens that end generation: config.json's eos_token_id (int or list) merged with
   // generation_config.json's (see LoadModelConfig). May be empty.
   std::vector<int32_t> eos_token_ids;

@@ -6,6 +6,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_config_family.h"
+#include "runtime/model/model_config_mla.h"
 
 namespace tandem::runtime {
 namespace {
@@ -81,6 +82,7 @@ absl::StatusOr<ModelConfig> MoePreset(absl::string_view name) {
 }  // namespace
 
 std::string ModelConfigToJson(const ModelConfig& c) {
+  if (c.IsMla()) return internal::MlaConfigToJson(c);  // model_config_mla.cc
   const bool qwen2 = c.architecture == kQwen2;
   const internal::ArchitectureInfo* arch = internal::FindArchitecture(c.architecture);
   nlohmann::ordered_json out;
@@ -112,6 +114,8 @@ std::string ModelConfigToJson(const ModelConfig& c) {
           {"low_freq_factor", c.rope_scaling.low_freq_factor},
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+    case RopeType::kYarn:  // DeepSeek only: MlaConfigToJson (returned above)
       break;
   }
   using internal::AttentionBias;

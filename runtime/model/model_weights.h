@@ -20,6 +20,9 @@
 //   model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight
 //                                                      (Qwen2-MoE: [Is, hidden] / [hidden, Is]
 //                                                      / [1, hidden])
+// and, for DeepSeek MLA (config.IsMla(), weight_layout_mla.cc) instead of q/k/v_proj:
+//   model.layers.{i}.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
+//                               kv_a_layernorm, kv_b_proj}.weight (LayerWeights' MLA fields)
 //   model.norm.weight                                  [hidden]
 //   lm_head.weight                                     [vocab, hidden]  (absent when tied)
 // with Hq = num_attention_heads, Hkv = num_key_value_heads, D = head_dim.
@@ -51,6 +54,15 @@ struct LayerWeights {
   std::vector<float> gate_up_bias;              // [2 * inter] or empty
   std::vector<float> down_proj;                 // [hidden, inter]
   std::vector<float> down_bias;                 // [hidden] or empty
+  // DeepSeek MLA layers (config.IsMla(); weight_layout_mla.cc) instead of qkv_proj, with
+  // Rq = q_lora_rank, Dqk = qk_nope + qk_rope head dims, L = kv_lora_rank, Dr = qk_rope_head_dim,
+  // Dn / Dv = qk_nope / v head dims; o_proj is then [hidden, Hq * Dv].
+  std::vector<float> q_a_proj;        // [Rq, hidden] (self_attn.q_a_proj; empty when Rq = 0)
+  std::vector<float> q_a_layernorm;   // [Rq]
+  std::vector<float> q_proj;          // [Hq * Dqk, Rq] q_b_proj, or [Hq * Dqk, hidden] q_proj
+  std::vector<float> kv_a_proj;       // [L + Dr, hidden] (self_attn.kv_a_proj_with_mqa)
+  std::vector<float> kv_a_layernorm;  // [L]
+  std::vector<float> kv_b_proj;       // [Hq * (Dn + Dv), L]: per head W_UK rows, then W_UV rows
   // Qwen3 (config.qk_norm): per-head RMSNorm weights of q and k; empty otherwise.
   std::vector<float> q_norm;  // [D]
   std::vector<float> k_norm;  // [D]
@@ -130,6 +142,12 @@ enum class WeightSlot {
   kGateUpBias,
   kDownProj,
   kDownBias,
+  kMlaQAProj,
+  kMlaQALayernorm,
+  kMlaQProj,
+  kMlaKvAProj,
+  kMlaKvALayernorm,
+  kMlaKvBProj,
   kQNorm,
   kKNorm,
   kRouter,

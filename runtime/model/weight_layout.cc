@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/model/weight_layout_mla.h"
 
 namespace tandem::runtime {
 namespace internal {
@@ -39,6 +40,7 @@ std::vector<HfTensor> HfTensorLayout(const ModelConfig& c) {
 }
 
 std::vector<HfTensor> HfTensorLayout(const ModelConfig& c, const TpDims& d) {
+  if (c.IsMla()) return MlaTensorLayout(c, d);  // weight_layout_mla.cc
   const int64_t h = c.hidden_size, hd = c.head_dim;
   const int64_t q = c.num_attention_heads * hd;
   const int64_t kv = c.num_key_value_heads * hd;
@@ -117,6 +119,7 @@ void AllocateModelWeights(const ModelConfig& c, ModelWeights* w) {
 }
 
 void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w) {
+  if (c.IsMla()) return AllocateMlaWeights(c, d, w);  // weight_layout_mla.cc
   const auto h = static_cast<size_t>(c.hidden_size);
   const auto q = static_cast<size_t>(d.q_heads * c.head_dim);
   const auto kv = static_cast<size_t>(d.kv_heads * c.head_dim);
@@ -188,6 +191,14 @@ std::vector<float>* SlotVector(ModelWeights* w, WeightSlot slot, int64_t layer_i
       break;
     case WeightSlot::kDownBias:
       target = &layer->down_bias;
+      break;
+    case WeightSlot::kMlaQAProj:
+    case WeightSlot::kMlaQALayernorm:
+    case WeightSlot::kMlaQProj:
+    case WeightSlot::kMlaKvAProj:
+    case WeightSlot::kMlaKvALayernorm:
+    case WeightSlot::kMlaKvBProj:
+      target = internal::MlaSlotVector(layer, slot);  // weight_layout_mla.cc
       break;
     case WeightSlot::kQNorm:
     case WeightSlot::kKNorm:

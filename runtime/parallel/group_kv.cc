@@ -46,6 +46,13 @@ tandem::v1::CompatibilityInfo KvLayoutInfo(const ModelConfig& model, int64_t blo
   facts.head_dim = static_cast<uint32_t>(model.head_dim);
   facts.block_size = static_cast<uint32_t>(block_size);
   facts.kv_dtype = ToProto(kv_dtype);
+  if (model.IsMla()) {  // the latent layout (KvLayoutForModel): one row per token and layer
+    const kernels::KvCacheLayout latent = KvLayoutForModel(model, 1, block_size);
+    facts.num_kv_heads = static_cast<uint32_t>(latent.num_kv_heads);
+    facts.head_dim = static_cast<uint32_t>(latent.head_dim);
+    facts.kv_lora_rank = static_cast<uint32_t>(model.kv_lora_rank);
+    facts.qk_rope_head_dim = static_cast<uint32_t>(model.qk_rope_head_dim);
+  }
   return kvtransfer::CompatibilityFor(facts);
 }
 

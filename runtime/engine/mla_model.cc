@@ -1,0 +1,212 @@
+#include "runtime/engine/mla_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/gemm/linear.h"
+#include "kernels/layers/activation.h"
+#include "kernels/layers/embedding.h"
+#include "kernels/layers/norm.h"
+#include "kernels/layers/rope.h"
+#include "runtime/engine/kv_layout.h"
+
+namespace tandem::runtime {
+namespace {
+
+// transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not the
+// config's rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+kernels::MlaDims DimsOf(const ModelConfig& c) {
+  return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank,
+          c.v_head_dim};
+}
+
+// DeepSeek's yarn_apply_mscale: (Dn + Dr)^-0.5, times mscale(factor, mscale_all_dim)^2 for a
+// non-default RoPE with mscale_all_dim set.
+float SoftmaxScale(const ModelConfig& c) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  const kernels::RopeScaling& r = c.rope_scaling;
+  if (r.type != kernels::RopeType::kDefault && r.mscale_all_dim != 0.0) {
+    const double m = kernels::YarnGetMscale(r.factor, r.mscale_all_dim);
+    scale *= m * m;
+  }
+  return static_cast<float>(scale);
+}
+
+absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w) {
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weights have ", w.layers.size(),
+                                                   " layers, config says ", c.num_hidden_layers));
+  }
+  const kernels::MlaDims d = DimsOf(c);
+  const int64_t H = c.hidden_size, q_in = c.q_lora_rank > 0 ? c.q_lora_rank : H;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& x = w.layers[l];
+    auto size = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size()); };
+    const bool ok =
+        size(x.q_a_proj) == c.q_lora_rank * H && size(x.q_a_layernorm) == c.q_lora_rank &&
+        size(x.q_proj) == d.num_heads * d.QkHeadDim() * q_in &&
+        size(x.kv_a_proj) == d.LatentDim() * H && size(x.kv_a_layernorm) == d.kv_lora_rank &&
+        size(x.kv_b_proj) == d.num_heads * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank &&
+        size(x.o_proj) == H * d.num_heads * d.v_head_dim &&
+        size(x.gate_up_proj) == 2 * c.intermediate_size * H &&
+        size(x.down_proj) == H * c.intermediate_size;
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " weights do not match the MLA config"));
+    }
+  }
+  if (static_cast<int64_t>(w.embed_tokens.size()) != c.vocab_size * H ||
+      (!w.lm_head.empty() && static_cast<int64_t>(w.lm_head.size()) != c.vocab_size * H)) {
+    return absl::InvalidArgumentError("embedding / lm_head weights do not match the vocabulary");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& config,
+                                                           ModelWeights weights,
+                                                           kernels::ThreadPool* pool,
+                                                           comm::ProcessGroup* group,
+                                                           kernels::DcpShard dcp) {
+  if (!config.IsMla()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.architecture, " has no multi-head latent attention"));
+  }
+  if ((group != nullptr && group->size() > 1) || dcp.size > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        config.architecture,
+        ": multi-head latent attention runs on one rank only (tensor parallelism and decode "
+        "context parallelism for MLA are not implemented yet)"));
+  }
+  RETURN_IF_ERROR(DimsOf(config).Validate());
+  RETURN_IF_ERROR(CheckWeights(config, weights));
+  ASSIGN_OR_RETURN(
+      std::vector<float> inv_freq,
+      kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
+  return std::unique_ptr<MlaModel>(
+      new MlaModel(config, std::move(weights), std::move(inv_freq), pool));
+}
+
+MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
+                   kernels::ThreadPool* pool)
+    : config_(config),
+      weights_(std::move(weights)),
+      inv_freq_(std::move(inv_freq)),
+      dims_(DimsOf(config)),
+      softmax_scale_(SoftmaxScale(config)),
+      rope_factor_(static_cast<float>(kernels::RopeAttentionFactor(config.rope_scaling))),
+      pool_(pool),
+      dcp_() {}
+
+kernels::KvCacheLayout MlaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
+  return KvLayoutForModel(config_, num_blocks, block_size);
+}
+
+absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView cache,
+                               absl::Span<const int64_t> logit_rows, std::vector<float>* logits) {
+  const int64_t T = static_cast<int64_t>(input.token_ids.size());
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (T == 0) return absl::InvalidArgumentError("Forward: empty batch");
+  if (static_cast<int64_t>(input.positions.size()) != T ||
+      static_cast<int64_t>(input.slot_mapping.size()) != T) {
+    return absl::InvalidArgumentError("Forward: token_ids, positions, slot_mapping sizes differ");
+  }
+  for (int64_t row : logit_rows) {
+    if (row < 0 || row >= T) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Forward: logit row ", row, " not in [0, ", T, ")"));
+    }
+  }
+  hidden_.resize(T * H);
+  residual_.resize(T * H);
+  RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
+                                          V, H, residual_.data()));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    if (l == 0) {
+      kernels::cpu::RmsNorm(residual_.data(), w.input_layernorm.data(), T, H, eps, hidden_.data());
+    } else {
+      kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), w.input_layernorm.data(), T,
+                                    H, eps);
+    }
+    RETURN_IF_ERROR(Attention(l, input, cache));
+    kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
+                                  w.post_attention_layernorm.data(), T, H, eps);
+    Mlp(l, T);
+  }
+  kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  last_.resize(R * H);
+  for (int64_t r = 0; r < R; ++r) {
+    std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
+  }
+  const std::vector<float>& lm_head =
+      weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
+  logits->resize(R * V);
+  if (R > 0) {
+    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache) {
+  const LayerWeights& w = weights_.layers[l];
+  const int64_t T = static_cast<int64_t>(input.token_ids.size());
+  const int64_t H = config_.hidden_size, Hq = dims_.num_heads, Dqk = dims_.QkHeadDim();
+  const int64_t L = dims_.kv_lora_rank, Dr = dims_.qk_rope_head_dim, W = dims_.LatentDim();
+  const int64_t Rq = config_.q_lora_rank;
+  q_.resize(T * Hq * Dqk);
+  latent_.resize(T * W);
+  attn_.resize(T * Hq * dims_.v_head_dim);
+  // q: [T, Hq, Dn + Dr].
+  if (Rq > 0) {
+    q_lora_.resize(T * Rq);
+    kernels::cpu::Linear(hidden_.data(), w.q_a_proj.data(), nullptr, T, Rq, H, q_lora_.data(),
+                         pool_);
+    kernels::cpu::RmsNorm(q_lora_.data(), w.q_a_layernorm.data(), T, Rq, kLatentNormEps,
+                          q_lora_.data());
+    kernels::cpu::Linear(q_lora_.data(), w.q_proj.data(), nullptr, T, Hq * Dqk, Rq, q_.data(),
+                         pool_);
+  } else {
+    kernels::cpu::Linear(hidden_.data(), w.q_proj.data(), nullptr, T, Hq * Dqk, H, q_.data(),
+                         pool_);
+  }
+  // latent: [T, L + Dr] = [c_kv | k_pe]; c_kv normalized in place, row by row.
+  kernels::cpu::Linear(hidden_.data(), w.kv_a_proj.data(), nullptr, T, W, H, latent_.data(), pool_);
+  for (int64_t t = 0; t < T; ++t) {
+    float* c_kv = latent_.data() + t * W;
+    kernels::cpu::RmsNorm(c_kv, w.kv_a_layernorm.data(), 1, L, kLatentNormEps, c_kv);
+  }
+  kernels::cpu::ApplyMlaRope(input.positions.data(), T, inv_freq_.data(), Dr, rope_factor_,
+                             config_.rope_interleave, {q_.data(), Hq, Dqk, dims_.qk_nope_head_dim});
+  kernels::cpu::ApplyMlaRope(input.positions.data(), T, inv_freq_.data(), Dr, rope_factor_,
+                             config_.rope_interleave, {latent_.data(), 1, W, L});
+  RETURN_IF_ERROR(
+      kernels::cpu::WriteLatentCache(latent_.data(), input.slot_mapping.data(), T, l, cache));
+  RETURN_IF_ERROR(kernels::cpu::MlaPagedAttention(
+      q_.data(), w.kv_b_proj.data(), dims_, cache, l, input.attention, softmax_scale_,
+      kernels::MlaMode::kAuto, attn_.data(), /*lse=*/nullptr, pool_));
+  kernels::cpu::Linear(attn_.data(), w.o_proj.data(), nullptr, T, H, Hq * dims_.v_head_dim,
+                       hidden_.data(), pool_);
+  return absl::OkStatus();
+}
+
+void MlaModel::Mlp(int64_t l, int64_t T) {
+  const LayerWeights& w = weights_.layers[l];
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  gate_up_.resize(T * 2 * I);
+  act_.resize(T * I);
+  kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), nullptr, T, 2 * I, H, gate_up_.data(),
+                       pool_);
+  kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
+  kernels::cpu::Linear(act_.data(), w.down_proj.data(), nullptr, T, H, I, hidden_.data(), pool_);
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,67 @@
+// The DeepSeek-V2/V3 decoder with multi-head latent attention on the CPU backend
+// (runtime/model/model_config.h's MLA fields; every layer a dense MLP for now).
+//
+// Per layer: RMSNorm (fused with the residual add) -> q: q_proj, or q_a_proj -> RMSNorm
+// (q_a_layernorm, eps 1e-6 as transformers builds it) -> q_b_proj; latent: kv_a_proj_with_mqa ->
+// [c_kv | k_pe], c_kv RMSNorm'ed (kv_a_layernorm, eps 1e-6) -> RoPE on q_pe and k_pe only
+// (interleaved pairs or rotate-half, YaRN's cos/sin factor) -> the latent row into the paged
+// latent cache (one per token and layer) -> MLA attention over the latent (kernels/mla: absorbed
+// for decode, unabsorbed for prefill; softmax scale (Dn + Dr)^-0.5 times YaRN's
+// mscale(factor, mscale_all_dim)^2) -> o_proj -> RMSNorm -> gate_up -> SiLU*up -> down_proj.
+//
+// One rank only: tensor parallelism and DCP for MLA are refused (UNIMPLEMENTED) until they exist.
+// Thread safety: Forward() is not reentrant (scratch buffers); weights immutable after Create().
+#ifndef TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
+#define TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/mla/mla_attention.h"
+#include "runtime/engine/cpu_model.h"
+
+namespace tandem::runtime {
+
+class MlaModel : public CpuModel {
+ public:
+  // INVALID_ARGUMENT when `config` is not MLA or `weights` do not match it; UNIMPLEMENTED for a
+  // group of more than one rank or DCP.
+  static absl::StatusOr<std::unique_ptr<MlaModel>> Create(const ModelConfig& config,
+                                                          ModelWeights weights,
+                                                          kernels::ThreadPool* pool,
+                                                          comm::ProcessGroup* group = nullptr,
+                                                          kernels::DcpShard dcp = {});
+
+  absl::Status Forward(const ForwardInput& input, kernels::KvCacheView cache,
+                       absl::Span<const int64_t> logit_rows, std::vector<float>* logits) override;
+  kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const override;
+  const ModelConfig& config() const override { return config_; }
+  const kernels::DcpShard& dcp() const override { return dcp_; }
+  // The softmax scale and the RoPE cos/sin factor derived from the config.
+  float softmax_scale() const { return softmax_scale_; }
+  float rope_attention_factor() const { return rope_factor_; }
+
+ private:
+  MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
+           kernels::ThreadPool* pool);
+  // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
+  absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
+  void Mlp(int64_t l, int64_t T);
+
+  const ModelConfig config_;
+  const ModelWeights weights_;
+  const std::vector<float> inv_freq_;  // [qk_rope_head_dim / 2]
+  const kernels::MlaDims dims_;
+  const float softmax_scale_;
+  const float rope_factor_;
+  kernels::ThreadPool* const pool_;
+  const kernels::DcpShard dcp_;
+  // Scratch, grown on demand and reused across steps.
+  std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_

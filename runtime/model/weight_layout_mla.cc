@@ -1,0 +1,98 @@
+#include "runtime/model/weight_layout_mla.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime::internal {
+
+std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& /*dims*/) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, inter = c.intermediate_size;
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, lat = c.kv_lora_rank;
+  std::vector<HfTensor> out;
+  auto add = [&out](std::string name, std::vector<int64_t> shape, WeightSlot slot, int64_t layer,
+                    int64_t offset = 0, bool is_norm = false) {
+    out.push_back(HfTensor{std::move(name), std::move(shape), slot, layer, offset, is_norm});
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    const std::string a = p + "self_attn.";
+    add(p + "input_layernorm.weight", {h}, WeightSlot::kInputLayernorm, i, 0, true);
+    if (c.q_lora_rank > 0) {
+      add(a + "q_a_proj.weight", {c.q_lora_rank, h}, WeightSlot::kMlaQAProj, i);
+      add(a + "q_a_layernorm.weight", {c.q_lora_rank}, WeightSlot::kMlaQALayernorm, i, 0, true);
+      add(a + "q_b_proj.weight", {heads * qk, c.q_lora_rank}, WeightSlot::kMlaQProj, i);
+    } else {
+      add(a + "q_proj.weight", {heads * qk, h}, WeightSlot::kMlaQProj, i);
+    }
+    add(a + "kv_a_proj_with_mqa.weight", {lat + c.qk_rope_head_dim, h}, WeightSlot::kMlaKvAProj, i);
+    add(a + "kv_a_layernorm.weight", {lat}, WeightSlot::kMlaKvALayernorm, i, 0, true);
+    add(a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), lat},
+        WeightSlot::kMlaKvBProj, i);
+    add(a + "o_proj.weight", {h, heads * c.v_head_dim}, WeightSlot::kOProj, i);
+    add(p + "post_attention_layernorm.weight", {h}, WeightSlot::kPostAttentionLayernorm, i, 0,
+        true);
+    add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i);
+    add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, inter * h);
+    add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i);
+  }
+  add("model.norm.weight", {h}, WeightSlot::kNorm, -1, 0, true);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h}, WeightSlot::kLmHead, -1);
+  return out;
+}
+
+void AllocateMlaWeights(const ModelConfig& c, const TpDims& /*dims*/, ModelWeights* w) {
+  const auto h = static_cast<size_t>(c.hidden_size);
+  const auto heads = static_cast<size_t>(c.num_attention_heads);
+  const auto inter = static_cast<size_t>(c.intermediate_size);
+  const auto vocab = static_cast<size_t>(c.vocab_size);
+  const auto qk = static_cast<size_t>(c.qk_nope_head_dim + c.qk_rope_head_dim);
+  const auto lat = static_cast<size_t>(c.kv_lora_rank);
+  const auto rq = static_cast<size_t>(c.q_lora_rank);
+  w->embed_tokens.assign(vocab * h, 0.0f);
+  w->norm.assign(h, 0.0f);
+  w->lm_head.clear();
+  if (!c.tie_word_embeddings) w->lm_head.assign(vocab * h, 0.0f);
+  w->layers.assign(static_cast<size_t>(c.num_hidden_layers), LayerWeights());
+  for (LayerWeights& layer : w->layers) {
+    layer.input_layernorm.assign(h, 0.0f);
+    if (rq > 0) {
+      layer.q_a_proj.assign(rq * h, 0.0f);
+      layer.q_a_layernorm.assign(rq, 0.0f);
+      layer.q_proj.assign(heads * qk * rq, 0.0f);
+    } else {
+      layer.q_proj.assign(heads * qk * h, 0.0f);
+    }
+    layer.kv_a_proj.assign((lat + static_cast<size_t>(c.qk_rope_head_dim)) * h, 0.0f);
+    layer.kv_a_layernorm.assign(lat, 0.0f);
+    layer.kv_b_proj.assign(heads * static_cast<size_t>(c.qk_nope_head_dim + c.v_head_dim) * lat,
+                           0.0f);
+    layer.o_proj.assign(h * heads * static_cast<size_t>(c.v_head_dim), 0.0f);
+    layer.post_attention_layernorm.assign(h, 0.0f);
+    layer.gate_up_proj.assign(2 * inter * h, 0.0f);
+    layer.down_proj.assign(h * inter, 0.0f);
+  }
+}
+
+std::vector<float>* MlaSlotVector(LayerWeights* layer, WeightSlot slot) {
+  switch (slot) {
+    case WeightSlot::kMlaQAProj:
+      return &layer->q_a_proj;
+    case WeightSlot::kMlaQALayernorm:
+      return &layer->q_a_layernorm;
+    case WeightSlot::kMlaQProj:
+      return &layer->q_proj;
+    case WeightSlot::kMlaKvAProj:
+      return &layer->kv_a_proj;
+    case WeightSlot::kMlaKvALayernorm:
+      return &layer->kv_a_layernorm;
+    case WeightSlot::kMlaKvBProj:
+      return &layer->kv_b_proj;
+    default:
+      return nullptr;  // the other slots live in weight_layout.cc's SlotVector
+  }
+}
+
+}  // namespace tandem::runtime::internal
