@@ -4,12 +4,15 @@
 //            [--top_k=0] [--top_p=1] [--seed=0] [--ignore_eos] [--dump_last_logits]
 //            [--backend=cpu] [--max_num_batched_tokens=2048] [--max_num_seqs=256]
 //            [--kv_cache_bytes=268435456] [--block_size=16] [--num_threads=2]
+//            [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
 //   generate --load_format=dummy --dummy_config=tiny ...      (random weights, no files)
 //   generate --tp=N ...   tensor parallelism: N rank processes (runtime/parallel/rank_group.h)
 //
 // Prompts separated by ';' run as one continuous batch. Output: one JSON object per prompt, in
 // prompt order: {"tokens":[...],"finish_reason":"...","last_prompt_logits":[...]} (logits only
-// with --dump_last_logits). Bad input exits non-zero with a message on stderr.
+// with --dump_last_logits). Bad input exits non-zero with a message on stderr. A last line on
+// stderr gives the tokens generated, the time of the step loop and the speculative counters.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,9 +27,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/speculative_flags.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
@@ -119,6 +124,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
   engine_config.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  ASSIGN_OR_RETURN(engine_config.speculative, SpeculativeConfigFromFlags());
   ASSIGN_OR_RETURN(auto engine,
                    Engine::Create(engine_config, config, std::move(weights), {}, &factory));
 
@@ -141,14 +147,29 @@ absl::Status Run(const std::vector<std::string>& argv) {
   std::vector<std::vector<int32_t>> tokens(prompts.size());
   std::vector<std::vector<float>> logits(prompts.size());
   std::vector<FinishReason> reasons(prompts.size(), FinishReason::kNone);
+  const absl::Time start = absl::Now();
+  int64_t generated = 0;
   while (engine->HasUnfinished()) {
     ASSIGN_OR_RETURN(std::vector<RequestUpdate> updates, engine->Step());
     for (RequestUpdate& u : updates) {
       auto& t = tokens[u.request_id];
       t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      generated += static_cast<int64_t>(u.new_token_ids.size());
       if (!u.last_prompt_logits.empty()) logits[u.request_id] = std::move(u.last_prompt_logits);
       if (u.finish_reason != FinishReason::kNone) reasons[u.request_id] = u.finish_reason;
     }
+  }
+  {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const SpecStats& spec = engine->spec_stats();
+    std::fprintf(stderr,
+                 "generate: %lld tokens in %.3f s (%.1f tok/s); speculative: verify passes %llu, "
+                 "drafted %llu, accepted %llu, acceptance rate %.3f, mean accepted length %.3f\n",
+                 static_cast<long long>(generated), seconds, generated / std::max(seconds, 1e-9),
+                 static_cast<unsigned long long>(spec.verify_passes),
+                 static_cast<unsigned long long>(spec.drafted_tokens),
+                 static_cast<unsigned long long>(spec.accepted_tokens), spec.acceptance_rate(),
+                 spec.mean_accepted_length());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::string line = "{\"tokens\":[";

@@ -34,6 +34,7 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
   factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
   factory.accepts_external_pool = false;
+  factory.verifies_drafts = true;  // a verify pass samples K + 1 rows (eager, not graphed)
   // The engine books KV per shard from these (ExecutorSpec::num_blocks is one shard's pool).
   factory.dcp_size = config.dcp_size;
   factory.dcp_interleave = config.dcp_interleave;
@@ -154,6 +155,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                             r->graph_sizes_.empty() ? int64_t{1} : r->graph_sizes_.back());
   r->max_rows_ =
       std::max(r->max_seqs_, r->graph_sizes_.empty() ? int64_t{1} : r->graph_sizes_.back());
+  // Speculative decoding: a verify pass samples at its last token and every draft (rows never
+  // outnumber the step's tokens).
+  r->max_rows_ = std::max(
+      r->max_rows_, std::min(r->max_tokens_, r->max_seqs_ * (1 + spec.num_speculative_tokens)));
   r->max_blocks_per_seq_ = (spec.max_model_len + spec.block_size - 1) / spec.block_size;
   ASSIGN_OR_RETURN(r->dcp_, DcpShardOf(config, spec));
 
@@ -265,17 +270,20 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
     local_seq_lens[s] = static_cast<int32_t>(kernels::DcpLocalCount(seq_lens[s], dcp_));
     *max_q_len = std::max(*max_q_len, n);
     *max_seq_len = std::max<int64_t>(*max_seq_len, local_seq_lens[s]);
-    // A padded decode step computes logits for every row (the graph's shape is fixed).
+    // A padded decode step computes logits for every row (the graph's shape is fixed). A verify
+    // pass (never padded: its q_len > 1) samples at its last token and at each of its K drafts.
     if (padded_seqs > 0 || seq.samples || seq.capture_prompt_logits) {
-      logit_rows[r] = static_cast<int32_t>(t - 1);
-      kc::DeviceSamplingRow& row = rows[r];
-      row.temperature = seq.sampling.temperature;
-      row.top_k = seq.sampling.top_k;
-      row.top_p = seq.sampling.top_p;
-      row.seed = seq.sampling.seed;
-      row.step = static_cast<uint64_t>(seq.sample_step);
-      row.vocab_limit = seq.sampling.vocab_limit;
-      ++r;
+      const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
+      for (int64_t j = 0; j <= k; ++j, ++r) {
+        logit_rows[r] = static_cast<int32_t>(t - 1 - k + j);
+        kc::DeviceSamplingRow& row = rows[r];
+        row.temperature = seq.sampling.temperature;
+        row.top_k = seq.sampling.top_k;
+        row.top_p = seq.sampling.top_p;
+        row.seed = seq.sampling.seed;
+        row.step = static_cast<uint64_t>(seq.sample_step + j);
+        row.vocab_limit = seq.sampling.vocab_limit;
+      }
     }
   }
   int64_t num_seqs = S;
@@ -412,6 +420,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   RunnerOutput out;
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
+  out.draft_samples.resize(S);
   if (S == 0) return out;
   if (S > max_seqs_) {
     return absl::InvalidArgumentError(
@@ -480,6 +489,11 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   for (int64_t s = 0; s < S; ++s) {
     const ScheduledSeq& seq = batch.seqs[s];
     if (padded == 0 && !seq.samples && !seq.capture_prompt_logits) continue;
+    // A verify pass's rows: one per draft position, then the last (speculative.h).
+    const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
+    const int32_t* sampled = sampled_host_.get<int32_t>() + r;
+    out.draft_samples[s].assign(sampled, sampled + k);
+    r += k;
     if (seq.samples) out.sampled_tokens[s] = sampled_host_.get<int32_t>()[r];
     if (seq.capture_prompt_logits) {
       std::vector<float>& logits = out.last_prompt_logits[s];

@@ -212,7 +212,9 @@ bool Scheduler::AdmitRemoteKv(Request* req) {
 
 int64_t Scheduler::Draft(Request* req, int64_t budget) {
   const SpeculativeConfig& spec = config_.speculative;
-  if (!spec.enabled()) return 0;
+  // Only a request past its first output token drafts: the step that feeds the last prompt token
+  // (a 1-token last prefill chunk) may capture that token's logits.
+  if (!spec.enabled() || req->num_output_tokens() < 1) return 0;
   // Drafts plus the correction / bonus token never exceed max_tokens (so their positions stay
   // inside the KV the request was validated for) or the step's token budget.
   const int64_t room = std::min({spec.num_speculative_tokens,

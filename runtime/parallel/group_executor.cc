@@ -44,6 +44,7 @@ ExecutorSpec SpecFromCommand(const tandem::v1::CreateExecutor& c, const ModelCon
   spec.max_num_batched_tokens = c.max_num_batched_tokens();
   spec.max_num_seqs = c.max_num_seqs();
   spec.max_model_len = c.max_model_len();
+  spec.num_speculative_tokens = c.num_speculative_tokens();
   return spec;
 }
 
@@ -101,6 +102,7 @@ ExecutorFactory GroupExecutorFactory(ExecutorFactory local, std::shared_ptr<Grou
     c->set_max_num_batched_tokens(spec.max_num_batched_tokens);
     c->set_max_num_seqs(spec.max_num_seqs);
     c->set_max_model_len(spec.max_model_len);
+    c->set_num_speculative_tokens(spec.num_speculative_tokens);
     absl::StatusOr<std::unique_ptr<ModelExecutor>> mine = absl::UnknownError("executor not built");
     RETURN_IF_ERROR(channel->RunWithGroup(command, [&](comm::ProcessGroup* group) -> absl::Status {
       mine = local.create(spec, std::move(weights));

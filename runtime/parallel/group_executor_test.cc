@@ -174,6 +174,7 @@ TEST(GroupExecutorTest, StepPlanRoundTrips) {
   seq.sampling.seed = 77;
   seq.sampling.vocab_limit = 151665;
   seq.sample_step = 3;
+  seq.num_draft_tokens = 2;  // tokens 6, 7 are drafts: every rank computes 3 logit rows
   batch.seqs.push_back(seq);
   batch.num_batched_tokens = 3;
   ReceivedStep got;
@@ -191,6 +192,7 @@ TEST(GroupExecutorTest, StepPlanRoundTrips) {
   EXPECT_EQ(s.sampling.seed, 77u);
   EXPECT_EQ(s.sampling.vocab_limit, 151665);  // every rank masks the same padding ids
   EXPECT_EQ(s.sample_step, 3);
+  EXPECT_EQ(s.num_draft_tokens, 2);
   EXPECT_EQ(got.batch.num_batched_tokens, 3);
 }
 

@@ -25,6 +25,7 @@ tandem::v1::StepPlan ToStepPlan(const SchedulerOutput& batch) {
     p->set_seed(seq.sampling.seed);
     p->set_vocab_limit(seq.sampling.vocab_limit);
     p->set_sample_step(seq.sample_step);
+    p->set_num_draft_tokens(seq.num_draft_tokens);
   }
   return plan;
 }
@@ -47,6 +48,14 @@ absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out) {
     seq.sampling.seed = p.seed();
     seq.sampling.vocab_limit = p.vocab_limit();
     seq.sample_step = p.sample_step();
+    seq.num_draft_tokens = p.num_draft_tokens();
+    if (seq.num_draft_tokens < 0 ||
+        (seq.num_draft_tokens > 0 &&
+         seq.num_draft_tokens >= static_cast<int64_t>(seq.new_tokens.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat("step plan: request ", seq.request_id, " has ",
+                                                     seq.num_draft_tokens, " drafts in ",
+                                                     seq.new_tokens.size(), " new tokens"));
+    }
     if (seq.num_computed_tokens < 0 || seq.block_table.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("step plan: request ", seq.request_id, " has no block table"));

@@ -118,6 +118,7 @@ void EngineLoop::Publish() {
   stats.step_errors = step_errors_;
   stats.steps = steps_done_;
   stats.kv_recomputes = engine_->num_kv_recomputes();
+  stats.spec = engine_->spec_stats();
   std::vector<uint64_t> added, removed;
   engine_->TakeCacheEvents(&added, &removed);
   {

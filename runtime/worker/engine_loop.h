@@ -74,6 +74,7 @@ struct EngineLoopStats {
   int64_t steps = 0;  // loop steps completed (each drains the inbox, then steps the engine)
   // Requests whose remote KV failed to load and were queued to prefill here instead.
   uint64_t kv_recomputes = 0;
+  SpecStats spec;  // speculative decoding counters (Engine::spec_stats)
 };
 
 struct EngineLoopOptions {

@@ -10,6 +10,7 @@
 //                 [--ucx_net_device=auto] [--advertise_address=HOST]
 //                 [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
+//                 [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
 // the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones
@@ -32,6 +33,7 @@
 #include "common/security/grpc_security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/engine/speculative_flags.h"
 #include "runtime/parallel/group_backend.h"
 #include "runtime/parallel/group_kv.h"
 #include "runtime/worker/group_restart.h"
@@ -121,6 +123,9 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   config.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   config.engine.num_threads = absl::GetFlag(FLAGS_num_threads);
+  // Speculative decoding on decode and mixed workers; a prefill worker never speculates.
+  ASSIGN_OR_RETURN(SpeculativeConfig speculative, SpeculativeConfigFromFlags());
+  if (config.role != tandem::v1::WORKER_ROLE_PREFILL) config.engine.speculative = speculative;
   config.transfer.transport = absl::GetFlag(FLAGS_kv_transport);
   config.transfer.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   config.transfer.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);

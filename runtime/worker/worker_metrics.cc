@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/http/metrics_server.h"
 #include "common/http/prometheus.h"
+#include "runtime/engine/speculative.h"
 
 namespace tandem::runtime {
 
@@ -61,6 +62,24 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
   p.Counter("tandem:kv_recomputes_total",
             "Requests whose KV load failed and whose prompt was prefilled here instead.",
             s.kv_recomputes(), labels);
+  // Speculative decoding (vLLM's spec_decode names): counters, and the rates they give.
+  SpecStats spec;
+  spec.verify_passes = s.spec_verify_passes();
+  spec.drafted_tokens = s.spec_draft_tokens();
+  spec.accepted_tokens = s.spec_accepted_tokens();
+  p.Counter("tandem:spec_decode_num_drafts_total",
+            "Verify passes: a request's step that verified at least one draft token.",
+            spec.verify_passes, labels);
+  p.Counter("tandem:spec_decode_num_draft_tokens_total", "Draft tokens fed to the model.",
+            spec.drafted_tokens, labels);
+  p.Counter("tandem:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+            spec.accepted_tokens, labels);
+  p.Gauge("tandem:spec_decode_acceptance_rate",
+          "Accepted / drafted tokens since the worker started (0 without drafts).",
+          spec.acceptance_rate(), labels);
+  p.Gauge("tandem:spec_decode_mean_accepted_length",
+          "Tokens a verify pass yields on average: 1 + accepted / passes (0 without passes).",
+          spec.mean_accepted_length(), labels);
   p.Histogram("tandem:kv_transfer_duration_seconds",
               "A completed KV load, from posting the read to seeing it end (decode side).",
               latencies.kv_load, labels);

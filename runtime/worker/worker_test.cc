@@ -3,6 +3,7 @@
 // the source's connector. (The gRPC edge over the same core: worker_service_test.)
 #include "runtime/worker/worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -36,12 +37,14 @@ constexpr uint64_t kLayoutHash = 0x7e57;
 struct CoreWorker {
   CoreWorker(std::shared_ptr<InProcessFabric> fabric, const std::string& id,
              tandem::v1::WorkerRole role, kvtransfer::KvSourceLinks* links,
-             const std::function<void(WorkerOptions&)>& customize = nullptr) {
+             const std::function<void(WorkerOptions&)>& customize = nullptr,
+             const SpeculativeConfig& speculative = {}) {
     ModelConfig model = *PresetConfig("tiny");
     model.max_position_embeddings = 256;
     EngineConfig config;
     config.kv_cache_bytes = int64_t{4} << 20;
     config.num_threads = 1;
+    config.speculative = speculative;
     auto engine = Engine::Create(config, model, RandomModelWeights(model, 5));
     EXPECT_TRUE(engine.ok()) << engine.status();
     agent = std::make_unique<InProcessAgent>(fabric, id);
@@ -181,12 +184,13 @@ struct Collected {
   }
 };
 
+// P, D and a mixed worker; `speculative` is D's (a prefill worker never speculates).
 struct Cluster {
-  Cluster()
+  explicit Cluster(const SpeculativeConfig& speculative = {})
       : fabric(std::make_shared<InProcessFabric>()),
         links(std::make_shared<LocalLinks>()),
         p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL, nullptr),
-        d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE, links.get()),
+        d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE, links.get(), nullptr, speculative),
         m(fabric, "m0", tandem::v1::WORKER_ROLE_MIXED, nullptr) {
     links->SetSelf(links);
     links->AddSource(&p);
@@ -246,6 +250,60 @@ TEST(WorkerTest, PrefillThenDecodeEqualsGenerateWithoutGrpc) {
   EXPECT_EQ(Sample(*c.p.worker, "tandem:kv_lease_expiries_total"), 0);
   EXPECT_EQ(Sample(*c.p.worker, "tandem:kv_transfer_duration_seconds_count"), 0);
   EXPECT_EQ(Sample(*c.m.worker, "tandem:kv_transfer_duration_seconds_count"), 0);
+}
+
+// A P -> D request whose decode worker speculates (n-gram drafts, K = 3) streams exactly the
+// tokens of the mixed worker without speculation, accepted runs arriving as they are accepted;
+// D's /metrics count the drafts.
+TEST(WorkerTest, SpeculativeDecodeAfterPrefillEqualsGenerateAndIsCounted) {
+  SpeculativeConfig speculative;
+  speculative.method = SpeculativeMethod::kNgram;
+  speculative.num_speculative_tokens = 3;
+  Cluster c(speculative);
+  std::mt19937 rng(7);
+  size_t longest_update = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "s" + std::to_string(i);
+    RequestSpec spec;
+    const int period = 2 + i % 3;  // repetitive prompts: drafts get proposed and accepted
+    for (int t = 0; t < 24; ++t) spec.prompt.push_back(3 + static_cast<int32_t>(t % period * 17));
+    spec.max_tokens = 24;
+    spec.ignore_eos = true;
+    absl::StatusOr<PrefillResult> pre =
+        c.p.worker->Prefill(id, spec, /*remote_decode=*/true, absl::ZeroDuration(), kStaying);
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    ASSERT_TRUE(pre->kv_handle.has_value());
+    Collected split;
+    split.tokens = pre->first.new_token_ids;
+    ASSERT_TRUE(c.d.worker
+                    ->Decode(id, spec, *pre->kv_handle, pre->first.new_token_ids.at(0),
+                             KvLoadFailurePolicy::kFail, kStaying,
+                             [&](const RequestUpdate& u) {
+                               longest_update = std::max(longest_update, u.new_token_ids.size());
+                               return split.Sink()(u);
+                             })
+                    .ok());
+    Collected whole;
+    ASSERT_TRUE(c.m.worker->Generate(id, spec, kStaying, whole.Sink()).ok());
+    EXPECT_EQ(split.tokens, whole.tokens) << "request " << i;
+    EXPECT_EQ(split.tokens.size(), 24u);
+  }
+  EXPECT_GT(longest_update, 1u) << "no accepted run reached the stream";
+  EXPECT_TRUE(c.d.PoolWhole());
+  const tandem::v1::WorkerStats d = c.d.worker->StatsProto();
+  EXPECT_GT(d.spec_verify_passes(), 0u);
+  EXPECT_GT(d.spec_accepted_tokens(), 0u);
+  EXPECT_GE(d.spec_draft_tokens(), d.spec_accepted_tokens());
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:spec_decode_num_accepted_tokens_total"),
+            d.spec_accepted_tokens());
+  EXPECT_EQ(Sample(*c.d.worker, "tandem:spec_decode_num_draft_tokens_total"),
+            d.spec_draft_tokens());
+  EXPECT_DOUBLE_EQ(Sample(*c.d.worker, "tandem:spec_decode_acceptance_rate"),
+                   static_cast<double>(d.spec_accepted_tokens()) / d.spec_draft_tokens());
+  EXPECT_GT(Sample(*c.d.worker, "tandem:spec_decode_mean_accepted_length"), 1.0);
+  // Neither the prefill worker nor the mixed one (no speculation configured) drafted.
+  EXPECT_EQ(Sample(*c.p.worker, "tandem:spec_decode_num_draft_tokens_total"), 0);
+  EXPECT_EQ(Sample(*c.m.worker, "tandem:spec_decode_num_draft_tokens_total"), 0);
 }
 
 TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
