@@ -60,6 +60,34 @@ struct MoeScratch {
   std::vector<float> rows, gate_up, act, expert_out;
 };
 
+// DeepSeek's router (transformers' DeepseekV2Moe / DeepseekV3MoE.route_tokens_to_experts), every
+// variant in one function (routing.cc):
+//   scores  = softmax (V2: `greedy`, `group_limited_greedy`) or sigmoid (V3: `noaux_tc`) of the
+//             logits, in fp32;
+//   choice  = scores + correction_bias (V3's e_score_correction_bias; used to choose only);
+//   groups  = with num_groups > 1, the experts split into num_groups contiguous groups scored by
+//             their max choice (V2) or the sum of their two largest (V3); the topk_groups best
+//             groups kept, the other experts' choice set to -inf (sigmoid, V3) or 0 (softmax,
+//             V2), as transformers 5.17's masked_fill;
+//   experts = the top_k largest choices (ties: the lower id);
+//   weights = the chosen experts' scores (V3: unbiased, unmasked; V2: the masked choice),
+//             divided by their sum (+1e-20 for sigmoid, as V3) when renormalize (V3's
+//             norm_topk_prob; V2 ignores it), times routed_scaling_factor.
+// INVALID_ARGUMENT naming the numbers unless 1 <= top_k <= E, num_groups divides E,
+// 1 <= topk_groups <= num_groups, and a two-largest group score has >= 2 experts per group.
+enum class MoeScoring { kSoftmax, kSigmoid };
+enum class MoeGroupScore { kMax, kTopTwoSum };
+struct GroupedRoutingParams {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  int64_t num_groups = 1;
+  int64_t topk_groups = 1;
+  MoeGroupScore group_score = MoeGroupScore::kMax;
+  const float* correction_bias = nullptr;  // [E] or null
+  bool renormalize = false;
+  float routed_scaling_factor = 1.0f;
+};
 namespace cpu {
 
 // softmax(router_logits[t]) in fp32 (max subtracted), the k largest probabilities (ties: the
@@ -67,6 +95,10 @@ namespace cpu {
 // MixtralSparseMoeBlock / Qwen*MoeSparseMoeBlock. INVALID_ARGUMENT unless 1 <= k <= E.
 absl::Status SoftmaxTopK(const float* router_logits, int64_t num_tokens,
                          const MoeRoutingParams& params, MoeRouting* routing);
+
+// DeepSeek's routing: see GroupedRoutingParams.
+absl::Status GroupedTopK(const float* router_logits, int64_t num_tokens,
+                         const GroupedRoutingParams& params, MoeRouting* routing);
 
 // Groups `routing`'s rows by expert. INVALID_ARGUMENT for an expert id outside [0, num_experts).
 absl::Status PermuteByExpert(const MoeRouting& routing, int64_t num_experts,

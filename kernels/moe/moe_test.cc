@@ -100,6 +100,45 @@ TEST(MoeRoutingTest, RefusesTopKOutsideTheExperts) {
   EXPECT_EQ(routing.expert_ids, (std::vector<int32_t>{0, 1, 2}));
 }
 
+// DeepSeek's grouped routing on a hand-checked token (transformers' numbers in
+// //tests/golden:deepseek_moe_layer_test): groups of 2 experts, the best 2 of 3 groups kept.
+TEST(MoeRoutingTest, GroupedTopKKeepsTheBestGroupsAndRefusesBadShapes) {
+  // Softmax scores are monotone in the logits: group maxima 3 (g0), 2.5 (g1), 2.9 (g2) -> keep
+  // g0 and g2; top-2 among experts {0, 1, 4, 5}: 0 (3.0) and 4 (2.9), not 2 (2.5).
+  const std::vector<float> logits = {3.0f, 0.0f, 2.5f, 2.4f, 2.9f, -1.0f};
+  GroupedRoutingParams p;
+  p.num_experts = 6;
+  p.top_k = 2;
+  p.num_groups = 3;
+  p.topk_groups = 2;
+  p.routed_scaling_factor = 2.0f;
+  MoeRouting routing;
+  ASSERT_TRUE(GroupedTopK(logits.data(), 1, p, &routing).ok());
+  EXPECT_EQ(routing.expert_ids, (std::vector<int32_t>{0, 4}));
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double{l});
+  EXPECT_NEAR(routing.weights[0], 2.0 * std::exp(3.0) / sum, 1e-6);
+  EXPECT_NEAR(routing.weights[1], 2.0 * std::exp(2.9) / sum, 1e-6);
+  // Sigmoid scores with a correction bias that only steers the choice (V3): expert 1's bias
+  // makes it chosen, its weight stays its own sigmoid; renormalised then scaled.
+  const std::vector<float> bias = {0.0f, 0.9f, 0.0f, 0.0f, 0.0f, 0.0f};
+  p.scoring = MoeScoring::kSigmoid;
+  p.group_score = MoeGroupScore::kTopTwoSum;
+  p.num_groups = 1;
+  p.topk_groups = 1;
+  p.correction_bias = bias.data();
+  p.renormalize = true;
+  ASSERT_TRUE(GroupedTopK(logits.data(), 1, p, &routing).ok());
+  EXPECT_EQ(routing.expert_ids, (std::vector<int32_t>{1, 0}));  // 0.5 + 0.9 first
+  const double s0 = 1 / (1 + std::exp(-3.0)), s1 = 0.5;
+  EXPECT_NEAR(routing.weights[0], 2.0 * s1 / (s0 + s1), 1e-6);
+  EXPECT_NEAR(routing.weights[1], 2.0 * s0 / (s0 + s1), 1e-6);
+  p.num_groups = 4;  // does not divide 6 experts
+  absl::Status s = GroupedTopK(logits.data(), 1, p, &routing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("6 experts, top_k 2, 4 groups"), std::string::npos) << s;
+}
+
 TEST(MoePermutationTest, GroupsRowsByExpertStably) {
   MoeRouting routing{3, 2, {2, 0, 0, 2, 1, 2}, {0.6f, 0.4f, 0.7f, 0.3f, 0.9f, 0.1f}};
   MoePermutation p;
