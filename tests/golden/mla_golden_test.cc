@@ -4,7 +4,7 @@
 // 1e-4 * max|logit|. Every variant runs each prompt alone (prefill unabsorbed, decode absorbed),
 // all prompts as one batch, with chunked prefill (7 tokens: absorbed chunks of <= 4 query
 // tokens, unabsorbed longer ones) and the prefix pair (the second prompt's 32-token prefix read
-// from the first one's cached latent blocks).
+// from the first one's cached latent blocks), and the batch in a pool of 8 latent blocks.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -114,6 +114,13 @@ TEST_P(MlaGoldenTest, MatchesTransformersAloneBatchedChunkedAndPrefixHit) {
   EngineConfig chunked = base;
   chunked.max_num_batched_tokens = 7;
   Check(g, RunEngine(GetParam(), g, chunked, all, true, nullptr), all, "chunked prefill (7)");
+  // A pool of 8 latent blocks (the longest request needs 5): the batch runs under preemption by
+  // recompute.
+  EngineConfig tight = base;
+  auto config = LoadModelConfig(std::string(kFixtures) + GetParam());
+  ASSERT_TRUE(config.ok()) << config.status();
+  tight.kv_cache_bytes = 8 * KvBlockBytes(*config, tight.block_size, KvDtype::kF32);
+  Check(g, RunEngine(GetParam(), g, tight, all, true, nullptr), all, "8-block pool");
   int64_t hits = 0;
   auto pair = RunEngine(GetParam(), g, base, g.prefix_pair, false, &hits);
   EXPECT_GE(hits, 32) << "the second prompt must hit the first one's cached latent blocks";
