@@ -68,6 +68,32 @@ TEST(KvCacheLayoutTest, ValidateNamesTheBadField) {
   EXPECT_EQ(KvCacheLayout{}.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// An MLA latent pool: one plane per layer, so blocks are half as large and tiles follow each
+// other layer by layer; only 1 and 2 planes exist.
+TEST(KvCacheLayoutTest, OneLatentPlanePerLayer) {
+  KvCacheLayout layout;
+  layout.num_blocks = 5;
+  layout.num_layers = 3;
+  layout.block_size = 4;
+  layout.num_kv_heads = 1;
+  layout.head_dim = 576;
+  layout.num_planes = 1;
+  ASSERT_TRUE(layout.Validate().ok());
+  EXPECT_EQ(layout.BlockElems(), 3 * 4 * 576);
+  EXPECT_EQ(layout.TotalElems(), 5 * 3 * 4 * 576);
+  for (int64_t block = 0; block < 5; ++block) {
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      EXPECT_EQ(layout.TileOffset(block, layer, 0), (block * 3 + layer) * 4 * 576);
+    }
+  }
+  for (int64_t planes : {0, 3}) {
+    layout.num_planes = planes;
+    const absl::Status status = layout.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("num_planes"), absl::string_view::npos) << status;
+  }
+}
+
 TEST(KvCacheLayoutTest, ValidateRejectsOverflow) {
   KvCacheLayout layout = SmallLayout();
   layout.num_blocks = std::numeric_limits<int64_t>::max() / 8;

@@ -1,9 +1,11 @@
 #include "kernels/layers/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +55,68 @@ void ExpectMatchesReference(double theta, int64_t dim, const RopeScaling& s) {
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR((*got)[i], want[i], kInvFreqRelTol * want[i]) << "i=" << i;
   }
+}
+
+// YaRN (transformers' _compute_yarn_parameters) in fp64: the correction range from beta_fast /
+// beta_slow at original_max_position_embeddings, floor/ceil when truncating, a linear ramp
+// between interpolated (/ factor) and extrapolated frequencies.
+std::vector<double> RefYarn(double theta, int64_t dim, const RopeScaling& s) {
+  auto correction = [&](double rotations) {
+    return dim * std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(theta));
+  };
+  double low = correction(s.beta_fast), high = correction(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  std::vector<double> inv(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double extrapolation = 1.0 / std::pow(theta, static_cast<double>(2 * i) / dim);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    inv[i] = extrapolation / s.factor * ramp + extrapolation * (1.0 - ramp);
+  }
+  return inv;
+}
+
+TEST(RopeInvFreqTest, YarnMatchesTransformersAndItsAttentionFactor) {
+  for (auto [factor, original, truncate] :
+       {std::tuple{40.0, int64_t{4096}, true}, std::tuple{4.0, int64_t{64}, true},
+        std::tuple{8.0, int64_t{2048}, false}}) {
+    RopeScaling s;
+    s.type = RopeType::kYarn;
+    s.factor = factor;
+    s.original_max_position_embeddings = original;
+    s.truncate = truncate;
+    for (int64_t dim : {8, 64}) {
+      const absl::StatusOr<std::vector<float>> got = ComputeRopeInvFreq(10000.0, dim, s);
+      ASSERT_TRUE(got.ok()) << got.status();
+      const std::vector<double> want = RefYarn(10000.0, dim, s);
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR((*got)[i], want[i], kInvFreqRelTol * want[i])
+            << factor << " " << dim << " " << i;
+      }
+    }
+  }
+  RopeScaling s;
+  s.type = RopeType::kYarn;
+  s.factor = 40.0;
+  EXPECT_NEAR(RopeAttentionFactor(s), 0.1 * std::log(40.0) + 1.0, 1e-12);  // get_mscale(factor)
+  s.mscale = s.mscale_all_dim = 0.707;  // DeepSeek-V2-Lite: the two cancel
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(s), 1.0);
+  s.mscale_all_dim = 0.8;
+  EXPECT_NEAR(RopeAttentionFactor(s), (0.0707 * std::log(40.0) + 1) / (0.08 * std::log(40.0) + 1),
+              1e-12);
+  s.attention_factor = 1.5;  // explicit wins
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(s), 1.5);
+  EXPECT_DOUBLE_EQ(YarnGetMscale(1.0, 0.7), 1.0);
+  RopeScaling linear;
+  linear.type = RopeType::kLinear;
+  linear.factor = 4.0;
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(linear), 1.0);
 }
 
 TEST(RopeInvFreqTest, DefaultMatchesTransformers) {
