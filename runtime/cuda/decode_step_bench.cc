@@ -129,7 +129,7 @@ int Main(int argc, char** argv) {
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
-  config.max_model_len = 8192;
+  config.max_model_len = std::max(8192, context + steps + 16);
   const auto created = std::chrono::steady_clock::now();
   auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
   if (!engine.ok()) {
