@@ -1,0 +1,58 @@
+// The KV facts a worker states in its handshake (KvLayoutInfo) for DeepSeek MLA: the latent layout
+// (one row of kv_lora_rank + qk_rope_head_dim per token and layer), named with its split, so a
+// P and a D of different MLA dims, or an MLA and a GQA worker, refuse to pair naming both; its
+// block bytes (KvBlockBytes) are what ValidateGeometry expects of one plane.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/handshake.h"
+#include "runtime/engine/kv_layout.h"
+#include "runtime/model/model_config.h"
+#include "runtime/parallel/group_kv.h"
+
+namespace tandem::runtime {
+namespace {
+
+ModelConfig Mla(int kv_lora_rank, int rope_dim) {
+  auto c = ParseModelConfig(absl::StrCat(
+      R"({"architectures": ["DeepseekV2ForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+          "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "first_k_dense_replace": 3, "q_lora_rank": null, "qk_nope_head_dim": 8,
+          "v_head_dim": 8, "kv_lora_rank": )",
+      kv_lora_rank, R"(, "qk_rope_head_dim": )", rope_dim, "}"));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+tandem::v1::TransferHandshake Handshake(const ModelConfig& model, const std::string& id) {
+  tandem::v1::TransferHandshake h;
+  h.set_worker_id(id);
+  h.set_transport("ucx");
+  *h.mutable_compatibility() = KvLayoutInfo(model, 16, KvDtype::kF32);
+  h.mutable_compatibility()->set_model_id("m");
+  *h.mutable_geometry() = kvtransfer::SingleRankGeometry(
+      h.compatibility(), static_cast<uint64_t>(KvBlockBytes(model, 16, KvDtype::kF32)));
+  h.set_compatibility_hash(kvtransfer::CompatibilityHash(h.compatibility()));
+  return h;
+}
+
+TEST(KvLayoutInfoTest, MlaLatentLayoutPairsOnlyWithTheSameSplit) {
+  const ModelConfig a = Mla(32, 8);
+  const tandem::v1::CompatibilityInfo info = KvLayoutInfo(a, 16, KvDtype::kF32);
+  EXPECT_EQ(info.layout().layout_name(), "mla_latent_v1(kv_lora_rank=32,qk_rope_head_dim=8)");
+  EXPECT_EQ(info.layout().num_kv_heads(), 1u);
+  EXPECT_EQ(info.layout().head_dim(), 40u);
+  const tandem::v1::TransferHandshake p = Handshake(a, "p0");
+  EXPECT_TRUE(kvtransfer::ValidateGeometry(p.compatibility(), p.geometry()).ok());
+  EXPECT_TRUE(kvtransfer::CheckCompatible(p, Handshake(a, "d0")).ok());
+
+  const tandem::v1::TransferHandshake other = Handshake(Mla(24, 16), "d1");
+  const absl::Status s = kvtransfer::CheckCompatible(p, other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("kv_lora_rank=24,qk_rope_head_dim=16"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("kv_lora_rank=32,qk_rope_head_dim=8"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tandem::runtime
