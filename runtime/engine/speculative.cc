@@ -53,12 +53,23 @@ std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, const Speculat
   if (max_tokens <= 0) return {};
   for (int64_t n = std::min(config.ngram_max, len - 1); n >= config.ngram_min; --n) {
     const absl::Span<const int32_t> suffix = tokens.subspan(len - n, n);
-    // Latest earlier occurrence first: it starts before len - n (not the suffix itself).
+    // Latest earlier occurrence first (it starts before len - n: not the suffix itself), but one
+    // followed by max_tokens tokens wins over later ones the end cuts short (in a loop of period
+    // p the latest match is followed by only p tokens).
+    int64_t best_from = -1, best_take = 0;
     for (int64_t start = len - n - 1; start >= 0; --start) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
       const int64_t from = start + n;
       const int64_t take = std::min(max_tokens, len - from);
-      return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + take);
+      if (take > best_take) {
+        best_from = from;
+        best_take = take;
+      }
+      if (take == max_tokens) break;
+    }
+    if (best_from >= 0) {
+      return std::vector<int32_t>(tokens.begin() + best_from,
+                                  tokens.begin() + best_from + best_take);
     }
   }
   return {};

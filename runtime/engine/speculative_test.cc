@@ -30,6 +30,15 @@ TEST(NgramDraftTest, ContinuesTheLatestEarlierOccurrenceOfTheLongestSuffix) {
   EXPECT_EQ(NgramDraft(t2, Ngram(2, 1, 1), 2), (std::vector<int32_t>{8, 1}));
 }
 
+TEST(NgramDraftTest, PrefersAMatchFollowedByAWholeDraftInALoop) {
+  // The latest [1, 2] (at 4) is followed by 2 tokens only; the one at 2 by the 4 asked for.
+  const std::vector<int32_t> loop = {1, 2, 1, 2, 1, 2, 1, 2};
+  EXPECT_EQ(NgramDraft(loop, Ngram(4, 1, 2), 4), (std::vector<int32_t>{1, 2, 1, 2}));
+  // A period-1 loop drafts as many as asked once it is long enough.
+  const std::vector<int32_t> same = {9, 4, 4, 4, 4, 4, 4};
+  EXPECT_EQ(NgramDraft(same, Ngram(3, 1, 2), 3), (std::vector<int32_t>{4, 4, 4}));
+}
+
 TEST(NgramDraftTest, NoMatchNoDraftAndNeverPastTheEnd) {
   const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
   EXPECT_TRUE(NgramDraft(tokens, Ngram(4, 1, 3), 4).empty());
