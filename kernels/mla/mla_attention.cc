@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,9 +84,22 @@ struct SeqView {
   float* out = nullptr;      // [q_len, Hq, Dv]
   float* lse = nullptr;      // [q_len, Hq] or null
   int64_t q_len = 0;
-  int64_t ctx = 0;                    // seq_lens[s]
-  std::vector<const float*> latents;  // [ctx] row pointers into the cache
+  int64_t ctx = 0;                    // seq_lens[s] (global)
+  std::vector<const float*> latents;  // the shard's latents (all of them without DCP)
+  DcpShard dcp;
+
+  // How many of `latents` query token i (of q_len) sees: those at global positions <= its own.
+  int64_t Visible(int64_t i) const {
+    const int64_t global_end = ctx - q_len + i + 1;
+    return dcp.size > 1 ? DcpLocalCount(global_end, dcp) : global_end;
+  }
 };
+
+// A query that sees no latent of this shard: an empty partial for MergeAttnStatesN.
+void EmptyRow(int64_t dv, float* out, float* lse) {
+  std::fill(out, out + dv, 0.0f);
+  if (lse != nullptr) *lse = -std::numeric_limits<float>::infinity();
+}
 
 // Absorbed: per (query token, head) row, q_lat = W_UK^T q_nope, attention over latent rows,
 // out = W_UV o_lat.
@@ -94,10 +108,15 @@ void AbsorbedSeq(const SeqView& sv, const float* kv_b, const MlaDims& d, float s
   const int64_t Hq = d.num_heads, Dn = d.qk_nope_head_dim, Dr = d.qk_rope_head_dim;
   const int64_t L = d.kv_lora_rank, Dv = d.v_head_dim, Dqk = d.QkHeadDim();
   auto rows = [&](int64_t begin, int64_t end) {
-    std::vector<float> q_lat(L), o_lat(L), scores(sv.ctx);
+    std::vector<float> q_lat(L), o_lat(L), scores(sv.latents.size());
     for (int64_t r = begin; r < end; ++r) {
       const int64_t i = r / Hq, h = r % Hq;
       const float* q = sv.q + (i * Hq + h) * Dqk;
+      const int64_t visible = sv.Visible(i);
+      if (visible == 0) {
+        EmptyRow(Dv, sv.out + (i * Hq + h) * Dv, sv.lse == nullptr ? nullptr : sv.lse + i * Hq + h);
+        continue;
+      }
       const float* w_uk = kv_b + h * (Dn + Dv) * L;  // [Dn, L]
       const float* w_uv = w_uk + Dn * L;             // [Dv, L]
       std::fill(q_lat.begin(), q_lat.end(), 0.0f);
@@ -106,7 +125,6 @@ void AbsorbedSeq(const SeqView& sv, const float* kv_b, const MlaDims& d, float s
         const float* w = w_uk + n * L;
         for (int64_t c = 0; c < L; ++c) q_lat[c] += qn * w[c];
       }
-      const int64_t visible = sv.ctx - sv.q_len + i + 1;
       for (int64_t j = 0; j < visible; ++j) {
         const float* lat = sv.latents[j];
         scores[j] = (Dot(q_lat.data(), lat, L) + Dot(q + Dn, lat + L, Dr)) * scale;
@@ -137,15 +155,20 @@ void UnabsorbedSeq(const SeqView& sv, const float* kv_b, const MlaDims& d, float
   const int64_t Hq = d.num_heads, Dn = d.qk_nope_head_dim, Dr = d.qk_rope_head_dim;
   const int64_t L = d.kv_lora_rank, Dv = d.v_head_dim, Dqk = d.QkHeadDim();
   const int64_t kv_width = Hq * (Dn + Dv);
-  std::vector<float> c_kv(sv.ctx * L), kv(sv.ctx * kv_width);
-  for (int64_t j = 0; j < sv.ctx; ++j) std::copy_n(sv.latents[j], L, c_kv.data() + j * L);
-  Linear(c_kv.data(), kv_b, nullptr, sv.ctx, kv_width, L, kv.data(), pool);
+  const int64_t n_lat = static_cast<int64_t>(sv.latents.size());
+  std::vector<float> c_kv(n_lat * L), kv(n_lat * kv_width);
+  for (int64_t j = 0; j < n_lat; ++j) std::copy_n(sv.latents[j], L, c_kv.data() + j * L);
+  if (n_lat > 0) Linear(c_kv.data(), kv_b, nullptr, n_lat, kv_width, L, kv.data(), pool);
   auto rows = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(sv.ctx);
+    std::vector<float> scores(n_lat);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t i = r / Hq, h = r % Hq;
       const float* q = sv.q + (i * Hq + h) * Dqk;
-      const int64_t visible = sv.ctx - sv.q_len + i + 1;
+      const int64_t visible = sv.Visible(i);
+      if (visible == 0) {
+        EmptyRow(Dv, sv.out + (i * Hq + h) * Dv, sv.lse == nullptr ? nullptr : sv.lse + i * Hq + h);
+        continue;
+      }
       for (int64_t j = 0; j < visible; ++j) {
         const float* k_nope = kv.data() + j * kv_width + h * (Dn + Dv);
         scores[j] = (Dot(q, k_nope, Dn) + Dot(q + Dn, sv.latents[j] + L, Dr)) * scale;
@@ -221,9 +244,14 @@ absl::Status WriteLatentCache(const float* latent, const int64_t* slot_mapping, 
 
 absl::Status MlaPagedAttention(const float* q, const float* kv_b_proj, const MlaDims& dims,
                                KvCacheView cache, int64_t layer, const AttentionBatch& batch,
-                               float scale, MlaMode mode, float* out, float* lse,
-                               ThreadPool* pool) {
+                               float scale, MlaMode mode, float* out, float* lse, ThreadPool* pool,
+                               DcpShard dcp) {
   RETURN_IF_ERROR(dims.Validate());
+  const bool sharded = dcp.size > 1;
+  if (sharded && (!DcpShardValid(dcp) || batch.local_seq_lens == nullptr)) {
+    return Invalid("DCP needs a valid shard (size ", dcp.size, ", rank ", dcp.rank, ", interleave ",
+                   dcp.interleave, ") and batch.local_seq_lens");
+  }
   RETURN_IF_ERROR(CheckLatentCache(cache, dims, layer));
   if (!(scale > 0.0f) || !std::isfinite(scale)) return Invalid("scale must be > 0, got ", scale);
   if (batch.num_seqs < 0 ||
@@ -238,14 +266,18 @@ absl::Status MlaPagedAttention(const float* q, const float* kv_b_proj, const Mla
     const int64_t q0 = batch.query_start_loc[s];
     sv.q_len = batch.query_start_loc[s + 1] - q0;
     sv.ctx = batch.seq_lens[s];
+    sv.dcp = dcp;
     if (sv.q_len <= 0) continue;
-    if (sv.q_len > sv.ctx || sv.ctx > batch.max_blocks_per_seq * l.block_size) {
-      return Invalid("sequence ", s, ": ", sv.q_len, " new tokens of ", sv.ctx,
-                     " do not fit its block table of ", batch.max_blocks_per_seq, " blocks");
+    const int64_t held = sharded ? batch.local_seq_lens[s] : sv.ctx;
+    if (sv.q_len > sv.ctx || held > batch.max_blocks_per_seq * l.block_size ||
+        (sharded && held != DcpLocalCount(sv.ctx, dcp))) {
+      return Invalid("sequence ", s, ": ", sv.q_len, " new tokens of ", sv.ctx, " (", held,
+                     " held here) do not fit its block table of ", batch.max_blocks_per_seq,
+                     " blocks");
     }
     const int32_t* table = batch.block_tables + s * batch.max_blocks_per_seq;
-    sv.latents.resize(sv.ctx);
-    for (int64_t j = 0; j < sv.ctx; ++j) {
+    sv.latents.resize(held);
+    for (int64_t j = 0; j < held; ++j) {
       const int64_t block = table[j / l.block_size];
       if (block < 0 || block >= l.num_blocks) {
         return Invalid("sequence ", s, " token ", j, ": block ", block, " outside the pool");

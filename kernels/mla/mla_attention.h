@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/threading/thread_pool.h"
@@ -80,10 +81,16 @@ absl::Status WriteLatentCache(const float* latent, const int64_t* slot_mapping, 
 // s (q_len = query_start_loc[s+1] - query_start_loc[s]) sits at position seq_lens[s] - q_len + i
 // and sees latents 0..that position. `scale` multiplies q.k (DeepSeek: (Dn + Dr)^-0.5 times
 // YaRN's mscale^2). INVALID_ARGUMENT for a cache that is not the latent layout of `dims`, bad
-// batch metadata, or a non-positive scale. DCP / windows are not supported here.
+// batch metadata, or a non-positive scale.
+// Decode context parallelism (`dcp.size` > 1): the cache holds only shard dcp.rank of every
+// sequence's latents, at local indices 0..batch.local_seq_lens[s]-1 (dcp_shard.h), while
+// seq_lens and query positions stay global; each query attends to the shard's latents at global
+// positions up to its own, so merging every shard's (out, lse) with MergeAttnStatesN gives the
+// unsharded result. A query that sees none of the shard's latents gets out 0, lse -inf.
 absl::Status MlaPagedAttention(const float* q, const float* kv_b_proj, const MlaDims& dims,
                                KvCacheView cache, int64_t layer, const AttentionBatch& batch,
-                               float scale, MlaMode mode, float* out, float* lse, ThreadPool* pool);
+                               float scale, MlaMode mode, float* out, float* lse, ThreadPool* pool,
+                               DcpShard dcp = {});
 
 }  // namespace tandem::kernels::cpu
 

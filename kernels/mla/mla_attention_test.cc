@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention/merge_attn_states.h"
 
 namespace tandem::kernels {
 namespace {
@@ -190,6 +191,74 @@ TEST(MlaAttentionTest, AbsorbedEqualsUnabsorbed) {
   }
   std::vector<double> ref(u.begin(), u.end());
   ExpectNear(a, ref, 1e-5, "absorbed vs unabsorbed");
+}
+
+// Decode context parallelism: every shard attends over its latents only (local indices, global
+// positions), and merging the shards' (out, lse) by LSE gives the fp64 unsharded result, for
+// interleaves of one token, two tokens and a block, and queries that see nothing on a shard.
+TEST(MlaAttentionTest, DcpShardsMergeToTheUnshardedResult) {
+  std::mt19937 rng(29);
+  const Case c{{3, 8, 4, 16, 6}, {1, 3, 2, 6}, {9, 14, 2, 21}};
+  const Fixture f = Build(c, rng);
+  const MlaDims& d = c.dims;
+  const double scale = 0.3;
+  std::vector<double> want_out, want_lse;
+  Reference(f, d, scale, &want_out, &want_lse);
+  const int64_t T = f.query_start_loc.back(), S = f.batch.num_seqs;
+  const int64_t out_n = T * d.num_heads * d.v_head_dim, lse_n = T * d.num_heads;
+  for (int64_t size : {2, 3}) {
+    for (int64_t interleave : {1, 2, 4}) {
+      for (MlaMode mode : {MlaMode::kAbsorbed, MlaMode::kUnabsorbed}) {
+        SCOPED_TRACE(::testing::Message() << "dcp " << size << " interleave " << interleave
+                                          << " mode " << static_cast<int>(mode));
+        std::vector<float> outs(size * out_n), lses(size * lse_n);
+        for (int64_t rank = 0; rank < size; ++rank) {
+          const DcpShard dcp{size, rank, interleave};
+          // The shard's pool: sequence s's local latent j (global DcpGlobalPos(j)) in block
+          // s * max_blocks + j / 4, copied from the unsharded fixture.
+          std::vector<float> pool(f.pool.size(), 0.0f);
+          std::vector<int32_t> tables(S * f.max_blocks), local_lens(S);
+          for (int64_t s = 0; s < S; ++s) {
+            local_lens[s] = static_cast<int32_t>(DcpLocalCount(f.seq_lens[s], dcp));
+            for (int64_t b = 0; b < f.max_blocks; ++b) {
+              tables[s * f.max_blocks + b] = static_cast<int32_t>(s * f.max_blocks + b);
+            }
+            for (int64_t j = 0; j < local_lens[s]; ++j) {
+              const int64_t g = DcpGlobalPos(j, dcp);
+              const float* src =
+                  f.pool.data() +
+                  f.layout.TileOffset(f.block_tables[s * f.max_blocks + g / 4], 1, 0) +
+                  (g % 4) * d.LatentDim();
+              float* dst = pool.data() +
+                           f.layout.TileOffset(tables[s * f.max_blocks + j / 4], 1, 0) +
+                           (j % 4) * d.LatentDim();
+              std::copy_n(src, d.LatentDim(), dst);
+            }
+          }
+          AttentionBatch batch = f.batch;
+          batch.block_tables = tables.data();
+          batch.local_seq_lens = local_lens.data();
+          ASSERT_TRUE(cpu::MlaPagedAttention(f.q.data(), f.kv_b.data(), d, {pool.data(), f.layout},
+                                             1, batch, static_cast<float>(scale), mode,
+                                             outs.data() + rank * out_n, lses.data() + rank * lse_n,
+                                             nullptr, dcp)
+                          .ok());
+        }
+        std::vector<float> out(out_n), lse(lse_n);
+        cpu::MergeAttnStatesN({outs.data(), out_n, lses.data(), lse_n, size}, T, d.num_heads,
+                              d.v_head_dim, out.data(), lse.data());
+        ExpectNear(out, want_out, 2e-5, "merged out");
+        ExpectNear(lse, want_lse, 2e-5, "merged lse");
+      }
+    }
+  }
+  // A shard without local_seq_lens is refused.
+  std::vector<float> out(out_n), lse(lse_n);
+  EXPECT_EQ(cpu::MlaPagedAttention(
+                f.q.data(), f.kv_b.data(), d, {const_cast<float*>(f.pool.data()), f.layout}, 1,
+                f.batch, 0.3f, MlaMode::kAuto, out.data(), lse.data(), nullptr, DcpShard{2, 0, 1})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MlaAttentionTest, RefusesAGqaCacheAndBadScale) {
