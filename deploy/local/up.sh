@@ -8,6 +8,8 @@
 #                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
 #                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
 #                      [--decode_dcp=1] [--mixed_dcp=1] [--insecure] [-- EXTRA_WORKER_FLAGS...]
+#                      [--speculative_method=ngram --num_speculative_tokens=K]
+#                      [--ngram_min=1] [--ngram_max=4]
 #
 # Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates, one
 # certificate per worker (ROLE-I, naming the worker) and two API keys to RUN_DIR/certs (kept
@@ -32,6 +34,10 @@
 # --decode_tp ranks in all, which K must divide; --decode_dcp=K alone means --decode_tp=K. Each D
 # rank reads exactly its shard's blocks from the prefill group.
 #
+# --speculative_method / --num_speculative_tokens / --ngram_min / --ngram_max: speculative
+# decoding on the decode and mixed workers (the same tandem_worker flags; prefill workers never
+# speculate; runtime/engine/speculative.h).
+#
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
 # //runtime:tandem_worker //router:tandem_router //router:tandem_cli).
@@ -41,7 +47,7 @@ prefill_tp=1 decode_tp="" mixed_tp="" decode_dcp=1 mixed_dcp=1
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
 run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
 insecure=0
-extra=()
+extra=() spec=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prefill=*) prefill="${1#*=}" ;;
@@ -63,6 +69,8 @@ while [[ $# -gt 0 ]]; do
     --http_port=*) http_port="${1#*=}" ;;
     --http_model=*) http_model="${1#*=}" ;;
     --insecure) insecure=1 ;;
+    --speculative_method=* | --num_speculative_tokens=* | --ngram_min=* | --ngram_max=*)
+      spec+=("$1") ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown argument $1" >&2; exit 2 ;;
@@ -150,14 +158,14 @@ if [[ "$insecure" == 0 ]]; then
 fi
 
 start_worker() {  # start_worker ROLE INDEX
-  local name="$1-$2" tp=1 dcp=1
+  local name="$1-$2" tp=1 dcp=1 spec_flags=()
   case "$1" in
     prefill) tp=$prefill_tp ;;
-    decode) tp=$decode_tp dcp=$decode_dcp ;;
-    mixed) tp=$mixed_tp dcp=$mixed_dcp ;;
+    decode) tp=$decode_tp dcp=$decode_dcp spec_flags=(${spec[@]+"${spec[@]}"}) ;;
+    mixed) tp=$mixed_tp dcp=$mixed_dcp spec_flags=(${spec[@]+"${spec[@]}"}) ;;
   esac
   "$worker_bin" --role="$1" --tp="$tp" --dcp="$dcp" --backend="$backend" "${model_flags[@]}" \
-    --router="$internal_addr" $(worker_sec "$name") \
+    ${spec_flags[@]+"${spec_flags[@]}"} --router="$internal_addr" $(worker_sec "$name") \
     --worker_id="$name" --listen=127.0.0.1:0 --port_file="$run_dir/$name.port" \
     ${extra[@]+"${extra[@]}"} > "$run_dir/$name.log" 2>&1 &
   echo "$! $name" >> "$run_dir/pids"
