@@ -21,6 +21,28 @@ TEST(KvLayoutTest, LayoutAndBlockBytesFollowTheModelAndTheDtype) {
             KvBlockBytes(model, 16, KvDtype::kBf16));
 }
 
+// DeepSeek MLA keeps one latent row (kv_lora_rank + qk_rope_head_dim) per token and layer,
+// whatever the heads or the rank's share: bf16 bytes per token of DeepSeek-V2-Lite (27 layers,
+// 512 + 64) are 31,104 against Llama-3-8B's 131,072 (4.2x fewer), of DeepSeek-V3 (61 layers)
+// 70,272 (16,384 values a layer for Llama-3-70B's K and V against 576).
+TEST(KvLayoutTest, MlaLatentRowPerTokenAndLayer) {
+  ModelConfig v2_lite;
+  v2_lite.num_hidden_layers = 27;
+  v2_lite.num_attention_heads = v2_lite.num_key_value_heads = 16;
+  v2_lite.head_dim = 64;
+  v2_lite.kv_lora_rank = 512;
+  v2_lite.qk_rope_head_dim = 64;
+  const kernels::KvCacheLayout layout = KvLayoutForModel(v2_lite, 10, 16, {4, 4});
+  EXPECT_EQ(layout.num_planes, 1);
+  EXPECT_EQ(layout.num_kv_heads, 1);
+  EXPECT_EQ(layout.head_dim, 576);
+  EXPECT_EQ(KvBlockBytes(v2_lite, 16, KvDtype::kBf16) / 16, 31104);
+  EXPECT_EQ(KvBlockBytes(*PresetConfig("llama3-8b"), 16, KvDtype::kBf16) / 16, 131072);
+  ModelConfig v3 = v2_lite;
+  v3.num_hidden_layers = 61;
+  EXPECT_EQ(KvBlockBytes(v3, 16, KvDtype::kBf16) / 16, 70272);
+}
+
 TEST(KvLayoutTest, DtypeNamesAndSizes) {
   EXPECT_EQ(KvDtypeBytes(KvDtype::kF32), 4);
   EXPECT_EQ(KvDtypeBytes(KvDtype::kF16), 2);
