@@ -70,6 +70,10 @@ ABSL_FLAG(int32_t, http_max_pending, 1024, "HTTP requests waiting behind them; m
 ABSL_FLAG(int32_t, orchestrator_threads, 2,
           "threads running every request's steps (fixed: requests in flight add none)");
 ABSL_FLAG(int32_t, http_max_n, 4, "largest 'n' (choices per request) the HTTP API accepts");
+ABSL_FLAG(int64_t, http_max_body_bytes, 8 << 20,
+          "largest HTTP request body; larger -> 413 before the body is read");
+ABSL_FLAG(int64_t, http_max_buffered_body_bytes, 64 << 20,
+          "HTTP request bodies all connections may hold at once; past it -> 503 before reading");
 
 namespace tandem::router {
 namespace {
@@ -146,6 +150,14 @@ absl::StatusOr<std::unique_ptr<openai::HttpApi>> StartHttpApi(RouterServer& rout
   options.max_pending = absl::GetFlag(FLAGS_http_max_pending);
   options.limits.max_n = absl::GetFlag(FLAGS_http_max_n);
   options.api_keys = security.api_keys;
+  const int64_t max_body = absl::GetFlag(FLAGS_http_max_body_bytes);
+  const int64_t max_buffered = absl::GetFlag(FLAGS_http_max_buffered_body_bytes);
+  if (max_body < 1 || max_buffered < max_body) {
+    return absl::InvalidArgumentError(
+        "--http_max_body_bytes must be >= 1 and --http_max_buffered_body_bytes >= it");
+  }
+  options.max_body_bytes = static_cast<uint64_t>(max_body);
+  options.max_buffered_body_bytes = static_cast<uint64_t>(max_buffered);
   if (!security.insecure) {
     options.tls = http::ServerTlsOptions{security.tls.cert_pem, security.tls.key_pem,
                                          router_options.public_client_ca_pem};
@@ -175,6 +187,8 @@ absl::Status Run() {
 
   // Taken synchronously here; blocked in every thread started after this (gRPC's included).
   TerminationSignals signals;
+  // Request bodies freed go back to the system (the RSS falls when clients are done).
+  ReturnLargeFreedBlocksToTheSystem();
 
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
   if (!router.ok()) return router.status();

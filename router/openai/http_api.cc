@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/http/json_body.h"
 #include "router/routing_policy.h"
 
 namespace tandem::router::openai {
@@ -60,19 +61,19 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpApiOptions& op
   api->orchestrator_ = orchestrator;
   HttpApi* self = api.get();
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
-  // Keys first: nothing else (not even the body) is looked at for an unauthenticated request.
-  const auto with_key = [keys = options.api_keys](http::Handler handler) -> http::Handler {
-    if (keys.empty()) return handler;
-    return [keys, handler](const http::Request& q, std::shared_ptr<http::Responder> r) {
-      if (!keys.Authenticate(q.Header("authorization")).ok()) {
-        http::Response denied = http::ErrorResponse(401, "invalid or missing API key");
-        denied.headers.emplace_back("WWW-Authenticate", "Bearer");
-        r->Reply(std::move(denied));
-        return;
-      }
-      handler(q, std::move(r));
+  http::HttpServerOptions server_options;
+  // Keys first, on the headers: nothing else is looked at for an unauthenticated request, and
+  // its body is never read (a client without a key cannot make the router buffer anything).
+  if (!options.api_keys.empty()) {
+    server_options.admission =
+        [keys = options.api_keys](const http::Request& head) -> std::optional<http::Response> {
+      if (head.method == "GET" && head.path == "/health") return std::nullopt;
+      if (keys.Authenticate(head.Header("authorization")).ok()) return std::nullopt;
+      http::Response denied = http::ErrorResponse(401, "invalid or missing API key");
+      denied.headers.emplace_back("WWW-Authenticate", "Bearer");
+      return denied;
     };
-  };
+  }
   routes[{"POST", "/v1/completions"}] = [self](const http::Request& q, auto r) {
     self->Completions(q, std::move(r), /*chat=*/false);
   };
@@ -84,13 +85,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpApiOptions& op
   routes[{"POST", "/detokenize"}] = [self](const http::Request& q, auto r) {
     self->Detokenize(q, r);
   };
-  for (auto& [route, handler] : routes) handler = with_key(std::move(handler));
   routes[{"GET", "/health"}] = [self](const http::Request&, auto r) { self->Health(r); };
-  http::HttpServerOptions server_options;
   server_options.address = options.address;
   server_options.port = options.port;
   server_options.threads = options.http_threads;
   server_options.tls = options.tls;
+  server_options.max_body_bytes = options.max_body_bytes;
+  server_options.max_buffered_body_bytes = options.max_buffered_body_bytes;
   absl::StatusOr<std::unique_ptr<http::HttpServer>> server =
       http::HttpServer::Start(server_options, std::move(routes));
   if (!server.ok()) return server.status();
@@ -124,12 +125,12 @@ absl::Status HttpApi::RouteAvailable() const {
 }
 
 void HttpApi::Completions(const http::Request& req, std::shared_ptr<http::Responder> r, bool chat) {
-  const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    r->Reply(http::ErrorResponse(400, "the body is not valid JSON"));
+  absl::StatusOr<Json> body = http::ParseJsonBody(req.body);
+  if (!body.ok()) {
+    r->Reply(StatusResponse(body.status()));
     return;
   }
-  absl::StatusOr<CompletionParams> params = ParseCompletion(body, chat, *model_, options_.limits);
+  absl::StatusOr<CompletionParams> params = ParseCompletion(*body, chat, *model_, options_.limits);
   if (!params.ok()) {
     r->Reply(StatusResponse(params.status()));
     return;
@@ -175,7 +176,12 @@ void HttpApi::JobEnded() {
 }
 
 void HttpApi::Tokenize(const http::Request& req, std::shared_ptr<http::Responder> r) {
-  const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<Json> parsed = http::ParseJsonBody(req.body);
+  if (!parsed.ok()) {
+    r->Reply(StatusResponse(parsed.status()));
+    return;
+  }
+  const Json& body = *parsed;
   if (!body.is_object()) {
     r->Reply(http::ErrorResponse(400, "the body must be a JSON object"));
     return;
@@ -208,7 +214,12 @@ void HttpApi::Tokenize(const http::Request& req, std::shared_ptr<http::Responder
 }
 
 void HttpApi::Detokenize(const http::Request& req, std::shared_ptr<http::Responder> r) {
-  const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<Json> parsed = http::ParseJsonBody(req.body);
+  if (!parsed.ok()) {
+    r->Reply(StatusResponse(parsed.status()));
+    return;
+  }
+  const Json& body = *parsed;
   if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
     r->Reply(http::ErrorResponse(400, "'tokens' (a list of token ids) is required"));
     return;

@@ -48,6 +48,10 @@ struct HttpApiOptions {
   // Non-empty: every route but GET /health needs `Authorization: Bearer <key>`; otherwise 401
   // with OpenAI's error body (type "authentication_error"), the same for every failure.
   security::ApiKeySet api_keys;
+  // One request's body, and all bodies in flight together (http_server.h: 413 / 503 past them,
+  // before the body is read).
+  uint64_t max_body_bytes = 8 << 20;
+  uint64_t max_buffered_body_bytes = 64 << 20;
   // Set: HTTPS (the router's public certificate; a client CA makes it mutual TLS). Unset: plain
   // HTTP (--insecure).
   std::optional<http::ServerTlsOptions> tls;
