@@ -13,7 +13,6 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
-#include "kernels/moe/moe.h"
 #include "runtime/engine/kv_layout.h"
 
 namespace tandem::runtime {
@@ -197,7 +196,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
 
 absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {
   const LayerWeights& w = weights_.layers[l];
-  if (config_.IsMoeLayer(l)) return MoeMlp(w, T);
+  if (config_.IsMoeLayer(l)) return SparseMlp(w, T);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
@@ -209,34 +208,9 @@ absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::MoeMlp(const LayerWeights& w, int64_t T) {
-  const int64_t H = config_.hidden_size, E = config_.num_experts;
-  // The router sees the whole (replicated) hidden state on every rank, so all ranks route alike.
-  router_logits_.resize(T * E);
-  kernels::cpu::Linear(hidden_.data(), w.router.data(), nullptr, T, E, H, router_logits_.data(),
-                       pool_);
-  RETURN_IF_ERROR(kernels::cpu::SoftmaxTopK(
-      router_logits_.data(), T, {E, config_.num_experts_per_tok, config_.norm_topk_prob},
-      &routing_));
-  moe_out_.resize(T * H);
-  const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(), E, H,
-                                          config_.moe_intermediate_size};
-  RETURN_IF_ERROR(kernels::cpu::FusedMoe(hidden_.data(), routing_, experts, moe_out_.data(), pool_,
-                                         &moe_scratch_));
-  if (config_.shared_expert_intermediate_size > 0) {
-    // Qwen2-MoE: out += sigmoid(shared_expert_gate . x) * SharedMlp(x), on the same input.
-    const int64_t I = config_.shared_expert_intermediate_size;
-    gate_up_.resize(T * 2 * I);
-    act_.resize(T * I);
-    shared_out_.resize(T * H);
-    kernels::cpu::Linear(hidden_.data(), w.shared_gate_up.data(), nullptr, T, 2 * I, H,
-                         gate_up_.data(), pool_);
-    kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
-    kernels::cpu::Linear(act_.data(), w.shared_down.data(), nullptr, T, H, I, shared_out_.data(),
-                         pool_);
-    kernels::cpu::AddSigmoidGated(hidden_.data(), w.shared_expert_gate.data(), shared_out_.data(),
-                                  T, H, moe_out_.data());
-  }
+absl::Status LlamaModel::SparseMlp(const LayerWeights& w, int64_t T) {
+  moe_out_.resize(T * config_.hidden_size);
+  RETURN_IF_ERROR(moe_.Run(config_, w, hidden_.data(), T, moe_out_.data(), pool_));
   hidden_.swap(moe_out_);
   return absl::OkStatus();
 }

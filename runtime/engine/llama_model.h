@@ -25,8 +25,8 @@
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
-#include "kernels/moe/moe.h"
 #include "kernels/threading/thread_pool.h"
+#include "runtime/engine/moe_mlp.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -87,7 +87,7 @@ class LlamaModel {
   // Layer l's MLP (dense or mixture of experts) on hidden_ ([T, H], normalized) into hidden_
   // (this rank's partial sum).
   absl::Status Mlp(int64_t l, int64_t T);
-  absl::Status MoeMlp(const LayerWeights& w, int64_t T);
+  absl::Status SparseMlp(const LayerWeights& w, int64_t T);
 
   const ModelConfig config_;
   const ModelWeights weights_;
@@ -99,9 +99,8 @@ class LlamaModel {
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_,
-      local_logits_, gathered_, lse_, send_, recv_, merged_, router_logits_, moe_out_, shared_out_;
-  kernels::MoeRouting routing_;
-  kernels::MoeScratch moe_scratch_;
+      local_logits_, gathered_, lse_, send_, recv_, merged_, moe_out_;
+  MoeMlp moe_;
 };
 
 }  // namespace tandem::runtime

@@ -53,8 +53,9 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w) {
         size(x.kv_a_proj) == d.LatentDim() * H && size(x.kv_a_layernorm) == d.kv_lora_rank &&
         size(x.kv_b_proj) == d.num_heads * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank &&
         size(x.o_proj) == H * d.num_heads * d.v_head_dim &&
-        size(x.gate_up_proj) == 2 * c.intermediate_size * H &&
-        size(x.down_proj) == H * c.intermediate_size;
+        (c.IsMoeLayer(l) ? size(x.router) == c.num_experts * H
+                         : size(x.gate_up_proj) == 2 * c.intermediate_size * H &&
+                               size(x.down_proj) == H * c.intermediate_size);
     if (!ok) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, " weights do not match the MLA config"));
@@ -139,7 +140,7 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
     RETURN_IF_ERROR(Attention(l, input, cache));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
-    Mlp(l, T);
+    RETURN_IF_ERROR(Mlp(l, T));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
   const int64_t R = static_cast<int64_t>(logit_rows.size());
@@ -198,15 +199,22 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
   return absl::OkStatus();
 }
 
-void MlaModel::Mlp(int64_t l, int64_t T) {
+absl::Status MlaModel::Mlp(int64_t l, int64_t T) {
   const LayerWeights& w = weights_.layers[l];
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  if (config_.IsMoeLayer(l)) {  // DeepSeek's MoE layer (moe_mlp.h)
+    moe_out_.resize(T * H);
+    RETURN_IF_ERROR(moe_.Run(config_, w, hidden_.data(), T, moe_out_.data(), pool_));
+    hidden_.swap(moe_out_);
+    return absl::OkStatus();
+  }
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
   kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), nullptr, T, 2 * I, H, gate_up_.data(),
                        pool_);
   kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
   kernels::cpu::Linear(act_.data(), w.down_proj.data(), nullptr, T, H, I, hidden_.data(), pool_);
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::runtime

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/mla/mla_attention.h"
 #include "runtime/engine/cpu_model.h"
+#include "runtime/engine/moe_mlp.h"
 
 namespace tandem::runtime {
 
@@ -48,7 +49,8 @@ class MlaModel : public CpuModel {
            kernels::ThreadPool* pool);
   // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
   absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
-  void Mlp(int64_t l, int64_t T);
+  // Layer l's MLP (dense, or DeepSeek's MoE layer) on hidden_ into hidden_.
+  absl::Status Mlp(int64_t l, int64_t T);
 
   const ModelConfig config_;
   const ModelWeights weights_;
@@ -59,7 +61,9 @@ class MlaModel : public CpuModel {
   kernels::ThreadPool* const pool_;
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
-  std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_;
+  std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_,
+      moe_out_;
+  MoeMlp moe_;
 };
 
 }  // namespace tandem::runtime

@@ -90,12 +90,25 @@ struct ModelConfig {
   int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
   int64_t decoder_sparse_step = 1;              // layer l sparse when (l + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;         // ... and l is not listed here
+  // DeepSeek's router (model_config_mla.cc, kernels/moe GroupedTopK): V2 softmax scores, V3
+  // sigmoid + e_score_correction_bias (a [E] tensor beside the router) for the choice; experts
+  // in num_expert_groups groups of which topk_expert_groups are kept; weights times
+  // routed_scaling_factor. Its shared experts (shared_expert_intermediate_size =
+  // n_shared_experts * moe_intermediate_size) have no gate; first_k_dense_replace layers are
+  // dense (listed in mlp_only_layers).
+  enum class MoeRouter { kSoftmaxTopK, kDeepseekV2, kDeepseekV3 };
+  MoeRouter moe_router = MoeRouter::kSoftmaxTopK;
+  int64_t num_expert_groups = 1;
+  int64_t topk_expert_groups = 1;
+  double routed_scaling_factor = 1.0;
 
   bool IsMoe() const { return num_experts > 0; }
   bool IsMoeLayer(int64_t layer) const;
   // Checkpoint names of the experts: Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2, else
   // mlp.experts.{e}.gate_proj/up_proj/down_proj.
   bool MixtralExpertNames() const { return architecture == "MixtralForCausalLM"; }
+  // DeepSeek: mlp.shared_experts.* (no gate), V3's mlp.gate.e_score_correction_bias.
+  bool DeepseekMoe() const { return moe_router != MoeRouter::kSoftmaxTopK; }
 
   // Every weight the checkpoint stores (lm_head counted only when not tied).
   int64_t NumParameters() const;

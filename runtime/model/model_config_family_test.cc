@@ -212,5 +212,78 @@ TEST(ModelConfigFamilyTest, WrittenJsonParsesBack) {
   }
 }
 
+// DeepSeek's MoE fields (model_config_mla.cc): layers from first_k_dense_replace on sparse, V3
+// noaux_tc (its defaults), V2 greedy / group_limited_greedy, and what is refused.
+TEST(ModelConfigFamilyTest, DeepseekMoeLayers) {
+  json v3 = {{"architectures", {"DeepseekV3ForCausalLM"}},
+             {"vocab_size", 96},
+             {"hidden_size", 32},
+             {"intermediate_size", 48},
+             {"num_hidden_layers", 3},
+             {"num_attention_heads", 2},
+             {"num_key_value_heads", 2},
+             {"first_k_dense_replace", 1},
+             {"n_routed_experts", 8},
+             {"moe_intermediate_size", 16},
+             {"n_group", 4},
+             {"topk_group", 2},
+             {"num_experts_per_tok", 3},
+             {"q_lora_rank", 16},
+             {"kv_lora_rank", 12},
+             {"qk_nope_head_dim", 8},
+             {"qk_rope_head_dim", 4},
+             {"v_head_dim", 6}};
+  absl::StatusOr<ModelConfig> c = Parse(v3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_router, ModelConfig::MoeRouter::kDeepseekV3);
+  EXPECT_FALSE(c->IsMoeLayer(0));
+  EXPECT_TRUE(c->IsMoeLayer(1) && c->IsMoeLayer(2));
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 3);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 16);  // V3: 1 shared expert by default
+  EXPECT_DOUBLE_EQ(c->routed_scaling_factor, 2.5);    // V3's default
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->num_expert_groups, 4);
+  EXPECT_EQ(c->topk_expert_groups, 2);
+  EXPECT_TRUE(c->DeepseekMoe());
+  // The written config parses back to the same MoE layers.
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->num_experts, 8);
+  EXPECT_EQ(back->mlp_only_layers, c->mlp_only_layers);
+  EXPECT_EQ(back->NumParameters(), c->NumParameters());
+
+  json v2 = v3;
+  v2["architectures"] = {"DeepseekV2ForCausalLM"};
+  v2["topk_method"] = "greedy";
+  v2["norm_topk_prob"] = true;
+  c = Parse(v2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_router, ModelConfig::MoeRouter::kDeepseekV2);
+  EXPECT_FALSE(c->norm_topk_prob);                    // V2 ignores it
+  EXPECT_EQ(c->num_expert_groups, 1);                 // greedy: no groups
+  EXPECT_EQ(c->shared_expert_intermediate_size, 32);  // V2: 2 shared experts by default
+  v2["topk_method"] = "group_limited_greedy";
+  c = Parse(v2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_expert_groups, 4);
+  v2["n_shared_experts"] = nullptr;
+  c = Parse(v2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
+
+  v2["topk_method"] = "noaux";
+  ExpectError(v2, "unsupported topk_method 'noaux'");
+  json bad = v3;
+  bad["n_group"] = 3;
+  ExpectError(bad, "n_group (3) must divide n_routed_experts (8)");
+  bad = v3;
+  bad["moe_layer_freq"] = 2;
+  ExpectError(bad, "unsupported moe_layer_freq 2");
+  bad = v3;
+  bad["num_experts_per_tok"] = 9;
+  ExpectError(bad, "num_experts_per_tok (9) must be in [1, num_experts = 8]");
+}
+
 }  // namespace
 }  // namespace tandem::runtime

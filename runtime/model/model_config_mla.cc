@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/model/model_config_family.h"
 
 namespace tandem::runtime::internal {
 namespace {
@@ -207,6 +208,58 @@ absl::Status CheckRange(const char* field, int64_t value, int64_t max) {
   return absl::OkStatus();
 }
 
+// The MoE fields of DeepseekV2Config / DeepseekV3Config (ModelConfig::MoeRouter): layers from
+// first_k_dense_replace on are sparse (transformers ignores moe_layer_freq: only 1 is taken).
+absl::Status ParseDeepseekMoe(const json& root, const DeepseekDefaults& d, ModelConfig* c) {
+  ASSIGN_OR_RETURN(int64_t experts, Int(root, "n_routed_experts", d.experts));
+  ASSIGN_OR_RETURN(int64_t freq, Int(root, "moe_layer_freq", 1));
+  if (experts > 0 && freq != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported moe_layer_freq ", freq, " (transformers' DeepSeek models ignore it; 1 only)"));
+  }
+  if (experts <= 0 || c->first_k_dense_replace >= c->num_hidden_layers) return absl::OkStatus();
+  c->num_experts = experts;
+  ASSIGN_OR_RETURN(c->num_experts_per_tok, Int(root, "num_experts_per_tok", d.v3 ? 8 : 0));
+  ASSIGN_OR_RETURN(c->moe_intermediate_size,
+                   Int(root, "moe_intermediate_size", d.v3 ? 2048 : 1407));
+  // n_shared_experts null: no shared experts (V2 builds them only when it is not None).
+  const bool shared_null = root.contains("n_shared_experts") && root["n_shared_experts"].is_null();
+  ASSIGN_OR_RETURN(int64_t shared, Int(root, "n_shared_experts", d.v3 ? 1 : 2));
+  c->shared_expert_intermediate_size = shared_null ? 0 : shared * c->moe_intermediate_size;
+  c->mlp_only_layers.clear();
+  for (int64_t l = 0; l < c->first_k_dense_replace; ++l) c->mlp_only_layers.push_back(l);
+  c->decoder_sparse_step = 1;
+  ASSIGN_OR_RETURN(c->routed_scaling_factor,
+                   Double(root, "routed_scaling_factor", d.v3 ? 2.5 : 1.0));
+  bool grouped = true;
+  if (d.v3) {  // DeepseekV3TopkRouter: noaux_tc whatever topk_method says
+    c->moe_router = ModelConfig::MoeRouter::kDeepseekV3;
+    ASSIGN_OR_RETURN(c->norm_topk_prob, Bool(root, "norm_topk_prob", true));
+  } else {  // V2 ignores norm_topk_prob
+    c->moe_router = ModelConfig::MoeRouter::kDeepseekV2;
+    c->norm_topk_prob = false;
+    const json* method = Field(root, "topk_method");
+    const std::string name =
+        method != nullptr && method->is_string() ? method->get<std::string>() : "greedy";
+    if (name != "greedy" && name != "group_limited_greedy") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unsupported topk_method '", name, "' (DeepseekV2: greedy, group_limited_greedy)"));
+    }
+    grouped = name == "group_limited_greedy";
+  }
+  if (grouped) {
+    ASSIGN_OR_RETURN(c->num_expert_groups, Int(root, "n_group", d.v3 ? 8 : 1));
+    ASSIGN_OR_RETURN(c->topk_expert_groups, Int(root, "topk_group", d.v3 ? 4 : 1));
+  }
+  if (c->num_expert_groups < 1 || c->num_experts % c->num_expert_groups != 0 ||
+      c->topk_expert_groups < 1 || c->topk_expert_groups > c->num_expert_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n_group (", c->num_expert_groups, ") must divide n_routed_experts (", c->num_experts,
+        ") and topk_group (", c->topk_expert_groups, ") be in [1, n_group]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsDeepseekConfig(const json& root) {
@@ -241,20 +294,14 @@ absl::StatusOr<ModelConfig> ParseDeepseekConfig(const json& root) {
     ASSIGN_OR_RETURN(c.rope_interleave, Bool(root, "rope_interleave", true));
   }
   ASSIGN_OR_RETURN(c.first_k_dense_replace, Int(root, "first_k_dense_replace", d->first_k_dense));
-  ASSIGN_OR_RETURN(int64_t experts, Int(root, "n_routed_experts", d->experts));
-  if (experts > 0 && c.first_k_dense_replace < c.num_hidden_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported DeepSeek mixture-of-experts layers: first_k_dense_replace (",
-                     c.first_k_dense_replace, ") < num_hidden_layers (", c.num_hidden_layers,
-                     ") with n_routed_experts ", experts,
-                     "; MLA runs with dense MLP layers only until the DeepSeek MoE layer exists"));
-  }
+  RETURN_IF_ERROR(ParseDeepseekMoe(root, *d, &c));
   RETURN_IF_ERROR(ParseDeepseekRope(root, &c));
   RETURN_IF_ERROR(ValidateMlaConfig(c));
   return c;
 }
 
 absl::Status ValidateMlaConfig(const ModelConfig& c) {
+  RETURN_IF_ERROR(ValidateMoeConfig(c));  // model_config_family.cc
   if (c.architecture != kV2.architecture && c.architecture != kV3.architecture) {
     return absl::InvalidArgumentError(absl::StrCat("MLA (kv_lora_rank ", c.kv_lora_rank,
                                                    ") needs a DeepSeek architecture, got '",
@@ -322,9 +369,18 @@ int64_t MlaNumParameters(const ModelConfig& c) {
   const int64_t attention = q + h * (lat + c.qk_rope_head_dim) + lat +
                             lat * heads * (c.qk_nope_head_dim + c.v_head_dim) +
                             heads * c.v_head_dim * h;
-  const int64_t per_layer = attention + 2 * h + 3 * h * c.intermediate_size;
+  int64_t mlps = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    mlps += !c.IsMoeLayer(l)
+                ? 3 * h * c.intermediate_size
+                : c.num_experts * h * (1 + 3 * c.moe_intermediate_size) +
+                      3 * h * c.shared_expert_intermediate_size +
+                      (c.moe_router == ModelConfig::MoeRouter::kDeepseekV3 ? c.num_experts : 0);
+  }
+  const int64_t per_layer = attention + 2 * h;
   const int64_t embedding = c.vocab_size * h;
-  return embedding + c.num_hidden_layers * per_layer + h + (c.tie_word_embeddings ? 0 : embedding);
+  return embedding + c.num_hidden_layers * per_layer + mlps + h +
+         (c.tie_word_embeddings ? 0 : embedding);
 }
 
 std::string MlaConfigToJson(const ModelConfig& c) {
@@ -348,8 +404,20 @@ std::string MlaConfigToJson(const ModelConfig& c) {
   out["qk_rope_head_dim"] = c.qk_rope_head_dim;
   out["v_head_dim"] = c.v_head_dim;
   if (v3) out["rope_interleave"] = c.rope_interleave;
-  out["first_k_dense_replace"] = c.num_hidden_layers;  // dense MLPs only
-  out["n_routed_experts"] = 0;
+  out["first_k_dense_replace"] = c.IsMoe() ? c.first_k_dense_replace : c.num_hidden_layers;
+  out["n_routed_experts"] = c.num_experts;
+  if (c.IsMoe()) {
+    out["num_experts_per_tok"] = c.num_experts_per_tok;
+    out["moe_intermediate_size"] = c.moe_intermediate_size;
+    out["n_shared_experts"] = c.shared_expert_intermediate_size / c.moe_intermediate_size;
+    out["routed_scaling_factor"] = c.routed_scaling_factor;
+    out["norm_topk_prob"] = c.norm_topk_prob;
+    out["n_group"] = c.num_expert_groups;
+    out["topk_group"] = c.topk_expert_groups;
+    out["moe_layer_freq"] = 1;
+    out["topk_method"] =
+        v3 ? "noaux_tc" : (c.num_expert_groups > 1 ? "group_limited_greedy" : "greedy");
+  }
   json rope = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
   const kernels::RopeScaling& r = c.rope_scaling;
   if (r.type == RopeType::kYarn) {

@@ -86,7 +86,7 @@ TEST(DeepseekConfigTest, RefusesWhatItCannotRunNamingTheField) {
     json value;
     const char* says;
   } cases[] = {
-      {"first_k_dense_replace", 1, "first_k_dense_replace"},
+      {"moe_layer_freq", 2, "moe_layer_freq"},  // MoE layers from first_k_dense_replace on run
       {"attention_bias", true, "attention_bias"},
       {"num_key_value_heads", 1, "num_key_value_heads"},
       {"qk_rope_head_dim", 5, "qk_rope_head_dim"},

@@ -20,6 +20,8 @@
 //   model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight
 //                                                      (Qwen2-MoE: [Is, hidden] / [hidden, Is]
 //                                                      / [1, hidden])
+//   DeepSeek: mlp.gate.weight, mlp.gate.e_score_correction_bias [E] (V3), mlp.experts.{e}.*,
+//   mlp.shared_experts.{gate,up,down}_proj.weight (no gate)
 // and, for DeepSeek MLA (config.IsMla(), weight_layout_mla.cc) instead of q/k/v_proj:
 //   model.layers.{i}.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
 //                               kv_a_layernorm, kv_b_proj}.weight (LayerWeights' MLA fields)
@@ -74,6 +76,7 @@ struct LayerWeights {
   std::vector<float> shared_gate_up;      // [2 * Is, hidden] or empty (Qwen2-MoE)
   std::vector<float> shared_down;         // [hidden, Is] or empty
   std::vector<float> shared_expert_gate;  // [hidden] or empty
+  std::vector<float> router_bias;         // [E]: DeepSeek-V3's e_score_correction_bias, or empty
 };
 
 struct ModelWeights {
@@ -156,6 +159,7 @@ enum class WeightSlot {
   kSharedGateUp,
   kSharedDown,
   kSharedExpertGate,
+  kRouterBias,
 };
 
 // The vector of `slot` in `weights` (of layers[layer] for per-layer slots).

@@ -208,6 +208,7 @@ std::vector<float>* SlotVector(ModelWeights* w, WeightSlot slot, int64_t layer_i
     case WeightSlot::kSharedGateUp:
     case WeightSlot::kSharedDown:
     case WeightSlot::kSharedExpertGate:
+    case WeightSlot::kRouterBias:
       target = internal::FamilySlotVector(layer, slot);  // weight_layout_moe.cc
       break;
   }

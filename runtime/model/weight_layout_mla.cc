@@ -7,7 +7,7 @@
 
 namespace tandem::runtime::internal {
 
-std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& /*dims*/) {
+std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& dims) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, inter = c.intermediate_size;
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, lat = c.kv_lora_rank;
   std::vector<HfTensor> out;
@@ -34,6 +34,8 @@ std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& /*dims
     add(a + "o_proj.weight", {h, heads * c.v_head_dim}, WeightSlot::kOProj, i);
     add(p + "post_attention_layernorm.weight", {h}, WeightSlot::kPostAttentionLayernorm, i, 0,
         true);
+    AppendFamilyLayerTensors(c, dims, i, &out);  // DeepSeek MoE layers: weight_layout_moe.cc
+    if (c.IsMoeLayer(i)) continue;
     add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i);
     add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, inter * h);
     add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i);
@@ -43,7 +45,7 @@ std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& /*dims
   return out;
 }
 
-void AllocateMlaWeights(const ModelConfig& c, const TpDims& /*dims*/, ModelWeights* w) {
+void AllocateMlaWeights(const ModelConfig& c, const TpDims& dims, ModelWeights* w) {
   const auto h = static_cast<size_t>(c.hidden_size);
   const auto heads = static_cast<size_t>(c.num_attention_heads);
   const auto inter = static_cast<size_t>(c.intermediate_size);
@@ -74,6 +76,7 @@ void AllocateMlaWeights(const ModelConfig& c, const TpDims& /*dims*/, ModelWeigh
     layer.gate_up_proj.assign(2 * inter * h, 0.0f);
     layer.down_proj.assign(h * inter, 0.0f);
   }
+  AllocateFamilyWeights(c, dims, w);  // MoE layers' experts instead of the dense MLP
 }
 
 std::vector<float>* MlaSlotVector(LayerWeights* layer, WeightSlot slot) {

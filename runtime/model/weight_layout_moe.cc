@@ -41,6 +41,10 @@ void AppendFamilyLayerTensors(const ModelConfig& c, const TpDims& d, int64_t i,
   const int64_t e_count = c.num_experts, ie = c.moe_intermediate_size;
   const int64_t li = d.moe_intermediate, i0 = d.moe_intermediate_begin;
   out->push_back(Tensor(m + "gate.weight", {e_count, h}, WeightSlot::kRouter, i, 0));
+  if (c.moe_router == ModelConfig::MoeRouter::kDeepseekV3) {
+    out->push_back(
+        Tensor(m + "gate.e_score_correction_bias", {e_count}, WeightSlot::kRouterBias, i, 0));
+  }
   for (int64_t e = 0; e < e_count; ++e) {
     const std::string x = absl::StrCat(m, "experts.", e, ".");
     const int64_t gate_up = e * 2 * li * h;
@@ -54,15 +58,17 @@ void AppendFamilyLayerTensors(const ModelConfig& c, const TpDims& d, int64_t i,
   if (c.shared_expert_intermediate_size > 0) {
     const int64_t is = c.shared_expert_intermediate_size;
     const int64_t ls = d.shared_intermediate, s0 = d.shared_intermediate_begin;
-    const std::string s = p + "mlp.shared_expert.";
+    const std::string s = p + (c.DeepseekMoe() ? "mlp.shared_experts." : "mlp.shared_expert.");
     out->push_back(
         Tensor(s + "gate_proj.weight", {is, h}, WeightSlot::kSharedGateUp, i, 0, 0, s0, ls));
     out->push_back(
         Tensor(s + "up_proj.weight", {is, h}, WeightSlot::kSharedGateUp, i, ls * h, 0, s0, ls));
     out->push_back(
         Tensor(s + "down_proj.weight", {h, is}, WeightSlot::kSharedDown, i, 0, 1, s0, ls));
-    out->push_back(
-        Tensor(p + "mlp.shared_expert_gate.weight", {1, h}, WeightSlot::kSharedExpertGate, i, 0));
+    if (!c.DeepseekMoe()) {  // Qwen2-MoE's sigmoid gate; DeepSeek's shared experts have none
+      out->push_back(
+          Tensor(p + "mlp.shared_expert_gate.weight", {1, h}, WeightSlot::kSharedExpertGate, i, 0));
+    }
   }
 }
 
@@ -88,8 +94,10 @@ void AllocateFamilyWeights(const ModelConfig& c, const TpDims& d, ModelWeights* 
     if (c.shared_expert_intermediate_size > 0) {
       layer.shared_gate_up.assign(2 * ls * h, 0.0f);
       layer.shared_down.assign(h * ls, 0.0f);
-      layer.shared_expert_gate.assign(h, 0.0f);
+      if (!c.DeepseekMoe()) layer.shared_expert_gate.assign(h, 0.0f);
     }
+    if (c.moe_router == ModelConfig::MoeRouter::kDeepseekV3)
+      layer.router_bias.assign(experts, 0.0f);
   }
 }
 
@@ -111,6 +119,8 @@ std::vector<float>* FamilySlotVector(LayerWeights* layer, WeightSlot slot) {
       return &layer->shared_down;
     case WeightSlot::kSharedExpertGate:
       return &layer->shared_expert_gate;
+    case WeightSlot::kRouterBias:
+      return &layer->router_bias;
     default:
       return nullptr;  // the dense slots live in weight_layout.cc's SlotVector
   }

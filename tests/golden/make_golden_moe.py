@@ -80,6 +80,10 @@ def moe_fields(cfg):
     if cfg["model_type"] == "mixtral":
         return (cfg["num_local_experts"], cfg["num_experts_per_tok"], True,
                 cfg["intermediate_size"], list(range(cfg["num_hidden_layers"])))
+    if cfg["model_type"] in ("deepseek_v2", "deepseek_v3"):  # make_golden_deepseek_moe.py
+        sparse = [i for i in range(cfg["num_hidden_layers"]) if i >= cfg["first_k_dense_replace"]]
+        return (cfg["n_routed_experts"], cfg["num_experts_per_tok"], False,
+                cfg["moe_intermediate_size"], sparse)
     if cfg["model_type"] in ("qwen2_moe", "qwen3_moe"):
         step, only = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
         sparse = [i for i in range(cfg["num_hidden_layers"])

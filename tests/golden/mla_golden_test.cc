@@ -131,6 +131,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MlaGoldenTest,
                          ::testing::Values("deepseek_v2_f32", "deepseek_v2_lite_f32",
                                            "deepseek_v3_f32", "deepseek_v3_rotate_half_f32"));
 
+// DeepSeek's MoE layer in the whole model (make_golden_deepseek_moe.py): layer 0 dense, layer 1
+// sparse (V3 noaux_tc grouped with its correction bias; V2 group_limited_greedy), shared experts.
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, MlaGoldenTest,
+                         ::testing::Values("deepseek_v3_moe_f32", "deepseek_v2_moe_f32"));
+
 // The latent cache: one row of kv_lora_rank + qk_rope_head_dim per token and layer, 1/16.9 of
 // what per-head K and V of the same heads would take (4 heads x (24 + 12) values vs 40).
 TEST(MlaKvLayoutTest, OneLatentRowPerTokenAndLayer) {
