@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Speculative decoding (n-gram drafts) on one GPU through //runtime:generate with dummy weights of
+# the Llama-3-8B shape (bf16): tokens/s and acceptance with and without drafts, on a repeat
+# workload (greedy; the random-weight model's output loops, the drafter predicts it) and a reject
+# workload (a 64-token vocabulary at temperature 1: drafts almost always rejected).
+#
+#   tests/gpu/bundle.sh B tool//runtime:generate; tests/gpu/spec_decode_bench.sh B [MAX_TOKENS]
+set -euo pipefail
+bundle=$1
+max_tokens=${2:-256}
+gen="$bundle/bin/runtime/generate"
+export LD_LIBRARY_PATH="$bundle/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
+v64=$(mktemp --suffix=.json)
+trap 'rm -f "$v64"' EXIT
+cat > "$v64" << 'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+ "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+ "max_position_embeddings": 8192, "rope_theta": 500000.0, "bos_token_id": 1, "eos_token_id": 2,
+ "hidden_act": "silu", "torch_dtype": "bfloat16"}
+JSON
+prompts() { # prompts KIND BATCH VOCAB
+  python3 - "$1" "$2" "$3" << 'PY'
+import random, sys
+kind, batch, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(7)
+out = []
+for _ in range(batch):
+    if kind == "repeat":
+        pattern = [rng.randrange(3, vocab) for _ in range(8)]
+        out.append([pattern[i % 8] for i in range(64)])
+    else:
+        out.append([rng.randrange(3, vocab) for _ in range(64)])
+print(";".join(",".join(map(str, p)) for p in out))
+PY
+}
+run() { # run KIND BATCH K
+  local model=(--dummy_config=llama3-8b) vocab=30000 sampling=() spec=()
+  if [[ $1 == reject ]]; then model=(--dummy_config="$v64") vocab=64 sampling=(--temperature=1); fi
+  [[ $3 == 0 ]] || spec=(--speculative_method=ngram --num_speculative_tokens="$3")
+  local line
+  line=$("$gen" --backend=cuda --load_format=dummy "${model[@]}" \
+    --prompt_ids="$(prompts "$1" "$2" "$vocab")" --max_tokens="$max_tokens" --ignore_eos \
+    ${sampling[@]+"${sampling[@]}"} ${spec[@]+"${spec[@]}"} 2>&1 > /dev/null | tail -1)
+  echo "workload=$1 batch=$2 K=$3 $line"
+}
+nvidia-smi -L
+for batch in 1 8; do for k in 0 2 4; do run repeat "$batch" "$k"; done; done
+for k in 0 3; do run reject 1 "$k"; done
