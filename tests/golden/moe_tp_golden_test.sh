@@ -4,7 +4,8 @@
 # expert's; the router replicated) on the Qwen2-MoE fixture (shared expert, a dense and a sparse
 # layer) and the Qwen3-MoE fixture (q/k norms, two sparse layers, a dense one): greedy tokens
 # identical and last-prompt logits within 1e-4 * max to transformers and to TP=1. Then a TP that
-# does not divide the experts' width exits 1 naming the numbers.
+# does not divide the experts' width, and more experts per token than experts, exit 1 naming the
+# numbers.
 set -euo pipefail
 GENERATE=$1
 COMPARE=$2
@@ -46,4 +47,18 @@ fi
 grep -q "does not divide the model's shared expert intermediate size 42" "$T/bad.err" ||
   { echo "FAIL: no message naming the shared expert's width in:"; cat "$T/bad.err"; exit 1; }
 echo "ok: $(grep -m1 "does not divide" "$T/bad.err" | cut -c1-200)"
+# More experts per token than experts: refused at startup naming both numbers.
+python3 - "$bad/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["shared_expert_intermediate_size"] = 40
+c["num_experts_per_tok"] = 7
+json.dump(c, open(sys.argv[1], "w"))
+PY
+if timeout 60 "$GENERATE" --model="$bad" --prompt_ids="5,6" --max_tokens=2 > "$T/bad.out" \
+    2> "$T/bad.err"; then
+  echo "FAIL: top-k 7 of 6 experts exited 0"; exit 1
+fi
+grep -q "num_experts_per_tok (7) must be in \[1, num_experts = 6\]" "$T/bad.err" ||
+  { echo "FAIL: no message naming top-k and the experts in:"; cat "$T/bad.err"; exit 1; }
+echo "ok: $(grep -m1 "num_experts_per_tok" "$T/bad.err" | cut -c1-200)"
 echo PASS
