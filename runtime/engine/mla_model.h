@@ -1,5 +1,6 @@
 // The DeepSeek-V2/V3 decoder with multi-head latent attention on the CPU backend
-// (runtime/model/model_config.h's MLA fields; every layer a dense MLP for now).
+// (runtime/model/model_config.h's MLA fields; layers from first_k_dense_replace on are DeepSeek's
+// MoE layer, moe_mlp.h).
 //
 // Per layer: RMSNorm (fused with the residual add) -> q: q_proj, or q_a_proj -> RMSNorm
 // (q_a_layernorm, eps 1e-6 as transformers builds it) -> q_b_proj; latent: kv_a_proj_with_mqa ->
@@ -7,7 +8,8 @@
 // (interleaved pairs or rotate-half, YaRN's cos/sin factor) -> the latent row into the paged
 // latent cache (one per token and layer) -> MLA attention over the latent (kernels/mla: absorbed
 // for decode, unabsorbed for prefill; softmax scale (Dn + Dr)^-0.5 times YaRN's
-// mscale(factor, mscale_all_dim)^2) -> o_proj -> RMSNorm -> gate_up -> SiLU*up -> down_proj.
+// mscale(factor, mscale_all_dim)^2) -> o_proj -> RMSNorm -> MLP: gate_up -> SiLU*up -> down_proj,
+// or the MoE layer (routing, experts, shared experts).
 //
 // One rank only: tensor parallelism and DCP for MLA are refused (UNIMPLEMENTED) until they exist.
 // Thread safety: Forward() is not reentrant (scratch buffers); weights immutable after Create().

@@ -21,9 +21,9 @@ bool IsDeepseekConfig(const nlohmann::json& root);
 
 // transformers' DeepseekV2Config / DeepseekV3Config with their defaults: MLA dims, RoPE
 // (default or yarn, in rope_scaling or rope_parameters), rope_interleave (V3; V2 always pairs),
-// first_k_dense_replace. INVALID_ARGUMENT naming the field for what we cannot run exactly:
-// mixture-of-experts layers (n_routed_experts > 0 below num_hidden_layers), attention/mlp
-// biases, num_key_value_heads != num_attention_heads, other RoPE types, partial rotary.
+// first_k_dense_replace and the MoE fields. INVALID_ARGUMENT naming the field for what we cannot
+// run exactly: attention/mlp biases, num_key_value_heads != num_attention_heads, other RoPE
+// types, partial rotary, moe_layer_freq != 1, other DeepSeek architectures.
 absl::StatusOr<ModelConfig> ParseDeepseekConfig(const nlohmann::json& root);
 
 // ValidateModelConfig for an MLA config (config.IsMla()).

@@ -13,11 +13,11 @@
 
 namespace tandem::runtime::internal {
 
-// Every tensor of a DeepSeek checkpoint whose layers all have a dense MLP: embeddings, per layer
-// input_layernorm, the MLA projections (q_a_proj / q_a_layernorm / q_b_proj or q_proj,
-// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj), o_proj, post_attention_layernorm and
-// mlp.{gate,up,down}_proj, then model.norm and lm_head (untied). Whole tensors: MLA models run
-// on one rank (`dims` is the whole model).
+// Every tensor of a DeepSeek checkpoint: embeddings, per layer input_layernorm, the MLA
+// projections (q_a_proj / q_a_layernorm / q_b_proj or q_proj, kv_a_proj_with_mqa,
+// kv_a_layernorm, kv_b_proj), o_proj, post_attention_layernorm and mlp.{gate,up,down}_proj (or,
+// on MoE layers, weight_layout_moe.cc's experts), then model.norm and lm_head (untied). Whole
+// tensors: MLA models run on one rank (`dims` is the whole model).
 std::vector<HfTensor> MlaTensorLayout(const ModelConfig& config, const TpDims& dims);
 
 // Sizes those vectors (zero-filled); qkv_proj stays empty.
