@@ -4,18 +4,26 @@
 #
 #   deploy/quickstart.sh [BAZEL_FLAGS...]
 #
-# Installs the dependencies, builds every target (CUDA objects too where a toolkit is
-# installed), writes a ~100M-parameter random-weight Llama in Hugging Face format (no download),
-# brings up 1 router + 1 prefill + 1 decode worker on localhost (deploy/local/up.sh; KV moves
-# from P to D over UCX), streams one request through the router with tandem_cli, prints the
-# same request as JSON with TTFT / inter-token latency, and stops the cluster again.
+# Installs the dependencies, builds the four binaries the demo runs (CPU only: no CUDA kernel,
+# no test; `bazel build //...` builds the rest), writes a ~100M-parameter random-weight Llama in
+# Hugging Face format (no download), brings up 1 router + 1 prefill + 1 decode worker on
+# localhost (deploy/local/up.sh; KV moves from P to D over UCX), streams one request through the
+# router with tandem_cli, prints the same request as JSON with TTFT / inter-token latency, and
+# stops the cluster again.
 # Set TANDEM_KEEP_UP=1 to leave the cluster running (stop it with deploy/local/down.sh out/local).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 deploy/install_deps.sh
-bazel build --noshow_progress -c opt "$@" //...
-BIN=$(bazel info -c opt "$@" bazel-bin 2>/dev/null)
+# Exactly what the demo runs (deploy/quickstart_test.sh checks this list against the script and
+# up.sh). --config=cpu: a CPU demo, so no CUDA kernel is compiled even where a toolkit is installed.
+DEMO_TARGETS=(//runtime:tandem_worker //router:tandem_router //router:tandem_cli
+  //runtime/model:make_dummy_model)
+BAZEL_FLAGS=(-c opt --config=cpu "$@")
+build_start=$SECONDS
+bazel build --noshow_progress "${BAZEL_FLAGS[@]}" "${DEMO_TARGETS[@]}"
+echo "quickstart: built ${#DEMO_TARGETS[@]} binaries in $((SECONDS - build_start)) s"
+BIN=$(bazel info "${BAZEL_FLAGS[@]}" bazel-bin 2>/dev/null)
 MODEL=${TANDEM_DEMO_MODEL:-$ROOT/out/demo-llama-100m}
 RUN_DIR=$ROOT/out/local
 if [[ ! -f $MODEL/config.json ]]; then
@@ -73,7 +81,8 @@ for line in sys.stdin:
             sys.stdout.write(c["delta"].get("content", ""))
             sys.stdout.flush()
 print()'
-echo "quickstart: done. Single-process engine: $BIN/runtime/generate --model=$MODEL --prompt_ids=1,2,3"
+generate="bazel build ${BAZEL_FLAGS[*]} //runtime:generate && $BIN/runtime/generate"
+echo "quickstart: done. Single-process engine: $generate --model=$MODEL --prompt_ids=1,2,3"
 echo "quickstart: the HTTP API works with the openai client: base_url=$HTTP/v1, model demo-text," \
   "api_key=$HTTP_KEY, http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(" \
   "cafile='$HTTP_CA'))"
