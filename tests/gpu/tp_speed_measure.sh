@@ -2,11 +2,11 @@
 # Issue 31's measurements on a machine with 4 GPUs (nvidia-h200-x4), in two parts that each fit
 # one device call:
 #   check:  topology + NCCL version, the custom all-reduce's GPU test and the NCCL fault tests,
-#           group start time of `generate --tp=N` with device dummy weights (Llama-3-8B preset;
+#           all_reduce_bench next to torch.distributed, the TP CUDA goldens with one GPU per rank.
+#   decode: group start time of `generate --tp=N` with device dummy weights (Llama-3-8B preset;
 #           Llama-3-70B from tests/gpu/configs/llama3-70b/config.json, the file form of
-#           --dummy_config), all_reduce_bench next to torch.distributed, the TP CUDA goldens with
-#           one GPU per rank.
-#   decode: decode_step_bench --tp=1/2/4 (8B; 70B at 2/4), custom all-reduce on and off.
+#           --dummy_config), then decode_step_bench --tp=1/2/4 (8B; 70B at 2/4), custom
+#           all-reduce on and off.
 #
 #   tests/gpu/tp_speed_measure.sh BUNDLE_DIR LOG_DIR check|decode
 # BUNDLE_DIR: tests/gpu/bundle.sh with the default targets plus tool//runtime:generate
@@ -40,8 +40,6 @@ if [[ $PART == check ]]; then
   echo "custom_all_reduce_gpu_test rc=$?"; grep -E "OK|FAILED|rank [0-9]:" "$LOG/custom_ar_test.log" | head -20
   TANDEM_REQUIRE_GPU=1 timeout 200 "$B/bin/comm/device_communicator_test" >"$LOG/devcomm_test.log" 2>&1
   echo "device_communicator_test rc=$?"; grep -E "OK \]|FAILED|after peer" "$LOG/devcomm_test.log" | head -12
-  for tp in 1 2 4; do [[ $tp -le $NGPU ]] && start_time "8b-tp$tp" "$tp" llama3-8b; done
-  [[ $NGPU -ge 4 ]] && start_time 70b-tp4 4 "$PWD/tests/gpu/configs/llama3-70b/config.json"
   for w in 2 4; do
     [[ $w -le $NGPU ]] || continue
     NCCL_DEBUG=VERSION timeout 200 "$B/bin/comm/all_reduce_bench" --world=$w 2>&1 | grep -v "^$"
@@ -51,6 +49,8 @@ if [[ $PART == check ]]; then
 fi
 
 if [[ $PART == decode ]]; then
+  for tp in 4 2 1; do [[ $tp -le $NGPU ]] && start_time "8b-tp$tp" "$tp" llama3-8b; done
+  [[ $NGPU -ge 4 ]] && start_time 70b-tp4 4 "$PWD/tests/gpu/configs/llama3-70b/config.json"
   D=$B/bin/runtime/cuda/decode_step_bench
   run_bench() { timeout 300 "$D" --steps=32 "$@" 2>&1 | grep -vE "^(I|W)[0-9]{4}" ; }
   run_bench --tp=1 --batches=1,8,64
