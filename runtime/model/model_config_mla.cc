@@ -262,6 +262,48 @@ absl::Status ParseDeepseekMoe(const json& root, const DeepseekDefaults& d, Model
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> DeepseekPreset(absl::string_view name) {
+  // The published config.json files (the fields that differ from the class defaults).
+  constexpr char kV2Lite[] = R"({"architectures": ["DeepseekV2ForCausalLM"],
+      "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+      "hidden_size": 2048, "intermediate_size": 10944, "kv_lora_rank": 512,
+      "max_position_embeddings": 163840, "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+      "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": false,
+      "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+      "num_key_value_heads": 16, "q_lora_rank": null, "qk_nope_head_dim": 128,
+      "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+      "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                       "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                       "type": "yarn"},
+      "routed_scaling_factor": 1.0, "topk_group": 1, "topk_method": "greedy",
+      "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 102400})";
+  constexpr char kV3FourLayers[] = R"({"architectures": ["DeepseekV3ForCausalLM"],
+      "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3, "hidden_size": 7168,
+      "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+      "moe_intermediate_size": 2048, "n_group": 8, "n_routed_experts": 256,
+      "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
+      "num_experts_per_tok": 8, "num_hidden_layers": 4, "num_key_value_heads": 128,
+      "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+      "rms_norm_eps": 1e-06, "rope_theta": 10000,
+      "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                       "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                       "type": "yarn"},
+      "routed_scaling_factor": 2.5, "topk_group": 4, "torch_dtype": "bfloat16",
+      "v_head_dim": 128, "vocab_size": 129280})";
+  constexpr char kTiny[] = R"({"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 256,
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "first_k_dense_replace": 2,
+      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+      "v_head_dim": 16, "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
+      "torch_dtype": "float32"})";
+  const char* text = name == "deepseek-v2-lite" ? kV2Lite
+                     : name == "deepseek-v3-4l" ? kV3FourLayers
+                     : name == "tiny-mla"       ? kTiny
+                                                : nullptr;
+  if (text == nullptr) return absl::NotFoundError(absl::StrCat("no DeepSeek preset '", name, "'"));
+  return ParseModelConfig(text);
+}
+
 bool IsDeepseekConfig(const json& root) {
   const std::string name = Name(root);
   return absl::StartsWithIgnoreCase(name, "deepseek");

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config.h"
 
@@ -25,6 +26,15 @@ bool IsDeepseekConfig(const nlohmann::json& root);
 // run exactly: attention/mlp biases, num_key_value_heads != num_attention_heads, other RoPE
 // types, partial rotary, moe_layer_freq != 1, other DeepSeek architectures.
 absl::StatusOr<ModelConfig> ParseDeepseekConfig(const nlohmann::json& root);
+
+// PresetConfig's DeepSeek shapes (dummy models), parsed from their config.json text:
+//   "deepseek-v2-lite": DeepSeek-V2-Lite's config.json (15.7B: 27 layers, 1 dense then 64
+//                       experts top-6 + 2 shared, 16 heads, no q_lora, yarn factor 40), bfloat16;
+//   "deepseek-v3-4l":   DeepSeek-V3's config.json cut to 4 layers (3 dense, 1 MoE layer of 256
+//                       experts, 128 heads, q_lora 1536), bfloat16;
+//   "tiny-mla":         a dense DeepSeek-V3 small enough for tests (vocab 256, hidden 64).
+// NOT_FOUND for any other name.
+absl::StatusOr<ModelConfig> DeepseekPreset(absl::string_view name);
 
 // ValidateModelConfig for an MLA config (config.IsMla()).
 absl::Status ValidateMlaConfig(const ModelConfig& config);

@@ -103,6 +103,32 @@ TEST(DeepseekConfigTest, RefusesWhatItCannotRunNamingTheField) {
   }
 }
 
+// The DeepSeek presets: DeepSeek-V2-Lite is 15.7B parameters (15,706,484,224 by the published
+// shapes: 27 MLA layers, one dense MLP, 26 layers of 64 experts + 2 shared).
+TEST(DeepseekConfigTest, Presets) {
+  auto lite = PresetConfig("deepseek-v2-lite");
+  ASSERT_TRUE(lite.ok()) << lite.status();
+  EXPECT_TRUE(lite->IsMla());
+  EXPECT_EQ(lite->q_lora_rank, 0);
+  EXPECT_FALSE(lite->IsMoeLayer(0));
+  EXPECT_TRUE(lite->IsMoeLayer(1));
+  EXPECT_EQ(lite->NumParameters(), 15706484224);
+  EXPECT_EQ(lite->rope_scaling.type, kernels::RopeType::kYarn);
+  EXPECT_EQ(lite->dtype, WeightDtype::kBF16);
+  auto v3 = PresetConfig("deepseek-v3-4l");
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->num_experts, 256);
+  EXPECT_FALSE(v3->IsMoeLayer(2));
+  EXPECT_TRUE(v3->IsMoeLayer(3));
+  EXPECT_EQ(v3->q_lora_rank, 1536);
+  auto tiny = PresetConfig("tiny-mla");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_TRUE(tiny->IsMla());
+  EXPECT_FALSE(tiny->IsMoe());
+  EXPECT_NE(PresetConfig("deepseek-v4").status().message().find("deepseek-v2-lite"),
+            std::string::npos);
+}
+
 // WriteDummyModel's config.json and checkpoint load back as the same MLA model.
 TEST(DeepseekConfigTest, DummyModelRoundTrip) {
   auto c = ParseModelConfig(TinyV3().dump());
