@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Speculative decoding (n-gram drafts) on one GPU through //runtime:generate with dummy weights of
-# the Llama-3-8B shape (bf16): tokens/s and acceptance with and without drafts, on a repeat
-# workload (greedy; the random-weight model's output loops, the drafter predicts it) and a reject
-# workload (a 64-token vocabulary at temperature 1: drafts almost always rejected).
+# the Llama-3-8B shape (bf16): tokens/s and acceptance with and without drafts, on workloads
+#   repeat  prompts repeating an 8-token pattern, greedy, the real vocabulary;
+#   loop    the 8B shape with a 64-token vocabulary, greedy: the random-weight output falls into
+#           loops the drafter predicts (a synthetic high-acceptance workload);
+#   reject  the same 64-token model at temperature 1: drafts almost always rejected.
 #
 #   tests/gpu/bundle.sh B tool//runtime:generate; tests/gpu/spec_decode_bench.sh B [MAX_TOKENS]
 set -euo pipefail
@@ -36,7 +38,8 @@ PY
 }
 run() { # run KIND BATCH K
   local model=(--dummy_config=llama3-8b) vocab=30000 sampling=() spec=()
-  if [[ $1 == reject ]]; then model=(--dummy_config="$v64") vocab=64 sampling=(--temperature=1); fi
+  if [[ $1 != repeat ]]; then model=(--dummy_config="$v64") vocab=64; fi
+  if [[ $1 == reject ]]; then sampling=(--temperature=1); fi
   [[ $3 == 0 ]] || spec=(--speculative_method=ngram --num_speculative_tokens="$3")
   local line
   line=$("$gen" --backend=cuda --load_format=dummy "${model[@]}" \
@@ -45,5 +48,10 @@ run() { # run KIND BATCH K
   echo "workload=$1 batch=$2 K=$3 $line"
 }
 nvidia-smi -L
-for batch in 1 8; do for k in 0 2 4; do run repeat "$batch" "$k"; done; done
-for k in 0 3; do run reject 1 "$k"; done
+workloads=${WORKLOADS:-repeat loop reject}
+for w in $workloads; do
+  case $w in
+    repeat | loop) for batch in 1 8; do for k in 0 2 4; do run "$w" "$batch" "$k"; done; done ;;
+    reject) for k in 0 3; do run reject 1 "$k"; done ;;
+  esac
+done
