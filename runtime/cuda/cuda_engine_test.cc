@@ -343,6 +343,28 @@ TEST(CudaEngineTest, DeviceDummyWeightsRun) {
   }
 }
 
+// The device draws the host's dummy values (runtime/model/dummy_draw.h): a model generated on
+// the device computes what RandomModelWeights(seed) uploaded from the host computes (the same
+// fp32 values rounded to bf16; host and device double-precision math may differ in a rare last
+// bit, hence a cosine bound rather than equality).
+TEST(CudaEngineTest, DeviceDummyWeightsAreTheHostDraw) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const ModelConfig model = MidConfig();
+  CudaBackendConfig on_device = MidBackend();
+  on_device.dummy_seed = 5;
+  const ExecutorFactory device_factory = CudaExecutorFactory(on_device);
+  const ExecutorFactory host_factory = CudaExecutorFactory(MidBackend());
+  const auto prompts = RandomPrompts(4, 40, static_cast<int>(model.vocab_size), 13);
+  const auto a = RunPrompts(model, ModelWeights{}, prompts, 4, &device_factory, true);
+  const auto b = RunPrompts(model, RandomModelWeights(model, 5), prompts, 4, &host_factory, true);
+  const auto other =
+      RunPrompts(model, RandomModelWeights(model, 6), prompts, 4, &host_factory, true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_GE(Cosine(a[i].logits, b[i].logits), 0.99999) << "prompt " << i;
+    EXPECT_LT(Cosine(a[i].logits, other[i].logits), 0.99) << "prompt " << i << ": seed ignored";
+  }
+}
+
 TEST(CudaEngineTest, RejectsExternalPoolAndBadDtypeShapes) {
   TANDEM_SKIP_WITHOUT_GPU();
   ModelConfig model = MidConfig();
