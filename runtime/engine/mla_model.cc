@@ -37,7 +37,13 @@ float SoftmaxScale(const ModelConfig& c) {
   return static_cast<float>(scale);
 }
 
-absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w) {
+// Rows of the vocabulary each rank of `group` holds (ceil(vocab / n); the whole one alone).
+int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
+  const int64_t n = group == nullptr ? 1 : group->size();
+  return (config.vocab_size + n - 1) / n;
+}
+
+absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t vocab_rows) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("weights have ", w.layers.size(),
                                                    " layers, config says ", c.num_hidden_layers));
@@ -61,8 +67,8 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w) {
           absl::StrCat("layer ", l, " weights do not match the MLA config"));
     }
   }
-  if (static_cast<int64_t>(w.embed_tokens.size()) != c.vocab_size * H ||
-      (!w.lm_head.empty() && static_cast<int64_t>(w.lm_head.size()) != c.vocab_size * H)) {
+  if (static_cast<int64_t>(w.embed_tokens.size()) != vocab_rows * H ||
+      (!w.lm_head.empty() && static_cast<int64_t>(w.lm_head.size()) != vocab_rows * H)) {
     return absl::InvalidArgumentError("embedding / lm_head weights do not match the vocabulary");
   }
   return absl::OkStatus();
@@ -79,23 +85,24 @@ absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& co
     return absl::InvalidArgumentError(
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
-  if ((group != nullptr && group->size() > 1) || dcp.size > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        config.architecture,
-        ": multi-head latent attention runs on one rank only (tensor parallelism and decode "
-        "context parallelism for MLA are not implemented yet)"));
+  if (dcp.size > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat(config.architecture,
+                     ": decode context parallelism for multi-head latent attention is not "
+                     "implemented yet (tensor parallelism is)"));
   }
+  if (group != nullptr && group->size() <= 1) group = nullptr;
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  RETURN_IF_ERROR(CheckWeights(config, weights));
+  RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config, group)));
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
   return std::unique_ptr<MlaModel>(
-      new MlaModel(config, std::move(weights), std::move(inv_freq), pool));
+      new MlaModel(config, std::move(weights), std::move(inv_freq), pool, group));
 }
 
 MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                   kernels::ThreadPool* pool)
+                   kernels::ThreadPool* pool, comm::ProcessGroup* group)
     : config_(config),
       weights_(std::move(weights)),
       inv_freq_(std::move(inv_freq)),
@@ -103,6 +110,9 @@ MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<
       softmax_scale_(SoftmaxScale(config)),
       rope_factor_(static_cast<float>(kernels::RopeAttentionFactor(config.rope_scaling))),
       pool_(pool),
+      group_(group),
+      vocab_begin_(group == nullptr ? 0 : group->rank() * VocabRows(config, group)),
+      vocab_rows_(VocabRows(config, group)),
       dcp_() {}
 
 kernels::KvCacheLayout MlaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
@@ -127,8 +137,15 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
   }
   hidden_.resize(T * H);
   residual_.resize(T * H);
-  RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
-                                          V, H, residual_.data()));
+  if (group_ == nullptr) {
+    RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
+                                            V, H, residual_.data()));
+  } else {
+    RETURN_IF_ERROR(kernels::cpu::VocabShardEmbedding(input.token_ids.data(), T,
+                                                      weights_.embed_tokens.data(), vocab_begin_,
+                                                      vocab_rows_, V, H, residual_.data()));
+    RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(residual_.data(), T * H)));
+  }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     if (l == 0) {
@@ -138,9 +155,11 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
                                     H, eps);
     }
     RETURN_IF_ERROR(Attention(l, input, cache));
+    if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
     RETURN_IF_ERROR(Mlp(l, T));
+    if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
   const int64_t R = static_cast<int64_t>(logit_rows.size());
@@ -148,11 +167,36 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
   for (int64_t r = 0; r < R; ++r) {
     std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
   }
+  return LmHead(R, logits);
+}
+
+absl::Status MlaModel::LmHead(int64_t R, std::vector<float>* logits) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const std::vector<float>& lm_head =
       weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
   logits->resize(R * V);
+  if (group_ == nullptr) {
+    if (R > 0) {
+      kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+    }
+    return absl::OkStatus();
+  }
+  // Every rank takes part even with R = 0 rows: the gather is collective.
+  const int64_t P = vocab_rows_, n = group_->size();
+  local_logits_.resize(R * P);
+  gathered_.resize(n * R * P);
   if (R > 0) {
-    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
+    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, P, H, local_logits_.data(),
+                         pool_);
+  }
+  RETURN_IF_ERROR(group_->AllGather(local_logits_, absl::MakeSpan(gathered_)));
+  // gathered_ is [rank][row][P]; logits is [row][V] (the padding past V dropped).
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t cols = std::min(P, V - r * P);
+    if (cols <= 0) continue;
+    for (int64_t row = 0; row < R; ++row) {
+      std::copy_n(gathered_.data() + (r * R + row) * P, cols, logits->data() + row * V + r * P);
+    }
   }
   return absl::OkStatus();
 }

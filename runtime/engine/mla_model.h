@@ -11,7 +11,12 @@
 // mscale(factor, mscale_all_dim)^2) -> o_proj -> RMSNorm -> MLP: gate_up -> SiLU*up -> down_proj,
 // or the MoE layer (routing, experts, shared experts).
 //
-// One rank only: tensor parallelism and DCP for MLA are refused (UNIMPLEMENTED) until they exist.
+// Tensor parallelism (a `group` of N > 1 ranks; `config` the rank's LocalModelConfig): each rank
+// runs Hq/N heads (its rows of q_b_proj / q_proj and kv_b_proj, its o_proj columns) over the
+// WHOLE latent, which every rank computes and caches alike (q_a / kv_a are replicated), so its
+// latent blocks are the same on every rank and any P / D split pairs without re-sharding; the
+// o_proj and MLP partial sums and the vocab-parallel embedding are all-reduced, the logits
+// gathered, as in LlamaModel. Decode context parallelism for MLA is refused (UNIMPLEMENTED).
 // Thread safety: Forward() is not reentrant (scratch buffers); weights immutable after Create().
 #ifndef TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
 #define TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
@@ -29,8 +34,8 @@ namespace tandem::runtime {
 
 class MlaModel : public CpuModel {
  public:
-  // INVALID_ARGUMENT when `config` is not MLA or `weights` do not match it; UNIMPLEMENTED for a
-  // group of more than one rank or DCP.
+  // INVALID_ARGUMENT when `config` is not MLA or `weights` do not match it; UNIMPLEMENTED for
+  // DCP. `group` (nullable) must outlive the model.
   static absl::StatusOr<std::unique_ptr<MlaModel>> Create(const ModelConfig& config,
                                                           ModelWeights weights,
                                                           kernels::ThreadPool* pool,
@@ -48,7 +53,9 @@ class MlaModel : public CpuModel {
 
  private:
   MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-           kernels::ThreadPool* pool);
+           kernels::ThreadPool* pool, comm::ProcessGroup* group);
+  // Logits of `R` rows (last_): the local vocabulary rows, gathered across the group.
+  absl::Status LmHead(int64_t R, std::vector<float>* logits);
   // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
   absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
   // Layer l's MLP (dense, or DeepSeek's MoE layer) on hidden_ into hidden_.
@@ -61,10 +68,13 @@ class MlaModel : public CpuModel {
   const float softmax_scale_;
   const float rope_factor_;
   kernels::ThreadPool* const pool_;
+  comm::ProcessGroup* const group_;  // null: one rank
+  const int64_t vocab_begin_;        // this rank's embedding / lm_head rows
+  const int64_t vocab_rows_;
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_,
-      moe_out_;
+      moe_out_, local_logits_, gathered_;
   MoeMlp moe_;
 };
 

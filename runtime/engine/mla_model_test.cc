@@ -92,7 +92,7 @@ TEST(MlaModelTest, AbsorbedDecodeEqualsUnabsorbedPrefillOfTheSameTokens) {
   EXPECT_LE(latent_diff, 1e-5f);
 }
 
-TEST(MlaModelTest, OneRankOnlyAndNotOnCuda) {
+TEST(MlaModelTest, NoDcpAndNotOnCuda) {
   const ModelConfig config = TinyMla();
   auto dcp = MlaModel::Create(config, RandomModelWeights(config, 1), nullptr, nullptr,
                               kernels::DcpShard{2, 0, 16});

@@ -1,5 +1,6 @@
 #include "runtime/model/weight_layout_mla.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -7,15 +8,30 @@
 
 namespace tandem::runtime::internal {
 
-std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& dims) {
+std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& d) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, inter = c.intermediate_size;
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, lat = c.kv_lora_rank;
+  const int64_t kvb = c.qk_nope_head_dim + c.v_head_dim;
+  // Tensor parallelism splits the heads (q rows, kv_b_proj rows, o_proj columns), the dense MLP
+  // and the vocabulary as for Llama; q_a / kv_a (the latent) are replicated.
+  const int64_t h0 = d.q_head_begin, lh = d.q_heads, o0 = d.o_head_begin, lo = d.o_heads;
+  const int64_t i0 = d.intermediate_begin, li = d.intermediate;
+  const int64_t vocab_count =
+      std::max<int64_t>(0, std::min(d.vocab_rows, c.vocab_size - d.vocab_begin));
   std::vector<HfTensor> out;
   auto add = [&out](std::string name, std::vector<int64_t> shape, WeightSlot slot, int64_t layer,
-                    int64_t offset = 0, bool is_norm = false) {
-    out.push_back(HfTensor{std::move(name), std::move(shape), slot, layer, offset, is_norm});
+                    int64_t offset = 0, bool is_norm = false, int slice_dim = -1, int64_t begin = 0,
+                    int64_t count = 0) {
+    HfTensor t{std::move(name), std::move(shape), slot, layer, offset, is_norm};
+    // A slice covering the whole tensor is the whole tensor (TP=1 loads take the fast path).
+    const bool whole = slice_dim < 0 || (begin == 0 && count == t.shape[slice_dim]);
+    t.slice_dim = whole ? -1 : slice_dim;
+    t.slice_begin = begin;
+    t.slice_count = count;
+    out.push_back(std::move(t));
   };
-  add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1);
+  add("model.embed_tokens.weight", {c.vocab_size, h}, WeightSlot::kEmbedTokens, -1, 0, false, 0,
+      d.vocab_begin, vocab_count);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     const std::string a = p + "self_attn.";
@@ -23,33 +39,40 @@ std::vector<HfTensor> MlaTensorLayout(const ModelConfig& c, const TpDims& dims) 
     if (c.q_lora_rank > 0) {
       add(a + "q_a_proj.weight", {c.q_lora_rank, h}, WeightSlot::kMlaQAProj, i);
       add(a + "q_a_layernorm.weight", {c.q_lora_rank}, WeightSlot::kMlaQALayernorm, i, 0, true);
-      add(a + "q_b_proj.weight", {heads * qk, c.q_lora_rank}, WeightSlot::kMlaQProj, i);
+      add(a + "q_b_proj.weight", {heads * qk, c.q_lora_rank}, WeightSlot::kMlaQProj, i, 0, false, 0,
+          h0 * qk, lh * qk);
     } else {
-      add(a + "q_proj.weight", {heads * qk, h}, WeightSlot::kMlaQProj, i);
+      add(a + "q_proj.weight", {heads * qk, h}, WeightSlot::kMlaQProj, i, 0, false, 0, h0 * qk,
+          lh * qk);
     }
     add(a + "kv_a_proj_with_mqa.weight", {lat + c.qk_rope_head_dim, h}, WeightSlot::kMlaKvAProj, i);
     add(a + "kv_a_layernorm.weight", {lat}, WeightSlot::kMlaKvALayernorm, i, 0, true);
-    add(a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), lat},
-        WeightSlot::kMlaKvBProj, i);
-    add(a + "o_proj.weight", {h, heads * c.v_head_dim}, WeightSlot::kOProj, i);
+    add(a + "kv_b_proj.weight", {heads * kvb, lat}, WeightSlot::kMlaKvBProj, i, 0, false, 0,
+        h0 * kvb, lh * kvb);
+    add(a + "o_proj.weight", {h, heads * c.v_head_dim}, WeightSlot::kOProj, i, 0, false, 1,
+        o0 * c.v_head_dim, lo * c.v_head_dim);
     add(p + "post_attention_layernorm.weight", {h}, WeightSlot::kPostAttentionLayernorm, i, 0,
         true);
-    AppendFamilyLayerTensors(c, dims, i, &out);  // DeepSeek MoE layers: weight_layout_moe.cc
+    AppendFamilyLayerTensors(c, d, i, &out);  // DeepSeek MoE layers: weight_layout_moe.cc
     if (c.IsMoeLayer(i)) continue;
-    add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i);
-    add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, inter * h);
-    add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i);
+    add(p + "mlp.gate_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, 0, false, 0, i0, li);
+    add(p + "mlp.up_proj.weight", {inter, h}, WeightSlot::kGateUpProj, i, li * h, false, 0, i0, li);
+    add(p + "mlp.down_proj.weight", {h, inter}, WeightSlot::kDownProj, i, 0, false, 1, i0, li);
   }
   add("model.norm.weight", {h}, WeightSlot::kNorm, -1, 0, true);
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h}, WeightSlot::kLmHead, -1);
+  if (!c.tie_word_embeddings) {
+    add("lm_head.weight", {c.vocab_size, h}, WeightSlot::kLmHead, -1, 0, false, 0, d.vocab_begin,
+        vocab_count);
+  }
   return out;
 }
 
-void AllocateMlaWeights(const ModelConfig& c, const TpDims& dims, ModelWeights* w) {
+void AllocateMlaWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w) {
   const auto h = static_cast<size_t>(c.hidden_size);
-  const auto heads = static_cast<size_t>(c.num_attention_heads);
-  const auto inter = static_cast<size_t>(c.intermediate_size);
-  const auto vocab = static_cast<size_t>(c.vocab_size);
+  const auto heads = static_cast<size_t>(d.q_heads);
+  const auto o_heads = static_cast<size_t>(d.o_heads);
+  const auto inter = static_cast<size_t>(d.intermediate);
+  const auto vocab = static_cast<size_t>(d.vocab_rows);
   const auto qk = static_cast<size_t>(c.qk_nope_head_dim + c.qk_rope_head_dim);
   const auto lat = static_cast<size_t>(c.kv_lora_rank);
   const auto rq = static_cast<size_t>(c.q_lora_rank);
@@ -71,12 +94,12 @@ void AllocateMlaWeights(const ModelConfig& c, const TpDims& dims, ModelWeights* 
     layer.kv_a_layernorm.assign(lat, 0.0f);
     layer.kv_b_proj.assign(heads * static_cast<size_t>(c.qk_nope_head_dim + c.v_head_dim) * lat,
                            0.0f);
-    layer.o_proj.assign(h * heads * static_cast<size_t>(c.v_head_dim), 0.0f);
+    layer.o_proj.assign(h * o_heads * static_cast<size_t>(c.v_head_dim), 0.0f);
     layer.post_attention_layernorm.assign(h, 0.0f);
     layer.gate_up_proj.assign(2 * inter * h, 0.0f);
     layer.down_proj.assign(h * inter, 0.0f);
   }
-  AllocateFamilyWeights(c, dims, w);  // MoE layers' experts instead of the dense MLP
+  AllocateFamilyWeights(c, d, w);  // MoE layers' experts instead of the dense MLP
 }
 
 std::vector<float>* MlaSlotVector(LayerWeights* layer, WeightSlot slot) {

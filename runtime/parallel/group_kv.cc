@@ -91,18 +91,21 @@ absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num
   ASSIGN_OR_RETURN(const TpDims dims,
                    ComputeTpDims(options_.model,
                                  TpShard{options_.tp_rank, options_.tp_size, options_.dcp_size}));
+  // A DeepSeek MLA latent is whole on every rank (KvLayoutForModel): its one "head" is not split.
+  const bool latent = options_.model.IsMla();
+  const int64_t kv_begin = latent ? 0 : dims.kv_head_begin;
+  const int64_t kv_count = latent ? 1 : dims.kv_heads;
   tandem::v1::RankGeometry g;
   g.set_tp_size(static_cast<uint32_t>(options_.tp_size));
   g.set_tp_rank(static_cast<uint32_t>(options_.tp_rank));
-  g.set_kv_head_begin(static_cast<uint32_t>(dims.kv_head_begin));
-  g.set_kv_head_count(static_cast<uint32_t>(dims.kv_heads));
+  g.set_kv_head_begin(static_cast<uint32_t>(kv_begin));
+  g.set_kv_head_count(static_cast<uint32_t>(kv_count));
   g.set_dcp_size(static_cast<uint32_t>(options_.dcp_size));
   g.set_dcp_interleave(static_cast<uint32_t>(options_.dcp_size == 1        ? 1
                                              : options_.dcp_interleave > 0 ? options_.dcp_interleave
                                                                            : block_size));
-  g.set_block_bytes(
-      static_cast<uint64_t>(KvBlockBytes(options_.model, block_size, options_.kv_dtype,
-                                         KvHeadShare{dims.kv_head_begin, dims.kv_heads})));
+  g.set_block_bytes(static_cast<uint64_t>(KvBlockBytes(
+      options_.model, block_size, options_.kv_dtype, KvHeadShare{kv_begin, kv_count})));
   if (num_blocks <= 0 || static_cast<uint64_t>(pool_bytes) < num_blocks * g.block_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("KV pool of ", pool_bytes, " bytes cannot hold ",
                                                    num_blocks, " blocks of ", g.block_bytes()));
