@@ -167,6 +167,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                       {"mixed", options.mixed}}) {
       for (int i = 0; i < count; ++i) workers.push_back(absl::StrCat(role, "-", i, ":", role));
     }
+    workers.insert(workers.end(), options.extra_worker_certs.begin(),
+                   options.extra_worker_certs.end());
     if (absl::Status s = MakeCerts(cluster->certs_dir_, workers); !s.ok()) return s;
     // The operator's key: the tests also list workers (ListWorkers is admin-only).
     cluster->api_key_ = ReadFile(cluster->certs_dir_ + "/admin_api_key");

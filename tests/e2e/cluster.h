@@ -55,6 +55,9 @@ struct ClusterOptions {
   std::vector<std::string> prefill_flags, decode_flags, mixed_flags;
   std::vector<std::string> router_flags;
   bool tls = true;
+  // More worker certificates ("ID:ROLE", naming ID), for tests that speak as a worker they do
+  // not start (the registry admits a worker id only with a certificate naming it).
+  std::vector<std::string> extra_worker_certs;
 };
 
 struct WorkerHandle {

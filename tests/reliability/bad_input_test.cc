@@ -38,6 +38,7 @@ std::unique_ptr<Cluster> StartBadInputCluster() {
   options.worker_flags = {absl::StrCat("--max_model_len=", kMaxModelLen),
                           "--metrics_listen=127.0.0.1:0"};
   options.router_flags = {"--metrics_listen=127.0.0.1:0"};
+  options.extra_worker_certs = {kRawWorkerCert};  // the registry barrage speaks as raw-worker
   return Start(options);
 }
 

@@ -29,9 +29,10 @@ namespace {
 template <typename T>
 RawMethod Method(std::string path, const T& sample = T()) {
   // Who may call it (common/security/internal_policy.h); a KV reader is a decode worker with its
-  // own certificate (kvtransfer/kv_transfer_service.h: role certificates use no lease).
+  // own certificate (kvtransfer/kv_transfer_service.h: role certificates use no lease); the
+  // registry admits a worker id only from a certificate naming it (kRawWorkerCert's).
   std::string cert = path.starts_with("/tandem.v1.Router/")              ? ""
-                     : path.starts_with("/tandem.v1.WorkerRegistry/")    ? "prefill"
+                     : path.starts_with("/tandem.v1.WorkerRegistry/")    ? kRawWorkerId
                      : path.starts_with("/tandem.v1.KvTransferService/") ? "decode-0"
                                                                          : "router";
   return RawMethod{std::move(path), std::make_shared<T>(), sample.SerializeAsString(),
@@ -71,10 +72,10 @@ bool Refused(const google::protobuf::Message& prototype, const std::string& byte
 
 std::vector<RawMethod> RouterMethods() {
   v1::RegisterWorkerRequest reg;
-  reg.mutable_info()->set_worker_id("raw-worker");
+  reg.mutable_info()->set_worker_id(kRawWorkerId);
   reg.mutable_info()->set_address("127.0.0.1:1");
   v1::HeartbeatRequest hb;
-  hb.set_worker_id("raw-worker");
+  hb.set_worker_id(kRawWorkerId);
   hb.add_added_block_hashes(42);
   v1::AbortRequest abort;
   abort.set_request_id("raw-abort");

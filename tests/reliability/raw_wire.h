@@ -18,6 +18,11 @@
 namespace tandem::reliability {
 
 // A gRPC method of a daemon and a prototype of its request message.
+// The worker id RouterMethods' registry calls speak for, with a certificate naming it (a cluster
+// for them needs ClusterOptions::extra_worker_certs = {kRawWorkerCert}).
+inline constexpr char kRawWorkerId[] = "raw-worker";
+inline constexpr char kRawWorkerCert[] = "raw-worker:prefill";
+
 struct RawMethod {
   std::string path;  // "/tandem.v1.Router/Generate"
   std::shared_ptr<const google::protobuf::Message> request;
