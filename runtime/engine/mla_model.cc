@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/attention/dcp_exchange.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 #include "kernels/layers/embedding.h"
@@ -43,7 +44,9 @@ int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
   return (config.vocab_size + n - 1) / n;
 }
 
-absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t vocab_rows) {
+// o_proj holds the columns of Hq / dcp_size heads (the heads a rank owns after the DCP exchange).
+absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t vocab_rows,
+                          int64_t dcp_size) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("weights have ", w.layers.size(),
                                                    " layers, config says ", c.num_hidden_layers));
@@ -58,7 +61,7 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t v
         size(x.q_proj) == d.num_heads * d.QkHeadDim() * q_in &&
         size(x.kv_a_proj) == d.LatentDim() * H && size(x.kv_a_layernorm) == d.kv_lora_rank &&
         size(x.kv_b_proj) == d.num_heads * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank &&
-        size(x.o_proj) == H * d.num_heads * d.v_head_dim &&
+        size(x.o_proj) == H * d.num_heads / dcp_size * d.v_head_dim &&
         (c.IsMoeLayer(l) ? size(x.router) == c.num_experts * H
                          : size(x.gate_up_proj) == 2 * c.intermediate_size * H &&
                                size(x.down_proj) == H * c.intermediate_size);
@@ -85,24 +88,27 @@ absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& co
     return absl::InvalidArgumentError(
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
-  if (dcp.size > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat(config.architecture,
-                     ": decode context parallelism for multi-head latent attention is not "
-                     "implemented yet (tensor parallelism is)"));
-  }
   if (group != nullptr && group->size() <= 1) group = nullptr;
+  if (dcp.size > 1) {
+    const int64_t n = group == nullptr ? 1 : group->size();
+    if (!kernels::DcpShardValid(dcp) || n % dcp.size != 0 || group->rank() % dcp.size != dcp.rank ||
+        config.num_attention_heads % dcp.size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP size ", dcp.size, " rank ", dcp.rank, " does not fit a group of ", n,
+                       " ranks with ", config.num_attention_heads, " local attention heads"));
+    }
+  }
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config, group)));
+  RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config, group), dcp.size));
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
   return std::unique_ptr<MlaModel>(
-      new MlaModel(config, std::move(weights), std::move(inv_freq), pool, group));
+      new MlaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
 }
 
 MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                   kernels::ThreadPool* pool, comm::ProcessGroup* group)
+                   kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp)
     : config_(config),
       weights_(std::move(weights)),
       inv_freq_(std::move(inv_freq)),
@@ -113,7 +119,7 @@ MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<
       group_(group),
       vocab_begin_(group == nullptr ? 0 : group->rank() * VocabRows(config, group)),
       vocab_rows_(VocabRows(config, group)),
-      dcp_() {}
+      dcp_(dcp) {}
 
 kernels::KvCacheLayout MlaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
   return KvLayoutForModel(config_, num_blocks, block_size);
@@ -235,12 +241,43 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
                              config_.rope_interleave, {latent_.data(), 1, W, L});
   RETURN_IF_ERROR(
       kernels::cpu::WriteLatentCache(latent_.data(), input.slot_mapping.data(), T, l, cache));
+  const bool dcp = dcp_.size > 1;
+  if (dcp) {
+    if (input.attention.local_seq_lens == nullptr) {
+      return absl::InvalidArgumentError("Forward: DCP needs attention.local_seq_lens");
+    }
+    lse_.resize(T * Hq);
+  }
   RETURN_IF_ERROR(kernels::cpu::MlaPagedAttention(
       q_.data(), w.kv_b_proj.data(), dims_, cache, l, input.attention, softmax_scale_,
-      kernels::MlaMode::kAuto, attn_.data(), /*lse=*/nullptr, pool_));
-  kernels::cpu::Linear(attn_.data(), w.o_proj.data(), nullptr, T, H, Hq * dims_.v_head_dim,
-                       hidden_.data(), pool_);
+      kernels::MlaMode::kAuto, attn_.data(), dcp ? lse_.data() : nullptr, pool_, dcp_));
+  if (dcp) RETURN_IF_ERROR(ExchangeAttention(T));
+  kernels::cpu::Linear(dcp ? merged_.data() : attn_.data(), w.o_proj.data(), nullptr, T, H,
+                       Hq / dcp_.size * dims_.v_head_dim, hidden_.data(), pool_);
   return absl::OkStatus();
+}
+
+absl::Status MlaModel::ExchangeAttention(int64_t T) {
+  kernels::DcpExchangeLayout layout;
+  layout.num_tokens = T;
+  layout.num_heads = dims_.num_heads;
+  layout.head_dim = dims_.v_head_dim;
+  layout.dcp_size = dcp_.size;
+  layout.elem_bytes = sizeof(float);
+  RETURN_IF_ERROR(layout.Validate());
+  // Regions are multiples of 16 bytes, so of floats.
+  const int64_t region = layout.RegionBytes() / static_cast<int64_t>(sizeof(float));
+  send_.resize(dcp_.size * region);
+  recv_.resize(dcp_.size * region);
+  merged_.resize(T * layout.HeadsPerRank() * dims_.v_head_dim);
+  RETURN_IF_ERROR(
+      kernels::cpu::DcpPackForExchange(attn_.data(), lse_.data(), layout, send_.data()));
+  // The slice's ranks are contiguous in the group: [first, first + dcp.size).
+  std::vector<int64_t> counts(group_->size(), 0);
+  const int first = group_->rank() - static_cast<int>(dcp_.rank);
+  for (int64_t k = 0; k < dcp_.size; ++k) counts[first + k] = region;
+  RETURN_IF_ERROR(group_->AllToAll(send_, counts, absl::MakeSpan(recv_), counts));
+  return kernels::cpu::DcpMergeReceived(recv_.data(), layout, merged_.data(), nullptr);
 }
 
 absl::Status MlaModel::Mlp(int64_t l, int64_t T) {

@@ -16,7 +16,10 @@
 // WHOLE latent, which every rank computes and caches alike (q_a / kv_a are replicated), so its
 // latent blocks are the same on every rank and any P / D split pairs without re-sharding; the
 // o_proj and MLP partial sums and the vocab-parallel embedding are all-reduced, the logits
-// gathered, as in LlamaModel. Decode context parallelism for MLA is refused (UNIMPLEMENTED).
+// gathered, as in LlamaModel. Decode context parallelism (`dcp.size` > 1, as LlamaModel's): the
+// slice's KVP ranks hold token shards of the latent, each runs its slice's heads over its shard
+// (kernels/mla with the DcpShard, LSE out), one all-to-all per layer exchanges (out, lse), each
+// rank merges its Hq/N heads and runs their o_proj columns.
 // Thread safety: Forward() is not reentrant (scratch buffers); weights immutable after Create().
 #ifndef TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
 #define TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
@@ -34,8 +37,8 @@ namespace tandem::runtime {
 
 class MlaModel : public CpuModel {
  public:
-  // INVALID_ARGUMENT when `config` is not MLA or `weights` do not match it; UNIMPLEMENTED for
-  // DCP. `group` (nullable) must outlive the model.
+  // INVALID_ARGUMENT when `config` is not MLA, `weights` do not match it, or the DCP shard does
+  // not fit the group (LlamaModel's rule). `group` (nullable) must outlive the model.
   static absl::StatusOr<std::unique_ptr<MlaModel>> Create(const ModelConfig& config,
                                                           ModelWeights weights,
                                                           kernels::ThreadPool* pool,
@@ -53,7 +56,10 @@ class MlaModel : public CpuModel {
 
  private:
   MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-           kernels::ThreadPool* pool, comm::ProcessGroup* group);
+           kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
+  // DCP: attn_ / lse_ of T tokens (the slice's heads over this shard's latents) -> merged_ (this
+  // rank's Hq/N heads over every shard), one all-to-all of the whole group.
+  absl::Status ExchangeAttention(int64_t T);
   // Logits of `R` rows (last_): the local vocabulary rows, gathered across the group.
   absl::Status LmHead(int64_t R, std::vector<float>* logits);
   // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
@@ -74,7 +80,7 @@ class MlaModel : public CpuModel {
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_,
-      moe_out_, local_logits_, gathered_;
+      moe_out_, local_logits_, gathered_, lse_, send_, recv_, merged_;
   MoeMlp moe_;
 };
 

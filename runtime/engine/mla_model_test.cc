@@ -1,6 +1,6 @@
 // The CPU MLA decoder (mla_model.h): a whole prompt run as prefill (unabsorbed attention) gives
 // the logits of the same tokens decoded one at a time (absorbed attention over the latent
-// cache), on random weights; one-rank-only and CUDA refusals.
+// cache), on random weights; DCP without a group and CUDA refused.
 #include "runtime/engine/mla_model.h"
 
 #include <algorithm>
@@ -92,11 +92,12 @@ TEST(MlaModelTest, AbsorbedDecodeEqualsUnabsorbedPrefillOfTheSameTokens) {
   EXPECT_LE(latent_diff, 1e-5f);
 }
 
-TEST(MlaModelTest, NoDcpAndNotOnCuda) {
+TEST(MlaModelTest, DcpNeedsAGroupAndNotOnCuda) {
   const ModelConfig config = TinyMla();
   auto dcp = MlaModel::Create(config, RandomModelWeights(config, 1), nullptr, nullptr,
                               kernels::DcpShard{2, 0, 16});
-  EXPECT_EQ(dcp.status().code(), absl::StatusCode::kUnimplemented) << dcp.status();
+  // DCP needs a group its shards divide (mla_tp_golden_test runs real ones).
+  EXPECT_EQ(dcp.status().code(), absl::StatusCode::kInvalidArgument) << dcp.status();
   ModelConfig llama = config;
   llama.kv_lora_rank = 0;
   EXPECT_EQ(MlaModel::Create(llama, ModelWeights(), nullptr).status().code(),
