@@ -1,5 +1,6 @@
 #include "common/http/http_server.h"
 
+#include <malloc.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
@@ -132,7 +133,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         reservation_(server_->body_budget.get()) {
     ++server_->connections;
   }
-  ~Session() override { --server_->connections; }
+  ~Session() override {
+    // The last connection gone: hand the heap's free pages back to the system (handshake and
+    // parser state of many connections fragments it; glibc would otherwise keep the peak).
+    if (--server_->connections == 0) net::post(server_->ioc, [] { malloc_trim(0); });
+  }
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {

@@ -65,7 +65,7 @@ absl::Status Run() {
     for (const Mode& mode : kModes) {
       std::vector<DeviceSamplingRow> params(max_rows);
       for (int64_t r = 0; r < max_rows; ++r) {
-        params[r] = {mode.temperature, mode.top_k, mode.top_p, static_cast<uint64_t>(r), 17};
+        params[r] = {mode.temperature, mode.top_k, mode.top_p, static_cast<uint64_t>(r), 17, 0};
       }
       CUDA_RETURN_IF_ERROR(cudaMemcpy(rows, params.data(), max_rows * sizeof(DeviceSamplingRow),
                                       cudaMemcpyHostToDevice));
