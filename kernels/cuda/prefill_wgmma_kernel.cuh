@@ -389,6 +389,10 @@ __global__ void __launch_bounds__(WgCfg<D>::kThreads, 1)
       qk(s, st);
       WgmmaCommit();
       wait_full(v_full + pst, pph);
+      // Each batch gets its own fence, as in FA3 (one warpgroup_arrive per GEMM): with the
+      // barrier-wait loop between the QK^T batch and this one, ptxas would otherwise inject
+      // the same warpgroup.arrive here itself and say so (C7519) in every build.
+      WgmmaFence();
       pv(o, pa, pst);
       WgmmaCommit();
       WgmmaWait<1>();  // scores of tile t ready; P.V of tile t-1 may still run
