@@ -74,12 +74,16 @@ GroupExecutor::~GroupExecutor() { channel_->Shutdown(); }
 
 absl::StatusOr<RunnerOutput> GroupExecutor::Run(const SchedulerOutput& batch) {
   tandem::v1::RankCommand command;
-  *command.mutable_step() = ToStepPlan(batch);
+  *command.mutable_step() = plans_.Encode(batch);
   absl::StatusOr<RunnerOutput> out = absl::UnknownError("step not run");
-  RETURN_IF_ERROR(channel_->Run(command, [&] {
+  absl::Status sent = channel_->Run(command, [&] {
     out = local_->Run(batch);
     return out.status();
-  }));
+  });
+  if (!sent.ok()) {
+    plans_.Reset();  // the plan may not have reached the followers: the next one goes whole
+    return sent;
+  }
   return out;
 }
 
@@ -145,6 +149,7 @@ absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local
   }
   std::unique_ptr<ModelExecutor> executor;
   ReceivedStep step;
+  PlanDeltaDecoder plans;
   while (true) {
     ASSIGN_OR_RETURN(tandem::v1::RankCommand command, line->Receive());
     switch (command.command_case()) {
@@ -176,7 +181,7 @@ absl::Status RunFollower(comm::ProcessGroup* group, const ExecutorFactory& local
         if (executor == nullptr) {
           return absl::FailedPreconditionError("worker group: a step before the executor");
         }
-        RETURN_IF_ERROR(FromStepPlan(std::move(*command.mutable_step()), &step));
+        RETURN_IF_ERROR(plans.Apply(std::move(*command.mutable_step()), &step));
         RETURN_IF_ERROR(executor->Run(step.batch).status());
         break;
       }

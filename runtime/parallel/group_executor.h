@@ -34,6 +34,7 @@
 #include "runtime/model/model_weights.h"
 #include "runtime/parallel/command_line.h"
 #include "runtime/parallel/group_channel.h"
+#include "runtime/parallel/plan_delta.h"
 
 namespace tandem::runtime {
 
@@ -58,6 +59,7 @@ class GroupExecutor final : public ModelExecutor {
  private:
   const std::unique_ptr<ModelExecutor> local_;
   const std::shared_ptr<GroupChannel> channel_;
+  PlanDeltaEncoder plans_;  // Run() only (the engine's step loop)
 };
 
 // A rank's KV transfer side in a prefill or decode group (group_kv.h implements it): where the

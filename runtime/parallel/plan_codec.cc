@@ -8,26 +8,57 @@
 
 namespace tandem::runtime {
 
+void ToPlannedSeq(const ScheduledSeq& seq, bool with_block_table, tandem::v1::PlannedSeq* p) {
+  p->set_request_id(seq.request_id);
+  p->mutable_new_tokens()->Add(seq.new_tokens.begin(), seq.new_tokens.end());
+  p->set_num_computed_tokens(seq.num_computed_tokens);
+  if (with_block_table)
+    p->mutable_block_table()->Add(seq.block_table.begin(), seq.block_table.end());
+  p->set_samples(seq.samples);
+  p->set_capture_prompt_logits(seq.capture_prompt_logits);
+  p->set_temperature(seq.sampling.temperature);
+  p->set_top_k(seq.sampling.top_k);
+  p->set_top_p(seq.sampling.top_p);
+  p->set_seed(seq.sampling.seed);
+  p->set_vocab_limit(seq.sampling.vocab_limit);
+  p->set_sample_step(seq.sample_step);
+  p->set_num_draft_tokens(seq.num_draft_tokens);
+}
+
 tandem::v1::StepPlan ToStepPlan(const SchedulerOutput& batch) {
   tandem::v1::StepPlan plan;
   plan.set_num_batched_tokens(batch.num_batched_tokens);
-  for (const ScheduledSeq& seq : batch.seqs) {
-    tandem::v1::PlannedSeq* p = plan.add_seqs();
-    p->set_request_id(seq.request_id);
-    p->mutable_new_tokens()->Add(seq.new_tokens.begin(), seq.new_tokens.end());
-    p->set_num_computed_tokens(seq.num_computed_tokens);
-    p->mutable_block_table()->Add(seq.block_table.begin(), seq.block_table.end());
-    p->set_samples(seq.samples);
-    p->set_capture_prompt_logits(seq.capture_prompt_logits);
-    p->set_temperature(seq.sampling.temperature);
-    p->set_top_k(seq.sampling.top_k);
-    p->set_top_p(seq.sampling.top_p);
-    p->set_seed(seq.sampling.seed);
-    p->set_vocab_limit(seq.sampling.vocab_limit);
-    p->set_sample_step(seq.sample_step);
-    p->set_num_draft_tokens(seq.num_draft_tokens);
-  }
+  for (const ScheduledSeq& seq : batch.seqs) ToPlannedSeq(seq, true, plan.add_seqs());
   return plan;
+}
+
+absl::Status FromPlannedSeq(const tandem::v1::PlannedSeq& p, ScheduledSeq* out) {
+  ScheduledSeq& seq = *out;
+  seq.request_id = p.request_id();
+  seq.new_tokens = absl::MakeConstSpan(p.new_tokens().data(), p.new_tokens().size());
+  seq.num_computed_tokens = p.num_computed_tokens();
+  seq.block_table = absl::MakeConstSpan(p.block_table().data(), p.block_table().size());
+  seq.samples = p.samples();
+  seq.capture_prompt_logits = p.capture_prompt_logits();
+  seq.sampling.temperature = p.temperature();
+  seq.sampling.top_k = p.top_k();
+  seq.sampling.top_p = p.top_p();
+  seq.sampling.seed = p.seed();
+  seq.sampling.vocab_limit = p.vocab_limit();
+  seq.sample_step = p.sample_step();
+  seq.num_draft_tokens = p.num_draft_tokens();
+  if (seq.num_draft_tokens < 0 ||
+      (seq.num_draft_tokens > 0 &&
+       seq.num_draft_tokens >= static_cast<int64_t>(seq.new_tokens.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat("step plan: request ", seq.request_id, " has ",
+                                                   seq.num_draft_tokens, " drafts in ",
+                                                   seq.new_tokens.size(), " new tokens"));
+  }
+  if (seq.num_computed_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step plan: request ", seq.request_id, " has a negative start"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out) {
@@ -36,27 +67,8 @@ absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out) {
   out->batch.num_batched_tokens = out->plan.num_batched_tokens();
   for (const tandem::v1::PlannedSeq& p : out->plan.seqs()) {
     ScheduledSeq seq;
-    seq.request_id = p.request_id();
-    seq.new_tokens = absl::MakeConstSpan(p.new_tokens().data(), p.new_tokens().size());
-    seq.num_computed_tokens = p.num_computed_tokens();
-    seq.block_table = absl::MakeConstSpan(p.block_table().data(), p.block_table().size());
-    seq.samples = p.samples();
-    seq.capture_prompt_logits = p.capture_prompt_logits();
-    seq.sampling.temperature = p.temperature();
-    seq.sampling.top_k = p.top_k();
-    seq.sampling.top_p = p.top_p();
-    seq.sampling.seed = p.seed();
-    seq.sampling.vocab_limit = p.vocab_limit();
-    seq.sample_step = p.sample_step();
-    seq.num_draft_tokens = p.num_draft_tokens();
-    if (seq.num_draft_tokens < 0 ||
-        (seq.num_draft_tokens > 0 &&
-         seq.num_draft_tokens >= static_cast<int64_t>(seq.new_tokens.size()))) {
-      return absl::InvalidArgumentError(absl::StrCat("step plan: request ", seq.request_id, " has ",
-                                                     seq.num_draft_tokens, " drafts in ",
-                                                     seq.new_tokens.size(), " new tokens"));
-    }
-    if (seq.num_computed_tokens < 0 || seq.block_table.empty()) {
+    RETURN_IF_ERROR(FromPlannedSeq(p, &seq));
+    if (p.extends_held_table() || seq.block_table.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("step plan: request ", seq.request_id, " has no block table"));
     }

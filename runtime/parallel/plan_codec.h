@@ -21,7 +21,14 @@ namespace tandem::runtime {
 // bytes: 2048 tokens and 256 sequences of 8k context are ~0.6 MiB).
 inline constexpr int64_t kMaxRankCommandBytes = int64_t{64} << 20;
 
+// The whole plan: every sequence with its whole block table (PlanDeltaEncoder, plan_delta.h,
+// sends only what a follower does not hold yet).
 tandem::v1::StepPlan ToStepPlan(const SchedulerOutput& batch);
+// One sequence's fields; its block table only when `with_block_table`.
+void ToPlannedSeq(const ScheduledSeq& seq, bool with_block_table, tandem::v1::PlannedSeq* out);
+// `p` viewed as a ScheduledSeq (spans into `p`; block_table is p.block_table(), possibly empty).
+// INVALID_ARGUMENT for a negative start or drafts that are not among the new tokens.
+absl::Status FromPlannedSeq(const tandem::v1::PlannedSeq& p, ScheduledSeq* out);
 
 // A received plan and the SchedulerOutput viewing it (its spans point into `plan`: keep both
 // together, do not copy one without the other).
@@ -29,7 +36,7 @@ struct ReceivedStep {
   tandem::v1::StepPlan plan;
   SchedulerOutput batch;
 };
-// INVALID_ARGUMENT when a sequence's block table cannot hold its tokens.
+// A whole plan (ToStepPlan's). INVALID_ARGUMENT when a sequence has no block table (or a delta).
 absl::Status FromStepPlan(tandem::v1::StepPlan plan, ReceivedStep* out);
 
 // Rank `root`: broadcasts `bytes`. Other ranks: receive the root's. Errors of the group;
