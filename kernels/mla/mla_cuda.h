@@ -1,0 +1,132 @@
+// CUDA multi-head latent attention (DeepSeek-V2/V3 MLA) over the paged latent KV cache: the device
+// twin of mla_attention.h's absorbed path, with the latent-row write.
+//
+// Pool: a DeviceKvCache whose layout is the latent layout (num_planes 1, num_kv_heads 1, head_dim
+// D = kv_lora_rank + qk_rope_head_dim), bf16 or fp16; row = [c_kv (L) | k_pe (Dr)].
+//
+// Absorbed attention, three steps (MlaAbsorbedAttention runs all of them):
+//   1. MlaAbsorbQuery: q_cat[t, h] = [W_UK_h^T q_nope[t, h] | q_pe[t, h]]  ([T, Hq, D]); one
+//      cuBLAS strided-batched GEMM over the heads (fp32 accumulation) plus a strided copy of q_pe.
+//   2. MlaLatentAttention: every head attends over the shared latent rows (576-wide keys, the
+//      512-wide c_kv as values for DeepSeek-V3), o_lat [T, Hq, L] and the natural-log LSE.
+//      FlashMLA's design: a CTA owns 64 (query token x head) rows of one request, streams that
+//      request's latent rows through shared memory once for all of them (cp.async ring of 32-row
+//      tiles), scores and P.V on tensor cores (mma.sync m16n8k16, fp32 accumulators, online
+//      softmax). Long contexts are split over `plan.num_splits` CTAs per row tile (split-KV); the
+//      fp32 partials are merged by LSE with cuda::MergeAttnStatesN. q_len > 1 (speculative
+//      verification, chunked prefill) is causal per row. Latent widths other than 512 + 64 run a
+//      plain CUDA-core kernel (one warp per row; the tiny test models), same semantics.
+//   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM.
+// kv_b_proj: [Hq * (Dn + Dv), L] (torch Linear layout; rows h*(Dn+Dv) .. +Dn are W_UK_h).
+//
+// Semantics are cpu::MlaPagedAttention's (kAbsorbed): query token i of a request with q_len new
+// tokens and seq_lens[s] = ctx sits at position ctx - q_len + i and sees latents [0, position];
+// a row with no visible latent gets out 0, lse -inf. bf16/fp16 rounding happens where the device
+// stores: q_cat, the P weights fed to the tensor cores, o_lat.
+//
+// CUDA graphs: no allocation, no synchronization; the grid depends only on the plan, so a
+// captured step replays with new lengths inside the plan's bounds. cuBLAS needs a handle bound to
+// `stream` (the calls set it: cublasSetStream) and, for capture, a workspace (cublasSetWorkspace).
+//
+// Thread safety: plans are plain values; the calls are asynchronous on `stream` and write only
+// their outputs and the workspace.
+#ifndef TANDEM_KERNELS_MLA_MLA_CUDA_H_
+#define TANDEM_KERNELS_MLA_MLA_CUDA_H_
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/mla/mla_attention.h"
+
+namespace tandem::kernels::cuda {
+
+// Host-known bounds of one step's batch.
+struct MlaPlanInput {
+  MlaDims dims;
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;   // rows of q / out (>= query_start_loc[num_seqs])
+  int64_t max_q_len = 1;    // >= every request's q_len
+  int64_t max_seq_len = 0;  // >= every request's seq_len
+  int num_sms = 132;        // cudaDevAttrMultiProcessorCount
+  // 0: choose (split until the grid covers ~2 waves of the SMs, each split >= 256 latents);
+  // >= 1: exactly this many (tests, benchmarks).
+  int num_splits = 0;
+};
+
+struct MlaPlan {
+  MlaPlanInput input;
+  bool use_mma = false;     // the tensor-core kernel (latent 512 + 64) rather than the plain one
+  int num_splits = 1;       // CTAs per (request, row tile) along the context
+  int64_t split_chunk = 0;  // latents per split: a multiple of the 32-row tile
+  int64_t row_tiles = 0;    // ceil(max_q_len * Hq / 64)
+  int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
+};
+
+// INVALID_ARGUMENT for invalid dims, D not a multiple of 8, L > 1024, negative or inconsistent
+// bounds.
+absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& input);
+
+// Writes latent rows into plane 0 of `layer`: row t = [c_kv[t, 0..L) | k_pe[t, 0..Dr)] at slot
+// slot_mapping[t] (-1: skipped). c_kv / k_pe rows `*_stride` elements apart (device). T matches
+// the pool (bf16 / fp16). INVALID_ARGUMENT unless the cache is a latent cache of width L + Dr.
+template <typename T>
+absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, int64_t k_pe_stride,
+                            const int64_t* slot_mapping, int64_t num_tokens, const MlaDims& dims,
+                            const DeviceKvCache& cache, int64_t layer, cudaStream_t stream);
+
+// Step 1. q: [T, Hq, Dn + Dr]; q_cat: [T, Hq, D].
+template <typename T>
+absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
+                            const MlaDims& dims, int64_t num_tokens, T* q_cat, cudaStream_t stream);
+
+// Step 2. q_cat: [T, Hq, D]; o_lat: [T, Hq, L]; lse: [T, Hq] or null. `batch` holds DEVICE
+// pointers; bounds as planned. workspace: plan.workspace_bytes (only the split partials are
+// used here). dcp_size > 1 is refused (decode context parallelism for MLA runs on the CPU only).
+template <typename T>
+absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int64_t layer,
+                                const AttentionBatch& batch, float scale, const MlaPlan& plan,
+                                void* workspace, T* o_lat, float* lse, cudaStream_t stream);
+
+// Step 3. o_lat: [T, Hq, L]; out: [T, Hq, Dv].
+template <typename T>
+absl::Status MlaUnabsorbOutput(cublasHandle_t cublas, const T* o_lat, const T* kv_b_proj,
+                               const MlaDims& dims, int64_t num_tokens, T* out,
+                               cudaStream_t stream);
+
+// Steps 1-3 with q_cat and o_lat in `workspace` (plan.workspace_bytes, 256-byte aligned).
+// q: [T, Hq, Dn + Dr] (q_pe rotated); out: [T, Hq, Dv]; lse: [T, Hq] or null.
+template <typename T>
+absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
+                                  const DeviceKvCache& cache, int64_t layer,
+                                  const AttentionBatch& batch, float scale, const MlaPlan& plan,
+                                  void* workspace, T* out, float* lse, cudaStream_t stream);
+
+#define TANDEM_MLA_CUDA_EXTERN(T)                                                                  \
+  extern template absl::Status MlaWriteLatent<T>(const T*, int64_t, const T*, int64_t,             \
+                                                 const int64_t*, int64_t, const MlaDims&,          \
+                                                 const DeviceKvCache&, int64_t, cudaStream_t);     \
+  extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \
+                                                 const MlaDims&, int64_t, T*, cudaStream_t);       \
+  extern template absl::Status MlaLatentAttention<T>(const T*, const DeviceKvCache&, int64_t,      \
+                                                     const AttentionBatch&, float, const MlaPlan&, \
+                                                     void*, T*, float*, cudaStream_t);             \
+  extern template absl::Status MlaUnabsorbOutput<T>(cublasHandle_t, const T*, const T*,            \
+                                                    const MlaDims&, int64_t, T*, cudaStream_t);    \
+  extern template absl::Status MlaAbsorbedAttention<T>(                                            \
+      cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,    \
+      float, const MlaPlan&, void*, T*, float*, cudaStream_t);
+TANDEM_MLA_CUDA_EXTERN(__nv_bfloat16)
+TANDEM_MLA_CUDA_EXTERN(__half)
+#undef TANDEM_MLA_CUDA_EXTERN
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_MLA_MLA_CUDA_H_

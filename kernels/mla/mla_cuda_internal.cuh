@@ -1,0 +1,120 @@
+// Internals shared by the kernels/mla CUDA sources (include from .cu only): PTX wrappers for the
+// tensor-core kernel, the workspace layout and the latent-pool check.
+#ifndef TANDEM_KERNELS_MLA_MLA_CUDA_INTERNAL_CUH_
+#define TANDEM_KERNELS_MLA_MLA_CUDA_INTERNAL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/mla/mla_cuda.h"
+
+namespace tandem::kernels::cuda::mla_internal {
+
+// Byte offsets into the MLA workspace, each 256-byte aligned:
+//   q_cat [T, Hq, D] T | o_lat [T, Hq, L] T | split only: part_o [splits][T * Hq][L] fp32,
+//   part_lse [splits][T * Hq] fp32, o_f32 [T, Hq, L] fp32 (the merged o_lat before rounding).
+struct MlaWorkspace {
+  int64_t q_cat = 0, o_lat = 0, part_o = 0, part_lse = 0, o_f32 = 0, total = 0;
+  MlaWorkspace(const MlaPlanInput& in, int num_splits) {
+    const int64_t rows = in.num_tokens * in.dims.num_heads;
+    auto take = [this](int64_t bytes) {
+      const int64_t at = total;
+      total += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    q_cat = take(rows * in.dims.LatentDim() * 2);
+    o_lat = take(rows * in.dims.kv_lora_rank * 2);
+    if (num_splits > 1) {
+      part_o = take(num_splits * rows * in.dims.kv_lora_rank * 4);
+      part_lse = take(num_splits * rows * 4);
+      o_f32 = take(rows * in.dims.kv_lora_rank * 4);
+    }
+  }
+};
+
+// OK iff `cache` is a valid bf16 (T = __nv_bfloat16) or fp16 (T = __half) latent pool of `dims`
+// and `layer` is in range; INVALID_ARGUMENT naming `op` otherwise.
+template <typename T>
+absl::Status CheckLatentPool(const DeviceKvCache& cache, const MlaDims& dims, int64_t layer,
+                             const char* op) {
+  if (absl::Status s = ValidateDeviceKvCache(cache, op); !s.ok()) return s;
+  const KvDtype want = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
+  const KvCacheLayout& l = cache.layout;
+  if (cache.dtype != want || l.num_planes != 1 || l.num_kv_heads != 1 ||
+      l.head_dim != dims.LatentDim() || layer < 0 || layer >= l.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": not a ", KvDtypeName(want), " latent cache of width ", dims.LatentDim(), " (dtype ",
+        KvDtypeName(cache.dtype), ", planes ", l.num_planes, ", heads ", l.num_kv_heads,
+        ", head_dim ", l.head_dim, ") or layer ", layer, " out of range"));
+  }
+  return absl::OkStatus();
+}
+
+#ifdef __CUDACC__
+__device__ __forceinline__ uint32_t SmemAddr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy; zero-fills the destination when !pred (src not read).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a (16x16, row) * b (16x8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float* c, const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// dst[0..1] = (a, b) rounded to T, one 4-byte store.
+template <typename T>
+__device__ __forceinline__ void StoreTwo(T* dst, float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+  } else {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+  }
+}
+#endif  // __CUDACC__
+
+}  // namespace tandem::kernels::cuda::mla_internal
+
+#endif  // TANDEM_KERNELS_MLA_MLA_CUDA_INTERNAL_CUH_

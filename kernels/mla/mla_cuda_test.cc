@@ -1,0 +1,202 @@
+// CUDA MLA (mla_cuda.h) against the CPU reference cpu::MlaPagedAttention (kAbsorbed) on the same
+// bf16/fp16-rounded random inputs: latents written by MlaWriteLatent into shuffled pages (the pool
+// must equal the CPU write exactly), then the whole absorbed step (W_UK GEMM, latent attention,
+// W_UV GEMM). DeepSeek-V3's latent 512 + 64 runs the tensor-core kernel, the tiny test models'
+// widths the plain one; decode and q_len 2-4 (causal), page sizes 16 / 64 / 5, odd lengths,
+// split-KV forced on and off. Tolerance: out within 2.5e-2 of max|ref| (bf16 roundings of q_lat,
+// the P weights and o_lat), LSE within 2e-2.
+#include "kernels/mla/mla_cuda.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/attention/attention_test_util.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/mla/mla_attention.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using cuda_test::DeviceBuffer;
+
+struct Case {
+  MlaDims dims;
+  std::vector<int32_t> q_lens, seq_lens;
+  int64_t block_size = 16;
+  int num_splits = 0;  // 0: the plan's choice
+};
+
+template <typename T>
+void RunCase(const Case& c, std::mt19937& rng) {
+  const MlaDims& d = c.dims;
+  const int64_t S = static_cast<int64_t>(c.seq_lens.size()), bs = c.block_size;
+  const int64_t D = d.LatentDim(), L = d.kv_lora_rank, H = d.num_heads;
+  int64_t max_blocks = 0, max_len = 0, max_q = 1;
+  for (int64_t s = 0; s < S; ++s) {
+    max_blocks = std::max<int64_t>(max_blocks, (c.seq_lens[s] + bs - 1) / bs);
+    max_len = std::max<int64_t>(max_len, c.seq_lens[s]);
+    max_q = std::max<int64_t>(max_q, c.q_lens[s]);
+  }
+  KvCacheLayout layout{.num_blocks = S * max_blocks + 2,
+                       .num_layers = 2,
+                       .block_size = bs,
+                       .num_kv_heads = 1,
+                       .head_dim = D,
+                       .num_planes = 1};
+  std::vector<int32_t> ids(layout.num_blocks), tables(S * max_blocks, 0), qsl = {0};
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int64_t> slots;
+  int64_t next = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < (c.seq_lens[s] + bs - 1) / bs; ++b)
+      tables[s * max_blocks + b] = ids[next++];
+    for (int64_t j = 0; j < c.seq_lens[s]; ++j) {
+      slots.push_back(int64_t{tables[s * max_blocks + j / bs]} * bs + j % bs);
+    }
+    qsl.push_back(qsl.back() + c.q_lens[s]);
+  }
+  const int64_t n_lat = static_cast<int64_t>(slots.size()), T_tok = qsl.back();
+  // Latents as the model produces them: c_kv rows and k_pe rows in separate strided buffers.
+  std::vector<float> ckv = attention_test::RandomNormal(rng, n_lat * (L + 3), 1.0f);
+  std::vector<float> kpe = attention_test::RandomNormal(rng, n_lat * d.qk_rope_head_dim, 1.0f);
+  std::vector<float> q = attention_test::RandomNormal(rng, T_tok * H * d.QkHeadDim(), 1.0f);
+  std::vector<float> kv_b =
+      attention_test::RandomNormal(rng, H * (d.qk_nope_head_dim + d.v_head_dim) * L,
+                                   0.5f / std::sqrt(float(d.qk_nope_head_dim)));
+  for (auto* v : {&ckv, &kpe, &q, &kv_b}) cuda_test::RoundTo<T>(*v);
+  std::vector<float> latent(n_lat * D), pool(layout.TotalElems(), 0.0f);
+  for (int64_t j = 0; j < n_lat; ++j) {
+    std::copy_n(ckv.data() + j * (L + 3), L, latent.data() + j * D);
+    std::copy_n(kpe.data() + j * d.qk_rope_head_dim, d.qk_rope_head_dim, latent.data() + j * D + L);
+  }
+  ASSERT_TRUE(
+      cpu::WriteLatentCache(latent.data(), slots.data(), n_lat, 1, {pool.data(), layout}).ok());
+  AttentionBatch hb{qsl.data(), c.seq_lens.data(), tables.data(), S, max_blocks};
+  const float scale = 1.0f / std::sqrt(float(d.QkHeadDim()));
+  std::vector<float> want(T_tok * H * d.v_head_dim), want_lse(T_tok * H);
+  ASSERT_TRUE(cpu::MlaPagedAttention(q.data(), kv_b.data(), d, {pool.data(), layout}, 1, hb, scale,
+                                     MlaMode::kAbsorbed, want.data(), want_lse.data(), nullptr)
+                  .ok());
+
+  DeviceBuffer<T> pool_d(layout.TotalElems()), ckv_d(cuda_test::Convert<T>(ckv)),
+      kpe_d(cuda_test::Convert<T>(kpe)), q_d(cuda_test::Convert<T>(q)),
+      kv_b_d(cuda_test::Convert<T>(kv_b)), out_d(T_tok * H * d.v_head_dim);
+  DeviceBuffer<int64_t> slots_d(slots);
+  DeviceBuffer<int32_t> qsl_d(qsl), lens_d(c.seq_lens), tables_d(tables);
+  DeviceBuffer<float> lse_d(T_tok * H);
+  TANDEM_CUDA_CHECK(cudaMemset(pool_d.get(), 0, layout.TotalElems() * sizeof(T)));
+  const KvDtype dt = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
+  DeviceKvCache cache{pool_d.get(), layout, dt};
+  ASSERT_TRUE(MlaWriteLatent<T>(ckv_d.get(), L + 3, kpe_d.get(), d.qk_rope_head_dim, slots_d.get(),
+                                n_lat, d, cache, 1, nullptr)
+                  .ok());
+  const std::vector<float> pool_got = cuda_test::ToFloat(pool_d.ToHost());
+  ASSERT_EQ(pool_got, pool) << "MlaWriteLatent differs from cpu::WriteLatentCache";
+
+  MlaPlanInput in{.dims = d,
+                  .num_seqs = S,
+                  .num_tokens = T_tok,
+                  .max_q_len = max_q,
+                  .max_seq_len = max_len,
+                  .num_splits = c.num_splits};
+  absl::StatusOr<MlaPlan> plan = PlanMla(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
+  if (c.num_splits > 0) {
+    EXPECT_LE(plan->num_splits, c.num_splits);
+    EXPECT_EQ(plan->num_splits > 1, c.num_splits > 1);
+  }
+  DeviceBuffer<unsigned char> ws(plan->workspace_bytes);
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  AttentionBatch db{qsl_d.get(), lens_d.get(), tables_d.get(), S, max_blocks};
+  const absl::Status st =
+      MlaAbsorbedAttention<T>(cublas, q_d.get(), kv_b_d.get(), cache, 1, db, scale, *plan, ws.get(),
+                              out_d.get(), lse_d.get(), nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasDestroy(cublas);
+  const std::vector<float> got = cuda_test::ToFloat(out_d.ToHost());
+  const std::vector<float> got_lse = lse_d.ToHost();
+  float max_ref = 0.0f, max_err = 0.0f, max_lse_err = 0.0f;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_ref = std::max(max_ref, std::abs(want[i]));
+    max_err = std::max(max_err, std::abs(got[i] - want[i]));
+  }
+  for (size_t i = 0; i < want_lse.size(); ++i) {
+    max_lse_err = std::max(max_lse_err, std::abs(got_lse[i] - want_lse[i]));
+  }
+  EXPECT_GT(max_ref, 0.0f);
+  EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
+  EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
+  std::cout << "H " << H << " L " << L << " splits " << plan->num_splits << ": max|err| " << max_err
+            << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err << "\n";
+}
+
+const MlaDims kV3{.num_heads = 128,
+                  .qk_nope_head_dim = 128,
+                  .qk_rope_head_dim = 64,
+                  .kv_lora_rank = 512,
+                  .v_head_dim = 128};
+const MlaDims kLite{.num_heads = 16,
+                    .qk_nope_head_dim = 128,
+                    .qk_rope_head_dim = 64,
+                    .kv_lora_rank = 512,
+                    .v_head_dim = 128};
+const MlaDims kTiny{.num_heads = 4,
+                    .qk_nope_head_dim = 16,
+                    .qk_rope_head_dim = 8,
+                    .kv_lora_rank = 32,
+                    .v_head_dim = 12};
+
+TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1};
+  for (int splits : {1, 3, 0}) {
+    Case c = lite;
+    c.num_splits = splits;
+    RunCase<__nv_bfloat16>(c, rng);
+  }
+  RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0}, rng);
+  RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2}, rng);
+}
+
+TEST(MlaCudaTest, PlainKernelTinyDims) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  for (int splits : {1, 4}) {
+    RunCase<__nv_bfloat16>({kTiny, {1, 4, 2, 3}, {1, 9, 70, 33}, 4, splits}, rng);
+  }
+}
+
+TEST(MlaCudaTest, RefusesAKvCacheAndBadPlans) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(PlanMla({.dims = kTiny, .num_seqs = -1}).ok());
+  MlaDims odd = kTiny;
+  odd.kv_lora_rank = 30;  // L + Dr not a multiple of 8
+  EXPECT_FALSE(PlanMla({.dims = odd, .num_seqs = 1, .num_tokens = 1, .max_seq_len = 4}).ok());
+  DeviceBuffer<__nv_bfloat16> pool(1024);
+  DeviceKvCache kv{pool.get(),
+                   {.num_blocks = 1,
+                    .num_layers = 1,
+                    .block_size = 4,
+                    .num_kv_heads = 2,
+                    .head_dim = 40,
+                    .num_planes = 2}};
+  DeviceBuffer<int64_t> slots(std::vector<int64_t>{0});
+  EXPECT_FALSE(MlaWriteLatent<__nv_bfloat16>(pool.get(), 32, pool.get(), 8, slots.get(), 1, kTiny,
+                                             kv, 0, nullptr)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda

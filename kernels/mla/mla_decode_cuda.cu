@@ -1,0 +1,448 @@
+// MlaLatentAttention (mla_cuda.h): the tensor-core kernel for latent 512 + 64, the plain kernel
+// for other widths, split-KV partials merged by cuda::MergeAttnStatesN.
+//
+// Tensor-core kernel, one CTA = 64 (query token x head) rows of one request x one split of its
+// context, 8 warps. Warp w owns row block rb = w % 4 (16 rows) and half ch = w / 4: it scores
+// keys [16 ch, 16 ch + 16) of each 32-latent tile against its 16 rows (S = Q K^T over all 576
+// dims), and accumulates O[16 rows][256 ch .. +256) += P V over all 32 keys (V = the tile's first
+// 512 dims, read transposed from the same shared-memory rows). Row maxima and sums are combined
+// across the two halves through shared memory. Latent tiles stream through a 3-stage cp.async
+// ring; the block table is read per latent, so any page size works.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/convert_cuda.h"
+#include "kernels/cuda/merge_attn_states_cuda.h"
+#include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_cuda_internal.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+struct LatentParams {
+  const T* q;  // [T, H, D]
+  const T* pool;
+  int64_t layer_offset;  // TileOffset(0, layer, 0)
+  int64_t block_elems;
+  int block_size;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int max_blocks;
+  int num_seqs;
+  int num_tokens;
+  int heads;
+  int dim;   // D = L + Dr
+  int lora;  // L
+  float scale_log2;
+  int split_chunk;
+  int num_splits;
+  T* o_lat;  // unsplit: [T, H, L]
+  float* lse;
+  float* part_o;  // split: [split][T * H][L]
+  float* part_lse;
+};
+
+template <typename T>
+__device__ __forceinline__ const T* LatentRow(const LatentParams<T>& p, const int32_t* table,
+                                              int key) {
+  const int64_t block = table[key / p.block_size];
+  return p.pool + block * p.block_elems + p.layer_offset +
+         static_cast<int64_t>(key % p.block_size) * p.dim;
+}
+
+// Stores one finished row: the final o_lat / lse, or this split's fp32 partial.
+template <typename T>
+__device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, int64_t row, int col,
+                                          float a, float b) {
+  if (p.num_splits == 1) {
+    T* o = p.o_lat + row * p.lora + col;
+    o[0] = internal::FromFloat<T>(a);
+    o[1] = internal::FromFloat<T>(b);
+  } else {
+    float2* o = reinterpret_cast<float2*>(
+        p.part_o + (static_cast<int64_t>(split) * p.num_tokens * p.heads + row) * p.lora + col);
+    *o = make_float2(a, b);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, int64_t row,
+                                         float lse) {
+  if (p.num_splits == 1) {
+    if (p.lse != nullptr) p.lse[row] = lse;
+  } else {
+    p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
+  }
+}
+
+// ---- the tensor-core kernel (L = 512, Dr = 64) ----
+
+constexpr int kL = 512, kD = 576;
+constexpr int kRows = 64, kKeys = 32, kStages = 3, kThreads = 256;
+constexpr int kStride = kD + 8;  // shared row stride (elements): conflict-free ldmatrix
+constexpr int kPStride = kKeys + 8;
+constexpr int kChunks = kD / 8;  // 16-byte chunks per latent row
+constexpr size_t kSmemBytes =
+    (size_t{kRows} * kStride + size_t{kStages} * kKeys * kStride + size_t{kRows} * kPStride) * 2 +
+    4 * kRows * sizeof(float);
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaMmaKernel(const __grid_constant__ LatentParams<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);
+  T* sk = sq + kRows * kStride;
+  T* sp = sk + kStages * kKeys * kStride;
+  float* s_max = reinterpret_cast<float*>(sp + kRows * kPStride);  // [2][64]
+  float* s_sum = s_max + 2 * kRows;                                // [2][64]
+
+  const int split = blockIdx.x, s = blockIdx.z;
+  const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
+  const int rows_seq = q_len * p.heads, r0 = blockIdx.y * kRows;
+  if (r0 >= rows_seq) return;
+  const int ctx = p.seq_lens[s];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
+  const int last_row = min(r0 + kRows, rows_seq) - 1;
+  const int vis_max = ctx - q_len + last_row / p.heads + 1;
+  const int kb = split * p.split_chunk;
+  const int ke = min(kb + p.split_chunk, vis_max);
+  const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int rb = warp % 4, ch = warp / 4;
+
+  // Q rows (zero beyond the request's rows) join the first tile's copy group.
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, k = c % kChunks;
+    const bool ok = r0 + r < rows_seq;
+    const T* src = ok ? p.q + (static_cast<int64_t>(q0) * p.heads + r0 + r) * kD + k * 8 : p.q;
+    mla_internal::CpAsync16(sq + r * kStride + k * 8, src, ok);
+  }
+  auto load_tile = [&](int t) {
+    T* dst = sk + (t % kStages) * kKeys * kStride;
+    const int key0 = kb + t * kKeys;
+    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
+      const int j = c / kChunks, k = c % kChunks;
+      const bool ok = key0 + j < ke;
+      const T* src = ok ? LatentRow(p, table, key0 + j) + k * 8 : p.pool;
+      mla_internal::CpAsync16(dst + j * kStride + k * 8, src, ok);
+    }
+  };
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < num_tiles) load_tile(t);
+    mla_internal::CpAsyncCommit();
+  }
+
+  // This thread's two rows (lane/4 and lane/4 + 8 of the row block) and how far each sees.
+  const int row_lo = rb * 16 + lane / 4, row_hi = row_lo + 8;
+  auto visible = [&](int r) {
+    return r0 + r < rows_seq ? min(ke, ctx - q_len + (r0 + r) / p.heads + 1) : 0;
+  };
+  const int vis_lo = visible(row_lo), vis_hi = visible(row_hi);
+  float o[kL / 2 / 8][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < num_tiles; ++t) {
+    mla_internal::CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (t + kStages - 1 < num_tiles) load_tile(t + kStages - 1);
+    mla_internal::CpAsyncCommit();
+    const T* kt = sk + (t % kStages) * kKeys * kStride;
+    const int key0 = kb + t * kKeys;
+
+    // S[16 rows][16 keys] = Q K^T over all kD dims.
+    float sc[2][4] = {};
+    const uint32_t a_base =
+        mla_internal::SmemAddr(sq + (rb * 16 + lane % 16) * kStride + (lane / 16) * 8);
+    const uint32_t b_base = mla_internal::SmemAddr(
+        kt + (ch * 16 + (lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
+#pragma unroll 4
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4], b[4];
+      mla_internal::LdMatrixX4(a_base + kk * 32, a);
+      mla_internal::LdMatrixX4(b_base + kk * 32, b);
+      mla_internal::Mma16816<T>(sc[0], a, b[0], b[1]);
+      mla_internal::Mma16816<T>(sc[1], a, b[2], b[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + ch * 16 + j * 8 + 2 * (lane % 4) + (e & 1);
+        const bool ok = key < (e < 2 ? vis_lo : vis_hi);
+        sc[j][e] = ok ? sc[j][e] * p.scale_log2 : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    if (lane % 4 == 0) {
+      s_max[ch * kRows + row_lo] = mx[0];
+      s_max[ch * kRows + row_hi] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h == 0 ? row_lo : row_hi;
+      const float m_new = fmaxf(m_run[h], fmaxf(s_max[r], s_max[kRows + r]));
+      // All scores so far masked: keep the exponent base finite (exp2(-inf - 0) = 0).
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float p0 = exp2f(sc[j][2 * h] - m_use), p1 = exp2f(sc[j][2 * h + 1] - m_use);
+        l_run[h] += p0 + p1;
+        mla_internal::StoreTwo(sp + r * kPStride + ch * 16 + j * 8 + 2 * (lane % 4), p0, p1);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kL / 2 / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    __syncthreads();
+
+    // O[16 rows][256 cols] += P[16 rows][32 keys] V[32 keys][256 cols].
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t a[4];
+      mla_internal::LdMatrixX4(
+          mla_internal::SmemAddr(sp + (rb * 16 + lane % 16) * kPStride + kk * 16 + (lane / 16) * 8),
+          a);
+      const uint32_t v_base =
+          mla_internal::SmemAddr(kt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride +
+                                 ch * (kL / 2) + (lane / 16) * 8);
+#pragma unroll
+      for (int n = 0; n < kL / 2 / 16; ++n) {
+        uint32_t b[4];
+        mla_internal::LdMatrixX4Trans(v_base + n * 32, b);
+        mla_internal::Mma16816<T>(o[2 * n], a, b[0], b[1]);
+        mla_internal::Mma16816<T>(o[2 * n + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  mla_internal::CpAsyncWait<0>();
+
+  // Row sums: the quad, then the two halves.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  __syncthreads();
+  if (lane % 4 == 0) {
+    s_sum[ch * kRows + row_lo] = l_run[0];
+    s_sum[ch * kRows + row_hi] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h == 0 ? row_lo : row_hi;
+    if (r0 + r >= rows_seq) continue;
+    const float l = s_sum[r] + s_sum[kRows + r];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = static_cast<int64_t>(q0) * p.heads + r0 + r;
+#pragma unroll
+    for (int n = 0; n < kL / 2 / 8; ++n) {
+      StorePair(p, split, row, ch * (kL / 2) + n * 8 + 2 * (lane % 4), o[n][2 * h] * inv,
+                o[n][2 * h + 1] * inv);
+    }
+    if (ch == 0 && lane % 4 == 0) {
+      StoreLse(p, split, row, l > 0.0f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY);
+    }
+  }
+}
+
+// ---- the plain kernel: one warp per (token, head) row, any L <= 1024, D <= 1152 ----
+
+constexpr int kPlainWarps = 4;
+constexpr int kMaxLPerLane = 32, kMaxDPerLane = 36;
+
+template <typename T>
+__global__ void __launch_bounds__(kPlainWarps * 32)
+    MlaPlainKernel(const __grid_constant__ LatentParams<T> p) {
+  const int lane = threadIdx.x % 32, split = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kPlainWarps + threadIdx.x / 32;
+  if (row >= static_cast<int64_t>(p.num_tokens) * p.heads) return;
+  const int t = static_cast<int>(row / p.heads);
+  int lo = 0, hi = p.num_seqs;  // the request holding token t: qsl[s] <= t < qsl[s + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (p.qsl[mid] <= t ? lo : hi) = mid;
+  }
+  const int q0 = p.qsl[lo], q_len = p.qsl[lo + 1] - q0;
+  if (t < q0 || t >= q0 + q_len) return;  // padding past the batch's tokens
+  const int ctx = p.seq_lens[lo];
+  const int kb = split * p.split_chunk;
+  const int ke = min(kb + p.split_chunk, ctx - q_len + (t - q0) + 1);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(lo) * p.max_blocks;
+  float q[kMaxDPerLane], acc[kMaxLPerLane] = {};
+#pragma unroll
+  for (int k = 0; k < kMaxDPerLane; ++k) {
+    const int c = lane + 32 * k;
+    q[k] = c < p.dim ? internal::ToFloat(p.q[row * p.dim + c]) : 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int key = kb; key < ke; ++key) {
+    const T* lat = LatentRow(p, table, key);
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxDPerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c < p.dim) dot += q[k] * internal::ToFloat(lat[c]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const float sv = dot * p.scale_log2, m_new = fmaxf(m, sv);
+    const float alpha = exp2f(m - m_new), w = exp2f(sv - m_new);
+    l = l * alpha + w;
+    m = m_new;
+#pragma unroll
+    for (int k = 0; k < kMaxLPerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c < p.lora) acc[k] = acc[k] * alpha + w * internal::ToFloat(lat[c]);
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMaxLPerLane; ++k) {
+    const int c = lane + 32 * k;
+    if (c >= p.lora) continue;
+    if (p.num_splits == 1) {
+      p.o_lat[row * p.lora + c] = internal::FromFloat<T>(acc[k] * inv);
+    } else {
+      p.part_o[(static_cast<int64_t>(split) * p.num_tokens * p.heads + row) * p.lora + c] =
+          acc[k] * inv;
+    }
+  }
+  if (lane == 0) StoreLse(p, split, row, l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY);
+}
+
+}  // namespace
+
+absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
+  RETURN_IF_ERROR(in.dims.Validate());
+  const int64_t L = in.dims.kv_lora_rank, D = in.dims.LatentDim(), H = in.dims.num_heads;
+  if (D % 8 != 0 || L % 4 != 0 || L > 32 * kMaxLPerLane || D > 32 * kMaxDPerLane) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PlanMla: latent ", L, " + ", in.dims.qk_rope_head_dim,
+        " unsupported (L a multiple of 4 up to 1024, L + Dr a multiple of 8 up to 1152)"));
+  }
+  if (in.num_seqs < 0 || in.num_tokens < 0 || in.max_q_len < 1 || in.max_seq_len < 0 ||
+      in.max_seq_len > (int64_t{1} << 30) || in.num_tokens > (int64_t{1} << 24) ||
+      in.num_splits < 0 || in.num_sms < 1) {
+    return absl::InvalidArgumentError("PlanMla: negative or out-of-range bounds");
+  }
+  MlaPlan plan;
+  plan.input = in;
+  plan.use_mma = L == kL && D == kD;
+  plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
+  const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
+  int64_t splits = in.num_splits;
+  if (splits == 0) {
+    // Fill about one wave of the SMs, each split at least 512 latents (its partial costs a
+    // quarter of its latent reads at Hq = 128).
+    const int64_t ctas = std::max<int64_t>(1, in.num_seqs * (plan.use_mma ? plan.row_tiles : 1));
+    splits = std::clamp<int64_t>((in.num_sms + ctas - 1) / ctas, 1, (ctx + 511) / 512);
+    splits = std::min<int64_t>(splits, 128);
+  }
+  int64_t chunk = (ctx + splits - 1) / splits;
+  chunk = (chunk + kKeys - 1) / kKeys * kKeys;
+  plan.num_splits = static_cast<int>((ctx + chunk - 1) / chunk);
+  plan.split_chunk = chunk;
+  const mla_internal::MlaWorkspace ws(in, plan.num_splits);
+  plan.workspace_bytes = ws.total;
+  return plan;
+}
+
+template <typename T>
+absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int64_t layer,
+                                const AttentionBatch& batch, float scale, const MlaPlan& plan,
+                                void* workspace, T* o_lat, float* lse, cudaStream_t stream) {
+  const MlaPlanInput& in = plan.input;
+  RETURN_IF_ERROR(mla_internal::CheckLatentPool<T>(cache, in.dims, layer, "MlaLatentAttention"));
+  if (!(scale > 0.0f) || !std::isfinite(scale) || batch.num_seqs != in.num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("MlaLatentAttention: scale ", scale,
+                                                   " or num_seqs ", batch.num_seqs, " != plan's ",
+                                                   in.num_seqs));
+  }
+  if (in.num_seqs == 0 || in.num_tokens == 0) return absl::OkStatus();
+  if (q_cat == nullptr || o_lat == nullptr || batch.query_start_loc == nullptr ||
+      batch.seq_lens == nullptr || batch.block_tables == nullptr ||
+      (plan.num_splits > 1 && workspace == nullptr)) {
+    return absl::InvalidArgumentError("MlaLatentAttention: null pointer");
+  }
+  const mla_internal::MlaWorkspace ws(in, plan.num_splits);
+  LatentParams<T> p{};
+  p.q = q_cat;
+  p.pool = static_cast<const T*>(cache.data);
+  p.layer_offset = cache.layout.TileOffset(0, layer, 0);
+  p.block_elems = cache.layout.BlockElems();
+  p.block_size = static_cast<int>(cache.layout.block_size);
+  p.qsl = batch.query_start_loc;
+  p.seq_lens = batch.seq_lens;
+  p.block_tables = batch.block_tables;
+  p.max_blocks = static_cast<int>(batch.max_blocks_per_seq);
+  p.num_seqs = static_cast<int>(in.num_seqs);
+  p.num_tokens = static_cast<int>(in.num_tokens);
+  p.heads = static_cast<int>(in.dims.num_heads);
+  p.dim = static_cast<int>(in.dims.LatentDim());
+  p.lora = static_cast<int>(in.dims.kv_lora_rank);
+  p.scale_log2 = scale * kLog2e;
+  p.split_chunk = static_cast<int>(plan.split_chunk);
+  p.num_splits = plan.num_splits;
+  p.o_lat = o_lat;
+  p.lse = lse;
+  unsigned char* base = static_cast<unsigned char*>(workspace);
+  if (plan.num_splits > 1) {
+    p.part_o = reinterpret_cast<float*>(base + ws.part_o);
+    p.part_lse = reinterpret_cast<float*>(base + ws.part_lse);
+  }
+  if (plan.use_mma) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        MlaMmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
+    MlaMmaKernel<T><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  } else {
+    const dim3 grid(plan.num_splits,
+                    (in.num_tokens * in.dims.num_heads + kPlainWarps - 1) / kPlainWarps);
+    MlaPlainKernel<T><<<grid, kPlainWarps * 32, 0, stream>>>(p);
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (plan.num_splits == 1) return absl::OkStatus();
+  float* merged = reinterpret_cast<float*>(base + ws.o_f32);
+  const int64_t rows = in.num_tokens * in.dims.num_heads;
+  AttnPartials<float> parts{p.part_o, rows * p.lora, p.part_lse, rows, plan.num_splits};
+  RETURN_IF_ERROR(MergeAttnStatesN<float>(parts, in.num_tokens, in.dims.num_heads, p.lora, merged,
+                                          lse, stream));
+  return ConvertFromF32<T>(merged, rows * p.lora, o_lat, stream);
+}
+
+template absl::Status MlaLatentAttention<__nv_bfloat16>(const __nv_bfloat16*, const DeviceKvCache&,
+                                                        int64_t, const AttentionBatch&, float,
+                                                        const MlaPlan&, void*, __nv_bfloat16*,
+                                                        float*, cudaStream_t);
+template absl::Status MlaLatentAttention<__half>(const __half*, const DeviceKvCache&, int64_t,
+                                                 const AttentionBatch&, float, const MlaPlan&,
+                                                 void*, __half*, float*, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda
