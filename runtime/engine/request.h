@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "kernels/sampling/sampling.h"
 #include "kvtransfer/connector.h"
+#include "runtime/engine/speculative.h"
 
 namespace tandem::runtime {
 
@@ -93,6 +94,8 @@ struct Request {
   // Speculative decoding: this step's verify input, [last token, drafts...] (the scheduled
   // sequence's new_tokens point here until Update).
   std::vector<int32_t> verify_input;
+  // Speculative decoding: this request's adaptive draft length (speculative.h).
+  DraftLengthState draft_length;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

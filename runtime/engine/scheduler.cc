@@ -217,7 +217,7 @@ int64_t Scheduler::Draft(Request* req, int64_t budget) {
   if (!spec.enabled() || req->num_output_tokens() < 1) return 0;
   // Drafts plus the correction / bonus token never exceed max_tokens (so their positions stay
   // inside the KV the request was validated for) or the step's token budget.
-  const int64_t room = std::min({spec.num_speculative_tokens,
+  const int64_t room = std::min({NextDraftLength(spec, &req->draft_length),
                                  req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
   if (room <= 0) return 0;
   std::vector<int32_t> drafts = NgramDraft(req->tokens, spec, room);
@@ -236,6 +236,7 @@ void Scheduler::ApplyVerify(const ScheduledSeq& seq, int32_t last_sample,
   spec_stats_.verify_passes += 1;
   spec_stats_.drafted_tokens += static_cast<uint64_t>(k);
   spec_stats_.accepted_tokens += static_cast<uint64_t>(accepted);
+  UpdateDraftLength(config_.speculative, k, accepted, &req->draft_length);
   // The request gains x_0 .. x_accepted: the accepted drafts (x_i == d_{i+1}) and the sample at
   // the first rejected position, or the bonus sample after the last draft. The KV of the fed
   // last token and of the accepted drafts is valid; the rejected drafts' slots are rewritten by

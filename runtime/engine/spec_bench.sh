@@ -7,10 +7,13 @@
 #   reject  a 64-token vocabulary, temperature 1: drafts proposed at almost every step and
 #           almost all rejected (the cost of verifying K drafts for nothing).
 #
-#   runtime/engine/spec_bench.sh [GENERATE_BIN] [THREADS]
+#   runtime/engine/spec_bench.sh [GENERATE_BIN] [THREADS] [EXTRA_FLAGS...]
+# EXTRA_FLAGS go to the speculative runs, e.g. --speculative_adaptive=false (a fixed K).
 set -euo pipefail
 gen=${1:-bazel-bin/runtime/generate}
 threads=${2:-1}
+shift $(($# < 2 ? $# : 2))
+extra=("$@")
 v64=$(mktemp --suffix=.json)
 trap 'rm -f "$v64"' EXIT
 cat > "$v64" << 'JSON'
@@ -44,7 +47,7 @@ for kind in repeat random reject; do
     p=$(prompts "$kind" "$batch" "$vocab")
     for k in 0 2 4; do
       spec=()
-      [[ $k == 0 ]] || spec=(--speculative_method=ngram --num_speculative_tokens="$k")
+      [[ $k == 0 ]] || spec=(--speculative_method=ngram --num_speculative_tokens="$k" ${extra[@]+"${extra[@]}"})
       line=$("$gen" --load_format=dummy "${model[@]}" --prompt_ids="$p" --max_tokens=64 \
         --ignore_eos --num_threads="$threads" ${sampling[@]+"${sampling[@]}"} \
         ${spec[@]+"${spec[@]}"} 2>&1 > /dev/null | tail -1)

@@ -39,6 +39,10 @@ absl::Status ValidateSpeculativeConfig(const SpeculativeConfig& config) {
         "--num_speculative_tokens must be in [1, 16] with --speculative_method=",
         SpeculativeMethodName(config.method), ", got ", config.num_speculative_tokens));
   }
+  if (config.max_pause_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pause_steps must be >= 1, got ", config.max_pause_steps));
+  }
   if (config.ngram_min < 1 || config.ngram_min > config.ngram_max || config.ngram_max > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("need 1 <= --ngram_min <= --ngram_max <= 64, got ", config.ngram_min, " and ",
@@ -83,6 +87,34 @@ int64_t AcceptedDraftLength(absl::Span<const int32_t> drafts,
     ++a;
   }
   return a;
+}
+
+int64_t NextDraftLength(const SpeculativeConfig& config, DraftLengthState* state) {
+  if (!config.adaptive) return config.num_speculative_tokens;
+  if (state->draft_len < 0) state->draft_len = config.num_speculative_tokens;
+  if (state->paused > 0) {
+    --state->paused;
+    return 0;
+  }
+  return state->draft_len;
+}
+
+void UpdateDraftLength(const SpeculativeConfig& config, int64_t drafted, int64_t accepted,
+                       DraftLengthState* state) {
+  if (!config.adaptive || drafted <= 0) return;
+  if (accepted > 0) state->pause = 1;
+  if (accepted >= drafted) {
+    state->draft_len =
+        std::min(config.num_speculative_tokens, std::max(state->draft_len, drafted) + 1);
+    return;
+  }
+  if (accepted > 0) return;
+  state->draft_len = std::min(state->draft_len, drafted) / 2;
+  if (state->draft_len > 0) return;
+  // Nothing accepted at one draft: pause, then probe with one draft.
+  state->paused = state->pause;
+  state->pause = std::min(config.max_pause_steps, 2 * state->pause);
+  state->draft_len = 1;
 }
 
 double SpecStats::acceptance_rate() const {

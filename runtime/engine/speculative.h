@@ -43,6 +43,10 @@ struct SpeculativeConfig {
   int64_t num_speculative_tokens = 0;  // K: drafts per request per step (at most)
   int64_t ngram_min = 1;               // shortest suffix n-gram that may match
   int64_t ngram_max = 4;               // longest suffix n-gram tried first
+  // Adaptive draft length per request (DraftLengthState below); false: always up to K drafts.
+  bool adaptive = true;
+  // Longest pause (plain decode steps) between two probes of a request whose drafts keep failing.
+  int64_t max_pause_steps = 32;
   bool enabled() const { return method != SpeculativeMethod::kNone && num_speculative_tokens > 0; }
 };
 
@@ -63,6 +67,32 @@ std::vector<int32_t> NgramDraft(absl::Span<const int32_t> tokens, const Speculat
 // request's last token, i >= 1 = drafts[i - 1]). REQUIRES: target_samples.size() >= drafts.size().
 int64_t AcceptedDraftLength(absl::Span<const int32_t> drafts,
                             absl::Span<const int32_t> target_samples);
+
+// Adaptive draft length of one request (vLLM / SGLang-style back-off), so that a request whose
+// drafts keep being rejected stops paying for them. A verify pass costs more than a plain step
+// (on the CPU, where a step is bound by the weight GEMMs, 4 fed tokens cost ~2 plain steps;
+// runtime/engine/BENCHMARKS.md), so drafts that are rarely accepted make decoding slower.
+//   * The first pass drafts up to K.
+//   * Every draft accepted: the next pass may draft one more (up to K); the pause resets to 1.
+//   * Some accepted: unchanged (the pause resets to 1).
+//   * None accepted: the draft length halves; from 1 it goes to 0, which pauses speculation for
+//     `pause` plain decode steps, then probes with 1 draft; each failed probe doubles the pause
+//     (up to max_pause_steps), an accepted one grows the length again.
+// At acceptance 0 and K = 3 a request verifies 3 + 1 drafts, then one draft after pauses of 1,
+// 2, 4, ... 32 steps: about 1 draft per 32 tokens in the long run.
+// Exactness does not depend on it: the draft length only decides how many tokens are verified.
+struct DraftLengthState {
+  int64_t draft_len = -1;  // drafts the next pass may propose; -1: not started (K)
+  int64_t paused = 0;      // plain decode steps left before the next probe
+  int64_t pause = 1;       // the pause after the next pass that accepts nothing at length 1
+};
+
+// The drafts `state`'s request may propose at this decode step (0: decode plainly; a paused
+// step is counted here). Always K when !config.adaptive.
+int64_t NextDraftLength(const SpeculativeConfig& config, DraftLengthState* state);
+// After a verify pass that proposed `drafted` (>= 1) drafts and accepted `accepted` of them.
+void UpdateDraftLength(const SpeculativeConfig& config, int64_t drafted, int64_t accepted,
+                       DraftLengthState* state);
 
 // Counters of one engine (or worker): verify passes, drafted tokens, accepted tokens.
 struct SpecStats {

@@ -389,6 +389,38 @@ TEST(SpeculativeEngineTest, AbortWhileVerifyingFreesEveryBlock) {
   EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
 }
 
+// Drafts that are always rejected (sampling at T = 1 on a 64-token vocabulary: n-gram matches at
+// almost every step, the target rarely agrees): the adaptive draft length backs off, so the
+// requests verify far fewer drafts than a fixed K, and the tokens stay those of plain decoding.
+TEST(SpeculativeEngineTest, AdaptiveDraftLengthBacksOffWhenDraftsAreRejected) {
+  constexpr int64_t kVocab = 64;
+  std::vector<RequestSpec> specs = Prompts(41, 8, kVocab);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].max_tokens = 96;
+    specs[i].ignore_eos = true;
+    specs[i].sampling.temperature = 1.0f;
+    specs[i].sampling.seed = 500 + i;
+  }
+  EngineConfig base;
+  base.num_threads = 1;
+  const Outcome plain = RunAll(base, specs, kVocab);
+  EngineConfig config = base;
+  config.speculative = Ngram(3);
+  config.speculative.adaptive = false;
+  const Outcome fixed = RunAll(config, specs, kVocab);
+  config.speculative.adaptive = true;
+  const Outcome adaptive = RunAll(config, specs, kVocab);
+  ExpectSameTokens(plain, fixed, "fixed K");
+  ExpectSameTokens(plain, adaptive, "adaptive K");
+  const uint64_t tokens = specs.size() * 96;
+  ASSERT_LT(fixed.stats.acceptance_rate(), 0.15) << "the workload must reject";
+  EXPECT_GT(fixed.stats.drafted_tokens, tokens);  // fixed K: ~K drafts at most steps
+  // Adaptive: K + 1 drafts to back off, then about one probe per pause of 1, 2, 4, ... 32 steps
+  // (more where a probe is accepted): well under one draft per 6 tokens.
+  EXPECT_LT(adaptive.stats.drafted_tokens, tokens / 6);
+  EXPECT_GT(adaptive.stats.drafted_tokens, 0u);
+}
+
 TEST(SpeculativeEngineTest, RefusesBadConfigs) {
   const ModelConfig model = TinyConfig();
   EngineConfig config;

@@ -2,6 +2,7 @@
 // (//runtime:generate, //runtime:tandem_worker):
 //
 //   --speculative_method=none|ngram  --num_speculative_tokens=K  --ngram_min=N  --ngram_max=M
+//   --speculative_adaptive=true|false (per-request draft length, speculative.h)
 //
 // Off by default. A prefill worker never speculates (tandem_worker ignores them for
 // --role=prefill).

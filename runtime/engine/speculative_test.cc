@@ -73,6 +73,45 @@ TEST(SpeculativeConfigTest, ParsesAndValidates) {
   EXPECT_TRUE(ValidateSpeculativeConfig(SpeculativeConfig{}).ok());
 }
 
+TEST(DraftLengthTest, BacksOffToPlainDecodingAndProbesWithGrowingPauses) {
+  const SpeculativeConfig config = Ngram(3, 1, 4);
+  DraftLengthState s;
+  EXPECT_EQ(NextDraftLength(config, &s), 3);
+  UpdateDraftLength(config, 3, 0, &s);  // nothing accepted: halve
+  EXPECT_EQ(NextDraftLength(config, &s), 1);
+  // From here every probe fails: pauses of 1, 2, 4, ... plain steps, capped at max_pause_steps.
+  std::vector<int64_t> pauses;
+  for (int probe = 0; probe < 8; ++probe) {
+    UpdateDraftLength(config, 1, 0, &s);
+    int64_t plain = 0;
+    while (NextDraftLength(config, &s) == 0) ++plain;
+    pauses.push_back(plain);
+  }
+  EXPECT_EQ(pauses, (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 32, 32}));
+  // A probe accepted: the length grows back to K by one per fully accepted pass, and the next
+  // failure pauses for 1 step again.
+  UpdateDraftLength(config, 1, 1, &s);
+  EXPECT_EQ(NextDraftLength(config, &s), 2);
+  UpdateDraftLength(config, 2, 2, &s);
+  EXPECT_EQ(NextDraftLength(config, &s), 3);
+  UpdateDraftLength(config, 3, 3, &s);
+  EXPECT_EQ(NextDraftLength(config, &s), 3);
+  UpdateDraftLength(config, 3, 1, &s);  // partly accepted: unchanged
+  EXPECT_EQ(NextDraftLength(config, &s), 3);
+  UpdateDraftLength(config, 3, 0, &s);
+  UpdateDraftLength(config, 1, 0, &s);
+  EXPECT_EQ(NextDraftLength(config, &s), 0);
+  EXPECT_EQ(NextDraftLength(config, &s), 1);
+  // Not adaptive: always K.
+  SpeculativeConfig fixed = config;
+  fixed.adaptive = false;
+  DraftLengthState f;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(NextDraftLength(fixed, &f), 3);
+    UpdateDraftLength(fixed, 3, 0, &f);
+  }
+}
+
 TEST(SpecStatsTest, RatesFromCounters) {
   SpecStats s;
   EXPECT_EQ(s.acceptance_rate(), 0.0);
