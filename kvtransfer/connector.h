@@ -1,19 +1,21 @@
 // KvConnector: the engine's view of remote KV (ARCHITECTURE.md, "Connector API"; modelled on
-// vLLM's v1 KV connector). Two halves:
+// vLLM's v1 KV connector, which splits its connector by role the same way). The connector is
+// cut by caller:
 //
-//  * Scheduler half (called by the scheduler, bookkeeping only):
-//      GetNumNewMatchedTokens  how many tokens of a request can come from a remote source
-//      UpdateStateAfterAlloc   the scheduler allocated blocks for them: remember what to load where
-//      BuildStepMeta           the loads to start this step
-//      RequestFinished         a finished request's blocks: free now, or hold under a lease
-//      CancelLoad              an aborted request that is still loading
-//  * Worker half (called by the engine around the model run; touches KV memory via the agent):
-//      StartLoad, WaitForLayerLoad, SaveLayer, WaitForSave, GetFinished, GetLoadErrors
+//  * KvConnector (here), the engine thread's:
+//      scheduler half (bookkeeping only): GetNumNewMatchedTokens, UpdateStateAfterAlloc,
+//        BuildStepMeta, RequestFinished (free now, or hold under a lease), DropRemote, CancelLoad
+//      around the model run: StartLoad, GetFinished, GetLoadErrors, HasPendingLoads
+//  * KvLeaseTable (lease_table.h), the source side's leases: the worker core binds and releases
+//    them, the KvTransferService's RPC threads authorize, renew and release them.
+//  * KvConnectorMetrics (here): counters and per-request load records, for the worker's status,
+//    metrics and traces.
 //
-// Pull mode (PullKvConnector): P keeps a finished request's blocks under a lease and hands out
-// their ids; D allocates blocks, reads P's blocks with one batched READ per request, and only
-// schedules the request once the READ has ended. WaitForLayerLoad / SaveLayer are therefore
-// no-ops here; a push connector (P writes into D's blocks layer by layer) would implement them.
+// Pull mode (PullKvConnector implements all three): P keeps a finished request's blocks under a
+// lease and hands out their ids; D allocates blocks, reads P's blocks with one batched READ per
+// request, and only schedules the request once the READ has ended. There is no layer-wise
+// work (a push connector, P writing into D's blocks layer by layer, would need per-layer hooks
+// around the model run: they come back with its design).
 //
 // Block safety: a request's blocks are reported back (GetFinished / GetLoadErrors) only after
 // the transfer writing into them has ENDED (transfer_agent.h), so the scheduler never frees a
@@ -73,29 +75,6 @@ struct RemoteKvSpec {
 struct KvLease {
   uint64_t lease_id = 0;
   absl::Time deadline;
-};
-
-// What a source lease was issued for (P side; BindLease records it before the handle is
-// published, so a lease is never known outside P without it). A handle presented to the source
-// is honoured only when it names exactly this (kv_transfer_service.h, AuthorizeRead), and only
-// `reader` may use the lease at all.
-struct LeaseBinding {
-  // The worker id of the one reader allowed to use the lease (the decode worker the router
-  // picked). Empty: any reader (an --insecure worker asked without one; see the README).
-  std::string reader;
-  std::string request_id;          // the router's request id (KvHandle.request_id)
-  std::vector<int32_t> block_ids;  // as issued, logical order
-  int64_t num_tokens = 0;
-};
-
-// One use of a source lease over the control plane, as the source's service saw it.
-struct LeaseUse {
-  uint64_t lease_id = 0;
-  // The caller's worker id: from its certificate with mTLS, as claimed with --insecure.
-  std::string reader;
-  // A read: the handle the caller presents (request id, blocks, tokens). Null for a renewal or a
-  // release, where the lease id and the caller suffice.
-  const LeaseBinding* presented = nullptr;
 };
 
 // One request's load, as BuildStepMeta hands it to StartLoad.
@@ -170,7 +149,8 @@ class KvConnector {
   // A request finished. hold_for_remote: keep its `num_blocks` blocks for a remote reader under
   // a lease of `lease_duration` (returns it; the caller must not free the blocks until the
   // request shows up in GetFinished().sending_done). Otherwise nullopt: free now.
-  // `external_id` (the router's request id, may be empty) lets ReleaseLeaseOf find the lease.
+  // `external_id` (the router's request id, may be empty) lets KvLeaseTable::ReleaseLeaseOf find
+  // the lease.
   virtual std::optional<KvLease> RequestFinished(int64_t request_id, const std::string& external_id,
                                                  bool hold_for_remote, int64_t num_blocks,
                                                  absl::Duration lease_duration) = 0;
@@ -180,56 +160,34 @@ class KvConnector {
   // Stops a load; the request is reported in GetLoadErrors (CANCELLED) once the transfer ended.
   virtual void CancelLoad(int64_t request_id) = 0;
 
-  // ---- Lease control (source side; thread-safe, called from RPC threads) ----
-  // The reader is done with the lease: its blocks are reported in sending_done. False for an
-  // unknown (expired, released) lease.
-  virtual bool ReleaseLease(uint64_t lease_id) = 0;
-  // The lease held for request `external_id` (RequestFinished), e.g. when the request is
-  // aborted after its prefill: released like ReleaseLease. False when none is held.
-  virtual bool ReleaseLeaseOf(const std::string& external_id) = 0;
-  // Makes held blocks readable by remote peers (the agent's SyncForRemoteRead over their byte
-  // ranges: a device -> host mirror where the agent stages GPU memory; else nothing). Call after
-  // their KV is final, before their handle is published.
-  virtual absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) = 0;
-  // Extends a live lease to now + extend; nullopt for an unknown lease.
-  virtual std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) = 0;
-
-  // ---- Lease binding (source side; thread-safe). The table of leases is the connector's, so
-  // what a lease was issued for lives with it and dies with it. ----
-  // Records what `lease_id` (just granted, not yet published) was issued for. NOT_FOUND for an
-  // unknown lease, FAILED_PRECONDITION when it is bound already, INVALID_ARGUMENT when the
-  // binding's blocks are not the lease's count.
-  virtual absl::Status BindLease(uint64_t lease_id, LeaseBinding binding) = 0;
-  // Moves the lease of request `request_id` to another reader (the router replaced a failed
-  // decode worker). NOT_FOUND unless `lease_id` is that request's bound lease.
-  virtual absl::Status ReassignLease(const std::string& request_id, uint64_t lease_id,
-                                     const std::string& reader) = 0;
-  // OK when `use` may go ahead: the lease is live and bound, `use.reader` is its reader (or it
-  // has none), and a presented handle is exactly what was issued. NOT_FOUND for an unknown
-  // lease; PERMISSION_DENIED otherwise (an unbound lease included).
-  virtual absl::Status AuthorizeLeaseUse(const LeaseUse& use) const = 0;
-  // Whether a live lease is bound to `reader` (the source answers a handshake only then).
-  virtual bool HasLeaseFor(const std::string& reader) const = 0;
-
-  // ---- Worker half ----
+  // ---- Around the model run ----
   virtual absl::Status StartLoad(const ConnectorStepMeta& meta) = 0;
-  virtual absl::Status WaitForLayerLoad(int layer) = 0;
-  virtual absl::Status SaveLayer(int layer) = 0;
-  virtual absl::Status WaitForSave() = 0;
   // Polls transfers and lease deadlines at `now`.
   virtual FinishedTransfers GetFinished(absl::Time now) = 0;
   // Loads that ended in error since the last call.
   virtual std::vector<LoadError> GetLoadErrors() = 0;
-
   // True while loads are in flight (the engine keeps polling) or leases are held.
   virtual bool HasPendingLoads() const = 0;
+};
+
+// The connector's counters and per-request load records (the worker's status, metrics and
+// traces). Thread-safe.
+class KvConnectorMetrics {
+ public:
+  virtual ~KvConnectorMetrics() = default;
   virtual KvConnectorStats Stats() const = 0;
   // One completed load of `request_id` (engine id), taken once (a per-request trace); nullopt
-  // when the connector keeps none or the load did not complete. Thread-safe.
-  virtual std::optional<KvLoadRecord> TakeLoadRecord(int64_t /*request_id*/) {
-    return std::nullopt;
-  }
+  // when the load did not complete or its record was taken or dropped already.
+  virtual std::optional<KvLoadRecord> TakeLoadRecord(int64_t request_id) = 0;
 };
+
+// Releases the source lease `remote` names (asynchronously, best effort; nothing when it names
+// none or has no LeaseClient): KvConnector::DropRemote for a spec that never reached the engine.
+inline void ReleaseSourceLease(const RemoteKvSpec& remote) {
+  if (remote.lease_client != nullptr && remote.lease_id != 0) {
+    remote.lease_client->ReleaseLeaseAsync(remote.peer, remote.epoch, remote.lease_id);
+  }
+}
 
 }  // namespace tandem::kvtransfer
 

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvtransfer/connector.h"
+#include "kvtransfer/lease_table.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kvtransfer {
@@ -35,7 +36,7 @@ tandem::v1::KvHandle ToKvHandle(const KvSource& source, const KvLease& lease,
                                 const std::string& request_id);
 
 // What a handle claims about its lease (request, blocks, tokens), for the source to compare
-// with what it issued (KvConnector::AuthorizeLeaseUse). `reader` is left empty.
+// with what it issued (KvLeaseTable::AuthorizeLeaseUse). `reader` is left empty.
 LeaseBinding PresentedBinding(const tandem::v1::KvHandle& handle);
 
 // D: INVALID_ARGUMENT for a handle this worker cannot use: a layout hash other than

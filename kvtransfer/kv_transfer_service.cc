@@ -15,10 +15,12 @@
 
 namespace tandem::kvtransfer {
 
-KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
+KvTransferServiceImpl::KvTransferServiceImpl(TransferAgent* agent, KvLeaseTable* leases,
                                              tandem::v1::TransferHandshake local,
                                              absl::Duration max_lease)
-    : agent_(agent), connector_(connector), local_(std::move(local)), max_lease_(max_lease) {
+    : agent_(agent),
+      local_(std::move(local)),
+      leases_(leases, local_.worker_id(), local_.epoch(), max_lease) {
   absl::Status filled = agent_->FillLocalDescriptor(&local_);
   if (!filled.ok()) LOG(ERROR) << "transfer agent descriptor: " << filled;
 }
@@ -62,7 +64,7 @@ grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* context,
   // descriptor (UCX rkeys, the NCCL control socket) and a token for the NCCL socket.
   absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->worker_id());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (!connector_->HasLeaseFor(*caller)) {
+  if (!leases_.AcceptsHandshakeFrom(*caller)) {
     // Refused without the transport descriptor. The worker id and epoch (not secret) still tell
     // a reader holding a stale handle that this source restarted.
     VLOG(1) << "handshake from '" << *caller << "' refused: no live lease is bound to it";
@@ -97,69 +99,46 @@ grpc::Status KvTransferServiceImpl::Handshake(grpc::ServerContext* context,
 grpc::Status KvTransferServiceImpl::ReleaseLease(grpc::ServerContext* context,
                                                  const tandem::v1::ReleaseLeaseRequest* request,
                                                  tandem::v1::ReleaseLeaseResponse* response) {
-  if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
+  if (!leases_.IsThisIncarnation(request->worker_id(), request->epoch())) {
     response->set_released(false);  // a lease of another incarnation: already gone
     return grpc::Status::OK;
   }
   absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  const absl::Status allowed =
-      connector_->AuthorizeLeaseUse({request->lease_id(), *caller, nullptr});
-  if (absl::IsNotFound(allowed)) {
-    response->set_released(false);
-    return grpc::Status::OK;
-  }
-  if (!allowed.ok()) return ToGrpcStatus(LeaseRefusal(allowed));
-  response->set_released(connector_->ReleaseLease(request->lease_id()));
+  absl::StatusOr<bool> released =
+      leases_.Release(request->worker_id(), request->epoch(), request->lease_id(), *caller);
+  if (!released.ok()) return ToGrpcStatus(LeaseRefusal(released.status()));
+  response->set_released(*released);
   return grpc::Status::OK;
 }
 
 grpc::Status KvTransferServiceImpl::RenewLease(grpc::ServerContext* context,
                                                const tandem::v1::RenewLeaseRequest* request,
                                                tandem::v1::RenewLeaseResponse* response) {
-  if (request->worker_id() != local_.worker_id() || request->epoch() != local_.epoch()) {
+  if (!leases_.IsThisIncarnation(request->worker_id(), request->epoch())) {
     response->set_renewed(false);
     return grpc::Status::OK;
   }
   absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  const absl::Status allowed =
-      connector_->AuthorizeLeaseUse({request->lease_id(), *caller, nullptr});
-  if (absl::IsNotFound(allowed)) {
-    response->set_renewed(false);
-    return grpc::Status::OK;
-  }
-  if (!allowed.ok()) return ToGrpcStatus(LeaseRefusal(allowed));
-  const int64_t extend_ms =
-      std::min<int64_t>(request->extend_ms(), absl::ToInt64Milliseconds(max_lease_));
-  std::optional<absl::Time> deadline =
-      connector_->RenewLease(request->lease_id(), absl::Milliseconds(extend_ms));
-  response->set_renewed(deadline.has_value());
-  if (deadline.has_value()) response->set_lease_deadline_unix_ms(absl::ToUnixMillis(*deadline));
+  absl::StatusOr<std::optional<absl::Time>> deadline =
+      leases_.Renew(request->worker_id(), request->epoch(), request->lease_id(), *caller,
+                    absl::Milliseconds(request->extend_ms()));
+  if (!deadline.ok()) return ToGrpcStatus(LeaseRefusal(deadline.status()));
+  response->set_renewed(deadline->has_value());
+  if (deadline->has_value()) response->set_lease_deadline_unix_ms(absl::ToUnixMillis(**deadline));
   return grpc::Status::OK;
 }
 
 grpc::Status KvTransferServiceImpl::AuthorizeRead(grpc::ServerContext* context,
                                                   const tandem::v1::AuthorizeReadRequest* request,
                                                   tandem::v1::AuthorizeReadResponse* /*response*/) {
-  const tandem::v1::KvHandle& handle = request->handle();
-  if (handle.worker_id() != local_.worker_id()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "KV handle names source ", handle.worker_id(), ", this is ", local_.worker_id())));
-  }
-  if (handle.epoch() != local_.epoch()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        absl::StrCat("stale KV handle: source ", local_.worker_id(), " restarted (epoch ",
-                     local_.epoch(), ", handle epoch ", handle.epoch(), ")")));
-  }
-  if (handle.block_ids_size() > tandem::v1::kMaxKvHandleBlocks) {
-    return ToGrpcStatus(absl::InvalidArgumentError("KV handle has too many blocks"));
+  if (absl::Status ours = leases_.CheckHandle(request->handle()); !ours.ok()) {
+    return ToGrpcStatus(ours);
   }
   absl::StatusOr<std::string> caller = CallerWorkerId(*context, request->reader_worker_id());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  const LeaseBinding presented = PresentedBinding(handle);
-  return ToGrpcStatus(
-      LeaseRefusal(connector_->AuthorizeLeaseUse({handle.lease_id(), *caller, &presented})));
+  return ToGrpcStatus(LeaseRefusal(leases_.AuthorizeRead(request->handle(), *caller)));
 }
 
 absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictKvTransferService(

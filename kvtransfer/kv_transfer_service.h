@@ -2,10 +2,12 @@
 //
 //  * KvTransferServiceImpl, served by every KV source (prefill / mixed worker): answers a
 //    reader's Handshake (compatibility check, then both sides know each other's transport
-//    descriptor), ReleaseLease / RenewLease on the source's connector, and AuthorizeRead.
+//    descriptor), ReleaseLease / RenewLease on the source's lease table, and AuthorizeRead. It
+//    only translates: who the caller is (below) and the replies; what to answer is decided by
+//    SourceLeases (source_leases.h) over the KvLeaseTable.
 //
 // Lease binding (kvtransfer/README.md, "Lease binding"): a lease is bound to the decode worker
-// the router picked (KvConnector::BindLease). Every RPC names its caller: on an mTLS plane the
+// the router picked (KvLeaseTable::BindLease). Every RPC names its caller: on an mTLS plane the
 // worker id of the caller's certificate (spiffe://tandem/role/<role>/worker/<id>), on a
 // plain-text plane (--insecure) the id the request claims. Handshake accepts only a caller some
 // live lease is bound to (and hands it the transport's short-lived access token; others get
@@ -39,6 +41,8 @@
 #include "common/grpc_strict_parse.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/kv_handle.h"
+#include "kvtransfer/lease_table.h"
+#include "kvtransfer/source_leases.h"
 #include "kvtransfer/transfer_agent.h"
 #include "tandem/v1/kv.grpc.pb.h"
 
@@ -47,10 +51,10 @@ namespace tandem::kvtransfer {
 class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Service {
  public:
   // `local`: this worker's handshake (worker id, epoch, compatibility; transport fields are
-  // filled from `agent`). `agent` and `connector` must outlive the service.
+  // filled from `agent`). `agent` and `leases` must outlive the service.
   // A renewal extends a lease by at most `max_lease` (the worker bounds how long its blocks can
   // be held, not the reader).
-  KvTransferServiceImpl(TransferAgent* agent, KvConnector* connector,
+  KvTransferServiceImpl(TransferAgent* agent, KvLeaseTable* leases,
                         tandem::v1::TransferHandshake local,
                         absl::Duration max_lease = absl::Minutes(2));
 
@@ -68,9 +72,8 @@ class KvTransferServiceImpl final : public tandem::v1::KvTransferService::Servic
 
  private:
   TransferAgent* const agent_;
-  KvConnector* const connector_;
   tandem::v1::TransferHandshake local_;  // immutable after construction
-  const absl::Duration max_lease_;
+  SourceLeases leases_;                  // after local_: built from its worker id and epoch
 };
 
 // `service`'s methods behind strict request parsing (common/grpc_strict_parse.h): request bytes

@@ -112,11 +112,7 @@ uint64_t PullKvConnector::NewLeaseIdLocked() const {
   }
 }
 
-void PullKvConnector::DropRemote(const RemoteKvSpec& remote) {
-  if (remote.lease_client != nullptr && remote.lease_id != 0) {
-    remote.lease_client->ReleaseLeaseAsync(remote.peer, remote.epoch, remote.lease_id);
-  }
-}
+void PullKvConnector::DropRemote(const RemoteKvSpec& remote) { ReleaseSourceLease(remote); }
 
 void PullKvConnector::EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it) {
   if (!it->second.external_id.empty()) {
@@ -348,12 +344,6 @@ void PullKvConnector::OnLeaseRenewed(int64_t request_id, TransferId transfer,
   }
   load.next_renewal = now + load.lease_length / 8;  // retry; the old deadline still stands
 }
-
-// Pull mode loads whole requests before they are scheduled and P keeps its blocks, so there is
-// no per-layer work: see the header comment of connector.h.
-absl::Status PullKvConnector::WaitForLayerLoad(int /*layer*/) { return absl::OkStatus(); }
-absl::Status PullKvConnector::SaveLayer(int /*layer*/) { return absl::OkStatus(); }
-absl::Status PullKvConnector::WaitForSave() { return absl::OkStatus(); }
 
 void PullKvConnector::FailLoadLocked(int64_t request_id, Load& load, absl::Status status) {
   ++stats_.load_failures;

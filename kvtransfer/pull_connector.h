@@ -1,4 +1,6 @@
-// PullKvConnector: the pull-mode KvConnector (connector.h) over one TransferAgent.
+// PullKvConnector: the pull-mode connector over one TransferAgent: the engine's KvConnector, the
+// source side's KvLeaseTable (lease_table.h) and KvConnectorMetrics, over one table of leases and
+// loads (connector.h says who calls which).
 //
 // Source side (P): RequestFinished(hold_for_remote=true) grants a lease; the blocks come back in
 // GetFinished().sending_done when the reader releases the lease (ReleaseLease, from the
@@ -37,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtransfer/block_transport.h"
 #include "kvtransfer/connector.h"
+#include "kvtransfer/lease_table.h"
 #include "kvtransfer/transfer_agent.h"
 
 namespace tandem::kvtransfer {
@@ -52,7 +55,7 @@ struct PullKvConnectorOptions {
   absl::Duration lease_safety_margin = absl::Milliseconds(200);
 };
 
-class PullKvConnector : public KvConnector {
+class PullKvConnector final : public KvConnector, public KvLeaseTable, public KvConnectorMetrics {
  public:
   // `agent` must outlive the connector and have the local pool registered; blocks move whole
   // (AgentBlockTransport: the source splits its KV as this worker does).
@@ -63,6 +66,7 @@ class PullKvConnector : public KvConnector {
   PullKvConnector(BlockTransport* transport, const PullKvConnectorOptions& options);
   ~PullKvConnector() override;
 
+  // KvConnector
   int64_t GetNumNewMatchedTokens(int64_t request_id, const RemoteKvSpec& remote,
                                  int64_t num_local_computed_tokens) override;
   void UpdateStateAfterAlloc(int64_t request_id, const RemoteKvSpec& remote,
@@ -75,24 +79,24 @@ class PullKvConnector : public KvConnector {
   void DropRemote(const RemoteKvSpec& remote) override;
   void CancelLoad(int64_t request_id) override;
 
-  bool ReleaseLease(uint64_t lease_id) override;
-  bool ReleaseLeaseOf(const std::string& external_id) override;
-  absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) override;
-  std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) override;
-  absl::Status BindLease(uint64_t lease_id, LeaseBinding binding) override;
-  absl::Status ReassignLease(const std::string& request_id, uint64_t lease_id,
-                             const std::string& reader) override;
-  absl::Status AuthorizeLeaseUse(const LeaseUse& use) const override;
-  bool HasLeaseFor(const std::string& reader) const override;
-
   absl::Status StartLoad(const ConnectorStepMeta& meta) override;
-  absl::Status WaitForLayerLoad(int layer) override;
-  absl::Status SaveLayer(int layer) override;
-  absl::Status WaitForSave() override;
   FinishedTransfers GetFinished(absl::Time now) override;
   std::vector<LoadError> GetLoadErrors() override;
 
   bool HasPendingLoads() const override;
+
+  // KvLeaseTable
+  absl::Status PrepareForRemoteRead(absl::Span<const int32_t> block_ids) override;
+  absl::Status BindLease(uint64_t lease_id, LeaseBinding binding) override;
+  absl::Status ReassignLease(const std::string& request_id, uint64_t lease_id,
+                             const std::string& reader) override;
+  bool ReleaseLease(uint64_t lease_id) override;
+  bool ReleaseLeaseOf(const std::string& external_id) override;
+  std::optional<absl::Time> RenewLease(uint64_t lease_id, absl::Duration extend) override;
+  absl::Status AuthorizeLeaseUse(const LeaseUse& use) const override;
+  bool HasLeaseFor(const std::string& reader) const override;
+
+  // KvConnectorMetrics
   KvConnectorStats Stats() const override;
   std::optional<KvLoadRecord> TakeLoadRecord(int64_t request_id) override;
 

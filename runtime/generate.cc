@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
 ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json path for --load_format=dummy");
 ABSL_FLAG(uint64_t, dummy_seed, 0, "weight seed for --load_format=dummy");
+ABSL_FLAG(std::string, quantization, "",
+          "fp8: quantize the linear layers of a 16/32-bit checkpoint to FP8 at load (per-channel "
+          "weights, dynamic per-token activations); empty: as the checkpoint says");
 ABSL_FLAG(std::string, prompt_ids, "", "prompts as token ids: '1,2,3;4,5,6'");
 ABSL_FLAG(int64_t, max_tokens, 16, "tokens to generate per prompt");
 ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
@@ -101,6 +104,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   source.load_format = absl::GetFlag(FLAGS_load_format);
   source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
   source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  source.quantization = absl::GetFlag(FLAGS_quantization);
   BackendOptions backend;
   backend.backend = absl::GetFlag(FLAGS_backend);
   backend.num_threads = absl::GetFlag(FLAGS_num_threads);

@@ -14,6 +14,8 @@ CORES=(
   //kvtransfer:connector
   //kvtransfer:pull_connector
   //kvtransfer:kv_handle
+  //kvtransfer:lease_table
+  //kvtransfer:source_leases     # the KV source's lease decisions: its gRPC edge is kv_transfer_service
   //router:orchestrator          # the router core: its gRPC edge is router_server + grpc_worker_client
   //router:worker_registry
   //router:request_table

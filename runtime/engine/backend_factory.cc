@@ -52,6 +52,11 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      model.IsMoe() ? "mixture-of-experts layers" : "per-head q/k norms",
                      " are implemented on the CPU backend only); use --backend=cpu"));
   }
+  if (model.quantization.IsFp8()) {  // issue 38: FP8 linear layers run on the CPU backend
+    return absl::UnimplementedError(absl::StrCat("--backend=cuda cannot run FP8 weights yet (",
+                                                 model.quantization.Describe(),
+                                                 "); use --backend=cpu"));
+  }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;
   config.device = options.device;

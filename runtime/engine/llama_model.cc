@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/reshape_and_cache.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 #include "kernels/layers/embedding.h"
@@ -19,6 +20,22 @@ namespace tandem::runtime {
 namespace {
 
 const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+// out[T, n] = x[T, k] w^T + bias: the FP8 weight when the layer has one (config.quantization;
+// kernels/fp8 quantizes x as its scheme says), else the fp32 one.
+absl::Status RunLinear(const float* x, const std::vector<float>& w, const Fp8LinearWeight& fp8,
+                       const std::vector<float>& bias, int64_t T, int64_t n, int64_t k, float* out,
+                       kernels::ThreadPool* pool) {
+  if (fp8.empty()) {
+    kernels::cpu::Linear(x, w.data(), OrNull(bias), T, n, k, out, pool);
+    return absl::OkStatus();
+  }
+  if (fp8.grid.rows != n || fp8.grid.cols != k) {
+    return absl::InternalError(absl::StrCat("FP8 weight [", fp8.grid.rows, ", ", fp8.grid.cols,
+                                            "] used as [", n, ", ", k, "]"));
+  }
+  return kernels::cpu::Fp8Linear(x, fp8.View(), OrNull(bias), T, out, pool);
+}
 
 // Rows of the vocabulary each rank of `group` holds (ceil(vocab / n); the whole one alone).
 int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
@@ -56,7 +73,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
                             static_cast<int64_t>(w.k_norm.size()) != config.head_dim)) ||
         (moe && (static_cast<int64_t>(w.router.size()) != config.num_experts * config.hidden_size ||
                  static_cast<int64_t>(w.experts_gate_up.size()) != experts_gate_up)) ||
-        (!moe && w.gate_up_proj.empty())) {
+        (!moe && w.gate_up_proj.empty() && w.gate_up_fp8.empty())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layer ", l, " weights do not match the config (q/k norms, router or experts)"));
     }
@@ -154,8 +171,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
       kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), w.input_layernorm.data(), T,
                                     H, eps);
     }
-    kernels::cpu::Linear(hidden_.data(), w.qkv_proj.data(), OrNull(w.qkv_bias), T, qkv_dim, H,
-                         qkv_.data(), pool_);
+    RETURN_IF_ERROR(RunLinear(hidden_.data(), w.qkv_proj, w.qkv_fp8, w.qkv_bias, T, qkv_dim, H,
+                              qkv_.data(), pool_));
     // Split the fused rows into contiguous q/k/v: [T, heads, D] each.
     for (int64_t t = 0; t < T; ++t) {
       const float* row = qkv_.data() + t * qkv_dim;
@@ -175,8 +192,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
                                                  attn_params, attn_.data(),
                                                  dcp_.size > 1 ? lse_.data() : nullptr, pool_));
     if (dcp_.size > 1) RETURN_IF_ERROR(ExchangeAttention(T));
-    kernels::cpu::Linear(dcp_.size > 1 ? merged_.data() : attn_.data(), w.o_proj.data(),
-                         OrNull(w.o_bias), T, H, o_dim, hidden_.data(), pool_);
+    RETURN_IF_ERROR(RunLinear(dcp_.size > 1 ? merged_.data() : attn_.data(), w.o_proj, w.o_fp8,
+                              w.o_bias, T, H, o_dim, hidden_.data(), pool_));
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
                                   w.post_attention_layernorm.data(), T, H, eps);
@@ -200,12 +217,11 @@ absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
-  kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), OrNull(w.gate_up_bias), T, 2 * I, H,
-                       gate_up_.data(), pool_);
+  RETURN_IF_ERROR(RunLinear(hidden_.data(), w.gate_up_proj, w.gate_up_fp8, w.gate_up_bias, T, 2 * I,
+                            H, gate_up_.data(), pool_));
   kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
-  kernels::cpu::Linear(act_.data(), w.down_proj.data(), OrNull(w.down_bias), T, H, I,
-                       hidden_.data(), pool_);
-  return absl::OkStatus();
+  return RunLinear(act_.data(), w.down_proj, w.down_fp8, w.down_bias, T, H, I, hidden_.data(),
+                   pool_);
 }
 
 absl::Status LlamaModel::SparseMlp(const LayerWeights& w, int64_t T) {

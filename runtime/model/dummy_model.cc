@@ -116,6 +116,13 @@ ModelWeights RandomModelWeights(const ModelConfig& config, uint64_t seed) {
 
 absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint64_t seed,
                                                 TpShard shard) {
+  if (config.quantization.IsFp8()) {  // drawn in fp32, then quantized as the config says
+    ModelConfig plain = config;
+    plain.quantization = WeightQuantization();
+    ASSIGN_OR_RETURN(ModelWeights weights, RandomModelWeights(plain, seed, shard));
+    RETURN_IF_ERROR(QuantizeWeightsFp8(config, &weights));
+    return weights;
+  }
   ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
   ASSIGN_OR_RETURN(std::vector<DummyTensorFill> plan, DummyWeightPlan(config, shard));
   ModelWeights weights;

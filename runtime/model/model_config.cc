@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config_family.h"
 #include "runtime/model/model_config_mla.h"
+#include "runtime/model/model_config_quant.h"
 
 namespace tandem::runtime {
 namespace {
@@ -529,7 +530,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
 
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json) {
   ASSIGN_OR_RETURN(json root, ParseJsonText(config_json, "config.json"));
-  return ParseRoot(root);
+  ASSIGN_OR_RETURN(ModelConfig config, ParseRoot(root));
+  RETURN_IF_ERROR(internal::ParseQuantizationConfig(root, &config));  // model_config_quant.cc
+  return config;
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/fp8/fp8.h"
 #include "kernels/layers/rope.h"
 
 namespace tandem::runtime {
@@ -37,6 +38,29 @@ enum class WeightDtype { kF32, kF16, kBF16 };
 absl::string_view WeightDtypeName(WeightDtype dtype);
 // Accepts those names plus "fp32"/"float", "fp16"/"half", "bf16" and a "torch." prefix.
 absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);
+
+// How the decoder's linear layers (q/k/v/o, gate/up/down) are stored and multiplied (issue 38;
+// model_config_quant.cc). Embeddings, norms, lm_head stay in `dtype`.
+struct WeightQuantization {
+  enum class Method {
+    kNone,
+    kFp8Block,           // quant_method "fp8" + weight_block_size (DeepSeek, Qwen3-FP8)
+    kCompressedTensors,  // quant_method "compressed-tensors", float 8-bit (llm-compressor)
+    kModelOpt,           // quant_method "modelopt", quant_algo "FP8" (TensorRT Model Optimizer)
+    kOnlineFp8,          // a 16/32-bit checkpoint quantized at load (--quantization=fp8)
+  };
+  Method method = Method::kNone;
+  // Weight scale blocks of a checkpoint weight [n, k]; 0 = the whole dimension: per-tensor
+  // {0, 0}, per-channel {1, 0}, DeepSeek blocks {128, 128}.
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
+  bool IsFp8() const { return method != Method::kNone; }
+  bool FromCheckpoint() const { return IsFp8() && method != Method::kOnlineFp8; }
+  // One line, e.g. "fp8 compressed-tensors: per-channel weight scales, dynamic per-token
+  // activations"; "none" when unquantized.
+  std::string Describe() const;
+};
 
 struct ModelConfig {
   std::string architecture;  // one of the supported architectures above
@@ -110,11 +134,25 @@ struct ModelConfig {
   // DeepSeek: mlp.shared_experts.* (no gate), V3's mlp.gate.e_score_correction_bias.
   bool DeepseekMoe() const { return moe_router != MoeRouter::kSoftmaxTopK; }
 
+  // `quantization_config` of config.json (or --quantization=fp8, set by the loader).
+  WeightQuantization quantization;
+
   // Every weight the checkpoint stores (lm_head counted only when not tied).
   int64_t NumParameters() const;
 };
 
-// Parses and validates the text of a config.json.
+// Parses and validates the text of a config.json. Its `quantization_config`
+// (model_config_quant.cc):
+//   * quant_method "fp8" with weight_block_size [128, 128] and activation_scheme "dynamic"
+//     (`*.weight` e4m3 + `*.weight_scale_inv` per block; activations in dynamic 1 x 128 groups);
+//   * quant_method "compressed-tensors", format "float-quantized" (or "naive-quantized"), one
+//     config group targeting Linear with 8-bit float weights of strategy "tensor", "channel" or
+//     "block" ([128, 128]) and input activations null, dynamic "token", static "tensor" or dynamic
+//     "group" of 128; `ignore` holding lm_head only;
+//   * quant_method "modelopt" with quant_algo "FP8" (flat or under "quantization"): per-tensor
+//     weight and static input scales; no KV-cache quantization; exclude_modules lm_head only.
+// Any other method or scheme is INVALID_ARGUMENT naming it and the supported ones, as is FP8 for
+// an architecture other than the dense Llama family (Llama, Qwen2, Mistral, Qwen3).
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json);
 
 // Reads `model_dir`/config.json (or `model_dir` itself when it names a file) and, when present,

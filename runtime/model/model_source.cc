@@ -12,7 +12,42 @@
 
 namespace tandem::runtime {
 
+namespace {
+
+absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source);
+
+}  // namespace
+
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
+  if (source.quantization.empty() || source.quantization == "none") {
+    return LoadUnquantized(source);
+  }
+  if (source.quantization != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization must be fp8 or none, got '", source.quantization, "'"));
+  }
+  ASSIGN_OR_RETURN(LoadedModel out, LoadUnquantized(source));
+  if (out.config.quantization.IsFp8()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization=fp8: the checkpoint is quantized already (",
+                     out.config.quantization.Describe(), "); drop the flag"));
+  }
+  WeightQuantization online;
+  online.method = WeightQuantization::Method::kOnlineFp8;
+  online.block_rows = 1;
+  online.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  out.config.quantization = online;
+  out.local_config.quantization = online;
+  if (!source.dummy_weights_on_backend) {
+    RETURN_IF_ERROR(QuantizeWeightsFp8(out.local_config, &out.weights));
+  }
+  out.model_id += ":fp8";
+  return out;
+}
+
+namespace {
+
+absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source) {
   LoadedModel out;
   if (source.load_format == "dummy") {
     absl::StatusOr<ModelConfig> preset = PresetConfig(source.dummy_config);
@@ -75,5 +110,7 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
   out.model_id = absl::StrCat("hf:", dir.filename().string(), ":", absl::Hex(h, absl::kZeroPad16));
   return out;
 }
+
+}  // namespace
 
 }  // namespace tandem::runtime

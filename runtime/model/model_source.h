@@ -21,6 +21,10 @@ struct ModelSource {
   // dummy only: return the config and no weights; the backend generates them where they live
   // (the CUDA backend fills device memory directly).
   bool dummy_weights_on_backend = false;
+  // "fp8": quantize a 16/32-bit model's linear layers at load (vLLM's online FP8: per-channel
+  // weight scales, dynamic per-token activations; model_id gains ":fp8", so workers of different
+  // weight quantization do not pair); "" or "none": as the checkpoint says.
+  std::string quantization;
   // Load only this tensor-parallel rank's part of the weights (tensor_parallel.h).
   TpShard shard;
 };
@@ -34,7 +38,8 @@ struct LoadedModel {
   std::string model_id;
 };
 
-// INVALID_ARGUMENT for a bad format or missing --model; loader errors otherwise.
+// INVALID_ARGUMENT for a bad format or quantization, missing --model, or --quantization=fp8 on a
+// checkpoint that is quantized already; loader errors otherwise.
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source);
 
 }  // namespace tandem::runtime

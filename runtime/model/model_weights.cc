@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/model/half.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/weight_fp8.h"
 #include "runtime/model/weight_layout.h"
 
 namespace tandem::runtime {
@@ -127,14 +128,14 @@ bool IsIgnoredBuffer(absl::string_view name) {
   return absl::EndsWith(name, "rotary_emb.inv_freq");
 }
 
-absl::Status CheckTensor(const HfTensor& expected, const Found& found) {
+absl::Status CheckTensor(const HfTensor& expected, const Found& found, bool fp8) {
   const TensorInfo& info = *found.info;
   if (info.shape != expected.shape) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", expected.name, "' has shape ", ShapeString(info.shape), " in ",
                      found.file->path(), ", expected ", ShapeString(expected.shape)));
   }
-  if (info.dtype == SafetensorsDtype::kOther) {
+  if (info.dtype == SafetensorsDtype::kOther && !fp8) {  // FP8 dtypes: weight_fp8.cc
     return absl::InvalidArgumentError(absl::StrCat("tensor '", expected.name,
                                                    "' has unsupported dtype '", info.dtype_name,
                                                    "' (supported: F32, BF16, F16)"));
@@ -179,6 +180,9 @@ absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfT
                              const ModelConfig& config, const std::string& where) {
   std::map<std::string, const HfTensor*> expected;
   for (const HfTensor& t : layout) expected.emplace(t.name, &t);
+  for (const std::string& name : internal::Fp8ScaleTensorNames(config, layout)) {
+    expected.emplace(name, nullptr);  // checked by CheckFp8Checkpoint
+  }
   std::vector<std::string> missing;
   for (const HfTensor& t : layout) {
     auto it = checkpoint.tensors.find(t.name);
@@ -186,7 +190,7 @@ absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfT
       missing.push_back(absl::StrCat("'", t.name, "' (expected shape ", ShapeString(t.shape), ")"));
       continue;
     }
-    RETURN_IF_ERROR(CheckTensor(t, it->second));
+    RETURN_IF_ERROR(CheckTensor(t, it->second, internal::IsFp8Weight(config, t)));
   }
   if (!missing.empty()) {
     std::string more =
@@ -261,6 +265,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
   std::string weights_dir = model_dir;
   ASSIGN_OR_RETURN(std::optional<PreSharding> pre, ReadPreSharding(model_dir));
   if (pre.has_value()) {
+    if (config.quantization.FromCheckpoint()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_dir, " is a pre-sharded FP8 checkpoint: not supported (load the original)"));
+    }
     if (pre->tp != shard.size || pre->dcp != shard.dcp) {
       return absl::InvalidArgumentError(
           absl::StrCat(model_dir, " is pre-sharded for tp=", pre->tp, " dcp=", pre->dcp,
@@ -274,18 +282,27 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
   RETURN_IF_ERROR(OpenCheckpoint(weights_dir, &checkpoint));
   // Check everything before converting anything: a bad checkpoint fails fast.
   RETURN_IF_ERROR(CheckCheckpoint(checkpoint, layout, config, weights_dir));
+  const internal::FindTensor find = [&checkpoint](const std::string& name) -> const TensorInfo* {
+    auto it = checkpoint.tensors.find(name);
+    return it == checkpoint.tensors.end() ? nullptr : it->second.info;
+  };
+  RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, dims, layout, find));
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
   for (const HfTensor& t : layout) {
-    if (!t.keep) continue;
+    if (!t.keep || internal::IsFp8Weight(config, t)) continue;
     WidenSlice(*checkpoint.tensors.at(t.name).info, t, internal::SlotData(&weights, t));
   }
+  internal::LoadFp8Weights(config, layout, find, &weights);  // e4m3 kept as it is
   return weights;
 }
 
 absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,
                                        int tp, int dcp, const std::string& out_dir) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (config.quantization.FromCheckpoint()) {
+    return absl::InvalidArgumentError("pre-sharding FP8 checkpoints is not supported yet");
+  }
   const fs::path out(out_dir);
   std::error_code ec;
   if (fs::equivalent(fs::path(model_dir), out, ec)) {

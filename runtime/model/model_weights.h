@@ -39,11 +39,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
+
+// One FP8 linear layer as loaded (config.quantization; weight_fp8.cc): e4m3 codes and fp32
+// scales, held per output row (grid.block_rows = 1; blocks of 128 columns or the whole row), so
+// fused q/k/v and gate/up parts of any size and scale granularity concatenate.
+struct Fp8LinearWeight {
+  std::vector<uint8_t> codes;  // [grid.rows, grid.cols] e4m3fn
+  std::vector<float> scales;   // [grid.NumScales()]
+  kernels::Fp8ScaleGrid grid;
+  kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
+  float input_scale = 0.0f;  // kStaticTensor: the largest of the fused parts' input scales
+  bool empty() const { return codes.empty(); }
+  kernels::Fp8WeightView View() const {
+    return {codes.data(), scales.data(), grid, activation, input_scale};
+  }
+};
 
 struct LayerWeights {
   std::vector<float> input_layernorm;  // [hidden]
@@ -77,6 +93,9 @@ struct LayerWeights {
   std::vector<float> shared_down;         // [hidden, Is] or empty
   std::vector<float> shared_expert_gate;  // [hidden] or empty
   std::vector<float> router_bias;         // [E]: DeepSeek-V3's e_score_correction_bias, or empty
+  // FP8 weights (config.quantization.IsFp8()) of qkv_proj, o_proj, gate_up_proj and down_proj,
+  // whose fp32 vectors are then empty; biases stay fp32.
+  Fp8LinearWeight qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
 };
 
 struct ModelWeights {
@@ -105,6 +124,20 @@ struct ModelWeights {
 // not the shard's.
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
                                               const ModelConfig& config, TpShard shard = {});
+
+// FP8 checkpoints (config.quantization.FromCheckpoint(); weight_fp8.h): q/k/v/o and gate/up/down
+// are F8_E4M3 with their scale tensors and land in LayerWeights' *_fp8 slots (scales per row:
+// per-tensor and per-channel scales repeated per row, 128x128 blocks per row and 128-column
+// block; static input scales of fused parts merged by max, as vLLM does), never widened; a
+// tensor-parallel slice that cuts a 128-block is refused naming the TP size. Pre-sharded FP8
+// checkpoints are not supported (refused).
+
+// Quantizes the fp32 q/k/v/o, gate/up and down weights of `weights` (loaded for `config`) into
+// FP8 slots as config.quantization says (per-row scales, over blocks of 128 columns when
+// block_cols > 0, else the whole row), freeing the fp32 vectors: --quantization=fp8 (online:
+// per-channel, dynamic per-token activations) and dummy weights of an FP8 config.
+// INVALID_ARGUMENT for a static activation scheme (needs calibration) or an MLA / MoE model.
+absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights);
 
 // Marks a pre-sharded checkpoint directory: {"format": "tandem-tp-shards", "tp": N, "dcp": K,
 // "ranks": ["rank-0-of-N", ...]}.

@@ -132,16 +132,18 @@ void AllocateModelWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w
   w->lm_head.clear();
   if (!c.tie_word_embeddings) w->lm_head.assign(vocab * h, 0.0f);
   w->layers.assign(static_cast<size_t>(c.num_hidden_layers), LayerWeights());
+  // FP8 checkpoints keep q/k/v/o and gate/up/down in the *_fp8 slots (weight_fp8.cc).
+  const size_t fp32_linear = c.quantization.FromCheckpoint() ? 0 : 1;
   for (LayerWeights& layer : w->layers) {
     layer.input_layernorm.assign(h, 0.0f);
-    layer.qkv_proj.assign((q + 2 * kv) * h, 0.0f);
+    layer.qkv_proj.assign(fp32_linear * (q + 2 * kv) * h, 0.0f);
     if (c.qkv_bias) layer.qkv_bias.assign(q + 2 * kv, 0.0f);
-    layer.o_proj.assign(h * o, 0.0f);
+    layer.o_proj.assign(fp32_linear * h * o, 0.0f);
     if (c.o_bias && row_bias) layer.o_bias.assign(h, 0.0f);
     layer.post_attention_layernorm.assign(h, 0.0f);
-    layer.gate_up_proj.assign(2 * inter * h, 0.0f);
+    layer.gate_up_proj.assign(fp32_linear * 2 * inter * h, 0.0f);
     if (c.mlp_bias) layer.gate_up_bias.assign(2 * inter, 0.0f);
-    layer.down_proj.assign(h * inter, 0.0f);
+    layer.down_proj.assign(fp32_linear * h * inter, 0.0f);
     if (c.mlp_bias && row_bias) layer.down_bias.assign(h, 0.0f);
   }
   AllocateFamilyWeights(c, d, w);

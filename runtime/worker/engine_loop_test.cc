@@ -74,7 +74,7 @@ struct LoopSetup {
   int64_t max_num_seqs = 256;
   int64_t max_queued_requests = 4096;
   std::shared_ptr<StepGate> gate;
-  kvtransfer::KvConnector* connector = nullptr;  // attached, and told of orphaned leases
+  kvtransfer::PullKvConnector* connector = nullptr;  // attached, and told of orphaned leases
 };
 
 std::unique_ptr<EngineLoop> MakeLoop(const LoopSetup& setup) {

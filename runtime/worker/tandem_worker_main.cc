@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, load_format, "auto", "auto (read --model) or dummy (random weights)");
 ABSL_FLAG(std::string, dummy_config, "tiny", "preset or config.json for --load_format=dummy");
 ABSL_FLAG(uint64_t, dummy_seed, 0, "weight seed for --load_format=dummy");
+ABSL_FLAG(std::string, quantization, "",
+          "fp8: quantize the linear layers of a 16/32-bit checkpoint to FP8 at load (per-channel "
+          "weights, dynamic per-token activations); empty: as the checkpoint says");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address (port 0 = any free port)");
 ABSL_FLAG(std::string, worker_id, "",
           "unique worker name (default: the one --tls_cert names; <role>-<port> with --insecure)");
@@ -110,6 +113,7 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.model.load_format = absl::GetFlag(FLAGS_load_format);
   config.model.dummy_config = absl::GetFlag(FLAGS_dummy_config);
   config.model.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
+  config.model.quantization = absl::GetFlag(FLAGS_quantization);
   config.backend.backend = absl::GetFlag(FLAGS_backend);
   config.backend.num_threads = absl::GetFlag(FLAGS_num_threads);
   config.backend.device = absl::GetFlag(FLAGS_device);

@@ -34,10 +34,12 @@ const char* RoleName(tandem::v1::WorkerRole role) {
   }
 }
 
-Worker::Worker(EngineLoop* loop, kvtransfer::KvConnector* connector,
-               kvtransfer::KvSourceLinks* links, WorkerOptions options)
+Worker::Worker(EngineLoop* loop, kvtransfer::KvLeaseTable* leases,
+               kvtransfer::KvConnectorMetrics* kv_metrics, kvtransfer::KvSourceLinks* links,
+               WorkerOptions options)
     : loop_(loop),
-      connector_(connector),
+      leases_(leases),
+      kv_metrics_(kv_metrics),
       links_(links),
       options_(std::move(options)),
       first_token_(http::LatencyBuckets()),
@@ -65,8 +67,8 @@ tandem::v1::ServingStatus Worker::status() const {
 }
 
 bool Worker::KvUnhealthy() const {
-  if (connector_ == nullptr || options_.kv_failures_unhealthy <= 0) return false;
-  const kvtransfer::KvConnectorStats stats = connector_->Stats();
+  if (kv_metrics_ == nullptr || options_.kv_failures_unhealthy <= 0) return false;
+  const kvtransfer::KvConnectorStats stats = kv_metrics_->Stats();
   const uint64_t failures = stats.load_failures + kv_link_failures_.load();
   absl::MutexLock lock(&health_mu_);
   if (stats.loads_completed > seen_completed_) failure_streak_ = 0;  // a load worked
@@ -117,7 +119,7 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
                                               const CallerGone& gone,
                                               const std::string& decode_worker_id) {
   const bool hold = remote_decode && spec.max_tokens > 1;
-  if (hold && connector_ == nullptr) {
+  if (hold && leases_ == nullptr) {
     return absl::FailedPreconditionError("this worker has no KV transfer");
   }
   if (remote_decode) RETURN_IF_ERROR(CheckReader(decode_worker_id));
@@ -160,15 +162,15 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   const RequestUpdate::Lease& held = *update.kv_lease;
   // Make the held blocks readable by peers (device -> host mirror where the agent stages GPU
   // memory) before anyone learns of them.
-  if (const absl::Status ready = connector_->PrepareForRemoteRead(held.block_ids); !ready.ok()) {
-    connector_->ReleaseLease(held.lease.lease_id);  // the blocks cannot be served
+  if (const absl::Status ready = leases_->PrepareForRemoteRead(held.block_ids); !ready.ok()) {
+    leases_->ReleaseLease(held.lease.lease_id);  // the blocks cannot be served
     return ready;
   }
   // The lease serves exactly this request's blocks, to the decode worker the router named.
-  if (const absl::Status bound = connector_->BindLease(
+  if (const absl::Status bound = leases_->BindLease(
           held.lease.lease_id, {decode_worker_id, id, held.block_ids, held.num_tokens});
       !bound.ok()) {
-    connector_->ReleaseLease(held.lease.lease_id);  // e.g. aborted meanwhile: nothing to hand
+    leases_->ReleaseLease(held.lease.lease_id);  // e.g. aborted meanwhile: nothing to hand
     return bound;
   }
   kvtransfer::KvSource source;
@@ -212,9 +214,9 @@ absl::Status Worker::Relay(const std::string& id, RequestStream& stream, absl::T
     if (finished) e2e_.Observe(absl::ToDoubleSeconds(now - start));
     if (finished && times != nullptr) {
       times->set_decode_micros(Micros(now - start));
-      if (connector_ != nullptr) {
+      if (kv_metrics_ != nullptr) {
         if (std::optional<kvtransfer::KvLoadRecord> load =
-                connector_->TakeLoadRecord(stream.engine_id());
+                kv_metrics_->TakeLoadRecord(stream.engine_id());
             load.has_value()) {
           times->set_kv_load_micros(load->micros);
           times->set_kv_bytes(load->bytes);
@@ -233,7 +235,7 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
                             const tandem::v1::KvHandle& handle, int32_t first_token,
                             KvLoadFailurePolicy on_kv_failure, const CallerGone& gone,
                             const UpdateSink& sink, tandem::v1::WorkerPhaseTimes* times) {
-  if (connector_ == nullptr || links_ == nullptr) {
+  if (leases_ == nullptr || links_ == nullptr) {
     return absl::FailedPreconditionError("this worker has no KV transfer");
   }
   if (absl::Status valid = kvtransfer::ValidateKvHandle(handle, options_.kv_layout_hash);
@@ -285,7 +287,7 @@ absl::Status Worker::Decode(const std::string& id, RequestSpec spec,
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = loop_->Submit(id, std::move(spec));
   if (!stream.ok()) {
-    if (remote.has_value()) connector_->DropRemote(*remote);  // never reached the engine
+    if (remote.has_value()) kvtransfer::ReleaseSourceLease(*remote);  // never reached the engine
     return stream.status();
   }
   if (recompute) ++kv_link_recomputes_;
@@ -303,7 +305,7 @@ absl::Status Worker::Generate(const std::string& id, RequestSpec spec, const Cal
 
 Worker::Latencies Worker::LatencySnapshots() const {
   http::HistogramSnapshot kv_load =
-      connector_ != nullptr ? connector_->Stats().load_seconds : http::HistogramSnapshot{};
+      kv_metrics_ != nullptr ? kv_metrics_->Stats().load_seconds : http::HistogramSnapshot{};
   if (kv_load.bounds.empty()) kv_load = http::Histogram(http::LatencyBuckets()).Snapshot();
   return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot(),
           loop_->QueueTimeSnapshot(), std::move(kv_load)};
@@ -311,15 +313,15 @@ Worker::Latencies Worker::LatencySnapshots() const {
 
 absl::Status Worker::ReassignLease(const std::string& id, uint64_t lease_id,
                                    const std::string& decode_worker_id) {
-  if (connector_ == nullptr) return absl::FailedPreconditionError("this worker has no KV transfer");
+  if (leases_ == nullptr) return absl::FailedPreconditionError("this worker has no KV transfer");
   RETURN_IF_ERROR(CheckReader(decode_worker_id));
-  return connector_->ReassignLease(id, lease_id, decode_worker_id);
+  return leases_->ReassignLease(id, lease_id, decode_worker_id);
 }
 
 bool Worker::Abort(const std::string& id) {
   bool found = loop_->Abort(id);
   // A prefilled request whose decode will not happen: give its blocks back now.
-  if (connector_ != nullptr) found |= connector_->ReleaseLeaseOf(id);
+  if (leases_ != nullptr) found |= leases_->ReleaseLeaseOf(id);
   return found;
 }
 
@@ -347,8 +349,8 @@ tandem::v1::WorkerLoad Worker::Load() const {
   load.set_num_waiting(static_cast<uint32_t>(stats.num_waiting));
   load.set_kv_blocks_total(static_cast<uint32_t>(stats.kv.num_blocks));
   load.set_kv_blocks_free(static_cast<uint32_t>(stats.kv.num_free_blocks));
-  if (connector_ != nullptr) {
-    load.set_kv_blocks_leased(static_cast<uint32_t>(connector_->Stats().blocks_leased));
+  if (kv_metrics_ != nullptr) {
+    load.set_kv_blocks_leased(static_cast<uint32_t>(kv_metrics_->Stats().blocks_leased));
   }
   return load;
 }
@@ -364,8 +366,8 @@ tandem::v1::WorkerStats Worker::StatsProto() const {
   out.set_requests_finished(stats.requests_finished);
   out.set_requests_aborted(stats.requests_aborted);
   uint64_t load_failures = kv_link_failures_;
-  if (connector_ != nullptr) {
-    const kvtransfer::KvConnectorStats c = connector_->Stats();
+  if (kv_metrics_ != nullptr) {
+    const kvtransfer::KvConnectorStats c = kv_metrics_->Stats();
     out.set_leases_granted(c.leases_granted);
     out.set_leases_released(c.leases_released);
     out.set_leases_expired(c.leases_expired);

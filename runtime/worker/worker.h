@@ -4,7 +4,7 @@
 //
 //   Prefill   (prefill/mixed) runs the prompt and samples the first token; with remote decode
 //             the blocks stay leased (by the connector), the lease is bound to the decode worker
-//             the router named (KvConnector::BindLease) and the result carries the KvHandle.
+//             the router named (KvLeaseTable::BindLease) and the result carries the KvHandle.
 //   Decode    (decode/mixed)  has the source authorize the read (AuthorizeRead: the handle is
 //             what was issued for this request and this worker), links to it, hands the
 //             connector the remote KV (it loads, renews and releases the source's
@@ -38,6 +38,7 @@
 #include "common/http/prometheus.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/kv_handle.h"
+#include "kvtransfer/lease_table.h"
 #include "runtime/worker/engine_loop.h"
 #include "tandem/v1/kv.pb.h"
 #include "tandem/v1/router.pb.h"
@@ -89,9 +90,12 @@ struct PrefillResult {
 
 class Worker {
  public:
-  // `connector` and `links` may be null (no disaggregation): then a remote-decode Prefill and
-  // Decode are refused. All pointers must outlive the worker.
-  Worker(EngineLoop* loop, kvtransfer::KvConnector* connector, kvtransfer::KvSourceLinks* links,
+  // The KV connector as the worker core uses it: `leases` (the source side's lease table) and
+  // `kv_metrics` (its counters and load records; the engine thread drives the connector itself).
+  // `leases`, `kv_metrics` and `links` are all null without disaggregation: then a remote-decode
+  // Prefill and Decode are refused. All pointers must outlive the worker.
+  Worker(EngineLoop* loop, kvtransfer::KvLeaseTable* leases,
+         kvtransfer::KvConnectorMetrics* kv_metrics, kvtransfer::KvSourceLinks* links,
          WorkerOptions options);
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -156,7 +160,8 @@ class Worker {
   absl::Status CheckReader(const std::string& decode_worker_id) const;
 
   EngineLoop* const loop_;
-  kvtransfer::KvConnector* const connector_;
+  kvtransfer::KvLeaseTable* const leases_;
+  kvtransfer::KvConnectorMetrics* const kv_metrics_;
   kvtransfer::KvSourceLinks* const links_;
   const WorkerOptions options_;
   // Whether the last kv_failures_unhealthy loads all failed (and the probe time has not come).

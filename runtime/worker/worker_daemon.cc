@@ -291,7 +291,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   parts->peers = std::make_unique<kvtransfer::PeerLinks>(
       parts->agent.get(), local, absl::Seconds(5), std::move(linker), std::move(linked));
   parts->worker = std::make_unique<Worker>(parts->loop.get(), parts->connector.get(),
-                                           parts->peers.get(), options);
+                                           parts->connector.get(), parts->peers.get(), options);
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
   std::string address;
   RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));

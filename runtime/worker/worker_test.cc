@@ -70,7 +70,7 @@ struct CoreWorker {
     wo.kv_layout_hash = kLayoutHash;
     wo.address = id + ".local:1";
     if (customize) customize(wo);
-    worker = std::make_unique<Worker>(loop.get(), connector.get(), links, wo);
+    worker = std::make_unique<Worker>(loop.get(), connector.get(), connector.get(), links, wo);
   }
   // Waits (bounded) until every block is free and nothing is leased.
   bool PoolWhole() {

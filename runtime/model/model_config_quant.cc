@@ -1,0 +1,234 @@
+// quantization_config of config.json: the FP8 checkpoint formats users have (issue 38).
+#include "runtime/model/model_config_quant.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace tandem::runtime {
+
+using kernels::Fp8ActivationScheme;
+using Method = WeightQuantization::Method;
+
+std::string WeightQuantization::Describe() const {
+  if (!IsFp8()) return "none";
+  std::string weights = "per-tensor";
+  if (block_rows == 1 && block_cols == 0) weights = "per-channel";
+  if (block_rows > 1 || block_cols > 0) {
+    weights = absl::StrCat(block_rows, "x", block_cols, " block");
+  }
+  const char* method_name = method == Method::kFp8Block            ? "fp8 (block)"
+                            : method == Method::kCompressedTensors ? "compressed-tensors"
+                            : method == Method::kModelOpt          ? "modelopt"
+                                                                   : "online";
+  const char* act = activation == Fp8ActivationScheme::kNone           ? "16-bit activations"
+                    : activation == Fp8ActivationScheme::kStaticTensor ? "static per-tensor"
+                    : activation == Fp8ActivationScheme::kDynamicToken ? "dynamic per-token"
+                                                                       : "dynamic 1x128-group";
+  return absl::StrCat("fp8 ", method_name, ": ", weights, " weight scales, ", act,
+                      activation == Fp8ActivationScheme::kNone ? "" : " activations");
+}
+
+namespace internal {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kSupported[] =
+    "supported: \"fp8\" with weight_block_size [128, 128], \"compressed-tensors\" float 8-bit "
+    "(tensor / channel / block weights), \"modelopt\" FP8";
+
+absl::Status Refuse(absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("quantization_config: ", what, " (", kSupported, ")"));
+}
+
+std::string Show(const json& j) {
+  std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+// `key` of `object` as a string, "" when absent or null.
+std::string Str(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// Only lm_head may be left unquantized: partly quantized decoders are not supported.
+absl::Status CheckIgnoreList(const json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Refuse(absl::StrCat(key, " must be a list, got ", Show(*it)));
+  for (const json& entry : *it) {
+    const std::string name = entry.is_string() ? entry.get<std::string>() : Show(entry);
+    if (name != "lm_head" && name != "re:.*lm_head" && name != "model.lm_head") {
+      return Refuse(absl::StrCat(key, " entry '", name,
+                                 "': only lm_head may stay unquantized (a partly FP8 decoder "
+                                 "is not supported)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBlockSize(const json& value, const char* where, WeightQuantization* q) {
+  if (!value.is_array() || value.size() != 2 || !value[0].is_number_integer() ||
+      !value[1].is_number_integer() || value[0].get<int64_t>() != 128 ||
+      value[1].get<int64_t>() != 128) {
+    return Refuse(absl::StrCat(where, " ", Show(value), " (only [128, 128] blocks)"));
+  }
+  q->block_rows = 128;
+  q->block_cols = 128;
+  return absl::OkStatus();
+}
+
+absl::Status ParseFp8Block(const json& qc, WeightQuantization* q) {
+  q->method = Method::kFp8Block;
+  const std::string fmt = Str(qc, "fmt");
+  if (!fmt.empty() && fmt != "e4m3") return Refuse(absl::StrCat("fp8 fmt '", fmt, "' (e4m3 only)"));
+  auto block = qc.find("weight_block_size");
+  if (block == qc.end() || block->is_null()) {
+    return Refuse("fp8 without weight_block_size (per-tensor \"fp8\" checkpoints: not supported)");
+  }
+  RETURN_IF_ERROR(ParseBlockSize(*block, "fp8 weight_block_size", q));
+  const std::string scheme = Str(qc, "activation_scheme");
+  if (!scheme.empty() && scheme != "dynamic") {
+    return Refuse(absl::StrCat("fp8 activation_scheme '", scheme, "' (dynamic only)"));
+  }
+  q->activation = Fp8ActivationScheme::kDynamicGroup128;
+  return CheckIgnoreList(qc, "modules_to_not_convert");
+}
+
+absl::Status IsFloat8(const json& args, const char* what) {
+  auto bits = args.find("num_bits");
+  if (Str(args, "type") != "float" || bits == args.end() || !bits->is_number_integer() ||
+      bits->get<int>() != 8) {
+    return Refuse(
+        absl::StrCat("compressed-tensors ", what, " ", Show(args), " (8-bit float only)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
+  q->method = Method::kCompressedTensors;
+  const std::string format = Str(qc, "format");
+  if (format != "float-quantized" && format != "naive-quantized") {
+    return Refuse(absl::StrCat("compressed-tensors format '", format,
+                               "' (float-quantized or naive-quantized only)"));
+  }
+  auto groups = qc.find("config_groups");
+  if (groups == qc.end() || !groups->is_object() || groups->size() != 1) {
+    return Refuse("compressed-tensors needs exactly one entry in config_groups");
+  }
+  const json& group = groups->begin().value();
+  auto targets = group.find("targets");
+  if (targets == group.end() || *targets != json::array({"Linear"})) {
+    return Refuse(absl::StrCat("compressed-tensors targets ",
+                               targets == group.end() ? "missing" : Show(*targets),
+                               " (only [\"Linear\"])"));
+  }
+  auto weights = group.find("weights");
+  if (weights == group.end() || !weights->is_object()) {
+    return Refuse("compressed-tensors group without weights");
+  }
+  RETURN_IF_ERROR(IsFloat8(*weights, "weights"));
+  const std::string strategy = Str(*weights, "strategy");
+  if (weights->value("dynamic", false) == true) {
+    return Refuse("compressed-tensors dynamic weights");
+  }
+  if (strategy == "tensor") {
+    q->block_rows = 0;
+  } else if (strategy == "channel") {
+    q->block_rows = 1;
+  } else if (strategy == "block") {
+    RETURN_IF_ERROR(ParseBlockSize(weights->value("block_structure", json()),
+                                   "compressed-tensors block_structure", q));
+  } else {
+    return Refuse(absl::StrCat("compressed-tensors weight strategy '", strategy,
+                               "' (tensor, channel or block)"));
+  }
+  auto input = group.find("input_activations");
+  if (input == group.end() || input->is_null()) {
+    q->activation = Fp8ActivationScheme::kNone;
+  } else {
+    RETURN_IF_ERROR(IsFloat8(*input, "input_activations"));
+    const std::string act = Str(*input, "strategy");
+    const bool dynamic = input->value("dynamic", false) == true;
+    if (act == "token" && dynamic) {
+      q->activation = Fp8ActivationScheme::kDynamicToken;
+    } else if (act == "tensor" && !dynamic) {
+      q->activation = Fp8ActivationScheme::kStaticTensor;
+    } else if (act == "group" && dynamic && input->value("group_size", 0) == 128) {
+      q->activation = Fp8ActivationScheme::kDynamicGroup128;
+    } else {
+      return Refuse(absl::StrCat("compressed-tensors input_activations ", Show(*input),
+                                 " (dynamic token, static tensor or dynamic group of 128)"));
+    }
+  }
+  if (group.contains("output_activations") && !group["output_activations"].is_null()) {
+    return Refuse("compressed-tensors output_activations");
+  }
+  auto kv = qc.find("kv_cache_scheme");
+  if (kv != qc.end() && !kv->is_null()) {
+    return Refuse("compressed-tensors kv_cache_scheme (use --kv_cache_dtype instead)");
+  }
+  return CheckIgnoreList(qc, "ignore");
+}
+
+absl::Status ParseModelOpt(const json& qc, WeightQuantization* q) {
+  q->method = Method::kModelOpt;
+  // hf_quant_config.json nests the fields under "quantization"; config.json writes them flat.
+  const json& fields =
+      qc.contains("quantization") && qc["quantization"].is_object() ? qc["quantization"] : qc;
+  const std::string algo = Str(fields, "quant_algo");
+  if (algo != "FP8") {
+    return Refuse(absl::StrCat("modelopt quant_algo '", algo, "' (FP8 only)"));
+  }
+  auto kv = fields.find("kv_cache_quant_algo");
+  if (kv != fields.end() && !kv->is_null()) {
+    return Refuse(absl::StrCat("modelopt kv_cache_quant_algo ", Show(*kv),
+                               " (use --kv_cache_dtype instead)"));
+  }
+  q->block_rows = 0;
+  q->block_cols = 0;
+  q->activation = Fp8ActivationScheme::kStaticTensor;
+  return CheckIgnoreList(fields, "exclude_modules");
+}
+
+}  // namespace
+
+absl::Status ParseQuantizationConfig(const json& root, ModelConfig* config) {
+  auto it = root.find("quantization_config");
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return Refuse(absl::StrCat("must be an object, got ", Show(*it)));
+  const std::string method = Str(*it, "quant_method");
+  WeightQuantization q;
+  if (method == "fp8") {
+    RETURN_IF_ERROR(ParseFp8Block(*it, &q));
+  } else if (method == "compressed-tensors") {
+    RETURN_IF_ERROR(ParseCompressedTensors(*it, &q));
+  } else if (method == "modelopt") {
+    RETURN_IF_ERROR(ParseModelOpt(*it, &q));
+  } else {
+    return Refuse(absl::StrCat("unsupported quant_method '", method, "'"));
+  }
+  config->quantization = q;
+  return CheckQuantizedArchitecture(*config);
+}
+
+absl::Status CheckQuantizedArchitecture(const ModelConfig& config) {
+  if (!config.quantization.IsFp8()) return absl::OkStatus();
+  if (config.IsMla() || config.IsMoe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 weights (", config.quantization.Describe(), ") are not supported for ",
+        config.architecture,
+        " (supported: the dense LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, "
+        "Qwen3ForCausalLM; MLA and mixture-of-experts layers have no FP8 path yet)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace tandem::runtime

@@ -1,0 +1,151 @@
+// quantization_config parsing (model_config_quant.cc): the FP8 schemes accepted, and everything
+// else refused naming the scheme and the supported ones.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime {
+namespace {
+
+using json = nlohmann::json;
+using kernels::Fp8ActivationScheme;
+using Method = WeightQuantization::Method;
+
+json Llama() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", 256},
+          {"hidden_size", 256},
+          {"intermediate_size", 192},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}};
+}
+
+absl::StatusOr<ModelConfig> WithQuant(json quant, json root = Llama()) {
+  root["quantization_config"] = std::move(quant);
+  return ParseModelConfig(root.dump());
+}
+
+json CtGroup(const std::string& weights, json input) {
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"ignore", {"lm_head"}},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", weights}}},
+              {"input_activations", input}}}}}};
+}
+
+json Act(const std::string& strategy, bool dynamic) {
+  return {{"num_bits", 8}, {"type", "float"}, {"strategy", strategy}, {"dynamic", dynamic}};
+}
+
+TEST(QuantizationConfigTest, AcceptedSchemes) {
+  auto none = ParseModelConfig(Llama().dump());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->quantization.IsFp8());
+  EXPECT_EQ(none->quantization.Describe(), "none");
+
+  auto block = WithQuant({{"quant_method", "fp8"},
+                          {"activation_scheme", "dynamic"},
+                          {"weight_block_size", {128, 128}}});
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->quantization.method, Method::kFp8Block);
+  EXPECT_EQ(block->quantization.block_rows, 128);
+  EXPECT_EQ(block->quantization.activation, Fp8ActivationScheme::kDynamicGroup128);
+
+  auto channel = WithQuant(CtGroup("channel", Act("token", true)));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ(channel->quantization.block_rows, 1);
+  EXPECT_EQ(channel->quantization.activation, Fp8ActivationScheme::kDynamicToken);
+
+  auto tensor = WithQuant(CtGroup("tensor", Act("tensor", false)));
+  ASSERT_TRUE(tensor.ok()) << tensor.status();
+  EXPECT_EQ(tensor->quantization.activation, Fp8ActivationScheme::kStaticTensor);
+
+  json ct_block = CtGroup("block", json());
+  ct_block["config_groups"]["group_0"]["weights"]["block_structure"] = {128, 128};
+  ct_block["config_groups"]["group_0"]["input_activations"] = Act("group", true);
+  ct_block["config_groups"]["group_0"]["input_activations"]["group_size"] = 128;
+  auto ctb = WithQuant(ct_block);
+  ASSERT_TRUE(ctb.ok()) << ctb.status();
+  EXPECT_EQ(ctb->quantization.Describe(),
+            "fp8 compressed-tensors: 128x128 block weight scales, dynamic 1x128-group "
+            "activations");
+
+  auto w8a16 = WithQuant(CtGroup("channel", json()));
+  ASSERT_TRUE(w8a16.ok()) << w8a16.status();
+  EXPECT_EQ(w8a16->quantization.activation, Fp8ActivationScheme::kNone);
+
+  // modelopt: flat (config.json) and nested (hf_quant_config.json's "quantization").
+  auto flat = WithQuant({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}});
+  auto nested =
+      WithQuant({{"quant_method", "modelopt"},
+                 {"quantization", {{"quant_algo", "FP8"}, {"exclude_modules", {"lm_head"}}}}});
+  ASSERT_TRUE(flat.ok() && nested.ok()) << flat.status() << nested.status();
+  EXPECT_EQ(nested->quantization.method, Method::kModelOpt);
+  EXPECT_EQ(nested->quantization.activation, Fp8ActivationScheme::kStaticTensor);
+}
+
+TEST(QuantizationConfigTest, UnsupportedSchemesAreRefusedNamingThem) {
+  const std::string supported =
+      " (supported: \"fp8\" with weight_block_size [128, 128], \"compressed-tensors\" float "
+      "8-bit (tensor / channel / block weights), \"modelopt\" FP8)";
+  EXPECT_EQ(WithQuant({{"quant_method", "awq"}, {"bits", 4}}).status().message(),
+            "quantization_config: unsupported quant_method 'awq'" + supported);
+  EXPECT_EQ(WithQuant({{"quant_method", "fp8"}}).status().message(),
+            "quantization_config: fp8 without weight_block_size (per-tensor \"fp8\" checkpoints: "
+            "not supported)" +
+                supported);
+  EXPECT_EQ(
+      WithQuant({{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}).status().message(),
+      "quantization_config: fp8 weight_block_size [64,64] (only [128, 128] blocks)" + supported);
+  EXPECT_EQ(WithQuant({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}}).status().message(),
+            "quantization_config: modelopt quant_algo 'NVFP4' (FP8 only)" + supported);
+  EXPECT_EQ(
+      WithQuant(
+          {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"kv_cache_quant_algo", "FP8"}})
+          .status()
+          .message(),
+      "quantization_config: modelopt kv_cache_quant_algo \"FP8\" (use --kv_cache_dtype "
+      "instead)" +
+          supported);
+  EXPECT_EQ(WithQuant(CtGroup("group", Act("token", true))).status().message(),
+            "quantization_config: compressed-tensors weight strategy 'group' (tensor, channel or "
+            "block)" +
+                supported);
+  json int8 = CtGroup("channel", Act("token", true));
+  int8["config_groups"]["group_0"]["weights"]["type"] = "int";
+  EXPECT_NE(WithQuant(int8).status().message().find("(8-bit float only)"), std::string::npos);
+  EXPECT_NE(WithQuant(CtGroup("channel", Act("token", false)))
+                .status()
+                .message()
+                .find("input_activations"),
+            std::string::npos);
+  json ignore = CtGroup("channel", Act("token", true));
+  ignore["ignore"] = {"lm_head", "model.layers.0.mlp.down_proj"};
+  EXPECT_EQ(WithQuant(ignore).status().message(),
+            "quantization_config: ignore entry 'model.layers.0.mlp.down_proj': only lm_head may "
+            "stay unquantized (a partly FP8 decoder is not supported)" +
+                supported);
+}
+
+TEST(QuantizationConfigTest, Fp8ForAnUnsupportedArchitectureIsRefused) {
+  json mixtral = Llama();
+  mixtral["architectures"] = {"MixtralForCausalLM"};
+  mixtral["model_type"] = "mixtral";
+  mixtral["num_local_experts"] = 4;
+  mixtral["num_experts_per_tok"] = 2;
+  EXPECT_EQ(WithQuant(CtGroup("channel", Act("token", true)), mixtral).status().message(),
+            "FP8 weights (fp8 compressed-tensors: per-channel weight scales, dynamic per-token "
+            "activations) are not supported for MixtralForCausalLM (supported: the dense "
+            "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM; MLA and "
+            "mixture-of-experts layers have no FP8 path yet)");
+}
+
+}  // namespace
+}  // namespace tandem::runtime

@@ -1,0 +1,288 @@
+// FP8 checkpoints: checking and loading e4m3 weights with their scales (weight_fp8.h), and
+// quantizing fp32 weights at load (QuantizeWeightsFp8).
+#include "runtime/model/weight_fp8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "runtime/model/half.h"
+
+namespace tandem::runtime {
+namespace internal {
+namespace {
+
+using Method = WeightQuantization::Method;
+constexpr int64_t kBlock = 128;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// "model.layers.0.self_attn.q_proj." for "model.layers.0.self_attn.q_proj.weight".
+std::string Prefix(const HfTensor& t) { return t.name.substr(0, t.name.size() - 6); }
+
+bool Blocked(const ModelConfig& c) { return c.quantization.block_cols > 0; }
+
+// The scale tensors of one FP8 weight: name and the shapes accepted for it.
+struct ScaleSpec {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  bool input = false;  // the static activation scale
+};
+
+std::vector<ScaleSpec> ScaleSpecs(const ModelConfig& c, const HfTensor& t) {
+  const int64_t n = t.shape[0], k = t.shape[1];
+  const std::string p = Prefix(t);
+  const std::vector<int64_t> blocks = {CeilDiv(n, kBlock), CeilDiv(k, kBlock)};
+  std::vector<ScaleSpec> out;
+  switch (c.quantization.method) {
+    case Method::kFp8Block:
+      out.push_back({p + "weight_scale_inv", {blocks}});
+      break;
+    case Method::kCompressedTensors:
+      if (Blocked(c)) {
+        out.push_back({p + "weight_scale", {blocks}});
+      } else if (c.quantization.block_rows == 1) {
+        out.push_back({p + "weight_scale", {{n, 1}, {n}}});
+      } else {
+        out.push_back({p + "weight_scale", {{1}, {}}});
+      }
+      break;
+    case Method::kModelOpt:
+      out.push_back({p + "weight_scale", {{}, {1}}});
+      break;
+    case Method::kNone:
+    case Method::kOnlineFp8:
+      break;
+  }
+  if (c.quantization.activation == kernels::Fp8ActivationScheme::kStaticTensor) {
+    out.push_back({p + "input_scale", {{}, {1}}, true});
+  }
+  return out;
+}
+
+float ScaleAt(const TensorInfo& info, int64_t i) {
+  if (info.dtype == SafetensorsDtype::kF32) {
+    float v;
+    std::memcpy(&v, info.data + 4 * i, 4);
+    return v;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, info.data + 2 * i, 2);
+  return info.dtype == SafetensorsDtype::kBF16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
+}
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status CheckScale(const ScaleSpec& spec, const HfTensor& weight, const FindTensor& find) {
+  const TensorInfo* info = find(spec.name);
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing scale tensor '", spec.name, "' (expected shape ",
+                     ShapeString(spec.shapes[0]), ") of FP8 weight '", weight.name, "'"));
+  }
+  if (std::find(spec.shapes.begin(), spec.shapes.end(), info->shape) == spec.shapes.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale tensor '", spec.name, "' has shape ", ShapeString(info->shape), ", expected ",
+        ShapeString(spec.shapes[0]), " for weight ", ShapeString(weight.shape)));
+  }
+  if (info->dtype == SafetensorsDtype::kOther) {
+    return absl::InvalidArgumentError(absl::StrCat("scale tensor '", spec.name, "' has dtype ",
+                                                   info->dtype_name, " (F32, BF16 or F16)"));
+  }
+  for (int64_t i = 0; i < NumElements(info->shape); ++i) {
+    const float v = ScaleAt(*info, i);
+    if (!(v > 0.0f) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("scale tensor '", spec.name, "' holds ", v,
+                                                     " at ", i,
+                                                     " (scales must be positive and finite)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A block-scaled weight's TP slice must not cut a 128-block.
+absl::Status CheckBlockSlice(const HfTensor& t, const TpDims& dims) {
+  if (t.slice_dim < 0) return absl::OkStatus();
+  const int64_t end = t.slice_begin + t.slice_count, extent = t.shape[t.slice_dim];
+  if (t.slice_begin % kBlock == 0 && (end % kBlock == 0 || end == extent)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tp=", dims.shard.size, " cuts the 128x128 FP8 scale blocks of '", t.name, "' (rank ",
+      dims.shard.rank, " would keep ", t.slice_dim == 0 ? "rows" : "columns", " [", t.slice_begin,
+      ", ", end, ") of ", extent, "): choose a TP size that splits it on multiples of 128"));
+}
+
+// Local rows / columns of the rank's part of `t`, and the row it starts at in the fused slot.
+struct LocalPart {
+  int64_t rows, cols, row_offset;
+};
+LocalPart PartOf(const HfTensor& t) {
+  const int64_t rows = t.slice_dim == 0 ? t.slice_count : t.shape[0];
+  const int64_t cols = t.slice_dim == 1 ? t.slice_count : t.shape[1];
+  return {rows, cols, cols == 0 ? 0 : t.offset / cols};
+}
+
+// Copies the rank's codes and per-row scales of `t` into `slot` (sized already).
+void FillPart(const ModelConfig& c, const HfTensor& t, const FindTensor& find,
+              Fp8LinearWeight* slot) {
+  const LocalPart part = PartOf(t);
+  const TensorInfo& codes = *find(t.name);
+  const int64_t k = t.shape[1];
+  const int64_t row0 = t.slice_dim == 0 ? t.slice_begin : 0;
+  const int64_t col0 = t.slice_dim == 1 ? t.slice_begin : 0;
+  for (int64_t r = 0; r < part.rows; ++r) {
+    std::memcpy(slot->codes.data() + (part.row_offset + r) * part.cols,
+                codes.data + (row0 + r) * k + col0, static_cast<size_t>(part.cols));
+  }
+  const std::vector<ScaleSpec> specs = ScaleSpecs(c, t);
+  const TensorInfo& scale = *find(specs[0].name);
+  const int64_t grid_cols = slot->grid.GridCols();
+  const int64_t scales = NumElements(scale.shape);
+  for (int64_t r = 0; r < part.rows; ++r) {
+    const int64_t row = row0 + r;
+    for (int64_t b = 0; b < grid_cols; ++b) {
+      int64_t i = 0;  // per-tensor
+      if (Blocked(c)) {
+        i = (row / kBlock) * CeilDiv(k, kBlock) + col0 / kBlock + b;
+      } else if (scales > 1) {
+        i = row;  // per-channel
+      }
+      slot->scales[(part.row_offset + r) * grid_cols + b] = ScaleAt(scale, i);
+    }
+  }
+  if (specs.size() > 1) {
+    slot->input_scale = std::max(slot->input_scale, ScaleAt(*find(specs[1].name), 0));
+  }
+}
+
+}  // namespace
+
+bool IsFp8Slot(WeightSlot slot) {
+  return slot == WeightSlot::kQkvProj || slot == WeightSlot::kOProj ||
+         slot == WeightSlot::kGateUpProj || slot == WeightSlot::kDownProj;
+}
+
+bool IsFp8Weight(const ModelConfig& config, const HfTensor& t) {
+  return config.quantization.FromCheckpoint() && IsFp8Slot(t.slot) && t.shape.size() == 2;
+}
+
+Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot) {
+  switch (slot) {
+    case WeightSlot::kQkvProj:
+      return &layer->qkv_fp8;
+    case WeightSlot::kOProj:
+      return &layer->o_fp8;
+    case WeightSlot::kGateUpProj:
+      return &layer->gate_up_fp8;
+    case WeightSlot::kDownProj:
+      return &layer->down_fp8;
+    default:
+      return nullptr;
+  }
+}
+
+std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
+                                             const std::vector<HfTensor>& layout) {
+  std::vector<std::string> names;
+  for (const HfTensor& t : layout) {
+    if (!IsFp8Weight(config, t)) continue;
+    for (const ScaleSpec& s : ScaleSpecs(config, t)) names.push_back(s.name);
+  }
+  return names;
+}
+
+absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
+                                const std::vector<HfTensor>& layout, const FindTensor& find) {
+  for (const HfTensor& t : layout) {
+    if (!IsFp8Weight(config, t)) continue;
+    const TensorInfo* info = find(t.name);
+    if (info != nullptr && info->dtype_name != "F8_E4M3") {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has dtype ",
+                                                     info->dtype_name, ", expected F8_E4M3 (",
+                                                     config.quantization.Describe(), ")"));
+    }
+    for (const ScaleSpec& s : ScaleSpecs(config, t)) RETURN_IF_ERROR(CheckScale(s, t, find));
+    if (Blocked(config)) RETURN_IF_ERROR(CheckBlockSlice(t, dims));
+  }
+  return absl::OkStatus();
+}
+
+void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layout,
+                    const FindTensor& find, ModelWeights* weights) {
+  // First the fused slots' sizes (every part of a slot has the same local columns).
+  std::map<std::pair<int64_t, WeightSlot>, LocalPart> sizes;
+  for (const HfTensor& t : layout) {
+    if (!IsFp8Weight(config, t)) continue;
+    const LocalPart part = PartOf(t);
+    LocalPart& size =
+        sizes.try_emplace({t.layer, t.slot}, LocalPart{0, part.cols, 0}).first->second;
+    size.rows = std::max(size.rows, part.row_offset + part.rows);
+  }
+  for (const auto& [key, size] : sizes) {
+    Fp8LinearWeight* slot = Fp8SlotOf(&weights->layers[key.first], key.second);
+    slot->grid = {size.rows, size.cols, 1, Blocked(config) ? kBlock : size.cols};
+    slot->codes.assign(static_cast<size_t>(size.rows * size.cols), 0);
+    slot->scales.assign(static_cast<size_t>(slot->grid.NumScales()), 0.0f);
+    slot->activation = config.quantization.activation;
+    slot->input_scale = 0.0f;
+  }
+  for (const HfTensor& t : layout) {
+    if (!IsFp8Weight(config, t)) continue;
+    FillPart(config, t, find, Fp8SlotOf(&weights->layers[t.layer], t.slot));
+  }
+}
+
+}  // namespace internal
+
+absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights) {
+  const WeightQuantization& q = config.quantization;
+  if (!q.IsFp8()) return absl::OkStatus();
+  if (q.activation == kernels::Fp8ActivationScheme::kStaticTensor) {
+    return absl::InvalidArgumentError(
+        "static FP8 activation scales come from calibration: weights quantized at load (dummy "
+        "or --quantization=fp8) need a dynamic scheme");
+  }
+  if (config.IsMla() || config.IsMoe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 weights are not supported for ", config.architecture, " (dense Llama family only)"));
+  }
+  const int64_t h = config.hidden_size;
+  for (LayerWeights& layer : weights->layers) {
+    const std::pair<std::vector<float>*, Fp8LinearWeight*> slots[] = {
+        {&layer.qkv_proj, &layer.qkv_fp8},
+        {&layer.o_proj, &layer.o_fp8},
+        {&layer.gate_up_proj, &layer.gate_up_fp8},
+        {&layer.down_proj, &layer.down_fp8}};
+    for (const auto& [fp32, fp8] : slots) {
+      if (fp32->empty()) continue;
+      // q/k/v and gate/up read hidden columns; o_proj and down_proj write hidden rows.
+      const bool reads_hidden = fp32 == &layer.qkv_proj || fp32 == &layer.gate_up_proj;
+      const int64_t size = static_cast<int64_t>(fp32->size());
+      const int64_t n = reads_hidden ? size / h : h, k = reads_hidden ? h : size / h;
+      fp8->grid = {n, k, 1, q.block_cols > 0 ? 128 : k};
+      fp8->codes.resize(static_cast<size_t>(n * k));
+      fp8->scales.resize(static_cast<size_t>(fp8->grid.NumScales()));
+      fp8->activation = q.activation;
+      kernels::QuantizeWeight(fp32->data(), fp8->grid, fp8->codes.data(), fp8->scales.data());
+      std::vector<float>().swap(*fp32);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime

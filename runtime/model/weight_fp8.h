@@ -1,0 +1,53 @@
+// Private to //runtime/model: FP8 checkpoints (config.quantization; issue 38). Which tensors of
+// the layout are stored as e4m3, the scale tensors beside them, and how a rank's codes and scales
+// land in LayerWeights' Fp8LinearWeight slots (fused q/k/v and gate/up, TP slices).
+//
+// Scale tensors, for a weight `P.weight` [n, k]:
+//   fp8 (block):           P.weight_scale_inv [ceil(n/128), ceil(k/128)]
+//   compressed-tensors:    P.weight_scale [1] or [] (tensor), [n, 1] or [n] (channel),
+//                          [ceil(n/128), ceil(k/128)] (block); P.input_scale [1] or [] (static)
+//   modelopt:              P.weight_scale [] or [1], P.input_scale [] or [1]
+// F32, BF16 or F16, positive and finite. A tensor-parallel slice of a block-scaled weight must
+// start and end on 128-element block boundaries (or the tensor's end).
+#ifndef TANDEM_RUNTIME_MODEL_WEIGHT_FP8_H_
+#define TANDEM_RUNTIME_MODEL_WEIGHT_FP8_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/weight_layout.h"
+
+namespace tandem::runtime::internal {
+
+// Looks a checkpoint tensor up by name; nullptr when absent.
+using FindTensor = std::function<const TensorInfo*(const std::string&)>;
+
+// qkv_proj, o_proj, gate_up_proj, down_proj: the slots FP8 covers.
+bool IsFp8Slot(WeightSlot slot);
+// `t` is stored as e4m3 in a checkpoint of `config`.
+bool IsFp8Weight(const ModelConfig& config, const HfTensor& t);
+// The FP8 twin of an fp32 slot of `layer` (nullptr for other slots).
+Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot);
+
+// Names of the scale tensors the checkpoint holds beside the FP8 weights of `layout`.
+std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
+                                             const std::vector<HfTensor>& layout);
+
+// INVALID_ARGUMENT naming the tensor: an FP8 weight of another dtype, a missing scale, a scale
+// of the wrong shape, dtype or value; a tensor-parallel slice (rank of `dims`) that cuts a
+// 128-block, naming the TP size.
+absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
+                                const std::vector<HfTensor>& layout, const FindTensor& find);
+
+// Reads the rank's codes and scales of every FP8 weight of `layout` into `weights`' FP8 slots.
+// REQUIRES: CheckFp8Checkpoint passed.
+void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layout,
+                    const FindTensor& find, ModelWeights* weights);
+
+}  // namespace tandem::runtime::internal
+
+#endif  // TANDEM_RUNTIME_MODEL_WEIGHT_FP8_H_
