@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "comm/custom_all_reduce.h"
@@ -16,10 +17,18 @@ namespace {
 
 // The flags at the start of every rank's IPC allocation. flags[phase][block][rank]: the last
 // call whose barrier `phase` block `block` of `rank` reached (written by that rank into this
-// one's memory); counter[block]: this rank's calls so far, per block (local only).
+// one's memory); calls: this rank's calls so far (local only), advanced by the last block of a
+// call to finish (blocks_done counts them), so every block of a call uses the same number.
+//
+// One number per call, not per block: calls of different shapes (one-shot, two-shot, fused rows)
+// give a pack to different block indices, so only a whole-call order makes reuse safe. A rank
+// writes staging half (m & 1) at call m + 2 only after its call m + 1 completed, i.e. after its
+// block 0 met every peer's block 0 at call m + 1, which each peer launched after its own call m
+// had completed: no peer still reads that half (or, two-shot, the result buffer of call m).
 struct ArSignal {
   uint32_t flags[2][kArMaxBlocks][kArMaxRanks];
-  uint32_t counter[kArMaxBlocks];
+  uint32_t calls;
+  uint32_t blocks_done;
 };
 constexpr int64_t kSignalBytes = 4096;
 static_assert(sizeof(ArSignal) <= kSignalBytes);
@@ -89,6 +98,24 @@ __device__ bool BlockBarrier(const ArParams& p, int phase, uint32_t flag, int* f
   return *failed == 0;
 }
 
+// This call's number (every block of a call reads the same: the previous call on the stream
+// completed before this one started).
+__device__ __forceinline__ uint32_t CallFlag(const ArParams& p) {
+  return SignalOf(p, p.rank)->calls + 1;
+}
+
+// The last block of the call to get here advances `calls` for the next call.
+__device__ __forceinline__ void FinishCall(const ArParams& p, uint32_t flag) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  ArSignal* s = SignalOf(p, p.rank);
+  __threadfence();
+  if (atomicAdd(&s->blocks_done, 1u) == gridDim.x - 1) {
+    s->blocks_done = 0;
+    s->calls = flag;
+  }
+}
+
 // 8 values of T per 16-byte pack, widened to fp32 and back (round to nearest even).
 template <typename T>
 struct Pack8;
@@ -98,6 +125,10 @@ struct Pack8<__nv_bfloat16> {
   __device__ static void Add(const uint4& v, float* acc) {
     const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v);
     for (int e = 0; e < kValues; ++e) acc[e] += __bfloat162float(x[e]);
+  }
+  __device__ static void Load(const uint4& v, float* f) {
+    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v);
+    for (int e = 0; e < kValues; ++e) f[e] = __bfloat162float(x[e]);
   }
   __device__ static uint4 Round(const float* acc) {
     uint4 v;
@@ -112,6 +143,10 @@ struct Pack8<__half> {
   __device__ static void Add(const uint4& v, float* acc) {
     const __half* x = reinterpret_cast<const __half*>(&v);
     for (int e = 0; e < kValues; ++e) acc[e] += __half2float(x[e]);
+  }
+  __device__ static void Load(const uint4& v, float* f) {
+    const __half* x = reinterpret_cast<const __half*>(&v);
+    for (int e = 0; e < kValues; ++e) f[e] = __half2float(x[e]);
   }
   __device__ static uint4 Round(const float* acc) {
     uint4 v;
@@ -150,7 +185,7 @@ __device__ __forceinline__ uint4 SumPack(const ArParams& p, int64_t staging, int
 template <typename T, int N>
 __global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
   __shared__ int failed;
-  const uint32_t flag = SignalOf(p, p.rank)->counter[blockIdx.x] + 1;
+  const uint32_t flag = CallFlag(p);
   const int64_t staging = StagingOffset(p.max_bytes, flag);
   uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
   const int b = blockIdx.x, t = threadIdx.x;
@@ -161,13 +196,13 @@ __global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
   for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, p.launch.packs)) >= 0; ++k) {
     p.out[i] = SumPack<T, N>(p, staging, i);
   }
-  if (t == 0) SignalOf(p, p.rank)->counter[b] = flag;
+  FinishCall(p, flag);
 }
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kArThreads) TwoShotKernel(ArParams p) {
   __shared__ int failed[2];
-  const uint32_t flag = SignalOf(p, p.rank)->counter[blockIdx.x] + 1;
+  const uint32_t flag = CallFlag(p);
   const int64_t staging = StagingOffset(p.max_bytes, flag);
   const int64_t result = ResultOffset(p.max_bytes);
   uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
@@ -200,7 +235,103 @@ __global__ void __launch_bounds__(kArThreads) TwoShotKernel(ArParams p) {
       p.out[pack] = __ldcg(reinterpret_cast<const uint4*>(p.base[j] + result) + pack);
     }
   }
-  if (t == 0) SignalOf(p, p.rank)->counter[b] = flag;
+  FinishCall(p, flag);
+}
+
+// The fused norm's own arguments (AddRmsNormArgs on the device).
+template <typename T>
+struct ArNormParams {
+  ArNormLaunch launch;
+  T* residual = nullptr;
+  const T* weight = nullptr;
+  T* out = nullptr;
+  int64_t hidden = 0;
+  float eps = 0.0f;
+  bool add_residual = true;
+};
+
+// kernels/cuda's BlockSum for kArNormThreads threads (the same order, so the same float).
+__device__ __forceinline__ float NormBlockSum(float v, float* warp_sums) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kArNormThreads / 32; ++w) v += warp_sums[w];
+  __syncthreads();  // warp_sums is reused by the next row
+  return v;
+}
+
+// One-shot all-reduce of whole rows, then per row: residual (+)= sum, out = RMSNorm(residual).
+// The sum of a pack is SumPack's (the plain kernel's value); the add, the squares (fmaf in pack
+// order per thread), the block sum and the scaling are kernels/cuda RmsNormKernel's.
+template <typename T, int N>
+__global__ void __launch_bounds__(kArNormThreads) AddNormKernel(ArParams p, ArNormParams<T> n) {
+  __shared__ int failed;
+  __shared__ float warp_sums[kArNormThreads / 32];
+  const uint32_t flag = CallFlag(p);
+  const int64_t staging = StagingOffset(p.max_bytes, flag);
+  uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
+  const int64_t row_packs = n.launch.row_packs;
+  for (int64_t row = blockIdx.x; row < n.launch.rows; row += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
+      mine[row * row_packs + j] = p.in[row * row_packs + j];
+    }
+  }
+  if (!BlockBarrier<N>(p, 0, flag, &failed)) return;
+  uint4* residual = reinterpret_cast<uint4*>(n.residual);
+  for (int64_t row = blockIdx.x; row < n.launch.rows; row += gridDim.x) {
+    float sum_sq = 0.0f;
+    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
+      const int64_t pack = row * row_packs + j;
+      uint4 v = SumPack<T, N>(p, staging, pack);
+      float r[8];
+      if (n.add_residual) {
+        float b[8];
+        Pack8<T>::Load(residual[pack], r);
+        Pack8<T>::Load(v, b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] += b[e];
+        v = Pack8<T>::Round(r);
+      }
+      residual[pack] = v;
+      Pack8<T>::Load(v, r);  // the rounded residual, as the next layer sees it
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[e], r[e], sum_sq);
+    }
+    const float inv_rms =
+        rsqrtf(NormBlockSum(sum_sq, warp_sums) / static_cast<float>(n.hidden) + n.eps);
+    const uint4* weight = reinterpret_cast<const uint4*>(n.weight);
+    uint4* out = reinterpret_cast<uint4*>(n.out);
+    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
+      const int64_t pack = row * row_packs + j;
+      float r[8], w[8];
+      Pack8<T>::Load(residual[pack], r);  // this thread's own write above
+      Pack8<T>::Load(weight[j], w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[e] = (r[e] * inv_rms) * w[e];
+      out[pack] = Pack8<T>::Round(r);
+    }
+  }
+  FinishCall(p, flag);
+}
+
+template <typename T>
+cudaError_t LaunchNormWorld(int world, const ArParams& p, const ArNormParams<T>& n,
+                            cudaStream_t stream) {
+  const int blocks = n.launch.blocks;
+  switch (world) {
+    case 2:
+      AddNormKernel<T, 2><<<blocks, kArNormThreads, 0, stream>>>(p, n);
+      break;
+    case 4:
+      AddNormKernel<T, 4><<<blocks, kArNormThreads, 0, stream>>>(p, n);
+      break;
+    default:
+      AddNormKernel<T, 8><<<blocks, kArNormThreads, 0, stream>>>(p, n);
+      break;
+  }
+  return cudaGetLastError();
 }
 
 template <typename T, int N>
@@ -340,6 +471,42 @@ ArLaunch CustomAllReduce::Plan(int64_t bytes) const {
 }
 
 bool CustomAllReduce::Aborted() const { return *abort_host_ != 0; }
+
+absl::StatusOr<bool> CustomAllReduce::AllReduceAddRmsNorm(const AddRmsNormArgs& args,
+                                                          CommDtype dtype, cudaStream_t stream) {
+  const ArNormLaunch launch = PlanAllReduceNorm(args.rows, args.hidden, CommDtypeBytes(dtype),
+                                                world_, true, options_.limits);
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!launch.fused || dtype == CommDtype::kF32 || !aligned(args.in) || !aligned(args.residual) ||
+      !aligned(args.weight) || !aligned(args.out)) {
+    return false;
+  }
+  ArParams p;
+  for (int r = 0; r < world_; ++r) p.base[r] = static_cast<char*>(peers_[r]);
+  p.rank = rank_;
+  p.max_bytes = options_.limits.max_bytes;
+  p.in = static_cast<const uint4*>(args.in);
+  p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  p.abort = abort_device_;
+  auto params = [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    ArNormParams<T> n;
+    n.launch = launch;
+    n.residual = static_cast<T*>(args.residual);
+    n.weight = static_cast<const T*>(args.weight);
+    n.out = static_cast<T*>(args.out);
+    n.hidden = args.hidden;
+    n.eps = args.eps;
+    n.add_residual = args.add_residual;
+    return n;
+  };
+  const cudaError_t e =
+      dtype == CommDtype::kBf16
+          ? LaunchNormWorld(world_, p, params(static_cast<__nv_bfloat16*>(nullptr)), stream)
+          : LaunchNormWorld(world_, p, params(static_cast<__half*>(nullptr)), stream);
+  CUDA_RETURN_IF_ERROR(e);
+  return true;
+}
 
 absl::Status CustomAllReduce::AllReduce(const void* in, void* out, int64_t count, CommDtype dtype,
                                         cudaStream_t stream) {

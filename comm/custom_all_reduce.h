@@ -55,6 +55,13 @@ class CustomAllReduce {
   // makes the same calls in the same order.
   absl::Status AllReduce(const void* in, void* out, int64_t count, CommDtype dtype,
                          cudaStream_t stream);
+  // The fused all-reduce + residual add + RMSNorm (AddRmsNormArgs, device_communicator.h) in ONE
+  // kernel of the one-shot kind with whole rows per block (PlanAllReduceNorm): bit-identical to
+  // AllReduce followed by kernels::cuda::FusedAddRmsNorm (RmsNorm without the add). False,
+  // nothing enqueued, where the plan is not fused (size past one-shot, fp32, rows not whole
+  // packs) or a pointer is not 16-byte aligned. Every rank makes the same calls in the same order.
+  absl::StatusOr<bool> AllReduceAddRmsNorm(const AddRmsNormArgs& args, CommDtype dtype,
+                                           cudaStream_t stream);
   // True once a kernel gave up waiting for a peer (the group is then broken).
   bool Aborted() const;
 

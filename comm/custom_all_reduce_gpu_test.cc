@@ -3,7 +3,10 @@
 // (powers of two and odd multiples of 16 bytes; one-shot and two-shot) on random bf16 / fp32
 // inputs, every rank's result equals the host reference (fp32 in rank order, rounded once) bit
 // for bit and NCCL's within the dtype's tolerance; then the same inside a captured CUDA graph
-// replayed with fresh inputs. Skipped with fewer GPUs than ranks.
+// replayed with fresh inputs. The fused all-reduce + add + RMSNorm against the host reference,
+// the custom all-reduce + kernels/cuda's norm and NCCL + that norm, at the 8B and 70B widths, and
+// interleaved with plain all-reduces in a replayed graph. Skipped with fewer GPUs than ranks.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "comm/tcp_store.h"
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/layers_cuda.h"
 
 namespace tandem::comm {
 namespace {
@@ -150,6 +154,197 @@ int CheckGraph(NcclCommunicator& comm, cudaStream_t stream, int rank, int world)
   return failures;
 }
 
+// Bf16 values one apart in the last bit are 1 apart (signs handled; +0 and -0 are 0 apart).
+int Ulps(uint16_t a, uint16_t b) {
+  auto key = [](uint16_t u) { return (u & 0x8000) ? -static_cast<int>(u & 0x7fff) : int{u}; };
+  return std::abs(key(a) - key(b));
+}
+
+// Device copies of host bf16 vectors.
+struct Rows {
+  std::vector<void*> bufs;
+  ~Rows() {
+    for (void* p : bufs) cudaFree(p);
+  }
+  void* Put(const std::vector<uint16_t>& host) {
+    void* d = nullptr;
+    cudaMalloc(&d, host.size() * 2);
+    cudaMemcpy(d, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+    bufs.push_back(d);
+    return d;
+  }
+  static std::vector<uint16_t> Get(const void* d, int64_t n) {
+    std::vector<uint16_t> host(n);
+    cudaMemcpy(host.data(), d, n * 2, cudaMemcpyDeviceToHost);
+    return host;
+  }
+};
+
+// Rank inputs, the residual (alike on every rank) and weights around 1 of one fused case.
+struct FusedCase {
+  std::vector<std::vector<uint16_t>> inputs;
+  std::vector<uint16_t> residual, weight;
+  FusedCase(int world, int64_t rows, int64_t hidden, int salt) {
+    for (int r = 0; r < world; ++r) inputs.push_back(Bf16Inputs(r, rows * hidden, salt));
+    residual = Bf16Inputs(world + 11, rows * hidden, salt);
+    weight = Bf16Inputs(world + 12, hidden, salt);
+    for (uint16_t& w : weight) w = ArFloatToBf16(1.0f + 0.1f * ArBf16ToFloat(w));
+  }
+};
+
+// The unfused add + norm after an all-reduce of `in` (the model's path without fusion).
+absl::Status Unfused(DeviceCommunicator& c, const AddRmsNormArgs& a, cudaStream_t stream) {
+  namespace kc = kernels::cuda;
+  auto* in = static_cast<__nv_bfloat16*>(const_cast<void*>(a.in));
+  auto* res = static_cast<__nv_bfloat16*>(a.residual);
+  auto* out = static_cast<__nv_bfloat16*>(a.out);
+  const auto* w = static_cast<const __nv_bfloat16*>(a.weight);
+  absl::Status s = c.AllReduceSum(in, a.rows * a.hidden, CommDtype::kBf16, stream);
+  if (!s.ok()) return s;
+  if (a.add_residual) return kc::FusedAddRmsNorm(out, res, w, a.rows, a.hidden, a.eps, stream);
+  return kc::RmsNorm(res, w, a.rows, a.hidden, a.eps, out, stream);
+}
+
+// Args of a case on the device: with the add, in = out (the layer's hidden); without, in =
+// residual (the embedding's partial rows).
+AddRmsNormArgs Place(Rows& d, const FusedCase& c, int rank, int64_t rows, int64_t hidden,
+                     bool add) {
+  AddRmsNormArgs a;
+  a.rows = rows;
+  a.hidden = hidden;
+  a.eps = 1e-5f;
+  a.add_residual = add;
+  a.weight = d.Put(c.weight);
+  if (add) {
+    a.out = d.Put(c.inputs[rank]);
+    a.in = a.out;
+    a.residual = d.Put(c.residual);
+  } else {
+    a.residual = d.Put(c.inputs[rank]);
+    a.in = a.residual;
+    a.out = d.Put(std::vector<uint16_t>(rows * hidden));
+  }
+  return a;
+}
+
+// The fused kernel vs (a) the host reference: residual exact, out within 2 bf16 ulps (the host
+// uses an exact square root); (b) the custom all-reduce + kernels/cuda's norm: at most 1 ulp
+// (reported: how many differ at all); (c) NCCL + the same norm: within bf16 tolerance.
+int CheckFused(NcclCommunicator& comm, NcclCommunicator& nccl, cudaStream_t stream, int rank,
+               int world, int64_t rows, int64_t hidden, bool add, int salt) {
+  const FusedCase c(world, rows, hidden, salt);
+  const std::string what = absl::StrCat("fused rows ", rows, " hidden ", hidden, " add ", add);
+  Rows d;
+  const AddRmsNormArgs fused = Place(d, c, rank, rows, hidden, add);
+  const AddRmsNormArgs plain = Place(d, c, rank, rows, hidden, add);
+  const AddRmsNormArgs theirs = Place(d, c, rank, rows, hidden, add);
+  absl::StatusOr<bool> done = comm.AllReduceAddRmsNorm(fused, CommDtype::kBf16, stream);
+  if (!done.ok() || !*done) return Fail(rank, what + ": not fused");
+  absl::Status s = comm.Synchronize(stream);
+  if (s.ok()) s = Unfused(comm, plain, stream);
+  if (s.ok()) s = comm.Synchronize(stream);
+  if (s.ok()) s = Unfused(nccl, theirs, stream);
+  if (s.ok()) s = nccl.Synchronize(stream);
+  if (!s.ok()) return Fail(rank, absl::StrCat(what, ": ", s.ToString()));
+  const int64_t n = rows * hidden;
+  const AddRmsNormBf16 want =
+      AllReduceAddRmsNormReferenceBf16(c.inputs, c.residual, c.weight, hidden, 1e-5f, add);
+  const auto res = Rows::Get(fused.residual, n), out = Rows::Get(fused.out, n);
+  const auto plain_out = Rows::Get(plain.out, n), nccl_out = Rows::Get(theirs.out, n);
+  int64_t ref_far = 0, plain_far = 0, plain_differ = 0, nccl_far = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ref_far += Ulps(out[i], want.out[i]) > 2;
+    plain_far += Ulps(out[i], plain_out[i]) > 1;
+    plain_differ += out[i] != plain_out[i];
+    const float a = ArBf16ToFloat(out[i]), b = ArBf16ToFloat(nccl_out[i]);
+    nccl_far += std::fabs(a - b) > 0.02f * std::fabs(b) + 0.02f;
+  }
+  if (rank == 0) {
+    std::printf("%s: %lld of %lld outputs not bit-identical to custom all-reduce + norm\n",
+                what.c_str(), static_cast<long long>(plain_differ), static_cast<long long>(n));
+  }
+  if (res != want.residual) return Fail(rank, what + ": residual differs from the reference");
+  if (ref_far + plain_far + nccl_far > 0) {
+    return Fail(rank, absl::StrCat(what, ": ", ref_far, " far from the reference, ", plain_far,
+                                   " from custom + norm, ", nccl_far, " from NCCL + norm"));
+  }
+  return 0;
+}
+
+// Plain all-reduces and fused calls of other shapes interleaved (the model's embedding, layer
+// and step boundaries), captured once and replayed three times with fresh inputs.
+int CheckFusedGraph(NcclCommunicator& comm, cudaStream_t stream, int rank, int world) {
+  struct Call {
+    int64_t rows, hidden;
+    bool fused, add;
+  };
+  const std::vector<Call> calls = {{1, 4096, true, false}, {1, 4096, false, false},
+                                   {24, 8192, true, true}, {64, 8192, false, false},
+                                   {7, 4096, true, true},  {1, 8192, true, true}};
+  std::vector<FusedCase> cases;
+  Rows d;
+  std::vector<AddRmsNormArgs> args;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    cases.emplace_back(world, calls[k].rows, calls[k].hidden, 70 + static_cast<int>(k));
+    args.push_back(Place(d, cases[k], rank, calls[k].rows, calls[k].hidden, calls[k].add));
+  }
+  cudaGraph_t graph = nullptr;
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  absl::Status s;
+  for (size_t k = 0; k < calls.size() && s.ok(); ++k) {
+    if (!calls[k].fused) {
+      s = comm.AllReduceSum(args[k].residual, calls[k].rows * calls[k].hidden, CommDtype::kBf16,
+                            stream);
+      continue;
+    }
+    absl::StatusOr<bool> done = comm.AllReduceAddRmsNorm(args[k], CommDtype::kBf16, stream);
+    s = !done.ok() ? done.status() : (*done ? absl::OkStatus() : absl::InternalError("unfused"));
+  }
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || !s.ok()) {
+    return Fail(rank, absl::StrCat("fused capture: ", s.ToString()));
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return Fail(rank, "instantiate");
+  int failures = 0;
+  for (int replay = 0; replay < 3 && failures == 0; ++replay) {
+    for (size_t k = 0; k < calls.size(); ++k) {
+      cases[k] = FusedCase(world, calls[k].rows, calls[k].hidden, 90 + replay * 10 + k);
+      const int64_t bytes = calls[k].rows * calls[k].hidden * 2;
+      void* in = calls[k].add ? args[k].out : args[k].residual;
+      cudaMemcpy(in, cases[k].inputs[rank].data(), bytes, cudaMemcpyHostToDevice);
+      if (calls[k].add) {
+        cudaMemcpy(args[k].residual, cases[k].residual.data(), bytes, cudaMemcpyHostToDevice);
+      }
+    }
+    cudaGraphLaunch(exec, stream);
+    if (absl::Status sync = comm.Synchronize(stream); !sync.ok()) {
+      return Fail(rank, absl::StrCat("fused replay ", replay, ": ", sync.ToString()));
+    }
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const int64_t n = calls[k].rows * calls[k].hidden;
+      const std::string what = absl::StrCat("fused graph replay ", replay, " call ", k);
+      if (!calls[k].fused) {
+        if (Rows::Get(args[k].residual, n) != AllReduceReferenceBf16(cases[k].inputs)) {
+          failures += Fail(rank, what);
+        }
+        continue;
+      }
+      const AddRmsNormBf16 want =
+          AllReduceAddRmsNormReferenceBf16(cases[k].inputs, cases[k].residual, cases[k].weight,
+                                           calls[k].hidden, 1e-5f, calls[k].add);
+      const auto out = Rows::Get(args[k].out, n);
+      int64_t far = 0;
+      for (int64_t i = 0; i < n; ++i) far += Ulps(out[i], want.out[i]) > 2;
+      if (Rows::Get(args[k].residual, n) != want.residual || far > 0) {
+        failures += Fail(rank, absl::StrCat(what, ": ", far, " outputs far"));
+      }
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return failures;
+}
+
 int RankMain() {
   const int rank = SpawnedRank(), world = SpawnedWorld();
   if (cudaSetDevice(rank) != cudaSuccess) return 2;
@@ -182,6 +377,17 @@ int RankMain() {
     failures += CheckSize(**comm, **nccl, stream, rank, world, bytes, CommDtype::kF32, ++salt);
   }
   failures += CheckGraph(**comm, stream, rank, world);
+  // The fused all-reduce + add + RMSNorm at the real models' widths (8B: 4096, 70B: 8192), for
+  // decode and small prefill row counts (world 4: one-shot sizes only).
+  for (int64_t hidden : {4096, 8192}) {
+    for (int64_t rows : {1, 8, 31, 37, 64}) {
+      if (world == 4 && rows * hidden * 2 >= (512 << 10)) continue;
+      for (bool add : {true, false}) {
+        failures += CheckFused(**comm, **nccl, stream, rank, world, rows, hidden, add, ++salt);
+      }
+    }
+  }
+  failures += CheckFusedGraph(**comm, stream, rank, world);
   return failures == 0 ? 0 : 1;
 }
 

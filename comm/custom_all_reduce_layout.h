@@ -74,6 +74,38 @@ TANDEM_AR_HD inline ArLaunch PlanAllReduce(int64_t bytes, int world, bool availa
   return out;
 }
 
+// The fused all-reduce + residual add + RMSNorm (CustomAllReduce::AllReduceAddRmsNorm): the
+// one-shot path with whole rows per block, since a row's norm needs its whole sum. Block b
+// copies in, sums and normalizes rows b, b + blocks, ...; each of its kArNormThreads threads
+// handles packs t, t + kArNormThreads, ... of a row (the order kernels/cuda's RmsNorm sums the
+// squares in, so the result is bit-identical to the all-reduce followed by that kernel).
+inline constexpr int kArNormThreads = 256;
+
+struct ArNormLaunch {
+  bool fused = false;  // false: the caller all-reduces and normalizes unfused
+  int blocks = 0;
+  int64_t rows = 0;
+  int64_t row_packs = 0;  // 16-byte packs per row
+};
+
+// Fused where the plain all-reduce of rows x row_bytes takes the one-shot path and rows are
+// whole packs of 16-bit values (bf16 / fp16).
+TANDEM_AR_HD inline ArNormLaunch PlanAllReduceNorm(int64_t rows, int64_t hidden,
+                                                   int64_t element_bytes, int world, bool available,
+                                                   const ArLimits& limits) {
+  ArNormLaunch out;
+  const int64_t row_bytes = hidden * element_bytes;
+  if (element_bytes != 2 || rows <= 0 || hidden <= 0 || row_bytes % kArPackBytes != 0 ||
+      PlanAllReduce(rows * row_bytes, world, available, limits).path != ArPath::kOneShot) {
+    return out;
+  }
+  out.fused = true;
+  out.rows = rows;
+  out.row_packs = row_bytes / kArPackBytes;
+  out.blocks = static_cast<int>(rows < kArMaxBlocks ? rows : kArMaxBlocks);
+  return out;
+}
+
 // The k-th index (k = 0, 1, ...) that thread `t` of block `b` handles among `n` (grid-stride):
 // -1 past the end. One-shot: n = packs, the index is the pack. Two-shot: n = segment, the index
 // i stands for pack j * segment + i of every segment j that has it.

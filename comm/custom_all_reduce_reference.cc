@@ -1,8 +1,10 @@
 #include "comm/custom_all_reduce_reference.h"
 
+#include <cmath>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tandem::comm {
 namespace {
@@ -48,7 +50,98 @@ void SumPack(const std::vector<SimBuffer>& buffers, int64_t pack, uint16_t* out)
   }
 }
 
+// Row `row` of the fused op from its summed values `sum` (bf16, `hidden` of them): the add, then
+// the norm, into result's row.
+void AddNormRow(const uint16_t* sum, const std::vector<uint16_t>& residual,
+                const std::vector<uint16_t>& weight, int64_t row, int64_t hidden, float eps,
+                bool add_residual, AddRmsNormBf16* result) {
+  uint16_t* res = &result->residual[row * hidden];
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < hidden; ++i) {
+    res[i] = add_residual
+                 ? ArFloatToBf16(ArBf16ToFloat(residual[row * hidden + i]) + ArBf16ToFloat(sum[i]))
+                 : sum[i];
+    const float r = ArBf16ToFloat(res[i]);
+    sum_sq += r * r;
+  }
+  const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(hidden) + eps);
+  for (int64_t i = 0; i < hidden; ++i) {
+    result->out[row * hidden + i] =
+        ArFloatToBf16((ArBf16ToFloat(res[i]) * inv_rms) * ArBf16ToFloat(weight[i]));
+  }
+}
+
 }  // namespace
+
+AddRmsNormBf16 AllReduceAddRmsNormReferenceBf16(const std::vector<std::vector<uint16_t>>& inputs,
+                                                const std::vector<uint16_t>& residual,
+                                                const std::vector<uint16_t>& weight, int64_t hidden,
+                                                float eps, bool add_residual) {
+  const std::vector<uint16_t> sum = AllReduceReferenceBf16(inputs);
+  AddRmsNormBf16 result{std::vector<uint16_t>(sum.size()), std::vector<uint16_t>(sum.size())};
+  for (int64_t row = 0; row * hidden < static_cast<int64_t>(sum.size()); ++row) {
+    AddNormRow(&sum[row * hidden], residual, weight, row, hidden, eps, add_residual, &result);
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<AddRmsNormBf16>> SimulateAllReduceAddRmsNormBf16(
+    const std::vector<std::vector<uint16_t>>& inputs, const std::vector<uint16_t>& residual,
+    const std::vector<uint16_t>& weight, const ArNormLaunch& launch, int64_t hidden, float eps,
+    bool add_residual) {
+  const int world = static_cast<int>(inputs.size());
+  const int64_t values = launch.rows * hidden;
+  if (!launch.fused || world < 1 || launch.blocks < 1 || launch.row_packs * kPackValues != hidden ||
+      static_cast<int64_t>(residual.size()) != values ||
+      static_cast<int64_t>(weight.size()) != hidden) {
+    return absl::InvalidArgumentError("not a fused launch of these shapes");
+  }
+  for (const std::vector<uint16_t>& in : inputs) {
+    if (static_cast<int64_t>(in.size()) != values) {
+      return absl::InvalidArgumentError(absl::StrCat("input of ", in.size(), " values"));
+    }
+  }
+  const int64_t packs = launch.rows * launch.row_packs;
+  std::vector<SimBuffer> staging(world, SimBuffer(packs));
+  // Phase 1: block b copies its rows' packs (every thread's share) into the staging buffer.
+  for (int r = 0; r < world; ++r) {
+    for (int b = 0; b < launch.blocks; ++b) {
+      for (int64_t row = b; row < launch.rows; row += launch.blocks) {
+        for (int64_t p = row * launch.row_packs; p < (row + 1) * launch.row_packs; ++p) {
+          std::copy_n(&inputs[r][p * kPackValues], kPackValues,
+                      &staging[r].values[p * kPackValues]);
+          staging[r].writer[p] = b;
+        }
+      }
+    }
+  }
+  // Phase 2 (after the barrier): block b sums its rows over every staging buffer, then norms.
+  std::vector<AddRmsNormBf16> results(
+      world, AddRmsNormBf16{std::vector<uint16_t>(values), std::vector<uint16_t>(values)});
+  for (int r = 0; r < world; ++r) {
+    std::vector<int> row_writes(launch.rows, 0);
+    std::vector<uint16_t> sum(hidden);
+    for (int b = 0; b < launch.blocks; ++b) {
+      for (int64_t row = b; row < launch.rows; row += launch.blocks) {
+        for (int64_t j = 0; j < launch.row_packs; ++j) {
+          const int64_t p = row * launch.row_packs + j;
+          for (int q = 0; q < world; ++q)
+            RETURN_IF_ERROR(ReadCheck(staging[q], q, r, b, p, "norm"));
+          SumPack(staging, p, &sum[j * kPackValues]);
+        }
+        AddNormRow(sum.data(), residual, weight, row, hidden, eps, add_residual, &results[r]);
+        ++row_writes[row];
+      }
+    }
+    for (int64_t row = 0; row < launch.rows; ++row) {
+      if (row_writes[row] != 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", r, " row ", row, " written ", row_writes[row], " times"));
+      }
+    }
+  }
+  return results;
+}
 
 std::vector<uint16_t> AllReduceReferenceBf16(const std::vector<std::vector<uint16_t>>& inputs) {
   std::vector<uint16_t> out(inputs.empty() ? 0 : inputs[0].size());

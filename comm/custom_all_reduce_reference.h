@@ -26,6 +26,32 @@ absl::StatusOr<std::vector<std::vector<uint16_t>>> SimulateAllReduceBf16(
 // The sum every rank must get: fp32 accumulation in rank order 0..N-1, rounded to bf16 once.
 std::vector<uint16_t> AllReduceReferenceBf16(const std::vector<std::vector<uint16_t>>& inputs);
 
+// The fused all-reduce + add + RMSNorm (AddRmsNormArgs) on bf16 rows of `hidden` values.
+struct AddRmsNormBf16 {
+  std::vector<uint16_t> residual;  // [rows, hidden]: after the add
+  std::vector<uint16_t> out;       // [rows, hidden]: the normalized rows
+};
+
+// What every rank must get: the all-reduce's sum (AllReduceAddRmsNorm's first step,
+// AllReduceReferenceBf16), then per row the kernels' arithmetic: residual = bf16(residual + sum)
+// (or the sum), the mean of squares in fp32, out = bf16((residual / sqrt(mean + eps)) * weight).
+// The kernels scale by rsqrtf (approximate to 2 ulp in fp32), so theirs may differ in the last
+// bf16 bit of a few outputs; the residual is exact.
+AddRmsNormBf16 AllReduceAddRmsNormReferenceBf16(const std::vector<std::vector<uint16_t>>& inputs,
+                                                const std::vector<uint16_t>& residual,
+                                                const std::vector<uint16_t>& weight, int64_t hidden,
+                                                float eps, bool add_residual);
+
+// The fused kernel played on the host with its row assignment (PlanAllReduceNorm): block b of
+// every rank copies rows b, b + blocks, ... into its staging buffer, meets its peers, then sums
+// those rows over every staging buffer and normalizes them. Each rank's result;
+// FAILED_PRECONDITION when a block reads a pack another block wrote or a row is written twice /
+// never (as SimulateAllReduceBf16); INVALID_ARGUMENT for inputs that do not match the launch.
+absl::StatusOr<std::vector<AddRmsNormBf16>> SimulateAllReduceAddRmsNormBf16(
+    const std::vector<std::vector<uint16_t>>& inputs, const std::vector<uint16_t>& residual,
+    const std::vector<uint16_t>& weight, const ArNormLaunch& launch, int64_t hidden, float eps,
+    bool add_residual);
+
 }  // namespace tandem::comm
 
 #endif  // TANDEM_COMM_CUSTOM_ALL_REDUCE_REFERENCE_H_

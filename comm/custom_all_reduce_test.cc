@@ -1,12 +1,14 @@
 // The custom all-reduce's host side (no GPU): the path/size rules, and the kernels' pack
 // assignment played on the host (custom_all_reduce_reference.h) against the rank-order fp32
 // reference on random bf16 inputs, for world 2/4/8 and sizes from 16 B to 8 MiB.
+#include <cmath>
 #include <random>
 #include <vector>
 
 #include "comm/custom_all_reduce_layout.h"
 #include "comm/custom_all_reduce_reference.h"
 #include "gtest/gtest.h"
+#include "kernels/layers/norm.h"
 
 namespace tandem::comm {
 namespace {
@@ -109,6 +111,104 @@ TEST(CustomAllReduceTest, SimulationCatchesABrokenAssignment) {
   short_segments.segment -= 1;
   auto bad = SimulateAllReduceBf16(inputs, short_segments);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition) << bad.status();
+}
+
+TEST(CustomAllReduceTest, FusedNormPathsAndShapes) {
+  const ArLimits limits;
+  // Fused exactly where the plain all-reduce is one-shot, for 16-bit rows of whole packs.
+  const ArNormLaunch decode = PlanAllReduceNorm(1, 4096, 2, 2, true, limits);
+  EXPECT_TRUE(decode.fused);
+  EXPECT_EQ(decode.blocks, 1);
+  EXPECT_EQ(decode.row_packs, 512);
+  EXPECT_EQ(PlanAllReduceNorm(64, 8192, 2, 2, true, limits).blocks, kArMaxBlocks);
+  EXPECT_EQ(PlanAllReduceNorm(7, 8192, 2, 4, true, limits).blocks, 7);
+  EXPECT_TRUE(PlanAllReduceNorm(512, 8192, 2, 2, true, limits).fused);   // 8 MiB, world 2
+  EXPECT_FALSE(PlanAllReduceNorm(513, 8192, 2, 2, true, limits).fused);  // past the limit
+  EXPECT_TRUE(PlanAllReduceNorm(31, 8192, 2, 4, true, limits).fused);    // 496 KiB: one-shot
+  EXPECT_FALSE(PlanAllReduceNorm(32, 8192, 2, 4, true, limits).fused);   // 512 KiB: two-shot
+  EXPECT_FALSE(PlanAllReduceNorm(16, 8192, 2, 8, true, limits).fused);   // 256 KiB: two-shot
+  EXPECT_FALSE(PlanAllReduceNorm(1, 4096, 4, 2, true, limits).fused);    // fp32
+  EXPECT_FALSE(PlanAllReduceNorm(1, 4100, 2, 2, true, limits).fused);    // not whole packs
+  EXPECT_FALSE(PlanAllReduceNorm(1, 4096, 2, 3, true, limits).fused);    // world 3
+  EXPECT_FALSE(PlanAllReduceNorm(1, 4096, 2, 2, false, limits).fused);   // no IPC buffers
+  EXPECT_FALSE(PlanAllReduceNorm(0, 4096, 2, 2, true, limits).fused);
+}
+
+std::vector<uint16_t> RandomBf16(std::mt19937& rng, int64_t n, float mean, float stddev) {
+  std::normal_distribution<float> normal(mean, stddev);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) x = ArFloatToBf16(normal(rng));
+  return v;
+}
+
+// The fused kernel's row assignment played on the host gives every rank the reference, bit for
+// bit, with and without the residual add, for row counts below, at and above the block count.
+TEST(CustomAllReduceTest, SimulatedFusedKernelEqualsTheReference) {
+  const uint32_t seed = std::random_device()();
+  SCOPED_TRACE(seed);
+  std::mt19937 rng(seed);
+  for (int world : {2, 4, 8}) {
+    for (int64_t rows : {1, 5, 36, 37, 75}) {
+      for (int64_t hidden : {64, 1024, 4096}) {
+        const ArNormLaunch launch = PlanAllReduceNorm(rows, hidden, 2, world, true, ArLimits());
+        if (!launch.fused) continue;  // two-shot sizes at world 4 / 8
+        for (bool add : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << "world " << world << " rows " << rows << " hidden "
+                                            << hidden << " add " << add);
+          const auto inputs = RandomInputs(rng, world, rows * hidden);
+          const auto residual = RandomBf16(rng, rows * hidden, 0.0f, 2.0f);
+          const auto weight = RandomBf16(rng, hidden, 1.0f, 0.1f);
+          auto got =
+              SimulateAllReduceAddRmsNormBf16(inputs, residual, weight, launch, hidden, 1e-5f, add);
+          ASSERT_TRUE(got.ok()) << got.status();
+          const AddRmsNormBf16 want =
+              AllReduceAddRmsNormReferenceBf16(inputs, residual, weight, hidden, 1e-5f, add);
+          for (int r = 0; r < world; ++r) {
+            ASSERT_EQ((*got)[r].residual, want.residual) << "rank " << r;
+            ASSERT_EQ((*got)[r].out, want.out) << "rank " << r;
+          }
+        }
+      }
+    }
+  }
+  // Inputs that do not match the launch are refused.
+  const ArNormLaunch launch = PlanAllReduceNorm(2, 64, 2, 2, true, ArLimits());
+  const auto inputs = RandomInputs(rng, 2, 2 * 64);
+  EXPECT_EQ(SimulateAllReduceAddRmsNormBf16(inputs, std::vector<uint16_t>(128), {}, launch, 64,
+                                            1e-5f, true)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The reference is the model's CPU op: cpu::FusedAddRmsNorm (fp32, fp64 mean) on the all-reduced
+// sum gives the same residual (before bf16 rounding) and the same output within bf16's precision.
+TEST(CustomAllReduceTest, FusedReferenceIsTheCpuAddRmsNorm) {
+  std::mt19937 rng(5);
+  const int64_t rows = 9, hidden = 4096;
+  const auto inputs = RandomInputs(rng, 4, rows * hidden);
+  const auto residual = RandomBf16(rng, rows * hidden, 0.0f, 3.0f);
+  const auto weight = RandomBf16(rng, hidden, 1.0f, 0.2f);
+  const float eps = 1e-5f;
+  for (bool add : {true, false}) {
+    const AddRmsNormBf16 got =
+        AllReduceAddRmsNormReferenceBf16(inputs, residual, weight, hidden, eps, add);
+    const std::vector<uint16_t> sum = AllReduceReferenceBf16(inputs);
+    std::vector<float> x(sum.size()), res(sum.size()), w(hidden);
+    for (size_t i = 0; i < sum.size(); ++i) {
+      x[i] = ArBf16ToFloat(sum[i]);
+      res[i] = add ? ArBf16ToFloat(residual[i]) : 0.0f;
+    }
+    for (int64_t i = 0; i < hidden; ++i) w[i] = ArBf16ToFloat(weight[i]);
+    kernels::cpu::FusedAddRmsNorm(x.data(), res.data(), w.data(), rows, hidden, eps);
+    int64_t off = 0;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      ASSERT_EQ(got.residual[i], ArFloatToBf16(res[i])) << i;
+      const float g = ArBf16ToFloat(got.out[i]);
+      off += std::fabs(g - x[i]) > 1.0f / 64 * std::fabs(x[i]) + 1e-3f;
+    }
+    EXPECT_EQ(off, 0) << "add " << add;
+  }
 }
 
 }  // namespace

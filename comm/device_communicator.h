@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 struct CUstream_st;  // cudaStream_t, without making this header depend on the CUDA toolkit
@@ -33,6 +34,24 @@ using DeviceStream = CUstream_st*;
 enum class CommDtype { kF32, kBf16, kF16 };
 
 inline int64_t CommDtypeBytes(CommDtype dtype) { return dtype == CommDtype::kF32 ? 4 : 2; }
+
+// The all-reduce of a row-parallel layer's output fused with the residual add and RMSNorm that
+// follow it (AllReduceAddRmsNorm below), per row of `hidden` 16-bit values:
+//   sum = all-reduce(in)
+//   add_residual: residual = round(residual + sum); otherwise residual = sum
+//   out = round(residual * rsqrt(mean(residual^2) + eps) * weight)
+// in, residual, out: [rows, hidden] device; weight: [hidden]. `in` may alias residual or out;
+// residual and out must not overlap.
+struct AddRmsNormArgs {
+  const void* in = nullptr;
+  void* residual = nullptr;
+  const void* weight = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  float eps = 0.0f;
+  bool add_residual = true;
+};
 
 class DeviceCommunicator {
  public:
@@ -65,6 +84,14 @@ class DeviceCommunicator {
                             DeviceStream stream) = 0;
   virtual absl::Status Recv(void* data, int64_t count, CommDtype dtype, int peer,
                             DeviceStream stream) = 0;
+  // AddRmsNormArgs as one fused collective where this communicator has one for the shape (every
+  // rank decides alike): true, enqueued. False: nothing enqueued; the caller runs AllReduceSum
+  // and its own add + norm (the default).
+  virtual absl::StatusOr<bool> AllReduceAddRmsNorm(const AddRmsNormArgs& args, CommDtype dtype,
+                                                   DeviceStream stream) {
+    (void)args, (void)dtype, (void)stream;
+    return false;
+  }
   // Waits for everything enqueued on `stream` so far, within the group's deadline.
   virtual absl::Status Synchronize(DeviceStream stream) = 0;
 };

@@ -141,6 +141,15 @@ absl::Status NcclCommunicator::AllReduceSum(void* data, int64_t count, CommDtype
                 ncclAllReduce(data, data, count, NcclType(dtype), ncclSum, comm_, stream));
 }
 
+absl::StatusOr<bool> NcclCommunicator::AllReduceAddRmsNorm(const AddRmsNormArgs& args,
+                                                           CommDtype dtype, DeviceStream stream) {
+  RETURN_IF_ERROR(CheckUsable(args.rows * args.hidden));
+  if (custom_ == nullptr || !options_.fuse_all_reduce_norm || args.rows == 0) return false;
+  absl::StatusOr<bool> done = custom_->AllReduceAddRmsNorm(args, dtype, stream);
+  if (!done.ok()) return Fail(done.status());
+  return *done;
+}
+
 absl::Status NcclCommunicator::AllGather(const void* in, void* out, int64_t count, CommDtype dtype,
                                          DeviceStream stream) {
   RETURN_IF_ERROR(CheckUsable(count));

@@ -12,7 +12,8 @@
 // cudaGraphLaunch and waited for by Synchronize() like any other.
 //
 // All-reduce: small messages inside one host take CustomAllReduce (one kernel over CUDA IPC,
-// comm/README.md "All-reduce paths") when it could be set up at creation; NCCL otherwise.
+// comm/README.md "All-reduce paths") when it could be set up at creation; NCCL otherwise. The
+// same kernels offer the all-reduce fused with the residual add and RMSNorm after it.
 //
 // Thread safety: as DeviceCommunicator.
 #ifndef TANDEM_COMM_NCCL_COMMUNICATOR_H_
@@ -42,6 +43,9 @@ struct NcclCommunicatorOptions {
   // (custom_all_reduce.h) where the group allows them (one host, 2/4/8 GPUs with peer access);
   // 0: NCCL only.
   int64_t custom_all_reduce_max_bytes = int64_t{8} << 20;
+  // Offer the custom all-reduce's fused all-reduce + add + RMSNorm (AllReduceAddRmsNorm); false:
+  // callers run the all-reduce and their own norm (comparisons).
+  bool fuse_all_reduce_norm = true;
 };
 
 class NcclCommunicator final : public DeviceCommunicator {
@@ -65,6 +69,9 @@ class NcclCommunicator final : public DeviceCommunicator {
 
   absl::Status AllReduceSum(void* data, int64_t count, CommDtype dtype,
                             DeviceStream stream) override;
+  // The custom all-reduce's fused kernel where it takes the shape (and fuse_all_reduce_norm).
+  absl::StatusOr<bool> AllReduceAddRmsNorm(const AddRmsNormArgs& args, CommDtype dtype,
+                                           DeviceStream stream) override;
   absl::Status AllGather(const void* in, void* out, int64_t count, CommDtype dtype,
                          DeviceStream stream) override;
   absl::Status ReduceScatterSum(const void* in, void* out, int64_t count, CommDtype dtype,

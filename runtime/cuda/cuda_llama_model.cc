@@ -396,17 +396,16 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   } else {
     RETURN_IF_ERROR(kc::VocabShardEmbedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_),
                                                vocab_begin_, vocab_rows_, H, residual, stream));
-    RETURN_IF_ERROR(AllReduce(residual, Tn * H, stream));
   }
+  // True while hidden holds this rank's partial down_proj sums: the next norm all-reduces them
+  // (fused with its add + norm where the communicator can: ReduceAddNorm).
+  bool hidden_partial = false;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& w = layers_[l];
-    if (l == 0) {
-      RETURN_IF_ERROR(
-          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream, pdl));
-    } else {
-      RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H,
-                                             eps, stream, pdl));
-    }
+    // Layer 0: residual = the (all-reduced) embedding rows; then residual += hidden.
+    RETURN_IF_ERROR(ReduceAddNorm<T>(l == 0 ? comm() != nullptr : hidden_partial, l > 0,
+                                     Ptr<T>(w.input_layernorm), Tn, eps, stream));
+    hidden_partial = false;
     RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv,
                         stream, pdl));
     // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
@@ -416,9 +415,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
     RETURN_IF_ERROR(
         Lin(*gemm_, o_in, Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, o_dim, hidden, stream, pdl));
-    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
-    RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
-                                           H, eps, stream, pdl));
+    RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
+                                     Tn, eps, stream));
     if (UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
@@ -431,9 +429,9 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     }
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Ptr<T>(w.down_bias), Tn, H, I,
                         hidden, stream, pdl));
-    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
+    hidden_partial = comm() != nullptr;
   }
-  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
+  RETURN_IF_ERROR(ReduceAddNorm<T>(hidden_partial, true, Ptr<T>(norm_), Tn, eps, stream));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
@@ -473,6 +471,33 @@ absl::StatusOr<const T*> CudaLlamaModel::Attention(const DeviceStep& step,
                                         stream));
   RETURN_IF_ERROR(dcp_exchange_->Exchange<T>(Ptr<T>(attn_), step.num_tokens, stream));
   return dcp_exchange_->merged<T>();
+}
+
+template <typename T>
+absl::Status CudaLlamaModel::ReduceAddNorm(bool reduce, bool add, const T* weight, int64_t Tn,
+                                           float eps, cudaStream_t stream) {
+  T* hidden = Ptr<T>(hidden_);
+  T* residual = Ptr<T>(residual_);
+  const int64_t H = config_.hidden_size;
+  if (reduce) {
+    comm::AddRmsNormArgs a;
+    a.in = add ? hidden : residual;
+    a.residual = residual;
+    a.weight = weight;
+    a.out = hidden;
+    a.rows = Tn;
+    a.hidden = H;
+    a.eps = eps;
+    a.add_residual = add;
+    const comm::CommDtype dtype =
+        options_.dtype == ActDtype::kBf16 ? comm::CommDtype::kBf16 : comm::CommDtype::kF16;
+    ASSIGN_OR_RETURN(const bool fused, comm()->AllReduceAddRmsNorm(a, dtype, stream));
+    if (fused) return absl::OkStatus();
+    RETURN_IF_ERROR(AllReduce(add ? hidden : residual, Tn * H, stream));
+  }
+  const bool pdl = options_.programmatic_launch;
+  if (add) return kc::FusedAddRmsNorm<T>(hidden, residual, weight, Tn, H, eps, stream, pdl);
+  return kc::RmsNorm<T>(residual, weight, Tn, H, eps, hidden, stream, pdl);
 }
 
 absl::Status CudaLlamaModel::AllReduce(void* data, int64_t n, cudaStream_t stream) {

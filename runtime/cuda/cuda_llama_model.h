@@ -148,6 +148,13 @@ class CudaLlamaModel {
                                      const kernels::cuda::DeviceKvCache& cache, int64_t l,
                                      const StepAttentionPlan& plan, void* attn_workspace,
                                      cudaStream_t stream);
+  // hidden_ = RMSNorm(residual_) with `weight` over Tn rows, after residual_ += hidden_ (`add`;
+  // without: residual_ as it is, the embedding rows). `reduce`: the input (hidden_, or residual_
+  // without the add) holds this rank's partial sums, all-reduced first: one fused kernel where
+  // the communicator has one for the shape (comm/custom_all_reduce.h), else all-reduce + norm.
+  template <typename T>
+  absl::Status ReduceAddNorm(bool reduce, bool add, const T* weight, int64_t Tn, float eps,
+                             cudaStream_t stream);
   // Sums `n` activations (device, the activation dtype) over the communicator.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->

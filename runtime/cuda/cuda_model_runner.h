@@ -85,6 +85,9 @@ struct CudaBackendConfig {
   // NCCL: small all-reduces on the custom one-shot / two-shot kernels where the group allows
   // (comm/custom_all_reduce.h); false: NCCL only (comparisons).
   bool custom_all_reduce = true;
+  // With the custom all-reduce: each all-reduce fused with the residual add + RMSNorm after it
+  // (NcclCommunicatorOptions::fuse_all_reduce_norm); false: unfused (comparisons).
+  bool fuse_all_reduce_norm = true;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV

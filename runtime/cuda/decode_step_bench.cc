@@ -9,6 +9,8 @@
 // 0..N-1), each an engine over its shard with NCCL collectives (the same requests on every rank
 // schedule identical steps, so no plan travels: the step without rank 0's plan broadcast);
 // --custom_ar=0 keeps every all-reduce on NCCL (CudaBackendConfig::custom_all_reduce).
+// --fused_norm=0 runs each custom all-reduce and the residual add + RMSNorm after it as two
+// kernels (CudaBackendConfig::fuse_all_reduce_norm).
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <algorithm>
@@ -71,6 +73,7 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64, tp = 1;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
+  bool fused_norm = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
@@ -80,6 +83,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--pdl=", 0) == 0) pdl = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
     if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
+    if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a == "--shape=70b") big = true;
   }
   const int rank = comm::SpawnedRank();
@@ -101,6 +105,7 @@ int Main(int argc, char** argv) {
   backend.enable_cuda_graphs = graphs;
   backend.programmatic_launch = pdl;
   backend.custom_all_reduce = custom_ar;
+  backend.fuse_all_reduce_norm = fused_norm;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -148,7 +153,8 @@ int Main(int argc, char** argv) {
         "Llama-3-%s shapes, tp %d, dummy bf16 weights (%.2f GB per GPU, engine up in %.1f s), "
         "CUDA graphs %s, PDL %s, all-reduce %s\n",
         big ? "70B" : "8B", tp, weight_bytes / 1e9, create_s, graphs ? "on" : "off",
-        pdl ? "on" : "off", custom_ar ? "custom+nccl" : "nccl");
+        pdl ? "on" : "off",
+        custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
     std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
                 "% roof");
   }
