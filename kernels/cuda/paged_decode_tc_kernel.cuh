@@ -76,6 +76,12 @@ struct TcCfg {
   static_assert(!kByte || kRowUnits % 2 == 0);
 };
 
+// cp.async of 16 bytes to shared address `dst`; src_bytes = 0 zero-fills and reads nothing.
+__device__ __forceinline__ void CpAsync16At(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -254,7 +260,77 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const KV* pool = static_cast<const KV*>(p.pool) + p.layer_offset + int64_t{kvh} * D;
   const float* scales = kScaled ? p.token_scales + p.scale_layer_offset + kvh : nullptr;
   const int32_t* table = p.block_tables + int64_t{seq} * p.max_blocks_per_seq;
-  auto load_tile = [&](int t) {
+  // Copies of tile t into its ring stage. Thread tid copies unit tid % kRU of keys
+  // tid / kRU + j * kKeyStep (all at one swizzle phase, so its destinations are a constant
+  // kDstStep apart). Fast path (block size a power of two, a tile spanning at most 32 pages):
+  // lane i holds the table entry of the tile's i-th page, loaded one tile ahead (lane_entry),
+  // and a copy takes its page by a shuffle: ~12 SASS instructions per 16-byte K+V copy pair,
+  // where the per-copy table lookup of the generic path cost ~50 and a dependent global load
+  // on each copy's issue path.
+  constexpr int kKeyStep = kDecodeThreads / kRU;
+  constexpr int kDstStep = kKeyStep * kRU * 16;
+  static_assert(kDecodeThreads % kRU == 0 &&
+                kKeyStep % (C::kKeysPerLine * (C::kSwizzleMask + 1)) == 0);
+  const int first_key = tid / kRU, unit = tid % kRU;
+  const uint32_t dst0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                        (first_key * kRU + C::Swizzle(first_key, unit)) * 16;
+  const int unit_elems = unit * (16 / C::kKvBytes);
+  const KV* pool_unit = pool + unit_elems;
+  const int shift = p.block_shift;
+  // (Row offsets inside a page stay 32-bit on the fast path.)
+  const bool fast = shift >= 0 && ((kT - 1) >> shift) + 2 <= 32 &&
+                    int64_t{p.block_size} * p.token_stride < (int64_t{1} << 30);
+  const int bs_mask = p.block_size - 1;
+  auto lane_entry = [&](int t) -> int32_t {
+    const int tile_start = k_begin + t * kT;
+    const int page = (tile_start >> shift) + lane;
+    const int last = (min(tile_start + kT, k_end) - 1) >> shift;
+    return page <= last ? table[page] : 0;
+  };
+  auto load_fast = [&](int t, int32_t entry, auto all_valid) {
+    constexpr bool kAllValid = decltype(all_valid)::value;
+    const uint32_t kdst = dst0 + (t % C::kStages) * C::kStageBytes;
+    const int tile_start = k_begin + t * kT;
+    const int page0 = tile_start >> shift;
+    // Lane i: the address of its page's rows for this kv head (+ the thread's unit below).
+    const KV* lane_page = pool + int64_t{entry} * p.block_elems;
+#pragma unroll
+    for (int j = 0; j < C::kCopies; ++j) {
+      const int pos = tile_start + first_key + j * kKeyStep;
+      const KV* page = reinterpret_cast<const KV*>(__shfl_sync(
+          0xffffffffu, reinterpret_cast<uintptr_t>(lane_page), ((pos >> shift) - page0) & 31));
+      const KV* src = page + ((pos & bs_mask) * p.token_stride + unit_elems);
+      int bytes = 16;
+      int64_t v_off = p.tile_elems;
+      if constexpr (!kAllValid) {
+        if (pos >= k_end) {
+          src = pool;
+          bytes = 0;
+          v_off = 0;
+        }
+      }
+      CpAsync16At(kdst + j * kDstStep, src, bytes);
+      CpAsync16At(kdst + C::kDataBytes / 2 + j * kDstStep, src + v_off, bytes);
+    }
+    if constexpr (kScaled) {  // 2 x kT scales, K then V
+      static_assert(2 * kT % kDecodeThreads == 0);
+      uint8_t* ks = smem + (t % C::kStages) * C::kStageBytes;
+#pragma unroll
+      for (int j = 0; j < 2 * kT / kDecodeThreads; ++j) {
+        const int c = tid + j * kDecodeThreads;
+        const int pos = tile_start + c % kT;
+        const int32_t e = __shfl_sync(0xffffffffu, entry, ((pos >> shift) - page0) & 31);
+        const bool valid = pos < k_end;
+        const float* src = valid ? scales + int64_t{e} * p.scale_block_stride +
+                                       int64_t{pos & bs_mask} * p.num_kv_heads +
+                                       (c >= kT ? p.scale_tile : 0)
+                                 : scales;
+        CpAsync4(reinterpret_cast<float*>(ks + C::kDataBytes) + c, src, valid ? 4 : 0);
+      }
+    }
+  };
+  // Generic path: any block size, a table lookup per copy.
+  auto load_generic = [&](int t) {
     uint8_t* ks = smem + (t % C::kStages) * C::kStageBytes;
     uint8_t* vs = ks + C::kDataBytes / 2;
     const int tile_start = k_begin + t * kT;
@@ -262,32 +338,28 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     for (int j = 0; j < C::kCopies; ++j) {
       const int c = tid + j * kDecodeThreads;
       const int key = c / kRU;
-      const int unit = c % kRU;
       const int pos = tile_start + key;
       const KV* src = pool;
       int bytes = 0;
       if (pos < k_end) {
-        const int blk = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+        const int blk = pos / p.block_size;
         const int off = pos - blk * p.block_size;
-        src = pool + int64_t{table[blk]} * p.block_elems + int64_t{off} * p.token_stride +
-              unit * (16 / static_cast<int>(sizeof(KV)));
+        src = pool_unit + int64_t{table[blk]} * p.block_elems + int64_t{off} * p.token_stride;
         bytes = 16;
       }
       const int dst = (key * kRU + C::Swizzle(key, unit)) * 16;
       CpAsync16(ks + dst, src, bytes);
       CpAsync16(vs + dst, src + (bytes ? p.tile_elems : 0), bytes);
     }
-    if constexpr (kScaled) {  // 2 x kT scales, K then V
-      static_assert(2 * kT % kDecodeThreads == 0);
+    if constexpr (kScaled) {
 #pragma unroll
       for (int j = 0; j < 2 * kT / kDecodeThreads; ++j) {
         const int c = tid + j * kDecodeThreads;
-        const int key = c % kT;
-        const int pos = tile_start + key;
+        const int pos = tile_start + c % kT;
         const float* src = scales;
         int bytes = 0;
         if (pos < k_end) {
-          const int blk = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+          const int blk = pos / p.block_size;
           const int off = pos - blk * p.block_size;
           src = scales + int64_t{table[blk]} * p.scale_block_stride +
                 int64_t{off} * p.num_kv_heads + (c >= kT ? p.scale_tile : 0);
@@ -295,6 +367,15 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
         }
         CpAsync4(reinterpret_cast<float*>(ks + C::kDataBytes) + c, src, bytes);
       }
+    }
+  };
+  auto load_tile = [&](int t, int32_t entry) {
+    if (!fast) {
+      load_generic(t);
+    } else if (k_begin + (t + 1) * kT <= k_end) {
+      load_fast(t, entry, std::true_type{});
+    } else {
+      load_fast(t, entry, std::false_type{});
     }
   };
 
@@ -307,15 +388,26 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const int key0 = warp * 16 * kKB;
   const int mi = lane >> 3, mr = lane & 7;
 
+  constexpr int kAhead = C::kStages - 1;  // tiles in flight ahead of the one computed
+  {
+    int32_t entries[kAhead];
 #pragma unroll
-  for (int t = 0; t < C::kStages - 1; ++t) {
-    if (t < n_tiles) load_tile(t);
-    CpAsyncCommit();
+    for (int t = 0; t < kAhead; ++t) entries[t] = fast && t < n_tiles ? lane_entry(t) : 0;
+#pragma unroll
+    for (int t = 0; t < kAhead; ++t) {
+      if (t < n_tiles) load_tile(t, entries[t]);
+      CpAsyncCommit();
+    }
   }
+  int32_t next_entry = fast && kAhead < n_tiles ? lane_entry(kAhead) : 0;
   for (int t = 0; t < n_tiles; ++t) {
     CpAsyncWait<C::kStages - 2>();
     __syncthreads();
-    if (t + C::kStages - 1 < n_tiles) load_tile(t + C::kStages - 1);
+    if (t + kAhead < n_tiles) {
+      load_tile(t + kAhead, next_entry);
+      // The next tile's entries load while this tile computes.
+      if (fast && t + kAhead + 1 < n_tiles) next_entry = lane_entry(t + kAhead + 1);
+    }
     CpAsyncCommit();
     const uint8_t* tile = smem + (t % C::kStages) * C::kStageBytes;
     const uint32_t kbase = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
