@@ -1,8 +1,10 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
-//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT [--splits=N]]   (e.g.
+//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT [--splits=N]] [--flush_l2]   (e.g.
 //       --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits forces
-//       the planner's KV split count)
+//       the planner's KV split count; --flush_l2 times the way FlashInfer's peer script does,
+//       for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events after a
+//       256 MiB memset that evicts the L2, median of >= 20 calls)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -27,6 +29,7 @@ namespace {
 
 constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
 constexpr double kPeak = 4.3e12;
+constexpr int64_t kFlushBytes = int64_t{256} << 20;
 
 struct Pool {
   void* data = nullptr;
@@ -70,8 +73,47 @@ absl::Status MakePool(int64_t bytes, Pool* pool) {
   return absl::OkStatus();
 }
 
+// Seconds per call of `run`: back-to-back calls over ~20 ms of KV reads, or (flush != null)
+// the median of single calls, each after a memset of the kFlushBytes `flush` buffer.
+template <typename Run>
+absl::StatusOr<double> TimeCalls(const Run& run, double kv_bytes, void* flush) {
+  cudaEvent_t start, stop;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  double sec = 0;
+  if (flush == nullptr) {
+    const int iters = static_cast<int>(std::clamp(20e-3 / (kv_bytes / kPeak), 5.0, 2000.0));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+    for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(run(i));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+    sec = ms * 1e-3 / iters;
+  } else {
+    const int iters = static_cast<int>(std::clamp(50e-3 / (kv_bytes / kPeak), 20.0, 200.0));
+    std::vector<double> times(iters);
+    for (int i = 0; i < iters; ++i) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush, i & 0xff, kFlushBytes));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+      RETURN_IF_ERROR(run(i));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+      times[i] = ms * 1e-3;
+    }
+    std::nth_element(times.begin(), times.begin() + iters / 2, times.end());
+    sec = times[iters / 2];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return sec;
+}
+
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
-                       bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0) {
+                       bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0,
+                       void* flush = nullptr) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -149,24 +191,12 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   const int64_t row_bytes = kD * kv_elem + (dtype == KvDtype::kInt8 ? 4 : 0);
   const double kv_bytes = static_cast<double>(batch) * ctx * kHkv * 2 * row_bytes;
   const double io_bytes = static_cast<double>(batch) * kHq * (kD * 2 * 2 + 4);
-  const int iters = static_cast<int>(std::clamp(20e-3 / (kv_bytes / kPeak), 5.0, 2000.0));
-  cudaEvent_t start, stop;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-  for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(run(i));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
-  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-  float ms = 0;
-  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
-  const double sec = ms * 1e-3 / iters;
+  ASSIGN_OR_RETURN(const double sec, TimeCalls(run, kv_bytes, flush));
   const double gbs = (kv_bytes + io_bytes) / sec / 1e9;
   std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%\n", static_cast<long long>(batch),
               static_cast<long long>(ctx), KvDtypeName(dtype),
               plan.use_tensor_cores ? "mma" : "fma", plan.num_splits, sec * 1e6, kv_bytes / 1e6,
               gbs, 100.0 * gbs * 1e9 / kPeak);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(d_tables);
   cudaFree(d_qsl);
   cudaFree(d_lens);
@@ -178,7 +208,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   return absl::OkStatus();
 }
 
-absl::Status Run(const char* only, int64_t forced_splits) {
+absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
@@ -190,6 +220,10 @@ absl::Status Run(const char* only, int64_t forced_splits) {
       std::min<int64_t>(want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30));
   Pool pool;
   RETURN_IF_ERROR(MakePool(pool_bytes, &pool));
+  void* flush = nullptr;
+  if (flush_l2) CUDA_RETURN_IF_ERROR(cudaMalloc(&flush, kFlushBytes));
+  std::printf("timing: %s\n", flush_l2 ? "median of single calls, L2 flushed (256 MiB) before each"
+                                       : "mean of back-to-back calls");
   std::printf("%6s %7s %8s %4s %7s %10s %9s %8s %8s\n", "batch", "context", "kv", "core", "splits",
               "time_us", "KV_MB", "GB/s", "%4.3TB/s");
   std::mt19937 rng(7);
@@ -200,7 +234,7 @@ absl::Status Run(const char* only, int64_t forced_splits) {
           const std::string name = absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx);
           if (name == only) {
             RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng,
-                                      forced_splits));
+                                      forced_splits, flush));
           }
         }
       }
@@ -209,27 +243,30 @@ absl::Status Run(const char* only, int64_t forced_splits) {
   }
   for (int64_t batch : {1, 16, 64, 256}) {
     for (int64_t ctx : {1024, 4096, 16384, 65536}) {
-      RETURN_IF_ERROR(
-          RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true, rng));
+      RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true,
+                                rng, 0, flush));
     }
   }
   for (KvDtype dtype : {KvDtype::kFp8E4m3, KvDtype::kInt8}) {
     for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
              {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
-      RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng));
+      RETURN_IF_ERROR(
+          RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng, 0, flush));
     }
   }
   std::printf("CUDA-core (fma) kernel on the same bf16 shapes, for comparison:\n");
   for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
-    RETURN_IF_ERROR(
-        RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, false, rng));
+    RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, false,
+                              rng, 0, flush));
   }
+  RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false,
+                            rng, 0, flush));
   RETURN_IF_ERROR(
-      RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false, rng));
-  RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng));
+      RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng, 0, flush));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.data));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.token_scales));
+  if (flush != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(flush));
   return absl::OkStatus();
 }
 
@@ -239,17 +276,21 @@ absl::Status Run(const char* only, int64_t forced_splits) {
 int main(int argc, char** argv) {
   const char* only = nullptr;
   int64_t forced_splits = 0;
+  bool flush_l2 = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) {
       only = argv[i] + 7;
     } else if (std::strncmp(argv[i], "--splits=", 9) == 0) {
       forced_splits = std::atoll(argv[i] + 9);
+    } else if (std::strcmp(argv[i], "--flush_l2") == 0) {
+      flush_l2 = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT [--splits=N]]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT [--splits=N]] [--flush_l2]\n",
+                   argv[0]);
       return 2;
     }
   }
-  const absl::Status status = tandem::kernels::cuda::Run(only, forced_splits);
+  const absl::Status status = tandem::kernels::cuda::Run(only, forced_splits, flush_l2);
   if (!status.ok()) {
     std::fprintf(stderr, "attention_cuda_bench: %s\n", status.ToString().c_str());
     return 1;
