@@ -68,10 +68,10 @@ std::vector<double> ReferenceActivations(const std::vector<float>& a, const Case
 }
 
 void CheckCase(const Case& c, bool with_bias, int threads, uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " blocks "
-                                  << c.block_rows << "x" << c.block_cols << " scheme "
-                                  << static_cast<int>(c.activation) << " bias " << with_bias
-                                  << " threads " << threads);
+  SCOPED_TRACE(::testing::Message()
+               << "m=" << c.m << " n=" << c.n << " k=" << c.k << " blocks " << c.block_rows << "x"
+               << c.block_cols << " scheme " << static_cast<int>(c.activation) << " bias "
+               << with_bias << " threads " << threads);
   std::mt19937 rng(seed);
   RandomWeight w = MakeWeight(c, &rng);
   std::normal_distribution<float> normal(0.0f, 2.0f);

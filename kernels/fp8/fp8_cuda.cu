@@ -1,0 +1,254 @@
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/fp8/fp8_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using internal::Vec;
+using internal::VecToFloat;
+
+constexpr int kGroup = 128;
+constexpr int kQuantThreads = 256;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+
+__device__ __forceinline__ uint8_t ToE4m3(float x) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// One block per token row. Per-token: the block's amax; groups: each warp takes groups of 128
+// columns (4 per lane). Static: the given scale. Scales are amax / 448 (1 for zeros), values
+// divided by their scale (IEEE division, as the CPU reference), rounded to nearest even with
+// saturation.
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeKernel(const __nv_bfloat16* __restrict__ x, int64_t k, int scheme, float static_scale,
+                   uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  const int64_t row = blockIdx.x;
+  const __nv_bfloat16* xr = x + row * k;
+  uint8_t* cr = codes + row * k;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicGroup128)) {
+    const int64_t groups = (k + kGroup - 1) / kGroup;
+    for (int64_t g = warp; g < groups; g += kQuantThreads / 32) {
+      const int64_t c0 = g * kGroup;
+      float amax = 0.0f;
+      for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
+        amax = fmaxf(amax, fabsf(__bfloat162float(xr[c])));
+      }
+      amax = WarpMax(amax);
+      const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+      if (lane == 0) scales[row * groups + g] = scale;
+      for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
+        cr[c] = ToE4m3(__bfloat162float(xr[c]) / scale);
+      }
+    }
+    return;
+  }
+  float scale = static_scale;
+  if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicToken)) {
+    __shared__ float warp_max[kQuantThreads / 32];
+    float amax = 0.0f;
+    for (int64_t c = tid; c < k; c += kQuantThreads) {
+      amax = fmaxf(amax, fabsf(__bfloat162float(xr[c])));
+    }
+    amax = WarpMax(amax);
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+    scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+    if (tid == 0) scales[row] = scale;
+  } else if (row == 0 && tid == 0) {
+    scales[0] = static_scale;
+  }
+  for (int64_t c = tid; c < k; c += kQuantThreads) cr[c] = ToE4m3(__bfloat162float(xr[c]) / scale);
+}
+
+struct GemvParams {
+  const uint8_t* a_codes;
+  const __nv_bfloat16* a_values;
+  const float* a_scales;
+  int64_t a_scale_row_stride;  // 0 static, 1 per-token, groups per row for 1x128
+  int64_t a_group;             // columns per activation scale (k or 128)
+  const uint8_t* w_codes;
+  const float* w_scales;
+  int64_t w_groups;      // scales per weight row
+  int64_t w_block_cols;  // columns per weight scale (k or 128)
+  const __nv_bfloat16* bias;
+  int64_t m, n, k;
+};
+
+// The 16 activations of row r at column col, as floats.
+template <bool kFp8Act>
+__device__ __forceinline__ void LoadActivations(const GemvParams& p, int r, int64_t col,
+                                                float (&af)[16]) {
+  if constexpr (kFp8Act) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.a_codes + r * p.k + col));
+    VecToFloat(*reinterpret_cast<const Vec<__nv_fp8_e4m3, 16>*>(&v), af);
+  } else {
+    const uint4* src = reinterpret_cast<const uint4*>(p.a_values + r * p.k + col);
+    const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+    VecToFloat(*reinterpret_cast<const Vec<__nv_bfloat16, 8>*>(&v0), af);
+    VecToFloat(*reinterpret_cast<const Vec<__nv_bfloat16, 8>*>(&v1), af + 8);
+  }
+}
+
+// acc[r] += (w chunk . a chunk of row r) * w_scale * a_scale for one 16-column chunk.
+template <bool kFp8Act, int M>
+__device__ __forceinline__ void Chunk(const GemvParams& p, const uint4& wv, const float* wscale_row,
+                                      int64_t col, float (&acc)[M]) {
+  float wf[16];
+  VecToFloat(*reinterpret_cast<const Vec<__nv_fp8_e4m3, 16>*>(&wv), wf);
+  const float ws = wscale_row[col / p.w_block_cols];
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    if (r >= p.m) break;  // M is m rounded up to a power of two
+    float af[16];
+    LoadActivations<kFp8Act>(p, r, col, af);
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) dot = fmaf(wf[e], af[e], dot);
+    float scale = ws;
+    if constexpr (kFp8Act) {
+      scale *= p.a_scales[r * p.a_scale_row_stride + col / p.a_group];
+    }
+    acc[r] = fmaf(dot, scale, acc[r]);
+  }
+}
+
+template <bool kFp8Act, typename TOut, int M>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    Fp8GemvKernel(const __grid_constant__ GemvParams p, TOut* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.n) return;
+  const uint4* wrow = reinterpret_cast<const uint4*>(p.w_codes + row * p.k);
+  const float* wscale_row = p.w_scales + row * p.w_groups;
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+  const int64_t chunks = p.k / 16;
+  int64_t c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(wrow + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      Chunk<kFp8Act, M>(p, wv[u], wscale_row, (c + 32 * u) * 16, acc);
+    }
+  }
+  for (; c < chunks; c += 32) Chunk<kFp8Act, M>(p, __ldcs(wrow + c), wscale_row, c * 16, acc);
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+  }
+  if (lane != 0) return;
+  const float b = p.bias != nullptr ? __bfloat162float(p.bias[row]) : 0.0f;
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    if (r < p.m) out[r * p.n + row] = internal::FromFloat<TOut>(acc[r] + b);
+  }
+}
+
+template <bool kFp8Act, typename TOut, int M>
+cudaError_t Launch(const GemvParams& p, TOut* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.n + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  Fp8GemvKernel<kFp8Act, TOut, M><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p, out);
+  return cudaGetLastError();
+}
+
+// The one place where m becomes a template constant: m rounded up to 1, 2, 4, 8 or 16 (the
+// kernel skips rows past p.m).
+template <bool kFp8Act, typename TOut>
+cudaError_t Dispatch(const GemvParams& p, TOut* out, cudaStream_t stream) {
+  if (p.m <= 1) return Launch<kFp8Act, TOut, 1>(p, out, stream);
+  if (p.m <= 2) return Launch<kFp8Act, TOut, 2>(p, out, stream);
+  if (p.m <= 4) return Launch<kFp8Act, TOut, 4>(p, out, stream);
+  if (p.m <= 8) return Launch<kFp8Act, TOut, 8>(p, out, stream);
+  return Launch<kFp8Act, TOut, 16>(p, out, stream);
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
+                                 Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
+                                 float* scales, cudaStream_t stream) {
+  if (scheme == Fp8ActivationScheme::kNone || m < 1 || k < 1 || x == nullptr || codes == nullptr ||
+      scales == nullptr ||
+      (scheme == Fp8ActivationScheme::kStaticTensor && !(static_scale > 0.0f))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QuantizeActivations: needs a quantizing scheme, m, k >= 1, non-null buffers and a "
+        "positive static scale; got m=",
+        m, " k=", k, " scheme=", static_cast<int>(scheme)));
+  }
+  QuantizeKernel<<<static_cast<unsigned>(m), kQuantThreads, 0, stream>>>(
+      x, k, static_cast<int>(scheme), static_scale, codes, scales);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename TOut>
+absl::Status Fp8Gemv(const Fp8DeviceActivations& a, const Fp8DeviceWeight& w,
+                     const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream) {
+  const Fp8ScaleGrid& g = w.grid;
+  const int64_t k = g.cols;
+  const bool fp8_act = a.scheme != Fp8ActivationScheme::kNone;
+  const bool ok = m >= 1 && m <= kFp8GemvMaxM && g.rows >= 1 && k >= 16 && k % 16 == 0 &&
+                  g.block_rows == 1 && (g.block_cols == 128 || g.block_cols == k) &&
+                  w.codes != nullptr && w.scales != nullptr && Aligned16(w.codes) &&
+                  out != nullptr &&
+                  (fp8_act ? a.codes != nullptr && a.scales != nullptr && Aligned16(a.codes)
+                           : a.values != nullptr && Aligned16(a.values));
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Fp8Gemv: needs 1 <= m <= 16, k a positive multiple of 16, per-row scale blocks "
+        "of 128 columns or the whole row, 16-byte aligned codes and non-null buffers; got m=",
+        m, " n=", g.rows, " k=", k, " blocks ", g.block_rows, "x", g.block_cols));
+  }
+  GemvParams p{};
+  p.a_codes = a.codes;
+  p.a_values = a.values;
+  p.a_scales = a.scales;
+  p.a_scale_row_stride = a.scheme == Fp8ActivationScheme::kStaticTensor ? 0
+                         : a.scheme == Fp8ActivationScheme::kDynamicToken
+                             ? 1
+                             : (k + kGroup - 1) / kGroup;
+  p.a_group = a.scheme == Fp8ActivationScheme::kDynamicGroup128 ? kGroup : k;
+  p.w_codes = w.codes;
+  p.w_scales = w.scales;
+  p.w_groups = g.GridCols();
+  p.w_block_cols = g.block_cols;
+  p.bias = bias;
+  p.m = m;
+  p.n = g.rows;
+  p.k = k;
+  CUDA_RETURN_IF_ERROR(
+      (fp8_act ? Dispatch<true, TOut>(p, out, stream) : Dispatch<false, TOut>(p, out, stream)));
+  return absl::OkStatus();
+}
+
+template absl::Status Fp8Gemv<__nv_bfloat16>(const Fp8DeviceActivations&, const Fp8DeviceWeight&,
+                                             const __nv_bfloat16*, int64_t, __nv_bfloat16*,
+                                             cudaStream_t);
+template absl::Status Fp8Gemv<float>(const Fp8DeviceActivations&, const Fp8DeviceWeight&,
+                                     const __nv_bfloat16*, int64_t, float*, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,68 @@
+// FP8 linear layers on the GPU (issue 38 item 4), the CUDA twins of fp8.h / fp8_linear.h:
+//   * QuantizeActivations: bf16 activations -> e4m3 codes + fp32 scales (static per-tensor,
+//     dynamic per-token, dynamic 1 x 128 groups), the same codes as the CPU's (amax / 448 in
+//     fp32, an IEEE division, round to nearest even with saturation);
+//   * Fp8Gemv (decode, m <= kFp8GemvMaxM): one warp per output row streams the row's e4m3 bytes
+//     with 16-byte loads, the weight's per-row block scales (our in-memory form: block_rows 1,
+//     block_cols 128 or k) and the activations' scales fused: each 16-column chunk's dot product
+//     is scaled once (weight scale x activation scale) and accumulated in fp32.
+// Status: built, tested against cpu::Fp8Linear by fp8_cuda_test (a GPU test), but NOT yet run on
+// a GPU in this tree (README.md).
+//
+// Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
+#ifndef TANDEM_KERNELS_FP8_FP8_CUDA_H_
+#define TANDEM_KERNELS_FP8_FP8_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/fp8/fp8.h"
+
+namespace tandem::kernels::cuda {
+
+inline constexpr int64_t kFp8GemvMaxM = 16;
+
+// x: [m, k] bf16; codes: [m, k] e4m3 bytes; scales: NumActivationScales(scheme, m, k) floats
+// (kStaticTensor: scales[0] = static_scale is written). INVALID_ARGUMENT for kNone, m or k < 1,
+// null pointers, or a non-positive static scale.
+absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
+                                 Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
+                                 float* scales, cudaStream_t stream);
+
+// One FP8 weight on the device: codes [grid.rows, grid.cols], scales [grid.NumScales()] with
+// grid.block_rows == 1 and grid.block_cols 128 or grid.cols.
+struct Fp8DeviceWeight {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  Fp8ScaleGrid grid;
+};
+
+// The activations of one Fp8Gemv call: bf16 values (scheme kNone) or e4m3 codes with the scales
+// QuantizeActivations wrote for `scheme`.
+struct Fp8DeviceActivations {
+  Fp8ActivationScheme scheme = Fp8ActivationScheme::kNone;
+  const __nv_bfloat16* values = nullptr;  // [m, k], kNone
+  const uint8_t* codes = nullptr;         // [m, k], other schemes
+  const float* scales = nullptr;
+};
+
+// out[m, n] = a . w^T (+ bias[n]), fp32 accumulation, one rounding to TOut (bf16 or float).
+// INVALID_ARGUMENT (nothing launched) unless 1 <= m <= kFp8GemvMaxM, k a positive multiple of
+// 16, 16-byte aligned codes / values, block_rows 1, block_cols 128 or k, a 1x128-group scheme
+// only with k-wide or 128 blocks, non-null pointers.
+template <typename TOut>
+absl::Status Fp8Gemv(const Fp8DeviceActivations& a, const Fp8DeviceWeight& w,
+                     const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream);
+
+extern template absl::Status Fp8Gemv<__nv_bfloat16>(const Fp8DeviceActivations&,
+                                                    const Fp8DeviceWeight&, const __nv_bfloat16*,
+                                                    int64_t, __nv_bfloat16*, cudaStream_t);
+extern template absl::Status Fp8Gemv<float>(const Fp8DeviceActivations&, const Fp8DeviceWeight&,
+                                            const __nv_bfloat16*, int64_t, float*, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_FP8_FP8_CUDA_H_
