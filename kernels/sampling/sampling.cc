@@ -30,9 +30,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-double SamplingUniform(uint64_t seed, uint64_t step) {
+double SamplingUniform(uint64_t seed, uint64_t step) { return SamplingUniform(seed, step, 0); }
+
+double SamplingUniform(uint64_t seed, uint64_t step, uint32_t stream) {
   const PhiloxCounter counter = {
-      {static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), 0u, 0u}};
+      {static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), stream, 0u}};
   const PhiloxOutput out = Philox4x32_10(counter, PhiloxKeyFromSeed(seed));
   return UniformDouble(out.x[0], out.x[1]);
 }
@@ -89,22 +91,23 @@ void KeepNucleus(float top_p, std::vector<Candidate>& kept) {
 
 }  // namespace
 
-int32_t SampleToken(const float* logits, int64_t vocab_in_row, const SamplingParams& params,
-                    uint64_t step) {
-  // Ids past the limit are masked by never being looked at: everything below sees a shorter row.
-  const int64_t vocab = SampledVocab(vocab_in_row, params);
-  if (params.temperature == 0.0f || vocab == 1) return Greedy(logits, vocab);
+namespace {
 
+// Steps 1-3 of SampleToken (temperature, top-k, top-p): the kept tokens in index order with their
+// unnormalized weights. Empty when no logit has positive probability (all NaN / -inf).
+// REQUIRES: temperature > 0 and vocab >= 2.
+std::vector<Candidate> KeptCandidates(const float* logits, int64_t vocab,
+                                      const SamplingParams& params) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   float max_logit = -kInf;
   for (int64_t i = 0; i < vocab; ++i) {
     if (logits[i] > max_logit) max_logit = logits[i];  // NaN compares false: skipped
   }
-  if (max_logit == -kInf) return Greedy(logits, vocab);  // nothing has positive probability
+  std::vector<Candidate> kept;
+  if (max_logit == -kInf) return kept;  // nothing has positive probability
   // In the limit, +inf logits take all the mass, split evenly; exp(inf - inf) would be NaN.
   const bool inf_max = max_logit == kInf;
 
-  std::vector<Candidate> kept;
   kept.reserve(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) {
     const float l = logits[i];
@@ -126,9 +129,23 @@ int32_t SampleToken(const float* logits, int64_t vocab_in_row, const SamplingPar
 
   if (params.top_p < 1.0f && kept.size() > 1) KeepNucleus(params.top_p, kept);
 
-  // Inverse CDF over the kept tokens in index order (what a GPU prefix-sum scan would do).
+  // Index order (what a GPU prefix-sum scan would do).
   std::sort(kept.begin(), kept.end(),
             [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+  return kept;
+}
+
+}  // namespace
+
+int32_t SampleToken(const float* logits, int64_t vocab_in_row, const SamplingParams& params,
+                    uint64_t step) {
+  // Ids past the limit are masked by never being looked at: everything below sees a shorter row.
+  const int64_t vocab = SampledVocab(vocab_in_row, params);
+  if (params.temperature == 0.0f || vocab == 1) return Greedy(logits, vocab);
+  const std::vector<Candidate> kept = KeptCandidates(logits, vocab, params);
+  if (kept.empty()) return Greedy(logits, vocab);
+
+  // Inverse CDF over the kept tokens in index order.
   double total = 0.0;
   for (const Candidate& c : kept) total += c.weight;
   const double target = SamplingUniform(params.seed, step) * total;
@@ -141,6 +158,37 @@ int32_t SampleToken(const float* logits, int64_t vocab_in_row, const SamplingPar
     if (target < cum) return c.id;
   }
   return last_positive;  // target == total after rounding
+}
+
+void TokenProbabilities(const float* logits, int64_t vocab_in_row, const SamplingParams& params,
+                        double* probs) {
+  std::fill(probs, probs + vocab_in_row, 0.0);
+  const int64_t vocab = SampledVocab(vocab_in_row, params);
+  const std::vector<Candidate> kept = params.temperature == 0.0f || vocab == 1
+                                          ? std::vector<Candidate>()
+                                          : KeptCandidates(logits, vocab, params);
+  if (kept.empty()) {
+    probs[Greedy(logits, vocab)] = 1.0;
+    return;
+  }
+  double total = 0.0;
+  for (const Candidate& c : kept) total += c.weight;
+  for (const Candidate& c : kept) probs[c.id] = c.weight / total;
+}
+
+int32_t SampleFromWeights(const double* weights, int64_t vocab, double u) {
+  double total = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) total += weights[v] > 0.0 ? weights[v] : 0.0;
+  const double target = u * total;
+  double cum = 0.0;
+  int32_t last_positive = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (!(weights[v] > 0.0)) continue;
+    cum += weights[v];
+    last_positive = static_cast<int32_t>(v);
+    if (target < cum) return last_positive;
+  }
+  return last_positive;
 }
 
 }  // namespace cpu

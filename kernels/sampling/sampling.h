@@ -36,6 +36,10 @@ absl::Status ValidateSamplingParams(const SamplingParams& p);
 // with `seed`: Philox4x32-10 with key = seed and counter = {step low, step high, 0, 0}, first
 // two output words as 53 bits. Exposed so other backends (CUDA) draw the same number.
 double SamplingUniform(uint64_t seed, uint64_t step);
+// An independent draw for the same (seed, step) on another stream: counter word 2 = `stream`
+// (stream 0 is SamplingUniform). Speculative decoding draws its draft tokens, acceptance tests
+// and residual samples from streams 1-3, away from the token samples.
+double SamplingUniform(uint64_t seed, uint64_t step, uint32_t stream);
 
 namespace cpu {
 
@@ -58,6 +62,17 @@ namespace cpu {
 // no logit is finite or +inf (all NaN / -inf), the result is the greedy choice (0 if all NaN).
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
                     uint64_t step);
+
+// The distribution SampleToken draws from: probs[v] for v in [0, vocab), zero outside the kept
+// tokens (steps 1-3 above) and past vocab_limit, summing to 1. Greedy (temperature 0, or a row
+// of one id) is one-hot at the greedy choice. REQUIRES: ValidateSamplingParams(params).ok().
+void TokenProbabilities(const float* logits, int64_t vocab, const SamplingParams& params,
+                        double* probs);
+
+// Inverse CDF over probs[0, vocab) in index order with u in [0, 1): the first id whose cumulative
+// weight exceeds u * total (weights need not be normalized; ids of weight <= 0 are never picked;
+// the last positive one if rounding runs past the end; 0 if none is positive).
+int32_t SampleFromWeights(const double* weights, int64_t vocab, double u);
 
 }  // namespace cpu
 }  // namespace tandem::kernels

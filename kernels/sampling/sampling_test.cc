@@ -292,5 +292,53 @@ TEST(SampleTokenTest, SamplingUniformIsDeterministicAndInRange) {
   EXPECT_NE(SamplingUniform(seed, 5), SamplingUniform(seed, 5 + (1ull << 32)));
 }
 
+// TokenProbabilities is the distribution SampleToken draws from: the inverse CDF of its
+// probabilities with SampleToken's uniform picks SampleToken's token, on fresh random logits with
+// temperature, top-k, top-p and a vocab limit; greedy is one-hot; the other streams differ.
+TEST(TokenProbabilitiesTest, IsTheDistributionSampleTokenDrawsFrom) {
+  const uint64_t seed = RandomSeed();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  constexpr int64_t kVocab = 50;
+  std::vector<float> logits(kVocab);
+  std::vector<double> probs(kVocab);
+  const SamplingParams cases[] = {Params(1.0f, 0, 1.0f, 0), Params(0.7f, 10, 1.0f, 0),
+                                  Params(1.3f, 0, 0.8f, 0), Limited(Params(0.9f, 20, 0.9f, 0), 40)};
+  for (const SamplingParams& base : cases) {
+    for (float& l : logits) l = normal(rng);
+    cpu::TokenProbabilities(logits.data(), kVocab, base, probs.data());
+    double total = 0.0;
+    for (int64_t v = 0; v < kVocab; ++v) {
+      EXPECT_GE(probs[v], 0.0);
+      if (base.vocab_limit > 0 && v >= base.vocab_limit) {
+        EXPECT_EQ(probs[v], 0.0);
+      }
+      total += probs[v];
+    }
+    EXPECT_NEAR(total, 1.0, 1e-12) << "seed " << seed;
+    if (base.top_k > 0 && base.top_p == 1.0f) {
+      EXPECT_EQ(std::count_if(probs.begin(), probs.end(), [](double p) { return p > 0; }),
+                base.top_k);
+    }
+    for (uint64_t s = 0; s < 2000; ++s) {
+      SamplingParams p = base;
+      p.seed = rng();
+      ASSERT_EQ(cpu::SampleToken(logits.data(), kVocab, p, s),
+                cpu::SampleFromWeights(probs.data(), kVocab, SamplingUniform(p.seed, s)))
+          << "seed " << seed;
+    }
+  }
+  cpu::TokenProbabilities(logits.data(), kVocab, Params(0.0f, 0, 1.0f, 0), probs.data());
+  const int64_t argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  for (int64_t v = 0; v < kVocab; ++v) EXPECT_EQ(probs[v], v == argmax ? 1.0 : 0.0);
+  EXPECT_EQ(SamplingUniform(7, 3), SamplingUniform(7, 3, 0));
+  EXPECT_NE(SamplingUniform(7, 3, 1), SamplingUniform(7, 3, 0));
+  EXPECT_NE(SamplingUniform(7, 3, 1), SamplingUniform(7, 3, 2));
+  const double w[4] = {0.0, 2.0, -1.0, 2.0};
+  EXPECT_EQ(cpu::SampleFromWeights(w, 4, 0.0), 1);
+  EXPECT_EQ(cpu::SampleFromWeights(w, 4, 0.49), 1);
+  EXPECT_EQ(cpu::SampleFromWeights(w, 4, 0.51), 3);
+}
+
 }  // namespace
 }  // namespace tandem::kernels

@@ -97,8 +97,36 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   return engine;
 }
 
+absl::Status Engine::AttachDraftModel(const ModelConfig& draft_config, ModelWeights draft_weights,
+                                      const ExecutorFactory* backend) {
+  if (config_.speculative.method != SpeculativeMethod::kDraft) {
+    return absl::InvalidArgumentError("a draft model needs --speculative_method=draft");
+  }
+  if (draft_ != nullptr) return absl::FailedPreconditionError("a draft model is attached already");
+  DraftModelOptions options;
+  options.num_blocks = num_blocks_ / dcp_.size;
+  options.block_size = config_.block_size;
+  options.max_num_batched_tokens = config_.max_num_batched_tokens;
+  options.max_num_seqs = config_.max_num_seqs;
+  options.max_model_len = max_model_len_;
+  const ExecutorFactory cpu =
+      backend == nullptr ? CpuExecutorFactory(config_.num_threads) : ExecutorFactory{};
+  if (dcp_.size > 1) {
+    return absl::InvalidArgumentError(
+        "--speculative_method=draft does not run under decode context parallelism (--dcp > 1)");
+  }
+  ASSIGN_OR_RETURN(draft_,
+                   DraftModelProposer::Create(backend == nullptr ? cpu : *backend, model_config_,
+                                              draft_config, std::move(draft_weights), options));
+  return absl::OkStatus();
+}
+
 absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
   RETURN_IF_ERROR(ValidateRequest(spec));
+  if (config_.speculative.method == SpeculativeMethod::kDraft && draft_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "--speculative_method=draft but no draft model is attached (--draft_model)");
+  }
   return scheduler_->Add(request_id, std::move(spec));
 }
 
@@ -183,7 +211,10 @@ absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
   return absl::OkStatus();
 }
 
-bool Engine::Abort(int64_t request_id) { return scheduler_->Abort(request_id); }
+bool Engine::Abort(int64_t request_id) {
+  if (draft_ != nullptr) draft_->Free(request_id);
+  return scheduler_->Abort(request_id);
+}
 
 void Engine::AttachConnector(kvtransfer::KvConnector* connector) {
   connector_ = connector;
@@ -204,12 +235,78 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
   SchedulerOutput batch = scheduler_->Schedule();
   if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
   if (batch.empty()) return updates;
+  if (draft_ != nullptr) RETURN_IF_ERROR(ProposeDrafts(&batch));
   ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
+  if (draft_ != nullptr) VerifyByRejection(batch, &out);
   std::vector<RequestUpdate> stepped =
       scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits, out.draft_samples);
+  if (draft_ != nullptr) {
+    for (const RequestUpdate& u : stepped) {
+      if (u.finish_reason != FinishReason::kNone) draft_->Free(u.request_id);
+    }
+  }
   if (updates.empty()) return stepped;
   for (RequestUpdate& u : stepped) updates.push_back(std::move(u));
   return updates;
+}
+
+absl::Status Engine::ProposeDrafts(SchedulerOutput* batch) {
+  draft_jobs_.clear();
+  draft_job_of_seq_.assign(batch->seqs.size(), -1);
+  for (size_t i = 0; i < batch->seqs.size(); ++i) {
+    const ScheduledSeq& seq = batch->seqs[i];
+    if (seq.num_draft_tokens == 0) continue;
+    DraftJob job;
+    job.request_id = seq.request_id;
+    job.tokens = scheduler_->Tokens(seq.request_id);
+    job.num_drafts = seq.num_draft_tokens;
+    job.sampling = seq.sampling;
+    job.sample_step = seq.sample_step;
+    draft_job_of_seq_[i] = static_cast<int64_t>(draft_jobs_.size());
+    draft_jobs_.push_back(std::move(job));
+  }
+  if (draft_jobs_.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(draft_->Propose(absl::MakeSpan(draft_jobs_)));
+  for (size_t i = 0; i < batch->seqs.size(); ++i) {
+    if (draft_job_of_seq_[i] < 0) continue;
+    ScheduledSeq& seq = batch->seqs[i];
+    const DraftJob& job = draft_jobs_[draft_job_of_seq_[i]];
+    scheduler_->SetDrafts(job.drafts, &seq, batch);
+    seq.return_verify_logits = seq.num_draft_tokens > 0 && !job.probs.empty();
+  }
+  return absl::OkStatus();
+}
+
+void Engine::VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const {
+  const int64_t vocab = model_config_.vocab_size;
+  std::vector<double> target;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& seq = batch.seqs[i];
+    if (!seq.return_verify_logits || i >= out->verify_logits.size()) continue;
+    const std::vector<float>& logits = out->verify_logits[i];
+    const int64_t k = seq.num_draft_tokens;
+    // A backend without verify logits leaves the samples: the match rule (exact as well).
+    if (static_cast<int64_t>(logits.size()) != (k + 1) * vocab) continue;
+    const DraftJob& job = draft_jobs_[draft_job_of_seq_[i]];
+    target.resize(static_cast<size_t>((k + 1) * vocab));
+    for (int64_t r = 0; r <= k; ++r) {
+      kernels::cpu::TokenProbabilities(logits.data() + r * vocab, vocab, seq.sampling,
+                                       target.data() + r * vocab);
+    }
+    const absl::Span<const int32_t> drafts = seq.new_tokens.subspan(1);
+    const RejectionOutcome verdict =
+        RejectionSampleDrafts(target, job.probs, drafts, vocab, seq.sampling.seed,
+                              static_cast<uint64_t>(seq.sample_step));
+    // Re-express the outcome as the samples Scheduler::ApplyVerify reads: the accepted drafts,
+    // then the residual sample (never the rejected draft), or the bonus token after all k.
+    std::vector<int32_t>& samples = out->draft_samples[i];
+    samples.assign(drafts.begin(), drafts.end());
+    if (verdict.accepted < k) {
+      samples[verdict.accepted] = verdict.next_token;
+    } else {
+      out->sampled_tokens[i] = verdict.next_token;
+    }
+  }
 }
 
 }  // namespace tandem::runtime

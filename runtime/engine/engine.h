@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/engine/draft_model.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
@@ -72,6 +73,15 @@ class Engine {
   // agent must have kv_pool_data() registered). Call once, before the first request.
   // Requests with RequestSpec::remote_kv / hold_kv_for_remote need it (INVALID_ARGUMENT without).
   void AttachConnector(kvtransfer::KvConnector* connector);
+  // Speculative decoding with a draft model (SpeculativeMethod::kDraft; draft_model.h): the draft
+  // model, same vocabulary as the target, run on an executor of `backend` (null: the CPU backend
+  // with config.num_threads threads) with a KV cache of as many blocks as the target's. Call once,
+  // before the first request; requests are refused (FAILED_PRECONDITION) until it is attached.
+  // INVALID_ARGUMENT when the method is not kDraft or DraftModelProposer::Create refuses.
+  absl::Status AttachDraftModel(const ModelConfig& draft_config, ModelWeights draft_weights,
+                                const ExecutorFactory* backend = nullptr);
+  // The attached draft model (null without one), for tests and stats.
+  const DraftModelProposer* draft_model() const { return draft_.get(); }
   // True while the engine has work that needs Step() calls: unfinished requests or KV loads.
   bool HasWork() const;
   void* kv_pool_data() { return runner_->kv_pool_data(); }
@@ -117,6 +127,10 @@ class Engine {
          int64_t max_model_len, int64_t block_bytes, DcpBlockLayout dcp);
 
   absl::Status ValidateDisaggregation(const RequestSpec& spec) const;
+  // Draft-model speculation around the target's step: fills the batch's drafts (draft_jobs_), then
+  // turns the target's verify logits into Leviathan rejection-sampling outcomes.
+  absl::Status ProposeDrafts(SchedulerOutput* batch);
+  void VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const;
 
   const EngineConfig config_;
   const ModelConfig model_config_;
@@ -128,6 +142,10 @@ class Engine {
   kvtransfer::KvConnector* connector_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelExecutor> runner_;
+  std::unique_ptr<DraftModelProposer> draft_;
+  // This step's draft jobs; draft_job_of_seq_[i] indexes them for batch.seqs[i] (-1: none).
+  std::vector<DraftJob> draft_jobs_;
+  std::vector<int64_t> draft_job_of_seq_;
 };
 
 }  // namespace tandem::runtime

@@ -26,6 +26,10 @@ struct RunnerOutput {
   // [num seqs]; for a sequence with num_draft_tokens = K > 0: the K samples at the positions of
   // its last token and its first K - 1 drafts (sampled_tokens holds the one after the last draft).
   std::vector<std::vector<int32_t>> draft_samples;
+  // [num seqs]; for a sequence with return_verify_logits: its num_draft_tokens + 1 sampled rows of
+  // logits, [K + 1][vocab]. Empty where not asked or where the backend does not return them (the
+  // engine then verifies by the samples above, which is exact too, with lower acceptance).
+  std::vector<std::vector<float>> verify_logits;
 };
 
 // Counters for tests and benchmarks (backends fill what applies).

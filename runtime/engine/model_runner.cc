@@ -125,11 +125,16 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
   out.draft_samples.resize(S);
+  out.verify_logits.resize(S);
   for (int64_t s = 0; s < S; ++s) {
     const ScheduledSeq& seq = batch.seqs[s];
     const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
     const int64_t first = logit_row_of_seq[s];
     if (first < 0) continue;
+    if (seq.return_verify_logits && k > 0) {
+      out.verify_logits[s].assign(logits_.data() + first * vocab,
+                                  logits_.data() + (first + k + 1) * vocab);
+    }
     for (int64_t j = 0; j < k; ++j) {
       out.draft_samples[s].push_back(
           kernels::cpu::SampleToken(logits_.data() + (first + j) * vocab, vocab, seq.sampling,

@@ -220,11 +220,37 @@ int64_t Scheduler::Draft(Request* req, int64_t budget) {
   const int64_t room = std::min({NextDraftLength(spec, &req->draft_length),
                                  req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
   if (room <= 0) return 0;
-  std::vector<int32_t> drafts = NgramDraft(req->tokens, spec, room);
+  // A draft model drafts after scheduling (SetDrafts): reserve `room` slots with placeholders.
+  std::vector<int32_t> drafts = spec.method == SpeculativeMethod::kDraft
+                                    ? std::vector<int32_t>(room, req->tokens.back())
+                                    : NgramDraft(req->tokens, spec, room);
   if (drafts.empty()) return 0;
   req->verify_input.assign(1, req->tokens.back());
   req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.end());
   return static_cast<int64_t>(drafts.size());
+}
+
+void Scheduler::SetDrafts(absl::Span<const int32_t> drafts, ScheduledSeq* seq,
+                          SchedulerOutput* output) {
+  auto it = requests_.find(seq->request_id);
+  if (it == requests_.end() || seq->num_draft_tokens == 0) return;
+  Request* req = it->second.get();
+  const int64_t k = std::min<int64_t>(seq->num_draft_tokens, static_cast<int64_t>(drafts.size()));
+  output->num_batched_tokens -= seq->num_draft_tokens - k;
+  seq->num_draft_tokens = k;
+  if (k == 0) {  // a plain decode step of the last token
+    seq->new_tokens = absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, 1);
+    return;
+  }
+  req->verify_input.resize(1);
+  req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.begin() + k);
+  seq->new_tokens = req->verify_input;
+}
+
+absl::Span<const int32_t> Scheduler::Tokens(int64_t request_id) const {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return {};
+  return it->second->tokens;
 }
 
 void Scheduler::ApplyVerify(const ScheduledSeq& seq, int32_t last_sample,

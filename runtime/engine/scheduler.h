@@ -60,6 +60,10 @@ struct ScheduledSeq {
   // samples at each of the last num_draft_tokens + 1 positions, position j with Philox counter
   // sample_step + j (RunnerOutput::draft_samples, sampled_tokens holding the last).
   int64_t num_draft_tokens = 0;
+  // Speculative decoding with a draft model, sampling requests: the executor also returns the
+  // logits of the num_draft_tokens + 1 sampled positions (RunnerOutput::verify_logits) for
+  // rejection sampling against the draft's distributions (the engine sets it).
+  bool return_verify_logits = false;
 };
 
 struct SchedulerOutput {
@@ -121,6 +125,15 @@ class Scheduler {
                                     absl::Span<const int32_t> sampled_tokens,
                                     std::vector<std::vector<float>>* prompt_logits,
                                     absl::Span<const std::vector<int32_t>> draft_samples = {});
+
+  // Speculative decoding with a draft model (SpeculativeMethod::kDraft): Schedule() reserves
+  // num_draft_tokens slots per speculating request and feeds placeholders there; the engine then
+  // puts the draft model's drafts in with SetDrafts (fewer, or none, shrink the sequence: none
+  // makes it a plain decode step) before running the step.
+  void SetDrafts(absl::Span<const int32_t> drafts, ScheduledSeq* seq, SchedulerOutput* output);
+  // A running request's tokens (prompt + output so far); empty for an unknown id. Valid until the
+  // next Update().
+  absl::Span<const int32_t> Tokens(int64_t request_id) const;
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }

@@ -1,0 +1,290 @@
+// Speculative decoding with a draft model (SpeculativeMethod::kDraft) through the CPU engine on
+// random-weight models, against the same engine without speculation:
+//  * greedy: token-for-token equal with a different random draft (low acceptance) and with the
+//    target itself as the draft (every draft accepted: a check on the verifier), under a tight
+//    budget with preemption too; every block of both caches returns;
+//  * sampling: Leviathan rejection sampling with the draft's distributions keeps the target's
+//    distribution per position (two-sample chi-square against plain sampling, p > 0.001), accepts
+//    as min(1, p/q) predicts, and a seeded request reproduces its tokens;
+//  * refusals: another vocabulary, no draft attached.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/sampling/sampling.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/speculative.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+constexpr uint64_t kTargetSeed = 4321;
+
+ModelConfig Tiny(int64_t vocab, int64_t layers = 0) {
+  auto config = PresetConfig("tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  ModelConfig c = *config;
+  c.max_position_embeddings = 256;
+  c.vocab_size = vocab;
+  if (layers > 0) c.num_hidden_layers = layers;
+  return c;
+}
+
+// The draft: the target itself (same config and seed) or a 1-layer random model.
+struct Draft {
+  bool is_target = false;
+  uint64_t seed = 99;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct Outcome {
+  std::vector<Result> results;
+  SpecStats stats;
+};
+
+EngineConfig Config(int64_t k, bool adaptive = true) {
+  EngineConfig c;
+  c.num_threads = 1;
+  if (k > 0) {
+    c.speculative.method = SpeculativeMethod::kDraft;
+    c.speculative.num_speculative_tokens = k;
+    c.speculative.adaptive = adaptive;
+  }
+  return c;
+}
+
+Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs, int64_t vocab,
+               Draft draft = {}) {
+  const ModelConfig model = Tiny(vocab);
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, kTargetSeed));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (config.speculative.method == SpeculativeMethod::kDraft) {
+    const ModelConfig draft_model = draft.is_target ? model : Tiny(vocab, 1);
+    const absl::Status attached = (*engine)->AttachDraftModel(
+        draft_model, RandomModelWeights(draft_model, draft.is_target ? kTargetSeed : draft.seed));
+    EXPECT_TRUE(attached.ok()) << attached;
+  }
+  Outcome run;
+  run.results.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  for (int guard = 0; (*engine)->HasUnfinished() && guard < 100000; ++guard) {
+    auto updates = (*engine)->Step();
+    EXPECT_TRUE(updates.ok()) << updates.status();
+    if (!updates.ok()) break;
+    for (RequestUpdate& u : *updates) {
+      Result& r = run.results[u.request_id];
+      r.tokens.insert(r.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      if (u.finish_reason != FinishReason::kNone) r.reason = u.finish_reason;
+    }
+  }
+  EXPECT_FALSE((*engine)->HasUnfinished());
+  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
+  if (const DraftModelProposer* d = (*engine)->draft_model(); d != nullptr) {
+    EXPECT_EQ(d->num_free_blocks(), d->num_blocks()) << "every draft block must return";
+  }
+  run.stats = (*engine)->spec_stats();
+  return run;
+}
+
+// Half repetitive prompts, half random ones, varied lengths and max_tokens.
+std::vector<RequestSpec> Prompts(uint32_t seed, int n, int64_t vocab) {
+  std::mt19937 rng(seed);
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < n; ++i) {
+    RequestSpec spec;
+    const int len = 4 + static_cast<int>(rng() % 40);
+    std::vector<int32_t> pattern(2 + rng() % 4);
+    for (int32_t& t : pattern) t = static_cast<int32_t>(rng() % vocab);
+    for (int t = 0; t < len; ++t) {
+      spec.prompt.push_back(i % 2 == 0 ? pattern[t % pattern.size()]
+                                       : static_cast<int32_t>(rng() % vocab));
+    }
+    spec.max_tokens = 4 + static_cast<int>(rng() % 40);
+    spec.ignore_eos = i % 3 != 0;
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+void ExpectSameTokens(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.results.size(), b.results.size());
+  for (size_t i = 0; i < a.results.size(); ++i) {
+    EXPECT_EQ(a.results[i].tokens, b.results[i].tokens) << what << ": prompt " << i;
+    EXPECT_EQ(a.results[i].reason, b.results[i].reason) << what << ": prompt " << i;
+  }
+}
+
+TEST(DraftModelTest, GreedyWithADifferentDraftIsTokenForTokenThePlainOutput) {
+  const std::vector<RequestSpec> specs = Prompts(11, 16, 256);
+  const Outcome plain = RunAll(Config(0), specs, 256);
+  for (int64_t k : {1, 3, 5}) {
+    const Outcome spec = RunAll(Config(k, /*adaptive=*/k != 3), specs, 256);
+    ExpectSameTokens(plain, spec, "K=" + std::to_string(k));
+    EXPECT_GT(spec.stats.drafted_tokens, 0u) << "K=" << k;
+    EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens) << "K=" << k;
+  }
+}
+
+TEST(DraftModelTest, GreedyWithTheTargetAsDraftAcceptsEveryDraft) {
+  const std::vector<RequestSpec> specs = Prompts(13, 12, 256);
+  const Outcome plain = RunAll(Config(0), specs, 256);
+  for (int64_t k : {1, 4}) {
+    const Outcome spec = RunAll(Config(k), specs, 256, Draft{.is_target = true});
+    ExpectSameTokens(plain, spec, "self K=" + std::to_string(k));
+    EXPECT_GT(spec.stats.drafted_tokens, 0u);
+    EXPECT_EQ(spec.stats.accepted_tokens, spec.stats.drafted_tokens) << "K=" << k;
+  }
+}
+
+TEST(DraftModelTest, GreedyExactUnderATightBudgetAndPreemption) {
+  const std::vector<RequestSpec> specs = Prompts(23, 16, 256);
+  EngineConfig base = Config(0);
+  base.max_num_batched_tokens = 12;
+  base.kv_cache_bytes = 24 * 8192;  // 24 blocks of the tiny model: preemption
+  const Outcome plain = RunAll(base, specs, 256);
+  EngineConfig config = Config(4);
+  config.max_num_batched_tokens = base.max_num_batched_tokens;
+  config.kv_cache_bytes = base.kv_cache_bytes;
+  ExpectSameTokens(plain, RunAll(config, specs, 256, Draft{.is_target = true}), "tight, self");
+  ExpectSameTokens(plain, RunAll(config, specs, 256), "tight, other");
+}
+
+// Two-sample chi-square of counts a and b (categories seen in either), and its degrees of freedom.
+std::pair<double, int> ChiSquare(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  double na = 0, nb = 0;
+  for (size_t v = 0; v < a.size(); ++v) {
+    na += a[v];
+    nb += b[v];
+  }
+  double stat = 0;
+  int cells = 0;
+  for (size_t v = 0; v < a.size(); ++v) {
+    const double total = a[v] + b[v];
+    if (total == 0) continue;
+    ++cells;
+    const double ea = total * na / (na + nb), eb = total * nb / (na + nb);
+    stat += (a[v] - ea) * (a[v] - ea) / ea + (b[v] - eb) * (b[v] - eb) / eb;
+  }
+  return {stat, cells - 1};
+}
+
+// The chi-square quantile with p = 0.001 above it (Wilson-Hilferty; within 1% for df >= 3).
+double ChiSquareCritical(int df) {
+  const double z = 3.0902;
+  const double t = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - t + z * std::sqrt(t), 3.0);
+}
+
+TEST(DraftModelTest, RejectionSamplingKeepsTheTargetDistributionPerPosition) {
+  constexpr int64_t kVocab = 16;
+  constexpr int kSamples = 6000;
+  constexpr int kPositions = 4;
+  RequestSpec base_spec;
+  base_spec.prompt = {3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7};
+  base_spec.max_tokens = kPositions;
+  base_spec.ignore_eos = true;
+  // T = 0.3: the random models' distributions are near uniform at T = 1, where p ~ q hides a
+  // wrong residual (checked: residual = p instead of max(0, p - q) fails here, passes at T = 1).
+  base_spec.sampling.temperature = 0.3f;
+  auto make = [&](uint64_t first_seed) {
+    std::vector<RequestSpec> specs(kSamples, base_spec);
+    for (int i = 0; i < kSamples; ++i) specs[i].sampling.seed = first_seed + i;
+    return specs;
+  };
+  EngineConfig base = Config(0);
+  base.max_num_seqs = 1024;
+  base.max_num_batched_tokens = 8192;
+  const Outcome plain = RunAll(base, make(1), kVocab);
+  EngineConfig config = base;
+  config.speculative = Config(3, /*adaptive=*/false).speculative;
+  const Outcome spec = RunAll(config, make(1 + kSamples), kVocab);
+  // A 1-layer random draft against the target: some drafts accepted (0.62), many not.
+  EXPECT_GT(spec.stats.acceptance_rate(), 0.05);
+  EXPECT_LT(spec.stats.acceptance_rate(), 0.95);
+  for (int pos = 0; pos < kPositions; ++pos) {
+    std::vector<int64_t> a(kVocab, 0), b(kVocab, 0);
+    for (int i = 0; i < kSamples; ++i) {
+      ASSERT_EQ(plain.results[i].tokens.size(), static_cast<size_t>(kPositions));
+      ASSERT_EQ(spec.results[i].tokens.size(), static_cast<size_t>(kPositions));
+      ++a[plain.results[i].tokens[pos]];
+      ++b[spec.results[i].tokens[pos]];
+    }
+    const auto [stat, df] = ChiSquare(a, b);
+    ASSERT_GE(df, 3) << "position " << pos << ": too concentrated to test";
+    EXPECT_LT(stat, ChiSquareCritical(df)) << "position " << pos << " (df " << df << ")";
+  }
+}
+
+TEST(DraftModelTest, SeededSamplingReproducesAndTheTargetAsDraftIsAlmostAlwaysAccepted) {
+  std::vector<RequestSpec> specs = Prompts(37, 12, 256);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].sampling.temperature = i % 2 ? 0.9f : 0.5f;
+    specs[i].sampling.top_k = i % 3 == 0 ? 8 : 0;
+    specs[i].sampling.top_p = i % 4 == 0 ? 0.9f : 1.0f;
+    specs[i].sampling.seed = 1000 + i;
+  }
+  const EngineConfig config = Config(3);
+  const Outcome once = RunAll(config, specs, 256);
+  ExpectSameTokens(once, RunAll(config, specs, 256), "seeded, again");
+  EXPECT_GT(once.stats.drafted_tokens, 0u);
+  // p == q up to rounding: u * q(d) < p(d) fails only for u within rounding of 1.
+  const Outcome self = RunAll(config, specs, 256, Draft{.is_target = true});
+  EXPECT_GT(self.stats.drafted_tokens, 0u);
+  EXPECT_GE(self.stats.acceptance_rate(), 0.99);
+}
+
+TEST(DraftModelTest, AbortWhileVerifyingFreesBothCaches) {
+  const ModelConfig model = Tiny(256);
+  auto engine = Engine::Create(Config(4), model, RandomModelWeights(model, kTargetSeed));
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AttachDraftModel(model, RandomModelWeights(model, kTargetSeed)).ok());
+  std::vector<RequestSpec> specs = Prompts(11, 10, 256);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].max_tokens = 60;
+    specs[i].ignore_eos = true;
+    ASSERT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  for (int guard = 0; (*engine)->spec_stats().accepted_tokens < 20 && guard < 200; ++guard) {
+    ASSERT_TRUE((*engine)->Step().ok());
+  }
+  const DraftModelProposer* draft = (*engine)->draft_model();
+  ASSERT_NE(draft, nullptr);
+  EXPECT_LT(draft->num_free_blocks(), draft->num_blocks());
+  for (int64_t id = 0; id < 10; id += 2) EXPECT_TRUE((*engine)->Abort(id));
+  while ((*engine)->HasUnfinished()) ASSERT_TRUE((*engine)->Step().ok());
+  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
+  EXPECT_EQ(draft->num_free_blocks(), draft->num_blocks());
+}
+
+TEST(DraftModelTest, RefusesAnotherVocabularyAndRequestsWithoutADraft) {
+  const ModelConfig model = Tiny(256);
+  auto engine = Engine::Create(Config(2), model, RandomModelWeights(model, 1));
+  ASSERT_TRUE(engine.ok());
+  RequestSpec spec;
+  spec.prompt = {1, 2, 3};
+  EXPECT_EQ((*engine)->AddRequest(0, spec).code(), absl::StatusCode::kFailedPrecondition);
+  const ModelConfig other = Tiny(128, 1);
+  const absl::Status refused = (*engine)->AttachDraftModel(other, RandomModelWeights(other, 2));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("128"), absl::string_view::npos) << refused;
+  EXPECT_NE(refused.message().find("256"), absl::string_view::npos) << refused;
+  // An n-gram engine takes no draft model.
+  auto ngram = Engine::Create(EngineConfig{}, model, RandomModelWeights(model, 1));
+  ASSERT_TRUE(ngram.ok());
+  EXPECT_FALSE((*ngram)->AttachDraftModel(model, RandomModelWeights(model, 1)).ok());
+}
+
+}  // namespace
+}  // namespace tandem::runtime
