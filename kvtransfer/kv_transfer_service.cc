@@ -183,9 +183,11 @@ class PeerLinks::Renewer final : public LeaseClient {
 };
 
 PeerLinks::PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
-                     absl::Duration rpc_timeout, SourceLinker linker, LinkCheck linked)
+                     security::SecurityConfig security, absl::Duration rpc_timeout,
+                     SourceLinker linker, LinkCheck linked)
     : agent_(agent),
       local_(std::move(local)),
+      security_(std::move(security)),
       rpc_timeout_(rpc_timeout),
       linker_(std::move(linker)),
       linked_(std::move(linked)),
@@ -340,7 +342,7 @@ absl::StatusOr<std::shared_ptr<tandem::v1::KvTransferService::Stub>> PeerLinks::
   // A source whose link goes silent fails the lease RPCs open on it in ~1-2 s (the worker's
   // server accepts these pings: common/grpc_keepalive.h).
   EnableKeepalive(args);
-  auto channel = security::CreateInternalChannel(handle.transfer_endpoint(), args);
+  auto channel = security::CreateChannel(handle.transfer_endpoint(), security_, args);
   return std::shared_ptr<tandem::v1::KvTransferService::Stub>(
       tandem::v1::KvTransferService::NewStub(channel));
 }

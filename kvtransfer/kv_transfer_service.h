@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_strict_parse.h"
+#include "common/security/security_config.h"
 #include "kvtransfer/connector.h"
 #include "kvtransfer/kv_handle.h"
 #include "kvtransfer/lease_table.h"
@@ -94,9 +95,10 @@ class PeerLinks final : public KvSourceLinks {
   // (RankKvReader::SourceLinked); false makes the next EnsurePeer handshake and link again even
   // for the same source incarnation (its connection was closed after it stopped answering).
   using LinkCheck = std::function<bool(const std::string& peer)>;
+  // `security`: this worker's TLS identity for the channels to sources (insecure: plain text).
   PeerLinks(TransferAgent* agent, tandem::v1::TransferHandshake local,
-            absl::Duration rpc_timeout = absl::Seconds(5), SourceLinker linker = nullptr,
-            LinkCheck linked = nullptr);
+            security::SecurityConfig security, absl::Duration rpc_timeout = absl::Seconds(5),
+            SourceLinker linker = nullptr, LinkCheck linked = nullptr);
   ~PeerLinks();  // sends the queued lease releases (each bounded by rpc_timeout), then stops
 
   // Ensures the agent can read the blocks of `handle`: handshakes with handle.transfer_endpoint
@@ -151,6 +153,7 @@ class PeerLinks final : public KvSourceLinks {
 
   TransferAgent* const agent_;
   tandem::v1::TransferHandshake local_;
+  const security::SecurityConfig security_;
   const absl::Duration rpc_timeout_;
   const SourceLinker linker_;
   const LinkCheck linked_;

@@ -63,7 +63,8 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     endpoint_ = "127.0.0.1:" + std::to_string(port);
-    peers_ = std::make_unique<PeerLinks>(slow_d_.get(), LocalHandshake("d", 5));
+    peers_ = std::make_unique<PeerLinks>(slow_d_.get(), LocalHandshake("d", 5),
+                                         security::SecurityConfig());
   }
   void TearDown() override {
     peers_.reset();  // sends queued releases first

@@ -153,16 +153,15 @@ constexpr grpc::StatusCode kDenied = grpc::StatusCode::PERMISSION_DENIED;
 class LeaseBindingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // This process is decode worker d-0 (PeerLinks dials with the process-wide default).
-    security::SetProcessSecurity(Certs().Config("d-0"));
+    // This process is decode worker d-0: PeerLinks dials with its certificate.
     source_ = std::make_unique<Source>(fabric_, Certs().Config("p-0"));
     reader_agent_ = std::make_unique<InProcessAgent>(fabric_, "d-0");
-    links_ = std::make_unique<PeerLinks>(reader_agent_.get(), LocalHandshake("d-0"));
+    links_ = std::make_unique<PeerLinks>(reader_agent_.get(), LocalHandshake("d-0"),
+                                         Certs().Config("d-0"));
   }
   void TearDown() override {
     links_.reset();
     source_.reset();
-    security::SetProcessSecurity(SecurityConfig());
   }
   // Whether the lease is still alive and d-0's.
   bool StillD0s(const KvHandle& h) {

@@ -122,9 +122,6 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-// Loaded once in main from --tls_* / --insecure.
-const security::SecurityConfig& Security() { return security::ProcessSecurity(); }
-
 std::string ApiKey() {
   std::string key = absl::GetFlag(FLAGS_api_key);
   if (key.empty()) {
@@ -134,8 +131,9 @@ std::string ApiKey() {
   return key;
 }
 
-std::unique_ptr<v1::Router::Stub> Connect() {
-  return v1::Router::NewStub(security::CreateChannel(absl::GetFlag(FLAGS_router), Security()));
+// `security`: loaded once in main from --tls_* / --insecure, passed to every command.
+std::unique_ptr<v1::Router::Stub> Connect(const security::SecurityConfig& security) {
+  return v1::Router::NewStub(security::CreateChannel(absl::GetFlag(FLAGS_router), security));
 }
 
 // Deadline and API key of every call.
@@ -173,11 +171,11 @@ absl::StatusOr<v1::GenerateRequest> BuildRequest() {
   return req;
 }
 
-absl::Status Generate() {
+absl::Status Generate(const security::SecurityConfig& security) {
   absl::StatusOr<v1::GenerateRequest> req = BuildRequest();
   if (!req.ok()) return req.status();
   const bool json = absl::GetFlag(FLAGS_json);
-  auto stub = Connect();
+  auto stub = Connect(security);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   const Clock::time_point start = Clock::now();
@@ -268,8 +266,8 @@ std::string StatusName(v1::ServingStatus status) {
   return EnumSuffix(v1::ServingStatus_Name(status), "SERVING_STATUS_");
 }
 
-absl::Status Workers() {
-  auto stub = Connect();
+absl::Status Workers(const security::SecurityConfig& security) {
+  auto stub = Connect(security);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::ListWorkersResponse resp;
@@ -317,8 +315,8 @@ absl::Status Workers() {
 }
 
 // Returns the exit code.
-absl::StatusOr<int> Health() {
-  auto stub = Connect();
+absl::StatusOr<int> Health(const security::SecurityConfig& security) {
+  auto stub = Connect(security);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::HealthResponse resp;
@@ -329,10 +327,10 @@ absl::StatusOr<int> Health() {
   return resp.status() == v1::SERVING_STATUS_SERVING ? 0 : 2;
 }
 
-absl::Status Abort() {
+absl::Status Abort(const security::SecurityConfig& security) {
   const std::string id = absl::GetFlag(FLAGS_request_id);
   if (id.empty()) return absl::InvalidArgumentError("--request_id is required");
-  auto stub = Connect();
+  auto stub = Connect(security);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::AbortRequest req;
@@ -343,10 +341,10 @@ absl::Status Abort() {
   return absl::OkStatus();
 }
 
-absl::Status WorkerStats() {
+absl::Status WorkerStats(const security::SecurityConfig& security) {
   const std::string address = absl::GetFlag(FLAGS_worker);
   if (address.empty()) return absl::InvalidArgumentError("--worker is required");
-  auto stub = v1::WorkerService::NewStub(security::CreateChannel(address, Security()));
+  auto stub = v1::WorkerService::NewStub(security::CreateChannel(address, security));
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::WorkerStats stats;
@@ -396,7 +394,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem_cli: %s\n", security.status().ToString().c_str());
     return 1;
   }
-  tandem::security::SetProcessSecurity(*std::move(security));
   if (text) {
     tandem::router::TextRequest text;
     text.http_address = absl::GetFlag(FLAGS_http);
@@ -407,7 +404,7 @@ int main(int argc, char** argv) {
     text.temperature = absl::GetFlag(FLAGS_temperature);
     text.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
     text.api_key = tandem::router::ApiKey();
-    if (const tandem::security::SecurityConfig& sec = tandem::router::Security(); !sec.insecure) {
+    if (const tandem::security::SecurityConfig& sec = *security; !sec.insecure) {
       text.tls = tandem::http::ClientTlsOptions{sec.tls.ca_pem, sec.server_name_override,
                                                 sec.tls.cert_pem, sec.tls.key_pem};
     }
@@ -417,17 +414,17 @@ int main(int argc, char** argv) {
       s = tandem::router::StreamText(text);
     }
   } else if (command == "generate") {
-    s = tandem::router::Generate();
+    s = tandem::router::Generate(*security);
   } else if (command == "workers") {
-    s = tandem::router::Workers();
+    s = tandem::router::Workers(*security);
   } else if (command == "health") {
-    absl::StatusOr<int> rc = tandem::router::Health();
+    absl::StatusOr<int> rc = tandem::router::Health(*security);
     s = rc.status();
     if (rc.ok()) code = *rc;
   } else if (command == "abort") {
-    s = tandem::router::Abort();
+    s = tandem::router::Abort(*security);
   } else if (command == "stats") {
-    s = tandem::router::WorkerStats();
+    s = tandem::router::WorkerStats(*security);
   } else {
     s = absl::InvalidArgumentError(absl::StrCat(
         "unknown command '", command, "'; use generate, chat, workers, health, abort or stats"));

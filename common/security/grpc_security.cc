@@ -2,7 +2,6 @@
 
 #include <grpcpp/security/auth_metadata_processor.h>
 
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -54,9 +53,6 @@ class ApiKeyPlugin final : public grpc::MetadataCredentialsPlugin {
  private:
   const std::string value_;
 };
-
-std::mutex process_mu;
-SecurityConfig* process_config = nullptr;  // never freed: references outlive any reset
 
 }  // namespace
 
@@ -128,27 +124,6 @@ absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContextBase& ctx, cons
 
 void AttachApiKey(grpc::ClientContext* ctx, const std::string& key) {
   if (!key.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", key));
-}
-
-void SetProcessSecurity(SecurityConfig config) {
-  std::lock_guard<std::mutex> lock(process_mu);
-  // A previous config is leaked, not deleted: references handed out stay valid.
-  process_config = new SecurityConfig(std::move(config));
-}
-
-const SecurityConfig& ProcessSecurity() {
-  std::lock_guard<std::mutex> lock(process_mu);
-  if (process_config == nullptr) process_config = new SecurityConfig();
-  return *process_config;
-}
-
-std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
-  return InternalServerCredentials(ProcessSecurity());
-}
-
-std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& target,
-                                                     grpc::ChannelArguments args) {
-  return CreateChannel(target, ProcessSecurity(), std::move(args));
 }
 
 }  // namespace tandem::security

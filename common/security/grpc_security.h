@@ -12,13 +12,10 @@
 // Insecure configs give plain-text credentials and no checks (ApiKeyOf still checks keys when the
 // config has some).
 //
-// Process-wide default: the daemons' mains call SetProcessSecurity once, before any server or
-// channel exists; code far from main (a worker's registration client, kvtransfer's peer links)
-// builds its credentials from it through InternalServerCredentials() / CreateInternalChannel()
-// without threading a config through every constructor. Never set, it is insecure (unit tests).
+// No process-wide default: each daemon loads its SecurityConfig in main and passes it down in
+// its configs (RouterOptions, WorkerConfig, PeerLinks, RouterRegistration, the CLI's commands).
 //
-// Thread safety: all functions are thread-safe; SetProcessSecurity must happen before the first
-// ProcessSecurity() that should see it.
+// Thread safety: all functions are thread-safe.
 #ifndef TANDEM_COMMON_SECURITY_GRPC_SECURITY_H_
 #define TANDEM_COMMON_SECURITY_GRPC_SECURITY_H_
 
@@ -61,13 +58,6 @@ absl::StatusOr<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& auth);
 absl::StatusOr<ApiKeyIdentity> ApiKeyOf(const grpc::ServerContextBase& ctx, const ApiKeySet& keys);
 // Client side: sends `authorization: Bearer <key>` with the call (no-op for an empty key).
 void AttachApiKey(grpc::ClientContext* ctx, const std::string& key);
-
-// Process-wide default (see above).
-void SetProcessSecurity(SecurityConfig config);
-const SecurityConfig& ProcessSecurity();
-std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials();
-std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& target,
-                                                     grpc::ChannelArguments args = {});
 
 }  // namespace tandem::security
 

@@ -192,13 +192,14 @@ TEST_F(GrpcSecurityTest, PublicTlsWithApiKeys) {
             grpc::StatusCode::UNAVAILABLE);
 }
 
-TEST_F(GrpcSecurityTest, ProcessDefaultIsInsecureUntilSet) {
-  EXPECT_TRUE(ProcessSecurity().insecure);
-  SetProcessSecurity(certs_->Config("decode"));
-  EXPECT_FALSE(ProcessSecurity().insecure);
-  EXPECT_EQ(ProcessSecurity().self->role, Role::kDecode);
+// No process-wide default: a decode worker's config, passed to the channel, reaches the internal
+// plane (the worker's KvTransferService), as PeerLinks and RouterRegistration dial it.
+TEST_F(GrpcSecurityTest, ADecodeWorkersConfigDialsTheInternalPlane) {
+  const SecurityConfig decode = certs_->Config("decode");
+  EXPECT_FALSE(decode.insecure);
+  EXPECT_EQ(decode.self->role, Role::kDecode);
   StartWorker();
-  auto stub = v1::KvTransferService::NewStub(CreateInternalChannel(Address()));
+  auto stub = v1::KvTransferService::NewStub(CreateChannel(Address(), decode));
   grpc::ClientContext ctx;
   v1::ReleaseLeaseResponse resp;
   EXPECT_TRUE(stub->ReleaseLease(&ctx, v1::ReleaseLeaseRequest(), &resp).ok());

@@ -11,7 +11,9 @@
 
 namespace tandem::runtime {
 
-RouterRegistration::RouterRegistration(std::string router_address, RegistrationCallbacks callbacks,
+RouterRegistration::RouterRegistration(std::string router_address,
+                                       const security::SecurityConfig& security,
+                                       RegistrationCallbacks callbacks,
                                        absl::Duration retry_interval)
     : router_address_(std::move(router_address)),
       callbacks_(std::move(callbacks)),
@@ -19,7 +21,7 @@ RouterRegistration::RouterRegistration(std::string router_address, RegistrationC
   grpc::ChannelArguments args;
   EnableKeepalive(args);  // a lost link to the router is noticed in ~1-2 s
   stub_ = tandem::v1::WorkerRegistry::NewStub(
-      security::CreateInternalChannel(router_address_, std::move(args)));
+      security::CreateChannel(router_address_, security, std::move(args)));
 }
 
 RouterRegistration::~RouterRegistration() { Stop(); }

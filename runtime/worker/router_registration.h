@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/security/security_config.h"
 #include "tandem/v1/router.grpc.pb.h"
 
 namespace tandem::runtime {
@@ -36,7 +37,9 @@ struct RegistrationCallbacks {
 
 class RouterRegistration {
  public:
-  RouterRegistration(std::string router_address, RegistrationCallbacks callbacks,
+  // `security`: the worker's TLS identity for the channel to the router.
+  RouterRegistration(std::string router_address, const security::SecurityConfig& security,
+                     RegistrationCallbacks callbacks,
                      absl::Duration retry_interval = absl::Milliseconds(500));
   ~RouterRegistration();  // Stop()
   void Start();

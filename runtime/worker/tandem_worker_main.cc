@@ -176,8 +176,8 @@ absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
   return RunFollowerRank(std::move(group), &endpoint);
 }
 
-// --tls_* / --insecure (common/security): every internal channel and server of this process uses
-// them. A worker's certificate must name its --role and its worker
+// --tls_* / --insecure (common/security) into config.security: every internal channel and server
+// of this worker uses them. A worker's certificate must name its --role and its worker
 // (spiffe://tandem/role/<role>/worker/<id>, make_certs.sh --worker=ID:ROLE): KV leases are bound
 // to decode workers by id, and a worker proves its id with its certificate. --worker_id defaults
 // to the certificate's and may not differ from it.
@@ -205,7 +205,7 @@ absl::Status SetUpSecurity(WorkerConfig& config) {
     }
     config.worker_id = named;
   }
-  security::SetProcessSecurity(std::move(sec));
+  config.security = std::move(sec);
   return absl::OkStatus();
 }
 
@@ -306,7 +306,7 @@ absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
   RETURN_IF_ERROR(SetUpSecurity(config));
   // Every rank runs with the worker's certificate, so all derive the same key and accept the
   // NCCL control tokens rank 0's KvTransferService hands out.
-  config.transfer.nccl_token_key = NcclControlTokenKey(security::ProcessSecurity());
+  config.transfer.nccl_token_key = NcclControlTokenKey(config.security);
   TerminationSignals signals;  // before any thread starts
   const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
   if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {

@@ -106,7 +106,7 @@ struct WorkerDaemon::Parts {
                                                             uint64_t epoch);
   absl::Status StartServer(const WorkerConfig& config, const std::string& host,
                            std::string* address);
-  void StartRegistration(const std::string& router);
+  void StartRegistration(const std::string& router, const security::SecurityConfig& security);
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerConfig& config,
@@ -185,7 +185,8 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const 
   ASSIGN_OR_RETURN(strict_service, StrictWorkerService(service.get()));
   ASSIGN_OR_RETURN(strict_kv_service, kvtransfer::StrictKvTransferService(kv_service.get()));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, security::InternalServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, security::InternalServerCredentials(config.security),
+                           &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
   AllowKeepalivePings(builder);  // the router's channels ping every second
   builder.RegisterService(strict_service.get());
@@ -199,7 +200,8 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const 
   return absl::OkStatus();
 }
 
-void WorkerDaemon::Parts::StartRegistration(const std::string& router) {
+void WorkerDaemon::Parts::StartRegistration(const std::string& router,
+                                            const security::SecurityConfig& security) {
   RegistrationCallbacks callbacks;
   Worker* w = worker.get();
   EngineLoop* l = loop.get();
@@ -210,7 +212,7 @@ void WorkerDaemon::Parts::StartRegistration(const std::string& router) {
     l->TakeCacheEvents(added, removed);
   };
   callbacks.all_cached_hashes = [l] { return l->CachedHashes(); };
-  registration = std::make_unique<RouterRegistration>(router, std::move(callbacks));
+  registration = std::make_unique<RouterRegistration>(router, security, std::move(callbacks));
   registration->Start();
 }
 
@@ -253,7 +255,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.default_lease = config.default_lease;
   // With mTLS a lease is bound to the decode worker the router names (it proves its id with its
   // certificate); --insecure has no identities, so an unnamed reader is allowed there.
-  options.require_decode_worker = !security::ProcessSecurity().insecure;
+  options.require_decode_worker = !config.security.insecure;
   options.kv_load_timeout = config.kv_load_timeout;
   options.group = config.group;
   options.rank_kv_stats = [p = parts.get()](tandem::v1::WorkerStats* out) {
@@ -288,8 +290,9 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     return p->group_transport != nullptr ? p->group_transport->SourceLinked(peer)
                                          : p->endpoint->reader()->SourceLinked(peer);
   };
-  parts->peers = std::make_unique<kvtransfer::PeerLinks>(
-      parts->agent.get(), local, absl::Seconds(5), std::move(linker), std::move(linked));
+  parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local, config.security,
+                                                         absl::Seconds(5), std::move(linker),
+                                                         std::move(linked));
   parts->worker = std::make_unique<Worker>(parts->loop.get(), parts->connector.get(),
                                            parts->connector.get(), parts->peers.get(), options);
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
@@ -301,7 +304,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
               << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
               << parts->metrics->port() << "/metrics";
   }
-  if (!config.router.empty()) parts->StartRegistration(config.router);
+  if (!config.router.empty()) parts->StartRegistration(config.router, config.security);
   LOG(INFO) << "worker " << config.worker_id << " epoch " << epoch << " serving on " << address;
   auto daemon = std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(parts)));
   daemon->address_ = address;

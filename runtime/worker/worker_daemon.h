@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security/security_config.h"
 #include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_source.h"
@@ -41,6 +42,9 @@ struct WorkerConfig {
   // GET /metrics and /health over HTTP (worker_metrics.h) on HOST:PORT; empty: none.
   std::string metrics_listen;
   std::string router;  // empty: standalone (no registration)
+  // TLS and identities of every server and channel of this worker (its gRPC port, its
+  // registration with the router, its KV control-plane links to sources). Default: insecure.
+  security::SecurityConfig security;
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
