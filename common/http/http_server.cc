@@ -12,11 +12,12 @@
 #include <boost/beast/ssl.hpp>
 #include <cctype>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crash_handler.h"
 #include "common/http/body_budget.h"
@@ -97,8 +98,8 @@ class SessionBase : public Responder {
   std::atomic<bool> cancelled_{false}, closed_{false};
 
  private:
-  std::mutex cancel_mu_;
-  std::function<void()> on_cancel_;
+  absl::Mutex cancel_mu_;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(cancel_mu_);
 };
 
 struct HttpServer::Impl {
@@ -111,8 +112,8 @@ struct HttpServer::Impl {
   std::vector<std::thread> threads;
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
-  std::mutex mu;
-  std::vector<std::weak_ptr<SessionBase>> sessions;  // to cancel their streams on Stop
+  absl::Mutex mu;
+  std::vector<std::weak_ptr<SessionBase>> sessions ABSL_GUARDED_BY(mu);  // to cancel on Stop
 
   void Accept(std::shared_ptr<Impl> self);
   void Stop();
@@ -227,7 +228,7 @@ class StreamHandle final : public ResponseStream {
 
 void SessionBase::OnCancel(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(cancel_mu_);
+    absl::MutexLock lock(&cancel_mu_);
     if (!cancelled_.load()) {
       on_cancel_ = std::move(fn);
       return;
@@ -237,7 +238,7 @@ void SessionBase::OnCancel(std::function<void()> fn) {
 }
 
 std::function<void()> SessionBase::TakeOnCancel() {
-  std::lock_guard<std::mutex> lock(cancel_mu_);
+  absl::MutexLock lock(&cancel_mu_);
   return std::move(on_cancel_);
 }
 
@@ -606,7 +607,7 @@ void HttpServer::Impl::Accept(std::shared_ptr<Impl> self) {
             plain_session->Start();
             session = std::move(plain_session);
           }
-          std::lock_guard<std::mutex> lock(mu);
+          absl::MutexLock lock(&mu);
           sessions.erase(std::remove_if(sessions.begin(), sessions.end(),
                                         [](const auto& w) { return w.expired(); }),
                          sessions.end());
@@ -624,7 +625,7 @@ void HttpServer::Impl::Stop() {
   });
   std::vector<std::shared_ptr<SessionBase>> live;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     for (auto& w : sessions) {
       if (auto s = w.lock()) live.push_back(std::move(s));
     }
