@@ -1,0 +1,101 @@
+// FP8 weights served end to end on the CPU backend (issue 38): tandem_router + a prefill and a
+// decode tandem_worker on loopback, the KV moving over UCX, with the 128x128-block FP8 fixture
+// (tests/golden/fixtures_fp8/fp8_block) and the bf16 fixture quantized at load
+// (--quantization=fp8 on both workers). The disaggregated greedy tokens must equal the same
+// engine's in this process (one request at a time, one thread: the same shapes as P then D),
+// and the first token transformers' activation-quantizing reference where its top-2 gap is >= 1%
+// of max|logit| (make_golden_fp8.py).
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_source.h"
+#include "tests/e2e/cluster.h"
+#include "tests/e2e/serving_util.h"
+
+namespace tandem::e2e {
+namespace {
+
+std::vector<std::vector<uint32_t>> LocalTokens(const std::string& dir, const std::string& quant,
+                                               const std::vector<Prompt>& prompts) {
+  runtime::ModelSource source;
+  source.model_dir = Runfile(dir);
+  source.quantization = quant;
+  auto model = runtime::LoadModel(source);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  runtime::EngineConfig config;
+  config.num_threads = 1;
+  config.kv_cache_bytes = 16 << 20;
+  auto engine = runtime::Engine::Create(config, model->config, std::move(model->weights));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  std::vector<std::vector<uint32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    runtime::RequestSpec spec;
+    spec.prompt.assign(prompts[i].ids.begin(), prompts[i].ids.end());
+    spec.max_tokens = prompts[i].max_tokens;
+    spec.ignore_eos = true;
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
+    while ((*engine)->HasUnfinished()) {
+      auto updates = (*engine)->Step();
+      EXPECT_TRUE(updates.ok());
+      if (!updates.ok()) return out;
+      for (auto& u : *updates) {
+        out[u.request_id].insert(out[u.request_id].end(), u.new_token_ids.begin(),
+                                 u.new_token_ids.end());
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
+  for (const auto& [format, quant] :
+       {std::pair<std::string, std::string>{"fp8_block", ""}, {"base_bf16", "fp8"}}) {
+    SCOPED_TRACE(format);
+    const std::string dir = "tests/golden/fixtures_fp8/" + format;
+    std::ifstream in(Runfile(dir) + "/expected.json");
+    ASSERT_TRUE(in.good());
+    const nlohmann::json expected = nlohmann::json::parse(in);
+    const auto ids = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
+    const auto ref =
+        expected["last_prompt_logits_act_quant"].get<std::vector<std::vector<float>>>();
+    const auto gaps = expected["top2_gap_act_quant"].get<std::vector<float>>();
+    const auto first =
+        expected["greedy_tokens_act_quant"].get<std::vector<std::vector<uint32_t>>>();
+    std::vector<Prompt> prompts;
+    for (const auto& p : ids) prompts.push_back(Prompt{p, 6});
+    const std::vector<std::vector<uint32_t>> local = LocalTokens(dir, quant, prompts);
+    ASSERT_EQ(local.size(), prompts.size());
+
+    ClusterOptions options;
+    options.model_dir = dir;
+    options.worker_flags = {"--num_threads=1"};
+    if (!quant.empty()) options.worker_flags.push_back("--quantization=" + quant);
+    auto cluster = Cluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    int checked = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Result r = Generate((*cluster)->router(), ToRequest(prompts[i]));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
+      EXPECT_EQ(r.tokens, local[i]) << "prompt " << i;
+      float max_abs = 0;
+      for (float x : ref[i]) max_abs = std::max(max_abs, std::fabs(x));
+      if (gaps[i] >= 0.01f * max_abs) {
+        ASSERT_FALSE(r.tokens.empty());
+        EXPECT_EQ(r.tokens[0], first[i][0]) << "prompt " << i;
+        ++checked;
+      }
+    }
+    EXPECT_GE(checked, 3);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::e2e
