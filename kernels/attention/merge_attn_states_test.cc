@@ -237,8 +237,22 @@ TEST(MergeAttnStatesTest, AliasingOutputs) {
   EXPECT_EQ(lb, want_lse);
 }
 
+// Zero tokens: nothing is read (NaN inputs) and nothing is written (the outputs keep their
+// random contents), with real buffers as well as with null pointers.
 TEST(MergeAttnStatesTest, ZeroRowsIsANoOp) {
-  MergeAttnStates(nullptr, nullptr, nullptr, nullptr, 0, 8, 64, nullptr, nullptr);
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  const int64_t h = 8, d = 64;
+  const std::vector<float> in_out(h * d, kNaN), in_lse(h, kNaN);
+  const std::vector<float> before_out = RandomNormal(rng, h * d, 1.0f);
+  const std::vector<float> before_lse = RandomNormal(rng, h, 5.0f);
+  std::vector<float> out = before_out, lse = before_lse;
+  MergeAttnStates(in_out.data(), in_lse.data(), in_out.data(), in_lse.data(), 0, h, d, out.data(),
+                  lse.data());
+  EXPECT_EQ(out, before_out);
+  EXPECT_EQ(lse, before_lse);
+  MergeAttnStates(nullptr, nullptr, nullptr, nullptr, 0, h, d, nullptr, nullptr);  // no access
 }
 
 // ---- N-way merge ----
