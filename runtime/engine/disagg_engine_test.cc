@@ -17,6 +17,7 @@
 #include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -29,13 +30,7 @@ using kvtransfer::PullKvConnector;
 
 constexpr uint64_t kWeightSeed = 77;
 
-ModelConfig TinyConfig() {
-  auto config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.max_position_embeddings = 256;
-  return c;
-}
+using engine_test::TinyConfig;
 
 EngineConfig SmallEngine() {
   EngineConfig config;

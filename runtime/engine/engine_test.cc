@@ -11,19 +11,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
 namespace tandem::runtime {
 namespace {
 
-ModelConfig TinyConfig() {
-  auto config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.max_position_embeddings = 256;
-  return c;
-}
+using engine_test::TinyConfig;
 
 struct Result {
   std::vector<int32_t> tokens;

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/sampling/sampling.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/speculative.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -25,14 +26,7 @@
 namespace tandem::runtime {
 namespace {
 
-ModelConfig TinyConfig(int64_t vocab = 256) {
-  auto config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.max_position_embeddings = 256;
-  c.vocab_size = vocab;
-  return c;
-}
+using engine_test::TinyConfig;
 
 SpeculativeConfig Ngram(int64_t k) {
   SpeculativeConfig c;
