@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemv_cuda.h"
 #include "kernels/cuda/layers_cuda.h"
 #include "kernels/cuda/rope_cache_cuda.h"
+#include "kernels/cuda/shard_argmax_cuda.h"
 #include "kernels/layers/rope.h"
 #include "runtime/cuda/dummy_init.h"
 #include "runtime/engine/kv_layout.h"
@@ -441,6 +442,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   }
   RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R,
                       vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
+  if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
   return GatherLogits(R, stream);
 }
 
@@ -519,6 +521,21 @@ absl::Status CudaLlamaModel::GatherLogits(int64_t R, cudaStream_t stream) {
                                            cols * 4, R, cudaMemcpyDeviceToDevice, stream));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaLlamaModel::GreedyTokens(int64_t R, const kc::DeviceSamplingRow* rows,
+                                          int32_t* out, cudaStream_t stream) {
+  if (!vocab_parallel() || gather_logits_) {
+    return absl::FailedPreconditionError("GreedyTokens: the step's logits were gathered");
+  }
+  // logits_ is not written on this path: it holds this rank's candidates, gathered_logits_
+  // every rank's ([ranks, R], far below either buffer's size).
+  auto* mine = reinterpret_cast<kernels::ShardCandidate*>(logits_.data());
+  auto* all = reinterpret_cast<kernels::ShardCandidate*>(gathered_logits_.data());
+  RETURN_IF_ERROR(kc::ShardArgmaxRows(local_logits_.get<float>(), R, vocab_rows_, vocab_begin_,
+                                      config_.vocab_size, rows, mine, stream));
+  RETURN_IF_ERROR(comm()->AllGather(mine, all, R * 2, comm::CommDtype::kF32, stream));
+  return kc::PickShardCandidates(all, comm()->size(), R, out, stream);
 }
 
 }  // namespace tandem::runtime::cuda

@@ -32,6 +32,7 @@
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "kernels/cuda/paged_prefill_cuda.h"
+#include "kernels/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
@@ -122,6 +123,17 @@ class CudaLlamaModel {
   // set_autotune_max_m); the runner enables it for its padded decode sizes only.
   void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
 
+  // Vocab-parallel greedy steps (tensor parallelism): with set_gather_logits(false) Forward
+  // leaves each rank's logits of its vocabulary rows unexchanged (logits() is not written), and
+  // GreedyTokens then writes every row's greedy token to `out` ([R] int32, device), exactly
+  // SampleTokens' temperature-0 choice, from one all-gather of R 8-byte candidates per rank
+  // instead of R x vocab logits (kernels/sampling/shard_argmax.h). `rows`: the step's sampling
+  // rows (their vocab_limit). FAILED_PRECONDITION when the logits were gathered.
+  bool vocab_parallel() const { return comm() != nullptr && comm()->size() > 1; }
+  void set_gather_logits(bool gather) { gather_logits_ = gather; }
+  absl::Status GreedyTokens(int64_t R, const kernels::cuda::DeviceSamplingRow* rows, int32_t* out,
+                            cudaStream_t stream);
+
   const float* logits() const { return logits_.get<float>(); }
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
@@ -168,6 +180,7 @@ class CudaLlamaModel {
   int64_t vocab_begin_ = 0;       // the first one's vocabulary id
   DeviceBuffer local_logits_;     // [R, vocab_rows_] fp32 (communicator only)
   DeviceBuffer gathered_logits_;  // [ranks, R, vocab_rows_] fp32 (communicator only)
+  bool gather_logits_ = true;     // set_gather_logits
 
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
   DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied

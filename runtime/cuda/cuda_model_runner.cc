@@ -180,17 +180,24 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                                   " interleave ", r->dcp_.interleave)
                                    : std::string());
   }
-  ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
-                                                     r->stream_));
+  kernels::KvCacheLayout layout;
+  if (spec.model_config.IsMla()) {
+    ASSIGN_OR_RETURN(r->mla_model_, CudaMlaModel::Create(spec.model_config, std::move(weights),
+                                                         options, r->stream_));
+    layout = r->mla_model_->KvLayout(spec.num_blocks, spec.block_size);
+  } else {
+    ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights),
+                                                       options, r->stream_));
+    layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
+  }
 
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
-  const kernels::KvCacheLayout layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
   RETURN_IF_ERROR(layout.Validate());
   ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(layout.TotalElems() * 2, "KV pool"));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
   r->cache_.data = r->pool_.data();
   r->cache_.layout = layout;
-  r->cache_.dtype = r->model_->kv_dtype();
+  r->cache_.dtype = r->model_ != nullptr ? r->model_->kv_dtype() : r->mla_model_->kv_dtype();
   RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
 
   // Packed metadata: small arrays first, block tables last (copied up to the used rows).
@@ -223,6 +230,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   ASSIGN_OR_RETURN(r->sampled_host_, PinnedBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
   return r;
+}
+
+absl::Status CudaModelRunner::ModelForward(const DeviceStep& step, const StepAttentionPlan& plan) {
+  if (mla_model_ != nullptr) {
+    return mla_model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+  }
+  return model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+}
+
+const float* CudaModelRunner::ModelLogits() const {
+  return mla_model_ != nullptr ? mla_model_->logits() : model_->logits();
 }
 
 int64_t CudaModelRunner::GraphSizeFor(int64_t num_seqs) const {
@@ -338,6 +356,13 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
                                                         bool allow_prefill) const {
   const ModelConfig& m = spec_.model_config;
   StepAttentionPlan plan;
+  if (m.IsMla()) {  // CudaMlaModel plans its own kernels from these bounds
+    plan.decode.input.num_seqs = num_seqs;
+    plan.decode.input.num_tokens = num_tokens;
+    plan.decode.input.max_q_len = max_q_len;
+    plan.decode.input.max_seq_len = max_seq_len;
+    return plan;
+  }
   const bool prefill_head_dim = m.head_dim == 64 || m.head_dim == 128 || m.head_dim == 256;
   // The prefill kernel has no DCP path; the decode kernel takes any q_len on a shard.
   if (allow_prefill && dcp_.size == 1 && max_q_len >= kPrefillMinQLen && prefill_head_dim) {
@@ -378,27 +403,44 @@ absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaModelRunner::Enqueue(const DeviceStep& step, const StepAttentionPlan& plan) {
-  RETURN_IF_ERROR(model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_));
+bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch) const {
+  if (!config_.vocab_parallel_greedy || model_ == nullptr || !model_->vocab_parallel()) {
+    return false;
+  }
+  for (const ScheduledSeq& seq : batch.seqs) {
+    if (seq.capture_prompt_logits) return false;
+    if (seq.samples && seq.sampling.temperature > 0.0f) return false;
+  }
+  return true;
+}
+
+absl::Status CudaModelRunner::Enqueue(const DeviceStep& step, const StepAttentionPlan& plan,
+                                      bool greedy) {
+  if (model_ != nullptr) model_->set_gather_logits(!greedy);
+  RETURN_IF_ERROR(ModelForward(step, plan));
   if (step.num_logit_rows == 0) return absl::OkStatus();
   const char* dev = meta_dev_.get<char>();
-  return kc::SampleTokens(model_->logits(), step.num_logit_rows, spec_.model_config.vocab_size,
-                          reinterpret_cast<const kc::DeviceSamplingRow*>(dev + meta_.sampling_rows),
+  const auto* rows = reinterpret_cast<const kc::DeviceSamplingRow*>(dev + meta_.sampling_rows);
+  if (greedy) {
+    return model_->GreedyTokens(step.num_logit_rows, rows, sampled_dev_.get<int32_t>(), stream_);
+  }
+  return kc::SampleTokens(ModelLogits(), step.num_logit_rows, spec_.model_config.vocab_size, rows,
                           sampled_dev_.get<int32_t>(), sample_workspace_.data(),
                           sample_workspace_.bytes(), stream_);
 }
 
 absl::StatusOr<cudaGraphExec_t> CudaModelRunner::GraphFor(const DeviceStep& step,
-                                                          const StepAttentionPlan& plan) {
-  const int64_t size = step.attention.num_seqs;
+                                                          const StepAttentionPlan& plan,
+                                                          bool greedy) {
+  const int64_t size = 2 * step.attention.num_seqs + (greedy ? 1 : 0);
   auto it = graphs_.find(size);
   if (it != graphs_.end()) return it->second;
   // One eager run first: cuBLASLt picks and caches its algorithms for these shapes outside the
   // capture (it must not allocate or query inside it). Re-running the step from the graph is
   // idempotent: the same K/V are written to the same slots and the same tokens sampled.
-  RETURN_IF_ERROR(Enqueue(step, plan));
+  RETURN_IF_ERROR(Enqueue(step, plan, greedy));
   CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = Enqueue(step, plan);
+  const absl::Status enqueued = Enqueue(step, plan, greedy);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (!enqueued.ok()) {
@@ -444,13 +486,16 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
         absl::StrCat("step has ", total_tokens, " tokens; the runner takes 1..", max_tokens_));
   }
   const int64_t padded = decode ? GraphSizeFor(S) : 0;
+  const bool greedy = GreedyOnly(batch);
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
   const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_dev_.data(), meta_host_.data(), copy_bytes,
                                        cudaMemcpyHostToDevice, stream_));
   // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before
   // any graph capture); prefill sizes vary too much.
-  model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
+  if (model_ != nullptr) model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
+  if (mla_model_ != nullptr)
+    mla_model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
   if (padded > 0) {
     // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
     // by the most tokens of max_model_len this rank's shard can hold).
@@ -460,17 +505,17 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
     ++stats_.padded_steps;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
-      ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan));
+      ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, greedy));
       CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
       ++stats_.graph_steps;
     } else {
-      RETURN_IF_ERROR(Enqueue(step, plan));
+      RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     }
   } else {
     ASSIGN_OR_RETURN(StepAttentionPlan plan,
                      Plan(S, total_tokens, max_q_len, max_seq_len, config_.use_prefill_kernel));
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
-    RETURN_IF_ERROR(Enqueue(step, plan));
+    RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     ++stats_.eager_steps;
   }
   const int64_t R = step.num_logit_rows;
@@ -499,7 +544,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     if (seq.capture_prompt_logits) {
       std::vector<float>& logits = out.last_prompt_logits[s];
       logits.resize(vocab);
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data(), model_->logits() + r * vocab,
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data(), ModelLogits() + r * vocab,
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
     ++r;

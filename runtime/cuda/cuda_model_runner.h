@@ -43,6 +43,7 @@
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
+#include "runtime/cuda/cuda_mla_model.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/engine/model_executor.h"
 
@@ -88,6 +89,10 @@ struct CudaBackendConfig {
   // With the custom all-reduce: each all-reduce fused with the residual add + RMSNorm after it
   // (NcclCommunicatorOptions::fuse_all_reduce_norm); false: unfused (comparisons).
   bool fuse_all_reduce_norm = true;
+  // Tensor parallelism: steps whose sampled rows are all greedy gather one (value, id) candidate
+  // per rank and row instead of the rows' whole logits (CudaLlamaModel::GreedyTokens); false:
+  // always the whole logits (comparisons).
+  bool vocab_parallel_greedy = true;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
@@ -143,12 +148,21 @@ class CudaModelRunner : public ModelExecutor {
   absl::StatusOr<StepAttentionPlan> Plan(int64_t num_seqs, int64_t num_tokens, int64_t max_q_len,
                                          int64_t max_seq_len, bool allow_prefill) const;
   absl::Status EnsureAttnWorkspace(int64_t bytes);
-  // Enqueues forward + sampling for `step` (what a graph captures).
-  absl::Status Enqueue(const DeviceStep& step, const StepAttentionPlan& plan);
-  // The graph of a padded decode step of step.attention.num_seqs sequences, captured on first
-  // use (the metadata for `step` must already be on the device).
-  absl::StatusOr<cudaGraphExec_t> GraphFor(const DeviceStep& step, const StepAttentionPlan& plan);
+  // Enqueues forward + sampling for `step` (what a graph captures). `greedy` (GreedyOnly): the
+  // tokens from the vocab-parallel candidates (CudaLlamaModel::GreedyTokens), no logits gather.
+  absl::Status Enqueue(const DeviceStep& step, const StepAttentionPlan& plan, bool greedy);
+  // The graph of a padded decode step of step.attention.num_seqs sequences (and `greedy`),
+  // captured on first use (the metadata for `step` must already be on the device).
+  absl::StatusOr<cudaGraphExec_t> GraphFor(const DeviceStep& step, const StepAttentionPlan& plan,
+                                           bool greedy);
+  // True when the model's logits are vocab-parallel (TP > 1), config_.vocab_parallel_greedy is
+  // on, and every row the step's sequences use is greedy (temperature 0) with no prompt logits
+  // captured: the full logits are then never needed.
+  bool GreedyOnly(const SchedulerOutput& batch) const;
   int64_t GraphSizeFor(int64_t num_seqs) const;
+  // The forward and the logits of whichever model the config needs (model_ or mla_model_).
+  absl::Status ModelForward(const DeviceStep& step, const StepAttentionPlan& plan);
+  const float* ModelLogits() const;
 
   const CudaBackendConfig config_;
   const ExecutorSpec spec_;
@@ -158,7 +172,8 @@ class CudaModelRunner : public ModelExecutor {
   kernels::DcpShard dcp_;  // size 1: no decode context parallelism
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<comm::DeviceCommunicator> comm_;  // before model_: the model uses it
-  std::unique_ptr<CudaLlamaModel> model_;
+  std::unique_ptr<CudaLlamaModel> model_;           // null for an MLA model ...
+  std::unique_ptr<CudaMlaModel> mla_model_;         // ... which runs this one (DeepSeek-V2/V3)
   DeviceBuffer pool_;
   kernels::cuda::DeviceKvCache cache_;
   MetaLayout meta_{};
@@ -167,7 +182,7 @@ class CudaModelRunner : public ModelExecutor {
   DeviceBuffer attn_workspace_, sample_workspace_, sampled_dev_;
   PinnedBuffer sampled_host_;
   std::vector<int64_t> graph_sizes_;
-  std::map<int64_t, cudaGraphExec_t> graphs_;
+  std::map<int64_t, cudaGraphExec_t> graphs_;  // by 2 * padded size + greedy
   ExecutorStats stats_;
 };
 

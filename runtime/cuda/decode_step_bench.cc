@@ -10,7 +10,8 @@
 // schedule identical steps, so no plan travels: the step without rank 0's plan broadcast);
 // --custom_ar=0 keeps every all-reduce on NCCL (CudaBackendConfig::custom_all_reduce).
 // --fused_norm=0 runs each custom all-reduce and the residual add + RMSNorm after it as two
-// kernels (CudaBackendConfig::fuse_all_reduce_norm).
+// kernels (CudaBackendConfig::fuse_all_reduce_norm). --vocab_greedy=0 gathers the whole logits
+// at TP > 1 even for greedy steps (CudaBackendConfig::vocab_parallel_greedy).
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <algorithm>
@@ -73,7 +74,7 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64, tp = 1;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
-  bool fused_norm = true;
+  bool fused_norm = true, vocab_greedy = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
@@ -84,6 +85,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
     if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
+    if (a.rfind("--vocab_greedy=", 0) == 0) vocab_greedy = std::atoi(argv[i] + 15) != 0;
     if (a == "--shape=70b") big = true;
   }
   const int rank = comm::SpawnedRank();
@@ -106,6 +108,7 @@ int Main(int argc, char** argv) {
   backend.programmatic_launch = pdl;
   backend.custom_all_reduce = custom_ar;
   backend.fuse_all_reduce_norm = fused_norm;
+  backend.vocab_parallel_greedy = vocab_greedy;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -155,6 +158,9 @@ int Main(int argc, char** argv) {
         big ? "70B" : "8B", tp, weight_bytes / 1e9, create_s, graphs ? "on" : "off",
         pdl ? "on" : "off",
         custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
+    if (tp > 1)
+      std::printf("greedy tokens from %s\n",
+                  vocab_greedy ? "vocab-parallel candidates" : "gathered logits");
     std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
                 "% roof");
   }
