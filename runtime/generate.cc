@@ -5,6 +5,7 @@
 //            [--backend=cpu] [--max_num_batched_tokens=2048] [--max_num_seqs=256]
 //            [--kv_cache_bytes=268435456] [--block_size=16] [--num_threads=2]
 //            [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
+//            [--speculative_method=draft --draft_model=DIR|dummy:CONFIG[:SEED] ...]
 //   generate --load_format=dummy --dummy_config=tiny ...      (random weights, no files)
 //   generate --tp=N ...   tensor parallelism: N rank processes (runtime/parallel/rank_group.h)
 //
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "runtime/engine/backend_factory.h"
+#include "runtime/engine/draft_model_loader.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/speculative_flags.h"
 #include "runtime/model/model_config.h"
@@ -131,6 +133,10 @@ absl::Status Run(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(engine_config.speculative, SpeculativeConfigFromFlags());
   ASSIGN_OR_RETURN(auto engine,
                    Engine::Create(engine_config, config, std::move(weights), {}, &factory));
+  if (engine_config.speculative.method == SpeculativeMethod::kDraft) {
+    ASSIGN_OR_RETURN(ModelSource draft, DraftModelSourceFromFlags());
+    RETURN_IF_ERROR(LoadAndAttachDraftModel(draft, backend, *engine));
+  }
 
   const bool dump = absl::GetFlag(FLAGS_dump_last_logits);
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -9,7 +9,8 @@
 #                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
 #                      [--decode_dcp=1] [--mixed_dcp=1] [--insecure] [-- EXTRA_WORKER_FLAGS...]
 #                      [--speculative_method=ngram --num_speculative_tokens=K]
-#                      [--ngram_min=1] [--ngram_max=4]
+#                      [--ngram_min=1] [--ngram_max=4] [--speculative_adaptive=true]
+#                      [--speculative_method=draft --num_speculative_tokens=K --draft_model=DIR]
 #
 # Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates, one
 # certificate per worker (ROLE-I, naming the worker) and two API keys to RUN_DIR/certs (kept
@@ -34,9 +35,10 @@
 # --decode_tp ranks in all, which K must divide; --decode_dcp=K alone means --decode_tp=K. Each D
 # rank reads exactly its shard's blocks from the prefill group.
 #
-# --speculative_method / --num_speculative_tokens / --ngram_min / --ngram_max: speculative
-# decoding on the decode and mixed workers (the same tandem_worker flags; prefill workers never
-# speculate; runtime/engine/speculative.h).
+# --speculative_method / --num_speculative_tokens / --ngram_min / --ngram_max /
+# --speculative_adaptive / --draft_model: speculative decoding on the decode and mixed workers
+# (the same tandem_worker flags; prefill workers never speculate; runtime/engine/speculative.h;
+# --draft_model=DIR of the target's vocabulary, or dummy:CONFIG[:SEED]).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
@@ -69,7 +71,8 @@ while [[ $# -gt 0 ]]; do
     --http_port=*) http_port="${1#*=}" ;;
     --http_model=*) http_model="${1#*=}" ;;
     --insecure) insecure=1 ;;
-    --speculative_method=* | --num_speculative_tokens=* | --ngram_min=* | --ngram_max=*)
+    --speculative_method=* | --num_speculative_tokens=* | --ngram_min=* | --ngram_max=* | \
+      --speculative_adaptive=* | --draft_model=*)
       spec+=("$1") ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;

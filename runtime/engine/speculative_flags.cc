@@ -4,6 +4,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 ABSL_FLAG(std::string, speculative_method, "none",
@@ -14,6 +17,9 @@ ABSL_FLAG(bool, speculative_adaptive, true,
           "adapt each request's draft length to its acceptance: grow while drafts are accepted, "
           "back off to plain decoding (probing again later) while they are rejected; false: "
           "always draft up to --num_speculative_tokens");
+ABSL_FLAG(std::string, draft_model, "",
+          "--speculative_method=draft: the draft model, a Hugging Face directory of the target's "
+          "vocabulary, or dummy:CONFIG[:SEED] (random weights of a preset or config.json)");
 ABSL_FLAG(int64_t, ngram_min, 1, "shortest suffix n-gram the n-gram drafter matches");
 ABSL_FLAG(int64_t, ngram_max, 4, "longest suffix n-gram the n-gram drafter tries first");
 
@@ -28,6 +34,28 @@ absl::StatusOr<SpeculativeConfig> SpeculativeConfigFromFlags() {
   config.ngram_max = absl::GetFlag(FLAGS_ngram_max);
   RETURN_IF_ERROR(ValidateSpeculativeConfig(config));
   return config;
+}
+
+absl::StatusOr<ModelSource> DraftModelSourceFromFlags() {
+  const std::string flag = absl::GetFlag(FLAGS_draft_model);
+  if (flag.empty()) {
+    return absl::InvalidArgumentError("--speculative_method=draft needs --draft_model");
+  }
+  ModelSource source;
+  if (flag.rfind("dummy:", 0) != 0) {
+    source.model_dir = flag;
+    return source;
+  }
+  // dummy:CONFIG[:SEED]; CONFIG may be a path (no ':' in it).
+  std::vector<std::string> parts = absl::StrSplit(flag.substr(6), ':');
+  if (parts.empty() || parts[0].empty() || parts.size() > 2 ||
+      (parts.size() == 2 && !absl::SimpleAtoi(parts[1], &source.dummy_seed))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--draft_model must be DIR or dummy:CONFIG[:SEED], got '", flag, "'"));
+  }
+  source.load_format = "dummy";
+  source.dummy_config = parts[0];
+  return source;
 }
 
 }  // namespace tandem::runtime

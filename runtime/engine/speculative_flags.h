@@ -3,6 +3,8 @@
 //
 //   --speculative_method=none|ngram  --num_speculative_tokens=K  --ngram_min=N  --ngram_max=M
 //   --speculative_adaptive=true|false (per-request draft length, speculative.h)
+//   --draft_model=DIR | dummy:CONFIG[:SEED]   (--speculative_method=draft: a Hugging Face
+//       directory, or random weights of a preset / config.json with a seed, default 0)
 //
 // Off by default. A prefill worker never speculates (tandem_worker ignores them for
 // --role=prefill).
@@ -11,11 +13,16 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/engine/speculative.h"
+#include "runtime/model/model_source.h"
 
 namespace tandem::runtime {
 
 // The flags as a validated SpeculativeConfig (INVALID_ARGUMENT naming the bad flag).
 absl::StatusOr<SpeculativeConfig> SpeculativeConfigFromFlags();
+
+// --draft_model as a ModelSource (INVALID_ARGUMENT when empty or malformed).
+absl::StatusOr<ModelSource> DraftModelSourceFromFlags();
+// (Then LoadAndAttachDraftModel, draft_model_loader.h.)
 
 }  // namespace tandem::runtime
 

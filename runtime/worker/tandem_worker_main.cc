@@ -11,6 +11,7 @@
 //                 [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
 //                 [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
+//                 [--speculative_method=draft --draft_model=DIR|dummy:CONFIG[:SEED] ...]
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
 // the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones
@@ -130,6 +131,9 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   // Speculative decoding on decode and mixed workers; a prefill worker never speculates.
   ASSIGN_OR_RETURN(SpeculativeConfig speculative, SpeculativeConfigFromFlags());
   if (config.role != tandem::v1::WORKER_ROLE_PREFILL) config.engine.speculative = speculative;
+  if (config.engine.speculative.method == SpeculativeMethod::kDraft) {
+    ASSIGN_OR_RETURN(config.draft_model, DraftModelSourceFromFlags());
+  }
   config.transfer.transport = absl::GetFlag(FLAGS_kv_transport);
   config.transfer.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   config.transfer.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);

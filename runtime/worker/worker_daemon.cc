@@ -17,6 +17,7 @@
 #include "kvtransfer/handshake.h"
 #include "kvtransfer/kv_transfer_service.h"
 #include "kvtransfer/pull_connector.h"
+#include "runtime/engine/draft_model_loader.h"
 #include "runtime/parallel/group_kv.h"
 #include "runtime/worker/router_registration.h"
 #include "runtime/worker/worker_metrics.h"
@@ -124,6 +125,9 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                    Engine::Create(config.engine, loaded.model.local_config,
                                   std::move(loaded.model.weights), allocator, &loaded.factory));
+  if (config.engine.speculative.method == SpeculativeMethod::kDraft) {
+    RETURN_IF_ERROR(LoadAndAttachDraftModel(config.draft_model, config.backend, *engine));
+  }
   if (!shared_region.has_value()) {
     absl::StatusOr<uint32_t> registered = agent->RegisterMemory(
         engine->kv_pool_data(), engine->kv_pool_bytes(),

@@ -31,6 +31,8 @@ struct WorkerConfig {
   ModelSource model;
   BackendOptions backend;
   EngineConfig engine;
+  // The draft model, used when engine.speculative.method is kDraft (decode and mixed workers).
+  ModelSource draft_model;
   // transfer.cuda_pool / device follow `backend`; transfer.ucx_net_device "auto" becomes the
   // interface of the advertised host ("all" when none of ours has it).
   TransferAgentFlags transfer;

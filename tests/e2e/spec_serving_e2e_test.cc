@@ -1,0 +1,133 @@
+// Speculative decoding served for real (issue 34): a tandem_router, a prefill worker and
+// speculative decode workers (CPU, the golden fixture), streaming through the router:
+//   * P -> D with n-gram drafts, with the target itself as the draft model, and with another
+//     random model of the same vocabulary as the draft: greedy tokens equal the plain engine's;
+//     D's WorkerStats count verify passes, drafts and accepted drafts (all of them accepted with
+//     the target as draft);
+//   * a DCP decode group (--tp=2 --dcp=2) with n-gram drafts equals the engine too; a draft
+//     model under DCP is refused at startup, naming why.
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/cluster.h"
+#include "tests/e2e/serving_util.h"
+
+namespace tandem::e2e {
+namespace {
+
+std::string FixtureDir() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return srcdir == nullptr ? kModel : absl::StrCat(srcdir, "/tandem/", kModel);
+}
+
+// The fixture's config.json copied to the test's temporary directory: random weights of it
+// (dummy:PATH:SEED) are another model of the same vocabulary.
+std::string OtherModelConfig() {
+  std::ifstream in(FixtureDir() + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp == nullptr ? "/tmp" : tmp, "/draft_config.json");
+  std::ofstream(path) << text.str();
+  return path;
+}
+
+enum class Acceptance { kAny, kAll, kNotAll };
+
+struct Case {
+  std::string name;
+  std::vector<std::string> decode_flags;
+  Acceptance acceptance = Acceptance::kAny;
+};
+
+void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts,
+                               const std::vector<std::vector<uint32_t>>& expected) {
+  SCOPED_TRACE(c.name);
+  ClusterOptions options;
+  options.model_dir = kModel;
+  options.decode_flags = c.decode_flags;
+  auto started = Cluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result r = Generate(cluster.router(), ToRequest(prompts[i]));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
+    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
+  }
+  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->kv_load_failures(), 0u) << cluster.Logs();
+  EXPECT_GT(stats->spec_verify_passes(), 0u);
+  EXPECT_GE(stats->spec_draft_tokens(), stats->spec_verify_passes());
+  if (c.acceptance == Acceptance::kAll) {
+    EXPECT_EQ(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
+  } else if (c.acceptance == Acceptance::kNotAll) {
+    EXPECT_LT(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
+  }
+  absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->spec_verify_passes(), 0u) << "a prefill worker never speculates";
+}
+
+// Prompts that repeat a pattern (n-gram drafts find matches) and random ones, each long enough
+// to be handed off and decoded for a while.
+std::vector<Prompt> SpecPrompts(uint32_t seed) {
+  std::vector<Prompt> prompts = RandomPrompts(seed, 4, 60);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 3; ++i) {
+    Prompt p;
+    std::vector<uint32_t> pattern(2 + rng() % 4);
+    for (uint32_t& t : pattern) t = 3 + rng() % 500;
+    for (int t = 0; t < 24; ++t) p.ids.push_back(pattern[t % pattern.size()]);
+    prompts.push_back(p);
+  }
+  for (Prompt& p : prompts) p.max_tokens = 24;
+  return prompts;
+}
+
+TEST(SpecServingE2eTest, PrefillToSpeculativeDecodeEqualsTheEngine) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = SpecPrompts(seed);
+  const auto expected = Reference(prompts);
+  const std::string k = "--num_speculative_tokens=3";
+  const Case cases[] = {
+      {"ngram", {"--speculative_method=ngram", k}},
+      {"draft = target",
+       {"--speculative_method=draft", k, "--draft_model=" + FixtureDir()},
+       Acceptance::kAll},
+      {"draft = other model",
+       {"--speculative_method=draft", k, "--draft_model=dummy:" + OtherModelConfig() + ":5"},
+       Acceptance::kNotAll},
+  };
+  for (const Case& c : cases) ExpectServedLikeTheEngine(c, prompts, expected);
+}
+
+TEST(SpecServingE2eTest, DcpDecodeGroupSpeculatesWithNgramsAndRefusesADraftModel) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = SpecPrompts(seed);
+  const auto expected = Reference(prompts);
+  ExpectServedLikeTheEngine(
+      {"ngram, DCP 2",
+       {"--tp=2", "--dcp=2", "--speculative_method=ngram", "--num_speculative_tokens=3"}},
+      prompts, expected);
+  ClusterOptions options;
+  options.model_dir = kModel;
+  options.prefill = 0;
+  options.decode_flags = {"--tp=2", "--dcp=2", "--speculative_method=draft",
+                          "--num_speculative_tokens=3", "--draft_model=" + FixtureDir()};
+  auto refused = Cluster::Start(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("decode context parallelism"), std::string::npos)
+      << refused.status();
+}
+
+}  // namespace
+}  // namespace tandem::e2e
