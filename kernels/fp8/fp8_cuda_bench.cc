@@ -1,8 +1,11 @@
-// FP8 GEMV bandwidth at Llama-3-8B decode shapes (issue 38 item 5): Fp8Gemv (activation
-// quantization included) against the bf16 SmallMLinear of kernels/cuda in the same run. Prints
-// one line per (shape, m, scheme): microseconds, weight GB/s, and the speedup over bf16.
+// FP8 kernels at Llama-3 shapes (issue 38 item 5), each next to its bf16 counterpart in the
+// same run:
+//   * decode GEMV (Llama-3-8B, m = 1 / 8 / 16): Fp8Gemv (activation quantization included) vs
+//     the bf16 SmallMLinear: microseconds, weight GB/s, speedup;
+//   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k): CublasLtFp8Gemm per-tensor and
+//     token x channel vs the bf16 CublasLtGemm: TFLOP/s, speedup.
 //
-//   fp8_cuda_bench [--iters=200]
+//   fp8_cuda_bench [--iters=200] [--gemm_iters=20]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -13,8 +16,10 @@
 #include <functional>
 #include <vector>
 
+#include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/gemv_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_gemm_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -49,10 +54,70 @@ T* DeviceFill(size_t count, uint8_t byte) {
   return p;
 }
 
+int BenchGemm(int iters) {
+  auto fp8 = CublasLtFp8Gemm::Create();
+  auto bf16 = CublasLtGemm::Create();
+  if (!fp8.ok() || !bf16.ok()) {
+    std::printf("cannot create cuBLASLt handles\n");
+    return 1;
+  }
+  const Shape shapes[] = {{"8b.qkv_proj", 6144, 4096},       {"8b.o_proj", 4096, 4096},
+                          {"8b.gate_up_proj", 28672, 4096},  {"8b.down_proj", 4096, 14336},
+                          {"70b.qkv_proj", 10240, 8192},     {"70b.o_proj", 8192, 8192},
+                          {"70b.gate_up_proj", 57344, 8192}, {"70b.down_proj", 8192, 28672}};
+  std::printf(
+      "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_token_channel_TFLOPs "
+      "speedup_tensor speedup_token_channel\n");
+  const int64_t max_m = 16384;
+  for (const Shape& s : shapes) {
+    uint8_t* w8 = DeviceFill<uint8_t>(s.n * s.k, 0x30);
+    uint8_t* a8 = DeviceFill<uint8_t>(max_m * s.k, 0x30);
+    __nv_bfloat16* w16 = DeviceFill<__nv_bfloat16>(s.n * s.k, 0x3c);
+    __nv_bfloat16* a16 = DeviceFill<__nv_bfloat16>(max_m * s.k, 0x3c);
+    __nv_bfloat16* out = DeviceFill<__nv_bfloat16>(max_m * s.n, 0);
+    float* scales = DeviceFill<float>(max_m > s.n ? max_m : s.n, 0x3c);
+    for (int64_t m : {1024, 4096, 16384}) {
+      const double flops = 2.0 * m * s.n * s.k;
+      const double t16 = TimeUs(iters, [&] {
+        (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(a16, w16, nullptr, m, s.n, s.k, out,
+                                                            nullptr);
+      });
+      double t8[2] = {0, 0};
+      for (int v = 0; v < 2; ++v) {
+        const auto scaling = v == 0 ? Fp8GemmScaling::kTensor : Fp8GemmScaling::kTokenChannel;
+        const absl::Status st =
+            (*fp8)->Linear(a8, scales, w8, scales, scaling, m, s.n, s.k, out, nullptr);
+        if (!st.ok()) {
+          std::printf("%s M=%ld: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
+          continue;
+        }
+        t8[v] = TimeUs(iters, [&] {
+          (void)(*fp8)->Linear(a8, scales, w8, scales, scaling, m, s.n, s.k, out, nullptr);
+        });
+      }
+      auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
+      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f\n", s.name, static_cast<long>(m), tflops(t16),
+                  tflops(t8[0]), tflops(t8[1]), t8[0] > 0 ? t16 / t8[0] : 0.0,
+                  t8[1] > 0 ? t16 / t8[1] : 0.0);
+    }
+    for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
+                    static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(scales)}) {
+      cudaFree(p);
+    }
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+      std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
-  int iters = 200;
+  int iters = 200, gemm_iters = 20;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
+    if (std::strncmp(argv[i], "--gemm_iters=", 13) == 0) gemm_iters = std::atoi(argv[i] + 13);
   }
   const Shape shapes[] = {{"qkv_proj", 6144, 4096},
                           {"o_proj", 4096, 4096},
@@ -113,7 +178,7 @@ int Main(int argc, char** argv) {
       cudaFree(p);
     }
   }
-  return 0;
+  return BenchGemm(gemm_iters);
 }
 
 }  // namespace

@@ -5,13 +5,16 @@
 #include "kernels/fp8/fp8_cuda.h"
 
 #include <cmath>
+#include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_linear.h"
 
 namespace tandem::kernels::cuda {
@@ -148,6 +151,67 @@ TEST(Fp8CudaTest, GemvRefusesWhatItCannotRun) {
       Fp8Gemv<float>(act, {w.get(), s.get(), {64, 64, 128, 128}}, nullptr, 1, out.get(), nullptr)
           .ok());  // block rows
   EXPECT_TRUE(Fp8Gemv<float>(act, weight, nullptr, 16, out.get(), nullptr).ok());
+}
+
+// The cuBLASLt FP8 GEMM against cpu::Fp8Linear: per-tensor weights with a static activation
+// scale, per-channel weights with dynamic per-token activations (prefill-sized m).
+TEST(Fp8CudaTest, CublasLtGemmMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  auto gemm = CublasLtFp8Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  for (auto scaling : {Fp8GemmScaling::kTensor, Fp8GemmScaling::kTokenChannel}) {
+    const bool tensor = scaling == Fp8GemmScaling::kTensor;
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 256, 512}, {200, 384, 4096}}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k << " "
+                                        << (tensor ? "per-tensor" : "token x channel"));
+      const Fp8ScaleGrid grid{n, k, tensor ? n : 1, k};
+      std::vector<uint8_t> w_codes(n * k);
+      for (uint8_t& c : w_codes) {
+        do {
+          c = static_cast<uint8_t>(rng() & 0xFF);
+        } while ((c & 0x7F) == 0x7F);
+      }
+      std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
+      std::vector<float> w_scales(grid.NumScales());
+      for (float& s : w_scales) s = std::exp2(log_scale(rng));
+      const auto scheme =
+          tensor ? Fp8ActivationScheme::kStaticTensor : Fp8ActivationScheme::kDynamicToken;
+      const std::vector<bf16> x = RandomBf16(rng, m * k, 2.0f);
+      const std::vector<float> xf = cuda_test::ToFloat(x);
+      Fp8WeightView view{w_codes.data(), w_scales.data(), grid, scheme, 0.05f};
+      std::vector<float> want(m * n), w_deq(n * k);
+      ASSERT_TRUE(cpu::Fp8Linear(xf.data(), view, nullptr, m, want.data(), nullptr).ok());
+      cpu::DequantizeFp8Weight(view, 0, n, w_deq.data());
+      DeviceBuffer<bf16> dx(x);
+      DeviceBuffer<uint8_t> dw(w_codes), a_codes(m * k);
+      DeviceBuffer<float> dws(w_scales), a_scales(tensor ? 1 : m);
+      ASSERT_TRUE(
+          QuantizeActivations(dx.get(), m, k, scheme, 0.05f, a_codes.get(), a_scales.get(), nullptr)
+              .ok());
+      DeviceBuffer<bf16> out(m * n);
+      ASSERT_TRUE((*gemm)
+                      ->Linear(a_codes.get(), a_scales.get(), dw.get(), dws.get(), scaling, m, n, k,
+                               out.get(), nullptr)
+                      .ok());
+      TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < n; ++j) {
+          double mag = 0;
+          for (int64_t c = 0; c < k; ++c) mag += std::fabs(xf[r * k + c] * w_deq[j * k + c]) * 1.07;
+          const double tol =
+              4e-6 * std::sqrt(double(k)) * mag + 0x1p-8 * std::fabs(want[r * n + j]);
+          ASSERT_NEAR(got[r * n + j], want[r * n + j], tol + 1e-30) << "row " << r << " col " << j;
+        }
+      }
+    }
+  }
+  EXPECT_EQ((*gemm)
+                ->Linear(nullptr, nullptr, nullptr, nullptr, Fp8GemmScaling::kBlock128, 1, 1, 16,
+                         nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
