@@ -3,7 +3,7 @@
 // monitor endpoint that detects peer failure; GETs from shared-memory segments done as direct
 // copies on copy threads; CUDA memory staged through pinned host buffers (readers) and a
 // host mirror synced by SyncForRemoteRead (sources). The design, the failure model and why
-// each choice was made: kvtransfer/README.md, "UcxAgent design notes". The implementation
+// each choice was made: kvtransfer/ucx/DESIGN.md. The implementation
 // (UCX types, private state) is in ucx_agent_impl.h.
 //
 // Wire objects (FillLocalDescriptor) are opaque UCX bytes that UCX parses without validation:
@@ -42,18 +42,18 @@ struct UcxAgentOptions {
   // Longest idle sleep of the progress thread.
   absl::Duration idle_wakeup = absl::Milliseconds(100);
   // UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE (0: UCX's default, 8 KiB). Where GETs travel
-  // as active messages over TCP (README: UcxAgent design notes), larger segments mean fewer round
+  // as active messages over TCP (DESIGN.md), larger segments mean fewer round
   // trips per request.
   uint64_t tcp_segment_bytes = 0;
   // Adds UCP_FEATURE_AM to the context. UCX 1.13 selects zero-copy "rma_bw" lanes only for
   // contexts with AM or TAG, so keep it on.
   bool enable_am = true;
-  // Data and monitor endpoint per peer (README: UcxAgent design notes); false: one PEER endpoint.
+  // Data and monitor endpoint per peer (DESIGN.md); false: one PEER endpoint.
   bool separate_data_endpoint = true;
-  // Direct copies from regions the data endpoint maps (README: UcxAgent design notes); false: every
+  // Direct copies from regions the data endpoint maps (DESIGN.md); false: every
   // GET through ucp_get_nbx.
   bool direct_copy = true;
-  // Threads that run direct copies (README: UcxAgent design notes): the progress thread plus
+  // Threads that run direct copies (DESIGN.md): the progress thread plus
   // copy_threads - 1 helper threads. 1: the progress thread alone (the behaviour before). Default
   // 2, measured on the 2-core dev VM (random 2 MiB blocks, >= 64 per transfer): 1 thread copies
   // 15-16 GB/s, 2 threads 20-25 (kvtransfer/BENCHMARKS.md); 3 no more than 2. Each helper is a
@@ -64,17 +64,17 @@ struct UcxAgentOptions {
   // this many bytes: a smaller transfer fits the last-level cache and finishes sooner with
   // ordinary stores (1-4 blocks of 2 MiB: 0.28 vs 0.4 ms here). UINT64_MAX: always memcpy.
   uint64_t min_streaming_transfer_bytes = uint64_t{16} << 20;
-  // Accept CUDA memory without UCX CUDA support by staging it (README: UcxAgent design notes).
+  // Accept CUDA memory without UCX CUDA support by staging it (DESIGN.md).
   bool stage_cuda_memory = false;
-  // CUDA staging (README: UcxAgent design notes): pinned host buffers a READ into device memory
+  // CUDA staging (DESIGN.md): pinned host buffers a READ into device memory
   // passes through (>= 2 so one fills while another drains to the GPU), each this large.
   int cuda_staging_buffers = 4;
   uint64_t cuda_staging_bytes = uint64_t{4} << 20;
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
-  // (README: UcxAgent design notes); false: always through the staging buffers.
+  // (DESIGN.md); false: always through the staging buffers.
   bool cuda_dma_from_mapped = true;
   // Strided reads from peers this agent does not map (another host: TCP, RDMA) as gathers at the
-  // source (README: UcxAgent design notes, "Gathers at the source"): per request one active
+  // source (DESIGN.md, "Gathers at the source"): per request one active
   // message asks the source to pack the rows into one buffer and send it back, so only the kept
   // bytes cross the wire. Needs enable_am here and at the source (its handshake says so); false:
   // such peers get no strided reads (CanReadStrided false) and callers stage whole blocks.

@@ -1,4 +1,4 @@
-// UcxAgent, part 4: gathers at the source (kvtransfer/README.md, "UcxAgent design notes",
+// UcxAgent, part 4: gathers at the source (kvtransfer/ucx/DESIGN.md,
 // "Gathers at the source"; the wire: ucx_gather_wire.h). A strided read from a peer this agent
 // does not map sends, per request, one active message naming the rows; the source packs them
 // into one buffer and answers with it (eager or rendezvous, as UCX chooses by size). Everything

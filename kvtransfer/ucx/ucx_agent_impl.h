@@ -1,6 +1,6 @@
 // UcxAgentImpl: UcxAgent's implementation (ucx_agent.cc, ucx_agent_progress.cc,
 // ucx_agent_staging.cc, ucx_agent_gather.cc). Only those files and the agent's own tests include
-// this header; the design it implements is in kvtransfer/README.md, "UcxAgent design notes".
+// this header; the design it implements is in kvtransfer/ucx/DESIGN.md.
 //
 // Thread safety: all methods are thread-safe. UCX runs in UCS_THREAD_MODE_SERIALIZED: every
 // UCX call, including the callbacks inside ucp_worker_progress, happens under mu_. Direct-copy
@@ -51,7 +51,7 @@ class UcxAgentImpl final : public UcxAgent {
   // by ~UcxAgent.
   absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(uint64_t length,
                                                             tandem::v1::MemoryKind kind) override;
-  // Copies `ranges` of a staged CUDA region device -> host mirror (README: UcxAgent design notes);
+  // Copies `ranges` of a staged CUDA region device -> host mirror (DESIGN.md);
   // OK at once for other regions. OUT_OF_RANGE for a bad region or range.
   absl::Status SyncForRemoteRead(uint32_t region, absl::Span<const ByteRange> ranges) override;
   absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override;
@@ -186,7 +186,7 @@ class UcxAgentImpl final : public UcxAgent {
     void* request = nullptr;  // the send
   };
 
-  // A direct copy, queued in copy_queue_ and run outside the lock (README: UcxAgent design notes).
+  // A direct copy, queued in copy_queue_ and run outside the lock (DESIGN.md).
   struct DirectCopy {
     Transfer* transfer = nullptr;
     char* dst = nullptr;

@@ -1,4 +1,4 @@
-// The wire of UcxAgent's source-side gather (kvtransfer/README.md, "UcxAgent design notes",
+// The wire of UcxAgent's source-side gather (kvtransfer/ucx/DESIGN.md,
 // "Gathers at the source"): UCX has no strided GET, so a reader that does not map the source's
 // memory (another host: TCP, RDMA) sends one active message per request naming the source's rows,
 // the source copies them into one contiguous buffer and answers with it. Only the kept bytes cross
