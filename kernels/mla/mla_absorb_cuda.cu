@@ -32,6 +32,27 @@ __global__ void WriteLatentKernel(const T* c_kv, int64_t c_kv_stride, const T* k
   dst[c] = c < lora ? c_kv[t * c_kv_stride + c] : k_pe[t * k_pe_stride + (c - lora)];
 }
 
+// One thread per (token, row, rotation pair).
+template <typename T>
+__global__ void MlaRopeKernel(const int64_t* positions, int64_t num_tokens, const float* inv_freq,
+                              int half, float factor, bool interleave, T* x, int64_t rows,
+                              int64_t row_stride, int64_t offset) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_tokens * rows * half) return;
+  const int p = static_cast<int>(i % half);
+  const int64_t tr = i / half, t = tr / rows;
+  // The angle is the fp32 product, as in transformers; cos / sin in fp64 rounded to fp32.
+  const float angle = static_cast<float>(positions[t]) * inv_freq[p];
+  double sn, cs;
+  sincos(static_cast<double>(angle), &sn, &cs);
+  const float c = static_cast<float>(cs) * factor, s = static_cast<float>(sn) * factor;
+  T* row = x + tr * row_stride + offset;
+  const int a = interleave ? 2 * p : p, b = interleave ? 2 * p + 1 : p + half;
+  const float x1 = internal::ToFloat(row[a]), x2 = internal::ToFloat(row[b]);
+  row[a] = internal::FromFloat<T>(x1 * c - x2 * s);
+  row[b] = internal::FromFloat<T>(x2 * c + x1 * s);
+}
+
 template <typename T>
 constexpr cudaDataType_t CudaType() {
   return std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
@@ -62,6 +83,30 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
           static_cast<int>(dims.kv_lora_rank), dim, static_cast<int>(cache.layout.block_size),
           cache.layout.BlockElems(), cache.layout.TileOffset(0, layer, 0),
           static_cast<T*>(cache.data));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status MlaRope(const int64_t* positions, int64_t num_tokens, const float* inv_freq,
+                     int64_t rope_dim, float attention_factor, bool interleave, T* x,
+                     int64_t rows_per_token, int64_t row_stride, int64_t offset,
+                     cudaStream_t stream) {
+  if (num_tokens < 0 || rope_dim <= 0 || rope_dim % 2 != 0 || rows_per_token < 1 || offset < 0 ||
+      row_stride < offset + rope_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("MlaRope: rope_dim ", rope_dim, ", rows ",
+                                                   rows_per_token, ", stride ", row_stride,
+                                                   ", offset ", offset));
+  }
+  const int64_t n = num_tokens * rows_per_token * (rope_dim / 2);
+  if (n == 0) return absl::OkStatus();
+  if (positions == nullptr || inv_freq == nullptr || x == nullptr) {
+    return absl::InvalidArgumentError("MlaRope: null pointer");
+  }
+  constexpr int kThreads = 256;
+  MlaRopeKernel<T><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      positions, num_tokens, inv_freq, static_cast<int>(rope_dim / 2), attention_factor, interleave,
+      x, rows_per_token, row_stride, offset);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -139,6 +184,8 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
   template absl::Status MlaWriteLatent<T>(const T*, int64_t, const T*, int64_t, const int64_t*,   \
                                           int64_t, const MlaDims&, const DeviceKvCache&, int64_t, \
                                           cudaStream_t);                                          \
+  template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float, bool,   \
+                                   T*, int64_t, int64_t, int64_t, cudaStream_t);                  \
   template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*, const MlaDims&,     \
                                           int64_t, T*, cudaStream_t);                             \
   template absl::Status MlaUnabsorbOutput<T>(cublasHandle_t, const T*, const T*, const MlaDims&,  \

@@ -56,9 +56,12 @@ struct MlaPlanInput {
   int64_t max_q_len = 1;    // >= every request's q_len
   int64_t max_seq_len = 0;  // >= every request's seq_len
   int num_sms = 132;        // cudaDevAttrMultiProcessorCount
-  // 0: choose (split until the grid covers ~2 waves of the SMs, each split >= 256 latents);
-  // >= 1: exactly this many (tests, benchmarks).
+  // 0: choose (split until the grid covers about one wave of the SMs, each split >= 512
+  // latents); >= 1: at most this many (tests, benchmarks).
   int num_splits = 0;
+  // > 0: fewer splits until plan.workspace_bytes fits (one split always does when it is at least
+  // the unsplit workspace of num_tokens).
+  int64_t max_workspace_bytes = 0;
 };
 
 struct MlaPlan {
@@ -81,6 +84,17 @@ template <typename T>
 absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, int64_t k_pe_stride,
                             const int64_t* slot_mapping, int64_t num_tokens, const MlaDims& dims,
                             const DeviceKvCache& cache, int64_t layer, cudaStream_t stream);
+
+// DeepSeek's decoupled RoPE on the device, exactly cpu::ApplyMlaRope (mla_attention.h): for t in
+// [0, num_tokens), r in [0, rows_per_token), the rope_dim values at x + (t * rows_per_token + r) *
+// row_stride + offset rotate by positions[t] * inv_freq[i] (fp32 product; cos / sin in fp64,
+// rounded to fp32, times attention_factor); interleaved pairs or rotate-half. positions:
+// [num_tokens] int64 and inv_freq [rope_dim / 2] fp32 on the device; x rounded once to T.
+template <typename T>
+absl::Status MlaRope(const int64_t* positions, int64_t num_tokens, const float* inv_freq,
+                     int64_t rope_dim, float attention_factor, bool interleave, T* x,
+                     int64_t rows_per_token, int64_t row_stride, int64_t offset,
+                     cudaStream_t stream);
 
 // Step 1. q: [T, Hq, Dn + Dr]; q_cat: [T, Hq, D].
 template <typename T>
@@ -113,6 +127,8 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
   extern template absl::Status MlaWriteLatent<T>(const T*, int64_t, const T*, int64_t,             \
                                                  const int64_t*, int64_t, const MlaDims&,          \
                                                  const DeviceKvCache&, int64_t, cudaStream_t);     \
+  extern template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float,   \
+                                          bool, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
   extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \
                                                  const MlaDims&, int64_t, T*, cudaStream_t);       \
   extern template absl::Status MlaLatentAttention<T>(const T*, const DeviceKvCache&, int64_t,      \

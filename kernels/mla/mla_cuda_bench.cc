@@ -1,6 +1,7 @@
 // MLA decode bandwidth on the first CUDA device, DeepSeek-V3 shape: 128 heads, latent 512 + 64,
 // nope 128, v 128, bf16, page 64, q_len 1; batch x context table.
 //   mla_cuda_bench [--batches=1,16,64,128] [--contexts=1024,4096,16384,32768] [--splits=N]
+//                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
 // 20 calls between CUDA events after 3 warm-ups. TB/s counts the latent bytes read once per
@@ -29,11 +30,11 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 constexpr double kPeak = 4.6e12;
-const MlaDims kDims{.num_heads = 128,
-                    .qk_nope_head_dim = 128,
-                    .qk_rope_head_dim = 64,
-                    .kv_lora_rank = 512,
-                    .v_head_dim = 128};
+constexpr MlaDims kV3Dims{.num_heads = 128,
+                          .qk_nope_head_dim = 128,
+                          .qk_rope_head_dim = 64,
+                          .kv_lora_rank = 512,
+                          .v_head_dim = 128};
 
 std::vector<int64_t> ParseList(const char* arg, std::vector<int64_t> dflt) {
   if (arg == nullptr) return dflt;
@@ -67,6 +68,7 @@ absl::Status FillRandom(void* data, int64_t bytes) {
 }
 
 struct Bufs {
+  MlaDims dims = kV3Dims;
   void* pool = nullptr;
   KvCacheLayout layout;
   __nv_bfloat16 *q = nullptr, *kv_b = nullptr, *out = nullptr, *q_cat = nullptr, *o_lat = nullptr;
@@ -89,7 +91,7 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.tables, tables.data(), tables.size() * 4, cudaMemcpyDefault));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.qsl, qsl.data(), qsl.size() * 4, cudaMemcpyDefault));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.lens, lens.data(), lens.size() * 4, cudaMemcpyDefault));
-  MlaPlanInput in{.dims = kDims,
+  MlaPlanInput in{.dims = b.dims,
                   .num_seqs = batch,
                   .num_tokens = batch,
                   .max_q_len = 1,
@@ -126,8 +128,8 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
                                                                 batch_of(i), scale, plan, b.ws,
                                                                 b.out, b.lse, stream);
                    }));
-  const double bytes = double(batch) * ctx * kDims.LatentDim() * 2;
-  const double flops = double(batch) * ctx * kDims.num_heads * 2 * (576 + 512);
+  const double bytes = double(batch) * ctx * b.dims.LatentDim() * 2;
+  const double flops = double(batch) * ctx * b.dims.num_heads * 2 * (576 + 512);
   std::printf("| %5ld | %6ld | %3d | %9.1f | %6.2f | %4.0f%% | %6.0f | %9.1f |\n",
               static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, attn_us,
               bytes / attn_us / 1e6, 100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12),
@@ -139,30 +141,32 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
 absl::Status Main(int argc, char** argv) {
   const char* batches_arg = nullptr;
   const char* contexts_arg = nullptr;
-  int splits = 0;
+  int splits = 0, heads = 128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
     if (a.rfind("--contexts=", 0) == 0) contexts_arg = argv[i] + 11;
     if (a.rfind("--splits=", 0) == 0) splits = std::atoi(argv[i] + 9);
+    if (a.rfind("--heads=", 0) == 0) heads = std::atoi(argv[i] + 8);
   }
   const std::vector<int64_t> batches = ParseList(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts = ParseList(contexts_arg, {1024, 4096, 16384, 32768});
   const int64_t max_b = *std::max_element(batches.begin(), batches.end());
   const int64_t max_c = *std::max_element(contexts.begin(), contexts.end());
   Bufs b;
-  const int64_t block_bytes = kBlock * kDims.LatentDim() * 2;
+  b.dims.num_heads = heads;
+  const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
   b.layout = {.num_blocks = pool_bytes / block_bytes,
               .num_layers = 1,
               .block_size = kBlock,
               .num_kv_heads = 1,
-              .head_dim = kDims.LatentDim(),
+              .head_dim = b.dims.LatentDim(),
               .num_planes = 1};
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.pool, b.layout.num_blocks * block_bytes));
   RETURN_IF_ERROR(FillRandom(b.pool, b.layout.num_blocks * block_bytes));
-  const int64_t H = kDims.num_heads, kvb = H * 256 * 512;
+  const int64_t H = b.dims.num_heads, kvb = H * 256 * 512;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.q, max_b * H * 192 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.kv_b, kvb * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.out, max_b * H * 128 * 2));
@@ -183,13 +187,13 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
-  std::printf("MLA decode, %s: 128 heads, latent 512+64, bf16, page %ld, q_len 1\n", prop.name,
-              static_cast<long>(kBlock));
+  std::printf("MLA decode, %s: %d heads, latent 512+64, bf16, page %ld, q_len 1\n", prop.name,
+              heads, static_cast<long>(kBlock));
   std::printf("| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | step us |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {
     for (int64_t c : contexts) {
-      MlaPlanInput in{.dims = kDims,
+      MlaPlanInput in{.dims = b.dims,
                       .num_seqs = bt,
                       .num_tokens = bt,
                       .max_q_len = 1,

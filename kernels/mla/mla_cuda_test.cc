@@ -178,6 +178,34 @@ TEST(MlaCudaTest, PlainKernelTinyDims) {
   }
 }
 
+// MlaRope vs cpu::ApplyMlaRope on the q layout ([T, Hq, Dn + Dr], RoPE at offset Dn) for both
+// pair orders and a YaRN cos/sin factor: within one bf16 rounding of the rotated value.
+TEST(MlaCudaTest, RopeMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const int64_t T = 7, rows = 3, Dn = 16, Dr = 8, stride = Dn + Dr;
+  std::vector<int64_t> pos = {0, 1, 5, 17, 63, 200, 4095};
+  std::vector<float> inv_freq(Dr / 2);
+  for (int64_t i = 0; i < Dr / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / Dr);
+  for (bool interleave : {true, false}) {
+    std::vector<float> x = attention_test::RandomNormal(rng, T * rows * stride, 1.0f);
+    cuda_test::RoundTo<__nv_bfloat16>(x);
+    std::vector<float> want = x;
+    cpu::ApplyMlaRope(pos.data(), T, inv_freq.data(), Dr, 1.12f, interleave,
+                      {want.data(), rows, stride, Dn});
+    DeviceBuffer<__nv_bfloat16> x_d(cuda_test::Convert<__nv_bfloat16>(x));
+    DeviceBuffer<int64_t> pos_d(pos);
+    DeviceBuffer<float> freq_d(inv_freq);
+    ASSERT_TRUE(MlaRope<__nv_bfloat16>(pos_d.get(), T, freq_d.get(), Dr, 1.12f, interleave,
+                                       x_d.get(), rows, stride, Dn, nullptr)
+                    .ok());
+    const std::vector<float> got = cuda_test::ToFloat(x_d.ToHost());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-2f * std::abs(want[i]) + 1e-6f) << "element " << i;
+    }
+  }
+}
+
 TEST(MlaCudaTest, RefusesAKvCacheAndBadPlans) {
   TANDEM_SKIP_WITHOUT_GPU();
   EXPECT_FALSE(PlanMla({.dims = kTiny, .num_seqs = -1}).ok());

@@ -90,12 +90,18 @@ __device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, in
 
 constexpr int kL = 512, kD = 576;
 constexpr int kRows = 64, kKeys = 32, kStages = 3, kThreads = 256;
-constexpr int kStride = kD + 8;  // shared row stride (elements): conflict-free ldmatrix
-constexpr int kPStride = kKeys + 8;
-constexpr int kChunks = kD / 8;  // 16-byte chunks per latent row
-constexpr size_t kSmemBytes =
-    (size_t{kRows} * kStride + size_t{kStages} * kKeys * kStride + size_t{kRows} * kPStride) * 2 +
-    4 * kRows * sizeof(float);
+constexpr int kStride = kD + 8;       // shared row stride (elements): conflict-free ldmatrix
+constexpr int kChunks = kD / 8;       // 16-byte chunks per latent row
+constexpr int kKSteps = kD / 16 / 2;  // k16 steps of S per warp (each warp takes half of kD)
+constexpr size_t kSmemBytes = (size_t{kRows} * kStride + size_t{kStages} * kKeys * kStride) * 2 +
+                              size_t{kThreads} * 16 * sizeof(float);  // + the S partial exchange
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  uint32_t r;
+  mla_internal::StoreTwo(reinterpret_cast<T*>(&r), lo, hi);
+  return r;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -103,9 +109,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);
   T* sk = sq + kRows * kStride;
-  T* sp = sk + kStages * kKeys * kStride;
-  float* s_max = reinterpret_cast<float*>(sp + kRows * kPStride);  // [2][64]
-  float* s_sum = s_max + 2 * kRows;                                // [2][64]
+  // S partials: [16 values][8 warps][32 lanes], so each store / load is one conflict-free row.
+  float* sx = reinterpret_cast<float*>(sk + kStages * kKeys * kStride);
 
   const int split = blockIdx.x, s = blockIdx.z;
   const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
@@ -151,6 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int vis_lo = visible(row_lo), vis_hi = visible(row_hi);
   float o[kL / 2 / 8][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const uint32_t a_base = mla_internal::SmemAddr(sq + (rb * 16 + lane % 16) * kStride +
+                                                 ch * kKSteps * 16 + (lane / 16) * 8);
 
   for (int t = 0; t < num_tiles; ++t) {
     mla_internal::CpAsyncWait<kStages - 2>();
@@ -160,57 +167,57 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* kt = sk + (t % kStages) * kKeys * kStride;
     const int key0 = kb + t * kKeys;
 
-    // S[16 rows][16 keys] = Q K^T over all kD dims.
-    float sc[2][4] = {};
-    const uint32_t a_base =
-        mla_internal::SmemAddr(sq + (rb * 16 + lane % 16) * kStride + (lane / 16) * 8);
-    const uint32_t b_base = mla_internal::SmemAddr(
-        kt + (ch * 16 + (lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
-#pragma unroll 4
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t a[4], b[4];
+    // Partial S[16 rows][32 keys] over this warp's half of the kD dims: 4 independent chains.
+    float sc[4][4] = {};
+    const uint32_t b_base = mla_internal::SmemAddr(kt + ((lane / 16) * 8 + lane % 8) * kStride +
+                                                   ch * kKSteps * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll 6
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4], b[4], b2[4];
       mla_internal::LdMatrixX4(a_base + kk * 32, a);
       mla_internal::LdMatrixX4(b_base + kk * 32, b);
+      mla_internal::LdMatrixX4(b_base + 16 * kStride * 2 + kk * 32, b2);
       mla_internal::Mma16816<T>(sc[0], a, b[0], b[1]);
       mla_internal::Mma16816<T>(sc[1], a, b[2], b[3]);
+      mla_internal::Mma16816<T>(sc[2], a, b2[0], b2[1]);
+      mla_internal::Mma16816<T>(sc[3], a, b2[2], b2[3]);
     }
+    // Add the other half's partial (same fragment layout, same lane).
+#pragma unroll
+    for (int e = 0; e < 16; ++e) sx[(e * 8 + warp) * 32 + lane] = sc[e / 4][e % 4];
+    __syncthreads();
+    const int other = (1 - ch) * 4 + rb;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + ch * 16 + j * 8 + 2 * (lane % 4) + (e & 1);
-        const bool ok = key < (e < 2 ? vis_lo : vis_hi);
-        sc[j][e] = ok ? sc[j][e] * p.scale_log2 : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
-      }
+    for (int e = 0; e < 16; ++e) {
+      const int j = e / 4, c = e % 4;
+      const int key = key0 + j * 8 + 2 * (lane % 4) + (c & 1);
+      const float v = (sc[j][c] + sx[(e * 8 + other) * 32 + lane]) * p.scale_log2;
+      sc[j][c] = key < (c < 2 ? vis_lo : vis_hi) ? v : -INFINITY;
+      mx[c / 2] = fmaxf(mx[c / 2], sc[j][c]);
     }
+    float alpha[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    }
-    if (lane % 4 == 0) {
-      s_max[ch * kRows + row_lo] = mx[0];
-      s_max[ch * kRows + row_hi] = mx[1];
-    }
-    __syncthreads();
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h == 0 ? row_lo : row_hi;
-      const float m_new = fmaxf(m_run[h], fmaxf(s_max[r], s_max[kRows + r]));
+      const float m_new = fmaxf(m_run[h], mx[h]);
       // All scores so far masked: keep the exponent base finite (exp2(-inf - 0) = 0).
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use);
+      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
+    }
+    // P in registers: the S accumulator layout of keys 16kk..16kk+15 is the A fragment of P V.
+    uint32_t pa[2][4];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float p0 = exp2f(sc[j][2 * h] - m_use), p1 = exp2f(sc[j][2 * h + 1] - m_use);
-        l_run[h] += p0 + p1;
-        mla_internal::StoreTwo(sp + r * kPStride + ch * 16 + j * 8 + 2 * (lane % 4), p0, p1);
-      }
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = exp2f(sc[j][0] - m_use[0]), p1 = exp2f(sc[j][1] - m_use[0]);
+      const float p2 = exp2f(sc[j][2] - m_use[1]), p3 = exp2f(sc[j][3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      pa[j / 2][(j % 2) * 2] = Pack<T>(p0, p1);
+      pa[j / 2][(j % 2) * 2 + 1] = Pack<T>(p2, p3);
     }
 #pragma unroll
     for (int n = 0; n < kL / 2 / 8; ++n) {
@@ -219,15 +226,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[n][2] *= alpha[1];
       o[n][3] *= alpha[1];
     }
-    __syncthreads();
 
     // O[16 rows][256 cols] += P[16 rows][32 keys] V[32 keys][256 cols].
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t a[4];
-      mla_internal::LdMatrixX4(
-          mla_internal::SmemAddr(sp + (rb * 16 + lane % 16) * kPStride + kk * 16 + (lane / 16) * 8),
-          a);
       const uint32_t v_base =
           mla_internal::SmemAddr(kt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride +
                                  ch * (kL / 2) + (lane / 16) * 8);
@@ -235,30 +237,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kL / 2 / 16; ++n) {
         uint32_t b[4];
         mla_internal::LdMatrixX4Trans(v_base + n * 32, b);
-        mla_internal::Mma16816<T>(o[2 * n], a, b[0], b[1]);
-        mla_internal::Mma16816<T>(o[2 * n + 1], a, b[2], b[3]);
+        mla_internal::Mma16816<T>(o[2 * n], pa[kk], b[0], b[1]);
+        mla_internal::Mma16816<T>(o[2 * n + 1], pa[kk], b[2], b[3]);
       }
     }
   }
   mla_internal::CpAsyncWait<0>();
 
-  // Row sums: the quad, then the two halves.
+  // Row sums over the quad (both halves hold the same P, so the same sums).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  __syncthreads();
-  if (lane % 4 == 0) {
-    s_sum[ch * kRows + row_lo] = l_run[0];
-    s_sum[ch * kRows + row_hi] = l_run[1];
-  }
-  __syncthreads();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h == 0 ? row_lo : row_hi;
     if (r0 + r >= rows_seq) continue;
-    const float l = s_sum[r] + s_sum[kRows + r];
+    const float l = l_run[h];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t row = static_cast<int64_t>(q0) * p.heads + r0 + r;
 #pragma unroll
@@ -365,13 +361,17 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     splits = std::clamp<int64_t>((in.num_sms + ctas - 1) / ctas, 1, (ctx + 511) / 512);
     splits = std::min<int64_t>(splits, 128);
   }
-  int64_t chunk = (ctx + splits - 1) / splits;
-  chunk = (chunk + kKeys - 1) / kKeys * kKeys;
-  plan.num_splits = static_cast<int>((ctx + chunk - 1) / chunk);
-  plan.split_chunk = chunk;
-  const mla_internal::MlaWorkspace ws(in, plan.num_splits);
-  plan.workspace_bytes = ws.total;
-  return plan;
+  for (;; splits = std::max<int64_t>(1, splits / 2)) {
+    int64_t chunk = (ctx + splits - 1) / splits;
+    chunk = (chunk + kKeys - 1) / kKeys * kKeys;
+    plan.num_splits = static_cast<int>((ctx + chunk - 1) / chunk);
+    plan.split_chunk = chunk;
+    plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
+    if (splits == 1 || in.max_workspace_bytes <= 0 ||
+        plan.workspace_bytes <= in.max_workspace_bytes) {
+      return plan;
+    }
+  }
 }
 
 template <typename T>
