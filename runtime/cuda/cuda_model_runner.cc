@@ -180,17 +180,24 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                                   " interleave ", r->dcp_.interleave)
                                    : std::string());
   }
-  ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights), options,
-                                                     r->stream_));
+  kernels::KvCacheLayout layout;
+  if (spec.model_config.IsMla()) {
+    ASSIGN_OR_RETURN(r->mla_model_, CudaMlaModel::Create(spec.model_config, std::move(weights),
+                                                         options, r->stream_));
+    layout = r->mla_model_->KvLayout(spec.num_blocks, spec.block_size);
+  } else {
+    ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights),
+                                                       options, r->stream_));
+    layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
+  }
 
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
-  const kernels::KvCacheLayout layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
   RETURN_IF_ERROR(layout.Validate());
   ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(layout.TotalElems() * 2, "KV pool"));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
   r->cache_.data = r->pool_.data();
   r->cache_.layout = layout;
-  r->cache_.dtype = r->model_->kv_dtype();
+  r->cache_.dtype = r->model_ != nullptr ? r->model_->kv_dtype() : r->mla_model_->kv_dtype();
   RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
 
   // Packed metadata: small arrays first, block tables last (copied up to the used rows).
@@ -223,6 +230,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   ASSIGN_OR_RETURN(r->sampled_host_, PinnedBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
   return r;
+}
+
+absl::Status CudaModelRunner::ModelForward(const DeviceStep& step, const StepAttentionPlan& plan) {
+  if (mla_model_ != nullptr) {
+    return mla_model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+  }
+  return model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+}
+
+const float* CudaModelRunner::ModelLogits() const {
+  return mla_model_ != nullptr ? mla_model_->logits() : model_->logits();
 }
 
 int64_t CudaModelRunner::GraphSizeFor(int64_t num_seqs) const {
@@ -338,6 +356,13 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
                                                         bool allow_prefill) const {
   const ModelConfig& m = spec_.model_config;
   StepAttentionPlan plan;
+  if (m.IsMla()) {  // CudaMlaModel plans its own kernels from these bounds
+    plan.decode.input.num_seqs = num_seqs;
+    plan.decode.input.num_tokens = num_tokens;
+    plan.decode.input.max_q_len = max_q_len;
+    plan.decode.input.max_seq_len = max_seq_len;
+    return plan;
+  }
   const bool prefill_head_dim = m.head_dim == 64 || m.head_dim == 128 || m.head_dim == 256;
   // The prefill kernel has no DCP path; the decode kernel takes any q_len on a shard.
   if (allow_prefill && dcp_.size == 1 && max_q_len >= kPrefillMinQLen && prefill_head_dim) {
@@ -379,7 +404,9 @@ absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
 }
 
 bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch) const {
-  if (!config_.vocab_parallel_greedy || !model_->vocab_parallel()) return false;
+  if (!config_.vocab_parallel_greedy || model_ == nullptr || !model_->vocab_parallel()) {
+    return false;
+  }
   for (const ScheduledSeq& seq : batch.seqs) {
     if (seq.capture_prompt_logits) return false;
     if (seq.samples && seq.sampling.temperature > 0.0f) return false;
@@ -389,16 +416,16 @@ bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch) const {
 
 absl::Status CudaModelRunner::Enqueue(const DeviceStep& step, const StepAttentionPlan& plan,
                                       bool greedy) {
-  model_->set_gather_logits(!greedy);
-  RETURN_IF_ERROR(model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_));
+  if (model_ != nullptr) model_->set_gather_logits(!greedy);
+  RETURN_IF_ERROR(ModelForward(step, plan));
   if (step.num_logit_rows == 0) return absl::OkStatus();
   const char* dev = meta_dev_.get<char>();
   const auto* rows = reinterpret_cast<const kc::DeviceSamplingRow*>(dev + meta_.sampling_rows);
   if (greedy) {
     return model_->GreedyTokens(step.num_logit_rows, rows, sampled_dev_.get<int32_t>(), stream_);
   }
-  return kc::SampleTokens(model_->logits(), step.num_logit_rows, spec_.model_config.vocab_size,
-                          rows, sampled_dev_.get<int32_t>(), sample_workspace_.data(),
+  return kc::SampleTokens(ModelLogits(), step.num_logit_rows, spec_.model_config.vocab_size, rows,
+                          sampled_dev_.get<int32_t>(), sample_workspace_.data(),
                           sample_workspace_.bytes(), stream_);
 }
 
@@ -466,7 +493,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
                                        cudaMemcpyHostToDevice, stream_));
   // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before
   // any graph capture); prefill sizes vary too much.
-  model_->set_gemm_autotune_max_m(config_.gemm_autotune ? padded : 0);
+  const int64_t autotune_m = config_.gemm_autotune ? padded : 0;
+  if (model_ != nullptr) model_->set_gemm_autotune_max_m(autotune_m);
+  if (mla_model_ != nullptr) mla_model_->set_gemm_autotune_max_m(autotune_m);
   if (padded > 0) {
     // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
     // by the most tokens of max_model_len this rank's shard can hold).
@@ -515,7 +544,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     if (seq.capture_prompt_logits) {
       std::vector<float>& logits = out.last_prompt_logits[s];
       logits.resize(vocab);
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data(), model_->logits() + r * vocab,
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data(), ModelLogits() + r * vocab,
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
     ++r;

@@ -43,6 +43,7 @@
 #include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
+#include "runtime/cuda/cuda_mla_model.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/engine/model_executor.h"
 
@@ -159,6 +160,9 @@ class CudaModelRunner : public ModelExecutor {
   // captured: the full logits are then never needed.
   bool GreedyOnly(const SchedulerOutput& batch) const;
   int64_t GraphSizeFor(int64_t num_seqs) const;
+  // The forward and the logits of whichever model the config needs (model_ or mla_model_).
+  absl::Status ModelForward(const DeviceStep& step, const StepAttentionPlan& plan);
+  const float* ModelLogits() const;
 
   const CudaBackendConfig config_;
   const ExecutorSpec spec_;
@@ -168,7 +172,8 @@ class CudaModelRunner : public ModelExecutor {
   kernels::DcpShard dcp_;  // size 1: no decode context parallelism
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<comm::DeviceCommunicator> comm_;  // before model_: the model uses it
-  std::unique_ptr<CudaLlamaModel> model_;
+  std::unique_ptr<CudaLlamaModel> model_;           // null for an MLA model ...
+  std::unique_ptr<CudaMlaModel> mla_model_;         // ... which runs this one (DeepSeek-V2/V3)
   DeviceBuffer pool_;
   kernels::cuda::DeviceKvCache cache_;
   MetaLayout meta_{};

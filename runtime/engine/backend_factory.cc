@@ -37,16 +37,23 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
-  // DeepSeek multi-head latent attention runs on the CPU backend only (kernels/mla).
+  // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU, dense
+  // MLP layers; its MoE layers, TP and DCP run on the CPU backend only, refused here by name.
   if (model.IsMla()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--backend=cuda cannot run ", model.architecture,
-        " yet: multi-head latent attention (MLA) is implemented on the CPU backend only; use "
-        "--backend=cpu"));
+    bool moe_layer = false;
+    for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layer |= model.IsMoeLayer(l);
+    const bool tp = options.group != nullptr && options.group->size() > 1;
+    if (moe_layer || tp || options.dcp_size > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--backend=cuda cannot run ", model.architecture, " with ",
+          moe_layer ? "MoE layers" : (tp ? "tensor parallelism" : "decode context parallelism"),
+          " yet: multi-head latent attention (MLA) on CUDA runs dense-MLP layers on one GPU; use "
+          "--backend=cpu"));
+    }
   }
   // The CUDA model runs the dense Llama layers (Llama, Qwen2, Mistral) only: refused at startup,
   // before any device work, naming what it lacks.
-  if (model.IsMoe() || model.qk_norm) {
+  if ((model.IsMoe() && !model.IsMla()) || model.qk_norm) {  // MLA: checked above
     return absl::UnimplementedError(
         absl::StrCat("--backend=cuda cannot run ", model.architecture, " yet (",
                      model.IsMoe() ? "mixture-of-experts layers" : "per-head q/k norms",

@@ -1,0 +1,104 @@
+// The DeepSeek-V2/V3 decoder (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM: multi-head latent
+// attention) on the CUDA backend: the twin of runtime/engine/mla_model.h with bf16/fp16 weights,
+// activations and a latent KV pool on one device, fp32 accumulation in every op.
+//
+// Per layer: (fused add +) RMSNorm -> q (q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj) ->
+// kv_a_proj_with_mqa as two products (c_kv rows, k_pe rows) -> kv_a_layernorm on c_kv -> RoPE
+// on q_pe and k_pe (kernels/mla MlaRope: interleaved or rotate-half, YaRN factor) -> latent
+// write -> absorbed MLA over the paged latent cache (kernels/mla MlaAbsorbedAttention, every
+// q_len: decode, verification and prefill alike) -> o_proj -> fused add + RMSNorm -> dense
+// SwiGLU MLP. The softmax scale is DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
+//
+// Not here yet: MoE layers (the CUDA MoE layer is another change), tensor parallelism, DCP,
+// device dummy weights: Create refuses them naming what is missing.
+//
+// Forward() only enqueues work on the stream (no allocation, no host sync), so the runner can
+// capture it in a CUDA graph once every GEMM shape has been seen.
+//
+// Thread safety: not thread-safe; one runner drives it. Weights are immutable after Create().
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_MLA_MODEL_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_MLA_MODEL_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/gemm_cuda.h"
+#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/mla/mla_attention.h"
+#include "kernels/mla/mla_cuda.h"
+#include "runtime/cuda/cuda_llama_model.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+
+class CudaMlaModel {
+ public:
+  // Uploads `weights` (fp32 host, freed tensor by tensor) converted to options.dtype.
+  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for MoE layers, a
+  // communicator, DCP or device dummy weights.
+  static absl::StatusOr<std::unique_ptr<CudaMlaModel>> Create(const ModelConfig& config,
+                                                              ModelWeights weights,
+                                                              const CudaModelOptions& options,
+                                                              cudaStream_t stream);
+  ~CudaMlaModel();
+
+  kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
+  kernels::cuda::KvDtype kv_dtype() const;
+
+  // Enqueues the forward over `step`: writes the new latents into `cache` and fp32 logits [R,
+  // vocab] into logits(). The step's bounds come from plan.decode.input (num_seqs, num_tokens,
+  // max_q_len, max_seq_len); the MLA workspace is the model's own (attn_workspace unused).
+  absl::Status Forward(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                       const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
+
+  void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+  const float* logits() const { return logits_.get<float>(); }
+  const ModelConfig& config() const { return config_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    DeviceBuffer input_layernorm, q_a_proj, q_a_layernorm, q_proj, kv_a_proj, kv_a_layernorm,
+        kv_b_proj, o_proj, post_attention_layernorm, gate_up_proj, down_proj;
+  };
+  CudaMlaModel(const ModelConfig& config, const CudaModelOptions& options);
+  absl::Status Upload(ModelWeights weights, cudaStream_t stream);
+  absl::Status Allocate(int64_t num_sms);
+  template <typename T>
+  absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                        const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
+  // hidden_ (normed) -> attn_ [T, Hq, Dv] for layer l.
+  template <typename T>
+  absl::Status Attention(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                         int64_t l, const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
+
+  const ModelConfig config_;
+  const CudaModelOptions options_;
+  const kernels::MlaDims dims_;
+  const float softmax_scale_;
+  const float rope_factor_;
+  std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
+  cublasHandle_t cublas_ = nullptr;  // the per-head absorption GEMMs
+  DeviceBuffer cublas_workspace_;
+  DeviceBuffer embed_tokens_, norm_, lm_head_;
+  std::vector<Layer> layers_;
+  DeviceBuffer inv_freq_;  // [qk_rope_head_dim / 2] fp32
+  // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
+  DeviceBuffer hidden_, residual_, q_lora_, q_, ckv_, ckv_normed_, kpe_, attn_, gate_up_, act_,
+      last_, logits_;
+  DeviceBuffer mla_workspace_;  // kernels/mla: q_cat, o_lat, split partials
+  int num_sms_ = 132;
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_MLA_MODEL_H_

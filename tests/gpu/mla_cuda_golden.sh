@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# DeepSeek-V2/V3 multi-head latent attention on the CUDA backend (issue 33; runtime/cuda/
+# cuda_mla_model.h, kernels/mla CUDA): `generate --backend=cuda` (bf16, decode as CUDA graphs)
+# against the CPU backend and transformers on the MLA golden fixtures (tests/golden/
+# fixtures_mla: V2 with q_lora, V2-Lite-like without q_lora + YaRN mscale, V3 with q_lora + YaRN +
+# rope_interleave, V3 rotate-half; every layer a dense MLP), by the CUDA golden rule
+# (cuda_golden_lib.sh: last-prompt logits cosine >= 0.999 to the CPU run and to transformers;
+# first greedy token equal to the CPU run's where its top-2 gap is >= 3% of max|logit|). Then
+# deepseek_v3_f32 eager (--cuda_graphs=false), whose greedy tokens must equal the graph run's,
+# and a random bf16 model of DeepSeek-V3's latent width (tests/gpu/configs/deepseek-v3-latent:
+# 512 + 64, the tensor-core kernel) on a 700-token prompt (split-KV, page boundaries) against
+# the CPU backend by the same logits rule.
+#
+#   tests/gpu/mla_cuda_golden.sh BUNDLE_DIR LOG_DIR
+#
+# BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate tool//runtime/model:make_dummy_model.
+# Run from the repository root. Prints "N passed, N failed, N skipped".
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
+
+cpu() {  # OUT ARGS...: the same generate on the CPU backend (the reference run)
+  local out=$1; shift
+  timeout 300 "$G" --backend=cpu --max_tokens=16 --ignore_eos --dump_last_logits \
+    --num_threads=8 "$@" > "$out" 2> "$out.err"
+}
+same_tokens() {  # A B: greedy tokens equal, prompt by prompt
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["tokens"] for l in open(f) if l.strip()] for f in sys.argv[1:3])
+print(f"eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
+sys.exit(0 if a == b and a else 1)
+PY
+}
+
+for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_rotate_half_f32; do
+  fix=tests/golden/fixtures_mla/$variant
+  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  if run "$LOG/$variant.cuda.jsonl" --model="$fix" --prompt_ids="$prompts" &&
+     cpu "$LOG/$variant.cpu.jsonl" --model="$fix" --prompt_ids="$prompts" &&
+     compare "$variant" "$LOG/$variant.cuda.jsonl" "$LOG/$variant.cpu.jsonl" "$fix/expected.json"; then
+    echo "PASS $variant"; passed=$((passed + 1))
+  else
+    echo "FAIL $variant"; tail -3 "$LOG/$variant".*.err; failed=$((failed + 1))
+  fi
+done
+fix=tests/golden/fixtures_mla/deepseek_v3_f32
+prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false &&
+   same_tokens "$LOG/eager.jsonl" "$LOG/deepseek_v3_f32.cuda.jsonl"; then
+  echo "PASS eager-vs-graphs"; passed=$((passed + 1))
+else
+  echo "FAIL eager-vs-graphs"; tail -3 "$LOG/eager.jsonl.err"; failed=$((failed + 1))
+fi
+"$B/bin/runtime/model/make_dummy_model" --config=tests/gpu/configs/deepseek-v3-latent/config.json \
+  --seed=1 --out="$LOG/latent" > "$LOG/make_dummy.out" 2>&1
+long=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 2000)) for _ in range(700)))")
+LATENT=(--model="$LOG/latent" --prompt_ids="$long;5,6,7,8,9;100,200,300")
+if run "$LOG/latent.cuda.jsonl" "${LATENT[@]}" && cpu "$LOG/latent.cpu.jsonl" "${LATENT[@]}" &&
+   compare latent-512 "$LOG/latent.cuda.jsonl" "$LOG/latent.cpu.jsonl"; then
+  echo "PASS latent-512"; passed=$((passed + 1))
+else
+  echo "FAIL latent-512"; tail -3 "$LOG"/latent.*.err; failed=$((failed + 1))
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[[ $failed == 0 ]]
