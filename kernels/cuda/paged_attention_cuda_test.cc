@@ -316,6 +316,33 @@ TEST(PagedAttentionCudaTest, Int8PerTokenScales) {
 
 // The golden test models' shapes: head_dim 16 and 32, 4 query heads over 4 / 2 / 1 kv heads,
 // block 16, decode, speculative and prefill-like q_len up to 64, bf16 and fp16.
+// The tensor-core kernel's two copy paths: page-shuffled copies (block size a power of two and
+// at most 32 pages per key tile: 4 / 8 / 16 with 2-byte KV, 8 / 16 with 1-byte KV, and pages
+// larger than a tile: 128 / 256) and per-copy table lookups (1, 2, 3, 12, and 4 with 1-byte
+// KV), over contexts that end on, before and after page and tile boundaries, split starts that
+// are not page-aligned (3 splits; windows of 37 / 100 keys) and q_len 1 and 3.
+TEST(PagedAttentionCudaTest, BlockSizesBothCopyPaths) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t bs : {1, 2, 3, 4, 8, 12, 128, 256}) {
+    for (Kv kv : {Kv::kOwn, Kv::kFp8, Kv::kInt8}) {
+      for (int64_t d : {64, 128}) {
+        CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = bs};
+        const int64_t q_len = d == 64 ? 3 : 1;
+        std::vector<SeqSpec> seqs = RandomDecodeSeqs(rng, 2, 600, q_len);
+        for (int64_t len : {bs, bs + 1, 64 * bs - 1, int64_t{129}, int64_t{255}}) {
+          seqs.push_back({std::max(len, q_len), q_len});
+        }
+        AttentionParams params{.scale = 0.09f};
+        if (bs == 3 || bs == 8) params.window_left = bs == 3 ? 37 : 100;
+        CheckCase<__nv_bfloat16>(rng, o, seqs, params, 3, kv,
+                                 "bs=" + std::to_string(bs) + " d=" + std::to_string(d),
+                                 /*vary_rows=*/kv == Kv::kInt8);
+      }
+    }
+  }
+}
+
 TEST(PagedAttentionCudaTest, SmallHeadDims) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());
