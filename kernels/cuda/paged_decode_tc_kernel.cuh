@@ -48,13 +48,12 @@ struct TcCfg {
   // rescale) are spread over as many bytes.
   static constexpr int kKeyBlocks = kByte ? 2 : 1;
   static constexpr int kT = 64 * kKeyBlocks;
-  // fp8 at head_dim 128: 2 stages, so 3 CTAs (12 warps) fit an SM instead of 2: the kernel is
-  // latency-bound there (ncu: 2 warps per scheduler, 45% of issue slots, 4.2 cycles between a
-  // warp's instructions), and the extra warps gained more than the shallower ring lost (H200,
-  // attention_cuda_bench: 64 x 16k 73 -> 78% of 4.3 TB/s, 256 x 4k 71 -> 75%, 16 x 16k 69 -> 74%,
-  // 64 x 4k 68.5 -> 66% (1.3 waves instead of 1.94), 1 x 64k 50 -> 48%). int8 lost 5-8 points
-  // with 2 stages (its 168-register build spills), so it keeps 3.
-  static constexpr int kStages = D <= 64 ? 4 : (std::is_same_v<KV, __nv_fp8_e4m3> ? 2 : 3);
+  // 3 stages at head_dim 128 for every KV dtype: 2 CTAs (8 warps) per SM. fp8 ran 2 stages at
+  // 3 CTAs per SM while each 16-byte copy cost a table lookup (latency-bound: the extra warps
+  // gained more than the shallower ring lost); with page-shuffled copies the deeper ring wins
+  // (H200, attention_cuda_bench --flush_l2, same call: 64 x 4k 72.4 -> 81.8% of 4.3 TB/s,
+  // 64 x 16k 91.3 -> 95.9%, 256 x 4k 88.6 -> 91.0%, 16 x 16k 79.2 -> 81.4%, 1 x 64k 44 -> 47%).
+  static constexpr int kStages = D <= 64 ? 4 : 3;
   static constexpr int kRowUnits = D * kKvBytes / 16;       // 16-byte units per stored row
   static constexpr int kDataBytes = 2 * kT * D * kKvBytes;  // K + V as stored
   static constexpr int kScaleBytes = kTokenScaled<KV> ? 2 * kT * 4 : 0;  // int8: K, V scales
