@@ -1,10 +1,10 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
-//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT [--splits=N]] [--flush_l2]   (e.g.
-//       --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits forces
-//       the planner's KV split count; --flush_l2 times the way FlashInfer's peer script does,
-//       for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events after a
-//       256 MiB memset that evicts the L2, median of >= 20 calls)
+//   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]
+//       (e.g. --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits
+//       or @SPLITS forces the planner's KV split count; --flush_l2 times the way FlashInfer's peer
+//       script does, for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events
+//       after a 256 MiB memset that evicts the L2, median of >= 20 calls)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 
@@ -228,13 +230,21 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
               "time_us", "KV_MB", "GB/s", "%4.3TB/s");
   std::mt19937 rng(7);
   if (only != nullptr) {
-    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8E4m3, KvDtype::kInt8}) {
-      for (int64_t batch : {1, 16, 64, 256}) {
-        for (int64_t ctx : {1024, 4096, 16384, 65536}) {
-          const std::string name = absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx);
-          if (name == only) {
-            RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng,
-                                      forced_splits, flush));
+    // A comma-separated list; "@N" after a config forces N splits for it.
+    for (absl::string_view item : absl::StrSplit(only, ',')) {
+      const size_t at = item.find('@');
+      int64_t splits = forced_splits;
+      if (at != absl::string_view::npos) {
+        splits = std::atoll(std::string(item.substr(at + 1)).c_str());
+        item = item.substr(0, at);
+      }
+      for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8E4m3, KvDtype::kInt8}) {
+        for (int64_t batch : {1, 16, 64, 256}) {
+          for (int64_t ctx : {1024, 4096, 16384, 65536}) {
+            if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) == item) {
+              RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true,
+                                        rng, splits, flush));
+            }
           }
         }
       }
@@ -285,8 +295,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--flush_l2") == 0) {
       flush_l2 = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT [--splits=N]] [--flush_l2]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]\n",
+          argv[0]);
       return 2;
     }
   }
