@@ -40,8 +40,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "comm/dcp_bench_layer.h"
-#include "comm/dcp_bench_table.h"
 #include "comm/gloo_process_group.h"
 #include "comm/host_staged_communicator.h"
 #include "comm/nccl_communicator.h"
@@ -49,6 +47,8 @@
 #include "common/cuda_status.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_layer.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_table.h"
 
 ABSL_FLAG(std::string, shape, "llama3-8b", "model shapes: llama3-8b, llama3-70b (comma list)");
 ABSL_FLAG(std::string, batch, "1,8", "decode batch sizes (comma list)");
@@ -70,8 +70,16 @@ ABSL_FLAG(std::string, dist_init, "", "HOST:PORT of rank 0's rendezvous (with --
 ABSL_FLAG(int, device, -1, "CUDA device (-1: rank % visible GPUs; 0 with --share_device)");
 ABSL_FLAG(int, timeout_s, 300, "deadline of the rendezvous and of every collective");
 
-namespace tandem::comm::dcp_bench {
+namespace tandem::runtime::dcp_bench {
 namespace {
+
+using ::tandem::comm::DeviceCommunicator;
+using ::tandem::comm::GlooGroupOptions;
+using ::tandem::comm::GlooProcessGroup;
+using ::tandem::comm::HostStagedCommunicator;
+using ::tandem::comm::NcclCommunicator;
+using ::tandem::comm::ProcessGroup;
+using ::tandem::comm::TcpStoreServer;
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text, const char* flag) {
   std::vector<int64_t> out;
@@ -359,13 +367,13 @@ absl::Status Run(const std::vector<std::string>& argv) {
 }
 
 }  // namespace
-}  // namespace tandem::comm::dcp_bench
+}  // namespace tandem::runtime::dcp_bench
 
 int main(int argc, char** argv) {
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);        // NVLink multicast stays off
   absl::ParseCommandLine(argc, argv);                      // no positional arguments
   const std::vector<std::string> self(argv, argv + argc);  // re-run for the other ranks
-  const absl::Status status = tandem::comm::dcp_bench::Run(self);
+  const absl::Status status = tandem::runtime::dcp_bench::Run(self);
   if (!status.ok()) {
     std::fprintf(stderr, "dcp_bench (rank %d): %s\n", std::max(0, absl::GetFlag(FLAGS_rank)),
                  status.ToString().c_str());

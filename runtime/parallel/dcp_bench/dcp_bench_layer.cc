@@ -1,4 +1,4 @@
-#include "comm/dcp_bench_layer.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_layer.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,11 +19,13 @@
 #include "kernels/cuda/dcp_exchange_cuda.h"
 #include "kernels/cuda/paged_attention_cuda.h"
 
-namespace tandem::comm::dcp_bench {
+namespace tandem::runtime::dcp_bench {
 namespace {
 
 using Bf16 = __nv_bfloat16;
 namespace kc = ::tandem::kernels::cuda;
+using ::tandem::comm::CommDtype;
+using ::tandem::comm::DeviceCommunicator;
 using ::tandem::kernels::AttentionBatch;
 using ::tandem::kernels::AttentionParams;
 using ::tandem::kernels::DcpExchangeLayout;
@@ -457,4 +459,4 @@ absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, DeviceCommunicator* co
   return times;
 }
 
-}  // namespace tandem::comm::dcp_bench
+}  // namespace tandem::runtime::dcp_bench

@@ -4,7 +4,7 @@
 //   shard attention   kernels/cuda PagedAttention over its 1/dcp of every request's KV
 //                     (AttentionParams::dcp_*, global positions, local block tables)
 //   pack              DcpPackForExchange: (out, lse) of all heads into one buffer
-//   all-to-all        ONE DeviceCommunicator::AllToAll of that buffer
+//   all-to-all        ONE comm::DeviceCommunicator::AllToAll of that buffer
 //   merge             DcpMergeReceived: the rank's heads / dcp heads, merged by LSE
 //
 // as kernels/attention/dcp_exchange.h lays it out. Every rank attends all query heads (TP_A 1).
@@ -17,8 +17,8 @@
 // PagedAttention over that global table, on the same pool).
 //
 // Thread safety: RunLayer uses the calling thread's current device and its own stream.
-#ifndef TANDEM_COMM_DCP_BENCH_LAYER_H_
-#define TANDEM_COMM_DCP_BENCH_LAYER_H_
+#ifndef TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_LAYER_H_
+#define TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_LAYER_H_
 
 #include <cstdint>
 #include <string>
@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "comm/device_communicator.h"
 
-namespace tandem::comm::dcp_bench {
+namespace tandem::runtime::dcp_bench {
 
 // A model's attention geometry (per layer; every rank keeps every head).
 struct ModelShape {
@@ -72,8 +72,9 @@ struct LayerTimes {
 // Runs this rank's part of config `c`. Every rank of `comm` (null iff c.dcp == 1; its size must
 // be c.dcp and its rank c.rank) calls it with the same config apart from `rank`: the
 // collectives are matched by order. `num_sms`: the device's multiprocessor count.
-absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, DeviceCommunicator* comm, int num_sms);
+absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, comm::DeviceCommunicator* comm,
+                                    int num_sms);
 
-}  // namespace tandem::comm::dcp_bench
+}  // namespace tandem::runtime::dcp_bench
 
-#endif  // TANDEM_COMM_DCP_BENCH_LAYER_H_
+#endif  // TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_LAYER_H_

@@ -1,11 +1,11 @@
-#include "comm/dcp_bench_table.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_table.h"
 
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/str_format.h"
 
-namespace tandem::comm::dcp_bench {
+namespace tandem::runtime::dcp_bench {
 namespace {
 
 // "-" for values that were not measured.
@@ -86,4 +86,4 @@ void Table::PrintFooter() const {
       kCheckTolerance, failures_);
 }
 
-}  // namespace tandem::comm::dcp_bench
+}  // namespace tandem::runtime::dcp_bench

@@ -3,8 +3,8 @@
 // context (run first: --dcp lists are sorted).
 //
 // Thread safety: not thread-safe; rank 0's main thread prints.
-#ifndef TANDEM_COMM_DCP_BENCH_TABLE_H_
-#define TANDEM_COMM_DCP_BENCH_TABLE_H_
+#ifndef TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_TABLE_H_
+#define TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_TABLE_H_
 
 #include <cstdint>
 #include <map>
@@ -12,9 +12,9 @@
 #include <tuple>
 #include <utility>
 
-#include "comm/dcp_bench_layer.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_layer.h"
 
-namespace tandem::comm::dcp_bench {
+namespace tandem::runtime::dcp_bench {
 
 // A row's numbers: the slowest rank's times and the worst rank's check error.
 struct RowResult {
@@ -49,6 +49,6 @@ class Table {
   int failures_ = 0;
 };
 
-}  // namespace tandem::comm::dcp_bench
+}  // namespace tandem::runtime::dcp_bench
 
-#endif  // TANDEM_COMM_DCP_BENCH_TABLE_H_
+#endif  // TANDEM_RUNTIME_PARALLEL_DCP_BENCH_DCP_BENCH_TABLE_H_
