@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/convert_cuda.h"
 #include "kernels/cuda/gemv_cuda.h"
+#include "kernels/cuda/head_norm_cuda.h"
 #include "kernels/cuda/layers_cuda.h"
 #include "kernels/cuda/rope_cache_cuda.h"
 #include "kernels/cuda/shard_argmax_cuda.h"
@@ -104,7 +105,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
     cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
   const int64_t D = config.head_dim;
-  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 || D % 16 != 0) {
+  bool dense_mlp = false;  // a layer with the dense MLP (MoE models: some, or none)
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) dense_mlp |= !config.IsMoeLayer(l);
+  if (config.hidden_size % 8 != 0 || (dense_mlp && config.intermediate_size % 8 != 0) ||
+      D % 16 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the CUDA backend needs hidden_size and intermediate_size multiples of 8 and head_dim a "
         "multiple of 16 (got ",
@@ -177,8 +181,11 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
     // DCP: o_proj holds this rank's Hq / dcp heads (TpDims::o_heads).
     RETURN_IF_ERROR(CheckSize(src.o_proj, H * (Hq / options_.dcp.size) * D, p + "o_proj"));
     RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, H, p + "post_attention_layernorm"));
-    RETURN_IF_ERROR(CheckSize(src.gate_up_proj, 2 * I * H, p + "gate_up_proj"));
-    RETURN_IF_ERROR(CheckSize(src.down_proj, H * I, p + "down_proj"));
+    const bool moe = config_.IsMoeLayer(static_cast<int64_t>(l));  // no dense MLP tensors
+    RETURN_IF_ERROR(CheckSize(src.gate_up_proj, moe ? 0 : 2 * I * H, p + "gate_up_proj"));
+    RETURN_IF_ERROR(CheckSize(src.down_proj, moe ? 0 : H * I, p + "down_proj"));
+    RETURN_IF_ERROR(CheckSize(src.q_norm, config_.qk_norm ? D : 0, p + "q_norm"));
+    RETURN_IF_ERROR(CheckSize(src.k_norm, config_.qk_norm ? D : 0, p + "k_norm"));
     if (config_.qkv_bias) RETURN_IF_ERROR(CheckSize(src.qkv_bias, qkv_dim, p + "qkv_bias"));
     if (config_.o_bias && row_bias) RETURN_IF_ERROR(CheckSize(src.o_bias, H, p + "o_bias"));
     if (config_.mlp_bias) {
@@ -203,6 +210,13 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
                      UploadTensor(&src.down_proj, dt, &staging, "down_proj", stream));
     ASSIGN_OR_RETURN(dst.down_bias,
                      UploadTensor(&src.down_bias, dt, &staging, "down_bias", stream));
+    ASSIGN_OR_RETURN(dst.q_norm, UploadTensor(&src.q_norm, dt, &staging, "q_norm", stream));
+    ASSIGN_OR_RETURN(dst.k_norm, UploadTensor(&src.k_norm, dt, &staging, "k_norm", stream));
+    if (moe && dt == ActDtype::kBf16) {
+      ASSIGN_OR_RETURN(dst.moe, UploadMoeWeights<__nv_bfloat16>(config_, &src, stream));
+    } else if (moe) {
+      ASSIGN_OR_RETURN(dst.moe, UploadMoeWeights<__half>(config_, &src, stream));
+    }
   }
   weight_bytes_ = 0;
   auto add = [&](const DeviceBuffer& b) { weight_bytes_ += b.bytes(); };
@@ -210,11 +224,13 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   add(norm_);
   add(lm_head_);
   for (const Layer& l : layers_) {
-    for (const DeviceBuffer* b : {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj,
-                                  &l.o_bias, &l.post_attention_layernorm, &l.gate_up_proj,
-                                  &l.gate_up_bias, &l.down_proj, &l.down_bias}) {
+    for (const DeviceBuffer* b :
+         {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj, &l.o_bias,
+          &l.post_attention_layernorm, &l.gate_up_proj, &l.gate_up_bias, &l.down_proj, &l.down_bias,
+          &l.q_norm, &l.k_norm}) {
       add(*b);
     }
+    weight_bytes_ += l.moe.bytes();
   }
   return absl::OkStatus();
 }
@@ -246,6 +262,15 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
     RETURN_IF_ERROR(alloc(&l.o_proj, H * (Hq / options_.dcp.size) * D, "o_proj"));
     if (config_.o_bias && row_bias) RETURN_IF_ERROR(alloc(&l.o_bias, H, "o_bias"));
     RETURN_IF_ERROR(alloc(&l.post_attention_layernorm, H, "post_attention_layernorm"));
+    if (config_.qk_norm) {
+      RETURN_IF_ERROR(alloc(&l.q_norm, D, "q_norm"));
+      RETURN_IF_ERROR(alloc(&l.k_norm, D, "k_norm"));
+    }
+    if (config_.IsMoeLayer(&l - layers_.data())) {  // its MoE MLP instead of gate_up / down
+      ASSIGN_OR_RETURN(l.moe, AllocateMoeWeights(config_, stream));
+      weight_bytes_ += l.moe.bytes();
+      continue;
+    }
     RETURN_IF_ERROR(alloc(&l.gate_up_proj, 2 * I * H, "gate_up_proj"));
     if (config_.mlp_bias) RETURN_IF_ERROR(alloc(&l.gate_up_bias, 2 * I, "gate_up_bias"));
     RETURN_IF_ERROR(alloc(&l.down_proj, H * I, "down_proj"));
@@ -258,6 +283,13 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
   const std::vector<DummyTensorFill>& plan =
       options_.dummy_plan.empty() ? whole : options_.dummy_plan;
   for (const DummyTensorFill& f : plan) {
+    if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < static_cast<int64_t>(layers_.size())) {
+      Layer& l = layers_[static_cast<size_t>(f.layer)];
+      RETURN_IF_ERROR(options_.dtype == ActDtype::kBf16
+                          ? FillMoeDummy<__nv_bfloat16>(f, seed, &l.moe, stream)
+                          : FillMoeDummy<__half>(f, seed, &l.moe, stream));
+      continue;
+    }
     DeviceBuffer* b = SlotBuffer(f.slot, f.layer);
     if (b == nullptr || (f.offset + f.slice.numel()) * es > b->bytes()) {
       return absl::InvalidArgumentError(
@@ -310,6 +342,10 @@ DeviceBuffer* CudaLlamaModel::SlotBuffer(WeightSlot slot, int64_t layer) {
       return &l->down_proj;
     case WeightSlot::kDownBias:
       return &l->down_bias;
+    case WeightSlot::kQNorm:
+      return &l->q_norm;
+    case WeightSlot::kKNorm:
+      return &l->k_norm;
     default:  // slots of other model families: no buffer in this dense model
       return nullptr;
   }
@@ -330,6 +366,9 @@ absl::Status CudaLlamaModel::AllocateActivations() {
   ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(T * I * es, "act"));
   ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
+  if (config_.IsMoe()) {
+    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
+  }
   if (options_.dcp.size > 1) {
     ASSIGN_OR_RETURN(dcp_exchange_, CudaDcpExchange::Create(options_.dcp, comm(), T, Hq, D, es));
   }
@@ -409,6 +448,10 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     hidden_partial = false;
     RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv,
                         stream, pdl));
+    if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+      RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
+                                           Ptr<T>(w.k_norm), eps, stream));
+    }
     // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
     RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
                                           inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
@@ -418,6 +461,11 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
         Lin(*gemm_, o_in, Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, o_dim, hidden, stream, pdl));
     RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
                                      Tn, eps, stream));
+    if (config_.IsMoeLayer(l)) {  // the rank's slices of every expert; summed like down_proj
+      RETURN_IF_ERROR(moe_->Forward<T>(w.moe, hidden, Tn, l, hidden, *gemm_, stream));
+      if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
+      continue;
+    }
     if (UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),

@@ -1,6 +1,8 @@
-// The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM) on the CUDA backend: the twin of
-// runtime/engine/llama_model.h with bf16/fp16 weights, activations and KV on one device, fp32
-// accumulation in every op (cuBLASLt GEMMs, kernels/cuda/ layer and attention kernels).
+// The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; Qwen3 with its
+// per-head q/k norms; the MoE models Mixtral, Qwen2-MoE, Qwen3-MoE through CudaMoeMlp,
+// cuda_moe_mlp.h) on the CUDA backend: the twin of runtime/engine/llama_model.h with bf16/fp16
+// weights, activations and KV on one device, fp32 accumulation in every op (cuBLASLt GEMMs,
+// kernels/cuda/ layer and attention kernels).
 //
 // Per layer: (fused add +) RMSNorm -> qkv GEMM (+bias) -> RoPE in place on the fused qkv rows ->
 // KV write (strided k/v rows) -> paged attention -> o_proj -> fused add + RMSNorm -> gate_up ->
@@ -34,6 +36,7 @@
 #include "kernels/cuda/paged_prefill_cuda.h"
 #include "kernels/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
+#include "runtime/cuda/cuda_moe_mlp.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -138,11 +141,15 @@ class CudaLlamaModel {
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // The MoE layer (its per-expert load counters), or null for a dense model.
+  const CudaMoeMlp* moe() const { return moe_.get(); }
 
  private:
   struct Layer {
     DeviceBuffer input_layernorm, qkv_proj, qkv_bias, o_proj, o_bias, post_attention_layernorm,
         gate_up_proj, gate_up_bias, down_proj, down_bias;
+    DeviceBuffer q_norm, k_norm;  // [head_dim] each (config.qk_norm), else empty
+    CudaMoeWeights moe;           // MoE layers (config.IsMoeLayer): their MLP instead of gate_up
   };
   CudaLlamaModel(const ModelConfig& config, const CudaModelOptions& options);
   template <typename T>
@@ -189,6 +196,7 @@ class CudaLlamaModel {
   // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
   DeviceBuffer hidden_, residual_, qkv_, q_, attn_, gate_up_, act_, last_, logits_;
   std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers
+  std::unique_ptr<CudaMoeMlp> moe_;                // MoE models: routing + expert scratch
   int64_t weight_bytes_ = 0;
 };
 

@@ -51,13 +51,13 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
           "--backend=cpu"));
     }
   }
-  // The CUDA model runs the dense Llama layers (Llama, Qwen2, Mistral) only: refused at startup,
-  // before any device work, naming what it lacks.
-  if ((model.IsMoe() && !model.IsMla()) || model.qk_norm) {  // MLA: checked above
+  // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
+  // MoE MLPs of up to kernels::cuda::kMoeMaxExperts (512) experts: refused at startup, before any
+  // device work, naming the numbers.
+  if (model.IsMoe() && model.num_experts > 512) {
     return absl::UnimplementedError(
-        absl::StrCat("--backend=cuda cannot run ", model.architecture, " yet (",
-                     model.IsMoe() ? "mixture-of-experts layers" : "per-head q/k norms",
-                     " are implemented on the CPU backend only); use --backend=cpu"));
+        absl::StrCat("--backend=cuda cannot run ", model.architecture, " with ", model.num_experts,
+                     " experts (the CUDA MoE kernels take at most 512); use --backend=cpu"));
   }
   if (model.quantization.IsFp8()) {  // issue 38: FP8 linear layers run on the CPU backend
     return absl::UnimplementedError(absl::StrCat("--backend=cuda cannot run FP8 weights yet (",

@@ -1,0 +1,134 @@
+// The mixture-of-experts layer's kernels on the device (bf16 / fp16 weights and activations, fp32
+// routing and accumulation), mirroring the CPU reference in moe.h step by step:
+//
+//   MoeRoute          router logits [T, E] fp32 -> top-k ids + weights (every routing variant
+//                     of GroupedRoutingParams: softmax / sigmoid, groups, bias, renormalise,
+//                     routed_scaling_factor), ties to the lower id as on the CPU;
+//   MoePermute        (token, j) pairs grouped by expert: counts, offsets, the active-expert list
+//                     and a stable row order (token order within an expert, as PermuteByExpert);
+//   MoeGatherRows     the permuted batch [rows, H] (the grouped-GEMM path);
+//   MoePadRows        the permuted batch padded to `cap` rows per expert [E * cap, H] (the
+//                     strided-batched GEMM path: fixed shapes, no host sync, capturable);
+//   MoeExpertGemv*    decode: each active expert's rows against only that expert's weights
+//                     (gate_up with SiLU-and-mul folded in, then down), the gather folded in;
+//   MoeCombine        out[t] = sum_j w[t, j] * expert_out[row of (t, j)], j in order (no atomics:
+//                     deterministic), plus an optional shared expert, sigmoid-gated or not.
+//
+// Launch sizes depend only on host values known before the step (T, k, E), never on the
+// routing, so every function here is capturable in a CUDA graph and none syncs the host. The
+// prefill path's grouped GEMM (moe_gemm_cuda.h) is the one place that reads the counts back.
+//
+// Thread safety: stateless; asynchronous on `stream`.
+#ifndef TANDEM_KERNELS_MOE_MOE_CUDA_H_
+#define TANDEM_KERNELS_MOE_MOE_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/moe/moe.h"
+
+namespace tandem::kernels::cuda {
+
+// Experts a device routing / permutation handles (shared-memory tables per block).
+inline constexpr int64_t kMoeMaxExperts = 512;
+
+// Device buffers of one permutation of up to `rows` = T * k routing pairs over E experts.
+struct DeviceMoePermutation {
+  int32_t* expert_offsets = nullptr;  // [E + 1]: rows of expert e are [offsets[e], offsets[e+1])
+  int32_t* active_experts = nullptr;  // [E]: experts with >= 1 row, ascending; then -1
+  int32_t* token_of_row = nullptr;    // [rows]: the token a permuted row holds
+  int32_t* row_of_pair = nullptr;     // [rows]: permuted row of routing pair t * k + j
+};
+
+// router_logits: [T, E] fp32 (device); params.correction_bias: [E] fp32 DEVICE pointer or null.
+// expert_ids / weights: [T, k] (device), j = 0..k-1 in decreasing choice. Exactly the CPU's
+// GroupedTopK (with num_groups = 1, softmax, no bias, scale 1: SoftmaxTopK) up to fp32 rounding
+// of the softmax sum. INVALID_ARGUMENT as GroupedTopK's checks, or E > kMoeMaxExperts.
+absl::Status MoeRoute(const float* router_logits, int64_t num_tokens,
+                      const GroupedRoutingParams& params, int32_t* expert_ids, float* weights,
+                      cudaStream_t stream);
+
+// Groups the T * k pairs of expert_ids ([T, k], ids in [0, E)) by expert, stable in pair order
+// (= the CPU's PermuteByExpert). expert_load: [E] int64 (device) or null; when given, each
+// expert's row count is ADDED to it (per-expert load metrics, no host sync). One block.
+// INVALID_ARGUMENT for E outside [1, kMoeMaxExperts] or k < 1. Ids outside [0, E) are
+// undefined behaviour (MoeRoute never produces them).
+absl::Status MoePermute(const int32_t* expert_ids, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts, const DeviceMoePermutation& perm, int64_t* expert_load,
+                        cudaStream_t stream);
+
+// out[r, :] = x[token_of_row[r], :] for r < rows; x [T, hidden], out [rows, hidden].
+template <typename T>
+absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_row, int64_t rows,
+                           T* out, cudaStream_t stream);
+
+// Decode-size expert products (one warp per output feature of one active expert; weights
+// streamed once per chunk of that expert's rows; only the routed experts' weights are read).
+// GateUp: act[r, j] = round(silu(g) * u), g = round(x_t . gate_up[e, j]), u = round(x_t .
+// gate_up[e, inter + j]), t = token_of_row[r], for every row r of every expert e:
+//   x [T, hidden]; gate_up [E, 2 * inter, hidden]; act [rows, inter].
+// Down: out[r, h] = round(act[r] . down[e, h]): down [E, hidden, inter]; out [rows, hidden].
+// `rows` = T * k (host): bounds the grid. Any hidden / inter >= 1 (16-byte loads where rows are
+// aligned and a multiple of 8 wide, else element loads). INVALID_ARGUMENT for bad sizes.
+template <typename T>
+absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, int64_t inter,
+                                 const DeviceMoePermutation& perm, int64_t num_experts,
+                                 int64_t rows, T* act, cudaStream_t stream);
+template <typename T>
+absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
+                               const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
+                               T* out, cudaStream_t stream);
+
+// out[r, j] = round(silu(g) * u) for r < rows, j < inter, g / u = gate_up[r, j] / [r, inter + j]
+// (SiluAndMul's expression, any width: layers_cuda.h's needs multiples of 8).
+template <typename T>
+absl::Status MoeSiluAndMul(const T* gate_up, int64_t rows, int64_t inter, T* out,
+                           cudaStream_t stream);
+
+// The padded layout: expert e's i-th row at e * cap + i (i < its count <= cap; rows past the
+// count are not written). out [E * cap, hidden] = x[token_of_row[offsets[e] + i]];
+// padded_row_of_pair [T * k] = ids[p] * cap + row_of_pair[p] - offsets[ids[p]] (the row each
+// routing pair's expert output lands on, for MoeCombine). cap >= the largest count (T does).
+template <typename T>
+absl::Status MoePadRows(const T* x, int64_t hidden, const int32_t* expert_ids,
+                        const DeviceMoePermutation& perm, int64_t num_experts, int64_t num_pairs,
+                        int64_t cap, T* out, int32_t* padded_row_of_pair, cudaStream_t stream);
+
+// The combine, one block per token (out may alias x: a token's row is read before written):
+//   out[t] = round( sum_j weights[t, j] * expert_out[row_of_pair[t * k + j]]  (fp32, j order)
+//                   + g_t * shared[t] ),
+// g_t = sigmoid(x[t] . shared_gate) when shared_gate is given, 1 when only shared is, and no
+// shared term when shared is null. expert_out [rows, hidden]; shared, x, out [T, hidden];
+// shared_gate [hidden].
+template <typename T>
+absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                        int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
+                        const T* shared_gate, const T* x, T* out, cudaStream_t stream);
+
+#define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
+  extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
+                                                cudaStream_t);                                     \
+  extern template absl::Status MoeExpertGemvGateUp<T>(const T*, const T*, int64_t, int64_t,        \
+                                                      const DeviceMoePermutation&, int64_t,        \
+                                                      int64_t, T*, cudaStream_t);                  \
+  extern template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,          \
+                                                    const DeviceMoePermutation&, int64_t, int64_t, \
+                                                    T*, cudaStream_t);                             \
+  extern template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);     \
+  extern template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                    \
+                                             const DeviceMoePermutation&, int64_t, int64_t,        \
+                                             int64_t, T*, int32_t*, cudaStream_t);                 \
+  extern template absl::Status MoeCombine<T>(const T*, const float*, const int32_t*, int64_t,      \
+                                             int64_t, int64_t, const T*, const T*, const T*, T*,   \
+                                             cudaStream_t);
+TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
+TANDEM_MOE_CUDA_DECLARE(__half)
+#undef TANDEM_MOE_CUDA_DECLARE
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_MOE_MOE_CUDA_H_

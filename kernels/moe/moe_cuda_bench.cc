@@ -1,0 +1,238 @@
+// The routed MoE layer's kernels on one GPU, Qwen3-30B-A3B (128 experts, top-8, hidden 2048,
+// expert width 768) and Mixtral-8x7B (8 experts, top-2, hidden 4096, width 14336) shapes, bf16:
+//
+//   moe_cuda_bench [--tokens=1,16,128,1024,8192] [--iters=20]
+//
+// Per shape and token count: the experts' time (gate_up + SiLU*up + down) on the decode GEMVs
+// and on the padded strided-batched GEMM (<= 256 tokens: the sync-free paths), on one
+// cublasGemmGroupedBatchedEx per projection and on one cublasGemmEx per expert; the router
+// top-k, the permutation and the combine alone (microseconds); the whole layer as
+// runtime/cuda/cuda_moe_mlp.h picks its path (GEMV up to max(4, E / k) tokens, padded up to
+// 256, grouped / per-expert above); the best experts time as TFLOP/s and as bytes of the routed
+// experts' weights (each active expert read once) per second; and, for reference, a dense
+// cublasGemmEx of the same rows x (2 * width) x hidden. Routing: random logits (softmax top-k,
+// renormalised).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_gemm_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+#define CHECK_CUDA(x)                                                   \
+  do {                                                                  \
+    if ((x) != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s failed: %d\n", #x, static_cast<int>(x)); \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+#define CHECK_OK(x)                                                            \
+  do {                                                                         \
+    const absl::Status s_ = (x);                                               \
+    if (!s_.ok()) {                                                            \
+      std::fprintf(stderr, "%s: %s\n", #x, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int64_t E, k, H, I;
+};
+
+void* Alloc(int64_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
+  CHECK_CUDA(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
+  return p;
+}
+
+// Mean milliseconds of fn over iters runs (after 3 warm-up runs).
+double TimeMs(const std::function<void()>& fn, int iters) {
+  for (int i = 0; i < 3; ++i) fn();
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  CHECK_CUDA(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) fn();
+  CHECK_CUDA(cudaEventRecord(b));
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  return ms / iters;
+}
+
+void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublasHandle_t blas) {
+  const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
+  const int64_t max_t = *std::max_element(token_counts.begin(), token_counts.end());
+  const int64_t max_rows = max_t * k;
+  // Small non-zero weights (0x3c00 = bf16 1/128): timing does not depend on the values.
+  auto* gate_up = static_cast<bf16*>(Alloc(E * 2 * I * H * 2));
+  auto* down = static_cast<bf16*>(Alloc(E * H * I * 2));
+  CHECK_CUDA(cudaMemset(gate_up, 0x3c, E * 2 * I * H * 2));
+  CHECK_CUDA(cudaMemset(down, 0x3c, E * H * I * 2));
+  auto* x = static_cast<bf16*>(Alloc(max_t * H * 2));
+  const int64_t most = std::max(max_rows, E * std::min<int64_t>(max_t, 256));
+  auto* xs = static_cast<bf16*>(Alloc(most * H * 2));
+  auto* gu = static_cast<bf16*>(Alloc(most * 2 * I * 2));
+  auto* act = static_cast<bf16*>(Alloc(most * I * 2));
+  auto* eout = static_cast<bf16*>(Alloc(most * H * 2));
+  auto* padded_rows = static_cast<int32_t*>(Alloc(max_rows * 4));
+  auto* out = static_cast<bf16*>(Alloc(max_t * H * 2));
+  auto* logits = static_cast<float*>(Alloc(max_t * E * 4));
+  auto* ids = static_cast<int32_t*>(Alloc(max_rows * 4));
+  auto* weights = static_cast<float*>(Alloc(max_rows * 4));
+  DeviceMoePermutation perm{
+      static_cast<int32_t*>(Alloc((E + 1) * 4)), static_cast<int32_t*>(Alloc(E * 4)),
+      static_cast<int32_t*>(Alloc(max_rows * 4)), static_cast<int32_t*>(Alloc(max_rows * 4))};
+  auto grouped = MoeGroupedGemm::Create(E);
+  CHECK_OK(grouped.status());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> host_logits(max_t * E);
+  for (float& v : host_logits) v = normal(rng);
+  CHECK_CUDA(
+      cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
+  GroupedRoutingParams p;
+  p.num_experts = E;
+  p.top_k = k;
+  p.renormalize = true;
+  std::printf("\n%s: %ld experts, top-%ld, hidden %ld, expert width %ld (bf16)\n", s.name, E, k, H,
+              I);
+  std::printf("%6s %6s %8s %9s %10s %10s %8s %7s %7s %9s %7s %8s %7s %8s\n", "tokens", "active",
+              "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us", "comb_us",
+              "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB");
+  const auto bf = MoeGroupedGemm::Dtype::kBf16;
+  for (int T : token_counts) {
+    const int64_t rows = T * k;
+    CHECK_OK(MoeRoute(logits, T, p, ids, weights, nullptr));
+    CHECK_OK(MoePermute(ids, T, k, E, perm, nullptr, nullptr));
+    CHECK_OK((*grouped)->ReadOffsets(perm.expert_offsets, E, nullptr));
+    int active = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      active += (*grouped)->offsets()[e + 1] > (*grouped)->offsets()[e];
+    }
+    const double flops = 2.0 * rows * (3.0 * I * H);
+    const double weight_bytes = active * 3.0 * I * H * 2;
+    auto gemv = [&] {
+      CHECK_OK(MoeExpertGemvGateUp<bf16>(x, gate_up, H, I, perm, E, rows, act, nullptr));
+      CHECK_OK(MoeExpertGemvDown<bf16>(act, down, H, I, perm, E, rows, eout, nullptr));
+    };
+    auto padded = [&] {
+      CHECK_OK(MoePadRows<bf16>(x, H, ids, perm, E, rows, T, xs, padded_rows, nullptr));
+      CHECK_OK((*grouped)->RunPadded(xs, gate_up, E, T, 2 * I, H, gu, bf, nullptr));
+      CHECK_OK(MoeSiluAndMul<bf16>(gu, E * T, I, act, nullptr));
+      CHECK_OK((*grouped)->RunPadded(act, down, E, T, H, I, eout, bf, nullptr));
+    };
+    auto gemm = [&](MoeGroupedGemm::Mode mode) {
+      CHECK_OK(MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, xs, nullptr));
+      CHECK_OK((*grouped)->Run(xs, gate_up, 2 * I, H, gu, bf, 0, mode, nullptr));
+      CHECK_OK(MoeSiluAndMul<bf16>(gu, rows, I, act, nullptr));
+      CHECK_OK((*grouped)->Run(act, down, H, I, eout, bf, 1, mode, nullptr));
+    };
+    const bool small = T <= 256;
+    const double gemv_ms = small ? TimeMs(gemv, iters) : -1.0;
+    const double padded_ms = small ? TimeMs(padded, iters) : -1.0;
+    const double grouped_ms = TimeMs([&] { gemm(MoeGroupedGemm::Mode::kGrouped); }, iters);
+    const double per_ms = TimeMs([&] { gemm(MoeGroupedGemm::Mode::kPerExpert); }, iters);
+    auto route = [&] { CHECK_OK(MoeRoute(logits, T, p, ids, weights, nullptr)); };
+    auto permute = [&] { CHECK_OK(MoePermute(ids, T, k, E, perm, nullptr, nullptr)); };
+    auto combine = [&](const int32_t* row_map) {
+      CHECK_OK(
+          MoeCombine<bf16>(eout, weights, row_map, T, k, H, nullptr, nullptr, x, out, nullptr));
+    };
+    const double route_us = 1e3 * TimeMs(route, iters);
+    const double perm_us = 1e3 * TimeMs(permute, iters);
+    const double comb_us = 1e3 * TimeMs([&] { combine(perm.row_of_pair); }, iters);
+    // The layer's own choice of path (cuda_moe_mlp.cc).
+    const bool use_gemv = T <= std::max<int64_t>(4, E / k);
+    const double layer_ms = TimeMs(
+        [&] {
+          route();
+          permute();
+          if (use_gemv) {
+            gemv();
+          } else if (small) {
+            padded();
+          } else {
+            CHECK_OK((*grouped)->ReadOffsets(perm.expert_offsets, E, nullptr));
+            gemm(E <= 16 ? MoeGroupedGemm::Mode::kPerExpert : MoeGroupedGemm::Mode::kGrouped);
+          }
+          combine(small && !use_gemv ? padded_rows : perm.row_of_pair);
+        },
+        iters);
+    // Dense reference: the same rows through one [rows, H] x [H, 2I] GEMM (the gate_up shape).
+    const float one = 1.0f, zero = 0.0f;
+    const double dense_ms = TimeMs(
+        [&] {
+          cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I),
+                       static_cast<int>(rows), static_cast<int>(H), &one, gate_up, CUDA_R_16BF,
+                       static_cast<int>(H), xs, CUDA_R_16BF, static_cast<int>(H), &zero, gu,
+                       CUDA_R_16BF, static_cast<int>(2 * I), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
+        },
+        iters);
+    const double best =
+        small ? std::min({gemv_ms, padded_ms, grouped_ms, per_ms}) : std::min(grouped_ms, per_ms);
+    std::printf(
+        "%6d %6d %8.4f %9.4f %10.4f %10.4f %8.1f %7.1f %7.1f %9.4f %7.1f %8.1f %7.0f %8.3f\n", T,
+        active, gemv_ms, padded_ms, grouped_ms, per_ms, route_us, perm_us, comb_us, layer_ms,
+        flops / best / 1e9, 2.0 * rows * 2 * I * H / dense_ms / 1e9, weight_bytes / best / 1e6,
+        weight_bytes / 1e9);
+    std::fflush(stdout);
+  }
+  for (void* ptr : {static_cast<void*>(gate_up), static_cast<void*>(down), static_cast<void*>(x),
+                    static_cast<void*>(xs), static_cast<void*>(gu), static_cast<void*>(act),
+                    static_cast<void*>(eout), static_cast<void*>(out), static_cast<void*>(logits),
+                    static_cast<void*>(ids), static_cast<void*>(weights),
+                    static_cast<void*>(perm.expert_offsets),
+                    static_cast<void*>(perm.active_experts), static_cast<void*>(perm.token_of_row),
+                    static_cast<void*>(perm.row_of_pair), static_cast<void*>(padded_rows)}) {
+    cudaFree(ptr);
+  }
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> tokens = {1, 16, 128, 1024, 8192};
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--tokens=", 9) == 0) {
+      tokens.clear();
+      for (const char* q = argv[i] + 9; *q != '\0';) {
+        tokens.push_back(std::atoi(q));
+        const char* comma = std::strchr(q, ',');
+        if (comma == nullptr) break;
+        q = comma + 1;
+      }
+    }
+    if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
+  }
+  cublasHandle_t blas;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
+  std::printf(
+      "gemv / grouped / per_exp: the experts only (grouped and per-expert include the "
+      "gather); layer: route + permute + experts + combine; TFLOP/s and GB/s of the best "
+      "experts time; dense_TF: one cublasGemmEx of rows x 2I x H\n");
+  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, blas);
+  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, blas);
+  cublasDestroy(blas);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
+
+int main(int argc, char** argv) { return tandem::kernels::cuda::Main(argc, argv); }

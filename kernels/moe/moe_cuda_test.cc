@@ -1,0 +1,349 @@
+// The CUDA MoE kernels against the CPU reference (moe.h) on fresh random inputs:
+//   * MoeRoute: every routing variant (softmax top-k with and without renormalisation, DeepSeek
+//     V2 greedy / group-limited, V3 noaux_tc with bias, top-2 group sums and scaling): the same
+//     expert ids, weights within 2e-6; exact ties (logits from a 3-value set) broken to the
+//     lower id as on the CPU.
+//   * MoePermute: offsets, stable row order and pair -> row map equal to PermuteByExpert's,
+//     skewed routings with empty experts and one expert taking every token; the load counters
+//     add up over calls.
+//   * The whole routed layer (route, permute, experts, combine) on the decode GEMVs and on the
+//     padded strided-batched GEMM and on the grouped GEMM (grouped and per-expert cuBLAS calls)
+//     against FusedMoe in fp32 on the same rounded inputs, with and without a (sigmoid-gated)
+//     shared expert; widths that are and are not multiples of 8 (vector and element loads).
+#include "kernels/moe/moe_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/moe/moe.h"
+#include "kernels/moe/moe_gemm_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using cuda_test::DeviceBuffer;
+
+std::vector<float> Normal(int64_t n, float sd, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Logits whose experts differ by >= 0.04 within a token (a shuffled ramp plus small noise), so
+// fp32 rounding differences between CPU and GPU cannot reorder them.
+std::vector<float> SpreadLogits(int64_t T, int64_t E, std::mt19937& rng) {
+  std::vector<float> out(T * E);
+  std::vector<int> order(E);
+  std::uniform_real_distribution<float> noise(0.0f, 0.01f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t e = 0; e < E; ++e) out[t * E + e] = -2.5f + 5.0f * order[e] / E + noise(rng);
+  }
+  return out;
+}
+
+struct DeviceRouting {
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> weights;
+};
+
+DeviceRouting RouteOnDevice(const std::vector<float>& logits, int64_t T, GroupedRoutingParams p,
+                            const std::vector<float>& bias) {
+  DeviceBuffer<float> d_logits(logits), d_bias(bias);
+  if (!bias.empty()) p.correction_bias = d_bias.get();
+  DeviceRouting r{DeviceBuffer<int32_t>(T * p.top_k), DeviceBuffer<float>(T * p.top_k)};
+  EXPECT_TRUE(MoeRoute(d_logits.get(), T, p, r.ids.get(), r.weights.get(), nullptr).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return r;
+}
+
+void ExpectRoutingMatches(const std::vector<float>& logits, int64_t T, GroupedRoutingParams p,
+                          const std::vector<float>& bias, const char* what) {
+  SCOPED_TRACE(what);
+  if (!bias.empty()) p.correction_bias = bias.data();
+  MoeRouting want;
+  ASSERT_TRUE(cpu::GroupedTopK(logits.data(), T, p, &want).ok());
+  const DeviceRouting got = RouteOnDevice(logits, T, p, bias);
+  EXPECT_EQ(got.ids.ToHost(), want.expert_ids);
+  const std::vector<float> w = got.weights.ToHost();
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_NEAR(w[i], want.weights[i], 2e-6 * std::max(1.0f, std::abs(want.weights[i])))
+        << "pair " << i;
+  }
+}
+
+TEST(MoeCudaTest, RouteMatchesCpuEveryVariant) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const int64_t T = 29;
+  for (int64_t E : {8, 64, 160}) {
+    const std::vector<float> logits = SpreadLogits(T, E, rng);
+    GroupedRoutingParams p;
+    p.num_experts = E;
+    p.top_k = std::min<int64_t>(E, 6);
+    ExpectRoutingMatches(logits, T, p, {}, "softmax top-k");
+    p.renormalize = true;
+    ExpectRoutingMatches(logits, T, p, {}, "softmax top-k renormalised");
+    if (E <= 64) {  // MoeRoute takes top_k <= 64
+      p.top_k = E;
+      ExpectRoutingMatches(logits, T, p, {}, "k = E");
+    }
+    // DeepSeek-V2 group_limited_greedy: max group score, zero-masked softmax, scaled.
+    p.top_k = std::min<int64_t>(E / 2, 6);
+    p.renormalize = false;
+    p.num_groups = E >= 64 ? 8 : 4;
+    p.topk_groups = 3;
+    p.routed_scaling_factor = 16.0f;
+    ExpectRoutingMatches(logits, T, p, {}, "V2 group-limited");
+    // DeepSeek-V3 noaux_tc: sigmoid, bias for the choice only, top-2 group sums, renormalised.
+    p.scoring = MoeScoring::kSigmoid;
+    p.group_score = MoeGroupScore::kTopTwoSum;
+    p.renormalize = true;
+    p.routed_scaling_factor = 2.5f;
+    std::vector<float> bias(E);
+    for (int64_t e = 0; e < E; ++e) bias[e] = 0.001f * static_cast<float>((e * 37) % E);
+    ExpectRoutingMatches(logits, T, p, bias, "V3 noaux_tc");
+    p.num_groups = 1;
+    p.topk_groups = 1;
+    ExpectRoutingMatches(logits, T, p, bias, "V3 one group");
+  }
+}
+
+TEST(MoeCudaTest, RouteBreaksExactTiesToTheLowerId) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const int64_t T = 41, E = 32;
+  std::vector<float> logits(T * E);
+  std::uniform_int_distribution<int> pick(0, 2);
+  for (float& l : logits) l = 0.5f * static_cast<float>(pick(rng));  // many equal logits
+  GroupedRoutingParams p;
+  p.num_experts = E;
+  p.top_k = 5;
+  p.renormalize = true;
+  ExpectRoutingMatches(logits, T, p, {}, "softmax ties");
+  p.num_groups = 4;
+  p.topk_groups = 2;
+  ExpectRoutingMatches(logits, T, p, {}, "group ties");
+}
+
+TEST(MoeCudaTest, RouteRefusesBadParams) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  DeviceBuffer<float> logits(64), w(64);
+  DeviceBuffer<int32_t> ids(64);
+  GroupedRoutingParams p;
+  p.num_experts = 4;
+  p.top_k = 5;
+  EXPECT_FALSE(MoeRoute(logits.get(), 1, p, ids.get(), w.get(), nullptr).ok());
+  p.num_experts = kMoeMaxExperts + 1;
+  p.top_k = 2;
+  EXPECT_FALSE(MoeRoute(logits.get(), 1, p, ids.get(), w.get(), nullptr).ok());
+}
+
+struct DevicePerm {
+  DeviceBuffer<int32_t> offsets, active, token_of_row, row_of_pair;
+  DeviceMoePermutation view() const {
+    return {offsets.get(), active.get(), token_of_row.get(), row_of_pair.get()};
+  }
+};
+
+DevicePerm MakePerm(int64_t E, int64_t rows) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(rows, 1));
+  return {DeviceBuffer<int32_t>(E + 1), DeviceBuffer<int32_t>(E), DeviceBuffer<int32_t>(n),
+          DeviceBuffer<int32_t>(n)};
+}
+
+void CheckPermutation(const MoeRouting& routing, int64_t E) {
+  const int64_t rows = routing.num_tokens * routing.top_k;
+  MoePermutation want;
+  ASSERT_TRUE(cpu::PermuteByExpert(routing, E, &want).ok());
+  DeviceBuffer<int32_t> ids(routing.expert_ids);
+  DevicePerm perm = MakePerm(E, rows);
+  DeviceBuffer<int64_t> load(std::vector<int64_t>(E, 0));
+  for (int call = 0; call < 2; ++call) {
+    ASSERT_TRUE(MoePermute(ids.get(), routing.num_tokens, routing.top_k, E, perm.view(), load.get(),
+                           nullptr)
+                    .ok());
+  }
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int32_t> offsets = perm.offsets.ToHost();
+  std::vector<int32_t> active;
+  for (int64_t e = 0; e < E; ++e) {
+    ASSERT_EQ(offsets[e], want.expert_offsets[e]) << "expert " << e;
+    if (want.expert_offsets[e + 1] > want.expert_offsets[e]) active.push_back(e);
+  }
+  ASSERT_EQ(offsets[E], rows);
+  active.resize(E, -1);
+  EXPECT_EQ(perm.active.ToHost(), active);
+  const std::vector<int32_t> tokens = perm.token_of_row.ToHost();
+  const std::vector<int32_t> row_of_pair = perm.row_of_pair.ToHost();
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_EQ(tokens[r], want.token_of_row[r]) << "row " << r;
+    ASSERT_EQ(want.weight_of_row[row_of_pair[r]], routing.weights[r]) << "pair " << r;
+  }
+  const std::vector<int64_t> got_load = load.ToHost();
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(got_load[e], 2 * (want.expert_offsets[e + 1] - want.expert_offsets[e]));
+  }
+}
+
+TEST(MoeCudaTest, PermuteMatchesCpuOnSkewedRoutings) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  for (auto [T, E, k] : std::vector<std::array<int64_t, 3>>{
+           {1, 8, 2}, {7, 16, 4}, {300, 128, 8}, {2000, 64, 6}, {33, 512, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T << " E " << E << " k " << k);
+    MoeRouting routing;
+    routing.num_tokens = T;
+    routing.top_k = k;
+    // Skewed: experts drawn from the first quarter mostly (the rest often empty).
+    std::geometric_distribution<int> skew(4.0 / E);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> chosen;
+      while (static_cast<int64_t>(chosen.size()) < k) {
+        const int32_t e = static_cast<int32_t>(skew(rng) % E);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      for (int32_t e : chosen) {
+        routing.expert_ids.push_back(e);
+        routing.weights.push_back(std::uniform_real_distribution<float>(0, 1)(rng));
+      }
+    }
+    CheckPermutation(routing, E);
+    // One expert receives every token (the first pick of each).
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < k; ++j) routing.expert_ids[t * k + j] = static_cast<int32_t>(j);
+    }
+    CheckPermutation(routing, E);
+  }
+}
+
+enum class Path { kGemv, kPadded, kGrouped, kPerExpert };
+
+// The routed layer (+ optional shared expert) on the device along `path`, as T values.
+template <typename T>
+std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
+                                 const std::vector<float>& logits, const MoeExpertWeights& w,
+                                 int64_t tokens, int64_t k, const std::vector<float>& shared,
+                                 const std::vector<float>& shared_gate) {
+  const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate, rows = tokens * k;
+  DeviceBuffer<T> dx(cuda_test::Convert<T>(x));
+  DeviceBuffer<T> gate_up(
+      cuda_test::Convert<T>(std::vector<float>(w.gate_up, w.gate_up + E * 2 * I * H)));
+  DeviceBuffer<T> down(cuda_test::Convert<T>(std::vector<float>(w.down, w.down + E * H * I)));
+  GroupedRoutingParams p;
+  p.num_experts = E;
+  p.top_k = k;
+  p.renormalize = true;
+  const DeviceRouting routing = RouteOnDevice(logits, tokens, p, {});
+  DevicePerm perm = MakePerm(E, rows);
+  EXPECT_TRUE(MoePermute(routing.ids.get(), tokens, k, E, perm.view(), nullptr, nullptr).ok());
+  // Row buffers for the permuted batch or the E x T padded one, whichever is larger.
+  const int64_t most = std::max(rows, E * tokens);
+  DeviceBuffer<T> xs(most * H), gu(most * 2 * I), act(most * I), eout(most * H), out(tokens * H);
+  DeviceBuffer<int32_t> padded_rows(rows);
+  const int32_t* row_map = perm.row_of_pair.get();
+  auto gemm = MoeGroupedGemm::Create(E);
+  EXPECT_TRUE(gemm.ok());
+  const auto dt =
+      std::is_same_v<T, __half> ? MoeGroupedGemm::Dtype::kFp16 : MoeGroupedGemm::Dtype::kBf16;
+  if (path == Path::kGemv) {
+    EXPECT_TRUE(MoeExpertGemvGateUp<T>(dx.get(), gate_up.get(), H, I, perm.view(), E, rows,
+                                       act.get(), nullptr)
+                    .ok());
+    EXPECT_TRUE(
+        MoeExpertGemvDown<T>(act.get(), down.get(), H, I, perm.view(), E, rows, eout.get(), nullptr)
+            .ok());
+  } else if (path == Path::kPadded) {  // one strided-batched GEMM per projection, cap = T
+    EXPECT_TRUE(MoePadRows<T>(dx.get(), H, routing.ids.get(), perm.view(), E, rows, tokens,
+                              xs.get(), padded_rows.get(), nullptr)
+                    .ok());
+    EXPECT_TRUE((*gemm)
+                    ->RunPadded(xs.get(), gate_up.get(), E, tokens, 2 * I, H, gu.get(), dt, nullptr)
+                    .ok());
+    EXPECT_TRUE(MoeSiluAndMul<T>(gu.get(), E * tokens, I, act.get(), nullptr).ok());
+    EXPECT_TRUE(
+        (*gemm)->RunPadded(act.get(), down.get(), E, tokens, H, I, eout.get(), dt, nullptr).ok());
+    row_map = padded_rows.get();
+  } else {
+    const auto mode =
+        path == Path::kGrouped ? MoeGroupedGemm::Mode::kGrouped : MoeGroupedGemm::Mode::kPerExpert;
+    EXPECT_TRUE(
+        MoeGatherRows<T>(dx.get(), H, perm.token_of_row.get(), rows, xs.get(), nullptr).ok());
+    EXPECT_TRUE((*gemm)->ReadOffsets(perm.offsets.get(), E, nullptr).ok());
+    EXPECT_TRUE(
+        (*gemm)->Run(xs.get(), gate_up.get(), 2 * I, H, gu.get(), dt, 0, mode, nullptr).ok());
+    EXPECT_TRUE(MoeSiluAndMul<T>(gu.get(), rows, I, act.get(), nullptr).ok());
+    EXPECT_TRUE((*gemm)->Run(act.get(), down.get(), H, I, eout.get(), dt, 1, mode, nullptr).ok());
+  }
+  DeviceBuffer<T> dshared(cuda_test::Convert<T>(shared)), dgate(cuda_test::Convert<T>(shared_gate));
+  EXPECT_TRUE(MoeCombine<T>(eout.get(), routing.weights.get(), row_map, tokens, k, H,
+                            shared.empty() ? nullptr : dshared.get(),
+                            shared_gate.empty() ? nullptr : dgate.get(), dx.get(), out.get(),
+                            nullptr)
+                  .ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return cuda_test::ToFloat(out.ToHost());
+}
+
+template <typename T>
+void CheckLayer(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I, bool with_shared,
+                std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T " << tokens << " E " << E << " k " << k << " H " << H
+                                    << " I " << I << " shared " << with_shared);
+  std::vector<float> x = Normal(tokens * H, 1.0f, rng);
+  std::vector<float> gate_up = Normal(E * 2 * I * H, 0.2f, rng);
+  std::vector<float> down = Normal(E * H * I, 0.2f, rng);
+  cuda_test::RoundTo<T>(x);
+  cuda_test::RoundTo<T>(gate_up);
+  cuda_test::RoundTo<T>(down);
+  const std::vector<float> logits = SpreadLogits(tokens, E, rng);
+  std::vector<float> shared, shared_gate;
+  if (with_shared) {
+    shared = Normal(tokens * H, 1.0f, rng);
+    shared_gate = Normal(H, 0.1f, rng);
+    cuda_test::RoundTo<T>(shared);
+    cuda_test::RoundTo<T>(shared_gate);
+  }
+  const MoeExpertWeights w{gate_up.data(), down.data(), E, H, I};
+  MoeRouting routing;
+  ASSERT_TRUE(cpu::SoftmaxTopK(logits.data(), tokens, {E, k, true}, &routing).ok());
+  std::vector<float> want(tokens * H);
+  MoeScratch scratch;
+  ASSERT_TRUE(cpu::FusedMoe(x.data(), routing, w, want.data(), nullptr, &scratch).ok());
+  if (with_shared) {
+    cpu::AddSigmoidGated(x.data(), shared_gate.data(), shared.data(), tokens, H, want.data());
+  }
+  double max_want = 0.0;
+  for (float v : want) max_want = std::max(max_want, double{std::abs(v)});
+  // Gate, up, SiLU*up and each expert's output are rounded to T once each on the device.
+  const double tol = (std::is_same_v<T, __half> ? 4e-3 : 3e-2) * max_want;
+  for (Path path : {Path::kGemv, Path::kPadded, Path::kGrouped, Path::kPerExpert}) {
+    const std::vector<float> got =
+        LayerOnDevice<T>(path, x, logits, w, tokens, k, shared, shared_gate);
+    for (int64_t i = 0; i < tokens * H; ++i) {
+      ASSERT_LE(std::abs(double{got[i]} - want[i]), tol)
+          << "path " << static_cast<int>(path) << " element " << i << " of max " << max_want;
+    }
+  }
+}
+
+TEST(MoeCudaTest, LayerMatchesCpuFusedMoe) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  CheckLayer<__nv_bfloat16>(1, 8, 2, 128, 64, false, rng);     // decode, M = 1 rows
+  CheckLayer<__nv_bfloat16>(5, 16, 4, 64, 12, true, rng);      // element loads on down
+  CheckLayer<__half>(37, 6, 2, 40, 24, true, rng);             // uneven experts
+  CheckLayer<__nv_bfloat16>(300, 32, 8, 128, 32, false, rng);  // 8-row chunks
+  CheckLayer<__half>(3, 64, 8, 72, 20, false, rng);            // most experts empty
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda

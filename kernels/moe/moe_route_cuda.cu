@@ -1,0 +1,281 @@
+// MoeRoute and MoePermute (moe_cuda.h): routing and the permutation by expert on the device.
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/moe/moe_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kRouteWarps = 4;  // tokens per block
+constexpr int kPermuteWarps = 16;
+static_assert(kMoeMaxExperts == kPermuteWarps * 32, "PermuteKernel: one thread per expert");
+
+// The routing of one block's token, as device constants.
+struct RouteParams {
+  int num_experts, top_k, num_groups, topk_groups;
+  bool sigmoid, top_two_sum, renormalize;
+  float scale;
+  const float* bias;  // [E] or null
+};
+
+// (v, i) is a better pick than (bv, bi): larger value, ties to the lower index; bi < 0: none yet.
+__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
+  return bi < 0 || v > bv || (v == bv && i < bi);
+}
+
+// The warp's best (value, index) (every lane gets it: Better is a total order).
+__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+    if (oi >= 0 && Better(ov, oi, v, i)) v = ov, i = oi;
+  }
+}
+
+__device__ __forceinline__ float WarpReduce(float v, bool is_max) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  return v;
+}
+
+// One warp per token (no block-wide barriers: a decode step's few tokens cost one short warp
+// each). Per warp in shared memory: scores[E], choice[E], group scores, kept / taken flags.
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    RouteKernel(const float* __restrict__ logits, int num_tokens, RouteParams p,
+                int32_t* __restrict__ ids, float* __restrict__ weights) {
+  __shared__ float s_scores[kRouteWarps][kMoeMaxExperts], s_choice[kRouteWarps][kMoeMaxExperts],
+      s_group[kRouteWarps][kMoeMaxExperts];
+  __shared__ unsigned char s_taken[kRouteWarps][kMoeMaxExperts],
+      s_kept[kRouteWarps][kMoeMaxExperts];
+  __shared__ int s_chosen[kRouteWarps][64];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= num_tokens) return;  // the whole warp
+  float* scores = s_scores[warp];
+  float* choice = s_choice[warp];
+  unsigned char* taken = s_taken[warp];
+  const int E = p.num_experts;
+  const float* row = logits + static_cast<int64_t>(t) * E;
+  float local = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    scores[e] = row[e];
+    local = fmaxf(local, row[e]);
+    taken[e] = 0;
+  }
+  if (p.sigmoid) {
+    for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+  } else {
+    const float max = WarpReduce(local, true);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      scores[e] = expf(scores[e] - max);
+      sum += scores[e];
+    }
+    sum = WarpReduce(sum, false);
+    for (int e = lane; e < E; e += 32) scores[e] /= sum;
+  }
+  for (int e = lane; e < E; e += 32) {
+    choice[e] = scores[e] + (p.bias != nullptr ? p.bias[e] : 0.0f);
+  }
+  __syncwarp();
+  if (p.num_groups > 1) {
+    const int G = p.num_groups, per = E / G;
+    float* group = s_group[warp];
+    unsigned char* kept = s_kept[warp];
+    for (int g = lane; g < G; g += 32) {
+      // max, or the sum of the two largest (ties do not change the sum)
+      float a = -INFINITY, b = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float c = choice[e];
+        if (c > a) {
+          b = a;
+          a = c;
+        } else if (c > b) {
+          b = c;
+        }
+      }
+      group[g] = p.top_two_sum ? a + b : a;
+      kept[g] = 0;
+    }
+    __syncwarp();
+    for (int s = 0; s < p.topk_groups; ++s) {
+      float bv = 0.0f;
+      int bi = -1;
+      for (int g = lane; g < G; g += 32) {
+        if (!kept[g] && Better(group[g], g, bv, bi)) bv = group[g], bi = g;
+      }
+      WarpArgMax(bv, bi);
+      if (lane == 0) kept[bi] = 1;
+      __syncwarp();
+    }
+    // transformers 5.17: V3 (sigmoid) masks with -inf, V2 (softmax) with 0.
+    for (int e = lane; e < E; e += 32) {
+      if (!kept[e / per]) choice[e] = p.sigmoid ? -INFINITY : 0.0f;
+    }
+    __syncwarp();
+  }
+  for (int j = 0; j < p.top_k; ++j) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int e = lane; e < E; e += 32) {
+      if (!taken[e] && Better(choice[e], e, bv, bi)) bv = choice[e], bi = e;
+    }
+    WarpArgMax(bv, bi);
+    if (lane == 0) {
+      taken[bi] = 1;
+      s_chosen[warp][j] = bi;
+    }
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  // As the CPU: V3 takes the unbiased scores, V2 / softmax top-k the (masked) choice; summed in
+  // j order, renormalised (+1e-20 for sigmoid), then scaled.
+  const int* chosen = s_chosen[warp];
+  float sum = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    sum += p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
+  }
+  const float denominator = sum + (p.sigmoid ? 1e-20f : 0.0f);
+  for (int j = 0; j < p.top_k; ++j) {
+    float v = p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
+    if (p.renormalize) v /= denominator;
+    ids[static_cast<int64_t>(t) * p.top_k + j] = chosen[j];
+    weights[static_cast<int64_t>(t) * p.top_k + j] = v * p.scale;
+  }
+}
+
+// Inclusive sum over the block (kPermuteWarps * 32 threads); `red` holds kPermuteWarps ints.
+__device__ int BlockInclusiveScan(int v, int* red, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int off = 1; off < 32; off <<= 1) {
+    const int o = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += o;
+  }
+  if (lane == 31) red[warp] = v;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kPermuteWarps; ++w) {
+    if (w < warp) before += red[w];
+    all += red[w];
+  }
+  __syncthreads();
+  *total = all;
+  return v + before;
+}
+
+// One block. Warp w owns the pairs [w * seg, (w + 1) * seg) and a row of counts seg_base[w][E]:
+// pass 1 counts its pairs per expert, the scans turn the counts into each warp's first row per
+// expert, pass 2 hands out rows in pair order (match_any: equal ids in one 32-pair chunk ranked
+// by lane). Stable, deterministic, no global atomics.
+__global__ void __launch_bounds__(kPermuteWarps * 32)
+    PermuteKernel(const int32_t* __restrict__ ids, int rows, int top_k, int num_experts,
+                  DeviceMoePermutation perm, int64_t* expert_load) {
+  extern __shared__ int seg_base[];  // [kPermuteWarps][E]
+  __shared__ int red[kPermuteWarps];
+  const int E = num_experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kPermuteWarps * E; i += blockDim.x) seg_base[i] = 0;
+  __syncthreads();
+  const int seg = (rows + kPermuteWarps - 1) / kPermuteWarps;
+  const int begin = warp * seg, end = min(rows, begin + seg);
+  int* mine = seg_base + warp * E;
+  for (int c = begin; c < end; c += 32) {
+    const int r = c + lane;
+    const int id = r < end ? ids[r] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, id);
+    if (id >= 0 && lane == __ffs(peers) - 1) mine[id] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  // Thread e (E <= kMoeMaxExperts = the block's threads): each warp's exclusive start within
+  // expert e, the expert's count, its first row (a block scan) and its place among the active.
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < E) {
+    for (int w = 0; w < kPermuteWarps; ++w) {
+      const int c = seg_base[w * E + e];
+      seg_base[w * E + e] = count;
+      count += c;
+    }
+  }
+  int rows_total = 0, num_active = 0;
+  const int offset = BlockInclusiveScan(count, red, &rows_total) - count;
+  const int active_rank = BlockInclusiveScan(count > 0 ? 1 : 0, red, &num_active) - 1;
+  if (e < E) {
+    perm.expert_offsets[e] = offset;
+    for (int w = 0; w < kPermuteWarps; ++w) seg_base[w * E + e] += offset;
+    if (count > 0) perm.active_experts[active_rank] = e;
+    if (e >= num_active) perm.active_experts[e] = -1;  // never an active slot: rank < num_active
+    if (expert_load != nullptr) expert_load[e] += count;
+  }
+  if (e == 0) perm.expert_offsets[E] = rows_total;
+  __syncthreads();
+  for (int c = begin; c < end; c += 32) {
+    const int r = c + lane;
+    const int id = r < end ? ids[r] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, id);
+    int base = 0;
+    if (id >= 0) base = mine[id];
+    __syncwarp();
+    if (id >= 0) {
+      const int slot = base + __popc(peers & ((1u << lane) - 1u));
+      perm.token_of_row[slot] = r / top_k;
+      perm.row_of_pair[r] = slot;
+      if (lane == __ffs(peers) - 1) mine[id] = base + __popc(peers);
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+absl::Status MoeRoute(const float* router_logits, int64_t num_tokens, const GroupedRoutingParams& p,
+                      int32_t* expert_ids, float* weights, cudaStream_t stream) {
+  const int64_t e = p.num_experts, g = p.num_groups;
+  if (e < 1 || e > kMoeMaxExperts || p.top_k < 1 || p.top_k > e || p.top_k > 64 || g < 1 ||
+      e % g != 0 || p.topk_groups < 1 || p.topk_groups > g ||
+      (p.group_score == MoeGroupScore::kTopTwoSum && g > 1 && e / g < 2) || num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeRoute: ", e, " experts (at most ", kMoeMaxExperts, "), top_k ", p.top_k,
+        " (at most 64), ", g, " groups, topk_group ", p.topk_groups, ", tokens ", num_tokens));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  RouteParams rp;
+  rp.num_experts = static_cast<int>(e);
+  rp.top_k = static_cast<int>(p.top_k);
+  rp.num_groups = static_cast<int>(g);
+  rp.topk_groups = static_cast<int>(p.topk_groups);
+  rp.sigmoid = p.scoring == MoeScoring::kSigmoid;
+  rp.top_two_sum = p.group_score == MoeGroupScore::kTopTwoSum;
+  rp.renormalize = p.renormalize;
+  rp.scale = p.routed_scaling_factor;
+  rp.bias = p.correction_bias;
+  RouteKernel<<<static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps),
+                kRouteWarps * 32, 0, stream>>>(router_logits, static_cast<int>(num_tokens), rp,
+                                               expert_ids, weights);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status MoePermute(const int32_t* expert_ids, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts, const DeviceMoePermutation& perm, int64_t* expert_load,
+                        cudaStream_t stream) {
+  if (num_experts < 1 || num_experts > kMoeMaxExperts || top_k < 1 || num_tokens < 0 ||
+      num_tokens * top_k > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("MoePermute: ", num_experts,
+                                                   " experts (at most ", kMoeMaxExperts,
+                                                   "), top_k ", top_k, ", tokens ", num_tokens));
+  }
+  const size_t smem = sizeof(int) * kPermuteWarps * num_experts;
+  PermuteKernel<<<1, kPermuteWarps * 32, smem, stream>>>(
+      expert_ids, static_cast<int>(num_tokens * top_k), static_cast<int>(top_k),
+      static_cast<int>(num_experts), perm, expert_load);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,365 @@
+#include "runtime/cuda/cuda_moe_mlp.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/convert_cuda.h"
+#include "kernels/cuda/gemv_cuda.h"
+#include "kernels/cuda/layers_cuda.h"
+#include "kernels/moe/moe_cuda.h"
+#include "runtime/cuda/dummy_init.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+namespace kc = ::tandem::kernels::cuda;
+
+// Sizes (elements) of the layer's tensors for `c` (the rank's config).
+struct MoeShapes {
+  int64_t router, experts_gate_up, experts_down, shared_gate_up, shared_down, shared_gate, bias;
+};
+MoeShapes ShapesOf(const ModelConfig& c) {
+  const int64_t E = c.num_experts, H = c.hidden_size, Ie = c.moe_intermediate_size,
+                Is = c.shared_expert_intermediate_size;
+  const bool gated = Is > 0 && !c.DeepseekMoe();
+  const bool bias = c.moe_router == ModelConfig::MoeRouter::kDeepseekV3;
+  return {E * H, E * 2 * Ie * H, E * H * Ie, 2 * Is * H, H * Is, gated ? H : 0, bias ? E : 0};
+}
+
+template <typename T>
+absl::StatusOr<DeviceBuffer> Upload(std::vector<float>* host, int64_t want, const std::string& name,
+                                    DeviceBuffer* staging, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(host->size());
+  if (n != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", name, " has ", n, " elements, expected ", want));
+  }
+  if (n == 0) return DeviceBuffer();
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+  if (staging->bytes() < bytes) {
+    staging->Reset();
+    ASSIGN_OR_RETURN(*staging, DeviceBuffer::Allocate(bytes, "moe staging"));
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging->data(), host->data(), bytes, cudaMemcpyHostToDevice, stream));
+  ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(n * sizeof(T), name.c_str()));
+  if constexpr (std::is_same_v<T, float>) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out.data(), staging->data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    RETURN_IF_ERROR(kc::ConvertFromF32(staging->get<float>(), n, out.get<T>(), stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // staging reused next
+  std::vector<float>().swap(*host);
+  return out;
+}
+
+// out = a . w^T on the batch-1 GEMV where it applies, else cuBLASLt.
+template <typename T, typename TOut>
+absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, int64_t m, int64_t n, int64_t k,
+                 TOut* out, cudaStream_t stream) {
+  if (m == 1 && kc::SmallMLinearSupported(a, w, m, n, k)) {
+    return kc::SmallMLinear<T, TOut>(a, w, nullptr, m, n, k, out, stream, false);
+  }
+  return gemm.Linear<T, TOut>(a, w, nullptr, m, n, k, out, stream);
+}
+
+}  // namespace
+
+int64_t CudaMoeWeights::bytes() const {
+  return router.bytes() + router_bias.bytes() + experts_gate_up.bytes() + experts_down.bytes() +
+         shared_gate_up.bytes() + shared_down.bytes() + shared_expert_gate.bytes();
+}
+
+template <typename T>
+absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& c, LayerWeights* l,
+                                                cudaStream_t stream) {
+  const MoeShapes s = ShapesOf(c);
+  DeviceBuffer staging;
+  CudaMoeWeights w;
+  ASSIGN_OR_RETURN(w.router, Upload<T>(&l->router, s.router, "router", &staging, stream));
+  ASSIGN_OR_RETURN(w.router_bias,
+                   Upload<float>(&l->router_bias, s.bias, "router bias", &staging, stream));
+  ASSIGN_OR_RETURN(w.experts_gate_up, Upload<T>(&l->experts_gate_up, s.experts_gate_up,
+                                                "experts gate_up", &staging, stream));
+  ASSIGN_OR_RETURN(w.experts_down,
+                   Upload<T>(&l->experts_down, s.experts_down, "experts down", &staging, stream));
+  ASSIGN_OR_RETURN(w.shared_gate_up, Upload<T>(&l->shared_gate_up, s.shared_gate_up,
+                                               "shared expert gate_up", &staging, stream));
+  ASSIGN_OR_RETURN(w.shared_down, Upload<T>(&l->shared_down, s.shared_down, "shared expert down",
+                                            &staging, stream));
+  ASSIGN_OR_RETURN(w.shared_expert_gate, Upload<T>(&l->shared_expert_gate, s.shared_gate,
+                                                   "shared_expert_gate", &staging, stream));
+  return w;
+}
+
+absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& c, cudaStream_t stream) {
+  const MoeShapes s = ShapesOf(c);
+  CudaMoeWeights w;
+  auto alloc = [&](DeviceBuffer* b, int64_t n, int64_t es, const char* what) -> absl::Status {
+    ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(n * es, what));
+    if (n > 0) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->data(), 0, b->bytes(), stream));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(alloc(&w.router, s.router, 2, "router"));
+  RETURN_IF_ERROR(alloc(&w.router_bias, s.bias, 4, "router bias"));
+  RETURN_IF_ERROR(alloc(&w.experts_gate_up, s.experts_gate_up, 2, "experts gate_up"));
+  RETURN_IF_ERROR(alloc(&w.experts_down, s.experts_down, 2, "experts down"));
+  RETURN_IF_ERROR(alloc(&w.shared_gate_up, s.shared_gate_up, 2, "shared gate_up"));
+  RETURN_IF_ERROR(alloc(&w.shared_down, s.shared_down, 2, "shared down"));
+  RETURN_IF_ERROR(alloc(&w.shared_expert_gate, s.shared_gate, 2, "shared_expert_gate"));
+  return w;
+}
+
+bool IsMoeSlot(WeightSlot slot) {
+  switch (slot) {
+    case WeightSlot::kRouter:
+    case WeightSlot::kExpertsGateUp:
+    case WeightSlot::kExpertsDown:
+    case WeightSlot::kSharedGateUp:
+    case WeightSlot::kSharedDown:
+    case WeightSlot::kSharedExpertGate:
+    case WeightSlot::kRouterBias:
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename T>
+absl::Status FillMoeDummy(const DummyTensorFill& f, uint64_t seed, CudaMoeWeights* w,
+                          cudaStream_t stream) {
+  DeviceBuffer* b = nullptr;
+  switch (f.slot) {
+    case WeightSlot::kRouter:
+      b = &w->router;
+      break;
+    case WeightSlot::kExpertsGateUp:
+      b = &w->experts_gate_up;
+      break;
+    case WeightSlot::kExpertsDown:
+      b = &w->experts_down;
+      break;
+    case WeightSlot::kSharedGateUp:
+      b = &w->shared_gate_up;
+      break;
+    case WeightSlot::kSharedDown:
+      b = &w->shared_down;
+      break;
+    case WeightSlot::kSharedExpertGate:
+      b = &w->shared_expert_gate;
+      break;
+    case WeightSlot::kRouterBias:
+      b = &w->router_bias;
+      break;
+    default:
+      break;
+  }
+  const bool fp32 = f.slot == WeightSlot::kRouterBias;
+  const int64_t es = fp32 ? 4 : 2;
+  if (b == nullptr || (f.offset + f.slice.numel()) * es > b->bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dummy plan does not fit the MoE layer: slot ", static_cast<int>(f.slot), " layer ",
+        f.layer, " elements [", f.offset, ", ", f.offset + f.slice.numel(), ")"));
+  }
+  if (fp32) {
+    return FillDummySlice(b->get<float>() + f.offset, f.slice, f.mean, seed, f.stream_id, stream);
+  }
+  return FillDummySlice(b->get<T>() + f.offset, f.slice, f.mean, seed, f.stream_id, stream);
+}
+
+CudaMoeMlp::CudaMoeMlp(const ModelConfig& config, int64_t max_tokens)
+    : config_(config), max_tokens_(max_tokens) {}
+
+absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig& c,
+                                                               int64_t max_tokens) {
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size;
+  const int64_t Ie = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  if (E < 1 || E > kernels::cuda::kMoeMaxExperts || k < 1 || k > E || max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA MoE layer takes 1..", kernels::cuda::kMoeMaxExperts, " experts and 1 <= ",
+        "num_experts_per_tok <= num_experts (got ", E, " experts, ", k, " per token)"));
+  }
+  std::unique_ptr<CudaMoeMlp> m(new CudaMoeMlp(c, max_tokens));
+  kernels::GroupedRoutingParams& p = m->routing_;
+  const bool v3 = c.moe_router == ModelConfig::MoeRouter::kDeepseekV3;
+  p.num_experts = E;
+  p.top_k = k;
+  p.renormalize = c.norm_topk_prob;
+  if (c.DeepseekMoe()) {
+    p.scoring = v3 ? kernels::MoeScoring::kSigmoid : kernels::MoeScoring::kSoftmax;
+    p.num_groups = c.num_expert_groups;
+    p.topk_groups = c.topk_expert_groups;
+    p.group_score = v3 ? kernels::MoeGroupScore::kTopTwoSum : kernels::MoeGroupScore::kMax;
+    p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  }
+  ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(E));
+  const int64_t T = max_tokens, rows = T * k;
+  auto alloc = [](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
+    ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(bytes, what));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(alloc(&m->logits_, T * E * 4, "moe router logits"));
+  RETURN_IF_ERROR(alloc(&m->ids_, rows * 4, "moe expert ids"));
+  RETURN_IF_ERROR(alloc(&m->weights_, rows * 4, "moe weights"));
+  RETURN_IF_ERROR(alloc(&m->offsets_, (E + 1) * 4, "moe expert offsets"));
+  RETURN_IF_ERROR(alloc(&m->active_, E * 4, "moe active experts"));
+  RETURN_IF_ERROR(alloc(&m->token_of_row_, rows * 4, "moe token of row"));
+  RETURN_IF_ERROR(alloc(&m->row_of_pair_, rows * 4, "moe row of pair"));
+  RETURN_IF_ERROR(alloc(&m->padded_row_of_pair_, rows * 4, "moe padded row of pair"));
+  // Rows of the experts' buffers: the permuted batch (grouped path), or E x cap padded rows.
+  const int64_t padded = E * std::min(T, kSyncFreeMaxTokens);
+  const int64_t most = std::max(padded, T > kSyncFreeMaxTokens ? rows : 0);
+  RETURN_IF_ERROR(alloc(&m->rows_in_, most * H * 2, "moe gathered rows"));
+  RETURN_IF_ERROR(alloc(&m->gate_up_, most * 2 * Ie * 2, "moe gate_up"));
+  RETURN_IF_ERROR(alloc(&m->act_, std::max(most, rows) * Ie * 2, "moe act"));
+  RETURN_IF_ERROR(alloc(&m->expert_out_, std::max(most, rows) * H * 2, "moe expert out"));
+  RETURN_IF_ERROR(alloc(&m->shared_gate_up_, T * 2 * Is * 2, "shared gate_up"));
+  RETURN_IF_ERROR(alloc(&m->shared_act_, T * Is * 2, "shared act"));
+  RETURN_IF_ERROR(alloc(&m->shared_out_, T * H * 2, "shared out"));
+  RETURN_IF_ERROR(alloc(&m->load_, c.num_hidden_layers * E * 8, "moe expert load"));
+  CUDA_RETURN_IF_ERROR(cudaMemset(m->load_.data(), 0, m->load_.bytes()));
+  return m;
+}
+
+absl::StatusOr<std::vector<int64_t>> CudaMoeMlp::ExpertLoad() const {
+  std::vector<int64_t> out(config_.num_hidden_layers * config_.num_experts);
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(out.data(), load_.data(), out.size() * 8, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+template <typename T>
+absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn,
+                                 const int32_t** row_map, cudaStream_t stream) {
+  const int64_t E = config_.num_experts, H = config_.hidden_size, I = config_.moe_intermediate_size,
+                k = config_.num_experts_per_tok, rows = Tn * k;
+  const kc::DeviceMoePermutation perm{offsets_.get<int32_t>(), active_.get<int32_t>(),
+                                      token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()};
+  const auto dt = std::is_same_v<T, __half> ? kc::MoeGroupedGemm::Dtype::kFp16
+                                            : kc::MoeGroupedGemm::Dtype::kBf16;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  Path path = path_;
+  if (path == Path::kAuto || (path == Path::kGrouped && capture != cudaStreamCaptureStatusNone)) {
+    path = Tn <= std::max<int64_t>(4, E / k) ? Path::kGemv
+           : Tn <= kSyncFreeMaxTokens        ? Path::kPadded
+                                             : Path::kGrouped;
+  }
+  *row_map = row_of_pair_.get<int32_t>();
+  if (path == Path::kGemv) {
+    RETURN_IF_ERROR(kc::MoeExpertGemvGateUp<T>(x, w.experts_gate_up.get<T>(), H, I, perm, E, rows,
+                                               act_.get<T>(), stream));
+    return kc::MoeExpertGemvDown<T>(act_.get<T>(), w.experts_down.get<T>(), H, I, perm, E, rows,
+                                    expert_out_.get<T>(), stream);
+  }
+  if (path == Path::kPadded) {  // cap = T: no expert gets more rows than there are tokens
+    if (Tn > kSyncFreeMaxTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("moe: padded path for ", Tn, " tokens"));
+    }
+    RETURN_IF_ERROR(kc::MoePadRows<T>(x, H, ids_.get<int32_t>(), perm, E, rows, Tn,
+                                      rows_in_.get<T>(), padded_row_of_pair_.get<int32_t>(),
+                                      stream));
+    RETURN_IF_ERROR(grouped_->RunPadded(rows_in_.data(), w.experts_gate_up.data(), E, Tn, 2 * I, H,
+                                        gate_up_.data(), dt, stream));
+    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), E * Tn, I, act_.get<T>(), stream));
+    RETURN_IF_ERROR(grouped_->RunPadded(act_.data(), w.experts_down.data(), E, Tn, H, I,
+                                        expert_out_.data(), dt, stream));
+    *row_map = padded_row_of_pair_.get<int32_t>();
+    return absl::OkStatus();
+  }
+  if (rows_in_.bytes() < rows * H * 2 || gate_up_.bytes() < rows * 2 * I * 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe: ", Tn, " tokens on the grouped path, scratch sized for ", max_tokens_));
+  }
+  // Few large experts (Mixtral): one cublasGemmEx each beat the grouped call on the H200
+  // (kernels/moe/BENCHMARKS.md).
+  const auto mode =
+      E <= 16 ? kc::MoeGroupedGemm::Mode::kPerExpert : kc::MoeGroupedGemm::Mode::kGrouped;
+  RETURN_IF_ERROR(
+      kc::MoeGatherRows<T>(x, H, token_of_row_.get<int32_t>(), rows, rows_in_.get<T>(), stream));
+  RETURN_IF_ERROR(grouped_->ReadOffsets(offsets_.get<int32_t>(), E, stream));
+  RETURN_IF_ERROR(grouped_->Run(rows_in_.data(), w.experts_gate_up.data(), 2 * I, H,
+                                gate_up_.data(), dt, 0, mode, stream));
+  RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+  return grouped_->Run(act_.data(), w.experts_down.data(), H, I, expert_out_.data(), dt, 1, mode,
+                       stream);
+}
+
+template <typename T>
+absl::Status CudaMoeMlp::SharedExpert(const CudaMoeWeights& w, const T* x, int64_t Tn,
+                                      kc::CublasLtGemm& gemm, cudaStream_t stream) {
+  const int64_t H = config_.hidden_size, Is = config_.shared_expert_intermediate_size;
+  const T* gate_up = w.shared_gate_up.get<T>();
+  if (Is % 8 != 0 || H % 8 != 0) {  // widths cuBLASLt may refuse (small TP slices): cuBLAS
+    const auto dt = std::is_same_v<T, __half> ? kc::MoeGroupedGemm::Dtype::kFp16
+                                              : kc::MoeGroupedGemm::Dtype::kBf16;
+    RETURN_IF_ERROR(grouped_->Dense(x, gate_up, Tn, 2 * Is, H, shared_gate_up_.data(), dt, stream));
+    RETURN_IF_ERROR(
+        kc::MoeSiluAndMul<T>(shared_gate_up_.get<T>(), Tn, Is, shared_act_.get<T>(), stream));
+    return grouped_->Dense(shared_act_.data(), w.shared_down.data(), Tn, H, Is, shared_out_.data(),
+                           dt, stream);
+  }
+  if (Tn == 1 && kc::SmallMLinearSupported(x, gate_up, 1, 2 * Is, H)) {
+    RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(x, gate_up, nullptr, 1, Is, H, shared_act_.get<T>(),
+                                               stream, false));
+  } else {
+    RETURN_IF_ERROR((Lin<T, T>(gemm, x, gate_up, Tn, 2 * Is, H, shared_gate_up_.get<T>(), stream)));
+    RETURN_IF_ERROR(
+        kc::SiluAndMul<T>(shared_gate_up_.get<T>(), Tn, Is, shared_act_.get<T>(), stream));
+  }
+  return Lin<T, T>(gemm, shared_act_.get<T>(), w.shared_down.get<T>(), Tn, H, Is,
+                   shared_out_.get<T>(), stream);
+}
+
+template <typename T>
+absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn, int64_t layer,
+                                 T* out, kc::CublasLtGemm& gemm, cudaStream_t stream) {
+  const int64_t E = config_.num_experts, k = config_.num_experts_per_tok, H = config_.hidden_size;
+  if (Tn < 1 || Tn > max_tokens_ || layer < 0 || layer >= config_.num_hidden_layers ||
+      w.router.bytes() != E * H * 2 || w.experts_down.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("moe layer ", layer, ": ", Tn,
+                                                   " tokens (at most ", max_tokens_,
+                                                   ") or weights not of this config"));
+  }
+  kernels::GroupedRoutingParams p = routing_;
+  p.correction_bias = w.router_bias.empty() ? nullptr : w.router_bias.get<float>();
+  // The router sees the whole (replicated) hidden state on every rank: all ranks route alike.
+  RETURN_IF_ERROR(
+      (Lin<T, float>(gemm, x, w.router.get<T>(), Tn, E, H, logits_.get<float>(), stream)));
+  RETURN_IF_ERROR(kc::MoeRoute(logits_.get<float>(), Tn, p, ids_.get<int32_t>(),
+                               weights_.get<float>(), stream));
+  RETURN_IF_ERROR(kc::MoePermute(ids_.get<int32_t>(), Tn, k, E,
+                                 {offsets_.get<int32_t>(), active_.get<int32_t>(),
+                                  token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()},
+                                 load_.get<int64_t>() + layer * E, stream));
+  const int32_t* row_map = nullptr;  // where each (token, j)'s expert output row is
+  RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
+  const bool shared = !w.shared_down.empty();
+  if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
+  return kc::MoeCombine<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
+                           shared ? shared_out_.get<T>() : nullptr,
+                           w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>(),
+                           x, out, stream);
+}
+
+#define TANDEM_CUDA_MOE_MLP_INSTANTIATE(T)                                                        \
+  template absl::StatusOr<CudaMoeWeights> UploadMoeWeights<T>(const ModelConfig&, LayerWeights*,  \
+                                                              cudaStream_t);                      \
+  template absl::Status FillMoeDummy<T>(const DummyTensorFill&, uint64_t, CudaMoeWeights*,        \
+                                        cudaStream_t);                                            \
+  template absl::Status CudaMoeMlp::Forward<T>(const CudaMoeWeights&, const T*, int64_t, int64_t, \
+                                               T*, kc::CublasLtGemm&, cudaStream_t);
+TANDEM_CUDA_MOE_MLP_INSTANTIATE(__nv_bfloat16)
+TANDEM_CUDA_MOE_MLP_INSTANTIATE(__half)
+#undef TANDEM_CUDA_MOE_MLP_INSTANTIATE
+
+}  // namespace tandem::runtime::cuda

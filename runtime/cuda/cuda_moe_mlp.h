@@ -1,0 +1,117 @@
+// The mixture-of-experts MLP on the CUDA backend: the device twin of runtime/engine/moe_mlp.h,
+// shared by the decoders that have MoE layers (CudaLlamaModel for Mixtral / Qwen2-MoE /
+// Qwen3-MoE; a DeepSeek MLA model for its MoE layers). Per layer:
+//   router GEMM (fp32 logits) -> MoeRoute (the config's routing) -> MoePermute -> experts:
+//     kGemv (T <= max(4, E / k)): expert GEMVs reading only the routed experts' weights (gather
+//       and SiLU*up folded in);
+//     kPadded (T <= kSyncFreeMaxTokens, every CUDA graph size): rows padded to T per expert,
+//       one strided-batched GEMM per projection over all experts (fixed shapes);
+//     kGrouped (larger prefill steps, never under capture): gather, one cuBLAS grouped GEMM per
+//       projection (one cublasGemmEx per expert when E <= 16), after one read-back of the
+//       expert offsets (MoeGroupedGemm::ReadOffsets): the layer's only host sync;
+//   -> MoeCombine (weighted, deterministic, + the shared expert, sigmoid-gated for Qwen2-MoE).
+// kernels/moe/moe_cuda.h has the kernels and their contracts.
+//
+// Tensor parallelism: the config is the rank's (LocalModelConfig): every rank holds the same
+// slice of every expert's intermediate rows (and of the shared expert's), routes the same
+// replicated tokens, and the caller's all-reduce after the MLP sums the slices, as on the CPU.
+// Expert parallelism (experts split over ranks, dispatch / combine all-to-all) is not here.
+//
+// Thread safety: Forward() reuses scratch; one caller (the model's stream) at a time.
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/gemm_cuda.h"
+#include "kernels/moe/moe.h"
+#include "kernels/moe/moe_gemm_cuda.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+
+// One MoE layer's device weights (the rank's slices), in the activation dtype unless noted;
+// E = num_experts, Ie / Is = the (local) expert / shared-expert widths.
+struct CudaMoeWeights {
+  DeviceBuffer router;              // [E, H]
+  DeviceBuffer router_bias;         // [E] fp32 (DeepSeek-V3 e_score_correction_bias) or empty
+  DeviceBuffer experts_gate_up;     // [E, 2 * Ie, H]: per expert its gate rows, then up rows
+  DeviceBuffer experts_down;        // [E, H, Ie]
+  DeviceBuffer shared_gate_up;      // [2 * Is, H] or empty
+  DeviceBuffer shared_down;         // [H, Is] or empty
+  DeviceBuffer shared_expert_gate;  // [H] or empty (Qwen2-MoE)
+  int64_t bytes() const;
+};
+
+// Uploads `layer`'s MoE tensors (fp32 host, each freed once uploaded) converted to T
+// (__nv_bfloat16 / __half); the router bias stays fp32. INVALID_ARGUMENT naming the tensor when
+// a size disagrees with `config` (the rank's).
+template <typename T>
+absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& config, LayerWeights* layer,
+                                                cudaStream_t stream);
+// Zero-filled buffers of `config`'s shapes (2-byte elements), for device dummy weights.
+absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& config, cudaStream_t stream);
+// Whether a checkpoint slot lands in CudaMoeWeights.
+bool IsMoeSlot(WeightSlot slot);
+// Draws `fill` (a MoE slot of DummyWeightPlan) into `w` (T elements; the router bias fp32).
+template <typename T>
+absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWeights* w,
+                          cudaStream_t stream);
+
+class CudaMoeMlp {
+ public:
+  // Steps of at most this many tokens (every CUDA graph size) take a sync-free path.
+  static constexpr int64_t kSyncFreeMaxTokens = 256;
+  enum class Path { kAuto, kGemv, kPadded, kGrouped };
+
+  // Scratch for steps of up to max_tokens tokens; per-expert load counters for every layer.
+  // INVALID_ARGUMENT for a config the kernels cannot route (kernels/moe/moe_cuda.h).
+  static absl::StatusOr<std::unique_ptr<CudaMoeMlp>> Create(const ModelConfig& config,
+                                                            int64_t max_tokens);
+
+  // out[T, H] = the layer's MoE MLP of x[T, H] (normalized hidden states) from this rank's
+  // slices; out may alias x. `layer` indexes the load counters. Enqueues on `stream`; the host
+  // waits (once) only on the prefill path, never while `stream` is capturing.
+  template <typename T>
+  absl::Status Forward(const CudaMoeWeights& w, const T* x, int64_t num_tokens, int64_t layer,
+                       T* out, kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
+
+  // Tokens routed to each expert of each layer since creation ([num_hidden_layers][E]; dense
+  // layers stay 0). Copies the device counters back (synchronous).
+  absl::StatusOr<std::vector<int64_t>> ExpertLoad() const;
+
+  // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
+  // kSyncFreeMaxTokens; under graph capture kGrouped falls back to kAuto). For benchmarks.
+  void set_path(Path path) { path_ = path; }
+
+ private:
+  CudaMoeMlp(const ModelConfig& config, int64_t max_tokens);
+  template <typename T>
+  absl::Status Experts(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
+                       const int32_t** row_map, cudaStream_t stream);
+  template <typename T>
+  absl::Status SharedExpert(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
+                            kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
+
+  const ModelConfig config_;
+  const int64_t max_tokens_;
+  Path path_ = Path::kAuto;
+  kernels::GroupedRoutingParams routing_;
+  std::unique_ptr<kernels::cuda::MoeGroupedGemm> grouped_;
+  DeviceBuffer logits_, ids_, weights_, offsets_, active_, token_of_row_, row_of_pair_,
+      padded_row_of_pair_;
+  DeviceBuffer rows_in_, gate_up_, act_, expert_out_, shared_gate_up_, shared_act_, shared_out_;
+  DeviceBuffer load_;  // [num_hidden_layers, E] int64
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
