@@ -403,10 +403,10 @@ absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
   return absl::OkStatus();
 }
 
-bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch) const {
-  if (!config_.vocab_parallel_greedy || model_ == nullptr || !model_->vocab_parallel()) {
-    return false;
-  }
+bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const {
+  const int64_t min_rows = config_.vocab_parallel_greedy_min_rows;
+  if (min_rows <= 0 || num_logit_rows < min_rows) return false;
+  if (model_ == nullptr || !model_->vocab_parallel()) return false;
   for (const ScheduledSeq& seq : batch.seqs) {
     if (seq.capture_prompt_logits) return false;
     if (seq.samples && seq.sampling.temperature > 0.0f) return false;
@@ -486,9 +486,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
         absl::StrCat("step has ", total_tokens, " tokens; the runner takes 1..", max_tokens_));
   }
   const int64_t padded = decode ? GraphSizeFor(S) : 0;
-  const bool greedy = GreedyOnly(batch);
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
   const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
+  const bool greedy = GreedyOnly(batch, step.num_logit_rows);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_dev_.data(), meta_host_.data(), copy_bytes,
                                        cudaMemcpyHostToDevice, stream_));
   // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before

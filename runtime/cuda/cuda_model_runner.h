@@ -87,12 +87,15 @@ struct CudaBackendConfig {
   // (comm/custom_all_reduce.h); false: NCCL only (comparisons).
   bool custom_all_reduce = true;
   // With the custom all-reduce: each all-reduce fused with the residual add + RMSNorm after it
-  // (NcclCommunicatorOptions::fuse_all_reduce_norm); false: unfused (comparisons).
-  bool fuse_all_reduce_norm = true;
-  // Tensor parallelism: steps whose sampled rows are all greedy gather one (value, id) candidate
-  // per rank and row instead of the rows' whole logits (CudaLlamaModel::GreedyTokens); false:
-  // always the whole logits (comparisons).
-  bool vocab_parallel_greedy = true;
+  // (NcclCommunicatorOptions::fuse_all_reduce_norm). Off by default: on nvidia-h200-x2 the fused
+  // kernel made the Llama-3-8B / 70B TP=2 decode step 2-3% slower than the all-reduce + the
+  // PDL-launched norm (runtime/cuda/BENCHMARKS.md).
+  bool fuse_all_reduce_norm = false;
+  // Tensor parallelism: steps of at least this many logit rows whose sampled rows are all greedy
+  // gather one (value, id) candidate per rank and row instead of the rows' whole logits
+  // (CudaLlamaModel::GreedyTokens); 0: never. 64: where it measured faster (nvidia-h200-x2,
+  // 8B TP=2: batch 64 -2.3%, batch 8 equal, batch 1 +1.4%: runtime/cuda/BENCHMARKS.md).
+  int64_t vocab_parallel_greedy_min_rows = 64;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
@@ -155,10 +158,11 @@ class CudaModelRunner : public ModelExecutor {
   // captured on first use (the metadata for `step` must already be on the device).
   absl::StatusOr<cudaGraphExec_t> GraphFor(const DeviceStep& step, const StepAttentionPlan& plan,
                                            bool greedy);
-  // True when the model's logits are vocab-parallel (TP > 1), config_.vocab_parallel_greedy is
-  // on, and every row the step's sequences use is greedy (temperature 0) with no prompt logits
-  // captured: the full logits are then never needed.
-  bool GreedyOnly(const SchedulerOutput& batch) const;
+  // True when the model's logits are vocab-parallel (TP > 1), the step has at least
+  // config_.vocab_parallel_greedy_min_rows (> 0) logit rows, and every row the step's sequences
+  // use is greedy (temperature 0) with no prompt logits captured: the full logits are then
+  // never needed.
+  bool GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const;
   int64_t GraphSizeFor(int64_t num_seqs) const;
   // The forward and the logits of whichever model the config needs (model_ or mla_model_).
   absl::Status ModelForward(const DeviceStep& step, const StepAttentionPlan& plan);
