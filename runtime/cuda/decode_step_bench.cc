@@ -1,8 +1,14 @@
-// Decode-step benchmark of the CUDA backend with Llama-3-8B (or -70B) shapes and device-generated
-// dummy bf16 weights: the whole engine (scheduler, metadata copy, graphs, sampling), not a kernel.
+// Decode-step benchmark of the CUDA backend with Llama-3-8B (or -70B) shapes, or a dummy-model
+// preset's (--shape=qwen3-30b-a3b, mixtral-8x7b: runtime/model PresetConfig), and
+// device-generated dummy bf16 weights: the whole engine (scheduler, metadata copy, graphs,
+// sampling), not a kernel.
 //
-//   decode_step_bench [--shape=8b|70b] [--batches=1,64] [--context=1024] [--steps=64]
+//   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
 //                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1]
+//
+// Mixture-of-experts shapes: the roofline counts the weights a step reads, the non-expert ones
+// plus, per MoE layer, the experts a batch of B tokens routes to if routing were uniform:
+// E * (1 - (1 - k / E)^B) of them (random dummy weights route close to uniformly).
 //
 // --pdl=0 turns off programmatic dependent launch of the GEMV / norm kernels
 // (CudaBackendConfig::programmatic_launch), for comparisons. --tp=N runs N rank processes (GPUs
@@ -17,6 +23,7 @@
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,6 +84,7 @@ int Main(int argc, char** argv) {
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = false;
   int64_t vocab_greedy_min_rows = 64;
+  std::string preset;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
@@ -91,6 +99,9 @@ int Main(int argc, char** argv) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
     if (a == "--shape=70b") big = true;
+    if (a.rfind("--shape=", 0) == 0 && a != "--shape=70b" && a != "--shape=8b") {
+      preset = a.substr(8);
+    }
   }
   const int rank = comm::SpawnedRank();
   if (tp > 1 && rank < 0) {  // the launcher: start the ranks, wait for them
@@ -105,7 +116,15 @@ int Main(int argc, char** argv) {
     for (pid_t p : pids) rc |= comm::WaitRank(p, absl::Minutes(9)) != 0;
     return rc;
   }
-  const ModelConfig model = big ? Llama3_70B() : Llama3_8B();
+  ModelConfig model = big ? Llama3_70B() : Llama3_8B();
+  if (!preset.empty()) {
+    absl::StatusOr<ModelConfig> p = PresetConfig(preset);
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    model = *p;
+  }
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
@@ -151,15 +170,27 @@ int Main(int argc, char** argv) {
   const double create_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
   // Bytes read per decode step on one GPU: its weights (bf16) and, per sequence, its KV heads.
-  const double weight_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
+  // MoE: the experts' share replaced per batch by the experts the batch routes to (routed_bytes).
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layers += model.IsMoeLayer(l);
+  const double expert_bytes = 3.0 * model.moe_intermediate_size * model.hidden_size * 2.0 / tp;
+  const double weight_bytes = (static_cast<double>(model.NumParameters()) * 2.0 / tp -
+                               static_cast<double>(moe_layers) * model.num_experts * expert_bytes);
+  auto routed_bytes = [&](int batch) {
+    if (!model.IsMoe()) return 0.0;
+    const double E = static_cast<double>(model.num_experts), k = model.num_experts_per_tok;
+    const double active = E * (1.0 - std::pow(1.0 - k / E, batch));
+    return static_cast<double>(moe_layers) * active * expert_bytes;
+  };
   const double kv_bytes_per_token = 2.0 * 2.0 * static_cast<double>(model.num_hidden_layers) *
                                     static_cast<double>(local.num_key_value_heads * model.head_dim);
   const bool print = me == 0;
   if (print) {
     std::printf(
-        "Llama-3-%s shapes, tp %d, dummy bf16 weights (%.2f GB per GPU, engine up in %.1f s), "
+        "%s shapes, tp %d, dummy bf16 weights (%.2f GB per GPU, engine up in %.1f s), "
         "CUDA graphs %s, PDL %s, all-reduce %s\n",
-        big ? "70B" : "8B", tp, weight_bytes / 1e9, create_s, graphs ? "on" : "off",
+        preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
+        (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
         pdl ? "on" : "off",
         custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
     if (tp > 1) {
@@ -176,7 +207,9 @@ int Main(int argc, char** argv) {
     for (int b = 0; b < batch; ++b) {
       RequestSpec spec;
       spec.prompt.resize(context);
-      for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % 100000;
+      // Ids in [1000, vocab): the Llama shapes' 100000 span, smaller vocabularies' whole range.
+      const int64_t span = std::min<int64_t>(100000, model.vocab_size - 1000);
+      for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % span;
       spec.max_tokens = steps + 8;
       spec.ignore_eos = true;
       if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {
@@ -206,8 +239,9 @@ int Main(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
         steps;
     const double tok_s = batch * 1000.0 / ms;
-    const double roof_ms =
-        (weight_bytes + kv_bytes_per_token * batch * (context + steps / 2.0)) / 4.3e12 * 1e3;
+    const double roof_ms = (weight_bytes + routed_bytes(batch) +
+                            kv_bytes_per_token * batch * (context + steps / 2.0)) /
+                           4.3e12 * 1e3;
     if (print) {
       std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
                   batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
@@ -218,7 +252,12 @@ int Main(int argc, char** argv) {
       if (!u.ok()) return 1;
     }
   }
-  if (print) std::printf("roofline = (weight + KV bytes per GPU) / 4.3 TB/s per step\n");
+  if (print) {
+    std::printf("roofline = (weight + KV bytes per GPU) / 4.3 TB/s per step%s\n",
+                model.IsMoe() ? "; MoE: non-expert weights + the experts a uniform routing of the "
+                                "batch reads"
+                              : "");
+  }
   return 0;
 }
 
