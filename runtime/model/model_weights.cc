@@ -265,10 +265,6 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
   std::string weights_dir = model_dir;
   ASSIGN_OR_RETURN(std::optional<PreSharding> pre, ReadPreSharding(model_dir));
   if (pre.has_value()) {
-    if (config.quantization.FromCheckpoint()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          model_dir, " is a pre-sharded FP8 checkpoint: not supported (load the original)"));
-    }
     if (pre->tp != shard.size || pre->dcp != shard.dcp) {
       return absl::InvalidArgumentError(
           absl::StrCat(model_dir, " is pre-sharded for tp=", pre->tp, " dcp=", pre->dcp,
@@ -300,9 +296,6 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,
                                        int tp, int dcp, const std::string& out_dir) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
-  if (config.quantization.FromCheckpoint()) {
-    return absl::InvalidArgumentError("pre-sharding FP8 checkpoints is not supported yet");
-  }
   const fs::path out(out_dir);
   std::error_code ec;
   if (fs::equivalent(fs::path(model_dir), out, ec)) {
@@ -319,15 +312,35 @@ absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const Model
     ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, TpShard{rank, tp, dcp}));
     const std::vector<HfTensor> full = internal::HfTensorLayout(config, dims);
     const std::vector<HfTensor> local = LocalLayout(full);
+    const internal::FindTensor find = [&checkpoint](const std::string& name) {
+      auto it = checkpoint.tensors.find(name);
+      return it == checkpoint.tensors.end() ? nullptr : it->second.info;
+    };
+    RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, dims, full, find));
+    // Every kept tensor in its stored dtype (FP8 bytes as they are), each FP8 weight followed by
+    // its scale tensors cut to the rank's slice (weight_fp8.h).
+    std::map<std::string, std::vector<internal::Fp8ScalePart>> scales;  // by weight name
+    for (const HfTensor& t : full) {
+      if (t.keep && internal::IsFp8Weight(config, t)) {
+        scales[t.name] = internal::Fp8ScaleParts(config, t, find);
+      }
+    }
     std::vector<TensorSpec> specs;
+    std::map<std::string, std::string> raw_dtypes;  // FP8 (and FP8 scales' kOther, if any)
     for (const HfTensor& t : local) {
-      specs.push_back({t.name, checkpoint.tensors.at(t.name).info->dtype, t.shape});
+      const TensorInfo& info = *checkpoint.tensors.at(t.name).info;
+      specs.push_back({t.name, info.dtype, t.shape});
+      if (info.dtype == SafetensorsDtype::kOther) raw_dtypes[t.name] = info.dtype_name;
+      auto it = scales.find(t.name);
+      if (it == scales.end()) continue;
+      for (const internal::Fp8ScalePart& part : it->second) specs.push_back(part.spec);
     }
     const fs::path dir = out / RankDir(rank, tp);
     fs::create_directories(dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string()));
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
-                     SafetensorsWriter::Create((dir / "model.safetensors").string(), specs));
+                     SafetensorsWriter::Create((dir / "model.safetensors").string(), specs,
+                                               {{"format", "pt"}}, raw_dtypes));
     for (const HfTensor& t : full) {
       if (!t.keep) continue;
       const TensorInfo& info = *checkpoint.tensors.at(t.name).info;
@@ -342,6 +355,12 @@ absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const Model
         for (int64_t r = 0; r < t.shape[0]; ++r) {
           RETURN_IF_ERROR(writer->AppendBytes(info.data + (r * cols + t.slice_begin) * item,
                                               t.slice_count * item));
+        }
+      }
+      if (auto it = scales.find(t.name); it != scales.end()) {
+        for (const internal::Fp8ScalePart& part : it->second) {
+          RETURN_IF_ERROR(
+              writer->AppendBytes(part.bytes.data(), static_cast<int64_t>(part.bytes.size())));
         }
       }
     }

@@ -129,8 +129,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 // are F8_E4M3 with their scale tensors and land in LayerWeights' *_fp8 slots (scales per row:
 // per-tensor and per-channel scales repeated per row, 128x128 blocks per row and 128-column
 // block; static input scales of fused parts merged by max, as vLLM does), never widened; a
-// tensor-parallel slice that cuts a 128-block is refused naming the TP size. Pre-sharded FP8
-// checkpoints are not supported (refused).
+// tensor-parallel slice that cuts a 128-block is refused naming the TP size.
+// WritePreShardedCheckpoint keeps FP8 weights' bytes as they are and writes each rank's slice of
+// their scale tensors beside them (block scales on block boundaries).
 
 // Quantizes the fp32 q/k/v/o, gate/up and down weights of `weights` (loaded for `config`) into
 // FP8 slots as config.quantization says (per-row scales, over blocks of 128 columns when

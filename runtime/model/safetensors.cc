@@ -259,10 +259,12 @@ const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, std::vector<TensorSpec> specs,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata,
+    const std::map<std::string, std::string>& raw_dtypes) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<int64_t> ends;
+  std::vector<std::string> dtype_names;
   int64_t offset = 0;
   std::set<std::string> names;
   for (const TensorSpec& spec : specs) {
@@ -270,20 +272,26 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("empty, reserved or duplicate tensor name '", spec.name, "'"));
     }
+    std::string dtype_name(SafetensorsDtypeName(spec.dtype));
     if (spec.dtype == SafetensorsDtype::kOther) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", spec.name, "': the writer stores only F32, F16 and BF16"));
+      auto raw = raw_dtypes.find(spec.name);
+      if (raw == raw_dtypes.end() || SafetensorsItemSize(raw->second) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", spec.name,
+            "': the writer stores F32, F16, BF16 and raw bytes of dtypes of known size"));
+      }
+      dtype_name = raw->second;
     }
-    int64_t bytes = SafetensorsItemSize(SafetensorsDtypeName(spec.dtype));
+    dtype_names.push_back(dtype_name);
+    int64_t bytes = SafetensorsItemSize(dtype_name);
     for (int64_t d : spec.shape) {
       if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", spec.name, "': bad shape ", ShapeString(spec.shape)));
       }
     }
-    header[spec.name] = {{"dtype", std::string(SafetensorsDtypeName(spec.dtype))},
-                         {"shape", spec.shape},
-                         {"data_offsets", {offset, offset + bytes}}};
+    header[spec.name] = {
+        {"dtype", dtype_name}, {"shape", spec.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     ends.push_back(offset);
   }
@@ -295,6 +303,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   writer->path_ = path;
   writer->tmp_path_ = path + ".tmp";
   writer->specs_ = std::move(specs);
+  writer->dtype_names_ = std::move(dtype_names);
   writer->ends_ = std::move(ends);
   writer->data_bytes_ = offset;
   writer->file_ = std::fopen(writer->tmp_path_.c_str(), "wb");
@@ -329,6 +338,11 @@ absl::Status SafetensorsWriter::AppendFloats(const float* values, int64_t count)
           absl::StrCat(path_, ": ", count, " values appended past the last tensor"));
     }
     const SafetensorsDtype dtype = specs_[current_].dtype;
+    if (dtype == SafetensorsDtype::kOther) {
+      return absl::FailedPreconditionError(absl::StrCat(path_, ": tensor '", specs_[current_].name,
+                                                        "' is ", dtype_names_[current_],
+                                                        ": append its bytes"));
+    }
     const int64_t item_size = dtype == SafetensorsDtype::kF32 ? 4 : 2;
     const int64_t n = std::min({count, (ends_[current_] - written_) / item_size, kChunk});
     if (dtype == SafetensorsDtype::kF32) {
@@ -356,7 +370,7 @@ absl::Status SafetensorsWriter::AppendBytes(const void* bytes, int64_t nbytes) {
       return absl::FailedPreconditionError(
           absl::StrCat(path_, ": ", nbytes, " bytes appended past the last tensor"));
     }
-    const int64_t item_size = SafetensorsItemSize(SafetensorsDtypeName(specs_[current_].dtype));
+    const int64_t item_size = SafetensorsItemSize(dtype_names_[current_]);
     const int64_t n = std::min(nbytes, ends_[current_] - written_);
     if (n % item_size != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

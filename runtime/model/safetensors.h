@@ -96,17 +96,22 @@ struct TensorSpec {
 // or error never leaves a half-written file under the final name. Not thread-safe.
 class SafetensorsWriter {
  public:
-  // INVALID_ARGUMENT for an empty or duplicate name, a kOther dtype or a negative dimension.
+  // INVALID_ARGUMENT for an empty or duplicate name, a kOther dtype not named in `raw_dtypes`
+  // (or named with a dtype of unknown element size) or a negative dimension. `raw_dtypes`: tensor
+  // name -> another dtype ("F8_E4M3", ...) for kOther specs, written with AppendBytes only (the
+  // copied bytes of an FP8 checkpoint's shards).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       const std::string& path, std::vector<TensorSpec> specs,
-      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+      const std::map<std::string, std::string>& metadata = {{"format", "pt"}},
+      const std::map<std::string, std::string>& raw_dtypes = {});
 
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   ~SafetensorsWriter();  // removes the temporary file unless Finish() succeeded
 
   // Appends `count` fp32 values, each converted (round to nearest even) to the dtype of the
-  // tensor it lands in. FAILED_PRECONDITION when it would write past the last tensor.
+  // tensor it lands in. FAILED_PRECONDITION when it would write past the last tensor or into a
+  // raw-dtype tensor.
   absl::Status AppendFloats(const float* values, int64_t count);
   // Appends raw little-endian element bytes; `nbytes` may not split an element.
   absl::Status AppendBytes(const void* bytes, int64_t nbytes);
@@ -124,7 +129,8 @@ class SafetensorsWriter {
   std::string tmp_path_;
   std::FILE* file_ = nullptr;
   std::vector<TensorSpec> specs_;
-  std::vector<int64_t> ends_;  // cumulative byte end of each spec
+  std::vector<std::string> dtype_names_;  // of each spec (raw_dtypes for kOther)
+  std::vector<int64_t> ends_;             // cumulative byte end of each spec
   int64_t data_bytes_ = 0;
   int64_t written_ = 0;
   size_t current_ = 0;  // spec the next byte belongs to

@@ -247,6 +247,42 @@ void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layo
   }
 }
 
+std::vector<Fp8ScalePart> Fp8ScaleParts(const ModelConfig& config, const HfTensor& t,
+                                        const FindTensor& find) {
+  std::vector<Fp8ScalePart> parts;
+  for (const ScaleSpec& spec : ScaleSpecs(config, t)) {
+    const TensorInfo& info = *find(spec.name);
+    Fp8ScalePart part;
+    part.spec = {spec.name, info.dtype, info.shape};
+    const int64_t item = info.nbytes / std::max<int64_t>(1, NumElements(info.shape));
+    const char* data = reinterpret_cast<const char*>(info.data);
+    const bool sliced = !spec.input && t.slice_dim >= 0 && NumElements(info.shape) > 1;
+    if (!sliced) {
+      part.bytes.assign(data, info.nbytes);
+    } else if (Blocked(config)) {  // [row blocks, column blocks]: blocks of the slice
+      const int64_t b0 = t.slice_begin / kBlock;
+      const int64_t b1 = CeilDiv(t.slice_begin + t.slice_count, kBlock);
+      const int64_t rows = info.shape[0], cols = info.shape[1];
+      if (t.slice_dim == 0) {
+        part.spec.shape = {b1 - b0, cols};
+        part.bytes.assign(data + b0 * cols * item, (b1 - b0) * cols * item);
+      } else {
+        part.spec.shape = {rows, b1 - b0};
+        for (int64_t r = 0; r < rows; ++r) {
+          part.bytes.append(data + (r * cols + b0) * item, (b1 - b0) * item);
+        }
+      }
+    } else if (t.slice_dim == 0) {  // per-channel: the slice's rows
+      part.spec.shape[0] = t.slice_count;
+      part.bytes.assign(data + t.slice_begin * item, t.slice_count * item);
+    } else {  // per-channel, column slice: every row keeps its scale
+      part.bytes.assign(data, info.nbytes);
+    }
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 }  // namespace internal
 
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights) {

@@ -48,6 +48,18 @@ absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
 void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layout,
                     const FindTensor& find, ModelWeights* weights);
 
+// One scale tensor of a rank's pre-sharded FP8 weight: its local shape and bytes (the rows /
+// columns of the whole tensor that belong to the rank's slice of the weight; whole for
+// per-tensor and input scales).
+struct Fp8ScalePart {
+  TensorSpec spec;
+  std::string bytes;
+};
+// The scale tensors of FP8 weight `t` (sliced for a rank) as the rank's file holds them.
+// REQUIRES: CheckFp8Checkpoint passed for the rank.
+std::vector<Fp8ScalePart> Fp8ScaleParts(const ModelConfig& config, const HfTensor& t,
+                                        const FindTensor& find);
+
 }  // namespace tandem::runtime::internal
 
 #endif  // TANDEM_RUNTIME_MODEL_WEIGHT_FP8_H_

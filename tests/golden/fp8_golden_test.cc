@@ -280,6 +280,46 @@ TEST(Fp8CheckpointTest, TensorParallelRanksHoldSlices) {
   }
 }
 
+// shard_checkpoint's pre-sharded FP8 directory: each rank's file holds exactly what the rank
+// loads from the original (codes, scales, input scales), and loads to the same weights.
+TEST(Fp8CheckpointTest, PreShardedRanksLoadTheirSlices) {
+  for (const char* format : {"ct_channel_dynamic", "ct_tensor_static", "modelopt"}) {
+    SCOPED_TRACE(format);
+    const std::string dir = std::string(kFixtures) + format;
+    const std::string out = ::testing::TempDir() + "/fp8_tp2_" + format;
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok());
+    ASSERT_TRUE(WritePreShardedCheckpoint(dir, *config, 2, 1, out).ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      auto original = LoadModelWeights(dir, *config, TpShard{rank, 2, 1});
+      auto pre = LoadModelWeights(out, *config, TpShard{rank, 2, 1});
+      ASSERT_TRUE(original.ok() && pre.ok()) << original.status() << pre.status();
+      for (size_t l = 0; l < pre->layers.size(); ++l) {
+        const LayerWeights& a = original->layers[l];
+        const LayerWeights& b = pre->layers[l];
+        for (auto [x, y] : {std::pair{&a.qkv_fp8, &b.qkv_fp8},
+                            {&a.o_fp8, &b.o_fp8},
+                            {&a.gate_up_fp8, &b.gate_up_fp8},
+                            {&a.down_fp8, &b.down_fp8}}) {
+          EXPECT_EQ(x->codes, y->codes) << "layer " << l;
+          EXPECT_EQ(x->scales, y->scales) << "layer " << l;
+          EXPECT_EQ(x->input_scale, y->input_scale);
+          EXPECT_EQ(x->grid.rows, y->grid.rows);
+          EXPECT_EQ(x->grid.cols, y->grid.cols);
+        }
+      }
+    }
+  }
+  // A TP size cutting a 128-block cannot be pre-sharded either.
+  const std::string block = std::string(kFixtures) + "fp8_block";
+  auto config = LoadModelConfig(block);
+  ASSERT_TRUE(config.ok());
+  EXPECT_NE(WritePreShardedCheckpoint(block, *config, 2, 1, ::testing::TempDir() + "/fp8_blk2")
+                .message()
+                .find("tp=2 cuts the 128x128 FP8 scale blocks"),
+            std::string::npos);
+}
+
 TEST(Fp8CheckpointTest, TpSizeCuttingABlockIsRefused) {
   const std::string dir = std::string(kFixtures) + "fp8_block";
   auto config = LoadModelConfig(dir);
