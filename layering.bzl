@@ -34,3 +34,15 @@ TOKENIZER_VISIBILITY = [
 ] + _TESTS
 
 ROUTER_VISIBILITY = ["//router:__subpackages__"] + _TESTS
+
+# Inside router/ (issue 36): the core (no gRPC) serves every router package; the gRPC edge only the
+# daemon's binaries (//router), its own tests and the test harness; the fakes (testing/) every
+# router package's tests; the CLI's library only the tandem_cli binary.
+ROUTER_CORE_VISIBILITY = ROUTER_VISIBILITY
+ROUTER_EDGE_VISIBILITY = [
+    "//router:__pkg__",
+    "//router/grpc:__pkg__",
+    "//router/testing:__pkg__",
+] + _TESTS
+ROUTER_TESTING_VISIBILITY = ROUTER_VISIBILITY
+ROUTER_CLI_VISIBILITY = ["//router:__pkg__"]

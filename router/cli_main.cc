@@ -49,7 +49,7 @@
 #include "common/security/flags.h"
 #include "common/security/grpc_security.h"
 #include "google/protobuf/util/json_util.h"
-#include "router/cli_text.h"
+#include "router/cli/cli_text.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 

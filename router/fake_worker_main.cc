@@ -20,7 +20,7 @@
 #include "common/daemon.h"
 #include "common/logging.h"
 #include "common/security/flags.h"
-#include "router/fake_worker.h"
+#include "router/testing/fake_worker.h"
 
 ABSL_FLAG(std::string, router, "", "router address to register with");
 ABSL_FLAG(std::string, role, "mixed", "prefill, decode or mixed");

@@ -26,8 +26,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "router/fake_worker.h"
-#include "router/router_server.h"
+#include "router/grpc/router_server.h"
+#include "router/testing/fake_worker.h"
 
 ABSL_FLAG(int32_t, requests, 2000, "requests per measurement");
 ABSL_FLAG(int32_t, concurrency, 16, "closed-loop clients for the throughput measurement");

@@ -26,8 +26,8 @@
 #include "common/http/metrics_server.h"
 #include "common/logging.h"
 #include "common/security/flags.h"
+#include "router/grpc/router_server.h"
 #include "router/openai/http_api.h"
-#include "router/router_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
           "host:port of the public Router service (port 0 = pick one)");

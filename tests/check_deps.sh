@@ -16,9 +16,18 @@ CORES=(
   //kvtransfer:kv_handle
   //kvtransfer:lease_table
   //kvtransfer:source_leases     # the KV source's lease decisions: its gRPC edge is kv_transfer_service
-  //router:orchestrator          # the router core: its gRPC edge is router_server + grpc_worker_client
-  //router:worker_registry
-  //router:request_table
+  # the router core (router/core/): its gRPC edge is router/grpc/
+  //router/core:validation
+  //router/core:prefix_index
+  //router/core:routing_policy
+  //router/core:worker_client
+  //router/core:worker_registry
+  //router/core:request_table
+  //router/core:router_metrics
+  //router/core:executor
+  //router/core:orchestrator
+  //router/testing:fake_worker_client
+  //router/testing:manual_clock
 )
 rc=0
 for t in "${CORES[@]}"; do

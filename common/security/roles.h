@@ -11,7 +11,7 @@
 // `spiffe://tandem/role/<role>/worker/<worker_id>` (make_certs.sh --worker=ID:ROLE). The role
 // checks read the role part as before; the worker id is what per-daemon checks compare (a KV
 // lease bound to a decode worker: kvtransfer/kv_transfer_service.h; a registration under its
-// own id only: router/worker_registry.h). A certificate naming two different worker ids is
+// own id only: router/core/worker_registry.h). A certificate naming two different worker ids is
 // refused. Worker ids are 1..kMaxWorkerIdBytes bytes of [A-Za-z0-9._-].
 //
 // Thread safety: pure functions and values.

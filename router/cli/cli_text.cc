@@ -1,4 +1,4 @@
-#include "router/cli_text.h"
+#include "router/cli/cli_text.h"
 
 #include <cstdio>
 #include <memory>

@@ -1,8 +1,8 @@
 // tandem_cli's text commands: `generate --prompt=TEXT` and `chat --prompt=TEXT` talk to the
 // router's OpenAI-compatible HTTP API (router/openai/), which tokenizes and applies the chat
 // template, and print the streamed text as it arrives (complete UTF-8 only, as the API sends it).
-#ifndef TANDEM_ROUTER_CLI_TEXT_H_
-#define TANDEM_ROUTER_CLI_TEXT_H_
+#ifndef TANDEM_ROUTER_CLI_CLI_TEXT_H_
+#define TANDEM_ROUTER_CLI_CLI_TEXT_H_
 
 #include <optional>
 #include <string>
@@ -33,4 +33,4 @@ absl::Status StreamText(const TextRequest& request);
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_CLI_TEXT_H_
+#endif  // TANDEM_ROUTER_CLI_CLI_TEXT_H_

@@ -1,4 +1,4 @@
-#include "router/executor.h"
+#include "router/core/executor.h"
 
 #include <algorithm>
 

@@ -15,8 +15,8 @@
 //
 // Thread safety: Post/PostAt from any thread, tasks included. ~Executor runs the tasks already
 // queued (timers not yet due are dropped), then joins; nothing may post after it started.
-#ifndef TANDEM_ROUTER_EXECUTOR_H_
-#define TANDEM_ROUTER_EXECUTOR_H_
+#ifndef TANDEM_ROUTER_CORE_EXECUTOR_H_
+#define TANDEM_ROUTER_CORE_EXECUTOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -87,4 +87,4 @@ class Strand : public std::enable_shared_from_this<Strand> {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_EXECUTOR_H_
+#endif  // TANDEM_ROUTER_CORE_EXECUTOR_H_

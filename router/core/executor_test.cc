@@ -1,7 +1,7 @@
 // Executor and Strand: tasks run on the pool, a strand's tasks one at a time and in order even
 // when posted from many threads, Dispatch runs inline only on an idle strand, timers run at (not
 // before) their time and in time order, and the destructor runs what was queued.
-#include "router/executor.h"
+#include "router/core/executor.h"
 
 #include <atomic>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "router/generate_flow.h"
+#include "router/core/generate_flow.h"
 
 #include <unistd.h>
 
@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
-#include "router/router_metrics.h"
-#include "router/routing_policy.h"
-#include "router/validation.h"
+#include "router/core/router_metrics.h"
+#include "router/core/routing_policy.h"
+#include "router/core/validation.h"
 
 namespace tandem::router {
 namespace {

@@ -15,15 +15,15 @@
 // The flow keeps itself alive through the callbacks of its open calls (shared_ptr), ends every
 // call before it reports its end (sink->Finish, then `on_end`), and releases its workers' load
 // slots and its admission before the client sees the end.
-#ifndef TANDEM_ROUTER_GENERATE_FLOW_H_
-#define TANDEM_ROUTER_GENERATE_FLOW_H_
+#ifndef TANDEM_ROUTER_CORE_GENERATE_FLOW_H_
+#define TANDEM_ROUTER_CORE_GENERATE_FLOW_H_
 
 #include <memory>
 
-#include "router/executor.h"
-#include "router/orchestrator.h"
-#include "router/request_table.h"
-#include "router/worker_client.h"
+#include "router/core/executor.h"
+#include "router/core/orchestrator.h"
+#include "router/core/request_table.h"
+#include "router/core/worker_client.h"
 #include "tandem/v1/router.pb.h"
 
 namespace tandem::router {
@@ -36,4 +36,4 @@ void StartGenerateFlow(Orchestrator& orch, v1::GenerateRequest request, Admissio
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_GENERATE_FLOW_H_
+#endif  // TANDEM_ROUTER_CORE_GENERATE_FLOW_H_

@@ -1,11 +1,11 @@
-#include "router/orchestrator.h"
+#include "router/core/orchestrator.h"
 
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "common/logging.h"
-#include "router/generate_flow.h"
+#include "router/core/generate_flow.h"
 
 namespace tandem::router {
 

@@ -28,8 +28,8 @@
 //
 // Thread safety: Start() from any thread, concurrently. A request's sink is called on the threads
 // that run its steps (above), one call at a time.
-#ifndef TANDEM_ROUTER_ORCHESTRATOR_H_
-#define TANDEM_ROUTER_ORCHESTRATOR_H_
+#ifndef TANDEM_ROUTER_CORE_ORCHESTRATOR_H_
+#define TANDEM_ROUTER_CORE_ORCHESTRATOR_H_
 
 #include <cstdint>
 #include <memory>
@@ -40,10 +40,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "router/executor.h"
-#include "router/request_table.h"
-#include "router/worker_client.h"
-#include "router/worker_registry.h"
+#include "router/core/executor.h"
+#include "router/core/request_table.h"
+#include "router/core/worker_client.h"
+#include "router/core/worker_registry.h"
 #include "tandem/v1/router.pb.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -127,4 +127,4 @@ class Orchestrator {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ORCHESTRATOR_H_
+#endif  // TANDEM_ROUTER_CORE_ORCHESTRATOR_H_

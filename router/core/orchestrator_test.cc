@@ -3,7 +3,7 @@
 // cancels, a reply released after the worker was declared dead) happen exactly. Requests run
 // asynchronously on the orchestrator's own threads; the sink records their chunks and end. Over
 // real gRPC servers: router_fault_test, router_stream_test.
-#include "router/orchestrator.h"
+#include "router/core/orchestrator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,8 +18,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "router/fake_worker_client.h"
-#include "router/manual_clock.h"
+#include "router/testing/fake_worker_client.h"
+#include "router/testing/manual_clock.h"
 
 namespace tandem::router {
 namespace {

@@ -1,4 +1,4 @@
-#include "router/prefix_index.h"
+#include "router/core/prefix_index.h"
 
 #include <algorithm>
 

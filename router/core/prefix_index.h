@@ -10,8 +10,8 @@
 //
 // Memory: about 40 bytes per hash (flat_hash_map slot + deque entry), so max_blocks = 1M is ~40 MB.
 // Thread safety: none; the owner (WorkerRegistry) serializes access.
-#ifndef TANDEM_ROUTER_PREFIX_INDEX_H_
-#define TANDEM_ROUTER_PREFIX_INDEX_H_
+#ifndef TANDEM_ROUTER_CORE_PREFIX_INDEX_H_
+#define TANDEM_ROUTER_CORE_PREFIX_INDEX_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -53,4 +53,4 @@ class PrefixIndex {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_PREFIX_INDEX_H_
+#endif  // TANDEM_ROUTER_CORE_PREFIX_INDEX_H_

@@ -1,4 +1,4 @@
-#include "router/request_table.h"
+#include "router/core/request_table.h"
 
 #include <algorithm>
 

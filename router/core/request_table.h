@@ -15,8 +15,8 @@
 // request's handler reports.
 //
 // Thread safety: everything is thread-safe.
-#ifndef TANDEM_ROUTER_REQUEST_TABLE_H_
-#define TANDEM_ROUTER_REQUEST_TABLE_H_
+#ifndef TANDEM_ROUTER_CORE_REQUEST_TABLE_H_
+#define TANDEM_ROUTER_CORE_REQUEST_TABLE_H_
 
 #include <cstddef>
 #include <memory>
@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "router/worker_client.h"
+#include "router/core/worker_client.h"
 
 namespace tandem::router {
 
@@ -125,4 +125,4 @@ class RequestTable {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_REQUEST_TABLE_H_
+#endif  // TANDEM_ROUTER_CORE_REQUEST_TABLE_H_

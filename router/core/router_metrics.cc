@@ -1,4 +1,4 @@
-#include "router/router_metrics.h"
+#include "router/core/router_metrics.h"
 
 #include <algorithm>
 #include <utility>

@@ -6,8 +6,8 @@
 // Names follow vLLM's with the `tandem:` prefix.
 //
 // Thread safety: thread-safe.
-#ifndef TANDEM_ROUTER_ROUTER_METRICS_H_
-#define TANDEM_ROUTER_ROUTER_METRICS_H_
+#ifndef TANDEM_ROUTER_CORE_ROUTER_METRICS_H_
+#define TANDEM_ROUTER_CORE_ROUTER_METRICS_H_
 
 #include <cstdint>
 #include <string>
@@ -49,4 +49,4 @@ class RouterMetrics {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ROUTER_METRICS_H_
+#endif  // TANDEM_ROUTER_CORE_ROUTER_METRICS_H_

@@ -1,4 +1,4 @@
-#include "router/routing_policy.h"
+#include "router/core/routing_policy.h"
 
 #include <algorithm>
 #include <tuple>

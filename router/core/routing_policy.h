@@ -13,8 +13,8 @@
 // deterministic.
 //
 // Thread safety: pure functions.
-#ifndef TANDEM_ROUTER_ROUTING_POLICY_H_
-#define TANDEM_ROUTER_ROUTING_POLICY_H_
+#ifndef TANDEM_ROUTER_CORE_ROUTING_POLICY_H_
+#define TANDEM_ROUTER_CORE_ROUTING_POLICY_H_
 
 #include <cstdint>
 #include <optional>
@@ -57,4 +57,4 @@ std::optional<std::string> ChooseDecode(absl::Span<const RouteCandidate> candida
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ROUTING_POLICY_H_
+#endif  // TANDEM_ROUTER_CORE_ROUTING_POLICY_H_

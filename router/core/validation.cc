@@ -1,4 +1,4 @@
-#include "router/validation.h"
+#include "router/core/validation.h"
 
 #include <cmath>
 #include <string>

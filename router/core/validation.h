@@ -7,8 +7,8 @@
 // Every failure is INVALID_ARGUMENT naming the offending field and value.
 //
 // Thread safety: pure functions.
-#ifndef TANDEM_ROUTER_VALIDATION_H_
-#define TANDEM_ROUTER_VALIDATION_H_
+#ifndef TANDEM_ROUTER_CORE_VALIDATION_H_
+#define TANDEM_ROUTER_CORE_VALIDATION_H_
 
 #include <cstdint>
 
@@ -39,4 +39,4 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& request);
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_VALIDATION_H_
+#endif  // TANDEM_ROUTER_CORE_VALIDATION_H_

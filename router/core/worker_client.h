@@ -19,8 +19,8 @@
 //
 // Thread safety: clients are thread-safe; a call's Start/ReadNext come from one caller at a time,
 // Cancel from any thread.
-#ifndef TANDEM_ROUTER_WORKER_CLIENT_H_
-#define TANDEM_ROUTER_WORKER_CLIENT_H_
+#ifndef TANDEM_ROUTER_CORE_WORKER_CLIENT_H_
+#define TANDEM_ROUTER_CORE_WORKER_CLIENT_H_
 
 #include <functional>
 #include <memory>
@@ -104,4 +104,4 @@ using WorkerClientFactory = std::function<std::shared_ptr<WorkerClient>(const st
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_WORKER_CLIENT_H_
+#endif  // TANDEM_ROUTER_CORE_WORKER_CLIENT_H_

@@ -1,4 +1,4 @@
-#include "router/worker_registry.h"
+#include "router/core/worker_registry.h"
 
 #include <algorithm>
 #include <utility>
@@ -8,7 +8,7 @@
 #include "common/block_hash.h"
 #include "common/logging.h"
 #include "common/security/auth_status.h"
-#include "router/validation.h"
+#include "router/core/validation.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {

@@ -34,8 +34,8 @@
 //
 // Thread safety: all methods are thread-safe (one mutex). Prompt hashing for routing happens
 // outside the lock.
-#ifndef TANDEM_ROUTER_WORKER_REGISTRY_H_
-#define TANDEM_ROUTER_WORKER_REGISTRY_H_
+#ifndef TANDEM_ROUTER_CORE_WORKER_REGISTRY_H_
+#define TANDEM_ROUTER_CORE_WORKER_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
@@ -54,9 +54,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/security/roles.h"
-#include "router/prefix_index.h"
-#include "router/routing_policy.h"
-#include "router/worker_client.h"
+#include "router/core/prefix_index.h"
+#include "router/core/routing_policy.h"
+#include "router/core/worker_client.h"
 #include "tandem/v1/router.pb.h"
 
 namespace tandem::router {
@@ -192,4 +192,4 @@ class WorkerSlot {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_WORKER_REGISTRY_H_
+#endif  // TANDEM_ROUTER_CORE_WORKER_REGISTRY_H_

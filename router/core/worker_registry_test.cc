@@ -1,4 +1,4 @@
-#include "router/worker_registry.h"
+#include "router/core/worker_registry.h"
 
 #include <random>
 #include <string>
@@ -8,8 +8,8 @@
 #include "common/block_hash.h"
 #include "common/security/auth_status.h"
 #include "gtest/gtest.h"
-#include "router/fake_worker_client.h"
-#include "router/manual_clock.h"
+#include "router/testing/fake_worker_client.h"
+#include "router/testing/manual_clock.h"
 
 namespace tandem::router {
 namespace {

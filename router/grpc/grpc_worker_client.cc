@@ -1,4 +1,4 @@
-#include "router/grpc_worker_client.h"
+#include "router/grpc/grpc_worker_client.h"
 
 #include <utility>
 

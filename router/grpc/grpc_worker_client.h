@@ -7,8 +7,8 @@
 // callback API (`stub->async()`): completions run on gRPC's own threads, none is held per call.
 //
 // Thread safety: as worker_client.h.
-#ifndef TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
-#define TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
+#ifndef TANDEM_ROUTER_GRPC_GRPC_WORKER_CLIENT_H_
+#define TANDEM_ROUTER_GRPC_GRPC_WORKER_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/security/security_config.h"
-#include "router/worker_client.h"
+#include "router/core/worker_client.h"
 
 namespace tandem::router {
 
@@ -40,4 +40,4 @@ std::shared_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_GRPC_WORKER_CLIENT_H_
+#endif  // TANDEM_ROUTER_GRPC_GRPC_WORKER_CLIENT_H_

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 
 namespace tandem::router {
 namespace {

@@ -27,7 +27,7 @@
 #include "common/security/grpc_security.h"
 #include "common/security/test_certs.h"
 #include "gtest/gtest.h"
-#include "router/fake_worker.h"
+#include "router/testing/fake_worker.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 

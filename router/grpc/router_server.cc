@@ -1,4 +1,4 @@
-#include "router/router_server.h"
+#include "router/grpc/router_server.h"
 
 #include <algorithm>
 #include <utility>
@@ -9,7 +9,7 @@
 #include "common/logging.h"
 #include "common/security/grpc_security.h"
 #include "common/status_macros.h"
-#include "router/grpc_worker_client.h"
+#include "router/grpc/grpc_worker_client.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {

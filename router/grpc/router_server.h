@@ -13,8 +13,8 @@
 // with UNAVAILABLE, so a hung (not crashed) worker cannot hold a client forever.
 //
 // Thread safety: Shutdown() may be called from any thread, more than once.
-#ifndef TANDEM_ROUTER_ROUTER_SERVER_H_
-#define TANDEM_ROUTER_ROUTER_SERVER_H_
+#ifndef TANDEM_ROUTER_GRPC_ROUTER_SERVER_H_
+#define TANDEM_ROUTER_GRPC_ROUTER_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -28,11 +28,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/security/security_config.h"
-#include "router/orchestrator.h"
-#include "router/request_table.h"
-#include "router/router_metrics.h"
-#include "router/router_service.h"
-#include "router/worker_registry.h"
+#include "router/core/orchestrator.h"
+#include "router/core/request_table.h"
+#include "router/core/router_metrics.h"
+#include "router/core/worker_registry.h"
+#include "router/grpc/router_service.h"
 
 namespace tandem::router {
 
@@ -109,4 +109,4 @@ class RouterServer {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ROUTER_SERVER_H_
+#endif  // TANDEM_ROUTER_GRPC_ROUTER_SERVER_H_

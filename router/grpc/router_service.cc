@@ -1,4 +1,4 @@
-#include "router/router_service.h"
+#include "router/grpc/router_service.h"
 
 #include <deque>
 #include <memory>
@@ -10,9 +10,9 @@
 #include "common/grpc_status.h"
 #include "common/security/auth_status.h"
 #include "common/security/grpc_security.h"
-#include "router/grpc_worker_client.h"
-#include "router/routing_policy.h"
-#include "router/validation.h"
+#include "router/core/routing_policy.h"
+#include "router/core/validation.h"
+#include "router/grpc/grpc_worker_client.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {

@@ -21,8 +21,8 @@
 // alone decides who may register or heartbeat for a worker id (worker_registry.h, "Identity").
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the core objects are thread-safe.
-#ifndef TANDEM_ROUTER_ROUTER_SERVICE_H_
-#define TANDEM_ROUTER_ROUTER_SERVICE_H_
+#ifndef TANDEM_ROUTER_GRPC_ROUTER_SERVICE_H_
+#define TANDEM_ROUTER_GRPC_ROUTER_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -34,9 +34,9 @@
 #include "absl/status/status.h"
 #include "common/grpc_strict_parse.h"
 #include "common/security/security_config.h"
-#include "router/orchestrator.h"
-#include "router/request_table.h"
-#include "router/worker_registry.h"
+#include "router/core/orchestrator.h"
+#include "router/core/request_table.h"
+#include "router/core/worker_registry.h"
 #include "tandem/v1/router.grpc.pb.h"
 
 namespace tandem::router {
@@ -129,4 +129,4 @@ absl::StatusOr<std::unique_ptr<StrictParsingService>> StrictRegistryService(
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ROUTER_SERVICE_H_
+#endif  // TANDEM_ROUTER_GRPC_ROUTER_SERVICE_H_

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "router/fake_worker.h"
-#include "router/router_test_util.h"
+#include "router/testing/fake_worker.h"
+#include "router/testing/router_test_util.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router {

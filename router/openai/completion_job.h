@@ -27,9 +27,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
+#include "router/core/orchestrator.h"
+#include "router/core/request_table.h"
 #include "router/openai/protocol.h"
-#include "router/orchestrator.h"
-#include "router/request_table.h"
 
 namespace tandem::router::openai {
 

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/http/json_body.h"
-#include "router/routing_policy.h"
+#include "router/core/routing_policy.h"
 
 namespace tandem::router::openai {
 namespace {

@@ -30,11 +30,11 @@
 #include "absl/synchronization/mutex.h"
 #include "common/http/http_server.h"
 #include "common/security/api_keys.h"
+#include "router/core/orchestrator.h"
+#include "router/core/request_table.h"
+#include "router/core/worker_registry.h"
 #include "router/openai/completion_job.h"
 #include "router/openai/protocol.h"
-#include "router/orchestrator.h"
-#include "router/request_table.h"
-#include "router/worker_registry.h"
 
 namespace tandem::router::openai {
 

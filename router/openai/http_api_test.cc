@@ -22,7 +22,7 @@
 #include "common/http/test_client.h"
 #include "common/security/test_certs.h"
 #include "gtest/gtest.h"
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 #include "tokenizer/sentencepiece_library.h"
 
 namespace tandem::router::openai {

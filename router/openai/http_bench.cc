@@ -39,7 +39,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "router/openai/http_api.h"
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 
 ABSL_FLAG(int, streams, 2000, "concurrent streaming chat requests");
 ABSL_FLAG(int, tokens, 16, "max_tokens per request");

@@ -15,7 +15,7 @@
 #include "common/http/test_client.h"
 #include "gtest/gtest.h"
 #include "router/openai/http_api.h"
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 
 namespace tandem::router::openai {
 namespace {

@@ -1,4 +1,4 @@
-#include "router/fake_worker.h"
+#include "router/testing/fake_worker.h"
 
 #include <algorithm>
 #include <utility>

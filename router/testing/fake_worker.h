@@ -13,8 +13,8 @@
 // notice a cancel, an Abort or Kill() within 5 ms, as the synchronous Prefill does.
 //
 // Thread safety: all public methods are thread-safe.
-#ifndef TANDEM_ROUTER_FAKE_WORKER_H_
-#define TANDEM_ROUTER_FAKE_WORKER_H_
+#ifndef TANDEM_ROUTER_TESTING_FAKE_WORKER_H_
+#define TANDEM_ROUTER_TESTING_FAKE_WORKER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -35,7 +35,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/security/security_config.h"
-#include "router/executor.h"
+#include "router/core/executor.h"
 #include "tandem/v1/router.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -164,4 +164,4 @@ class FakeWorker {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_FAKE_WORKER_H_
+#endif  // TANDEM_ROUTER_TESTING_FAKE_WORKER_H_

@@ -1,4 +1,4 @@
-#include "router/fake_worker_client.h"
+#include "router/testing/fake_worker_client.h"
 
 #include <utility>
 

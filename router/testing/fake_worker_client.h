@@ -15,8 +15,8 @@
 //   d->Push(stream, message); d->End(stream, absl::OkStatus());
 //
 // Thread safety: thread-safe.
-#ifndef TANDEM_ROUTER_FAKE_WORKER_CLIENT_H_
-#define TANDEM_ROUTER_FAKE_WORKER_CLIENT_H_
+#ifndef TANDEM_ROUTER_TESTING_FAKE_WORKER_CLIENT_H_
+#define TANDEM_ROUTER_TESTING_FAKE_WORKER_CLIENT_H_
 
 #include <deque>
 #include <memory>
@@ -27,7 +27,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "router/worker_client.h"
+#include "router/core/worker_client.h"
 
 namespace tandem::router {
 
@@ -75,4 +75,4 @@ class FakeWorkerClient final : public WorkerClient {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_FAKE_WORKER_CLIENT_H_
+#endif  // TANDEM_ROUTER_TESTING_FAKE_WORKER_CLIENT_H_

@@ -1,8 +1,8 @@
 // ManualClock: a clock tests advance by hand (WorkerRegistry takes a Clock). Test-only.
 //
 // Thread safety: thread-safe.
-#ifndef TANDEM_ROUTER_MANUAL_CLOCK_H_
-#define TANDEM_ROUTER_MANUAL_CLOCK_H_
+#ifndef TANDEM_ROUTER_TESTING_MANUAL_CLOCK_H_
+#define TANDEM_ROUTER_TESTING_MANUAL_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -28,4 +28,4 @@ class ManualClock {
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_MANUAL_CLOCK_H_
+#endif  // TANDEM_ROUTER_TESTING_MANUAL_CLOCK_H_

@@ -1,4 +1,4 @@
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 
 #include <utility>
 

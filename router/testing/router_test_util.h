@@ -1,7 +1,7 @@
 // Test harness: an in-process RouterServer on 127.0.0.1:0 plus FakeWorkers that register and
 // heartbeat with it over real gRPC, and a Router client with helpers to run whole streams.
-#ifndef TANDEM_ROUTER_ROUTER_TEST_UTIL_H_
-#define TANDEM_ROUTER_ROUTER_TEST_UTIL_H_
+#ifndef TANDEM_ROUTER_TESTING_ROUTER_TEST_UTIL_H_
+#define TANDEM_ROUTER_TESTING_ROUTER_TEST_UTIL_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "router/fake_worker.h"
-#include "router/router_server.h"
+#include "router/grpc/router_server.h"
+#include "router/testing/fake_worker.h"
 #include "tandem/v1/router.grpc.pb.h"
 
 namespace tandem::router {
@@ -76,4 +76,4 @@ v1::WorkerLoad Load(uint32_t running, uint32_t waiting, uint32_t free_blocks,
 
 }  // namespace tandem::router
 
-#endif  // TANDEM_ROUTER_ROUTER_TEST_UTIL_H_
+#endif  // TANDEM_ROUTER_TESTING_ROUTER_TEST_UTIL_H_

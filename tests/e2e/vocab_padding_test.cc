@@ -21,7 +21,7 @@
 #include "common/http/test_client.h"
 #include "gtest/gtest.h"
 #include "router/openai/http_api.h"
-#include "router/router_test_util.h"
+#include "router/testing/router_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/safetensors.h"
