@@ -110,9 +110,7 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
   }
   RETURN_IF_ERROR(DimsOf(config).Validate());
   std::string missing;
-  if (config.IsMoe() && config.first_k_dense_replace < config.num_hidden_layers) {
-    missing = "MoE layers";
-  } else if (options.comm != nullptr) {
+  if (options.comm != nullptr) {
     missing = "tensor parallelism";
   } else if (options.dcp.size > 1) {
     missing = "decode context parallelism";
@@ -124,8 +122,10 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
                                                  " (MLA) without ", missing,
                                                  " for now; use --backend=cpu"));
   }
-  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 || options.max_tokens <= 0 ||
-      options.max_logit_rows <= 0) {
+  bool dense_mlp = false;  // a layer with the dense MLP (MoE models: the first few, or none)
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) dense_mlp |= !config.IsMoeLayer(l);
+  if (config.hidden_size % 8 != 0 || (dense_mlp && config.intermediate_size % 8 != 0) ||
+      options.max_tokens <= 0 || options.max_logit_rows <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the CUDA backend needs hidden_size and intermediate_size multiples of 8 (got ",
         config.hidden_size, ", ", config.intermediate_size, ") and positive bounds"));
@@ -174,6 +174,7 @@ absl::Status CudaMlaModel::Upload(ModelWeights w, cudaStream_t stream) {
   for (size_t l = 0; l < w.layers.size(); ++l) {
     LayerWeights& s = w.layers[l];
     Layer& d = layers_[l];
+    const bool moe = c.IsMoeLayer(static_cast<int64_t>(l));  // no dense MLP tensors
     const std::string p = absl::StrCat("layer ", l, " ");
     struct Item {
       DeviceBuffer* dst;
@@ -191,13 +192,19 @@ absl::Status CudaMlaModel::Upload(ModelWeights w, cudaStream_t stream) {
          Hq * (dims_.qk_nope_head_dim + dims_.v_head_dim) * dims_.kv_lora_rank, "kv_b_proj"},
         {&d.o_proj, &s.o_proj, H * Hq * dims_.v_head_dim, "o_proj"},
         {&d.post_attention_layernorm, &s.post_attention_layernorm, H, "post_attention_layernorm"},
-        {&d.gate_up_proj, &s.gate_up_proj, 2 * I * H, "gate_up_proj"},
-        {&d.down_proj, &s.down_proj, H * I, "down_proj"},
+        {&d.gate_up_proj, &s.gate_up_proj, moe ? 0 : 2 * I * H, "gate_up_proj"},
+        {&d.down_proj, &s.down_proj, moe ? 0 : H * I, "down_proj"},
     };
     for (const Item& it : items) {
       ASSIGN_OR_RETURN(*it.dst, UploadTensor(it.src, it.n, dt, &staging, p + it.name, stream));
       weight_bytes_ += it.dst->bytes();
     }
+    if (moe && dt == ActDtype::kBf16) {
+      ASSIGN_OR_RETURN(d.moe, UploadMoeWeights<__nv_bfloat16>(c, &s, stream));
+    } else if (moe) {
+      ASSIGN_OR_RETURN(d.moe, UploadMoeWeights<__half>(c, &s, stream));
+    }
+    weight_bytes_ += d.moe.bytes();
   }
   return absl::OkStatus();
 }
@@ -228,6 +235,9 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
     ASSIGN_OR_RETURN(*it.b, DeviceBuffer::Allocate(it.elems * 2, it.what));
   }
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * 4, "logits"));
+  if (config_.IsMoe()) {
+    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
+  }
   kc::MlaPlanInput in{.dims = dims_,
                       .num_seqs = T,
                       .num_tokens = T,
@@ -338,6 +348,10 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
                         dims_.num_heads * dims_.v_head_dim, hidden, stream));
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream));
+    if (config_.IsMoeLayer(l)) {  // DeepSeek's MoE layer: routed + shared experts
+      RETURN_IF_ERROR(moe_->Forward<T>(w.moe, hidden, Tn, l, hidden, *gemm_, stream));
+      continue;
+    }
     RETURN_IF_ERROR(
         Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H, Ptr<T>(gate_up_), stream));
     RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));

@@ -7,10 +7,12 @@
 // on q_pe and k_pe (kernels/mla MlaRope: interleaved or rotate-half, YaRN factor) -> latent
 // write -> absorbed MLA over the paged latent cache (kernels/mla MlaAbsorbedAttention, every
 // q_len: decode, verification and prefill alike) -> o_proj -> fused add + RMSNorm -> dense
-// SwiGLU MLP. The softmax scale is DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
+// SwiGLU MLP, or from first_k_dense_replace on DeepSeek's MoE layer (CudaMoeMlp,
+// cuda_moe_mlp.h: V2 group-limited / V3 noaux_tc routing, shared experts). The softmax scale is
+// DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
 //
-// Not here yet: MoE layers (the CUDA MoE layer is another change), tensor parallelism, DCP,
-// device dummy weights: Create refuses them naming what is missing.
+// Not here yet: tensor parallelism, DCP, device dummy weights: Create refuses them naming what
+// is missing.
 //
 // Forward() only enqueues work on the stream (no allocation, no host sync), so the runner can
 // capture it in a CUDA graph once every GEMM shape has been seen.
@@ -33,6 +35,7 @@
 #include "kernels/mla/mla_attention.h"
 #include "kernels/mla/mla_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
+#include "runtime/cuda/cuda_moe_mlp.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -42,7 +45,7 @@ namespace tandem::runtime::cuda {
 class CudaMlaModel {
  public:
   // Uploads `weights` (fp32 host, freed tensor by tensor) converted to options.dtype.
-  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for MoE layers, a
+  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for a
   // communicator, DCP or device dummy weights.
   static absl::StatusOr<std::unique_ptr<CudaMlaModel>> Create(const ModelConfig& config,
                                                               ModelWeights weights,
@@ -68,6 +71,7 @@ class CudaMlaModel {
   struct Layer {
     DeviceBuffer input_layernorm, q_a_proj, q_a_layernorm, q_proj, kv_a_proj, kv_a_layernorm,
         kv_b_proj, o_proj, post_attention_layernorm, gate_up_proj, down_proj;
+    CudaMoeWeights moe;  // MoE layers (config.IsMoeLayer): their MLP instead of gate_up / down
   };
   CudaMlaModel(const ModelConfig& config, const CudaModelOptions& options);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
@@ -94,7 +98,8 @@ class CudaMlaModel {
   // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
   DeviceBuffer hidden_, residual_, q_lora_, q_, ckv_, ckv_normed_, kpe_, attn_, gate_up_, act_,
       last_, logits_;
-  DeviceBuffer mla_workspace_;  // kernels/mla: q_cat, o_lat, split partials
+  DeviceBuffer mla_workspace_;       // kernels/mla: q_cat, o_lat, split partials
+  std::unique_ptr<CudaMoeMlp> moe_;  // models with MoE layers: routing + expert scratch
   int num_sms_ = 132;
   int64_t weight_bytes_ = 0;
 };

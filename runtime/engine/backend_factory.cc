@@ -38,17 +38,14 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU, dense
-  // MLP layers; its MoE layers, TP and DCP run on the CPU backend only, refused here by name.
+  // and MoE layers; TP and DCP for MLA run on the CPU backend only, refused here by name.
   if (model.IsMla()) {
-    bool moe_layer = false;
-    for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layer |= model.IsMoeLayer(l);
     const bool tp = options.group != nullptr && options.group->size() > 1;
-    if (moe_layer || tp || options.dcp_size > 1) {
+    if (tp || options.dcp_size > 1) {
       return absl::UnimplementedError(absl::StrCat(
           "--backend=cuda cannot run ", model.architecture, " with ",
-          moe_layer ? "MoE layers" : (tp ? "tensor parallelism" : "decode context parallelism"),
-          " yet: multi-head latent attention (MLA) on CUDA runs dense-MLP layers on one GPU; use "
-          "--backend=cpu"));
+          tp ? "tensor parallelism" : "decode context parallelism",
+          " yet: multi-head latent attention (MLA) on CUDA runs on one GPU; use --backend=cpu"));
     }
   }
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and

@@ -3,7 +3,8 @@
 # cuda_mla_model.h, kernels/mla CUDA): `generate --backend=cuda` (bf16, decode as CUDA graphs)
 # against the CPU backend and transformers on the MLA golden fixtures (tests/golden/
 # fixtures_mla: V2 with q_lora, V2-Lite-like without q_lora + YaRN mscale, V3 with q_lora + YaRN +
-# rope_interleave, V3 rotate-half; every layer a dense MLP), by the CUDA golden rule
+# rope_interleave, V3 rotate-half, every layer a dense MLP; and the V2 / V3 MoE fixtures, MoE
+# layers through CudaMoeMlp: not yet run on a GPU when added), by the CUDA golden rule
 # (cuda_golden_lib.sh: last-prompt logits cosine >= 0.999 to the CPU run and to transformers;
 # first greedy token equal to the CPU run's where its top-2 gap is >= 3% of max|logit|). Then
 # deepseek_v3_f32 eager (--cuda_graphs=false), whose greedy tokens must equal the graph run's,
@@ -32,7 +33,8 @@ sys.exit(0 if a == b and a else 1)
 PY
 }
 
-for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_rotate_half_f32; do
+for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_rotate_half_f32 \
+               deepseek_v2_moe_f32 deepseek_v3_moe_f32; do
   fix=tests/golden/fixtures_mla/$variant
   prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
   if run "$LOG/$variant.cuda.jsonl" --model="$fix" --prompt_ids="$prompts" &&
