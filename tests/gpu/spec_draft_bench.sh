@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Speculative decoding with a draft model on one GPU through //runtime:generate, dummy bf16
+# weights of the Llama-3-8B shape as the target, batch 1, greedy, 64-token prompt:
+#   plain            no speculation (run first and last: drift between them);
+#   self K=2/4       the draft is the target itself (same config and seed): acceptance near 100%,
+#                    the mechanism's upper bound (each token still costs one 8B draft step);
+#   1b K=4           a Llama-3.2-1B-shape random draft: acceptance ~0 (random weights), so the
+#                    adaptive draft length backs off (the rejection cost).
+#
+#   tests/gpu/bundle.sh B tool//runtime:generate; tests/gpu/spec_draft_bench.sh B [MAX_TOKENS]
+set -euo pipefail
+bundle=$1
+max_tokens=${2:-256}
+gen="$bundle/bin/runtime/generate"
+export LD_LIBRARY_PATH="$bundle/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
+c1b=$(mktemp --suffix=.json)
+trap 'rm -f "$c1b"' EXIT
+cat > "$c1b" << 'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+ "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
+ "max_position_embeddings": 131072, "rope_theta": 500000.0, "bos_token_id": 1,
+ "eos_token_id": 2, "tie_word_embeddings": true, "hidden_act": "silu",
+ "torch_dtype": "bfloat16"}
+JSON
+prompt=$(python3 -c "import random; r = random.Random(7); \
+print(','.join(str(r.randrange(3, 30000)) for _ in range(64)))")
+run() { # run NAME [FLAGS...]
+  local name=$1 line
+  shift
+  line=$("$gen" --backend=cuda --load_format=dummy --dummy_config=llama3-8b \
+    --kv_cache_bytes=$((4 << 30)) --prompt_ids="$prompt" --max_tokens="$max_tokens" \
+    --ignore_eos "$@" 2>&1 > /dev/null | tail -1)
+  echo "run=$name $line"
+}
+nvidia-smi -L
+run plain
+for k in 2 4; do
+  run "self K=$k" --speculative_method=draft --num_speculative_tokens="$k" \
+    --draft_model=dummy:llama3-8b:0
+done
+run "1b K=4" --speculative_method=draft --num_speculative_tokens=4 --draft_model="dummy:$c1b:1"
+run "1b K=4 fixed" --speculative_method=draft --num_speculative_tokens=4 \
+  --draft_model="dummy:$c1b:1" --speculative_adaptive=false
+run plain
