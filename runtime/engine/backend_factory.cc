@@ -56,6 +56,13 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
         absl::StrCat("--backend=cuda cannot run ", model.architecture, " with ", model.num_experts,
                      " experts (the CUDA MoE kernels take at most 512); use --backend=cpu"));
   }
+  if (options.expert_parallel && options.group != nullptr && options.group->size() > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("--backend=cuda --enable_expert_parallel is not built yet (",
+                     model.architecture, " at --tp=", options.group->size(),
+                     "): expert parallelism runs on --backend=cpu; "
+                     "without the flag the CUDA group slices every expert"));
+  }
   if (model.quantization.IsFp8()) {  // issue 38: FP8 linear layers run on the CPU backend
     return absl::UnimplementedError(absl::StrCat("--backend=cuda cannot run FP8 weights yet (",
                                                  model.quantization.Describe(),
@@ -100,6 +107,7 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
   if (options.group != nullptr) {
     source.shard = TpShard{options.group->rank(), options.group->size(), options.dcp_size};
   }
+  source.shard.expert_parallel = options.expert_parallel;
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));
   if (source.dummy_weights_on_backend && options.group != nullptr) {

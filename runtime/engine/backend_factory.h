@@ -41,6 +41,9 @@ struct BackendOptions {
   // attention slice (divides the group's size) and tokens per unit (0: the block size).
   int dcp_size = 1;
   int64_t dcp_interleave = 0;
+  // Expert parallelism over the group's ranks (runtime/model/tensor_parallel.h): the model is
+  // loaded with each rank's experts whole. A group of one holds every expert either way.
+  bool expert_parallel = false;
   absl::Duration comm_timeout = absl::Seconds(30);
 };
 

@@ -21,6 +21,7 @@ class LlamaCpuModel : public CpuModel {
   }
   const ModelConfig& config() const override { return model_->config(); }
   const kernels::DcpShard& dcp() const override { return model_->dcp(); }
+  std::vector<uint64_t> ExpertTokens() const override { return model_->moe_expert_tokens(); }
 
  private:
   std::unique_ptr<LlamaModel> model_;

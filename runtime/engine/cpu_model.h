@@ -32,6 +32,8 @@ class CpuModel {
   virtual kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const = 0;
   virtual const ModelConfig& config() const = 0;
   virtual const kernels::DcpShard& dcp() const = 0;
+  // MoE models: tokens routed to each expert so far (MoeMlp::expert_tokens); empty otherwise.
+  virtual std::vector<uint64_t> ExpertTokens() const { return {}; }
 };
 
 // MlaModel::Create for config.IsMla(), else LlamaModel::Create (their errors).

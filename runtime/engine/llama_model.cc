@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
     const LayerWeights& w = weights.layers[l];
     const bool moe = config.IsMoeLayer(l);
     const int64_t experts_gate_up =
-        config.num_experts * 2 * config.moe_intermediate_size * config.hidden_size;
+        config.NumHeldExperts() * 2 * config.moe_intermediate_size * config.hidden_size;
     if ((config.qk_norm && (static_cast<int64_t>(w.q_norm.size()) != config.head_dim ||
                             static_cast<int64_t>(w.k_norm.size()) != config.head_dim)) ||
         (moe && (static_cast<int64_t>(w.router.size()) != config.num_experts * config.hidden_size ||

@@ -73,6 +73,8 @@ class LlamaModel {
                        absl::Span<const int64_t> logit_rows, std::vector<float>* logits);
 
   const ModelConfig& config() const { return config_; }
+  // Tokens routed to each expert so far (MoeMlp::expert_tokens; empty for dense models).
+  const std::vector<uint64_t>& moe_expert_tokens() const { return moe_.expert_tokens(); }
   const kernels::DcpShard& dcp() const { return dcp_; }
 
  private:

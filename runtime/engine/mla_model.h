@@ -48,6 +48,7 @@ class MlaModel : public CpuModel {
   absl::Status Forward(const ForwardInput& input, kernels::KvCacheView cache,
                        absl::Span<const int64_t> logit_rows, std::vector<float>* logits) override;
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const override;
+  std::vector<uint64_t> ExpertTokens() const override { return moe_.expert_tokens(); }
   const ModelConfig& config() const override { return config_; }
   const kernels::DcpShard& dcp() const override { return dcp_; }
   // The softmax scale and the RoPE cos/sin factor derived from the config.

@@ -38,6 +38,10 @@ struct ExecutorStats {
   int64_t padded_steps = 0;  // decode steps run padded to a graph batch size (graph or eager)
   int64_t eager_steps = 0;   // other steps
   int64_t graphs_captured = 0;
+  // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
+  // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
+  // backends that do not count.
+  std::vector<uint64_t> moe_expert_tokens;
 };
 
 class ModelExecutor {

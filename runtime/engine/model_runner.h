@@ -43,6 +43,12 @@ class ModelRunner : public ModelExecutor {
 
   const kernels::KvCacheLayout& layout() const { return layout_; }
   const CpuModel& model() const { return *model_; }
+  // The model's per-expert token counts (MoE models; nothing else is counted on the CPU).
+  ExecutorStats stats() const override {
+    ExecutorStats s;
+    s.moe_expert_tokens = model_->ExpertTokens();
+    return s;
+  }
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
   void* kv_pool_data() override { return kv_pool_; }
   int64_t kv_pool_bytes() const override {

@@ -1,5 +1,7 @@
 #include "runtime/engine/moe_mlp.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/gemm/linear.h"
@@ -28,6 +30,43 @@ absl::Status MoeMlp::Route(const ModelConfig& c, const LayerWeights& w, int64_t 
   return kernels::cpu::GroupedTopK(router_logits_.data(), T, p, &routing_);
 }
 
+absl::Status MoeMlp::RunOwnedExperts(const ModelConfig& c, const kernels::MoeExpertWeights& experts,
+                                     const float* x, int64_t T, float* out,
+                                     kernels::ThreadPool* pool) {
+  const int64_t H = c.hidden_size, k = routing_.top_k;
+  if (static_cast<int64_t>(local_slots_.size()) != c.num_experts) {
+    local_slots_ = c.expert_placement->LocalSlots(c.expert_rank);
+  }
+  // Prepare: the (token, expert) rows whose expert this rank holds, in token order.
+  owned_token_.clear();
+  owned_.expert_ids.clear();
+  owned_.weights.clear();
+  for (int64_t r = 0; r < T * k; ++r) {
+    const int32_t slot = local_slots_[routing_.expert_ids[r]];
+    if (slot < 0) continue;  // another rank's expert
+    owned_token_.push_back(static_cast<int32_t>(r / k));
+    owned_.expert_ids.push_back(slot);
+    owned_.weights.push_back(routing_.weights[r]);
+  }
+  std::fill_n(out, T * H, 0.0f);
+  const auto rows = static_cast<int64_t>(owned_token_.size());
+  if (rows == 0) return absl::OkStatus();  // no token for this rank's experts: a zero part
+  owned_.num_tokens = rows;
+  owned_.top_k = 1;
+  owned_x_.resize(rows * H);
+  owned_out_.resize(rows * H);
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(x + owned_token_[r] * H, H, &owned_x_[r * H]);
+  // Experts: the same kernel as without EP, on the owned rows; finalize: add into the tokens.
+  RETURN_IF_ERROR(
+      kernels::cpu::FusedMoe(owned_x_.data(), owned_, experts, owned_out_.data(), pool, &scratch_));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + owned_token_[r] * H;
+    const float* src = &owned_out_[r * H];
+    for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const float* x, int64_t T,
                          float* out, kernels::ThreadPool* pool) {
   const int64_t H = c.hidden_size, E = c.num_experts;
@@ -41,9 +80,15 @@ absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const floa
   router_logits_.resize(T * E);
   kernels::cpu::Linear(x, w.router.data(), nullptr, T, E, H, router_logits_.data(), pool);
   RETURN_IF_ERROR(Route(c, w, T));
-  const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(), E, H,
-                                          c.moe_intermediate_size};
-  RETURN_IF_ERROR(kernels::cpu::FusedMoe(x, routing_, experts, out, pool, &scratch_));
+  expert_tokens_.resize(E, 0);
+  for (int32_t e : routing_.expert_ids) ++expert_tokens_[e];
+  const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(),
+                                          c.NumHeldExperts(), H, c.moe_intermediate_size};
+  if (c.expert_placement != nullptr) {
+    RETURN_IF_ERROR(RunOwnedExperts(c, experts, x, T, out, pool));
+  } else {
+    RETURN_IF_ERROR(kernels::cpu::FusedMoe(x, routing_, experts, out, pool, &scratch_));
+  }
   const int64_t I = c.shared_expert_intermediate_size;
   if (I == 0) return absl::OkStatus();
   gate_up_.resize(T * 2 * I);

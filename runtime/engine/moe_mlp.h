@@ -2,8 +2,11 @@
 // Mixtral / Qwen2-MoE / Qwen3-MoE, MlaModel for DeepSeek-V2/V3): the router, the routing the
 // config names (softmax top-k, or DeepSeek's grouped / bias-corrected top-k; kernels/moe), the
 // routed experts on their tokens, and the shared expert(s), gated by a sigmoid for Qwen2-MoE.
+// Under expert parallelism over the TP ranks (config.expert_placement, tensor_parallel.h) every
+// rank routes the replicated tokens alike, runs only the rows routed to its own (whole) experts
+// and leaves the other rows to their ranks: the model's all-reduce after the MLP sums the parts.
 //
-// Thread safety: Run() reuses scratch buffers; one caller at a time.
+// Thread safety: Run() reuses scratch buffers; one caller at a time (expert_tokens() too).
 #ifndef TANDEM_RUNTIME_ENGINE_MOE_MLP_H_
 #define TANDEM_RUNTIME_ENGINE_MOE_MLP_H_
 
@@ -23,15 +26,31 @@ class MoeMlp {
   // out[T, H] = the layer's MLP of x[T, H] (normalized hidden states; every rank passes the
   // same x), from this rank's slice of every expert: under tensor parallelism the ranks' outputs
   // sum to the layer's. `config` is the rank's (LocalModelConfig). out must not alias x.
+  // Under expert parallelism the rank's experts only (whole), so again the ranks' outputs sum.
   absl::Status Run(const ModelConfig& config, const LayerWeights& w, const float* x, int64_t T,
                    float* out, kernels::ThreadPool* pool);
 
+  // Tokens routed to each expert ([num_experts], global ids), summed over every Run (all MoE
+  // layers, every step): one count per (token, chosen expert). Every rank of a group routes
+  // alike, so any rank's counts are the group's. Empty before the first Run.
+  const std::vector<uint64_t>& expert_tokens() const { return expert_tokens_; }
+
  private:
   absl::Status Route(const ModelConfig& config, const LayerWeights& w, int64_t T);
+  // Expert parallelism: out[T, H] = this rank's experts' part of the routed sum.
+  absl::Status RunOwnedExperts(const ModelConfig& config, const kernels::MoeExpertWeights& experts,
+                               const float* x, int64_t T, float* out, kernels::ThreadPool* pool);
 
   std::vector<float> router_logits_, gate_up_, act_, shared_;
   kernels::MoeRouting routing_;
   kernels::MoeScratch scratch_;
+  // Expert parallelism: [E] -> this rank's slot or -1; the owned rows as a routing of their own
+  // (k = 1, local slot ids), their tokens, inputs and outputs.
+  std::vector<int32_t> local_slots_;
+  kernels::MoeRouting owned_;
+  std::vector<int32_t> owned_token_;
+  std::vector<float> owned_x_, owned_out_;
+  std::vector<uint64_t> expert_tokens_;
 };
 
 }  // namespace tandem::runtime

@@ -19,6 +19,7 @@
 #define TANDEM_RUNTIME_MODEL_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/layers/rope.h"
+#include "runtime/model/expert_placement.h"
 
 namespace tandem::runtime {
 
@@ -125,9 +127,21 @@ struct ModelConfig {
   int64_t num_expert_groups = 1;
   int64_t topk_expert_groups = 1;
   double routed_scaling_factor = 1.0;
+  // Expert parallelism (--enable_expert_parallel; tensor_parallel.h): set on one rank's
+  // LocalModelConfig only: the group's expert -> rank table and this rank, whose weights hold
+  // its experts whole (stacked in placement.experts_of(rank) order). Null: the weights hold
+  // every expert (at tp > 1 a slice of each).
+  std::shared_ptr<const ExpertPlacement> expert_placement = nullptr;
+  int expert_rank = 0;
 
   bool IsMoe() const { return num_experts > 0; }
   bool IsMoeLayer(int64_t layer) const;
+  // The experts this config's weights hold: num_experts, or this rank's under expert parallelism.
+  int64_t NumHeldExperts() const {
+    return expert_placement == nullptr
+               ? num_experts
+               : static_cast<int64_t>(expert_placement->experts_of(expert_rank).size());
+  }
   // Checkpoint names of the experts: Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2, else
   // mlp.experts.{e}.gate_proj/up_proj/down_proj.
   bool MixtralExpertNames() const { return architecture == "MixtralForCausalLM"; }

@@ -1,5 +1,6 @@
 #include "runtime/model/tensor_parallel.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,37 @@
 
 namespace tandem::runtime {
 namespace {
+
+// Expert parallelism's placement for `shard` (tensor_parallel.h): the one given or the contiguous
+// split. INVALID_ARGUMENT naming the numbers for a dense model, N not dividing the experts, or a
+// given placement of another number of experts or ranks.
+absl::StatusOr<std::shared_ptr<const ExpertPlacement>> ResolvePlacement(const ModelConfig& c,
+                                                                        const TpShard& shard) {
+  const int64_t n = shard.size;
+  if (!c.IsMoe()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--enable_expert_parallel needs a mixture-of-experts model; ", c.architecture,
+                     " has no experts (num_experts = 0)"));
+  }
+  if (shard.expert_placement != nullptr) {
+    if (shard.expert_placement->num_experts() != c.num_experts ||
+        shard.expert_placement->num_ranks() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert placement of ", shard.expert_placement->num_experts(),
+                       " experts over ", shard.expert_placement->num_ranks(),
+                       " ranks for a model of ", c.num_experts, " experts at --tp=", n));
+    }
+    return shard.expert_placement;
+  }
+  if (c.num_experts % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp=", n, " --enable_expert_parallel: the group's ", n,
+                     " ranks do not divide the model's ", c.num_experts,
+                     " experts (each rank holds num_experts / tp whole experts)"));
+  }
+  ASSIGN_OR_RETURN(ExpertPlacement placement, ExpertPlacement::Contiguous(c.num_experts, n));
+  return std::make_shared<const ExpertPlacement>(std::move(placement));
+}
 
 // What every rank of N holds whatever the attention split: o_proj's input heads (H/N, after DCP's
 // all-to-all or directly), the MLP's intermediate rows and the vocabulary rows. INVALID_ARGUMENT
@@ -17,8 +49,13 @@ absl::StatusOr<TpDims> SplitNWays(const ModelConfig& c, TpShard shard) {
     return absl::InvalidArgumentError(absl::StrCat("--tp=", n, " does not divide the model's ",
                                                    "intermediate size ", c.intermediate_size));
   }
+  std::shared_ptr<const ExpertPlacement> placement;
+  if (shard.expert_parallel) {
+    ASSIGN_OR_RETURN(placement, ResolvePlacement(c, shard));
+  }
   for (auto [name, width] :
-       {std::pair<const char*, int64_t>{"expert intermediate size", c.moe_intermediate_size},
+       {std::pair<const char*, int64_t>{"expert intermediate size",
+                                        placement != nullptr ? 0 : c.moe_intermediate_size},
         {"shared expert intermediate size", c.shared_expert_intermediate_size}}) {
     if (c.IsMoe() && width % n != 0) {
       return absl::InvalidArgumentError(
@@ -32,8 +69,9 @@ absl::StatusOr<TpDims> SplitNWays(const ModelConfig& c, TpShard shard) {
   d.intermediate = c.intermediate_size / n;
   d.intermediate_begin = r * d.intermediate;
   if (c.IsMoe()) {
-    d.moe_intermediate = c.moe_intermediate_size / n;
-    d.moe_intermediate_begin = r * d.moe_intermediate;
+    d.expert_placement = std::move(placement);  // EP: whole experts, the rank's own
+    d.moe_intermediate = c.moe_intermediate_size / (d.expert_placement != nullptr ? 1 : n);
+    d.moe_intermediate_begin = d.expert_placement != nullptr ? 0 : r * d.moe_intermediate;
     d.shared_intermediate = c.shared_expert_intermediate_size / n;
     d.shared_intermediate_begin = r * d.shared_intermediate;
   }
@@ -111,6 +149,8 @@ absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard 
   local.intermediate_size = d.intermediate;
   local.moe_intermediate_size = d.moe_intermediate;
   local.shared_expert_intermediate_size = d.shared_intermediate;
+  local.expert_placement = d.expert_placement;
+  local.expert_rank = d.expert_placement != nullptr ? shard.rank : 0;
   return local;
 }
 

@@ -19,15 +19,25 @@
 //   * after the all-to-all each rank owns Hq/N of its slice's heads, so o_proj stays
 //     row-parallel over all N ranks (rank r: heads [r*Hq/N, (r+1)*Hq/N)), and the MLP,
 //     embedding and lm_head are split N ways as without DCP.
+// Expert parallelism over the same ranks (`--tp=N --enable_expert_parallel`, vLLM's spelling):
+// attention, dense MLPs, embedding and lm_head split as above; each mixture-of-experts layer's
+// routed experts are placed whole on the N ranks by one expert -> rank table (ExpertPlacement;
+// contiguous: rank r holds experts [r*E/N, (r+1)*E/N), so N must divide E); every rank routes
+// the replicated tokens alike and runs its own experts on the rows routed to them, the shared
+// expert(s) stay TP-sliced (every token goes through them: the slice splits their work evenly),
+// and the row-parallel all-reduce after the MLP sums the ranks' parts: one all-reduce per MoE
+// layer, no all-to-all.
 //
 // All functions are thread-safe (no shared state).
 #ifndef TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
 #define TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/model/expert_placement.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem::runtime {
@@ -37,6 +47,9 @@ struct TpShard {
   int rank = 0;
   int size = 1;
   int dcp = 1;  // KVP: KV shards per attention slice; divides size
+  // Expert parallelism over the group's ranks; placement null: ExpertPlacement::Contiguous.
+  bool expert_parallel = false;
+  std::shared_ptr<const ExpertPlacement> expert_placement = nullptr;
 };
 
 // What rank `shard.rank` holds, in units of the full model (see the header comment).
@@ -57,6 +70,9 @@ struct TpDims {
   int64_t moe_intermediate_begin = 0;
   int64_t shared_intermediate = 0;
   int64_t shared_intermediate_begin = 0;
+  // Expert parallelism (shard.expert_parallel): the group's placement; the rank holds its experts
+  // whole (moe_intermediate = the full width, begin 0). Null: every expert, sliced as above.
+  std::shared_ptr<const ExpertPlacement> expert_placement = nullptr;
   int64_t vocab_rows = 0;  // local embedding / lm_head rows (the padded partition size)
   int64_t vocab_begin = 0;
   // Row-parallel biases (o_proj, down_proj) are added by one rank only.
@@ -67,10 +83,13 @@ struct TpDims {
 // or rank out of range, query heads or the intermediate size (or the experts' / shared expert's)
 // not divisible by N, KV heads
 // neither divisible by N nor dividing it; with dcp > 1: dcp not dividing N, TP_A = N / dcp not
-// dividing the KV heads. `config` must pass ValidateModelConfig.
+// dividing the KV heads; with expert parallelism: a model without experts, N not dividing the
+// experts (contiguous placement), a placement of another size. `config` must pass
+// ValidateModelConfig.
 absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& config, TpShard shard);
 
-// The config one rank computes with: its query heads, KV heads and intermediate size. vocab_size
+// The config one rank computes with: its query heads, KV heads and intermediate size (with
+// expert parallelism: the placement and its rank, ModelConfig::expert_placement). vocab_size
 // stays the full vocabulary (token ids and sampling are global); the KV layout of the rank's
 // pool follows from it (num_key_value_heads = its local KV heads).
 absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard shard);

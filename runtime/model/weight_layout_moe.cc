@@ -2,9 +2,13 @@
 // per-head q/k norms and the mixture-of-experts layers of Mixtral, Qwen2-MoE and Qwen3-MoE in
 // the hub's per-expert layout. Tensor parallelism splits every expert like a dense MLP: rank r
 // keeps rows [r*Ie/N, (r+1)*Ie/N) of each expert's gate/up and those columns of its down
-// projection (tensor_parallel.h); the router and the shared expert's gate are replicated.
+// projection (tensor_parallel.h); the router and the shared expert's gate are replicated. Under
+// expert parallelism a rank keeps its own experts whole, stacked in placement order, and checks
+// but does not store the others.
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/model/weight_layout.h"
@@ -45,15 +49,25 @@ void AppendFamilyLayerTensors(const ModelConfig& c, const TpDims& d, int64_t i,
     out->push_back(
         Tensor(m + "gate.e_score_correction_bias", {e_count}, WeightSlot::kRouterBias, i, 0));
   }
+  // Expert parallelism: the rank's experts whole at their slot, the others not kept.
+  const std::vector<int32_t> slots = d.expert_placement != nullptr
+                                         ? d.expert_placement->LocalSlots(d.shard.rank)
+                                         : std::vector<int32_t>();
   for (int64_t e = 0; e < e_count; ++e) {
     const std::string x = absl::StrCat(m, "experts.", e, ".");
-    const int64_t gate_up = e * 2 * li * h;
+    const int64_t slot = slots.empty() ? e : std::max(slots[e], 0);
+    const int rows = slots.empty() ? 0 : -1, cols = slots.empty() ? 1 : -1;  // -1: whole
+    const size_t first = out->size();
+    const int64_t gate_up = slot * 2 * li * h;
     out->push_back(Tensor(x + (mixtral ? "w1" : "gate_proj") + ".weight", {ie, h},
-                          WeightSlot::kExpertsGateUp, i, gate_up, 0, i0, li));
+                          WeightSlot::kExpertsGateUp, i, gate_up, rows, i0, li));
     out->push_back(Tensor(x + (mixtral ? "w3" : "up_proj") + ".weight", {ie, h},
-                          WeightSlot::kExpertsGateUp, i, gate_up + li * h, 0, i0, li));
+                          WeightSlot::kExpertsGateUp, i, gate_up + li * h, rows, i0, li));
     out->push_back(Tensor(x + (mixtral ? "w2" : "down_proj") + ".weight", {h, ie},
-                          WeightSlot::kExpertsDown, i, e * h * li, 1, i0, li));
+                          WeightSlot::kExpertsDown, i, slot * h * li, cols, i0, li));
+    if (!slots.empty() && slots[e] < 0) {
+      for (size_t k = first; k < out->size(); ++k) (*out)[k].keep = false;
+    }
   }
   if (c.shared_expert_intermediate_size > 0) {
     const int64_t is = c.shared_expert_intermediate_size;
@@ -81,14 +95,16 @@ void AllocateFamilyWeights(const ModelConfig& c, const TpDims& d, ModelWeights* 
       layer.k_norm.assign(static_cast<size_t>(c.head_dim), 0.0f);
     }
     if (!c.IsMoeLayer(static_cast<int64_t>(i))) continue;
-    const auto experts = static_cast<size_t>(c.num_experts);
+    const auto experts = static_cast<size_t>(
+        d.expert_placement != nullptr ? d.expert_placement->experts_of(d.shard.rank).size()
+                                      : c.num_experts);
     const auto li = static_cast<size_t>(d.moe_intermediate);
     const auto ls = static_cast<size_t>(d.shared_intermediate);
     layer.gate_up_proj.clear();
     layer.gate_up_bias.clear();
     layer.down_proj.clear();
     layer.down_bias.clear();
-    layer.router.assign(experts * h, 0.0f);
+    layer.router.assign(static_cast<size_t>(c.num_experts) * h, 0.0f);  // replicated
     layer.experts_gate_up.assign(experts * 2 * li * h, 0.0f);
     layer.experts_down.assign(experts * h * li, 0.0f);
     if (c.shared_expert_intermediate_size > 0) {
@@ -97,7 +113,7 @@ void AllocateFamilyWeights(const ModelConfig& c, const TpDims& d, ModelWeights* 
       if (!c.DeepseekMoe()) layer.shared_expert_gate.assign(h, 0.0f);
     }
     if (c.moe_router == ModelConfig::MoeRouter::kDeepseekV3)
-      layer.router_bias.assign(experts, 0.0f);
+      layer.router_bias.assign(static_cast<size_t>(c.num_experts), 0.0f);
   }
 }
 

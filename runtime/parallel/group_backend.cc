@@ -43,6 +43,7 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   backend.comm_timeout = group_options.timeout;
   backend.dcp_size = group_options.dcp;
   backend.dcp_interleave = group_options.dcp_interleave;
+  backend.expert_parallel = group_options.expert_parallel;
   const absl::Time load_start = absl::Now();
   absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
   comm::ProcessGroup* group = out.group->group();
@@ -65,7 +66,8 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
         loaded.ok() ? absl::StrCat(loaded->model.model_id, " backend=", loaded->factory.name,
                                    " kv_dtype=", KvDtypeName(loaded->factory.kv_dtype),
                                    " tp=", group->size(), " dcp=", group_options.dcp,
-                                   " dcp_interleave=", group_options.dcp_interleave)
+                                   " dcp_interleave=", group_options.dcp_interleave,
+                                   " expert_parallel=", group_options.expert_parallel)
                     : absl::StrCat("load failed: ", loaded.status().message());
     absl::Status agreement = CheckGroupAgreement(group, identity);
     RETURN_IF_ERROR(loaded.status());
@@ -73,6 +75,10 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
     if (out.group->rank() == 0) {
       LOG(INFO) << "worker group: "
                 << DescribeTp(loaded->model.config, group->size(), group_options.dcp);
+      if (loaded->model.local_config.expert_placement != nullptr) {
+        LOG(INFO) << "worker group: expert parallelism, "
+                  << loaded->model.local_config.expert_placement->Describe();
+      }
     }
   }
   RETURN_IF_ERROR(loaded.status());

@@ -49,6 +49,9 @@ struct RankGroupOptions {
   // the group's size; tokens per unit dealt to a shard (0: the block size).
   int dcp = 1;
   int64_t dcp_interleave = 0;
+  // Expert parallelism over the group's ranks (--enable_expert_parallel): each mixture-of-experts
+  // layer's experts placed whole on the ranks instead of sliced (runtime/model/tensor_parallel.h).
+  bool expert_parallel = false;
   // Set by rank 0 of a local launch for the ranks it starts (--dist_shm_fd): the inherited
   // descriptor of its plan segment. -1: none.
   int plan_shm_fd = -1;

@@ -14,6 +14,10 @@ ABSL_FLAG(int32_t, dcp, 1,
 ABSL_FLAG(int64_t, dcp_interleave, 0,
           "with --dcp: consecutive tokens dealt to one KV shard (0: the block size; a multiple or "
           "divisor of it; KV from a prefill worker needs a multiple)");
+ABSL_FLAG(bool, enable_expert_parallel, false,
+          "mixture-of-experts models: place the routed experts whole on the group's --tp ranks "
+          "(rank r: experts [r*E/tp, (r+1)*E/tp); tp must divide E) instead of a slice of every "
+          "expert on each; attention stays split by heads, one all-reduce per MoE layer");
 ABSL_FLAG(int32_t, rank, -1, "this process's rank when a launcher starts every rank");
 ABSL_FLAG(int32_t, world_size, 0, "with --rank: the group's size (must equal --tp if both given)");
 ABSL_FLAG(std::string, dist_init, "", "with --rank: HOST:PORT of rank 0's rendezvous");
@@ -41,6 +45,7 @@ RankGroupOptions RankGroupOptionsFromFlags(int device) {
   o.tp = absl::GetFlag(FLAGS_tp);
   o.dcp = absl::GetFlag(FLAGS_dcp);
   o.dcp_interleave = absl::GetFlag(FLAGS_dcp_interleave);
+  o.expert_parallel = absl::GetFlag(FLAGS_enable_expert_parallel);
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world_size = absl::GetFlag(FLAGS_world_size);
   o.dist_init = absl::GetFlag(FLAGS_dist_init);
