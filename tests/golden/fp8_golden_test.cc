@@ -27,6 +27,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "kernels/fp8/fp8_linear.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
@@ -318,6 +319,39 @@ TEST(Fp8CheckpointTest, PreShardedRanksLoadTheirSlices) {
                 .message()
                 .find("tp=2 cuts the 128x128 FP8 scale blocks"),
             std::string::npos);
+}
+
+// Dummy weights of an FP8 config (--load_format=dummy) are drawn in fp32 and quantized as the
+// config says; a static activation scheme (needs calibration) is refused.
+TEST(Fp8CheckpointTest, DummyWeightsOfAnFp8Config) {
+  auto block = LoadModelConfig(std::string(kFixtures) + "fp8_block");
+  ASSERT_TRUE(block.ok());
+  for (TpShard shard : {TpShard{}, TpShard{1, 2, 1}}) {
+    auto dummy = RandomModelWeights(*block, 7, shard);
+    ASSERT_TRUE(dummy.ok()) << dummy.status();
+    const LayerWeights& layer = dummy->layers[0];
+    EXPECT_TRUE(layer.qkv_proj.empty() && layer.down_proj.empty());
+    EXPECT_EQ(layer.qkv_fp8.grid.rows, (192 + 2 * 96) / shard.size);
+    EXPECT_EQ(layer.qkv_fp8.grid.block_cols, 128);
+    EXPECT_EQ(layer.down_fp8.grid.cols, 192 / shard.size);
+    EXPECT_EQ(layer.down_fp8.activation, kernels::Fp8ActivationScheme::kDynamicGroup128);
+    // Dequantized, the weights are the fp32 draw within e4m3's rounding.
+    ModelConfig plain = *block;
+    plain.quantization = WeightQuantization();
+    auto fp32 = RandomModelWeights(plain, 7, shard);
+    ASSERT_TRUE(fp32.ok());
+    std::vector<float> deq(layer.qkv_fp8.codes.size());
+    kernels::cpu::DequantizeFp8Weight(layer.qkv_fp8.View(), 0, layer.qkv_fp8.grid.rows, deq.data());
+    for (size_t i = 0; i < deq.size(); ++i) {
+      const float w = fp32->layers[0].qkv_proj[i];
+      ASSERT_NEAR(deq[i], w, std::fabs(w) / 16 + 1e-3f) << i;
+    }
+  }
+  auto statik = LoadModelConfig(std::string(kFixtures) + "ct_tensor_static");
+  ASSERT_TRUE(statik.ok());
+  EXPECT_EQ(RandomModelWeights(*statik, 7, TpShard{}).status().message(),
+            "static FP8 activation scales come from calibration: weights quantized at load "
+            "(dummy or --quantization=fp8) need a dynamic scheme");
 }
 
 TEST(Fp8CheckpointTest, TpSizeCuttingABlockIsRefused) {
