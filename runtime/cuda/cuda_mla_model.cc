@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "kernels/cuda/layers_cuda.h"
 #include "kernels/layers/rope.h"
 #include "kernels/mla/mla_cuda.h"
+#include "runtime/cuda/dummy_init.h"
 #include "runtime/engine/kv_layout.h"
 
 namespace tandem::runtime::cuda {
@@ -109,18 +111,14 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  std::string missing;
-  if (options.comm != nullptr) {
-    missing = "tensor parallelism";
-  } else if (options.dcp.size > 1) {
-    missing = "decode context parallelism";
-  } else if (options.dummy_seed.has_value()) {
-    missing = "device dummy weights";
+  if (options.dcp.size > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("--backend=cuda runs ", config.architecture,
+                     " (MLA) without decode context parallelism for now; use --backend=cpu"));
   }
-  if (!missing.empty()) {
-    return absl::UnimplementedError(absl::StrCat("--backend=cuda runs ", config.architecture,
-                                                 " (MLA) without ", missing,
-                                                 " for now; use --backend=cpu"));
+  if (options.comm != nullptr && options.dummy_seed.has_value() && options.dummy_plan.empty()) {
+    return absl::InvalidArgumentError(
+        "device dummy weights of a tensor-parallel rank need its plan (DummyWeightPlan)");
   }
   bool dense_mlp = false;  // a layer with the dense MLP (MoE models: the first few, or none)
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) dense_mlp |= !config.IsMoeLayer(l);
@@ -131,6 +129,9 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         config.hidden_size, ", ", config.intermediate_size, ") and positive bounds"));
   }
   std::unique_ptr<CudaMlaModel> model(new CudaMlaModel(config, options));
+  const int64_t n = options.comm == nullptr ? 1 : options.comm->size();
+  model->vocab_rows_ = (config.vocab_size + n - 1) / n;
+  model->vocab_begin_ = options.comm == nullptr ? 0 : options.comm->rank() * model->vocab_rows_;
   ASSIGN_OR_RETURN(model->gemm_, kc::CublasLtGemm::Create());
   if (cublasCreate(&model->cublas_) != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError("cublasCreate failed");
@@ -148,63 +149,138 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
   int device = 0, sms = 132;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  RETURN_IF_ERROR(model->Upload(std::move(weights), stream));
+  if (options.dummy_seed.has_value()) {
+    if (!weights.layers.empty() || !weights.embed_tokens.empty()) {
+      return absl::InvalidArgumentError("dummy weights requested but host weights were given");
+    }
+    RETURN_IF_ERROR(model->GenerateDummy(*options.dummy_seed, stream));
+  } else {
+    RETURN_IF_ERROR(model->Upload(std::move(weights), stream));
+  }
   RETURN_IF_ERROR(model->Allocate(sms));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return model;
 }
 
+std::vector<CudaMlaModel::Tensor> CudaMlaModel::Tensors(ModelWeights* w) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, P = vocab_rows_;
+  const int64_t Hq = dims_.num_heads, Rq = c.q_lora_rank, q_in = Rq > 0 ? Rq : H;
+  auto host = [w](std::vector<float> ModelWeights::*f) {
+    return w == nullptr ? nullptr : &(w->*f);
+  };
+  std::vector<Tensor> out = {
+      {&embed_tokens_, WeightSlot::kEmbedTokens, -1, host(&ModelWeights::embed_tokens), P * H,
+       "embed"},
+      {&norm_, WeightSlot::kNorm, -1, host(&ModelWeights::norm), H, "norm"},
+      {&lm_head_, WeightSlot::kLmHead, -1, host(&ModelWeights::lm_head),
+       c.tie_word_embeddings ? 0 : P * H, "lm_head"},
+  };
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Layer& d = layers_[l];
+    LayerWeights* s = w == nullptr ? nullptr : &w->layers[l];
+    auto src = [s](std::vector<float> LayerWeights::*f) {
+      return s == nullptr ? nullptr : &(s->*f);
+    };
+    const bool moe = c.IsMoeLayer(l);  // no dense MLP tensors
+    const Tensor layer[] = {
+        {&d.input_layernorm, WeightSlot::kInputLayernorm, l, src(&LayerWeights::input_layernorm), H,
+         "input_layernorm"},
+        {&d.q_a_proj, WeightSlot::kMlaQAProj, l, src(&LayerWeights::q_a_proj), Rq * H, "q_a_proj"},
+        {&d.q_a_layernorm, WeightSlot::kMlaQALayernorm, l, src(&LayerWeights::q_a_layernorm), Rq,
+         "q_a_layernorm"},
+        {&d.q_proj, WeightSlot::kMlaQProj, l, src(&LayerWeights::q_proj),
+         Hq * dims_.QkHeadDim() * q_in, "q_proj"},
+        {&d.kv_a_proj, WeightSlot::kMlaKvAProj, l, src(&LayerWeights::kv_a_proj),
+         dims_.LatentDim() * H, "kv_a_proj_with_mqa"},
+        {&d.kv_a_layernorm, WeightSlot::kMlaKvALayernorm, l, src(&LayerWeights::kv_a_layernorm),
+         dims_.kv_lora_rank, "kv_a_layernorm"},
+        {&d.kv_b_proj, WeightSlot::kMlaKvBProj, l, src(&LayerWeights::kv_b_proj),
+         Hq * (dims_.qk_nope_head_dim + dims_.v_head_dim) * dims_.kv_lora_rank, "kv_b_proj"},
+        {&d.o_proj, WeightSlot::kOProj, l, src(&LayerWeights::o_proj), H * Hq * dims_.v_head_dim,
+         "o_proj"},
+        {&d.post_attention_layernorm, WeightSlot::kPostAttentionLayernorm, l,
+         src(&LayerWeights::post_attention_layernorm), H, "post_attention_layernorm"},
+        {&d.gate_up_proj, WeightSlot::kGateUpProj, l, src(&LayerWeights::gate_up_proj),
+         moe ? 0 : 2 * I * H, "gate_up_proj"},
+        {&d.down_proj, WeightSlot::kDownProj, l, src(&LayerWeights::down_proj), moe ? 0 : H * I,
+         "down_proj"},
+    };
+    out.insert(out.end(), std::begin(layer), std::end(layer));
+  }
+  return out;
+}
+
 absl::Status CudaMlaModel::Upload(ModelWeights w, cudaStream_t stream) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const int64_t Hq = dims_.num_heads, Rq = c.q_lora_rank, q_in = Rq > 0 ? Rq : H;
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("weights have ", w.layers.size(),
                                                    " layers, config says ", c.num_hidden_layers));
   }
   DeviceBuffer staging;
   const ActDtype dt = options_.dtype;
-  ASSIGN_OR_RETURN(embed_tokens_,
-                   UploadTensor(&w.embed_tokens, V * H, dt, &staging, "embed", stream));
-  ASSIGN_OR_RETURN(norm_, UploadTensor(&w.norm, H, dt, &staging, "norm", stream));
-  ASSIGN_OR_RETURN(lm_head_, UploadTensor(&w.lm_head, c.tie_word_embeddings ? 0 : V * H, dt,
-                                          &staging, "lm_head", stream));
-  layers_.resize(w.layers.size());
-  weight_bytes_ = embed_tokens_.bytes() + norm_.bytes() + lm_head_.bytes();
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    LayerWeights& s = w.layers[l];
-    Layer& d = layers_[l];
-    const bool moe = c.IsMoeLayer(static_cast<int64_t>(l));  // no dense MLP tensors
-    const std::string p = absl::StrCat("layer ", l, " ");
-    struct Item {
-      DeviceBuffer* dst;
-      std::vector<float>* src;
-      int64_t n;
-      const char* name;
-    } items[] = {
-        {&d.input_layernorm, &s.input_layernorm, H, "input_layernorm"},
-        {&d.q_a_proj, &s.q_a_proj, Rq * H, "q_a_proj"},
-        {&d.q_a_layernorm, &s.q_a_layernorm, Rq, "q_a_layernorm"},
-        {&d.q_proj, &s.q_proj, Hq * dims_.QkHeadDim() * q_in, "q_proj"},
-        {&d.kv_a_proj, &s.kv_a_proj, dims_.LatentDim() * H, "kv_a_proj_with_mqa"},
-        {&d.kv_a_layernorm, &s.kv_a_layernorm, dims_.kv_lora_rank, "kv_a_layernorm"},
-        {&d.kv_b_proj, &s.kv_b_proj,
-         Hq * (dims_.qk_nope_head_dim + dims_.v_head_dim) * dims_.kv_lora_rank, "kv_b_proj"},
-        {&d.o_proj, &s.o_proj, H * Hq * dims_.v_head_dim, "o_proj"},
-        {&d.post_attention_layernorm, &s.post_attention_layernorm, H, "post_attention_layernorm"},
-        {&d.gate_up_proj, &s.gate_up_proj, moe ? 0 : 2 * I * H, "gate_up_proj"},
-        {&d.down_proj, &s.down_proj, moe ? 0 : H * I, "down_proj"},
-    };
-    for (const Item& it : items) {
-      ASSIGN_OR_RETURN(*it.dst, UploadTensor(it.src, it.n, dt, &staging, p + it.name, stream));
-      weight_bytes_ += it.dst->bytes();
+  weight_bytes_ = 0;
+  for (const Tensor& t : Tensors(&w)) {
+    const std::string what = t.layer < 0 ? t.name : absl::StrCat("layer ", t.layer, " ", t.name);
+    ASSIGN_OR_RETURN(*t.dst, UploadTensor(t.host, t.numel, dt, &staging, what, stream));
+    weight_bytes_ += t.dst->bytes();
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    LayerWeights* s = &w.layers[l];
+    if (dt == ActDtype::kBf16) {
+      ASSIGN_OR_RETURN(layers_[l].moe, UploadMoeWeights<__nv_bfloat16>(c, s, stream));
+    } else {
+      ASSIGN_OR_RETURN(layers_[l].moe, UploadMoeWeights<__half>(c, s, stream));
     }
-    if (moe && dt == ActDtype::kBf16) {
-      ASSIGN_OR_RETURN(d.moe, UploadMoeWeights<__nv_bfloat16>(c, &s, stream));
-    } else if (moe) {
-      ASSIGN_OR_RETURN(d.moe, UploadMoeWeights<__half>(c, &s, stream));
+    weight_bytes_ += layers_[l].moe.bytes();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
+  // The rank's buffers, sized as Upload() checks them, zero-filled (vocabulary rows past the end
+  // of the last partition stay zero), then every fill of the plan drawn where it lands.
+  weight_bytes_ = 0;
+  std::vector<Tensor> tensors = Tensors(nullptr);
+  for (const Tensor& t : tensors) {
+    if (t.numel == 0) continue;
+    ASSIGN_OR_RETURN(*t.dst, DeviceBuffer::Allocate(t.numel * 2, t.name));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dst->data(), 0, t.dst->bytes(), stream));
+    weight_bytes_ += t.dst->bytes();
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    ASSIGN_OR_RETURN(layers_[l].moe, AllocateMoeWeights(config_, stream));
+    weight_bytes_ += layers_[l].moe.bytes();
+  }
+  std::vector<DummyTensorFill> whole;
+  if (options_.dummy_plan.empty()) {
+    ASSIGN_OR_RETURN(whole, DummyWeightPlan(config_));
+  }
+  const bool bf16 = options_.dtype == ActDtype::kBf16;
+  for (const DummyTensorFill& f : options_.dummy_plan.empty() ? whole : options_.dummy_plan) {
+    if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < config_.num_hidden_layers) {
+      CudaMoeWeights* moe = &layers_[f.layer].moe;
+      RETURN_IF_ERROR(bf16 ? FillMoeDummy<__nv_bfloat16>(f, seed, moe, stream)
+                           : FillMoeDummy<__half>(f, seed, moe, stream));
+      continue;
     }
-    weight_bytes_ += d.moe.bytes();
+    DeviceBuffer* b = nullptr;
+    for (const Tensor& t : tensors) {
+      if (t.slot == f.slot && t.layer == f.layer) b = t.dst;
+    }
+    if (b == nullptr || (f.offset + f.slice.numel()) * 2 > b->bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dummy plan does not fit the MLA model: slot ", static_cast<int>(f.slot),
+                       " layer ", f.layer, " elements [", f.offset, ", ",
+                       f.offset + f.slice.numel(), ") of ", b == nullptr ? 0 : b->bytes() / 2));
+    }
+    RETURN_IF_ERROR(bf16 ? FillDummySlice(b->get<__nv_bfloat16>() + f.offset, f.slice, f.mean, seed,
+                                          f.stream_id, stream)
+                         : FillDummySlice(b->get<__half>() + f.offset, f.slice, f.mean, seed,
+                                          f.stream_id, stream));
   }
   return absl::OkStatus();
 }
@@ -235,6 +311,11 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
     ASSIGN_OR_RETURN(*it.b, DeviceBuffer::Allocate(it.elems * 2, it.what));
   }
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * 4, "logits"));
+  if (comm() != nullptr) {
+    ASSIGN_OR_RETURN(local_logits_, DeviceBuffer::Allocate(R * vocab_rows_ * 4, "local logits"));
+    ASSIGN_OR_RETURN(gathered_logits_, DeviceBuffer::Allocate(comm()->size() * R * vocab_rows_ * 4,
+                                                              "gathered logits"));
+  }
   if (config_.IsMoe()) {
     ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
   }
@@ -332,8 +413,14 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
   const float eps = static_cast<float>(config_.rms_norm_eps);
   T* hidden = Ptr<T>(hidden_);
   T* residual = Ptr<T>(residual_);
-  RETURN_IF_ERROR(
-      kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
+  if (comm() == nullptr) {
+    RETURN_IF_ERROR(
+        kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
+  } else {  // vocab-parallel: each rank its rows, summed
+    RETURN_IF_ERROR(kc::VocabShardEmbedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_),
+                                               vocab_begin_, vocab_rows_, H, residual, stream));
+    RETURN_IF_ERROR(AllReduce(residual, Tn * H, stream));
+  }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& w = layers_[l];
     if (l == 0) {
@@ -346,22 +433,49 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
     RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, stream));
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Tn, H,
                         dims_.num_heads * dims_.v_head_dim, hidden, stream));
+    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));  // row-parallel
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream));
     if (config_.IsMoeLayer(l)) {  // DeepSeek's MoE layer: routed + shared experts
       RETURN_IF_ERROR(moe_->Forward<T>(w.moe, hidden, Tn, l, hidden, *gemm_, stream));
+      if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
       continue;
     }
     RETURN_IF_ERROR(
         Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H, Ptr<T>(gate_up_), stream));
     RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
     RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Tn, H, I, hidden, stream));
+    if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
   }
   RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.bytes() == 0 ? embed_tokens_ : lm_head_;
-  return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, V, H, logits_.get<float>(), stream);
+  if (comm() == nullptr) {
+    return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, V, H, logits_.get<float>(), stream);
+  }
+  RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, vocab_rows_, H,
+                      local_logits_.get<float>(), stream));
+  return GatherLogits(R, stream);
+}
+
+absl::Status CudaMlaModel::AllReduce(void* data, int64_t n, cudaStream_t stream) {
+  const comm::CommDtype dtype =
+      options_.dtype == ActDtype::kBf16 ? comm::CommDtype::kBf16 : comm::CommDtype::kF16;
+  return comm()->AllReduceSum(data, n, dtype, stream);
+}
+
+absl::Status CudaMlaModel::GatherLogits(int64_t R, cudaStream_t stream) {
+  const int64_t P = vocab_rows_, V = config_.vocab_size, n = comm()->size();
+  RETURN_IF_ERROR(comm()->AllGather(local_logits_.data(), gathered_logits_.data(), R * P,
+                                    comm::CommDtype::kF32, stream));
+  // [rank][row][P] -> [row][V], the padding past the vocabulary dropped.
+  for (int64_t r = 0; r < n && r * P < V; ++r) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        logits_.get<float>() + r * P, V * 4, gathered_logits_.get<float>() + r * R * P, P * 4,
+        std::min(P, V - r * P) * 4, R, cudaMemcpyDeviceToDevice, stream));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::runtime::cuda

@@ -11,8 +11,13 @@
 // cuda_moe_mlp.h: V2 group-limited / V3 noaux_tc routing, shared experts). The softmax scale is
 // DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
 //
-// Not here yet: tensor parallelism, DCP, device dummy weights: Create refuses them naming what
-// is missing.
+// Tensor parallelism (options.comm; config = the rank's LocalModelConfig), as the CPU MlaModel:
+// each rank runs its Hq/N heads (its rows of q_proj / q_b_proj and kv_b_proj, its o_proj
+// columns) over the WHOLE latent (q_a / kv_a replicated), so every rank caches the same latent
+// rows; the dense MLP and the experts are sliced; vocab-parallel embedding + all-reduce, an
+// all-reduce after o_proj and after the MLP, lm_head on the local vocabulary rows + all-gather.
+// Device dummy weights (options.dummy_seed): drawn on the device from DummyWeightPlan, each rank
+// only its slices (runtime/model/dummy_draw.h). Not here yet: DCP (Create refuses it by name).
 //
 // Forward() only enqueues work on the stream (no allocation, no host sync), so the runner can
 // capture it in a CUDA graph once every GEMM shape has been seen.
@@ -45,8 +50,7 @@ namespace tandem::runtime::cuda {
 class CudaMlaModel {
  public:
   // Uploads `weights` (fp32 host, freed tensor by tensor) converted to options.dtype.
-  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for a
-  // communicator, DCP or device dummy weights.
+  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for DCP.
   static absl::StatusOr<std::unique_ptr<CudaMlaModel>> Create(const ModelConfig& config,
                                                               ModelWeights weights,
                                                               const CudaModelOptions& options,
@@ -73,8 +77,25 @@ class CudaMlaModel {
         kv_b_proj, o_proj, post_attention_layernorm, gate_up_proj, down_proj;
     CudaMoeWeights moe;  // MoE layers (config.IsMoeLayer): their MLP instead of gate_up / down
   };
+  // One device tensor of the rank (not the MoE layers'): where it goes, the checkpoint slot a
+  // dummy fill names, its host source (null for dummy weights) and its element count.
+  struct Tensor {
+    DeviceBuffer* dst;
+    WeightSlot slot;
+    int64_t layer;  // -1: model-level
+    std::vector<float>* host;
+    int64_t numel;
+    const char* name;
+  };
   CudaMlaModel(const ModelConfig& config, const CudaModelOptions& options);
+  // Every tensor of the rank (sizes from the local config and vocab_rows_); sizes layers_.
+  std::vector<Tensor> Tensors(ModelWeights* host);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
+  absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
+  // Sums `n` activations over the communicator; the vocab-parallel logits local -> logits_.
+  absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
+  absl::Status GatherLogits(int64_t R, cudaStream_t stream);
+  comm::DeviceCommunicator* comm() const { return options_.comm; }
   absl::Status Allocate(int64_t num_sms);
   template <typename T>
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
@@ -89,6 +110,10 @@ class CudaMlaModel {
   const kernels::MlaDims dims_;
   const float softmax_scale_;
   const float rope_factor_;
+  int64_t vocab_rows_ = 0;        // embedding / lm_head rows this rank holds
+  int64_t vocab_begin_ = 0;       // the first one's vocabulary id
+  DeviceBuffer local_logits_;     // [R, vocab_rows_] fp32 (communicator only)
+  DeviceBuffer gathered_logits_;  // [ranks, R, vocab_rows_] fp32 (communicator only)
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
   cublasHandle_t cublas_ = nullptr;  // the per-head absorption GEMMs
   DeviceBuffer cublas_workspace_;

@@ -37,16 +37,14 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
-  // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU, dense
-  // and MoE layers; TP and DCP for MLA run on the CPU backend only, refused here by name.
-  if (model.IsMla()) {
-    const bool tp = options.group != nullptr && options.group->size() > 1;
-    if (tp || options.dcp_size > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "--backend=cuda cannot run ", model.architecture, " with ",
-          tp ? "tensor parallelism" : "decode context parallelism",
-          " yet: multi-head latent attention (MLA) on CUDA runs on one GPU; use --backend=cpu"));
-    }
+  // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
+  // tensor-parallel group, dense and MoE layers; DCP for MLA runs on the CPU backend only,
+  // refused here by name.
+  if (model.IsMla() && options.dcp_size > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--backend=cuda cannot run ", model.architecture,
+        " with decode context parallelism yet: multi-head latent attention (MLA) on CUDA runs "
+        "without DCP; use --backend=cpu"));
   }
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
   // MoE MLPs of up to kernels::cuda::kMoeMaxExperts (512) experts: refused at startup, before any
@@ -63,10 +61,15 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      "): expert parallelism runs on --backend=cpu; "
                      "without the flag the CUDA group slices every expert"));
   }
-  if (model.quantization.IsFp8()) {  // issue 38: FP8 linear layers run on the CPU backend
-    return absl::UnimplementedError(absl::StrCat("--backend=cuda cannot run FP8 weights yet (",
-                                                 model.quantization.Describe(),
-                                                 "); use --backend=cpu"));
+  // FP8 weights (issue 38; runtime/cuda/cuda_fp8_linear.h): every scheme the loader accepts, with
+  // bf16 activations (the FP8 kernels read and write bf16). Block-scaled weights (128-column
+  // blocks) beyond 16 rows take the slow chunked-GEMV path until a block-scaled GEMM exists.
+  const bool fp16_act =
+      options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
+  if (model.quantization.IsFp8() && fp16_act) {
+    return absl::UnimplementedError(
+        absl::StrCat("--backend=cuda runs FP8 weights (", model.quantization.Describe(),
+                     ") with bf16 activations only; pass --dtype=bf16 or use --backend=cpu"));
   }
 #if defined(TANDEM_WITH_CUDA)
   cuda::CudaBackendConfig config;

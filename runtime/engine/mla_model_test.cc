@@ -102,7 +102,8 @@ TEST(MlaModelTest, DcpNeedsAGroupAndNotOnCuda) {
   llama.kv_lora_rank = 0;
   EXPECT_EQ(MlaModel::Create(llama, ModelWeights(), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // The CUDA backend runs MLA on one GPU (runtime/cuda/cuda_mla_model.h): DCP is refused by name.
+  // The CUDA backend runs MLA on one GPU or at TP (runtime/cuda/cuda_mla_model.h): DCP is
+  // refused by name.
   BackendOptions cuda;
   cuda.backend = "cuda";
   cuda.dcp_size = 2;

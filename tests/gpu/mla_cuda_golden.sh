@@ -10,10 +10,15 @@
 # deepseek_v3_f32 eager (--cuda_graphs=false), whose greedy tokens must equal the graph run's,
 # and a random bf16 model of DeepSeek-V3's latent width (tests/gpu/configs/deepseek-v3-latent:
 # 512 + 64, the tensor-core kernel) on a 700-token prompt (split-KV, page boundaries) against
-# the CPU backend by the same logits rule.
+# the CPU backend by the same logits rule. Tensor parallelism: deepseek_v2_lite_f32,
+# deepseek_v3_f32 and deepseek_v3_moe_f32 at --tp=2 against TP=1 and transformers. Device dummy
+# weights (--load_format=dummy, drawn on the GPU, each rank its slices): tiny-mla (dense) and
+# the deepseek_v3_moe_f32 config (MoE layers) at TP=1 against the CPU backend's host draw of the
+# same values, and at TP=2 against TP=1.
 #
 #   tests/gpu/mla_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
+# SHARE="" (env) puts rank r on GPU r (NCCL); default --tp_share_device (one GPU, Gloo).
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate tool//runtime/model:make_dummy_model.
 # Run from the repository root. Prints "N passed, N failed, N skipped".
 set -uo pipefail
@@ -63,5 +68,31 @@ if run "$LOG/latent.cuda.jsonl" "${LATENT[@]}" && cpu "$LOG/latent.cpu.jsonl" "$
 else
   echo "FAIL latent-512"; tail -3 "$LOG"/latent.*.err; failed=$((failed + 1))
 fi
+# Tensor parallelism: Hq/2 heads per rank over the whole latent (the same latent rows cached on
+# both ranks), sliced MLP / experts.
+for variant in deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_moe_f32; do
+  fix=tests/golden/fixtures_mla/$variant
+  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  if run "$LOG/$variant.tp2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
+     compare "$variant-tp2" "$LOG/$variant.tp2.jsonl" "$LOG/$variant.cuda.jsonl" "$fix/expected.json"; then
+    echo "PASS $variant-tp2"; passed=$((passed + 1))
+  else
+    echo "FAIL $variant-tp2"; tail -3 "$LOG/$variant".tp2.jsonl.err; failed=$((failed + 1))
+  fi
+done
+# Device dummy weights: the GPU's draw equals the CPU backend's host draw (same seed), TP=2 = TP=1.
+for dummy in tiny-mla tests/golden/fixtures_mla/deepseek_v3_moe_f32/config.json; do
+  name=$(basename "$(dirname "$dummy")")
+  [[ $dummy == tiny-mla ]] && name=tiny-mla
+  DEV=(--load_format=dummy --dummy_config="$dummy" --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,30;17")
+  if run "$LOG/dummy-$name.1.jsonl" "${DEV[@]}" && cpu "$LOG/dummy-$name.cpu.jsonl" "${DEV[@]}" &&
+     compare "dummy-$name-vs-cpu" "$LOG/dummy-$name.1.jsonl" "$LOG/dummy-$name.cpu.jsonl" &&
+     run "$LOG/dummy-$name.2.jsonl" "${DEV[@]}" --tp=2 $SHARE &&
+     compare "dummy-$name-tp2" "$LOG/dummy-$name.2.jsonl" "$LOG/dummy-$name.1.jsonl"; then
+    echo "PASS device-dummy-$name"; passed=$((passed + 1))
+  else
+    echo "FAIL device-dummy-$name"; tail -3 "$LOG"/dummy-"$name".*.err; failed=$((failed + 1))
+  fi
+done
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]
