@@ -75,6 +75,8 @@ struct EngineLoopStats {
   // Requests whose remote KV failed to load and were queued to prefill here instead.
   uint64_t kv_recomputes = 0;
   SpecStats spec;  // speculative decoding counters (Engine::spec_stats)
+  // MoE models: tokens routed to each expert (ExecutorStats::moe_expert_tokens).
+  std::vector<uint64_t> moe_expert_tokens;
 };
 
 struct EngineLoopOptions {

@@ -80,6 +80,15 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
   p.Gauge("tandem:spec_decode_mean_accepted_length",
           "Tokens a verify pass yields on average: 1 + accepted / passes (0 without passes).",
           spec.mean_accepted_length(), labels);
+  // Mixture-of-experts load: one series per expert (global id), for placement (EPLB) decisions.
+  for (int e = 0; e < s.moe_expert_tokens_size(); ++e) {
+    http::Labels expert = labels;
+    expert.emplace_back("expert", absl::StrCat(e));
+    p.Counter("tandem:moe_expert_tokens_total",
+              "Tokens routed to the expert, summed over the MoE layers (one per token and chosen "
+              "expert; prefill and decode).",
+              static_cast<double>(s.moe_expert_tokens(e)), expert);
+  }
   p.Histogram("tandem:kv_transfer_duration_seconds",
               "A completed KV load, from posting the read to seeing it end (decode side).",
               latencies.kv_load, labels);
