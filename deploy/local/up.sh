@@ -36,9 +36,10 @@
 # rank reads exactly its shard's blocks from the prefill group.
 #
 # --speculative_method / --num_speculative_tokens / --ngram_min / --ngram_max /
-# --speculative_adaptive / --draft_model: speculative decoding on the decode and mixed workers
-# (the same tandem_worker flags; prefill workers never speculate; runtime/engine/speculative.h;
-# --draft_model=DIR of the target's vocabulary, or dummy:CONFIG[:SEED]).
+# --speculative_adaptive / --speculative_disable_by_batch_size / --draft_model: speculative
+# decoding on the decode and mixed workers (the same tandem_worker flags; prefill workers never
+# speculate; runtime/engine/speculative.h; --draft_model=DIR of the target's vocabulary, or
+# dummy:CONFIG[:SEED]).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
@@ -72,7 +73,7 @@ while [[ $# -gt 0 ]]; do
     --http_model=*) http_model="${1#*=}" ;;
     --insecure) insecure=1 ;;
     --speculative_method=* | --num_speculative_tokens=* | --ngram_min=* | --ngram_max=* | \
-      --speculative_adaptive=* | --draft_model=*)
+      --speculative_adaptive=* | --speculative_disable_by_batch_size=* | --draft_model=*)
       spec+=("$1") ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;

@@ -105,6 +105,10 @@ SchedulerOutput Scheduler::Schedule() {
     budget -= num_new;
   };
 
+  // Batch-level switch (vLLM's speculative_disable_by_batch_size): a batch this large is no
+  // longer bound by reading the weights, so verifying drafts stops paying; nobody drafts.
+  const int64_t disable_at = config_.speculative.disable_by_batch_size;
+  const bool batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at;
   // 1. Running requests, oldest first; grow their block tables, preempting the newest if needed.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* req = running_[i];
@@ -115,7 +119,7 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     // A decoding request may verify drafts: only when its blocks can grow without preempting.
-    if (const int64_t drafts = remaining == 1 ? Draft(req, budget) : 0;
+    if (const int64_t drafts = remaining == 1 && batch_drafts ? Draft(req, budget) : 0;
         drafts > 0 &&
         kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr)) {
       add_seq(req, 1 + drafts);

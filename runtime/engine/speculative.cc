@@ -43,6 +43,10 @@ absl::Status ValidateSpeculativeConfig(const SpeculativeConfig& config) {
         "--num_speculative_tokens must be in [1, 16] with --speculative_method=",
         SpeculativeMethodName(config.method), ", got ", config.num_speculative_tokens));
   }
+  if (config.disable_by_batch_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative_disable_by_batch_size must be >= 0, got ", config.disable_by_batch_size));
+  }
   if (config.max_pause_steps < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_pause_steps must be >= 1, got ", config.max_pause_steps));

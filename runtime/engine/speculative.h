@@ -48,6 +48,9 @@ struct SpeculativeConfig {
   bool adaptive = true;
   // Longest pause (plain decode steps) between two probes of a request whose drafts keep failing.
   int64_t max_pause_steps = 32;
+  // Batch-level: no request drafts in a step that starts with at least this many running
+  // requests (0: never disabled). Large batches are compute-bound, where drafts stop paying.
+  int64_t disable_by_batch_size = 0;
   bool enabled() const { return method != SpeculativeMethod::kNone && num_speculative_tokens > 0; }
 };
 

@@ -415,6 +415,50 @@ TEST(SpeculativeEngineTest, AdaptiveDraftLengthBacksOffWhenDraftsAreRejected) {
   EXPECT_GT(adaptive.stats.drafted_tokens, 0u);
 }
 
+// Batch level: while a step starts with >= 4 running requests nobody drafts; once the batch
+// has shrunk below 4 the remaining requests speculate. Tokens stay those of plain decoding.
+TEST(SpeculativeEngineTest, NoDraftsWhileTheBatchIsAtTheDisableSize) {
+  std::vector<RequestSpec> specs = Prompts(11, 8);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].ignore_eos = true;
+    specs[i].max_tokens = 6 + 8 * static_cast<int64_t>(i);  // requests finish one by one
+  }
+  EngineConfig base;
+  base.num_threads = 1;
+  const Outcome plain = RunAll(base, specs);
+  EngineConfig config = base;
+  config.speculative = Ngram(3);
+  config.speculative.disable_by_batch_size = 4;
+  const ModelConfig model = TinyConfig();
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, 4321));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  std::vector<std::vector<int32_t>> tokens(specs.size());
+  uint64_t passes_while_small = 0;
+  while ((*engine)->HasUnfinished()) {
+    const int64_t running = (*engine)->num_running();
+    const uint64_t before = (*engine)->spec_stats().verify_passes;
+    auto updates = (*engine)->Step();
+    ASSERT_TRUE(updates.ok()) << updates.status();
+    for (const RequestUpdate& u : *updates) {
+      tokens[u.request_id].insert(tokens[u.request_id].end(), u.new_token_ids.begin(),
+                                  u.new_token_ids.end());
+    }
+    const uint64_t passes = (*engine)->spec_stats().verify_passes - before;
+    if (running >= 4) {
+      EXPECT_EQ(passes, 0u) << running << " requests running";
+    } else {
+      passes_while_small += passes;
+    }
+  }
+  EXPECT_GT(passes_while_small, 0u) << "the small batch never speculated";
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(tokens[i], plain.results[i].tokens) << "prompt " << i;
+  }
+}
+
 TEST(SpeculativeEngineTest, RefusesBadConfigs) {
   const ModelConfig model = TinyConfig();
   EngineConfig config;

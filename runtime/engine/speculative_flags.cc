@@ -17,6 +17,9 @@ ABSL_FLAG(bool, speculative_adaptive, true,
           "adapt each request's draft length to its acceptance: grow while drafts are accepted, "
           "back off to plain decoding (probing again later) while they are rejected; false: "
           "always draft up to --num_speculative_tokens");
+ABSL_FLAG(int64_t, speculative_disable_by_batch_size, 0,
+          "no request drafts in a step that starts with at least this many running requests "
+          "(0: never)");
 ABSL_FLAG(std::string, draft_model, "",
           "--speculative_method=draft: the draft model, a Hugging Face directory of the target's "
           "vocabulary, or dummy:CONFIG[:SEED] (random weights of a preset or config.json)");
@@ -30,6 +33,7 @@ absl::StatusOr<SpeculativeConfig> SpeculativeConfigFromFlags() {
   ASSIGN_OR_RETURN(config.method, ParseSpeculativeMethod(absl::GetFlag(FLAGS_speculative_method)));
   config.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   config.adaptive = absl::GetFlag(FLAGS_speculative_adaptive);
+  config.disable_by_batch_size = absl::GetFlag(FLAGS_speculative_disable_by_batch_size);
   config.ngram_min = absl::GetFlag(FLAGS_ngram_min);
   config.ngram_max = absl::GetFlag(FLAGS_ngram_max);
   RETURN_IF_ERROR(ValidateSpeculativeConfig(config));

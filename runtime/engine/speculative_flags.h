@@ -3,6 +3,7 @@
 //
 //   --speculative_method=none|ngram  --num_speculative_tokens=K  --ngram_min=N  --ngram_max=M
 //   --speculative_adaptive=true|false (per-request draft length, speculative.h)
+//   --speculative_disable_by_batch_size=N (batch level: no drafts while >= N requests run)
 //   --draft_model=DIR | dummy:CONFIG[:SEED]   (--speculative_method=draft: a Hugging Face
 //       directory, or random weights of a preset / config.json with a seed, default 0)
 //
