@@ -7,7 +7,8 @@
 #                      [--run_dir=out/local] [--bin_dir=bazel-bin] [--router_port=0]
 #                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
 #                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
-#                      [--decode_dcp=1] [--mixed_dcp=1] [--insecure] [-- EXTRA_WORKER_FLAGS...]
+#                      [--decode_dcp=1] [--mixed_dcp=1] [--prefill_ep] [--decode_ep] [--mixed_ep]
+#                      [--insecure] [-- EXTRA_WORKER_FLAGS...]
 #                      [--speculative_method=ngram --num_speculative_tokens=K]
 #                      [--ngram_min=1] [--ngram_max=4] [--speculative_adaptive=true]
 #                      [--speculative_method=draft --num_speculative_tokens=K --draft_model=DIR]
@@ -30,6 +31,9 @@
 # --prefill_tp / --decode_tp / --mixed_tp: each worker of that role is a tensor-parallel group of
 # that many ranks (tandem_worker --tp=N starts its ranks on this host); P and D groups of
 # different sizes exchange KV re-sharded by heads (kvtransfer/rank_reader.h).
+# --prefill_ep / --decode_ep / --mixed_ep: expert parallelism in that role's groups (tandem_worker
+# --enable_expert_parallel: each MoE layer's experts placed whole on the group's --*_tp ranks,
+# which must divide the experts; comm/README.md). KV is attention-only: P and D may differ.
 # --decode_dcp=K / --mixed_dcp=K: decode context parallelism in those groups (tandem_worker
 # --dcp=K: K KV shards per attention slice; runtime/model/tensor_parallel.h); the group has
 # --decode_tp ranks in all, which K must divide; --decode_dcp=K alone means --decode_tp=K. Each D
@@ -47,6 +51,7 @@
 set -euo pipefail
 
 prefill_tp=1 decode_tp="" mixed_tp="" decode_dcp=1 mixed_dcp=1
+prefill_ep=0 decode_ep=0 mixed_ep=0
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
 run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
 insecure=0
@@ -61,6 +66,9 @@ while [[ $# -gt 0 ]]; do
     --mixed_tp=*) mixed_tp="${1#*=}" ;;
     --decode_dcp=*) decode_dcp="${1#*=}" ;;
     --mixed_dcp=*) mixed_dcp="${1#*=}" ;;
+    --prefill_ep) prefill_ep=1 ;;
+    --decode_ep) decode_ep=1 ;;
+    --mixed_ep) mixed_ep=1 ;;
     --backend=*) backend="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
     --load_format=*) load_format="${1#*=}" ;;
@@ -162,14 +170,16 @@ if [[ "$insecure" == 0 ]]; then
 fi
 
 start_worker() {  # start_worker ROLE INDEX
-  local name="$1-$2" tp=1 dcp=1 spec_flags=()
+  local name="$1-$2" tp=1 dcp=1 ep=0 spec_flags=() ep_flags=()
   case "$1" in
-    prefill) tp=$prefill_tp ;;
-    decode) tp=$decode_tp dcp=$decode_dcp spec_flags=(${spec[@]+"${spec[@]}"}) ;;
-    mixed) tp=$mixed_tp dcp=$mixed_dcp spec_flags=(${spec[@]+"${spec[@]}"}) ;;
+    prefill) tp=$prefill_tp ep=$prefill_ep ;;
+    decode) tp=$decode_tp dcp=$decode_dcp ep=$decode_ep spec_flags=(${spec[@]+"${spec[@]}"}) ;;
+    mixed) tp=$mixed_tp dcp=$mixed_dcp ep=$mixed_ep spec_flags=(${spec[@]+"${spec[@]}"}) ;;
   esac
+  [[ $ep == 1 ]] && ep_flags=(--enable_expert_parallel)
   "$worker_bin" --role="$1" --tp="$tp" --dcp="$dcp" --backend="$backend" "${model_flags[@]}" \
-    ${spec_flags[@]+"${spec_flags[@]}"} --router="$internal_addr" $(worker_sec "$name") \
+    ${ep_flags[@]+"${ep_flags[@]}"} ${spec_flags[@]+"${spec_flags[@]}"} \
+    --router="$internal_addr" $(worker_sec "$name") \
     --worker_id="$name" --listen=127.0.0.1:0 --port_file="$run_dir/$name.port" \
     ${extra[@]+"${extra[@]}"} > "$run_dir/$name.log" 2>&1 &
   echo "$! $name" >> "$run_dir/pids"
