@@ -109,6 +109,30 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
                         int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
                         const T* shared_gate, const T* x, T* out, cudaStream_t stream);
 
+// MoeCombine's contract, each token split over ceil(hidden / 512) blocks of 64 threads (16-byte
+// loads of all k expert rows in flight; element loads where hidden % 8 or alignment forbid).
+// Same j-order fp32 sum: identical results without a gated shared expert. Falls back to
+// MoeCombine when a gated shared expert's x overlaps out, or past 65535 tokens.
+template <typename T>
+absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                             int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
+                             const T* shared_gate, const T* x, T* out, cudaStream_t stream);
+
+// Every expert's rows against its weights in ONE launch, sized by host values only (no offsets
+// read-back: capturable), mma.sync bf16 / fp16 tensor cores, fp32 accumulation:
+//   out[r, :n] = a[src(r), :k] . w[e]^T for every row r in [offsets[e], offsets[e+1]),
+// src(r) = a_row_index[r] (the gather folded in; x [T, k] with token_of_row) or r when null;
+// w [E, n, k]; out [rows, n]. 128-column tiles, 64- or 128-row tiles (by rows / E) that never
+// straddle two experts; blocks walk (m-tile, n-tile) with the m-tiles of one n-tile adjacent, so
+// an expert's weight tile is read from HBM once. `rows` (host) = offsets[E] or more: bounds the
+// grid. Needs k % 8 == 0, n % 8 == 0, a / w 16-byte aligned, out 4-byte aligned:
+// MoeGroupedMmaSupported; INVALID_ARGUMENT otherwise.
+bool MoeGroupedMmaSupported(const void* a, const void* w, int64_t n, int64_t k);
+template <typename T>
+absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
+                           const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                           int64_t n, int64_t k, T* out, cudaStream_t stream);
+
 #define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
   extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
                                                 cudaStream_t);                                     \
@@ -124,7 +148,13 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
                                              int64_t, T*, int32_t*, cudaStream_t);                 \
   extern template absl::Status MoeCombine<T>(const T*, const float*, const int32_t*, int64_t,      \
                                              int64_t, int64_t, const T*, const T*, const T*, T*,   \
-                                             cudaStream_t);
+                                             cudaStream_t);                                        \
+  extern template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t, \
+                                                  int64_t, int64_t, const T*, const T*, const T*,  \
+                                                  T*, cudaStream_t);                               \
+  extern template absl::Status MoeGroupedMma<T>(const T*, const int32_t*, const T*,                \
+                                                const int32_t*, int64_t, int64_t, int64_t,         \
+                                                int64_t, T*, cudaStream_t);
 TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
 TANDEM_MOE_CUDA_DECLARE(__half)
 #undef TANDEM_MOE_CUDA_DECLARE

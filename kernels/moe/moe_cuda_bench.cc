@@ -1,7 +1,7 @@
 // The routed MoE layer's kernels on one GPU, Qwen3-30B-A3B (128 experts, top-8, hidden 2048,
 // expert width 768) and Mixtral-8x7B (8 experts, top-2, hidden 4096, width 14336) shapes, bf16:
 //
-//   moe_cuda_bench [--tokens=1,16,128,1024,8192] [--iters=20]
+//   moe_cuda_bench [--tokens=1,16,128,1024,8192] [--iters=20] [--new=1]
 //
 // Per shape and token count: the experts' time (gate_up + SiLU*up + down) on the decode GEMVs
 // and on the padded strided-batched GEMM (<= 256 tokens: the sync-free paths), on one
@@ -11,11 +11,20 @@
 // 256, grouped / per-expert above); the best experts time as TFLOP/s and as bytes of the routed
 // experts' weights (each active expert read once) per second; and, for reference, a dense
 // cublasGemmEx of the same rows x (2 * width) x hidden. Routing: random logits (softmax top-k,
-// renormalised).
+// renormalised); weights and activations random (a tiled normal pattern).
+//
+// Before / after in one process (unless --new=0): the kernels added after the first
+// measurements, selectable in serving by TANDEM_MOE_KERNELS (runtime/cuda/cuda_moe_mlp.h):
+// mma_ms = MoeGroupedMma per projection (gather folded in, no offsets read-back) + SiLU*up,
+// mma_TF its TFLOP/s, mma_err = max |mma - cuBLAS grouped| / max |cuBLAS grouped| of the
+// experts' output rows (a correctness check at the real shapes); csplit_us = MoeCombineSplit
+// (cdiff = its max |difference| from MoeCombine: 0 expected); layer_new = the layer with both
+// (GEMV / padded paths as before; mma for E > 16 above 256 tokens, else the old choice).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +69,31 @@ void* Alloc(int64_t bytes) {
   return p;
 }
 
+// Fills n bf16 elements with a normal(0, sd) pattern of a prime length, tiled.
+void FillRandom(bf16* dst, int64_t n, float sd, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, sd);
+  std::vector<bf16> pattern(std::min<int64_t>(n, (1 << 20) + 7));
+  for (bf16& v : pattern) v = __float2bfloat16(normal(rng));
+  for (int64_t i = 0; i < n; i += static_cast<int64_t>(pattern.size())) {
+    const int64_t m = std::min<int64_t>(pattern.size(), n - i);
+    CHECK_CUDA(cudaMemcpy(dst + i, pattern.data(), m * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+// max |a - b| / max |b| over n device bf16 elements (b the reference); -1 when b is all zero.
+double RelDiff(const bf16* a, const bf16* b, int64_t n) {
+  std::vector<bf16> ha(n), hb(n);
+  CHECK_CUDA(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    diff = std::max(diff, std::isfinite(x) ? std::abs(x - y) : 1e30);
+    ref = std::max(ref, std::abs(y));
+  }
+  return ref > 0.0 ? diff / ref : -1.0;
+}
+
 // Mean milliseconds of fn over iters runs (after 3 warm-up runs).
 double TimeMs(const std::function<void()>& fn, int iters) {
   for (int i = 0; i < 3; ++i) fn();
@@ -75,21 +109,25 @@ double TimeMs(const std::function<void()>& fn, int iters) {
   return ms / iters;
 }
 
-void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublasHandle_t blas) {
+void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool with_new,
+         cublasHandle_t blas) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
   const int64_t max_t = *std::max_element(token_counts.begin(), token_counts.end());
   const int64_t max_rows = max_t * k;
-  // Small non-zero weights (0x3c00 = bf16 1/128): timing does not depend on the values.
+  std::mt19937 rng(7);
   auto* gate_up = static_cast<bf16*>(Alloc(E * 2 * I * H * 2));
   auto* down = static_cast<bf16*>(Alloc(E * H * I * 2));
-  CHECK_CUDA(cudaMemset(gate_up, 0x3c, E * 2 * I * H * 2));
-  CHECK_CUDA(cudaMemset(down, 0x3c, E * H * I * 2));
+  FillRandom(gate_up, E * 2 * I * H, 0.03f, rng);
+  FillRandom(down, E * H * I, 0.03f, rng);
   auto* x = static_cast<bf16*>(Alloc(max_t * H * 2));
+  FillRandom(x, max_t * H, 1.0f, rng);
   const int64_t most = std::max(max_rows, E * std::min<int64_t>(max_t, 256));
   auto* xs = static_cast<bf16*>(Alloc(most * H * 2));
   auto* gu = static_cast<bf16*>(Alloc(most * 2 * I * 2));
   auto* act = static_cast<bf16*>(Alloc(most * I * 2));
   auto* eout = static_cast<bf16*>(Alloc(most * H * 2));
+  auto* eout_ref = static_cast<bf16*>(Alloc(max_rows * H * 2));
+  auto* out_ref = static_cast<bf16*>(Alloc(max_t * H * 2));
   auto* padded_rows = static_cast<int32_t*>(Alloc(max_rows * 4));
   auto* out = static_cast<bf16*>(Alloc(max_t * H * 2));
   auto* logits = static_cast<float*>(Alloc(max_t * E * 4));
@@ -100,7 +138,6 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublas
       static_cast<int32_t*>(Alloc(max_rows * 4)), static_cast<int32_t*>(Alloc(max_rows * 4))};
   auto grouped = MoeGroupedGemm::Create(E);
   CHECK_OK(grouped.status());
-  std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> host_logits(max_t * E);
   for (float& v : host_logits) v = normal(rng);
@@ -112,9 +149,11 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublas
   p.renormalize = true;
   std::printf("\n%s: %ld experts, top-%ld, hidden %ld, expert width %ld (bf16)\n", s.name, E, k, H,
               I);
-  std::printf("%6s %6s %8s %9s %10s %10s %8s %7s %7s %9s %7s %8s %7s %8s\n", "tokens", "active",
-              "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us", "comb_us",
-              "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB");
+  std::printf(
+      "%6s %6s %8s %9s %10s %10s %8s %7s %7s %9s %7s %8s %7s %8s | %8s %7s %8s %9s %7s %9s\n",
+      "tokens", "active", "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us",
+      "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
+      "mma_err", "csplit_us", "cdiff", "layer_new");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
     const int64_t rows = T * k;
@@ -188,19 +227,70 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublas
     const double best =
         small ? std::min({gemv_ms, padded_ms, grouped_ms, per_ms}) : std::min(grouped_ms, per_ms);
     std::printf(
-        "%6d %6d %8.4f %9.4f %10.4f %10.4f %8.1f %7.1f %7.1f %9.4f %7.1f %8.1f %7.0f %8.3f\n", T,
+        "%6d %6d %8.4f %9.4f %10.4f %10.4f %8.1f %7.1f %7.1f %9.4f %7.1f %8.1f %7.0f %8.3f |", T,
         active, gemv_ms, padded_ms, grouped_ms, per_ms, route_us, perm_us, comb_us, layer_ms,
         flops / best / 1e9, 2.0 * rows * 2 * I * H / dense_ms / 1e9, weight_bytes / best / 1e6,
         weight_bytes / 1e9);
     std::fflush(stdout);
+    if (!with_new) {
+      std::printf("\n");
+      continue;
+    }
+    // The new kernels: references first (cuBLAS grouped experts, one-block-per-token combine).
+    gemm(MoeGroupedGemm::Mode::kGrouped);
+    CHECK_CUDA(cudaMemcpy(eout_ref, eout, rows * H * 2, cudaMemcpyDeviceToDevice));
+    combine(perm.row_of_pair);
+    CHECK_CUDA(cudaMemcpy(out_ref, out, T * H * 2, cudaMemcpyDeviceToDevice));
+    auto mma = [&] {
+      CHECK_OK(MoeGroupedMma<bf16>(x, perm.token_of_row, gate_up, perm.expert_offsets, E, rows,
+                                   2 * I, H, gu, nullptr));
+      CHECK_OK(MoeSiluAndMul<bf16>(gu, rows, I, act, nullptr));
+      CHECK_OK(MoeGroupedMma<bf16>(act, nullptr, down, perm.expert_offsets, E, rows, H, I, eout,
+                                   nullptr));
+    };
+    CHECK_CUDA(cudaMemset(eout, 0xff, rows * H * 2));  // NaN: rows the kernel misses show
+    mma();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const double mma_err = RelDiff(eout, eout_ref, rows * H);
+    const double mma_ms = TimeMs(mma, iters);
+    auto split = [&](const int32_t* row_map) {
+      CHECK_OK(MoeCombineSplit<bf16>(eout, weights, row_map, T, k, H, nullptr, nullptr, x, out,
+                                     nullptr));
+    };
+    CHECK_CUDA(cudaMemcpy(eout, eout_ref, rows * H * 2, cudaMemcpyDeviceToDevice));
+    split(perm.row_of_pair);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const double cdiff = RelDiff(out, out_ref, T * H);
+    const double split_us = 1e3 * TimeMs([&] { split(perm.row_of_pair); }, iters);
+    const double layer_new_ms = TimeMs(
+        [&] {
+          route();
+          permute();
+          if (use_gemv) {
+            gemv();
+          } else if (small) {
+            padded();
+          } else if (E > 16) {
+            mma();
+          } else {
+            CHECK_OK((*grouped)->ReadOffsets(perm.expert_offsets, E, nullptr));
+            gemm(MoeGroupedGemm::Mode::kPerExpert);
+          }
+          split(small && !use_gemv ? padded_rows : perm.row_of_pair);
+        },
+        iters);
+    std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f\n", mma_ms, flops / mma_ms / 1e9, mma_err,
+                split_us, cdiff, layer_new_ms);
+    std::fflush(stdout);
   }
-  for (void* ptr : {static_cast<void*>(gate_up), static_cast<void*>(down), static_cast<void*>(x),
-                    static_cast<void*>(xs), static_cast<void*>(gu), static_cast<void*>(act),
-                    static_cast<void*>(eout), static_cast<void*>(out), static_cast<void*>(logits),
-                    static_cast<void*>(ids), static_cast<void*>(weights),
-                    static_cast<void*>(perm.expert_offsets),
-                    static_cast<void*>(perm.active_experts), static_cast<void*>(perm.token_of_row),
-                    static_cast<void*>(perm.row_of_pair), static_cast<void*>(padded_rows)}) {
+  for (void* ptr :
+       {static_cast<void*>(gate_up), static_cast<void*>(down), static_cast<void*>(x),
+        static_cast<void*>(xs), static_cast<void*>(gu), static_cast<void*>(act),
+        static_cast<void*>(eout), static_cast<void*>(out), static_cast<void*>(logits),
+        static_cast<void*>(eout_ref), static_cast<void*>(out_ref), static_cast<void*>(ids),
+        static_cast<void*>(weights), static_cast<void*>(perm.expert_offsets),
+        static_cast<void*>(perm.active_experts), static_cast<void*>(perm.token_of_row),
+        static_cast<void*>(perm.row_of_pair), static_cast<void*>(padded_rows)}) {
     cudaFree(ptr);
   }
 }
@@ -208,6 +298,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, cublas
 int Main(int argc, char** argv) {
   std::vector<int> tokens = {1, 16, 128, 1024, 8192};
   int iters = 20;
+  bool with_new = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--tokens=", 9) == 0) {
       tokens.clear();
@@ -219,6 +310,7 @@ int Main(int argc, char** argv) {
       }
     }
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
+    if (std::strncmp(argv[i], "--new=", 6) == 0) with_new = std::atoi(argv[i] + 6) != 0;
   }
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
@@ -226,8 +318,8 @@ int Main(int argc, char** argv) {
       "gemv / grouped / per_exp: the experts only (grouped and per-expert include the "
       "gather); layer: route + permute + experts + combine; TFLOP/s and GB/s of the best "
       "experts time; dense_TF: one cublasGemmEx of rows x 2I x H\n");
-  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, blas);
-  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, blas);
+  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, with_new, blas);
+  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, with_new, blas);
   cublasDestroy(blas);
   return 0;
 }

@@ -9,7 +9,14 @@
 //   * The whole routed layer (route, permute, experts, combine) on the decode GEMVs and on the
 //     padded strided-batched GEMM and on the grouped GEMM (grouped and per-expert cuBLAS calls)
 //     against FusedMoe in fp32 on the same rounded inputs, with and without a (sigmoid-gated)
-//     shared expert; widths that are and are not multiples of 8 (vector and element loads).
+//     shared expert; widths that are and are not multiples of 8 (vector and element loads);
+//     also on MoeGroupedMma (widths multiples of 8), every path combined by MoeCombine and by
+//     MoeCombineSplit.
+//   * MoeGroupedMma alone against an fp64 per-row product: uneven and empty experts, one expert
+//     taking every row (several m-tiles), n / k not multiples of the 128 / 64 tiles, 64- and
+//     128-row tiles, with and without the row gather; bf16 and fp16.
+//   * MoeCombineSplit equal to MoeCombine bit for bit (no gated shared expert), within the
+//     gate's rounding with one (out aliasing x), odd widths (element loads), top-k 1 to 20.
 #include "kernels/moe/moe_cuda.h"
 
 #include <algorithm>
@@ -225,14 +232,14 @@ TEST(MoeCudaTest, PermuteMatchesCpuOnSkewedRoutings) {
   }
 }
 
-enum class Path { kGemv, kPadded, kGrouped, kPerExpert };
+enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma };
 
 // The routed layer (+ optional shared expert) on the device along `path`, as T values.
 template <typename T>
 std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
                                  const std::vector<float>& logits, const MoeExpertWeights& w,
                                  int64_t tokens, int64_t k, const std::vector<float>& shared,
-                                 const std::vector<float>& shared_gate) {
+                                 const std::vector<float>& shared_gate, bool split_combine) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate, rows = tokens * k;
   DeviceBuffer<T> dx(cuda_test::Convert<T>(x));
   DeviceBuffer<T> gate_up(
@@ -272,6 +279,14 @@ std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
     EXPECT_TRUE(
         (*gemm)->RunPadded(act.get(), down.get(), E, tokens, H, I, eout.get(), dt, nullptr).ok());
     row_map = padded_rows.get();
+  } else if (path == Path::kMma) {  // the gather folded into the gate_up product
+    EXPECT_TRUE(MoeGroupedMma<T>(dx.get(), perm.token_of_row.get(), gate_up.get(),
+                                 perm.offsets.get(), E, rows, 2 * I, H, gu.get(), nullptr)
+                    .ok());
+    EXPECT_TRUE(MoeSiluAndMul<T>(gu.get(), rows, I, act.get(), nullptr).ok());
+    EXPECT_TRUE(MoeGroupedMma<T>(act.get(), nullptr, down.get(), perm.offsets.get(), E, rows, H, I,
+                                 eout.get(), nullptr)
+                    .ok());
   } else {
     const auto mode =
         path == Path::kGrouped ? MoeGroupedGemm::Mode::kGrouped : MoeGroupedGemm::Mode::kPerExpert;
@@ -284,10 +299,10 @@ std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
     EXPECT_TRUE((*gemm)->Run(act.get(), down.get(), H, I, eout.get(), dt, 1, mode, nullptr).ok());
   }
   DeviceBuffer<T> dshared(cuda_test::Convert<T>(shared)), dgate(cuda_test::Convert<T>(shared_gate));
-  EXPECT_TRUE(MoeCombine<T>(eout.get(), routing.weights.get(), row_map, tokens, k, H,
-                            shared.empty() ? nullptr : dshared.get(),
-                            shared_gate.empty() ? nullptr : dgate.get(), dx.get(), out.get(),
-                            nullptr)
+  const auto combine = split_combine ? MoeCombineSplit<T> : MoeCombine<T>;
+  EXPECT_TRUE(combine(eout.get(), routing.weights.get(), row_map, tokens, k, H,
+                      shared.empty() ? nullptr : dshared.get(),
+                      shared_gate.empty() ? nullptr : dgate.get(), dx.get(), out.get(), nullptr)
                   .ok());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return cuda_test::ToFloat(out.ToHost());
@@ -325,12 +340,17 @@ void CheckLayer(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I, bool
   for (float v : want) max_want = std::max(max_want, double{std::abs(v)});
   // Gate, up, SiLU*up and each expert's output are rounded to T once each on the device.
   const double tol = (std::is_same_v<T, __half> ? 4e-3 : 3e-2) * max_want;
-  for (Path path : {Path::kGemv, Path::kPadded, Path::kGrouped, Path::kPerExpert}) {
-    const std::vector<float> got =
-        LayerOnDevice<T>(path, x, logits, w, tokens, k, shared, shared_gate);
-    for (int64_t i = 0; i < tokens * H; ++i) {
-      ASSERT_LE(std::abs(double{got[i]} - want[i]), tol)
-          << "path " << static_cast<int>(path) << " element " << i << " of max " << max_want;
+  std::vector<Path> paths = {Path::kGemv, Path::kPadded, Path::kGrouped, Path::kPerExpert};
+  if (H % 8 == 0 && I % 8 == 0) paths.push_back(Path::kMma);
+  for (Path path : paths) {
+    for (bool split : {false, true}) {
+      const std::vector<float> got =
+          LayerOnDevice<T>(path, x, logits, w, tokens, k, shared, shared_gate, split);
+      for (int64_t i = 0; i < tokens * H; ++i) {
+        ASSERT_LE(std::abs(double{got[i]} - want[i]), tol)
+            << "path " << static_cast<int>(path) << " split " << split << " element " << i
+            << " of max " << max_want;
+      }
     }
   }
 }
@@ -343,6 +363,123 @@ TEST(MoeCudaTest, LayerMatchesCpuFusedMoe) {
   CheckLayer<__half>(37, 6, 2, 40, 24, true, rng);             // uneven experts
   CheckLayer<__nv_bfloat16>(300, 32, 8, 128, 32, false, rng);  // 8-row chunks
   CheckLayer<__half>(3, 64, 8, 72, 20, false, rng);            // most experts empty
+}
+
+// MoeGroupedMma on explicit expert row counts against an fp64 product of the same rounded
+// inputs: out[r] = a[src(r)] . w[e]^T for r in expert e's rows.
+template <typename T>
+void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gather,
+                     std::mt19937& rng) {
+  const int64_t E = static_cast<int64_t>(counts.size());
+  std::vector<int32_t> offsets(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int64_t rows = offsets[E], src_rows = gather ? 37 : rows;
+  SCOPED_TRACE(::testing::Message() << "E " << E << " rows " << rows << " n " << n << " k " << k
+                                    << " gather " << gather);
+  std::vector<float> a = Normal(std::max<int64_t>(src_rows, 1) * k, 1.0f, rng);
+  std::vector<float> w = Normal(E * n * k, 0.1f, rng);
+  cuda_test::RoundTo<T>(a);
+  cuda_test::RoundTo<T>(w);
+  std::vector<int32_t> index(std::max<int64_t>(rows, 1));
+  for (int32_t& i : index) i = std::uniform_int_distribution<int32_t>(0, 36)(rng);
+  DeviceBuffer<T> da(cuda_test::Convert<T>(a)), dw(cuda_test::Convert<T>(w));
+  DeviceBuffer<T> out(std::max<int64_t>(rows, 1) * n);
+  DeviceBuffer<int32_t> doffsets(offsets), dindex(index);
+  TANDEM_CUDA_CHECK(cudaMemset(out.get(), 0xff, std::max<int64_t>(rows, 1) * n * sizeof(T)));
+  // `rows` + 5 as the host bound: a bound above the routed rows is allowed.
+  ASSERT_TRUE(MoeGroupedMma<T>(da.get(), gather ? dindex.get() : nullptr, dw.get(), doffsets.get(),
+                               E, rows + 5, n, k, out.get(), nullptr)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      const float* ar = a.data() + (gather ? index[r] : r) * k;
+      for (int64_t c = 0; c < n; ++c) {
+        const float* wr = w.data() + (e * n + c) * k;
+        double want = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < k; ++i) {
+          want += double{ar[i]} * wr[i];
+          mag += std::abs(double{ar[i]} * wr[i]);
+        }
+        // One rounding to T of the fp32 sum (bf16: 2^-8 relative) plus fp32 accumulation.
+        const double tol = (std::is_same_v<T, __half> ? 1e-3 : 8e-3) * std::abs(want) + 1e-4 * mag;
+        ASSERT_NEAR(got[r * n + c], want, tol) << "expert " << e << " row " << r << " col " << c;
+      }
+    }
+  }
+}
+
+TEST(MoeCudaTest, GroupedMmaMatchesCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  // Uneven with empty experts (64-row tiles: rows <= 64 * E), odd n / k.
+  CheckGroupedMma<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 72, 200, true, rng);
+  CheckGroupedMma<__half>({3, 0, 70, 1, 0, 0, 129, 5}, 136, 64, false, rng);
+  // One expert taking every row (128-row tiles, several m-tiles), the others empty.
+  CheckGroupedMma<__nv_bfloat16>({0, 0, 300, 0}, 256, 136, true, rng);
+  CheckGroupedMma<__half>({300, 0, 0, 0}, 8, 8, false, rng);
+  // Many experts (more than one 32-expert scan chunk), most empty, the last one used.
+  std::vector<int32_t> many(160, 0);
+  for (int e : {0, 31, 32, 33, 95, 159}) many[e] = 1 + e % 7;
+  CheckGroupedMma<__nv_bfloat16>(many, 40, 96, true, rng);
+  CheckGroupedMma<__nv_bfloat16>(std::vector<int32_t>(5, 0), 16, 16, false, rng);  // no rows
+  // Unsupported widths refused.
+  DeviceBuffer<__nv_bfloat16> buf(64);
+  DeviceBuffer<int32_t> offs(std::vector<int32_t>{0, 1});
+  EXPECT_FALSE(MoeGroupedMma<__nv_bfloat16>(buf.get(), nullptr, buf.get(), offs.get(), 1, 1, 12, 8,
+                                            buf.get(), nullptr)
+                   .ok());
+}
+
+// MoeCombineSplit against MoeCombine on the same inputs.
+template <typename T>
+void CheckCombineSplit(int64_t tokens, int64_t k, int64_t H, bool shared, bool gated, bool alias,
+                       std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T " << tokens << " k " << k << " H " << H << " shared "
+                                    << shared << " gated " << gated << " alias " << alias);
+  const int64_t rows = tokens * k + 3;
+  DeviceBuffer<T> eout(cuda_test::Convert<T>(Normal(rows * H, 1.0f, rng)));
+  DeviceBuffer<float> weights(Normal(tokens * k, 0.5f, rng));
+  std::vector<int32_t> row_map(tokens * k);
+  for (int32_t& r : row_map) {
+    r = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(rows - 1))(rng);
+  }
+  DeviceBuffer<int32_t> drows(row_map);
+  const std::vector<T> x = cuda_test::Convert<T>(Normal(tokens * H, 1.0f, rng));
+  DeviceBuffer<T> dshared(cuda_test::Convert<T>(Normal(tokens * H, 1.0f, rng)));
+  DeviceBuffer<T> dgate(cuda_test::Convert<T>(Normal(H, 0.1f, rng)));
+  std::vector<std::vector<float>> results;
+  for (bool split : {false, true}) {
+    DeviceBuffer<T> dx(x), out(tokens * H);
+    T* dst = alias ? dx.get() : out.get();
+    const auto combine = split ? MoeCombineSplit<T> : MoeCombine<T>;
+    ASSERT_TRUE(combine(eout.get(), weights.get(), drows.get(), tokens, k, H,
+                        shared ? dshared.get() : nullptr, gated ? dgate.get() : nullptr, dx.get(),
+                        dst, nullptr)
+                    .ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    results.push_back(cuda_test::ToFloat(alias ? dx.ToHost() : out.ToHost()));
+  }
+  for (int64_t i = 0; i < tokens * H; ++i) {
+    if (gated) {  // the gate's sum in another order: T's rounding of the result at most
+      ASSERT_NEAR(results[1][i], results[0][i], 1e-2 * (1.0 + std::abs(results[0][i])))
+          << "element " << i;
+    } else {
+      ASSERT_EQ(results[1][i], results[0][i]) << "element " << i;
+    }
+  }
+}
+
+TEST(MoeCudaTest, CombineSplitMatchesCombine) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  CheckCombineSplit<__nv_bfloat16>(1, 8, 2048, false, false, true, rng);  // Qwen3 decode
+  CheckCombineSplit<__nv_bfloat16>(33, 2, 4096, true, false, false, rng);
+  CheckCombineSplit<__half>(5, 20, 520, true, true, true, rng);         // k > 16, gate, alias
+  CheckCombineSplit<__half>(7, 4, 72, true, true, false, rng);          // gate, no alias
+  CheckCombineSplit<__nv_bfloat16>(9, 1, 37, true, false, false, rng);  // element loads
+  CheckCombineSplit<__nv_bfloat16>(3, 9, 100, false, false, true, rng);
 }
 
 }  // namespace

@@ -254,6 +254,82 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// The split combine: block (chunk, t) owns kSplitThreads * V elements of token t's row (V = 8:
+// 16-byte loads, every j's load in flight at once; V = 1: element loads). The sum per element is
+// in the same fixed j order as CombineKernel (fp32 fma chain): identical bits without a gated
+// shared expert (the gate's dot product is summed in another order: last-bit differences). The
+// gate's dot product is repeated by every block of the token (x must not alias out then: the
+// launcher gives one block per token in that case).
+constexpr int kSplitThreads = 64;
+template <typename T, int V>
+__global__ void __launch_bounds__(kSplitThreads)
+    CombineSplitKernel(const T* __restrict__ expert_out, const float* __restrict__ weights,
+                       const int32_t* __restrict__ row_of_pair, int top_k, int64_t hidden,
+                       const T* __restrict__ shared, const T* __restrict__ shared_gate, const T* x,
+                       T* out) {
+  __shared__ float red[kSplitThreads / 32];
+  const int64_t t = blockIdx.y;
+  float gate = 1.0f;
+  if (shared != nullptr && shared_gate != nullptr) {
+    float dot = 0.0f;
+    for (int64_t h = threadIdx.x; h < hidden; h += kSplitThreads) {
+      dot = fmaf(ToFloat(x[t * hidden + h]), ToFloat(shared_gate[h]), dot);
+    }
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dot;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < kSplitThreads / 32; ++w) s += red[w];  // CombineBlockSum's order
+    gate = 1.0f / (1.0f + expf(-s));
+    __syncthreads();
+  }
+  const int64_t h0 = (int64_t{blockIdx.x} * kSplitThreads + threadIdx.x) * V;
+  if (h0 >= hidden) return;
+  const int32_t* rows = row_of_pair + t * top_k;
+  const float* wt = weights + t * top_k;
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = 0.0f;
+  if constexpr (V == 8) {
+    constexpr int kBatch = 8;  // loads in flight per thread
+    for (int j0 = 0; j0 < top_k; j0 += kBatch) {
+      uint4 held[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (j0 + u < top_k) {
+          held[u] = __ldg(reinterpret_cast<const uint4*>(
+              expert_out + static_cast<int64_t>(rows[j0 + u]) * hidden + h0));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (j0 + u >= top_k) break;
+        const float wj = wt[j0 + u];
+        const T* v = reinterpret_cast<const T*>(&held[u]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj, ToFloat(v[e]), acc[e]);
+      }
+    }
+    T res[8];
+    uint4 sv = make_uint4(0, 0, 0, 0);
+    if (shared != nullptr) sv = __ldg(reinterpret_cast<const uint4*>(shared + t * hidden + h0));
+    const T* sh = reinterpret_cast<const T*>(&sv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (shared != nullptr) acc[e] = fmaf(gate, ToFloat(sh[e]), acc[e]);
+      res[e] = FromFloat<T>(acc[e]);
+    }
+    *reinterpret_cast<uint4*>(out + t * hidden + h0) = *reinterpret_cast<const uint4*>(res);
+  } else {
+    for (int j = 0; j < top_k; ++j) {
+      acc[0] =
+          fmaf(wt[j], ToFloat(expert_out[static_cast<int64_t>(rows[j]) * hidden + h0]), acc[0]);
+    }
+    if (shared != nullptr) acc[0] = fmaf(gate, ToFloat(shared[t * hidden + h0]), acc[0]);
+    out[t * hidden + h0] = FromFloat<T>(acc[0]);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -337,6 +413,40 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                             int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
+                             const T* shared_gate, const T* x, T* out, cudaStream_t stream) {
+  if (num_tokens < 0 || top_k < 1 || hidden < 1 || (shared_gate != nullptr && x == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeCombineSplit: tokens ", num_tokens,
+                                                   ", top_k ", top_k, ", hidden ", hidden,
+                                                   " (a shared gate needs x)"));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  // A gated shared expert reads x's whole row in every block of the token: when x overlaps out,
+  // one block per token (CombineKernel) keeps the read before the writes. Past 65535 tokens
+  // (the grid's y limit) too.
+  const auto lo = [](const T* p) { return reinterpret_cast<uintptr_t>(p); };
+  const uintptr_t bytes = static_cast<uintptr_t>(num_tokens * hidden) * sizeof(T);
+  if (num_tokens > 65535 || (shared != nullptr && shared_gate != nullptr &&
+                             lo(x) < lo(out) + bytes && lo(out) < lo(x) + bytes)) {
+    return MoeCombine<T>(expert_out, weights, row_of_pair, num_tokens, top_k, hidden, shared,
+                         shared_gate, x, out, stream);
+  }
+  const bool vec = hidden % 8 == 0 && lo(expert_out) % 16 == 0 && lo(out) % 16 == 0 &&
+                   (shared == nullptr || lo(shared) % 16 == 0);
+  const int v = vec ? 8 : 1;
+  const dim3 grid(static_cast<unsigned>((hidden + int64_t{kSplitThreads} * v - 1) /
+                                        (int64_t{kSplitThreads} * v)),
+                  static_cast<unsigned>(num_tokens));
+  const auto kernel = vec ? CombineSplitKernel<T, 8> : CombineSplitKernel<T, 1>;
+  kernel<<<grid, kSplitThreads, 0, stream>>>(expert_out, weights, row_of_pair,
+                                             static_cast<int>(top_k), hidden, shared, shared_gate,
+                                             x, out);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 #define TANDEM_MOE_CUDA_INSTANTIATE(T)                                                            \
   template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,          \
                                          cudaStream_t);                                           \
@@ -351,7 +461,10 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
                                       const DeviceMoePermutation&, int64_t, int64_t, int64_t, T*, \
                                       int32_t*, cudaStream_t);                                    \
   template absl::Status MoeCombine<T>(const T*, const float*, const int32_t*, int64_t, int64_t,   \
-                                      int64_t, const T*, const T*, const T*, T*, cudaStream_t);
+                                      int64_t, const T*, const T*, const T*, T*, cudaStream_t);   \
+  template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t,       \
+                                           int64_t, int64_t, const T*, const T*, const T*, T*,    \
+                                           cudaStream_t);
 TANDEM_MOE_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_MOE_CUDA_INSTANTIATE(__half)
 #undef TANDEM_MOE_CUDA_INSTANTIATE

@@ -4,11 +4,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/convert_cuda.h"
@@ -176,6 +178,26 @@ absl::Status FillMoeDummy(const DummyTensorFill& f, uint64_t seed, CudaMoeWeight
   return FillDummySlice(b->get<T>() + f.offset, f.slice, f.mean, seed, f.stream_id, stream);
 }
 
+absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
+  CudaMoeKernels k;
+  const char* env = std::getenv("TANDEM_MOE_KERNELS");
+  if (env == nullptr) return k;
+  for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipEmpty())) {
+    if (item == "new") {
+      k.split_combine = k.mma_grouped = true;
+    } else if (item == "split_combine") {
+      k.split_combine = true;
+    } else if (item == "mma_grouped") {
+      k.mma_grouped = true;
+    } else if (item != "old") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_MOE_KERNELS: unknown '", item,
+                       "' (a comma-separated subset of split_combine, mma_grouped; new; old)"));
+    }
+  }
+  return k;
+}
+
 CudaMoeMlp::CudaMoeMlp(const ModelConfig& config, int64_t max_tokens)
     : config_(config), max_tokens_(max_tokens) {}
 
@@ -201,6 +223,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
     p.group_score = v3 ? kernels::MoeGroupScore::kTopTwoSum : kernels::MoeGroupScore::kMax;
     p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   }
+  ASSIGN_OR_RETURN(m->kernels_, CudaMoeKernels::FromEnv());
   ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(E));
   const int64_t T = max_tokens, rows = T * k;
   auto alloc = [](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
@@ -280,6 +303,17 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
     return absl::InvalidArgumentError(
         absl::StrCat("moe: ", Tn, " tokens on the grouped path, scratch sized for ", max_tokens_));
   }
+  if (kernels_.mma_grouped && E > 16 &&
+      kc::MoeGroupedMmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
+      kc::MoeGroupedMmaSupported(act_.data(), w.experts_down.data(), H, I)) {
+    RETURN_IF_ERROR(kc::MoeGroupedMma<T>(x, token_of_row_.get<int32_t>(),
+                                         w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
+                                         rows, 2 * I, H, gate_up_.get<T>(), stream));
+    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+    return kc::MoeGroupedMma<T>(act_.get<T>(), nullptr, w.experts_down.get<T>(),
+                                offsets_.get<int32_t>(), E, rows, H, I, expert_out_.get<T>(),
+                                stream);
+  }
   // Few large experts (Mixtral): one cublasGemmEx each beat the grouped call on the H200
   // (kernels/moe/BENCHMARKS.md).
   const auto mode =
@@ -345,10 +379,11 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
   const bool shared = !w.shared_down.empty();
   if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
-  return kc::MoeCombine<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
-                           shared ? shared_out_.get<T>() : nullptr,
-                           w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>(),
-                           x, out, stream);
+  const auto combine = kernels_.split_combine ? kc::MoeCombineSplit<T> : kc::MoeCombine<T>;
+  return combine(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
+                 shared ? shared_out_.get<T>() : nullptr,
+                 w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>(), x, out,
+                 stream);
 }
 
 #define TANDEM_CUDA_MOE_MLP_INSTANTIATE(T)                                                        \

@@ -66,6 +66,22 @@ template <typename T>
 absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWeights* w,
                           cudaStream_t stream);
 
+// Kernel choices added after the first device measurements (kernels/moe/BENCHMARKS.md), OFF by
+// default until moe_cuda_test and moe_cuda_bench have passed on a GPU with them:
+//   split_combine: MoeCombineSplit (each token over several blocks, 16-byte loads) instead of
+//     MoeCombine (one block per token);
+//   mma_grouped: the prefill path (kGrouped, E > 16) on MoeGroupedMma (one tensor-core launch
+//     per projection over all experts, gather folded in, no offsets read-back) instead of
+//     cuBLAS's grouped call. Mixtral-sized expert counts (E <= 16) keep one cublasGemmEx each.
+// FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped"
+// ("new": both; unset or "old": neither), read once per CudaMoeMlp::Create so the device A/B
+// needs no new flag on every binary. INVALID_ARGUMENT naming an unknown entry.
+struct CudaMoeKernels {
+  bool split_combine = false;
+  bool mma_grouped = false;
+  static absl::StatusOr<CudaMoeKernels> FromEnv();
+};
+
 class CudaMoeMlp {
  public:
   // Steps of at most this many tokens (every CUDA graph size) take a sync-free path.
@@ -91,6 +107,9 @@ class CudaMoeMlp {
   // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
   // kSyncFreeMaxTokens; under graph capture kGrouped falls back to kAuto). For benchmarks.
   void set_path(Path path) { path_ = path; }
+  // Kernel choices for every later step (Create takes CudaMoeKernels::FromEnv()).
+  void set_kernels(const CudaMoeKernels& kernels) { kernels_ = kernels; }
+  const CudaMoeKernels& kernels() const { return kernels_; }
 
  private:
   CudaMoeMlp(const ModelConfig& config, int64_t max_tokens);
@@ -104,6 +123,7 @@ class CudaMoeMlp {
   const ModelConfig config_;
   const int64_t max_tokens_;
   Path path_ = Path::kAuto;
+  CudaMoeKernels kernels_;
   kernels::GroupedRoutingParams routing_;
   std::unique_ptr<kernels::cuda::MoeGroupedGemm> grouped_;
   DeviceBuffer logits_, ids_, weights_, offsets_, active_, token_of_row_, row_of_pair_,

@@ -1,0 +1,278 @@
+// MoeGroupedMma (moe_cuda.h): every expert's rows of the permuted batch against that expert's
+// weights in one launch, without reading the expert offsets back to the host.
+//
+// Block = one (m-tile, n-tile): BM rows of ONE expert (64 or 128) x 128 output columns, 8 warps
+// as 2 (rows) x 4 (columns), each warp MF x 16 rows x 32 columns of m16n8k16 mma.sync. K in
+// 64-wide steps through a 3-stage cp.async ring (zero-fill past the expert's rows, n and k);
+// shared tiles are 128-byte rows with the 16-byte chunk XOR-swizzled by (row & 7), so the
+// ldmatrix reads are conflict-free. blockIdx.x is the m-tile (fastest), blockIdx.y the n-tile:
+// the m-tiles sharing one expert's weight tile run together. Each block finds its expert by a
+// warp scan of ceil(count / BM) over the offsets; blocks past the last tile exit.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/moe/moe_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBN = 128, kBK = 64, kStages = 3;
+constexpr int kRowBytes = kBK * 2;  // 128: one tile row of 64 two-byte elements
+
+template <int MF>
+__host__ __device__ constexpr int StageBytes() {
+  return (MF * 32 + kBN) * kRowBytes;
+}
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of tile row `row`.
+__device__ __forceinline__ uint32_t Swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <typename T>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ void StorePair(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void StorePair(__half* dst, float x, float y) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
+}
+
+// Warp 0 finds m-tile `mt`'s expert: tile[0] = expert (-1: none), tile[1] = its first row,
+// tile[2] = the expert's end row. Experts are scanned 32 at a time (inclusive warp scan of
+// ceil(count / bm)).
+__device__ void FindTile(const int32_t* __restrict__ offsets, int num_experts, int mt, int bm,
+                         int* tile) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  if (lane == 0) tile[0] = -1;
+  __syncwarp();
+  int before = 0;  // tiles of the experts below this chunk
+  for (int e0 = 0; e0 < num_experts; e0 += 32) {
+    const int e = e0 + lane;
+    int begin = 0, count = 0;
+    if (e < num_experts) {
+      begin = offsets[e];
+      count = offsets[e + 1] - begin;
+    }
+    const int tiles = (count + bm - 1) / bm;
+    int incl = tiles;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    const int first = before + incl - tiles;
+    const bool mine = tiles > 0 && mt >= first && mt < first + tiles;
+    if (mine) {
+      tile[0] = e;
+      tile[1] = begin + (mt - first) * bm;
+      tile[2] = begin + count;
+    }
+    if (__ballot_sync(0xffffffffu, mine) != 0u) break;
+    before += __shfl_sync(0xffffffffu, incl, 31);
+    if (before > mt) break;
+  }
+}
+
+template <typename T, int MF>
+__global__ void __launch_bounds__(kThreads)
+    GroupedMmaKernel(const T* __restrict__ a, const int32_t* __restrict__ a_row_index,
+                     const T* __restrict__ w, const int32_t* __restrict__ offsets, int num_experts,
+                     int n, int k, T* __restrict__ out) {
+  constexpr int BM = MF * 32;
+  constexpr int kARows = BM / 32;  // A rows this thread loads per stage (B: 4)
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int tile[3];
+  FindTile(offsets, num_experts, static_cast<int>(blockIdx.x), BM, tile);
+  __syncthreads();
+  const int expert = tile[0];
+  if (expert < 0) return;
+  const int row0 = tile[1], row_end = tile[2];
+  const int n0 = static_cast<int>(blockIdx.y) * kBN;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int chunk = tid & 7;  // the 16-byte chunk of a tile row this thread copies
+
+  const T* a_src[kARows];
+  bool a_ok[kARows];
+#pragma unroll
+  for (int i = 0; i < kARows; ++i) {
+    const int r = row0 + (tid >> 3) + i * 32;
+    a_ok[i] = r < row_end;
+    const int src = a_ok[i] ? (a_row_index != nullptr ? a_row_index[r] : r)
+                            : (a_row_index != nullptr ? a_row_index[row0] : row0);
+    a_src[i] = a + static_cast<int64_t>(src) * k;
+  }
+  const T* b_src[4];
+  bool b_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = n0 + (tid >> 3) + i * 32;
+    b_ok[i] = col < n;
+    b_src[i] = w + (static_cast<int64_t>(expert) * n + (b_ok[i] ? col : 0)) * k;
+  }
+  const uint32_t base = SmemAddr(smem);
+  auto load = [&](int kt, int stage) {
+    const int kcol = kt * kBK + chunk * 8;
+    const bool kok = kcol < k;
+    const uint32_t sa = base + stage * StageBytes<MF>(), sb = sa + BM * kRowBytes;
+#pragma unroll
+    for (int i = 0; i < kARows; ++i) {
+      CpAsync16(sa + Swz((tid >> 3) + i * 32, chunk), a_src[i] + (kok ? kcol : 0), a_ok[i] && kok);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      CpAsync16(sb + Swz((tid >> 3) + i * 32, chunk), b_src[i] + (kok ? kcol : 0), b_ok[i] && kok);
+    }
+  };
+
+  const int ktiles = (k + kBK - 1) / kBK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ktiles) load(s, s);
+    CpAsyncCommit();
+  }
+  const int wm = warp >> 2, wn = warp & 3;  // warp rows wm * MF * 16, columns wn * 32
+  float acc[MF][4][4];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mf][nf][q] = 0.0f;
+    }
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free to refill
+    if (kt + kStages - 1 < ktiles) load(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    CpAsyncCommit();
+    const uint32_t sa = base + (kt % kStages) * StageBytes<MF>(), sb = sa + BM * kRowBytes;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t af[MF][4], bf[2][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        LdMatrixX4(sa + Swz(wm * MF * 16 + mf * 16 + (lane & 15), ks * 2 + (lane >> 4)), af[mf]);
+      }
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+        LdMatrixX4(sb + Swz(wn * 32 + nb * 16 + (lane & 7) + ((lane >> 4) << 3),
+                            ks * 2 + ((lane >> 3) & 1)),
+                   bf[nb]);
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+          Mma<T>(acc[mf][nf], af[mf], bf[nf >> 1][(nf & 1) * 2], bf[nf >> 1][(nf & 1) * 2 + 1]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int nf = 0; nf < 4; ++nf) {
+      const int col = n0 + wn * 32 + nf * 8 + (lane & 3) * 2;
+      if (col >= n) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row0 + wm * MF * 16 + mf * 16 + (lane >> 2) + half * 8;
+        if (r < row_end) {
+          StorePair(out + static_cast<int64_t>(r) * n + col, acc[mf][nf][half * 2],
+                    acc[mf][nf][half * 2 + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int MF>
+absl::Status Launch(const T* a, const int32_t* a_row_index, const T* w, const int32_t* offsets,
+                    int64_t num_experts, int64_t rows, int64_t n, int64_t k, T* out,
+                    cudaStream_t stream) {
+  constexpr int BM = MF * 32;
+  const int bytes = kStages * StageBytes<MF>();
+  const auto kernel = GroupedMmaKernel<T, MF>;
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // Tiles: sum over experts of ceil(count / BM) <= ceil(rows / BM) + (experts with rows).
+  const int64_t m_tiles = (rows + BM - 1) / BM + std::min(num_experts, rows);
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>((n + kBN - 1) / kBN));
+  kernel<<<grid, kThreads, bytes, stream>>>(a, a_row_index, w, offsets,
+                                            static_cast<int>(num_experts), static_cast<int>(n),
+                                            static_cast<int>(k), out);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool MoeGroupedMmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
+  return n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 && n <= 65535 * kBN && k <= 0x7fffffff &&
+         reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+template <typename T>
+absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
+                           const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                           int64_t n, int64_t k, T* out, cudaStream_t stream) {
+  if (!MoeGroupedMmaSupported(a, w, n, k) || reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
+      num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 || rows > 0x3fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeGroupedMma: n ", n, ", k ", k, " (multiples of 8, 16-byte aligned operands), experts ",
+        num_experts, ", rows ", rows));
+  }
+  if (rows == 0) return absl::OkStatus();
+  // 64-row tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128.
+  if (rows <= 64 * num_experts) {
+    return Launch<T, 2>(a, a_row_index, w, expert_offsets, num_experts, rows, n, k, out, stream);
+  }
+  return Launch<T, 4>(a, a_row_index, w, expert_offsets, num_experts, rows, n, k, out, stream);
+}
+
+template absl::Status MoeGroupedMma<__nv_bfloat16>(const __nv_bfloat16*, const int32_t*,
+                                                   const __nv_bfloat16*, const int32_t*, int64_t,
+                                                   int64_t, int64_t, int64_t, __nv_bfloat16*,
+                                                   cudaStream_t);
+template absl::Status MoeGroupedMma<__half>(const __half*, const int32_t*, const __half*,
+                                            const int32_t*, int64_t, int64_t, int64_t, int64_t,
+                                            __half*, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda
