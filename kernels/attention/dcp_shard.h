@@ -35,6 +35,11 @@ constexpr bool DcpShardValid(const DcpShard& dcp) {
          dcp.interleave <= (int64_t{1} << 30) / dcp.size && dcp.rank >= 0 && dcp.rank < dcp.size;
 }
 
+// The KV shard of tensor-parallel rank `tp_rank` in a group with `dcp_size` shards: the group's
+// ranks deal the shards round robin (rank r holds shard r % dcp_size; the ranks of one attention
+// slice are contiguous). The one place this rule is written; every DcpShard is built from it.
+constexpr int64_t DcpShardOfTpRank(int64_t tp_rank, int64_t dcp_size) { return tp_rank % dcp_size; }
+
 // The rank holding global position g.
 constexpr int64_t DcpRankOf(int64_t g, const DcpShard& dcp) {
   return (g / dcp.interleave) % dcp.size;

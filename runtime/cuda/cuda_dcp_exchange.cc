@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<CudaDcpExchange>> CudaDcpExchange::Create(
     const kernels::DcpShard& dcp, comm::DeviceCommunicator* comm, int64_t max_tokens,
     int64_t num_heads, int64_t head_dim, int64_t elem_bytes) {
   if (comm == nullptr || dcp.size <= 1 || !kernels::DcpShardValid(dcp) ||
-      comm->size() % dcp.size != 0 || comm->rank() % dcp.size != dcp.rank ||
-      num_heads % dcp.size != 0) {
+      comm->size() % dcp.size != 0 ||
+      kernels::DcpShardOfTpRank(comm->rank(), dcp.size) != dcp.rank || num_heads % dcp.size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DCP size ", dcp.size, " rank ", dcp.rank, " interleave ", dcp.interleave,
         " does not fit a group of ", comm == nullptr ? 1 : comm->size(), " ranks with ", num_heads,

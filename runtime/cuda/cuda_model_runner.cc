@@ -103,11 +103,10 @@ absl::StatusOr<kernels::DcpShard> DcpShardOf(const CudaBackendConfig& config,
         absl::StrCat("--dcp=", config.dcp_size, " must divide the group of --tp=",
                      config.group == nullptr ? 1 : config.group->size(), " ranks"));
   }
-  const DcpBlockLayout blocks{config.dcp_size,
-                              config.dcp_interleave == 0 ? spec.block_size : config.dcp_interleave,
-                              spec.block_size};
+  const DcpBlockLayout blocks =
+      DcpBlockLayout::FromFlags(config.dcp_size, config.dcp_interleave, spec.block_size);
   RETURN_IF_ERROR(blocks.Validate());
-  return blocks.Shard(config.group->rank() % config.dcp_size);
+  return blocks.ShardForTpRank(config.group->rank());
 }
 
 }  // namespace

@@ -55,10 +55,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   }
   // The budget is each rank's: with DCP every shard's pool holds num_blocks blocks.
   ASSIGN_OR_RETURN(int64_t num_blocks, NumBlocksForBudget(budget, block_bytes));
-  DcpBlockLayout dcp;
-  dcp.size = backend.dcp_size;
-  dcp.interleave = backend.dcp_interleave == 0 ? config.block_size : backend.dcp_interleave;
-  dcp.block_size = config.block_size;
+  const DcpBlockLayout dcp =
+      DcpBlockLayout::FromFlags(backend.dcp_size, backend.dcp_interleave, config.block_size);
   RETURN_IF_ERROR(dcp.Validate());
 
   std::unique_ptr<Engine> engine(

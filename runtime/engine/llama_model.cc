@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/reshape_and_cache.h"
 #include "kernels/fp8/fp8_linear.h"
 #include "kernels/gemm/linear.h"
@@ -15,6 +14,7 @@
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
 #include "runtime/engine/kv_layout.h"
+#include "runtime/engine/tp_collectives.h"
 
 namespace tandem::runtime {
 namespace {
@@ -37,12 +37,6 @@ absl::Status RunLinear(const float* x, const std::vector<float>& w, const Fp8Lin
   return kernels::cpu::Fp8Linear(x, fp8.View(), OrNull(bias), T, out, pool);
 }
 
-// Rows of the vocabulary each rank of `group` holds (ceil(vocab / n); the whole one alone).
-int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
-  const int64_t n = group == nullptr ? 1 : group->size();
-  return (config.vocab_size + n - 1) / n;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
@@ -50,16 +44,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
                                                                kernels::ThreadPool* pool,
                                                                comm::ProcessGroup* group,
                                                                kernels::DcpShard dcp) {
-  if (dcp.size > 1) {
-    const int64_t n = group == nullptr ? 1 : group->size();
-    if (!kernels::DcpShardValid(dcp) || n % dcp.size != 0 || group->rank() % dcp.size != dcp.rank ||
-        config.num_attention_heads % dcp.size != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DCP size ", dcp.size, " rank ", dcp.rank, " interleave ", dcp.interleave,
-                       " does not fit a group of ", n, " ranks with ", config.num_attention_heads,
-                       " local attention heads (dcp must divide both; rank = group rank % dcp)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckDcpShard(dcp, group, config.num_attention_heads));
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights have ", weights.layers.size(), " layers, config says ", config.num_hidden_layers));
@@ -78,7 +63,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
           "layer ", l, " weights do not match the config (q/k norms, router or experts)"));
     }
   }
-  const int64_t embed_elems = VocabRows(config, group) * config.hidden_size;
+  const int64_t embed_elems = VocabRows(config.vocab_size, group) * config.hidden_size;
   if (static_cast<int64_t>(weights.embed_tokens.size()) != embed_elems ||
       (!weights.lm_head.empty() && static_cast<int64_t>(weights.lm_head.size()) != embed_elems)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -99,8 +84,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vec
       inv_freq_(std::move(inv_freq)),
       pool_(pool),
       group_(group != nullptr && group->size() > 1 ? group : nullptr),
-      vocab_begin_(group_ == nullptr ? 0 : group_->rank() * VocabRows(config, group_)),
-      vocab_rows_(VocabRows(config, group_)),
+      vocab_begin_(group_ == nullptr ? 0 : group_->rank() * VocabRows(config.vocab_size, group_)),
+      vocab_rows_(VocabRows(config.vocab_size, group_)),
       dcp_(dcp) {}
 
 kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
@@ -117,17 +102,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   const int64_t q_dim = Hq * D, kv_dim = Hk * D, qkv_dim = q_dim + 2 * kv_dim;
   const int64_t V = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  if (T == 0) return absl::InvalidArgumentError("Forward: empty batch");
-  if (static_cast<int64_t>(input.positions.size()) != T ||
-      static_cast<int64_t>(input.slot_mapping.size()) != T) {
-    return absl::InvalidArgumentError("Forward: token_ids, positions, slot_mapping sizes differ");
-  }
-  for (int64_t row : logit_rows) {
-    if (row < 0 || row >= T) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Forward: logit row ", row, " not in [0, ", T, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckForwardShape(T, static_cast<int64_t>(input.positions.size()),
+                                    static_cast<int64_t>(input.slot_mapping.size()), logit_rows));
 
   hidden_.resize(T * H);
   residual_.resize(T * H);
@@ -138,15 +114,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   attn_.resize(T * q_dim);
 
   // residual_ holds the stream; hidden_ the normalized input of the next sub-block.
-  if (group_ == nullptr) {
-    RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
-                                            V, H, residual_.data()));
-  } else {
-    RETURN_IF_ERROR(kernels::cpu::VocabShardEmbedding(input.token_ids.data(), T,
-                                                      weights_.embed_tokens.data(), vocab_begin_,
-                                                      vocab_rows_, V, H, residual_.data()));
-    RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(residual_.data(), T * H)));
-  }
+  RETURN_IF_ERROR(TpEmbedding(input.token_ids.data(), T, weights_.embed_tokens.data(), V, H,
+                              vocab_begin_, vocab_rows_, group_, residual_.data()));
   kernels::AttentionParams attn_params;
   attn_params.scale = 1.0f / std::sqrt(static_cast<float>(D));
   attn_params.dcp_size = dcp_.size;
@@ -191,8 +160,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     RETURN_IF_ERROR(kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention,
                                                  attn_params, attn_.data(),
                                                  dcp_.size > 1 ? lse_.data() : nullptr, pool_));
-    if (dcp_.size > 1) RETURN_IF_ERROR(ExchangeAttention(T));
-    RETURN_IF_ERROR(RunLinear(dcp_.size > 1 ? merged_.data() : attn_.data(), w.o_proj, w.o_fp8,
+    if (dcp_.size > 1) {
+      RETURN_IF_ERROR(DcpExchangeAttention(attn_.data(), lse_.data(), T, Hq, config_.head_dim, dcp_,
+                                           group_, &tp_));
+    }
+    RETURN_IF_ERROR(RunLinear(dcp_.size > 1 ? tp_.merged.data() : attn_.data(), w.o_proj, w.o_fp8,
                               w.o_bias, T, H, o_dim, hidden_.data(), pool_));
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
     kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(),
@@ -202,13 +174,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
 
-  // Logits only where a token is sampled (or prompt logits are captured).
-  const int64_t R = static_cast<int64_t>(logit_rows.size());
-  last_.resize(R * H);
-  for (int64_t r = 0; r < R; ++r) {
-    std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
-  }
-  return LmHead(R, logits);
+  const std::vector<float>& lm_head =
+      weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
+  return VocabParallelLogits(hidden_.data(), H, logit_rows, lm_head.data(), config_.vocab_size,
+                             vocab_rows_, group_, pool_, &tp_, logits);
 }
 
 absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {
@@ -228,60 +197,6 @@ absl::Status LlamaModel::SparseMlp(const LayerWeights& w, int64_t T) {
   moe_out_.resize(T * config_.hidden_size);
   RETURN_IF_ERROR(moe_.Run(config_, w, hidden_.data(), T, moe_out_.data(), pool_));
   hidden_.swap(moe_out_);
-  return absl::OkStatus();
-}
-
-absl::Status LlamaModel::ExchangeAttention(int64_t T) {
-  kernels::DcpExchangeLayout layout;
-  layout.num_tokens = T;
-  layout.num_heads = config_.num_attention_heads;
-  layout.head_dim = config_.head_dim;
-  layout.dcp_size = dcp_.size;
-  layout.elem_bytes = sizeof(float);
-  RETURN_IF_ERROR(layout.Validate());
-  // Regions are multiples of 16 bytes, so of floats; vectors of float are 16-byte aligned.
-  const int64_t region = layout.RegionBytes() / static_cast<int64_t>(sizeof(float));
-  send_.resize(dcp_.size * region);
-  recv_.resize(dcp_.size * region);
-  merged_.resize(T * layout.HeadsPerRank() * config_.head_dim);
-  RETURN_IF_ERROR(
-      kernels::cpu::DcpPackForExchange(attn_.data(), lse_.data(), layout, send_.data()));
-  // The slice's ranks are contiguous in the group: [first, first + dcp.size).
-  std::vector<int64_t> counts(group_->size(), 0);
-  const int first = group_->rank() - static_cast<int>(dcp_.rank);
-  for (int64_t k = 0; k < dcp_.size; ++k) counts[first + k] = region;
-  RETURN_IF_ERROR(group_->AllToAll(send_, counts, absl::MakeSpan(recv_), counts));
-  return kernels::cpu::DcpMergeReceived(recv_.data(), layout, merged_.data(), nullptr);
-}
-
-absl::Status LlamaModel::LmHead(int64_t R, std::vector<float>* logits) {
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
-  const std::vector<float>& lm_head =
-      weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
-  logits->resize(R * V);
-  if (group_ == nullptr) {
-    if (R > 0) {
-      kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
-    }
-    return absl::OkStatus();
-  }
-  // Every rank takes part even with R = 0 rows: the gather is collective.
-  const int64_t P = vocab_rows_, n = group_->size();
-  local_logits_.resize(R * P);
-  gathered_.resize(n * R * P);
-  if (R > 0) {
-    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, P, H, local_logits_.data(),
-                         pool_);
-  }
-  RETURN_IF_ERROR(group_->AllGather(local_logits_, absl::MakeSpan(gathered_)));
-  // gathered_ is [rank][row][P]; logits is [row][V] (the padding past V dropped).
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t cols = std::min(P, V - r * P);
-    if (cols <= 0) continue;
-    for (int64_t row = 0; row < R; ++row) {
-      std::copy_n(gathered_.data() + (r * R + row) * P, cols, logits->data() + row * V + r * P);
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/attention/paged_attention.h"
 #include "kernels/threading/thread_pool.h"
 #include "runtime/engine/moe_mlp.h"
+#include "runtime/engine/tp_collectives.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -80,12 +81,6 @@ class LlamaModel {
  private:
   LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
              kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
-  // DCP: attn_ / lse_ of T tokens (all the slice's heads, this shard's keys) -> merged_ (this
-  // rank's Hq/N heads over every shard's keys), through one all-to-all of the whole group (zero
-  // counts outside the slice).
-  absl::Status ExchangeAttention(int64_t T);
-  // Logits of `R` rows (last_) into logits: the local vocabulary rows, gathered across the group.
-  absl::Status LmHead(int64_t R, std::vector<float>* logits);
   // Layer l's MLP (dense or mixture of experts) on hidden_ ([T, H], normalized) into hidden_
   // (this rank's partial sum).
   absl::Status Mlp(int64_t l, int64_t T);
@@ -100,8 +95,8 @@ class LlamaModel {
   const int64_t vocab_rows_;
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
-  std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, last_,
-      local_logits_, gathered_, lse_, send_, recv_, merged_, moe_out_;
+  std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, lse_, moe_out_;
+  TpScratch tp_;  // vocab-parallel logits, DCP exchange (tp_collectives.h)
   MoeMlp moe_;
 };
 

@@ -6,13 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/attention/dcp_exchange.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
 #include "runtime/engine/kv_layout.h"
+#include "runtime/engine/tp_collectives.h"
 
 namespace tandem::runtime {
 namespace {
@@ -36,12 +36,6 @@ float SoftmaxScale(const ModelConfig& c) {
     scale *= m * m;
   }
   return static_cast<float>(scale);
-}
-
-// Rows of the vocabulary each rank of `group` holds (ceil(vocab / n); the whole one alone).
-int64_t VocabRows(const ModelConfig& config, comm::ProcessGroup* group) {
-  const int64_t n = group == nullptr ? 1 : group->size();
-  return (config.vocab_size + n - 1) / n;
 }
 
 // o_proj holds the columns of Hq / dcp_size heads (the heads a rank owns after the DCP exchange).
@@ -89,17 +83,9 @@ absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& co
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   if (group != nullptr && group->size() <= 1) group = nullptr;
-  if (dcp.size > 1) {
-    const int64_t n = group == nullptr ? 1 : group->size();
-    if (!kernels::DcpShardValid(dcp) || n % dcp.size != 0 || group->rank() % dcp.size != dcp.rank ||
-        config.num_attention_heads % dcp.size != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DCP size ", dcp.size, " rank ", dcp.rank, " does not fit a group of ", n,
-                       " ranks with ", config.num_attention_heads, " local attention heads"));
-    }
-  }
+  RETURN_IF_ERROR(CheckDcpShard(dcp, group, config.num_attention_heads));
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config, group), dcp.size));
+  RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config.vocab_size, group), dcp.size));
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
@@ -117,8 +103,8 @@ MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<
       rope_factor_(static_cast<float>(kernels::RopeAttentionFactor(config.rope_scaling))),
       pool_(pool),
       group_(group),
-      vocab_begin_(group == nullptr ? 0 : group->rank() * VocabRows(config, group)),
-      vocab_rows_(VocabRows(config, group)),
+      vocab_begin_(group == nullptr ? 0 : group->rank() * VocabRows(config.vocab_size, group)),
+      vocab_rows_(VocabRows(config.vocab_size, group)),
       dcp_(dcp) {}
 
 kernels::KvCacheLayout MlaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
@@ -130,28 +116,12 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
   const int64_t T = static_cast<int64_t>(input.token_ids.size());
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  if (T == 0) return absl::InvalidArgumentError("Forward: empty batch");
-  if (static_cast<int64_t>(input.positions.size()) != T ||
-      static_cast<int64_t>(input.slot_mapping.size()) != T) {
-    return absl::InvalidArgumentError("Forward: token_ids, positions, slot_mapping sizes differ");
-  }
-  for (int64_t row : logit_rows) {
-    if (row < 0 || row >= T) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Forward: logit row ", row, " not in [0, ", T, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckForwardShape(T, static_cast<int64_t>(input.positions.size()),
+                                    static_cast<int64_t>(input.slot_mapping.size()), logit_rows));
   hidden_.resize(T * H);
   residual_.resize(T * H);
-  if (group_ == nullptr) {
-    RETURN_IF_ERROR(kernels::cpu::Embedding(input.token_ids.data(), T, weights_.embed_tokens.data(),
-                                            V, H, residual_.data()));
-  } else {
-    RETURN_IF_ERROR(kernels::cpu::VocabShardEmbedding(input.token_ids.data(), T,
-                                                      weights_.embed_tokens.data(), vocab_begin_,
-                                                      vocab_rows_, V, H, residual_.data()));
-    RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(residual_.data(), T * H)));
-  }
+  RETURN_IF_ERROR(TpEmbedding(input.token_ids.data(), T, weights_.embed_tokens.data(), V, H,
+                              vocab_begin_, vocab_rows_, group_, residual_.data()));
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     if (l == 0) {
@@ -168,43 +138,10 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
-  const int64_t R = static_cast<int64_t>(logit_rows.size());
-  last_.resize(R * H);
-  for (int64_t r = 0; r < R; ++r) {
-    std::copy_n(hidden_.data() + logit_rows[r] * H, H, last_.data() + r * H);
-  }
-  return LmHead(R, logits);
-}
-
-absl::Status MlaModel::LmHead(int64_t R, std::vector<float>* logits) {
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const std::vector<float>& lm_head =
       weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
-  logits->resize(R * V);
-  if (group_ == nullptr) {
-    if (R > 0) {
-      kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, V, H, logits->data(), pool_);
-    }
-    return absl::OkStatus();
-  }
-  // Every rank takes part even with R = 0 rows: the gather is collective.
-  const int64_t P = vocab_rows_, n = group_->size();
-  local_logits_.resize(R * P);
-  gathered_.resize(n * R * P);
-  if (R > 0) {
-    kernels::cpu::Linear(last_.data(), lm_head.data(), nullptr, R, P, H, local_logits_.data(),
-                         pool_);
-  }
-  RETURN_IF_ERROR(group_->AllGather(local_logits_, absl::MakeSpan(gathered_)));
-  // gathered_ is [rank][row][P]; logits is [row][V] (the padding past V dropped).
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t cols = std::min(P, V - r * P);
-    if (cols <= 0) continue;
-    for (int64_t row = 0; row < R; ++row) {
-      std::copy_n(gathered_.data() + (r * R + row) * P, cols, logits->data() + row * V + r * P);
-    }
-  }
-  return absl::OkStatus();
+  return VocabParallelLogits(hidden_.data(), H, logit_rows, lm_head.data(), config_.vocab_size,
+                             vocab_rows_, group_, pool_, &tp_, logits);
 }
 
 absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache) {
@@ -251,33 +188,13 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
   RETURN_IF_ERROR(kernels::cpu::MlaPagedAttention(
       q_.data(), w.kv_b_proj.data(), dims_, cache, l, input.attention, softmax_scale_,
       kernels::MlaMode::kAuto, attn_.data(), dcp ? lse_.data() : nullptr, pool_, dcp_));
-  if (dcp) RETURN_IF_ERROR(ExchangeAttention(T));
-  kernels::cpu::Linear(dcp ? merged_.data() : attn_.data(), w.o_proj.data(), nullptr, T, H,
+  if (dcp) {
+    RETURN_IF_ERROR(DcpExchangeAttention(attn_.data(), lse_.data(), T, Hq, dims_.v_head_dim, dcp_,
+                                         group_, &tp_));
+  }
+  kernels::cpu::Linear(dcp ? tp_.merged.data() : attn_.data(), w.o_proj.data(), nullptr, T, H,
                        Hq / dcp_.size * dims_.v_head_dim, hidden_.data(), pool_);
   return absl::OkStatus();
-}
-
-absl::Status MlaModel::ExchangeAttention(int64_t T) {
-  kernels::DcpExchangeLayout layout;
-  layout.num_tokens = T;
-  layout.num_heads = dims_.num_heads;
-  layout.head_dim = dims_.v_head_dim;
-  layout.dcp_size = dcp_.size;
-  layout.elem_bytes = sizeof(float);
-  RETURN_IF_ERROR(layout.Validate());
-  // Regions are multiples of 16 bytes, so of floats.
-  const int64_t region = layout.RegionBytes() / static_cast<int64_t>(sizeof(float));
-  send_.resize(dcp_.size * region);
-  recv_.resize(dcp_.size * region);
-  merged_.resize(T * layout.HeadsPerRank() * dims_.v_head_dim);
-  RETURN_IF_ERROR(
-      kernels::cpu::DcpPackForExchange(attn_.data(), lse_.data(), layout, send_.data()));
-  // The slice's ranks are contiguous in the group: [first, first + dcp.size).
-  std::vector<int64_t> counts(group_->size(), 0);
-  const int first = group_->rank() - static_cast<int>(dcp_.rank);
-  for (int64_t k = 0; k < dcp_.size; ++k) counts[first + k] = region;
-  RETURN_IF_ERROR(group_->AllToAll(send_, counts, absl::MakeSpan(recv_), counts));
-  return kernels::cpu::DcpMergeReceived(recv_.data(), layout, merged_.data(), nullptr);
 }
 
 absl::Status MlaModel::Mlp(int64_t l, int64_t T) {

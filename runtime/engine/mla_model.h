@@ -32,6 +32,7 @@
 #include "kernels/mla/mla_attention.h"
 #include "runtime/engine/cpu_model.h"
 #include "runtime/engine/moe_mlp.h"
+#include "runtime/engine/tp_collectives.h"
 
 namespace tandem::runtime {
 
@@ -58,11 +59,6 @@ class MlaModel : public CpuModel {
  private:
   MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
            kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
-  // DCP: attn_ / lse_ of T tokens (the slice's heads over this shard's latents) -> merged_ (this
-  // rank's Hq/N heads over every shard), one all-to-all of the whole group.
-  absl::Status ExchangeAttention(int64_t T);
-  // Logits of `R` rows (last_): the local vocabulary rows, gathered across the group.
-  absl::Status LmHead(int64_t R, std::vector<float>* logits);
   // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
   absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
   // Layer l's MLP (dense, or DeepSeek's MoE layer) on hidden_ into hidden_.
@@ -80,8 +76,9 @@ class MlaModel : public CpuModel {
   const int64_t vocab_rows_;
   const kernels::DcpShard dcp_;
   // Scratch, grown on demand and reused across steps.
-  std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, last_,
-      moe_out_, local_logits_, gathered_, lse_, send_, recv_, merged_;
+  std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, moe_out_,
+      lse_;
+  TpScratch tp_;  // vocab-parallel logits, DCP exchange (tp_collectives.h)
   MoeMlp moe_;
 };
 

@@ -28,9 +28,8 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
     auto thread_pool = std::make_unique<kernels::ThreadPool>(num_threads);
     kernels::DcpShard dcp;
     if (dcp_size > 1) {
-      dcp.size = dcp_size;
-      dcp.rank = group == nullptr ? 0 : group->rank() % dcp_size;
-      dcp.interleave = dcp_interleave == 0 ? spec.block_size : dcp_interleave;
+      dcp = DcpBlockLayout::FromFlags(dcp_size, dcp_interleave, spec.block_size)
+                .ShardForTpRank(group == nullptr ? 0 : group->rank());
     }
     // LlamaModel, or MlaModel for DeepSeek multi-head latent attention (cpu_model.h).
     ASSIGN_OR_RETURN(

@@ -33,6 +33,13 @@ struct DcpBlockLayout {
   int64_t interleave = 1;  // tokens per unit dealt to a shard
   int64_t block_size = 16;
 
+  // The placement of the --dcp / --dcp_interleave flags: the one place "interleave 0 means the
+  // block size" is read. Every DcpBlockLayout / kernels::DcpShard is built from it (engine, KV
+  // manager, CPU and CUDA runners, the rank's KV endpoint), so they cannot disagree.
+  static DcpBlockLayout FromFlags(int64_t dcp_size, int64_t dcp_interleave, int64_t block_size) {
+    return {dcp_size, dcp_interleave == 0 ? block_size : dcp_interleave, block_size};
+  }
+
   // INVALID_ARGUMENT naming the numbers unless size >= 1, block_size >= 1, interleave >= 1 and
   // interleave is a multiple of block_size or divides it (size 1: anything goes).
   absl::Status Validate() const;
@@ -52,12 +59,18 @@ struct DcpBlockLayout {
   void ShardLocalBlocks(absl::Span<const int32_t> table, int64_t shard, OutputIt out) const {
     for (size_t i = 0; i < table.size(); ++i) {
       if (ShardOfBlock(static_cast<int64_t>(i)) == shard) {
-        *out++ = static_cast<int32_t>(table[i] / size);
+        *out++ = static_cast<int32_t>(LocalId(table[i]));
       }
     }
   }
   // The kernels' view of shard `rank`.
   kernels::DcpShard Shard(int64_t rank) const { return {size, rank, interleave}; }
+  // The shard tensor-parallel rank `tp_rank` holds (kernels::DcpShardOfTpRank), and its view.
+  int64_t ShardOfTpRank(int64_t tp_rank) const { return kernels::DcpShardOfTpRank(tp_rank, size); }
+  kernels::DcpShard ShardForTpRank(int64_t tp_rank) const { return Shard(ShardOfTpRank(tp_rank)); }
+  // Group-wide block id x: on shard x % size, at that shard's local block x / size.
+  int64_t ShardOfId(int64_t id) const { return id % size; }
+  int64_t LocalId(int64_t id) const { return id / size; }
 };
 
 }  // namespace tandem::runtime

@@ -11,11 +11,7 @@ namespace tandem::runtime {
 namespace {
 
 DcpBlockLayout DcpLayoutOf(const KvCacheConfig& config) {
-  DcpBlockLayout dcp;
-  dcp.size = config.dcp_size;
-  dcp.interleave = config.dcp_interleave == 0 ? config.block_size : config.dcp_interleave;
-  dcp.block_size = config.block_size;
-  return dcp;
+  return DcpBlockLayout::FromFlags(config.dcp_size, config.dcp_interleave, config.block_size);
 }
 
 }  // namespace
@@ -86,15 +82,15 @@ int64_t KvCacheManager::NumFreeBlocks() const {
 }
 
 bool KvCacheManager::IsFree(BlockId id) const {
-  return free_queues_[id % dcp_.size].Contains(static_cast<BlockId>(id / dcp_.size));
+  return free_queues_[dcp_.ShardOfId(id)].Contains(static_cast<BlockId>(dcp_.LocalId(id)));
 }
 
 void KvCacheManager::PushFree(BlockId id) {
-  free_queues_[id % dcp_.size].PushBack(static_cast<BlockId>(id / dcp_.size));
+  free_queues_[dcp_.ShardOfId(id)].PushBack(static_cast<BlockId>(dcp_.LocalId(id)));
 }
 
 void KvCacheManager::RemoveFree(BlockId id) {
-  free_queues_[id % dcp_.size].Remove(static_cast<BlockId>(id / dcp_.size));
+  free_queues_[dcp_.ShardOfId(id)].Remove(static_cast<BlockId>(dcp_.LocalId(id)));
 }
 
 bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted,
@@ -109,7 +105,7 @@ bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted,
   std::vector<int64_t> need(dcp_.size, 0);
   for (int64_t i = owned; i < wanted; ++i) ++need[dcp_.ShardOfBlock(i)];
   if (prefix != nullptr) {
-    for (const BlockId id : prefix->blocks) need[id % dcp_.size] += blocks_[id].ref_count == 0;
+    for (const BlockId id : prefix->blocks) need[dcp_.ShardOfId(id)] += blocks_[id].ref_count == 0;
   }
   for (int64_t k = 0; k < dcp_.size; ++k) {
     if (need[k] > free_queues_[k].size()) return false;
@@ -319,9 +315,9 @@ absl::Status KvCacheManager::CheckInvariants() const {
             absl::StrCat("request ", request_id, " holds block ", id, " twice"));
       }
       ++references[id];
-      if (id % dcp_.size != dcp_.ShardOfBlock(static_cast<int64_t>(i))) {
+      if (dcp_.ShardOfId(id) != dcp_.ShardOfBlock(static_cast<int64_t>(i))) {
         return absl::InternalError(absl::StrCat("request ", request_id, " block ", i, " (physical ",
-                                                id, ") is on shard ", id % dcp_.size, ", not ",
+                                                id, ") is on shard ", dcp_.ShardOfId(id), ", not ",
                                                 dcp_.ShardOfBlock(static_cast<int64_t>(i))));
       }
       if (i < request.block_hashes.size() && blocks_[id].cached &&

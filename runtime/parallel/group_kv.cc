@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kvtransfer/handshake.h"
+#include "runtime/kv_cache/dcp_blocks.h"
 #include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
@@ -101,9 +102,9 @@ absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num
   g.set_kv_head_begin(static_cast<uint32_t>(kv_begin));
   g.set_kv_head_count(static_cast<uint32_t>(kv_count));
   g.set_dcp_size(static_cast<uint32_t>(options_.dcp_size));
-  g.set_dcp_interleave(static_cast<uint32_t>(options_.dcp_size == 1        ? 1
-                                             : options_.dcp_interleave > 0 ? options_.dcp_interleave
-                                                                           : block_size));
+  const DcpBlockLayout dcp =
+      DcpBlockLayout::FromFlags(options_.dcp_size, options_.dcp_interleave, block_size);
+  g.set_dcp_interleave(static_cast<uint32_t>(dcp.size == 1 ? 1 : dcp.interleave));
   g.set_block_bytes(static_cast<uint64_t>(KvBlockBytes(
       options_.model, block_size, options_.kv_dtype, KvHeadShare{kv_begin, kv_count})));
   if (num_blocks <= 0 || static_cast<uint64_t>(pool_bytes) < num_blocks * g.block_bytes()) {
@@ -128,13 +129,15 @@ std::vector<std::pair<int32_t, int32_t>> RankKvEndpoint::ShardBlocks(
     const tandem::v1::KvRead& read) const {
   std::vector<std::pair<int32_t, int32_t>> blocks;
   const int n = std::min(read.source_blocks_size(), read.local_blocks_size());
-  const int32_t shards = options_.dcp_size, shard = options_.tp_rank % options_.dcp_size;
+  // Only the id arithmetic of the layout is used (block size and interleave play no part).
+  const DcpBlockLayout dcp = DcpBlockLayout::FromFlags(options_.dcp_size, 1, 1);
+  const int64_t shard = dcp.ShardOfTpRank(options_.tp_rank);
   for (int i = 0; i < n; ++i) {
     const int32_t local = read.local_blocks(i);
-    if (shards == 1) {
+    if (dcp.size == 1) {
       blocks.emplace_back(read.source_blocks(i), local);
-    } else if (local >= 0 && local % shards == shard) {
-      blocks.emplace_back(read.source_blocks(i), local / shards);
+    } else if (local >= 0 && dcp.ShardOfId(local) == shard) {
+      blocks.emplace_back(read.source_blocks(i), static_cast<int32_t>(dcp.LocalId(local)));
     }
   }
   return blocks;
