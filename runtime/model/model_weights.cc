@@ -271,6 +271,11 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
                        ", but this rank belongs to a group of tp=", shard.size, " dcp=", shard.dcp,
                        " (shard the original checkpoint for this group, or load the original)"));
     }
+    if (shard.expert_parallel && config.IsMoe()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_dir, " is pre-sharded (each rank a slice of every expert), but ",
+          "--enable_expert_parallel places whole experts: load the original checkpoint"));
+    }
     weights_dir = (fs::path(model_dir) / RankDir(shard.rank, shard.size)).string();
     layout = LocalLayout(layout);
   }

@@ -5,11 +5,12 @@
 # the Qwen3-MoE fixture (8 experts, q/k norms, a dense layer) and the DeepSeek-V3 MoE fixture
 # (MLA, 8 routed experts in 4 groups, a shared expert, sigmoid + bias routing): greedy tokens
 # identical and last-prompt logits within 1e-4 * max to transformers and to TP=1, at N = 2 and 4.
-# Then startup refusals naming the numbers: 4 ranks for 6 experts, a dense model, and EP on the
-# CUDA backend (not built yet).
+# Then startup refusals naming the numbers: 4 ranks for 6 experts, a dense model, a pre-sharded
+# (TP-sliced) checkpoint, and EP on the CUDA backend (not built yet).
 set -euo pipefail
 GENERATE=$1
 COMPARE=$2
+SHARD=$3
 T=${TEST_TMPDIR:-$(mktemp -d)}
 
 run() {  # FIXTURE_DIR TP OUT [FLAGS...]
@@ -50,6 +51,10 @@ refused "the group's 4 ranks do not divide the model's 6 experts" \
   --model=tests/golden/fixtures/qwen2_moe_f32 --tp=4 --enable_expert_parallel
 refused "needs a mixture-of-experts model; LlamaForCausalLM has no experts" \
   --model=tests/golden/fixtures/llama_f32_gqa --enable_expert_parallel
+# A pre-sharded checkpoint holds slices of every expert, not whole ones.
+"$SHARD" --model=tests/golden/fixtures/qwen3_moe_f32 --tp=2 --out="$T/qwen3_moe_tp2" > /dev/null 2>&1
+refused "is pre-sharded (each rank a slice of every expert), but --enable_expert_parallel" \
+  --model="$T/qwen3_moe_tp2" --tp=2 --enable_expert_parallel
 # The CUDA backend does not place experts yet: refused by name before any device work.
 refused "--backend=cuda --enable_expert_parallel is not built yet" \
   --model=tests/golden/fixtures/mixtral_f32 --tp=2 --enable_expert_parallel --backend=cuda
