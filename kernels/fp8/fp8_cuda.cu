@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -23,6 +24,9 @@ __device__ __forceinline__ uint8_t ToE4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
+__device__ __forceinline__ float ToF32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToF32(float x) { return x; }
+
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -33,11 +37,12 @@ __device__ __forceinline__ float WarpMax(float v) {
 // columns (4 per lane). Static: the given scale. Scales are amax / 448 (1 for zeros), values
 // divided by their scale (IEEE division, as the CPU reference), rounded to nearest even with
 // saturation.
+template <typename TIn>
 __global__ void __launch_bounds__(kQuantThreads)
-    QuantizeKernel(const __nv_bfloat16* __restrict__ x, int64_t k, int scheme, float static_scale,
+    QuantizeKernel(const TIn* __restrict__ x, int64_t k, int scheme, float static_scale,
                    uint8_t* __restrict__ codes, float* __restrict__ scales) {
   const int64_t row = blockIdx.x;
-  const __nv_bfloat16* xr = x + row * k;
+  const TIn* xr = x + row * k;
   uint8_t* cr = codes + row * k;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicGroup128)) {
@@ -46,13 +51,13 @@ __global__ void __launch_bounds__(kQuantThreads)
       const int64_t c0 = g * kGroup;
       float amax = 0.0f;
       for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
-        amax = fmaxf(amax, fabsf(__bfloat162float(xr[c])));
+        amax = fmaxf(amax, fabsf(ToF32(xr[c])));
       }
       amax = WarpMax(amax);
       const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
       if (lane == 0) scales[row * groups + g] = scale;
       for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
-        cr[c] = ToE4m3(__bfloat162float(xr[c]) / scale);
+        cr[c] = ToE4m3(ToF32(xr[c]) / scale);
       }
     }
     return;
@@ -62,7 +67,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     __shared__ float warp_max[kQuantThreads / 32];
     float amax = 0.0f;
     for (int64_t c = tid; c < k; c += kQuantThreads) {
-      amax = fmaxf(amax, fabsf(__bfloat162float(xr[c])));
+      amax = fmaxf(amax, fabsf(ToF32(xr[c])));
     }
     amax = WarpMax(amax);
     if (lane == 0) warp_max[warp] = amax;
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   } else if (row == 0 && tid == 0) {
     scales[0] = static_scale;
   }
-  for (int64_t c = tid; c < k; c += kQuantThreads) cr[c] = ToE4m3(__bfloat162float(xr[c]) / scale);
+  for (int64_t c = tid; c < k; c += kQuantThreads) cr[c] = ToE4m3(ToF32(xr[c]) / scale);
 }
 
 struct GemvParams {
@@ -184,13 +189,22 @@ cudaError_t Dispatch(const GemvParams& p, TOut* out, cudaStream_t stream) {
   return Launch<kFp8Act, TOut, 16>(p, out, stream);
 }
 
+__global__ void AddBiasKernel(__nv_bfloat16* __restrict__ out,
+                              const __nv_bfloat16* __restrict__ bias, int64_t m, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __float2bfloat16_rn(__bfloat162float(out[i]) + __bfloat162float(bias[i % n]));
+  }
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
-                                 Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
-                                 float* scales, cudaStream_t stream) {
+template <typename TIn>
+absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
+                                  float static_scale, uint8_t* codes, float* scales,
+                                  cudaStream_t stream) {
   if (scheme == Fp8ActivationScheme::kNone || m < 1 || k < 1 || x == nullptr || codes == nullptr ||
       scales == nullptr ||
       (scheme == Fp8ActivationScheme::kStaticTensor && !(static_scale > 0.0f))) {
@@ -199,8 +213,33 @@ absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
         "positive static scale; got m=",
         m, " k=", k, " scheme=", static_cast<int>(scheme)));
   }
-  QuantizeKernel<<<static_cast<unsigned>(m), kQuantThreads, 0, stream>>>(
+  QuantizeKernel<TIn><<<static_cast<unsigned>(m), kQuantThreads, 0, stream>>>(
       x, k, static_cast<int>(scheme), static_scale, codes, scales);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
+                                 Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
+                                 float* scales, cudaStream_t stream) {
+  return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream);
+}
+
+absl::Status QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
+                                 float static_scale, uint8_t* codes, float* scales,
+                                 cudaStream_t stream) {
+  return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream);
+}
+
+absl::Status AddBias(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t m, int64_t n,
+                     cudaStream_t stream) {
+  if (out == nullptr || bias == nullptr || m < 0 || n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddBias: needs non-null buffers and n >= 1; got m=", m, " n=", n));
+  }
+  if (m == 0) return absl::OkStatus();
+  const int64_t blocks = std::min<int64_t>((m * n + 255) / 256, 4096);
+  AddBiasKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(out, bias, m, n);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

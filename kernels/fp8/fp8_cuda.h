@@ -31,6 +31,12 @@ inline constexpr int64_t kFp8GemvMaxM = 16;
 absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
                                  Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
                                  float* scales, cudaStream_t stream);
+// The same from fp32 rows: what the CUDA model's device dummy FP8 weights use (rows quantized
+// per row, kDynamicToken, or per 128 columns, kDynamicGroup128), as kernels::QuantizeWeight on
+// the host.
+absl::Status QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
+                                 float static_scale, uint8_t* codes, float* scales,
+                                 cudaStream_t stream);
 
 // One FP8 weight on the device: codes [grid.rows, grid.cols], scales [grid.NumScales()] with
 // grid.block_rows == 1 and grid.block_cols 128 or grid.cols.
@@ -56,6 +62,11 @@ struct Fp8DeviceActivations {
 template <typename TOut>
 absl::Status Fp8Gemv(const Fp8DeviceActivations& a, const Fp8DeviceWeight& w,
                      const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream);
+
+// out[m, n] += bias[n] in fp32, rounded once to bf16 (the cuBLASLt FP8 GEMM's output has no
+// bias epilogue here). INVALID_ARGUMENT for null pointers or n < 1.
+absl::Status AddBias(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t m, int64_t n,
+                     cudaStream_t stream);
 
 extern template absl::Status Fp8Gemv<__nv_bfloat16>(const Fp8DeviceActivations&,
                                                     const Fp8DeviceWeight&, const __nv_bfloat16*,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -128,7 +129,17 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
         absl::StrCat("DCP size ", opts.dcp.size, " needs a tensor-parallel communicator and ",
                      "must divide the ", config.num_attention_heads, " local attention heads"));
   }
+  if (config.quantization.IsFp8() && opts.dtype != ActDtype::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 weights (", config.quantization.Describe(),
+        ") run with bf16 activations on the CUDA backend; --dtype=fp16 is not supported"));
+  }
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, opts));
+  if (config.quantization.IsFp8()) {
+    const int64_t max_k = std::max({config.hidden_size, config.intermediate_size,
+                                    config.num_attention_heads * D / opts.dcp.size});
+    ASSIGN_OR_RETURN(model->fp8_, CudaFp8Linear::Create(opts.max_tokens, max_k));
+  }
   const int64_t n = opts.comm == nullptr ? 1 : opts.comm->size();
   model->vocab_rows_ = (config.vocab_size + n - 1) / n;
   model->vocab_begin_ = opts.comm == nullptr ? 0 : opts.comm->rank() * model->vocab_rows_;
@@ -173,17 +184,19 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   ASSIGN_OR_RETURN(norm_, UploadTensor(&w.norm, dt, &staging, "norm", stream));
   ASSIGN_OR_RETURN(lm_head_, UploadTensor(&w.lm_head, dt, &staging, "lm_head", stream));
   layers_.resize(w.layers.size());
+  const bool fp8 = config_.quantization.IsFp8();
   for (size_t l = 0; l < w.layers.size(); ++l) {
     LayerWeights& src = w.layers[l];
     const std::string p = absl::StrCat("layer ", l, " ");
     RETURN_IF_ERROR(CheckSize(src.input_layernorm, H, p + "input_layernorm"));
-    RETURN_IF_ERROR(CheckSize(src.qkv_proj, qkv_dim * H, p + "qkv_proj"));
+    const int64_t dense = fp8 ? 0 : 1;  // FP8: the fp32 projections are empty
+    RETURN_IF_ERROR(CheckSize(src.qkv_proj, dense * qkv_dim * H, p + "qkv_proj"));
     // DCP: o_proj holds this rank's Hq / dcp heads (TpDims::o_heads).
-    RETURN_IF_ERROR(CheckSize(src.o_proj, H * (Hq / options_.dcp.size) * D, p + "o_proj"));
+    RETURN_IF_ERROR(CheckSize(src.o_proj, dense * H * (Hq / options_.dcp.size) * D, p + "o_proj"));
     RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, H, p + "post_attention_layernorm"));
     const bool moe = config_.IsMoeLayer(static_cast<int64_t>(l));  // no dense MLP tensors
-    RETURN_IF_ERROR(CheckSize(src.gate_up_proj, moe ? 0 : 2 * I * H, p + "gate_up_proj"));
-    RETURN_IF_ERROR(CheckSize(src.down_proj, moe ? 0 : H * I, p + "down_proj"));
+    RETURN_IF_ERROR(CheckSize(src.gate_up_proj, moe ? 0 : dense * 2 * I * H, p + "gate_up_proj"));
+    RETURN_IF_ERROR(CheckSize(src.down_proj, moe ? 0 : dense * H * I, p + "down_proj"));
     RETURN_IF_ERROR(CheckSize(src.q_norm, config_.qk_norm ? D : 0, p + "q_norm"));
     RETURN_IF_ERROR(CheckSize(src.k_norm, config_.qk_norm ? D : 0, p + "k_norm"));
     if (config_.qkv_bias) RETURN_IF_ERROR(CheckSize(src.qkv_bias, qkv_dim, p + "qkv_bias"));
@@ -212,6 +225,7 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
                      UploadTensor(&src.down_bias, dt, &staging, "down_bias", stream));
     ASSIGN_OR_RETURN(dst.q_norm, UploadTensor(&src.q_norm, dt, &staging, "q_norm", stream));
     ASSIGN_OR_RETURN(dst.k_norm, UploadTensor(&src.k_norm, dt, &staging, "k_norm", stream));
+    if (fp8) RETURN_IF_ERROR(UploadFp8(&src, &dst));
     if (moe && dt == ActDtype::kBf16) {
       ASSIGN_OR_RETURN(dst.moe, UploadMoeWeights<__nv_bfloat16>(config_, &src, stream));
     } else if (moe) {
@@ -230,7 +244,8 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
           &l.q_norm, &l.k_norm}) {
       add(*b);
     }
-    weight_bytes_ += l.moe.bytes();
+    weight_bytes_ += l.moe.bytes() + l.qkv_fp8.bytes() + l.o_fp8.bytes() + l.gate_up_fp8.bytes() +
+                     l.down_fp8.bytes();
   }
   return absl::OkStatus();
 }
@@ -255,11 +270,13 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
   RETURN_IF_ERROR(alloc(&norm_, H, "norm"));
   if (!config_.tie_word_embeddings) RETURN_IF_ERROR(alloc(&lm_head_, vocab_rows_ * H, "lm_head"));
   layers_.resize(config_.num_hidden_layers);
+  const bool fp8 = config_.quantization.IsFp8();  // FP8 projections instead of the dense four
   for (Layer& l : layers_) {
     RETURN_IF_ERROR(alloc(&l.input_layernorm, H, "input_layernorm"));
-    RETURN_IF_ERROR(alloc(&l.qkv_proj, qkv_dim * H, "qkv_proj"));
+    if (fp8) RETURN_IF_ERROR(AllocateFp8(&l));
+    RETURN_IF_ERROR(alloc(&l.qkv_proj, fp8 ? 0 : qkv_dim * H, "qkv_proj"));
     if (config_.qkv_bias) RETURN_IF_ERROR(alloc(&l.qkv_bias, qkv_dim, "qkv_bias"));
-    RETURN_IF_ERROR(alloc(&l.o_proj, H * (Hq / options_.dcp.size) * D, "o_proj"));
+    RETURN_IF_ERROR(alloc(&l.o_proj, fp8 ? 0 : H * (Hq / options_.dcp.size) * D, "o_proj"));
     if (config_.o_bias && row_bias) RETURN_IF_ERROR(alloc(&l.o_bias, H, "o_bias"));
     RETURN_IF_ERROR(alloc(&l.post_attention_layernorm, H, "post_attention_layernorm"));
     if (config_.qk_norm) {
@@ -271,9 +288,9 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
       weight_bytes_ += l.moe.bytes();
       continue;
     }
-    RETURN_IF_ERROR(alloc(&l.gate_up_proj, 2 * I * H, "gate_up_proj"));
+    RETURN_IF_ERROR(alloc(&l.gate_up_proj, fp8 ? 0 : 2 * I * H, "gate_up_proj"));
     if (config_.mlp_bias) RETURN_IF_ERROR(alloc(&l.gate_up_bias, 2 * I, "gate_up_bias"));
-    RETURN_IF_ERROR(alloc(&l.down_proj, H * I, "down_proj"));
+    RETURN_IF_ERROR(alloc(&l.down_proj, fp8 ? 0 : H * I, "down_proj"));
     if (config_.mlp_bias && row_bias) RETURN_IF_ERROR(alloc(&l.down_bias, H, "down_bias"));
   }
   std::vector<DummyTensorFill> whole;
@@ -282,7 +299,17 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
   }
   const std::vector<DummyTensorFill>& plan =
       options_.dummy_plan.empty() ? whole : options_.dummy_plan;
+  DeviceBuffer fp8_staging;  // FP8 configs: one fill's fp32 draw before quantization
   for (const DummyTensorFill& f : plan) {
+    if (fp8 && Fp8Slot(f.slot, f.layer) != nullptr && fp8_staging.bytes() < f.slice.numel() * 4) {
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // the old staging is no longer read
+      fp8_staging.Reset();
+      ASSIGN_OR_RETURN(fp8_staging, DeviceBuffer::Allocate(f.slice.numel() * 4, "fp8 staging"));
+    }
+    if (CudaFp8Weight* w = fp8 ? Fp8Slot(f.slot, f.layer) : nullptr; w != nullptr) {
+      RETURN_IF_ERROR(FillFp8Dummy(f, seed, fp8_staging.get<float>(), w, stream));
+      continue;
+    }
     if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < static_cast<int64_t>(layers_.size())) {
       Layer& l = layers_[static_cast<size_t>(f.layer)];
       RETURN_IF_ERROR(options_.dtype == ActDtype::kBf16
@@ -305,6 +332,7 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
           FillDummySlice(b->get<__half>() + f.offset, f.slice, f.mean, seed, f.stream_id, stream));
     }
   }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // fp8_staging is freed on return
   return absl::OkStatus();
 }
 
@@ -446,8 +474,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     RETURN_IF_ERROR(ReduceAddNorm<T>(l == 0 ? comm() != nullptr : hidden_partial, l > 0,
                                      Ptr<T>(w.input_layernorm), Tn, eps, stream));
     hidden_partial = false;
-    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, qkv_dim, H, qkv,
-                        stream, pdl));
+    RETURN_IF_ERROR(
+        Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv, stream));
     if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
       RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
                                            Ptr<T>(w.k_norm), eps, stream));
@@ -457,8 +485,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                                           inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
                                           stream));
     ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
-    RETURN_IF_ERROR(
-        Lin(*gemm_, o_in, Ptr<T>(w.o_proj), Ptr<T>(w.o_bias), Tn, H, o_dim, hidden, stream, pdl));
+    RETURN_IF_ERROR(Project<T>(w.o_proj, w.o_fp8, o_in, w.o_bias, Tn, H, o_dim, hidden, stream));
     RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
                                      Tn, eps, stream));
     if (config_.IsMoeLayer(l)) {  // the rank's slices of every expert; summed like down_proj
@@ -466,18 +493,18 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
       if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
       continue;
     }
-    if (UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
+    if (w.gate_up_fp8.empty() && UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
                                                  Ptr<T>(w.gate_up_bias), Tn, I, H, Ptr<T>(act_),
                                                  stream, pdl));
     } else {
-      RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Ptr<T>(w.gate_up_bias), Tn, 2 * I,
-                          H, Ptr<T>(gate_up_), stream, pdl));
+      RETURN_IF_ERROR(Project<T>(w.gate_up_proj, w.gate_up_fp8, hidden, w.gate_up_bias, Tn, 2 * I,
+                                 H, Ptr<T>(gate_up_), stream));
       RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
     }
-    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Ptr<T>(w.down_bias), Tn, H, I,
-                        hidden, stream, pdl));
+    RETURN_IF_ERROR(
+        Project<T>(w.down_proj, w.down_fp8, Ptr<T>(act_), w.down_bias, Tn, H, I, hidden, stream));
     hidden_partial = comm() != nullptr;
   }
   RETURN_IF_ERROR(ReduceAddNorm<T>(hidden_partial, true, Ptr<T>(norm_), Tn, eps, stream));
@@ -492,6 +519,21 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                       vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
   if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
   return GatherLogits(R, stream);
+}
+
+template <typename T>
+absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8,
+                                     const T* a, const DeviceBuffer& bias, int64_t m, int64_t n,
+                                     int64_t k, T* out, cudaStream_t stream) {
+  if (fp8.empty()) {
+    return Lin(*gemm_, a, Ptr<T>(dense), Ptr<T>(bias), m, n, k, out, stream,
+               options_.programmatic_launch);
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream);
+  } else {
+    return absl::InternalError("FP8 projections need bf16 activations");  // refused in Create
+  }
 }
 
 template <typename T>

@@ -36,6 +36,7 @@
 #include "kernels/cuda/paged_prefill_cuda.h"
 #include "kernels/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
+#include "runtime/cuda/cuda_fp8_linear.h"
 #include "runtime/cuda/cuda_moe_mlp.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
@@ -150,12 +151,27 @@ class CudaLlamaModel {
         gate_up_proj, gate_up_bias, down_proj, down_bias;
     DeviceBuffer q_norm, k_norm;  // [head_dim] each (config.qk_norm), else empty
     CudaMoeWeights moe;           // MoE layers (config.IsMoeLayer): their MLP instead of gate_up
+    // FP8 weights (config.quantization.IsFp8(); cuda_fp8_linear.h): these projections instead of
+    // the bf16 qkv_proj / o_proj / gate_up_proj / down_proj buffers, which stay empty.
+    CudaFp8Weight qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
   };
   CudaLlamaModel(const ModelConfig& config, const CudaModelOptions& options);
   template <typename T>
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                         const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
+  // Layer l's FP8 projections from the loader's *_fp8 slots (FP8 configs).
+  absl::Status UploadFp8(LayerWeights* src, Layer* dst);
+  // Allocates layer l's FP8 projections for device dummy weights (FP8 configs).
+  absl::Status AllocateFp8(Layer* l);
+  // The FP8 weight a dummy fill of (slot, layer) lands in, or null (not FP8 / not a projection).
+  CudaFp8Weight* Fp8Slot(WeightSlot slot, int64_t layer);
+  // One projection, out = a . w^T (+ bias): the bf16/fp16 weight `dense` (GEMV or cuBLASLt) or,
+  // when `fp8` is not empty, the FP8 path (CudaFp8Linear; bf16 activations only).
+  template <typename T>
+  absl::Status Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8, const T* a,
+                       const DeviceBuffer& bias, int64_t m, int64_t n, int64_t k, T* out,
+                       cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   // The device buffer a dummy fill lands in (null when the model has no such buffer).
   DeviceBuffer* SlotBuffer(WeightSlot slot, int64_t layer);
@@ -197,6 +213,7 @@ class CudaLlamaModel {
   DeviceBuffer hidden_, residual_, qkv_, q_, attn_, gate_up_, act_, last_, logits_;
   std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers
   std::unique_ptr<CudaMoeMlp> moe_;                // MoE models: routing + expert scratch
+  std::unique_ptr<CudaFp8Linear> fp8_;             // FP8 configs: activation codes + GEMM
   int64_t weight_bytes_ = 0;
 };
 

@@ -4,7 +4,12 @@
 // sampling), not a kernel.
 //
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
-//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1]
+//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8]
+//
+// --quantization: a comma-separated list of weight formats measured one after the other in this
+// process, each with its own engine: none (bf16) and fp8 (device dummy FP8 weights as
+// --quantization=fp8 makes them: per-channel e4m3 weights, dynamic per-token activations; the
+// roofline counts 1 byte per linear-layer weight).
 //
 // Mixture-of-experts shapes: the roofline counts the weights a step reads, the non-expert ones
 // plus, per MoE layer, the experts a batch of B tokens routes to if routing were uniform:
@@ -30,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "comm/gloo_process_group.h"
 #include "comm/rank_spawn.h"
 #include "comm/tcp_store.h"
@@ -85,8 +91,10 @@ int Main(int argc, char** argv) {
   bool fused_norm = false;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
+  std::vector<std::string> quants = {"none"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a.rfind("--quantization=", 0) == 0) quants = absl::StrSplit(a.substr(15), ',');
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
     if (a.rfind("--context=", 0) == 0) context = std::atoi(argv[i] + 10);
     if (a.rfind("--steps=", 0) == 0) steps = std::atoi(argv[i] + 8);
@@ -161,103 +169,129 @@ int Main(int argc, char** argv) {
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
   config.max_model_len = std::max(8192, context + steps + 16);
-  const auto created = std::chrono::steady_clock::now();
-  auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
-    return 1;
-  }
-  const double create_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
-  // Bytes read per decode step on one GPU: its weights (bf16) and, per sequence, its KV heads.
-  // MoE: the experts' share replaced per batch by the experts the batch routes to (routed_bytes).
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layers += model.IsMoeLayer(l);
-  const double expert_bytes = 3.0 * model.moe_intermediate_size * model.hidden_size * 2.0 / tp;
-  const double weight_bytes = (static_cast<double>(model.NumParameters()) * 2.0 / tp -
-                               static_cast<double>(moe_layers) * model.num_experts * expert_bytes);
-  auto routed_bytes = [&](int batch) {
-    if (!model.IsMoe()) return 0.0;
-    const double E = static_cast<double>(model.num_experts), k = model.num_experts_per_tok;
-    const double active = E * (1.0 - std::pow(1.0 - k / E, batch));
-    return static_cast<double>(moe_layers) * active * expert_bytes;
-  };
-  // MLA (DeepSeek): one latent row of kv_lora_rank + qk_rope_head_dim per layer, whole on every
-  // rank; otherwise K and V of the rank's KV heads.
-  const double kv_bytes_per_token =
-      model.IsMla() ? 2.0 * static_cast<double>(model.num_hidden_layers) *
-                          static_cast<double>(model.kv_lora_rank + model.qk_rope_head_dim)
-                    : 2.0 * 2.0 * static_cast<double>(model.num_hidden_layers) *
-                          static_cast<double>(local.num_key_value_heads * model.head_dim);
-  const bool print = me == 0;
-  if (print) {
-    std::printf(
-        "%s shapes, tp %d, dummy bf16 weights (%.2f GB per GPU, engine up in %.1f s), "
-        "CUDA graphs %s, PDL %s, all-reduce %s\n",
-        preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
-        (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
-        pdl ? "on" : "off",
-        custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
-    if (tp > 1) {
-      std::printf(
-          "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "
-          "candidates\n",
-          static_cast<long long>(vocab_greedy_min_rows));
+  const double dense_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
+  for (const std::string& quant : quants) {
+    const bool fp8 = quant == "fp8";
+    if ((!fp8 && quant != "none") || (fp8 && (model.IsMoe() || model.IsMla()))) {
+      std::fprintf(stderr, "--quantization takes none and fp8 (dense models), got '%s'\n",
+                   quant.c_str());
+      return 1;
     }
-    std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s", "roofline",
-                "% roof");
-  }
-  int64_t next_id = 0;
-  for (int batch : batches) {
-    for (int b = 0; b < batch; ++b) {
-      RequestSpec spec;
-      spec.prompt.resize(context);
-      // Ids in [1000, vocab): the Llama shapes' 100000 span, smaller vocabularies' whole range.
-      const int64_t span = std::min<int64_t>(100000, model.vocab_size - 1000);
-      for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % span;
-      spec.max_tokens = steps + 8;
-      spec.ignore_eos = true;
-      if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {
-        std::fprintf(stderr, "add: %s\n", st.ToString().c_str());
-        return 1;
-      }
+    WeightQuantization q;  // what generate --quantization=fp8 sets (model_source.cc)
+    if (fp8) {
+      q.method = WeightQuantization::Method::kOnlineFp8;
+      q.block_rows = 1;
+      q.activation = kernels::Fp8ActivationScheme::kDynamicToken;
     }
-    // Prefill (and the first decode steps, which capture graphs) untimed.
-    int warm = 0;
-    while ((*engine)->num_waiting() > 0 || warm < 4) {
-      auto u = (*engine)->Step();
-      if (!u.ok()) {
-        std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
-        return 1;
-      }
-      if ((*engine)->num_waiting() == 0) ++warm;
+    local.quantization = q;
+    // The decoder's q/k/v/o and gate/up/down weights: 1 byte each in FP8 (scales: 4 bytes a row).
+    const double linear_params =
+        static_cast<double>(model.num_hidden_layers) *
+        (static_cast<double>((model.num_attention_heads + 2 * model.num_key_value_heads) *
+                             model.head_dim * model.hidden_size) +
+         static_cast<double>(model.hidden_size * model.num_attention_heads * model.head_dim) +
+         3.0 * static_cast<double>(model.hidden_size * model.intermediate_size)) /
+        tp;
+    const auto created = std::chrono::steady_clock::now();
+    auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
+      return 1;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < steps; ++s) {
-      auto u = (*engine)->Step();
-      if (!u.ok()) {
-        std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
-        return 1;
-      }
-    }
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-        steps;
-    const double tok_s = batch * 1000.0 / ms;
-    const double roof_ms = (weight_bytes + routed_bytes(batch) +
-                            kv_bytes_per_token * batch * (context + steps / 2.0)) /
-                           4.3e12 * 1e3;
+    const double create_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+    // Bytes read per decode step on one GPU: its weights (bf16) and, per sequence, its KV heads.
+    // MoE: the experts' share replaced per batch by the experts the batch routes to (routed_bytes).
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layers += model.IsMoeLayer(l);
+    const double expert_bytes = 3.0 * model.moe_intermediate_size * model.hidden_size * 2.0 / tp;
+    const double weight_bytes =
+        (dense_bytes - (fp8 ? linear_params : 0.0) -
+         static_cast<double>(moe_layers) * model.num_experts * expert_bytes);
+    auto routed_bytes = [&](int batch) {
+      if (!model.IsMoe()) return 0.0;
+      const double E = static_cast<double>(model.num_experts), k = model.num_experts_per_tok;
+      const double active = E * (1.0 - std::pow(1.0 - k / E, batch));
+      return static_cast<double>(moe_layers) * active * expert_bytes;
+    };
+    // MLA (DeepSeek): one latent row of kv_lora_rank + qk_rope_head_dim per layer, whole on every
+    // rank; otherwise K and V of the rank's KV heads.
+    const double kv_bytes_per_token =
+        model.IsMla() ? 2.0 * static_cast<double>(model.num_hidden_layers) *
+                            static_cast<double>(model.kv_lora_rank + model.qk_rope_head_dim)
+                      : 2.0 * 2.0 * static_cast<double>(model.num_hidden_layers) *
+                            static_cast<double>(local.num_key_value_heads * model.head_dim);
+    const bool print = me == 0;
     if (print) {
-      std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
-                  batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
-      std::fflush(stdout);
+      std::printf(
+          "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
+          "CUDA graphs %s, PDL %s, all-reduce %s\n",
+          preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
+          fp8 ? "fp8 (per-channel e4m3, dynamic per-token activations)" : "bf16",
+          (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
+          pdl ? "on" : "off",
+          custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
+      if (tp > 1) {
+        std::printf(
+            "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "
+            "candidates\n",
+            static_cast<long long>(vocab_greedy_min_rows));
+      }
+      std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s",
+                  "roofline", "% roof");
     }
-    while ((*engine)->HasUnfinished()) {
-      auto u = (*engine)->Step();
-      if (!u.ok()) return 1;
+    int64_t next_id = 0;
+    for (int batch : batches) {
+      for (int b = 0; b < batch; ++b) {
+        RequestSpec spec;
+        spec.prompt.resize(context);
+        // Ids in [1000, vocab): the Llama shapes' 100000 span, smaller vocabularies' whole range.
+        const int64_t span = std::min<int64_t>(100000, model.vocab_size - 1000);
+        for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % span;
+        spec.max_tokens = steps + 8;
+        spec.ignore_eos = true;
+        if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {
+          std::fprintf(stderr, "add: %s\n", st.ToString().c_str());
+          return 1;
+        }
+      }
+      // Prefill (and the first decode steps, which capture graphs) untimed.
+      int warm = 0;
+      while ((*engine)->num_waiting() > 0 || warm < 4) {
+        auto u = (*engine)->Step();
+        if (!u.ok()) {
+          std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
+          return 1;
+        }
+        if ((*engine)->num_waiting() == 0) ++warm;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) {
+        auto u = (*engine)->Step();
+        if (!u.ok()) {
+          std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
+          return 1;
+        }
+      }
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+          steps;
+      const double tok_s = batch * 1000.0 / ms;
+      const double roof_ms = (weight_bytes + routed_bytes(batch) +
+                              kv_bytes_per_token * batch * (context + steps / 2.0)) /
+                             4.3e12 * 1e3;
+      if (print) {
+        std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
+                    batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+        std::fflush(stdout);
+      }
+      while ((*engine)->HasUnfinished()) {
+        auto u = (*engine)->Step();
+        if (!u.ok()) return 1;
+      }
     }
-  }
-  if (print) {
+  }  // quant
+  if (me == 0) {
     std::printf("roofline = (weight + KV bytes per GPU) / 4.3 TB/s per step%s\n",
                 model.IsMoe() ? "; MoE: non-expert weights + the experts a uniform routing of the "
                                 "batch reads"

@@ -1,0 +1,171 @@
+#include "runtime/cuda/cuda_fp8_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/fp8/fp8_cuda.h"
+#include "runtime/cuda/dummy_init.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+namespace kc = ::tandem::kernels::cuda;
+using Scheme = kernels::Fp8ActivationScheme;
+
+constexpr int64_t kGroup = 128;
+
+// The cuBLASLt GEMM takes one scale per weight row and per token (or per tensor).
+bool GemmServes(const CudaFp8Weight& w) {
+  return w.grid.block_cols >= w.grid.cols &&
+         (w.activation == Scheme::kDynamicToken || w.activation == Scheme::kStaticTensor);
+}
+
+}  // namespace
+
+absl::StatusOr<CudaFp8Weight> AllocateFp8Weight(const kernels::Fp8ScaleGrid& grid,
+                                                Scheme activation, float input_scale,
+                                                int64_t max_tokens) {
+  const bool row_scales = grid.block_cols == kGroup || grid.block_cols >= grid.cols;
+  if (grid.rows < 1 || grid.cols < 16 || grid.cols % 16 != 0 || grid.block_rows != 1 ||
+      !row_scales || (activation == Scheme::kStaticTensor && !(input_scale > 0.0f))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 weight [", grid.rows, ", ", grid.cols, "] with scale blocks ", grid.block_rows, "x",
+        grid.block_cols,
+        ": the CUDA backend needs k a multiple of 16, per-row scales over 128 columns or the "
+        "whole row, and a positive static input scale"));
+  }
+  CudaFp8Weight w;
+  w.grid = grid;
+  w.activation = activation;
+  w.input_scale = input_scale;
+  ASSIGN_OR_RETURN(w.codes, DeviceBuffer::Allocate(grid.rows * grid.cols, "fp8 weight codes"));
+  ASSIGN_OR_RETURN(w.scales, DeviceBuffer::Allocate(grid.NumScales() * int64_t{4}, "fp8 scales"));
+  if (activation == Scheme::kStaticTensor) {
+    ASSIGN_OR_RETURN(w.static_act_scales,
+                     DeviceBuffer::Allocate(max_tokens * int64_t{4}, "fp8 static act scales"));
+    const std::vector<float> copies(static_cast<size_t>(max_tokens), input_scale);
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(w.static_act_scales.data(), copies.data(),
+                                    copies.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  return w;
+}
+
+absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t rows, int64_t cols,
+                                              int64_t max_tokens, const std::string& what) {
+  const kernels::Fp8ScaleGrid& g = host->grid;
+  if (g.rows != rows || g.cols != cols || static_cast<int64_t>(host->codes.size()) != rows * cols ||
+      static_cast<int64_t>(host->scales.size()) != g.NumScales()) {
+    return absl::InvalidArgumentError(absl::StrCat("FP8 weight ", what, " is [", g.rows, ", ",
+                                                   g.cols, "] (", host->codes.size(),
+                                                   " codes), expected [", rows, ", ", cols, "]"));
+  }
+  absl::StatusOr<CudaFp8Weight> alloc =
+      AllocateFp8Weight(g, host->activation, host->input_scale, max_tokens);
+  if (!alloc.ok()) {
+    return absl::Status(alloc.status().code(), absl::StrCat(what, ": ", alloc.status().message()));
+  }
+  CudaFp8Weight w = *std::move(alloc);
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(w.codes.data(), host->codes.data(), host->codes.size(), cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(w.scales.data(), host->scales.data(),
+                                  host->scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  *host = Fp8LinearWeight();
+  return w;
+}
+
+absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* staging,
+                          CudaFp8Weight* w, cudaStream_t stream) {
+  const int64_t k = w->grid.cols, n = fill.slice.numel();
+  if (fill.offset % k != 0 || n % k != 0 || fill.offset + n > w->grid.rows * k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dummy FP8 fill of elements [", fill.offset, ", ", fill.offset + n,
+                     ") is not whole rows of a [", w->grid.rows, ", ", k, "] weight"));
+  }
+  RETURN_IF_ERROR(
+      FillDummySlice<float>(staging, fill.slice, fill.mean, seed, fill.stream_id, stream));
+  // Per-row amax / 448 (or per 128 columns), x / scale rounded: kernels::QuantizeWeight's codes.
+  const Scheme rows_as = w->grid.block_cols >= k ? Scheme::kDynamicToken : Scheme::kDynamicGroup128;
+  const int64_t row0 = fill.offset / k;
+  return kc::QuantizeActivations(staging, n / k, k, rows_as, 0.0f,
+                                 w->codes.get<uint8_t>() + fill.offset,
+                                 w->scales.get<float>() + row0 * w->grid.GridCols(), stream);
+}
+
+absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max_tokens,
+                                                                     int64_t max_k) {
+  std::unique_ptr<CudaFp8Linear> out(new CudaFp8Linear());
+  out->max_tokens_ = max_tokens;
+  out->max_k_ = max_k;
+  ASSIGN_OR_RETURN(out->gemm_, kc::CublasLtFp8Gemm::Create());
+  ASSIGN_OR_RETURN(out->codes_, DeviceBuffer::Allocate(max_tokens * max_k, "fp8 activations"));
+  ASSIGN_OR_RETURN(out->scales_,
+                   DeviceBuffer::Allocate(max_tokens * ((max_k + kGroup - 1) / kGroup) * 4,
+                                          "fp8 activation scales"));
+  return out;
+}
+
+const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m) {
+  if (m <= kc::kFp8GemvMaxM) return "fp8-gemv";
+  return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
+}
+
+absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& w,
+                                   const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
+                                   cudaStream_t stream) {
+  const int64_t k = w.grid.cols, n = w.grid.rows;
+  if (w.empty() || m < 1 || m > max_tokens_ || k > max_k_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaFp8Linear: m=", m, " k=", k,
+                                                   " outside the workspace (", max_tokens_, ", ",
+                                                   max_k_, ") or no FP8 weight"));
+  }
+  if (w.activation != Scheme::kNone) {
+    RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
+                                            codes_.get<uint8_t>(), scales_.get<float>(), stream));
+  }
+  if (m > kc::kFp8GemvMaxM && GemmServes(w)) {
+    const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
+                                                                  : scales_.get<float>();
+    const absl::Status st = gemm_->Linear(codes_.get<uint8_t>(), a_scales, w.codes.get<uint8_t>(),
+                                          w.scales.get<float>(), kc::Fp8GemmScaling::kTokenChannel,
+                                          m, n, k, out, stream);
+    if (st.ok()) return bias == nullptr ? absl::OkStatus() : kc::AddBias(out, bias, m, n, stream);
+    // No cuBLASLt kernel for this shape / scaling: the chunked GEMV below (same numerics).
+    if (!absl::IsUnimplemented(st)) return st;
+  }
+  return GemvChunks(w, a, bias, m, out, stream);
+}
+
+absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a,
+                                       const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
+                                       cudaStream_t stream) {
+  const int64_t k = w.grid.cols, n = w.grid.rows;
+  // Activation scales per row: none (static: one), 1 (per token), k / 128 groups.
+  const int64_t scale_stride = w.activation == Scheme::kDynamicToken ? 1
+                               : w.activation == Scheme::kDynamicGroup128
+                                   ? (k + kGroup - 1) / kGroup
+                                   : 0;
+  kc::Fp8DeviceWeight dw;
+  dw.codes = w.codes.get<uint8_t>();
+  dw.scales = w.scales.get<float>();
+  dw.grid = w.grid;
+  for (int64_t r0 = 0; r0 < m; r0 += kc::kFp8GemvMaxM) {
+    const int64_t rows = std::min(kc::kFp8GemvMaxM, m - r0);
+    kc::Fp8DeviceActivations act;
+    act.scheme = w.activation;
+    if (w.activation == Scheme::kNone) {
+      act.values = a + r0 * k;
+    } else {
+      act.codes = codes_.get<uint8_t>() + r0 * k;
+      act.scales = scales_.get<float>() + r0 * scale_stride;
+    }
+    RETURN_IF_ERROR(kc::Fp8Gemv<__nv_bfloat16>(act, dw, bias, rows, out + r0 * n, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime::cuda

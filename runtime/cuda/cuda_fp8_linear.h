@@ -1,0 +1,95 @@
+// FP8 projections of the CUDA model (issue 38): one linear layer's e4m3 weight and scales on the
+// device (as the loader holds them: LayerWeights::*_fp8, scales per output row over blocks of 128
+// columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
+//   * m <= kFp8GemvMaxM (decode): activations quantized as the layer's scheme says
+//     (cuda::QuantizeActivations), then cuda::Fp8Gemv (weight-only layers: bf16 activations);
+//   * larger m, whole-row weight scales and a per-token or static activation scheme: one
+//     cuBLASLt FP8 GEMM (CublasLtFp8Gemm, per-token x per-channel scale vectors; a static scale
+//     is a preallocated vector of max_tokens copies), then the bias;
+//   * larger m otherwise (128-column weight blocks / 1x128 activation groups, weight-only FP8, or
+//     a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks": Fp8Gemv over chunks
+//     of 16 rows, which re-streams the weight every 16 tokens. Correct (the GEMV's per-block
+//     scaling) but far from GEMM speed; it stands in until a block-scaled GEMM exists.
+// Numerics are cpu::Fp8Linear's (kernels/fp8): fp32 accumulation, one rounding to bf16.
+//
+// Thread safety: not thread-safe (the workspace and cuBLASLt plans); one model drives it.
+// CUDA graphs: allocates nothing after Create and never synchronizes (warm each GEMM shape up).
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_FP8_LINEAR_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_FP8_LINEAR_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_gemm_cuda.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/dummy_draw.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+
+// One FP8 weight on the device; empty() for a bf16/fp16 projection.
+struct CudaFp8Weight {
+  DeviceBuffer codes;              // [n, k] e4m3
+  DeviceBuffer scales;             // [n * GridCols] fp32 (block_rows 1)
+  DeviceBuffer static_act_scales;  // kStaticTensor: [max_tokens] copies of input_scale
+  kernels::Fp8ScaleGrid grid;
+  kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
+  float input_scale = 0.0f;
+  bool empty() const { return codes.empty(); }
+  int64_t bytes() const { return codes.bytes() + scales.bytes() + static_act_scales.bytes(); }
+};
+
+// Device buffers for a weight of `grid` (uninitialised codes and scales; the static activation
+// scale vector filled). INVALID_ARGUMENT unless block_rows is 1, block_cols 128 or the whole
+// row, k a multiple of 16, and a static scheme has a positive input_scale.
+absl::StatusOr<CudaFp8Weight> AllocateFp8Weight(const kernels::Fp8ScaleGrid& grid,
+                                                kernels::Fp8ActivationScheme activation,
+                                                float input_scale, int64_t max_tokens);
+
+// Uploads a loaded FP8 weight (codes and scales copied as they are), freeing the host copy.
+// `what` names it in errors; `rows` / `cols`: the shape the model expects.
+absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t rows, int64_t cols,
+                                              int64_t max_tokens, const std::string& what);
+
+// Device dummy FP8 weight rows: draws `fill` (whole rows of the weight, starting at element
+// fill.offset) in fp32 into `staging` (fill.slice.numel() floats) and quantizes them on the
+// device per row or per 128 columns (the weight's grid), as QuantizeWeightsFp8 does the host
+// draw: the CPU dummy path's codes and scales.
+absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* staging,
+                          CudaFp8Weight* w, cudaStream_t stream);
+
+class CudaFp8Linear {
+ public:
+  // Workspace for up to `max_tokens` rows of up to `max_k` input features.
+  static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
+
+  // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
+  // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
+  absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
+                      int64_t m, __nv_bfloat16* out, cudaStream_t stream);
+
+  // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm" or the slow
+  // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks.
+  static const char* PathFor(const CudaFp8Weight& w, int64_t m);
+
+ private:
+  CudaFp8Linear() = default;
+  absl::Status GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a, const __nv_bfloat16* bias,
+                          int64_t m, __nv_bfloat16* out, cudaStream_t stream);
+
+  int64_t max_tokens_ = 0, max_k_ = 0;
+  std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
+  DeviceBuffer codes_;   // [max_tokens, max_k] e4m3 activations
+  DeviceBuffer scales_;  // [max_tokens * ceil(max_k / 128)] fp32
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_FP8_LINEAR_H_

@@ -1,0 +1,165 @@
+// CudaFp8Linear (cuda_fp8_linear.h) against the CPU reference cpu::Fp8Linear on fresh random FP8
+// weights with random per-row scales: per-channel and 128-column blocks x the four activation
+// schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode GEMV, the cuBLASLt
+// FP8 GEMM and the chunked-GEMV slow path), bias on and off; and the device dummy FP8 rows
+// (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
+#include "runtime/cuda/cuda_fp8_linear.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_linear.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using Scheme = kernels::Fp8ActivationScheme;
+template <typename T>
+using TestBuffer = kernels::cuda_test::DeviceBuffer<T>;
+
+std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<bf16> v(count);
+  for (bf16& x : v) x = __float2bfloat16_rn(dist(rng));
+  return v;
+}
+
+void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n, int64_t k,
+                 int64_t block_cols, Scheme scheme, bool with_bias) {
+  const kernels::Fp8ScaleGrid grid{n, k, 1, block_cols};
+  Fp8LinearWeight host;
+  host.grid = grid;
+  host.activation = scheme;
+  host.input_scale = 0.04f;
+  host.codes.resize(n * k);
+  for (uint8_t& c : host.codes) {
+    do {
+      c = static_cast<uint8_t>(rng() & 0xFF);
+    } while ((c & 0x7F) == 0x7F);
+  }
+  std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
+  host.scales.resize(grid.NumScales());
+  for (float& s : host.scales) s = std::exp2(log_scale(rng));
+  const std::vector<bf16> x = RandomBf16(rng, m * k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
+  const std::vector<float> xf = kernels::cuda_test::ToFloat(x);
+  const std::vector<float> bias_f = kernels::cuda_test::ToFloat(bias);
+  std::vector<float> want(m * n), w_deq(n * k);
+  const kernels::Fp8WeightView view = host.View();
+  ASSERT_TRUE(kernels::cpu::Fp8Linear(xf.data(), view, with_bias ? bias_f.data() : nullptr, m,
+                                      want.data(), nullptr)
+                  .ok());
+  kernels::cpu::DequantizeFp8Weight(view, 0, n, w_deq.data());
+  absl::StatusOr<CudaFp8Weight> w = UploadFp8Weight(&host, n, k, 128, "test");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(host.codes.empty());  // the host copy is freed
+  const std::string path = CudaFp8Linear::PathFor(*w, m);
+  SCOPED_TRACE(::testing::Message()
+               << "m=" << m << " n=" << n << " k=" << k << " blocks " << block_cols << " scheme "
+               << static_cast<int>(scheme) << " path " << path);
+  TestBuffer<bf16> dx(x), dbias(bias), out(m * n);
+  ASSERT_TRUE(
+      linear.Linear(dx.get(), *w, with_bias ? dbias.get() : nullptr, m, out.get(), nullptr).ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = kernels::cuda_test::ToFloat(out.ToHost());
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      double mag = with_bias ? std::fabs(bias_f[j]) : 0.0;
+      for (int64_t c = 0; c < k; ++c) mag += std::fabs(xf[r * k + c] * w_deq[j * k + c]) * 1.07;
+      // bf16 output (one rounding; two where the GEMM's bias is added after it) + fp32 sums.
+      const double tol = 2.0 * std::fabs(want[r * n + j]) / 256.0 +
+                         1e-5 * std::sqrt(static_cast<double>(k)) * mag + 1e-30;
+      ASSERT_NEAR(got[r * n + j], want[r * n + j], tol) << "row " << r << " col " << j;
+    }
+  }
+}
+
+TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kernels::cuda_test::TestSeed());
+  absl::StatusOr<std::unique_ptr<CudaFp8Linear>> linear = CudaFp8Linear::Create(128, 1024);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  for (Scheme scheme :
+       {Scheme::kNone, Scheme::kStaticTensor, Scheme::kDynamicToken, Scheme::kDynamicGroup128}) {
+    for (int64_t m : {1, 16, 17, 40, 100}) {
+      CheckLinear(rng, **linear, m, 96, 1024, 1024, scheme, m % 2 == 1);  // per-channel
+      CheckLinear(rng, **linear, m, 80, 384, 128, scheme, m % 2 == 0);    // 128-column blocks
+      CheckLinear(rng, **linear, m, 48, 272, 128, scheme, false);         // k % 128 != 0
+    }
+  }
+  // Which path: decode GEMV up to 16 rows; the GEMM for whole-row scales and per-token / static
+  // activations; the chunked GEMV for blocks, 1x128 groups and weight-only layers.
+  CudaFp8Weight w;
+  w.grid = {64, 64, 1, 64};
+  w.activation = Scheme::kDynamicToken;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-gemm");
+  w.grid.block_cols = 128;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");
+}
+
+TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(AllocateFp8Weight({64, 60, 1, 60}, Scheme::kDynamicToken, 0.0f, 8).ok());  // k%16
+  EXPECT_FALSE(AllocateFp8Weight({256, 256, 128, 128}, Scheme::kDynamicToken, 0.0f, 8).ok());
+  EXPECT_FALSE(AllocateFp8Weight({64, 64, 1, 64}, Scheme::kStaticTensor, 0.0f, 8).ok());
+  Fp8LinearWeight host;
+  host.grid = {64, 64, 1, 64};
+  host.codes.resize(64 * 64);
+  host.scales.resize(64);
+  EXPECT_FALSE(UploadFp8Weight(&host, 64, 128, 8, "wrong shape").ok());
+}
+
+// Device dummy FP8 weights: the fp32 draw quantized per row (or per 128 columns) on the device
+// equals kernels::QuantizeWeight of the host's draw (what the CPU dummy path computes).
+TEST(CudaFp8LinearTest, DummyRowsEqualTheHostQuantization) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (int64_t block_cols : {int64_t{0}, int64_t{128}}) {
+    const int64_t n = 48, k = 320, rows = 20, row0 = 12;
+    const kernels::Fp8ScaleGrid grid{n, k, 1, block_cols > 0 ? 128 : k};
+    absl::StatusOr<CudaFp8Weight> w = AllocateFp8Weight(grid, Scheme::kDynamicToken, 0.0f, 8);
+    ASSERT_TRUE(w.ok()) << w.status();
+    DummyTensorFill fill;
+    fill.offset = row0 * k;
+    fill.slice = DummySlice{k + 64, 3, rows, 64, k};  // columns 64.. of a wider tensor
+    fill.stream_id = DummyStreamId("test.weight");
+    TestBuffer<float> staging(rows * k);
+    ASSERT_TRUE(FillFp8Dummy(fill, 7, staging.get(), &*w, nullptr).ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> draw(rows * k);
+    for (int64_t i = 0; i < rows * k; ++i) {
+      draw[i] = DummyValue(7, fill.stream_id, fill.slice.GlobalIndex(i), 0.0f);
+    }
+    const kernels::Fp8ScaleGrid part{rows, k, 1, grid.block_cols};
+    std::vector<uint8_t> want_codes(rows * k);
+    std::vector<float> want_scales(part.NumScales());
+    kernels::QuantizeWeight(draw.data(), part, want_codes.data(), want_scales.data());
+    std::vector<uint8_t> codes(n * k);
+    std::vector<float> scales(grid.NumScales());
+    TANDEM_CUDA_CHECK(cudaMemcpy(codes.data(), w->codes.data(), codes.size(), cudaMemcpyDefault));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpy(scales.data(), w->scales.data(), scales.size() * 4, cudaMemcpyDefault));
+    EXPECT_EQ(std::vector<uint8_t>(codes.begin() + row0 * k, codes.begin() + (row0 + rows) * k),
+              want_codes);
+    const int64_t g = grid.GridCols();
+    EXPECT_EQ(std::vector<float>(scales.begin() + row0 * g, scales.begin() + (row0 + rows) * g),
+              want_scales);
+  }
+  absl::StatusOr<CudaFp8Weight> w =
+      AllocateFp8Weight({8, 64, 1, 64}, Scheme::kDynamicToken, 0.0f, 8);
+  ASSERT_TRUE(w.ok()) << w.status();
+  DummyTensorFill partial;
+  partial.offset = 10;  // not a row start
+  partial.slice = DummySlice{64, 0, 1, 0, 64};
+  TestBuffer<float> staging(64);
+  EXPECT_FALSE(FillFp8Dummy(partial, 1, staging.get(), &*w, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace tandem::runtime::cuda
