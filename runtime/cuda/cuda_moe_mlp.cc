@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemv_cuda.h"
 #include "kernels/cuda/layers_cuda.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_ep_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 
 namespace tandem::runtime::cuda {
@@ -28,12 +29,18 @@ namespace kc = ::tandem::kernels::cuda;
 struct MoeShapes {
   int64_t router, experts_gate_up, experts_down, shared_gate_up, shared_down, shared_gate, bias;
 };
+// Experts in the device buffers: all of them, or under expert parallelism the rank's plus one
+// all-zero expert that the rows of other ranks' experts go to (kernels/moe/moe_ep_cuda.h).
+int64_t DeviceExperts(const ModelConfig& c) {
+  return c.expert_placement == nullptr ? c.num_experts : c.NumHeldExperts() + 1;
+}
+
 MoeShapes ShapesOf(const ModelConfig& c) {
   const int64_t E = c.num_experts, H = c.hidden_size, Ie = c.moe_intermediate_size,
-                Is = c.shared_expert_intermediate_size;
+                Is = c.shared_expert_intermediate_size, Ed = DeviceExperts(c);
   const bool gated = Is > 0 && !c.DeepseekMoe();
   const bool bias = c.moe_router == ModelConfig::MoeRouter::kDeepseekV3;
-  return {E * H, E * 2 * Ie * H, E * H * Ie, 2 * Is * H, H * Is, gated ? H : 0, bias ? E : 0};
+  return {E * H, Ed * 2 * Ie * H, Ed * H * Ie, 2 * Is * H, H * Is, gated ? H : 0, bias ? E : 0};
 }
 
 template <typename T>
@@ -90,6 +97,14 @@ absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& c, LayerWeigh
   ASSIGN_OR_RETURN(w.router, Upload<T>(&l->router, s.router, "router", &staging, stream));
   ASSIGN_OR_RETURN(w.router_bias,
                    Upload<float>(&l->router_bias, s.bias, "router bias", &staging, stream));
+  if (c.expert_placement != nullptr) {  // the rank's experts, then the zero expert
+    const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;
+    if (static_cast<int64_t>(l->experts_gate_up.size()) == s.experts_gate_up - 2 * Ie * H &&
+        static_cast<int64_t>(l->experts_down.size()) == s.experts_down - H * Ie) {
+      l->experts_gate_up.resize(s.experts_gate_up, 0.0f);
+      l->experts_down.resize(s.experts_down, 0.0f);
+    }
+  }
   ASSIGN_OR_RETURN(w.experts_gate_up, Upload<T>(&l->experts_gate_up, s.experts_gate_up,
                                                 "experts gate_up", &staging, stream));
   ASSIGN_OR_RETURN(w.experts_down,
@@ -211,6 +226,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
         "num_experts_per_tok <= num_experts (got ", E, " experts, ", k, " per token)"));
   }
   std::unique_ptr<CudaMoeMlp> m(new CudaMoeMlp(c, max_tokens));
+  const int64_t Ed = m->experts_ = DeviceExperts(c);
   kernels::GroupedRoutingParams& p = m->routing_;
   const bool v3 = c.moe_router == ModelConfig::MoeRouter::kDeepseekV3;
   p.num_experts = E;
@@ -224,7 +240,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
     p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   }
   ASSIGN_OR_RETURN(m->kernels_, CudaMoeKernels::FromEnv());
-  ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(E));
+  ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(Ed));
   const int64_t T = max_tokens, rows = T * k;
   auto alloc = [](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
     ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(bytes, what));
@@ -233,13 +249,13 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   RETURN_IF_ERROR(alloc(&m->logits_, T * E * 4, "moe router logits"));
   RETURN_IF_ERROR(alloc(&m->ids_, rows * 4, "moe expert ids"));
   RETURN_IF_ERROR(alloc(&m->weights_, rows * 4, "moe weights"));
-  RETURN_IF_ERROR(alloc(&m->offsets_, (E + 1) * 4, "moe expert offsets"));
-  RETURN_IF_ERROR(alloc(&m->active_, E * 4, "moe active experts"));
+  RETURN_IF_ERROR(alloc(&m->offsets_, (Ed + 1) * 4, "moe expert offsets"));
+  RETURN_IF_ERROR(alloc(&m->active_, Ed * 4, "moe active experts"));
   RETURN_IF_ERROR(alloc(&m->token_of_row_, rows * 4, "moe token of row"));
   RETURN_IF_ERROR(alloc(&m->row_of_pair_, rows * 4, "moe row of pair"));
   RETURN_IF_ERROR(alloc(&m->padded_row_of_pair_, rows * 4, "moe padded row of pair"));
   // Rows of the experts' buffers: the permuted batch (grouped path), or E x cap padded rows.
-  const int64_t padded = E * std::min(T, kSyncFreeMaxTokens);
+  const int64_t padded = Ed * std::min(T, kSyncFreeMaxTokens);
   const int64_t most = std::max(padded, T > kSyncFreeMaxTokens ? rows : 0);
   RETURN_IF_ERROR(alloc(&m->rows_in_, most * H * 2, "moe gathered rows"));
   RETURN_IF_ERROR(alloc(&m->gate_up_, most * 2 * Ie * 2, "moe gate_up"));
@@ -250,6 +266,12 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   RETURN_IF_ERROR(alloc(&m->shared_out_, T * H * 2, "shared out"));
   RETURN_IF_ERROR(alloc(&m->load_, c.num_hidden_layers * E * 8, "moe expert load"));
   CUDA_RETURN_IF_ERROR(cudaMemset(m->load_.data(), 0, m->load_.bytes()));
+  if (c.expert_placement != nullptr) {  // expert parallelism: global id -> local slot or -1
+    const std::vector<int32_t> slots = c.expert_placement->LocalSlots(c.expert_rank);
+    RETURN_IF_ERROR(alloc(&m->slot_of_expert_, E * 4, "moe expert slots"));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(m->slot_of_expert_.data(), slots.data(), E * 4, cudaMemcpyHostToDevice));
+  }
   return m;
 }
 
@@ -263,7 +285,7 @@ absl::StatusOr<std::vector<int64_t>> CudaMoeMlp::ExpertLoad() const {
 template <typename T>
 absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn,
                                  const int32_t** row_map, cudaStream_t stream) {
-  const int64_t E = config_.num_experts, H = config_.hidden_size, I = config_.moe_intermediate_size,
+  const int64_t E = experts_, H = config_.hidden_size, I = config_.moe_intermediate_size,
                 k = config_.num_experts_per_tok, rows = Tn * k;
   const kc::DeviceMoePermutation perm{offsets_.get<int32_t>(), active_.get<int32_t>(),
                                       token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()};
@@ -371,10 +393,17 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
       (Lin<T, float>(gemm, x, w.router.get<T>(), Tn, E, H, logits_.get<float>(), stream)));
   RETURN_IF_ERROR(kc::MoeRoute(logits_.get<float>(), Tn, p, ids_.get<int32_t>(),
                                weights_.get<float>(), stream));
-  RETURN_IF_ERROR(kc::MoePermute(ids_.get<int32_t>(), Tn, k, E,
+  int64_t* load = load_.get<int64_t>() + layer * E;  // global ids
+  if (config_.expert_placement != nullptr) {         // expert parallelism: this rank's rows only
+    RETURN_IF_ERROR(kc::MoeLocalizeRouting(ids_.get<int32_t>(), weights_.get<float>(), Tn * k,
+                                           slot_of_expert_.get<int32_t>(), E, experts_ - 1, load,
+                                           stream));
+    load = nullptr;
+  }
+  RETURN_IF_ERROR(kc::MoePermute(ids_.get<int32_t>(), Tn, k, experts_,
                                  {offsets_.get<int32_t>(), active_.get<int32_t>(),
                                   token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()},
-                                 load_.get<int64_t>() + layer * E, stream));
+                                 load, stream));
   const int32_t* row_map = nullptr;  // where each (token, j)'s expert output row is
   RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
   const bool shared = !w.shared_down.empty();

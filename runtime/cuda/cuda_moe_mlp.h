@@ -15,7 +15,12 @@
 // Tensor parallelism: the config is the rank's (LocalModelConfig): every rank holds the same
 // slice of every expert's intermediate rows (and of the shared expert's), routes the same
 // replicated tokens, and the caller's all-reduce after the MLP sums the slices, as on the CPU.
-// Expert parallelism (experts split over ranks, dispatch / combine all-to-all) is not here.
+// Expert parallelism over the TP ranks (config.expert_placement, --enable_expert_parallel): the
+// rank's device buffers hold its experts whole plus one all-zero expert; after routing,
+// MoeLocalizeRouting (kernels/moe/moe_ep_cuda.h) sends the rows of other ranks' experts to the
+// zero expert with weight 0, so the paths below run unchanged and the caller's all-reduce sums
+// the ranks' parts. Those rows are still computed (against zeros): EP here saves expert memory,
+// not yet expert FLOPs. Dispatch / combine all-to-all (DP attention) is not here.
 //
 // Thread safety: Forward() reuses scratch; one caller (the model's stream) at a time.
 #ifndef TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
@@ -39,7 +44,8 @@
 namespace tandem::runtime::cuda {
 
 // One MoE layer's device weights (the rank's slices), in the activation dtype unless noted;
-// E = num_experts, Ie / Is = the (local) expert / shared-expert widths.
+// E = num_experts (under expert parallelism in the expert buffers: the rank's experts + 1 zero
+// expert), Ie / Is = the (local) expert / shared-expert widths.
 struct CudaMoeWeights {
   DeviceBuffer router;              // [E, H]
   DeviceBuffer router_bias;         // [E] fp32 (DeepSeek-V3 e_score_correction_bias) or empty
@@ -100,8 +106,9 @@ class CudaMoeMlp {
   absl::Status Forward(const CudaMoeWeights& w, const T* x, int64_t num_tokens, int64_t layer,
                        T* out, kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
 
-  // Tokens routed to each expert of each layer since creation ([num_hidden_layers][E]; dense
-  // layers stay 0). Copies the device counters back (synchronous).
+  // Tokens routed to each expert of each layer since creation ([num_hidden_layers][E], global
+  // expert ids also under expert parallelism; dense layers stay 0). Copies the device counters back
+  // (synchronous).
   absl::StatusOr<std::vector<int64_t>> ExpertLoad() const;
 
   // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
@@ -122,6 +129,7 @@ class CudaMoeMlp {
 
   const ModelConfig config_;
   const int64_t max_tokens_;
+  int64_t experts_ = 0;  // experts in the device buffers (DeviceExperts in the .cc)
   Path path_ = Path::kAuto;
   CudaMoeKernels kernels_;
   kernels::GroupedRoutingParams routing_;
@@ -129,7 +137,8 @@ class CudaMoeMlp {
   DeviceBuffer logits_, ids_, weights_, offsets_, active_, token_of_row_, row_of_pair_,
       padded_row_of_pair_;
   DeviceBuffer rows_in_, gate_up_, act_, expert_out_, shared_gate_up_, shared_act_, shared_out_;
-  DeviceBuffer load_;  // [num_hidden_layers, E] int64
+  DeviceBuffer load_;            // [num_hidden_layers, E] int64
+  DeviceBuffer slot_of_expert_;  // expert parallelism: [E] int32, the local slot or -1
 };
 
 }  // namespace tandem::runtime::cuda

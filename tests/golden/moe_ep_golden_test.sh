@@ -5,8 +5,8 @@
 # the Qwen3-MoE fixture (8 experts, q/k norms, a dense layer) and the DeepSeek-V3 MoE fixture
 # (MLA, 8 routed experts in 4 groups, a shared expert, sigmoid + bias routing): greedy tokens
 # identical and last-prompt logits within 1e-4 * max to transformers and to TP=1, at N = 2 and 4.
-# Then startup refusals naming the numbers: 4 ranks for 6 experts, a dense model, a pre-sharded
-# (TP-sliced) checkpoint, and EP on the CUDA backend (not built yet).
+# Then startup refusals naming the numbers: 4 ranks for 6 experts, a dense model, and a
+# pre-sharded (TP-sliced) checkpoint. (CUDA: tests/gpu/moe_ep_cuda_golden.sh.)
 set -euo pipefail
 GENERATE=$1
 COMPARE=$2
@@ -55,7 +55,4 @@ refused "needs a mixture-of-experts model; LlamaForCausalLM has no experts" \
 "$SHARD" --model=tests/golden/fixtures/qwen3_moe_f32 --tp=2 --out="$T/qwen3_moe_tp2" > /dev/null 2>&1
 refused "is pre-sharded (each rank a slice of every expert), but --enable_expert_parallel" \
   --model="$T/qwen3_moe_tp2" --tp=2 --enable_expert_parallel
-# The CUDA backend does not place experts yet: refused by name before any device work.
-refused "--backend=cuda --enable_expert_parallel is not built yet" \
-  --model=tests/golden/fixtures/mixtral_f32 --tp=2 --enable_expert_parallel --backend=cuda
 echo PASS

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Expert parallelism over the TP ranks on the CUDA backend (issue 32 item 3a; runtime/cuda/
+# cuda_moe_mlp.h: each rank's experts whole plus one zero expert, MoeLocalizeRouting): the golden
+# fixtures mixtral_f32 (4 experts: 2 per rank) and qwen3_moe_f32 (8 experts) through
+# `generate --backend=cuda --tp=2 --enable_expert_parallel` against transformers and the CUDA
+# TP=1 run, by the CUDA golden rule (cuda_golden_lib.sh); qwen3_moe_f32 under EP eager
+# (--cuda_graphs=false) must give the graph run's tokens; a device-dummy tiny-moe model at
+# --tp=2 --enable_expert_parallel (each rank draws its own experts) against TP=1.
+#
+#   tests/gpu/moe_ep_cuda_golden.sh BUNDLE_DIR LOG_DIR
+#
+# SHARE="" (env) puts rank r on GPU r (NCCL); default --tp_share_device (one GPU, Gloo).
+# BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate. Run from the repository root.
+# Prints "N passed, N failed, N skipped".
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
+
+for variant in mixtral_f32 qwen3_moe_f32; do
+  fix=tests/golden/fixtures/$variant
+  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
+     run "$LOG/$variant.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
+       --enable_expert_parallel $SHARE &&
+     compare "$variant-ep2" "$LOG/$variant.ep2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"
+  then
+    echo "PASS $variant"; passed=$((passed + 1))
+  else
+    echo "FAIL $variant"; tail -n 3 "$LOG/$variant".*.err; failed=$((failed + 1))
+  fi
+done
+fix=tests/golden/fixtures/qwen3_moe_f32
+prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+if run "$LOG/ep_eager.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
+     --enable_expert_parallel --cuda_graphs=false $SHARE &&
+   python3 - "$LOG/ep_eager.jsonl" "$LOG/qwen3_moe_f32.ep2.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["tokens"] for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l)["tokens"] for l in open(sys.argv[2]) if l.strip()]
+print(f"EP eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
+sys.exit(0 if a == b and a else 1)
+PY
+then
+  echo "PASS ep-graphs-vs-eager"; passed=$((passed + 1))
+else
+  echo "FAIL ep-graphs-vs-eager"; tail -3 "$LOG/ep_eager.jsonl.err"; failed=$((failed + 1))
+fi
+DEV=(--load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,30;17")
+if run "$LOG/epdummy.1.jsonl" "${DEV[@]}" &&
+   run "$LOG/epdummy.2.jsonl" "${DEV[@]}" --tp=2 --enable_expert_parallel $SHARE &&
+   compare tiny-moe-device-dummy-ep2 "$LOG/epdummy.2.jsonl" "$LOG/epdummy.1.jsonl"; then
+  echo "PASS tiny-moe-device-dummy-ep2"; passed=$((passed + 1))
+else
+  echo "FAIL tiny-moe-device-dummy-ep2"; tail -n 3 "$LOG"/epdummy.*.err; failed=$((failed + 1))
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[[ $failed == 0 ]]
