@@ -127,7 +127,10 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
 // an expert's weight tile is read from HBM once. `rows` (host) = offsets[E] or more: bounds the
 // grid. Needs k % 8 == 0, n % 8 == 0, a / w 16-byte aligned, out 4-byte aligned:
 // MoeGroupedMmaSupported; INVALID_ARGUMENT otherwise.
+// MoeGroupedMmaInit(): the kernels' shared-memory opt-in on the current device; needed once
+// before a MoeGroupedMma call made under stream capture (uncaptured calls make it themselves).
 bool MoeGroupedMmaSupported(const void* a, const void* w, int64_t n, int64_t k);
+absl::Status MoeGroupedMmaInit();
 template <typename T>
 absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                            const int32_t* expert_offsets, int64_t num_experts, int64_t rows,

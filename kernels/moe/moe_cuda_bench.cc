@@ -19,7 +19,8 @@
 // mma_TF its TFLOP/s, mma_err = max |mma - cuBLAS grouped| / max |cuBLAS grouped| of the
 // experts' output rows (a correctness check at the real shapes); csplit_us = MoeCombineSplit
 // (cdiff = its max |difference| from MoeCombine: 0 expected); layer_new = the layer with both
-// (GEMV / padded paths as before; mma for E > 16 above 256 tokens, else the old choice).
+// (GEMV sizes as before; above them MoeGroupedMma for E > 16, the old choice for E <= 16, as
+// TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -268,15 +269,15 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
           permute();
           if (use_gemv) {
             gemv();
-          } else if (small) {
-            padded();
           } else if (E > 16) {
             mma();
+          } else if (small) {
+            padded();
           } else {
             CHECK_OK((*grouped)->ReadOffsets(perm.expert_offsets, E, nullptr));
             gemm(MoeGroupedGemm::Mode::kPerExpert);
           }
-          split(small && !use_gemv ? padded_rows : perm.row_of_pair);
+          split(small && !use_gemv && E <= 16 ? padded_rows : perm.row_of_pair);
         },
         iters);
     std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f\n", mma_ms, flops / mma_ms / 1e9, mma_err,

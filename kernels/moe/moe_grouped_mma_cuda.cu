@@ -230,8 +230,14 @@ absl::Status Launch(const T* a, const int32_t* a_row_index, const T* w, const in
   constexpr int BM = MF * 32;
   const int bytes = kStages * StageBytes<MF>();
   const auto kernel = GroupedMmaKernel<T, MF>;
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // The shared-memory opt-in is a host call: made here unless capturing (MoeGroupedMmaInit made
+  // it before capture then).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
   // Tiles: sum over experts of ceil(count / BM) <= ceil(rows / BM) + (experts with rows).
   const int64_t m_tiles = (rows + BM - 1) / BM + std::min(num_experts, rows);
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>((n + kBN - 1) / kBN));
@@ -243,6 +249,17 @@ absl::Status Launch(const T* a, const int32_t* a_row_index, const T* w, const in
 }
 
 }  // namespace
+
+absl::Status MoeGroupedMmaInit() {
+  const auto set = [](auto kernel, int bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  };
+  CUDA_RETURN_IF_ERROR(set(GroupedMmaKernel<__nv_bfloat16, 2>, kStages * StageBytes<2>()));
+  CUDA_RETURN_IF_ERROR(set(GroupedMmaKernel<__nv_bfloat16, 4>, kStages * StageBytes<4>()));
+  CUDA_RETURN_IF_ERROR(set(GroupedMmaKernel<__half, 2>, kStages * StageBytes<2>()));
+  CUDA_RETURN_IF_ERROR(set(GroupedMmaKernel<__half, 4>, kStages * StageBytes<4>()));
+  return absl::OkStatus();
+}
 
 bool MoeGroupedMmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
   return n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 && n <= 65535 * kBN && k <= 0x7fffffff &&

@@ -240,6 +240,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
     p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   }
   ASSIGN_OR_RETURN(m->kernels_, CudaMoeKernels::FromEnv());
+  if (m->kernels_.mma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedMmaInit());
   ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(Ed));
   const int64_t T = max_tokens, rows = T * k;
   auto alloc = [](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
@@ -306,6 +307,22 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
     return kc::MoeExpertGemvDown<T>(act_.get<T>(), w.experts_down.get<T>(), H, I, perm, E, rows,
                                     expert_out_.get<T>(), stream);
   }
+  // MoeGroupedMma (TANDEM_MOE_KERNELS=mma_grouped): sync-free, so it replaces both the padded
+  // and the grouped path (unless set_path asked for kPadded), under capture too. Many small
+  // experts only: Mixtral-sized ones keep cuBLAS.
+  if (path != Path::kGemv && path_ != Path::kPadded && kernels_.mma_grouped && E > 16 &&
+      gate_up_.bytes() >= rows * 2 * I * 2 && act_.bytes() >= rows * I * 2 &&
+      expert_out_.bytes() >= rows * H * 2 &&
+      kc::MoeGroupedMmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
+      kc::MoeGroupedMmaSupported(act_.data(), w.experts_down.data(), H, I)) {
+    RETURN_IF_ERROR(kc::MoeGroupedMma<T>(x, token_of_row_.get<int32_t>(),
+                                         w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
+                                         rows, 2 * I, H, gate_up_.get<T>(), stream));
+    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+    return kc::MoeGroupedMma<T>(act_.get<T>(), nullptr, w.experts_down.get<T>(),
+                                offsets_.get<int32_t>(), E, rows, H, I, expert_out_.get<T>(),
+                                stream);
+  }
   if (path == Path::kPadded) {  // cap = T: no expert gets more rows than there are tokens
     if (Tn > kSyncFreeMaxTokens) {
       return absl::InvalidArgumentError(absl::StrCat("moe: padded path for ", Tn, " tokens"));
@@ -324,17 +341,6 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
   if (rows_in_.bytes() < rows * H * 2 || gate_up_.bytes() < rows * 2 * I * 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("moe: ", Tn, " tokens on the grouped path, scratch sized for ", max_tokens_));
-  }
-  if (kernels_.mma_grouped && E > 16 &&
-      kc::MoeGroupedMmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
-      kc::MoeGroupedMmaSupported(act_.data(), w.experts_down.data(), H, I)) {
-    RETURN_IF_ERROR(kc::MoeGroupedMma<T>(x, token_of_row_.get<int32_t>(),
-                                         w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
-                                         rows, 2 * I, H, gate_up_.get<T>(), stream));
-    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
-    return kc::MoeGroupedMma<T>(act_.get<T>(), nullptr, w.experts_down.get<T>(),
-                                offsets_.get<int32_t>(), E, rows, H, I, expert_out_.get<T>(),
-                                stream);
   }
   // Few large experts (Mixtral): one cublasGemmEx each beat the grouped call on the H200
   // (kernels/moe/BENCHMARKS.md).

@@ -76,9 +76,10 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 // default until moe_cuda_test and moe_cuda_bench have passed on a GPU with them:
 //   split_combine: MoeCombineSplit (each token over several blocks, 16-byte loads) instead of
 //     MoeCombine (one block per token);
-//   mma_grouped: the prefill path (kGrouped, E > 16) on MoeGroupedMma (one tensor-core launch
-//     per projection over all experts, gather folded in, no offsets read-back) instead of
-//     cuBLAS's grouped call. Mixtral-sized expert counts (E <= 16) keep one cublasGemmEx each.
+//   mma_grouped: for E > 16, every step past the GEMV sizes on MoeGroupedMma (one tensor-core
+//     launch per projection over all experts, gather folded in, no offsets read-back, so also
+//     under capture) instead of the padded strided-batched GEMM and cuBLAS's grouped call.
+//     Mixtral-sized expert counts (E <= 16) keep cuBLAS.
 // FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped"
 // ("new": both; unset or "old": neither), read once per CudaMoeMlp::Create so the device A/B
 // needs no new flag on every binary. INVALID_ARGUMENT naming an unknown entry.
@@ -114,7 +115,8 @@ class CudaMoeMlp {
   // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
   // kSyncFreeMaxTokens; under graph capture kGrouped falls back to kAuto). For benchmarks.
   void set_path(Path path) { path_ = path; }
-  // Kernel choices for every later step (Create takes CudaMoeKernels::FromEnv()).
+  // Kernel choices for every later step (Create takes CudaMoeKernels::FromEnv()). Turning
+  // mma_grouped on here before any CUDA graph capture needs kernels::cuda::MoeGroupedMmaInit().
   void set_kernels(const CudaMoeKernels& kernels) { kernels_ = kernels; }
   const CudaMoeKernels& kernels() const { return kernels_; }
 
