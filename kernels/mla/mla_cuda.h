@@ -85,6 +85,18 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
                             const int64_t* slot_mapping, int64_t num_tokens, const MlaDims& dims,
                             const DeviceKvCache& cache, int64_t layer, cudaStream_t stream);
 
+// MlaWriteLatent into an FP8 latent pool (mla_fp8_latent.h's format: `cache` of dtype kFp8E4m3
+// holding e4m3 codes, cache.token_scales one fp32 scale per (token, layer) row at [e / D];
+// k_scale / v_scale unused): each row quantized with scale = max|row| / 448 (1 for a zero row),
+// bit-exactly cpu::WriteLatentCacheFp8 of the same (T-valued) latents. One warp per token.
+// MlaLatentAttention / MlaAbsorbedAttention read such a pool through the plain kernel (codes times
+// the row's scale; no tensor-core FP8 variant yet).
+template <typename T>
+absl::Status MlaWriteLatentFp8(const T* c_kv, int64_t c_kv_stride, const T* k_pe,
+                               int64_t k_pe_stride, const int64_t* slot_mapping, int64_t num_tokens,
+                               const MlaDims& dims, const DeviceKvCache& cache, int64_t layer,
+                               cudaStream_t stream);
+
 // DeepSeek's decoupled RoPE on the device, exactly cpu::ApplyMlaRope (mla_attention.h): for t in
 // [0, num_tokens), r in [0, rows_per_token), the rope_dim values at x + (t * rows_per_token + r) *
 // row_stride + offset rotate by positions[t] * inv_freq[i] (fp32 product; cos / sin in fp64,
@@ -103,7 +115,8 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
 
 // Step 2. q_cat: [T, Hq, D]; o_lat: [T, Hq, L]; lse: [T, Hq] or null. `batch` holds DEVICE
 // pointers; bounds as planned. workspace: plan.workspace_bytes (only the split partials are
-// used here). dcp_size > 1 is refused (decode context parallelism for MLA runs on the CPU only).
+// used here). An FP8 latent pool (see MlaWriteLatentFp8) runs the plain kernel. dcp_size > 1 is
+// refused (decode context parallelism for MLA runs on the CPU only).
 template <typename T>
 absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int64_t layer,
                                 const AttentionBatch& batch, float scale, const MlaPlan& plan,
@@ -127,6 +140,9 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
   extern template absl::Status MlaWriteLatent<T>(const T*, int64_t, const T*, int64_t,             \
                                                  const int64_t*, int64_t, const MlaDims&,          \
                                                  const DeviceKvCache&, int64_t, cudaStream_t);     \
+  extern template absl::Status MlaWriteLatentFp8<T>(const T*, int64_t, const T*, int64_t,          \
+                                                    const int64_t*, int64_t, const MlaDims&,       \
+                                                    const DeviceKvCache&, int64_t, cudaStream_t);  \
   extern template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float,   \
                                           bool, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
   extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \

@@ -41,12 +41,25 @@ struct MlaWorkspace {
 };
 
 // OK iff `cache` is a valid bf16 (T = __nv_bfloat16) or fp16 (T = __half) latent pool of `dims`
-// and `layer` is in range; INVALID_ARGUMENT naming `op` otherwise.
+// and `layer` is in range, or with `fp8_ok` an FP8 latent pool (mla_fp8_latent.h's format: kFp8E4m3
+// codes, token_scales one fp32 scale per row; k_scale / v_scale unused); INVALID_ARGUMENT naming
+// `op` otherwise.
 template <typename T>
 absl::Status CheckLatentPool(const DeviceKvCache& cache, const MlaDims& dims, int64_t layer,
-                             const char* op) {
-  if (absl::Status s = ValidateDeviceKvCache(cache, op); !s.ok()) return s;
-  const KvDtype want = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
+                             const char* op, bool fp8_ok = false) {
+  const bool fp8 = fp8_ok && cache.dtype == KvDtype::kFp8E4m3;
+  if (fp8) {
+    if (absl::Status s = cache.layout.Validate(); !s.ok()) return s;
+    if (cache.data == nullptr || cache.token_scales == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": an FP8 latent pool needs data and token_scales"));
+    }
+  } else if (absl::Status s = ValidateDeviceKvCache(cache, op); !s.ok()) {
+    return s;
+  }
+  const KvDtype want = fp8                         ? KvDtype::kFp8E4m3
+                       : std::is_same_v<T, __half> ? KvDtype::kFp16
+                                                   : KvDtype::kBf16;
   const KvCacheLayout& l = cache.layout;
   if (cache.dtype != want || l.num_planes != 1 || l.num_kv_heads != 1 ||
       l.head_dim != dims.LatentDim() || layer < 0 || layer >= l.num_layers) {

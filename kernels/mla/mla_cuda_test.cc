@@ -4,7 +4,9 @@
 // W_UV GEMM). DeepSeek-V3's latent 512 + 64 runs the tensor-core kernel, the tiny test models'
 // widths the plain one; decode and q_len 2-4 (causal), page sizes 16 / 64 / 5, odd lengths,
 // split-KV forced on and off. Tolerance: out within 2.5e-2 of max|ref| (bf16 roundings of q_lat,
-// the P weights and o_lat), LSE within 2e-2.
+// the P weights and o_lat), LSE within 2e-2. FP8 latent pools (mla_fp8_latent.h):
+// MlaWriteLatentFp8's codes and per-row scales must equal cpu::WriteLatentCacheFp8's exactly, and
+// attention over them cpu::MlaPagedAttentionFp8 by the same tolerance.
 #include "kernels/mla/mla_cuda.h"
 
 #include <cublas_v2.h>
@@ -20,6 +22,7 @@
 #include "kernels/attention/attention_test_util.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/mla/mla_attention.h"
+#include "kernels/mla/mla_fp8_latent.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -31,6 +34,7 @@ struct Case {
   std::vector<int32_t> q_lens, seq_lens;
   int64_t block_size = 16;
   int num_splits = 0;  // 0: the plan's choice
+  bool fp8 = false;    // an FP8 latent pool (e4m3 codes + per-row scales)
 };
 
 template <typename T>
@@ -77,14 +81,28 @@ void RunCase(const Case& c, std::mt19937& rng) {
     std::copy_n(ckv.data() + j * (L + 3), L, latent.data() + j * D);
     std::copy_n(kpe.data() + j * d.qk_rope_head_dim, d.qk_rope_head_dim, latent.data() + j * D + L);
   }
-  ASSERT_TRUE(
-      cpu::WriteLatentCache(latent.data(), slots.data(), n_lat, 1, {pool.data(), layout}).ok());
+  std::vector<uint8_t> codes(c.fp8 ? layout.TotalElems() : 0);
+  std::vector<float> row_scales(c.fp8 ? layout.TotalElems() / D : 0, 0.0f);
+  const cpu::Fp8LatentCacheView fp8_view{codes.data(), row_scales.data(), layout};
+  if (c.fp8) {
+    ASSERT_TRUE(cpu::WriteLatentCacheFp8(latent.data(), slots.data(), n_lat, 1, fp8_view).ok());
+  } else {
+    ASSERT_TRUE(
+        cpu::WriteLatentCache(latent.data(), slots.data(), n_lat, 1, {pool.data(), layout}).ok());
+  }
   AttentionBatch hb{qsl.data(), c.seq_lens.data(), tables.data(), S, max_blocks};
   const float scale = 1.0f / std::sqrt(float(d.QkHeadDim()));
   std::vector<float> want(T_tok * H * d.v_head_dim), want_lse(T_tok * H);
-  ASSERT_TRUE(cpu::MlaPagedAttention(q.data(), kv_b.data(), d, {pool.data(), layout}, 1, hb, scale,
-                                     MlaMode::kAbsorbed, want.data(), want_lse.data(), nullptr)
-                  .ok());
+  if (c.fp8) {
+    ASSERT_TRUE(cpu::MlaPagedAttentionFp8(q.data(), kv_b.data(), d, fp8_view, 1, hb, scale,
+                                          MlaMode::kAbsorbed, want.data(), want_lse.data(), nullptr)
+                    .ok());
+  } else {
+    ASSERT_TRUE(cpu::MlaPagedAttention(q.data(), kv_b.data(), d, {pool.data(), layout}, 1, hb,
+                                       scale, MlaMode::kAbsorbed, want.data(), want_lse.data(),
+                                       nullptr)
+                    .ok());
+  }
 
   DeviceBuffer<T> pool_d(layout.TotalElems()), ckv_d(cuda_test::Convert<T>(ckv)),
       kpe_d(cuda_test::Convert<T>(kpe)), q_d(cuda_test::Convert<T>(q)),
@@ -95,11 +113,25 @@ void RunCase(const Case& c, std::mt19937& rng) {
   TANDEM_CUDA_CHECK(cudaMemset(pool_d.get(), 0, layout.TotalElems() * sizeof(T)));
   const KvDtype dt = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   DeviceKvCache cache{pool_d.get(), layout, dt};
-  ASSERT_TRUE(MlaWriteLatent<T>(ckv_d.get(), L + 3, kpe_d.get(), d.qk_rope_head_dim, slots_d.get(),
-                                n_lat, d, cache, 1, nullptr)
-                  .ok());
-  const std::vector<float> pool_got = cuda_test::ToFloat(pool_d.ToHost());
-  ASSERT_EQ(pool_got, pool) << "MlaWriteLatent differs from cpu::WriteLatentCache";
+  DeviceBuffer<uint8_t> codes_d(c.fp8 ? layout.TotalElems() : 1);
+  DeviceBuffer<float> scales_d(c.fp8 ? layout.TotalElems() / D : 1);
+  if (c.fp8) {
+    TANDEM_CUDA_CHECK(cudaMemset(codes_d.get(), 0, layout.TotalElems()));
+    TANDEM_CUDA_CHECK(cudaMemset(scales_d.get(), 0, layout.TotalElems() / D * sizeof(float)));
+    cache = DeviceKvCache{codes_d.get(), layout, KvDtype::kFp8E4m3};
+    cache.token_scales = scales_d.get();
+    ASSERT_TRUE(MlaWriteLatentFp8<T>(ckv_d.get(), L + 3, kpe_d.get(), d.qk_rope_head_dim,
+                                     slots_d.get(), n_lat, d, cache, 1, nullptr)
+                    .ok());
+    ASSERT_EQ(codes_d.ToHost(), codes) << "MlaWriteLatentFp8 codes differ from the CPU's";
+    ASSERT_EQ(scales_d.ToHost(), row_scales) << "MlaWriteLatentFp8 scales differ from the CPU's";
+  } else {
+    ASSERT_TRUE(MlaWriteLatent<T>(ckv_d.get(), L + 3, kpe_d.get(), d.qk_rope_head_dim,
+                                  slots_d.get(), n_lat, d, cache, 1, nullptr)
+                    .ok());
+    const std::vector<float> pool_got = cuda_test::ToFloat(pool_d.ToHost());
+    ASSERT_EQ(pool_got, pool) << "MlaWriteLatent differs from cpu::WriteLatentCache";
+  }
 
   MlaPlanInput in{.dims = d,
                   .num_seqs = S,
@@ -176,6 +208,17 @@ TEST(MlaCudaTest, PlainKernelTinyDims) {
   for (int splits : {1, 4}) {
     RunCase<__nv_bfloat16>({kTiny, {1, 4, 2, 3}, {1, 9, 70, 33}, 4, splits}, rng);
   }
+}
+
+// FP8 latent pools (e4m3 + per-row scale): the write bit-exact, attention over the codes (the
+// plain kernel reads them at every width, DeepSeek-V3's 512 + 64 included) vs the CPU reference.
+TEST(MlaCudaTest, Fp8LatentPools) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  RunCase<__nv_bfloat16>({kTiny, {1, 4, 2}, {1, 70, 33}, 4, 1, /*fp8=*/true}, rng);
+  RunCase<__nv_bfloat16>({kTiny, {1, 3}, {9, 301}, 16, 4, /*fp8=*/true}, rng);
+  RunCase<__nv_bfloat16>({kLite, {1, 2, 1}, {77, 130, 5}, 16, 0, /*fp8=*/true}, rng);
+  RunCase<__half>({kV3, {1}, {200}, 64, 3, /*fp8=*/true}, rng);
 }
 
 // MlaRope vs cpu::ApplyMlaRope on the q layout ([T, Hq, Dn + Dr], RoPE at offset Dn) for both

@@ -8,6 +8,7 @@
 // 512 dims, read transposed from the same shared-memory rows). Row maxima and sums are combined
 // across the two halves through shared memory. Latent tiles stream through a 3-stage cp.async
 // ring; the block table is read per latent, so any page size works.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +52,9 @@ struct LatentParams {
   float* lse;
   float* part_o;  // split: [split][T * H][L]
   float* part_lse;
+  // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row.
+  const uint8_t* pool8;
+  const float* row_scales;
 };
 
 template <typename T>
@@ -273,7 +277,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kPlainWarps = 4;
 constexpr int kMaxLPerLane = 32, kMaxDPerLane = 36;
 
-template <typename T>
+// Latent value c of the row at element offset `off`: the pool's T, or an FP8 code times the row's
+// scale (`rs`).
+template <typename T, bool kFp8>
+__device__ __forceinline__ float LatentValue(const LatentParams<T>& p, int64_t off, int c,
+                                             float rs) {
+  if constexpr (kFp8) {
+    return internal::ToFloat(*reinterpret_cast<const __nv_fp8_e4m3*>(p.pool8 + off + c)) * rs;
+  } else {
+    return internal::ToFloat(p.pool[off + c]);
+  }
+}
+
+template <typename T, bool kFp8>
 __global__ void __launch_bounds__(kPlainWarps * 32)
     MlaPlainKernel(const __grid_constant__ LatentParams<T> p) {
   const int lane = threadIdx.x % 32, split = blockIdx.x;
@@ -299,12 +315,14 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   }
   float m = -INFINITY, l = 0.0f;
   for (int key = kb; key < ke; ++key) {
-    const T* lat = LatentRow(p, table, key);
+    const int64_t off = static_cast<int64_t>(table[key / p.block_size]) * p.block_elems +
+                        p.layer_offset + static_cast<int64_t>(key % p.block_size) * p.dim;
+    const float rs = kFp8 ? p.row_scales[off / p.dim] : 1.0f;
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < kMaxDPerLane; ++k) {
       const int c = lane + 32 * k;
-      if (c < p.dim) dot += q[k] * internal::ToFloat(lat[c]);
+      if (c < p.dim) dot += q[k] * LatentValue<T, kFp8>(p, off, c, rs);
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -315,7 +333,7 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
 #pragma unroll
     for (int k = 0; k < kMaxLPerLane; ++k) {
       const int c = lane + 32 * k;
-      if (c < p.lora) acc[k] = acc[k] * alpha + w * internal::ToFloat(lat[c]);
+      if (c < p.lora) acc[k] = acc[k] * alpha + w * LatentValue<T, kFp8>(p, off, c, rs);
     }
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -379,7 +397,9 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
                                 const AttentionBatch& batch, float scale, const MlaPlan& plan,
                                 void* workspace, T* o_lat, float* lse, cudaStream_t stream) {
   const MlaPlanInput& in = plan.input;
-  RETURN_IF_ERROR(mla_internal::CheckLatentPool<T>(cache, in.dims, layer, "MlaLatentAttention"));
+  RETURN_IF_ERROR(mla_internal::CheckLatentPool<T>(cache, in.dims, layer, "MlaLatentAttention",
+                                                   /*fp8_ok=*/true));
+  const bool fp8 = cache.dtype == KvDtype::kFp8E4m3;
   if (!(scale > 0.0f) || !std::isfinite(scale) || batch.num_seqs != in.num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat("MlaLatentAttention: scale ", scale,
                                                    " or num_seqs ", batch.num_seqs, " != plan's ",
@@ -412,12 +432,17 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.num_splits = plan.num_splits;
   p.o_lat = o_lat;
   p.lse = lse;
+  if (fp8) {  // the plain kernel reads the codes (no tensor-core FP8 variant yet)
+    p.pool = nullptr;
+    p.pool8 = static_cast<const uint8_t*>(cache.data);
+    p.row_scales = cache.token_scales;
+  }
   unsigned char* base = static_cast<unsigned char*>(workspace);
   if (plan.num_splits > 1) {
     p.part_o = reinterpret_cast<float*>(base + ws.part_o);
     p.part_lse = reinterpret_cast<float*>(base + ws.part_lse);
   }
-  if (plan.use_mma) {
+  if (plan.use_mma && !fp8) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         MlaMmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
@@ -425,7 +450,11 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   } else {
     const dim3 grid(plan.num_splits,
                     (in.num_tokens * in.dims.num_heads + kPlainWarps - 1) / kPlainWarps);
-    MlaPlainKernel<T><<<grid, kPlainWarps * 32, 0, stream>>>(p);
+    if (fp8) {
+      MlaPlainKernel<T, true><<<grid, kPlainWarps * 32, 0, stream>>>(p);
+    } else {
+      MlaPlainKernel<T, false><<<grid, kPlainWarps * 32, 0, stream>>>(p);
+    }
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (plan.num_splits == 1) return absl::OkStatus();
