@@ -249,7 +249,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--tar")
+    # The CUDA attention kernels take head_dim 16/32/64/128/256: tests/gpu/fp8_cuda_golden.sh
+    # writes the formats again with --head_dim=64 on the GPU machine (not the CI fixtures).
+    parser.add_argument("--head_dim", type=int, default=CONFIG["head_dim"])
     args = parser.parse_args()
+    CONFIG["head_dim"] = args.head_dim
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
