@@ -6,6 +6,7 @@
 #include "runtime/cuda/cuda_fp8_linear.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,11 +146,19 @@ TEST(CudaFp8LinearTest, DummyRowsEqualTheHostQuantization) {
     TANDEM_CUDA_CHECK(cudaMemcpy(codes.data(), w->codes.data(), codes.size(), cudaMemcpyDefault));
     TANDEM_CUDA_CHECK(
         cudaMemcpy(scales.data(), w->scales.data(), scales.size() * 4, cudaMemcpyDefault));
-    EXPECT_EQ(std::vector<uint8_t>(codes.begin() + row0 * k, codes.begin() + (row0 + rows) * k),
-              want_codes);
+    // The device's double-precision log / cos may differ from glibc's in the last bit, which
+    // can move a drawn fp32 value by one ulp: allow a rare code one step away, nothing more.
+    int64_t differ = 0;
+    for (int64_t i = 0; i < rows * k; ++i) {
+      const int got = codes[row0 * k + i], want = want_codes[i];
+      ASSERT_LE(std::abs(got - want), 1) << "element " << i;
+      differ += got != want;
+    }
+    EXPECT_LE(differ, rows * k / 1000) << "codes off by one step";
     const int64_t g = grid.GridCols();
-    EXPECT_EQ(std::vector<float>(scales.begin() + row0 * g, scales.begin() + (row0 + rows) * g),
-              want_scales);
+    for (int64_t i = 0; i < rows * g; ++i) {
+      EXPECT_NEAR(scales[row0 * g + i], want_scales[i], 1e-6 * want_scales[i]) << "scale " << i;
+    }
   }
   absl::StatusOr<CudaFp8Weight> w =
       AllocateFp8Weight({8, 64, 1, 64}, Scheme::kDynamicToken, 0.0f, 8);

@@ -274,9 +274,9 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
   for (Layer& l : layers_) {
     RETURN_IF_ERROR(alloc(&l.input_layernorm, H, "input_layernorm"));
     if (fp8) RETURN_IF_ERROR(AllocateFp8(&l));
-    RETURN_IF_ERROR(alloc(&l.qkv_proj, fp8 ? 0 : qkv_dim * H, "qkv_proj"));
+    if (!fp8) RETURN_IF_ERROR(alloc(&l.qkv_proj, qkv_dim * H, "qkv_proj"));
     if (config_.qkv_bias) RETURN_IF_ERROR(alloc(&l.qkv_bias, qkv_dim, "qkv_bias"));
-    RETURN_IF_ERROR(alloc(&l.o_proj, fp8 ? 0 : H * (Hq / options_.dcp.size) * D, "o_proj"));
+    if (!fp8) RETURN_IF_ERROR(alloc(&l.o_proj, H * (Hq / options_.dcp.size) * D, "o_proj"));
     if (config_.o_bias && row_bias) RETURN_IF_ERROR(alloc(&l.o_bias, H, "o_bias"));
     RETURN_IF_ERROR(alloc(&l.post_attention_layernorm, H, "post_attention_layernorm"));
     if (config_.qk_norm) {
@@ -288,9 +288,9 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
       weight_bytes_ += l.moe.bytes();
       continue;
     }
-    RETURN_IF_ERROR(alloc(&l.gate_up_proj, fp8 ? 0 : 2 * I * H, "gate_up_proj"));
+    if (!fp8) RETURN_IF_ERROR(alloc(&l.gate_up_proj, 2 * I * H, "gate_up_proj"));
     if (config_.mlp_bias) RETURN_IF_ERROR(alloc(&l.gate_up_bias, 2 * I, "gate_up_bias"));
-    RETURN_IF_ERROR(alloc(&l.down_proj, fp8 ? 0 : H * I, "down_proj"));
+    if (!fp8) RETURN_IF_ERROR(alloc(&l.down_proj, H * I, "down_proj"));
     if (config_.mlp_bias && row_bias) RETURN_IF_ERROR(alloc(&l.down_bias, H, "down_bias"));
   }
   std::vector<DummyTensorFill> whole;
