@@ -20,8 +20,10 @@ set -uo pipefail
 B=$(cd "$1" && pwd)
 LOG=$2
 mkdir -p "$LOG"
-export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} NCCL_NVLS_ENABLE=0
+# As the bundle's run.sh: its libraries, then the machine's CUDA 13 ones (cuBLAS, NCCL); a test
+# without a GPU fails instead of skipping.
+export LD_LIBRARY_PATH="$B/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export TANDEM_REQUIRE_GPU=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} NCCL_NVLS_ENABLE=0
 
 # step NAME SECONDS KERNELS COMMAND...: runs COMMAND with TANDEM_MOE_KERNELS=KERNELS.
 step() {
