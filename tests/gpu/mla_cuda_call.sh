@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 33's third-slice GPU checks in one device call (nvidia-h200-x2), each step under its own
+# timeout and log, from the repository root:
+#   1. mla_cuda_test (GPU 0; the bundle's run.sh): FP8 latent pools among the rest;
+#   2. tests/gpu/mla_cuda_golden.sh with SHARE="" (TP=2 ranks on GPUs 0 and 1 over NCCL): the MLA
+#      fixtures, TP=2, device dummy weights;
+#   3. decode_step_bench --shape=deepseek-v2-lite, batch 1 / 16 / 64 at 1k context (GPU 0).
+#
+#   tests/gpu/mla_cuda_call.sh BUNDLE_DIR LOG_DIR
+#
+# BUNDLE_DIR: tests/gpu/bundle.sh BUNDLE_DIR //kernels/mla:mla_cuda_test tool//runtime:generate
+#   tool//runtime/model:make_dummy_model tool//runtime/cuda:decode_step_bench
+set -uo pipefail
+B=${1:?bundle dir}
+LOG=${2:?log dir}
+mkdir -p "$LOG"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi -L > "$LOG/gpus.txt" 2>&1
+step() { # NAME SECONDS CMD...
+  local name=$1 secs=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$LOG/$name.txt" 2>&1
+  echo "== $name: rc $? in $((SECONDS - t0)) s"
+}
+step kernels 60 env CUDA_VISIBLE_DEVICES=0 "$B/run.sh" "$LOG/run" mla
+step golden 300 env SHARE="" tests/gpu/mla_cuda_golden.sh "$B" "$LOG/golden"
+step decode 150 env CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" \
+  "$B/bin/runtime/cuda/decode_step_bench" --shape=deepseek-v2-lite --batches=1,16,64 \
+  --context=1024
+tail -n 6 "$LOG/kernels.txt"
+grep -E "PASS|FAIL|SKIP|passed|cosine" "$LOG/golden.txt"
+cat "$LOG/decode.txt"
