@@ -2,8 +2,8 @@
 # Issue 32's MoE kernel follow-ups on one GPU, old against new in one device call:
 #   1. moe_cuda_test (every kernel against the CPU reference, MoeGroupedMma and MoeCombineSplit
 #      included);
-#   2. moe_cuda_bench --new=0 (the old kernels alone: a fault in a new kernel cannot hide them),
-#      then moe_cuda_bench (old | new columns, mma_err / cdiff checks at the real shapes);
+#   2. moe_cuda_bench (old | new columns, mma_err / cdiff checks at the real shapes); if it
+#      fails, moe_cuda_bench --new=0 (the old kernels alone);
 #   3. decode_step_bench for the Qwen3-30B-A3B and Mixtral-8x7B shapes with
 #      TANDEM_MOE_KERNELS=old, then =new (runtime/cuda/cuda_moe_mlp.h: CudaMoeKernels).
 #
@@ -11,7 +11,8 @@
 #
 # BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_test //kernels/moe:moe_cuda_bench
 # //runtime/cuda:decode_step_bench. GPU: $CUDA_VISIBLE_DEVICES, default 0. Each step has its own
-# timeout and its log in LOG_DIR; the summary (rc and the last lines of each) goes to stdout.
+# timeout and its log in LOG_DIR (7 files at most); the summary (rc and the last lines of each)
+# goes to stdout.
 set -uo pipefail
 [[ $# -eq 2 ]] || {
   echo "usage: $0 BUNDLE_DIR LOG_DIR" >&2
@@ -33,17 +34,19 @@ step() {
   TANDEM_MOE_KERNELS=$kernels timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
   echo "== $name (TANDEM_MOE_KERNELS=$kernels): rc=$rc, $((SECONDS - start)) s"
-  tail -n 30 "$LOG/$name.log"
+  tail -n 8 "$LOG/$name.log"
+  return "$rc"
 }
 
-step moe_cuda_test 120 old "$B/bin/kernels/moe/moe_cuda_test"
-step bench_old 150 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10 --new=0
-step bench_new 180 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10
+step moe_cuda_test 90 old "$B/bin/kernels/moe/moe_cuda_test"
+if ! step bench 150 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10; then
+  step bench_old 120 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10 --new=0
+fi
 for kernels in old new; do
-  step "decode_qwen3_$kernels" 150 "$kernels" "$B/bin/runtime/cuda/decode_step_bench" \
+  step "decode_qwen3_$kernels" 120 "$kernels" "$B/bin/runtime/cuda/decode_step_bench" \
     --shape=qwen3-30b-a3b --batches=1,8,64 --context=1024 --steps=32
 done
 for kernels in old new; do
-  step "decode_mixtral_$kernels" 180 "$kernels" "$B/bin/runtime/cuda/decode_step_bench" \
+  step "decode_mixtral_$kernels" 150 "$kernels" "$B/bin/runtime/cuda/decode_step_bench" \
     --shape=mixtral-8x7b --batches=1,8 --context=1024 --steps=32
 done
