@@ -1,6 +1,7 @@
 #include "runtime/kv_cache/dcp_blocks.h"
 
 #include <cstdint>
+#include <iterator>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -46,6 +47,37 @@ TEST(DcpBlocksTest, LogicalBlocksAreExactlyTheOccupiedShardBlocks) {
         }
       }
     }
+  }
+}
+
+// The one owner of DCP placement: the flags' "interleave 0 = the block size", shard = TP rank %
+// dcp (the kernels' DcpShardOfTpRank), and block id x on shard x % size at local x / size, which
+// ShardLocalBlocks and every shard's DcpShard agree with.
+TEST(DcpBlocksTest, FromFlagsOwnsThePlacement) {
+  EXPECT_EQ(DcpBlockLayout::FromFlags(2, 0, 16).interleave, 16);
+  EXPECT_EQ(DcpBlockLayout::FromFlags(2, 4, 16).interleave, 4);
+  EXPECT_EQ(DcpBlockLayout::FromFlags(4, 32, 16).block_size, 16);
+  const DcpBlockLayout dcp = DcpBlockLayout::FromFlags(2, 0, 4);
+  for (int64_t tp_rank = 0; tp_rank < 6; ++tp_rank) {
+    EXPECT_EQ(dcp.ShardOfTpRank(tp_rank), tp_rank % 2);
+    EXPECT_EQ(kernels::DcpShardOfTpRank(tp_rank, 2), tp_rank % 2);
+    const kernels::DcpShard shard = dcp.ShardForTpRank(tp_rank);
+    EXPECT_EQ(shard.size, 2);
+    EXPECT_EQ(shard.rank, tp_rank % 2);
+    EXPECT_EQ(shard.interleave, 4);
+  }
+  const std::vector<int32_t> table = {6, 3, 8, 1, 4, 11};  // logical order, shards 0 1 0 1 0 1
+  for (int64_t shard = 0; shard < 2; ++shard) {
+    std::vector<int32_t> local;
+    dcp.ShardLocalBlocks(table, shard, std::back_inserter(local));
+    std::vector<int32_t> want;
+    for (size_t i = 0; i < table.size(); ++i) {
+      EXPECT_EQ(dcp.ShardOfId(table[i]), dcp.ShardOfBlock(static_cast<int64_t>(i)));
+      if (dcp.ShardOfId(table[i]) == shard)
+        want.push_back(static_cast<int32_t>(dcp.LocalId(table[i])));
+    }
+    EXPECT_EQ(local, want);
+    EXPECT_EQ(local.size(), 3u);
   }
 }
 
