@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "kernels/fp8/fp8_linear.h"
+#include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
