@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # FP8 weights on the CUDA backend (issue 38) against the CPU backend running the same FP8 model
 # (cpu::Fp8Linear, itself checked against transformers by tests/golden:fp8_golden_test), through
-# `generate`: last-prompt logits cosine >= 0.995 (fp8_golden_test's activation-quantization
-# rule: single e4m3 roundings flip with the summation order and bf16 activations) and the first
-# greedy token equal wherever the CPU's top-2 gap is >= 3% of max|logit| (the CUDA golden rule).
+# `generate` at the same TP size: last-prompt logits cosine >= 0.99 (fp8_golden_test allows
+# 0.995 for f32 summation order alone; on CUDA the activations are also rounded to bf16 before
+# their e4m3 rounding, so more codes flip: 0.99 is a first bound, to be tightened from the first
+# GPU run's printed worst cosine) and the first greedy token equal wherever the CPU's top-2 gap
+# is >= 3% of max|logit| (the CUDA golden rule).
 #   1. The four checkpoint formats of tests/golden/fixtures_fp8 (DeepSeek 128x128 blocks,
 #      compressed-tensors per-channel dynamic / per-tensor static, modelopt) and base_bf16 with
 #      --quantization=fp8, written again by make_golden_fp8.py --head_dim=64 (the CI fixtures'
 #      head_dim 48 has no CUDA attention kernel); SKIP when torch / transformers do not import.
-#      TP=1 and TP=2 (one GPU per rank: SHARE="" unless set).
+#      TP=1 and TP=2 (one GPU per rank: SHARE="" unless set), each against the CPU backend at
+#      the same TP (fp8_block at TP=1 only: TP=2 cuts its 128x128 blocks).
 #   2. --quantization=fp8 on the Llama / Qwen2 (qkv bias) / Qwen3 / MQA + bias golden fixtures,
 #      TP=1 and TP=2. Prompts longer than 16 tokens run the prefill paths (cuBLASLt FP8 GEMM
 #      for per-channel; the chunked-GEMV slow path for 128-column blocks).
@@ -45,7 +48,7 @@ bad, worst, same = 0, 1.0, 0
 for i, (g, w) in enumerate(zip(got, want)):
     lg, lw = g["last_prompt_logits"], w["last_prompt_logits"]
     c = cos(lg, lw); worst = min(worst, c)
-    if c < 0.995: print(f"{name} prompt {i}: cosine {c:.5f}"); bad += 1
+    if c < 0.99: print(f"{name} prompt {i}: cosine {c:.5f}"); bad += 1
     top = sorted(lw, reverse=True)
     if top[0] - top[1] >= 0.03 * max(abs(x) for x in lw) and g["tokens"][0] != w["tokens"][0]:
         print(f"{name} prompt {i}: first token {g['tokens'][0]} != {w['tokens'][0]}"); bad += 1
@@ -60,13 +63,18 @@ prompts_of() { # EXPECTED_JSON
   python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$1'))['prompts']))"
 }
 
-check() { # NAME ARGS... : CPU TP=1, CUDA TP=1, CUDA TP=2
-  local name=$1
-  shift
-  if run_cpu "$LOG/$name.cpu.jsonl" "$@" &&
-    run "$LOG/$name.1.jsonl" "$@" && compare_fp8 "$name-tp1" "$LOG/$name.1.jsonl" "$LOG/$name.cpu.jsonl" &&
-    run "$LOG/$name.2.jsonl" "$@" --tp=2 $SHARE &&
-    compare_fp8 "$name-tp2" "$LOG/$name.2.jsonl" "$LOG/$name.cpu.jsonl"; then
+check() { # NAME TPS ARGS... : CUDA at TP=t against the CPU backend at TP=t, t in TPS ("1 2")
+  # (row-parallel layers quantize each rank's slice of a token: TP=2 differs from TP=1 itself)
+  local name=$1 tps=$2 ok=1
+  shift 2
+  for t in $tps; do
+    local share=()
+    [[ $t == 2 ]] && share=($SHARE)
+    run_cpu "$LOG/$name.cpu$t.jsonl" "$@" --tp="$t" &&
+      run "$LOG/$name.$t.jsonl" "$@" --tp="$t" "${share[@]}" &&
+      compare_fp8 "$name-tp$t" "$LOG/$name.$t.jsonl" "$LOG/$name.cpu$t.jsonl" || ok=0
+  done
+  if [[ $ok == 1 ]]; then
     echo "PASS $name"
     passed=$((passed + 1))
   else
@@ -84,7 +92,10 @@ if python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
     fix=$FIX64/fp8/$fmt
     extra=()
     [[ $fmt == base_bf16 ]] && extra=(--quantization=fp8)
-    check "$fmt" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
+    # fp8_block: TP=2 would cut its 128x128 scale blocks (k/v rows 64 a rank): refused, TP=1 only.
+    tps="1 2"
+    [[ $fmt == fp8_block ]] && tps=1
+    check "$fmt" "$tps" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
   done
 else
   echo "SKIP checkpoint formats: torch / transformers / safetensors missing or make_golden_fp8.py failed"
@@ -95,7 +106,7 @@ fi
 # 2. Online FP8 on the bf16 golden fixtures (per-channel weights, per-token activations).
 for variant in llama_f32_gqa qwen2_f32 qwen3_f32 llama_f32_mqa_headdim_bias; do
   fix=tests/golden/fixtures/$variant
-  check "$variant-fp8" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8
+  check "$variant-fp8" "1 2" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8
 done
 
 # 3. Graphs against eager decode on the same FP8 model.
@@ -118,7 +129,7 @@ else
 fi
 
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
-check tiny-dummy-fp8 --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
+check tiny-dummy-fp8 "1 2" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
   --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
 
 # 5. fp16 activations with FP8 weights: refused by name.
