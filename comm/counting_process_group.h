@@ -22,6 +22,24 @@ struct CollectiveCounts {
   int64_t all_reduce_elems = 0, all_gather_elems = 0, all_to_all_elems = 0;
 };
 
+// What a group did between two snapshots of its counts: `after` minus `before`, field by field.
+inline CollectiveCounts CountsBetween(const CollectiveCounts& before,
+                                      const CollectiveCounts& after) {
+  CollectiveCounts d;
+  d.all_reduce = after.all_reduce - before.all_reduce;
+  d.all_gather = after.all_gather - before.all_gather;
+  d.reduce_scatter = after.reduce_scatter - before.reduce_scatter;
+  d.all_to_all = after.all_to_all - before.all_to_all;
+  d.broadcast = after.broadcast - before.broadcast;
+  d.barrier = after.barrier - before.barrier;
+  d.send = after.send - before.send;
+  d.recv = after.recv - before.recv;
+  d.all_reduce_elems = after.all_reduce_elems - before.all_reduce_elems;
+  d.all_gather_elems = after.all_gather_elems - before.all_gather_elems;
+  d.all_to_all_elems = after.all_to_all_elems - before.all_to_all_elems;
+  return d;
+}
+
 class CountingProcessGroup final : public ProcessGroup {
  public:
   // `inner` must outlive this wrapper.

@@ -91,19 +91,7 @@ void RunRank(int rank, int port, StepCounts* out) {
     const comm::CollectiveCounts before = counting.counts();
     auto result = (*executor)->Run(batch);
     ASSERT_TRUE(result.ok()) << result.status();
-    comm::CollectiveCounts after = counting.counts();
-    comm::CollectiveCounts delta;
-    delta.all_reduce = after.all_reduce - before.all_reduce;
-    delta.all_gather = after.all_gather - before.all_gather;
-    delta.reduce_scatter = after.reduce_scatter - before.reduce_scatter;
-    delta.all_to_all = after.all_to_all - before.all_to_all;
-    delta.broadcast = after.broadcast - before.broadcast;
-    delta.barrier = after.barrier - before.barrier;
-    delta.send = after.send - before.send;
-    delta.recv = after.recv - before.recv;
-    delta.all_to_all_elems = after.all_to_all_elems - before.all_to_all_elems;
-    delta.all_reduce_elems = after.all_reduce_elems - before.all_reduce_elems;
-    (context == 1024 ? out->at_1k : out->at_8k) = delta;
+    (context == 1024 ? out->at_1k : out->at_8k) = comm::CountsBetween(before, counting.counts());
     (context == 1024 ? out->token_1k : out->token_8k) = result->sampled_tokens[0];
   }
 }

@@ -17,6 +17,8 @@
 #include "gtest/gtest.h"
 #include "kernels/sampling/sampling.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
+#include "runtime/engine/spec_test_util.h"
 #include "runtime/engine/speculative.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -27,11 +29,7 @@ namespace {
 constexpr uint64_t kTargetSeed = 4321;
 
 ModelConfig Tiny(int64_t vocab, int64_t layers = 0) {
-  auto config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.max_position_embeddings = 256;
-  c.vocab_size = vocab;
+  ModelConfig c = engine_test::TinyConfig(vocab);
   if (layers > 0) c.num_hidden_layers = layers;
   return c;
 }
@@ -42,15 +40,8 @@ struct Draft {
   uint64_t seed = 99;
 };
 
-struct Result {
-  std::vector<int32_t> tokens;
-  FinishReason reason = FinishReason::kNone;
-};
-
-struct Outcome {
-  std::vector<Result> results;
-  SpecStats stats;
-};
+using Outcome = engine_test::SpecOutcome;
+using engine_test::ExpectSameTokens;
 
 EngineConfig Config(int64_t k, bool adaptive = true) {
   EngineConfig c;
@@ -74,56 +65,15 @@ Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs
         draft_model, RandomModelWeights(draft_model, draft.is_target ? kTargetSeed : draft.seed));
     EXPECT_TRUE(attached.ok()) << attached;
   }
-  Outcome run;
-  run.results.resize(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
-  }
-  for (int guard = 0; (*engine)->HasUnfinished() && guard < 100000; ++guard) {
-    auto updates = (*engine)->Step();
-    EXPECT_TRUE(updates.ok()) << updates.status();
-    if (!updates.ok()) break;
-    for (RequestUpdate& u : *updates) {
-      Result& r = run.results[u.request_id];
-      r.tokens.insert(r.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
-      if (u.finish_reason != FinishReason::kNone) r.reason = u.finish_reason;
-    }
-  }
-  EXPECT_FALSE((*engine)->HasUnfinished());
-  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
+  const Outcome run = engine_test::RunToCompletion(**engine, specs);
   if (const DraftModelProposer* d = (*engine)->draft_model(); d != nullptr) {
     EXPECT_EQ(d->num_free_blocks(), d->num_blocks()) << "every draft block must return";
   }
-  run.stats = (*engine)->spec_stats();
   return run;
 }
 
-// Half repetitive prompts, half random ones, varied lengths and max_tokens.
 std::vector<RequestSpec> Prompts(uint32_t seed, int n, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::vector<RequestSpec> specs;
-  for (int i = 0; i < n; ++i) {
-    RequestSpec spec;
-    const int len = 4 + static_cast<int>(rng() % 40);
-    std::vector<int32_t> pattern(2 + rng() % 4);
-    for (int32_t& t : pattern) t = static_cast<int32_t>(rng() % vocab);
-    for (int t = 0; t < len; ++t) {
-      spec.prompt.push_back(i % 2 == 0 ? pattern[t % pattern.size()]
-                                       : static_cast<int32_t>(rng() % vocab));
-    }
-    spec.max_tokens = 4 + static_cast<int>(rng() % 40);
-    spec.ignore_eos = i % 3 != 0;
-    specs.push_back(std::move(spec));
-  }
-  return specs;
-}
-
-void ExpectSameTokens(const Outcome& a, const Outcome& b, const std::string& what) {
-  ASSERT_EQ(a.results.size(), b.results.size());
-  for (size_t i = 0; i < a.results.size(); ++i) {
-    EXPECT_EQ(a.results[i].tokens, b.results[i].tokens) << what << ": prompt " << i;
-    EXPECT_EQ(a.results[i].reason, b.results[i].reason) << what << ": prompt " << i;
-  }
+  return engine_test::SpecPrompts(seed, n, vocab);
 }
 
 TEST(DraftModelTest, GreedyWithADifferentDraftIsTokenForTokenThePlainOutput) {
@@ -161,32 +111,6 @@ TEST(DraftModelTest, GreedyExactUnderATightBudgetAndPreemption) {
   ExpectSameTokens(plain, RunAll(config, specs, 256), "tight, other");
 }
 
-// Two-sample chi-square of counts a and b (categories seen in either), and its degrees of freedom.
-std::pair<double, int> ChiSquare(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-  double na = 0, nb = 0;
-  for (size_t v = 0; v < a.size(); ++v) {
-    na += a[v];
-    nb += b[v];
-  }
-  double stat = 0;
-  int cells = 0;
-  for (size_t v = 0; v < a.size(); ++v) {
-    const double total = a[v] + b[v];
-    if (total == 0) continue;
-    ++cells;
-    const double ea = total * na / (na + nb), eb = total * nb / (na + nb);
-    stat += (a[v] - ea) * (a[v] - ea) / ea + (b[v] - eb) * (b[v] - eb) / eb;
-  }
-  return {stat, cells - 1};
-}
-
-// The chi-square quantile with p = 0.001 above it (Wilson-Hilferty; within 1% for df >= 3).
-double ChiSquareCritical(int df) {
-  const double z = 3.0902;
-  const double t = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - t + z * std::sqrt(t), 3.0);
-}
-
 TEST(DraftModelTest, RejectionSamplingKeepsTheTargetDistributionPerPosition) {
   constexpr int64_t kVocab = 16;
   constexpr int kSamples = 6000;
@@ -213,18 +137,7 @@ TEST(DraftModelTest, RejectionSamplingKeepsTheTargetDistributionPerPosition) {
   // A 1-layer random draft against the target: some drafts accepted (0.62), many not.
   EXPECT_GT(spec.stats.acceptance_rate(), 0.05);
   EXPECT_LT(spec.stats.acceptance_rate(), 0.95);
-  for (int pos = 0; pos < kPositions; ++pos) {
-    std::vector<int64_t> a(kVocab, 0), b(kVocab, 0);
-    for (int i = 0; i < kSamples; ++i) {
-      ASSERT_EQ(plain.results[i].tokens.size(), static_cast<size_t>(kPositions));
-      ASSERT_EQ(spec.results[i].tokens.size(), static_cast<size_t>(kPositions));
-      ++a[plain.results[i].tokens[pos]];
-      ++b[spec.results[i].tokens[pos]];
-    }
-    const auto [stat, df] = ChiSquare(a, b);
-    ASSERT_GE(df, 3) << "position " << pos << ": too concentrated to test";
-    EXPECT_LT(stat, ChiSquareCritical(df)) << "position " << pos << " (df " << df << ")";
-  }
+  engine_test::ExpectSameDistributionPerPosition(plain, spec, kVocab, kSamples, kPositions);
 }
 
 TEST(DraftModelTest, SeededSamplingReproducesAndTheTargetAsDraftIsAlmostAlwaysAccepted) {

@@ -43,19 +43,6 @@ struct RunResult {
   int64_t tokens_run = 0;  // tokens through the model (each once per layer)
 };
 
-comm::CollectiveCounts Delta(const comm::CollectiveCounts& a, const comm::CollectiveCounts& b) {
-  comm::CollectiveCounts d;
-  d.all_reduce = b.all_reduce - a.all_reduce;
-  d.all_gather = b.all_gather - a.all_gather;
-  d.reduce_scatter = b.reduce_scatter - a.reduce_scatter;
-  d.all_to_all = b.all_to_all - a.all_to_all;
-  d.broadcast = b.broadcast - a.broadcast;
-  d.barrier = b.barrier - a.barrier;
-  d.send = b.send - a.send;
-  d.recv = b.recv - a.recv;
-  return d;
-}
-
 // Prefill of three prompts (one step) then kDecodeSteps decode steps, on `group` (null: alone).
 void RunModel(bool forced, TpShard shard, comm::CountingProcessGroup* group, RunResult* out) {
   const ModelConfig config = TestConfig(forced);
@@ -106,7 +93,7 @@ void RunModel(bool forced, TpShard shard, comm::CountingProcessGroup* group, Run
         group != nullptr ? group->counts() : comm::CollectiveCounts{};
     auto result = (*executor)->Run(batch);
     ASSERT_TRUE(result.ok()) << result.status();
-    if (group != nullptr) out->step_counts.push_back(Delta(before, group->counts()));
+    if (group != nullptr) out->step_counts.push_back(comm::CountsBetween(before, group->counts()));
     for (size_t i = 0; i < seqs.size(); ++i) {
       if (step == 0) out->prompt_logits.push_back(result->last_prompt_logits[i]);
       computed[i] = static_cast<int64_t>(seqs[i].size());

@@ -19,6 +19,7 @@
 #include "kernels/sampling/sampling.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_test_util.h"
+#include "runtime/engine/spec_test_util.h"
 #include "runtime/engine/speculative.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -37,74 +38,21 @@ SpeculativeConfig Ngram(int64_t k) {
   return c;
 }
 
-struct Result {
-  std::vector<int32_t> tokens;
-  FinishReason reason = FinishReason::kNone;
-  int64_t max_update = 0;  // most tokens one update carried
-};
-
-struct Outcome {
-  std::vector<Result> results;
-  SpecStats stats;
-  std::vector<uint64_t> cached_hashes;  // sorted
-};
+using Outcome = engine_test::SpecOutcome;
+using Result = engine_test::SpecResult;
+using engine_test::ChiSquareCritical;
+using engine_test::ExpectSameTokens;
 
 Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs,
                int64_t vocab = 256) {
   const ModelConfig model = TinyConfig(vocab);
   auto engine = Engine::Create(config, model, RandomModelWeights(model, 4321));
   EXPECT_TRUE(engine.ok()) << engine.status();
-  Outcome run;
-  run.results.resize(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
-  }
-  for (int guard = 0; (*engine)->HasUnfinished() && guard < 100000; ++guard) {
-    auto updates = (*engine)->Step();
-    EXPECT_TRUE(updates.ok()) << updates.status();
-    if (!updates.ok()) break;
-    for (RequestUpdate& u : *updates) {
-      Result& r = run.results[u.request_id];
-      r.tokens.insert(r.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
-      r.max_update = std::max<int64_t>(r.max_update, u.new_token_ids.size());
-      if (u.finish_reason != FinishReason::kNone) r.reason = u.finish_reason;
-    }
-  }
-  EXPECT_FALSE((*engine)->HasUnfinished());
-  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks())
-      << "every block must return to the pool";
-  run.stats = (*engine)->spec_stats();
-  run.cached_hashes = (*engine)->CachedHashesShort();
-  std::sort(run.cached_hashes.begin(), run.cached_hashes.end());
-  return run;
+  return engine_test::RunToCompletion(**engine, specs);
 }
 
-// Half repetitive prompts (a short random pattern repeated: drafts get accepted), half random.
 std::vector<RequestSpec> Prompts(uint32_t seed, int n, int64_t vocab = 256) {
-  std::mt19937 rng(seed);
-  std::vector<RequestSpec> specs;
-  for (int i = 0; i < n; ++i) {
-    RequestSpec spec;
-    const int len = 4 + static_cast<int>(rng() % 40);
-    std::vector<int32_t> pattern(2 + rng() % 4);
-    for (int32_t& t : pattern) t = static_cast<int32_t>(rng() % vocab);
-    for (int t = 0; t < len; ++t) {
-      spec.prompt.push_back(i % 2 == 0 ? pattern[t % pattern.size()]
-                                       : static_cast<int32_t>(rng() % vocab));
-    }
-    spec.max_tokens = 4 + static_cast<int>(rng() % 40);
-    spec.ignore_eos = i % 3 != 0;  // some may end at the eos token (2)
-    specs.push_back(std::move(spec));
-  }
-  return specs;
-}
-
-void ExpectSameTokens(const Outcome& plain, const Outcome& spec, const std::string& what) {
-  ASSERT_EQ(plain.results.size(), spec.results.size());
-  for (size_t i = 0; i < plain.results.size(); ++i) {
-    EXPECT_EQ(plain.results[i].tokens, spec.results[i].tokens) << what << ": prompt " << i;
-    EXPECT_EQ(plain.results[i].reason, spec.results[i].reason) << what << ": prompt " << i;
-  }
+  return engine_test::SpecPrompts(seed, n, vocab);
 }
 
 TEST(SpeculativeEngineTest, GreedyIsTokenForTokenTheNonSpeculativeOutput) {
@@ -167,33 +115,6 @@ TEST(SpeculativeEngineTest, SeededSamplingReproducesTheNonSpeculativeTokens) {
   ExpectSameTokens(spec, RunAll(config, specs), "seeded, again");
 }
 
-// Two-sample chi-square statistic of counts a and b over the same categories, and its degrees of
-// freedom (categories seen in either, minus 1).
-std::pair<double, int> ChiSquare(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-  double na = 0, nb = 0;
-  for (size_t v = 0; v < a.size(); ++v) {
-    na += a[v];
-    nb += b[v];
-  }
-  double stat = 0;
-  int cells = 0;
-  for (size_t v = 0; v < a.size(); ++v) {
-    const double total = a[v] + b[v];
-    if (total == 0) continue;
-    ++cells;
-    const double ea = total * na / (na + nb), eb = total * nb / (na + nb);
-    stat += (a[v] - ea) * (a[v] - ea) / ea + (b[v] - eb) * (b[v] - eb) / eb;
-  }
-  return {stat, cells - 1};
-}
-
-// The chi-square quantile with p = 0.001 above it (Wilson-Hilferty; within 1% for df >= 3).
-double ChiSquareCritical(int df) {
-  const double z = 3.0902;  // standard normal upper 0.001 quantile
-  const double t = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - t + z * std::sqrt(t), 3.0);
-}
-
 TEST(SpeculativeEngineTest, SampledDistributionPerPositionEqualsPlainSampling) {
   constexpr int64_t kVocab = 16;
   constexpr int kSamples = 6000;
@@ -219,18 +140,7 @@ TEST(SpeculativeEngineTest, SampledDistributionPerPositionEqualsPlainSampling) {
   const Outcome spec = RunAll(config, make(1 + kSamples), kVocab);
   EXPECT_GT(spec.stats.accepted_tokens, 0u);
   EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
-  for (int pos = 0; pos < kPositions; ++pos) {
-    std::vector<int64_t> a(kVocab, 0), b(kVocab, 0);
-    for (int i = 0; i < kSamples; ++i) {
-      ASSERT_EQ(plain.results[i].tokens.size(), static_cast<size_t>(kPositions));
-      ASSERT_EQ(spec.results[i].tokens.size(), static_cast<size_t>(kPositions));
-      ++a[plain.results[i].tokens[pos]];
-      ++b[spec.results[i].tokens[pos]];
-    }
-    const auto [stat, df] = ChiSquare(a, b);
-    ASSERT_GE(df, 3) << "position " << pos << ": too concentrated to test";
-    EXPECT_LT(stat, ChiSquareCritical(df)) << "position " << pos << " (df " << df << ")";
-  }
+  engine_test::ExpectSameDistributionPerPosition(plain, spec, kVocab, kSamples, kPositions);
 }
 
 // The verifier's rule on one target distribution: drawing x with the request's sampler and

@@ -33,6 +33,7 @@
 #include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/safetensors.h"
+#include "tests/golden/logit_compare.h"
 
 namespace tandem::runtime {
 namespace {
@@ -76,23 +77,9 @@ absl::StatusOr<LoadedModel> Load(const std::string& format) {
   return LoadModel(source);
 }
 
-float MaxAbs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-int ArgMax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ab += double{a[i]} * b[i];
-    aa += double{a[i]} * a[i];
-    bb += double{b[i]} * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
+using golden::ArgMax;
+using golden::Cosine;
+using golden::MaxAbs;
 
 struct PromptRun {
   std::vector<std::vector<float>> logits;  // last prompt position

@@ -23,6 +23,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "tests/golden/logit_compare.h"
 
 namespace tandem::runtime {
 namespace {
@@ -105,23 +106,9 @@ std::vector<Output> RunEngine(const std::string& variant, const Golden& g, Engin
   return out;
 }
 
-float MaxAbs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-int ArgMax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ab += double{a[i]} * b[i];
-    aa += double{a[i]} * a[i];
-    bb += double{b[i]} * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
+using golden::ArgMax;
+using golden::Cosine;
+using golden::MaxAbs;
 
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const char* what,
                  int prompt) {
