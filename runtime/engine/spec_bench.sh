@@ -10,34 +10,15 @@
 #   runtime/engine/spec_bench.sh [GENERATE_BIN] [THREADS] [EXTRA_FLAGS...]
 # EXTRA_FLAGS go to the speculative runs, e.g. --speculative_adaptive=false (a fixed K).
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=spec_bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/spec_bench_lib.sh"
 gen=${1:-bazel-bin/runtime/generate}
 threads=${2:-1}
 shift $(($# < 2 ? $# : 2))
 extra=("$@")
 v64=$(mktemp --suffix=.json)
 trap 'rm -f "$v64"' EXIT
-cat > "$v64" << 'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
- "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
- "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5,
- "max_position_embeddings": 4096, "tie_word_embeddings": true, "bos_token_id": 1,
- "eos_token_id": 2, "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": "float32"}
-JSON
-prompts() { # prompts KIND BATCH VOCAB: BATCH prompts of 64 tokens, ';'-separated
-  python3 - "$1" "$2" "$3" << 'PY'
-import random, sys
-kind, batch, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rng = random.Random(7)
-out = []
-for _ in range(batch):
-    if kind == "repeat":
-        pattern = [rng.randrange(3, vocab) for _ in range(8)]
-        out.append([pattern[i % 8] for i in range(64)])
-    else:
-        out.append([rng.randrange(3, vocab) for _ in range(64)])
-print(";".join(",".join(map(str, p)) for p in out))
-PY
-}
+llama_config "$v64" vocab_size=64
 for kind in repeat random reject; do
   model=(--dummy_config=llama-100m) vocab=32000 sampling=()
   if [[ $kind == reject ]]; then

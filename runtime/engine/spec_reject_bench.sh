@@ -9,21 +9,16 @@
 #
 #   runtime/engine/spec_reject_bench.sh [GENERATE_BIN] [THREADS] [ROUNDS]
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=spec_bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/spec_bench_lib.sh"
 gen=${1:-bazel-bin/runtime/generate}
 threads=${2:-1}
 rounds=${3:-5}
 v64=$(mktemp --suffix=.json)
 trap 'rm -f "$v64" "$v64.time"' EXIT
-cat > "$v64" << 'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
- "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
- "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5,
- "max_position_embeddings": 4096, "tie_word_embeddings": true, "bos_token_id": 1,
- "eos_token_id": 2, "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": "float32"}
-JSON
+llama_config "$v64" vocab_size=64
 for batch in 1 8; do
-  p=$(python3 -c "import random; r = random.Random(7); \
-print(';'.join(','.join(str(r.randrange(3, 64)) for _ in range(64)) for _ in range($batch)))")
+  p=$(prompts random "$batch" 64)
   for round in $(seq "$rounds"); do
     for mode in load plain fixed adaptive; do
       spec=() max_tokens=128

@@ -4,6 +4,8 @@
 # logits cosine >= 0.999 to the reference run and to transformers; first greedy token equal to
 # the reference wherever its top-2 gap is >= 3% of max|logit|), reporting the largest |logit
 # difference| and the equal token prefixes. run OUT ARGS...: generate on the GPU.
+# prompts_of EXPECTED_JSON: its prompts as --prompt_ids takes them. same_tokens LABEL A B: the
+# greedy tokens of two runs equal, prompt by prompt ("LABEL: n/N prompts with equal tokens").
 B=$(cd "${1:?bundle dir}" && pwd)
 LOG=${2:?log dir}
 mkdir -p "$LOG"
@@ -57,3 +59,16 @@ run() {  # OUT ARGS...
     --dump_last_logits --num_threads=1 "$@" > "$out" 2> "$out.err"
 }
 
+prompts_of() { # EXPECTED_JSON
+  python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$1'))['prompts']))"
+}
+
+same_tokens() {  # LABEL A B
+  python3 - "$@" <<'PY'
+import json, sys
+label = sys.argv[1]
+a, b = ([json.loads(l)["tokens"] for l in open(f) if l.strip()] for f in sys.argv[2:4])
+print(f"{label}: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
+sys.exit(0 if a == b and a else 1)
+PY
+}

@@ -35,7 +35,7 @@ check() {  # NAME OUT REF EXPECTED_JSON ARGS...: a DCP run compared with the TP=
 for variant in llama_f32_gqa8x4 qwen2_f32; do
   fix=tests/golden/fixtures/$variant
   exp=$fix/expected.json
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$exp'))['prompts']))")
+  prompts=$(prompts_of "$exp")
   P=(--model="$fix" --prompt_ids="$prompts")
   ref=$LOG/$variant.tp1.jsonl
   if ! run "$ref" "${P[@]}"; then

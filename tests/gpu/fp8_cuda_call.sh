@@ -13,18 +13,9 @@
 #   //kernels/fp8:fp8_cuda_bench //runtime/cuda:cuda_fp8_linear_test
 #   //runtime/cuda:decode_step_bench tool//runtime:generate
 set -uo pipefail
-B=${1:?bundle dir}
-LOG=${2:?log dir}
-mkdir -p "$LOG"
-export NCCL_NVLS_ENABLE=0
-nvidia-smi -L > "$LOG/gpus.txt" 2>&1
-step() { # NAME SECONDS CMD...
-  local name=$1 secs=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$LOG/$name.txt" 2>&1
-  echo "== $name: rc $? in $((SECONDS - t0)) s"
-}
+# shellcheck source-path=SCRIPTDIR source=device_call_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/device_call_lib.sh"
+device_call_start "$@"
 step kernels 120 env CUDA_VISIBLE_DEVICES=0 "$B/run.sh" "$LOG/run" fp8
 step decode 180 env CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" \
   "$B/bin/runtime/cuda/decode_step_bench" --batches=1,8,64 --quantization=none,fp8

@@ -59,10 +59,6 @@ sys.exit(1 if bad else 0)
 PY
 }
 
-prompts_of() { # EXPECTED_JSON
-  python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$1'))['prompts']))"
-}
-
 check() { # NAME TPS ARGS... : CUDA at TP=t against the CPU backend at TP=t, t in TPS ("1 2")
   # (row-parallel layers quantize each rank's slice of a token: TP=2 differs from TP=1 itself)
   local name=$1 tps=$2 ok=1
@@ -113,13 +109,7 @@ done
 fix=tests/golden/fixtures/llama_f32_gqa
 if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" \
   --quantization=fp8 --cuda_graphs=false &&
-  python3 - "$LOG/eager.jsonl" "$LOG/llama_f32_gqa-fp8.1.jsonl" << 'PY'; then
-import json, sys
-a = [json.loads(l)["tokens"] for l in open(sys.argv[1]) if l.strip()]
-b = [json.loads(l)["tokens"] for l in open(sys.argv[2]) if l.strip()]
-print(f"eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
-sys.exit(0 if a == b and a else 1)
-PY
+  same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/llama_f32_gqa-fp8.1.jsonl"; then
   echo "PASS fp8-graphs-vs-eager"
   passed=$((passed + 1))
 else

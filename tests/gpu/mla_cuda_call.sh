@@ -11,18 +11,9 @@
 # BUNDLE_DIR: tests/gpu/bundle.sh BUNDLE_DIR //kernels/mla:mla_cuda_test tool//runtime:generate
 #   tool//runtime/model:make_dummy_model tool//runtime/cuda:decode_step_bench
 set -uo pipefail
-B=${1:?bundle dir}
-LOG=${2:?log dir}
-mkdir -p "$LOG"
-export NCCL_NVLS_ENABLE=0
-nvidia-smi -L > "$LOG/gpus.txt" 2>&1
-step() { # NAME SECONDS CMD...
-  local name=$1 secs=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$LOG/$name.txt" 2>&1
-  echo "== $name: rc $? in $((SECONDS - t0)) s"
-}
+# shellcheck source-path=SCRIPTDIR source=device_call_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/device_call_lib.sh"
+device_call_start "$@"
 step kernels 60 env CUDA_VISIBLE_DEVICES=0 "$B/run.sh" "$LOG/run" mla
 step golden 300 env SHARE="" tests/gpu/mla_cuda_golden.sh "$B" "$LOG/golden"
 step decode 150 env CUDA_VISIBLE_DEVICES=0 LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" \

@@ -29,19 +29,11 @@ cpu() {  # OUT ARGS...: the same generate on the CPU backend (the reference run)
   timeout 300 "$G" --backend=cpu --max_tokens=16 --ignore_eos --dump_last_logits \
     --num_threads=8 "$@" > "$out" 2> "$out.err"
 }
-same_tokens() {  # A B: greedy tokens equal, prompt by prompt
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-a, b = ([json.loads(l)["tokens"] for l in open(f) if l.strip()] for f in sys.argv[1:3])
-print(f"eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
-sys.exit(0 if a == b and a else 1)
-PY
-}
 
 for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_rotate_half_f32 \
                deepseek_v2_moe_f32 deepseek_v3_moe_f32; do
   fix=tests/golden/fixtures_mla/$variant
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.cuda.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      cpu "$LOG/$variant.cpu.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      compare "$variant" "$LOG/$variant.cuda.jsonl" "$LOG/$variant.cpu.jsonl" "$fix/expected.json"; then
@@ -51,9 +43,9 @@ for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_
   fi
 done
 fix=tests/golden/fixtures_mla/deepseek_v3_f32
-prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+prompts=$(prompts_of "$fix/expected.json")
 if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false &&
-   same_tokens "$LOG/eager.jsonl" "$LOG/deepseek_v3_f32.cuda.jsonl"; then
+   same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/deepseek_v3_f32.cuda.jsonl"; then
   echo "PASS eager-vs-graphs"; passed=$((passed + 1))
 else
   echo "FAIL eager-vs-graphs"; tail -3 "$LOG/eager.jsonl.err"; failed=$((failed + 1))
@@ -72,7 +64,7 @@ fi
 # both ranks), sliced MLP / experts.
 for variant in deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_moe_f32; do
   fix=tests/golden/fixtures_mla/$variant
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.tp2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
      compare "$variant-tp2" "$LOG/$variant.tp2.jsonl" "$LOG/$variant.cuda.jsonl" "$fix/expected.json"; then
     echo "PASS $variant-tp2"; passed=$((passed + 1))

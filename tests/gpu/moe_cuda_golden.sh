@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
 
 for variant in mistral_f32 qwen3_f32 mixtral_f32 qwen3_moe_f32 qwen2_moe_f32; do
   fix=tests/golden/fixtures/$variant
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      compare "$variant-tp1" "$LOG/$variant.1.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json" &&
      run "$LOG/$variant.2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
@@ -30,16 +30,9 @@ for variant in mistral_f32 qwen3_f32 mixtral_f32 qwen3_moe_f32 qwen2_moe_f32; do
 done
 # Graph-captured decode (the MoE layer's sync-free path under capture) against eager decode.
 fix=tests/golden/fixtures/qwen3_moe_f32
-prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+prompts=$(prompts_of "$fix/expected.json")
 if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false &&
-   python3 - "$LOG/eager.jsonl" "$LOG/qwen3_moe_f32.1.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["tokens"] for l in open(sys.argv[1]) if l.strip()]
-b = [json.loads(l)["tokens"] for l in open(sys.argv[2]) if l.strip()]
-print(f"eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
-sys.exit(0 if a == b and a else 1)
-PY
-then
+   same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/qwen3_moe_f32.1.jsonl"; then
   echo "PASS graphs-vs-eager"; passed=$((passed + 1))
 else
   echo "FAIL graphs-vs-eager"; tail -3 "$LOG/eager.jsonl.err"; failed=$((failed + 1))

@@ -17,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
 
 for variant in mixtral_f32 qwen3_moe_f32; do
   fix=tests/golden/fixtures/$variant
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      run "$LOG/$variant.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
        --enable_expert_parallel $SHARE &&
@@ -29,17 +29,10 @@ for variant in mixtral_f32 qwen3_moe_f32; do
   fi
 done
 fix=tests/golden/fixtures/qwen3_moe_f32
-prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+prompts=$(prompts_of "$fix/expected.json")
 if run "$LOG/ep_eager.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
      --enable_expert_parallel --cuda_graphs=false $SHARE &&
-   python3 - "$LOG/ep_eager.jsonl" "$LOG/qwen3_moe_f32.ep2.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["tokens"] for l in open(sys.argv[1]) if l.strip()]
-b = [json.loads(l)["tokens"] for l in open(sys.argv[2]) if l.strip()]
-print(f"EP eager vs graphs: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
-sys.exit(0 if a == b and a else 1)
-PY
-then
+   same_tokens "EP eager vs graphs" "$LOG/ep_eager.jsonl" "$LOG/qwen3_moe_f32.ep2.jsonl"; then
   echo "PASS ep-graphs-vs-eager"; passed=$((passed + 1))
 else
   echo "FAIL ep-graphs-vs-eager"; tail -3 "$LOG/ep_eager.jsonl.err"; failed=$((failed + 1))

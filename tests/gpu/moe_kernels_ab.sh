@@ -25,17 +25,17 @@ mkdir -p "$LOG"
 # without a GPU fails instead of skipping.
 export LD_LIBRARY_PATH="$B/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TANDEM_REQUIRE_GPU=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} NCCL_NVLS_ENABLE=0
+# shellcheck source-path=SCRIPTDIR source=device_call_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/device_call_lib.sh"
 
 # step NAME SECONDS KERNELS COMMAND...: runs COMMAND with TANDEM_MOE_KERNELS=KERNELS.
 step() {
   local name=$1 limit=$2 kernels=$3
   shift 3
-  local start=$SECONDS
-  TANDEM_MOE_KERNELS=$kernels timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
-  local rc=$?
-  echo "== $name (TANDEM_MOE_KERNELS=$kernels): rc=$rc, $((SECONDS - start)) s"
+  TANDEM_MOE_KERNELS=$kernels timed_step "$name.log" "$limit" "$@"
+  echo "== $name (TANDEM_MOE_KERNELS=$kernels): rc=$step_rc, $step_secs s"
   tail -n 8 "$LOG/$name.log"
-  return "$rc"
+  return "$step_rc"
 }
 
 step moe_cuda_test 90 old "$B/bin/kernels/moe/moe_cuda_test"

@@ -8,34 +8,15 @@
 #
 #   tests/gpu/bundle.sh B tool//runtime:generate; tests/gpu/spec_decode_bench.sh B [MAX_TOKENS]
 set -euo pipefail
-bundle=$1
+# shellcheck source-path=SCRIPTDIR source=../../runtime/engine/spec_bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../runtime/engine/spec_bench_lib.sh"
+gpu_generate "$1"
 max_tokens=${2:-256}
-gen="$bundle/bin/runtime/generate"
-export LD_LIBRARY_PATH="$bundle/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
 v64=$(mktemp --suffix=.json)
 trap 'rm -f "$v64"' EXIT
-cat > "$v64" << 'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
- "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
- "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
- "max_position_embeddings": 8192, "rope_theta": 500000.0, "bos_token_id": 1, "eos_token_id": 2,
- "hidden_act": "silu", "torch_dtype": "bfloat16"}
-JSON
-prompts() { # prompts KIND BATCH VOCAB
-  python3 - "$1" "$2" "$3" << 'PY'
-import random, sys
-kind, batch, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rng = random.Random(7)
-out = []
-for _ in range(batch):
-    if kind == "repeat":
-        pattern = [rng.randrange(3, vocab) for _ in range(8)]
-        out.append([pattern[i % 8] for i in range(64)])
-    else:
-        out.append([rng.randrange(3, vocab) for _ in range(64)])
-print(";".join(",".join(map(str, p)) for p in out))
-PY
-}
+llama_config "$v64" vocab_size=64 hidden_size=4096 intermediate_size=14336 num_hidden_layers=32 \
+  num_attention_heads=32 num_key_value_heads=8 head_dim=128 max_position_embeddings=8192 \
+  rope_theta=500000.0 tie_word_embeddings=false 'torch_dtype="bfloat16"'
 run() { # run KIND BATCH K
   local model=(--dummy_config=llama3-8b) vocab=30000 sampling=() spec=()
   if [[ $1 != repeat ]]; then model=(--dummy_config="$v64") vocab=64; fi

@@ -9,22 +9,16 @@
 #
 #   tests/gpu/bundle.sh B tool//runtime:generate; tests/gpu/spec_draft_bench.sh B [MAX_TOKENS]
 set -euo pipefail
-bundle=$1
+# shellcheck source-path=SCRIPTDIR source=../../runtime/engine/spec_bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../runtime/engine/spec_bench_lib.sh"
+gpu_generate "$1"
 max_tokens=${2:-256}
-gen="$bundle/bin/runtime/generate"
-export LD_LIBRARY_PATH="$bundle/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
 c1b=$(mktemp --suffix=.json)
 trap 'rm -f "$c1b"' EXIT
-cat > "$c1b" << 'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
- "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
- "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
- "max_position_embeddings": 131072, "rope_theta": 500000.0, "bos_token_id": 1,
- "eos_token_id": 2, "tie_word_embeddings": true, "hidden_act": "silu",
- "torch_dtype": "bfloat16"}
-JSON
-prompt=$(python3 -c "import random; r = random.Random(7); \
-print(','.join(str(r.randrange(3, 30000)) for _ in range(64)))")
+llama_config "$c1b" vocab_size=128256 hidden_size=2048 intermediate_size=8192 \
+  num_hidden_layers=16 num_attention_heads=32 num_key_value_heads=8 \
+  max_position_embeddings=131072 rope_theta=500000.0 'torch_dtype="bfloat16"'
+prompt=$(prompts random 1 30000)
 run() { # run NAME [FLAGS...]
   local name=$1 line
   shift

@@ -22,7 +22,7 @@ TP4_FLAGS=${TP4_FLAGS-$SHARE}
 for variant in llama_f32_gqa llama_f32_mqa_headdim_bias llama_f32_llama3_tied qwen2_f32 llama_bf16 \
                qwen2_f16; do
   fix=tests/golden/fixtures/$variant
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
+  prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      run "$LOG/$variant.2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
      compare "$variant" "$LOG/$variant.2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"; then

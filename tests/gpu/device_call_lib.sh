@@ -1,0 +1,33 @@
+# shellcheck shell=bash
+# Shared by the one-device-call scripts (fp8_cuda_call.sh, mla_cuda_call.sh, moe_kernels_ab.sh):
+# each runs its steps under their own timeout, one log file a step; sourced, not run.
+#
+# device_call_start BUNDLE_DIR LOG_DIR: sets B and LOG, creates LOG, turns NVLink multicast off
+#   for NCCL and writes the GPUs to $LOG/gpus.txt.
+# timed_step FILE SECONDS CMD...: CMD under `timeout SECONDS`, stdout and stderr to $LOG/FILE;
+#   sets step_rc (CMD's status, 124 when it timed out) and step_secs (wall seconds).
+# step NAME SECONDS CMD...: timed_step into $LOG/NAME.txt, then "== NAME: rc RC in S s".
+
+device_call_start() {
+  # shellcheck disable=SC2034  # B is the sourcing script's
+  B=${1:?bundle dir}
+  LOG=${2:?log dir}
+  mkdir -p "$LOG"
+  export NCCL_NVLS_ENABLE=0
+  nvidia-smi -L > "$LOG/gpus.txt" 2>&1
+}
+
+timed_step() {
+  local file=$1 secs=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$LOG/$file" 2>&1
+  step_rc=$?
+  step_secs=$((SECONDS - t0))
+}
+
+step() {
+  local name=$1
+  timed_step "$name.txt" "${@:2}"
+  echo "== $name: rc $step_rc in $step_secs s"
+}
