@@ -99,6 +99,15 @@ v1::WorkerInfo Info(const std::string& id, v1::WorkerRole role) {
   return info;
 }
 
+v1::PrefillResponse Prefilled(const std::string& id, uint32_t first) {
+  v1::PrefillResponse r;
+  r.set_request_id(id);
+  r.set_first_token(first);
+  r.mutable_kv_handle()->set_worker_id("p0");
+  r.mutable_kv_handle()->set_lease_id(42);
+  return r;
+}
+
 // A registry whose workers are FakeWorkerClients (one per address), an orchestrator over it,
 // and one request running on it.
 struct Harness {
@@ -130,6 +139,18 @@ struct Harness {
     ASSERT_TRUE(admitted.ok());
     orchestrator.Start(request, *std::move(admitted), &caller, into != nullptr ? into : sink);
   }
+  // Starts request `id` (its prompt, `max_tokens`), releases p0's prefill reply (first token 11)
+  // and returns d0's decode call: -1, with a test failure, where either call never came.
+  int StartThroughPrefill(const std::string& id, uint32_t max_tokens) {
+    Start(id, max_tokens);
+    const int prefill = client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+    EXPECT_GE(prefill, 0);
+    if (prefill < 0) return -1;
+    client("p0").ReplyPrefill(prefill, Prefilled(id, 11));
+    const int decode = client("d0").WaitForCall(FakeWorkerClient::kDecode);
+    EXPECT_GE(decode, 0);
+    return decode;
+  }
   absl::Status Result() { return sink->Wait(); }
   bool Healthy(const std::string& id) {
     const v1::ListWorkersResponse list = registry.List();
@@ -149,22 +170,9 @@ struct Harness {
   Orchestrator orchestrator;
 };
 
-v1::PrefillResponse Prefilled(const std::string& id, uint32_t first) {
-  v1::PrefillResponse r;
-  r.set_request_id(id);
-  r.set_first_token(first);
-  r.mutable_kv_handle()->set_worker_id("p0");
-  r.mutable_kv_handle()->set_lease_id(42);
-  return r;
-}
-
 TEST(OrchestratorTest, DecodeReplyHeldWhileTheClientCancels) {
   Harness h;
-  h.Start("r1", 50);
-  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
-  ASSERT_GE(prefill, 0);
-  h.client("p0").ReplyPrefill(prefill, Prefilled("r1", 11));
-  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  const int decode = h.StartThroughPrefill("r1", 50);
   ASSERT_GE(decode, 0);
   v1::GenerateResponse second;
   second.add_token_ids(12);
@@ -212,11 +220,7 @@ TEST(OrchestratorTest, PrefillReplyReleasedAfterTheWorkerIsMarkedDead) {
 
 TEST(OrchestratorTest, ClientOutlivesTheRegistryEntryOfARestartedWorker) {
   Harness h;
-  h.Start("r3", 50);
-  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
-  ASSERT_GE(prefill, 0);
-  h.client("p0").ReplyPrefill(prefill, Prefilled("r3", 11));
-  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  const int decode = h.StartThroughPrefill("r3", 50);
   ASSERT_GE(decode, 0);
   // D restarts on a new address while its old incarnation's stream is open: the registry entry
   // (and its client) is replaced; the call keeps the old client alive until it ends.
@@ -320,11 +324,7 @@ TEST(OrchestratorTest, CancelledStreamsAreTheWorkersFaultUnlessTheClientCancelle
   for (const bool client_cancelled : {false, true}) {
     SCOPED_TRACE(client_cancelled ? "the client cancelled" : "nobody cancelled");
     Harness h;
-    h.Start("r6", 50);
-    const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
-    ASSERT_GE(prefill, 0);
-    h.client("p0").ReplyPrefill(prefill, Prefilled("r6", 11));
-    const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+    const int decode = h.StartThroughPrefill("r6", 50);
     ASSERT_GE(decode, 0);
     h.caller.armed = client_cancelled;
     h.client("d0").End(decode, absl::CancelledError("stream cancelled"));

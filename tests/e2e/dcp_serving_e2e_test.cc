@@ -54,11 +54,7 @@ TEST(DcpServingE2eTest, PrefillGroupsIntoDcpDecodeGroupsEqualTheEngine) {
     auto started = Cluster::Start(options);
     ASSERT_TRUE(started.ok()) << started.status();
     Cluster& cluster = **started;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      Result r = Generate(cluster.router(), ToRequest(prompts[i]));
-      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
-      EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(cluster, prompts, expected));
     absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->info().group().dcp_size(), static_cast<uint32_t>(shape.dcp));
@@ -113,11 +109,7 @@ TEST(DcpServingE2eTest, DcpMixedGroupEqualsTheEngine) {
   const auto expected = Reference(prompts);
   auto cluster = StartCluster(0, 0, 1, {}, {"--tp=2", "--dcp=2", "--num_threads=1"});
   ASSERT_NE(cluster, nullptr);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Result r = Generate(cluster->router(), ToRequest(prompts[i]));
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
-    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(*cluster, prompts, expected));
 }
 
 TEST(DcpServingE2eTest, KillDcpRankMidStreamFreesThePrefillSide) {

@@ -49,6 +49,15 @@ Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequ
   return out;
 }
 
+void ExpectServedTokens(Cluster& cluster, const std::vector<Prompt>& prompts,
+                        const std::vector<std::vector<uint32_t>>& expected) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result r = Generate(cluster.router(), ToRequest(prompts[i]));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
+    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
+  }
+}
+
 // Greedy reference: the engine in this process on the same model files.
 std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts) {
   runtime::ModelSource source;

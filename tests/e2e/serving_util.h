@@ -39,6 +39,12 @@ Prompt LongPrompt(int max_tokens = 1000);
 Result Generate(tandem::v1::Router::Stub& router, const tandem::v1::GenerateRequest& request,
                 absl::Duration timeout = absl::Seconds(60));
 
+// Each prompt through `cluster`'s router, one after another: the stream ends OK (else a fatal
+// failure with the cluster's logs, and no further prompt) with the tokens expected[i]. Callers
+// wrap it in ASSERT_NO_FATAL_FAILURE to stop where the original assertion would have.
+void ExpectServedTokens(Cluster& cluster, const std::vector<Prompt>& prompts,
+                        const std::vector<std::vector<uint32_t>>& expected);
+
 // Greedy reference: the engine in this process on kModel.
 std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts);
 

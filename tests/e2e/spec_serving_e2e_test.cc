@@ -55,11 +55,7 @@ void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts
   auto started = Cluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Result r = Generate(cluster.router(), ToRequest(prompts[i]));
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.Logs();
-    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(cluster, prompts, expected));
   absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->kv_load_failures(), 0u) << cluster.Logs();

@@ -45,11 +45,7 @@ TEST(TpServingE2eTest, Tp2MixedWorkerEqualsTp1AndDrainsTheGroup) {
     EXPECT_EQ(list.workers(0).info().group().size(), 2u);
     EXPECT_EQ(list.workers(0).info().group().backend(), "gloo");
   }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Result r = Generate(cluster->router(), ToRequest(prompts[i]));
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
-    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(*cluster, prompts, expected));
   worker.process->Signal(SIGTERM);
   const int status = worker.process->Wait(absl::Seconds(20));
   ASSERT_NE(status, -1) << "the worker did not exit on SIGTERM";
@@ -72,11 +68,7 @@ TEST(TpServingE2eTest, PreShardedCheckpointServesTheSameTokens) {
   ASSERT_TRUE(runtime::WritePreShardedCheckpoint(model, *config, 2, 1, dir).ok());
   auto cluster = StartCluster(0, 0, 1, {}, {"--tp=2", "--num_threads=1", "--model=" + dir});
   ASSERT_NE(cluster, nullptr);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Result r = Generate(cluster->router(), ToRequest(prompts[i]));
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster->Logs();
-    EXPECT_EQ(r.tokens, expected[i]) << "prompt " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(*cluster, prompts, expected));
   auto tp1 = runtime::LoadModelWeights(dir, *config, runtime::TpShard{0, 1});
   EXPECT_EQ(tp1.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(tp1.status().message()).find("pre-sharded for tp=2"), std::string::npos)
