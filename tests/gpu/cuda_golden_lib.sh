@@ -6,6 +6,9 @@
 # difference| and the equal token prefixes. run OUT ARGS...: generate on the GPU.
 # prompts_of EXPECTED_JSON: its prompts as --prompt_ids takes them. same_tokens LABEL A B: the
 # greedy tokens of two runs equal, prompt by prompt ("LABEL: n/N prompts with equal tokens").
+# pass NAME / fail NAME ERR_FILES...: a check's verdict line and count (fail also shows the last
+# 3 lines of each ERR_FILE). tokens_check NAME LABEL OUT REF ARGS...: run OUT ARGS..., then PASS
+# NAME where its greedy tokens equal REF's (same_tokens LABEL), e.g. eager decode against graphs.
 B=$(cd "${1:?bundle dir}" && pwd)
 LOG=${2:?log dir}
 mkdir -p "$LOG"
@@ -71,4 +74,22 @@ a, b = ([json.loads(l)["tokens"] for l in open(f) if l.strip()] for f in sys.arg
 print(f"{label}: {sum(x == y for x, y in zip(a, b))}/{len(a)} prompts with equal tokens")
 sys.exit(0 if a == b and a else 1)
 PY
+}
+
+pass() {  # NAME
+  echo "PASS $1"; passed=$((passed + 1))
+}
+
+fail() {  # NAME ERR_FILES...
+  echo "FAIL $1"; tail -n 3 "${@:2}"; failed=$((failed + 1))
+}
+
+tokens_check() {  # NAME LABEL OUT REF ARGS...
+  local name=$1 label=$2 out=$3 ref=$4
+  shift 4
+  if run "$out" "$@" && same_tokens "$label" "$out" "$ref"; then
+    pass "$name"
+  else
+    fail "$name" "$out.err"
+  fi
 }

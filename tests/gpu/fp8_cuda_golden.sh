@@ -71,12 +71,9 @@ check() { # NAME TPS ARGS... : CUDA at TP=t against the CPU backend at TP=t, t i
       compare_fp8 "$name-tp$t" "$LOG/$name.$t.jsonl" "$LOG/$name.cpu$t.jsonl" || ok=0
   done
   if [[ $ok == 1 ]]; then
-    echo "PASS $name"
-    passed=$((passed + 1))
+    pass "$name"
   else
-    echo "FAIL $name"
-    tail -n 3 "$LOG/$name".*.err
-    failed=$((failed + 1))
+    fail "$name" "$LOG/$name".*.err
   fi
 }
 
@@ -107,16 +104,9 @@ done
 
 # 3. Graphs against eager decode on the same FP8 model.
 fix=tests/golden/fixtures/llama_f32_gqa
-if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" \
-  --quantization=fp8 --cuda_graphs=false &&
-  same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/llama_f32_gqa-fp8.1.jsonl"; then
-  echo "PASS fp8-graphs-vs-eager"
-  passed=$((passed + 1))
-else
-  echo "FAIL fp8-graphs-vs-eager"
-  tail -n 3 "$LOG/eager.jsonl.err"
-  failed=$((failed + 1))
-fi
+tokens_check fp8-graphs-vs-eager "eager vs graphs" "$LOG/eager.jsonl" \
+  "$LOG/llama_f32_gqa-fp8.1.jsonl" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" \
+  --quantization=fp8 --cuda_graphs=false
 
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
 check tiny-dummy-fp8 "1 2" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
@@ -125,12 +115,9 @@ check tiny-dummy-fp8 "1 2" --load_format=dummy --dummy_config=tiny --dummy_seed=
 # 5. fp16 activations with FP8 weights: refused by name.
 if ! run "$LOG/f16.jsonl" --model=tests/golden/fixtures/qwen2_f16 --prompt_ids=5,6 \
   --quantization=fp8 && grep -q "bf16 activations only" "$LOG/f16.jsonl.err"; then
-  echo "PASS fp16-refused"
-  passed=$((passed + 1))
+  pass "fp16-refused"
 else
-  echo "FAIL fp16-refused"
-  tail -n 3 "$LOG/f16.jsonl.err"
-  failed=$((failed + 1))
+  fail "fp16-refused" "$LOG/f16.jsonl.err"
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

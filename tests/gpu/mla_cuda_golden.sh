@@ -37,26 +37,22 @@ for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_
   if run "$LOG/$variant.cuda.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      cpu "$LOG/$variant.cpu.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      compare "$variant" "$LOG/$variant.cuda.jsonl" "$LOG/$variant.cpu.jsonl" "$fix/expected.json"; then
-    echo "PASS $variant"; passed=$((passed + 1))
+    pass "$variant"
   else
     echo "FAIL $variant"; tail -3 "$LOG/$variant".*.err; failed=$((failed + 1))
   fi
 done
 fix=tests/golden/fixtures_mla/deepseek_v3_f32
 prompts=$(prompts_of "$fix/expected.json")
-if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false &&
-   same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/deepseek_v3_f32.cuda.jsonl"; then
-  echo "PASS eager-vs-graphs"; passed=$((passed + 1))
-else
-  echo "FAIL eager-vs-graphs"; tail -3 "$LOG/eager.jsonl.err"; failed=$((failed + 1))
-fi
+tokens_check eager-vs-graphs "eager vs graphs" "$LOG/eager.jsonl" \
+  "$LOG/deepseek_v3_f32.cuda.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false
 "$B/bin/runtime/model/make_dummy_model" --config=tests/gpu/configs/deepseek-v3-latent/config.json \
   --seed=1 --out="$LOG/latent" > "$LOG/make_dummy.out" 2>&1
 long=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 2000)) for _ in range(700)))")
 LATENT=(--model="$LOG/latent" --prompt_ids="$long;5,6,7,8,9;100,200,300")
 if run "$LOG/latent.cuda.jsonl" "${LATENT[@]}" && cpu "$LOG/latent.cpu.jsonl" "${LATENT[@]}" &&
    compare latent-512 "$LOG/latent.cuda.jsonl" "$LOG/latent.cpu.jsonl"; then
-  echo "PASS latent-512"; passed=$((passed + 1))
+  pass "latent-512"
 else
   echo "FAIL latent-512"; tail -3 "$LOG"/latent.*.err; failed=$((failed + 1))
 fi
@@ -67,9 +63,9 @@ for variant in deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_moe_f32; do
   prompts=$(prompts_of "$fix/expected.json")
   if run "$LOG/$variant.tp2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
      compare "$variant-tp2" "$LOG/$variant.tp2.jsonl" "$LOG/$variant.cuda.jsonl" "$fix/expected.json"; then
-    echo "PASS $variant-tp2"; passed=$((passed + 1))
+    pass "$variant-tp2"
   else
-    echo "FAIL $variant-tp2"; tail -3 "$LOG/$variant".tp2.jsonl.err; failed=$((failed + 1))
+    fail "$variant-tp2" "$LOG/$variant".tp2.jsonl.err
   fi
 done
 # Device dummy weights: the GPU's draw equals the CPU backend's host draw (same seed), TP=2 = TP=1.
@@ -81,7 +77,7 @@ for dummy in tiny-mla tests/golden/fixtures_mla/deepseek_v3_moe_f32/config.json;
      compare "dummy-$name-vs-cpu" "$LOG/dummy-$name.1.jsonl" "$LOG/dummy-$name.cpu.jsonl" &&
      run "$LOG/dummy-$name.2.jsonl" "${DEV[@]}" --tp=2 $SHARE &&
      compare "dummy-$name-tp2" "$LOG/dummy-$name.2.jsonl" "$LOG/dummy-$name.1.jsonl"; then
-    echo "PASS device-dummy-$name"; passed=$((passed + 1))
+    pass "device-dummy-$name"
   else
     echo "FAIL device-dummy-$name"; tail -3 "$LOG"/dummy-"$name".*.err; failed=$((failed + 1))
   fi

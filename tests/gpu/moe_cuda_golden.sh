@@ -23,27 +23,23 @@ for variant in mistral_f32 qwen3_f32 mixtral_f32 qwen3_moe_f32 qwen2_moe_f32; do
      compare "$variant-tp1" "$LOG/$variant.1.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json" &&
      run "$LOG/$variant.2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
      compare "$variant-tp2" "$LOG/$variant.2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"; then
-    echo "PASS $variant"; passed=$((passed + 1))
+    pass "$variant"
   else
-    echo "FAIL $variant"; tail -n 3 "$LOG/$variant".*.err; failed=$((failed + 1))
+    fail "$variant" "$LOG/$variant".*.err
   fi
 done
 # Graph-captured decode (the MoE layer's sync-free path under capture) against eager decode.
 fix=tests/golden/fixtures/qwen3_moe_f32
 prompts=$(prompts_of "$fix/expected.json")
-if run "$LOG/eager.jsonl" --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false &&
-   same_tokens "eager vs graphs" "$LOG/eager.jsonl" "$LOG/qwen3_moe_f32.1.jsonl"; then
-  echo "PASS graphs-vs-eager"; passed=$((passed + 1))
-else
-  echo "FAIL graphs-vs-eager"; tail -3 "$LOG/eager.jsonl.err"; failed=$((failed + 1))
-fi
+tokens_check graphs-vs-eager "eager vs graphs" "$LOG/eager.jsonl" "$LOG/qwen3_moe_f32.1.jsonl" \
+  --model="$fix" --prompt_ids="$prompts" --cuda_graphs=false
 # Dummy MoE weights drawn on each rank's device (its expert slices only).
 DEV=(--load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,30;17")
 if run "$LOG/moedummy.1.jsonl" "${DEV[@]}" && run "$LOG/moedummy.2.jsonl" "${DEV[@]}" --tp=2 $SHARE &&
    compare tiny-moe-device-dummy-tp2 "$LOG/moedummy.2.jsonl" "$LOG/moedummy.1.jsonl"; then
-  echo "PASS tiny-moe-device-dummy"; passed=$((passed + 1))
+  pass "tiny-moe-device-dummy"
 else
-  echo "FAIL tiny-moe-device-dummy"; tail -n 3 "$LOG"/moedummy.*.err; failed=$((failed + 1))
+  fail "tiny-moe-device-dummy" "$LOG"/moedummy.*.err
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

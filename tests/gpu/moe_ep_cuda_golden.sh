@@ -23,27 +23,23 @@ for variant in mixtral_f32 qwen3_moe_f32; do
        --enable_expert_parallel $SHARE &&
      compare "$variant-ep2" "$LOG/$variant.ep2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"
   then
-    echo "PASS $variant"; passed=$((passed + 1))
+    pass "$variant"
   else
-    echo "FAIL $variant"; tail -n 3 "$LOG/$variant".*.err; failed=$((failed + 1))
+    fail "$variant" "$LOG/$variant".*.err
   fi
 done
 fix=tests/golden/fixtures/qwen3_moe_f32
 prompts=$(prompts_of "$fix/expected.json")
-if run "$LOG/ep_eager.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
-     --enable_expert_parallel --cuda_graphs=false $SHARE &&
-   same_tokens "EP eager vs graphs" "$LOG/ep_eager.jsonl" "$LOG/qwen3_moe_f32.ep2.jsonl"; then
-  echo "PASS ep-graphs-vs-eager"; passed=$((passed + 1))
-else
-  echo "FAIL ep-graphs-vs-eager"; tail -3 "$LOG/ep_eager.jsonl.err"; failed=$((failed + 1))
-fi
+tokens_check ep-graphs-vs-eager "EP eager vs graphs" "$LOG/ep_eager.jsonl" \
+  "$LOG/qwen3_moe_f32.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
+  --enable_expert_parallel --cuda_graphs=false $SHARE
 DEV=(--load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,30;17")
 if run "$LOG/epdummy.1.jsonl" "${DEV[@]}" &&
    run "$LOG/epdummy.2.jsonl" "${DEV[@]}" --tp=2 --enable_expert_parallel $SHARE &&
    compare tiny-moe-device-dummy-ep2 "$LOG/epdummy.2.jsonl" "$LOG/epdummy.1.jsonl"; then
-  echo "PASS tiny-moe-device-dummy-ep2"; passed=$((passed + 1))
+  pass "tiny-moe-device-dummy-ep2"
 else
-  echo "FAIL tiny-moe-device-dummy-ep2"; tail -n 3 "$LOG"/epdummy.*.err; failed=$((failed + 1))
+  fail "tiny-moe-device-dummy-ep2" "$LOG"/epdummy.*.err
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]

@@ -26,9 +26,9 @@ for variant in llama_f32_gqa llama_f32_mqa_headdim_bias llama_f32_llama3_tied qw
   if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      run "$LOG/$variant.2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 $SHARE &&
      compare "$variant" "$LOG/$variant.2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"; then
-    echo "PASS $variant"; passed=$((passed + 1))
+    pass "$variant"
   else
-    echo "FAIL $variant"; tail -3 "$LOG/$variant.2.jsonl.err"; failed=$((failed + 1))
+    fail "$variant" "$LOG/$variant.2.jsonl.err"
   fi
 done
 # Random Llama-shaped weights written as a checkpoint, every rank reading its slices.
@@ -39,7 +39,7 @@ if run "$LOG/dummy.1.jsonl" "${DUMMY[@]}" && run "$LOG/dummy.2.jsonl" "${DUMMY[@
    run "$LOG/dummy.4.jsonl" "${DUMMY[@]}" --tp=4 $TP4_FLAGS &&
    compare llama-100m-tp2 "$LOG/dummy.2.jsonl" "$LOG/dummy.1.jsonl" &&
    compare llama-100m-tp4 "$LOG/dummy.4.jsonl" "$LOG/dummy.1.jsonl"; then
-  echo "PASS llama-100m"; passed=$((passed + 1))
+  pass "llama-100m"
 else
   echo "FAIL llama-100m"; tail -3 "$LOG"/dummy.*.err; failed=$((failed + 1))
 fi
@@ -50,7 +50,7 @@ if run "$LOG/devdummy.1.jsonl" "${DEV[@]}" && run "$LOG/devdummy.2.jsonl" "${DEV
    run "$LOG/devdummy.4.jsonl" "${DEV[@]}" --tp=4 $TP4_FLAGS &&
    compare device-dummy-tp2 "$LOG/devdummy.2.jsonl" "$LOG/devdummy.1.jsonl" &&
    compare device-dummy-tp4 "$LOG/devdummy.4.jsonl" "$LOG/devdummy.1.jsonl"; then
-  echo "PASS device-dummy"; passed=$((passed + 1))
+  pass "device-dummy"
 else
   echo "FAIL device-dummy"; tail -3 "$LOG"/devdummy.*.err; failed=$((failed + 1))
 fi
