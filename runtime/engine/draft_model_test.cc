@@ -115,25 +115,17 @@ TEST(DraftModelTest, RejectionSamplingKeepsTheTargetDistributionPerPosition) {
   constexpr int64_t kVocab = 16;
   constexpr int kSamples = 6000;
   constexpr int kPositions = 4;
-  RequestSpec base_spec;
-  base_spec.prompt = {3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7};
-  base_spec.max_tokens = kPositions;
-  base_spec.ignore_eos = true;
   // T = 0.3: the random models' distributions are near uniform at T = 1, where p ~ q hides a
   // wrong residual (checked: residual = p instead of max(0, p - q) fails here, passes at T = 1).
-  base_spec.sampling.temperature = 0.3f;
-  auto make = [&](uint64_t first_seed) {
-    std::vector<RequestSpec> specs(kSamples, base_spec);
-    for (int i = 0; i < kSamples; ++i) specs[i].sampling.seed = first_seed + i;
-    return specs;
-  };
+  const RequestSpec request = engine_test::RepeatingPromptRequest(kPositions, 0.3f);
   EngineConfig base = Config(0);
   base.max_num_seqs = 1024;
   base.max_num_batched_tokens = 8192;
-  const Outcome plain = RunAll(base, make(1), kVocab);
+  const Outcome plain = RunAll(base, engine_test::SeededCopies(request, kSamples, 1), kVocab);
   EngineConfig config = base;
   config.speculative = Config(3, /*adaptive=*/false).speculative;
-  const Outcome spec = RunAll(config, make(1 + kSamples), kVocab);
+  const Outcome spec =
+      RunAll(config, engine_test::SeededCopies(request, kSamples, 1 + kSamples), kVocab);
   // A 1-layer random draft against the target: some drafts accepted (0.62), many not.
   EXPECT_GT(spec.stats.acceptance_rate(), 0.05);
   EXPECT_LT(spec.stats.acceptance_rate(), 0.95);

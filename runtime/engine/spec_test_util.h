@@ -86,6 +86,24 @@ inline void ExpectSameTokens(const SpecOutcome& a, const SpecOutcome& b, const s
   }
 }
 
+// The per-position distribution tests' request: one repetitive 11-token prompt, then
+// `positions` tokens (eos ignored) sampled at `temperature`.
+inline RequestSpec RepeatingPromptRequest(int positions, float temperature) {
+  RequestSpec spec;
+  spec.prompt = {3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7};
+  spec.max_tokens = positions;
+  spec.ignore_eos = true;
+  spec.sampling.temperature = temperature;
+  return spec;
+}
+
+// `n` copies of `spec`, copy i seeded first_seed + i: independent samples of one request.
+inline std::vector<RequestSpec> SeededCopies(const RequestSpec& spec, int n, uint64_t first_seed) {
+  std::vector<RequestSpec> specs(n, spec);
+  for (int i = 0; i < n; ++i) specs[i].sampling.seed = first_seed + i;
+  return specs;
+}
+
 // Two-sample chi-square statistic of counts a and b over the same categories, and its degrees of
 // freedom (categories seen in either, minus 1).
 inline std::pair<double, int> ChiSquare(const std::vector<int64_t>& a,

@@ -120,24 +120,16 @@ TEST(SpeculativeEngineTest, SampledDistributionPerPositionEqualsPlainSampling) {
   constexpr int kSamples = 6000;
   constexpr int kPositions = 4;
   // One repetitive prompt, many seeds: spec and plain draw independent seeds.
-  RequestSpec base_spec;
-  base_spec.prompt = {3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7};
-  base_spec.max_tokens = kPositions;
-  base_spec.ignore_eos = true;
-  base_spec.sampling.temperature = 1.0f;
-  auto make = [&](uint64_t first_seed) {
-    std::vector<RequestSpec> specs(kSamples, base_spec);
-    for (int i = 0; i < kSamples; ++i) specs[i].sampling.seed = first_seed + i;
-    return specs;
-  };
+  const RequestSpec request = engine_test::RepeatingPromptRequest(kPositions, 1.0f);
   EngineConfig base;
   base.num_threads = 1;
   base.max_num_seqs = 1024;
   base.max_num_batched_tokens = 8192;
-  const Outcome plain = RunAll(base, make(1), kVocab);
+  const Outcome plain = RunAll(base, engine_test::SeededCopies(request, kSamples, 1), kVocab);
   EngineConfig config = base;
   config.speculative = Ngram(3);
-  const Outcome spec = RunAll(config, make(1 + kSamples), kVocab);
+  const Outcome spec =
+      RunAll(config, engine_test::SeededCopies(request, kSamples, 1 + kSamples), kVocab);
   EXPECT_GT(spec.stats.accepted_tokens, 0u);
   EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
   engine_test::ExpectSameDistributionPerPosition(plain, spec, kVocab, kSamples, kPositions);
