@@ -44,14 +44,10 @@ print(f"  {sys.argv[3]}: worst cosine {worst:.6f}, {checked} first tokens checke
 PY
 }
 
+# shellcheck source-path=SCRIPTDIR source=generate_tp_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/generate_tp_lib.sh"
 run() {  # DIR TP OUT [flags...]
-  local fix=$1 tp=$2 out=$3
-  shift 3
-  local prompts
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
-  timeout 120 "$GENERATE" --model="$fix" --prompt_ids="$prompts" --max_tokens=1 --ignore_eos \
-    --dump_last_logits --tp="$tp" --num_threads=1 "$@" > "$out" 2> "$out.err" ||
-    { echo "FAIL: $fix tp=$tp $*"; cat "$out.err"; exit 1; }
+  run_generate 1 "$@"
 }
 
 # TP=1 of every format is //tests/golden:fp8_golden_test's (in process); here the rank processes.

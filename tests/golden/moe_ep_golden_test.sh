@@ -13,14 +13,10 @@ COMPARE=$2
 SHARD=$3
 T=${TEST_TMPDIR:-$(mktemp -d)}
 
+# shellcheck source-path=SCRIPTDIR source=generate_tp_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/generate_tp_lib.sh"
 run() {  # FIXTURE_DIR TP OUT [FLAGS...]
-  local fix=$1 tp=$2 out=$3
-  shift 3
-  local prompts
-  prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$fix/expected.json'))['prompts']))")
-  timeout 120 "$GENERATE" --model="$fix" --prompt_ids="$prompts" --max_tokens=16 --ignore_eos \
-    --dump_last_logits --tp="$tp" --num_threads=1 "$@" > "$out" 2> "$out.err" ||
-    { echo "FAIL: $fix tp=$tp $*"; cat "$out.err"; exit 1; }
+  run_generate 16 "$@"
 }
 
 for fix in tests/golden/fixtures/mixtral_f32 tests/golden/fixtures/qwen3_moe_f32 \
