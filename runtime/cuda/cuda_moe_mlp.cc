@@ -197,6 +197,7 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
   CudaMoeKernels k;
   const char* env = std::getenv("TANDEM_MOE_KERNELS");
   if (env == nullptr) return k;
+  k.split_combine = k.mma_grouped = false;  // a list names exactly what is on
   for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipEmpty())) {
     if (item == "new") {
       k.split_combine = k.mma_grouped = true;

@@ -80,12 +80,15 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     launch per projection over all experts, gather folded in, no offsets read-back, so also
 //     under capture) instead of the padded strided-batched GEMM and cuBLAS's grouped call.
 //     Mixtral-sized expert counts (E <= 16) keep cuBLAS.
-// FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped"
-// ("new": both; unset or "old": neither), read once per CudaMoeMlp::Create so the device A/B
-// needs no new flag on every binary. INVALID_ARGUMENT naming an unknown entry.
+// Both are the default since their first GPU run (nvidia-h200-x2: moe_cuda_test 7/7, mma_err and
+// cdiff 0 at the real shapes; Qwen3-30B-A3B decode step 5.37 -> 3.89 ms at batch 1, 24.9 ->
+// 19.8 ms at batch 64). FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of
+// "split_combine", "mma_grouped" ("new" or unset: both; "old": neither, the A/B baseline), read
+// once per CudaMoeMlp::Create so the device A/B needs no new flag on every binary.
+// INVALID_ARGUMENT naming an unknown entry.
 struct CudaMoeKernels {
-  bool split_combine = false;
-  bool mma_grouped = false;
+  bool split_combine = true;
+  bool mma_grouped = true;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
