@@ -28,7 +28,7 @@ check() {  # NAME OUT REF EXPECTED_JSON ARGS...: a DCP run compared with the TP=
      compare "$name" "$out" "$ref" ${exp:+"$exp"}; then
     echo "PASS $name"; passed=$((passed + 1))
   else
-    echo "FAIL $name ($*)"; tail -3 "$out.err"; failed=$((failed + 1))
+    echo "FAIL $name ($*)"; tail -n 3 "$out.err"; failed=$((failed + 1))
   fi
 }
 
@@ -39,7 +39,7 @@ for variant in llama_f32_gqa8x4 qwen2_f32; do
   P=(--model="$fix" --prompt_ids="$prompts")
   ref=$LOG/$variant.tp1.jsonl
   if ! run "$ref" "${P[@]}"; then
-    echo "FAIL $variant tp=1 reference"; tail -3 "$ref.err"; failed=$((failed + 1)); continue
+    echo "FAIL $variant tp=1 reference"; tail -n 3 "$ref.err"; failed=$((failed + 1)); continue
   fi
   check "$variant dcp2" "$LOG/$variant.d2.jsonl" "$ref" "$exp" "${P[@]}" --tp=2 --dcp=2 $SHARE
   check "$variant dcp2 interleave1 block4" "$LOG/$variant.d2i1.jsonl" "$ref" "$exp" "${P[@]}" \
@@ -69,7 +69,7 @@ if run "$LOG/long.tp1.jsonl" "${L[@]}" &&
   check "long context dcp2 (pool of 4 blocks per rank)" "$LOG/long.d2.jsonl" \
     "$LOG/long.tp1.jsonl" "" "${L[@]}" --tp=2 --dcp=2 --kv_cache_bytes=32768 $SHARE
 else
-  echo "FAIL long context: tp=1 reference or its refusal"; tail -3 "$LOG"/long.*.err
+  echo "FAIL long context: tp=1 reference or its refusal"; tail -n 3 "$LOG"/long.*.err
   failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -39,7 +39,7 @@ for variant in deepseek_v2_f32 deepseek_v2_lite_f32 deepseek_v3_f32 deepseek_v3_
      compare "$variant" "$LOG/$variant.cuda.jsonl" "$LOG/$variant.cpu.jsonl" "$fix/expected.json"; then
     pass "$variant"
   else
-    echo "FAIL $variant"; tail -3 "$LOG/$variant".*.err; failed=$((failed + 1))
+    echo "FAIL $variant"; tail -n 3 "$LOG/$variant".*.err; failed=$((failed + 1))
   fi
 done
 fix=tests/golden/fixtures_mla/deepseek_v3_f32
@@ -54,7 +54,7 @@ if run "$LOG/latent.cuda.jsonl" "${LATENT[@]}" && cpu "$LOG/latent.cpu.jsonl" "$
    compare latent-512 "$LOG/latent.cuda.jsonl" "$LOG/latent.cpu.jsonl"; then
   pass "latent-512"
 else
-  echo "FAIL latent-512"; tail -3 "$LOG"/latent.*.err; failed=$((failed + 1))
+  echo "FAIL latent-512"; tail -n 3 "$LOG"/latent.*.err; failed=$((failed + 1))
 fi
 # Tensor parallelism: Hq/2 heads per rank over the whole latent (the same latent rows cached on
 # both ranks), sliced MLP / experts.
@@ -79,7 +79,7 @@ for dummy in tiny-mla tests/golden/fixtures_mla/deepseek_v3_moe_f32/config.json;
      compare "dummy-$name-tp2" "$LOG/dummy-$name.2.jsonl" "$LOG/dummy-$name.1.jsonl"; then
     pass "device-dummy-$name"
   else
-    echo "FAIL device-dummy-$name"; tail -3 "$LOG"/dummy-"$name".*.err; failed=$((failed + 1))
+    echo "FAIL device-dummy-$name"; tail -n 3 "$LOG"/dummy-"$name".*.err; failed=$((failed + 1))
   fi
 done
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -27,7 +27,7 @@ trap cleanup EXIT
 check() {  # name, command...
   local name=$1; shift
   if "$@" >"$LOG/$name.out" 2>&1; then echo "PASS $name"; passed=$((passed + 1));
-  else echo "FAIL $name (see $name.out)"; tail -5 "$LOG/$name.out"; failed=$((failed + 1)); fi
+  else echo "FAIL $name (see $name.out)"; tail -n 5 "$LOG/$name.out"; failed=$((failed + 1)); fi
 }
 wait_file() { for _ in $(seq 1 600); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
 
