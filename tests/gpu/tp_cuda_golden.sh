@@ -41,7 +41,7 @@ if run "$LOG/dummy.1.jsonl" "${DUMMY[@]}" && run "$LOG/dummy.2.jsonl" "${DUMMY[@
    compare llama-100m-tp4 "$LOG/dummy.4.jsonl" "$LOG/dummy.1.jsonl"; then
   pass "llama-100m"
 else
-  echo "FAIL llama-100m"; tail -3 "$LOG"/dummy.*.err; failed=$((failed + 1))
+  echo "FAIL llama-100m"; tail -n 3 "$LOG"/dummy.*.err; failed=$((failed + 1))
 fi
 # Dummy weights drawn on each rank's device, its slices only (runtime/model/dummy_draw.h): the
 # same seed is the same model at any TP, so TP=2 / TP=4 must match TP=1 by the same rule.
@@ -52,7 +52,7 @@ if run "$LOG/devdummy.1.jsonl" "${DEV[@]}" && run "$LOG/devdummy.2.jsonl" "${DEV
    compare device-dummy-tp4 "$LOG/devdummy.4.jsonl" "$LOG/devdummy.1.jsonl"; then
   pass "device-dummy"
 else
-  echo "FAIL device-dummy"; tail -3 "$LOG"/devdummy.*.err; failed=$((failed + 1))
+  echo "FAIL device-dummy"; tail -n 3 "$LOG"/devdummy.*.err; failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]
