@@ -68,6 +68,15 @@ absl::Status Fp8Gemv(const Fp8DeviceActivations& a, const Fp8DeviceWeight& w,
 absl::Status AddBias(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t m, int64_t n,
                      cudaStream_t stream);
 
+// The scaling epilogue of an FP8 GEMM whose scales cuBLASLt cannot apply (per-token x
+// per-channel on sm_90, where cuBLASLt has no outer-vector scale mode): out[i, j] =
+// acc[i, j] * a_scales[i] * w_scales[j] (+ bias[j]) in fp32, rounded once to bf16. acc: [m, n]
+// fp32 row-major (the unscaled fp32 product); a_scales [m]; w_scales [n]; bias [n] or null.
+// INVALID_ARGUMENT for null buffers, m < 0 or n < 1; m == 0 launches nothing.
+absl::Status ScaleFp8Accumulator(const float* acc, const float* a_scales, const float* w_scales,
+                                 const __nv_bfloat16* bias, int64_t m, int64_t n,
+                                 __nv_bfloat16* out, cudaStream_t stream);
+
 extern template absl::Status Fp8Gemv<__nv_bfloat16>(const Fp8DeviceActivations&,
                                                     const Fp8DeviceWeight&, const __nv_bfloat16*,
                                                     int64_t, __nv_bfloat16*, cudaStream_t);

@@ -130,14 +130,21 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
   if (m > kc::kFp8GemvMaxM && GemmServes(w)) {
     const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
                                                                   : scales_.get<float>();
+    // Per-token (or static) x per-channel: on sm_90 cuBLASLt's unit-scaled FP8 product in fp32,
+    // then one epilogue kernel applying both scales and the bias (CublasLtFp8Gemm).
     const absl::Status st = gemm_->Linear(codes_.get<uint8_t>(), a_scales, w.codes.get<uint8_t>(),
                                           w.scales.get<float>(), kc::Fp8GemmScaling::kTokenChannel,
-                                          m, n, k, out, stream);
-    if (st.ok()) return bias == nullptr ? absl::OkStatus() : kc::AddBias(out, bias, m, n, stream);
-    // No cuBLASLt kernel for this shape / scaling: the chunked GEMV below (same numerics).
+                                          m, n, k, out, stream, bias);
+    if (st.ok()) {
+      last_path_ = "cublaslt-fp8-gemm";
+      return st;
+    }
+    // No cuBLASLt kernel for this shape: the chunked GEMV below (same numerics).
     if (!absl::IsUnimplemented(st)) return st;
   }
-  return GemvChunks(w, a, bias, m, out, stream);
+  RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream));
+  last_path_ = m <= kc::kFp8GemvMaxM ? "fp8-gemv" : "fp8-gemv-chunks";
+  return absl::OkStatus();
 }
 
 absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a,

@@ -3,9 +3,12 @@
 // columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
 //   * m <= kFp8GemvMaxM (decode): activations quantized as the layer's scheme says
 //     (cuda::QuantizeActivations), then cuda::Fp8Gemv (weight-only layers: bf16 activations);
-//   * larger m, whole-row weight scales and a per-token or static activation scheme: one
-//     cuBLASLt FP8 GEMM (CublasLtFp8Gemm, per-token x per-channel scale vectors; a static scale
-//     is a preallocated vector of max_tokens copies), then the bias;
+//   * larger m, whole-row weight scales and a per-token or static activation scheme: the
+//     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
+//     static scale being a preallocated vector of max_tokens copies). On sm_90, where cuBLASLt
+//     has no outer-vector scale mode, that is its unit-scaled FP8 matmul into a preallocated fp32
+//     accumulator (256 MiB, chunks of rows) and one epilogue kernel applying both scales and the
+//     bias, one rounding to bf16;
 //   * larger m otherwise (128-column weight blocks / 1x128 activation groups, weight-only FP8, or
 //     a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks": Fp8Gemv over chunks
 //     of 16 rows, which re-streams the weight every 16 tokens. Correct (the GEMV's per-block
@@ -78,6 +81,9 @@ class CudaFp8Linear {
   // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm" or the slow
   // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks.
   static const char* PathFor(const CudaFp8Weight& w, int64_t m);
+  // The path the last successful Linear call took (PathFor's names; "" before any): differs
+  // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.
+  const char* last_path() const { return last_path_; }
 
  private:
   CudaFp8Linear() = default;
@@ -85,6 +91,7 @@ class CudaFp8Linear {
                           int64_t m, __nv_bfloat16* out, cudaStream_t stream);
 
   int64_t max_tokens_ = 0, max_k_ = 0;
+  const char* last_path_ = "";
   std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
   DeviceBuffer codes_;   // [max_tokens, max_k] e4m3 activations
   DeviceBuffer scales_;  // [max_tokens * ceil(max_k / 128)] fp32

@@ -1,7 +1,8 @@
 // CudaFp8Linear (cuda_fp8_linear.h) against the CPU reference cpu::Fp8Linear on fresh random FP8
 // weights with random per-row scales: per-channel and 128-column blocks x the four activation
 // schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode GEMV, the cuBLASLt
-// FP8 GEMM and the chunked-GEMV slow path), bias on and off; and the device dummy FP8 rows
+// FP8 GEMM -- on sm_90 its fp32 product + scaling epilogue -- and the chunked-GEMV slow path),
+// bias on and off, each call checked to take the path PathFor names; and the device dummy FP8 rows
 // (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
@@ -68,12 +69,16 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   ASSERT_TRUE(
       linear.Linear(dx.get(), *w, with_bias ? dbias.get() : nullptr, m, out.get(), nullptr).ok());
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  // The path PathFor names is the one that ran: the per-token x per-channel GEMM does not fall
+  // back to the chunked GEMV on the device (on sm_90 it is the fp32-product + epilogue path).
+  EXPECT_EQ(std::string(linear.last_path()), path);
   const std::vector<float> got = kernels::cuda_test::ToFloat(out.ToHost());
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t j = 0; j < n; ++j) {
       double mag = with_bias ? std::fabs(bias_f[j]) : 0.0;
       for (int64_t c = 0; c < k; ++c) mag += std::fabs(xf[r * k + c] * w_deq[j * k + c]) * 1.07;
-      // bf16 output (one rounding; two where the GEMM's bias is added after it) + fp32 sums.
+      // bf16 output (one rounding; two where a cuBLASLt-scaled GEMM's bias is added after it)
+      // + fp32 sums.
       const double tol = 2.0 * std::fabs(want[r * n + j]) / 256.0 +
                          1e-5 * std::sqrt(static_cast<double>(k)) * mag + 1e-30;
       ASSERT_NEAR(got[r * n + j], want[r * n + j], tol) << "row " << r << " col " << j;
