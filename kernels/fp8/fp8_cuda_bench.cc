@@ -65,6 +65,10 @@ int BenchGemm(int iters) {
                           {"8b.gate_up_proj", 28672, 4096},  {"8b.down_proj", 4096, 14336},
                           {"70b.qkv_proj", 10240, 8192},     {"70b.o_proj", 8192, 8192},
                           {"70b.gate_up_proj", 57344, 8192}, {"70b.down_proj", 8192, 28672}};
+  std::printf("fp8 token x channel path: %s\n",
+              (*fp8)->outer_vector_scales()
+                  ? "cuBLASLt outer-vector scales"
+                  : "cuBLASLt unit-scaled fp32 product + ScaleFp8Accumulator epilogue");
   std::printf(
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_token_channel_TFLOPs "
       "speedup_tensor speedup_token_channel\n");
