@@ -101,8 +101,10 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   }
   // Which path: decode GEMV up to 16 rows; the GEMM for whole-row scales and per-token / static
   // activations; the chunked GEMV for blocks, 1x128 groups and weight-only layers.
+  // (A block narrower than the row: 128 of 256 columns; a 128-wide block of a 64-wide row is a
+  // whole-row scale, which the GEMM serves.)
   CudaFp8Weight w;
-  w.grid = {64, 64, 1, 64};
+  w.grid = {64, 256, 1, 256};
   w.activation = Scheme::kDynamicToken;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-gemm");
