@@ -14,10 +14,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {
+
+using internal::CpAsyncCommit;
+using internal::CpAsyncWait;
+using internal::LdMatrixX4;
+using internal::Mma16816;
+using internal::SmemAddr;
 
 constexpr int kThreads = 256;
 constexpr int kBN = 128, kBK = 64, kStages = 3;
@@ -28,9 +35,6 @@ __host__ __device__ constexpr int StageBytes() {
   return (MF * 32 + kBN) * kRowBytes;
 }
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // Byte offset of 16-byte chunk `chunk` (0..7) of tile row `row`.
 __device__ __forceinline__ uint32_t Swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
@@ -38,33 +42,6 @@ __device__ __forceinline__ uint32_t Swz(int row, int chunk) {
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-template <typename T>
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 __device__ __forceinline__ void StorePair(__nv_bfloat16* dst, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
@@ -199,7 +176,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
         for (int nf = 0; nf < 4; ++nf) {
-          Mma<T>(acc[mf][nf], af[mf], bf[nf >> 1][(nf & 1) * 2], bf[nf >> 1][(nf & 1) * 2 + 1]);
+          Mma16816<T>(acc[mf][nf], af[mf], bf[nf >> 1][(nf & 1) * 2],
+                      bf[nf >> 1][(nf & 1) * 2 + 1]);
         }
       }
     }
