@@ -61,17 +61,25 @@ absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
     return absl::InvalidArgumentError(absl::StrCat("KvCacheConfig.num_blocks ", config.num_blocks,
                                                    " is not a multiple of dcp_size ", dcp.size));
   }
+  if (config.dp_size < 1 || (config.dp_size > 1 && dcp.size > 1) ||
+      config.num_blocks % config.dp_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheConfig.dp_size ", config.dp_size, " must be >= 1, divide num_blocks ",
+                     config.num_blocks, " and not be combined with dcp_size ", dcp.size));
+  }
   return std::unique_ptr<KvCacheManager>(new KvCacheManager(config));
 }
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : block_size_(config.block_size),
       dcp_(DcpLayoutOf(config)),
+      dp_size_(config.dp_size),
+      num_pools_(dcp_.size * config.dp_size),
       enable_prefix_caching_(config.enable_prefix_caching && dcp_.WholeBlocks()),
       blocks_(config.num_blocks) {
-  free_queues_.reserve(dcp_.size);
-  for (int64_t k = 0; k < dcp_.size; ++k) {
-    free_queues_.emplace_back(static_cast<BlockId>(config.num_blocks / dcp_.size));
+  free_queues_.reserve(num_pools_);
+  for (int64_t k = 0; k < num_pools_; ++k) {
+    free_queues_.emplace_back(static_cast<BlockId>(config.num_blocks / num_pools_));
   }
 }
 
@@ -82,19 +90,26 @@ int64_t KvCacheManager::NumFreeBlocks() const {
 }
 
 bool KvCacheManager::IsFree(BlockId id) const {
-  return free_queues_[dcp_.ShardOfId(id)].Contains(static_cast<BlockId>(dcp_.LocalId(id)));
+  return free_queues_[id % num_pools_].Contains(static_cast<BlockId>(id / num_pools_));
 }
 
 void KvCacheManager::PushFree(BlockId id) {
-  free_queues_[dcp_.ShardOfId(id)].PushBack(static_cast<BlockId>(dcp_.LocalId(id)));
+  free_queues_[id % num_pools_].PushBack(static_cast<BlockId>(id / num_pools_));
 }
 
 void KvCacheManager::RemoveFree(BlockId id) {
-  free_queues_[dcp_.ShardOfId(id)].Remove(static_cast<BlockId>(dcp_.LocalId(id)));
+  free_queues_[id % num_pools_].Remove(static_cast<BlockId>(id / num_pools_));
 }
 
-bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted,
-                                    const PrefixMatch* prefix) const {
+bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted, const PrefixMatch* prefix,
+                                    int64_t dp_rank) const {
+  if (dp_size_ > 1) {  // every block of the request from its DP rank's pool
+    int64_t need = std::max<int64_t>(0, wanted - owned);
+    if (prefix != nullptr) {
+      for (const BlockId id : prefix->blocks) need += blocks_[id].ref_count == 0;
+    }
+    return need <= free_queues_[dp_rank].size();
+  }
   if (dcp_.size == 1) {
     int64_t free_in_prefix = 0;
     if (prefix != nullptr) {
@@ -114,7 +129,8 @@ bool KvCacheManager::ShardsHaveRoom(int64_t owned, int64_t wanted,
 }
 
 PrefixMatch KvCacheManager::FindCachedPrefix(absl::Span<const int32_t> tokens,
-                                             absl::string_view salt, bool record_stats) {
+                                             absl::string_view salt, bool record_stats,
+                                             int64_t dp_rank) {
   PrefixMatch match;
   if (!enable_prefix_caching_) return match;
   // Leave at least one token to compute: the last prompt token's logits come from running it.
@@ -126,6 +142,7 @@ PrefixMatch KvCacheManager::FindCachedPrefix(absl::Span<const int32_t> tokens,
         HashNextBlock(i == 0 ? nullptr : &prev, tokens.subspan(i * block_size_, block_size_), salt);
     const auto it = cached_blocks_.find(hash);
     if (it == cached_blocks_.end()) break;  // the chain breaks here: no later block can match
+    if (it->second % num_pools_ != dp_rank && dp_size_ > 1) break;  // another DP rank's KV
     match.blocks.push_back(it->second);
     prev = hash;
   }
@@ -161,8 +178,8 @@ int64_t KvCacheManager::NumBlocksNeeded(int64_t request_id, int64_t num_tokens,
   return std::max<int64_t>(0, blocks_wanted - num_prefix) + num_free_in_prefix;
 }
 
-BlockId KvCacheManager::TakeFreeBlock(int64_t shard) {
-  const auto id = static_cast<BlockId>(free_queues_[shard].PopFront() * dcp_.size + shard);
+BlockId KvCacheManager::TakeFreeBlock(int64_t pool) {
+  const auto id = static_cast<BlockId>(free_queues_[pool].PopFront() * num_pools_ + pool);
   Block& block = blocks_[id];
   if (block.cached) {  // evict: the new owner overwrites the KV this hash described
     cached_blocks_.erase(block.hash);
@@ -174,7 +191,9 @@ BlockId KvCacheManager::TakeFreeBlock(int64_t shard) {
   return id;
 }
 
-bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix) {
+bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix,
+                              int64_t dp_rank) {
+  if (dp_rank < 0 || dp_rank >= dp_size_) return false;
   const int64_t blocks_wanted = dcp_.NumBlocks(num_tokens);
   auto it = requests_.find(request_id);
   const bool first = it == requests_.end() || it->second.block_table.empty();
@@ -185,11 +204,16 @@ bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const Pref
   int64_t num_free_in_prefix = 0;
   if (use_prefix) {
     if (!ValidPrefix(*prefix, &num_free_in_prefix)) return false;
+    for (const BlockId id : prefix->blocks) {
+      if (dp_size_ > 1 && id % num_pools_ != dp_rank) return false;  // another DP rank's block
+    }
     num_prefix = static_cast<int64_t>(prefix->blocks.size());
   }
   const int64_t num_owned = first ? num_prefix : it->second.block_table.size();
   const int64_t num_new = std::max<int64_t>(0, blocks_wanted - num_owned);
-  if (!ShardsHaveRoom(num_owned, blocks_wanted, use_prefix ? prefix : nullptr)) return false;
+  if (!ShardsHaveRoom(num_owned, blocks_wanted, use_prefix ? prefix : nullptr, dp_rank)) {
+    return false;
+  }
   if (num_new == 0 && num_prefix == 0) return true;
 
   // Act. Prefix blocks first, so taking new blocks from the queue cannot evict them.
@@ -208,7 +232,7 @@ bool KvCacheManager::Allocate(int64_t request_id, int64_t num_tokens, const Pref
     }
   }
   for (int64_t i = num_owned; i < num_owned + num_new; ++i) {
-    request.block_table.push_back(TakeFreeBlock(dcp_.ShardOfBlock(i)));
+    request.block_table.push_back(TakeFreeBlock(dp_size_ > 1 ? dp_rank : dcp_.ShardOfBlock(i)));
   }
   return true;
 }
@@ -315,10 +339,13 @@ absl::Status KvCacheManager::CheckInvariants() const {
             absl::StrCat("request ", request_id, " holds block ", id, " twice"));
       }
       ++references[id];
-      if (dcp_.ShardOfId(id) != dcp_.ShardOfBlock(static_cast<int64_t>(i))) {
+      // DCP: logical block i on its shard; DP attention: every block on the first one's rank.
+      const int64_t pool = dp_size_ > 1 ? request.block_table[0] % num_pools_
+                                        : dcp_.ShardOfBlock(static_cast<int64_t>(i));
+      if (id % num_pools_ != pool) {
         return absl::InternalError(absl::StrCat("request ", request_id, " block ", i, " (physical ",
-                                                id, ") is on shard ", dcp_.ShardOfId(id), ", not ",
-                                                dcp_.ShardOfBlock(static_cast<int64_t>(i))));
+                                                id, ") is in pool ", id % num_pools_, ", not ",
+                                                pool));
       }
       if (i < request.block_hashes.size() && blocks_[id].cached &&
           blocks_[id].hash != request.block_hashes[i]) {

@@ -64,6 +64,11 @@ struct KvCacheConfig {
   // caching needs whole blocks (DcpBlockLayout::WholeBlocks()); it is off otherwise.
   int64_t dcp_size = 1;
   int64_t dcp_interleave = 0;
+  // Data-parallel attention (--dp_attention): the pool is dp_size DP ranks' pools of num_blocks /
+  // dp_size blocks each, block id x on DP rank x % dp_size at that rank's local block
+  // x / dp_size (DCP's id arithmetic); a request's blocks all come from its DP rank's pool
+  // (Allocate's dp_rank), and prefix hits stop at a block of another rank. Not with dcp_size > 1.
+  int64_t dp_size = 1;
 };
 
 // Blocks that fit a byte budget: floor(budget_bytes / block_bytes). INVALID_ARGUMENT when
@@ -109,8 +114,9 @@ class KvCacheManager {
   // record_stats (so a request that is looked up every step until it is admitted counts once).
   // No other side effect: takes no references, so the result is only valid until the next call
   // that allocates; use it in the same scheduling step. Empty when prefix caching is disabled.
+  // With dp_size > 1: only blocks of DP rank `dp_rank`'s pool match.
   PrefixMatch FindCachedPrefix(absl::Span<const int32_t> tokens, absl::string_view salt,
-                               bool record_stats);
+                               bool record_stats, int64_t dp_rank = 0);
 
   // Free blocks that Allocate(request_id, num_tokens, prefix) would consume: new blocks, plus
   // prefix blocks that are currently free (taking them removes them from the free queue).
@@ -127,7 +133,10 @@ class KvCacheManager {
   // Also returns false, changing nothing, when `prefix` is stale (a block id out of range or no
   // longer cached; i.e. FindCachedPrefix was not called in the same step). num_tokens <= 0
   // allocates nothing.
-  bool Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix);
+  // With dp_size > 1 every block comes from DP rank `dp_rank`'s pool (false, changing nothing,
+  // when that pool lacks room or dp_rank is out of range); a request keeps one DP rank.
+  bool Allocate(int64_t request_id, int64_t num_tokens, const PrefixMatch* prefix,
+                int64_t dp_rank = 0);
 
   // Registers the hashes of request_id's full blocks among tokens[0, num_tokens) so later
   // requests can share them. `tokens` is the request's prompt + output so far. Call it once the
@@ -156,6 +165,9 @@ class KvCacheManager {
   // Free blocks over all shards, and on one.
   int64_t NumFreeBlocks() const;
   int64_t NumFreeBlocksOnShard(int64_t shard) const { return free_queues_[shard].size(); }
+  // Data-parallel attention: DP ranks' pools (1 without) and one rank's free blocks.
+  int64_t dp_size() const { return dp_size_; }
+  int64_t NumFreeBlocksOnDpRank(int64_t dp_rank) const { return free_queues_[dp_rank].size(); }
 
   // Prefix-cache change log for an approximate remote index (the router's): when enabled, every
   // newly registered hash and every evicted one is recorded (short form) until taken. Off by
@@ -193,20 +205,23 @@ class KvCacheManager {
   // many of its blocks are free (ref 0) and would leave the free queue.
   bool ValidPrefix(const PrefixMatch& prefix, int64_t* num_free) const;
   // Takes the head of `shard`'s queue for a new owner, dropping any cached hash it still had.
-  BlockId TakeFreeBlock(int64_t shard);
-  // The free queues hold each shard's local ids (id / dcp_size).
+  BlockId TakeFreeBlock(int64_t pool);
+  // The free queues hold each pool's local ids (id / num_pools_): DCP shards or DP ranks.
   bool IsFree(BlockId id) const;
   void PushFree(BlockId id);
   void RemoveFree(BlockId id);
-  // Blocks `request` would take from each shard to own logical blocks [owned, wanted), plus the
-  // free blocks among `prefix` (nullable); true when every shard has them.
-  bool ShardsHaveRoom(int64_t owned, int64_t wanted, const PrefixMatch* prefix) const;
+  // Blocks `request` would take from each shard (DP: from dp_rank's pool) to own logical blocks
+  // [owned, wanted), plus the free blocks among `prefix` (nullable); true when all are there.
+  bool ShardsHaveRoom(int64_t owned, int64_t wanted, const PrefixMatch* prefix,
+                      int64_t dp_rank) const;
 
   const int64_t block_size_;
   const DcpBlockLayout dcp_;
+  const int64_t dp_size_;
+  const int64_t num_pools_;  // dcp_.size * dp_size_ (one of them is 1)
   const bool enable_prefix_caching_;
   std::vector<Block> blocks_;                // [num_blocks]
-  std::vector<FreeBlockQueue> free_queues_;  // [dcp_size], of local ids
+  std::vector<FreeBlockQueue> free_queues_;  // [num_pools_], of local ids
   // Prefix cache: chained hash -> the one block registered under it (in use or free).
   absl::flat_hash_map<BlockHash, BlockId> cached_blocks_;
   absl::flat_hash_map<int64_t, RequestBlocks> requests_;
