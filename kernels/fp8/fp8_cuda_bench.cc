@@ -3,9 +3,13 @@
 //   * decode GEMV (Llama-3-8B, m = 1 / 8 / 16): Fp8Gemv (activation quantization included) vs
 //     the bf16 SmallMLinear: microseconds, weight GB/s, speedup;
 //   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k): CublasLtFp8Gemm per-tensor and
-//     token x channel vs the bf16 CublasLtGemm: TFLOP/s, speedup.
+//     token x channel vs the bf16 CublasLtGemm: TFLOP/s, speedup;
+//   * block-scaled prefill GEMM (Llama-3-8B and DeepSeek-V3 shapes, M = 2k / 8k): CublasLtFp8Gemm
+//     kBlock128 (1x128 activation groups, 128x128 weight blocks) vs per-tensor FP8 and bf16;
+//   * --probe_accumulation: one FP8 GEMM whose exact sum needs more than 13 fraction bits below
+//     its largest product (448 + 31 x 2^-6): what Hopper's FP8 MMA accumulation keeps.
 //
-//   fp8_cuda_bench [--iters=200] [--gemm_iters=20]
+//   fp8_cuda_bench [--iters=200] [--gemm_iters=20] [--only=all|block|probe]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -20,6 +24,7 @@
 #include "kernels/cuda/gemv_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
+#include "kernels/fp8/fp8_gemm_kernels.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -117,12 +122,117 @@ int BenchGemm(int iters) {
   return 0;
 }
 
+// Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes. The
+// block path's activation-scale transpose (TransposeGroupScales) is timed with it.
+int BenchBlockGemm(int iters) {
+  auto fp8 = CublasLtFp8Gemm::Create();
+  auto bf16 = CublasLtGemm::Create();
+  if (!fp8.ok() || !bf16.ok()) {
+    std::printf("cannot create cuBLASLt handles\n");
+    return 1;
+  }
+  // DeepSeek-V3: q_b_proj, o_proj, the dense layers' gate_up / down, an expert's gate_up / down.
+  const Shape shapes[] = {{"8b.qkv_proj", 6144, 4096},       {"8b.o_proj", 4096, 4096},
+                          {"8b.gate_up_proj", 28672, 4096},  {"8b.down_proj", 4096, 14336},
+                          {"v3.q_b_proj", 24576, 1536},      {"v3.o_proj", 7168, 16384},
+                          {"v3.gate_up_proj", 36864, 7168},  {"v3.down_proj", 7168, 18432},
+                          {"v3.expert_gate_up", 4096, 7168}, {"v3.expert_down", 7168, 2048}};
+  std::printf(
+      "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
+      "block_vs_bf16\n");
+  const int64_t max_m = 8192;
+  for (const Shape& s : shapes) {
+    const int64_t groups = Block128Groups(s.k);
+    uint8_t* w8 = DeviceFill<uint8_t>(s.n * s.k, 0x30);
+    uint8_t* a8 = DeviceFill<uint8_t>(max_m * s.k, 0x30);
+    __nv_bfloat16* w16 = DeviceFill<__nv_bfloat16>(s.n * s.k, 0x3c);
+    __nv_bfloat16* a16 = DeviceFill<__nv_bfloat16>(max_m * s.k, 0x3c);
+    __nv_bfloat16* out = DeviceFill<__nv_bfloat16>(max_m * s.n, 0);
+    float* w_scales = DeviceFill<float>((s.n + 127) / 128 * Block128WeightScaleLd(s.k), 0x3c);
+    float* a_scales = DeviceFill<float>(max_m * groups, 0x3c);
+    float* a_scales_t = DeviceFill<float>(max_m * groups, 0x3c);
+    for (int64_t m : {2048, 8192}) {
+      const double flops = 2.0 * m * s.n * s.k;
+      const double t16 = TimeUs(iters, [&] {
+        (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(a16, w16, nullptr, m, s.n, s.k, out,
+                                                            nullptr);
+      });
+      const double tt = TimeUs(iters, [&] {
+        (void)(*fp8)->Linear(a8, w_scales, w8, w_scales, Fp8GemmScaling::kTensor, m, s.n, s.k, out,
+                             nullptr);
+      });
+      const absl::Status st = (*fp8)->Linear(a8, a_scales_t, w8, w_scales,
+                                             Fp8GemmScaling::kBlock128, m, s.n, s.k, out, nullptr);
+      double tb = 0;
+      if (!st.ok()) {
+        std::printf("%s M=%ld block: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
+      } else {
+        tb = TimeUs(iters, [&] {
+          (void)TransposeGroupScales(a_scales, m, groups, a_scales_t, nullptr);
+          (void)(*fp8)->Linear(a8, a_scales_t, w8, w_scales, Fp8GemmScaling::kBlock128, m, s.n, s.k,
+                               out, nullptr);
+        });
+      }
+      auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
+      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f\n", s.name, static_cast<long>(m), tflops(t16),
+                  tflops(tt), tflops(tb), tb > 0 ? tt / tb : 0.0, tb > 0 ? t16 / tb : 0.0);
+    }
+    for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
+                    static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),
+                    static_cast<void*>(a_scales), static_cast<void*>(a_scales_t)}) {
+      cudaFree(p);
+    }
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+      std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// What Hopper's FP8 MMA keeps of a sum: one output row of activations 448 then (k - 1) x 2^-6
+// (codes 0x7E, 0x08) against weights 1.0 (0x38), as cuBLASLt's fp32 product. Exact: 448 +
+// (k - 1) / 64; with the products aligned to 448's exponent and 13 fraction bits kept (spacing
+// 2^-5), each 2^-6 term vanishes inside an instruction (32 products) that also holds 448 or
+// adds to a running sum near it. Large product first and last; k = 32 (one MMA) and 1024.
+int ProbeAccumulation() {
+  auto fp8 = CublasLtFp8Gemm::Create(CublasLtFp8Gemm::kDefaultWorkspaceBytes, 0, false);
+  if (!fp8.ok()) return 1;
+  constexpr int64_t kRows = 16;
+  for (int64_t k : {32, 1024}) {
+    for (bool large_first : {true, false}) {
+      std::vector<uint8_t> a(kRows * k, 0x08), w(kRows * k, 0x38);
+      for (int64_t r = 0; r < kRows; ++r) a[r * k + (large_first ? 0 : k - 1)] = 0x7E;
+      uint8_t* da = DeviceFill<uint8_t>(a.size(), 0);
+      uint8_t* dw = DeviceFill<uint8_t>(w.size(), 0);
+      float* out = DeviceFill<float>(kRows * kRows, 0);
+      cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice);
+      cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice);
+      const absl::Status st = (*fp8)->ProductF32(da, dw, kRows, kRows, k, out, nullptr);
+      float got = 0;
+      cudaMemcpy(&got, out, sizeof(got), cudaMemcpyDeviceToHost);
+      std::printf("probe k=%ld large product %s: %s fp32 product %.6f (exact %.6f)\n",
+                  static_cast<long>(k), large_first ? "first" : "last", st.ToString().c_str(), got,
+                  448.0 + static_cast<double>(k - 1) / 64.0);
+      for (void* p : {static_cast<void*>(da), static_cast<void*>(dw), static_cast<void*>(out)}) {
+        cudaFree(p);
+      }
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int iters = 200, gemm_iters = 20;
+  const char* only = "all";
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
     if (std::strncmp(argv[i], "--gemm_iters=", 13) == 0) gemm_iters = std::atoi(argv[i] + 13);
+    if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
   }
+  if (std::strcmp(only, "probe") == 0) return ProbeAccumulation();
+  if (std::strcmp(only, "block") == 0) return BenchBlockGemm(gemm_iters);
   const Shape shapes[] = {{"qkv_proj", 6144, 4096},
                           {"o_proj", 4096, 4096},
                           {"gate_up_proj", 28672, 4096},
@@ -182,7 +292,8 @@ int Main(int argc, char** argv) {
       cudaFree(p);
     }
   }
-  return BenchGemm(gemm_iters);
+  if (BenchGemm(gemm_iters) != 0) return 1;
+  return BenchBlockGemm(gemm_iters) != 0 || ProbeAccumulation() != 0;
 }
 
 }  // namespace

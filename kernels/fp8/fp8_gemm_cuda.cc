@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cublas_status.h"
@@ -29,6 +30,7 @@ struct CublasLtFp8Gemm::Plan {
   cublasLtMatrixLayout_t a_layout = nullptr;
   cublasLtMatrixLayout_t out_layout = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool fused_bias = false;  // cuBLASLt's BIAS epilogue adds the bias (pointer set per call)
   ~Plan() {
     if (out_layout != nullptr) cublasLtMatrixLayoutDestroy(out_layout);
     if (a_layout != nullptr) cublasLtMatrixLayoutDestroy(a_layout);
@@ -36,6 +38,29 @@ struct CublasLtFp8Gemm::Plan {
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
   }
 };
+
+absl::StatusOr<std::vector<float>> Block128WeightScales(const float* row_scales,
+                                                        const Fp8ScaleGrid& grid) {
+  const int64_t n = grid.rows, k = grid.cols, groups = Block128Groups(k);
+  if (row_scales == nullptr || n < 1 || k < 1 || grid.block_rows != 1 || grid.block_cols != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Block128WeightScales: needs per-row scales over 128 columns; got [", n, ", ",
+                     k, "] with blocks ", grid.block_rows, "x", grid.block_cols));
+  }
+  const int64_t ld = Block128WeightScaleLd(k);
+  std::vector<float> out(static_cast<size_t>((n + 127) / 128 * ld), 1.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* first = row_scales + (r / 128 * 128) * groups;  // the block's first row
+    const float* row = row_scales + r * groups;
+    if (!std::equal(row, row + groups, first)) {
+      return absl::FailedPreconditionError(absl::StrCat("row ", r, " of the [", n, ", ", k,
+                                                        "] FP8 weight has other scales than row ",
+                                                        r / 128 * 128, ": not 128 x 128 blocks"));
+    }
+    if (r % 128 == 0) std::copy(row, row + groups, out.begin() + r / 128 * ld);
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t workspace_bytes,
                                                                          int64_t accumulator_bytes,
@@ -63,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t
   // One heuristic query (host only): does this cuBLASLt / GPU have outer-vector FP8 kernels?
   // On sm_90 it has none; the plan is kept where it exists.
   if (try_outer_vector) {
-    gemm->outer_vector_ = gemm->GetPlan(PlanKey{256, 256, 256, kOuterVectorPlan}).ok();
+    gemm->outer_vector_ = gemm->GetPlan(PlanKey{256, 256, 256, kOuterVectorPlan, false}).ok();
   }
   return gemm;
 }
@@ -92,7 +117,12 @@ int64_t CublasLtFp8Gemm::EpilogueChunkRows(int64_t n) const {
 
 absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  const auto [m, n, k, kind] = key;
+  const auto [m, n, k, kind, bias] = key;
+  if (no_kernel_.contains(key)) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no FP8 matmul for m=", m, " n=", n,
+                                                 " k=", k, " (plan kind ", kind, ", bias ", bias,
+                                                 "; asked before)"));
+  }
   auto plan = std::make_unique<Plan>();
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
@@ -103,6 +133,21 @@ absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& k
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode));
     CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode));
+  }
+  if (kind == kBlock128Plan) {
+    // cuBLASLt's A is the weight (128 x 128 blocks), B the activations (1 x 128 groups).
+    const int32_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, w_mode));
+    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, a_mode));
+  }
+  if (bias) {
+    // The bias joins the fp32 result before the one conversion to bf16.
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS));
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{CUDA_R_16BF}));
+    plan->fused_bias = true;
   }
   CUBLAS_RETURN_IF_ERROR(
       cublasLtMatrixLayoutCreate(&plan->w_layout, CUDA_R_8F_E4M3, k, n, /*ld=*/k));
@@ -125,12 +170,15 @@ absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& k
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    no_kernel_.insert(key);  // not asked again (a host query per call otherwise)
     return absl::UnimplementedError(
         absl::StrCat("cuBLASLt has no FP8 matmul for m=", m, " n=", n, " k=", k, " with ",
                      kind == kTensorPlan        ? "per-tensor scales"
                      : kind == kOuterVectorPlan ? "outer-vector scales"
+                     : kind == kBlock128Plan    ? "1x128 / 128x128 block scales"
                                                 : "unit scales and an fp32 output",
-                     " (status ", static_cast<int>(st), ", ", found, " algorithms)"));
+                     bias ? " and a bias epilogue" : "", " (status ", static_cast<int>(st), ", ",
+                     found, " algorithms)"));
   }
   plan->algo = result.algo;
   Plan* raw = plan.get();
@@ -143,43 +191,60 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
                                      Fp8GemmScaling scaling, int64_t m, int64_t n, int64_t k,
                                      __nv_bfloat16* out, cudaStream_t stream,
                                      const __nv_bfloat16* bias) {
-  if (scaling == Fp8GemmScaling::kBlock128) {
-    return absl::UnimplementedError(
-        "FP8 GEMM with 128x128 weight blocks and 1x128 activation groups is not wired yet "
-        "(cuBLASLt's BLK128x128_32F / VEC128_32F scale modes)");
-  }
   if (m < 0 || n < 0 || k < 16 || k % 16 != 0 || a_codes == nullptr || w_codes == nullptr ||
       a_scales == nullptr || w_scales == nullptr || out == nullptr || !Aligned16(a_codes) ||
-      !Aligned16(w_codes)) {
+      !Aligned16(w_codes) ||
+      (scaling == Fp8GemmScaling::kBlock128 && (!Aligned16(a_scales) || !Aligned16(w_scales)))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CublasLtFp8Gemm::Linear: needs m, n >= 0, k a positive multiple of 16, 16-byte aligned "
-        "codes and non-null scales / out; got m=",
+        "codes (and block scales) and non-null scales / out; got m=",
         m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  const bool tensor = scaling == Fp8GemmScaling::kTensor;
-  if (!tensor && !outer_vector_) {
-    return EpilogueLinear(a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias, stream);
+  switch (scaling) {
+    case Fp8GemmScaling::kTensor:
+      return ScaledLinear(kTensorPlan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
+                          stream);
+    case Fp8GemmScaling::kBlock128:
+      return ScaledLinear(kBlock128Plan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
+                          stream);
+    case Fp8GemmScaling::kTokenChannel:
+      break;
   }
-  absl::StatusOr<Plan*> plan = GetPlan(PlanKey{m, n, k, tensor ? kTensorPlan : kOuterVectorPlan});
-  if (!plan.ok()) {
+  if (outer_vector_) {
+    const absl::Status st = ScaledLinear(kOuterVectorPlan, a_codes, a_scales, w_codes, w_scales, m,
+                                         n, k, out, bias, stream);
     // An outer-vector shape cuBLASLt lacks: the epilogue path.
-    if (!tensor && absl::IsUnimplemented(plan.status())) {
-      return EpilogueLinear(a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias, stream);
-    }
-    return plan.status();
+    if (!absl::IsUnimplemented(st)) return st;
   }
+  return EpilogueLinear(a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias, stream);
+}
+
+absl::Status CublasLtFp8Gemm::ScaledLinear(PlanKind kind, const uint8_t* a_codes,
+                                           const float* a_scales, const uint8_t* w_codes,
+                                           const float* w_scales, int64_t m, int64_t n, int64_t k,
+                                           __nv_bfloat16* out, const __nv_bfloat16* bias,
+                                           cudaStream_t stream) {
+  absl::StatusOr<Plan*> plan = GetPlan(PlanKey{m, n, k, kind, bias != nullptr});
+  if (!plan.ok() && bias != nullptr && absl::IsUnimplemented(plan.status())) {
+    plan = GetPlan(PlanKey{m, n, k, kind, false});  // no BIAS epilogue kernel: AddBias below
+  }
+  if (!plan.ok()) return plan.status();
   Plan* p = *plan;
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                      static_cast<const void*>(w_scales)));
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                      static_cast<const void*>(a_scales)));
+  if (p->fused_bias) {
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias)));
+  }
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p->desc, &alpha, w_codes, p->w_layout, a_codes,
                                         p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
                                         &p->algo, workspace_, static_cast<size_t>(workspace_bytes_),
                                         stream));
-  return bias == nullptr ? absl::OkStatus() : AddBias(out, bias, m, n, stream);
+  return bias == nullptr || p->fused_bias ? absl::OkStatus() : AddBias(out, bias, m, n, stream);
 }
 
 // Per-token x per-channel without cuBLASLt's outer-vector mode: for each chunk of rows, the
@@ -195,17 +260,31 @@ absl::Status CublasLtFp8Gemm::EpilogueLinear(const uint8_t* a_codes, const float
                                                      " bytes holds no row of n=", n,
                                                      " fp32 outputs"));
   }
-  const float alpha = 1.0f, beta = 0.0f;
   for (int64_t r0 = 0; r0 < m; r0 += chunk) {
     const int64_t rows = std::min(chunk, m - r0);
-    ASSIGN_OR_RETURN(Plan * p, GetPlan(PlanKey{rows, n, k, kUnscaledF32Plan}));
-    CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmul(handle_, p->desc, &alpha, w_codes, p->w_layout, a_codes + r0 * k,
-                       p->a_layout, &beta, accumulator_, p->out_layout, accumulator_, p->out_layout,
-                       &p->algo, workspace_, static_cast<size_t>(workspace_bytes_), stream));
+    RETURN_IF_ERROR(ProductF32(a_codes + r0 * k, w_codes, rows, n, k, accumulator_, stream));
     RETURN_IF_ERROR(ScaleFp8Accumulator(accumulator_, a_scales + r0, w_scales, bias, rows, n,
                                         out + r0 * n, stream));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CublasLtFp8Gemm::ProductF32(const uint8_t* a_codes, const uint8_t* w_codes, int64_t m,
+                                         int64_t n, int64_t k, float* out, cudaStream_t stream) {
+  if (m < 0 || n < 0 || k < 16 || k % 16 != 0 || a_codes == nullptr || w_codes == nullptr ||
+      out == nullptr || !Aligned16(a_codes) || !Aligned16(w_codes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CublasLtFp8Gemm::ProductF32: needs m, n >= 0, k a positive multiple of 16 and 16-byte "
+        "aligned codes; got m=",
+        m, " n=", n, " k=", k));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Plan * p, GetPlan(PlanKey{m, n, k, kUnscaledF32Plan, false}));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p->desc, &alpha, w_codes, p->w_layout, a_codes,
+                                        p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
+                                        &p->algo, workspace_, static_cast<size_t>(workspace_bytes_),
+                                        stream));
   return absl::OkStatus();
 }
 

@@ -1,7 +1,9 @@
 // FP8 GEMM for prefill through cuBLASLt's FP8 matmul (issue 38 item 4): e4m3 activations and
 // weights, fp32 accumulation, bf16 output:
 //   * kTensor: one scale per matrix (per-tensor weights, static activations), applied by
-//     cuBLASLt through its scale pointers, bf16 written by cuBLASLt;
+//     cuBLASLt through its scale pointers; a bias is added by cuBLASLt's BIAS epilogue in fp32
+//     before the one rounding to bf16 (where cuBLASLt has no such kernel for a shape: AddBias, a
+//     second rounding);
 //   * kTokenChannel: a per-token scale vector for the activations and a per-channel one for the
 //     weights. cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F has no kernel on sm_90
 //     (0 algorithms for every shape on an H200, CUDA 13), so by default this is cuBLASLt's FP8
@@ -11,10 +13,15 @@
 //     asks cuBLASLt once whether it has outer-vector FP8 kernels (a heuristic query on one
 //     shape); where it has (newer GPUs), kTokenChannel uses them, and any shape they lack falls
 //     back to the epilogue path.
-// 128x128-block weights with 1x128 activations (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F /
-// VEC128_32F, declared by this CUDA 13 header) are not wired yet: UNIMPLEMENTED.
-// Status: kTensor ran on an H200 (the outer-vector mode found no kernel there); the epilogue
-// path and the Create-time query are built but NOT yet run on a GPU (README.md).
+//   * kBlock128: DeepSeek's block scaling, 1 x 128 activation groups and 128 x 128 weight blocks,
+//     through cuBLASLt's VEC128_32F (activations) / BLK128x128_32F (weights) scale modes (CUDA
+//     12.9+, Hopper): cuBLASLt applies every group's scales to its partial products in fp32. The
+//     scales are in cuBLASLt's layouts (below: Block128ActivationScales /
+//     Block128WeightScales), bias as for kTensor.
+// Numerics: Hopper's FP8 tensor cores add each MMA's products (and the running sum) with about
+// 13 fraction bits aligned to the largest of them (DeepSeek-V3 report 3.3.2); cuBLASLt without
+// FAST_ACCUM promotes to fp32 between MMAs. So an output's error is about 2^-13 of its largest
+// products per MMA, not of their sum (fp8_gemm_cuda_test's tolerance; BENCHMARKS.md).
 //
 // Thread safety: not thread-safe (plan cache, descriptor scale pointers, the accumulator), like
 // CublasLtGemm.
@@ -30,14 +37,34 @@
 #include <cstdint>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/fp8/fp8.h"
 
 namespace tandem::kernels::cuda {
 
 enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
+
+// cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major
+// activations [m, k] and weights [n, k] are k x m and k x n):
+//   * activations, VEC128_32F: scales[g * m + i] for row i and group g of 128 columns, i.e. the
+//     [ceil(k / 128), m] transpose of QuantizeActivations' kDynamicGroup128 scales [m, groups]
+//     (TransposeGroupScales, fp8_gemm_kernels.h);
+//   * weights, BLK128x128_32F: scales[b * ld + g] for row block b (128 rows) and column group g,
+//     ld = Block128WeightScaleLd(k): ceil(k / 128) rounded up to 4 (16-byte rows).
+inline int64_t Block128Groups(int64_t k) { return (k + 127) / 128; }
+inline int64_t Block128WeightScaleLd(int64_t k) { return (Block128Groups(k) + 3) / 4 * 4; }
+// The weight's block scales in cuBLASLt's layout from the in-memory per-row form (grid with
+// block_rows 1 and block_cols 128, scales [n, ceil(k / 128)]: what the loader holds), when
+// every 128-row block's rows share their scales (a DeepSeek 128 x 128 checkpoint whose fused
+// parts and TP slices start on block boundaries); FAILED_PRECONDITION naming the first row that
+// differs otherwise, INVALID_ARGUMENT for another grid. Padding entries are 1. Host only.
+absl::StatusOr<std::vector<float>> Block128WeightScales(const float* row_scales,
+                                                        const Fp8ScaleGrid& grid);
 
 class CublasLtFp8Gemm {
  public:
@@ -59,17 +86,22 @@ class CublasLtFp8Gemm {
   ~CublasLtFp8Gemm();
 
   // out[m, n] = sum_k (a[i, c] * a_scale) * (w[j, c] * w_scale) in fp32 (+ bias[j]), rounded
-  // to bf16 (once on the epilogue path; the bias is a second rounding on the cuBLASLt-scaled
-  // paths). a_codes: [m, k] e4m3, row-major; w_codes: [n, k] e4m3 (nn.Linear layout); both
-  // 16-byte aligned, k a multiple of 16 (n a multiple of 8 or cuBLASLt may have no kernel:
-  // UNIMPLEMENTED). Scales are device fp32: kTensor one
-  // each; kTokenChannel a_scales [m] and w_scales [n]. bias: [n] bf16 or null. Asynchronous on
-  // `stream`. m == 0 or n == 0: OK, nothing launched. INVALID_ARGUMENT for bad sizes or pointers;
-  // UNIMPLEMENTED for kBlock128 or when cuBLASLt has no kernel for the shape (named).
+  // once to bf16 (twice with a bias where cuBLASLt has no BIAS epilogue kernel for the shape).
+  // a_codes: [m, k] e4m3, row-major; w_codes: [n, k] e4m3 (nn.Linear layout); both 16-byte
+  // aligned, k a multiple of 16 (n a multiple of 8 or cuBLASLt may have no kernel:
+  // UNIMPLEMENTED). Scales are device fp32: kTensor one each; kTokenChannel a_scales [m] and
+  // w_scales [n]; kBlock128 the layouts above (16-byte aligned). bias: [n] bf16 or null.
+  // Asynchronous on `stream`. m == 0 or n == 0: OK, nothing launched. INVALID_ARGUMENT for bad
+  // sizes or pointers; UNIMPLEMENTED when cuBLASLt has no kernel for the shape (named).
   absl::Status Linear(const uint8_t* a_codes, const float* a_scales, const uint8_t* w_codes,
                       const float* w_scales, Fp8GemmScaling scaling, int64_t m, int64_t n,
                       int64_t k, __nv_bfloat16* out, cudaStream_t stream,
                       const __nv_bfloat16* bias = nullptr);
+
+  // out[m, n] = the unit-scaled FP8 product in fp32 (what the kTokenChannel epilogue path
+  // scales; also how fp8_cuda_bench probes the MMA's accumulation). Same requirements as Linear.
+  absl::Status ProductF32(const uint8_t* a_codes, const uint8_t* w_codes, int64_t m, int64_t n,
+                          int64_t k, float* out, cudaStream_t stream);
 
   // Whether kTokenChannel runs on cuBLASLt's outer-vector scale mode (false on sm_90).
   bool outer_vector_scales() const { return outer_vector_; }
@@ -78,14 +110,26 @@ class CublasLtFp8Gemm {
 
  private:
   struct Plan;
-  // The plan kinds: cuBLASLt-scaled per tensor (bf16 out), outer vectors (bf16 out), or unit
-  // scales with the fp32 product out (the epilogue path).
-  enum PlanKind : int { kTensorPlan = 0, kOuterVectorPlan = 1, kUnscaledF32Plan = 2 };
-  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int>;
+  // The plan kinds: cuBLASLt-scaled per tensor (bf16 out), outer vectors (bf16 out), unit
+  // scales with the fp32 product out (the epilogue path), or 128-blocks (bf16 out).
+  enum PlanKind : int {
+    kTensorPlan = 0,
+    kOuterVectorPlan = 1,
+    kUnscaledF32Plan = 2,
+    kBlock128Plan = 3
+  };
+  // m, n, k, kind, with cuBLASLt's BIAS epilogue.
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool>;
 
   CublasLtFp8Gemm(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
                   float* accumulator, int64_t accumulator_bytes);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
+  // The cuBLASLt-scaled paths (kTensor, outer vectors, kBlock128): the plan with the BIAS
+  // epilogue where a bias is given and cuBLASLt has one, else AddBias after the matmul.
+  absl::Status ScaledLinear(PlanKind kind, const uint8_t* a_codes, const float* a_scales,
+                            const uint8_t* w_codes, const float* w_scales, int64_t m, int64_t n,
+                            int64_t k, __nv_bfloat16* out, const __nv_bfloat16* bias,
+                            cudaStream_t stream);
   absl::Status EpilogueLinear(const uint8_t* a_codes, const float* a_scales, const uint8_t* w_codes,
                               const float* w_scales, int64_t m, int64_t n, int64_t k,
                               __nv_bfloat16* out, const __nv_bfloat16* bias, cudaStream_t stream);
@@ -97,6 +141,7 @@ class CublasLtFp8Gemm {
   int64_t accumulator_bytes_;
   bool outer_vector_ = false;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
+  absl::flat_hash_set<PlanKey> no_kernel_;  // shapes cuBLASLt has no algorithm for
 };
 
 }  // namespace tandem::kernels::cuda
