@@ -1,0 +1,472 @@
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/fp8/fp8_gemv_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kGroup = 128;  // columns a warp takes per step; the 128-column scale group
+constexpr int kMaxTokens = 16;
+constexpr int kInFlight = 2;  // groups whose weights a warp loads before using any
+// Rows per block: 32 (two 16-row MMA tiles) once there are enough of them to fill an H200's
+// 132 SMs twice over, else 16 (more blocks for the 4096-row projections).
+constexpr int64_t kTwoTilesMinRows = 8192;
+
+// How the activations arrive (fp8_gemv_cuda.h).
+enum class ActForm { kCodes, kFusedQuant, kBf16 };
+
+struct Params {
+  const uint8_t* w;               // [n, k] e4m3
+  const float* w_scales;          // [n, w_groups]
+  int64_t w_groups;               // 1 (whole row) or ceil(k / 128)
+  const uint8_t* a_codes;         // kCodes: [m, k] e4m3
+  const float* a_scales;          // kCodes: QuantizeActivations' scales
+  int64_t a_scale_stride;         // kCodes: scales per token (0 static, 1 per token, groups)
+  const __nv_bfloat16* a_values;  // kFusedQuant / kBf16: [m, k]
+  int scheme;                     // Fp8ActivationScheme
+  float static_scale;             // kFusedQuant with kStaticTensor
+  bool group_scales;              // some scale changes every 128 columns
+  const __nv_bfloat16* bias;      // [n] or null
+  int m;
+  int64_t n, k;
+};
+
+constexpr int kToken = static_cast<int>(Fp8ActivationScheme::kDynamicToken);
+constexpr int kGroup128 = static_cast<int>(Fp8ActivationScheme::kDynamicGroup128);
+constexpr int kStatic = static_cast<int>(Fp8ActivationScheme::kStaticTensor);
+
+// c (16 x 8, fp32) += a (16 x 32 e4m3, row) * b (32 x 8 e4m3, col). sm_89+ (the build targets
+// sm_90a and compute_90).
+__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Two e4m3 codes (low byte first) as a bf16x2 (exact: every e4m3 value is a half and a bf16).
+__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// Eight bf16 as floats.
+__device__ __forceinline__ void Bf16x8ToFloat(const uint4& v, float* f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = Word(v, i);
+    f[2 * i] = __uint_as_float(u << 16);
+    f[2 * i + 1] = __uint_as_float(u & 0xffff0000u);
+  }
+}
+
+// Two quantized values (x / scale: an IEEE division, as QuantizeActivations) packed low first.
+__device__ __forceinline__ uint32_t QuantizePair(float x0, float x1, float scale) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(x0 / scale, x1 / scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+// Fused per-token quantization's prologue: scale[r] = max |a[r, :]| / 448 (1 for a zero row)
+// for r < m, from one pass of the whole block over the m rows.
+template <int MT>
+__device__ void TokenScales(const Params& p, float* scale) {
+  __shared__ float warp_amax[kWarps][kMaxTokens];
+  constexpr int kRows = MT * 8;
+  float amax[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) amax[r] = 0.0f;
+  for (int64_t v = threadIdx.x; v < p.k / 8; v += kThreads) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= p.m) break;
+      float f[8];
+      Bf16x8ToFloat(__ldg(reinterpret_cast<const uint4*>(p.a_values + r * p.k) + v), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax[r] = fmaxf(amax[r], fabsf(f[e]));
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
+    }
+    if (lane == 0) warp_amax[warp][r] = amax[r];
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows) {
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a = fmaxf(a, warp_amax[w][threadIdx.x]);
+    scale[threadIdx.x] = a > 0.0f ? a / kFp8E4m3Max : 1.0f;
+  }
+  __syncthreads();
+}
+
+// The B fragments (e4m3) of this lane for one 128-column group: b[ch][mt] holds token
+// 8 mt + g's 16 codes at columns c0 + 64 ch .. + 15 (c0 = group start + 16 t), and a_scale[mt][j]
+// the group's scale of token 8 mt + 2 t + j (used only when scales change per group).
+template <ActForm kForm, int MT>
+__device__ __forceinline__ void ActivationFragments(const Params& p, int64_t gi, int64_t c0, int g,
+                                                    int t, const float* token_scale,
+                                                    uint32_t (&b)[2][MT][4],
+                                                    float (&a_scale)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int tok = mt * 8 + g;
+    const bool ok = tok < p.m;
+    if constexpr (kForm == ActForm::kCodes) {
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+        const int64_t c = c0 + ch * 64;
+        const uint4 v = ok && c < p.k
+                            ? __ldg(reinterpret_cast<const uint4*>(p.a_codes + tok * p.k + c))
+                            : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[ch][mt][i] = Word(v, i);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tj = mt * 8 + 2 * t + j;
+        const int64_t idx = tj * p.a_scale_stride + (p.a_scale_stride > 1 ? gi : 0);
+        a_scale[mt][j] = p.group_scales && tj < p.m ? p.a_scales[idx] : 0.0f;
+      }
+    } else {
+      float x[2][16];
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+        const int64_t c = c0 + ch * 64;
+        const uint4* src = reinterpret_cast<const uint4*>(p.a_values + tok * p.k + c);
+        const bool in = ok && c < p.k;
+        Bf16x8ToFloat(in ? __ldg(src) : make_uint4(0, 0, 0, 0), x[ch]);
+        Bf16x8ToFloat(in ? __ldg(src + 1) : make_uint4(0, 0, 0, 0), x[ch] + 8);
+      }
+      float scale;
+      if (p.scheme == kGroup128) {
+        // The group's 128 columns of this token are in the 4 lanes of the same g.
+        float amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(x[e / 16][e % 16]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+      } else {
+        scale = p.scheme == kStatic ? p.static_scale : ok ? token_scale[tok] : 1.0f;
+      }
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          b[ch][mt][i] = QuantizePair(x[ch][4 * i], x[ch][4 * i + 1], scale) |
+                         QuantizePair(x[ch][4 * i + 2], x[ch][4 * i + 3], scale) << 16;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        a_scale[mt][j] = __shfl_sync(0xffffffffu, scale, (2 * t + j) * 4);
+      }
+    }
+  }
+}
+
+// gacc += the group's products on the tensor cores, e4m3 x e4m3. A lane's 16 weight bytes of a
+// 64-column chunk (words 0..3) feed two k32 steps: step s takes words 2s (the fragment's
+// columns 4t..4t+3) and 2s + 1 (columns 16 + 4t..); the activations' words the same way.
+template <int RT, int MT>
+__device__ __forceinline__ void GroupE4m3(const uint4 (&wv)[2][RT][2],
+                                          const uint32_t (&b)[2][MT][4], float (&gacc)[RT][MT][4]) {
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint32_t a[4] = {Word(wv[ch][rt][0], 2 * s), Word(wv[ch][rt][1], 2 * s),
+                               Word(wv[ch][rt][0], 2 * s + 1), Word(wv[ch][rt][1], 2 * s + 1)};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          MmaE4m3(gacc[rt][mt], a, b[ch][mt][2 * s], b[ch][mt][2 * s + 1]);
+        }
+      }
+    }
+  }
+}
+
+// Weight-only FP8: gacc += the group's products, the weight converted to bf16 (m16n8k16). Step
+// s of a chunk takes weight word s (4 columns: the pair 2t, 2t + 1 and the pair 2t + 8, 2t + 9
+// of the fragment) and the activations' bf16 words 2s and 2s + 1 (the same 4 columns).
+template <int RT, int MT>
+__device__ __forceinline__ void GroupBf16(const Params& p, const uint4 (&wv)[2][RT][2], int64_t c0,
+                                          int g, float (&gacc)[RT][MT][4]) {
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch) {
+    const int64_t c = c0 + ch * 64;
+    uint4 av[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int tok = mt * 8 + g;
+      const bool in = tok < p.m && c < p.k;
+      const uint4* src = reinterpret_cast<const uint4*>(p.a_values + tok * p.k + c);
+      av[mt][0] = in ? __ldg(src) : make_uint4(0, 0, 0, 0);
+      av[mt][1] = in ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint32_t w0 = Word(wv[ch][rt][0], s), w1 = Word(wv[ch][rt][1], s);
+        const uint32_t a[4] = {E4m3x2ToBf16x2(w0), E4m3x2ToBf16x2(w1), E4m3x2ToBf16x2(w0 >> 16),
+                               E4m3x2ToBf16x2(w1 >> 16)};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          internal::Mma16816<__nv_bfloat16>(gacc[rt][mt], a, Word(av[mt][s / 2], 2 * (s % 2)),
+                                            Word(av[mt][s / 2], 2 * (s % 2) + 1));
+        }
+      }
+    }
+  }
+}
+
+// The activation scale of token `tok` applied after the k loop (scales constant along k).
+template <ActForm kForm>
+__device__ __forceinline__ float FinalTokenScale(const Params& p, int tok,
+                                                 const float* token_scale) {
+  if constexpr (kForm == ActForm::kBf16) {
+    return 1.0f;
+  } else if constexpr (kForm == ActForm::kCodes) {
+    return p.a_scales[tok * p.a_scale_stride];
+  } else {
+    return p.scheme == kStatic ? p.static_scale : token_scale[tok];
+  }
+}
+
+// One 128-column group of one warp: its products summed on the tensor cores, then promoted to
+// the fp32 accumulators, with the group's scales where they change per group.
+template <ActForm kForm, int RT, int MT>
+__device__ __forceinline__ void GroupStep(const Params& p, int64_t gi, int64_t c0, int g, int t,
+                                          int64_t row0, const bool (&wok)[RT][2],
+                                          const float* token_scale, const uint4 (&wv)[2][RT][2],
+                                          float (&acc)[RT][MT][4]) {
+  float gacc[RT][MT][4] = {};
+  float a_scale[MT][2];
+  if constexpr (kForm == ActForm::kBf16) {
+    GroupBf16<RT, MT>(p, wv, c0, g, gacc);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) a_scale[mt][0] = a_scale[mt][1] = 1.0f;
+  } else {
+    uint32_t b[2][MT][4];
+    ActivationFragments<kForm, MT>(p, gi, c0, g, t, token_scale, b, a_scale);
+    GroupE4m3<RT, MT>(wv, b, gacc);
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    float ws[2] = {1.0f, 1.0f};
+    if (p.group_scales) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row0 + rt * 16 + h * 8 + g;
+        ws[h] = wok[rt][h] ? p.w_scales[r * p.w_groups + (p.w_groups > 1 ? gi : 0)] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float s = p.group_scales ? ws[i >> 1] * a_scale[mt][i & 1] : 1.0f;
+        acc[rt][mt][i] = fmaf(gacc[rt][mt][i], s, acc[rt][mt][i]);
+      }
+    }
+  }
+}
+
+// One block: rows [16 RT blockIdx.x, + 16 RT) of the output columns for all m <= 8 MT tokens.
+// Lane (g = lane / 4, t = lane % 4) loads weight rows g and g + 8 of each 16-row tile and the
+// activations of tokens g (and 8 + g).
+template <ActForm kForm, int RT, int MT, typename TOut>
+__global__ void __launch_bounds__(kThreads)
+    Fp8SmallMKernel(const __grid_constant__ Params p, TOut* __restrict__ out) {
+  __shared__ float token_scale[kMaxTokens];
+  __shared__ float partial[kWarps][RT * MT * 4][32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t row0 = int64_t{blockIdx.x} * (16 * RT);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if constexpr (kForm == ActForm::kFusedQuant) {
+    if (p.scheme == kToken) TokenScales<MT>(p, token_scale);
+  }
+  const uint8_t* wrow[RT][2];
+  bool wok[RT][2];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + rt * 16 + h * 8 + g;
+      wok[rt][h] = r < p.n;
+      wrow[rt][h] = p.w + (wok[rt][h] ? r : 0) * p.k;
+    }
+  }
+  float acc[RT][MT][4] = {};
+  const int64_t groups = (p.k + kGroup - 1) / kGroup;
+  // kInFlight groups per iteration, all their weight loads issued before any is used: 64 to 256
+  // bytes in flight per lane.
+  for (int64_t g0 = warp; g0 < groups; g0 += kInFlight * kWarps) {
+    uint4 wv[kInFlight][2][RT][2];
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      const int64_t c0 = (g0 + q * kWarps) * kGroup + t * 16;
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t c = c0 + ch * 64;
+            wv[q][ch][rt][h] = wok[rt][h] && c < p.k
+                                   ? __ldcs(reinterpret_cast<const uint4*>(wrow[rt][h] + c))
+                                   : make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      const int64_t gi = g0 + q * kWarps;
+      if (gi >= groups) break;
+      GroupStep<kForm, RT, MT>(p, gi, gi * kGroup + t * 16, g, t, row0, wok, token_scale, wv[q],
+                               acc);
+    }
+  }
+  // The warps' partial sums (each warp took every 8th group) meet in shared memory.
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][(rt * MT + mt) * 4 + i][lane] = acc[rt][mt][i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < RT * MT * 4 * 32; idx += kThreads) {
+    const int l = idx & 31, i = idx >> 5;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[w][i][l];
+    const int rt = i / (MT * 4), mt = (i / 4) % MT, c = i & 3;
+    const int64_t row = row0 + rt * 16 + (l >> 2) + 8 * (c >> 1);
+    const int tok = mt * 8 + 2 * (l & 3) + (c & 1);
+    if (row >= p.n || tok >= p.m) continue;
+    if (!p.group_scales) v *= p.w_scales[row] * FinalTokenScale<kForm>(p, tok, token_scale);
+    if (p.bias != nullptr) v += __bfloat162float(p.bias[row]);
+    out[tok * p.n + row] = internal::FromFloat<TOut>(v);
+  }
+}
+
+template <ActForm kForm, int RT, int MT, typename TOut>
+cudaError_t Launch(const Params& p, TOut* out, cudaStream_t stream, bool pdl) {
+  const internal::PdlLaunchConfig config(
+      dim3(static_cast<unsigned>((p.n + 16 * RT - 1) / (16 * RT))), dim3(kThreads), stream, pdl);
+  return cudaLaunchKernelEx(config.get(), Fp8SmallMKernel<kForm, RT, MT, TOut>, p, out);
+}
+
+// The one place where runtime values become template constants.
+template <ActForm kForm, typename TOut>
+cudaError_t DispatchTiles(const Params& p, TOut* out, cudaStream_t stream, bool pdl) {
+  const bool two_row_tiles = p.n >= kTwoTilesMinRows;
+  if (p.m <= 8) {
+    return two_row_tiles ? Launch<kForm, 2, 1, TOut>(p, out, stream, pdl)
+                         : Launch<kForm, 1, 1, TOut>(p, out, stream, pdl);
+  }
+  return two_row_tiles ? Launch<kForm, 2, 2, TOut>(p, out, stream, pdl)
+                       : Launch<kForm, 1, 2, TOut>(p, out, stream, pdl);
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w, int64_t m) {
+  const Fp8ScaleGrid& g = w.grid;
+  const int64_t k = g.cols;
+  const bool weight_ok = g.rows >= 1 && k >= 16 && k % 16 == 0 && g.block_rows == 1 &&
+                         (g.block_cols == kGroup || g.block_cols >= k) && w.codes != nullptr &&
+                         w.scales != nullptr && Aligned16(w.codes) && g.rows <= (int64_t{1} << 31);
+  bool act_ok;
+  if (a.scheme == Fp8ActivationScheme::kNone || a.codes == nullptr) {
+    act_ok = a.values != nullptr && Aligned16(a.values) &&
+             (a.scheme != Fp8ActivationScheme::kStaticTensor || a.static_scale > 0.0f);
+  } else {
+    act_ok = Aligned16(a.codes) && a.scales != nullptr;
+  }
+  return m >= 1 && m <= kFp8SmallMMaxM && weight_ok && act_ok;
+}
+
+template <typename TOut>
+absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w,
+                             const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream,
+                             bool programmatic_launch) {
+  if (!Fp8SmallMLinearSupported(a, w, m) || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Fp8SmallMLinear: needs 1 <= m <= ", kFp8SmallMMaxM,
+        ", k a positive multiple of 16, per-row scale blocks of 128 columns or the whole row, "
+        "16-byte aligned codes / activations, a positive static scale to quantize with and "
+        "non-null buffers; got m=",
+        m, " n=", w.grid.rows, " k=", w.grid.cols, " blocks ", w.grid.block_rows, "x",
+        w.grid.block_cols, " scheme ", static_cast<int>(a.scheme)));
+  }
+  const int64_t k = w.grid.cols;
+  Params p{};
+  p.w = w.codes;
+  p.w_scales = w.scales;
+  p.w_groups = w.grid.GridCols();
+  p.a_codes = a.codes;
+  p.a_scales = a.scales;
+  p.a_scale_stride = a.scheme == Fp8ActivationScheme::kStaticTensor   ? 0
+                     : a.scheme == Fp8ActivationScheme::kDynamicToken ? 1
+                                                                      : (k + kGroup - 1) / kGroup;
+  p.a_values = a.values;
+  p.scheme = static_cast<int>(a.scheme);
+  p.static_scale = a.static_scale;
+  p.group_scales = p.w_groups > 1 || a.scheme == Fp8ActivationScheme::kDynamicGroup128;
+  p.bias = bias;
+  p.m = static_cast<int>(m);
+  p.n = w.grid.rows;
+  p.k = k;
+  const bool pdl = programmatic_launch;
+  if (a.scheme == Fp8ActivationScheme::kNone) {
+    CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kBf16, TOut>(p, out, stream, pdl)));
+  } else if (a.codes != nullptr) {
+    CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kCodes, TOut>(p, out, stream, pdl)));
+  } else {
+    CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kFusedQuant, TOut>(p, out, stream, pdl)));
+  }
+  return absl::OkStatus();
+}
+
+template absl::Status Fp8SmallMLinear<__nv_bfloat16>(const Fp8SmallMActivations&,
+                                                     const Fp8DeviceWeight&, const __nv_bfloat16*,
+                                                     int64_t, __nv_bfloat16*, cudaStream_t, bool);
+template absl::Status Fp8SmallMLinear<float>(const Fp8SmallMActivations&, const Fp8DeviceWeight&,
+                                             const __nv_bfloat16*, int64_t, float*, cudaStream_t,
+                                             bool);
+
+}  // namespace tandem::kernels::cuda
