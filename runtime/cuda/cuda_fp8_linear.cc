@@ -9,6 +9,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_gemv_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 
 namespace tandem::runtime::cuda {
@@ -18,11 +19,19 @@ namespace kc = ::tandem::kernels::cuda;
 using Scheme = kernels::Fp8ActivationScheme;
 
 constexpr int64_t kGroup = 128;
+// Up to this many rows the decode kernel quantizes the activations itself (no separate pass, no
+// codes in memory); above it every block would re-read (and, per token, re-scan) too many bf16
+// activations from L2, and one QuantizeActivations pass is cheaper (fp8_gemv_cuda_bench).
+constexpr int64_t kFusedQuantMaxM = 4;
 
 // The cuBLASLt GEMM takes one scale per weight row and per token (or per tensor).
 bool GemmServes(const CudaFp8Weight& w) {
   return w.grid.block_cols >= w.grid.cols &&
          (w.activation == Scheme::kDynamicToken || w.activation == Scheme::kStaticTensor);
+}
+
+kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) {
+  return {w.codes.get<uint8_t>(), w.scales.get<float>(), w.grid};
 }
 
 }  // namespace
@@ -110,24 +119,36 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
 }
 
 const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m) {
-  if (m <= kc::kFp8GemvMaxM) return "fp8-gemv";
+  if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
 }
 
 absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& w,
                                    const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, bool programmatic_launch) {
   const int64_t k = w.grid.cols, n = w.grid.rows;
   if (w.empty() || m < 1 || m > max_tokens_ || k > max_k_) {
     return absl::InvalidArgumentError(absl::StrCat("CudaFp8Linear: m=", m, " k=", k,
                                                    " outside the workspace (", max_tokens_, ", ",
                                                    max_k_, ") or no FP8 weight"));
   }
+  // Decode: the weight read once for all rows; small m quantizes inside the kernel.
+  const bool fused = w.activation == Scheme::kNone || m <= kFusedQuantMaxM;
+  if (m <= kc::kFp8SmallMMaxM && fused) {
+    kc::Fp8SmallMActivations act;
+    act.scheme = w.activation;
+    act.values = a;
+    act.static_scale = w.input_scale;
+    RETURN_IF_ERROR(kc::Fp8SmallMLinear<__nv_bfloat16>(act, DeviceWeight(w), bias, m, out, stream,
+                                                       programmatic_launch));
+    last_path_ = "fp8-gemv";
+    return absl::OkStatus();
+  }
   if (w.activation != Scheme::kNone) {
     RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
                                             codes_.get<uint8_t>(), scales_.get<float>(), stream));
   }
-  if (m > kc::kFp8GemvMaxM && GemmServes(w)) {
+  if (m > kc::kFp8SmallMMaxM && GemmServes(w)) {
     const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
                                                                   : scales_.get<float>();
     // Per-token (or static) x per-channel: on sm_90 cuBLASLt's unit-scaled FP8 product in fp32,
@@ -143,7 +164,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     if (!absl::IsUnimplemented(st)) return st;
   }
   RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream));
-  last_path_ = m <= kc::kFp8GemvMaxM ? "fp8-gemv" : "fp8-gemv-chunks";
+  last_path_ = m <= kc::kFp8SmallMMaxM ? "fp8-gemv" : "fp8-gemv-chunks";
   return absl::OkStatus();
 }
 
@@ -156,13 +177,9 @@ absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat
                                : w.activation == Scheme::kDynamicGroup128
                                    ? (k + kGroup - 1) / kGroup
                                    : 0;
-  kc::Fp8DeviceWeight dw;
-  dw.codes = w.codes.get<uint8_t>();
-  dw.scales = w.scales.get<float>();
-  dw.grid = w.grid;
-  for (int64_t r0 = 0; r0 < m; r0 += kc::kFp8GemvMaxM) {
-    const int64_t rows = std::min(kc::kFp8GemvMaxM, m - r0);
-    kc::Fp8DeviceActivations act;
+  for (int64_t r0 = 0; r0 < m; r0 += kc::kFp8SmallMMaxM) {
+    const int64_t rows = std::min(kc::kFp8SmallMMaxM, m - r0);
+    kc::Fp8SmallMActivations act;
     act.scheme = w.activation;
     if (w.activation == Scheme::kNone) {
       act.values = a + r0 * k;
@@ -170,7 +187,8 @@ absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat
       act.codes = codes_.get<uint8_t>() + r0 * k;
       act.scales = scales_.get<float>() + r0 * scale_stride;
     }
-    RETURN_IF_ERROR(kc::Fp8Gemv<__nv_bfloat16>(act, dw, bias, rows, out + r0 * n, stream));
+    RETURN_IF_ERROR(
+        kc::Fp8SmallMLinear<__nv_bfloat16>(act, DeviceWeight(w), bias, rows, out + r0 * n, stream));
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
 // FP8 projections of the CUDA model (issue 38): one linear layer's e4m3 weight and scales on the
 // device (as the loader holds them: LayerWeights::*_fp8, scales per output row over blocks of 128
 // columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
-//   * m <= kFp8GemvMaxM (decode): activations quantized as the layer's scheme says
-//     (cuda::QuantizeActivations), then cuda::Fp8Gemv (weight-only layers: bf16 activations);
+//   * m <= kFp8SmallMMaxM (decode): cuda::Fp8SmallMLinear (kernels/fp8/fp8_gemv_cuda.h), which
+//     reads the weight once for all rows; up to kFusedQuantMaxM (4) rows it quantizes the bf16
+//     activations itself as the layer's scheme says, above that cuda::QuantizeActivations runs
+//     first (weight-only layers: bf16 activations);
 //   * larger m, whole-row weight scales and a per-token or static activation scheme: the
 //     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
 //     static scale being a preallocated vector of max_tokens copies). On sm_90, where cuBLASLt
@@ -10,8 +12,8 @@
 //     accumulator (256 MiB, chunks of rows) and one epilogue kernel applying both scales and the
 //     bias, one rounding to bf16;
 //   * larger m otherwise (128-column weight blocks / 1x128 activation groups, weight-only FP8, or
-//     a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks": Fp8Gemv over chunks
-//     of 16 rows, which re-streams the weight every 16 tokens. Correct (the GEMV's per-block
+//     a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks": Fp8SmallMLinear over
+//     chunks of 16 rows, which re-streams the weight every 16 tokens. Correct (the GEMV's per-block
 //     scaling) but far from GEMM speed; it stands in until a block-scaled GEMM exists.
 // Numerics are cpu::Fp8Linear's (kernels/fp8): fp32 accumulation, one rounding to bf16.
 //
@@ -75,8 +77,11 @@ class CudaFp8Linear {
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
+  // programmatic_launch: the decode kernel (m <= 16, quantizing itself) is launched with PDL, as
+  // kernels/cuda/gemv_cuda.h's SmallMLinear.
   absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
-                      int64_t m, __nv_bfloat16* out, cudaStream_t stream);
+                      int64_t m, __nv_bfloat16* out, cudaStream_t stream,
+                      bool programmatic_launch = false);
 
   // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm" or the slow
   // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks.

@@ -530,7 +530,7 @@ absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Wei
                options_.programmatic_launch);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream);
+    return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream, options_.programmatic_launch);
   } else {
     return absl::InternalError("FP8 projections need bf16 activations");  // refused in Create
   }
