@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "runtime/model/checkpoint_read.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_layout.h"
@@ -135,7 +136,7 @@ absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint6
 }
 
 absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
-                             int64_t shard_bytes) {
+                             int64_t shard_bytes, int threads) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
   if (shard_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -170,13 +171,16 @@ absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_d
   } else {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total_size}};
+    std::vector<std::string> names;
     std::map<std::string, std::string> weight_map;  // sorted by name, like transformers
     for (size_t i = 0; i < shards.size(); ++i) {
-      const std::string name =
-          absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
-      RETURN_IF_ERROR(WriteShard(dir / name, shards[i], dtype, seed));
-      for (const HfTensor* t : shards[i]) weight_map[t->name] = name;
+      names.push_back(absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size()));
+      for (const HfTensor* t : shards[i]) weight_map[t->name] = names.back();
     }
+    // Shards are independent (each value a function of seed, tensor and index): one per thread.
+    RETURN_IF_ERROR(internal::RunTasks(shards.size(), threads, [&](size_t i, int) {
+      return WriteShard(dir / names[i], shards[i], dtype, seed);
+    }));
     index["weight_map"] = weight_map;
     RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
   }

@@ -3,6 +3,7 @@
 //
 //   make_dummy_model --config=tiny --out=/tmp/tiny --seed=1
 //   make_dummy_model --config=path/to/config.json --out=DIR --dtype=bfloat16 --shard_mb=2048
+//                    [--threads=N]   (shards written N at a time; default: one per core)
 //
 // --config is a config.json file, a model directory holding one, or a preset name (tiny,
 // llama-100m, llama3-8b). Exits 1 with a message on stderr for bad input.
@@ -25,6 +26,9 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed; the same seed gives the same weights");
 ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16 (default: the config's dtype)");
 ABSL_FLAG(int64_t, shard_mb, 4096, "largest shard in MiB; bigger models get several shards");
+ABSL_FLAG(int32_t, threads, 0,
+          "shards generated and written at once (0: one per hardware thread); the bytes do not "
+          "depend on it");
 
 namespace tandem::runtime {
 namespace {
@@ -83,7 +87,8 @@ absl::Status Run() {
                config.architecture.c_str(), static_cast<long long>(config.NumParameters()),
                std::string(WeightDtypeName(config.dtype)).c_str(),
                static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)), out.c_str());
-  return WriteDummyModel(config, out, absl::GetFlag(FLAGS_seed), shard_mb << 20);
+  return WriteDummyModel(config, out, absl::GetFlag(FLAGS_seed), shard_mb << 20,
+                         absl::GetFlag(FLAGS_threads));
 }
 
 }  // namespace

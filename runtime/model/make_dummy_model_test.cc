@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -15,6 +17,7 @@
 #include "runtime/model/half.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
 namespace {
@@ -111,6 +114,82 @@ TEST_F(MakeDummyModelTest, ConfigFile) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_TRUE(weights->lm_head.empty());
   EXPECT_EQ(weights->layers[0].qkv_bias.size(), (4u + 2) * 8);
+}
+
+// Every float of two loads, in one flat list (model vectors, then layer by layer).
+std::vector<float> Flatten(const ModelWeights& w) {
+  std::vector<float> out;
+  auto add = [&out](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+  add(w.embed_tokens);
+  add(w.norm);
+  add(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    for (const std::vector<float>* v : {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj,
+                                        &l.o_bias, &l.post_attention_layernorm, &l.gate_up_proj,
+                                        &l.gate_up_bias, &l.down_proj, &l.down_bias}) {
+      add(*v);
+    }
+  }
+  return out;
+}
+
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Item 1 of issue 31: a multi-shard checkpoint written with several writer threads is the one
+// written with one, and loads bit for bit the same with 1 and N reader threads and any read
+// size, whole and as a tensor-parallel rank (o_proj / down_proj: a column slice, one read per
+// row), equal to the dummy draw rounded to bf16.
+TEST_F(MakeDummyModelTest, ShardsWriteAndLoadTheSameWithAnyNumberOfThreads) {
+  SCOPED_TRACE(testing::Message() << "seed=" << seed_);
+  const fs::path config = dir_ / "config.json";
+  std::ofstream(config) << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 3000,
+      "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 3,
+      "num_attention_heads": 8, "num_key_value_heads": 2, "torch_dtype": "bfloat16"})";
+  const fs::path one = dir_ / "one", many = dir_ / "many";
+  const std::string common =
+      absl::StrCat("--config=", config.string(), " --seed=", seed_, " --shard_mb=1");
+  const Result r1 = Run(absl::StrCat(common, " --threads=1 --out=", one.string()));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const Result r4 = Run(absl::StrCat(common, " --threads=4 --out=", many.string()));
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  int shards = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(one)) {
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    shards += name.find("-of-") != std::string::npos;
+    EXPECT_EQ(FileBytes(entry.path()), FileBytes(many / name));
+  }
+  ASSERT_GE(shards, 4);  // the test needs several shards
+
+  absl::StatusOr<ModelConfig> loaded = LoadModelConfig(many.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::vector<float> reference = Flatten(RandomModelWeights(*loaded, seed_));
+  for (const TpShard& shard : {TpShard{}, TpShard{1, 2, 1}}) {
+    SCOPED_TRACE(testing::Message() << "rank " << shard.rank << " of " << shard.size);
+    absl::StatusOr<ModelWeights> serial =
+        LoadModelWeights(many.string(), *loaded, shard, CheckpointReadOptions{1});
+    ASSERT_TRUE(serial.ok()) << serial.status();
+    const std::vector<float> expected = Flatten(*serial);
+    for (const CheckpointReadOptions& read :
+         {CheckpointReadOptions{4}, CheckpointReadOptions{3, 4096},
+          CheckpointReadOptions{5, 100}}) {
+      SCOPED_TRACE(testing::Message() << read.threads << " threads, reads of " << read.chunk_bytes);
+      absl::StatusOr<ModelWeights> parallel = LoadModelWeights(many.string(), *loaded, shard, read);
+      ASSERT_TRUE(parallel.ok()) << parallel.status();
+      const std::vector<float> got = Flatten(*parallel);
+      ASSERT_EQ(got.size(), expected.size());
+      EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+    }
+    if (shard.size == 1) {
+      ASSERT_EQ(expected.size(), reference.size());
+      for (size_t i = 0; i < expected.size(); ++i) {
+        ASSERT_EQ(expected[i], ViaBf16(reference[i])) << i;
+      }
+    }
+  }
 }
 
 TEST_F(MakeDummyModelTest, BadInputExitsNonZeroWithAMessage) {

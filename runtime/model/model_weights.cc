@@ -1,7 +1,6 @@
 // LoadModelWeights: safetensors checkpoint (single file or sharded) -> fp32 ModelWeights.
 #include "runtime/model/model_weights.h"
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "runtime/model/half.h"
+#include "runtime/model/checkpoint_read.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_fp8.h"
 #include "runtime/model/weight_layout.h"
@@ -143,37 +142,6 @@ absl::Status CheckTensor(const HfTensor& expected, const Found& found, bool fp8)
   return absl::OkStatus();
 }
 
-// Widens elements [begin, begin + count) of the tensor into out.
-void WidenRange(const TensorInfo& info, int64_t begin, int64_t count, float* out) {
-  if (info.dtype == SafetensorsDtype::kF32) {
-    std::memcpy(out, info.data + 4 * begin, static_cast<size_t>(count) * 4);
-    return;
-  }
-  const bool bf16 = info.dtype == SafetensorsDtype::kBF16;
-  const uint8_t* src = info.data + 2 * begin;
-  for (int64_t i = 0; i < count; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, 2);  // the mapping is not aligned
-    out[i] = bf16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
-  }
-}
-
-// Copies the rank's part of `t` (its slice; see HfTensor) out of the mapping: only those pages
-// of the file are read.
-void WidenSlice(const TensorInfo& info, const HfTensor& t, float* out) {
-  if (t.slice_dim < 0) {
-    WidenRange(info, 0, t.numel(), out);
-  } else if (t.slice_dim == 0) {
-    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
-    WidenRange(info, t.slice_begin * cols, t.slice_count * cols, out);
-  } else {
-    const int64_t rows = t.shape[0], cols = t.shape[1];
-    for (int64_t r = 0; r < rows; ++r) {
-      WidenRange(info, r * cols + t.slice_begin, t.slice_count, out + r * t.slice_count);
-    }
-  }
-}
-
 // Every tensor of `layout` is in `checkpoint` with its shape and a dtype we convert; nothing
 // else is (see LoadModelWeights).
 absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfTensor>& layout,
@@ -258,7 +226,8 @@ std::vector<HfTensor> LocalLayout(const std::vector<HfTensor>& layout) {
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config, TpShard shard) {
+                                              const ModelConfig& config, TpShard shard,
+                                              const CheckpointReadOptions& read) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
   ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
   std::vector<HfTensor> layout = internal::HfTensorLayout(config, dims);
@@ -290,10 +259,13 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
   RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, dims, layout, find));
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
+  std::vector<internal::WidenTask> tasks;
   for (const HfTensor& t : layout) {
     if (!t.keep || internal::IsFp8Weight(config, t)) continue;
-    WidenSlice(*checkpoint.tensors.at(t.name).info, t, internal::SlotData(&weights, t));
+    const Found& found = checkpoint.tensors.at(t.name);
+    tasks.push_back({found.file, found.info, &t, internal::SlotData(&weights, t)});
   }
+  RETURN_IF_ERROR(internal::ReadTensors(tasks, read));
   internal::LoadFp8Weights(config, layout, find, &weights);  // e4m3 kept as it is
   return weights;
 }

@@ -122,8 +122,16 @@ struct ModelWeights {
 // `model_dir`/rank-R-of-N/model.safetensors, which holds exactly its parts, checked like a
 // whole checkpoint; INVALID_ARGUMENT naming both topologies when the manifest's tp / dcp are
 // not the shard's.
+// The 16/32-bit tensors are read with pread (an I/O error names the file) by a small pool of
+// reader threads that the call owns and joins; memory beyond the weights is one staging buffer
+// of `read.chunk_bytes` per thread. The weights do not depend on `read`.
+struct CheckpointReadOptions {
+  int threads = 0;                          // reader threads; 0: min(8, hardware threads)
+  int64_t chunk_bytes = int64_t{16} << 20;  // bytes of one read (at least one element or row)
+};
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config, TpShard shard = {});
+                                              const ModelConfig& config, TpShard shard = {},
+                                              const CheckpointReadOptions& read = {});
 
 // FP8 checkpoints (config.quantization.FromCheckpoint(); weight_fp8.h): q/k/v/o and gate/up/down
 // are F8_E4M3 with their scale tensors and land in LayerWeights' *_fp8 slots (scales per row:
@@ -225,8 +233,10 @@ absl::StatusOr<std::vector<DummyTensorFill>> DummyWeightPlan(const ModelConfig& 
 // a shard of its own) plus model.safetensors.index.json. Creates `out_dir` if needed and first
 // removes model.safetensors* / model-*-of-*.safetensors left there by an earlier run. Generates
 // and writes one tensor chunk at a time: memory stays small even for 8B models.
+// Shards are generated and written by `threads` threads at once (0: the hardware's; each shard's
+// bytes do not depend on it).
 absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
-                             int64_t shard_bytes = 4LL << 30);
+                             int64_t shard_bytes = 4LL << 30, int threads = 0);
 
 }  // namespace tandem::runtime
 

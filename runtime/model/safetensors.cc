@@ -222,18 +222,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   }
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = path;
+  file->fd_ = fd;  // closed by the destructor from here on
   const int64_t size = st.st_size;
   if (size >= 8) {
     void* mapping = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (mapping == MAP_FAILED) {
       const int error = errno;
-      ::close(fd);
       return absl::ErrnoToStatus(error, absl::StrCat("cannot mmap ", path));
     }
     file->mapping_ = mapping;
     file->mapping_size_ = static_cast<size_t>(size);
   }
-  ::close(fd);  // the mapping keeps the file alive
   static const uint8_t kEmpty[1] = {0};
   const uint8_t* bytes =
       file->mapping_ != nullptr ? static_cast<const uint8_t*>(file->mapping_) : kEmpty;
@@ -250,6 +249,36 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
 
 SafetensorsFile::~SafetensorsFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status SafetensorsFile::ReadTensorBytes(const TensorInfo& info, int64_t offset,
+                                              int64_t nbytes, void* out) const {
+  const uint8_t* base = static_cast<const uint8_t*>(mapping_);
+  if (base == nullptr || info.data < base || info.data + info.nbytes > base + mapping_size_ ||
+      offset < 0 || nbytes < 0 || offset > info.nbytes - nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat("read of bytes [", offset, ", +", nbytes,
+                                                   ") of tensor '", info.name, "' outside it in ",
+                                                   path_));
+  }
+  const int64_t start = (info.data - base) + offset;  // file offset
+  auto* dst = static_cast<uint8_t*>(out);
+  for (int64_t done = 0; done < nbytes;) {
+    const ssize_t n = ::pread(fd_, dst + done, static_cast<size_t>(nbytes - done), start + done);
+    const int error = errno;
+    if (n < 0 && error == EINTR) continue;
+    if (n < 0) {
+      return absl::ErrnoToStatus(error, absl::StrCat("reading tensor '", info.name, "' from ",
+                                                     path_, " at offset ", start + done));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("reading tensor '", info.name, "' from ", path_,
+                                              ": the file ends at offset ", start + done,
+                                              " (truncated since it was opened?)"));
+    }
+    done += n;
+  }
+  return absl::OkStatus();
 }
 
 const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {

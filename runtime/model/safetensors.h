@@ -56,7 +56,7 @@ class SafetensorsFile {
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile();  // munmap
+  ~SafetensorsFile();  // munmap, close
 
   // nullptr if absent.
   const TensorInfo* Find(absl::string_view name) const;
@@ -65,10 +65,18 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 
+  // Copies bytes [offset, offset + nbytes) of `info`'s data (a tensor of this file) to `out` with
+  // pread, bypassing the mapping: an I/O error, or a file that shrank since Open, is an error
+  // naming the file and the tensor (DATA_LOSS for a short read) where a read through the mapping
+  // would raise SIGBUS. INVALID_ARGUMENT when the range is outside the tensor. Thread-safe.
+  absl::Status ReadTensorBytes(const TensorInfo& info, int64_t offset, int64_t nbytes,
+                               void* out) const;
+
  private:
   SafetensorsFile() = default;
 
   std::string path_;
+  int fd_ = -1;  // kept open for ReadTensorBytes
   void* mapping_ = nullptr;
   size_t mapping_size_ = 0;
   std::vector<TensorInfo> tensors_;

@@ -247,6 +247,44 @@ TEST_F(SafetensorsTest, CorruptHeadersGiveClearErrors) {
 
 // Every truncation of a valid file, and random byte corruption, fails cleanly (never crashes);
 // when a corrupted file still opens, every tensor lies inside the file.
+// ReadTensorBytes (the loader's parallel readers) returns exactly the mapped bytes, refuses
+// ranges outside the tensor, and reports a file cut short after Open as an error naming the file
+// and the tensor instead of the SIGBUS a read through the mapping would raise.
+TEST_F(SafetensorsTest, PreadOfTensorBytesAndAFileTruncatedAfterOpen) {
+  SCOPED_TRACE(testing::Message() << "seed=" << seed_);
+  const std::vector<float> a = RandomValues(1000), b = RandomValues(3000);
+  const std::string path = PathOf("read.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", SafetensorsDtype::kBF16, {10, 100}, a.data()},
+                                      {"b", SafetensorsDtype::kF32, {3000}, b.data()}})
+                  .ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const TensorInfo& ta = *(*file)->Find("a");
+  const TensorInfo& tb = *(*file)->Find("b");
+  std::uniform_int_distribution<int64_t> pick(0, tb.nbytes);
+  for (int i = 0; i < 20; ++i) {
+    int64_t begin = pick(rng_), end = pick(rng_);
+    if (begin > end) std::swap(begin, end);
+    std::string got(static_cast<size_t>(end - begin), '\0');
+    ASSERT_TRUE((*file)->ReadTensorBytes(tb, begin, end - begin, got.data()).ok());
+    EXPECT_EQ(std::memcmp(got.data(), tb.data + begin, got.size()), 0) << begin << ".." << end;
+  }
+  std::string whole(static_cast<size_t>(ta.nbytes), '\0');
+  ASSERT_TRUE((*file)->ReadTensorBytes(ta, 0, ta.nbytes, whole.data()).ok());
+  EXPECT_EQ(std::memcmp(whole.data(), ta.data, whole.size()), 0);
+  const absl::Status outside = (*file)->ReadTensorBytes(ta, 10, ta.nbytes, whole.data());
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
+
+  // Cut into the last tensor: reads before the cut still work, reads past it fail by name.
+  fs::resize_file(path, fs::file_size(path) - 4000);
+  EXPECT_TRUE((*file)->ReadTensorBytes(ta, 0, ta.nbytes, whole.data()).ok());
+  std::string tail(8000, '\0');
+  const absl::Status cut = (*file)->ReadTensorBytes(tb, tb.nbytes - 8000, 8000, tail.data());
+  EXPECT_EQ(cut.code(), absl::StatusCode::kDataLoss) << cut;
+  EXPECT_THAT(cut.message(), HasSubstr(path));
+  EXPECT_THAT(cut.message(), HasSubstr("'b'"));
+}
+
 TEST_F(SafetensorsTest, TruncationAndCorruptionNeverCrash) {
   SCOPED_TRACE(testing::Message() << "seed=" << seed_);
   const std::vector<float> v = RandomValues(10);
