@@ -46,3 +46,8 @@ ROUTER_EDGE_VISIBILITY = [
 ] + _TESTS
 ROUTER_TESTING_VISIBILITY = ROUTER_VISIBILITY
 ROUTER_CLI_VISIBILITY = ["//router:__pkg__"]
+
+# The CPU backend (runtime/cpu/, issue 36): its decoders serve the engine's CPU model runner and
+# the tests. runtime/cuda/ may not use them (and tests/check_deps.sh checks runtime/cpu/'s
+# libraries have no path to runtime/cuda/).
+RUNTIME_CPU_VISIBILITY = ["//runtime/cpu:__pkg__", "//runtime/engine:__pkg__"] + _TESTS

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cores have no dependency path to gRPC (gRPC types only at the edges, ARCHITECTURE.md):
-# for each target below, `bazel query somepath(target, grpc++)` must be empty. Run by
-# tests/run.sh (a failing path is printed).
+# for each target below, `bazel query somepath(target, grpc++)` must be empty; and the CPU and
+# CUDA backends (runtime/cpu/, runtime/cuda/) do not reach each other. Run by tests/run.sh (a
+# failing path is printed).
 #
 #   tests/check_deps.sh [BAZEL_FLAGS...]
 set -uo pipefail
@@ -39,4 +40,20 @@ for t in "${CORES[@]}"; do
   fi
 done
 [[ $rc -eq 0 ]] && echo "check_deps: ${#CORES[@]} core targets have no path to gRPC"
+# The two backends are siblings (issue 36): no library of runtime/cpu/ reaches runtime/cuda/ and
+# none of runtime/cuda/ reaches runtime/cpu/ (tests may use both, e.g. through backend_factory).
+SIBLINGS=(
+  "//runtime/cpu/..." "//runtime/cuda/..."
+  "//runtime/cuda/..." "//runtime/cpu/..."
+)
+for ((i = 0; i < ${#SIBLINGS[@]}; i += 2)); do
+  from=${SIBLINGS[i]} to=${SIBLINGS[i + 1]}
+  path=$("$BAZEL" query --noshow_progress "somepath(kind(\"cc_library\", $from), $to)" 2>/dev/null)
+  if [[ -n $path ]]; then
+    echo "check_deps: $from reaches $to:" >&2
+    sed 's/^/  /' <<<"$path" >&2
+    rc=1
+  fi
+done
+[[ $rc -eq 0 ]] && echo "check_deps: runtime/cpu and runtime/cuda libraries do not reach each other"
 exit $rc

@@ -1,5 +1,5 @@
 // Decode context parallelism's per-layer exchange on the CUDA backend: the device twin of
-// LlamaModel::ExchangeAttention (runtime/engine/llama_model.cc). After shard attention a rank
+// LlamaModel::ExchangeAttention (runtime/cpu/llama_model.cc). After shard attention a rank
 // holds partials (out, lse) of ALL its attention slice's query heads over ITS keys; this packs
 // them (kernels/cuda/dcp_exchange_cuda.h, the wire layout of kernels/attention/dcp_exchange.h),
 // runs ONE all-to-all of the whole communicator group (zero counts outside the rank's slice: the

@@ -1,6 +1,6 @@
 // The Llama-family decoder (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; Qwen3 with its
 // per-head q/k norms; the MoE models Mixtral, Qwen2-MoE, Qwen3-MoE through CudaMoeMlp,
-// cuda_moe_mlp.h) on the CUDA backend: the twin of runtime/engine/llama_model.h with bf16/fp16
+// cuda_moe_mlp.h) on the CUDA backend: the twin of runtime/cpu/llama_model.h with bf16/fp16
 // weights, activations and KV on one device, fp32 accumulation in every op (cuBLASLt GEMMs,
 // kernels/cuda/ layer and attention kernels).
 //

@@ -38,7 +38,7 @@ kernels::MlaDims DimsOf(const ModelConfig& c) {
 }
 
 // DeepSeek's yarn_apply_mscale: (Dn + Dr)^-0.5, times mscale(factor, mscale_all_dim)^2 for a
-// non-default RoPE with mscale_all_dim set (runtime/engine/mla_model.cc).
+// non-default RoPE with mscale_all_dim set (runtime/cpu/mla_model.cc).
 float SoftmaxScale(const ModelConfig& c) {
   double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
   const kernels::RopeScaling& r = c.rope_scaling;

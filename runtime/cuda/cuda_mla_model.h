@@ -1,5 +1,5 @@
 // The DeepSeek-V2/V3 decoder (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM: multi-head latent
-// attention) on the CUDA backend: the twin of runtime/engine/mla_model.h with bf16/fp16 weights,
+// attention) on the CUDA backend: the twin of runtime/cpu/mla_model.h with bf16/fp16 weights,
 // activations and a latent KV pool on one device, fp32 accumulation in every op.
 //
 // Per layer: (fused add +) RMSNorm -> q (q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj) ->

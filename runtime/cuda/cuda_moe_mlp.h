@@ -1,4 +1,4 @@
-// The mixture-of-experts MLP on the CUDA backend: the device twin of runtime/engine/moe_mlp.h,
+// The mixture-of-experts MLP on the CUDA backend: the device twin of runtime/cpu/moe_mlp.h,
 // shared by the decoders that have MoE layers (CudaLlamaModel for Mixtral / Qwen2-MoE /
 // Qwen3-MoE; a DeepSeek MLA model for its MoE layers). Per layer:
 //   router GEMM (fp32 logits) -> MoeRoute (the config's routing) -> MoePermute -> experts:

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/threading/thread_pool.h"
-#include "runtime/engine/cpu_model.h"
-#include "runtime/engine/llama_model.h"
+#include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/llama_model.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/engine/scheduler.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/engine/tp_collectives.h"
+#include "runtime/cpu/tp_collectives.h"
 
 #include <algorithm>
 

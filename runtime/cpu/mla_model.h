@@ -21,8 +21,8 @@
 // (kernels/mla with the DcpShard, LSE out), one all-to-all per layer exchanges (out, lse), each
 // rank merges its Hq/N heads and runs their o_proj columns.
 // Thread safety: Forward() is not reentrant (scratch buffers); weights immutable after Create().
-#ifndef TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
-#define TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
+#ifndef TANDEM_RUNTIME_CPU_MLA_MODEL_H_
+#define TANDEM_RUNTIME_CPU_MLA_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -30,9 +30,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/mla/mla_attention.h"
-#include "runtime/engine/cpu_model.h"
-#include "runtime/engine/moe_mlp.h"
-#include "runtime/engine/tp_collectives.h"
+#include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/moe_mlp.h"
+#include "runtime/cpu/tp_collectives.h"
 
 namespace tandem::runtime {
 
@@ -84,4 +84,4 @@ class MlaModel : public CpuModel {
 
 }  // namespace tandem::runtime
 
-#endif  // TANDEM_RUNTIME_ENGINE_MLA_MODEL_H_
+#endif  // TANDEM_RUNTIME_CPU_MLA_MODEL_H_

@@ -1,4 +1,4 @@
-#include "runtime/engine/llama_model.h"
+#include "runtime/cpu/llama_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
+#include "runtime/cpu/tp_collectives.h"
 #include "runtime/engine/kv_layout.h"
-#include "runtime/engine/tp_collectives.h"
 
 namespace tandem::runtime {
 namespace {

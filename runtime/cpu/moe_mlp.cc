@@ -1,4 +1,4 @@
-#include "runtime/engine/moe_mlp.h"
+#include "runtime/cpu/moe_mlp.h"
 
 #include <algorithm>
 

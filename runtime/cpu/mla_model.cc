@@ -1,4 +1,4 @@
-#include "runtime/engine/mla_model.h"
+#include "runtime/cpu/mla_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +11,8 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
+#include "runtime/cpu/tp_collectives.h"
 #include "runtime/engine/kv_layout.h"
-#include "runtime/engine/tp_collectives.h"
 
 namespace tandem::runtime {
 namespace {

@@ -1,7 +1,7 @@
 // The CPU MLA decoder (mla_model.h): a whole prompt run as prefill (unabsorbed attention) gives
 // the logits of the same tokens decoded one at a time (absorbed attention over the latent
 // cache), on random weights; DCP without a group and CUDA refused.
-#include "runtime/engine/mla_model.h"
+#include "runtime/cpu/mla_model.h"
 
 #include <algorithm>
 #include <cmath>

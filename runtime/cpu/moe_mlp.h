@@ -7,8 +7,8 @@
 // and leaves the other rows to their ranks: the model's all-reduce after the MLP sums the parts.
 //
 // Thread safety: Run() reuses scratch buffers; one caller at a time (expert_tokens() too).
-#ifndef TANDEM_RUNTIME_ENGINE_MOE_MLP_H_
-#define TANDEM_RUNTIME_ENGINE_MOE_MLP_H_
+#ifndef TANDEM_RUNTIME_CPU_MOE_MLP_H_
+#define TANDEM_RUNTIME_CPU_MOE_MLP_H_
 
 #include <cstdint>
 #include <vector>
@@ -55,4 +55,4 @@ class MoeMlp {
 
 }  // namespace tandem::runtime
 
-#endif  // TANDEM_RUNTIME_ENGINE_MOE_MLP_H_
+#endif  // TANDEM_RUNTIME_CPU_MOE_MLP_H_

@@ -4,8 +4,8 @@
 // drift apart.
 //
 // Thread safety: functions over caller-owned buffers; a TpScratch belongs to one model.
-#ifndef TANDEM_RUNTIME_ENGINE_TP_COLLECTIVES_H_
-#define TANDEM_RUNTIME_ENGINE_TP_COLLECTIVES_H_
+#ifndef TANDEM_RUNTIME_CPU_TP_COLLECTIVES_H_
+#define TANDEM_RUNTIME_CPU_TP_COLLECTIVES_H_
 
 #include <cstdint>
 #include <vector>
@@ -66,4 +66,4 @@ absl::Status DcpExchangeAttention(const float* attn, const float* lse, int64_t T
 
 }  // namespace tandem::runtime
 
-#endif  // TANDEM_RUNTIME_ENGINE_TP_COLLECTIVES_H_
+#endif  // TANDEM_RUNTIME_CPU_TP_COLLECTIVES_H_

@@ -1,9 +1,9 @@
-#include "runtime/engine/cpu_model.h"
+#include "runtime/cpu/cpu_model.h"
 
 #include <utility>
 
 #include "common/status_macros.h"
-#include "runtime/engine/mla_model.h"
+#include "runtime/cpu/mla_model.h"
 
 namespace tandem::runtime {
 namespace {

@@ -12,8 +12,8 @@
 //
 // Thread safety: Forward() is not reentrant (it reuses scratch buffers); the engine calls it
 // from its step loop only. Weights are immutable after Create().
-#ifndef TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_
-#define TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_
+#ifndef TANDEM_RUNTIME_CPU_LLAMA_MODEL_H_
+#define TANDEM_RUNTIME_CPU_LLAMA_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -26,8 +26,8 @@
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/threading/thread_pool.h"
-#include "runtime/engine/moe_mlp.h"
-#include "runtime/engine/tp_collectives.h"
+#include "runtime/cpu/moe_mlp.h"
+#include "runtime/cpu/tp_collectives.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -102,4 +102,4 @@ class LlamaModel {
 
 }  // namespace tandem::runtime
 
-#endif  // TANDEM_RUNTIME_ENGINE_LLAMA_MODEL_H_
+#endif  // TANDEM_RUNTIME_CPU_LLAMA_MODEL_H_

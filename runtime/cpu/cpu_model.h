@@ -2,8 +2,8 @@
 // for DeepSeek multi-head latent attention, picked from the config by MakeCpuModel.
 //
 // Thread safety: as the models (Forward is not reentrant; weights immutable).
-#ifndef TANDEM_RUNTIME_ENGINE_CPU_MODEL_H_
-#define TANDEM_RUNTIME_ENGINE_CPU_MODEL_H_
+#ifndef TANDEM_RUNTIME_CPU_CPU_MODEL_H_
+#define TANDEM_RUNTIME_CPU_CPU_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "kernels/threading/thread_pool.h"
-#include "runtime/engine/llama_model.h"
+#include "runtime/cpu/llama_model.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -45,4 +45,4 @@ absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(const ModelConfig& config
 
 }  // namespace tandem::runtime
 
-#endif  // TANDEM_RUNTIME_ENGINE_CPU_MODEL_H_
+#endif  // TANDEM_RUNTIME_CPU_CPU_MODEL_H_
