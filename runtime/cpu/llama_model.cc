@@ -44,6 +44,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
                                                                kernels::ThreadPool* pool,
                                                                comm::ProcessGroup* group,
                                                                kernels::DcpShard dcp) {
+  // Data-parallel attention: nothing is split by heads or vocabulary (no TP collective); the
+  // group carries the MoE layers' all-to-alls only (moe_all_to_all.h).
+  comm::ProcessGroup* dispatch =
+      config.dp_attention && group != nullptr && group->size() > 1 ? group : nullptr;
+  if (dispatch != nullptr) group = nullptr;
   RETURN_IF_ERROR(CheckDcpShard(dcp, group, config.num_attention_heads));
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -73,8 +78,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
-  return std::unique_ptr<LlamaModel>(
+  std::unique_ptr<LlamaModel> model(
       new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
+  if (dispatch != nullptr) model->moe_.UseAllToAll(dispatch);
+  return model;
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
@@ -102,6 +109,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
   const int64_t q_dim = Hq * D, kv_dim = Hk * D, qkv_dim = q_dim + 2 * kv_dim;
   const int64_t V = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (T == 0 && moe_.uses_all_to_all()) {  // DP attention, no request here: the MoE collectives
+    logits->clear();
+    return moe_.RunIdle(config_, weights_, pool_);
+  }
   RETURN_IF_ERROR(CheckForwardShape(T, static_cast<int64_t>(input.positions.size()),
                                     static_cast<int64_t>(input.slot_mapping.size()), logit_rows));
 

@@ -83,14 +83,19 @@ absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& co
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   if (group != nullptr && group->size() <= 1) group = nullptr;
+  // Data-parallel attention: the group carries the MoE layers' all-to-alls only (llama_model.cc).
+  comm::ProcessGroup* dispatch = config.dp_attention ? group : nullptr;
+  if (dispatch != nullptr) group = nullptr;
   RETURN_IF_ERROR(CheckDcpShard(dcp, group, config.num_attention_heads));
   RETURN_IF_ERROR(DimsOf(config).Validate());
   RETURN_IF_ERROR(CheckWeights(config, weights, VocabRows(config.vocab_size, group), dcp.size));
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
-  return std::unique_ptr<MlaModel>(
+  std::unique_ptr<MlaModel> model(
       new MlaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
+  if (dispatch != nullptr) model->moe_.UseAllToAll(dispatch);
+  return model;
 }
 
 MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
@@ -116,6 +121,10 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
   const int64_t T = static_cast<int64_t>(input.token_ids.size());
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (T == 0 && moe_.uses_all_to_all()) {  // DP attention, no request here: the MoE collectives
+    logits->clear();
+    return moe_.RunIdle(config_, weights_, pool_);
+  }
   RETURN_IF_ERROR(CheckForwardShape(T, static_cast<int64_t>(input.positions.size()),
                                     static_cast<int64_t>(input.slot_mapping.size()), logit_rows));
   hidden_.resize(T * H);

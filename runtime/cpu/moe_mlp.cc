@@ -76,21 +76,33 @@ absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const floa
     return absl::InvalidArgumentError(
         absl::StrCat("moe layer: router weights do not hold ", E, " experts"));
   }
-  // The router sees the whole (replicated) hidden state on every rank, so all ranks route alike.
+  // The router sees the whole (replicated) hidden state on every rank, so all ranks route alike
+  // (under data-parallel attention each rank routes its own tokens, maybe none).
   router_logits_.resize(T * E);
-  kernels::cpu::Linear(x, w.router.data(), nullptr, T, E, H, router_logits_.data(), pool);
-  RETURN_IF_ERROR(Route(c, w, T));
+  routing_.num_tokens = 0;
+  routing_.top_k = c.num_experts_per_tok;
+  routing_.expert_ids.clear();
+  routing_.weights.clear();
+  if (T > 0) {
+    kernels::cpu::Linear(x, w.router.data(), nullptr, T, E, H, router_logits_.data(), pool);
+    RETURN_IF_ERROR(Route(c, w, T));
+  }
   expert_tokens_.resize(E, 0);
   for (int32_t e : routing_.expert_ids) ++expert_tokens_[e];
   const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(),
                                           c.NumHeldExperts(), H, c.moe_intermediate_size};
-  if (c.expert_placement != nullptr) {
+  if (all_to_all_ != nullptr) {
+    if (c.expert_placement == nullptr) {
+      return absl::InternalError("moe layer: the all-to-all needs the expert placement");
+    }
+    RETURN_IF_ERROR(all_to_all_->Run(routing_, *c.expert_placement, experts, x, H, out, pool));
+  } else if (c.expert_placement != nullptr) {
     RETURN_IF_ERROR(RunOwnedExperts(c, experts, x, T, out, pool));
   } else {
     RETURN_IF_ERROR(kernels::cpu::FusedMoe(x, routing_, experts, out, pool, &scratch_));
   }
   const int64_t I = c.shared_expert_intermediate_size;
-  if (I == 0) return absl::OkStatus();
+  if (I == 0 || T == 0) return absl::OkStatus();
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
   shared_.resize(T * H);
@@ -102,6 +114,14 @@ absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const floa
     kernels::cpu::AddSigmoidGated(x, w.shared_expert_gate.data(), shared_.data(), T, H, out);
   } else {
     for (int64_t i = 0; i < T * H; ++i) out[i] += shared_[i];  // DeepSeek: ungated
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::RunIdle(const ModelConfig& c, const ModelWeights& weights,
+                             kernels::ThreadPool* pool) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMoeLayer(l)) RETURN_IF_ERROR(Run(c, weights.layers[l], nullptr, 0, nullptr, pool));
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,10 @@
 #include "runtime/engine/backend_factory.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/engine/dp_attention_executor.h"
 #include "runtime/engine/model_runner.h"
 #if defined(TANDEM_WITH_CUDA)
 #include "runtime/cuda/cuda_model_runner.h"
@@ -21,8 +24,12 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                                                     const ModelConfig& model) {
   if (options.backend == "cpu") {
     if (options.num_threads <= 0) return absl::InvalidArgumentError("num_threads must be > 0");
-    return CpuExecutorFactory(options.num_threads, options.group, options.dcp_size,
-                              options.dcp_interleave);
+    ExecutorFactory cpu = CpuExecutorFactory(options.num_threads, options.group, options.dcp_size,
+                                             options.dcp_interleave);
+    if (options.dp_attention && options.group != nullptr && options.group->size() > 1) {
+      return DpAttentionExecutorFactory(std::move(cpu), options.group);
+    }
+    return cpu;
   }
   if (options.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -36,6 +43,11 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
       options.prefill_kernel != "decode") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
+  }
+  if (options.dp_attention && options.group != nullptr && options.group->size() > 1) {
+    return absl::UnimplementedError(
+        "--backend=cuda --dp_attention is not built yet (data-parallel attention with expert "
+        "parallelism runs on the CPU backend; on CUDA use --enable_expert_parallel alone)");
   }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
   // tensor-parallel group, dense and MoE layers; DCP for MLA runs on the CPU backend only,
@@ -104,6 +116,7 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
     source.shard = TpShard{options.group->rank(), options.group->size(), options.dcp_size};
   }
   source.shard.expert_parallel = options.expert_parallel;
+  source.shard.dp_attention = options.dp_attention;
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));
   if (source.dummy_weights_on_backend && options.group != nullptr) {

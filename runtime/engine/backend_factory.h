@@ -44,6 +44,9 @@ struct BackendOptions {
   // Expert parallelism over the group's ranks (runtime/model/tensor_parallel.h): the model is
   // loaded with each rank's experts whole. A group of one holds every expert either way.
   bool expert_parallel = false;
+  // Data-parallel attention with expert parallelism (tensor_parallel.h, "Wide expert
+  // parallelism"; dp_attention_executor.h): needs expert_parallel; CPU backend only.
+  bool dp_attention = false;
   absl::Duration comm_timeout = absl::Seconds(30);
 };
 

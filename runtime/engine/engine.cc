@@ -58,13 +58,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   const DcpBlockLayout dcp =
       DcpBlockLayout::FromFlags(backend.dcp_size, backend.dcp_interleave, config.block_size);
   RETURN_IF_ERROR(dcp.Validate());
+  // Data-parallel attention: each DP rank's pool holds num_blocks blocks (dp_rank.h).
+  const int64_t dp = std::max<int64_t>(1, backend.dp_size);
 
-  std::unique_ptr<Engine> engine(
-      new Engine(config, model_config, num_blocks * dcp.size, max_model_len, block_bytes, dcp));
+  std::unique_ptr<Engine> engine(new Engine(config, model_config, num_blocks * dcp.size * dp,
+                                            max_model_len, block_bytes, dcp));
   engine->kv_dtype_ = backend.kv_dtype;
+  engine->dp_size_ = dp;
 
   KvCacheConfig kv_config;
-  kv_config.num_blocks = num_blocks * dcp.size;
+  kv_config.num_blocks = num_blocks * dcp.size * dp;
+  kv_config.dp_size = dp;
   kv_config.block_size = config.block_size;
   kv_config.enable_prefix_caching = config.enable_prefix_caching;
   kv_config.dcp_size = dcp.size;
@@ -155,7 +159,7 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   }
   // Shard 0 holds the most blocks of any request (shards fill in order).
   const int64_t blocks_needed = dcp_.NumShardBlocks(n + spec.max_tokens, 0);
-  const int64_t shard_blocks = num_blocks_ / dcp_.size;
+  const int64_t shard_blocks = num_blocks_ / (dcp_.size * dp_size_);
   if (blocks_needed > shard_blocks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request needs ", blocks_needed, " KV blocks",
@@ -172,6 +176,12 @@ absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
   if ((spec.hold_kv_for_remote || spec.remote_kv.has_value()) && connector_ == nullptr) {
     return absl::InvalidArgumentError(
         "request needs remote KV transfer but this engine has no KV connector");
+  }
+  if ((spec.hold_kv_for_remote || spec.remote_kv.has_value()) && dp_size_ > 1) {
+    // The KV handle would have to name the DP rank holding the request: not built yet.
+    return absl::UnimplementedError(
+        "remote KV transfer (P->D) with --dp_attention is not built: each DP rank's pool holds "
+        "its own requests and the KV handle does not name the rank");
   }
   if (spec.hold_kv_for_remote && spec.lease_duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease duration must be positive");

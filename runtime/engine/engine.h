@@ -138,6 +138,7 @@ class Engine {
   const int64_t max_model_len_;
   const int64_t block_bytes_;
   const DcpBlockLayout dcp_;
+  int64_t dp_size_ = 1;  // data-parallel attention ranks, each with its own pool of blocks
   KvDtype kv_dtype_ = KvDtype::kF32;
   kvtransfer::KvConnector* connector_ = nullptr;
   std::unique_ptr<Scheduler> scheduler_;

@@ -99,6 +99,10 @@ struct ExecutorFactory {
   // The engine then books blocks per shard; ExecutorSpec::num_blocks is one shard's pool.
   int64_t dcp_size = 1;
   int64_t dcp_interleave = 0;
+  // Data-parallel attention (dp_attention_executor.h): the group's dp_size ranks each keep their
+  // own requests' KV; the engine then books blocks per DP rank (KvCacheConfig::dp_size) and
+  // ExecutorSpec::num_blocks is one rank's pool.
+  int64_t dp_size = 1;
   std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(const ExecutorSpec& spec,
                                                                ModelWeights weights)>
       create;

@@ -96,6 +96,9 @@ struct Request {
   std::vector<int32_t> verify_input;
   // Speculative decoding: this request's adaptive draft length (speculative.h).
   DraftLengthState draft_length;
+  // Data-parallel attention (dp_rank.h): the group rank running this request's attention and
+  // holding its KV, fixed when it is added; 0 without.
+  int64_t dp_rank = 0;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

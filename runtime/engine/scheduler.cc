@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/engine/dp_rank.h"
 
 namespace tandem::runtime {
 
@@ -42,6 +43,7 @@ absl::Status Scheduler::Add(int64_t request_id, RequestSpec spec) {
   // A decode worker continues after the source's first token: it is output token 0.
   if (spec.first_token >= 0) req->tokens.push_back(spec.first_token);
   req->spec = std::move(spec);
+  req->dp_rank = AssignDpRank();
   waiting_.push_back(req.get());
   requests_.emplace(request_id, std::move(req));
   return absl::OkStatus();
@@ -69,6 +71,25 @@ bool Scheduler::Abort(int64_t request_id) {
   running_.erase(std::remove(running_.begin(), running_.end(), req), running_.end());
   requests_.erase(it);
   return true;
+}
+
+int64_t Scheduler::AssignDpRank() const {
+  const int64_t n = kv_cache_->dp_size();
+  if (n == 1) return 0;
+  std::vector<DpRankLoad> loads(n);
+  for (int64_t r = 0; r < n; ++r) loads[r].free_blocks = kv_cache_->NumFreeBlocksOnDpRank(r);
+  for (const auto& [id, req] : requests_) ++loads[req->dp_rank].requests;
+  return PickDpRank(loads);
+}
+
+Request* Scheduler::TakePreemptionVictim(const Request& req) {
+  // Without DP attention every request shares the pool: the newest. With it, only requests of
+  // req's DP rank free blocks req can use (req itself is one, so there is always a victim).
+  auto it = running_.end() - 1;
+  while (it != running_.begin() && (*it)->dp_rank != req.dp_rank) --it;
+  Request* victim = *it;
+  running_.erase(it);
+  return victim;
 }
 
 void Scheduler::Preempt(Request* req) {
@@ -100,6 +121,7 @@ SchedulerOutput Scheduler::Schedule() {
                                 end == req->num_prompt_tokens();
     seq.sampling = req->spec.sampling;
     seq.sample_step = req->num_output_tokens();
+    seq.dp_rank = req->dp_rank;
     out.seqs.push_back(seq);
     out.num_batched_tokens += num_new;
     budget -= num_new;
@@ -120,16 +142,16 @@ SchedulerOutput Scheduler::Schedule() {
     }
     // A decoding request may verify drafts: only when its blocks can grow without preempting.
     if (const int64_t drafts = remaining == 1 && batch_drafts ? Draft(req, budget) : 0;
-        drafts > 0 &&
-        kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr)) {
+        drafts > 0 && kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr,
+                                          req->dp_rank)) {
       add_seq(req, 1 + drafts);
       ++i;
       continue;
     }
     bool preempted_self = false;
-    while (!kv_cache_->Allocate(req->id, req->num_computed_tokens + num_new, nullptr)) {
-      Request* victim = running_.back();
-      running_.pop_back();
+    while (
+        !kv_cache_->Allocate(req->id, req->num_computed_tokens + num_new, nullptr, req->dp_rank)) {
+      Request* victim = TakePreemptionVictim(*req);
       Preempt(victim);
       ++out.num_preempted;
       if (victim == req) {
@@ -157,12 +179,13 @@ SchedulerOutput Scheduler::Schedule() {
       // Everything it needs is in the local prefix cache: admit it like any request.
     }
     PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
-                                                     /*record_stats=*/false);
+                                                     /*record_stats=*/false, req->dp_rank);
     const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - prefix.num_tokens;
     const int64_t num_new = std::min(remaining, budget);
-    if (!kv_cache_->Allocate(req->id, prefix.num_tokens + num_new, &prefix)) break;
+    if (!kv_cache_->Allocate(req->id, prefix.num_tokens + num_new, &prefix, req->dp_rank)) break;
     // Count the lookup once, for the admission that succeeded.
-    kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true);
+    kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true,
+                                req->dp_rank);
     req->num_computed_tokens = prefix.num_tokens;
     req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
     req->status = RequestStatus::kRunning;
@@ -196,15 +219,18 @@ bool Scheduler::AdmitRemoteKv(Request* req) {
   const kvtransfer::RemoteKvSpec& remote = *req->spec.remote_kv;
   // tokens = prompt + first token, so the cap of FindCachedPrefix admits every full prompt block.
   PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
-                                                   /*record_stats=*/false);
+                                                   /*record_stats=*/false, req->dp_rank);
   const int64_t external = connector_->GetNumNewMatchedTokens(req->id, remote, prefix.num_tokens);
   if (external <= 0) {
     connector_->DropRemote(remote);  // all of it is cached here: the source's copy can go
     req->spec.remote_kv.reset();
     return true;
   }
-  if (!kv_cache_->Allocate(req->id, prefix.num_tokens + external, &prefix)) return false;
-  kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true);
+  if (!kv_cache_->Allocate(req->id, prefix.num_tokens + external, &prefix, req->dp_rank)) {
+    return false;
+  }
+  kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true,
+                              req->dp_rank);
   req->num_computed_tokens = prefix.num_tokens;
   req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
   connector_->UpdateStateAfterAlloc(req->id, remote, kv_cache_->BlockTable(req->id),

@@ -64,6 +64,9 @@ struct ScheduledSeq {
   // logits of the num_draft_tokens + 1 sampled positions (RunnerOutput::verify_logits) for
   // rejection sampling against the draft's distributions (the engine sets it).
   bool return_verify_logits = false;
+  // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
+  // in that rank's pool, KvCacheConfig::dp_size); 0 without.
+  int64_t dp_rank = 0;
 };
 
 struct SchedulerOutput {
@@ -162,6 +165,10 @@ class Scheduler {
  private:
   // Frees `req`'s blocks and puts it back at the head of the waiting queue.
   void Preempt(Request* req);
+  // Data-parallel attention: the DP rank for a request being added (dp_rank.h).
+  int64_t AssignDpRank() const;
+  // The newest running request whose blocks free room for `req` (its DP rank's), out of running_.
+  Request* TakePreemptionVictim(const Request& req);
   FinishReason CheckStop(const Request& req) const;
   // Marks `req` finished and frees its blocks, or hands them to a lease (filling update->kv_lease).
   void Finish(Request* req, FinishReason reason, RequestUpdate* update);

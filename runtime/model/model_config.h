@@ -133,6 +133,12 @@ struct ModelConfig {
   // every expert (at tp > 1 a slice of each).
   std::shared_ptr<const ExpertPlacement> expert_placement = nullptr;
   int expert_rank = 0;
+  // Data-parallel attention with expert parallelism (--dp_attention; tensor_parallel.h), set on
+  // one rank's LocalModelConfig only: the rank runs attention, dense MLPs, shared experts,
+  // embedding and lm_head whole (replicated weights) on its own requests' tokens, and each MoE
+  // layer's routed rows travel to the ranks holding their experts by one all-to-all (dispatch)
+  // and back by another (combine). expert_placement is then set too.
+  bool dp_attention = false;
 
   bool IsMoe() const { return num_experts > 0; }
   bool IsMoeLayer(int64_t layer) const;

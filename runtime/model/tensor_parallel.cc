@@ -81,6 +81,33 @@ absl::StatusOr<TpDims> SplitNWays(const ModelConfig& c, TpShard shard) {
   return d;
 }
 
+// ComputeTpDims for dp_attention (the header comment, "Wide expert parallelism"): the whole model
+// on every rank but the routed experts, placed whole.
+absl::StatusOr<TpDims> ComputeDpAttentionDims(const ModelConfig& c, TpShard shard) {
+  if (!shard.expert_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dp_attention needs --enable_expert_parallel (--tp=", shard.size,
+        " data-parallel attention ranks share the experts, placed whole); without it use --tp "
+        "alone"));
+  }
+  if (shard.dcp > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dp_attention keeps each request's KV on one rank; --dcp=", shard.dcp,
+                     " would split it over ", shard.dcp, " ranks (use one or the other)"));
+  }
+  TpDims d;
+  ASSIGN_OR_RETURN(d.expert_placement, ResolvePlacement(c, shard));
+  d.shard = shard;
+  d.q_heads = d.o_heads = c.num_attention_heads;
+  d.kv_heads = c.num_key_value_heads;
+  d.intermediate = c.intermediate_size;
+  d.moe_intermediate = c.moe_intermediate_size;
+  d.shared_intermediate = c.shared_expert_intermediate_size;
+  d.vocab_rows = c.vocab_size;
+  d.adds_row_parallel_bias = true;
+  return d;
+}
+
 // ComputeTpDims for dcp > 1 (the header comment): attention over TP_A = N / dcp slices.
 absl::StatusOr<TpDims> ComputeDcpDims(const ModelConfig& c, TpShard shard) {
   const int64_t n = shard.size, kvp = shard.dcp;
@@ -121,6 +148,7 @@ absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& c, TpShard shard) {
         absl::StrCat("rank ", shard.rank, " is outside the group of ", n, " ranks"));
   }
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  if (shard.dp_attention) return ComputeDpAttentionDims(c, shard);
   if (shard.dcp > 1) return ComputeDcpDims(c, shard);
   if (hq % n != 0) {
     return absl::InvalidArgumentError(
@@ -151,6 +179,7 @@ absl::StatusOr<ModelConfig> LocalModelConfig(const ModelConfig& config, TpShard 
   local.shared_expert_intermediate_size = d.shared_intermediate;
   local.expert_placement = d.expert_placement;
   local.expert_rank = d.expert_placement != nullptr ? shard.rank : 0;
+  local.dp_attention = shard.dp_attention;
   return local;
 }
 

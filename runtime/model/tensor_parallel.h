@@ -27,6 +27,14 @@
 // expert(s) stay TP-sliced (every token goes through them: the slice splits their work evenly),
 // and the row-parallel all-reduce after the MLP sums the ranks' parts: one all-reduce per MoE
 // layer, no all-to-all.
+// Wide expert parallelism (`--tp=N --enable_expert_parallel --dp_attention`, SGLang's and vLLM's
+// DP attention + EP): the N ranks are N data-parallel attention ranks, each serving its own
+// requests with the whole attention, dense MLPs, shared expert(s), embedding and lm_head
+// (replicated: TpDims of the full model, every rank adding the row-parallel biases); only the
+// routed experts are placed whole by the same ExpertPlacement. No head split, so nothing to
+// all-reduce; each MoE layer dispatches its routed rows to the experts' ranks with one
+// all-to-all and combines them with another (runtime/cpu/moe_all_to_all.h). Refused: without
+// expert parallelism, with dcp > 1.
 //
 // All functions are thread-safe (no shared state).
 #ifndef TANDEM_RUNTIME_MODEL_TENSOR_PARALLEL_H_
@@ -50,6 +58,9 @@ struct TpShard {
   // Expert parallelism over the group's ranks; placement null: ExpertPlacement::Contiguous.
   bool expert_parallel = false;
   std::shared_ptr<const ExpertPlacement> expert_placement = nullptr;
+  // Data-parallel attention (--dp_attention, with expert_parallel; dcp 1): every rank holds the
+  // whole model but its experts (see the header comment, "Wide expert parallelism").
+  bool dp_attention = false;
 };
 
 // What rank `shard.rank` holds, in units of the full model (see the header comment).
@@ -84,7 +95,8 @@ struct TpDims {
 // not divisible by N, KV heads
 // neither divisible by N nor dividing it; with dcp > 1: dcp not dividing N, TP_A = N / dcp not
 // dividing the KV heads; with expert parallelism: a model without experts, N not dividing the
-// experts (contiguous placement), a placement of another size. `config` must pass
+// experts (contiguous placement), a placement of another size; with dp_attention: no expert
+// parallelism, or dcp > 1. `config` must pass
 // ValidateModelConfig.
 absl::StatusOr<TpDims> ComputeTpDims(const ModelConfig& config, TpShard shard);
 

@@ -44,6 +44,7 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
   backend.dcp_size = group_options.dcp;
   backend.dcp_interleave = group_options.dcp_interleave;
   backend.expert_parallel = group_options.expert_parallel;
+  backend.dp_attention = group_options.dp_attention;
   const absl::Time load_start = absl::Now();
   absl::StatusOr<BackendModel> loaded = LoadModelForBackend(std::move(source), backend);
   comm::ProcessGroup* group = out.group->group();
@@ -67,7 +68,8 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
                                    " kv_dtype=", KvDtypeName(loaded->factory.kv_dtype),
                                    " tp=", group->size(), " dcp=", group_options.dcp,
                                    " dcp_interleave=", group_options.dcp_interleave,
-                                   " expert_parallel=", group_options.expert_parallel)
+                                   " expert_parallel=", group_options.expert_parallel,
+                                   " dp_attention=", group_options.dp_attention)
                     : absl::StrCat("load failed: ", loaded.status().message());
     absl::Status agreement = CheckGroupAgreement(group, identity);
     RETURN_IF_ERROR(loaded.status());
@@ -75,6 +77,11 @@ absl::StatusOr<GroupBackend> LoadGroupBackend(ModelSource source, BackendOptions
     if (out.group->rank() == 0) {
       LOG(INFO) << "worker group: "
                 << DescribeTp(loaded->model.config, group->size(), group_options.dcp);
+      if (loaded->model.local_config.dp_attention) {
+        LOG(INFO) << "worker group: data-parallel attention over " << group->size()
+                  << " ranks (each its own requests and KV; attention, dense MLPs and lm_head "
+                     "replicated; one all-to-all dispatch and one combine per MoE layer)";
+      }
       if (loaded->model.local_config.expert_placement != nullptr) {
         LOG(INFO) << "worker group: expert parallelism, "
                   << loaded->model.local_config.expert_placement->Describe();

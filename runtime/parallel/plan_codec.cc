@@ -23,6 +23,7 @@ void ToPlannedSeq(const ScheduledSeq& seq, bool with_block_table, tandem::v1::Pl
   p->set_vocab_limit(seq.sampling.vocab_limit);
   p->set_sample_step(seq.sample_step);
   p->set_num_draft_tokens(seq.num_draft_tokens);
+  p->set_dp_rank(seq.dp_rank);
 }
 
 tandem::v1::StepPlan ToStepPlan(const SchedulerOutput& batch) {
@@ -47,6 +48,7 @@ absl::Status FromPlannedSeq(const tandem::v1::PlannedSeq& p, ScheduledSeq* out) 
   seq.sampling.vocab_limit = p.vocab_limit();
   seq.sample_step = p.sample_step();
   seq.num_draft_tokens = p.num_draft_tokens();
+  seq.dp_rank = p.dp_rank();
   if (seq.num_draft_tokens < 0 ||
       (seq.num_draft_tokens > 0 &&
        seq.num_draft_tokens >= static_cast<int64_t>(seq.new_tokens.size()))) {

@@ -52,6 +52,9 @@ struct RankGroupOptions {
   // Expert parallelism over the group's ranks (--enable_expert_parallel): each mixture-of-experts
   // layer's experts placed whole on the ranks instead of sliced (runtime/model/tensor_parallel.h).
   bool expert_parallel = false;
+  // Data-parallel attention with expert parallelism (--dp_attention; tensor_parallel.h, "Wide
+  // expert parallelism"): each rank serves its own requests' attention and KV.
+  bool dp_attention = false;
   // Set by rank 0 of a local launch for the ranks it starts (--dist_shm_fd): the inherited
   // descriptor of its plan segment. -1: none.
   int plan_shm_fd = -1;

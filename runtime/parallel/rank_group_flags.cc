@@ -18,6 +18,12 @@ ABSL_FLAG(bool, enable_expert_parallel, false,
           "mixture-of-experts models: place the routed experts whole on the group's --tp ranks "
           "(rank r: experts [r*E/tp, (r+1)*E/tp); tp must divide E) instead of a slice of every "
           "expert on each; attention stays split by heads, one all-reduce per MoE layer");
+ABSL_FLAG(
+    bool, dp_attention, false,
+    "with --enable_expert_parallel: data-parallel attention (wide EP): each of the --tp ranks "
+    "runs attention for its own requests with the whole (replicated) attention, dense MLP "
+    "and lm_head weights and keeps their KV; each MoE layer's tokens go to their experts' "
+    "ranks by one all-to-all and come back by another");
 ABSL_FLAG(int32_t, rank, -1, "this process's rank when a launcher starts every rank");
 ABSL_FLAG(int32_t, world_size, 0, "with --rank: the group's size (must equal --tp if both given)");
 ABSL_FLAG(std::string, dist_init, "", "with --rank: HOST:PORT of rank 0's rendezvous");
@@ -46,6 +52,7 @@ RankGroupOptions RankGroupOptionsFromFlags(int device) {
   o.dcp = absl::GetFlag(FLAGS_dcp);
   o.dcp_interleave = absl::GetFlag(FLAGS_dcp_interleave);
   o.expert_parallel = absl::GetFlag(FLAGS_enable_expert_parallel);
+  o.dp_attention = absl::GetFlag(FLAGS_dp_attention);
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world_size = absl::GetFlag(FLAGS_world_size);
   o.dist_init = absl::GetFlag(FLAGS_dist_init);
