@@ -250,7 +250,7 @@ struct ArNormParams {
   bool add_residual = true;
 };
 
-// kernels/cuda's BlockSum for kArNormThreads threads (the same order, so the same float).
+// kernels/layers/cuda's BlockSum for kArNormThreads threads (the same order, so the same float).
 __device__ __forceinline__ float NormBlockSum(float v, float* warp_sums) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
@@ -264,7 +264,7 @@ __device__ __forceinline__ float NormBlockSum(float v, float* warp_sums) {
 
 // One-shot all-reduce of whole rows, then per row: residual (+)= sum, out = RMSNorm(residual).
 // The sum of a pack is SumPack's (the plain kernel's value); the add, the squares (fmaf in pack
-// order per thread), the block sum and the scaling are kernels/cuda RmsNormKernel's.
+// order per thread), the block sum and the scaling are kernels/layers/cuda RmsNormKernel's.
 template <typename T, int N>
 __global__ void __launch_bounds__(kArNormThreads) AddNormKernel(ArParams p, ArNormParams<T> n) {
   __shared__ int failed;

@@ -4,8 +4,9 @@
 // inputs, every rank's result equals the host reference (fp32 in rank order, rounded once) bit
 // for bit and NCCL's within the dtype's tolerance; then the same inside a captured CUDA graph
 // replayed with fresh inputs. The fused all-reduce + add + RMSNorm against the host reference,
-// the custom all-reduce + kernels/cuda's norm and NCCL + that norm, at the 8B and 70B widths, and
-// interleaved with plain all-reduces in a replayed graph. Skipped with fewer GPUs than ranks.
+// the custom all-reduce + kernels/layers/cuda's norm and NCCL + that norm, at the 8B and 70B
+// widths, and interleaved with plain all-reduces in a replayed graph. Skipped with fewer GPUs than
+// ranks.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -23,7 +24,7 @@
 #include "comm/tcp_store.h"
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/layers_cuda.h"
+#include "kernels/layers/cuda/layers_cuda.h"
 
 namespace tandem::comm {
 namespace {
@@ -228,7 +229,7 @@ AddRmsNormArgs Place(Rows& d, const FusedCase& c, int rank, int64_t rows, int64_
 }
 
 // The fused kernel vs (a) the host reference: residual exact, out within 2 bf16 ulps (the host
-// uses an exact square root); (b) the custom all-reduce + kernels/cuda's norm: at most 1 ulp
+// uses an exact square root); (b) the custom all-reduce + kernels/layers/cuda's norm: at most 1 ulp
 // (reported: how many differ at all); (c) NCCL + the same norm: within bf16 tolerance.
 int CheckFused(NcclCommunicator& comm, NcclCommunicator& nccl, cudaStream_t stream, int rank,
                int world, int64_t rows, int64_t hidden, bool add, int salt) {

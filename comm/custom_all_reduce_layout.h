@@ -77,8 +77,8 @@ TANDEM_AR_HD inline ArLaunch PlanAllReduce(int64_t bytes, int world, bool availa
 // The fused all-reduce + residual add + RMSNorm (CustomAllReduce::AllReduceAddRmsNorm): the
 // one-shot path with whole rows per block, since a row's norm needs its whole sum. Block b
 // copies in, sums and normalizes rows b, b + blocks, ...; each of its kArNormThreads threads
-// handles packs t, t + kArNormThreads, ... of a row (the order kernels/cuda's RmsNorm sums the
-// squares in, so the result is bit-identical to the all-reduce followed by that kernel).
+// handles packs t, t + kArNormThreads, ... of a row (the order kernels/layers/cuda's RmsNorm sums
+// the squares in, so the result is bit-identical to the all-reduce followed by that kernel).
 inline constexpr int kArNormThreads = 256;
 
 struct ArNormLaunch {

@@ -20,11 +20,11 @@
 #include <functional>
 #include <vector>
 
-#include "kernels/cuda/gemm_cuda.h"
-#include "kernels/cuda/gemv_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_gemm_kernels.h"
+#include "kernels/gemm/cuda/gemm_cuda.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {

@@ -28,7 +28,7 @@
 // Numerics are cpu::Fp8Linear's (fp8_linear.h) up to fp32 summation order.
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
-// programmatic_launch: as SmallMLinear's (kernels/cuda/gemv_cuda.h): the kernel waits for the
+// programmatic_launch: as SmallMLinear's (kernels/gemm/cuda/gemv_cuda.h): the kernel waits for the
 // preceding grid before it reads activations or bias or writes out.
 #ifndef TANDEM_KERNELS_FP8_FP8_GEMV_CUDA_H_
 #define TANDEM_KERNELS_FP8_FP8_GEMV_CUDA_H_

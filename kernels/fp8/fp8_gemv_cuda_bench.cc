@@ -16,9 +16,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/gemv_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {

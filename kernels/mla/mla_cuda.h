@@ -42,8 +42,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/attention/cuda/kv_cache_cuda.h"
 #include "kernels/attention/paged_attention.h"
-#include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/mla/mla_attention.h"
 
 namespace tandem::kernels::cuda {

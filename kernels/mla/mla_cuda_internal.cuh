@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attention/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/kv_cache_cuda.h"
 #include "kernels/mla/mla_cuda.h"
 
 namespace tandem::kernels::cuda::mla_internal {

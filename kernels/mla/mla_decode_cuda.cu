@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/convert_cuda.h"
-#include "kernels/cuda/merge_attn_states_cuda.h"
+#include "kernels/attention/cuda/merge_attn_states_cuda.h"
+#include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_cuda_internal.cuh"
 

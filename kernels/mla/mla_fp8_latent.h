@@ -5,7 +5,7 @@
 // D = kv_lora_rank + qk_rope_head_dim values per token and layer) holding OCP e4m3fn codes, one
 // byte per value, plus a parallel fp32 scale pool with ONE scale per (token, layer) row: the row
 // at pool element offset e (a multiple of D) has its scale at scales[e / D] (the convention of
-// kernels/cuda/kv_cache_cuda.h's int8 token_scales). A row x of D values is stored as
+// kernels/attention/cuda/kv_cache_cuda.h's int8 token_scales). A row x of D values is stored as
 //   scale = max|x| / 448 (1 for an all-zero row), code_i = e4m3(x_i / scale) (nearest, ties to
 //   even, saturated to +-448), read back as Fp8E4m3ToFloat(code_i) * scale,
 // so c_kv and k_pe share the row's scale and every row uses the whole e4m3 range (relative error

@@ -7,7 +7,7 @@
 // other), 0 when every logit is NaN. That order is total on the candidates, so the per-rank
 // reduction and the pick may combine them in any grouping.
 //
-// Header-only; host and device (the CUDA kernels are kernels/cuda/shard_argmax_cuda.h).
+// Header-only; host and device (the CUDA kernels are kernels/sampling/cuda/shard_argmax_cuda.h).
 #ifndef TANDEM_KERNELS_SAMPLING_SHARD_ARGMAX_H_
 #define TANDEM_KERNELS_SAMPLING_SHARD_ARGMAX_H_
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/dcp_exchange_cuda.h"
 #include "kernels/attention/dcp_exchange.h"
-#include "kernels/cuda/dcp_exchange_cuda.h"
 
 namespace tandem::runtime::cuda {
 

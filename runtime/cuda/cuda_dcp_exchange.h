@@ -1,10 +1,10 @@
 // Decode context parallelism's per-layer exchange on the CUDA backend: the device twin of
 // LlamaModel::ExchangeAttention (runtime/cpu/llama_model.cc). After shard attention a rank
 // holds partials (out, lse) of ALL its attention slice's query heads over ITS keys; this packs
-// them (kernels/cuda/dcp_exchange_cuda.h, the wire layout of kernels/attention/dcp_exchange.h),
-// runs ONE all-to-all of the whole communicator group (zero counts outside the rank's slice: the
-// slice's ranks are contiguous, t*KVP .. t*KVP+KVP-1) and merges the KVP partials of the rank's
-// num_heads / KVP heads by LSE into merged(): o_proj's input.
+// them (kernels/attention/cuda/dcp_exchange_cuda.h, the wire layout of
+// kernels/attention/dcp_exchange.h), runs ONE all-to-all of the whole communicator group (zero
+// counts outside the rank's slice: the slice's ranks are contiguous, t*KVP .. t*KVP+KVP-1) and
+// merges the KVP partials of the rank's num_heads / KVP heads by LSE into merged(): o_proj's input.
 //
 // The all-to-all moves the packed buffer as fp32 words (RegionBytes() is a multiple of 16), so
 // bf16/fp16 out and fp32 lse travel bit for bit over NCCL and host-staged Gloo alike (a 16-bit

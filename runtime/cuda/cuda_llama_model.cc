@@ -12,13 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/convert_cuda.h"
-#include "kernels/cuda/gemv_cuda.h"
-#include "kernels/cuda/head_norm_cuda.h"
-#include "kernels/cuda/layers_cuda.h"
-#include "kernels/cuda/rope_cache_cuda.h"
-#include "kernels/cuda/shard_argmax_cuda.h"
+#include "kernels/attention/cuda/rope_cache_cuda.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
+#include "kernels/layers/cuda/convert_cuda.h"
+#include "kernels/layers/cuda/head_norm_cuda.h"
+#include "kernels/layers/cuda/layers_cuda.h"
 #include "kernels/layers/rope.h"
+#include "kernels/sampling/cuda/shard_argmax_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 #include "runtime/engine/kv_layout.h"
 #include "runtime/model/half.h"
@@ -72,7 +72,7 @@ T* Ptr(const DeviceBuffer& b) {
 }
 
 // Decode products with at most this many rows run on the weight-streaming GEMV kernel
-// (kernels/cuda/gemv_cuda.h); larger ones on cuBLASLt. Measured on the H200 (Llama-3-8B decode
+// (kernels/gemm/cuda/gemv_cuda.h); larger ones on cuBLASLt. Measured on the H200 (Llama-3-8B decode
 // step): batch 1 4.97 -> 4.74 ms with it; batch 4 was slower with it (5.97 ms: the kernel
 // re-reads the activations from L1 once per weight vector and row).
 constexpr int64_t kGemvRows = 1;

@@ -2,7 +2,7 @@
 // per-head q/k norms; the MoE models Mixtral, Qwen2-MoE, Qwen3-MoE through CudaMoeMlp,
 // cuda_moe_mlp.h) on the CUDA backend: the twin of runtime/cpu/llama_model.h with bf16/fp16
 // weights, activations and KV on one device, fp32 accumulation in every op (cuBLASLt GEMMs,
-// kernels/cuda/ layer and attention kernels).
+// kernels/layers/cuda/ and kernels/attention/cuda/ kernels).
 //
 // Per layer: (fused add +) RMSNorm -> qkv GEMM (+bias) -> RoPE in place on the fused qkv rows ->
 // KV write (strided k/v rows) -> paged attention -> o_proj -> fused add + RMSNorm -> gate_up ->
@@ -28,13 +28,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/device_communicator.h"
+#include "kernels/attention/cuda/kv_cache_cuda.h"
+#include "kernels/attention/cuda/paged_attention_cuda.h"
+#include "kernels/attention/cuda/paged_prefill_cuda.h"
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
-#include "kernels/cuda/gemm_cuda.h"
-#include "kernels/cuda/kv_cache_cuda.h"
-#include "kernels/cuda/paged_attention_cuda.h"
-#include "kernels/cuda/paged_prefill_cuda.h"
-#include "kernels/cuda/sampling_cuda.h"
+#include "kernels/gemm/cuda/gemm_cuda.h"
+#include "kernels/sampling/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
 #include "runtime/cuda/cuda_fp8_linear.h"
 #include "runtime/cuda/cuda_moe_mlp.h"

@@ -35,8 +35,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/cuda/gemm_cuda.h"
-#include "kernels/cuda/kv_cache_cuda.h"
+#include "kernels/attention/cuda/kv_cache_cuda.h"
+#include "kernels/gemm/cuda/gemm_cuda.h"
 #include "kernels/mla/mla_attention.h"
 #include "kernels/mla/mla_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"

@@ -11,7 +11,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "kernels/cuda/sampling_cuda.h"
+#include "kernels/sampling/cuda/sampling_cuda.h"
 #include "runtime/kv_cache/dcp_blocks.h"
 
 namespace tandem::runtime::cuda {

@@ -34,7 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/cuda/gemm_cuda.h"
+#include "kernels/gemm/cuda/gemm_cuda.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_cuda.h"
 #include "runtime/cuda/device_buffer.h"

@@ -6,8 +6,8 @@
 #
 #   tests/gpu/attention_vs_flashinfer.sh BUNDLE FLASHINFER_DIR OUT [BASELINE_BUNDLE]
 #
-# BUNDLE: a tests/gpu/bundle.sh output holding //kernels/cuda:attention_cuda_bench and
-# //kernels/cuda:prefill_attention_cuda_bench. FLASHINFER_DIR: the peer package
+# BUNDLE: a tests/gpu/bundle.sh output holding //kernels/attention/cuda:attention_cuda_bench and
+# //kernels/attention/cuda:prefill_attention_cuda_bench. FLASHINFER_DIR: the peer package
 # (../shared/peers/flashinfer, copied into a git-ignored folder of the checkout and carried);
 # its run_flashinfer.sh runs unchanged (FI_SKIP=tc-fa3,fa3 drops variants). BASELINE_BUNDLE
 # (optional): a second bundle (e.g. of the previous commit) measured in the same call, whose
@@ -30,7 +30,7 @@ export NCCL_NVLS_ENABLE=0
 status=0
 
 run_ours() {  # BUNDLE_DIR PREFIX
-  local bin=$1/bin/kernels/cuda
+  local bin=$1/bin/kernels/attention/cuda
   local libs="$1/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:/usr/local/cuda/lib64"
   echo "[attention_vs_flashinfer] $2: $1"
   LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" "$bin/attention_cuda_bench" --flush_l2 \

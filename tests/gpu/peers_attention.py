@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peers for the attention benchmarks (kernels/cuda:attention_cuda_bench, prefill_attention_cuda_bench).
+"""Peers for the attention benchmarks (kernels/attention/cuda:attention_cuda_bench, prefill_attention_cuda_bench).
 
 Runs PyTorch's scaled_dot_product_attention with the cuDNN and FlashAttention backends, and
 torch's flex_attention compiled with torch.compile, on the same shapes as our benchmarks

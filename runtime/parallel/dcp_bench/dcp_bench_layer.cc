@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/dcp_exchange_cuda.h"
+#include "kernels/attention/cuda/paged_attention_cuda.h"
 #include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/dcp_shard.h"
-#include "kernels/cuda/dcp_exchange_cuda.h"
-#include "kernels/cuda/paged_attention_cuda.h"
 
 namespace tandem::runtime::dcp_bench {
 namespace {

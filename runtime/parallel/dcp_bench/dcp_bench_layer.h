@@ -1,7 +1,7 @@
 // One rank's part of dcp_bench (dcp_bench.cc): one simulated decode layer of decode context
 // parallelism on the current CUDA device, timed part by part. Per layer a rank runs
 //
-//   shard attention   kernels/cuda PagedAttention over its 1/dcp of every request's KV
+//   shard attention   kernels/attention/cuda PagedAttention over its 1/dcp of every request's KV
 //                     (AttentionParams::dcp_*, global positions, local block tables)
 //   pack              DcpPackForExchange: (out, lse) of all heads into one buffer
 //   all-to-all        ONE comm::DeviceCommunicator::AllToAll of that buffer

@@ -1,0 +1,139 @@
+// The launch side of cuda::PagedAttention (internal; included by paged_attention_cuda.cu and
+// the paged_decode_*.cu files only): LaunchPagedDecode<T, KV> turns the plan's head_dim and
+// rows-per-warp into template constants and launches the decode kernel (+ the split merge).
+// Each (activation, KV) pair is instantiated in one .cu file (16bit, fp8, int8), so the kernels
+// compile in parallel; the extern declarations below keep other files from instantiating them.
+#ifndef TANDEM_KERNELS_ATTENTION_CUDA_PAGED_DECODE_LAUNCH_CUH_
+#define TANDEM_KERNELS_ATTENTION_CUDA_PAGED_DECODE_LAUNCH_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/attention/cuda/paged_attention_cuda.h"
+#include "kernels/attention/cuda/paged_decode_kernel.cuh"
+#include "kernels/attention/cuda/paged_decode_tc_kernel.cuh"
+
+namespace tandem::kernels::cuda::internal {
+
+// p: filled by PagedAttention (validated); plan: the PagedAttentionPlan it was checked against.
+template <typename T, typename KV>
+absl::Status LaunchPagedDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
+                               cudaStream_t stream);
+
+namespace decode_launch_detail {
+
+template <typename... Args>
+absl::Status LaunchInvalid(const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat("cuda::PagedAttention: ", args...));
+}
+
+template <typename T, typename KV, int D, int RPW>
+absl::Status LaunchCudaCore(const DecodeParams<T>& p, dim3 grid, cudaStream_t stream) {
+  constexpr int kSmem = internal::DecodeCfg<KV, D>::kSmemBytes;
+  auto* kernel = &PagedDecodeKernel<T, KV, D, RPW>;
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p);
+  return absl::OkStatus();
+}
+
+template <typename T, typename KV, int D>
+absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
+                          cudaStream_t stream) {
+  const PagedAttentionPlanInput& in = plan.input;
+  const dim3 grid(static_cast<unsigned>(plan.num_splits),
+                  static_cast<unsigned>(in.num_kv_heads * plan.row_tiles),
+                  static_cast<unsigned>(in.num_seqs));
+  if (plan.use_tensor_cores) {
+    if constexpr (D == 64 || D == 128) {
+      using Cfg = TcCfg<D, KV>;
+      auto* kernel = &PagedDecodeTcKernel<T, KV, D>;
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                Cfg::kSmemBytes));
+      kernel<<<grid, kDecodeThreads, Cfg::kSmemBytes, stream>>>(p);
+    } else {
+      return LaunchInvalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
+    }
+  } else {
+    switch (plan.rows_per_warp) {
+      case 1:
+        RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 1>(p, grid, stream)));
+        break;
+      case 2:
+        if constexpr (D <= 128) {
+          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 2>(p, grid, stream)));
+          break;
+        }
+        [[fallthrough]];
+      case 4:
+        if constexpr (D <= 64) {
+          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 4>(p, grid, stream)));
+          break;
+        }
+        [[fallthrough]];
+      default:
+        return LaunchInvalid("no kernel for rows_per_warp ", plan.rows_per_warp, " at head_dim ",
+                             D);
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (plan.num_splits > 1) {
+    const int64_t rows = in.num_tokens * in.num_q_heads;
+    CombineSplitsKernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
+        p.part_o, p.part_lse, plan.num_splits, rows, p.out, p.lse);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace decode_launch_detail
+
+template <typename T, typename KV>
+absl::Status LaunchPagedDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
+                               cudaStream_t stream) {
+  using decode_launch_detail::LaunchDecode;
+  using decode_launch_detail::LaunchInvalid;
+  switch (plan.input.head_dim) {
+    case 16:
+      return LaunchDecode<T, KV, 16>(p, plan, stream);
+    case 32:
+      return LaunchDecode<T, KV, 32>(p, plan, stream);
+    case 64:
+      return LaunchDecode<T, KV, 64>(p, plan, stream);
+    case 128:
+      return LaunchDecode<T, KV, 128>(p, plan, stream);
+    case 256:
+      return LaunchDecode<T, KV, 256>(p, plan, stream);
+    default:
+      return LaunchInvalid("head_dim ", plan.input.head_dim,
+                           " not supported (16, 32, 64, 128, 256)");
+  }
+}
+
+extern template absl::Status LaunchPagedDecode<__nv_bfloat16, __nv_bfloat16>(
+    const DecodeParams<__nv_bfloat16>&, const PagedAttentionPlan&, cudaStream_t);
+extern template absl::Status LaunchPagedDecode<__half, __half>(const DecodeParams<__half>&,
+                                                               const PagedAttentionPlan&,
+                                                               cudaStream_t);
+extern template absl::Status LaunchPagedDecode<__nv_bfloat16, __nv_fp8_e4m3>(
+    const DecodeParams<__nv_bfloat16>&, const PagedAttentionPlan&, cudaStream_t);
+extern template absl::Status LaunchPagedDecode<__half, __nv_fp8_e4m3>(const DecodeParams<__half>&,
+                                                                      const PagedAttentionPlan&,
+                                                                      cudaStream_t);
+extern template absl::Status LaunchPagedDecode<__nv_bfloat16, int8_t>(
+    const DecodeParams<__nv_bfloat16>&, const PagedAttentionPlan&, cudaStream_t);
+extern template absl::Status LaunchPagedDecode<__half, int8_t>(const DecodeParams<__half>&,
+                                                               const PagedAttentionPlan&,
+                                                               cudaStream_t);
+
+}  // namespace tandem::kernels::cuda::internal
+
+#endif  // TANDEM_KERNELS_ATTENTION_CUDA_PAGED_DECODE_LAUNCH_CUH_

@@ -1,0 +1,211 @@
+// Prefill / extend attention throughput on the first CUDA device: causal, 32 query / 8 KV heads,
+// head_dim 128, bf16, block 16 with shuffled physical blocks (the shapes).
+//   prefill_attention_cuda_bench
+// TFLOP/s counts 4 * head_dim * num_q_heads * (sum over query rows of visible keys): QK^T and
+// P.V, 2 FLOP per multiply-add, causal work only (masked-out keys are not counted). Each shape
+// runs the Hopper wgmma kernel and the mma.sync kernel and prints max |wgmma - mma| over the
+// output as a cross-check. Prints a table; no pass/fail.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/cuda_status.h"
+#include "kernels/attention/cuda/paged_prefill_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+
+struct Shape {
+  const char* name;
+  int64_t num_seqs;
+  int64_t q_len;   // new tokens per request
+  int64_t prefix;  // cached tokens before them
+};
+
+std::vector<uint16_t> RandomBf16(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<uint16_t> out(n);
+  for (uint16_t& x : out) {
+    const float f = dist(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  }
+  return out;
+}
+
+float Bf16ToFloat(uint16_t x) {
+  const uint32_t bits = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_blocks,
+                      std::mt19937& rng) {
+  const int64_t seq_len = shape.prefix + shape.q_len;
+  const int64_t tokens = shape.num_seqs * shape.q_len;
+  const int64_t blocks_per_seq = (seq_len + kBlock - 1) / kBlock;
+  if (shape.num_seqs * blocks_per_seq > pool_blocks) return absl::InternalError("pool too small");
+  std::vector<int32_t> perm(pool_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> tables(perm.begin(), perm.begin() + shape.num_seqs * blocks_per_seq);
+  std::vector<int32_t> qsl(shape.num_seqs + 1), lens(shape.num_seqs, seq_len);
+  for (int64_t i = 0; i <= shape.num_seqs; ++i) qsl[i] = static_cast<int32_t>(i * shape.q_len);
+
+  int32_t *d_tables, *d_qsl, *d_lens;
+  __nv_bfloat16 *d_q, *d_out[2];
+  float* d_lse;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_tables, tables.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_qsl, qsl.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lens, lens.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_q, tokens * kHq * kD * 2));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out[0], tokens * kHq * kD * 2));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out[1], tokens * kHq * kD * 2));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lse, tokens * kHq * 4));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_qsl, qsl.data(), qsl.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  const std::vector<uint16_t> q = RandomBf16(rng, tokens * kHq * kD);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+
+  // Causal work: row j of a request sees prefix + j + 1 keys.
+  const double visible = static_cast<double>(shape.num_seqs) *
+                         (static_cast<double>(shape.q_len) * (shape.prefix + 1) +
+                          static_cast<double>(shape.q_len) * (shape.q_len - 1) / 2);
+  const double flops = 4.0 * kD * kHq * visible;
+  const DeviceKvCache cache{.data = pool,
+                            .layout = {.num_blocks = pool_blocks,
+                                       .num_layers = 1,
+                                       .block_size = kBlock,
+                                       .num_kv_heads = kHkv,
+                                       .head_dim = kD},
+                            .dtype = KvDtype::kBf16};
+  const AttentionBatch batch{.query_start_loc = d_qsl,
+                             .seq_lens = d_lens,
+                             .block_tables = d_tables,
+                             .num_seqs = shape.num_seqs,
+                             .max_blocks_per_seq = blocks_per_seq};
+  const AttentionParams params{.scale = 0.0884f};
+  double us[2] = {0, 0};
+  int grid[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    PagedPrefillPlanInput in{.num_seqs = shape.num_seqs,
+                             .num_tokens = tokens,
+                             .max_q_len = shape.q_len,
+                             .max_seq_len = seq_len,
+                             .num_q_heads = kHq,
+                             .num_kv_heads = kHkv,
+                             .head_dim = kD,
+                             .num_sms = num_sms,
+                             .allow_wgmma = k == 0};
+    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, PlanPagedPrefill(in));
+    grid[k] = plan.grid;
+    auto run = [&] {
+      return PagedPrefillAttention<__nv_bfloat16>(d_q, cache, 0, batch, params, plan, d_out[k],
+                                                  d_lse, nullptr, nullptr);
+    };
+    for (int i = 0; i < 2; ++i) RETURN_IF_ERROR(run());
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    // ~100 ms of work at 400 TFLOP/s (the mma.sync kernel takes longer).
+    const int iters = static_cast<int>(std::clamp(0.1 / (flops / 400e12), 3.0, 200.0));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+    for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(run());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+    us[k] = ms * 1e3 / iters;
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  std::vector<uint16_t> o[2];
+  for (int k = 0; k < 2; ++k) {
+    o[k].resize(tokens * kHq * kD);
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(o[k].data(), d_out[k], o[k].size() * 2, cudaMemcpyDeviceToHost));
+  }
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < o[0].size(); ++i) {
+    const double a = Bf16ToFloat(o[0][i]), b = Bf16ToFloat(o[1][i]);
+    const double diff = std::isnan(a) || std::isnan(b) ? INFINITY : std::abs(a - b);
+    max_diff = std::max(max_diff, diff);
+    max_abs = std::max(max_abs, std::abs(b));
+  }
+  std::printf("%-22s %10.1f %9.1f %5d %10.1f %9.1f %5d %12.2e %9.3f\n", shape.name, us[0],
+              flops / us[0] * 1e-6, grid[0], us[1], flops / us[1] * 1e-6, grid[1], max_diff,
+              max_abs);
+  cudaFree(d_tables);
+  cudaFree(d_qsl);
+  cudaFree(d_lens);
+  cudaFree(d_q);
+  cudaFree(d_out[0]);
+  cudaFree(d_out[1]);
+  cudaFree(d_lse);
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  cudaDeviceProp prop{};
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  std::printf(
+      "device: %s, %d SMs; causal prefill, 32 q / 8 kv heads, d128, bf16, block 16 shuffled\n"
+      "TFLOP/s = 4 * head_dim * num_q_heads * sum over query rows of visible keys / time\n",
+      prop.name, prop.multiProcessorCount);
+  // One pool for every shape: 1 GiB of random bf16 (a 64 MiB chunk replicated on the device).
+  const int64_t block_bytes = 2 * kBlock * kHkv * kD * 2;
+  const int64_t pool_blocks = (int64_t{1} << 30) / block_bytes;
+  void* pool = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pool, pool_blocks * block_bytes));
+  std::mt19937 rng(7);
+  {
+    const int64_t chunk = int64_t{64} << 20;
+    const std::vector<uint16_t> host = RandomBf16(rng, chunk / 2);
+    auto* base = static_cast<uint8_t*>(pool);
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(base, host.data(), chunk, cudaMemcpyHostToDevice));
+    for (int64_t off = chunk; off < pool_blocks * block_bytes; off += chunk) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(base + off, base,
+                                      std::min(chunk, pool_blocks * block_bytes - off),
+                                      cudaMemcpyDeviceToDevice));
+    }
+  }
+  std::printf("%-22s %10s %9s %5s %10s %9s %5s %12s %9s\n", "shape", "wgmma_us", "TFLOP/s", "grid",
+              "mma_us", "TFLOP/s", "grid", "max|diff|", "max|out|");
+  const Shape shapes[] = {
+      {"1 x 4k prefill", 1, 4096, 0},
+      {"1 x 16k prefill", 1, 16384, 0},
+      {"8 x 2k prefill", 8, 2048, 0},
+      {"2k new over 8k prefix", 1, 2048, 8192},
+  };
+  for (const Shape& shape : shapes) {
+    RETURN_IF_ERROR(RunShape(shape, prop.multiProcessorCount, pool, pool_blocks, rng));
+  }
+  CUDA_RETURN_IF_ERROR(cudaFree(pool));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
+
+int main() {
+  const absl::Status status = tandem::kernels::cuda::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "prefill_attention_cuda_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

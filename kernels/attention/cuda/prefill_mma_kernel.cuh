@@ -1,0 +1,173 @@
+// mma.sync prefill attention kernel behind cuda::PagedPrefillAttention (internal; included by
+// paged_prefill_cuda.cu only): head_dim 64/128/256, bf16/fp16, any sm_80+ GPU, and the
+// reference the Hopper kernel is compared against.
+//
+// FlashAttention-2 shape: a persistent CTA of 4 warps takes work items of 64 query rows (token
+// x group head); each warp owns 16 rows. Q sits in shared memory for the whole item; K/V tiles
+// of 64 keys (32 at head_dim 256) stream from the pages through a cp.async ring, newest causal
+// tile first. Scores and P.V run on mma.sync m16n8k16 with ldmatrix operands from XOR-swizzled
+// rows (16-byte unit u of row r at u ^ (r & 7): 8-row ldmatrix reads hit distinct banks), the
+// online softmax in registers (fp32, log2 domain), P rounded to T for the P.V product.
+#ifndef TANDEM_KERNELS_ATTENTION_CUDA_PREFILL_MMA_KERNEL_CUH_
+#define TANDEM_KERNELS_ATTENTION_CUDA_PREFILL_MMA_KERNEL_CUH_
+
+#include "kernels/attention/cuda/prefill_common.cuh"
+
+namespace tandem::kernels::cuda::internal::prefill {
+
+template <int D>
+struct MmaCfg {
+  static constexpr int kThreads = 128;
+  static constexpr int kRows = 64;
+  static constexpr int kKeys = D <= 128 ? 64 : 32;
+  static constexpr int kStages = D <= 128 ? 3 : 2;
+  static constexpr int kUnits = D / 8;  // 16-byte units per row
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kTileBytes = kKeys * D * 2;
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kCtasPerSm =
+      (227 * 1024) / (kSmemBytes + 1024) < 4 ? (227 * 1024) / (kSmemBytes + 1024) : 4;
+  static_assert(kUnits >= 8, "swizzle needs rows of at least 128 bytes");
+};
+
+template <typename T, int D, bool kSoftcap>
+__global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
+    PrefillMmaKernel(const __grid_constant__ PrefillParams<T> p) {
+  using C = MmaCfg<D>;
+  constexpr int kU = C::kUnits, kN8 = C::kKeys / 8;
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
+  uint8_t* q_smem = smem;
+  uint8_t* ring = smem + C::kQBytes;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int mi = lane >> 3, mr = lane & 7;
+  const uint32_t q_base = SmemAddr(q_smem);
+  const uint32_t ring_base = SmemAddr(ring);
+
+  for (int w = blockIdx.x; w < p.num_work; w += gridDim.x) {
+    WorkItem it;
+    if (!GetWork<C::kRows>(p, p.query_start_loc, w, &it)) continue;
+    const int nb_lo = it.lo_cta / C::kKeys, nb_hi = (it.hi_cta - 1) / C::kKeys;
+    const int n_tiles = nb_hi - nb_lo + 1;
+    const T* kv = p.pool + int64_t{it.kvh} * D;
+    const int32_t* table = p.block_tables + int64_t{it.seq} * p.max_blocks_per_seq;
+
+    __syncthreads();  // the previous item is done with Q and the ring
+    for (int c = tid; c < C::kRows * kU; c += C::kThreads) {
+      const int r = c / kU, u = c % kU;
+      const T* src = p.q;
+      int bytes = 0;
+      if (r < it.rows_here) {
+        const int gr = it.row0 + r;
+        src =
+            p.q +
+            (int64_t{it.q_start + gr / p.group} * p.num_q_heads + it.kvh * p.group + gr % p.group) *
+                D +
+            u * 8;
+        bytes = 16;
+      }
+      CpAsync16(q_smem + (r * kU + (u ^ (r & 7))) * 16, src, bytes);
+    }
+    // Tile t holds keys [(nb_hi - t) * kKeys, + kKeys); keys outside [lo_cta, hi_cta) are
+    // zero-filled (never read: their pages may not exist) and masked.
+    auto load_tile = [&](int t) {
+      uint8_t* ks = ring + (t % C::kStages) * 2 * C::kTileBytes;
+      uint8_t* vs = ks + C::kTileBytes;
+      const int key0 = (nb_hi - t) * C::kKeys;
+#pragma unroll
+      for (int j = 0; j < C::kKeys * kU / C::kThreads; ++j) {
+        const int c = tid + j * C::kThreads;
+        const int key = c / kU, u = c % kU;
+        const int pos = key0 + key;
+        const T* src = p.pool;
+        int bytes = 0;
+        if (pos >= it.lo_cta && pos < it.hi_cta) {
+          const int blk = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+          const int off = pos - blk * p.block_size;
+          src = kv + int64_t{table[blk]} * p.block_elems + int64_t{off} * p.token_stride + u * 8;
+          bytes = 16;
+        }
+        const int dst = (key * kU + (u ^ (key & 7))) * 16;
+        CpAsync16(ks + dst, src, bytes);
+        CpAsync16(vs + dst, src + (bytes ? p.tile_elems : 0), bytes);
+      }
+    };
+#pragma unroll
+    for (int t = 0; t < C::kStages - 1; ++t) {
+      if (t < n_tiles) load_tile(t);
+      CpAsyncCommit();  // the first group carries Q too
+    }
+
+    int lo[2], hi[2];
+    RowBounds(p, it, warp * 16 + g, &lo[0], &hi[0]);
+    RowBounds(p, it, warp * 16 + g + 8, &lo[1], &hi[1]);
+    float o[D / 8 * 4];
+#pragma unroll
+    for (int i = 0; i < D / 8 * 4; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < n_tiles; ++t) {
+      CpAsyncWait<C::kStages - 2>();
+      __syncthreads();
+      if (t + C::kStages - 1 < n_tiles) load_tile(t + C::kStages - 1);
+      CpAsyncCommit();
+      const uint32_t kbase = ring_base + (t % C::kStages) * 2 * C::kTileBytes;
+      const uint32_t vbase = kbase + C::kTileBytes;
+      const int key0 = (nb_hi - t) * C::kKeys;
+
+      float s[kN8 * 4];
+#pragma unroll
+      for (int i = 0; i < kN8 * 4; ++i) s[i] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t qa[4];
+        {
+          const int r = warp * 16 + (mi & 1) * 8 + mr;
+          LdMatrixX4(q_base + (r * kU + ((2 * ks + (mi >> 1)) ^ (r & 7))) * 16, qa);
+        }
+#pragma unroll
+        for (int kb = 0; kb < kN8 / 2; ++kb) {
+          const int key = kb * 16 + (mi >> 1) * 8 + mr;
+          uint32_t b[4];
+          LdMatrixX4(kbase + (key * kU + ((2 * ks + (mi & 1)) ^ (key & 7))) * 16, b);
+          Mma16816<T>(s + (2 * kb) * 4, qa, b[0], b[1]);
+          Mma16816<T>(s + (2 * kb + 1) * 4, qa, b[2], b[3]);
+        }
+      }
+      const bool mask = key0 + C::kKeys > it.min_hi || key0 < it.max_lo;
+      float corr[2];
+      if (mask) {
+        OnlineSoftmax<kN8, kSoftcap, true>(s, p, key0, lo, hi, t4, m, l, corr);
+      } else {
+        OnlineSoftmax<kN8, kSoftcap, false>(s, p, key0, lo, hi, t4, m, l, corr);
+      }
+#pragma unroll
+      for (int n8 = 0; n8 < D / 8; ++n8) {
+        o[n8 * 4 + 0] *= corr[0];
+        o[n8 * 4 + 1] *= corr[0];
+        o[n8 * 4 + 2] *= corr[1];
+        o[n8 * 4 + 3] *= corr[1];
+      }
+      uint32_t pa[kN8 / 2][4];
+      WeightsToA<kN8, T>(s, pa);
+#pragma unroll
+      for (int kk = 0; kk < kN8 / 2; ++kk) {
+        const int key = kk * 16 + (mi & 1) * 8 + mr;
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          uint32_t b[4];
+          LdMatrixX4Trans(vbase + (key * kU + ((2 * dt + (mi >> 1)) ^ (key & 7))) * 16, b);
+          Mma16816<T>(o + (2 * dt) * 4, pa[kk], b[0], b[1]);
+          Mma16816<T>(o + (2 * dt + 1) * 4, pa[kk], b[2], b[3]);
+        }
+      }
+    }
+    CpAsyncWait<0>();
+    StoreRows<D>(p, it, warp * 16 + g, t4, o, m, l);
+  }
+}
+
+}  // namespace tandem::kernels::cuda::internal::prefill
+
+#endif  // TANDEM_KERNELS_ATTENTION_CUDA_PREFILL_MMA_KERNEL_CUH_

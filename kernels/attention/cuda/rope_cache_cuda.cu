@@ -1,0 +1,124 @@
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/attention/cuda/rope_cache_cuda.h"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using internal::FromFloat;
+using internal::Vec;
+using internal::VecToFloat;
+
+constexpr int kVec = 8;
+constexpr int kThreads = 256;
+using V8 = float[kVec];
+
+// One thread per (token, head, 8-element vector of the first half): q and k heads rotate the
+// pair (i0, i0 + half) exactly as cuda::ApplyRope does; v heads copy both vectors.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RopeQkvToCacheKernel(const T* __restrict__ qkv, int64_t qkv_stride,
+                         const int64_t* __restrict__ positions,
+                         const int64_t* __restrict__ slot_mapping, int64_t num_tokens,
+                         const float* __restrict__ inv_freq, int head_dim, int num_q_heads,
+                         int num_kv_heads, T* __restrict__ q_out, T* __restrict__ pool,
+                         int64_t num_slots, int block_size, int64_t layer_tile_offset,
+                         int64_t block_stride, int64_t kv_stride) {
+  const int half = head_dim / 2;
+  const int vecs_per_head = half / kVec;
+  const int heads = num_q_heads + 2 * num_kv_heads;
+  const int64_t total = num_tokens * heads * vecs_per_head;
+  for (int64_t idx = blockIdx.x * int64_t{kThreads} + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * kThreads) {
+    const int64_t t = idx / (heads * vecs_per_head);
+    const int rem = static_cast<int>(idx % (heads * vecs_per_head));
+    const int h = rem / vecs_per_head;
+    const int i0 = (rem % vecs_per_head) * kVec;
+    const T* src = qkv + t * qkv_stride + int64_t{h} * head_dim;
+    T* dst;
+    if (h < num_q_heads) {
+      dst = q_out + (t * num_q_heads + h) * head_dim;
+    } else {
+      const int64_t slot = slot_mapping[t];
+      if (slot < 0 || slot >= num_slots) continue;
+      const int kv = h < num_q_heads + num_kv_heads ? 0 : 1;
+      const int kv_head = h - num_q_heads - kv * num_kv_heads;
+      dst = pool + (slot / block_size) * block_stride + layer_tile_offset + kv * kv_stride +
+            ((slot % block_size) * num_kv_heads + kv_head) * int64_t{head_dim};
+      if (kv == 1) {
+        *reinterpret_cast<Vec<T, kVec>*>(dst + i0) =
+            *reinterpret_cast<const Vec<T, kVec>*>(src + i0);
+        *reinterpret_cast<Vec<T, kVec>*>(dst + i0 + half) =
+            *reinterpret_cast<const Vec<T, kVec>*>(src + i0 + half);
+        continue;
+      }
+    }
+    const float pos = static_cast<float>(positions[t]);
+    V8 x1, x2;
+    VecToFloat(*reinterpret_cast<const Vec<T, kVec>*>(src + i0), x1);
+    VecToFloat(*reinterpret_cast<const Vec<T, kVec>*>(src + i0 + half), x2);
+    Vec<T, kVec> o1, o2;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float s, c;
+      sincosf(pos * inv_freq[i0 + j], &s, &c);
+      o1.v[j] = FromFloat<T>(x1[j] * c + (-x2[j]) * s);
+      o2.v[j] = FromFloat<T>(x2[j] * c + x1[j] * s);
+    }
+    *reinterpret_cast<Vec<T, kVec>*>(dst + i0) = o1;
+    *reinterpret_cast<Vec<T, kVec>*>(dst + i0 + half) = o2;
+  }
+}
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+template <typename T>
+absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
+                            const int64_t* slot_mapping, int64_t num_tokens, const float* inv_freq,
+                            int64_t num_q_heads, T* q_out, const DeviceKvCache& cache,
+                            int64_t layer, cudaStream_t stream) {
+  auto invalid = [](const auto&... args) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda::RopeQkvToCache: ", args...));
+  };
+  RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "RopeQkvToCache"));
+  const KvCacheLayout& l = cache.layout;
+  const KvDtype want = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  if (cache.dtype != want) return invalid("the pool must hold the activations' dtype");
+  if (layer < 0 || layer >= l.num_layers) return invalid("layer ", layer, " out of range");
+  if (num_tokens < 0 || num_q_heads <= 0) return invalid("negative sizes");
+  const int64_t D = l.head_dim;
+  if ((D / 2) % kVec != 0) return invalid("head_dim / 2 must be a multiple of 8, got ", D);
+  if (qkv_stride < (num_q_heads + 2 * l.num_kv_heads) * D || qkv_stride % kVec != 0) {
+    return invalid("qkv_stride ", qkv_stride, " must cover a row and be a multiple of 8");
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (qkv == nullptr || positions == nullptr || slot_mapping == nullptr || inv_freq == nullptr ||
+      q_out == nullptr || !Aligned(qkv) || !Aligned(q_out)) {
+    return invalid("null or unaligned pointers");
+  }
+  const int64_t work = num_tokens * (num_q_heads + 2 * l.num_kv_heads) * (D / 2 / kVec);
+  const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, int64_t{1} << 30);
+  RopeQkvToCacheKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      qkv, qkv_stride, positions, slot_mapping, num_tokens, inv_freq, static_cast<int>(D),
+      static_cast<int>(num_q_heads), static_cast<int>(l.num_kv_heads), q_out,
+      static_cast<T*>(cache.data), l.NumSlots(), static_cast<int>(l.block_size),
+      l.TileOffset(0, layer, 0), l.BlockElems(), l.TileElems());
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template absl::Status RopeQkvToCache<__nv_bfloat16>(const __nv_bfloat16*, int64_t, const int64_t*,
+                                                    const int64_t*, int64_t, const float*, int64_t,
+                                                    __nv_bfloat16*, const DeviceKvCache&, int64_t,
+                                                    cudaStream_t);
+template absl::Status RopeQkvToCache<__half>(const __half*, int64_t, const int64_t*, const int64_t*,
+                                             int64_t, const float*, int64_t, __half*,
+                                             const DeviceKvCache&, int64_t, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,48 @@
+// Fused decode-path kernel: RoPE on q and k of a fused qkv projection, q written dense for the
+// attention kernel, rotated k and v written straight into their KV-pool slots. Replaces
+// ApplyRope + ReshapeAndCache + a strided q copy (three graph nodes per layer) with one, with
+// exactly their arithmetic (same fp32 rotation and one rounding; bf16/fp16 pools copy exactly).
+//
+// Thread safety: asynchronous on `stream`; writes q_out and the pool slots named by
+// slot_mapping (callers never run two writers of one slot concurrently).
+#ifndef TANDEM_KERNELS_ATTENTION_CUDA_ROPE_CACHE_CUDA_H_
+#define TANDEM_KERNELS_ATTENTION_CUDA_ROPE_CACHE_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/attention/cuda/kv_cache_cuda.h"
+
+namespace tandem::kernels::cuda {
+
+// qkv: [num_tokens, qkv_stride] of T, each row q (num_q_heads x head_dim), then k and v
+// (num_kv_heads x head_dim each); positions, slot_mapping: [num_tokens] (device; slot -1 or
+// outside the pool: k/v not written); inv_freq: [head_dim / 2] fp32 (device);
+// q_out: [num_tokens, num_q_heads, head_dim] of T (rotated q). The pool must hold T's own
+// dtype (bf16 / fp16), with the layout's num_kv_heads / head_dim.
+// INVALID_ARGUMENT (nothing launched): invalid cache view, layer out of range, another pool
+// dtype, head_dim / 2 not a multiple of 8, qkv_stride smaller than a row or not a multiple of 8,
+// null or unaligned pointers. num_tokens == 0: OK, nothing launched.
+template <typename T>
+absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
+                            const int64_t* slot_mapping, int64_t num_tokens, const float* inv_freq,
+                            int64_t num_q_heads, T* q_out, const DeviceKvCache& cache,
+                            int64_t layer, cudaStream_t stream);
+
+extern template absl::Status RopeQkvToCache<__nv_bfloat16>(const __nv_bfloat16*, int64_t,
+                                                           const int64_t*, const int64_t*, int64_t,
+                                                           const float*, int64_t, __nv_bfloat16*,
+                                                           const DeviceKvCache&, int64_t,
+                                                           cudaStream_t);
+extern template absl::Status RopeQkvToCache<__half>(const __half*, int64_t, const int64_t*,
+                                                    const int64_t*, int64_t, const float*, int64_t,
+                                                    __half*, const DeviceKvCache&, int64_t,
+                                                    cudaStream_t);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_ATTENTION_CUDA_ROPE_CACHE_CUDA_H_

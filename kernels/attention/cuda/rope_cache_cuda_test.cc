@@ -1,0 +1,114 @@
+// RopeQkvToCache against the unfused ops it replaces (ApplyRope on the fused qkv rows,
+// ReshapeAndCache of the strided k/v, a strided q copy): bit-exact q and pool on fresh random
+// inputs (GPU; skips without one).
+#include "kernels/attention/cuda/rope_cache_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/attention/cuda/reshape_and_cache_cuda.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/layers/cuda/layers_cuda.h"
+#include "kernels/layers/rope.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using cuda_test::DeviceBuffer;
+using cuda_test::TestSeed;
+
+template <typename T>
+void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int64_t d) {
+  SCOPED_TRACE(::testing::Message()
+               << "T=" << num_tokens << " hq=" << hq << " hk=" << hk << " d=" << d);
+  KvCacheLayout layout;
+  layout.num_blocks = 37;
+  layout.num_layers = 3;
+  layout.block_size = 16;
+  layout.num_kv_heads = hk;
+  layout.head_dim = d;
+  const int64_t layer = 1;
+  const int64_t stride = (hq + 2 * hk) * d + 8;  // padded rows, like a view
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<T> qkv(num_tokens * stride);
+  for (T& x : qkv) x = cuda_test::FromF<T>(dist(rng));
+  // Distinct slots in random order, some -1 (skipped) and one out of the pool.
+  std::vector<int64_t> slots(layout.NumSlots());
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
+  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
+  std::vector<int64_t> positions(num_tokens);
+  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  auto inv_freq = ComputeRopeInvFreq(500000.0, d, RopeScaling{});
+  ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
+
+  const KvDtype dtype = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  std::vector<T> pool_init(layout.TotalElems());
+  for (T& x : pool_init) x = cuda_test::FromF<T>(dist(rng));
+  DeviceBuffer<T> d_qkv(qkv), d_qkv_ref(qkv), pool(pool_init), pool_ref(pool_init);
+  DeviceBuffer<int64_t> d_pos(positions), d_slots(slots);
+  DeviceBuffer<float> d_freq(*inv_freq);
+  DeviceBuffer<T> q_out(num_tokens * hq * d), q_ref(num_tokens * hq * d);
+  DeviceKvCache cache{pool.get(), layout, dtype}, cache_ref{pool_ref.get(), layout, dtype};
+
+  ASSERT_TRUE(RopeQkvToCache<T>(d_qkv.get(), stride, d_pos.get(), d_slots.get(), num_tokens,
+                                d_freq.get(), hq, q_out.get(), cache, layer, nullptr)
+                  .ok());
+  T* r = d_qkv_ref.get();
+  ASSERT_TRUE(ApplyRope<T>(d_pos.get(), num_tokens, d_freq.get(), d, r, hq, r + hq * d, hk, nullptr,
+                           stride, stride)
+                  .ok());
+  ASSERT_TRUE(ReshapeAndCache<T>(r + hq * d, r + (hq + hk) * d, d_slots.get(), num_tokens, layer,
+                                 cache_ref, nullptr, stride, stride)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaMemcpy2D(q_ref.get(), hq * d * sizeof(T), r, stride * sizeof(T),
+                                 hq * d * sizeof(T), num_tokens, cudaMemcpyDeviceToDevice));
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<T> got_q = q_out.ToHost(), want_q = q_ref.ToHost();
+  const std::vector<T> got_pool = pool.ToHost(), want_pool = pool_ref.ToHost();
+  EXPECT_EQ(std::memcmp(got_q.data(), want_q.data(), got_q.size() * sizeof(T)), 0) << "q differs";
+  EXPECT_EQ(std::memcmp(got_pool.data(), want_pool.data(), got_pool.size() * sizeof(T)), 0)
+      << "pool differs";
+  // The input rows are not modified (the unfused path rotates in place).
+  EXPECT_EQ(std::memcmp(d_qkv.ToHost().data(), qkv.data(), qkv.size() * sizeof(T)), 0);
+}
+
+TEST(RopeCacheCudaTest, MatchesUnfusedOpsBitForBit) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t tokens : {1, 7, 300}) {
+    RunCase<__nv_bfloat16>(rng, tokens, 4, 2, 16);
+    RunCase<__nv_bfloat16>(rng, tokens, 32, 8, 128);
+    RunCase<__half>(rng, tokens, 8, 1, 64);
+    RunCase<__half>(rng, tokens, 4, 4, 32);
+  }
+}
+
+TEST(RopeCacheCudaTest, RejectsBadArguments) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  KvCacheLayout layout{4, 2, 16, 2, 64};
+  DeviceBuffer<__nv_bfloat16> pool(layout.TotalElems()), qkv(64 * 8), q(64 * 8);
+  DeviceBuffer<int64_t> pos(8), slots(8);
+  DeviceBuffer<float> freq(32);
+  DeviceKvCache cache{pool.get(), layout, KvDtype::kBf16};
+  auto call = [&](int64_t stride, int64_t layer, KvDtype dtype) {
+    DeviceKvCache c = cache;
+    c.dtype = dtype;
+    return RopeQkvToCache<__nv_bfloat16>(qkv.get(), stride, pos.get(), slots.get(), 1, freq.get(),
+                                         4, q.get(), c, layer, nullptr);
+  };
+  EXPECT_EQ(call(8 * 64, 2, KvDtype::kBf16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(100, 0, KvDtype::kBf16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(8 * 64, 0, KvDtype::kFp16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(call(8 * 64, 0, KvDtype::kBf16).ok());
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
