@@ -5,8 +5,10 @@
 // preempted request recomputes on the same rank); every step then holds one batch per DP rank
 // (ScheduledSeq::dp_rank), a rank without requests running an empty one.
 //
-// Policy (SGLang's shortest-queue dispatch, with the KV pool as tie-break): the rank with the
-// fewest requests assigned and not finished, then the most free KV blocks, then the lowest rank.
+// Policy (SGLang's shortest-queue dispatch, with the KV pool and round robin as tie-breaks): the
+// rank with the fewest requests assigned and not finished, then the most free KV blocks, then the
+// first after the previous pick in rank order (so requests arriving one at a time on an idle group
+// still alternate between the ranks).
 //
 // Thread safety: pure functions over plain values.
 #ifndef TANDEM_RUNTIME_ENGINE_DP_RANK_H_
@@ -24,8 +26,9 @@ struct DpRankLoad {
   int64_t free_blocks = 0;  // free blocks in the rank's KV pool
 };
 
-// The DP rank for a new request (the policy above); 0 for an empty span.
-int64_t PickDpRank(absl::Span<const DpRankLoad> loads);
+// The DP rank for a new request (the policy above; `previous`: the last pick, -1 for none); 0 for
+// an empty span.
+int64_t PickDpRank(absl::Span<const DpRankLoad> loads, int64_t previous = -1);
 
 }  // namespace tandem::runtime
 

@@ -13,11 +13,37 @@
 namespace tandem::runtime {
 namespace {
 
-TEST(DpRankTest, FewestRequestsThenMostFreeBlocksThenLowestRank) {
+TEST(DpRankTest, FewestRequestsThenMostFreeBlocksThenRoundRobin) {
   EXPECT_EQ(PickDpRank({}), 0);
   EXPECT_EQ(PickDpRank({{2, 10}, {1, 0}, {1, 5}}), 2);
+  EXPECT_EQ(PickDpRank({{2, 10}, {1, 0}, {1, 5}}, 2), 2);
+  EXPECT_EQ(PickDpRank({{3, 5}, {0, 0}}, 1), 1);
+  // Ties go round robin from the rank after the previous pick.
   EXPECT_EQ(PickDpRank({{1, 5}, {1, 5}}), 0);
-  EXPECT_EQ(PickDpRank({{3, 5}, {0, 0}}), 1);
+  EXPECT_EQ(PickDpRank({{1, 5}, {1, 5}}, 0), 1);
+  EXPECT_EQ(PickDpRank({{1, 5}, {1, 5}}, 1), 0);
+  EXPECT_EQ(PickDpRank({{0, 5}, {1, 5}, {0, 5}}, 0), 2);
+}
+
+// Requests that arrive one at a time on an idle group (each finished before the next) alternate.
+TEST(DpRankTest, SequentialRequestsAlternate) {
+  auto cache = KvCacheManager::Create({.num_blocks = 8, .block_size = 4, .dp_size = 2});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  Scheduler s(SchedulerConfig{}, std::move(*cache), {});
+  std::vector<int64_t> ranks;
+  for (int64_t id = 0; id < 4; ++id) {
+    RequestSpec spec;
+    spec.prompt = {5, 6, 7};
+    spec.max_tokens = 1;
+    ASSERT_TRUE(s.Add(id, spec).ok());
+    SchedulerOutput o = s.Schedule();
+    ASSERT_EQ(o.seqs.size(), 1u);
+    ranks.push_back(o.seqs[0].dp_rank);
+    std::vector<int32_t> sampled = {9};
+    s.Update(o, sampled, nullptr);
+    EXPECT_FALSE(s.HasUnfinished());
+  }
+  EXPECT_EQ(ranks, (std::vector<int64_t>{0, 1, 0, 1}));
 }
 
 RequestSpec Spec(int64_t prompt_len, int64_t max_tokens) {

@@ -119,6 +119,9 @@ class Engine {
   // num_kv_blocks() / dcp().size of them.
   int64_t num_kv_blocks() const { return num_blocks_; }
   const DcpBlockLayout& dcp() const { return dcp_; }
+  // Data-parallel attention ranks, each with its own pool of num_kv_blocks() / dp_size() blocks
+  // (ExecutorFactory::dp_size; 1 without).
+  int64_t dp_size() const { return dp_size_; }
   int64_t max_model_len() const { return max_model_len_; }
   const ModelConfig& model_config() const { return model_config_; }
 

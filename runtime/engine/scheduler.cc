@@ -73,13 +73,14 @@ bool Scheduler::Abort(int64_t request_id) {
   return true;
 }
 
-int64_t Scheduler::AssignDpRank() const {
+int64_t Scheduler::AssignDpRank() {
   const int64_t n = kv_cache_->dp_size();
   if (n == 1) return 0;
   std::vector<DpRankLoad> loads(n);
   for (int64_t r = 0; r < n; ++r) loads[r].free_blocks = kv_cache_->NumFreeBlocksOnDpRank(r);
   for (const auto& [id, req] : requests_) ++loads[req->dp_rank].requests;
-  return PickDpRank(loads);
+  last_dp_rank_ = PickDpRank(loads, last_dp_rank_);
+  return last_dp_rank_;
 }
 
 Request* Scheduler::TakePreemptionVictim(const Request& req) {

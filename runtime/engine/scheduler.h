@@ -166,7 +166,7 @@ class Scheduler {
   // Frees `req`'s blocks and puts it back at the head of the waiting queue.
   void Preempt(Request* req);
   // Data-parallel attention: the DP rank for a request being added (dp_rank.h).
-  int64_t AssignDpRank() const;
+  int64_t AssignDpRank();
   // The newest running request whose blocks free room for `req` (its DP rank's), out of running_.
   Request* TakePreemptionVictim(const Request& req);
   FinishReason CheckStop(const Request& req) const;
@@ -196,6 +196,7 @@ class Scheduler {
   kvtransfer::KvConnector* connector_;
   std::vector<absl::Duration> queue_times_;
   uint64_t kv_recomputes_ = 0;
+  int64_t last_dp_rank_ = -1;  // data-parallel attention: the previous pick (round robin)
   SpecStats spec_stats_;
 };
 

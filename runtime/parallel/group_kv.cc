@@ -92,10 +92,12 @@ absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num
   ASSIGN_OR_RETURN(const TpDims dims,
                    ComputeTpDims(options_.model,
                                  TpShard{options_.tp_rank, options_.tp_size, options_.dcp_size}));
-  // A DeepSeek MLA latent is whole on every rank (KvLayoutForModel): its one "head" is not split.
+  // A DeepSeek MLA latent is whole on every rank (KvLayoutForModel): its one "head" is not split;
+  // a data-parallel attention rank holds every head of its own requests.
   const bool latent = options_.model.IsMla();
-  const int64_t kv_begin = latent ? 0 : dims.kv_head_begin;
-  const int64_t kv_count = latent ? 1 : dims.kv_heads;
+  const bool whole = options_.dp_size > 1;
+  const int64_t kv_begin = latent || whole ? 0 : dims.kv_head_begin;
+  const int64_t kv_count = latent ? 1 : whole ? options_.model.num_key_value_heads : dims.kv_heads;
   tandem::v1::RankGeometry g;
   g.set_tp_size(static_cast<uint32_t>(options_.tp_size));
   g.set_tp_rank(static_cast<uint32_t>(options_.tp_rank));
@@ -129,6 +131,15 @@ std::vector<std::pair<int32_t, int32_t>> RankKvEndpoint::ShardBlocks(
     const tandem::v1::KvRead& read) const {
   std::vector<std::pair<int32_t, int32_t>> blocks;
   const int n = std::min(read.source_blocks_size(), read.local_blocks_size());
+  if (options_.dp_size > 1) {  // data-parallel attention: only the rank holding the blocks reads
+    for (int i = 0; i < n; ++i) {
+      const int32_t local = read.local_blocks(i);
+      if (local >= 0 && local % options_.dp_size == options_.tp_rank) {
+        blocks.emplace_back(read.source_blocks(i), local / options_.dp_size);
+      }
+    }
+    return blocks;
+  }
   // Only the id arithmetic of the layout is used (block size and interleave play no part).
   const DcpBlockLayout dcp = DcpBlockLayout::FromFlags(options_.dcp_size, 1, 1);
   const int64_t shard = dcp.ShardOfTpRank(options_.tp_rank);

@@ -57,6 +57,10 @@ struct RankKvEndpointOptions {
   // block x / dcp_size): each rank reads exactly its shard's blocks.
   int dcp_size = 1;
   int64_t dcp_interleave = 0;
+  // Data-parallel attention (--dp_attention; runtime/engine/dp_rank.h): this rank holds every KV
+  // head of its own requests' blocks (group-wide block id x on rank x % dp_size, at local block
+  // x / dp_size): a group read lands only on the rank holding the blocks, which reads all heads.
+  int dp_size = 1;
   uint64_t staging_bytes = uint64_t{64} << 20;  // RankKvReaderOptions::staging_bytes
 };
 

@@ -176,6 +176,7 @@ absl::Status ServeFollower(WorkerConfig& config, GroupBackend group) {
   options.tp_size = group.group->size();
   options.dcp_size = static_cast<int>(group.local_factory.dcp_size);
   options.dcp_interleave = group.local_factory.dcp_interleave;
+  options.dp_size = static_cast<int>(group.local_factory.dp_size);
   RankKvEndpoint endpoint(agent.get(), options);
   return RunFollowerRank(std::move(group), &endpoint);
 }
@@ -319,6 +320,11 @@ absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
         " with --role=prefill: decode context parallelism is for "
         "decode and mixed groups (a prefill group of any --tp hands whole blocks to a DCP decode "
         "group)"));
+  }
+  if (group_options.dp_attention && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
+    return absl::UnimplementedError(
+        "--dp_attention with --role=prefill is not built: the KV handle does not name the DP rank "
+        "holding a request's blocks yet (decode and mixed groups take --dp_attention)");
   }
   // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
   // the daemon: the group outlives the engine that uses it.

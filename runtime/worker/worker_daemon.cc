@@ -153,6 +153,7 @@ absl::StatusOr<tandem::v1::TransferHandshake> WorkerDaemon::Parts::BuildKvSide(
   endpoint_options.tp_size = config.tp;
   endpoint_options.dcp_size = static_cast<int>(engine.dcp().size);
   endpoint_options.dcp_interleave = engine.dcp().interleave;
+  endpoint_options.dp_size = static_cast<int>(engine.dp_size());
   endpoint_options.staging_bytes = config.kv_staging_bytes;
   endpoint = std::make_unique<RankKvEndpoint>(agent.get(), endpoint_options);
   char* host_pool =

@@ -2,9 +2,12 @@
 // tandem_worker processes on loopback with the Qwen2-MoE golden fixture (shared expert, a dense
 // and a sparse layer). A mixed worker, prefill -> decode with KV over UCX, prefill -> a decode
 // group of 2 TP ranks (each a slice of every expert), and a prefill group of 2 TP ranks -> a
-// decode group of 2 expert-parallel ranks (--enable_expert_parallel: 3 whole experts each) must
-// all produce transformers' greedy tokens (the fixture's expected.json); the workers' stats count
-// the tokens routed to each of the 6 experts.
+// decode group of 2 expert-parallel ranks (--enable_expert_parallel: 3 whole experts each), and
+// prefill -> a decode group of 2 data-parallel attention ranks (--dp_attention: each decodes its
+// own requests with their whole KV, read from the prefill worker by that rank alone; the
+// requests, one at a time, alternate between the ranks) must all produce transformers' greedy
+// tokens (the fixture's expected.json); the workers' stats count the tokens routed to each of the
+// 6 experts.
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -26,11 +29,12 @@ TEST(MoeServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
   const auto greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
-  for (auto [name, p, d, m, decode_tp, ep] :
-       {std::tuple<const char*, int, int, int, int, bool>{"mixed", 0, 0, 1, 1, false},
-        {"1P1D", 1, 1, 0, 1, false},
-        {"1P1D decode tp=2", 1, 1, 0, 2, false},
-        {"1P1D prefill tp=2, decode tp=2 expert-parallel", 1, 1, 0, 2, true}}) {
+  for (auto [name, p, d, m, decode_tp, ep, dp] :
+       {std::tuple<const char*, int, int, int, int, bool, bool>{"mixed", 0, 0, 1, 1, false, false},
+        {"1P1D", 1, 1, 0, 1, false, false},
+        {"1P1D decode tp=2", 1, 1, 0, 2, false, false},
+        {"1P1D prefill tp=2, decode tp=2 expert-parallel", 1, 1, 0, 2, true, false},
+        {"1P1D decode tp=2 expert-parallel, data-parallel attention", 1, 1, 0, 2, false, true}}) {
     SCOPED_TRACE(name);
     ClusterOptions options;
     options.prefill = p;
@@ -42,6 +46,10 @@ TEST(MoeServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
       options.prefill_flags = {"--tp=2"};
       options.decode_flags.push_back("--enable_expert_parallel");
     }
+    if (dp) {
+      options.decode_flags.push_back("--enable_expert_parallel");
+      options.decode_flags.push_back("--dp_attention");
+    }
     auto cluster = Cluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     // Prompts of 1, 3, 7, 16 and 33 tokens, 16 greedy tokens each.
@@ -50,6 +58,9 @@ TEST(MoeServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
       Result r = Generate((*cluster)->router(), ToRequest(prompt));
       ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
       EXPECT_EQ(r.tokens, greedy[i]) << "prompt " << i;
+    }
+    if (dp) {
+      EXPECT_NE((*cluster)->Logs().find("data-parallel attention over 2 ranks"), std::string::npos);
     }
     if (ep) {  // the decode group's rank 0 logs its placement
       EXPECT_NE(
