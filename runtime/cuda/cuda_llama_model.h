@@ -82,9 +82,9 @@ struct CudaModelOptions {
   // without a communicator: the whole model of `config`.
   std::optional<uint64_t> dummy_seed;
   std::vector<DummyTensorFill> dummy_plan;
-  // Launch the GEMV and RMSNorm kernels with programmatic dependent launch (kernels/cuda/
-  // gemv_cuda.h): each is scheduled during its predecessor's tail and waits on the device for
-  // its output, hiding the launch gap. Same results either way; off for comparisons.
+  // Launch the GEMV and RMSNorm kernels with programmatic dependent launch
+  // (kernels/gemm/cuda/gemv_cuda.h): each is scheduled during its predecessor's tail and waits on
+  // the device for its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
