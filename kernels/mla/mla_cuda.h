@@ -10,12 +10,14 @@
 //   2. MlaLatentAttention: every head attends over the shared latent rows (576-wide keys, the
 //      512-wide c_kv as values for DeepSeek-V3), o_lat [T, Hq, L] and the natural-log LSE.
 //      FlashMLA's design: a CTA owns 64 (query token x head) rows of one request, streams that
-//      request's latent rows through shared memory once for all of them (cp.async ring of 32-row
-//      tiles), scores and P.V on tensor cores (mma.sync m16n8k16, fp32 accumulators, online
-//      softmax). Long contexts are split over `plan.num_splits` CTAs per row tile (split-KV); the
-//      fp32 partials are merged by LSE with cuda::MergeAttnStatesN. q_len > 1 (speculative
-//      verification, chunked prefill) is causal per row. Latent widths other than 512 + 64 run a
-//      plain CUDA-core kernel (one warp per row; the tiny test models), same semantics.
+//      request's latent rows through shared memory once for all of them (cp.async ring), scores
+//      and P.V on tensor cores (fp32 accumulators, online softmax): on sm_90 by wgmma (two
+//      warpgroups, 64-latent tiles, mla_decode_wgmma.cu; the default), elsewhere or with
+//      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Long contexts are split
+//      over `plan.num_splits` CTAs per row tile (split-KV); the fp32 partials are merged by LSE
+//      with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is causal
+//      per row. Latent widths other than 512 + 64 run a plain CUDA-core kernel (one warp per row;
+//      the tiny test models), same semantics.
 //   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM.
 // kv_b_proj: [Hq * (Dn + Dv), L] (torch Linear layout; rows h*(Dn+Dv) .. +Dn are W_UK_h).
 //
@@ -56,19 +58,23 @@ struct MlaPlanInput {
   int64_t max_q_len = 1;    // >= every request's q_len
   int64_t max_seq_len = 0;  // >= every request's seq_len
   int num_sms = 132;        // cudaDevAttrMultiProcessorCount
-  // 0: choose (split until the grid covers about one wave of the SMs, each split >= 512
-  // latents); >= 1: at most this many (tests, benchmarks).
+  // 0: choose (tensor-core kernels: the fewest splits that fill whole waves of one CTA per SM,
+  // each split >= 512 latents; plain kernel: about one wave); >= 1: at most this many.
   int num_splits = 0;
   // > 0: fewer splits until plan.workspace_bytes fits (one split always does when it is at least
   // the unsplit workspace of num_tokens).
   int64_t max_workspace_bytes = 0;
+  // Latent 512 + 64, bf16 / fp16 pool, on an sm_90 device: the wgmma kernel
+  // (mla_decode_wgmma.cu); false: the mma.sync one (A/B). Other devices run mma.sync either way.
+  bool allow_wgmma = true;
 };
 
 struct MlaPlan {
   MlaPlanInput input;
   bool use_mma = false;     // the tensor-core kernel (latent 512 + 64) rather than the plain one
+  bool use_wgmma = false;   // use_mma && allow_wgmma: the Hopper variant where the device has it
   int num_splits = 1;       // CTAs per (request, row tile) along the context
-  int64_t split_chunk = 0;  // latents per split: a multiple of the 32-row tile
+  int64_t split_chunk = 0;  // latents per split: a multiple of 64 (whole tiles of both kernels)
   int64_t row_tiles = 0;    // ceil(max_q_len * Hq / 64)
   int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
 };

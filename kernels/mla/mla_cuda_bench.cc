@@ -2,6 +2,7 @@
 // nope 128, v 128, bf16, page 64, q_len 1; batch x context table.
 //   mla_cuda_bench [--batches=1,16,64,128] [--contexts=1024,4096,16384,32768] [--splits=N]
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
+//                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
 // 20 calls between CUDA events after 3 warm-ups. TB/s counts the latent bytes read once per
@@ -76,6 +77,7 @@ struct Bufs {
   int32_t *qsl = nullptr, *lens = nullptr, *tables = nullptr;
   void* ws = nullptr;
   cublasHandle_t cublas = nullptr;
+  bool wgmma = MlaPlanInput{}.allow_wgmma;
 };
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStream_t stream) {
@@ -96,7 +98,8 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
                   .num_tokens = batch,
                   .max_q_len = 1,
                   .max_seq_len = ctx,
-                  .num_splits = splits};
+                  .num_splits = splits,
+                  .allow_wgmma = b.wgmma};
   ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
   DeviceKvCache cache{b.pool, b.layout, KvDtype::kBf16};
   const float scale = 1.0f / std::sqrt(192.0f);
@@ -142,12 +145,14 @@ absl::Status Main(int argc, char** argv) {
   const char* batches_arg = nullptr;
   const char* contexts_arg = nullptr;
   int splits = 0, heads = 128;
+  bool wgmma = MlaPlanInput{}.allow_wgmma;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
     if (a.rfind("--contexts=", 0) == 0) contexts_arg = argv[i] + 11;
     if (a.rfind("--splits=", 0) == 0) splits = std::atoi(argv[i] + 9);
     if (a.rfind("--heads=", 0) == 0) heads = std::atoi(argv[i] + 8);
+    if (a.rfind("--wgmma=", 0) == 0) wgmma = std::atoi(argv[i] + 8) != 0;
   }
   const std::vector<int64_t> batches = ParseList(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts = ParseList(contexts_arg, {1024, 4096, 16384, 32768});
@@ -155,6 +160,7 @@ absl::Status Main(int argc, char** argv) {
   const int64_t max_c = *std::max_element(contexts.begin(), contexts.end());
   Bufs b;
   b.dims.num_heads = heads;
+  b.wgmma = wgmma;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -187,8 +193,8 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
-  std::printf("MLA decode, %s: %d heads, latent 512+64, bf16, page %ld, q_len 1\n", prop.name,
-              heads, static_cast<long>(kBlock));
+  std::printf("MLA decode, %s: %d heads, latent 512+64, bf16, page %ld, q_len 1, %s kernel\n",
+              prop.name, heads, static_cast<long>(kBlock), wgmma ? "wgmma" : "mma.sync");
   std::printf("| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | step us |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {
@@ -198,7 +204,8 @@ absl::Status Main(int argc, char** argv) {
                       .num_tokens = bt,
                       .max_q_len = 1,
                       .max_seq_len = c,
-                      .num_splits = splits};
+                      .num_splits = splits,
+                      .allow_wgmma = b.wgmma};
       ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
       if (plan.workspace_bytes > ws_bytes) return absl::InternalError("workspace too small");
       RETURN_IF_ERROR(RunConfig(b, bt, c, splits, stream));

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/cuda/kv_cache_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
@@ -71,7 +72,44 @@ absl::Status CheckLatentPool(const DeviceKvCache& cache, const MlaDims& dims, in
   return absl::OkStatus();
 }
 
+// The latent kernels' parameters (mla_decode_cuda.cu, mla_decode_wgmma.cu).
+template <typename T>
+struct LatentParams {
+  const T* q;  // [T, H, D]
+  const T* pool;
+  int64_t layer_offset;  // TileOffset(0, layer, 0)
+  int64_t block_elems;
+  int block_size;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int max_blocks;
+  int num_seqs;
+  int num_tokens;
+  int heads;
+  int dim;   // D = L + Dr
+  int lora;  // L
+  float scale_log2;
+  int split_chunk;
+  int num_splits;
+  T* o_lat;  // unsplit: [T, H, L]
+  float* lse;
+  float* part_o;  // split: [split][T * H][L]
+  float* part_lse;
+  // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row.
+  const uint8_t* pool8;
+  const float* row_scales;
+};
+
 #ifdef __CUDACC__
+// The Hopper kernel for latent 512 + 64 (mla_decode_wgmma.cu): grid (splits, row tiles of 64,
+// requests), kMlaWgmmaThreads threads. Runs only on a compute capability 9.0 device.
+constexpr int kMlaWgmmaThreads = 256;
+template <typename T>
+absl::Status LaunchMlaWgmma(const LatentParams<T>& p, dim3 grid, cudaStream_t stream);
+// True when the current device is compute capability 9.0 (sm_90a code runs).
+absl::StatusOr<bool> DeviceIsSm90();
+
 // PTX wrappers shared with kernels/cuda (device_utils.cuh).
 using internal::CpAsyncCommit;
 using internal::CpAsyncWait;
@@ -93,6 +131,38 @@ __device__ __forceinline__ void StoreTwo(T* dst, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
   } else {
     *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+  }
+}
+
+// The pool row of latent `key` of the request whose block-table row is `table`.
+template <typename T>
+__device__ __forceinline__ const T* LatentRow(const LatentParams<T>& p, const int32_t* table,
+                                              int key) {
+  const int64_t block = table[key / p.block_size];
+  return p.pool + block * p.block_elems + p.layer_offset +
+         static_cast<int64_t>(key % p.block_size) * p.dim;
+}
+
+// Stores one finished row: the final o_lat / lse, or this split's fp32 partial.
+template <typename T>
+__device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, int64_t row, int col,
+                                          float a, float b) {
+  if (p.num_splits == 1) {
+    StoreTwo(p.o_lat + row * p.lora + col, a, b);
+  } else {
+    float2* o = reinterpret_cast<float2*>(
+        p.part_o + (static_cast<int64_t>(split) * p.num_tokens * p.heads + row) * p.lora + col);
+    *o = make_float2(a, b);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, int64_t row,
+                                         float lse) {
+  if (p.num_splits == 1) {
+    if (p.lse != nullptr) p.lse[row] = lse;
+  } else {
+    p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
   }
 }
 #endif  // __CUDACC__

@@ -35,6 +35,7 @@ struct Case {
   int64_t block_size = 16;
   int num_splits = 0;  // 0: the plan's choice
   bool fp8 = false;    // an FP8 latent pool (e4m3 codes + per-row scales)
+  bool wgmma = false;  // allow the Hopper kernel (MlaPlanInput::allow_wgmma)
 };
 
 template <typename T>
@@ -138,10 +139,12 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .num_tokens = T_tok,
                   .max_q_len = max_q,
                   .max_seq_len = max_len,
-                  .num_splits = c.num_splits};
+                  .num_splits = c.num_splits,
+                  .allow_wgmma = c.wgmma};
   absl::StatusOr<MlaPlan> plan = PlanMla(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
+  EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.wgmma);
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
     EXPECT_EQ(plan->num_splits > 1, c.num_splits > 1);
@@ -169,8 +172,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_GT(max_ref, 0.0f);
   EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
   EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
-  std::cout << "H " << H << " L " << L << " splits " << plan->num_splits << ": max|err| " << max_err
-            << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err << "\n";
+  std::cout << "H " << H << " L " << L << (plan->use_wgmma && !c.fp8 ? " wgmma" : "") << " splits "
+            << plan->num_splits << ": max|err| " << max_err << " of max|ref| " << max_ref
+            << ", max|lse err| " << max_lse_err << "\n";
 }
 
 const MlaDims kV3{.num_heads = 128,
@@ -189,17 +193,41 @@ const MlaDims kTiny{.num_heads = 4,
                     .kv_lora_rank = 32,
                     .v_head_dim = 12};
 
+// Both tensor-core kernels: mma.sync, and wgmma (where the device is sm_90; elsewhere the plan's
+// wgmma falls back to mma.sync and the case runs it twice).
 TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1};
-  for (int splits : {1, 3, 0}) {
-    Case c = lite;
-    c.num_splits = splits;
-    RunCase<__nv_bfloat16>(c, rng);
+  for (bool wgmma : {false, true}) {
+    const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1, false, wgmma};
+    for (int splits : {1, 3, 0}) {
+      Case c = lite;
+      c.num_splits = splits;
+      RunCase<__nv_bfloat16>(c, rng);
+    }
+    RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0, false, wgmma}, rng);
+    RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2, false, wgmma}, rng);
   }
-  RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0}, rng);
-  RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2}, rng);
+}
+
+// The tiling edges of both tensor-core kernels: contexts not a multiple of the 64-latent tile or
+// of the page (1, 63, 65, 127, 129, 191, 257, 515, 700, 1000, 1500), 16 / 32 / 128 heads, q_len 1-4
+// (row tiles of 64 that straddle query tokens at 16 and 32 heads), splits forced 1 / 2 / 3 and the
+// planner's choice.
+TEST(MlaCudaTest, TensorCoreKernelTilingEdges) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  MlaDims h32 = kV3;
+  h32.num_heads = 32;
+  for (bool wgmma : {false, true}) {
+    RunCase<__nv_bfloat16>({kV3, {1, 2, 1}, {63, 65, 1000}, 64, 0, false, wgmma}, rng);
+    RunCase<__nv_bfloat16>({kV3, {4}, {515}, 16, 3, false, wgmma}, rng);
+    RunCase<__nv_bfloat16>({h32, {3, 1, 4}, {127, 1, 130}, 16, 2, false, wgmma}, rng);
+    RunCase<__half>({h32, {2, 1}, {257, 1500}, 64, 1, false, wgmma}, rng);
+    RunCase<__nv_bfloat16>({kLite, {4, 2, 1, 3}, {64, 129, 700, 191}, 5, 3, false, wgmma}, rng);
+    RunCase<__nv_bfloat16>(
+        {kLite, {1, 1, 1, 1, 1, 1}, {4096, 1, 65, 2000, 64, 1}, 64, 0, false, wgmma}, rng);
+  }
 }
 
 TEST(MlaCudaTest, PlainKernelTinyDims) {

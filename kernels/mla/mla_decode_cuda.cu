@@ -29,71 +29,16 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T>
-struct LatentParams {
-  const T* q;  // [T, H, D]
-  const T* pool;
-  int64_t layer_offset;  // TileOffset(0, layer, 0)
-  int64_t block_elems;
-  int block_size;
-  const int32_t* qsl;
-  const int32_t* seq_lens;
-  const int32_t* block_tables;
-  int max_blocks;
-  int num_seqs;
-  int num_tokens;
-  int heads;
-  int dim;   // D = L + Dr
-  int lora;  // L
-  float scale_log2;
-  int split_chunk;
-  int num_splits;
-  T* o_lat;  // unsplit: [T, H, L]
-  float* lse;
-  float* part_o;  // split: [split][T * H][L]
-  float* part_lse;
-  // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row.
-  const uint8_t* pool8;
-  const float* row_scales;
-};
-
-template <typename T>
-__device__ __forceinline__ const T* LatentRow(const LatentParams<T>& p, const int32_t* table,
-                                              int key) {
-  const int64_t block = table[key / p.block_size];
-  return p.pool + block * p.block_elems + p.layer_offset +
-         static_cast<int64_t>(key % p.block_size) * p.dim;
-}
-
-// Stores one finished row: the final o_lat / lse, or this split's fp32 partial.
-template <typename T>
-__device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, int64_t row, int col,
-                                          float a, float b) {
-  if (p.num_splits == 1) {
-    T* o = p.o_lat + row * p.lora + col;
-    o[0] = internal::FromFloat<T>(a);
-    o[1] = internal::FromFloat<T>(b);
-  } else {
-    float2* o = reinterpret_cast<float2*>(
-        p.part_o + (static_cast<int64_t>(split) * p.num_tokens * p.heads + row) * p.lora + col);
-    *o = make_float2(a, b);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, int64_t row,
-                                         float lse) {
-  if (p.num_splits == 1) {
-    if (p.lse != nullptr) p.lse[row] = lse;
-  } else {
-    p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
-  }
-}
+using mla_internal::LatentParams;
+using mla_internal::LatentRow;
+using mla_internal::StoreLse;
+using mla_internal::StorePair;
 
 // ---- the tensor-core kernel (L = 512, Dr = 64) ----
 
 constexpr int kL = 512, kD = 576;
 constexpr int kRows = 64, kKeys = 32, kStages = 3, kThreads = 256;
+constexpr int kChunkAlign = 64;       // split chunks: whole tiles of both tensor-core kernels
 constexpr int kStride = kD + 8;       // shared row stride (elements): conflict-free ldmatrix
 constexpr int kChunks = kD / 8;       // 16-byte chunks per latent row
 constexpr int kKSteps = kD / 16 / 2;  // k16 steps of S per warp (each warp takes half of kD)
@@ -351,6 +296,25 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   if (lane == 0) StoreLse(p, split, row, l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY);
 }
 
+// Splits per (request, row tile) for the tensor-core kernels (one CTA per SM): the fewest that
+// minimize the modelled time ceil(ctas x splits / SMs) waves x (ctx / splits + kSplitOverhead)
+// latents, up to max_splits. kSplitOverhead prices a CTA's fixed work (Q, the pipeline's fill,
+// its fp32 partial and the merge) in latent reads. 16 requests x 2 row tiles on 132 SMs at 4k:
+// 4 splits (one wave of 128 CTAs), where 5 would run 160 CTAs in two waves; 64 x 2 at 32k: 1 (33
+// would fill all 132 SMs, but in 32 waves of short splits).
+constexpr int64_t kSplitOverhead = 256;
+int64_t SplitsForWaves(int64_t ctas, int num_sms, int64_t ctx, int64_t max_splits) {
+  ctas = std::max<int64_t>(ctas, 1);
+  auto cost = [&](int64_t s) {
+    return (ctas * s + num_sms - 1) / num_sms * ((ctx + s - 1) / s + kSplitOverhead);
+  };
+  int64_t best = 1;
+  for (int64_t s = 2; s <= max_splits; ++s) {
+    if (cost(s) < cost(best)) best = s;
+  }
+  return best;
+}
+
 }  // namespace
 
 absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
@@ -369,19 +333,20 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   MlaPlan plan;
   plan.input = in;
   plan.use_mma = L == kL && D == kD;
+  plan.use_wgmma = plan.use_mma && in.allow_wgmma;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   int64_t splits = in.num_splits;
   if (splits == 0) {
-    // Fill about one wave of the SMs, each split at least 512 latents (its partial costs a
-    // quarter of its latent reads at Hq = 128).
-    const int64_t ctas = std::max<int64_t>(1, in.num_seqs * (plan.use_mma ? plan.row_tiles : 1));
-    splits = std::clamp<int64_t>((in.num_sms + ctas - 1) / ctas, 1, (ctx + 511) / 512);
-    splits = std::min<int64_t>(splits, 128);
+    const int64_t max_splits = std::clamp<int64_t>((ctx + 511) / 512, 1, 128);
+    const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
+    // The plain kernel runs several CTAs per SM: about one wave of them.
+    splits = plan.use_mma ? SplitsForWaves(seqs * plan.row_tiles, in.num_sms, ctx, max_splits)
+                          : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
   }
   for (;; splits = std::max<int64_t>(1, splits / 2)) {
     int64_t chunk = (ctx + splits - 1) / splits;
-    chunk = (chunk + kKeys - 1) / kKeys * kKeys;
+    chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
     plan.num_splits = static_cast<int>((ctx + chunk - 1) / chunk);
     plan.split_chunk = chunk;
     plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
@@ -442,7 +407,14 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     p.part_o = reinterpret_cast<float*>(base + ws.part_o);
     p.part_lse = reinterpret_cast<float*>(base + ws.part_lse);
   }
-  if (plan.use_mma && !fp8) {
+  bool wgmma = plan.use_wgmma && !fp8;
+  if (wgmma) {  // sm_90a machine code only (its compute_90 twin is empty)
+    ASSIGN_OR_RETURN(wgmma, mla_internal::DeviceIsSm90());
+  }
+  if (wgmma) {
+    RETURN_IF_ERROR(mla_internal::LaunchMlaWgmma<T>(
+        p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
+  } else if (plan.use_mma && !fp8) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         MlaMmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);

@@ -1,0 +1,342 @@
+// The Hopper (sm_90a) latent attention kernel behind MlaLatentAttention (mla_cuda.h) for latent
+// 512 + 64, bf16 / fp16: FlashMLA's structure with wgmma, our code.
+//
+// One CTA = 64 (query token x head) rows of one request x one split of its context, two
+// warpgroups (256 threads), one CTA per SM (225 KiB of shared memory). Latent tiles of 64 rows x
+// 576 dims stream through a 2-stage cp.async ring in the 128-byte-swizzled layout wgmma reads
+// (kernels/attention/cuda/prefill_wgmma.cuh); each tile is read from memory once for all 64 rows,
+// and Q stays in shared memory for the whole split. Per tile:
+//   * warpgroup 0: S[64 rows][64 latents] = Q K^T by wgmma with both operands in shared memory
+//     (36 k16 steps over the 576 dims), the online softmax on the accumulators (rows masked per
+//     row past their causal end: q_len > 1), P (rounded to T) to shared memory in the A-fragment
+//     order with the per-row rescale factor, then O[:, 0:256] += P V[:, 0:256] with P in registers;
+//   * warpgroup 1: waits for P (named barrier 1), rescales its accumulators and runs
+//     O[:, 256:512] += P V[:, 256:512].
+// V is the tile's first 512 dims, read N-major from the same shared rows as K. The next tile's
+// copy is issued at the top of each tile, right after the barrier that retires the stage it
+// overwrites (the tile before), so one tile is always in flight while the current one computes.
+// The block table is read once per latent row (four threads copy a row), so any page size works.
+// Output: the final o_lat / LSE, or fp32 partials per split for MergeAttnStatesN.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda_status.h"
+#include "kernels/attention/cuda/prefill_wgmma.cuh"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/mla/mla_cuda_internal.cuh"
+
+namespace tandem::kernels::cuda::mla_internal {
+// Not an anonymous namespace: the compute_90 pass compiles the kernel body away, and nvcc would
+// then flag every helper of internal linkage as unused.
+namespace wgmma_kernel {
+
+using internal::prefill::FenceOperand;
+using internal::prefill::FenceProxyAsync;
+using internal::prefill::SmemDesc;
+using internal::prefill::WgmmaCommit;
+using internal::prefill::WgmmaFence;
+using internal::prefill::WgmmaRS;
+using internal::prefill::WgmmaWait;
+
+inline constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kD = 576, kRows = 64, kKeys = 64;
+constexpr int kBlockBytes = 64 * 128;                // one 64-column block of 64 rows (8 KiB)
+constexpr int kTileBytes = (kD / 64) * kBlockBytes;  // Q, or one latent stage: 72 KiB
+inline constexpr int kUnitsPerThread = kD / 8 / 4;   // 16-byte units: four threads per row
+constexpr int kPOff = 3 * kTileBytes;                // P: [4 k16 steps][128 threads] uint4
+constexpr int kFOff = kPOff + 4 * 128 * 16;          // per-row factors: [128 threads] float2
+constexpr int kSmemBytes = kFOff + 128 * 8 + 1024;   // + slack for the 1024-byte alignment
+static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
+static_assert(kRows * 128 == kBlockBytes && kKeys * 128 == kBlockBytes);
+
+// d (64 x 64, fp32) = (scale_d ? d : 0) + A (64 x 16, K-major smem) * B (16 x 64, K-major smem).
+// clang-format off
+#define TANDEM_MLA_WG_REGS32 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TANDEM_MLA_WG_D4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
+#define TANDEM_MLA_WG_D16(b) \
+  TANDEM_MLA_WG_D4(b), TANDEM_MLA_WG_D4(b + 4), TANDEM_MLA_WG_D4(b + 8), TANDEM_MLA_WG_D4(b + 12)
+template <typename T>
+__device__ __forceinline__ void WgmmaSS64(float* d, uint64_t desc_a, uint64_t desc_b,
+                                          uint32_t scale_d) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TANDEM_MLA_WG_REGS32 "}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : TANDEM_MLA_WG_D16(0), TANDEM_MLA_WG_D16(16)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" TANDEM_MLA_WG_REGS32 "}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : TANDEM_MLA_WG_D16(0), TANDEM_MLA_WG_D16(16)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+#undef TANDEM_MLA_WG_D16
+#undef TANDEM_MLA_WG_D4
+#undef TANDEM_MLA_WG_REGS32
+// clang-format on
+
+// Named barriers between the two warpgroups (id 0 is __syncthreads).
+__device__ __forceinline__ void BarSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void BarArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t PackTwo(float lo, float hi) {
+  uint32_t r;
+  StoreTwo(reinterpret_cast<T*>(&r), lo, hi);
+  return r;
+}
+
+// Copies this thread's units (part, part + 4, ...) of one 576-wide row into row `row` of a
+// swizzled tile: unit u at (u / 8) * kBlockBytes + row * 128 + ((u % 8) ^ (row % 8)) * 16.
+// !ok zero-fills (src not read).
+template <typename T>
+__device__ __forceinline__ void CopyRow(uint8_t* tile, int row, int part, const T* src, bool ok) {
+  uint8_t* dst = tile + row * 128;
+#pragma unroll
+  for (int i = 0; i < kUnitsPerThread; ++i) {
+    const int u = part + 4 * i;
+    CpAsync16(dst + (u / 8) * kBlockBytes + (((u % 8) ^ (row % 8)) * 16), src + u * 8, ok);
+  }
+}
+
+// S = Q K^T over the 576 dims: warpgroup 0's accumulators (rows 16 warp + lane / 4 (+ 8), latents
+// 8 j + 2 (lane % 4) (+ 1) in sc[4 j .. 4 j + 3]).
+template <typename T>
+__device__ __forceinline__ void Scores(float (&sc)[32], uint32_t q_addr, uint32_t k_addr) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;
+    WgmmaSS64<T>(sc, SmemDesc(q_addr + off, 16, 1024), SmemDesc(k_addr + off, 16, 1024),
+                 kk > 0 ? 1u : 0u);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) FenceOperand(sc[i]);
+}
+
+// Online softmax of one tile's scores (masked past vis[0] / vis[1] for the thread's two rows),
+// P packed as the A fragments of the four k16 steps of P V, alpha the rescale of the old state.
+template <typename T>
+__device__ __forceinline__ void Softmax(float (&sc)[32], int key0, int t4, const int (&vis)[2],
+                                        float scale_log2, float (&m_run)[2], float (&l_run)[2],
+                                        float (&alpha)[2], uint32_t (&pa)[4][4]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = key0 + (i / 4) * 8 + 2 * t4 + (i & 1);
+    const int h = (i % 4) / 2;
+    sc[i] = key < vis[h] ? sc[i] * scale_log2 : -INFINITY;
+    mx[h] = fmaxf(mx[h], sc[i]);
+  }
+  float m_use[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    // All scores so far masked: keep the exponent base finite (exp2(-inf - 0) = 0).
+    m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+    l_run[h] *= alpha[h];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    float w[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int h = (e % 4) / 2;
+      w[e] = exp2f(sc[8 * kk + e] - m_use[h]);
+      l_run[h] += w[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pa[kk][e] = PackTwo<T>(w[2 * e], w[2 * e + 1]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
+    MlaWgmmaKernel(const __grid_constant__ LatentParams<T> p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  // wgmma's swizzle is a function of address bits 7-9: blocks must be 1024-byte aligned.
+  uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  uint4* sp = reinterpret_cast<uint4*>(smem + kPOff);
+  float2* sf = reinterpret_cast<float2*>(smem + kFOff);
+
+  const int split = blockIdx.x, s = blockIdx.z;
+  const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
+  const int rows_seq = q_len * p.heads, r0 = blockIdx.y * kRows;
+  if (r0 >= rows_seq) return;
+  const int ctx = p.seq_lens[s];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
+  const int last_row = min(r0 + kRows, rows_seq) - 1;
+  const int kb = split * p.split_chunk;
+  const int ke = min(kb + p.split_chunk, ctx - q_len + last_row / p.heads + 1);
+  const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
+  const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128;
+  const int lane = tid % 32, t4 = lane % 4;
+  const int row_lo = (wt / 32) * 16 + lane / 4, row_hi = row_lo + 8;
+
+  // Q (zero rows beyond the request's) joins the first tile's copy group.
+  const int crow = tid / 4, cpart = tid % 4;
+  {
+    const bool ok = r0 + crow < rows_seq;
+    const T* src = ok ? p.q + (static_cast<int64_t>(q0) * p.heads + r0 + crow) * kD : p.q;
+    CopyRow(smem, crow, cpart, src, ok);
+  }
+  auto load_tile = [&](int t) {
+    const int key = kb + t * kKeys + crow;
+    const bool ok = key < ke;
+    CopyRow(smem + (1 + t % 2) * kTileBytes, crow, cpart, ok ? LatentRow(p, table, key) : p.pool,
+            ok);
+  };
+  if (num_tiles > 0) load_tile(0);
+  CpAsyncCommit();
+
+  auto visible = [&](int r) {
+    return r0 + r < rows_seq ? min(ke, ctx - q_len + (r0 + r) / p.heads + 1) : 0;
+  };
+  const int vis[2] = {visible(row_lo), visible(row_hi)};
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const uint32_t q_addr = SmemAddr(smem);
+
+  for (int t = 0; t < num_tiles; ++t) {
+    CpAsyncWait<0>();
+    FenceProxyAsync();  // this thread's copies, before wgmma reads them (async proxy)
+    __syncthreads();    // tile t landed everywhere; tile t - 1's stage and P are free
+    if (t + 1 < num_tiles) load_tile(t + 1);
+    CpAsyncCommit();
+    const uint32_t k_addr = q_addr + (1 + t % 2) * kTileBytes;
+    uint32_t pa[4][4];
+    float alpha[2];
+    if (wg == 0) {
+      float sc[32];
+      Scores<T>(sc, q_addr, k_addr);
+      Softmax<T>(sc, kb + t * kKeys, t4, vis, p.scale_log2, m_run, l_run, alpha, pa);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        sp[kk * 128 + wt] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+      }
+      sf[wt] = make_float2(alpha[0], alpha[1]);
+      BarArrive(1, kMlaWgmmaThreads);
+    } else {
+      BarSync(1, kMlaWgmmaThreads);
+      const float2 f = sf[wt];
+      alpha[0] = f.x;
+      alpha[1] = f.y;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint4 v = sp[kk * 128 + wt];
+        pa[kk][0] = v.x;
+        pa[kk][1] = v.y;
+        pa[kk][2] = v.z;
+        pa[kk][3] = v.w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) {
+      o[i] *= alpha[(i % 4) / 2];
+      FenceOperand(o[i]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) FenceOperand(pa[kk][e]);
+    }
+    // O[:, 256 wg .. + 256) += P V: two n128 chains (64-column blocks 4 wg .. 4 wg + 3).
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t v = k_addr + wg * 4 * kBlockBytes + kk * 16 * 128;
+      WgmmaRS<T, 128>(o, pa[kk], SmemDesc(v, kBlockBytes, 1024));
+      WgmmaRS<T, 128>(o + 64, pa[kk], SmemDesc(v + 2 * kBlockBytes, kBlockBytes, 1024));
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
+  }
+  CpAsyncWait<0>();
+
+  // Row sums: warpgroup 0's over the quad, handed to warpgroup 1 (same thread slot, same rows).
+  if (wg == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+  }
+  __syncthreads();
+  if (wg == 0) sf[wt] = make_float2(l_run[0], l_run[1]);
+  __syncthreads();
+  if (wg == 1) {
+    const float2 f = sf[wt];
+    l_run[0] = f.x;
+    l_run[1] = f.y;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h == 0 ? row_lo : row_hi;
+    if (r0 + r >= rows_seq) continue;
+    const float l = l_run[h];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = static_cast<int64_t>(q0) * p.heads + r0 + r;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      StorePair(p, split, row, wg * 256 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
+                o[4 * j + 2 * h + 1] * inv);
+    }
+    if (wg == 0 && t4 == 0) {
+      StoreLse(p, split, row, l > 0.0f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY);
+    }
+  }
+#endif
+}
+
+}  // namespace wgmma_kernel
+
+absl::StatusOr<bool> DeviceIsSm90() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+}
+
+template <typename T>
+absl::Status LaunchMlaWgmma(const LatentParams<T>& p, dim3 grid, cudaStream_t stream) {
+  using wgmma_kernel::kSmemBytes;
+  using wgmma_kernel::MlaWgmmaKernel;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      MlaWgmmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  MlaWgmmaKernel<T><<<grid, kMlaWgmmaThreads, kSmemBytes, stream>>>(p);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template absl::Status LaunchMlaWgmma<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&, dim3,
+                                                    cudaStream_t);
+template absl::Status LaunchMlaWgmma<__half>(const LatentParams<__half>&, dim3, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda::mla_internal
