@@ -31,6 +31,7 @@ struct CublasLtFp8Gemm::Plan {
   cublasLtMatrixLayout_t out_layout = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool fused_bias = false;  // cuBLASLt's BIAS epilogue adds the bias (pointer set per call)
+  bool swap_ab = false;     // cuBLASLt's A is the activations (BuildPlan)
   ~Plan() {
     if (out_layout != nullptr) cublasLtMatrixLayoutDestroy(out_layout);
     if (a_layout != nullptr) cublasLtMatrixLayoutDestroy(a_layout);
@@ -115,31 +116,34 @@ int64_t CublasLtFp8Gemm::EpilogueChunkRows(int64_t n) const {
   return rows >= 128 ? rows / 128 * 128 : rows;
 }
 
-absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& key) {
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+// Descriptors and the heuristic's algorithm for one shape. swap_ab (block scaling only): the
+// activations as cuBLASLt's A (VEC128) and the weight as B (BLK128x128), D = [m, n] in row order,
+// for a cuBLASLt that only has that operand order. UNIMPLEMENTED when it finds no algorithm.
+absl::Status CublasLtFp8Gemm::BuildPlan(const PlanKey& key, bool swap_ab, Plan* plan) {
   const auto [m, n, k, kind, bias] = key;
-  if (no_kernel_.contains(key)) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no FP8 matmul for m=", m, " n=", n,
-                                                 " k=", k, " (plan kind ", kind, ", bias ", bias,
-                                                 "; asked before)"));
-  }
-  auto plan = std::make_unique<Plan>();
+  plan->swap_ab = swap_ab;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
   // Full-precision accumulation (no fast FP8 accumulation: DeepSeek-V3's paper shows its error).
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{0}));
-  if (kind == kOuterVectorPlan) {
-    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode));
-    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode));
-  }
-  if (kind == kBlock128Plan) {
-    // cuBLASLt's A is the weight (128 x 128 blocks), B the activations (1 x 128 groups).
-    const int32_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, w_mode));
-    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, a_mode));
+  if (kind == kOuterVectorPlan || kind == kBlock128Plan) {
+    const int32_t w_mode = kind == kOuterVectorPlan ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                    : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t a_mode = kind == kOuterVectorPlan ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                    : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swap_ab ? a_mode : w_mode));
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swap_ab ? w_mode : a_mode));
+    // Vector / block scale modes want their scale pointers set when the heuristic is asked (the
+    // query fails with INVALID_VALUE without them); any device address serves, each call sets
+    // the real ones.
+    const void* placeholder = workspace_;
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, placeholder));
+    CUBLAS_RETURN_IF_ERROR(
+        SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, placeholder));
   }
   if (bias) {
     // The bias joins the fp32 result before the one conversion to bf16.
@@ -147,15 +151,23 @@ absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& k
         SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS));
     CUBLAS_RETURN_IF_ERROR(
         SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{CUDA_R_16BF}));
+    CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                       static_cast<const void*>(workspace_)));
     plan->fused_bias = true;
   }
   CUBLAS_RETURN_IF_ERROR(
       cublasLtMatrixLayoutCreate(&plan->w_layout, CUDA_R_8F_E4M3, k, n, /*ld=*/k));
   CUBLAS_RETURN_IF_ERROR(
       cublasLtMatrixLayoutCreate(&plan->a_layout, CUDA_R_8F_E4M3, k, m, /*ld=*/k));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-      &plan->out_layout, kind == kUnscaledF32Plan ? CUDA_R_32F : CUDA_R_16BF, n, m,
-      /*ld=*/n));
+  const cudaDataType_t out_type = kind == kUnscaledF32Plan ? CUDA_R_32F : CUDA_R_16BF;
+  if (swap_ab) {  // D [m, n] with rows of n: our row-major output
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->out_layout, out_type, m, n, n));
+    const int32_t order = CUBLASLT_ORDER_ROW;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+        plan->out_layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof(order)));
+  } else {  // D [n, m] column-major, ld n: the same memory
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->out_layout, out_type, n, m, n));
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t max_workspace = static_cast<uint64_t>(workspace_bytes_);
@@ -164,23 +176,43 @@ absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& k
   cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->w_layout, plan->a_layout,
-                                        plan->out_layout, plan->out_layout, pref, 1, &result,
-                                        &found);
+    const cublasLtMatrixLayout_t first = swap_ab ? plan->a_layout : plan->w_layout;
+    const cublasLtMatrixLayout_t second = swap_ab ? plan->w_layout : plan->a_layout;
+    st = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, first, second, plan->out_layout,
+                                        plan->out_layout, pref, 1, &result, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    no_kernel_.insert(key);  // not asked again (a host query per call otherwise)
     return absl::UnimplementedError(
         absl::StrCat("cuBLASLt has no FP8 matmul for m=", m, " n=", n, " k=", k, " with ",
                      kind == kTensorPlan        ? "per-tensor scales"
                      : kind == kOuterVectorPlan ? "outer-vector scales"
                      : kind == kBlock128Plan    ? "1x128 / 128x128 block scales"
                                                 : "unit scales and an fp32 output",
-                     bias ? " and a bias epilogue" : "", " (status ", static_cast<int>(st), ", ",
-                     found, " algorithms)"));
+                     bias ? " and a bias epilogue" : "", swap_ab ? " (operands swapped)" : "",
+                     " (status ", static_cast<int>(st), ", ", found, " algorithms)"));
   }
   plan->algo = result.algo;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CublasLtFp8Gemm::Plan*> CublasLtFp8Gemm::GetPlan(const PlanKey& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (auto it = no_kernel_.find(key); it != no_kernel_.end()) return it->second;
+  auto plan = std::make_unique<Plan>();
+  absl::Status st = BuildPlan(key, /*swap_ab=*/false, plan.get());
+  if (absl::IsUnimplemented(st) && std::get<3>(key) == kBlock128Plan) {
+    auto swapped = std::make_unique<Plan>();
+    const absl::Status st2 = BuildPlan(key, /*swap_ab=*/true, swapped.get());
+    if (st2.ok() || !absl::IsUnimplemented(st2)) {
+      st = st2;
+      plan = std::move(swapped);
+    } else {
+      st = absl::UnimplementedError(absl::StrCat(st.message(), "; ", st2.message()));
+    }
+  }
+  if (absl::IsUnimplemented(st)) no_kernel_.emplace(key, st);  // not asked again per call
+  if (!st.ok()) return st;
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
@@ -206,6 +238,13 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
       return ScaledLinear(kTensorPlan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
                           stream);
     case Fp8GemmScaling::kBlock128:
+      if (m % kBlock128RowMultiple != 0 || Block128Groups(k) % 4 != 0) {
+        // m: cuBLASLt 13 answers NOT_SUPPORTED for other m on sm_90 (17, 129, 333 on an H200).
+        // k: the padded weight-scale rows (ld > groups) have not been run on a GPU yet.
+        return absl::UnimplementedError(
+            absl::StrCat("block-scaled FP8 GEMM: needs m a multiple of ", kBlock128RowMultiple,
+                         " and ceil(k / 128) a multiple of 4; got m=", m, " k=", k));
+      }
       return ScaledLinear(kBlock128Plan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
                           stream);
     case Fp8GemmScaling::kTokenChannel:
@@ -232,18 +271,20 @@ absl::Status CublasLtFp8Gemm::ScaledLinear(PlanKind kind, const uint8_t* a_codes
   if (!plan.ok()) return plan.status();
   Plan* p = *plan;
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                     static_cast<const void*>(w_scales)));
+                                     static_cast<const void*>(p->swap_ab ? a_scales : w_scales)));
   CUBLAS_RETURN_IF_ERROR(SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                     static_cast<const void*>(a_scales)));
+                                     static_cast<const void*>(p->swap_ab ? w_scales : a_scales)));
   if (p->fused_bias) {
     CUBLAS_RETURN_IF_ERROR(
         SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias)));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p->desc, &alpha, w_codes, p->w_layout, a_codes,
-                                        p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
-                                        &p->algo, workspace_, static_cast<size_t>(workspace_bytes_),
-                                        stream));
+  const void* first = p->swap_ab ? static_cast<const void*>(a_codes) : w_codes;
+  const void* second = p->swap_ab ? static_cast<const void*>(w_codes) : a_codes;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+      handle_, p->desc, &alpha, first, p->swap_ab ? p->a_layout : p->w_layout, second,
+      p->swap_ab ? p->w_layout : p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
+      &p->algo, workspace_, static_cast<size_t>(workspace_bytes_), stream));
   return bias == nullptr || p->fused_bias ? absl::OkStatus() : AddBias(out, bias, m, n, stream);
 }
 

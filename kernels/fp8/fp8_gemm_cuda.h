@@ -5,23 +5,29 @@
 //     before the one rounding to bf16 (where cuBLASLt has no such kernel for a shape: AddBias, a
 //     second rounding);
 //   * kTokenChannel: a per-token scale vector for the activations and a per-channel one for the
-//     weights. cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F has no kernel on sm_90
-//     (0 algorithms for every shape on an H200, CUDA 13), so by default this is cuBLASLt's FP8
-//     matmul with unit scales writing the fp32 product into a preallocated accumulator, then one
-//     epilogue kernel (ScaleFp8Accumulator: acc * a_scale[i] * w_scale[j] (+ bias), one rounding
-//     to bf16). m is cut into chunks of rows whose fp32 product fits the accumulator. Create
-//     asks cuBLASLt once whether it has outer-vector FP8 kernels (a heuristic query on one
-//     shape); where it has (newer GPUs), kTokenChannel uses them, and any shape they lack falls
-//     back to the epilogue path.
+//     weights, through cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode where it has a
+//     kernel (it has on an H200, CUDA 13, once the heuristic is asked with the scale pointers
+//     set: without them it answers INVALID_VALUE, which an earlier version read as "none").
+//     Create asks once; without it (or with try_outer_vector = false, or for a shape it lacks)
+//     this is cuBLASLt's FP8 matmul with unit scales writing the fp32 product into a
+//     preallocated accumulator, then one epilogue kernel (ScaleFp8Accumulator: acc * a_scale[i]
+//     * w_scale[j] (+ bias), one rounding to bf16), m cut into chunks of rows whose fp32 product
+//     fits the accumulator;
 //   * kBlock128: DeepSeek's block scaling, 1 x 128 activation groups and 128 x 128 weight blocks,
 //     through cuBLASLt's VEC128_32F (activations) / BLK128x128_32F (weights) scale modes (CUDA
 //     12.9+, Hopper): cuBLASLt applies every group's scales to its partial products in fp32. The
-//     scales are in cuBLASLt's layouts (below: Block128ActivationScales /
-//     Block128WeightScales), bias as for kTensor.
-// Numerics: Hopper's FP8 tensor cores add each MMA's products (and the running sum) with about
-// 13 fraction bits aligned to the largest of them (DeepSeek-V3 report 3.3.2); cuBLASLt without
-// FAST_ACCUM promotes to fp32 between MMAs. So an output's error is about 2^-13 of its largest
-// products per MMA, not of their sum (fp8_gemm_cuda_test's tolerance; BENCHMARKS.md).
+//     scales are in cuBLASLt's layouts (below; TransposeGroupScales and Block128WeightScales
+//     produce them), bias as for kTensor. m must be a multiple of kBlock128RowMultiple
+//     (cuBLASLt has no kernel otherwise; CudaFp8Linear runs the last rows on its GEMV) and the
+//     number of 128-column groups a multiple of 4 (what has run on a GPU: no padded scale rows),
+//     else UNIMPLEMENTED. Every DeepSeek-V3 projection qualifies (k = 7168, 1536, 512, 2048,
+//     16384, 18432).
+// Numerics: Hopper's FP8 tensor cores add each MMA's 32 products and the running sum aligned to
+// the largest of them with 13 fraction bits, truncating (DeepSeek-V3 report 3.3.2); cuBLASLt
+// without FAST_ACCUM promotes to fp32 every 128 along k. fp8_cuda_bench --only=probe shows it on
+// an H200: 448 + 31 x 2^-6 in one MMA sums to exactly 448; over k = 1024 the 2^-6 terms sharing
+// a 128-interval with 448 are lost, the others kept. So an output's error is a few 2^-13 of its
+// per-MMA largest magnitudes, not of the sum of |terms| (fp8_gemm_cuda_test's tolerance).
 //
 // Thread safety: not thread-safe (plan cache, descriptor scale pointers, the accumulator), like
 // CublasLtGemm.
@@ -40,7 +46,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/fp8/fp8.h"
@@ -56,6 +61,7 @@ enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
 //     (TransposeGroupScales, fp8_gemm_kernels.h);
 //   * weights, BLK128x128_32F: scales[b * ld + g] for row block b (128 rows) and column group g,
 //     ld = Block128WeightScaleLd(k): ceil(k / 128) rounded up to 4 (16-byte rows).
+inline constexpr int64_t kBlock128RowMultiple = 4;
 inline int64_t Block128Groups(int64_t k) { return (k + 127) / 128; }
 inline int64_t Block128WeightScaleLd(int64_t k) { return (Block128Groups(k) + 3) / 4 * 4; }
 // The weight's block scales in cuBLASLt's layout from the in-memory per-row form (grid with
@@ -103,7 +109,7 @@ class CublasLtFp8Gemm {
   absl::Status ProductF32(const uint8_t* a_codes, const uint8_t* w_codes, int64_t m, int64_t n,
                           int64_t k, float* out, cudaStream_t stream);
 
-  // Whether kTokenChannel runs on cuBLASLt's outer-vector scale mode (false on sm_90).
+  // Whether kTokenChannel runs on cuBLASLt's outer-vector scale mode (true on an H200, CUDA 13).
   bool outer_vector_scales() const { return outer_vector_; }
   // Rows per cuBLASLt call on the epilogue path for n output columns (0: not even one fits).
   int64_t EpilogueChunkRows(int64_t n) const;
@@ -124,6 +130,7 @@ class CublasLtFp8Gemm {
   CublasLtFp8Gemm(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
                   float* accumulator, int64_t accumulator_bytes);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
+  absl::Status BuildPlan(const PlanKey& key, bool swap_ab, Plan* plan);
   // The cuBLASLt-scaled paths (kTensor, outer vectors, kBlock128): the plan with the BIAS
   // epilogue where a bias is given and cuBLASLt has one, else AddBias after the matmul.
   absl::Status ScaledLinear(PlanKind kind, const uint8_t* a_codes, const float* a_scales,
@@ -141,7 +148,8 @@ class CublasLtFp8Gemm {
   int64_t accumulator_bytes_;
   bool outer_vector_ = false;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
-  absl::flat_hash_set<PlanKey> no_kernel_;  // shapes cuBLASLt has no algorithm for
+  // Shapes cuBLASLt has no algorithm for, with the answer it gave.
+  absl::flat_hash_map<PlanKey, absl::Status> no_kernel_;
 };
 
 }  // namespace tandem::kernels::cuda

@@ -265,8 +265,9 @@ TEST(Fp8GemmCudaTest, OuterVectorMatchesTheCpuReferenceWhereItExists) {
 }
 
 // DeepSeek's block scaling through cuBLASLt's VEC128 / BLK128x128 modes: k with a partial last
-// group (272, 400), k groups not a multiple of 4 (the weight scales' padded rows), n with a
-// partial last row block, m not a multiple of 4.
+// group (400), n with a partial last row block (200), m not a multiple of 8; m not a multiple
+// of 4 (no cuBLASLt kernel on an H200) and k with padded weight-scale rows are refused. No bias:
+// DeepSeek's projections have none, and the block + BIAS epilogue has not run on a GPU.
 TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
@@ -275,13 +276,23 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   double worst = 0;
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 256, 512},
                          {200, 384, 4096},
-                         {17, 96, 1024},
-                         {333, 200, 272},
                          {36, 256, 400},
-                         {129, 640, 7168}}) {
-    worst = std::max(worst, CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, m % 2 == 1));
+                         {40, 200, 1024},
+                         {100, 200, 1024}}) {
+    worst = std::max(worst, CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, false));
   }
   std::printf("block: largest error / (2^-13 x per-MMA magnitude) %.3f\n", worst);
+  DeviceBuffer<uint8_t> codes(20 * 512);
+  DeviceBuffer<float> scales(64);
+  DeviceBuffer<bf16> out(20 * 512);
+  for (auto [m, k] : {std::pair<int64_t, int64_t>{17, 512}, {20, 272}}) {
+    EXPECT_EQ((*gemm)
+                  ->Linear(codes.get(), scales.get(), codes.get(), scales.get(),
+                           Fp8GemmScaling::kBlock128, m, 16, k, out.get(), nullptr)
+                  .code(),
+              absl::StatusCode::kUnimplemented)
+        << "m=" << m << " k=" << k;
+  }
 }
 
 // The host layout helper: per-row scales of 128 x 128 blocks to cuBLASLt's padded block rows;

@@ -9,6 +9,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_gemm_kernels.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 
@@ -28,6 +29,13 @@ constexpr int64_t kFusedQuantMaxM = 4;
 bool GemmServes(const CudaFp8Weight& w) {
   return w.grid.block_cols >= w.grid.cols &&
          (w.activation == Scheme::kDynamicToken || w.activation == Scheme::kStaticTensor);
+}
+
+// The block-scaled GEMM: 128 x 128 weight blocks in cuBLASLt's layout and 1x128 activations.
+// (CublasLtFp8Gemm takes k with a multiple of 4 groups of 128 columns.)
+bool BlockGemmServes(const CudaFp8Weight& w) {
+  return !w.block_scales.empty() && w.activation == Scheme::kDynamicGroup128 &&
+         kc::Block128Groups(w.grid.cols) % 4 == 0;
 }
 
 kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) {
@@ -83,6 +91,18 @@ absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t row
       cudaMemcpy(w.codes.data(), host->codes.data(), host->codes.size(), cudaMemcpyHostToDevice));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(w.scales.data(), host->scales.data(),
                                   host->scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (host->activation == Scheme::kDynamicGroup128 && g.block_cols == kGroup) {
+    // Rows of one 128-block that differ (fused parts or slices off block boundaries, or per-row
+    // scales): no block GEMM, the chunked GEMV serves the weight.
+    absl::StatusOr<std::vector<float>> blocks = kc::Block128WeightScales(host->scales.data(), g);
+    if (blocks.ok()) {
+      ASSIGN_OR_RETURN(
+          w.block_scales,
+          DeviceBuffer::Allocate(static_cast<int64_t>(blocks->size()) * 4, "fp8 block scales"));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(w.block_scales.data(), blocks->data(),
+                                      blocks->size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+  }
   *host = Fp8LinearWeight();
   return w;
 }
@@ -115,11 +135,15 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   ASSIGN_OR_RETURN(out->scales_,
                    DeviceBuffer::Allocate(max_tokens * ((max_k + kGroup - 1) / kGroup) * 4,
                                           "fp8 activation scales"));
+  ASSIGN_OR_RETURN(out->block_act_scales_,
+                   DeviceBuffer::Allocate(max_tokens * ((max_k + kGroup - 1) / kGroup) * 4,
+                                          "fp8 block activation scales"));
   return out;
 }
 
 const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m) {
   if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
+  if (BlockGemmServes(w)) return "cublaslt-fp8-block-gemm";
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
 }
 
@@ -151,8 +175,8 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
   if (m > kc::kFp8SmallMMaxM && GemmServes(w)) {
     const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
                                                                   : scales_.get<float>();
-    // Per-token (or static) x per-channel: on sm_90 cuBLASLt's unit-scaled FP8 product in fp32,
-    // then one epilogue kernel applying both scales and the bias (CublasLtFp8Gemm).
+    // Per-token (or static) x per-channel: cuBLASLt's outer-vector scales where it has them (an
+    // H200 has), else its unit-scaled fp32 product + one scaling epilogue (CublasLtFp8Gemm).
     const absl::Status st = gemm_->Linear(codes_.get<uint8_t>(), a_scales, w.codes.get<uint8_t>(),
                                           w.scales.get<float>(), kc::Fp8GemmScaling::kTokenChannel,
                                           m, n, k, out, stream, bias);
@@ -163,6 +187,25 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     // No cuBLASLt kernel for this shape: the chunked GEMV below (same numerics).
     if (!absl::IsUnimplemented(st)) return st;
   }
+  if (m > kc::kFp8SmallMMaxM && BlockGemmServes(w)) {
+    // 1x128 x 128x128 blocks: cuBLASLt's block-scaled GEMM on the rows it has kernels for (a
+    // multiple of 4), the group scales transposed into its VEC128 layout; the last m % 4 rows on
+    // the GEMV below.
+    const int64_t gemm_rows = m / kc::kBlock128RowMultiple * kc::kBlock128RowMultiple;
+    RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), gemm_rows,
+                                             (k + kGroup - 1) / kGroup,
+                                             block_act_scales_.get<float>(), stream));
+    const absl::Status st =
+        gemm_->Linear(codes_.get<uint8_t>(), block_act_scales_.get<float>(), w.codes.get<uint8_t>(),
+                      w.block_scales.get<float>(), kc::Fp8GemmScaling::kBlock128, gemm_rows, n, k,
+                      out, stream, bias);
+    if (st.ok()) {
+      if (gemm_rows < m) RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream, gemm_rows));
+      last_path_ = "cublaslt-fp8-block-gemm";
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnimplemented(st)) return st;
+  }
   RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream));
   last_path_ = m <= kc::kFp8SmallMMaxM ? "fp8-gemv" : "fp8-gemv-chunks";
   return absl::OkStatus();
@@ -170,14 +213,14 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
 
 absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a,
                                        const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, int64_t first_row) {
   const int64_t k = w.grid.cols, n = w.grid.rows;
   // Activation scales per row: none (static: one), 1 (per token), k / 128 groups.
   const int64_t scale_stride = w.activation == Scheme::kDynamicToken ? 1
                                : w.activation == Scheme::kDynamicGroup128
                                    ? (k + kGroup - 1) / kGroup
                                    : 0;
-  for (int64_t r0 = 0; r0 < m; r0 += kc::kFp8SmallMMaxM) {
+  for (int64_t r0 = first_row; r0 < m; r0 += kc::kFp8SmallMMaxM) {
     const int64_t rows = std::min(kc::kFp8SmallMMaxM, m - r0);
     kc::Fp8SmallMActivations act;
     act.scheme = w.activation;

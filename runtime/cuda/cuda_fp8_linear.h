@@ -7,14 +7,19 @@
 //     first (weight-only layers: bf16 activations);
 //   * larger m, whole-row weight scales and a per-token or static activation scheme: the
 //     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
-//     static scale being a preallocated vector of max_tokens copies). On sm_90, where cuBLASLt
-//     has no outer-vector scale mode, that is its unit-scaled FP8 matmul into a preallocated fp32
-//     accumulator (256 MiB, chunks of rows) and one epilogue kernel applying both scales and the
-//     bias, one rounding to bf16;
-//   * larger m otherwise (128-column weight blocks / 1x128 activation groups, weight-only FP8, or
-//     a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks": Fp8SmallMLinear over
-//     chunks of 16 rows, which re-streams the weight every 16 tokens. Correct (the GEMV's per-block
-//     scaling) but far from GEMM speed; it stands in until a block-scaled GEMM exists.
+//     static scale being a preallocated vector of max_tokens copies): on an H200 cuBLASLt's
+//     outer-vector scale mode, else its unit-scaled fp32 product into a preallocated accumulator
+//     (256 MiB, chunks of rows) and one epilogue kernel applying both scales and the bias;
+//   * larger m, 128 x 128 weight blocks (every 128-row block's rows share their scales: a
+//     DeepSeek checkpoint, block_scales filled at upload; k a multiple of 512 columns' worth of
+//     groups, see CublasLtFp8Gemm) with 1x128 activation groups: the
+//     block-scaled cuBLASLt FP8 GEMM (CublasLtFp8Gemm kBlock128), the activation scales
+//     transposed into its layout, on m rounded down to a multiple of 4 (cuBLASLt has no kernel
+//     for other m), the last m % 4 rows on the chunked GEMV below;
+//   * larger m otherwise (per-row 128-column blocks, 1x128 groups with whole-row weight scales,
+//     weight-only FP8, or a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks":
+//     Fp8SmallMLinear over chunks of 16 rows, which re-streams the weight every 16 tokens. Correct
+//     (the GEMV's per-block scaling) but far from GEMM speed.
 // Numerics are cpu::Fp8Linear's (kernels/fp8): fp32 accumulation, one rounding to bf16.
 //
 // Thread safety: not thread-safe (the workspace and cuBLASLt plans); one model drives it.
@@ -44,11 +49,17 @@ struct CudaFp8Weight {
   DeviceBuffer codes;              // [n, k] e4m3
   DeviceBuffer scales;             // [n * GridCols] fp32 (block_rows 1)
   DeviceBuffer static_act_scales;  // kStaticTensor: [max_tokens] copies of input_scale
+  // 128 x 128 blocks with 1x128 activations: [ceil(n / 128), Block128WeightScaleLd(k)] in
+  // cuBLASLt's layout (kernels::cuda::Block128WeightScales), for the block-scaled GEMM; empty
+  // for other weights.
+  DeviceBuffer block_scales;
   kernels::Fp8ScaleGrid grid;
   kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
   float input_scale = 0.0f;
   bool empty() const { return codes.empty(); }
-  int64_t bytes() const { return codes.bytes() + scales.bytes() + static_act_scales.bytes(); }
+  int64_t bytes() const {
+    return codes.bytes() + scales.bytes() + static_act_scales.bytes() + block_scales.bytes();
+  }
 };
 
 // Device buffers for a weight of `grid` (uninitialised codes and scales; the static activation
@@ -58,7 +69,8 @@ absl::StatusOr<CudaFp8Weight> AllocateFp8Weight(const kernels::Fp8ScaleGrid& gri
                                                 kernels::Fp8ActivationScheme activation,
                                                 float input_scale, int64_t max_tokens);
 
-// Uploads a loaded FP8 weight (codes and scales copied as they are), freeing the host copy.
+// Uploads a loaded FP8 weight (codes and scales copied as they are), freeing the host copy;
+// a 1x128-activation weight whose 128-row blocks share their scales also gets block_scales.
 // `what` names it in errors; `rows` / `cols`: the shape the model expects.
 absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t rows, int64_t cols,
                                               int64_t max_tokens, const std::string& what);
@@ -83,8 +95,9 @@ class CudaFp8Linear {
                       int64_t m, __nv_bfloat16* out, cudaStream_t stream,
                       bool programmatic_launch = false);
 
-  // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm" or the slow
-  // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks.
+  // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm",
+  // "cublaslt-fp8-block-gemm" or the slow "fp8-gemv-chunks"); a cuBLASLt shape without a kernel
+  // also falls back to the chunks.
   static const char* PathFor(const CudaFp8Weight& w, int64_t m);
   // The path the last successful Linear call took (PathFor's names; "" before any): differs
   // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.
@@ -92,14 +105,17 @@ class CudaFp8Linear {
 
  private:
   CudaFp8Linear() = default;
+  // Rows [first_row, m) on the small-m kernel, 16 at a time.
   absl::Status GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a, const __nv_bfloat16* bias,
-                          int64_t m, __nv_bfloat16* out, cudaStream_t stream);
+                          int64_t m, __nv_bfloat16* out, cudaStream_t stream,
+                          int64_t first_row = 0);
 
   int64_t max_tokens_ = 0, max_k_ = 0;
   const char* last_path_ = "";
   std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
-  DeviceBuffer codes_;   // [max_tokens, max_k] e4m3 activations
-  DeviceBuffer scales_;  // [max_tokens * ceil(max_k / 128)] fp32
+  DeviceBuffer codes_;             // [max_tokens, max_k] e4m3 activations
+  DeviceBuffer scales_;            // [max_tokens * ceil(max_k / 128)] fp32
+  DeviceBuffer block_act_scales_;  // the same transposed for the block-scaled GEMM
 };
 
 }  // namespace tandem::runtime::cuda

@@ -1,11 +1,13 @@
 // CudaFp8Linear (cuda_fp8_linear.h) against the CPU reference cpu::Fp8Linear on fresh random FP8
-// weights with random per-row scales: per-channel and 128-column blocks x the four activation
-// schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode GEMV, the cuBLASLt
-// FP8 GEMM -- on sm_90 its fp32 product + scaling epilogue -- and the chunked-GEMV slow path),
+// weights with random per-row scales: per-channel, 128-column blocks and 128 x 128 blocks x the
+// four activation schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode
+// GEMV, the cuBLASLt FP8 GEMM -- on sm_90 its fp32 product + scaling epilogue --, the
+// block-scaled cuBLASLt GEMM and the chunked-GEMV slow path),
 // bias on and off, each call checked to take the path PathFor names; and the device dummy FP8 rows
 // (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -33,8 +35,10 @@ std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
   return v;
 }
 
+// square_blocks: the per-row scales of 128 x 128 blocks (a DeepSeek checkpoint as the loader
+// holds it), which UploadFp8Weight recognizes for the block-scaled GEMM.
 void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n, int64_t k,
-                 int64_t block_cols, Scheme scheme, bool with_bias) {
+                 int64_t block_cols, Scheme scheme, bool with_bias, bool square_blocks = false) {
   const kernels::Fp8ScaleGrid grid{n, k, 1, block_cols};
   Fp8LinearWeight host;
   host.grid = grid;
@@ -49,6 +53,12 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
   host.scales.resize(grid.NumScales());
   for (float& s : host.scales) s = std::exp2(log_scale(rng));
+  if (square_blocks) {
+    const int64_t g = grid.GridCols();
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy_n(host.scales.begin() + r / 128 * 128 * g, g, host.scales.begin() + r * g);
+    }
+  }
   const std::vector<bf16> x = RandomBf16(rng, m * k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
   const std::vector<float> xf = kernels::cuda_test::ToFloat(x);
   const std::vector<float> bias_f = kernels::cuda_test::ToFloat(bias);
@@ -97,6 +107,9 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
       CheckLinear(rng, **linear, m, 96, 1024, 1024, scheme, m % 2 == 1);  // per-channel
       CheckLinear(rng, **linear, m, 80, 384, 128, scheme, m % 2 == 0);    // 128-column blocks
       CheckLinear(rng, **linear, m, 48, 272, 128, scheme, false);         // k % 128 != 0
+      // 128 x 128 blocks: the block-scaled GEMM beyond 16 rows with 1x128 activations (m = 17:
+      // 16 rows on it, the 17th on the GEMV). No bias, as DeepSeek's projections.
+      CheckLinear(rng, **linear, m, 200, 1024, 128, scheme, false, /*square_blocks=*/true);
     }
   }
   // Which path: decode GEMV up to 16 rows; the GEMM for whole-row scales and per-token / static
@@ -110,6 +123,15 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-gemm");
   w.grid.block_cols = 128;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");
+  w.activation = Scheme::kDynamicGroup128;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");  // per-row blocks
+  absl::StatusOr<DeviceBuffer> blocks = DeviceBuffer::Allocate(16, "test");
+  ASSERT_TRUE(blocks.ok());
+  w.block_scales = *std::move(blocks);
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");  // 2 groups: not 4n
+  w.grid.cols = 512;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-block-gemm");
 }
 
 TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # FP8 weights on the CUDA backend (issue 38) against the CPU backend running the same FP8 model
 # (cpu::Fp8Linear, itself checked against transformers by tests/golden:fp8_golden_test), through
-# `generate` at the same TP size: last-prompt logits cosine >= 0.99 (fp8_golden_test allows
-# 0.995 for f32 summation order alone; on CUDA the activations are also rounded to bf16 before
-# their e4m3 rounding, so more codes flip: 0.99 is a first bound, to be tightened from the first
-# GPU run's printed worst cosine) and the first greedy token equal wherever the CPU's top-2 gap
-# is >= 3% of max|logit| (the CUDA golden rule).
+# `generate` at the same TP size. The rule (compare_fp8), where the fixture has an expected.json:
+#   * CUDA is no farther from transformers' unquantized-activation logits (expected.json; for
+#     --quantization=fp8 the f32 model, for a checkpoint its dequantized weights) than the CPU:
+#     mean over prompts of (1 - cosine) <= 1.5 x the CPU's + 0.002;
+#   * every prompt's CUDA logits within cosine 0.97 of the CPU's (a gross-defect floor);
+#   * the first greedy token equal to the CPU's wherever its top-2 gap is >= 3% of max|logit|.
+# Why not a tight CUDA-vs-CPU cosine: CUDA quantizes bf16 activations, the CPU fp32 ones, and an
+# e4m3 step is 2^-3 relative: the ~2^-9 bf16 difference flips codes near every rounding boundary,
+# a second draw of FP8 quantization noise. On the H200 (nvidia-h200-x4, 2026-11-28) CUDA vs CPU
+# was 0.985-0.999 per prompt on llama/qwen2/qwen3 --quantization=fp8 (all prompt lengths: GEMV
+# and GEMM paths alike) while CUDA's and the CPU's mean 1 - cosine to the f32 model were equal
+# (0.0140 / 0.0123, 0.0077 / 0.0080, 0.0101 / 0.0102), and without FP8 the bf16 CUDA run is
+# within 0.9998 of the CPU: FP8 amplifies the bf16 rounding; it is not a defect of the FP8 path.
+# Without an expected.json (device dummy weights) the per-prompt cosine bound is 0.99.
 #   1. The four checkpoint formats of tests/golden/fixtures_fp8 (DeepSeek 128x128 blocks,
 #      compressed-tensors per-channel dynamic / per-tensor static, modelopt) and base_bf16 with
 #      --quantization=fp8, written again by make_golden_fp8.py --head_dim=64 (the CI fixtures'
@@ -35,40 +44,49 @@ run_cpu() { # OUT ARGS...
     --num_threads=2 "$@" > "$out" 2> "$out.err"
 }
 
-compare_fp8() { # NAME OUT REF
+compare_fp8() { # NAME OUT CPU_OUT [EXPECTED_JSON]
   python3 - "$@" << 'PY'
 import json, math, sys
 name, out, ref = sys.argv[1:4]
+exp = json.load(open(sys.argv[4]))["last_prompt_logits"] if len(sys.argv) > 4 else None
 got = [json.loads(l) for l in open(out) if l.strip()]
 want = [json.loads(l) for l in open(ref) if l.strip()]
 assert len(got) == len(want) > 0
 def cos(a, b):
     return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-bad, worst, same = 0, 1.0, 0
+floor = 0.97 if exp is not None else 0.99
+bad, worst, same, d_cuda, d_cpu = 0, 1.0, 0, 0.0, 0.0
 for i, (g, w) in enumerate(zip(got, want)):
     lg, lw = g["last_prompt_logits"], w["last_prompt_logits"]
     c = cos(lg, lw); worst = min(worst, c)
-    if c < 0.99: print(f"{name} prompt {i}: cosine {c:.5f}"); bad += 1
+    if c < floor: print(f"{name} prompt {i}: cosine to the CPU {c:.5f} < {floor}"); bad += 1
+    if exp is not None:
+        d_cuda += (1 - cos(lg, exp[i])) / len(got); d_cpu += (1 - cos(lw, exp[i])) / len(got)
     top = sorted(lw, reverse=True)
     if top[0] - top[1] >= 0.03 * max(abs(x) for x in lw) and g["tokens"][0] != w["tokens"][0]:
         print(f"{name} prompt {i}: first token {g['tokens'][0]} != {w['tokens'][0]}"); bad += 1
     same += g["tokens"] == w["tokens"]
-print(f"{name}: {len(got)} prompts, cosine >= {worst:.6f}, greedy tokens equal on "
-      f"{same}/{len(got)}, {bad} failures")
+if exp is not None and d_cuda > 1.5 * d_cpu + 0.002:
+    print(f"{name}: mean 1 - cosine to transformers {d_cuda:.5f} > 1.5 x the CPU's {d_cpu:.5f} "
+          f"+ 0.002"); bad += 1
+print(f"{name}: {len(got)} prompts, cosine to the CPU >= {worst:.6f}"
+      + (f", mean 1 - cosine to transformers CUDA {d_cuda:.5f} CPU {d_cpu:.5f}" if exp else "")
+      + f", greedy tokens equal on {same}/{len(got)}, {bad} failures")
 sys.exit(1 if bad else 0)
 PY
 }
 
-check() { # NAME TPS ARGS... : CUDA at TP=t against the CPU backend at TP=t, t in TPS ("1 2")
-  # (row-parallel layers quantize each rank's slice of a token: TP=2 differs from TP=1 itself)
-  local name=$1 tps=$2 ok=1
-  shift 2
+check() { # NAME TPS EXPECTED_JSON|"" ARGS... : CUDA at TP=t against the CPU backend at TP=t,
+  # t in TPS ("1 2") (row-parallel layers quantize each rank's slice of a token: TP=2 differs
+  # from TP=1 itself)
+  local name=$1 tps=$2 exp=$3 ok=1
+  shift 3
   for t in $tps; do
     local share=()
     [[ $t == 2 ]] && share=($SHARE)
     run_cpu "$LOG/$name.cpu$t.jsonl" "$@" --tp="$t" &&
       run "$LOG/$name.$t.jsonl" "$@" --tp="$t" "${share[@]}" &&
-      compare_fp8 "$name-tp$t" "$LOG/$name.$t.jsonl" "$LOG/$name.cpu$t.jsonl" || ok=0
+      compare_fp8 "$name-tp$t" "$LOG/$name.$t.jsonl" "$LOG/$name.cpu$t.jsonl" ${exp:+"$exp"} || ok=0
   done
   if [[ $ok == 1 ]]; then
     pass "$name"
@@ -88,7 +106,8 @@ if python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
     # fp8_block: TP=2 would cut its 128x128 scale blocks (k/v rows 64 a rank): refused, TP=1 only.
     tps="1 2"
     [[ $fmt == fp8_block ]] && tps=1
-    check "$fmt" "$tps" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
+    check "$fmt" "$tps" "$fix/expected.json" --model="$fix" \
+      --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
   done
 else
   echo "SKIP checkpoint formats: torch / transformers / safetensors missing or make_golden_fp8.py failed"
@@ -99,7 +118,8 @@ fi
 # 2. Online FP8 on the bf16 golden fixtures (per-channel weights, per-token activations).
 for variant in llama_f32_gqa qwen2_f32 qwen3_f32 llama_f32_mqa_headdim_bias; do
   fix=tests/golden/fixtures/$variant
-  check "$variant-fp8" "1 2" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8
+  check "$variant-fp8" "1 2" "$fix/expected.json" --model="$fix" \
+    --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8
 done
 
 # 3. Graphs against eager decode on the same FP8 model.
@@ -109,7 +129,7 @@ tokens_check fp8-graphs-vs-eager "eager vs graphs" "$LOG/eager.jsonl" \
   --quantization=fp8 --cuda_graphs=false
 
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
-check tiny-dummy-fp8 "1 2" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
+check tiny-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
   --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
 
 # 5. fp16 activations with FP8 weights: refused by name.
