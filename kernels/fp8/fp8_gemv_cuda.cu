@@ -11,14 +11,13 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 128;  // columns a warp takes per step; the 128-column scale group
 constexpr int kMaxTokens = 16;
-constexpr int kInFlight = 2;  // groups whose weights a warp loads before using any
-// Rows per block: 32 (two 16-row MMA tiles) once there are enough of them to fill an H200's
-// 132 SMs twice over, else 16 (more blocks for the 4096-row projections).
+// m > 8 (two 8-token MMA tiles): 32 rows per block once there are enough of them to fill an
+// H200's 132 SMs twice over (each block then re-reads the activations from L2 half as often),
+// else 16.
 constexpr int64_t kTwoTilesMinRows = 8192;
+constexpr int64_t kEightWarpsMaxRows = 2 * 132 * 16;
 
 // How the activations arrive (fp8_gemv_cuda.h).
 enum class ActForm { kCodes, kFusedQuant, kBf16 };
@@ -79,16 +78,31 @@ __device__ __forceinline__ void Bf16x8ToFloat(const uint4& v, float* f) {
   }
 }
 
-// Two quantized values (x / scale: an IEEE division, as QuantizeActivations) packed low first.
-__device__ __forceinline__ uint32_t QuantizePair(float x0, float x1, float scale) {
-  return static_cast<uint32_t>(
-      __nv_cvt_float2_to_fp8x2(make_float2(x0 / scale, x1 / scale), __NV_SATFINITE, __NV_E4M3));
+// x / s rounded as an IEEE division (what QuantizeActivations computes), from inv = 1 / s
+// (correctly rounded, once per scale): q = x * inv is within an ulp, and one FMA residual step
+// rounds it correctly (Markstein). Outside the range where that holds: zeros keep q (their
+// sign; a real division of 0 takes the compiler's slow path, which made the fused kernel 5x
+// slower on the zero rows of m < 8 tiles, H200), |q| >= 440 saturates to 448 either way, and
+// tiny |x| or a denormal s take the division. Checked against the division on 1.9e8 random
+// bf16 x (zeros included) and scales (static and amax / 448): the same e4m3 codes.
+__device__ __forceinline__ float Quotient(float x, float s, float inv) {
+  const float q = __fmul_rn(x, inv);
+  if (fabsf(x) >= 0x1p-100f && fabsf(q) < 440.0f) return __fmaf_rn(__fmaf_rn(-q, s, x), inv, q);
+  if (isfinite(inv) && (x == 0.0f || fabsf(q) >= 440.0f)) return q;
+  return x / s;
+}
+
+// Two quantized values (Quotient, then e4m3 with saturation) packed low first.
+__device__ __forceinline__ uint32_t QuantizePair(float x0, float x1, float s, float inv) {
+  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(
+      make_float2(Quotient(x0, s, inv), Quotient(x1, s, inv)), __NV_SATFINITE, __NV_E4M3));
 }
 
 // Fused per-token quantization's prologue: scale[r] = max |a[r, :]| / 448 (1 for a zero row)
 // for r < m, from one pass of the whole block over the m rows.
-template <int MT>
+template <int MT, int kWarps>
 __device__ void TokenScales(const Params& p, float* scale) {
+  constexpr int kThreads = kWarps * 32;
   __shared__ float warp_amax[kWarps][kMaxTokens];
   constexpr int kRows = MT * 8;
   float amax[kRows];
@@ -173,12 +187,13 @@ __device__ __forceinline__ void ActivationFragments(const Params& p, int64_t gi,
       } else {
         scale = p.scheme == kStatic ? p.static_scale : ok ? token_scale[tok] : 1.0f;
       }
+      const float inv = 1.0f / scale;
 #pragma unroll
       for (int ch = 0; ch < 2; ++ch) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          b[ch][mt][i] = QuantizePair(x[ch][4 * i], x[ch][4 * i + 1], scale) |
-                         QuantizePair(x[ch][4 * i + 2], x[ch][4 * i + 3], scale) << 16;
+          b[ch][mt][i] = QuantizePair(x[ch][4 * i], x[ch][4 * i + 1], scale, inv) |
+                         QuantizePair(x[ch][4 * i + 2], x[ch][4 * i + 3], scale, inv) << 16;
         }
       }
 #pragma unroll
@@ -302,9 +317,10 @@ __device__ __forceinline__ void GroupStep(const Params& p, int64_t gi, int64_t c
 // One block: rows [16 RT blockIdx.x, + 16 RT) of the output columns for all m <= 8 MT tokens.
 // Lane (g = lane / 4, t = lane % 4) loads weight rows g and g + 8 of each 16-row tile and the
 // activations of tokens g (and 8 + g).
-template <ActForm kForm, int RT, int MT, typename TOut>
-__global__ void __launch_bounds__(kThreads)
+template <ActForm kForm, int RT, int MT, int kWarps, int kInFlight, typename TOut>
+__global__ void __launch_bounds__(kWarps * 32)
     Fp8SmallMKernel(const __grid_constant__ Params p, TOut* __restrict__ out) {
+  constexpr int kThreads = kWarps * 32;
   __shared__ float token_scale[kMaxTokens];
   __shared__ float partial[kWarps][RT * MT * 4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -312,7 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
   if constexpr (kForm == ActForm::kFusedQuant) {
-    if (p.scheme == kToken) TokenScales<MT>(p, token_scale);
+    if (p.scheme == kToken) TokenScales<MT, kWarps>(p, token_scale);
   }
   const uint8_t* wrow[RT][2];
   bool wok[RT][2];
@@ -327,8 +343,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   float acc[RT][MT][4] = {};
   const int64_t groups = (p.k + kGroup - 1) / kGroup;
-  // kInFlight groups per iteration, all their weight loads issued before any is used: 64 to 256
-  // bytes in flight per lane.
+  // kInFlight groups per iteration, all their weight loads issued before any is used: 256 bytes
+  // in flight per lane.
   for (int64_t g0 = warp; g0 < groups; g0 += kInFlight * kWarps) {
     uint4 wv[kInFlight][2][RT][2];
 #pragma unroll
@@ -381,23 +397,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <ActForm kForm, int RT, int MT, typename TOut>
+template <ActForm kForm, int RT, int MT, int kWarps, int kInFlight, typename TOut>
 cudaError_t Launch(const Params& p, TOut* out, cudaStream_t stream, bool pdl) {
   const internal::PdlLaunchConfig config(
-      dim3(static_cast<unsigned>((p.n + 16 * RT - 1) / (16 * RT))), dim3(kThreads), stream, pdl);
-  return cudaLaunchKernelEx(config.get(), Fp8SmallMKernel<kForm, RT, MT, TOut>, p, out);
+      dim3(static_cast<unsigned>((p.n + 16 * RT - 1) / (16 * RT))), dim3(kWarps * 32), stream, pdl);
+  return cudaLaunchKernelEx(config.get(), Fp8SmallMKernel<kForm, RT, MT, kWarps, kInFlight, TOut>,
+                            p, out);
 }
 
 // The one place where runtime values become template constants.
 template <ActForm kForm, typename TOut>
 cudaError_t DispatchTiles(const Params& p, TOut* out, cudaStream_t stream, bool pdl) {
-  const bool two_row_tiles = p.n >= kTwoTilesMinRows;
+  // m <= 8: 16 rows a block, 4 groups (16 weight loads of 16 bytes) in flight per lane, ~128
+  // registers; 8 warps a block (2 blocks an SM) while n / 16 blocks fit on an H200's 132 SMs
+  // twice, else 4 (4 blocks an SM: n = 6144 in one wave). H200, m = 1: 8 warps with 2 groups in
+  // flight read 2.2-3.3 TB/s; 4 warps with 4 groups everywhere lost on n = 4096 (2.0-2.6).
   if (p.m <= 8) {
-    return two_row_tiles ? Launch<kForm, 2, 1, TOut>(p, out, stream, pdl)
-                         : Launch<kForm, 1, 1, TOut>(p, out, stream, pdl);
+    return p.n <= kEightWarpsMaxRows ? Launch<kForm, 1, 1, 8, 4, TOut>(p, out, stream, pdl)
+                                     : Launch<kForm, 1, 1, 4, 4, TOut>(p, out, stream, pdl);
   }
-  return two_row_tiles ? Launch<kForm, 2, 2, TOut>(p, out, stream, pdl)
-                       : Launch<kForm, 1, 2, TOut>(p, out, stream, pdl);
+  return p.n >= kTwoTilesMinRows ? Launch<kForm, 2, 2, 8, 2, TOut>(p, out, stream, pdl)
+                                 : Launch<kForm, 1, 2, 8, 2, TOut>(p, out, stream, pdl);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -3,7 +3,7 @@
 // columns or the whole row (fp8_cuda.h's Fp8DeviceWeight). Decode reads every weight once per
 // step, so the cost is the weight bytes over the memory bandwidth; the kernel reads each weight
 // byte ONCE for all m rows:
-//   * a block owns 16 or 32 weight rows; its 8 warps split k in groups of 128 columns; each lane
+//   * a block owns 16 or 32 weight rows; its 4 or 8 warps split k in groups of 128 columns; a lane
 //     streams 16 bytes of a weight row per 64 columns (16-byte loads, evict-first);
 //   * the products run on the tensor cores, the weight as the 16-row A operand and the m <= 16
 //     activation rows as one or two 8-column B operands (mma.m16n8k32 e4m3 x e4m3, or m16n8k16
