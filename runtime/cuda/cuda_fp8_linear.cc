@@ -20,10 +20,10 @@ namespace kc = ::tandem::kernels::cuda;
 using Scheme = kernels::Fp8ActivationScheme;
 
 constexpr int64_t kGroup = 128;
-// Up to this many rows the decode kernel quantizes the activations itself (no separate pass, no
-// codes in memory); above it every block would re-read (and, per token, re-scan) too many bf16
-// activations from L2, and one QuantizeActivations pass is cheaper (fp8_gemv_cuda_bench).
-constexpr int64_t kFusedQuantMaxM = 4;
+// Up to this many rows the decode kernel quantizes the bf16 activations itself (no separate
+// pass). 0: on an H200 the fused form measured slower than QuantizeActivations + the kernel on
+// its codes at every m (kernels/fp8/BENCHMARKS.md), so it is not used.
+constexpr int64_t kFusedQuantMaxM = 0;
 
 // The cuBLASLt GEMM takes one scale per weight row and per token (or per tensor).
 bool GemmServes(const CudaFp8Weight& w) {
@@ -156,13 +156,18 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
                                                    " outside the workspace (", max_tokens_, ", ",
                                                    max_k_, ") or no FP8 weight"));
   }
-  // Decode: the weight read once for all rows; small m quantizes inside the kernel.
-  const bool fused = w.activation == Scheme::kNone || m <= kFusedQuantMaxM;
-  if (m <= kc::kFp8SmallMMaxM && fused) {
+  if (m <= kc::kFp8SmallMMaxM) {  // decode: the weight read once for all rows
     kc::Fp8SmallMActivations act;
     act.scheme = w.activation;
-    act.values = a;
-    act.static_scale = w.input_scale;
+    if (w.activation == Scheme::kNone || m <= kFusedQuantMaxM) {
+      act.values = a;  // weight-only, or quantized inside the kernel
+      act.static_scale = w.input_scale;
+    } else {
+      RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
+                                              codes_.get<uint8_t>(), scales_.get<float>(), stream));
+      act.codes = codes_.get<uint8_t>();
+      act.scales = scales_.get<float>();
+    }
     RETURN_IF_ERROR(kc::Fp8SmallMLinear<__nv_bfloat16>(act, DeviceWeight(w), bias, m, out, stream,
                                                        programmatic_launch));
     last_path_ = "fp8-gemv";

@@ -2,9 +2,8 @@
 // device (as the loader holds them: LayerWeights::*_fp8, scales per output row over blocks of 128
 // columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
 //   * m <= kFp8SmallMMaxM (decode): cuda::Fp8SmallMLinear (kernels/fp8/fp8_gemv_cuda.h), which
-//     reads the weight once for all rows; up to kFusedQuantMaxM (4) rows it quantizes the bf16
-//     activations itself as the layer's scheme says, above that cuda::QuantizeActivations runs
-//     first (weight-only layers: bf16 activations);
+//     reads the weight once for all rows, on cuda::QuantizeActivations' codes (its fused
+//     quantization measured slower: kFusedQuantMaxM) or, weight-only, the bf16 activations;
 //   * larger m, whole-row weight scales and a per-token or static activation scheme: the
 //     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
 //     static scale being a preallocated vector of max_tokens copies): on an H200 cuBLASLt's
@@ -89,7 +88,7 @@ class CudaFp8Linear {
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
-  // programmatic_launch: the decode kernel (m <= 16, quantizing itself) is launched with PDL, as
+  // programmatic_launch: the decode kernel (m <= 16) is launched with PDL, as
   // kernels/gemm/cuda/gemv_cuda.h's SmallMLinear.
   absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
                       int64_t m, __nv_bfloat16* out, cudaStream_t stream,
