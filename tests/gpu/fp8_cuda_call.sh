@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 38's FP8 checks and benchmarks in one device call (nvidia-h200-x2), each step under its
 # own timeout and log, from the repository root:
-#   1. fp8_cuda_test, cuda_fp8_linear_test, fp8_cuda_bench (GPU 0; the bundle's run.sh), 120 s;
+#   1. fp8_cuda_test, fp8_gemm_cuda_test, cuda_fp8_linear_test, fp8_cuda_bench (GPU 0; the
+#      bundle's run.sh), 120 s;
 #   2. decode_step_bench Llama-3-8B, batch 1 / 8 / 64, bf16 then FP8 in one process (GPU 0),
 #      180 s;
 #   3. tests/gpu/fp8_cuda_golden.sh (CUDA vs CPU backend; TP=2 on GPUs 0 and 1), 200 s;
@@ -10,7 +11,7 @@
 #   tests/gpu/fp8_cuda_call.sh BUNDLE_DIR LOG_DIR
 #
 # BUNDLE_DIR: tests/gpu/bundle.sh BUNDLE_DIR //kernels/fp8:fp8_cuda_test
-#   //kernels/fp8:fp8_cuda_bench //runtime/cuda:cuda_fp8_linear_test
+#   //kernels/fp8:fp8_gemm_cuda_test //kernels/fp8:fp8_cuda_bench //runtime/cuda:cuda_fp8_linear_test
 #   //runtime/cuda:decode_step_bench tool//runtime:generate
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=device_call_lib.sh
