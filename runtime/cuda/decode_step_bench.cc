@@ -40,6 +40,7 @@
 #include "comm/rank_spawn.h"
 #include "comm/tcp_store.h"
 #include "runtime/cuda/cuda_model_runner.h"
+#include "runtime/cuda/decode_bench_config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/tensor_parallel.h"
@@ -133,6 +134,8 @@ int Main(int argc, char** argv) {
     }
     model = *p;
   }
+  EngineConfig config;
+  FitDecodeBenchLength(context, steps, &model, &config);  // before LocalModelConfig copies it
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
@@ -164,11 +167,9 @@ int Main(int argc, char** argv) {
     backend.comm_timeout = absl::Seconds(120);
   }
   const ExecutorFactory factory = CudaExecutorFactory(backend);
-  EngineConfig config;
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
-  config.max_model_len = std::max(8192, context + steps + 16);
   const double dense_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
   for (const std::string& quant : quants) {
     const bool fp8 = quant == "fp8";
@@ -248,7 +249,7 @@ int Main(int argc, char** argv) {
         // Ids in [1000, vocab): the Llama shapes' 100000 span, smaller vocabularies' whole range.
         const int64_t span = std::min<int64_t>(100000, model.vocab_size - 1000);
         for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % span;
-        spec.max_tokens = steps + 8;
+        spec.max_tokens = steps + kDecodeBenchExtraTokens;
         spec.ignore_eos = true;
         if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {
           std::fprintf(stderr, "add: %s\n", st.ToString().c_str());

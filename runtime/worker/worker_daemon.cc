@@ -122,16 +122,24 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
     shared_region = shared->second;
     return shared->first;
   };
+  // Start-up phases are timed in the log: a group's start to healthy is their sum (issue 31).
+  const absl::Time engine_start = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                    Engine::Create(config.engine, loaded.model.local_config,
                                   std::move(loaded.model.weights), allocator, &loaded.factory));
+  LOG(INFO) << "worker start: engine (weights, KV pool, CUDA graphs) up in "
+            << absl::Now() - engine_start;
   if (config.engine.speculative.method == SpeculativeMethod::kDraft) {
     RETURN_IF_ERROR(LoadAndAttachDraftModel(config.draft_model, config.backend, *engine));
   }
   if (!shared_region.has_value()) {
+    const absl::Time register_start = absl::Now();
     absl::StatusOr<uint32_t> registered = agent->RegisterMemory(
         engine->kv_pool_data(), engine->kv_pool_bytes(),
         engine->kv_pool_on_device() ? tandem::v1::MEMORY_KIND_CUDA : tandem::v1::MEMORY_KIND_HOST);
+    LOG(INFO) << "worker start: KV pool (" << (engine->kv_pool_bytes() >> 20)
+              << " MiB) registered with the " << agent->transport() << " transfer agent in "
+              << absl::Now() - register_start;
     if (!registered.ok()) {
       return absl::Status(
           registered.status().code(),
@@ -241,14 +249,19 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   auto parts = std::make_unique<Parts>();
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = config.backend.device;
+  const absl::Time agent_start = absl::Now();
   ASSIGN_OR_RETURN(parts->agent,
                    config.make_agent ? config.make_agent() : MakeTransferAgent(config.transfer));
+  LOG(INFO) << "worker start: " << parts->agent->transport() << " transfer agent up in "
+            << absl::Now() - agent_start;
   uint32_t region = 0;
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, parts->BuildEngine(config, loaded, &region));
   engine->EnableCacheEvents(!config.router.empty());
   const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  const absl::Time kv_side_start = absl::Now();
   ASSIGN_OR_RETURN(tandem::v1::TransferHandshake local,
                    parts->BuildKvSide(config, loaded, *engine, region, epoch));
+  LOG(INFO) << "worker start: KV transfer side up in " << absl::Now() - kv_side_start;
   engine->AttachConnector(parts->connector.get());
 
   WorkerOptions options;
