@@ -265,7 +265,7 @@ tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts
   layout->set_head_dim(facts.head_dim);
   layout->set_block_size(facts.block_size);
   layout->set_kv_dtype(facts.kv_dtype);
-  layout->set_scale_granularity(tandem::v1::KV_SCALE_NONE);
+  layout->set_scale_granularity(facts.scale_granularity);
   return info;
 }
 

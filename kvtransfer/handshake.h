@@ -66,8 +66,8 @@ absl::Status CheckCompatible(const tandem::v1::TransferHandshake& local,
                              const tandem::v1::TransferHandshake& peer);
 
 // What a worker knows of its KV (the hashed facts); CompatibilityFor fills CompatibilityInfo
-// from it (layout "block_major_v1", unquantized: no scales). One place builds it, so what enters
-// the hash is pinned by handshake_test.
+// from it (layout "block_major_v1" or the MLA latent one; no per-tensor / per-head scales). One
+// place builds it, so what enters the hash is pinned by handshake_test.
 struct KvCompatibilityFacts {
   std::string model_id;
   std::string model_dtype;  // "float32", "float16", "bfloat16"
@@ -76,6 +76,9 @@ struct KvCompatibilityFacts {
   uint32_t head_dim = 0;
   uint32_t block_size = 0;
   tandem::v1::KvDtype kv_dtype = tandem::v1::KV_DTYPE_UNSPECIFIED;
+  // Quantized KV: where its scales live (an FP8 latent pool: one per token, KV_SCALE_PER_TOKEN_HEAD
+  // of its one latent "head"); unquantized: KV_SCALE_NONE.
+  tandem::v1::KvScaleGranularity scale_granularity = tandem::v1::KV_SCALE_NONE;
   // Multi-head latent attention (DeepSeek MLA): one latent "head" of kv_lora_rank +
   // qk_rope_head_dim per token and layer, no separate V (num_kv_heads 1, head_dim the latent
   // width). The layout is then named kMlaLatentLayout + "(kv_lora_rank=R,qk_rope_head_dim=D)", so

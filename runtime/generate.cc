@@ -65,6 +65,9 @@ ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "auto (the backend's KV dtype) or fp8 (DeepSeek MLA latent KV in e4m3, a scale per "
+          "token)");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads");
 ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks across requests");
 
@@ -114,6 +117,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
+  backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   ASSIGN_OR_RETURN(
       GroupBackend group_backend,
       LoadGroupBackend(source, backend, RankGroupOptionsFromFlags(backend.device), argv));

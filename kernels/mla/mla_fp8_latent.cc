@@ -56,13 +56,49 @@ absl::Status MlaPagedAttentionFp8(const float* q, const float* kv_b_proj, const 
                                   const Fp8LatentCacheView& cache, int64_t layer,
                                   const AttentionBatch& batch, float scale, MlaMode mode,
                                   float* out, float* lse, ThreadPool* pool, DcpShard dcp) {
-  if (cache.codes == nullptr || cache.scales == nullptr) {
-    return absl::InvalidArgumentError("MlaPagedAttentionFp8: null codes or scales");
+  const KvCacheLayout& l = cache.layout;
+  if (cache.codes == nullptr || cache.scales == nullptr || layer < 0 || layer >= l.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MlaPagedAttentionFp8: null codes or scales, or layer ", layer));
   }
-  std::vector<float> pool_f32;
-  DequantizeLatentCacheFp8(cache, &pool_f32);
-  return MlaPagedAttention(q, kv_b_proj, dims, KvCacheView{pool_f32.data(), cache.layout}, layer,
-                           batch, scale, mode, out, lse, pool, dcp);
+  // Only the blocks the batch reads, this layer's rows, dequantized into a one-layer float pool
+  // (the block tables renumbered to it): the same attention as over the whole dequantized pool.
+  const int64_t width = l.head_dim, bs = l.block_size, mb = batch.max_blocks_per_seq;
+  std::vector<int32_t> slot_of(static_cast<size_t>(l.num_blocks), -1),
+      tables(batch.num_seqs * mb, 0), blocks;
+  for (int64_t s = 0; s < batch.num_seqs; ++s) {
+    const int64_t tokens = dcp.size > 1 && batch.local_seq_lens != nullptr ? batch.local_seq_lens[s]
+                                                                           : batch.seq_lens[s];
+    for (int64_t j = 0; j < std::min(mb, (tokens + bs - 1) / bs); ++j) {
+      const int32_t b = batch.block_tables[s * mb + j];
+      if (b < 0 || b >= l.num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("MlaPagedAttentionFp8: block ", b, " outside [0, ", l.num_blocks, ")"));
+      }
+      if (slot_of[b] < 0) {
+        slot_of[b] = static_cast<int32_t>(blocks.size());
+        blocks.push_back(b);
+      }
+      tables[s * mb + j] = slot_of[b];
+    }
+  }
+  KvCacheLayout one = l;
+  one.num_layers = 1;
+  one.num_blocks = std::max<int64_t>(1, static_cast<int64_t>(blocks.size()));
+  std::vector<float> rows(static_cast<size_t>(one.TotalElems()), 0.0f);
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const int64_t src = l.TileOffset(blocks[k], layer, 0);
+    for (int64_t r = 0; r < bs; ++r) {
+      const int64_t e = src + r * width;
+      DequantizeLatentRowFp8(
+          cache.codes + e, cache.scales[e / width], width,
+          rows.data() + one.TileOffset(static_cast<int64_t>(k), 0, 0) + r * width);
+    }
+  }
+  AttentionBatch local = batch;
+  local.block_tables = tables.data();
+  return MlaPagedAttention(q, kv_b_proj, dims, KvCacheView{rows.data(), one}, /*layer=*/0, local,
+                           scale, mode, out, lse, pool, dcp);
 }
 
 }  // namespace tandem::kernels::cpu

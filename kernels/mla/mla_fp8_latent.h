@@ -51,7 +51,9 @@ absl::Status WriteLatentCacheFp8(const float* latent, const int64_t* slot_mappin
 // The whole FP8 pool dequantized into `out` (a float latent pool of the same layout; resized).
 void DequantizeLatentCacheFp8(const Fp8LatentCacheView& cache, std::vector<float>* out);
 
-// MlaPagedAttention (same arguments and semantics, DCP included) over the dequantized FP8 pool.
+// MlaPagedAttention (same arguments and semantics, DCP included) over the dequantized FP8 pool
+// (it dequantizes only the blocks the batch's block tables use, at `layer`, so an engine's step
+// costs its context, not the pool). INVALID_ARGUMENT for a block id outside the pool.
 absl::Status MlaPagedAttentionFp8(const float* q, const float* kv_b_proj, const MlaDims& dims,
                                   const Fp8LatentCacheView& cache, int64_t layer,
                                   const AttentionBatch& batch, float scale, MlaMode mode,

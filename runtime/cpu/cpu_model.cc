@@ -33,11 +33,15 @@ absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(const ModelConfig& config
                                                        ModelWeights weights,
                                                        kernels::ThreadPool* pool,
                                                        comm::ProcessGroup* group,
-                                                       kernels::DcpShard dcp) {
+                                                       kernels::DcpShard dcp, bool fp8_latent_kv) {
   if (config.IsMla()) {
     ASSIGN_OR_RETURN(std::unique_ptr<MlaModel> mla,
-                     MlaModel::Create(config, std::move(weights), pool, group, dcp));
+                     MlaModel::Create(config, std::move(weights), pool, group, dcp, fp8_latent_kv));
     return std::unique_ptr<CpuModel>(std::move(mla));
+  }
+  if (fp8_latent_kv) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an FP8 latent KV pool needs a DeepSeek MLA model, not ", config.architecture));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> llama,
                    LlamaModel::Create(config, std::move(weights), pool, group, dcp));

@@ -36,12 +36,12 @@ class CpuModel {
   virtual std::vector<uint64_t> ExpertTokens() const { return {}; }
 };
 
-// MlaModel::Create for config.IsMla(), else LlamaModel::Create (their errors).
-absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(const ModelConfig& config,
-                                                       ModelWeights weights,
-                                                       kernels::ThreadPool* pool,
-                                                       comm::ProcessGroup* group,
-                                                       kernels::DcpShard dcp);
+// MlaModel::Create for config.IsMla(), else LlamaModel::Create (their errors). fp8_latent_kv:
+// the pool is an FP8 latent pool (runtime/engine/kv_layout.h, Fp8LatentPool; MLA models only,
+// INVALID_ARGUMENT for the others).
+absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(
+    const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
+    comm::ProcessGroup* group, kernels::DcpShard dcp, bool fp8_latent_kv = false);
 
 }  // namespace tandem::runtime
 

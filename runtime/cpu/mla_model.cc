@@ -11,6 +11,7 @@
 #include "kernels/layers/embedding.h"
 #include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
+#include "kernels/mla/mla_fp8_latent.h"
 #include "runtime/cpu/tp_collectives.h"
 #include "runtime/engine/kv_layout.h"
 
@@ -73,11 +74,9 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t v
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& config,
-                                                           ModelWeights weights,
-                                                           kernels::ThreadPool* pool,
-                                                           comm::ProcessGroup* group,
-                                                           kernels::DcpShard dcp) {
+absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(
+    const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
+    comm::ProcessGroup* group, kernels::DcpShard dcp, bool fp8_latent_kv) {
   if (!config.IsMla()) {
     return absl::InvalidArgumentError(
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
@@ -92,14 +91,15 @@ absl::StatusOr<std::unique_ptr<MlaModel>> MlaModel::Create(const ModelConfig& co
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.qk_rope_head_dim, config.rope_scaling));
-  std::unique_ptr<MlaModel> model(
-      new MlaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
+  std::unique_ptr<MlaModel> model(new MlaModel(config, std::move(weights), std::move(inv_freq),
+                                               pool, group, dcp, fp8_latent_kv));
   if (dispatch != nullptr) model->moe_.UseAllToAll(dispatch);
   return model;
 }
 
 MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                   kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp)
+                   kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp,
+                   bool fp8_latent_kv)
     : config_(config),
       weights_(std::move(weights)),
       inv_freq_(std::move(inv_freq)),
@@ -110,7 +110,8 @@ MlaModel::MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<
       group_(group),
       vocab_begin_(group == nullptr ? 0 : group->rank() * VocabRows(config.vocab_size, group)),
       vocab_rows_(VocabRows(config.vocab_size, group)),
-      dcp_(dcp) {}
+      dcp_(dcp),
+      fp8_latent_kv_(fp8_latent_kv) {}
 
 kernels::KvCacheLayout MlaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
   return KvLayoutForModel(config_, num_blocks, block_size);
@@ -185,8 +186,6 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
                              config_.rope_interleave, {q_.data(), Hq, Dqk, dims_.qk_nope_head_dim});
   kernels::cpu::ApplyMlaRope(input.positions.data(), T, inv_freq_.data(), Dr, rope_factor_,
                              config_.rope_interleave, {latent_.data(), 1, W, L});
-  RETURN_IF_ERROR(
-      kernels::cpu::WriteLatentCache(latent_.data(), input.slot_mapping.data(), T, l, cache));
   const bool dcp = dcp_.size > 1;
   if (dcp) {
     if (input.attention.local_seq_lens == nullptr) {
@@ -194,9 +193,7 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
     }
     lse_.resize(T * Hq);
   }
-  RETURN_IF_ERROR(kernels::cpu::MlaPagedAttention(
-      q_.data(), w.kv_b_proj.data(), dims_, cache, l, input.attention, softmax_scale_,
-      kernels::MlaMode::kAuto, attn_.data(), dcp ? lse_.data() : nullptr, pool_, dcp_));
+  RETURN_IF_ERROR(LatentAttention(l, input, cache));
   if (dcp) {
     RETURN_IF_ERROR(DcpExchangeAttention(attn_.data(), lse_.data(), T, Hq, dims_.v_head_dim, dcp_,
                                          group_, &tp_));
@@ -204,6 +201,28 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
   kernels::cpu::Linear(dcp ? tp_.merged.data() : attn_.data(), w.o_proj.data(), nullptr, T, H,
                        Hq / dcp_.size * dims_.v_head_dim, hidden_.data(), pool_);
   return absl::OkStatus();
+}
+
+absl::Status MlaModel::LatentAttention(int64_t l, const ForwardInput& input,
+                                       kernels::KvCacheView cache) {
+  const int64_t T = static_cast<int64_t>(input.token_ids.size());
+  float* lse = dcp_.size > 1 ? lse_.data() : nullptr;
+  const float* kv_b = weights_.layers[l].kv_b_proj.data();
+  if (!fp8_latent_kv_) {
+    RETURN_IF_ERROR(
+        kernels::cpu::WriteLatentCache(latent_.data(), input.slot_mapping.data(), T, l, cache));
+    return kernels::cpu::MlaPagedAttention(q_.data(), kv_b, dims_, cache, l, input.attention,
+                                           softmax_scale_, kernels::MlaMode::kAuto, attn_.data(),
+                                           lse, pool_, dcp_);
+  }
+  // FP8 latent KV: each row quantized with its own scale; attention over the dequantized rows.
+  const Fp8LatentPool p = SplitFp8LatentPool(cache.data, cache.layout);
+  const kernels::cpu::Fp8LatentCacheView fp8{p.codes, p.scales, cache.layout};
+  RETURN_IF_ERROR(
+      kernels::cpu::WriteLatentCacheFp8(latent_.data(), input.slot_mapping.data(), T, l, fp8));
+  return kernels::cpu::MlaPagedAttentionFp8(q_.data(), kv_b, dims_, fp8, l, input.attention,
+                                            softmax_scale_, kernels::MlaMode::kAuto, attn_.data(),
+                                            lse, pool_, dcp_);
 }
 
 absl::Status MlaModel::Mlp(int64_t l, int64_t T) {

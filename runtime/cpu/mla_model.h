@@ -40,11 +40,11 @@ class MlaModel : public CpuModel {
  public:
   // INVALID_ARGUMENT when `config` is not MLA, `weights` do not match it, or the DCP shard does
   // not fit the group (LlamaModel's rule). `group` (nullable) must outlive the model.
-  static absl::StatusOr<std::unique_ptr<MlaModel>> Create(const ModelConfig& config,
-                                                          ModelWeights weights,
-                                                          kernels::ThreadPool* pool,
-                                                          comm::ProcessGroup* group = nullptr,
-                                                          kernels::DcpShard dcp = {});
+  // fp8_latent_kv: Forward's cache.data is an FP8 latent pool (runtime/engine/kv_layout.h,
+  // Fp8LatentPool: codes then row scales; kernels/mla/mla_fp8_latent.h writes and reads it).
+  static absl::StatusOr<std::unique_ptr<MlaModel>> Create(
+      const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
+      comm::ProcessGroup* group = nullptr, kernels::DcpShard dcp = {}, bool fp8_latent_kv = false);
 
   absl::Status Forward(const ForwardInput& input, kernels::KvCacheView cache,
                        absl::Span<const int64_t> logit_rows, std::vector<float>* logits) override;
@@ -58,7 +58,10 @@ class MlaModel : public CpuModel {
 
  private:
   MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-           kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
+           kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp,
+           bool fp8_latent_kv);
+  // The step's latent rows into `cache` and the attention over it (the FP8 pool or the fp32 one).
+  absl::Status LatentAttention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
   // Layer l's attention on hidden_ ([T, H], normalized) into hidden_ (o_proj output).
   absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
   // Layer l's MLP (dense, or DeepSeek's MoE layer) on hidden_ into hidden_.
@@ -75,6 +78,7 @@ class MlaModel : public CpuModel {
   const int64_t vocab_begin_;        // this rank's embedding / lm_head rows
   const int64_t vocab_rows_;
   const kernels::DcpShard dcp_;
+  const bool fp8_latent_kv_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, q_lora_, q_, latent_, attn_, gate_up_, act_, moe_out_,
       lse_;

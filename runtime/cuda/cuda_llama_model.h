@@ -101,6 +101,8 @@ struct CudaModelOptions {
   // the rank's num_attention_heads / dcp.size heads (TpDims::o_heads). Decode-kernel plans only
   // (the prefill kernel has no DCP path).
   kernels::DcpShard dcp;
+  // CudaMlaModel only: its latent pool is FP8 (CudaBackendConfig::fp8_latent_kv).
+  bool fp8_latent_kv = false;
 };
 
 class CudaLlamaModel {

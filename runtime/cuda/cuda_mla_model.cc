@@ -338,6 +338,7 @@ kernels::KvCacheLayout CudaMlaModel::KvLayout(int64_t num_blocks, int64_t block_
 }
 
 kc::KvDtype CudaMlaModel::kv_dtype() const {
+  if (options_.fp8_latent_kv) return kc::KvDtype::kFp8E4m3;
   return options_.dtype == ActDtype::kBf16 ? kc::KvDtype::kBf16 : kc::KvDtype::kFp16;
 }
 
@@ -398,8 +399,13 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
                                  config_.rope_interleave, q, Hq, Dqk, Dn, stream));
   RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
                                  config_.rope_interleave, Ptr<T>(kpe_), 1, Dr, 0, stream));
-  RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr, step.slot_mapping,
-                                        Tn, dims_, cache, l, stream));
+  if (cache.dtype == kc::KvDtype::kFp8E4m3) {  // e4m3 codes + one scale per row (mla_cuda.h)
+    RETURN_IF_ERROR(kc::MlaWriteLatentFp8<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
+                                             step.slot_mapping, Tn, dims_, cache, l, stream));
+  } else {
+    RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
+                                          step.slot_mapping, Tn, dims_, cache, l, stream));
+  }
   return kc::MlaAbsorbedAttention<T>(cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention,
                                      softmax_scale_, plan, mla_workspace_.data(), Ptr<T>(attn_),
                                      nullptr, stream);

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/sampling/cuda/sampling_cuda.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/kv_cache/dcp_blocks.h"
 
 namespace tandem::runtime::cuda {
@@ -33,6 +34,7 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   ExecutorFactory factory;
   factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
   factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
+  if (config.fp8_latent_kv) factory.kv_dtype = KvDtype::kFp8E4m3;
   factory.accepts_external_pool = false;
   factory.verifies_drafts = true;  // a verify pass samples K + 1 rows (eager, not graphed)
   // The engine books KV per shard from these (ExecutorSpec::num_blocks is one shard's pool).
@@ -170,6 +172,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   options.dummy_plan = config.dummy_plan;
   options.programmatic_launch = config.programmatic_launch;
   options.dcp = r->dcp_;
+  options.fp8_latent_kv = config.fp8_latent_kv;
+  if (config.fp8_latent_kv && !spec.model_config.IsMla()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an FP8 latent KV pool needs a DeepSeek MLA model, not ", spec.model_config.architecture));
+  }
   if (config.group != nullptr) {
     ASSIGN_OR_RETURN(r->comm_, MakeCommunicator(config));
     options.comm = r->comm_.get();
@@ -192,12 +199,22 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
   RETURN_IF_ERROR(layout.Validate());
-  ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(layout.TotalElems() * 2, "KV pool"));
+  if (config.fp8_latent_kv) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
+  // An FP8 latent pool (kv_layout.h, Fp8LatentPool): the codes, then one fp32 scale per row.
+  const int64_t pool_bytes = config.fp8_latent_kv
+                                 ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
+                                 : layout.TotalElems() * 2;
+  ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(pool_bytes, "KV pool"));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
   r->cache_.data = r->pool_.data();
   r->cache_.layout = layout;
   r->cache_.dtype = r->model_ != nullptr ? r->model_->kv_dtype() : r->mla_model_->kv_dtype();
-  RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
+  if (config.fp8_latent_kv) {
+    // kernels/mla reads the row scales at token_scales[e / width] (no per-tensor k/v scale).
+    r->cache_.token_scales = SplitFp8LatentPool(r->pool_.data(), layout).scales;
+  } else {
+    RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
+  }
 
   // Packed metadata: small arrays first, block tables last (copied up to the used rows).
   MetaLayout& m = r->meta_;

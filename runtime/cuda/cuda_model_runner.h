@@ -103,10 +103,14 @@ struct CudaBackendConfig {
   // dcp_size) and tokens per unit (0: the block size).
   int64_t dcp_size = 1;
   int64_t dcp_interleave = 0;
+  // --kv_cache_dtype=fp8: a DeepSeek MLA model's latent pool in FP8 (runtime/engine/kv_layout.h,
+  // Fp8LatentPool; kernels/mla MlaWriteLatentFp8 and the FP8 read), kv_dtype kFp8E4m3.
+  bool fp8_latent_kv = false;
 };
 
 // The CUDA backend for Engine::Create. The KV pool is device memory in the activation dtype
-// (kv_dtype bf16 or fp16, the activation dtype); external (host) pools are not accepted.
+// (kv_dtype bf16 or fp16, the activation dtype; or an FP8 latent pool, fp8_latent_kv); external
+// (host) pools are not accepted.
 ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config);
 
 class CudaModelRunner : public ModelExecutor {

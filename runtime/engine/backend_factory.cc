@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "runtime/engine/dp_attention_executor.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/engine/model_runner.h"
 #if defined(TANDEM_WITH_CUDA)
 #include "runtime/cuda/cuda_model_runner.h"
@@ -20,12 +21,35 @@ bool CudaBackendAvailable() {
 #endif
 }
 
+namespace {
+
+// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent pool of one rank, no DCP.
+absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model) {
+  if (!model.IsMla()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_cache_dtype=", options.kv_cache_dtype, " keeps a DeepSeek MLA latent ",
+                     "in FP8; ", model.architecture, " has no latent KV (use auto)"));
+  }
+  if ((options.group != nullptr && options.group->size() > 1) || options.dcp_size > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--kv_cache_dtype=", options.kv_cache_dtype, " runs on one rank for now (got a group of ",
+        options.group == nullptr ? 1 : options.group->size(), ", DCP ", options.dcp_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
                                                     const ModelConfig& model) {
+  ASSIGN_OR_RETURN(const KvDtype kv, ParseKvCacheDtype(options.kv_cache_dtype, KvDtype::kBf16));
+  const bool fp8_kv = kv == KvDtype::kFp8E4m3;
+  if (fp8_kv) RETURN_IF_ERROR(CheckFp8Kv(options, model));
   if (options.backend == "cpu") {
     if (options.num_threads <= 0) return absl::InvalidArgumentError("num_threads must be > 0");
-    ExecutorFactory cpu = CpuExecutorFactory(options.num_threads, options.group, options.dcp_size,
-                                             options.dcp_interleave);
+    ExecutorFactory cpu =
+        CpuExecutorFactory(options.num_threads, options.group, options.dcp_size,
+                           options.dcp_interleave, fp8_kv ? KvDtype::kFp8E4m3 : KvDtype::kF32);
     if (options.dp_attention && options.group != nullptr && options.group->size() > 1) {
       return DpAttentionExecutorFactory(std::move(cpu), options.group);
     }
@@ -98,6 +122,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // Decode context parallelism over the group (the runner refuses it without one).
   config.dcp_size = options.dcp_size;
   config.dcp_interleave = options.dcp_interleave;
+  config.fp8_latent_kv = fp8_kv;
   return cuda::CudaExecutorFactory(config);
 #else
   (void)model;

@@ -9,15 +9,25 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/attention/kv_cache_layout.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem::runtime {
 
-// Element type of a KV pool.
-enum class KvDtype { kF32, kF16, kBf16 };
-int64_t KvDtypeBytes(KvDtype dtype);
-const char* KvDtypeName(KvDtype dtype);  // "float32", "float16", "bfloat16"
+// Element type of a KV pool. kFp8E4m3 (--kv_cache_dtype=fp8) is for DeepSeek MLA latent pools
+// only: e4m3 codes of the latent layout with one fp32 scale per (token, layer) row, the format of
+// kernels/mla/mla_fp8_latent.h, held as Fp8LatentPool below.
+enum class KvDtype { kF32, kF16, kBf16, kFp8E4m3 };
+int64_t KvDtypeBytes(KvDtype dtype);     // of one element (an FP8 code: 1; its scale not counted)
+const char* KvDtypeName(KvDtype dtype);  // "float32", "float16", "bfloat16", "fp8_e4m3"
+
+// --kv_cache_dtype: "auto" (`activation`, the backend's own) or "fp8" / "fp8_e4m3" (e4m3 with a
+// per-token scale; MLA models only: MakeExecutorFactory refuses the others). INVALID_ARGUMENT
+// naming the flag otherwise.
+absl::StatusOr<KvDtype> ParseKvCacheDtype(absl::string_view flag, KvDtype activation);
 
 // Which KV heads one rank of a worker group keeps (tensor parallelism splits KV heads; with
 // fewer KV heads than ranks each is replicated). The default is the whole model: one rank.
@@ -32,9 +42,26 @@ struct KvHeadShare {
 kernels::KvCacheLayout KvLayoutForModel(const ModelConfig& model, int64_t num_blocks,
                                         int64_t block_size, KvHeadShare share = {});
 
-// Bytes of one block of that layout in `dtype` (every layer's K and V).
+// Bytes of one block of that layout in `dtype` (every layer's K and V; an FP8 latent block's
+// codes and its row scales).
 int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype,
                      KvHeadShare share = {});
+
+// An FP8 latent pool of num_blocks blocks is num_blocks * KvBlockBytes bytes: the codes of every
+// block ([num_blocks][num_layers][1][block_size][1][latent width], one byte each), then the fp32
+// scales of every block ([num_blocks][num_layers][block_size]: the row at code offset e has its
+// scale at scales[e / latent width], as kernels/mla reads them). So block b is two byte ranges
+// (its codes, its scales), not one: FP8 latent blocks do not move P -> D yet (the workers refuse
+// the two roles with fp8). The scales start 16-byte aligned when
+// num_layers * block_size * latent width is a multiple of 16 (CheckFp8LatentPool).
+struct Fp8LatentPool {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+Fp8LatentPool SplitFp8LatentPool(void* pool, const kernels::KvCacheLayout& layout);
+// INVALID_ARGUMENT, naming the numbers, unless `layout` is a latent layout (one plane, one head)
+// whose block codes are a multiple of 16 bytes.
+absl::Status CheckFp8LatentPool(const kernels::KvCacheLayout& layout);
 
 }  // namespace tandem::runtime
 

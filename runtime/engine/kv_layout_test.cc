@@ -1,5 +1,9 @@
 #include "runtime/engine/kv_layout.h"
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace tandem::runtime {
@@ -50,6 +54,42 @@ TEST(KvLayoutTest, DtypeNamesAndSizes) {
   EXPECT_STREQ(KvDtypeName(KvDtype::kF32), "float32");
   EXPECT_STREQ(KvDtypeName(KvDtype::kF16), "float16");
   EXPECT_STREQ(KvDtypeName(KvDtype::kBf16), "bfloat16");
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kFp8E4m3), 1);
+  EXPECT_STREQ(KvDtypeName(KvDtype::kFp8E4m3), "fp8_e4m3");
+  EXPECT_EQ(*ParseKvCacheDtype("auto", KvDtype::kBf16), KvDtype::kBf16);
+  EXPECT_EQ(*ParseKvCacheDtype("fp8", KvDtype::kF32), KvDtype::kFp8E4m3);
+  EXPECT_EQ(*ParseKvCacheDtype("fp8_e4m3", KvDtype::kF32), KvDtype::kFp8E4m3);
+  EXPECT_EQ(ParseKvCacheDtype("int8", KvDtype::kF32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An FP8 latent block: one code per latent value plus one fp32 scale per (token, layer) row, 580
+// bytes per token and layer at DeepSeek-V3's 512 + 64 (1,152 in bf16); the pool is every block's
+// codes, then every block's scales, the scale of the row at code offset e at scales[e / width].
+TEST(KvLayoutTest, Fp8LatentBlocksAndPool) {
+  ModelConfig v3;
+  v3.num_hidden_layers = 61;
+  v3.num_attention_heads = v3.num_key_value_heads = 128;
+  v3.head_dim = 64;
+  v3.kv_lora_rank = 512;
+  v3.qk_rope_head_dim = 64;
+  EXPECT_EQ(KvBlockBytes(v3, 16, KvDtype::kFp8E4m3), 61 * 16 * 580);
+  const kernels::KvCacheLayout layout = KvLayoutForModel(v3, 3, 16);
+  EXPECT_TRUE(CheckFp8LatentPool(layout).ok());
+  std::vector<uint8_t> pool(3 * KvBlockBytes(v3, 16, KvDtype::kFp8E4m3));
+  const Fp8LatentPool split = SplitFp8LatentPool(pool.data(), layout);
+  EXPECT_EQ(split.codes, pool.data());
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(split.scales), pool.data() + layout.TotalElems());
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(split.scales + layout.TotalElems() / 576),
+            pool.data() + pool.size());
+  // A K/V layout, or codes of a block that are not a multiple of 16 bytes, are refused by number.
+  EXPECT_FALSE(CheckFp8LatentPool(KvLayoutForModel(*PresetConfig("llama3-8b"), 1, 16)).ok());
+  v3.num_hidden_layers = 1;
+  v3.kv_lora_rank = 30;
+  v3.qk_rope_head_dim = 6;
+  const absl::Status odd = CheckFp8LatentPool(KvLayoutForModel(v3, 1, 3));
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("1 * 3 * 36"), std::string::npos) << odd;
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/sampling/sampling.h"
@@ -13,15 +15,15 @@
 namespace tandem::runtime {
 
 ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, int64_t dcp_size,
-                                   int64_t dcp_interleave) {
+                                   int64_t dcp_interleave, KvDtype kv_dtype) {
   ExecutorFactory factory;
-  factory.name = "cpu";
-  factory.kv_dtype = KvDtype::kF32;
+  factory.name = kv_dtype == KvDtype::kFp8E4m3 ? "cpu:fp8-latent-kv" : "cpu";
+  factory.kv_dtype = kv_dtype;
   factory.accepts_external_pool = true;
   factory.verifies_drafts = true;
   factory.dcp_size = dcp_size;
   factory.dcp_interleave = dcp_interleave;
-  factory.create = [num_threads, group, dcp_size, dcp_interleave](
+  factory.create = [num_threads, group, dcp_size, dcp_interleave, kv_dtype](
                        const ExecutorSpec& spec,
                        ModelWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
     if (num_threads <= 0) return absl::InvalidArgumentError("num_threads must be positive");
@@ -32,31 +34,48 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
                 .ShardForTpRank(group == nullptr ? 0 : group->rank());
     }
     // LlamaModel, or MlaModel for DeepSeek multi-head latent attention (cpu_model.h).
+    const bool fp8 = kv_dtype == KvDtype::kFp8E4m3;
+    if (!fp8 && kv_dtype != KvDtype::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the CPU backend keeps KV in float32 or FP8 (latent), not ", KvDtypeName(kv_dtype)));
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<CpuModel> model,
-        MakeCpuModel(spec.model_config, std::move(weights), thread_pool.get(), group, dcp));
+        MakeCpuModel(spec.model_config, std::move(weights), thread_pool.get(), group, dcp, fp8));
     const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
     RETURN_IF_ERROR(layout.Validate());
+    if (fp8) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
     if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {
       return absl::InternalError("KV pool memory is not float-aligned");
     }
-    return std::unique_ptr<ModelExecutor>(new ModelRunner(
-        std::move(model), layout, static_cast<float*>(spec.kv_pool), std::move(thread_pool)));
+    return std::unique_ptr<ModelExecutor>(new ModelRunner(std::move(model), layout,
+                                                          static_cast<float*>(spec.kv_pool),
+                                                          std::move(thread_pool), kv_dtype));
   };
   return factory;
 }
 
+int64_t ModelRunner::PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_dtype) {
+  // FP8 latent (kv_layout.h, Fp8LatentPool): every code, then one fp32 scale per row.
+  return kv_dtype == KvDtype::kFp8E4m3
+             ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
+             : layout.TotalElems() * static_cast<int64_t>(sizeof(float));
+}
+
 ModelRunner::ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,
-                         float* kv_pool, std::unique_ptr<kernels::ThreadPool> thread_pool)
+                         float* kv_pool, std::unique_ptr<kernels::ThreadPool> thread_pool,
+                         KvDtype kv_dtype)
     : thread_pool_(std::move(thread_pool)),
       model_(std::move(model)),
       layout_(layout),
+      kv_dtype_(kv_dtype),
       kv_pool_(kv_pool) {
+  const int64_t bytes = PoolBytes(layout, kv_dtype);
   if (kv_pool_ == nullptr) {
-    owned_pool_.assign(layout.TotalElems(), 0.0f);
+    owned_pool_.assign((bytes + 3) / 4, 0.0f);  // whole floats: 4-byte aligned FP8 scales too
     kv_pool_ = owned_pool_.data();
   } else {
-    std::fill_n(kv_pool_, layout.TotalElems(), 0.0f);
+    std::memset(kv_pool_, 0, static_cast<size_t>(bytes));
   }
 }
 

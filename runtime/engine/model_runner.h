@@ -15,6 +15,7 @@
 #include "kernels/threading/thread_pool.h"
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/cpu/llama_model.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/engine/model_executor.h"
 #include "runtime/engine/scheduler.h"
 
@@ -23,21 +24,25 @@ namespace tandem::runtime {
 // The CPU backend: fp32 weights and KV, `num_threads` compute threads. With a tensor-parallel
 // `group` (size > 1; outliving the executors) the model is the group's rank's shard (LlamaModel).
 // dcp_size > 1: decode context parallelism over the group (ExecutorFactory::dcp_size; the rank
-// is KV shard group->rank() % dcp_size); dcp_interleave 0 = the block size.
+// is KV shard group->rank() % dcp_size); dcp_interleave 0 = the block size. kv_dtype kF32, or
+// kFp8E4m3 for a DeepSeek MLA model's FP8 latent pool (kv_layout.h, Fp8LatentPool).
 ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = nullptr,
-                                   int64_t dcp_size = 1, int64_t dcp_interleave = 0);
+                                   int64_t dcp_size = 1, int64_t dcp_interleave = 0,
+                                   KvDtype kv_dtype = KvDtype::kF32);
 
 // With DCP (the model's dcp().size > 1) the scheduler's block tables hold group-wide block ids
 // (runtime/kv_cache/dcp_blocks.h); the runner keeps this shard's blocks as local ids, writes only
 // the tokens its shard holds and gives the attention local sequence lengths.
 class ModelRunner : public ModelExecutor {
  public:
-  // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, owned by the caller and
-  // outliving the runner, e.g. a transfer agent's shareable allocation), or null: the runner
-  // allocates it. Either way it is zero-filled once here. `thread_pool` (nullable) is the
-  // pool the model computes on; the runner keeps it alive.
+  // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, or for kv_dtype kFp8E4m3 an
+  // FP8 latent pool of num_blocks * KvBlockBytes bytes; owned by the caller and outliving the
+  // runner, e.g. a transfer agent's shareable allocation), or null: the runner allocates it.
+  // Either way it is zero-filled once here. `thread_pool` (nullable) is the pool the model
+  // computes on; the runner keeps it alive.
   ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,
-              float* kv_pool = nullptr, std::unique_ptr<kernels::ThreadPool> thread_pool = nullptr);
+              float* kv_pool = nullptr, std::unique_ptr<kernels::ThreadPool> thread_pool = nullptr,
+              KvDtype kv_dtype = KvDtype::kF32);
 
   absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
 
@@ -51,14 +56,15 @@ class ModelRunner : public ModelExecutor {
   }
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
   void* kv_pool_data() override { return kv_pool_; }
-  int64_t kv_pool_bytes() const override {
-    return layout_.TotalElems() * static_cast<int64_t>(sizeof(float));
-  }
+  int64_t kv_pool_bytes() const override { return PoolBytes(layout_, kv_dtype_); }
+  // Bytes of a pool of `layout` in `kv_dtype` (kF32 or an FP8 latent pool).
+  static int64_t PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_dtype);
 
  private:
   std::unique_ptr<kernels::ThreadPool> thread_pool_;  // outlives model_ (declared first)
   std::unique_ptr<CpuModel> model_;
   const kernels::KvCacheLayout layout_;
+  const KvDtype kv_dtype_;
   std::vector<float> owned_pool_;  // used when no external pool was given
   float* kv_pool_;                 // [layout_.TotalElems()], allocated once
   // Per-step metadata, reused across steps.

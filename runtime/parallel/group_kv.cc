@@ -20,6 +20,8 @@ tandem::v1::KvDtype ToProto(KvDtype dtype) {
       return tandem::v1::KV_DTYPE_F16;
     case KvDtype::kBf16:
       return tandem::v1::KV_DTYPE_BF16;
+    case KvDtype::kFp8E4m3:
+      return tandem::v1::KV_DTYPE_FP8_E4M3;
   }
   return tandem::v1::KV_DTYPE_UNSPECIFIED;
 }
@@ -47,6 +49,8 @@ tandem::v1::CompatibilityInfo KvLayoutInfo(const ModelConfig& model, int64_t blo
   facts.head_dim = static_cast<uint32_t>(model.head_dim);
   facts.block_size = static_cast<uint32_t>(block_size);
   facts.kv_dtype = ToProto(kv_dtype);
+  // FP8 latent KV (kv_layout.h): one scale per token and layer, inside the worker's pool.
+  if (kv_dtype == KvDtype::kFp8E4m3) facts.scale_granularity = tandem::v1::KV_SCALE_PER_TOKEN_HEAD;
   if (model.IsMla()) {  // the latent layout (KvLayoutForModel): one row per token and layer
     const kernels::KvCacheLayout latent = KvLayoutForModel(model, 1, block_size);
     facts.num_kv_heads = static_cast<uint32_t>(latent.num_kv_heads);

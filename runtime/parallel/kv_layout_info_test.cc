@@ -1,7 +1,8 @@
 // The KV facts a worker states in its handshake (KvLayoutInfo) for DeepSeek MLA: the latent layout
 // (one row of kv_lora_rank + qk_rope_head_dim per token and layer), named with its split, so a
 // P and a D of different MLA dims, or an MLA and a GQA worker, refuse to pair naming both; its
-// block bytes (KvBlockBytes) are what ValidateGeometry expects of one plane.
+// block bytes (KvBlockBytes) are what ValidateGeometry expects of one plane; an FP8 latent pairs
+// only with an FP8 latent.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -25,14 +26,15 @@ ModelConfig Mla(int kv_lora_rank, int rope_dim) {
   return *c;
 }
 
-tandem::v1::TransferHandshake Handshake(const ModelConfig& model, const std::string& id) {
+tandem::v1::TransferHandshake Handshake(const ModelConfig& model, const std::string& id,
+                                        KvDtype dtype = KvDtype::kF32) {
   tandem::v1::TransferHandshake h;
   h.set_worker_id(id);
   h.set_transport("ucx");
-  *h.mutable_compatibility() = KvLayoutInfo(model, 16, KvDtype::kF32);
+  *h.mutable_compatibility() = KvLayoutInfo(model, 16, dtype);
   h.mutable_compatibility()->set_model_id("m");
   *h.mutable_geometry() = kvtransfer::SingleRankGeometry(
-      h.compatibility(), static_cast<uint64_t>(KvBlockBytes(model, 16, KvDtype::kF32)));
+      h.compatibility(), static_cast<uint64_t>(KvBlockBytes(model, 16, dtype)));
   h.set_compatibility_hash(kvtransfer::CompatibilityHash(h.compatibility()));
   return h;
 }
@@ -52,6 +54,24 @@ TEST(KvLayoutInfoTest, MlaLatentLayoutPairsOnlyWithTheSameSplit) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("kv_lora_rank=24,qk_rope_head_dim=16"), std::string::npos) << s;
   EXPECT_NE(s.message().find("kv_lora_rank=32,qk_rope_head_dim=8"), std::string::npos) << s;
+}
+
+// --kv_cache_dtype=fp8 (kv_layout.h): the latent's dtype and its per-token scales enter the
+// hash, so a P and a D whose latent pools differ in dtype refuse to pair, naming both dtypes.
+TEST(KvLayoutInfoTest, Fp8LatentPairsOnlyWithFp8) {
+  const ModelConfig a = Mla(32, 8);
+  const tandem::v1::CompatibilityInfo info = KvLayoutInfo(a, 16, KvDtype::kFp8E4m3);
+  EXPECT_EQ(info.layout().kv_dtype(), tandem::v1::KV_DTYPE_FP8_E4M3);
+  EXPECT_EQ(info.layout().scale_granularity(), tandem::v1::KV_SCALE_PER_TOKEN_HEAD);
+  const tandem::v1::TransferHandshake p = Handshake(a, "p0", KvDtype::kFp8E4m3);
+  EXPECT_TRUE(kvtransfer::ValidateGeometry(p.compatibility(), p.geometry()).ok());
+  EXPECT_TRUE(kvtransfer::CheckCompatible(p, Handshake(a, "d0", KvDtype::kFp8E4m3)).ok());
+  for (KvDtype other : {KvDtype::kBf16, KvDtype::kF32}) {
+    const absl::Status s = kvtransfer::CheckCompatible(p, Handshake(a, "d1", other));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("fp8_e4m3"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(KvDtypeName(other)), std::string::npos) << s;
+  }
 }
 
 }  // namespace

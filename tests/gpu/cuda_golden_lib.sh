@@ -23,8 +23,12 @@ fi
 
 compare() {  # NAME OUT REF [EXPECTED_JSON [NEAR_TIES_JSON]]
   python3 - "$@" <<'PY'
-import json, math, sys
+import json, math, os, sys
 name, out, ref = sys.argv[1:4]
+# COMPARE_MIN_COSINE / COMPARE_FIRST_TOKEN_GAP (env): a looser rule where the run is stated to
+# be coarser (FP8 latent KV: mla_fp8_cuda_golden.sh); defaults 0.999 / 0.03.
+min_cos = float(os.environ.get("COMPARE_MIN_COSINE", "0.999"))
+first_gap = float(os.environ.get("COMPARE_FIRST_TOKEN_GAP", "0.03"))
 exp = json.load(open(sys.argv[4])) if len(sys.argv) > 4 and sys.argv[4] else None
 # tests/golden/moe_routing_near_ties.py: per prompt, the logits of the other side of a MoE routing
 # near-tie (a last-token margin under the bf16 noise); such a prompt passes by matching one of them.
@@ -42,10 +46,10 @@ for i, (g, w) in enumerate(zip(got, want)):
     c, first = cos(lg, lw), w["tokens"][0]
     ch = cos(lg, exp["last_prompt_logits"][i]) if exp is not None else 1.0
     alts = ties[i]["alternatives"] if ties is not None else []
-    if (c < 0.999 or ch < 0.999) and alts:
+    if (c < min_cos or ch < min_cos) and alts:
         best = max(alts, key=lambda a: cos(lg, a["last_prompt_logits"]))
         cb = cos(lg, best["last_prompt_logits"])
-        if cb >= 0.999:
+        if cb >= min_cos:
             t = ties[i]
             print(f"{name} prompt {i}: routing near-tie (expert gap {t['expert_gap']:.1e}, group gap"
                   f" {t['group_gap']:.1e}): the other side's logits ('{best['what']}', experts "
@@ -53,12 +57,12 @@ for i, (g, w) in enumerate(zip(got, want)):
                   f"transformers {ch:.5f})")
             near += 1; c = ch = cb; lw = best["last_prompt_logits"]; first = lw.index(max(lw))
     worst_ref = min(worst_ref, c)
-    if c < 0.999: print(f"{name} prompt {i}: cosine to tp=1 {c:.5f}"); bad += 1
+    if c < min_cos: print(f"{name} prompt {i}: cosine to tp=1 {c:.5f}"); bad += 1
     if exp is not None:
         worst_hf = min(worst_hf, ch)
-        if ch < 0.999: print(f"{name} prompt {i}: cosine to transformers {ch:.5f}"); bad += 1
+        if ch < min_cos: print(f"{name} prompt {i}: cosine to transformers {ch:.5f}"); bad += 1
     top = sorted(lw, reverse=True)
-    if top[0] - top[1] >= 0.03 * m and g["tokens"][0] != first:
+    if top[0] - top[1] >= first_gap * m and g["tokens"][0] != first:
         print(f"{name} prompt {i}: first token {g['tokens'][0]} != tp=1 {first}"); bad += 1
     same_tokens += g["tokens"] == w["tokens"]
     k = 0
