@@ -27,10 +27,12 @@ inline constexpr int64_t kFp8GemvMaxM = 16;
 
 // x: [m, k] bf16; codes: [m, k] e4m3 bytes; scales: NumActivationScales(scheme, m, k) floats
 // (kStaticTensor: scales[0] = static_scale is written). INVALID_ARGUMENT for kNone, m or k < 1,
-// null pointers, or a non-positive static scale.
+// null pointers, or a non-positive static scale. programmatic_launch: launched with PDL (the
+// kernel waits for the preceding grid before reading x), as kernels/gemm/cuda/gemv_cuda.h's.
 absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
                                  Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
-                                 float* scales, cudaStream_t stream);
+                                 float* scales, cudaStream_t stream,
+                                 bool programmatic_launch = false);
 // The same from fp32 rows: what the CUDA model's device dummy FP8 weights use (rows quantized
 // per row, kDynamicToken, or per 128 columns, kDynamicGroup128), as kernels::QuantizeWeight on
 // the host.

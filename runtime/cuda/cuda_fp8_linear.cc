@@ -164,7 +164,8 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       act.static_scale = w.input_scale;
     } else {
       RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
-                                              codes_.get<uint8_t>(), scales_.get<float>(), stream));
+                                              codes_.get<uint8_t>(), scales_.get<float>(), stream,
+                                              programmatic_launch));
       act.codes = codes_.get<uint8_t>();
       act.scales = scales_.get<float>();
     }

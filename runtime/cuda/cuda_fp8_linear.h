@@ -88,7 +88,7 @@ class CudaFp8Linear {
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
-  // programmatic_launch: the decode kernel (m <= 16) is launched with PDL, as
+  // programmatic_launch: the decode kernels (m <= 16) are launched with PDL, as
   // kernels/gemm/cuda/gemv_cuda.h's SmallMLinear.
   absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
                       int64_t m, __nv_bfloat16* out, cudaStream_t stream,
