@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/kv_layout.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem::runtime {
@@ -105,6 +106,35 @@ TEST(BackendFactoryTest, CudaBackendOrAClearError) {
   ASSERT_TRUE(dcp.ok()) << dcp.status();
   EXPECT_EQ(dcp->dcp_size, 2);
   EXPECT_EQ(dcp->dcp_interleave, 4);
+}
+
+// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent in FP8 on either backend; other
+// models, unknown spellings, DCP and groups refused by name.
+TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
+  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  BackendOptions options;
+  options.kv_cache_dtype = "fp8";
+  absl::StatusOr<ExecutorFactory> cpu = MakeExecutorFactory(options, *mla);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kv_dtype, KvDtype::kFp8E4m3);
+  EXPECT_EQ(cpu->name, "cpu:fp8-latent-kv");
+  absl::Status st = MakeExecutorFactory(options, Tiny()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("MLA"), std::string::npos) << st;
+  options.dcp_size = 2;
+  EXPECT_EQ(MakeExecutorFactory(options, *mla).status().code(), absl::StatusCode::kUnimplemented);
+  options.dcp_size = 1;
+  options.kv_cache_dtype = "int4";
+  st = MakeExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("--kv_cache_dtype"), std::string::npos) << st;
+  if (!CudaBackendAvailable()) return;
+  options.kv_cache_dtype = "fp8";
+  options.backend = "cuda";
+  absl::StatusOr<ExecutorFactory> cuda = MakeExecutorFactory(options, *mla);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->kv_dtype, KvDtype::kFp8E4m3);
 }
 
 TEST(BackendFactoryTest, LoadModelForBackendGeneratesDummyWeightsWhereTheyRun) {
