@@ -20,16 +20,17 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "tests/reliability/raw_wire.h"
 #include "tests/reliability/reliability_util.h"
 
@@ -44,11 +45,11 @@ namespace {
 class Tally {
  public:
   void Add(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++counts_[what];
   }
   std::string Line() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::string out;
     for (const auto& [k, v] : counts_) absl::StrAppend(&out, k, " ", v, ", ");
     if (!out.empty()) out.resize(out.size() - 2);
@@ -56,8 +57,8 @@ class Tally {
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::string, int64_t> counts_;
+  absl::Mutex mu_;
+  std::map<std::string, int64_t> counts_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string CodeName(grpc::StatusCode code) {
