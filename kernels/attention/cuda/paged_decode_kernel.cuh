@@ -118,6 +118,58 @@ __device__ __forceinline__ int DcpLocalKeyBound(const DecodeParams<T>& p, int x,
   return min(local_len, cycles * p.dcp_interleave + partial);
 }
 
+// Under DCP, the CTA's key bounds and its rows' (N per thread) from global positions to the
+// shard's local indices, in the one uniform branch DcpLocalKeyBound's comment asks for.
+template <int N, typename T>
+__device__ __forceinline__ void LocalizeKeyBounds(const DecodeParams<T>& p, int seq, int& lo_cta,
+                                                  int& hi_cta, int (&lo)[N], int (&hi)[N]) {
+  if (p.dcp_size > 1) {  // the pool holds one KV shard: global bounds -> local key indices
+    const int local_len = p.local_seq_lens[seq];
+    lo_cta = DcpLocalKeyBound(p, lo_cta, local_len);
+    hi_cta = DcpLocalKeyBound(p, hi_cta, local_len);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      lo[i] = DcpLocalKeyBound(p, lo[i], local_len);
+      hi[i] = DcpLocalKeyBound(p, hi[i], local_len);
+    }
+  }
+}
+
+// One CTA of either decode kernel: grid (KV split, row tile x kv head, request) and its
+// request's query rows (token x group head), rows_per_cta of them from row0.
+struct DecodeCta {
+  int split, kvh, row_tile, seq, q_start, q_len, seq_len, rows_total, row0;
+};
+template <typename T>
+__device__ __forceinline__ DecodeCta LocateDecodeCta(const DecodeParams<T>& p, int rows_per_cta) {
+  DecodeCta c;
+  c.split = blockIdx.x;
+  c.kvh = blockIdx.y % p.num_kv_heads;
+  c.row_tile = blockIdx.y / p.num_kv_heads;
+  c.seq = blockIdx.z;
+  c.q_start = p.query_start_loc[c.seq];
+  c.q_len = p.query_start_loc[c.seq + 1] - c.q_start;
+  c.seq_len = p.seq_lens[c.seq];
+  c.rows_total = c.q_len * p.group;
+  c.row0 = c.row_tile * rows_per_cta;
+  return c;
+}
+
+// The keys of one KV split (the CTA's blockIdx.x) of both decode kernels: the CTA's span
+// [lo_cta, hi_cta) cut into num_splits chunks of whole kT-key tiles; [begin, end) is split
+// `split`'s part, n_tiles its tiles (0: an empty split, which still writes its empty partial).
+struct KeySplit {
+  int begin, end, n_tiles;
+};
+template <int kT>
+__device__ __forceinline__ KeySplit SplitKeys(int lo_cta, int hi_cta, int num_splits, int split) {
+  const int span = hi_cta - lo_cta;
+  const int chunk = ((span + num_splits - 1) / num_splits + kT - 1) / kT * kT;
+  const int begin = lo_cta + split * chunk;
+  const int end = min(hi_cta, begin + chunk);
+  return {begin, end, end > begin ? (end - begin + kT - 1) / kT : 0};
+}
+
 // cp.async of 4 bytes (the per-token scales); src_bytes = 0 zero-fills.
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, int src_bytes) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -188,15 +240,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   extern __shared__ uint4 smem_u4[];  // C::kSmemBytes
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
 
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y % p.num_kv_heads;
-  const int row_tile = blockIdx.y / p.num_kv_heads;
-  const int seq = blockIdx.z;
-  const int q_start = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_start;
-  const int seq_len = p.seq_lens[seq];
-  const int rows_total = q_len * p.group;
-  const int row0 = row_tile * p.rows_per_cta;
+  const DecodeCta cta = LocateDecodeCta(p, p.rows_per_cta);
+  const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
+  const int q_len = cta.q_len, seq_len = cta.seq_len, rows_total = cta.rows_total, row0 = cta.row0;
   if (row0 >= rows_total) return;  // whole CTA: padding request or beyond its rows
 
   const int tid = threadIdx.x;
@@ -250,21 +296,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
     }
   }
 
-  if (p.dcp_size > 1) {  // the pool holds one KV shard: global bounds -> local key indices
-    const int local_len = p.local_seq_lens[seq];
-    lo_cta = DcpLocalKeyBound(p, lo_cta, local_len);
-    hi_cta = DcpLocalKeyBound(p, hi_cta, local_len);
-#pragma unroll
-    for (int i = 0; i < RPW; ++i) {
-      lo[i] = DcpLocalKeyBound(p, lo[i], local_len);
-      hi[i] = DcpLocalKeyBound(p, hi[i], local_len);
-    }
-  }
-  const int span = hi_cta - lo_cta;
-  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
-  const int k_begin = lo_cta + split * chunk;
-  const int k_end = min(hi_cta, k_begin + chunk);
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+  LocalizeKeyBounds(p, seq, lo_cta, hi_cta, lo, hi);
+  const KeySplit keys = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, split);
+  const int k_begin = keys.begin, k_end = keys.end, n_tiles = keys.n_tiles;
   int common_lo = k_begin, common_hi = k_end;  // keys visible to every valid row of the warp
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {

@@ -147,15 +147,9 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
 
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y % p.num_kv_heads;
-  const int row_tile = blockIdx.y / p.num_kv_heads;
-  const int seq = blockIdx.z;
-  const int q_start = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_start;
-  const int seq_len = p.seq_lens[seq];
-  const int rows_total = q_len * p.group;
-  const int row0 = row_tile * C::kRows;
+  const DecodeCta cta = LocateDecodeCta(p, C::kRows);
+  const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
+  const int q_len = cta.q_len, seq_len = cta.seq_len, rows_total = cta.rows_total, row0 = cta.row0;
   if (row0 >= rows_total) return;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
@@ -205,21 +199,9 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     }
   }
 
-  if (p.dcp_size > 1) {  // the pool holds one KV shard: global bounds -> local key indices
-    const int local_len = p.local_seq_lens[seq];
-    lo_cta = DcpLocalKeyBound(p, lo_cta, local_len);
-    hi_cta = DcpLocalKeyBound(p, hi_cta, local_len);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      lo[j] = DcpLocalKeyBound(p, lo[j], local_len);
-      hi[j] = DcpLocalKeyBound(p, hi[j], local_len);
-    }
-  }
-  const int span = hi_cta - lo_cta;
-  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kT - 1) / kT * kT;
-  const int k_begin = lo_cta + split * chunk;
-  const int k_end = min(hi_cta, k_begin + chunk);
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kT - 1) / kT : 0;
+  LocalizeKeyBounds(p, seq, lo_cta, hi_cta, lo, hi);
+  const KeySplit keys = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, split);
+  const int k_begin = keys.begin, k_end = keys.end, n_tiles = keys.n_tiles;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     lo[j] = max(k_begin, lo[j]);
