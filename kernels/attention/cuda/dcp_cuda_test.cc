@@ -12,11 +12,13 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/attention_test_util.h"
+#include "kernels/attention/cuda/attention_cuda_test_util.h"
 #include "kernels/attention/cuda/dcp_exchange_cuda.h"
 #include "kernels/attention/cuda/merge_attn_states_cuda.h"
 #include "kernels/attention/cuda/paged_attention_cuda.h"
@@ -53,15 +55,9 @@ AttentionParams WithDcp(AttentionParams params, int64_t size, int64_t rank, int6
   return params;
 }
 
-// Rounds q and K/V (pool and the reference's copies) to T, so shard cases made from the case and
-// the reference see exactly the kernel's inputs.
-template <typename T>
-void RoundCase(PagedCase& c) {
-  cuda_test::RoundTo<T>(c.q);
-  cuda_test::RoundTo<T>(c.pool);
-  for (auto& k : c.k) cuda_test::RoundTo<T>(k);
-  for (auto& v : c.v) cuda_test::RoundTo<T>(v);
-}
+// RoundCase: shard cases made from a rounded case, and the reference, see exactly the kernel's
+// inputs.
+using cuda_test::RoundCase;
 
 // cuda::PagedAttention's result on the device, and its host copy as float.
 template <typename T>
@@ -77,24 +73,10 @@ struct AttnOutput {
 template <typename T>
 void RunAttention(const PagedCase& c, const AttentionParams& params, int forced_splits,
                   bool tensor_cores, AttnOutput<T>* r) {
-  const KvCacheLayout& layout = c.layout;
-  const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
   DeviceBuffer<T> pool(cuda_test::Convert<T>(c.pool)), q(cuda_test::Convert<T>(c.q));
-  DeviceBuffer<int32_t> qsl(c.query_start_loc), sl(c.seq_lens), bt(c.block_tables);
-  DeviceBuffer<int32_t> lsl(c.local_seq_lens.empty() ? std::vector<int32_t>(1, 0)
-                                                     : c.local_seq_lens);
+  const cuda_test::DeviceBatch batch(c);
   PagedAttentionPlanInput in;
-  in.num_seqs = static_cast<int64_t>(c.seqs.size());
-  in.num_tokens = c.num_tokens;
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    in.max_q_len = std::max(in.max_q_len, c.seqs[s].q_len);
-    // Only the keys this rank reads size the splits.
-    const int64_t keys = c.local_seq_lens.empty() ? c.seqs[s].seq_len : c.local_seq_lens[s];
-    in.max_seq_len = std::max(in.max_seq_len, keys);
-  }
-  in.num_q_heads = hq;
-  in.num_kv_heads = layout.num_kv_heads;
-  in.head_dim = d;
+  cuda_test::SetPlanShape(c, in);  // only the keys this rank reads size the splits
   in.kv_dtype = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   in.forced_splits = forced_splits;
   in.allow_tensor_cores = tensor_cores;
@@ -103,22 +85,16 @@ void RunAttention(const PagedCase& c, const AttentionParams& params, int forced_
   DeviceBuffer<uint8_t> ws(std::max<int64_t>(1, plan->workspace_bytes));
   DeviceKvCache cache;
   cache.data = pool.get();
-  cache.layout = layout;
+  cache.layout = c.layout;
   cache.dtype = in.kv_dtype;
-  AttentionBatch batch = c.Batch();
-  batch.query_start_loc = qsl.get();
-  batch.seq_lens = sl.get();
-  batch.block_tables = bt.get();
-  batch.local_seq_lens = c.local_seq_lens.empty() ? nullptr : lsl.get();
   const absl::Status status =
-      PagedAttention<T>(q.get(), cache, c.options.layer, batch, params, *plan, r->out.get(),
+      PagedAttention<T>(q.get(), cache, c.options.layer, batch.batch, params, *plan, r->out.get(),
                         r->lse.get(), ws.get(), nullptr);
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-  r->out_host = cuda_test::ToFloat(r->out.ToHost());
-  r->lse_host = r->lse.ToHost();
-  r->out_host.resize(c.num_tokens * hq * d);
-  r->lse_host.resize(c.num_tokens * hq);
+  cuda_test::AttentionOutput host = cuda_test::ReadBack(c, r->out, r->lse);
+  r->out_host = std::move(host.out);
+  r->lse_host = std::move(host.lse);
 }
 
 // Every rank's shard of `global` (already rounded to T) against the reference over that shard,

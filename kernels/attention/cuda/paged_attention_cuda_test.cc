@@ -19,6 +19,7 @@
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/attention_test_util.h"
+#include "kernels/attention/cuda/attention_cuda_test_util.h"
 #include "kernels/cuda/cuda_test_util.h"
 
 namespace tandem::kernels::cuda {
@@ -58,10 +59,7 @@ void VaryRowMagnitudes(std::vector<float>& x, int64_t head_dim) {
   }
 }
 
-struct RunResult {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
+using RunResult = cuda_test::AttentionOutput;
 
 // Rounds the case's q and pool (and the reference's K/V copies) to T, or quantizes the pool to
 // fp8 with per-kv-head scales or to int8 with per-row scales (the reference's copies then hold
@@ -125,22 +123,13 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
   }
   DeviceBuffer<float> k_scale_dev(k_scale), v_scale_dev(v_scale), token_scales_dev(token_scales);
   DeviceBuffer<T> q_dev(cuda_test::Convert<T>(c.q));
-  DeviceBuffer<int32_t> qsl_dev(c.query_start_loc), sl_dev(c.seq_lens), bt_dev(c.block_tables);
+  const cuda_test::DeviceBatch batch(c);
   const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
   DeviceBuffer<T> out_dev(std::max<int64_t>(1, c.num_tokens * hq * d));
   DeviceBuffer<float> lse_dev(std::max<int64_t>(1, c.num_tokens * hq));
 
   PagedAttentionPlanInput in;
-  in.num_seqs = static_cast<int64_t>(c.seqs.size());
-  in.num_tokens = c.num_tokens;
-  in.max_q_len = 1;
-  for (const SeqSpec& s : c.seqs) {
-    in.max_q_len = std::max(in.max_q_len, s.q_len);
-    in.max_seq_len = std::max(in.max_seq_len, s.seq_len);
-  }
-  in.num_q_heads = hq;
-  in.num_kv_heads = layout.num_kv_heads;
-  in.head_dim = d;
+  cuda_test::SetPlanShape(c, in);
   in.kv_dtype = kv == Kv::kFp8    ? KvDtype::kFp8E4m3
                 : kv == Kv::kInt8 ? KvDtype::kInt8
                                   : (std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16);
@@ -158,19 +147,12 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
   cache.v_scale = v_scale_dev.get();
   cache.per_head_scale = true;
   cache.token_scales = token_scales_dev.get();
-  AttentionBatch batch = c.Batch();
-  batch.query_start_loc = qsl_dev.get();
-  batch.seq_lens = sl_dev.get();
-  batch.block_tables = bt_dev.get();
   const absl::Status status =
-      PagedAttention<T>(q_dev.get(), cache, c.options.layer, batch, params, *plan, out_dev.get(),
-                        lse_dev.get(), ws.get(), nullptr);
+      PagedAttention<T>(q_dev.get(), cache, c.options.layer, batch.batch, params, *plan,
+                        out_dev.get(), lse_dev.get(), ws.get(), nullptr);
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-  result->out = cuda_test::ToFloat(out_dev.ToHost());
-  result->lse = lse_dev.ToHost();
-  result->out.resize(c.num_tokens * hq * d);
-  result->lse.resize(c.num_tokens * hq);
+  *result = cuda_test::ReadBack(c, out_dev, lse_dev);
 }
 
 template <typename T>

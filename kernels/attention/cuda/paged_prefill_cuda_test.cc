@@ -20,6 +20,7 @@
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/attention_test_util.h"
+#include "kernels/attention/cuda/attention_cuda_test_util.h"
 #include "kernels/cuda/cuda_test_util.h"
 
 namespace tandem::kernels::cuda {
@@ -76,19 +77,8 @@ Reference ParallelReference(const PagedCase& c, const AttentionParams& params) {
   return ref;
 }
 
-// Rounds q, the pool and the reference's K/V copies to T (idempotent).
-template <typename T>
-void RoundCase(PagedCase& c) {
-  cuda_test::RoundTo<T>(c.q);
-  cuda_test::RoundTo<T>(c.pool);
-  for (auto& k : c.k) cuda_test::RoundTo<T>(k);
-  for (auto& v : c.v) cuda_test::RoundTo<T>(v);
-}
-
-struct RunResult {
-  std::vector<float> out;
-  std::vector<float> lse;
-};
+using cuda_test::RoundCase;
+using RunResult = cuda_test::AttentionOutput;
 
 template <typename T>
 void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool with_lse,
@@ -97,7 +87,7 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
   const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
   DeviceBuffer<T> pool_dev(cuda_test::Convert<T>(c.pool));
   DeviceBuffer<T> q_dev(cuda_test::Convert<T>(c.q));
-  DeviceBuffer<int32_t> qsl_dev(c.query_start_loc), sl_dev(c.seq_lens), bt_dev(c.block_tables);
+  const cuda_test::DeviceBatch batch(c);
   DeviceBuffer<T> out_dev(std::max<int64_t>(1, c.num_tokens * hq * d));
   DeviceBuffer<float> lse_dev(std::max<int64_t>(1, c.num_tokens * hq));
   // Poison: a row the kernel forgets to write reads back as NaN (0xffff is NaN in bf16/fp16).
@@ -105,15 +95,7 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
   TANDEM_CUDA_CHECK(cudaMemset(lse_dev.get(), 0xff, lse_dev.size() * sizeof(float)));
 
   PagedPrefillPlanInput in;
-  in.num_seqs = static_cast<int64_t>(c.seqs.size());
-  in.num_tokens = c.num_tokens;
-  for (const SeqSpec& s : c.seqs) {
-    in.max_q_len = std::max(in.max_q_len, s.q_len);
-    in.max_seq_len = std::max(in.max_seq_len, s.seq_len);
-  }
-  in.num_q_heads = hq;
-  in.num_kv_heads = layout.num_kv_heads;
-  in.head_dim = d;
+  cuda_test::SetPlanShape(c, in);
   in.kv_dtype = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   in.allow_wgmma = wgmma;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&in.num_sms, cudaDevAttrMultiProcessorCount, 0));
@@ -123,19 +105,12 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
   ASSERT_EQ(plan->workspace_bytes, 0);
 
   const DeviceKvCache cache{.data = pool_dev.get(), .layout = layout, .dtype = in.kv_dtype};
-  AttentionBatch batch = c.Batch();
-  batch.query_start_loc = qsl_dev.get();
-  batch.seq_lens = sl_dev.get();
-  batch.block_tables = bt_dev.get();
   const absl::Status status =
-      PagedPrefillAttention<T>(q_dev.get(), cache, c.options.layer, batch, params, *plan,
+      PagedPrefillAttention<T>(q_dev.get(), cache, c.options.layer, batch.batch, params, *plan,
                                out_dev.get(), with_lse ? lse_dev.get() : nullptr, nullptr, nullptr);
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-  result->out = cuda_test::ToFloat(out_dev.ToHost());
-  result->lse = lse_dev.ToHost();
-  result->out.resize(c.num_tokens * hq * d);
-  result->lse.resize(c.num_tokens * hq);
+  *result = cuda_test::ReadBack(c, out_dev, lse_dev);
 }
 
 template <typename T>
