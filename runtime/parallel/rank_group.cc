@@ -137,12 +137,15 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
     gloo.store_port = out->store_->port();
     gloo.serve_store = false;
     gloo.bind_host = "127.0.0.1";
-    absl::StatusOr<std::unique_ptr<PlanSegment>> segment = PlanSegment::Create(size);
-    if (segment.ok()) {
-      out->plan_segment_ = *std::move(segment);
-    } else {
-      LOG(WARNING) << "worker group: no shared memory for the plan, using the group's broadcast: "
-                   << segment.status();
+    if (options.plan_segment) {
+      absl::StatusOr<std::unique_ptr<PlanSegment>> segment = PlanSegment::Create(size);
+      if (segment.ok()) {
+        out->plan_segment_ = *std::move(segment);
+      } else {
+        LOG(WARNING) << "worker group: no shared memory for the plan, using the group's "
+                        "broadcast: "
+                     << segment.status();
+      }
     }
     const int shm_fd = out->plan_segment_ != nullptr ? out->plan_segment_->fd() : -1;
     for (int r = 1; r < size; ++r) {
@@ -153,6 +156,8 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Join(const RankGroupOption
     }
   }
   out->bind_host_ = gloo.bind_host;
+  out->store_host_ = gloo.store_host;
+  out->store_port_ = gloo.store_port;
   ASSIGN_OR_RETURN(out->group_, comm::GlooProcessGroup::Create(gloo));
   LOG(INFO) << "worker group: rank " << rank << " of " << size << " joined (collectives on "
             << gloo.bind_host << ", plan over "

@@ -58,6 +58,9 @@ struct RankGroupOptions {
   // Set by rank 0 of a local launch for the ranks it starts (--dist_shm_fd): the inherited
   // descriptor of its plan segment. -1: none.
   int plan_shm_fd = -1;
+  // A local launch shares rank 0's plan segment with its ranks (--dist_shm_fd); false: no
+  // segment (a binary without the engine's commands, e.g. dcp_bench).
+  bool plan_segment = true;
   std::string TpComm() const { return comm != "auto" ? comm : share_device ? "gloo" : "nccl"; }
 };
 
@@ -78,6 +81,10 @@ class RankGroup {
   int device() const { return device_; }
   // The address this rank's collectives bind (127.0.0.1 for a local launch); empty alone.
   const std::string& bind_host() const { return bind_host_; }
+  // The rendezvous every rank met on (a TcpStore, served by rank 0): subgroups of these ranks
+  // (comm::GlooGroupOptions with serve_store = false) may meet there too. Empty / 0 alone.
+  const std::string& store_host() const { return store_host_; }
+  int store_port() const { return store_port_; }
   // Null for a group of one.
   comm::ProcessGroup* group() const { return group_.get(); }
   // The shared memory of rank 0's commands (a local launch; null otherwise, and when it could
@@ -102,6 +109,8 @@ class RankGroup {
   const int size_;
   const int device_;
   std::string bind_host_;
+  std::string store_host_;
+  int store_port_ = 0;
   absl::Duration timeout_ = absl::Seconds(30);
   std::unique_ptr<PlanSegment> plan_segment_;
   std::unique_ptr<comm::TcpStoreServer> store_;  // local launch: rank 0 serves the rendezvous

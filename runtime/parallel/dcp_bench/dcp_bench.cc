@@ -18,16 +18,11 @@
 //       --dcp=1,2,4,8                                                  # 8 GPUs
 //   dcp_bench --share_device --dcp=1,2,4 --context=4096 --batch=1,3    # one GPU, smoke
 #include <cuda_runtime.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,7 +30,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,12 +37,11 @@
 #include "comm/gloo_process_group.h"
 #include "comm/host_staged_communicator.h"
 #include "comm/nccl_communicator.h"
-#include "comm/tcp_store.h"
 #include "common/cuda_status.h"
-#include "common/net.h"
 #include "common/status_macros.h"
 #include "runtime/parallel/dcp_bench/dcp_bench_layer.h"
 #include "runtime/parallel/dcp_bench/dcp_bench_table.h"
+#include "runtime/parallel/rank_group.h"
 
 ABSL_FLAG(std::string, shape, "llama3-8b", "model shapes: llama3-8b, llama3-70b (comma list)");
 ABSL_FLAG(std::string, batch, "1,8", "decode batch sizes (comma list)");
@@ -67,6 +60,9 @@ ABSL_FLAG(int, block_size, 16, "KV block size = DCP interleave");
 ABSL_FLAG(int, rank, -1, "this rank (-1: rank 0, starting the others on this host)");
 ABSL_FLAG(int, world_size, 0, "ranks in all (with --rank; 0: max --dcp)");
 ABSL_FLAG(std::string, dist_init, "", "HOST:PORT of rank 0's rendezvous (with --rank)");
+ABSL_FLAG(std::string, dist_bind, "",
+          "address this rank's collectives bind (default: 127.0.0.1 for a loopback --dist_init, "
+          "else this host's first non-loopback address)");
 ABSL_FLAG(int, device, -1, "CUDA device (-1: rank % visible GPUs; 0 with --share_device)");
 ABSL_FLAG(int, timeout_s, 300, "deadline of the rendezvous and of every collective");
 
@@ -79,7 +75,6 @@ using ::tandem::comm::GlooProcessGroup;
 using ::tandem::comm::HostStagedCommunicator;
 using ::tandem::comm::NcclCommunicator;
 using ::tandem::comm::ProcessGroup;
-using ::tandem::comm::TcpStoreServer;
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& text, const char* flag) {
   std::vector<int64_t> out;
@@ -100,7 +95,7 @@ struct Options {
   bool share_device = false, graphs = true, check = true;
   std::string comm;  // "nccl" or "gloo"
   int iters = 0, block_size = 16, rank = -1, world_size = 0, device = -1;
-  std::string dist_init;
+  std::string dist_init, dist_bind;
   absl::Duration timeout;
 };
 
@@ -144,60 +139,24 @@ absl::StatusOr<Options> OptionsFromFlags(int visible_gpus) {
         absl::StrCat("--world_size=", o.world_size, " is smaller than --dcp=", o.dcps.back()));
   }
   o.dist_init = absl::GetFlag(FLAGS_dist_init);
+  o.dist_bind = absl::GetFlag(FLAGS_dist_bind);
   o.device = absl::GetFlag(FLAGS_device);
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   return o;
 }
 
-// This process's place in the run: its rank, its device and the host group of all ranks.
+// This process's place in the run: its rank, its device and the host group of all ranks
+// (RankGroup: the rendezvous and, for a local launch, the rank processes; rank_group.h).
 struct RankContext {
   int rank = 0, world = 1, device = 0;
-  std::string store_host = "127.0.0.1", bind_host = "127.0.0.1";
-  int store_port = 0;
-  std::unique_ptr<TcpStoreServer> store;          // local launch: rank 0 serves the rendezvous
-  std::unique_ptr<GlooProcessGroup> world_group;  // null for a world of one
-  std::vector<pid_t> children;
+  std::unique_ptr<RankGroup> ranks;
+  ProcessGroup* world_group = nullptr;  // null for a world of one
 };
 
-// Starts rank `rank` as a copy of this process (its own rank flags appended); it dies with us.
-absl::StatusOr<pid_t> SpawnRank(std::vector<std::string> args, const Options& o, int rank, int port,
-                                int device) {
-  args.push_back(absl::StrCat("--rank=", rank));
-  args.push_back(absl::StrCat("--world_size=", o.world_size));
-  args.push_back(absl::StrCat("--dist_init=127.0.0.1:", port));
-  args.push_back(absl::StrCat("--device=", device));
-  args.push_back(absl::StrCat("--dcp=", absl::StrJoin(o.dcps, ",")));
-  std::vector<char*> cargv;
-  for (std::string& a : args) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    execv("/proc/self/exe", cargv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-absl::Status ParseDistInit(const std::string& text, RankContext& rc) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &rc.store_port) || rc.store_port <= 0) {
-    return absl::InvalidArgumentError("--dist_init must be HOST:PORT, got '" + text + "'");
-  }
-  rc.store_host = text.substr(0, colon);
-  const bool loopback = rc.store_host == "localhost" || absl::StartsWith(rc.store_host, "127.");
-  if (loopback) return absl::OkStatus();
-  ASSIGN_OR_RETURN(rc.bind_host, FirstNonLoopbackAddress());
-  return absl::OkStatus();
-}
-
-// Joins (or, without --rank, launches) the ranks and builds the host group of all of them.
+// Joins (or, without --rank, launches) the ranks: rank 0 of a local launch starts ranks
+// 1..world-1 as copies of this process (GPU --device + rank; they die with it).
 absl::StatusOr<std::unique_ptr<RankContext>> JoinRanks(const Options& o,
-                                                       const std::vector<std::string>& argv,
+                                                       std::vector<std::string> argv,
                                                        int visible_gpus) {
   auto rc = std::make_unique<RankContext>();
   rc->world = o.world_size;
@@ -212,27 +171,19 @@ absl::StatusOr<std::unique_ptr<RankContext>> JoinRanks(const Options& o,
         "--dcp up to ", o.world_size, " needs ", o.world_size, " GPUs (one per rank); ",
         visible_gpus, " visible. --share_device runs the ranks on one GPU as a smoke test"));
   }
-  if (rc->world == 1) return rc;
-  if (launched) {
-    RETURN_IF_ERROR(ParseDistInit(o.dist_init, *rc));
-  } else {
-    ASSIGN_OR_RETURN(rc->store, TcpStoreServer::Start("127.0.0.1", 0));
-    rc->store_port = rc->store->port();
-    for (int r = 1; r < rc->world; ++r) {
-      const int device = o.share_device ? rc->device : rc->device + r;
-      ASSIGN_OR_RETURN(pid_t pid, SpawnRank(argv, o, r, rc->store_port, device));
-      rc->children.push_back(pid);
-    }
-  }
-  GlooGroupOptions g{.rank = rc->rank,
-                     .world_size = rc->world,
-                     .store_host = rc->store_host,
-                     .store_port = rc->store_port,
-                     .serve_store = launched && rc->rank == 0,
-                     .bind_host = rc->bind_host,
-                     .timeout = o.timeout,
-                     .name = "dcp_bench"};
-  ASSIGN_OR_RETURN(rc->world_group, GlooProcessGroup::Create(g));
+  RankGroupOptions g;
+  g.tp = o.world_size;
+  g.rank = o.rank;
+  g.world_size = o.world_size;
+  g.dist_init = o.dist_init;
+  g.dist_bind = o.dist_bind;
+  g.timeout = o.timeout;
+  g.device = rc->device;
+  g.share_device = o.share_device;
+  g.plan_segment = false;                                              // no engine commands here
+  argv.push_back(absl::StrCat("--dcp=", absl::StrJoin(o.dcps, ",")));  // the sizes rank 0 chose
+  ASSIGN_OR_RETURN(rc->ranks, RankGroup::Join(g, argv));
+  rc->world_group = rc->ranks->group();
   return rc;
 }
 
@@ -250,14 +201,14 @@ absl::StatusOr<std::map<int64_t, DcpGroup>> MakeGroups(const Options& o, const R
     if (n == 1 || rc.rank >= n) continue;
     DcpGroup& d = groups[n];
     if (n == rc.world) {
-      d.host = rc.world_group.get();
+      d.host = rc.world_group;
     } else {
       GlooGroupOptions g{.rank = rc.rank,
                          .world_size = static_cast<int>(n),
-                         .store_host = rc.store_host,
-                         .store_port = rc.store_port,
+                         .store_host = rc.ranks->store_host(),
+                         .store_port = rc.ranks->store_port(),
                          .serve_store = false,
-                         .bind_host = rc.bind_host,
+                         .bind_host = rc.ranks->bind_host(),
                          .timeout = o.timeout,
                          .name = absl::StrCat("dcp_bench_", n)};
       ASSIGN_OR_RETURN(d.owned_host, GlooProcessGroup::Create(g));
@@ -359,7 +310,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
     }
   }
   if (rc->rank == 0) table.PrintFooter();
-  RETURN_IF_ERROR(WaitForChildren(rc->children));
+  RETURN_IF_ERROR(WaitForChildren(rc->ranks->children()));
   if (table.failures() > 0) {
     return absl::InternalError(absl::StrCat(table.failures(), " row(s) failed the check"));
   }
