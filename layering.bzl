@@ -9,6 +9,7 @@ _TESTS = ["//tests:__subpackages__", "//deploy:__subpackages__"]
 
 KERNELS_VISIBILITY = [
     "//kernels:__subpackages__",
+    # comm's tests only (references): tests/check_deps.sh refuses a comm library on kernels.
     "//comm:__subpackages__",
     "//runtime:__subpackages__",
 ] + _TESTS

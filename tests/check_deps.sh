@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The cores have no dependency path to gRPC (gRPC types only at the edges, ARCHITECTURE.md):
-# for each target below, `bazel query somepath(target, grpc++)` must be empty; and the CPU and
-# CUDA backends (runtime/cpu/, runtime/cuda/) do not reach each other. Run by tests/run.sh (a
-# failing path is printed).
+# for each target below, `bazel query somepath(target, grpc++)` must be empty; the CPU and CUDA
+# backends (runtime/cpu/, runtime/cuda/) do not reach each other; no library of comm/ reaches
+# kernels/. Run by tests/run.sh (a failing path is printed).
 #
 #   tests/check_deps.sh [BAZEL_FLAGS...]
 set -uo pipefail
@@ -56,4 +56,15 @@ for ((i = 0; i < ${#SIBLINGS[@]}; i += 2)); do
   fi
 done
 [[ $rc -eq 0 ]] && echo "check_deps: runtime/cpu and runtime/cuda libraries do not reach each other"
+# comm/ sits below kernels/ (issue 36): no library of comm/ reaches kernels/; the custom
+# all-reduce's fused RMSNorm epilogue is comm's own code, and comm's tests may use the kernels
+# as references.
+path=$("$BAZEL" query --noshow_progress "somepath(kind(\"cc_library\", //comm/...), //kernels/...)" 2>/dev/null)
+if [[ -n $path ]]; then
+  echo "check_deps: a library of //comm/... reaches //kernels/...:" >&2
+  sed 's/^/  /' <<<"$path" >&2
+  rc=1
+else
+  echo "check_deps: no library of comm/ reaches kernels/"
+fi
 exit $rc
