@@ -25,31 +25,13 @@
 #include "common/status_macros.h"
 #include "kernels/attention/cuda/dcp_exchange_cuda.h"
 #include "kernels/attention/cuda/paged_attention_cuda.h"
+#include "kernels/cuda/device_arena.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kBlock = 16, kContext = 32768;
 constexpr int64_t kBlockBytes = 2 * kBlock * kHkv * kD * 2;  // K + V of one block, bf16
-
-// Device allocations freed at scope exit.
-class DeviceArena {
- public:
-  ~DeviceArena() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  template <typename T>
-  absl::Status Alloc(int64_t count, T** out) {
-    void* p = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(count, 1) * sizeof(T)));
-    ptrs_.push_back(p);
-    *out = static_cast<T*>(p);
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<void*> ptrs_;
-};
 
 // Random bf16 values (a 64 MiB random chunk replicated on the device).
 absl::Status FillRandomBf16(void* data, int64_t bytes) {

@@ -18,6 +18,7 @@
 #include "kernels/attention/cuda/paged_attention_cuda.h"
 #include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/dcp_shard.h"
+#include "kernels/cuda/device_arena.h"
 
 namespace tandem::runtime::dcp_bench {
 namespace {
@@ -31,6 +32,7 @@ using ::tandem::kernels::AttentionParams;
 using ::tandem::kernels::DcpExchangeLayout;
 using ::tandem::kernels::DcpLocalCount;
 using ::tandem::kernels::DcpShard;
+using ::tandem::kernels::cuda::DeviceArena;
 
 // One call's KV rotates over copies of the tables until it reads at least this much, so the
 // 50-60 MB L2 does not hold it between calls.
@@ -59,28 +61,6 @@ Geometry GeometryOf(const LayerConfig& c) {
   g.pool_blocks = g.sets * c.batch * g.blocks_per_seq;
   return g;
 }
-
-// Device allocations freed at scope exit.
-class DeviceArena {
- public:
-  DeviceArena() = default;
-  DeviceArena(const DeviceArena&) = delete;
-  DeviceArena& operator=(const DeviceArena&) = delete;
-  ~DeviceArena() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  template <typename T>
-  absl::Status Alloc(int64_t count, T** out) {
-    void* p = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(count, 1) * sizeof(T)));
-    ptrs_.push_back(p);
-    *out = static_cast<T*>(p);
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<void*> ptrs_;
-};
 
 // Fills `bytes` of device memory with bf16 N(0, 1) values, never zero (a zero KV row would make
 // every score equal and hide indexing mistakes), from a fixed seed: the same on every rank.
