@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/cuda_status.h"
+#include "kernels/cuda/random_fill.h"
 #include "kernels/mla/mla_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -45,27 +46,6 @@ std::vector<int64_t> ParseList(const char* arg, std::vector<int64_t> dflt) {
     if (absl::SimpleAtoi(s, &v)) out.push_back(v);
   }
   return out;
-}
-
-// Random bf16 (a 64 MiB chunk replicated on the device).
-absl::Status FillRandom(void* data, int64_t bytes) {
-  const int64_t chunk = std::min<int64_t>(int64_t{64} << 20, bytes);
-  std::vector<uint16_t> host(chunk / 2);
-  std::mt19937 rng(42);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (uint16_t& x : host) {
-    const float f = dist(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    x = static_cast<uint16_t>(bits >> 16);
-  }
-  auto* base = static_cast<uint8_t*>(data);
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(base, host.data(), chunk, cudaMemcpyHostToDevice));
-  for (int64_t off = chunk; off < bytes; off += chunk) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(base + off, base, std::min(chunk, bytes - off), cudaMemcpyDeviceToDevice));
-  }
-  return absl::OkStatus();
 }
 
 struct Bufs {
@@ -171,7 +151,7 @@ absl::Status Main(int argc, char** argv) {
               .head_dim = b.dims.LatentDim(),
               .num_planes = 1};
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.pool, b.layout.num_blocks * block_bytes));
-  RETURN_IF_ERROR(FillRandom(b.pool, b.layout.num_blocks * block_bytes));
+  RETURN_IF_ERROR(FillRandomBf16(b.pool, b.layout.num_blocks * block_bytes));
   const int64_t H = b.dims.num_heads, kvb = H * 256 * 512;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.q, max_b * H * 192 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.kv_b, kvb * 2));
@@ -179,9 +159,9 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.q_cat, max_b * H * 576 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.o_lat, max_b * H * 512 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.lse, max_b * H * 4));
-  RETURN_IF_ERROR(FillRandom(b.q, max_b * H * 192 * 2));
-  RETURN_IF_ERROR(FillRandom(b.kv_b, kvb * 2));
-  RETURN_IF_ERROR(FillRandom(b.q_cat, max_b * H * 576 * 2));
+  RETURN_IF_ERROR(FillRandomBf16(b.q, max_b * H * 192 * 2));
+  RETURN_IF_ERROR(FillRandomBf16(b.kv_b, kvb * 2));
+  RETURN_IF_ERROR(FillRandomBf16(b.q_cat, max_b * H * 576 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.qsl, (max_b + 1) * 4));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.lens, max_b * 4));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.tables, b.layout.num_blocks * 4));

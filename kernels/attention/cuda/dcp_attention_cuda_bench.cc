@@ -26,33 +26,13 @@
 #include "kernels/attention/cuda/dcp_exchange_cuda.h"
 #include "kernels/attention/cuda/paged_attention_cuda.h"
 #include "kernels/cuda/device_arena.h"
+#include "kernels/cuda/random_fill.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kBlock = 16, kContext = 32768;
 constexpr int64_t kBlockBytes = 2 * kBlock * kHkv * kD * 2;  // K + V of one block, bf16
-
-// Random bf16 values (a 64 MiB random chunk replicated on the device).
-absl::Status FillRandomBf16(void* data, int64_t bytes) {
-  const int64_t chunk = std::min<int64_t>(bytes, int64_t{64} << 20);
-  std::vector<uint16_t> host(chunk / 2);
-  std::mt19937 rng(42);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (uint16_t& x : host) {
-    const float f = dist(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    x = static_cast<uint16_t>(bits >> 16);
-  }
-  auto* base = static_cast<uint8_t*>(data);
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(base, host.data(), chunk, cudaMemcpyHostToDevice));
-  for (int64_t off = chunk; off < bytes; off += chunk) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(base + off, base, std::min(chunk, bytes - off), cudaMemcpyDeviceToDevice));
-  }
-  return absl::OkStatus();
-}
 
 using StepFn = std::function<absl::Status(int)>;  // enqueues call i on the config's stream
 
