@@ -6,6 +6,7 @@
 //            [--kv_cache_bytes=268435456] [--block_size=16] [--num_threads=2]
 //            [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
 //            [--speculative_method=draft --draft_model=DIR|dummy:CONFIG[:SEED] ...]
+//            [--speculative_method=mtp --num_speculative_tokens=K]  (DeepSeek-V3's MTP layer)
 //   generate --load_format=dummy --dummy_config=tiny ...      (random weights, no files)
 //   generate --tp=N ...   tensor parallelism: N rank processes (runtime/parallel/rank_group.h)
 //
@@ -140,6 +141,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
   if (engine_config.speculative.method == SpeculativeMethod::kDraft) {
     ASSIGN_OR_RETURN(ModelSource draft, DraftModelSourceFromFlags());
     RETURN_IF_ERROR(LoadAndAttachDraftModel(draft, backend, *engine));
+  }
+  if (engine_config.speculative.method == SpeculativeMethod::kMtp) {
+    RETURN_IF_ERROR(LoadAndAttachMtp(source, model.config, backend, *engine));
   }
 
   const bool dump = absl::GetFlag(FLAGS_dump_last_logits);

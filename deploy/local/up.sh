@@ -13,6 +13,7 @@
 #                      [--speculative_method=ngram --num_speculative_tokens=K]
 #                      [--ngram_min=1] [--ngram_max=4] [--speculative_adaptive=true]
 #                      [--speculative_method=draft --num_speculative_tokens=K --draft_model=DIR]
+#                      [--speculative_method=mtp --num_speculative_tokens=K]
 #
 # Secure by default: deploy/certs/make_certs.sh writes a cluster CA, per-role certificates, one
 # certificate per worker (ROLE-I, naming the worker) and two API keys to RUN_DIR/certs (kept
@@ -48,7 +49,7 @@
 # --speculative_adaptive / --speculative_disable_by_batch_size / --draft_model: speculative
 # decoding on the decode and mixed workers (the same tandem_worker flags; prefill workers never
 # speculate; runtime/engine/speculative.h; --draft_model=DIR of the target's vocabulary, or
-# dummy:CONFIG[:SEED]).
+# dummy:CONFIG[:SEED]; mtp: the DeepSeek-V3 --model's own MTP layer, CPU backend only).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt

@@ -39,6 +39,11 @@ struct ForwardInput {
   absl::Span<const int64_t> positions;     // [T]
   absl::Span<const int64_t> slot_mapping;  // [T]; -1 = do not write
   kernels::AttentionBatch attention;       // query_start_loc / seq_lens / block tables
+  // Multi-token prediction (mtp_model.h; MlaModel only, empty / null elsewhere):
+  absl::Span<const float> input_hidden;      // [T, hidden]: the MTP's previous hidden states
+  absl::Span<const float> input_embeds;      // [T, hidden]: replaces the embedding lookup
+  std::vector<float>* hidden_out = nullptr;  // [T, hidden] out: the last hidden states, the
+  bool hidden_out_before_norm = false;       // final norm's output, or (true) its input
 };
 
 class LlamaModel {

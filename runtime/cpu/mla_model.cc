@@ -130,8 +130,15 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
                                     static_cast<int64_t>(input.slot_mapping.size()), logit_rows));
   hidden_.resize(T * H);
   residual_.resize(T * H);
-  RETURN_IF_ERROR(TpEmbedding(input.token_ids.data(), T, weights_.embed_tokens.data(), V, H,
-                              vocab_begin_, vocab_rows_, group_, residual_.data()));
+  if (!input.input_embeds.empty()) {  // the MTP block's projected input (mtp_model.h)
+    if (static_cast<int64_t>(input.input_embeds.size()) != T * H) {
+      return absl::InvalidArgumentError("Forward: input_embeds is not [T, hidden]");
+    }
+    std::copy(input.input_embeds.begin(), input.input_embeds.end(), residual_.begin());
+  } else {
+    RETURN_IF_ERROR(TpEmbedding(input.token_ids.data(), T, weights_.embed_tokens.data(), V, H,
+                                vocab_begin_, vocab_rows_, group_, residual_.data()));
+  }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     if (l == 0) {
@@ -148,6 +155,10 @@ absl::Status MlaModel::Forward(const ForwardInput& input, kernels::KvCacheView c
     if (group_ != nullptr) RETURN_IF_ERROR(group_->AllReduceSum(absl::MakeSpan(hidden_)));
   }
   kernels::cpu::FusedAddRmsNorm(hidden_.data(), residual_.data(), weights_.norm.data(), T, H, eps);
+  if (input.hidden_out != nullptr) {  // residual_ is now the norm's input, hidden_ its output
+    const std::vector<float>& h = input.hidden_out_before_norm ? residual_ : hidden_;
+    input.hidden_out->assign(h.begin(), h.begin() + T * H);
+  }
   const std::vector<float>& lm_head =
       weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
   return VocabParallelLogits(hidden_.data(), H, logit_rows, lm_head.data(), config_.vocab_size,

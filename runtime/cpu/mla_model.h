@@ -55,6 +55,7 @@ class MlaModel : public CpuModel {
   // The softmax scale and the RoPE cos/sin factor derived from the config.
   float softmax_scale() const { return softmax_scale_; }
   float rope_attention_factor() const { return rope_factor_; }
+  const ModelWeights& weights() const { return weights_; }
 
  private:
   MlaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/model/mtp_weights.h"
 
 namespace tandem::runtime {
 
@@ -14,6 +16,29 @@ absl::Status LoadAndAttachDraftModel(const ModelSource& source, BackendOptions b
   ASSIGN_OR_RETURN(BackendModel draft, LoadModelForBackend(source, backend));
   return engine.AttachDraftModel(draft.model.config, std::move(draft.model.weights),
                                  &draft.factory);
+}
+
+absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& config,
+                              const BackendOptions& backend, Engine& engine) {
+  if (backend.backend != "cpu") {
+    return absl::UnimplementedError(
+        "--speculative_method=mtp runs on the CPU backend only: the CUDA MLA model does not "
+        "return hidden states and has no MTP layer yet (issue 34)");
+  }
+  if (config.num_nextn_predict_layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative_method=mtp needs a model with an MTP layer; its config has "
+                     "num_nextn_predict_layers = ",
+                     config.num_nextn_predict_layers));
+  }
+  MtpWeights weights;
+  if (source.load_format == "dummy") {
+    weights = RandomMtpWeights(config, RandomModelWeights(config, source.dummy_seed),
+                               source.dummy_seed + 1);
+  } else {
+    ASSIGN_OR_RETURN(weights, LoadMtpWeights(source.model_dir, config));
+  }
+  return engine.AttachMtp(std::move(weights));
 }
 
 }  // namespace tandem::runtime

@@ -123,11 +123,37 @@ absl::Status Engine::AttachDraftModel(const ModelConfig& draft_config, ModelWeig
   return absl::OkStatus();
 }
 
+absl::Status Engine::AttachMtp(MtpWeights weights, const MtpExecutorFactory* backend) {
+  if (config_.speculative.method != SpeculativeMethod::kMtp) {
+    return absl::InvalidArgumentError("an MTP layer needs --speculative_method=mtp");
+  }
+  if (mtp_ != nullptr) return absl::FailedPreconditionError("an MTP layer is attached already");
+  if (dcp_.size > 1) {
+    return absl::InvalidArgumentError(
+        "--speculative_method=mtp does not run under decode context parallelism (--dcp > 1)");
+  }
+  DraftModelOptions options;
+  options.num_blocks = num_blocks_ / dcp_.size;
+  options.block_size = config_.block_size;
+  options.max_num_batched_tokens = config_.max_num_batched_tokens;
+  options.max_num_seqs = config_.max_num_seqs;
+  options.max_model_len = max_model_len_;
+  const MtpExecutorFactory cpu =
+      backend == nullptr ? CpuMtpExecutorFactory(config_.num_threads) : MtpExecutorFactory{};
+  ASSIGN_OR_RETURN(mtp_, MtpProposer::Create(backend == nullptr ? cpu : *backend, model_config_,
+                                             std::move(weights), options));
+  return absl::OkStatus();
+}
+
 absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
   RETURN_IF_ERROR(ValidateRequest(spec));
   if (config_.speculative.method == SpeculativeMethod::kDraft && draft_ == nullptr) {
     return absl::FailedPreconditionError(
         "--speculative_method=draft but no draft model is attached (--draft_model)");
+  }
+  if (config_.speculative.method == SpeculativeMethod::kMtp && mtp_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "--speculative_method=mtp but no MTP layer is attached (Engine::AttachMtp)");
   }
   return scheduler_->Add(request_id, std::move(spec));
 }
@@ -221,6 +247,7 @@ absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
 
 bool Engine::Abort(int64_t request_id) {
   if (draft_ != nullptr) draft_->Free(request_id);
+  if (mtp_ != nullptr) mtp_->Free(request_id);
   return scheduler_->Abort(request_id);
 }
 
@@ -243,15 +270,17 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
   SchedulerOutput batch = scheduler_->Schedule();
   if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
   if (batch.empty()) return updates;
-  if (draft_ != nullptr) RETURN_IF_ERROR(ProposeDrafts(&batch));
+  if (drafts_by_model()) RETURN_IF_ERROR(ProposeDrafts(&batch));
+  batch.return_hidden_states = mtp_ != nullptr;
   ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
-  if (draft_ != nullptr) VerifyByRejection(batch, &out);
+  if (mtp_ != nullptr) RETURN_IF_ERROR(RecordHidden(batch, out));
+  if (drafts_by_model()) VerifyByRejection(batch, &out);
   std::vector<RequestUpdate> stepped =
       scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits, out.draft_samples);
-  if (draft_ != nullptr) {
-    for (const RequestUpdate& u : stepped) {
-      if (u.finish_reason != FinishReason::kNone) draft_->Free(u.request_id);
-    }
+  for (const RequestUpdate& u : stepped) {
+    if (u.finish_reason == FinishReason::kNone) continue;
+    if (draft_ != nullptr) draft_->Free(u.request_id);
+    if (mtp_ != nullptr) mtp_->Free(u.request_id);
   }
   if (updates.empty()) return stepped;
   for (RequestUpdate& u : stepped) updates.push_back(std::move(u));
@@ -274,13 +303,32 @@ absl::Status Engine::ProposeDrafts(SchedulerOutput* batch) {
     draft_jobs_.push_back(std::move(job));
   }
   if (draft_jobs_.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(draft_->Propose(absl::MakeSpan(draft_jobs_)));
+  RETURN_IF_ERROR(draft_ != nullptr ? draft_->Propose(absl::MakeSpan(draft_jobs_))
+                                    : mtp_->Propose(absl::MakeSpan(draft_jobs_)));
   for (size_t i = 0; i < batch->seqs.size(); ++i) {
     if (draft_job_of_seq_[i] < 0) continue;
     ScheduledSeq& seq = batch->seqs[i];
     const DraftJob& job = draft_jobs_[draft_job_of_seq_[i]];
     scheduler_->SetDrafts(job.drafts, &seq, batch);
     seq.return_verify_logits = seq.num_draft_tokens > 0 && !job.probs.empty();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RecordHidden(const SchedulerOutput& batch, const RunnerOutput& out) {
+  const int64_t H = model_config_.hidden_size;
+  int64_t tokens = 0;
+  for (const ScheduledSeq& seq : batch.seqs) tokens += static_cast<int64_t>(seq.new_tokens.size());
+  if (static_cast<int64_t>(out.hidden_states.size()) != tokens * H) {
+    return absl::InternalError(
+        "the backend returned no hidden states (the MTP drafter needs them)");
+  }
+  int64_t row = 0;
+  for (const ScheduledSeq& seq : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    mtp_->RecordHidden(seq.request_id, seq.num_computed_tokens,
+                       absl::MakeConstSpan(out.hidden_states).subspan(row * H, n * H));
+    row += n;
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/engine/draft_model.h"
 #include "runtime/engine/model_executor.h"
+#include "runtime/engine/mtp_proposer.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/engine/speculative.h"
@@ -82,6 +83,14 @@ class Engine {
                                 const ExecutorFactory* backend = nullptr);
   // The attached draft model (null without one), for tests and stats.
   const DraftModelProposer* draft_model() const { return draft_.get(); }
+  // Speculative decoding with DeepSeek-V3's MTP layer (SpeculativeMethod::kMtp; mtp_proposer.h),
+  // loaded from the target's checkpoint (LoadMtpWeights), run on an executor of `backend` (null:
+  // the CPU backend with config.num_threads threads) with a latent KV cache of as many blocks as
+  // the target's. Call once, before the first request; requests are refused (FAILED_PRECONDITION)
+  // until it is attached. INVALID_ARGUMENT when the method is not kMtp, under DCP, or when
+  // MtpProposer::Create refuses. While attached every step returns the target's hidden states.
+  absl::Status AttachMtp(MtpWeights weights, const MtpExecutorFactory* backend = nullptr);
+  const MtpProposer* mtp() const { return mtp_.get(); }
   // True while the engine has work that needs Step() calls: unfinished requests or KV loads.
   bool HasWork() const;
   void* kv_pool_data() { return runner_->kv_pool_data(); }
@@ -134,6 +143,9 @@ class Engine {
   // turns the target's verify logits into Leviathan rejection-sampling outcomes.
   absl::Status ProposeDrafts(SchedulerOutput* batch);
   void VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const;
+  // MTP: hands the step's hidden states to the MTP proposer, per request.
+  absl::Status RecordHidden(const SchedulerOutput& batch, const RunnerOutput& out);
+  bool drafts_by_model() const { return draft_ != nullptr || mtp_ != nullptr; }
 
   const EngineConfig config_;
   const ModelConfig model_config_;
@@ -147,6 +159,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelExecutor> runner_;
   std::unique_ptr<DraftModelProposer> draft_;
+  std::unique_ptr<MtpProposer> mtp_;
   // This step's draft jobs; draft_job_of_seq_[i] indexes them for batch.seqs[i] (-1: none).
   std::vector<DraftJob> draft_jobs_;
   std::vector<int64_t> draft_job_of_seq_;

@@ -30,6 +30,9 @@ struct RunnerOutput {
   // logits, [K + 1][vocab]. Empty where not asked or where the backend does not return them (the
   // engine then verifies by the samples above, which is exact too, with lower acceptance).
   std::vector<std::vector<float>> verify_logits;
+  // [num_batched_tokens, hidden] when the batch asks (SchedulerOutput::return_hidden_states): the
+  // model's final hidden state of every fed token, in batch order (MTP drafting, mtp_proposer.h).
+  std::vector<float> hidden_states;
 };
 
 // Counters for tests and benchmarks (backends fill what applies).

@@ -136,10 +136,12 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   input.attention.num_seqs = S;
   input.attention.max_blocks_per_seq = max_blocks;
   kernels::KvCacheView cache{kv_pool_, layout_};
+  RunnerOutput out;
+  input.input_hidden = batch.input_hidden;
+  if (batch.return_hidden_states) input.hidden_out = &out.hidden_states;
   RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
 
   const int64_t vocab = model_->config().vocab_size;
-  RunnerOutput out;
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
   out.draft_samples.resize(S);

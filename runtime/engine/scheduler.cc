@@ -251,10 +251,12 @@ int64_t Scheduler::Draft(Request* req, int64_t budget) {
   const int64_t room = std::min({NextDraftLength(spec, &req->draft_length),
                                  req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
   if (room <= 0) return 0;
-  // A draft model drafts after scheduling (SetDrafts): reserve `room` slots with placeholders.
-  std::vector<int32_t> drafts = spec.method == SpeculativeMethod::kDraft
-                                    ? std::vector<int32_t>(room, req->tokens.back())
-                                    : NgramDraft(req->tokens, spec, room);
+  // A draft model or the MTP layer drafts after scheduling (SetDrafts): reserve `room` slots
+  // with placeholders.
+  std::vector<int32_t> drafts =
+      spec.method == SpeculativeMethod::kDraft || spec.method == SpeculativeMethod::kMtp
+          ? std::vector<int32_t>(room, req->tokens.back())
+          : NgramDraft(req->tokens, spec, room);
   if (drafts.empty()) return 0;
   req->verify_input.assign(1, req->tokens.back());
   req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.end());

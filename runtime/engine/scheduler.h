@@ -73,6 +73,11 @@ struct SchedulerOutput {
   std::vector<ScheduledSeq> seqs;  // running (decode) first, then newly admitted
   int64_t num_batched_tokens = 0;
   int64_t num_preempted = 0;
+  // Multi-token prediction (mtp_proposer.h; set by the engine, off otherwise): return every fed
+  // token's final hidden state (RunnerOutput::hidden_states); and, on the MTP layer's own steps,
+  // the hidden state paired with each fed token, [num_batched_tokens, hidden] in batch order.
+  bool return_hidden_states = false;
+  absl::Span<const float> input_hidden;
   bool empty() const { return seqs.empty(); }
 };
 

@@ -11,12 +11,9 @@ absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(absl::string_view name)
   if (name.empty() || name == "none") return SpeculativeMethod::kNone;
   if (name == "ngram") return SpeculativeMethod::kNgram;
   if (name == "draft") return SpeculativeMethod::kDraft;
-  if (name == "mtp") {
-    return absl::InvalidArgumentError(
-        "--speculative_method=mtp is not built yet (issue 34); this build drafts: ngram, draft");
-  }
+  if (name == "mtp") return SpeculativeMethod::kMtp;
   return absl::InvalidArgumentError(
-      absl::StrCat("--speculative_method must be none, ngram or draft, got '", name, "'"));
+      absl::StrCat("--speculative_method must be none, ngram, draft or mtp, got '", name, "'"));
 }
 
 const char* SpeculativeMethodName(SpeculativeMethod method) {
@@ -27,6 +24,8 @@ const char* SpeculativeMethodName(SpeculativeMethod method) {
       return "ngram";
     case SpeculativeMethod::kDraft:
       return "draft";
+    case SpeculativeMethod::kMtp:
+      return "mtp";
   }
   return "unknown";
 }

@@ -37,6 +37,7 @@ enum class SpeculativeMethod {
   kNone,
   kNgram,  // prompt lookup over prompt + output
   kDraft,  // a smaller model of the same vocabulary (draft_model.h), K steps per verify
+  kMtp,    // DeepSeek-V3's multi-token prediction layer (mtp_proposer.h), chained K times
 };
 
 struct SpeculativeConfig {
@@ -54,7 +55,7 @@ struct SpeculativeConfig {
   bool enabled() const { return method != SpeculativeMethod::kNone && num_speculative_tokens > 0; }
 };
 
-// "none" (or "") / "ngram" / "draft"; INVALID_ARGUMENT otherwise ("mtp" is not built yet).
+// "none" (or "") / "ngram" / "draft" / "mtp"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(absl::string_view name);
 const char* SpeculativeMethodName(SpeculativeMethod method);
 // K in [1, 16] when a method is set, 1 <= ngram_min <= ngram_max <= 64.

@@ -10,7 +10,8 @@
 #include "common/status_macros.h"
 
 ABSL_FLAG(std::string, speculative_method, "none",
-          "speculative decoding drafter: none (off) or ngram (prompt lookup over prompt + output)");
+          "speculative decoding drafter: none (off), ngram (prompt lookup over prompt + output), "
+          "draft (--draft_model) or mtp (DeepSeek-V3's multi-token prediction layer of --model)");
 ABSL_FLAG(int64_t, num_speculative_tokens, 0,
           "drafts verified per request per step (K, 1..16) when --speculative_method is set");
 ABSL_FLAG(bool, speculative_adaptive, true,

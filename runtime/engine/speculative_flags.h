@@ -1,7 +1,8 @@
 // The speculative-decoding flags, one spelling for every binary that runs an engine
 // (//runtime:generate, //runtime:tandem_worker):
 //
-//   --speculative_method=none|ngram  --num_speculative_tokens=K  --ngram_min=N  --ngram_max=M
+//   --speculative_method=none|ngram|draft|mtp  --num_speculative_tokens=K  --ngram_min=N
+//   --ngram_max=M
 //   --speculative_adaptive=true|false (per-request draft length, speculative.h)
 //   --speculative_disable_by_batch_size=N (batch level: no drafts while >= N requests run)
 //   --draft_model=DIR | dummy:CONFIG[:SEED]   (--speculative_method=draft: a Hugging Face

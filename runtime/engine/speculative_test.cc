@@ -67,7 +67,7 @@ TEST(SpeculativeConfigTest, ParsesAndValidates) {
   EXPECT_EQ(*ParseSpeculativeMethod("ngram"), SpeculativeMethod::kNgram);
   EXPECT_EQ(*ParseSpeculativeMethod(""), SpeculativeMethod::kNone);
   EXPECT_EQ(*ParseSpeculativeMethod("draft"), SpeculativeMethod::kDraft);
-  EXPECT_FALSE(ParseSpeculativeMethod("mtp").ok());
+  EXPECT_EQ(*ParseSpeculativeMethod("mtp"), SpeculativeMethod::kMtp);
   EXPECT_FALSE(ParseSpeculativeMethod("eagle").ok());
   EXPECT_TRUE(ValidateSpeculativeConfig(Ngram(4, 1, 4)).ok());
   EXPECT_FALSE(ValidateSpeculativeConfig(Ngram(0, 1, 4)).ok());

@@ -94,6 +94,9 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
   bool rope_interleave = false;  // RoPE on (x[2i], x[2i+1]) pairs (V2; V3's flag), else rotate-half
   int64_t first_k_dense_replace = 0;  // layers below it have a dense MLP (all of them, for now)
+  // DeepSeek-V3's multi-token prediction layers after the decoder's (model.layers.{N ..}; N =
+  // num_hidden_layers): loaded only for --speculative_method=mtp (runtime/model/mtp_weights.h).
+  int64_t num_nextn_predict_layers = 0;
   bool IsMla() const { return kv_lora_rank > 0; }
   // Tokens that end generation: config.json's eos_token_id (int or list) merged with
   // generation_config.json's (see LoadModelConfig). May be empty.

@@ -336,6 +336,11 @@ absl::StatusOr<ModelConfig> ParseDeepseekConfig(const json& root) {
     ASSIGN_OR_RETURN(c.rope_interleave, Bool(root, "rope_interleave", true));
   }
   ASSIGN_OR_RETURN(c.first_k_dense_replace, Int(root, "first_k_dense_replace", d->first_k_dense));
+  ASSIGN_OR_RETURN(c.num_nextn_predict_layers, Int(root, "num_nextn_predict_layers", 0));
+  if (c.num_nextn_predict_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_nextn_predict_layers must be >= 0, got ", c.num_nextn_predict_layers));
+  }
   RETURN_IF_ERROR(ParseDeepseekMoe(root, *d, &c));
   RETURN_IF_ERROR(ParseDeepseekRope(root, &c));
   RETURN_IF_ERROR(ValidateMlaConfig(c));

@@ -1,6 +1,7 @@
 // LoadModelWeights: safetensors checkpoint (single file or sharded) -> fp32 ModelWeights.
 #include "runtime/model/model_weights.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "runtime/model/checkpoint_read.h"
+#include "runtime/model/mtp_weights.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_fp8.h"
 #include "runtime/model/weight_layout.h"
@@ -166,8 +168,13 @@ absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfT
     return absl::InvalidArgumentError(
         absl::StrCat("missing tensor ", missing[0], more, " in ", where));
   }
+  int64_t mtp_tensors = 0;
   for (const auto& [name, found] : checkpoint.tensors) {
     if (expected.count(name) > 0 || IsIgnoredBuffer(name)) continue;
+    if (IsMtpTensorName(name, config)) {  // loaded by LoadMtpWeights when speculating with it
+      ++mtp_tensors;
+      continue;
+    }
     const std::vector<int64_t>& shape = found.info->shape;
     if (name == "lm_head.weight" && config.tie_word_embeddings) {
       // Some exporters store the tied head anyway; it must at least be the embedding's twin.
@@ -180,6 +187,14 @@ absl::Status CheckCheckpoint(const Checkpoint& checkpoint, const std::vector<HfT
     return absl::InvalidArgumentError(absl::StrCat(
         "unexpected tensor '", name, "' with shape ", ShapeString(shape), " in ",
         found.file->path(), " (not part of ", config.architecture, " with this config)"));
+  }
+  if (mtp_tensors > 0) {
+    std::fprintf(stderr,
+                 "LoadModelWeights: ignoring the MTP layer model.layers.%lld (%lld tensors; "
+                 "num_nextn_predict_layers = %lld; --speculative_method=mtp loads it)\n",
+                 static_cast<long long>(config.num_hidden_layers),
+                 static_cast<long long>(mtp_tensors),
+                 static_cast<long long>(config.num_nextn_predict_layers));
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
 //                 [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
 //                 [--speculative_method=draft --draft_model=DIR|dummy:CONFIG[:SEED] ...]
+//                 [--speculative_method=mtp --num_speculative_tokens=K]  (DeepSeek-V3 MTP)
 //
 // Serves WorkerService and KvTransferService on --listen (loopback by default), registers with
 // the router and heartbeats. SIGTERM / SIGINT: stop taking requests (DRAINING), finish the ones

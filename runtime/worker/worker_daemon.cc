@@ -132,6 +132,9 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
   if (config.engine.speculative.method == SpeculativeMethod::kDraft) {
     RETURN_IF_ERROR(LoadAndAttachDraftModel(config.draft_model, config.backend, *engine));
   }
+  if (config.engine.speculative.method == SpeculativeMethod::kMtp) {
+    RETURN_IF_ERROR(LoadAndAttachMtp(config.model, loaded.model.config, config.backend, *engine));
+  }
   if (!shared_region.has_value()) {
     const absl::Time register_start = absl::Now();
     absl::StatusOr<uint32_t> registered = agent->RegisterMemory(

@@ -1,0 +1,199 @@
+// Speculative decoding with DeepSeek-V3's MTP layer (SpeculativeMethod::kMtp) through the CPU
+// engine on a tiny random DeepSeek-V3 model (MLA, a dense and a MoE layer, MoE MTP layer), against
+// the same engine without speculation:
+//  * greedy: token-for-token equal for K = 1, 2, 3 (random MTP weights: low acceptance, exact
+//    anyway), under a tight budget with preemption too; every block of both caches returns and
+//    the MTP keeps no hidden states of finished requests;
+//  * sampling: rejection sampling with the MTP's distributions keeps the target's distribution
+//    per position (two-sample chi-square against plain sampling, p > 0.001); a seeded request
+//    reproduces its tokens;
+//  * a P -> D-like request whose prompt hidden states were never computed here (prefix-cache hit)
+//    is still exact;
+//  * refusals: a non-MLA target, no MTP attached, another method.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
+#include "runtime/engine/spec_test_util.h"
+#include "runtime/engine/speculative.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/mtp_weights.h"
+
+namespace tandem::runtime {
+namespace {
+
+constexpr uint64_t kSeed = 77;
+
+ModelConfig DeepseekMtp(int64_t vocab) {
+  const std::string json = R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": )" + std::to_string(vocab) +
+                           R"(, "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+    "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
+    "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 2})";
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(json);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+using Outcome = engine_test::SpecOutcome;
+using engine_test::ExpectSameTokens;
+
+EngineConfig Config(int64_t k, bool adaptive = true) {
+  EngineConfig c;
+  c.num_threads = 1;
+  c.kv_cache_bytes = int64_t{4} << 20;  // ~1300 latent blocks (the MTP cache gets as many)
+  if (k > 0) {
+    c.speculative.method = SpeculativeMethod::kMtp;
+    c.speculative.num_speculative_tokens = k;
+    c.speculative.adaptive = adaptive;
+  }
+  return c;
+}
+
+Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs, int64_t vocab) {
+  const ModelConfig model = DeepseekMtp(vocab);
+  ModelWeights weights = RandomModelWeights(model, kSeed);
+  MtpWeights mtp = RandomMtpWeights(model, weights, kSeed + 1);
+  auto engine = Engine::Create(config, model, std::move(weights));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (config.speculative.method == SpeculativeMethod::kMtp) {
+    const absl::Status attached = (*engine)->AttachMtp(std::move(mtp));
+    EXPECT_TRUE(attached.ok()) << attached;
+  }
+  const Outcome run = engine_test::RunToCompletion(**engine, specs);
+  if (const MtpProposer* m = (*engine)->mtp(); m != nullptr) {
+    EXPECT_EQ(m->num_free_blocks(), m->num_blocks()) << "every MTP block must return";
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(m->held_hidden_rows(static_cast<int64_t>(i)), 0) << "request " << i;
+    }
+  }
+  return run;
+}
+
+// The requests one after another on one engine (so a later one can hit an earlier one's prefix).
+Outcome RunOneByOne(const EngineConfig& config, const std::vector<RequestSpec>& specs,
+                    int64_t vocab, int64_t* prefix_hits) {
+  const ModelConfig model = DeepseekMtp(vocab);
+  ModelWeights weights = RandomModelWeights(model, kSeed);
+  MtpWeights mtp = RandomMtpWeights(model, weights, kSeed + 1);
+  auto engine = Engine::Create(config, model, std::move(weights));
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (config.speculative.method == SpeculativeMethod::kMtp) {
+    EXPECT_TRUE((*engine)->AttachMtp(std::move(mtp)).ok());
+  }
+  Outcome all;
+  for (const RequestSpec& spec : specs) {
+    Outcome one = engine_test::RunToCompletion(**engine, {spec});
+    all.results.push_back(one.results[0]);
+    all.stats = one.stats;
+  }
+  *prefix_hits = (*engine)->kv_cache_stats().prefix_hit_tokens;
+  return all;
+}
+
+TEST(MtpEngineTest, GreedyIsTokenForTokenThePlainOutput) {
+  const std::vector<RequestSpec> specs = engine_test::SpecPrompts(31, 12, 128);
+  const Outcome plain = RunAll(Config(0), specs, 128);
+  for (int64_t k : {1, 2, 3}) {
+    const Outcome spec = RunAll(Config(k, /*adaptive=*/k != 2), specs, 128);
+    ExpectSameTokens(plain, spec, "K=" + std::to_string(k));
+    EXPECT_GT(spec.stats.drafted_tokens, 0u) << "K=" << k;
+  }
+}
+
+TEST(MtpEngineTest, GreedyExactUnderATightBudgetAndPreemption) {
+  const std::vector<RequestSpec> specs = engine_test::SpecPrompts(37, 10, 128);
+  EngineConfig base = Config(0);
+  base.max_num_batched_tokens = 12;
+  base.kv_cache_bytes = 20 * 16 * 2 * (16 + 8) * 4;  // 20 blocks of 2 latent layers: preemption
+  const Outcome plain = RunAll(base, specs, 128);
+  EngineConfig config = Config(3, /*adaptive=*/false);
+  config.max_num_batched_tokens = base.max_num_batched_tokens;
+  config.kv_cache_bytes = base.kv_cache_bytes;
+  const Outcome spec = RunAll(config, specs, 128);
+  ExpectSameTokens(plain, spec, "tight K=3");
+  EXPECT_GT(spec.stats.drafted_tokens, 0u);
+}
+
+TEST(MtpEngineTest, RejectionSamplingKeepsTheTargetDistributionPerPosition) {
+  constexpr int64_t kVocab = 16;
+  constexpr int kSamples = 6000;
+  constexpr int kPositions = 3;
+  const RequestSpec request = engine_test::RepeatingPromptRequest(kPositions, 0.3f);
+  EngineConfig base = Config(0);
+  base.max_num_seqs = 1024;
+  base.max_num_batched_tokens = 8192;
+  const Outcome plain = RunAll(base, engine_test::SeededCopies(request, kSamples, 1), kVocab);
+  EngineConfig config = base;
+  config.speculative = Config(2, /*adaptive=*/false).speculative;
+  const Outcome spec =
+      RunAll(config, engine_test::SeededCopies(request, kSamples, 1 + kSamples), kVocab);
+  EXPECT_GT(spec.stats.drafted_tokens, 0u);
+  EXPECT_GT(spec.stats.accepted_tokens, 0u) << "some MTP drafts must be accepted to test it";
+  EXPECT_LT(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
+  engine_test::ExpectSameDistributionPerPosition(plain, spec, kVocab, kSamples, kPositions);
+}
+
+TEST(MtpEngineTest, SeededSamplingReproduces) {
+  RequestSpec request = engine_test::RepeatingPromptRequest(12, 0.8f);
+  request.sampling.seed = 1234;
+  const std::vector<RequestSpec> specs(2, request);
+  const Outcome a = RunAll(Config(3), specs, 64);
+  const Outcome b = RunAll(Config(3), specs, 64);
+  ExpectSameTokens(a, b, "seeded");
+  EXPECT_EQ(a.results[0].tokens, a.results[1].tokens);
+}
+
+TEST(MtpEngineTest, PrefixCacheHitWithoutHiddenStatesStaysExact) {
+  // The second request's first blocks come from the prefix cache: the target never computes their
+  // hidden states, so the MTP sees zeros there (as for a P -> D request's prompt).
+  RequestSpec first = engine_test::SpecPrompts(41, 1, 128)[0];
+  first.prompt.resize(40, 5);
+  first.max_tokens = 8;
+  RequestSpec second = first;
+  second.prompt.push_back(9);
+  second.max_tokens = 16;
+  int64_t plain_hits = 0, spec_hits = 0;
+  const Outcome plain = RunOneByOne(Config(0), {first, second}, 128, &plain_hits);
+  const Outcome spec = RunOneByOne(Config(2), {first, second}, 128, &spec_hits);
+  ExpectSameTokens(plain, spec, "prefix hit");
+  EXPECT_GE(spec_hits, 32) << "the second request must reuse the first one's blocks";
+  EXPECT_GT(spec.stats.drafted_tokens, 0u);
+}
+
+TEST(MtpEngineTest, Refusals) {
+  // Not attached yet: requests are refused.
+  const ModelConfig model = DeepseekMtp(64);
+  auto engine = Engine::Create(Config(2), model, RandomModelWeights(model, kSeed));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  RequestSpec spec;
+  spec.prompt = {3, 4, 5};
+  spec.max_tokens = 4;
+  EXPECT_EQ((*engine)->AddRequest(1, spec).code(), absl::StatusCode::kFailedPrecondition);
+  // Another method.
+  auto ngram = Engine::Create(EngineConfig{}, model, RandomModelWeights(model, kSeed));
+  ASSERT_TRUE(ngram.ok());
+  const ModelWeights w = RandomModelWeights(model, kSeed);
+  EXPECT_EQ((*ngram)->AttachMtp(RandomMtpWeights(model, w, 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A Llama target has no MTP layer.
+  const ModelConfig llama = engine_test::TinyConfig(64);
+  auto dense = Engine::Create(Config(2), llama, RandomModelWeights(llama, kSeed));
+  ASSERT_TRUE(dense.ok());
+  const absl::Status refused = (*dense)->AttachMtp(RandomMtpWeights(model, w, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("num_nextn_predict_layers"), std::string::npos) << refused;
+}
+
+}  // namespace
+}  // namespace tandem::runtime

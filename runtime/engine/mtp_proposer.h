@@ -1,0 +1,106 @@
+// The MTP drafter of speculative decoding (SpeculativeMethod::kMtp): DeepSeek-V3's multi-token
+// prediction layer (runtime/model/mtp_weights.h; on the CPU runtime/cpu/mtp_model.h) on an
+// executor of its own with its own latent KV cache (one layer), fed the target model's hidden
+// states.
+//
+// The MTP run at position i pairs the token at i + 1 with the target's final hidden state of
+// position i and predicts the token at i + 2. So:
+//   * after every target step the engine hands over the hidden states of the tokens it fed
+//     (RecordHidden; RunnerOutput::hidden_states, asked for with
+//     SchedulerOutput::return_hidden_states only while MTP is on). A verify pass's rows past the
+//     accepted tokens are simply overwritten by the next step that feeds those positions.
+//   * Propose, for a request of tokens t_0 .. t_{L-1} (the verify pass will feed t_{L-1} and the
+//     drafts): catches the MTP's KV up on positions valid .. L - 2 (pairs (t_{i+1}, h_i); the whole
+//     prompt the first time) in chunks of at most max_num_batched_tokens; position L - 2's logits
+//     give the first draft d_1. Draft j + 1 then comes from the MTP layer chained on its own
+//     output: position L - 2 + j fed d_j with the MTP's own hidden state of the position before
+//     (vLLM's single-layer chaining). Drafts are sampled as the draft model samples them (greedy:
+//     argmax; else q from the logits and SamplingUniform stream 1), q kept for the verifier's
+//     rejection sampling. The chained positions' KV is rewritten by the next catch-up, whose
+//     inputs are the target's hidden states: `valid` never counts them.
+// Positions whose target hidden state this process never computed (a P -> D request's prompt:
+// its KV came from the prefill worker; a prefix-cache hit) enter the MTP's KV with a zero hidden
+// state (the token's embedding alone). Drafts stay exactly verified; only acceptance can drop.
+//
+// A request whose MTP blocks cannot be allocated gets no drafts this step (it decodes plainly).
+// Thread safety: not thread-safe; the engine's step loop owns it.
+#ifndef TANDEM_RUNTIME_ENGINE_MTP_PROPOSER_H_
+#define TANDEM_RUNTIME_ENGINE_MTP_PROPOSER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/engine/draft_model.h"
+#include "runtime/engine/model_executor.h"
+#include "runtime/kv_cache/kv_cache_manager.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/mtp_weights.h"
+
+namespace tandem::runtime {
+
+// Builds the MTP layer's executor for the target config spec.model_config (the CPU backend's:
+// CpuMtpExecutorFactory). The executor must honour SchedulerOutput::input_hidden and
+// return_hidden_states (the MTP layer's output before shared_head.norm).
+using MtpExecutorFactory = std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(
+    const ExecutorSpec& spec, MtpWeights weights)>;
+MtpExecutorFactory CpuMtpExecutorFactory(int num_threads);
+
+class MtpProposer {
+ public:
+  // INVALID_ARGUMENT when the target is not a DeepSeek MLA model; the factory's errors.
+  static absl::StatusOr<std::unique_ptr<MtpProposer>> Create(const MtpExecutorFactory& backend,
+                                                             const ModelConfig& target,
+                                                             MtpWeights weights,
+                                                             const DraftModelOptions& options);
+
+  // The target's final hidden states of the tokens a step fed for `request_id`, at positions
+  // first_position .. (rows: [n, hidden]); replaces what was recorded at those positions and after.
+  void RecordHidden(int64_t request_id, int64_t first_position, absl::Span<const float> rows);
+  // Fills every job's drafts (and probs for sampling requests), as DraftModelProposer::Propose.
+  // REQUIRES: distinct request ids; tokens.size() >= 2 (a prompt token and an output token).
+  absl::Status Propose(absl::Span<DraftJob> jobs);
+  // Drops the request's MTP blocks and hidden states; no-op for an unknown id.
+  void Free(int64_t request_id);
+
+  int64_t num_free_blocks() const { return kv_cache_->Stats().num_free_blocks; }
+  int64_t num_blocks() const { return kv_cache_->num_blocks(); }
+  // Hidden-state rows held for a request (for tests: bounded by what the next Propose consumes).
+  int64_t held_hidden_rows(int64_t request_id) const;
+
+ private:
+  struct RequestState {
+    int64_t hidden_begin = 0;   // position of hidden's first row
+    std::vector<float> hidden;  // [rows, hidden] target hidden states from hidden_begin on
+    int64_t valid = 0;          // MTP KV of positions [0, valid) made from target hidden states
+  };
+
+  MtpProposer(const ModelConfig& target, const DraftModelOptions& options,
+              std::unique_ptr<KvCacheManager> kv_cache, std::unique_ptr<ModelExecutor> executor);
+
+  // The catch-up steps; each job's last catch-up position yields its first draft.
+  absl::Status CatchUp(absl::Span<DraftJob* const> active);
+  // Chained draft `round` (>= 1) for the jobs with more than `round` drafts.
+  absl::Status ChainRound(absl::Span<DraftJob* const> active, int64_t round);
+  // Appends the target hidden state of `position` (zeros where none was recorded) to `out`.
+  void AppendHidden(const RequestState& state, int64_t position, std::vector<float>* out) const;
+  // Turns sequence s of `out` (which sampled) into job's next draft.
+  absl::Status TakeDraft(const RunnerOutput& out, size_t s, const ScheduledSeq& seq,
+                         DraftJob* job) const;
+
+  const ModelConfig target_;
+  const DraftModelOptions options_;
+  std::unique_ptr<KvCacheManager> kv_cache_;
+  std::unique_ptr<ModelExecutor> executor_;
+  absl::flat_hash_map<int64_t, RequestState> state_;
+  // This Propose's chained hidden state per request ([hidden]: the MTP's output of its last run).
+  absl::flat_hash_map<int64_t, std::vector<float>> chain_;
+};
+
+}  // namespace tandem::runtime
+
+#endif  // TANDEM_RUNTIME_ENGINE_MTP_PROPOSER_H_
