@@ -6,12 +6,11 @@
 //     collectives, a captured graph, and the failure model: a SIGSTOPped rank makes the other's
 //     Synchronize fail DEADLINE_EXCEEDED at the deadline, a SIGKILLed one fails it (UNAVAILABLE
 //     or DEADLINE_EXCEEDED) without hanging; the communicator stays broken afterwards.
-// The two-process cases re-run this binary as the ranks (TANDEM_COMM_CHILD_* in the
-// environment), so no CUDA state crosses a fork.
+// The two-process cases re-run this binary as the ranks (comm/rank_spawn.h: TANDEM_RANK_* in the
+// environment, the case's mode as the argument), so no CUDA state crosses a fork.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,15 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/gloo_process_group.h"
 #include "comm/host_staged_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/rank_spawn.h"
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
 
 namespace tandem::comm {
 namespace {
@@ -259,38 +256,6 @@ int DeviceCount() {
   return n;
 }
 
-pid_t SpawnRank(int rank, int port, const std::string& mode) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back(absl::StrCat("TANDEM_COMM_CHILD_RANK=", rank));
-  env_strings.push_back(absl::StrCat("TANDEM_COMM_CHILD_PORT=", port));
-  env_strings.push_back(absl::StrCat("TANDEM_COMM_CHILD_MODE=", mode));
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  char self[] = "/proc/self/exe";
-  char* argv[] = {self, nullptr};
-  pid_t pid = -1;
-  if (posix_spawn(&pid, self, nullptr, nullptr, argv, envp.data()) != 0) return -1;
-  return pid;
-}
-
-// Waits for `pid` up to `limit`; kills it past that. Returns its exit code (-signal if killed).
-int WaitRank(pid_t pid, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1000;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return -WTERMSIG(status);
-}
-
 // The rank's body (in the child process). Exit code 0: everything held.
 int ChildMain(int rank, int port, const std::string& mode) {
   if (cudaSetDevice(rank) != cudaSuccess) return 2;
@@ -342,8 +307,8 @@ void RunTwoRanks(const std::string& mode) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device)";
   auto server = TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok());
-  const pid_t r0 = SpawnRank(0, (*server)->port(), mode);
-  const pid_t r1 = SpawnRank(1, (*server)->port(), mode);
+  const pid_t r0 = SpawnRank(0, 2, (*server)->port(), {mode});
+  const pid_t r1 = SpawnRank(1, 2, (*server)->port(), {mode});
   ASSERT_GT(r0, 0);
   ASSERT_GT(r1, 0);
   EXPECT_EQ(WaitRank(r0, absl::Seconds(120)), 0) << "rank 0 (" << mode << ")";
@@ -374,11 +339,9 @@ TEST(NcclCommunicatorTest, KilledRankFailsWithoutHanging) {
 }  // namespace tandem::comm
 
 int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (const char* rank = std::getenv("TANDEM_COMM_CHILD_RANK")) {
-    return tandem::comm::ChildMain(std::atoi(rank),
-                                   std::atoi(std::getenv("TANDEM_COMM_CHILD_PORT")),
-                                   std::getenv("TANDEM_COMM_CHILD_MODE"));
+  if (const int rank = tandem::comm::SpawnedRank(); rank >= 0) {  // a rank: argv[1] is its mode
+    return tandem::comm::ChildMain(rank, tandem::comm::SpawnedPort(), argc > 1 ? argv[1] : "");
   }
+  testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
