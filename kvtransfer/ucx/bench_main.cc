@@ -1,7 +1,7 @@
 // bench: KV block pull throughput of UcxAgent between two processes on loopback, next to
 // ucx_perftest's ucp_get on the same transports moving the same bytes.
 //
-//   bazel build //kvtransfer:bench && bazel-bin/kvtransfer/bench [--pool_blocks=1024]
+//   bazel build //kvtransfer/ucx:bench && bazel-bin/kvtransfer/ucx/bench [--pool_blocks=1024]
 //   ucx_gpu_bench (GPU bundles): the same with --cuda as the default
 //
 // The source is this binary re-executed as the agent_peer harness (agent_peer.h), holding
