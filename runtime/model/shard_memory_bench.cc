@@ -1,7 +1,7 @@
 // shard_memory_bench: what one tensor-parallel rank's weight load costs (issue: "each rank reads
 // only its slices ... resident weight memory per rank ~ 1/N").
 //
-//   shard_memory_bench --model=DIR --tp=N --rank=R [--evict=true]
+//   shard_memory_bench --model=DIR --tp=N --rank=R [--evict=true] [--read_threads=T]
 //
 // Loads rank R's shard of DIR (LoadModelWeights with TpShard{R, N}) in this process alone and
 // prints one JSON line: anonymous memory held after the load (RssAnon: the fp32 weights; the
@@ -13,10 +13,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -29,6 +31,8 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(int32_t, tp, 1, "group size");
 ABSL_FLAG(int32_t, rank, 0, "rank to load");
+ABSL_FLAG(int32_t, read_threads, 0,
+          "LoadModelWeights' reader threads (CheckpointReadOptions::threads; 0: its default)");
 ABSL_FLAG(bool, evict, true,
           "evict the checkpoint's files from the page cache first (posix_fadvise DONTNEED), so "
           "read_bytes counts every byte the load reads");
@@ -60,6 +64,12 @@ int64_t Bytes(const tandem::runtime::ModelWeights& w) {
   return n * 4;
 }
 
+// The reader threads LoadModelWeights used (CheckpointReadOptions' default resolved).
+int ReaderThreadsOf(const tandem::runtime::CheckpointReadOptions& read) {
+  if (read.threads > 0) return read.threads;
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,8 +94,11 @@ int main(int argc, char** argv) {
   const int64_t anon0 = ProcValue("/proc/self/status", "RssAnon");
   const int64_t read0 = ProcValue("/proc/self/io", "read_bytes");
   const absl::Time start = absl::Now();
-  auto weights = LoadModelWeights(absl::GetFlag(FLAGS_model), *config,
-                                  TpShard{absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_tp)});
+  CheckpointReadOptions options;
+  options.threads = absl::GetFlag(FLAGS_read_threads);
+  auto weights =
+      LoadModelWeights(absl::GetFlag(FLAGS_model), *config,
+                       TpShard{absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_tp)}, options);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!weights.ok()) {
     std::fprintf(stderr, "shard_memory_bench: %s\n", weights.status().ToString().c_str());
@@ -95,9 +108,9 @@ int main(int argc, char** argv) {
   const int64_t read = ProcValue("/proc/self/io", "read_bytes") - read0;
   std::printf(
       "{\"tp\":%d,\"rank\":%d,\"shard_fp32_bytes\":%lld,\"full_fp32_bytes\":%lld,"
-      "\"anon_bytes\":%lld,\"read_bytes\":%lld,\"load_s\":%.2f}\n",
+      "\"anon_bytes\":%lld,\"read_bytes\":%lld,\"load_s\":%.2f,\"read_threads\":%d}\n",
       absl::GetFlag(FLAGS_tp), absl::GetFlag(FLAGS_rank), static_cast<long long>(Bytes(*weights)),
       static_cast<long long>(config->NumParameters() * 4), static_cast<long long>(anon),
-      static_cast<long long>(read), seconds);
+      static_cast<long long>(read), seconds, ReaderThreadsOf(options));
   return 0;
 }
