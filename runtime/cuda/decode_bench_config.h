@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem::runtime::cuda {
@@ -14,13 +13,15 @@ namespace tandem::runtime::cuda {
 inline constexpr int64_t kDecodeBenchExtraTokens = 8;
 
 // Makes room for requests of `context` prompt tokens and steps + kDecodeBenchExtraTokens new
-// ones: Engine::Create caps config.max_model_len at the model's max_position_embeddings, so both
-// are raised (the bench's synthetic Llama shapes say 8192, which refused every --context=8192
-// row). The dummy model has no trained position limit: RoPE is computed for any position.
+// ones: Engine::Create caps EngineConfig::max_model_len (`max_model_len`) at the model's
+// max_position_embeddings, so both are raised (the bench's synthetic Llama shapes say 8192,
+// which refused every --context=8192 row). The dummy model has no trained position limit: RoPE
+// is computed for any position. (No engine dependency: runtime/cuda libraries must not reach the
+// CPU backend, tests/check_deps.sh.)
 inline void FitDecodeBenchLength(int64_t context, int64_t steps, ModelConfig* model,
-                                 EngineConfig* config) {
+                                 int64_t* max_model_len) {
   const int64_t needed = context + steps + kDecodeBenchExtraTokens;
-  config->max_model_len = std::max<int64_t>({config->max_model_len, 8192, needed});
+  *max_model_len = std::max<int64_t>({*max_model_len, 8192, needed});
   model->max_position_embeddings = std::max(model->max_position_embeddings, needed);
 }
 

@@ -41,7 +41,7 @@ TEST(DecodeBenchConfigTest, ContextAtTheModelsPositionLimitIsAdmitted) {
   const absl::Status before = AddBenchRequest(model, config, context, steps, seed);
   EXPECT_EQ(before.code(), absl::StatusCode::kInvalidArgument) << before;
 
-  FitDecodeBenchLength(context, steps, &model, &config);
+  FitDecodeBenchLength(context, steps, &model, &config.max_model_len);
   EXPECT_EQ(model.max_position_embeddings, context + steps + kDecodeBenchExtraTokens);
   const absl::Status after = AddBenchRequest(model, config, context, steps, seed);
   EXPECT_TRUE(after.ok()) << after;

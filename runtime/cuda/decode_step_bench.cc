@@ -135,7 +135,8 @@ int Main(int argc, char** argv) {
     model = *p;
   }
   EngineConfig config;
-  FitDecodeBenchLength(context, steps, &model, &config);  // before LocalModelConfig copies it
+  FitDecodeBenchLength(context, steps, &model,
+                       &config.max_model_len);  // before LocalModelConfig copies it
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
