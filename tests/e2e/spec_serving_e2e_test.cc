@@ -5,7 +5,9 @@
 //     D's WorkerStats count verify passes, drafts and accepted drafts (all of them accepted with
 //     the target as draft);
 //   * a DCP decode group (--tp=2 --dcp=2) with n-gram drafts equals the engine too; a draft
-//     model under DCP is refused at startup, naming why.
+//     model under DCP is refused at startup, naming why;
+//   * DeepSeek-V3's MTP layer drafting on a mixed worker and on a P -> D decode worker gives
+//     transformers' greedy tokens.
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -15,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/e2e/cluster.h"
 #include "tests/e2e/serving_util.h"
 
@@ -123,6 +126,39 @@ TEST(SpecServingE2eTest, DcpDecodeGroupSpeculatesWithNgramsAndRefusesADraftModel
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("decode context parallelism"), std::string::npos)
       << refused.status();
+}
+
+// DeepSeek-V3 with its MTP layer (tests/golden/fixtures_mtp): a mixed worker and a P -> D pair
+// whose decode worker drafts with the model's own MTP layer (the P -> D prompt's hidden states
+// stayed on P: the MTP sees zeros there) serve transformers' greedy tokens of the target.
+TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
+  std::ifstream in("tests/golden/fixtures_mla/deepseek_v3_moe_f32/expected.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
+  const auto greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
+  const std::vector<std::string> mtp = {"--speculative_method=mtp", "--num_speculative_tokens=3"};
+  for (const bool disaggregated : {false, true}) {
+    SCOPED_TRACE(disaggregated ? "1P1D" : "mixed");
+    ClusterOptions options;
+    options.model_dir = "tests/golden/fixtures_mtp/deepseek_v3_mtp_f32";
+    options.prefill = disaggregated ? 1 : 0;
+    options.decode = disaggregated ? 1 : 0;
+    options.mixed = disaggregated ? 0 : 1;
+    (disaggregated ? options.decode_flags : options.mixed_flags) = mtp;
+    auto cluster = Cluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (size_t i : {0, 3, 5, 8}) {
+      Prompt prompt{prompts[i], static_cast<int>(greedy[i].size())};
+      Result r = Generate((*cluster)->router(), ToRequest(prompt));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
+      EXPECT_EQ(r.tokens, greedy[i]) << "prompt " << i;
+    }
+    const std::string speculating = disaggregated ? "decode-0" : "mixed-0";
+    absl::StatusOr<tandem::v1::WorkerStats> stats = (*cluster)->Stats(speculating);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->spec_verify_passes(), 0u) << (*cluster)->Logs();
+  }
 }
 
 }  // namespace
