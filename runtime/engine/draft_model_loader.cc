@@ -38,7 +38,7 @@ absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& conf
   } else {
     ASSIGN_OR_RETURN(weights, LoadMtpWeights(source.model_dir, config));
   }
-  return engine.AttachMtp(std::move(weights));
+  return engine.AttachMtp(config, std::move(weights));
 }
 
 }  // namespace tandem::runtime

@@ -123,9 +123,17 @@ absl::Status Engine::AttachDraftModel(const ModelConfig& draft_config, ModelWeig
   return absl::OkStatus();
 }
 
-absl::Status Engine::AttachMtp(MtpWeights weights, const MtpExecutorFactory* backend) {
+absl::Status Engine::AttachMtp(const ModelConfig& config, MtpWeights weights,
+                               const MtpExecutorFactory* backend) {
   if (config_.speculative.method != SpeculativeMethod::kMtp) {
     return absl::InvalidArgumentError("an MTP layer needs --speculative_method=mtp");
+  }
+  if (config.hidden_size != model_config_.hidden_size ||
+      config.vocab_size != model_config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the MTP layer's model (hidden ", config.hidden_size, ", vocabulary ",
+                     config.vocab_size, ") is not this engine's (hidden ",
+                     model_config_.hidden_size, ", vocabulary ", model_config_.vocab_size, ")"));
   }
   if (mtp_ != nullptr) return absl::FailedPreconditionError("an MTP layer is attached already");
   if (dcp_.size > 1) {
@@ -140,7 +148,7 @@ absl::Status Engine::AttachMtp(MtpWeights weights, const MtpExecutorFactory* bac
   options.max_model_len = max_model_len_;
   const MtpExecutorFactory cpu =
       backend == nullptr ? CpuMtpExecutorFactory(config_.num_threads) : MtpExecutorFactory{};
-  ASSIGN_OR_RETURN(mtp_, MtpProposer::Create(backend == nullptr ? cpu : *backend, model_config_,
+  ASSIGN_OR_RETURN(mtp_, MtpProposer::Create(backend == nullptr ? cpu : *backend, config,
                                              std::move(weights), options));
   return absl::OkStatus();
 }

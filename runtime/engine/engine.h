@@ -84,12 +84,15 @@ class Engine {
   // The attached draft model (null without one), for tests and stats.
   const DraftModelProposer* draft_model() const { return draft_.get(); }
   // Speculative decoding with DeepSeek-V3's MTP layer (SpeculativeMethod::kMtp; mtp_proposer.h),
-  // loaded from the target's checkpoint (LoadMtpWeights), run on an executor of `backend` (null:
+  // loaded from the target's checkpoint (LoadMtpWeights) for `config`, the whole model's (a
+  // tensor-parallel group's engine holds its rank's config), run on an executor of `backend` (null:
   // the CPU backend with config.num_threads threads) with a latent KV cache of as many blocks as
   // the target's. Call once, before the first request; requests are refused (FAILED_PRECONDITION)
   // until it is attached. INVALID_ARGUMENT when the method is not kMtp, under DCP, or when
-  // MtpProposer::Create refuses. While attached every step returns the target's hidden states.
-  absl::Status AttachMtp(MtpWeights weights, const MtpExecutorFactory* backend = nullptr);
+  // MtpProposer::Create refuses, or when `config`'s hidden size or vocabulary is not the engine's.
+  // While attached every step returns the target's hidden states.
+  absl::Status AttachMtp(const ModelConfig& config, MtpWeights weights,
+                         const MtpExecutorFactory* backend = nullptr);
   const MtpProposer* mtp() const { return mtp_.get(); }
   // True while the engine has work that needs Step() calls: unfinished requests or KV loads.
   bool HasWork() const;

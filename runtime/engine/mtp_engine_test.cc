@@ -67,7 +67,7 @@ Outcome RunAll(const EngineConfig& config, const std::vector<RequestSpec>& specs
   auto engine = Engine::Create(config, model, std::move(weights));
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (config.speculative.method == SpeculativeMethod::kMtp) {
-    const absl::Status attached = (*engine)->AttachMtp(std::move(mtp));
+    const absl::Status attached = (*engine)->AttachMtp(model, std::move(mtp));
     EXPECT_TRUE(attached.ok()) << attached;
   }
   const Outcome run = engine_test::RunToCompletion(**engine, specs);
@@ -89,7 +89,7 @@ Outcome RunOneByOne(const EngineConfig& config, const std::vector<RequestSpec>& 
   auto engine = Engine::Create(config, model, std::move(weights));
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (config.speculative.method == SpeculativeMethod::kMtp) {
-    EXPECT_TRUE((*engine)->AttachMtp(std::move(mtp)).ok());
+    EXPECT_TRUE((*engine)->AttachMtp(model, std::move(mtp)).ok());
   }
   Outcome all;
   for (const RequestSpec& spec : specs) {
@@ -184,13 +184,13 @@ TEST(MtpEngineTest, Refusals) {
   auto ngram = Engine::Create(EngineConfig{}, model, RandomModelWeights(model, kSeed));
   ASSERT_TRUE(ngram.ok());
   const ModelWeights w = RandomModelWeights(model, kSeed);
-  EXPECT_EQ((*ngram)->AttachMtp(RandomMtpWeights(model, w, 1)).code(),
+  EXPECT_EQ((*ngram)->AttachMtp(model, RandomMtpWeights(model, w, 1)).code(),
             absl::StatusCode::kInvalidArgument);
   // A Llama target has no MTP layer.
   const ModelConfig llama = engine_test::TinyConfig(64);
   auto dense = Engine::Create(Config(2), llama, RandomModelWeights(llama, kSeed));
   ASSERT_TRUE(dense.ok());
-  const absl::Status refused = (*dense)->AttachMtp(RandomMtpWeights(model, w, 1));
+  const absl::Status refused = (*dense)->AttachMtp(llama, RandomMtpWeights(model, w, 1));
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("num_nextn_predict_layers"), std::string::npos) << refused;
 }

@@ -187,7 +187,7 @@ TEST(MtpGoldenTest, GreedyWithMtpDraftsIsTransformersGreedy) {
   engine_config.speculative.num_speculative_tokens = 3;
   auto engine = Engine::Create(engine_config, *config, std::move(*weights));
   ASSERT_TRUE(engine.ok()) << engine.status();
-  ASSERT_TRUE((*engine)->AttachMtp(std::move(*mtp)).ok());
+  ASSERT_TRUE((*engine)->AttachMtp(*config, std::move(*mtp)).ok());
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestSpec spec;
