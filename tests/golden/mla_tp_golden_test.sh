@@ -5,7 +5,8 @@
 # last-prompt logits within 1e-4 * max to transformers (compare_generate.py). TP 4 is one head
 # per rank; the MoE fixtures split every expert's intermediate rows. Then decode context
 # parallelism (latent shards by tokens) against transformers, and a context longer than one
-# rank's latent pool served by DCP=2 (refused at DCP=1).
+# rank's latent pool served by DCP=2 (refused at DCP=1). And the MTP fixture speculating with its
+# own MTP layer at TP=2.
 set -euo pipefail
 GENERATE=$1
 COMPARE=$2
@@ -33,6 +34,27 @@ for case in deepseek_v2_f32:2 deepseek_v3_f32:4 deepseek_v2_lite_f32:2 deepseek_
   run "$variant" "$T/$variant.$tp.jsonl" --tp="$tp"
   python3 "$COMPARE" "$T/$variant.$tp.jsonl" "$FIXTURES/$variant/expected.json"
 done
+
+# DeepSeek-V3's MTP layer drafting (--speculative_method=mtp) in a TP=2 group: rank 0 runs the MTP
+# layer whole on the target's hidden states, the group verifies; tokens and logits stay
+# transformers' (the MTP fixture's target is deepseek_v3_moe_f32).
+echo "deepseek_v3_mtp_f32 tp=2 mtp"
+mtp_ref=$FIXTURES/deepseek_v3_moe_f32/expected.json
+mtp_prompts=$(python3 -c "import json; print(';'.join(','.join(map(str, p)) for p in json.load(open('$mtp_ref'))['prompts']))")
+timeout 120 "$GENERATE" --model=tests/golden/fixtures_mtp/deepseek_v3_mtp_f32 \
+  --prompt_ids="$mtp_prompts" --max_tokens=16 --ignore_eos --dump_last_logits --num_threads=1 \
+  --tp=2 --speculative_method=mtp --num_speculative_tokens=3 >"$T/mtp.jsonl" 2>"$T/mtp.err" ||
+  {
+    echo "FAIL: MTP at tp=2"
+    cat "$T/mtp.err"
+    exit 1
+  }
+grep -q "drafted [1-9]" "$T/mtp.err" || {
+  echo "FAIL: the MTP layer drafted nothing"
+  cat "$T/mtp.err"
+  exit 1
+}
+python3 "$COMPARE" "$T/mtp.jsonl" "$mtp_ref"
 
 # Decode context parallelism: the slice's ranks hold token shards of the latent, exchange
 # (out, lse) once per layer, merge by LSE (TP_A 1 and 2; interleave 1 token and a block).
