@@ -94,6 +94,12 @@ struct WorkerDaemon::Parts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<RouterRegistration> registration;
   std::unique_ptr<http::HttpServer> metrics;
+  // Whether the KV pool is registered with `agent` (prefill and decode workers). A mixed worker
+  // serves whole requests (the router never makes it a P->D source or reader), so its pool is
+  // not: no host mirror of a device pool, pinned, at start (issue 31). Its connector and endpoint
+  // stay (stats, KvTransferService), but the Worker gets no lease table or source links, so a
+  // remote-decode Prefill or a Decode sent to it is refused (FAILED_PRECONDITION).
+  bool kv_exported = true;
 
   // The engine on the agent's memory where the agent can share it best (UCX-mapped memory that
   // shared-memory transports read in place), else its own pool registered with the agent.
@@ -114,14 +120,18 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
                                                                          BackendModel& loaded,
                                                                          uint32_t* region) {
   std::optional<uint32_t> shared_region;
-  KvPoolAllocator allocator = [&](int64_t bytes) -> absl::StatusOr<void*> {
-    absl::StatusOr<std::pair<void*, uint32_t>> shared =
-        agent->AllocateMemory(static_cast<uint64_t>(bytes), tandem::v1::MEMORY_KIND_HOST);
-    if (shared.status().code() == absl::StatusCode::kUnimplemented) return nullptr;
-    if (!shared.ok()) return shared.status();
-    shared_region = shared->second;
-    return shared->first;
-  };
+  kv_exported = config.role != tandem::v1::WORKER_ROLE_MIXED;
+  KvPoolAllocator allocator;  // null: the backend allocates the pool itself
+  if (kv_exported) {
+    allocator = [&](int64_t bytes) -> absl::StatusOr<void*> {
+      absl::StatusOr<std::pair<void*, uint32_t>> shared =
+          agent->AllocateMemory(static_cast<uint64_t>(bytes), tandem::v1::MEMORY_KIND_HOST);
+      if (shared.status().code() == absl::StatusCode::kUnimplemented) return nullptr;
+      if (!shared.ok()) return shared.status();
+      shared_region = shared->second;
+      return shared->first;
+    };
+  }
   // Start-up phases are timed in the log: a group's start to healthy is their sum (issue 31).
   const absl::Time engine_start = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
@@ -134,6 +144,13 @@ absl::StatusOr<std::unique_ptr<Engine>> WorkerDaemon::Parts::BuildEngine(WorkerC
   }
   if (config.engine.speculative.method == SpeculativeMethod::kMtp) {
     RETURN_IF_ERROR(LoadAndAttachMtp(config.model, loaded.model.config, config.backend, *engine));
+  }
+  if (!kv_exported) {
+    LOG(INFO) << "worker start: KV pool (" << (engine->kv_pool_bytes() >> 20)
+              << " MiB) not exported to the " << agent->transport()
+              << " transfer agent: the role is mixed (whole requests, no P->D)";
+    *region = 0;  // no region of the agent: nothing reads or serves it
+    return engine;
   }
   if (!shared_region.has_value()) {
     const absl::Time register_start = absl::Now();
@@ -311,10 +328,14 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     return p->group_transport != nullptr ? p->group_transport->SourceLinked(peer)
                                          : p->endpoint->reader()->SourceLinked(peer);
   };
-  parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local, config.security,
-                                                         absl::Seconds(5), std::move(linker),
-                                                         std::move(linked));
-  parts->worker = std::make_unique<Worker>(parts->loop.get(), parts->connector.get(),
+  if (parts->kv_exported) {
+    parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local,
+                                                           config.security, absl::Seconds(5),
+                                                           std::move(linker), std::move(linked));
+  }
+  // A mixed worker: no lease table, no source links (Parts::kv_exported); its KV counters stay.
+  parts->worker = std::make_unique<Worker>(parts->loop.get(),
+                                           parts->kv_exported ? parts->connector.get() : nullptr,
                                            parts->connector.get(), parts->peers.get(), options);
   parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
   std::string address;

@@ -3,15 +3,20 @@
 // bad configurations are refused with the flag's problem named.
 #include "runtime/worker/worker_daemon.h"
 
+#include <atomic>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/http/test_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/transfer_agent.h"
+#include "runtime/worker/transfer_agent_factory.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::runtime {
@@ -33,6 +38,63 @@ WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {
   config.engine.kv_cache_bytes = int64_t{4} << 20;
   config.worker_id = "daemon-test";
   return config;
+}
+
+// The daemon's agent (MakeTransferAgent's) behind a wrapper that counts the memory it is asked
+// to export (RegisterMemory, AllocateMemory); everything else is forwarded.
+class ExportCountingAgent final : public kvtransfer::TransferAgent {
+ public:
+  ExportCountingAgent(std::unique_ptr<kvtransfer::TransferAgent> base,
+                      std::shared_ptr<std::atomic<int>> exports)
+      : base_(std::move(base)), exports_(std::move(exports)) {}
+
+  std::string transport() const override { return base_->transport(); }
+  absl::StatusOr<uint32_t> RegisterMemory(void* base, uint64_t length,
+                                          tandem::v1::MemoryKind kind) override {
+    ++*exports_;
+    return base_->RegisterMemory(base, length, kind);
+  }
+  absl::StatusOr<std::pair<void*, uint32_t>> AllocateMemory(uint64_t length,
+                                                            tandem::v1::MemoryKind kind) override {
+    ++*exports_;
+    return base_->AllocateMemory(length, kind);
+  }
+  absl::Status SyncForRemoteRead(uint32_t region,
+                                 absl::Span<const kvtransfer::ByteRange> ranges) override {
+    return base_->SyncForRemoteRead(region, ranges);
+  }
+  absl::Status FillLocalDescriptor(tandem::v1::TransferHandshake* handshake) override {
+    return base_->FillLocalDescriptor(handshake);
+  }
+  std::string IssueAccessToken() override { return base_->IssueAccessToken(); }
+  absl::Status AddPeer(const std::string& name,
+                       const tandem::v1::TransferHandshake& peer) override {
+    return base_->AddPeer(name, peer);
+  }
+  void RemovePeer(const std::string& name) override { base_->RemovePeer(name); }
+  absl::StatusOr<kvtransfer::TransferId> PostRead(
+      const std::string& peer, absl::Span<const kvtransfer::CopyOp> ops) override {
+    return base_->PostRead(peer, ops);
+  }
+  absl::StatusOr<bool> CheckTransfer(kvtransfer::TransferId id) override {
+    return base_->CheckTransfer(id);
+  }
+  void Cancel(kvtransfer::TransferId id) override { base_->Cancel(id); }
+  kvtransfer::TransferAgentStats Stats() const override { return base_->Stats(); }
+
+ private:
+  std::unique_ptr<kvtransfer::TransferAgent> base_;
+  std::shared_ptr<std::atomic<int>> exports_;
+};
+
+// `config` with its agent counted in `exports`.
+void CountExports(WorkerConfig& config, std::shared_ptr<std::atomic<int>> exports) {
+  config.make_agent = [transfer = config.transfer, exports = std::move(exports)]()
+      -> absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> {
+    absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> base = MakeTransferAgent(transfer);
+    if (!base.ok()) return base.status();
+    return std::make_unique<ExportCountingAgent>(*std::move(base), exports);
+  };
 }
 
 TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
@@ -186,6 +248,56 @@ TEST(WorkerDaemonTest, AWildcardListenAdvertisesAnAddressPeersCanReach) {
     EXPECT_EQ(guessed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(guessed.status().message().find("--advertise_address"), std::string::npos);
   }
+}
+
+// Issue 31: a mixed worker serves whole requests, never a P->D source or reader, so its start
+// exports no KV pool to its agent (with UCX and a CUDA pool that was a pinned host mirror of the
+// whole pool, most of a TP=4 group's start). It still serves Generate; a remote-decode Prefill is
+// refused. A prefill worker (the control) still exports its pool once.
+TEST(WorkerDaemonTest, AMixedWorkerExportsNoKvPoolAndStillServes) {
+  auto mixed_exports = std::make_shared<std::atomic<int>>(0);
+  WorkerConfig config = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  CountExports(config, mixed_exports);
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> mixed = WorkerDaemon::Create(config);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed_exports->load(), 0) << "no RegisterMemory / AllocateMemory for a mixed worker";
+  auto stub = tandem::v1::WorkerService::NewStub(
+      grpc::CreateChannel((*mixed)->address(), grpc::InsecureChannelCredentials()));
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<uint32_t> token(1, 200);
+  tandem::v1::GenerateRequest request;
+  request.set_request_id("whole");
+  for (int i = 0; i < 7; ++i) request.add_prompt_token_ids(token(rng));
+  request.mutable_sampling()->set_max_tokens(5);
+  request.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, request);
+  tandem::v1::GenerateResponse msg;
+  int tokens = 0;
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 5);
+  EXPECT_EQ((*mixed)->worker().StatsProto().requests_finished(), 1u);
+
+  tandem::v1::PrefillRequest prefill;
+  *prefill.mutable_request() = request;
+  prefill.mutable_request()->set_request_id("p-d");
+  prefill.set_remote_decode(true);
+  grpc::ClientContext pctx;
+  tandem::v1::PrefillResponse presponse;
+  EXPECT_EQ(stub->Prefill(&pctx, prefill, &presponse).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION)
+      << "no KV lease can be served from an unexported pool";
+  EXPECT_EQ(mixed_exports->load(), 0);
+  (*mixed)->Drain(absl::Seconds(5));
+
+  auto prefill_exports = std::make_shared<std::atomic<int>>(0);
+  WorkerConfig prefill_config = TinyConfig(tandem::v1::WORKER_ROLE_PREFILL);
+  prefill_config.worker_id = "daemon-test-prefill";
+  CountExports(prefill_config, prefill_exports);
+  absl::StatusOr<std::unique_ptr<WorkerDaemon>> source = WorkerDaemon::Create(prefill_config);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(prefill_exports->load(), 1) << "a prefill worker's pool is exported once";
 }
 
 TEST(WorkerDaemonTest, BadConfigurationsAreRefusedNamingTheProblem) {
