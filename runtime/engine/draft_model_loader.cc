@@ -33,8 +33,10 @@ absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& conf
   }
   MtpWeights weights;
   if (source.load_format == "dummy") {
-    weights = RandomMtpWeights(config, RandomModelWeights(config, source.dummy_seed),
-                               source.dummy_seed + 1);
+    // The model's seed: the MTP tensors' names give them streams of their own, and
+    // make_dummy_model writes them with that seed too.
+    weights =
+        RandomMtpWeights(config, RandomModelWeights(config, source.dummy_seed), source.dummy_seed);
   } else {
     ASSIGN_OR_RETURN(weights, LoadMtpWeights(source.model_dir, config));
   }

@@ -150,7 +150,12 @@ absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_d
 
   const SafetensorsDtype dtype = StorageDtype(config.dtype);
   const int64_t item_size = dtype == SafetensorsDtype::kF32 ? 4 : 2;
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(config);
+  std::vector<HfTensor> layout = internal::HfTensorLayout(config);
+  // DeepSeek's MTP layers (num_nextn_predict_layers) after the model's, drawn as RandomMtpWeights
+  // draws them, so that --load_format=dummy and the written files speculate alike.
+  for (int64_t i = 0; i < config.num_nextn_predict_layers; ++i) {
+    for (HfTensor& t : internal::MtpLayerLayout(config, i)) layout.push_back(std::move(t));
+  }
   // Greedy packing in layout order, so a layer's tensors stay together as in transformers' shards.
   std::vector<std::vector<const HfTensor*>> shards(1);
   int64_t shard_size = 0;

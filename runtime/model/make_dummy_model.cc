@@ -4,6 +4,7 @@
 //   make_dummy_model --config=tiny --out=/tmp/tiny --seed=1
 //   make_dummy_model --config=path/to/config.json --out=DIR --dtype=bfloat16 --shard_mb=2048
 //                    [--threads=N]   (shards written N at a time; default: one per core)
+//   make_dummy_model --config=deepseek-v3-4l --mtp_layers=1 --out=DIR   (+ DeepSeek's MTP layer)
 //
 // --config is a config.json file, a model directory holding one, or a preset name (tiny,
 // llama-100m, llama3-8b). Exits 1 with a message on stderr for bad input.
@@ -26,6 +27,9 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed; the same seed gives the same weights");
 ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16 (default: the config's dtype)");
 ABSL_FLAG(int64_t, shard_mb, 4096, "largest shard in MiB; bigger models get several shards");
+ABSL_FLAG(int64_t, mtp_layers, -1,
+          "DeepSeek (MLA) models: MTP layers to write after the model's, model.layers.{N..} "
+          "(sets num_nextn_predict_layers; -1: the config's)");
 ABSL_FLAG(int32_t, threads, 0,
           "shards generated and written at once (0: one per hardware thread); the bytes do not "
           "depend on it");
@@ -83,6 +87,13 @@ absl::Status Run() {
     }
     config.dtype = *parsed;
   }
+  if (const int64_t mtp = absl::GetFlag(FLAGS_mtp_layers); mtp >= 0) {
+    if (mtp > 0 && !config.IsMla()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mtp_layers: ", config.architecture, " has no MTP layers (DeepSeek MLA models only)"));
+    }
+    config.num_nextn_predict_layers = mtp;
+  }
   std::fprintf(stderr, "make_dummy_model: %s, %lld parameters, %s, seed %llu -> %s\n",
                config.architecture.c_str(), static_cast<long long>(config.NumParameters()),
                std::string(WeightDtypeName(config.dtype)).c_str(),
@@ -99,7 +110,7 @@ int main(int argc, char** argv) {
       "Writes a Hugging Face model directory with random weights.\n"
       "  make_dummy_model --config=<config.json | model dir | tiny | llama-100m | llama3-8b>\n"
       "                   --out=DIR [--seed=S] [--dtype=float32|bfloat16|float16] "
-      "[--shard_mb=N]");
+      "[--shard_mb=N] [--mtp_layers=N]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr, "make_dummy_model: unexpected argument '%s'\n", positional[1]);

@@ -17,6 +17,7 @@
 #include "runtime/model/half.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/model/mtp_weights.h"
 #include "runtime/model/tensor_parallel.h"
 
 namespace tandem::runtime {
@@ -192,6 +193,80 @@ TEST_F(MakeDummyModelTest, ShardsWriteAndLoadTheSameWithAnyNumberOfThreads) {
   }
 }
 
+// Every float of a layer, the MLA and MoE slots included (same order for two loads).
+std::vector<float> FlattenLayer(const LayerWeights& l) {
+  std::vector<float> out;
+  for (const std::vector<float>* v :
+       {&l.input_layernorm, &l.post_attention_layernorm, &l.gate_up_proj, &l.down_proj, &l.q_a_proj,
+        &l.q_a_layernorm, &l.q_proj, &l.kv_a_proj, &l.kv_a_layernorm, &l.kv_b_proj, &l.o_proj,
+        &l.router, &l.experts_gate_up, &l.experts_down, &l.shared_gate_up, &l.shared_down,
+        &l.router_bias}) {
+    out.insert(out.end(), v->begin(), v->end());
+  }
+  return out;
+}
+
+// Issue 34: a DeepSeek-V3 config with num_nextn_predict_layers = 1 (its MTP layer a MoE layer)
+// is written with model.layers.2.*; the checkpoint loads with MTP off (LoadModelWeights skips
+// the layer) and on (LoadMtpWeights), each bit for bit the dummy draw (--load_format=dummy's
+// RandomModelWeights / RandomMtpWeights with the same seed). --mtp_layers=0 writes none.
+TEST_F(MakeDummyModelTest, DeepseekMtpLayerIsTheDummyDraw) {
+  SCOPED_TRACE(testing::Message() << "seed=" << seed_);
+  const fs::path config_file = dir_ / "v3.json";
+  std::ofstream(config_file) << R"({"architectures": ["DeepseekV3ForCausalLM"],
+      "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 2, "first_k_dense_replace": 1,
+      "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+      "v_head_dim": 8, "moe_intermediate_size": 8, "n_routed_experts": 4, "n_shared_experts": 1,
+      "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "norm_topk_prob": true,
+      "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1, "torch_dtype": "float32"})";
+  const fs::path out = dir_ / "v3";
+  const Result r = Run(
+      absl::StrCat("--config=", config_file.string(), " --out=", out.string(), " --seed=", seed_));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(out.string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->num_nextn_predict_layers, 1);
+  ASSERT_TRUE(config->IsMoeLayer(2));
+
+  absl::StatusOr<ModelWeights> model = LoadModelWeights(out.string(), *config);  // MTP off
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights drawn = RandomModelWeights(*config, seed_);
+  EXPECT_EQ(model->embed_tokens, drawn.embed_tokens);
+  EXPECT_EQ(model->lm_head, drawn.lm_head);
+  for (size_t i = 0; i < drawn.layers.size(); ++i) {
+    EXPECT_EQ(FlattenLayer(model->layers[i]), FlattenLayer(drawn.layers[i])) << "layer " << i;
+  }
+
+  absl::StatusOr<MtpWeights> mtp = LoadMtpWeights(out.string(), *config);  // MTP on
+  ASSERT_TRUE(mtp.ok()) << mtp.status();
+  const MtpWeights dummy = RandomMtpWeights(*config, drawn, seed_);
+  EXPECT_FALSE(mtp->own_embed_tokens);
+  EXPECT_FALSE(mtp->own_head);
+  EXPECT_EQ(mtp->enorm, dummy.enorm);
+  EXPECT_EQ(mtp->hnorm, dummy.hnorm);
+  EXPECT_EQ(mtp->eh_proj, dummy.eh_proj);
+  EXPECT_NE(mtp->eh_proj, std::vector<float>(mtp->eh_proj.size(), 0.0f));
+  ASSERT_EQ(mtp->block.layers.size(), 1u);
+  const std::vector<float> layer = FlattenLayer(mtp->block.layers[0]);
+  EXPECT_EQ(layer, FlattenLayer(dummy.block.layers[0]));
+  EXPECT_FALSE(mtp->block.layers[0].experts_down.empty());  // a MoE layer
+  // Drawn for its own names: not a copy of the model's MoE layer 1.
+  EXPECT_NE(layer, FlattenLayer(drawn.layers[1]));
+  EXPECT_EQ(mtp->block.norm, dummy.block.norm);
+  EXPECT_EQ(mtp->block.embed_tokens, dummy.block.embed_tokens);
+  EXPECT_EQ(mtp->block.lm_head, dummy.block.lm_head);
+
+  const fs::path plain = dir_ / "v3_plain";
+  const Result none = Run(absl::StrCat("--config=", config_file.string(), " --out=", plain.string(),
+                                       " --mtp_layers=0"));
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  absl::StatusOr<ModelConfig> plain_config = LoadModelConfig(plain.string());
+  ASSERT_TRUE(plain_config.ok()) << plain_config.status();
+  EXPECT_EQ(plain_config->num_nextn_predict_layers, 0);
+  EXPECT_LT(fs::file_size(plain / "model.safetensors"), fs::file_size(out / "model.safetensors"));
+}
+
 TEST_F(MakeDummyModelTest, BadInputExitsNonZeroWithAMessage) {
   const std::string out = absl::StrCat(" --out=", (dir_ / "bad").string());
   const fs::path yarn = dir_ / "yarn.json";
@@ -206,6 +281,7 @@ TEST_F(MakeDummyModelTest, BadInputExitsNonZeroWithAMessage) {
       {"--config=" + yarn.string() + out, "unsupported rope type 'yarn'"},
       {"--config=tiny --seed=abc" + out, "seed"},
       {"--config=tiny stray" + out, "unexpected argument"},
+      {"--config=tiny --mtp_layers=1" + out, "has no MTP layers"},
   };
   for (const auto& [args, needle] : cases) {
     SCOPED_TRACE(args);

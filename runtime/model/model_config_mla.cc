@@ -452,6 +452,7 @@ std::string MlaConfigToJson(const ModelConfig& c) {
   out["v_head_dim"] = c.v_head_dim;
   if (v3) out["rope_interleave"] = c.rope_interleave;
   out["first_k_dense_replace"] = c.IsMoe() ? c.first_k_dense_replace : c.num_hidden_layers;
+  if (c.num_nextn_predict_layers > 0) out["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   out["n_routed_experts"] = c.num_experts;
   if (c.IsMoe()) {
     out["num_experts_per_tok"] = c.num_experts_per_tok;

@@ -37,15 +37,17 @@ struct MtpTensor {
   std::vector<float>* vec = nullptr;
 };
 
-std::string LayerPrefix(const ModelConfig& config) {
-  return absl::StrCat("model.layers.", config.num_hidden_layers, ".");
+std::string LayerPrefix(const ModelConfig& config, int64_t index = 0) {
+  return absl::StrCat("model.layers.", config.num_hidden_layers + index, ".");
 }
 
 // The MTP layer's tensors in a fixed order (the order they are drawn and written in).
 // `block_layout` is HfTensorLayout(MtpBlockConfig(config)); destinations point into `w`.
+// `index` picks the MTP layer (0: the first, model.layers.{num_hidden_layers}).
 std::vector<MtpTensor> MtpTensors(const ModelConfig& config,
-                                  const std::vector<HfTensor>& block_layout, MtpWeights* w) {
-  const std::string p = LayerPrefix(config);
+                                  const std::vector<HfTensor>& block_layout, MtpWeights* w,
+                                  int64_t index = 0) {
+  const std::string p = LayerPrefix(config, index);
   const int64_t H = config.hidden_size, V = config.vocab_size;
   std::vector<MtpTensor> out;
   out.push_back({p + "enorm.weight", {H}, true, false, nullptr, &w->enorm});
@@ -163,6 +165,25 @@ void Draw(const MtpTensor& t, uint64_t seed, float* out) {
 }
 
 }  // namespace
+
+namespace internal {
+
+std::vector<HfTensor> MtpLayerLayout(const ModelConfig& config, int64_t index) {
+  MtpWeights unused;  // MtpTensors only takes addresses in it
+  const std::vector<HfTensor> block = HfTensorLayout(MtpBlockConfig(config));
+  std::vector<HfTensor> out;
+  for (const MtpTensor& t : MtpTensors(config, block, &unused, index)) {
+    if (t.optional) continue;  // embed_tokens / shared_head.head: the model's
+    HfTensor h;
+    h.name = t.name;
+    h.shape = t.shape;
+    h.is_norm = t.is_norm;
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+}  // namespace internal
 
 ModelConfig MtpBlockConfig(const ModelConfig& config) {
   ModelConfig c = config;

@@ -56,6 +56,12 @@ void AllocateFamilyWeights(const ModelConfig& config, const TpDims& dims, ModelW
 // The LayerWeights vector of one of those slots.
 std::vector<float>* FamilySlotVector(LayerWeights* layer, WeightSlot slot);
 
+// mtp_weights.cc: the tensors of MTP layer `index` (model.layers.{num_hidden_layers + index}.*;
+// mtp_weights.h) without its optional embed_tokens / shared_head.head copies, in the order
+// LoadMtpWeights reads them: name, shape and is_norm only (they are written and drawn whole,
+// never sliced). The dummy writer appends them after the model's tensors.
+std::vector<HfTensor> MtpLayerLayout(const ModelConfig& config, int64_t index);
+
 // The whole model as "rank 0 of 1".
 TpDims FullTpDims(const ModelConfig& config);
 
