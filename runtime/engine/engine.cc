@@ -332,13 +332,16 @@ absl::Status Engine::RecordHidden(const SchedulerOutput& batch, const RunnerOutp
         "the backend returned no hidden states (the MTP drafter needs them)");
   }
   int64_t row = 0;
+  std::vector<MtpFedTokens> fed;
   for (const ScheduledSeq& seq : batch.seqs) {
     const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
     mtp_->RecordHidden(seq.request_id, seq.num_computed_tokens,
                        absl::MakeConstSpan(out.hidden_states).subspan(row * H, n * H));
     row += n;
+    fed.push_back({seq.request_id, scheduler_->Tokens(seq.request_id),
+                   seq.num_computed_tokens + n - seq.num_draft_tokens});
   }
-  return absl::OkStatus();
+  return mtp_->BoundHeld(fed);
 }
 
 void Engine::VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const {

@@ -7,9 +7,12 @@
 //  * sampling: rejection sampling with the MTP's distributions keeps the target's distribution
 //    per position (two-sample chi-square against plain sampling, p > 0.001); a seeded request
 //    reproduces its tokens;
+//  * a long prompt prefilled in chunks: the MTP holds fewer than kMaxHeldRows hidden states per
+//    request between steps;
 //  * a P -> D-like request whose prompt hidden states were never computed here (prefix-cache hit)
 //    is still exact;
 //  * refusals: a non-MLA target, no MTP attached, another method.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +172,60 @@ TEST(MtpEngineTest, PrefixCacheHitWithoutHiddenStatesStaysExact) {
   ExpectSameTokens(plain, spec, "prefix hit");
   EXPECT_GE(spec_hits, 32) << "the second request must reuse the first one's blocks";
   EXPECT_GT(spec.stats.drafted_tokens, 0u);
+}
+
+// Item 3 of the MTP gaps: a long prompt prefilled in chunks leaves at most kMaxHeldRows
+// hidden-state rows per request between steps (the MTP's KV catches up on each chunk instead of
+// holding the whole prompt's rows until the first draft), and greedy stays token-for-token the
+// plain output.
+TEST(MtpEngineTest, LongPromptHiddenStatesStayBounded) {
+  std::vector<RequestSpec> specs = engine_test::SpecPrompts(43, 2, 128);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::vector<int32_t> head = specs[i].prompt;
+    while (specs[i].prompt.size() < 180 + 10 * i) {
+      specs[i].prompt.push_back(head[specs[i].prompt.size() % head.size()]);
+    }
+    specs[i].max_tokens = 20;
+  }
+  EngineConfig base = Config(0);
+  base.max_num_batched_tokens = 48;
+  const Outcome plain = RunAll(base, specs, 128);
+
+  EngineConfig config = Config(3, /*adaptive=*/false);
+  config.max_num_batched_tokens = base.max_num_batched_tokens;
+  const ModelConfig model = DeepseekMtp(128);
+  ModelWeights weights = RandomModelWeights(model, kSeed);
+  MtpWeights mtp = RandomMtpWeights(model, weights, kSeed + 1);
+  auto engine = Engine::Create(config, model, std::move(weights));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->AttachMtp(model, std::move(mtp)).ok());
+  Outcome spec;
+  spec.results.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), specs[i]).ok());
+  }
+  int64_t most_held = 0;
+  for (int guard = 0; (*engine)->HasUnfinished() && guard < 1000; ++guard) {
+    auto updates = (*engine)->Step();
+    ASSERT_TRUE(updates.ok()) << updates.status();
+    for (RequestUpdate& u : *updates) {
+      std::vector<int32_t>& tokens = spec.results[u.request_id].tokens;
+      tokens.insert(tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const int64_t held = (*engine)->mtp()->held_hidden_rows(static_cast<int64_t>(i));
+      EXPECT_LT(held, MtpProposer::kMaxHeldRows) << "request " << i << ", step " << guard;
+      most_held = std::max(most_held, held);
+    }
+  }
+  EXPECT_FALSE((*engine)->HasUnfinished());
+  EXPECT_GT(most_held, 0);
+  spec.stats = (*engine)->spec_stats();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(spec.results[i].tokens, plain.results[i].tokens) << "request " << i;
+  }
+  EXPECT_GT(spec.stats.drafted_tokens, 0u);
+  EXPECT_EQ((*engine)->mtp()->num_free_blocks(), (*engine)->mtp()->num_blocks());
 }
 
 TEST(MtpEngineTest, Refusals) {

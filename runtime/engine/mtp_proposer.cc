@@ -108,6 +108,7 @@ void MtpProposer::AppendHidden(const RequestState& st, int64_t position,
 
 absl::Status MtpProposer::Propose(absl::Span<DraftJob> jobs) {
   std::vector<DraftJob*> active;
+  std::vector<CatchUpJob> catch_up;
   int64_t max_drafts = 0;
   for (DraftJob& job : jobs) {
     job.drafts.clear();
@@ -120,10 +121,11 @@ absl::Status MtpProposer::Propose(absl::Span<DraftJob> jobs) {
     RequestState& st = state_[job.request_id];
     st.valid = std::min(st.valid, len - 2);  // position len - 2 always runs: it gives d_1
     active.push_back(&job);
+    catch_up.push_back({job.request_id, job.tokens, len - 1, &job});
     max_drafts = std::max(max_drafts, job.num_drafts);
   }
   if (active.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(CatchUp(active));
+  RETURN_IF_ERROR(CatchUp(catch_up));
   for (int64_t round = 1; round < max_drafts; ++round) {
     RETURN_IF_ERROR(ChainRound(active, round));
   }
@@ -131,36 +133,66 @@ absl::Status MtpProposer::Propose(absl::Span<DraftJob> jobs) {
   return absl::OkStatus();
 }
 
-absl::Status MtpProposer::CatchUp(absl::Span<DraftJob* const> active) {
+absl::Status MtpProposer::BoundHeld(absl::Span<const MtpFedTokens> fed) {
+  const int64_t H = target_.hidden_size;
+  std::vector<CatchUpJob> catch_up;
+  for (const MtpFedTokens& f : fed) {
+    auto it = state_.find(f.request_id);
+    if (it == state_.end() || held_hidden_rows(f.request_id) < kMaxHeldRows) continue;
+    RequestState& st = it->second;
+    // Position p pairs t_{p+1} with h_p: both must be the request's own (not a draft's).
+    const int64_t end =
+        std::min(f.fed_end, static_cast<int64_t>(f.tokens.size()) - 1);  // positions < end
+    if (end <= st.valid) continue;
+    if (!kv_cache_->Allocate(f.request_id, end, nullptr)) {
+      // No MTP blocks: drop the rows anyway (those positions enter with zeros later: still
+      // exact, acceptance may drop), so that the memory stays bounded.
+      const int64_t drop =
+          std::min<int64_t>(end - st.hidden_begin, static_cast<int64_t>(st.hidden.size()) / H);
+      if (drop > 0) {
+        st.hidden.erase(st.hidden.begin(), st.hidden.begin() + drop * H);
+        st.hidden_begin += drop;
+      }
+      continue;
+    }
+    catch_up.push_back({f.request_id, f.tokens, end, nullptr});
+  }
+  if (catch_up.empty()) return absl::OkStatus();
+  return CatchUp(catch_up);
+}
+
+absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
   const int64_t H = target_.hidden_size;
   std::vector<float> input_hidden;
   while (true) {
     int64_t budget = options_.max_num_batched_tokens;
     SchedulerOutput step;
-    std::vector<DraftJob*> step_jobs;
+    std::vector<const CatchUpJob*> step_jobs;
     input_hidden.clear();
-    for (DraftJob* job : active) {
-      const RequestState& st = state_[job->request_id];
-      const int64_t end = static_cast<int64_t>(job->tokens.size()) - 1;  // positions < end
-      const int64_t take = std::min(end - st.valid, budget);
+    for (const CatchUpJob& job : jobs) {
+      const RequestState& st = state_[job.request_id];
+      const int64_t take = std::min(job.end - st.valid, budget);  // positions < end
       if (take <= 0) continue;
       ScheduledSeq seq;
-      seq.request_id = job->request_id;
+      seq.request_id = job.request_id;
       seq.num_computed_tokens = st.valid;
       // Position i is fed the token at i + 1 (with the hidden state of i).
       seq.new_tokens =
-          job->tokens.subspan(static_cast<size_t>(st.valid + 1), static_cast<size_t>(take));
-      seq.block_table = kv_cache_->BlockTable(job->request_id);
-      seq.samples = st.valid + take == end;
-      seq.capture_prompt_logits = seq.samples && job->sampling.temperature > 0.0f;
-      seq.sampling = job->sampling;
-      seq.sample_step = job->sample_step;
+          job.tokens.subspan(static_cast<size_t>(st.valid + 1), static_cast<size_t>(take));
+      seq.block_table = kv_cache_->BlockTable(job.request_id);
+      // A draft job's last catch-up position yields its first draft.
+      seq.samples = job.draft != nullptr && st.valid + take == job.end;
+      if (job.draft != nullptr) {
+        seq.capture_prompt_logits = seq.samples && job.draft->sampling.temperature > 0.0f;
+        seq.sampling = job.draft->sampling;
+        seq.sample_step = job.draft->sample_step;
+        step.return_hidden_states |= seq.samples && job.draft->num_drafts > 1;
+      }
       for (int64_t p = st.valid; p < st.valid + take; ++p) AppendHidden(st, p, &input_hidden);
-      step.return_hidden_states |= seq.samples && job->num_drafts > 1;
       step.num_batched_tokens += take;
       budget -= take;
       step.seqs.push_back(seq);
-      step_jobs.push_back(job);
+      step_jobs.push_back(&job);
     }
     if (step.seqs.empty()) break;
     step.input_hidden = input_hidden;
@@ -168,23 +200,22 @@ absl::Status MtpProposer::CatchUp(absl::Span<DraftJob* const> active) {
     int64_t row = 0;
     for (size_t s = 0; s < step.seqs.size(); ++s) {
       const ScheduledSeq& seq = step.seqs[s];
-      DraftJob* job = step_jobs[s];
-      const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
-      row += n;
-      RequestState& st = state_[job->request_id];
-      st.valid += n;
-      if (!seq.samples) continue;
-      RETURN_IF_ERROR(TakeDraft(out, s, seq, job));
-      if (step.return_hidden_states) {
-        chain_[job->request_id].assign(out.hidden_states.begin() + (row - 1) * H,
-                                       out.hidden_states.begin() + row * H);
-      }
+      const CatchUpJob& job = *step_jobs[s];
+      row += static_cast<int64_t>(seq.new_tokens.size());
+      RequestState& st = state_[job.request_id];
+      st.valid += static_cast<int64_t>(seq.new_tokens.size());
       // Every target hidden state before `valid` is in the MTP's KV now.
       const int64_t drop =
           std::min<int64_t>(st.valid - st.hidden_begin, static_cast<int64_t>(st.hidden.size()) / H);
       if (drop > 0) {
         st.hidden.erase(st.hidden.begin(), st.hidden.begin() + drop * H);
         st.hidden_begin += drop;
+      }
+      if (!seq.samples) continue;
+      RETURN_IF_ERROR(TakeDraft(out, s, seq, job.draft));
+      if (step.return_hidden_states) {
+        chain_[job.request_id].assign(out.hidden_states.begin() + (row - 1) * H,
+                                      out.hidden_states.begin() + row * H);
       }
     }
   }

@@ -22,6 +22,9 @@
 // its KV came from the prefill worker; a prefix-cache hit) enter the MTP's KV with a zero hidden
 // state (the token's embedding alone). Drafts stay exactly verified; only acceptance can drop.
 //
+// Memory: a request holding kMaxHeldRows hidden-state rows or more after a step (a long prompt's
+// chunks, decode steps without drafts) has the MTP's KV caught up at once (BoundHeld): fewer than
+// kMaxHeldRows rows per request stay between steps, not the whole prompt until the first draft.
 // A request whose MTP blocks cannot be allocated gets no drafts this step (it decodes plainly).
 // Thread safety: not thread-safe; the engine's step loop owns it.
 #ifndef TANDEM_RUNTIME_ENGINE_MTP_PROPOSER_H_
@@ -46,6 +49,15 @@ namespace tandem::runtime {
 // Builds the MTP layer's executor for the target config spec.model_config (the CPU backend's:
 // CpuMtpExecutorFactory). The executor must honour SchedulerOutput::input_hidden and
 // return_hidden_states (the MTP layer's output before shared_head.norm).
+// What a target step fed one request, for MtpProposer::BoundHeld: the request's tokens (prompt and
+// accepted output; no drafts) and the end of the positions the step fed with them (a verify
+// pass's first position + 1; a prefill chunk's or plain decode step's last + 1).
+struct MtpFedTokens {
+  int64_t request_id = 0;
+  absl::Span<const int32_t> tokens;
+  int64_t fed_end = 0;
+};
+
 using MtpExecutorFactory = std::function<absl::StatusOr<std::unique_ptr<ModelExecutor>>(
     const ExecutorSpec& spec, MtpWeights weights)>;
 MtpExecutorFactory CpuMtpExecutorFactory(int num_threads);
@@ -61,6 +73,14 @@ class MtpProposer {
   // The target's final hidden states of the tokens a step fed for `request_id`, at positions
   // first_position .. (rows: [n, hidden]); replaces what was recorded at those positions and after.
   void RecordHidden(int64_t request_id, int64_t first_position, absl::Span<const float> rows);
+  // Bounds the hidden states held per request (a long prompt's prefill chunks, decode steps
+  // without drafts): a request holding kMaxHeldRows rows or more has its MTP KV caught up now on
+  // the positions whose next token is its own (positions < min(fed_end, tokens.size() - 1)), and
+  // those rows dropped. Without MTP blocks for them the rows are dropped anyway (those positions
+  // then enter with zeros: exact, acceptance may drop). Call after RecordHidden.
+  absl::Status BoundHeld(absl::Span<const MtpFedTokens> fed);
+  static constexpr int64_t kMaxHeldRows = 64;
+
   // Fills every job's drafts (and probs for sampling requests), as DraftModelProposer::Propose.
   // REQUIRES: distinct request ids; tokens.size() >= 2 (a prompt token and an output token).
   absl::Status Propose(absl::Span<DraftJob> jobs);
@@ -69,7 +89,7 @@ class MtpProposer {
 
   int64_t num_free_blocks() const { return kv_cache_->Stats().num_free_blocks; }
   int64_t num_blocks() const { return kv_cache_->num_blocks(); }
-  // Hidden-state rows held for a request (for tests: bounded by what the next Propose consumes).
+  // Hidden-state rows held for a request (for tests: below kMaxHeldRows + a step's rows).
   int64_t held_hidden_rows(int64_t request_id) const;
 
  private:
@@ -82,8 +102,16 @@ class MtpProposer {
   MtpProposer(const ModelConfig& target, const DraftModelOptions& options,
               std::unique_ptr<KvCacheManager> kv_cache, std::unique_ptr<ModelExecutor> executor);
 
-  // The catch-up steps; each job's last catch-up position yields its first draft.
-  absl::Status CatchUp(absl::Span<DraftJob* const> active);
+  // One request's catch-up: MTP positions valid .. end - 1; `draft` (null: none) samples its
+  // first draft at position end - 1.
+  struct CatchUpJob {
+    int64_t request_id = 0;
+    absl::Span<const int32_t> tokens;
+    int64_t end = 0;
+    DraftJob* draft = nullptr;
+  };
+  // The catch-up steps, chunked by max_num_batched_tokens.
+  absl::Status CatchUp(absl::Span<const CatchUpJob> jobs);
   // Chained draft `round` (>= 1) for the jobs with more than `round` drafts.
   absl::Status ChainRound(absl::Span<DraftJob* const> active, int64_t round);
   // Appends the target hidden state of `position` (zeros where none was recorded) to `out`.
