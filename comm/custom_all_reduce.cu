@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/custom_all_reduce.h"
+#include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 
@@ -250,18 +251,6 @@ struct ArNormParams {
   bool add_residual = true;
 };
 
-// kernels/layers/cuda's BlockSum for kArNormThreads threads (the same order, so the same float).
-__device__ __forceinline__ float NormBlockSum(float v, float* warp_sums) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kArNormThreads / 32; ++w) v += warp_sums[w];
-  __syncthreads();  // warp_sums is reused by the next row
-  return v;
-}
-
 // One-shot all-reduce of whole rows, then per row: residual (+)= sum, out = RMSNorm(residual).
 // The sum of a pack is SumPack's (the plain kernel's value); the add, the squares (fmaf in pack
 // order per thread), the block sum and the scaling are kernels/layers/cuda RmsNormKernel's.
@@ -299,8 +288,11 @@ __global__ void __launch_bounds__(kArNormThreads) AddNormKernel(ArParams p, ArNo
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[e], r[e], sum_sq);
     }
-    const float inv_rms =
-        rsqrtf(NormBlockSum(sum_sq, warp_sums) / static_cast<float>(n.hidden) + n.eps);
+    // The block sum of kernels/layers/cuda's RmsNorm (common/block_reduce.cuh): the same order,
+    // so the same float.
+    const float row_sum_sq = BlockSum<kArNormThreads>(sum_sq, warp_sums);
+    __syncthreads();  // every thread has read warp_sums before the next row's BlockSum writes it
+    const float inv_rms = rsqrtf(row_sum_sq / static_cast<float>(n.hidden) + n.eps);
     const uint4* weight = reinterpret_cast<const uint4*>(n.weight);
     uint4* out = reinterpret_cast<uint4*>(n.out);
     for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {

@@ -1,5 +1,6 @@
 // Layer kernels: 16-byte vectors (8 elements) per thread step, fp32 math, one rounding to T.
 #include "absl/strings/str_cat.h"
+#include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/layers/cuda/layers_cuda.h"
@@ -29,17 +30,6 @@ unsigned EltBlocks(int64_t work) {
   return static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30));
 }
 
-__device__ float BlockSum(float v) {
-  __shared__ float warp_sums[kNormThreads / 32];
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) v += warp_sums[w];
-  return v;
-}
-
 // One block per token. The row is loaded into registers once (kVecs 16-byte vectors per
 // thread, all loads in flight together), reduced, normalized and stored: one read and one write
 // of the row (plus the residual store when fused). kVecs = 0 is the fallback for rows wider
@@ -51,6 +41,7 @@ __global__ void __launch_bounds__(kNormThreads)
   // PDL (see layers_cuda.h): every tensor is read after the preceding grid completed.
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
+  __shared__ float warp_sums[kNormThreads / 32];
   const int64_t base = blockIdx.x * hidden;
   const T* src = kFusedAdd ? residual : x;
   constexpr int kHeld = kVecs > 0 ? kVecs : 1;
@@ -86,7 +77,8 @@ __global__ void __launch_bounds__(kNormThreads)
       const int64_t i = (threadIdx.x + int64_t{v} * kNormThreads) * kVec;
       if (i < hidden) load_row_part(i, held[v]);
     }
-    const float inv_rms = rsqrtf(BlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+    const float inv_rms =
+        rsqrtf(BlockSum<kNormThreads>(sum_sq, warp_sums) / static_cast<float>(hidden) + eps);
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const int64_t i = (threadIdx.x + int64_t{v} * kNormThreads) * kVec;
@@ -96,7 +88,8 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int64_t i = threadIdx.x * kVec; i < hidden; i += kNormThreads * kVec) {
       load_row_part(i, held[0]);
     }
-    const float inv_rms = rsqrtf(BlockSum(sum_sq) / static_cast<float>(hidden) + eps);
+    const float inv_rms =
+        rsqrtf(BlockSum<kNormThreads>(sum_sq, warp_sums) / static_cast<float>(hidden) + eps);
     for (int64_t i = threadIdx.x * kVec; i < hidden; i += kNormThreads * kVec) {
       VecToFloat(*reinterpret_cast<const Vec<T, kVec>*>(src + base + i), held[0]);
       store_row_part(i, held[0], inv_rms);
