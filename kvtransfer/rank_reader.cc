@@ -95,8 +95,14 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
         absl::StrCat("KV source ", peer, " (", n, " ranks): ", plan.status().message()));
   }
   s.plan = *std::move(plan);
+  s.dp_size = static_cast<int>(std::max<uint32_t>(1, ranks[0]->geometry().dp_size()));
+  if (s.dp_size > 1 && s.dp_size != n) {
+    return absl::InvalidArgumentError(absl::StrCat("KV source ", peer, " of ", n,
+                                                   " ranks states data-parallel size ", s.dp_size));
+  }
   absl::MutexLock lock(&mu_);
-  std::vector<bool> needed(n, false);
+  // A data-parallel source serves blocks from every rank (each holds every head).
+  std::vector<bool> needed(n, s.dp_size > 1);
   for (const ReshardPiece& piece : s.plan) needed[piece.src_rank] = true;
   for (int r = 0; r < n; ++r) {
     if (!needed[r]) continue;
@@ -110,9 +116,12 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
   bool staged = false;
   for (const ReshardPiece& piece : s.plan) {
     const bool direct = IsDirect(piece, s.heads[piece.src_rank], mine_);
-    const bool strided =
-        !direct && head_bytes_ != 0 && options_.strided_reads &&
-        agent_->CanReadStrided(s.agent_peers[piece.src_rank], options_.pool_region);
+    bool strided = !direct && head_bytes_ != 0 && options_.strided_reads;
+    for (int r = 0; r < n; ++r) {  // every rank a data-parallel source reads from
+      if (r == piece.src_rank || (s.dp_size > 1 && needed[r])) {
+        strided = strided && agent_->CanReadStrided(s.agent_peers[r], options_.pool_region);
+      }
+    }
     s.direct.push_back(direct);
     s.strided.push_back(strided);
     staged |= !direct && !strided;
@@ -185,17 +194,26 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
   const TransferId id = next_id_++;
   Read& read = reads_[id];
   read.peer = peer;
-  read.blocks.assign(blocks.begin(), blocks.end());
-  for (size_t i = 0; i < s.plan.size(); ++i) {
-    Part part;
-    part.piece = s.plan[i];
-    part.direct = s.direct[i];
-    part.strided = s.strided[i];
-    part.agent_peer = s.agent_peers[part.piece.src_rank];
-    part.src_shape = s.shapes[part.piece.src_rank];
-    part.src_head_begin = s.heads[part.piece.src_rank].head_begin;
-    part.src_block_bytes = s.block_bytes[part.piece.src_rank];
-    read.parts.push_back(std::move(part));
+  // Per source rank, its share of the blocks (all of them unless the source is data-parallel).
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> shares(s.dp_size);
+  for (const auto& [src, dst] : blocks) {
+    shares[src % s.dp_size].emplace_back(src / s.dp_size, dst);
+  }
+  for (int r = 0; r < s.dp_size; ++r) {
+    if (shares[r].empty()) continue;
+    for (size_t i = 0; i < s.plan.size(); ++i) {
+      Part part;
+      part.piece = s.plan[i];
+      if (s.dp_size > 1) part.piece.src_rank = r;
+      part.blocks = shares[r];
+      part.direct = s.direct[i];
+      part.strided = s.strided[i];
+      part.agent_peer = s.agent_peers[part.piece.src_rank];
+      part.src_shape = s.shapes[part.piece.src_rank];
+      part.src_head_begin = s.heads[part.piece.src_rank].head_begin;
+      part.src_block_bytes = s.block_bytes[part.piece.src_rank];
+      read.parts.push_back(std::move(part));
+    }
   }
   for (size_t i = 0; i < read.parts.size(); ++i) {
     Part& part = read.parts[i];
@@ -203,7 +221,7 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
       staging_queue_.emplace_back(id, i);
       continue;
     }
-    if (absl::Status posted = PostDirectLocked(read, part); !posted.ok()) {
+    if (absl::Status posted = PostDirectLocked(part); !posted.ok()) {
       FailLocked(read, posted);
       break;
     }
@@ -219,19 +237,19 @@ absl::StatusOr<TransferId> RankKvReader::PostRead(
   return id;
 }
 
-absl::Status RankKvReader::PostDirectLocked(Read& read, Part& part) {
+absl::Status RankKvReader::PostDirectLocked(Part& part) {
   absl::StatusOr<TransferId> id;
   size_t descriptors = 0;
   if (part.strided) {
     const std::vector<StridedCopyOp> ops = StridedHeadOps(
-        read.blocks, part.src_shape, part.piece.head_begin - part.src_head_begin, LocalShape(),
+        part.blocks, part.src_shape, part.piece.head_begin - part.src_head_begin, LocalShape(),
         part.piece.head_begin - mine_.head_begin, part.piece.head_count, options_.pool_region,
         /*remote_region=*/0);
     id = agent_->PostStridedRead(part.agent_peer, ops);
     part.bytes = TotalBytes(ops);
     descriptors = ops.size();
   } else {
-    const std::vector<CopyOp> ops = BlockPairsToCopyOps(read.blocks, options_.pool_region,
+    const std::vector<CopyOp> ops = BlockPairsToCopyOps(part.blocks, options_.pool_region,
                                                         /*remote_region=*/0, part.src_block_bytes);
     id = agent_->PostRead(part.agent_peer, ops);
     part.bytes = TotalBytes(ops);
@@ -257,7 +275,7 @@ void RankKvReader::FillSlotsLocked() {
     }
     Read& read = it->second;
     Part& part = read.parts[index];
-    if (!read.error.ok() || part.posted == read.blocks.size()) {
+    if (!read.error.ok() || part.posted == part.blocks.size()) {
       staging_queue_.pop_front();  // failed, or every chunk of it is out
       continue;
     }
@@ -267,12 +285,12 @@ void RankKvReader::FillSlotsLocked() {
     chunk.read = id;
     chunk.part = index;
     chunk.begin = part.posted;
-    chunk.end = std::min(read.blocks.size(), part.posted + fit);
+    chunk.end = std::min(part.blocks.size(), part.posted + fit);
     chunk.slot = slot;
     std::vector<uint32_t> local, remote;
     for (size_t i = chunk.begin; i < chunk.end; ++i) {
       local.push_back(static_cast<uint32_t>(i - chunk.begin));
-      remote.push_back(static_cast<uint32_t>(read.blocks[i].first));
+      remote.push_back(static_cast<uint32_t>(part.blocks[i].first));
     }
     const uint64_t slot_offset = static_cast<uint64_t>(slot) * (options_.staging_bytes / kSlots);
     std::vector<CopyOp> ops =
@@ -316,12 +334,12 @@ bool RankKvReader::Ended(const Read& read) {
   return true;
 }
 
-absl::Status RankKvReader::ScatterChunk(const Read& read, const Part& part, const Chunk& chunk) {
+absl::Status RankKvReader::ScatterChunk(const Part& part, const Chunk& chunk) {
   const BlockShape local_shape = LocalShape();
   const char* staged =
       staging_ + static_cast<uint64_t>(chunk.slot) * (options_.staging_bytes / kSlots);
   std::vector<int32_t> local_blocks;
-  for (size_t i = chunk.begin; i < chunk.end; ++i) local_blocks.push_back(read.blocks[i].second);
+  for (size_t i = chunk.begin; i < chunk.end; ++i) local_blocks.push_back(part.blocks[i].second);
   const int64_t count = static_cast<int64_t>(local_blocks.size());
   const int local_head = part.piece.head_begin - mine_.head_begin;
   if (part.piece.head_begin == part.src_head_begin &&
@@ -363,11 +381,11 @@ void RankKvReader::StagingLoop() {
         chunk.scattering = true;
         const Chunk copy = chunk;
         mu_.Unlock();
-        status = ScatterChunk(read, part, copy);
+        status = ScatterChunk(part, copy);
         mu_.Lock();
         if (status.ok()) {
           part.done += copy.end - copy.begin;
-          part.finished = part.done == read.blocks.size();
+          part.finished = part.done == part.blocks.size();
           stats_.bytes_kept += static_cast<uint64_t>(StagingBytes(
               part.src_shape, static_cast<int64_t>(copy.end - copy.begin), part.piece.head_count));
         }

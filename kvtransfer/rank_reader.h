@@ -115,9 +115,16 @@ class RankKvReader final : public BlockTransport {
     std::vector<ReshardPiece> plan;        // this rank's heads, by source rank
     std::vector<bool> direct;              // per piece
     std::vector<bool> strided;             // per piece
+    // A data-parallel attention group (RankGeometry.dp_size): every rank holds every head of its
+    // own blocks, block x on rank x % dp_size at x / dp_size; `plan` names rank 0 and each read
+    // runs it once per source rank holding some of its blocks.
+    int dp_size = 1;
   };
   struct Part {
     ReshardPiece piece;
+    // The (source block on the piece's rank, local block) pairs it moves: the read's, or under a
+    // data-parallel source its source rank's share.
+    std::vector<std::pair<int32_t, int32_t>> blocks;
     bool direct = false;
     bool strided = false;  // one strided agent read, posted like a direct one
     std::string agent_peer;
@@ -132,7 +139,6 @@ class RankKvReader final : public BlockTransport {
   };
   struct Read {
     std::string peer;
-    std::vector<std::pair<int32_t, int32_t>> blocks;
     std::vector<Part> parts;
     absl::Status error;  // first failure (or CANCELLED); OK while fine
     int chunks = 0;      // staged chunks of this read in flight or being scattered
@@ -150,14 +156,14 @@ class RankKvReader final : public BlockTransport {
 
   absl::Status EnsureStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts a direct or strided part: one agent read.
-  absl::Status PostDirectLocked(Read& read, Part& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostDirectLocked(Part& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls the direct parts' agent reads (the caller's thread).
   void ProgressDirectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The staging thread: polls staged chunks, scatters the arrived ones (without the lock),
   // posts the next chunks into free slots.
   void StagingLoop();
   void FillSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ScatterChunk(const Read& read, const Part& part, const Chunk& chunk);
+  absl::Status ScatterChunk(const Part& part, const Chunk& chunk);
   void FailLocked(Read& read, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool Ended(const Read& read);
   BlockShape LocalShape() const;

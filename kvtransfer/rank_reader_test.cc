@@ -7,7 +7,8 @@
 // Both ways a re-shard can move: strided reads (InProcessAgent copies strided rows itself: one
 // descriptor per run of blocks, only the kept bytes move) and staged ones (the same agent behind
 // FaultInjectingAgent, which does not forward strided reads: whole blocks, then a scatter).
-// Plus: a staging region smaller than the request (several chunks), cancel, an unlinked peer.
+// Plus: a staging region smaller than the request (several chunks), cancel, an unlinked peer, and
+// a data-parallel attention source (each block read from the rank holding it).
 #include "kvtransfer/rank_reader.h"
 
 #include <algorithm>
@@ -223,6 +224,63 @@ TEST(RankKvReaderTest, EveryDestinationRankHoldsExactlyItsHeads) {
           EXPECT_LE(stats.agent_reads, static_cast<uint64_t>(c.src_tp));
           EXPECT_EQ(stats.bytes_read, stats.bytes_kept);
         }
+      }
+    }
+  }
+}
+
+// A data-parallel attention source (RankGeometry.dp_size = 2): both ranks hold every head of
+// their own blocks, group-wide block x on rank x % 2 at x / 2. Each destination rank (D TP=1 and
+// TP=2, strided and staged) gets its heads of every block from the rank holding it.
+TEST(RankKvReaderTest, DataParallelSourceServesEachBlockFromItsRank) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  constexpr int kHeads = 4, kDp = 2, kPoolBlocks = 12;
+  for (const int dst_tp : {1, 2}) {
+    for (const bool strided : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "D TP=" << dst_tp << (strided ? " strided" : " staged"));
+      auto fabric = std::make_shared<InProcessFabric>();
+      std::vector<Rank> src(kDp);
+      for (int r = 0; r < kDp; ++r) {  // every rank all heads, its own (different) KV
+        std::vector<Rank> one =
+            MakeGroup(fabric, absl::StrCat("p", r), kHeads, 1, kPoolBlocks, rng);
+        src[r] = std::move(one[0]);
+      }
+      TransferHandshake source = GroupHandshake(src, kHeads);
+      for (int r = 0; r < kDp; ++r) source.mutable_ranks(r)->mutable_geometry()->set_dp_size(kDp);
+      std::vector<Rank> dst = MakeGroup(fabric, "d", kHeads, dst_tp, kPoolBlocks, rng);
+      // Group-wide ids of both ranks, interleaved and partly consecutive, into random blocks.
+      const std::vector<int32_t> src_blocks = {3, 0, 1, 2, 7, 10, 5};
+      std::vector<int32_t> ids(kPoolBlocks);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<std::pair<int32_t, int32_t>> pairs;
+      for (size_t i = 0; i < src_blocks.size(); ++i) pairs.emplace_back(src_blocks[i], ids[i]);
+      for (int r = 0; r < dst_tp; ++r) {
+        Rank& rank = dst[r];
+        FaultInjectingAgent no_strided(rank.agent.get());
+        TransferAgent* agent =
+            strided ? static_cast<TransferAgent*>(rank.agent.get()) : &no_strided;
+        RankKvReader reader(agent, ReaderOptions(rank, kHeads, dst_tp, r, kPoolBlocks));
+        ASSERT_TRUE(reader.AddSource("p", source).ok()) << reader.AddSource("p", source);
+        absl::StatusOr<TransferId> id = reader.PostRead("p", pairs);
+        ASSERT_TRUE(id.ok()) << id.status();
+        ASSERT_TRUE(WaitFor(reader, *id).ok()) << WaitFor(reader, *id);
+        for (const auto& [x, local] : pairs) {
+          const Rank& holder = src[x % kDp];
+          for (int h = rank.heads.head_begin; h < rank.heads.head_begin + rank.heads.head_count;
+               ++h) {
+            for (int64_t row = 0; row < 2 * kLayers; ++row) {
+              for (int t = 0; t < kBlockSize; ++t) {
+                ASSERT_EQ(0, std::memcmp(rank.At(local, row, t, h), holder.At(x / kDp, row, t, h),
+                                         kHeadBytes))
+                    << "block " << x << " head " << h << " row " << row << " token " << t;
+              }
+            }
+          }
+        }
+        EXPECT_EQ(reader.stats().bytes_kept, pairs.size() * rank.BlockBytes());
       }
     }
   }
