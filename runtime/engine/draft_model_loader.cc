@@ -1,5 +1,6 @@
 #include "runtime/engine/draft_model_loader.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,14 @@ absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& conf
         RandomMtpWeights(config, RandomModelWeights(config, source.dummy_seed), source.dummy_seed);
   } else {
     ASSIGN_OR_RETURN(weights, LoadMtpWeights(source.model_dir, config));
+  }
+  if (config.num_nextn_predict_layers > 1) {
+    // vLLM chains layer k for draft k (spec_step_index); here one layer drafts every position.
+    std::fprintf(stderr,
+                 "MTP: the model has %lld MTP layers; only the first (model.layers.%lld) is "
+                 "loaded and drafts, chained on its own output for K > 1 (the others are unused)\n",
+                 static_cast<long long>(config.num_nextn_predict_layers),
+                 static_cast<long long>(config.num_hidden_layers));
   }
   return engine.AttachMtp(config, std::move(weights));
 }
