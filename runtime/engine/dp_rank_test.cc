@@ -102,5 +102,53 @@ TEST(DpRankTest, SchedulerKeepsRanksAndPreemptsWithinOne) {
   EXPECT_TRUE(c_again);
 }
 
+std::vector<int64_t> Ids(const SchedulerOutput& o) {
+  std::vector<int64_t> ids;
+  for (const ScheduledSeq& seq : o.seqs) ids.push_back(seq.request_id);
+  return ids;
+}
+
+// The token budget and max_num_seqs hold per DP rank (SGLang's DP attention): with a budget of
+// 8 tokens and 1 sequence, both ranks prefill an 8-token prompt in the same step.
+TEST(DpRankTest, TokenBudgetAndMaxNumSeqsPerRank) {
+  auto cache = KvCacheManager::Create({.num_blocks = 16, .block_size = 4, .dp_size = 2});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 8;
+  config.max_num_seqs = 1;
+  Scheduler s(config, std::move(*cache), {});
+  for (int64_t id = 1; id <= 4; ++id) ASSERT_TRUE(s.Add(id, Spec(8, 2)).ok());  // ranks 0 1 0 1
+  SchedulerOutput o = s.Schedule();
+  EXPECT_EQ(Ids(o), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(o.num_batched_tokens, 16);
+  for (const ScheduledSeq& seq : o.seqs) EXPECT_EQ(seq.new_tokens.size(), 8u);
+  EXPECT_EQ(s.num_waiting(), 2);
+}
+
+// A waiting request whose rank's pool is full waits without blocking admission on the other
+// rank: D (rank 1) is admitted behind C (rank 0, no room).
+TEST(DpRankTest, FullRankDoesNotBlockOtherRanks) {
+  auto cache = KvCacheManager::Create({.num_blocks = 8, .block_size = 4, .dp_size = 2});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 64;
+  Scheduler s(config, std::move(*cache), {});
+  ASSERT_TRUE(s.Add(1, Spec(15, 1)).ok());  // A: rank 0, its whole pool (4 blocks)
+  ASSERT_TRUE(s.Add(2, Spec(4, 1)).ok());   // B: rank 1
+  ASSERT_TRUE(s.Add(3, Spec(8, 1)).ok());   // C: rank 0, no room while A runs
+  ASSERT_TRUE(s.Add(4, Spec(4, 1)).ok());   // D: rank 1
+  SchedulerOutput o = s.Schedule();
+  EXPECT_EQ(Ids(o), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(s.kv_cache().NumFreeBlocksOnDpRank(0), 0);
+  EXPECT_EQ(s.num_waiting(), 1);
+  // Once A finishes, C runs on rank 0.
+  std::vector<int32_t> sampled(o.seqs.size(), 9);
+  s.Update(o, sampled, nullptr);
+  SchedulerOutput next = s.Schedule();
+  EXPECT_EQ(Ids(next), (std::vector<int64_t>{3}));
+  EXPECT_EQ(next.seqs[0].dp_rank, 0);
+  EXPECT_TRUE(s.kv_cache().CheckInvariants().ok()) << s.kv_cache().CheckInvariants();
+}
+
 }  // namespace
 }  // namespace tandem::runtime

@@ -103,7 +103,11 @@ void Scheduler::Preempt(Request* req) {
 
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
-  int64_t budget = config_.max_num_batched_tokens;
+  // Data-parallel attention (SGLang's): the token budget and max_num_seqs hold per DP rank, and a
+  // rank that cannot admit blocks only its own waiting requests. One rank without it.
+  const int64_t num_ranks = kv_cache_->dp_size();
+  std::vector<int64_t> budget(num_ranks, config_.max_num_batched_tokens);
+  std::vector<bool> rank_preempted(num_ranks, false);
   // num_new past the request's tokens: its verify_input (last token + drafts) is fed.
   auto add_seq = [&](Request* req, int64_t num_new) {
     ScheduledSeq seq;
@@ -125,7 +129,7 @@ SchedulerOutput Scheduler::Schedule() {
     seq.dp_rank = req->dp_rank;
     out.seqs.push_back(seq);
     out.num_batched_tokens += num_new;
-    budget -= num_new;
+    budget[req->dp_rank] -= num_new;
   };
 
   // Batch-level switch (vLLM's speculative_disable_by_batch_size): a batch this large is no
@@ -133,16 +137,19 @@ SchedulerOutput Scheduler::Schedule() {
   const int64_t disable_at = config_.speculative.disable_by_batch_size;
   const bool batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at;
   // 1. Running requests, oldest first; grow their block tables, preempting the newest if needed.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  //    A rank whose request preempted itself schedules no more of its running requests.
+  std::vector<bool> rank_done(num_ranks, false);
+  for (size_t i = 0; i < running_.size();) {
     Request* req = running_[i];
+    const int64_t rank = req->dp_rank;
     const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
-    const int64_t num_new = std::min(remaining, budget);
+    const int64_t num_new = rank_done[rank] ? 0 : std::min(remaining, budget[rank]);
     if (num_new <= 0) {
       ++i;
       continue;
     }
     // A decoding request may verify drafts: only when its blocks can grow without preempting.
-    if (const int64_t drafts = remaining == 1 && batch_drafts ? Draft(req, budget) : 0;
+    if (const int64_t drafts = remaining == 1 && batch_drafts ? Draft(req, budget[rank]) : 0;
         drafts > 0 && kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr,
                                           req->dp_rank)) {
       add_seq(req, 1 + drafts);
@@ -155,50 +162,74 @@ SchedulerOutput Scheduler::Schedule() {
       Request* victim = TakePreemptionVictim(*req);
       Preempt(victim);
       ++out.num_preempted;
+      rank_preempted[rank] = true;
       if (victim == req) {
         preempted_self = true;
         break;
       }
     }
-    if (preempted_self) break;
+    if (preempted_self) {  // out of running_: running_[i] is the next one
+      rank_done[rank] = true;
+      continue;
+    }
     add_seq(req, num_new);
     ++i;
   }
 
-  // 2. Waiting requests, FCFS, only when nobody had to be preempted (the pool is tight then).
-  //    A request with remote KV takes blocks and starts loading; it runs once loaded.
-  while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(running_.size() + loading_.size()) < config_.max_num_seqs) {
-    Request* req = waiting_.front();
-    if (req->spec.remote_kv.has_value() && connector_ != nullptr) {
-      if (!AdmitRemoteKv(req)) break;
-      if (req->status == RequestStatus::kLoadingRemoteKv) {
-        waiting_.pop_front();
-        MarkScheduled(req);
-        continue;
-      }
-      // Everything it needs is in the local prefix cache: admit it like any request.
+  // 2. Waiting requests, FCFS within each DP rank, only on ranks where nobody had to be
+  //    preempted (their pool is tight then). A request with remote KV takes blocks and starts
+  //    loading; it runs once loaded.
+  std::vector<int64_t> seqs(num_ranks, 0);
+  for (const Request* req : running_) ++seqs[req->dp_rank];
+  for (const auto& [id, req] : loading_) ++seqs[req->dp_rank];
+  std::vector<bool> blocked = rank_preempted;
+  int64_t open = std::count(blocked.begin(), blocked.end(), false);
+  for (auto it = waiting_.begin(); it != waiting_.end() && open > 0;) {
+    Request* req = *it;
+    const int64_t rank = req->dp_rank;
+    if (blocked[rank]) {
+      ++it;
+      continue;
     }
-    PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
-                                                     /*record_stats=*/false, req->dp_rank);
-    const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - prefix.num_tokens;
-    const int64_t num_new = std::min(remaining, budget);
-    if (!kv_cache_->Allocate(req->id, prefix.num_tokens + num_new, &prefix, req->dp_rank)) break;
-    // Count the lookup once, for the admission that succeeded.
-    kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true,
-                                req->dp_rank);
-    req->num_computed_tokens = prefix.num_tokens;
-    req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
-    req->status = RequestStatus::kRunning;
-    waiting_.pop_front();
-    running_.push_back(req);
+    const int64_t num_new = budget[rank] > 0 && seqs[rank] < config_.max_num_seqs
+                                ? AdmitWaiting(req, budget[rank])
+                                : -1;
+    if (num_new < 0) {  // this rank admits nobody after it
+      blocked[rank] = true;
+      --open;
+      ++it;
+      continue;
+    }
+    it = waiting_.erase(it);
+    ++seqs[rank];
     MarkScheduled(req);
-    add_seq(req, num_new);
+    if (num_new > 0) add_seq(req, num_new);
   }
 
   // Block tables last: every allocation of this step is done, so the spans stay valid.
   for (ScheduledSeq& seq : out.seqs) seq.block_table = kv_cache_->BlockTable(seq.request_id);
   return out;
+}
+
+int64_t Scheduler::AdmitWaiting(Request* req, int64_t budget) {
+  if (req->spec.remote_kv.has_value() && connector_ != nullptr) {
+    if (!AdmitRemoteKv(req)) return -1;
+    if (req->status == RequestStatus::kLoadingRemoteKv) return 0;
+    // Everything it needs is in the local prefix cache: admit it like any request.
+  }
+  PrefixMatch prefix = kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt,
+                                                   /*record_stats=*/false, req->dp_rank);
+  const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - prefix.num_tokens;
+  const int64_t num_new = std::min(remaining, budget);
+  if (!kv_cache_->Allocate(req->id, prefix.num_tokens + num_new, &prefix, req->dp_rank)) return -1;
+  // Count the lookup once, for the admission that succeeded.
+  kv_cache_->FindCachedPrefix(req->tokens, req->spec.cache_salt, /*record_stats=*/true,
+                              req->dp_rank);
+  req->num_computed_tokens = prefix.num_tokens;
+  req->num_cached_prompt_tokens = std::min(prefix.num_tokens, req->num_prompt_tokens());
+  req->status = RequestStatus::kRunning;
+  running_.push_back(req);
+  return num_new;
 }
 
 FinishReason Scheduler::CheckStop(const Request& req) const {

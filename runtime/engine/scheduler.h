@@ -9,6 +9,10 @@
 //   2. Then waiting requests in FCFS order while the token budget and max_num_seqs allow: each
 //      takes its cached prefix from the prefix cache and schedules (a chunk of) the rest.
 //      Waiting requests are never admitted by preempting running ones.
+// Under data-parallel attention (KvCacheConfig::dp_size > 1; dp_rank.h) every DP rank has its own
+// token budget, max_num_seqs and pool, as SGLang's DP attention: a rank that preempted or
+// cannot admit its next waiting request stops only its own requests (FCFS within the rank),
+// never the other ranks'.
 //
 // The scheduler owns requests and the KV cache manager (bookkeeping only); it never touches
 // KV memory. Update() applies the model's sampled tokens and decides who finished.
@@ -36,8 +40,8 @@
 namespace tandem::runtime {
 
 struct SchedulerConfig {
-  int64_t max_num_batched_tokens = 2048;  // token budget per step
-  int64_t max_num_seqs = 256;             // running requests at most
+  int64_t max_num_batched_tokens = 2048;  // token budget per step (per DP rank)
+  int64_t max_num_seqs = 256;             // running requests at most (per DP rank)
   int64_t max_model_len = 4096;           // prompt + output tokens per request
   // Off by default. When on, a decoding request feeds its last token plus up to K drafts
   // (speculative.h); drafts count against the token budget and never cause a preemption.
@@ -179,6 +183,9 @@ class Scheduler {
   void Finish(Request* req, FinishReason reason, RequestUpdate* update);
   // Waiting request with remote KV: allocates and registers its load. False: no room now.
   bool AdmitRemoteKv(Request* req);
+  // A waiting request (still in waiting_) within `budget` tokens: running (the tokens to
+  // schedule), loading its remote KV (0), or -1 when there is no room now.
+  int64_t AdmitWaiting(Request* req, int64_t budget);
   RequestUpdate MakeUpdate(const Request& req) const;
   // A decoding request's drafts for this step (at most `budget` - 1 of them), in
   // req->verify_input after its last token; 0 when it does not speculate.
