@@ -162,7 +162,7 @@ UcxAgentImpl::~UcxAgentImpl() {
     }
     DestroyStagingLocked();
     for (LocalRegion& r : regions_) {
-      if (r.mirror_pinned) CudaUnpinHostMemory(r.base);
+      r.mirror_pins.reset();  // unpins the mirror before it is unmapped
       ucp_mem_unmap(context_, r.memh);
     }
     regions_.clear();

@@ -70,6 +70,12 @@ struct UcxAgentOptions {
   // passes through (>= 2 so one fills while another drains to the GPU), each this large.
   int cuda_staging_buffers = 4;
   uint64_t cuda_staging_bytes = uint64_t{4} << 20;
+  // A staged CUDA region's host mirror is page-locked in granules of this many bytes, each the
+  // first time SyncForRemoteRead copies into it, and so is a peer's mirror mapped here, each
+  // granule the first time a request DMAs from it (kvtransfer/host_pin_granules.h); 0: the
+  // whole mirror at registration, the whole mapping at the first read (before issue 31: ~110 GB
+  // per rank of an 8B TP=4 group, tens of seconds of the worker's start).
+  uint64_t cuda_mirror_pin_granule_bytes = uint64_t{16} << 20;
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
   // (DESIGN.md); false: always through the staging buffers.
   bool cuda_dma_from_mapped = true;

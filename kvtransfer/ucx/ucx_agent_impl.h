@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvtransfer/cuda_staging.h"
+#include "kvtransfer/host_pin_granules.h"
 #include "kvtransfer/streaming_copy.h"
 #include "kvtransfer/transfer_agent.h"
 #include "kvtransfer/transfer_table.h"
@@ -84,8 +85,10 @@ class UcxAgentImpl final : public UcxAgent {
     ucp_mem_h memh;
     std::string packed_rkey;
     tandem::v1::MemoryKind kind;
-    char* device = nullptr;      // staged CUDA regions: the device memory
-    bool mirror_pinned = false;  // base is page-locked (CudaPinHostMemory)
+    char* device = nullptr;  // staged CUDA regions: the device memory
+    // Staged CUDA regions: the mirror's page-locked granules, pinned as SyncForRemoteRead first
+    // copies into them (options_.cuda_mirror_pin_granule_bytes; 0: the whole mirror at once).
+    std::unique_ptr<HostPinGranules> mirror_pins = nullptr;
   };
   struct RemoteRegion {
     uint64_t base;
@@ -93,9 +96,9 @@ class UcxAgentImpl final : public UcxAgent {
     ucp_rkey_h rkey;
     ucp_ep_h ep;                   // the endpoint its GETs use (the rkey was unpacked on it)
     const char* mapped = nullptr;  // data endpoint only: local address of `base` (rkey_ptr)
-    // cuda_dma_from_mapped: whether `mapped` was page-locked for DMA (tried once, lazily).
-    bool pin_tried = false;
-    bool pinned = false;
+    // cuda_dma_from_mapped: `mapped`'s page-locked granules, pinned as requests first read them
+    // (made on the first such request).
+    std::unique_ptr<HostPinGranules> pins = nullptr;
   };
   // One endpoint: kActive -> kDraining (stopped; waits for its requests) -> kClosing (rkeys
   // destroyed, ucp_ep_close_nbx in progress) -> kClosed. A closed Conn that peers_ still names
@@ -242,7 +245,10 @@ class UcxAgentImpl final : public UcxAgent {
   // meanwhile).
   void StartToDeviceLocked(StagingSlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether staged reads from `remote` may DMA from its mapping (pins it on first use).
-  bool DmaFromMappedLocked(RemoteRegion& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a request may DMA [offset, offset + bytes) of `remote`'s mapping straight to the
+  // device: cuda_dma_from_mapped, and those bytes page-locked (pinned here on first use).
+  bool DmaFromMappedLocked(RemoteRegion& remote, uint64_t offset, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the requests whose device copies finished; returns whether any did.
   bool PollStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DestroyStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -190,7 +190,10 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
     post_queue_.pop_front();
     if (t->next_op < t->ops.size()) post_queue_.push_back(id);
 
-    if (slot != nullptr && DmaFromMappedLocked(remote)) {  // the GPU copies from the mapping
+    // The bytes this request reads from the peer's region (strided: first row to last row's end).
+    const uint64_t remote_span = strided ? (rows - 1) * op.remote_stride + op.row_bytes : n;
+    if (slot != nullptr && DmaFromMappedLocked(remote, remote_offset, remote_span)) {
+      // the GPU copies from the mapping
       CountPostedLocked(*t, n);
       slot->source = remote.mapped + remote_offset;
       StartToDeviceLocked(*slot);
@@ -353,7 +356,7 @@ bool UcxAgentImpl::ReapConnsLocked() {
 
 void UcxAgentImpl::DestroyRkeysLocked(Conn* conn) {
   for (RemoteRegion& r : conn->regions) {
-    if (r.pinned) CudaUnpinHostMemory(const_cast<char*>(r.mapped));  // before the unmap
+    r.pins.reset();  // unpins the mapping before the unmap
     ucp_rkey_destroy(r.rkey);
   }
   conn->regions.clear();

@@ -34,16 +34,18 @@ absl::StatusOr<uint32_t> UcxAgentImpl::RegisterStagedCudaLocked(char* device, ui
   ucp_mem_h memh = nullptr;
   ASSIGN_OR_RETURN(char* mirror, MapSharedHostMemory(length, &memh));
   // Page-locked, device -> mirror copies run at full DMA speed; without it they still work
-  // (through the driver's bounce buffers), so a failure here is not fatal.
-  const bool pinned = CudaPinHostMemory(mirror, length).ok();
+  // (through the driver's bounce buffers), so a failed pin is not fatal. Pinned granule by
+  // granule as SyncForRemoteRead first copies into it: pinning the whole mirror here faulted in
+  // and locked all of it (~110 GB per rank of an 8B TP=4 group) before the worker could serve.
   absl::StatusOr<uint32_t> index =
       AddRegionLocked(mirror, length, memh, tandem::v1::MEMORY_KIND_CUDA);
-  if (!index.ok()) {
-    if (pinned) CudaUnpinHostMemory(mirror);
-    return index.status();
-  }
-  regions_[*index].device = device;
-  regions_[*index].mirror_pinned = pinned;
+  if (!index.ok()) return index.status();
+  const uint64_t granule = options_.cuda_mirror_pin_granule_bytes;
+  LocalRegion& region = regions_[*index];
+  region.device = device;
+  region.mirror_pins = std::make_unique<HostPinGranules>(
+      mirror, length, granule == 0 ? length : granule, CudaPinHostMemory, CudaUnpinHostMemory);
+  if (granule == 0) region.mirror_pins->PinCovering(0, length).IgnoreError();  // in range
   return index;
 }
 
@@ -94,14 +96,19 @@ UcxAgentImpl::StagingSlot* UcxAgentImpl::FreeStagingSlotLocked() {
   return nullptr;
 }
 
-bool UcxAgentImpl::DmaFromMappedLocked(RemoteRegion& remote) {
+bool UcxAgentImpl::DmaFromMappedLocked(RemoteRegion& remote, uint64_t offset, uint64_t bytes) {
   if (!options_.cuda_dma_from_mapped || remote.mapped == nullptr) return false;
-  if (!remote.pin_tried) {
-    remote.pin_tried = true;
-    // Once per mapping (page-locks its whole length; can take a moment for gigabytes).
-    remote.pinned = CudaPinHostMemory(const_cast<char*>(remote.mapped), remote.length).ok();
+  if (remote.pins == nullptr) {
+    // Granules of the mapping, each pinned the first time a request reads it: pinning all of a
+    // peer's mirror at once (~110 GB for an 8B TP=4 rank) stalled the first read for tens of
+    // seconds, and faulted in pages its source never wrote.
+    const uint64_t granule = options_.cuda_mirror_pin_granule_bytes;
+    remote.pins = std::make_unique<HostPinGranules>(const_cast<char*>(remote.mapped), remote.length,
+                                                    granule == 0 ? remote.length : granule,
+                                                    CudaPinHostMemory, CudaUnpinHostMemory);
   }
-  return remote.pinned;
+  absl::StatusOr<bool> pinned = remote.pins->PinCovering(offset, bytes);
+  return pinned.ok() && *pinned;  // else the staging buffers
 }
 
 void UcxAgentImpl::StartToDeviceLocked(StagingSlot& slot) {
@@ -173,6 +180,7 @@ void UcxAgentImpl::DestroyStagingLocked() {
 absl::Status UcxAgentImpl::SyncForRemoteRead(uint32_t region, absl::Span<const ByteRange> ranges) {
   char* device = nullptr;
   char* mirror = nullptr;
+  HostPinGranules* pins = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (region >= regions_.size()) {
@@ -188,12 +196,14 @@ absl::Status UcxAgentImpl::SyncForRemoteRead(uint32_t region, absl::Span<const B
     }
     device = r.device;
     mirror = r.base;
+    pins = r.mirror_pins.get();
   }
   if (device == nullptr) return absl::OkStatus();  // host memory: readers see it directly
   // Unlocked: regions are never removed while the agent lives, and a synchronous copy of
   // megabytes must not stall the progress thread.
   for (const ByteRange& range : ranges) {
     if (range.length == 0) continue;
+    if (pins != nullptr) RETURN_IF_ERROR(pins->PinCovering(range.offset, range.length).status());
     RETURN_IF_ERROR(CudaCopy(mirror + range.offset, device + range.offset, range.length));
   }
   return absl::OkStatus();
