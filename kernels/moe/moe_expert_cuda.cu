@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
 #include "kernels/moe/moe_cuda.h"
 
@@ -206,15 +207,6 @@ __global__ void PaddedRowOfPairKernel(const int32_t* __restrict__ ids, DeviceMoe
   out[p] = static_cast<int32_t>(e * cap + perm.row_of_pair[p] - perm.expert_offsets[e]);
 }
 
-__device__ float CombineBlockSum(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < kCombineThreads / 32; ++w) s += red[w];
-  return s;
-}
-
 // One block per token.
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads)
@@ -230,7 +222,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     for (int64_t h = threadIdx.x; h < hidden; h += kCombineThreads) {
       dot = fmaf(ToFloat(x[t * hidden + h]), ToFloat(shared_gate[h]), dot);
     }
-    gate = 1.0f / (1.0f + expf(-CombineBlockSum(dot, red)));
+    gate = 1.0f / (1.0f + expf(-BlockSum<kCombineThreads>(dot, red)));
   }
   __syncthreads();  // x (may alias out) fully read before any write
   constexpr int kMaxK = 16;
@@ -275,12 +267,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int64_t h = threadIdx.x; h < hidden; h += kSplitThreads) {
       dot = fmaf(ToFloat(x[t * hidden + h]), ToFloat(shared_gate[h]), dot);
     }
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dot;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < kSplitThreads / 32; ++w) s += red[w];  // CombineBlockSum's order
-    gate = 1.0f / (1.0f + expf(-s));
+    gate = 1.0f / (1.0f + expf(-BlockSum<kSplitThreads>(dot, red)));
     __syncthreads();
   }
   const int64_t h0 = (int64_t{blockIdx.x} * kSplitThreads + threadIdx.x) * V;
