@@ -15,15 +15,14 @@
 #include <cstdint>
 #include <memory>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "comm/counting_process_group.h"
-#include "comm/gloo_process_group.h"
-#include "comm/tcp_store.h"
+#include "comm/thread_ranks.h"
 #include "gtest/gtest.h"
 #include "runtime/engine/dp_attention_executor.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/model_runner.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -34,12 +33,6 @@ namespace {
 
 constexpr int kRanks = 2;
 constexpr int64_t kMaxTokens = 4;
-
-ModelConfig TestConfig(bool forced) {
-  ModelConfig c = PresetConfig("tiny-moe").value();
-  if (forced) c.num_experts_per_tok = 1;
-  return c;
-}
 
 std::vector<std::vector<int32_t>> Prompts(int num, int64_t vocab) {
   std::mt19937 rng(7);
@@ -64,7 +57,7 @@ struct RunResult {
 
 // Runs `prompts` to completion on an engine; with `group` as rank group->rank() of a DP group.
 void RunEngine(bool forced, int num_requests, comm::CountingProcessGroup* group, RunResult* out) {
-  const ModelConfig config = TestConfig(forced);
+  const ModelConfig config = engine_test::TinyMoeConfig(forced);
   TpShard shard;
   if (group != nullptr) {
     shard = TpShard{group->rank(), group->size(), 1};
@@ -127,25 +120,10 @@ void RunEngine(bool forced, int num_requests, comm::CountingProcessGroup* group,
 }
 
 std::vector<RunResult> RunGroup(bool forced, int num_requests) {
-  auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
-  EXPECT_TRUE(server.ok()) << server.status();
   std::vector<RunResult> results(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      comm::GlooGroupOptions options;
-      options.rank = r;
-      options.world_size = kRanks;
-      options.store_port = (*server)->port();
-      options.serve_store = false;
-      options.timeout = absl::Seconds(60);
-      auto gloo = comm::GlooProcessGroup::Create(options);
-      ASSERT_TRUE(gloo.ok()) << gloo.status();
-      comm::CountingProcessGroup counting(gloo->get());
-      RunEngine(forced, num_requests, &counting, &results[r]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  comm::RunThreadRanks(kRanks, [&](int r, comm::CountingProcessGroup& group) {
+    RunEngine(forced, num_requests, &group, &results[r]);
+  });
   return results;
 }
 
@@ -156,7 +134,7 @@ std::vector<RunResult> ExpectSameAsOneEngine(bool forced, int num_requests) {
   if (::testing::Test::HasFailure()) return {};
   std::vector<RunResult> group = RunGroup(forced, num_requests);
   if (::testing::Test::HasFailure()) return {};
-  const ModelConfig config = TestConfig(forced);
+  const ModelConfig config = engine_test::TinyMoeConfig(forced);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.IsMoeLayer(l);
   EXPECT_GT(moe_layers, 0);
@@ -224,7 +202,7 @@ TEST(MoeDpTest, OneExpertTakesEveryToken) {
 }
 
 TEST(MoeDpTest, RefusalsNameTheNumbers) {
-  const ModelConfig moe = TestConfig(false);
+  const ModelConfig moe = engine_test::TinyMoeConfig(false);
   TpShard no_ep{0, 2, 1};
   no_ep.dp_attention = true;
   auto dims = ComputeTpDims(moe, no_ep);

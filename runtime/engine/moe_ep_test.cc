@@ -10,13 +10,12 @@
 #include <cstdint>
 #include <memory>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "comm/counting_process_group.h"
-#include "comm/gloo_process_group.h"
-#include "comm/tcp_store.h"
+#include "comm/thread_ranks.h"
 #include "gtest/gtest.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/model_runner.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -29,12 +28,6 @@ constexpr int64_t kBlockSize = 16;
 constexpr int64_t kBlocksPerSeq = 4;
 constexpr int kDecodeSteps = 3;
 
-ModelConfig TestConfig(bool forced) {
-  ModelConfig c = PresetConfig("tiny-moe").value();
-  if (forced) c.num_experts_per_tok = 1;
-  return c;
-}
-
 struct RunResult {
   std::vector<std::vector<int32_t>> tokens;  // [seq] sampled tokens, prefill then decode
   std::vector<std::vector<float>> prompt_logits;
@@ -45,7 +38,7 @@ struct RunResult {
 
 // Prefill of three prompts (one step) then kDecodeSteps decode steps, on `group` (null: alone).
 void RunModel(bool forced, TpShard shard, comm::CountingProcessGroup* group, RunResult* out) {
-  const ModelConfig config = TestConfig(forced);
+  const ModelConfig config = engine_test::TinyMoeConfig(forced);
   auto local = LocalModelConfig(config, shard);
   ASSERT_TRUE(local.ok()) << local.status();
   auto weights = RandomModelWeights(config, 11, shard);
@@ -106,27 +99,12 @@ void RunModel(bool forced, TpShard shard, comm::CountingProcessGroup* group, Run
 
 // `ranks` threads, each a rank of an expert-parallel group over Gloo.
 std::vector<RunResult> RunGroup(int ranks, bool forced) {
-  auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
-  EXPECT_TRUE(server.ok()) << server.status();
   std::vector<RunResult> results(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      comm::GlooGroupOptions options;
-      options.rank = r;
-      options.world_size = ranks;
-      options.store_port = (*server)->port();
-      options.serve_store = false;
-      options.timeout = absl::Seconds(60);
-      auto gloo = comm::GlooProcessGroup::Create(options);
-      ASSERT_TRUE(gloo.ok()) << gloo.status();
-      comm::CountingProcessGroup counting(gloo->get());
-      TpShard shard{r, ranks, 1};
-      shard.expert_parallel = true;
-      RunModel(forced, shard, &counting, &results[r]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  comm::RunThreadRanks(ranks, [&](int r, comm::CountingProcessGroup& group) {
+    TpShard shard{r, ranks, 1};
+    shard.expert_parallel = true;
+    RunModel(forced, shard, &group, &results[r]);
+  });
   return results;
 }
 
@@ -136,7 +114,7 @@ void ExpectSameAsOneRank(int ranks, bool forced) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::vector<RunResult> group = RunGroup(ranks, forced);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  const ModelConfig config = TestConfig(forced);
+  const ModelConfig config = engine_test::TinyMoeConfig(forced);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.IsMoeLayer(l);
   for (int r = 0; r < ranks; ++r) {
@@ -181,7 +159,7 @@ TEST(MoeEpTest, FourRanksEqualOneRank) { ExpectSameAsOneRank(4, false); }
 TEST(MoeEpTest, OneExpertTakesEveryTokenAndOtherRanksGetNone) { ExpectSameAsOneRank(4, true); }
 
 TEST(MoeEpTest, RefusalsNameTheNumbers) {
-  ModelConfig moe = TestConfig(false);
+  ModelConfig moe = engine_test::TinyMoeConfig(false);
   TpShard three{0, 3, 1};
   three.expert_parallel = true;
   moe.num_attention_heads = 6;  // so that only the experts do not split
@@ -204,7 +182,7 @@ TEST(MoeEpTest, RefusalsNameTheNumbers) {
   auto placement = ExpertPlacement::FromTable({0, 1, 1, 0}, 2);
   ASSERT_TRUE(placement.ok()) << placement.status();
   two.expert_placement = std::make_shared<const ExpertPlacement>(*placement);
-  dims = ComputeTpDims(TestConfig(false), two);
+  dims = ComputeTpDims(engine_test::TinyMoeConfig(false), two);
   ASSERT_FALSE(dims.ok());
   EXPECT_NE(dims.status().message().find("placement of 4 experts over 2 ranks for a model of 8"),
             std::string::npos)
@@ -216,7 +194,7 @@ TEST(MoeEpTest, RefusalsNameTheNumbers) {
 // A placement that is not contiguous: rank 1 holds the even experts. The rank's weights hold
 // exactly its experts, whole (the others are not loaded), and its config says which.
 TEST(MoeEpTest, AnyPlacementLoadsTheRanksExpertsWhole) {
-  const ModelConfig config = TestConfig(false);
+  const ModelConfig config = engine_test::TinyMoeConfig(false);
   std::vector<int32_t> table(config.num_experts);
   for (int64_t e = 0; e < config.num_experts; ++e) table[e] = e % 2 == 0 ? 1 : 0;
   auto placement = ExpertPlacement::FromTable(table, 2);
