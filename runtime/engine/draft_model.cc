@@ -15,6 +15,26 @@ constexpr uint32_t kDraftStream = 1;
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<KvCacheManager>> CreateProposerKvCache(
+    const DraftModelOptions& options) {
+  KvCacheConfig kv_config;
+  kv_config.num_blocks = options.num_blocks;
+  kv_config.block_size = options.block_size;
+  kv_config.enable_prefix_caching = false;  // per-request tables; nothing shared
+  return KvCacheManager::Create(kv_config);
+}
+
+ExecutorSpec ProposerExecutorSpec(const ModelConfig& config, const DraftModelOptions& options) {
+  ExecutorSpec spec;
+  spec.model_config = config;
+  spec.num_blocks = options.num_blocks;
+  spec.block_size = options.block_size;
+  spec.max_num_batched_tokens = options.max_num_batched_tokens;
+  spec.max_num_seqs = options.max_num_seqs;
+  spec.max_model_len = options.max_model_len;
+  return spec;
+}
+
 absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
     const ExecutorFactory& backend, const ModelConfig& target, const ModelConfig& draft,
     ModelWeights weights, const DraftModelOptions& options) {
@@ -33,20 +53,9 @@ absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
         "--speculative_method=draft does not run under decode context parallelism (--dcp > 1)");
   }
   if (!backend.create) return absl::InvalidArgumentError("draft backend without create()");
-  KvCacheConfig kv_config;
-  kv_config.num_blocks = options.num_blocks;
-  kv_config.block_size = options.block_size;
-  kv_config.enable_prefix_caching = false;  // per-request tables; nothing shared
-  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, KvCacheManager::Create(kv_config));
-  ExecutorSpec spec;
-  spec.model_config = draft;
-  spec.num_blocks = options.num_blocks;
-  spec.block_size = options.block_size;
-  spec.max_num_batched_tokens = options.max_num_batched_tokens;
-  spec.max_num_seqs = options.max_num_seqs;
-  spec.max_model_len = options.max_model_len;
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, CreateProposerKvCache(options));
   ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
-                   backend.create(spec, std::move(weights)));
+                   backend.create(ProposerExecutorSpec(draft, options), std::move(weights)));
   return std::unique_ptr<DraftModelProposer>(
       new DraftModelProposer(draft, options, std::move(kv_cache), std::move(executor)));
 }

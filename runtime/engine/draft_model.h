@@ -47,6 +47,13 @@ struct DraftModelOptions {
   int64_t max_model_len = 4096;
 };
 
+// What a proposer with its own model runs on, sized by `options` (the draft-model and MTP
+// proposers' Create): its own KV pool, without prefix caching (per-request tables, nothing
+// shared), and its executor's spec for `config`.
+absl::StatusOr<std::unique_ptr<KvCacheManager>> CreateProposerKvCache(
+    const DraftModelOptions& options);
+ExecutorSpec ProposerExecutorSpec(const ModelConfig& config, const DraftModelOptions& options);
+
 // One request's drafting job for this step.
 struct DraftJob {
   int64_t request_id = 0;

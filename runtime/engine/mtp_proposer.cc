@@ -44,19 +44,9 @@ absl::StatusOr<std::unique_ptr<MtpProposer>> MtpProposer::Create(const MtpExecut
         target.architecture, " has no MTP layer"));
   }
   if (!backend) return absl::InvalidArgumentError("MTP backend without a factory");
-  KvCacheConfig kv_config;
-  kv_config.num_blocks = options.num_blocks;
-  kv_config.block_size = options.block_size;
-  kv_config.enable_prefix_caching = false;  // per-request tables; nothing shared
-  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, KvCacheManager::Create(kv_config));
-  ExecutorSpec spec;
-  spec.model_config = target;
-  spec.num_blocks = options.num_blocks;
-  spec.block_size = options.block_size;
-  spec.max_num_batched_tokens = options.max_num_batched_tokens;
-  spec.max_num_seqs = options.max_num_seqs;
-  spec.max_model_len = options.max_model_len;
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor, backend(spec, std::move(weights)));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCacheManager> kv_cache, CreateProposerKvCache(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
+                   backend(ProposerExecutorSpec(target, options), std::move(weights)));
   return std::unique_ptr<MtpProposer>(
       new MtpProposer(target, options, std::move(kv_cache), std::move(executor)));
 }
