@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
@@ -194,22 +195,6 @@ CudaBackendConfig MidBackend() {
   return backend;
 }
 
-ModelConfig MidConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 1024;
-  c.hidden_size = 512;
-  c.intermediate_size = 1024;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 1024;
-  c.eos_token_ids = {2};
-  return c;
-}
-
 std::vector<std::vector<int32_t>> RandomPrompts(int n, int max_len, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::vector<int32_t>> prompts(n);
@@ -224,7 +209,7 @@ TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const ModelConfig model = MidConfig();
+  const ModelConfig model = engine_test::MidConfig();
   const auto prompts = RandomPrompts(13, 70, static_cast<int>(model.vocab_size), seed);
   CudaBackendConfig with_graphs = MidBackend();
   with_graphs.gemm_autotune = false;  // timing-based GEMM choices could differ between engines
@@ -254,7 +239,7 @@ TEST(CudaEngineTest, GroupOfOneRunsTheTensorParallelPathOverNcclInGraphs) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const ModelConfig model = MidConfig();
+  const ModelConfig model = engine_test::MidConfig();
   const auto prompts = RandomPrompts(9, 60, static_cast<int>(model.vocab_size), seed);
   auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok());
@@ -294,7 +279,7 @@ TEST(CudaEngineTest, HeadDim128AgreesWithCpuBackend) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  ModelConfig model = MidConfig();
+  ModelConfig model = engine_test::MidConfig();
   const auto prompts = RandomPrompts(6, 200, static_cast<int>(model.vocab_size), seed);
   // Larger weights than the dummy default so logits are far from uniform.
   ModelWeights weights = RandomModelWeights(model, seed);
@@ -326,7 +311,7 @@ TEST(CudaEngineTest, HeadDim128AgreesWithCpuBackend) {
 
 TEST(CudaEngineTest, DeviceDummyWeightsRun) {
   TANDEM_SKIP_WITHOUT_GPU();
-  const ModelConfig model = MidConfig();
+  const ModelConfig model = engine_test::MidConfig();
   CudaBackendConfig backend = MidBackend();
   backend.dummy_seed = 7;
   const ExecutorFactory factory = CudaExecutorFactory(backend);
@@ -349,7 +334,7 @@ TEST(CudaEngineTest, DeviceDummyWeightsRun) {
 // bit, hence a cosine bound rather than equality).
 TEST(CudaEngineTest, DeviceDummyWeightsAreTheHostDraw) {
   TANDEM_SKIP_WITHOUT_GPU();
-  const ModelConfig model = MidConfig();
+  const ModelConfig model = engine_test::MidConfig();
   CudaBackendConfig on_device = MidBackend();
   on_device.dummy_seed = 5;
   const ExecutorFactory device_factory = CudaExecutorFactory(on_device);
@@ -367,7 +352,7 @@ TEST(CudaEngineTest, DeviceDummyWeightsAreTheHostDraw) {
 
 TEST(CudaEngineTest, RejectsExternalPoolAndBadDtypeShapes) {
   TANDEM_SKIP_WITHOUT_GPU();
-  ModelConfig model = MidConfig();
+  ModelConfig model = engine_test::MidConfig();
   model.hidden_size = 500;  // not a multiple of 8
   CudaBackendConfig backend;
   backend.dummy_seed = 1;

@@ -12,27 +12,12 @@
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
 
 namespace tandem::runtime::cuda {
 namespace {
-
-ModelConfig MidConfig() {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 1024;
-  c.hidden_size = 512;
-  c.intermediate_size = 1024;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 1024;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 struct Outcome {
   std::vector<std::vector<int32_t>> tokens;
@@ -96,7 +81,7 @@ std::vector<RequestSpec> Prompts(int n, int64_t vocab) {
 // slack), acceptance on the repetitive prompts, and every block back in the pool.
 TEST(CudaSpeculativeTest, DivergesNoMoreThanBatchCompositionDoes) {
   TANDEM_SKIP_WITHOUT_GPU();
-  const ModelConfig model = MidConfig();
+  const ModelConfig model = engine_test::MidConfig();
   std::vector<RequestSpec> specs = Prompts(24, model.vocab_size);
   for (size_t i = 12; i < specs.size(); ++i) {  // the second half samples, seeded
     specs[i].sampling.temperature = 0.7f;
