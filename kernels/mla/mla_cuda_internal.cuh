@@ -165,6 +165,27 @@ __device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, in
     p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
   }
 }
+
+// Online softmax's state update for a thread's two rows of an m16n8 accumulator tile (the mma.sync
+// and wgmma decode kernels): mx, the rows' maxima over this thread's scores, is reduced over the
+// quad of lanes sharing the rows; the running maxima m_run and sums l_run are rescaled by alpha =
+// exp2(m_run_old - m_use), and m_use (the new max, 0 where every score so far is masked) is the
+// base the tile's exponents take.
+__device__ __forceinline__ void UpdateRunningMax2(float (&mx)[2], float (&m_run)[2],
+                                                  float (&l_run)[2], float (&alpha)[2],
+                                                  float (&m_use)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    // All scores so far masked: keep the exponent base finite (exp2(-inf - 0) = 0).
+    m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+    l_run[h] *= alpha[h];
+  }
+}
 #endif  // __CUDACC__
 
 }  // namespace tandem::kernels::cuda::mla_internal

@@ -146,17 +146,7 @@ __device__ __forceinline__ void Softmax(float (&sc)[32], int key0, int t4, const
     mx[h] = fmaxf(mx[h], sc[i]);
   }
   float m_use[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    const float m_new = fmaxf(m_run[h], mx[h]);
-    // All scores so far masked: keep the exponent base finite (exp2(-inf - 0) = 0).
-    m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[h] = exp2f(m_run[h] - m_use[h]);
-    m_run[h] = m_new;
-    l_run[h] *= alpha[h];
-  }
+  mla_internal::UpdateRunningMax2(mx, m_run, l_run, alpha, m_use);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     float w[8];
