@@ -8,7 +8,7 @@
 #                      [--timeout_s=120] [--http_port=PORT [--http_model=DIR]]
 #                      [--prefill_tp=1] [--decode_tp=1] [--mixed_tp=1]
 #                      [--decode_dcp=1] [--mixed_dcp=1] [--prefill_ep] [--decode_ep] [--mixed_ep]
-#                      [--decode_dp_attention] [--mixed_dp_attention]
+#                      [--prefill_dp_attention] [--decode_dp_attention] [--mixed_dp_attention]
 #                      [--insecure] [-- EXTRA_WORKER_FLAGS...]
 #                      [--speculative_method=ngram --num_speculative_tokens=K]
 #                      [--ngram_min=1] [--ngram_max=4] [--speculative_adaptive=true]
@@ -36,10 +36,11 @@
 # --prefill_ep / --decode_ep / --mixed_ep: expert parallelism in that role's groups (tandem_worker
 # --enable_expert_parallel: each MoE layer's experts placed whole on the group's --*_tp ranks,
 # which must divide the experts; comm/README.md). KV is attention-only: P and D may differ.
-# --decode_dp_attention / --mixed_dp_attention: wide EP in that role's groups (tandem_worker
-# --enable_expert_parallel --dp_attention: each of the --*_tp ranks serves its own requests'
-# attention and KV, MoE rows dispatched to the experts' ranks by all-to-all; comm/README.md).
-# Not for prefill groups (the KV handle does not name the DP rank yet).
+# --prefill_dp_attention / --decode_dp_attention / --mixed_dp_attention: wide EP in that role's
+# groups (tandem_worker --enable_expert_parallel --dp_attention: each of the --*_tp ranks serves
+# its own requests' attention and KV, MoE rows dispatched to the experts' ranks by all-to-all;
+# comm/README.md).
+# A prefill group's KV handles name the DP rank holding each request (its block ids).
 # --decode_dcp=K / --mixed_dcp=K: decode context parallelism in those groups (tandem_worker
 # --dcp=K: K KV shards per attention slice; runtime/model/tensor_parallel.h); the group has
 # --decode_tp ranks in all, which K must divide; --decode_dcp=K alone means --decode_tp=K. Each D
@@ -57,7 +58,7 @@
 set -euo pipefail
 
 prefill_tp=1 decode_tp="" mixed_tp="" decode_dcp=1 mixed_dcp=1
-prefill_ep=0 decode_ep=0 mixed_ep=0 decode_dpa=0 mixed_dpa=0
+prefill_ep=0 decode_ep=0 mixed_ep=0 prefill_dpa=0 decode_dpa=0 mixed_dpa=0
 prefill=1 decode=1 mixed=0 backend=cpu model="" load_format="" dummy_config=""
 run_dir=out/local bin_dir=bazel-bin router_port=0 timeout_s=120 http_port="" http_model=""
 insecure=0
@@ -75,6 +76,7 @@ while [[ $# -gt 0 ]]; do
     --prefill_ep) prefill_ep=1 ;;
     --decode_ep) decode_ep=1 ;;
     --mixed_ep) mixed_ep=1 ;;
+    --prefill_dp_attention) prefill_dpa=1 ;;
     --decode_dp_attention) decode_dpa=1 ;;
     --mixed_dp_attention) mixed_dpa=1 ;;
     --backend=*) backend="${1#*=}" ;;
@@ -180,7 +182,7 @@ fi
 start_worker() {  # start_worker ROLE INDEX
   local name="$1-$2" tp=1 dcp=1 ep=0 dpa=0 spec_flags=() ep_flags=()
   case "$1" in
-    prefill) tp=$prefill_tp ep=$prefill_ep ;;
+    prefill) tp=$prefill_tp ep=$prefill_ep dpa=$prefill_dpa ;;
     decode) tp=$decode_tp dcp=$decode_dcp ep=$decode_ep dpa=$decode_dpa spec_flags=(${spec[@]+"${spec[@]}"}) ;;
     mixed) tp=$mixed_tp dcp=$mixed_dcp ep=$mixed_ep dpa=$mixed_dpa spec_flags=(${spec[@]+"${spec[@]}"}) ;;
   esac

@@ -211,12 +211,6 @@ absl::Status Engine::ValidateDisaggregation(const RequestSpec& spec) const {
     return absl::InvalidArgumentError(
         "request needs remote KV transfer but this engine has no KV connector");
   }
-  if (spec.hold_kv_for_remote && dp_size_ > 1) {
-    // A DP rank's blocks as a P->D source: the KV handle would have to name that rank.
-    return absl::UnimplementedError(
-        "holding KV for a remote reader with --dp_attention is not built: the KV handle does not "
-        "name the DP rank holding the request (a DP-attention group can be the decode side)");
-  }
   if (spec.hold_kv_for_remote && spec.lease_duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease duration must be positive");
   }

@@ -108,6 +108,7 @@ absl::Status RankKvEndpoint::AttachPool(uint32_t region, char* pool, int64_t num
   g.set_kv_head_begin(static_cast<uint32_t>(kv_begin));
   g.set_kv_head_count(static_cast<uint32_t>(kv_count));
   g.set_dcp_size(static_cast<uint32_t>(options_.dcp_size));
+  if (whole) g.set_dp_size(static_cast<uint32_t>(options_.dp_size));
   const DcpBlockLayout dcp =
       DcpBlockLayout::FromFlags(options_.dcp_size, options_.dcp_interleave, block_size);
   g.set_dcp_interleave(static_cast<uint32_t>(dcp.size == 1 ? 1 : dcp.interleave));
@@ -214,7 +215,15 @@ tandem::v1::KvReply RankKvEndpoint::HandleCommand(const tandem::v1::KvCommand& c
     if (auto it = reads_.find(id); it != reads_.end()) reader_->Cancel(it->second);
   }
   if (command.sync_blocks_size() > 0) {
-    std::vector<int32_t> blocks(command.sync_blocks().begin(), command.sync_blocks().end());
+    // Group-wide ids; under data-parallel attention this rank syncs its own, as local ids.
+    std::vector<int32_t> blocks;
+    for (int32_t b : command.sync_blocks()) {
+      if (options_.dp_size <= 1) {
+        blocks.push_back(b);
+      } else if (b >= 0 && b % options_.dp_size == options_.tp_rank) {
+        blocks.push_back(b / options_.dp_size);
+      }
+    }
     SetError(&reply, reader_->SyncForRemoteRead(blocks));
   }
   if (command.poll()) {

@@ -335,11 +335,6 @@ absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
         "decode and mixed groups (a prefill group of any --tp hands whole blocks to a DCP decode "
         "group)"));
   }
-  if (group_options.dp_attention && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
-    return absl::UnimplementedError(
-        "--dp_attention with --role=prefill is not built: the KV handle does not name the DP rank "
-        "holding a request's blocks yet (decode and mixed groups take --dp_attention)");
-  }
   // A worker group (--tp): rank 0 serves, the other ranks execute its steps. Declared before
   // the daemon: the group outlives the engine that uses it.
   ASSIGN_OR_RETURN(GroupBackend group,

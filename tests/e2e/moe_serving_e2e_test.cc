@@ -6,8 +6,10 @@
 // prefill -> a decode group of 2 data-parallel attention ranks (--dp_attention: each decodes its
 // own requests with their whole KV, read from the prefill worker by that rank alone; the
 // requests, one at a time, alternate between the ranks) must all produce transformers' greedy
-// tokens (the fixture's expected.json); the workers' stats count the tokens routed to each of the
-// 6 experts.
+// tokens (the fixture's expected.json), and so must a prefill group of 2 data-parallel attention
+// ranks (the KV source: each request's blocks on its DP rank, read from that rank; KvHandle ids
+// name it, RankGeometry.dp_size) -> decode TP=1 and -> a data-parallel attention decode group; the
+// workers' stats count the tokens routed to each of the 6 experts.
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -29,12 +31,15 @@ TEST(MoeServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
   const auto greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
+  // dp: which side runs --enable_expert_parallel --dp_attention (1 decode, 2 prefill, 3 both).
   for (auto [name, p, d, m, decode_tp, ep, dp] :
-       {std::tuple<const char*, int, int, int, int, bool, bool>{"mixed", 0, 0, 1, 1, false, false},
-        {"1P1D", 1, 1, 0, 1, false, false},
-        {"1P1D decode tp=2", 1, 1, 0, 2, false, false},
-        {"1P1D prefill tp=2, decode tp=2 expert-parallel", 1, 1, 0, 2, true, false},
-        {"1P1D decode tp=2 expert-parallel, data-parallel attention", 1, 1, 0, 2, false, true}}) {
+       {std::tuple<const char*, int, int, int, int, bool, int>{"mixed", 0, 0, 1, 1, false, 0},
+        {"1P1D", 1, 1, 0, 1, false, 0},
+        {"1P1D decode tp=2", 1, 1, 0, 2, false, 0},
+        {"1P1D prefill tp=2, decode tp=2 expert-parallel", 1, 1, 0, 2, true, 0},
+        {"1P1D decode tp=2 expert-parallel, data-parallel attention", 1, 1, 0, 2, false, 1},
+        {"1P1D prefill tp=2 data-parallel attention -> decode tp=1", 1, 1, 0, 1, false, 2},
+        {"1P1D prefill and decode tp=2 data-parallel attention", 1, 1, 0, 2, false, 3}}) {
     SCOPED_TRACE(name);
     ClusterOptions options;
     options.prefill = p;
@@ -46,9 +51,12 @@ TEST(MoeServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
       options.prefill_flags = {"--tp=2"};
       options.decode_flags.push_back("--enable_expert_parallel");
     }
-    if (dp) {
+    if (dp & 1) {
       options.decode_flags.push_back("--enable_expert_parallel");
       options.decode_flags.push_back("--dp_attention");
+    }
+    if (dp & 2) {  // the prefill group's requests alternate between its 2 DP ranks' pools
+      options.prefill_flags = {"--tp=2", "--enable_expert_parallel", "--dp_attention"};
     }
     auto cluster = Cluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
