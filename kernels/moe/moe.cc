@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 
@@ -76,12 +77,45 @@ absl::Status PermuteByExpert(const MoeRouting& routing, int64_t num_experts,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Rows [first, first + count) of a stacked FP8 view with per-row scales.
+Fp8WeightView RowsOf(const Fp8WeightView& all, int64_t first, int64_t count) {
+  Fp8WeightView v = all;
+  v.codes = all.codes + first * all.grid.cols;
+  v.scales = all.scales + first * all.grid.GridCols();
+  v.grid.rows = count;
+  return v;
+}
+
+absl::Status CheckExperts(const MoeExpertWeights& w) {
+  const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
+  if (H < 1 || I < 1) return absl::InvalidArgumentError("moe: expert weights missing or empty");
+  if (!w.IsFp8()) {
+    if (w.gate_up == nullptr || w.down == nullptr) {
+      return absl::InvalidArgumentError("moe: expert weights missing or empty");
+    }
+    return absl::OkStatus();
+  }
+  const Fp8ScaleGrid& gu = w.gate_up_fp8.grid;
+  const Fp8ScaleGrid& dn = w.down_fp8.grid;
+  if (w.down_fp8.codes == nullptr || gu.rows != E * 2 * I || gu.cols != H || gu.block_rows != 1 ||
+      dn.rows != E * H || dn.cols != I || dn.block_rows != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moe: FP8 experts are [", gu.rows, ", ", gu.cols, "] / [", dn.rows, ", ", dn.cols,
+        "] with row blocks ", gu.block_rows, " / ", dn.block_rows, ", expected [", E * 2 * I, ", ",
+        H, "] / [", E * H, ", ", I, "] with per-row scales"));
+  }
+  RETURN_IF_ERROR(ValidateFp8Weight(w.gate_up_fp8));
+  return ValidateFp8Weight(w.down_fp8);
+}
+
+}  // namespace
+
 absl::Status FusedMoe(const float* x, const MoeRouting& routing, const MoeExpertWeights& w,
                       float* out, ThreadPool* pool, MoeScratch* scratch) {
   const int64_t T = routing.num_tokens, H = w.hidden, I = w.intermediate;
-  if (w.gate_up == nullptr || w.down == nullptr || H < 1 || I < 1) {
-    return absl::InvalidArgumentError("moe: expert weights missing or empty");
-  }
+  RETURN_IF_ERROR(CheckExperts(w));
   MoePermutation& perm = scratch->permutation;
   absl::Status status = PermuteByExpert(routing, w.num_experts, &perm);
   if (!status.ok()) return status;
@@ -100,10 +134,18 @@ absl::Status FusedMoe(const float* x, const MoeRouting& routing, const MoeExpert
     if (m == 0) continue;  // an expert without tokens is never read
     float* gate_up = scratch->gate_up.data() + begin * 2 * I;
     float* act = scratch->act.data() + begin * I;
-    Linear(scratch->rows.data() + begin * H, w.gate_up + e * 2 * I * H, nullptr, m, 2 * I, H,
-           gate_up, pool);
+    const float* rows_in = scratch->rows.data() + begin * H;
+    float* rows_out = scratch->expert_out.data() + begin * H;
+    if (w.IsFp8()) {
+      RETURN_IF_ERROR(
+          Fp8Linear(rows_in, RowsOf(w.gate_up_fp8, e * 2 * I, 2 * I), nullptr, m, gate_up, pool));
+      SiluAndMul(gate_up, m, I, act);
+      RETURN_IF_ERROR(Fp8Linear(act, RowsOf(w.down_fp8, e * H, H), nullptr, m, rows_out, pool));
+      continue;
+    }
+    Linear(rows_in, w.gate_up + e * 2 * I * H, nullptr, m, 2 * I, H, gate_up, pool);
     SiluAndMul(gate_up, m, I, act);
-    Linear(act, w.down + e * H * I, nullptr, m, H, I, scratch->expert_out.data() + begin * H, pool);
+    Linear(act, w.down + e * H * I, nullptr, m, H, I, rows_out, pool);
   }
   // Combine: out[t] = sum of its rows' outputs times their weights, in the routing's order
   // within a token (the permutation is stable in token order, not in j).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/threading/thread_pool.h"
 
 namespace tandem::kernels {
@@ -45,13 +46,20 @@ struct MoePermutation {
   std::vector<float> weight_of_row;     // [T * k]
 };
 
-// Non-owning view of one layer's experts (or of a rank's slice of each).
+// Non-owning view of one layer's experts (or of a rank's slice of each): fp32, or FP8 (e4m3
+// codes of DeepSeek-V3's block-scaled experts, kernels/fp8) when gate_up_fp8.codes is set.
+// The FP8 views stack the experts as the fp32 ones do (gate_up_fp8.grid [E * 2*I, H],
+// down_fp8.grid [E * H, I]) with per-row scales (grid.block_rows == 1), so expert e is rows
+// [e * 2*I, (e+1) * 2*I) / [e * H, (e+1) * H) of its view.
 struct MoeExpertWeights {
   const float* gate_up = nullptr;  // [E, 2*I, H]
   const float* down = nullptr;     // [E, H, I]
   int64_t num_experts = 0;
   int64_t hidden = 0;
-  int64_t intermediate = 0;  // I
+  int64_t intermediate = 0;        // I
+  Fp8WeightView gate_up_fp8 = {};  // codes null: fp32 experts
+  Fp8WeightView down_fp8 = {};
+  bool IsFp8() const { return gate_up_fp8.codes != nullptr; }
 };
 
 // Reused buffers of FusedMoe (grown on demand).
@@ -107,6 +115,9 @@ absl::Status PermuteByExpert(const MoeRouting& routing, int64_t num_experts,
 // out[t] = sum_j weights[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]), e = expert_ids[t,j]:
 // gathers each expert's tokens, runs its two GEMMs on them only (experts with no token are not
 // read), and scatters back with the weights. `out` ([T, H]) is overwritten, may not alias `x`.
+// FP8 experts (experts.IsFp8()) run each GEMM as Fp8Linear (the rows' activations quantized as
+// the view's scheme says, per token or per 1x128 group, so the result does not depend on how
+// tokens are grouped); INVALID_ARGUMENT when the views' grids are not the stacked shapes above.
 absl::Status FusedMoe(const float* x, const MoeRouting& routing, const MoeExpertWeights& experts,
                       float* out, ThreadPool* pool, MoeScratch* scratch);
 

@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
     if ((config.qk_norm && (static_cast<int64_t>(w.q_norm.size()) != config.head_dim ||
                             static_cast<int64_t>(w.k_norm.size()) != config.head_dim)) ||
         (moe && (static_cast<int64_t>(w.router.size()) != config.num_experts * config.hidden_size ||
-                 static_cast<int64_t>(w.experts_gate_up.size()) != experts_gate_up)) ||
+                 static_cast<int64_t>(w.experts_gate_up.size() +
+                                      w.experts_gate_up_fp8.codes.size()) != experts_gate_up)) ||
         (!moe && w.gate_up_proj.empty() && w.gate_up_fp8.empty())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layer ", l, " weights do not match the config (q/k norms, router or experts)"));

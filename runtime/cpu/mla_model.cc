@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 #include "kernels/layers/embedding.h"
@@ -51,15 +52,21 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t v
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& x = w.layers[l];
     auto size = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size()); };
+    // A projection's elements: its fp32 vector's, or its FP8 codes' (FP8 checkpoints).
+    auto elems = [](const std::vector<float>& v, const Fp8LinearWeight& f) {
+      return static_cast<int64_t>(v.size() + f.codes.size());
+    };
     const bool ok =
-        size(x.q_a_proj) == c.q_lora_rank * H && size(x.q_a_layernorm) == c.q_lora_rank &&
-        size(x.q_proj) == d.num_heads * d.QkHeadDim() * q_in &&
-        size(x.kv_a_proj) == d.LatentDim() * H && size(x.kv_a_layernorm) == d.kv_lora_rank &&
+        elems(x.q_a_proj, x.q_a_fp8) == c.q_lora_rank * H &&
+        size(x.q_a_layernorm) == c.q_lora_rank &&
+        elems(x.q_proj, x.q_fp8) == d.num_heads * d.QkHeadDim() * q_in &&
+        elems(x.kv_a_proj, x.kv_a_fp8) == d.LatentDim() * H &&
+        size(x.kv_a_layernorm) == d.kv_lora_rank &&
         size(x.kv_b_proj) == d.num_heads * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank &&
-        size(x.o_proj) == H * d.num_heads / dcp_size * d.v_head_dim &&
+        elems(x.o_proj, x.o_fp8) == H * d.num_heads / dcp_size * d.v_head_dim &&
         (c.IsMoeLayer(l) ? size(x.router) == c.num_experts * H
-                         : size(x.gate_up_proj) == 2 * c.intermediate_size * H &&
-                               size(x.down_proj) == H * c.intermediate_size);
+                         : elems(x.gate_up_proj, x.gate_up_fp8) == 2 * c.intermediate_size * H &&
+                               elems(x.down_proj, x.down_fp8) == H * c.intermediate_size);
     if (!ok) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, " weights do not match the MLA config"));
@@ -177,18 +184,15 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
   // q: [T, Hq, Dn + Dr].
   if (Rq > 0) {
     q_lora_.resize(T * Rq);
-    kernels::cpu::Linear(hidden_.data(), w.q_a_proj.data(), nullptr, T, Rq, H, q_lora_.data(),
-                         pool_);
+    RETURN_IF_ERROR(Project(hidden_.data(), w.q_a_proj, w.q_a_fp8, T, Rq, H, q_lora_.data()));
     kernels::cpu::RmsNorm(q_lora_.data(), w.q_a_layernorm.data(), T, Rq, kLatentNormEps,
                           q_lora_.data());
-    kernels::cpu::Linear(q_lora_.data(), w.q_proj.data(), nullptr, T, Hq * Dqk, Rq, q_.data(),
-                         pool_);
+    RETURN_IF_ERROR(Project(q_lora_.data(), w.q_proj, w.q_fp8, T, Hq * Dqk, Rq, q_.data()));
   } else {
-    kernels::cpu::Linear(hidden_.data(), w.q_proj.data(), nullptr, T, Hq * Dqk, H, q_.data(),
-                         pool_);
+    RETURN_IF_ERROR(Project(hidden_.data(), w.q_proj, w.q_fp8, T, Hq * Dqk, H, q_.data()));
   }
   // latent: [T, L + Dr] = [c_kv | k_pe]; c_kv normalized in place, row by row.
-  kernels::cpu::Linear(hidden_.data(), w.kv_a_proj.data(), nullptr, T, W, H, latent_.data(), pool_);
+  RETURN_IF_ERROR(Project(hidden_.data(), w.kv_a_proj, w.kv_a_fp8, T, W, H, latent_.data()));
   for (int64_t t = 0; t < T; ++t) {
     float* c_kv = latent_.data() + t * W;
     kernels::cpu::RmsNorm(c_kv, w.kv_a_layernorm.data(), 1, L, kLatentNormEps, c_kv);
@@ -209,9 +213,8 @@ absl::Status MlaModel::Attention(int64_t l, const ForwardInput& input, kernels::
     RETURN_IF_ERROR(DcpExchangeAttention(attn_.data(), lse_.data(), T, Hq, dims_.v_head_dim, dcp_,
                                          group_, &tp_));
   }
-  kernels::cpu::Linear(dcp ? tp_.merged.data() : attn_.data(), w.o_proj.data(), nullptr, T, H,
-                       Hq / dcp_.size * dims_.v_head_dim, hidden_.data(), pool_);
-  return absl::OkStatus();
+  return Project(dcp ? tp_.merged.data() : attn_.data(), w.o_proj, w.o_fp8, T, H,
+                 Hq / dcp_.size * dims_.v_head_dim, hidden_.data());
 }
 
 absl::Status MlaModel::LatentAttention(int64_t l, const ForwardInput& input,
@@ -247,11 +250,24 @@ absl::Status MlaModel::Mlp(int64_t l, int64_t T) {
   }
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
-  kernels::cpu::Linear(hidden_.data(), w.gate_up_proj.data(), nullptr, T, 2 * I, H, gate_up_.data(),
-                       pool_);
+  RETURN_IF_ERROR(
+      Project(hidden_.data(), w.gate_up_proj, w.gate_up_fp8, T, 2 * I, H, gate_up_.data()));
   kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
-  kernels::cpu::Linear(act_.data(), w.down_proj.data(), nullptr, T, H, I, hidden_.data(), pool_);
-  return absl::OkStatus();
+  return Project(act_.data(), w.down_proj, w.down_fp8, T, H, I, hidden_.data());
+}
+
+absl::Status MlaModel::Project(const float* x, const std::vector<float>& w,
+                               const Fp8LinearWeight& fp8, int64_t T, int64_t n, int64_t k,
+                               float* out) {
+  if (fp8.empty()) {
+    kernels::cpu::Linear(x, w.data(), nullptr, T, n, k, out, pool_);
+    return absl::OkStatus();
+  }
+  if (fp8.grid.rows != n || fp8.grid.cols != k) {
+    return absl::InternalError(absl::StrCat("FP8 weight [", fp8.grid.rows, ", ", fp8.grid.cols,
+                                            "] used as [", n, ", ", k, "]"));
+  }
+  return kernels::cpu::Fp8Linear(x, fp8.View(), nullptr, T, out, pool_);
 }
 
 }  // namespace tandem::runtime

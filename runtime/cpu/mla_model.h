@@ -67,6 +67,10 @@ class MlaModel : public CpuModel {
   absl::Status Attention(int64_t l, const ForwardInput& input, kernels::KvCacheView cache);
   // Layer l's MLP (dense, or DeepSeek's MoE layer) on hidden_ into hidden_.
   absl::Status Mlp(int64_t l, int64_t T);
+  // out[T, n] = x[T, k] . W^T: the fp32 weight `w`, or `fp8` when it is loaded (FP8 checkpoints:
+  // kernels::cpu::Fp8Linear, e4m3 codes dequantized block by block).
+  absl::Status Project(const float* x, const std::vector<float>& w, const Fp8LinearWeight& fp8,
+                       int64_t T, int64_t n, int64_t k, float* out);
 
   const ModelConfig config_;
   const ModelWeights weights_;

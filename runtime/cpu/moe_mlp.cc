@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/activation.h"
 
@@ -89,8 +90,12 @@ absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const floa
   }
   expert_tokens_.resize(E, 0);
   for (int32_t e : routing_.expert_ids) ++expert_tokens_[e];
-  const kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(),
-                                          c.NumHeldExperts(), H, c.moe_intermediate_size};
+  kernels::MoeExpertWeights experts{w.experts_gate_up.data(), w.experts_down.data(),
+                                    c.NumHeldExperts(), H, c.moe_intermediate_size};
+  if (!w.experts_gate_up_fp8.empty()) {  // FP8 checkpoints: e4m3 experts (weight_fp8.cc)
+    experts.gate_up_fp8 = w.experts_gate_up_fp8.View();
+    experts.down_fp8 = w.experts_down_fp8.View();
+  }
   if (all_to_all_ != nullptr) {
     if (c.expert_placement == nullptr) {
       return absl::InternalError("moe layer: the all-to-all needs the expert placement");
@@ -106,9 +111,19 @@ absl::Status MoeMlp::Run(const ModelConfig& c, const LayerWeights& w, const floa
   gate_up_.resize(T * 2 * I);
   act_.resize(T * I);
   shared_.resize(T * H);
-  kernels::cpu::Linear(x, w.shared_gate_up.data(), nullptr, T, 2 * I, H, gate_up_.data(), pool);
+  if (w.shared_gate_up_fp8.empty()) {
+    kernels::cpu::Linear(x, w.shared_gate_up.data(), nullptr, T, 2 * I, H, gate_up_.data(), pool);
+  } else {
+    RETURN_IF_ERROR(
+        kernels::cpu::Fp8Linear(x, w.shared_gate_up_fp8.View(), nullptr, T, gate_up_.data(), pool));
+  }
   kernels::cpu::SiluAndMul(gate_up_.data(), T, I, act_.data());
-  kernels::cpu::Linear(act_.data(), w.shared_down.data(), nullptr, T, H, I, shared_.data(), pool);
+  if (w.shared_down_fp8.empty()) {
+    kernels::cpu::Linear(act_.data(), w.shared_down.data(), nullptr, T, H, I, shared_.data(), pool);
+  } else {
+    RETURN_IF_ERROR(kernels::cpu::Fp8Linear(act_.data(), w.shared_down_fp8.View(), nullptr, T,
+                                            shared_.data(), pool));
+  }
   if (!w.shared_expert_gate.empty()) {
     // Qwen2-MoE: out += sigmoid(shared_expert_gate . x) * SharedMlp(x).
     kernels::cpu::AddSigmoidGated(x, w.shared_expert_gate.data(), shared_.data(), T, H, out);

@@ -93,6 +93,16 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // FP8 weights (issue 38; runtime/cuda/cuda_fp8_linear.h): every scheme the loader accepts, with
   // bf16 activations (the FP8 kernels read and write bf16). Block-scaled weights (128-column
   // blocks) beyond 16 rows take the slow chunked-GEMV path until a block-scaled GEMM exists.
+  // FP8 checkpoints of MoE and MLA models load and run on the CPU backend only: CudaMoeMlp's
+  // expert kernels and CudaMlaModel's projections read 16-bit weights (no CudaFp8Linear there).
+  if (model.quantization.IsFp8() && (model.IsMla() || model.IsMoe())) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--backend=cuda has no FP8 path for ", model.architecture, " (",
+        model.quantization.Describe(), "): ", model.IsMla() ? "CudaMlaModel's MLA projections" : "",
+        model.IsMla() && model.IsMoe() ? " and " : "",
+        model.IsMoe() ? "CudaMoeMlp's FP8 expert GEMMs" : "",
+        " are not built (only the dense Llama family runs FP8 on CUDA); use --backend=cpu"));
+  }
   const bool fp16_act =
       options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
   if (model.quantization.IsFp8() && fp16_act) {

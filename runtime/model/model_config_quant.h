@@ -13,10 +13,6 @@ namespace tandem::runtime::internal {
 // INVALID_ARGUMENT naming the field or scheme for anything unsupported (model_config.h).
 absl::Status ParseQuantizationConfig(const nlohmann::json& root, ModelConfig* config);
 
-// INVALID_ARGUMENT naming the architecture when `config` is FP8 but not a dense Llama-family
-// model (MLA and mixture-of-experts layers have no FP8 path yet).
-absl::Status CheckQuantizedArchitecture(const ModelConfig& config);
-
 }  // namespace tandem::runtime::internal
 
 #endif  // TANDEM_RUNTIME_MODEL_MODEL_CONFIG_QUANT_H_

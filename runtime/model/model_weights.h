@@ -96,6 +96,14 @@ struct LayerWeights {
   // FP8 weights (config.quantization.IsFp8()) of qkv_proj, o_proj, gate_up_proj and down_proj,
   // whose fp32 vectors are then empty; biases stay fp32.
   Fp8LinearWeight qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
+  // FP8 checkpoints of MoE and MLA models (weight_fp8.cc), the fp32 vectors above then empty:
+  // the experts stacked as the fp32 ones ([E * 2 * Ie, hidden] and [E * hidden, Ie]: per-row
+  // scales, so expert e is rows [e * 2 * Ie, (e + 1) * 2 * Ie)), the shared expert, and the MLA
+  // projections q_a_proj, q_b_proj / q_proj and kv_a_proj_with_mqa. kv_b_proj is used absorbed
+  // (W_UK / W_UV): it is dequantized into kv_b_proj at load (as vLLM does) and kv_b_fp8 is empty
+  // after the load.
+  Fp8LinearWeight experts_gate_up_fp8, experts_down_fp8, shared_gate_up_fp8, shared_down_fp8;
+  Fp8LinearWeight q_a_fp8, q_fp8, kv_a_fp8, kv_b_fp8;
 };
 
 struct ModelWeights {

@@ -173,8 +173,23 @@ void FillPart(const ModelConfig& c, const HfTensor& t, const FindTensor& find,
 }  // namespace
 
 bool IsFp8Slot(WeightSlot slot) {
-  return slot == WeightSlot::kQkvProj || slot == WeightSlot::kOProj ||
-         slot == WeightSlot::kGateUpProj || slot == WeightSlot::kDownProj;
+  switch (slot) {
+    case WeightSlot::kQkvProj:
+    case WeightSlot::kOProj:
+    case WeightSlot::kGateUpProj:
+    case WeightSlot::kDownProj:
+    case WeightSlot::kExpertsGateUp:
+    case WeightSlot::kExpertsDown:
+    case WeightSlot::kSharedGateUp:
+    case WeightSlot::kSharedDown:
+    case WeightSlot::kMlaQAProj:
+    case WeightSlot::kMlaQProj:
+    case WeightSlot::kMlaKvAProj:
+    case WeightSlot::kMlaKvBProj:
+      return true;
+    default:  // embeddings, norms, lm_head, the router and Qwen2-MoE's shared-expert gate
+      return false;
+  }
 }
 
 bool IsFp8Weight(const ModelConfig& config, const HfTensor& t) {
@@ -191,6 +206,22 @@ Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot) {
       return &layer->gate_up_fp8;
     case WeightSlot::kDownProj:
       return &layer->down_fp8;
+    case WeightSlot::kExpertsGateUp:
+      return &layer->experts_gate_up_fp8;
+    case WeightSlot::kExpertsDown:
+      return &layer->experts_down_fp8;
+    case WeightSlot::kSharedGateUp:
+      return &layer->shared_gate_up_fp8;
+    case WeightSlot::kSharedDown:
+      return &layer->shared_down_fp8;
+    case WeightSlot::kMlaQAProj:
+      return &layer->q_a_fp8;
+    case WeightSlot::kMlaQProj:
+      return &layer->q_fp8;
+    case WeightSlot::kMlaKvAProj:
+      return &layer->kv_a_fp8;
+    case WeightSlot::kMlaKvBProj:
+      return &layer->kv_b_fp8;
     default:
       return nullptr;
   }
@@ -227,7 +258,7 @@ void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layo
   // First the fused slots' sizes (every part of a slot has the same local columns).
   std::map<std::pair<int64_t, WeightSlot>, LocalPart> sizes;
   for (const HfTensor& t : layout) {
-    if (!IsFp8Weight(config, t)) continue;
+    if (!t.keep || !IsFp8Weight(config, t)) continue;
     const LocalPart part = PartOf(t);
     LocalPart& size =
         sizes.try_emplace({t.layer, t.slot}, LocalPart{0, part.cols, 0}).first->second;
@@ -242,8 +273,19 @@ void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layo
     slot->input_scale = 0.0f;
   }
   for (const HfTensor& t : layout) {
-    if (!IsFp8Weight(config, t)) continue;
+    if (!t.keep || !IsFp8Weight(config, t)) continue;
     FillPart(config, t, find, Fp8SlotOf(&weights->layers[t.layer], t.slot));
+  }
+  // kv_b_proj is used absorbed (W_UK / W_UV inside the latent attention), so it is widened once
+  // here, as vLLM's MLA does (get_and_maybe_dequant_weights(kv_b_proj)); it is small (32 MB per
+  // DeepSeek-V3 layer in fp8).
+  for (LayerWeights& layer : weights->layers) {
+    if (layer.kv_b_fp8.empty()) continue;
+    layer.kv_b_proj.resize(
+        static_cast<size_t>(layer.kv_b_fp8.grid.rows * layer.kv_b_fp8.grid.cols));
+    kernels::cpu::DequantizeFp8Weight(layer.kv_b_fp8.View(), 0, layer.kv_b_fp8.grid.rows,
+                                      layer.kv_b_proj.data());
+    layer.kv_b_fp8 = Fp8LinearWeight();
   }
 }
 

@@ -81,23 +81,26 @@ void AllocateMlaWeights(const ModelConfig& c, const TpDims& d, ModelWeights* w) 
   w->lm_head.clear();
   if (!c.tie_word_embeddings) w->lm_head.assign(vocab * h, 0.0f);
   w->layers.assign(static_cast<size_t>(c.num_hidden_layers), LayerWeights());
+  // FP8 checkpoints keep the projections in the *_fp8 slots (weight_fp8.cc); kv_b_proj is
+  // dequantized into its fp32 vector there.
+  const size_t f = c.quantization.FromCheckpoint() ? 0 : 1;
   for (LayerWeights& layer : w->layers) {
     layer.input_layernorm.assign(h, 0.0f);
     if (rq > 0) {
-      layer.q_a_proj.assign(rq * h, 0.0f);
+      layer.q_a_proj.assign(f * rq * h, 0.0f);
       layer.q_a_layernorm.assign(rq, 0.0f);
-      layer.q_proj.assign(heads * qk * rq, 0.0f);
+      layer.q_proj.assign(f * heads * qk * rq, 0.0f);
     } else {
-      layer.q_proj.assign(heads * qk * h, 0.0f);
+      layer.q_proj.assign(f * heads * qk * h, 0.0f);
     }
-    layer.kv_a_proj.assign((lat + static_cast<size_t>(c.qk_rope_head_dim)) * h, 0.0f);
+    layer.kv_a_proj.assign(f * (lat + static_cast<size_t>(c.qk_rope_head_dim)) * h, 0.0f);
     layer.kv_a_layernorm.assign(lat, 0.0f);
-    layer.kv_b_proj.assign(heads * static_cast<size_t>(c.qk_nope_head_dim + c.v_head_dim) * lat,
+    layer.kv_b_proj.assign(f * heads * static_cast<size_t>(c.qk_nope_head_dim + c.v_head_dim) * lat,
                            0.0f);
-    layer.o_proj.assign(h * o_heads * static_cast<size_t>(c.v_head_dim), 0.0f);
+    layer.o_proj.assign(f * h * o_heads * static_cast<size_t>(c.v_head_dim), 0.0f);
     layer.post_attention_layernorm.assign(h, 0.0f);
-    layer.gate_up_proj.assign(2 * inter * h, 0.0f);
-    layer.down_proj.assign(h * inter, 0.0f);
+    layer.gate_up_proj.assign(f * 2 * inter * h, 0.0f);
+    layer.down_proj.assign(f * h * inter, 0.0f);
   }
   AllocateFamilyWeights(c, d, w);  // MoE layers' experts instead of the dense MLP
 }

@@ -105,11 +105,13 @@ void AllocateFamilyWeights(const ModelConfig& c, const TpDims& d, ModelWeights* 
     layer.down_proj.clear();
     layer.down_bias.clear();
     layer.router.assign(static_cast<size_t>(c.num_experts) * h, 0.0f);  // replicated
-    layer.experts_gate_up.assign(experts * 2 * li * h, 0.0f);
-    layer.experts_down.assign(experts * h * li, 0.0f);
+    // FP8 checkpoints: the experts' e4m3 codes land in the *_fp8 slots (weight_fp8.cc).
+    const size_t f = c.quantization.FromCheckpoint() ? 0 : 1;
+    layer.experts_gate_up.assign(f * experts * 2 * li * h, 0.0f);
+    layer.experts_down.assign(f * experts * h * li, 0.0f);
     if (c.shared_expert_intermediate_size > 0) {
-      layer.shared_gate_up.assign(2 * ls * h, 0.0f);
-      layer.shared_down.assign(h * ls, 0.0f);
+      layer.shared_gate_up.assign(f * 2 * ls * h, 0.0f);
+      layer.shared_down.assign(f * h * ls, 0.0f);
       if (!c.DeepseekMoe()) layer.shared_expert_gate.assign(h, 0.0f);
     }
     if (c.moe_router == ModelConfig::MoeRouter::kDeepseekV3)

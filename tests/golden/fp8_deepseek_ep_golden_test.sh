@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# DeepSeek-V3's FP8 format through the generate CLI (issue 38): the fp8_deepseek_v3 fixture
+# (make_golden_fp8_deepseek.py: block-scaled MLA projections, routed and shared experts) at TP=1
+# and at --tp=2 --enable_expert_parallel (two rank processes over Gloo, each holding two experts
+# whole with their 128x128 scales, attention split by heads on block boundaries), against
+# transformers on the dequantized weights: cosine >= 0.985 and the first greedy token equal where
+# the reference's top-2 gap is >= 10% of max|logit| (activations are quantized in 1x128 groups,
+# the reference's are not: fp8_deepseek_golden_test.cc). Then refusals: --tp=2 without expert
+# parallelism cuts each expert's 128-row block, --backend=cuda has no FP8 MLA / MoE path. (~3 s)
+set -euo pipefail
+GENERATE=$1
+T=${TEST_TMPDIR:-$(mktemp -d)}
+FIX=tests/golden/fixtures_fp8/fp8_deepseek_v3
+
+check() {  # OUT LABEL
+  python3 - "$1" "$FIX/expected.json" "$2" <<'PY'
+import json, math, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+exp = json.load(open(sys.argv[2]))
+ref, gaps = exp["last_prompt_logits"], exp["top2_gap"]
+first = [t[0] for t in exp["greedy_tokens"]]
+assert len(lines) == len(ref), f"{len(lines)} lines for {len(ref)} prompts"
+worst, checked = 1.0, 0
+for i, (got, want) in enumerate(zip(lines, ref)):
+    g = got["last_prompt_logits"]
+    cos = sum(a * b for a, b in zip(g, want)) / math.sqrt(sum(a * a for a in g) *
+                                                          sum(b * b for b in want))
+    worst = min(worst, cos)
+    gap = gaps[i] / max(abs(x) for x in want)
+    print(f"    prompt {i}: cosine {cos:.6f}, token {got['tokens'][0]} vs {first[i]}, "
+          f"gap/max {gap:.4f}")
+    assert cos >= 0.985, f"prompt {i}: cosine {cos}"
+    if gap >= 0.10:
+        assert got["tokens"][0] == first[i], f"prompt {i}: token {got['tokens'][0]} != {first[i]}"
+        checked += 1
+assert checked >= 1, "no prompt with a clear greedy token"
+print(f"  {sys.argv[3]}: worst cosine {worst:.6f}, {checked} first tokens checked")
+PY
+}
+
+# shellcheck source-path=SCRIPTDIR source=generate_tp_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/generate_tp_lib.sh"
+run_generate 1 "$FIX" 1 "$T/tp1.jsonl"
+check "$T/tp1.jsonl" "tp=1"
+run_generate 1 "$FIX" 2 "$T/ep2.jsonl" --enable_expert_parallel
+grep -q "expert parallelism, [0-9]* experts over 2 ranks" "$T/ep2.jsonl.err" ||
+  { echo "FAIL: no placement line in the log"; cat "$T/ep2.jsonl.err"; exit 1; }
+check "$T/ep2.jsonl" "tp=2 --enable_expert_parallel"
+
+expect_fail() {  # description, expected text, args...
+  local what=$1 text=$2
+  shift 2
+  if timeout 60 "$GENERATE" "$@" > "$T/bad.out" 2> "$T/bad.err"; then
+    echo "FAIL: $what exited 0"
+    exit 1
+  fi
+  grep -q -- "$text" "$T/bad.err" || { echo "FAIL: $what: no '$text' in:"; cat "$T/bad.err"; exit 1; }
+  echo "ok: $what -> $(grep -- "$text" "$T/bad.err" | head -1 | cut -c1-200)"
+}
+expect_fail "tp=2 cuts an expert's 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks" \
+  --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --tp=2
+expect_fail "--backend=cuda" "has no FP8 path for DeepseekV3ForCausalLM" \
+  --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --backend=cuda
+echo "PASS"
