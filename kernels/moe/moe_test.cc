@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/threading/thread_pool.h"
 
 namespace tandem::kernels::cpu {
@@ -208,6 +210,66 @@ TEST(FusedMoeTest, OneExpertTakingEveryTokenAndIdleExperts) {
     routing.weights.insert(routing.weights.end(), {0.75f, 0.25f});
   }
   CheckFused(x, routing, {gate_up.data(), down.data(), E, H, I}, nullptr);
+}
+
+// FP8 experts (DeepSeek-V3's 128x128 block-scaled e4m3, stacked with per-row scales): with
+// activations left unquantized they equal the fp32 experts holding the dequantized weights; with
+// dynamic 1x128 activation groups a token's output does not depend on the batch it came in.
+TEST(FusedMoeTest, Fp8ExpertsMatchFp32OnTheirDequantizedWeights) {
+  std::mt19937 rng(38);
+  ThreadPool pool(3);
+  const int64_t T = 9, E = 4, k = 2, H = 200, I = 136;  // partial 128-column blocks
+  const std::vector<float> x = Random(rng, T * H, 1.0f);
+  const std::vector<float> logits = Random(rng, T * E, 2.0f);
+  const Fp8ScaleGrid gu_grid{E * 2 * I, H, 1, 128}, dn_grid{E * H, I, 1, 128};
+  std::vector<uint8_t> gu_codes(E * 2 * I * H), dn_codes(E * H * I);
+  std::vector<float> gu_scales(gu_grid.NumScales()), dn_scales(dn_grid.NumScales());
+  QuantizeWeight(Random(rng, E * 2 * I * H, 0.2f).data(), gu_grid, gu_codes.data(),
+                 gu_scales.data());
+  QuantizeWeight(Random(rng, E * H * I, 0.2f).data(), dn_grid, dn_codes.data(), dn_scales.data());
+  MoeExpertWeights fp8{nullptr, nullptr, E, H, I};
+  fp8.gate_up_fp8 = {gu_codes.data(), gu_scales.data(), gu_grid, Fp8ActivationScheme::kNone};
+  fp8.down_fp8 = {dn_codes.data(), dn_scales.data(), dn_grid, Fp8ActivationScheme::kNone};
+  std::vector<float> gate_up(E * 2 * I * H), down(E * H * I);
+  DequantizeFp8Weight(fp8.gate_up_fp8, 0, E * 2 * I, gate_up.data());
+  DequantizeFp8Weight(fp8.down_fp8, 0, E * H, down.data());
+  MoeRouting routing;
+  ASSERT_TRUE(SoftmaxTopK(logits.data(), T, {E, k, true}, &routing).ok());
+  MoeScratch scratch;
+  std::vector<float> want(T * H), got(T * H);
+  ASSERT_TRUE(FusedMoe(x.data(), routing, {gate_up.data(), down.data(), E, H, I}, want.data(),
+                       &pool, &scratch)
+                  .ok());
+  ASSERT_TRUE(FusedMoe(x.data(), routing, fp8, got.data(), &pool, &scratch).ok());
+  double max_ref = 0, max_err = 0;
+  for (int64_t i = 0; i < T * H; ++i) {
+    max_ref = std::max(max_ref, std::fabs(double{want[i]}));
+    max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
+  }
+  EXPECT_GT(max_ref, 1e-2);
+  EXPECT_LE(max_err, 1e-5 * max_ref);
+  // Dynamic 1x128 groups: token by token equals the whole batch.
+  fp8.gate_up_fp8.activation = fp8.down_fp8.activation = Fp8ActivationScheme::kDynamicGroup128;
+  ASSERT_TRUE(FusedMoe(x.data(), routing, fp8, got.data(), &pool, &scratch).ok());
+  double max_diff_deq = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    MoeRouting one{1,
+                   k,
+                   {routing.expert_ids.begin() + t * k, routing.expert_ids.begin() + t * k + k},
+                   {routing.weights.begin() + t * k, routing.weights.begin() + t * k + k}};
+    std::vector<float> row(H);
+    ASSERT_TRUE(FusedMoe(x.data() + t * H, one, fp8, row.data(), nullptr, &scratch).ok());
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_NEAR(row[h], got[t * H + h], 1e-5f * static_cast<float>(max_ref));
+      max_diff_deq = std::max(max_diff_deq, std::fabs(double{row[h]} - want[t * H + h]));
+    }
+  }
+  EXPECT_GT(max_diff_deq, 0.0);  // the activations were quantized
+  EXPECT_LE(max_diff_deq, 0.1 * max_ref);
+  // A view that is not the stacked shape is refused.
+  fp8.down_fp8.grid.rows = E * H - 1;
+  EXPECT_EQ(FusedMoe(x.data(), routing, fp8, got.data(), nullptr, &scratch).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FusedMoeTest, SigmoidGatedSharedExpert) {

@@ -142,8 +142,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
                                               const CheckpointReadOptions& read = {});
 
 // FP8 checkpoints (config.quantization.FromCheckpoint(); weight_fp8.h): q/k/v/o and gate/up/down
-// are F8_E4M3 with their scale tensors and land in LayerWeights' *_fp8 slots (scales per row:
-// per-tensor and per-channel scales repeated per row, 128x128 blocks per row and 128-column
+// (and MoE experts, shared experts, MLA projections: DeepSeek-V3's format; kv_b_proj dequantized
+// at load) are F8_E4M3 with their scale tensors and land in LayerWeights' *_fp8 slots (scales per
+// row: per-tensor and per-channel scales repeated per row, 128x128 blocks per row and 128-column
 // block; static input scales of fused parts merged by max, as vLLM does), never widened; a
 // tensor-parallel slice that cuts a 128-block is refused naming the TP size.
 // WritePreShardedCheckpoint keeps FP8 weights' bytes as they are and writes each rank's slice of

@@ -26,7 +26,10 @@ namespace tandem::runtime::internal {
 // Looks a checkpoint tensor up by name; nullptr when absent.
 using FindTensor = std::function<const TensorInfo*(const std::string&)>;
 
-// qkv_proj, o_proj, gate_up_proj, down_proj: the slots FP8 covers.
+// The slots FP8 covers: qkv_proj, o_proj, gate_up_proj, down_proj; the MoE experts and shared
+// expert (stacked, per-row scales); the MLA projections q_a / q_b (q_proj) / kv_a_proj_with_mqa
+// and kv_b_proj (dequantized into its fp32 vector after the load: used absorbed). Not the
+// router, norms, embeddings or lm_head (DeepSeek-V3's checkpoint keeps them bf16).
 bool IsFp8Slot(WeightSlot slot);
 // `t` is stored as e4m3 in a checkpoint of `config`.
 bool IsFp8Weight(const ModelConfig& config, const HfTensor& t);
