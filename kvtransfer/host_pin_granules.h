@@ -58,6 +58,9 @@ class HostPinGranules {
   absl::StatusOr<bool> PinCovering(uint64_t offset, uint64_t bytes);
 
   Stats stats() const;
+  // Each granule is its own page-locked registration, and CUDA refuses one copy that spans two
+  // (cudaErrorInvalidValue, seen on an H200): callers copy granule by granule.
+  uint64_t granule_bytes() const { return granule_bytes_; }
 
  private:
   enum class State : uint8_t { kUntried, kPinned, kFailed };

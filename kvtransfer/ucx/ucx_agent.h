@@ -74,8 +74,12 @@ struct UcxAgentOptions {
   // first time SyncForRemoteRead copies into it, and so is a peer's mirror mapped here, each
   // granule the first time a request DMAs from it (kvtransfer/host_pin_granules.h); 0: the
   // whole mirror at registration, the whole mapping at the first read (before issue 31: ~110 GB
-  // per rank of an 8B TP=4 group, tens of seconds of the worker's start).
-  uint64_t cuda_mirror_pin_granule_bytes = uint64_t{16} << 20;
+  // per rank of an 8B TP=4 group, tens of seconds of the worker's start). Default 0: with
+  // 16 MiB granules ucx_gpu_test failed 3 of 4 on an H200 (nvidia-h200, 2026-11-28: cudaMemcpy
+  // cudaErrorInvalidValue in the source's first SyncForRemoteRead, a copy across two granules'
+  // registrations); copies are now split per granule and a DMA across granules takes the
+  // staging buffers, but that is not yet run on a GPU. Mixed workers export no pool at all.
+  uint64_t cuda_mirror_pin_granule_bytes = 0;
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
   // (DESIGN.md); false: always through the staging buffers.
   bool cuda_dma_from_mapped = true;

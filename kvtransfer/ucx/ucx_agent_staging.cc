@@ -107,6 +107,9 @@ bool UcxAgentImpl::DmaFromMappedLocked(RemoteRegion& remote, uint64_t offset, ui
                                                     granule == 0 ? remote.length : granule,
                                                     CudaPinHostMemory, CudaUnpinHostMemory);
   }
+  // A DMA across two granules (two registrations) fails: such a read takes the staging buffers.
+  const uint64_t granule = remote.pins->granule_bytes();
+  if (bytes > 0 && offset / granule != (offset + bytes - 1) / granule) return false;
   absl::StatusOr<bool> pinned = remote.pins->PinCovering(offset, bytes);
   return pinned.ok() && *pinned;  // else the staging buffers
 }
@@ -204,7 +207,13 @@ absl::Status UcxAgentImpl::SyncForRemoteRead(uint32_t region, absl::Span<const B
   for (const ByteRange& range : ranges) {
     if (range.length == 0) continue;
     if (pins != nullptr) RETURN_IF_ERROR(pins->PinCovering(range.offset, range.length).status());
-    RETURN_IF_ERROR(CudaCopy(mirror + range.offset, device + range.offset, range.length));
+    // One copy per granule: a copy across two registrations fails (host_pin_granules.h).
+    const uint64_t granule = pins != nullptr ? pins->granule_bytes() : range.length;
+    for (uint64_t at = range.offset; at < range.offset + range.length;) {
+      const uint64_t end = std::min(range.offset + range.length, (at / granule + 1) * granule);
+      RETURN_IF_ERROR(CudaCopy(mirror + at, device + at, end - at));
+      at = end;
+    }
   }
   return absl::OkStatus();
 }
