@@ -32,36 +32,10 @@
 #include "runtime/engine/model_runner.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "tests/golden/mla_golden_fixture.h"
 
 namespace tandem::runtime {
 namespace {
-
-constexpr char kFixtures[] = "tests/golden/fixtures_mla/";
-
-struct Golden {
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  std::vector<std::vector<float>> logits;
-  std::vector<int> prefix_pair;
-  int max_new_tokens = 0;
-};
-
-Golden LoadGolden(const std::string& variant) {
-  std::ifstream in(kFixtures + variant + "/expected.json");
-  EXPECT_TRUE(in.good()) << variant;
-  const nlohmann::json j = nlohmann::json::parse(in);
-  Golden g;
-  g.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
-  g.greedy = j["greedy_tokens"].get<std::vector<std::vector<int32_t>>>();
-  g.logits = j["last_prompt_logits"].get<std::vector<std::vector<float>>>();
-  g.prefix_pair = j["prefix_pair"]["indices"].get<std::vector<int>>();
-  g.max_new_tokens = j["max_new_tokens"];
-  return g;
-}
-
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-};
 
 // Runs `order`'s prompts on a CPU engine whose latent pool is `kv_dtype`, each alone or all
 // together; *hits: the prefix-cache hit tokens.
