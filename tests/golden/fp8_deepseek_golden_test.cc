@@ -26,6 +26,7 @@
 #include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
 #include "tests/golden/logit_compare.h"
+#include "tests/golden/prompt_run.h"
 
 namespace tandem::runtime {
 namespace {
@@ -78,17 +79,10 @@ std::vector<Fp8LinearWeight*> Fp8Slots(const ModelConfig& c, int64_t l, LayerWei
   return slots;
 }
 
-struct PromptRun {
-  std::vector<std::vector<float>> logits;  // last prompt position
-  std::vector<int32_t> first;              // first greedy token
-};
-
 PromptRun RunPrompts(const Golden& g, bool weight_only) {
-  PromptRun run{std::vector<std::vector<float>>(g.prompts.size()),
-                std::vector<int32_t>(g.prompts.size(), -1)};
   absl::StatusOr<LoadedModel> model = Load();
   EXPECT_TRUE(model.ok()) << model.status();
-  if (!model.ok()) return run;
+  if (!model.ok()) return EmptyPromptRun(g.prompts.size());
   for (int64_t l = 0; l < model->config.num_hidden_layers; ++l) {
     LayerWeights& w = model->weights.layers[l];
     for (Fp8LinearWeight* fp8 : Fp8Slots(model->config, l, &w)) {
@@ -98,27 +92,8 @@ PromptRun RunPrompts(const Golden& g, bool weight_only) {
   }
   auto engine = Engine::Create(EngineConfig(), model->config, std::move(model->weights));
   EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return run;
-  for (size_t i = 0; i < g.prompts.size(); ++i) {
-    RequestSpec spec;
-    spec.prompt = g.prompts[i];
-    spec.max_tokens = 1;
-    spec.ignore_eos = true;
-    spec.capture_last_prompt_logits = true;
-    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
-  }
-  while ((*engine)->HasUnfinished()) {
-    auto updates = (*engine)->Step();
-    EXPECT_TRUE(updates.ok()) << updates.status();
-    if (!updates.ok()) break;
-    for (RequestUpdate& u : *updates) {
-      if (!u.last_prompt_logits.empty()) run.logits[u.request_id] = std::move(u.last_prompt_logits);
-      if (!u.new_token_ids.empty() && run.first[u.request_id] < 0) {
-        run.first[u.request_id] = u.new_token_ids[0];
-      }
-    }
-  }
-  return run;
+  if (!engine.ok()) return EmptyPromptRun(g.prompts.size());
+  return RunPromptsOnce(**engine, g.prompts);
 }
 
 TEST(Fp8DeepseekTest, ExpertsAndMlaProjectionsStayE4m3) {
