@@ -419,7 +419,10 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
   const float eps = static_cast<float>(config_.rms_norm_eps);
   T* hidden = Ptr<T>(hidden_);
   T* residual = Ptr<T>(residual_);
-  if (comm() == nullptr) {
+  if (input_embeds_ != nullptr) {  // the MTP block (CudaMtpModel): eh_proj's output
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(residual, input_embeds_, Tn * H * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, stream));
+  } else if (comm() == nullptr) {
     RETURN_IF_ERROR(
         kc::Embedding<T>(step.token_ids, Tn, Ptr<T>(embed_tokens_), V, H, residual, stream));
   } else {  // vocab-parallel: each rank its rows, summed

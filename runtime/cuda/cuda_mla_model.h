@@ -67,6 +67,15 @@ class CudaMlaModel {
                        const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
 
   void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+  // MTP (cuda_mtp_model.h): Forward takes its input rows [T, hidden] from `embeds` (a device
+  // buffer of the activation dtype, read when Forward runs, also from a captured graph) instead
+  // of embedding step.token_ids; null: the embedding (the default). One rank only.
+  void set_input_embeds(const void* embeds) { input_embeds_ = embeds; }
+  // After Forward: every fed token's final hidden state, [T, hidden] of the activation dtype:
+  // after the final norm (what the MTP layer is fed), or before it (the residual stream).
+  const void* normed_hidden() const { return hidden_.data(); }
+  const void* hidden_before_norm() const { return residual_.data(); }
+  const DeviceBuffer& embed_tokens() const { return embed_tokens_; }
   const float* logits() const { return logits_.get<float>(); }
   const ModelConfig& config() const { return config_; }
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -127,6 +136,7 @@ class CudaMlaModel {
   std::unique_ptr<CudaMoeMlp> moe_;  // models with MoE layers: routing + expert scratch
   int num_sms_ = 132;
   int64_t weight_bytes_ = 0;
+  const void* input_embeds_ = nullptr;  // set_input_embeds
 };
 
 }  // namespace tandem::runtime::cuda

@@ -126,6 +126,24 @@ CudaModelRunner::~CudaModelRunner() {
 
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     const CudaBackendConfig& config, const ExecutorSpec& spec, ModelWeights weights) {
+  return Build(
+      config, spec,
+      [&weights, &spec](CudaModelRunner* r,
+                        const CudaModelOptions& options) -> absl::StatusOr<kernels::KvCacheLayout> {
+        if (spec.model_config.IsMla()) {
+          ASSIGN_OR_RETURN(
+              r->mla_model_,
+              CudaMlaModel::Create(spec.model_config, std::move(weights), options, r->stream_));
+          return r->mla_model_->KvLayout(spec.num_blocks, spec.block_size);
+        }
+        ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights),
+                                                           options, r->stream_));
+        return r->model_->KvLayout(spec.num_blocks, spec.block_size);
+      });
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
+    const CudaBackendConfig& config, const ExecutorSpec& spec, const ModelMaker& make_model) {
   if (spec.kv_pool != nullptr) {
     return absl::InvalidArgumentError("the CUDA backend allocates its own device KV pool");
   }
@@ -186,16 +204,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                                   " interleave ", r->dcp_.interleave)
                                    : std::string());
   }
-  kernels::KvCacheLayout layout;
-  if (spec.model_config.IsMla()) {
-    ASSIGN_OR_RETURN(r->mla_model_, CudaMlaModel::Create(spec.model_config, std::move(weights),
-                                                         options, r->stream_));
-    layout = r->mla_model_->KvLayout(spec.num_blocks, spec.block_size);
-  } else {
-    ASSIGN_OR_RETURN(r->model_, CudaLlamaModel::Create(spec.model_config, std::move(weights),
-                                                       options, r->stream_));
-    layout = r->model_->KvLayout(spec.num_blocks, spec.block_size);
-  }
+  ASSIGN_OR_RETURN(const kernels::KvCacheLayout layout, make_model(r.get(), options));
 
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
   RETURN_IF_ERROR(layout.Validate());
@@ -208,7 +217,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
   r->cache_.data = r->pool_.data();
   r->cache_.layout = layout;
-  r->cache_.dtype = r->model_ != nullptr ? r->model_->kv_dtype() : r->mla_model_->kv_dtype();
+  r->cache_.dtype = r->model_ != nullptr       ? r->model_->kv_dtype()
+                    : r->mla_model_ != nullptr ? r->mla_model_->kv_dtype()
+                                               : r->mtp_model_->kv_dtype();
   if (config.fp8_latent_kv) {
     // kernels/mla reads the row scales at token_scales[e / width] (no per-tensor k/v scale).
     r->cache_.token_scales = SplitFp8LatentPool(r->pool_.data(), layout).scales;
@@ -252,10 +263,14 @@ absl::Status CudaModelRunner::ModelForward(const DeviceStep& step, const StepAtt
   if (mla_model_ != nullptr) {
     return mla_model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
   }
+  if (mtp_model_ != nullptr) {
+    return mtp_model_->Forward(step, cache_, plan, input_hidden_.get<float>(), stream_);
+  }
   return model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
 }
 
 const float* CudaModelRunner::ModelLogits() const {
+  if (mtp_model_ != nullptr) return mtp_model_->logits();
   return mla_model_ != nullptr ? mla_model_->logits() : model_->logits();
 }
 
@@ -291,7 +306,8 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
     PackBlockTable(seq.block_table, table);
     for (int64_t j = 0; j < n; ++j, ++t) {
       const int64_t pos = seq.num_computed_tokens + j;
-      token_ids[t] = seq.new_tokens[j];
+      // The MTP layer embeds nothing at position 0 (CudaMtpModel: id -1 is a zero row).
+      token_ids[t] = mtp_model_ != nullptr && pos == 0 ? -1 : seq.new_tokens[j];
       positions[t] = pos;
       // Only the shard holding the token writes it, at its local index (without DCP: every
       // token, local = global).
@@ -505,6 +521,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
   const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
   const bool greedy = GreedyOnly(batch, step.num_logit_rows);
+  RETURN_IF_ERROR(UploadInputHidden(batch, total_tokens));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_dev_.data(), meta_host_.data(), copy_bytes,
                                        cudaMemcpyHostToDevice, stream_));
   // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before
@@ -512,6 +529,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   const int64_t autotune_m = config_.gemm_autotune ? padded : 0;
   if (model_ != nullptr) model_->set_gemm_autotune_max_m(autotune_m);
   if (mla_model_ != nullptr) mla_model_->set_gemm_autotune_max_m(autotune_m);
+  if (mtp_model_ != nullptr) mtp_model_->set_gemm_autotune_max_m(autotune_m);
   if (padded > 0) {
     // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
     // by the most tokens of max_model_len this rank's shard can hold).
@@ -534,6 +552,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     ++stats_.eager_steps;
   }
+  RETURN_IF_ERROR(EnqueueHiddenCopy(batch, total_tokens));
   const int64_t R = step.num_logit_rows;
   if (R > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampled_host_.data(), sampled_dev_.data(), R * 4,
@@ -545,6 +564,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   } else {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
+  TakeHidden(batch, total_tokens, &out);
   // Row r belongs to the r-th sequence that has a row (every sequence when padded).
   const int64_t vocab = spec_.model_config.vocab_size;
   int64_t r = 0;

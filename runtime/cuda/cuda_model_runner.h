@@ -19,6 +19,13 @@
 // gives slot -1 to the tokens of other shards and uploads local_seq_lens with the metadata. Every
 // step then runs on the decode kernel (the prefill kernel has no DCP path).
 //
+// Speculative decoding with DeepSeek's MTP layer (runtime/engine/mtp_proposer.h): a batch with
+// return_hidden_states gets every fed token's final hidden state (after the final norm; MLA models)
+// in RunnerOutput::hidden_states, copied back after the step; CreateMtp builds the runner of the
+// MTP layer itself (CudaMtpModel on a latent pool of its own, one rank), which takes the batch's
+// input_hidden (uploaded before the step, so its decode steps run as graphs too), feeds token id
+// -1 (a zero embedding) at position 0 and returns its own output y as hidden_states.
+//
 // Errors: every launch is checked; a CUDA error fails the step with its converted Status.
 // Thread safety: not thread-safe; called from the engine's step loop. The device is made
 // current on the calling thread in Run().
@@ -28,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,8 +52,10 @@
 #include "kernels/attention/dcp_shard.h"
 #include "runtime/cuda/cuda_llama_model.h"
 #include "runtime/cuda/cuda_mla_model.h"
+#include "runtime/cuda/cuda_mtp_model.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/engine/model_executor.h"
+#include "runtime/model/mtp_weights.h"
 
 namespace tandem::runtime::cuda {
 
@@ -120,6 +130,11 @@ class CudaModelRunner : public ModelExecutor {
   static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(const CudaBackendConfig& config,
                                                                  const ExecutorSpec& spec,
                                                                  ModelWeights weights);
+  // The runner of a DeepSeek MLA target's MTP layer (spec.model_config: the target's; `config`
+  // one rank: no group or DCP, host weights). Its steps need SchedulerOutput::input_hidden.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateMtp(const CudaBackendConfig& config,
+                                                                    const ExecutorSpec& spec,
+                                                                    MtpWeights weights);
   ~CudaModelRunner() override;
 
   absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override;
@@ -141,6 +156,21 @@ class CudaModelRunner : public ModelExecutor {
         logit_rows, sampling_rows, block_tables, total;
   };
   CudaModelRunner(const CudaBackendConfig& config, const ExecutorSpec& spec);
+  // Create's body: `make_model` builds the runner's model for the options and returns its KV
+  // layout; the pool and the step metadata follow.
+  using ModelMaker = std::function<absl::StatusOr<kernels::KvCacheLayout>(
+      CudaModelRunner* runner, const CudaModelOptions& options)>;
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Build(const CudaBackendConfig& config,
+                                                                const ExecutorSpec& spec,
+                                                                const ModelMaker& make_model);
+  // cuda_model_runner_hidden.cc. The MTP runner: the batch's input_hidden onto the device before
+  // the step (INVALID_ARGUMENT when missing or misshapen; and for other runners when given).
+  absl::Status UploadInputHidden(const SchedulerOutput& batch, int64_t num_tokens);
+  // return_hidden_states: enqueues the copy of the step's `num_tokens` hidden rows to the host
+  // (UNIMPLEMENTED for a Llama-family model), and after the stream synchronized, widens them into
+  // out->hidden_states.
+  absl::Status EnqueueHiddenCopy(const SchedulerOutput& batch, int64_t num_tokens);
+  void TakeHidden(const SchedulerOutput& batch, int64_t num_tokens, RunnerOutput* out) const;
 
   // Packs `batch` (padded to `padded_seqs` decode sequences when > 0) into the pinned buffer.
   // Returns the host-side step description (device pointers into meta_dev_). max_seq_len: the
@@ -182,6 +212,9 @@ class CudaModelRunner : public ModelExecutor {
   std::unique_ptr<comm::DeviceCommunicator> comm_;  // before model_: the model uses it
   std::unique_ptr<CudaLlamaModel> model_;           // null for an MLA model ...
   std::unique_ptr<CudaMlaModel> mla_model_;         // ... which runs this one (DeepSeek-V2/V3)
+  std::unique_ptr<CudaMtpModel> mtp_model_;         // ... or this one (CreateMtp)
+  DeviceBuffer input_hidden_;                       // MTP: fp32 [max_tokens, hidden]
+  PinnedBuffer hidden_host_;                        // hidden_states rows (activation dtype)
   DeviceBuffer pool_;
   kernels::cuda::DeviceKvCache cache_;
   MetaLayout meta_{};

@@ -38,7 +38,47 @@ absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model)
   return absl::OkStatus();
 }
 
+#if defined(TANDEM_WITH_CUDA)
+// The device, dtype, graph and kernel choices of `options` (no group, DCP or dummy weights).
+cuda::CudaBackendConfig CudaConfigOf(const BackendOptions& options, const ModelConfig& model) {
+  cuda::CudaBackendConfig config;
+  config.device = options.device;
+  const bool fp16 =
+      options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
+  config.dtype = fp16 ? cuda::ActDtype::kFp16 : cuda::ActDtype::kBf16;
+  config.gpu_memory_utilization = options.gpu_memory_utilization;
+  config.enable_cuda_graphs = options.cuda_graphs;
+  config.use_prefill_kernel = options.prefill_kernel != "decode";
+  config.prefill_allow_wgmma = options.prefill_kernel == "auto";
+  return config;
+}
+#endif
+
 }  // namespace
+
+absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options,
+                                                          const ModelConfig& model) {
+  options.group = nullptr;  // the MTP layer runs in this process alone, from host weights
+  options.dcp_size = 1;
+  options.dp_attention = false;
+  options.dummy_seed.reset();
+  options.dummy_plan.clear();
+  options.kv_cache_dtype = "auto";  // its own 16-bit latent pool
+  RETURN_IF_ERROR(MakeExecutorFactory(options, model).status());
+  if (options.backend == "cpu") return CpuMtpExecutorFactory(options.num_threads);
+#if defined(TANDEM_WITH_CUDA)
+  const cuda::CudaBackendConfig config = CudaConfigOf(options, model);
+  return MtpExecutorFactory(
+      [config](const ExecutorSpec& spec,
+               MtpWeights weights) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+        ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModelRunner> runner,
+                         cuda::CudaModelRunner::CreateMtp(config, spec, std::move(weights)));
+        return std::unique_ptr<ModelExecutor>(std::move(runner));
+      });
+#else
+  return absl::UnimplementedError("--backend=cuda: this binary was built without the CUDA toolkit");
+#endif
+}
 
 absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
                                                     const ModelConfig& model) {
@@ -111,15 +151,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      ") with bf16 activations only; pass --dtype=bf16 or use --backend=cpu"));
   }
 #if defined(TANDEM_WITH_CUDA)
-  cuda::CudaBackendConfig config;
-  config.device = options.device;
-  const bool fp16 =
-      options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
-  config.dtype = fp16 ? cuda::ActDtype::kFp16 : cuda::ActDtype::kBf16;
-  config.gpu_memory_utilization = options.gpu_memory_utilization;
-  config.enable_cuda_graphs = options.cuda_graphs;
-  config.use_prefill_kernel = options.prefill_kernel != "decode";
-  config.prefill_allow_wgmma = options.prefill_kernel == "auto";
+  cuda::CudaBackendConfig config = CudaConfigOf(options, model);
   config.dummy_seed = options.dummy_seed;
   config.dummy_plan = options.dummy_plan;
   if (options.group != nullptr && options.group->size() > 1) {

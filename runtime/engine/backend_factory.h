@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "runtime/engine/model_executor.h"
+#include "runtime/engine/mtp_proposer.h"
 #include "runtime/model/model_source.h"
 
 namespace tandem::runtime {
@@ -62,6 +63,13 @@ bool CudaBackendAvailable();
 // `model` picks the "auto" dtype.
 absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& options,
                                                     const ModelConfig& model);
+
+// --speculative_method=mtp: the executor of the target `model`'s MTP layer on `options`' backend,
+// in this process on one device (a group's rank 0; options' group, DCP and device dummy weights do
+// not apply): the CPU's MtpModel (CpuMtpExecutorFactory), or on "cuda" CudaModelRunner::CreateMtp
+// on options.device with the target's activation dtype and graphs. MakeExecutorFactory's errors.
+absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options,
+                                                          const ModelConfig& model);
 
 // The model and the backend that will run it, as the binaries load them: with --backend=cuda
 // and --load_format=dummy the weights are generated on the device (the host loads the config

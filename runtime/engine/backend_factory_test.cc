@@ -2,12 +2,16 @@
 // building a CUDA factory does not touch the device.
 #include "runtime/engine/backend_factory.h"
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/kv_layout.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/mtp_weights.h"
 
 namespace tandem::runtime {
 namespace {
@@ -106,6 +110,62 @@ TEST(BackendFactoryTest, CudaBackendOrAClearError) {
   ASSERT_TRUE(dcp.ok()) << dcp.status();
   EXPECT_EQ(dcp->dcp_size, 2);
   EXPECT_EQ(dcp->dcp_interleave, 4);
+}
+
+// --speculative_method=mtp's executor (issue 34): the CPU MtpModel, or on "cuda" the CUDA MTP
+// runner where a toolkit built the backend (a clear error otherwise); the target's group options,
+// device dummy weights and FP8 KV do not reach it (the MTP layer runs in this process from host
+// weights, on its own 16-bit latent pool); a bad backend is refused as MakeExecutorFactory does.
+TEST(BackendFactoryTest, MtpExecutorOnTheTargetsBackend) {
+  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  mla->num_nextn_predict_layers = 1;
+  BackendOptions options;
+  options.num_threads = 1;
+  options.dcp_size = 2;
+  options.dummy_seed = 7;
+  options.kv_cache_dtype = "fp8";
+  absl::StatusOr<MtpExecutorFactory> cpu = MakeMtpExecutorFactory(options, *mla);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ExecutorSpec spec;
+  spec.model_config = *mla;
+  spec.num_blocks = 2;
+  spec.block_size = 16;
+  spec.max_num_batched_tokens = 16;
+  spec.max_num_seqs = 1;
+  spec.max_model_len = 32;
+  absl::StatusOr<std::unique_ptr<ModelExecutor>> executor =
+      (*cpu)(spec, RandomMtpWeights(*mla, RandomModelWeights(*mla, 5), 5));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  const int64_t H = mla->hidden_size;
+  const std::vector<int32_t> tokens = {5, 9, 11};
+  const std::vector<BlockId> blocks = {0};
+  std::vector<float> hidden(3 * H);
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = 0.01f * static_cast<float>(i % 37) - 0.2f;
+  SchedulerOutput step;
+  ScheduledSeq seq;
+  seq.new_tokens = tokens;
+  seq.block_table = blocks;
+  seq.samples = true;
+  step.seqs.push_back(seq);
+  step.num_batched_tokens = 3;
+  step.return_hidden_states = true;
+  step.input_hidden = hidden;
+  absl::StatusOr<RunnerOutput> out = (*executor)->Run(step);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(static_cast<int64_t>(out->hidden_states.size()), 3 * H);  // y of every row
+  EXPECT_GE(out->sampled_tokens[0], 0);
+
+  options.backend = "cuda";
+  absl::StatusOr<MtpExecutorFactory> cuda = MakeMtpExecutorFactory(options, *mla);
+  if (CudaBackendAvailable()) {
+    EXPECT_TRUE(cuda.ok()) << cuda.status();  // builds nothing on the device yet
+  } else {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnimplemented) << cuda.status();
+  }
+  options.backend = "tpu";
+  EXPECT_EQ(MakeMtpExecutorFactory(options, *mla).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent in FP8 on either backend; other

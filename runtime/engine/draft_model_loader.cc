@@ -21,11 +21,6 @@ absl::Status LoadAndAttachDraftModel(const ModelSource& source, BackendOptions b
 
 absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& config,
                               const BackendOptions& backend, Engine& engine) {
-  if (backend.backend != "cpu") {
-    return absl::UnimplementedError(
-        "--speculative_method=mtp runs on the CPU backend only: the CUDA MLA model does not "
-        "return hidden states and has no MTP layer yet (issue 34)");
-  }
   if (config.num_nextn_predict_layers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--speculative_method=mtp needs a model with an MTP layer; its config has "
@@ -49,7 +44,8 @@ absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& conf
                  static_cast<long long>(config.num_nextn_predict_layers),
                  static_cast<long long>(config.num_hidden_layers));
   }
-  return engine.AttachMtp(config, std::move(weights));
+  ASSIGN_OR_RETURN(const MtpExecutorFactory factory, MakeMtpExecutorFactory(backend, config));
+  return engine.AttachMtp(config, std::move(weights), &factory);
 }
 
 }  // namespace tandem::runtime

@@ -19,9 +19,9 @@ absl::Status LoadAndAttachDraftModel(const ModelSource& source, BackendOptions b
 
 // --speculative_method=mtp: loads the first MTP layer of the target `source` (LoadMtpWeights; for
 // --load_format=dummy, RandomMtpWeights beside the model's dummy weights) for `config` (the whole
-// model's) and attaches it to `engine` on the CPU backend (the MTP runs in this process, a
-// group's rank 0). INVALID_ARGUMENT naming num_nextn_predict_layers for a model without an MTP
-// layer; UNIMPLEMENTED on --backend=cuda (the CUDA MLA model returns no hidden states yet).
+// model's) and attaches it to `engine` on `backend` (MakeMtpExecutorFactory: the MTP runs in this
+// process, a group's rank 0, on the CPU or on backend.device). INVALID_ARGUMENT naming
+// num_nextn_predict_layers for a model without an MTP layer.
 absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& config,
                               const BackendOptions& backend, Engine& engine);
 

@@ -1,0 +1,94 @@
+// CudaModelRunner's hidden-state traffic for speculative decoding with DeepSeek's MTP layer: the
+// MTP runner (CreateMtp) and its input hidden states, and the final hidden states a step returns.
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "runtime/cuda/cuda_model_runner.h"
+#include "runtime/model/half.h"
+
+namespace tandem::runtime::cuda {
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateMtp(
+    const CudaBackendConfig& config, const ExecutorSpec& spec, MtpWeights weights) {
+  if (!spec.model_config.IsMla()) {
+    return absl::InvalidArgumentError(absl::StrCat("an MTP layer needs a DeepSeek MLA target, not ",
+                                                   spec.model_config.architecture));
+  }
+  if (config.group != nullptr || config.dcp_size > 1 || config.dummy_seed.has_value() ||
+      config.fp8_latent_kv) {
+    return absl::InvalidArgumentError(
+        "the CUDA MTP runner is one rank with host weights and a 16-bit latent pool (no group, "
+        "DCP, device dummy weights or FP8 KV)");
+  }
+  return Build(
+      config, spec,
+      [&weights, &spec](CudaModelRunner* r,
+                        const CudaModelOptions& options) -> absl::StatusOr<kernels::KvCacheLayout> {
+        ASSIGN_OR_RETURN(r->mtp_model_, CudaMtpModel::Create(spec.model_config, std::move(weights),
+                                                             options, r->stream_));
+        const int64_t n = r->max_tokens_ * spec.model_config.hidden_size;
+        ASSIGN_OR_RETURN(r->input_hidden_,
+                         DeviceBuffer::Allocate(n * 4, "MTP input hidden states"));
+        // Padding rows of graph steps read rows nobody wrote: zeros, never NaNs.
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->input_hidden_.data(), 0, n * 4, r->stream_));
+        return r->mtp_model_->KvLayout(spec.num_blocks, spec.block_size);
+      });
+}
+
+absl::Status CudaModelRunner::UploadInputHidden(const SchedulerOutput& batch, int64_t num_tokens) {
+  const int64_t n = num_tokens * spec_.model_config.hidden_size;
+  if (mtp_model_ == nullptr) {
+    if (batch.input_hidden.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError("input hidden states given to a runner without MTP layer");
+  }
+  if (static_cast<int64_t>(batch.input_hidden.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the MTP layer's step needs input hidden states [", num_tokens, ", ",
+        spec_.model_config.hidden_size, "], got ", batch.input_hidden.size(), " values"));
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_hidden_.data(), batch.input_hidden.data(), n * 4,
+                                       cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::EnqueueHiddenCopy(const SchedulerOutput& batch, int64_t num_tokens) {
+  if (!batch.return_hidden_states) return absl::OkStatus();
+  const void* rows = mtp_model_ != nullptr   ? mtp_model_->hidden_out()
+                     : mla_model_ != nullptr ? mla_model_->normed_hidden()
+                                             : nullptr;
+  if (rows == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("the CUDA backend returns hidden states (MTP drafting) for DeepSeek MLA "
+                     "models only, not ",
+                     spec_.model_config.architecture));
+  }
+  // Rows 0 .. num_tokens - 1 are the batch's tokens in order (a padded step's padding follows).
+  const int64_t bytes = num_tokens * spec_.model_config.hidden_size * 2;
+  if (hidden_host_.bytes() < bytes) {
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // an earlier copy may still target it
+    hidden_host_.Reset();
+    ASSIGN_OR_RETURN(hidden_host_,
+                     PinnedBuffer::Allocate(max_tokens_ * spec_.model_config.hidden_size * 2,
+                                            "hidden states (host)"));
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(hidden_host_.data(), rows, bytes, cudaMemcpyDeviceToHost, stream_));
+  return absl::OkStatus();
+}
+
+void CudaModelRunner::TakeHidden(const SchedulerOutput& batch, int64_t num_tokens,
+                                 RunnerOutput* out) const {
+  if (!batch.return_hidden_states) return;
+  const int64_t n = num_tokens * spec_.model_config.hidden_size;
+  const uint16_t* bits = hidden_host_.get<uint16_t>();
+  out->hidden_states.resize(static_cast<size_t>(n));
+  const bool bf16 = config_.dtype == ActDtype::kBf16;
+  for (int64_t i = 0; i < n; ++i) {
+    out->hidden_states[i] = bf16 ? Bf16ToFloat(bits[i]) : F16ToFloat(bits[i]);
+  }
+}
+
+}  // namespace tandem::runtime::cuda

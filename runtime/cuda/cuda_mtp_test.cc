@@ -1,0 +1,266 @@
+// DeepSeek-V3's MTP layer on the CUDA backend (GPU; skips without one), on mtp_golden_test's
+// fixture (tests/golden/fixtures_mtp/deepseek_v3_mtp_f32: the deepseek_v3_moe_f32 target plus an
+// MTP layer whose decoder block is transformers' own DeepseekV3DecoderLayer, a MoE layer):
+//  * the target's hidden states (CudaModelRunner with return_hidden_states) and the CUDA MTP
+//    layer fed transformers' hidden states (one prefill step; then one position per step, decode
+//    steps as CUDA graphs; then one chained draft on its own y) against the reference, bf16 vs
+//    f32: cosine per row >= 0.99, printed;
+//  * greedy through the engine with MTP drafts (K = 1, 3) equals the same CUDA engine without
+//    speculation token for token, every target and MTP block back in its pool.
+// The CPU twin (f32, 1e-4): tests/golden/mtp_golden_test.cc.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/cuda_model_runner.h"
+#include "runtime/engine/engine.h"
+#include "runtime/kv_cache/kv_cache_manager.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+#include "runtime/model/mtp_weights.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+constexpr char kDir[] = "tests/golden/fixtures_mtp/deepseek_v3_mtp_f32";
+constexpr char kPrompts[] = "tests/golden/fixtures_mla/deepseek_v3_moe_f32/expected.json";
+constexpr int64_t kBlockSize = 16;
+constexpr double kMinCosine = 0.99;
+
+double Cosine(const float* a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    ab += double{a[i]} * b[i];
+    aa += double{a[i]} * a[i];
+    bb += double{b[i]} * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+// Cosine of `got` to `want` at least kMinCosine; returns it (for the printed minimum).
+double ExpectCosine(const float* got, const std::vector<float>& want, const std::string& what) {
+  const double c = Cosine(got, want);
+  EXPECT_GE(c, kMinCosine) << what;
+  return c;
+}
+
+ExecutorSpec Spec(const ModelConfig& config) {
+  ExecutorSpec spec;
+  spec.model_config = config;
+  spec.num_blocks = 8;
+  spec.block_size = kBlockSize;
+  spec.max_num_batched_tokens = 256;
+  spec.max_num_seqs = 4;
+  spec.max_model_len = 128;
+  return spec;
+}
+
+// One sequence's step on `executor` over request 0's blocks in `kv`, logits captured.
+absl::StatusOr<RunnerOutput> RunStep(ModelExecutor& executor, KvCacheManager& kv,
+                                     absl::Span<const int32_t> tokens, int64_t start,
+                                     absl::Span<const float> input_hidden) {
+  if (!kv.Allocate(0, start + static_cast<int64_t>(tokens.size()), nullptr)) {
+    return absl::ResourceExhaustedError("no blocks");
+  }
+  SchedulerOutput step;
+  ScheduledSeq seq;
+  seq.request_id = 0;
+  seq.new_tokens = tokens;
+  seq.num_computed_tokens = start;
+  seq.block_table = kv.BlockTable(0);
+  seq.capture_prompt_logits = true;
+  step.seqs.push_back(seq);
+  step.num_batched_tokens = static_cast<int64_t>(tokens.size());
+  step.return_hidden_states = true;
+  step.input_hidden = input_hidden;
+  return executor.Run(step);
+}
+
+std::unique_ptr<KvCacheManager> Cache() {
+  KvCacheConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBlockSize;
+  c.enable_prefix_caching = false;
+  return *KvCacheManager::Create(c);
+}
+
+std::vector<std::vector<float>> Rows(const nlohmann::json& j) {
+  return j.get<std::vector<std::vector<float>>>();
+}
+
+TEST(CudaMtpTest, HiddenStatesAndMtpLayerMatchTransformers) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::ifstream in(std::string(kDir) + "/expected_mtp.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto tokens = ref["tokens"].get<std::vector<int32_t>>();
+  const auto target_hidden = Rows(ref["target_hidden"]);
+  const auto mtp_hidden = Rows(ref["mtp_hidden"]);
+  const auto mtp_logits = Rows(ref["mtp_logits"]);
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(kDir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int64_t H = config->hidden_size;
+  CudaBackendConfig backend;
+
+  absl::StatusOr<ModelWeights> weights = LoadModelWeights(kDir, *config);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto target = CudaModelRunner::Create(backend, Spec(*config), std::move(*weights));
+  ASSERT_TRUE(target.ok()) << target.status();
+  std::unique_ptr<KvCacheManager> target_kv = Cache();
+  absl::StatusOr<RunnerOutput> out = RunStep(**target, *target_kv, tokens, 0, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(static_cast<int64_t>(out->hidden_states.size()), T * H);
+  double worst = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    worst = std::min(worst, ExpectCosine(out->hidden_states.data() + t * H, target_hidden[t],
+                                         "target hidden " + std::to_string(t)));
+  }
+  std::printf("target hidden states: %lld rows, cosine to transformers >= %.6f\n",
+              static_cast<long long>(T), worst);
+
+  // The MTP layer on transformers' hidden states (its own error alone).
+  std::vector<float> hidden;
+  for (const auto& row : target_hidden) hidden.insert(hidden.end(), row.begin(), row.end());
+  absl::StatusOr<MtpWeights> mtp_weights = LoadMtpWeights(kDir, *config);
+  ASSERT_TRUE(mtp_weights.ok()) << mtp_weights.status();
+  const absl::Span<const int32_t> shifted = absl::MakeConstSpan(tokens).subspan(1);
+  {
+    auto mtp = CudaModelRunner::CreateMtp(backend, Spec(*config), *mtp_weights);
+    ASSERT_TRUE(mtp.ok()) << mtp.status();
+    std::unique_ptr<KvCacheManager> kv = Cache();
+    absl::StatusOr<RunnerOutput> step =
+        RunStep(**mtp, *kv, shifted, 0, absl::MakeConstSpan(hidden).subspan(0, (T - 1) * H));
+    ASSERT_TRUE(step.ok()) << step.status();
+    ASSERT_EQ(static_cast<int64_t>(step->hidden_states.size()), (T - 1) * H);
+    worst = 1;
+    for (int64_t i = 0; i < T - 1; ++i) {
+      worst = std::min(worst, ExpectCosine(step->hidden_states.data() + i * H, mtp_hidden[i],
+                                           "prefill y " + std::to_string(i)));
+    }
+    const double c =
+        ExpectCosine(step->last_prompt_logits[0].data(), mtp_logits[T - 2], "prefill logits");
+    std::printf("MTP prefill: y cosine >= %.6f, last logits cosine %.6f\n", worst, c);
+  }
+  auto mtp = CudaModelRunner::CreateMtp(backend, Spec(*config), std::move(*mtp_weights));
+  ASSERT_TRUE(mtp.ok()) << mtp.status();
+  std::unique_ptr<KvCacheManager> kv = Cache();
+  std::vector<float> y;
+  worst = 1;
+  for (int64_t i = 0; i < T - 1; ++i) {
+    absl::StatusOr<RunnerOutput> step = RunStep(**mtp, *kv, shifted.subspan(i, 1), i,
+                                                absl::MakeConstSpan(hidden).subspan(i * H, H));
+    ASSERT_TRUE(step.ok()) << step.status();
+    worst = std::min(worst, ExpectCosine(step->last_prompt_logits[0].data(), mtp_logits[i],
+                                         "decode logits " + std::to_string(i)));
+    y = step->hidden_states;
+  }
+  EXPECT_GT((*mtp)->stats().graph_steps, 0);  // the decode steps ran as graphs
+  const int32_t chain[] = {ref["chain_token"].get<int32_t>()};
+  absl::StatusOr<RunnerOutput> chained = RunStep(**mtp, *kv, chain, T - 1, y);
+  ASSERT_TRUE(chained.ok()) << chained.status();
+  const double c = ExpectCosine(chained->last_prompt_logits[0].data(),
+                                ref["chain_logits"].get<std::vector<float>>(), "chained logits");
+  std::printf("MTP decode (graphs): logits cosine >= %.6f; chained draft logits cosine %.6f\n",
+              worst, c);
+}
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  SpecStats stats;
+};
+
+// The fixture's prompts through a CUDA engine, greedy, with MTP drafts when k > 0.
+Outcome RunEngine(int64_t k) {
+  std::ifstream in(kPrompts);
+  EXPECT_TRUE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const auto prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(kDir);
+  EXPECT_TRUE(config.ok());
+  absl::StatusOr<ModelWeights> weights = LoadModelWeights(kDir, *config);
+  EXPECT_TRUE(weights.ok());
+  CudaBackendConfig backend;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  EngineConfig engine_config;
+  engine_config.kv_cache_bytes = int64_t{64} << 20;
+  if (k > 0) {
+    engine_config.speculative.method = SpeculativeMethod::kMtp;
+    engine_config.speculative.num_speculative_tokens = k;
+  }
+  Outcome out;
+  auto engine = Engine::Create(engine_config, *config, std::move(*weights), {}, &factory);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return out;
+  if (k > 0) {
+    absl::StatusOr<MtpWeights> mtp = LoadMtpWeights(kDir, *config);
+    EXPECT_TRUE(mtp.ok()) << mtp.status();
+    const MtpExecutorFactory mtp_factory =
+        [backend](const ExecutorSpec& spec,
+                  MtpWeights w) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> r,
+                       CudaModelRunner::CreateMtp(backend, spec, std::move(w)));
+      return std::unique_ptr<ModelExecutor>(std::move(r));
+    };
+    const absl::Status attached = (*engine)->AttachMtp(*config, std::move(*mtp), &mtp_factory);
+    EXPECT_TRUE(attached.ok()) << attached;
+    if (!attached.ok()) return out;
+  }
+  out.tokens.resize(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec spec;
+    spec.prompt = prompts[i];
+    spec.max_tokens = j["max_new_tokens"];
+    spec.ignore_eos = true;
+    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
+  }
+  while ((*engine)->HasUnfinished()) {
+    auto updates = (*engine)->Step();
+    EXPECT_TRUE(updates.ok()) << updates.status();
+    if (!updates.ok()) break;
+    for (const RequestUpdate& u : *updates) {
+      auto& t = out.tokens[u.request_id];
+      t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+    }
+  }
+  EXPECT_EQ((*engine)->kv_cache_stats().num_free_blocks, (*engine)->num_kv_blocks());
+  if (k > 0) {
+    EXPECT_EQ((*engine)->mtp()->num_free_blocks(), (*engine)->mtp()->num_blocks());
+  }
+  out.stats = (*engine)->spec_stats();
+  return out;
+}
+
+TEST(CudaMtpTest, GreedyWithMtpDraftsEqualsGreedyWithout) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const Outcome plain = RunEngine(0);
+  ASSERT_FALSE(plain.tokens.empty());
+  for (int64_t k : {1, 3}) {
+    const Outcome spec = RunEngine(k);
+    int equal = 0;
+    for (size_t i = 0; i < plain.tokens.size(); ++i) {
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "K=" << k << " prompt " << i;
+      equal += spec.tokens[i] == plain.tokens[i];
+    }
+    EXPECT_GT(spec.stats.drafted_tokens, 0u) << "K=" << k;
+    std::printf(
+        "K=%lld: %d/%zu prompts equal to MTP off; verify passes %llu, drafted %llu, "
+        "accepted %llu\n",
+        static_cast<long long>(k), equal, plain.tokens.size(),
+        static_cast<unsigned long long>(spec.stats.verify_passes),
+        static_cast<unsigned long long>(spec.stats.drafted_tokens),
+        static_cast<unsigned long long>(spec.stats.accepted_tokens));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::runtime::cuda
