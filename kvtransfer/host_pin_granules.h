@@ -24,6 +24,7 @@
 #ifndef TANDEM_KVTRANSFER_HOST_PIN_GRANULES_H_
 #define TANDEM_KVTRANSFER_HOST_PIN_GRANULES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -59,8 +60,23 @@ class HostPinGranules {
 
   Stats stats() const;
   // Each granule is its own page-locked registration, and CUDA refuses one copy that spans two
-  // (cudaErrorInvalidValue, seen on an H200): callers copy granule by granule.
+  // (cudaErrorInvalidValue, seen on an H200): callers copy granule by granule (ForEachPiece) or
+  // take another path for a range that is not WithinOneGranule.
   uint64_t granule_bytes() const { return granule_bytes_; }
+  bool WithinOneGranule(uint64_t offset, uint64_t bytes) const {
+    return bytes == 0 || offset / granule_bytes_ == (offset + bytes - 1) / granule_bytes_;
+  }
+  // Calls copy(piece_offset, piece_bytes) for [offset, offset + bytes) cut at granule
+  // boundaries, in order; stops at the first error and returns it.
+  template <typename Copy>
+  absl::Status ForEachPiece(uint64_t offset, uint64_t bytes, Copy copy) const {
+    for (uint64_t at = offset; at < offset + bytes;) {
+      const uint64_t end = std::min(offset + bytes, (at / granule_bytes_ + 1) * granule_bytes_);
+      if (absl::Status s = copy(at, end - at); !s.ok()) return s;
+      at = end;
+    }
+    return absl::OkStatus();
+  }
 
  private:
   enum class State : uint8_t { kUntried, kPinned, kFailed };

@@ -3,6 +3,7 @@
 // the destructor unpins what was pinned. Ranges are random on each run.
 #include "kvtransfer/host_pin_granules.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
@@ -101,6 +102,57 @@ TEST(HostPinGranulesTest, ARefusedPinIsCountedNotRetriedAndNotAnError) {
     EXPECT_EQ(pins.PinCovering(buffer.size(), 0).value_or(false), true) << "empty, at the end";
   }
   EXPECT_EQ(fake.unpins, 2) << "only what was pinned is unpinned";
+}
+
+// What CUDA does with page-locked host memory (seen on an H200, nvidia-h200, 2026-11-28): one
+// cudaMemcpy must lie inside one cudaHostRegister registration, else cudaErrorInvalidValue. With
+// every granule pinned, copies cut by ForEachPiece each lie in one registration and together are
+// exactly the range, in order; WithinOneGranule says when one copy (a DMA) may take the range
+// whole. The granule size, the buffer and the ranges are random on each run.
+TEST(HostPinGranulesTest, PiecesEachLieInOneRegistrationAndCoverTheRange) {
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t granule = 512 * (1 + rng() % 8);
+  const uint64_t length = granule * (4 + rng() % 12) + rng() % granule;
+  std::vector<char> buffer(length);
+  FakePins fake;
+  HostPinGranules pins(buffer.data(), length, granule, fake.Pin(), fake.Unpin());
+  ASSERT_EQ(pins.PinCovering(0, length).value_or(false), true);
+  // The registration holding [p, p + n), if one does (cudaMemcpy's check).
+  auto one_registration = [&](const char* p, uint64_t n) {
+    for (const auto& [base, bytes] : fake.pinned) {
+      if (p >= base && p + n <= base + bytes) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t offset = rng() % length;
+    const uint64_t bytes = rng() % std::min<uint64_t>(length - offset + 1, 5 * granule);
+    uint64_t next = offset;
+    int calls = 0;
+    const absl::Status copied = pins.ForEachPiece(offset, bytes, [&](uint64_t at, uint64_t n) {
+      ++calls;
+      EXPECT_EQ(at, next) << "pieces in order, no gap or overlap";
+      EXPECT_GT(n, 0u);
+      next = at + n;
+      return one_registration(buffer.data() + at, n)
+                 ? absl::OkStatus()
+                 : absl::InvalidArgumentError("cudaErrorInvalidValue: spans two registrations");
+    });
+    ASSERT_TRUE(copied.ok()) << copied << " offset " << offset << " bytes " << bytes;
+    EXPECT_EQ(next, offset + bytes) << "the pieces cover the range";
+    const uint64_t granules_touched =
+        bytes == 0 ? 0 : (offset + bytes - 1) / granule - offset / granule + 1;
+    EXPECT_EQ(static_cast<uint64_t>(calls), granules_touched) << "one piece per granule";
+    EXPECT_EQ(pins.WithinOneGranule(offset, bytes), one_registration(buffer.data() + offset, bytes))
+        << "offset " << offset << " bytes " << bytes;
+  }
+  // A copy error stops the loop and is returned.
+  int calls = 0;
+  const absl::Status stopped = pins.ForEachPiece(0, 3 * granule, [&](uint64_t, uint64_t) {
+    return ++calls == 2 ? absl::InternalError("copy failed") : absl::OkStatus();
+  });
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(calls, 2);
 }
 
 }  // namespace

@@ -70,6 +70,8 @@ class Args {
       {"direct_copy", "true"},
       {"copy_threads", "2"},
       {"min_streaming_transfer_bytes", absl::StrCat(uint64_t{16} << 20)},
+      {"cuda_mirror_pin_granule_bytes",
+       absl::StrCat(UcxAgentOptions{}.cuda_mirror_pin_granule_bytes)},
   };
 };
 
@@ -201,15 +203,16 @@ int RunAgentPeer(int argc, char** argv) {
   absl::StatusOr<std::vector<std::vector<uint8_t>>> contents = RegionContents(args);
   if (!contents.ok()) return Fail(contents.status());
   Memory memory;  // outlives the agent: freed after ~UcxAgent
-  auto agent =
-      UcxAgent::Create({.transports = args.Str("transports"),
-                        .net_device = args.Str("net_device"),
-                        .tcp_segment_bytes = args.U64("tcp_segment_bytes"),
-                        .separate_data_endpoint = args.Bool("separate_data_endpoint"),
-                        .direct_copy = args.Bool("direct_copy"),
-                        .copy_threads = static_cast<int>(args.U64("copy_threads")),
-                        .min_streaming_transfer_bytes = args.U64("min_streaming_transfer_bytes"),
-                        .stage_cuda_memory = args.Bool("cuda")});
+  auto agent = UcxAgent::Create(
+      {.transports = args.Str("transports"),
+       .net_device = args.Str("net_device"),
+       .tcp_segment_bytes = args.U64("tcp_segment_bytes"),
+       .separate_data_endpoint = args.Bool("separate_data_endpoint"),
+       .direct_copy = args.Bool("direct_copy"),
+       .copy_threads = static_cast<int>(args.U64("copy_threads")),
+       .min_streaming_transfer_bytes = args.U64("min_streaming_transfer_bytes"),
+       .stage_cuda_memory = args.Bool("cuda"),
+       .cuda_mirror_pin_granule_bytes = args.U64("cuda_mirror_pin_granule_bytes")});
   if (!agent.ok()) return Fail(agent.status());
   if (absl::Status s = RegisterRegions(args, **agent, *contents, memory); !s.ok()) return Fail(s);
   contents->clear();

@@ -22,6 +22,7 @@
 //                                    (quantized_kv_test_util.h), filled from --seed
 //   --transports=tcp,self,sm --net_device=lo --tcp_segment_bytes=0 --separate_data_endpoint
 //   --direct_copy=true --copy_threads=2 --min_streaming_transfer_bytes=16777216
+//   --cuda_mirror_pin_granule_bytes=0
 //                                    the UcxAgentOptions fields
 //   --mode=source|reader
 //   --strided_row_bytes=0            reader: > 0 pulls the first N bytes of every 2N (strided

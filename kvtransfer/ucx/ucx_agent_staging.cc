@@ -108,8 +108,7 @@ bool UcxAgentImpl::DmaFromMappedLocked(RemoteRegion& remote, uint64_t offset, ui
                                                     CudaPinHostMemory, CudaUnpinHostMemory);
   }
   // A DMA across two granules (two registrations) fails: such a read takes the staging buffers.
-  const uint64_t granule = remote.pins->granule_bytes();
-  if (bytes > 0 && offset / granule != (offset + bytes - 1) / granule) return false;
+  if (!remote.pins->WithinOneGranule(offset, bytes)) return false;
   absl::StatusOr<bool> pinned = remote.pins->PinCovering(offset, bytes);
   return pinned.ok() && *pinned;  // else the staging buffers
 }
@@ -206,14 +205,15 @@ absl::Status UcxAgentImpl::SyncForRemoteRead(uint32_t region, absl::Span<const B
   // megabytes must not stall the progress thread.
   for (const ByteRange& range : ranges) {
     if (range.length == 0) continue;
-    if (pins != nullptr) RETURN_IF_ERROR(pins->PinCovering(range.offset, range.length).status());
-    // One copy per granule: a copy across two registrations fails (host_pin_granules.h).
-    const uint64_t granule = pins != nullptr ? pins->granule_bytes() : range.length;
-    for (uint64_t at = range.offset; at < range.offset + range.length;) {
-      const uint64_t end = std::min(range.offset + range.length, (at / granule + 1) * granule);
-      RETURN_IF_ERROR(CudaCopy(mirror + at, device + at, end - at));
-      at = end;
+    if (pins == nullptr) {
+      RETURN_IF_ERROR(CudaCopy(mirror + range.offset, device + range.offset, range.length));
+      continue;
     }
+    RETURN_IF_ERROR(pins->PinCovering(range.offset, range.length).status());
+    // One copy per granule: a copy across two registrations fails (host_pin_granules.h).
+    RETURN_IF_ERROR(pins->ForEachPiece(range.offset, range.length, [&](uint64_t at, uint64_t n) {
+      return CudaCopy(mirror + at, device + at, n);
+    }));
   }
   return absl::OkStatus();
 }

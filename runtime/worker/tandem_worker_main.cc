@@ -7,7 +7,8 @@
 //                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
 //                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
-//                 [--ucx_net_device=auto] [--advertise_address=HOST]
+//                 [--ucx_net_device=auto] [--ucx_mirror_pin_granule_mb=-1]
+//                 [--advertise_address=HOST]
 //                 [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
 //                 [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
@@ -81,6 +82,10 @@ ABSL_FLAG(std::string, kv_transport, "ucx",
 ABSL_FLAG(std::string, ucx_tls, "tcp,self,sm", "UCX transports (UCX_TLS)");
 ABSL_FLAG(std::string, ucx_net_device, "auto",
           "UCX network device (UCX_NET_DEVICES); auto: the interface of the advertised address");
+ABSL_FLAG(int64_t, ucx_mirror_pin_granule_mb, -1,
+          "--kv_transport=ucx with --backend=cuda: page-lock the KV pool's host mirror this many "
+          "MiB at a time as transfers first use it; 0: all of it at start; -1: the agent's "
+          "default (kvtransfer/ucx/ucx_agent.h)");
 ABSL_FLAG(std::string, advertise_address, "",
           "host peers reach this worker at (default: the --listen host; with a wildcard "
           "--listen, this host's first non-loopback address)");
@@ -151,6 +156,9 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.transfer.transport = absl::GetFlag(FLAGS_kv_transport);
   config.transfer.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
   config.transfer.ucx_net_device = absl::GetFlag(FLAGS_ucx_net_device);
+  if (const int64_t mb = absl::GetFlag(FLAGS_ucx_mirror_pin_granule_mb); mb >= 0) {
+    config.transfer.ucx_mirror_pin_granule_bytes = static_cast<uint64_t>(mb) << 20;
+  }
   config.transfer.nccl_control_host = absl::GetFlag(FLAGS_nccl_control_host);
   config.listen = absl::GetFlag(FLAGS_listen);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

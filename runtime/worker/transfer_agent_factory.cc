@@ -56,6 +56,9 @@ absl::StatusOr<std::unique_ptr<kvtransfer::TransferAgent>> MakeTransferAgent(
     options.transports = flags.ucx_tls;
     options.net_device = flags.ucx_net_device;
     options.stage_cuda_memory = flags.cuda_pool;
+    if (flags.ucx_mirror_pin_granule_bytes.has_value()) {
+      options.cuda_mirror_pin_granule_bytes = *flags.ucx_mirror_pin_granule_bytes;
+    }
     return Upcast(kvtransfer::UcxAgent::Create(std::move(options)));
   }
   if (flags.transport == "nccl") {

@@ -2,7 +2,9 @@
 #ifndef TANDEM_RUNTIME_WORKER_TRANSFER_AGENT_FACTORY_H_
 #define TANDEM_RUNTIME_WORKER_TRANSFER_AGENT_FACTORY_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,6 +24,10 @@ struct TransferAgentFlags {
   // moves it device to device and needs it.
   bool cuda_pool = false;
   int device = 0;
+  // UCX with a CUDA pool: the pool's host mirror is page-locked in granules of this many bytes
+  // as reads first need them (kvtransfer::UcxAgentOptions::cuda_mirror_pin_granule_bytes; 0: the
+  // whole mirror at start). Unset: the agent's default.
+  std::optional<uint64_t> ucx_mirror_pin_granule_bytes;
   // The NCCL agent's control socket binds here (port chosen by the kernel); peers learn the
   // address from the handshake.
   std::string nccl_control_host = "127.0.0.1";
