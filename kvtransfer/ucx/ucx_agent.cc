@@ -30,6 +30,18 @@ absl::Status ErrnoError(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, " failed: ", std::strerror(errno)));
 }
 
+// Populates the page tables of [ptr, ptr + bytes) of a mapping for reading; best effort (older
+// kernels lack MADV_POPULATE_READ).
+absl::Status PopulateMapping(void* ptr, uint64_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(ptr) + bytes;
+  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) != 0) {
+    return ErrnoError("madvise(MADV_POPULATE_READ)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UcxAgent>> UcxAgent::Create(UcxAgentOptions options) {
@@ -370,15 +382,12 @@ absl::Status UcxAgentImpl::AddPeer(const std::string& peer_name,
       s = ucp_ep_rkey_unpack(ep, r.packed_rkey().data(), &rkey);
     }
     const bool direct = s == UCS_OK && ep == conn->ep && mapped != nullptr;
-    if (direct) {
-      // The peer's segment is mapped here lazily: the first GET of each page would take a
-      // page fault (about as long as copying the page). Map the page tables now, once per
-      // connection; best effort (older kernels lack MADV_POPULATE_READ).
-      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-      const uintptr_t begin = reinterpret_cast<uintptr_t>(mapped) & ~(page - 1);
-      const uintptr_t end = reinterpret_cast<uintptr_t>(mapped) + r.length();
-      madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
-    }
+    // The peer's segment is mapped here lazily: the first GET of each page would take a page
+    // fault (about as long as copying the page). Map the page tables ahead: all of it now, once
+    // per connection, or granule by granule as requests first read them (a peer's CUDA mirror
+    // holds only the blocks it synced; populating the rest would allocate it).
+    const uint64_t granule = options_.cuda_mirror_pin_granule_bytes;
+    if (direct && granule == 0) PopulateMapping(mapped, r.length()).IgnoreError();
     if (s != UCS_OK) {
       unpacked = absl::InvalidArgumentError(
           absl::StrCat(who, ": cannot unpack rkey: ", ucs_status_string(s)));
@@ -386,6 +395,10 @@ absl::Status UcxAgentImpl::AddPeer(const std::string& peer_name,
     }
     conn->regions.push_back(
         {r.base_address(), r.length(), rkey, ep, direct ? static_cast<char*>(mapped) : nullptr});
+    if (direct && granule > 0) {
+      conn->regions.back().populated = std::make_unique<HostPinGranules>(
+          static_cast<char*>(mapped), r.length(), granule, PopulateMapping, [](void*) {});
+    }
     conn->region_bytes.push_back(r.length());
   }
   Conn* raw = conn.get();

@@ -72,13 +72,14 @@ struct UcxAgentOptions {
   uint64_t cuda_staging_bytes = uint64_t{4} << 20;
   // A staged CUDA region's host mirror is page-locked in granules of this many bytes, each the
   // first time SyncForRemoteRead copies into it, and so is a peer's mirror mapped here, each
-  // granule the first time a request DMAs from it (kvtransfer/host_pin_granules.h); 0: the
-  // whole mirror at registration, the whole mapping at the first read (before issue 31: ~110 GB
-  // per rank of an 8B TP=4 group, tens of seconds of the worker's start). Default 0: with
-  // 16 MiB granules ucx_gpu_test failed 3 of 4 on an H200 (nvidia-h200, 2026-11-28: cudaMemcpy
-  // cudaErrorInvalidValue in the source's first SyncForRemoteRead, a copy across two granules'
-  // registrations); copies are now split per granule and a DMA across granules takes the
-  // staging buffers, but that is not yet run on a GPU. Mixed workers export no pool at all.
+  // granule the first time a request DMAs from it (kvtransfer/host_pin_granules.h); a peer's
+  // mapped segment is likewise populated (MADV_POPULATE_READ) granule by granule as requests
+  // first read it. 0: the whole mirror at registration, the whole mapping populated at AddPeer
+  // and pinned at the first read (before issue 31: ~110 GB per rank of an 8B TP=4 group, tens of
+  // seconds of the worker's start). Use one value on every worker: a reader with 0 populates a
+  // lazily filled peer mirror whole (allocating it: ~85 s in an 8B pair's first P->D load on
+  // nvidia-h200-x4, 2026-11-28, before granule > 0 made the populate lazy too). ucx_gpu_test
+  // passes with 0, 1 MiB and 16 MiB granules (same run). Mixed workers export no pool at all.
   uint64_t cuda_mirror_pin_granule_bytes = 0;
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
   // (DESIGN.md); false: always through the staging buffers.

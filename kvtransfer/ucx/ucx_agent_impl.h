@@ -99,6 +99,11 @@ class UcxAgentImpl final : public UcxAgent {
     // cuda_dma_from_mapped: `mapped`'s page-locked granules, pinned as requests first read them
     // (made on the first such request).
     std::unique_ptr<HostPinGranules> pins = nullptr;
+    // cuda_mirror_pin_granule_bytes > 0: `mapped`'s granules whose page tables are populated
+    // (MADV_POPULATE_READ), each as a request first reads it; 0: all of it at AddPeer. A peer's
+    // CUDA mirror holds only what it synced: populating all of it faulted in (allocated) the
+    // whole segment (issue 31: ~100 GB, ~85 s inside the first P->D load of an 8B pair).
+    std::unique_ptr<HostPinGranules> populated = nullptr;
   };
   // One endpoint: kActive -> kDraining (stopped; waits for its requests) -> kClosing (rkeys
   // destroyed, ucp_ep_close_nbx in progress) -> kClosed. A closed Conn that peers_ still names

@@ -192,6 +192,9 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
 
     // The bytes this request reads from the peer's region (strided: first row to last row's end).
     const uint64_t remote_span = strided ? (rows - 1) * op.remote_stride + op.row_bytes : n;
+    if (remote.populated != nullptr) {  // best effort: a copy still faults pages in itself
+      remote.populated->PinCovering(remote_offset, remote_span).status().IgnoreError();
+    }
     if (slot != nullptr && DmaFromMappedLocked(remote, remote_offset, remote_span)) {
       // the GPU copies from the mapping
       CountPostedLocked(*t, n);

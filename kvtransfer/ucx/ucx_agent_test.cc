@@ -2,7 +2,12 @@
 // ucx_two_process_test.cc).
 #include "kvtransfer/ucx/ucx_agent.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -517,6 +522,70 @@ TEST_F(UcxAgentTest, NoStridedReadsWithoutAMappingOrGathers) {
   Start(4096, 16, {.direct_copy = false, .remote_gather = false}, /*allocate_source=*/true);
   EXPECT_FALSE(dst_->CanReadStrided("p0", 0));
   EXPECT_EQ(dst_->PostStridedRead("p0", {op}).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Resident pages of [p, p + bytes) (p page-aligned): a shared segment's pages are resident in
+// every mapping of it once any process faulted them in.
+uint64_t ResidentPages(const char* p, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((bytes + page - 1) / page);
+  EXPECT_EQ(mincore(const_cast<char*>(p), bytes, in.data()), 0) << std::strerror(errno);
+  return static_cast<uint64_t>(
+      std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; }));
+}
+
+// With cuda_mirror_pin_granule_bytes > 0 the reader maps a peer's shared segment without
+// faulting all of it in: a P worker's CUDA mirror holds only the blocks it synced, and AddPeer's
+// MADV_POPULATE_READ over the whole segment allocated the rest (issue 31, nvidia-h200-x4,
+// 2026-11-28: ~100 GB, the first P->D load of an 8B pair with 16 MiB granules ran ~85 s and
+// failed). Pages are populated granule by granule as requests first read them; bytes are exact.
+TEST(UcxAgentLazyMappingTest, APeersSegmentIsFaultedInOnlyWhereRequestsRead) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  constexpr uint64_t kGranule = 1 << 20, kGranules = 64, kBytes = kGranule * kGranules;
+  auto src = UcxAgent::Create({});
+  auto dst = UcxAgent::Create({.cuda_mirror_pin_granule_bytes = kGranule});
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto allocated = (*src)->AllocateMemory(kBytes, MEMORY_KIND_HOST);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  const char* segment = static_cast<const char*>(allocated->first);
+  if (ResidentPages(segment, kBytes) != 0) GTEST_SKIP() << "this UCX faults its segments in";
+  // The source writes two random granules (a mirror's synced blocks).
+  const uint64_t a = rng() % kGranules, b = (a + 1 + rng() % (kGranules - 1)) % kGranules;
+  for (uint64_t g : {a, b}) {
+    FillPattern(seed, g * kGranule,
+                absl::MakeSpan(static_cast<uint8_t*>(allocated->first) + g * kGranule, kGranule));
+  }
+  std::vector<uint8_t> local(3 * kGranule, kFill);
+  ASSERT_TRUE((*dst)->RegisterMemory(local.data(), local.size(), MEMORY_KIND_HOST).ok());
+  tandem::v1::TransferHandshake descriptor;
+  ASSERT_TRUE((*src)->FillLocalDescriptor(&descriptor).ok());
+  ASSERT_TRUE((*dst)->AddPeer("p", descriptor).ok());
+  EXPECT_EQ(ResidentPages(segment, kBytes), 2 * kGranule / sysconf(_SC_PAGESIZE))
+      << "AddPeer faulted in what nobody wrote";
+  // Reads of a piece of each written granule and of one nobody wrote (zeros): that one is
+  // faulted in whole (populated ahead of the copy), nothing else.
+  uint64_t c = rng() % kGranules;
+  while (c == a || c == b) c = (c + 1) % kGranules;
+  const uint64_t piece = 4096 + rng() % (kGranule / 2);
+  const std::vector<CopyOp> ops = {{0, 0, 0, a * kGranule + rng() % (kGranule - piece), piece},
+                                   {0, kGranule, 0, b * kGranule, piece},
+                                   {0, 2 * kGranule, 0, c * kGranule + kGranule - piece, piece}};
+  absl::StatusOr<TransferId> id = (*dst)->PostRead("p", ops);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitForEnd(**dst, *id).ok());
+  for (const CopyOp& op : {ops[0], ops[1]}) {
+    EXPECT_EQ(FirstPatternMismatch(seed, op.remote_offset,
+                                   absl::MakeSpan(&local[op.local_offset], op.length)),
+              -1);
+  }
+  EXPECT_TRUE(std::all_of(local.begin() + 2 * kGranule, local.begin() + 2 * kGranule + piece,
+                          [](uint8_t v) { return v == 0; }));
+  EXPECT_EQ(ResidentPages(segment + c * kGranule, kGranule), kGranule / sysconf(_SC_PAGESIZE))
+      << "the unwritten granule read is populated whole";
+  EXPECT_EQ(ResidentPages(segment, kBytes), 3 * kGranule / sysconf(_SC_PAGESIZE))
+      << "reads faulted in more than the granules they read";
 }
 
 }  // namespace
