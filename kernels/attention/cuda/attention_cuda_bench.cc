@@ -1,10 +1,13 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the issue's shapes), bf16 KV (plus a few fp8 and int8 rows).
 //   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]
+//       [--legacy_split_merge] [--pool_gib=N]
 //       (e.g. --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits
 //       or @SPLITS forces the planner's KV split count; --flush_l2 times the way FlashInfer's peer
 //       script does, for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events
-//       after a 256 MiB memset that evicts the L2, median of >= 20 calls)
+//       after a 256 MiB memset that evicts the L2, median of >= 20 calls; --legacy_split_merge:
+//       the split planner and merge from before issue 35, for a same-call baseline; --pool_gib
+//       caps the KV pool, default 64, whose fill takes ~20 s: configs that do not fit are skipped)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -113,9 +116,18 @@ absl::StatusOr<double> TimeCalls(const Run& run, double kv_bytes, void* flush) {
   return sec;
 }
 
+// Options of one bench run.
+struct BenchOptions {
+  const char* only = nullptr;
+  int64_t forced_splits = 0;
+  bool flush_l2 = false;
+  bool legacy_split_merge = false;
+  int64_t pool_gib = 64;
+};
+
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
                        bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0,
-                       void* flush = nullptr) {
+                       void* flush = nullptr, bool legacy = false) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -163,7 +175,8 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                              .kv_dtype = dtype,
                              .num_sms = num_sms,
                              .forced_splits = static_cast<int>(forced_splits),
-                             .allow_tensor_cores = tensor_cores};
+                             .allow_tensor_cores = tensor_cores,
+                             .legacy_split_merge = legacy};
   ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
   if (plan.workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
   DeviceKvCache cache{.data = pool.data,
@@ -210,7 +223,9 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   return absl::OkStatus();
 }
 
-absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
+absl::Status Run(const BenchOptions& opt) {
+  const char* only = opt.only;
+  const bool legacy = opt.legacy_split_merge;
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
@@ -218,14 +233,16 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const int64_t want = int64_t{256} * 65536 * kHkv * kD * 2 * 2;  // 68.7 GB: 256 x 64k bf16
-  const int64_t pool_bytes =
-      std::min<int64_t>(want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30));
+  const int64_t pool_bytes = std::min<int64_t>(
+      {want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30), opt.pool_gib << 30});
   Pool pool;
   RETURN_IF_ERROR(MakePool(pool_bytes, &pool));
   void* flush = nullptr;
-  if (flush_l2) CUDA_RETURN_IF_ERROR(cudaMalloc(&flush, kFlushBytes));
-  std::printf("timing: %s\n", flush_l2 ? "median of single calls, L2 flushed (256 MiB) before each"
-                                       : "mean of back-to-back calls");
+  if (opt.flush_l2) CUDA_RETURN_IF_ERROR(cudaMalloc(&flush, kFlushBytes));
+  std::printf("split planner and merge: %s\n", legacy ? "legacy (before issue 35)" : "current");
+  std::printf("timing: %s\n", opt.flush_l2
+                                  ? "median of single calls, L2 flushed (256 MiB) before each"
+                                  : "mean of back-to-back calls");
   std::printf("%6s %7s %8s %4s %7s %10s %9s %8s %8s\n", "batch", "context", "kv", "core", "splits",
               "time_us", "KV_MB", "GB/s", "%4.3TB/s");
   std::mt19937 rng(7);
@@ -233,7 +250,7 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
     // A comma-separated list; "@N" after a config forces N splits for it.
     for (absl::string_view item : absl::StrSplit(only, ',')) {
       const size_t at = item.find('@');
-      int64_t splits = forced_splits;
+      int64_t splits = opt.forced_splits;
       if (at != absl::string_view::npos) {
         splits = std::atoll(std::string(item.substr(at + 1)).c_str());
         item = item.substr(0, at);
@@ -243,7 +260,7 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
           for (int64_t ctx : {1024, 4096, 16384, 65536}) {
             if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) == item) {
               RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true,
-                                        rng, splits, flush));
+                                        rng, splits, flush, legacy));
             }
           }
         }
@@ -254,26 +271,26 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
   for (int64_t batch : {1, 16, 64, 256}) {
     for (int64_t ctx : {1024, 4096, 16384, 65536}) {
       RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true,
-                                rng, 0, flush));
+                                rng, 0, flush, legacy));
     }
   }
   for (KvDtype dtype : {KvDtype::kFp8E4m3, KvDtype::kInt8}) {
     for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
              {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
-      RETURN_IF_ERROR(
-          RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng, 0, flush));
+      RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng, 0,
+                                flush, legacy));
     }
   }
   std::printf("CUDA-core (fma) kernel on the same bf16 shapes, for comparison:\n");
   for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
     RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, false,
-                              rng, 0, flush));
+                              rng, 0, flush, legacy));
   }
   RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false,
-                            rng, 0, flush));
-  RETURN_IF_ERROR(
-      RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng, 0, flush));
+                            rng, 0, flush, legacy));
+  RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng,
+                            0, flush, legacy));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.data));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.token_scales));
   if (flush != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(flush));
@@ -284,24 +301,27 @@ absl::Status Run(const char* only, int64_t forced_splits, bool flush_l2) {
 }  // namespace tandem::kernels::cuda
 
 int main(int argc, char** argv) {
-  const char* only = nullptr;
-  int64_t forced_splits = 0;
-  bool flush_l2 = false;
+  tandem::kernels::cuda::BenchOptions opt;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) {
-      only = argv[i] + 7;
+      opt.only = argv[i] + 7;
     } else if (std::strncmp(argv[i], "--splits=", 9) == 0) {
-      forced_splits = std::atoll(argv[i] + 9);
+      opt.forced_splits = std::atoll(argv[i] + 9);
     } else if (std::strcmp(argv[i], "--flush_l2") == 0) {
-      flush_l2 = true;
+      opt.flush_l2 = true;
+    } else if (std::strcmp(argv[i], "--legacy_split_merge") == 0) {
+      opt.legacy_split_merge = true;
+    } else if (std::strncmp(argv[i], "--pool_gib=", 11) == 0) {
+      opt.pool_gib = std::max<int64_t>(1, std::atoll(argv[i] + 11));
     } else {
-      std::fprintf(
-          stderr, "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2] "
+                   "[--legacy_split_merge] [--pool_gib=N]\n",
+                   argv[0]);
       return 2;
     }
   }
-  const absl::Status status = tandem::kernels::cuda::Run(only, forced_splits, flush_l2);
+  const absl::Status status = tandem::kernels::cuda::Run(opt);
   if (!status.ok()) {
     std::fprintf(stderr, "attention_cuda_bench: %s\n", status.ToString().c_str());
     return 1;

@@ -47,6 +47,51 @@ int TcCtasPerSm(int64_t head_dim, KvDtype dtype) {
   }
 }
 
+// The split count before issue 35 (legacy_split_merge): minimize waves x (keys per split +
+// 192), waves counted against ctas-per-SM slots, >= 256 keys per split.
+int LegacySplits(int64_t keys, int64_t tile, int64_t base, int64_t slots) {
+  const int64_t max_splits = std::clamp<int64_t>(keys / 256, 1, 256);
+  int64_t best = 1;
+  double best_cost = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t per_split = ((keys + s - 1) / s + tile - 1) / tile * tile;
+    const int64_t waves = (base * s + slots - 1) / slots;
+    const double cost = static_cast<double>(waves) * static_cast<double>(per_split + 192);
+    if (s == 1 || cost < best_cost * 0.98) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+// The split count: minimizes a cost in key-times of one SM, fitted to H200 measurements
+// (BENCHMARKS.md, bf16 d128, L2 flushed): an SM streams the keys of all the CTAs it runs at about
+// one rate, only ~10% faster with two CTAs resident than with one (batch 1: 16 splits of 16k
+// keys on 128 SMs beat 32 on 2 CTAs per SM; 16 x 16k: 2 splits beat 1 by 7%); each CTA costs
+// ~192 keys of latency (block table, then the first tiles); a merge costs ~100 keys plus 2 per
+// split. So at batch 1 the splits fill the SMs with one CTA each (nvidia-h200-x4, one call, the
+// PDL merge: 1 x 4k, 16 x 1k / 4k / 16k ran fastest at the count chosen here, 1 x 16k tied with
+// 32 splits, 1 x 1k at 8 splits; 1 x 64k was not swept).
+int PlanSplits(int64_t keys, int64_t tile, int64_t base, int num_sms, int ctas_per_sm) {
+  // >= 128 keys per split: at 1 x 1k, 8 splits of 128 keys ran 14.7 us, 16 of 64 keys 15.2.
+  const int64_t max_splits = std::clamp<int64_t>(keys / 128, 1, 256);
+  int64_t best = 1;
+  double best_cost = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t per_split = ((keys + s - 1) / s + tile - 1) / tile * tile;
+    const int64_t ctas_on_sm = (base * s + num_sms - 1) / num_sms;  // all waves
+    const double rate = ctas_on_sm >= 2 && ctas_per_sm >= 2 ? 1.1 : 1.0;
+    double cost = static_cast<double>(ctas_on_sm) * static_cast<double>(per_split + 192) / rate;
+    if (s > 1) cost += 100.0 + 2.0 * static_cast<double>(s);
+    if (s == 1 || cost < best_cost * 0.98) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
+}
+
 }  // namespace
 
 absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanInput& in) {
@@ -91,32 +136,19 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
     return Invalid("num_kv_heads x row tiles ", in.num_kv_heads * plan.row_tiles, " > 65535");
   }
 
-  // Splits: minimize waves x (keys per split + fixed cost), waves counted against the CTAs that
-  // fit on an SM (shared memory bound). Each split keeps at least 256 keys.
   const int64_t tile = !plan.use_tensor_cores           ? TileKeys(in.head_dim, in.kv_dtype)
                        : KvDtypeBytes(in.kv_dtype) == 1 ? TcCfg<128, int8_t>::kT
                                                         : TcCfg<128, __half>::kT;
   const int64_t base = std::max<int64_t>(1, in.num_seqs * in.num_kv_heads * plan.row_tiles);
   const int ctas_per_sm = plan.use_tensor_cores ? TcCtasPerSm(in.head_dim, in.kv_dtype) : 4;
-  const int64_t slots = int64_t{in.num_sms} * ctas_per_sm;
   const int64_t keys = std::max<int64_t>(in.max_seq_len, 1);
-  int64_t best = 1;
   if (in.forced_splits > 0) {
-    best = in.forced_splits;
+    plan.num_splits = in.forced_splits;
+  } else if (in.legacy_split_merge) {
+    plan.num_splits = LegacySplits(keys, tile, base, int64_t{in.num_sms} * ctas_per_sm);
   } else {
-    const int64_t max_splits = std::clamp<int64_t>(keys / 256, 1, 256);
-    double best_cost = 0;
-    for (int64_t s = 1; s <= max_splits; ++s) {
-      const int64_t per_split = ((keys + s - 1) / s + tile - 1) / tile * tile;
-      const int64_t waves = (base * s + slots - 1) / slots;
-      const double cost = static_cast<double>(waves) * static_cast<double>(per_split + 192);
-      if (s == 1 || cost < best_cost * 0.98) {
-        best = s;
-        best_cost = cost;
-      }
-    }
+    plan.num_splits = PlanSplits(keys, tile, base, in.num_sms, ctas_per_sm);
   }
-  plan.num_splits = static_cast<int>(best);
   if (plan.num_splits > 1) {
     const int64_t rows = in.num_tokens * in.num_q_heads;
     plan.workspace_bytes = plan.num_splits * rows * (in.head_dim + 1) * int64_t{sizeof(float)};

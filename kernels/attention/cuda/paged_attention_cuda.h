@@ -4,9 +4,11 @@
 //
 // Flash-decoding: one CTA per (request, kv head, row tile, KV split) computes every query head
 // of the kv head's GQA group (and every new token of the row tile) from one read of each K/V
-// row; splits are merged by a second kernel. The split count comes from a host-side plan built
-// once per step and shared by every layer; the grid depends only on the plan, so a captured
-// CUDA graph replays with new seq_lens / block tables as long as the plan's bounds hold.
+// row; splits are merged by a second kernel (launched with programmatic dependent launch: its
+// blocks wait on the GPU for the decode grid instead of being launched after it). The split
+// count comes from a host-side plan built once per step and shared by every layer; the grid depends
+// only on the plan, so a captured CUDA graph replays with new seq_lens / block tables as long as
+// the plan's bounds hold.
 //
 // Thread safety: plans are plain values. PagedAttention is asynchronous on `stream`, reads q,
 // the pool and the batch metadata, and writes out, lse and the workspace (one workspace per
@@ -43,6 +45,10 @@ struct PagedAttentionPlanInput {
   // head_dim 64/128 runs on tensor cores (mma.sync; fp8/int8 KV widened to fp16 in registers)
   // unless this is false; otherwise, and for head_dim 16/32/256, the CUDA-core kernel runs.
   bool allow_tensor_cores = true;
+  // Benchmark baseline only: the split planner and the split merge as they were before issue 35
+  // (planner: waves of ctas-per-SM slots x (keys per split + 192), >= 256 keys per split; merge:
+  // a stream-ordered kernel loading each split's LSE serially). Results equal within rounding.
+  bool legacy_split_merge = false;
 };
 
 struct PagedAttentionPlan {
@@ -55,8 +61,9 @@ struct PagedAttentionPlan {
   int64_t workspace_bytes = 0;  // device scratch PagedAttention needs (0 when num_splits == 1)
 };
 
-// Chooses the split count from batch x kv heads x row tiles against the SM count (enough CTAs
-// for full waves, at least a few hundred keys per split) and the row tiling from the GQA group
+// Chooses the split count from batch x kv heads x row tiles against the SM count (an SM streams
+// its CTAs' keys at about one rate whether it holds one CTA or two, each CTA has a fixed cost,
+// the merge a small one: at batch 1 about one CTA per SM) and the row tiling from the GQA group
 // and max_q_len. INVALID_ARGUMENT for non-positive head counts, num_q_heads not a multiple of
 // num_kv_heads, an unsupported head_dim, negative sizes, or a grid beyond CUDA's limits.
 absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanInput& input);

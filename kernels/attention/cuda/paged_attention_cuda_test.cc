@@ -66,7 +66,7 @@ using RunResult = cuda_test::AttentionOutput;
 // the dequantized values); runs the kernel; returns out and lse.
 template <typename T>
 void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv kv,
-             bool tensor_cores, RunResult* result) {
+             bool tensor_cores, RunResult* result, bool legacy_split_merge = false) {
   const KvCacheLayout& layout = c.layout;
   const bool fp8 = kv == Kv::kFp8;
   cuda_test::RoundTo<T>(c.q);
@@ -135,6 +135,7 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
                                   : (std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16);
   in.forced_splits = forced_splits;
   in.allow_tensor_cores = tensor_cores;
+  in.legacy_split_merge = legacy_split_merge;
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> ws(std::max<int64_t>(1, plan->workspace_bytes));
@@ -373,6 +374,34 @@ TEST(PagedAttentionCudaTest, LongContexts) {
                            "long window one split");
 }
 
+// More splits than a warp has lanes (the merge reads the LSEs 32 splits per step), splits past
+// the keys (empty partials drop out), q_len 3 rows, and the pre-issue-35 planner and merge
+// (legacy_split_merge, the benchmarks' baseline) on the same cases.
+TEST(PagedAttentionCudaTest, ManySplitsAndLegacyMerge) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  const AttentionParams params{.scale = 0.09f};
+  for (int64_t d : {64, 128}) {
+    const std::string label = "d=" + std::to_string(d);
+    CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 16};
+    const std::vector<SeqSpec> seqs = {{5000, 1}, {2900, 1}, {70, 1}, {0, 0}, {1500, 3}};
+    for (int splits : {33, 70, 200}) {
+      CheckCase<__nv_bfloat16>(rng, o, seqs, params, splits, Kv::kOwn,
+                               label + " splits=" + std::to_string(splits));
+    }
+    for (int splits : {0, 40}) {
+      SCOPED_TRACE(label + " legacy splits=" + std::to_string(splits));
+      PagedCase c = MakePagedCase(rng, o, seqs);
+      RunResult r;
+      RunCase<__nv_bfloat16>(c, params, splits, Kv::kOwn, true, &r, /*legacy_split_merge=*/true);
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+      const attention_test::Reference ref = ReferenceAttention(c, params);
+      EXPECT_TRUE(OutClose(r.out, ref.out, kOutTol));
+      EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
+    }
+  }
+}
+
 TEST(PagedAttentionCudaTest, NanInQueryStaysInItsRows) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());
@@ -487,6 +516,32 @@ TEST(PagedAttentionCudaTest, PlanRejectsBadShapes) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GE(plan->num_splits, 1);
   EXPECT_EQ(plan->workspace_bytes > 0, plan->num_splits > 1);
+}
+
+// The planner's choices on the Llama-3-8B decode shapes (32 q / 8 kv heads, d128, bf16, 132
+// SMs), as measured best on an H200 (BENCHMARKS.md): at batch 1 one CTA per SM (16 splits of
+// 8 kv heads; >= 128 keys per split), no second CTA per SM for short splits, two splits at
+// 16 x 16k; the legacy planner keeps its own choices.
+TEST(PagedAttentionCudaTest, PlannerSplitsOnLlama8bShapes) {
+  PagedAttentionPlanInput in{.num_q_heads = 32, .num_kv_heads = 8, .head_dim = 128};
+  auto splits = [&](int64_t batch, int64_t ctx, bool legacy) {
+    in.num_seqs = in.num_tokens = batch;
+    in.max_seq_len = ctx;
+    in.legacy_split_merge = legacy;
+    absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? plan->num_splits : -1;
+  };
+  EXPECT_EQ(splits(1, 1024, false), 8);
+  EXPECT_EQ(splits(1, 4096, false), 16);
+  EXPECT_EQ(splits(1, 16384, false), 16);
+  EXPECT_EQ(splits(16, 1024, false), 1);
+  EXPECT_EQ(splits(16, 16384, false), 2);
+  EXPECT_EQ(splits(64, 4096, false), 1);
+  EXPECT_EQ(splits(256, 65536, false), 1);
+  EXPECT_EQ(splits(1, 4096, true), 16);
+  EXPECT_EQ(splits(1, 16384, true), 32);
+  EXPECT_EQ(splits(16, 1024, true), 2);
 }
 
 }  // namespace

@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   constexpr bool kScaled = kTokenScaled<KV>;
   extern __shared__ uint4 smem_u4[];  // C::kSmemBytes
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
+  AllowDependentLaunch();  // the split merge (paged_decode_merge.cuh) may be scheduled now
 
   const DecodeCta cta = LocateDecodeCta(p, p.rows_per_cta);
   const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
@@ -554,41 +555,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
       if (l8 == 0) p.part_lse[prow] = lse_row;
     }
   }
-}
-
-// Combines the splits of each (token, head) row: one warp per row, lanes over D in float4s.
-// Unlike MergeAttnStates, a NaN partial poisons the row (it came from NaN inputs); -inf
-// partials (empty splits, whose o is 0) drop out.
-template <typename T, int D>
-__global__ void __launch_bounds__(128)
-    CombineSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
-                        int num_splits, int64_t rows, T* __restrict__ out,
-                        float* __restrict__ lse) {
-  const int64_t r = blockIdx.x * int64_t{4} + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  constexpr int kLanes = D < 32 ? D : 32;  // lanes holding part of the row
-  constexpr int kPer = D / kLanes;         // floats per lane: 1, 2, 4 or 8
-  if (r >= rows) return;
-  float m = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) m = fmaxf(m, part_lse[s * rows + r]);
-  const float m_use = m == -INFINITY ? 0.0f : m;
-  float o[kPer] = {};
-  float sum = 0.0f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float w = expf(part_lse[s * rows + r] - m_use);
-    sum += w;
-    if (lane >= kLanes) continue;
-    const float* src = part_o + (s * rows + r) * D + lane * kPer;
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) o[e] = fmaf(w, src[e], o[e]);
-  }
-  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  if (lane < kLanes) {
-    T* dst = out + r * D + lane * kPer;
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[e] * inv);
-  }
-  if (lse != nullptr && lane == 0) lse[r] = sum == 0.0f ? -INFINITY : m_use + logf(sum);
 }
 
 }  // namespace tandem::kernels::cuda::internal

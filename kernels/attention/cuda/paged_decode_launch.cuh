@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "kernels/attention/cuda/paged_attention_cuda.h"
 #include "kernels/attention/cuda/paged_decode_kernel.cuh"
+#include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/attention/cuda/paged_decode_tc_kernel.cuh"
 
 namespace tandem::kernels::cuda::internal {
@@ -87,9 +88,16 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (plan.num_splits > 1) {
     const int64_t rows = in.num_tokens * in.num_q_heads;
-    CombineSplitsKernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
-        p.part_o, p.part_lse, plan.num_splits, rows, p.out, p.lse);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    const unsigned blocks = static_cast<unsigned>((rows + 3) / 4);
+    if (in.legacy_split_merge) {
+      CombineSplitsKernel<T, D>
+          <<<blocks, 128, 0, stream>>>(p.part_o, p.part_lse, plan.num_splits, rows, p.out, p.lse);
+      CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    } else {
+      const PdlLaunchConfig config(dim3(blocks), dim3(128), stream, /*pdl=*/true);
+      CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), MergeSplitsKernel<T, D>, p.part_o,
+                                              p.part_lse, plan.num_splits, rows, p.out, p.lse));
+    }
   }
   return absl::OkStatus();
 }

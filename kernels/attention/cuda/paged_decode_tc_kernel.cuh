@@ -146,6 +146,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   constexpr int kT = C::kT, kRU = C::kRowUnits, kKs = D / 16;
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
+  AllowDependentLaunch();  // the split merge (paged_decode_merge.cuh) may be scheduled now
 
   const DecodeCta cta = LocateDecodeCta(p, C::kRows);
   const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
