@@ -205,58 +205,65 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
                                    : std::string());
   }
   ASSIGN_OR_RETURN(const kernels::KvCacheLayout layout, make_model(r.get(), options));
+  RETURN_IF_ERROR(r->AllocatePool(layout));
+  RETURN_IF_ERROR(r->AllocateStepBuffers());
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
+  return r;
+}
 
+absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout) {
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
   RETURN_IF_ERROR(layout.Validate());
-  if (config.fp8_latent_kv) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
+  if (config_.fp8_latent_kv) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
   // An FP8 latent pool (kv_layout.h, Fp8LatentPool): the codes, then one fp32 scale per row.
-  const int64_t pool_bytes = config.fp8_latent_kv
+  const int64_t pool_bytes = config_.fp8_latent_kv
                                  ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
                                  : layout.TotalElems() * 2;
-  ASSIGN_OR_RETURN(r->pool_, DeviceBuffer::Allocate(pool_bytes, "KV pool"));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->pool_.data(), 0, r->pool_.bytes(), r->stream_));
-  r->cache_.data = r->pool_.data();
-  r->cache_.layout = layout;
-  r->cache_.dtype = r->model_ != nullptr       ? r->model_->kv_dtype()
-                    : r->mla_model_ != nullptr ? r->mla_model_->kv_dtype()
-                                               : r->mtp_model_->kv_dtype();
-  if (config.fp8_latent_kv) {
+  ASSIGN_OR_RETURN(pool_, DeviceBuffer::Allocate(pool_bytes, "KV pool"));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
+  cache_.data = pool_.data();
+  cache_.layout = layout;
+  cache_.dtype = model_ != nullptr       ? model_->kv_dtype()
+                 : mla_model_ != nullptr ? mla_model_->kv_dtype()
+                                         : mtp_model_->kv_dtype();
+  if (config_.fp8_latent_kv) {
     // kernels/mla reads the row scales at token_scales[e / width] (no per-tensor k/v scale).
-    r->cache_.token_scales = SplitFp8LatentPool(r->pool_.data(), layout).scales;
-  } else {
-    RETURN_IF_ERROR(kc::ValidateDeviceKvCache(r->cache_, "CUDA backend"));
+    cache_.token_scales = SplitFp8LatentPool(pool_.data(), layout).scales;
+    return absl::OkStatus();
   }
+  return kc::ValidateDeviceKvCache(cache_, "CUDA backend");
+}
 
+absl::Status CudaModelRunner::AllocateStepBuffers() {
   // Packed metadata: small arrays first, block tables last (copied up to the used rows).
-  MetaLayout& m = r->meta_;
+  MetaLayout& m = meta_;
   int64_t off = 0;
   auto take = [&off](int64_t bytes) {
     const int64_t at = off;
     off = Align16(off + bytes);
     return at;
   };
-  m.token_ids = take(r->max_tokens_ * 4);
-  m.positions = take(r->max_tokens_ * 8);
-  m.slot_mapping = take(r->max_tokens_ * 8);
-  const int64_t seqs_cap = std::max(r->max_seqs_, r->max_rows_);
+  m.token_ids = take(max_tokens_ * 4);
+  m.positions = take(max_tokens_ * 8);
+  m.slot_mapping = take(max_tokens_ * 8);
+  const int64_t seqs_cap = std::max(max_seqs_, max_rows_);
   m.query_start_loc = take((seqs_cap + 1) * 4);
   m.seq_lens = take(seqs_cap * 4);
   m.local_seq_lens = take(seqs_cap * 4);
-  m.logit_rows = take(r->max_rows_ * 4);
-  m.sampling_rows = take(r->max_rows_ * static_cast<int64_t>(sizeof(kc::DeviceSamplingRow)));
-  m.block_tables = take(seqs_cap * r->max_blocks_per_seq_ * 4);
+  m.logit_rows = take(max_rows_ * 4);
+  m.sampling_rows = take(max_rows_ * static_cast<int64_t>(sizeof(kc::DeviceSamplingRow)));
+  m.block_tables = take(seqs_cap * max_blocks_per_seq_ * 4);
   m.total = off;
-  ASSIGN_OR_RETURN(r->meta_host_, PinnedBuffer::Allocate(m.total, "step metadata (host)"));
-  ASSIGN_OR_RETURN(r->meta_dev_, DeviceBuffer::Allocate(m.total, "step metadata"));
-  std::memset(r->meta_host_.data(), 0, m.total);
-  ASSIGN_OR_RETURN(r->sample_workspace_,
+  ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::Allocate(m.total, "step metadata (host)"));
+  ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::Allocate(m.total, "step metadata"));
+  std::memset(meta_host_.data(), 0, m.total);
+  ASSIGN_OR_RETURN(sample_workspace_,
                    DeviceBuffer::Allocate(
-                       kc::SampleTokensWorkspaceBytes(r->max_rows_, spec.model_config.vocab_size),
+                       kc::SampleTokensWorkspaceBytes(max_rows_, spec_.model_config.vocab_size),
                        "sampling workspace"));
-  ASSIGN_OR_RETURN(r->sampled_dev_, DeviceBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
-  ASSIGN_OR_RETURN(r->sampled_host_, PinnedBuffer::Allocate(r->max_rows_ * 4, "sampled tokens"));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
-  return r;
+  ASSIGN_OR_RETURN(sampled_dev_, DeviceBuffer::Allocate(max_rows_ * 4, "sampled tokens"));
+  ASSIGN_OR_RETURN(sampled_host_, PinnedBuffer::Allocate(max_rows_ * 4, "sampled tokens"));
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::ModelForward(const DeviceStep& step, const StepAttentionPlan& plan) {

@@ -163,6 +163,10 @@ class CudaModelRunner : public ModelExecutor {
   static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Build(const CudaBackendConfig& config,
                                                                 const ExecutorSpec& spec,
                                                                 const ModelMaker& make_model);
+  // Build's steps after the model: the KV pool of `layout` (cache_), then the packed step
+  // metadata, sampling workspace and sampled-token buffers.
+  absl::Status AllocatePool(const kernels::KvCacheLayout& layout);
+  absl::Status AllocateStepBuffers();
   // cuda_model_runner_hidden.cc. The MTP runner: the batch's input_hidden onto the device before
   // the step (INVALID_ARGUMENT when missing or misshapen; and for other runners when given).
   absl::Status UploadInputHidden(const SchedulerOutput& batch, int64_t num_tokens);
