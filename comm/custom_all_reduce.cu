@@ -1,3 +1,4 @@
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <unistd.h>
@@ -15,6 +16,8 @@
 
 namespace tandem::comm {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // The flags at the start of every rank's IPC allocation. flags[phase][block][rank]: the last
 // call whose barrier `phase` block `block` of `rank` reached (written by that rank into this
@@ -49,6 +52,7 @@ struct ArParams {
   ArLaunch launch;
   uint64_t timeout_ns = 0;
   int* abort = nullptr;  // mapped host flag
+  bool pdl = false;      // launched with programmatic dependent launch
 };
 
 __device__ __forceinline__ ArSignal* SignalOf(const ArParams& p, int r) {
@@ -67,6 +71,21 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Programmatic dependent launch (PDL): a kernel launched with the attribute may start while its
+// predecessor in the stream still runs, so it waits (griddepcontrol.wait: the predecessor has
+// completed and its writes are visible) before touching anything; it lets its own successor
+// launch early (launch_dependents), which then waits the same way. No-ops without the attribute.
+__device__ __forceinline__ void WaitForPrecedingGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Block `blockIdx.x` of every rank meets here for `phase` of call `flag`: thread q < N tells
@@ -186,6 +205,7 @@ __device__ __forceinline__ uint4 SumPack(const ArParams& p, int64_t staging, int
 template <typename T, int N>
 __global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
   __shared__ int failed;
+  WaitForPrecedingGrid();
   const uint32_t flag = CallFlag(p);
   const int64_t staging = StagingOffset(p.max_bytes, flag);
   uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
@@ -194,6 +214,7 @@ __global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
     mine[i] = p.in[i];
   }
   if (!BlockBarrier<N>(p, 0, flag, &failed)) return;
+  AllowDependentLaunch();
   for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, p.launch.packs)) >= 0; ++k) {
     p.out[i] = SumPack<T, N>(p, staging, i);
   }
@@ -203,6 +224,7 @@ __global__ void __launch_bounds__(kArThreads) OneShotKernel(ArParams p) {
 template <typename T, int N>
 __global__ void __launch_bounds__(kArThreads) TwoShotKernel(ArParams p) {
   __shared__ int failed[2];
+  WaitForPrecedingGrid();
   const uint32_t flag = CallFlag(p);
   const int64_t staging = StagingOffset(p.max_bytes, flag);
   const int64_t result = ResultOffset(p.max_bytes);
@@ -217,6 +239,7 @@ __global__ void __launch_bounds__(kArThreads) TwoShotKernel(ArParams p) {
     }
   }
   if (!BlockBarrier<N>(p, 0, flag, &failed[0])) return;
+  AllowDependentLaunch();
   // Reduce-scatter: this rank's segment, kept in its result buffer for the peers.
   uint4* my_result = reinterpret_cast<uint4*>(p.base[p.rank] + result);
   for (int64_t k = 0, i; (i = ArIndex(p.launch, b, t, k, n)) >= 0; ++k) {
@@ -251,89 +274,188 @@ struct ArNormParams {
   bool add_residual = true;
 };
 
-// One-shot all-reduce of whole rows, then per row: residual (+)= sum, out = RMSNorm(residual).
-// The sum of a pack is SumPack's (the plain kernel's value); the add, the squares (fmaf in pack
-// order per thread), the block sum and the scaling are kernels/layers/cuda RmsNormKernel's.
-template <typename T, int N>
+// The sum of one float per logical thread over a row's kArNormThreads logical threads, in
+// common/block_reduce.cuh BlockSum's order (a butterfly per warp, then the warp sums in warp
+// order from 0.0f), when the row's threads are spread over `row_blocks` blocks of a cluster:
+// every warp writes its sum into `sums` (kArNormThreads / 32 floats, this row's buffer) of every
+// block of the cluster, then each block adds them up. Callers alternate two buffers row by row:
+// the cluster barrier of row k + 1 orders row k's reads before row k + 2's writes.
+__device__ __forceinline__ float RowSum(float v, float* sums, int row_blocks, int threads) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = ((blockIdx.x % row_blocks) * threads + threadIdx.x) / 32;
+  if (row_blocks == 1) {
+    if (threadIdx.x % 32 == 0) sums[warp] = v;
+    __syncthreads();
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x % 32 == 0) {
+      for (int d = 0; d < row_blocks; ++d) cluster.map_shared_rank(sums, d)[warp] = v;
+    }
+    cluster.sync();
+  }
+  v = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kArNormThreads / 32; ++w) v += sums[w];
+  return v;
+}
+
+// One-shot all-reduce of whole rows, then per row: residual (+)= sum, out = RMSNorm(residual)
+// (custom_all_reduce_layout.h: PlanAllReduceNorm, ArNormPack). The thread's packs stay in
+// registers: its weight (and residual) packs are loaded before the barrier, all N x kVecs peer
+// loads are issued together after it. The sum of a pack is SumPack's (the plain kernel's value);
+// the add, the squares (fmaf in pack order per logical thread), the row sum and the scaling are
+// kernels/layers/cuda RmsNormKernel's: bit-identical. PDL: waits for its predecessor before
+// touching anything, lets its successor launch once every block passed the barrier.
+template <typename T, int N, int kVecs>
 __global__ void __launch_bounds__(kArNormThreads) AddNormKernel(ArParams p, ArNormParams<T> n) {
   __shared__ int failed;
-  __shared__ float warp_sums[kArNormThreads / 32];
+  __shared__ float row_sums[2][kArNormThreads / 32];
+  WaitForPrecedingGrid();
+  const ArNormLaunch& L = n.launch;
   const uint32_t flag = CallFlag(p);
   const int64_t staging = StagingOffset(p.max_bytes, flag);
   uint4* mine = reinterpret_cast<uint4*>(p.base[p.rank] + staging);
-  const int64_t row_packs = n.launch.row_packs;
-  for (int64_t row = blockIdx.x; row < n.launch.rows; row += gridDim.x) {
-    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
-      mine[row * row_packs + j] = p.in[row * row_packs + j];
+  const int group = blockIdx.x / L.row_blocks;
+  int64_t pack[kVecs];  // index in the row, or -1
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) pack[v] = ArNormPack(L, blockIdx.x, threadIdx.x, v);
+  for (int64_t row = group; row < L.rows; row += L.groups) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      if (pack[v] >= 0) mine[row * L.row_packs + pack[v]] = p.in[row * L.row_packs + pack[v]];
     }
   }
-  if (!BlockBarrier<N>(p, 0, flag, &failed)) return;
+  const uint4* weight = reinterpret_cast<const uint4*>(n.weight);
   uint4* residual = reinterpret_cast<uint4*>(n.residual);
-  for (int64_t row = blockIdx.x; row < n.launch.rows; row += gridDim.x) {
+  uint4* out = reinterpret_cast<uint4*>(n.out);
+  uint4 w[kVecs] = {}, res[kVecs] = {};
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    if (pack[v] < 0) continue;
+    w[v] = weight[pack[v]];
+    if (n.add_residual && group < L.rows) res[v] = residual[group * L.row_packs + pack[v]];
+  }
+  const bool ok = BlockBarrier<N>(p, 0, flag, &failed);
+  AllowDependentLaunch();
+  int it = 0;
+  for (int64_t row = group; row < L.rows; row += L.groups, ++it) {
+    const int64_t base = row * L.row_packs;
+    uint4 peer[kVecs][N];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      if (pack[v] < 0 || !ok) continue;
+#pragma unroll
+      for (int q = 0; q < N; ++q) {
+        peer[v][q] = __ldcg(reinterpret_cast<const uint4*>(p.base[q] + staging) + base + pack[v]);
+      }
+      if (n.add_residual && row != group) res[v] = residual[base + pack[v]];
+    }
+    float r[kVecs][8];
     float sum_sq = 0.0f;
-    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
-      const int64_t pack = row * row_packs + j;
-      uint4 v = SumPack<T, N>(p, staging, pack);
-      float r[8];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      if (pack[v] < 0 || !ok) continue;
+      float acc[8] = {};
+#pragma unroll
+      for (int q = 0; q < N; ++q) Pack8<T>::Add(peer[v][q], acc);
+      uint4 sum = Pack8<T>::Round(acc);
       if (n.add_residual) {
         float b[8];
-        Pack8<T>::Load(residual[pack], r);
-        Pack8<T>::Load(v, b);
+        Pack8<T>::Load(res[v], r[v]);
+        Pack8<T>::Load(sum, b);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) r[e] += b[e];
-        v = Pack8<T>::Round(r);
+        for (int e = 0; e < 8; ++e) r[v][e] += b[e];
+        sum = Pack8<T>::Round(r[v]);
       }
-      residual[pack] = v;
-      Pack8<T>::Load(v, r);  // the rounded residual, as the next layer sees it
+      residual[base + pack[v]] = sum;
+      Pack8<T>::Load(sum, r[v]);  // the rounded residual, as the next layer sees it
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[e], r[e], sum_sq);
+      for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[v][e], r[v][e], sum_sq);
     }
-    // The block sum of kernels/layers/cuda's RmsNorm (common/block_reduce.cuh): the same order,
-    // so the same float.
-    const float row_sum_sq = BlockSum<kArNormThreads>(sum_sq, warp_sums);
-    __syncthreads();  // every thread has read warp_sums before the next row's BlockSum writes it
+    const float row_sum_sq = RowSum(sum_sq, row_sums[it & 1], L.row_blocks, L.threads);
     const float inv_rms = rsqrtf(row_sum_sq / static_cast<float>(n.hidden) + n.eps);
-    const uint4* weight = reinterpret_cast<const uint4*>(n.weight);
-    uint4* out = reinterpret_cast<uint4*>(n.out);
-    for (int64_t j = threadIdx.x; j < row_packs; j += kArNormThreads) {
-      const int64_t pack = row * row_packs + j;
-      float r[8], w[8];
-      Pack8<T>::Load(residual[pack], r);  // this thread's own write above
-      Pack8<T>::Load(weight[j], w);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) r[e] = (r[e] * inv_rms) * w[e];
-      out[pack] = Pack8<T>::Round(r);
+    for (int v = 0; v < kVecs; ++v) {
+      if (pack[v] < 0 || !ok) continue;
+      float wf[8];
+      Pack8<T>::Load(w[v], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[v][e] = (r[v][e] * inv_rms) * wf[e];
+      out[base + pack[v]] = Pack8<T>::Round(r[v]);
     }
   }
-  FinishCall(p, flag);
+  if (ok) FinishCall(p, flag);
+}
+
+// A cudaLaunchKernelEx configuration: `cluster` blocks per cluster (1: none), programmatic
+// stream serialization when `pdl`.
+class ArLaunchConfig {
+ public:
+  ArLaunchConfig(int blocks, int threads, int cluster, bool pdl, cudaStream_t stream) {
+    config_.gridDim = dim3(static_cast<unsigned>(blocks));
+    config_.blockDim = dim3(static_cast<unsigned>(threads));
+    config_.stream = stream;
+    int k = 0;
+    if (cluster > 1) {
+      attrs_[k].id = cudaLaunchAttributeClusterDimension;
+      attrs_[k].val.clusterDim.x = static_cast<unsigned>(cluster);
+      attrs_[k].val.clusterDim.y = 1;
+      attrs_[k].val.clusterDim.z = 1;
+      ++k;
+    }
+    if (pdl) {
+      attrs_[k].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs_[k].val.programmaticStreamSerializationAllowed = 1;
+      ++k;
+    }
+    config_.attrs = attrs_;
+    config_.numAttrs = k;
+  }
+  ArLaunchConfig(const ArLaunchConfig&) = delete;
+  ArLaunchConfig& operator=(const ArLaunchConfig&) = delete;
+  const cudaLaunchConfig_t* get() const { return &config_; }
+
+ private:
+  cudaLaunchConfig_t config_ = {};
+  cudaLaunchAttribute attrs_[2] = {};
+};
+
+template <typename T, int N>
+cudaError_t LaunchNormFor(const ArParams& p, const ArNormParams<T>& n, cudaStream_t stream) {
+  const ArLaunchConfig config(n.launch.blocks, n.launch.threads, n.launch.row_blocks, p.pdl,
+                              stream);
+  switch (n.launch.vecs) {
+    case 1:
+      return cudaLaunchKernelEx(config.get(), AddNormKernel<T, N, 1>, p, n);
+    case 2:
+      return cudaLaunchKernelEx(config.get(), AddNormKernel<T, N, 2>, p, n);
+    case 4:
+      return cudaLaunchKernelEx(config.get(), AddNormKernel<T, N, 4>, p, n);
+    default:
+      return cudaLaunchKernelEx(config.get(), AddNormKernel<T, N, 8>, p, n);
+  }
 }
 
 template <typename T>
 cudaError_t LaunchNormWorld(int world, const ArParams& p, const ArNormParams<T>& n,
                             cudaStream_t stream) {
-  const int blocks = n.launch.blocks;
   switch (world) {
     case 2:
-      AddNormKernel<T, 2><<<blocks, kArNormThreads, 0, stream>>>(p, n);
-      break;
+      return LaunchNormFor<T, 2>(p, n, stream);
     case 4:
-      AddNormKernel<T, 4><<<blocks, kArNormThreads, 0, stream>>>(p, n);
-      break;
+      return LaunchNormFor<T, 4>(p, n, stream);
     default:
-      AddNormKernel<T, 8><<<blocks, kArNormThreads, 0, stream>>>(p, n);
-      break;
+      return LaunchNormFor<T, 8>(p, n, stream);
   }
-  return cudaGetLastError();
 }
 
 template <typename T, int N>
 cudaError_t LaunchFor(const ArParams& p, cudaStream_t stream) {
+  const ArLaunchConfig config(p.launch.blocks, kArThreads, 1, p.pdl, stream);
   if (p.launch.path == ArPath::kOneShot) {
-    OneShotKernel<T, N><<<p.launch.blocks, kArThreads, 0, stream>>>(p);
-  } else {
-    TwoShotKernel<T, N><<<p.launch.blocks, kArThreads, 0, stream>>>(p);
+    return cudaLaunchKernelEx(config.get(), OneShotKernel<T, N>, p);
   }
-  return cudaGetLastError();
+  return cudaLaunchKernelEx(config.get(), TwoShotKernel<T, N>, p);
 }
 
 template <typename T>
@@ -480,6 +602,7 @@ absl::StatusOr<bool> CustomAllReduce::AllReduceAddRmsNorm(const AddRmsNormArgs& 
   p.in = static_cast<const uint4*>(args.in);
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.abort = abort_device_;
+  p.pdl = options_.programmatic_launch;
   auto params = [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     ArNormParams<T> n;
@@ -518,6 +641,7 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, int64_t count
   p.out = static_cast<uint4*>(out);
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.abort = abort_device_;
+  p.pdl = options_.programmatic_launch;
   cudaError_t e = cudaSuccess;
   switch (dtype) {
     case CommDtype::kBf16:

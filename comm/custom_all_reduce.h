@@ -34,6 +34,10 @@ struct CustomAllReduceOptions {
   int device = 0;
   ArLimits limits;
   absl::Duration timeout = absl::Seconds(30);  // a block's wait for its peers
+  // Launch the kernels with programmatic dependent launch: each waits for its predecessor's
+  // completion on the device (griddepcontrol.wait) instead of in the launch, and lets its
+  // successor launch once its barrier is passed (the next GEMV's launch overlaps the reads).
+  bool programmatic_launch = true;
 };
 
 class CustomAllReduce {
@@ -56,10 +60,11 @@ class CustomAllReduce {
   absl::Status AllReduce(const void* in, void* out, int64_t count, CommDtype dtype,
                          cudaStream_t stream);
   // The fused all-reduce + residual add + RMSNorm (AddRmsNormArgs, device_communicator.h) in ONE
-  // kernel of the one-shot kind with whole rows per block (PlanAllReduceNorm): bit-identical to
-  // AllReduce followed by kernels::cuda::FusedAddRmsNorm (RmsNorm without the add). False,
-  // nothing enqueued, where the plan is not fused (size past one-shot, fp32, rows not whole
-  // packs) or a pointer is not 16-byte aligned. Every rank makes the same calls in the same order.
+  // kernel of the one-shot kind with whole rows per cluster of blocks (PlanAllReduceNorm):
+  // bit-identical to AllReduce followed by kernels::cuda::FusedAddRmsNorm (RmsNorm without the
+  // add). False, nothing enqueued, where the plan is not fused (size past one-shot, fp32, rows not
+  // whole packs) or a pointer is not 16-byte aligned. Every rank makes the same calls in the same
+  // order.
   absl::StatusOr<bool> AllReduceAddRmsNorm(const AddRmsNormArgs& args, CommDtype dtype,
                                            cudaStream_t stream);
   // True once a kernel gave up waiting for a peer (the group is then broken).

@@ -75,35 +75,72 @@ TANDEM_AR_HD inline ArLaunch PlanAllReduce(int64_t bytes, int world, bool availa
 }
 
 // The fused all-reduce + residual add + RMSNorm (CustomAllReduce::AllReduceAddRmsNorm): the
-// one-shot path with whole rows per block, since a row's norm needs its whole sum. Block b
-// copies in, sums and normalizes rows b, b + blocks, ...; each of its kArNormThreads threads
-// handles packs t, t + kArNormThreads, ... of a row (the order kernels/layers/cuda's RmsNorm sums
-// the squares in, so the result is bit-identical to the all-reduce followed by that kernel).
+// one-shot path with whole rows per group of blocks, since a row's norm needs its whole sum.
+// A row is normalized as kernels/layers/cuda's RmsNorm does it with kArNormThreads threads:
+// "logical" thread t holds packs t, t + kArNormThreads, ... of the row (at most kArNormMaxVecs)
+// in registers and sums their squares in that order, then the row sums the threads' sums in
+// RmsNorm's order (common/block_reduce.cuh), so the result is bit-identical to the all-reduce
+// followed by that kernel. Few rows (decode) spread a row's logical threads over `row_blocks`
+// blocks of one thread-block cluster (kArNormThreads / row_blocks threads each; the row's sum
+// crosses the blocks through distributed shared memory), so more SMs issue the peer loads.
+// Group g (one cluster) handles rows g, g + groups, ...; block c of it logical threads
+// [c * threads, (c + 1) * threads). Block b copies in and reads back exactly its packs, so the
+// per-block barrier stays valid.
 inline constexpr int kArNormThreads = 256;
+inline constexpr int kArNormMaxVecs = 8;       // packs per logical thread: rows <= 16384 bf16
+inline constexpr int kArNormMaxRowBlocks = 8;  // the portable cluster size
 
 struct ArNormLaunch {
   bool fused = false;  // false: the caller all-reduces and normalizes unfused
-  int blocks = 0;
+  int blocks = 0;      // groups * row_blocks
+  int row_blocks = 1;  // blocks (one cluster) per row
+  int groups = 0;
+  int threads = kArNormThreads;  // per block: kArNormThreads / row_blocks
+  int vecs = 0;                  // packs per logical thread: 1, 2, 4 or 8
   int64_t rows = 0;
   int64_t row_packs = 0;  // 16-byte packs per row
 };
 
-// Fused where the plain all-reduce of rows x row_bytes takes the one-shot path and rows are
-// whole packs of 16-bit values (bf16 / fp16).
+// Fused where the plain all-reduce of rows x row_bytes takes the one-shot path, rows are whole
+// packs of 16-bit values (bf16 / fp16) and at most kArNormMaxVecs packs per logical thread.
+// row_blocks: the most (8, 4, 2, 1) with rows x row_blocks <= kArMaxBlocks and no block left
+// without packs.
 TANDEM_AR_HD inline ArNormLaunch PlanAllReduceNorm(int64_t rows, int64_t hidden,
                                                    int64_t element_bytes, int world, bool available,
                                                    const ArLimits& limits) {
   ArNormLaunch out;
   const int64_t row_bytes = hidden * element_bytes;
   if (element_bytes != 2 || rows <= 0 || hidden <= 0 || row_bytes % kArPackBytes != 0 ||
+      row_bytes / kArPackBytes > int64_t{kArNormMaxVecs} * kArNormThreads ||
       PlanAllReduce(rows * row_bytes, world, available, limits).path != ArPath::kOneShot) {
     return out;
   }
   out.fused = true;
   out.rows = rows;
   out.row_packs = row_bytes / kArPackBytes;
-  out.blocks = static_cast<int>(rows < kArMaxBlocks ? rows : kArMaxBlocks);
+  const int64_t needed = (out.row_packs + kArNormThreads - 1) / kArNormThreads;
+  out.vecs = needed <= 1 ? 1 : needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
+  // Logical threads holding at least one pack: the last block must start below them.
+  const int64_t busy = out.row_packs < kArNormThreads ? out.row_packs : kArNormThreads;
+  out.row_blocks = kArNormMaxRowBlocks;
+  while (out.row_blocks > 1 &&
+         (rows * out.row_blocks > kArMaxBlocks ||
+          int64_t{out.row_blocks - 1} * (kArNormThreads / out.row_blocks) >= busy)) {
+    out.row_blocks /= 2;
+  }
+  out.threads = kArNormThreads / out.row_blocks;
+  const int64_t groups = kArMaxBlocks / out.row_blocks;
+  out.groups = static_cast<int>(rows < groups ? rows : groups);
+  out.blocks = out.groups * out.row_blocks;
   return out;
+}
+
+// Pack (index in its row) that logical thread `thread` of block `block` holds as its v-th, or
+// -1 when the row has fewer packs (thread < launch.threads, v < launch.vecs).
+TANDEM_AR_HD inline int64_t ArNormPack(const ArNormLaunch& launch, int block, int thread, int v) {
+  const int64_t t = int64_t{block % launch.row_blocks} * launch.threads + thread;
+  const int64_t j = t + int64_t{v} * kArNormThreads;
+  return j < launch.row_packs ? j : -1;
 }
 
 // The k-th index (k = 0, 1, ...) that thread `t` of block `b` handles among `n` (grid-stride):

@@ -91,8 +91,9 @@ absl::StatusOr<std::vector<AddRmsNormBf16>> SimulateAllReduceAddRmsNormBf16(
     bool add_residual) {
   const int world = static_cast<int>(inputs.size());
   const int64_t values = launch.rows * hidden;
-  if (!launch.fused || world < 1 || launch.blocks < 1 || launch.row_packs * kPackValues != hidden ||
-      static_cast<int64_t>(residual.size()) != values ||
+  if (!launch.fused || world < 1 || launch.blocks != launch.groups * launch.row_blocks ||
+      launch.groups < 1 || launch.row_blocks * launch.threads != kArNormThreads ||
+      launch.row_packs * kPackValues != hidden || static_cast<int64_t>(residual.size()) != values ||
       static_cast<int64_t>(weight.size()) != hidden) {
     return absl::InvalidArgumentError("not a fused launch of these shapes");
   }
@@ -103,40 +104,57 @@ absl::StatusOr<std::vector<AddRmsNormBf16>> SimulateAllReduceAddRmsNormBf16(
   }
   const int64_t packs = launch.rows * launch.row_packs;
   std::vector<SimBuffer> staging(world, SimBuffer(packs));
-  // Phase 1: block b copies its rows' packs (every thread's share) into the staging buffer.
+  // Calls fn(b, pack in the row) for every pack block b's logical threads hold in a row of its
+  // group, in the kernel's order (ArNormPack).
+  auto for_each_pack = [&](int b, const std::function<void(int64_t)>& fn) {
+    for (int t = 0; t < launch.threads; ++t) {
+      for (int v = 0; v < launch.vecs; ++v) {
+        if (const int64_t j = ArNormPack(launch, b, t, v); j >= 0) fn(j);
+      }
+    }
+  };
+  // Phase 1: block b copies its packs of its group's rows into the staging buffer.
   for (int r = 0; r < world; ++r) {
     for (int b = 0; b < launch.blocks; ++b) {
-      for (int64_t row = b; row < launch.rows; row += launch.blocks) {
-        for (int64_t p = row * launch.row_packs; p < (row + 1) * launch.row_packs; ++p) {
+      for (int64_t row = b / launch.row_blocks; row < launch.rows; row += launch.groups) {
+        for_each_pack(b, [&](int64_t j) {
+          const int64_t p = row * launch.row_packs + j;
           std::copy_n(&inputs[r][p * kPackValues], kPackValues,
                       &staging[r].values[p * kPackValues]);
           staging[r].writer[p] = b;
-        }
+        });
       }
     }
   }
-  // Phase 2 (after the barrier): block b sums its rows over every staging buffer, then norms.
+  // Phase 2 (after the barrier): each group's blocks sum their packs of its rows over every
+  // staging buffer; the row is normalized once all its packs are summed.
   std::vector<AddRmsNormBf16> results(
       world, AddRmsNormBf16{std::vector<uint16_t>(values), std::vector<uint16_t>(values)});
   for (int r = 0; r < world; ++r) {
-    std::vector<int> row_writes(launch.rows, 0);
+    std::vector<int> pack_writes(packs, 0);
     std::vector<uint16_t> sum(hidden);
-    for (int b = 0; b < launch.blocks; ++b) {
-      for (int64_t row = b; row < launch.rows; row += launch.blocks) {
-        for (int64_t j = 0; j < launch.row_packs; ++j) {
-          const int64_t p = row * launch.row_packs + j;
-          for (int q = 0; q < world; ++q)
-            RETURN_IF_ERROR(ReadCheck(staging[q], q, r, b, p, "norm"));
-          SumPack(staging, p, &sum[j * kPackValues]);
+    for (int g = 0; g < launch.groups; ++g) {
+      for (int64_t row = g; row < launch.rows; row += launch.groups) {
+        for (int b = g * launch.row_blocks; b < (g + 1) * launch.row_blocks; ++b) {
+          absl::Status status;
+          for_each_pack(b, [&](int64_t j) {
+            const int64_t p = row * launch.row_packs + j;
+            for (int q = 0; q < world && status.ok(); ++q) {
+              status = ReadCheck(staging[q], q, r, b, p, "norm");
+            }
+            SumPack(staging, p, &sum[j * kPackValues]);
+            ++pack_writes[p];
+          });
+          RETURN_IF_ERROR(status);
         }
         AddNormRow(sum.data(), residual, weight, row, hidden, eps, add_residual, &results[r]);
-        ++row_writes[row];
       }
     }
-    for (int64_t row = 0; row < launch.rows; ++row) {
-      if (row_writes[row] != 1) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("rank ", r, " row ", row, " written ", row_writes[row], " times"));
+    for (int64_t p = 0; p < packs; ++p) {
+      if (pack_writes[p] != 1) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", r, " row ", p / launch.row_packs,
+                                                          " pack ", p % launch.row_packs,
+                                                          " written ", pack_writes[p], " times"));
       }
     }
   }

@@ -42,11 +42,12 @@ AddRmsNormBf16 AllReduceAddRmsNormReferenceBf16(const std::vector<std::vector<ui
                                                 const std::vector<uint16_t>& weight, int64_t hidden,
                                                 float eps, bool add_residual);
 
-// The fused kernel played on the host with its row assignment (PlanAllReduceNorm): block b of
-// every rank copies rows b, b + blocks, ... into its staging buffer, meets its peers, then sums
-// those rows over every staging buffer and normalizes them. Each rank's result;
-// FAILED_PRECONDITION when a block reads a pack another block wrote or a row is written twice /
-// never (as SimulateAllReduceBf16); INVALID_ARGUMENT for inputs that do not match the launch.
+// The fused kernel played on the host with its pack assignment (PlanAllReduceNorm, ArNormPack):
+// block b of every rank copies its packs of its group's rows into its staging buffer, meets its
+// peers, then the group's blocks sum those packs over every staging buffer and each row is
+// normalized. Each rank's result; FAILED_PRECONDITION when a block reads a pack another block
+// wrote or a pack is written twice / never (as SimulateAllReduceBf16); INVALID_ARGUMENT for
+// inputs that do not match the launch.
 absl::StatusOr<std::vector<AddRmsNormBf16>> SimulateAllReduceAddRmsNormBf16(
     const std::vector<std::vector<uint16_t>>& inputs, const std::vector<uint16_t>& residual,
     const std::vector<uint16_t>& weight, const ArNormLaunch& launch, int64_t hidden, float eps,

@@ -116,12 +116,35 @@ TEST(CustomAllReduceTest, SimulationCatchesABrokenAssignment) {
 TEST(CustomAllReduceTest, FusedNormPathsAndShapes) {
   const ArLimits limits;
   // Fused exactly where the plain all-reduce is one-shot, for 16-bit rows of whole packs.
+  // Decode: a row over a cluster of 8 blocks of 32 threads, 2 (8B) / 4 (70B) packs a thread.
   const ArNormLaunch decode = PlanAllReduceNorm(1, 4096, 2, 2, true, limits);
   EXPECT_TRUE(decode.fused);
-  EXPECT_EQ(decode.blocks, 1);
   EXPECT_EQ(decode.row_packs, 512);
-  EXPECT_EQ(PlanAllReduceNorm(64, 8192, 2, 2, true, limits).blocks, kArMaxBlocks);
-  EXPECT_EQ(PlanAllReduceNorm(7, 8192, 2, 4, true, limits).blocks, 7);
+  EXPECT_EQ(decode.row_blocks, 8);
+  EXPECT_EQ(decode.threads, 32);
+  EXPECT_EQ(decode.groups, 1);
+  EXPECT_EQ(decode.blocks, 8);
+  EXPECT_EQ(decode.vecs, 2);
+  EXPECT_EQ(PlanAllReduceNorm(1, 8192, 2, 4, true, limits).vecs, 4);
+  // Fewer blocks per row as rows grow (rows x row_blocks <= kArMaxBlocks), one block of 256
+  // threads per row from 19 rows, at most kArMaxBlocks groups.
+  EXPECT_EQ(PlanAllReduceNorm(4, 4096, 2, 4, true, limits).blocks, 32);
+  EXPECT_EQ(PlanAllReduceNorm(5, 4096, 2, 4, true, limits).row_blocks, 4);
+  EXPECT_EQ(PlanAllReduceNorm(9, 4096, 2, 4, true, limits).blocks, 36);
+  EXPECT_EQ(PlanAllReduceNorm(10, 4096, 2, 4, true, limits).row_blocks, 2);
+  const ArNormLaunch many = PlanAllReduceNorm(64, 8192, 2, 2, true, limits);
+  EXPECT_EQ(many.row_blocks, 1);
+  EXPECT_EQ(many.threads, kArNormThreads);
+  EXPECT_EQ(many.blocks, kArMaxBlocks);
+  EXPECT_EQ(PlanAllReduceNorm(7, 8192, 2, 4, true, limits).blocks, 28);
+  // Narrow rows: no block of a cluster without packs (64 values: 8 packs, one block).
+  EXPECT_EQ(PlanAllReduceNorm(1, 64, 2, 2, true, limits).row_blocks, 1);
+  EXPECT_EQ(PlanAllReduceNorm(1, 1536, 2, 2, true, limits).row_blocks, 2);  // 192 packs
+  EXPECT_EQ(PlanAllReduceNorm(1, 2048, 2, 2, true, limits).row_blocks, 8);
+  // Up to 8 packs a thread (16384 values); wider rows are not fused.
+  EXPECT_EQ(PlanAllReduceNorm(1, 16384, 2, 2, true, limits).vecs, 8);
+  EXPECT_EQ(PlanAllReduceNorm(1, 12288, 2, 2, true, limits).vecs, 8);
+  EXPECT_FALSE(PlanAllReduceNorm(1, 16384 + 8, 2, 2, true, limits).fused);
   EXPECT_TRUE(PlanAllReduceNorm(512, 8192, 2, 2, true, limits).fused);   // 8 MiB, world 2
   EXPECT_FALSE(PlanAllReduceNorm(513, 8192, 2, 2, true, limits).fused);  // past the limit
   EXPECT_TRUE(PlanAllReduceNorm(31, 8192, 2, 4, true, limits).fused);    // 496 KiB: one-shot
@@ -141,15 +164,16 @@ std::vector<uint16_t> RandomBf16(std::mt19937& rng, int64_t n, float mean, float
   return v;
 }
 
-// The fused kernel's row assignment played on the host gives every rank the reference, bit for
-// bit, with and without the residual add, for row counts below, at and above the block count.
+// The fused kernel's pack assignment played on the host gives every rank the reference, bit for
+// bit, with and without the residual add, for every blocks-per-row regime (8, 4, 2, 1), odd row
+// counts below, at and above the block count, and rows not a multiple of the threads' packs.
 TEST(CustomAllReduceTest, SimulatedFusedKernelEqualsTheReference) {
   const uint32_t seed = std::random_device()();
   SCOPED_TRACE(seed);
   std::mt19937 rng(seed);
   for (int world : {2, 4, 8}) {
-    for (int64_t rows : {1, 5, 36, 37, 75}) {
-      for (int64_t hidden : {64, 1024, 4096}) {
+    for (int64_t rows : {1, 3, 5, 10, 19, 36, 37, 75}) {
+      for (int64_t hidden : {64, 1000, 4096, 8192}) {
         const ArNormLaunch launch = PlanAllReduceNorm(rows, hidden, 2, world, true, ArLimits());
         if (!launch.fused) continue;  // two-shot sizes at world 4 / 8
         for (bool add : {true, false}) {
@@ -179,6 +203,15 @@ TEST(CustomAllReduceTest, SimulatedFusedKernelEqualsTheReference) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // The checker is not vacuous: one pack a thread leaves the second half of every row unwritten.
+  ArNormLaunch one_pack = PlanAllReduceNorm(5, 4096, 2, 4, true, ArLimits());
+  ASSERT_EQ(one_pack.vecs, 2);
+  one_pack.vecs = 1;
+  const auto wide = RandomInputs(rng, 4, 5 * 4096);
+  auto bad = SimulateAllReduceAddRmsNormBf16(wide, RandomBf16(rng, 5 * 4096, 0.0f, 1.0f),
+                                             RandomBf16(rng, 4096, 1.0f, 0.1f), one_pack, 4096,
+                                             1e-5f, true);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition) << bad.status();
 }
 
 // The reference is the model's CPU op: cpu::FusedAddRmsNorm (fp32, fp64 mean) on the all-reduced

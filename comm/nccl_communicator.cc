@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   CustomAllReduceOptions custom;
   custom.device = options.device;
   custom.limits.max_bytes = options.custom_all_reduce_max_bytes;
+  custom.programmatic_launch = options.custom_all_reduce_pdl;
   custom.timeout = options.timeout;
   ASSIGN_OR_RETURN(c->custom_, CustomAllReduce::Create(bootstrap, custom, &c->custom_off_));
   return c;

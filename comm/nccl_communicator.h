@@ -46,6 +46,8 @@ struct NcclCommunicatorOptions {
   // Offer the custom all-reduce's fused all-reduce + add + RMSNorm (AllReduceAddRmsNorm); false:
   // callers run the all-reduce and their own norm (comparisons).
   bool fuse_all_reduce_norm = true;
+  // The custom kernels launch with programmatic dependent launch (CustomAllReduceOptions).
+  bool custom_all_reduce_pdl = true;
 };
 
 class NcclCommunicator final : public DeviceCommunicator {

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<comm::DeviceCommunicator>> MakeCommunicator(
   options.timeout = config.comm_timeout;
   if (!config.custom_all_reduce) options.custom_all_reduce_max_bytes = 0;
   options.fuse_all_reduce_norm = config.fuse_all_reduce_norm;
+  options.custom_all_reduce_pdl = config.custom_all_reduce_pdl && config.programmatic_launch;
   ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> nccl,
                    comm::NcclCommunicator::Create(config.group, options));
   if (config.group->rank() == 0 && options.custom_all_reduce_max_bytes > 0 &&

@@ -97,10 +97,14 @@ struct CudaBackendConfig {
   // (comm/custom_all_reduce.h); false: NCCL only (comparisons).
   bool custom_all_reduce = true;
   // With the custom all-reduce: each all-reduce fused with the residual add + RMSNorm after it
-  // (NcclCommunicatorOptions::fuse_all_reduce_norm). Off by default: on nvidia-h200-x2 the fused
-  // kernel made the Llama-3-8B / 70B TP=2 decode step 2-3% slower than the all-reduce + the
-  // PDL-launched norm (runtime/cuda/BENCHMARKS.md).
-  bool fuse_all_reduce_norm = false;
+  // where it takes the one-shot path (NcclCommunicatorOptions::fuse_all_reduce_norm; bit-identical
+  // to the unfused pair). On by default: on nvidia-h200-x4 it made the Llama-3-8B / 70B decode
+  // step 1.3-4.9% faster at batch 1 and 8 (TP=2 and 4) and left batch 64 unchanged
+  // (runtime/cuda/BENCHMARKS.md).
+  bool fuse_all_reduce_norm = true;
+  // The custom all-reduce kernels launch with programmatic dependent launch (with
+  // programmatic_launch; NcclCommunicatorOptions::custom_all_reduce_pdl); false: comparisons.
+  bool custom_all_reduce_pdl = true;
   // Tensor parallelism: steps of at least this many logit rows whose sampled rows are all greedy
   // gather one (value, id) candidate per rank and row instead of the rows' whole logits
   // (CudaLlamaModel::GreedyTokens); 0: never. 64: where it measured faster (nvidia-h200-x2,

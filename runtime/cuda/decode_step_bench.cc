@@ -20,12 +20,18 @@
 // 0..N-1), each an engine over its shard with NCCL collectives (the same requests on every rank
 // schedule identical steps, so no plan travels: the step without rank 0's plan broadcast);
 // --custom_ar=0 keeps every all-reduce on NCCL (CudaBackendConfig::custom_all_reduce).
-// --fused_norm=1 fuses each custom all-reduce with the residual add + RMSNorm after it (off by
-// default: CudaBackendConfig::fuse_all_reduce_norm). --vocab_greedy_min_rows=N: at TP > 1,
+// --fused_norm=0 runs each custom all-reduce and the residual add + RMSNorm after it as two
+// kernels (default: fused, CudaBackendConfig::fuse_all_reduce_norm); --ar_pdl=0 launches the custom
+// all-reduce kernels without PDL (CudaBackendConfig::custom_all_reduce_pdl). --trace=1: rank 0
+// records its kernels through CUPTI (KernelTrace) and prints, per batch, the timed steps' time per
+// kernel class, busy and idle GPU time (step_breakdown.h; the traced step times include CUPTI's
+// overhead). --vocab_greedy_min_rows=N: at TP > 1,
 // greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +47,8 @@
 #include "comm/tcp_store.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/cuda/decode_bench_config.h"
+#include "runtime/cuda/kernel_trace.h"
+#include "runtime/cuda/step_breakdown.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/tensor_parallel.h"
@@ -89,7 +97,7 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64, tp = 1;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
-  bool fused_norm = false;
+  bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -104,6 +112,8 @@ int Main(int argc, char** argv) {
     if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
     if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
+    if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
+    if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -143,6 +153,7 @@ int Main(int argc, char** argv) {
   backend.programmatic_launch = pdl;
   backend.custom_all_reduce = custom_ar;
   backend.fuse_all_reduce_norm = fused_norm;
+  backend.custom_all_reduce_pdl = ar_pdl;
   backend.vocab_parallel_greedy_min_rows = vocab_greedy_min_rows;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
@@ -166,6 +177,16 @@ int Main(int argc, char** argv) {
     backend.group = group.get();
     backend.dummy_plan = *plan;
     backend.comm_timeout = absl::Seconds(120);
+  }
+  // Rank 0's kernels, recorded from before graph capture (KernelTrace).
+  std::unique_ptr<KernelTrace> tracer;
+  if (trace && me == 0) {
+    absl::StatusOr<std::unique_ptr<KernelTrace>> started = KernelTrace::Start();
+    if (!started.ok()) {
+      std::fprintf(stderr, "--trace: %s\n", started.status().ToString().c_str());
+    } else {
+      tracer = *std::move(started);
+    }
   }
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
@@ -267,6 +288,10 @@ int Main(int argc, char** argv) {
         }
         if ((*engine)->num_waiting() == 0) ++warm;
       }
+      if (tracer != nullptr) {
+        cudaDeviceSynchronize();
+        if (!tracer->Collect().ok()) return 1;  // drop the prefill's and warm-up's kernels
+      }
       const auto t0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) {
         auto u = (*engine)->Step();
@@ -285,6 +310,14 @@ int Main(int argc, char** argv) {
       if (print) {
         std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
                     batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+        std::fflush(stdout);
+      }
+      if (tracer != nullptr) {
+        cudaDeviceSynchronize();
+        absl::StatusOr<std::vector<KernelRecord>> records = tracer->Collect();
+        if (!records.ok()) return 1;
+        std::printf("rank 0 kernels over the %d steps above (traced), batch %d:\n%s", steps, batch,
+                    FormatBreakdown(BreakDownSteps(*records, steps), ms).c_str());
         std::fflush(stdout);
       }
       while ((*engine)->HasUnfinished()) {

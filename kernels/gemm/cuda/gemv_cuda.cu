@@ -50,8 +50,8 @@ __device__ __forceinline__ void Fma8(const uint4& wv, const T* a, int64_t k, int
 }
 
 // acc[r] = dot(wrow, row r of a) for one weight row (k / 8 16-byte chunks), summed over the
-// warp. Each lane owns the chunks lane, lane + 32, ...; kUnroll of them are loaded before any
-// is used so several 16-byte reads per lane are in flight.
+// warp. Each lane owns the chunks lane, lane + 32, ...; kUnroll of them (or all that are left)
+// are loaded before any is used so several 16-byte reads per lane are in flight.
 template <typename T, int M>
 __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T* a, int64_t k,
                                         int lane, float (&acc)[M]) {
@@ -66,7 +66,20 @@ __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T*
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) Fma8<T, M>(wv[u], a, k, (c + 32 * u) * 8, acc);
   }
-  for (; c < chunks; c += 32) Fma8<T, M>(__ldcs(wrow + c), a, k, c * 8, acc);
+  // The rest (fewer than kUnroll chunks a lane) is loaded together too, predicated, and added in
+  // the same order: the narrow tensor-parallel shapes (o_proj's k = 1024 at TP=4: 4 chunks a
+  // lane, none in the loop above) no longer wait for one 16-byte load at a time.
+  if (c < chunks) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c + 32 * u < chunks) wv[u] = __ldcs(wrow + c + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c + 32 * u < chunks) Fma8<T, M>(wv[u], a, k, (c + 32 * u) * 8, acc);
+    }
+  }
 #pragma unroll
   for (int r = 0; r < M; ++r) {
 #pragma unroll

@@ -92,7 +92,11 @@ TEST(GemvCudaTest, MatchesFp64Reference) {
                         {1000, 264},
                         {333, 4096},
                         {64, 14336},
-                        {4104, 1032}}) {
+                        {4104, 1032},
+                        // TP=4 Llama-3-8B's o_proj and down_proj widths: 4 and 1 + 6
+                        // predicated 16-byte loads a lane (WarpDot's tail)
+                        {256, 1024},
+                        {96, 3584}}) {
       for (bool bias : {false, true}) {
         const bool pdl = (m + n) % 2 == 0;
         RunCase<bf16, bf16>(rng, m, n, k, bias, pdl);
