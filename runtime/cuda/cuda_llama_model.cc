@@ -395,7 +395,10 @@ absl::Status CudaLlamaModel::AllocateActivations() {
   ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
   if (config_.IsMoe()) {
-    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
+    // Data-parallel attention: the layer's experts see the rows of every rank.
+    const int64_t ranks = options_.moe_comm == nullptr ? 1 : options_.moe_comm->size();
+    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T * ranks));
+    if (options_.moe_comm != nullptr) RETURN_IF_ERROR(moe_->UseAllToAll(options_.moe_comm, T));
   }
   if (options_.dcp.size > 1) {
     ASSIGN_OR_RETURN(dcp_exchange_, CudaDcpExchange::Create(options_.dcp, comm(), T, Hq, D, es));
@@ -439,6 +442,22 @@ absl::Status CudaLlamaModel::Forward(const DeviceStep& step, const kc::DeviceKvC
     return ForwardT<__nv_bfloat16>(step, cache, plan, attn_workspace, stream);
   }
   return ForwardT<__half>(step, cache, plan, attn_workspace, stream);
+}
+
+absl::Status CudaLlamaModel::ForwardIdle(cudaStream_t stream) {
+  if (options_.moe_comm == nullptr || moe_ == nullptr) {
+    return absl::FailedPreconditionError("ForwardIdle: not a data-parallel attention MoE rank");
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    const CudaMoeWeights& w = layers_[l].moe;
+    if (options_.dtype == ActDtype::kBf16) {
+      RETURN_IF_ERROR(moe_->Forward<__nv_bfloat16>(w, nullptr, 0, l, nullptr, *gemm_, stream));
+    } else {
+      RETURN_IF_ERROR(moe_->Forward<__half>(w, nullptr, 0, l, nullptr, *gemm_, stream));
+    }
+  }
+  return absl::OkStatus();
 }
 
 template <typename T>

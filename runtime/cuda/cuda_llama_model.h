@@ -101,6 +101,10 @@ struct CudaModelOptions {
   // the rank's num_attention_heads / dcp.size heads (TpDims::o_heads). Decode-kernel plans only
   // (the prefill kernel has no DCP path).
   kernels::DcpShard dcp;
+  // Data-parallel attention with expert parallelism (config.dp_attention; CudaMoeMlp::
+  // UseAllToAll): the group's communicator, carrying only the MoE layers' dispatch / combine
+  // all-to-alls; `comm` stays null (nothing is split by heads or vocabulary). Not capturable.
+  comm::DeviceCommunicator* moe_comm = nullptr;
   // CudaMlaModel only: its latent pool is FP8 (CudaBackendConfig::fp8_latent_kv).
   bool fp8_latent_kv = false;
 };
@@ -124,6 +128,11 @@ class CudaLlamaModel {
   // holds plan.workspace_bytes(). Requires T <= max_tokens, R <= max_logit_rows.
   absl::Status Forward(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                        const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
+
+  // Data-parallel attention, a step without tokens on this rank: every MoE layer's collectives
+  // (and its experts on the rows other ranks send), nothing else. Enqueues on `stream`; the host
+  // waits on each layer's counts exchange. FAILED_PRECONDITION without options.moe_comm.
+  absl::Status ForwardIdle(cudaStream_t stream);
 
   // GEMM plans for m <= max_m first used from now on are chosen by timing (CublasLtGemm::
   // set_autotune_max_m); the runner enables it for its padded decode sizes only.

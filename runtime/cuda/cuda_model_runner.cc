@@ -198,7 +198,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   }
   if (config.group != nullptr) {
     ASSIGN_OR_RETURN(r->comm_, MakeCommunicator(config));
-    options.comm = r->comm_.get();
+    // Data-parallel attention: the communicator carries the MoE layers' all-to-alls only.
+    (spec.model_config.dp_attention ? options.moe_comm : options.comm) = r->comm_.get();
     LOG(INFO) << "tensor-parallel rank " << r->comm_->rank() << "/" << r->comm_->size()
               << ": collectives over " << r->comm_->backend()
               << (r->dcp_.size > 1 ? absl::StrCat(", DCP shard ", r->dcp_.rank, "/", r->dcp_.size,
@@ -504,7 +505,14 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
   out.draft_samples.resize(S);
-  if (S == 0) return out;
+  if (S == 0) {
+    // Data-parallel attention: a rank without sequences still joins every MoE layer's collectives.
+    if (spec_.model_config.dp_attention && comm_ != nullptr && model_ != nullptr) {
+      RETURN_IF_ERROR(model_->ForwardIdle(stream_));
+      RETURN_IF_ERROR(comm_->Synchronize(stream_));
+    }
+    return out;
+  }
   if (S > max_seqs_) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", S, " sequences, the runner was sized for ", max_seqs_));
@@ -525,7 +533,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", total_tokens, " tokens; the runner takes 1..", max_tokens_));
   }
-  const int64_t padded = decode ? GraphSizeFor(S) : 0;
+  // Data-parallel attention runs every step eagerly and unpadded (its MoE layers read the row
+  // counts back: no graph; padding rows would travel to the experts).
+  const int64_t padded = decode && !spec_.model_config.dp_attention ? GraphSizeFor(S) : 0;
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
   const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
   const bool greedy = GreedyOnly(batch, step.num_logit_rows);

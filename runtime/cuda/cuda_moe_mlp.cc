@@ -386,6 +386,7 @@ absl::Status CudaMoeMlp::SharedExpert(const CudaMoeWeights& w, const T* x, int64
 template <typename T>
 absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn, int64_t layer,
                                  T* out, kc::CublasLtGemm& gemm, cudaStream_t stream) {
+  if (all_to_all_ != nullptr) return ForwardDispatched<T>(w, x, Tn, layer, out, gemm, stream);
   const int64_t E = config_.num_experts, k = config_.num_experts_per_tok, H = config_.hidden_size;
   if (Tn < 1 || Tn > max_tokens_ || layer < 0 || layer >= config_.num_hidden_layers ||
       w.router.bytes() != E * H * 2 || w.experts_down.empty()) {
@@ -428,7 +429,12 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   template absl::Status FillMoeDummy<T>(const DummyTensorFill&, uint64_t, CudaMoeWeights*,        \
                                         cudaStream_t);                                            \
   template absl::Status CudaMoeMlp::Forward<T>(const CudaMoeWeights&, const T*, int64_t, int64_t, \
-                                               T*, kc::CublasLtGemm&, cudaStream_t);
+                                               T*, kc::CublasLtGemm&, cudaStream_t);              \
+  /* for ForwardDispatched (cuda_moe_mlp_dispatch.cc) */                                          \
+  template absl::Status CudaMoeMlp::Experts<T>(const CudaMoeWeights&, const T*, int64_t,          \
+                                               const int32_t**, cudaStream_t);                    \
+  template absl::Status CudaMoeMlp::SharedExpert<T>(const CudaMoeWeights&, const T*, int64_t,     \
+                                                    kc::CublasLtGemm&, cudaStream_t);
 TANDEM_CUDA_MOE_MLP_INSTANTIATE(__nv_bfloat16)
 TANDEM_CUDA_MOE_MLP_INSTANTIATE(__half)
 #undef TANDEM_CUDA_MOE_MLP_INSTANTIATE

@@ -20,7 +20,10 @@
 // MoeLocalizeRouting (kernels/moe/moe_ep_cuda.h) sends the rows of other ranks' experts to the
 // zero expert with weight 0, so the paths below run unchanged and the caller's all-reduce sums
 // the ranks' parts. Those rows are still computed (against zeros): EP here saves expert memory,
-// not yet expert FLOPs. Dispatch / combine all-to-all (DP attention) is not here.
+// not yet expert FLOPs. With data-parallel attention (UseAllToAll) the rows travel instead:
+// CudaMoeAllToAll (cuda_moe_all_to_all.h) dispatches each token once per rank holding one of its
+// experts, this rank's experts run on the rows received (the same zero-expert routing), and the
+// rows come back to be summed.
 //
 // Thread safety: Forward() reuses scratch; one caller (the model's stream) at a time.
 #ifndef TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
@@ -34,9 +37,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/device_communicator.h"
 #include "kernels/gemm/cuda/gemm_cuda.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_cuda.h"
+#include "runtime/cuda/cuda_moe_all_to_all.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -115,6 +120,16 @@ class CudaMoeMlp {
   // (synchronous).
   absl::StatusOr<std::vector<int64_t>> ExpertLoad() const;
 
+  // Data-parallel attention with expert parallelism (config.dp_attention; cuda_moe_all_to_all.h):
+  // from now on Forward routes the rank's OWN tokens (T may be 0: an idle rank still joins every
+  // layer's collectives), dispatches the rows to their experts' ranks over `comm` (outliving
+  // this; its size the placement's), runs this rank's experts on the rows it receives and
+  // combines; the shared expert runs locally. Create's max_tokens must then cover the rows
+  // received, comm->size() x `rank_max_tokens` (this rank's tokens per step). Never under graph
+  // capture (one host sync per layer). Call once, before the first Forward.
+  absl::Status UseAllToAll(comm::DeviceCommunicator* comm, int64_t rank_max_tokens);
+  const CudaMoeAllToAll* all_to_all() const { return all_to_all_.get(); }
+
   // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
   // kSyncFreeMaxTokens; under graph capture kGrouped falls back to kAuto). For benchmarks.
   void set_path(Path path) { path_ = path; }
@@ -128,6 +143,11 @@ class CudaMoeMlp {
   template <typename T>
   absl::Status Experts(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
                        const int32_t** row_map, cudaStream_t stream);
+  // Forward under UseAllToAll (cuda_moe_mlp_dispatch.cc).
+  template <typename T>
+  absl::Status ForwardDispatched(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
+                                 int64_t layer, T* out, kernels::cuda::CublasLtGemm& gemm,
+                                 cudaStream_t stream);
   template <typename T>
   absl::Status SharedExpert(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
                             kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
@@ -144,6 +164,7 @@ class CudaMoeMlp {
   DeviceBuffer rows_in_, gate_up_, act_, expert_out_, shared_gate_up_, shared_act_, shared_out_;
   DeviceBuffer load_;            // [num_hidden_layers, E] int64
   DeviceBuffer slot_of_expert_;  // expert parallelism: [E] int32, the local slot or -1
+  std::unique_ptr<CudaMoeAllToAll> all_to_all_;  // data-parallel attention only
 };
 
 }  // namespace tandem::runtime::cuda

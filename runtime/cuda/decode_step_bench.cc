@@ -5,6 +5,14 @@
 //
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
 //                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8]
+//                     [--ep=1] [--dp_attention=1]
+//
+// --ep=1 (MoE shapes, --tp=N): expert parallelism over the TP ranks (EP a: experts whole on the
+// ranks, tokens replicated; tok/s per GPU = tok/s / N). --dp_attention=1: data-parallel attention
+// + EP (EP b, runtime/cuda/cuda_moe_all_to_all.h): every rank decodes its OWN batch of --batches
+// requests (prompts differ per rank) through the whole model but its experts, the MoE layers'
+// rows dispatched and combined by all-to-alls; runs eagerly; tok/s per GPU = tok/s. The roofline
+// columns assume the TP split (not meaningful under --dp_attention).
 //
 // --quantization: a comma-separated list of weight formats measured one after the other in this
 // process, each with its own engine: none (bf16) and fp8 (device dummy FP8 weights as
@@ -96,6 +104,7 @@ std::vector<int> ParseList(const char* s) {
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64, tp = 1;
+  bool expert_parallel = false, dp_attention = false;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   int64_t vocab_greedy_min_rows = 64;
@@ -110,6 +119,8 @@ int Main(int argc, char** argv) {
     if (a.rfind("--graphs=", 0) == 0) graphs = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--pdl=", 0) == 0) pdl = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
+    if (a.rfind("--ep=", 0) == 0) expert_parallel = std::atoi(argv[i] + 5) != 0;
+    if (a.rfind("--dp_attention=", 0) == 0) dp_attention = std::atoi(argv[i] + 15) != 0;
     if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
@@ -168,8 +179,11 @@ int Main(int argc, char** argv) {
     g.serve_store = false;
     g.timeout = absl::Seconds(120);
     auto made = comm::GlooProcessGroup::Create(g);
-    auto plan = DummyWeightPlan(model, TpShard{me, tp});
-    auto local_config = LocalModelConfig(model, TpShard{me, tp});
+    TpShard shard{me, tp};
+    shard.expert_parallel = expert_parallel || dp_attention;
+    shard.dp_attention = dp_attention;
+    auto plan = DummyWeightPlan(model, shard);
+    auto local_config = LocalModelConfig(model, shard);
     if (!made.ok() || !plan.ok() || !local_config.ok()) return 1;
     group = *std::move(made);
     local = *local_config;
@@ -260,6 +274,12 @@ int Main(int argc, char** argv) {
             "candidates\n",
             static_cast<long long>(vocab_greedy_min_rows));
       }
+      if (tp > 1 && (expert_parallel || dp_attention)) {
+        std::printf("%s\n", dp_attention ? "EP b: data-parallel attention + EP, batch per rank, "
+                                           "eager; tok/s per GPU = tok/s"
+                                         : "EP a: experts over the TP ranks; tok/s per GPU = "
+                                           "tok/s / tp");
+      }
       std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s",
                   "roofline", "% roof");
     }
@@ -270,7 +290,10 @@ int Main(int argc, char** argv) {
         spec.prompt.resize(context);
         // Ids in [1000, vocab): the Llama shapes' 100000 span, smaller vocabularies' whole range.
         const int64_t span = std::min<int64_t>(100000, model.vocab_size - 1000);
-        for (int t = 0; t < context; ++t) spec.prompt[t] = 1000 + (t * 7919 + b * 31) % span;
+        const int64_t salt = dp_attention ? me * 104729 : 0;  // each DP rank its own prompts
+        for (int t = 0; t < context; ++t) {
+          spec.prompt[t] = 1000 + (t * 7919 + b * 31 + salt) % span;
+        }
         spec.max_tokens = steps + kDecodeBenchExtraTokens;
         spec.ignore_eos = true;
         if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {

@@ -108,10 +108,15 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
-  if (options.dp_attention && options.group != nullptr && options.group->size() > 1) {
+  // Data-parallel attention with expert parallelism on CUDA (runtime/cuda/cuda_moe_all_to_all.h):
+  // the Llama-family MoE decoders; DeepSeek's MLA model not yet, refused by name.
+  const bool dp_attention =
+      options.dp_attention && options.group != nullptr && options.group->size() > 1;
+  if (dp_attention && model.IsMla()) {
     return absl::UnimplementedError(
-        "--backend=cuda --dp_attention is not built yet (data-parallel attention with expert "
-        "parallelism runs on the CPU backend; on CUDA use --enable_expert_parallel alone)");
+        absl::StrCat("--backend=cuda --dp_attention runs the Llama-family MoE models (Mixtral, ",
+                     "Qwen2-MoE, Qwen3-MoE), not ", model.architecture, " (MLA) yet: use ",
+                     "--backend=cpu, or --enable_expert_parallel alone on CUDA"));
   }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
   // tensor-parallel group, dense and MoE layers; DCP for MLA runs on the CPU backend only,
@@ -165,6 +170,10 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.dcp_size = options.dcp_size;
   config.dcp_interleave = options.dcp_interleave;
   config.fp8_latent_kv = fp8_kv;
+  // Data-parallel attention: each rank's runner gets its own DP rank's sequences only.
+  if (dp_attention) {
+    return DpAttentionExecutorFactory(cuda::CudaExecutorFactory(config), options.group);
+  }
   return cuda::CudaExecutorFactory(config);
 #else
   (void)model;

@@ -50,7 +50,8 @@ struct BackendOptions {
   // loaded with each rank's experts whole. A group of one holds every expert either way.
   bool expert_parallel = false;
   // Data-parallel attention with expert parallelism (tensor_parallel.h, "Wide expert
-  // parallelism"; dp_attention_executor.h): needs expert_parallel; CPU backend only.
+  // parallelism"; dp_attention_executor.h): needs expert_parallel; CPU, and CUDA for the
+  // Llama-family MoE models (runtime/cuda/cuda_moe_all_to_all.h).
   bool dp_attention = false;
   absl::Duration comm_timeout = absl::Seconds(30);
 };

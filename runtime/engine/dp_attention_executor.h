@@ -9,7 +9,8 @@
 //   2. shares its results with one AllReduceSum: each sequence's sampled token and captured
 //      prompt logits (filled by the owner, zeros elsewhere) and this step's per-expert token
 //      counts, so that every rank returns the whole step's RunnerOutput and the group's counts.
-// The wrapped executor (the CPU ModelRunner over a model whose config has dp_attention) never
+// The wrapped executor (the CPU ModelRunner or the CUDA runner over a model whose config has
+// dp_attention; an empty batch still runs the MoE layers' collectives) never
 // sees another rank's sequences. Speculative decoding is refused (verifies_drafts false).
 //
 // Thread safety: as ModelExecutor (the engine's step loop only; health() thread-safe).

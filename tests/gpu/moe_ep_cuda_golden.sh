@@ -6,6 +6,11 @@
 # TP=1 run, by the CUDA golden rule (cuda_golden_lib.sh); qwen3_moe_f32 under EP eager
 # (--cuda_graphs=false) must give the graph run's tokens; a device-dummy tiny-moe model at
 # --tp=2 --enable_expert_parallel (each rank draws its own experts) against TP=1.
+# EP (b), data-parallel attention + EP (item 3b; runtime/cuda/cuda_moe_all_to_all.h): the same
+# fixtures at `--tp=2 --enable_expert_parallel --dp_attention` (each rank its own requests, the
+# MoE rows dispatched and combined by all-to-alls) against TP=1 and transformers by the same rule;
+# one prompt alone (DP rank 1 idle in every step, still joining every layer's collectives)
+# against its TP=1 run; the device-dummy tiny-moe model under DP against TP=1.
 #
 #   tests/gpu/moe_ep_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -40,6 +45,34 @@ if run "$LOG/epdummy.1.jsonl" "${DEV[@]}" &&
   pass "tiny-moe-device-dummy-ep2"
 else
   fail "tiny-moe-device-dummy-ep2" "$LOG"/epdummy.*.err
+fi
+DP=(--tp=2 --enable_expert_parallel --dp_attention)
+for variant in mixtral_f32 qwen3_moe_f32; do
+  fix=tests/golden/fixtures/$variant
+  if run "$LOG/$variant.dp2.jsonl" --model="$fix" --prompt_ids="$(prompts_of "$fix/expected.json")" \
+       "${DP[@]}" $SHARE &&
+     grep -q "data-parallel attention over 2 ranks" "$LOG/$variant.dp2.jsonl.err" &&
+     compare "$variant-dp2" "$LOG/$variant.dp2.jsonl" "$LOG/$variant.1.jsonl" "$fix/expected.json"
+  then
+    pass "$variant-dp-attention"
+  else
+    fail "$variant-dp-attention" "$LOG/$variant.dp2.jsonl.err"
+  fi
+done
+fix=tests/golden/fixtures/qwen3_moe_f32
+one=$(python3 -c "import json; print(','.join(map(str, json.load(open('$fix/expected.json'))['prompts'][3])))")
+if run "$LOG/dp_one.1.jsonl" --model="$fix" --prompt_ids="$one" &&
+   run "$LOG/dp_one.dp2.jsonl" --model="$fix" --prompt_ids="$one" "${DP[@]}" $SHARE &&
+   compare dp-one-prompt-idle-rank "$LOG/dp_one.dp2.jsonl" "$LOG/dp_one.1.jsonl"; then
+  pass "dp-attention-idle-rank"
+else
+  fail "dp-attention-idle-rank" "$LOG"/dp_one.*.err
+fi
+if run "$LOG/epdummy.dp2.jsonl" "${DEV[@]}" "${DP[@]}" $SHARE &&
+   compare tiny-moe-device-dummy-dp2 "$LOG/epdummy.dp2.jsonl" "$LOG/epdummy.1.jsonl"; then
+  pass "tiny-moe-device-dummy-dp2"
+else
+  fail "tiny-moe-device-dummy-dp2" "$LOG/epdummy.dp2.jsonl.err"
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed == 0 ]]
