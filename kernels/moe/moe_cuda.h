@@ -61,6 +61,22 @@ absl::Status MoePermute(const int32_t* expert_ids, int64_t num_tokens, int64_t t
                         int64_t num_experts, const DeviceMoePermutation& perm, int64_t* expert_load,
                         cudaStream_t stream);
 
+// MoeRoute then MoePermute in ONE launch for decode-sized steps (one block: a warp routes each
+// token, the block permutes the ids from shared memory): the same expert_ids, weights and
+// permutation, bit for bit, as the two calls. Needs MoeRouteAndPermuteSupported: E <=
+// kMoeFusedMaxExperts and T * k <= kMoeFusedMaxPairs (INVALID_ARGUMENT naming the numbers
+// otherwise, or as MoeRoute's checks). programmatic_launch: launched with programmatic stream
+// serialization (PDL, sm_90): the kernel waits for the preceding grid before it reads the logits
+// and lets its own successor launch early (see kernels/gemm/cuda/gemv_cuda.h); under capture too.
+inline constexpr int64_t kMoeFusedMaxExperts = 128;
+inline constexpr int64_t kMoeFusedMaxPairs = 1024;
+bool MoeRouteAndPermuteSupported(const GroupedRoutingParams& params, int64_t num_tokens);
+absl::Status MoeRouteAndPermute(const float* router_logits, int64_t num_tokens,
+                                const GroupedRoutingParams& params, int32_t* expert_ids,
+                                float* weights, const DeviceMoePermutation& perm,
+                                int64_t* expert_load, cudaStream_t stream,
+                                bool programmatic_launch = false);
+
 // out[r, :] = x[token_of_row[r], :] for r < rows; x [T, hidden], out [rows, hidden].
 template <typename T>
 absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_row, int64_t rows,
@@ -74,14 +90,17 @@ absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_r
 // Down: out[r, h] = round(act[r] . down[e, h]): down [E, hidden, inter]; out [rows, hidden].
 // `rows` = T * k (host): bounds the grid. Any hidden / inter >= 1 (16-byte loads where rows are
 // aligned and a multiple of 8 wide, else element loads). INVALID_ARGUMENT for bad sizes.
+// programmatic_launch: PDL as MoeRouteAndPermute's (each block waits for the preceding grid
+// before its first read).
 template <typename T>
 absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, int64_t inter,
                                  const DeviceMoePermutation& perm, int64_t num_experts,
-                                 int64_t rows, T* act, cudaStream_t stream);
+                                 int64_t rows, T* act, cudaStream_t stream,
+                                 bool programmatic_launch = false);
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream);
+                               T* out, cudaStream_t stream, bool programmatic_launch = false);
 
 // out[r, j] = round(silu(g) * u) for r < rows, j < inter, g / u = gate_up[r, j] / [r, inter + j]
 // (SiluAndMul's expression, any width: layers_cuda.h's needs multiples of 8).
@@ -113,10 +132,12 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
 // loads of all k expert rows in flight; element loads where hidden % 8 or alignment forbid).
 // Same j-order fp32 sum: identical results without a gated shared expert. Falls back to
 // MoeCombine when a gated shared expert's x overlaps out, or past 65535 tokens.
+// programmatic_launch: PDL as MoeRouteAndPermute's (not on the MoeCombine fallback).
 template <typename T>
 absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const int32_t* row_of_pair,
                              int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
-                             const T* shared_gate, const T* x, T* out, cudaStream_t stream);
+                             const T* shared_gate, const T* x, T* out, cudaStream_t stream,
+                             bool programmatic_launch = false);
 
 // Every expert's rows against its weights in ONE launch, sized by host values only (no offsets
 // read-back: capturable), mma.sync bf16 / fp16 tensor cores, fp32 accumulation:
@@ -141,10 +162,10 @@ absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                                                 cudaStream_t);                                     \
   extern template absl::Status MoeExpertGemvGateUp<T>(const T*, const T*, int64_t, int64_t,        \
                                                       const DeviceMoePermutation&, int64_t,        \
-                                                      int64_t, T*, cudaStream_t);                  \
+                                                      int64_t, T*, cudaStream_t, bool);            \
   extern template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,          \
                                                     const DeviceMoePermutation&, int64_t, int64_t, \
-                                                    T*, cudaStream_t);                             \
+                                                    T*, cudaStream_t, bool);                       \
   extern template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);     \
   extern template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                    \
                                              const DeviceMoePermutation&, int64_t, int64_t,        \
@@ -154,7 +175,7 @@ absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                                              cudaStream_t);                                        \
   extern template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t, \
                                                   int64_t, int64_t, const T*, const T*, const T*,  \
-                                                  T*, cudaStream_t);                               \
+                                                  T*, cudaStream_t, bool);                         \
   extern template absl::Status MoeGroupedMma<T>(const T*, const int32_t*, const T*,                \
                                                 const int32_t*, int64_t, int64_t, int64_t,         \
                                                 int64_t, T*, cudaStream_t);

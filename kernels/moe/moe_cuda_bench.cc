@@ -20,7 +20,8 @@
 // experts' output rows (a correctness check at the real shapes); csplit_us = MoeCombineSplit
 // (cdiff = its max |difference| from MoeCombine: 0 expected); layer_new = the layer with both
 // (GEMV sizes as before; above them MoeGroupedMma for E > 16, the old choice for E <= 16, as
-// TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose).
+// TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose). For decode steps (T <= 16) also the fused
+// route + permute launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -110,6 +111,105 @@ double TimeMs(const std::function<void()>& fn, int iters) {
   return ms / iters;
 }
 
+// Decode steps (T <= 16): MoeRouteAndPermute alone against MoeRoute + MoePermute (fused_us,
+// rp_us), its outputs checked equal (fsame), then the layer as CudaMoeMlp runs it (route,
+// permute, the experts' path, split combine) captured kGraphLayers times back to back in one CUDA
+// graph, as a model's layers are: microseconds per layer with the separate launches (g_sep_us)
+// and with TANDEM_MOE_KERNELS' fused_route + pdl (g_fused_us).
+constexpr int kGraphLayers = 48;
+void DecodeGraphs(const Shape& s, int T, const GroupedRoutingParams& p, const bf16* x,
+                  const bf16* gate_up, const bf16* down, const float* logits, int32_t* ids,
+                  float* weights, const DeviceMoePermutation& perm, bf16* xs, bf16* gu, bf16* act,
+                  bf16* eout, int32_t* padded_rows, bf16* out, MoeGroupedGemm& grouped, int iters) {
+  const int64_t E = s.E, k = s.k, H = s.H, I = s.I, rows = T * k;
+  const bool use_gemv = T <= std::max<int64_t>(4, E / k);
+  const auto bf = MoeGroupedGemm::Dtype::kBf16;
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // Equality of the fused launch's outputs with the separate kernels'.
+  const int64_t n = rows + E + 1 + E + rows;
+  std::vector<int32_t> sep(n), fused(n);
+  auto snapshot = [&](std::vector<int32_t>* dst) {
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    int32_t* d = dst->data();
+    CHECK_CUDA(cudaMemcpy(d, ids, rows * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(d + rows, perm.expert_offsets, (E + 1) * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(d + rows + E + 1, perm.active_experts, E * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(
+        cudaMemcpy(d + rows + 2 * E + 1, perm.row_of_pair, rows * 4, cudaMemcpyDeviceToHost));
+  };
+  auto separate = [&] {
+    CHECK_OK(MoeRoute(logits, T, p, ids, weights, st));
+    CHECK_OK(MoePermute(ids, T, k, E, perm, nullptr, st));
+  };
+  auto fused_route = [&](bool pdl) {
+    CHECK_OK(MoeRouteAndPermute(logits, T, p, ids, weights, perm, nullptr, st, pdl));
+  };
+  separate();
+  snapshot(&sep);
+  fused_route(false);
+  snapshot(&fused);
+  const bool same = sep == fused;
+  auto time_on_stream = [&](const std::function<void()>& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    cudaEvent_t a, b;
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+    CHECK_CUDA(cudaEventRecord(a, st));
+    for (int i = 0; i < iters; ++i) fn();
+    CHECK_CUDA(cudaEventRecord(b, st));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return 1e3 * ms / iters;
+  };
+  const double rp_us = time_on_stream(separate);
+  const double fused_us = time_on_stream([&] { fused_route(false); });
+  auto layer = [&](bool fast) {
+    if (fast) {
+      fused_route(true);
+    } else {
+      separate();
+    }
+    const int32_t* row_map = perm.row_of_pair;
+    if (use_gemv) {
+      CHECK_OK(MoeExpertGemvGateUp<bf16>(x, gate_up, H, I, perm, E, rows, act, st, fast));
+      CHECK_OK(MoeExpertGemvDown<bf16>(act, down, H, I, perm, E, rows, eout, st, fast));
+    } else if (E > 16) {
+      CHECK_OK(MoeGroupedMma<bf16>(x, perm.token_of_row, gate_up, perm.expert_offsets, E, rows,
+                                   2 * I, H, gu, st));
+      CHECK_OK(MoeSiluAndMul<bf16>(gu, rows, I, act, st));
+      CHECK_OK(
+          MoeGroupedMma<bf16>(act, nullptr, down, perm.expert_offsets, E, rows, H, I, eout, st));
+    } else {
+      CHECK_OK(MoePadRows<bf16>(x, H, ids, perm, E, rows, T, xs, padded_rows, st));
+      CHECK_OK(grouped.RunPadded(xs, gate_up, E, T, 2 * I, H, gu, bf, st));
+      CHECK_OK(MoeSiluAndMul<bf16>(gu, E * T, I, act, st));
+      CHECK_OK(grouped.RunPadded(act, down, E, T, H, I, eout, bf, st));
+      row_map = padded_rows;
+    }
+    CHECK_OK(
+        MoeCombineSplit<bf16>(eout, weights, row_map, T, k, H, nullptr, nullptr, x, out, st, fast));
+  };
+  double graph_us[2];
+  for (int fast = 0; fast < 2; ++fast) {
+    layer(fast != 0);  // outside capture first (cuBLAS workspaces, module loads)
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    cudaGraph_t graph;
+    CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < kGraphLayers; ++l) layer(fast != 0);
+    CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    graph_us[fast] = time_on_stream([&] { CHECK_CUDA(cudaGraphLaunch(exec, st)); }) / kGraphLayers;
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  std::printf(" | %6.1f %8.1f %5s %8.1f %10.1f", rp_us, fused_us, same ? "yes" : "NO", graph_us[0],
+              graph_us[1]);
+  CHECK_CUDA(cudaStreamDestroy(st));
+}
+
 void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool with_new,
          cublasHandle_t blas) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
@@ -155,6 +255,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "tokens", "active", "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us",
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
+  std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
     const int64_t rows = T * k;
@@ -280,8 +381,13 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
           split(small && !use_gemv && E <= 16 ? padded_rows : perm.row_of_pair);
         },
         iters);
-    std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f\n", mma_ms, flops / mma_ms / 1e9, mma_err,
+    std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f", mma_ms, flops / mma_ms / 1e9, mma_err,
                 split_us, cdiff, layer_new_ms);
+    if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {
+      DecodeGraphs(s, T, p, x, gate_up, down, logits, ids, weights, perm, xs, gu, act, eout,
+                   padded_rows, out, **grouped, iters);
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   for (void* ptr :
@@ -315,6 +421,7 @@ int Main(int argc, char** argv) {
   }
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
+  CHECK_OK(MoeGroupedMmaInit());  // before the decode graphs' capture
   std::printf(
       "gemv / grouped / per_exp: the experts only (grouped and per-expert include the "
       "gather); layer: route + permute + experts + combine; TFLOP/s and GB/s of the best "

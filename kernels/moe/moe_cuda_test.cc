@@ -17,6 +17,10 @@
 //     128-row tiles, with and without the row gather; bf16 and fp16.
 //   * MoeCombineSplit equal to MoeCombine bit for bit (no gated shared expert), within the
 //     gate's rounding with one (out aliasing x), odd widths (element loads), top-k 1 to 20.
+//   * MoeRouteAndPermute (one launch) equal bit for bit to MoeRoute + MoePermute and to the CPU,
+//     plain and PDL-launched, every routing variant, up to 1024 pairs, ties, no tokens; and the
+//     decode layer with it, the PDL-launched GEMVs and split combine, eager and as a replayed CUDA
+//     graph, against FusedMoe.
 #include "kernels/moe/moe_cuda.h"
 
 #include <algorithm>
@@ -234,6 +238,15 @@ TEST(MoeCudaTest, PermuteMatchesCpuOnSkewedRoutings) {
 
 enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma };
 
+// MoeCombineSplit launched plainly, with MoeCombine's signature.
+template <typename T>
+absl::Status SplitCombine(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                          int64_t tokens, int64_t k, int64_t hidden, const T* shared,
+                          const T* shared_gate, const T* x, T* out, cudaStream_t stream) {
+  return MoeCombineSplit<T>(expert_out, weights, row_of_pair, tokens, k, hidden, shared,
+                            shared_gate, x, out, stream);
+}
+
 // The routed layer (+ optional shared expert) on the device along `path`, as T values.
 template <typename T>
 std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
@@ -299,7 +312,7 @@ std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
     EXPECT_TRUE((*gemm)->Run(act.get(), down.get(), H, I, eout.get(), dt, 1, mode, nullptr).ok());
   }
   DeviceBuffer<T> dshared(cuda_test::Convert<T>(shared)), dgate(cuda_test::Convert<T>(shared_gate));
-  const auto combine = split_combine ? MoeCombineSplit<T> : MoeCombine<T>;
+  const auto combine = split_combine ? SplitCombine<T> : MoeCombine<T>;
   EXPECT_TRUE(combine(eout.get(), routing.weights.get(), row_map, tokens, k, H,
                       shared.empty() ? nullptr : dshared.get(),
                       shared_gate.empty() ? nullptr : dgate.get(), dx.get(), out.get(), nullptr)
@@ -453,7 +466,7 @@ void CheckCombineSplit(int64_t tokens, int64_t k, int64_t H, bool shared, bool g
   for (bool split : {false, true}) {
     DeviceBuffer<T> dx(x), out(tokens * H);
     T* dst = alias ? dx.get() : out.get();
-    const auto combine = split ? MoeCombineSplit<T> : MoeCombine<T>;
+    const auto combine = split ? SplitCombine<T> : MoeCombine<T>;
     ASSERT_TRUE(combine(eout.get(), weights.get(), drows.get(), tokens, k, H,
                         shared ? dshared.get() : nullptr, gated ? dgate.get() : nullptr, dx.get(),
                         dst, nullptr)
@@ -480,6 +493,227 @@ TEST(MoeCudaTest, CombineSplitMatchesCombine) {
   CheckCombineSplit<__half>(7, 4, 72, true, true, false, rng);          // gate, no alias
   CheckCombineSplit<__nv_bfloat16>(9, 1, 37, true, false, false, rng);  // element loads
   CheckCombineSplit<__nv_bfloat16>(3, 9, 100, false, false, true, rng);
+}
+
+// Fills a device buffer of n elements with the byte 0x7f (a huge value / id): outputs a kernel
+// fails to write show.
+template <typename T>
+void Poison(const DeviceBuffer<T>& b) {
+  if (b.size() > 0) {
+    TANDEM_CUDA_CHECK(cudaMemset(b.get(), 0x7f, b.size() * sizeof(T)));
+  }
+}
+
+// MoeRouteAndPermute (one launch) against MoeRoute + MoePermute, bit for bit (ids, weights,
+// offsets, active list, rows, load counters), launched plainly and with PDL on a stream behind
+// another kernel; and against the CPU (GroupedTopK's ids, weights within 2e-6, PermuteByExpert's
+// offsets and row order).
+void CheckRouteAndPermute(const std::vector<float>& logits, int64_t T, GroupedRoutingParams p,
+                          const std::vector<float>& bias, const char* what) {
+  const int64_t E = p.num_experts, k = p.top_k, rows = T * k;
+  SCOPED_TRACE(::testing::Message() << what << ": T " << T << " E " << E << " k " << k);
+  ASSERT_TRUE(MoeRouteAndPermuteSupported(p, T));
+  DeviceBuffer<float> d_logits(logits), d_bias(bias);
+  GroupedRoutingParams dp = p;
+  if (!bias.empty()) dp.correction_bias = d_bias.get();
+  const size_t n = static_cast<size_t>(std::max<int64_t>(rows, 1));
+  DeviceBuffer<int32_t> ids_a(n), ids_other(n);
+  DeviceBuffer<float> w_a(n), w_other(n);
+  DevicePerm perm_a = MakePerm(E, rows);
+  DeviceBuffer<int64_t> load_a(std::vector<int64_t>(E, 0)), load_b(std::vector<int64_t>(E, 0));
+  ASSERT_TRUE(MoeRoute(d_logits.get(), T, dp, ids_a.get(), w_a.get(), nullptr).ok());
+  ASSERT_TRUE(MoePermute(ids_a.get(), T, k, E, perm_a.view(), load_a.get(), nullptr).ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (bool pdl : {false, true}) {
+    SCOPED_TRACE(pdl ? "PDL" : "plain");
+    DeviceBuffer<int32_t> ids_b(n);
+    DeviceBuffer<float> w_b(n);
+    DevicePerm perm_b = MakePerm(E, rows);
+    Poison(ids_b);
+    Poison(w_b);
+    Poison(perm_b.offsets);
+    Poison(perm_b.active);
+    Poison(perm_b.token_of_row);
+    Poison(perm_b.row_of_pair);
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    // A preceding kernel on the stream (what a PDL launch overlaps).
+    ASSERT_TRUE(MoeRoute(d_logits.get(), T, dp, ids_other.get(), w_other.get(), stream).ok());
+    ASSERT_TRUE(MoeRouteAndPermute(d_logits.get(), T, dp, ids_b.get(), w_b.get(), perm_b.view(),
+                                   load_b.get(), stream, pdl)
+                    .ok());
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (rows > 0) {
+      EXPECT_EQ(ids_b.ToHost(), ids_a.ToHost());
+      EXPECT_EQ(w_b.ToHost(), w_a.ToHost());
+      EXPECT_EQ(perm_b.token_of_row.ToHost(), perm_a.token_of_row.ToHost());
+      EXPECT_EQ(perm_b.row_of_pair.ToHost(), perm_a.row_of_pair.ToHost());
+    }
+    EXPECT_EQ(perm_b.offsets.ToHost(), perm_a.offsets.ToHost());
+    EXPECT_EQ(perm_b.active.ToHost(), perm_a.active.ToHost());
+    if (pdl && rows > 0) {  // against the CPU reference
+      GroupedRoutingParams hp = p;
+      if (!bias.empty()) hp.correction_bias = bias.data();
+      MoeRouting want;
+      ASSERT_TRUE(cpu::GroupedTopK(logits.data(), T, hp, &want).ok());
+      ASSERT_EQ(ids_b.ToHost(), want.expert_ids);
+      const std::vector<float> w = w_b.ToHost();
+      for (int64_t i = 0; i < rows; ++i) {
+        ASSERT_NEAR(w[i], want.weights[i], 2e-6 * std::max(1.0f, std::abs(want.weights[i])))
+            << "pair " << i;
+      }
+      MoePermutation want_perm;
+      ASSERT_TRUE(cpu::PermuteByExpert(want, E, &want_perm).ok());
+      const std::vector<int32_t> offsets = perm_b.offsets.ToHost();
+      EXPECT_EQ(std::vector<int64_t>(offsets.begin(), offsets.end()), want_perm.expert_offsets);
+      EXPECT_EQ(perm_b.token_of_row.ToHost(), want_perm.token_of_row);
+    }
+  }
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::vector<int64_t> a = load_a.ToHost(), b = load_b.ToHost();
+  for (int64_t e = 0; e < E; ++e) EXPECT_EQ(b[e], 2 * a[e]) << "load of expert " << e;
+}
+
+TEST(MoeCudaTest, RouteAndPermuteMatchesSeparateKernelsAndCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  for (int64_t T : {1, 3, 16}) {
+    GroupedRoutingParams p;  // Mixtral
+    p.num_experts = 8;
+    p.top_k = 2;
+    p.renormalize = true;
+    CheckRouteAndPermute(SpreadLogits(T, 8, rng), T, p, {}, "Mixtral");
+    p.num_experts = 128;  // Qwen3-30B-A3B
+    p.top_k = 8;
+    CheckRouteAndPermute(SpreadLogits(T, 128, rng), T, p, {}, "Qwen3-MoE");
+  }
+  GroupedRoutingParams p;  // DeepSeek-V2 group-limited, 64 experts
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.num_groups = 8;
+  p.topk_groups = 3;
+  p.routed_scaling_factor = 16.0f;
+  CheckRouteAndPermute(SpreadLogits(16, 64, rng), 16, p, {}, "V2 group-limited");
+  p.scoring = MoeScoring::kSigmoid;  // V3 noaux_tc with a bias
+  p.group_score = MoeGroupScore::kTopTwoSum;
+  p.renormalize = true;
+  p.routed_scaling_factor = 2.5f;
+  std::vector<float> bias(64);
+  for (int64_t e = 0; e < 64; ++e) bias[e] = 0.001f * static_cast<float>((e * 37) % 64);
+  CheckRouteAndPermute(SpreadLogits(13, 64, rng), 13, p, bias, "V3 noaux_tc");
+  // The most pairs one launch takes (several tokens per warp), and exact ties.
+  GroupedRoutingParams q;
+  q.num_experts = 128;
+  q.top_k = 8;
+  q.renormalize = true;
+  CheckRouteAndPermute(SpreadLogits(128, 128, rng), 128, q, {}, "1024 pairs");
+  std::vector<float> ties(9 * 32);
+  std::uniform_int_distribution<int> pick(0, 2);
+  for (float& l : ties) l = 0.5f * static_cast<float>(pick(rng));
+  q.num_experts = 32;
+  q.top_k = 5;
+  CheckRouteAndPermute(ties, 9, q, {}, "ties");
+  CheckRouteAndPermute({}, 0, q, {}, "no tokens");
+  // Refused: too many experts or pairs for one block.
+  DeviceBuffer<float> logits(8192), w(2048);
+  DeviceBuffer<int32_t> ids(2048);
+  DevicePerm perm = MakePerm(256, 2048);
+  q.num_experts = 256;
+  q.top_k = 8;
+  EXPECT_FALSE(MoeRouteAndPermuteSupported(q, 1));
+  EXPECT_FALSE(
+      MoeRouteAndPermute(logits.get(), 1, q, ids.get(), w.get(), perm.view(), nullptr, nullptr)
+          .ok());
+  q.num_experts = 64;
+  EXPECT_FALSE(
+      MoeRouteAndPermute(logits.get(), 129, q, ids.get(), w.get(), perm.view(), nullptr, nullptr)
+          .ok());
+}
+
+// The decode layer as CudaMoeMlp runs it with fused_route and pdl (TANDEM_MOE_KERNELS): one
+// MoeRouteAndPermute, the expert GEMVs and the split combine, all PDL-launched on a stream,
+// eagerly and as a captured CUDA graph replayed twice (the output poisoned in between), against
+// FusedMoe on the CPU; eager and graph equal bit for bit.
+template <typename T>
+void CheckFusedDecodeLayer(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I,
+                           std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T " << tokens << " E " << E << " k " << k);
+  std::vector<float> x = Normal(tokens * H, 1.0f, rng);
+  std::vector<float> gate_up = Normal(E * 2 * I * H, 0.2f, rng);
+  std::vector<float> down = Normal(E * H * I, 0.2f, rng);
+  cuda_test::RoundTo<T>(x);
+  cuda_test::RoundTo<T>(gate_up);
+  cuda_test::RoundTo<T>(down);
+  const std::vector<float> logits = SpreadLogits(tokens, E, rng);
+  const MoeExpertWeights w{gate_up.data(), down.data(), E, H, I};
+  MoeRouting routing;
+  ASSERT_TRUE(cpu::SoftmaxTopK(logits.data(), tokens, {E, k, true}, &routing).ok());
+  std::vector<float> want(tokens * H);
+  MoeScratch scratch;
+  ASSERT_TRUE(cpu::FusedMoe(x.data(), routing, w, want.data(), nullptr, &scratch).ok());
+  double max_want = 0.0;
+  for (float v : want) max_want = std::max(max_want, double{std::abs(v)});
+  const double tol = (std::is_same_v<T, __half> ? 4e-3 : 3e-2) * max_want;
+
+  const int64_t rows = tokens * k;
+  DeviceBuffer<T> dx(cuda_test::Convert<T>(x)), dgu(cuda_test::Convert<T>(gate_up)),
+      ddown(cuda_test::Convert<T>(down)), act(rows * I), eout(rows * H), out(tokens * H);
+  DeviceBuffer<float> dlogits(logits), weights(rows);
+  DeviceBuffer<int32_t> ids(rows);
+  DevicePerm perm = MakePerm(E, rows);
+  GroupedRoutingParams p;
+  p.num_experts = E;
+  p.top_k = k;
+  p.renormalize = true;
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto layer = [&]() {
+    EXPECT_TRUE(MoeRouteAndPermute(dlogits.get(), tokens, p, ids.get(), weights.get(), perm.view(),
+                                   nullptr, stream, true)
+                    .ok());
+    EXPECT_TRUE(MoeExpertGemvGateUp<T>(dx.get(), dgu.get(), H, I, perm.view(), E, rows, act.get(),
+                                       stream, true)
+                    .ok());
+    EXPECT_TRUE(MoeExpertGemvDown<T>(act.get(), ddown.get(), H, I, perm.view(), E, rows, eout.get(),
+                                     stream, true)
+                    .ok());
+    EXPECT_TRUE(MoeCombineSplit<T>(eout.get(), weights.get(), perm.row_of_pair.get(), tokens, k, H,
+                                   nullptr, nullptr, dx.get(), out.get(), stream, true)
+                    .ok());
+  };
+  Poison(out);
+  layer();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> eager = cuda_test::ToFloat(out.ToHost());
+  for (int64_t i = 0; i < tokens * H; ++i) {
+    ASSERT_LE(std::abs(double{eager[i]} - want[i]), tol) << "element " << i << " of " << max_want;
+  }
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer();
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    Poison(out);
+    Poison(eout);
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(cuda_test::ToFloat(out.ToHost()), eager) << "replay " << replay;
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(MoeCudaTest, FusedRouteAndPdlDecodeLayerMatchesCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  CheckFusedDecodeLayer<__nv_bfloat16>(1, 128, 8, 256, 96, rng);  // Qwen3-MoE-like, batch 1
+  CheckFusedDecodeLayer<__nv_bfloat16>(16, 64, 6, 128, 40, rng);
+  CheckFusedDecodeLayer<__half>(5, 8, 2, 72, 24, rng);
 }
 
 }  // namespace

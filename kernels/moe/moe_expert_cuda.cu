@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -82,6 +83,8 @@ template <typename T, int M, bool kGateUp, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     ExpertGemvKernel(const T* __restrict__ in, const T* __restrict__ w, int64_t n_out, int64_t k,
                      DeviceMoePermutation perm, T* __restrict__ out) {
+  internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
+  internal::AllowDependentLaunch();
   const int expert = perm.active_experts[blockIdx.y];
   const int64_t feature = int64_t{blockIdx.x} * kGemvWarps + (threadIdx.x >> 5);
   if (expert < 0 || feature >= n_out) return;
@@ -124,7 +127,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <typename T, bool kGateUp>
 absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
                         const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows, T* out,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool programmatic_launch) {
   if (n_out < 1 || k < 1 || num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 ||
       n_out > int64_t{kGemvWarps} * 65535 * 1024) {
     return absl::InvalidArgumentError(absl::StrCat("MoeExpertGemv: outputs ", n_out, ", inputs ", k,
@@ -137,8 +140,10 @@ absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
                    reinterpret_cast<uintptr_t>(w) % 16 == 0;
   // Rows streamed per weight read: the mean rows per expert, rounded up to 1, 2, 4 or 8.
   const int64_t mean = (rows + num_experts - 1) / num_experts;
+  const internal::PdlLaunchConfig config(grid, dim3(kGemvWarps * 32), stream, programmatic_launch);
+  cudaError_t launched = cudaSuccess;
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kGemvWarps * 32, 0, stream>>>(in, w, n_out, k, perm, out);
+    launched = cudaLaunchKernelEx(config.get(), kernel, in, w, n_out, k, perm, out);
   };
   if (vec) {
     if (mean <= 1)
@@ -155,7 +160,7 @@ absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
     else
       launch(ExpertGemvKernel<T, 4, kGateUp, false>);
   }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launched);
   return absl::OkStatus();
 }
 
@@ -260,6 +265,8 @@ __global__ void __launch_bounds__(kSplitThreads)
                        const T* __restrict__ shared, const T* __restrict__ shared_gate, const T* x,
                        T* out) {
   __shared__ float red[kSplitThreads / 32];
+  internal::WaitForPrecedingGrid();  // PDL: expert_out, shared and x are the predecessors'
+  internal::AllowDependentLaunch();
   const int64_t t = blockIdx.y;
   float gate = 1.0f;
   if (shared != nullptr && shared_gate != nullptr) {
@@ -338,15 +345,18 @@ absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_r
 template <typename T>
 absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, int64_t inter,
                                  const DeviceMoePermutation& perm, int64_t num_experts,
-                                 int64_t rows, T* act, cudaStream_t stream) {
-  return LaunchGemv<T, true>(x, gate_up, inter, hidden, perm, num_experts, rows, act, stream);
+                                 int64_t rows, T* act, cudaStream_t stream,
+                                 bool programmatic_launch) {
+  return LaunchGemv<T, true>(x, gate_up, inter, hidden, perm, num_experts, rows, act, stream,
+                             programmatic_launch);
 }
 
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream) {
-  return LaunchGemv<T, false>(act, down, hidden, inter, perm, num_experts, rows, out, stream);
+                               T* out, cudaStream_t stream, bool programmatic_launch) {
+  return LaunchGemv<T, false>(act, down, hidden, inter, perm, num_experts, rows, out, stream,
+                              programmatic_launch);
 }
 
 template <typename T>
@@ -403,7 +413,8 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
 template <typename T>
 absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const int32_t* row_of_pair,
                              int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
-                             const T* shared_gate, const T* x, T* out, cudaStream_t stream) {
+                             const T* shared_gate, const T* x, T* out, cudaStream_t stream,
+                             bool programmatic_launch) {
   if (num_tokens < 0 || top_k < 1 || hidden < 1 || (shared_gate != nullptr && x == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("MoeCombineSplit: tokens ", num_tokens,
                                                    ", top_k ", top_k, ", hidden ", hidden,
@@ -427,10 +438,10 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                                         (int64_t{kSplitThreads} * v)),
                   static_cast<unsigned>(num_tokens));
   const auto kernel = vec ? CombineSplitKernel<T, 8> : CombineSplitKernel<T, 1>;
-  kernel<<<grid, kSplitThreads, 0, stream>>>(expert_out, weights, row_of_pair,
-                                             static_cast<int>(top_k), hidden, shared, shared_gate,
-                                             x, out);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const internal::PdlLaunchConfig config(grid, dim3(kSplitThreads), stream, programmatic_launch);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, expert_out, weights, row_of_pair,
+                                          static_cast<int>(top_k), hidden, shared, shared_gate, x,
+                                          out));
   return absl::OkStatus();
 }
 
@@ -439,10 +450,10 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                                          cudaStream_t);                                           \
   template absl::Status MoeExpertGemvGateUp<T>(const T*, const T*, int64_t, int64_t,              \
                                                const DeviceMoePermutation&, int64_t, int64_t, T*, \
-                                               cudaStream_t);                                     \
+                                               cudaStream_t, bool);                               \
   template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,                \
                                              const DeviceMoePermutation&, int64_t, int64_t, T*,   \
-                                             cudaStream_t);                                       \
+                                             cudaStream_t, bool);                                 \
   template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);           \
   template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                          \
                                       const DeviceMoePermutation&, int64_t, int64_t, int64_t, T*, \
@@ -451,7 +462,7 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                                       int64_t, const T*, const T*, const T*, T*, cudaStream_t);   \
   template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t,       \
                                            int64_t, int64_t, const T*, const T*, const T*, T*,    \
-                                           cudaStream_t);
+                                           cudaStream_t, bool);
 TANDEM_MOE_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_MOE_CUDA_INSTANTIATE(__half)
 #undef TANDEM_MOE_CUDA_INSTANTIATE

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -43,24 +45,23 @@ __device__ __forceinline__ float WarpReduce(float v, bool is_max) {
   return v;
 }
 
-// One warp per token (no block-wide barriers: a decode step's few tokens cost one short warp
-// each). Per warp in shared memory: scores[E], choice[E], group scores, kept / taken flags.
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    RouteKernel(const float* __restrict__ logits, int num_tokens, RouteParams p,
-                int32_t* __restrict__ ids, float* __restrict__ weights) {
-  __shared__ float s_scores[kRouteWarps][kMoeMaxExperts], s_choice[kRouteWarps][kMoeMaxExperts],
-      s_group[kRouteWarps][kMoeMaxExperts];
-  __shared__ unsigned char s_taken[kRouteWarps][kMoeMaxExperts],
-      s_kept[kRouteWarps][kMoeMaxExperts];
-  __shared__ int s_chosen[kRouteWarps][64];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarps + warp;
-  if (t >= num_tokens) return;  // the whole warp
-  float* scores = s_scores[warp];
-  float* choice = s_choice[warp];
-  unsigned char* taken = s_taken[warp];
+// One warp's scratch for routing one token (shared memory, `E` entries each; chosen: top_k).
+struct RouteScratch {
+  float *scores, *choice, *group;
+  unsigned char *taken, *kept;
+  int* chosen;
+};
+
+// Routes token row `row` ([E] logits) with one warp: writes its top_k ids and weights to
+// ids_out / w_out (and the ids also to ids_copy when given). Ends with the warp converged and
+// the scratch free for the next token.
+__device__ void RouteToken(const float* __restrict__ row, const RouteParams& p,
+                           const RouteScratch& s, int lane, int32_t* ids_out, float* w_out,
+                           int32_t* ids_copy) {
+  float* scores = s.scores;
+  float* choice = s.choice;
+  unsigned char* taken = s.taken;
   const int E = p.num_experts;
-  const float* row = logits + static_cast<int64_t>(t) * E;
   float local = -INFINITY;
   for (int e = lane; e < E; e += 32) {
     scores[e] = row[e];
@@ -85,8 +86,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   __syncwarp();
   if (p.num_groups > 1) {
     const int G = p.num_groups, per = E / G;
-    float* group = s_group[warp];
-    unsigned char* kept = s_kept[warp];
+    float* group = s.group;
+    unsigned char* kept = s.kept;
     for (int g = lane; g < G; g += 32) {
       // max, or the sum of the two largest (ties do not change the sum)
       float a = -INFINITY, b = -INFINITY;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
       kept[g] = 0;
     }
     __syncwarp();
-    for (int s = 0; s < p.topk_groups; ++s) {
+    for (int q = 0; q < p.topk_groups; ++q) {
       float bv = 0.0f;
       int bi = -1;
       for (int g = lane; g < G; g += 32) {
@@ -128,25 +129,48 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     WarpArgMax(bv, bi);
     if (lane == 0) {
       taken[bi] = 1;
-      s_chosen[warp][j] = bi;
+      s.chosen[j] = bi;
     }
     __syncwarp();
   }
-  if (lane != 0) return;
-  // As the CPU: V3 takes the unbiased scores, V2 / softmax top-k the (masked) choice; summed in
-  // j order, renormalised (+1e-20 for sigmoid), then scaled.
-  const int* chosen = s_chosen[warp];
-  float sum = 0.0f;
-  for (int j = 0; j < p.top_k; ++j) {
-    sum += p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
+  if (lane == 0) {
+    // As the CPU: V3 takes the unbiased scores, V2 / softmax top-k the (masked) choice; summed
+    // in j order, renormalised (+1e-20 for sigmoid), then scaled.
+    const int* chosen = s.chosen;
+    float sum = 0.0f;
+    for (int j = 0; j < p.top_k; ++j) {
+      sum += p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
+    }
+    const float denominator = sum + (p.sigmoid ? 1e-20f : 0.0f);
+    for (int j = 0; j < p.top_k; ++j) {
+      float v = p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
+      if (p.renormalize) v /= denominator;
+      ids_out[j] = chosen[j];
+      if (ids_copy != nullptr) ids_copy[j] = chosen[j];
+      w_out[j] = v * p.scale;
+    }
   }
-  const float denominator = sum + (p.sigmoid ? 1e-20f : 0.0f);
-  for (int j = 0; j < p.top_k; ++j) {
-    float v = p.bias != nullptr ? scores[chosen[j]] : choice[chosen[j]];
-    if (p.renormalize) v /= denominator;
-    ids[static_cast<int64_t>(t) * p.top_k + j] = chosen[j];
-    weights[static_cast<int64_t>(t) * p.top_k + j] = v * p.scale;
-  }
+  __syncwarp();
+}
+
+// One warp per token (no block-wide barriers: a decode step's few tokens cost one short warp
+// each). Per warp in shared memory: scores[E], choice[E], group scores, kept / taken flags.
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    RouteKernel(const float* __restrict__ logits, int num_tokens, RouteParams p,
+                int32_t* __restrict__ ids, float* __restrict__ weights) {
+  __shared__ float s_scores[kRouteWarps][kMoeMaxExperts], s_choice[kRouteWarps][kMoeMaxExperts],
+      s_group[kRouteWarps][kMoeMaxExperts];
+  __shared__ unsigned char s_taken[kRouteWarps][kMoeMaxExperts],
+      s_kept[kRouteWarps][kMoeMaxExperts];
+  __shared__ int s_chosen[kRouteWarps][64];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= num_tokens) return;  // the whole warp
+  const RouteScratch s{s_scores[warp], s_choice[warp], s_group[warp],
+                       s_taken[warp],  s_kept[warp],   s_chosen[warp]};
+  const int64_t first = static_cast<int64_t>(t) * p.top_k;
+  RouteToken(logits + static_cast<int64_t>(t) * p.num_experts, p, s, lane, ids + first,
+             weights + first, nullptr);
 }
 
 // Inclusive sum over the block (kPermuteWarps * 32 threads); `red` holds kPermuteWarps ints.
@@ -168,15 +192,14 @@ __device__ int BlockInclusiveScan(int v, int* red, int* total) {
   return v + before;
 }
 
-// One block. Warp w owns the pairs [w * seg, (w + 1) * seg) and a row of counts seg_base[w][E]:
-// pass 1 counts its pairs per expert, the scans turn the counts into each warp's first row per
-// expert, pass 2 hands out rows in pair order (match_any: equal ids in one 32-pair chunk ranked
-// by lane). Stable, deterministic, no global atomics.
-__global__ void __launch_bounds__(kPermuteWarps * 32)
-    PermuteKernel(const int32_t* __restrict__ ids, int rows, int top_k, int num_experts,
-                  DeviceMoePermutation perm, int64_t* expert_load) {
-  extern __shared__ int seg_base[];  // [kPermuteWarps][E]
-  __shared__ int red[kPermuteWarps];
+// One block. Warp w owns the pairs [w * seg, (w + 1) * seg) and a row of counts seg_base[w][E]
+// (shared, kPermuteWarps * E ints; `red` kPermuteWarps ints): pass 1 counts its pairs per expert,
+// the scans turn the counts into each warp's first row per expert, pass 2 hands out rows in pair
+// order (match_any: equal ids in one 32-pair chunk ranked by lane). Stable, deterministic, no
+// global atomics. `ids` may be shared or global memory.
+__device__ void PermuteBlock(const int32_t* ids, int rows, int top_k, int num_experts,
+                             const DeviceMoePermutation& perm, int64_t* expert_load, int* seg_base,
+                             int* red) {
   const int E = num_experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < kPermuteWarps * E; i += blockDim.x) seg_base[i] = 0;
   __syncthreads();
@@ -231,10 +254,47 @@ __global__ void __launch_bounds__(kPermuteWarps * 32)
   }
 }
 
-}  // namespace
+__global__ void __launch_bounds__(kPermuteWarps * 32)
+    PermuteKernel(const int32_t* __restrict__ ids, int rows, int top_k, int num_experts,
+                  DeviceMoePermutation perm, int64_t* expert_load) {
+  extern __shared__ int seg_base[];  // [kPermuteWarps][E]
+  __shared__ int red[kPermuteWarps];
+  PermuteBlock(ids, rows, top_k, num_experts, perm, expert_load, seg_base, red);
+}
 
-absl::Status MoeRoute(const float* router_logits, int64_t num_tokens, const GroupedRoutingParams& p,
-                      int32_t* expert_ids, float* weights, cudaStream_t stream) {
+// MoeRouteAndPermute: one block of kPermuteWarps warps; warp w routes tokens w, w + 16, ...
+// (RouteToken, ids also kept in shared memory), then the block permutes them (PermuteBlock).
+// Static shared memory only (~45 KB at kMoeFusedMaxExperts = 128): no opt-in, PDL-launchable.
+constexpr int kFusedE = static_cast<int>(kMoeFusedMaxExperts);
+__global__ void __launch_bounds__(kPermuteWarps * 32)
+    RoutePermuteKernel(const float* __restrict__ logits, int num_tokens, RouteParams p,
+                       int32_t* __restrict__ ids, float* __restrict__ weights,
+                       DeviceMoePermutation perm, int64_t* expert_load) {
+  __shared__ float s_scores[kPermuteWarps][kFusedE], s_choice[kPermuteWarps][kFusedE],
+      s_group[kPermuteWarps][kFusedE];
+  __shared__ unsigned char s_taken[kPermuteWarps][kFusedE], s_kept[kPermuteWarps][kFusedE];
+  __shared__ int s_chosen[kPermuteWarps][64];
+  __shared__ int32_t s_ids[kMoeFusedMaxPairs];
+  __shared__ int seg_base[kPermuteWarps * kFusedE];
+  __shared__ int red[kPermuteWarps];
+  internal::WaitForPrecedingGrid();  // the logits (PDL: nothing read or written before)
+  internal::AllowDependentLaunch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const RouteScratch s{s_scores[warp], s_choice[warp], s_group[warp],
+                       s_taken[warp],  s_kept[warp],   s_chosen[warp]};
+  for (int t = warp; t < num_tokens; t += kPermuteWarps) {
+    const int64_t first = static_cast<int64_t>(t) * p.top_k;
+    RouteToken(logits + static_cast<int64_t>(t) * p.num_experts, p, s, lane, ids + first,
+               weights + first, s_ids + first);
+  }
+  __syncthreads();
+  PermuteBlock(s_ids, num_tokens * p.top_k, p.top_k, p.num_experts, perm, expert_load, seg_base,
+               red);
+}
+
+// The kernel's parameters from the host's, after GroupedTopK's checks; INVALID_ARGUMENT names
+// the numbers.
+absl::Status ToRouteParams(const GroupedRoutingParams& p, int64_t num_tokens, RouteParams* rp) {
   const int64_t e = p.num_experts, g = p.num_groups;
   if (e < 1 || e > kMoeMaxExperts || p.top_k < 1 || p.top_k > e || p.top_k > 64 || g < 1 ||
       e % g != 0 || p.topk_groups < 1 || p.topk_groups > g ||
@@ -243,21 +303,54 @@ absl::Status MoeRoute(const float* router_logits, int64_t num_tokens, const Grou
         "MoeRoute: ", e, " experts (at most ", kMoeMaxExperts, "), top_k ", p.top_k,
         " (at most 64), ", g, " groups, topk_group ", p.topk_groups, ", tokens ", num_tokens));
   }
-  if (num_tokens == 0) return absl::OkStatus();
+  rp->num_experts = static_cast<int>(e);
+  rp->top_k = static_cast<int>(p.top_k);
+  rp->num_groups = static_cast<int>(g);
+  rp->topk_groups = static_cast<int>(p.topk_groups);
+  rp->sigmoid = p.scoring == MoeScoring::kSigmoid;
+  rp->top_two_sum = p.group_score == MoeGroupScore::kTopTwoSum;
+  rp->renormalize = p.renormalize;
+  rp->scale = p.routed_scaling_factor;
+  rp->bias = p.correction_bias;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MoeRoute(const float* router_logits, int64_t num_tokens, const GroupedRoutingParams& p,
+                      int32_t* expert_ids, float* weights, cudaStream_t stream) {
   RouteParams rp;
-  rp.num_experts = static_cast<int>(e);
-  rp.top_k = static_cast<int>(p.top_k);
-  rp.num_groups = static_cast<int>(g);
-  rp.topk_groups = static_cast<int>(p.topk_groups);
-  rp.sigmoid = p.scoring == MoeScoring::kSigmoid;
-  rp.top_two_sum = p.group_score == MoeGroupScore::kTopTwoSum;
-  rp.renormalize = p.renormalize;
-  rp.scale = p.routed_scaling_factor;
-  rp.bias = p.correction_bias;
+  RETURN_IF_ERROR(ToRouteParams(p, num_tokens, &rp));
+  if (num_tokens == 0) return absl::OkStatus();
   RouteKernel<<<static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps),
                 kRouteWarps * 32, 0, stream>>>(router_logits, static_cast<int>(num_tokens), rp,
                                                expert_ids, weights);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+bool MoeRouteAndPermuteSupported(const GroupedRoutingParams& p, int64_t num_tokens) {
+  return p.num_experts >= 1 && p.num_experts <= kMoeFusedMaxExperts && p.top_k >= 1 &&
+         num_tokens >= 0 && num_tokens * p.top_k <= kMoeFusedMaxPairs;
+}
+
+absl::Status MoeRouteAndPermute(const float* router_logits, int64_t num_tokens,
+                                const GroupedRoutingParams& p, int32_t* expert_ids, float* weights,
+                                const DeviceMoePermutation& perm, int64_t* expert_load,
+                                cudaStream_t stream, bool programmatic_launch) {
+  RouteParams rp;
+  RETURN_IF_ERROR(ToRouteParams(p, num_tokens, &rp));
+  if (!MoeRouteAndPermuteSupported(p, num_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeRouteAndPermute: ", p.num_experts, " experts (at most ", kMoeFusedMaxExperts, "), ",
+        num_tokens, " tokens x top_k ", p.top_k, " (at most ", kMoeFusedMaxPairs, " pairs)"));
+  }
+  // An empty step still writes the offsets (all 0) and the active list (all -1), as MoePermute.
+  const internal::PdlLaunchConfig config(dim3(1), dim3(kPermuteWarps * 32), stream,
+                                         programmatic_launch);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), RoutePermuteKernel, router_logits,
+                                          static_cast<int>(num_tokens), rp, expert_ids, weights,
+                                          perm, expert_load));
   return absl::OkStatus();
 }
 

@@ -74,9 +74,9 @@ absl::StatusOr<DeviceBuffer> Upload(std::vector<float>* host, int64_t want, cons
 // out = a . w^T on the batch-1 GEMV where it applies, else cuBLASLt.
 template <typename T, typename TOut>
 absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, int64_t m, int64_t n, int64_t k,
-                 TOut* out, cudaStream_t stream) {
+                 TOut* out, cudaStream_t stream, bool pdl = false) {
   if (m == 1 && kc::SmallMLinearSupported(a, w, m, n, k)) {
-    return kc::SmallMLinear<T, TOut>(a, w, nullptr, m, n, k, out, stream, false);
+    return kc::SmallMLinear<T, TOut>(a, w, nullptr, m, n, k, out, stream, pdl);
   }
   return gemm.Linear<T, TOut>(a, w, nullptr, m, n, k, out, stream);
 }
@@ -200,15 +200,20 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
   k.split_combine = k.mma_grouped = false;  // a list names exactly what is on
   for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipEmpty())) {
     if (item == "new") {
-      k.split_combine = k.mma_grouped = true;
+      k.split_combine = k.mma_grouped = k.fused_route = k.pdl = true;
     } else if (item == "split_combine") {
       k.split_combine = true;
     } else if (item == "mma_grouped") {
       k.mma_grouped = true;
+    } else if (item == "fused_route") {
+      k.fused_route = true;
+    } else if (item == "pdl") {
+      k.pdl = true;
     } else if (item != "old") {
       return absl::InvalidArgumentError(
           absl::StrCat("TANDEM_MOE_KERNELS: unknown '", item,
-                       "' (a comma-separated subset of split_combine, mma_grouped; new; old)"));
+                       "' (a comma-separated subset of split_combine, mma_grouped, fused_route, "
+                       "pdl; new; old)"));
     }
   }
   return k;
@@ -304,9 +309,9 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
   *row_map = row_of_pair_.get<int32_t>();
   if (path == Path::kGemv) {
     RETURN_IF_ERROR(kc::MoeExpertGemvGateUp<T>(x, w.experts_gate_up.get<T>(), H, I, perm, E, rows,
-                                               act_.get<T>(), stream));
+                                               act_.get<T>(), stream, kernels_.pdl));
     return kc::MoeExpertGemvDown<T>(act_.get<T>(), w.experts_down.get<T>(), H, I, perm, E, rows,
-                                    expert_out_.get<T>(), stream);
+                                    expert_out_.get<T>(), stream, kernels_.pdl);
   }
   // MoeGroupedMma (TANDEM_MOE_KERNELS=mma_grouped): sync-free, so it replaces both the padded
   // and the grouped path (unless set_path asked for kPadded), under capture too. Many small
@@ -397,30 +402,39 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   kernels::GroupedRoutingParams p = routing_;
   p.correction_bias = w.router_bias.empty() ? nullptr : w.router_bias.get<float>();
   // The router sees the whole (replicated) hidden state on every rank: all ranks route alike.
+  const bool pdl = kernels_.pdl;
   RETURN_IF_ERROR(
-      (Lin<T, float>(gemm, x, w.router.get<T>(), Tn, E, H, logits_.get<float>(), stream)));
-  RETURN_IF_ERROR(kc::MoeRoute(logits_.get<float>(), Tn, p, ids_.get<int32_t>(),
-                               weights_.get<float>(), stream));
+      (Lin<T, float>(gemm, x, w.router.get<T>(), Tn, E, H, logits_.get<float>(), stream, pdl)));
   int64_t* load = load_.get<int64_t>() + layer * E;  // global ids
-  if (config_.expert_placement != nullptr) {         // expert parallelism: this rank's rows only
-    RETURN_IF_ERROR(kc::MoeLocalizeRouting(ids_.get<int32_t>(), weights_.get<float>(), Tn * k,
-                                           slot_of_expert_.get<int32_t>(), E, experts_ - 1, load,
-                                           stream));
-    load = nullptr;
+  const kc::DeviceMoePermutation perm{offsets_.get<int32_t>(), active_.get<int32_t>(),
+                                      token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()};
+  if (kernels_.fused_route && config_.expert_placement == nullptr && Tn <= kFusedRouteMaxTokens &&
+      kc::MoeRouteAndPermuteSupported(p, Tn)) {
+    RETURN_IF_ERROR(kc::MoeRouteAndPermute(logits_.get<float>(), Tn, p, ids_.get<int32_t>(),
+                                           weights_.get<float>(), perm, load, stream, pdl));
+  } else {
+    RETURN_IF_ERROR(kc::MoeRoute(logits_.get<float>(), Tn, p, ids_.get<int32_t>(),
+                                 weights_.get<float>(), stream));
+    if (config_.expert_placement != nullptr) {  // expert parallelism: this rank's rows only
+      RETURN_IF_ERROR(kc::MoeLocalizeRouting(ids_.get<int32_t>(), weights_.get<float>(), Tn * k,
+                                             slot_of_expert_.get<int32_t>(), E, experts_ - 1, load,
+                                             stream));
+      load = nullptr;
+    }
+    RETURN_IF_ERROR(kc::MoePermute(ids_.get<int32_t>(), Tn, k, experts_, perm, load, stream));
   }
-  RETURN_IF_ERROR(kc::MoePermute(ids_.get<int32_t>(), Tn, k, experts_,
-                                 {offsets_.get<int32_t>(), active_.get<int32_t>(),
-                                  token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()},
-                                 load, stream));
   const int32_t* row_map = nullptr;  // where each (token, j)'s expert output row is
   RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
   const bool shared = !w.shared_down.empty();
   if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
-  const auto combine = kernels_.split_combine ? kc::MoeCombineSplit<T> : kc::MoeCombine<T>;
-  return combine(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
-                 shared ? shared_out_.get<T>() : nullptr,
-                 w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>(), x, out,
-                 stream);
+  const T* shared_out = shared ? shared_out_.get<T>() : nullptr;
+  const T* gate = w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>();
+  if (kernels_.split_combine) {
+    return kc::MoeCombineSplit<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
+                                  shared_out, gate, x, out, stream, pdl);
+  }
+  return kc::MoeCombine<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
+                           shared_out, gate, x, out, stream);
 }
 
 #define TANDEM_CUDA_MOE_MLP_INSTANTIATE(T)                                                        \

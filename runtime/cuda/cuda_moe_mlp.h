@@ -1,7 +1,8 @@
 // The mixture-of-experts MLP on the CUDA backend: the device twin of runtime/cpu/moe_mlp.h,
 // shared by the decoders that have MoE layers (CudaLlamaModel for Mixtral / Qwen2-MoE /
 // Qwen3-MoE; a DeepSeek MLA model for its MoE layers). Per layer:
-//   router GEMM (fp32 logits) -> MoeRoute (the config's routing) -> MoePermute -> experts:
+//   router GEMM (fp32 logits) -> MoeRoute (the config's routing) -> MoePermute (both one
+//   MoeRouteAndPermute launch up to kFusedRouteMaxTokens tokens) -> experts:
 //     kGemv (T <= max(4, E / k)): expert GEMVs reading only the routed experts' weights (gather
 //       and SiLU*up folded in);
 //     kPadded (T <= kSyncFreeMaxTokens, every CUDA graph size): rows padded to T per expert,
@@ -77,23 +78,29 @@ template <typename T>
 absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWeights* w,
                           cudaStream_t stream);
 
-// Kernel choices added after the first device measurements (kernels/moe/BENCHMARKS.md), OFF by
-// default until moe_cuda_test and moe_cuda_bench have passed on a GPU with them:
+// Kernel choices added after the first device measurements (kernels/moe/BENCHMARKS.md):
 //   split_combine: MoeCombineSplit (each token over several blocks, 16-byte loads) instead of
 //     MoeCombine (one block per token);
 //   mma_grouped: for E > 16, every step past the GEMV sizes on MoeGroupedMma (one tensor-core
 //     launch per projection over all experts, gather folded in, no offsets read-back, so also
 //     under capture) instead of the padded strided-batched GEMM and cuBLAS's grouped call.
-//     Mixtral-sized expert counts (E <= 16) keep cuBLAS.
-// Both are the default since their first GPU run (nvidia-h200-x2: moe_cuda_test 7/7, mma_err and
-// cdiff 0 at the real shapes; Qwen3-30B-A3B decode step 5.37 -> 3.89 ms at batch 1, 24.9 ->
-// 19.8 ms at batch 64). FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of
-// "split_combine", "mma_grouped" ("new" or unset: both; "old": neither, the A/B baseline), read
-// once per CudaMoeMlp::Create so the device A/B needs no new flag on every binary.
-// INVALID_ARGUMENT naming an unknown entry.
+//     Mixtral-sized expert counts (E <= 16) keep cuBLAS;
+//   fused_route: steps of at most kFusedRouteMaxTokens tokens route and permute in one launch
+//     (MoeRouteAndPermute; not under expert parallelism, whose localization sits between them);
+//   pdl: the router GEMV, that launch, the expert GEMVs and the split combine are launched with
+//     programmatic stream serialization (PDL), so each one's blocks are scheduled while its
+//     predecessor finishes (independent of CudaBackendConfig::programmatic_launch).
+// All four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test, and
+// moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
+// the first two, 3.68 -> 3.59 ms with the last two). FromEnv(): TANDEM_MOE_KERNELS, a
+// comma-separated subset of "split_combine", "mma_grouped", "fused_route", "pdl" ("new" or
+// unset: all four; "old": none, the first A/B baseline), read once per CudaMoeMlp::Create so the
+// device A/B needs no new flag on every binary. INVALID_ARGUMENT naming an unknown entry.
 struct CudaMoeKernels {
   bool split_combine = true;
   bool mma_grouped = true;
+  bool fused_route = true;
+  bool pdl = true;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
@@ -101,6 +108,8 @@ class CudaMoeMlp {
  public:
   // Steps of at most this many tokens (every CUDA graph size) take a sync-free path.
   static constexpr int64_t kSyncFreeMaxTokens = 256;
+  // Steps of at most this many tokens take MoeRouteAndPermute (CudaMoeKernels::fused_route).
+  static constexpr int64_t kFusedRouteMaxTokens = 16;
   enum class Path { kAuto, kGemv, kPadded, kGrouped };
 
   // Scratch for steps of up to max_tokens tokens; per-expert load counters for every layer.
