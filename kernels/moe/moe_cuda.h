@@ -82,8 +82,9 @@ template <typename T>
 absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_row, int64_t rows,
                            T* out, cudaStream_t stream);
 
-// Decode-size expert products (one warp per output feature of one active expert; weights
-// streamed once per chunk of that expert's rows; only the routed experts' weights are read).
+// Decode-size expert products (one warp streams two weight rows of one active expert at once:
+// gate_up's gate and up rows of one output, or two output features of down; weights streamed
+// once per chunk of that expert's rows; only the routed experts' weights are read).
 // GateUp: act[r, j] = round(silu(g) * u), g = round(x_t . gate_up[e, j]), u = round(x_t .
 // gate_up[e, inter + j]), t = token_of_row[r], for every row r of every expert e:
 //   x [T, hidden]; gate_up [E, 2 * inter, hidden]; act [rows, inter].

@@ -28,73 +28,97 @@ constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
 constexpr int kCombineThreads = 128;
 
-// acc[m] += w[i] * a_m[i] over one weight row (k elements), this lane's share, then summed over
-// the warp. kVec: 16-byte loads of 8 elements (k % 8 == 0, rows 16-byte aligned).
-template <typename T, int M, bool kVec>
-__device__ __forceinline__ void WarpDot(const T* __restrict__ w, const T* const (&a)[M], int64_t k,
-                                        int lane, float (&acc)[M]) {
+// acc[q][m] = w_q . a_m over R weight rows at once (k elements each; every row's loads in flight
+// together), this lane's share, then summed over the warp. kVec: 16-byte loads of 8 elements
+// (k % 8 == 0, rows 16-byte aligned). Each (q, m) sum runs in the same order as for one row
+// alone: results do not depend on R.
+template <typename T, int R, int M, bool kVec>
+__device__ __forceinline__ void WarpDot(const T* const (&w)[R], const T* const (&a)[M], int64_t k,
+                                        int lane, float (&acc)[R][M]) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int q = 0; q < R; ++q) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[q][m] = 0.0f;
+  }
   if constexpr (kVec) {
-    const uint4* wv = reinterpret_cast<const uint4*>(w);
     const int64_t chunks = k / 8;
     for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-      uint4 held[kUnroll];
+      uint4 held[R][kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = c0 + 32 * u;
-        held[u] = c < chunks ? __ldcs(wv + c) : make_uint4(0, 0, 0, 0);
+      for (int q = 0; q < R; ++q) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = c0 + 32 * u;
+          held[q][u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w[q]) + c)
+                                  : make_uint4(0, 0, 0, 0);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = c0 + 32 * u;
         if (c >= chunks) break;
-        const T* wt = reinterpret_cast<const T*>(&held[u]);
-        float wf[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) wf[e] = ToFloat(wt[e]);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 av = __ldg(reinterpret_cast<const uint4*>(a[m]) + c);
           const T* at = reinterpret_cast<const T*>(&av);
+          float af[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[m] = fmaf(wf[e], ToFloat(at[e]), acc[m]);
+          for (int e = 0; e < 8; ++e) af[e] = ToFloat(at[e]);
+#pragma unroll
+          for (int q = 0; q < R; ++q) {
+            const T* wt = reinterpret_cast<const T*>(&held[q][u]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[q][m] = fmaf(ToFloat(wt[e]), af[e], acc[q][m]);
+          }
         }
       }
     }
   } else {
     for (int64_t i = lane; i < k; i += 32) {
-      const float wf = ToFloat(w[i]);
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[m] = fmaf(wf, ToFloat(a[m][i]), acc[m]);
+      for (int q = 0; q < R; ++q) {
+        const float wf = ToFloat(w[q][i]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[q][m] = fmaf(wf, ToFloat(a[m][i]), acc[q][m]);
+      }
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
+  for (int q = 0; q < R; ++q) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        acc[q][m] += __shfl_xor_sync(0xffffffffu, acc[q][m], off);
+      }
+    }
   }
 }
 
-// Block (feature tile, active-expert slot). kGateUp: warp = output column j of act (gate row j
-// and up row inter + j of the expert, input rows gathered through token_of_row); else warp =
-// output feature h of down (input rows the expert's contiguous act rows).
+// Block (feature tile, active-expert slot); each warp streams two weight rows at once.
+// kGateUp: warp = output column j of act (gate row j and up row inter + j of the expert, input
+// rows gathered through token_of_row); else warp = output features h, h + 1 of down (input rows
+// the expert's contiguous act rows).
+constexpr int kRowsPerWarp = 2;
 template <typename T, int M, bool kGateUp, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     ExpertGemvKernel(const T* __restrict__ in, const T* __restrict__ w, int64_t n_out, int64_t k,
                      DeviceMoePermutation perm, T* __restrict__ out) {
   internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
   internal::AllowDependentLaunch();
+  constexpr int kFeat = kGateUp ? 1 : kRowsPerWarp;  // output features per warp
   const int expert = perm.active_experts[blockIdx.y];
-  const int64_t feature = int64_t{blockIdx.x} * kGemvWarps + (threadIdx.x >> 5);
+  const int64_t feature = (int64_t{blockIdx.x} * kGemvWarps + (threadIdx.x >> 5)) * kFeat;
   if (expert < 0 || feature >= n_out) return;
   const int lane = threadIdx.x & 31;
   const int begin = perm.expert_offsets[expert], end = perm.expert_offsets[expert + 1];
-  constexpr int kRows = kGateUp ? 2 : 1;
-  const T* wrow[kRows];
+  const T* wrow[kRowsPerWarp];
 #pragma unroll
-  for (int q = 0; q < kRows; ++q) {
-    wrow[q] = w + (static_cast<int64_t>(expert) * kRows * n_out + q * n_out + feature) * k;
+  for (int q = 0; q < kRowsPerWarp; ++q) {
+    // gate_up: [E, 2 * n_out, k], rows feature and n_out + feature; down: [E, n_out, k], rows
+    // feature, feature + 1 (the last one repeated past n_out, not stored).
+    const int64_t row = kGateUp ? q * n_out + feature : min(feature + q, n_out - 1);
+    wrow[q] = w + (static_cast<int64_t>(expert) * (kGateUp ? 2 : 1) * n_out + row) * k;
   }
   for (int r0 = begin; r0 < end; r0 += M) {
     const T* a[M];
@@ -103,9 +127,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       const int r = min(r0 + m, end - 1);  // past the expert's rows: a repeat, not stored
       a[m] = in + static_cast<int64_t>(kGateUp ? perm.token_of_row[r] : r) * k;
     }
-    float acc[kRows][M];
-#pragma unroll
-    for (int q = 0; q < kRows; ++q) WarpDot<T, M, kVec>(wrow[q], a, k, lane, acc[q]);
+    float acc[kRowsPerWarp][M];
+    WarpDot<T, kRowsPerWarp, M, kVec>(wrow, a, k, lane, acc);
     if (lane != 0) continue;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -117,7 +140,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         const float u = ToFloat(FromFloat<T>(acc[1][m]));
         *dst = FromFloat<T>(g / (1.0f + expf(-g)) * u);
       } else {
-        *dst = FromFloat<T>(acc[0][m]);
+#pragma unroll
+        for (int q = 0; q < kFeat; ++q) {
+          if (feature + q < n_out) dst[q] = FromFloat<T>(acc[q][m]);
+        }
       }
     }
   }
@@ -134,7 +160,8 @@ absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
                                                    ", experts ", num_experts, ", rows ", rows));
   }
   if (rows == 0) return absl::OkStatus();
-  const dim3 grid(static_cast<unsigned>((n_out + kGemvWarps - 1) / kGemvWarps),
+  const int64_t per_block = int64_t{kGemvWarps} * (kGateUp ? 1 : kRowsPerWarp);
+  const dim3 grid(static_cast<unsigned>((n_out + per_block - 1) / per_block),
                   static_cast<unsigned>(std::min(num_experts, rows)));
   const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(w) % 16 == 0;
