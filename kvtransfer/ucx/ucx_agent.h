@@ -74,13 +74,14 @@ struct UcxAgentOptions {
   // first time SyncForRemoteRead copies into it, and so is a peer's mirror mapped here, each
   // granule the first time a request DMAs from it (kvtransfer/host_pin_granules.h); a peer's
   // mapped segment is likewise populated (MADV_POPULATE_READ) granule by granule as requests
-  // first read it. 0: the whole mirror at registration, the whole mapping populated at AddPeer
-  // and pinned at the first read (before issue 31: ~110 GB per rank of an 8B TP=4 group, tens of
-  // seconds of the worker's start). Use one value on every worker: a reader with 0 populates a
-  // lazily filled peer mirror whole (allocating it: ~85 s in an 8B pair's first P->D load on
-  // nvidia-h200-x4, 2026-11-28, before granule > 0 made the populate lazy too). ucx_gpu_test
-  // passes with 0, 1 MiB and 16 MiB granules (same run). Mixed workers export no pool at all.
-  uint64_t cuda_mirror_pin_granule_bytes = 0;
+  // first read it. 0: the whole mirror pinned at registration, the whole mapping populated at
+  // AddPeer and pinned at the first read. Use one value on every worker: a reader with 0
+  // populates a lazily filled peer mirror whole (allocating all of it). nvidia-h200-x4,
+  // 2026-11-28, an 8B prefill + decode pair at --gpu_memory_utilization=0.85 (~104 GB pools):
+  // with 0 each worker's registration took 81 s (healthy after 84 s), with 16 MiB 14 ms (healthy
+  // after 3 s, 17 requests P -> D in 8 s, no failed KV load); ucx_gpu_test passes with 0, 1 MiB
+  // and 16 MiB (runtime/cuda/BENCHMARKS.md). Mixed workers export no pool at all.
+  uint64_t cuda_mirror_pin_granule_bytes = uint64_t{16} << 20;
   // Staged reads from a region mapped here go host -> device by DMA from the mapping itself
   // (DESIGN.md); false: always through the staging buffers.
   bool cuda_dma_from_mapped = true;
