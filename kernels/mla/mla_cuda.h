@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/attention/cuda/kv_cache_cuda.h"
+#include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/mla/mla_attention.h"
 
@@ -67,6 +68,13 @@ struct MlaPlanInput {
   // Latent 512 + 64, bf16 / fp16 pool, on an sm_90 device: the wgmma kernel
   // (mla_decode_wgmma.cu); false: the mma.sync one (A/B). Other devices run mma.sync either way.
   bool allow_wgmma = true;
+  // Decode context parallelism (dcp_shard.h; size 1: none): the pool and the block tables hold
+  // only this shard's latents at local indices, AttentionBatch::seq_lens (and so every query
+  // position) stay global; a query at global position p sees the shard's latents before p + 1
+  // (DcpLocalCount(p + 1)), so q_len > 1 stays causal. max_seq_len bounds the LOCAL lengths (it
+  // sizes the splits). The output is this shard's partial with its LSE (a query that sees none of
+  // the shard's latents: out 0, lse -inf), merged across shards by LSE (CudaDcpExchange).
+  DcpShard dcp = {};
 };
 
 struct MlaPlan {
@@ -80,7 +88,7 @@ struct MlaPlan {
 };
 
 // INVALID_ARGUMENT for invalid dims, D not a multiple of 8, L > 1024, negative or inconsistent
-// bounds.
+// bounds, an invalid DCP shard.
 absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& input);
 
 // Writes latent rows into plane 0 of `layer`: row t = [c_kv[t, 0..L) | k_pe[t, 0..Dr)] at slot
@@ -121,8 +129,9 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
 
 // Step 2. q_cat: [T, Hq, D]; o_lat: [T, Hq, L]; lse: [T, Hq] or null. `batch` holds DEVICE
 // pointers; bounds as planned. workspace: plan.workspace_bytes (only the split partials are
-// used here). An FP8 latent pool (see MlaWriteLatentFp8) runs the plain kernel. dcp_size > 1 is
-// refused (decode context parallelism for MLA runs on the CPU only).
+// used here). An FP8 latent pool (see MlaWriteLatentFp8) runs the plain kernel. Under
+// plan.input.dcp the result is this shard's partial (MlaPlanInput::dcp); `lse` is then needed to
+// merge it.
 template <typename T>
 absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int64_t layer,
                                 const AttentionBatch& batch, float scale, const MlaPlan& plan,

@@ -99,9 +99,26 @@ struct LatentParams {
   // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row.
   const uint8_t* pool8;
   const float* row_scales;
+  // Decode context parallelism (MlaPlanInput::dcp): the pool holds one latent shard at local
+  // indices, seq_lens stay global. Products precomputed (DcpShardValid keeps them in range).
+  int dcp_size;  // 1: no DCP
+  int dcp_interleave;
+  int dcp_cycle;   // interleave * size
+  int dcp_offset;  // rank * interleave
 };
 
 #ifdef __CUDACC__
+// The pool's latents a query sees whose global visibility bound is x (latents at global positions
+// < x): x itself without DCP, else the shard's latents before x (dcp_shard.h's DcpLocalCount in
+// 32-bit arithmetic). Called outside the kernels' tile loops (a CTA-uniform branch).
+template <typename T>
+__device__ __forceinline__ int LocalKeyEnd(const LatentParams<T>& p, int x) {
+  if (p.dcp_size == 1) return x;
+  const int cycles = x / p.dcp_cycle;
+  return cycles * p.dcp_interleave +
+         min(max(x - cycles * p.dcp_cycle - p.dcp_offset, 0), p.dcp_interleave);
+}
+
 // The Hopper kernel for latent 512 + 64 (mla_decode_wgmma.cu): grid (splits, row tiles of 64,
 // requests), kMlaWgmmaThreads threads. Runs only on a compute capability 9.0 device.
 constexpr int kMlaWgmmaThreads = 256;

@@ -36,6 +36,9 @@ struct Case {
   int num_splits = 0;  // 0: the plan's choice
   bool fp8 = false;    // an FP8 latent pool (e4m3 codes + per-row scales)
   bool wgmma = false;  // allow the Hopper kernel (MlaPlanInput::allow_wgmma)
+  // Decode context parallelism: the pool holds this shard's latents at local indices, the
+  // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
+  DcpShard dcp = {};
 };
 
 template <typename T>
@@ -44,9 +47,11 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const int64_t S = static_cast<int64_t>(c.seq_lens.size()), bs = c.block_size;
   const int64_t D = d.LatentDim(), L = d.kv_lora_rank, H = d.num_heads;
   int64_t max_blocks = 0, max_len = 0, max_q = 1;
+  std::vector<int32_t> local_lens(S);  // the shard's latents per request (all without DCP)
   for (int64_t s = 0; s < S; ++s) {
-    max_blocks = std::max<int64_t>(max_blocks, (c.seq_lens[s] + bs - 1) / bs);
-    max_len = std::max<int64_t>(max_len, c.seq_lens[s]);
+    local_lens[s] = static_cast<int32_t>(DcpLocalCount(c.seq_lens[s], c.dcp));
+    max_blocks = std::max<int64_t>(max_blocks, (local_lens[s] + bs - 1) / bs);
+    max_len = std::max<int64_t>(max_len, local_lens[s]);
     max_q = std::max<int64_t>(max_q, c.q_lens[s]);
   }
   KvCacheLayout layout{.num_blocks = S * max_blocks + 2,
@@ -61,9 +66,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
   std::vector<int64_t> slots;
   int64_t next = 0;
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t b = 0; b < (c.seq_lens[s] + bs - 1) / bs; ++b)
+    for (int64_t b = 0; b < (local_lens[s] + bs - 1) / bs; ++b)
       tables[s * max_blocks + b] = ids[next++];
-    for (int64_t j = 0; j < c.seq_lens[s]; ++j) {
+    for (int64_t j = 0; j < local_lens[s]; ++j) {
       slots.push_back(int64_t{tables[s * max_blocks + j / bs]} * bs + j % bs);
     }
     qsl.push_back(qsl.back() + c.q_lens[s]);
@@ -91,17 +96,18 @@ void RunCase(const Case& c, std::mt19937& rng) {
     ASSERT_TRUE(
         cpu::WriteLatentCache(latent.data(), slots.data(), n_lat, 1, {pool.data(), layout}).ok());
   }
-  AttentionBatch hb{qsl.data(), c.seq_lens.data(), tables.data(), S, max_blocks};
+  AttentionBatch hb{qsl.data(), c.seq_lens.data(), tables.data(), S, max_blocks, local_lens.data()};
   const float scale = 1.0f / std::sqrt(float(d.QkHeadDim()));
   std::vector<float> want(T_tok * H * d.v_head_dim), want_lse(T_tok * H);
   if (c.fp8) {
     ASSERT_TRUE(cpu::MlaPagedAttentionFp8(q.data(), kv_b.data(), d, fp8_view, 1, hb, scale,
-                                          MlaMode::kAbsorbed, want.data(), want_lse.data(), nullptr)
+                                          MlaMode::kAbsorbed, want.data(), want_lse.data(), nullptr,
+                                          c.dcp)
                     .ok());
   } else {
     ASSERT_TRUE(cpu::MlaPagedAttention(q.data(), kv_b.data(), d, {pool.data(), layout}, 1, hb,
                                        scale, MlaMode::kAbsorbed, want.data(), want_lse.data(),
-                                       nullptr)
+                                       nullptr, c.dcp)
                     .ok());
   }
 
@@ -109,7 +115,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
       kpe_d(cuda_test::Convert<T>(kpe)), q_d(cuda_test::Convert<T>(q)),
       kv_b_d(cuda_test::Convert<T>(kv_b)), out_d(T_tok * H * d.v_head_dim);
   DeviceBuffer<int64_t> slots_d(slots);
-  DeviceBuffer<int32_t> qsl_d(qsl), lens_d(c.seq_lens), tables_d(tables);
+  DeviceBuffer<int32_t> qsl_d(qsl), lens_d(c.seq_lens), tables_d(tables), local_d(local_lens);
   DeviceBuffer<float> lse_d(T_tok * H);
   TANDEM_CUDA_CHECK(cudaMemset(pool_d.get(), 0, layout.TotalElems() * sizeof(T)));
   const KvDtype dt = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
@@ -140,7 +146,8 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .max_q_len = max_q,
                   .max_seq_len = max_len,
                   .num_splits = c.num_splits,
-                  .allow_wgmma = c.wgmma};
+                  .allow_wgmma = c.wgmma,
+                  .dcp = c.dcp};
   absl::StatusOr<MlaPlan> plan = PlanMla(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
@@ -152,7 +159,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   DeviceBuffer<unsigned char> ws(plan->workspace_bytes);
   cublasHandle_t cublas = nullptr;
   ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
-  AttentionBatch db{qsl_d.get(), lens_d.get(), tables_d.get(), S, max_blocks};
+  AttentionBatch db{qsl_d.get(), lens_d.get(), tables_d.get(), S, max_blocks, local_d.get()};
   const absl::Status st =
       MlaAbsorbedAttention<T>(cublas, q_d.get(), kv_b_d.get(), cache, 1, db, scale, *plan, ws.get(),
                               out_d.get(), lse_d.get(), nullptr);
@@ -166,7 +173,13 @@ void RunCase(const Case& c, std::mt19937& rng) {
     max_ref = std::max(max_ref, std::abs(want[i]));
     max_err = std::max(max_err, std::abs(got[i] - want[i]));
   }
+  int64_t empty_rows = 0;  // rows that see none of the shard's latents: lse -inf, out 0
   for (size_t i = 0; i < want_lse.size(); ++i) {
+    if (std::isinf(want_lse[i])) {
+      ++empty_rows;
+      EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "row " << i << ": " << got_lse[i];
+      continue;
+    }
     max_lse_err = std::max(max_lse_err, std::abs(got_lse[i] - want_lse[i]));
   }
   EXPECT_GT(max_ref, 0.0f);
@@ -174,7 +187,12 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
   std::cout << "H " << H << " L " << L << (plan->use_wgmma && !c.fp8 ? " wgmma" : "") << " splits "
             << plan->num_splits << ": max|err| " << max_err << " of max|ref| " << max_ref
-            << ", max|lse err| " << max_lse_err << "\n";
+            << ", max|lse err| " << max_lse_err;
+  if (c.dcp.size > 1) {
+    std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
+              << c.dcp.interleave << ", " << empty_rows << " empty rows)";
+  }
+  std::cout << "\n";
 }
 
 const MlaDims kV3{.num_heads = 128,
@@ -227,6 +245,28 @@ TEST(MlaCudaTest, TensorCoreKernelTilingEdges) {
     RunCase<__nv_bfloat16>({kLite, {4, 2, 1, 3}, {64, 129, 700, 191}, 5, 3, false, wgmma}, rng);
     RunCase<__nv_bfloat16>(
         {kLite, {1, 1, 1, 1, 1, 1}, {4096, 1, 65, 2000, 64, 1}, 64, 0, false, wgmma}, rng);
+  }
+}
+
+// Decode context parallelism: every shard of DCP 2 and 4 (interleave 1 token, a page, 2 pages)
+// on the three kernels (plain at the tiny widths, mma.sync, wgmma) against the CPU shard's partial
+// and LSE, decode and q_len 2-4 (the causal bound becomes DcpLocalCount(position + 1) on the
+// shard), splits forced and planned; contexts of 1-3 tokens leave shards empty (lse -inf). The
+// CPU shards merge by LSE to the unsharded fp64 result (mla_attention_test).
+TEST(MlaCudaTest, DcpShardsMatchTheCpuShards) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  for (int64_t size : {2, 4}) {
+    for (int64_t rank = 0; rank < size; ++rank) {
+      const DcpShard one{size, rank, 1}, page{size, rank, 16}, pages{size, rank, 32};
+      RunCase<__nv_bfloat16>({kTiny, {1, 3, 1, 2}, {1, 40, 77, 3}, 16, 0, false, false, one}, rng);
+      for (bool wgmma : {false, true}) {
+        RunCase<__nv_bfloat16>(
+            {kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 0, false, wgmma, page}, rng);
+        RunCase<__nv_bfloat16>({kV3, {1, 3}, {700, 97}, 16, 2, false, wgmma, one}, rng);
+        RunCase<__half>({kLite, {2, 1, 1}, {65, 1, 513}, 16, 1, false, wgmma, pages}, rng);
+      }
+    }
   }
 }
 
@@ -283,6 +323,12 @@ TEST(MlaCudaTest, RefusesAKvCacheAndBadPlans) {
   MlaDims odd = kTiny;
   odd.kv_lora_rank = 30;  // L + Dr not a multiple of 8
   EXPECT_FALSE(PlanMla({.dims = odd, .num_seqs = 1, .num_tokens = 1, .max_seq_len = 4}).ok());
+  // A DCP shard out of range (rank >= size, interleave 0).
+  for (const DcpShard& bad : {DcpShard{2, 2, 16}, DcpShard{2, 0, 0}}) {
+    EXPECT_FALSE(
+        PlanMla({.dims = kTiny, .num_seqs = 1, .num_tokens = 1, .max_seq_len = 4, .dcp = bad})
+            .ok());
+  }
   DeviceBuffer<__nv_bfloat16> pool(1024);
   DeviceKvCache kv{pool.get(),
                    {.num_blocks = 1,

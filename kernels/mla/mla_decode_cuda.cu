@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ctx = p.seq_lens[s];
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
   const int last_row = min(r0 + kRows, rows_seq) - 1;
-  const int vis_max = ctx - q_len + last_row / p.heads + 1;
+  const int vis_max = mla_internal::LocalKeyEnd(p, ctx - q_len + last_row / p.heads + 1);
   const int kb = split * p.split_chunk;
   const int ke = min(kb + p.split_chunk, vis_max);
   const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
@@ -100,7 +100,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's two rows (lane/4 and lane/4 + 8 of the row block) and how far each sees.
   const int row_lo = rb * 16 + lane / 4, row_hi = row_lo + 8;
   auto visible = [&](int r) {
-    return r0 + r < rows_seq ? min(ke, ctx - q_len + (r0 + r) / p.heads + 1) : 0;
+    return r0 + r < rows_seq
+               ? min(ke, mla_internal::LocalKeyEnd(p, ctx - q_len + (r0 + r) / p.heads + 1))
+               : 0;
   };
   const int vis_lo = visible(row_lo), vis_hi = visible(row_hi);
   float o[kL / 2 / 8][4] = {};
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   if (t < q0 || t >= q0 + q_len) return;  // padding past the batch's tokens
   const int ctx = p.seq_lens[lo];
   const int kb = split * p.split_chunk;
-  const int ke = min(kb + p.split_chunk, ctx - q_len + (t - q0) + 1);
+  const int ke = min(kb + p.split_chunk, mla_internal::LocalKeyEnd(p, ctx - q_len + (t - q0) + 1));
   const int32_t* table = p.block_tables + static_cast<int64_t>(lo) * p.max_blocks;
   float q[kMaxDPerLane], acc[kMaxLPerLane] = {};
 #pragma unroll
@@ -320,6 +322,11 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
       in.num_splits < 0 || in.num_sms < 1) {
     return absl::InvalidArgumentError("PlanMla: negative or out-of-range bounds");
   }
+  if (!DcpShardValid(in.dcp)) {
+    return absl::InvalidArgumentError(absl::StrCat("PlanMla: invalid DCP shard (size ", in.dcp.size,
+                                                   ", rank ", in.dcp.rank, ", interleave ",
+                                                   in.dcp.interleave, ")"));
+  }
   MlaPlan plan;
   plan.input = in;
   plan.use_mma = L == kL && D == kD;
@@ -366,6 +373,10 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
       (plan.num_splits > 1 && workspace == nullptr)) {
     return absl::InvalidArgumentError("MlaLatentAttention: null pointer");
   }
+  if (in.dcp.size > 1 && lse == nullptr) {
+    return absl::InvalidArgumentError(
+        "MlaLatentAttention: a DCP shard's partial needs its LSE (lse is null)");
+  }
   const mla_internal::MlaWorkspace ws(in, plan.num_splits);
   LatentParams<T> p{};
   p.q = q_cat;
@@ -387,6 +398,10 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.num_splits = plan.num_splits;
   p.o_lat = o_lat;
   p.lse = lse;
+  p.dcp_size = static_cast<int>(in.dcp.size);
+  p.dcp_interleave = static_cast<int>(in.dcp.interleave);
+  p.dcp_cycle = static_cast<int>(in.dcp.size * in.dcp.interleave);
+  p.dcp_offset = static_cast<int>(in.dcp.rank * in.dcp.interleave);
   if (fp8) {  // the plain kernel reads the codes (no tensor-core FP8 variant yet)
     p.pool = nullptr;
     p.pool8 = static_cast<const uint8_t*>(cache.data);

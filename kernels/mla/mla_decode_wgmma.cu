@@ -9,9 +9,13 @@
 //   * warpgroup 0: S[64 rows][64 latents] = Q K^T by wgmma with both operands in shared memory
 //     (36 k16 steps over the 576 dims), the online softmax on the accumulators (rows masked per
 //     row past their causal end: q_len > 1), P (rounded to T) to shared memory in the A-fragment
-//     order with the per-row rescale factor, then O[:, 0:256] += P V[:, 0:256] with P in registers;
+//     order with the per-row rescale factors and running sums, then O[:, 0:256] += P V[:, 0:256]
+//     with P in registers;
 //   * warpgroup 1: waits for P (named barrier 1), rescales its accumulators and runs
-//     O[:, 256:512] += P V[:, 256:512].
+//     O[:, 256:512] += P V[:, 256:512]; it keeps the last tile's running sums, so the epilogue
+//     has no exchange between the warpgroups (an epilogue hand-over of the row sums behind a
+//     __syncthreads() was what compute-sanitizer racecheck flagged, BENCHMARKS.md).
+//   Rows past a DCP shard's causal end are masked the same way (LocalKeyEnd).
 // V is the tile's first 512 dims, read N-major from the same shared rows as K. The next tile's
 // copy is issued at the top of each tile, right after the barrier that retires the stage it
 // overwrites (the tile before), so one tile is always in flight while the current one computes.
@@ -49,8 +53,8 @@ constexpr int kBlockBytes = 64 * 128;                // one 64-column block of 6
 constexpr int kTileBytes = (kD / 64) * kBlockBytes;  // Q, or one latent stage: 72 KiB
 inline constexpr int kUnitsPerThread = kD / 8 / 4;   // 16-byte units: four threads per row
 constexpr int kPOff = 3 * kTileBytes;                // P: [4 k16 steps][128 threads] uint4
-constexpr int kFOff = kPOff + 4 * 128 * 16;          // per-row factors: [128 threads] float2
-constexpr int kSmemBytes = kFOff + 128 * 8 + 1024;   // + slack for the 1024-byte alignment
+constexpr int kFOff = kPOff + 4 * 128 * 16;          // per-row state: [128 threads] float4
+constexpr int kSmemBytes = kFOff + 128 * 16 + 1024;  // + slack for the 1024-byte alignment
 static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
 static_assert(kRows * 128 == kBlockBytes && kKeys * 128 == kBlockBytes);
 
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   // wgmma's swizzle is a function of address bits 7-9: blocks must be 1024-byte aligned.
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   uint4* sp = reinterpret_cast<uint4*>(smem + kPOff);
-  float2* sf = reinterpret_cast<float2*>(smem + kFOff);
+  float4* sf = reinterpret_cast<float4*>(smem + kFOff);
 
   const int split = blockIdx.x, s = blockIdx.z;
   const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
@@ -179,7 +183,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
   const int last_row = min(r0 + kRows, rows_seq) - 1;
   const int kb = split * p.split_chunk;
-  const int ke = min(kb + p.split_chunk, ctx - q_len + last_row / p.heads + 1);
+  const int ke = min(kb + p.split_chunk, LocalKeyEnd(p, ctx - q_len + last_row / p.heads + 1));
   const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
   const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128;
   const int lane = tid % 32, t4 = lane % 4;
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   CpAsyncCommit();
 
   auto visible = [&](int r) {
-    return r0 + r < rows_seq ? min(ke, ctx - q_len + (r0 + r) / p.heads + 1) : 0;
+    return r0 + r < rows_seq ? min(ke, LocalKeyEnd(p, ctx - q_len + (r0 + r) / p.heads + 1)) : 0;
   };
   const int vis[2] = {visible(row_lo), visible(row_hi)};
   float o[128];
@@ -228,13 +232,17 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
       for (int kk = 0; kk < 4; ++kk) {
         sp[kk * 128 + wt] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
       }
-      sf[wt] = make_float2(alpha[0], alpha[1]);
+      // The rows' rescale factors and this thread's running sums: warpgroup 1 keeps the sums of
+      // the last tile, so the epilogue needs no exchange of its own.
+      sf[wt] = make_float4(alpha[0], alpha[1], l_run[0], l_run[1]);
       BarArrive(1, kMlaWgmmaThreads);
     } else {
       BarSync(1, kMlaWgmmaThreads);
-      const float2 f = sf[wt];
+      const float4 f = sf[wt];
       alpha[0] = f.x;
       alpha[1] = f.y;
+      l_run[0] = f.z;
+      l_run[1] = f.w;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint4 v = sp[kk * 128 + wt];
@@ -269,21 +277,12 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   }
   CpAsyncWait<0>();
 
-  // Row sums: warpgroup 0's over the quad, handed to warpgroup 1 (same thread slot, same rows).
-  if (wg == 0) {
+  // Row sums over the quad of lanes sharing the rows; warpgroup 1 holds warpgroup 0's per-thread
+  // sums of the last tile (same thread slot, same rows), so both reduce their own copy.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-    }
-  }
-  __syncthreads();
-  if (wg == 0) sf[wt] = make_float2(l_run[0], l_run[1]);
-  __syncthreads();
-  if (wg == 1) {
-    const float2 f = sf[wt];
-    l_run[0] = f.x;
-    l_run[1] = f.y;
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
