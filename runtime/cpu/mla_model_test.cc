@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -92,7 +93,7 @@ TEST(MlaModelTest, AbsorbedDecodeEqualsUnabsorbedPrefillOfTheSameTokens) {
   EXPECT_LE(latent_diff, 1e-5f);
 }
 
-TEST(MlaModelTest, DcpNeedsAGroupAndNotOnCuda) {
+TEST(MlaModelTest, DcpNeedsAGroupAndNoFp8Latent) {
   const ModelConfig config = TinyMla();
   auto dcp = MlaModel::Create(config, RandomModelWeights(config, 1), nullptr, nullptr,
                               kernels::DcpShard{2, 0, 16});
@@ -102,15 +103,24 @@ TEST(MlaModelTest, DcpNeedsAGroupAndNotOnCuda) {
   llama.kv_lora_rank = 0;
   EXPECT_EQ(MlaModel::Create(llama, ModelWeights(), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // The CUDA backend runs MLA on one GPU or at TP (runtime/cuda/cuda_mla_model.h): DCP is
-  // refused by name.
-  BackendOptions cuda;
-  cuda.backend = "cuda";
-  cuda.dcp_size = 2;
-  const absl::Status s = MakeExecutorFactory(cuda, config).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("DeepseekV3ForCausalLM"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("decode context parallelism"), std::string::npos) << s;
+  // The CUDA backend runs MLA with DCP too (runtime/cuda/cuda_mla_model.h; tests/gpu/
+  // dcp_cuda_golden.sh), but not over an FP8 latent pool: refused by name on either backend.
+  for (const char* backend : {"cpu", "cuda"}) {
+    BackendOptions options;
+    options.backend = backend;
+    options.dcp_size = 2;
+    const absl::StatusOr<ExecutorFactory> bf16 = MakeExecutorFactory(options, config);
+    if (std::string(backend) == "cpu" || CudaBackendAvailable()) {
+      EXPECT_TRUE(bf16.ok()) << backend << ": " << bf16.status();
+      EXPECT_EQ(bf16->dcp_size, 2);
+    } else {
+      EXPECT_EQ(bf16.status().code(), absl::StatusCode::kUnimplemented) << bf16.status();
+    }
+    options.kv_cache_dtype = "fp8";
+    const absl::Status s = MakeExecutorFactory(options, config).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << backend << ": " << s;
+    EXPECT_NE(s.message().find("DCP 2"), std::string::npos) << s;
+  }
 }
 
 }  // namespace

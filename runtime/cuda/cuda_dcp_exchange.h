@@ -10,6 +10,12 @@
 // bf16/fp16 out and fp32 lse travel bit for bit over NCCL and host-staged Gloo alike (a 16-bit
 // dtype would make the host-staged path round the lse's bytes through a float conversion).
 //
+// The pack and merge kernels move 16-byte vectors, so a head of head_dim x elem_bytes bytes not a
+// multiple of 16 (the tiny MLA test models' v_head_dim 12) travels padded: the heads are copied
+// into rows of wire_dim() (head_dim rounded up to 16 bytes; the padding zero, never read back)
+// before the pack, and the merged rows copied back to head_dim after the merge (two strided
+// device copies per layer; none for the real models' 64 / 128 / 256).
+//
 // Buffers are allocated once for max_tokens; Exchange() only enqueues work on `stream` (no
 // allocation, no host sync of its own), so it is capturable in a CUDA graph when the
 // communicator is (NCCL). Thread safety: not thread-safe; the model's one thread drives it.
@@ -46,6 +52,8 @@ class CudaDcpExchange {
     return merged_.get<T>();
   }
   int64_t heads_per_rank() const { return num_heads_ / dcp_.size; }
+  // Elements per head on the wire: head_dim rounded up to a multiple of 16 bytes.
+  int64_t wire_dim() const { return wire_dim_; }
 
   // attn: [num_tokens, num_heads, head_dim] of T (this shard's partial; its LSE in lse()) ->
   // merged(). Collective: every rank of the group calls it with the same num_tokens (<=
@@ -59,8 +67,11 @@ class CudaDcpExchange {
 
   const kernels::DcpShard dcp_;
   comm::DeviceCommunicator* const comm_;
-  const int64_t num_heads_, head_dim_, elem_bytes_;
+  const int64_t num_heads_, head_dim_, elem_bytes_, wire_dim_;
   DeviceBuffer lse_, send_, recv_, merged_;
+  // wire_dim_ > head_dim_ only: the heads padded to wire_dim_ before the pack ([max_tokens,
+  // num_heads, wire_dim]) and the merged heads before the copy back ([max_tokens, hpr, wire_dim]).
+  DeviceBuffer padded_in_, padded_out_;
   std::vector<int64_t> counts_;  // [comm size] fp32 words per peer, reused across calls
 };
 

@@ -111,10 +111,9 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  if (options.dcp.size > 1) {
+  if (options.dcp.size > 1 && options.fp8_latent_kv) {
     return absl::UnimplementedError(
-        absl::StrCat("--backend=cuda runs ", config.architecture,
-                     " (MLA) without decode context parallelism for now; use --backend=cpu"));
+        "decode context parallelism over an FP8 latent pool is not built (bf16 / fp16 latents)");
   }
   if (options.comm != nullptr && options.dummy_seed.has_value() && options.dummy_plan.empty()) {
     return absl::InvalidArgumentError(
@@ -198,8 +197,8 @@ std::vector<CudaMlaModel::Tensor> CudaMlaModel::Tensors(ModelWeights* w) {
          dims_.kv_lora_rank, "kv_a_layernorm"},
         {&d.kv_b_proj, WeightSlot::kMlaKvBProj, l, src(&LayerWeights::kv_b_proj),
          Hq * (dims_.qk_nope_head_dim + dims_.v_head_dim) * dims_.kv_lora_rank, "kv_b_proj"},
-        {&d.o_proj, WeightSlot::kOProj, l, src(&LayerWeights::o_proj), H * Hq * dims_.v_head_dim,
-         "o_proj"},
+        {&d.o_proj, WeightSlot::kOProj, l, src(&LayerWeights::o_proj),
+         H * (Hq / options_.dcp.size) * dims_.v_head_dim, "o_proj"},  // DCP: TpDims::o_heads
         {&d.post_attention_layernorm, WeightSlot::kPostAttentionLayernorm, l,
          src(&LayerWeights::post_attention_layernorm), H, "post_attention_layernorm"},
         {&d.gate_up_proj, WeightSlot::kGateUpProj, l, src(&LayerWeights::gate_up_proj),
@@ -319,6 +318,10 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
   if (config_.IsMoe()) {
     ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
   }
+  if (options_.dcp.size > 1) {  // the shard's partial heads out, this rank's merged heads back
+    ASSIGN_OR_RETURN(dcp_exchange_,
+                     CudaDcpExchange::Create(options_.dcp, comm(), T, Hq, dims_.v_head_dim, 2));
+  }
   kc::MlaPlanInput in{.dims = dims_,
                       .num_seqs = T,
                       .num_tokens = T,
@@ -362,7 +365,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .max_q_len = std::max<int64_t>(b.max_q_len, 1),
                       .max_seq_len = b.max_seq_len,
                       .num_sms = num_sms_,
-                      .max_workspace_bytes = mla_workspace_.bytes()};
+                      .max_workspace_bytes = mla_workspace_.bytes(),
+                      .dcp = options_.dcp};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");
@@ -406,9 +410,14 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
     RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
                                           step.slot_mapping, Tn, dims_, cache, l, stream));
   }
-  return kc::MlaAbsorbedAttention<T>(cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention,
-                                     softmax_scale_, plan, mla_workspace_.data(), Ptr<T>(attn_),
-                                     nullptr, stream);
+  // DCP: this shard's partial over all the slice's heads with its LSE, then one all-to-all of
+  // the group and the LSE merge into the rank's Hq / dcp heads (dcp_exchange_->merged()).
+  RETURN_IF_ERROR(kc::MlaAbsorbedAttention<T>(
+      cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention, softmax_scale_, plan,
+      mla_workspace_.data(), Ptr<T>(attn_),
+      dcp_exchange_ != nullptr ? dcp_exchange_->lse() : nullptr, stream));
+  if (dcp_exchange_ == nullptr) return absl::OkStatus();
+  return dcp_exchange_->Exchange<T>(Ptr<T>(attn_), Tn, stream);
 }
 
 template <typename T>
@@ -440,8 +449,9 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
           kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H, eps, stream));
     }
     RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, stream));
-    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(attn_), Ptr<T>(w.o_proj), Tn, H,
-                        dims_.num_heads * dims_.v_head_dim, hidden, stream));
+    const T* attn = dcp_exchange_ != nullptr ? dcp_exchange_->merged<T>() : Ptr<T>(attn_);
+    RETURN_IF_ERROR(Lin(*gemm_, attn, Ptr<T>(w.o_proj), Tn, H,
+                        dims_.num_heads / options_.dcp.size * dims_.v_head_dim, hidden, stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));  // row-parallel
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream));

@@ -17,7 +17,14 @@
 // rows; the dense MLP and the experts are sliced; vocab-parallel embedding + all-reduce, an
 // all-reduce after o_proj and after the MLP, lm_head on the local vocabulary rows + all-gather.
 // Device dummy weights (options.dummy_seed): drawn on the device from DummyWeightPlan, each rank
-// only its slices (runtime/model/dummy_draw.h). Not here yet: DCP (Create refuses it by name).
+// only its slices (runtime/model/dummy_draw.h).
+//
+// Decode context parallelism (options.dcp, as the CPU MlaModel and CudaLlamaModel): the slice's
+// ranks hold token shards of the latent (the runner writes each latent on its shard only, at a
+// local index); each rank attends its shard for all the slice's heads (kernels/mla with
+// MlaPlanInput::dcp: partial + LSE, causal by global position), then one all-to-all of the group
+// and the LSE merge (CudaDcpExchange, the GQA exchange) hand o_proj this rank's Hq / dcp heads
+// (TpDims::o_heads). Not with an FP8 latent pool (refused by name).
 //
 // Forward() only enqueues work on the stream (no allocation, no host sync), so the runner can
 // capture it in a CUDA graph once every GEMM shape has been seen.
@@ -50,7 +57,8 @@ namespace tandem::runtime::cuda {
 class CudaMlaModel {
  public:
   // Uploads `weights` (fp32 host, freed tensor by tensor) converted to options.dtype.
-  // INVALID_ARGUMENT for weights that do not match the config; UNIMPLEMENTED for DCP.
+  // INVALID_ARGUMENT for weights that do not match the config or a DCP shard that does not fit
+  // the communicator and heads; UNIMPLEMENTED for DCP over an FP8 latent pool.
   static absl::StatusOr<std::unique_ptr<CudaMlaModel>> Create(const ModelConfig& config,
                                                               ModelWeights weights,
                                                               const CudaModelOptions& options,
@@ -134,6 +142,7 @@ class CudaMlaModel {
       last_, logits_;
   DeviceBuffer mla_workspace_;       // kernels/mla: q_cat, o_lat, split partials
   std::unique_ptr<CudaMoeMlp> moe_;  // models with MoE layers: routing + expert scratch
+  std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers
   int num_sms_ = 132;
   int64_t weight_bytes_ = 0;
   const void* input_embeds_ = nullptr;  // set_input_embeds

@@ -119,14 +119,8 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      "--backend=cpu, or --enable_expert_parallel alone on CUDA"));
   }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
-  // tensor-parallel group, dense and MoE layers; DCP for MLA runs on the CPU backend only,
-  // refused here by name.
-  if (model.IsMla() && options.dcp_size > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--backend=cuda cannot run ", model.architecture,
-        " with decode context parallelism yet: multi-head latent attention (MLA) on CUDA runs "
-        "without DCP; use --backend=cpu"));
-  }
+  // tensor-parallel group, dense and MoE layers, DCP (latent token shards; not over an FP8
+  // latent pool: CheckFp8Kv refuses it above).
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
   // MoE MLPs of up to kernels::cuda::kMoeMaxExperts (512) experts: refused at startup, before any
   // device work, naming the numbers.
