@@ -10,7 +10,10 @@
 #   N_B1, N70_B1, DCP_CONTEXTS, DCP_TIMEOUT, HEALTH_POLLS, DIST_TIMEOUT. DECODE8K=0 skips the
 #   decode_step_bench rows (DECODE_TIMEOUT seconds each, default 60). Run from the repository root.
 #
-#   adapt_measure SRC DST: writes the adapted copy (the edits, all in one place).
+#   adapt_measure SRC DST: writes the adapted copy (the edits, all in one place). More knobs
+#   (defaults: the script's own counts): N70_B16, N70_B64, NPDTP_B1, N70_B1=0 skips the 70B
+#   batch-1 row, WARMUP (the one-at-a-time warmup requests of the tp8/tp70/pdtp-b1 rows), PD_WARMUP
+#   (those of the Poisson rows); the 70B config is tests/gpu/configs/llama3-70b/config.json.
 set -uo pipefail
 
 adapt_measure() {
@@ -19,6 +22,13 @@ adapt_measure() {
     -e 's#timeout 400 "\$B#timeout ${DCP_TIMEOUT:-400} "$B#' \
     -e 's#"8b-tp\$tp-b1" --num_requests=16#"8b-tp$tp-b1" --num_requests=${N_B1:-16}#' \
     -e 's#"70b-tp\$tp-b1" --num_requests=12#"70b-tp$tp-b1" --num_requests=${N70_B1:-12}#' \
+    -e 's#^\( *\)bench "70b-tp\$tp-b1"#\1[[ ${N70_B1:-12} -gt 0 ]] \&\& bench "70b-tp$tp-b1"#' \
+    -e 's#"70b-tp\$tp-b16" --num_requests=48#"70b-tp$tp-b16" --num_requests=${N70_B16:-48}#' \
+    -e 's#"70b-tp\$tp-b64" --num_requests=128#"70b-tp$tp-b64" --num_requests=${N70_B64:-128}#' \
+    -e 's#"pdtp22-b1" --num_requests=16#"pdtp22-b1" --num_requests=${NPDTP_B1:-16}#' \
+    -e 's#--warmup=4#--warmup=${PD_WARMUP:-4}#g' -e 's#--warmup=2#--warmup=${WARMUP:-2}#g' \
+    -e 's#wait_healthy 4 \&\& \(for r in [^"]*"\)\([0-9a-z]*\)#t0=$SECONDS; wait_healthy 4 \&\& echo "\2: 4 workers healthy after $((SECONDS - t0)) s" \&\& \1\2#' \
+    -e "s#\$HERE/llama3-70b#\$PWD/tests/gpu/configs/llama3-70b/config.json#" \
     "$1" >"$2"
   chmod +x "$2"
 }
