@@ -43,7 +43,8 @@
 #include "runtime/parallel/dcp_bench/dcp_bench_table.h"
 #include "runtime/parallel/rank_group.h"
 
-ABSL_FLAG(std::string, shape, "llama3-8b", "model shapes: llama3-8b, llama3-70b (comma list)");
+ABSL_FLAG(std::string, shape, "llama3-8b",
+          "model shapes: llama3-8b, llama3-70b, deepseek-v3 (MLA) (comma list)");
 ABSL_FLAG(std::string, batch, "1,8", "decode batch sizes (comma list)");
 ABSL_FLAG(std::string, context, "32768,131072,524288", "tokens per request (comma list)");
 ABSL_FLAG(std::string, dcp, "",
@@ -247,16 +248,19 @@ absl::StatusOr<RowResult> RunRow(LayerConfig c, const Options& o, const RankCont
                    RunLayer(c, group != nullptr ? group->device.get() : nullptr, num_sms));
   std::vector<float> mine{static_cast<float>(t.attention_us),  static_cast<float>(t.pack_us),
                           static_cast<float>(t.all_to_all_us), static_cast<float>(t.merge_us),
-                          static_cast<float>(t.layer_us),      static_cast<float>(t.max_rel_err)};
+                          static_cast<float>(t.layer_us),      static_cast<float>(t.max_rel_err),
+                          static_cast<float>(t.latent_us)};
   std::vector<float> all = mine;
   if (group != nullptr) {
     all.resize(mine.size() * c.dcp);
     RETURN_IF_ERROR(group->host->AllGather(mine, absl::MakeSpan(all)));
   }
   for (size_t r = 0; r < all.size() / mine.size(); ++r) {
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = std::max(mine[i], all[r * 6 + i]);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      mine[i] = std::max(mine[i], all[r * mine.size() + i]);
+    }
   }
-  row.times = {mine[0], mine[1], mine[2], mine[3], mine[4], mine[5], t.num_splits};
+  row.times = {mine[0], mine[1], mine[2], mine[3], mine[4], mine[5], t.num_splits, mine[6]};
   return row;
 }
 

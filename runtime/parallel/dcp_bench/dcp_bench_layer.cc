@@ -19,8 +19,29 @@
 #include "kernels/attention/dcp_exchange.h"
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/cuda/device_arena.h"
+#include "runtime/parallel/dcp_bench/dcp_bench_util.h"
 
 namespace tandem::runtime::dcp_bench {
+
+Geometry GeometryOf(const LayerConfig& c) {
+  Geometry g;
+  g.local_max = DcpLocalCount(c.context, kernels::DcpShard{c.dcp, 0, c.block_size});
+  g.local = DcpLocalCount(c.context, kernels::DcpShard{c.dcp, c.rank, c.block_size});
+  g.blocks_per_seq = (g.local_max + c.block_size - 1) / c.block_size;
+  g.block_bytes = c.block_size * c.shape.KvBytesPerToken();
+  const int64_t batch_bytes = std::max<int64_t>(1, c.batch * g.blocks_per_seq * g.block_bytes);
+  g.sets = std::clamp<int64_t>((kRotateBytes + batch_bytes - 1) / batch_bytes, 1, kMaxSets);
+  g.pool_blocks = g.sets * c.batch * g.blocks_per_seq;
+  return g;
+}
+
+// Layers per measurement: about 20 ms of attention at ~3 TB/s, 20..500.
+int ItersFor(const LayerConfig& c) {
+  if (c.iters > 0) return c.iters;
+  const double attention_s = static_cast<double>(KvBytesPerRank(c)) / 3e12;
+  return static_cast<int>(std::clamp(20e-3 / std::max(attention_s, 1e-9), 20.0, 500.0));
+}
+
 namespace {
 
 using Bf16 = __nv_bfloat16;
@@ -34,60 +55,6 @@ using ::tandem::kernels::DcpLocalCount;
 using ::tandem::kernels::DcpShard;
 using ::tandem::kernels::cuda::DeviceArena;
 
-// One call's KV rotates over copies of the tables until it reads at least this much, so the
-// 50-60 MB L2 does not hold it between calls.
-constexpr int64_t kRotateBytes = int64_t{1} << 30;
-constexpr int64_t kMaxSets = 16;
-constexpr int64_t kMarginBytes = int64_t{512} << 20;  // plan workspaces, NCCL's lazy buffers
-
-// Host numbers of one config.
-struct Geometry {
-  int64_t local_max = 0;       // rank 0's tokens of a request: the most any rank holds
-  int64_t local = 0;           // this rank's tokens of a request
-  int64_t blocks_per_seq = 0;  // block-table row length (rank 0's blocks)
-  int64_t block_bytes = 0;     // K + V of one block of the one-layer pool
-  int64_t sets = 1;            // rotating copies of the batch's block tables
-  int64_t pool_blocks = 0;
-};
-
-Geometry GeometryOf(const LayerConfig& c) {
-  Geometry g;
-  g.local_max = DcpLocalCount(c.context, DcpShard{c.dcp, 0, c.block_size});
-  g.local = DcpLocalCount(c.context, DcpShard{c.dcp, c.rank, c.block_size});
-  g.blocks_per_seq = (g.local_max + c.block_size - 1) / c.block_size;
-  g.block_bytes = 2 * c.block_size * c.shape.num_kv_heads * c.shape.head_dim * 2;
-  const int64_t batch_bytes = std::max<int64_t>(1, c.batch * g.blocks_per_seq * g.block_bytes);
-  g.sets = std::clamp<int64_t>((kRotateBytes + batch_bytes - 1) / batch_bytes, 1, kMaxSets);
-  g.pool_blocks = g.sets * c.batch * g.blocks_per_seq;
-  return g;
-}
-
-// Fills `bytes` of device memory with bf16 N(0, 1) values, never zero (a zero KV row would make
-// every score equal and hide indexing mistakes), from a fixed seed: the same on every rank.
-absl::Status FillRandomBf16(void* data, int64_t bytes) {
-  static const std::vector<uint16_t>* const chunk = [] {
-    auto* host = new std::vector<uint16_t>(int64_t{32} << 20);  // 64 MiB
-    std::mt19937 rng(42);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    for (uint16_t& x : *host) {
-      const float f = dist(rng);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      x = static_cast<uint16_t>(bits >> 16);
-      if ((x & 0x7fff) == 0) x = 0x3f80;  // 1.0
-    }
-    return host;
-  }();
-  const int64_t chunk_bytes = std::min<int64_t>(bytes, chunk->size() * 2);
-  auto* base = static_cast<uint8_t*>(data);
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(base, chunk->data(), chunk_bytes, cudaMemcpyHostToDevice));
-  for (int64_t off = chunk_bytes; off < bytes; off += chunk_bytes) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(base + off, base, std::min(chunk_bytes, bytes - off), cudaMemcpyDeviceToDevice));
-  }
-  return absl::OkStatus();
-}
-
 // Device state of one config on this rank.
 struct LayerState {
   kc::DeviceKvCache cache;
@@ -99,13 +66,6 @@ struct LayerState {
   kc::PagedAttentionPlan plan;
   DcpExchangeLayout layout;
 };
-
-template <typename T>
-absl::Status Upload(const std::vector<T>& host, T* device) {
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return absl::OkStatus();
-}
 
 absl::Status SetUp(const LayerConfig& c, const Geometry& g, int num_sms, DeviceArena& arena,
                    LayerState& s) {
@@ -165,92 +125,6 @@ absl::Status SetUp(const LayerConfig& c, const Geometry& g, int num_sms, DeviceA
   return absl::OkStatus();
 }
 
-using Step = std::function<absl::Status(int)>;  // enqueues layer call i on the stream
-
-// Times steps on one stream: CUDA events around many calls. Waits go through the communicator
-// when there is one, so a dead or wedged peer fails the wait at its deadline instead of hanging.
-class Timer {
- public:
-  Timer(cudaStream_t stream, DeviceCommunicator* comm, bool graphs, int iters)
-      : stream_(stream), comm_(comm), graphs_(graphs), iters_(iters) {}
-
-  // Microseconds per call of `step`, after warm-up.
-  absl::StatusOr<double> Us(const Step& step) { return graphs_ ? GraphUs(step) : EagerUs(step); }
-  absl::Status Wait() {
-    if (comm_ != nullptr) return comm_->Synchronize(stream_);
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  }
-
- private:
-  // Microseconds between events around what `enqueue` puts on the stream.
-  absl::StatusOr<double> Elapsed(const std::function<absl::Status()>& enqueue) {
-    cudaEvent_t start, stop;
-    CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-    CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-    absl::Status status =
-        CudaStatus(cudaEventRecord(start, stream_), {"record", __FILE__, __LINE__});
-    if (status.ok()) status = enqueue();
-    if (status.ok())
-      status = CudaStatus(cudaEventRecord(stop, stream_), {"record", __FILE__, __LINE__});
-    if (status.ok()) status = Wait();
-    float ms = 0;
-    if (status.ok()) {
-      status = CudaStatus(cudaEventElapsedTime(&ms, start, stop), {"elapsed", __FILE__, __LINE__});
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    RETURN_IF_ERROR(status);
-    return 1e3 * ms;
-  }
-
-  // Call by call, after 3 warm-up calls; includes the host's launch cost where it exceeds the
-  // device's time (and, host-staged, the staging copies).
-  absl::StatusOr<double> EagerUs(const Step& step) {
-    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(step(i));
-    RETURN_IF_ERROR(Wait());
-    ASSIGN_OR_RETURN(const double us, Elapsed([&]() -> absl::Status {
-                       for (int i = 0; i < iters_; ++i) RETURN_IF_ERROR(step(i));
-                       return absl::OkStatus();
-                     }));
-    return us / iters_;
-  }
-
-  // iters_ calls captured in one CUDA graph, as the engine runs a decode step: device time. The
-  // warm-up replay and the timed ones are enqueued back to back, so the ranks' timed replays
-  // start together (the warm-up's last collective lines them up).
-  absl::StatusOr<double> GraphUs(const Step& step) {
-    RETURN_IF_ERROR(step(0));  // eager first: NCCL connects its peers outside the capture
-    RETURN_IF_ERROR(Wait());
-    cudaGraph_t graph;
-    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    absl::Status captured = absl::OkStatus();
-    for (int i = 0; i < iters_ && captured.ok(); ++i) captured = step(i);
-    CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));
-    RETURN_IF_ERROR(captured);
-    cudaGraphExec_t exec;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_RETURN_IF_ERROR(instantiated);
-    const cudaError_t warm = cudaGraphLaunch(exec, stream_);  // not waited for: see above
-    if (warm != cudaSuccess) cudaGraphExecDestroy(exec);
-    CUDA_RETURN_IF_ERROR(warm);
-    constexpr int kReplays = 3;
-    absl::StatusOr<double> us = Elapsed([&]() -> absl::Status {
-      for (int r = 0; r < kReplays; ++r) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
-      return absl::OkStatus();
-    });
-    cudaGraphExecDestroy(exec);
-    if (!us.ok()) return us.status();
-    return *us / (kReplays * iters_);
-  }
-
-  cudaStream_t stream_;
-  DeviceCommunicator* comm_;
-  bool graphs_;
-  int iters_;
-};
-
 // The layer's four parts as steps over one config's state.
 struct LayerSteps {
   Step attention, pack, all_to_all, merge, layer;
@@ -293,21 +167,6 @@ LayerSteps MakeSteps(const LayerConfig& c, const Geometry& g, const LayerState& 
     return st.merge(i);
   };
   return st;
-}
-
-float Bf16BitsToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, 4);
-  return f;
-}
-
-absl::StatusOr<std::vector<float>> Download(const Bf16* device, int64_t count) {
-  std::vector<uint16_t> bits(count);
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(bits.data(), device, count * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> out(count);
-  for (int64_t i = 0; i < count; ++i) out[i] = Bf16BitsToFloat(bits[i]);
-  return out;
 }
 
 // One eager layer over table set 0, then unsharded attention over the global request that the
@@ -365,13 +224,6 @@ absl::StatusOr<double> Check(const LayerConfig& c, const Geometry& g, const Laye
   return scale > 0 ? err / scale : err;
 }
 
-// Layers per measurement: about 20 ms of attention at ~3 TB/s, 20..500.
-int ItersFor(const LayerConfig& c) {
-  if (c.iters > 0) return c.iters;
-  const double attention_s = static_cast<double>(KvBytesPerRank(c)) / 3e12;
-  return static_cast<int>(std::clamp(20e-3 / std::max(attention_s, 1e-9), 20.0, 500.0));
-}
-
 absl::StatusOr<LayerTimes> Measure(const LayerConfig& c, const Geometry& g, const LayerState& s,
                                    DeviceCommunicator* comm, int num_sms, DeviceArena& arena,
                                    cudaStream_t stream) {
@@ -397,20 +249,43 @@ absl::StatusOr<LayerTimes> Measure(const LayerConfig& c, const Geometry& g, cons
 }  // namespace
 
 absl::StatusOr<ModelShape> ShapeByName(const std::string& name) {
-  if (name == "llama3-8b") return ModelShape{name, 32, 8, 128, 32};
-  if (name == "llama3-70b") return ModelShape{name, 64, 8, 128, 80};
-  return absl::InvalidArgumentError(
-      absl::StrCat("--shape: unknown model shape '", name, "' (llama3-8b or llama3-70b)"));
+  ModelShape s;
+  s.name = name;
+  s.head_dim = 128;
+  if (name == "llama3-8b" || name == "llama3-70b") {
+    const bool big = name == "llama3-70b";
+    s.num_q_heads = big ? 64 : 32;
+    s.num_kv_heads = 8;
+    s.num_layers = big ? 80 : 32;
+    return s;
+  }
+  if (name == "deepseek-v3") {
+    s.mla = {.num_heads = 128,
+             .qk_nope_head_dim = 128,
+             .qk_rope_head_dim = 64,
+             .kv_lora_rank = 512,
+             .v_head_dim = 128};
+    s.num_q_heads = s.mla.num_heads;
+    s.num_kv_heads = 1;
+    s.head_dim = s.mla.LatentDim();
+    s.num_layers = 61;
+    return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--shape: unknown model shape '", name,
+                                                 "' (llama3-8b, llama3-70b or deepseek-v3)"));
 }
 
 int64_t KvBytesPerRank(const LayerConfig& c) {
-  return c.batch * GeometryOf(c).local_max * c.shape.num_kv_heads * c.shape.head_dim * 2 * 2;
+  return c.batch * GeometryOf(c).local_max * c.shape.KvBytesPerToken();
 }
+
+int64_t LocalTokens(const LayerConfig& c) { return GeometryOf(c).local_max; }
 
 int64_t DeviceBytesNeeded(const LayerConfig& c) {
   const Geometry g = GeometryOf(c);
   const int64_t rows = c.batch * c.shape.num_q_heads;
-  return g.pool_blocks * g.block_bytes + 6 * rows * c.shape.head_dim * 4 + kMarginBytes;
+  const int64_t mla = c.shape.IsMla() ? MlaDeviceBytes(c) : 0;
+  return g.pool_blocks * g.block_bytes + 6 * rows * c.shape.head_dim * 4 + mla + kMarginBytes;
 }
 
 absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, DeviceCommunicator* comm, int num_sms) {
@@ -428,6 +303,7 @@ absl::StatusOr<LayerTimes> RunLayer(const LayerConfig& c, DeviceCommunicator* co
     return absl::InvalidArgumentError(absl::StrCat("dcp_bench: the ", std::string(comm->backend()),
                                                    " communicator is not capturable"));
   }
+  if (c.shape.IsMla()) return RunMlaLayer(c, comm, num_sms);
   const Geometry g = GeometryOf(c);
   DeviceArena arena;
   LayerState s;

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "comm/device_communicator.h"
+#include "kernels/mla/mla_attention.h"
 
 namespace tandem::runtime::dcp_bench {
 
@@ -35,10 +36,20 @@ struct ModelShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t num_layers = 0;  // turns one layer's time into a decode step's attention time
+  // DeepSeek MLA (mla.kv_lora_rank > 0; dcp_bench_mla.cc): the KV is one latent row of
+  // kv_lora_rank + qk_rope_head_dim per token (num_kv_heads 1, head_dim that width), the heads'
+  // outputs (what the exchange moves) mla.v_head_dim wide.
+  kernels::MlaDims mla = {};
+  bool IsMla() const { return mla.kv_lora_rank > 0; }
+  // KV bytes per token of one layer (bf16): K + V, or the latent row.
+  int64_t KvBytesPerToken() const { return (IsMla() ? 1 : 2) * num_kv_heads * head_dim * 2; }
+  // Width of one head's attention output.
+  int64_t OutHeadDim() const { return IsMla() ? mla.v_head_dim : head_dim; }
 };
 
-// "llama3-8b" (32 q / 8 kv heads, d128, 32 layers) or "llama3-70b" (64 q / 8 kv heads, d128, 80
-// layers); INVALID_ARGUMENT otherwise.
+// "llama3-8b" (32 q / 8 kv heads, d128, 32 layers), "llama3-70b" (64 q / 8 kv heads, d128, 80
+// layers) or "deepseek-v3" (MLA: 128 heads, latent 512 + 64, nope 128, v 128, 61 layers);
+// INVALID_ARGUMENT otherwise.
 absl::StatusOr<ModelShape> ShapeByName(const std::string& name);
 
 struct LayerConfig {
@@ -53,8 +64,10 @@ struct LayerConfig {
   bool check = true;        // compare the merged heads with unsharded attention (dcp > 1)
 };
 
-// K + V bytes of one layer that this rank holds for the whole batch (bf16).
+// K + V (or latent) bytes of one layer that rank 0 (the most loaded) holds for the whole batch
+// (bf16), and its tokens of one request.
 int64_t KvBytesPerRank(const LayerConfig& c);
+int64_t LocalTokens(const LayerConfig& c);
 // Device memory RunLayer allocates, with a margin for plan workspaces.
 int64_t DeviceBytesNeeded(const LayerConfig& c);
 
@@ -67,6 +80,9 @@ struct LayerTimes {
   double layer_us = -1;       // the four in sequence (attention alone when dcp == 1)
   double max_rel_err = -1;    // check: max |merged - unsharded| / max |unsharded|; -1 not run
   int num_splits = 0;         // the attention plan's KV splits
+  // MLA: the latent kernel alone (MlaLatentAttention); attention_us is then the whole absorbed
+  // attention (+ the W_UK / W_UV GEMMs, which DCP does not divide).
+  double latent_us = -1;
 };
 
 // Runs this rank's part of config `c`. Every rank of `comm` (null iff c.dcp == 1; its size must

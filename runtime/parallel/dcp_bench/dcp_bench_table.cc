@@ -26,18 +26,19 @@ void Table::PrintHeader() const {
         "ranks, the exchange and the check. The N = 1 rows are real.\n");
   }
   std::printf(
-      "per simulated layer: bf16 KV, block 16 = DCP interleave, q_len 1, TP_A 1 (every rank "
-      "attends all q heads, merges H/N); times: slowest rank, us per layer\n");
-  std::printf("%-10s %5s %7s %3s %6s %4s %8s %6s %8s %6s %8s %6s %6s %6s %5s %8s %5s %8s %8s %s\n",
-              "shape", "batch", "context", "dcp", "local", "spl", "attn_us", "pack", "a2a_us",
-              "merge", "layer_us", "attn_x", "%goal", "layer_x", "a2a%", "kvGiB/rk", "cap_x",
-              "step_ms", "tok/s/rq", "check");
+      "per simulated layer: bf16 KV (MLA: the latent), block 16 = DCP interleave, q_len 1, TP_A 1 "
+      "(every rank attends all q heads, merges H/N); times: slowest rank, us per layer\n");
+  std::printf(
+      "%-11s %5s %7s %3s %6s %4s %8s %8s %6s %6s %8s %6s %8s %6s %6s %6s %5s %8s %5s %8s %8s %s\n",
+      "shape", "batch", "context", "dcp", "local", "spl", "attn_us", "lat_us", "lat_x", "pack",
+      "a2a_us", "merge", "layer_us", "attn_x", "%goal", "layer_x", "a2a%", "kvGiB/rk", "cap_x",
+      "step_ms", "tok/s/rq", "check");
 }
 
 void Table::PrintRow(const LayerConfig& c, const RowResult& row) {
   const auto key = std::make_tuple(c.shape.name, c.batch, c.context);
-  const int64_t local = KvBytesPerRank(c) / (c.batch * c.shape.num_kv_heads * c.shape.head_dim * 4);
-  std::printf("%-10s %5lld %7lld %3lld %6lld ", c.shape.name.c_str(),
+  const int64_t local = LocalTokens(c);
+  std::printf("%-11s %5lld %7lld %3lld %6lld ", c.shape.name.c_str(),
               static_cast<long long>(c.batch), static_cast<long long>(c.context),
               static_cast<long long>(c.dcp), static_cast<long long>(local));
   if (!row.fits) {
@@ -52,6 +53,7 @@ void Table::PrintRow(const LayerConfig& c, const RowResult& row) {
   const bool has_base = base != base_.end();
   const double attn_x = has_base ? base->second.attention_us / t.attention_us : -1;
   const double layer_x = has_base ? base->second.layer_us / t.layer_us : -1;
+  const double lat_x = has_base && t.latent_us > 0 ? base->second.latent_us / t.latent_us : -1;
   const double goal = c.dcp > 1 && has_base ? 100 * attn_x / (0.85 * c.dcp) : -1;
   const double a2a_share = c.dcp > 1 ? 100 * t.all_to_all_us / t.layer_us : -1;
   LayerConfig one = c;
@@ -65,18 +67,21 @@ void Table::PrintRow(const LayerConfig& c, const RowResult& row) {
     if (!ok) ++failures_;
     check = absl::StrFormat("%s %.1e", ok ? "ok" : "FAIL", t.max_rel_err);
   }
-  std::printf("%4d %8s %6s %8s %6s %8s %5sx %6s %6sx %5s %8.2f %4.1fx %8.2f %8.1f %s\n",
-              t.num_splits, Num(t.attention_us).c_str(), Num(t.pack_us).c_str(),
-              Num(t.all_to_all_us).c_str(), Num(t.merge_us).c_str(), Num(t.layer_us).c_str(),
-              Num(attn_x, 2).c_str(), Num(goal, 0).c_str(), Num(layer_x, 2).c_str(),
-              Num(a2a_share, 1).c_str(), kv_gib, cap_x, step_ms, 1e3 / step_ms, check.c_str());
+  std::printf("%4d %8s %8s %5sx %6s %8s %6s %8s %5sx %6s %6sx %5s %8.2f %4.1fx %8.2f %8.1f %s\n",
+              t.num_splits, Num(t.attention_us).c_str(), Num(t.latent_us).c_str(),
+              Num(lat_x, 2).c_str(), Num(t.pack_us).c_str(), Num(t.all_to_all_us).c_str(),
+              Num(t.merge_us).c_str(), Num(t.layer_us).c_str(), Num(attn_x, 2).c_str(),
+              Num(goal, 0).c_str(), Num(layer_x, 2).c_str(), Num(a2a_share, 1).c_str(), kv_gib,
+              cap_x, step_ms, 1e3 / step_ms, check.c_str());
   std::fflush(stdout);
 }
 
 void Table::PrintFooter() const {
   std::printf(
       "local: tokens per request on rank 0; spl: attention KV splits; attn_us/pack/a2a_us/merge: "
-      "each part alone, many layers back to back; layer_us: the four in sequence (attention "
+      "each part alone, many layers back to back (MLA: attn_us is the whole absorbed attention, "
+      "W_UK / W_UV GEMMs included; lat_us the latent kernel alone, lat_x its dcp-1 time / this); "
+      "layer_us: the four in sequence (attention "
       "alone for dcp 1); attn_x / layer_x: dcp-1 time / this; %%goal: attn_x / (0.85 dcp) "
       "(>= 100 meets issue 17's goal); a2a%%: a2a_us / layer_us; kvGiB/rk: one rank's KV for the "
       "batch over all the model's layers, cap_x: capacity vs dcp 1; step_ms, tok/s/rq: the "
