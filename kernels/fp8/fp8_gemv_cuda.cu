@@ -34,6 +34,7 @@ struct Params {
   float static_scale;             // kFusedQuant with kStaticTensor
   bool group_scales;              // some scale changes every 128 columns
   const __nv_bfloat16* bias;      // [n] or null
+  bool early_weight_loads;        // the first weight loads before the PDL wait
   int m;
   int64_t n, k;
 };
@@ -314,6 +315,32 @@ __device__ __forceinline__ void GroupStep(const Params& p, int64_t gi, int64_t c
   }
 }
 
+// The weight bytes of kInFlight 128-column groups from g0 (every kWarps-th group) of this lane:
+// wv[q][ch][rt][h] = 16 bytes of row 16 rt + 8 h + g at column (g0 + q kWarps) 128 + 16 t +
+// 64 ch (evict-first; zero past k or n).
+template <int RT, int kWarps, int kInFlight>
+__device__ __forceinline__ void LoadWeightGroups(const uint8_t* const (&wrow)[RT][2],
+                                                 const bool (&wok)[RT][2], int64_t g0, int t,
+                                                 int64_t k, uint4 (&wv)[kInFlight][2][RT][2]) {
+#pragma unroll
+  for (int q = 0; q < kInFlight; ++q) {
+    const int64_t c0 = (g0 + q * kWarps) * kGroup + t * 16;
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t c = c0 + ch * 64;
+          wv[q][ch][rt][h] = wok[rt][h] && c < k
+                                 ? __ldcs(reinterpret_cast<const uint4*>(wrow[rt][h] + c))
+                                 : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  }
+}
+
 // One block: rows [16 RT blockIdx.x, + 16 RT) of the output columns for all m <= 8 MT tokens.
 // Lane (g = lane / 4, t = lane % 4) loads weight rows g and g + 8 of each 16-row tile and the
 // activations of tokens g (and 8 + g).
@@ -325,11 +352,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float partial[kWarps][RT * MT * 4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t row0 = int64_t{blockIdx.x} * (16 * RT);
-  internal::WaitForPrecedingGrid();
-  internal::AllowDependentLaunch();
-  if constexpr (kForm == ActForm::kFusedQuant) {
-    if (p.scheme == kToken) TokenScales<MT, kWarps>(p, token_scale);
-  }
   const uint8_t* wrow[RT][2];
   bool wok[RT][2];
 #pragma unroll
@@ -344,26 +366,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[RT][MT][4] = {};
   const int64_t groups = (p.k + kGroup - 1) / kGroup;
   // kInFlight groups per iteration, all their weight loads issued before any is used: 256 bytes
-  // in flight per lane.
+  // in flight per lane. The weights are never written by a preceding kernel, so the first
+  // iteration's loads are issued BEFORE waiting for the preceding grid (PDL): they overlap its
+  // tail (the norm or activation quantization before every projection of a decode step).
+  uint4 wv[kInFlight][2][RT][2];
+  if (p.early_weight_loads) LoadWeightGroups<RT, kWarps, kInFlight>(wrow, wok, warp, t, p.k, wv);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early_weight_loads) LoadWeightGroups<RT, kWarps, kInFlight>(wrow, wok, warp, t, p.k, wv);
+  if constexpr (kForm == ActForm::kFusedQuant) {
+    if (p.scheme == kToken) TokenScales<MT, kWarps>(p, token_scale);
+  }
   for (int64_t g0 = warp; g0 < groups; g0 += kInFlight * kWarps) {
-    uint4 wv[kInFlight][2][RT][2];
-#pragma unroll
-    for (int q = 0; q < kInFlight; ++q) {
-      const int64_t c0 = (g0 + q * kWarps) * kGroup + t * 16;
-#pragma unroll
-      for (int ch = 0; ch < 2; ++ch) {
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t c = c0 + ch * 64;
-            wv[q][ch][rt][h] = wok[rt][h] && c < p.k
-                                   ? __ldcs(reinterpret_cast<const uint4*>(wrow[rt][h] + c))
-                                   : make_uint4(0, 0, 0, 0);
-          }
-        }
-      }
-    }
+    if (g0 != warp) LoadWeightGroups<RT, kWarps, kInFlight>(wrow, wok, g0, t, p.k, wv);
 #pragma unroll
     for (int q = 0; q < kInFlight; ++q) {
       const int64_t gi = g0 + q * kWarps;
@@ -443,7 +458,7 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
 template <typename TOut>
 absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream,
-                             bool programmatic_launch) {
+                             bool programmatic_launch, bool early_weight_loads) {
   if (!Fp8SmallMLinearSupported(a, w, m) || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8SmallMLinear: needs 1 <= m <= ", kFp8SmallMMaxM,
@@ -468,6 +483,7 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
   p.static_scale = a.static_scale;
   p.group_scales = p.w_groups > 1 || a.scheme == Fp8ActivationScheme::kDynamicGroup128;
   p.bias = bias;
+  p.early_weight_loads = early_weight_loads;
   p.m = static_cast<int>(m);
   p.n = w.grid.rows;
   p.k = k;
@@ -484,9 +500,10 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
 
 template absl::Status Fp8SmallMLinear<__nv_bfloat16>(const Fp8SmallMActivations&,
                                                      const Fp8DeviceWeight&, const __nv_bfloat16*,
-                                                     int64_t, __nv_bfloat16*, cudaStream_t, bool);
+                                                     int64_t, __nv_bfloat16*, cudaStream_t, bool,
+                                                     bool);
 template absl::Status Fp8SmallMLinear<float>(const Fp8SmallMActivations&, const Fp8DeviceWeight&,
                                              const __nv_bfloat16*, int64_t, float*, cudaStream_t,
-                                             bool);
+                                             bool, bool);
 
 }  // namespace tandem::kernels::cuda

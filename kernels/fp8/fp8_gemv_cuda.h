@@ -29,7 +29,10 @@
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 // programmatic_launch: as SmallMLinear's (kernels/gemm/cuda/gemv_cuda.h): the kernel waits for the
-// preceding grid before it reads activations or bias or writes out.
+// preceding grid before it reads activations, scales or bias or writes out. With
+// early_weight_loads its first weight loads are issued before that wait (they overlap the
+// preceding kernel's tail), so the preceding grid must not write the weight codes (no model
+// does); false issues them after it, as SmallMLinear does (for comparisons).
 #ifndef TANDEM_KERNELS_FP8_FP8_GEMV_CUDA_H_
 #define TANDEM_KERNELS_FP8_FP8_GEMV_CUDA_H_
 
@@ -66,15 +69,16 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
 template <typename TOut>
 absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream,
-                             bool programmatic_launch = false);
+                             bool programmatic_launch = false, bool early_weight_loads = true);
 
 extern template absl::Status Fp8SmallMLinear<__nv_bfloat16>(const Fp8SmallMActivations&,
                                                             const Fp8DeviceWeight&,
                                                             const __nv_bfloat16*, int64_t,
-                                                            __nv_bfloat16*, cudaStream_t, bool);
+                                                            __nv_bfloat16*, cudaStream_t, bool,
+                                                            bool);
 extern template absl::Status Fp8SmallMLinear<float>(const Fp8SmallMActivations&,
                                                     const Fp8DeviceWeight&, const __nv_bfloat16*,
-                                                    int64_t, float*, cudaStream_t, bool);
+                                                    int64_t, float*, cudaStream_t, bool, bool);
 
 }  // namespace tandem::kernels::cuda
 

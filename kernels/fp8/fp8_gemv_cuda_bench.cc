@@ -2,7 +2,11 @@
 // next to the bf16 SmallMLinear and the previous FP8 GEMV (QuantizeActivations + Fp8Gemv) in
 // the same run. Each variant is timed as a CUDA graph of --reps calls (no launch gaps), the
 // weights rotating over enough copies (>= 512 MB) that L2 (50 MB) serves none of them; random
-// codes and values. Columns: microseconds per call and weight bytes / time (GB/s).
+// codes and values. Columns: microseconds per call and weight bytes / time (GB/s). "-pdl"
+// rows launch every kernel of the graph with programmatic dependent launch, as the decode step
+// does (the GEMV's first weight loads then overlap the preceding kernel). Then the activation
+// producers at m = 1 / 8 / 16 (hidden 4096, inter 14336): FusedAddRmsNorm or SiluAndMul +
+// QuantizeActivations against the fused RmsNormQuantFp8 / SiluAndMulQuantFp8, with PDL.
 //
 //   fp8_gemv_cuda_bench [--reps=40] [--iters=20]
 #include <cuda_bf16.h>
@@ -17,8 +21,10 @@
 #include <vector>
 
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
+#include "kernels/layers/cuda/layers_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -79,6 +85,56 @@ struct Shape {
   const char* name;
   int64_t n, k;
 };
+
+// The activation producers before the FP8 projections of a decode step, two kernels against
+// the fused one (fp8_fused_quant_cuda.h), every launch with PDL, inputs in L2 as in a step.
+int BenchFusedQuant(cudaStream_t s, int reps, int iters) {
+  constexpr int64_t kHidden = 4096, kInter = 14336, kMaxM = 16;
+  std::mt19937 rng(99);
+  const auto bf16_byte = [&rng, byte = int64_t{0}]() mutable {
+    return static_cast<uint8_t>(byte++ % 2 == 0 ? rng() : (rng() & 0x80) | 0x3f);
+  };
+  const std::vector<void*> buf = RandomCopies(2 * kMaxM * 2 * kInter, 4, bf16_byte);
+  auto* x = static_cast<__nv_bfloat16*>(buf[0]);
+  auto* res = static_cast<__nv_bfloat16*>(buf[1]);
+  auto* gate_up = static_cast<__nv_bfloat16*>(buf[2]);
+  auto* act = static_cast<__nv_bfloat16*>(buf[3]);
+  const std::vector<void*> weight = RandomCopies(2 * kHidden, 1, bf16_byte);
+  const auto* w = static_cast<const __nv_bfloat16*>(weight[0]);
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  Check(cudaMalloc(reinterpret_cast<void**>(&codes), kMaxM * kInter), "codes");
+  Check(cudaMalloc(reinterpret_cast<void**>(&scales), kMaxM * 4), "scales");
+  const Fp8TokenCodes q{codes, scales};
+  constexpr auto kToken = Scheme::kDynamicToken;
+  std::printf("producer m variant us\n");
+  for (int64_t m : {1, 8, 16}) {
+    const auto report = [&](const char* name, double us) {
+      std::printf("%s %ld %s %.2f\n", us < 0 ? "failed" : "producer", static_cast<long>(m), name,
+                  us);
+    };
+    report("add-rmsnorm+quant", TimeGraphUs(s, reps, iters, [&](int) {
+             return FusedAddRmsNorm<__nv_bfloat16>(x, res, w, m, kHidden, 1e-5f, s, true).ok() &&
+                    QuantizeActivations(x, m, kHidden, kToken, 0.0f, codes, scales, s, true).ok();
+           }));
+    report("fused-add-rmsnorm-quant", TimeGraphUs(s, reps, iters, [&](int) {
+             return RmsNormQuantFp8(x, res, w, m, kHidden, 1e-5f, x, q, s, true).ok();
+           }));
+    report("silu-and-mul+quant", TimeGraphUs(s, reps, iters, [&](int) {
+             return SiluAndMul<__nv_bfloat16>(gate_up, m, kInter, act, s).ok() &&
+                    QuantizeActivations(act, m, kInter, kToken, 0.0f, codes, scales, s, true).ok();
+           }));
+    report("fused-silu-and-mul-quant", TimeGraphUs(s, reps, iters, [&](int) {
+             return SiluAndMulQuantFp8(gate_up, m, kInter, nullptr, q, s, true).ok();
+           }));
+  }
+  Check(cudaDeviceSynchronize(), "producers");
+  for (void* p : buf) cudaFree(p);
+  cudaFree(weight[0]);
+  cudaFree(codes);
+  cudaFree(scales);
+  return 0;
+}
 
 int Main(int argc, char** argv) {
   int reps = 40, iters = 20;
@@ -149,7 +205,9 @@ int Main(int argc, char** argv) {
         Scheme scheme;
         int64_t block_cols;
         int form;  // 0: previous QuantizeActivations + Fp8Gemv; 1: codes ready (kernel
-                   // alone); 2: QuantizeActivations + new kernel; 3: fused quantization
+                   // alone); 2: QuantizeActivations + new kernel; 3: fused quantization;
+                   // 4: as 1 and 5: as 2, launched with PDL; 6, 7: 4 and 5 with the
+                   // weight loads issued after the PDL wait (early_weight_loads false)
       };
       const Variant variants[] = {
           {"old-quant+Fp8Gemv token-channel", Scheme::kDynamicToken, k, 0},
@@ -160,6 +218,10 @@ int Main(int argc, char** argv) {
           {"new-kernel-only group128-block128", Scheme::kDynamicGroup128, 128, 1},
           {"new-fused group128-block128", Scheme::kDynamicGroup128, 128, 3},
           {"new w8a16-channel", Scheme::kNone, k, 3},
+          {"new-kernel-only-pdl token-channel", Scheme::kDynamicToken, k, 4},
+          {"new-quant+kernel-pdl token-channel", Scheme::kDynamicToken, k, 5},
+          {"new-kernel-only-pdl-late-loads token-channel", Scheme::kDynamicToken, k, 6},
+          {"new-quant+kernel-pdl-late-loads token-channel", Scheme::kDynamicToken, k, 7},
       };
       for (const Variant& v : variants) {
         const Scheme codes_scheme = v.scheme == Scheme::kNone ? Scheme::kDynamicToken : v.scheme;
@@ -184,11 +246,12 @@ int Main(int argc, char** argv) {
             a.codes = a_codes;
             a.scales = a_scales;
           }
-          if (v.form == 2 &&
-              !QuantizeActivations(xv, m, k, v.scheme, 0.05f, a_codes, a_scales, s).ok()) {
+          const bool pdl = v.form >= 4;
+          if ((v.form == 2 || v.form == 5 || v.form == 7) &&
+              !QuantizeActivations(xv, m, k, v.scheme, 0.05f, a_codes, a_scales, s, pdl).ok()) {
             return false;
           }
-          return Fp8SmallMLinear<__nv_bfloat16>(a, w, nullptr, m, out, s).ok();
+          return Fp8SmallMLinear<__nv_bfloat16>(a, w, nullptr, m, out, s, pdl, v.form < 6).ok();
         });
         report(v.name, us, n * k);
       }
@@ -202,7 +265,7 @@ int Main(int argc, char** argv) {
       cudaFree(p);
     }
   }
-  return 0;
+  return BenchFusedQuant(s, reps, iters);
 }
 
 }  // namespace
