@@ -147,25 +147,34 @@ const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m) {
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
 }
 
+bool CudaFp8Linear::TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const {
+  return !w.empty() && w.activation == Scheme::kDynamicToken && m >= 1 && m <= max_tokens_ &&
+         w.grid.cols <= max_k_;
+}
+
 absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& w,
                                    const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
-                                   cudaStream_t stream, bool programmatic_launch) {
+                                   cudaStream_t stream, bool programmatic_launch,
+                                   bool codes_ready) {
   const int64_t k = w.grid.cols, n = w.grid.rows;
-  if (w.empty() || m < 1 || m > max_tokens_ || k > max_k_) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaFp8Linear: m=", m, " k=", k,
-                                                   " outside the workspace (", max_tokens_, ", ",
-                                                   max_k_, ") or no FP8 weight"));
+  if (w.empty() || m < 1 || m > max_tokens_ || k > max_k_ ||
+      (codes_ready && !TakesTokenCodes(w, m))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaFp8Linear: m=", m, " k=", k, " outside the workspace (", max_tokens_, ", ", max_k_,
+        "), no FP8 weight, or codes_ready for a weight not quantizing per token"));
   }
   if (m <= kc::kFp8SmallMMaxM) {  // decode: the weight read once for all rows
     kc::Fp8SmallMActivations act;
     act.scheme = w.activation;
-    if (w.activation == Scheme::kNone || m <= kFusedQuantMaxM) {
+    if (!codes_ready && (w.activation == Scheme::kNone || m <= kFusedQuantMaxM)) {
       act.values = a;  // weight-only, or quantized inside the kernel
       act.static_scale = w.input_scale;
     } else {
-      RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
-                                              codes_.get<uint8_t>(), scales_.get<float>(), stream,
-                                              programmatic_launch));
+      if (!codes_ready) {
+        RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
+                                                codes_.get<uint8_t>(), scales_.get<float>(), stream,
+                                                programmatic_launch));
+      }
       act.codes = codes_.get<uint8_t>();
       act.scales = scales_.get<float>();
     }
@@ -174,7 +183,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     last_path_ = "fp8-gemv";
     return absl::OkStatus();
   }
-  if (w.activation != Scheme::kNone) {
+  if (w.activation != Scheme::kNone && !codes_ready) {
     RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
                                             codes_.get<uint8_t>(), scales_.get<float>(), stream));
   }

@@ -3,7 +3,9 @@
 // columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
 //   * m <= kFp8SmallMMaxM (decode): cuda::Fp8SmallMLinear (kernels/fp8/fp8_gemv_cuda.h), which
 //     reads the weight once for all rows, on cuda::QuantizeActivations' codes (its fused
-//     quantization measured slower: kFusedQuantMaxM) or, weight-only, the bf16 activations;
+//     quantization measured slower: kFusedQuantMaxM), on the codes the preceding RMSNorm /
+//     SiLU-and-mul wrote with the quantization fused in (codes_ready, per-token weights), or,
+//     weight-only, the bf16 activations;
 //   * larger m, whole-row weight scales and a per-token or static activation scheme: the
 //     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
 //     static scale being a preallocated vector of max_tokens copies): on an H200 cuBLASLt's
@@ -36,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/dummy_draw.h"
@@ -90,9 +93,20 @@ class CudaFp8Linear {
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
   // programmatic_launch: the decode kernels (m <= 16) are launched with PDL, as
   // kernels/gemm/cuda/gemv_cuda.h's SmallMLinear.
+  // codes_ready: a fused producer (kernels/fp8/fp8_fused_quant_cuda.h) already wrote a's
+  // per-token codes and scales into token_codes(); no quantization pass runs (a is unused;
+  // INVALID_ARGUMENT unless TakesTokenCodes(w, m)).
   absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
                       int64_t m, __nv_bfloat16* out, cudaStream_t stream,
-                      bool programmatic_launch = false);
+                      bool programmatic_launch = false, bool codes_ready = false);
+
+  // True when `w` quantizes its input per token (kDynamicToken) and m x k fits the workspace:
+  // a fused producer may then write the codes into token_codes() for Linear(codes_ready).
+  bool TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const;
+  // The workspace a fused producer writes per-token codes [m, k] and scales [m] into.
+  kernels::cuda::Fp8TokenCodes token_codes() {
+    return {codes_.get<uint8_t>(), scales_.get<float>()};
+  }
 
   // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm",
   // "cublaslt-fp8-block-gemm" or the slow "fp8-gemv-chunks"); a cuBLASLt shape without a kernel

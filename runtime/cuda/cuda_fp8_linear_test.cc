@@ -3,7 +3,9 @@
 // four activation schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode
 // GEMV, the cuBLASLt FP8 GEMM -- on sm_90 its fp32 product + scaling epilogue --, the
 // block-scaled cuBLASLt GEMM and the chunked-GEMV slow path),
-// bias on and off, each call checked to take the path PathFor names; and the device dummy FP8 rows
+// bias on and off, each call checked to take the path PathFor names; per-token weights also on
+// codes written into token_codes() by a producer (codes_ready: the same bits), other schemes
+// refusing codes_ready; and the device dummy FP8 rows
 // (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
@@ -18,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_linear.h"
 
 namespace tandem::runtime::cuda {
@@ -93,6 +96,27 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
                          1e-5 * std::sqrt(static_cast<double>(k)) * mag + 1e-30;
       ASSERT_NEAR(got[r * n + j], want[r * n + j], tol) << "row " << r << " col " << j;
     }
+  }
+  // Codes written by a producer into token_codes() (as the model's fused RMSNorm / SiLU-and-mul
+  // do): the same bits as quantizing inside Linear; refused for other schemes.
+  TestBuffer<bf16> out2(m * n);
+  if (!linear.TakesTokenCodes(*w, m)) {
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        linear.Linear(nullptr, *w, nullptr, m, out2.get(), nullptr, false, /*codes_ready=*/true)));
+    return;
+  }
+  const kernels::cuda::Fp8TokenCodes q = linear.token_codes();
+  ASSERT_TRUE(
+      kernels::cuda::QuantizeActivations(dx.get(), m, k, scheme, 0.0f, q.codes, q.scales, nullptr)
+          .ok());
+  ASSERT_TRUE(linear
+                  .Linear(nullptr, *w, with_bias ? dbias.get() : nullptr, m, out2.get(), nullptr,
+                          false, /*codes_ready=*/true)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16> a1 = out.ToHost(), a2 = out2.ToHost();
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(__bfloat16_as_ushort(a1[i]), __bfloat16_as_ushort(a2[i])) << "codes_ready, " << i;
   }
 }
 

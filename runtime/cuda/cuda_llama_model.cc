@@ -490,11 +490,17 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& w = layers_[l];
     // Layer 0: residual = the (all-reduced) embedding rows; then residual += hidden.
-    RETURN_IF_ERROR(ReduceAddNorm<T>(l == 0 ? comm() != nullptr : hidden_partial, l > 0,
-                                     Ptr<T>(w.input_layernorm), Tn, eps, stream));
+    const bool reduce_in = l == 0 ? comm() != nullptr : hidden_partial;
+    const bool qkv_codes = FusesFp8Quant(w.qkv_fp8, Tn, H, reduce_in);  // FP8: norm + quant
+    if (qkv_codes) {
+      RETURN_IF_ERROR(AddNormQuantFp8(l > 0, w.input_layernorm, Tn, eps, stream));
+    } else {
+      RETURN_IF_ERROR(
+          ReduceAddNorm<T>(reduce_in, l > 0, Ptr<T>(w.input_layernorm), Tn, eps, stream));
+    }
     hidden_partial = false;
-    RETURN_IF_ERROR(
-        Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv, stream));
+    RETURN_IF_ERROR(Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv,
+                               stream, qkv_codes));
     if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
       RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
                                            Ptr<T>(w.k_norm), eps, stream));
@@ -505,13 +511,21 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                                           stream));
     ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
     RETURN_IF_ERROR(Project<T>(w.o_proj, w.o_fp8, o_in, w.o_bias, Tn, H, o_dim, hidden, stream));
-    RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
-                                     Tn, eps, stream));
+    const bool gate_up_codes =
+        !config_.IsMoeLayer(l) && FusesFp8Quant(w.gate_up_fp8, Tn, H, comm() != nullptr);
+    if (gate_up_codes) {
+      RETURN_IF_ERROR(AddNormQuantFp8(true, w.post_attention_layernorm, Tn, eps, stream));
+    } else {
+      RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
+                                       Tn, eps, stream));
+    }
     if (config_.IsMoeLayer(l)) {  // the rank's slices of every expert; summed like down_proj
       RETURN_IF_ERROR(moe_->Forward<T>(w.moe, hidden, Tn, l, hidden, *gemm_, stream));
       if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
       continue;
     }
+    // FP8: SiLU-and-mul writes down_proj's per-token codes itself.
+    const bool down_codes = !w.gate_up_fp8.empty() && FusesFp8Quant(w.down_fp8, Tn, I, false);
     if (w.gate_up_fp8.empty() && UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
@@ -519,11 +533,15 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                                                  stream, pdl));
     } else {
       RETURN_IF_ERROR(Project<T>(w.gate_up_proj, w.gate_up_fp8, hidden, w.gate_up_bias, Tn, 2 * I,
-                                 H, Ptr<T>(gate_up_), stream));
-      RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+                                 H, Ptr<T>(gate_up_), stream, gate_up_codes));
+      if (down_codes) {
+        RETURN_IF_ERROR(SiluAndMulQuantFp8(Tn, stream));
+      } else {
+        RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+      }
     }
-    RETURN_IF_ERROR(
-        Project<T>(w.down_proj, w.down_fp8, Ptr<T>(act_), w.down_bias, Tn, H, I, hidden, stream));
+    RETURN_IF_ERROR(Project<T>(w.down_proj, w.down_fp8, Ptr<T>(act_), w.down_bias, Tn, H, I, hidden,
+                               stream, down_codes));
     hidden_partial = comm() != nullptr;
   }
   RETURN_IF_ERROR(ReduceAddNorm<T>(hidden_partial, true, Ptr<T>(norm_), Tn, eps, stream));
@@ -543,13 +561,14 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
 template <typename T>
 absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8,
                                      const T* a, const DeviceBuffer& bias, int64_t m, int64_t n,
-                                     int64_t k, T* out, cudaStream_t stream) {
+                                     int64_t k, T* out, cudaStream_t stream, bool fp8_codes_ready) {
   if (fp8.empty()) {
     return Lin(*gemm_, a, Ptr<T>(dense), Ptr<T>(bias), m, n, k, out, stream,
                options_.programmatic_launch);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream, options_.programmatic_launch);
+    return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream, options_.programmatic_launch,
+                        fp8_codes_ready);
   } else {
     return absl::InternalError("FP8 projections need bf16 activations");  // refused in Create
   }

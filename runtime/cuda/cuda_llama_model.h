@@ -179,10 +179,20 @@ class CudaLlamaModel {
   CudaFp8Weight* Fp8Slot(WeightSlot slot, int64_t layer);
   // One projection, out = a . w^T (+ bias): the bf16/fp16 weight `dense` (GEMV or cuBLASLt) or,
   // when `fp8` is not empty, the FP8 path (CudaFp8Linear; bf16 activations only).
+  // fp8_codes_ready: a's per-token codes are already in fp8_'s workspace (FusesFp8Quant).
   template <typename T>
   absl::Status Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8, const T* a,
                        const DeviceBuffer& bias, int64_t m, int64_t n, int64_t k, T* out,
-                       cudaStream_t stream);
+                       cudaStream_t stream, bool fp8_codes_ready = false);
+  // True when the producer of `fp8`'s input (RMSNorm or SiLU-and-mul over rows of `width`)
+  // writes its per-token codes itself (kernels/fp8/fp8_fused_quant_cuda.h): an FP8 per-token
+  // weight, bf16, and no all-reduce before the norm (`reduce`; TP > 1 keeps the separate pass).
+  bool FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width, bool reduce) const;
+  // ReduceAddNorm without the reduce, its output also quantized into fp8_'s codes.
+  absl::Status AddNormQuantFp8(bool add, const DeviceBuffer& weight, int64_t Tn, float eps,
+                               cudaStream_t stream);
+  // act_ = SiLU(gate) * up of gate_up_ as per-token codes in fp8_'s workspace (no bf16 act_).
+  absl::Status SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   // The device buffer a dummy fill lands in (null when the model has no such buffer).
   DeviceBuffer* SlotBuffer(WeightSlot slot, int64_t layer);

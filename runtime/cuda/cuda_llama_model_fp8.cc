@@ -1,7 +1,10 @@
 // CudaLlamaModel's FP8 projections (issue 38; cuda_fp8_linear.h): upload from the loader's
-// *_fp8 slots, allocation for device dummy weights, and the slot a dummy fill lands in.
+// *_fp8 slots, allocation for device dummy weights, the slot a dummy fill lands in, and the
+// producers of per-token FP8 inputs with the quantization fused in
+// (kernels/fp8/fp8_fused_quant_cuda.h).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
 
 namespace tandem::runtime::cuda {
@@ -48,6 +51,30 @@ CudaFp8Weight* CudaLlamaModel::Fp8Slot(WeightSlot slot, int64_t layer) {
                      : slot == WeightSlot::kDownProj   ? &l.down_fp8
                                                        : nullptr;
   return w != nullptr && !w->empty() ? w : nullptr;
+}
+
+bool CudaLlamaModel::FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width,
+                                   bool reduce) const {
+  return !reduce && fp8_ != nullptr && options_.dtype == ActDtype::kBf16 &&
+         fp8_->TakesTokenCodes(fp8, Tn) && kernels::cuda::Fp8FusedQuantSupported(width);
+}
+
+absl::Status CudaLlamaModel::AddNormQuantFp8(bool add, const DeviceBuffer& weight, int64_t Tn,
+                                             float eps, cudaStream_t stream) {
+  using bf16 = __nv_bfloat16;
+  bf16* hidden = hidden_.get<bf16>();
+  bf16* residual = residual_.get<bf16>();
+  // As ReduceAddNorm: with the add, residual += hidden and hidden = norm in place; without,
+  // hidden = norm(residual).
+  return kernels::cuda::RmsNormQuantFp8(add ? hidden : residual, add ? residual : nullptr,
+                                        weight.get<bf16>(), Tn, config_.hidden_size, eps, hidden,
+                                        fp8_->token_codes(), stream, options_.programmatic_launch);
+}
+
+absl::Status CudaLlamaModel::SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream) {
+  return kernels::cuda::SiluAndMulQuantFp8(gate_up_.get<__nv_bfloat16>(), Tn,
+                                           config_.intermediate_size, nullptr, fp8_->token_codes(),
+                                           stream, options_.programmatic_launch);
 }
 
 }  // namespace tandem::runtime::cuda
