@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -163,7 +164,19 @@ absl::Status Engine::AddRequest(int64_t request_id, RequestSpec spec) {
     return absl::FailedPreconditionError(
         "--speculative_method=mtp but no MTP layer is attached (Engine::AttachMtp)");
   }
-  return scheduler_->Add(request_id, std::move(spec));
+  std::optional<MtpHandoff> handoff = std::move(spec.mtp_handoff);
+  spec.mtp_handoff.reset();
+  if (handoff.has_value() && mtp_ != nullptr) {
+    RETURN_IF_ERROR(mtp_->ValidateHandoff(*handoff));
+    if (handoff->num_positions != static_cast<int64_t>(spec.prompt.size()) - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the MTP handoff covers ", handoff->num_positions, " positions; a ",
+                       spec.prompt.size(), "-token prompt has ", spec.prompt.size() - 1));
+    }
+  }
+  RETURN_IF_ERROR(scheduler_->Add(request_id, std::move(spec)));
+  if (handoff.has_value() && mtp_ != nullptr) mtp_->ImportPrompt(request_id, *handoff);
+  return absl::OkStatus();
 }
 
 absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
@@ -279,10 +292,15 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
   if (drafts_by_model()) VerifyByRejection(batch, &out);
   std::vector<RequestUpdate> stepped =
       scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits, out.draft_samples);
-  for (const RequestUpdate& u : stepped) {
+  for (RequestUpdate& u : stepped) {
     if (u.finish_reason == FinishReason::kNone) continue;
     if (draft_ != nullptr) draft_->Free(u.request_id);
-    if (mtp_ != nullptr) mtp_->Free(u.request_id);
+    if (mtp_ == nullptr) continue;
+    // P -> D: the MTP's state of the prompt goes to the decode worker with the lease.
+    if (u.kv_lease.has_value()) {
+      u.mtp_handoff = mtp_->ExportPrompt(u.request_id, u.kv_lease->num_tokens);
+    }
+    mtp_->Free(u.request_id);
   }
   if (updates.empty()) return stepped;
   for (RequestUpdate& u : stepped) updates.push_back(std::move(u));
@@ -335,7 +353,17 @@ absl::Status Engine::RecordHidden(const SchedulerOutput& batch, const RunnerOutp
     fed.push_back({seq.request_id, scheduler_->Tokens(seq.request_id),
                    seq.num_computed_tokens + n - seq.num_draft_tokens});
   }
-  return mtp_->BoundHeld(fed);
+  RETURN_IF_ERROR(mtp_->BoundHeld(fed));
+  if (connector_ == nullptr) return absl::OkStatus();
+  // A prompt completed here may go on at a decode worker: run the MTP over it now, while its
+  // tokens are at hand (ExportPrompt copies it out if the request then holds its KV).
+  for (size_t i = 0; i < fed.size(); ++i) {
+    const ScheduledSeq& seq = batch.seqs[i];
+    const int64_t len = static_cast<int64_t>(fed[i].tokens.size());
+    if (!seq.samples || seq.num_draft_tokens > 0 || fed[i].fed_end != len) continue;
+    RETURN_IF_ERROR(mtp_->CatchUpPrompt(seq.request_id, fed[i].tokens));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const {

@@ -31,23 +31,7 @@ namespace {
 
 constexpr uint64_t kSeed = 77;
 
-ModelConfig DeepseekMtp(int64_t vocab) {
-  const std::string json = R"({
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-    "vocab_size": )" + std::to_string(vocab) +
-                           R"(, "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
-    "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "moe_intermediate_size": 16, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
-    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
-    "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 2})";
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(json);
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
-}
-
+using engine_test::DeepseekMtp;
 using Outcome = engine_test::SpecOutcome;
 using engine_test::ExpectSameTokens;
 

@@ -96,6 +96,91 @@ void MtpProposer::AppendHidden(const RequestState& st, int64_t position,
   out->insert(out->end(), st.hidden.begin() + row * H, st.hidden.begin() + (row + 1) * H);
 }
 
+float* MtpProposer::LatentRow(int64_t request_id, int64_t position) {
+  const int64_t width = row_width();
+  const int64_t bs = options_.block_size;
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(float));
+  if (executor_->pool_on_device() ||
+      executor_->kv_pool_bytes() != kv_cache_->num_blocks() * bs * row_bytes) {
+    return nullptr;
+  }
+  const absl::Span<const BlockId> table = kv_cache_->BlockTable(request_id);
+  if (position < 0 || position / bs >= static_cast<int64_t>(table.size())) return nullptr;
+  // One layer, one latent plane, one "head": block b's slot s is row b * bs + s.
+  const int64_t row = static_cast<int64_t>(table[position / bs]) * bs + position % bs;
+  return static_cast<float*>(executor_->kv_pool_data()) + row * width;
+}
+
+absl::Status MtpProposer::CatchUpPrompt(int64_t request_id, absl::Span<const int32_t> prompt) {
+  const int64_t n = static_cast<int64_t>(prompt.size()) - 1;  // positions 0 .. L - 2
+  if (n <= 0 || n * row_width() * static_cast<int64_t>(sizeof(float)) > kMaxHandoffBytes ||
+      !kv_cache_->Allocate(request_id, n, nullptr)) {
+    return absl::OkStatus();
+  }
+  const CatchUpJob job{request_id, prompt, n, nullptr};
+  return CatchUp(absl::MakeConstSpan(&job, 1));
+}
+
+std::optional<MtpHandoff> MtpProposer::ExportPrompt(int64_t request_id, int64_t num_tokens) {
+  const int64_t H = target_.hidden_size;
+  const int64_t width = row_width();
+  const int64_t n = num_tokens - 1;  // positions 0 .. L - 2
+  auto it = state_.find(request_id);
+  if (n < 0 || it == state_.end() || it->second.valid != n ||
+      n * width * static_cast<int64_t>(sizeof(float)) > kMaxHandoffBytes ||
+      (n > 0 && LatentRow(request_id, n - 1) == nullptr)) {
+    return std::nullopt;
+  }
+  const RequestState& st = it->second;
+  const int64_t last = n - st.hidden_begin;  // h_{L-1}'s row
+  if (last < 0 || (last + 1) * H > static_cast<int64_t>(st.hidden.size())) return std::nullopt;
+  MtpHandoff handoff;
+  handoff.num_positions = n;
+  handoff.row_width = width;
+  handoff.latent_rows.resize(static_cast<size_t>(n * width));
+  for (int64_t p = 0; p < n; ++p) {
+    const float* row = LatentRow(request_id, p);
+    std::copy(row, row + width, handoff.latent_rows.begin() + p * width);
+  }
+  handoff.last_hidden.assign(st.hidden.begin() + last * H, st.hidden.begin() + (last + 1) * H);
+  return handoff;
+}
+
+absl::Status MtpProposer::ValidateHandoff(const MtpHandoff& handoff) const {
+  const int64_t H = target_.hidden_size;
+  if (handoff.row_width != row_width() || static_cast<int64_t>(handoff.last_hidden.size()) != H) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prefill worker's MTP handoff has latent rows of ", handoff.row_width,
+                     " and a hidden state of ", handoff.last_hidden.size(),
+                     " floats; this worker's MTP layer has ", row_width(), " and ", H,
+                     " (another model on the prefill worker?)"));
+  }
+  if (handoff.num_positions < 0 ||
+      static_cast<int64_t>(handoff.latent_rows.size()) != handoff.num_positions * row_width()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MTP handoff: ", handoff.latent_rows.size(), " floats of latent rows for ",
+                     handoff.num_positions, " positions of ", row_width()));
+  }
+  return absl::OkStatus();
+}
+
+void MtpProposer::ImportPrompt(int64_t request_id, const MtpHandoff& handoff) {
+  const int64_t n = handoff.num_positions;
+  const int64_t width = row_width();
+  if (n > 0 && !kv_cache_->Allocate(request_id, n, nullptr)) return;
+  if (n > 0 && LatentRow(request_id, 0) == nullptr) {
+    kv_cache_->Free(request_id);
+    return;
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    std::copy(handoff.latent_rows.begin() + p * width,
+              handoff.latent_rows.begin() + (p + 1) * width, LatentRow(request_id, p));
+  }
+  RequestState& st = state_[request_id];
+  st.valid = n;
+  RecordHidden(request_id, n, handoff.last_hidden);
+}
+
 absl::Status MtpProposer::Propose(absl::Span<DraftJob> jobs) {
   std::vector<DraftJob*> active;
   std::vector<CatchUpJob> catch_up;

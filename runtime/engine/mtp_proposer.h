@@ -18,9 +18,17 @@
 //     argmax; else q from the logits and SamplingUniform stream 1), q kept for the verifier's
 //     rejection sampling. The chained positions' KV is rewritten by the next catch-up, whose
 //     inputs are the target's hidden states: `valid` never counts them.
-// Positions whose target hidden state this process never computed (a P -> D request's prompt:
-// its KV came from the prefill worker; a prefix-cache hit) enter the MTP's KV with a zero hidden
-// state (the token's embedding alone). Drafts stay exactly verified; only acceptance can drop.
+// Positions whose target hidden state this process never computed (a prefix-cache hit; a P -> D
+// request's prompt without a handoff) enter the MTP's KV with a zero hidden state (the token's
+// embedding alone). Drafts stay exactly verified; only acceptance can drop.
+//
+// P -> D (MtpHandoff, request.h): a prefill worker with the MTP layer attached (it never drafts)
+// runs it over the prompt once the prefill completes (ExportPrompt: positions 0 .. L - 2, the
+// catch-up a mixed worker runs) and hands its latent rows and h_{L-1} to the decode worker,
+// which writes them into its own MTP cache (ImportPrompt): its first Propose then runs exactly
+// what a mixed worker's runs (position L - 1 with (t_L, h_{L-1}), then the chain). CPU pools
+// only (the rows are read and written on the host); a handoff of more than kMaxHandoffBytes of
+// rows is not made (the decode worker then uses zeros, as without one).
 //
 // Memory: a request holding kMaxHeldRows hidden-state rows or more after a step (a long prompt's
 // chunks, decode steps without drafts) has the MTP's KV caught up at once (BoundHeld): fewer than
@@ -33,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -40,6 +49,7 @@
 #include "absl/types/span.h"
 #include "runtime/engine/draft_model.h"
 #include "runtime/engine/model_executor.h"
+#include "runtime/engine/request.h"
 #include "runtime/kv_cache/kv_cache_manager.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/mtp_weights.h"
@@ -87,6 +97,24 @@ class MtpProposer {
   // Drops the request's MTP blocks and hidden states; no-op for an unknown id.
   void Free(int64_t request_id);
 
+  // P side, after RecordHidden of the step that completed the prompt `prompt` (L tokens): the
+  // catch-up of MTP positions 0 .. L - 2 (as Propose would run it); no-op without MTP blocks.
+  absl::Status CatchUpPrompt(int64_t request_id, absl::Span<const int32_t> prompt);
+  // P side, once that request finished holding its KV (before Free): the latent rows of
+  // positions 0 .. num_tokens - 2 and the held h_{num_tokens - 1}. nullopt when no handoff can be
+  // made (not caught up, h not held, a device pool, more than kMaxHandoffBytes of rows).
+  std::optional<MtpHandoff> ExportPrompt(int64_t request_id, int64_t num_tokens);
+  // D side: INVALID_ARGUMENT, naming both, when `handoff` was made by an MTP layer of another
+  // latent or hidden width (a prefill worker with another model); OK otherwise.
+  absl::Status ValidateHandoff(const MtpHandoff& handoff) const;
+  // D side, for a new request (REQUIRES: ValidateHandoff OK): its MTP KV of positions
+  // 0 .. num_positions - 1 from the handoff, and h at num_positions. Without MTP blocks for them
+  // (or on a device pool) nothing is taken: the prompt then enters with zeros (exact).
+  void ImportPrompt(int64_t request_id, const MtpHandoff& handoff);
+  static constexpr int64_t kMaxHandoffBytes = int64_t{4} << 20;
+  // Floats of one latent row (kv_lora_rank + qk_rope_head_dim).
+  int64_t row_width() const { return target_.kv_lora_rank + target_.qk_rope_head_dim; }
+
   int64_t num_free_blocks() const { return kv_cache_->Stats().num_free_blocks; }
   int64_t num_blocks() const { return kv_cache_->num_blocks(); }
   // Hidden-state rows held for a request (for tests: below kMaxHeldRows + a step's rows).
@@ -116,6 +144,9 @@ class MtpProposer {
   absl::Status ChainRound(absl::Span<DraftJob* const> active, int64_t round);
   // Appends the target hidden state of `position` (zeros where none was recorded) to `out`.
   void AppendHidden(const RequestState& state, int64_t position, std::vector<float>* out) const;
+  // The host address of the MTP's latent row of `position` (its blocks allocated); null on a
+  // device pool or a pool of another size than f32 rows of row_width().
+  float* LatentRow(int64_t request_id, int64_t position);
   // Turns sequence s of `out` (which sampled) into job's next draft.
   absl::Status TakeDraft(const RunnerOutput& out, size_t s, const ScheduledSeq& seq,
                          DraftJob* job) const;

@@ -35,6 +35,17 @@ enum class KvLoadFailurePolicy {
 
 const char* FinishReasonName(FinishReason reason);
 
+// MTP drafting across prefill -> decode (mtp_proposer.h): what the prefill worker's MTP layer
+// computed over a prompt of L tokens, for the decode worker's MTP layer: its latent KV rows of
+// positions 0 .. L - 2 (position i made from the pair (t_{i+1}, h_i)) and the target's final
+// hidden state h_{L-1} (paired on the decode worker with the first token t_L).
+struct MtpHandoff {
+  int64_t num_positions = 0;       // L - 1
+  int64_t row_width = 0;           // floats per latent row (kv_lora_rank + qk_rope_head_dim)
+  std::vector<float> latent_rows;  // [num_positions, row_width]
+  std::vector<float> last_hidden;  // [hidden_size]
+};
+
 // What a caller asks for. Validated by Engine::AddRequest.
 struct RequestSpec {
   // The caller's (router's) id of the request, carried along for the connector's lease lookup
@@ -60,6 +71,10 @@ struct RequestSpec {
   std::optional<kvtransfer::RemoteKvSpec> remote_kv;
   int32_t first_token = -1;
   KvLoadFailurePolicy on_kv_failure = KvLoadFailurePolicy::kRecompute;
+  // With an MTP layer attached (speculative_method=mtp): the prefill worker's MTP state of the
+  // prompt (RequestUpdate::mtp_handoff there); without it the prompt's positions enter the MTP's
+  // KV with zero hidden states (exact, lower acceptance). Ignored by an engine without MTP.
+  std::optional<MtpHandoff> mtp_handoff;
 
   // When the request reached the worker (EngineLoop::Submit sets it): the scheduler reports the
   // time from it to the request's first admission (Scheduler::TakeQueueTimes). InfinitePast:

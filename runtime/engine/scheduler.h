@@ -104,6 +104,9 @@ struct RequestUpdate {
     int64_t num_tokens = 0;
   };
   std::optional<Lease> kv_lease;
+  // With kv_lease on an engine with an MTP layer: its state of the prompt for the decode worker
+  // (RequestSpec::mtp_handoff there); unset when none could be made (MtpProposer::ExportPrompt).
+  std::optional<MtpHandoff> mtp_handoff;
   absl::Status error;  // set with FinishReason::kError
 };
 

@@ -1,6 +1,7 @@
-// Shared by the speculative decoding tests (speculative_engine_test, draft_model_test): their
-// prompt mix, running a batch of requests to the end on an engine, and the two-sample
-// chi-square both use to compare speculative with plain sampling per position.
+// Shared by the speculative decoding tests (speculative_engine_test, draft_model_test, the MTP
+// tests): their prompt mix, the MTP tests' tiny DeepSeek-V3, running a batch of requests to the
+// end on an engine, and the two-sample chi-square both use to compare speculative with plain
+// sampling per position.
 #ifndef TANDEM_RUNTIME_ENGINE_SPEC_TEST_UTIL_H_
 #define TANDEM_RUNTIME_ENGINE_SPEC_TEST_UTIL_H_
 
@@ -14,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
+#include "runtime/model/model_config.h"
 
 namespace tandem::runtime::engine_test {
 
@@ -55,6 +57,25 @@ inline SpecOutcome RunToCompletion(Engine& engine, const std::vector<RequestSpec
   run.cached_hashes = engine.CachedHashesShort();
   std::sort(run.cached_hashes.begin(), run.cached_hashes.end());
   return run;
+}
+
+// A tiny random DeepSeek-V3 (MLA, a dense and a MoE layer) with one MTP layer (mtp_engine_test,
+// mtp_disagg_test).
+inline ModelConfig DeepseekMtp(int64_t vocab) {
+  const std::string json = R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": )" + std::to_string(vocab) +
+                           R"(, "hidden_size": 32, "intermediate_size": 48,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+    "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
+    "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 2})";
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(json);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
 }
 
 // `n` prompts of 4-43 tokens with max_tokens 4-43: even ones repeat a short random pattern
