@@ -32,11 +32,17 @@
 namespace tandem::kernels::cpu {
 
 // An FP8 latent pool: `codes` [layout.TotalElems()] e4m3fn, `scales` [layout.TotalElems() /
-// layout.head_dim] fp32.
+// layout.head_dim] fp32 (planar: every block's codes, then every scale; block_bytes 0), or a
+// block-interleaved pool (block_bytes > 0; runtime/engine/kv_layout.h): block b is one range of
+// block_bytes at codes + b * block_bytes holding its layout.BlockElems() codes and then its
+// layout.BlockElems() / head_dim scales, so `scales` = codes + layout.BlockElems() and block b's
+// scales start at scales + b * block_bytes / 4. Within a block both forms are the same: the row at
+// in-block code offset e has its scale at in-block index e / head_dim.
 struct Fp8LatentCacheView {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   KvCacheLayout layout;
+  int64_t block_bytes = 0;  // 0: planar; else a multiple of 4, >= codes + scales of one block
 };
 
 // Quantizes one row of `n` values to e4m3 codes with one scale (returned), as above.
@@ -44,7 +50,8 @@ float QuantizeLatentRowFp8(const float* x, int64_t n, uint8_t* codes);
 // out[i] = Fp8E4m3ToFloat(codes[i]) * scale.
 void DequantizeLatentRowFp8(const uint8_t* codes, float scale, int64_t n, float* out);
 
-// WriteLatentCache into an FP8 pool: each row quantized with its own scale. Same checks.
+// WriteLatentCache into an FP8 pool: each row quantized with its own scale. Same checks, and a
+// block_bytes that cannot hold a block is INVALID_ARGUMENT.
 absl::Status WriteLatentCacheFp8(const float* latent, const int64_t* slot_mapping,
                                  int64_t num_tokens, int64_t layer, Fp8LatentCacheView cache);
 

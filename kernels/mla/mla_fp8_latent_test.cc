@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -154,6 +155,73 @@ TEST(MlaFp8LatentTest, AttentionMatchesFp64OverTheDequantizedLatents) {
     EXPECT_LE(vs32, 0.08 * max_ref) << static_cast<int>(mode);
     EXPECT_GT(vs32, 0.0) << static_cast<int>(mode);
   }
+}
+
+// The block-interleaved pool (block_bytes > 0: each block its codes then its scales, one range)
+// holds, block for block, the planar pool's bytes, and attention over it is bit-identical.
+TEST(MlaFp8LatentTest, BlockInterleavedPoolHoldsThePlanarBlocks) {
+  std::mt19937 rng(23);
+  const MlaDims d{2, 8, 8, 16, 8};
+  const int64_t W = d.LatentDim(), bs = 4, T = 11;
+  const KvCacheLayout layout{.num_blocks = 5,
+                             .num_layers = 3,
+                             .block_size = bs,
+                             .num_kv_heads = 1,
+                             .head_dim = W,
+                             .num_planes = 1};
+  const int64_t codes_per_block = layout.BlockElems(), rows = codes_per_block / W;
+  std::vector<uint8_t> codes(layout.TotalElems(), 0);
+  std::vector<float> scales(layout.TotalElems() / W, 0.0f);
+  const cpu::Fp8LatentCacheView planar{codes.data(), scales.data(), layout};
+  const int64_t block_bytes = codes_per_block + rows * 4;
+  std::vector<float> words(layout.num_blocks * block_bytes / 4, 0.0f);
+  auto* base = reinterpret_cast<uint8_t*>(words.data());
+  const cpu::Fp8LatentCacheView inter{base, reinterpret_cast<float*>(base + codes_per_block),
+                                      layout, block_bytes};
+  const std::vector<int32_t> table = {3, 0, 4};  // 11 tokens over three shuffled blocks
+  std::vector<int64_t> slots(T);
+  for (int64_t j = 0; j < T; ++j) slots[j] = int64_t{table[j / bs]} * bs + j % bs;
+  for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+    const std::vector<float> latent = Random(rng, T * W, 1.0f);
+    ASSERT_TRUE(cpu::WriteLatentCacheFp8(latent.data(), slots.data(), T, layer, planar).ok());
+    ASSERT_TRUE(cpu::WriteLatentCacheFp8(latent.data(), slots.data(), T, layer, inter).ok());
+  }
+  for (int32_t b : table) {
+    EXPECT_TRUE(std::equal(codes.begin() + b * codes_per_block,
+                           codes.begin() + (b + 1) * codes_per_block, base + b * block_bytes));
+    EXPECT_EQ(
+        std::memcmp(scales.data() + b * rows, base + b * block_bytes + codes_per_block, rows * 4),
+        0);
+  }
+  std::vector<float> deq_planar, deq_inter;
+  cpu::DequantizeLatentCacheFp8(planar, &deq_planar);
+  cpu::DequantizeLatentCacheFp8(inter, &deq_inter);
+  EXPECT_EQ(deq_planar, deq_inter);
+  const std::vector<int32_t> q_lens = {2}, seq_lens = {T}, qsl = {0, 2};
+  AttentionBatch batch;
+  batch.query_start_loc = qsl.data();
+  batch.seq_lens = seq_lens.data();
+  batch.block_tables = table.data();
+  batch.num_seqs = 1;
+  batch.max_blocks_per_seq = 3;
+  const std::vector<float> q = Random(rng, 2 * d.num_heads * d.QkHeadDim(), 1.0f);
+  const std::vector<float> kv_b =
+      Random(rng, d.num_heads * (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank, 0.3f);
+  std::vector<float> out_p(2 * d.num_heads * d.v_head_dim), out_i(out_p.size());
+  std::vector<float> lse_p(2 * d.num_heads), lse_i(lse_p.size());
+  ASSERT_TRUE(cpu::MlaPagedAttentionFp8(q.data(), kv_b.data(), d, planar, 2, batch, 0.2f,
+                                        MlaMode::kAbsorbed, out_p.data(), lse_p.data(), nullptr)
+                  .ok());
+  ASSERT_TRUE(cpu::MlaPagedAttentionFp8(q.data(), kv_b.data(), d, inter, 2, batch, 0.2f,
+                                        MlaMode::kAbsorbed, out_i.data(), lse_i.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(out_p, out_i);
+  EXPECT_EQ(lse_p, lse_i);
+  // A block_bytes that cannot hold a block's codes and scales is refused.
+  cpu::Fp8LatentCacheView small = inter;
+  small.block_bytes = block_bytes - 4;
+  EXPECT_EQ(cpu::WriteLatentCacheFp8(q.data(), slots.data(), 1, 0, small).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MlaFp8LatentTest, RefusesWhatIsNotAnFp8LatentCache) {

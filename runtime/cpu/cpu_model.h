@@ -37,7 +37,7 @@ class CpuModel {
 };
 
 // MlaModel::Create for config.IsMla(), else LlamaModel::Create (their errors). fp8_latent_kv:
-// the pool is an FP8 latent pool (runtime/engine/kv_layout.h, Fp8LatentPool; MLA models only,
+// the pool is an FP8 latent pool (runtime/engine/kv_layout.h, Fp8LatentBlocks; MLA models only,
 // INVALID_ARGUMENT for the others).
 absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(
     const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,

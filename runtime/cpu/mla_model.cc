@@ -230,8 +230,9 @@ absl::Status MlaModel::LatentAttention(int64_t l, const ForwardInput& input,
                                            lse, pool_, dcp_);
   }
   // FP8 latent KV: each row quantized with its own scale; attention over the dequantized rows.
-  const Fp8LatentPool p = SplitFp8LatentPool(cache.data, cache.layout);
-  const kernels::cpu::Fp8LatentCacheView fp8{p.codes, p.scales, cache.layout};
+  // The blocks form (kv_layout.h): each block its codes then its scales, one range P -> D.
+  const Fp8LatentPool p = Fp8LatentBlocks(cache.data, cache.layout);
+  const kernels::cpu::Fp8LatentCacheView fp8{p.codes, p.scales, cache.layout, p.block_bytes};
   RETURN_IF_ERROR(
       kernels::cpu::WriteLatentCacheFp8(latent_.data(), input.slot_mapping.data(), T, l, fp8));
   return kernels::cpu::MlaPagedAttentionFp8(q_.data(), kv_b, dims_, fp8, l, input.attention,

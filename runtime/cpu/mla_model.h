@@ -41,7 +41,7 @@ class MlaModel : public CpuModel {
   // INVALID_ARGUMENT when `config` is not MLA, `weights` do not match it, or the DCP shard does
   // not fit the group (LlamaModel's rule). `group` (nullable) must outlive the model.
   // fp8_latent_kv: Forward's cache.data is an FP8 latent pool (runtime/engine/kv_layout.h,
-  // Fp8LatentPool: codes then row scales; kernels/mla/mla_fp8_latent.h writes and reads it).
+  // Fp8LatentBlocks: each block its codes then its row scales; kernels/mla/mla_fp8_latent.h).
   static absl::StatusOr<std::unique_ptr<MlaModel>> Create(
       const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
       comm::ProcessGroup* group = nullptr, kernels::DcpShard dcp = {}, bool fp8_latent_kv = false);

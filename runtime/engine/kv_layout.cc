@@ -65,6 +65,13 @@ int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype
   return layout.BlockElems() * KvDtypeBytes(dtype) + scales;
 }
 
+Fp8LatentPool Fp8LatentBlocks(void* pool, const kernels::KvCacheLayout& layout) {
+  auto* codes = static_cast<uint8_t*>(pool);
+  const int64_t rows = layout.BlockElems() / layout.head_dim;
+  return {codes, reinterpret_cast<float*>(codes + layout.BlockElems()),
+          layout.BlockElems() + rows * static_cast<int64_t>(sizeof(float))};
+}
+
 Fp8LatentPool SplitFp8LatentPool(void* pool, const kernels::KvCacheLayout& layout) {
   auto* codes = static_cast<uint8_t*>(pool);
   return {codes, reinterpret_cast<float*>(codes + layout.TotalElems())};

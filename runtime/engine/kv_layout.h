@@ -47,17 +47,23 @@ kernels::KvCacheLayout KvLayoutForModel(const ModelConfig& model, int64_t num_bl
 int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype,
                      KvHeadShare share = {});
 
-// An FP8 latent pool of num_blocks blocks is num_blocks * KvBlockBytes bytes: the codes of every
-// block ([num_blocks][num_layers][1][block_size][1][latent width], one byte each), then the fp32
-// scales of every block ([num_blocks][num_layers][block_size]: the row at code offset e has its
-// scale at scales[e / latent width], as kernels/mla reads them). So block b is two byte ranges
-// (its codes, its scales), not one: FP8 latent blocks do not move P -> D yet (the workers refuse
-// the two roles with fp8). The scales start 16-byte aligned when
-// num_layers * block_size * latent width is a multiple of 16 (CheckFp8LatentPool).
+// An FP8 latent pool of num_blocks blocks is num_blocks * KvBlockBytes bytes in one of two forms:
+//  * blocks (Fp8LatentBlocks; the CPU backend): block-major like every other pool, block b is ONE
+//    range of KvBlockBytes at b * KvBlockBytes, its codes ([num_layers][1][block_size][1][latent
+//    width], one byte each) then its fp32 row scales ([num_layers][block_size]; the row at
+//    in-block code offset e has its scale at in-block index e / latent width). A block moves
+//    P -> D, and is leased, hashed and prefix-cached, as one range like a 16-bit block.
+//  * planar (SplitFp8LatentPool; the CUDA backend, whose kernels read token_scales[e / width]):
+//    every block's codes, then every block's scales. Block b is two ranges, so a CUDA FP8 pool
+//    does not move P -> D (the worker refuses the two roles with fp8 on CUDA).
+// The scales start 16-byte aligned (a block's codes are a multiple of 16 bytes:
+// CheckFp8LatentPool) and 4-byte aligned in every block.
 struct Fp8LatentPool {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
+  int64_t block_bytes = 0;  // the blocks form: KvBlockBytes; planar: 0
 };
+Fp8LatentPool Fp8LatentBlocks(void* pool, const kernels::KvCacheLayout& layout);
 Fp8LatentPool SplitFp8LatentPool(void* pool, const kernels::KvCacheLayout& layout);
 // INVALID_ARGUMENT, naming the numbers, unless `layout` is a latent layout (one plane, one head)
 // whose block codes are a multiple of 16 bytes.

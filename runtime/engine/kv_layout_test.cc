@@ -64,8 +64,9 @@ TEST(KvLayoutTest, DtypeNamesAndSizes) {
 }
 
 // An FP8 latent block: one code per latent value plus one fp32 scale per (token, layer) row, 580
-// bytes per token and layer at DeepSeek-V3's 512 + 64 (1,152 in bf16); the pool is every block's
-// codes, then every block's scales, the scale of the row at code offset e at scales[e / width].
+// bytes per token and layer at DeepSeek-V3's 512 + 64 (1,152 in bf16); planar (CUDA): every
+// block's codes, then every block's scales, the scale of the row at code offset e at
+// scales[e / width]; blocks (CPU): each block its codes then its scales.
 TEST(KvLayoutTest, Fp8LatentBlocksAndPool) {
   ModelConfig v3;
   v3.num_hidden_layers = 61;
@@ -82,6 +83,17 @@ TEST(KvLayoutTest, Fp8LatentBlocksAndPool) {
   EXPECT_EQ(reinterpret_cast<uint8_t*>(split.scales), pool.data() + layout.TotalElems());
   EXPECT_EQ(reinterpret_cast<uint8_t*>(split.scales + layout.TotalElems() / 576),
             pool.data() + pool.size());
+  // The blocks form (the CPU's, what moves P -> D): block b is one range at b * KvBlockBytes,
+  // its codes then its scales; block 1's scales end where block 2 begins.
+  const Fp8LatentPool blocks = Fp8LatentBlocks(pool.data(), layout);
+  EXPECT_EQ(blocks.block_bytes, KvBlockBytes(v3, 16, KvDtype::kFp8E4m3));
+  EXPECT_EQ(blocks.codes, pool.data());
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(blocks.scales), pool.data() + layout.BlockElems());
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(blocks.scales + 2 * blocks.block_bytes / 4),
+            pool.data() + 2 * blocks.block_bytes + layout.BlockElems());
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(blocks.scales + blocks.block_bytes / 4 + 61 * 16),
+            pool.data() + 2 * blocks.block_bytes);
+  EXPECT_EQ(split.block_bytes, 0);
   // A K/V layout, or codes of a block that are not a multiple of 16 bytes, are refused by number.
   EXPECT_FALSE(CheckFp8LatentPool(KvLayoutForModel(*PresetConfig("llama3-8b"), 1, 16)).ok());
   v3.num_hidden_layers = 1;

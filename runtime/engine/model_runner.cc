@@ -56,7 +56,7 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
 }
 
 int64_t ModelRunner::PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_dtype) {
-  // FP8 latent (kv_layout.h, Fp8LatentPool): every code, then one fp32 scale per row.
+  // FP8 latent (kv_layout.h, Fp8LatentBlocks): each block's codes, then its fp32 row scales.
   return kv_dtype == KvDtype::kFp8E4m3
              ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
              : layout.TotalElems() * static_cast<int64_t>(sizeof(float));
