@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/model/half.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/weight_fp8.h"
 #include "runtime/model/weight_layout.h"
 
 namespace tandem::runtime {
@@ -41,9 +42,20 @@ std::string LayerPrefix(const ModelConfig& config, int64_t index = 0) {
   return absl::StrCat("model.layers.", config.num_hidden_layers + index, ".");
 }
 
+// The one-layer block's layout (HfTensorLayout(MtpBlockConfig(config))) with its layer-0 tensors
+// named as the checkpoint stores them, model.layers.{num_hidden_layers + index}.* (slots and
+// offsets those of layer 0 of the block). `index` picks the MTP layer (0: the first).
+std::vector<HfTensor> BlockLayout(const ModelConfig& config, int64_t index = 0) {
+  std::vector<HfTensor> layout = internal::HfTensorLayout(MtpBlockConfig(config));
+  const std::string p = LayerPrefix(config, index);
+  for (HfTensor& t : layout) {
+    if (t.layer == 0) t.name = p + t.name.substr(std::strlen("model.layers.0."));
+  }
+  return layout;
+}
+
 // The MTP layer's tensors in a fixed order (the order they are drawn and written in).
-// `block_layout` is HfTensorLayout(MtpBlockConfig(config)); destinations point into `w`.
-// `index` picks the MTP layer (0: the first, model.layers.{num_hidden_layers}).
+// `block_layout` is BlockLayout(config, index); destinations point into `w`.
 std::vector<MtpTensor> MtpTensors(const ModelConfig& config,
                                   const std::vector<HfTensor>& block_layout, MtpWeights* w,
                                   int64_t index = 0) {
@@ -56,7 +68,7 @@ std::vector<MtpTensor> MtpTensors(const ModelConfig& config,
   for (const HfTensor& t : block_layout) {
     if (t.layer != 0) continue;
     MtpTensor m;
-    m.name = p + t.name.substr(std::strlen("model.layers.0."));
+    m.name = t.name;
     m.shape = t.shape;
     m.is_norm = t.is_norm;
     m.block = &t;
@@ -170,7 +182,7 @@ namespace internal {
 
 std::vector<HfTensor> MtpLayerLayout(const ModelConfig& config, int64_t index) {
   MtpWeights unused;  // MtpTensors only takes addresses in it
-  const std::vector<HfTensor> block = HfTensorLayout(MtpBlockConfig(config));
+  const std::vector<HfTensor> block = BlockLayout(config, index);
   std::vector<HfTensor> out;
   for (const MtpTensor& t : MtpTensors(config, block, &unused, index)) {
     if (t.optional) continue;  // embed_tokens / shared_head.head: the model's
@@ -203,28 +215,42 @@ absl::StatusOr<MtpWeights> LoadMtpWeights(const std::string& model_dir, const Mo
         "--speculative_method=mtp needs a model with an MTP layer: ", model_dir,
         "/config.json has num_nextn_predict_layers = ", config.num_nextn_predict_layers));
   }
-  if (!config.IsMla() || config.quantization.FromCheckpoint()) {
+  if (!config.IsMla()) {
     return absl::InvalidArgumentError(
-        "MTP layers are supported for unquantized DeepSeek (MLA) checkpoints only");
+        "MTP layers are supported for DeepSeek (MLA) checkpoints only");
   }
   Files files;
   RETURN_IF_ERROR(OpenFiles(model_dir, &files));
   MtpWeights w;
   Allocate(config, &w);
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(MtpBlockConfig(config));
-  for (const MtpTensor& t : MtpTensors(config, layout, &w)) {
+  const ModelConfig block_config = MtpBlockConfig(config);
+  const std::vector<HfTensor> layout = BlockLayout(config);
+  const std::vector<MtpTensor> tensors = MtpTensors(config, layout, &w);
+  for (const MtpTensor& t : tensors) {
+    if (t.optional || files.tensors.count(t.name) > 0) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "missing MTP tensor '", t.name, "' in ", model_dir,
+        " (config.json says num_nextn_predict_layers = ", config.num_nextn_predict_layers,
+        " but the checkpoint lacks that layer)"));
+  }
+  // An FP8 checkpoint's block (DeepSeek-V3 ships its MTP layer's projections and experts in
+  // 128x128-block FP8, the glue and heads bf16) loads as the model's FP8 layers do: e4m3 codes
+  // and scales kept (weight_fp8.h); the layout's names are the checkpoint's.
+  const internal::FindTensor find = [&files](const std::string& name) -> const TensorInfo* {
+    auto it = files.tensors.find(name);
+    return it == files.tensors.end() ? nullptr : it->second;
+  };
+  RETURN_IF_ERROR(
+      internal::CheckFp8Checkpoint(block_config, internal::FullTpDims(block_config), layout, find));
+  for (const MtpTensor& t : tensors) {
+    if (t.block != nullptr && internal::IsFp8Weight(block_config, *t.block)) continue;
     auto it = files.tensors.find(t.name);
-    if (it == files.tensors.end()) {
-      if (t.optional) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "missing MTP tensor '", t.name, "' in ", model_dir,
-          " (config.json says num_nextn_predict_layers = ", config.num_nextn_predict_layers,
-          " but the checkpoint lacks that layer)"));
-    }
+    if (it == files.tensors.end()) continue;  // optional: the model's, below
     RETURN_IF_ERROR(Widen(t.name, *it->second, t.shape, Destination(t, &w)));
     if (t.vec == &w.block.embed_tokens) w.own_embed_tokens = true;
     if (t.vec == &w.block.lm_head) w.own_head = true;
   }
+  internal::LoadFp8Weights(block_config, layout, find, &w.block);
   // The model's embedding and head stand in for copies the layer does not carry.
   const int64_t H = config.hidden_size, V = config.vocab_size;
   auto fallback = [&](std::vector<float>* dst, const char* name) -> absl::Status {
@@ -248,7 +274,7 @@ absl::StatusOr<MtpWeights> LoadMtpWeights(const std::string& model_dir, const Mo
 MtpWeights RandomMtpWeights(const ModelConfig& config, const ModelWeights& model, uint64_t seed) {
   MtpWeights w;
   Allocate(config, &w);
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(MtpBlockConfig(config));
+  const std::vector<HfTensor> layout = BlockLayout(config);
   for (const MtpTensor& t : MtpTensors(config, layout, &w)) {
     if (!t.optional) Draw(t, seed, Destination(t, &w));
   }
@@ -263,7 +289,7 @@ absl::Status AddMtpLayerToCheckpoint(const std::string& model_dir, const ModelCo
   const std::string path = (dir / "model.safetensors").string();
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
   MtpWeights scratch;
-  const std::vector<HfTensor> layout = internal::HfTensorLayout(MtpBlockConfig(config));
+  const std::vector<HfTensor> layout = BlockLayout(config);
   const std::vector<MtpTensor> mtp = MtpTensors(config, layout, &scratch);
   std::vector<TensorSpec> specs;
   for (const TensorInfo& info : file->tensors())

@@ -52,9 +52,13 @@ ModelConfig MtpBlockConfig(const ModelConfig& config);
 
 // The first MTP layer of `model_dir` (single model.safetensors, or the shards of
 // model.safetensors.index.json) for `config` (the model's, no tensor parallelism): F32 / BF16 /
-// F16 widened to fp32. INVALID_ARGUMENT naming num_nextn_predict_layers when the config has no MTP
-// layer; naming the tensor when one is missing, misshapen or of another dtype (FP8 MTP layers are
-// not supported).
+// F16 widened to fp32. In an FP8 checkpoint (config.quantization.FromCheckpoint()) the decoder
+// block's projections and experts are read as the model's FP8 layers are (weight_fp8.h: e4m3
+// codes and scales kept in block.layers[0]'s *_fp8 slots, kv_b_proj widened): DeepSeek-V3 ships
+// its MTP layer so, with the glue (enorm, hnorm, eh_proj, shared_head) and head copies in bf16.
+// INVALID_ARGUMENT naming num_nextn_predict_layers when the config has no MTP layer; naming the
+// tensor when one is missing, misshapen or of another dtype, or a scale tensor as
+// CheckFp8Checkpoint does.
 absl::StatusOr<MtpWeights> LoadMtpWeights(const std::string& model_dir, const ModelConfig& config);
 
 // Random MTP weights (what --load_format=dummy serves), deterministic in (config, seed), drawn as

@@ -5,8 +5,10 @@
 # whole with their 128x128 scales, attention split by heads on block boundaries), against
 # transformers on the dequantized weights: cosine >= 0.985 and the first greedy token equal where
 # the reference's top-2 gap is >= 10% of max|logit| (activations are quantized in 1x128 groups,
-# the reference's are not: fp8_deepseek_golden_test.cc). Then refusals: --tp=2 without expert
-# parallelism cuts each expert's 128-row block, --backend=cuda has no FP8 MLA / MoE path. (~3 s)
+# the reference's are not: fp8_deepseek_golden_test.cc). The fixture's FP8 MTP layer drafting
+# (--speculative_method=mtp, K = 3) at TP=1 and in the EP group: greedy tokens and logits equal to
+# the runs without it. Then refusals: --tp=2 without expert parallelism cuts each expert's 128-row
+# block, --backend=cuda has no FP8 MLA / MoE path (with MTP too). (~4 s)
 set -euo pipefail
 GENERATE=$1
 T=${TEST_TMPDIR:-$(mktemp -d)}
@@ -47,6 +49,27 @@ grep -q "expert parallelism, [0-9]* experts over 2 ranks" "$T/ep2.jsonl.err" ||
   { echo "FAIL: no placement line in the log"; cat "$T/ep2.jsonl.err"; exit 1; }
 check "$T/ep2.jsonl" "tp=2 --enable_expert_parallel"
 
+same_tokens() {  # A B LABEL: identical greedy tokens and last-prompt logits
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+assert len(a) == len(b) and all(x["tokens"] == y["tokens"] for x, y in zip(a, b)), \
+    [(x["tokens"], y["tokens"]) for x, y in zip(a, b)]
+assert all(x["last_prompt_logits"] == y["last_prompt_logits"] for x, y in zip(a, b))
+print(f"  {sys.argv[3]}: {len(a)} prompts, greedy tokens and logits equal")
+PY
+}
+for tp in 1 2; do
+  flags=()
+  [[ $tp == 2 ]] && flags=(--enable_expert_parallel)
+  run_generate 8 "$FIX" "$tp" "$T/plain$tp.jsonl" "${flags[@]}"
+  run_generate 8 "$FIX" "$tp" "$T/mtp$tp.jsonl" "${flags[@]}" --speculative_method=mtp \
+    --num_speculative_tokens=3
+  grep -q "drafted [1-9]" "$T/mtp$tp.jsonl.err" ||
+    { echo "FAIL: the FP8 MTP layer drafted nothing"; cat "$T/mtp$tp.jsonl.err"; exit 1; }
+  same_tokens "$T/plain$tp.jsonl" "$T/mtp$tp.jsonl" "tp=$tp ${flags[*]} MTP on vs off"
+done
+
 expect_fail() {  # description, expected text, args...
   local what=$1 text=$2
   shift 2
@@ -61,4 +84,7 @@ expect_fail "tp=2 cuts an expert's 128x128 block" "tp=2 cuts the 128x128 FP8 sca
   --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --tp=2
 expect_fail "--backend=cuda" "has no FP8 path for DeepseekV3ForCausalLM" \
   --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --backend=cuda
+expect_fail "--backend=cuda with MTP" "has no FP8 path for DeepseekV3ForCausalLM" \
+  --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --backend=cuda --speculative_method=mtp \
+  --num_speculative_tokens=1
 echo "PASS"

@@ -6,7 +6,19 @@ decoder projection e4m3 with an F32 weight_scale_inv per 128x128 block, partial 
 edges; embeddings, norms, the router and lm_head bf16), and what transformers computes in f32
 with the same weights dequantized (code * scale).
 
-  OUT/fp8_deepseek_v3/: config.json, generation_config.json, model.safetensors, expected.json
+  OUT/fp8_deepseek_v3/: config.json, generation_config.json, model.safetensors, expected.json,
+                        expected_mtp.json
+
+With its multi-token prediction layer model.layers.2.* (num_nextn_predict_layers 1), in the
+released checkpoints' format too: the layer's decoder block (MLA + DeepSeek's MoE layer) e4m3 with
+128x128 weight_scale_inv, its glue (enorm, hnorm, eh_proj, shared_head.norm) and its copies of
+embed_tokens / shared_head.head bf16 (as DeepSeek-V3's index has them). expected_mtp.json is
+make_golden_mtp.py's record for this model: on prompt 3 and its greedy continuation (T tokens) the
+target's final hidden states, the MTP layer's output and logits at positions 0 .. T - 2 and one
+chained draft, transformers' DeepseekV3DecoderLayer in f32 on the dequantized weights with vLLM's
+glue (make_golden_mtp.Mtp). The MTP weights come from their own generator (seed 1000 + s, s the
+first seed whose MTP and target routing on the sequence are clear by >= 1e-4), so the model's
+tensors and expected.json are those of the fixture without the layer.
 
 Quantized as DeepSeek-V3's released checkpoint is (its index: q_a_proj, q_b_proj,
 kv_a_proj_with_mqa, kv_b_proj, o_proj, mlp.{gate,up,down}_proj, mlp.experts.*.*,
@@ -18,6 +30,7 @@ Needs PyTorch (float8_e4m3fn) and transformers; CPU only, one thread, determinis
 """
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -31,6 +44,7 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_golden_fp8 as f8  # noqa: E402
+import make_golden_mtp as mm  # noqa: E402
 
 SEED = 38
 # hidden 256 = two 128-blocks; q_lora_rank 192 and kv_a's 128 + 64 rows end in partial blocks.
@@ -53,15 +67,33 @@ QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
          "weight_block_size": [f8.BLOCK, f8.BLOCK]}
 PROMPT_LENGTHS = [1, 4, 9, 33]
 MAX_NEW_TOKENS = 4
+MTP_PROMPT = 3  # the MTP record's sequence: this prompt and its greedy continuation
 
 
 def quantized(name):
+    if name.endswith("eh_proj.weight"):  # the MTP glue: bf16 in DeepSeek-V3's checkpoint
+        return False
     return name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
 
 
-def random_model(cfg):
+def quantize(state):
+    """The checkpoint tensors (e4m3 + weight_scale_inv, or bf16) and the dequantized f32 ones."""
+    tensors, deq = {}, {}
+    for name, w in state.items():
+        if not quantized(name):
+            tensors[name] = w.to(torch.bfloat16)
+            deq[name] = w.to(torch.bfloat16).float()
+            continue
+        codes, scale, d = f8.quant_block(w.float())
+        tensors[name] = codes
+        tensors[name[:-len("weight")] + "weight_scale_inv"] = scale.float()
+        deq[name] = d
+    return tensors, deq
+
+
+def random_model(cfg, seed=SEED):
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
@@ -97,7 +129,73 @@ def reference(path, prompts):
             toks.append(int(last.argmax()))
             seq.append(toks[-1])
         greedy.append(toks)
-    return logits, gaps, greedy
+    return model, logits, gaps, greedy
+
+
+def rounded(rows):
+    """f32 values as JSON numbers of 8 significant digits (exact enough; a third of the size)."""
+    if isinstance(rows, list):
+        return [rounded(r) for r in rows]
+    return float(f"{rows:.8g}")
+
+
+@torch.no_grad()
+def mtp_layer(target, tokens, tmp):
+    """The MTP layer model.layers.N.* (checkpoint tensors) and its record on `tokens`."""
+    n = target.config.num_hidden_layers
+    moe_in = {}  # the target's own routing on the sequence (its MoE layer n - 1) must be clear
+    hook = target.model.layers[n - 1].mlp.register_forward_hook(
+        lambda mod, args, out: moe_in.__setitem__("x", args[0].detach()))
+    hidden = target.model(tokens[None]).last_hidden_state[0]
+    hook.remove()
+    target_gap = mm.routing_gap(target.model.layers[n - 1].mlp, moe_in["x"][0])
+    cfg = copy.deepcopy(target.config)
+    cfg.num_hidden_layers = n + 1
+    p = f"model.layers.{n}."
+    for seed in range(1, 41):
+        big = random_model(cfg, 1000 + seed)  # layer n is the MTP block; the others unused
+        big_dir = os.path.join(tmp, f"mtp{seed}")
+        big.save_pretrained(big_dir, safe_serialization=True)
+        state = load_file(os.path.join(big_dir, "model.safetensors"))
+        tensors, deq = quantize(state)
+        save_file({k: v.contiguous() for k, v in deq.items()},
+                  os.path.join(big_dir, "model.safetensors"), metadata={"format": "pt"})
+        block = AutoModelForCausalLM.from_pretrained(
+            big_dir, dtype=torch.float32, attn_implementation="eager").eval().model.layers[n]
+        mtp = mm.Mtp(target, block, seed)
+        gen = torch.Generator().manual_seed(2000 + seed)  # the glue, drawn as the model's tensors
+        h = cfg.hidden_size
+        for norm in (mtp.enorm, mtp.hnorm, mtp.shared_norm):
+            norm.weight.copy_((1.0 + 0.2 * torch.randn(h, generator=gen)).to(torch.bfloat16))
+        mtp.eh_proj.weight.copy_((0.08 * torch.randn(h, 2 * h, generator=gen)).to(torch.bfloat16))
+        t = tokens.shape[0]
+        y, logits, moe_x = mtp.forward(tokens[1:], hidden[:-1], torch.arange(t - 1))
+        chain_token = int(logits[-1].argmax())
+        y2, logits2, moe_x2 = mtp.forward(torch.cat([tokens[1:], torch.tensor([chain_token])]),
+                                          torch.cat([hidden[:-1], y[-1:]]), torch.arange(t))
+        gap = min(mm.routing_gap(block.mlp, moe_x), mm.routing_gap(block.mlp, moe_x2))
+        if gap >= mm.MIN_GAP:
+            break
+    else:
+        sys.exit("no MTP seed gives clear routing")
+    if target_gap < mm.MIN_GAP:
+        sys.exit(f"the target's routing on the MTP sequence is a near-tie ({target_gap:.2e})")
+    out = {k: v for k, v in tensors.items() if k.startswith(p)}
+    bf16 = lambda x: x.detach().to(torch.bfloat16).contiguous().clone()  # noqa: E731
+    out[p + "enorm.weight"] = bf16(mtp.enorm.weight)
+    out[p + "hnorm.weight"] = bf16(mtp.hnorm.weight)
+    out[p + "eh_proj.weight"] = bf16(mtp.eh_proj.weight)
+    out[p + "shared_head.norm.weight"] = bf16(mtp.shared_norm.weight)
+    out[p + "shared_head.head.weight"] = bf16(target.lm_head.weight)
+    out[p + "embed_tokens.weight"] = bf16(target.model.embed_tokens.weight)
+    record = {"tokens": tokens.tolist(), "target_hidden": rounded(hidden.tolist()),
+              "mtp_hidden": rounded(y.tolist()), "mtp_logits": rounded(logits.tolist()),
+              "chain_token": chain_token, "chain_logits": rounded(logits2[-1].tolist()),
+              "min_routing_gap": gap, "target_min_routing_gap": target_gap, "seed": seed,
+              "notes": f"MTP layer {n} of fp8_deepseek_v3 (weights seed {1000 + seed}, glue "
+                       f"{2000 + seed}); reference: transformers' DeepseekV3DecoderLayer, eager, "
+                       "f32, on the dequantized weights"}
+    return out, record
 
 
 def main():
@@ -116,19 +214,14 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)  # the hub's per-expert names
         state = load_file(os.path.join(tmp, "model.safetensors"))
-        tensors, deq = {}, {}
-        for name, w in state.items():
-            if not quantized(name):
-                tensors[name] = w.to(torch.bfloat16)
-                deq[name] = w.to(torch.bfloat16).float()
-                continue
-            codes, scale, d = f8.quant_block(w.float())
-            tensors[name] = codes
-            tensors[name[:-len("weight")] + "weight_scale_inv"] = scale.float()
-            deq[name] = d
+        tensors, deq = quantize(state)
         save_file({k: v.contiguous() for k, v in deq.items()},
                   os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        logits, gaps, greedy = reference(tmp, prompts)
+        target, logits, gaps, greedy = reference(tmp, prompts)
+        mtp_tensors, mtp_record = mtp_layer(
+            target, torch.tensor(prompts[MTP_PROMPT] + greedy[MTP_PROMPT]), tmp)
+        tensors.update(mtp_tensors)
+    cfg.num_nextn_predict_layers = 1
     cfg.save_pretrained(out)
     with open(os.path.join(out, "config.json")) as f:
         config = json.load(f)
@@ -148,6 +241,11 @@ def main():
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f)
         f.write("\n")
+    mtp_record.update(versions=expected["versions"])
+    with open(os.path.join(out, "expected_mtp.json"), "w") as f:
+        json.dump(mtp_record, f)
+        f.write("\n")
+    print("MTP:", json.dumps({k: v for k, v in mtp_record.items() if not isinstance(v, list)}))
     print("gap / max|logit|:", [round(g / m, 4) for g, m in zip(gaps, maxabs)],
           "greedy:", greedy, flush=True)
 
