@@ -335,10 +335,16 @@ absl::Status CheckGeometry(const TransferHandshake& local, const TransferHandsha
   // Same model and layout, different split over tensor-parallel ranks: reconciled by the reader
   // (rank_reader.h re-shards heads in bulk). A decode context-parallel group reads from an
   // unsharded source when its shards hold whole blocks (each rank reads its shard's blocks,
-  // runtime/parallel/group_kv.h); other context-parallel pairs and quantized blocks (scales
-  // inside the block) are not re-sharded.
+  // runtime/parallel/group_kv.h); other context-parallel pairs are not re-sharded. Quantized
+  // blocks (scales inside the block) are not re-sharded either: they pair across splits only
+  // where both ranks keep the same heads in blocks of the same size (a DeepSeek MLA latent, whole
+  // on every rank), so every read is of whole blocks (rank_reader.h: direct).
+  const bool same_heads = a.kv_head_begin() == b.kv_head_begin() &&
+                          a.kv_head_count() == b.kv_head_count() &&
+                          a.block_bytes() == b.block_bytes();
   const bool quantized =
-      local.compatibility().layout().scale_granularity() != tandem::v1::KV_SCALE_NONE;
+      local.compatibility().layout().scale_granularity() != tandem::v1::KV_SCALE_NONE &&
+      !same_heads;
   const bool same_dcp = a.dcp_size() == b.dcp_size() && a.dcp_interleave() == b.dcp_interleave();
   const uint32_t block_size = local.compatibility().layout().block_size();
   const tandem::v1::RankGeometry& sharded = a.dcp_size() > 1 ? a : b;

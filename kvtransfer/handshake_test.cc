@@ -422,6 +422,60 @@ TEST(RankGeometryTest, MlaLatentLayoutNamesItsSplitAndHasOnePlane) {
   EXPECT_TRUE(CheckCompatible(local, same).ok()) << CheckCompatible(local, same);
 }
 
+// Quantized blocks (an FP8 MLA latent: its row scales inside each block) pair across tensor- and
+// context-parallel splits only where every read is of whole blocks: both ranks keep the same
+// heads (the latent is whole on every rank) in blocks of the same size. A quantized split that
+// re-shards heads, or states another block size, is UNIMPLEMENTED naming quantized KV.
+TEST(RankGeometryTest, QuantizedBlocksPairOnlyWhereNoHeadIsResharded) {
+  std::mt19937 rng(std::random_device{}());
+  KvCompatibilityFacts facts;
+  facts.model_id = "deepseek";
+  facts.model_dtype = "float32";
+  facts.num_layers = 1 + rng() % 8;
+  facts.num_kv_heads = 1;
+  facts.head_dim = 40;
+  facts.block_size = 16;
+  facts.kv_dtype = tandem::v1::KV_DTYPE_FP8_E4M3;
+  facts.scale_granularity = tandem::v1::KV_SCALE_PER_TOKEN_HEAD;
+  facts.kv_lora_rank = 32;
+  facts.qk_rope_head_dim = 8;
+  const uint64_t block_bytes = uint64_t{facts.num_layers} * 16 * (40 + 4);
+  TransferHandshake decode = RandomHandshake(rng, "d0");
+  *decode.mutable_compatibility() = CompatibilityFor(facts);
+  *decode.mutable_geometry() = SingleRankGeometry(decode.compatibility(), block_bytes);
+  Rehash(&decode);
+  TransferHandshake prefill = decode;  // rank 1 of a TP=2 group, the whole latent
+  prefill.set_worker_id("p0");
+  prefill.mutable_geometry()->set_tp_size(2);
+  prefill.mutable_geometry()->set_tp_rank(1);
+  EXPECT_TRUE(CheckCompatible(decode, prefill).ok()) << CheckCompatible(decode, prefill);
+  TransferHandshake dcp = decode;  // a TP=2 x DCP=2 decode group's rank: whole blocks per shard
+  dcp.mutable_geometry()->set_tp_size(2);
+  dcp.mutable_geometry()->set_dcp_size(2);
+  dcp.mutable_geometry()->set_dcp_interleave(16);
+  EXPECT_TRUE(CheckCompatible(dcp, prefill).ok()) << CheckCompatible(dcp, prefill);
+  TransferHandshake other_bytes = prefill;
+  other_bytes.mutable_geometry()->set_block_bytes(block_bytes + 16);
+  absl::Status s = CheckCompatible(decode, other_bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("quantized KV"), std::string::npos) << s;
+  // Quantized K/V heads split over two ranks against one rank holding all of them.
+  TransferHandshake gqa = RandomHandshake(rng, "d1");
+  gqa.mutable_compatibility()->mutable_layout()->set_num_kv_heads(4);
+  gqa.mutable_compatibility()->mutable_layout()->set_kv_dtype(tandem::v1::KV_DTYPE_FP8_E4M3);
+  gqa.mutable_compatibility()->mutable_layout()->set_scale_granularity(
+      tandem::v1::KV_SCALE_PER_TOKEN_HEAD);
+  Rehash(&gqa);
+  *gqa.mutable_geometry() = SingleRankGeometry(gqa.compatibility(), 0);
+  TransferHandshake half = gqa;
+  half.set_worker_id("p1");
+  half.mutable_geometry()->set_tp_size(2);
+  half.mutable_geometry()->set_kv_head_count(2);
+  s = CheckCompatible(gqa, half);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("quantized KV"), std::string::npos) << s;
+}
+
 TEST(RankGeometryTest, GroupRanksAreValidated) {
   std::mt19937 rng(std::random_device{}());
   TransferHandshake group = RandomHandshake(rng, "p0");

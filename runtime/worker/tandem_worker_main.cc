@@ -68,7 +68,7 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "auto (the backend's KV dtype) or fp8 (DeepSeek MLA latent KV in e4m3, a scale per "
-          "token; mixed workers only: its blocks do not move P -> D yet)");
+          "token; P -> D and TP / DCP on --backend=cpu, mixed workers only on cuda)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
 ABSL_FLAG(int64_t, max_queued_requests, 4096,
@@ -133,14 +133,16 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   config.backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   config.backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  // An FP8 latent block is two ranges of the pool (runtime/engine/kv_layout.h, Fp8LatentPool),
-  // and the transfers move one range per block: refused here rather than moving half a block.
-  if (config.backend.kv_cache_dtype != "auto" && config.role != tandem::v1::WORKER_ROLE_MIXED) {
+  // The CPU's FP8 latent block is one range (its codes then its scales) and moves P -> D like
+  // any block; the CUDA pool is planar (every code, then every scale: runtime/engine/kv_layout.h),
+  // a block two ranges, and the transfers move one range per block: refused, not half moved.
+  if (config.backend.kv_cache_dtype != "auto" && config.backend.backend != "cpu" &&
+      config.role != tandem::v1::WORKER_ROLE_MIXED) {
     return absl::UnimplementedError(absl::StrCat(
         "--kv_cache_dtype=", config.backend.kv_cache_dtype,
-        " with --role=", absl::GetFlag(FLAGS_role),
-        ": FP8 latent KV blocks do not move P -> D yet (their scales are a second range of the "
-        "pool); run --role=mixed, or keep --kv_cache_dtype=auto"));
+        " with --role=", absl::GetFlag(FLAGS_role), " --backend=", config.backend.backend,
+        ": CUDA FP8 latent KV blocks do not move P -> D yet (their scales are a second range of "
+        "the pool); run --role=mixed, --backend=cpu, or keep --kv_cache_dtype=auto"));
   }
   config.engine.block_size = absl::GetFlag(FLAGS_block_size);
   config.engine.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);

@@ -52,5 +52,61 @@ TEST(MlaServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
   }
 }
 
+// FP8 latent KV (--kv_cache_dtype=fp8 on every worker) served disaggregated: a CPU FP8 block is
+// one range of the pool, its codes then its row scales (runtime/engine/kv_layout.h,
+// Fp8LatentBlocks), so it moves P -> D like any block. D's greedy tokens must equal the mixed FP8
+// worker's (FP8 moves transformers' tokens: the mixed run is the reference), also with P a TP=2
+// group and with D a TP=2 x DCP=2 group (each D rank reads its shard's whole blocks); D received
+// whole FP8 blocks (580-byte-per-token-and-layer style: codes + a 4-byte scale per row) and no
+// load failed or was recomputed.
+TEST(MlaServingE2eTest, Fp8LatentPrefillDecodeEqualsTheMixedFp8Worker) {
+  std::ifstream in(std::string(kMlaModel) + "/expected.json"),
+      config_in(std::string(kMlaModel) + "/config.json");
+  ASSERT_TRUE(in.good() && config_in.good());
+  const auto prompts =
+      nlohmann::json::parse(in)["prompts"].get<std::vector<std::vector<uint32_t>>>();
+  const nlohmann::json config = nlohmann::json::parse(config_in);
+  const uint64_t block_bytes =
+      config["num_hidden_layers"].get<uint64_t>() * 16 *
+      (config["kv_lora_rank"].get<uint64_t>() + config["qk_rope_head_dim"].get<uint64_t>() + 4);
+  std::vector<std::vector<uint32_t>> mixed_tokens;
+  for (auto [name, p, d, m, prefill_flag, decode_flags] :
+       {std::tuple<const char*, int, int, int, const char*, std::vector<std::string>>{
+            "mixed", 0, 0, 1, "", {}},
+        {"1P1D", 1, 1, 0, "", {}},
+        {"1P1D prefill tp=2", 1, 1, 0, "--tp=2", {}},
+        {"1P1D decode tp=2 dcp=2", 1, 1, 0, "", {"--tp=2", "--dcp=2"}}}) {
+    SCOPED_TRACE(name);
+    ClusterOptions options;
+    options.prefill = p;
+    options.decode = d;
+    options.mixed = m;
+    options.model_dir = kMlaModel;
+    options.worker_flags = {"--kv_cache_dtype=fp8"};
+    if (*prefill_flag != '\0') options.prefill_flags = {prefill_flag};
+    options.decode_flags = decode_flags;
+    auto cluster = Cluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    // Prompts of 1, 3, 7, 16 and 33 tokens (33: three latent blocks move), 12 greedy tokens each.
+    std::vector<std::vector<uint32_t>> tokens;
+    for (size_t i : {0, 1, 2, 3, 5}) {
+      Result r = Generate((*cluster)->router(), ToRequest(Prompt{prompts[i], 12}));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
+      tokens.push_back(r.tokens);
+    }
+    if (m > 0) {
+      mixed_tokens = tokens;
+      continue;
+    }
+    EXPECT_EQ(tokens, mixed_tokens);
+    auto stats = (*cluster)->Stats("decode-0");
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->kv_bytes_received(), 0u) << (*cluster)->Logs();
+    EXPECT_EQ(stats->kv_bytes_received() % block_bytes, 0u) << stats->kv_bytes_received();
+    EXPECT_EQ(stats->kv_load_failures(), 0u);
+    EXPECT_EQ(stats->kv_recomputes(), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::e2e
