@@ -205,6 +205,10 @@ TEST(LimitsTest, MessagesAtEveryLimitFitInOneGrpcMessage) {
   *decode.mutable_request() = gen;
   *decode.mutable_kv_handle() = handle;
   decode.set_first_token(kWorstToken);
+  decode.mutable_mtp_handoff()->set_num_positions(kWorstToken);
+  decode.mutable_mtp_handoff()->set_row_width(kWorstToken);
+  decode.mutable_mtp_handoff()->mutable_latent_rows()->Resize(kMaxMtpHandoffRowFloats, 1.0f);
+  decode.mutable_mtp_handoff()->mutable_last_hidden()->Resize(kMaxMtpHandoffHiddenFloats, 1.0f);
   EXPECT_LE(static_cast<int64_t>(decode.ByteSizeLong()), kMaxGrpcMessageBytes)
       << "DecodeRequest at the limits is " << decode.ByteSizeLong() << " bytes";
 

@@ -50,7 +50,9 @@
 # --speculative_adaptive / --speculative_disable_by_batch_size / --draft_model: speculative
 # decoding on the decode and mixed workers (the same tandem_worker flags; prefill workers never
 # speculate; runtime/engine/speculative.h; --draft_model=DIR of the target's vocabulary, or
-# dummy:CONFIG[:SEED]; mtp: the DeepSeek-V3 --model's own MTP layer, CPU backend only).
+# dummy:CONFIG[:SEED]; mtp: the DeepSeek-V3 --model's own MTP layer; prefill workers get the mtp
+# flags too and hand the MTP's state of each prompt to the decode worker: CPU backend only; on
+# CUDA the decode worker's MTP sees zeros for the prompt, exact, lower acceptance).
 #
 # Everything binds to 127.0.0.1. Logs and pids go to RUN_DIR; deploy/local/down.sh RUN_DIR stops
 # the cluster. Binaries come from BIN_DIR (build them first: bazel build -c opt
@@ -182,7 +184,11 @@ fi
 start_worker() {  # start_worker ROLE INDEX
   local name="$1-$2" tp=1 dcp=1 ep=0 dpa=0 spec_flags=() ep_flags=()
   case "$1" in
-    prefill) tp=$prefill_tp ep=$prefill_ep dpa=$prefill_dpa ;;
+    prefill)
+      tp=$prefill_tp ep=$prefill_ep dpa=$prefill_dpa
+      # MTP: P runs the MTP layer over its prompts for D's drafter (it never drafts).
+      [[ " ${spec[*]-} " == *" --speculative_method=mtp "* ]] && spec_flags=("${spec[@]}")
+      ;;
     decode) tp=$decode_tp dcp=$decode_dcp ep=$decode_ep dpa=$decode_dpa spec_flags=(${spec[@]+"${spec[@]}"}) ;;
     mixed) tp=$mixed_tp dcp=$mixed_dcp ep=$mixed_ep dpa=$mixed_dpa spec_flags=(${spec[@]+"${spec[@]}"}) ;;
   esac

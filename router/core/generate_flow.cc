@@ -290,6 +290,8 @@ void GenerateFlow::OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered) {
   *decode_request_.mutable_request() = request_;
   decode_request_.set_first_token(prefilled.first_token());
   *decode_request_.mutable_kv_handle() = prefilled.kv_handle();
+  // P's MTP state of the prompt, for D's MTP drafter (worker.proto MtpHandoff).
+  if (prefilled.has_mtp_handoff()) *decode_request_.mutable_mtp_handoff() = prefilled.mtp_handoff();
   decode_request_.set_on_kv_failure(orch_.options().on_kv_failure);
   decode_attempt_ = 1;
   StartDecode();

@@ -164,6 +164,8 @@ PdRun RunPrefillDecode(const std::vector<RequestSpec>& specs, bool hand_over) {
     r.reason = rest.finish_reason;
   }
   run.out.stats = d.engine->spec_stats();
+  EXPECT_EQ(p.engine->mtp()->num_handoffs(), specs.size());
+  EXPECT_EQ(d.engine->mtp()->num_handoffs(), hand_over ? specs.size() : 0u);
   EXPECT_EQ(d.engine->mtp()->num_free_blocks(), d.engine->mtp()->num_blocks());
   EXPECT_EQ(p.engine->mtp()->num_free_blocks(), p.engine->mtp()->num_blocks());
   return run;

@@ -113,7 +113,9 @@ float* MtpProposer::LatentRow(int64_t request_id, int64_t position) {
 
 absl::Status MtpProposer::CatchUpPrompt(int64_t request_id, absl::Span<const int32_t> prompt) {
   const int64_t n = static_cast<int64_t>(prompt.size()) - 1;  // positions 0 .. L - 2
-  if (n <= 0 || n * row_width() * static_cast<int64_t>(sizeof(float)) > kMaxHandoffBytes ||
+  // A device pool's rows are not handed over (ExportPrompt): no catch-up for nothing.
+  if (n <= 0 || executor_->pool_on_device() ||
+      n * row_width() * static_cast<int64_t>(sizeof(float)) > kMaxHandoffBytes ||
       !kv_cache_->Allocate(request_id, n, nullptr)) {
     return absl::OkStatus();
   }
@@ -143,6 +145,7 @@ std::optional<MtpHandoff> MtpProposer::ExportPrompt(int64_t request_id, int64_t 
     std::copy(row, row + width, handoff.latent_rows.begin() + p * width);
   }
   handoff.last_hidden.assign(st.hidden.begin() + last * H, st.hidden.begin() + (last + 1) * H);
+  ++num_handoffs_;
   return handoff;
 }
 
@@ -179,6 +182,7 @@ void MtpProposer::ImportPrompt(int64_t request_id, const MtpHandoff& handoff) {
   RequestState& st = state_[request_id];
   st.valid = n;
   RecordHidden(request_id, n, handoff.last_hidden);
+  ++num_handoffs_;
 }
 
 absl::Status MtpProposer::Propose(absl::Span<DraftJob> jobs) {

@@ -112,6 +112,8 @@ class MtpProposer {
   // (or on a device pool) nothing is taken: the prompt then enters with zeros (exact).
   void ImportPrompt(int64_t request_id, const MtpHandoff& handoff);
   static constexpr int64_t kMaxHandoffBytes = int64_t{4} << 20;
+  // Handoffs ExportPrompt made plus those ImportPrompt took (a worker's stats).
+  uint64_t num_handoffs() const { return num_handoffs_; }
   // Floats of one latent row (kv_lora_rank + qk_rope_head_dim).
   int64_t row_width() const { return target_.kv_lora_rank + target_.qk_rope_head_dim; }
 
@@ -156,6 +158,7 @@ class MtpProposer {
   std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<ModelExecutor> executor_;
   absl::flat_hash_map<int64_t, RequestState> state_;
+  uint64_t num_handoffs_ = 0;
   // This Propose's chained hidden state per request ([hidden]: the MTP's output of its last run).
   absl::flat_hash_map<int64_t, std::vector<float>> chain_;
 };

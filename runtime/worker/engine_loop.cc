@@ -119,6 +119,7 @@ void EngineLoop::Publish() {
   stats.steps = steps_done_;
   stats.kv_recomputes = engine_->num_kv_recomputes();
   stats.spec = engine_->spec_stats();
+  stats.mtp_handoffs = engine_->mtp() != nullptr ? engine_->mtp()->num_handoffs() : 0;
   stats.moe_expert_tokens = engine_->executor_stats().moe_expert_tokens;
   std::vector<uint64_t> added, removed;
   engine_->TakeCacheEvents(&added, &removed);

@@ -74,7 +74,8 @@ struct EngineLoopStats {
   int64_t steps = 0;  // loop steps completed (each drains the inbox, then steps the engine)
   // Requests whose remote KV failed to load and were queued to prefill here instead.
   uint64_t kv_recomputes = 0;
-  SpecStats spec;  // speculative decoding counters (Engine::spec_stats)
+  SpecStats spec;             // speculative decoding counters (Engine::spec_stats)
+  uint64_t mtp_handoffs = 0;  // MtpProposer::num_handoffs (P -> D MTP state made or taken)
   // MoE models: tokens routed to each expert (ExecutorStats::moe_expert_tokens).
   std::vector<uint64_t> moe_expert_tokens;
 };

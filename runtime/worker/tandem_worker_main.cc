@@ -150,9 +150,15 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   config.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   config.engine.num_threads = absl::GetFlag(FLAGS_num_threads);
-  // Speculative decoding on decode and mixed workers; a prefill worker never speculates.
+  // Speculative decoding on decode and mixed workers; a prefill worker never speculates. With
+  // --speculative_method=mtp a prefill worker loads the MTP layer too and runs it over its
+  // prompts for the decode workers (PrefillResponse.mtp_handoff; it drafts nothing: its requests
+  // end at their first token).
   ASSIGN_OR_RETURN(SpeculativeConfig speculative, SpeculativeConfigFromFlags());
-  if (config.role != tandem::v1::WORKER_ROLE_PREFILL) config.engine.speculative = speculative;
+  if (config.role != tandem::v1::WORKER_ROLE_PREFILL ||
+      speculative.method == SpeculativeMethod::kMtp) {
+    config.engine.speculative = speculative;
+  }
   if (config.engine.speculative.method == SpeculativeMethod::kDraft) {
     ASSIGN_OR_RETURN(config.draft_model, DraftModelSourceFromFlags());
   }

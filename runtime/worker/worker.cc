@@ -381,6 +381,7 @@ tandem::v1::WorkerStats Worker::StatsProto() const {
   out.set_spec_verify_passes(stats.spec.verify_passes);
   out.set_spec_draft_tokens(stats.spec.drafted_tokens);
   out.set_spec_accepted_tokens(stats.spec.accepted_tokens);
+  out.set_spec_mtp_handoffs(stats.mtp_handoffs);
   for (uint64_t n : stats.moe_expert_tokens) out.add_moe_expert_tokens(n);
   for (int64_t free : stats.kv.free_blocks_per_shard) out.add_kv_free_blocks_per_shard(free);
   if (options_.rank_kv_stats) options_.rank_kv_stats(&out);

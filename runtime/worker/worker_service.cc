@@ -21,6 +21,30 @@ void FillUsage(const RequestUpdate& u, tandem::v1::Usage* usage) {
   usage->set_cached_prompt_tokens(static_cast<uint32_t>(u.num_cached_prompt_tokens));
 }
 
+void ToProto(const MtpHandoff& handoff, tandem::v1::MtpHandoff* out) {
+  out->set_num_positions(static_cast<uint32_t>(handoff.num_positions));
+  out->set_row_width(static_cast<uint32_t>(handoff.row_width));
+  out->mutable_latent_rows()->Add(handoff.latent_rows.begin(), handoff.latent_rows.end());
+  out->mutable_last_hidden()->Add(handoff.last_hidden.begin(), handoff.last_hidden.end());
+}
+
+// The engine checks the shapes against its MTP layer (Engine::AddRequest); here only the limits.
+absl::StatusOr<MtpHandoff> FromProto(const tandem::v1::MtpHandoff& in) {
+  if (in.latent_rows_size() > tandem::v1::kMaxMtpHandoffRowFloats ||
+      in.last_hidden_size() > tandem::v1::kMaxMtpHandoffHiddenFloats) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mtp_handoff has ", in.latent_rows_size(), " row floats and ", in.last_hidden_size(),
+        " hidden floats; the limits are ", tandem::v1::kMaxMtpHandoffRowFloats, " and ",
+        tandem::v1::kMaxMtpHandoffHiddenFloats));
+  }
+  MtpHandoff handoff;
+  handoff.num_positions = in.num_positions();
+  handoff.row_width = in.row_width();
+  handoff.latent_rows.assign(in.latent_rows().begin(), in.latent_rows().end());
+  handoff.last_hidden.assign(in.last_hidden().begin(), in.last_hidden().end());
+  return handoff;
+}
+
 }  // namespace
 
 tandem::v1::FinishReason FinishReasonToProto(FinishReason reason) {
@@ -94,6 +118,9 @@ grpc::Status WorkerServiceImpl::Prefill(grpc::ServerContext* context,
   response->set_finish_reason(FinishReasonToProto(first.finish_reason));
   if (result->kv_handle.has_value()) *response->mutable_kv_handle() = *std::move(result->kv_handle);
   *response->mutable_worker_times() = result->times;
+  if (first.mtp_handoff.has_value() && response->has_kv_handle()) {
+    ToProto(*first.mtp_handoff, response->mutable_mtp_handoff());
+  }
   return grpc::Status::OK;
 }
 
@@ -126,6 +153,11 @@ grpc::Status WorkerServiceImpl::Decode(grpc::ServerContext* context,
   }
   absl::StatusOr<RequestSpec> spec = SpecFromProto(request->request());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
+  if (request->has_mtp_handoff()) {
+    absl::StatusOr<MtpHandoff> handoff = FromProto(request->mtp_handoff());
+    if (!handoff.ok()) return ToGrpcStatus(handoff.status());
+    spec->mtp_handoff = *std::move(handoff);
+  }
   const std::string& id = request->request().request_id();
   const int32_t first_token = static_cast<int32_t>(
       std::min<uint32_t>(request->first_token(), std::numeric_limits<int32_t>::max()));

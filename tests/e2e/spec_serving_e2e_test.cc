@@ -130,8 +130,11 @@ TEST(SpecServingE2eTest, DcpDecodeGroupSpeculatesWithNgramsAndRefusesADraftModel
 }
 
 // DeepSeek-V3 with its MTP layer (tests/golden/fixtures_mtp): a mixed worker and a P -> D pair
-// whose decode worker drafts with the model's own MTP layer (the P -> D prompt's hidden states
-// stayed on P: the MTP sees zeros there) serve transformers' greedy tokens of the target.
+// whose decode worker drafts with the model's own MTP layer (P, started with the same MTP flags,
+// runs the MTP over each prompt and hands its state over: PrefillResponse.mtp_handoff) serve
+// transformers' greedy tokens of the target, with the same verify passes, drafts and accepted
+// drafts on both (the random fixture accepts ~0 either way: mtp_disagg_test shows that the
+// handoff changes the drafts).
 TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
   std::ifstream in("tests/golden/fixtures_mla/deepseek_v3_moe_f32/expected.json");
   ASSERT_TRUE(in.good());
@@ -139,6 +142,7 @@ TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
   const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
   const auto greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
   const std::vector<std::string> mtp = {"--speculative_method=mtp", "--num_speculative_tokens=3"};
+  std::vector<uint64_t> counts[2];  // mixed, 1P1D: verify passes, drafts, accepted
   for (const bool disaggregated : {false, true}) {
     SCOPED_TRACE(disaggregated ? "1P1D" : "mixed");
     ClusterOptions options;
@@ -147,6 +151,7 @@ TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
     options.decode = disaggregated ? 1 : 0;
     options.mixed = disaggregated ? 0 : 1;
     (disaggregated ? options.decode_flags : options.mixed_flags) = mtp;
+    if (disaggregated) options.prefill_flags = mtp;
     auto cluster = Cluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     for (size_t i : {0, 3, 5, 8}) {
@@ -159,15 +164,23 @@ TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
     absl::StatusOr<tandem::v1::WorkerStats> stats = (*cluster)->Stats(speculating);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_GT(stats->spec_verify_passes(), 0u) << (*cluster)->Logs();
-    // The MTP drafts of the same requests on a mixed worker and on a P -> D decode worker (whose
-    // MTP sees zero hidden states for the prompt: issue 34). Random MTP weights make acceptance
-    // meaningless as a quality number; a difference between the two rows is the zeros' effect.
+    if (disaggregated) {
+      absl::StatusOr<tandem::v1::WorkerStats> p = (*cluster)->Stats("prefill-0");
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(p->spec_mtp_handoffs(), 4u) << "P hands its MTP state of every prompt over";
+      EXPECT_EQ(p->spec_verify_passes(), 0u) << "P never drafts";
+    }
+    EXPECT_EQ(stats->spec_mtp_handoffs(), disaggregated ? 4u : 0u) << "taken by D";
+    counts[disaggregated] = {stats->spec_verify_passes(), stats->spec_draft_tokens(),
+                             stats->spec_accepted_tokens()};
+    // Random MTP weights make acceptance meaningless as a quality number.
     std::printf("MTP %s: %llu verify passes, %llu drafts, %llu accepted\n",
                 disaggregated ? "1P1D decode-0" : "mixed-0",
                 static_cast<unsigned long long>(stats->spec_verify_passes()),
                 static_cast<unsigned long long>(stats->spec_draft_tokens()),
                 static_cast<unsigned long long>(stats->spec_accepted_tokens()));
   }
+  EXPECT_EQ(counts[1], counts[0]) << "the 1P1D decode worker drafts as the mixed worker";
 }
 
 }  // namespace

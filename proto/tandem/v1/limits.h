@@ -28,6 +28,11 @@ inline constexpr int kMaxAccessTokenBytes = 256;
 inline constexpr int kUcxGatherKeyBytes = 16;
 // Ranks of one worker group in a TransferHandshake (TransferHandshake.ranks).
 inline constexpr int kMaxGroupRanks = 64;
+// MtpHandoff (worker.proto): latent_rows of at most 4 MiB (runtime/engine MtpProposer::
+// kMaxHandoffBytes: ~1,800 prompt tokens of DeepSeek-V3's 576-float rows) and last_hidden of at
+// most 64 Ki floats.
+inline constexpr int kMaxMtpHandoffRowFloats = 1 << 20;
+inline constexpr int kMaxMtpHandoffHiddenFloats = 1 << 16;
 // Heartbeat prefix-index deltas (hashes per heartbeat, each list).
 inline constexpr int kMaxHeartbeatBlockHashes = 1 << 16;
 
