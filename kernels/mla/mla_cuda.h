@@ -100,7 +100,8 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
                             const DeviceKvCache& cache, int64_t layer, cudaStream_t stream);
 
 // MlaWriteLatent into an FP8 latent pool (mla_fp8_latent.h's format: `cache` of dtype kFp8E4m3
-// holding e4m3 codes, cache.token_scales one fp32 scale per (token, layer) row at [e / D];
+// holding e4m3 codes, cache.token_scales one fp32 scale per (token, layer) row at [e / D]; or,
+// with cache.latent_block_bytes > 0, each block its codes then its scales, one range);
 // k_scale / v_scale unused): each row quantized with scale = max|row| / 448 (1 for a zero row),
 // bit-exactly cpu::WriteLatentCacheFp8 of the same (T-valued) latents. One warp per token.
 // MlaLatentAttention / MlaAbsorbedAttention read such a pool through the plain kernel (codes times

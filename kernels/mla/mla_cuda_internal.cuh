@@ -55,6 +55,14 @@ absl::Status CheckLatentPool(const DeviceKvCache& cache, const MlaDims& dims, in
       return absl::InvalidArgumentError(
           absl::StrCat(op, ": an FP8 latent pool needs data and token_scales"));
     }
+    const KvCacheLayout& l = cache.layout;
+    const int64_t need = l.BlockElems() + l.BlockElems() / l.head_dim * 4;
+    if (cache.latent_block_bytes != 0 &&
+        (cache.latent_block_bytes % 4 != 0 || cache.latent_block_bytes < need)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": latent_block_bytes ",
+                                                     cache.latent_block_bytes, " (0, or >= ", need,
+                                                     " and a multiple of 4)"));
+    }
   } else if (absl::Status s = ValidateDeviceKvCache(cache, op); !s.ok()) {
     return s;
   }
@@ -70,6 +78,17 @@ absl::Status CheckLatentPool(const DeviceKvCache& cache, const MlaDims& dims, in
         ", head_dim ", l.head_dim, ") or layer ", layer, " out of range"));
   }
   return absl::OkStatus();
+}
+
+// Where block b's codes (bytes) and row scales (floats) of an FP8 latent pool start: planar or
+// block-interleaved (DeviceKvCache::latent_block_bytes).
+struct Fp8BlockStrides {
+  int64_t codes;
+  int64_t scales;
+};
+inline Fp8BlockStrides Fp8Strides(const DeviceKvCache& cache) {
+  const int64_t b = cache.latent_block_bytes, elems = cache.layout.BlockElems();
+  return b > 0 ? Fp8BlockStrides{b, b / 4} : Fp8BlockStrides{elems, elems / cache.layout.head_dim};
 }
 
 // The latent kernels' parameters (mla_decode_cuda.cu, mla_decode_wgmma.cu).
@@ -96,9 +115,13 @@ struct LatentParams {
   float* lse;
   float* part_o;  // split: [split][T * H][L]
   float* part_lse;
-  // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row.
+  // An FP8 latent pool (mla_fp8_latent.h): codes in place of `pool`, one scale per row; block b's
+  // codes from pool8 + b * code_block_stride, its scales from row_scales + b * scale_block_stride
+  // (planar: block_elems and block_elems / dim; block-interleaved: Fp8BlockStrides).
   const uint8_t* pool8;
   const float* row_scales;
+  int64_t code_block_stride;
+  int64_t scale_block_stride;
   // Decode context parallelism (MlaPlanInput::dcp): the pool holds one latent shard at local
   // indices, seq_lens stay global. Products precomputed (DcpShardValid keeps them in range).
   int dcp_size;  // 1: no DCP

@@ -6,7 +6,9 @@
 // split-KV forced on and off. Tolerance: out within 2.5e-2 of max|ref| (bf16 roundings of q_lat,
 // the P weights and o_lat), LSE within 2e-2. FP8 latent pools (mla_fp8_latent.h):
 // MlaWriteLatentFp8's codes and per-row scales must equal cpu::WriteLatentCacheFp8's exactly, and
-// attention over them cpu::MlaPagedAttentionFp8 by the same tolerance.
+// attention over them cpu::MlaPagedAttentionFp8 by the same tolerance; the same for the
+// block-interleaved form (DeviceKvCache::latent_block_bytes: each block its codes then its scales,
+// byte for byte the CPU's).
 #include "kernels/mla/mla_cuda.h"
 
 #include <cublas_v2.h>
@@ -39,6 +41,7 @@ struct Case {
   // Decode context parallelism: the pool holds this shard's latents at local indices, the
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
   DcpShard dcp = {};
+  bool fp8_blocks = false;  // with fp8: block-interleaved (each block its codes then its scales)
 };
 
 template <typename T>
@@ -89,7 +92,15 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
   std::vector<uint8_t> codes(c.fp8 ? layout.TotalElems() : 0);
   std::vector<float> row_scales(c.fp8 ? layout.TotalElems() / D : 0, 0.0f);
-  const cpu::Fp8LatentCacheView fp8_view{codes.data(), row_scales.data(), layout};
+  cpu::Fp8LatentCacheView fp8_view{codes.data(), row_scales.data(), layout};
+  // The block-interleaved form: one buffer of num_blocks blocks, each its codes then its scales.
+  const int64_t block_bytes = layout.BlockElems() + layout.BlockElems() / D * 4;
+  std::vector<float> blocks_words(c.fp8_blocks ? layout.num_blocks * block_bytes / 4 : 0, 0.0f);
+  auto* blocks8 = reinterpret_cast<uint8_t*>(blocks_words.data());
+  if (c.fp8_blocks) {
+    fp8_view = {blocks8, reinterpret_cast<float*>(blocks8 + layout.BlockElems()), layout,
+                block_bytes};
+  }
   if (c.fp8) {
     ASSERT_TRUE(cpu::WriteLatentCacheFp8(latent.data(), slots.data(), n_lat, 1, fp8_view).ok());
   } else {
@@ -122,7 +133,19 @@ void RunCase(const Case& c, std::mt19937& rng) {
   DeviceKvCache cache{pool_d.get(), layout, dt};
   DeviceBuffer<uint8_t> codes_d(c.fp8 ? layout.TotalElems() : 1);
   DeviceBuffer<float> scales_d(c.fp8 ? layout.TotalElems() / D : 1);
-  if (c.fp8) {
+  DeviceBuffer<uint8_t> blocks_d(c.fp8_blocks ? layout.num_blocks * block_bytes : 1);
+  if (c.fp8_blocks) {
+    TANDEM_CUDA_CHECK(cudaMemset(blocks_d.get(), 0, layout.num_blocks * block_bytes));
+    cache = DeviceKvCache{blocks_d.get(), layout, KvDtype::kFp8E4m3};
+    cache.token_scales = reinterpret_cast<float*>(blocks_d.get() + layout.BlockElems());
+    cache.latent_block_bytes = block_bytes;
+    ASSERT_TRUE(MlaWriteLatentFp8<T>(ckv_d.get(), L + 3, kpe_d.get(), d.qk_rope_head_dim,
+                                     slots_d.get(), n_lat, d, cache, 1, nullptr)
+                    .ok());
+    const std::vector<uint8_t> got = blocks_d.ToHost();
+    ASSERT_TRUE(std::equal(got.begin(), got.end(), blocks8))
+        << "MlaWriteLatentFp8 (blocks form) differs from the CPU's bytes";
+  } else if (c.fp8) {
     TANDEM_CUDA_CHECK(cudaMemset(codes_d.get(), 0, layout.TotalElems()));
     TANDEM_CUDA_CHECK(cudaMemset(scales_d.get(), 0, layout.TotalElems() / D * sizeof(float)));
     cache = DeviceKvCache{codes_d.get(), layout, KvDtype::kFp8E4m3};
@@ -287,6 +310,10 @@ TEST(MlaCudaTest, Fp8LatentPools) {
   RunCase<__nv_bfloat16>({kTiny, {1, 3}, {9, 301}, 16, 4, /*fp8=*/true}, rng);
   RunCase<__nv_bfloat16>({kLite, {1, 2, 1}, {77, 130, 5}, 16, 0, /*fp8=*/true}, rng);
   RunCase<__half>({kV3, {1}, {200}, 64, 3, /*fp8=*/true}, rng);
+  // The block-interleaved pool (DeviceKvCache::latent_block_bytes; the CPU backend's, what moves
+  // P -> D): the same bytes as the CPU's blocks form, attention as over the planar pool.
+  RunCase<__nv_bfloat16>({kTiny, {1, 4, 2}, {1, 70, 33}, 4, 1, true, false, {}, true}, rng);
+  RunCase<__half>({kV3, {1, 2}, {200, 77}, 16, 0, true, false, {}, true}, rng);
 }
 
 // MlaRope vs cpu::ApplyMlaRope on the q layout ([T, Hq, Dn + Dr], RoPE at offset Dn) for both

@@ -252,9 +252,10 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   }
   float m = -INFINITY, l = 0.0f;
   for (int key = kb; key < ke; ++key) {
-    const int64_t off = static_cast<int64_t>(table[key / p.block_size]) * p.block_elems +
-                        p.layer_offset + static_cast<int64_t>(key % p.block_size) * p.dim;
-    const float rs = kFp8 ? p.row_scales[off / p.dim] : 1.0f;
+    const int64_t blk = table[key / p.block_size];
+    const int64_t in = p.layer_offset + static_cast<int64_t>(key % p.block_size) * p.dim;
+    const int64_t off = blk * (kFp8 ? p.code_block_stride : p.block_elems) + in;
+    const float rs = kFp8 ? p.row_scales[blk * p.scale_block_stride + in / p.dim] : 1.0f;
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < kMaxDPerLane; ++k) {
@@ -406,6 +407,9 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     p.pool = nullptr;
     p.pool8 = static_cast<const uint8_t*>(cache.data);
     p.row_scales = cache.token_scales;
+    const mla_internal::Fp8BlockStrides strides = mla_internal::Fp8Strides(cache);
+    p.code_block_stride = strides.codes;
+    p.scale_block_stride = strides.scales;
   }
   unsigned char* base = static_cast<unsigned char*>(workspace);
   if (plan.num_splits > 1) {

@@ -19,8 +19,9 @@ namespace {
 template <typename T>
 __global__ void WriteLatentFp8Kernel(const T* c_kv, int64_t c_kv_stride, const T* k_pe,
                                      int64_t k_pe_stride, const int64_t* slots, int64_t num_tokens,
-                                     int lora, int dim, int block_size, int64_t block_elems,
-                                     int64_t layer_offset, uint8_t* codes, float* scales) {
+                                     int lora, int dim, int block_size, int64_t code_stride,
+                                     int64_t scale_stride, int64_t layer_offset, uint8_t* codes,
+                                     float* scales) {
   const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (t >= num_tokens) return;
@@ -35,13 +36,14 @@ __global__ void WriteLatentFp8Kernel(const T* c_kv, int64_t c_kv_stride, const T
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-  const int64_t e =
-      (slot / block_size) * block_elems + layer_offset + (slot % block_size) * int64_t{dim};
+  const int64_t b = slot / block_size;
+  const int64_t in = layer_offset + (slot % block_size) * int64_t{dim};  // within block b
+  uint8_t* row = codes + b * code_stride + in;
   for (int c = lane; c < dim; c += 32) {
-    codes[e + c] = static_cast<uint8_t>(
+    row[c] = static_cast<uint8_t>(
         __nv_cvt_float_to_fp8(__fdiv_rn(value(c), scale), __NV_SATFINITE, __NV_E4M3));
   }
-  if (lane == 0) scales[e / dim] = scale;
+  if (lane == 0) scales[b * scale_stride + in / dim] = scale;
 }
 
 }  // namespace
@@ -65,11 +67,12 @@ absl::Status MlaWriteLatentFp8(const T* c_kv, int64_t c_kv_stride, const T* k_pe
     return absl::InvalidArgumentError("MlaWriteLatentFp8: null pointer");
   }
   constexpr int kWarps = 8;
+  const mla_internal::Fp8BlockStrides strides = mla_internal::Fp8Strides(cache);
   WriteLatentFp8Kernel<T>
       <<<static_cast<unsigned>((num_tokens + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
           c_kv, c_kv_stride, k_pe, k_pe_stride, slot_mapping, num_tokens,
           static_cast<int>(dims.kv_lora_rank), static_cast<int>(dims.LatentDim()),
-          static_cast<int>(cache.layout.block_size), cache.layout.BlockElems(),
+          static_cast<int>(cache.layout.block_size), strides.codes, strides.scales,
           cache.layout.TileOffset(0, layer, 0), static_cast<uint8_t*>(cache.data),
           cache.token_scales);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());

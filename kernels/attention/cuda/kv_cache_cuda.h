@@ -54,6 +54,12 @@ struct DeviceKvCache {
   // KvScaleBlockElems(layout) floats, 16-byte aligned, layout in the file comment. Written by
   // ReshapeAndCache together with the int8 rows, read by PagedAttention.
   float* token_scales = nullptr;
+  // FP8 MLA latent pools only (kernels/mla; ignored otherwise): 0 = planar (every block's codes,
+  // then token_scales[e / head_dim] for every row); > 0 = each block one range of this many bytes,
+  // its layout.BlockElems() codes then its row scales (token_scales = data + BlockElems() bytes,
+  // block b's scales from token_scales + b * latent_block_bytes / 4; runtime/engine/kv_layout.h
+  // Fp8LatentBlocks).
+  int64_t latent_block_bytes = 0;
 };
 
 // OK iff the layout is valid, data is non-null and 16-byte aligned, head_dim * element size is a
