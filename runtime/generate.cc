@@ -64,6 +64,8 @@ ABSL_FLAG(std::string, prefill_kernel, "auto",
           "kernel)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
+ABSL_FLAG(bool, async_scheduling, false,
+          "schedule step s + 1 while step s runs (runtime/engine/engine.h; decode steps)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes");
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
@@ -135,6 +137,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   engine_config.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   engine_config.num_threads = absl::GetFlag(FLAGS_num_threads);
   engine_config.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  engine_config.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   ASSIGN_OR_RETURN(engine_config.speculative, SpeculativeConfigFromFlags());
   ASSIGN_OR_RETURN(auto engine,
                    Engine::Create(engine_config, config, std::move(weights), {}, &factory));

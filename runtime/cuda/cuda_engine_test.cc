@@ -4,7 +4,8 @@
 //    tolerances; and against the CPU backend's fp32 logits on the same prompts;
 //  * graph-captured and uncaptured decode give identical tokens (and graphs were used);
 //  * a head_dim 128 GQA model with host random weights agrees with the CPU backend;
-//  * device-generated dummy weights run end to end; bad configs fail cleanly.
+//  * device-generated dummy weights run end to end; bad configs fail cleanly;
+//  * async scheduling gives the synchronous engine's tokens.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -347,6 +348,106 @@ TEST(CudaEngineTest, DeviceDummyWeightsAreTheHostDraw) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_GE(Cosine(a[i].logits, b[i].logits), 0.99999) << "prompt " << i;
     EXPECT_LT(Cosine(a[i].logits, other[i].logits), 0.99) << "prompt " << i << ": seed ignored";
+  }
+}
+
+// Async scheduling (EngineConfig::async_scheduling): the next step's input ids come from the
+// previous step's sampled tokens on the device. Steps of the same batches as synchronous ones
+// give the same tokens, greedy and seeded, on one GPU and over NCCL in graphs (a group of one:
+// the event wait with a communicator); a stop seen one step late emits nothing more and frees
+// every block; a later request reusing them decodes as it does alone.
+struct AsyncResult {
+  std::vector<std::vector<int32_t>> tokens;
+  int64_t graph_steps = 0;
+};
+
+AsyncResult RunAsyncOrNot(const ModelConfig& model, const std::vector<RequestSpec>& specs,
+                          const ExecutorFactory& factory, bool async, int64_t stagger = -1) {
+  EngineConfig config;
+  config.kv_cache_bytes = int64_t{64} << 20;
+  config.max_num_batched_tokens = 512;
+  config.max_num_seqs = 64;
+  config.async_scheduling = async;
+  AsyncResult result;
+  result.tokens.resize(specs.size());
+  auto engine = Engine::Create(config, model, RandomModelWeights(model, 21), {}, &factory);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return result;
+  Engine& e = **engine;
+  EXPECT_EQ(e.async_scheduling(), async);
+  size_t added = 0;
+  for (int step = 0; step < 2000 && (added < specs.size() || e.HasUnfinished()); ++step) {
+    // All at once, or (stagger >= 0) one after the previous one finished.
+    while (added < specs.size() && (stagger < 0 || !e.HasUnfinished())) {
+      EXPECT_TRUE(e.AddRequest(static_cast<int64_t>(added), specs[added]).ok());
+      ++added;
+      if (stagger >= 0) break;
+    }
+    auto updates = e.Step();
+    EXPECT_TRUE(updates.ok()) << updates.status();
+    if (!updates.ok()) break;
+    for (const RequestUpdate& u : *updates) {
+      auto& t = result.tokens[u.request_id];
+      t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+    }
+  }
+  EXPECT_FALSE(e.HasUnfinished());
+  EXPECT_EQ(e.kv_cache_stats().num_free_blocks, e.num_kv_blocks());
+  result.graph_steps = e.executor_stats().graph_steps;
+  return result;
+}
+
+TEST(CudaEngineTest, AsyncSchedulingGivesTheSameTokens) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  const auto prompts = RandomPrompts(11, 70, static_cast<int>(model.vocab_size), seed);
+  std::vector<RequestSpec> specs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    specs[i].prompt = prompts[i];
+    specs[i].max_tokens = 20;
+    specs[i].ignore_eos = true;
+    if (i % 2 == 1) {
+      specs[i].sampling.temperature = 0.8f;
+      specs[i].sampling.top_k = 50;
+      specs[i].sampling.seed = 7 + i;
+    }
+  }
+  auto server = comm::TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  comm::GlooGroupOptions group_options;
+  group_options.store_port = (*server)->port();
+  group_options.serve_store = false;
+  auto group = comm::GlooProcessGroup::Create(group_options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  CudaBackendConfig plain = MidBackend();
+  plain.gemm_autotune = false;
+  CudaBackendConfig nccl = plain;
+  nccl.group = group->get();
+  for (const CudaBackendConfig& backend : {plain, nccl}) {
+    SCOPED_TRACE(backend.group == nullptr ? "one GPU" : "group of one over NCCL");
+    const ExecutorFactory factory = CudaExecutorFactory(backend);
+    const AsyncResult sync = RunAsyncOrNot(model, specs, factory, false);
+    const AsyncResult async = RunAsyncOrNot(model, specs, factory, true);
+    EXPECT_GT(async.graph_steps, 0);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(async.tokens[i], sync.tokens[i]) << "request " << i;
+      EXPECT_EQ(async.tokens[i].size(), 20u);
+    }
+    // One request at a time: request 0 stops at a token it generates (seen one step late),
+    // request 1 then reuses its blocks.
+    std::vector<RequestSpec> pair = {specs[0], specs[1]};
+    const AsyncResult free_run = RunAsyncOrNot(model, pair, factory, false, 0);
+    const int32_t stop = free_run.tokens[0][5];
+    pair[0].stop_token_ids = {stop};
+    const auto first = std::find(free_run.tokens[0].begin(), free_run.tokens[0].end(), stop);
+    const std::vector<int32_t> expected(free_run.tokens[0].begin(), first + 1);
+    for (bool async_on : {false, true}) {
+      const AsyncResult r = RunAsyncOrNot(model, pair, factory, async_on, 0);
+      EXPECT_EQ(r.tokens[0], expected) << "async " << async_on;
+      EXPECT_EQ(r.tokens[1], free_run.tokens[1]) << "async " << async_on;
+    }
   }
 }
 

@@ -5,7 +5,7 @@
 //
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
 //                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8]
-//                     [--ep=1] [--dp_attention=1]
+//                     [--ep=1] [--dp_attention=1] [--async_scheduling=0,1]
 //
 // --ep=1 (MoE shapes, --tp=N): expert parallelism over the TP ranks (EP a: experts whole on the
 // ranks, tokens replicated; tok/s per GPU = tok/s / N). --dp_attention=1: data-parallel attention
@@ -13,6 +13,11 @@
 // requests (prompts differ per rank) through the whole model but its experts, the MoE layers'
 // rows dispatched and combined by all-to-alls; runs eagerly; tok/s per GPU = tok/s. The roofline
 // columns assume the TP split (not meaningful under --dp_attention).
+//
+// --async_scheduling: a list of 0 (off) / 1 (on) measured one after the other, each with its own
+// engine (EngineConfig::async_scheduling: step s + 1 scheduled and launched while step s runs,
+// its input ids copied from step s's sampled tokens on the device); the timed loop is the same
+// Engine::Step() loop either way.
 //
 // --quantization: a comma-separated list of weight formats measured one after the other in this
 // process, each with its own engine: none (bf16) and fp8 (device dummy FP8 weights as
@@ -47,6 +52,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -110,8 +116,10 @@ int Main(int argc, char** argv) {
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
+  std::vector<int> async_modes = {0};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a.rfind("--async_scheduling=", 0) == 0) async_modes = ParseList(argv[i] + 19);
     if (a.rfind("--quantization=", 0) == 0) quants = absl::StrSplit(a.substr(15), ',');
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
     if (a.rfind("--context=", 0) == 0) context = std::atoi(argv[i] + 10);
@@ -207,8 +215,13 @@ int Main(int argc, char** argv) {
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
   const double dense_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
+  std::vector<std::pair<std::string, bool>> runs;  // (weight format, async scheduling)
   for (const std::string& quant : quants) {
+    for (int async : async_modes) runs.emplace_back(quant, async != 0);
+  }
+  for (const auto& [quant, async] : runs) {
     const bool fp8 = quant == "fp8";
+    config.async_scheduling = async;
     if ((!fp8 && quant != "none") || (fp8 && (model.IsMoe() || model.IsMla()))) {
       std::fprintf(stderr, "--quantization takes none and fp8 (dense models), got '%s'\n",
                    quant.c_str());
@@ -262,12 +275,13 @@ int Main(int argc, char** argv) {
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? "fp8 (per-channel e4m3, dynamic per-token activations)" : "bf16",
           (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
           pdl ? "on" : "off",
-          custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl");
+          custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl",
+          (*engine)->async_scheduling() ? "on" : "off");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "

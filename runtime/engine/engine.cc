@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                             max_model_len, block_bytes, dcp));
   engine->kv_dtype_ = backend.kv_dtype;
   engine->dp_size_ = dp;
+  engine->async_ = config.async_scheduling && !config.speculative.enabled() && dp == 1;
 
   KvCacheConfig kv_config;
   kv_config.num_blocks = num_blocks * dcp.size * dp;
@@ -272,7 +273,7 @@ void Engine::AttachConnector(kvtransfer::KvConnector* connector) {
 }
 
 bool Engine::HasWork() const {
-  return scheduler_->HasUnfinished() || (connector_ != nullptr && connector_->HasPendingLoads());
+  return HasUnfinished() || (connector_ != nullptr && connector_->HasPendingLoads());
 }
 
 absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
@@ -282,6 +283,7 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
     kvtransfer::FinishedTransfers finished = connector_->GetFinished(absl::Now());
     updates = scheduler_->ApplyConnectorResults(finished, connector_->GetLoadErrors());
   }
+  if (async_) return StepAsync(std::move(updates));
   SchedulerOutput batch = scheduler_->Schedule();
   if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
   if (batch.empty()) return updates;

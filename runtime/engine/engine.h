@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,15 @@ struct EngineConfig {
   // Speculative decoding (speculative.h); off by default. Needs a backend that verifies drafts
   // (ExecutorFactory::verifies_drafts).
   SpeculativeConfig speculative;
+  // Async scheduling (vLLM's async_scheduling, SGLang's overlap scheduler): Step() launches step
+  // s + 1 before it applies step s's tokens, which step s + 1 feeds on the device (the executor's
+  // Launch / Collect), so the host's scheduling overlaps the backend's step. Step() then returns
+  // the updates of the step before the one it launched; a stop that only the sampled token shows
+  // (EOS, a stop token) is seen one step late: the request's extra step is dropped, its blocks
+  // freed once that step ended. Only plain decode steps stay in flight: a step with a prefill
+  // chunk, captured prompt logits, or one that might preempt runs synchronously. Ignored (every
+  // step synchronous) with speculative decoding or data-parallel attention.
+  bool async_scheduling = false;
 };
 
 // Provides the KV pool's memory (`bytes`, float-aligned), e.g. from a transfer agent that can
@@ -96,6 +106,8 @@ class Engine {
   const MtpProposer* mtp() const { return mtp_.get(); }
   // True while the engine has work that needs Step() calls: unfinished requests or KV loads.
   bool HasWork() const;
+  // True when Step() runs steps asynchronously (EngineConfig::async_scheduling, where it applies).
+  bool async_scheduling() const { return async_; }
   void* kv_pool_data() { return runner_->kv_pool_data(); }
   int64_t kv_pool_bytes() const { return runner_->kv_pool_bytes(); }
   bool kv_pool_on_device() const { return runner_->pool_on_device(); }
@@ -125,7 +137,8 @@ class Engine {
   // Runs one scheduling step. Returns the updates of the requests it advanced.
   absl::StatusOr<std::vector<RequestUpdate>> Step();
 
-  bool HasUnfinished() const { return scheduler_->HasUnfinished(); }
+  // Also true while a launched step's tokens are not yet applied (async scheduling).
+  bool HasUnfinished() const { return scheduler_->HasUnfinished() || launched_.has_value(); }
   KvCacheStats kv_cache_stats() const { return scheduler_->kv_cache().Stats(); }
   // Blocks over all DCP shards (the KV-cache manager's id space); each rank's pool holds
   // num_kv_blocks() / dcp().size of them.
@@ -149,6 +162,10 @@ class Engine {
   // MTP: hands the step's hidden states to the MTP proposer, per request.
   absl::Status RecordHidden(const SchedulerOutput& batch, const RunnerOutput& out);
   bool drafts_by_model() const { return draft_ != nullptr || mtp_ != nullptr; }
+  // Async scheduling (engine_async.cc): Step() when async_, after the connector's results.
+  absl::StatusOr<std::vector<RequestUpdate>> StepAsync(std::vector<RequestUpdate> updates);
+  // Collects the launched step (if any) and applies its tokens, appending the updates.
+  absl::Status Drain(std::vector<RequestUpdate>* updates);
 
   const EngineConfig config_;
   const ModelConfig model_config_;
@@ -166,6 +183,13 @@ class Engine {
   // This step's draft jobs; draft_job_of_seq_[i] indexes them for batch.seqs[i] (-1: none).
   std::vector<DraftJob> draft_jobs_;
   std::vector<int64_t> draft_job_of_seq_;
+  // Async scheduling: on, and the launched step whose tokens are not yet applied.
+  struct LaunchedStep {
+    SchedulerOutput batch;  // ids, counts and flags only: its spans are stale once launched
+    uint64_t tag = 0;
+  };
+  bool async_ = false;
+  std::optional<LaunchedStep> launched_;
 };
 
 }  // namespace tandem::runtime

@@ -1,10 +1,12 @@
 // Engine throughput on the CPU backend and scheduler overhead. Prints numbers; asserts nothing.
 //
 //   bazel run -c opt //runtime/engine:engine_bench -- [preset] [threads]
+//   engine_bench --scheduler_only   (3. alone)
 //
 // 1. prefill tokens/s: one 512-token prompt (one step) on the dummy model;
 // 2. decode tokens/s: batches of 1 and 16 requests, 32 decode steps after their prefill;
-// 3. scheduler + KV-cache-manager time per step with 256 running decode requests (no model).
+// 3. scheduler + KV-cache-manager time per decode step with 1 / 8 / 64 / 256 running requests
+//    of 1024-token contexts (no model), synchronous and async (Scheduler::MarkLaunched / Resolve).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -77,31 +79,47 @@ int BenchModel(const std::string& preset, int threads) {
   return 0;
 }
 
+// The host's scheduling share of the time between two device steps: Schedule() + Update() per
+// decode step (and the async path's Schedule() + MarkLaunched() + Resolve()), 1024-token
+// contexts as decode_step_bench's, prefix caching on as in serving.
 int BenchScheduler() {
-  KvCacheConfig kv;
-  kv.num_blocks = 256 * 24;
-  kv.block_size = 16;
-  auto cache = KvCacheManager::Create(kv);
-  if (!cache.ok()) return 1;
-  SchedulerConfig sc;
-  sc.max_num_batched_tokens = 1 << 16;
-  sc.max_num_seqs = 256;
-  sc.max_model_len = 4096;
-  Scheduler s(sc, std::move(*cache), {});
-  for (int i = 0; i < 256; ++i) (void)s.Add(i, Prompt(128, 200, i));
-  SchedulerOutput o = s.Schedule();
-  std::vector<int32_t> tokens(o.seqs.size(), 5);
-  s.Update(o, tokens, nullptr);
-  const int steps = 150;
-  const absl::Time t0 = absl::Now();
-  for (int i = 0; i < steps; ++i) {
-    o = s.Schedule();
-    tokens.assign(o.seqs.size(), 5 + i % 7);
-    s.Update(o, tokens, nullptr);
+  for (int batch : {1, 8, 64, 256}) {
+    for (bool async : {false, true}) {
+      KvCacheConfig kv;
+      kv.num_blocks = batch * 80;
+      kv.block_size = 16;
+      auto cache = KvCacheManager::Create(kv);
+      if (!cache.ok()) return 1;
+      SchedulerConfig sc;
+      sc.max_num_batched_tokens = 1 << 18;
+      sc.max_num_seqs = 256;
+      sc.max_model_len = 4096;
+      Scheduler s(sc, std::move(*cache), {});
+      for (int i = 0; i < batch; ++i) (void)s.Add(i, Prompt(1024, 400, i));
+      SchedulerOutput o = s.Schedule();
+      std::vector<int32_t> tokens(o.seqs.size(), 5);
+      s.Update(o, tokens, nullptr);
+      const int steps = 300;
+      SchedulerOutput launched;
+      uint64_t tag = 0;
+      const absl::Time t0 = absl::Now();
+      for (int i = 0; i < steps; ++i) {
+        o = s.Schedule();
+        tokens.assign(o.seqs.size(), 5 + i % 7);
+        if (!async) {
+          s.Update(o, tokens, nullptr);
+          continue;
+        }
+        const uint64_t next = s.MarkLaunched(o);
+        if (tag != 0) s.Resolve(launched, tag, tokens, nullptr);
+        launched = o;
+        tag = next;
+      }
+      const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / steps;
+      std::printf("scheduler + KV cache manager, %3d running decodes%s: %6.1f us/step\n", batch,
+                  async ? " (async)" : "        ", us);
+    }
   }
-  const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / steps;
-  std::printf("scheduler + KV cache manager, 256 running decodes: %.1f us/step (%.2f us/request)\n",
-              us, us / 256);
   return 0;
 }
 
@@ -109,6 +127,9 @@ int BenchScheduler() {
 }  // namespace tandem::runtime
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--scheduler_only") {
+    return tandem::runtime::BenchScheduler();
+  }
   const std::string preset = argc > 1 ? argv[1] : "llama-100m";
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
   if (int rc = tandem::runtime::BenchModel(preset, threads); rc != 0) return rc;

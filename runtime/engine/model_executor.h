@@ -7,6 +7,7 @@
 #define TANDEM_RUNTIME_ENGINE_MODEL_EXECUTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,6 +56,15 @@ class ModelExecutor {
   // where batch.seqs[i].samples.
   virtual absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) = 0;
 
+  // Async scheduling (EngineConfig::async_scheduling): Launch starts a step, Collect returns the
+  // oldest launched step's output; the engine launches step s + 1 before it collects step s, so
+  // at most two are outstanding. A sequence with input_from_prev_seq >= 0 feeds the token that
+  // the previously launched step sampled for that sequence. The default runs the step inside
+  // Launch (substituting those tokens on the host): exact, without overlap. A backend that
+  // overrides them returns from Launch before the step ends and feeds the tokens on the device.
+  virtual absl::Status Launch(const SchedulerOutput& batch);
+  virtual absl::StatusOr<RunnerOutput> Collect();
+
   // The KV pool (block-major [blocks][layers][2][block_size][kv_heads][head_dim]), for
   // registering with a transfer agent; device memory when pool_on_device().
   virtual void* kv_pool_data() = 0;
@@ -64,6 +74,10 @@ class ModelExecutor {
   // OK while the executor can run steps; a worker group's broken process group otherwise (the
   // worker then reports NOT_SERVING). Thread-safe.
   virtual absl::Status health() const { return absl::OkStatus(); }
+
+ private:
+  std::deque<RunnerOutput> launched_;  // the default Launch's outputs, oldest first
+  std::vector<int32_t> last_sampled_;  // the newest launched step's sampled tokens
 };
 
 // Everything a backend needs to build its executor. `kv_pool` is memory for the pool from the

@@ -89,6 +89,10 @@ enum class RequestStatus {
   kFinished,
 };
 
+// Async scheduling: stands in `Request::tokens` for a token sampled on the device and not yet
+// read back (never fed to a model: the executor takes the real one from the previous step).
+inline constexpr int32_t kPendingToken = -1;
+
 struct Request {
   int64_t id = 0;
   RequestSpec spec;
@@ -114,6 +118,11 @@ struct Request {
   // Data-parallel attention (dp_rank.h): the group rank running this request's attention and
   // holding its KV, fixed when it is added; 0 without.
   int64_t dp_rank = 0;
+  // Async scheduling (EngineConfig::async_scheduling): the index in `tokens` of the placeholder
+  // (kPendingToken) for the token that the launched, not yet collected step samples for this
+  // request, and this request's sequence index in that step; -1: none.
+  int64_t pending_index = -1;
+  int64_t pending_seq = -1;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_output_tokens() const {

@@ -34,7 +34,10 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::unique_ptr<KvCacheManag
       connector_(connector) {}
 
 absl::Status Scheduler::Add(int64_t request_id, RequestSpec spec) {
-  if (requests_.contains(request_id) || held_.contains(request_id)) {
+  const bool blocks_held =
+      std::any_of(deferred_frees_.begin(), deferred_frees_.end(),
+                  [request_id](const auto& d) { return d.second == request_id; });
+  if (requests_.contains(request_id) || held_.contains(request_id) || blocks_held) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already exists"));
   }
   auto req = std::make_unique<Request>();
@@ -66,7 +69,7 @@ bool Scheduler::Abort(int64_t request_id) {
       connector_ != nullptr) {
     connector_->DropRemote(*req->spec.remote_kv);
   }
-  kv_cache_->Free(request_id);
+  FreeBlocks(request_id);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), req), running_.end());
   requests_.erase(it);
@@ -127,6 +130,9 @@ SchedulerOutput Scheduler::Schedule() {
     seq.sampling = req->spec.sampling;
     seq.sample_step = req->num_output_tokens();
     seq.dp_rank = req->dp_rank;
+    if (req->pending_index >= 0 && req->pending_index == req->num_computed_tokens) {
+      seq.input_from_prev_seq = req->pending_seq;
+    }
     out.seqs.push_back(seq);
     out.num_batched_tokens += num_new;
     budget[req->dp_rank] -= num_new;
@@ -143,7 +149,10 @@ SchedulerOutput Scheduler::Schedule() {
     Request* req = running_[i];
     const int64_t rank = req->dp_rank;
     const int64_t remaining = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
-    const int64_t num_new = rank_done[rank] ? 0 : std::min(remaining, budget[rank]);
+    // Async scheduling: a request whose in-flight token is its last by length feeds nothing more.
+    const bool ends = req->pending_index >= 0 &&
+                      CheckStopAt(*req, req->pending_index + 1) == FinishReason::kLength;
+    const int64_t num_new = rank_done[rank] || ends ? 0 : std::min(remaining, budget[rank]);
     if (num_new <= 0) {
       ++i;
       continue;
@@ -233,15 +242,19 @@ int64_t Scheduler::AdmitWaiting(Request* req, int64_t budget) {
 }
 
 FinishReason Scheduler::CheckStop(const Request& req) const {
-  const int32_t last = req.tokens.back();
+  return CheckStopAt(req, static_cast<int64_t>(req.tokens.size()));
+}
+
+FinishReason Scheduler::CheckStopAt(const Request& req, int64_t len) const {
+  const int32_t last = req.tokens[len - 1];
   if (!req.spec.ignore_eos &&
       std::find(eos_token_ids_.begin(), eos_token_ids_.end(), last) != eos_token_ids_.end()) {
     return FinishReason::kEos;
   }
   const auto& stops = req.spec.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), last) != stops.end()) return FinishReason::kStopToken;
-  if (req.num_output_tokens() >= req.spec.max_tokens) return FinishReason::kLength;
-  if (static_cast<int64_t>(req.tokens.size()) >= config_.max_model_len) {
+  if (len - req.num_prompt_tokens() >= req.spec.max_tokens) return FinishReason::kLength;
+  if (len >= config_.max_model_len) {
     return FinishReason::kLength;
   }
   return FinishReason::kNone;
@@ -434,7 +447,15 @@ void Scheduler::Finish(Request* req, FinishReason reason, RequestUpdate* update)
       return;
     }
   }
-  kv_cache_->Free(req->id);
+  FreeBlocks(req->id);
+}
+
+void Scheduler::FreeBlocks(int64_t id) {
+  if (launched_tag_ != 0 && launched_ids_.contains(id)) {
+    deferred_frees_.emplace_back(launched_tag_, id);
+    return;
+  }
+  kv_cache_->Free(id);
 }
 
 std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,

@@ -25,6 +25,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -71,6 +72,10 @@ struct ScheduledSeq {
   // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
   // in that rank's pool, KvCacheConfig::dp_size); 0 without.
   int64_t dp_rank = 0;
+  // Async scheduling (Scheduler::MarkLaunched): >= 0 when the fed token (new_tokens holds
+  // kPendingToken, one token) is the one the previous launched step sampled for its sequence of
+  // this index; the executor takes it from that step's output (on the device for CUDA).
+  int64_t input_from_prev_seq = -1;
 };
 
 struct SchedulerOutput {
@@ -141,6 +146,26 @@ class Scheduler {
                                     std::vector<std::vector<float>>* prompt_logits,
                                     absl::Span<const std::vector<int32_t>> draft_samples = {});
 
+  // Async scheduling (EngineConfig::async_scheduling, Engine::Step): a step is launched, the
+  // next one scheduled, and only then the first one's tokens applied. MarkLaunched applies
+  // `output` as launched: every sequence's tokens count as computed and a sampling one gets a
+  // kPendingToken placeholder that the next Schedule() feeds (ScheduledSeq::input_from_prev_seq);
+  // a request whose placeholder is its last token by length is not scheduled again. Returns the
+  // step's tag. REQUIRES: no speculative decoding, one DP rank.
+  uint64_t MarkLaunched(const SchedulerOutput& output);
+  // Applies the tokens of the launched step `tag` (its `output`; only ids, counts and flags are
+  // read: the spans may be stale), as Update() does: the placeholders take the sampled tokens,
+  // stop conditions are checked on them, finished requests go. A finished or aborted request that
+  // is also in a later launched step keeps its blocks until that step is resolved (its KV is
+  // still being written); results for requests gone meanwhile are dropped.
+  std::vector<RequestUpdate> Resolve(const SchedulerOutput& output, uint64_t tag,
+                                     absl::Span<const int32_t> sampled_tokens,
+                                     std::vector<std::vector<float>>* prompt_logits);
+  // True when every running request can grow to all of its tokens without a preemption (the
+  // engine resolves its launched step first otherwise: a preempted request must not hold a
+  // placeholder).
+  bool GrowsWithoutPreemption() const;
+
   // Speculative decoding with a draft model (SpeculativeMethod::kDraft): Schedule() reserves
   // num_draft_tokens slots per speculating request and feeds placeholders there; the engine then
   // puts the draft model's drafts in with SetDrafts (fewer, or none, shrink the sequence: none
@@ -199,6 +224,10 @@ class Scheduler {
                    absl::Span<const int32_t> draft_samples, Request* req, RequestUpdate* update);
   // `req` was admitted: the first time, its queue time is reported (TakeQueueTimes).
   void MarkScheduled(Request* req);
+  // Stop condition of `req` as if its tokens were the first `len` (Update: all of them).
+  FinishReason CheckStopAt(const Request& req, int64_t len) const;
+  // Frees request `id`'s blocks now, or once the launched step holding it is resolved.
+  void FreeBlocks(int64_t id);
 
   const SchedulerConfig config_;
   std::unique_ptr<KvCacheManager> kv_cache_;
@@ -213,6 +242,12 @@ class Scheduler {
   uint64_t kv_recomputes_ = 0;
   int64_t last_dp_rank_ = -1;  // data-parallel attention: the previous pick (round robin)
   SpecStats spec_stats_;
+  // Async scheduling: the newest launched, unresolved step (its tag and request ids; tag 0: none)
+  // and blocks waiting for a step to be resolved (tag, request id).
+  uint64_t last_tag_ = 0;
+  uint64_t launched_tag_ = 0;
+  absl::flat_hash_set<int64_t> launched_ids_;
+  std::vector<std::pair<uint64_t, int64_t>> deferred_frees_;
 };
 
 }  // namespace tandem::runtime

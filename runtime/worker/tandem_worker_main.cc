@@ -71,6 +71,8 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "token; P -> D and TP / DCP on --backend=cpu, mixed workers only on cuda)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
+ABSL_FLAG(bool, async_scheduling, false,
+          "schedule step s + 1 while step s runs (runtime/engine/engine.h; decode steps)");
 ABSL_FLAG(int64_t, max_queued_requests, 4096,
           "requests waiting to run at most (more: RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
@@ -150,6 +152,7 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   config.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   config.engine.num_threads = absl::GetFlag(FLAGS_num_threads);
+  config.engine.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   // Speculative decoding on decode and mixed workers; a prefill worker never speculates. With
   // --speculative_method=mtp a prefill worker loads the MTP layer too and runs it over its
   // prompts for the decode workers (PrefillResponse.mtp_handoff; it drafts nothing: its requests
