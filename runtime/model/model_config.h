@@ -57,6 +57,12 @@ struct WeightQuantization {
   int64_t block_rows = 0;
   int64_t block_cols = 0;
   kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
+  // Modules the checkpoint leaves 16-bit (compressed-tensors `ignore`, fp8
+  // `modules_to_not_convert`, modelopt `exclude_modules`): module names ("model.layers.0.mlp.gate",
+  // "lm_head") or "re:" regexes matched from the name's start, as compressed-tensors matches them.
+  // The loader refuses an entry naming a projection it reads as e4m3 (weight_fp8.h); lm_head, MoE
+  // routers and gates are 16-bit in every FP8 format anyway.
+  std::vector<std::string> ignore;
   bool IsFp8() const { return method != Method::kNone; }
   bool FromCheckpoint() const { return IsFp8() && method != Method::kOnlineFp8; }
   // One line, e.g. "fp8 compressed-tensors: per-channel weight scales, dynamic per-token
@@ -171,9 +177,11 @@ struct ModelConfig {
 //   * quant_method "compressed-tensors", format "float-quantized" (or "naive-quantized"), one
 //     config group targeting Linear with 8-bit float weights of strategy "tensor", "channel" or
 //     "block" ([128, 128]) and input activations null, dynamic "token", static "tensor" or dynamic
-//     "group" of 128; `ignore` holding lm_head only;
+//     "group" of 128; `ignore` a list of module names or "re:" regexes (WeightQuantization::ignore:
+//     lm_head and MoE router gates, as llm-compressor writes them; one naming an FP8 projection
+//     is refused at load);
 //   * quant_method "modelopt" with quant_algo "FP8" (flat or under "quantization"): per-tensor
-//     weight and static input scales; no KV-cache quantization; exclude_modules lm_head only.
+//     weight and static input scales; no KV-cache quantization; exclude_modules as `ignore`.
 // Any other method or scheme is INVALID_ARGUMENT naming it and the supported ones, as is FP8 for
 // an architecture other than the dense Llama family (Llama, Qwen2, Mistral, Qwen3).
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json);

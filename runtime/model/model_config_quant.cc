@@ -1,6 +1,7 @@
 // quantization_config of config.json: the FP8 checkpoint formats users have (issue 38).
 #include "runtime/model/model_config_quant.h"
 
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -57,18 +58,28 @@ std::string Str(const json& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-// Only lm_head may be left unquantized: partly quantized decoders are not supported.
-absl::Status CheckIgnoreList(const json& object, const char* key) {
+// The modules a checkpoint leaves 16-bit, kept for the loader (WeightQuantization::ignore): it
+// refuses an entry that names a projection it reads as e4m3 (weight_fp8.cc), since partly FP8
+// decoders are not supported; lm_head and MoE router gates (what llm-compressor ignores) are
+// 16-bit in every format.
+absl::Status ParseIgnoreList(const json& object, const char* key, WeightQuantization* q) {
   auto it = object.find(key);
   if (it == object.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_array()) return Refuse(absl::StrCat(key, " must be a list, got ", Show(*it)));
   for (const json& entry : *it) {
-    const std::string name = entry.is_string() ? entry.get<std::string>() : Show(entry);
-    if (name != "lm_head" && name != "re:.*lm_head" && name != "model.lm_head") {
-      return Refuse(absl::StrCat(key, " entry '", name,
-                                 "': only lm_head may stay unquantized (a partly FP8 decoder "
-                                 "is not supported)"));
+    if (!entry.is_string() || entry.get<std::string>().empty()) {
+      return Refuse(
+          absl::StrCat(key, " entry ", Show(entry), " is not a module name or \"re:\" ", "regex"));
     }
+    const std::string name = entry.get<std::string>();
+    if (name.rfind("re:", 0) == 0) {
+      try {
+        std::regex check(name.substr(3));
+      } catch (const std::regex_error&) {
+        return Refuse(absl::StrCat(key, " entry '", name, "' is not a valid regex"));
+      }
+    }
+    q->ignore.push_back(name);
   }
   return absl::OkStatus();
 }
@@ -98,7 +109,7 @@ absl::Status ParseFp8Block(const json& qc, WeightQuantization* q) {
     return Refuse(absl::StrCat("fp8 activation_scheme '", scheme, "' (dynamic only)"));
   }
   q->activation = Fp8ActivationScheme::kDynamicGroup128;
-  return CheckIgnoreList(qc, "modules_to_not_convert");
+  return ParseIgnoreList(qc, "modules_to_not_convert", q);
 }
 
 absl::Status IsFloat8(const json& args, const char* what) {
@@ -174,7 +185,7 @@ absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
   if (kv != qc.end() && !kv->is_null()) {
     return Refuse("compressed-tensors kv_cache_scheme (use --kv_cache_dtype instead)");
   }
-  return CheckIgnoreList(qc, "ignore");
+  return ParseIgnoreList(qc, "ignore", q);
 }
 
 absl::Status ParseModelOpt(const json& qc, WeightQuantization* q) {
@@ -194,7 +205,7 @@ absl::Status ParseModelOpt(const json& qc, WeightQuantization* q) {
   q->block_rows = 0;
   q->block_cols = 0;
   q->activation = Fp8ActivationScheme::kStaticTensor;
-  return CheckIgnoreList(fields, "exclude_modules");
+  return ParseIgnoreList(fields, "exclude_modules", q);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // quantization_config parsing (model_config_quant.cc): the FP8 schemes accepted, and everything
 // else refused naming the scheme and the supported ones.
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -126,12 +127,21 @@ TEST(QuantizationConfigTest, UnsupportedSchemesAreRefusedNamingThem) {
                 .message()
                 .find("input_activations"),
             std::string::npos);
+  // Ignore lists are kept for the loader, which refuses entries naming an FP8 projection
+  // (weight_fp8.cc; ct_moe_golden_test); entries must be names or valid "re:" regexes.
   json ignore = CtGroup("channel", Act("token", true));
-  ignore["ignore"] = {"lm_head", "model.layers.0.mlp.down_proj"};
+  ignore["ignore"] = {"lm_head", "re:.*mlp.gate$", "model.layers.0.mlp.down_proj"};
+  absl::StatusOr<ModelConfig> kept = WithQuant(ignore);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->quantization.ignore, std::vector<std::string>({"lm_head", "re:.*mlp.gate$",
+                                                                 "model.layers.0.mlp.down_proj"}));
+  ignore["ignore"] = {"lm_head", 3};
+  EXPECT_EQ(
+      WithQuant(ignore).status().message(),
+      "quantization_config: ignore entry 3 is not a module name or \"re:\" regex" + supported);
+  ignore["ignore"] = {"re:(.*mlp.gate"};
   EXPECT_EQ(WithQuant(ignore).status().message(),
-            "quantization_config: ignore entry 'model.layers.0.mlp.down_proj': only lm_head may "
-            "stay unquantized (a partly FP8 decoder is not supported)" +
-                supported);
+            "quantization_config: ignore entry 're:(.*mlp.gate' is not a valid regex" + supported);
 }
 
 TEST(QuantizationConfigTest, Fp8MixtureOfExpertsConfigParses) {

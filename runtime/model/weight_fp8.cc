@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <regex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -170,6 +171,44 @@ void FillPart(const ModelConfig& c, const HfTensor& t, const FindTensor& find,
   }
 }
 
+// The first of `config`'s ignore entries that matches module `name` ("" when none): equal names,
+// or "re:" regexes matched from the name's start (Python's re.match, as compressed-tensors does).
+std::string IgnoredBy(const ModelConfig& config, const std::vector<std::regex>& patterns,
+                      const std::string& name) {
+  size_t regex = 0;
+  for (const std::string& entry : config.quantization.ignore) {
+    if (entry.rfind("re:", 0) != 0) {
+      if (entry == name) return entry;
+      continue;
+    }
+    if (std::regex_search(name, patterns[regex++], std::regex_constants::match_continuous)) {
+      return entry;
+    }
+  }
+  return "";
+}
+
+// No ignore entry names a projection the FP8 path reads as e4m3 (a partly FP8 decoder).
+absl::Status CheckIgnored(const ModelConfig& config, const std::vector<HfTensor>& layout) {
+  if (config.quantization.ignore.empty()) return absl::OkStatus();
+  std::vector<std::regex> patterns;
+  for (const std::string& entry : config.quantization.ignore) {
+    if (entry.rfind("re:", 0) == 0) patterns.emplace_back(entry.substr(3));  // checked at parse
+  }
+  for (const HfTensor& t : layout) {
+    if (!IsFp8Weight(config, t)) continue;
+    const std::string module = t.name.substr(0, t.name.size() - 7);  // less ".weight"
+    const std::string entry = IgnoredBy(config, patterns, module);
+    if (entry.empty()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization_config's ignore list leaves '", module, "' unquantized (entry '", entry,
+        "'), but its weight is read as FP8 (", config.quantization.Describe(),
+        "): a partly FP8 decoder is not supported; only lm_head and the MoE router gates may "
+        "stay 16-bit"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsFp8Slot(WeightSlot slot) {
@@ -239,6 +278,7 @@ std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
 
 absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
                                 const std::vector<HfTensor>& layout, const FindTensor& find) {
+  RETURN_IF_ERROR(CheckIgnored(config, layout));
   for (const HfTensor& t : layout) {
     if (!IsFp8Weight(config, t)) continue;
     const TensorInfo* info = find(t.name);

@@ -42,7 +42,8 @@ std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
 
 // INVALID_ARGUMENT naming the tensor: an FP8 weight of another dtype, a missing scale, a scale
 // of the wrong shape, dtype or value; a tensor-parallel slice (rank of `dims`) that cuts a
-// 128-block, naming the TP size.
+// 128-block, naming the TP size; an FP8 weight whose module an entry of
+// config.quantization.ignore names (naming both).
 absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
                                 const std::vector<HfTensor>& layout, const FindTensor& find);
 

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Makes the compressed-tensors FP8 MoE golden fixtures (issue 38): a random bf16 tiny Qwen3-MoE
+quantized as llm-compressor's FP8_DYNAMIC scheme writes it (every decoder Linear, routed experts
+included, e4m3 with a per-channel weight_scale [n, 1]; dynamic per-token activations; the MoE
+router mlp.gate and lm_head left bf16 through the `ignore` list), and what transformers computes
+in f32 with the same weights dequantized (code * scale).
+
+  OUT/ct_moe_channel_dynamic/      our writer (F32 scales; ignore ["lm_head", "re:.*mlp.gate$"],
+                                   the recipe's form)
+  OUT/ct_moe_channel_dynamic_pkg/  the real compressed-tensors package (when it imports): its
+                                   apply_quantization_config + calculate_qparams (the scale
+                                   llm-compressor's min-max observer computes) + ModelCompressor
+                                   (compress_model, update_config) on nn.Linear modules under the
+                                   checkpoint's names; its config lists every ignored module by
+                                   name, as llm-compressor saves it
+each with config.json, generation_config.json, model.safetensors, expected.json: transformers 5
+in f32 on that directory's dequantized weights (last_prompt_logits, top2_gap, greedy_tokens), and
+the same with every FP8 Linear's input quantized per token as the scheme says (*_act_quant):
+forward pre-hooks on the attention / dense-MLP nn.Linear modules, and inside the fused experts
+(Qwen3MoeExperts, which call nn.functional.linear per expert) that function wrapped for the
+duration of their forward; the router's input is left as it is, as the engine leaves it.
+
+  python3 tests/golden/make_golden_ct_moe.py --out DIR
+
+Needs PyTorch (float8_e4m3fn) and transformers (compressed-tensors optional); CPU only, one
+thread, deterministic.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_golden_fp8 as f8  # noqa: E402
+
+SEED = 39
+# 8 experts of width 64, top 2; layer 1 dense (mlp_only_layers) so both MLP kinds are covered;
+# head_dim 32, GQA 4 / 2 with Qwen3's q/k norms.
+CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=192, moe_intermediate_size=64,
+              num_hidden_layers=3, mlp_only_layers=[1], decoder_sparse_step=1,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+              num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=512,
+              rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+PROMPT_LENGTHS = [1, 4, 9, 17, 33]
+MAX_NEW_TOKENS = 4
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANT = {"quant_method": "compressed-tensors", "format": "float-quantized",
+         "quantization_status": "compressed", "ignore": ["lm_head", "re:.*mlp.gate$"],
+         "config_groups": {"group_0": {
+             "targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+                         "strategy": "channel"},
+             "input_activations": {"num_bits": 8, "type": "float", "symmetric": True,
+                                   "dynamic": True, "strategy": "token"}}}}
+
+
+def random_state():
+    """The hub-layout state dict (per-expert names) of a random Qwen3-MoE, bf16 values."""
+    cfg = Qwen3MoeConfig(**CONFIG)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+    gen = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name:
+                v = 0.5 * torch.randn(p.shape, generator=gen)
+            else:
+                v = 0.08 * torch.randn(p.shape, generator=gen)
+            p.copy_(v.to(torch.bfloat16).float())
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        state = load_file(os.path.join(tmp, "model.safetensors"))
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in state), "not the per-expert layout"
+    return cfg, {k: v.to(torch.bfloat16) for k, v in state.items()}
+
+
+def is_linear(name):
+    return name.endswith(".weight") and name.split(".")[-2] in LINEARS
+
+
+def our_writer(state):
+    tensors = {}
+    for name, w in state.items():
+        if not is_linear(name):
+            tensors[name] = w
+            continue
+        codes, scale, _ = f8.quant_channel(w.float())
+        tensors[name] = codes
+        tensors[name[:-len("weight")] + "weight_scale"] = scale.float()
+    return tensors, QUANT
+
+
+def package_writer(state):
+    """The same weights through the real compressed-tensors package."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
+                                                 preset_name_to_scheme)
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    root = torch.nn.Module()  # nn.Linear modules under the checkpoint's names (gate included)
+    for name, w in state.items():
+        if not name.endswith(".weight") or w.dim() != 2 or "embed_tokens" in name:
+            continue
+        *path, leaf = name[:-len(".weight")].split(".")
+        parent = root
+        for part in path:
+            if not hasattr(parent, part):
+                parent.add_module(part, torch.nn.Module())
+            parent = getattr(parent, part)
+        linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)
+        linear.weight.data.copy_(w)
+        parent.add_module(leaf, linear)
+    qconfig = QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])},
+        ignore=["lm_head", "re:.*mlp.gate$"])
+    apply_quantization_config(root, qconfig)
+    with torch.no_grad():
+        for _, mod in root.named_modules():
+            scheme = getattr(mod, "quantization_scheme", None)
+            if scheme is None:
+                continue
+            w = mod.weight.float()  # min-max per output channel, as llm-compressor observes it
+            scale, _ = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True),
+                                         scheme.weights)
+            mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
+    compressor = ModelCompressor.from_pretrained_model(root, quantization_format="float-quantized")
+    compressor.compress_model(root)
+    tensors = dict(state)
+    for name, t in root.state_dict().items():
+        tensors[name] = t.detach().clone()
+    with tempfile.TemporaryDirectory() as tmp:
+        compressor.update_config(tmp)
+        with open(os.path.join(tmp, "config.json")) as f:
+            quant = json.load(f)["quantization_config"]
+    return tensors, quant
+
+
+def dequantized(tensors):
+    deq = {}
+    for name, t in tensors.items():
+        if name.endswith("weight_scale") or name.endswith("zero_point"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            deq[name] = t.float() * tensors[name[:-len("weight")] + "weight_scale"].float()
+        else:
+            deq[name] = t.float()
+    return deq
+
+
+def add_token_quant(model):
+    """Quantizes every FP8 Linear's input per token (e4m3, dynamic), as the engine does. Returns
+    the count of expert GEMMs quantized (a list of one int, filled as the model runs)."""
+    expert_calls = [0]
+
+    def quant(x):
+        return f8.fake_quant(x, "token")
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEARS:
+            mod.register_forward_pre_hook(lambda m, args: (quant(args[0]),) + args[1:])
+        elif type(mod).__name__ == "Qwen3MoeExperts":
+            plain = torch.nn.functional.linear
+
+            def quantized(x, w, b=None, plain=plain):
+                expert_calls[0] += 1
+                return plain(quant(x), w, b)
+
+            def enter(m, args, quantized=quantized):
+                torch.nn.functional.linear = quantized
+
+            def leave(m, args, out, plain=plain):
+                torch.nn.functional.linear = plain
+
+            mod.register_forward_pre_hook(enter)
+            mod.register_forward_hook(leave)
+    return expert_calls
+
+
+@torch.no_grad()
+def reference(deq, prompts, act_quant=False):
+    with tempfile.TemporaryDirectory() as tmp:
+        Qwen3MoeConfig(**CONFIG).save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in deq.items()},
+                  os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        # Eager experts: the per-expert loop of nn.functional.linear calls add_token_quant wraps
+        # (the default may be a grouped GEMM that bypasses it).
+        model, info = AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+            output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    if bad:
+        sys.exit(f"transformers did not load the dequantized weights exactly: {bad}")
+    model.eval()
+    expert_calls = add_token_quant(model) if act_quant else [0]
+    logits, gaps, greedy = [], [], []
+    for p in prompts:
+        seq, toks = list(p), []
+        for step in range(MAX_NEW_TOKENS):
+            last = model(torch.tensor([seq])).logits[0, -1].float()
+            if step == 0:
+                top = torch.topk(last, 2)
+                logits.append([float(x) for x in last])
+                gaps.append(float(top.values[0] - top.values[1]))
+            toks.append(int(last.argmax()))
+            seq.append(toks[-1])
+        greedy.append(toks)
+    if act_quant and expert_calls[0] == 0:
+        sys.exit("the experts' inputs were not quantized (no nn.functional.linear call seen)")
+    return logits, gaps, greedy
+
+
+def write(out, tensors, quant, prompts, label):
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    Qwen3MoeConfig(**CONFIG).save_pretrained(out)
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    config["dtype"] = "bfloat16"
+    config["quantization_config"] = quant
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())},
+              os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    logits, gaps, greedy = reference(dequantized(tensors), prompts)
+    aq_logits, aq_gaps, aq_greedy = reference(dequantized(tensors), prompts, act_quant=True)
+    expected = {"format": label, "prompts": prompts, "last_prompt_logits": logits,
+                "top2_gap": gaps, "greedy_tokens": greedy, "max_new_tokens": MAX_NEW_TOKENS,
+                "last_prompt_logits_act_quant": aq_logits, "top2_gap_act_quant": aq_gaps,
+                "greedy_tokens_act_quant": aq_greedy,
+                "reference": "transformers f32 on the dequantized weights",
+                "versions": {"torch": torch.__version__,
+                             "transformers": __import__("transformers").__version__}}
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f)
+        f.write("\n")
+    maxabs = [max(abs(x) for x in row) for row in logits]
+    cos = [round(float(torch.nn.functional.cosine_similarity(
+        torch.tensor(a), torch.tensor(b), 0)), 6) for a, b in zip(logits, aq_logits)]
+    print(label, "gap / max|logit|:", [round(g / m, 4) for g, m in zip(gaps, maxabs)],
+          "greedy:", greedy, "act-quant gap / max:",
+          [round(g / max(abs(x) for x in r), 4) for g, r in zip(aq_gaps, aq_logits)],
+          "cosine act-quant vs weights alone:", cos, flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.manual_seed(SEED)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    _, state = random_state()
+    rng = random.Random(SEED)
+    prompts = [[rng.randrange(3, CONFIG["vocab_size"]) for _ in range(n)] for n in PROMPT_LENGTHS]
+    tensors, quant = our_writer(state)
+    write(os.path.join(args.out, "ct_moe_channel_dynamic"), tensors, quant, prompts, "ours")
+    try:
+        import compressed_tensors
+    except ImportError:
+        print("compressed-tensors is not installed: only our writer's fixture written")
+        return
+    pkg, pkg_quant = package_writer(state)
+    same = [k for k in tensors if k in pkg and tensors[k].dtype == torch.float8_e4m3fn and
+            torch.equal(tensors[k].view(torch.uint8), pkg[k].view(torch.uint8))]
+    print(f"compressed-tensors {compressed_tensors.__version__}: {len(same)} of "
+          f"{sum(t.dtype == torch.float8_e4m3fn for t in tensors.values())} e4m3 tensors equal "
+          "to our writer's byte for byte", flush=True)
+    write(os.path.join(args.out, "ct_moe_channel_dynamic_pkg"), pkg, pkg_quant, prompts,
+          f"compressed-tensors {compressed_tensors.__version__}")
+
+
+if __name__ == "__main__":
+    main()
