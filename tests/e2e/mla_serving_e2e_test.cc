@@ -57,8 +57,8 @@ TEST(MlaServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
 // Fp8LatentBlocks), so it moves P -> D like any block. D's greedy tokens must equal the mixed FP8
 // worker's (FP8 moves transformers' tokens: the mixed run is the reference), also with P a TP=2
 // group and with D a TP=2 x DCP=2 group (each D rank reads its shard's whole blocks); D received
-// whole FP8 blocks (580-byte-per-token-and-layer style: codes + a 4-byte scale per row) and no
-// load failed or was recomputed.
+// whole FP8 blocks (here 2 layers x 16 tokens x (40 codes + a 4-byte row scale) = 1408 bytes)
+// and no load failed or was recomputed.
 TEST(MlaServingE2eTest, Fp8LatentPrefillDecodeEqualsTheMixedFp8Worker) {
   std::ifstream in(std::string(kMlaModel) + "/expected.json"),
       config_in(std::string(kMlaModel) + "/config.json");
@@ -106,6 +106,32 @@ TEST(MlaServingE2eTest, Fp8LatentPrefillDecodeEqualsTheMixedFp8Worker) {
     EXPECT_EQ(stats->kv_load_failures(), 0u);
     EXPECT_EQ(stats->kv_recomputes(), 0u);
   }
+}
+
+// A P with an FP8 latent and a D with the f32 one do not pair: their compatibility hashes differ
+// (the latent dtype enters it; a handshake between them is refused naming both dtypes:
+// runtime/parallel/kv_layout_info_test), so the router sends them nothing together and no KV
+// byte moves.
+TEST(MlaServingE2eTest, Fp8AndF32LatentWorkersDoNotPair) {
+  std::ifstream in(std::string(kMlaModel) + "/expected.json");
+  ASSERT_TRUE(in.good());
+  const auto prompts =
+      nlohmann::json::parse(in)["prompts"].get<std::vector<std::vector<uint32_t>>>();
+  ClusterOptions options;
+  options.prefill = 1;
+  options.decode = 1;
+  options.mixed = 0;
+  options.model_dir = kMlaModel;
+  options.prefill_flags = {"--kv_cache_dtype=fp8"};
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Result r = Generate((*cluster)->router(), ToRequest(Prompt{prompts[5], 4}));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.error_message().find("none compatible"), std::string::npos)
+      << r.status.error_message();
+  auto stats = (*cluster)->Stats("decode-0");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->kv_bytes_received(), 0u);
 }
 
 }  // namespace
