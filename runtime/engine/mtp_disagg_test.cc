@@ -8,9 +8,13 @@
 // and the same tokens (seeded sampled requests too: rejection sampling saw the same drafts).
 // Without the handoff D is still exact but drafts otherwise (the zero hidden states of before). A
 // handoff of another shape is refused by name; an engine without MTP ignores it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,7 +24,9 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/inprocess/inprocess_agent.h"
 #include "kvtransfer/pull_connector.h"
+#include "runtime/engine/draft_model.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/mtp_proposer.h"
 #include "runtime/engine/spec_test_util.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -197,8 +203,91 @@ TEST(MtpDisaggTest, DecodeWorkerDraftsWhatTheMixedWorkerDrafts) {
     if (specs[i].sampling.temperature > 0.0f) continue;
     EXPECT_EQ(zeros.out.results[i].tokens, mixed.results[i].tokens) << "request " << i;
   }
+  std::printf(
+      "mixed / 1P1D with handoff / 1P1D zeros: accepted %llu / %llu / %llu of drafted "
+      "%llu / %llu / %llu\n",
+      static_cast<unsigned long long>(mixed.stats.accepted_tokens),
+      static_cast<unsigned long long>(pd.out.stats.accepted_tokens),
+      static_cast<unsigned long long>(zeros.out.stats.accepted_tokens),
+      static_cast<unsigned long long>(mixed.stats.drafted_tokens),
+      static_cast<unsigned long long>(pd.out.stats.drafted_tokens),
+      static_cast<unsigned long long>(zeros.out.stats.drafted_tokens));
   EXPECT_NE(zeros.out.stats.accepted_tokens, mixed.stats.accepted_tokens)
       << "the check must see the MTP's prompt inputs";
+}
+
+std::unique_ptr<MtpProposer> MakeProposer(const ModelConfig& model) {
+  ModelWeights weights = RandomModelWeights(model, kSeed);
+  DraftModelOptions options;
+  options.num_blocks = 64;
+  options.max_model_len = 256;
+  auto proposer = MtpProposer::Create(CpuMtpExecutorFactory(1), model,
+                                      RandomMtpWeights(model, weights, kSeed + 1), options);
+  EXPECT_TRUE(proposer.ok()) << proposer.status();
+  return std::move(*proposer);
+}
+
+// K = 3 sampled drafts and their distributions q for tokens (prompt + first token).
+DraftJob Propose(MtpProposer& proposer, absl::Span<const int32_t> tokens) {
+  DraftJob job;
+  job.request_id = 1;
+  job.tokens = tokens;
+  job.num_drafts = 3;
+  job.sampling.temperature = 0.8f;
+  job.sampling.seed = 11;
+  job.sample_step = 1;
+  EXPECT_TRUE(proposer.Propose(absl::MakeSpan(&job, 1)).ok());
+  EXPECT_EQ(job.drafts.size(), 3u);
+  return job;
+}
+
+double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double most = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    most = std::max(most, std::abs(a[i] - b[i]));
+  }
+  return most;
+}
+
+// The MTP's own outputs, directly: the decode side's draft distributions q (every position of
+// every chained draft, vocabulary 128) after ImportPrompt equal a mixed proposer's that recorded
+// the prompt's hidden states itself, on fresh random hidden states; without the handoff (zeros,
+// before) they do not.
+TEST(MtpDisaggTest, ImportedProposerDraftsTheMixedProposersDistributions) {
+  const ModelConfig model = DeepseekMtp(128);
+  const int64_t H = model.hidden_size;
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t len : {1, 2, 17, 40}) {
+    SCOPED_TRACE(testing::Message() << "prompt of " << len);
+    std::vector<int32_t> tokens(static_cast<size_t>(len + 1));
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 128);
+    const absl::Span<const int32_t> prompt = absl::MakeConstSpan(tokens).first(len);
+    std::vector<float> hidden(static_cast<size_t>(len * H));
+    for (float& x : hidden) x = normal(rng);
+
+    std::unique_ptr<MtpProposer> mixed = MakeProposer(model);
+    mixed->RecordHidden(1, 0, hidden);
+    const DraftJob want = Propose(*mixed, tokens);
+
+    std::unique_ptr<MtpProposer> p = MakeProposer(model);
+    p->RecordHidden(1, 0, hidden);
+    ASSERT_TRUE(p->CatchUpPrompt(1, prompt).ok());
+    const std::optional<MtpHandoff> handoff = p->ExportPrompt(1, len);
+    ASSERT_TRUE(handoff.has_value());
+    EXPECT_EQ(handoff->num_positions, len - 1);
+    ASSERT_TRUE(p->ValidateHandoff(*handoff).ok());
+    std::unique_ptr<MtpProposer> d = MakeProposer(model);
+    d->ImportPrompt(1, *handoff);
+    const DraftJob got = Propose(*d, tokens);
+    EXPECT_EQ(got.drafts, want.drafts);
+    EXPECT_LE(MaxDiff(got.probs, want.probs), 1e-7);
+
+    std::unique_ptr<MtpProposer> zeros = MakeProposer(model);
+    const DraftJob before = Propose(*zeros, tokens);
+    EXPECT_GT(MaxDiff(before.probs, want.probs), 1e-4) << "zero hidden states draft otherwise";
+  }
 }
 
 TEST(MtpDisaggTest, HandoffOfAnotherShapeIsRefusedAndIgnoredWithoutMtp) {
