@@ -15,7 +15,9 @@ in f32 with the same weights dequantized (code * scale).
                                    name, as llm-compressor saves it
 each with config.json, generation_config.json, model.safetensors, expected.json: transformers 5
 in f32 on that directory's dequantized weights (last_prompt_logits, top2_gap, greedy_tokens), and
-the same with every FP8 Linear's input quantized per token as the scheme says (*_act_quant):
+the same with every FP8 Linear's input quantized per token as the scheme says (*_act_quant;
+*_act_quant_tp2_ep / *_act_quant_tp2: as a TP=2 rank with / without expert parallelism does, the
+row-parallel inputs quantized per token over each rank's half):
 forward pre-hooks on the attention / dense-MLP nn.Linear modules, and inside the fused experts
 (Qwen3MoeExperts, which call nn.functional.linear per expert) that function wrapped for the
 duration of their forward; the router's input is left as it is, as the engine leaves it.
@@ -157,22 +159,36 @@ def dequantized(tensors):
     return deq
 
 
-def add_token_quant(model):
-    """Quantizes every FP8 Linear's input per token (e4m3, dynamic), as the engine does. Returns
-    the count of expert GEMMs quantized (a list of one int, filled as the model runs)."""
-    expert_calls = [0]
+# The row-parallel inputs a rank of a TP=2 group quantizes over its half (as vLLM's
+# RowParallelLinear does): o_proj's and the dense down_proj's always; the experts' down_proj's
+# only without expert parallelism (EP keeps experts whole).
+TP_FORMS = {"": (False, False), "_tp2_ep": (True, False), "_tp2": (True, True)}
 
-    def quant(x):
-        return f8.fake_quant(x, "token")
+
+def add_token_quant(model, halves_rows=False, halves_experts=False):
+    """Quantizes every FP8 Linear's input per token (e4m3, dynamic), as the engine does; with
+    `halves_rows` / `halves_experts` the row-parallel inputs per token and half. Returns the count
+    of expert GEMMs quantized (a list of one int, filled as the model runs)."""
+    expert_calls = [0]
+    inter = CONFIG["moe_intermediate_size"]
+
+    def quant(x, halves=False):
+        if not halves:
+            return f8.fake_quant(x, "token")
+        return torch.cat([f8.fake_quant(p, "token") for p in x.chunk(2, dim=-1)], dim=-1)
+
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEARS:
-            mod.register_forward_pre_hook(lambda m, args: (quant(args[0]),) + args[1:])
+        leaf = name.split(".")[-1]
+        if isinstance(mod, torch.nn.Linear) and leaf in LINEARS:
+            halves = halves_rows and leaf in ("o_proj", "down_proj")
+            mod.register_forward_pre_hook(
+                lambda m, args, halves=halves: (quant(args[0], halves),) + args[1:])
         elif type(mod).__name__ == "Qwen3MoeExperts":
             plain = torch.nn.functional.linear
 
             def quantized(x, w, b=None, plain=plain):
-                expert_calls[0] += 1
-                return plain(quant(x), w, b)
+                expert_calls[0] += 1  # down_proj's input is [tokens, inter]
+                return plain(quant(x, halves_experts and x.shape[-1] == inter), w, b)
 
             def enter(m, args, quantized=quantized):
                 torch.nn.functional.linear = quantized
@@ -186,7 +202,7 @@ def add_token_quant(model):
 
 
 @torch.no_grad()
-def reference(deq, prompts, act_quant=False):
+def reference(deq, prompts, act_quant=False, tp_form=""):
     with tempfile.TemporaryDirectory() as tmp:
         Qwen3MoeConfig(**CONFIG).save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in deq.items()},
@@ -200,7 +216,7 @@ def reference(deq, prompts, act_quant=False):
     if bad:
         sys.exit(f"transformers did not load the dequantized weights exactly: {bad}")
     model.eval()
-    expert_calls = add_token_quant(model) if act_quant else [0]
+    expert_calls = add_token_quant(model, *TP_FORMS[tp_form]) if act_quant else [0]
     logits, gaps, greedy = [], [], []
     for p in prompts:
         seq, toks = list(p), []
@@ -233,10 +249,15 @@ def write(out, tensors, quant, prompts, label):
               os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     logits, gaps, greedy = reference(dequantized(tensors), prompts)
     aq_logits, aq_gaps, aq_greedy = reference(dequantized(tensors), prompts, act_quant=True)
+    tp = {}  # the TP=2 forms' references (ct_moe_tp_golden_test.sh)
+    for form in ("_tp2_ep", "_tp2"):
+        lg, gp, gr = reference(dequantized(tensors), prompts, act_quant=True, tp_form=form)
+        tp.update({"last_prompt_logits_act_quant" + form: lg, "top2_gap_act_quant" + form: gp,
+                   "greedy_tokens_act_quant" + form: gr})
     expected = {"format": label, "prompts": prompts, "last_prompt_logits": logits,
                 "top2_gap": gaps, "greedy_tokens": greedy, "max_new_tokens": MAX_NEW_TOKENS,
                 "last_prompt_logits_act_quant": aq_logits, "top2_gap_act_quant": aq_gaps,
-                "greedy_tokens_act_quant": aq_greedy,
+                "greedy_tokens_act_quant": aq_greedy, **tp,
                 "reference": "transformers f32 on the dequantized weights",
                 "versions": {"torch": torch.__version__,
                              "transformers": __import__("transformers").__version__}}
