@@ -1,10 +1,13 @@
 #include "router/core/routing_policy.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tandem::router {
 namespace {
@@ -24,6 +27,14 @@ std::vector<const RouteCandidate*> WithRole(absl::Span<const RouteCandidate> can
     if (c.role == role) out.push_back(&c);
   }
   return out;
+}
+
+// The distinct KV dtypes of `workers`, sorted: "{KV_DTYPE_BF16, KV_DTYPE_FP8_E4M3}" ("?" where a
+// worker did not state one).
+std::string KvDtypes(absl::Span<const RouteCandidate* const> workers) {
+  std::set<std::string> names;
+  for (const RouteCandidate* c : workers) names.insert(c->kv_dtype.empty() ? "?" : c->kv_dtype);
+  return absl::StrCat("{", absl::StrJoin(names, ", "), "}");
 }
 
 }  // namespace
@@ -67,10 +78,14 @@ absl::StatusOr<RoutePlan> ChooseRoute(absl::Span<const RouteCandidate> candidate
     plan.mixed_worker = best->worker_id;
     return plan;
   }
-  const size_t num_decode = WithRole(candidates, v1::WORKER_ROLE_DECODE).size();
+  const std::vector<const RouteCandidate*> decode = WithRole(candidates, v1::WORKER_ROLE_DECODE);
+  const bool none_compatible = !prefill.empty() && !decode.empty();
   return absl::UnavailableError(absl::StrCat(
-      "no healthy worker can serve the request: ", prefill.size(), " prefill and ", num_decode,
-      " decode workers healthy", prefill.empty() || num_decode == 0 ? "" : " (none compatible)",
+      "no healthy worker can serve the request: ", prefill.size(), " prefill and ", decode.size(),
+      " decode workers healthy",
+      none_compatible ? absl::StrCat(" (none compatible: prefill KV dtypes ", KvDtypes(prefill),
+                                     ", decode KV dtypes ", KvDtypes(decode), ")")
+                      : "",
       ", no mixed worker"));
 }
 

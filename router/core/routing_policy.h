@@ -33,6 +33,7 @@ struct RouteCandidate {
   v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;
   std::string model_id;
   uint64_t kv_layout_hash = 0;
+  std::string kv_dtype;       // WorkerInfo.kv_dtype (for messages; empty: not stated)
   int64_t cached_tokens = 0;  // prompt tokens found in this worker's prefix index
   int64_t load = 0;           // running + waiting (see above)
   int64_t free_blocks = 0;    // kv_blocks_free
@@ -46,7 +47,8 @@ struct RoutePlan {
   bool disaggregated() const { return !prefill_worker.empty(); }
 };
 
-// UNAVAILABLE (with counts by role) when neither a compatible P/D pair nor a mixed worker exists.
+// UNAVAILABLE (with counts by role) when neither a compatible P/D pair nor a mixed worker exists;
+// where P and D workers exist but none pair, the message names the KV dtypes on each side.
 absl::StatusOr<RoutePlan> ChooseRoute(absl::Span<const RouteCandidate> candidates);
 
 // The best decode worker compatible with `model_id`/`kv_layout_hash`, skipping `exclude`

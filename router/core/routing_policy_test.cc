@@ -79,5 +79,24 @@ TEST(RoutingPolicyTest, NothingToRouteIsUnavailable) {
   EXPECT_NE(plan.status().message().find("none compatible"), std::string::npos);
 }
 
+// An FP8-latent P and an f32 D (different layout hashes) never pair; the message names both
+// sides' KV dtypes (and "?" for a worker that stated none).
+TEST(RoutingPolicyTest, NoneCompatibleNamesBothSidesKvDtypes) {
+  std::vector<RouteCandidate> c = {C("p", P, 0, 0, 0, "m", 7), C("d", D, 0, 0, 0, "m", 8)};
+  c[0].kv_dtype = "KV_DTYPE_FP8_E4M3";
+  c[1].kv_dtype = "KV_DTYPE_F32";
+  absl::StatusOr<RoutePlan> plan = ChooseRoute(c);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(plan.status().message().find("prefill KV dtypes {KV_DTYPE_FP8_E4M3}, decode KV dtypes "
+                                         "{KV_DTYPE_F32}"),
+            std::string::npos)
+      << plan.status();
+  c.push_back(C("p2", P, 0, 0, 0, "m", 9));
+  plan = ChooseRoute(c);
+  EXPECT_NE(plan.status().message().find("prefill KV dtypes {?, KV_DTYPE_FP8_E4M3}"),
+            std::string::npos)
+      << plan.status();
+}
+
 }  // namespace
 }  // namespace tandem::router

@@ -174,6 +174,7 @@ RoutingSnapshot WorkerRegistry::Snapshot(absl::Span<const uint32_t> prompt,
     c.role = e->info.role();
     c.model_id = e->info.model_id();
     c.kv_layout_hash = e->info.kv_layout_hash();
+    c.kv_dtype = e->info.kv_dtype();
     c.load = std::max<int64_t>(int64_t{e->load.num_running()} + int64_t{e->load.num_waiting()},
                                e->in_flight);
     c.free_blocks = e->load.kv_blocks_free();

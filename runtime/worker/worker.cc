@@ -337,6 +337,7 @@ tandem::v1::WorkerInfo Worker::Info() const {
   info.set_max_model_len(static_cast<uint32_t>(loop_->max_model_len()));
   info.set_block_size(static_cast<uint32_t>(loop_->block_size()));
   info.set_kv_layout_hash(options_.kv_layout_hash);
+  info.set_kv_dtype(options_.kv_dtype);
   for (int32_t eos : model.eos_token_ids) info.add_eos_token_ids(static_cast<uint32_t>(eos));
   if (options_.group.size() > 1) *info.mutable_group() = options_.group;
   return info;

@@ -53,6 +53,7 @@ struct WorkerOptions {
   std::string address;  // host:port of this worker's services (also its KV endpoint)
   std::string model_id;
   uint64_t kv_layout_hash = 0;
+  std::string kv_dtype;  // WorkerInfo.kv_dtype: the KV pool's dtype, named for the router
   absl::Duration default_lease = absl::Seconds(30);
   // The longest lease a caller may ask for (PrefillRequest.lease_ms beyond it is cut to it):
   // the worker, not the caller, bounds how long its blocks can be held.

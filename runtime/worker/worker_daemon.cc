@@ -290,6 +290,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   options.role = config.role;
   options.model_id = loaded.model.model_id;
   options.kv_layout_hash = local.compatibility_hash();
+  options.kv_dtype = tandem::v1::KvDtype_Name(local.compatibility().layout().kv_dtype());
   options.default_lease = config.default_lease;
   // With mTLS a lease is bound to the decode worker the router names (it proves its id with its
   // certificate); --insecure has no identities, so an unnamed reader is allowed there.

@@ -129,6 +129,11 @@ TEST(MlaServingE2eTest, Fp8AndF32LatentWorkersDoNotPair) {
   EXPECT_FALSE(r.status.ok());
   EXPECT_NE(r.status.error_message().find("none compatible"), std::string::npos)
       << r.status.error_message();
+  // The router names both sides' KV dtypes (WorkerInfo.kv_dtype).
+  EXPECT_NE(r.status.error_message().find(
+                "prefill KV dtypes {KV_DTYPE_FP8_E4M3}, decode KV dtypes {KV_DTYPE_F32}"),
+            std::string::npos)
+      << r.status.error_message();
   auto stats = (*cluster)->Stats("decode-0");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->kv_bytes_received(), 0u);
