@@ -93,7 +93,7 @@ TEST(MlaModelTest, AbsorbedDecodeEqualsUnabsorbedPrefillOfTheSameTokens) {
   EXPECT_LE(latent_diff, 1e-5f);
 }
 
-TEST(MlaModelTest, DcpNeedsAGroupAndFp8LatentDcpRunsOnTheCpuOnly) {
+TEST(MlaModelTest, DcpNeedsAGroupAndRunsOverAnFp8LatentOnBothBackends) {
   const ModelConfig config = TinyMla();
   auto dcp = MlaModel::Create(config, RandomModelWeights(config, 1), nullptr, nullptr,
                               kernels::DcpShard{2, 0, 16});
@@ -104,27 +104,22 @@ TEST(MlaModelTest, DcpNeedsAGroupAndFp8LatentDcpRunsOnTheCpuOnly) {
   EXPECT_EQ(MlaModel::Create(llama, ModelWeights(), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   // The CUDA backend runs MLA with DCP too (runtime/cuda/cuda_mla_model.h; tests/gpu/
-  // dcp_cuda_golden.sh), but not over an FP8 latent pool: refused by name there; the CPU runs DCP
-  // over an FP8 latent (tests/golden/mla_fp8_kv_parallel_test.sh).
+  // dcp_cuda_golden.sh), over a 16-bit or an FP8 latent pool (tests/gpu/mla_fp8_cuda_golden.sh);
+  // the CPU runs DCP over an FP8 latent (tests/golden/mla_fp8_kv_parallel_test.sh).
   for (const char* backend : {"cpu", "cuda"}) {
-    BackendOptions options;
-    options.backend = backend;
-    options.dcp_size = 2;
-    const absl::StatusOr<ExecutorFactory> bf16 = MakeExecutorFactory(options, config);
-    if (std::string(backend) == "cpu" || CudaBackendAvailable()) {
-      EXPECT_TRUE(bf16.ok()) << backend << ": " << bf16.status();
-      EXPECT_EQ(bf16->dcp_size, 2);
-    } else {
-      EXPECT_EQ(bf16.status().code(), absl::StatusCode::kUnimplemented) << bf16.status();
+    for (const char* kv : {"auto", "fp8"}) {
+      BackendOptions options;
+      options.backend = backend;
+      options.dcp_size = 2;
+      options.kv_cache_dtype = kv;
+      const absl::StatusOr<ExecutorFactory> f = MakeExecutorFactory(options, config);
+      if (std::string(backend) == "cpu" || CudaBackendAvailable()) {
+        ASSERT_TRUE(f.ok()) << backend << " " << kv << ": " << f.status();
+        EXPECT_EQ(f->dcp_size, 2);
+      } else {
+        EXPECT_EQ(f.status().code(), absl::StatusCode::kUnimplemented) << f.status();
+      }
     }
-    options.kv_cache_dtype = "fp8";
-    const absl::Status s = MakeExecutorFactory(options, config).status();
-    if (std::string(backend) == "cpu") {
-      EXPECT_TRUE(s.ok()) << s;
-      continue;
-    }
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << backend << ": " << s;
-    EXPECT_NE(s.message().find("DCP 2"), std::string::npos) << s;
   }
 }
 

@@ -111,10 +111,6 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   RETURN_IF_ERROR(DimsOf(config).Validate());
-  if (options.dcp.size > 1 && options.fp8_latent_kv) {
-    return absl::UnimplementedError(
-        "decode context parallelism over an FP8 latent pool is not built (bf16 / fp16 latents)");
-  }
   if (options.comm != nullptr && options.dummy_seed.has_value() && options.dummy_plan.empty()) {
     return absl::InvalidArgumentError(
         "device dummy weights of a tensor-parallel rank need its plan (DummyWeightPlan)");

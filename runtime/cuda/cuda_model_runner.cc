@@ -217,7 +217,8 @@ absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout)
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
   RETURN_IF_ERROR(layout.Validate());
   if (config_.fp8_latent_kv) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
-  // An FP8 latent pool (kv_layout.h, Fp8LatentPool): the codes, then one fp32 scale per row.
+  // An FP8 latent pool (kv_layout.h, Fp8LatentBlocks): each block its codes, then its fp32 row
+  // scales, one range per block (so a block moves P -> D, is leased and hashed like any other).
   const int64_t pool_bytes = config_.fp8_latent_kv
                                  ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
                                  : layout.TotalElems() * 2;
@@ -229,8 +230,11 @@ absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout)
                  : mla_model_ != nullptr ? mla_model_->kv_dtype()
                                          : mtp_model_->kv_dtype();
   if (config_.fp8_latent_kv) {
-    // kernels/mla reads the row scales at token_scales[e / width] (no per-tensor k/v scale).
-    cache_.token_scales = SplitFp8LatentPool(pool_.data(), layout).scales;
+    // kernels/mla reads block b's codes at b * latent_block_bytes and its row scales from
+    // token_scales + b * latent_block_bytes / 4 (no per-tensor k/v scale).
+    const Fp8LatentPool blocks = Fp8LatentBlocks(pool_.data(), layout);
+    cache_.token_scales = blocks.scales;
+    cache_.latent_block_bytes = blocks.block_bytes;
     return absl::OkStatus();
   }
   return kc::ValidateDeviceKvCache(cache_, "CUDA backend");

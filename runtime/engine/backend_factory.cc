@@ -30,18 +30,15 @@ absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model)
         absl::StrCat("--kv_cache_dtype=", options.kv_cache_dtype, " keeps a DeepSeek MLA latent ",
                      "in FP8; ", model.architecture, " has no latent KV (use auto)"));
   }
-  // CPU: a tensor-parallel group keeps the whole latent on every rank (each rank quantizes the
-  // same rows), DCP splits its tokens; both as over a float latent (mla_fp8_kv_parallel_test).
-  // CUDA: one rank for now (its FP8 latent at TP / DCP is not exercised by any test), and no
-  // data-parallel attention with FP8 on either backend.
+  // A tensor-parallel group keeps the whole latent on every rank (each rank quantizes the same
+  // rows), DCP splits its tokens; both as over a 16-bit / f32 latent, on either backend (CPU:
+  // mla_fp8_kv_parallel_test; CUDA: tests/gpu/mla_fp8_cuda_golden.sh). No data-parallel
+  // attention with FP8 on either backend.
   const int64_t ranks = options.group == nullptr ? 1 : options.group->size();
-  if ((options.backend != "cpu" && (ranks > 1 || options.dcp_size > 1)) ||
-      (options.dp_attention && ranks > 1)) {
+  if (options.dp_attention && ranks > 1) {
     return absl::UnimplementedError(absl::StrCat(
-        "--kv_cache_dtype=", options.kv_cache_dtype, " runs tensor-parallel groups and DCP on ",
-        "--backend=cpu only, without --dp_attention (got --backend=", options.backend,
-        ", a group of ", ranks, ", DCP ", options.dcp_size,
-        options.dp_attention ? ", --dp_attention" : "", ")"));
+        "--kv_cache_dtype=", options.kv_cache_dtype, " does not run with --dp_attention (got ",
+        "--backend=", options.backend, ", a group of ", ranks, ")"));
   }
   return absl::OkStatus();
 }
@@ -127,8 +124,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      "--backend=cpu, or --enable_expert_parallel alone on CUDA"));
   }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
-  // tensor-parallel group, dense and MoE layers, DCP (latent token shards; not over an FP8
-  // latent pool: CheckFp8Kv refuses it above).
+  // tensor-parallel group, dense and MoE layers, DCP (latent token shards, 16-bit or FP8 latent).
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
   // MoE MLPs of up to kernels::cuda::kMoeMaxExperts (512) experts: refused at startup, before any
   // device work, naming the numbers.

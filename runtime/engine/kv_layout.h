@@ -48,14 +48,14 @@ int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype
                      KvHeadShare share = {});
 
 // An FP8 latent pool of num_blocks blocks is num_blocks * KvBlockBytes bytes in one of two forms:
-//  * blocks (Fp8LatentBlocks; the CPU backend): block-major like every other pool, block b is ONE
+//  * blocks (Fp8LatentBlocks; both backends): block-major like every other pool, block b is ONE
 //    range of KvBlockBytes at b * KvBlockBytes, its codes ([num_layers][1][block_size][1][latent
 //    width], one byte each) then its fp32 row scales ([num_layers][block_size]; the row at
 //    in-block code offset e has its scale at in-block index e / latent width). A block moves
 //    P -> D, and is leased, hashed and prefix-cached, as one range like a 16-bit block.
-//  * planar (SplitFp8LatentPool; the CUDA backend, whose kernels read token_scales[e / width]):
-//    every block's codes, then every block's scales. Block b is two ranges, so a CUDA FP8 pool
-//    does not move P -> D (the worker refuses the two roles with fp8 on CUDA).
+//  * planar (SplitFp8LatentPool; the kernels' other form, token_scales[e / width], kept for
+//    their tests; no backend allocates it): every block's codes, then every block's scales.
+//    Block b is two ranges there, so a planar pool could not move P -> D.
 // The scales start 16-byte aligned (a block's codes are a multiple of 16 bytes:
 // CheckFp8LatentPool) and 4-byte aligned in every block.
 struct Fp8LatentPool {

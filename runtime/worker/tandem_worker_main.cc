@@ -135,17 +135,8 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   config.backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   config.backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  // The CPU's FP8 latent block is one range (its codes then its scales) and moves P -> D like
-  // any block; the CUDA pool is planar (every code, then every scale: runtime/engine/kv_layout.h),
-  // a block two ranges, and the transfers move one range per block: refused, not half moved.
-  if (config.backend.kv_cache_dtype != "auto" && config.backend.backend != "cpu" &&
-      config.role != tandem::v1::WORKER_ROLE_MIXED) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--kv_cache_dtype=", config.backend.kv_cache_dtype,
-        " with --role=", absl::GetFlag(FLAGS_role), " --backend=", config.backend.backend,
-        ": CUDA FP8 latent KV blocks do not move P -> D yet (their scales are a second range of "
-        "the pool); run --role=mixed, --backend=cpu, or keep --kv_cache_dtype=auto"));
-  }
+  // An FP8 latent block is one range on either backend (its codes then its row scales:
+  // runtime/engine/kv_layout.h Fp8LatentBlocks) and moves P -> D like any block.
   config.engine.block_size = absl::GetFlag(FLAGS_block_size);
   config.engine.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   config.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);

@@ -9,8 +9,13 @@
 # rank holds the whole latent, so the D rank reads it from one of them (no re-sharding); bf16
 # TP=2 rounds differently from TP=1, so that shape checks tokens counts, KV received and no
 # recompute fallback rather than equal tokens.
+# KV_CACHE_DTYPE=fp8 (env): every worker, the mixed reference included, keeps the latent in FP8
+# (--kv_cache_dtype=fp8; each block one range, its codes then its row scales: runtime/engine/
+# kv_layout.h Fp8LatentBlocks), so the FP8 blocks move P -> D and D's tokens must equal the mixed
+# FP8 worker's. PD_STAGES (env, default "ucx nccl nccl21"): the P -> D stages to run after the
+# mixed reference (several instances may run at once, each with its own router, on other GPUs).
 #
-#   tests/gpu/mla_serve_pd.sh BUNDLE_DIR LOG_DIR
+#   [KV_CACHE_DTYPE=fp8] [PD_STAGES="ucx"] tests/gpu/mla_serve_pd.sh BUNDLE_DIR LOG_DIR
 #
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:tandem_worker tool//router:tandem_router
 # tool//router:tandem_cli. Run from the repository root. Prints "N passed, N failed, N skipped".
@@ -22,6 +27,8 @@ export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 W=$B/bin/runtime/tandem_worker R=$B/bin/router/tandem_router C=$B/bin/router/tandem_cli
 MODEL=tests/golden/fixtures_mla/deepseek_v3_f32
+KV_CACHE_DTYPE=${KV_CACHE_DTYPE:-auto}
+PD_STAGES=" ${PD_STAGES:-ucx nccl nccl21} "
 passed=0 failed=0 skipped=0
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
@@ -41,7 +48,7 @@ wait_file "$LOG/router.port" || { echo "router did not start"; exit 1; }
 ROUTER=$(cat "$LOG/router.port")
 # Eager decode (--cuda_graphs=false): the check is the latent's journey, and workers start faster.
 COMMON=(--insecure --backend=cuda --model="$MODEL" --router="$ROUTER" --kv_cache_bytes=67108864
-        --cuda_graphs=false --listen=127.0.0.1:0)
+        --cuda_graphs=false --listen=127.0.0.1:0 --kv_cache_dtype="$KV_CACHE_DTYPE")
 start() {  # TAG ROLE FLAGS...: a worker; waits for its port file
   local tag=$1 role=$2; shift 2
   "$W" --role="$role" --worker_id="$tag-$role" "${COMMON[@]}" "$@" \
@@ -91,7 +98,9 @@ sleep 2
 run_pair mixed
 stop_workers
 # P -> D over UCX, both on GPU 0.
-if start ucx prefill && start ucx decode; then
+if [[ $PD_STAGES != *" ucx "* ]]; then
+  :
+elif start ucx prefill && start ucx decode; then
   sleep 2
   run_pair ucx
   check ucx_same_tokens_as_mixed same_tokens mixed ucx
@@ -99,8 +108,10 @@ if start ucx prefill && start ucx decode; then
 else
   echo "FAIL ucx_start"; failed=$((failed + 1))
 fi
-stop_workers
-if [[ $gpus -lt 2 ]]; then
+[[ $PD_STAGES == *" ucx "* ]] && stop_workers
+if [[ $PD_STAGES != *" nccl "* ]]; then
+  :
+elif [[ $gpus -lt 2 ]]; then
   echo "SKIP nccl_* (fewer than 2 GPUs)"; skipped=$((skipped + 1))
 elif start nccl prefill --kv_transport=nccl --device=0 &&
      start nccl decode --kv_transport=nccl --device=1; then
@@ -111,8 +122,10 @@ elif start nccl prefill --kv_transport=nccl --device=0 &&
 else
   echo "FAIL nccl_start"; failed=$((failed + 1))
 fi
-stop_workers
-if [[ $gpus -lt 3 ]]; then
+[[ $PD_STAGES == *" nccl "* && $PD_STAGES == *" nccl21 "* ]] && stop_workers
+if [[ $PD_STAGES != *" nccl21 "* ]]; then
+  :
+elif [[ $gpus -lt 3 ]]; then
   echo "SKIP nccl21_* (fewer than 3 GPUs)"; skipped=$((skipped + 1))
 elif start nccl21 prefill --kv_transport=nccl --device=0 --tp=2 &&
      start nccl21 decode --kv_transport=nccl --device=2; then
