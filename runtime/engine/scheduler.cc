@@ -505,15 +505,17 @@ std::vector<RequestUpdate> Scheduler::Update(const SchedulerOutput& output,
       updates.push_back(std::move(update));
     }
   }
-  if (any_finished) {
-    running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                  [](Request* r) { return r->status == RequestStatus::kFinished; }),
-                   running_.end());
-    for (const RequestUpdate& u : updates) {
-      if (u.finish_reason != FinishReason::kNone) requests_.erase(u.request_id);
-    }
-  }
+  if (any_finished) DropFinished(updates);
   return updates;
+}
+
+void Scheduler::DropFinished(const std::vector<RequestUpdate>& updates) {
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](Request* r) { return r->status == RequestStatus::kFinished; }),
+                 running_.end());
+  for (const RequestUpdate& u : updates) {
+    if (u.finish_reason != FinishReason::kNone) requests_.erase(u.request_id);
+  }
 }
 
 }  // namespace tandem::runtime

@@ -209,6 +209,8 @@ class Scheduler {
   FinishReason CheckStop(const Request& req) const;
   // Marks `req` finished and frees its blocks, or hands them to a lease (filling update->kv_lease).
   void Finish(Request* req, FinishReason reason, RequestUpdate* update);
+  // Drops the finished requests of `updates` from running_ and requests_ (after an Update).
+  void DropFinished(const std::vector<RequestUpdate>& updates);
   // Waiting request with remote KV: allocates and registers its load. False: no room now.
   bool AdmitRemoteKv(Request* req);
   // A waiting request (still in waiting_) within `budget` tokens: running (the tokens to
