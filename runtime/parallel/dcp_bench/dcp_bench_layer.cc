@@ -210,18 +210,7 @@ absl::StatusOr<double> Check(const LayerConfig& c, const Geometry& g, const Laye
   const int64_t hpr = s.layout.HeadsPerRank(), d = m.head_dim;
   ASSIGN_OR_RETURN(const std::vector<float> want, Download(ref, rows * d));
   ASSIGN_OR_RETURN(const std::vector<float> got, Download(s.merged, c.batch * hpr * d));
-  double err = 0, scale = 0;
-  for (int64_t t = 0; t < c.batch; ++t) {
-    for (int64_t h = 0; h < hpr; ++h) {
-      for (int64_t i = 0; i < d; ++i) {
-        const double w = want[(t * m.num_q_heads + c.rank * hpr + h) * d + i];
-        const double x = got[(t * hpr + h) * d + i];
-        err = std::isnan(x) ? INFINITY : std::max(err, std::abs(x - w));
-        scale = std::max(scale, std::abs(w));
-      }
-    }
-  }
-  return scale > 0 ? err / scale : err;
+  return RankSliceRelError(want, got, c.batch, m.num_q_heads, c.rank, hpr, d);
 }
 
 absl::StatusOr<LayerTimes> Measure(const LayerConfig& c, const Geometry& g, const LayerState& s,

@@ -228,18 +228,7 @@ absl::StatusOr<double> Check(const LayerConfig& c, const Geometry& g, MlaState& 
   const int64_t hpr = s.layout.HeadsPerRank();
   ASSIGN_OR_RETURN(const std::vector<float> want, Download(ref, rows * dv));
   ASSIGN_OR_RETURN(const std::vector<float> got, Download(s.merged, c.batch * hpr * dv));
-  double err = 0, scale = 0;
-  for (int64_t t = 0; t < c.batch; ++t) {
-    for (int64_t h = 0; h < hpr; ++h) {
-      for (int64_t i = 0; i < dv; ++i) {
-        const double w = want[(t * d.num_heads + c.rank * hpr + h) * dv + i];
-        const double x = got[(t * hpr + h) * dv + i];
-        err = std::isnan(x) ? INFINITY : std::max(err, std::abs(x - w));
-        scale = std::max(scale, std::abs(w));
-      }
-    }
-  }
-  return scale > 0 ? err / scale : err;
+  return RankSliceRelError(want, got, c.batch, d.num_heads, c.rank, hpr, dv);
 }
 
 absl::StatusOr<LayerTimes> Measure(const LayerConfig& c, const Geometry& g, MlaState& s,

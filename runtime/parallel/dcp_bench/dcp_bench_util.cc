@@ -1,6 +1,7 @@
 #include "runtime/parallel/dcp_bench/dcp_bench_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -64,6 +65,23 @@ absl::StatusOr<std::vector<float>> Download(const __nv_bfloat16* device, int64_t
   std::vector<float> out(count);
   for (int64_t i = 0; i < count; ++i) out[i] = Bf16BitsToFloat(bits[i]);
   return out;
+}
+
+double RankSliceRelError(const std::vector<float>& want, const std::vector<float>& got,
+                         int64_t batch, int64_t num_heads, int64_t rank, int64_t heads_per_rank,
+                         int64_t dim) {
+  double err = 0, scale = 0;
+  for (int64_t t = 0; t < batch; ++t) {
+    for (int64_t h = 0; h < heads_per_rank; ++h) {
+      for (int64_t i = 0; i < dim; ++i) {
+        const double w = want[(t * num_heads + rank * heads_per_rank + h) * dim + i];
+        const double x = got[(t * heads_per_rank + h) * dim + i];
+        err = std::isnan(x) ? INFINITY : std::max(err, std::abs(x - w));
+        scale = std::max(scale, std::abs(w));
+      }
+    }
+  }
+  return scale > 0 ? err / scale : err;
 }
 
 }  // namespace tandem::runtime::dcp_bench

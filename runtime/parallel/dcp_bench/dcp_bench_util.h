@@ -39,6 +39,13 @@ struct Geometry {
 };
 Geometry GeometryOf(const LayerConfig& c);
 
+// Largest |got - want| over max |want| of this rank's heads: `want` is the whole attention
+// [batch][num_heads][dim], `got` the rank's merged slice [batch][heads_per_rank][dim] (heads
+// rank * heads_per_rank onward); a NaN in `got` gives infinity.
+double RankSliceRelError(const std::vector<float>& want, const std::vector<float>& got,
+                         int64_t batch, int64_t num_heads, int64_t rank, int64_t heads_per_rank,
+                         int64_t dim);
+
 // Layers per measurement: about 20 ms of attention at ~3 TB/s, 20..500 (c.iters if set).
 int ItersFor(const LayerConfig& c);
 
