@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,22 +60,40 @@ absl::Status RemoveStaleWeights(const fs::path& dir) {
   return absl::OkStatus();
 }
 
+// Writes one shard. Its values are drawn in pieces of at most kPiece elements, `helpers` pieces
+// at once (each value is a function of seed, tensor and index alone, so the bytes do not depend
+// on `helpers`), and appended in file order: a few large shards (the hub's ~5 GB) use every core.
 absl::Status WriteShard(const fs::path& path, const std::vector<const HfTensor*>& tensors,
-                        SafetensorsDtype dtype, uint64_t seed) {
+                        SafetensorsDtype dtype, uint64_t seed, int helpers) {
   std::vector<TensorSpec> specs;
   for (const HfTensor* t : tensors) specs.push_back({t->name, dtype, t->shape});
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
                    SafetensorsWriter::Create(path.string(), std::move(specs)));
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  std::vector<float> chunk;
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  struct Piece {
+    const HfTensor* tensor;
+    int64_t begin;
+    int64_t count;
+  };
+  std::vector<Piece> pieces;
   for (const HfTensor* t : tensors) {
-    internal::TensorRandomStream stream(seed, *t);
-    for (int64_t done = 0, total = t->numel(); done < total;) {
-      const int64_t n = std::min(kChunk, total - done);
-      chunk.resize(static_cast<size_t>(n));
-      stream.Fill(chunk.data(), n);
-      RETURN_IF_ERROR(writer->AppendFloats(chunk.data(), n));
-      done += n;
+    for (int64_t begin = 0, total = t->numel(); begin < total; begin += kPiece) {
+      pieces.push_back({t, begin, std::min(kPiece, total - begin)});
+    }
+  }
+  std::vector<std::vector<float>> buffers(static_cast<size_t>(std::max(helpers, 1)));
+  for (size_t first = 0; first < pieces.size(); first += buffers.size()) {
+    const size_t n = std::min(buffers.size(), pieces.size() - first);
+    RETURN_IF_ERROR(internal::RunTasks(n, helpers, [&](size_t i, int) {
+      const Piece& piece = pieces[first + i];
+      buffers[i].resize(static_cast<size_t>(piece.count));
+      internal::TensorRandomStream stream(seed, *piece.tensor);
+      stream.Seek(piece.begin);
+      stream.Fill(buffers[i].data(), piece.count);
+      return absl::OkStatus();
+    }));
+    for (size_t i = 0; i < n; ++i) {
+      RETURN_IF_ERROR(writer->AppendFloats(buffers[i].data(), pieces[first + i].count));
     }
   }
   return writer->Finish();
@@ -171,8 +190,12 @@ absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_d
     total_size += bytes;
   }
 
+  // Shards are independent: one per thread, and the threads left over draw a shard's pieces.
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int writers = static_cast<int>(std::min(shards.size(), static_cast<size_t>(threads)));
+  const int helpers = (threads + writers - 1) / writers;
   if (shards.size() == 1) {
-    RETURN_IF_ERROR(WriteShard(dir / "model.safetensors", shards[0], dtype, seed));
+    RETURN_IF_ERROR(WriteShard(dir / "model.safetensors", shards[0], dtype, seed, helpers));
   } else {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total_size}};
@@ -182,9 +205,8 @@ absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_d
       names.push_back(absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size()));
       for (const HfTensor* t : shards[i]) weight_map[t->name] = names.back();
     }
-    // Shards are independent (each value a function of seed, tensor and index): one per thread.
-    RETURN_IF_ERROR(internal::RunTasks(shards.size(), threads, [&](size_t i, int) {
-      return WriteShard(dir / names[i], shards[i], dtype, seed);
+    RETURN_IF_ERROR(internal::RunTasks(shards.size(), writers, [&](size_t i, int) {
+      return WriteShard(dir / names[i], shards[i], dtype, seed, helpers);
     }));
     index["weight_map"] = weight_map;
     RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));

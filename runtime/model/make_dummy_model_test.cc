@@ -193,6 +193,45 @@ TEST_F(MakeDummyModelTest, ShardsWriteAndLoadTheSameWithAnyNumberOfThreads) {
   }
 }
 
+// Issue 31 (70B from files): with fewer shards than threads, the spare threads draw a shard's
+// values in 1M-element pieces (a tensor of more than one piece here: the 1.28M-element embedding
+// and head) and the bytes are the one-thread writer's, as one file and as three shards, and load
+// back as the dummy draw rounded to bf16.
+TEST_F(MakeDummyModelTest, FewShardsWrittenByManyThreadsAreTheOneThreadShards) {
+  SCOPED_TRACE(testing::Message() << "seed=" << seed_);
+  const fs::path config = dir_ / "config.json";
+  std::ofstream(config) << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 5000,
+      "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "torch_dtype": "bfloat16"})";
+  for (const char* shard_mb : {"64", "3"}) {
+    SCOPED_TRACE(testing::Message() << "--shard_mb=" << shard_mb);
+    const fs::path one = dir_ / absl::StrCat("one", shard_mb);
+    const fs::path many = dir_ / absl::StrCat("many", shard_mb);
+    const std::string common =
+        absl::StrCat("--config=", config.string(), " --seed=", seed_, " --shard_mb=", shard_mb);
+    const Result r1 = Run(absl::StrCat(common, " --threads=1 --out=", one.string()));
+    ASSERT_EQ(r1.exit_code, 0) << r1.output;
+    const Result r5 = Run(absl::StrCat(common, " --threads=5 --out=", many.string()));
+    ASSERT_EQ(r5.exit_code, 0) << r5.output;
+    int files = 0;
+    for (const fs::directory_entry& entry : fs::directory_iterator(one)) {
+      const std::string name = entry.path().filename().string();
+      SCOPED_TRACE(name);
+      files += entry.path().extension() == ".safetensors";
+      EXPECT_EQ(FileBytes(entry.path()), FileBytes(many / name));
+    }
+    EXPECT_EQ(files, std::string(shard_mb) == "64" ? 1 : 3);  // fewer than the 5 threads
+    absl::StatusOr<ModelConfig> loaded = LoadModelConfig(many.string());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    absl::StatusOr<ModelWeights> weights = LoadModelWeights(many.string(), *loaded);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const std::vector<float> got = Flatten(*weights);
+    const std::vector<float> reference = Flatten(RandomModelWeights(*loaded, seed_));
+    ASSERT_EQ(got.size(), reference.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], ViaBf16(reference[i])) << i;
+  }
+}
+
 // Every float of a layer, the MLA and MoE slots included (same order for two loads).
 std::vector<float> FlattenLayer(const LayerWeights& l) {
   std::vector<float> out;

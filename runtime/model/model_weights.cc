@@ -1,6 +1,8 @@
 // LoadModelWeights: safetensors checkpoint (single file or sharded) -> fp32 ModelWeights.
 #include "runtime/model/model_weights.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using internal::HfTensor;
 using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -238,6 +241,20 @@ std::vector<HfTensor> LocalLayout(const std::vector<HfTensor>& layout) {
   return out;
 }
 
+// A load of more than 1 GiB says on stderr how long the rank's fp32 allocation and its reads took
+// (issue 31: where a large model's start goes).
+void ReportLargeLoad(const TpShard& shard, int64_t read_bytes, size_t files, int threads,
+                     Clock::time_point start, Clock::time_point allocated) {
+  if (read_bytes < (int64_t{1} << 30)) return;
+  const double alloc_s = std::chrono::duration<double>(allocated - start).count();
+  const double read_s = std::chrono::duration<double>(Clock::now() - allocated).count();
+  std::fprintf(stderr,
+               "LoadModelWeights: rank %d of %d read %.2f GB from %zu files in %.2f s (%.2f GB/s, "
+               "%d reader threads) after allocating its fp32 weights in %.2f s\n",
+               shard.rank, shard.size, read_bytes / 1e9, files, read_s,
+               read_bytes / 1e9 / std::max(read_s, 1e-9), threads, alloc_s);
+}
+
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
@@ -272,15 +289,21 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
     return it == checkpoint.tensors.end() ? nullptr : it->second.info;
   };
   RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, dims, layout, find));
+  const Clock::time_point start = Clock::now();
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
+  const Clock::time_point allocated = Clock::now();
   std::vector<internal::WidenTask> tasks;
+  int64_t read_bytes = 0;
   for (const HfTensor& t : layout) {
     if (!t.keep || internal::IsFp8Weight(config, t)) continue;
     const Found& found = checkpoint.tensors.at(t.name);
     tasks.push_back({found.file, found.info, &t, internal::SlotData(&weights, t)});
+    read_bytes += t.local_numel() * (found.info->dtype == SafetensorsDtype::kF32 ? 4 : 2);
   }
   RETURN_IF_ERROR(internal::ReadTensors(tasks, read));
+  ReportLargeLoad(shard, read_bytes, checkpoint.files.size(), internal::ReaderThreads(read), start,
+                  allocated);
   internal::LoadFp8Weights(config, layout, find, &weights);  // e4m3 kept as it is
   return weights;
 }

@@ -243,7 +243,8 @@ absl::StatusOr<std::vector<DummyTensorFill>> DummyWeightPlan(const ModelConfig& 
 // removes model.safetensors* / model-*-of-*.safetensors left there by an earlier run. Generates
 // and writes one tensor chunk at a time: memory stays small even for 8B models.
 // Shards are generated and written by `threads` threads at once (0: the hardware's; each shard's
-// bytes do not depend on it).
+// bytes do not depend on it); with fewer shards than threads, the others draw a shard's values in
+// 1M-element pieces beside its writer.
 absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
                              int64_t shard_bytes = 4LL << 30, int threads = 0);
 

@@ -69,10 +69,11 @@ TpDims FullTpDims(const ModelConfig& config);
 float* SlotData(ModelWeights* weights, const HfTensor& tensor);
 
 // The dummy-weight values of one whole tensor (dummy_draw.h), produced in order, in chunks of
-// any size.
+// any size, from any element on (Seek: each value depends on its index alone).
 class TensorRandomStream {
  public:
   TensorRandomStream(uint64_t seed, const HfTensor& tensor);
+  void Seek(int64_t position) { position_ = position; }
   void Fill(float* out, int64_t count);
 
  private:

@@ -9,7 +9,13 @@
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:tandem_worker tool//router:tandem_router
 #   tool//router:tandem_cli tool//runtime:generate tool//runtime/model:make_dummy_model.
 # Env: CKPT_ROOT (default: the largest of /tmp, /root, / by free space), WRITE_THREADS (default:
-#   nproc), SHARD_MB (default 2048), STEP_TIMEOUT (seconds per step, default 240).
+#   nproc), SHARD_MB (default 2048), STEP_TIMEOUT (seconds per step, default 240), WRITE_TIMEOUT
+#   (the write's, default STEP_TIMEOUT), COLD (1, default: sync and drop the page cache before the
+#   load; 0: keep it, a warm load with no sync), LOAD_AFTER (a file the load waits for, up to
+#   STEP_TIMEOUT: other jobs using the GPUs during the write touch it when done), LAYERS (write
+#   only the first N decoder layers of the 70B config, for a write that would not fit), CFG_70B,
+#   BACKEND, NEED_GB and KV_CACHE_BYTES (default the 70B config, cuda, 150 GiB of free space and
+#   0 = the GPU's share: a CPU rehearsal of the script passes a tiny config, cpu, 1 and a size).
 # Each model's directory is removed after its runs (70B bf16 is ~141 GB). Run from the repo root.
 set -uo pipefail
 B=$(cd "${1:?bundle}" && pwd)
@@ -59,9 +65,9 @@ worker_start() {  # NAME DIR
   for _ in $(seq 1 100); do [[ -s $LOG/$name-router.port ]] && break; sleep 0.1; done
   router=$(cat "$LOG/$name-router.port")
   t0=$(now)
-  "$W" --insecure --role=mixed --worker_id="$name" --backend=cuda --router="$router" \
+  "$W" --insecure --role=mixed --worker_id="$name" --backend="${BACKEND:-cuda}" --router="$router" \
     --listen=127.0.0.1:0 --port_file="$LOG/$name.port" --tp=4 --model="$dir" \
-    --kv_cache_bytes=0 --gpu_memory_utilization=0.85 --max_model_len=8192 \
+    --kv_cache_bytes="${KV_CACHE_BYTES:-0}" --gpu_memory_utilization=0.85 --max_model_len=8192 \
     --dist_timeout_s=600 >"$LOG/$name.log" 2>&1 &
   pids+=($!)
   local deadline=$((SECONDS + STEP))
@@ -69,6 +75,7 @@ worker_start() {  # NAME DIR
     if "$C" --insecure workers --router="$router" --json 2>/dev/null | grep -q '"healthy":true'; then
       echo "worker $name: healthy $(since "$t0") s after the worker's start"
       grep -ohE "loaded the model in [0-9.a-z]+" "$LOG/$name.log" | sort | uniq -c | head -4
+      grep -oE "LoadModelWeights: rank .*" "$LOG/$name.log" | head -8
       grep -oE "[0-9:.]+ [0-9]+ [a-z_.]+:[0-9]+\] worker (start|group|.*serving).*" "$LOG/$name.log" |
         head -20
       stop_all
@@ -86,7 +93,7 @@ worker_start() {  # NAME DIR
 for m in $MODELS; do
   case $m in
     8b) cfg=llama3-8b need=20 ;;
-    70b) cfg=$PWD/tests/gpu/configs/llama3-70b/config.json need=150 ;;
+    70b) cfg=${CFG_70B:-$PWD/tests/gpu/configs/llama3-70b/config.json} need=${NEED_GB:-150} ;;
     *) echo "unknown model $m" && continue ;;
   esac
   dir=$CKPT_ROOT/$m
@@ -97,17 +104,30 @@ for m in $MODELS; do
   fi
   echo "== $m"
   t0=$(now)
-  timeout "$STEP" "$M" --config="$cfg" --out="$dir" --dtype=bfloat16 --shard_mb="${SHARD_MB:-2048}" \
-    --threads="${WRITE_THREADS:-$(nproc)}" >"$LOG/write-$m.log" 2>&1
+  if [[ -n ${LAYERS:-} && $m == 70b ]]; then
+    sed -E "s/\"num_hidden_layers\": [0-9]+/\"num_hidden_layers\": $LAYERS/" "$cfg" >"$LOG/70b-$LAYERS.json"
+    cfg=$LOG/70b-$LAYERS.json
+    echo "70b: the first $LAYERS decoder layers only"
+  fi
+  timeout "${WRITE_TIMEOUT:-$STEP}" "$M" --config="$cfg" --out="$dir" --dtype=bfloat16 \
+    --shard_mb="${SHARD_MB:-2048}" --threads="${WRITE_THREADS:-$(nproc)}" >"$LOG/write-$m.log" 2>&1
   rc=$?
-  sync
-  echo "write $m: rc=$rc $(since "$t0") s (sync included), $(du -sh "$dir" | cut -f1)," \
-    "$(ls "$dir" | grep -c safetensors$) shards"
+  [[ ${COLD:-1} == 1 ]] && sync
+  echo "write $m: rc=$rc $(since "$t0") s ($([[ ${COLD:-1} == 1 ]] && echo "sync included" ||
+    echo "no sync")), $(du -sh "$dir" | cut -f1), $(ls "$dir" | grep -c safetensors$) shards;" \
+    "$(grep -E '^(Dirty|Writeback|Shmem):' /proc/meminfo | tr -s ' ' | tr '\n' ' ')"
   [[ $rc -eq 0 ]] || { tail -3 "$LOG/write-$m.log"; rm -rf "$dir"; continue; }
-  if sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+  if [[ ${COLD:-1} != 1 ]]; then
+    echo "page cache kept (COLD=0): the worker reads warm"
+  elif sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
     echo "page cache dropped: the worker reads cold"
   else
     echo "page cache NOT dropped (no permission): the worker reads warm"
+  fi
+  if [[ -n ${LOAD_AFTER:-} ]]; then
+    t1=$(now)
+    for _ in $(seq 1 $((STEP * 5))); do [[ -e $LOAD_AFTER ]] && break; sleep 0.2; done
+    echo "waited $(since "$t1") s for $LOAD_AFTER"
   fi
   worker_start "files-$m-tp4" "$dir"
   [[ -x $G ]] || { echo "generate: not in the bundle, skipped"; rm -rf "$dir"; continue; }
