@@ -33,6 +33,31 @@ absl::StatusOr<MoeDispatchPlan> PlanMoeDispatch(absl::Span<const int32_t> expert
   return plan;
 }
 
+absl::StatusOr<std::vector<int32_t>> MoeDispatchFixedRows(const MoeDispatchPlan& plan,
+                                                          int64_t capacity) {
+  const int n = plan.num_ranks;
+  if (n < 1 || capacity < 1 || static_cast<int>(plan.counts.size()) != n ||
+      plan.pos.size() % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE fixed dispatch: capacity ", capacity, " over a plan of ", n, " ranks"));
+  }
+  for (int d = 0; d < n; ++d) {
+    if (plan.counts[d] > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE fixed dispatch: ", plan.counts[d],
+                                                     " rows to rank ", d, ", capacity ", capacity));
+    }
+  }
+  std::vector<int32_t> rows(n * capacity, -1);
+  const int64_t T = static_cast<int64_t>(plan.pos.size()) / n;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int d = 0; d < n; ++d) {
+      const int32_t p = plan.pos[t * n + d];
+      if (p >= 0) rows[d * capacity + p] = static_cast<int32_t>(t);
+    }
+  }
+  return rows;
+}
+
 void MoeDispatchRowMeta(absl::Span<const int32_t> expert_ids, absl::Span<const float> weights,
                         int64_t t, int64_t top_k, int dest,
                         absl::Span<const int32_t> rank_of_expert,

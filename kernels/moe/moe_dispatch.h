@@ -47,6 +47,15 @@ absl::StatusOr<MoeDispatchPlan> PlanMoeDispatch(absl::Span<const int32_t> expert
                                                 absl::Span<const int32_t> rank_of_expert,
                                                 int num_ranks);
 
+// The fixed-capacity layout of the send buffer (CUDA graphs: every pair of ranks exchanges
+// exactly `capacity` rows, so the all-to-all's sizes are host constants and no counts are read
+// back): [num_ranks * capacity], the token of each row (rank d's rows at [d * capacity, d *
+// capacity + counts[d]) in plan order) or -1 for a padding row (sent with every slot -1: the
+// receiver's zero expert). INVALID_ARGUMENT, naming the numbers, when a rank gets more rows than
+// `capacity` (it never does for capacity >= T: each token goes to a rank at most once).
+absl::StatusOr<std::vector<int32_t>> MoeDispatchFixedRows(const MoeDispatchPlan& plan,
+                                                          int64_t capacity);
+
 // The metadata of token t's row for rank `dest` (the pack kernel's): slots[j] = slot_in_owner[e]
 // when rank_of_expert[e] == dest (e = expert_ids[t*k + j]), else -1; weights[j] alike or 0.
 void MoeDispatchRowMeta(absl::Span<const int32_t> expert_ids, absl::Span<const float> weights,

@@ -1,4 +1,5 @@
 // MoePlanDispatch, MoeDispatchPack / Unpack / Combine (moe_dispatch_cuda.h).
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -63,12 +64,14 @@ __global__ void __launch_bounds__(kPlanThreads)
   if (threadIdx.x < n) counts[threadIdx.x] = running[threadIdx.x];
 }
 
-// Exclusive prefix of counts into offsets (shared), by thread 0.
-__device__ __forceinline__ void RankOffsets(const int32_t* counts, int n, int64_t* offsets) {
+// Where each rank's rows start (shared), by thread 0: the exclusive prefix of counts, or d *
+// capacity in the fixed layout (capacity > 0).
+__device__ __forceinline__ void RankOffsets(const int32_t* counts, int n, int64_t capacity,
+                                            int64_t* offsets) {
   if (threadIdx.x == 0) {
     int64_t at = 0;
     for (int d = 0; d < n; ++d) {
-      offsets[d] = at;
+      offsets[d] = capacity > 0 ? d * capacity : at;
       at += counts[d];
     }
   }
@@ -89,11 +92,24 @@ __global__ void __launch_bounds__(kRowThreads)
                const int32_t* __restrict__ ids, const float* __restrict__ weights, int top_k,
                const int32_t* __restrict__ rank_of, const int32_t* __restrict__ slot_in_owner,
                const int32_t* __restrict__ pos, const int32_t* __restrict__ counts, int n,
-               T* __restrict__ send) {
+               int64_t num_tokens, int64_t capacity, T* __restrict__ send) {
   __shared__ int64_t offsets[kMoeDispatchMaxRanks];
-  RankOffsets(counts, n, offsets);
+  RankOffsets(counts, n, capacity, offsets);
   const int64_t t = blockIdx.x;
-  for (int d = 0; d < n; ++d) {
+  // The fixed layout: block b also fills row b of every rank whose real rows end before it with
+  // padding (x zero, every slot -1, weight 0: the receiver's zero expert, never read back).
+  for (int d = 0; d < n && capacity > 0; ++d) {
+    if (t < counts[d] || t >= capacity) continue;
+    T* row = send + (offsets[d] + t) * width;
+    uint4* o = reinterpret_cast<uint4*>(row);
+    for (int64_t i = threadIdx.x; i < hidden / 8; i += blockDim.x) o[i] = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x < top_k) {
+      int32_t* slots = reinterpret_cast<int32_t*>(row + hidden);
+      slots[threadIdx.x] = -1;
+      reinterpret_cast<float*>(slots + top_k)[threadIdx.x] = 0.0f;
+    }
+  }
+  for (int d = 0; d < n && t < num_tokens; ++d) {
     const int32_t p = pos[t * n + d];
     if (p < 0) continue;
     T* row = send + (offsets[d] + p) * width;
@@ -132,13 +148,13 @@ __global__ void __launch_bounds__(kRowThreads)
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     CombineKernel(const T* __restrict__ back, const int32_t* __restrict__ pos,
-                  const int32_t* __restrict__ counts, int n, int64_t hidden,
+                  const int32_t* __restrict__ counts, int n, int64_t capacity, int64_t hidden,
                   const T* __restrict__ shared, const T* __restrict__ shared_gate, const T* x,
                   T* out) {
   __shared__ int64_t offsets[kMoeDispatchMaxRanks];
   __shared__ float red[kRowThreads / 32];
   __shared__ int64_t row_of[kMoeDispatchMaxRanks];
-  RankOffsets(counts, n, offsets);
+  RankOffsets(counts, n, capacity, offsets);
   const int64_t t = blockIdx.x;
   if (threadIdx.x < n) {
     const int32_t p = pos[t * n + threadIdx.x];
@@ -199,16 +215,19 @@ absl::Status MoeDispatchPack(const T* x, int64_t num_tokens, int64_t hidden,
                              const int32_t* expert_ids, const float* weights, int64_t top_k,
                              const int32_t* rank_of_expert, const int32_t* slot_in_owner,
                              const int32_t* pos, const int32_t* counts, int num_ranks, T* send,
-                             cudaStream_t stream) {
-  if (num_tokens == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckRows("MoeDispatchPack", hidden, top_k, x, send));
-  if (num_ranks < 1 || num_ranks > kMoeDispatchMaxRanks || num_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MoeDispatchPack: ", num_tokens, " tokens, ", num_ranks, " ranks"));
+                             cudaStream_t stream, int64_t capacity) {
+  const int64_t blocks = std::max(num_tokens, capacity);
+  if (blocks == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckRows("MoeDispatchPack", hidden, top_k, num_tokens > 0 ? x : send, send));
+  if (num_ranks < 1 || num_ranks > kMoeDispatchMaxRanks || num_tokens < 0 ||
+      (capacity > 0 && num_tokens > capacity)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeDispatchPack: ", num_tokens, " tokens, ",
+                                                   num_ranks, " ranks, capacity ", capacity));
   }
-  PackKernel<T><<<static_cast<unsigned>(num_tokens), kRowThreads, 0, stream>>>(
+  PackKernel<T><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
       x, hidden, MoeDispatchRowWidth(hidden, top_k), expert_ids, weights, static_cast<int>(top_k),
-      rank_of_expert, slot_in_owner, pos, counts, num_ranks, send);
+      rank_of_expert, slot_in_owner, pos, counts, num_ranks, num_tokens,
+      std::max<int64_t>(capacity, 0), send);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -233,27 +252,31 @@ absl::Status MoeDispatchUnpack(const T* recv, int64_t rows, int64_t hidden, int6
 template <typename T>
 absl::Status MoeDispatchCombine(const T* back, const int32_t* pos, const int32_t* counts,
                                 int num_ranks, int64_t num_tokens, int64_t hidden, const T* shared,
-                                const T* shared_gate, const T* x, T* out, cudaStream_t stream) {
+                                const T* shared_gate, const T* x, T* out, cudaStream_t stream,
+                                int64_t capacity) {
   if (num_tokens == 0) return absl::OkStatus();
-  if (num_ranks < 1 || num_ranks > kMoeDispatchMaxRanks || num_tokens < 0 || hidden < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MoeDispatchCombine: ", num_tokens, " tokens, hidden ", hidden, ", ", num_ranks, " ranks"));
+  if (num_ranks < 1 || num_ranks > kMoeDispatchMaxRanks || num_tokens < 0 || hidden < 1 ||
+      (capacity > 0 && num_tokens > capacity)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeDispatchCombine: ", num_tokens,
+                                                   " tokens, hidden ", hidden, ", ", num_ranks,
+                                                   " ranks, capacity ", capacity));
   }
   CombineKernel<T><<<static_cast<unsigned>(num_tokens), kRowThreads, 0, stream>>>(
-      back, pos, counts, num_ranks, hidden, shared, shared_gate, x, out);
+      back, pos, counts, num_ranks, std::max<int64_t>(capacity, 0), hidden, shared, shared_gate, x,
+      out);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-#define TANDEM_MOE_DISPATCH_INSTANTIATE(T)                                                         \
-  template absl::Status MoeDispatchPack<T>(const T*, int64_t, int64_t, const int32_t*,             \
-                                           const float*, int64_t, const int32_t*, const int32_t*,  \
-                                           const int32_t*, const int32_t*, int, T*, cudaStream_t); \
-  template absl::Status MoeDispatchUnpack<T>(const T*, int64_t, int64_t, int64_t, int32_t, T*,     \
-                                             int32_t*, float*, cudaStream_t);                      \
-  template absl::Status MoeDispatchCombine<T>(const T*, const int32_t*, const int32_t*, int,       \
-                                              int64_t, int64_t, const T*, const T*, const T*, T*,  \
-                                              cudaStream_t);
+#define TANDEM_MOE_DISPATCH_INSTANTIATE(T)                                                        \
+  template absl::Status MoeDispatchPack<T>(                                                       \
+      const T*, int64_t, int64_t, const int32_t*, const float*, int64_t, const int32_t*,          \
+      const int32_t*, const int32_t*, const int32_t*, int, T*, cudaStream_t, int64_t);            \
+  template absl::Status MoeDispatchUnpack<T>(const T*, int64_t, int64_t, int64_t, int32_t, T*,    \
+                                             int32_t*, float*, cudaStream_t);                     \
+  template absl::Status MoeDispatchCombine<T>(const T*, const int32_t*, const int32_t*, int,      \
+                                              int64_t, int64_t, const T*, const T*, const T*, T*, \
+                                              cudaStream_t, int64_t);
 TANDEM_MOE_DISPATCH_INSTANTIATE(__nv_bfloat16)
 TANDEM_MOE_DISPATCH_INSTANTIATE(__half)
 #undef TANDEM_MOE_DISPATCH_INSTANTIATE

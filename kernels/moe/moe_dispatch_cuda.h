@@ -18,6 +18,12 @@
 // W = MoeDispatchRowWidth(H, k) elements of T (2 bytes): x, then int32 slots and fp32 weights at
 // byte 2H and 2H + 4k. Launch sizes depend on host values only (T, R, N); none syncs the host.
 //
+// The fixed layout (capacity C > 0, for CUDA graphs: moe_dispatch.h's MoeDispatchFixedRows):
+// the rows to rank d sit at [d * C, d * C + counts[d]) and Pack fills the rest of [d * C, (d+1) *
+// C) with padding rows (x zero, every slot -1: the receiver's zero expert with weight 0), so one
+// all-to-all of C rows per pair moves them and the receiver unpacks N * C rows without knowing
+// the counts; Combine reads rank d's rows from d * C. Needs T <= C.
+//
 // Thread safety: stateless; asynchronous on `stream`.
 #ifndef TANDEM_KERNELS_MOE_MOE_DISPATCH_CUDA_H_
 #define TANDEM_KERNELS_MOE_MOE_DISPATCH_CUDA_H_
@@ -42,12 +48,13 @@ absl::Status MoePlanDispatch(const int32_t* expert_ids, int64_t num_tokens, int6
 
 // send [sum counts, W]: each (t, d) with pos[t, d] >= 0 as row prefix(counts)[d] + pos[t, d].
 // x [T, H] (16-byte aligned, H % 8 == 0); ids / weights [T, k]; slot_in_owner [E].
+// capacity > 0: the fixed layout, send [N * capacity, W] (padding written; T = 0 allowed).
 template <typename T>
 absl::Status MoeDispatchPack(const T* x, int64_t num_tokens, int64_t hidden,
                              const int32_t* expert_ids, const float* weights, int64_t top_k,
                              const int32_t* rank_of_expert, const int32_t* slot_in_owner,
                              const int32_t* pos, const int32_t* counts, int num_ranks, T* send,
-                             cudaStream_t stream);
+                             cudaStream_t stream, int64_t capacity = 0);
 
 // recv [R, W] -> x [R, H], ids [R, k], weights [R, k] (see the header comment).
 template <typename T>
@@ -55,12 +62,14 @@ absl::Status MoeDispatchUnpack(const T* recv, int64_t rows, int64_t hidden, int6
                                int32_t zero_slot, T* x, int32_t* ids, float* weights,
                                cudaStream_t stream);
 
-// back [sum counts, H]: the rows returned, in send order. shared [T, H] or null; shared_gate [H]
-// or null (then g = 1); x [T, H] (read for the gate only; may alias out).
+// back [sum counts, H]: the rows returned, in send order ([N * capacity, H] in the fixed
+// layout). shared [T, H] or null; shared_gate [H] or null (then g = 1); x [T, H] (read for the
+// gate only; may alias out).
 template <typename T>
 absl::Status MoeDispatchCombine(const T* back, const int32_t* pos, const int32_t* counts,
                                 int num_ranks, int64_t num_tokens, int64_t hidden, const T* shared,
-                                const T* shared_gate, const T* x, T* out, cudaStream_t stream);
+                                const T* shared_gate, const T* x, T* out, cudaStream_t stream,
+                                int64_t capacity = 0);
 
 }  // namespace tandem::kernels::cuda
 

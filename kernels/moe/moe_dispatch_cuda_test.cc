@@ -1,9 +1,11 @@
 // The dispatch kernels (moe_dispatch_cuda.h) against the host reference (moe_dispatch.h) on fresh
 // random routings: the plan (two chunks of the plan block, any rank table, an idle rank with no
 // tokens), the packed rows bit for bit, the unpacked routing, and the combine (with and without
-// a gated shared expert, out aliasing x) against an fp32 host sum.
+// a gated shared expert, out aliasing x) against an fp32 host sum; the fixed-capacity layout of
+// graph steps (padding rows, an idle rank) against MoeDispatchFixedRows.
 #include "kernels/moe/moe_dispatch_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -165,6 +167,93 @@ TEST_P(MoeDispatchCudaTest, PlanPackUnpackCombineMatchTheHost) {
         const float got = ToF(out[t * H + h]);
         ASSERT_NEAR(got, acc, 1e-2f * std::max(1.0f, std::fabs(acc)))
             << "gated " << gated << " t " << t << " h " << h;
+      }
+    }
+  }
+}
+
+// The fixed layout of CUDA graph steps (capacity C >= T): each rank's rows at d * C in plan
+// order, the rest padding (x zero, slots -1, weights 0) over a buffer of garbage, bit for bit
+// against MoeDispatchFixedRows; the combine reading rank d's rows from d * C. T = 0 (an idle
+// rank) still sends C padding rows to each rank.
+TEST_P(MoeDispatchCudaTest, FixedCapacityPackAndCombineMatchTheHost) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const int64_t E = c.E, k = c.k, H = c.H, W = MoeDispatchRowWidth(H, k);
+  const int n = c.n;
+  std::mt19937 rng(cuda_test::TestSeed() + 1);
+  std::vector<int32_t> rank_of(E), slot(E), held(n, 0);
+  for (int64_t e = 0; e < E; ++e) {
+    rank_of[e] = static_cast<int32_t>(rng() % n);
+    slot[e] = held[rank_of[e]]++;
+  }
+  for (const int64_t T : {c.T, int64_t{0}}) {
+    const int64_t C = T + 3;
+    MoeRouting routing;
+    const std::vector<float> logits = Random(rng, T * E, 3.0f);
+    if (T > 0) {
+      ASSERT_TRUE(kernels::cpu::SoftmaxTopK(logits.data(), T, {E, k, true}, &routing).ok());
+    }
+    absl::StatusOr<kernels::MoeDispatchPlan> plan =
+        PlanMoeDispatch(routing.expert_ids, k, rank_of, n);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<std::vector<int32_t>> fixed = MoeDispatchFixedRows(*plan, C);
+    ASSERT_TRUE(fixed.ok()) << fixed.status();
+    DeviceBuffer<int32_t> ids(routing.expert_ids.size() + 1), ranks(rank_of), slots(slot);
+    DeviceBuffer<float> weights(routing.weights.size() + 1);
+    cudaMemcpy(ids.get(), routing.expert_ids.data(), T * k * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(weights.get(), routing.weights.data(), T * k * 4, cudaMemcpyHostToDevice);
+    DeviceBuffer<int32_t> pos(T * n + 1), counts(n);
+    ASSERT_TRUE(
+        MoePlanDispatch(ids.get(), T, k, ranks.get(), n, pos.get(), counts.get(), nullptr, nullptr)
+            .ok());
+    const std::vector<float> xf = Random(rng, T * H, 1.0f);
+    DeviceBuffer<bf16> x(cuda_test::Convert<bf16>(xf.empty() ? std::vector<float>(8) : xf)),
+        send(n * C * W);
+    TANDEM_CUDA_CHECK(cudaMemset(send.get(), 0xff, n * C * W * 2));  // NaN bits: padding rewrites
+    ASSERT_TRUE(MoeDispatchPack<bf16>(x.get(), T, H, ids.get(), weights.get(), k, ranks.get(),
+                                      slots.get(), pos.get(), counts.get(), n, send.get(), nullptr,
+                                      C)
+                    .ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16> sent = send.ToHost();
+    std::vector<int32_t> want_s(k), got_s(k);
+    std::vector<float> want_w(k), got_w(k);
+    for (int64_t r = 0; r < n * C; ++r) {
+      const int64_t t = (*fixed)[r];
+      const bf16* row = sent.data() + r * W;
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_EQ(ToF(row[h]), t >= 0 ? ToF(FromF<bf16>(xf[t * H + h])) : 0.0f) << "row " << r;
+      }
+      std::fill(want_s.begin(), want_s.end(), -1);
+      std::fill(want_w.begin(), want_w.end(), 0.0f);
+      if (t >= 0) {
+        MoeDispatchRowMeta(routing.expert_ids, routing.weights, t, k, static_cast<int>(r / C),
+                           rank_of, slot, want_s.data(), want_w.data());
+      }
+      std::memcpy(got_s.data(), row + H, k * 4);
+      std::memcpy(got_w.data(), reinterpret_cast<const char*>(row + H) + 4 * k, k * 4);
+      EXPECT_EQ(got_s, want_s) << "row " << r;
+      EXPECT_EQ(got_w, want_w) << "row " << r;
+    }
+    if (T == 0) continue;
+    std::vector<float> backf = Random(rng, n * C * H, 1.0f);
+    cuda_test::RoundTo<bf16>(backf);
+    DeviceBuffer<bf16> back(cuda_test::Convert<bf16>(backf)), out(T * H);
+    ASSERT_TRUE(MoeDispatchCombine<bf16>(back.get(), pos.get(), counts.get(), n, T, H, nullptr,
+                                         nullptr, x.get(), out.get(), nullptr, C)
+                    .ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16> got = out.ToHost();
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0.0f;
+        for (int d = 0; d < n; ++d) {
+          const int32_t p = plan->pos[t * n + d];
+          if (p >= 0) acc += backf[(d * C + p) * H + h];
+        }
+        ASSERT_NEAR(ToF(got[t * H + h]), acc, 1e-2f * std::max(1.0f, std::fabs(acc)))
+            << "t " << t << " h " << h;
       }
     }
   }

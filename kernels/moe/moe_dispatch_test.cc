@@ -1,7 +1,9 @@
-// The dispatch plan (moe_dispatch.h) against brute force, and the deduplicated dispatch / combine
-// of wide expert parallelism simulated on the host over N ranks (rows built from the plan and
-// MoeDispatchRowMeta, each receiver's experts through FusedMoe with the -1 choices on an all-zero
-// expert, rows summed back in rank order) against FusedMoe over every expert on every token.
+// The dispatch plan (moe_dispatch.h) and its fixed-capacity layout against brute force, and the
+// deduplicated dispatch / combine of wide expert parallelism simulated on the host over N ranks
+// (uneven splits, and the fixed layout of CUDA graph steps with its padding rows) (rows built from
+// the plan and MoeDispatchRowMeta, each receiver's experts through FusedMoe with the -1 choices on
+// an all-zero expert, rows summed back in rank order) against FusedMoe over every expert on every
+// token.
 #include "kernels/moe/moe_dispatch.h"
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/moe/moe.h"
 
@@ -62,6 +65,30 @@ TEST(MoeDispatchTest, PlanIsTokenOrderOncePerRank) {
         }
       }
       for (int d = 0; d < n; ++d) EXPECT_EQ(plan->counts[d], next[d]);
+      // The fixed-capacity layout: slice d holds the tokens that reach rank d in order, then -1.
+      for (int64_t cap : {T, T + 3}) {
+        absl::StatusOr<std::vector<int32_t>> rows = MoeDispatchFixedRows(*plan, cap);
+        ASSERT_TRUE(rows.ok()) << rows.status();
+        ASSERT_EQ(static_cast<int64_t>(rows->size()), n * cap);
+        for (int d = 0; d < n; ++d) {
+          int64_t i = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            bool any = false;
+            for (int64_t j = 0; j < k; ++j) any |= rank_of[routing.expert_ids[t * k + j]] == d;
+            if (any) {
+              EXPECT_EQ((*rows)[d * cap + i++], t) << "d " << d;
+            }
+          }
+          for (; i < cap; ++i) EXPECT_EQ((*rows)[d * cap + i], -1) << "d " << d << " i " << i;
+        }
+      }
+      const int32_t most = *std::max_element(plan->counts.begin(), plan->counts.end());
+      if (most > 0) {
+        const absl::Status small = MoeDispatchFixedRows(*plan, most - 1).status();
+        EXPECT_FALSE(small.ok());
+        EXPECT_NE(small.message().find(absl::StrCat(most, " rows to rank")), std::string::npos)
+            << small;
+      }
     }
   }
   EXPECT_FALSE(PlanMoeDispatch({0, 1}, 2, {0, 0}, 0).ok());
@@ -111,8 +138,10 @@ HeldExperts Hold(const std::vector<float>& gate_up, const std::vector<float>& do
   return h;
 }
 
-// Every rank's tokens through the deduplicated exchange, as the device path runs it.
-TEST(MoeDispatchTest, DedupedExchangeEqualsTheWholeLayer) {
+// Every rank's tokens through the deduplicated exchange, as the device path runs it: uneven
+// splits from the counts matrix (capacity 0), or the fixed layout of CUDA graph steps (capacity
+// > 0: every pair moves `capacity` rows, padding included, and the receiver computes them all).
+void ExchangeEqualsTheWholeLayer(int64_t extra_capacity) {
   std::mt19937 rng(7);
   const int64_t E = 8, H = 16, I = 8;
   for (int n : {2, 4}) {
@@ -140,9 +169,24 @@ TEST(MoeDispatchTest, DedupedExchangeEqualsTheWholeLayer) {
         ASSERT_TRUE(p.ok()) << p.status();
         plan[r] = *p;
       }
+      const int64_t cap =
+          extra_capacity < 0 ? 0 : *std::max_element(tokens.begin(), tokens.end()) + extra_capacity;
+      // sent[s][d]: the tokens rank s sends rank d in its send order (-1: a padding row).
+      std::vector<std::vector<std::vector<int32_t>>> sent(n, std::vector<std::vector<int32_t>>(n));
       std::vector<int32_t> all_counts;
-      for (int r = 0; r < n; ++r) {
-        all_counts.insert(all_counts.end(), plan[r].counts.begin(), plan[r].counts.end());
+      for (int s = 0; s < n; ++s) {
+        all_counts.insert(all_counts.end(), plan[s].counts.begin(), plan[s].counts.end());
+        absl::StatusOr<std::vector<int32_t>> fixed = MoeDispatchFixedRows(plan[s], cap);
+        ASSERT_EQ(fixed.ok(), cap > 0) << fixed.status();
+        for (int d = 0; d < n; ++d) {
+          if (cap > 0) {
+            sent[s][d].assign(fixed->begin() + d * cap, fixed->begin() + (d + 1) * cap);
+            continue;
+          }
+          for (int64_t t = 0; t < tokens[s]; ++t) {
+            if (plan[s].pos[t * n + d] >= 0) sent[s][d].push_back(static_cast<int32_t>(t));
+          }
+        }
       }
       // back[s][d]: the rows rank d returns to rank s, in s's send order.
       std::vector<std::vector<std::vector<float>>> back(n, std::vector<std::vector<float>>(n));
@@ -153,26 +197,29 @@ TEST(MoeDispatchTest, DedupedExchangeEqualsTheWholeLayer) {
         local.top_k = k;
         std::vector<float> rows;
         std::vector<int> from;
-        for (int s = 0; s < n; ++s) {  // sources in rank order, each in its token order
-          int64_t got = 0;
-          for (int64_t t = 0; t < tokens[s]; ++t) {
-            if (plan[s].pos[t * n + d] < 0) continue;
-            ++got;
-            rows.insert(rows.end(), x[s].begin() + t * H, x[s].begin() + (t + 1) * H);
-            std::vector<int32_t> sl(k);
-            std::vector<float> w(k);
-            MoeDispatchRowMeta(routing[s].expert_ids, routing[s].weights, t, k, d, rank_of, slot,
-                               sl.data(), w.data());
+        for (int s = 0; s < n; ++s) {  // sources in rank order, each in its send order
+          int64_t real = 0;
+          for (const int32_t t : sent[s][d]) {
+            real += t >= 0;
+            std::vector<int32_t> sl(k, -1);  // a padding row: zeros, every slot -1
+            std::vector<float> w(k, 0.0f);
+            if (t >= 0) {
+              rows.insert(rows.end(), x[s].begin() + t * H, x[s].begin() + (t + 1) * H);
+              MoeDispatchRowMeta(routing[s].expert_ids, routing[s].weights, t, k, d, rank_of, slot,
+                                 sl.data(), w.data());
+            } else {
+              rows.insert(rows.end(), H, 0.0f);
+            }
             for (int64_t j = 0; j < k; ++j) {  // the receiver: -1 -> its zero expert, weight 0
               local.expert_ids.push_back(sl[j] >= 0 ? sl[j] : static_cast<int32_t>(held[d].size()));
               local.weights.push_back(sl[j] >= 0 ? w[j] : 0.0f);
             }
             from.push_back(s);
           }
-          EXPECT_EQ(got, splits->recv_rows[s]);
+          EXPECT_EQ(real, splits->recv_rows[s]);
         }
         local.num_tokens = static_cast<int64_t>(from.size());
-        EXPECT_EQ(local.num_tokens, splits->received);
+        EXPECT_EQ(local.num_tokens, cap > 0 ? n * cap : splits->received);
         HeldExperts mine = Hold(gate_up, down, held[d], H, I);
         std::vector<float> out(local.num_tokens * H);
         MoeScratch scratch;
@@ -202,9 +249,22 @@ TEST(MoeDispatchTest, DedupedExchangeEqualsTheWholeLayer) {
             ASSERT_NEAR(got, want[t * H + h], 1e-5f) << "n " << n << " k " << k << " rank " << s;
           }
         }
+        for (int d = 0; d < n; ++d) {  // padding rows come back as zeros (never read)
+          for (int64_t p = plan[s].counts[d]; p < cap; ++p) {
+            for (int64_t h = 0; h < H; ++h) ASSERT_EQ(back[s][d][p * H + h], 0.0f);
+          }
+        }
       }
     }
   }
+}
+
+TEST(MoeDispatchTest, DedupedExchangeEqualsTheWholeLayer) { ExchangeEqualsTheWholeLayer(-1); }
+
+// The fixed layout at the step's largest batch (capacity = max tokens) and with spare rows.
+TEST(MoeDispatchTest, FixedCapacityExchangeEqualsTheWholeLayer) {
+  ExchangeEqualsTheWholeLayer(0);
+  ExchangeEqualsTheWholeLayer(3);
 }
 
 }  // namespace
