@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's MoE kernel follow-ups on one GPU, old against new in one device call:
-#   1. moe_cuda_test (every kernel against the CPU reference, MoeGroupedMma and MoeCombineSplit
-#      included);
+#   1. moe_cuda_test and moe_cuda_layer_test (every kernel against the CPU reference,
+#      MoeGroupedMma and MoeCombineSplit included);
 #   2. moe_cuda_bench (old | new columns, mma_err / cdiff checks at the real shapes); if it
 #      fails, moe_cuda_bench --new=0 (the old kernels alone);
 #   3. decode_step_bench for the Qwen3-30B-A3B and Mixtral-8x7B shapes with
@@ -9,10 +9,10 @@
 #
 #   tests/gpu/moe_kernels_ab.sh BUNDLE_DIR LOG_DIR
 #
-# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_test //kernels/moe:moe_cuda_bench
-# //runtime/cuda:decode_step_bench. GPU: $CUDA_VISIBLE_DEVICES, default 0. Each step has its own
-# timeout and its log in LOG_DIR (7 files at most); the summary (rc and the last lines of each)
-# goes to stdout.
+# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_test //kernels/moe:moe_cuda_layer_test
+#   //kernels/moe:moe_cuda_bench //runtime/cuda:decode_step_bench. GPU: $CUDA_VISIBLE_DEVICES,
+# default 0. Each step has its own timeout and its log in LOG_DIR (8 files at most); the summary
+# (rc and the last lines of each) goes to stdout.
 set -uo pipefail
 [[ $# -eq 2 ]] || {
   echo "usage: $0 BUNDLE_DIR LOG_DIR" >&2
@@ -39,6 +39,7 @@ step() {
 }
 
 step moe_cuda_test 90 old "$B/bin/kernels/moe/moe_cuda_test"
+step moe_cuda_layer_test 90 old "$B/bin/kernels/moe/moe_cuda_layer_test"
 if ! step bench 150 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10; then
   step bench_old 120 old "$B/bin/kernels/moe/moe_cuda_bench" --iters=10 --new=0
 fi

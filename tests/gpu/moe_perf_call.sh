@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 32's MoE performance tables in one device call on a 4-GPU machine (nvidia-h200-x4), four
 # lanes at once, one GPU each:
-#   GPU 0: moe_cuda_test (every kernel vs the CPU reference, MoeRouteAndPermute and the PDL /
-#          graph decode layer included), then moe_cuda_bench (the layer alone, both shapes,
-#          tokens 1..8192; fused route + PDL in CUDA graphs at T <= 16), then
+#   GPU 0: moe_cuda_test and moe_cuda_layer_test (every kernel vs the CPU reference,
+#          MoeRouteAndPermute and the PDL / graph decode layer included), then moe_cuda_bench
+#          (the layer alone, both shapes, tokens 1..8192; fused route + PDL in CUDA graphs at
+#          T <= 16), then
 #          decode_step_bench --shape=mixtral-8x7b with TANDEM_MOE_KERNELS=new;
 #   GPU 1: tests/gpu/moe_torch_bench.py (PyTorch's per-expert loop and torch._grouped_mm at the
 #          same shapes), then tests/gpu/moe_cuda_golden.sh with TANDEM_MOE_KERNELS=new (whole
@@ -16,7 +17,8 @@
 #
 #   tests/gpu/moe_perf_call.sh BUNDLE_DIR LOG_DIR
 #
-# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_test //kernels/moe:moe_cuda_bench
+# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_test //kernels/moe:moe_cuda_layer_test
+#   //kernels/moe:moe_cuda_bench
 #   //runtime/cuda:decode_step_bench tool//runtime:generate tool//runtime:tandem_worker
 #   tool//router:tandem_router tool//router:tandem_cli tool//tests/bench:tandem_bench
 # Each step has its own timeout (a lane ~100 s at most) and its log in LOG_DIR; the
@@ -48,6 +50,7 @@ step() {
 
 lane0() {
   step 0 moe_cuda_test 25 "$BIN/kernels/moe/moe_cuda_test"
+  step 0 moe_cuda_layer_test 25 "$BIN/kernels/moe/moe_cuda_layer_test"
   step 0 moe_cuda_bench 40 "$BIN/kernels/moe/moe_cuda_bench" --iters=10
   TANDEM_MOE_KERNELS=$NEW step 0 decode_mixtral_new 40 "$DSB" --shape=mixtral-8x7b \
     --batches=1,8 --context=1024 --steps=32
