@@ -12,7 +12,8 @@
 //      FlashMLA's design: a CTA owns 64 (query token x head) rows of one request, streams that
 //      request's latent rows through shared memory once for all of them (cp.async ring), scores
 //      and P.V on tensor cores (fp32 accumulators, online softmax): on sm_90 by wgmma (two
-//      warpgroups, 64-latent tiles, mla_decode_wgmma.cu; the default), elsewhere or with
+//      warpgroups, 64-latent tiles; the default: TMA loads, mla_decode_tma.cu, where the page
+//      size suits, else cp.async, mla_decode_wgmma.cu), elsewhere or with
 //      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Long contexts are split
 //      over `plan.num_splits` CTAs per row tile (split-KV); the fp32 partials are merged by LSE
 //      with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is causal
@@ -68,6 +69,10 @@ struct MlaPlanInput {
   // Latent 512 + 64, bf16 / fp16 pool, on an sm_90 device: the wgmma kernel
   // (mla_decode_wgmma.cu); false: the mma.sync one (A/B). Other devices run mma.sync either way.
   bool allow_wgmma = true;
+  // With the wgmma kernel: its TMA variant (mla_decode_tma.cu: TMA loads with per-chunk
+  // mbarriers) where the pool's page size suits it (8, 16, 32 or a multiple of 64 latents); false:
+  // the cp.async variant (A/B, and every other page size).
+  bool allow_tma = true;
   // Decode context parallelism (dcp_shard.h; size 1: none): the pool and the block tables hold
   // only this shard's latents at local indices, AttentionBatch::seq_lens (and so every query
   // position) stay global; a query at global position p sees the shard's latents before p + 1
@@ -81,6 +86,7 @@ struct MlaPlan {
   MlaPlanInput input;
   bool use_mma = false;     // the tensor-core kernel (latent 512 + 64) rather than the plain one
   bool use_wgmma = false;   // use_mma && allow_wgmma: the Hopper variant where the device has it
+  bool use_tma = false;     // use_wgmma && allow_tma: its TMA loads where the page size suits
   int num_splits = 1;       // CTAs per (request, row tile) along the context
   int64_t split_chunk = 0;  // latents per split: a multiple of 64 (whole tiles of both kernels)
   int64_t row_tiles = 0;    // ceil(max_q_len * Hq / 64)

@@ -3,6 +3,9 @@
 //   mla_cuda_bench [--batches=1,16,64,128] [--contexts=1024,4096,16384,32768] [--splits=N]
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
+//                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
+//                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
+//                                   planar; bytes counted as 576 + 4 per latent)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
 // 20 calls between CUDA events after 3 warm-ups. TB/s counts the latent bytes read once per
@@ -58,6 +61,8 @@ struct Bufs {
   void* ws = nullptr;
   cublasHandle_t cublas = nullptr;
   bool wgmma = MlaPlanInput{}.allow_wgmma;
+  bool tma = MlaPlanInput{}.allow_tma;
+  float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
 };
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStream_t stream) {
@@ -79,9 +84,14 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
                   .max_q_len = 1,
                   .max_seq_len = ctx,
                   .num_splits = splits,
-                  .allow_wgmma = b.wgmma};
+                  .allow_wgmma = b.wgmma,
+                  .allow_tma = b.tma};
   ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
   DeviceKvCache cache{b.pool, b.layout, KvDtype::kBf16};
+  if (b.fp8_scales != nullptr) {
+    cache.dtype = KvDtype::kFp8E4m3;
+    cache.token_scales = b.fp8_scales;
+  }
   const float scale = 1.0f / std::sqrt(192.0f);
   auto batch_of = [&](int i) {
     return AttentionBatch{b.qsl, b.lens, b.tables + (i % sets) * set_blocks, batch, blocks_per_seq};
@@ -111,7 +121,8 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
                                                                 batch_of(i), scale, plan, b.ws,
                                                                 b.out, b.lse, stream);
                    }));
-  const double bytes = double(batch) * ctx * b.dims.LatentDim() * 2;
+  const double bytes = double(batch) * ctx *
+                       (b.fp8_scales != nullptr ? b.dims.LatentDim() + 4 : b.dims.LatentDim() * 2);
   const double flops = double(batch) * ctx * b.dims.num_heads * 2 * (576 + 512);
   std::printf("| %5ld | %6ld | %3d | %9.1f | %6.2f | %4.0f%% | %6.0f | %9.1f |\n",
               static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, attn_us,
@@ -125,7 +136,7 @@ absl::Status Main(int argc, char** argv) {
   const char* batches_arg = nullptr;
   const char* contexts_arg = nullptr;
   int splits = 0, heads = 128;
-  bool wgmma = MlaPlanInput{}.allow_wgmma;
+  bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
@@ -133,6 +144,8 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--splits=", 0) == 0) splits = std::atoi(argv[i] + 9);
     if (a.rfind("--heads=", 0) == 0) heads = std::atoi(argv[i] + 8);
     if (a.rfind("--wgmma=", 0) == 0) wgmma = std::atoi(argv[i] + 8) != 0;
+    if (a.rfind("--tma=", 0) == 0) tma = std::atoi(argv[i] + 6) != 0;
+    if (a.rfind("--fp8=", 0) == 0) fp8 = std::atoi(argv[i] + 6) != 0;
   }
   const std::vector<int64_t> batches = ParseList(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts = ParseList(contexts_arg, {1024, 4096, 16384, 32768});
@@ -141,6 +154,7 @@ absl::Status Main(int argc, char** argv) {
   Bufs b;
   b.dims.num_heads = heads;
   b.wgmma = wgmma;
+  b.tma = tma;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -152,6 +166,10 @@ absl::Status Main(int argc, char** argv) {
               .num_planes = 1};
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.pool, b.layout.num_blocks * block_bytes));
   RETURN_IF_ERROR(FillRandomBf16(b.pool, b.layout.num_blocks * block_bytes));
+  if (fp8) {  // the pool's first bytes as e4m3 codes, every row scale 0.75 (0x3f3f3f3f)
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&b.fp8_scales, b.layout.num_blocks * kBlock * 4));
+    CUDA_RETURN_IF_ERROR(cudaMemset(b.fp8_scales, 0x3f, b.layout.num_blocks * kBlock * 4));
+  }
   const int64_t H = b.dims.num_heads, kvb = H * 256 * 512;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.q, max_b * H * 192 * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.kv_b, kvb * 2));
@@ -173,8 +191,9 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
-  std::printf("MLA decode, %s: %d heads, latent 512+64, bf16, page %ld, q_len 1, %s kernel\n",
-              prop.name, heads, static_cast<long>(kBlock), wgmma ? "wgmma" : "mma.sync");
+  std::printf("MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel\n",
+              prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
+              fp8 ? "plain (FP8)" : (wgmma ? (tma ? "wgmma-tma" : "wgmma") : "mma.sync"));
   std::printf("| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | step us |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {
@@ -185,7 +204,8 @@ absl::Status Main(int argc, char** argv) {
                       .max_q_len = 1,
                       .max_seq_len = c,
                       .num_splits = splits,
-                      .allow_wgmma = b.wgmma};
+                      .allow_wgmma = b.wgmma,
+                      .allow_tma = b.tma};
       ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
       if (plan.workspace_bytes > ws_bytes) return absl::InternalError("workspace too small");
       RETURN_IF_ERROR(RunConfig(b, bt, c, splits, stream));

@@ -149,6 +149,13 @@ template <typename T>
 absl::Status LaunchMlaWgmma(const LatentParams<T>& p, dim3 grid, cudaStream_t stream);
 // True when the current device is compute capability 9.0 (sm_90a code runs).
 absl::StatusOr<bool> DeviceIsSm90();
+// The TMA variant (mla_decode_tma.cu): same grid, threads and results as LaunchMlaWgmma, the
+// latents loaded by TMA from `cache` (layer `layer`). Only where MlaTmaFits(cache): pages of 8,
+// 16, 32 or a multiple of 64 latents, < 2^31 pool rows.
+bool MlaTmaFits(const DeviceKvCache& cache);
+template <typename T>
+absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
+                          dim3 grid, cudaStream_t stream);
 
 // PTX wrappers shared with kernels/cuda (device_utils.cuh).
 using internal::CpAsyncCommit;

@@ -2,9 +2,9 @@
 // bf16/fp16-rounded random inputs: latents written by MlaWriteLatent into shuffled pages (the pool
 // must equal the CPU write exactly), then the whole absorbed step (W_UK GEMM, latent attention,
 // W_UV GEMM). DeepSeek-V3's latent 512 + 64 runs the tensor-core kernel, the tiny test models'
-// widths the plain one; decode and q_len 2-4 (causal), page sizes 16 / 64 / 5, odd lengths,
-// split-KV forced on and off. Tolerance: out within 2.5e-2 of max|ref| (bf16 roundings of q_lat,
-// the P weights and o_lat), LSE within 2e-2. FP8 latent pools (mla_fp8_latent.h):
+// widths the plain one; decode and q_len 2-4 (causal), page sizes 16 / 64 / 5 / 8 / 32 / 128, odd
+// lengths, split-KV forced on and off. Tolerance: out within 2.5e-2 of max|ref| (bf16 roundings of
+// q_lat, the P weights and o_lat), LSE within 2e-2. FP8 latent pools (mla_fp8_latent.h):
 // MlaWriteLatentFp8's codes and per-row scales must equal cpu::WriteLatentCacheFp8's exactly, and
 // attention over them cpu::MlaPagedAttentionFp8 by the same tolerance; the same for the
 // block-interleaved form (DeviceKvCache::latent_block_bytes: each block its codes then its scales,
@@ -37,7 +37,10 @@ struct Case {
   int64_t block_size = 16;
   int num_splits = 0;  // 0: the plan's choice
   bool fp8 = false;    // an FP8 latent pool (e4m3 codes + per-row scales)
-  bool wgmma = false;  // allow the Hopper kernel (MlaPlanInput::allow_wgmma)
+  // The tensor-core kernel for latent 512 + 64: 0 mma.sync, 1 the Hopper wgmma kernel with
+  // cp.async loads (allow_tma false), 2 its TMA variant (pages of 8, 16, 32, 64k; the page of 5
+  // runs the cp.async one). Off sm_90 all three run mma.sync.
+  int kernel = 0;
   // Decode context parallelism: the pool holds this shard's latents at local indices, the
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
   DcpShard dcp = {};
@@ -169,12 +172,14 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .max_q_len = max_q,
                   .max_seq_len = max_len,
                   .num_splits = c.num_splits,
-                  .allow_wgmma = c.wgmma,
+                  .allow_wgmma = c.kernel >= 1,
+                  .allow_tma = c.kernel == 2,
                   .dcp = c.dcp};
   absl::StatusOr<MlaPlan> plan = PlanMla(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
-  EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.wgmma);
+  EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.kernel >= 1);
+  EXPECT_EQ(plan->use_tma, plan->use_mma && c.kernel == 2);
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
     EXPECT_EQ(plan->num_splits > 1, c.num_splits > 1);
@@ -208,9 +213,10 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_GT(max_ref, 0.0f);
   EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
   EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
-  std::cout << "H " << H << " L " << L << (plan->use_wgmma && !c.fp8 ? " wgmma" : "") << " splits "
-            << plan->num_splits << ": max|err| " << max_err << " of max|ref| " << max_ref
-            << ", max|lse err| " << max_lse_err;
+  std::cout << "H " << H << " L " << L
+            << (plan->use_wgmma && !c.fp8 ? (plan->use_tma ? " wgmma-tma" : " wgmma") : "")
+            << " splits " << plan->num_splits << ": max|err| " << max_err << " of max|ref| "
+            << max_ref << ", max|lse err| " << max_lse_err;
   if (c.dcp.size > 1) {
     std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
               << c.dcp.interleave << ", " << empty_rows << " empty rows)";
@@ -234,24 +240,24 @@ const MlaDims kTiny{.num_heads = 4,
                     .kv_lora_rank = 32,
                     .v_head_dim = 12};
 
-// Both tensor-core kernels: mma.sync, and wgmma (where the device is sm_90; elsewhere the plan's
-// wgmma falls back to mma.sync and the case runs it twice).
+// The tensor-core kernels: mma.sync, and wgmma with cp.async or TMA loads (where the device is
+// sm_90; elsewhere the plan's wgmma falls back to mma.sync and the case runs it three times).
 TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  for (bool wgmma : {false, true}) {
-    const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1, false, wgmma};
+  for (int kernel : {0, 1, 2}) {
+    const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1, false, kernel};
     for (int splits : {1, 3, 0}) {
       Case c = lite;
       c.num_splits = splits;
       RunCase<__nv_bfloat16>(c, rng);
     }
-    RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0, false, wgmma}, rng);
-    RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2, false, wgmma}, rng);
+    RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0, false, kernel}, rng);
+    RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2, false, kernel}, rng);
   }
 }
 
-// The tiling edges of both tensor-core kernels: contexts not a multiple of the 64-latent tile or
+// The tiling edges of the tensor-core kernels: contexts not a multiple of the 64-latent tile or
 // of the page (1, 63, 65, 127, 129, 191, 257, 515, 700, 1000, 1500), 16 / 32 / 128 heads, q_len 1-4
 // (row tiles of 64 that straddle query tokens at 16 and 32 heads), splits forced 1 / 2 / 3 and the
 // planner's choice.
@@ -260,34 +266,39 @@ TEST(MlaCudaTest, TensorCoreKernelTilingEdges) {
   std::mt19937 rng(cuda_test::TestSeed());
   MlaDims h32 = kV3;
   h32.num_heads = 32;
-  for (bool wgmma : {false, true}) {
-    RunCase<__nv_bfloat16>({kV3, {1, 2, 1}, {63, 65, 1000}, 64, 0, false, wgmma}, rng);
-    RunCase<__nv_bfloat16>({kV3, {4}, {515}, 16, 3, false, wgmma}, rng);
-    RunCase<__nv_bfloat16>({h32, {3, 1, 4}, {127, 1, 130}, 16, 2, false, wgmma}, rng);
-    RunCase<__half>({h32, {2, 1}, {257, 1500}, 64, 1, false, wgmma}, rng);
-    RunCase<__nv_bfloat16>({kLite, {4, 2, 1, 3}, {64, 129, 700, 191}, 5, 3, false, wgmma}, rng);
+  for (int kernel : {0, 1, 2}) {
+    RunCase<__nv_bfloat16>({kV3, {1, 2, 1}, {63, 65, 1000}, 64, 0, false, kernel}, rng);
+    RunCase<__nv_bfloat16>({kV3, {4}, {515}, 16, 3, false, kernel}, rng);
+    RunCase<__nv_bfloat16>({h32, {3, 1, 4}, {127, 1, 130}, 16, 2, false, kernel}, rng);
+    RunCase<__half>({h32, {2, 1}, {257, 1500}, 64, 1, false, kernel}, rng);
+    RunCase<__nv_bfloat16>({kLite, {4, 2, 1, 3}, {64, 129, 700, 191}, 5, 3, false, kernel}, rng);
     RunCase<__nv_bfloat16>(
-        {kLite, {1, 1, 1, 1, 1, 1}, {4096, 1, 65, 2000, 64, 1}, 64, 0, false, wgmma}, rng);
+        {kLite, {1, 1, 1, 1, 1, 1}, {4096, 1, 65, 2000, 64, 1}, 64, 0, false, kernel}, rng);
+    // Pages of 8, 32 and 128 latents: the TMA kernel's boxes of 8 and 32 rows, and 64-row boxes
+    // inside a page.
+    RunCase<__nv_bfloat16>({kLite, {1, 3}, {77, 260}, 8, 2, false, kernel}, rng);
+    RunCase<__half>({kV3, {2, 1}, {300, 129}, 32, 0, false, kernel}, rng);
+    RunCase<__nv_bfloat16>({kV3, {1, 1}, {1000, 200}, 128, 0, false, kernel}, rng);
   }
 }
 
 // Decode context parallelism: every shard of DCP 2 and 4 (interleave 1 token, a page, 2 pages)
-// on the three kernels (plain at the tiny widths, mma.sync, wgmma) against the CPU shard's partial
-// and LSE, decode and q_len 2-4 (the causal bound becomes DcpLocalCount(position + 1) on the
-// shard), splits forced and planned; contexts of 1-3 tokens leave shards empty (lse -inf). The
-// CPU shards merge by LSE to the unsharded fp64 result (mla_attention_test).
+// on the four kernels (plain at the tiny widths, mma.sync, wgmma cp.async / TMA) against the CPU
+// shard's partial and LSE, decode and q_len 2-4 (the causal bound becomes DcpLocalCount(position +
+// 1) on the shard), splits forced and planned; contexts of 1-3 tokens leave shards empty (lse
+// -inf). The CPU shards merge by LSE to the unsharded fp64 result (mla_attention_test).
 TEST(MlaCudaTest, DcpShardsMatchTheCpuShards) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
   for (int64_t size : {2, 4}) {
     for (int64_t rank = 0; rank < size; ++rank) {
       const DcpShard one{size, rank, 1}, page{size, rank, 16}, pages{size, rank, 32};
-      RunCase<__nv_bfloat16>({kTiny, {1, 3, 1, 2}, {1, 40, 77, 3}, 16, 0, false, false, one}, rng);
-      for (bool wgmma : {false, true}) {
+      RunCase<__nv_bfloat16>({kTiny, {1, 3, 1, 2}, {1, 40, 77, 3}, 16, 0, false, 0, one}, rng);
+      for (int kernel : {0, 1, 2}) {
         RunCase<__nv_bfloat16>(
-            {kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 0, false, wgmma, page}, rng);
-        RunCase<__nv_bfloat16>({kV3, {1, 3}, {700, 97}, 16, 2, false, wgmma, one}, rng);
-        RunCase<__half>({kLite, {2, 1, 1}, {65, 1, 513}, 16, 1, false, wgmma, pages}, rng);
+            {kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 0, false, kernel, page}, rng);
+        RunCase<__nv_bfloat16>({kV3, {1, 3}, {700, 97}, 16, 2, false, kernel, one}, rng);
+        RunCase<__half>({kLite, {2, 1, 1}, {65, 1, 513}, 16, 1, false, kernel, pages}, rng);
       }
     }
   }
@@ -312,8 +323,8 @@ TEST(MlaCudaTest, Fp8LatentPools) {
   RunCase<__half>({kV3, {1}, {200}, 64, 3, /*fp8=*/true}, rng);
   // The block-interleaved pool (DeviceKvCache::latent_block_bytes; the CPU backend's, what moves
   // P -> D): the same bytes as the CPU's blocks form, attention as over the planar pool.
-  RunCase<__nv_bfloat16>({kTiny, {1, 4, 2}, {1, 70, 33}, 4, 1, true, false, {}, true}, rng);
-  RunCase<__half>({kV3, {1, 2}, {200, 77}, 16, 0, true, false, {}, true}, rng);
+  RunCase<__nv_bfloat16>({kTiny, {1, 4, 2}, {1, 70, 33}, 4, 1, true, 0, {}, true}, rng);
+  RunCase<__half>({kV3, {1, 2}, {200, 77}, 16, 0, true, 0, {}, true}, rng);
 }
 
 // MlaRope vs cpu::ApplyMlaRope on the q layout ([T, Hq, Dn + Dr], RoPE at offset Dn) for both

@@ -332,6 +332,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   plan.input = in;
   plan.use_mma = L == kL && D == kD;
   plan.use_wgmma = plan.use_mma && in.allow_wgmma;
+  plan.use_tma = plan.use_wgmma && in.allow_tma;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   int64_t splits = in.num_splits;
@@ -420,7 +421,10 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   if (wgmma) {  // sm_90a machine code only (its compute_90 twin is empty)
     ASSIGN_OR_RETURN(wgmma, mla_internal::DeviceIsSm90());
   }
-  if (wgmma) {
+  if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
+    RETURN_IF_ERROR(mla_internal::LaunchMlaTma<T>(
+        p, cache, layer, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
+  } else if (wgmma) {
     RETURN_IF_ERROR(mla_internal::LaunchMlaWgmma<T>(
         p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
   } else if (plan.use_mma && !fp8) {

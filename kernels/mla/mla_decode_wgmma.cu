@@ -33,6 +33,7 @@
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
+#include "kernels/mla/mla_wgmma.cuh"
 
 namespace tandem::kernels::cuda::mla_internal {
 // Not an anonymous namespace: the compute_90 pass compiles the kernel body away, and nvcc would
@@ -46,8 +47,12 @@ using internal::prefill::WgmmaCommit;
 using internal::prefill::WgmmaFence;
 using internal::prefill::WgmmaRS;
 using internal::prefill::WgmmaWait;
+using wgmma_common::BarArrive;
+using wgmma_common::BarSync;
+using wgmma_common::kLn2;
+using wgmma_common::Softmax;
+using wgmma_common::WgmmaSS64;
 
-inline constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kD = 576, kRows = 64, kKeys = 64;
 constexpr int kBlockBytes = 64 * 128;                // one 64-column block of 64 rows (8 KiB)
 constexpr int kTileBytes = (kD / 64) * kBlockBytes;  // Q, or one latent stage: 72 KiB
@@ -57,53 +62,6 @@ constexpr int kFOff = kPOff + 4 * 128 * 16;          // per-row state: [128 thre
 constexpr int kSmemBytes = kFOff + 128 * 16 + 1024;  // + slack for the 1024-byte alignment
 static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
 static_assert(kRows * 128 == kBlockBytes && kKeys * 128 == kBlockBytes);
-
-// d (64 x 64, fp32) = (scale_d ? d : 0) + A (64 x 16, K-major smem) * B (16 x 64, K-major smem).
-// clang-format off
-#define TANDEM_MLA_WG_REGS32 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define TANDEM_MLA_WG_D4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
-#define TANDEM_MLA_WG_D16(b) \
-  TANDEM_MLA_WG_D4(b), TANDEM_MLA_WG_D4(b + 4), TANDEM_MLA_WG_D4(b + 8), TANDEM_MLA_WG_D4(b + 12)
-template <typename T>
-__device__ __forceinline__ void WgmmaSS64(float* d, uint64_t desc_a, uint64_t desc_b,
-                                          uint32_t scale_d) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TANDEM_MLA_WG_REGS32 "}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : TANDEM_MLA_WG_D16(0), TANDEM_MLA_WG_D16(16)
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" TANDEM_MLA_WG_REGS32 "}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : TANDEM_MLA_WG_D16(0), TANDEM_MLA_WG_D16(16)
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-}
-#undef TANDEM_MLA_WG_D16
-#undef TANDEM_MLA_WG_D4
-#undef TANDEM_MLA_WG_REGS32
-// clang-format on
-
-// Named barriers between the two warpgroups (id 0 is __syncthreads).
-__device__ __forceinline__ void BarSync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void BarArrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t PackTwo(float lo, float hi) {
-  uint32_t r;
-  StoreTwo(reinterpret_cast<T*>(&r), lo, hi);
-  return r;
-}
 
 // Copies this thread's units (part, part + 4, ...) of one 576-wide row into row `row` of a
 // swizzled tile: unit u at (u / 8) * kBlockBytes + row * 128 + ((u % 8) ^ (row % 8)) * 16.
@@ -133,36 +91,6 @@ __device__ __forceinline__ void Scores(float (&sc)[32], uint32_t q_addr, uint32_
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < 32; ++i) FenceOperand(sc[i]);
-}
-
-// Online softmax of one tile's scores (masked past vis[0] / vis[1] for the thread's two rows),
-// P packed as the A fragments of the four k16 steps of P V, alpha the rescale of the old state.
-template <typename T>
-__device__ __forceinline__ void Softmax(float (&sc)[32], int key0, int t4, const int (&vis)[2],
-                                        float scale_log2, float (&m_run)[2], float (&l_run)[2],
-                                        float (&alpha)[2], uint32_t (&pa)[4][4]) {
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int key = key0 + (i / 4) * 8 + 2 * t4 + (i & 1);
-    const int h = (i % 4) / 2;
-    sc[i] = key < vis[h] ? sc[i] * scale_log2 : -INFINITY;
-    mx[h] = fmaxf(mx[h], sc[i]);
-  }
-  float m_use[2];
-  mla_internal::UpdateRunningMax2(mx, m_run, l_run, alpha, m_use);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    float w[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int h = (e % 4) / 2;
-      w[e] = exp2f(sc[8 * kk + e] - m_use[h]);
-      l_run[h] += w[e];
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pa[kk][e] = PackTwo<T>(w[2 * e], w[2 * e + 1]);
-  }
 }
 
 template <typename T>
