@@ -142,6 +142,37 @@ __device__ __forceinline__ int LocalKeyEnd(const LatentParams<T>& p, int x) {
          min(max(x - cycles * p.dcp_cycle - p.dcp_offset, 0), p.dcp_interleave);
 }
 
+// One CTA of the tensor-core latent kernels (grid: splits, row tiles of `rows`, requests): its
+// request's query rows [r0, r0 + rows) of rows_seq = q_len x heads, and the latents [kb, ke) of
+// its split that any of those rows sees.
+struct LatentCta {
+  int q0, q_len, rows_seq, r0, ctx, kb, ke;
+  const int32_t* table;  // the request's block-table row
+  // How far the CTA's row r sees: min(ke, its causal / DCP bound); 0 past rows_seq.
+  template <typename T>
+  __device__ __forceinline__ int KeyEnd(const LatentParams<T>& p, int r) const {
+    return r0 + r < rows_seq ? min(ke, LocalKeyEnd(p, ctx - q_len + (r0 + r) / p.heads + 1)) : 0;
+  }
+  __device__ __forceinline__ int Tiles(int keys) const {
+    return kb < ke ? (ke - kb + keys - 1) / keys : 0;
+  }
+};
+template <typename T>
+__device__ __forceinline__ LatentCta LatentCtaOf(const LatentParams<T>& p, int rows) {
+  LatentCta c;
+  const int s = blockIdx.z;
+  c.q0 = p.qsl[s];
+  c.q_len = p.qsl[s + 1] - c.q0;
+  c.rows_seq = c.q_len * p.heads;
+  c.r0 = blockIdx.y * rows;
+  c.ctx = p.seq_lens[s];
+  c.table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
+  c.kb = blockIdx.x * p.split_chunk;
+  const int last_row = min(c.r0 + rows, c.rows_seq) - 1;
+  c.ke = min(c.kb + p.split_chunk, LocalKeyEnd(p, c.ctx - c.q_len + last_row / p.heads + 1));
+  return c;
+}
+
 // The Hopper kernel for latent 512 + 64 (mla_decode_wgmma.cu): grid (splits, row tiles of 64,
 // requests), kMlaWgmmaThreads threads. Runs only on a compute capability 9.0 device.
 constexpr int kMlaWgmmaThreads = 256;
@@ -210,6 +241,16 @@ __device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, in
     if (p.lse != nullptr) p.lse[row] = lse;
   } else {
     p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
+  }
+}
+
+// Sums each of a thread's two row values over the quad of lanes sharing the rows (the m16n8
+// accumulator layout of the tensor-core kernels).
+__device__ __forceinline__ void QuadSum2(float (&v)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    v[h] += __shfl_xor_sync(0xffffffffu, v[h], 1);
+    v[h] += __shfl_xor_sync(0xffffffffu, v[h], 2);
   }
 }
 

@@ -61,17 +61,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // S partials: [16 values][8 warps][32 lanes], so each store / load is one conflict-free row.
   float* sx = reinterpret_cast<float*>(sk + kStages * kKeys * kStride);
 
-  const int split = blockIdx.x, s = blockIdx.z;
-  const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
-  const int rows_seq = q_len * p.heads, r0 = blockIdx.y * kRows;
-  if (r0 >= rows_seq) return;
-  const int ctx = p.seq_lens[s];
-  const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
-  const int last_row = min(r0 + kRows, rows_seq) - 1;
-  const int vis_max = mla_internal::LocalKeyEnd(p, ctx - q_len + last_row / p.heads + 1);
-  const int kb = split * p.split_chunk;
-  const int ke = min(kb + p.split_chunk, vis_max);
-  const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
+  const mla_internal::LatentCta cta = mla_internal::LatentCtaOf(p, kRows);
+  if (cta.r0 >= cta.rows_seq) return;
+  const int split = blockIdx.x, q0 = cta.q0, rows_seq = cta.rows_seq, r0 = cta.r0, kb = cta.kb;
+  const int ke = cta.ke, num_tiles = cta.Tiles(kKeys);
+  const int32_t* table = cta.table;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int rb = warp % 4, ch = warp / 4;
 
@@ -99,12 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // This thread's two rows (lane/4 and lane/4 + 8 of the row block) and how far each sees.
   const int row_lo = rb * 16 + lane / 4, row_hi = row_lo + 8;
-  auto visible = [&](int r) {
-    return r0 + r < rows_seq
-               ? min(ke, mla_internal::LocalKeyEnd(p, ctx - q_len + (r0 + r) / p.heads + 1))
-               : 0;
-  };
-  const int vis_lo = visible(row_lo), vis_hi = visible(row_hi);
+  const int vis_lo = cta.KeyEnd(p, row_lo), vis_hi = cta.KeyEnd(p, row_hi);
   float o[kL / 2 / 8][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const uint32_t a_base = mla_internal::SmemAddr(sq + (rb * 16 + lane % 16) * kStride +
@@ -186,11 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   mla_internal::CpAsyncWait<0>();
 
   // Row sums over the quad (both halves hold the same P, so the same sums).
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
+  mla_internal::QuadSum2(l_run);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h == 0 ? row_lo : row_hi;

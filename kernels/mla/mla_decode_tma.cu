@@ -56,8 +56,11 @@ using internal::prefill::WgmmaFence;
 using internal::prefill::WgmmaRS;
 using internal::prefill::WgmmaWait;
 using wgmma_common::BarSync;
-using wgmma_common::kLn2;
+using wgmma_common::LoadP;
+using wgmma_common::RescaleAndAddPv;
 using wgmma_common::Softmax;
+using wgmma_common::StoreP;
+using wgmma_common::StoreWgRows;
 using wgmma_common::WgmmaSS64;
 
 inline constexpr int kD = 576, kRows = 64, kKeys = 64, kChunks = kD / 64;
@@ -165,16 +168,11 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   float2* sf = reinterpret_cast<float2*>(smem + kFOff);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
 
-  const int split = blockIdx.x, s = blockIdx.z;
-  const int q0 = p.qsl[s], q_len = p.qsl[s + 1] - q0;
-  const int rows_seq = q_len * p.heads, r0 = blockIdx.y * kRows;
-  if (r0 >= rows_seq) return;
-  const int ctx = p.seq_lens[s];
-  const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
-  const int last_row = min(r0 + kRows, rows_seq) - 1;
-  const int kb = split * p.split_chunk;
-  const int ke = min(kb + p.split_chunk, LocalKeyEnd(p, ctx - q_len + last_row / p.heads + 1));
-  const int num_tiles = kb < ke ? (ke - kb + kKeys - 1) / kKeys : 0;
+  const LatentCta c = LatentCtaOf(p, kRows);
+  if (c.r0 >= c.rows_seq) return;
+  const int split = blockIdx.x, q0 = c.q0, rows_seq = c.rows_seq, r0 = c.r0, kb = c.kb, ke = c.ke;
+  const int32_t* table = c.table;
+  const int num_tiles = c.Tiles(kKeys);
   const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128;
   const int lane = tid % 32, t4 = lane % 4, warp = tid / 32;
   const int row_lo = (wt / 32) * 16 + lane / 4, row_hi = row_lo + 8;
@@ -213,10 +211,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     __syncthreads();
   }
 
-  auto visible = [&](int r) {
-    return r0 + r < rows_seq ? min(ke, LocalKeyEnd(p, ctx - q_len + (r0 + r) / p.heads + 1)) : 0;
-  };
-  const int vis[2] = {visible(row_lo), visible(row_hi)};
+  const int vis[2] = {c.KeyEnd(p, row_lo), c.KeyEnd(p, row_hi)};
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -233,10 +228,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
       const int key0 = kb + t * kKeys;
       Softmax<T>(sc, key0, t4, vis, p.scale_log2, m_run, l_run, alpha, pa);
       if (ke - key0 < kKeys) ZeroTail(smem + (1 + st) * kTileBytes, ke - key0, wt);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        sp[kk * 128 + wt] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-      }
+      StoreP(sp, wt, pa);
       sf[wt] = make_float2(alpha[0], alpha[1]);
       BarSync(1, kMlaWgmmaThreads);
     } else {
@@ -244,38 +236,10 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
       const float2 f = sf[wt];
       alpha[0] = f.x;
       alpha[1] = f.y;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint4 v = sp[kk * 128 + wt];
-        pa[kk][0] = v.x;
-        pa[kk][1] = v.y;
-        pa[kk][2] = v.z;
-        pa[kk][3] = v.w;
-      }
+      LoadP(sp, wt, pa);
     }
-#pragma unroll
-    for (int i = 0; i < 128; ++i) {
-      o[i] *= alpha[(i % 4) / 2];
-      FenceOperand(o[i]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) FenceOperand(pa[kk][e]);
-    }
-    // O[:, 256 wg .. + 256) += P V: two n128 chains (64-column chunks 4 wg .. 4 wg + 3).
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t v = k_addr + wg * 4 * kBlockBytes + kk * 16 * 128;
-      WgmmaRS<T, 128>(o, pa[kk], SmemDesc(v, kBlockBytes, 1024));
-      WgmmaRS<T, 128>(o + 64, pa[kk], SmemDesc(v + 2 * kBlockBytes, kBlockBytes, 1024));
-    }
-    WgmmaCommit();
-    WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
-    BarSync(2, kMlaWgmmaThreads);  // stage st is free; warpgroup 1 has read P
+    RescaleAndAddPv<T>(o, pa, alpha, k_addr, wg);  // O[:, 256 wg .. + 256) = alpha O + P V
+    BarSync(2, kMlaWgmmaThreads);                  // stage st is free; warpgroup 1 has read P
     if (warp == kIssueWarp && t + 2 < num_tiles) {
       IssueTile(&map, g, next_rows, boxes, k_addr, bar_addr + st * kChunks * 8, lane);
       if (t + 3 < num_tiles && lane < boxes) {
@@ -288,33 +252,15 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   float* sl = reinterpret_cast<float*>(smem + kPOff);
   __syncthreads();
   if (wg == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-      l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-    }
+    QuadSum2(l_run);
     if (t4 == 0) {
       sl[row_lo] = l_run[0];
       sl[row_hi] = l_run[1];
     }
   }
   __syncthreads();
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = h == 0 ? row_lo : row_hi;
-    if (r0 + r >= rows_seq) continue;
-    const float l = sl[r];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t row = static_cast<int64_t>(q0) * p.heads + r0 + r;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      StorePair(p, split, row, wg * 256 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
-                o[4 * j + 2 * h + 1] * inv);
-    }
-    if (wg == 0 && t4 == 0) {
-      StoreLse(p, split, row, l > 0.0f ? (m_run[h] + log2f(l)) * kLn2 : -INFINITY);
-    }
-  }
+  const float l[2] = {sl[row_lo], sl[row_hi]};
+  StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run);
 #endif
 }
 

@@ -1,7 +1,8 @@
 // Device helpers shared by the two Hopper latent kernels (include from .cu only):
 // mla_decode_wgmma.cu (cp.async ring) and mla_decode_tma.cu (TMA loads, per-chunk mbarriers).
 // The m64n64k16 score wgmma with both operands in shared memory, named barriers, and the online
-// softmax of one 64-latent tile on the score accumulators.
+// softmax of one 64-latent tile on the score accumulators, the P V step of a warpgroup and its
+// epilogue store.
 #ifndef TANDEM_KERNELS_MLA_MLA_WGMMA_CUH_
 #define TANDEM_KERNELS_MLA_MLA_WGMMA_CUH_
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
 
 namespace tandem::kernels::cuda::mla_internal::wgmma_common {
@@ -92,6 +94,85 @@ __device__ __forceinline__ void Softmax(float (&sc)[32], int key0, int t4, const
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) pa[kk][e] = PackTwo<T>(w[2 * e], w[2 * e + 1]);
+  }
+}
+
+// P of one tile in shared memory as warpgroup 0 hands it to warpgroup 1: [4 k16 steps][128
+// threads] uint4, each thread's A fragments of P V (the same thread slot holds the same rows in
+// both warpgroups).
+__device__ __forceinline__ void StoreP(uint4* sp, int wt, const uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    sp[kk * 128 + wt] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+  }
+}
+__device__ __forceinline__ void LoadP(const uint4* sp, int wt, uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint4 v = sp[kk * 128 + wt];
+    pa[kk][0] = v.x;
+    pa[kk][1] = v.y;
+    pa[kk][2] = v.z;
+    pa[kk][3] = v.w;
+  }
+}
+
+// O[:, 256 wg .. + 256) = alpha * O + P V for the tile at shared address k_addr (its first 512
+// dims, read N-major): the thread's two rows rescaled by alpha[0] / alpha[1], then two n128 wgmma
+// chains over the tile's 64-column chunks 4 wg .. 4 wg + 3 with P (A fragments) from registers;
+// returns when they are done.
+template <typename T>
+__device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[4][4],
+                                                const float (&alpha)[2], uint32_t k_addr, int wg) {
+  using internal::prefill::FenceOperand;
+  using internal::prefill::SmemDesc;
+  constexpr uint32_t kChunkBytes = 64 * 128;  // one 64-column chunk of a 64-latent tile
+#pragma unroll
+  for (int i = 0; i < 128; ++i) {
+    o[i] *= alpha[(i % 4) / 2];
+    FenceOperand(o[i]);
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) FenceOperand(pa[kk][e]);
+  }
+  internal::prefill::WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint32_t v = k_addr + wg * 4 * kChunkBytes + kk * 16 * 128;
+    internal::prefill::WgmmaRS<T, 128>(o, pa[kk], SmemDesc(v, kChunkBytes, 1024));
+    internal::prefill::WgmmaRS<T, 128>(o + 64, pa[kk],
+                                       SmemDesc(v + 2 * kChunkBytes, kChunkBytes, 1024));
+  }
+  internal::prefill::WgmmaCommit();
+  internal::prefill::WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
+}
+
+// The epilogue of a warpgroup: its 256 columns of the thread's two finished rows (row_lo and
+// row_lo + 8 of the CTA's 64 from r0; l their quad-summed softmax sums, m_run their maxima), and
+// from warpgroup 0 their LSE; rows past the request's rows_seq are skipped.
+template <typename T>
+__device__ __forceinline__ void StoreWgRows(const LatentParams<T>& p, int split, int q0, int r0,
+                                            int rows_seq, int row_lo, int wg, int t4,
+                                            const float (&o)[128], const float (&l)[2],
+                                            const float (&m_run)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_lo + 8 * h;
+    if (r0 + r >= rows_seq) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    const int64_t row = static_cast<int64_t>(q0) * p.heads + r0 + r;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      StorePair(p, split, row, wg * 256 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
+                o[4 * j + 2 * h + 1] * inv);
+    }
+    if (wg == 0 && t4 == 0) {
+      StoreLse(p, split, row, l[h] > 0.0f ? (m_run[h] + log2f(l[h])) * kLn2 : -INFINITY);
+    }
   }
 }
 
