@@ -1,13 +1,16 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the issue's shapes), bf16 KV (plus a few fp8 and int8 rows).
 //   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]
-//       [--legacy_split_merge] [--pool_gib=N]
+//       [--legacy_split_merge] [--separate_merge] [--pool_gib=N]
 //       (e.g. --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits
 //       or @SPLITS forces the planner's KV split count; --flush_l2 times the way FlashInfer's peer
 //       script does, for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events
 //       after a 256 MiB memset that evicts the L2, median of >= 20 calls; --legacy_split_merge:
-//       the split planner and merge from before issue 35, for a same-call baseline; --pool_gib
-//       caps the KV pool, default 64, whose fill takes ~20 s: configs that do not fit are skipped)
+//       the split planner and merge from before issue 35, for a same-call baseline;
+//       --separate_merge: the splits merged by the PDL-launched merge kernel instead of inside the
+//       decode kernel (the workspace is zeroed once, so the in-kernel merge is the default);
+//       --pool_gib caps the KV pool, default 64, whose fill takes ~20 s: configs that do not fit
+//       are skipped)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -122,12 +125,13 @@ struct BenchOptions {
   int64_t forced_splits = 0;
   bool flush_l2 = false;
   bool legacy_split_merge = false;
+  bool separate_merge = false;
   int64_t pool_gib = 64;
 };
 
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
                        bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0,
-                       void* flush = nullptr, bool legacy = false) {
+                       void* flush = nullptr, bool legacy = false, bool separate = false) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -176,9 +180,13 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                              .num_sms = num_sms,
                              .forced_splits = static_cast<int>(forced_splits),
                              .allow_tensor_cores = tensor_cores,
-                             .legacy_split_merge = legacy};
+                             .legacy_split_merge = legacy,
+                             .workspace_zeroed = !separate};
   ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
-  if (plan.workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
+  if (plan.workspace_bytes > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
+    CUDA_RETURN_IF_ERROR(cudaMemset(d_ws, 0, plan.workspace_bytes));
+  }
   DeviceKvCache cache{.data = pool.data,
                       .layout = {.num_blocks = pool_blocks,
                                  .num_layers = 1,
@@ -225,7 +233,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
 
 absl::Status Run(const BenchOptions& opt) {
   const char* only = opt.only;
-  const bool legacy = opt.legacy_split_merge;
+  const bool legacy = opt.legacy_split_merge, separate = opt.separate_merge;
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; decode, 32 q / 8 kv heads, d128, block 16, q_len 1\n", prop.name,
@@ -239,7 +247,9 @@ absl::Status Run(const BenchOptions& opt) {
   RETURN_IF_ERROR(MakePool(pool_bytes, &pool));
   void* flush = nullptr;
   if (opt.flush_l2) CUDA_RETURN_IF_ERROR(cudaMalloc(&flush, kFlushBytes));
-  std::printf("split planner and merge: %s\n", legacy ? "legacy (before issue 35)" : "current");
+  std::printf("split planner and merge: %s\n", legacy     ? "legacy (before issue 35)"
+                                               : separate ? "current planner, PDL merge kernel"
+                                                          : "current planner, in-kernel merge");
   std::printf("timing: %s\n", opt.flush_l2
                                   ? "median of single calls, L2 flushed (256 MiB) before each"
                                   : "mean of back-to-back calls");
@@ -260,7 +270,7 @@ absl::Status Run(const BenchOptions& opt) {
           for (int64_t ctx : {1024, 4096, 16384, 65536}) {
             if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) == item) {
               RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true,
-                                        rng, splits, flush, legacy));
+                                        rng, splits, flush, legacy, separate));
             }
           }
         }
@@ -271,26 +281,26 @@ absl::Status Run(const BenchOptions& opt) {
   for (int64_t batch : {1, 16, 64, 256}) {
     for (int64_t ctx : {1024, 4096, 16384, 65536}) {
       RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true,
-                                rng, 0, flush, legacy));
+                                rng, 0, flush, legacy, separate));
     }
   }
   for (KvDtype dtype : {KvDtype::kFp8E4m3, KvDtype::kInt8}) {
     for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
              {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
       RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng, 0,
-                                flush, legacy));
+                                flush, legacy, separate));
     }
   }
   std::printf("CUDA-core (fma) kernel on the same bf16 shapes, for comparison:\n");
   for (auto [batch, ctx] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 65536}, {16, 16384}, {64, 4096}, {64, 16384}, {256, 4096}}) {
     RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, false,
-                              rng, 0, flush, legacy));
+                              rng, 0, flush, legacy, separate));
   }
   RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kFp8E4m3, false,
-                            rng, 0, flush, legacy));
+                            rng, 0, flush, legacy, separate));
   RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, 64, 16384, KvDtype::kInt8, false, rng,
-                            0, flush, legacy));
+                            0, flush, legacy, separate));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.data));
   CUDA_RETURN_IF_ERROR(cudaFree(pool.token_scales));
   if (flush != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(flush));
@@ -311,12 +321,14 @@ int main(int argc, char** argv) {
       opt.flush_l2 = true;
     } else if (std::strcmp(argv[i], "--legacy_split_merge") == 0) {
       opt.legacy_split_merge = true;
+    } else if (std::strcmp(argv[i], "--separate_merge") == 0) {
+      opt.separate_merge = true;
     } else if (std::strncmp(argv[i], "--pool_gib=", 11) == 0) {
       opt.pool_gib = std::max<int64_t>(1, std::atoll(argv[i] + 11));
     } else {
       std::fprintf(stderr,
                    "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2] "
-                   "[--legacy_split_merge] [--pool_gib=N]\n",
+                   "[--legacy_split_merge] [--separate_merge] [--pool_gib=N]\n",
                    argv[0]);
       return 2;
     }

@@ -16,6 +16,8 @@
 namespace tandem::kernels::cuda {
 namespace {
 
+static_assert(internal::kMergeCounterBytes == kPagedAttentionCounterBytes);
+
 using internal::DecodeParams;
 using internal::LaunchPagedDecode;
 using internal::TcCfg;
@@ -151,7 +153,16 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
   }
   if (plan.num_splits > 1) {
     const int64_t rows = in.num_tokens * in.num_q_heads;
-    plan.workspace_bytes = plan.num_splits * rows * (in.head_dim + 1) * int64_t{sizeof(float)};
+    plan.workspace_bytes = internal::kMergeCounterBytes +
+                           plan.num_splits * rows * (in.head_dim + 1) * int64_t{sizeof(float)};
+    // In-kernel merge: a counter per (request, kv head, row tile) in the fixed counter range,
+    // the merge's weights in the smallest dynamic shared memory of a decode kernel (48 KB).
+    const int64_t rows_per_cta = int64_t{plan.rows_per_warp} * plan.row_groups;
+    plan.merge_in_kernel =
+        in.workspace_zeroed && !in.legacy_split_merge &&
+        in.num_seqs * in.num_kv_heads * plan.row_tiles <= internal::kMaxMergeGroups &&
+        internal::MergeSmemFloats(rows_per_cta, plan.num_splits) * 4 <=
+            internal::kDecodeStages * internal::kDecodeStageBytes;
   }
   return plan;
 }
@@ -186,7 +197,9 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.out = out;
   p.lse = lse;
   if (plan.num_splits > 1) {
-    p.part_o = static_cast<float*>(workspace);
+    p.part_o =
+        reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + internal::kMergeCounterBytes);
+    if (plan.merge_in_kernel) p.merge_counters = static_cast<unsigned int*>(workspace);
     p.part_lse = p.part_o + int64_t{plan.num_splits} * in.num_tokens * in.num_q_heads * in.head_dim;
   }
   p.pool = cache.data;
@@ -207,6 +220,7 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.num_kv_heads = static_cast<int>(in.num_kv_heads);
   p.group = static_cast<int>(in.num_q_heads / in.num_kv_heads);
   p.num_tokens = in.num_tokens;
+  p.planned_keys = static_cast<int>(in.max_seq_len);  // <= 2^30: checked by the planner
   const bool softcap = params.softcap > 0;
   p.q_scale = softcap ? params.scale : params.scale * internal::kLog2e;
   p.softcap_log2 = softcap ? params.softcap * internal::kLog2e : 0.0f;

@@ -4,8 +4,10 @@
 //
 // Flash-decoding: one CTA per (request, kv head, row tile, KV split) computes every query head
 // of the kv head's GQA group (and every new token of the row tile) from one read of each K/V
-// row; splits are merged by a second kernel (launched with programmatic dependent launch: its
-// blocks wait on the GPU for the decode grid instead of being launched after it). The split
+// row; splits are merged by the last split CTA of each row group (when the caller keeps the
+// workspace's counters zeroed: PagedAttentionPlanInput::workspace_zeroed) or by a second kernel
+// (launched with programmatic dependent launch: its blocks wait on the GPU for the decode grid
+// instead of being launched after it). The split
 // count comes from a host-side plan built once per step and shared by every layer; the grid depends
 // only on the plan, so a captured CUDA graph replays with new seq_lens / block tables as long as
 // the plan's bounds hold.
@@ -29,6 +31,10 @@
 
 namespace tandem::kernels::cuda {
 
+// Bytes at the start of a split plan's workspace that hold the in-kernel merge's counters
+// (PagedAttentionPlanInput::workspace_zeroed); the same for every plan.
+inline constexpr int64_t kPagedAttentionCounterBytes = 16384;
+
 // Host-known bounds of one step's batch.
 struct PagedAttentionPlanInput {
   int64_t num_seqs = 0;
@@ -49,6 +55,12 @@ struct PagedAttentionPlanInput {
   // (planner: waves of ctas-per-SM slots x (keys per split + 192), >= 256 keys per split; merge:
   // a stream-ordered kernel loading each split's LSE serially). Results equal within rounding.
   bool legacy_split_merge = false;
+  // The caller zeroed the workspace's first kPagedAttentionCounterBytes (16 KB) once, e.g. when
+  // it allocated it, and uses the workspace only for PagedAttention calls: the decode kernel then
+  // merges the KV splits itself (the last split CTA of each (request, kv head, row tile), counted
+  // by an atomic ticket that it resets, so graph replays and later calls find the counters zero
+  // again) and no second kernel is launched. Otherwise a PDL-launched kernel merges them.
+  bool workspace_zeroed = false;
 };
 
 struct PagedAttentionPlan {
@@ -58,7 +70,8 @@ struct PagedAttentionPlan {
   int rows_per_warp = 1;  // query rows (token x group head) each warp keeps in registers
   int row_groups = 1;     // warps splitting a CTA's rows (the other 4 / row_groups split keys)
   int row_tiles = 1;      // CTAs along the rows of one (request, kv head)
-  int64_t workspace_bytes = 0;  // device scratch PagedAttention needs (0 when num_splits == 1)
+  int64_t workspace_bytes = 0;   // device scratch PagedAttention needs (0 when num_splits == 1)
+  bool merge_in_kernel = false;  // the decode kernel merges the splits (see workspace_zeroed)
 };
 
 // Chooses the split count from batch x kv heads x row tiles against the SM count (an SM streams

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,12 +62,26 @@ void VaryRowMagnitudes(std::vector<float>& x, int64_t head_dim) {
 
 using RunResult = cuda_test::AttentionOutput;
 
+// How a run merges its KV splits: in the decode kernel (a zeroed workspace; the default), by the
+// PDL-launched merge kernel, or by the planner and merge from before issue 35.
+enum class Merge { kInKernel, kSeparate, kLegacy };
+
+// The in-kernel merge's counters (the workspace's first 16 KB) are zero again after a call.
+void ExpectMergeCountersZero(const DeviceBuffer<uint8_t>& ws, const PagedAttentionPlan& plan) {
+  if (!plan.merge_in_kernel) return;
+  std::vector<uint32_t> counters(kPagedAttentionCounterBytes / 4);
+  TANDEM_CUDA_CHECK(
+      cudaMemcpy(counters.data(), ws.get(), counters.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u),
+            static_cast<std::ptrdiff_t>(counters.size()));
+}
+
 // Rounds the case's q and pool (and the reference's K/V copies) to T, or quantizes the pool to
 // fp8 with per-kv-head scales or to int8 with per-row scales (the reference's copies then hold
 // the dequantized values); runs the kernel; returns out and lse.
 template <typename T>
 void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv kv,
-             bool tensor_cores, RunResult* result, bool legacy_split_merge = false) {
+             bool tensor_cores, RunResult* result, Merge merge = Merge::kInKernel) {
   const KvCacheLayout& layout = c.layout;
   const bool fp8 = kv == Kv::kFp8;
   cuda_test::RoundTo<T>(c.q);
@@ -135,10 +150,13 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
                                   : (std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16);
   in.forced_splits = forced_splits;
   in.allow_tensor_cores = tensor_cores;
-  in.legacy_split_merge = legacy_split_merge;
+  in.legacy_split_merge = merge == Merge::kLegacy;
+  in.workspace_zeroed = merge == Merge::kInKernel;
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->merge_in_kernel, plan->num_splits > 1 && merge == Merge::kInKernel);
   DeviceBuffer<uint8_t> ws(std::max<int64_t>(1, plan->workspace_bytes));
+  TANDEM_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.size()));
 
   DeviceKvCache cache;
   cache.data = pool_dev.get();
@@ -154,6 +172,7 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   *result = cuda_test::ReadBack(c, out_dev, lse_dev);
+  ExpectMergeCountersZero(ws, *plan);
 }
 
 template <typename T>
@@ -393,7 +412,7 @@ TEST(PagedAttentionCudaTest, ManySplitsAndLegacyMerge) {
       SCOPED_TRACE(label + " legacy splits=" + std::to_string(splits));
       PagedCase c = MakePagedCase(rng, o, seqs);
       RunResult r;
-      RunCase<__nv_bfloat16>(c, params, splits, Kv::kOwn, true, &r, /*legacy_split_merge=*/true);
+      RunCase<__nv_bfloat16>(c, params, splits, Kv::kOwn, true, &r, Merge::kLegacy);
       ASSERT_FALSE(::testing::Test::HasFatalFailure());
       const attention_test::Reference ref = ReferenceAttention(c, params);
       EXPECT_TRUE(OutClose(r.out, ref.out, kOutTol));
@@ -408,19 +427,72 @@ TEST(PagedAttentionCudaTest, NanInQueryStaysInItsRows) {
   CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
   PagedCase c = MakePagedCase(rng, o, {{100, 1}, {200, 1}});
   c.q[0] = std::numeric_limits<float>::quiet_NaN();  // token 0, head 0 (kv head 0's group)
-  RunResult r;
-  RunCase<__nv_bfloat16>(c, {.scale = 0.1f}, 2, Kv::kOwn, true, &r);
-  ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  EXPECT_TRUE(std::isnan(r.out[0]));
-  EXPECT_TRUE(std::isnan(r.lse[0]));
-  for (int64_t h = 1; h < 8; ++h) EXPECT_FALSE(std::isnan(r.lse[h])) << "head " << h;
-  for (int64_t h = 0; h < 8; ++h) EXPECT_FALSE(std::isnan(r.lse[8 + h])) << "token 1 head " << h;
+  for (Merge merge : {Merge::kInKernel, Merge::kSeparate}) {
+    for (int splits : {2, 5}) {
+      for (bool tc : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "merge " << static_cast<int>(merge) << " splits "
+                                          << splits << " tensor cores " << tc);
+        RunResult r;
+        RunCase<__nv_bfloat16>(c, {.scale = 0.1f}, splits, Kv::kOwn, tc, &r, merge);
+        ASSERT_FALSE(::testing::Test::HasFatalFailure());
+        EXPECT_TRUE(std::isnan(r.out[0]));
+        EXPECT_TRUE(std::isnan(r.lse[0]));
+        for (int64_t h = 1; h < 8; ++h) EXPECT_FALSE(std::isnan(r.lse[h])) << "head " << h;
+        for (int64_t h = 0; h < 8; ++h) {
+          EXPECT_FALSE(std::isnan(r.lse[8 + h])) << "token 1 head " << h;
+        }
+        for (size_t i = 128; i < r.out.size(); ++i) ASSERT_FALSE(std::isnan(r.out[i])) << i;
+      }
+    }
+  }
+}
+
+// The in-kernel merge against the PDL merge kernel at every split count from 1 to 34 and a few
+// beyond (64, 100, 256: more splits than keys, empty partials), on both decode kernels, head_dim
+// 16 / 64 / 128, GQA 4 with q_len 1 and 3 (12-row groups) and a padding request: the two merges
+// run the same arithmetic in the same order, so out and lse must be bit-identical, and both
+// within tolerance of the fp64 reference; the counters are zero after every call (RunCase).
+TEST(PagedAttentionCudaTest, InKernelMergeEverySplitCount) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  const AttentionParams params{.scale = 0.09f};
+  std::vector<int> split_counts(34);
+  std::iota(split_counts.begin(), split_counts.end(), 1);
+  for (int s : {64, 100, 256}) split_counts.push_back(s);
+  for (auto [d, tc] :
+       std::vector<std::pair<int64_t, bool>>{{128, true}, {64, true}, {128, false}, {16, false}}) {
+    CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 16};
+    PagedCase c = MakePagedCase(rng, o, {{1000, 1}, {37, 1}, {0, 0}, {300, 3}, {129, 1}});
+    RunResult first;
+    RunCase<__nv_bfloat16>(c, params, 1, Kv::kOwn, tc, &first);  // rounds c's inputs
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    const attention_test::Reference ref = ReferenceAttention(c, params);
+    for (int splits : split_counts) {
+      SCOPED_TRACE(::testing::Message()
+                   << "d=" << d << " tensor cores " << tc << " splits " << splits);
+      RunResult in_kernel, separate;
+      RunCase<__nv_bfloat16>(c, params, splits, Kv::kOwn, tc, &in_kernel, Merge::kInKernel);
+      RunCase<__nv_bfloat16>(c, params, splits, Kv::kOwn, tc, &separate, Merge::kSeparate);
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+      ASSERT_EQ(in_kernel.out.size(), separate.out.size());
+      EXPECT_EQ(std::memcmp(in_kernel.out.data(), separate.out.data(), in_kernel.out.size() * 4),
+                0);
+      EXPECT_EQ(std::memcmp(in_kernel.lse.data(), separate.lse.data(), in_kernel.lse.size() * 4),
+                0);
+      EXPECT_TRUE(OutClose(in_kernel.out, ref.out, kOutTol));
+      EXPECT_TRUE(LseClose(in_kernel.lse, ref.lse, kLseTol));
+    }
+  }
 }
 
 // The grid depends only on the plan: a graph captured once replays correctly after the batch
-// metadata, q and the pool change in place (new lengths within the plan's bounds).
-TEST(PagedAttentionCudaTest, CudaGraphReplayWithNewBatch) {
+// metadata, q and the pool change in place (new lengths within the plan's bounds), with either
+// merge (in-kernel: the replays find the counters the previous one reset).
+class CudaGraphReplay : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CudaGraphReplay, WithNewBatch) {
   TANDEM_SKIP_WITHOUT_GPU();
+  const bool in_kernel = GetParam();
   std::mt19937 rng(TestSeed());
   CaseOptions o{.num_q_heads = 32, .num_kv_heads = 8, .head_dim = 128, .block_size = 16};
   PagedCase cases[2] = {MakePagedCase(rng, o, {{1000, 1}, {37, 1}, {512, 1}, {1, 1}}),
@@ -459,10 +531,14 @@ TEST(PagedAttentionCudaTest, CudaGraphReplayWithNewBatch) {
                              .max_seq_len = 2048,
                              .num_q_heads = 32,
                              .num_kv_heads = 8,
-                             .head_dim = 128};
+                             .head_dim = 128,
+                             .workspace_zeroed = in_kernel};
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->num_splits, 1);
+  EXPECT_EQ(plan->merge_in_kernel, in_kernel);
   DeviceBuffer<uint8_t> ws(std::max<int64_t>(1, plan->workspace_bytes));
+  TANDEM_CUDA_CHECK(cudaMemset(ws.get(), 0, ws.size()));
   const DeviceKvCache cache{.data = pool.get(), .layout = layout, .dtype = KvDtype::kBf16};
   const AttentionBatch batch{.query_start_loc = qsl.get(),
                              .seq_lens = lens.get(),
@@ -481,19 +557,23 @@ TEST(PagedAttentionCudaTest, CudaGraphReplayWithNewBatch) {
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int step = 0; step < 2; ++step) {
+  const attention_test::Reference refs[2] = {ReferenceAttention(cases[0], {.scale = 0.0884f}),
+                                             ReferenceAttention(cases[1], {.scale = 0.0884f})};
+  for (int step = 0; step < 4; ++step) {
     SCOPED_TRACE(step);
-    upload(cases[step]);
+    upload(cases[step % 2]);
     TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const attention_test::Reference ref = ReferenceAttention(cases[step], {.scale = 0.0884f});
-    EXPECT_TRUE(OutClose(cuda_test::ToFloat(out.ToHost()), ref.out, kOutTol));
-    EXPECT_TRUE(LseClose(lse.ToHost(), ref.lse, kLseTol));
+    EXPECT_TRUE(OutClose(cuda_test::ToFloat(out.ToHost()), refs[step % 2].out, kOutTol));
+    EXPECT_TRUE(LseClose(lse.ToHost(), refs[step % 2].lse, kLseTol));
+    ExpectMergeCountersZero(ws, *plan);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(PagedAttentionCudaTest, CudaGraphReplay, ::testing::Bool());
 
 TEST(PagedAttentionCudaTest, PlanRejectsBadShapes) {
   PagedAttentionPlanInput in{
@@ -516,6 +596,40 @@ TEST(PagedAttentionCudaTest, PlanRejectsBadShapes) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GE(plan->num_splits, 1);
   EXPECT_EQ(plan->workspace_bytes > 0, plan->num_splits > 1);
+}
+
+// The in-kernel merge only when the caller keeps the counters zeroed, the plan splits, the
+// groups fit the counter range (4096) and the legacy baseline is off.
+TEST(PagedAttentionCudaTest, PlanInKernelMerge) {
+  PagedAttentionPlanInput in{.num_seqs = 1,
+                             .num_tokens = 1,
+                             .max_seq_len = 4096,
+                             .num_q_heads = 32,
+                             .num_kv_heads = 8,
+                             .head_dim = 128,
+                             .workspace_zeroed = true};
+  auto plan = [&] {
+    absl::StatusOr<PagedAttentionPlan> p = PlanPagedAttention(in);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : PagedAttentionPlan{};
+  };
+  EXPECT_TRUE(plan().merge_in_kernel);
+  EXPECT_EQ(plan().workspace_bytes,
+            kPagedAttentionCounterBytes + int64_t{plan().num_splits} * 32 * 129 * 4);
+  in.forced_splits = 1;
+  EXPECT_FALSE(plan().merge_in_kernel);
+  in.forced_splits = 2;
+  in.num_seqs = in.num_tokens = 512;  // 4096 groups
+  EXPECT_TRUE(plan().merge_in_kernel);
+  in.num_seqs = in.num_tokens = 513;
+  EXPECT_FALSE(plan().merge_in_kernel);
+  EXPECT_GT(plan().workspace_bytes, 0);
+  in.num_seqs = in.num_tokens = 1;
+  in.legacy_split_merge = true;
+  EXPECT_FALSE(plan().merge_in_kernel);
+  in.legacy_split_merge = false;
+  in.workspace_zeroed = false;
+  EXPECT_FALSE(plan().merge_in_kernel);
 }
 
 // The planner's choices on the Llama-3-8B decode shapes (32 q / 8 kv heads, d128, bf16, 132

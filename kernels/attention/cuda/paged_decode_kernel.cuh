@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace tandem::kernels::cuda::internal {
@@ -64,6 +65,13 @@ struct DecodeParams {
   float* lse;
   float* part_o;    // [splits][num_tokens * num_q_heads][D] when num_splits > 1
   float* part_lse;  // [splits][num_tokens * num_q_heads]
+  // In-kernel merge (non-null only when num_splits > 1): one ticket counter per (request, kv
+  // head, row tile) at blockIdx.z * gridDim.y + blockIdx.y (paged_decode_merge.cuh).
+  unsigned int* merge_counters;
+  // The plan's max_seq_len (clamped to int): the tensor-core kernel loads the block-table
+  // entries of the split a request of this length would get together with seq_lens, before it
+  // knows the request's length, and uses them when the split starts where that one does.
+  int planned_keys;
   const void* pool;
   int64_t block_elems;
   int64_t tile_elems;
@@ -168,6 +176,31 @@ __device__ __forceinline__ KeySplit SplitKeys(int lo_cta, int hi_cta, int num_sp
   const int begin = lo_cta + split * chunk;
   const int end = min(hi_cta, begin + chunk);
   return {begin, end, end > begin ? (end - begin + kT - 1) / kT : 0};
+}
+
+// Row of out / lse (and of a split's partials) of the CTA's rr-th query row: row0 + rr is its
+// request's (token x group head) index.
+template <typename T>
+__device__ __forceinline__ int64_t DecodeRow(const DecodeParams<T>& p, const DecodeCta& c, int rr) {
+  const int gr = c.row0 + rr;
+  return int64_t{c.q_start + gr / p.group} * p.num_q_heads + c.kvh * p.group + gr % p.group;
+}
+
+// The in-kernel merge (p.merge_counters set), called by every thread once the CTA stored its
+// n_rows rows' partials: the last split CTA of the (request, kv head, row tile) merges them.
+// smem: the kernel's dynamic shared memory, free by now.
+template <int D, typename T>
+__device__ __forceinline__ void MergeIfLastSplit(const DecodeParams<T>& p, const DecodeCta& c,
+                                                 int n_rows, void* smem) {
+  if (p.merge_counters == nullptr) return;
+  float* smem_f = static_cast<float*>(smem);  // MergeSmemFloats: the flag, then the weights
+  if (!TakeMergeTicket(p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y, p.num_splits,
+                       reinterpret_cast<int*>(smem_f))) {
+    return;
+  }
+  MergeGroupSplits<T, D>(
+      p.part_o, p.part_lse, p.num_splits, p.num_tokens * p.num_q_heads, n_rows,
+      [&](int rr) { return DecodeRow(p, c, rr); }, p.out, p.lse, smem_f + 4);
 }
 
 // cp.async of 4 bytes (the per-token scales); src_bytes = 0 zero-fills.
@@ -522,39 +555,40 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
       }
     }
   }
-  if (kg != 0 || sgw != 0) return;
-
+  if (kg == 0 && sgw == 0) {  // one subgroup of the first key group writes
 #pragma unroll
-  for (int i = 0; i < RPW; ++i) {
-    if (!valid[i]) continue;
-    const int64_t row = int64_t{q_start + tok[i]} * p.num_q_heads + head[i];
-    float o[kDL];
-    float lse_row;
-    if (l[i] == 0.0f) {  // no visible key in this split (NaN l compares false: propagates)
+    for (int i = 0; i < RPW; ++i) {
+      if (!valid[i]) continue;
+      const int64_t row = int64_t{q_start + tok[i]} * p.num_q_heads + head[i];
+      float o[kDL];
+      float lse_row;
+      if (l[i] == 0.0f) {  // no visible key in this split (NaN l compares false: propagates)
 #pragma unroll
-      for (int d = 0; d < kDL; ++d) o[d] = 0.0f;
-      lse_row = -INFINITY;
-    } else {
-      const float inv = v_deq / l[i];
+        for (int d = 0; d < kDL; ++d) o[d] = 0.0f;
+        lse_row = -INFINITY;
+      } else {
+        const float inv = v_deq / l[i];
 #pragma unroll
-      for (int d = 0; d < kDL; ++d) o[d] = acc[i][d] * inv;
-      lse_row = (m[i] + log2f(l[i])) * kLn2;
-    }
-    if (p.num_splits == 1) {
-#pragma unroll
-      for (int u = 0; u < kNU; ++u) {
-        StoreRowPart<T, kEU>(&o[u * kEU], p.out + row * D + (l8 + 8 * u) * kEU);
+        for (int d = 0; d < kDL; ++d) o[d] = acc[i][d] * inv;
+        lse_row = (m[i] + log2f(l[i])) * kLn2;
       }
-      if (p.lse != nullptr && l8 == 0) p.lse[row] = lse_row;
-    } else {
-      const int64_t prow = split * p.num_tokens * p.num_q_heads + row;
+      if (p.num_splits == 1) {
 #pragma unroll
-      for (int u = 0; u < kNU; ++u) {
-        StoreRowPart<float, kEU>(&o[u * kEU], p.part_o + prow * D + (l8 + 8 * u) * kEU);
+        for (int u = 0; u < kNU; ++u) {
+          StoreRowPart<T, kEU>(&o[u * kEU], p.out + row * D + (l8 + 8 * u) * kEU);
+        }
+        if (p.lse != nullptr && l8 == 0) p.lse[row] = lse_row;
+      } else {
+        const int64_t prow = split * p.num_tokens * p.num_q_heads + row;
+#pragma unroll
+        for (int u = 0; u < kNU; ++u) {
+          StoreRowPart<float, kEU>(&o[u * kEU], p.part_o + prow * D + (l8 + 8 * u) * kEU);
+        }
+        if (l8 == 0) p.part_lse[prow] = lse_row;
       }
-      if (l8 == 0) p.part_lse[prow] = lse_row;
     }
   }
+  MergeIfLastSplit<D>(p, cta, min(p.rows_per_cta, rows_total - row0), smem);
 }
 
 }  // namespace tandem::kernels::cuda::internal

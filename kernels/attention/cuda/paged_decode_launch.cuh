@@ -1,6 +1,7 @@
 // The launch side of cuda::PagedAttention (internal; included by paged_attention_cuda.cu and
 // the paged_decode_*.cu files only): LaunchPagedDecode<T, KV> turns the plan's head_dim and
-// rows-per-warp into template constants and launches the decode kernel (+ the split merge).
+// rows-per-warp into template constants and launches the decode kernel (+ the split merge, unless
+// the decode kernel merges the splits itself).
 // Each (activation, KV) pair is instantiated in one .cu file (16bit, fp8, int8), so the kernels
 // compile in parallel; the extern declarations below keep other files from instantiating them.
 #ifndef TANDEM_KERNELS_ATTENTION_CUDA_PAGED_DECODE_LAUNCH_CUH_
@@ -86,7 +87,7 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
     }
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (plan.num_splits > 1) {
+  if (plan.num_splits > 1 && !plan.merge_in_kernel) {
     const int64_t rows = in.num_tokens * in.num_q_heads;
     const unsigned blocks = static_cast<unsigned>((rows + 3) / 4);
     if (in.legacy_split_merge) {

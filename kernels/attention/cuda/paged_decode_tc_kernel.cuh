@@ -147,6 +147,27 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
   AllowDependentLaunch();  // the split merge (paged_decode_merge.cuh) may be scheduled now
+  constexpr int kAhead = C::kStages - 1;  // tiles in flight ahead of the one computed
+
+  // Fast copy path (block size a power of two, a tile spanning at most 32 pages; see below).
+  const int shift = p.block_shift;
+  const bool fast = shift >= 0 && ((kT - 1) >> shift) + 2 <= 32 &&
+                    int64_t{p.block_size} * p.token_stride < (int64_t{1} << 30);
+  const int32_t* table = p.block_tables + int64_t{blockIdx.z} * p.max_blocks_per_seq;
+  // The first tiles' block-table entries for the split a request of the plan's length gets,
+  // loaded with seq_lens (the table row's address does not depend on it): when this split starts
+  // there (always for split 0 without a window; every split at the planned length) the K/V copies
+  // do not wait for a second dependent round trip. Entries past the request's last page are
+  // never used, and the loads stay inside the table row.
+  const int spec_begin = SplitKeys<kT>(0, p.planned_keys, p.num_splits, blockIdx.x).begin;
+  int32_t spec_entries[kAhead];
+#pragma unroll
+  for (int t = 0; t < kAhead; ++t) {
+    const int64_t page = ((spec_begin + t * kT) >> max(shift, 0)) + threadIdx.x % 32;
+    spec_entries[t] = fast && p.max_blocks_per_seq > 0
+                          ? table[page < p.max_blocks_per_seq ? page : p.max_blocks_per_seq - 1]
+                          : 0;
+  }
 
   const DecodeCta cta = LocateDecodeCta(p, C::kRows);
   const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
@@ -211,7 +232,6 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
 
   const KV* pool = static_cast<const KV*>(p.pool) + p.layer_offset + int64_t{kvh} * D;
   const float* scales = kScaled ? p.token_scales + p.scale_layer_offset + kvh : nullptr;
-  const int32_t* table = p.block_tables + int64_t{seq} * p.max_blocks_per_seq;
   // Copies of tile t into its ring stage. Thread tid copies unit tid % kRU of keys
   // tid / kRU + j * kKeyStep (all at one swizzle phase, so its destinations are a constant
   // kDstStep apart). Fast path (block size a power of two, a tile spanning at most 32 pages):
@@ -228,10 +248,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
                         (first_key * kRU + C::Swizzle(first_key, unit)) * 16;
   const int unit_elems = unit * (16 / C::kKvBytes);
   const KV* pool_unit = pool + unit_elems;
-  const int shift = p.block_shift;
   // (Row offsets inside a page stay 32-bit on the fast path.)
-  const bool fast = shift >= 0 && ((kT - 1) >> shift) + 2 <= 32 &&
-                    int64_t{p.block_size} * p.token_stride < (int64_t{1} << 30);
   const int bs_mask = p.block_size - 1;
   auto lane_entry = [&](int t) -> int32_t {
     const int tile_start = k_begin + t * kT;
@@ -340,11 +357,13 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const int key0 = warp * 16 * kKB;
   const int mi = lane >> 3, mr = lane & 7;
 
-  constexpr int kAhead = C::kStages - 1;  // tiles in flight ahead of the one computed
   {
+    const bool spec_hit = k_begin == spec_begin;  // uniform over the CTA
     int32_t entries[kAhead];
 #pragma unroll
-    for (int t = 0; t < kAhead; ++t) entries[t] = fast && t < n_tiles ? lane_entry(t) : 0;
+    for (int t = 0; t < kAhead; ++t) {
+      entries[t] = !fast || t >= n_tiles ? 0 : spec_hit ? spec_entries[t] : lane_entry(t);
+    }
 #pragma unroll
     for (int t = 0; t < kAhead; ++t) {
       if (t < n_tiles) load_tile(t, entries[t]);
@@ -565,6 +584,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
       if (d == 0) p.part_lse[prow] = lse_row;
     }
   }
+  MergeIfLastSplit<D>(p, cta, rows_here, smem);
 }
 
 }  // namespace tandem::kernels::cuda::internal
