@@ -124,6 +124,18 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         config.hidden_size, ", ", config.intermediate_size, ") and positive bounds"));
   }
   std::unique_ptr<CudaMlaModel> model(new CudaMlaModel(config, options));
+  if (config.quantization.IsFp8()) {  // e4m3 projections (cuda_mla_model_fp8.cc)
+    if (options.dtype != ActDtype::kBf16 || options.dummy_seed.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FP8 weights (", config.quantization.Describe(), ") of ", config.architecture,
+          " run on CUDA from checkpoint weights with bf16 activations only"));
+    }
+    const int64_t max_k =
+        std::max({config.hidden_size, config.q_lora_rank,
+                  config.num_attention_heads / options.dcp.size * config.v_head_dim,
+                  dense_mlp ? config.intermediate_size : int64_t{0}});
+    ASSIGN_OR_RETURN(model->fp8_, CudaFp8Linear::Create(options.max_tokens, max_k));
+  }
   const int64_t n = options.comm == nullptr ? 1 : options.comm->size();
   model->vocab_rows_ = (config.vocab_size + n - 1) / n;
   model->vocab_begin_ = options.comm == nullptr ? 0 : options.comm->rank() * model->vocab_rows_;
@@ -178,29 +190,35 @@ std::vector<CudaMlaModel::Tensor> CudaMlaModel::Tensors(ModelWeights* w) {
     auto src = [s](std::vector<float> LayerWeights::*f) {
       return s == nullptr ? nullptr : &(s->*f);
     };
+    // An e4m3 projection (UploadFp8) has no 16-bit tensor.
+    auto or0 = [s](Fp8LinearWeight LayerWeights::*f, int64_t numel) {
+      return s != nullptr && !(s->*f).empty() ? 0 : numel;
+    };
     const bool moe = c.IsMoeLayer(l);  // no dense MLP tensors
     const Tensor layer[] = {
         {&d.input_layernorm, WeightSlot::kInputLayernorm, l, src(&LayerWeights::input_layernorm), H,
          "input_layernorm"},
-        {&d.q_a_proj, WeightSlot::kMlaQAProj, l, src(&LayerWeights::q_a_proj), Rq * H, "q_a_proj"},
+        {&d.q_a_proj, WeightSlot::kMlaQAProj, l, src(&LayerWeights::q_a_proj),
+         or0(&LayerWeights::q_a_fp8, Rq * H), "q_a_proj"},
         {&d.q_a_layernorm, WeightSlot::kMlaQALayernorm, l, src(&LayerWeights::q_a_layernorm), Rq,
          "q_a_layernorm"},
         {&d.q_proj, WeightSlot::kMlaQProj, l, src(&LayerWeights::q_proj),
-         Hq * dims_.QkHeadDim() * q_in, "q_proj"},
+         or0(&LayerWeights::q_fp8, Hq * dims_.QkHeadDim() * q_in), "q_proj"},
         {&d.kv_a_proj, WeightSlot::kMlaKvAProj, l, src(&LayerWeights::kv_a_proj),
-         dims_.LatentDim() * H, "kv_a_proj_with_mqa"},
+         or0(&LayerWeights::kv_a_fp8, dims_.LatentDim() * H), "kv_a_proj_with_mqa"},
         {&d.kv_a_layernorm, WeightSlot::kMlaKvALayernorm, l, src(&LayerWeights::kv_a_layernorm),
          dims_.kv_lora_rank, "kv_a_layernorm"},
         {&d.kv_b_proj, WeightSlot::kMlaKvBProj, l, src(&LayerWeights::kv_b_proj),
          Hq * (dims_.qk_nope_head_dim + dims_.v_head_dim) * dims_.kv_lora_rank, "kv_b_proj"},
         {&d.o_proj, WeightSlot::kOProj, l, src(&LayerWeights::o_proj),
-         H * (Hq / options_.dcp.size) * dims_.v_head_dim, "o_proj"},  // DCP: TpDims::o_heads
+         or0(&LayerWeights::o_fp8, H * (Hq / options_.dcp.size) * dims_.v_head_dim),
+         "o_proj"},  // DCP: TpDims::o_heads
         {&d.post_attention_layernorm, WeightSlot::kPostAttentionLayernorm, l,
          src(&LayerWeights::post_attention_layernorm), H, "post_attention_layernorm"},
         {&d.gate_up_proj, WeightSlot::kGateUpProj, l, src(&LayerWeights::gate_up_proj),
-         moe ? 0 : 2 * I * H, "gate_up_proj"},
-        {&d.down_proj, WeightSlot::kDownProj, l, src(&LayerWeights::down_proj), moe ? 0 : H * I,
-         "down_proj"},
+         moe ? 0 : or0(&LayerWeights::gate_up_fp8, 2 * I * H), "gate_up_proj"},
+        {&d.down_proj, WeightSlot::kDownProj, l, src(&LayerWeights::down_proj),
+         moe ? 0 : or0(&LayerWeights::down_fp8, H * I), "down_proj"},
     };
     out.insert(out.end(), std::begin(layer), std::end(layer));
   }
@@ -222,10 +240,12 @@ absl::Status CudaMlaModel::Upload(ModelWeights w, cudaStream_t stream) {
     weight_bytes_ += t.dst->bytes();
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!c.IsMoeLayer(l)) continue;
     LayerWeights* s = &w.layers[l];
+    if (fp8_ != nullptr) RETURN_IF_ERROR(UploadFp8(s, &layers_[l]));
+    if (!c.IsMoeLayer(l)) continue;
     if (dt == ActDtype::kBf16) {
-      ASSIGN_OR_RETURN(layers_[l].moe, UploadMoeWeights<__nv_bfloat16>(c, s, stream));
+      ASSIGN_OR_RETURN(layers_[l].moe,
+                       UploadMoeWeights<__nv_bfloat16>(c, s, stream, options_.max_tokens));
     } else {
       ASSIGN_OR_RETURN(layers_[l].moe, UploadMoeWeights<__half>(c, s, stream));
     }
@@ -381,17 +401,20 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
   const T* hidden = Ptr<T>(hidden_);
   T* q = Ptr<T>(q_);
   if (Rq > 0) {
-    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.q_a_proj), Tn, Rq, H, Ptr<T>(q_lora_), stream));
+    RETURN_IF_ERROR(
+        Project(w.q_a_fp8, Ptr<T>(w.q_a_proj), hidden, Tn, Rq, H, Ptr<T>(q_lora_), stream));
     RETURN_IF_ERROR(kc::RmsNorm<T>(Ptr<T>(q_lora_), Ptr<T>(w.q_a_layernorm), Tn, Rq, kLatentNormEps,
                                    Ptr<T>(q_lora_), stream));
-    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(q_lora_), Ptr<T>(w.q_proj), Tn, Hq * Dqk, Rq, q, stream));
+    RETURN_IF_ERROR(
+        Project(w.q_fp8, Ptr<T>(w.q_proj), Ptr<T>(q_lora_), Tn, Hq * Dqk, Rq, q, stream));
   } else {
-    RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.q_proj), Tn, Hq * Dqk, H, q, stream));
+    RETURN_IF_ERROR(Project(w.q_fp8, Ptr<T>(w.q_proj), hidden, Tn, Hq * Dqk, H, q, stream));
   }
   // kv_a_proj_with_mqa as two products, so c_kv and k_pe are dense rows of their own.
-  RETURN_IF_ERROR(Lin(*gemm_, hidden, Ptr<T>(w.kv_a_proj), Tn, L, H, Ptr<T>(ckv_), stream));
   RETURN_IF_ERROR(
-      Lin(*gemm_, hidden, Ptr<T>(w.kv_a_proj) + L * H, Tn, Dr, H, Ptr<T>(kpe_), stream));
+      Project(w.kv_a_c_fp8, Ptr<T>(w.kv_a_proj), hidden, Tn, L, H, Ptr<T>(ckv_), stream));
+  RETURN_IF_ERROR(
+      Project(w.kv_a_pe_fp8, Ptr<T>(w.kv_a_proj) + L * H, hidden, Tn, Dr, H, Ptr<T>(kpe_), stream));
   RETURN_IF_ERROR(kc::RmsNorm<T>(Ptr<T>(ckv_), Ptr<T>(w.kv_a_layernorm), Tn, L, kLatentNormEps,
                                  Ptr<T>(ckv_normed_), stream));
   const float* inv_freq = inv_freq_.get<float>();
@@ -446,8 +469,9 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
     }
     RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, stream));
     const T* attn = dcp_exchange_ != nullptr ? dcp_exchange_->merged<T>() : Ptr<T>(attn_);
-    RETURN_IF_ERROR(Lin(*gemm_, attn, Ptr<T>(w.o_proj), Tn, H,
-                        dims_.num_heads / options_.dcp.size * dims_.v_head_dim, hidden, stream));
+    RETURN_IF_ERROR(Project(w.o_fp8, Ptr<T>(w.o_proj), attn, Tn, H,
+                            dims_.num_heads / options_.dcp.size * dims_.v_head_dim, hidden,
+                            stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));  // row-parallel
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
                                            H, eps, stream));
@@ -456,10 +480,11 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
       if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
       continue;
     }
-    RETURN_IF_ERROR(
-        Lin(*gemm_, hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H, Ptr<T>(gate_up_), stream));
+    RETURN_IF_ERROR(Project(w.gate_up_fp8, Ptr<T>(w.gate_up_proj), hidden, Tn, 2 * I, H,
+                            Ptr<T>(gate_up_), stream));
     RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
-    RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(act_), Ptr<T>(w.down_proj), Tn, H, I, hidden, stream));
+    RETURN_IF_ERROR(
+        Project(w.down_fp8, Ptr<T>(w.down_proj), Ptr<T>(act_), Tn, H, I, hidden, stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
   }
   RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream));

@@ -46,6 +46,7 @@
 #include "kernels/gemm/cuda/gemm_cuda.h"
 #include "kernels/mla/mla_attention.h"
 #include "kernels/mla/mla_cuda.h"
+#include "runtime/cuda/cuda_fp8_linear.h"
 #include "runtime/cuda/cuda_llama_model.h"
 #include "runtime/cuda/cuda_moe_mlp.h"
 #include "runtime/cuda/device_buffer.h"
@@ -93,6 +94,9 @@ class CudaMlaModel {
     DeviceBuffer input_layernorm, q_a_proj, q_a_layernorm, q_proj, kv_a_proj, kv_a_layernorm,
         kv_b_proj, o_proj, post_attention_layernorm, gate_up_proj, down_proj;
     CudaMoeWeights moe;  // MoE layers (config.IsMoeLayer): their MLP instead of gate_up / down
+    // FP8 checkpoints (cuda_mla_model_fp8.cc): the e4m3 projections, the 16-bit buffers above
+    // then empty; kv_a_proj_with_mqa as its c_kv rows and its k_pe rows.
+    CudaFp8Weight q_a_fp8, q_fp8, kv_a_c_fp8, kv_a_pe_fp8, o_fp8, gate_up_fp8, down_fp8;
   };
   // One device tensor of the rank (not the MoE layers'): where it goes, the checkpoint slot a
   // dummy fill names, its host source (null for dummy weights) and its element count.
@@ -109,6 +113,13 @@ class CudaMlaModel {
   std::vector<Tensor> Tensors(ModelWeights* host);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
+  // FP8 checkpoints (cuda_mla_model_fp8.cc): the layer's e4m3 projections onto the device.
+  absl::Status UploadFp8(LayerWeights* src, Layer* dst);
+  // out [m, n] = a [m, k] . w^T: the FP8 weight `fp8` where it is set (CudaFp8Linear, bf16 only),
+  // else the 16-bit `w` through cuBLASLt.
+  template <typename T>
+  absl::Status Project(const CudaFp8Weight& fp8, const T* w, const T* a, int64_t m, int64_t n,
+                       int64_t k, T* out, cudaStream_t stream);
   // Sums `n` activations over the communicator; the vocab-parallel logits local -> logits_.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   absl::Status GatherLogits(int64_t R, cudaStream_t stream);
@@ -132,7 +143,8 @@ class CudaMlaModel {
   DeviceBuffer local_logits_;     // [R, vocab_rows_] fp32 (communicator only)
   DeviceBuffer gathered_logits_;  // [ranks, R, vocab_rows_] fp32 (communicator only)
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
-  cublasHandle_t cublas_ = nullptr;  // the per-head absorption GEMMs
+  std::unique_ptr<CudaFp8Linear> fp8_;  // FP8 checkpoints only
+  cublasHandle_t cublas_ = nullptr;     // the per-head absorption GEMMs
   DeviceBuffer cublas_workspace_;
   DeviceBuffer embed_tokens_, norm_, lm_head_;
   std::vector<Layer> layers_;

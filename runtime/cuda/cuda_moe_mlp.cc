@@ -85,19 +85,22 @@ absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, int64_t m, int6
 
 int64_t CudaMoeWeights::bytes() const {
   return router.bytes() + router_bias.bytes() + experts_gate_up.bytes() + experts_down.bytes() +
-         shared_gate_up.bytes() + shared_down.bytes() + shared_expert_gate.bytes();
+         shared_gate_up.bytes() + shared_down.bytes() + shared_expert_gate.bytes() +
+         (fp8 != nullptr ? fp8->bytes() : 0);
 }
 
 template <typename T>
 absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& c, LayerWeights* l,
-                                                cudaStream_t stream) {
+                                                cudaStream_t stream, int64_t fp8_max_tokens) {
   const MoeShapes s = ShapesOf(c);
   DeviceBuffer staging;
   CudaMoeWeights w;
   ASSIGN_OR_RETURN(w.router, Upload<T>(&l->router, s.router, "router", &staging, stream));
   ASSIGN_OR_RETURN(w.router_bias,
                    Upload<float>(&l->router_bias, s.bias, "router bias", &staging, stream));
-  if (c.expert_placement != nullptr) {  // the rank's experts, then the zero expert
+  if (!l->experts_gate_up_fp8.empty()) {  // FP8 checkpoints: e4m3 experts (cuda_moe_fp8.h)
+    ASSIGN_OR_RETURN(w.fp8, UploadFp8MoeWeights(c, l, fp8_max_tokens));
+  } else if (c.expert_placement != nullptr) {  // the rank's experts, then the zero expert
     const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;
     if (static_cast<int64_t>(l->experts_gate_up.size()) == s.experts_gate_up - 2 * Ie * H &&
         static_cast<int64_t>(l->experts_down.size()) == s.experts_down - H * Ie) {
@@ -105,14 +108,18 @@ absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& c, LayerWeigh
       l->experts_down.resize(s.experts_down, 0.0f);
     }
   }
-  ASSIGN_OR_RETURN(w.experts_gate_up, Upload<T>(&l->experts_gate_up, s.experts_gate_up,
-                                                "experts gate_up", &staging, stream));
-  ASSIGN_OR_RETURN(w.experts_down,
-                   Upload<T>(&l->experts_down, s.experts_down, "experts down", &staging, stream));
-  ASSIGN_OR_RETURN(w.shared_gate_up, Upload<T>(&l->shared_gate_up, s.shared_gate_up,
-                                               "shared expert gate_up", &staging, stream));
-  ASSIGN_OR_RETURN(w.shared_down, Upload<T>(&l->shared_down, s.shared_down, "shared expert down",
-                                            &staging, stream));
+  if (w.fp8 == nullptr) {
+    ASSIGN_OR_RETURN(w.experts_gate_up, Upload<T>(&l->experts_gate_up, s.experts_gate_up,
+                                                  "experts gate_up", &staging, stream));
+    ASSIGN_OR_RETURN(w.experts_down,
+                     Upload<T>(&l->experts_down, s.experts_down, "experts down", &staging, stream));
+  }
+  if (w.fp8 == nullptr || w.fp8->shared_down.empty()) {
+    ASSIGN_OR_RETURN(w.shared_gate_up, Upload<T>(&l->shared_gate_up, s.shared_gate_up,
+                                                 "shared expert gate_up", &staging, stream));
+    ASSIGN_OR_RETURN(w.shared_down, Upload<T>(&l->shared_down, s.shared_down, "shared expert down",
+                                              &staging, stream));
+  }
   ASSIGN_OR_RETURN(w.shared_expert_gate, Upload<T>(&l->shared_expert_gate, s.shared_gate,
                                                    "shared_expert_gate", &staging, stream));
   return w;
@@ -248,6 +255,9 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   ASSIGN_OR_RETURN(m->kernels_, CudaMoeKernels::FromEnv());
   if (m->kernels_.mma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedMmaInit());
   ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(Ed));
+  if (c.quantization.FromCheckpoint()) {  // FP8 experts (cuda_moe_fp8.h)
+    ASSIGN_OR_RETURN(m->fp8_, CudaFp8MoeExperts::Create(c, max_tokens));
+  }
   const int64_t T = max_tokens, rows = T * k;
   auto alloc = [](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
     ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(bytes, what));
@@ -307,6 +317,16 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
                                              : Path::kGrouped;
   }
   *row_map = row_of_pair_.get<int32_t>();
+  if (w.fp8 != nullptr) {  // FP8 experts: GEMVs, or one FP8 GEMM per expert (cuda_moe_fp8.h)
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (fp8_ == nullptr) return absl::FailedPreconditionError("FP8 experts, no FP8 scratch");
+      return fp8_->Routed(*w.fp8, x, Tn, perm, E, rows_in_.get<T>(), gate_up_.get<T>(),
+                          act_.get<T>(), expert_out_.get<T>(),
+                          capture == cudaStreamCaptureStatusNone ? grouped_.get() : nullptr, stream,
+                          kernels_.pdl);
+    }
+    return absl::InvalidArgumentError("FP8 experts need bf16 activations");
+  }
   if (path == Path::kGemv) {
     RETURN_IF_ERROR(kc::MoeExpertGemvGateUp<T>(x, w.experts_gate_up.get<T>(), H, I, perm, E, rows,
                                                act_.get<T>(), stream, kernels_.pdl));
@@ -366,6 +386,14 @@ template <typename T>
 absl::Status CudaMoeMlp::SharedExpert(const CudaMoeWeights& w, const T* x, int64_t Tn,
                                       kc::CublasLtGemm& gemm, cudaStream_t stream) {
   const int64_t H = config_.hidden_size, Is = config_.shared_expert_intermediate_size;
+  if (w.fp8 != nullptr && !w.fp8->shared_down.empty()) {  // e4m3 shared experts (DeepSeek)
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (fp8_ == nullptr) return absl::FailedPreconditionError("FP8 experts, no FP8 scratch");
+      return fp8_->Shared(*w.fp8, x, Tn, shared_gate_up_.get<T>(), shared_act_.get<T>(),
+                          shared_out_.get<T>(), stream);
+    }
+    return absl::InvalidArgumentError("FP8 shared experts need bf16 activations");
+  }
   const T* gate_up = w.shared_gate_up.get<T>();
   if (Is % 8 != 0 || H % 8 != 0) {  // widths cuBLASLt may refuse (small TP slices): cuBLAS
     const auto dt = std::is_same_v<T, __half> ? kc::MoeGroupedGemm::Dtype::kFp16
@@ -394,7 +422,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   if (all_to_all_ != nullptr) return ForwardDispatched<T>(w, x, Tn, layer, out, gemm, stream);
   const int64_t E = config_.num_experts, k = config_.num_experts_per_tok, H = config_.hidden_size;
   if (Tn < 1 || Tn > max_tokens_ || layer < 0 || layer >= config_.num_hidden_layers ||
-      w.router.bytes() != E * H * 2 || w.experts_down.empty()) {
+      w.router.bytes() != E * H * 2 || (w.experts_down.empty() && w.fp8 == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("moe layer ", layer, ": ", Tn,
                                                    " tokens (at most ", max_tokens_,
                                                    ") or weights not of this config"));
@@ -425,7 +453,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   }
   const int32_t* row_map = nullptr;  // where each (token, j)'s expert output row is
   RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
-  const bool shared = !w.shared_down.empty();
+  const bool shared = !w.shared_down.empty() || (w.fp8 != nullptr && !w.fp8->shared_down.empty());
   if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
   const T* shared_out = shared ? shared_out_.get<T>() : nullptr;
   const T* gate = w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>();
@@ -439,7 +467,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
 
 #define TANDEM_CUDA_MOE_MLP_INSTANTIATE(T)                                                        \
   template absl::StatusOr<CudaMoeWeights> UploadMoeWeights<T>(const ModelConfig&, LayerWeights*,  \
-                                                              cudaStream_t);                      \
+                                                              cudaStream_t, int64_t);             \
   template absl::Status FillMoeDummy<T>(const DummyTensorFill&, uint64_t, CudaMoeWeights*,        \
                                         cudaStream_t);                                            \
   template absl::Status CudaMoeMlp::Forward<T>(const CudaMoeWeights&, const T*, int64_t, int64_t, \

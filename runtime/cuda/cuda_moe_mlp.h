@@ -43,6 +43,7 @@
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_cuda.h"
 #include "runtime/cuda/cuda_moe_all_to_all.h"
+#include "runtime/cuda/cuda_moe_fp8.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
@@ -60,15 +61,19 @@ struct CudaMoeWeights {
   DeviceBuffer shared_gate_up;      // [2 * Is, H] or empty
   DeviceBuffer shared_down;         // [H, Is] or empty
   DeviceBuffer shared_expert_gate;  // [H] or empty (Qwen2-MoE)
+  // FP8 checkpoints (cuda_moe_fp8.h): the e4m3 experts (and shared experts when e4m3); the
+  // 16-bit expert buffers above are then empty (and the shared ones when `fp8` has them).
+  std::unique_ptr<CudaFp8MoeWeights> fp8;
   int64_t bytes() const;
 };
 
 // Uploads `layer`'s MoE tensors (fp32 host, each freed once uploaded) converted to T
 // (__nv_bfloat16 / __half); the router bias stays fp32. INVALID_ARGUMENT naming the tensor when
-// a size disagrees with `config` (the rank's).
+// a size disagrees with `config` (the rank's). FP8 experts (layer->experts_*_fp8) stay e4m3
+// (UploadFp8MoeWeights; fp8_max_tokens: its static activation scale vectors' length).
 template <typename T>
 absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& config, LayerWeights* layer,
-                                                cudaStream_t stream);
+                                                cudaStream_t stream, int64_t fp8_max_tokens = 1);
 // Zero-filled buffers of `config`'s shapes (2-byte elements), for device dummy weights.
 absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& config, cudaStream_t stream);
 // Whether a checkpoint slot lands in CudaMoeWeights.
@@ -179,3 +184,4 @@ class CudaMoeMlp {
 }  // namespace tandem::runtime::cuda
 
 #endif  // TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
+  std::unique_ptr<CudaFp8MoeExperts> fp8_;       // FP8 checkpoints only

@@ -72,6 +72,11 @@ absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options
   RETURN_IF_ERROR(MakeExecutorFactory(options, model).status());
   if (options.backend == "cpu") return CpuMtpExecutorFactory(options.num_threads);
 #if defined(TANDEM_WITH_CUDA)
+  if (model.quantization.IsFp8()) {  // CudaMtpModel's eh_proj and its layer read 16-bit weights
+    return absl::UnimplementedError(
+        absl::StrCat("--backend=cuda has no FP8 path for the MTP layer of ", model.architecture,
+                     " (", model.quantization.Describe(), "): use --backend=cpu"));
+  }
   const cuda::CudaBackendConfig config = CudaConfigOf(options, model);
   return MtpExecutorFactory(
       [config](const ExecutorSpec& spec,
@@ -134,17 +139,18 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
                      " experts (the CUDA MoE kernels take at most 512); use --backend=cpu"));
   }
   // FP8 weights (issue 38; runtime/cuda/cuda_fp8_linear.h): every scheme the loader accepts, with
-  // bf16 activations (the FP8 kernels read and write bf16). Block-scaled weights (128-column
-  // blocks) beyond 16 rows take the slow chunked-GEMV path until a block-scaled GEMM exists.
-  // FP8 checkpoints of MoE and MLA models load and run on the CPU backend only: CudaMoeMlp's
-  // expert kernels and CudaMlaModel's projections read 16-bit weights (no CudaFp8Linear there).
-  if (model.quantization.IsFp8() && (model.IsMla() || model.IsMoe())) {
+  // bf16 activations (the FP8 kernels read and write bf16). FP8 MoE experts
+  // (runtime/cuda/cuda_moe_fp8.h) and DeepSeek's FP8 MLA projections (cuda_mla_model_fp8.cc) run
+  // e4m3 on CUDA from checkpoint weights, on one GPU or a TP / EP (a) group; not yet as device
+  // dummy weights or under --dp_attention (refused here), nor the FP8 MTP layer
+  // (MakeMtpExecutorFactory).
+  if (model.quantization.IsFp8() && model.IsMoe() &&
+      (dp_attention || options.dummy_seed.has_value())) {
     return absl::UnimplementedError(absl::StrCat(
-        "--backend=cuda has no FP8 path for ", model.architecture, " (",
-        model.quantization.Describe(), "): ", model.IsMla() ? "CudaMlaModel's MLA projections" : "",
-        model.IsMla() && model.IsMoe() ? " and " : "",
-        model.IsMoe() ? "CudaMoeMlp's FP8 expert GEMMs" : "",
-        " are not built (only the dense Llama family runs FP8 on CUDA); use --backend=cpu"));
+        "--backend=cuda runs FP8 experts (", model.architecture, ", ",
+        model.quantization.Describe(), ") from checkpoint weights without --dp_attention; ",
+        dp_attention ? "--dp_attention" : "device dummy FP8 experts (--load_format=dummy)",
+        " is not built: use --backend=cpu"));
   }
   const bool fp16_act =
       options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);

@@ -247,5 +247,32 @@ TEST(BackendFactoryTest, EngineNeedsABudgetOrABackendDefault) {
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// FP8 checkpoints of DeepSeek's MLA + MoE models on CUDA (issue 38: cuda_moe_fp8.h,
+// cuda_mla_model_fp8.cc): accepted where the build has CUDA (nothing built on the device yet);
+// device dummy FP8 experts and the FP8 MTP layer refused by name (a build without CUDA refuses
+// every CUDA factory: MtpExecutorOnTheTargetsBackend).
+TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
+  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  mla->num_experts = 4;  // DeepSeek's MoE layers
+  mla->num_experts_per_tok = 2;
+  mla->moe_intermediate_size = 32;
+  mla->quantization.method = WeightQuantization::Method::kFp8Block;
+  mla->num_nextn_predict_layers = 1;
+  BackendOptions options;
+  options.backend = "cuda";
+  options.num_threads = 1;
+  absl::Status st = MakeExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.ok(), CudaBackendAvailable()) << st;
+  if (!CudaBackendAvailable()) return;
+  st = MakeMtpExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_NE(st.message().find("MTP layer"), std::string::npos) << st;
+  options.dummy_seed = 3;
+  st = MakeExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_NE(st.message().find("device dummy FP8 experts"), std::string::npos) << st;
+}
+
 }  // namespace
 }  // namespace tandem::runtime

@@ -7,8 +7,8 @@
 # the reference's top-2 gap is >= 10% of max|logit| (activations are quantized in 1x128 groups,
 # the reference's are not: fp8_deepseek_golden_test.cc). The fixture's FP8 MTP layer drafting
 # (--speculative_method=mtp, K = 3) at TP=1 and in the EP group: greedy tokens and logits equal to
-# the runs without it. Then refusals: --tp=2 without expert parallelism cuts each expert's 128-row
-# block, --backend=cuda has no FP8 MLA / MoE path (with MTP too). (~4 s)
+# the runs without it. Then the refusal: --tp=2 without expert parallelism cuts each expert's
+# 128-row block. (~4 s)
 set -euo pipefail
 GENERATE=$1
 T=${TEST_TMPDIR:-$(mktemp -d)}
@@ -82,9 +82,6 @@ expect_fail() {  # description, expected text, args...
 }
 expect_fail "tp=2 cuts an expert's 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks" \
   --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --tp=2
-expect_fail "--backend=cuda" "has no FP8 path for DeepseekV3ForCausalLM" \
-  --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --backend=cuda
-expect_fail "--backend=cuda with MTP" "has no FP8 path for DeepseekV3ForCausalLM" \
-  --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --backend=cuda --speculative_method=mtp \
-  --num_speculative_tokens=1
+# --backend=cuda runs this checkpoint (tests/gpu/fp8_cuda_golden.sh; the FP8 MTP layer on CUDA
+# is refused by name: backend_factory_test Fp8MlaAndMoeCheckpointsOnCuda).
 echo "PASS"

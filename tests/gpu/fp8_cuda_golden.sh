@@ -36,6 +36,7 @@
 #   4. Device dummy FP8 weights (tiny, --quantization=fp8) against the CPU's host dummy FP8
 #      weights, and TP=2 against TP=1.
 #   5. An fp16 model with --quantization=fp8 refused, naming bf16.
+#   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP.
 #
 #   [ONLY=REGEX] tests/gpu/fp8_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -177,6 +178,20 @@ want fp8-graphs-vs-eager && tokens_check fp8-graphs-vs-eager "eager vs graphs" "
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
 check tiny-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
   --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
+
+# 6. FP8 MoE / MLA checkpoints (issues 38 / 32: runtime/cuda/cuda_moe_fp8.h,
+# cuda_mla_model_fp8.cc): the compressed-tensors Qwen3-MoE fixtures (per-channel experts,
+# per-token activations; our writer and the real package) at TP=1, TP=2 (experts' rows split)
+# and TP=2 EP (a); DeepSeek-V3 (128 x 128 blocks, 1 x 128 activations: MLA projections, dense
+# MLP, routed and shared experts) at TP=1 and TP=2 EP (a) (plain TP=2 cuts its 128-blocks).
+for fix in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg fp8_deepseek_v3; do
+  dir=tests/golden/fixtures_fp8/$fix
+  tps="1 2"
+  [[ $fix == fp8_deepseek_v3 ]] && tps=1
+  check "$fix" "$tps" "$dir/expected.json" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")"
+  check "$fix-ep" 2 "$dir/expected.json" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" \
+    --enable_expert_parallel
+done
 
 # 5. fp16 activations with FP8 weights: refused by name.
 if ! want fp16-refused; then

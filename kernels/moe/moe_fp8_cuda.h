@@ -1,0 +1,80 @@
+// FP8 experts on the device (issues 38 and 32): the decode expert GEMVs of moe_cuda.h reading
+// e4m3 expert weights with their scales, as FP8 MoE checkpoints ship them:
+//   * DeepSeek-V3 (quant_method "fp8", 128 x 128 weight blocks, 1 x 128 activation groups): the
+//     loader holds the block scales per row over 128-column groups (kernels/fp8/fp8.h's grid with
+//     block_rows 1, block_cols 128), so a weight row has ceil(k / 128) scales;
+//   * compressed-tensors FP8_DYNAMIC (Qwen3-MoE by llm-compressor): per-channel weight scales
+//     (one per row) with dynamic per-token activations; static per-tensor activation scales and
+//     weight-only FP8 (16-bit activations) take the same kernels.
+// The activations are either bf16 values (weight-only, Fp8ActivationScheme::kNone) or the e4m3
+// codes and scales kernels/fp8's cuda::QuantizeActivations wrote for the checkpoint's scheme
+// (static per-tensor, per token, 1 x 128 groups): the gate_up input per token of x [T, H], the
+// down input per permuted row of act [rows, I] (cpu::Fp8Linear quantizes each expert's rows the
+// same way: every scheme is row-local or global). Each 16-column chunk's dot product is exact in
+// the e4m3 codes' values and scaled once by its weight scale x activation scale; fp32
+// accumulation; the results are cpu::Fp8Linear's (kernels/fp8/fp8_linear.h) up to fp32 summation
+// order, rounded to bf16 as the bf16 GEMVs round: gate and up to bf16, then SiLU(g) * u.
+//
+// The experts' weights are addressed through device tables of per-expert pointers (each expert
+// its own allocation, as the runtime's per-expert FP8 GEMMs need: runtime/cuda/cuda_moe_fp8.h).
+// Prefill-sized steps run the experts through kernels/fp8's FP8 GEMM per expert (the runtime);
+// these GEMVs take any number of rows (weights re-streamed once per 8 rows of an expert), so they
+// also serve every CUDA graph size without a host sync.
+//
+// Thread safety: stateless; asynchronous on `stream`; capturable in CUDA graphs.
+#ifndef TANDEM_KERNELS_MOE_MOE_FP8_CUDA_H_
+#define TANDEM_KERNELS_MOE_MOE_FP8_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/moe/moe_cuda.h"
+
+namespace tandem::kernels::cuda {
+
+// One projection of every expert: expert e's codes [rows_e, k] e4m3 (rows_e = 2 * inter for
+// gate_up: gate rows then up rows; hidden for down) at codes[e], its scales at scales[e]:
+// [rows_e, groups] fp32 with groups = 1 (one scale per row: per-channel, or per-tensor written
+// per row) or ceil(k / 128) (128-column groups: DeepSeek's blocks as the loader holds them).
+// codes / scales are DEVICE arrays of num_experts device pointers; codes 16-byte aligned.
+struct MoeFp8Experts {
+  const uint8_t* const* codes = nullptr;
+  const float* const* scales = nullptr;
+  int64_t groups = 1;
+};
+
+// The activations of one call: bf16 values (kNone) or codes [rows, k] and scales
+// (NumActivationScales(scheme, rows, k) of QuantizeActivations' layout).
+struct MoeFp8Activations {
+  Fp8ActivationScheme scheme = Fp8ActivationScheme::kNone;
+  const __nv_bfloat16* values = nullptr;
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+// act[r, j] = round(silu(g) * u), g = round(x_t . gate_up_e[j]), u = round(x_t . gate_up_e[inter
+// + j]) (dequantized), t = token_of_row[r], e the expert of row r: x [T, hidden] as `x` holds it
+// (values or codes per token); act [rows, inter] bf16.
+// INVALID_ARGUMENT (nothing launched) unless hidden and inter are positive multiples of 16,
+// groups is 1 or ceil(hidden / 128), the activation pointers match the scheme, values / codes are
+// 16-byte aligned, and 1 <= num_experts <= kMoeMaxExperts. rows = T * k (host) bounds the grid.
+// programmatic_launch: PDL as moe_cuda.h's GEMVs.
+absl::Status MoeFp8ExpertGemvGateUp(const MoeFp8Activations& x, const MoeFp8Experts& gate_up,
+                                    int64_t hidden, int64_t inter, const DeviceMoePermutation& perm,
+                                    int64_t num_experts, int64_t rows, __nv_bfloat16* act,
+                                    cudaStream_t stream, bool programmatic_launch = false);
+
+// out[r, h] = round(act_r . down_e[h]) (dequantized): act [rows, inter] (values or codes per
+// row), out [rows, hidden] bf16; groups 1 or ceil(inter / 128). Requirements as GateUp's.
+absl::Status MoeFp8ExpertGemvDown(const MoeFp8Activations& act, const MoeFp8Experts& down,
+                                  int64_t hidden, int64_t inter, const DeviceMoePermutation& perm,
+                                  int64_t num_experts, int64_t rows, __nv_bfloat16* out,
+                                  cudaStream_t stream, bool programmatic_launch = false);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_MOE_MOE_FP8_CUDA_H_

@@ -1,0 +1,226 @@
+// The decode expert GEMVs in FP8 (moe_fp8_cuda.h) next to the bf16 ones (moe_cuda.h) at the
+// Qwen3-30B-A3B (128 experts, top-8, hidden 2048, expert width 768; compressed-tensors FP8:
+// per-channel weights, per-token activations) and DeepSeek-V3 (256 experts, top-8, hidden 7168,
+// width 2048; 128 x 128 weight blocks, 1 x 128 activations) expert shapes:
+//
+//   moe_fp8_cuda_bench [--tokens=1,4,8,16,64] [--iters=40] [--only=qwen3|deepseek]
+//
+// Per shape and token count, microseconds of gate_up (+ SiLU * up) and down over the routed
+// experts, and the routed experts' weight bytes (each active expert read once) per second:
+//   bf16     MoeExpertGemvGateUp + MoeExpertGemvDown on bf16 weights;
+//   fp8      the CUDA layer's FP8 decode path: QuantizeActivations(x) + the FP8 gate_up GEMV +
+//            QuantizeActivations(act) + the FP8 down GEMV (the checkpoint's scheme);
+//   w8a16    the FP8 GEMVs on bf16 activations (weight-only FP8; no quantization passes).
+// Each timed step (CUDA events) uses one of 8 random routings in turn (top-k distinct experts per
+// token) after a 256 MiB memset that evicts L2 (50 MiB on an H200), so weights come from HBM.
+// Weight values are constant bytes (time does not depend on them).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/fp8/fp8_cuda.h"
+#include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_fp8_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+#define CHECK_CUDA(x)                                                   \
+  do {                                                                  \
+    if ((x) != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s failed: %d\n", #x, static_cast<int>(x)); \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+#define CHECK_OK(x)                                                            \
+  do {                                                                         \
+    const absl::Status s_ = (x);                                               \
+    if (!s_.ok()) {                                                            \
+      std::fprintf(stderr, "%s: %s\n", #x, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+template <typename T>
+T* Alloc(int64_t n) {
+  T* p = nullptr;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
+  return p;
+}
+
+struct Shape {
+  const char* name;
+  int64_t E, k, H, I;
+  bool blocks;  // 128-column weight groups + 1 x 128 activations; else per-channel + per-token
+};
+
+// Stacked weights of one projection ([E, rows, cols]) in both forms, and the FP8 pointer tables.
+struct Projection {
+  bf16* bf16_w;
+  uint8_t* codes;
+  float* scales;
+  MoeFp8Experts fp8;
+};
+
+Projection MakeProjection(int64_t E, int64_t rows, int64_t cols, bool blocks) {
+  Projection p{};
+  const int64_t groups = blocks ? (cols + 127) / 128 : 1;
+  p.bf16_w = Alloc<bf16>(E * rows * cols);
+  p.codes = Alloc<uint8_t>(E * rows * cols);
+  p.scales = Alloc<float>(E * rows * groups);
+  CHECK_CUDA(cudaMemset(p.bf16_w, 0x3c, E * rows * cols * sizeof(bf16)));
+  CHECK_CUDA(cudaMemset(p.codes, 0x38, E * rows * cols));
+  CHECK_CUDA(cudaMemset(p.scales, 0, E * rows * groups * sizeof(float)));
+  std::vector<const uint8_t*> c(E);
+  std::vector<const float*> s(E);
+  for (int64_t e = 0; e < E; ++e) {
+    c[e] = p.codes + e * rows * cols;
+    s[e] = p.scales + e * rows * groups;
+  }
+  auto* dc = Alloc<const uint8_t*>(E);
+  auto* ds = Alloc<const float*>(E);
+  CHECK_CUDA(cudaMemcpy(dc, c.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ds, s.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
+  p.fp8 = {dc, ds, groups};
+  return p;
+}
+
+void FreeProjection(const Projection& p) {
+  cudaFree(p.bf16_w);
+  cudaFree(p.codes);
+  cudaFree(p.scales);
+  cudaFree(const_cast<const uint8_t**>(p.fp8.codes));
+  cudaFree(const_cast<const float**>(p.fp8.scales));
+}
+
+void RunShape(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
+  const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
+  const Fp8ActivationScheme scheme =
+      s.blocks ? Fp8ActivationScheme::kDynamicGroup128 : Fp8ActivationScheme::kDynamicToken;
+  const Projection gu = MakeProjection(E, 2 * I, H, s.blocks);
+  const Projection dn = MakeProjection(E, H, I, s.blocks);
+  const int64_t max_t = *std::max_element(tokens.begin(), tokens.end()), max_rows = max_t * k;
+  bf16* x = Alloc<bf16>(max_t * H);
+  bf16* act = Alloc<bf16>(max_rows * I);
+  bf16* out = Alloc<bf16>(max_rows * H);
+  CHECK_CUDA(cudaMemset(x, 0x3c, max_t * H * sizeof(bf16)));
+  uint8_t* codes = Alloc<uint8_t>(std::max(max_t * H, max_rows * I));
+  float* ascales = Alloc<float>(std::max(max_t * H, max_rows * I) / 16 + 16);
+  char* flush = Alloc<char>(256 << 20);
+  constexpr int kRoutings = 8;
+  int32_t* ids = Alloc<int32_t>(kRoutings * max_rows);
+  int32_t *offsets = Alloc<int32_t>(kRoutings * (E + 1)), *active = Alloc<int32_t>(kRoutings * E);
+  int32_t *tor = Alloc<int32_t>(kRoutings * max_rows), *rop = Alloc<int32_t>(kRoutings * max_rows);
+  cudaEvent_t t0, t1;
+  CHECK_CUDA(cudaEventCreate(&t0));
+  CHECK_CUDA(cudaEventCreate(&t1));
+  std::mt19937 rng(7);
+  const double expert_bytes = static_cast<double>(3 * I * H);  // per FP8 expert; bf16 twice
+  for (int64_t T : tokens) {
+    const int64_t rows = T * k;
+    double unique = 0;
+    std::vector<DeviceMoePermutation> perms;
+    for (int r = 0; r < kRoutings; ++r) {
+      std::vector<int32_t> h(rows), all(E);
+      std::set<int32_t> used;
+      for (int64_t t = 0; t < T; ++t) {
+        for (int32_t e = 0; e < E; ++e) all[e] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int64_t j = 0; j < k; ++j) used.insert(h[t * k + j] = all[j]);
+      }
+      unique += static_cast<double>(used.size()) / kRoutings;
+      CHECK_CUDA(cudaMemcpy(ids + r * max_rows, h.data(), rows * 4, cudaMemcpyHostToDevice));
+      perms.push_back(
+          {offsets + r * (E + 1), active + r * E, tor + r * max_rows, rop + r * max_rows});
+      CHECK_OK(MoePermute(ids + r * max_rows, T, k, E, perms.back(), nullptr, nullptr));
+    }
+    auto time = [&](auto step) {
+      double total = 0;
+      for (int i = -2; i < iters; ++i) {  // two warm-ups
+        CHECK_CUDA(cudaMemsetAsync(flush, i & 0xff, 256 << 20));
+        CHECK_CUDA(cudaEventRecord(t0));
+        step(perms[(i + kRoutings) % kRoutings]);
+        CHECK_CUDA(cudaEventRecord(t1));
+        CHECK_CUDA(cudaEventSynchronize(t1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+        if (i >= 0) total += ms;
+      }
+      return 1e3 * total / iters;  // microseconds
+    };
+    const double bf16_us = time([&](const DeviceMoePermutation& p) {
+      CHECK_OK(MoeExpertGemvGateUp<bf16>(x, gu.bf16_w, H, I, p, E, rows, act, nullptr));
+      CHECK_OK(MoeExpertGemvDown<bf16>(act, dn.bf16_w, H, I, p, E, rows, out, nullptr));
+    });
+    const double fp8_us = time([&](const DeviceMoePermutation& p) {
+      MoeFp8Activations a{scheme, x, codes, ascales};
+      CHECK_OK(QuantizeActivations(x, T, H, scheme, 0.0f, codes, ascales, nullptr));
+      CHECK_OK(MoeFp8ExpertGemvGateUp(a, gu.fp8, H, I, p, E, rows, act, nullptr));
+      CHECK_OK(QuantizeActivations(act, rows, I, scheme, 0.0f, codes, ascales, nullptr));
+      a.values = act;
+      CHECK_OK(MoeFp8ExpertGemvDown(a, dn.fp8, H, I, p, E, rows, out, nullptr));
+    });
+    const double w8_us = time([&](const DeviceMoePermutation& p) {
+      const MoeFp8Activations xa{Fp8ActivationScheme::kNone, x, nullptr, nullptr};
+      const MoeFp8Activations aa{Fp8ActivationScheme::kNone, act, nullptr, nullptr};
+      CHECK_OK(MoeFp8ExpertGemvGateUp(xa, gu.fp8, H, I, p, E, rows, act, nullptr));
+      CHECK_OK(MoeFp8ExpertGemvDown(aa, dn.fp8, H, I, p, E, rows, out, nullptr));
+    });
+    const double fp8_bytes = unique * expert_bytes;
+    std::printf(
+        "%-9s T=%-4lld active=%6.1f | bf16 %8.1f us %5.2f TB/s | fp8 %8.1f us %5.2f TB/s | "
+        "w8a16 %8.1f us %5.2f TB/s | fp8/bf16 speedup %.2fx\n",
+        s.name, static_cast<long long>(T), unique, bf16_us, 2 * fp8_bytes / bf16_us / 1e6, fp8_us,
+        fp8_bytes / fp8_us / 1e6, w8_us, fp8_bytes / w8_us / 1e6, bf16_us / fp8_us);
+    std::fflush(stdout);
+  }
+  FreeProjection(gu);
+  FreeProjection(dn);
+  for (void* p :
+       std::vector<void*>{x, act, out, codes, ascales, flush, ids, offsets, active, tor, rop}) {
+    cudaFree(p);
+  }
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int64_t> tokens = {1, 4, 8, 16, 64};
+  int iters = 40;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--tokens=", 0) == 0) {
+      tokens.clear();
+      for (const char* p = a.c_str() + 9; *p != '\0';) {
+        char* end = nullptr;
+        tokens.push_back(std::strtoll(p, &end, 10));
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (a.rfind("--iters=", 0) == 0) {
+      iters = std::atoi(a.c_str() + 8);
+    } else if (a.rfind("--only=", 0) == 0) {
+      only = a.substr(7);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const Shape shapes[] = {{"qwen3", 128, 8, 2048, 768, false},
+                          {"deepseek", 256, 8, 7168, 2048, true}};
+  for (const Shape& s : shapes) {
+    if (only.empty() || only == s.name) RunShape(s, tokens, iters);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
+
+int main(int argc, char** argv) { return tandem::kernels::cuda::Main(argc, argv); }

@@ -1,0 +1,212 @@
+#include "runtime/cuda/cuda_moe_fp8.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
+#include "kernels/fp8/fp8_cuda.h"
+#include "kernels/moe/moe_fp8_cuda.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+namespace kc = ::tandem::kernels::cuda;
+using bf16 = __nv_bfloat16;
+using Scheme = kernels::Fp8ActivationScheme;
+
+// Experts of `all` ([held * rows, cols]) uploaded one by one, plus `zero` all-zero experts.
+absl::Status UploadExperts(Fp8LinearWeight* all, int64_t held, int64_t rows, int64_t cols,
+                           int64_t zero, int64_t max_tokens, const std::string& what,
+                           std::vector<CudaFp8Weight>* out) {
+  const kernels::Fp8ScaleGrid& g = all->grid;
+  if (g.rows != held * rows || g.cols != cols || g.block_rows != 1 ||
+      static_cast<int64_t>(all->codes.size()) != g.rows * g.cols ||
+      static_cast<int64_t>(all->scales.size()) != g.NumScales()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 ", what, " is [", g.rows, ", ", g.cols, "] with row blocks ", g.block_rows,
+        ", expected [", held * rows, ", ", cols, "] (", held, " experts) with per-row scales"));
+  }
+  for (int64_t e = 0; e < held; ++e) {
+    Fp8LinearWeight one = Fp8Rows(*all, e * rows, rows);
+    ASSIGN_OR_RETURN(CudaFp8Weight w, UploadFp8Weight(&one, rows, cols, max_tokens,
+                                                      absl::StrCat(what, " of expert ", e)));
+    out->push_back(std::move(w));
+  }
+  for (int64_t z = 0; z < zero; ++z) {  // codes 0 and scales 0: exactly zero outputs
+    kernels::Fp8ScaleGrid grid = g;
+    grid.rows = rows;
+    ASSIGN_OR_RETURN(CudaFp8Weight w,
+                     AllocateFp8Weight(grid, all->activation, all->input_scale, max_tokens));
+    CUDA_RETURN_IF_ERROR(cudaMemset(w.codes.data(), 0, w.codes.bytes()));
+    CUDA_RETURN_IF_ERROR(cudaMemset(w.scales.data(), 0, w.scales.bytes()));
+    out->push_back(std::move(w));
+  }
+  *all = Fp8LinearWeight();
+  return absl::OkStatus();
+}
+
+// The device tables of the experts' code and scale pointers.
+absl::Status Tables(const std::vector<CudaFp8Weight>& experts, DeviceBuffer* codes,
+                    DeviceBuffer* scales) {
+  std::vector<const void*> c, s;
+  for (const CudaFp8Weight& w : experts) {
+    c.push_back(w.codes.data());
+    s.push_back(w.scales.data());
+  }
+  const int64_t bytes = static_cast<int64_t>(c.size() * sizeof(void*));
+  ASSIGN_OR_RETURN(*codes, DeviceBuffer::Allocate(bytes, "fp8 expert code table"));
+  ASSIGN_OR_RETURN(*scales, DeviceBuffer::Allocate(bytes, "fp8 expert scale table"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(codes->data(), c.data(), bytes, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(scales->data(), s.data(), bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+kc::MoeFp8Experts DeviceExperts(const std::vector<CudaFp8Weight>& experts,
+                                const DeviceBuffer& codes, const DeviceBuffer& scales) {
+  return {codes.get<const uint8_t* const>(), scales.get<const float* const>(),
+          experts.front().grid.GridCols()};
+}
+
+}  // namespace
+
+Fp8LinearWeight Fp8Rows(const Fp8LinearWeight& all, int64_t first, int64_t count) {
+  Fp8LinearWeight w;
+  const int64_t k = all.grid.cols, gc = all.grid.GridCols();
+  w.codes.assign(all.codes.begin() + first * k, all.codes.begin() + (first + count) * k);
+  w.scales.assign(all.scales.begin() + first * gc, all.scales.begin() + (first + count) * gc);
+  w.grid = all.grid;
+  w.grid.rows = count;
+  w.activation = all.activation;
+  w.input_scale = all.input_scale;
+  return w;
+}
+
+int64_t CudaFp8MoeWeights::bytes() const {
+  int64_t b = shared_gate_up.bytes() + shared_down.bytes();
+  for (const CudaFp8Weight& w : gate_up) b += w.bytes();
+  for (const CudaFp8Weight& w : down) b += w.bytes();
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> UploadFp8MoeWeights(const ModelConfig& c,
+                                                                       LayerWeights* l,
+                                                                       int64_t max_tokens) {
+  const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  const bool ep = c.expert_placement != nullptr;
+  const int64_t held = ep ? c.NumHeldExperts() : c.num_experts;
+  auto w = std::make_unique<CudaFp8MoeWeights>();
+  RETURN_IF_ERROR(UploadExperts(&l->experts_gate_up_fp8, held, 2 * Ie, H, ep ? 1 : 0, max_tokens,
+                                "experts gate_up", &w->gate_up));
+  RETURN_IF_ERROR(UploadExperts(&l->experts_down_fp8, held, H, Ie, ep ? 1 : 0, max_tokens,
+                                "experts down", &w->down));
+  RETURN_IF_ERROR(Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales));
+  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales));
+  if (!l->shared_gate_up_fp8.empty()) {
+    ASSIGN_OR_RETURN(w->shared_gate_up, UploadFp8Weight(&l->shared_gate_up_fp8, 2 * Is, H,
+                                                        max_tokens, "shared experts gate_up"));
+    ASSIGN_OR_RETURN(w->shared_down, UploadFp8Weight(&l->shared_down_fp8, H, Is, max_tokens,
+                                                     "shared experts down"));
+  }
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(const ModelConfig& c,
+                                                                             int64_t max_tokens) {
+  const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  if (H % 16 != 0 || Ie % 16 != 0 || Is % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 experts on CUDA need hidden, expert and shared-expert widths that are multiples of "
+        "16 (the rank's: ",
+        H, ", ", Ie, ", ", Is, ")"));
+  }
+  std::unique_ptr<CudaFp8MoeExperts> m(new CudaFp8MoeExperts(c, max_tokens));
+  const int64_t rows = max_tokens * c.num_experts_per_tok;
+  ASSIGN_OR_RETURN(m->linear_, CudaFp8Linear::Create(max_tokens, std::max({H, Ie, Is})));
+  const int64_t codes = std::max(max_tokens * H, rows * Ie);
+  const int64_t scales = std::max(max_tokens * ((H + 127) / 128), rows * ((Ie + 127) / 128));
+  ASSIGN_OR_RETURN(m->codes_, DeviceBuffer::Allocate(codes, "fp8 moe activation codes"));
+  ASSIGN_OR_RETURN(m->scales_, DeviceBuffer::Allocate(scales * 4, "fp8 moe activation scales"));
+  return m;
+}
+
+absl::Status CudaFp8MoeExperts::Gemvs(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
+                                      const kc::DeviceMoePermutation& perm, int64_t E, bf16* act,
+                                      bf16* expert_out, cudaStream_t stream, bool pdl) {
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t rows = Tn * config_.num_experts_per_tok;
+  // The input of one projection as the experts' scheme says: bf16, or codes + scales.
+  auto input = [&](const bf16* values, int64_t m, int64_t k,
+                   const CudaFp8Weight& like) -> absl::StatusOr<kc::MoeFp8Activations> {
+    kc::MoeFp8Activations a;
+    a.scheme = like.activation;
+    a.values = values;
+    if (a.scheme == Scheme::kNone) return a;
+    RETURN_IF_ERROR(kc::QuantizeActivations(values, m, k, a.scheme, like.input_scale,
+                                            codes_.get<uint8_t>(), scales_.get<float>(), stream));
+    a.codes = codes_.get<uint8_t>();
+    a.scales = scales_.get<float>();
+    return a;
+  };
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa, input(x, Tn, H, w.gate_up.front()));
+  RETURN_IF_ERROR(
+      kc::MoeFp8ExpertGemvGateUp(xa, DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales), H,
+                                 Ie, perm, E, rows, act, stream, pdl));
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa, input(act, rows, Ie, w.down.front()));
+  return kc::MoeFp8ExpertGemvDown(aa, DeviceExperts(w.down, w.down_codes, w.down_scales), H, Ie,
+                                  perm, E, rows, expert_out, stream, pdl);
+}
+
+absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
+                                       const kc::DeviceMoePermutation& perm, int64_t E,
+                                       bf16* rows_in, bf16* gate_up, bf16* act, bf16* expert_out,
+                                       kc::MoeGroupedGemm* grouped, cudaStream_t stream, bool pdl) {
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t rows = Tn * config_.num_experts_per_tok;
+  if (Tn < 1 || Tn > max_tokens_ || static_cast<int64_t>(w.gate_up.size()) != E ||
+      static_cast<int64_t>(w.down.size()) != E) {
+    return absl::InvalidArgumentError(absl::StrCat("FP8 experts: ", Tn, " tokens (at most ",
+                                                   max_tokens_, "), ", w.gate_up.size(),
+                                                   " experts uploaded for ", E));
+  }
+  // CudaFp8Linear reads a static scheme's scale vector per row: the upload's length bounds it.
+  const CudaFp8Weight& g0 = w.gate_up.front();
+  const bool static_fits =
+      g0.activation != Scheme::kStaticTensor || g0.static_act_scales.bytes() >= Tn * int64_t{4};
+  if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {
+    last_path_ = "fp8-expert-gemv";
+    return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
+  }
+  RETURN_IF_ERROR(kc::MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, rows_in, stream));
+  RETURN_IF_ERROR(grouped->ReadOffsets(perm.expert_offsets, E, stream));
+  const std::vector<int32_t>& o = grouped->offsets();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = o[e + 1] - o[e];
+    if (m == 0) continue;  // an expert without rows is never read
+    RETURN_IF_ERROR(linear_->Linear(rows_in + o[e] * H, w.gate_up[e], nullptr, m,
+                                    gate_up + o[e] * 2 * Ie, stream));
+  }
+  RETURN_IF_ERROR(kc::MoeSiluAndMul<bf16>(gate_up, rows, Ie, act, stream));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = o[e + 1] - o[e];
+    if (m == 0) continue;
+    RETURN_IF_ERROR(
+        linear_->Linear(act + o[e] * Ie, w.down[e], nullptr, m, expert_out + o[e] * H, stream));
+  }
+  last_path_ = "fp8-per-expert-gemm";
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp8MoeExperts::Shared(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
+                                       bf16* gate_up, bf16* act, bf16* out, cudaStream_t stream) {
+  const int64_t Is = config_.shared_expert_intermediate_size;
+  RETURN_IF_ERROR(linear_->Linear(x, w.shared_gate_up, nullptr, Tn, gate_up, stream));
+  RETURN_IF_ERROR(kc::MoeSiluAndMul<bf16>(gate_up, Tn, Is, act, stream));
+  return linear_->Linear(act, w.shared_down, nullptr, Tn, out, stream);
+}
+
+}  // namespace tandem::runtime::cuda

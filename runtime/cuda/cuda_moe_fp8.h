@@ -1,0 +1,113 @@
+// FP8 experts of a MoE layer on the CUDA backend (issues 38 / 32): the e4m3 routed experts (and
+// DeepSeek's shared experts) of an FP8 checkpoint, as the loader holds them
+// (LayerWeights::experts_*_fp8, shared_*_fp8: per-row scales over 128-column groups — DeepSeek-V3's
+// 128 x 128 blocks — or the whole row — compressed-tensors per-channel), kept e4m3 on the device,
+// and the steps CudaMoeMlp runs on them (cuda_moe_mlp.h):
+//   * decode and every CUDA graph size (T <= CudaMoeMlp::kSyncFreeMaxTokens, or under capture):
+//     the input quantized as the checkpoint says (kernels/fp8 cuda::QuantizeActivations: per
+//     token, 1 x 128 groups, static; none for weight-only), kernels/moe's FP8 expert GEMVs
+//     (gate_up with SiLU * up, then the act rows quantized the same way, down): only the routed
+//     experts' weights read, no host sync;
+//   * prefill (more tokens, not capturing): the permuted rows gathered, the expert offsets read
+//     back (the layer's one host sync, as the bf16 grouped path), then every expert with rows
+//     through CudaFp8Linear (cuda_fp8_linear.h: cuBLASLt's FP8 GEMM per token x per channel or
+//     1 x 128 x 128 x 128 blocks, its GEMV for <= 16 rows) — one GEMM per expert and projection.
+//   * the shared experts: CudaFp8Linear on the T tokens.
+// Each expert has its own device allocation (CudaFp8Weight, what CudaFp8Linear takes); the
+// GEMVs find them through device tables of the experts' code and scale pointers. Under expert
+// parallelism the rank's experts come first and the last slot is an all-zero expert (the rows of
+// other ranks' experts, weight 0: kernels/moe/moe_ep_cuda.h).
+// Numerics are cpu::Fp8Linear's per expert (kernels/moe FusedMoe's FP8 experts), with bf16
+// activations between the steps as the bf16 CUDA layer has.
+//
+// Thread safety: CudaFp8MoeExperts reuses its scratch; one caller (the model's stream).
+#ifndef TANDEM_RUNTIME_CUDA_CUDA_MOE_FP8_H_
+#define TANDEM_RUNTIME_CUDA_CUDA_MOE_FP8_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_gemm_cuda.h"
+#include "runtime/cuda/cuda_fp8_linear.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_weights.h"
+
+namespace tandem::runtime::cuda {
+
+// One layer's FP8 experts on the device (the rank's; E = the experts in the device buffers).
+struct CudaFp8MoeWeights {
+  std::vector<CudaFp8Weight> gate_up;  // [E] of [2 * Ie, H]: gate rows, then up rows
+  std::vector<CudaFp8Weight> down;     // [E] of [H, Ie]
+  // Device tables [E] of the experts' codes / scales pointers (the GEMVs' MoeFp8Experts).
+  DeviceBuffer gate_up_codes, gate_up_scales, down_codes, down_scales;
+  CudaFp8Weight shared_gate_up, shared_down;  // [2 * Is, H], [H, Is]; empty without
+  int64_t bytes() const;
+};
+
+// Rows [first, first + count) of a host FP8 weight with per-row scales (the loader's form), as a
+// weight of its own (copies). REQUIRES: the rows exist.
+Fp8LinearWeight Fp8Rows(const Fp8LinearWeight& all, int64_t first, int64_t count);
+
+// Uploads `layer`'s FP8 experts (experts_*_fp8, and shared_*_fp8 when present; each host copy
+// freed once uploaded) for the rank's `config`: E = config.num_experts, or under expert
+// parallelism the held experts + 1 zero expert. max_tokens: the static activation scale vector's
+// length (kStaticTensor; CudaFp8Linear reads one per row). INVALID_ARGUMENT naming the tensor when
+// a shape disagrees with `config`, or a width the kernels cannot take (multiples of 16).
+absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> UploadFp8MoeWeights(const ModelConfig& config,
+                                                                       LayerWeights* layer,
+                                                                       int64_t max_tokens);
+
+class CudaFp8MoeExperts {
+ public:
+  // Steps of at most this many tokens take the GEMVs (CudaMoeMlp::kSyncFreeMaxTokens).
+  static constexpr int64_t kGemvMaxTokens = 256;
+  // Scratch for steps of up to max_tokens tokens of `config` (the rank's).
+  static absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> Create(const ModelConfig& config,
+                                                                   int64_t max_tokens);
+
+  // The routed experts of T tokens x [T, H] (bf16) under the permutation `perm` of rows = T * k
+  // routing pairs over `num_experts` device experts, into expert_out [rows, H] (rows in the
+  // permutation's order), using act [rows, Ie] and, on the prefill path, rows_in [rows, H] and
+  // gate_up [rows, 2 * Ie] as scratch. `grouped` reads the offsets back (prefill path); pass
+  // null to force the GEMVs (as under capture). pdl: the GEMVs launched with PDL.
+  absl::Status Routed(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
+                      const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
+                      __nv_bfloat16* rows_in, __nv_bfloat16* gate_up, __nv_bfloat16* act,
+                      __nv_bfloat16* expert_out, kernels::cuda::MoeGroupedGemm* grouped,
+                      cudaStream_t stream, bool pdl);
+
+  // out [T, H] = down(SiLU(gate) * up) of the shared experts on x [T, H]; gate_up [T, 2 * Is] and
+  // act [T, Is] scratch.
+  absl::Status Shared(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
+                      __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* out,
+                      cudaStream_t stream);
+
+  // The path the last Routed call took: "fp8-expert-gemv" or "fp8-per-expert-gemm".
+  const char* last_path() const { return last_path_; }
+
+ private:
+  CudaFp8MoeExperts(const ModelConfig& config, int64_t max_tokens)
+      : config_(config), max_tokens_(max_tokens) {}
+  absl::Status Gemvs(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
+                     const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
+                     __nv_bfloat16* act, __nv_bfloat16* expert_out, cudaStream_t stream, bool pdl);
+
+  const ModelConfig config_;
+  const int64_t max_tokens_;
+  const char* last_path_ = "";
+  std::unique_ptr<CudaFp8Linear> linear_;
+  DeviceBuffer codes_;   // activation codes for the GEMVs: [max(T * H, T * k * Ie)]
+  DeviceBuffer scales_;  // their scales
+};
+
+}  // namespace tandem::runtime::cuda
+
+#endif  // TANDEM_RUNTIME_CUDA_CUDA_MOE_FP8_H_

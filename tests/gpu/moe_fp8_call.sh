@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# FP8 MoE experts and DeepSeek's FP8 MLA projections on CUDA (issues 38 / 32) in one device call
+# on nvidia-h200-x4 (4 GPUs), from the repository root:
+#   tests/gpu/moe_fp8_call.sh BUNDLE_TAR_XZ [SECONDS]
+# Extracts BUNDLE_TAR_XZ (tests/gpu/bundle.sh .. //kernels/moe:moe_fp8_cuda_test
+# //kernels/moe:moe_fp8_cuda_bench //kernels/moe:moe_cuda_test tool//runtime:generate), then runs
+# in parallel, each GPU's chain under one timeout of SECONDS (default 50):
+#   GPU 3  moe_fp8_cuda_test, moe_fp8_cuda_bench (FP8 vs bf16 expert GEMVs), moe_cuda_test
+#   GPU 0  fp8_cuda_golden.sh ONLY=ct_moe_channel_dynamic(-ep) (TP=1, TP=2, TP=2 EP (a) sharing
+#          the GPU), then moe_cuda_golden.sh (the bf16 MoE models through the changed upload)
+#   GPU 1  fp8_cuda_golden.sh ONLY=ct_moe_channel_dynamic_pkg(-ep)
+#   GPU 2  fp8_cuda_golden.sh ONLY=fp8_deepseek_v3(-ep), then mla_cuda_golden.sh (bf16 MLA)
+# Logs under $OUT (logs.tar.gz + summary.txt); prints a PASS / FAIL line per chain.
+set -uo pipefail
+T0=$SECONDS
+OUT=${OUT:-/tmp/moe_fp8_out}
+SECS=${2:-50}
+LOG=$OUT/logs
+mkdir -p "$LOG"
+export NCCL_NVLS_ENABLE=0
+TARBALL=$(realpath "${1:?bundle .tar.xz}")
+BD=/tmp/moe_fp8_bundle
+rm -rf "$BD" && mkdir -p "$BD"
+tar xJf "$TARBALL" -C "$BD" || { echo "FAIL extract"; exit 1; }
+echo "extracted in $((SECONDS - T0)) s"
+nvidia-smi -L > "$LOG/gpus.txt" 2>&1 || echo "no GPU (nvidia-smi failed)"
+export LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+
+chain() {  # NAME GPU CMD;CMD...: the commands (a bash string) on one GPU under one timeout
+  local name=$1 gpu=$2 cmds=$3
+  (
+    t=$SECONDS
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$SECS" bash -c "$cmds" > "$LOG/$name.txt" 2>&1
+    echo "$? $((SECONDS - t))" > "$LOG/$name.rc"
+  ) &
+}
+K=$BD/bin/kernels/moe
+chain kernels 3 "'$K/moe_fp8_cuda_test' && '$K/moe_fp8_cuda_bench' --iters=20 &&
+  '$K/moe_cuda_test'"
+golden() {  # FIXTURE: the FP8 check of one fixture at TP=1 / 2 / EP, sharing the GPU
+  echo "SHARE=--tp_share_device ONLY='^$1(-ep)?\$' tests/gpu/fp8_cuda_golden.sh '$BD' '$LOG/$1'"
+}
+chain ct_moe 0 "$(golden ct_moe_channel_dynamic) && tests/gpu/moe_cuda_golden.sh '$BD' '$LOG/moe16'"
+chain ct_moe_pkg 1 "$(golden ct_moe_channel_dynamic_pkg)"
+chain deepseek 2 "$(golden fp8_deepseek_v3) && tests/gpu/mla_cuda_golden.sh '$BD' '$LOG/mla16'"
+wait
+
+{
+  echo "== device: $(head -n 1 "$LOG/gpus.txt") ($(grep -c '^GPU' "$LOG/gpus.txt") GPUs)"
+  fails=0
+  for n in kernels ct_moe ct_moe_pkg deepseek; do
+    read -r rc secs < "$LOG/$n.rc" || { rc='?'; secs='?'; }
+    verdict=PASS
+    [[ $rc == 0 ]] || { verdict=FAIL; fails=$((fails + 1)); }
+    if grep -q "no GPU: skipped\|\[  SKIPPED \]" "$LOG/$n.txt"; then verdict=SKIP; fi
+    echo "== $n: $verdict (rc $rc in $secs s)"
+    grep -E "^(PASS|FAIL|SKIP)|passed|cosine|speedup|\[  (PASSED|FAILED|  OK) " "$LOG/$n.txt" |
+      head -n 40
+  done
+  echo "== total wall $((SECONDS - T0)) s; $fails of 4 chains failed"
+} | tee "$OUT/summary.txt"
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOG"
