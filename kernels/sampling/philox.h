@@ -75,6 +75,16 @@ TANDEM_HOST_DEVICE constexpr double UniformDouble(uint32_t hi, uint32_t lo) {
   return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// The uniform draw of a request seeded with `seed` at output index `step` on `stream`:
+// Philox4x32-10 with key = seed and counter = {step low, step high, stream, 0}, the first two
+// output words as 53 bits (kernels/sampling/sampling.h SamplingUniform, and its CUDA users).
+TANDEM_HOST_DEVICE constexpr double SeededUniform(uint64_t seed, uint64_t step, uint32_t stream) {
+  const PhiloxOutput out = Philox4x32_10(
+      PhiloxCounter{{static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), stream, 0u}},
+      PhiloxKeyFromSeed(seed));
+  return UniformDouble(out.x[0], out.x[1]);
+}
+
 // A uniform float in [0, 1) with 24 random bits (the top 24 bits of x, times 2^-24).
 TANDEM_HOST_DEVICE constexpr float UniformFloat(uint32_t x) {
   return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);

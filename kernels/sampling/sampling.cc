@@ -33,10 +33,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 double SamplingUniform(uint64_t seed, uint64_t step) { return SamplingUniform(seed, step, 0); }
 
 double SamplingUniform(uint64_t seed, uint64_t step, uint32_t stream) {
-  const PhiloxCounter counter = {
-      {static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), stream, 0u}};
-  const PhiloxOutput out = Philox4x32_10(counter, PhiloxKeyFromSeed(seed));
-  return UniformDouble(out.x[0], out.x[1]);
+  return SeededUniform(seed, step, stream);
 }
 
 namespace cpu {

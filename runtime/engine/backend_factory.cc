@@ -53,6 +53,7 @@ cuda::CudaBackendConfig CudaConfigOf(const BackendOptions& options, const ModelC
   config.dtype = fp16 ? cuda::ActDtype::kFp16 : cuda::ActDtype::kBf16;
   config.gpu_memory_utilization = options.gpu_memory_utilization;
   config.enable_cuda_graphs = options.cuda_graphs;
+  config.verify_graphs = options.cuda_verify_graphs;
   config.use_prefill_kernel = options.prefill_kernel != "decode";
   config.prefill_allow_wgmma = options.prefill_kernel == "auto";
   return config;

@@ -26,6 +26,9 @@ struct BackendOptions {
                                 // else bf16)
   double gpu_memory_utilization = 0.9;  // cuda, with kv_cache_bytes = 0
   bool cuda_graphs = true;              // cuda
+  // cuda: speculative verify passes padded to graph sizes and captured (with cuda_graphs);
+  // false: run eagerly and unpadded (CudaBackendConfig::verify_graphs).
+  bool cuda_verify_graphs = true;
   // cuda: the kernel of steps with >= 16-token query runs: "auto" (Hopper wgmma where the GPU
   // and head_dim allow, else mma.sync), "mma" (always the mma.sync kernel), "decode" (no
   // prefill kernel: the split-KV decode kernel serves every step; slow, for comparisons).

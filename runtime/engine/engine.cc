@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/sampling/rejection.h"
 #include "runtime/engine/kv_layout.h"
 #include "runtime/engine/model_runner.h"
 
@@ -333,6 +334,7 @@ absl::Status Engine::ProposeDrafts(SchedulerOutput* batch) {
     const DraftJob& job = draft_jobs_[draft_job_of_seq_[i]];
     scheduler_->SetDrafts(job.drafts, &seq, batch);
     seq.return_verify_logits = seq.num_draft_tokens > 0 && !job.probs.empty();
+    if (seq.return_verify_logits) seq.draft_probs = job.probs;
   }
   return absl::OkStatus();
 }
@@ -385,9 +387,9 @@ void Engine::VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) 
                                        target.data() + r * vocab);
     }
     const absl::Span<const int32_t> drafts = seq.new_tokens.subspan(1);
-    const RejectionOutcome verdict =
-        RejectionSampleDrafts(target, job.probs, drafts, vocab, seq.sampling.seed,
-                              static_cast<uint64_t>(seq.sample_step));
+    const kernels::RejectionOutcome verdict =
+        kernels::cpu::RejectionSampleDrafts(target, job.probs, drafts, vocab, seq.sampling.seed,
+                                            static_cast<uint64_t>(seq.sample_step));
     // Re-express the outcome as the samples Scheduler::ApplyVerify reads: the accepted drafts,
     // then the residual sample (never the rejected draft), or the bonus token after all k.
     std::vector<int32_t>& samples = out->draft_samples[i];

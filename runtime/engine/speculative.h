@@ -99,22 +99,9 @@ int64_t NextDraftLength(const SpeculativeConfig& config, DraftLengthState* state
 void UpdateDraftLength(const SpeculativeConfig& config, int64_t drafted, int64_t accepted,
                        DraftLengthState* state);
 
-// Leviathan et al.'s verification of drafts sampled from a draft distribution q (a draft model):
-// draft d_i (i = 1..k) is accepted with probability min(1, p_i(d_i) / q_i(d_i)); at the first
-// rejection the token is sampled from norm(max(0, p_i - q_i)) and the rest is dropped; when all k
-// are accepted a bonus token is sampled from p_{k+1}. The output is distributed as sampling from
-// p alone, position by position. Uniforms come from the request's seed: the acceptance test of
-// draft i from SamplingUniform(seed, first_step + i - 1, stream 2), the residual or bonus sample
-// from SamplingUniform(seed, first_step + accepted, stream 3), so a seeded request reproduces.
-//   target_probs: [k + 1][vocab] (p_1 .. p_{k+1}); draft_probs: [k][vocab]; drafts: [k].
-struct RejectionOutcome {
-  int64_t accepted = 0;    // leading drafts accepted
-  int32_t next_token = 0;  // the residual sample at the first rejection, or the bonus token
-};
-RejectionOutcome RejectionSampleDrafts(absl::Span<const double> target_probs,
-                                       absl::Span<const double> draft_probs,
-                                       absl::Span<const int32_t> drafts, int64_t vocab,
-                                       uint64_t seed, uint64_t first_step);
+// Drafts sampled from a draft distribution q (a draft model, MTP) are verified by Leviathan et
+// al.'s rejection sampling: kernels/sampling/rejection.h (CPU) and its device twin
+// kernels/sampling/cuda/rejection_cuda.h (the CUDA runner).
 
 // Counters of one engine (or worker): verify passes, drafted tokens, accepted tokens.
 struct SpecStats {

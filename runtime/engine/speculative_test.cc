@@ -116,56 +116,6 @@ TEST(DraftLengthTest, BacksOffToPlainDecodingAndProbesWithGrowingPauses) {
   }
 }
 
-// Leviathan et al.'s rule on fixed p and q (one draft): over many seeds the draft is accepted
-// with probability sum_v min(p, q), and the emitted token follows p (goodness of fit).
-TEST(RejectionSampleDraftsTest, AcceptsWithMinPQAndEmitsTheTargetDistribution) {
-  constexpr int64_t kVocab = 6;
-  constexpr int kTrials = 40000;
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<double> uniform(0.05, 1.0);
-  std::vector<double> p(2 * kVocab), q(kVocab);
-  double zp = 0, zq = 0, zb = 0;
-  for (int64_t v = 0; v < kVocab; ++v) {
-    zp += p[v] = uniform(rng);
-    zq += q[v] = uniform(rng) * uniform(rng);
-    zb += p[kVocab + v] = uniform(rng);
-  }
-  for (int64_t v = 0; v < kVocab; ++v) {
-    p[v] /= zp;
-    q[v] /= zq;
-    p[kVocab + v] /= zb;
-  }
-  double expected_accept = 0;
-  for (int64_t v = 0; v < kVocab; ++v) expected_accept += std::min(p[v], q[v]);
-  std::vector<int64_t> counts(kVocab, 0);
-  int64_t accepted = 0;
-  std::discrete_distribution<int32_t> from_q(q.begin(), q.end());
-  for (int t = 0; t < kTrials; ++t) {
-    const int32_t draft[1] = {from_q(rng)};
-    const RejectionOutcome o =
-        RejectionSampleDrafts(p, q, draft, kVocab, /*seed=*/1000 + t, /*first_step=*/5);
-    if (o.accepted == 1) {
-      ++accepted;
-      ++counts[draft[0]];
-    } else {
-      EXPECT_NE(o.next_token, draft[0]);
-      ++counts[o.next_token];
-    }
-  }
-  const double sd = std::sqrt(kTrials * expected_accept * (1 - expected_accept));
-  EXPECT_NEAR(static_cast<double>(accepted), kTrials * expected_accept, 5 * sd);
-  double stat = 0;
-  for (int64_t v = 0; v < kVocab; ++v) {
-    const double e = kTrials * p[v];
-    stat += (counts[v] - e) * (counts[v] - e) / e;
-  }
-  EXPECT_LT(stat, 20.5);  // chi-square, 5 degrees of freedom: p = 0.001
-  // Same seed and step: the same outcome.
-  const int32_t d[1] = {2};
-  EXPECT_EQ(RejectionSampleDrafts(p, q, d, kVocab, 9, 5).next_token,
-            RejectionSampleDrafts(p, q, d, kVocab, 9, 5).next_token);
-}
-
 TEST(SpecStatsTest, RatesFromCounters) {
   SpecStats s;
   EXPECT_EQ(s.acceptance_rate(), 0.0);

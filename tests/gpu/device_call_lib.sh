@@ -31,3 +31,30 @@ step() {
   timed_step "$name.txt" "${@:2}"
   echo "== $name: rc $step_rc in $step_secs s"
 }
+
+# The parallel form (jobs on separate GPUs of one call, from a tarball bundle):
+# bundle_call_start TARBALL BUNDLE_DIR: sets LOG=$OUT/logs, turns NVLink multicast off, extracts
+#   TARBALL (tests/gpu/bundle.sh's directory, tar'd and xz'd) into BUNDLE_DIR (emptied first) and
+#   writes the GPUs to $LOG/gpus.txt; exits on a failed extraction.
+# gpu_job NAME GPUS CMD...: CMD in the background on CUDA_VISIBLE_DEVICES=GPUS under `timeout
+#   $SECS`, its output to $LOG/NAME.txt and "RC SECONDS" to $LOG/NAME.rc; `wait` for them all.
+bundle_call_start() {
+  local t0=$SECONDS
+  LOG=${OUT:?OUT}/logs
+  mkdir -p "$LOG"
+  export NCCL_NVLS_ENABLE=0
+  rm -rf "${2:?bundle dir}" && mkdir -p "$2"
+  tar xJf "${1:?bundle .tar.xz}" -C "$2" || { echo "FAIL extract"; exit 1; }
+  echo "extracted in $((SECONDS - t0)) s"
+  nvidia-smi -L > "$LOG/gpus.txt" 2>&1 || echo "no GPU (nvidia-smi failed)"
+}
+
+gpu_job() {
+  local name=$1 gpus=$2
+  shift 2
+  (
+    t=$SECONDS
+    CUDA_VISIBLE_DEVICES=$gpus timeout "${SECS:?SECS}" "$@" > "$LOG/$name.txt" 2>&1
+    echo "$? $((SECONDS - t))" > "$LOG/$name.rc"
+  ) &
+}

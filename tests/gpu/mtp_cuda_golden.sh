@@ -7,9 +7,10 @@
 #   over the target's 10 golden prompts:
 #   * MTP off (graphs) by the CUDA golden rule against transformers (cuda_golden_lib.sh compare,
 #     the fixture's routing near-ties) and its greedy tokens against transformers' (printed);
-#   * MTP K = 1 and K = 3 (graphs), K = 3 with seeded sampling (temperature 0.7, top-k 20),
-#     K = 3 eager (--cuda_graphs=false), and K = 3 in a TP=2 group
+#   * MTP K = 1 and K = 3 (graphs), K = 3 eager (--cuda_graphs=false), and K = 3 in a TP=2 group
 #     (rank 0 drafts) against TP=2 without MTP: greedy tokens equal to MTP off, prompt by prompt;
+#     K = 3 with seeded sampling (temperature 0.7, top-k 20; rejection sampling on the device)
+#     run twice: the same tokens;
 #   * the same with a random bf16 model of DeepSeek-V3's latent width plus an MTP layer
 #     (tests/gpu/configs/deepseek-v3-latent, make_dummy_model --mtp_layers=1) on a 700-token
 #     prompt (the MTP catches up over chunks) and two short ones, K = 3 against MTP off;
@@ -60,15 +61,17 @@ for k in 1 3; do
   echo "K=$k: $(stats "$LOG/k$k.jsonl.err")"
   versus_transformers "$LOG/k$k.jsonl"
 done
-# Seeded sampling (temperature 0.7, top-k 20): the executor samples every draft position with the
-# request's sampler and Philox counter, so MTP on reproduces MTP off token for token.
+# Seeded sampling (temperature 0.7, top-k 20): MTP drafts come with their distributions, so the
+# CUDA runner verifies them by Leviathan's rejection rule on the device, as the CPU backend does
+# (kernels/sampling/rejection.h: the target's distribution is kept, not MTP off's tokens); a
+# seeded request reproduces its tokens, run after run.
 SAMPLED=(--model="$fix" --prompt_ids="$prompts" --temperature=0.7 --top_k=20 --seed=5)
-if run "$LOG/sampled-off.jsonl" "${SAMPLED[@]}"; then
-  tokens_check mtp-k3-sampled "MTP K=3 seeded sampling vs off" "$LOG/sampled-k3.jsonl" \
-    "$LOG/sampled-off.jsonl" "${SAMPLED[@]}" "${MTP[@]}" --num_speculative_tokens=3
+if run "$LOG/sampled-k3.jsonl" "${SAMPLED[@]}" "${MTP[@]}" --num_speculative_tokens=3; then
+  tokens_check mtp-k3-sampled "MTP K=3 seeded sampling, run twice" "$LOG/sampled-k3b.jsonl" \
+    "$LOG/sampled-k3.jsonl" "${SAMPLED[@]}" "${MTP[@]}" --num_speculative_tokens=3
   echo "sampled K=3: $(stats "$LOG/sampled-k3.jsonl.err")"
 else
-  fail mtp-k3-sampled "$LOG/sampled-off.jsonl.err"
+  fail mtp-k3-sampled "$LOG/sampled-k3.jsonl.err"
 fi
 tokens_check mtp-k3-eager "MTP K=3 eager vs off" "$LOG/k3-eager.jsonl" "$LOG/off.jsonl" \
   --model="$fix" --prompt_ids="$prompts" "${MTP[@]}" --num_speculative_tokens=3 --cuda_graphs=false

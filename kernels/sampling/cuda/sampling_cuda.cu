@@ -150,14 +150,6 @@ __device__ __forceinline__ U128 CeilToU128(double t) {
   return t < 0x1p53 ? static_cast<U128>(static_cast<u64>(ceil(t))) : FloorToU128(t);
 }
 
-// SamplingUniform(seed, step) of kernels/sampling/sampling.cc, on the device.
-__device__ __forceinline__ double DeviceUniform(uint64_t seed, uint64_t step) {
-  const PhiloxCounter counter = {
-      {static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), 0u, 0u}};
-  const PhiloxOutput out = Philox4x32_10(counter, PhiloxKeyFromSeed(seed));
-  return UniformDouble(out.x[0], out.x[1]);
-}
-
 struct SampleSmem {
   // 128-bit bin sums as four 32-bit limbs, hist[j][b] = bits 32j.. of bin b: shared-memory
   // atomics are native for 32 bits (64-bit adds would be compare-and-swap loops, which collapse
@@ -478,10 +470,35 @@ __device__ int32_t InverseCdf(const RowCtx& c, Kept kept, double u, SampleSmem& 
   return index >= 0 ? index : last;
 }
 
+// probs[i] = the kept token i's weight / the kept total (0 for the others): cpu::TokenProbabilities
+// over the first c.vocab ids, weights exp((l - max) / T) in fp64 (1 for +inf rows), the total the
+// exact fixed-point sum of the same weights (within ~1e-16 of the CPU's fp64 sum).
+template <typename Kept>
+__device__ void WriteProbabilities(const RowCtx& c, Kept kept, double* probs, SampleSmem& s) {
+  U128 mine = 0;
+  for (int64_t i = threadIdx.x; i < c.vocab; i += kRowThreads) {
+    if (kept(i, c.x[i])) mine += c.Mass(c.x[i]);
+  }
+  U128 total;
+  BlockExclusiveScan(mine, &total, s);
+  const double inv_total = 0x1p62 / ToDouble(total);  // the max logit is kept: total >= 2^62
+  for (int64_t i = threadIdx.x; i < c.vocab; i += kRowThreads) {
+    const float l = c.x[i];
+    double w = 0.0;
+    if (kept(i, l)) {
+      w = c.inf_max ? 1.0 : exp((static_cast<double>(l) - static_cast<double>(c.max)) * c.inv_temp);
+    }
+    probs[i] = w * inv_total;
+  }
+}
+
+// Samples row blockIdx.x into out (probs null), or writes its distribution into probs ([rows,
+// vocab]: cpu::TokenProbabilities; ids past the row's vocab_limit get 0).
 __global__ void __launch_bounds__(kRowThreads)
     SampleRowKernel(const float* __restrict__ logits, int64_t vocab,
                     const DeviceSamplingRow* __restrict__ rows,
-                    const Partial* __restrict__ partials, int splits, int32_t* __restrict__ out) {
+                    const Partial* __restrict__ partials, int splits, int32_t* __restrict__ out,
+                    double* __restrict__ probs) {
   __shared__ SampleSmem s;
   const int64_t row = blockIdx.x;
   if (threadIdx.x == 0) {
@@ -507,9 +524,18 @@ __global__ void __launch_bounds__(kRowThreads)
   const DeviceSamplingRow p = rows[row];
   const int64_t sampled = SampledVocab(vocab, p.vocab_limit);  // RowCtx.vocab: the cut row
   const float max_logit = s.row_max;
+  if (probs != nullptr) {
+    probs += row * vocab;
+    for (int64_t i = sampled + threadIdx.x; i < vocab; i += kRowThreads) probs[i] = 0.0;
+  }
   // Greedy also when nothing has positive probability (all NaN / -inf): argmax, 0 if all NaN.
   if (!(p.temperature > 0.0f) || sampled == 1 || s.row_argmax < 0 || max_logit == -kInf) {
-    if (threadIdx.x == 0) out[row] = s.row_argmax < 0 ? 0 : s.row_argmax;
+    const int32_t greedy = s.row_argmax < 0 ? 0 : s.row_argmax;
+    if (probs != nullptr) {  // one-hot at the greedy choice
+      for (int64_t i = threadIdx.x; i < sampled; i += kRowThreads) probs[i] = i == greedy;
+    } else if (threadIdx.x == 0) {
+      out[row] = greedy;
+    }
     return;
   }
   const RowCtx c{logits + row * vocab, sampled, max_logit, max_logit == kInf,
@@ -536,13 +562,15 @@ __global__ void __launch_bounds__(kRowThreads)
         [&](U128 total) { return CeilToU128(top_p * ToDouble(total)); }, s);
     top_p_cut = CutAt(c, sel, c.Mass(KeyToFloat(sel.key)), after_top_k, s);
   }
-  const int32_t token = InverseCdf(
-      c,
-      [&](int64_t i, float l) {
-        const uint32_t key = OrderKey(l);
-        return after_top_k(i, l, key) && top_p_cut.Keeps(i, key);
-      },
-      DeviceUniform(p.seed, p.step), s);
+  auto kept = [&](int64_t i, float l) {
+    const uint32_t key = OrderKey(l);
+    return after_top_k(i, l, key) && top_p_cut.Keeps(i, key);
+  };
+  if (probs != nullptr) {
+    WriteProbabilities(c, kept, probs, s);
+    return;
+  }
+  const int32_t token = InverseCdf(c, kept, SeededUniform(p.seed, p.step, 0), s);
   if (threadIdx.x == 0) out[row] = token;
 }
 
@@ -553,26 +581,30 @@ int64_t SampleTokensWorkspaceBytes(int64_t num_rows, int64_t vocab) {
   return num_rows * NumSplits(num_rows, vocab) * static_cast<int64_t>(sizeof(Partial));
 }
 
-absl::Status SampleTokens(const float* logits, int64_t num_rows, int64_t vocab,
-                          const DeviceSamplingRow* rows, int32_t* out, void* workspace,
-                          int64_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+// SampleTokens / TokenProbabilities: the arguments checked, then the two kernels (exactly one of
+// out and probs set).
+absl::Status LaunchRows(const char* what, const float* logits, int64_t num_rows, int64_t vocab,
+                        const DeviceSamplingRow* rows, int32_t* out, double* probs, void* workspace,
+                        int64_t workspace_bytes, cudaStream_t stream) {
   if (num_rows < 0 || num_rows > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cuda::SampleTokens: num_rows must be in [0, 2^31), got ", num_rows));
+        absl::StrCat("cuda::", what, ": num_rows must be in [0, 2^31), got ", num_rows));
   }
   if (vocab < 1 || vocab > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cuda::SampleTokens: vocab must be in [1, 2^31), got ", vocab));
+        absl::StrCat("cuda::", what, ": vocab must be in [1, 2^31), got ", vocab));
   }
   if (num_rows == 0) return absl::OkStatus();
-  if (logits == nullptr || rows == nullptr || out == nullptr) {
-    return absl::InvalidArgumentError("cuda::SampleTokens: null logits, rows or out");
+  if (logits == nullptr || rows == nullptr || (out == nullptr && probs == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda::", what, ": null logits, rows or out"));
   }
   const int64_t needed = SampleTokensWorkspaceBytes(num_rows, vocab);
   if (workspace == nullptr || workspace_bytes < needed ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cuda::SampleTokens: workspace must be 16-byte aligned with >= ", needed,
+        absl::StrCat("cuda::", what, ": workspace must be 16-byte aligned with >= ", needed,
                      " bytes for ", num_rows, " rows x ", vocab, ", got ", workspace_bytes,
                      " bytes at ", reinterpret_cast<uintptr_t>(workspace)));
   }
@@ -582,9 +614,25 @@ absl::Status SampleTokens(const float* logits, int64_t num_rows, int64_t vocab,
       logits, vocab, rows, splits, partials);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   SampleRowKernel<<<static_cast<unsigned>(num_rows), kRowThreads, 0, stream>>>(
-      logits, vocab, rows, partials, splits, out);
+      logits, vocab, rows, partials, splits, out, probs);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SampleTokens(const float* logits, int64_t num_rows, int64_t vocab,
+                          const DeviceSamplingRow* rows, int32_t* out, void* workspace,
+                          int64_t workspace_bytes, cudaStream_t stream) {
+  return LaunchRows("SampleTokens", logits, num_rows, vocab, rows, out, nullptr, workspace,
+                    workspace_bytes, stream);
+}
+
+absl::Status TokenProbabilities(const float* logits, int64_t num_rows, int64_t vocab,
+                                const DeviceSamplingRow* rows, double* probs, void* workspace,
+                                int64_t workspace_bytes, cudaStream_t stream) {
+  return LaunchRows("TokenProbabilities", logits, num_rows, vocab, rows, nullptr, probs, workspace,
+                    workspace_bytes, stream);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -63,6 +63,15 @@ absl::Status SampleTokens(const float* logits, int64_t num_rows, int64_t vocab,
                           const DeviceSamplingRow* rows, int32_t* out, void* workspace,
                           int64_t workspace_bytes, cudaStream_t stream);
 
+// probs[r * vocab + i] = cpu::TokenProbabilities of row r (the distribution SampleTokens draws
+// from: the kept tokens' exp((l - max) / T) over their sum, one-hot at the greedy choice for
+// greedy rows, 0 past vocab_limit), fp64. The weights are the CPU's; their sum is the exact
+// fixed-point sum, so each probability is within ~1e-15 (relative) of the CPU's. Same kernels,
+// workspace and argument checks as SampleTokens (probs: [num_rows, vocab] fp64, device).
+absl::Status TokenProbabilities(const float* logits, int64_t num_rows, int64_t vocab,
+                                const DeviceSamplingRow* rows, double* probs, void* workspace,
+                                int64_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace tandem::kernels::cuda
 
 #endif  // TANDEM_KERNELS_SAMPLING_CUDA_SAMPLING_CUDA_H_
