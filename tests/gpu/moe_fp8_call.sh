@@ -3,9 +3,11 @@
 # on nvidia-h200-x4 (4 GPUs), from the repository root:
 #   tests/gpu/moe_fp8_call.sh BUNDLE_TAR_XZ [SECONDS]
 # Extracts BUNDLE_TAR_XZ (tests/gpu/bundle.sh .. //kernels/moe:moe_fp8_cuda_test
-# //kernels/moe:moe_fp8_cuda_bench //kernels/moe:moe_cuda_test tool//runtime:generate), then runs
+# //runtime/cuda:cuda_moe_fp8_test //kernels/moe:moe_fp8_cuda_bench //kernels/moe:moe_cuda_test
+# tool//runtime:generate tool//runtime/model:make_dummy_model), then runs
 # in parallel, each GPU's chain under one timeout of SECONDS (default 50):
-#   GPU 3  moe_fp8_cuda_test, moe_fp8_cuda_bench (FP8 vs bf16 expert GEMVs), moe_cuda_test
+#   GPU 3  moe_fp8_cuda_test, cuda_moe_fp8_test (the per-expert FP8 GEMM prefill path),
+#          moe_fp8_cuda_bench (FP8 vs bf16 expert GEMVs), moe_cuda_test
 #   GPU 0  fp8_cuda_golden.sh ONLY=ct_moe_channel_dynamic(-ep) (TP=1, TP=2, TP=2 EP (a) sharing
 #          the GPU), then moe_cuda_golden.sh (the bf16 MoE models through the changed upload)
 #   GPU 1  fp8_cuda_golden.sh ONLY=ct_moe_channel_dynamic_pkg(-ep)
@@ -35,8 +37,8 @@ chain() {  # NAME GPU CMD;CMD...: the commands (a bash string) on one GPU under 
   ) &
 }
 K=$BD/bin/kernels/moe
-chain kernels 3 "'$K/moe_fp8_cuda_test' && '$K/moe_fp8_cuda_bench' --iters=20 &&
-  '$K/moe_cuda_test'"
+chain kernels 3 "'$K/moe_fp8_cuda_test' && '$BD/bin/runtime/cuda/cuda_moe_fp8_test' &&
+  '$K/moe_fp8_cuda_bench' --iters=20 && '$K/moe_cuda_test'"
 golden() {  # FIXTURE: the FP8 check of one fixture at TP=1 / 2 / EP, sharing the GPU
   echo "SHARE=--tp_share_device ONLY='^$1(-ep)?\$' tests/gpu/fp8_cuda_golden.sh '$BD' '$LOG/$1'"
 }
