@@ -103,7 +103,8 @@ struct CudaModelOptions {
   kernels::DcpShard dcp;
   // Data-parallel attention with expert parallelism (config.dp_attention; CudaMoeMlp::
   // UseAllToAll): the group's communicator, carrying only the MoE layers' dispatch / combine
-  // all-to-alls; `comm` stays null (nothing is split by heads or vocabulary). Not capturable.
+  // all-to-alls; `comm` stays null (nothing is split by heads or vocabulary). Capturable only
+  // with a dispatch capacity (set_moe_dispatch_capacity).
   comm::DeviceCommunicator* moe_comm = nullptr;
   // CudaMlaModel only: its latent pool is FP8 (CudaBackendConfig::fp8_latent_kv).
   bool fp8_latent_kv = false;
@@ -131,8 +132,15 @@ class CudaLlamaModel {
 
   // Data-parallel attention, a step without tokens on this rank: every MoE layer's collectives
   // (and its experts on the rows other ranks send), nothing else. Enqueues on `stream`; the host
-  // waits on each layer's counts exchange. FAILED_PRECONDITION without options.moe_comm.
+  // waits on each layer's counts exchange (none with a dispatch capacity). FAILED_PRECONDITION
+  // without options.moe_comm.
   absl::Status ForwardIdle(cudaStream_t stream);
+  // With options.moe_comm, for every later Forward / ForwardIdle: the MoE layers' fixed dispatch
+  // capacity (CudaMoeMlp::set_dispatch_capacity; 0: the uneven splits). Every rank of a step sets
+  // the same value, at least its tokens.
+  void set_moe_dispatch_capacity(int64_t capacity) {
+    if (moe_ != nullptr) moe_->set_dispatch_capacity(capacity);
+  }
 
   // GEMM plans for m <= max_m first used from now on are chosen by timing (CublasLtGemm::
   // set_autotune_max_m); the runner enables it for its padded decode sizes only.

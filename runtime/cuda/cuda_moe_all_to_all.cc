@@ -78,19 +78,36 @@ template <typename T>
 absl::StatusOr<int64_t> CudaMoeAllToAll::Dispatch(const T* x, int64_t num_tokens,
                                                   const int32_t* expert_ids, const float* weights,
                                                   int64_t* load, int32_t* recv_ids,
-                                                  float* recv_weights, cudaStream_t stream) {
+                                                  float* recv_weights, cudaStream_t stream,
+                                                  int64_t capacity) {
   static_assert(sizeof(T) == 2, "16-bit activations");
-  if (num_tokens < 0 || num_tokens > max_tokens_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MoE all-to-all: ", num_tokens, " tokens, sized for ", max_tokens_));
+  if (num_tokens < 0 || num_tokens > max_tokens_ || capacity < 0 || capacity > max_tokens_ ||
+      (capacity > 0 && capacity < num_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE all-to-all: ", num_tokens,
+                                                   " tokens, capacity ", capacity, ", sized for ",
+                                                   max_tokens_));
   }
   const int32_t* pos = pos_.get<int32_t>();
   int32_t* counts = counts_.get<int32_t>();
+  capacity_ = capacity;
   RETURN_IF_ERROR(kc::MoePlanDispatch(expert_ids, num_tokens, top_k_, rank_of_.get<int32_t>(), n_,
                                       pos_.get<int32_t>(), counts, load, stream));
   RETURN_IF_ERROR(kc::MoeDispatchPack<T>(x, num_tokens, hidden_, expert_ids, weights, top_k_,
                                          rank_of_.get<int32_t>(), slot_in_owner_.get<int32_t>(),
-                                         pos, counts, n_, send_.get<T>(), stream));
+                                         pos, counts, n_, send_.get<T>(), stream, capacity));
+  if (capacity > 0) {  // the fixed layout: C rows each way, nothing read back
+    send_rows_.assign(n_, capacity);
+    recv_rows_.assign(n_, capacity);
+    send_words_.assign(n_, capacity * width_ / 2);
+    recv_words_ = send_words_;
+    RETURN_IF_ERROR(comm_->AllToAll(send_.data(), send_words_, recv_.data(), recv_words_,
+                                    comm::CommDtype::kF32, stream));
+    ++collectives_;
+    RETURN_IF_ERROR(kc::MoeDispatchUnpack<T>(recv_.get<T>(), n_ * capacity, hidden_, top_k_,
+                                             zero_slot_, received_x_.get<T>(), recv_ids,
+                                             recv_weights, stream));
+    return n_ * capacity;
+  }
   // Splits: every rank's counts (int32 words moved as fp32 words), read back once.
   RETURN_IF_ERROR(comm_->AllGather(counts, all_counts_.data(), n_, comm::CommDtype::kF32, stream));
   ++collectives_;
@@ -127,13 +144,15 @@ absl::Status CudaMoeAllToAll::Combine(int64_t num_tokens, const T* shared, const
                                   comm::CommDtype::kF32, stream));
   ++collectives_;
   return kc::MoeDispatchCombine<T>(back_.get<T>(), pos_.get<int32_t>(), counts_.get<int32_t>(), n_,
-                                   num_tokens, hidden_, shared, shared_gate, x, out, stream);
+                                   num_tokens, hidden_, shared, shared_gate, x, out, stream,
+                                   capacity_);
 }
 
-#define TANDEM_CUDA_MOE_ALL_TO_ALL_INSTANTIATE(T)                                                 \
-  template absl::StatusOr<int64_t> CudaMoeAllToAll::Dispatch<T>(                                  \
-      const T*, int64_t, const int32_t*, const float*, int64_t*, int32_t*, float*, cudaStream_t); \
-  template absl::Status CudaMoeAllToAll::Combine<T>(int64_t, const T*, const T*, const T*, T*,    \
+#define TANDEM_CUDA_MOE_ALL_TO_ALL_INSTANTIATE(T)                                                  \
+  template absl::StatusOr<int64_t> CudaMoeAllToAll::Dispatch<T>(const T*, int64_t, const int32_t*, \
+                                                                const float*, int64_t*, int32_t*,  \
+                                                                float*, cudaStream_t, int64_t);    \
+  template absl::Status CudaMoeAllToAll::Combine<T>(int64_t, const T*, const T*, const T*, T*,     \
                                                     cudaStream_t);
 TANDEM_CUDA_MOE_ALL_TO_ALL_INSTANTIATE(__nv_bfloat16)
 TANDEM_CUDA_MOE_ALL_TO_ALL_INSTANTIATE(__half)

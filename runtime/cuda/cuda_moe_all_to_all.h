@@ -15,8 +15,12 @@
 //             returned rows in rank order + its (gated) shared expert.
 //
 // Rows travel as 4-byte words (CommDtype::kF32: the packed 16-bit activations and the int32 /
-// fp32 metadata are moved bit for bit by NCCL and by the host-staged communicator alike). Not
-// capturable in a CUDA graph (the counts read-back): the runner runs data-parallel steps eagerly.
+// fp32 metadata are moved bit for bit by NCCL and by the host-staged communicator alike). That
+// form (capacity 0) is not capturable in a CUDA graph (the counts read-back). With a capacity C
+// (every rank of the step passing the same C >= its tokens: the runner's padded decode size)
+// the fixed layout of kernels/moe/moe_dispatch_cuda.h runs instead: no all-gather, no host sync,
+// each pair of ranks exchanges exactly C rows (padding rows go to the receiver's zero expert),
+// R = N * C rows received, every size a host constant, so the layer is captured with the step.
 //
 // Thread safety: one caller (the model's stream) at a time; buffers are reused across layers.
 #ifndef TANDEM_RUNTIME_CUDA_CUDA_MOE_ALL_TO_ALL_H_
@@ -52,12 +56,14 @@ class CudaMoeAllToAll {
   // recv_weights [R, k] (caller's device buffers, may be expert_ids / weights themselves: they
   // are read before being written) the rows' routing over this rank's experts, the zero expert
   // being slot NumHeldExperts(). Each pair's global expert is added to `load` ([E] int64, device)
-  // or null. Errors: the communicator's (the group is then broken), INVALID_ARGUMENT for T
-  // outside [0, max_tokens] or more than max_received() rows.
+  // or null. capacity > 0: the fixed layout (T <= capacity <= max_tokens; R = N * capacity,
+  // padding included; the same capacity on every rank of the step). Errors: the communicator's
+  // (the group is then broken), INVALID_ARGUMENT for T outside [0, max_tokens], a capacity
+  // outside [T, max_tokens] or more than max_received() rows.
   template <typename T>
   absl::StatusOr<int64_t> Dispatch(const T* x, int64_t num_tokens, const int32_t* expert_ids,
                                    const float* weights, int64_t* load, int32_t* recv_ids,
-                                   float* recv_weights, cudaStream_t stream);
+                                   float* recv_weights, cudaStream_t stream, int64_t capacity = 0);
   template <typename T>
   T* received_x() const {
     return received_x_.get<T>();
@@ -75,10 +81,12 @@ class CudaMoeAllToAll {
   absl::Status Combine(int64_t num_tokens, const T* shared, const T* shared_gate, const T* x,
                        T* out, cudaStream_t stream);
 
-  // Rows this rank sent to / received from each rank in the last Dispatch ([N]; tests, metrics).
+  // Rows this rank sent to / received from each rank in the last Dispatch ([N]; tests, metrics;
+  // in the fixed layout the capacity each, padding included).
   const std::vector<int64_t>& last_sent_rows() const { return send_rows_; }
   const std::vector<int64_t>& last_received_rows() const { return recv_rows_; }
-  // Collectives issued since creation (an all-gather and two all-to-alls per layer).
+  // Collectives issued since creation (an all-gather and two all-to-alls per layer; two
+  // all-to-alls in the fixed layout).
   int64_t collectives() const { return collectives_; }
 
  private:
@@ -95,6 +103,7 @@ class CudaMoeAllToAll {
   DeviceBuffer received_x_, expert_out_;    // [max_received, H]
   DeviceBuffer back_;                       // [max_tokens * N, H]
   std::vector<int64_t> send_rows_, recv_rows_, send_words_, recv_words_;
+  int64_t capacity_ = 0;  // the last Dispatch's (0: the uneven splits)
   int64_t collectives_ = 0;
 };
 

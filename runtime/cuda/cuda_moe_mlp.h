@@ -140,9 +140,15 @@ class CudaMoeMlp {
   // this; its size the placement's), runs this rank's experts on the rows it receives and
   // combines; the shared expert runs locally. Create's max_tokens must then cover the rows
   // received, comm->size() x `rank_max_tokens` (this rank's tokens per step). Never under graph
-  // capture (one host sync per layer). Call once, before the first Forward.
+  // capture (one host sync per layer) unless set_dispatch_capacity. Call once, before the first
+  // Forward.
   absl::Status UseAllToAll(comm::DeviceCommunicator* comm, int64_t rank_max_tokens);
   const CudaMoeAllToAll* all_to_all() const { return all_to_all_.get(); }
+  // Under UseAllToAll, for every later Forward: 0 (the default) exchanges the uneven splits
+  // after one counts read-back per layer; C > 0 the fixed layout of C rows per pair of ranks
+  // (CudaMoeAllToAll::Dispatch's capacity; no host sync, so capturable): every rank of the step
+  // must set the same C >= its tokens, at most rank_max_tokens.
+  void set_dispatch_capacity(int64_t capacity) { dispatch_capacity_ = capacity; }
 
   // The experts' path for every step (kAuto: by size, as above; kPadded needs T <=
   // kSyncFreeMaxTokens; under graph capture kGrouped falls back to kAuto). For benchmarks.
@@ -169,6 +175,7 @@ class CudaMoeMlp {
   const ModelConfig config_;
   const int64_t max_tokens_;
   int64_t experts_ = 0;  // experts in the device buffers (DeviceExperts in the .cc)
+  int64_t dispatch_capacity_ = 0;
   Path path_ = Path::kAuto;
   CudaMoeKernels kernels_;
   kernels::GroupedRoutingParams routing_;
@@ -179,9 +186,9 @@ class CudaMoeMlp {
   DeviceBuffer load_;            // [num_hidden_layers, E] int64
   DeviceBuffer slot_of_expert_;  // expert parallelism: [E] int32, the local slot or -1
   std::unique_ptr<CudaMoeAllToAll> all_to_all_;  // data-parallel attention only
+  std::unique_ptr<CudaFp8MoeExperts> fp8_;       // FP8 checkpoints only
 };
 
 }  // namespace tandem::runtime::cuda
 
 #endif  // TANDEM_RUNTIME_CUDA_CUDA_MOE_MLP_H_
-  std::unique_ptr<CudaFp8MoeExperts> fp8_;       // FP8 checkpoints only

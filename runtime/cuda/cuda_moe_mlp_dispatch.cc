@@ -47,7 +47,7 @@ absl::Status CudaMoeMlp::ForwardDispatched(const CudaMoeWeights& w, const T* x, 
   ASSIGN_OR_RETURN(const int64_t R,
                    all_to_all_->Dispatch<T>(x, Tn, ids_.get<int32_t>(), weights_.get<float>(),
                                             load_.get<int64_t>() + layer * E, ids_.get<int32_t>(),
-                                            weights_.get<float>(), stream));
+                                            weights_.get<float>(), stream, dispatch_capacity_));
   if (R > 0) {
     const kc::DeviceMoePermutation perm{offsets_.get<int32_t>(), active_.get<int32_t>(),
                                         token_of_row_.get<int32_t>(), row_of_pair_.get<int32_t>()};

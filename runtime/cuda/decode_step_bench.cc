@@ -11,7 +11,9 @@
 // ranks, tokens replicated; tok/s per GPU = tok/s / N). --dp_attention=1: data-parallel attention
 // + EP (EP b, runtime/cuda/cuda_moe_all_to_all.h): every rank decodes its OWN batch of --batches
 // requests (prompts differ per rank) through the whole model but its experts, the MoE layers'
-// rows dispatched and combined by all-to-alls; runs eagerly; tok/s per GPU = tok/s. The roofline
+// rows dispatched and combined by all-to-alls; tok/s per GPU = tok/s. Decode steps replay as
+// CUDA graphs with the fixed-capacity dispatch (--dp_graphs=1, the default); --dp_graphs=0: eager
+// with the counts read-back per layer (CudaBackendConfig::dp_attention_graphs). The roofline
 // columns assume the TP split (not meaningful under --dp_attention).
 //
 // --async_scheduling: a list of 0 (off) / 1 (on) measured one after the other, each with its own
@@ -110,7 +112,7 @@ std::vector<int> ParseList(const char* s) {
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 64};
   int context = 1024, steps = 64, tp = 1;
-  bool expert_parallel = false, dp_attention = false;
+  bool expert_parallel = false, dp_attention = false, dp_graphs = true;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   int64_t vocab_greedy_min_rows = 64;
@@ -129,6 +131,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--tp=", 0) == 0) tp = std::atoi(argv[i] + 5);
     if (a.rfind("--ep=", 0) == 0) expert_parallel = std::atoi(argv[i] + 5) != 0;
     if (a.rfind("--dp_attention=", 0) == 0) dp_attention = std::atoi(argv[i] + 15) != 0;
+    if (a.rfind("--dp_graphs=", 0) == 0) dp_graphs = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--custom_ar=", 0) == 0) custom_ar = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
@@ -169,6 +172,7 @@ int Main(int argc, char** argv) {
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
   backend.enable_cuda_graphs = graphs;
+  backend.dp_attention_graphs = dp_graphs;
   backend.programmatic_launch = pdl;
   backend.custom_all_reduce = custom_ar;
   backend.fuse_all_reduce_norm = fused_norm;
@@ -289,10 +293,12 @@ int Main(int argc, char** argv) {
             static_cast<long long>(vocab_greedy_min_rows));
       }
       if (tp > 1 && (expert_parallel || dp_attention)) {
-        std::printf("%s\n", dp_attention ? "EP b: data-parallel attention + EP, batch per rank, "
-                                           "eager; tok/s per GPU = tok/s"
-                                         : "EP a: experts over the TP ranks; tok/s per GPU = "
-                                           "tok/s / tp");
+        std::printf("%s\n", !dp_attention ? "EP a: experts over the TP ranks; tok/s per GPU = "
+                                            "tok/s / tp"
+                            : dp_graphs   ? "EP b: data-parallel attention + EP, batch per rank, "
+                                            "fixed-capacity dispatch, graphs; tok/s per GPU = tok/s"
+                                          : "EP b: data-parallel attention + EP, batch per rank, "
+                                            "eager (counts read back); tok/s per GPU = tok/s");
       }
       std::printf("%6s %8s %12s %12s %12s %10s\n", "batch", "context", "step_ms", "tok/s",
                   "roofline", "% roof");

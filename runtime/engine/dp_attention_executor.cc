@@ -38,12 +38,16 @@ absl::Status DpAttentionExecutor::Split(const SchedulerOutput& batch) {
   mine_.num_batched_tokens = 0;
   index_.clear();
   tables_.resize(batch.seqs.size());
+  std::vector<int64_t> per_rank(n, 0);
+  bool decode = true;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& seq = batch.seqs[i];
     if (seq.dp_rank < 0 || seq.dp_rank >= n) {
       return absl::InvalidArgumentError(absl::StrCat("request ", seq.request_id, " is on DP rank ",
                                                      seq.dp_rank, " of a group of ", n));
     }
+    ++per_rank[seq.dp_rank];
+    decode = decode && seq.new_tokens.size() == 1;
     if (seq.num_draft_tokens > 0) {
       return absl::InvalidArgumentError("speculative decoding does not run with --dp_attention");
     }
@@ -63,6 +67,7 @@ absl::Status DpAttentionExecutor::Split(const SchedulerOutput& batch) {
     mine_.num_batched_tokens += static_cast<int64_t>(seq.new_tokens.size());
     index_.push_back(static_cast<int64_t>(i));
   }
+  mine_.dp_decode_seqs = decode ? *std::max_element(per_rank.begin(), per_rank.end()) : 0;
   return absl::OkStatus();
 }
 

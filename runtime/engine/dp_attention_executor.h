@@ -5,7 +5,9 @@
 // ScheduledSeq::dp_rank) and:
 //   1. runs ITS sequences only (the batch of its DP rank; empty when it has none, so that the
 //      model still joins every MoE layer's all-to-alls), their block ids mapped to its own pool
-//      (block id x lives on DP rank x % N at local block x / N, KvCacheConfig::dp_size);
+//      (block id x lives on DP rank x % N at local block x / N, KvCacheConfig::dp_size), with
+//      SchedulerOutput::dp_decode_seqs = the most sequences a DP rank runs when every DP rank
+//      decodes, else 0 (so that the CUDA runner pads every rank alike and replays graphs);
 //   2. shares its results with one AllReduceSum: each sequence's sampled token and captured
 //      prompt logits (filled by the owner, zeros elsewhere) and this step's per-expert token
 //      counts, so that every rank returns the whole step's RunnerOutput and the group's counts.

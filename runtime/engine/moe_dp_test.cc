@@ -9,16 +9,20 @@
 // tokens, last-prompt logits within 1e-4 * max, the same per-expert token counts; requests
 // spread over the DP ranks with their KV in their rank's pool; per step exactly one AllGather
 // (the splits), two AllToAlls (dispatch, combine) per MoE layer and one AllReduce (the step's
-// results), nothing else; a step where rank 1 has no request; one expert taking every token.
+// results), nothing else; a step where rank 1 has no request; one expert taking every token;
+// each rank's part of a step carries the step's largest DP batch when every DP rank decodes
+// (SchedulerOutput::dp_decode_seqs: the CUDA runner pads to it) and 0 otherwise.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "comm/counting_process_group.h"
 #include "comm/thread_ranks.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "runtime/engine/dp_attention_executor.h"
 #include "runtime/engine/engine.h"
@@ -46,7 +50,36 @@ std::vector<std::vector<int32_t>> Prompts(int num, int64_t vocab) {
   return prompts;
 }
 
+// The part of each step a DP rank's local executor got: SchedulerOutput::dp_decode_seqs, its
+// sequences, whether they all decode.
+struct LocalStep {
+  int64_t dp_decode_seqs = -1;
+  int64_t seqs = 0;
+  bool decode = true;
+};
+
+// Records each step's part, then runs the wrapped executor.
+class RecordingExecutor : public ModelExecutor {
+ public:
+  RecordingExecutor(std::unique_ptr<ModelExecutor> inner, std::vector<LocalStep>* steps)
+      : inner_(std::move(inner)), steps_(steps) {}
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override {
+    LocalStep step{batch.dp_decode_seqs, static_cast<int64_t>(batch.seqs.size()), true};
+    for (const ScheduledSeq& seq : batch.seqs) step.decode &= seq.new_tokens.size() == 1;
+    steps_->push_back(step);
+    return inner_->Run(batch);
+  }
+  void* kv_pool_data() override { return inner_->kv_pool_data(); }
+  int64_t kv_pool_bytes() const override { return inner_->kv_pool_bytes(); }
+  ExecutorStats stats() const override { return inner_->stats(); }
+
+ private:
+  const std::unique_ptr<ModelExecutor> inner_;
+  std::vector<LocalStep>* const steps_;
+};
+
 struct RunResult {
+  std::vector<LocalStep> local_steps;        // DP ranks only
   std::vector<std::vector<int32_t>> tokens;  // [request] generated
   std::vector<std::vector<float>> prompt_logits;
   std::vector<comm::CollectiveCounts> step_counts;  // one per step that ran the model
@@ -75,7 +108,15 @@ void RunEngine(bool forced, int num_requests, comm::CountingProcessGroup* group,
     }
   }
   const ExecutorFactory cpu = CpuExecutorFactory(1, group);
-  const ExecutorFactory factory = group != nullptr ? DpAttentionExecutorFactory(cpu, group) : cpu;
+  ExecutorFactory recorded = cpu;
+  recorded.create = [cpu, out](const ExecutorSpec& spec,
+                               ModelWeights w) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> inner, cpu.create(spec, std::move(w)));
+    return std::unique_ptr<ModelExecutor>(
+        new RecordingExecutor(std::move(inner), &out->local_steps));
+  };
+  const ExecutorFactory factory =
+      group != nullptr ? DpAttentionExecutorFactory(recorded, group) : cpu;
   EngineConfig engine_config;
   engine_config.block_size = 8;
   engine_config.kv_cache_bytes = 0;
@@ -164,6 +205,17 @@ std::vector<RunResult> ExpectSameAsOneEngine(bool forced, int num_requests) {
     EXPECT_EQ(got.free_blocks_per_pool.size(), static_cast<size_t>(kRanks));
   }
   EXPECT_EQ(group[0].step_counts.size(), group[1].step_counts.size());
+  // Every rank's part names the step's largest DP batch when all DP ranks decode, 0 otherwise.
+  EXPECT_EQ(group[0].local_steps.size(), group[1].local_steps.size());
+  EXPECT_FALSE(group[0].local_steps.empty());
+  const size_t steps = std::min(group[0].local_steps.size(), group[1].local_steps.size());
+  for (size_t i = 0; i < steps; ++i) {
+    const LocalStep& a = group[0].local_steps[i];
+    const LocalStep& b = group[1].local_steps[i];
+    EXPECT_EQ(a.dp_decode_seqs, b.dp_decode_seqs) << "step " << i;
+    EXPECT_EQ(a.dp_decode_seqs, a.decode && b.decode ? std::max(a.seqs, b.seqs) : 0)
+        << "step " << i;
+  }
   uint64_t routed = 0;
   for (uint64_t n : alone.expert_tokens) routed += n;
   EXPECT_EQ(routed,

@@ -69,9 +69,6 @@ struct ScheduledSeq {
   // logits of the num_draft_tokens + 1 sampled positions (RunnerOutput::verify_logits) for
   // rejection sampling against the draft's distributions (the engine sets it).
   bool return_verify_logits = false;
-  // With return_verify_logits: the draft distributions q ([num_draft_tokens][vocab], the
-  // engine's draft job) for executors that verify on their own device (the CUDA runner).
-  absl::Span<const double> draft_probs;
   // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
   // in that rank's pool, KvCacheConfig::dp_size); 0 without.
   int64_t dp_rank = 0;
@@ -90,6 +87,11 @@ struct SchedulerOutput {
   // the hidden state paired with each fed token, [num_batched_tokens, hidden] in batch order.
   bool return_hidden_states = false;
   absl::Span<const float> input_hidden;
+  // Data-parallel attention (set by DpAttentionExecutor on each rank's part of the step): the
+  // most sequences any DP rank runs when every DP rank's part decodes (one new token each, an
+  // idle rank included), so that every rank can pad alike (the CUDA runner's graphs and fixed
+  // MoE dispatch capacity); 0 when some DP rank prefills; -1: not a DP executor's part.
+  int64_t dp_decode_seqs = -1;
   bool empty() const { return seqs.empty(); }
 };
 

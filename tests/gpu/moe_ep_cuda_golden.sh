@@ -10,7 +10,12 @@
 # fixtures at `--tp=2 --enable_expert_parallel --dp_attention` (each rank its own requests, the
 # MoE rows dispatched and combined by all-to-alls) against TP=1 and transformers by the same rule;
 # one prompt alone (DP rank 1 idle in every step, still joining every layer's collectives)
-# against its TP=1 run; the device-dummy tiny-moe model under DP against TP=1.
+# against its TP=1 run; the device-dummy tiny-moe model under DP against TP=1. DP decode steps
+# run padded to the step's largest DP batch with the fixed-capacity dispatch, as CUDA graphs
+# (CudaBackendConfig::dp_attention_graphs); the same padded steps eager (--cuda_graphs=false)
+# must give the graph run's tokens.
+#
+# ROWS=dp (env): only the EP (b) rows (and the TP=1 runs they compare against).
 #
 #   tests/gpu/moe_ep_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -20,9 +25,14 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
 
+ROWS=${ROWS:-all}
 for variant in mixtral_f32 qwen3_moe_f32; do
   fix=tests/golden/fixtures/$variant
   prompts=$(prompts_of "$fix/expected.json")
+  if [[ $ROWS == dp ]]; then
+    run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts"
+    continue
+  fi
   if run "$LOG/$variant.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
      run "$LOG/$variant.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
        --enable_expert_parallel $SHARE &&
@@ -35,16 +45,20 @@ for variant in mixtral_f32 qwen3_moe_f32; do
 done
 fix=tests/golden/fixtures/qwen3_moe_f32
 prompts=$(prompts_of "$fix/expected.json")
-tokens_check ep-graphs-vs-eager "EP eager vs graphs" "$LOG/ep_eager.jsonl" \
-  "$LOG/qwen3_moe_f32.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
-  --enable_expert_parallel --cuda_graphs=false $SHARE
 DEV=(--load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 --prompt_ids="5,6,7,8,9;100,200,30;17")
-if run "$LOG/epdummy.1.jsonl" "${DEV[@]}" &&
-   run "$LOG/epdummy.2.jsonl" "${DEV[@]}" --tp=2 --enable_expert_parallel $SHARE &&
-   compare tiny-moe-device-dummy-ep2 "$LOG/epdummy.2.jsonl" "$LOG/epdummy.1.jsonl"; then
-  pass "tiny-moe-device-dummy-ep2"
+if [[ $ROWS == dp ]]; then
+  run "$LOG/epdummy.1.jsonl" "${DEV[@]}"
 else
-  fail "tiny-moe-device-dummy-ep2" "$LOG"/epdummy.*.err
+  tokens_check ep-graphs-vs-eager "EP eager vs graphs" "$LOG/ep_eager.jsonl" \
+    "$LOG/qwen3_moe_f32.ep2.jsonl" --model="$fix" --prompt_ids="$prompts" --tp=2 \
+    --enable_expert_parallel --cuda_graphs=false $SHARE
+  if run "$LOG/epdummy.1.jsonl" "${DEV[@]}" &&
+     run "$LOG/epdummy.2.jsonl" "${DEV[@]}" --tp=2 --enable_expert_parallel $SHARE &&
+     compare tiny-moe-device-dummy-ep2 "$LOG/epdummy.2.jsonl" "$LOG/epdummy.1.jsonl"; then
+    pass "tiny-moe-device-dummy-ep2"
+  else
+    fail "tiny-moe-device-dummy-ep2" "$LOG"/epdummy.*.err
+  fi
 fi
 DP=(--tp=2 --enable_expert_parallel --dp_attention)
 for variant in mixtral_f32 qwen3_moe_f32; do
@@ -60,6 +74,9 @@ for variant in mixtral_f32 qwen3_moe_f32; do
   fi
 done
 fix=tests/golden/fixtures/qwen3_moe_f32
+tokens_check dp-graphs-vs-eager "EP (b) padded eager vs graphs" "$LOG/dp_eager.jsonl" \
+  "$LOG/qwen3_moe_f32.dp2.jsonl" --model="$fix" --prompt_ids="$prompts" "${DP[@]}" \
+  --cuda_graphs=false $SHARE
 one=$(python3 -c "import json; print(','.join(map(str, json.load(open('$fix/expected.json'))['prompts'][3])))")
 if run "$LOG/dp_one.1.jsonl" --model="$fix" --prompt_ids="$one" &&
    run "$LOG/dp_one.dp2.jsonl" --model="$fix" --prompt_ids="$one" "${DP[@]}" $SHARE &&
