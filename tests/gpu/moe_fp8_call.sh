@@ -15,26 +15,14 @@
 # Logs under $OUT (logs.tar.gz + summary.txt); prints a PASS / FAIL line per chain.
 set -uo pipefail
 T0=$SECONDS
-OUT=${OUT:-/tmp/moe_fp8_out}
-SECS=${2:-50}
-LOG=$OUT/logs
-mkdir -p "$LOG"
-export NCCL_NVLS_ENABLE=0
-TARBALL=$(realpath "${1:?bundle .tar.xz}")
+export OUT=${OUT:-/tmp/moe_fp8_out} SECS=${2:-50}
+source "$(dirname "${BASH_SOURCE[0]}")/device_call_lib.sh"
 BD=/tmp/moe_fp8_bundle
-rm -rf "$BD" && mkdir -p "$BD"
-tar xJf "$TARBALL" -C "$BD" || { echo "FAIL extract"; exit 1; }
-echo "extracted in $((SECONDS - T0)) s"
-nvidia-smi -L > "$LOG/gpus.txt" 2>&1 || echo "no GPU (nvidia-smi failed)"
+bundle_call_start "$(realpath "${1:?bundle .tar.xz}")" "$BD"
 export LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
-chain() {  # NAME GPU CMD;CMD...: the commands (a bash string) on one GPU under one timeout
-  local name=$1 gpu=$2 cmds=$3
-  (
-    t=$SECONDS
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$SECS" bash -c "$cmds" > "$LOG/$name.txt" 2>&1
-    echo "$? $((SECONDS - t))" > "$LOG/$name.rc"
-  ) &
+chain() { # NAME GPU CMDS: a bash command string on one GPU under one timeout (gpu_job)
+  gpu_job "$1" "$2" bash -c "$3"
 }
 K=$BD/bin/kernels/moe
 chain kernels 3 "'$K/moe_fp8_cuda_test' && '$BD/bin/runtime/cuda/cuda_moe_fp8_test' &&
