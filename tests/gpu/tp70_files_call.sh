@@ -14,7 +14,9 @@
 # then, the lanes done, tp_files_measure.sh starts `tandem_worker --tp=4 --model=DIR` through a
 # router from the written files (page cache kept: COLD=0) and prints the ranks' load phases.
 # Env: CKPT_ROOT (default /dev/shm when it has >= 150 GiB free, else tp_files_measure.sh's
-# choice), WRITE_TIMEOUT / LOAD_TIMEOUT / LANE_TIMEOUT (seconds), LAYERS, BACKEND and MODEL_CFG
+# choice), WRITE_TIMEOUT / LOAD_TIMEOUT / LANE_TIMEOUT (seconds; defaults 90 / 180 / 55: the
+# 2026-11-28 call wrote in 67.9 s, its lanes took 7-20 s, and no rank had loaded after 69 s),
+# LAYERS, BACKEND and MODEL_CFG
 # (a CPU rehearsal: BACKEND=cpu with a tiny config; the lanes then use the CPU backend and
 # MODEL_CFG too, PD_TRANSPORT=ucx; decode_step_bench fails without a GPU). Logs: $OUT/logs.tar.gz
 # + summary.txt.
@@ -120,8 +122,8 @@ lane pd "$LANE_S" 2,3 bash -c pd
 
 # The write on the other cores, then the TP=4 start once the lanes are done.
 writer_cores=$((${LANES#*-} + 1))-$((NCPU - 1))
-COLD=0 LOAD_AFTER=$LOG/lanes.done STEP_TIMEOUT=${LOAD_TIMEOUT:-70} \
-  WRITE_TIMEOUT=${WRITE_TIMEOUT:-55} WRITE_THREADS=$((NCPU - ${LANES#*-} - 1)) SHARD_MB=4700 \
+COLD=0 LOAD_AFTER=$LOG/lanes.done STEP_TIMEOUT=${LOAD_TIMEOUT:-180} \
+  WRITE_TIMEOUT=${WRITE_TIMEOUT:-90} WRITE_THREADS=$((NCPU - ${LANES#*-} - 1)) SHARD_MB=4700 \
   NEED_GB=${NEED_GB:-150} BACKEND=$BACKEND CFG_70B=${MODEL_CFG:-} KV_CACHE_BYTES=${KV_CACHE_BYTES:-0} \
   taskset -c "$writer_cores" tests/gpu/tp_files_measure.sh "$BD" "$LOG/files" 70b \
   2>&1 | tee "$LOG/files.txt"

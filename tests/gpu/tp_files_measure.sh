@@ -85,6 +85,7 @@ worker_start() {  # NAME DIR
     sleep 0.2
   done
   echo "worker $name: NOT healthy after $(since "$t0") s"
+  grep -E "loaded the model in|LoadModelWeights: rank|waits for" "$LOG/$name.log" | tail -8
   tail -8 "$LOG/$name.log"
   stop_all
   return 1
