@@ -32,6 +32,18 @@ std::vector<float> Random(std::mt19937& rng, int64_t n, float scale) {
   return v;
 }
 
+// Any expert -> rank table (some ranks may hold none) and each expert's slot on its rank.
+void RandomPlacement(std::mt19937& rng, int64_t E, int n, std::vector<int32_t>* rank_of,
+                     std::vector<int32_t>* slot) {
+  std::vector<int32_t> held(n, 0);
+  rank_of->resize(E);
+  slot->resize(E);
+  for (int64_t e = 0; e < E; ++e) {
+    (*rank_of)[e] = static_cast<int32_t>(rng() % n);
+    (*slot)[e] = held[(*rank_of)[e]]++;
+  }
+}
+
 struct Case {
   int64_t T, E, k, H;
   int n;
@@ -45,11 +57,8 @@ TEST_P(MoeDispatchCudaTest, PlanPackUnpackCombineMatchTheHost) {
   const int64_t T = c.T, E = c.E, k = c.k, H = c.H, W = MoeDispatchRowWidth(H, k);
   const int n = c.n;
   std::mt19937 rng(cuda_test::TestSeed());
-  std::vector<int32_t> rank_of(E), slot(E), held(n, 0);
-  for (int64_t e = 0; e < E; ++e) {
-    rank_of[e] = static_cast<int32_t>(rng() % n);
-    slot[e] = held[rank_of[e]]++;
-  }
+  std::vector<int32_t> rank_of, slot;
+  RandomPlacement(rng, E, n, &rank_of, &slot);
   MoeRouting routing;
   const std::vector<float> logits = Random(rng, T * E, 3.0f);
   ASSERT_TRUE(kernels::cpu::SoftmaxTopK(logits.data(), T, {E, k, true}, &routing).ok());
@@ -182,11 +191,8 @@ TEST_P(MoeDispatchCudaTest, FixedCapacityPackAndCombineMatchTheHost) {
   const int64_t E = c.E, k = c.k, H = c.H, W = MoeDispatchRowWidth(H, k);
   const int n = c.n;
   std::mt19937 rng(cuda_test::TestSeed() + 1);
-  std::vector<int32_t> rank_of(E), slot(E), held(n, 0);
-  for (int64_t e = 0; e < E; ++e) {
-    rank_of[e] = static_cast<int32_t>(rng() % n);
-    slot[e] = held[rank_of[e]]++;
-  }
+  std::vector<int32_t> rank_of, slot;
+  RandomPlacement(rng, E, n, &rank_of, &slot);
   for (const int64_t T : {c.T, int64_t{0}}) {
     const int64_t C = T + 3;
     MoeRouting routing;

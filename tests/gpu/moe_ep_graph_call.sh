@@ -35,6 +35,7 @@ nvidia-smi -L >"$LOG/gpus.txt" 2>&1
 BIN=$B/bin
 DSB=$BIN/runtime/cuda/decode_step_bench
 DEADLINE=${DEADLINE:-125}
+source "$(dirname "${BASH_SOURCE[0]}")/moe_serve_lib.sh"
 
 step() {  # GPUS NAME SECONDS CMD...
   local gpus=$1 name=$2 secs=$3
@@ -48,48 +49,10 @@ bench() {  # GPUS NAME SECONDS FLAGS...
   step "$1" "$2" "$3" "$DSB" --shape=qwen3-30b-a3b --batches=1,32 --context=512 --steps=32 "${@:4}"
 }
 
-# serve GPUS TAG TP WORKER_FLAGS...: a router, one worker of TP ranks, tandem_bench per
-# concurrency; everything under $LOG/serve_TAG.
+# serve GPUS TAG WORKER_FLAGS...: moe_serve (moe_serve_lib.sh) under $LOG/serve_TAG, 2 / 32 / 128
+# requests.
 serve() {
-  local gpus=$1 tag=$2 tp=$3 dir=$LOG/serve_$2 pids=()
-  shift 3
-  mkdir -p "$dir"
-  wait_file() { for _ in $(seq 1 600); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
-  "$BIN/router/tandem_router" --insecure --listen=127.0.0.1:0 --port_file="$dir/router.port" \
-    >"$dir/router.log" 2>&1 &
-  pids+=($!)
-  wait_file "$dir/router.port" || return 1
-  local router
-  router=$(cat "$dir/router.port")
-  CUDA_VISIBLE_DEVICES=$gpus "$BIN/runtime/tandem_worker" --insecure --role=mixed \
-    --worker_id="moe-$tag" --backend=cuda --load_format=dummy --dummy_config=qwen3-30b-a3b \
-    --router="$router" --device=0 --tp="$tp" --kv_cache_bytes=30000000000 --max_model_len=4096 \
-    --listen=127.0.0.1:0 --port_file="$dir/worker.port" "$@" >"$dir/worker.log" 2>&1 &
-  pids+=($!)
-  local t0=$SECONDS up=0
-  for _ in $(seq 1 200); do
-    if "$BIN/router/tandem_cli" --insecure workers --router="$router" --json 2>/dev/null |
-      grep -q '"healthy":true'; then
-      up=1
-      break
-    fi
-    sleep 0.2
-  done
-  echo "$tag: worker healthy=$up after $((SECONDS - t0)) s" >"$dir/up.txt"
-  if [[ $up == 1 ]]; then
-    local c n seed=300
-    for c in 1 32 128; do
-      case $c in 1) n=${N_C1:-2} ;; 32) n=${N_C32:-32} ;; *) n=${N_C128:-128} ;; esac
-      seed=$((seed + 1))
-      timeout "$((c == 1 ? 12 : c == 32 ? 18 : 25))" "$BIN/tests/bench/tandem_bench" \
-        --router="$router" --rate=inf --num_requests="$n" --max_concurrency="$c" \
-        --prompt_len=1024 --output_len=256 --warmup=1 --seed=$seed --json \
-        >"$dir/c$c.json" 2>"$dir/c$c.err"
-      echo "$tag c$c: rc=$? n=$n (at $SECONDS s)" >>"$dir/up.txt"
-    done
-  fi
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  SERVE_N1=2 SERVE_T1=12 SERVE_T32=18 SERVE_T128=25 SERVE_SEED=300 moe_serve "$LOG/serve_$2" "$@"
 }
 
 phase1_tests() {
@@ -108,15 +71,15 @@ phase1_bench() {
 phase1_tests &
 phase1_bench &
 wait
-serve 0,1 tp2_ep_a 2 --enable_expert_parallel &
-serve 2,3 tp2_ep_b 2 --enable_expert_parallel --dp_attention &
+serve 0,1 tp2_ep_a --tp=2 --enable_expert_parallel &
+serve 2,3 tp2_ep_b --tp=2 --enable_expert_parallel --dp_attention &
 wait
 if ((SECONDS + 45 < DEADLINE)); then
   bench 0,1,2,3 dsb_tp4_dp_graphs 30 --tp=4 --dp_attention=1 --dp_graphs=1
   bench 0,1,2,3 dsb_tp4_dp_eager 30 --tp=4 --dp_attention=1 --dp_graphs=0
 fi
 if ((SECONDS + 40 < DEADLINE)); then
-  serve 0,1,2,3 tp4_ep_b 4 --enable_expert_parallel --dp_attention
+  serve 0,1,2,3 tp4_ep_b --tp=4 --enable_expert_parallel --dp_attention
 fi
 
 for f in "$LOG"/*.sum; do
@@ -124,16 +87,4 @@ for f in "$LOG"/*.sum; do
   grep -vE "^(I|W)[0-9]{4}" "${f%.sum}.log" | tail -n 8
 done
 cat "$LOG"/serve_*/up.txt 2>/dev/null
-for f in "$LOG"/serve_*/c*.json; do
-  [[ -s $f ]] || continue
-  python3 - "$f" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    t, p, i = r["ttft_ms"], r["tpot_ms"], r["itl_ms"]
-    print("%s: %d ok, TTFT mean %.1f p99 %.1f ms, TPOT mean %.2f ms, ITL p50 %.2f p99 %.2f ms,"
-          " output tok/s %.1f" % (sys.argv[1].split("/", 1)[-1], r["successful_requests"],
-                                  t["mean"], t["p99"], p["mean"], i["p50"], i["p99"],
-                                  r["output_token_throughput"]))
-PY
-done
+moe_bench_lines "$LOG"/serve_*/c*.json

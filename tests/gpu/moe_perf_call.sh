@@ -36,6 +36,7 @@ export TANDEM_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=
 nvidia-smi -L >"$LOG/gpus.txt" 2>&1
 BIN=$B/bin
 DSB=$BIN/runtime/cuda/decode_step_bench
+source "$(dirname "${BASH_SOURCE[0]}")/moe_serve_lib.sh"
 NEW=new
 
 # step GPU NAME SECONDS CMD...: CMD on GPU under a timeout, output to $LOG/NAME.log, then a
@@ -70,45 +71,7 @@ lane2() {
 }
 
 # Serving: router + one mixed worker on GPU 3, then tandem_bench per concurrency.
-serve() {
-  local dir=$LOG/serve pids=()
-  mkdir -p "$dir"
-  wait_file() { for _ in $(seq 1 600); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
-  "$BIN/router/tandem_router" --insecure --listen=127.0.0.1:0 --port_file="$dir/router.port" \
-    >"$dir/router.log" 2>&1 &
-  pids+=($!)
-  wait_file "$dir/router.port" || return 1
-  local router
-  router=$(cat "$dir/router.port")
-  CUDA_VISIBLE_DEVICES=3 "$BIN/runtime/tandem_worker" --insecure --role=mixed --worker_id=moe \
-    --backend=cuda --load_format=dummy --dummy_config=qwen3-30b-a3b --router="$router" --device=0 \
-    --kv_cache_bytes=30000000000 --max_model_len=4096 --listen=127.0.0.1:0 \
-    --port_file="$dir/worker.port" >"$dir/worker.log" 2>&1 &
-  pids+=($!)
-  local t0=$SECONDS up=0
-  for _ in $(seq 1 200); do
-    if "$BIN/router/tandem_cli" --insecure workers --router="$router" --json 2>/dev/null |
-      grep -q '"healthy":true'; then
-      up=1
-      break
-    fi
-    sleep 0.2
-  done
-  echo "worker healthy=$up after $((SECONDS - t0)) s" >"$dir/up.txt"
-  if [[ $up == 1 ]]; then
-    local c n seed=200
-    for c in 1 32 128; do
-      case $c in 1) n=${N_C1:-4} ;; 32) n=${N_C32:-32} ;; *) n=${N_C128:-128} ;; esac
-      seed=$((seed + 1))
-      timeout "$((c == 1 ? 20 : c == 32 ? 25 : 35))" "$BIN/tests/bench/tandem_bench" \
-        --router="$router" --rate=inf --num_requests="$n" --max_concurrency="$c" --prompt_len=1024 --output_len=256 \
-        --warmup=1 --seed=$seed --json >"$dir/c$c.json" 2>"$dir/c$c.err"
-      echo "c$c: rc=$? n=$n" >>"$dir/up.txt"
-    done
-  fi
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
+serve() { moe_serve "$LOG/serve" 3 gpu3; }
 
 lane0 &
 lane1 &
@@ -121,15 +84,4 @@ for f in "$LOG"/*.sum; do
   grep -vE "^(I|W)[0-9]{4}" "$LOG/$name.log" | tail -n 14
 done
 cat "$LOG/serve/up.txt" 2>/dev/null
-for c in 1 32 128; do
-  [[ -s $LOG/serve/c$c.json ]] || continue
-  python3 - "$c" "$LOG/serve/c$c.json" <<'PY'
-import json, sys
-for line in open(sys.argv[2]):
-    r = json.loads(line)
-    t, p, i = r["ttft_ms"], r["tpot_ms"], r["itl_ms"]
-    print("serve c=%s: %d ok, TTFT mean %.1f p99 %.1f ms, TPOT mean %.2f ms, ITL p50 %.2f p99 %.2f ms,"
-          " output tok/s %.1f" % (sys.argv[1], r["successful_requests"], t["mean"], t["p99"],
-                                  p["mean"], i["p50"], i["p99"], r["output_token_throughput"]))
-PY
-done
+moe_bench_lines "$LOG"/serve/c1.json "$LOG"/serve/c32.json "$LOG"/serve/c128.json
