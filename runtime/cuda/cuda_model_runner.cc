@@ -36,7 +36,7 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
   if (config.fp8_latent_kv) factory.kv_dtype = KvDtype::kFp8E4m3;
   factory.accepts_external_pool = false;
-  factory.verifies_drafts = true;  // a verify pass samples K + 1 rows (eager, not graphed)
+  factory.verifies_drafts = true;  // a verify pass samples K + 1 rows (graphed: verify_graphs)
   // The engine books KV per shard from these (ExecutorSpec::num_blocks is one shard's pool).
   factory.dcp_size = config.dcp_size;
   factory.dcp_interleave = config.dcp_interleave;
@@ -118,7 +118,7 @@ CudaModelRunner::CudaModelRunner(const CudaBackendConfig& config, const Executor
     : config_(config), spec_(spec) {}
 
 CudaModelRunner::~CudaModelRunner() {
-  for (auto& [size, exec] : graphs_) cudaGraphExecDestroy(exec);
+  DropGraphs();
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -294,6 +294,35 @@ int64_t CudaModelRunner::GraphSizeFor(int64_t num_seqs) const {
   return 0;
 }
 
+void CudaModelRunner::DropGraphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+int64_t CudaModelRunner::PaddedWidth(const SchedulerOutput& batch, int64_t* padded_seqs) const {
+  // Data-parallel attention: decode steps padded alike on every DP rank (DpPaddedSeqs), the
+  // rest eagerly and unpadded (their MoE layers read the row counts back).
+  if (spec_.model_config.dp_attention) {
+    *padded_seqs = DpPaddedSeqs(batch);
+    return *padded_seqs > 0 ? 1 : 0;
+  }
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  int64_t width = 1;
+  bool verify = true;
+  for (const ScheduledSeq& seq : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
+    width = std::max(width, n);
+    // A verify pass: every sequence samples at its last token and at each of its drafts.
+    verify = verify && seq.samples && !seq.capture_prompt_logits && n == 1 + seq.num_draft_tokens;
+  }
+  const int64_t size = GraphSizeFor(S);
+  if (size == 0 || (width > 1 && (!verify || !config_.verify_graphs))) return 0;
+  // Every padded token and row must fit the step buffers (max_rows_ >= max_seqs * (1 + K)).
+  if (size * width > max_tokens_ || size * width > max_rows_) return 0;
+  *padded_seqs = size;
+  return width;
+}
+
 int64_t CudaModelRunner::DpPaddedSeqs(const SchedulerOutput& batch) const {
   if (!config_.dp_attention_graphs || model_ == nullptr || comm_ == nullptr) return 0;
   int64_t most = batch.dp_decode_seqs;
@@ -322,7 +351,7 @@ absl::StatusOr<bool> CudaModelRunner::AnyRankCaptures(bool mine) {
   return *capture_flag_host_.get<float>() > 0.0f;
 }
 
-DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_seqs,
+DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_seqs, int64_t width,
                                  int64_t* max_q_len, int64_t* max_seq_len, int64_t* copy_bytes) {
   char* base = meta_host_.get<char>();
   auto* token_ids = reinterpret_cast<int32_t*>(base + meta_.token_ids);
@@ -363,7 +392,7 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
     *max_q_len = std::max(*max_q_len, n);
     *max_seq_len = std::max<int64_t>(*max_seq_len, local_seq_lens[s]);
     // A padded decode step computes logits for every row (the graph's shape is fixed). A verify
-    // pass (never padded: its q_len > 1) samples at its last token and at each of its K drafts.
+    // pass samples at its last token and at each of its K drafts (padded or not).
     if (padded_seqs > 0 || seq.samples || seq.capture_prompt_logits) {
       const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
       for (int64_t j = 0; j <= k; ++j, ++r) {
@@ -380,15 +409,21 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
   }
   int64_t num_seqs = S;
   if (padded_seqs > 0) {
-    // Padding sequences: q_len 0, nothing read or written; their greedy rows are ignored.
-    for (int64_t s = S; s < padded_seqs; ++s, ++t, ++r) {
+    // Padding sequences: q_len 0, nothing read or written. Padding tokens (to padded_seqs x
+    // width) belong to no sequence and write no slot; padding rows are greedy and ignored.
+    const int64_t real_tokens = t, padded_tokens = padded_seqs * width;
+    for (int64_t s = S; s < padded_seqs; ++s) {
+      qsl[s + 1] = static_cast<int32_t>(real_tokens);
+      seq_lens[s] = 0;
+      local_seq_lens[s] = 0;
+    }
+    for (; t < padded_tokens; ++t) {
       token_ids[t] = 0;
       positions[t] = 0;
       slots[t] = -1;
-      qsl[s + 1] = static_cast<int32_t>(S);
-      seq_lens[s] = 0;
-      local_seq_lens[s] = 0;
-      logit_rows[r] = static_cast<int32_t>(S > 0 ? S - 1 : 0);
+    }
+    for (; r < padded_tokens; ++r) {
+      logit_rows[r] = static_cast<int32_t>(real_tokens > 0 ? real_tokens - 1 : 0);
       rows[r] = kc::DeviceSamplingRow{};
     }
     num_seqs = padded_seqs;
@@ -409,7 +444,7 @@ DeviceStep CudaModelRunner::Pack(const SchedulerOutput& batch, int64_t padded_se
       dcp_.size > 1 ? reinterpret_cast<const int32_t*>(dev + meta_.local_seq_lens) : nullptr;
   step.attention.num_seqs = num_seqs;
   step.attention.max_blocks_per_seq = max_blocks_per_seq_;
-  step.num_tokens = padded_seqs > 0 ? padded_seqs : t;
+  step.num_tokens = t;
   step.num_logit_rows = r;
   return step;
 }
@@ -471,6 +506,7 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
 absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
   if (bytes <= attn_workspace_.bytes()) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  DropGraphs();  // they captured the old workspace's address
   attn_workspace_.Reset();
   ASSIGN_OR_RETURN(attn_workspace_, DeviceBuffer::Allocate(bytes, "attention workspace"));
   return absl::OkStatus();
@@ -504,9 +540,9 @@ absl::Status CudaModelRunner::Enqueue(const DeviceStep& step, const StepAttentio
 
 absl::StatusOr<cudaGraphExec_t> CudaModelRunner::GraphFor(const DeviceStep& step,
                                                           const StepAttentionPlan& plan,
-                                                          bool greedy) {
-  const int64_t size = 2 * step.attention.num_seqs + (greedy ? 1 : 0);
-  auto it = graphs_.find(size);
+                                                          int64_t width, bool greedy) {
+  const auto key = std::make_tuple(step.attention.num_seqs, width, greedy);
+  auto it = graphs_.find(key);
   if (spec_.model_config.dp_attention) {
     // While another rank captures (its eager run, then the capture), this one runs the step
     // eagerly before its graph: the MoE layers' all-to-alls meet as often on every rank.
@@ -531,7 +567,7 @@ absl::StatusOr<cudaGraphExec_t> CudaModelRunner::GraphFor(const DeviceStep& step
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_RETURN_IF_ERROR(inst);
-  graphs_[size] = exec;
+  graphs_[key] = exec;
   ++stats_.graphs_captured;
   return exec;
 }
@@ -560,11 +596,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
         absl::StrCat("step has ", S, " sequences, the runner was sized for ", max_seqs_));
   }
   int64_t total_tokens = 0;
-  bool decode = true;
   for (const ScheduledSeq& seq : batch.seqs) {
     const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
     total_tokens += n;
-    decode = decode && n == 1;
     if (static_cast<int64_t>(seq.block_table.size()) > max_blocks_per_seq_) {
       return absl::InvalidArgumentError(absl::StrCat("request ", seq.request_id, " has ",
                                                      seq.block_table.size(),
@@ -575,13 +609,10 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", total_tokens, " tokens; the runner takes 1..", max_tokens_));
   }
-  // Data-parallel attention: decode steps padded alike on every DP rank (DpPaddedSeqs), the
-  // rest eagerly and unpadded (their MoE layers read the row counts back).
-  const int64_t padded = !decode                           ? 0
-                         : spec_.model_config.dp_attention ? DpPaddedSeqs(batch)
-                                                           : GraphSizeFor(S);
+  int64_t padded = 0;
+  const int64_t width = PaddedWidth(batch, &padded);
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
-  const DeviceStep step = Pack(batch, padded, &max_q_len, &max_seq_len, &copy_bytes);
+  const DeviceStep step = Pack(batch, padded, width, &max_q_len, &max_seq_len, &copy_bytes);
   if (dp) model_->set_moe_dispatch_capacity(padded);  // every DP rank pads alike
   const bool greedy = GreedyOnly(batch, step.num_logit_rows);
   RETURN_IF_ERROR(UploadInputHidden(batch, total_tokens));
@@ -589,20 +620,20 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
                                        cudaMemcpyHostToDevice, stream_));
   // Decode sizes recur every step: their GEMM algorithms are worth timing once (eagerly, before
   // any graph capture); prefill sizes vary too much.
-  const int64_t autotune_m = config_.gemm_autotune ? padded : 0;
+  const int64_t autotune_m = config_.gemm_autotune && padded > 0 ? step.num_tokens : 0;
   if (model_ != nullptr) model_->set_gemm_autotune_max_m(autotune_m);
   if (mla_model_ != nullptr) mla_model_->set_gemm_autotune_max_m(autotune_m);
   if (mtp_model_ != nullptr) mtp_model_->set_gemm_autotune_max_m(autotune_m);
   if (padded > 0) {
     // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
     // by the most tokens of max_model_len this rank's shard can hold).
-    ASSIGN_OR_RETURN(StepAttentionPlan plan,
-                     Plan(padded, padded, 1, kernels::DcpLocalCount(spec_.max_model_len, dcp_),
-                          /*allow_prefill=*/false));
+    ASSIGN_OR_RETURN(StepAttentionPlan plan, Plan(padded, padded * width, width,
+                                                  kernels::DcpLocalCount(spec_.max_model_len, dcp_),
+                                                  /*allow_prefill=*/false));
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
     ++stats_.padded_steps;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
-      ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, greedy));
+      ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, width, greedy));
       CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
       ++stats_.graph_steps;
     } else {
@@ -616,6 +647,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     ++stats_.eager_steps;
   }
   RETURN_IF_ERROR(EnqueueHiddenCopy(batch, total_tokens));
+  RETURN_IF_ERROR(EnqueueRejection(batch, padded > 0));
   const int64_t R = step.num_logit_rows;
   if (R > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampled_host_.data(), sampled_dev_.data(), R * 4,
@@ -648,6 +680,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     }
     ++r;
   }
+  TakeRejection(batch, &out);
   return out;
 }
 

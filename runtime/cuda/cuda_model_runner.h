@@ -11,7 +11,9 @@
 // padded to the nearest graph batch size (padding sequences have q_len 0 and slot -1, so they
 // read and write nothing) and run as a CUDA graph captured on first use for that size. With
 // graphs disabled the same padded step runs eagerly, so graph-captured and uncaptured decode
-// compute bit-identical logits.
+// compute bit-identical logits. Speculative verify passes (each sequence its last token and its
+// k >= 0 drafts) are padded the same way, each sequence to 1 + the step's largest k token slots,
+// and replayed from graphs keyed by (size, width) (CudaBackendConfig::verify_graphs).
 //
 // Decode context parallelism (CudaBackendConfig::dcp_size > 1), as the CPU ModelRunner: the
 // scheduler's block tables hold group-wide block ids (runtime/kv_cache/dcp_blocks.h: id x lives
@@ -40,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,6 +69,13 @@ struct CudaBackendConfig {
   // device's free memory, minus the weights and a 2 GiB activation/workspace reserve.
   double gpu_memory_utilization = 0.9;
   bool enable_cuda_graphs = true;
+  // Speculative verify passes (every sequence feeds its last token and its k >= 0 drafts,
+  // k = 0 for a sequence that does not speculate, some k > 0) are padded like decode steps: the
+  // sequences to the graph batch size, each to w = 1 + the step's largest k tokens (padding
+  // tokens write nothing, their rows are not read back), and replayed as graphs keyed by (size,
+  // w); with enable_cuda_graphs false the same padded step runs eagerly (bit-identical). false:
+  // verify passes run eagerly and unpadded (the comparison baseline).
+  bool verify_graphs = true;
   // Data-parallel attention (--dp_attention): when every DP rank's part of a step decodes,
   // every rank (an idle one too, as padding sequences) pads to the graph size of the step's
   // largest DP batch (SchedulerOutput::dp_decode_seqs), the MoE layers dispatch at that fixed
@@ -185,12 +195,33 @@ class CudaModelRunner : public ModelExecutor {
   // out->hidden_states.
   absl::Status EnqueueHiddenCopy(const SchedulerOutput& batch, int64_t num_tokens);
   void TakeHidden(const SchedulerOutput& batch, int64_t num_tokens, RunnerOutput* out) const;
+  // cuda_model_runner_verify.cc. Rejection sampling on the device for the step's verify passes
+  // whose drafts came with their distributions (ScheduledSeq::draft_probs, a draft model's
+  // sampling requests): after the step's forward, the target's distributions of the pass's rows
+  // (kernels/sampling/cuda TokenProbabilities), the drafts' uploaded, RejectionSampleDrafts and
+  // the results' copy back are enqueued; TakeRejection then rewrites those sequences' samples as
+  // the engine's CPU verifier would (the accepted drafts, then the residual sample or the bonus
+  // token). `padded`: the step was padded (every sequence has logit rows).
+  absl::Status EnqueueRejection(const SchedulerOutput& batch, bool padded);
+  void TakeRejection(const SchedulerOutput& batch, RunnerOutput* out) const;
 
-  // Packs `batch` (padded to `padded_seqs` decode sequences when > 0) into the pinned buffer.
+  // Packs `batch` (padded to `padded_seqs` sequences of `width` token slots each when > 0: width 1
+  // for decode, 1 + the largest draft count for a verify pass) into the pinned buffer.
   // Returns the host-side step description (device pointers into meta_dev_). max_seq_len: the
   // longest context this rank's pool holds (its shard's under DCP: it only sizes the splits).
-  DeviceStep Pack(const SchedulerOutput& batch, int64_t padded_seqs, int64_t* max_q_len,
-                  int64_t* max_seq_len, int64_t* copy_bytes);
+  DeviceStep Pack(const SchedulerOutput& batch, int64_t padded_seqs, int64_t width,
+                  int64_t* max_q_len, int64_t* max_seq_len, int64_t* copy_bytes);
+  // The padded step's token width: 1 for a decode step, 1 + the largest draft count for a verify
+  // pass that fits a graph size (config_.verify_graphs), 0 for a step that runs unpadded. Sets
+  // *padded_seqs (the graph size) when the width is > 0.
+  int64_t PaddedWidth(const SchedulerOutput& batch, int64_t* padded_seqs) const;
+  // Data-parallel attention: the padded sequences every DP rank runs this step (the graph size
+  // of SchedulerOutput::dp_decode_seqs; of this rank's own batch when that is -1), 0: eager.
+  int64_t DpPaddedSeqs(const SchedulerOutput& batch) const;
+  // Data-parallel attention graphs: whether any rank of the group captures a graph this step
+  // (`mine`: this rank does); one all-reduce of a flag read back (capture runs the step's
+  // collectives twice: eagerly, then from the graph; every rank must run them as often).
+  absl::StatusOr<bool> AnyRankCaptures(bool mine);
   // Writes `table` (a request's scheduler block table) as this rank's pool sees it into `row`
   // (its shard's blocks as local ids under DCP).
   void PackBlockTable(absl::Span<const BlockId> table, int32_t* row) const;
@@ -202,23 +233,18 @@ class CudaModelRunner : public ModelExecutor {
   // Enqueues forward + sampling for `step` (what a graph captures). `greedy` (GreedyOnly): the
   // tokens from the vocab-parallel candidates (CudaLlamaModel::GreedyTokens), no logits gather.
   absl::Status Enqueue(const DeviceStep& step, const StepAttentionPlan& plan, bool greedy);
-  // The graph of a padded decode step of step.attention.num_seqs sequences (and `greedy`),
-  // captured on first use (the metadata for `step` must already be on the device).
+  // The graph of a padded step of step.attention.num_seqs sequences of `width` tokens (and
+  // `greedy`), captured on first use (the metadata for `step` must already be on the device).
   absl::StatusOr<cudaGraphExec_t> GraphFor(const DeviceStep& step, const StepAttentionPlan& plan,
-                                           bool greedy);
+                                           int64_t width, bool greedy);
+  // Destroys every captured graph (they hold buffer addresses that are about to change).
+  void DropGraphs();
   // True when the model's logits are vocab-parallel (TP > 1), the step has at least
   // config_.vocab_parallel_greedy_min_rows (> 0) logit rows, and every row the step's sequences
   // use is greedy (temperature 0) with no prompt logits captured: the full logits are then
   // never needed.
   bool GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const;
   int64_t GraphSizeFor(int64_t num_seqs) const;
-  // Data-parallel attention: the padded sequences every DP rank runs this step (the graph size
-  // of SchedulerOutput::dp_decode_seqs; of this rank's own batch when that is -1), 0: eager.
-  int64_t DpPaddedSeqs(const SchedulerOutput& batch) const;
-  // Data-parallel attention graphs: whether any rank of the group captures a graph this step
-  // (`mine`: this rank does); one all-reduce of a flag read back (capture runs the step's
-  // collectives twice: eagerly, then from the graph; every rank must run them as often).
-  absl::StatusOr<bool> AnyRankCaptures(bool mine);
   // The forward and the logits of whichever model the config needs (model_ or mla_model_).
   absl::Status ModelForward(const DeviceStep& step, const StepAttentionPlan& plan);
   const float* ModelLogits() const;
@@ -246,8 +272,17 @@ class CudaModelRunner : public ModelExecutor {
   DeviceBuffer capture_flag_dev_;  // AnyRankCaptures: one fp32
   PinnedBuffer capture_flag_host_;
   std::vector<int64_t> graph_sizes_;
-  std::map<int64_t, cudaGraphExec_t> graphs_;  // by 2 * padded size + greedy
+  // By (padded size, token width, greedy).
+  std::map<std::tuple<int64_t, int64_t, bool>, cudaGraphExec_t> graphs_;
   ExecutorStats stats_;
+  // Device rejection sampling (cuda_model_runner_verify.cc), grown on demand, outside graphs.
+  struct RejectionPassOf {
+    int64_t seq;  // the batch's sequence index
+    int64_t k;    // its drafts
+  };
+  std::vector<RejectionPassOf> rejection_passes_;  // this step's, in launch order
+  DeviceBuffer target_probs_dev_, draft_probs_dev_, rejection_meta_dev_, rejection_workspace_;
+  PinnedBuffer draft_probs_host_, rejection_meta_host_, rejection_out_host_;
 };
 
 }  // namespace tandem::runtime::cuda

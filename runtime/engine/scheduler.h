@@ -69,6 +69,9 @@ struct ScheduledSeq {
   // logits of the num_draft_tokens + 1 sampled positions (RunnerOutput::verify_logits) for
   // rejection sampling against the draft's distributions (the engine sets it).
   bool return_verify_logits = false;
+  // With return_verify_logits: the draft distributions q ([num_draft_tokens][vocab], the
+  // engine's draft job) for executors that verify on their own device (the CUDA runner).
+  absl::Span<const double> draft_probs;
   // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
   // in that rank's pool, KvCacheConfig::dp_size); 0 without.
   int64_t dp_rank = 0;
