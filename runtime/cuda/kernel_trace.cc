@@ -22,6 +22,7 @@ using RegisterFn = CUptiResult (*)(CUpti_BuffersCallbackRequestFunc,
 using FlushFn = CUptiResult (*)(uint32_t);
 using NextFn = CUptiResult (*)(uint8_t*, size_t, CUpti_Activity**);
 using TimestampFn = CUptiResult (*)(uint64_t*);
+using CallbackNameFn = CUptiResult (*)(CUpti_CallbackDomain, uint32_t, const char**);
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
 
@@ -44,6 +45,8 @@ struct KernelTrace::Impl {
   FlushFn flush = nullptr;
   NextFn next = nullptr;
   TimestampFn timestamp = nullptr;
+  CallbackNameFn callback_name = nullptr;  // runtime calls' names (optional)
+  bool host_events = false;                // memcpy + runtime-call records too
   absl::Mutex mu;
   std::vector<KernelRecord> records ABSL_GUARDED_BY(mu);
 };
@@ -66,6 +69,25 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
     std::vector<KernelRecord> got;
     CUpti_Activity* record = nullptr;
     while (trace->next(buffer, valid, &record) == CUPTI_SUCCESS) {
+      if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        const char* what = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "memcpy HtoD"
+                           : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "memcpy DtoH"
+                                                                            : "memcpy";
+        got.push_back({what, m->start, m->end, 0, 0, KernelRecord::Kind::kMemcpy});
+        continue;
+      }
+      if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+        const char* name = nullptr;
+        if (trace->callback_name == nullptr ||
+            trace->callback_name(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS ||
+            name == nullptr) {
+          name = "?";
+        }
+        got.push_back({name, a->start, a->end, 0, 0, KernelRecord::Kind::kApi, a->returnValue});
+        continue;
+      }
       if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
           record->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
         continue;
@@ -89,7 +111,7 @@ Fn Symbol(void* lib, const char* name) {
 
 KernelTrace::KernelTrace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
+absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start(bool host_events) {
   // Never closed: CUPTI keeps threads and hooks in the process.
   void* lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) lib = dlopen("libcupti.so", RTLD_NOW | RTLD_LOCAL);
@@ -101,6 +123,8 @@ absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
   impl->flush = Symbol<FlushFn>(lib, "cuptiActivityFlushAll");
   impl->next = Symbol<NextFn>(lib, "cuptiActivityGetNextRecord");
   impl->timestamp = Symbol<TimestampFn>(lib, "cuptiGetTimestamp");
+  impl->callback_name = Symbol<CallbackNameFn>(lib, "cuptiGetCallbackName");
+  impl->host_events = host_events;
   if (!impl->enable || !impl->disable || !impl->register_callbacks || !impl->flush || !impl->next ||
       !impl->timestamp) {
     return absl::UnavailableError("libcupti lacks the activity API");
@@ -111,6 +135,8 @@ absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
   }
   CUptiResult r = impl->register_callbacks(BufferRequested, BufferCompleted);
   if (r == CUPTI_SUCCESS) r = impl->enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  if (r == CUPTI_SUCCESS && host_events) r = impl->enable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  if (r == CUPTI_SUCCESS && host_events) r = impl->enable(CUPTI_ACTIVITY_KIND_RUNTIME);
   if (r != CUPTI_SUCCESS) {
     active_trace.store(nullptr);
     return absl::UnavailableError(absl::StrCat("CUPTI activity tracing refused: error ", r));
@@ -120,6 +146,10 @@ absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
 
 KernelTrace::~KernelTrace() {
   impl_->disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  if (impl_->host_events) {
+    impl_->disable(CUPTI_ACTIVITY_KIND_MEMCPY);
+    impl_->disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  }
   impl_->flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   active_trace.store(nullptr);
 }

@@ -27,8 +27,10 @@ class KernelTrace {
  public:
   // Starts recording every kernel launched from now on (FAILED_PRECONDITION while another
   // trace is active; UNAVAILABLE without libcupti or when CUPTI refuses). Start it before CUDA
-  // graphs are captured: their replays are then recorded node by node.
-  static absl::StatusOr<std::unique_ptr<KernelTrace>> Start();
+  // graphs are captured: their replays are then recorded node by node. host_events: also every
+  // memcpy on the device and every CUDA runtime call on the host (KernelRecord::Kind; for
+  // BreakDownHostGaps; the calls' recording slows the host).
+  static absl::StatusOr<std::unique_ptr<KernelTrace>> Start(bool host_events = false);
   // Stops recording.
   ~KernelTrace();
   KernelTrace(const KernelTrace&) = delete;
@@ -36,8 +38,8 @@ class KernelTrace {
 
   // CUPTI's clock (the records' time base), for marking a window.
   uint64_t Now() const;
-  // The records of every kernel that finished since the last call, sorted by start time; the
-  // caller synchronizes the device first (CUPTI hands over only completed work).
+  // The records of every kernel (and host event) that finished since the last call, sorted by start
+  // time; the caller synchronizes the device first (CUPTI hands over only completed work).
   absl::StatusOr<std::vector<KernelRecord>> Collect();
 
   struct Impl;

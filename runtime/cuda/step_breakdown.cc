@@ -33,13 +33,14 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
   if (Has(name, "OneShotKernel") || Has(name, "TwoShotKernel")) return "all-reduce (custom)";
   if (Has(name, "nccl") || Has(name, "NCCL")) return "NCCL";
   if (Has(name, "SmallMLinearKernel")) {
-    // SmallMLinearKernel<T, TOut, M, kRows>: kRows 2 is gate_up with SiLU*up; TOut float is
-    // the logits.
+    // SmallMLinearKernel<T, TOut, M, kMode>: kMode 1 is gate_up with SiLU*up, 2 the qkv product
+    // with RoPE + the KV write; TOut float is the logits.
     const size_t open = name.find('<');
     const std::string_view args =
         open == std::string_view::npos ? std::string_view() : name.substr(open);
     const std::string_view targs = args.substr(0, args.find('>') + 1);
-    if (targs.ends_with(", 2>")) return "gemv gate_up + silu";
+    if (targs.ends_with(", 1>")) return "gemv gate_up + silu";
+    if (targs.ends_with(", 2>")) return "gemv qkv + rope + KV write";
     if (targs.substr(targs.find(',') + 1).starts_with(" float")) return "gemv lm_head";
     if (previous == "attention") return "gemv o_proj";
     if (previous == "gemv gate_up + silu") return "gemv down_proj";
@@ -69,10 +70,18 @@ StepBreakdown BreakDownSteps(const std::vector<KernelRecord>& records, int steps
   if (records.empty()) return out;
   std::map<std::string, KernelClassTime> by_class;
   std::string previous;
-  uint64_t busy_from = records[0].start_ns, busy_to = records[0].start_ns;
+  uint64_t first = records[0].start_ns;
+  for (const KernelRecord& r : records) {
+    if (r.kind == KernelRecord::Kind::kKernel) {
+      first = r.start_ns;
+      break;
+    }
+  }
+  uint64_t busy_from = first, busy_to = first;
   double busy_ns = 0.0;
   uint64_t last_end = 0;
   for (const KernelRecord& r : records) {
+    if (r.kind != KernelRecord::Kind::kKernel) continue;
     const std::string c = KernelClass(r.name, previous);
     KernelClassTime& t = by_class[c];
     t.name = c;
@@ -85,6 +94,7 @@ StepBreakdown BreakDownSteps(const std::vector<KernelRecord>& records, int steps
     // Union of the intervals (sorted by start): extend the current busy run or close it.
     if (r.start_ns > busy_to) {
       busy_ns += static_cast<double>(busy_to - busy_from);
+      // (the first record may be a copy or a call: the span starts at the first kernel's start)
       const double gap_us = static_cast<double>(r.start_ns - busy_to) / 1e3;
       (c == "embedding" ? out.idle_between_steps_us : out.idle_within_steps_us) += gap_us;
       busy_from = r.start_ns;
@@ -94,13 +104,118 @@ StepBreakdown BreakDownSteps(const std::vector<KernelRecord>& records, int steps
     previous = c;
   }
   busy_ns += static_cast<double>(busy_to - busy_from);
+  // (the first record may be a copy or a call: the span starts at the first kernel's start)
   out.busy_us = busy_ns / 1e3;
-  out.span_us = static_cast<double>(last_end - records[0].start_ns) / 1e3;
+  out.span_us = static_cast<double>(last_end - first) / 1e3;
   for (auto& [name, t] : by_class) out.classes.push_back(t);
   std::sort(out.classes.begin(), out.classes.end(),
             [](const KernelClassTime& a, const KernelClassTime& b) {
               return a.exclusive_us > b.exclusive_us;
             });
+  return out;
+}
+
+namespace {
+
+bool IsSyncCall(const KernelRecord& r) {
+  return r.kind == KernelRecord::Kind::kApi &&
+         (r.name.starts_with("cudaEventQuery") || r.name.starts_with("cudaStreamSynchronize") ||
+          r.name.starts_with("cudaEventSynchronize"));
+}
+
+// The first record at or after index `from` (records sorted by start) that starts at or after
+// `t`, before `until`, and satisfies `match`; null if none.
+template <typename Match>
+const KernelRecord* FirstFrom(const std::vector<KernelRecord>& records, size_t from, uint64_t t,
+                              uint64_t until, Match match) {
+  for (size_t i = from; i < records.size() && records[i].start_ns < until; ++i) {
+    if (records[i].start_ns >= t && match(records[i])) return &records[i];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+HostGapBreakdown BreakDownHostGaps(const std::vector<KernelRecord>& records) {
+  HostGapBreakdown g;
+  uint64_t kernels_end = 0;  // the latest end of the kernels seen so far
+  size_t step_from = 0;      // index of the record after the previous step's first kernel
+  bool seen_step = false;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const KernelRecord& e = records[i];
+    if (e.kind != KernelRecord::Kind::kKernel) continue;
+    if (KernelClass(e.name, "") != "embedding") {
+      kernels_end = std::max(kernels_end, e.end_ns);
+      continue;
+    }
+    if (seen_step && e.start_ns > kernels_end) {
+      const uint64_t k_end = kernels_end, first = e.start_ns;
+      ++g.gaps;
+      g.total_us += static_cast<double>(first - k_end) / 1e3;
+      // DtoH copies that end inside the gap (the sampled tokens).
+      uint64_t copied = k_end;
+      for (size_t j = step_from; j < i; ++j) {
+        const KernelRecord& r = records[j];
+        if (r.kind == KernelRecord::Kind::kMemcpy && r.name == "memcpy DtoH" && r.end_ns > k_end &&
+            r.end_ns <= first) {
+          copied = std::max(copied, r.end_ns);
+        }
+      }
+      auto us = [](uint64_t a, uint64_t b) {
+        return b > a ? static_cast<double>(b - a) / 1e3 : 0.0;
+      };
+      const KernelRecord* upload = FirstFrom(records, step_from, copied, first, [](const auto& r) {
+        return r.kind == KernelRecord::Kind::kApi && r.name.starts_with("cudaMemcpyAsync");
+      });
+      const KernelRecord* seen = nullptr;  // the synchronising call that saw the copy done
+      for (size_t j = step_from; j < records.size() && records[j].start_ns < first; ++j) {
+        const KernelRecord& r = records[j];
+        if (IsSyncCall(r) && r.api_result == 0 && r.end_ns >= copied) {
+          seen = &r;
+          break;
+        }
+      }
+      const KernelRecord* launch =
+          upload == nullptr
+              ? nullptr
+              : FirstFrom(records, step_from, upload->start_ns, first, [](const auto& r) {
+                  return r.kind == KernelRecord::Kind::kApi &&
+                         r.name.starts_with("cudaGraphLaunch");
+                });
+      g.copy_out_us += us(k_end, copied);
+      if (seen == nullptr || upload == nullptr || launch == nullptr ||
+          seen->end_ns > upload->start_ns) {
+        g.unresolved_us += us(copied, first);
+      } else {
+        g.wake_us += us(copied, seen->end_ns);
+        g.host_us += us(seen->end_ns, upload->start_ns);
+        g.upload_us += us(upload->start_ns, launch->start_ns);
+        g.launch_call_us += us(launch->start_ns, launch->end_ns);
+        g.launch_to_kernel_us += us(launch->end_ns, first);
+      }
+    }
+    seen_step = true;
+    step_from = i + 1;
+    kernels_end = std::max(kernels_end, e.end_ns);
+  }
+  return g;
+}
+
+std::string FormatHostGaps(const HostGapBreakdown& g) {
+  const double n = g.gaps > 0 ? g.gaps : 1;
+  std::string out =
+      absl::StrFormat("  GPU idle before a step's first kernel, %d steps, us/step:\n", g.gaps);
+  auto line = [&](const char* what, double us) {
+    absl::StrAppendFormat(&out, "    %-52s %9.1f\n", what, us / n);
+  };
+  line("last kernel -> sampled tokens' DtoH copy done", g.copy_out_us);
+  line("-> host's synchronising call returned", g.wake_us);
+  line("-> next step's metadata cudaMemcpyAsync (engine work)", g.host_us);
+  line("-> cudaGraphLaunch called (upload call, planning)", g.upload_us);
+  line("cudaGraphLaunch's own duration", g.launch_call_us);
+  line("its return -> the step's first kernel", g.launch_to_kernel_us);
+  line("unresolved (a mark missing)", g.unresolved_us);
+  line("total", g.total_us);
   return out;
 }
 

@@ -12,13 +12,18 @@
 
 namespace tandem::runtime::cuda {
 
-// One kernel's run on the device (KernelTrace's records).
+// One kernel's run on the device (KernelTrace's records), or, with KernelTrace::Start(true), a
+// copy on the device or a CUDA runtime call on the host (same clock).
 struct KernelRecord {
-  std::string name;  // demangled where possible
+  enum class Kind { kKernel, kMemcpy, kApi };
+  std::string name;  // demangled where possible; "memcpy HtoD" / "memcpy DtoH" / "memcpy";
+                     // a runtime call's CUPTI name ("cudaGraphLaunch_v10000")
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   uint32_t grid_x = 0;
   uint32_t block_x = 0;
+  Kind kind = Kind::kKernel;
+  uint32_t api_result = 0;  // a runtime call's return value (0: cudaSuccess)
 };
 
 // The class of a kernel by its demangled name, given the class of the kernel launched before it
@@ -51,6 +56,28 @@ struct StepBreakdown {
 
 // Records of `steps` steps (sorted by start; KernelTrace::Collect's order).
 StepBreakdown BreakDownSteps(const std::vector<KernelRecord>& records, int steps);
+
+// The GPU's idle time before each step's first kernel (the embedding) split by what the host and
+// the copies did, from kernel, memcpy and runtime-call records (KernelTrace::Start(true)): the
+// last kernel of the step before -> its DtoH copy (the sampled tokens) done -> the host sees it
+// (the first synchronising call that returns success after the copy: cudaEventQuery /
+// cudaStreamSynchronize / cudaEventSynchronize) -> the next step's first cudaMemcpyAsync (the
+// metadata upload: engine update, scheduling and packing happened in between) ->
+// cudaGraphLaunch called -> it returned -> the step's first kernel starts. A boundary where a mark
+// is missing (eager steps: no cudaGraphLaunch) puts the rest of its gap in `unresolved_us`.
+struct HostGapBreakdown {
+  int gaps = 0;                      // step boundaries seen (every embedding but the first)
+  double total_us = 0.0;             // the idle time of those boundaries
+  double copy_out_us = 0.0;          // last kernel end -> DtoH copy end
+  double wake_us = 0.0;              // -> the host's synchronising call returned
+  double host_us = 0.0;              // -> the next step's first cudaMemcpyAsync starts
+  double upload_us = 0.0;            // -> cudaGraphLaunch starts (upload call, planning)
+  double launch_call_us = 0.0;       // cudaGraphLaunch's own duration
+  double launch_to_kernel_us = 0.0;  // its return -> the first kernel starts
+  double unresolved_us = 0.0;
+};
+HostGapBreakdown BreakDownHostGaps(const std::vector<KernelRecord>& records);
+std::string FormatHostGaps(const HostGapBreakdown& g);
 
 // A table: per class calls and microseconds per step and the share of `step_ms` (the measured
 // step time), then busy and idle time per step.

@@ -1,5 +1,6 @@
 #include "runtime/cuda/step_breakdown.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -14,15 +15,20 @@ constexpr char kEmbed[] =
     "const*, long, __nv_bfloat16 const*, long, long, long, __nv_bfloat16*)";
 constexpr char kGemv[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
-    "__nv_bfloat16, 1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
-    "long, long, __nv_bfloat16*)";
+    "__nv_bfloat16, 1, 0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
+    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
 constexpr char kGateUp[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
+    "__nv_bfloat16, 1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
+    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
+constexpr char kQkvRope[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
     "__nv_bfloat16, 1, 2>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
-    "long, long, __nv_bfloat16*)";
+    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
 constexpr char kLmHead[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, float, "
-    "1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, float*)";
+    "1, 0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, float*, "
+    "int, bool, tandem::kernels::cuda::GemvRopeKv)";
 constexpr char kFused[] =
     "void tandem::comm::(anonymous namespace)::AddNormKernel<__nv_bfloat16, 4, 2>(tandem::comm::"
     "(anonymous namespace)::ArParams, tandem::comm::(anonymous namespace)::ArNormParams<"
@@ -39,6 +45,7 @@ TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kGemv, "attention"), "gemv o_proj");
   EXPECT_EQ(KernelClass(kGemv, "gemv gate_up + silu"), "gemv down_proj");
   EXPECT_EQ(KernelClass(kGateUp, "rmsnorm (+ add)"), "gemv gate_up + silu");
+  EXPECT_EQ(KernelClass(kQkvRope, "all-reduce + add + norm (fused)"), "gemv qkv + rope + KV write");
   EXPECT_EQ(KernelClass(kLmHead, "gather logit rows"), "gemv lm_head");
   EXPECT_EQ(KernelClass(kFused, "gemv o_proj"), "all-reduce + add + norm (fused)");
   EXPECT_EQ(KernelClass(kAttn, "rope + KV write"), "attention");
@@ -109,6 +116,56 @@ TEST(StepBreakdownTest, TimesPerClassBusyAndGaps) {
   EXPECT_NE(table.find("gemv down_proj"), std::string::npos) << table;
   EXPECT_NE(table.find("GPU idle between kernels"), std::string::npos) << table;
   EXPECT_TRUE(BreakDownSteps({}, 3).classes.empty());
+}
+
+// Three steps with their host events: each boundary's gap is split at the DtoH copy's end, the
+// successful synchronising call, the next cudaMemcpyAsync, cudaGraphLaunch and the first kernel;
+// polls that returned "not ready" (600) and the previous step's own DtoH cudaMemcpyAsync call
+// are not marks; copies and calls do not count as kernels in BreakDownSteps.
+TEST(StepBreakdownTest, HostGapsSplitAtTheCopiesAndCalls) {
+  using Kind = KernelRecord::Kind;
+  std::vector<KernelRecord> r;
+  auto api = [&](const char* name, uint64_t from, uint64_t to, uint32_t result = 0) {
+    r.push_back({name, from, to, 0, 0, Kind::kApi, result});
+  };
+  uint64_t t = 10000;
+  for (int step = 0; step < 3; ++step) {
+    api("cudaMemcpyAsync_v3020", t, t + 1000);  // metadata upload call
+    r.push_back({"memcpy HtoD", t + 1500, t + 2000, 0, 0, Kind::kMemcpy});
+    api("cudaGraphLaunch_v10000", t + 3000, t + 5000);
+    api("cudaMemcpyAsync_v3020", t + 5500, t + 6000);  // the DtoH call, issued at once
+    r.push_back({kEmbed, t + 9000, t + 10000, 1, 32});
+    r.push_back({kGemv, t + 10000, t + 30000, 1, 32});
+    r.push_back({"memcpy DtoH", t + 30500, t + 31500, 0, 0, Kind::kMemcpy});
+    api("cudaEventQuery_v3020", t + 30000, t + 31000, 600);  // not ready
+    api("cudaEventQuery_v3020", t + 31200, t + 33500);       // sees it
+    t += 40000;  // the next upload call 6.5 us after the host saw the step
+  }
+  std::sort(r.begin(), r.end(),
+            [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
+  const HostGapBreakdown g = BreakDownHostGaps(r);
+  EXPECT_EQ(g.gaps, 2);
+  // Per boundary: kernels end at +30 us, the next embedding starts at +49 us: 19 us idle.
+  EXPECT_DOUBLE_EQ(g.total_us, 38.0);
+  EXPECT_DOUBLE_EQ(g.copy_out_us, 3.0);          // DtoH done at +31.5
+  EXPECT_DOUBLE_EQ(g.wake_us, 4.0);              // the successful query returns at +33.5
+  EXPECT_DOUBLE_EQ(g.host_us, 13.0);             // next upload call at +40
+  EXPECT_DOUBLE_EQ(g.upload_us, 6.0);            // cudaGraphLaunch at +43
+  EXPECT_DOUBLE_EQ(g.launch_call_us, 4.0);       // returns at +45
+  EXPECT_DOUBLE_EQ(g.launch_to_kernel_us, 8.0);  // the embedding at +49
+  EXPECT_DOUBLE_EQ(g.unresolved_us, 0.0);
+  EXPECT_NE(FormatHostGaps(g).find("cudaGraphLaunch"), std::string::npos);
+  const StepBreakdown b = BreakDownSteps(r, 3);
+  EXPECT_DOUBLE_EQ(b.kernel_us, 63.0);  // kernels only
+  EXPECT_DOUBLE_EQ(b.idle_between_steps_us, 38.0);
+  // Without host events the whole gap is unresolved.
+  std::vector<KernelRecord> kernels;
+  for (const KernelRecord& k : r) {
+    if (k.kind == Kind::kKernel) kernels.push_back(k);
+  }
+  const HostGapBreakdown bare = BreakDownHostGaps(kernels);
+  EXPECT_DOUBLE_EQ(bare.unresolved_us, 38.0);
+  EXPECT_DOUBLE_EQ(bare.total_us, 38.0);
 }
 
 }  // namespace
