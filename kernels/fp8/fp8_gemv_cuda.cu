@@ -7,67 +7,28 @@
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/fp8/fp8_gemv_cuda.h"
+#include "kernels/fp8/fp8_gemv_device.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
-constexpr int kGroup = 128;  // columns a warp takes per step; the 128-column scale group
-constexpr int kMaxTokens = 16;
+using fp8_gemv_internal::ActForm;
+using fp8_gemv_internal::GroupBf16;
+using fp8_gemv_internal::GroupE4m3;
+using fp8_gemv_internal::kGroup;
+using fp8_gemv_internal::kMaxTokens;
+using fp8_gemv_internal::Params;
+using fp8_gemv_internal::Word;
+
 // m > 8 (two 8-token MMA tiles): 32 rows per block once there are enough of them to fill an
 // H200's 132 SMs twice over (each block then re-reads the activations from L2 half as often),
 // else 16.
 constexpr int64_t kTwoTilesMinRows = 8192;
 constexpr int64_t kEightWarpsMaxRows = 2 * 132 * 16;
 
-// How the activations arrive (fp8_gemv_cuda.h).
-enum class ActForm { kCodes, kFusedQuant, kBf16 };
-
-struct Params {
-  const uint8_t* w;               // [n, k] e4m3
-  const float* w_scales;          // [n, w_groups]
-  int64_t w_groups;               // 1 (whole row) or ceil(k / 128)
-  const uint8_t* a_codes;         // kCodes: [m, k] e4m3
-  const float* a_scales;          // kCodes: QuantizeActivations' scales
-  int64_t a_scale_stride;         // kCodes: scales per token (0 static, 1 per token, groups)
-  const __nv_bfloat16* a_values;  // kFusedQuant / kBf16: [m, k]
-  int scheme;                     // Fp8ActivationScheme
-  float static_scale;             // kFusedQuant with kStaticTensor
-  bool group_scales;              // some scale changes every 128 columns
-  const __nv_bfloat16* bias;      // [n] or null
-  bool early_weight_loads;        // the first weight loads before the PDL wait
-  int m;
-  int64_t n, k;
-};
-
 constexpr int kToken = static_cast<int>(Fp8ActivationScheme::kDynamicToken);
 constexpr int kGroup128 = static_cast<int>(Fp8ActivationScheme::kDynamicGroup128);
 constexpr int kStatic = static_cast<int>(Fp8ActivationScheme::kStaticTensor);
-
-// c (16 x 8, fp32) += a (16 x 32 e4m3, row) * b (32 x 8 e4m3, col). sm_89+ (the build targets
-// sm_90a and compute_90).
-__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Two e4m3 codes (low byte first) as a bf16x2 (exact: every e4m3 value is a half and a bf16).
-__device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint32_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
 
 // Eight bf16 as floats.
 __device__ __forceinline__ void Bf16x8ToFloat(const uint4& v, float* f) {
@@ -205,64 +166,6 @@ __device__ __forceinline__ void ActivationFragments(const Params& p, int64_t gi,
   }
 }
 
-// gacc += the group's products on the tensor cores, e4m3 x e4m3. A lane's 16 weight bytes of a
-// 64-column chunk (words 0..3) feed two k32 steps: step s takes words 2s (the fragment's
-// columns 4t..4t+3) and 2s + 1 (columns 16 + 4t..); the activations' words the same way.
-template <int RT, int MT>
-__device__ __forceinline__ void GroupE4m3(const uint4 (&wv)[2][RT][2],
-                                          const uint32_t (&b)[2][MT][4], float (&gacc)[RT][MT][4]) {
-#pragma unroll
-  for (int ch = 0; ch < 2; ++ch) {
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const uint32_t a[4] = {Word(wv[ch][rt][0], 2 * s), Word(wv[ch][rt][1], 2 * s),
-                               Word(wv[ch][rt][0], 2 * s + 1), Word(wv[ch][rt][1], 2 * s + 1)};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          MmaE4m3(gacc[rt][mt], a, b[ch][mt][2 * s], b[ch][mt][2 * s + 1]);
-        }
-      }
-    }
-  }
-}
-
-// Weight-only FP8: gacc += the group's products, the weight converted to bf16 (m16n8k16). Step
-// s of a chunk takes weight word s (4 columns: the pair 2t, 2t + 1 and the pair 2t + 8, 2t + 9
-// of the fragment) and the activations' bf16 words 2s and 2s + 1 (the same 4 columns).
-template <int RT, int MT>
-__device__ __forceinline__ void GroupBf16(const Params& p, const uint4 (&wv)[2][RT][2], int64_t c0,
-                                          int g, float (&gacc)[RT][MT][4]) {
-#pragma unroll
-  for (int ch = 0; ch < 2; ++ch) {
-    const int64_t c = c0 + ch * 64;
-    uint4 av[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int tok = mt * 8 + g;
-      const bool in = tok < p.m && c < p.k;
-      const uint4* src = reinterpret_cast<const uint4*>(p.a_values + tok * p.k + c);
-      av[mt][0] = in ? __ldg(src) : make_uint4(0, 0, 0, 0);
-      av[mt][1] = in ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const uint32_t w0 = Word(wv[ch][rt][0], s), w1 = Word(wv[ch][rt][1], s);
-        const uint32_t a[4] = {E4m3x2ToBf16x2(w0), E4m3x2ToBf16x2(w1), E4m3x2ToBf16x2(w0 >> 16),
-                               E4m3x2ToBf16x2(w1 >> 16)};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          internal::Mma16816<__nv_bfloat16>(gacc[rt][mt], a, Word(av[mt][s / 2], 2 * (s % 2)),
-                                            Word(av[mt][s / 2], 2 * (s % 2) + 1));
-        }
-      }
-    }
-  }
-}
-
 // The activation scale of token `tok` applied after the k loop (scales constant along k).
 template <ActForm kForm>
 __device__ __forceinline__ float FinalTokenScale(const Params& p, int tok,
@@ -286,7 +189,20 @@ __device__ __forceinline__ void GroupStep(const Params& p, int64_t gi, int64_t c
   float gacc[RT][MT][4] = {};
   float a_scale[MT][2];
   if constexpr (kForm == ActForm::kBf16) {
-    GroupBf16<RT, MT>(p, wv, c0, g, gacc);
+    uint4 av[2][MT][2];
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch) {
+      const int64_t c = c0 + ch * 64;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int tok = mt * 8 + g;
+        const bool in = tok < p.m && c < p.k;
+        const uint4* src = reinterpret_cast<const uint4*>(p.a_values + tok * p.k + c);
+        av[ch][mt][0] = in ? __ldg(src) : make_uint4(0, 0, 0, 0);
+        av[ch][mt][1] = in ? __ldg(src + 1) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    GroupBf16<RT, MT>(wv, av, gacc);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) a_scale[mt][0] = a_scale[mt][1] = 1.0f;
   } else {
@@ -455,10 +371,19 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
   return m >= 1 && m <= kFp8SmallMMaxM && weight_ok && act_ok;
 }
 
+// H200 (nvidia-h200-x4, BENCHMARKS.md): with m <= 8 and per-row scales the streaming kernel made
+// the Llama-3-8B batch-1 decode step 3.307 ms against 3.505 (same call) and won most Llama-3-70B
+// projections; at m > 8 (two 8-token tiles on 2 warps) and with per-group scales (4-byte copies
+// of the scales beside each group) it lost on most shapes.
+Fp8GemvKernel Fp8GemvAutoKernel(int64_t m, int64_t /*n*/, int64_t /*k*/, bool group_scales) {
+  return m <= 8 && !group_scales ? Fp8GemvKernel::kStreaming : Fp8GemvKernel::kRegisterLoads;
+}
+
 template <typename TOut>
 absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream,
-                             bool programmatic_launch, bool early_weight_loads) {
+                             bool programmatic_launch, bool early_weight_loads,
+                             Fp8GemvKernel kernel) {
   if (!Fp8SmallMLinearSupported(a, w, m) || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8SmallMLinear: needs 1 <= m <= ", kFp8SmallMMaxM,
@@ -488,10 +413,16 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
   p.n = w.grid.rows;
   p.k = k;
   const bool pdl = programmatic_launch;
+  if (kernel == Fp8GemvKernel::kAuto) kernel = Fp8GemvAutoKernel(m, p.n, k, p.group_scales);
+  const bool stream_kernel = kernel == Fp8GemvKernel::kStreaming;
   if (a.scheme == Fp8ActivationScheme::kNone) {
-    CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kBf16, TOut>(p, out, stream, pdl)));
+    CUDA_RETURN_IF_ERROR(
+        (stream_kernel ? fp8_gemv_internal::LaunchStream<ActForm::kBf16, TOut>(p, out, stream, pdl)
+                       : DispatchTiles<ActForm::kBf16, TOut>(p, out, stream, pdl)));
   } else if (a.codes != nullptr) {
-    CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kCodes, TOut>(p, out, stream, pdl)));
+    CUDA_RETURN_IF_ERROR(
+        (stream_kernel ? fp8_gemv_internal::LaunchStream<ActForm::kCodes, TOut>(p, out, stream, pdl)
+                       : DispatchTiles<ActForm::kCodes, TOut>(p, out, stream, pdl)));
   } else {
     CUDA_RETURN_IF_ERROR((DispatchTiles<ActForm::kFusedQuant, TOut>(p, out, stream, pdl)));
   }
@@ -501,9 +432,9 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
 template absl::Status Fp8SmallMLinear<__nv_bfloat16>(const Fp8SmallMActivations&,
                                                      const Fp8DeviceWeight&, const __nv_bfloat16*,
                                                      int64_t, __nv_bfloat16*, cudaStream_t, bool,
-                                                     bool);
+                                                     bool, Fp8GemvKernel);
 template absl::Status Fp8SmallMLinear<float>(const Fp8SmallMActivations&, const Fp8DeviceWeight&,
                                              const __nv_bfloat16*, int64_t, float*, cudaStream_t,
-                                             bool, bool);
+                                             bool, bool, Fp8GemvKernel);
 
 }  // namespace tandem::kernels::cuda

@@ -1,22 +1,32 @@
 // The decode FP8 linear layer (issue 38): out[m, n] = a[m, k] . w[n, k]^T (+ bias[n]) for
 // m <= kFp8SmallMMaxM rows, with an e4m3 weight whose scales are per row over blocks of 128
 // columns or the whole row (fp8_cuda.h's Fp8DeviceWeight). Decode reads every weight once per
-// step, so the cost is the weight bytes over the memory bandwidth; the kernel reads each weight
-// byte ONCE for all m rows:
-//   * a block owns 16 or 32 weight rows; its 4 or 8 warps split k in groups of 128 columns; a lane
-//     streams 16 bytes of a weight row per 64 columns (16-byte loads, evict-first);
-//   * the products run on the tensor cores, the weight as the 16-row A operand and the m <= 16
-//     activation rows as one or two 8-column B operands (mma.m16n8k32 e4m3 x e4m3, or m16n8k16
-//     bf16 for weight-only FP8 with the weight converted exactly to bf16). A dot product does
-//     not care in which order k is summed, so k is permuted inside each 64-column chunk such
-//     that a lane's 16 contiguous weight bytes and the activations' 16 contiguous bytes form its
-//     fragments directly: no shared memory, no shuffles;
-//   * each 128-column group is summed on the tensor cores, then added to fp32 accumulators with
-//     its scales when they change per group (128-column weight blocks, 1 x 128 activation
-//     groups): Hopper's FP8 MMA keeps about 14 bits while accumulating (DeepSeek-V3 report,
-//     3.3.2), so the fp32 promotion every 128 columns bounds that error;
-//   * the warps' partial sums meet in shared memory; per-row weight and per-token activation
-//     scales and the bias are applied once, one rounding to TOut.
+// step, so the cost is the weight bytes over the memory bandwidth; both kernels read each weight
+// byte ONCE for all m rows. Two kernels (Fp8GemvKernel):
+//   * kStreaming (fp8_gemv_stream_cuda.cu; kAuto's choice for m <= 8 with per-row scales): codes
+//     or weight-only FP8. Each lane streams
+//     its fragment bytes with cp.async into a private 3-stage ring in shared memory (weights,
+//     activations and per-group scales of the next groups always in flight, ~60 registers),
+//     (16-row tile, 128-column group) items over a one-wave persistent grid, and a cluster of 2
+//     blocks splitting k where there are too few tiles, reduced through distributed shared
+//     memory. Same fragments and numerics as the register kernel below.
+//   * kRegisterLoads (fp8_gemv_cuda.cu; kAuto's choice otherwise; the only one for the fused
+//     quantization):
+//     * a block owns 16 or 32 weight rows; its 4 or 8 warps split k in groups of 128 columns; a
+//     lane
+//       streams 16 bytes of a weight row per 64 columns (16-byte loads, evict-first);
+//     * the products run on the tensor cores, the weight as the 16-row A operand and the m <= 16
+//       activation rows as one or two 8-column B operands (mma.m16n8k32 e4m3 x e4m3, or m16n8k16
+//       bf16 for weight-only FP8 with the weight converted exactly to bf16). A dot product does
+//       not care in which order k is summed, so k is permuted inside each 64-column chunk such
+//       that a lane's 16 contiguous weight bytes and the activations' 16 contiguous bytes form its
+//       fragments directly: no shared memory, no shuffles;
+//     * each 128-column group is summed on the tensor cores, then added to fp32 accumulators with
+//       its scales when they change per group (128-column weight blocks, 1 x 128 activation
+//       groups): Hopper's FP8 MMA keeps about 14 bits while accumulating (DeepSeek-V3 report,
+//       3.3.2), so the fp32 promotion every 128 columns bounds that error;
+//     * the warps' partial sums meet in shared memory; per-row weight and per-token activation
+//       scales and the bias are applied once, one rounding to TOut.
 // Activations come in one of three forms (Fp8SmallMActivations):
 //   * weight-only FP8 (scheme kNone): bf16 values;
 //   * e4m3 codes and scales QuantizeActivations (fp8_cuda.h) wrote;
@@ -49,6 +59,14 @@ namespace tandem::kernels::cuda {
 
 inline constexpr int64_t kFp8SmallMMaxM = 16;
 
+// Which kernel Fp8SmallMLinear runs (the header comment); activations quantized inside the
+// kernel always take kRegisterLoads. kAuto: Fp8GemvAutoKernel's choice.
+enum class Fp8GemvKernel { kAuto, kStreaming, kRegisterLoads };
+
+// The kernel kAuto runs for m rows of an n x k weight (group_scales: scales change every 128
+// columns), from the measured table in BENCHMARKS.md.
+Fp8GemvKernel Fp8GemvAutoKernel(int64_t m, int64_t n, int64_t k, bool group_scales);
+
 // The activations of one Fp8SmallMLinear call (see the header comment for the three forms).
 struct Fp8SmallMActivations {
   Fp8ActivationScheme scheme = Fp8ActivationScheme::kNone;
@@ -69,16 +87,18 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
 template <typename TOut>
 absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, TOut* out, cudaStream_t stream,
-                             bool programmatic_launch = false, bool early_weight_loads = true);
+                             bool programmatic_launch = false, bool early_weight_loads = true,
+                             Fp8GemvKernel kernel = Fp8GemvKernel::kAuto);
 
 extern template absl::Status Fp8SmallMLinear<__nv_bfloat16>(const Fp8SmallMActivations&,
                                                             const Fp8DeviceWeight&,
                                                             const __nv_bfloat16*, int64_t,
                                                             __nv_bfloat16*, cudaStream_t, bool,
-                                                            bool);
+                                                            bool, Fp8GemvKernel);
 extern template absl::Status Fp8SmallMLinear<float>(const Fp8SmallMActivations&,
                                                     const Fp8DeviceWeight&, const __nv_bfloat16*,
-                                                    int64_t, float*, cudaStream_t, bool, bool);
+                                                    int64_t, float*, cudaStream_t, bool, bool,
+                                                    Fp8GemvKernel);
 
 }  // namespace tandem::kernels::cuda
 

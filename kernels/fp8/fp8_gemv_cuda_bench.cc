@@ -8,16 +8,22 @@
 // producers at m = 1 / 8 / 16 (hidden 4096, inter 14336): FusedAddRmsNorm or SiluAndMul +
 // QuantizeActivations against the fused RmsNormQuantFp8 / SiluAndMulQuantFp8, with PDL.
 //
-//   fp8_gemv_cuda_bench [--reps=40] [--iters=20]
+// --only=sweep: the register-load ("old") and streaming ("new") kernels at every Llama-3-8B /
+// 70B projection and TP = 1 / 2 / 4 slice (BenchSweep); --only=detail: the 8B table above and
+// the producers; --only=producers: the producers alone; default: all of them.
+//
+//   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|all]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/fp8/fp8_cuda.h"
@@ -86,6 +92,32 @@ struct Shape {
   int64_t n, k;
 };
 
+// The small buffers of one n x k shape: weight scales (1e-3 each, one per row and 128-column
+// group), activation codes and scales for up to 16 rows, the bf16 output.
+struct ShapeBuffers {
+  float* w_scales = nullptr;
+  float* a_scales = nullptr;
+  uint8_t* a_codes = nullptr;
+  __nv_bfloat16* out = nullptr;
+  ShapeBuffers(int64_t n, int64_t k) {
+    const int64_t groups = (k + 127) / 128;
+    Check(cudaMalloc(reinterpret_cast<void**>(&w_scales), n * groups * 4), "scales");
+    Check(cudaMalloc(reinterpret_cast<void**>(&a_scales), 16 * groups * 4), "scales");
+    Check(cudaMalloc(reinterpret_cast<void**>(&a_codes), 16 * k), "codes");
+    Check(cudaMalloc(reinterpret_cast<void**>(&out), 2 * 16 * n), "out");
+    const std::vector<float> ones(n * groups, 1e-3f);
+    Check(cudaMemcpy(w_scales, ones.data(), n * groups * 4, cudaMemcpyHostToDevice), "scales");
+  }
+  ShapeBuffers(const ShapeBuffers&) = delete;
+  ShapeBuffers& operator=(const ShapeBuffers&) = delete;
+  ~ShapeBuffers() {
+    for (void* p : {static_cast<void*>(w_scales), static_cast<void*>(a_scales),
+                    static_cast<void*>(a_codes), static_cast<void*>(out)}) {
+      cudaFree(p);
+    }
+  }
+};
+
 // The activation producers before the FP8 projections of a decode step, two kernels against
 // the fused one (fp8_fused_quant_cuda.h), every launch with PDL, inputs in L2 as in a step.
 int BenchFusedQuant(cudaStream_t s, int reps, int iters) {
@@ -136,14 +168,154 @@ int BenchFusedQuant(cudaStream_t s, int reps, int iters) {
   return 0;
 }
 
+// Device copies of `bytes` filled with a repeated random pattern (fast for GB of weights; the
+// content does not matter to the timing as long as no code is NaN).
+std::vector<void*> PatternCopies(int64_t bytes, int copies, uint8_t mask) {
+  std::mt19937 rng(77);
+  std::vector<uint8_t> pattern(std::min<int64_t>(bytes, int64_t{16} << 20));
+  for (uint8_t& b : pattern) b = static_cast<uint8_t>(rng() & mask);
+  std::vector<void*> out(copies);
+  for (int c = 0; c < copies; ++c) {
+    Check(cudaMalloc(&out[c], bytes), "cudaMalloc");
+    if (c > 0) {
+      Check(cudaMemcpy(out[c], out[0], bytes, cudaMemcpyDeviceToDevice), "copy");
+      continue;
+    }
+    for (int64_t at = 0; at < bytes; at += static_cast<int64_t>(pattern.size())) {
+      const int64_t len = std::min<int64_t>(bytes - at, static_cast<int64_t>(pattern.size()));
+      Check(cudaMemcpy(static_cast<uint8_t*>(out[c]) + at, pattern.data(), len,
+                       cudaMemcpyHostToDevice),
+            "upload");
+    }
+  }
+  return out;
+}
+
+int CopiesFor(int64_t bytes) { return static_cast<int>((kRotateBytes + bytes - 1) / bytes); }
+
+// BenchSweep's variants: the kernel, 128-column weight blocks with 1 x 128 activation groups
+// (else per-channel with per-token activations), PDL.
+struct SweepVariant {
+  const char* name;
+  Fp8GemvKernel kernel;
+  bool blocks, pdl;
+};
+constexpr SweepVariant kSweepVariants[] = {
+    {"old-channel", Fp8GemvKernel::kRegisterLoads, false, false},
+    {"new-channel", Fp8GemvKernel::kStreaming, false, false},
+    {"old-channel-pdl", Fp8GemvKernel::kRegisterLoads, false, true},
+    {"new-channel-pdl", Fp8GemvKernel::kStreaming, false, true},
+    {"old-block128-pdl", Fp8GemvKernel::kRegisterLoads, true, true},
+    {"new-block128-pdl", Fp8GemvKernel::kStreaming, true, true}};
+
+// One projection of BenchSweep: every m and variant (and bf16 when `bf16`).
+void SweepShape(cudaStream_t s, int reps, int iters, const char* prefix, int64_t n, int64_t k,
+                bool bf16) {
+  const int copies8 = CopiesFor(n * k);
+  const std::vector<void*> w8 = PatternCopies(n * k, copies8, 0xF7);
+  std::vector<void*> w16;
+  if (bf16) w16 = PatternCopies(2 * n * k, CopiesFor(2 * n * k), 0x3F);
+  const std::vector<void*> x = PatternCopies(2 * 16 * k, 1, 0x3F);
+  const ShapeBuffers buf(n, k);
+  const auto* xv = static_cast<const __nv_bfloat16*>(x[0]);
+  for (int64_t m : {1, 8, 16}) {
+    const auto report = [&](const char* variant, double us, int64_t bytes) {
+      std::printf("%s %ld %ld %ld %s ", prefix, static_cast<long>(n), static_cast<long>(k),
+                  static_cast<long>(m), variant);
+      if (us < 0) {
+        std::printf("failed\n");
+      } else {
+        std::printf("%.2f %.2f\n", us, bytes / us / 1e6);
+      }
+    };
+    if (bf16) {
+      report(m <= kGemvMaxM ? "bf16-pdl" : "bf16-pdl(2x8)",
+             TimeGraphUs(s, reps, iters,
+                         [&](int i) {
+                           const auto* w = static_cast<const __nv_bfloat16*>(w16[i % w16.size()]);
+                           bool ok = true;
+                           for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxM) {
+                             const int64_t rows = std::min<int64_t>(m - r0, kGemvMaxM);
+                             ok = ok && SmallMLinear<__nv_bfloat16, __nv_bfloat16>(
+                                            xv + r0 * k, w, nullptr, rows, n, k, buf.out + r0 * n,
+                                            s, true)
+                                            .ok();
+                           }
+                           return ok;
+                         }),
+             2 * n * k);
+    }
+    for (const SweepVariant& v : kSweepVariants) {
+      const Scheme scheme = v.blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
+      Check(QuantizeActivations(xv, m, k, scheme, 0.0f, buf.a_codes, buf.a_scales, s).ok()
+                ? cudaSuccess
+                : cudaErrorUnknown,
+            "QuantizeActivations");
+      Fp8SmallMActivations a;
+      a.scheme = scheme;
+      a.codes = buf.a_codes;
+      a.scales = buf.a_scales;
+      report(v.name,
+             TimeGraphUs(s, reps, iters,
+                         [&](int i) {
+                           const Fp8DeviceWeight w{static_cast<const uint8_t*>(w8[i % copies8]),
+                                                   buf.w_scales,
+                                                   {n, k, 1, v.blocks ? 128 : k}};
+                           return Fp8SmallMLinear<__nv_bfloat16>(a, w, nullptr, m, buf.out, s,
+                                                                 v.pdl, true, v.kernel)
+                               .ok();
+                         }),
+             n * k);
+    }
+  }
+  Check(cudaDeviceSynchronize(), "shape");
+  for (void* p : w8) cudaFree(p);
+  for (void* p : w16) cudaFree(p);
+  cudaFree(x[0]);
+}
+
+// --only=sweep: the register-load kernel ("old") against the streaming kernel ("new") at every
+// Llama-3-8B / 70B decode projection, TP = 1 / 2 / 4 slices (qkv and gate_up split n, o and
+// down split k), m = 1 / 8 / 16, codes ready; the bf16 SmallMLinear beside them at TP = 1.
+// One line per (shape, m, variant): us and weight TB/s.
+int BenchSweep(cudaStream_t s, int reps, int iters) {
+  struct Model {
+    const char* name;
+    int64_t hidden, qkv, inter;  // qkv: q + k + v output width at TP = 1
+  };
+  const Model models[] = {{"8B", 4096, 6144, 14336}, {"70B", 8192, 10240, 28672}};
+  std::printf("sweep model tp shape n k m variant us TB/s\n");
+  for (const Model& md : models) {
+    for (int64_t tp : {1, 2, 4}) {
+      const Shape shapes[] = {{"qkv", md.qkv / tp, md.hidden},
+                              {"o", md.hidden, md.hidden / tp},
+                              {"gate_up", 2 * md.inter / tp, md.hidden},
+                              {"down", md.hidden, md.inter / tp}};
+      for (const Shape& sh : shapes) {
+        char prefix[64];
+        std::snprintf(prefix, sizeof(prefix), "sweep %s %ld %s", md.name, static_cast<long>(tp),
+                      sh.name);
+        SweepShape(s, reps, iters, prefix, sh.n, sh.k, tp == 1);
+      }
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int reps = 40, iters = 20;
+  std::string only = "all";
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
+    if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
   }
   cudaStream_t s;
   Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  if (only == "sweep" || only == "all") {
+    if (const int rc = BenchSweep(s, reps, iters); rc != 0 || only == "sweep") return rc;
+  }
+  if (only == "producers") return BenchFusedQuant(s, reps, iters);
   std::mt19937 rng(1234);
   // e4m3 codes with bit 3 clear (never NaN); bf16 values of modest size.
   const auto fp8_byte = [&] { return static_cast<uint8_t>(rng() & 0xF7); };
@@ -153,7 +325,7 @@ int Main(int argc, char** argv) {
                           {"down_proj", 4096, 14336}};
   std::printf("shape m variant us GB/s(weight bytes)\n");
   for (const Shape& sh : shapes) {
-    const int64_t n = sh.n, k = sh.k, groups = (k + 127) / 128;
+    const int64_t n = sh.n, k = sh.k;
     const int copies8 = static_cast<int>((kRotateBytes + n * k - 1) / (n * k));
     const int copies16 = static_cast<int>((kRotateBytes + 2 * n * k - 1) / (2 * n * k));
     std::vector<void*> w8 = RandomCopies(n * k, copies8, fp8_byte);
@@ -166,15 +338,11 @@ int Main(int argc, char** argv) {
     };
     std::vector<void*> w16 = RandomCopies(2 * n * k, copies16, bf16_bytes(0x3c));  // ~2^-7
     const std::vector<void*> x = RandomCopies(2 * 16 * k, 1, bf16_bytes(0x3f));    // ~1
-    float *w_scales = nullptr, *a_scales = nullptr;
-    uint8_t* a_codes = nullptr;
-    __nv_bfloat16* out = nullptr;
-    Check(cudaMalloc(reinterpret_cast<void**>(&w_scales), n * groups * 4), "scales");
-    Check(cudaMalloc(reinterpret_cast<void**>(&a_scales), 16 * groups * 4), "scales");
-    Check(cudaMalloc(reinterpret_cast<void**>(&a_codes), 16 * k), "codes");
-    Check(cudaMalloc(reinterpret_cast<void**>(&out), 2 * 16 * n), "out");
-    std::vector<float> ones(n * groups, 1e-3f);
-    Check(cudaMemcpy(w_scales, ones.data(), n * groups * 4, cudaMemcpyHostToDevice), "scales");
+    const ShapeBuffers buf(n, k);
+    float* w_scales = buf.w_scales;
+    float* a_scales = buf.a_scales;
+    uint8_t* a_codes = buf.a_codes;
+    __nv_bfloat16* out = buf.out;
     const auto* xv = static_cast<const __nv_bfloat16*>(x[0]);
     for (int64_t m : {1, 8, 16}) {
       const auto report = [&](const char* variant, double us, int64_t bytes) {
@@ -260,10 +428,6 @@ int Main(int argc, char** argv) {
     for (void* p : w8) cudaFree(p);
     for (void* p : w16) cudaFree(p);
     cudaFree(x[0]);
-    for (void* p : {static_cast<void*>(w_scales), static_cast<void*>(a_scales),
-                    static_cast<void*>(a_codes), static_cast<void*>(out)}) {
-      cudaFree(p);
-    }
   }
   return BenchFusedQuant(s, reps, iters);
 }

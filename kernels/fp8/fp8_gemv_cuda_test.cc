@@ -1,10 +1,10 @@
-// Fp8SmallMLinear (fp8_gemv_cuda.h) against the CPU reference cpu::Fp8Linear on fresh random
-// inputs with random scales: m = 1, 3, 8, 9, 16; n and k not multiples of the tiles (n = 77,
-// 8200 with two 16-row tiles per block; k = 272, 1040); per-tensor (one scale on every row),
-// per-channel and 128-column weight blocks; weight-only, static, per-token and 1 x 128
-// activations, each from QuantizeActivations' codes and quantized inside the kernel (fused),
-// where both must give the same bits; bf16 and fp32 output, bias on and off (GPU; skips
-// without one).
+// Fp8SmallMLinear (fp8_gemv_cuda.h), both kernels, against the CPU reference cpu::Fp8Linear on
+// fresh random inputs with random scales: m = 1, 3, 8, 9, 16; n and k not multiples of the
+// tiles (n = 77, 8200; k = 272, 1040); per-tensor (one scale on every row), per-channel and
+// 128-column weight blocks; weight-only, static, per-token and 1 x 128 activations, each from
+// QuantizeActivations' codes and quantized inside the register kernel (fused), where both must
+// give the same bits; bf16 and fp32 output, bias on and off; then the streaming kernel's work
+// splits (an idle warp, clusters of 8 blocks, several tiles a block) (GPU; skips without one).
 #include "kernels/fp8/fp8_gemv_cuda.h"
 
 #include <algorithm>
@@ -49,10 +49,11 @@ std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
 // The device output as floats, NaN-poisoned before the call so an unwritten element fails.
 template <typename TOut>
 std::vector<float> Run(const Fp8SmallMActivations& act, const Fp8DeviceWeight& w, const bf16* bias,
-                       int64_t m) {
+                       int64_t m, Fp8GemvKernel kernel = Fp8GemvKernel::kStreaming) {
   DeviceBuffer<TOut> out(m * w.grid.rows);
   cudaMemset(out.get(), 0xFF, out.size() * sizeof(TOut));
-  const absl::Status st = Fp8SmallMLinear<TOut>(act, w, bias, m, out.get(), nullptr);
+  const absl::Status st =
+      Fp8SmallMLinear<TOut>(act, w, bias, m, out.get(), nullptr, false, true, kernel);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if constexpr (std::is_same_v<TOut, float>) {
@@ -105,8 +106,13 @@ void Check(std::mt19937& rng, const Case& c) {
   values.scheme = c.scheme;
   values.values = dx.get();
   values.static_scale = kStaticScale;
+  // outs[1] is bf16; the rest fp32. Weight-only FP8 runs both kernels on the bf16 values; a
+  // quantizing scheme runs the register kernel with the quantization fused, then both kernels
+  // on QuantizeActivations' codes.
   std::vector<std::vector<float>> outs = {Run<float>(values, w, b, m), Run<bf16>(values, w, b, m)};
-  if (c.scheme != Scheme::kNone) {
+  if (c.scheme == Scheme::kNone) {
+    outs.push_back(Run<float>(values, w, b, m, Fp8GemvKernel::kRegisterLoads));
+  } else {
     DeviceBuffer<uint8_t> codes(m * k);
     DeviceBuffer<float> scales(NumActivationScales(c.scheme, m, k));
     ASSERT_TRUE(QuantizeActivations(dx.get(), m, k, c.scheme, kStaticScale, codes.get(),
@@ -116,14 +122,17 @@ void Check(std::mt19937& rng, const Case& c) {
     pre.scheme = c.scheme;
     pre.codes = codes.get();
     pre.scales = scales.get();
-    outs.push_back(Run<float>(pre, w, b, m));
+    outs.push_back(Run<float>(pre, w, b, m, Fp8GemvKernel::kRegisterLoads));
     // The fused quantization gives QuantizeActivations' codes and scales, and the products run
-    // in the same order: the same bits.
+    // in the same order in the same kernel: the same bits.
     ASSERT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * sizeof(float)), 0)
         << "fused quantization differs from QuantizeActivations + the kernel";
+    outs.push_back(Run<float>(pre, w, b, m));  // the streaming kernel (the default)
+    outs.push_back(Run<bf16>(pre, w, b, m));
   }
   for (size_t v = 0; v < outs.size(); ++v) {
-    const double rounding = v == 1 ? 0x1p-8 : 0.0;  // outs[1] is bf16
+    const bool bf16_out = v == 1 || v == 4;
+    const double rounding = bf16_out ? 0x1p-8 : 0.0;
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t j = 0; j < n; ++j) {
         double mag = c.bias ? std::fabs(bias_f[j]) : 0.0;
@@ -150,6 +159,25 @@ TEST(Fp8GemvCudaTest, MatchesTheCpuReference) {
       Check(rng, {m, 130, 272, WeightScales::kTensor, scheme, true});
       if (::testing::Test::HasFatalFailure()) return;
     }
+  }
+}
+
+// The streaming kernel's work splits: one 128-column group (a block's second warp idle), a
+// cluster of 8 blocks per tile (few tiles, long k, a partial last group), and more tiles than
+// one wave holds (each block walks several, its ring running across tile boundaries).
+TEST(Fp8GemvCudaTest, StreamingSplitsMatchTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 1);
+  for (int64_t m : {1, 5, 16}) {
+    Check(rng, {m, 300, 96, WeightScales::kChannel, Scheme::kDynamicToken, true});
+    Check(rng, {m, 70, 4112, WeightScales::kBlock128, Scheme::kDynamicGroup128, m == 5});
+    Check(rng, {m, 70, 4112, WeightScales::kChannel, Scheme::kNone, false});
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  for (int64_t m : {1, 16}) {
+    Check(rng, {m, 24000, 272, WeightScales::kChannel, Scheme::kDynamicToken, true});
+    Check(rng, {m, 24000, 272, WeightScales::kBlock128, Scheme::kStaticTensor, false});
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 

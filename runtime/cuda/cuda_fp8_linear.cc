@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -130,6 +132,17 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   std::unique_ptr<CudaFp8Linear> out(new CudaFp8Linear());
   out->max_tokens_ = max_tokens;
   out->max_k_ = max_k;
+  if (const char* env = std::getenv("TANDEM_FP8_GEMV_KERNEL"); env != nullptr) {
+    const std::string kernel = env;
+    if (kernel == "streaming") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kStreaming;
+    } else if (kernel == "register") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kRegisterLoads;
+    } else if (kernel != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_FP8_GEMV_KERNEL=", kernel,
+                                                     ": expected auto, streaming or register"));
+    }
+  }
   ASSIGN_OR_RETURN(out->gemm_, kc::CublasLtFp8Gemm::Create());
   ASSIGN_OR_RETURN(out->codes_, DeviceBuffer::Allocate(max_tokens * max_k, "fp8 activations"));
   ASSIGN_OR_RETURN(out->scales_,
@@ -179,7 +192,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       act.scales = scales_.get<float>();
     }
     RETURN_IF_ERROR(kc::Fp8SmallMLinear<__nv_bfloat16>(act, DeviceWeight(w), bias, m, out, stream,
-                                                       programmatic_launch));
+                                                       programmatic_launch, true, gemv_kernel_));
     last_path_ = "fp8-gemv";
     return absl::OkStatus();
   }
@@ -245,8 +258,8 @@ absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat
       act.codes = codes_.get<uint8_t>() + r0 * k;
       act.scales = scales_.get<float>() + r0 * scale_stride;
     }
-    RETURN_IF_ERROR(
-        kc::Fp8SmallMLinear<__nv_bfloat16>(act, DeviceWeight(w), bias, rows, out + r0 * n, stream));
+    RETURN_IF_ERROR(kc::Fp8SmallMLinear<__nv_bfloat16>(
+        act, DeviceWeight(w), bias, rows, out + r0 * n, stream, false, true, gemv_kernel_));
   }
   return absl::OkStatus();
 }

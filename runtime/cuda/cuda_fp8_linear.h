@@ -40,6 +40,7 @@
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
+#include "kernels/fp8/fp8_gemv_cuda.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_weights.h"
@@ -86,7 +87,10 @@ absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* sta
 
 class CudaFp8Linear {
  public:
-  // Workspace for up to `max_tokens` rows of up to `max_k` input features.
+  // Workspace for up to `max_tokens` rows of up to `max_k` input features. The decode kernel
+  // (kernels/fp8/fp8_gemv_cuda.h's Fp8GemvKernel) is kAuto unless the environment variable
+  // TANDEM_FP8_GEMV_KERNEL says "streaming" or "register" (A/B runs of decode_step_bench;
+  // INVALID_ARGUMENT for another value).
   static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
@@ -124,6 +128,7 @@ class CudaFp8Linear {
                           int64_t first_row = 0);
 
   int64_t max_tokens_ = 0, max_k_ = 0;
+  kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
   const char* last_path_ = "";
   std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
   DeviceBuffer codes_;             // [max_tokens, max_k] e4m3 activations
