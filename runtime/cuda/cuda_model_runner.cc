@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "comm/host_staged_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "common/cuda_status.h"
@@ -636,7 +637,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     ++stats_.padded_steps;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
       ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, width, greedy));
+      const absl::Time launch = absl::Now();
       CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
+      stats_.graph_launch_ns += absl::ToInt64Nanoseconds(absl::Now() - launch);
       ++stats_.graph_steps;
     } else {
       RETURN_IF_ERROR(Enqueue(step, plan, greedy));

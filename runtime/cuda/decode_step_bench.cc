@@ -375,6 +375,7 @@ int Main(int argc, char** argv) {
         cudaDeviceSynchronize();
         if (!tracer->Collect().ok()) return 1;  // drop the prefill's and warm-up's kernels
       }
+      const ExecutorStats before = (*engine)->executor_stats();
       const auto t0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) {
         auto u = (*engine)->Step();
@@ -390,9 +391,17 @@ int Main(int argc, char** argv) {
       const double roof_ms = (weight_bytes + routed_bytes(batch) +
                               kv_bytes_per_token * batch * (context + steps / 2.0)) /
                              4.3e12 * 1e3;
+      const ExecutorStats after = (*engine)->executor_stats();
+      const int64_t launches = after.graph_steps - before.graph_steps;
       if (print) {
-        std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%\n", batch, context, ms, tok_s,
+        std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%", batch, context, ms, tok_s,
                     batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+        if (launches > 0) {  // host time inside cudaGraphLaunch (GPU idle through most of it)
+          std::printf(
+              "   graph launch %.1f us",
+              static_cast<double>(after.graph_launch_ns - before.graph_launch_ns) / launches / 1e3);
+        }
+        std::printf("\n");
         std::fflush(stdout);
       }
       if (tracer != nullptr) {

@@ -42,6 +42,9 @@ struct ExecutorStats {
   int64_t padded_steps = 0;  // decode steps run padded to a graph batch size (graph or eager)
   int64_t eager_steps = 0;   // other steps
   int64_t graphs_captured = 0;
+  // Host time spent inside the graph launch calls of graph_steps (cudaGraphLaunch), summed: the
+  // GPU idles through most of it between two decode steps (runtime/cuda/BENCHMARKS.md).
+  int64_t graph_launch_ns = 0;
   // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
   // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
   // backends that do not count.
