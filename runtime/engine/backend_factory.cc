@@ -72,12 +72,12 @@ absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options
   options.kv_cache_dtype = "auto";  // its own 16-bit latent pool
   RETURN_IF_ERROR(MakeExecutorFactory(options, model).status());
   if (options.backend == "cpu") return CpuMtpExecutorFactory(options.num_threads);
-#if defined(TANDEM_WITH_CUDA)
   if (model.quantization.IsFp8()) {  // CudaMtpModel's eh_proj and its layer read 16-bit weights
     return absl::UnimplementedError(
         absl::StrCat("--backend=cuda has no FP8 path for the MTP layer of ", model.architecture,
                      " (", model.quantization.Describe(), "): use --backend=cpu"));
   }
+#if defined(TANDEM_WITH_CUDA)
   const cuda::CudaBackendConfig config = CudaConfigOf(options, model);
   return MtpExecutorFactory(
       [config](const ExecutorSpec& spec,
