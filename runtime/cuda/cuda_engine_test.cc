@@ -131,20 +131,6 @@ struct GoldenCase {
 
 class CudaGoldenTest : public ::testing::TestWithParam<GoldenCase> {};
 
-// TANDEM_TEST_DECODE picks the batch-1 decode variant of the golden and MidConfig tests, to
-// compare them on a GPU without rebuilding: unset = CudaBackendConfig's defaults (GEMV early
-// weight loads, split-k under 4096 warps, qkv GEMV + RoPE + KV write fused); "fused" = the same
-// with split-k as far as k allows; "plain" = all three off (the kernels as they ran before).
-void ApplyDecodeVariant(CudaBackendConfig* backend) {
-  const char* v = std::getenv("TANDEM_TEST_DECODE");
-  const std::string mode = v != nullptr ? v : "";
-  if (mode == "fused") backend->gemv_tuning.split_min_warps = int64_t{1} << 40;
-  if (mode == "plain") {
-    backend->gemv_tuning = {};
-    backend->fuse_qkv_rope = false;
-  }
-}
-
 TEST_P(CudaGoldenTest, MatchesTransformersAndCpuBackend) {
   TANDEM_SKIP_WITHOUT_GPU();
   const GoldenCase& c = GetParam();
@@ -158,7 +144,6 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuBackend) {
 
   CudaBackendConfig backend;
   backend.dtype = c.dtype;
-  ApplyDecodeVariant(&backend);
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   // Together (continuous batching, graphs for decode) and one at a time.
   for (bool together : {true, false}) {
@@ -208,7 +193,6 @@ CudaBackendConfig MidBackend() {
   const std::string mode = v != nullptr ? v : "wgmma";
   backend.use_prefill_kernel = mode != "off";
   backend.prefill_allow_wgmma = mode == "wgmma";
-  ApplyDecodeVariant(&backend);
   return backend;
 }
 

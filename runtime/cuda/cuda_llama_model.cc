@@ -83,37 +83,13 @@ bool UseGemv(const void* a, const void* w, int64_t m, int64_t n, int64_t k) {
 
 // out = a * w^T (+ bias): a named helper so the two template arguments stay out of macros.
 // pdl: programmatic dependent launch for the GEMV (cuBLASLt launches as usual).
-// tuning: how the GEMV streams the weight (CudaModelOptions::gemv).
 template <typename T, typename TOut>
 absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, const T* bias, int64_t m,
-                 int64_t n, int64_t k, TOut* out, cudaStream_t stream, bool pdl,
-                 const kc::GemvTuning& tuning) {
+                 int64_t n, int64_t k, TOut* out, cudaStream_t stream, bool pdl) {
   if (UseGemv(a, w, m, n, k)) {
-    return kc::SmallMLinear<T, TOut>(a, w, bias, m, n, k, out, stream, pdl, tuning);
+    return kc::SmallMLinear<T, TOut>(a, w, bias, m, n, k, out, stream, pdl);
   }
   return gemm.Linear<T, TOut>(a, w, bias, m, n, k, out, stream);
-}
-
-// Where the fused qkv GEMV + RoPE puts q (q_out) and layer `layer`'s k and v (the pool's geometry,
-// as RopeQkvToCache reads it).
-kc::GemvRopeKv RopeKvDest(const DeviceStep& step, const kc::DeviceKvCache& cache, int64_t layer,
-                          const float* inv_freq, int64_t num_q_heads, void* q_out) {
-  const kernels::KvCacheLayout& l = cache.layout;
-  kc::GemvRopeKv d;
-  d.positions = step.positions;
-  d.slot_mapping = step.slot_mapping;
-  d.inv_freq = inv_freq;
-  d.head_dim = l.head_dim;
-  d.num_q_heads = num_q_heads;
-  d.num_kv_heads = l.num_kv_heads;
-  d.q_out = q_out;
-  d.pool = cache.data;
-  d.num_slots = l.NumSlots();
-  d.block_size = l.block_size;
-  d.layer_tile_offset = l.TileOffset(0, layer, 0);
-  d.block_stride = l.BlockElems();
-  d.kv_stride = l.TileElems();
-  return d;
 }
 
 }  // namespace
@@ -496,6 +472,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   const float eps = static_cast<float>(config_.rms_norm_eps);
   T* hidden = Ptr<T>(hidden_);
   T* residual = Ptr<T>(residual_);
+  T* qkv = Ptr<T>(qkv_);
   // o_proj's input width: this rank's heads after the DCP exchange, else all of attn_.
   const int64_t o_dim = q_dim / options_.dcp.size;
 
@@ -522,16 +499,16 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
           ReduceAddNorm<T>(reduce_in, l > 0, Ptr<T>(w.input_layernorm), Tn, eps, stream));
     }
     hidden_partial = false;
-    if (options_.fuse_qkv_rope && w.qkv_fp8.empty() && !config_.qk_norm &&
-        UseGemv(hidden, Ptr<T>(w.qkv_proj), Tn, qkv_dim, H)) {
-      // qkv GEMV, RoPE and the KV write in one kernel (same values as the three steps below).
-      RETURN_IF_ERROR(kc::SmallMLinearRopeKv<T>(
-          hidden, Ptr<T>(w.qkv_proj), Ptr<T>(w.qkv_bias), Tn, H,
-          RopeKvDest(step, cache, l, inv_freq_.get<float>(), Hq, q_.data()), stream, pdl,
-          options_.gemv));
-    } else {
-      RETURN_IF_ERROR(QkvRopeUnfused<T>(step, cache, w, l, qkv_codes, stream));
+    RETURN_IF_ERROR(Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv,
+                               stream, qkv_codes));
+    if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+      RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
+                                           Ptr<T>(w.k_norm), eps, stream));
     }
+    // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
+    RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
+                                          inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
+                                          stream));
     ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
     RETURN_IF_ERROR(Project<T>(w.o_proj, w.o_fp8, o_in, w.o_bias, Tn, H, o_dim, hidden, stream));
     const bool gate_up_codes =
@@ -553,7 +530,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
                                                  Ptr<T>(w.gate_up_bias), Tn, I, H, Ptr<T>(act_),
-                                                 stream, pdl, options_.gemv));
+                                                 stream, pdl));
     } else {
       RETURN_IF_ERROR(Project<T>(w.gate_up_proj, w.gate_up_fp8, hidden, w.gate_up_bias, Tn, 2 * I,
                                  H, Ptr<T>(gate_up_), stream, gate_up_codes));
@@ -573,32 +550,12 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
   if (comm() == nullptr) {
     return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V, H,
-               logits_.get<float>(), stream, pdl, options_.gemv);
+               logits_.get<float>(), stream, pdl);
   }
   RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R,
-                      vocab_rows_, H, local_logits_.get<float>(), stream, pdl, options_.gemv));
+                      vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
   if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
   return GatherLogits(R, stream);
-}
-
-template <typename T>
-absl::Status CudaLlamaModel::QkvRopeUnfused(const DeviceStep& step, const kc::DeviceKvCache& cache,
-                                            const Layer& w, int64_t l, bool qkv_codes,
-                                            cudaStream_t stream) {
-  const int64_t Tn = step.num_tokens, H = config_.hidden_size, D = config_.head_dim;
-  const int64_t Hq = config_.num_attention_heads, Hk = config_.num_key_value_heads;
-  const int64_t qkv_dim = (Hq + 2 * Hk) * D;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  T* qkv = Ptr<T>(qkv_);
-  RETURN_IF_ERROR(Project<T>(w.qkv_proj, w.qkv_fp8, Ptr<T>(hidden_), w.qkv_bias, Tn, qkv_dim, H,
-                             qkv, stream, qkv_codes));
-  if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-    RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
-                                         Ptr<T>(w.k_norm), eps, stream));
-  }
-  // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
-  return kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
-                               inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l, stream);
 }
 
 template <typename T>
@@ -607,7 +564,7 @@ absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Wei
                                      int64_t k, T* out, cudaStream_t stream, bool fp8_codes_ready) {
   if (fp8.empty()) {
     return Lin(*gemm_, a, Ptr<T>(dense), Ptr<T>(bias), m, n, k, out, stream,
-               options_.programmatic_launch, options_.gemv);
+               options_.programmatic_launch);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream, options_.programmatic_launch,

@@ -34,7 +34,6 @@
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/gemm/cuda/gemm_cuda.h"
-#include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/sampling/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
 #include "runtime/cuda/cuda_fp8_linear.h"
@@ -87,13 +86,6 @@ struct CudaModelOptions {
   // (kernels/gemm/cuda/gemv_cuda.h): each is scheduled during its predecessor's tail and waits on
   // the device for its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
-  // How the batch-1 GEMVs stream their weights (early loads before the PDL wait, split-k for
-  // narrow rows; kernels/gemm/cuda/gemv_cuda.h). CudaBackendConfig::gemv_tuning.
-  kernels::cuda::GemvTuning gemv;
-  // At batch 1 (the GEMV path, no Qwen3 head norms, bf16 / fp16 weights): the qkv projection,
-  // RoPE and the KV write as one kernel (SmallMLinearRopeKv; the same values up to the rotation's
-  // fp32 contraction). CudaBackendConfig::fuse_qkv_rope.
-  bool fuse_qkv_rope = false;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding
@@ -200,11 +192,6 @@ class CudaLlamaModel {
   absl::Status Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8, const T* a,
                        const DeviceBuffer& bias, int64_t m, int64_t n, int64_t k, T* out,
                        cudaStream_t stream, bool fp8_codes_ready = false);
-  // Layer l's qkv projection of hidden_ into qkv_, the Qwen3 head norms, then RoPE + the KV write
-  // (RopeQkvToCache): q_ and the pool (the path options_.fuse_qkv_rope replaces at batch 1).
-  template <typename T>
-  absl::Status QkvRopeUnfused(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
-                              const Layer& w, int64_t l, bool qkv_codes, cudaStream_t stream);
   // True when the producer of `fp8`'s input (RMSNorm or SiLU-and-mul over rows of `width`)
   // writes its per-token codes itself (kernels/fp8/fp8_fused_quant_cuda.h): an FP8 per-token
   // weight, bf16, and no all-reduce before the norm (`reduce`; TP > 1 keeps the separate pass).

@@ -191,8 +191,6 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.dummy_seed = config.dummy_seed;
   options.dummy_plan = config.dummy_plan;
   options.programmatic_launch = config.programmatic_launch;
-  options.gemv = config.gemv_tuning;
-  options.fuse_qkv_rope = config.fuse_qkv_rope;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
   if (config.fp8_latent_kv && !spec.model_config.IsMla()) {

@@ -128,14 +128,6 @@ struct CudaBackendConfig {
   int64_t vocab_parallel_greedy_min_rows = 64;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
-  // CudaModelOptions::gemv and fuse_qkv_rope, the batch-1 decode step's GEMVs: each warp's first
-  // weight loads before the PDL wait, split-k while fewer than 4096 warps would stream a product's
-  // rows (kernels/gemm/cuda/gemv_cuda.h GemvTuning), and the qkv GEMV writing RoPE'd q and k / v
-  // itself (SmallMLinearRopeKv). On by default: all three together, same call on nvidia-h200-x4,
-  // Llama-3-8B batch 1: TP=4 2.377 -> 2.300 ms, TP=2 3.255 -> 3.212, TP=1 4.893 -> 4.811; 70B
-  // TP=4 13.309 -> 12.872 (runtime/cuda/BENCHMARKS.md). {} / false: the kernels as they ran before.
-  kernels::cuda::GemvTuning gemv_tuning{true, 4096};
-  bool fuse_qkv_rope = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).

@@ -6,7 +6,6 @@
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
 //                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8]
 //                     [--ep=1] [--dp_attention=1] [--async_scheduling=0,1]
-//                     [--gemv=base,early+split+rope] [--gemv_split_warps=4096]
 //
 // --ep=1 (MoE shapes, --tp=N): expert parallelism over the TP ranks (EP a: experts whole on the
 // ranks, tokens replicated; tok/s per GPU = tok/s / N). --dp_attention=1: data-parallel attention
@@ -21,13 +20,6 @@
 // engine (EngineConfig::async_scheduling: step s + 1 scheduled and launched while step s runs,
 // its input ids copied from step s's sampled tokens on the device); the timed loop is the same
 // Engine::Step() loop either way.
-//
-// --gemv: a list of batch-1 GEMV variants measured one after the other, each with its own engine:
-// base (one warp a row, loads after the PDL wait, qkv + RoPE as two kernels) or parts joined by
-// '+': early (the first weight loads before the wait) and split (split-k inside a block while
-// fewer than --gemv_split_warps warps stream the rows): CudaBackendConfig::gemv_tuning
-// (kernels/gemm/cuda/gemv_cuda.h GemvTuning); rope: CudaBackendConfig::fuse_qkv_rope. Default
-// early+split+rope (CudaBackendConfig's default).
 //
 // --quantization: a comma-separated list of weight formats measured one after the other in this
 // process, each with its own engine: none (bf16) and fp8 (device dummy FP8 weights as
@@ -48,13 +40,11 @@
 // all-reduce kernels without PDL (CudaBackendConfig::custom_all_reduce_pdl). --trace=1: rank 0
 // records its kernels through CUPTI (KernelTrace) and prints, per batch, the timed steps' time per
 // kernel class, busy and idle GPU time (step_breakdown.h; the traced step times include CUPTI's
-// overhead). --trace_host=1 (with --trace=1): the copies and CUDA runtime calls too, and the GPU's
-// idle time between steps split by what the host did then (BreakDownHostGaps).
-// --vocab_greedy_min_rows=N: at TP > 1, greedy steps of at least N logit rows gather per-rank
-// (value, id) candidates instead of the logits (default 64, 0 never, 1 always:
-// CudaBackendConfig::vocab_parallel_greedy_min_rows). Prints per batch (rank 0): mean decode step
-// time, tokens/s, the tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per
-// step) and the step's share of it.
+// overhead). --vocab_greedy_min_rows=N: at TP > 1,
+// greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
+// logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
+// Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
+// weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -125,19 +115,14 @@ int Main(int argc, char** argv) {
   bool expert_parallel = false, dp_attention = false, dp_graphs = true;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
-  bool trace_host = false;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
   std::vector<int> async_modes = {0};
-  std::vector<std::string> gemv_variants = {"early+split+rope"};  // the backend's default
-  int64_t gemv_split_warps = 4096;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--async_scheduling=", 0) == 0) async_modes = ParseList(argv[i] + 19);
     if (a.rfind("--quantization=", 0) == 0) quants = absl::StrSplit(a.substr(15), ',');
-    if (a.rfind("--gemv=", 0) == 0) gemv_variants = absl::StrSplit(a.substr(7), ',');
-    if (a.rfind("--gemv_split_warps=", 0) == 0) gemv_split_warps = std::atoll(argv[i] + 19);
     if (a.rfind("--batches=", 0) == 0) batches = ParseList(argv[i] + 10);
     if (a.rfind("--context=", 0) == 0) context = std::atoi(argv[i] + 10);
     if (a.rfind("--steps=", 0) == 0) steps = std::atoi(argv[i] + 8);
@@ -151,7 +136,6 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
-    if (a.rfind("--trace_host=", 0) == 0) trace_host = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -223,46 +207,25 @@ int Main(int argc, char** argv) {
   // Rank 0's kernels, recorded from before graph capture (KernelTrace).
   std::unique_ptr<KernelTrace> tracer;
   if (trace && me == 0) {
-    absl::StatusOr<std::unique_ptr<KernelTrace>> started = KernelTrace::Start(trace_host);
+    absl::StatusOr<std::unique_ptr<KernelTrace>> started = KernelTrace::Start();
     if (!started.ok()) {
       std::fprintf(stderr, "--trace: %s\n", started.status().ToString().c_str());
     } else {
       tracer = *std::move(started);
     }
   }
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
   config.max_num_batched_tokens = 8192;
   config.max_num_seqs = 256;
   const double dense_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
-  struct Run {
-    std::string quant;
-    bool async;
-    std::string gemv;
-  };
-  std::vector<Run> runs;
+  std::vector<std::pair<std::string, bool>> runs;  // (weight format, async scheduling)
   for (const std::string& quant : quants) {
-    for (int async : async_modes) {
-      for (const std::string& g : gemv_variants) runs.push_back({quant, async != 0, g});
-    }
+    for (int async : async_modes) runs.emplace_back(quant, async != 0);
   }
-  for (const auto& [quant, async, gemv] : runs) {
+  for (const auto& [quant, async] : runs) {
     const bool fp8 = quant == "fp8";
     config.async_scheduling = async;
-    // "base" or '+'-joined parts: early, split, rope.
-    const std::vector<std::string> parts = absl::StrSplit(gemv, '+');
-    auto has = [&](const char* part) {
-      return std::find(parts.begin(), parts.end(), part) != parts.end();
-    };
-    for (const std::string& part : parts) {
-      if (part != "base" && part != "early" && part != "split" && part != "rope") {
-        std::fprintf(stderr, "--gemv takes base or early / split / rope joined by '+', got '%s'\n",
-                     gemv.c_str());
-        return 1;
-      }
-    }
-    backend.gemv_tuning.early_weight_loads = has("early");
-    backend.gemv_tuning.split_min_warps = has("split") ? gemv_split_warps : 0;
-    backend.fuse_qkv_rope = has("rope");
     if ((!fp8 && quant != "none") || (fp8 && (model.IsMoe() || model.IsMla()))) {
       std::fprintf(stderr, "--quantization takes none and fp8 (dense models), got '%s'\n",
                    quant.c_str());
@@ -283,7 +246,6 @@ int Main(int argc, char** argv) {
          static_cast<double>(model.hidden_size * model.num_attention_heads * model.head_dim) +
          3.0 * static_cast<double>(model.hidden_size * model.intermediate_size)) /
         tp;
-    const ExecutorFactory factory = CudaExecutorFactory(backend);
     const auto created = std::chrono::steady_clock::now();
     auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
     if (!engine.ok()) {
@@ -317,15 +279,13 @@ int Main(int argc, char** argv) {
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, gemv %s (split warps "
-          "%lld)\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? "fp8 (per-channel e4m3, dynamic per-token activations)" : "bf16",
           (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
           pdl ? "on" : "off",
           custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl",
-          (*engine)->async_scheduling() ? "on" : "off", gemv.c_str(),
-          static_cast<long long>(backend.gemv_tuning.split_min_warps));
+          (*engine)->async_scheduling() ? "on" : "off");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "
@@ -410,7 +370,6 @@ int Main(int argc, char** argv) {
         if (!records.ok()) return 1;
         std::printf("rank 0 kernels over the %d steps above (traced), batch %d:\n%s", steps, batch,
                     FormatBreakdown(BreakDownSteps(*records, steps), ms).c_str());
-        if (trace_host) std::printf("%s", FormatHostGaps(BreakDownHostGaps(*records)).c_str());
         std::fflush(stdout);
       }
       while ((*engine)->HasUnfinished()) {
