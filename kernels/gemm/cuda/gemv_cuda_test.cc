@@ -58,18 +58,16 @@ void Dot(const std::vector<T>& a, const std::vector<T>& w, const std::vector<T>*
 }
 
 template <typename T, typename TOut>
-void RunCase(std::mt19937& rng, int64_t m, int64_t n, int64_t k, bool with_bias, bool pdl,
-             const GemvTuning& tuning = {}) {
+void RunCase(std::mt19937& rng, int64_t m, int64_t n, int64_t k, bool with_bias, bool pdl) {
   SCOPED_TRACE(::testing::Message()
-               << "m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << " pdl=" << pdl
-               << " split=" << GemvSplit(n, k, tuning) << " early=" << tuning.early_weight_loads);
+               << "m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << " pdl=" << pdl);
   const std::vector<T> a = RandomT<T>(rng, m * k), w = RandomT<T>(rng, n * k),
                        bias = RandomT<T>(rng, n);
   DeviceBuffer<T> da(a), dw(w), db(bias);
   DeviceBuffer<TOut> dout(m * n);
   // pdl on the legacy default stream too: the attribute must be accepted there.
   const absl::Status st = SmallMLinear<T, TOut>(da.get(), dw.get(), with_bias ? db.get() : nullptr,
-                                                m, n, k, dout.get(), nullptr, pdl, tuning);
+                                                m, n, k, dout.get(), nullptr, pdl);
   ASSERT_TRUE(st.ok()) << st;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<TOut> got = dout.ToHost();
@@ -115,10 +113,9 @@ TEST(GemvCudaTest, MatchesFp64Reference) {
 // to T plus fp32 accumulation.
 template <typename T>
 void RunSiluMulCase(std::mt19937& rng, int64_t m, int64_t inter, int64_t k, bool with_bias,
-                    bool pdl, const GemvTuning& tuning = {}) {
-  SCOPED_TRACE(::testing::Message()
-               << "m=" << m << " inter=" << inter << " k=" << k << " bias=" << with_bias
-               << " pdl=" << pdl << " split=" << GemvSplit(inter, k, tuning));
+                    bool pdl) {
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " inter=" << inter << " k=" << k
+                                    << " bias=" << with_bias << " pdl=" << pdl);
   // Weights scaled so that g spans silu's curved region and its tails (|g| up to ~8).
   const std::vector<T> a = RandomT<T>(rng, m * k),
                        w = RandomT<T>(rng, 2 * inter * k, 2.0f / std::sqrt(float(k))),
@@ -127,12 +124,10 @@ void RunSiluMulCase(std::mt19937& rng, int64_t m, int64_t inter, int64_t k, bool
   DeviceBuffer<T> fused(m * inter), gate_up(m * 2 * inter), unfused(m * inter);
   const T* b = with_bias ? db.get() : nullptr;
   absl::Status st =
-      SmallMLinearSiluMul<T>(da.get(), dw.get(), b, m, inter, k, fused.get(), nullptr, pdl, tuning);
+      SmallMLinearSiluMul<T>(da.get(), dw.get(), b, m, inter, k, fused.get(), nullptr, pdl);
   ASSERT_TRUE(st.ok()) << st;
   if (inter % 8 == 0) {
-    // The same split for both (the tests' tunings split as far as k allows, whatever n is).
-    st = SmallMLinear<T, T>(da.get(), dw.get(), b, m, 2 * inter, k, gate_up.get(), nullptr, false,
-                            tuning);
+    st = SmallMLinear<T, T>(da.get(), dw.get(), b, m, 2 * inter, k, gate_up.get(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
     st = SiluAndMul<T>(gate_up.get(), m, inter, unfused.get(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
@@ -189,11 +184,8 @@ TEST(GemvCudaTest, SiluMulMatchesUnfusedAndFp64Reference) {
 // would read stale inputs (the buffers are poisoned first). Eager PDL, graph-captured PDL
 // (replayed twice) and ordinary launches must agree bit for bit.
 template <typename T>
-void RunPdlChain(std::mt19937& rng, int64_t m, int64_t k, int links,
-                 const GemvTuning& tuning = {}) {
-  SCOPED_TRACE(::testing::Message()
-               << "m=" << m << " k=" << k << " links=" << links
-               << " early=" << tuning.early_weight_loads << " split=" << GemvSplit(k, k, tuning));
+void RunPdlChain(std::mt19937& rng, int64_t m, int64_t k, int links) {
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " links=" << links);
   const float scale = 1.0f / std::sqrt(float(k));
   const std::vector<T> x0 = RandomT<T>(rng, m * k);
   std::vector<DeviceBuffer<T>> weights;
@@ -207,10 +199,10 @@ void RunPdlChain(std::mt19937& rng, int64_t m, int64_t k, int links,
     const T* in = dx0.get();
     for (int i = 0; i < links; ++i) {
       T* out = i % 2 == 0 ? ping.get() : pong.get();
-      const absl::Status st = i % 2 == 0 ? SmallMLinear<T, T>(in, weights[i].get(), nullptr, m, k,
-                                                              k, out, stream, pdl, tuning)
-                                         : SmallMLinearSiluMul<T>(in, weights[i].get(), nullptr, m,
-                                                                  k, k, out, stream, pdl, tuning);
+      const absl::Status st =
+          i % 2 == 0
+              ? SmallMLinear<T, T>(in, weights[i].get(), nullptr, m, k, k, out, stream, pdl)
+              : SmallMLinearSiluMul<T>(in, weights[i].get(), nullptr, m, k, k, out, stream, pdl);
       if (!st.ok()) return st;
       in = out;
     }
@@ -261,61 +253,6 @@ TEST(GemvCudaTest, ProgrammaticLaunchChainsMatchOrdinaryLaunches) {
   RunPdlChain<bf16>(rng, 1, 4096, 9);
   RunPdlChain<__half>(rng, 3, 1032, 8);
   RunPdlChain<bf16>(rng, 8, 264, 7);
-}
-
-// Split-k: the warps a row gets, doubling while under split_min_warps and while every lane keeps
-// two 16-byte chunks (host arithmetic, no GPU).
-TEST(GemvCudaTest, SplitGrowsOnlyForNarrowRowsThatAreLongEnough) {
-  EXPECT_EQ(GemvSplit(1536, 4096, {}), 1);  // off by default
-  const GemvTuning t{false, 4096};
-  EXPECT_EQ(GemvSplit(1536, 4096, t), 4);  // TP=4 qkv: 6144 warps
-  EXPECT_EQ(GemvSplit(4096, 1024, t), 1);  // TP=4 o_proj: enough rows
-  EXPECT_EQ(GemvSplit(3584, 4096, t), 2);  // TP=4 gate_up (SiLU*up columns)
-  EXPECT_EQ(GemvSplit(64, 1024, t), 2);    // k = 1024: 128 chunks, 2 a lane at split 2
-  EXPECT_EQ(GemvSplit(64, 1016, t), 1);    // fewer than 2 chunks a lane at split 2
-  EXPECT_EQ(GemvSplit(1, 1 << 20, t), 8);  // at most a block's 8 warps
-}
-
-// Early weight loads alone change nothing (bit-identical to the default); split-k sums in another
-// order (fp64 reference within the fp32 bound), including the SiLU*up epilogue and PDL chains.
-TEST(GemvCudaTest, TunedStreamingMatchesReferences) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(TestSeed());
-  const GemvTuning early{true, 0}, split{false, int64_t{1} << 40}, both{true, int64_t{1} << 40};
-  for (int64_t m : {1, 3, 8}) {
-    // TP=4 Llama-3-8B qkv / o_proj / down_proj widths (rows cut), odd n, k at every split.
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 8},
-                        {7, 1032},
-                        {96, 4096},
-                        {130, 1024},
-                        {33, 3584},
-                        {9, 14336}}) {
-      const bool bias = (m + n) % 2 == 0;
-      RunCase<bf16, bf16>(rng, m, n, k, bias, true, split);
-      RunCase<bf16, float>(rng, m, n, k, bias, true, both);
-      RunCase<__half, __half>(rng, m, n, k, !bias, false, both);
-      RunCase<bf16, bf16>(rng, m, n, k, bias, true, early);
-    }
-    RunSiluMulCase<bf16>(rng, m, 64, 4096, true, true, both);
-    RunSiluMulCase<__half>(rng, m, 24, 1024, false, true, split);
-    RunSiluMulCase<bf16>(rng, m, 8, 3584, false, true, early);
-  }
-  // early alone: the default kernel's sums bit for bit.
-  const std::vector<bf16> a = RandomT<bf16>(rng, 3 * 3584), w = RandomT<bf16>(rng, 200 * 3584);
-  DeviceBuffer<bf16> da(a), dw(w), plain(3 * 200), tuned(3 * 200);
-  ASSERT_TRUE((SmallMLinear<bf16, bf16>(da.get(), dw.get(), nullptr, 3, 200, 3584, plain.get(),
-                                        nullptr, true))
-                  .ok());
-  ASSERT_TRUE((SmallMLinear<bf16, bf16>(da.get(), dw.get(), nullptr, 3, 200, 3584, tuned.get(),
-                                        nullptr, true, early))
-                  .ok());
-  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<bf16> p = plain.ToHost(), t = tuned.ToHost();
-  EXPECT_EQ(std::memcmp(p.data(), t.data(), p.size() * sizeof(bf16)), 0);
-  // Short chains (the host's random weights dominate the time: ~7 s at k = 4096, 9 links).
-  RunPdlChain<bf16>(rng, 1, 2048, 5, both);
-  RunPdlChain<__half>(rng, 3, 1032, 4, early);
-  RunPdlChain<bf16>(rng, 8, 1024, 3, split);
 }
 
 TEST(GemvCudaTest, RejectsUnsupportedArguments) {
