@@ -46,7 +46,6 @@ namespace {
 
 using Bf16 = __nv_bfloat16;
 namespace kc = ::tandem::kernels::cuda;
-using ::tandem::comm::CommDtype;
 using ::tandem::comm::DeviceCommunicator;
 using ::tandem::kernels::AttentionBatch;
 using ::tandem::kernels::AttentionParams;
@@ -148,24 +147,7 @@ LayerSteps MakeSteps(const LayerConfig& c, const Geometry& g, const LayerState& 
     return kc::PagedAttention<Bf16>(s.q, s.cache, 0, b, params, s.plan, s.out, s.lse, s.workspace,
                                     stream);
   };
-  st.pack = [&s, stream](int) {
-    return kc::DcpPackForExchange<Bf16>(s.out, s.lse, s.layout, s.send, stream);
-  };
-  // The buffer mixes bf16 and fp32: moved as fp32 words (RegionBytes is a multiple of 16), so
-  // the host-staged path copies bits instead of rounding them as bf16.
-  st.all_to_all = [&s, comm, stream](int) {
-    const std::vector<int64_t> counts(s.layout.dcp_size, s.layout.RegionBytes() / 4);
-    return comm->AllToAll(s.send, counts, s.recv, counts, CommDtype::kF32, stream);
-  };
-  st.merge = [&s, stream](int) {
-    return kc::DcpMergeReceived<Bf16>(s.recv, s.layout, s.merged, s.merged_lse, stream);
-  };
-  st.layer = [st](int i) -> absl::Status {
-    RETURN_IF_ERROR(st.attention(i));
-    RETURN_IF_ERROR(st.pack(i));
-    RETURN_IF_ERROR(st.all_to_all(i));
-    return st.merge(i);
-  };
+  SetExchangeSteps(s, comm, stream, st);
   return st;
 }
 

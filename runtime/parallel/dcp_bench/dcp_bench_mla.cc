@@ -38,7 +38,6 @@ namespace {
 
 using Bf16 = __nv_bfloat16;
 namespace kc = ::tandem::kernels::cuda;
-using ::tandem::comm::CommDtype;
 using ::tandem::comm::DeviceCommunicator;
 using ::tandem::kernels::AttentionBatch;
 using ::tandem::kernels::DcpExchangeLayout;
@@ -172,22 +171,7 @@ MlaSteps MakeSteps(const LayerConfig& c, const Geometry& g, MlaState& s, DeviceC
     return kc::MlaLatentAttention<Bf16>(s.q_cat, s.cache, 0, batch(i), s.scale, s.plan, s.workspace,
                                         s.o_lat, s.lse, stream);
   };
-  st.pack = [&s, stream](int) {
-    return kc::DcpPackForExchange<Bf16>(s.out, s.lse, s.layout, s.send, stream);
-  };
-  st.all_to_all = [&s, comm, stream](int) {  // fp32 words, as dcp_bench_layer.cc
-    const std::vector<int64_t> counts(s.layout.dcp_size, s.layout.RegionBytes() / 4);
-    return comm->AllToAll(s.send, counts, s.recv, counts, CommDtype::kF32, stream);
-  };
-  st.merge = [&s, stream](int) {
-    return kc::DcpMergeReceived<Bf16>(s.recv, s.layout, s.merged, s.merged_lse, stream);
-  };
-  st.layer = [st](int i) -> absl::Status {
-    RETURN_IF_ERROR(st.attention(i));
-    RETURN_IF_ERROR(st.pack(i));
-    RETURN_IF_ERROR(st.all_to_all(i));
-    return st.merge(i);
-  };
+  SetExchangeSteps(s, comm, stream, st);
   return st;
 }
 

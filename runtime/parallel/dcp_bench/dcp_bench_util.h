@@ -18,6 +18,7 @@
 #include "comm/device_communicator.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/dcp_exchange_cuda.h"
 #include "runtime/parallel/dcp_bench/dcp_bench_layer.h"
 
 namespace tandem::runtime::dcp_bench {
@@ -70,6 +71,32 @@ absl::Status Upload(const std::vector<T>& host, T* device) {
 absl::StatusOr<std::vector<float>> Download(const __nv_bfloat16* device, int64_t count);
 
 using Step = std::function<absl::Status(int)>;  // enqueues layer call i on the stream
+
+// The DCP exchange after a rank's attention, the same for the GQA and the MLA layer: pack the
+// partial + LSE, one all-to-all, the LSE merge; and `layer` = attention then those three. The
+// buffer mixes bf16 and fp32: moved as fp32 words (RegionBytes is a multiple of 16), so the
+// host-staged path copies bits instead of rounding them as bf16. `s` (out, lse, layout, send,
+// recv, merged, merged_lse) must outlive the steps; `st.attention` must be set.
+template <typename State, typename Steps>
+void SetExchangeSteps(State& s, comm::DeviceCommunicator* comm, cudaStream_t stream, Steps& st) {
+  namespace kc = ::tandem::kernels::cuda;
+  st.pack = [&s, stream](int) {
+    return kc::DcpPackForExchange<__nv_bfloat16>(s.out, s.lse, s.layout, s.send, stream);
+  };
+  st.all_to_all = [&s, comm, stream](int) {
+    const std::vector<int64_t> counts(s.layout.dcp_size, s.layout.RegionBytes() / 4);
+    return comm->AllToAll(s.send, counts, s.recv, counts, comm::CommDtype::kF32, stream);
+  };
+  st.merge = [&s, stream](int) {
+    return kc::DcpMergeReceived<__nv_bfloat16>(s.recv, s.layout, s.merged, s.merged_lse, stream);
+  };
+  st.layer = [st](int i) -> absl::Status {
+    RETURN_IF_ERROR(st.attention(i));
+    RETURN_IF_ERROR(st.pack(i));
+    RETURN_IF_ERROR(st.all_to_all(i));
+    return st.merge(i);
+  };
+}
 
 // Times steps on one stream: CUDA events around many calls. Waits go through the communicator
 // when there is one, so a dead or wedged peer fails the wait at its deadline instead of hanging.
