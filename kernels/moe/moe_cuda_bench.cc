@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe/moe_bench_check.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_gemm_cuda.h"
 
@@ -42,22 +43,6 @@ namespace tandem::kernels::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-#define CHECK_CUDA(x)                                                   \
-  do {                                                                  \
-    if ((x) != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s failed: %d\n", #x, static_cast<int>(x)); \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
-#define CHECK_OK(x)                                                            \
-  do {                                                                         \
-    const absl::Status s_ = (x);                                               \
-    if (!s_.ok()) {                                                            \
-      std::fprintf(stderr, "%s: %s\n", #x, std::string(s_.message()).c_str()); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 struct Shape {
   const char* name;
