@@ -18,17 +18,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_source.h"
 #include "runtime/model/model_weights.h"
+#include "tests/golden/gap_golden.h"
 #include "tests/golden/logit_compare.h"
 #include "tests/golden/prompt_run.h"
 
@@ -42,24 +41,11 @@ using golden::ArgMax;
 using golden::Cosine;
 using golden::MaxAbs;
 
-struct Golden {
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<float>> logits;
-  std::vector<float> gaps;
-  std::vector<int32_t> first_tokens;
-};
+using Golden = golden::GapGolden;
 
 // The weights-alone reference, or (`suffix` "_act_quant") the per-token activation one.
 Golden LoadGolden(const std::string& dir, const std::string& suffix = "") {
-  std::ifstream in(dir + "/expected.json");
-  EXPECT_TRUE(in.good()) << dir;
-  const nlohmann::json j = nlohmann::json::parse(in);
-  Golden g;
-  g.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
-  g.logits = j["last_prompt_logits" + suffix].get<std::vector<std::vector<float>>>();
-  g.gaps = j["top2_gap" + suffix].get<std::vector<float>>();
-  for (const auto& tokens : j["greedy_tokens" + suffix]) g.first_tokens.push_back(tokens[0]);
-  return g;
+  return golden::LoadGapGolden(dir, suffix);
 }
 
 absl::StatusOr<LoadedModel> Load(const std::string& dir) {
