@@ -1,6 +1,7 @@
 #include "runtime/engine/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -292,15 +293,21 @@ int64_t Scheduler::Draft(Request* req, int64_t budget) {
   if (!spec.enabled() || req->num_output_tokens() < 1) return 0;
   // Drafts plus the correction / bonus token never exceed max_tokens (so their positions stay
   // inside the KV the request was validated for) or the step's token budget.
-  const int64_t room = std::min({NextDraftLength(spec, &req->draft_length),
-                                 req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
+  int64_t room = std::min({NextDraftLength(spec, &req->draft_length),
+                           req->spec.max_tokens - req->num_output_tokens() - 1, budget - 1});
+  if (spec.bench_hook != nullptr) room = std::min(room, spec.bench_hook->MaxDrafts(req->id));
   if (room <= 0) return 0;
   // A draft model or the MTP layer drafts after scheduling (SetDrafts): reserve `room` slots
   // with placeholders.
-  std::vector<int32_t> drafts =
-      spec.method == SpeculativeMethod::kDraft || spec.method == SpeculativeMethod::kMtp
-          ? std::vector<int32_t>(room, req->tokens.back())
-          : NgramDraft(req->tokens, spec, room);
+  std::vector<int32_t> drafts;
+  if (spec.method == SpeculativeMethod::kDraft || spec.method == SpeculativeMethod::kMtp) {
+    drafts.assign(room, req->tokens.back());
+  } else {
+    std::optional<std::vector<int32_t>> hooked;
+    if (spec.bench_hook != nullptr) hooked = spec.bench_hook->Draft(req->id, req->tokens, room);
+    drafts = hooked.has_value() ? *std::move(hooked) : NgramDraft(req->tokens, spec, room);
+    if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(room);
+  }
   if (drafts.empty()) return 0;
   req->verify_input.assign(1, req->tokens.back());
   req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.end());

@@ -23,6 +23,7 @@
 #define TANDEM_RUNTIME_ENGINE_SPECULATIVE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,21 @@ enum class SpeculativeMethod {
   kMtp,    // DeepSeek-V3's multi-token prediction layer (mtp_proposer.h), chained K times
 };
 
+// Benchmarks and tests only (runtime/engine/spec_oracle.h; no flag or worker option sets one):
+// replaces a request's drafts so that the verifier can be measured at a chosen acceptance.
+// Called on the engine's scheduling thread; must outlive the engine.
+class BenchDraftHook {
+ public:
+  virtual ~BenchDraftHook() = default;
+  // Caps the drafts of `request_id` this pass, for every method (0: a plain decode step).
+  virtual int64_t MaxDrafts(int64_t request_id) const = 0;
+  // Method kNgram: the drafts after `tokens` (prompt + output), at most max_tokens, instead of
+  // prompt lookup; nullopt: prompt lookup as usual.
+  virtual std::optional<std::vector<int32_t>> Draft(int64_t request_id,
+                                                    absl::Span<const int32_t> tokens,
+                                                    int64_t max_tokens) const = 0;
+};
+
 struct SpeculativeConfig {
   SpeculativeMethod method = SpeculativeMethod::kNone;
   int64_t num_speculative_tokens = 0;  // K: drafts per request per step (at most)
@@ -52,6 +68,8 @@ struct SpeculativeConfig {
   // Batch-level: no request drafts in a step that starts with at least this many running
   // requests (0: never disabled). Large batches are compute-bound, where drafts stop paying.
   int64_t disable_by_batch_size = 0;
+  // Benchmarks and tests only (BenchDraftHook); null in serving.
+  const BenchDraftHook* bench_hook = nullptr;
   bool enabled() const { return method != SpeculativeMethod::kNone && num_speculative_tokens > 0; }
 };
 
