@@ -3,6 +3,7 @@
 //    the README's reduced-precision tolerances, f32 checkpoints served in bf16 at the bf16
 //    tolerances; and against the CPU backend's fp32 logits on the same prompts;
 //  * graph-captured and uncaptured decode give identical tokens (and graphs were used);
+//  * the decode kernel's in-kernel split merge gives the merge kernel's tokens and logits;
 //  * a head_dim 128 GQA model with host random weights agrees with the CPU backend;
 //  * device-generated dummy weights run end to end; bad configs fail cleanly;
 //  * async scheduling gives the synchronous engine's tokens.
@@ -230,6 +231,39 @@ TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(a[i].tokens, b[i].tokens) << "prompt " << i;
     EXPECT_EQ(a[i].tokens.size(), 24u);
+  }
+}
+
+// CudaBackendConfig::decode_merge_in_kernel: the decode kernel merging its own KV splits (in its
+// zeroed workspace, graph replays included) gives the tokens and logits of the PDL merge kernel,
+// bit for bit. The decode kernel serves every step (prompts of up to 600 tokens in chunks too)
+// and the padded decode graphs plan for max_model_len keys, so steps split.
+TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  const auto prompts = RandomPrompts(7, 600, static_cast<int>(model.vocab_size), seed);
+  CudaBackendConfig in_kernel = MidBackend();
+  in_kernel.gemm_autotune = false;
+  in_kernel.use_prefill_kernel = false;
+  in_kernel.decode_merge_in_kernel = true;
+  CudaBackendConfig separate = in_kernel;
+  separate.decode_merge_in_kernel = false;
+  const ExecutorFactory in_kernel_factory = CudaExecutorFactory(in_kernel);
+  const ExecutorFactory separate_factory = CudaExecutorFactory(separate);
+  ExecutorStats in_kernel_stats, separate_stats;
+  const auto got = RunPrompts(model, RandomModelWeights(model, seed), prompts, 16,
+                              &in_kernel_factory, true, &in_kernel_stats);
+  const auto want = RunPrompts(model, RandomModelWeights(model, seed), prompts, 16,
+                               &separate_factory, true, &separate_stats);
+  EXPECT_GT(in_kernel_stats.split_merge_in_kernel_steps, 0);
+  EXPECT_GT(in_kernel_stats.graph_steps, 0);
+  EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].tokens.size(), 16u) << "prompt " << i;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+    EXPECT_EQ(got[i].logits, want[i].logits) << "prompt " << i;
   }
 }
 

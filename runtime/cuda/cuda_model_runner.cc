@@ -275,12 +275,12 @@ absl::Status CudaModelRunner::AllocateStepBuffers() {
 
 absl::Status CudaModelRunner::ModelForward(const DeviceStep& step, const StepAttentionPlan& plan) {
   if (mla_model_ != nullptr) {
-    return mla_model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+    return mla_model_->Forward(step, cache_, plan, AttnWorkspace(plan), stream_);
   }
   if (mtp_model_ != nullptr) {
     return mtp_model_->Forward(step, cache_, plan, input_hidden_.get<float>(), stream_);
   }
-  return model_->Forward(step, cache_, plan, attn_workspace_.data(), stream_);
+  return model_->Forward(step, cache_, plan, AttnWorkspace(plan), stream_);
 }
 
 const float* CudaModelRunner::ModelLogits() const {
@@ -436,17 +436,9 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.head_dim = m.head_dim;
   in.kv_dtype = cache_.dtype;
   in.num_sms = num_sms_;
+  in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
-}
-
-absl::Status CudaModelRunner::EnsureAttnWorkspace(int64_t bytes) {
-  if (bytes <= attn_workspace_.bytes()) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  DropGraphs();  // they captured the old workspace's address
-  attn_workspace_.Reset();
-  ASSIGN_OR_RETURN(attn_workspace_, DeviceBuffer::Allocate(bytes, "attention workspace"));
-  return absl::OkStatus();
 }
 
 bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const {
@@ -533,8 +525,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     ASSIGN_OR_RETURN(StepAttentionPlan plan, Plan(padded, padded * width, width,
                                                   kernels::DcpLocalCount(spec_.max_model_len, dcp_),
                                                   /*allow_prefill=*/false));
-    RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
+    RETURN_IF_ERROR(EnsureAttnWorkspace(plan));
     ++stats_.padded_steps;
+    stats_.split_merge_in_kernel_steps += plan.decode.merge_in_kernel ? 1 : 0;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
       ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, width, greedy));
       const absl::Time launch = absl::Now();
@@ -547,9 +540,10 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   } else {
     ASSIGN_OR_RETURN(StepAttentionPlan plan,
                      Plan(S, total_tokens, max_q_len, max_seq_len, config_.use_prefill_kernel));
-    RETURN_IF_ERROR(EnsureAttnWorkspace(plan.workspace_bytes()));
+    RETURN_IF_ERROR(EnsureAttnWorkspace(plan));
     RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     ++stats_.eager_steps;
+    stats_.split_merge_in_kernel_steps += !plan.use_prefill && plan.decode.merge_in_kernel ? 1 : 0;
   }
   RETURN_IF_ERROR(EnqueueHiddenCopy(batch, total_tokens));
   RETURN_IF_ERROR(EnqueueRejection(batch, padded > 0));

@@ -94,6 +94,11 @@ struct CudaBackendConfig {
   // The prefill kernel's Hopper (wgmma) variant for head_dim 64/128 (2-2.5x the mma.sync one on
   // the H200); false: its mma.sync one.
   bool prefill_allow_wgmma = true;
+  // The paged decode kernel merges its KV splits itself (the last split CTA of each group;
+  // PagedAttentionPlanInput::workspace_zeroed) in a decode workspace of its own, zeroed when it
+  // is allocated and kept zero by the kernel; false: a second (PDL) kernel merges them, in the
+  // workspace the prefill kernel shares (the A/B baseline). Bit-identical results either way.
+  bool decode_merge_in_kernel = true;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;
@@ -229,7 +234,12 @@ class CudaModelRunner : public ModelExecutor {
   // head_dim has a prefill kernel (never for graph steps: allow_prefill = false).
   absl::StatusOr<StepAttentionPlan> Plan(int64_t num_seqs, int64_t num_tokens, int64_t max_q_len,
                                          int64_t max_seq_len, bool allow_prefill) const;
-  absl::Status EnsureAttnWorkspace(int64_t bytes);
+  // Grows the workspace `plan` runs in (attn_workspace_ or, for a decode plan that merges its
+  // splits in the kernel, decode_workspace_, zeroed when allocated) to its workspace_bytes();
+  // growing drops the captured graphs.
+  absl::Status EnsureAttnWorkspace(const StepAttentionPlan& plan);
+  // The workspace `plan` runs in (see EnsureAttnWorkspace).
+  void* AttnWorkspace(const StepAttentionPlan& plan);
   // Enqueues forward + sampling for `step` (what a graph captures). `greedy` (GreedyOnly): the
   // tokens from the vocab-parallel candidates (CudaLlamaModel::GreedyTokens), no logits gather.
   absl::Status Enqueue(const DeviceStep& step, const StepAttentionPlan& plan, bool greedy);
@@ -268,6 +278,10 @@ class CudaModelRunner : public ModelExecutor {
   PinnedBuffer meta_host_;
   DeviceBuffer meta_dev_;
   DeviceBuffer attn_workspace_, sample_workspace_, sampled_dev_;
+  // The decode kernel's own workspace under decode_merge_in_kernel: its first
+  // kPagedAttentionCounterBytes (the split counters) must stay zero between calls, so nothing
+  // else (the prefill kernel) may write it.
+  DeviceBuffer decode_workspace_;
   PinnedBuffer sampled_host_;
   DeviceBuffer capture_flag_dev_;  // AnyRankCaptures: one fp32
   PinnedBuffer capture_flag_host_;

@@ -1,6 +1,7 @@
 // CudaModelRunner's CUDA graphs: which steps replay as graphs (the padded batch size and width
-// of a decode / verify step, data-parallel attention's common size), the capture of a step and
-// the agreement of DP ranks on capturing (cuda_model_runner.h).
+// of a decode / verify step, data-parallel attention's common size), the capture of a step, the
+// agreement of DP ranks on capturing and the attention workspaces the graphs capture
+// (cuda_model_runner.h).
 #include <algorithm>
 #include <tuple>
 
@@ -106,6 +107,34 @@ absl::StatusOr<cudaGraphExec_t> CudaModelRunner::GraphFor(const DeviceStep& step
   graphs_[key] = exec;
   ++stats_.graphs_captured;
   return exec;
+}
+
+namespace {
+
+// A decode plan whose kernel merges its own splits runs in decode_workspace_.
+bool InDecodeWorkspace(const StepAttentionPlan& plan) {
+  return !plan.use_prefill && plan.decode.merge_in_kernel;
+}
+
+}  // namespace
+
+void* CudaModelRunner::AttnWorkspace(const StepAttentionPlan& plan) {
+  return InDecodeWorkspace(plan) ? decode_workspace_.data() : attn_workspace_.data();
+}
+
+absl::Status CudaModelRunner::EnsureAttnWorkspace(const StepAttentionPlan& plan) {
+  const bool own = InDecodeWorkspace(plan);
+  DeviceBuffer& buffer = own ? decode_workspace_ : attn_workspace_;
+  const int64_t bytes = plan.workspace_bytes();
+  if (bytes <= buffer.bytes()) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  DropGraphs();  // they captured the old workspace's address
+  buffer.Reset();
+  ASSIGN_OR_RETURN(buffer, DeviceBuffer::Allocate(
+                               bytes, own ? "decode attention workspace" : "attention workspace"));
+  // The split counters start at zero; the decode kernel returns them to zero after every call.
+  if (own) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffer.data(), 0, bytes, stream_));
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::runtime::cuda

@@ -43,6 +43,9 @@
 // overhead). --vocab_greedy_min_rows=N: at TP > 1,
 // greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
+// --merge_in_kernel=0: the paged decode kernel's KV splits merged by the second (PDL) kernel, not
+// inside the decode kernel (CudaBackendConfig::decode_merge_in_kernel); rows print how many timed
+// steps merged in the kernel.
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
@@ -115,6 +118,7 @@ int Main(int argc, char** argv) {
   bool expert_parallel = false, dp_attention = false, dp_graphs = true;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
+  bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -136,6 +140,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
+    if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -178,6 +183,7 @@ int Main(int argc, char** argv) {
   backend.fuse_all_reduce_norm = fused_norm;
   backend.custom_all_reduce_pdl = ar_pdl;
   backend.vocab_parallel_greedy_min_rows = vocab_greedy_min_rows;
+  backend.decode_merge_in_kernel = merge_in_kernel;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -361,7 +367,10 @@ int Main(int argc, char** argv) {
               "   graph launch %.1f us",
               static_cast<double>(after.graph_launch_ns - before.graph_launch_ns) / launches / 1e3);
         }
-        std::printf("\n");
+        std::printf("   split merge in kernel %lld/%d steps\n",
+                    static_cast<long long>(after.split_merge_in_kernel_steps -
+                                           before.split_merge_in_kernel_steps),
+                    steps);
         std::fflush(stdout);
       }
       if (tracer != nullptr) {

@@ -45,6 +45,9 @@ struct ExecutorStats {
   // Host time spent inside the graph launch calls of graph_steps (cudaGraphLaunch), summed: the
   // GPU idles through most of it between two decode steps (runtime/cuda/BENCHMARKS.md).
   int64_t graph_launch_ns = 0;
+  // Decode-kernel steps whose KV splits were merged inside the decode kernel (CUDA:
+  // CudaBackendConfig::decode_merge_in_kernel; graph replays included).
+  int64_t split_merge_in_kernel_steps = 0;
   // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
   // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
   // backends that do not count.

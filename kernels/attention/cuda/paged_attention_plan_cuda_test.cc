@@ -2,6 +2,7 @@
 // kernel merges its own splits, and the split planner's choices on the Llama-3-8B decode shapes.
 // The kernels themselves: paged_attention_cuda_test.cc.
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,6 +67,41 @@ TEST(PagedAttentionCudaTest, PlanInKernelMerge) {
   in.legacy_split_merge = false;
   in.workspace_zeroed = false;
   EXPECT_FALSE(plan().merge_in_kernel);
+}
+
+// What the engine plans (CudaModelRunner with decode_merge_in_kernel): every padded decode and
+// verify graph of the Llama-3-8B (TP 1) and -70B (TP 4: 16 q / 2 kv heads) shapes, planned for
+// max_model_len keys, merges its splits in the decode kernel whenever it splits, with the
+// counters ahead of the partials in its workspace.
+TEST(PagedAttentionCudaTest, EngineGraphShapesMergeInKernel) {
+  int in_kernel = 0;
+  for (const auto& [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, {16, 2}}) {
+    for (int64_t batch : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256}) {
+      for (int64_t width : {1, 2, 4}) {
+        for (int64_t max_model_len : {2048, 8192, 131072}) {
+          SCOPED_TRACE(::testing::Message() << q_heads << "/" << kv_heads << " batch " << batch
+                                            << " width " << width << " len " << max_model_len);
+          const PagedAttentionPlanInput in{.num_seqs = batch,
+                                           .num_tokens = batch * width,
+                                           .max_q_len = width,
+                                           .max_seq_len = max_model_len,
+                                           .num_q_heads = q_heads,
+                                           .num_kv_heads = kv_heads,
+                                           .head_dim = 128,
+                                           .workspace_zeroed = true};
+          absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          EXPECT_EQ(plan->merge_in_kernel, plan->num_splits > 1);
+          if (plan->num_splits == 1) continue;
+          ++in_kernel;
+          EXPECT_EQ(plan->workspace_bytes, kPagedAttentionCounterBytes + int64_t{plan->num_splits} *
+                                                                             batch * width *
+                                                                             q_heads * 129 * 4);
+        }
+      }
+    }
+  }
+  EXPECT_GT(in_kernel, 20);  // the shapes that split (batch 1 at every length, ...)
 }
 
 // The planner's choices on the Llama-3-8B decode shapes (32 q / 8 kv heads, d128, bf16, 132

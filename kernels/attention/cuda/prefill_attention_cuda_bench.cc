@@ -1,6 +1,7 @@
 // Prefill / extend attention throughput on the first CUDA device: causal, 32 query / 8 KV heads,
 // head_dim 128, bf16, block 16 with shuffled physical blocks (the shapes).
-//   prefill_attention_cuda_bench
+//   prefill_attention_cuda_bench [--only=NAME]
+//       (--only: the shapes whose name contains NAME, e.g. --only="8 x 2k", for a profiler)
 // TFLOP/s counts 4 * head_dim * num_q_heads * (sum over query rows of visible keys): QK^T and
 // P.V, 2 FLOP per multiply-add, causal work only (masked-out keys are not counted). Each shape
 // runs the Hopper wgmma kernel and the mma.sync kernel and prints max |wgmma - mma| over the
@@ -159,7 +160,7 @@ absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_
   return absl::OkStatus();
 }
 
-absl::Status Run() {
+absl::Status Run(const char* only) {
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf(
@@ -192,6 +193,7 @@ absl::Status Run() {
       {"2k new over 8k prefix", 1, 2048, 8192},
   };
   for (const Shape& shape : shapes) {
+    if (std::strstr(shape.name, only) == nullptr) continue;
     RETURN_IF_ERROR(RunShape(shape, prop.multiProcessorCount, pool, pool_blocks, rng));
   }
   CUDA_RETURN_IF_ERROR(cudaFree(pool));
@@ -201,8 +203,12 @@ absl::Status Run() {
 }  // namespace
 }  // namespace tandem::kernels::cuda
 
-int main() {
-  const absl::Status status = tandem::kernels::cuda::Run();
+int main(int argc, char** argv) {
+  const char* only = "";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
+  }
+  const absl::Status status = tandem::kernels::cuda::Run(only);
   if (!status.ok()) {
     std::fprintf(stderr, "prefill_attention_cuda_bench: %s\n", status.ToString().c_str());
     return 1;
