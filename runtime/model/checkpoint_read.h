@@ -19,14 +19,20 @@
 namespace tandem::runtime::internal {
 
 // One checkpoint tensor whose rank part (tensor->slice_dim / slice_begin / slice_count) is
-// widened to fp32 at `out` (local_numel() floats). `info` belongs to `file`, whose dtype is
-// F32, BF16 or F16.
+// widened to fp32 at `out` (local_numel() floats; ReadTensors16: unused). `info` belongs to `file`,
+// whose dtype is F32, BF16 or F16.
 struct WidenTask {
   const SafetensorsFile* file = nullptr;
   const TensorInfo* info = nullptr;
   const HfTensor* tensor = nullptr;
   float* out = nullptr;
 };
+
+// ReadTensors' 16-bit twin (StreamModelWeights16): each chunk of a task's part is written as
+// `dtype` into a buffer of `sink` and committed there as the elements it fills of the task's
+// (slot, layer) vector; same reads, same threads, same values rounded to the dtype.
+absl::Status ReadTensors16(const std::vector<WidenTask>& tasks, Weight16 dtype,
+                           WeightChunkSink* sink, const CheckpointReadOptions& options);
 
 // Reads every task's part with pread (not through the mapping: an I/O error or a file truncated
 // since it was opened is a status naming the file, not a SIGBUS), split into reads of at most

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -242,27 +243,37 @@ std::vector<HfTensor> LocalLayout(const std::vector<HfTensor>& layout) {
 }
 
 // A load of more than 1 GiB says on stderr how long the rank's fp32 allocation and its reads took
-// (issue 31: where a large model's start goes).
+// (issue 31: where a large model's start goes); `sink`: a 16-bit stream (no fp32 allocation), the
+// reads including the sink's copies.
 void ReportLargeLoad(const TpShard& shard, int64_t read_bytes, size_t files, int threads,
-                     Clock::time_point start, Clock::time_point allocated) {
+                     Clock::time_point start, Clock::time_point allocated, bool sink = false) {
   if (read_bytes < (int64_t{1} << 30)) return;
   const double alloc_s = std::chrono::duration<double>(allocated - start).count();
   const double read_s = std::chrono::duration<double>(Clock::now() - allocated).count();
+  const std::string after =
+      sink ? std::string(" into 16-bit chunks (no fp32 host copy)")
+           : absl::StrFormat(" after allocating its fp32 weights in %.2f s", alloc_s);
   std::fprintf(stderr,
-               "LoadModelWeights: rank %d of %d read %.2f GB from %zu files in %.2f s (%.2f GB/s, "
-               "%d reader threads) after allocating its fp32 weights in %.2f s\n",
-               shard.rank, shard.size, read_bytes / 1e9, files, read_s,
-               read_bytes / 1e9 / std::max(read_s, 1e-9), threads, alloc_s);
+               "%s: rank %d of %d read %.2f GB from %zu files in %.2f s (%.2f GB/s, %d reader "
+               "threads)%s\n",
+               sink ? "StreamModelWeights16" : "LoadModelWeights", shard.rank, shard.size,
+               read_bytes / 1e9, files, read_s, read_bytes / 1e9 / std::max(read_s, 1e-9), threads,
+               after.c_str());
 }
 
-}  // namespace
-
-absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
-                                              const ModelConfig& config, TpShard shard,
-                                              const CheckpointReadOptions& read) {
+// The checkpoint a rank reads, opened and checked (LoadModelWeights' contract): the rank's
+// layout (its local one in a pre-sharded directory) and the tensors found.
+struct RankCheckpoint {
+  TpDims dims;
+  std::vector<HfTensor> layout;
+  Checkpoint checkpoint;
+  internal::FindTensor find;
+};
+absl::Status OpenRankCheckpoint(const std::string& model_dir, const ModelConfig& config,
+                                const TpShard& shard, RankCheckpoint* out) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
-  ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
-  std::vector<HfTensor> layout = internal::HfTensorLayout(config, dims);
+  ASSIGN_OR_RETURN(out->dims, ComputeTpDims(config, shard));
+  out->layout = internal::HfTensorLayout(config, out->dims);
   std::string weights_dir = model_dir;
   ASSIGN_OR_RETURN(std::optional<PreSharding> pre, ReadPreSharding(model_dir));
   if (pre.has_value()) {
@@ -278,34 +289,71 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
           "--enable_expert_parallel places whole experts: load the original checkpoint"));
     }
     weights_dir = (fs::path(model_dir) / RankDir(shard.rank, shard.size)).string();
-    layout = LocalLayout(layout);
+    out->layout = LocalLayout(out->layout);
   }
-  Checkpoint checkpoint;
-  RETURN_IF_ERROR(OpenCheckpoint(weights_dir, &checkpoint));
+  RETURN_IF_ERROR(OpenCheckpoint(weights_dir, &out->checkpoint));
   // Check everything before converting anything: a bad checkpoint fails fast.
-  RETURN_IF_ERROR(CheckCheckpoint(checkpoint, layout, config, weights_dir));
-  const internal::FindTensor find = [&checkpoint](const std::string& name) -> const TensorInfo* {
-    auto it = checkpoint.tensors.find(name);
-    return it == checkpoint.tensors.end() ? nullptr : it->second.info;
+  RETURN_IF_ERROR(CheckCheckpoint(out->checkpoint, out->layout, config, weights_dir));
+  out->find = [tensors = &out->checkpoint.tensors](const std::string& name) -> const TensorInfo* {
+    auto it = tensors->find(name);
+    return it == tensors->end() ? nullptr : it->second.info;
   };
-  RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, dims, layout, find));
+  return internal::CheckFp8Checkpoint(config, out->dims, out->layout, out->find);
+}
+
+// The reads of the rank's F32 / BF16 / F16 tensor parts (FP8 weights are kept as they are);
+// `weights` null: no fp32 destination (ReadTensors16). *read_bytes: their stored bytes.
+std::vector<internal::WidenTask> WidenTasks(const RankCheckpoint& rank, const ModelConfig& config,
+                                            ModelWeights* weights, int64_t* read_bytes) {
+  std::vector<internal::WidenTask> tasks;
+  *read_bytes = 0;
+  for (const HfTensor& t : rank.layout) {
+    if (!t.keep || internal::IsFp8Weight(config, t)) continue;
+    const Found& found = rank.checkpoint.tensors.at(t.name);
+    float* out = weights == nullptr ? nullptr : internal::SlotData(weights, t);
+    tasks.push_back({found.file, found.info, &t, out});
+    *read_bytes += t.local_numel() * (found.info->dtype == SafetensorsDtype::kF32 ? 4 : 2);
+  }
+  return tasks;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const ModelConfig& config, TpShard shard,
+                                              const CheckpointReadOptions& read) {
+  // Heap-held: `find` points into the checkpoint, which must not move.
+  auto rank = std::make_unique<RankCheckpoint>();
+  RETURN_IF_ERROR(OpenRankCheckpoint(model_dir, config, shard, rank.get()));
   const Clock::time_point start = Clock::now();
   ModelWeights weights;
-  internal::AllocateModelWeights(config, dims, &weights);
+  internal::AllocateModelWeights(config, rank->dims, &weights);
   const Clock::time_point allocated = Clock::now();
-  std::vector<internal::WidenTask> tasks;
   int64_t read_bytes = 0;
-  for (const HfTensor& t : layout) {
-    if (!t.keep || internal::IsFp8Weight(config, t)) continue;
-    const Found& found = checkpoint.tensors.at(t.name);
-    tasks.push_back({found.file, found.info, &t, internal::SlotData(&weights, t)});
-    read_bytes += t.local_numel() * (found.info->dtype == SafetensorsDtype::kF32 ? 4 : 2);
-  }
-  RETURN_IF_ERROR(internal::ReadTensors(tasks, read));
-  ReportLargeLoad(shard, read_bytes, checkpoint.files.size(), internal::ReaderThreads(read), start,
-                  allocated);
-  internal::LoadFp8Weights(config, layout, find, &weights);  // e4m3 kept as it is
+  RETURN_IF_ERROR(internal::ReadTensors(WidenTasks(*rank, config, &weights, &read_bytes), read));
+  ReportLargeLoad(shard, read_bytes, rank->checkpoint.files.size(), internal::ReaderThreads(read),
+                  start, allocated);
+  internal::LoadFp8Weights(config, rank->layout, rank->find, &weights);  // e4m3 kept as it is
   return weights;
+}
+
+absl::Status StreamModelWeights16(const std::string& model_dir, const ModelConfig& config,
+                                  TpShard shard, Weight16 dtype, WeightChunkSink* sink,
+                                  const CheckpointReadOptions& read) {
+  if (config.quantization.FromCheckpoint()) {
+    return absl::UnimplementedError(
+        absl::StrCat("streaming 16-bit weights: ", model_dir, " holds FP8 weights (",
+                     config.quantization.Describe(), "); load them with LoadModelWeights"));
+  }
+  auto rank = std::make_unique<RankCheckpoint>();
+  RETURN_IF_ERROR(OpenRankCheckpoint(model_dir, config, shard, rank.get()));
+  const Clock::time_point start = Clock::now();
+  int64_t read_bytes = 0;
+  RETURN_IF_ERROR(
+      internal::ReadTensors16(WidenTasks(*rank, config, nullptr, &read_bytes), dtype, sink, read));
+  ReportLargeLoad(shard, read_bytes, rank->checkpoint.files.size(), internal::ReaderThreads(read),
+                  start, start, /*sink=*/true);
+  return absl::OkStatus();
 }
 
 absl::Status WritePreShardedCheckpoint(const std::string& model_dir, const ModelConfig& config,

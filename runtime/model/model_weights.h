@@ -216,6 +216,52 @@ enum class WeightSlot {
 // The vector of `slot` in `weights` (of layers[layer] for per-layer slots).
 std::vector<float>* SlotVector(ModelWeights* weights, WeightSlot slot, int64_t layer);
 
+// A rank's 16-bit weights streamed from the checkpoint to where they live (issue 31: the CUDA
+// backend copies each chunk to the device, so no rank holds its weights in fp32 on the host).
+// The sink sees each read chunk once, in a host buffer it owns, as `count` elements of the sink's
+// dtype for elements [offset, offset + count) of the rank's (slot, layer) vector, laid out as
+// LoadModelWeights lays that vector out (fused q/k/v and gate/up, TP slices): the same
+// HfTensorLayout and slicing, so the values are LoadModelWeights' rounded to the dtype
+// (bf16 -> bf16 and f16 -> f16 copied as stored; other pairs widened exactly and rounded to
+// nearest even).
+enum class Weight16 { kBf16, kF16 };
+struct WeightChunk {
+  WeightSlot slot = WeightSlot::kEmbedTokens;
+  int64_t layer = -1;  // -1 for model-level slots
+  int64_t offset = 0;  // elements
+  int64_t count = 0;
+};
+// Thread safety: Start is called once before the reads; then the loader's reader threads call
+// Acquire / Commit, each with its own worker index in [0, workers): calls of one worker never
+// overlap, calls of different workers do.
+class WeightChunkSink {
+ public:
+  virtual ~WeightChunkSink() = default;
+  // `workers` reader threads will write chunks of at most `chunk_bytes` bytes.
+  virtual absl::Status Start(int workers, int64_t chunk_bytes) = 0;
+  // A host buffer of chunk_bytes for the worker's next chunk: the loader fills it, then commits
+  // it, after which the sink owns it again (a device sink copies from it asynchronously).
+  virtual absl::StatusOr<void*> Acquire(int worker) = 0;
+  virtual absl::Status Commit(int worker, const WeightChunk& chunk) = 0;
+};
+
+// Streams the parts of the F32 / BF16 / F16 tensors the rank of `shard` keeps into `sink` as
+// `dtype`, with LoadModelWeights' checks, errors, pre-sharded directories and parallel preads.
+// UNIMPLEMENTED for FP8 checkpoints (their e4m3 bytes: LoadModelWeights). The sink's first error
+// stops the reads and is returned.
+absl::Status StreamModelWeights16(const std::string& model_dir, const ModelConfig& config,
+                                  TpShard shard, Weight16 dtype, WeightChunkSink* sink,
+                                  const CheckpointReadOptions& read = {});
+
+// A rank's checkpoint that its backend reads itself (the CUDA backend: StreamModelWeights16
+// straight to the device; the host then loads the config only).
+struct CheckpointSource {
+  std::string model_dir;
+  ModelConfig config;  // the whole model's, as LoadModelWeights takes it
+  TpShard shard;
+  CheckpointReadOptions read;
+};
+
 // One checkpoint tensor's part of a rank's dummy weights: local element i of `slice` is
 // DummyValue(seed, stream_id, slice.GlobalIndex(i), mean) and goes to element offset + i of the
 // rank's `slot` vector (of layer `layer`; -1 for model-level slots), sized as RandomModelWeights
