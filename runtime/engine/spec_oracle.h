@@ -4,7 +4,7 @@
 // trained draft weights. Greedy decoding is exact, so a first plain run of the same requests
 // gives the continuation (SetReference); the engine then runs with method kNgram and this hook
 // (SpeculativeConfig::bench_hook). Not a --speculative_method: no flag or worker option reaches
-// it; runtime/spec_oracle_bench.cc and spec_oracle_test.cc use it.
+// it; spec_oracle_bench.cc and spec_oracle_test.cc use it.
 //
 // Corruption is drawn per draft from a hash of (seed, request, pass start, draft index), so runs
 // repeat exactly and drafts of different passes are independent. With per-draft corruption rate
