@@ -1,17 +1,29 @@
 // CudaFp8MoeExperts (cuda_moe_fp8.h) on both of its paths for the same 300-token step: the
 // prefill path (the offsets read back, one CudaFp8Linear per expert: cuBLASLt's block-scaled or
-// outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on the GEMV) against the FP8
-// expert GEMVs (kernels/moe/moe_fp8_cuda.h, themselves checked against cpu::Fp8Linear by
-// moe_fp8_cuda_test), for DeepSeek-V3's form (128 x 128 blocks as per-row 128-column groups,
-// 1 x 128 activations, widths with 4 groups: the block GEMM's) and compressed-tensors'
-// (per-channel, per-token); each path's act and output equal within a bf16 rounding of the act (and
-// the FP8 step it can move a code by); the e4m3 shared experts against the same computation on the
-// CPU reference (cpu::Fp8Linear, SiLU * up in bf16). Uploads from the loader's stacked form
-// (UploadFp8MoeWeights), including expert parallelism's zero expert.
+// outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on the GEMV) and the FP8
+// expert GEMVs (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x 128 blocks as per-row
+// 128-column groups, 1 x 128 activations, widths with 4 groups: the block GEMM's) and
+// compressed-tensors' (per-channel, per-token); the e4m3 shared experts too. Uploads from the
+// loader's stacked form (UploadFp8MoeWeights), including expert parallelism's zero expert.
+//
+// Every stage is checked against the CPU reference (cpu::Fp8Linear per expert, SiLU * up rounded
+// as the kernels round) fed the GPU's OWN input of that stage: the same bf16 values quantize to
+// the same e4m3 codes and scales on both sides (the same per-token / 1 x 128 rule, an IEEE
+// division), so what is left is one bf16 rounding of the output and the accumulation: tight
+// tolerances (on an H200, 8 seeds: at most 0.68 of them). The two paths' outputs are NOT held to a
+// fixed tolerance of each other: Hopper's FP8 MMA (13-bit aligned partial sums) and the GEMV's
+// fp32 sums end on different sides of a bf16 rounding often enough that ~10% of the act values
+// differ by a step; quantizing two such rows per token moves e4m3 codes (~1.2% of them; a row's
+// scale too when its largest element moved), each by a step of up to ~7% of the row's amax times
+// a weight. That part is computed on the CPU (down of each path's act), and the outputs must agree
+// up to it within the stage tolerances. On an H200 it exceeded the earlier fixed 1.6% |x| + 2% max
+// tolerance in 5 of 8 seeds (up to 1.32x; the shared experts against a CPU chain from x: 4 of 16
+// runs, up to 1.80x; kernels/moe/BENCHMARKS.md): that tolerance's failure, no kernel error.
 #include "runtime/cuda/cuda_moe_fp8.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -69,18 +81,129 @@ float MaxAbs(const std::vector<float>& v) {
   return m;
 }
 
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rel_to_max,
-                 const char* what) {
+float Bf16(float x) { return kernels::cuda_test::ToF(kernels::cuda_test::FromF<bf16>(x)); }
+
+// Tolerances of a stage against the CPU fed the GPU's own input (fractions of |want| and of the
+// tensor's max |want|):
+// one bf16 rounding of the GPU's output (at most 2^-9 of it), with a factor 2 of margin;
+constexpr float kRound = 0x1p-8f;
+// SiLU(g) * u on the same bf16 g, u: expf against std::exp can move the result by one bf16 step;
+constexpr float kOneStep = 0x1p-7f;
+// act from fp32 gate / up sums of another order (GPU vs CPU, or GEMM vs GEMV): their bf16
+// roundings can differ by a step, and SiLU(g) * u moves by up to ~|g| steps (moe_fp8_cuda_test's);
+constexpr float kActRel = 1.6e-2f;
+// accumulation: Hopper's FP8 MMA adds 32 products aligned to the largest with 13 fraction bits
+// (fp8_gemm_cuda.h), at k = 512 at most 16 x 2^-11 of per-instruction magnitudes that stay far
+// below the output's max for these Gaussian inputs; fp32 order noise on the CPU side.
+constexpr float kAccum = 2e-3f;
+
+// |got - want| <= rel * |want| + of_max * max |want| everywhere; prints the largest deviation (as
+// a fraction of max |want| and of the tolerance) and how many elements exceed it. `check`: fail
+// on an excess (else the line is a diagnostic only).
+void Compare(const std::vector<float>& got, const std::vector<float>& want, float rel, float of_max,
+             const std::string& what, bool check = true) {
+  ASSERT_EQ(got.size(), want.size()) << what;
   const float max_abs = MaxAbs(want);
   ASSERT_GT(max_abs, 0.0f) << what;
+  double worst_dev = 0, worst_ratio = 0;
+  size_t at = 0;
+  int64_t over = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], 1.6e-2f * std::abs(want[i]) + rel_to_max * max_abs)
-        << what << " element " << i;
+    const double dev = std::abs(double(got[i]) - want[i]);
+    const double ratio = dev / (rel * std::abs(want[i]) + of_max * max_abs);
+    worst_dev = std::max(worst_dev, dev);
+    if (ratio > worst_ratio) worst_ratio = ratio, at = i;
+    over += ratio > 1.0 ? 1 : 0;
   }
+  std::printf("  %-44s max|dev| %.3g = %.2e of max %.3g; worst dev/tol %.3f; %lld of %zu over%s\n",
+              what.c_str(), worst_dev, worst_dev / max_abs, max_abs, worst_ratio,
+              static_cast<long long>(over), want.size(), check ? "" : " (diagnostic)");
+  if (check) {
+    EXPECT_EQ(over, 0) << what << ": worst element " << at << " got " << got[at] << " want "
+                       << want[at] << " (tolerance " << rel << " |want| + " << of_max << " max)";
+  }
+}
+
+// The permuted rows [o[e], o[e + 1]) of in [rows, k] through expert e's n rows of the stacked
+// weight `all`: cpu::Fp8Linear (the activations quantized as the weight's scheme says), [rows, n].
+std::vector<float> PerExpert(const std::vector<float>& in, int64_t k, const Fp8LinearWeight& all,
+                             int64_t n, const std::vector<int32_t>& o) {
+  std::vector<float> out(static_cast<size_t>(o.back()) * n);
+  for (size_t e = 0; e + 1 < o.size(); ++e) {
+    if (o[e + 1] == o[e]) continue;
+    const Fp8LinearWeight w = Fp8Rows(all, static_cast<int64_t>(e) * n, n);
+    EXPECT_TRUE(kernels::cpu::Fp8Linear(in.data() + o[e] * k, w.View(), nullptr, o[e + 1] - o[e],
+                                        out.data() + o[e] * n, nullptr)
+                    .ok());
+  }
+  return out;
+}
+
+// SiLU(gate) * up of gu [rows, 2 * I] (per row gate, then up) as the kernels round: gate and up to
+// bf16 first (a no-op on the GEMM's bf16 output; the GEMV rounds its fp32 sums), the result too.
+std::vector<float> SiluMul(const std::vector<float>& gu, int64_t rows, int64_t I) {
+  std::vector<float> a(rows * I);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < I; ++j) {
+      const float g = Bf16(gu[r * 2 * I + j]), u = Bf16(gu[r * 2 * I + I + j]);
+      a[r * I + j] = Bf16(g / (1.0f + std::exp(-g)) * u);
+    }
+  }
+  return a;
+}
+
+std::vector<float> Minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+// How the two paths' act rows differ: elements, and activation scales (per row or 1 x 128 group)
+// that the down projection's quantization gives them (kernels::QuantizeActivations, the GPU's
+// rule).
+void PrintActDifference(const std::vector<float>& a, const std::vector<float>& b, int64_t rows,
+                        int64_t I, Scheme scheme) {
+  const int64_t n_scales = kernels::NumActivationScales(scheme, rows, I);
+  std::vector<uint8_t> ca(rows * I), cb(rows * I);
+  std::vector<float> sa(n_scales), sb(n_scales);
+  kernels::QuantizeActivations(a.data(), rows, I, scheme, 0.0f, ca.data(), sa.data());
+  kernels::QuantizeActivations(b.data(), rows, I, scheme, 0.0f, cb.data(), sb.data());
+  int64_t values = 0, scales = 0, codes = 0;
+  for (size_t i = 0; i < a.size(); ++i) values += a[i] != b[i] ? 1 : 0;
+  for (int64_t i = 0; i < n_scales; ++i) scales += sa[i] != sb[i] ? 1 : 0;
+  for (size_t i = 0; i < ca.size(); ++i) codes += ca[i] != cb[i] ? 1 : 0;
+  std::printf(
+      "  act GEMM vs GEMV: %lld of %zu bf16 values differ; down's activation scales: "
+      "%lld of %lld differ; e4m3 codes: %lld differ\n",
+      static_cast<long long>(values), a.size(), static_cast<long long>(scales),
+      static_cast<long long>(n_scales), static_cast<long long>(codes));
+}
+
+// The shared experts on the T tokens, each stage against the CPU on the GPU's input of the stage;
+// the chained CPU reference from x alone is printed for comparison.
+void SharedMatchesCpu(CudaFp8MoeExperts& experts, const CudaFp8MoeWeights& w,
+                      const Fp8LinearWeight& gu_w, const Fp8LinearWeight& dn_w,
+                      const std::vector<float>& x, const bf16* dx, int64_t T, int64_t H,
+                      int64_t Is) {
+  TestBuffer<bf16> gu_buf(T * 2 * Is), act_buf(T * Is), out_buf(T * H);
+  ASSERT_TRUE(experts.Shared(w, dx, T, gu_buf.get(), act_buf.get(), out_buf.get(), nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> gu = kernels::cuda_test::ToFloat(gu_buf.ToHost());
+  const std::vector<float> act = kernels::cuda_test::ToFloat(act_buf.ToHost());
+  const std::vector<float> out = kernels::cuda_test::ToFloat(out_buf.ToHost());
+  const std::vector<int32_t> all_rows = {0, static_cast<int32_t>(T)};
+  const std::vector<float> gu_want = PerExpert(x, H, gu_w, 2 * Is, all_rows);
+  Compare(gu, gu_want, kRound, kAccum, "shared gate_up vs CPU");
+  Compare(act, SiluMul(gu, T, Is), kOneStep, 1e-6f, "shared act vs CPU on its gate_up");
+  Compare(out, PerExpert(act, Is, dn_w, H, all_rows), kRound, kAccum,
+          "shared down vs CPU on its act");
+  const std::vector<float> chained = PerExpert(SiluMul(gu_want, T, Is), Is, dn_w, H, all_rows);
+  Compare(out, chained, 1.6e-2f, 2e-2f, "shared out vs CPU chained from x", /*check=*/false);
 }
 
 void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   SCOPED_TRACE(blocks ? "128 x 128 blocks, 1 x 128 activations" : "per-channel, per-token");
+  std::printf("%s\n", blocks ? "128 x 128 blocks, 1 x 128 activations" : "per-channel, per-token");
   const Scheme scheme = blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
   ModelConfig c;
   c.hidden_size = 512;
@@ -94,6 +217,7 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng);
   layer.shared_gate_up_fp8 = RandomFp8(2 * Is, H, blocks, scheme, rng);
   layer.shared_down_fp8 = RandomFp8(H, Is, blocks, scheme, rng);
+  const Fp8LinearWeight gu_w = layer.experts_gate_up_fp8, dn_w = layer.experts_down_fp8;
   const Fp8LinearWeight shared_gu = layer.shared_gate_up_fp8, shared_dn = layer.shared_down_fp8;
   absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> w = UploadFp8MoeWeights(c, &layer, T);
   ASSERT_TRUE(w.ok()) << w.status();
@@ -111,8 +235,7 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
     ids[t * k + 1] = static_cast<int32_t>((ids[t * k] + 1 + rng() % (E - 1)) % E);
   }
   TestBuffer<bf16> dx(kernels::cuda_test::Convert<bf16>(x)), rows_in(rows * H),
-      gate_up(rows * 2 * I), act(rows * I), out(rows * H), shared_gu_buf(T * 2 * Is),
-      shared_act(T * Is), shared_out(T * H);
+      gate_up(rows * 2 * I), act(rows * I), out(rows * H);
   TestBuffer<int32_t> d_ids(ids), offsets(E + 1), active(E), token_of_row(rows), row_of_pair(rows);
   const kernels::cuda::DeviceMoePermutation perm{offsets.get(), active.get(), token_of_row.get(),
                                                  row_of_pair.get()};
@@ -130,28 +253,38 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   EXPECT_STREQ((*experts)->last_path(), "fp8-expert-gemv");
   const auto [act_gemm, out_gemm] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), "fp8-per-expert-gemm");
-  ExpectClose(act_gemm, act_gemv, 1e-2f, "act");
-  ExpectClose(out_gemm, out_gemv, 2e-2f, "expert out");
+  const std::vector<float> gu_gemm = kernels::cuda_test::ToFloat(gate_up.ToHost());
 
-  // The shared experts on the T tokens against the CPU reference.
-  ASSERT_TRUE((*experts)
-                  ->Shared(**w, dx.get(), T, shared_gu_buf.get(), shared_act.get(),
-                           shared_out.get(), nullptr)
-                  .ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> gu(T * 2 * Is), a(T * Is), want(T * H);
-  ASSERT_TRUE(
-      kernels::cpu::Fp8Linear(x.data(), shared_gu.View(), nullptr, T, gu.data(), nullptr).ok());
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < Is; ++j) {
-      auto r = [](float v) { return kernels::cuda_test::ToF(kernels::cuda_test::FromF<bf16>(v)); };
-      const float g = r(gu[t * 2 * Is + j]), u = r(gu[t * 2 * Is + Is + j]);
-      a[t * Is + j] = r(g / (1.0f + std::exp(-g)) * u);
-    }
+  // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
+  const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
+  ASSERT_EQ(o[E], rows);
+  std::vector<float> x_rows(rows * H);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.begin() + tor[r] * H, H, x_rows.begin() + r * H);
   }
-  ASSERT_TRUE(
-      kernels::cpu::Fp8Linear(a.data(), shared_dn.View(), nullptr, T, want.data(), nullptr).ok());
-  ExpectClose(kernels::cuda_test::ToFloat(shared_out.ToHost()), want, 2e-2f, "shared experts");
+  const std::vector<float> gu_want = PerExpert(x_rows, H, gu_w, 2 * I, o);
+  Compare(act_gemv, SiluMul(gu_want, rows, I), kActRel, kAccum, "GEMV act vs CPU");
+  Compare(out_gemv, PerExpert(act_gemv, I, dn_w, H, o), kRound, kAccum,
+          "GEMV down vs CPU on its act");
+  Compare(gu_gemm, gu_want, kRound, kAccum, "GEMM gate_up vs CPU");
+  Compare(act_gemm, SiluMul(gu_gemm, rows, I), kOneStep, 1e-6f, "GEMM act vs CPU on its gate_up");
+  const std::vector<float> down_of_gemm_act = PerExpert(act_gemm, I, dn_w, H, o);
+  Compare(out_gemm, down_of_gemm_act, kRound, kAccum, "GEMM down vs CPU on its act");
+
+  // GEMM against GEMV: act within the roundings of gate / up; the outputs differ by what the
+  // down projection makes of the two act versions (computed on the CPU), and by nothing else.
+  Compare(act_gemm, act_gemv, kActRel, kAccum, "act GEMM vs GEMV");
+  PrintActDifference(act_gemm, act_gemv, rows, I, scheme);
+  Compare(out_gemm, out_gemv, 1.6e-2f, 2e-2f, "out GEMM vs GEMV (old fixed tolerance)",
+          /*check=*/false);
+  const std::vector<float> quantized_difference =
+      Minus(down_of_gemm_act, PerExpert(act_gemv, I, dn_w, H, o));
+  std::printf("  CPU down(act GEMM) - down(act GEMV): up to %.3g = %.2e of max |out|\n",
+              MaxAbs(quantized_difference), MaxAbs(quantized_difference) / MaxAbs(out_gemv));
+  Compare(Minus(out_gemm, quantized_difference), out_gemv, 2 * kRound, 2 * kAccum,
+          "out GEMM - that difference vs out GEMV");
+
+  SharedMatchesCpu(**experts, **w, shared_gu, shared_dn, x, dx.get(), T, H, Is);
 }
 
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {

@@ -8,6 +8,8 @@
 #   SERVE_N1 / SERVE_N32 / SERVE_N128, else 4 / 32 / 128), each under SERVE_T1 / SERVE_T32 /
 #   SERVE_T128 seconds (default 20 / 25 / 35), seeds from SERVE_SEED (default 200) on. Logs,
 #   DIR/cC.json and DIR/up.txt ("TAG ..." lines) under DIR; everything it started is stopped.
+#   SERVE_BEFORE_BENCH: a command run once the worker is healthy, before the first tandem_bench
+#   (e.g. `wait` for a test job that shared the GPUs while the worker loaded).
 # moe_bench_lines FILE...: one summary line per tandem_bench --json FILE (LABEL: the path).
 
 moe_serve() {
@@ -36,6 +38,7 @@ moe_serve() {
   done
   echo "$tag: worker healthy=$up after $((SECONDS - t0)) s" >"$dir/up.txt"
   if [[ $up == 1 ]]; then
+    [[ -z ${SERVE_BEFORE_BENCH:-} ]] || eval "$SERVE_BEFORE_BENCH"
     local c n secs seed=${SERVE_SEED:-200}
     for c in 1 32 128; do
       case $c in
