@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda (CUDA builds)");
 ABSL_FLAG(std::string, dtype, "auto", "cuda: bf16, fp16 or auto (fp16 for f16 checkpoints)");
 ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
 ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
+ABSL_FLAG(bool, checkpoint_on_device, true,
+          "cuda: read a dense 16/32-bit --model checkpoint straight into device memory, each rank "
+          "its part (false: through fp32 host weights, for comparisons)");
 ABSL_FLAG(bool, cuda_verify_graphs, true,
           "cuda: pad speculative verify passes to graph sizes and capture them (false: eager)");
 ABSL_FLAG(std::string, prefill_kernel, "auto",
@@ -121,6 +124,7 @@ absl::Status Run(const std::vector<std::string>& argv) {
   backend.device = absl::GetFlag(FLAGS_device);
   backend.dtype = absl::GetFlag(FLAGS_dtype);
   backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  backend.checkpoint_on_device = absl::GetFlag(FLAGS_checkpoint_on_device);
   backend.cuda_verify_graphs = absl::GetFlag(FLAGS_cuda_verify_graphs);
   backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);

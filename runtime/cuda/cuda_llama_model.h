@@ -82,6 +82,11 @@ struct CudaModelOptions {
   // without a communicator: the whole model of `config`.
   std::optional<uint64_t> dummy_seed;
   std::vector<DummyTensorFill> dummy_plan;
+  // The rank's part of a dense 16/32-bit checkpoint read straight into the device buffers
+  // (checkpoint_upload.h; the host weights must be empty): the values of LoadModelWeights(
+  // checkpoint) rounded to the activation dtype, with no fp32 host copy. UNIMPLEMENTED for MoE
+  // and FP8 models (they load through the host).
+  std::optional<CheckpointSource> checkpoint;
   // Launch the GEMV and RMSNorm kernels with programmatic dependent launch
   // (kernels/gemm/cuda/gemv_cuda.h): each is scheduled during its predecessor's tail and waits on
   // the device for its output, hiding the launch gap. Same results either way; off for comparisons.
@@ -113,8 +118,9 @@ struct CudaModelOptions {
 class CudaLlamaModel {
  public:
   // Uploads `weights` (fp32 host, freed tensor by tensor as they are uploaded) converted on the
-  // device to options.dtype, or generates dummy weights. INVALID_ARGUMENT for a config the
-  // kernels cannot run (head_dim, alignment) or weights that do not match it.
+  // device to options.dtype, or generates dummy weights, or reads options.checkpoint.
+  // INVALID_ARGUMENT for a config the kernels cannot run (head_dim, alignment) or weights that do
+  // not match it.
   static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> Create(const ModelConfig& config,
                                                                 ModelWeights weights,
                                                                 const CudaModelOptions& options,
@@ -201,7 +207,10 @@ class CudaLlamaModel {
                                cudaStream_t stream);
   // act_ = SiLU(gate) * up of gate_up_ as per-token codes in fp8_'s workspace (no bf16 act_).
   absl::Status SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream);
+  // The rank's weight buffers, sized as Upload() checks them, zero-filled on `stream`.
+  absl::Status AllocateWeights(cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
+  absl::Status LoadCheckpoint(const CheckpointSource& source, cudaStream_t stream);
   // The device buffer a dummy fill lands in (null when the model has no such buffer).
   DeviceBuffer* SlotBuffer(WeightSlot slot, int64_t layer);
   absl::Status AllocateActivations();

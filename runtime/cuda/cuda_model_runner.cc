@@ -190,6 +190,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.max_logit_rows = r->max_rows_;
   options.dummy_seed = config.dummy_seed;
   options.dummy_plan = config.dummy_plan;
+  options.checkpoint = config.checkpoint;
   options.programmatic_launch = config.programmatic_launch;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;

@@ -106,6 +106,9 @@ struct CudaBackendConfig {
   // a group, `dummy_plan` says which slices this rank draws (CudaModelOptions::dummy_plan).
   std::optional<uint64_t> dummy_seed;
   std::vector<DummyTensorFill> dummy_plan;
+  // A dense 16/32-bit checkpoint's rank part read straight into device memory (the engine is
+  // then given empty host weights; CudaModelOptions::checkpoint, checkpoint_upload.h).
+  std::optional<CheckpointSource> checkpoint;
   // A tensor-parallel rank: its group's host ProcessGroup (outliving the runner; any size, 1
   // included). The runner builds the device communicator over it (CudaModelOptions::comm):
   // tp_comm "nccl" (one GPU per rank; graphs stay on) or "gloo" (host-staged, for ranks sharing

@@ -164,6 +164,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   cuda::CudaBackendConfig config = CudaConfigOf(options, model);
   config.dummy_seed = options.dummy_seed;
   config.dummy_plan = options.dummy_plan;
+  config.checkpoint = options.checkpoint;
   if (options.group != nullptr && options.group->size() > 1) {
     // The runner builds its device communicator over the group (NCCL or host-staged); graphs
     // stay on where the communicator can be captured.
@@ -198,10 +199,20 @@ absl::StatusOr<BackendModel> LoadModelForBackend(ModelSource source, BackendOpti
   }
   source.shard.expert_parallel = options.expert_parallel;
   source.shard.dp_attention = options.dp_attention;
+  if (options.backend == "cuda" && options.checkpoint_on_device && source.load_format == "auto" &&
+      (source.quantization.empty() || source.quantization == "none") && !source.model_dir.empty()) {
+    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(source.model_dir));
+    // CudaLlamaModel reads dense 16/32-bit checkpoints on the device; the others through the host.
+    source.checkpoint_on_backend =
+        !config.IsMla() && !config.IsMoe() && !config.quantization.IsFp8();
+  }
   BackendModel out;
   ASSIGN_OR_RETURN(out.model, LoadModel(source));
   if (source.dummy_weights_on_backend && options.group != nullptr) {
     ASSIGN_OR_RETURN(options.dummy_plan, DummyWeightPlan(out.model.config, source.shard));
+  }
+  if (source.checkpoint_on_backend) {
+    options.checkpoint = CheckpointSource{source.model_dir, out.model.config, source.shard, {}};
   }
   ASSIGN_OR_RETURN(out.factory, MakeExecutorFactory(options, out.model.config));
   return out;

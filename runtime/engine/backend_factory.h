@@ -39,6 +39,11 @@ struct BackendOptions {
   std::string kv_cache_dtype = "auto";
   std::optional<uint64_t> dummy_seed;       // cuda: generate dummy weights on the device
   std::vector<DummyTensorFill> dummy_plan;  // cuda, with a group: the rank's slices to draw
+  // cuda: a dense 16/32-bit checkpoint (--model=DIR, no --quantization) is read straight into
+  // device memory, each rank its part (runtime/cuda/checkpoint_upload.h; no fp32 host copy);
+  // false: through fp32 host weights (comparisons). MoE, MLA and FP8 models load through the host.
+  bool checkpoint_on_device = true;
+  std::optional<CheckpointSource> checkpoint;  // cuda: set by LoadModelForBackend
   // The rank's tensor-parallel group (runtime/parallel), or null for a worker of one rank. The
   // model is loaded as that rank's shard and computes with the group.
   comm::ProcessGroup* group = nullptr;
@@ -77,8 +82,9 @@ absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options
 
 // The model and the backend that will run it, as the binaries load them: with --backend=cuda
 // and --load_format=dummy the weights are generated on the device (the host loads the config
-// only; a tensor-parallel rank draws its slices only). Errors of LoadModel and
-// MakeExecutorFactory.
+// only; a tensor-parallel rank draws its slices only); with --backend=cuda and a dense 16/32-bit
+// checkpoint (options.checkpoint_on_device) each rank reads its part into device memory. Errors of
+// LoadModel and MakeExecutorFactory.
 struct BackendModel {
   LoadedModel model;
   ExecutorFactory factory;

@@ -232,6 +232,42 @@ TEST(BackendFactoryTest, LoadModelForBackendGeneratesDummyWeightsWhereTheyRun) {
   EXPECT_EQ(on_cuda->model.model_id, "dummy:tiny:3:backend");
 }
 
+// A dense 16/32-bit checkpoint on CUDA is read by the backend itself (runtime/cuda/
+// checkpoint_upload.h): the host gets the config and no weights, the factory the rank's source;
+// MoE checkpoints, --checkpoint_on_device=false and the CPU backend load fp32 host weights.
+TEST(BackendFactoryTest, LoadModelForBackendReadsDenseCheckpointsOnTheDevice) {
+  const std::string dir = ::testing::TempDir() + "/factory_ckpt";
+  const std::string moe_dir = ::testing::TempDir() + "/factory_ckpt_moe";
+  ASSERT_TRUE(WriteDummyModel(Tiny(WeightDtype::kBF16), dir, 1).ok());
+  ASSERT_TRUE(WriteDummyModel(*PresetConfig("tiny-moe"), moe_dir, 1).ok());
+  ModelSource source;
+  source.model_dir = dir;
+  BackendOptions cpu;
+  absl::StatusOr<BackendModel> on_cpu = LoadModelForBackend(source, cpu);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_FALSE(on_cpu->model.weights.layers.empty());
+  BackendOptions cuda;
+  cuda.backend = "cuda";
+  absl::StatusOr<BackendModel> on_cuda = LoadModelForBackend(source, cuda);
+  if (!CudaBackendAvailable()) {
+    EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+  EXPECT_TRUE(on_cuda->model.weights.layers.empty());
+  EXPECT_TRUE(on_cuda->model.weights.embed_tokens.empty());
+  EXPECT_EQ(on_cuda->model.model_id, on_cpu->model.model_id);  // the same weights either way
+  cuda.checkpoint_on_device = false;
+  absl::StatusOr<BackendModel> via_host = LoadModelForBackend(source, cuda);
+  ASSERT_TRUE(via_host.ok()) << via_host.status();
+  EXPECT_FALSE(via_host->model.weights.layers.empty());
+  cuda.checkpoint_on_device = true;
+  source.model_dir = moe_dir;
+  absl::StatusOr<BackendModel> moe = LoadModelForBackend(source, cuda);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_FALSE(moe->model.weights.layers.empty());
+}
+
 TEST(BackendFactoryTest, EngineNeedsABudgetOrABackendDefault) {
   EngineConfig config;
   config.kv_cache_bytes = 0;  // the CPU backend has no default budget

@@ -86,7 +86,9 @@ absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source) {
   if (source.model_dir.empty()) return absl::InvalidArgumentError("--model=DIR is required");
   ASSIGN_OR_RETURN(out.config, LoadModelConfig(source.model_dir));
   ASSIGN_OR_RETURN(out.local_config, LocalModelConfig(out.config, source.shard));
-  ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config, source.shard));
+  if (!source.checkpoint_on_backend) {
+    ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config, source.shard));
+  }
   // Same files in different directories (or machines) are the same model: name + a hash of
   // config.json and the weight files' names and sizes.
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64

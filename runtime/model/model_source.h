@@ -21,6 +21,9 @@ struct ModelSource {
   // dummy only: return the config and no weights; the backend generates them where they live
   // (the CUDA backend fills device memory directly).
   bool dummy_weights_on_backend = false;
+  // auto only: return the config and no weights; the backend reads the rank's part of the
+  // checkpoint itself (the CUDA backend: straight into device memory, StreamModelWeights16).
+  bool checkpoint_on_backend = false;
   // "fp8": quantize a 16/32-bit model's linear layers at load (vLLM's online FP8: per-channel
   // weight scales, dynamic per-token activations; model_id gains ":fp8", so workers of different
   // weight quantization do not pair); "" or "none": as the checkpoint says.

@@ -50,6 +50,9 @@ ABSL_FLAG(int32_t, device, 0, "cuda: device ordinal");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "cuda with --kv_cache_bytes=0: fraction of free device memory to use");
 ABSL_FLAG(bool, cuda_graphs, true, "cuda: capture decode steps as CUDA graphs");
+ABSL_FLAG(bool, checkpoint_on_device, true,
+          "cuda: read a dense 16/32-bit --model checkpoint straight into device memory, each rank "
+          "its part (false: through fp32 host weights, for comparisons)");
 ABSL_FLAG(std::string, prefill_kernel, "auto",
           "cuda: auto (Hopper wgmma where supported), mma (mma.sync) or decode (no prefill "
           "kernel)");
@@ -133,6 +136,7 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.backend.dtype = absl::GetFlag(FLAGS_dtype);
   config.backend.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   config.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  config.backend.checkpoint_on_device = absl::GetFlag(FLAGS_checkpoint_on_device);
   config.backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   config.backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   // An FP8 latent block is one range on either backend (its codes then its row scales:

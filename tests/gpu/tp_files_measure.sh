@@ -15,7 +15,11 @@
 #   STEP_TIMEOUT: other jobs using the GPUs during the write touch it when done), LAYERS (write
 #   only the first N decoder layers of the 70B config, for a write that would not fit), CFG_70B,
 #   BACKEND, NEED_GB and KV_CACHE_BYTES (default the 70B config, cuda, 150 GiB of free space and
-#   0 = the GPU's share: a CPU rehearsal of the script passes a tiny config, cpu, 1 and a size).
+#   0 = the GPU's share: a CPU rehearsal of the script passes a tiny config, cpu, 1 and a size),
+#   HOST_PATH_TOO (models, e.g. "8b", whose group is started a second time with
+#   --checkpoint_on_device=false: the fp32 host path, for a same-call comparison; the greedy tokens
+#   of both are compared), SMOKE (1: after healthy, 16 greedy tokens through the router with
+#   tandem_cli and a concurrency-1 tandem_bench row, 4 requests of 1024 in / 64 out).
 # Each model's directory is removed after its runs (70B bf16 is ~141 GB). Run from the repo root.
 set -uo pipefail
 B=$(cd "${1:?bundle}" && pwd)
@@ -55,9 +59,23 @@ echo "== machine: $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB memory
   "checkpoints under $CKPT_ROOT ($(free_gb "$CKPT_ROOT") GiB free)"
 nvidia-smi -L | head -8
 
-# Router + one TP=4 worker group from DIR; prints seconds to healthy.
-worker_start() {  # NAME DIR
+# The healthy group's smoke test: greedy tokens (saved to $LOG/NAME.tokens) and a short bench row.
+smoke() {  # NAME ROUTER
+  [[ ${SMOKE:-0} == 1 ]] || return 0
+  local name=$1 router=$2 B=$B/bin/tests/bench/tandem_bench
+  timeout 60 "$C" --insecure generate --router="$router" --prompt_ids=1,15,27,100,300,42 \
+    --max_tokens=16 --ignore_eos >"$LOG/$name.tokens" 2>"$LOG/$name.tokens.err"
+  echo "worker $name: greedy tokens rc=$? [$(cat "$LOG/$name.tokens")]"
+  [[ -x $B ]] || return 0
+  timeout 90 "$B" --router="$router" --rate=inf --num_requests=4 --max_concurrency=1 \
+    --prompt_len=1024 --output_len=64 --warmup=1 --seed=7 --json >"$LOG/$name.bench" 2>&1
+  echo "worker $name: tandem_bench c=1 rc=$? $(tail -1 "$LOG/$name.bench" | cut -c1-600)"
+}
+
+# Router + one TP=4 worker group from DIR (EXTRA worker flags after it); prints seconds to healthy.
+worker_start() {  # NAME DIR [EXTRA...]
   local name=$1 dir=$2 t0 router
+  shift 2
   rm -f "$LOG/$name-router.port" "$LOG/$name.port"
   "$R" --insecure --listen=127.0.0.1:0 --port_file="$LOG/$name-router.port" \
     >"$LOG/$name-router.log" 2>&1 &
@@ -68,16 +86,17 @@ worker_start() {  # NAME DIR
   "$W" --insecure --role=mixed --worker_id="$name" --backend="${BACKEND:-cuda}" --router="$router" \
     --listen=127.0.0.1:0 --port_file="$LOG/$name.port" --tp=4 --model="$dir" \
     --kv_cache_bytes="${KV_CACHE_BYTES:-0}" --gpu_memory_utilization=0.85 --max_model_len=8192 \
-    --dist_timeout_s=600 >"$LOG/$name.log" 2>&1 &
+    --dist_timeout_s=600 "$@" >"$LOG/$name.log" 2>&1 &
   pids+=($!)
   local deadline=$((SECONDS + STEP))
   while ((SECONDS < deadline)); do
     if "$C" --insecure workers --router="$router" --json 2>/dev/null | grep -q '"healthy":true'; then
       echo "worker $name: healthy $(since "$t0") s after the worker's start"
       grep -ohE "loaded the model in [0-9.a-z]+" "$LOG/$name.log" | sort | uniq -c | head -4
-      grep -oE "LoadModelWeights: rank .*" "$LOG/$name.log" | head -8
+      grep -oE "(LoadModelWeights|StreamModelWeights16): rank .*" "$LOG/$name.log" | head -8
       grep -oE "[0-9:.]+ [0-9]+ [a-z_.]+:[0-9]+\] worker (start|group|.*serving).*" "$LOG/$name.log" |
         head -20
+      smoke "$name" "$router"
       stop_all
       return 0
     fi
@@ -85,7 +104,8 @@ worker_start() {  # NAME DIR
     sleep 0.2
   done
   echo "worker $name: NOT healthy after $(since "$t0") s"
-  grep -E "loaded the model in|LoadModelWeights: rank|waits for" "$LOG/$name.log" | tail -8
+  grep -E "loaded the model in|(LoadModelWeights|StreamModelWeights16): rank|waits for" \
+    "$LOG/$name.log" | tail -8
   tail -8 "$LOG/$name.log"
   stop_all
   return 1
@@ -131,6 +151,14 @@ for m in $MODELS; do
     echo "waited $(since "$t1") s for $LOAD_AFTER"
   fi
   worker_start "files-$m-tp4" "$dir"
+  if [[ " ${HOST_PATH_TOO:-} " == *" $m "* ]]; then
+    worker_start "files-$m-tp4-host" "$dir" --checkpoint_on_device=false
+    if [[ -s $LOG/files-$m-tp4.tokens ]] && cmp -s "$LOG/files-$m-tp4.tokens" "$LOG/files-$m-tp4-host.tokens"; then
+      echo "$m: device-read and host-path groups gave the same greedy tokens"
+    else
+      echo "$m: greedy tokens DIFFER (or missing) between the device-read and host-path groups"
+    fi
+  fi
   [[ -x $G ]] || { echo "generate: not in the bundle, skipped"; rm -rf "$dir"; continue; }
   t0=$(now)
   timeout "$STEP" "$G" --backend=cuda --tp=4 --model="$dir" --prompt_ids=1,2,3 --max_tokens=8 \
