@@ -33,14 +33,13 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
   if (Has(name, "OneShotKernel") || Has(name, "TwoShotKernel")) return "all-reduce (custom)";
   if (Has(name, "nccl") || Has(name, "NCCL")) return "NCCL";
   if (Has(name, "SmallMLinearKernel")) {
-    // SmallMLinearKernel<T, TOut, M, kMode>: kMode 1 is gate_up with SiLU*up, 2 the qkv product
-    // with RoPE + the KV write; TOut float is the logits.
+    // SmallMLinearKernel<T, TOut, M, kRows> (kernels/gemm/cuda/gemv_cuda.cu): kRows 2 is gate_up
+    // with SiLU*up; TOut float is the logits.
     const size_t open = name.find('<');
     const std::string_view args =
         open == std::string_view::npos ? std::string_view() : name.substr(open);
     const std::string_view targs = args.substr(0, args.find('>') + 1);
-    if (targs.ends_with(", 1>")) return "gemv gate_up + silu";
-    if (targs.ends_with(", 2>")) return "gemv qkv + rope + KV write";
+    if (targs.ends_with(", 2>")) return "gemv gate_up + silu";
     if (targs.substr(targs.find(',') + 1).starts_with(" float")) return "gemv lm_head";
     if (previous == "attention") return "gemv o_proj";
     if (previous == "gemv gate_up + silu") return "gemv down_proj";

@@ -15,20 +15,15 @@ constexpr char kEmbed[] =
     "const*, long, __nv_bfloat16 const*, long, long, long, __nv_bfloat16*)";
 constexpr char kGemv[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
-    "__nv_bfloat16, 1, 0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
-    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
+    "__nv_bfloat16, 1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
+    "long, long, __nv_bfloat16*)";
 constexpr char kGateUp[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
-    "__nv_bfloat16, 1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
-    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
-constexpr char kQkvRope[] =
-    "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
     "__nv_bfloat16, 1, 2>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, "
-    "long, long, __nv_bfloat16*, int, bool, tandem::kernels::cuda::GemvRopeKv)";
+    "long, long, __nv_bfloat16*)";
 constexpr char kLmHead[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, float, "
-    "1, 0>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, float*, "
-    "int, bool, tandem::kernels::cuda::GemvRopeKv)";
+    "1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, float*)";
 constexpr char kFused[] =
     "void tandem::comm::(anonymous namespace)::AddNormKernel<__nv_bfloat16, 4, 2>(tandem::comm::"
     "(anonymous namespace)::ArParams, tandem::comm::(anonymous namespace)::ArNormParams<"
@@ -45,7 +40,6 @@ TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kGemv, "attention"), "gemv o_proj");
   EXPECT_EQ(KernelClass(kGemv, "gemv gate_up + silu"), "gemv down_proj");
   EXPECT_EQ(KernelClass(kGateUp, "rmsnorm (+ add)"), "gemv gate_up + silu");
-  EXPECT_EQ(KernelClass(kQkvRope, "all-reduce + add + norm (fused)"), "gemv qkv + rope + KV write");
   EXPECT_EQ(KernelClass(kLmHead, "gather logit rows"), "gemv lm_head");
   EXPECT_EQ(KernelClass(kFused, "gemv o_proj"), "all-reduce + add + norm (fused)");
   EXPECT_EQ(KernelClass(kAttn, "rope + KV write"), "attention");
