@@ -14,9 +14,7 @@ gpu_generate "$1"
 max_tokens=${2:-256}
 v64=$(mktemp --suffix=.json)
 trap 'rm -f "$v64"' EXIT
-llama_config "$v64" vocab_size=64 hidden_size=4096 intermediate_size=14336 num_hidden_layers=32 \
-  num_attention_heads=32 num_key_value_heads=8 head_dim=128 max_position_embeddings=8192 \
-  rope_theta=500000.0 tie_word_embeddings=false 'torch_dtype="bfloat16"'
+llama8b_v64_config "$v64"
 run() { # run KIND BATCH K
   local model=(--dummy_config=llama3-8b) vocab=30000 sampling=() spec=()
   if [[ $1 != repeat ]]; then model=(--dummy_config="$v64") vocab=64; fi

@@ -15,9 +15,7 @@ gpu_generate "$1"
 max_tokens=${2:-256}
 c1b=$(mktemp --suffix=.json)
 trap 'rm -f "$c1b"' EXIT
-llama_config "$c1b" vocab_size=128256 hidden_size=2048 intermediate_size=8192 \
-  num_hidden_layers=16 num_attention_heads=32 num_key_value_heads=8 \
-  max_position_embeddings=131072 rope_theta=500000.0 'torch_dtype="bfloat16"'
+llama1b_config "$c1b"
 prompt=$(prompts random 1 30000)
 run() { # run NAME [FLAGS...]
   local name=$1 line

@@ -49,10 +49,7 @@ tests_job() {  # three processes on one GPU; fails when any does
 ngram_job() {
   local v64 p1 p8
   v64=$(mktemp --suffix=.json)
-  llama_config "$v64" vocab_size=64 hidden_size=4096 intermediate_size=14336 \
-    num_hidden_layers=32 num_attention_heads=32 num_key_value_heads=8 head_dim=128 \
-    max_position_embeddings=8192 rope_theta=500000.0 tie_word_embeddings=false \
-    'torch_dtype="bfloat16"'
+  llama8b_v64_config "$v64"
   p1=$(prompts loop 1 64)
   p8=$(prompts loop 8 64)
   for b in 1 8; do
@@ -72,9 +69,7 @@ ngram_job() {
 draft_job() {
   local c1b p1 p8
   c1b=$(mktemp --suffix=.json)
-  llama_config "$c1b" vocab_size=128256 hidden_size=2048 intermediate_size=8192 \
-    num_hidden_layers=16 num_attention_heads=32 num_key_value_heads=8 \
-    max_position_embeddings=131072 rope_theta=500000.0 'torch_dtype="bfloat16"'
+  llama1b_config "$c1b"
   p1=$(prompts random 1 30000)
   p8=$(prompts random 8 30000)
   for b in 1 8; do
@@ -95,18 +90,7 @@ mtp_job() {
   ds=$(mktemp --suffix=.json)
   p1=$(prompts random 1 30000)
   p8=$(prompts random 8 30000)
-  python3 - "$ds" << 'PY'
-import json, sys
-c = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-     "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 10944,
-     "num_hidden_layers": 2, "first_k_dense_replace": 2, "num_attention_heads": 16,
-     "num_key_value_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512,
-     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-     "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000,
-     "bos_token_id": 0, "eos_token_id": 1, "num_nextn_predict_layers": 1,
-     "torch_dtype": "bfloat16"}
-json.dump(c, open(sys.argv[1], "w"))
-PY
+  deepseek_mtp_config "$ds"
   for b in 1 8; do
     local p=$p1
     [[ $b == 1 ]] || p=$p8
