@@ -68,6 +68,7 @@ struct MlaPlanInput {
   int64_t max_workspace_bytes = 0;
   // Latent 512 + 64, bf16 / fp16 pool, on an sm_90 device: the wgmma kernel
   // (mla_decode_wgmma.cu); false: the mma.sync one (A/B). Other devices run mma.sync either way.
+  // An FP8 pool: the Hopper FP8 kernel (mla_decode_fp8.cu); false: the plain kernel.
   bool allow_wgmma = true;
   // With the wgmma kernel: its TMA variant (mla_decode_tma.cu: TMA loads with per-chunk
   // mbarriers) where the pool's page size suits it (8, 16, 32 or a multiple of 64 latents); false:
@@ -110,8 +111,10 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
 // with cache.latent_block_bytes > 0, each block its codes then its scales, one range);
 // k_scale / v_scale unused): each row quantized with scale = max|row| / 448 (1 for a zero row),
 // bit-exactly cpu::WriteLatentCacheFp8 of the same (T-valued) latents. One warp per token.
-// MlaLatentAttention / MlaAbsorbedAttention read such a pool through the plain kernel (codes times
-// the row's scale; no tensor-core FP8 variant yet).
+// MlaLatentAttention / MlaAbsorbedAttention read such a pool: for latent 512 + 64 on sm_90 through
+// the Hopper FP8 kernel (mla_decode_fp8.cu: codes dequantized into bf16 / fp16 tiles in shared
+// memory, then wgmma), elsewhere (or allow_wgmma = false) through the plain kernel (codes times the
+// row's scale).
 template <typename T>
 absl::Status MlaWriteLatentFp8(const T* c_kv, int64_t c_kv_stride, const T* k_pe,
                                int64_t k_pe_stride, const int64_t* slot_mapping, int64_t num_tokens,
@@ -136,7 +139,8 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
 
 // Step 2. q_cat: [T, Hq, D]; o_lat: [T, Hq, L]; lse: [T, Hq] or null. `batch` holds DEVICE
 // pointers; bounds as planned. workspace: plan.workspace_bytes (only the split partials are
-// used here). An FP8 latent pool (see MlaWriteLatentFp8) runs the plain kernel. Under
+// used here). An FP8 latent pool (see MlaWriteLatentFp8) runs the Hopper FP8 kernel where it can,
+// else the plain one. Under
 // plan.input.dcp the result is this shard's partial (MlaPlanInput::dcp); `lse` is then needed to
 // merge it.
 template <typename T>

@@ -5,7 +5,8 @@
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
 //                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
-//                                   planar; bytes counted as 576 + 4 per latent)
+//                                   planar; bytes counted as 576 + 4 per latent; --wgmma=1: the
+//                                   Hopper FP8 kernel, mla_decode_fp8.cu; 0: the plain kernel)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
 // 20 calls between CUDA events after 3 warm-ups. TB/s counts the latent bytes read once per
@@ -193,7 +194,8 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf("MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel\n",
               prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
-              fp8 ? "plain (FP8)" : (wgmma ? (tma ? "wgmma-tma" : "wgmma") : "mma.sync"));
+              fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
+                  : (wgmma ? (tma ? "wgmma-tma" : "wgmma") : "mma.sync"));
   std::printf("| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | step us |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {

@@ -91,7 +91,8 @@ inline Fp8BlockStrides Fp8Strides(const DeviceKvCache& cache) {
   return b > 0 ? Fp8BlockStrides{b, b / 4} : Fp8BlockStrides{elems, elems / cache.layout.head_dim};
 }
 
-// The latent kernels' parameters (mla_decode_cuda.cu, mla_decode_wgmma.cu).
+// The latent kernels' parameters (mla_decode_cuda.cu, mla_decode_wgmma.cu, mla_decode_tma.cu,
+// mla_decode_fp8.cu).
 template <typename T>
 struct LatentParams {
   const T* q;  // [T, H, D]
@@ -187,6 +188,17 @@ bool MlaTmaFits(const DeviceKvCache& cache);
 template <typename T>
 absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
                           dim3 grid, cudaStream_t stream);
+
+// The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
+// FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.
+// Only where MlaFp8TileFits: codes 16-byte aligned, block by block.
+template <typename T>
+bool MlaFp8TileFits(const LatentParams<T>& p) {
+  return reinterpret_cast<uintptr_t>(p.pool8) % 16 == 0 && p.code_block_stride % 16 == 0 &&
+         p.layer_offset % 16 == 0;
+}
+template <typename T>
+absl::Status LaunchMlaFp8(const LatentParams<T>& p, dim3 grid, cudaStream_t stream);
 
 // PTX wrappers shared with kernels/cuda (device_utils.cuh).
 using internal::CpAsyncCommit;

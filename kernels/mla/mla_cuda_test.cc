@@ -213,10 +213,12 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_GT(max_ref, 0.0f);
   EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
   EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
-  std::cout << "H " << H << " L " << L
-            << (plan->use_wgmma && !c.fp8 ? (plan->use_tma ? " wgmma-tma" : " wgmma") : "")
-            << " splits " << plan->num_splits << ": max|err| " << max_err << " of max|ref| "
-            << max_ref << ", max|lse err| " << max_lse_err;
+  const char* kernel = !plan->use_wgmma ? ""
+                       : c.fp8          ? " wgmma-fp8"
+                       : plan->use_tma  ? " wgmma-tma"
+                                        : " wgmma";
+  std::cout << "H " << H << " L " << L << kernel << " splits " << plan->num_splits << ": max|err| "
+            << max_err << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
   if (c.dcp.size > 1) {
     std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
               << c.dcp.interleave << ", " << empty_rows << " empty rows)";
@@ -312,8 +314,9 @@ TEST(MlaCudaTest, PlainKernelTinyDims) {
   }
 }
 
-// FP8 latent pools (e4m3 + per-row scale): the write bit-exact, attention over the codes (the
-// plain kernel reads them at every width, DeepSeek-V3's 512 + 64 included) vs the CPU reference.
+// FP8 latent pools (e4m3 + per-row scale): the write bit-exact, attention over the codes on the
+// plain kernel (every width, DeepSeek-V3's 512 + 64 included: kernel 0 keeps the Hopper FP8
+// kernel off) vs the CPU reference.
 TEST(MlaCudaTest, Fp8LatentPools) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
@@ -325,6 +328,35 @@ TEST(MlaCudaTest, Fp8LatentPools) {
   // P -> D): the same bytes as the CPU's blocks form, attention as over the planar pool.
   RunCase<__nv_bfloat16>({kTiny, {1, 4, 2}, {1, 70, 33}, 4, 1, true, 0, {}, true}, rng);
   RunCase<__half>({kV3, {1, 2}, {200, 77}, 16, 0, true, 0, {}, true}, rng);
+}
+
+// FP8 latent pools on the Hopper kernel (mla_decode_fp8.cu: codes dequantized into bf16 / fp16
+// tiles in shared memory; mma.sync off sm_90 has no FP8 form, so there the plain kernel runs)
+// against cpu::MlaPagedAttentionFp8 (fp32 over the dequantized latents): decode and q_len 2-4,
+// splits 1 / 3 / planned, 16 / 32 / 128 heads, pages 16 / 64 / 5, contexts off the tile and the
+// page, planar and block-interleaved pools, DCP shards (empty ones included).
+TEST(MlaCudaTest, Fp8LatentPoolsOnTheWgmmaKernel) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  MlaDims h32 = kV3;
+  h32.num_heads = 32;
+  for (int splits : {1, 3, 0}) {
+    RunCase<__nv_bfloat16>({kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, splits, true, 1},
+                           rng);
+  }
+  RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0, true, 1}, rng);
+  RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2, true, 1}, rng);
+  RunCase<__nv_bfloat16>({kV3, {1, 2, 1}, {63, 65, 1000}, 64, 0, true, 1}, rng);
+  RunCase<__half>({h32, {3, 1, 4}, {127, 1, 130}, 16, 2, true, 1}, rng);
+  RunCase<__nv_bfloat16>({kLite, {1, 1, 1, 1, 1, 1}, {4096, 1, 65, 2000, 64, 1}, 64, 0, true, 1},
+                         rng);
+  RunCase<__half>({kV3, {1, 2}, {200, 77}, 16, 0, true, 1, {}, true}, rng);
+  RunCase<__nv_bfloat16>({kLite, {1, 3}, {300, 1000}, 64, 3, true, 1, {}, true}, rng);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    RunCase<__nv_bfloat16>(
+        {kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 0, true, 1, {2, rank, 16}}, rng);
+  }
+  RunCase<__nv_bfloat16>({kV3, {1, 2}, {700, 2}, 16, 2, true, 1, {4, 3, 1}}, rng);
 }
 
 // MlaRope vs cpu::ApplyMlaRope on the q layout ([T, Hq, Dn + Dr], RoPE at offset Dn) for both

@@ -389,7 +389,7 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.dcp_interleave = static_cast<int>(in.dcp.interleave);
   p.dcp_cycle = static_cast<int>(in.dcp.size * in.dcp.interleave);
   p.dcp_offset = static_cast<int>(in.dcp.rank * in.dcp.interleave);
-  if (fp8) {  // the plain kernel reads the codes (no tensor-core FP8 variant yet)
+  if (fp8) {  // the codes: the FP8 wgmma kernel where it runs, else the plain kernel
     p.pool = nullptr;
     p.pool8 = static_cast<const uint8_t*>(cache.data);
     p.row_scales = cache.token_scales;
@@ -402,11 +402,14 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     p.part_o = reinterpret_cast<float*>(base + ws.part_o);
     p.part_lse = reinterpret_cast<float*>(base + ws.part_lse);
   }
-  bool wgmma = plan.use_wgmma && !fp8;
+  bool wgmma = plan.use_wgmma && (!fp8 || mla_internal::MlaFp8TileFits(p));
   if (wgmma) {  // sm_90a machine code only (its compute_90 twin is empty)
     ASSIGN_OR_RETURN(wgmma, mla_internal::DeviceIsSm90());
   }
-  if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
+  if (wgmma && fp8) {
+    RETURN_IF_ERROR(mla_internal::LaunchMlaFp8<T>(
+        p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
+  } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
     RETURN_IF_ERROR(mla_internal::LaunchMlaTma<T>(
         p, cache, layer, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
   } else if (wgmma) {

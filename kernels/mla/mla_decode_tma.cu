@@ -56,8 +56,10 @@ using internal::prefill::WgmmaFence;
 using internal::prefill::WgmmaRS;
 using internal::prefill::WgmmaWait;
 using wgmma_common::BarSync;
+using wgmma_common::CopyTileRow;
 using wgmma_common::LoadP;
 using wgmma_common::RescaleAndAddPv;
+using wgmma_common::ShareWg0RowSums;
 using wgmma_common::Softmax;
 using wgmma_common::StoreP;
 using wgmma_common::StoreWgRows;
@@ -199,12 +201,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     const int crow = tid / 4, cpart = tid % 4;
     const bool ok = r0 + crow < rows_seq;
     const T* src = ok ? p.q + (static_cast<int64_t>(q0) * p.heads + r0 + crow) * kD : p.q;
-#pragma unroll
-    for (int i = 0; i < kD / 8 / 4; ++i) {
-      const int u = cpart + 4 * i;
-      CpAsync16(smem + (u / 8) * kBlockBytes + crow * 128 + (((u % 8) ^ (crow % 8)) * 16),
-                src + u * 8, ok);
-    }
+    CopyTileRow(smem, crow, cpart, src, ok);
     CpAsyncCommit();
     CpAsyncWait<0>();
     FenceProxyAsync();
@@ -249,17 +246,8 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   }
 
   // Row sums: warpgroup 0's, through the (now idle) P buffer.
-  float* sl = reinterpret_cast<float*>(smem + kPOff);
-  __syncthreads();
-  if (wg == 0) {
-    QuadSum2(l_run);
-    if (t4 == 0) {
-      sl[row_lo] = l_run[0];
-      sl[row_hi] = l_run[1];
-    }
-  }
-  __syncthreads();
-  const float l[2] = {sl[row_lo], sl[row_hi]};
+  float l[2];
+  ShareWg0RowSums(reinterpret_cast<float*>(smem + kPOff), wg, t4, row_lo, l_run, l);
   StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run);
 #endif
 }

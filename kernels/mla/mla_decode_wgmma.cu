@@ -40,61 +40,24 @@ namespace tandem::kernels::cuda::mla_internal {
 // then flag every helper of internal linkage as unused.
 namespace wgmma_kernel {
 
-using internal::prefill::FenceOperand;
 using internal::prefill::FenceProxyAsync;
-using internal::prefill::SmemDesc;
-using internal::prefill::WgmmaCommit;
-using internal::prefill::WgmmaFence;
-using internal::prefill::WgmmaRS;
-using internal::prefill::WgmmaWait;
 using wgmma_common::BarArrive;
 using wgmma_common::BarSync;
+using wgmma_common::CopyTileRow;
 using wgmma_common::LoadP;
 using wgmma_common::RescaleAndAddPv;
+using wgmma_common::Scores;
 using wgmma_common::Softmax;
 using wgmma_common::StoreP;
 using wgmma_common::StoreWgRows;
-using wgmma_common::WgmmaSS64;
 
-constexpr int kD = 576, kRows = 64, kKeys = 64;
-constexpr int kBlockBytes = 64 * 128;                // one 64-column block of 64 rows (8 KiB)
-constexpr int kTileBytes = (kD / 64) * kBlockBytes;  // Q, or one latent stage: 72 KiB
-inline constexpr int kUnitsPerThread = kD / 8 / 4;   // 16-byte units: four threads per row
-constexpr int kPOff = 3 * kTileBytes;                // P: [4 k16 steps][128 threads] uint4
-constexpr int kFOff = kPOff + 4 * 128 * 16;          // per-row state: [128 threads] float4
-constexpr int kSmemBytes = kFOff + 128 * 16 + 1024;  // + slack for the 1024-byte alignment
+inline constexpr int kD = wgmma_common::kTileDim, kRows = 64, kKeys = 64;
+constexpr int kTileBytes = wgmma_common::kTileBytes;  // Q, or one latent stage: 72 KiB
+constexpr int kPOff = 3 * kTileBytes;                 // P: [4 k16 steps][128 threads] uint4
+constexpr int kFOff = kPOff + 4 * 128 * 16;           // per-row state: [128 threads] float4
+constexpr int kSmemBytes = kFOff + 128 * 16 + 1024;   // + slack for the 1024-byte alignment
 static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
-static_assert(kRows * 128 == kBlockBytes && kKeys * 128 == kBlockBytes);
-
-// Copies this thread's units (part, part + 4, ...) of one 576-wide row into row `row` of a
-// swizzled tile: unit u at (u / 8) * kBlockBytes + row * 128 + ((u % 8) ^ (row % 8)) * 16.
-// !ok zero-fills (src not read).
-template <typename T>
-__device__ __forceinline__ void CopyRow(uint8_t* tile, int row, int part, const T* src, bool ok) {
-  uint8_t* dst = tile + row * 128;
-#pragma unroll
-  for (int i = 0; i < kUnitsPerThread; ++i) {
-    const int u = part + 4 * i;
-    CpAsync16(dst + (u / 8) * kBlockBytes + (((u % 8) ^ (row % 8)) * 16), src + u * 8, ok);
-  }
-}
-
-// S = Q K^T over the 576 dims: warpgroup 0's accumulators (rows 16 warp + lane / 4 (+ 8), latents
-// 8 j + 2 (lane % 4) (+ 1) in sc[4 j .. 4 j + 3]).
-template <typename T>
-__device__ __forceinline__ void Scores(float (&sc)[32], uint32_t q_addr, uint32_t k_addr) {
-  WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;
-    WgmmaSS64<T>(sc, SmemDesc(q_addr + off, 16, 1024), SmemDesc(k_addr + off, 16, 1024),
-                 kk > 0 ? 1u : 0u);
-  }
-  WgmmaCommit();
-  WgmmaWait<0>();
-#pragma unroll
-  for (int i = 0; i < 32; ++i) FenceOperand(sc[i]);
-}
+static_assert(kRows * 128 == wgmma_common::kChunkBytes && kKeys * 128 == wgmma_common::kChunkBytes);
 
 template <typename T>
 __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
@@ -120,13 +83,13 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   {
     const bool ok = r0 + crow < rows_seq;
     const T* src = ok ? p.q + (static_cast<int64_t>(q0) * p.heads + r0 + crow) * kD : p.q;
-    CopyRow(smem, crow, cpart, src, ok);
+    CopyTileRow(smem, crow, cpart, src, ok);
   }
   auto load_tile = [&](int t) {
     const int key = kb + t * kKeys + crow;
     const bool ok = key < ke;
-    CopyRow(smem + (1 + t % 2) * kTileBytes, crow, cpart, ok ? LatentRow(p, table, key) : p.pool,
-            ok);
+    CopyTileRow(smem + (1 + t % 2) * kTileBytes, crow, cpart,
+                ok ? LatentRow(p, table, key) : p.pool, ok);
   };
   if (num_tiles > 0) load_tile(0);
   CpAsyncCommit();

@@ -1,8 +1,9 @@
-// Device helpers shared by the two Hopper latent kernels (include from .cu only):
-// mla_decode_wgmma.cu (cp.async ring) and mla_decode_tma.cu (TMA loads, per-chunk mbarriers).
-// The m64n64k16 score wgmma with both operands in shared memory, named barriers, and the online
+// Device helpers shared by the three Hopper latent kernels (include from .cu only):
+// mla_decode_wgmma.cu (cp.async ring), mla_decode_tma.cu (TMA loads, per-chunk mbarriers) and
+// mla_decode_fp8.cu (FP8 codes dequantized into the tile). The tile geometry and its row copy,
+// the m64n64k16 score wgmma with both operands in shared memory, named barriers, the online
 // softmax of one 64-latent tile on the score accumulators, the P V step of a warpgroup and its
-// epilogue store.
+// epilogue (row sums, store).
 #ifndef TANDEM_KERNELS_MLA_MLA_WGMMA_CUH_
 #define TANDEM_KERNELS_MLA_MLA_WGMMA_CUH_
 
@@ -52,6 +53,26 @@ __device__ __forceinline__ void WgmmaSS64(float* d, uint64_t desc_a, uint64_t de
 #undef TANDEM_MLA_WG_REGS32
 // clang-format on
 
+// The latent tiles of both kernels: 64 rows x 576 dims of T in nine 64-column chunks of 8 KiB
+// (128-byte swizzle, wgmma's K-major layout).
+inline constexpr int kTileDim = 576;
+inline constexpr int kChunkBytes = 64 * 128;
+inline constexpr int kTileBytes = (kTileDim / 64) * kChunkBytes;  // 72 KiB
+
+// Copies this thread's 16-byte units (part, part + 4, ...) of one 576-wide row into row `row` of
+// a swizzled tile (four threads per row) by cp.async: unit u at (u / 8) * kChunkBytes + row * 128
+// + ((u % 8) ^ (row % 8)) * 16. !ok zero-fills (src not read).
+template <typename T>
+__device__ __forceinline__ void CopyTileRow(uint8_t* tile, int row, int part, const T* src,
+                                            bool ok) {
+  uint8_t* dst = tile + row * 128;
+#pragma unroll
+  for (int i = 0; i < kTileDim / 8 / 4; ++i) {
+    const int u = part + 4 * i;
+    CpAsync16(dst + (u / 8) * kChunkBytes + (((u % 8) ^ (row % 8)) * 16), src + u * 8, ok);
+  }
+}
+
 // Named barriers between the two warpgroups (id 0 is __syncthreads).
 __device__ __forceinline__ void BarSync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -65,6 +86,25 @@ __device__ __forceinline__ uint32_t PackTwo(float lo, float hi) {
   uint32_t r;
   StoreTwo(reinterpret_cast<T*>(&r), lo, hi);
   return r;
+}
+
+// S = Q K^T over the 576 dims of the tiles at q_addr and k_addr, both landed: warpgroup 0's
+// accumulators (rows 16 warp + lane / 4 (+ 8), latents 8 j + 2 (lane % 4) (+ 1) in sc[4 j .. 4 j
+// + 3]).
+template <typename T>
+__device__ __forceinline__ void Scores(float (&sc)[32], uint32_t q_addr, uint32_t k_addr) {
+  using internal::prefill::SmemDesc;
+  internal::prefill::WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kTileDim / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kChunkBytes + (kk % 4) * 32;
+    WgmmaSS64<T>(sc, SmemDesc(q_addr + off, 16, 1024), SmemDesc(k_addr + off, 16, 1024),
+                 kk > 0 ? 1u : 0u);
+  }
+  internal::prefill::WgmmaCommit();
+  internal::prefill::WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) internal::prefill::FenceOperand(sc[i]);
 }
 
 // Online softmax of one tile's scores (masked past vis[0] / vis[1] for the thread's two rows),
@@ -126,7 +166,6 @@ __device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[
                                                 const float (&alpha)[2], uint32_t k_addr, int wg) {
   using internal::prefill::FenceOperand;
   using internal::prefill::SmemDesc;
-  constexpr uint32_t kChunkBytes = 64 * 128;  // one 64-column chunk of a 64-latent tile
 #pragma unroll
   for (int i = 0; i < 128; ++i) {
     o[i] *= alpha[(i % 4) / 2];
@@ -149,6 +188,24 @@ __device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[
   internal::prefill::WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
+}
+
+// Warpgroup 0's softmax sums of the thread's two rows (row_lo, row_lo + 8), quad-summed, to both
+// warpgroups in l, through `sl` (64 floats of shared memory no thread uses any more); CTA-wide
+// barriers before and after.
+__device__ __forceinline__ void ShareWg0RowSums(float* sl, int wg, int t4, int row_lo,
+                                                float (&l_run)[2], float (&l)[2]) {
+  __syncthreads();
+  if (wg == 0) {
+    QuadSum2(l_run);
+    if (t4 == 0) {
+      sl[row_lo] = l_run[0];
+      sl[row_lo + 8] = l_run[1];
+    }
+  }
+  __syncthreads();
+  l[0] = sl[row_lo];
+  l[1] = sl[row_lo + 8];
 }
 
 // The epilogue of a warpgroup: its 256 columns of the thread's two finished rows (row_lo and
