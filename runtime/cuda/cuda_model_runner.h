@@ -97,8 +97,9 @@ struct CudaBackendConfig {
   // The paged decode kernel merges its KV splits itself (the last split CTA of each group;
   // PagedAttentionPlanInput::workspace_zeroed) in a decode workspace of its own, zeroed when it
   // is allocated and kept zero by the kernel; false: a second (PDL) kernel merges them, in the
-  // workspace the prefill kernel shares (the A/B baseline). Bit-identical results either way.
-  bool decode_merge_in_kernel = true;
+  // workspace the prefill kernel shares. Bit-identical results either way. Off by default: on the
+  // H200 it did not speed up the Llama-3-8B decode step (kernels/attention/cuda/BENCHMARKS.md).
+  bool decode_merge_in_kernel = false;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;

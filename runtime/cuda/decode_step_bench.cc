@@ -43,8 +43,8 @@
 // overhead). --vocab_greedy_min_rows=N: at TP > 1,
 // greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
-// --merge_in_kernel=0: the paged decode kernel's KV splits merged by the second (PDL) kernel, not
-// inside the decode kernel (CudaBackendConfig::decode_merge_in_kernel); rows print how many timed
+// --merge_in_kernel=1: the paged decode kernel merges its own KV splits instead of a second (PDL)
+// kernel (CudaBackendConfig::decode_merge_in_kernel, default off); rows print how many timed
 // steps merged in the kernel.
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
