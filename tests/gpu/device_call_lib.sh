@@ -38,6 +38,17 @@ step() {
 #   writes the GPUs to $LOG/gpus.txt; exits on a failed extraction.
 # gpu_job NAME GPUS CMD...: CMD in the background on CUDA_VISIBLE_DEVICES=GPUS under `timeout
 #   $SECS`, its output to $LOG/NAME.txt and "RC SECONDS" to $LOG/NAME.rc; `wait` for them all.
+# device_line: "== device: <first GPU> (N GPUs)" from $LOG/gpus.txt, then which of nsys, ncu and
+#   compute-sanitizer the machine has (a summary's header).
+device_line() {
+  echo "== device: $(head -n 1 "$LOG/gpus.txt") ($(grep -c '^GPU' "$LOG/gpus.txt") GPUs)"
+  local tool
+  for tool in nsys ncu compute-sanitizer; do
+    [[ -x /usr/local/cuda/bin/$tool ]] && printf '%s ' "$tool"
+  done
+  echo
+}
+
 bundle_call_start() {
   local t0=$SECONDS
   LOG=${OUT:?OUT}/logs

@@ -113,11 +113,7 @@ gpu_job draft 3 bash -c "source runtime/engine/spec_bench_lib.sh; gen=$gen; $(de
 wait
 
 {
-  echo "== device: $(head -n 1 "$LOG/gpus.txt") ($(grep -c '^GPU' "$LOG/gpus.txt") GPUs)"
-  for tool in nsys ncu compute-sanitizer; do
-    [[ -x /usr/local/cuda/bin/$tool ]] && printf '%s ' "$tool"
-  done
-  echo
+  device_line
   for n in tests mtp ngram draft; do
     read -r rc secs < "$LOG/$n.rc" || { rc='?'; secs='?'; }
     verdict=PASS

@@ -84,11 +84,7 @@ gpu_job tests 3 bash -c "$(declare -f tests_job); BD=$BD LOG=$LOG; tests_job"
 wait
 
 {
-  echo "== device: $(head -n 1 "$LOG/gpus.txt") ($(grep -c '^GPU' "$LOG/gpus.txt") GPUs)"
-  for tool in nsys ncu compute-sanitizer; do
-    [[ -x /usr/local/cuda/bin/$tool ]] && printf '%s ' "$tool"
-  done
-  echo
+  device_line
   for n in oracle1 oracle8 drafts tests; do
     read -r rc secs < "$LOG/$n.rc" || { rc='?'; secs='?'; }
     echo "== $n: rc $rc in $secs s"
