@@ -55,7 +55,13 @@ BACKEND=${BACKEND:-cuda}
 if [[ $BACKEND == cpu ]]; then
   gpus=0 TOKENS_VS_HF=${TOKENS_VS_HF:-exact} PARALLEL=${PARALLEL:-0}
 else
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  # The GPUs: CUDA_VISIBLE_DEVICES's where set (a chain's: the caller's list rotated), else all.
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -ra gpu_ids <<<"$CUDA_VISIBLE_DEVICES"
+  else
+    mapfile -t gpu_ids < <(nvidia-smi -L 2>/dev/null | grep -o '^GPU [0-9]*' | cut -d' ' -f2)
+  fi
+  gpus=${#gpu_ids[@]}
   TOKENS_VS_HF=${TOKENS_VS_HF:-first} PARALLEL=${PARALLEL:-1}
 fi
 FIXTURES=${FIXTURES:-qwen3_moe_f32 mixtral_f32 qwen2_moe_f32 deepseek_v3_moe_f32
@@ -63,13 +69,15 @@ FIXTURES=${FIXTURES:-qwen3_moe_f32 mixtral_f32 qwen2_moe_f32 deepseek_v3_moe_f32
 ROWS=" ${ROWS:-ucx nccl ep_ucx ep_nccl} "
 
 if [[ $MODE == main ]]; then
+  nvidia-smi -L >/dev/null 2>&1 || [[ $BACKEND == cpu ]] || gpus=0
   if [[ $BACKEND != cpu && $gpus -lt 1 ]]; then
     echo "no GPU: skipped"; echo "0 passed, 0 failed, 1 skipped"; exit 0
   fi
   t0=$SECONDS k=0 chains=()
   for fix in $FIXTURES; do
     # Chain k sees the GPUs rotated by k, so the chains' prefill and decode workers spread out.
-    vis=$(python3 -c "print(','.join(str((i + $k) % $gpus) for i in range($gpus)))" 2>/dev/null)
+    vis=
+    for ((i = 0; i < gpus; i++)); do vis+=${vis:+,}${gpu_ids[(i + k) % gpus]}; done
     cmd=(env CUDA_VISIBLE_DEVICES="$vis" timeout -k 5 "${CHAIN_S:-90}" "$0" --chain "$fix" "$B"
          "$LOG/$fix")
     [[ $BACKEND == cpu ]] && cmd=("${cmd[@]:2}")
@@ -105,6 +113,7 @@ fi
 MODEL=tests/golden/fixtures/$FIX
 [[ -d $MODEL ]] || MODEL=tests/golden/fixtures_mla/$FIX
 [[ -f $MODEL/expected.json ]] || { echo "FAIL $FIX (no fixture)"; exit 1; }
+echo "$FIX: $BACKEND, GPUs ${CUDA_VISIBLE_DEVICES:-none} ($gpus)"
 pids=()
 stop_row() {  # every process group this row started (router, workers and their TP ranks)
   local p i
@@ -123,7 +132,10 @@ trap stop_row EXIT
 wait_file() { for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done; return 1; }
 passed=0
 pass() { echo "PASS $FIX/$1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $FIX/$1"; [[ -z ${2:-} ]] || tail -n 3 "$2" | sed 's/^/  /'; }
+fail() {  # NAME [LOG]: the verdict, and LOG's last lines (not the --insecure banner)
+  echo "FAIL $FIX/$1"
+  [[ -z ${2:-} ]] || grep -v "flags.cc:" "$2" | tail -n 3 | sed 's/^/  /'
+}
 skip() { echo "SKIP $FIX/$1 ($2)"; }
 
 DIR='' ROUTER=''
