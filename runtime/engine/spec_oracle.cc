@@ -61,14 +61,20 @@ std::optional<std::vector<int32_t>> OracleDrafter::Draft(int64_t request_id,
                                                          int64_t max_tokens) const {
   std::vector<int32_t> drafts;
   auto it = references_.find(request_id);
-  if (it == references_.end()) return drafts;
-  const std::vector<int32_t>& ref = it->second;
   const int64_t start = static_cast<int64_t>(tokens.size());
-  if (start > static_cast<int64_t>(ref.size()) ||
-      !std::equal(tokens.begin(), tokens.end(), ref.begin())) {
-    diverged_.insert(request_id);
+  if (it == references_.end() || start > static_cast<int64_t>(it->second.size()) ||
+      !std::equal(tokens.begin(), tokens.end(), it->second.begin())) {
+    if (it != references_.end()) diverged_.insert(request_id);
+    // Off the reference: no drafts, except at rate 1, where any draft is as good as a corrupted
+    // one: ids drawn like corruptions of the last token (rejected but for a chance match).
+    if (corrupt_rate_ < 1 || tokens.empty()) return drafts;
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const int64_t shift = Corruption(request_id, start, i);
+      drafts.push_back(static_cast<int32_t>((tokens.back() + shift) % vocab_size_));
+    }
     return drafts;
   }
+  const std::vector<int32_t>& ref = it->second;
   const int64_t n = std::min(max_tokens, static_cast<int64_t>(ref.size()) - start);
   for (int64_t i = 0; i < n; ++i) {
     // A corrupted draft is another id, uniform over the rest of the vocabulary.

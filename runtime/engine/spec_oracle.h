@@ -12,8 +12,11 @@
 // drafted) is sum_{i=1..K} (1 - p)^i / K (ExpectedAcceptance).
 //
 // A request whose tokens leave its reference (on a GPU, bf16 results depend on the step's shape,
-// so a verify pass can pick another token than the plain run did) gets no drafts from there on:
-// plain steps, counted in diverged().
+// so a verify pass can pick another token than the plain run did) gets no drafts from there on
+// (plain steps, counted in diverged()); at rate 1 it keeps getting random drafts instead, so a
+// run at rate 1 verifies K drafts at every step whatever its reference: its output is the
+// verifier's own greedy sequence at that width, the reference that a GPU run at the same K then
+// follows (spec_oracle_bench.cc).
 //
 // Thread safety: not thread-safe; configure between runs, the engine calls it on one thread.
 #ifndef TANDEM_RUNTIME_ENGINE_SPEC_ORACLE_H_

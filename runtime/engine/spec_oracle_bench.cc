@@ -2,7 +2,7 @@
 // on one device (issue 34's benchmark table; runtime/engine/BENCHMARKS.md).
 //
 //   spec_oracle_bench --backend=cuda --dummy_config=llama3-8b --batches=1,8 --ks=1,2,3,4,5,6
-//       --acceptances=1,0.7,0.5,0                       (the oracle drafter, spec_oracle.h)
+//       --acceptances=1,0.7,0.5      (the oracle drafter, spec_oracle.h; acceptance 0 always runs)
 //   spec_oracle_bench ... --speculative_method=ngram|draft|mtp --num_speculative_tokens=6
 //       [--draft_model=...] [--speculative_adaptive=false] --ks=3        (a real drafter)
 //
@@ -11,9 +11,12 @@
 // draft / MTP runner's graphs are captured before any timed run), then a plain timed run (its
 // output is the oracle's reference), each K (x each acceptance with the oracle), and plain again.
 // K below the engine's --num_speculative_tokens is a per-pass cap (BenchDraftHook::MaxDrafts).
-// The oracle runs with a fixed K (no adaptive length) and method ngram with its hook; a timed
-// oracle run whose output left the reference (bf16 results depend on the step's shape) is
-// repeated with its own output as the reference, up to --calibration_rounds times.
+// The oracle runs with a fixed K (no adaptive length) and method ngram with its hook. Per K the
+// acceptance-0 run comes first (always, even without 0 in --acceptances): its output is the
+// verifier's own greedy sequence at width K + 1 and the reference of the other acceptances (on a
+// GPU a verify pass's bf16 results differ from a one-token step's, so plain decoding's output is
+// not what the verifier follows); a timed run whose output still left its reference is repeated
+// with its own output as the reference, up to --calibration_rounds times.
 //
 // One line per timed run: tokens/s over the step loop, the mean inter-token latency (per request,
 // first to last token over tokens - 1, averaged), and the speculative counters of that run.
@@ -50,8 +53,8 @@ ABSL_FLAG(int32_t, num_threads, 2, "cpu: threads");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{4} << 30, "KV cache budget (and the draft's)");
 ABSL_FLAG(std::string, batches, "1,8", "batch sizes (requests run together)");
 ABSL_FLAG(std::string, ks, "1,2,3,4,5,6", "drafts per pass to measure (<= the engine's K)");
-ABSL_FLAG(std::string, acceptances, "1,0.7,0.5,0",
-          "oracle mode (no --speculative_method): target acceptance rates");
+ABSL_FLAG(std::string, acceptances, "1,0.7,0.5",
+          "oracle mode (no --speculative_method): target acceptance rates (0 always runs)");
 ABSL_FLAG(int64_t, prompt_len, 64, "prompt tokens");
 ABSL_FLAG(int64_t, prompt_vocab, 30000, "prompt token ids in [3, min(this, vocabulary))");
 ABSL_FLAG(int64_t, max_tokens, 256, "generated tokens per request in a timed run");
@@ -198,16 +201,18 @@ void SetReferences(const Bench& bench, const std::vector<std::vector<int32_t>>& 
   }
 }
 
-// One timed oracle run at (k, acceptance), repeated with its own output as the reference while
-// it left its reference (calibration_rounds at most).
-absl::Status OracleRow(Bench& bench, OracleDrafter& oracle,
-                       const std::vector<std::vector<int32_t>>& prompts, const RunResult& plain,
-                       int64_t k, double acceptance) {
+// One timed oracle run at (k, acceptance) following `start` (the rate-1 run's output at this
+// K), repeated with its own output as the reference while it left its reference
+// (calibration_rounds at most). Returns the run.
+absl::StatusOr<RunResult> OracleRow(Bench& bench, OracleDrafter& oracle,
+                                    const std::vector<std::vector<int32_t>>& prompts,
+                                    const RunResult& plain, const RunResult& start, int64_t k,
+                                    double acceptance) {
   const double rate = acceptance >= 1   ? 0.0
                       : acceptance <= 0 ? 1.0
                                         : CorruptRateForAcceptance(acceptance, k);
   const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
-  RunResult reference = plain;
+  RunResult reference = start;
   for (int round = 0;; ++round) {
     SetReferences(bench, prompts, reference, &oracle);
     oracle.Configure(k, rate);
@@ -219,10 +224,24 @@ absl::Status OracleRow(Bench& bench, OracleDrafter& oracle,
                             " corrupt_rate=", rate),
                static_cast<int64_t>(prompts.size()), r, plain,
                absl::StrCat(" diverged=", diverged, " calibration_round=", round));
-      return absl::OkStatus();
+      return r;
     }
     reference = std::move(r);
   }
+}
+
+// The oracle rows of one K. First acceptance 0 (rate 1: K random drafts verified at every step,
+// whatever the reference): its output is the verifier's own greedy sequence at width K + 1, which
+// on a GPU differs from plain decoding (bf16 results depend on the step's shape), so it is the
+// reference of the other acceptances' runs, whose passes have the same width.
+absl::Status OracleRows(Bench& bench, OracleDrafter& oracle,
+                        const std::vector<std::vector<int32_t>>& prompts, const RunResult& plain,
+                        int64_t k, const std::vector<double>& acceptances) {
+  ASSIGN_OR_RETURN(const RunResult start, OracleRow(bench, oracle, prompts, plain, plain, k, 0));
+  for (double a : acceptances) {
+    if (a > 0) RETURN_IF_ERROR(OracleRow(bench, oracle, prompts, plain, start, k, a).status());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunBatch(Bench& bench, OracleDrafter* oracle, DraftCap* cap, const std::string& name,
@@ -255,7 +274,7 @@ absl::Status RunBatch(Bench& bench, OracleDrafter* oracle, DraftCap* cap, const 
       PrintRow(absl::StrCat("mode=", name, " K=", k), batch, r, plain, "");
       continue;
     }
-    for (double a : acceptances) RETURN_IF_ERROR(OracleRow(bench, *oracle, prompts, plain, k, a));
+    RETURN_IF_ERROR(OracleRows(bench, *oracle, prompts, plain, k, acceptances));
   }
   set_k(0, 0);
   ASSIGN_OR_RETURN(RunResult again, bench.Run(prompts, max_tokens));

@@ -1,7 +1,8 @@
 // The benchmark-only oracle drafter (spec_oracle.h) through the CPU engine on a random-weight
 // model: with the reference from a plain greedy run, speculative output is token-for-token the
 // plain run's and the acceptance rate follows the corruption rate (1 at rate 0, the formula's
-// value at 0.7 / 0.5, 0 at rate 1); a request that leaves its reference gets no more drafts.
+// value at 0.7 / 0.5, 0 at rate 1); a request that leaves its reference gets no more drafts,
+// except at rate 1 (random ones).
 #include "runtime/engine/spec_oracle.h"
 
 #include <cmath>
@@ -123,6 +124,16 @@ TEST(SpecOracleTest, ARequestThatLeavesItsReferenceDecodesPlainly) {
   EXPECT_EQ(oracle.diverged(), 1);
   // Request 2 drafted for its first ~10 outputs only: ~80 of its 96 tokens fewer to draft.
   EXPECT_LT(spec.stats.drafted_tokens + 60, right.stats.drafted_tokens);
+
+  // At rate 1 a request off its reference still drafts (random ids): a verify pass at every
+  // step that has room for a draft (outputs 1 .. 94 of 96), almost never accepted.
+  oracle.Configure(4, 1.0);
+  oracle.ClearDiverged();
+  const engine_test::SpecOutcome rejected = RunEngine(specs, &oracle);
+  engine_test::ExpectSameTokens(plain, rejected, "rate 1, one wrong reference");
+  EXPECT_EQ(oracle.diverged(), 1);
+  EXPECT_EQ(rejected.stats.verify_passes, specs.size() * 94);
+  EXPECT_LE(rejected.stats.accepted_tokens, 5u);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34's benchmark table in one device call on nvidia-h200-x4 (4 GPUs), from the repository
 # root:
-#   tests/gpu/spec_oracle_call.sh BUNDLE_TAR_XZ [SECONDS_PER_JOB]
+#   [PART=oracle] tests/gpu/spec_oracle_call.sh BUNDLE_TAR_XZ [SECONDS_PER_JOB]
 # BUNDLE_TAR_XZ: tests/gpu/bundle.sh .. //runtime/cuda:cuda_engine_test
 # //runtime/cuda:cuda_speculative_test //runtime/cuda:cuda_mtp_test
 # //kernels/sampling/cuda:rejection_cuda_test //kernels/sampling/cuda:sampling_cuda_test
@@ -20,6 +20,8 @@
 #                   the same model without MTP (plain, and the oracle at acceptance 0, K = 3)
 #   tests    GPU 3  cuda_engine_test, cuda_speculative_test, rejection_cuda_test, cuda_mtp_test,
 #                   sampling_cuda_test (five processes at once)
+# PART=oracle: only the oracle table (every acceptance incl. 0, calibration as the bench's default),
+# K = 1..3 and 4..6 at batch 1 and 8 on the four GPUs (a bundle of spec_oracle_bench suffices).
 # Logs under $OUT (logs.tar.gz + summary.txt).
 set -uo pipefail
 T0=$SECONDS
@@ -40,11 +42,12 @@ deepseek_mtp_config "$ds"
 
 run() {  # NAME ARGS...: one spec_oracle_bench process
   echo "== $1"
-  "$bench" --backend=cuda --max_tokens=256 --calibration_rounds=1 "${@:2}" 2>&1
+  "$bench" --backend=cuda --max_tokens=256 --calibration_rounds=1 --acceptances=1,0.7,0.5 \
+    "${@:2}" 2>&1
 }
 
 oracle_job() {  # BATCH NGRAM_ADAPTIVE
-  run "oracle batch $1" --batches="$1" --ks=1,2,3,4,5,6 --acceptances=1,0.7,0.5,0
+  run "oracle batch $1" --batches="$1" --ks=1,2,3,4,5,6
   run "ngram adaptive=$2" --dummy_config="$v64" --prompt_vocab=64 --batches=1,8,32 --ks=3 \
     --speculative_method=ngram --num_speculative_tokens=3 --speculative_adaptive="$2"
 }
@@ -77,6 +80,23 @@ tests_job() {  # five test processes on one GPU; fails when any does
   return $rc
 }
 
+if [[ ${PART:-all} == oracle ]]; then  # the oracle table alone: K = 1..3 / 4..6 x batch 1 / 8
+  gpu_job oracle1a 0 "$bench" --backend=cuda --max_tokens=256 --batches=1 --ks=1,2,3
+  gpu_job oracle1b 1 "$bench" --backend=cuda --max_tokens=256 --batches=1 --ks=4,5,6
+  gpu_job oracle8a 2 "$bench" --backend=cuda --max_tokens=256 --batches=8 --ks=1,2,3
+  gpu_job oracle8b 3 "$bench" --backend=cuda --max_tokens=256 --batches=8 --ks=4,5,6
+  wait
+  {
+    device_line
+    for n in oracle1a oracle1b oracle8a oracle8b; do
+      read -r rc secs < "$LOG/$n.rc" || { rc='?'; secs='?'; }
+      echo "== $n: rc $rc in $secs s"
+      grep -E "^(row|spec_oracle_bench:)" "$LOG/$n.txt"
+    done
+  } | tee "$OUT/summary.txt"
+  tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOG"
+  exit 0
+fi
 gpu_job oracle1 0 bash -c "$(declare -f run oracle_job); bench=$bench v64=$v64; oracle_job 1 true"
 gpu_job oracle8 1 bash -c "$(declare -f run oracle_job); bench=$bench v64=$v64; oracle_job 8 false"
 gpu_job drafts 2 bash -c "$(declare -f run drafts_job); bench=$bench c1b=$c1b ds=$ds; drafts_job"
