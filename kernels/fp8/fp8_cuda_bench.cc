@@ -13,13 +13,17 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <vector>
 
+#include "kernels/cuda/random_fill.h"
+#include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_gemm_kernels.h"
@@ -59,9 +63,41 @@ T* DeviceFill(size_t count, uint8_t byte) {
   return p;
 }
 
-// Per-tensor and token x channel FP8 next to bf16. Where cuBLASLt has outer-vector FP8 kernels,
-// token x channel is also timed on the epilogue path (unit-scaled fp32 product +
-// ScaleFp8Accumulator) for comparison; elsewhere that column repeats the epilogue path.
+// Random GEMM operands, made once at the largest shape and reused (a shape uses their first
+// elements): e4m3 codes of N(0, 1) values and bf16 N(0, 1) (fixed seeds), as
+// scaled_mm_bench.py's torch operands; constant data can run faster than real data.
+struct GemmOperands {
+  uint8_t *w8 = nullptr, *a8 = nullptr;
+  __nv_bfloat16 *w16 = nullptr, *a16 = nullptr, *out = nullptr;
+  float* scales = nullptr;
+
+  bool Make(int64_t w_elems, int64_t a_elems, int64_t out_elems, int64_t scale_elems) {
+    w8 = DeviceFill<uint8_t>(w_elems, 0);
+    a8 = DeviceFill<uint8_t>(a_elems, 0);
+    w16 = DeviceFill<__nv_bfloat16>(w_elems, 0);
+    a16 = DeviceFill<__nv_bfloat16>(a_elems, 0);
+    out = DeviceFill<__nv_bfloat16>(out_elems, 0);
+    scales = DeviceFill<float>(scale_elems, 0x3c);
+    std::vector<uint8_t> codes(int64_t{16} << 20);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (uint8_t& c : codes) c = FloatToFp8E4m3(dist(rng));
+    const int64_t chunk = static_cast<int64_t>(codes.size());
+    return FillReplicated(w8, w_elems, codes.data(), chunk).ok() &&
+           FillReplicated(a8, a_elems, codes.data() + 4096, chunk - 4096).ok() &&
+           FillRandomBf16(w16, 2 * w_elems).ok() && FillRandomBf16(a16, 2 * a_elems).ok();
+  }
+  ~GemmOperands() {
+    for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
+                    static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(scales)}) {
+      cudaFree(p);
+    }
+  }
+};
+
+// Per-tensor and token x channel FP8 next to bf16, on random operands. Where cuBLASLt has
+// outer-vector FP8 kernels, token x channel is also timed on the epilogue path (unit-scaled fp32
+// product + ScaleFp8Accumulator) for comparison; elsewhere that column repeats the epilogue path.
 int BenchGemm(int iters) {
   auto fp8 = CublasLtFp8Gemm::Create();
   auto epilogue = CublasLtFp8Gemm::Create(CublasLtFp8Gemm::kDefaultWorkspaceBytes,
@@ -75,55 +111,57 @@ int BenchGemm(int iters) {
                           {"8b.gate_up_proj", 28672, 4096},  {"8b.down_proj", 4096, 14336},
                           {"70b.qkv_proj", 10240, 8192},     {"70b.o_proj", 8192, 8192},
                           {"70b.gate_up_proj", 57344, 8192}, {"70b.down_proj", 8192, 28672}};
-  std::printf("fp8 token x channel path: %s\n",
+  const int64_t max_m = 16384;
+  int64_t max_w = 0, max_k = 0, max_n = 0;
+  for (const Shape& s : shapes) {
+    max_w = std::max(max_w, s.n * s.k);
+    max_k = std::max(max_k, s.k);
+    max_n = std::max(max_n, s.n);
+  }
+  GemmOperands ops;
+  if (!ops.Make(max_w, max_m * max_k, max_m * max_n, std::max(max_m, max_n))) {
+    std::printf("cannot fill the operands\n");
+    return 1;
+  }
+  std::printf("fp8 token x channel path: %s; random operands\n",
               (*fp8)->outer_vector_scales()
                   ? "cuBLASLt outer-vector scales"
                   : "cuBLASLt unit-scaled fp32 product + ScaleFp8Accumulator epilogue");
   std::printf(
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_token_channel_TFLOPs "
       "fp8_token_channel_epilogue_TFLOPs speedup_tensor speedup_token_channel\n");
-  const int64_t max_m = 16384;
   for (const Shape& s : shapes) {
-    uint8_t* w8 = DeviceFill<uint8_t>(s.n * s.k, 0x30);
-    uint8_t* a8 = DeviceFill<uint8_t>(max_m * s.k, 0x30);
-    __nv_bfloat16* w16 = DeviceFill<__nv_bfloat16>(s.n * s.k, 0x3c);
-    __nv_bfloat16* a16 = DeviceFill<__nv_bfloat16>(max_m * s.k, 0x3c);
-    __nv_bfloat16* out = DeviceFill<__nv_bfloat16>(max_m * s.n, 0);
-    float* scales = DeviceFill<float>(max_m > s.n ? max_m : s.n, 0x3c);
     for (int64_t m : {1024, 4096, 16384}) {
       const double flops = 2.0 * m * s.n * s.k;
       const double t16 = TimeUs(iters, [&] {
-        (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(a16, w16, nullptr, m, s.n, s.k, out,
-                                                            nullptr);
+        (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(ops.a16, ops.w16, nullptr, m, s.n, s.k,
+                                                            ops.out, nullptr);
       });
       double t8[3] = {0, 0, 0};
       for (int v = 0; v < 3; ++v) {
         CublasLtFp8Gemm& gemm = v == 2 ? **epilogue : **fp8;
         const auto scaling = v == 0 ? Fp8GemmScaling::kTensor : Fp8GemmScaling::kTokenChannel;
-        const absl::Status st =
-            gemm.Linear(a8, scales, w8, scales, scaling, m, s.n, s.k, out, nullptr);
+        const auto run = [&] {
+          return gemm.Linear(ops.a8, ops.scales, ops.w8, ops.scales, scaling, m, s.n, s.k, ops.out,
+                             nullptr);
+        };
+        const absl::Status st = run();
         if (!st.ok()) {
           std::printf("%s M=%ld: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
           continue;
         }
-        t8[v] = TimeUs(iters, [&] {
-          (void)gemm.Linear(a8, scales, w8, scales, scaling, m, s.n, s.k, out, nullptr);
-        });
+        t8[v] = TimeUs(iters, [&] { (void)run(); });
       }
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
       std::printf("%s %ld %.0f %.0f %.0f %.0f %.2f %.2f\n", s.name, static_cast<long>(m),
                   tflops(t16), tflops(t8[0]), tflops(t8[1]), tflops(t8[2]),
                   t8[0] > 0 ? t16 / t8[0] : 0.0, t8[1] > 0 ? t16 / t8[1] : 0.0);
     }
-    for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
-                    static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(scales)}) {
-      cudaFree(p);
-    }
-    const cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) {
-      std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-      return 1;
-    }
+  }
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+    return 1;
   }
   return 0;
 }
