@@ -56,7 +56,7 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(config.device));
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const int64_t weights = model.NumParameters() * 2;
+    const int64_t weights = model.DeviceWeightBytes();  // FP8 projections: 1 byte a weight
     const int64_t reserve = int64_t{2} << 30;
     const int64_t budget =
         static_cast<int64_t>(static_cast<double>(free_bytes) * config.gpu_memory_utilization) -

@@ -168,6 +168,12 @@ struct ModelConfig {
 
   // Every weight the checkpoint stores (lm_head counted only when not tied).
   int64_t NumParameters() const;
+  // Bytes of the weights on a GPU backend (what a --kv_cache_bytes=0 KV pool is sized around;
+  // model_config_quant.cc): 2 a parameter, but the decoder's FP8 projections (`quantization`:
+  // q/k/v/o, the dense layers' gate/up/down; the loader refuses an `ignore` entry naming one)
+  // 1 a parameter plus their fp32 scales. MLA models and MoE experts count 2 a parameter (an
+  // estimate that may only fall on the high side).
+  int64_t DeviceWeightBytes() const;
 };
 
 // Parses and validates the text of a config.json. Its `quantization_config`

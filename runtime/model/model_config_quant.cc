@@ -1,6 +1,7 @@
 // quantization_config of config.json: the FP8 checkpoint formats users have (issue 38).
 #include "runtime/model/model_config_quant.h"
 
+#include <cstdint>
 #include <regex>
 #include <string>
 #include <vector>
@@ -31,6 +32,38 @@ std::string WeightQuantization::Describe() const {
                                                                        : "dynamic 1x128-group";
   return absl::StrCat("fp8 ", method_name, ": ", weights, " weight scales, ", act,
                       activation == Fp8ActivationScheme::kNone ? "" : " activations");
+}
+
+namespace {
+
+// e4m3 codes and fp32 scales of an [n, k] FP8 projection on the device: a scale per row and
+// 128-column block (per-tensor / per-channel: per row), and for 128 x 128 blocks cuBLASLt's
+// copy of them (padded).
+int64_t Fp8ProjectionBytes(const WeightQuantization& q, int64_t n, int64_t k) {
+  const int64_t groups = q.block_cols > 0 ? (k + 127) / 128 : 1;
+  const int64_t blocks = q.block_rows > 1 ? (n + 127) / 128 * (groups + 4) : 0;
+  return n * k + 4 * (n * groups + blocks);
+}
+
+}  // namespace
+
+int64_t ModelConfig::DeviceWeightBytes() const {
+  const int64_t bytes16 = 2 * NumParameters();
+  if (!quantization.IsFp8() || IsMla()) return bytes16;
+  const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  const int64_t h = hidden_size, i = intermediate_size;
+  int64_t saved = 0;
+  const auto fp8 = [&](int64_t n, int64_t k) {
+    saved += 2 * n * k - Fp8ProjectionBytes(quantization, n, k);
+  };
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    fp8(q + 2 * kv, h);
+    fp8(h, q);
+    if (IsMoeLayer(l)) continue;
+    fp8(2 * i, h);
+    fp8(h, i);
+  }
+  return bytes16 - saved;
 }
 
 namespace internal {

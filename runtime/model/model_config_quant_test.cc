@@ -158,5 +158,37 @@ TEST(QuantizationConfigTest, Fp8MixtureOfExpertsConfigParses) {
             "fp8 compressed-tensors: per-channel weight scales, dynamic per-token activations");
 }
 
+// What a GPU holds of the weights (sizing a --kv_cache_bytes=0 KV pool). Llama()'s projections
+// a layer: q/k/v 512 x 256, o 256 x 256, gate/up 384 x 256, down 256 x 192: 344064 weights,
+// 688128 bytes in 16 bits; in FP8 344064 bytes plus 4 a scale; two layers.
+TEST(QuantizationConfigTest, DeviceWeightBytesCountFp8ProjectionsAtOneByte) {
+  absl::StatusOr<ModelConfig> bf16 = ParseModelConfig(Llama().dump());
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->DeviceWeightBytes(), 2 * bf16->NumParameters());
+  // Per-channel: a scale a row, 512 + 256 + 384 + 256.
+  absl::StatusOr<ModelConfig> channel = WithQuant(CtGroup("channel", Act("token", true)));
+  ASSERT_TRUE(channel.ok());
+  EXPECT_EQ(channel->DeviceWeightBytes(),
+            2 * channel->NumParameters() - 2 * (688128 - 344064 - 4 * 1408));
+  // 128 x 128 blocks (k 256 and 192: two column blocks): a scale a row and column block, plus
+  // cuBLASLt's copy, 6 a 128-row block: 1024 + 4 x 6 + 512 + 2 x 6 + 768 + 3 x 6 + 512 + 2 x 6.
+  absl::StatusOr<ModelConfig> block = WithQuant({{"quant_method", "fp8"},
+                                                 {"activation_scheme", "dynamic"},
+                                                 {"weight_block_size", {128, 128}}});
+  ASSERT_TRUE(block.ok());
+  EXPECT_EQ(block->DeviceWeightBytes(),
+            2 * block->NumParameters() - 2 * (688128 - 344064 - 4 * 2882));
+  // Experts stay at 2 bytes a parameter: only q/k/v/o (196608 weights a layer) count 1.
+  json mixtral = Llama();
+  mixtral["architectures"] = {"MixtralForCausalLM"};
+  mixtral["model_type"] = "mixtral";
+  mixtral["num_local_experts"] = 4;
+  mixtral["num_experts_per_tok"] = 2;
+  absl::StatusOr<ModelConfig> moe = WithQuant(CtGroup("channel", Act("token", true)), mixtral);
+  ASSERT_TRUE(moe.ok());
+  EXPECT_EQ(moe->DeviceWeightBytes(),
+            2 * moe->NumParameters() - 2 * (2 * 196608 - 196608 - 4 * 768));
+}
+
 }  // namespace
 }  // namespace tandem::runtime
