@@ -1,10 +1,11 @@
 // FP8 weights served end to end on the CPU backend (issue 38): tandem_router + a prefill and a
-// decode tandem_worker on loopback, the KV moving over UCX, with the 128x128-block FP8 fixture
-// (tests/golden/fixtures_fp8/fp8_block) and the bf16 fixture quantized at load
-// (--quantization=fp8 on both workers). The disaggregated greedy tokens must equal the same
-// engine's in this process (one request at a time, one thread: the same shapes as P then D),
-// and the first token transformers' activation-quantizing reference where its top-2 gap is >= 1%
-// of max|logit| (make_golden_fp8.py).
+// decode tandem_worker on loopback, the KV moving over UCX, and tandem_router + one mixed
+// worker, with every FP8 fixture (tests/golden/fixtures_fp8: DeepSeek's 128x128 blocks,
+// compressed-tensors per-channel dynamic and per-tensor static, modelopt) and the bf16 fixture
+// quantized at load (--quantization=fp8 on every worker). The served greedy tokens must equal
+// the same engine's in this process (one request at a time, one thread: the same shapes as P
+// then D), and the first token transformers' activation-quantizing reference where its top-2 gap
+// is >= 1% of max|logit| (make_golden_fp8.py).
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -55,9 +56,17 @@ std::vector<std::vector<uint32_t>> LocalTokens(const std::string& dir, const std
   return out;
 }
 
-TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
-  for (const auto& [format, quant] :
-       {std::pair<std::string, std::string>{"fp8_block", ""}, {"base_bf16", "fp8"}}) {
+// (checkpoint directory under fixtures_fp8, --quantization) of every FP8 format.
+const std::pair<std::string, std::string> kFormats[] = {{"fp8_block", ""},
+                                                        {"ct_channel_dynamic", ""},
+                                                        {"ct_tensor_static", ""},
+                                                        {"modelopt", ""},
+                                                        {"base_bf16", "fp8"}};
+
+// Serves each format on the workers `roles` sets (prefill / decode / mixed counts) and checks
+// the tokens against this process's engine and transformers' first tokens.
+void ServeEveryFormat(const ClusterOptions& roles) {
+  for (const auto& [format, quant] : kFormats) {
     SCOPED_TRACE(format);
     const std::string dir = "tests/golden/fixtures_fp8/" + format;
     std::ifstream in(Runfile(dir) + "/expected.json");
@@ -74,7 +83,7 @@ TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
     const std::vector<std::vector<uint32_t>> local = LocalTokens(dir, quant, prompts);
     ASSERT_EQ(local.size(), prompts.size());
 
-    ClusterOptions options;
+    ClusterOptions options = roles;
     options.model_dir = dir;
     options.worker_flags = {"--num_threads=1"};
     if (!quant.empty()) options.worker_flags.push_back("--quantization=" + quant);
@@ -95,6 +104,18 @@ TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
     }
     EXPECT_GE(checked, 3);
   }
+}
+
+TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
+  ServeEveryFormat(ClusterOptions{});  // one prefill and one decode worker
+}
+
+TEST(Fp8ServingE2eTest, MixedWorkerEqualsTheEngineAndTransformers) {
+  ClusterOptions mixed;
+  mixed.prefill = 0;
+  mixed.decode = 0;
+  mixed.mixed = 1;
+  ServeEveryFormat(mixed);
 }
 
 }  // namespace
