@@ -25,6 +25,16 @@ json Llama() {
           {"num_key_value_heads", 2}};
 }
 
+// Llama() with every layer's MLP four experts, two a token.
+json Mixtral() {
+  json mixtral = Llama();
+  mixtral["architectures"] = {"MixtralForCausalLM"};
+  mixtral["model_type"] = "mixtral";
+  mixtral["num_local_experts"] = 4;
+  mixtral["num_experts_per_tok"] = 2;
+  return mixtral;
+}
+
 absl::StatusOr<ModelConfig> WithQuant(json quant, json root = Llama()) {
   root["quantization_config"] = std::move(quant);
   return ParseModelConfig(root.dump());
@@ -146,12 +156,7 @@ TEST(QuantizationConfigTest, UnsupportedSchemesAreRefusedNamingThem) {
 
 TEST(QuantizationConfigTest, Fp8MixtureOfExpertsConfigParses) {
   // MoE experts have an FP8 path on the CPU backend (weight_fp8.cc, kernels/moe FusedMoe).
-  json mixtral = Llama();
-  mixtral["architectures"] = {"MixtralForCausalLM"};
-  mixtral["model_type"] = "mixtral";
-  mixtral["num_local_experts"] = 4;
-  mixtral["num_experts_per_tok"] = 2;
-  absl::StatusOr<ModelConfig> config = WithQuant(CtGroup("channel", Act("token", true)), mixtral);
+  absl::StatusOr<ModelConfig> config = WithQuant(CtGroup("channel", Act("token", true)), Mixtral());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->IsMoe());
   EXPECT_EQ(config->quantization.Describe(),
@@ -179,12 +184,7 @@ TEST(QuantizationConfigTest, DeviceWeightBytesCountFp8ProjectionsAtOneByte) {
   EXPECT_EQ(block->DeviceWeightBytes(),
             2 * block->NumParameters() - 2 * (688128 - 344064 - 4 * 2882));
   // Experts stay at 2 bytes a parameter: only q/k/v/o (196608 weights a layer) count 1.
-  json mixtral = Llama();
-  mixtral["architectures"] = {"MixtralForCausalLM"};
-  mixtral["model_type"] = "mixtral";
-  mixtral["num_local_experts"] = 4;
-  mixtral["num_experts_per_tok"] = 2;
-  absl::StatusOr<ModelConfig> moe = WithQuant(CtGroup("channel", Act("token", true)), mixtral);
+  absl::StatusOr<ModelConfig> moe = WithQuant(CtGroup("channel", Act("token", true)), Mixtral());
   ASSERT_TRUE(moe.ok());
   EXPECT_EQ(moe->DeviceWeightBytes(),
             2 * moe->NumParameters() - 2 * (2 * 196608 - 196608 - 4 * 768));
