@@ -27,46 +27,12 @@
 # unpacks into /tmp/fi_peers). Run from the repository root (cuda_engine_test reads
 # tests/golden/fixtures). Writes OUT/summary.txt, OUT/ratio.txt and OUT/logs.tar.gz.
 set -uo pipefail
-[[ $# -eq 3 ]] || { echo "usage: $0 BUNDLE_TAR_XZ FLASHINFER_DIR OUT" >&2; exit 2; }
-TARBALL=$(realpath "$1")
-FI=$(realpath "$2")
-mkdir -p "$3/logs" && OUT=$(realpath "$3")
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-DEADLINE=$((SECONDS + ${CALL_SECONDS:-120}))
-W=${TMPDIR:-/tmp}/attention_step_call
-rm -rf "$W" && mkdir -p "$W/b"
-xz -dc "$TARBALL" | tar xf - -C "$W/b" || { echo "cannot unpack $TARBALL" >&2; exit 1; }
-export NCCL_NVLS_ENABLE=0
-export LD_LIBRARY_PATH="$W/b/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:/usr/local/cuda/lib64"
-A=$W/b/bin/kernels/attention/cuda
+# shellcheck source=tests/gpu/attention_call_lib.sh
+source "$HERE/attention_call_lib.sh"
+attention_call_start attention_step_call 120 "$@"
 R=$W/b/bin/runtime/cuda
-L=$OUT/logs
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$L/gpu.txt" 2>&1
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
-
-job() {  # NAME GPU SECONDS COMMAND...: COMMAND on GPU, at most SECONDS and not past DEADLINE
-  local name=$1 gpu=$2 secs=$3 t0=$SECONDS
-  shift 3
-  ((secs > DEADLINE - SECONDS)) && secs=$((DEADLINE - SECONDS))
-  if ((secs < 5)); then
-    echo "$name gpu=$gpu not run (deadline)" >> "$OUT/summary.txt"
-    return
-  fi
-  CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" "$@" > "$L/$name.log" 2>&1
-  echo "$name gpu=$gpu rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
-}
-
-peer_copy() {  # DIR: the peer's files linked into DIR, its run_flashinfer.sh unpacking into DIR
-  mkdir -p "$1"
-  local f
-  for f in "$FI"/*; do ln -sfn "$f" "$1/"; done
-  rm "$1/run_flashinfer.sh"
-  # shellcheck disable=SC2016  # $HERE and $(...) belong to the patched script
-  sed -e "s|^ROOT=/tmp/fi_peers|ROOT=$1/root|" -e 's|tar -xzf|tar -xf|' \
-    -e 's|^ARC=.*|ARC=$(ls "$HERE"/flashinfer-*.tar.* \| head -1)|' \
-    "$FI/run_flashinfer.sh" > "$1/run_flashinfer.sh"
-}
 
 cmp() {  # NAME GPU SECONDS, with DECODE_ARGS / FI_DECODE_SHAPES / SKIP_PREFILL set
   peer_copy "$W/$1"
@@ -76,42 +42,18 @@ cmp() {  # NAME GPU SECONDS, with DECODE_ARGS / FI_DECODE_SHAPES / SKIP_PREFILL 
 }
 
 # FlashInfer's kernels under ncu, from cmp_small's unpacked copy: KIND decode (tc-fa2, 64x16384)
-# or prefill (fa3, 8 x 2k), a few timed calls instead of the peer's ~300 ms.
-fi_ncu() {  # KIND KERNEL_REGEX
-  local site=$W/cmp_small/root/site
-  cat > "$W/fi_ncu_$1.py" << PY
-import importlib.util, sys, torch
-sys.argv = ["peers", "$OUT/fi_ncu_$1.txt"]
-spec = importlib.util.spec_from_file_location("peers", "$FI/peers_flashinfer.py")
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
-m.DECODE_SHAPES = [(64, 16384)] if "$1" == "decode" else []
-m.PREFILL_SHAPES = [("8x2048", [(2048, 2048)] * 8)] if "$1" == "prefill" else []
-m.DECODE_VARIANTS = [v for v in m.DECODE_VARIANTS if v[0] == "tc-fa2"]
-m.PREFILL_BACKENDS = ["fa3"]
-m.spot_checks = lambda lines: None
-def few(fn, **kw):
-    for _ in range(4):
-        fn()
-    torch.cuda.synchronize()
-    return 0.0, 4, 0.0
-m.bench_us = few
-m.main()
-PY
-  PYTHONPATH=$site PYTHONNOUSERSITE=1 FLASHINFER_WORKSPACE_BASE=$W/cmp_small/root/ws \
-    TMPDIR=$W/cmp_small/root/tmp job "fi_ncu_$1" 0 30 "$NCU" --clock-control none \
-    --target-processes all -k "regex:$2" --launch-skip 2 --launch-count 1 "${NCU_SECTIONS[@]}" \
-    python3 "$W/fi_ncu_$1.py"
+# or prefill (fa3, 8 x 2k), a few calls instead of the peer's ~300 ms.
+fi_ncu_small() {  # KIND KERNEL_REGEX DRIVER_ARGS...
+  local kind=$1 regex=$2
+  shift 2
+  fi_ncu "fi_ncu_$kind" 0 30 "$W/cmp_small/root" \
+    "-k regex:$regex --launch-skip 2 --launch-count 1" "$@"
 }
 
-NCU_SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-  --section LaunchStats --section SchedulerStats --section WarpStateStats --metrics
-  'dram__bytes_read.sum.per_second,lts__t_sector_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
 ours_ncu() {  # NAME KERNEL_REGEX SKIP BINARY ARGS...
   local name=$1 regex=$2 skip=$3
   shift 3
-  job "ncu_$name" 2 20 "$NCU" --clock-control none -k "regex:$regex" --launch-skip "$skip" \
-    --launch-count 1 "${NCU_SECTIONS[@]}" "$@"
+  ncu_job "ncu_$name" 2 20 -k "regex:$regex" --launch-skip "$skip" --launch-count 1 "$@"
 }
 
 step_bench() {  # NAME GPU SECONDS ARGS...
@@ -133,8 +75,8 @@ HALF+=':PagedAttentionCudaTest.Fp16:PagedAttentionCudaTest.Fp8PerHeadScale'
     FI_DECODE_SHAPES=1x1024,1x4096,1x16384,1x65536,16x1024,16x4096,16x16384,16x65536 \
     cmp cmp_small 0 75
   if [[ -n $NCU ]]; then
-    fi_ncu decode BatchPrefillWithPagedKVCache
-    fi_ncu prefill Prefill
+    fi_ncu_small decode BatchPrefillWithPagedKVCache --decode 64x16384 --variants tc-fa2
+    fi_ncu_small prefill Prefill --prefill 8x2048 --backends fa3
   fi
 ) &
 (

@@ -2,7 +2,8 @@
 """Ratio table of tests/gpu/attention_vs_flashinfer.sh: reads OUT/{ours,baseline}_{decode,prefill}.txt
 (attention_cuda_bench / prefill_attention_cuda_bench output) and OUT/flashinfer.txt.json (the
 FlashInfer peer's rows) and prints, per shape, FlashInfer's best variant's time over ours
-(> 1: ours faster).
+(> 1: ours faster). With OUT/cudnn_prefill.json (peers_attention.py --modes cudnn_prefill) the
+prefill table has a cuDNN column too: cuDNN's time over ours (the issue's target: >= 0.95).
 
   attention_vs_flashinfer.py OUT
 
@@ -72,6 +73,50 @@ def prefill_flops(label):
     return 4 * D * HQ * sum(q * (k - q) + q * (q + 1) // 2 for q, k in PREFILL_FLOPS[label])
 
 
+def read_cudnn(out):
+    """{peer label: cuDNN row} from OUT/cudnn_prefill.json; its header printed (or why not)."""
+    text = read(os.path.join(out, "cudnn_prefill.json"))
+    if not text:
+        return {}
+    data = json.loads(text)
+    print("\n" + data.get("header", ""))
+    return {PREFILL_NAMES[r["name"]]: r for r in data.get("rows", []) if r["name"] in PREFILL_NAMES}
+
+
+def prefill_table(ours_p, base_p, fi_pre, cudnn, ratios):
+    """Prints the prefill rows (FlashInfer's best and cuDNN beside ours), adds their ratios."""
+    print("\nprefill, causal (wgmma kernel; TFLOP/s = 4 d Hq sum(visible keys) / time; ratio = "
+          "peer time / ours)")
+    print(f"{'shape':>18s} {'ours_us':>9s} {'TFLOP/s':>7s} {'FI best':>7s} {'FI_us':>9s} "
+          f"{'TFLOP/s':>7s} {'ratio':>6s}" + (f" {'base_us':>9s} {'ratio':>6s}" if base_p else "") +
+          (f" {'cuDNN_us':>9s} {'TFLOP/s':>7s} {'ratio':>6s}" if cudnn else ""))
+    for label in PREFILL_FLOPS:
+        if label not in ours_p:
+            continue
+        fl, mine = prefill_flops(label), ours_p[label]
+        line = f"{label:>18s} {mine:9.1f} {fl / mine / 1e6:7.1f}"
+        if label in fi_pre:
+            variant, fi_us = fi_pre[label]
+            ratios.append(("prefill " + label, fi_us / mine))
+            line += f" {variant:>7s} {fi_us:9.1f} {fl / fi_us / 1e6:7.1f} {fi_us / mine:6.3f}"
+        else:
+            line += f" {'-':>7s} {'-':>9s} {'-':>7s} {'-':>6s}"
+        if base_p:
+            base = base_p.get(label)
+            line += f" {base:9.1f} {fi_pre[label][1] / base:6.3f}" \
+                if base and label in fi_pre else f" {'-':>9s} {'-':>6s}"
+        if cudnn:
+            row = cudnn.get(label, {})
+            if "time_us" in row:
+                ratios.append(("cudnn " + label, row["time_us"] / mine))
+                line += f" {row['time_us']:9.1f} {row['TFLOPs']:7.1f} {row['time_us'] / mine:6.3f}"
+            else:
+                line += f" {'n/a':>9s} {'-':>7s} {'-':>6s}"
+        print(line)
+    for label, row in cudnn.items():  # how cuDNN ran each shape, or why it could not
+        print(f"  cuDNN {label}: " + "; ".join(row.get("tried", [])))
+
+
 def main():
     out = sys.argv[1]
     fi = json.loads(read(os.path.join(out, "flashinfer.txt.json")) or '{"rows": []}')
@@ -115,27 +160,21 @@ def main():
             line += f" {pct(base_d, 'bf16'):>9s} {pct(base_d, 'fp8_e4m3')} {pct(base_d, 'int8')}"
         print(line)
 
-    print("\nprefill, causal (wgmma kernel; TFLOP/s = 4 d Hq sum(visible keys) / time)")
-    print(f"{'shape':>18s} {'ours_us':>9s} {'TFLOP/s':>7s} {'FI best':>7s} {'FI_us':>9s} "
-          f"{'TFLOP/s':>7s} {'ratio':>6s}" + (f" {'base_us':>9s} {'ratio':>6s}" if base_p else ""))
-    for label, (variant, fi_us) in fi_pre.items():
-        if label not in ours_p:
-            continue
-        fl = prefill_flops(label)
-        ratio = fi_us / ours_p[label]
-        ratios.append(("prefill " + label, ratio))
-        line = f"{label:>18s} {ours_p[label]:9.1f} {fl / ours_p[label] / 1e6:7.1f} {variant:>7s} " \
-               f"{fi_us:9.1f} {fl / fi_us / 1e6:7.1f} {ratio:6.3f}"
-        if label in base_p:
-            line += f" {base_p[label]:9.1f} {fi_us / base_p[label]:6.3f}"
-        print(line)
+    prefill_table(ours_p, base_p, fi_pre, read_cudnn(out), ratios)
 
     if not ratios:
         print("\nno shape measured by both (see the logs in " + out + ")")
         return 1
-    below = [name for name, r in ratios if r < 1.0]
-    print(f"\n{len(ratios)} shapes, ratio {min(r for _, r in ratios):.3f}-"
-          f"{max(r for _, r in ratios):.3f}; below 1.0: {', '.join(below) or 'none'}")
+    vs_fi = [(name, r) for name, r in ratios if not name.startswith("cudnn ")]
+    below = [name for name, r in vs_fi if r < 1.0]
+    print(f"\n{len(vs_fi)} shapes vs FlashInfer, ratio {min(r for _, r in vs_fi):.3f}-"
+          f"{max(r for _, r in vs_fi):.3f}; below 1.0: {', '.join(below) or 'none'}" if vs_fi else
+          "\nno shape measured by FlashInfer")
+    dnn = [(name[6:], r) for name, r in ratios if name.startswith("cudnn ")]
+    if dnn:
+        below = [f"{name} {r:.3f}" for name, r in dnn if r < 0.95]
+        print(f"{len(dnn)} prefill shapes vs cuDNN, ratio {min(r for _, r in dnn):.3f}-"
+              f"{max(r for _, r in dnn):.3f}; below 0.95: {', '.join(below) or 'none'}")
     return 0
 
 

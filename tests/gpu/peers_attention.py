@@ -17,13 +17,32 @@ causal_lower_right; a flex mask_mod with the same offset). Timing: CUDA events a
 calls after warm-up; decode rotates several KV copies when one is smaller than ~1 GiB, so the
 60 MB L2 does not serve repeated calls. A backend that refuses a shape, or a flex_attention
 that fails to compile, prints the reason instead of a number.
+
+  python3 tests/gpu/peers_attention.py --modes cudnn_prefill --json FILE [--dry_run]
+
+The cuDNN column of attention_vs_flashinfer.py's prefill table: the four prefill shapes through
+SDPA with only the cuDNN backend enabled, timed as FlashInfer's peer times (median of single
+calls between CUDA events, each after a 256 MiB L2 flush), each output checked on 64 query rows
+against an fp32 reference. GQA first as enable_gqa (8 KV heads); if cuDNN refuses, with the KV
+heads expanded to 32 (said in the row). Extend (2k new over an 8k prefix) through
+causal_lower_right and through an explicit bottom-right bool mask [1, 1, new, prefix + new] (a
+dense mask: cuDNN cannot skip the masked tiles); the faster one that passes its check is the
+row's time. Rows (or why cuDNN could not run) go to FILE as JSON; --dry_run writes fake timings
+without torch (to rehearse the table).
 """
 import argparse
+import json
+import math
+import statistics
 import sys
+import time
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # --dry_run on a machine without torch
+    torch = None
 
 HQ, HKV, D = 32, 8, 128
 PEAK = 4.3e12
@@ -129,6 +148,11 @@ def run_decode(args, flex):
             torch.cuda.empty_cache()
 
 
+def prefill_flops(b, new, prefix):
+    """4 * head_dim * num_q_heads * (sum over query rows of visible keys), causal bottom-right."""
+    return 4.0 * D * HQ * b * (new * prefix + new * (new + 1) / 2)
+
+
 def run_prefill(args, flex):
     from torch.nn.attention.bias import causal_lower_right
     print("prefill, causal, 32q/8kv d128 bf16, contiguous KV; TFLOP/s = 4 * head_dim * "
@@ -139,8 +163,7 @@ def run_prefill(args, flex):
         q = torch.randn(b, HQ, new, D, device="cuda", dtype=torch.bfloat16)
         kvs = [(torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16),
                 torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16))]
-        visible = b * (new * (prefix + 1) + new * (new - 1) / 2)
-        flops = 4.0 * D * HQ * visible
+        flops = prefill_flops(b, new, prefix)
         iters = int(min(200, max(3, 0.1 / (flops / 300e12))))
         if prefix == 0:
             sdpa_make = [(n, lambda be=be: sdpa_fn(be, q, kvs, causal=True))
@@ -166,6 +189,125 @@ def run_prefill(args, flex):
         torch.cuda.empty_cache()
 
 
+def median_us(fn, min_iters=20, max_iters=200, target_ms=300.0, warmup=5):
+    """FlashInfer's peer timing (peers_flashinfer.py's bench_us): median microseconds of fn()
+    between CUDA events, each call after a 256 MiB L2 flush and a GPU spin that covers twice the
+    host's enqueue cost of one call."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        fn()
+    host_us = (time.perf_counter() - t) / 10 * 1e6
+    torch.cuda.synchronize()
+    est_ms = max(bench(lambda i: fn(), 3) * 1e3, 1e-3)
+    n = int(min(max(min_iters, target_ms / est_ms), max_iters))
+    spin = int(min(2 * host_us, 2000) * 1e-6 * 2.0e9)  # ~2 GHz SM clock
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+    for start, stop in events:
+        flush.zero_()
+        if spin > 0:
+            torch.cuda._sleep(spin)
+        start.record()
+        fn()
+        stop.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in events) * 1e3
+
+
+def check_rows(q, k, v, out, prefix):
+    """Max |out - ref| over 64 query rows of request 0 (the first and last 32: the first rows tell
+    a bottom-right diagonal from a top-left one) against fp32, and max |ref|."""
+    new, g = q.shape[2], HQ // HKV
+    rows = torch.cat([torch.arange(32), torch.arange(new - 32, new)]).cuda()
+    qf = q[0, :, rows].float().view(HKV, g, len(rows), D)
+    s = torch.einsum("hgqd,hkd->hgqk", qf, k[0].float()) / math.sqrt(D)
+    keys = torch.arange(k.shape[2], device="cuda")[None, :]
+    s = s.masked_fill(keys > prefix + rows[:, None], float("-inf"))
+    ref = torch.einsum("hgqk,hkd->hgqd", torch.softmax(s, -1), v[0].float()).reshape(HQ, -1, D)
+    return (out[0, :, rows].float() - ref).abs().max().item(), ref.abs().max().item()
+
+
+def cudnn_call(q, k, v, mask, gqa):
+    if not gqa:  # the KV heads expanded to the query heads, outside the timed call
+        k, v = (x.repeat_interleave(HQ // HKV, dim=1) for x in (k, v))
+
+    def fn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                  enable_gqa=gqa)
+    return fn
+
+
+def cudnn_shape(name, b, new, prefix):
+    """One prefill shape through cuDNN: {"time_us", "TFLOPs", "how", "tried": [...]}."""
+    from torch.nn.attention.bias import causal_lower_right
+    s = prefix + new
+    q = torch.randn(b, HQ, new, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    masks = [("is_causal", None)]
+    if prefix:
+        keys = torch.arange(s, device="cuda")[None, :]
+        bool_mask = (keys <= prefix + torch.arange(new, device="cuda")[:, None])[None, None]
+        masks = [("causal_lower_right", causal_lower_right(new, s)), ("bool mask", bool_mask)]
+    row = {"name": name, "tried": []}
+    for mask_name, mask in masks:
+        for gqa in (True, False):
+            how = f"{mask_name}, " + ("enable_gqa" if gqa else "KV heads expanded to 32")
+            try:
+                fn = cudnn_call(q, k, v, mask, gqa)
+                err, ref_max = check_rows(q, k, v, fn(), prefix)
+                ok = err <= 2e-2 * ref_max + 2e-3
+                us = median_us(fn) if ok else None
+            except Exception as e:  # cuDNN refused the shape, the mask or GQA
+                row["tried"].append(f"{how}: n/a: {short(e)}")
+                continue
+            row["tried"].append(f"{how}: " + (f"{us:.1f} us" if ok else "CHECK FAILED") +
+                                f", max err {err:.2e} of max|ref| {ref_max:.2f}")
+            if ok and ("time_us" not in row or us < row["time_us"]):
+                row.update(time_us=us, TFLOPs=prefill_flops(b, new, prefix) / us * 1e-6, how=how)
+            break  # enable_gqa worked (or failed its check): no need to expand
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def run_cudnn_prefill(args):
+    """The cuDNN column of attention_vs_flashinfer.py, written to args.json."""
+    result = {"header": "", "rows": []}
+    if args.dry_run:  # fake timings: ~500 TFLOP/s
+        result["header"] = "DRY RUN: fake cuDNN timings"
+        for name, b, new, prefix in PREFILL_SHAPES:
+            us = prefill_flops(b, new, prefix) / 500e12 * 1e6
+            result["rows"].append({"name": name, "time_us": us, "TFLOPs": 500.0,
+                                   "how": "dry run", "tried": ["dry run"]})
+    elif torch is None or not torch.cuda.is_available():
+        result["header"] = "cuDNN SDPA unavailable: " + ("no torch" if torch is None else "no GPU")
+    else:
+        dev = torch.cuda.get_device_properties(0)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        result["header"] = (f"cuDNN SDPA (torch {torch.__version__}, cuDNN {cudnn}) on {dev.name}: "
+                            "contiguous [B, H, S, D] bf16, median of flushed single calls")
+        for shape in PREFILL_SHAPES:
+            torch.manual_seed(0)
+            try:
+                result["rows"].append(cudnn_shape(*shape))
+            except Exception as e:  # e.g. out of memory: the next shape still runs
+                result["rows"].append({"name": shape[0], "tried": [f"n/a: {short(e)}"]})
+    print(result["header"])
+    for r in result["rows"]:
+        t = f"{r['time_us']:10.1f} us {r['TFLOPs']:6.1f} TFLOP/s ({r['how']})" \
+            if "time_us" in r else "n/a"
+        print(f"{r['name']:<22} {t}\n" + "".join(f"{'':<24}{x}\n" for x in r["tried"]), end="")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="decode,prefill")
@@ -175,7 +317,11 @@ def main():
                     help="decode shapes (BATCHxCONTEXT) that also run flex_attention")
     ap.add_argument("--no_flex", action="store_true")
     ap.add_argument("--max_gb", type=float, default=80.0)
+    ap.add_argument("--json", default="", help="cudnn_prefill: its rows as JSON")
+    ap.add_argument("--dry_run", action="store_true", help="cudnn_prefill: fake timings, no GPU")
     args = ap.parse_args()
+    if args.modes == "cudnn_prefill":
+        return run_cudnn_prefill(args)
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}; torch {torch.__version__}")
     flex = Flex(not args.no_flex)
