@@ -15,9 +15,10 @@ import sys
 HEADER = re.compile(r"^\s*(?:void )?(.+?) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), "
                     r"Context \d+, Stream \d+")
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
-SCALE = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "usecond": 1.0, "msecond": 1e3,
-         "nsecond": 1e-3, "byte/s": 1e-12, "Kbyte/s": 1e-9, "Mbyte/s": 1e-6, "Gbyte/s": 1e-3,
-         "Tbyte/s": 1.0}
+SCALE = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "nsecond": 1e-3, "usecond": 1.0,
+         "msecond": 1e3, "second": 1e6}  # -> us; bandwidths -> TB/s:
+SCALE.update({f"{p}{b}/{t}": f for p, f in (("", 1e-12), ("K", 1e-9), ("M", 1e-6), ("G", 1e-3),
+                                             ("T", 1.0)) for b in ("byte", "B") for t in ("s", "second")})
 
 
 def short_name(name):
