@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -205,31 +206,41 @@ TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
   EXPECT_EQ(cuda->kv_dtype, KvDtype::kFp8E4m3);
 }
 
+// LoadModelForBackend of `source` on the CPU and on CUDA; false when the CUDA load is not there
+// to check (a build without CUDA refuses it as UNIMPLEMENTED, checked here) or failed.
+bool LoadOnCpuAndCuda(const ModelSource& source, BackendModel* cpu, BackendModel* cuda) {
+  absl::StatusOr<BackendModel> on_cpu = LoadModelForBackend(source, BackendOptions());
+  EXPECT_TRUE(on_cpu.ok()) << on_cpu.status();
+  if (on_cpu.ok()) *cpu = std::move(*on_cpu);
+  BackendOptions options;
+  options.backend = "cuda";
+  absl::StatusOr<BackendModel> on_cuda = LoadModelForBackend(source, options);
+  if (!CudaBackendAvailable()) {
+    EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kUnimplemented);
+    return false;
+  }
+  EXPECT_TRUE(on_cuda.ok()) << on_cuda.status();
+  if (!on_cuda.ok() || !on_cpu.ok()) return false;
+  *cuda = std::move(*on_cuda);
+  return true;
+}
+
 TEST(BackendFactoryTest, LoadModelForBackendGeneratesDummyWeightsWhereTheyRun) {
   ModelSource source;
   source.load_format = "dummy";
   source.dummy_config = "tiny";
   source.dummy_seed = 3;
-  BackendOptions cpu;
-  absl::StatusOr<BackendModel> on_cpu = LoadModelForBackend(source, cpu);
-  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
-  EXPECT_EQ(on_cpu->factory.name, "cpu");
-  EXPECT_FALSE(on_cpu->model.weights.embed_tokens.empty());
-  EXPECT_EQ(on_cpu->model.model_id, "dummy:tiny:3");
-
-  BackendOptions cuda;
-  cuda.backend = "cuda";
-  absl::StatusOr<BackendModel> on_cuda = LoadModelForBackend(source, cuda);
-  if (!CudaBackendAvailable()) {
-    EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kUnimplemented);
-    return;
-  }
-  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+  BackendModel on_cpu, on_cuda;
+  const bool cuda = LoadOnCpuAndCuda(source, &on_cpu, &on_cuda);
+  EXPECT_EQ(on_cpu.factory.name, "cpu");
+  EXPECT_FALSE(on_cpu.model.weights.embed_tokens.empty());
+  EXPECT_EQ(on_cpu.model.model_id, "dummy:tiny:3");
+  if (!cuda) return;
   // The device generates them: the host loads the config only, and the id says so (a CPU and a
   // CUDA worker with the same seed hold different weights and must not pair).
-  EXPECT_TRUE(on_cuda->model.weights.embed_tokens.empty());
-  EXPECT_TRUE(on_cuda->model.weights.layers.empty());
-  EXPECT_EQ(on_cuda->model.model_id, "dummy:tiny:3:backend");
+  EXPECT_TRUE(on_cuda.model.weights.embed_tokens.empty());
+  EXPECT_TRUE(on_cuda.model.weights.layers.empty());
+  EXPECT_EQ(on_cuda.model.model_id, "dummy:tiny:3:backend");
 }
 
 // A dense 16/32-bit checkpoint on CUDA is read by the backend itself (runtime/cuda/
@@ -242,28 +253,22 @@ TEST(BackendFactoryTest, LoadModelForBackendReadsDenseCheckpointsOnTheDevice) {
   ASSERT_TRUE(WriteDummyModel(*PresetConfig("tiny-moe"), moe_dir, 1).ok());
   ModelSource source;
   source.model_dir = dir;
-  BackendOptions cpu;
-  absl::StatusOr<BackendModel> on_cpu = LoadModelForBackend(source, cpu);
-  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
-  EXPECT_FALSE(on_cpu->model.weights.layers.empty());
-  BackendOptions cuda;
-  cuda.backend = "cuda";
-  absl::StatusOr<BackendModel> on_cuda = LoadModelForBackend(source, cuda);
-  if (!CudaBackendAvailable()) {
-    EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kUnimplemented);
-    return;
-  }
-  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
-  EXPECT_TRUE(on_cuda->model.weights.layers.empty());
-  EXPECT_TRUE(on_cuda->model.weights.embed_tokens.empty());
-  EXPECT_EQ(on_cuda->model.model_id, on_cpu->model.model_id);  // the same weights either way
-  cuda.checkpoint_on_device = false;
-  absl::StatusOr<BackendModel> via_host = LoadModelForBackend(source, cuda);
+  BackendModel on_cpu, on_cuda;
+  const bool cuda = LoadOnCpuAndCuda(source, &on_cpu, &on_cuda);
+  EXPECT_FALSE(on_cpu.model.weights.layers.empty());
+  if (!cuda) return;
+  EXPECT_TRUE(on_cuda.model.weights.layers.empty());
+  EXPECT_TRUE(on_cuda.model.weights.embed_tokens.empty());
+  EXPECT_EQ(on_cuda.model.model_id, on_cpu.model.model_id);  // the same weights either way
+  BackendOptions options;
+  options.backend = "cuda";
+  options.checkpoint_on_device = false;
+  absl::StatusOr<BackendModel> via_host = LoadModelForBackend(source, options);
   ASSERT_TRUE(via_host.ok()) << via_host.status();
   EXPECT_FALSE(via_host->model.weights.layers.empty());
-  cuda.checkpoint_on_device = true;
+  options.checkpoint_on_device = true;
   source.model_dir = moe_dir;
-  absl::StatusOr<BackendModel> moe = LoadModelForBackend(source, cuda);
+  absl::StatusOr<BackendModel> moe = LoadModelForBackend(source, options);
   ASSERT_TRUE(moe.ok()) << moe.status();
   EXPECT_FALSE(moe->model.weights.layers.empty());
 }
