@@ -24,13 +24,20 @@
 #             so later tokens are compared with the mixed worker's and transformers' and
 #             printed, not required; the two transports must give the same tokens
 #             (ep_transports_agree: the same prefill KV, the same decode group).
+#   spec_ucx  prefill GPU 0 -> a decode worker (GPU 1) that speculates (issue 34: a P->D decode
+#             worker speculating on KV it received), draft = the target itself, K = 3, KV over
+#             UCX: KV received, no recompute, drafts verified and accepted (the worker's
+#             spec_draft_tokens / spec_accepted_tokens), the first token equal to the mixed
+#             worker's; later tokens printed (a K + 1-token verify pass rounds differently from a
+#             one-token step in bf16), equal to transformers' on the CPU. Llama-family fixtures
+#             only (the MLA fixtures' draft = MTP is mtp_cuda_golden.sh's).
 # BACKEND=cpu (env) rehearses it on the CPU backend (fp32, no --device, NCCL rows skipped):
 # there every row's tokens must equal transformers' exactly (TOKENS_VS_HF=exact, the default on
 # the CPU; "first" on CUDA). Fixtures run as parallel chains (PARALLEL=1, the CUDA default), each
 # under CHAIN_S seconds (default 90), chain k with its GPUs rotated by k. Decode runs eager
 # (CUDA_GRAPHS=false, the default here: faster starts; moe_cuda_golden.sh checks graphs = eager).
 #
-#   [BACKEND=cpu] [FIXTURES="qwen3_moe_f32 ..."] [ROWS="ucx nccl ep_ucx ep_nccl"] \
+#   [BACKEND=cpu] [FIXTURES="qwen3_moe_f32 ..."] [ROWS="ucx nccl ep_ucx ep_nccl spec_ucx"] \
 #     tests/gpu/moe_pd_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:tandem_worker tool//router:tandem_router
@@ -66,7 +73,7 @@ else
 fi
 FIXTURES=${FIXTURES:-qwen3_moe_f32 mixtral_f32 qwen2_moe_f32 deepseek_v3_moe_f32
   deepseek_v2_moe_f32}
-ROWS=" ${ROWS:-ucx nccl ep_ucx ep_nccl} "
+ROWS=" ${ROWS:-ucx nccl ep_ucx ep_nccl spec_ucx} "
 
 if [[ $MODE == main ]]; then
   nvidia-smi -L >/dev/null 2>&1 || [[ $BACKEND == cpu ]] || gpus=0
@@ -242,6 +249,15 @@ sys.exit(0 if int(j.get("kv_bytes_received", 0)) > 0 and int(j.get("kv_load_fail
          and int(j.get("kv_recomputes", 0)) == 0 and all(n > 0 for n in ranks) else 1)
 PY
 }
+spec_counted() {  # NAME: the decode worker NAME drafted tokens and accepted some
+  python3 - "$DIR/$1.stats.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+d, a = int(j.get("spec_draft_tokens", 0)), int(j.get("spec_accepted_tokens", 0))
+print(f"drafted {d}, accepted {a}")
+sys.exit(0 if d > 0 and a > 0 else 1)
+PY
+}
 check() {  # NAME CMD...: PASS / FAIL line for CMD's status, its output indented in the log
   local name=$1
   shift
@@ -269,8 +285,9 @@ pd_row() {  # TAG TRANSPORT DECODE_DEVICE DECODE_FLAGS...
      worker decode decode --kv_transport="$tr" $(dev "$ddev") "$@" && healthy 2 && gen_all; then
     cp "$DIR/tokens.json" "$LOG/$tag.json"
     check "${tag}_kv_moved" kv_moved decode
-    if [[ $tag == ep_* ]]; then
-      check "${tag}_placement" grep -h "expert parallelism, " "$DIR/decode.log"
+    if [[ $tag == ep_* || $tag == spec_* ]]; then
+      [[ $tag == ep_* ]] && check "${tag}_placement" grep -h "expert parallelism, " "$DIR/decode.log"
+      [[ $tag == spec_* ]] && check "${tag}_drafts_accepted" spec_counted decode
       check "${tag}_first_tokens" judge first "$LOG/$tag.json" "$LOG/mixed.json"
     else
       check "${tag}_same_tokens_as_mixed" judge same "$LOG/$tag.json" "$LOG/mixed.json"
@@ -282,9 +299,10 @@ pd_row() {  # TAG TRANSPORT DECODE_DEVICE DECODE_FLAGS...
   stop_row
   echo "$tag: $((SECONDS - t)) s"
 }
-for tag in ucx nccl ep_ucx ep_nccl; do
+for tag in ucx nccl ep_ucx ep_nccl spec_ucx; do
   [[ $ROWS == *" $tag "* ]] || continue
-  tr=${tag#ep_} need=1  # GPUs: UCX P and D may share one; NCCL one a rank; EP D on 2 more
+  tr=${tag#ep_} need=1
+  tr=${tr#spec_}  # GPUs: UCX P and D may share one; NCCL one a rank; EP D on 2 more
   [[ $tr == nccl ]] && need=2
   [[ $tag == ep_* ]] && need=3
   if [[ $tr == nccl && $BACKEND == cpu ]]; then
@@ -293,6 +311,13 @@ for tag in ucx nccl ep_ucx ep_nccl; do
     skip "$tag" "$gpus GPUs, $need needed"
   elif [[ $tag == ep_* ]]; then
     pd_row "$tag" "$tr" $((gpus > 3 ? 2 : 1)) --tp=2 --enable_expert_parallel
+  elif [[ $tag == spec_* ]]; then
+    if [[ $MODEL == */fixtures_mla/* ]]; then
+      skip "$tag" "MLA fixture: its drafter is MTP (mtp_cuda_golden.sh)"
+    else
+      pd_row "$tag" "$tr" $((gpus > 1 ? 1 : 0)) --speculative_method=draft --draft_model="$MODEL" \
+        --num_speculative_tokens=3
+    fi
   else
     pd_row "$tag" "$tr" $((gpus > 1 ? 1 : 0))
   fi
