@@ -4,6 +4,8 @@
 //     random model of the same vocabulary as the draft: greedy tokens equal the plain engine's;
 //     D's WorkerStats count verify passes, drafts and accepted drafts (all of them accepted with
 //     the target as draft);
+//   * the same drafters on a mixed worker (whole requests), on a mixed TP = 2 group and on a
+//     TP = 2 decode group (rank 0 drafts, the group verifies) equal the engine too;
 //   * a DCP decode group (--tp=2 --dcp=2) with n-gram drafts equals the engine too; a draft
 //     model under DCP is refused at startup, naming why;
 //   * DeepSeek-V3's MTP layer drafting on a mixed worker and on a P -> D decode worker gives
@@ -44,32 +46,46 @@ std::string OtherModelConfig() {
 
 enum class Acceptance { kAny, kAll, kNotAll };
 
+// Where the speculating worker serves: the decode side of prefill-0 -> decode-0, or mixed-0 alone
+// (whole requests, no P -> D).
+enum class Topology { kPrefillToDecode, kMixed };
+
 struct Case {
   std::string name;
-  std::vector<std::string> decode_flags;
+  std::vector<std::string> flags;  // the speculating worker's
   Acceptance acceptance = Acceptance::kAny;
+  Topology topology = Topology::kPrefillToDecode;
 };
 
 void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts,
                                const std::vector<std::vector<uint32_t>>& expected) {
   SCOPED_TRACE(c.name);
+  const bool mixed = c.topology == Topology::kMixed;
   ClusterOptions options;
   options.model_dir = kModel;
-  options.decode_flags = c.decode_flags;
+  options.prefill = mixed ? 0 : 1;
+  options.decode = mixed ? 0 : 1;
+  options.mixed = mixed ? 1 : 0;
+  (mixed ? options.mixed_flags : options.decode_flags) = c.flags;
   auto started = Cluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   ASSERT_NO_FATAL_FAILURE(ExpectServedTokens(cluster, prompts, expected));
-  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats("decode-0");
+  absl::StatusOr<tandem::v1::WorkerStats> stats = cluster.Stats(mixed ? "mixed-0" : "decode-0");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->kv_load_failures(), 0u) << cluster.Logs();
   EXPECT_GT(stats->spec_verify_passes(), 0u);
   EXPECT_GE(stats->spec_draft_tokens(), stats->spec_verify_passes());
+  std::printf("%s: %llu verify passes, %llu drafts, %llu accepted\n", c.name.c_str(),
+              static_cast<unsigned long long>(stats->spec_verify_passes()),
+              static_cast<unsigned long long>(stats->spec_draft_tokens()),
+              static_cast<unsigned long long>(stats->spec_accepted_tokens()));
   if (c.acceptance == Acceptance::kAll) {
     EXPECT_EQ(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
   } else if (c.acceptance == Acceptance::kNotAll) {
     EXPECT_LT(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
   }
+  if (mixed) return;
   absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
   ASSERT_TRUE(prefill.ok()) << prefill.status();
   EXPECT_EQ(prefill->spec_verify_passes(), 0u) << "a prefill worker never speculates";
@@ -105,6 +121,34 @@ TEST(SpecServingE2eTest, PrefillToSpeculativeDecodeEqualsTheEngine) {
       {"draft = other model",
        {"--speculative_method=draft", k, "--draft_model=dummy:" + OtherModelConfig() + ":5"},
        Acceptance::kNotAll},
+  };
+  for (const Case& c : cases) ExpectServedLikeTheEngine(c, prompts, expected);
+}
+
+// Mixed workers and tensor-parallel groups: n-gram and draft-model speculation on a mixed worker,
+// a mixed TP = 2 group and a TP = 2 decode group behind a prefill worker.
+TEST(SpecServingE2eTest, MixedWorkersAndTpGroupsSpeculateLikeTheEngine) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const std::vector<Prompt> prompts = SpecPrompts(seed);
+  const auto expected = Reference(prompts);
+  const std::vector<std::string> ngram = {"--speculative_method=ngram",
+                                          "--num_speculative_tokens=3"};
+  const std::vector<std::string> draft = {"--speculative_method=draft",
+                                          "--num_speculative_tokens=3"};
+  const std::string target = "--draft_model=" + FixtureDir();
+  const std::string other = "--draft_model=dummy:" + OtherModelConfig() + ":5";
+  auto with = [](std::vector<std::string> flags, std::vector<std::string> more) {
+    flags.insert(flags.end(), more.begin(), more.end());
+    return flags;
+  };
+  const Case cases[] = {
+      {"mixed, ngram", ngram, Acceptance::kAny, Topology::kMixed},
+      {"mixed, draft = other model", with(draft, {other}), Acceptance::kNotAll, Topology::kMixed},
+      {"mixed TP 2, draft = target", with(draft, {target, "--tp=2"}), Acceptance::kAll,
+       Topology::kMixed},
+      {"P -> D TP 2, ngram", with(ngram, {"--tp=2"})},
+      {"P -> D TP 2, draft = other model", with(draft, {other, "--tp=2"}), Acceptance::kNotAll},
   };
   for (const Case& c : cases) ExpectServedLikeTheEngine(c, prompts, expected);
 }
