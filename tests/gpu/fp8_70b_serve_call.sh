@@ -15,7 +15,8 @@
 #   tool//runtime:tandem_worker tool//router:tandem_router tool//router:tandem_cli
 #   tool//tests/bench:tandem_bench, tar'd and xz'd. Env: DEADLINE (seconds from the start,
 #   default 130: every step's timeout is cut to what is left), OUT_LEN (1024), N64 (64), N256
-#   (256). Logs: $OUT/logs.tgz; the summary is printed last.
+#   (256), PART=c256 (only the concurrency-256 rows: FP8 on GPUs 0, 1 and bf16 on GPUs 2, 3 side by
+#   side, e.g. after a KV-pool sizing change). Logs: $OUT/logs.tgz; the summary is printed last.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/gpu/device_call_lib.sh
@@ -89,6 +90,17 @@ step_on() {  # NAME GPUS CMD...: CMD on CUDA_VISIBLE_DEVICES=GPUS under what is 
   note "$name: rc $step_rc in $step_secs s"
 }
 
+if [[ ${PART:-all} == c256 ]]; then
+  serve70 fp8 0 "256" --quantization=fp8 &
+  serve70 bf16 2 "256" &
+  wait
+  echo "== summary"
+  cat "$LOG/summary.txt"
+  grep -h "KV\|kv_cache\|blocks" "$LOG"/*/worker.log | grep -vi warn | head -6
+  moe_bench_lines "$LOG"/fp8/c*.json "$LOG"/bf16/c*.json
+  (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
+  exit 0
+fi
 serve70 fp8 0 "64 256" --quantization=fp8 &
 fp8_pid=$!
 D=$B/bin/runtime/cuda/decode_step_bench
