@@ -8,8 +8,10 @@
 //     TP = 2 decode group (rank 0 drafts, the group verifies) equal the engine too;
 //   * a DCP decode group (--tp=2 --dcp=2) with n-gram drafts equals the engine too; a draft
 //     model under DCP is refused at startup, naming why;
-//   * DeepSeek-V3's MTP layer drafting on a mixed worker and on a P -> D decode worker gives
-//     transformers' greedy tokens.
+//   * n-gram drafts are accepted where the outputs repeat themselves (llama_f32_llama3_tied), on a
+//     TP = 2 decode group behind a prefill worker, with transformers' greedy tokens;
+//   * DeepSeek-V3's MTP layer drafting on a mixed worker, on a P -> D decode worker and on a
+//     P -> D TP = 2 decode group gives transformers' greedy tokens.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -44,7 +46,8 @@ std::string OtherModelConfig() {
   return path;
 }
 
-enum class Acceptance { kAny, kAll, kNotAll };
+// kSome: 0 < accepted < drafted.
+enum class Acceptance { kAny, kAll, kNotAll, kSome };
 
 // Where the speculating worker serves: the decode side of prefill-0 -> decode-0, or mixed-0 alone
 // (whole requests, no P -> D).
@@ -55,6 +58,7 @@ struct Case {
   std::vector<std::string> flags;  // the speculating worker's
   Acceptance acceptance = Acceptance::kAny;
   Topology topology = Topology::kPrefillToDecode;
+  std::string model_dir = kModel;
 };
 
 void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts,
@@ -62,7 +66,7 @@ void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts
   SCOPED_TRACE(c.name);
   const bool mixed = c.topology == Topology::kMixed;
   ClusterOptions options;
-  options.model_dir = kModel;
+  options.model_dir = c.model_dir;
   options.prefill = mixed ? 0 : 1;
   options.decode = mixed ? 0 : 1;
   options.mixed = mixed ? 1 : 0;
@@ -84,11 +88,35 @@ void ExpectServedLikeTheEngine(const Case& c, const std::vector<Prompt>& prompts
     EXPECT_EQ(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
   } else if (c.acceptance == Acceptance::kNotAll) {
     EXPECT_LT(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
+  } else if (c.acceptance == Acceptance::kSome) {
+    EXPECT_GT(stats->spec_accepted_tokens(), 0u);
+    EXPECT_LT(stats->spec_accepted_tokens(), stats->spec_draft_tokens());
   }
   if (mixed) return;
   absl::StatusOr<tandem::v1::WorkerStats> prefill = cluster.Stats("prefill-0");
   ASSERT_TRUE(prefill.ok()) << prefill.status();
   EXPECT_EQ(prefill->spec_verify_passes(), 0u) << "a prefill worker never speculates";
+}
+
+// A golden fixture's expected.json (runfiles-relative): its prompts, each asking for as many
+// tokens as transformers' greedy continuation has, and that continuation.
+struct Golden {
+  std::vector<Prompt> prompts;
+  std::vector<std::vector<uint32_t>> greedy;
+};
+
+Golden ReadGolden(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  const nlohmann::json expected = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  Golden golden;
+  if (!expected.is_object()) return golden;
+  golden.greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
+  const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
+  for (size_t i = 0; i < prompts.size() && i < golden.greedy.size(); ++i) {
+    golden.prompts.push_back({prompts[i], static_cast<int>(golden.greedy[i].size())});
+  }
+  return golden;
 }
 
 // Prompts that repeat a pattern (n-gram drafts find matches) and random ones, each long enough
@@ -153,6 +181,22 @@ TEST(SpecServingE2eTest, MixedWorkersAndTpGroupsSpeculateLikeTheEngine) {
   for (const Case& c : cases) ExpectServedLikeTheEngine(c, prompts, expected);
 }
 
+// Where n-gram drafts are accepted: llama_f32_llama3_tied's greedy continuations repeat themselves
+// (94 94 94 94 94 352 352 ...; 22 of 40 drafts accepted through generate, spec_golden_test). Its
+// prompts through the router, prefill-0 -> a TP = 2 decode group drafting n-grams, give
+// transformers' greedy tokens with some drafts accepted and some rejected.
+TEST(SpecServingE2eTest, NgramDraftsAreAcceptedWhereOutputsRepeat) {
+  const std::string tied = "tests/golden/fixtures/llama_f32_llama3_tied";
+  const Golden golden = ReadGolden(tied + "/expected.json");
+  ASSERT_FALSE(golden.prompts.empty());
+  ExpectServedLikeTheEngine({"tied, P -> D TP 2, ngram",
+                             {"--speculative_method=ngram", "--num_speculative_tokens=3", "--tp=2"},
+                             Acceptance::kSome,
+                             Topology::kPrefillToDecode,
+                             tied},
+                            golden.prompts, golden.greedy);
+}
+
 TEST(SpecServingE2eTest, DcpDecodeGroupSpeculatesWithNgramsAndRefusesADraftModel) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -173,58 +217,79 @@ TEST(SpecServingE2eTest, DcpDecodeGroupSpeculatesWithNgramsAndRefusesADraftModel
       << refused.status();
 }
 
-// DeepSeek-V3 with its MTP layer (tests/golden/fixtures_mtp): a mixed worker and a P -> D pair
-// whose decode worker drafts with the model's own MTP layer (P, started with the same MTP flags,
-// runs the MTP over each prompt and hands its state over: PrefillResponse.mtp_handoff) serve
-// transformers' greedy tokens of the target, with the same verify passes, drafts and accepted
-// drafts on both (the random fixture accepts ~0 either way: mtp_disagg_test shows that the
-// handoff changes the drafts).
-TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
-  std::ifstream in("tests/golden/fixtures_mla/deepseek_v3_moe_f32/expected.json");
-  ASSERT_TRUE(in.good());
-  const nlohmann::json expected = nlohmann::json::parse(in);
-  const auto prompts = expected["prompts"].get<std::vector<std::vector<uint32_t>>>();
-  const auto greedy = expected["greedy_tokens"].get<std::vector<std::vector<uint32_t>>>();
-  const std::vector<std::string> mtp = {"--speculative_method=mtp", "--num_speculative_tokens=3"};
-  std::vector<uint64_t> counts[2];  // mixed, 1P1D: verify passes, drafts, accepted
-  for (const bool disaggregated : {false, true}) {
-    SCOPED_TRACE(disaggregated ? "1P1D" : "mixed");
-    ClusterOptions options;
-    options.model_dir = "tests/golden/fixtures_mtp/deepseek_v3_mtp_f32";
-    options.prefill = disaggregated ? 1 : 0;
-    options.decode = disaggregated ? 1 : 0;
-    options.mixed = disaggregated ? 0 : 1;
-    (disaggregated ? options.decode_flags : options.mixed_flags) = mtp;
-    if (disaggregated) options.prefill_flags = mtp;
-    auto cluster = Cluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    for (size_t i : {0, 3, 5, 8}) {
-      Prompt prompt{prompts[i], static_cast<int>(greedy[i].size())};
-      Result r = Generate((*cluster)->router(), ToRequest(prompt));
-      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
-      EXPECT_EQ(r.tokens, greedy[i]) << "prompt " << i;
-    }
-    const std::string speculating = disaggregated ? "decode-0" : "mixed-0";
-    absl::StatusOr<tandem::v1::WorkerStats> stats = (*cluster)->Stats(speculating);
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_GT(stats->spec_verify_passes(), 0u) << (*cluster)->Logs();
-    if (disaggregated) {
-      absl::StatusOr<tandem::v1::WorkerStats> p = (*cluster)->Stats("prefill-0");
-      ASSERT_TRUE(p.ok()) << p.status();
-      EXPECT_EQ(p->spec_mtp_handoffs(), 4u) << "P hands its MTP state of every prompt over";
-      EXPECT_EQ(p->spec_verify_passes(), 0u) << "P never drafts";
-    }
-    EXPECT_EQ(stats->spec_mtp_handoffs(), disaggregated ? 4u : 0u) << "taken by D";
-    counts[disaggregated] = {stats->spec_verify_passes(), stats->spec_draft_tokens(),
-                             stats->spec_accepted_tokens()};
-    // Random MTP weights make acceptance meaningless as a quality number.
-    std::printf("MTP %s: %llu verify passes, %llu drafts, %llu accepted\n",
-                disaggregated ? "1P1D decode-0" : "mixed-0",
-                static_cast<unsigned long long>(stats->spec_verify_passes()),
-                static_cast<unsigned long long>(stats->spec_draft_tokens()),
-                static_cast<unsigned long long>(stats->spec_accepted_tokens()));
+// Where the MTP drafts: a mixed worker, or the decode side of prefill-0 -> decode-0 (P, started
+// with the same MTP flags, runs the MTP over each prompt and hands its state over:
+// PrefillResponse.mtp_handoff); `tp` is the speculating worker's --tp.
+struct MtpSetup {
+  std::string name;
+  bool disaggregated = false;
+  int tp = 1;
+};
+
+// Serves prompts 0, 3, 5, 8 of the MTP fixture through `setup`'s cluster: transformers' greedy
+// tokens, verify passes on the speculating worker, the handoffs counted on both sides. Returns the
+// speculating worker's verify passes, drafts and accepted drafts (empty on a fatal failure).
+std::vector<uint64_t> ServeWithMtp(const MtpSetup& setup, const Golden& golden) {
+  SCOPED_TRACE(setup.name);
+  std::vector<std::string> mtp = {"--speculative_method=mtp", "--num_speculative_tokens=3"};
+  ClusterOptions options;
+  options.model_dir = "tests/golden/fixtures_mtp/deepseek_v3_mtp_f32";
+  options.prefill = setup.disaggregated ? 1 : 0;
+  options.decode = setup.disaggregated ? 1 : 0;
+  options.mixed = setup.disaggregated ? 0 : 1;
+  if (setup.disaggregated) options.prefill_flags = mtp;
+  mtp.push_back(absl::StrCat("--tp=", setup.tp));
+  (setup.disaggregated ? options.decode_flags : options.mixed_flags) = mtp;
+  auto cluster = Cluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return {};
+  for (size_t i : {0, 3, 5, 8}) {
+    Result r = Generate((*cluster)->router(), ToRequest(golden.prompts[i]));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
+    if (!r.status.ok()) return {};
+    EXPECT_EQ(r.tokens, golden.greedy[i]) << "prompt " << i;
   }
-  EXPECT_EQ(counts[1], counts[0]) << "the 1P1D decode worker drafts as the mixed worker";
+  absl::StatusOr<tandem::v1::WorkerStats> stats =
+      (*cluster)->Stats(setup.disaggregated ? "decode-0" : "mixed-0");
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (!stats.ok()) return {};
+  EXPECT_GT(stats->spec_verify_passes(), 0u) << (*cluster)->Logs();
+  if (setup.disaggregated) {
+    absl::StatusOr<tandem::v1::WorkerStats> p = (*cluster)->Stats("prefill-0");
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return {};
+    EXPECT_EQ(p->spec_mtp_handoffs(), 4u) << "P hands its MTP state of every prompt over";
+    EXPECT_EQ(p->spec_verify_passes(), 0u) << "P never drafts";
+  }
+  EXPECT_EQ(stats->spec_mtp_handoffs(), setup.disaggregated ? 4u : 0u) << "taken by D";
+  // Random MTP weights make acceptance meaningless as a quality number.
+  std::printf("MTP %s: %llu verify passes, %llu drafts, %llu accepted\n", setup.name.c_str(),
+              static_cast<unsigned long long>(stats->spec_verify_passes()),
+              static_cast<unsigned long long>(stats->spec_draft_tokens()),
+              static_cast<unsigned long long>(stats->spec_accepted_tokens()));
+  return {stats->spec_verify_passes(), stats->spec_draft_tokens(), stats->spec_accepted_tokens()};
+}
+
+// DeepSeek-V3 with its MTP layer (tests/golden/fixtures_mtp): a mixed worker and P -> D pairs
+// whose decode worker, or TP = 2 decode group (rank 0 runs the MTP layer whole on the group's
+// hidden states), drafts with the model's own MTP layer serve transformers' greedy tokens of the
+// target, with the same verify passes, drafts and accepted drafts everywhere (the random fixture
+// accepts ~0 either way: mtp_disagg_test shows that the handoff changes the drafts).
+TEST(SpecServingE2eTest, MtpDraftsOnMixedAndDecodeWorkersEqualTransformers) {
+  const Golden golden = ReadGolden("tests/golden/fixtures_mla/deepseek_v3_moe_f32/expected.json");
+  ASSERT_GT(golden.prompts.size(), 8u);
+  const MtpSetup setups[] = {
+      {"mixed-0", false, 1},
+      {"1P1D decode-0", true, 1},
+      {"1P1D decode-0 TP 2", true, 2},
+  };
+  std::vector<uint64_t> first;  // the mixed worker's verify passes, drafts, accepted
+  for (const MtpSetup& setup : setups) {
+    const std::vector<uint64_t> counts = ServeWithMtp(setup, golden);
+    ASSERT_FALSE(counts.empty()) << setup.name;
+    if (first.empty()) first = counts;
+    EXPECT_EQ(counts, first) << setup.name << " drafts as the mixed worker";
+  }
 }
 
 }  // namespace
