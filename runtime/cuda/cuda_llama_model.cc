@@ -321,16 +321,8 @@ absl::Status CudaLlamaModel::ForwardIdle(cudaStream_t stream) {
   if (options_.moe_comm == nullptr || moe_ == nullptr) {
     return absl::FailedPreconditionError("ForwardIdle: not a data-parallel attention MoE rank");
   }
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (!config_.IsMoeLayer(l)) continue;
-    const CudaMoeWeights& w = layers_[l].moe;
-    if (options_.dtype == ActDtype::kBf16) {
-      RETURN_IF_ERROR(moe_->Forward<__nv_bfloat16>(w, nullptr, 0, l, nullptr, *gemm_, stream));
-    } else {
-      RETURN_IF_ERROR(moe_->Forward<__half>(w, nullptr, 0, l, nullptr, *gemm_, stream));
-    }
-  }
-  return absl::OkStatus();
+  return moe_->ForwardIdle([this](int64_t l) -> const CudaMoeWeights& { return layers_[l].moe; },
+                           options_.dtype == ActDtype::kBf16, *gemm_, stream);
 }
 
 template <typename T>

@@ -331,8 +331,10 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
     ASSIGN_OR_RETURN(gathered_logits_, DeviceBuffer::Allocate(comm()->size() * R * vocab_rows_ * 4,
                                                               "gathered logits"));
   }
-  if (config_.IsMoe()) {
-    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T));
+  if (config_.IsMoe()) {  // data-parallel attention: the experts see the rows of every rank
+    comm::DeviceCommunicator* moe_comm = options_.moe_comm;
+    ASSIGN_OR_RETURN(moe_, CudaMoeMlp::Create(config_, T * (moe_comm ? moe_comm->size() : 1)));
+    if (moe_comm != nullptr) RETURN_IF_ERROR(moe_->UseAllToAll(moe_comm, T));
   }
   if (options_.dcp.size > 1) {  // the shard's partial heads out, this rank's merged heads back
     ASSIGN_OR_RETURN(dcp_exchange_,
@@ -497,6 +499,14 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
   RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, vocab_rows_, H,
                       local_logits_.get<float>(), stream));
   return GatherLogits(R, stream);
+}
+
+absl::Status CudaMlaModel::ForwardIdle(cudaStream_t stream) {
+  if (options_.moe_comm == nullptr || moe_ == nullptr) {
+    return absl::FailedPreconditionError("ForwardIdle: not a data-parallel attention MoE rank");
+  }
+  return moe_->ForwardIdle([this](int64_t l) -> const CudaMoeWeights& { return layers_[l].moe; },
+                           options_.dtype == ActDtype::kBf16, *gemm_, stream);
 }
 
 absl::Status CudaMlaModel::AllReduce(void* data, int64_t n, cudaStream_t stream) {

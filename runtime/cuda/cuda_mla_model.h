@@ -75,6 +75,18 @@ class CudaMlaModel {
   absl::Status Forward(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                        const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
 
+  // Data-parallel attention with expert parallelism (options.moe_comm; CudaMoeMlp::UseAllToAll),
+  // as CudaLlamaModel: the rank runs attention, the dense MLPs and lm_head whole for its own
+  // sequences; the MoE layers dispatch rows to their experts' ranks and combine them back.
+  // ForwardIdle: a step without tokens on this rank (every MoE layer's collectives, nothing
+  // else); FAILED_PRECONDITION without options.moe_comm. set_moe_dispatch_capacity: the MoE
+  // layers' fixed dispatch capacity for every later step (0: the uneven splits), the same on
+  // every rank of a step.
+  absl::Status ForwardIdle(cudaStream_t stream);
+  void set_moe_dispatch_capacity(int64_t capacity) {
+    if (moe_ != nullptr) moe_->set_dispatch_capacity(capacity);
+  }
+
   void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
   // MTP (cuda_mtp_model.h): Forward takes its input rows [T, hidden] from `embeds` (a device
   // buffer of the activation dtype, read when Forward runs, also from a captured graph) instead

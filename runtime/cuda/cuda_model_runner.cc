@@ -475,15 +475,13 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   out.sampled_tokens.assign(S, -1);
   out.last_prompt_logits.resize(S);
   out.draft_samples.resize(S);
-  const bool dp = spec_.model_config.dp_attention && comm_ != nullptr && model_ != nullptr;
+  const bool dp = DpMoe();
   if (S == 0) {
     // Data-parallel attention: a rank without sequences still joins every MoE layer's
     // collectives: as a padded step of padding sequences when the step pads (DpPaddedSeqs).
     if (!dp) return out;
     if (DpPaddedSeqs(batch) == 0) {
-      model_->set_moe_dispatch_capacity(0);
-      RETURN_IF_ERROR(model_->ForwardIdle(stream_));
-      RETURN_IF_ERROR(comm_->Synchronize(stream_));
+      RETURN_IF_ERROR(DpIdleStep());
       return out;
     }
   }
@@ -509,7 +507,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   const int64_t width = PaddedWidth(batch, &padded);
   int64_t max_q_len = 1, max_seq_len = 1, copy_bytes = 0;
   const DeviceStep step = Pack(batch, padded, width, &max_q_len, &max_seq_len, &copy_bytes);
-  if (dp) model_->set_moe_dispatch_capacity(padded);  // every DP rank pads alike
+  if (dp) SetMoeDispatchCapacity(padded);  // every DP rank pads alike
   const bool greedy = GreedyOnly(batch, step.num_logit_rows);
   RETURN_IF_ERROR(UploadInputHidden(batch, total_tokens));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_dev_.data(), meta_host_.data(), copy_bytes,

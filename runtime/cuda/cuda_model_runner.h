@@ -227,6 +227,12 @@ class CudaModelRunner : public ModelExecutor {
   // Data-parallel attention: the padded sequences every DP rank runs this step (the graph size
   // of SchedulerOutput::dp_decode_seqs; of this rank's own batch when that is -1), 0: eager.
   int64_t DpPaddedSeqs(const SchedulerOutput& batch) const;
+  // Data-parallel attention: whether this runner is a DP rank whose model (CudaLlamaModel or
+  // CudaMlaModel) dispatches its MoE rows over comm_; its MoE layers' dispatch capacity for the
+  // next steps; a step without sequences (every MoE layer's collectives, uneven splits).
+  bool DpMoe() const;
+  void SetMoeDispatchCapacity(int64_t capacity);
+  absl::Status DpIdleStep();
   // Data-parallel attention graphs: whether any rank of the group captures a graph this step
   // (`mine`: this rank does); one all-reduce of a flag read back (capture runs the step's
   // collectives twice: eagerly, then from the graph; every rank must run them as often).

@@ -48,7 +48,7 @@ int64_t CudaModelRunner::PaddedWidth(const SchedulerOutput& batch, int64_t* padd
 }
 
 int64_t CudaModelRunner::DpPaddedSeqs(const SchedulerOutput& batch) const {
-  if (!config_.dp_attention_graphs || model_ == nullptr || comm_ == nullptr) return 0;
+  if (!config_.dp_attention_graphs || !DpMoe()) return 0;
   int64_t most = batch.dp_decode_seqs;
   if (most < 0) {  // not split by a DP executor: every rank runs a step of this shape
     most = static_cast<int64_t>(batch.seqs.size());
@@ -58,6 +58,23 @@ int64_t CudaModelRunner::DpPaddedSeqs(const SchedulerOutput& batch) const {
   }
   const int64_t size = most > 0 ? GraphSizeFor(most) : 0;
   return size <= max_tokens_ && size <= max_rows_ ? size : 0;  // the MoE scratch: max_tokens_
+}
+
+bool CudaModelRunner::DpMoe() const {
+  return spec_.model_config.dp_attention && comm_ != nullptr &&
+         (model_ != nullptr || mla_model_ != nullptr);
+}
+
+void CudaModelRunner::SetMoeDispatchCapacity(int64_t capacity) {
+  if (model_ != nullptr) model_->set_moe_dispatch_capacity(capacity);
+  if (mla_model_ != nullptr) mla_model_->set_moe_dispatch_capacity(capacity);
+}
+
+absl::Status CudaModelRunner::DpIdleStep() {
+  SetMoeDispatchCapacity(0);
+  RETURN_IF_ERROR(model_ != nullptr ? model_->ForwardIdle(stream_)
+                                    : mla_model_->ForwardIdle(stream_));
+  return comm_->Synchronize(stream_);
 }
 
 absl::StatusOr<bool> CudaModelRunner::AnyRankCaptures(bool mine) {

@@ -453,7 +453,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   }
   const int32_t* row_map = nullptr;  // where each (token, j)'s expert output row is
   RETURN_IF_ERROR(Experts<T>(w, x, Tn, &row_map, stream));
-  const bool shared = !w.shared_down.empty() || (w.fp8 != nullptr && !w.fp8->shared_down.empty());
+  const bool shared = w.has_shared();
   if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
   const T* shared_out = shared ? shared_out_.get<T>() : nullptr;
   const T* gate = w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>();

@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,6 +66,10 @@ struct CudaMoeWeights {
   // 16-bit expert buffers above are then empty (and the shared ones when `fp8` has them).
   std::unique_ptr<CudaFp8MoeWeights> fp8;
   int64_t bytes() const;
+  // Whether the layer has shared experts (16-bit, or e4m3 in `fp8`).
+  bool has_shared() const {
+    return !shared_down.empty() || (fp8 != nullptr && !fp8->shared_down.empty());
+  }
 };
 
 // Uploads `layer`'s MoE tensors (fp32 host, each freed once uploaded) converted to T
@@ -143,6 +148,12 @@ class CudaMoeMlp {
   // capture (one host sync per layer) unless set_dispatch_capacity. Call once, before the first
   // Forward.
   absl::Status UseAllToAll(comm::DeviceCommunicator* comm, int64_t rank_max_tokens);
+  // Under UseAllToAll, a step without tokens on this rank: Forward with T = 0 (every collective,
+  // this rank's experts on the rows received) of each MoE layer l of the config, `weights(l)`
+  // its weights, in `bf16` or fp16 activations. The decoders' ForwardIdle (CudaLlamaModel,
+  // CudaMlaModel). FAILED_PRECONDITION without UseAllToAll.
+  absl::Status ForwardIdle(const std::function<const CudaMoeWeights&(int64_t)>& weights, bool bf16,
+                           kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
   const CudaMoeAllToAll* all_to_all() const { return all_to_all_.get(); }
   // Under UseAllToAll, for every later Forward: 0 (the default) exchanges the uneven splits
   // after one counts read-back per layer; C > 0 the fixed layout of C rows per pair of ranks

@@ -22,17 +22,35 @@ absl::Status CudaMoeMlp::UseAllToAll(comm::DeviceCommunicator* comm, int64_t ran
   return absl::OkStatus();
 }
 
+absl::Status CudaMoeMlp::ForwardIdle(const std::function<const CudaMoeWeights&(int64_t)>& weights,
+                                     bool bf16, kc::CublasLtGemm& gemm, cudaStream_t stream) {
+  if (all_to_all_ == nullptr) {
+    return absl::FailedPreconditionError("ForwardIdle: not a data-parallel attention MoE rank");
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    if (bf16) {
+      RETURN_IF_ERROR(Forward<__nv_bfloat16>(weights(l), nullptr, 0, l, nullptr, gemm, stream));
+    } else {
+      RETURN_IF_ERROR(Forward<__half>(weights(l), nullptr, 0, l, nullptr, gemm, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status CudaMoeMlp::ForwardDispatched(const CudaMoeWeights& w, const T* x, int64_t Tn,
                                            int64_t layer, T* out, kc::CublasLtGemm& gemm,
                                            cudaStream_t stream) {
   const int64_t E = config_.num_experts, k = config_.num_experts_per_tok, H = config_.hidden_size;
   if (Tn < 0 || layer < 0 || layer >= config_.num_hidden_layers || w.router.bytes() != E * H * 2 ||
-      w.experts_down.empty()) {
+      (w.experts_down.empty() && w.fp8 == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("moe layer ", layer, ": ", Tn, " tokens or weights not of this config"));
   }
-  const bool shared = !w.shared_down.empty();
+  // FP8 checkpoints: Experts() runs the rank's e4m3 experts (and the zero expert) on the rows
+  // received, SharedExpert() the e4m3 shared experts on the rank's own tokens.
+  const bool shared = w.has_shared();
   if (Tn > 0) {  // the rank's own tokens: global routing, then its shared expert
     kernels::GroupedRoutingParams p = routing_;
     p.correction_bias = w.router_bias.empty() ? nullptr : w.router_bias.get<float>();

@@ -120,15 +120,9 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
   // Data-parallel attention with expert parallelism on CUDA (runtime/cuda/cuda_moe_all_to_all.h):
-  // the Llama-family MoE decoders; DeepSeek's MLA model not yet, refused by name.
+  // the Llama-family MoE decoders and DeepSeek's MLA model (each rank its sequences' latent).
   const bool dp_attention =
       options.dp_attention && options.group != nullptr && options.group->size() > 1;
-  if (dp_attention && model.IsMla()) {
-    return absl::UnimplementedError(
-        absl::StrCat("--backend=cuda --dp_attention runs the Llama-family MoE models (Mixtral, ",
-                     "Qwen2-MoE, Qwen3-MoE), not ", model.architecture, " (MLA) yet: use ",
-                     "--backend=cpu, or --enable_expert_parallel alone on CUDA"));
-  }
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
   // tensor-parallel group, dense and MoE layers, DCP (latent token shards, 16-bit or FP8 latent).
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
@@ -142,16 +136,14 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // FP8 weights (issue 38; runtime/cuda/cuda_fp8_linear.h): every scheme the loader accepts, with
   // bf16 activations (the FP8 kernels read and write bf16). FP8 MoE experts
   // (runtime/cuda/cuda_moe_fp8.h) and DeepSeek's FP8 MLA projections (cuda_mla_model_fp8.cc) run
-  // e4m3 on CUDA from checkpoint weights, on one GPU or a TP / EP (a) group; not yet as device
-  // dummy weights or under --dp_attention (refused here), nor the FP8 MTP layer
-  // (MakeMtpExecutorFactory).
-  if (model.quantization.IsFp8() && model.IsMoe() &&
-      (dp_attention || options.dummy_seed.has_value())) {
+  // e4m3 on CUDA from checkpoint weights, on one GPU, a TP / EP (a) group or under --dp_attention
+  // (EP (b): each rank's FP8 experts on the rows dispatched to it); not yet as device dummy
+  // weights (refused here), nor the FP8 MTP layer (MakeMtpExecutorFactory).
+  if (model.quantization.IsFp8() && model.IsMoe() && options.dummy_seed.has_value()) {
     return absl::UnimplementedError(absl::StrCat(
         "--backend=cuda runs FP8 experts (", model.architecture, ", ",
-        model.quantization.Describe(), ") from checkpoint weights without --dp_attention; ",
-        dp_attention ? "--dp_attention" : "device dummy FP8 experts (--load_format=dummy)",
-        " is not built: use --backend=cpu"));
+        model.quantization.Describe(), ") from checkpoint weights; device dummy FP8 experts ",
+        "(--load_format=dummy) are not built: use --backend=cpu"));
   }
   const bool fp16_act =
       options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/no_collectives_group.h"
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/kv_layout.h"
@@ -288,17 +289,24 @@ TEST(BackendFactoryTest, EngineNeedsABudgetOrABackendDefault) {
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// tiny-mla with DeepSeek's MoE layers, as an FP8 (128 x 128 blocks) checkpoint's config.
+absl::StatusOr<ModelConfig> Fp8MlaMoe() {
+  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  if (!mla.ok()) return mla;
+  mla->num_experts = 4;
+  mla->num_experts_per_tok = 2;
+  mla->moe_intermediate_size = 32;
+  mla->quantization.method = WeightQuantization::Method::kFp8Block;
+  return mla;
+}
+
 // FP8 checkpoints of DeepSeek's MLA + MoE models on CUDA (issue 38: cuda_moe_fp8.h,
 // cuda_mla_model_fp8.cc): accepted where the build has CUDA (nothing built on the device yet);
 // device dummy FP8 experts and the FP8 MTP layer refused by name (a build without CUDA refuses
 // every CUDA factory: MtpExecutorOnTheTargetsBackend).
 TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
-  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  absl::StatusOr<ModelConfig> mla = Fp8MlaMoe();
   ASSERT_TRUE(mla.ok()) << mla.status();
-  mla->num_experts = 4;  // DeepSeek's MoE layers
-  mla->num_experts_per_tok = 2;
-  mla->moe_intermediate_size = 32;
-  mla->quantization.method = WeightQuantization::Method::kFp8Block;
   mla->num_nextn_predict_layers = 1;
   BackendOptions options;
   options.backend = "cuda";
@@ -311,6 +319,39 @@ TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
   EXPECT_NE(st.message().find("MTP layer"), std::string::npos) << st;
   options.dummy_seed = 3;
   st = MakeExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_NE(st.message().find("device dummy FP8 experts"), std::string::npos) << st;
+}
+
+// FP8 experts under data-parallel attention + EP (b) on CUDA (issues 32 / 38: CudaMoeMlp's
+// dispatched forward runs the rank's e4m3 experts on the rows it receives): a compressed-tensors
+// Qwen3-MoE config and DeepSeek's FP8 MLA + MoE config with --dp_attention in a group of 2 get
+// the DP executor where the build has CUDA; device dummy FP8 experts stay refused by name.
+TEST(BackendFactoryTest, Fp8ExpertsUnderDpAttentionOnCuda) {
+  absl::StatusOr<ModelConfig> moe = ParseModelConfig(
+      R"({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2,
+          "num_experts": 8, "num_experts_per_tok": 2})");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  moe->quantization.method = WeightQuantization::Method::kCompressedTensors;
+  absl::StatusOr<ModelConfig> mla = Fp8MlaMoe();
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  comm::NoCollectivesGroup group(0, 2);  // factories read the group's size only
+  BackendOptions options;
+  options.backend = "cuda";
+  options.num_threads = 1;
+  options.group = &group;
+  options.expert_parallel = true;
+  options.dp_attention = true;
+  for (const ModelConfig* model : {&*moe, &*mla}) {
+    absl::StatusOr<ExecutorFactory> factory = MakeExecutorFactory(options, *model);
+    EXPECT_EQ(factory.ok(), CudaBackendAvailable()) << factory.status();
+    if (!CudaBackendAvailable()) return;
+    ASSERT_TRUE(factory.ok()) << model->architecture << ": " << factory.status();
+    EXPECT_EQ(factory->dp_size, 2);
+    EXPECT_NE(factory->name.find("dp-attention"), std::string::npos) << factory->name;
+  }
+  options.dummy_seed = 3;
+  absl::Status st = MakeExecutorFactory(options, *moe).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
   EXPECT_NE(st.message().find("device dummy FP8 experts"), std::string::npos) << st;
 }

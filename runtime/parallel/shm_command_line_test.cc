@@ -20,38 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/gloo_process_group.h"
+#include "comm/no_collectives_group.h"
 #include "comm/tcp_store.h"
 #include "gtest/gtest.h"
 
 namespace tandem::runtime {
 namespace {
-
-// Rank and size only: the shared-memory line needs the group for large commands alone.
-class NoCollectives final : public comm::ProcessGroup {
- public:
-  NoCollectives(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  absl::Status status() const override { return absl::OkStatus(); }
-  absl::Status AllReduceSum(absl::Span<float>) override { return Refuse(); }
-  absl::Status AllGather(absl::Span<const float>, absl::Span<float>) override { return Refuse(); }
-  absl::Status ReduceScatterSum(absl::Span<const float>, absl::Span<float>) override {
-    return Refuse();
-  }
-  absl::Status Broadcast(absl::Span<char>, int) override { return Refuse(); }
-  absl::Status AllToAll(absl::Span<const float>, absl::Span<const int64_t>, absl::Span<float>,
-                        absl::Span<const int64_t>) override {
-    return Refuse();
-  }
-  absl::Status Barrier() override { return Refuse(); }
-  absl::Status Send(absl::Span<const float>, int) override { return Refuse(); }
-  absl::Status Recv(absl::Span<float>, int) override { return Refuse(); }
-
- private:
-  static absl::Status Refuse() { return absl::UnimplementedError("no collectives here"); }
-  const int rank_;
-  const int size_;
-};
 
 tandem::v1::RankCommand Step(int id, size_t padding = 0) {
   tandem::v1::RankCommand c;
@@ -85,7 +59,7 @@ TEST(ShmCommandLineTest, CommandsArriveInOrderInOtherProcesses) {
       // fork keeps the descriptor (close-on-exec only matters for exec).
       auto mine = PlanSegment::Attach(dup((*segment)->fd()));
       if (!mine.ok()) _exit(2);
-      NoCollectives group(r, kRanks);
+      comm::NoCollectivesGroup group(r, kRanks);
       ShmCommandLine line(mine->get(), &group, absl::Seconds(10));
       for (int i = 0; i < kCommands; ++i) {
         auto c = line.Receive();
@@ -96,7 +70,7 @@ TEST(ShmCommandLineTest, CommandsArriveInOrderInOtherProcesses) {
     }
     children.push_back(pid);
   }
-  NoCollectives group(0, kRanks);
+  comm::NoCollectivesGroup group(0, kRanks);
   ShmCommandLine line(segment->get(), &group, absl::Seconds(10));
   for (int i = 0; i < kCommands; ++i) ASSERT_TRUE(line.Send(Step(i, i % 50)).ok());
   tandem::v1::RankCommand shutdown;
@@ -160,7 +134,7 @@ TEST(ShmCommandLineTest, LargeCommandFallsBackToTheGroup) {
 TEST(ShmCommandLineTest, FollowerFailsAtItsDeadlineWhenRankZeroStopsWriting) {
   auto segment = PlanSegment::Create(2);
   ASSERT_TRUE(segment.ok()) << segment.status();
-  NoCollectives leader_group(0, 2), follower_group(1, 2);
+  comm::NoCollectivesGroup leader_group(0, 2), follower_group(1, 2);
   ShmCommandLine leader(segment->get(), &leader_group, absl::Seconds(10));
   ShmCommandLine follower(segment->get(), &follower_group, absl::Milliseconds(300));
   ASSERT_TRUE(leader.Send(Step(0)).ok());
@@ -178,7 +152,7 @@ TEST(ShmCommandLineTest, FollowerFailsAtItsDeadlineWhenRankZeroStopsWriting) {
 TEST(ShmCommandLineTest, RankZeroFailsAtItsDeadlineWhenAFollowerStopsTaking) {
   auto segment = PlanSegment::Create(3);
   ASSERT_TRUE(segment.ok()) << segment.status();
-  NoCollectives leader_group(0, 3), group1(1, 3), group2(2, 3);
+  comm::NoCollectivesGroup leader_group(0, 3), group1(1, 3), group2(2, 3);
   ShmCommandLine leader(segment->get(), &leader_group, absl::Milliseconds(300));
   ShmCommandLine follower1(segment->get(), &group1, absl::Seconds(10));
   ShmCommandLine follower2(segment->get(), &group2, absl::Seconds(10));
@@ -197,12 +171,12 @@ TEST(ShmCommandLineTest, RankZeroFailsAtItsDeadlineWhenAFollowerStopsTaking) {
 TEST(ShmCommandLineTest, RankZeroNoticesAFollowerExited) {
   auto segment = PlanSegment::Create(2);
   ASSERT_TRUE(segment.ok()) << segment.status();
-  NoCollectives leader_group(0, 2);
+  comm::NoCollectivesGroup leader_group(0, 2);
   ShmCommandLine leader(segment->get(), &leader_group, absl::Seconds(30));
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    NoCollectives group(1, 2);
+    comm::NoCollectivesGroup group(1, 2);
     ShmCommandLine follower(segment->get(), &group, absl::Seconds(30));
     _exit(follower.Receive().ok() ? 0 : 1);  // takes one command, then exits
   }
@@ -226,7 +200,7 @@ TEST(ShmCommandLineTest, FollowerNoticesRankZeroGone) {
   if (gone == 0) _exit(0);
   ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
   (*segment)->layout()->leader_pid = gone;  // as if rank 0 had died without a word
-  NoCollectives group(1, 2);
+  comm::NoCollectivesGroup group(1, 2);
   ShmCommandLine follower(segment->get(), &group, absl::Seconds(30));
   const absl::Time start = absl::Now();
   auto c = follower.Receive();

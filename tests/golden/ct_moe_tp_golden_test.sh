@@ -3,7 +3,9 @@
 # ct_moe_channel_dynamic fixtures (make_golden_ct_moe.py: our writer and the real
 # compressed-tensors package; per-channel e4m3 experts, bf16 router) at TP=1, at --tp=2
 # --enable_expert_parallel (EP (a): each rank four experts whole with their scales) and at --tp=2
-# (every expert's rows split, per-channel scales with them), two rank processes over Gloo, against
+# (every expert's rows split, per-channel scales with them) and at --tp=2 --enable_expert_parallel
+# --dp_attention (EP (b): rows dispatched to the experts' ranks; equal to TP=1 within 1e-5 and
+# token for token over 8 tokens), two rank processes over Gloo, against
 # transformers quantizing activations per token as each form does (expected.json's *_act_quant;
 # *_act_quant_tp2_ep / *_act_quant_tp2: at TP=2 the row-parallel o_proj / dense down_proj and,
 # without EP, the experts' down_proj quantize each rank's input half per token, as vLLM's
@@ -47,8 +49,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/generate_tp_lib.sh"
 for name in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg; do
   fix=tests/golden/fixtures_fp8/$name
   echo "$name"
-  run_generate 1 "$fix" 1 "$T/$name.tp1.jsonl"
+  run_generate 8 "$fix" 1 "$T/$name.tp1.jsonl"
   check "$T/$name.tp1.jsonl" "$fix" "tp=1" 0.999 0.03
+  # EP (b): each rank its own requests, attention whole, its four FP8 experts on the rows
+  # dispatched to it: TP=1's arithmetic per token.
+  run_generate 8 "$fix" 2 "$T/$name.dp2.jsonl" --enable_expert_parallel --dp_attention
+  grep -q "data-parallel attention over 2 ranks" "$T/$name.dp2.jsonl.err" ||
+    { echo "FAIL: no DP attention line in the log"; cat "$T/$name.dp2.jsonl.err"; exit 1; }
+  check "$T/$name.dp2.jsonl" "$fix" "tp=2 --dp_attention" 0.999 0.03
+  near_run "$T/$name.dp2.jsonl" "$T/$name.tp1.jsonl" "tp=2 --dp_attention vs tp=1"
   run_generate 1 "$fix" 2 "$T/$name.ep2.jsonl" --enable_expert_parallel
   grep -q "expert parallelism, [0-9]* experts over 2 ranks" "$T/$name.ep2.jsonl.err" ||
     { echo "FAIL: no placement line in the log"; cat "$T/$name.ep2.jsonl.err"; exit 1; }

@@ -7,8 +7,9 @@
 # the reference's top-2 gap is >= 10% of max|logit| (activations are quantized in 1x128 groups,
 # the reference's are not: fp8_deepseek_golden_test.cc). The fixture's FP8 MTP layer drafting
 # (--speculative_method=mtp, K = 3) at TP=1 and in the EP group: greedy tokens and logits equal to
-# the runs without it. Then the refusal: --tp=2 without expert parallelism cuts each expert's
-# 128-row block. (~4 s)
+# the runs without it. --tp=2 --enable_expert_parallel --dp_attention (EP (b)) against
+# transformers and within 1e-5 of TP=1, token for token over 8 tokens. Then the refusal: --tp=2
+# without expert parallelism cuts each expert's 128-row block. (~5 s)
 set -euo pipefail
 GENERATE=$1
 T=${TEST_TMPDIR:-$(mktemp -d)}
@@ -69,6 +70,13 @@ for tp in 1 2; do
     { echo "FAIL: the FP8 MTP layer drafted nothing"; cat "$T/mtp$tp.jsonl.err"; exit 1; }
   same_tokens "$T/plain$tp.jsonl" "$T/mtp$tp.jsonl" "tp=$tp ${flags[*]} MTP on vs off"
 done
+# EP (b): each rank its own requests (MLA attention whole), its two FP8 experts on the rows
+# dispatched to it: TP=1's arithmetic per token.
+run_generate 8 "$FIX" 2 "$T/dp2.jsonl" --enable_expert_parallel --dp_attention
+grep -q "data-parallel attention over 2 ranks" "$T/dp2.jsonl.err" ||
+  { echo "FAIL: no DP attention line in the log"; cat "$T/dp2.jsonl.err"; exit 1; }
+check "$T/dp2.jsonl" "tp=2 --enable_expert_parallel --dp_attention"
+near_run "$T/dp2.jsonl" "$T/plain1.jsonl" "tp=2 --dp_attention vs tp=1"
 
 expect_fail() {  # description, expected text, args...
   local what=$1 text=$2

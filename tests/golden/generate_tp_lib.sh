@@ -5,6 +5,9 @@
 # run_generate MAX_TOKENS FIXTURE_DIR TP OUT [FLAGS...]: generate on the fixture's prompts
 #   (expected.json) at --tp=TP with last-prompt logits, JSON lines to OUT, stderr to OUT.err; on
 #   failure prints the command and OUT.err and exits the test with 1.
+# near_run A B LABEL: the two runs' greedy tokens identical and last-prompt logits within
+#   1e-5 * max|logit| of each other, prompt by prompt (e.g. --dp_attention against TP=1: the same
+#   arithmetic per token, summed in another order).
 
 run_generate() {
   local max_tokens=$1 fix=$2 tp=$3 out=$4
@@ -14,4 +17,21 @@ run_generate() {
   timeout 120 "$GENERATE" --model="$fix" --prompt_ids="$prompts" --max_tokens="$max_tokens" \
     --ignore_eos --dump_last_logits --tp="$tp" --num_threads=1 "$@" > "$out" 2> "$out.err" ||
     { echo "FAIL: $fix tp=$tp $*"; cat "$out.err"; exit 1; }
+}
+
+near_run() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+assert len(a) == len(b) > 0, f"{len(a)} vs {len(b)} lines"
+worst = 0.0
+for i, (x, y) in enumerate(zip(a, b)):
+    assert x["tokens"] == y["tokens"], f"prompt {i}: tokens {x['tokens']} != {y['tokens']}"
+    lx, ly = x["last_prompt_logits"], y["last_prompt_logits"]
+    assert len(lx) == len(ly)
+    d = max(abs(p - q) for p, q in zip(lx, ly)) / max(abs(q) for q in ly)
+    assert d <= 1e-5, f"prompt {i}: logits differ by {d:.2e} of max"
+    worst = max(worst, d)
+print(f"  {sys.argv[3]}: {len(a)} prompts, greedy tokens equal, logits within {worst:.1e} of max")
+PY
 }

@@ -36,7 +36,9 @@
 #   4. Device dummy FP8 weights (tiny, --quantization=fp8) against the CPU's host dummy FP8
 #      weights, and TP=2 against TP=1.
 #   5. An fp16 model with --quantization=fp8 refused, naming bf16.
-#   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP.
+#   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
+#      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
+#      padded steps against the graphs' tokens: NAME-dp, NAME-dp-eager).
 #
 #   [ONLY=REGEX] tests/gpu/fp8_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -191,6 +193,14 @@ for fix in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg fp8_deepseek_v3; do
   check "$fix" "$tps" "$dir/expected.json" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")"
   check "$fix-ep" 2 "$dir/expected.json" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" \
     --enable_expert_parallel
+  # EP (b): --dp_attention, each rank its own requests, its FP8 experts on the rows dispatched to
+  # it (decode steps padded alike on both ranks, as CUDA graphs); then the same steps eager.
+  check "$fix-dp" 2 "$dir/expected.json" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" \
+    --enable_expert_parallel --dp_attention
+  # shellcheck disable=SC2086 # SHARE: flags, split
+  want "$fix-dp-eager" && tokens_check "$fix-dp-eager" "EP (b) eager vs graphs" "$LOG/$fix.dp-eager.jsonl" \
+    "$LOG/$fix-dp.2.jsonl" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" --tp=2 \
+    --enable_expert_parallel --dp_attention --cuda_graphs=false $SHARE
 done
 
 # 5. fp16 activations with FP8 weights: refused by name.

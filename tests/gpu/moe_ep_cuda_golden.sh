@@ -13,7 +13,8 @@
 # against its TP=1 run; the device-dummy tiny-moe model under DP against TP=1. DP decode steps
 # run padded to the step's largest DP batch with the fixed-capacity dispatch, as CUDA graphs
 # (CudaBackendConfig::dp_attention_graphs); the same padded steps eager (--cuda_graphs=false)
-# must give the graph run's tokens.
+# must give the graph run's tokens. The DeepSeek-V3 MoE fixture (MLA) under DP against TP=1 and
+# transformers, eager against graphs.
 #
 # ROWS=dp (env): only the EP (b) rows (and the TP=1 runs they compare against).
 #
@@ -73,7 +74,28 @@ for variant in mixtral_f32 qwen3_moe_f32; do
     fail "$variant-dp-attention" "$LOG/$variant.dp2.jsonl.err"
   fi
 done
+# DeepSeek-V3's MoE fixture (MLA attention whole on each DP rank, grouped sigmoid + bias routing,
+# a shared expert: CudaMlaModel under --dp_attention) against its TP=1 run and transformers; a
+# prompt whose last-token routing is a bf16 near-tie may match the other side's logits
+# (routing_near_ties.json, as mla_cuda_golden.sh); its eager padded steps give the graphs' tokens.
+fix=tests/golden/fixtures_mla/deepseek_v3_moe_f32
+near=()
+[[ -f $fix/routing_near_ties.json ]] && near=("$fix/routing_near_ties.json")
+prompts=$(prompts_of "$fix/expected.json")
+if run "$LOG/mla_moe.1.jsonl" --model="$fix" --prompt_ids="$prompts" &&
+   run "$LOG/mla_moe.dp2.jsonl" --model="$fix" --prompt_ids="$prompts" "${DP[@]}" $SHARE &&
+   grep -q "data-parallel attention over 2 ranks" "$LOG/mla_moe.dp2.jsonl.err" &&
+   compare deepseek_v3_moe_f32-dp2 "$LOG/mla_moe.dp2.jsonl" "$LOG/mla_moe.1.jsonl" \
+     "$fix/expected.json" ${near[@]+"${near[@]}"}; then
+  pass "deepseek_v3_moe_f32-dp-attention"
+else
+  fail "deepseek_v3_moe_f32-dp-attention" "$LOG"/mla_moe.*.err
+fi
+tokens_check mla-dp-graphs-vs-eager "MLA EP (b) padded eager vs graphs" "$LOG/mla_moe_eager.jsonl" \
+  "$LOG/mla_moe.dp2.jsonl" --model="$fix" --prompt_ids="$prompts" "${DP[@]}" --cuda_graphs=false \
+  $SHARE
 fix=tests/golden/fixtures/qwen3_moe_f32
+prompts=$(prompts_of "$fix/expected.json")
 tokens_check dp-graphs-vs-eager "EP (b) padded eager vs graphs" "$LOG/dp_eager.jsonl" \
   "$LOG/qwen3_moe_f32.dp2.jsonl" --model="$fix" --prompt_ids="$prompts" "${DP[@]}" \
   --cuda_graphs=false $SHARE
