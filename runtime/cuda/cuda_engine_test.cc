@@ -234,6 +234,28 @@ TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   }
 }
 
+// Runs `prompts` through an engine on `on` and one on `off` (the random weights of `seed` each)
+// and expects every prompt's max_new_tokens tokens and last-prompt logits equal, bit for bit.
+// Returns the two engines' stats.
+std::pair<ExecutorStats, ExecutorStats> ExpectSameOutputs(
+    const ModelConfig& model, uint32_t seed, const CudaBackendConfig& on,
+    const CudaBackendConfig& off, const std::vector<std::vector<int32_t>>& prompts,
+    int max_new_tokens, bool together) {
+  const ExecutorFactory on_factory = CudaExecutorFactory(on);
+  const ExecutorFactory off_factory = CudaExecutorFactory(off);
+  std::pair<ExecutorStats, ExecutorStats> stats;
+  const auto got = RunPrompts(model, RandomModelWeights(model, seed), prompts, max_new_tokens,
+                              &on_factory, together, &stats.first);
+  const auto want = RunPrompts(model, RandomModelWeights(model, seed), prompts, max_new_tokens,
+                               &off_factory, together, &stats.second);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens.size(), static_cast<size_t>(max_new_tokens)) << "prompt " << i;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+    EXPECT_EQ(got[i].logits, want[i].logits) << "prompt " << i;
+  }
+  return stats;
+}
+
 // CudaBackendConfig::decode_merge_in_kernel: the decode kernel merging its own KV splits (in its
 // zeroed workspace, graph replays included) gives the tokens and logits of the PDL merge kernel,
 // bit for bit. The decode kernel serves every step (prompts of up to 600 tokens in chunks too)
@@ -250,21 +272,35 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   in_kernel.decode_merge_in_kernel = true;
   CudaBackendConfig separate = in_kernel;
   separate.decode_merge_in_kernel = false;
-  const ExecutorFactory in_kernel_factory = CudaExecutorFactory(in_kernel);
-  const ExecutorFactory separate_factory = CudaExecutorFactory(separate);
-  ExecutorStats in_kernel_stats, separate_stats;
-  const auto got = RunPrompts(model, RandomModelWeights(model, seed), prompts, 16,
-                              &in_kernel_factory, true, &in_kernel_stats);
-  const auto want = RunPrompts(model, RandomModelWeights(model, seed), prompts, 16,
-                               &separate_factory, true, &separate_stats);
+  const auto [in_kernel_stats, separate_stats] =
+      ExpectSameOutputs(model, seed, in_kernel, separate, prompts, 16, true);
   EXPECT_GT(in_kernel_stats.split_merge_in_kernel_steps, 0);
   EXPECT_GT(in_kernel_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(got[i].tokens.size(), 16u) << "prompt " << i;
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
-    EXPECT_EQ(got[i].logits, want[i].logits) << "prompt " << i;
-  }
+}
+
+// CudaBackendConfig::fold_norm: batch-1 steps with the residual adds + RMSNorms inside the GEMVs
+// give the separate kernels' tokens and logits bit for bit. One prompt at a time, so every decode
+// step is batch 1 (graphs); the 1-token prompts' prefill is a folded step too, so their compared
+// last-prompt logits come from the folded kernels.
+TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
+  prompts[0].resize(1);
+  prompts[1].resize(1);
+  CudaBackendConfig folded = MidBackend();
+  folded.gemm_autotune = false;
+  folded.fold_norm = true;
+  CudaBackendConfig separate = folded;
+  separate.fold_norm = false;
+  const auto [folded_stats, separate_stats] =
+      ExpectSameOutputs(model, seed, folded, separate, prompts, 12, false);
+  EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
+  EXPECT_GT(folded_stats.graph_steps, 0);
+  EXPECT_EQ(separate_stats.folded_norm_steps, 0);
 }
 
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group

@@ -352,7 +352,12 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   // True while hidden holds this rank's partial down_proj sums: the next norm all-reduces them
   // (fused with its add + norm where the communicator can: ReduceAddNorm).
   bool hidden_partial = false;
+  const bool fold = FoldsNorms(Tn);  // then residual_ holds the stream after every layer
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (fold) {
+      RETURN_IF_ERROR(FoldedLayer<T>(step, cache, l, plan, attn_workspace, stream));
+      continue;
+    }
     const Layer& w = layers_[l];
     // Layer 0: residual = the (all-reduced) embedding rows; then residual += hidden.
     const bool reduce_in = l == 0 ? comm() != nullptr : hidden_partial;
@@ -366,15 +371,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     hidden_partial = false;
     RETURN_IF_ERROR(Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv,
                                stream, qkv_codes));
-    if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-      RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, Hk, D, Ptr<T>(w.q_norm),
-                                           Ptr<T>(w.k_norm), eps, stream));
-    }
-    // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
-    RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
-                                          inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l,
-                                          stream));
-    ASSIGN_OR_RETURN(const T* o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
+    ASSIGN_OR_RETURN(const T* o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
     RETURN_IF_ERROR(Project<T>(w.o_proj, w.o_fp8, o_in, w.o_bias, Tn, H, o_dim, hidden, stream));
     const bool gate_up_codes =
         !config_.IsMoeLayer(l) && FusesFp8Quant(w.gate_up_fp8, Tn, H, comm() != nullptr);
@@ -409,7 +406,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                                stream, down_codes));
     hidden_partial = comm() != nullptr;
   }
-  RETURN_IF_ERROR(ReduceAddNorm<T>(hidden_partial, true, Ptr<T>(norm_), Tn, eps, stream));
+  RETURN_IF_ERROR(ReduceAddNorm<T>(hidden_partial, !fold, Ptr<T>(norm_), Tn, eps, stream));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
@@ -421,6 +418,51 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
                       vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
   if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
   return GatherLogits(R, stream);
+}
+
+template <typename T>
+absl::StatusOr<const T*> CudaLlamaModel::AttendFromQkv(const DeviceStep& step,
+                                                       const kc::DeviceKvCache& cache, int64_t l,
+                                                       const StepAttentionPlan& plan,
+                                                       void* attn_workspace, cudaStream_t stream) {
+  const int64_t Tn = step.num_tokens, D = config_.head_dim, Hq = config_.num_attention_heads;
+  const int64_t qkv_dim = (Hq + 2 * config_.num_key_value_heads) * D;
+  T* qkv = Ptr<T>(qkv_);
+  if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+    RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, config_.num_key_value_heads, D,
+                                         Ptr<T>(layers_[l].q_norm), Ptr<T>(layers_[l].k_norm),
+                                         static_cast<float>(config_.rms_norm_eps), stream));
+  }
+  // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
+  RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
+                                        inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l, stream));
+  return Attention<T>(step, cache, l, plan, attn_workspace, stream);
+}
+
+// FoldedLayer (cuda_llama_model_fold.cc) calls it too.
+template absl::StatusOr<const __nv_bfloat16*> CudaLlamaModel::AttendFromQkv<__nv_bfloat16>(
+    const DeviceStep&, const kc::DeviceKvCache&, int64_t, const StepAttentionPlan&, void*,
+    cudaStream_t);
+template absl::StatusOr<const __half*> CudaLlamaModel::AttendFromQkv<__half>(
+    const DeviceStep&, const kc::DeviceKvCache&, int64_t, const StepAttentionPlan&, void*,
+    cudaStream_t);
+
+bool CudaLlamaModel::FoldsNorms(int64_t Tn) const {
+  if (!options_.fold_norm || comm() != nullptr || options_.moe_comm != nullptr || config_.IsMoe() ||
+      fp8_ != nullptr || layers_.empty()) {
+    return false;
+  }
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size, D = config_.head_dim;
+  const int64_t q_dim = config_.num_attention_heads * D;
+  const int64_t qkv_dim = q_dim + 2 * config_.num_key_value_heads * D;
+  const Layer& w = layers_[0];  // every layer's buffers are allocated alike
+  return UseGemv(residual_.data(), w.qkv_proj.data(), Tn, qkv_dim, H) &&
+         kc::SmallMLinearNormInSupported(residual_.data(), w.input_layernorm.data(),
+                                         w.qkv_proj.data(), Tn, qkv_dim, H) &&
+         kc::SmallMLinearNormInSupported(residual_.data(), w.post_attention_layernorm.data(),
+                                         w.gate_up_proj.data(), Tn, 2 * I, H) &&
+         UseGemv(attn_.data(), w.o_proj.data(), Tn, H, q_dim) &&
+         UseGemv(act_.data(), w.down_proj.data(), Tn, H, I);
 }
 
 template <typename T>

@@ -9,7 +9,8 @@
 // SiLU*up -> down_proj. The residual stream is kept in the activation dtype (as vLLM does).
 // Single-row steps (batch-1 decode) run their products on the weight-streaming GEMV with SiLU*up
 // folded into the gate_up GEMV (bit-identical to the separate kernels), and launch the GEMVs and
-// norms with programmatic dependent launch unless CudaModelOptions::programmatic_launch is off.
+// norms with programmatic dependent launch unless CudaModelOptions::programmatic_launch is off;
+// on one GPU their residual adds + RMSNorms run inside the GEMVs too (fold_norm, FoldedLayer).
 //
 // Forward() only enqueues work on the model's stream (no allocation, no host sync), so a
 // runner can capture it in a CUDA graph once every GEMM shape has been seen.
@@ -91,6 +92,11 @@ struct CudaModelOptions {
   // (kernels/gemm/cuda/gemv_cuda.h): each is scheduled during its predecessor's tail and waits on
   // the device for its output, hiding the launch gap. Same results either way; off for comparisons.
   bool programmatic_launch = true;
+  // Batch-1 steps on one GPU (no communicator) of a dense bf16/fp16 model: the residual adds and
+  // RMSNorms between the layers' GEMVs are folded into them (kernels/gemm/cuda/gemv_cuda.h:
+  // o_proj / down_proj add their product into the residual stream, qkv and gate_up normalise it
+  // per CTA): 2 kernels fewer per layer, bit-identical logits. false: separate norm kernels.
+  bool fold_norm = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding
@@ -163,6 +169,9 @@ class CudaLlamaModel {
   absl::Status GreedyTokens(int64_t R, const kernels::cuda::DeviceSamplingRow* rows, int32_t* out,
                             cudaStream_t stream);
 
+  // True when a step of Tn tokens runs its residual adds + RMSNorms inside the layers' GEMVs
+  // (options.fold_norm, no communicator, a dense bf16/fp16 model, every product on the GEMV).
+  bool FoldsNorms(int64_t Tn) const;
   const float* logits() const { return logits_.get<float>(); }
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
@@ -228,6 +237,19 @@ class CudaLlamaModel {
   template <typename T>
   absl::Status ReduceAddNorm(bool reduce, bool add, const T* weight, int64_t Tn, float eps,
                              cudaStream_t stream);
+  // qk-norm (Qwen3), RoPE + KV write and layer l's attention on the step's qkv_; returns
+  // o_proj's input (Attention).
+  template <typename T>
+  absl::StatusOr<const T*> AttendFromQkv(const DeviceStep& step,
+                                         const kernels::cuda::DeviceKvCache& cache, int64_t l,
+                                         const StepAttentionPlan& plan, void* attn_workspace,
+                                         cudaStream_t stream);
+  // Layer l with the residual add + RMSNorm folded into its GEMVs (cuda_llama_model_fold.cc):
+  // residual_ holds the residual stream before and after (the embedding before layer 0).
+  template <typename T>
+  absl::Status FoldedLayer(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                           int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
+                           cudaStream_t stream);
   // Sums `n` activations (device, the activation dtype) over the communicator.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->

@@ -137,6 +137,9 @@ struct CudaBackendConfig {
   int64_t vocab_parallel_greedy_min_rows = 64;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
+  // CudaModelOptions::fold_norm: batch-1 steps on one GPU (no group) of dense bf16/fp16 Llama-
+  // family models run the residual add + RMSNorm inside their GEMVs (bit-identical logits).
+  bool fold_norm = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).

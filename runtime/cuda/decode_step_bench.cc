@@ -45,7 +45,8 @@
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
 // --merge_in_kernel=1: the paged decode kernel merges its own KV splits instead of a second (PDL)
 // kernel (CudaBackendConfig::decode_merge_in_kernel, default off); rows print how many timed
-// steps merged in the kernel.
+// steps merged in the kernel. --fold_norm=0: the residual add + RMSNorm as separate kernels at
+// batch 1 on one GPU (CudaBackendConfig::fold_norm, default on: folded into the GEMVs).
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
@@ -119,6 +120,7 @@ int Main(int argc, char** argv) {
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
+  bool fold_norm = CudaBackendConfig().fold_norm;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -141,6 +143,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
+    if (a.rfind("--fold_norm=", 0) == 0) fold_norm = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -184,6 +187,7 @@ int Main(int argc, char** argv) {
   backend.custom_all_reduce_pdl = ar_pdl;
   backend.vocab_parallel_greedy_min_rows = vocab_greedy_min_rows;
   backend.decode_merge_in_kernel = merge_in_kernel;
+  backend.fold_norm = fold_norm;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -285,13 +289,13 @@ int Main(int argc, char** argv) {
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? "fp8 (per-channel e4m3, dynamic per-token activations)" : "bf16",
           (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
           pdl ? "on" : "off",
           custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl",
-          (*engine)->async_scheduling() ? "on" : "off");
+          (*engine)->async_scheduling() ? "on" : "off", fold_norm ? "on" : "off");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "
@@ -367,9 +371,11 @@ int Main(int argc, char** argv) {
               "   graph launch %.1f us",
               static_cast<double>(after.graph_launch_ns - before.graph_launch_ns) / launches / 1e3);
         }
-        std::printf("   split merge in kernel %lld/%d steps\n",
+        std::printf("   split merge in kernel %lld/%d steps   norms folded %lld/%d\n",
                     static_cast<long long>(after.split_merge_in_kernel_steps -
                                            before.split_merge_in_kernel_steps),
+                    steps,
+                    static_cast<long long>(after.folded_norm_steps - before.folded_norm_steps),
                     steps);
         std::fflush(stdout);
       }

@@ -48,6 +48,9 @@ struct ExecutorStats {
   // Decode-kernel steps whose KV splits were merged inside the decode kernel (CUDA:
   // CudaBackendConfig::decode_merge_in_kernel; graph replays included).
   int64_t split_merge_in_kernel_steps = 0;
+  // Steps whose residual adds + RMSNorms ran inside the GEMVs (CUDA: CudaBackendConfig::
+  // fold_norm; graph replays included).
+  int64_t folded_norm_steps = 0;
   // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
   // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
   // backends that do not count.

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/gemm/cuda/gemv_cuda.h"
@@ -32,8 +33,13 @@ __device__ __forceinline__ TOut FromFloat(float x) {
   }
 }
 
-// acc[r] += dot(8 elements of w, 8 elements of row r of a).
-template <typename T, int M>
+// What a kernel does around the product. kNormIn: `a` is the residual stream; every CTA stages
+// RmsNorm(a) * norm_weight (the RmsNormKernel's arithmetic, layers_cuda.cu) in shared memory and
+// multiplies that. kAddOut: out (the residual stream, T) += the rounded product.
+enum class Fold { kNone, kNormIn, kAddOut };
+
+// acc[r] += dot(8 elements of w, 8 elements of row r of a); a in shared memory when kSharedA.
+template <typename T, int M, bool kSharedA = false>
 __device__ __forceinline__ void Fma8(const uint4& wv, const T* a, int64_t k, int64_t col,
                                      float (&acc)[M]) {
   const T* wt = reinterpret_cast<const T*>(&wv);
@@ -42,29 +48,48 @@ __device__ __forceinline__ void Fma8(const uint4& wv, const T* a, int64_t k, int
   for (int e = 0; e < 8; ++e) wf[e] = ToFloat(wt[e]);
 #pragma unroll
   for (int r = 0; r < M; ++r) {
-    const uint4 av = __ldg(reinterpret_cast<const uint4*>(a + r * k + col));
+    const uint4* ap = reinterpret_cast<const uint4*>(a + r * k + col);
+    const uint4 av = kSharedA ? *ap : __ldg(ap);
     const T* at = reinterpret_cast<const T*>(&av);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], ToFloat(at[e]), acc[r]);
   }
 }
 
+// A lane's first kUnroll chunks of a weight row (lane, lane + 32, ...; those below `chunks`).
+__device__ __forceinline__ void LoadFirstChunks(const uint4* __restrict__ wrow, int64_t chunks,
+                                                int lane, uint4 (&wv)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (lane + 32 * u < chunks) wv[u] = __ldcs(wrow + lane + 32 * u);
+  }
+}
+
 // acc[r] = dot(wrow, row r of a) for one weight row (k / 8 16-byte chunks), summed over the
 // warp. Each lane owns the chunks lane, lane + 32, ...; kUnroll of them (or all that are left)
-// are loaded before any is used so several 16-byte reads per lane are in flight.
-template <typename T, int M>
+// are loaded before any is used so several 16-byte reads per lane are in flight. `first`
+// (kFirstLoaded): the lane's first kUnroll chunks, loaded by LoadFirstChunks beforehand; they are
+// added first, in the same order, so the sum is the same either way.
+template <typename T, int M, bool kSharedA = false, bool kFirstLoaded = false>
 __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T* a, int64_t k,
-                                        int lane, float (&acc)[M]) {
+                                        int lane, float (&acc)[M], const uint4* first = nullptr) {
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.0f;
   const int64_t chunks = k / 8;
   int64_t c = lane;
+  if constexpr (kFirstLoaded) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c + 32 * u < chunks) Fma8<T, M, kSharedA>(first[u], a, k, (c + 32 * u) * 8, acc);
+    }
+    c += 32 * kUnroll;
+  }
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     uint4 wv[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(wrow + c + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Fma8<T, M>(wv[u], a, k, (c + 32 * u) * 8, acc);
+    for (int u = 0; u < kUnroll; ++u) Fma8<T, M, kSharedA>(wv[u], a, k, (c + 32 * u) * 8, acc);
   }
   // The rest (fewer than kUnroll chunks a lane) is loaded together too, predicated, and added in
   // the same order: the narrow tensor-parallel shapes (o_proj's k = 1024 at TP=4: 4 chunks a
@@ -77,7 +102,7 @@ __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T*
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (c + 32 * u < chunks) Fma8<T, M>(wv[u], a, k, (c + 32 * u) * 8, acc);
+      if (c + 32 * u < chunks) Fma8<T, M, kSharedA>(wv[u], a, k, (c + 32 * u) * 8, acc);
     }
   }
 #pragma unroll
@@ -87,15 +112,64 @@ __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T*
   }
 }
 
+// RmsNorm(x) * weight of the M rows of x [M, k] into `staged` [M, k] (shared memory), with
+// RmsNormKernel's arithmetic (layers_cuda.cu) at its 256 threads, this block's: thread t sums
+// the squares of elements 8 t .. 8 t + 7, then 8 (t + 256) .. and so on with fmaf, BlockSum adds
+// the threads in its fixed order, and each output is round_T((x * inv_rms) * weight), so the
+// staged rows are bit-identical to RmsNorm<T>'s output. weight_smem: [k] of shared memory, the
+// norm weight staged in the same round of global loads as x.
+template <typename T, int M>
+__device__ __forceinline__ void StageRmsNorm(const T* __restrict__ x, const T* __restrict__ weight,
+                                             int64_t k, float eps, T* staged, T* weight_smem) {
+  static_assert(kWarpsPerBlock * 32 == 256, "RmsNormKernel's block size (kNormThreads)");
+  constexpr int kThreads = kWarpsPerBlock * 32;
+  using V = internal::Vec<T, 8>;
+  __shared__ float warp_sums[kWarpsPerBlock];
+  float sum_sq[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) sum_sq[r] = 0.0f;
+#pragma unroll 2
+  for (int64_t i = threadIdx.x * 8; i < k; i += kThreads * 8) {
+    *reinterpret_cast<V*>(weight_smem + i) = *reinterpret_cast<const V*>(weight + i);
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      const V v = *reinterpret_cast<const V*>(x + r * k + i);
+      *reinterpret_cast<V*>(staged + r * k + i) = v;
+      float f[8];
+      internal::VecToFloat(v, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum_sq[r] = fmaf(f[j], f[j], sum_sq[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    const float inv_rms =
+        rsqrtf(BlockSum<kThreads>(sum_sq[r], warp_sums) / static_cast<float>(k) + eps);
+    for (int64_t i = threadIdx.x * 8; i < k; i += kThreads * 8) {
+      V* v = reinterpret_cast<V*>(staged + r * k + i);
+      float f[8], wf[8];
+      internal::VecToFloat(*v, f);
+      internal::VecToFloat(*reinterpret_cast<const V*>(weight_smem + i), wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v->v[j] = FromFloat<T>((f[j] * inv_rms) * wf[j]);
+    }
+    __syncthreads();  // warp_sums is reused by the next row; every row staged before the dots
+  }
+}
+
 // kRows = 1: plain linear, warp = output row `row`. kRows = 2: SiLU-and-mul, warp = output
 // column `row` of [m, n]: the gate row `row`, then the up row n + `row`, each streamed exactly
 // as the plain kernel streams a row (same loads in flight, same lane order of accumulation, so
-// the gate and up values are bit-identical to the plain kernel's).
-template <typename T, typename TOut, int M, int kRows>
+// the gate and up values are bit-identical to the plain kernel's). kFold: see Fold; under
+// kNormIn each warp's first weight loads are issued before the CTA stages the norm, so the
+// norm's latency hides under theirs.
+template <typename T, typename TOut, int M, int kRows, Fold kFold>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     SmallMLinearKernel(const T* __restrict__ a, const T* __restrict__ w, const T* __restrict__ bias,
-                       int64_t n, int64_t k, TOut* __restrict__ out) {
+                       int64_t n, int64_t k, TOut* __restrict__ out,
+                       const T* __restrict__ norm_weight, float eps) {
   static_assert(kRows == 1 || (kRows == 2 && std::is_same_v<T, TOut>));
+  static_assert(kFold != Fold::kAddOut || (kRows == 1 && std::is_same_v<T, TOut>));
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   const bool active = row < n;
@@ -109,10 +183,37 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // (4.60 -> 4.98 ms), so the kernel only waits, and gains the predecessor's launch latency.
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
-  if (!active) return;
   float acc[kRows][M];
+  if constexpr (kFold == Fold::kNormIn) {
+    extern __shared__ uint4 gemv_smem[];  // [M, k] normalised rows, then the norm weight [k]
+    T* staged = reinterpret_cast<T*>(gemv_smem);
+    uint4 first[kUnroll];
+    if (active) LoadFirstChunks(wrow[0], k / 8, lane, first);
+    StageRmsNorm<T, M>(a, norm_weight, k, eps, staged, staged + M * k);  // every warp: barriers
+    if (!active) return;
+    WarpDot<T, M, true, true>(wrow[0], staged, k, lane, acc[0], first);
+    if constexpr (kRows == 2) WarpDot<T, M, true>(wrow[1], staged, k, lane, acc[1]);
+  } else {
+    if (!active) return;
+    float prev[M];  // kAddOut: the residual rows this lane adds to, read while the row streams
+    if constexpr (kFold == Fold::kAddOut) {
 #pragma unroll
-  for (int q = 0; q < kRows; ++q) WarpDot<T, M>(wrow[q], a, k, lane, acc[q]);
+      for (int r = 0; r < M; ++r) prev[r] = lane == 0 ? ToFloat(out[r * n + row]) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) WarpDot<T, M>(wrow[q], a, k, lane, acc[q]);
+    if constexpr (kFold == Fold::kAddOut) {
+      if (lane != 0) return;
+      const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
+      // The unfused path's two roundings: the product to T (SmallMLinear), then the sum
+      // (FusedAddRmsNorm's residual update).
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        out[r * n + row] = FromFloat<T>(prev[r] + ToFloat(FromFloat<T>(acc[0][r] + b)));
+      }
+      return;
+    }
+  }
   if (lane != 0) return;
   if constexpr (kRows == 1) {
     const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
@@ -132,75 +233,133 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-template <typename T, typename TOut, int M, int kRows>
-cudaError_t Launch(const T* a, const T* w, const T* bias, int64_t n, int64_t k, TOut* out,
-                   cudaStream_t stream, bool programmatic_launch) {
-  const internal::PdlLaunchConfig config(
-      dim3(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+// One launch's arguments (n: the kernel's output rows, inter for SiLU-and-mul).
+template <typename T, typename TOut>
+struct GemvArgs {
+  const T* a;
+  const T* w;
+  const T* bias;
+  int64_t m, n, k;
+  TOut* out;
+  const T* norm_weight = nullptr;  // Fold::kNormIn
+  float eps = 0.0f;
+};
+
+// StageRmsNorm's warp sums, beside the dynamic shared memory below.
+constexpr int64_t kNormInStaticSmemBytes = kWarpsPerBlock * sizeof(float);
+
+// Dynamic shared memory of a kNormIn launch: the staged rows and the norm weight.
+int64_t NormInSmemBytes(int64_t m, int64_t k, int64_t elem_bytes) {
+  return (m + 1) * k * elem_bytes;
+}
+
+template <typename T, typename TOut, int M, int kRows, Fold kFold>
+cudaError_t Launch(const GemvArgs<T, TOut>& p, cudaStream_t stream, bool programmatic_launch) {
+  const internal::PdlLaunchConfig pdl_config(
+      dim3(static_cast<unsigned>((p.n + kWarpsPerBlock - 1) / kWarpsPerBlock)),
       dim3(kWarpsPerBlock * 32), stream, programmatic_launch);
-  return cudaLaunchKernelEx(config.get(), SmallMLinearKernel<T, TOut, M, kRows>, a, w, bias, n, k,
-                            out);
+  cudaLaunchConfig_t config = *pdl_config.get();  // its attributes stay in pdl_config
+  if constexpr (kFold == Fold::kNormIn) {
+    config.dynamicSmemBytes = static_cast<size_t>(NormInSmemBytes(M, p.k, sizeof(T)));
+  }
+  return cudaLaunchKernelEx(&config, SmallMLinearKernel<T, TOut, M, kRows, kFold>, p.a, p.w, p.bias,
+                            p.n, p.k, p.out, p.norm_weight, p.eps);
 }
 
 // The one place where m becomes a template constant.
-template <typename T, typename TOut, int kRows>
-cudaError_t Dispatch(const T* a, const T* w, const T* bias, int64_t m, int64_t n, int64_t k,
-                     TOut* out, cudaStream_t stream, bool pdl) {
-  switch (m) {
+template <typename T, typename TOut, int kRows, Fold kFold = Fold::kNone>
+cudaError_t Dispatch(const GemvArgs<T, TOut>& p, cudaStream_t stream, bool pdl) {
+  switch (p.m) {
     case 1:
-      return Launch<T, TOut, 1, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 1, kRows, kFold>(p, stream, pdl);
     case 2:
-      return Launch<T, TOut, 2, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 2, kRows, kFold>(p, stream, pdl);
     case 3:
-      return Launch<T, TOut, 3, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 3, kRows, kFold>(p, stream, pdl);
     case 4:
-      return Launch<T, TOut, 4, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 4, kRows, kFold>(p, stream, pdl);
     case 5:
-      return Launch<T, TOut, 5, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 5, kRows, kFold>(p, stream, pdl);
     case 6:
-      return Launch<T, TOut, 6, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 6, kRows, kFold>(p, stream, pdl);
     case 7:
-      return Launch<T, TOut, 7, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 7, kRows, kFold>(p, stream, pdl);
     default:
-      return Launch<T, TOut, 8, kRows>(a, w, bias, n, k, out, stream, pdl);
+      return Launch<T, TOut, 8, kRows, kFold>(p, stream, pdl);
   }
 }
+
+// Checks `supported` and out, then launches: the one error message of every entry point.
+template <typename T, typename TOut, int kRows, Fold kFold = Fold::kNone>
+absl::Status CheckedLaunch(const char* name, bool supported, const GemvArgs<T, TOut>& p,
+                           cudaStream_t stream, bool pdl) {
+  if (!supported || p.out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": needs 1 <= m <= ", kGemvMaxM,
+        ", n >= 1, k a positive multiple of 8, 16-byte aligned inputs, non-null out (and with "
+        "the norm folded in, (m + 1) * k * 2 + 32 bytes <= ",
+        kGemvNormInMaxSmemBytes, "); got m=", p.m, " n=", p.n, " k=", p.k));
+  }
+  CUDA_RETURN_IF_ERROR((Dispatch<T, TOut, kRows, kFold>(p, stream, pdl)));
+  return absl::OkStatus();
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
 bool SmallMLinearSupported(const void* a, const void* w, int64_t m, int64_t n, int64_t k) {
   return m >= 1 && m <= kGemvMaxM && n >= 1 && k >= 8 && k % 8 == 0 && a != nullptr &&
-         w != nullptr && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w) % 16 == 0 && n <= (int64_t{1} << 31) * kWarpsPerBlock;
+         w != nullptr && Aligned16(a) && Aligned16(w) && n <= (int64_t{1} << 31) * kWarpsPerBlock;
+}
+
+bool SmallMLinearNormInSupported(const void* x, const void* norm_weight, const void* w, int64_t m,
+                                 int64_t n, int64_t k) {
+  return SmallMLinearSupported(x, w, m, n, k) && norm_weight != nullptr && Aligned16(norm_weight) &&
+         NormInSmemBytes(m, k, 2) + kNormInStaticSmemBytes <= kGemvNormInMaxSmemBytes;
 }
 
 template <typename T, typename TOut>
 absl::Status SmallMLinear(const T* a, const T* w, const T* bias, int64_t m, int64_t n, int64_t k,
                           TOut* out, cudaStream_t stream, bool programmatic_launch) {
-  if (!SmallMLinearSupported(a, w, m, n, k) || out == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("SmallMLinear: needs 1 <= m <= ", kGemvMaxM,
-                                                   ", n >= 1, k a positive multiple of 8, "
-                                                   "16-byte aligned a/w and non-null out; got m=",
-                                                   m, " n=", n, " k=", k));
-  }
-  CUDA_RETURN_IF_ERROR(
-      (Dispatch<T, TOut, 1>(a, w, bias, m, n, k, out, stream, programmatic_launch)));
-  return absl::OkStatus();
+  return CheckedLaunch<T, TOut, 1>("SmallMLinear", SmallMLinearSupported(a, w, m, n, k),
+                                   {a, w, bias, m, n, k, out}, stream, programmatic_launch);
 }
 
 template <typename T>
 absl::Status SmallMLinearSiluMul(const T* a, const T* w, const T* bias, int64_t m, int64_t inter,
                                  int64_t k, T* out, cudaStream_t stream, bool programmatic_launch) {
-  if (inter < 1 || !SmallMLinearSupported(a, w, m, 2 * inter, k) || out == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SmallMLinearSiluMul: needs 1 <= m <= ", kGemvMaxM,
-                     ", inter >= 1, k a positive multiple of 8, 16-byte aligned a/w and non-null "
-                     "out; got m=",
-                     m, " inter=", inter, " k=", k));
-  }
-  CUDA_RETURN_IF_ERROR(
-      (Dispatch<T, T, 2>(a, w, bias, m, inter, k, out, stream, programmatic_launch)));
-  return absl::OkStatus();
+  return CheckedLaunch<T, T, 2>("SmallMLinearSiluMul",
+                                inter >= 1 && SmallMLinearSupported(a, w, m, 2 * inter, k),
+                                {a, w, bias, m, inter, k, out}, stream, programmatic_launch);
+}
+
+template <typename T>
+absl::Status SmallMLinearNormIn(const T* x, const T* norm_weight, float eps, const T* w,
+                                const T* bias, int64_t m, int64_t n, int64_t k, T* out,
+                                cudaStream_t stream, bool programmatic_launch) {
+  return CheckedLaunch<T, T, 1, Fold::kNormIn>(
+      "SmallMLinearNormIn", SmallMLinearNormInSupported(x, norm_weight, w, m, n, k),
+      {x, w, bias, m, n, k, out, norm_weight, eps}, stream, programmatic_launch);
+}
+
+template <typename T>
+absl::Status SmallMLinearNormInSiluMul(const T* x, const T* norm_weight, float eps, const T* w,
+                                       const T* bias, int64_t m, int64_t inter, int64_t k, T* out,
+                                       cudaStream_t stream, bool programmatic_launch) {
+  return CheckedLaunch<T, T, 2, Fold::kNormIn>(
+      "SmallMLinearNormInSiluMul",
+      inter >= 1 && SmallMLinearNormInSupported(x, norm_weight, w, m, 2 * inter, k),
+      {x, w, bias, m, inter, k, out, norm_weight, eps}, stream, programmatic_launch);
+}
+
+template <typename T>
+absl::Status SmallMLinearAddTo(const T* a, const T* w, const T* bias, int64_t m, int64_t n,
+                               int64_t k, T* residual, cudaStream_t stream,
+                               bool programmatic_launch) {
+  return CheckedLaunch<T, T, 1, Fold::kAddOut>(
+      "SmallMLinearAddTo", SmallMLinearSupported(a, w, m, n, k), {a, w, bias, m, n, k, residual},
+      stream, programmatic_launch);
 }
 
 #define TANDEM_GEMV_CUDA_INSTANTIATE(T, TOut)                                                 \
@@ -218,5 +377,16 @@ template absl::Status SmallMLinearSiluMul<__nv_bfloat16>(const __nv_bfloat16*, c
 template absl::Status SmallMLinearSiluMul<__half>(const __half*, const __half*, const __half*,
                                                   int64_t, int64_t, int64_t, __half*, cudaStream_t,
                                                   bool);
+#define TANDEM_GEMV_FOLD_INSTANTIATE(T)                                                           \
+  template absl::Status SmallMLinearNormIn<T>(const T*, const T*, float, const T*, const T*,      \
+                                              int64_t, int64_t, int64_t, T*, cudaStream_t, bool); \
+  template absl::Status SmallMLinearNormInSiluMul<T>(const T*, const T*, float, const T*,         \
+                                                     const T*, int64_t, int64_t, int64_t, T*,     \
+                                                     cudaStream_t, bool);                         \
+  template absl::Status SmallMLinearAddTo<T>(const T*, const T*, const T*, int64_t, int64_t,      \
+                                             int64_t, T*, cudaStream_t, bool);
+TANDEM_GEMV_FOLD_INSTANTIATE(__nv_bfloat16)
+TANDEM_GEMV_FOLD_INSTANTIATE(__half)
+#undef TANDEM_GEMV_FOLD_INSTANTIATE
 
 }  // namespace tandem::kernels::cuda

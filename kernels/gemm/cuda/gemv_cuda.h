@@ -62,6 +62,39 @@ absl::Status SmallMLinearSiluMul(const T* a, const T* w, const T* bias, int64_t 
                                  int64_t k, T* out, cudaStream_t stream,
                                  bool programmatic_launch = false);
 
+// The residual add + RMSNorm of a decoder layer folded into the batch-1 GEMVs around it (one
+// GPU: no all-reduce between them), removing the norm kernels from the step:
+//
+// SmallMLinearNormIn: out = RmsNorm(x) . w^T (+ bias), RmsNorm(x)[i, :] = round_T((x[i, :] *
+// rsqrt(mean(x[i, :]^2) + eps)) * norm_weight). x: [m, k], the residual stream; norm_weight: [k].
+// Every CTA computes the rows' rms itself (it reads all of x anyway) and stages the normalised
+// rows in shared memory ((m + 1) * k * 2 + 32 bytes: SmallMLinearNormInSupported), with
+// RmsNorm<T>'s arithmetic (kernels/layers/cuda/layers_cuda.h: the same thread layout, sum order and
+// roundings), so out is bit-identical to RmsNorm<T> into a buffer followed by SmallMLinear<T, T>.
+// SmallMLinearNormInSiluMul: the same for SmallMLinearSiluMul (bit-identical to RmsNorm<T> +
+// SmallMLinearSiluMul<T>).
+// SmallMLinearAddTo: residual = round_T(residual + round_T(a . w^T (+ bias))), in place: the
+// product rounded as SmallMLinear<T, T> stores it, then added as FusedAddRmsNorm updates the
+// residual (bit-identical to SmallMLinear<T, T> into `x` + FusedAddRmsNorm's residual update).
+// residual: [m, n], not overlapping a, w or bias.
+// T is __nv_bfloat16 or __half. INVALID_ARGUMENT (nothing launched) outside the Supported
+// functions or for a null out / residual. programmatic_launch: see the PDL note above.
+inline constexpr int64_t kGemvNormInMaxSmemBytes = 48 * 1024;
+bool SmallMLinearNormInSupported(const void* x, const void* norm_weight, const void* w, int64_t m,
+                                 int64_t n, int64_t k);
+template <typename T>
+absl::Status SmallMLinearNormIn(const T* x, const T* norm_weight, float eps, const T* w,
+                                const T* bias, int64_t m, int64_t n, int64_t k, T* out,
+                                cudaStream_t stream, bool programmatic_launch = false);
+template <typename T>
+absl::Status SmallMLinearNormInSiluMul(const T* x, const T* norm_weight, float eps, const T* w,
+                                       const T* bias, int64_t m, int64_t inter, int64_t k, T* out,
+                                       cudaStream_t stream, bool programmatic_launch = false);
+template <typename T>
+absl::Status SmallMLinearAddTo(const T* a, const T* w, const T* bias, int64_t m, int64_t n,
+                               int64_t k, T* residual, cudaStream_t stream,
+                               bool programmatic_launch = false);
+
 #define TANDEM_GEMV_CUDA_EXTERN(T, TOut)                                                    \
   extern template absl::Status SmallMLinear<T, TOut>(const T*, const T*, const T*, int64_t, \
                                                      int64_t, int64_t, TOut*, cudaStream_t, bool);
@@ -78,6 +111,18 @@ extern template absl::Status SmallMLinearSiluMul<__nv_bfloat16>(const __nv_bfloa
 extern template absl::Status SmallMLinearSiluMul<__half>(const __half*, const __half*,
                                                          const __half*, int64_t, int64_t, int64_t,
                                                          __half*, cudaStream_t, bool);
+#define TANDEM_GEMV_FOLD_EXTERN(T)                                                               \
+  extern template absl::Status SmallMLinearNormIn<T>(const T*, const T*, float, const T*,        \
+                                                     const T*, int64_t, int64_t, int64_t, T*,    \
+                                                     cudaStream_t, bool);                        \
+  extern template absl::Status SmallMLinearNormInSiluMul<T>(const T*, const T*, float, const T*, \
+                                                            const T*, int64_t, int64_t, int64_t, \
+                                                            T*, cudaStream_t, bool);             \
+  extern template absl::Status SmallMLinearAddTo<T>(const T*, const T*, const T*, int64_t,       \
+                                                    int64_t, int64_t, T*, cudaStream_t, bool);
+TANDEM_GEMV_FOLD_EXTERN(__nv_bfloat16)
+TANDEM_GEMV_FOLD_EXTERN(__half)
+#undef TANDEM_GEMV_FOLD_EXTERN
 
 }  // namespace tandem::kernels::cuda
 

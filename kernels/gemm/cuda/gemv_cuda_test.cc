@@ -1,6 +1,8 @@
 // SmallMLinear and SmallMLinearSiluMul against fp64 references on fresh random inputs, the fused
-// SiLU*up against the unfused GEMV + SiluAndMul path (bit-identical), and programmatic dependent
-// launch (eager and graph-captured chains) against ordinary launches (GPU; skips without one).
+// SiLU*up against the unfused GEMV + SiluAndMul path (bit-identical), the norm-folded and
+// residual-adding variants against RmsNorm / FusedAddRmsNorm + GEMV (bit-identical) and fp64,
+// and programmatic dependent launch (eager and graph-captured chains) against ordinary launches
+// (GPU; skips without one).
 #include "kernels/gemm/cuda/gemv_cuda.h"
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -255,6 +258,100 @@ TEST(GemvCudaTest, ProgrammaticLaunchChainsMatchOrdinaryLaunches) {
   RunPdlChain<bf16>(rng, 8, 264, 7);
 }
 
+// The residual add + RMSNorm folded into the GEMVs (one GPU, batch 1): SmallMLinearNormIn and
+// SmallMLinearNormInSiluMul against RmsNorm<T> + the plain kernels, bit for bit, and the former
+// against an fp64 reference of norm then product; SmallMLinearAddTo against SmallMLinear<T, T> +
+// FusedAddRmsNorm's residual update, bit for bit, and an fp64 reference. n not a multiple of 8
+// leaves idle warps in the last CTA, which must still take part in staging the norm.
+template <typename T>
+void RunFoldCase(std::mt19937& rng, int64_t m, int64_t n, int64_t k, bool with_bias, bool pdl) {
+  SCOPED_TRACE(::testing::Message()
+               << "m=" << m << " n=" << n << " k=" << k << " bias=" << with_bias << " pdl=" << pdl);
+  const float eps = 1e-5f;
+  const std::vector<T> x = RandomT<T>(rng, m * k, 3.0f), norm_w = RandomT<T>(rng, k),
+                       w = RandomT<T>(rng, 2 * n * k, 1.0f / std::sqrt(float(k))),
+                       bias = RandomT<T>(rng, 2 * n), residual = RandomT<T>(rng, m * n);
+  DeviceBuffer<T> dx(x), dnw(norm_w), dw(w), db(bias), normed(m * k), fused(m * 2 * n),
+      unfused(m * 2 * n), added(residual), want_added(residual), product(m * n);
+  const T* b = with_bias ? db.get() : nullptr;
+  // NormIn (n rows of w), NormInSiluMul (inter = n over all 2 n rows), AddTo (residual [m, n]).
+  ASSERT_TRUE(SmallMLinearNormIn<T>(dx.get(), dnw.get(), eps, dw.get(), b, m, n, k, fused.get(),
+                                    nullptr, pdl)
+                  .ok());
+  ASSERT_TRUE(SmallMLinearNormInSiluMul<T>(dx.get(), dnw.get(), eps, dw.get(), b, m, n, k,
+                                           fused.get() + m * n, nullptr, !pdl)
+                  .ok());
+  ASSERT_TRUE(SmallMLinearAddTo<T>(dx.get(), dw.get(), b, m, n, k, added.get(), nullptr, pdl).ok());
+  ASSERT_TRUE(RmsNorm<T>(dx.get(), dnw.get(), m, k, eps, normed.get(), nullptr).ok());
+  ASSERT_TRUE(
+      (SmallMLinear<T, T>(normed.get(), dw.get(), b, m, n, k, unfused.get(), nullptr)).ok());
+  ASSERT_TRUE(
+      SmallMLinearSiluMul<T>(normed.get(), dw.get(), b, m, n, k, unfused.get() + m * n, nullptr)
+          .ok());
+  ASSERT_TRUE((SmallMLinear<T, T>(dx.get(), dw.get(), b, m, n, k, product.get(), nullptr)).ok());
+  if (n % 8 == 0) {  // FusedAddRmsNorm's 16-byte rows; its norm output lands in product
+    ASSERT_TRUE(
+        FusedAddRmsNorm<T>(product.get(), want_added.get(), dnw.get(), m, n, eps, nullptr).ok());
+  }
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<T> got = fused.ToHost(), ref = unfused.ToHost(), got_add = added.ToHost();
+  EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(T)), 0)
+      << "norm-folded products differ from RmsNorm + GEMV";
+  if (n % 8 == 0) {
+    const std::vector<T> want_add = want_added.ToHost();
+    EXPECT_EQ(std::memcmp(got_add.data(), want_add.data(), got_add.size() * sizeof(T)), 0)
+        << "AddTo differs from GEMV + FusedAddRmsNorm's residual update";
+  }
+  const double u = RelOut<T>();
+  for (int64_t i = 0; i < m; ++i) {
+    double ss = 0;
+    for (int64_t p = 0; p < k; ++p)
+      ss += double{cuda_test::ToF(x[i * k + p])} * cuda_test::ToF(x[i * k + p]);
+    const double inv_rms = 1.0 / std::sqrt(ss / k + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      // Norm then product in fp64; each normalised input rounded to T (u), rsqrtf's error and
+      // the fp32 sum of squares' (k 2^-25 on inv_rms), the product's fp32 accumulation.
+      double want = with_bias ? cuda_test::ToF(bias[j]) : 0.0, mag = std::fabs(want);
+      double dot, dot_mag;
+      Dot(x, w, with_bias ? &bias : nullptr, i, j, k, &dot, &dot_mag);
+      for (int64_t p = 0; p < k; ++p) {
+        const double term = double{cuda_test::ToF(x[i * k + p])} * inv_rms *
+                            cuda_test::ToF(norm_w[p]) * cuda_test::ToF(w[j * k + p]);
+        want += term;
+        mag += std::fabs(term);
+      }
+      const double tol =
+          u * std::fabs(want) + (1.01 * u + 0x1p-21 + k * 0x1p-25 + (k + 2) * 0x1p-24) * mag;
+      const double g = cuda_test::ToF(got[i * n + j]);
+      ASSERT_LE(std::fabs(g - want), tol) << "normed out[" << i << ", " << j << "] = " << g;
+      // residual + the product rounded to T, the sum rounded again.
+      const double r = cuda_test::ToF(residual[i * n + j]);
+      const double add_tol =
+          u * std::fabs(r + dot) + u * std::fabs(dot) + (k + 2) * 0x1p-24 * dot_mag;
+      const double a = cuda_test::ToF(got_add[i * n + j]);
+      ASSERT_LE(std::fabs(a - (r + dot)), add_tol) << "residual[" << i << ", " << j << "] = " << a;
+    }
+  }
+}
+
+TEST(GemvCudaTest, FoldedNormAndResidualAddMatchUnfusedAndFp64Reference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  // (m + 1) * k * 2 + 32 bytes of shared memory within 48 KiB: k = 4096 up to m = 4.
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 7, 72},
+                         {1, 333, 4096},
+                         {1, 1000, 2056},
+                         {2, 64, 264},
+                         {3, 13, 1032},
+                         {4, 96, 4096},
+                         {8, 40, 2048}}) {
+    for (bool bias : {false, true}) {
+      RunFoldCase<bf16>(rng, m, n, k, bias, (m + n) % 2 == 0);
+      RunFoldCase<__half>(rng, m, n, k, bias, (m + n) % 2 == 1);
+    }
+  }
+}
+
 TEST(GemvCudaTest, RejectsUnsupportedArguments) {
   TANDEM_SKIP_WITHOUT_GPU();
   DeviceBuffer<bf16> a(64), w(64);
@@ -283,6 +380,22 @@ TEST(GemvCudaTest, RejectsUnsupportedArguments) {
       SmallMLinearSiluMul<bf16>(a.get() + 1, w.get(), nullptr, 1, 2, 8, out.get(), nullptr).code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SmallMLinearSiluMul<bf16>(a.get(), w.get(), nullptr, 1, 2, 8, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Norm folded in: a norm weight, and (m + 1) * k * 2 + 32 bytes of shared memory within
+  // 48 KiB (m = 5 at k = 4096 is 32 bytes over: its launch failed).
+  EXPECT_TRUE(SmallMLinearNormInSupported(a.get(), w.get(), w.get(), 1, 4, 16));
+  EXPECT_FALSE(SmallMLinearNormInSupported(a.get(), nullptr, w.get(), 1, 4, 16));
+  EXPECT_TRUE(SmallMLinearNormInSupported(a.get(), w.get(), w.get(), 4, 4, 4096));
+  EXPECT_FALSE(SmallMLinearNormInSupported(a.get(), w.get(), w.get(), 5, 4, 4096));
+  EXPECT_EQ(SmallMLinearNormIn<bf16>(a.get(), nullptr, 1e-5f, w.get(), nullptr, 1, 4, 16, out.get(),
+                                     nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SmallMLinearNormInSiluMul<bf16>(a.get(), w.get(), 1e-5f, w.get(), nullptr, 1, 0, 16,
+                                            out.get(), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SmallMLinearAddTo<bf16>(a.get(), w.get(), nullptr, 1, 4, 16, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,0 +1,51 @@
+// CudaLlamaModel's decoder layer with the residual add + RMSNorm folded into its GEMVs
+// (CudaModelOptions::fold_norm; kernels/gemm/cuda/gemv_cuda.h): a batch-1 step on one GPU runs
+// per layer qkv (input norm in its prologue) -> RoPE + KV write -> attention -> o_proj (adds
+// into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds
+// into residual_), 2 kernels fewer than the unfused layer, the same bits in residual_ and in
+// every product.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/status_macros.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
+#include "runtime/cuda/cuda_llama_model.h"
+
+namespace tandem::runtime::cuda {
+
+namespace kc = ::tandem::kernels::cuda;
+
+template <typename T>
+absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::DeviceKvCache& cache,
+                                         int64_t l, const StepAttentionPlan& plan,
+                                         void* attn_workspace, cudaStream_t stream) {
+  const int64_t Tn = step.num_tokens, H = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t q_dim = config_.num_attention_heads * config_.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * config_.num_key_value_heads * config_.head_dim;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const bool pdl = options_.programmatic_launch;
+  const Layer& w = layers_[l];
+  T* residual = residual_.get<T>();
+  RETURN_IF_ERROR(kc::SmallMLinearNormIn<T>(residual, w.input_layernorm.get<T>(), eps,
+                                            w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, qkv_dim,
+                                            H, qkv_.get<T>(), stream, pdl));
+  ASSIGN_OR_RETURN(const T* o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
+  RETURN_IF_ERROR(kc::SmallMLinearAddTo<T>(o_in, w.o_proj.get<T>(), w.o_bias.get<T>(), Tn, H, q_dim,
+                                           residual, stream, pdl));
+  RETURN_IF_ERROR(kc::SmallMLinearNormInSiluMul<T>(
+      residual, w.post_attention_layernorm.get<T>(), eps, w.gate_up_proj.get<T>(),
+      w.gate_up_bias.get<T>(), Tn, I, H, act_.get<T>(), stream, pdl));
+  return kc::SmallMLinearAddTo<T>(act_.get<T>(), w.down_proj.get<T>(), w.down_bias.get<T>(), Tn, H,
+                                  I, residual, stream, pdl);
+}
+
+template absl::Status CudaLlamaModel::FoldedLayer<__nv_bfloat16>(const DeviceStep&,
+                                                                 const kc::DeviceKvCache&, int64_t,
+                                                                 const StepAttentionPlan&, void*,
+                                                                 cudaStream_t);
+template absl::Status CudaLlamaModel::FoldedLayer<__half>(const DeviceStep&,
+                                                          const kc::DeviceKvCache&, int64_t,
+                                                          const StepAttentionPlan&, void*,
+                                                          cudaStream_t);
+
+}  // namespace tandem::runtime::cuda
