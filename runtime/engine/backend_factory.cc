@@ -119,10 +119,6 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefill_kernel must be auto, mma or decode, got '", options.prefill_kernel, "'"));
   }
-  // Data-parallel attention with expert parallelism on CUDA (runtime/cuda/cuda_moe_all_to_all.h):
-  // the Llama-family MoE decoders and DeepSeek's MLA model (each rank its sequences' latent).
-  const bool dp_attention =
-      options.dp_attention && options.group != nullptr && options.group->size() > 1;
   // DeepSeek multi-head latent attention on CUDA (runtime/cuda/cuda_mla_model.h): one GPU or a
   // tensor-parallel group, dense and MoE layers, DCP (latent token shards, 16-bit or FP8 latent).
   // The CUDA model runs the Llama-family layers (Llama, Qwen2, Mistral, Qwen3's q/k norms) and
@@ -168,8 +164,10 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   config.dcp_size = options.dcp_size;
   config.dcp_interleave = options.dcp_interleave;
   config.fp8_latent_kv = fp8_kv;
-  // Data-parallel attention: each rank's runner gets its own DP rank's sequences only.
-  if (dp_attention) {
+  // Data-parallel attention with expert parallelism on CUDA (runtime/cuda/cuda_moe_all_to_all.h):
+  // the Llama-family MoE decoders and DeepSeek's MLA model (each rank its sequences' latent); each
+  // rank's runner gets its own DP rank's sequences only.
+  if (options.dp_attention && options.group != nullptr && options.group->size() > 1) {
     return DpAttentionExecutorFactory(cuda::CudaExecutorFactory(config), options.group);
   }
   return cuda::CudaExecutorFactory(config);
