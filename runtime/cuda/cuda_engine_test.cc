@@ -303,6 +303,30 @@ TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
   EXPECT_EQ(separate_stats.folded_norm_steps, 0);
 }
 
+// CudaBackendConfig::fold_rope: the folded batch-1 steps with RoPE + the KV write in the qkv
+// GEMV's epilogue give the separate RopeQkvToCache kernel's tokens and logits bit for bit (the
+// same products, the same rotation arithmetic), the 1-token prompts' folded prefill included.
+TEST(CudaEngineTest, FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
+  prompts[0].resize(1);
+  prompts[1].resize(1);
+  CudaBackendConfig fused = MidBackend();
+  fused.gemm_autotune = false;
+  fused.fold_rope = true;
+  CudaBackendConfig separate = fused;
+  separate.fold_rope = false;
+  const auto [fused_stats, separate_stats] =
+      ExpectSameOutputs(model, seed, fused, separate, prompts, 12, false);
+  EXPECT_GT(fused_stats.folded_rope_steps, 6 * 10);  // every decode step, 2 prefills
+  EXPECT_EQ(fused_stats.folded_rope_steps, fused_stats.folded_norm_steps);
+  EXPECT_GT(fused_stats.graph_steps, 0);
+  EXPECT_EQ(separate_stats.folded_rope_steps, 0);
+}
+
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group
 // of one: over NCCL inside captured decode graphs, and host-staged over Gloo (eager), both
 // bit-identical to the runner without a group (every collective of one rank is a copy).

@@ -465,6 +465,10 @@ bool CudaLlamaModel::FoldsNorms(int64_t Tn) const {
          UseGemv(act_.data(), w.down_proj.data(), Tn, H, I);
 }
 
+bool CudaLlamaModel::FoldsRope(int64_t Tn) const {
+  return options_.fold_rope && !config_.qk_norm && config_.head_dim % 2 == 0 && FoldsNorms(Tn);
+}
+
 template <typename T>
 absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Weight& fp8,
                                      const T* a, const DeviceBuffer& bias, int64_t m, int64_t n,
@@ -509,6 +513,16 @@ absl::StatusOr<const T*> CudaLlamaModel::Attention(const DeviceStep& step,
   RETURN_IF_ERROR(dcp_exchange_->Exchange<T>(Ptr<T>(attn_), step.num_tokens, stream));
   return dcp_exchange_->merged<T>();
 }
+
+// FoldedLayer (cuda_llama_model_fold.cc) calls it too.
+template absl::StatusOr<const __nv_bfloat16*> CudaLlamaModel::Attention<__nv_bfloat16>(
+    const DeviceStep&, const kc::DeviceKvCache&, int64_t, const StepAttentionPlan&, void*,
+    cudaStream_t);
+template absl::StatusOr<const __half*> CudaLlamaModel::Attention<__half>(const DeviceStep&,
+                                                                         const kc::DeviceKvCache&,
+                                                                         int64_t,
+                                                                         const StepAttentionPlan&,
+                                                                         void*, cudaStream_t);
 
 template <typename T>
 absl::Status CudaLlamaModel::ReduceAddNorm(bool reduce, bool add, const T* weight, int64_t Tn,

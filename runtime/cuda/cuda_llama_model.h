@@ -97,6 +97,11 @@ struct CudaModelOptions {
   // o_proj / down_proj add their product into the residual stream, qkv and gate_up normalise it
   // per CTA): 2 kernels fewer per layer, bit-identical logits. false: separate norm kernels.
   bool fold_norm = true;
+  // With fold_norm, and no qk-norm (Qwen3): the qkv GEMV also applies RoPE and writes k / v into
+  // the pool and q for attention in its epilogue (kernels/gemm/cuda/gemv_cuda.h:
+  // SmallMLinearNormInRopeKv), instead of a separate RopeQkvToCache kernel: 1 kernel fewer per
+  // layer. false: the separate kernel.
+  bool fold_rope = false;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding
@@ -172,6 +177,8 @@ class CudaLlamaModel {
   // True when a step of Tn tokens runs its residual adds + RMSNorms inside the layers' GEMVs
   // (options.fold_norm, no communicator, a dense bf16/fp16 model, every product on the GEMV).
   bool FoldsNorms(int64_t Tn) const;
+  // True when such a step's qkv GEMV also does RoPE + the KV write (options.fold_rope).
+  bool FoldsRope(int64_t Tn) const;
   const float* logits() const { return logits_.get<float>(); }
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }

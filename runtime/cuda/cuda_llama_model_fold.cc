@@ -26,10 +26,33 @@ absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::Devic
   const bool pdl = options_.programmatic_launch;
   const Layer& w = layers_[l];
   T* residual = residual_.get<T>();
-  RETURN_IF_ERROR(kc::SmallMLinearNormIn<T>(residual, w.input_layernorm.get<T>(), eps,
-                                            w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, qkv_dim,
-                                            H, qkv_.get<T>(), stream, pdl));
-  ASSIGN_OR_RETURN(const T* o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
+  const T* o_in;
+  if (FoldsRope(Tn)) {  // RoPE + KV write in the qkv GEMV: q_ and the pool written, not qkv_
+    const ::tandem::kernels::KvCacheLayout& kv = cache.layout;
+    kc::GemvRopeKv rope;
+    rope.positions = step.positions;
+    rope.slot_mapping = step.slot_mapping;
+    rope.inv_freq = inv_freq_.get<float>();
+    rope.head_dim = static_cast<int>(config_.head_dim);
+    rope.num_q_heads = static_cast<int>(config_.num_attention_heads);
+    rope.num_kv_heads = static_cast<int>(config_.num_key_value_heads);
+    rope.q_out = q_.get<T>();
+    rope.pool = cache.data;
+    rope.num_slots = kv.NumSlots();
+    rope.block_size = kv.block_size;
+    rope.layer_tile_offset = kv.TileOffset(0, l, 0);
+    rope.block_stride = kv.BlockElems();
+    rope.kv_stride = kv.TileElems();
+    RETURN_IF_ERROR(kc::SmallMLinearNormInRopeKv<T>(residual, w.input_layernorm.get<T>(), eps,
+                                                    w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, H,
+                                                    rope, stream, pdl));
+    ASSIGN_OR_RETURN(o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
+  } else {
+    RETURN_IF_ERROR(kc::SmallMLinearNormIn<T>(residual, w.input_layernorm.get<T>(), eps,
+                                              w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, qkv_dim,
+                                              H, qkv_.get<T>(), stream, pdl));
+    ASSIGN_OR_RETURN(o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
+  }
   RETURN_IF_ERROR(kc::SmallMLinearAddTo<T>(o_in, w.o_proj.get<T>(), w.o_bias.get<T>(), Tn, H, q_dim,
                                            residual, stream, pdl));
   RETURN_IF_ERROR(kc::SmallMLinearNormInSiluMul<T>(

@@ -193,6 +193,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.checkpoint = config.checkpoint;
   options.programmatic_launch = config.programmatic_launch;
   options.fold_norm = config.fold_norm;
+  options.fold_rope = config.fold_rope;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
   if (config.fp8_latent_kv && !spec.model_config.IsMla()) {
@@ -546,6 +547,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     stats_.split_merge_in_kernel_steps += !plan.use_prefill && plan.decode.merge_in_kernel ? 1 : 0;
   }
   stats_.folded_norm_steps += model_ != nullptr && model_->FoldsNorms(step.num_tokens) ? 1 : 0;
+  stats_.folded_rope_steps += model_ != nullptr && model_->FoldsRope(step.num_tokens) ? 1 : 0;
   RETURN_IF_ERROR(EnqueueHiddenCopy(batch, total_tokens));
   RETURN_IF_ERROR(EnqueueRejection(batch, padded > 0));
   const int64_t R = step.num_logit_rows;

@@ -47,6 +47,8 @@
 // kernel (CudaBackendConfig::decode_merge_in_kernel, default off); rows print how many timed
 // steps merged in the kernel. --fold_norm=0: the residual add + RMSNorm as separate kernels at
 // batch 1 on one GPU (CudaBackendConfig::fold_norm, default on: folded into the GEMVs).
+// --fold_rope=1: with the fold, RoPE + the KV write in the qkv GEMV's epilogue
+// (CudaBackendConfig::fold_rope); rows print how many timed steps did.
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
@@ -120,7 +122,7 @@ int Main(int argc, char** argv) {
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
-  bool fold_norm = CudaBackendConfig().fold_norm;
+  bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -144,6 +146,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
     if (a.rfind("--fold_norm=", 0) == 0) fold_norm = std::atoi(argv[i] + 12) != 0;
+    if (a.rfind("--fold_rope=", 0) == 0) fold_rope = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -188,6 +191,7 @@ int Main(int argc, char** argv) {
   backend.vocab_parallel_greedy_min_rows = vocab_greedy_min_rows;
   backend.decode_merge_in_kernel = merge_in_kernel;
   backend.fold_norm = fold_norm;
+  backend.fold_rope = fold_rope;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -371,12 +375,13 @@ int Main(int argc, char** argv) {
               "   graph launch %.1f us",
               static_cast<double>(after.graph_launch_ns - before.graph_launch_ns) / launches / 1e3);
         }
-        std::printf("   split merge in kernel %lld/%d steps   norms folded %lld/%d\n",
-                    static_cast<long long>(after.split_merge_in_kernel_steps -
-                                           before.split_merge_in_kernel_steps),
-                    steps,
-                    static_cast<long long>(after.folded_norm_steps - before.folded_norm_steps),
-                    steps);
+        std::printf(
+            "   split merge in kernel %lld/%d steps   norms folded %lld/%d   rope folded %lld/%d\n",
+            static_cast<long long>(after.split_merge_in_kernel_steps -
+                                   before.split_merge_in_kernel_steps),
+            steps, static_cast<long long>(after.folded_norm_steps - before.folded_norm_steps),
+            steps, static_cast<long long>(after.folded_rope_steps - before.folded_rope_steps),
+            steps);
         std::fflush(stdout);
       }
       if (tracer != nullptr) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 
@@ -32,20 +33,28 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
   if (Has(name, "AddNormKernel")) return "all-reduce + add + norm (fused)";
   if (Has(name, "OneShotKernel") || Has(name, "TwoShotKernel")) return "all-reduce (custom)";
   if (Has(name, "nccl") || Has(name, "NCCL")) return "NCCL";
+  if (Has(name, "SmallMLinearNormInRopeKvKernel")) return "gemv qkv + rope + KV write";
   if (Has(name, "SmallMLinearKernel")) {
-    // SmallMLinearKernel<T, TOut, M, kRows> (kernels/gemm/cuda/gemv_cuda.cu): kRows 2 is gate_up
-    // with SiLU*up; TOut float is the logits.
+    // SmallMLinearKernel<T, TOut, M, kRows[, Fold]> (kernels/gemm/cuda/gemv_cuda.cu): kRows 2 is
+    // gate_up with SiLU*up; TOut float is the logits.
     const size_t open = name.find('<');
     const std::string_view args =
-        open == std::string_view::npos ? std::string_view() : name.substr(open);
-    const std::string_view targs = args.substr(0, args.find('>') + 1);
-    if (targs.ends_with(", 2>")) return "gemv gate_up + silu";
-    if (targs.substr(targs.find(',') + 1).starts_with(" float")) return "gemv lm_head";
+        open == std::string_view::npos ? std::string_view() : name.substr(open + 1);
+    std::vector<std::string_view> targs;
+    for (std::string_view rest = args.substr(0, args.find('>'));;) {
+      const size_t comma = rest.find(", ");
+      targs.push_back(rest.substr(0, comma));
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 2);
+    }
+    if (targs.size() >= 4 && targs[3] == "2") return "gemv gate_up + silu";
+    if (targs.size() >= 2 && targs[1] == "float") return "gemv lm_head";
     if (previous == "attention") return "gemv o_proj";
     if (previous == "gemv gate_up + silu") return "gemv down_proj";
     return "gemv qkv";
   }
-  if (Has(name, "gemm") || Has(name, "Gemm") || Has(name, "cutlass") || Has(name, "xmma")) {
+  if (Has(name, "gemm") || Has(name, "Gemm") || Has(name, "cutlass") || Has(name, "xmma") ||
+      Has(name, "nvjet")) {
     return "cuBLAS GEMM";
   }
   if (Has(name, "PagedDecode") || Has(name, "Splits") || Has(name, "Prefill") ||

@@ -24,6 +24,21 @@ constexpr char kGateUp[] =
 constexpr char kLmHead[] =
     "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, float, "
     "1, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, float*)";
+// The folded kernels' names (their Fold argument printed as a cast) and the qkv + RoPE kernel.
+constexpr char kFoldedGateUp[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
+    "__nv_bfloat16, 1, 2, (tandem::kernels::cuda::(anonymous namespace)::Fold)1>(__nv_bfloat16 "
+    "const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, __nv_bfloat16*, "
+    "__nv_bfloat16 const*, float)";
+constexpr char kFoldedAdd[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearKernel<__nv_bfloat16, "
+    "__nv_bfloat16, 1, 1, (tandem::kernels::cuda::(anonymous namespace)::Fold)2>(__nv_bfloat16 "
+    "const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, long, __nv_bfloat16*, "
+    "__nv_bfloat16 const*, float)";
+constexpr char kQkvRope[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::SmallMLinearNormInRopeKvKernel<"
+    "__nv_bfloat16, 1>(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16 const*, long, "
+    "__nv_bfloat16 const*, float, tandem::kernels::cuda::GemvRopeKv)";
 constexpr char kFused[] =
     "void tandem::comm::(anonymous namespace)::AddNormKernel<__nv_bfloat16, 4, 2>(tandem::comm::"
     "(anonymous namespace)::ArParams, tandem::comm::(anonymous namespace)::ArNormParams<"
@@ -48,6 +63,12 @@ TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass("void foo::(anonymous namespace)::Mystery<int>(int)", ""),
             "other: Mystery");
   EXPECT_EQ(KernelClass("SmallMLinearKernel", ""), "gemv qkv");  // no template arguments
+  EXPECT_EQ(KernelClass(kFoldedGateUp, "gemv o_proj"), "gemv gate_up + silu");
+  EXPECT_EQ(KernelClass(kFoldedAdd, "attention"), "gemv o_proj");
+  EXPECT_EQ(KernelClass(kFoldedAdd, "gemv gate_up + silu"), "gemv down_proj");
+  EXPECT_EQ(KernelClass(kQkvRope, "gemv down_proj"), "gemv qkv + rope + KV write");
+  EXPECT_EQ(KernelClass("void nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN(CUtensorMap_st)", ""),
+            "cuBLAS GEMM");
 }
 
 // Two steps of one layer, 1 us per kernel unless said: times add up per class, the PDL overlap

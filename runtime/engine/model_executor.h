@@ -51,6 +51,9 @@ struct ExecutorStats {
   // Steps whose residual adds + RMSNorms ran inside the GEMVs (CUDA: CudaBackendConfig::
   // fold_norm; graph replays included).
   int64_t folded_norm_steps = 0;
+  // Of those, steps whose qkv GEMVs also applied RoPE and wrote the KV pool (CUDA:
+  // CudaBackendConfig::fold_rope).
+  int64_t folded_rope_steps = 0;
   // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
   // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
   // backends that do not count.

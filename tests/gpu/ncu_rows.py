@@ -3,11 +3,15 @@
 NCU_SECTIONS asks for): time, DRAM read bandwidth, L2 hit rate, grid, waves, issue rate and the
 top stalls, as kernels/attention/cuda/BENCHMARKS.md's ncu tables print them.
 
-  ncu_rows.py LABEL=NCU_LOG [LABEL=NCU_LOG ...]
+  ncu_rows.py [--every] [--flops=LABEL:FLOP,...] LABEL=NCU_LOG [LABEL=NCU_LOG ...]
 
 A log may hold several profiled launches: a kernel whose name has "Merge" belongs to the launch
 before it (a split-KV decode's merge), and of each other kernel name the last launch is shown
 (the warm one when a run profiles a first call too). A log without kernels prints why.
+--every: every profiled launch, numbered (LABEL #N), in launch order, plus two columns: the
+tensor pipes' utilisation (any sm__pipe_tensor_op_*_cycles_active pct metric the log holds) and,
+where --flops gives LABEL's useful FLOP count (a prefill shape's causal work), TFLOP/s over the
+launch's duration.
 """
 import re
 import sys
@@ -95,7 +99,49 @@ def row(label, k):
     return "| " + " | ".join(cells) + " |"
 
 
+PIPE = re.compile(r"sm__pipe_tensor_op_(\w+?)_cycles_active\.avg\.pct_of_peak_sustained_active")
+
+
+def extra_cells(k, flop):
+    """--every's two cells: tensor pipe % per pipe name, TFLOP/s from flop (or None)."""
+    pipes = [f"{p.group(1)} {v[0]:.1f}%" for n, v in k["m"].items() for p in [PIPE.fullmatch(n)]
+             if p]
+    us = scaled(k, "Duration")
+    tflops = flop / us * 1e-6 if flop and us else None
+    return [", ".join(pipes) or "-", fmt(tflops, ".1f")]
+
+
+def main_every(args):
+    flops = {}
+    rows = [a for a in args if not a.startswith("--")]
+    for a in args:
+        if a.startswith("--flops="):
+            for item in a[len("--flops="):].split(","):
+                label, value = item.rsplit(":", 1)
+                flops[label] = float(value)
+    print("| kernel, shape | us | DRAM read TB/s (DRAM % of peak) | L2 hit | grid x block, "
+          "regs, occupancy, waves | issued / sched / cycle | cycles per issue | top stalls "
+          "(cycles per issued instruction) | tensor pipe (% of peak) | TFLOP/s |")
+    print("| --- | ---: | --- | ---: | --- | ---: | ---: | --- | --- | ---: |")
+    for arg in rows:
+        label, path = arg.split("=", 1)
+        try:
+            with open(path, errors="replace") as f:
+                kernels = parse(f.read())
+        except OSError as e:
+            print(f"| {label}: no log ({e.strerror}) |")
+            continue
+        if not kernels:
+            print(f"| {label}: no kernel profiled (see {path}) |")
+        for i, k in enumerate(kernels):
+            cells = extra_cells(k, flops.get(label))
+            print(row(f"{label} #{i}", k) + " " + " | ".join(cells) + " |")
+    return 0
+
+
 def main():
+    if "--every" in sys.argv[1:]:
+        return main_every(sys.argv[1:])
     if len(sys.argv) < 2 or any("=" not in a for a in sys.argv[1:]):
         print(__doc__, file=sys.stderr)
         return 2

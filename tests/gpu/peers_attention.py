@@ -29,6 +29,11 @@ causal_lower_right and through an explicit bottom-right bool mask [1, 1, new, pr
 dense mask: cuDNN cannot skip the masked tiles); the faster one that passes its check is the
 row's time. Rows (or why cuDNN could not run) go to FILE as JSON; --dry_run writes fake timings
 without torch (to rehearse the table).
+
+  python3 tests/gpu/peers_attention.py --modes cudnn_ncu
+
+The same cuDNN calls for a profiler (ncu --profile-from-start off): one call per shape (extend:
+per mask) between cudaProfilerStart / Stop, after two warm calls; prints the profiled calls.
 """
 import argparse
 import json
@@ -308,6 +313,41 @@ def run_cudnn_prefill(args):
     return 0
 
 
+def run_cudnn_ncu(args):
+    """cuDNN's prefill kernels for ncu --profile-from-start off: per shape, two warm calls (the
+    cuDNN graph is built at the first), then one call between cudaProfilerStart / Stop; extend as
+    causal_lower_right and as the bool mask, each with enable_gqa (or the KV heads expanded where
+    cuDNN refuses it). Prints the profiled calls in order (ncu's launches follow it)."""
+    from torch.nn.attention.bias import causal_lower_right
+    for name, b, new, prefix in PREFILL_SHAPES:
+        s = prefix + new
+        q = torch.randn(b, HQ, new, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        masks = [("is_causal", None)]
+        if prefix:
+            keys = torch.arange(s, device="cuda")[None, :]
+            bool_mask = (keys <= prefix + torch.arange(new, device="cuda")[:, None])[None, None]
+            masks = [("causal_lower_right", causal_lower_right(new, s)), ("bool mask", bool_mask)]
+        for mask_name, mask in masks:
+            for gqa in (True, False):  # enable_gqa, else the KV heads expanded (not profiled)
+                how = "enable_gqa" if gqa else "KV heads expanded to 32"
+                try:
+                    fn = cudnn_call(q, k, v, mask, gqa)
+                    fn(), fn()
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.start()
+                    fn()
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.stop()
+                    print(f"profiled: {name}, {mask_name}, {how}", flush=True)
+                    break
+                except Exception as e:  # cuDNN refused the shape, the mask or GQA
+                    print(f"not profiled: {name}, {mask_name}, {how}: {short(e)}", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="decode,prefill")
@@ -322,6 +362,8 @@ def main():
     args = ap.parse_args()
     if args.modes == "cudnn_prefill":
         return run_cudnn_prefill(args)
+    if args.modes == "cudnn_ncu":
+        return run_cudnn_ncu(args)
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}; torch {torch.__version__}")
     flex = Flex(not args.no_flex)

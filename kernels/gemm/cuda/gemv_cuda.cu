@@ -233,6 +233,79 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// RoPE + KV write of output pair `pair` = (head h, element i < D / 2) of token r, from the two
+// products x1 (row h * D + i) and x2 (row h * D + i + D / 2), each already rounded to T as the qkv
+// buffer stores it: q and k rotated with RopeQkvToCacheKernel's fp32 expression
+// (kernels/attention/cuda/rope_cache_cuda.cu), v copied; q dense, k / v into the token's slot.
+template <typename T>
+__device__ __forceinline__ void RopeKvStore(const GemvRopeKv& d, int64_t pair, int r, float x1,
+                                            float x2) {
+  const int half = d.head_dim / 2;
+  const int64_t h = pair / half;
+  const int i = static_cast<int>(pair % half);
+  T* dst;
+  bool is_v = false;
+  if (h < d.num_q_heads) {
+    dst = static_cast<T*>(d.q_out) + (r * d.num_q_heads + h) * d.head_dim;
+  } else {
+    const int64_t slot = d.slot_mapping[r];
+    if (slot < 0 || slot >= d.num_slots) return;
+    is_v = h >= d.num_q_heads + d.num_kv_heads;
+    const int64_t kv_head = h - d.num_q_heads - (is_v ? d.num_kv_heads : 0);
+    dst = static_cast<T*>(d.pool) + (slot / d.block_size) * d.block_stride + d.layer_tile_offset +
+          (is_v ? d.kv_stride : 0) +
+          ((slot % d.block_size) * d.num_kv_heads + kv_head) * d.head_dim;
+  }
+  if (is_v) {
+    dst[i] = FromFloat<T>(x1);
+    dst[i + half] = FromFloat<T>(x2);
+    return;
+  }
+  float s, c;
+  sincosf(static_cast<float>(d.positions[r]) * d.inv_freq[i], &s, &c);
+  dst[i] = FromFloat<T>(x1 * c + (-x2) * s);
+  dst[i + half] = FromFloat<T>(x2 * c + x1 * s);
+}
+
+// The qkv product with the input RMSNorm in its prologue (as Fold::kNormIn) and RoPE + the KV
+// write in its epilogue: warp = output pair (head h, i < D / 2), streaming weight rows h * D + i
+// and h * D + i + D / 2 exactly as the kNormIn kernel streams a row (same loads, same lane order:
+// products bit-identical to SmallMLinearNormIn's), rounded to T, then RopeKvStore. qkv itself is
+// not written.
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    SmallMLinearNormInRopeKvKernel(const T* __restrict__ x, const T* __restrict__ w,
+                                   const T* __restrict__ bias, int64_t k,
+                                   const T* __restrict__ norm_weight, float eps, GemvRopeKv rope) {
+  const int lane = threadIdx.x & 31;
+  const int64_t half = rope.head_dim / 2;
+  const int64_t pairs = (rope.num_q_heads + 2 * rope.num_kv_heads) * half;
+  const int64_t pair = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  const bool active = pair < pairs;
+  const int64_t row0 = active ? (pair / half) * 2 * half + pair % half : 0;
+  const uint4* wrow0 = reinterpret_cast<const uint4*>(w + row0 * k);
+  const uint4* wrow1 = reinterpret_cast<const uint4*>(w + (row0 + half) * k);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  extern __shared__ uint4 gemv_smem[];  // [M, k] normalised rows, then the norm weight [k]
+  T* staged = reinterpret_cast<T*>(gemv_smem);
+  uint4 first[kUnroll];
+  if (active) LoadFirstChunks(wrow0, k / 8, lane, first);
+  StageRmsNorm<T, M>(x, norm_weight, k, eps, staged, staged + M * k);  // every warp: barriers
+  if (!active) return;
+  float acc[2][M];
+  WarpDot<T, M, true, true>(wrow0, staged, k, lane, acc[0], first);
+  WarpDot<T, M, true>(wrow1, staged, k, lane, acc[1]);
+  if (lane != 0) return;
+  const float b1 = bias != nullptr ? ToFloat(bias[row0]) : 0.0f;
+  const float b2 = bias != nullptr ? ToFloat(bias[row0 + half]) : 0.0f;
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    RopeKvStore<T>(rope, pair, r, ToFloat(FromFloat<T>(acc[0][r] + b1)),
+                   ToFloat(FromFloat<T>(acc[1][r] + b2)));
+  }
+}
+
 // One launch's arguments (n: the kernel's output rows, inter for SiLU-and-mul).
 template <typename T, typename TOut>
 struct GemvArgs {
@@ -266,27 +339,34 @@ cudaError_t Launch(const GemvArgs<T, TOut>& p, cudaStream_t stream, bool program
                             p.n, p.k, p.out, p.norm_weight, p.eps);
 }
 
-// The one place where m becomes a template constant.
+// The one place where m becomes a template constant: f(std::integral_constant<int, M>()).
+template <typename F>
+cudaError_t WithM(int64_t m, F f) {
+  switch (m) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    case 5:
+      return f(std::integral_constant<int, 5>());
+    case 6:
+      return f(std::integral_constant<int, 6>());
+    case 7:
+      return f(std::integral_constant<int, 7>());
+    default:
+      return f(std::integral_constant<int, 8>());
+  }
+}
+
 template <typename T, typename TOut, int kRows, Fold kFold = Fold::kNone>
 cudaError_t Dispatch(const GemvArgs<T, TOut>& p, cudaStream_t stream, bool pdl) {
-  switch (p.m) {
-    case 1:
-      return Launch<T, TOut, 1, kRows, kFold>(p, stream, pdl);
-    case 2:
-      return Launch<T, TOut, 2, kRows, kFold>(p, stream, pdl);
-    case 3:
-      return Launch<T, TOut, 3, kRows, kFold>(p, stream, pdl);
-    case 4:
-      return Launch<T, TOut, 4, kRows, kFold>(p, stream, pdl);
-    case 5:
-      return Launch<T, TOut, 5, kRows, kFold>(p, stream, pdl);
-    case 6:
-      return Launch<T, TOut, 6, kRows, kFold>(p, stream, pdl);
-    case 7:
-      return Launch<T, TOut, 7, kRows, kFold>(p, stream, pdl);
-    default:
-      return Launch<T, TOut, 8, kRows, kFold>(p, stream, pdl);
-  }
+  return WithM(p.m, [&](auto m) {
+    return Launch<T, TOut, decltype(m)::value, kRows, kFold>(p, stream, pdl);
+  });
 }
 
 // Checks `supported` and out, then launches: the one error message of every entry point.
@@ -362,6 +442,38 @@ absl::Status SmallMLinearAddTo(const T* a, const T* w, const T* bias, int64_t m,
       stream, programmatic_launch);
 }
 
+bool SmallMLinearNormInRopeKvSupported(const void* x, const void* norm_weight, const void* w,
+                                       int64_t m, int64_t k, const GemvRopeKv& rope) {
+  const int64_t width = (rope.num_q_heads + 2 * rope.num_kv_heads) * rope.head_dim;
+  return rope.head_dim >= 2 && rope.head_dim % 2 == 0 && rope.num_q_heads >= 1 &&
+         rope.num_kv_heads >= 1 && rope.positions != nullptr && rope.slot_mapping != nullptr &&
+         rope.inv_freq != nullptr && rope.q_out != nullptr && rope.pool != nullptr &&
+         rope.block_size >= 1 && SmallMLinearNormInSupported(x, norm_weight, w, m, width, k);
+}
+
+template <typename T>
+absl::Status SmallMLinearNormInRopeKv(const T* x, const T* norm_weight, float eps, const T* w,
+                                      const T* bias, int64_t m, int64_t k, const GemvRopeKv& rope,
+                                      cudaStream_t stream, bool programmatic_launch) {
+  if (!SmallMLinearNormInRopeKvSupported(x, norm_weight, w, m, k, rope)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SmallMLinearNormInRopeKv: needs SmallMLinearNormInSupported for the qkv width, an even "
+        "head_dim, heads >= 1 and non-null rope / pool pointers; got m=",
+        m, " k=", k, " head_dim=", rope.head_dim));
+  }
+  const int64_t pairs = (rope.num_q_heads + 2 * rope.num_kv_heads) * (rope.head_dim / 2);
+  CUDA_RETURN_IF_ERROR(WithM(m, [&](auto mc) {
+    const internal::PdlLaunchConfig pdl_config(
+        dim3(static_cast<unsigned>((pairs + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+        dim3(kWarpsPerBlock * 32), stream, programmatic_launch);
+    cudaLaunchConfig_t config = *pdl_config.get();
+    config.dynamicSmemBytes = static_cast<size_t>(NormInSmemBytes(decltype(mc)::value, k, 2));
+    return cudaLaunchKernelEx(&config, SmallMLinearNormInRopeKvKernel<T, decltype(mc)::value>, x, w,
+                              bias, k, norm_weight, eps, rope);
+  }));
+  return absl::OkStatus();
+}
+
 #define TANDEM_GEMV_CUDA_INSTANTIATE(T, TOut)                                                 \
   template absl::Status SmallMLinear<T, TOut>(const T*, const T*, const T*, int64_t, int64_t, \
                                               int64_t, TOut*, cudaStream_t, bool);
@@ -377,14 +489,17 @@ template absl::Status SmallMLinearSiluMul<__nv_bfloat16>(const __nv_bfloat16*, c
 template absl::Status SmallMLinearSiluMul<__half>(const __half*, const __half*, const __half*,
                                                   int64_t, int64_t, int64_t, __half*, cudaStream_t,
                                                   bool);
-#define TANDEM_GEMV_FOLD_INSTANTIATE(T)                                                           \
-  template absl::Status SmallMLinearNormIn<T>(const T*, const T*, float, const T*, const T*,      \
-                                              int64_t, int64_t, int64_t, T*, cudaStream_t, bool); \
-  template absl::Status SmallMLinearNormInSiluMul<T>(const T*, const T*, float, const T*,         \
-                                                     const T*, int64_t, int64_t, int64_t, T*,     \
-                                                     cudaStream_t, bool);                         \
-  template absl::Status SmallMLinearAddTo<T>(const T*, const T*, const T*, int64_t, int64_t,      \
-                                             int64_t, T*, cudaStream_t, bool);
+#define TANDEM_GEMV_FOLD_INSTANTIATE(T)                                                            \
+  template absl::Status SmallMLinearNormIn<T>(const T*, const T*, float, const T*, const T*,       \
+                                              int64_t, int64_t, int64_t, T*, cudaStream_t, bool);  \
+  template absl::Status SmallMLinearNormInSiluMul<T>(const T*, const T*, float, const T*,          \
+                                                     const T*, int64_t, int64_t, int64_t, T*,      \
+                                                     cudaStream_t, bool);                          \
+  template absl::Status SmallMLinearAddTo<T>(const T*, const T*, const T*, int64_t, int64_t,       \
+                                             int64_t, T*, cudaStream_t, bool);                     \
+  template absl::Status SmallMLinearNormInRopeKv<T>(const T*, const T*, float, const T*, const T*, \
+                                                    int64_t, int64_t, const GemvRopeKv&,           \
+                                                    cudaStream_t, bool);
 TANDEM_GEMV_FOLD_INSTANTIATE(__nv_bfloat16)
 TANDEM_GEMV_FOLD_INSTANTIATE(__half)
 #undef TANDEM_GEMV_FOLD_INSTANTIATE

@@ -95,6 +95,34 @@ absl::Status SmallMLinearAddTo(const T* a, const T* w, const T* bias, int64_t m,
                                int64_t k, T* residual, cudaStream_t stream,
                                bool programmatic_launch = false);
 
+// The qkv product of a batch-1 step with the input RMSNorm in its prologue (as
+// SmallMLinearNormIn) and RoPE + the KV-pool write in its epilogue, one kernel instead of
+// SmallMLinearNormIn into a qkv buffer + RopeQkvToCache (kernels/attention/cuda/rope_cache_cuda.h).
+// w: [width, k], width = (num_q_heads + 2 * num_kv_heads) * head_dim (q, k, v rows); bias: [width]
+// or null. One warp per (head, i < head_dim / 2) streams rows i and i + head_dim / 2 of the head
+// as the kNormIn kernel streams a row (the products bit-identical to SmallMLinearNormIn's), rounds
+// them to T as the qkv buffer would, then rotates q and k with RopeQkvToCache's fp32 arithmetic
+// (sincosf of float(position) * inv_freq[i]) or copies v: q to q_out dense, k / v into the
+// token's pool slot (skipped for slots < 0 or >= num_slots), at RopeQkvToCache's pool addresses
+// (the caller passes the pool geometry: KvCacheLayout's TileOffset(0, layer, 0), BlockElems(),
+// TileElems(); the pool must hold T). No qkv buffer is written. INVALID_ARGUMENT (nothing
+// launched) unless SmallMLinearNormInRopeKvSupported.
+struct GemvRopeKv {
+  const int64_t* positions = nullptr;     // [m] (device)
+  const int64_t* slot_mapping = nullptr;  // [m] (device)
+  const float* inv_freq = nullptr;        // [head_dim / 2] (device)
+  int head_dim = 0, num_q_heads = 0, num_kv_heads = 0;
+  void* q_out = nullptr;  // [m, num_q_heads, head_dim] of T
+  void* pool = nullptr;   // the KV pool, of T
+  int64_t num_slots = 0, block_size = 0, layer_tile_offset = 0, block_stride = 0, kv_stride = 0;
+};
+bool SmallMLinearNormInRopeKvSupported(const void* x, const void* norm_weight, const void* w,
+                                       int64_t m, int64_t k, const GemvRopeKv& rope);
+template <typename T>
+absl::Status SmallMLinearNormInRopeKv(const T* x, const T* norm_weight, float eps, const T* w,
+                                      const T* bias, int64_t m, int64_t k, const GemvRopeKv& rope,
+                                      cudaStream_t stream, bool programmatic_launch = false);
+
 #define TANDEM_GEMV_CUDA_EXTERN(T, TOut)                                                    \
   extern template absl::Status SmallMLinear<T, TOut>(const T*, const T*, const T*, int64_t, \
                                                      int64_t, int64_t, TOut*, cudaStream_t, bool);
@@ -119,7 +147,10 @@ extern template absl::Status SmallMLinearSiluMul<__half>(const __half*, const __
                                                             const T*, int64_t, int64_t, int64_t, \
                                                             T*, cudaStream_t, bool);             \
   extern template absl::Status SmallMLinearAddTo<T>(const T*, const T*, const T*, int64_t,       \
-                                                    int64_t, int64_t, T*, cudaStream_t, bool);
+                                                    int64_t, int64_t, T*, cudaStream_t, bool);   \
+  extern template absl::Status SmallMLinearNormInRopeKv<T>(const T*, const T*, float, const T*,  \
+                                                           const T*, int64_t, int64_t,           \
+                                                           const GemvRopeKv&, cudaStream_t, bool);
 TANDEM_GEMV_FOLD_EXTERN(__nv_bfloat16)
 TANDEM_GEMV_FOLD_EXTERN(__half)
 #undef TANDEM_GEMV_FOLD_EXTERN
