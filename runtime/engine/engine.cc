@@ -289,9 +289,13 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
   if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
   if (batch.empty()) return updates;
   if (drafts_by_model()) RETURN_IF_ERROR(ProposeDrafts(&batch));
-  batch.return_hidden_states = mtp_ != nullptr;
+  // MTP: the target's hidden states only where the MTP layer may draft next step (none while
+  // every request's adaptive draft length pauses; mtp_proposer.h).
+  batch.return_hidden_states =
+      mtp_ != nullptr && std::any_of(batch.seqs.begin(), batch.seqs.end(),
+                                     [](const ScheduledSeq& seq) { return seq.may_draft_next; });
   ASSIGN_OR_RETURN(RunnerOutput out, runner_->Run(batch));
-  if (mtp_ != nullptr) RETURN_IF_ERROR(RecordHidden(batch, out));
+  if (batch.return_hidden_states) RETURN_IF_ERROR(RecordHidden(batch, out));
   if (drafts_by_model()) VerifyByRejection(batch, &out);
   std::vector<RequestUpdate> stepped =
       scheduler_->Update(batch, out.sampled_tokens, &out.last_prompt_logits, out.draft_samples);
@@ -349,20 +353,25 @@ absl::Status Engine::RecordHidden(const SchedulerOutput& batch, const RunnerOutp
   }
   int64_t row = 0;
   std::vector<MtpFedTokens> fed;
+  std::vector<const ScheduledSeq*> fed_seqs;  // fed[i]'s sequence
   for (const ScheduledSeq& seq : batch.seqs) {
     const int64_t n = static_cast<int64_t>(seq.new_tokens.size());
-    mtp_->RecordHidden(seq.request_id, seq.num_computed_tokens,
-                       absl::MakeConstSpan(out.hidden_states).subspan(row * H, n * H));
     row += n;
+    // A sequence that cannot draft next step (an adaptive pause): its positions enter the MTP's
+    // KV with zero hidden states later, as positions never computed here do.
+    if (!seq.may_draft_next) continue;
+    mtp_->RecordHidden(seq.request_id, seq.num_computed_tokens,
+                       absl::MakeConstSpan(out.hidden_states).subspan((row - n) * H, n * H));
     fed.push_back({seq.request_id, scheduler_->Tokens(seq.request_id),
                    seq.num_computed_tokens + n - seq.num_draft_tokens});
+    fed_seqs.push_back(&seq);
   }
   RETURN_IF_ERROR(mtp_->BoundHeld(fed));
   if (connector_ == nullptr) return absl::OkStatus();
   // A prompt completed here may go on at a decode worker: run the MTP over it now, while its
   // tokens are at hand (ExportPrompt copies it out if the request then holds its KV).
   for (size_t i = 0; i < fed.size(); ++i) {
-    const ScheduledSeq& seq = batch.seqs[i];
+    const ScheduledSeq& seq = *fed_seqs[i];
     const int64_t len = static_cast<int64_t>(fed[i].tokens.size());
     if (!seq.samples || seq.num_draft_tokens > 0 || fed[i].fed_end != len) continue;
     RETURN_IF_ERROR(mtp_->CatchUpPrompt(seq.request_id, fed[i].tokens));

@@ -100,7 +100,8 @@ class Engine {
   // the target's. Call once, before the first request; requests are refused (FAILED_PRECONDITION)
   // until it is attached. INVALID_ARGUMENT when the method is not kMtp, under DCP, or when
   // MtpProposer::Create refuses, or when `config`'s hidden size or vocabulary is not the engine's.
-  // While attached every step returns the target's hidden states.
+  // While attached, a step returns the target's hidden states of the sequences that may draft in
+  // the next step (ScheduledSeq::may_draft_next: not during an adaptive pause).
   absl::Status AttachMtp(const ModelConfig& config, MtpWeights weights,
                          const MtpExecutorFactory* backend = nullptr);
   const MtpProposer* mtp() const { return mtp_.get(); }
@@ -159,7 +160,7 @@ class Engine {
   // turns the target's verify logits into Leviathan rejection-sampling outcomes.
   absl::Status ProposeDrafts(SchedulerOutput* batch);
   void VerifyByRejection(const SchedulerOutput& batch, RunnerOutput* out) const;
-  // MTP: hands the step's hidden states to the MTP proposer, per request.
+  // MTP: hands the step's hidden states to the MTP proposer, per request that may draft next.
   absl::Status RecordHidden(const SchedulerOutput& batch, const RunnerOutput& out);
   bool drafts_by_model() const { return draft_ != nullptr || mtp_ != nullptr; }
   // Async scheduling (engine_async.cc): Step() when async_, after the connector's results.

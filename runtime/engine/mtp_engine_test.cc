@@ -11,6 +11,8 @@
 //    request between steps;
 //  * a P -> D-like request whose prompt hidden states were never computed here (prefix-cache hit)
 //    is still exact;
+//  * the target returns hidden states only for steps after which some request may draft: none
+//    while every request's adaptive draft length pauses, always with a fixed K;
 //  * refusals: a non-MLA target, no MTP attached, another method.
 #include <algorithm>
 #include <string>
@@ -20,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_test_util.h"
+#include "runtime/engine/model_runner.h"
 #include "runtime/engine/spec_test_util.h"
 #include "runtime/engine/speculative.h"
 #include "runtime/model/model_config.h"
@@ -210,6 +213,101 @@ TEST(MtpEngineTest, LongPromptHiddenStatesStayBounded) {
   }
   EXPECT_GT(spec.stats.drafted_tokens, 0u);
   EXPECT_EQ((*engine)->mtp()->num_free_blocks(), (*engine)->mtp()->num_blocks());
+}
+
+// What the engine asked of one target step.
+struct StepAsked {
+  bool hidden = false;               // SchedulerOutput::return_hidden_states
+  std::vector<int64_t> ids;          // the sequences, in batch order
+  std::vector<bool> may_draft_next;  // theirs
+  std::vector<int64_t> drafts;       // theirs (num_draft_tokens)
+};
+
+// The CPU executor, logging every step's StepAsked.
+class AskLoggingExecutor : public ModelExecutor {
+ public:
+  AskLoggingExecutor(std::unique_ptr<ModelExecutor> inner, std::vector<StepAsked>* log)
+      : inner_(std::move(inner)), log_(log) {}
+  absl::StatusOr<RunnerOutput> Run(const SchedulerOutput& batch) override {
+    StepAsked& step = log_->emplace_back();
+    step.hidden = batch.return_hidden_states;
+    for (const ScheduledSeq& seq : batch.seqs) {
+      step.ids.push_back(seq.request_id);
+      step.may_draft_next.push_back(seq.may_draft_next);
+      step.drafts.push_back(seq.num_draft_tokens);
+    }
+    return inner_->Run(batch);
+  }
+  void* kv_pool_data() override { return inner_->kv_pool_data(); }
+  int64_t kv_pool_bytes() const override { return inner_->kv_pool_bytes(); }
+
+ private:
+  std::unique_ptr<ModelExecutor> inner_;
+  std::vector<StepAsked>* log_;
+};
+
+// Runs `specs` with MTP at K = 3 on a logging target executor; `log` gets every target step.
+Outcome RunLogged(bool adaptive, const std::vector<RequestSpec>& specs, int64_t vocab,
+                  std::vector<StepAsked>* log) {
+  const ModelConfig model = DeepseekMtp(vocab);
+  ModelWeights weights = RandomModelWeights(model, kSeed);
+  MtpWeights mtp = RandomMtpWeights(model, weights, kSeed + 1);
+  ExecutorFactory factory = CpuExecutorFactory(1);
+  factory.create = [cpu = factory.create, log](
+                       const ExecutorSpec& spec,
+                       ModelWeights w) -> absl::StatusOr<std::unique_ptr<ModelExecutor>> {
+    absl::StatusOr<std::unique_ptr<ModelExecutor>> inner = cpu(spec, std::move(w));
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<ModelExecutor>(new AskLoggingExecutor(*std::move(inner), log));
+  };
+  auto engine = Engine::Create(Config(3, adaptive), model, std::move(weights), {}, &factory);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE((*engine)->AttachMtp(model, std::move(mtp)).ok());
+  return engine_test::RunToCompletion(**engine, specs);
+}
+
+// Issue 34's MTP overhead at acceptance 0: a step after which no request can draft (each one's
+// adaptive draft length pauses past the next step) asks for no hidden states (nothing to copy
+// back from the device and record), and the step before a probe still gives that request its
+// hidden state (the probe's first draft reads it). Greedy stays the plain output.
+TEST(MtpEngineTest, NoHiddenStatesForStepsAfterWhichNobodyDrafts) {
+  std::vector<RequestSpec> specs = engine_test::SpecPrompts(47, 6, 128);
+  for (RequestSpec& spec : specs) {
+    spec.max_tokens = 48;
+    spec.ignore_eos = true;
+  }
+  const Outcome plain = RunAll(Config(0), specs, 128);
+  std::vector<StepAsked> log;
+  const Outcome spec = RunLogged(/*adaptive=*/true, specs, 128, &log);
+  ExpectSameTokens(plain, spec, "adaptive K=3");
+  ASSERT_GT(spec.stats.drafted_tokens, 0u);
+  EXPECT_LT(spec.stats.accepted_tokens * 2, spec.stats.drafted_tokens) << "random MTP weights";
+  int64_t without_hidden = 0;
+  for (size_t t = 0; t < log.size(); ++t) {
+    const StepAsked& step = log[t];
+    const bool any = std::find(step.may_draft_next.begin(), step.may_draft_next.end(), true) !=
+                     step.may_draft_next.end();
+    EXPECT_EQ(step.hidden, any) << "step " << t;
+    without_hidden += step.hidden ? 0 : 1;
+    if (t == 0) continue;
+    // A request drafting now had its hidden state asked for in the step before (if it ran).
+    const StepAsked& prev = log[t - 1];
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      if (step.drafts[i] == 0) continue;
+      const auto it = std::find(prev.ids.begin(), prev.ids.end(), step.ids[i]);
+      if (it == prev.ids.end()) continue;
+      EXPECT_TRUE(prev.may_draft_next[it - prev.ids.begin()]) << "step " << t << " " << step.ids[i];
+      EXPECT_TRUE(prev.hidden) << "step " << t;
+    }
+  }
+  // At acceptance ~0 requests pause for 1, 2, 4 .. steps: most steps read nothing back.
+  EXPECT_GT(without_hidden * 3, static_cast<int64_t>(log.size())) << log.size() << " steps";
+
+  // A fixed K drafts at every decode step: every step asks for hidden states, as before.
+  log.clear();
+  const Outcome fixed = RunLogged(/*adaptive=*/false, specs, 128, &log);
+  ExpectSameTokens(plain, fixed, "fixed K=3");
+  for (size_t t = 0; t < log.size(); ++t) EXPECT_TRUE(log[t].hidden) << "step " << t;
 }
 
 TEST(MtpEngineTest, Refusals) {

@@ -7,8 +7,11 @@
 // position i and predicts the token at i + 2. So:
 //   * after every target step the engine hands over the hidden states of the tokens it fed
 //     (RecordHidden; RunnerOutput::hidden_states, asked for with
-//     SchedulerOutput::return_hidden_states only while MTP is on). A verify pass's rows past the
-//     accepted tokens are simply overwritten by the next step that feeds those positions.
+//     SchedulerOutput::return_hidden_states only while MTP is on), for the requests that may draft
+//     in the next step (ScheduledSeq::may_draft_next): none while a request's adaptive draft
+//     length pauses it (so a step in which nobody may draft next reads nothing back), except in
+//     the step before its probe. A verify pass's rows past the accepted tokens are simply
+//     overwritten by the next step that feeds those positions.
 //   * Propose, for a request of tokens t_0 .. t_{L-1} (the verify pass will feed t_{L-1} and the
 //     drafts): catches the MTP's KV up on positions valid .. L - 2 (pairs (t_{i+1}, h_i); the whole
 //     prompt the first time) in chunks of at most max_num_batched_tokens; position L - 2's logits
@@ -18,9 +21,10 @@
 //     argmax; else q from the logits and SamplingUniform stream 1), q kept for the verifier's
 //     rejection sampling. The chained positions' KV is rewritten by the next catch-up, whose
 //     inputs are the target's hidden states: `valid` never counts them.
-// Positions whose target hidden state this process never computed (a prefix-cache hit; a P -> D
-// request's prompt without a handoff) enter the MTP's KV with a zero hidden state (the token's
-// embedding alone). Drafts stay exactly verified; only acceptance can drop.
+// Positions whose target hidden state this process never computed or never asked for (a
+// prefix-cache hit; a P -> D request's prompt without a handoff; steps of an adaptive pause)
+// enter the MTP's KV with a zero hidden state (the token's embedding alone). Drafts stay exactly
+// verified; only acceptance can drop.
 //
 // P -> D (MtpHandoff, request.h): a prefill worker with the MTP layer attached (it never drafts)
 // runs it over the prompt once the prefill completes (ExportPrompt: positions 0 .. L - 2, the

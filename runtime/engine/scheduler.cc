@@ -112,6 +112,10 @@ SchedulerOutput Scheduler::Schedule() {
   const int64_t num_ranks = kv_cache_->dp_size();
   std::vector<int64_t> budget(num_ranks, config_.max_num_batched_tokens);
   std::vector<bool> rank_preempted(num_ranks, false);
+  // Batch-level switch (vLLM's speculative_disable_by_batch_size): a batch this large is no
+  // longer bound by reading the weights, so verifying drafts stops paying; nobody drafts.
+  const int64_t disable_at = config_.speculative.disable_by_batch_size;
+  const bool batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at;
   // num_new past the request's tokens: its verify_input (last token + drafts) is fed.
   auto add_seq = [&](Request* req, int64_t num_new) {
     ScheduledSeq seq;
@@ -131,6 +135,7 @@ SchedulerOutput Scheduler::Schedule() {
     seq.sampling = req->spec.sampling;
     seq.sample_step = req->num_output_tokens();
     seq.dp_rank = req->dp_rank;
+    seq.may_draft_next = MayDraftNext(*req, batch_drafts);
     if (req->pending_index >= 0 && req->pending_index == req->num_computed_tokens) {
       seq.input_from_prev_seq = req->pending_seq;
     }
@@ -139,10 +144,6 @@ SchedulerOutput Scheduler::Schedule() {
     budget[req->dp_rank] -= num_new;
   };
 
-  // Batch-level switch (vLLM's speculative_disable_by_batch_size): a batch this large is no
-  // longer bound by reading the weights, so verifying drafts stops paying; nobody drafts.
-  const int64_t disable_at = config_.speculative.disable_by_batch_size;
-  const bool batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at;
   // 1. Running requests, oldest first; grow their block tables, preempting the newest if needed.
   //    A rank whose request preempted itself schedules no more of its running requests.
   std::vector<bool> rank_done(num_ranks, false);
@@ -312,6 +313,14 @@ int64_t Scheduler::Draft(Request* req, int64_t budget) {
   req->verify_input.assign(1, req->tokens.back());
   req->verify_input.insert(req->verify_input.end(), drafts.begin(), drafts.end());
   return static_cast<int64_t>(drafts.size());
+}
+
+bool Scheduler::MayDraftNext(const Request& req, bool batch_drafts) const {
+  const SpeculativeConfig& spec = config_.speculative;
+  // A prefill worker's request hands its prompt's MTP state on (MtpProposer::ExportPrompt).
+  if (!spec.enabled() || req.spec.hold_kv_for_remote) return true;
+  if (!batch_drafts || (spec.adaptive && req.draft_length.paused > 0)) return false;
+  return spec.bench_hook == nullptr || spec.bench_hook->MaxDrafts(req.id) > 0;
 }
 
 void Scheduler::SetDrafts(absl::Span<const int32_t> drafts, ScheduledSeq* seq,

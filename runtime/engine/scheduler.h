@@ -72,6 +72,11 @@ struct ScheduledSeq {
   // With return_verify_logits: the draft distributions q ([num_draft_tokens][vocab], the
   // engine's draft job) for executors that verify on their own device (the CUDA runner).
   absl::Span<const double> draft_probs;
+  // Speculative decoding: false when the request cannot draft in the next step, whatever this
+  // step yields (its adaptive draft length pauses past it, the batch is too large to draft, a
+  // bench hook caps its drafts at 0); true otherwise and without speculation. The engine asks for
+  // MTP hidden states only for sequences that may draft next (mtp_proposer.h).
+  bool may_draft_next = true;
   // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
   // in that rank's pool, KvCacheConfig::dp_size); 0 without.
   int64_t dp_rank = 0;
@@ -228,6 +233,9 @@ class Scheduler {
   // A decoding request's drafts for this step (at most `budget` - 1 of them), in
   // req->verify_input after its last token; 0 when it does not speculate.
   int64_t Draft(Request* req, int64_t budget);
+  // ScheduledSeq::may_draft_next of `req` once this step's Draft has run; `batch_drafts`: this
+  // step's batch-level switch (taken as the next step's).
+  bool MayDraftNext(const Request& req, bool batch_drafts) const;
   // Applies a verify pass to `req` (num_computed_tokens not yet advanced): appends the accepted
   // drafts and the correction / bonus token, stopping at a stop condition, into `update`.
   void ApplyVerify(const ScheduledSeq& seq, int32_t last_sample,
