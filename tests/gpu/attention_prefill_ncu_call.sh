@@ -6,8 +6,8 @@
 #   ab_*    decode_step_bench at batch 1, context 1024: the old binary (BUNDLE's bin/old) and the
 #           new one with --fold_rope=1 / 0 (RoPE + KV write in the qkv GEMV or its own kernel),
 #           interleaved, two rounds
-#   dsb_trace   the new binary's step under CUPTI (--trace=1), batches 1 and 64, rope folded:
-#           time per kernel class, busy and idle GPU time
+#   dsb_trace   the new binary's step under CUPTI (--trace=1), batches 1 and 64, rope folded,
+#           then batch 1 unfolded: time per kernel class, busy and idle GPU time
 #   ncu_ours_*  ncu of our wgmma prefill kernel on causal 1x4k, 1x16k and 2k over an 8k prefix
 #   ncu_cudnn   ncu of cuDNN's prefill kernels (torch SDPA, cuDNN backend only) on the four prefill
 #           shapes (peers_attention.py --modes cudnn_ncu: one profiled call a shape / mask)
@@ -15,7 +15,9 @@
 #               (fi_ncu_driver.py: its first call and one more per shape)
 # ncu runs with attention_call_lib.sh's sections plus the tensor pipes' utilisation; if ncu
 # rejects that metric, the job reruns without it. Rows by ncu_rows.py --every (every launch,
-# TFLOP/s of the shape's causal work over the kernel's ncu duration).
+# TFLOP/s of the shape's causal work over the kernel's ncu duration). PARTS (default
+# tests,ab,trace,ncu) picks the groups; GEMV_FILTER / GEMV_SECONDS: gemv_cuda_test's gtest filter
+# and timeout (default *, 20).
 #
 #   tests/gpu/attention_prefill_ncu_call.sh BUNDLE_TAR_XZ FLASHINFER_DIR OUT
 #
@@ -32,12 +34,13 @@ ROOT=$(cd "$HERE/../.." && pwd)
 source "$HERE/attention_call_lib.sh"
 attention_call_start attention_prefill_ncu_call 140 "$@"
 B=$W/b/bin
+PARTS=${PARTS:-tests,ab,trace,ncu}
 TENSOR_PIPES='regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active'
 
 ncu_prefill() {  # NAME SECONDS ARGS... (ncu's filter, then the command): + tensor pipes, fallback
   local name=$1 secs=$2 last=$((${#NCU_SECTIONS[@]} - 1))
   shift 2
-  job "$name" 0 "$secs" "$NCU" --clock-control none "${NCU_SECTIONS[@]:0:last}" \
+  job "$name" 0 "$secs" "$NCU" --clock-control none "${NCU_SECTIONS[@]:0:last-1}" \
     --metrics "${NCU_SECTIONS[last]},$TENSOR_PIPES" "$@"
   if grep -qi '==ERROR==.*metric' "$L/$name.log" && ! grep -q 'Duration' "$L/$name.log"; then
     mv "$L/$name.log" "$L/$name.pipes_rejected.log"
@@ -50,20 +53,28 @@ if [[ -f $FI/run_flashinfer.sh ]]; then
   fi_unpack "$W/fi" &  # on the CPU while the GPU runs the tests and the decode steps
   unpack=$!
 fi
-job gemv_rope 0 20 "$B/kernels/gemm/cuda/gemv_rope_cuda_test"
-job gemv 0 20 "$B/kernels/gemm/cuda/gemv_cuda_test"
-TANDEM_FIXTURES=$ROOT/tests/golden/fixtures TANDEM_REQUIRE_GPU=1 \
-  job engine_fold 0 30 "$B/runtime/cuda/cuda_engine_test" --gtest_filter='*Fold*'
+if [[ $PARTS == *tests* ]]; then
+  job gemv_rope 0 20 "$B/kernels/gemm/cuda/gemv_rope_cuda_test"
+  job gemv 0 "${GEMV_SECONDS:-20}" "$B/kernels/gemm/cuda/gemv_cuda_test" \
+    --gtest_filter="${GEMV_FILTER:-*}"
+  TANDEM_FIXTURES=$ROOT/tests/golden/fixtures TANDEM_REQUIRE_GPU=1 \
+    job engine_fold 0 30 "$B/runtime/cuda/cuda_engine_test" --gtest_filter='*Fold*'
+fi
 for round in 1 2; do
+  [[ $PARTS == *ab* ]] || break
   job "ab_old_$round" 0 15 "$B/old/decode_step_bench" --steps=64 --batches=1 --context=1024
   job "ab_rope1_$round" 0 15 "$B/runtime/cuda/decode_step_bench" --steps=64 --batches=1 \
     --context=1024 --fold_rope=1
   job "ab_rope0_$round" 0 15 "$B/runtime/cuda/decode_step_bench" --steps=64 --batches=1 \
     --context=1024 --fold_rope=0
 done
-job dsb_trace 0 25 "$B/runtime/cuda/decode_step_bench" --steps=64 --batches=1,64 \
-  --context=1024 --fold_rope=1 --trace=1
-if [[ -n $NCU ]]; then
+if [[ $PARTS == *trace* ]]; then
+  job dsb_trace 0 25 "$B/runtime/cuda/decode_step_bench" --steps=64 --batches=1,64 \
+    --context=1024 --fold_rope=1 --trace=1
+  job dsb_trace_rope0 0 25 "$B/runtime/cuda/decode_step_bench" --steps=64 --batches=1 \
+    --context=1024 --fold_rope=0 --trace=1
+fi
+if [[ -n $NCU && $PARTS == *ncu* ]]; then
   for shape in "1 x 4k" "1 x 16k" "8k prefix"; do
     ncu_prefill "ncu_ours_${shape// /}" 20 -k regex:PrefillWgmma --launch-skip 3 \
       --launch-count 1 "$B/kernels/attention/cuda/prefill_attention_cuda_bench" --only="$shape"
@@ -104,7 +115,7 @@ echo "(cuDNN / FA3 launches in order; flop counts: 1x4k $F4, 1x16k $F16, 8x2k $F
   echo "== decode step A/B (batch 1, ms per step)"
   for f in "$L"/ab_*.log; do echo "$(basename "$f" .log): $(grep -E '^ +1 +1024' "$f")"; done
   echo "== trace"
-  cat "$L/dsb_trace.log"
+  cat "$L/dsb_trace.log" "$L/dsb_trace_rope0.log"
   echo "== cuDNN calls profiled"
   grep -E '^(not )?profiled' "$L/ncu_cudnn.log"
   echo "== ncu (--clock-control none)"
