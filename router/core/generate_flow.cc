@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
+#include "router/core/generate_flow_internal.h"
 #include "router/core/router_metrics.h"
 #include "router/core/routing_policy.h"
 #include "router/core/validation.h"
@@ -25,11 +26,6 @@ namespace {
 bool IsWorkerFault(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled ||
          code == absl::StatusCode::kUnknown || code == absl::StatusCode::kDeadlineExceeded;
-}
-
-ModelLimits LimitsOf(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
-  return ModelLimits{std::min(a.vocab_size(), b.vocab_size()),
-                     std::min(a.max_model_len(), b.max_model_len())};
 }
 
 // One line, written with a single write(2) so concurrent requests' lines do not interleave.
@@ -47,139 +43,12 @@ void LogTraceJson(const v1::RequestTrace& trace) {
   }
 }
 
-class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
- public:
-  GenerateFlow(Orchestrator& orch, v1::GenerateRequest request, Admission admission,
-               const CallerContext* client, std::shared_ptr<ResponseSink> sink, Task on_end)
-      : orch_(orch),
-        strand_(std::make_shared<Strand>(&orch.executor())),
-        request_(std::move(request)),
-        flight_(admission.shared_request()),
-        admission_(std::move(admission)),
-        client_(client),
-        sink_(std::move(sink)),
-        on_end_(std::move(on_end)),
-        start_(absl::Now()) {
-    deadline_ = start_ + orch_.options().request_timeout;
-    if (client_ != nullptr) deadline_ = std::min(deadline_, client_->deadline());
-    trace_.set_request_id(flight_->id());
-    trace_.set_start_unix_micros(absl::ToUnixMicros(start_));
-  }
+}  // namespace
 
-  void Begin() {
-    Post(shared_from_this(), [](GenerateFlow& f) {
-      // The one shape check (limits.h), here for every entry (gRPC, the HTTP API, ...), so no
-      // request reaches a worker without it; the model's own limits follow once routed.
-      if (absl::Status s = ValidateRequestShape(f.request_); !s.ok()) return f.Done(s);
-      f.Route();
-    });
-  }
-
- private:
-  enum class Phase { kDecode, kMixed };
-  // What a stream relayed so far.
-  struct Relay {
-    bool finished = false;     // a message with finish_reason was relayed
-    bool client_gone = false;  // a Send to the client failed
-    bool got_any = false;      // the worker sent at least one message
-  };
-  using FailureNext = absl::AnyInvocable<void(GenerateFlow&, absl::Status, bool retriable) &&>;
-  using ClientNext = absl::AnyInvocable<void(GenerateFlow&, bool cancelled) &&>;
-
-  // Runs `step` on the flow's strand: queued (Post), or from a completion callback at once on the
-  // callback's thread when the strand is idle (Continue). A copy of the strand is held across
-  // the call: the flow (and its strand) may end on another thread as soon as the step is queued.
-  template <typename Step>
-  static void Post(std::shared_ptr<GenerateFlow> self, Step step) {
-    const std::shared_ptr<Strand> strand = self->strand_;
-    strand->Post(
-        [self = std::move(self), step = std::move(step)]() mutable { std::move(step)(*self); });
-  }
-  template <typename Step>
-  static void Continue(std::shared_ptr<GenerateFlow> self, Step step) {
-    const std::shared_ptr<Strand> strand = self->strand_;
-    strand->Dispatch(
-        [self = std::move(self), step = std::move(step)]() mutable { std::move(step)(*self); });
-  }
-  template <typename Step>
-  static void PostAt(std::shared_ptr<GenerateFlow> self, absl::Time when, Step step) {
-    const std::shared_ptr<Strand> strand = self->strand_;
-    strand->PostAt(when, [self = std::move(self), step = std::move(step)]() mutable {
-      std::move(step)(*self);
-    });
-  }
-
-  void Route();
-  void StartDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap);
-  void OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered);
-  void StartDecode();
-  // The KV lease P holds for this request moves to `decode_worker` (P serves no other reader),
-  // then the decode restarts there. Best effort: if P does not answer, the new decode worker
-  // finds the source unreachable or the lease not its own, and recomputes or fails as for any
-  // KV failure.
-  bool ReplaceDecode(const absl::Status& failure);
-  void StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
-  void StartStream(std::unique_ptr<StreamCall> stream, Phase phase);
-  void OnStreamMessage(v1::GenerateResponse chunk);
-  void OnStreamDone(const absl::Status& status);
-  void OnDecodeEnded(const absl::Status& status);
-  void OnMixedEnded(const absl::Status& status);
-  // A phase's result: the status for the client, or "retry this phase without that worker".
-  void EndPhase(absl::Status status, std::string retry_without);
-  absl::Status FinishAborted();
-  // The request's end: trace, metrics, slots and admission released, then the sink told.
-  void Done(const absl::Status& status);
-
-  // The client's status for a failed worker call (`slot` stays valid until `next` ran): marks
-  // the worker failed for faults and passes retriable=true then.
-  void ClassifyFailure(WorkerSlot* slot, absl::Status status, std::string phase, FailureNext next);
-  absl::Status Failure(WorkerSlot& slot, const absl::Status& status, absl::string_view phase,
-                       bool* retriable);
-  // Runs `next` once it is known whether the client cancelled. A worker call cut by the
-  // client's cancel ends CANCELLED possibly a moment before the server context reports it, so
-  // for CANCELLED this re-checks every 2 ms until `until` (a timer, not a sleep).
-  void CheckClientCancelled(absl::StatusCode code, absl::Time until, ClientNext next);
-  CallOptions NewCallOptions() const;
-  bool Send(v1::GenerateResponse& chunk);
-  v1::Usage FinalUsage() const;
-  void AbortWorkers();
-  // Microseconds since the router took the request (never 0, so 0 stays "did not happen").
-  uint64_t Since() const;
-  int MaxAttempts() const { return std::max(orch_.options().max_attempts, 1); }
-  WorkerRegistry& registry() const { return orch_.registry(); }
-
-  Orchestrator& orch_;
-  const std::shared_ptr<Strand> strand_;
-  const v1::GenerateRequest request_;
-  const std::shared_ptr<InFlightRequest> flight_;
-  std::optional<Admission> admission_;
-  const CallerContext* const client_;
-  std::shared_ptr<ResponseSink> sink_;
-  Task on_end_;
-  const absl::Time start_;
-  absl::Time deadline_;
-  v1::RequestTrace trace_;
-  // Counted for the client's usage and the metrics.
-  uint32_t completion_tokens_ = 0;
-  uint32_t cached_tokens_ = 0;
-  int64_t sent_tokens_ = 0;
-  absl::Time first_sent_, last_sent_;
-  // Routing.
-  int attempt_ = 1;
-  absl::flat_hash_set<std::string> excluded_;
-  std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
-  // The P/D phase: P until it answered, then D (or the mixed worker) until the end.
-  std::unique_ptr<WorkerSlot> prefill_slot_, stream_slot_;
-  std::unique_ptr<PrefillCall> prefill_call_;
-  std::unique_ptr<StreamCall> stream_;
-  Phase phase_ = Phase::kMixed;
-  Relay relay_;
-  v1::WorkerInfo prefill_info_;
-  std::shared_ptr<WorkerClient> prefill_client_;  // holds the KV lease during decode
-  v1::DecodeRequest decode_request_;
-  int decode_attempt_ = 0;
-  absl::flat_hash_set<std::string> decode_tried_;
-};
+ModelLimits GenerateFlow::LimitsOf(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+  return ModelLimits{std::min(a.vocab_size(), b.vocab_size()),
+                     std::min(a.max_model_len(), b.max_model_len())};
+}
 
 void GenerateFlow::Route() {
   const auto& prompt = request_.prompt_token_ids();
@@ -205,141 +74,6 @@ void GenerateFlow::Route() {
   } else {
     StartMixed(*plan, snap);
   }
-}
-
-void GenerateFlow::StartDisaggregated(const RoutePlan& plan, const RoutingSnapshot& snap) {
-  absl::StatusOr<WorkerRef> p_ref = registry().BeginCall(plan.prefill_worker, &snap);
-  if (!p_ref.ok()) {
-    return EndPhase(absl::UnavailableError(p_ref.status().message()), plan.prefill_worker);
-  }
-  // P counts in its worker's load only while it prefills, D until the end.
-  prefill_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(p_ref));
-  absl::StatusOr<WorkerRef> d_ref = registry().BeginCall(plan.decode_worker);
-  if (!d_ref.ok()) {
-    return EndPhase(absl::UnavailableError(d_ref.status().message()), plan.decode_worker);
-  }
-  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(d_ref));
-  const WorkerRef& p = prefill_slot_->ref();
-  if (absl::Status s = ValidateAgainstModel(request_, LimitsOf(p.info, stream_slot_->ref().info));
-      !s.ok()) {
-    return EndPhase(s, "");
-  }
-  v1::PrefillRequest preq;
-  *preq.mutable_request() = request_;
-  preq.set_remote_decode(true);
-  preq.set_lease_ms(orch_.options().lease_ms);
-  // P binds the KV lease to this decode worker: only it may read, renew or release it.
-  preq.set_decode_worker_id(stream_slot_->id());
-  touched_.push_back(p);
-  prefill_info_ = p.info;
-  trace_.set_prefill_worker_id(prefill_info_.worker_id());
-  trace_.set_decode_worker_id(stream_slot_->id());
-  prefill_call_ = p.client->NewPrefill(NewCallOptions());
-  if (!flight_->AddCall(prefill_slot_->id(), prefill_call_.get())) {
-    prefill_call_.reset();
-    AbortWorkers();
-    return EndPhase(flight_->cancel_reason(), "");
-  }
-  trace_.set_prefill_sent_micros(Since());
-  prefill_call_->Start(
-      preq, [self = shared_from_this()](absl::StatusOr<v1::PrefillResponse> answered) mutable {
-        Continue(std::move(self), [answered = std::move(answered)](GenerateFlow& f) mutable {
-          f.OnPrefilled(std::move(answered));
-        });
-      });
-}
-
-void GenerateFlow::OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered) {
-  flight_->RemoveCall(prefill_call_.get());
-  prefill_call_.reset();
-  trace_.set_prefill_done_micros(Since());
-  if (!answered.ok()) {
-    return ClassifyFailure(prefill_slot_.get(), answered.status(), "prefill",
-                           [](GenerateFlow& f, absl::Status s, bool retriable) {
-                             f.AbortWorkers();
-                             std::string retry = retriable ? f.prefill_slot_->id() : "";
-                             f.EndPhase(std::move(s), std::move(retry));
-                           });
-  }
-  const v1::PrefillResponse& prefilled = *answered;
-  prefill_client_ = prefill_slot_->ref().client;
-  prefill_slot_.reset();
-  *trace_.mutable_prefill() = prefilled.worker_times();
-  // The first token goes to the client now: TTFT does not wait for the KV transfer.
-  cached_tokens_ = prefilled.usage().cached_prompt_tokens();
-  completion_tokens_ = 1;
-  v1::GenerateResponse first;
-  first.add_token_ids(prefilled.first_token());
-  const bool finished = prefilled.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
-  if (finished) {
-    first.set_finish_reason(prefilled.finish_reason());
-    *first.mutable_usage() = FinalUsage();
-  }
-  if (!Send(first)) {
-    AbortWorkers();
-    return EndPhase(absl::CancelledError("the client went away"), "");
-  }
-  if (finished) return EndPhase(absl::OkStatus(), "");
-  if (!prefilled.has_kv_handle()) {
-    AbortWorkers();
-    return EndPhase(
-        absl::InternalError(absl::StrCat("prefill worker ", prefill_info_.worker_id(),
-                                         " returned neither a finish reason nor a kv_handle")),
-        "");
-  }
-  *decode_request_.mutable_request() = request_;
-  decode_request_.set_first_token(prefilled.first_token());
-  *decode_request_.mutable_kv_handle() = prefilled.kv_handle();
-  // P's MTP state of the prompt, for D's MTP drafter (worker.proto MtpHandoff).
-  if (prefilled.has_mtp_handoff()) *decode_request_.mutable_mtp_handoff() = prefilled.mtp_handoff();
-  decode_request_.set_on_kv_failure(orch_.options().on_kv_failure);
-  decode_attempt_ = 1;
-  StartDecode();
-}
-
-void GenerateFlow::StartDecode() {
-  touched_.push_back(stream_slot_->ref());
-  trace_.set_decode_worker_id(stream_slot_->id());
-  trace_.set_decode_attempts(static_cast<uint32_t>(decode_attempt_));
-  trace_.set_decode_sent_micros(Since());
-  trace_.clear_decode_first_micros();
-  StartStream(stream_slot_->ref().client->NewDecode(decode_request_, NewCallOptions()),
-              Phase::kDecode);
-}
-
-bool GenerateFlow::ReplaceDecode(const absl::Status& failure) {
-  decode_tried_.insert(stream_slot_->id());
-  // A fresh view, not the one routing used: under load the prefill took seconds, and in a
-  // rolling restart the decode worker that was away then may be back while this one drains.
-  const RoutingSnapshot now = registry().Snapshot({}, request_.cache_salt());
-  std::optional<std::string> next = ChooseDecode(now.candidates, prefill_info_.model_id(),
-                                                 prefill_info_.kv_layout_hash(), decode_tried_);
-  if (!next.has_value()) return false;
-  absl::StatusOr<WorkerRef> ref = registry().BeginCall(*next);
-  if (!ref.ok()) return false;
-  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
-    metrics->RecordRouting(*next, v1::WORKER_ROLE_DECODE);
-  }
-  LOG(WARNING) << "request " << flight_->id() << ": decode worker " << stream_slot_->id()
-               << " failed (" << failure << "); retrying on " << *next;
-  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));  // ends the old
-  ++decode_attempt_;
-  v1::ReassignLeaseRequest reassign;
-  reassign.set_request_id(request_.request_id());
-  reassign.set_lease_id(decode_request_.kv_handle().lease_id());
-  reassign.set_decode_worker_id(*next);
-  prefill_client_->ReassignLeaseAsync(
-      reassign, std::min(deadline_, absl::Now() + orch_.options().abort_timeout),
-      [self = shared_from_this(), worker = *next](absl::Status s) {
-        Continue(self, [worker, s](GenerateFlow& f) {
-          if (!s.ok()) {
-            LOG(WARNING) << "request " << f.flight_->id() << ": moving its KV lease to " << worker
-                         << ": " << s;
-          }
-          f.StartDecode();
-        });
-      });
-  return true;
 }
 
 void GenerateFlow::StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap) {
@@ -408,31 +142,6 @@ void GenerateFlow::OnStreamDone(const absl::Status& status) {
   } else {
     OnMixedEnded(status);
   }
-}
-
-void GenerateFlow::OnDecodeEnded(const absl::Status& status) {
-  if (relay_.finished) return EndPhase(absl::OkStatus(), "");
-  if (relay_.client_gone) {
-    AbortWorkers();
-    return EndPhase(absl::CancelledError("the client went away"), "");
-  }
-  if (status.ok()) {
-    AbortWorkers();
-    return EndPhase(absl::InternalError(absl::StrCat("decode worker ", stream_slot_->id(),
-                                                     " ended its stream without a finish reason")),
-                    "");
-  }
-  ClassifyFailure(stream_slot_.get(), status, "decode",
-                  [](GenerateFlow& f, absl::Status s, bool retriable) {
-                    // The KV is still leased on P: a decode worker that failed before producing
-                    // anything can be replaced by another one reading the same handle.
-                    if (retriable && !f.relay_.got_any && f.decode_attempt_ < f.MaxAttempts() &&
-                        f.ReplaceDecode(s)) {
-                      return;
-                    }
-                    f.AbortWorkers();
-                    f.EndPhase(std::move(s), "");
-                  });
 }
 
 void GenerateFlow::OnMixedEnded(const absl::Status& status) {
@@ -612,8 +321,6 @@ void GenerateFlow::AbortWorkers() {
   }
   touched_.clear();
 }
-
-}  // namespace
 
 void StartGenerateFlow(Orchestrator& orch, v1::GenerateRequest request, Admission admission,
                        const CallerContext* client, std::shared_ptr<ResponseSink> sink,
