@@ -100,7 +100,8 @@ struct CudaModelOptions {
   // With fold_norm, and no qk-norm (Qwen3): the qkv GEMV also applies RoPE and writes k / v into
   // the pool and q for attention in its epilogue (kernels/gemm/cuda/gemv_cuda.h:
   // SmallMLinearNormInRopeKv), instead of a separate RopeQkvToCache kernel: 1 kernel fewer per
-  // layer. false: the separate kernel.
+  // layer. Off by default: measured 0.9% slower on an H200 (8B batch 1: the pair-per-warp
+  // streaming costs the qkv product more than the kernel it removes; runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host

@@ -140,7 +140,8 @@ struct CudaBackendConfig {
   // CudaModelOptions::fold_norm: batch-1 steps on one GPU (no group) of dense bf16/fp16 Llama-
   // family models run the residual add + RMSNorm inside their GEMVs (bit-identical logits).
   bool fold_norm = true;
-  // CudaModelOptions::fold_rope: with fold_norm, RoPE + the KV write in the qkv GEMV's epilogue.
+  // CudaModelOptions::fold_rope: with fold_norm, RoPE + the KV write in the qkv GEMV's epilogue
+  // (off: measured slower, runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
