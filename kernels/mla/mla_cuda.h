@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/attention/cuda/kv_cache_cuda.h"
+#include "kernels/attention/cuda/paged_prefill_cuda.h"
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/mla/mla_attention.h"
@@ -162,6 +163,44 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
                                   const AttentionBatch& batch, float scale, const MlaPlan& plan,
                                   void* workspace, T* out, float* lse, cudaStream_t stream);
 
+// ---- Unabsorbed prefill (mla_unabsorbed_cuda.cu) ----
+// The form vLLM runs long prefills in: every request's whole latent context (prefix and new
+// tokens, already written) is gathered from the pages and up-projected once through kv_b_proj into
+// per-head keys [k_nope | k_pe] (Dqk = Dn + Dr) and values (Dv, in rows of Dqk): two cuBLAS
+// strided-batched GEMMs over the heads writing straight into a block-size-1 K/V pool; then
+// ordinary causal MHA over those rows by kernels/attention/cuda's PagedPrefillAttention (the
+// mma.sync kernel at head_dim Dqk with V of Dv; its wgmma kernel stops at 128). Semantics and
+// outputs are MlaAbsorbedAttention's (out [T, Hq, Dv], LSE for chunked-prefill merges). Per
+// (query, key) pair it spends Dqk + Dv multiply-adds where the absorbed form spends (L + Dr) + L
+// (320 vs 1088 for DeepSeek), at the price of the context's
+// up-projection (2 L Hq (Dn + Dv) flops per latent) and a workspace of ~2 Hq Dqk values per
+// context token. Which wins at which shape: BENCHMARKS.md, mla_prefill_select.h.
+// Only bf16 / fp16 latent pools, no DCP, Dqk = Dv in {64, 128, 192, 256} or Dqk 192 with Dv 128
+// (DeepSeek), L and Dn multiples of 8. Not graph-capturable (prefill steps only): the GEMMs' row
+// count is the plan's context bound.
+struct MlaUnabsorbedPlan {
+  MlaPlanInput input;
+  int64_t max_context_tokens = 0;  // >= the sum of the requests' seq_lens (host bound)
+  int64_t head_dim = 0;            // Dqk: the width of the up-projected K and V rows
+  PagedPrefillPlan prefill;        // the attention over the up-projected rows
+  int64_t workspace_bytes = 0;     // context starts, block table, c_kv rows, K/V
+};
+
+// INVALID_ARGUMENT for dims the route does not take (above), a DCP shard, bounds out of range
+// (num_seqs > 65535, max_context_tokens < max_seq_len or > 2^30).
+absl::StatusOr<MlaUnabsorbedPlan> PlanMlaUnabsorbed(const MlaPlanInput& input,
+                                                    int64_t max_context_tokens);
+
+// q: [T, Hq, Dn + Dr] (q_pe rotated); out: [T, Hq, Dv]; lse: [T, Hq] or null; `batch` holds
+// DEVICE pointers within the plan's bounds (sum of seq_lens <= max_context_tokens: not checked,
+// device memory). workspace: plan.workspace_bytes, 256-byte aligned.
+template <typename T>
+absl::Status MlaUnabsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
+                                    const DeviceKvCache& cache, int64_t layer,
+                                    const AttentionBatch& batch, float scale,
+                                    const MlaUnabsorbedPlan& plan, void* workspace, T* out,
+                                    float* lse, cudaStream_t stream);
+
 #define TANDEM_MLA_CUDA_EXTERN(T)                                                                  \
   extern template absl::Status MlaWriteLatent<T>(const T*, int64_t, const T*, int64_t,             \
                                                  const int64_t*, int64_t, const MlaDims&,          \
@@ -180,7 +219,10 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
                                                     const MlaDims&, int64_t, T*, cudaStream_t);    \
   extern template absl::Status MlaAbsorbedAttention<T>(                                            \
       cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,    \
-      float, const MlaPlan&, void*, T*, float*, cudaStream_t);
+      float, const MlaPlan&, void*, T*, float*, cudaStream_t);                                     \
+  extern template absl::Status MlaUnabsorbedAttention<T>(                                          \
+      cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,    \
+      float, const MlaUnabsorbedPlan&, void*, T*, float*, cudaStream_t);
 TANDEM_MLA_CUDA_EXTERN(__nv_bfloat16)
 TANDEM_MLA_CUDA_EXTERN(__half)
 #undef TANDEM_MLA_CUDA_EXTERN

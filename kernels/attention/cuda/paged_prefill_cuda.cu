@@ -32,8 +32,9 @@ int64_t NumWorkItems(const PagedPrefillPlanInput& in, int rows) {
 }
 
 int MmaCtasPerSm(int64_t head_dim) {
-  return head_dim <= 64 ? MmaCfg<64>::kCtasPerSm
-                        : (head_dim <= 128 ? MmaCfg<128>::kCtasPerSm : MmaCfg<256>::kCtasPerSm);
+  if (head_dim <= 64) return MmaCfg<64>::kCtasPerSm;
+  if (head_dim <= 128) return MmaCfg<128>::kCtasPerSm;
+  return head_dim <= 192 ? MmaCfg<192>::kCtasPerSm : MmaCfg<256>::kCtasPerSm;
 }
 
 // The wgmma kernel exists only as sm_90a machine code (its compute_90 PTX twin is empty), so
@@ -46,7 +47,7 @@ absl::StatusOr<bool> DeviceIsSm90() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, int D, bool kSoftcap>
+template <typename T, int D, bool kSoftcap, int DV = D>
 absl::Status Launch(const PrefillParams<T>& p, bool wgmma, int grid, cudaStream_t stream) {
   if constexpr (D <= 128) {
     if (wgmma) {
@@ -60,7 +61,7 @@ absl::Status Launch(const PrefillParams<T>& p, bool wgmma, int grid, cudaStream_
     }
   }
   using C = MmaCfg<D>;
-  auto* kernel = &PrefillMmaKernel<T, D, kSoftcap>;
+  auto* kernel = &PrefillMmaKernel<T, D, kSoftcap, DV>;
   CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
@@ -69,17 +70,20 @@ absl::Status Launch(const PrefillParams<T>& p, bool wgmma, int grid, cudaStream_
 }
 
 template <typename T, bool kSoftcap>
-absl::Status DispatchHeadDim(const PrefillParams<T>& p, int64_t head_dim, bool wgmma, int grid,
-                             cudaStream_t stream) {
+absl::Status DispatchHeadDim(const PrefillParams<T>& p, int64_t head_dim, int64_t v_head_dim,
+                             bool wgmma, int grid, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
       return Launch<T, 64, kSoftcap>(p, wgmma, grid, stream);
     case 128:
       return Launch<T, 128, kSoftcap>(p, wgmma, grid, stream);
+    case 192:  // MLA's unabsorbed prefill (kernels/mla): qk 128 + 64, V 128
+      if (v_head_dim == 128) return Launch<T, 192, kSoftcap, 128>(p, false, grid, stream);
+      return Launch<T, 192, kSoftcap>(p, false, grid, stream);
     case 256:
       return Launch<T, 256, kSoftcap>(p, false, grid, stream);
     default:
-      return Invalid("head_dim ", head_dim, " not supported (64, 128, 256)");
+      return Invalid("head_dim ", head_dim, " not supported (64, 128, 192, 256)");
   }
 }
 
@@ -90,8 +94,13 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
     return Invalid("num_q_heads ", in.num_q_heads, " is not a positive multiple of num_kv_heads ",
                    in.num_kv_heads);
   }
-  if (in.head_dim != 64 && in.head_dim != 128 && in.head_dim != 256) {
-    return Invalid("head_dim ", in.head_dim, " not supported (64, 128, 256)");
+  if (in.head_dim != 64 && in.head_dim != 128 && in.head_dim != 192 && in.head_dim != 256) {
+    return Invalid("head_dim ", in.head_dim, " not supported (64, 128, 192, 256)");
+  }
+  if (in.v_head_dim != 0 && in.v_head_dim != in.head_dim &&
+      !(in.head_dim == 192 && in.v_head_dim == 128)) {
+    return Invalid("v_head_dim ", in.v_head_dim, " with head_dim ", in.head_dim,
+                   " not supported (0, head_dim, or 128 with 192)");
   }
   if (in.kv_dtype != KvDtype::kBf16 && in.kv_dtype != KvDtype::kFp16) {
     return Invalid("kv_dtype ", KvDtypeName(in.kv_dtype), " not supported (bf16, fp16)");
@@ -183,8 +192,10 @@ absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64
   p.softcap_pre = softcap ? params.scale / params.softcap : 0.0f;
   p.softcap_log2 = softcap ? params.softcap * internal::prefill::kLog2e : 0.0f;
   p.window_left = static_cast<int>(params.window_left);
-  if (softcap) return DispatchHeadDim<T, true>(p, in.head_dim, wgmma, plan.grid, stream);
-  return DispatchHeadDim<T, false>(p, in.head_dim, wgmma, plan.grid, stream);
+  if (softcap) {
+    return DispatchHeadDim<T, true>(p, in.head_dim, in.v_head_dim, wgmma, plan.grid, stream);
+  }
+  return DispatchHeadDim<T, false>(p, in.head_dim, in.v_head_dim, wgmma, plan.grid, stream);
 }
 
 template absl::Status PagedPrefillAttention<__nv_bfloat16>(

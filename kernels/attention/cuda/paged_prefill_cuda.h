@@ -12,8 +12,8 @@
 //     tiles (cp.async, completion on mbarriers), two consumer warpgroups of 64 rows each run
 //     wgmma (S = Q K^T from shared memory, O += P V with P in registers) and overlap the
 //     softmax of one key tile with the P.V product of the previous one;
-//   * mma.sync m16n8k16 (4 warps, 64 rows) for head_dim 64/128/256, and when wgmma is
-//     disabled in the plan.
+//   * mma.sync m16n8k16 (4 warps, 64 rows) for head_dim 64/128/192/256 (192: MLA's unabsorbed
+//     prefill, kernels/mla), and when wgmma is disabled in the plan.
 // Both are persistent: a fixed grid from the plan walks the work items, so a captured CUDA
 // graph replays with new lengths as long as the plan's bounds hold.
 //
@@ -43,12 +43,15 @@ struct PagedPrefillPlanInput {
   int64_t max_seq_len = 0;  // >= every request's seq_len
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;               // 64, 128 or 256
+  int64_t head_dim = 0;               // 64, 128, 192 or 256
   KvDtype kv_dtype = KvDtype::kBf16;  // bf16 or fp16 (the activations' own dtype)
   int num_sms = 132;                  // cudaDevAttrMultiProcessorCount of the device
   // head_dim 64/128 run on the Hopper wgmma kernel unless this is false (tests, comparisons);
-  // otherwise, and for head_dim 256, the mma.sync kernel runs.
+  // otherwise, and for head_dim 192 / 256, the mma.sync kernel runs.
   bool allow_wgmma = true;
+  // Width of V and of the output rows: 0 = head_dim; 128 with head_dim 192 (MLA's unabsorbed
+  // prefill, kernels/mla: V rows of the pool keep head_dim values, only the first 128 are read).
+  int64_t v_head_dim = 0;
 };
 
 struct PagedPrefillPlan {
@@ -61,7 +64,8 @@ struct PagedPrefillPlan {
 };
 
 // Picks the kernel and the persistent grid. INVALID_ARGUMENT for non-positive head counts,
-// num_q_heads not a multiple of num_kv_heads, head_dim other than 64/128/256, a kv_dtype other
+// num_q_heads not a multiple of num_kv_heads, head_dim other than 64/128/192/256, v_head_dim
+// other than 0 / head_dim / (128 at head_dim 192), a kv_dtype other
 // than bf16/fp16, negative bounds, or bounds beyond 2^30 tokens.
 absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& input);
 
@@ -75,7 +79,8 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
 // `batch` holds DEVICE pointers (query_start_loc, seq_lens, block_tables); its num_seqs and the
 // pool geometry must match the plan, and the device values must respect the plan's bounds.
 //
-// q: [num_tokens, num_q_heads, head_dim] of T; out: same shape of T; lse: [num_tokens,
+// q: [num_tokens, num_q_heads, head_dim] of T; out: [num_tokens, num_q_heads, v_head_dim] of T
+// (v_head_dim 0: head_dim); lse: [num_tokens,
 // num_q_heads] fp32 natural log, or null. T is __nv_bfloat16 or __half, the pool of the same
 // dtype. workspace may be null (plan.workspace_bytes is 0). q and out 16-byte aligned. Rows of
 // out beyond query_start_loc[num_seqs] are not written.

@@ -1,6 +1,8 @@
 // mma.sync prefill attention kernel behind cuda::PagedPrefillAttention (internal; included by
-// paged_prefill_cuda.cu only): head_dim 64/128/256, bf16/fp16, any sm_80+ GPU, and the
-// reference the Hopper kernel is compared against.
+// paged_prefill_cuda.cu only): head_dim 64/128/192/256, bf16/fp16, any sm_80+ GPU, and the
+// reference the Hopper kernel is compared against. DV < D (MLA's unabsorbed prefill: keys of 192,
+// values of 128) reads and multiplies only the first DV columns of each V row and writes out rows
+// of DV.
 //
 // FlashAttention-2 shape: a persistent CTA of 4 warps takes work items of 64 query rows (token
 // x group head); each warp owns 16 rows. Q sits in shared memory for the whole item; K/V tiles
@@ -30,11 +32,12 @@ struct MmaCfg {
   static_assert(kUnits >= 8, "swizzle needs rows of at least 128 bytes");
 };
 
-template <typename T, int D, bool kSoftcap>
+template <typename T, int D, bool kSoftcap, int DV = D>
 __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
     PrefillMmaKernel(const __grid_constant__ PrefillParams<T> p) {
   using C = MmaCfg<D>;
   constexpr int kU = C::kUnits, kN8 = C::kKeys / 8;
+  static_assert(DV % 16 == 0 && DV <= D, "V columns: a multiple of 16, at most D");
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
   uint8_t* q_smem = smem;
@@ -90,7 +93,8 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
         }
         const int dst = (key * kU + (u ^ (key & 7))) * 16;
         CpAsync16(ks + dst, src, bytes);
-        CpAsync16(vs + dst, src + (bytes ? p.tile_elems : 0), bytes);
+        // Units past DV / 8 of a V row stay unread (the swizzle keeps u < DV / 8 below DV / 8).
+        if (DV == D || u < DV / 8) CpAsync16(vs + dst, src + (bytes ? p.tile_elems : 0), bytes);
       }
     };
 #pragma unroll
@@ -102,9 +106,9 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
     int lo[2], hi[2];
     RowBounds(p, it, warp * 16 + g, &lo[0], &hi[0]);
     RowBounds(p, it, warp * 16 + g + 8, &lo[1], &hi[1]);
-    float o[D / 8 * 4];
+    float o[DV / 8 * 4];
 #pragma unroll
-    for (int i = 0; i < D / 8 * 4; ++i) o[i] = 0.0f;
+    for (int i = 0; i < DV / 8 * 4; ++i) o[i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int t = 0; t < n_tiles; ++t) {
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
         OnlineSoftmax<kN8, kSoftcap, false>(s, p, key0, lo, hi, t4, m, l, corr);
       }
 #pragma unroll
-      for (int n8 = 0; n8 < D / 8; ++n8) {
+      for (int n8 = 0; n8 < DV / 8; ++n8) {
         o[n8 * 4 + 0] *= corr[0];
         o[n8 * 4 + 1] *= corr[0];
         o[n8 * 4 + 2] *= corr[1];
@@ -155,7 +159,7 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
       for (int kk = 0; kk < kN8 / 2; ++kk) {
         const int key = kk * 16 + (mi & 1) * 8 + mr;
 #pragma unroll
-        for (int dt = 0; dt < D / 16; ++dt) {
+        for (int dt = 0; dt < DV / 16; ++dt) {
           uint32_t b[4];
           LdMatrixX4Trans(vbase + (key * kU + ((2 * dt + (mi >> 1)) ^ (key & 7))) * 16, b);
           Mma16816<T>(o + (2 * dt) * 4, pa[kk], b[0], b[1]);
@@ -164,7 +168,7 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, 2)
       }
     }
     CpAsyncWait<0>();
-    StoreRows<D>(p, it, warp * 16 + g, t4, o, m, l);
+    StoreRows<DV>(p, it, warp * 16 + g, t4, o, m, l);
   }
 }
 
