@@ -158,6 +158,20 @@ absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                            const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
                            int64_t n, int64_t k, T* out, cudaStream_t stream);
 
+// MoeGroupedMma's contract on Hopper's warpgroup MMA (moe_grouped_wgmma_cuda.cu): one persistent
+// CTA per SM, a cp.async producer warpgroup feeding two wgmma consumer warpgroups through a
+// 5-6 stage ring; 128 x 128 tiles (64 x 256 while experts average <= 64 rows) that never straddle
+// two experts, walked expert by expert. MoeGroupedWgmmaSupported: MoeGroupedMmaSupported's
+// conditions on an sm_90 device (the kernel is built for sm_90a only); INVALID_ARGUMENT
+// otherwise. MoeGroupedWgmmaInit(): the shared-memory opt-in (a no-op off sm_90), needed once
+// before a call made under stream capture.
+bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k);
+absl::Status MoeGroupedWgmmaInit();
+template <typename T>
+absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
+                             const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                             int64_t n, int64_t k, T* out, cudaStream_t stream);
+
 #define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
   extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
                                                 cudaStream_t);                                     \
@@ -179,7 +193,10 @@ absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                                                   T*, cudaStream_t, bool);                         \
   extern template absl::Status MoeGroupedMma<T>(const T*, const int32_t*, const T*,                \
                                                 const int32_t*, int64_t, int64_t, int64_t,         \
-                                                int64_t, T*, cudaStream_t);
+                                                int64_t, T*, cudaStream_t);                        \
+  extern template absl::Status MoeGroupedWgmma<T>(const T*, const int32_t*, const T*,              \
+                                                  const int32_t*, int64_t, int64_t, int64_t,       \
+                                                  int64_t, T*, cudaStream_t);
 TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
 TANDEM_MOE_CUDA_DECLARE(__half)
 #undef TANDEM_MOE_CUDA_DECLARE

@@ -20,8 +20,11 @@
 // experts' output rows (a correctness check at the real shapes); csplit_us = MoeCombineSplit
 // (cdiff = its max |difference| from MoeCombine: 0 expected); layer_new = the layer with both
 // (GEMV sizes as before; above them MoeGroupedMma for E > 16, the old choice for E <= 16, as
-// TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose). For decode steps (T <= 16) also the fused
-// route + permute launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs).
+// TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose); on sm_90 then wg_ms / wg_TF / wg_err /
+// layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
+// (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
+// call like mma_err. For decode steps (T <= 16) also the fused route + permute launch and the
+// layer in CUDA graphs with and without it and PDL (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -195,7 +198,7 @@ void DecodeGraphs(const Shape& s, int T, const GroupedRoutingParams& p, const bf
   CHECK_CUDA(cudaStreamDestroy(st));
 }
 
-void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool with_new,
+void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool with_new, bool wgmma,
          cublasHandle_t blas) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
   const int64_t max_t = *std::max_element(token_counts.begin(), token_counts.end());
@@ -240,6 +243,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "tokens", "active", "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us",
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
+  std::printf("%*s(sm_90: | wg_ms wg_TF wg_err layer_wg)\n", 150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
@@ -328,17 +332,22 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
     CHECK_CUDA(cudaMemcpy(eout_ref, eout, rows * H * 2, cudaMemcpyDeviceToDevice));
     combine(perm.row_of_pair);
     CHECK_CUDA(cudaMemcpy(out_ref, out, T * H * 2, cudaMemcpyDeviceToDevice));
-    auto mma = [&] {
-      CHECK_OK(MoeGroupedMma<bf16>(x, perm.token_of_row, gate_up, perm.expert_offsets, E, rows,
-                                   2 * I, H, gu, nullptr));
+    // The experts on one grouped kernel (MoeGroupedMma or MoeGroupedWgmma: gate_up with the
+    // gather, SiLU * up, down), and its output rows against cuBLAS's.
+    auto grouped_experts = [&](auto kernel) {
+      CHECK_OK(kernel(x, perm.token_of_row, gate_up, perm.expert_offsets, E, rows, 2 * I, H, gu,
+                      nullptr));
       CHECK_OK(MoeSiluAndMul<bf16>(gu, rows, I, act, nullptr));
-      CHECK_OK(MoeGroupedMma<bf16>(act, nullptr, down, perm.expert_offsets, E, rows, H, I, eout,
-                                   nullptr));
+      CHECK_OK(kernel(act, nullptr, down, perm.expert_offsets, E, rows, H, I, eout, nullptr));
     };
-    CHECK_CUDA(cudaMemset(eout, 0xff, rows * H * 2));  // NaN: rows the kernel misses show
-    mma();
-    CHECK_CUDA(cudaDeviceSynchronize());
-    const double mma_err = RelDiff(eout, eout_ref, rows * H);
+    auto experts_err = [&](const std::function<void()>& experts) {
+      CHECK_CUDA(cudaMemset(eout, 0xff, rows * H * 2));  // NaN: rows the kernel misses show
+      experts();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      return RelDiff(eout, eout_ref, rows * H);
+    };
+    auto mma = [&] { grouped_experts(MoeGroupedMma<bf16>); };
+    const double mma_err = experts_err(mma);
     const double mma_ms = TimeMs(mma, iters);
     auto split = [&](const int32_t* row_map) {
       CHECK_OK(MoeCombineSplit<bf16>(eout, weights, row_map, T, k, H, nullptr, nullptr, x, out,
@@ -368,6 +377,20 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
         iters);
     std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f", mma_ms, flops / mma_ms / 1e9, mma_err,
                 split_us, cdiff, layer_new_ms);
+    if (wgmma) {  // MoeGroupedWgmma in mma's place: experts alone, its check, the layer
+      auto wg = [&] { grouped_experts(MoeGroupedWgmma<bf16>); };
+      const double wg_err = experts_err(wg);
+      const double wg_ms = TimeMs(wg, iters);
+      const double layer_wg_ms = TimeMs(
+          [&] {
+            route();
+            permute();
+            wg();
+            split(perm.row_of_pair);
+          },
+          iters);
+      std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg_ms, flops / wg_ms / 1e9, wg_err, layer_wg_ms);
+    }
     if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {
       DecodeGraphs(s, T, p, x, gate_up, down, logits, ids, weights, perm, xs, gu, act, eout,
                    padded_rows, out, **grouped, iters);
@@ -407,12 +430,14 @@ int Main(int argc, char** argv) {
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
   CHECK_OK(MoeGroupedMmaInit());  // before the decode graphs' capture
+  CHECK_OK(MoeGroupedWgmmaInit());
+  const bool wgmma = with_new && MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8);
   std::printf(
       "gemv / grouped / per_exp: the experts only (grouped and per-expert include the "
       "gather); layer: route + permute + experts + combine; TFLOP/s and GB/s of the best "
       "experts time; dense_TF: one cublasGemmEx of rows x 2I x H\n");
-  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, with_new, blas);
-  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, with_new, blas);
+  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, with_new, wgmma, blas);
+  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, with_new, wgmma, blas);
   cublasDestroy(blas);
   return 0;
 }

@@ -4,11 +4,12 @@
 //     padded strided-batched GEMM and on the grouped GEMM (grouped and per-expert cuBLAS calls)
 //     against FusedMoe in fp32 on the same rounded inputs, with and without a (sigmoid-gated)
 //     shared expert; widths that are and are not multiples of 8 (vector and element loads);
-//     also on MoeGroupedMma (widths multiples of 8), every path combined by MoeCombine and by
-//     MoeCombineSplit.
-//   * MoeGroupedMma alone against an fp64 per-row product: uneven and empty experts, one expert
-//     taking every row (several m-tiles), n / k not multiples of the 128 / 64 tiles, 64- and
-//     128-row tiles, with and without the row gather; bf16 and fp16.
+//     also on MoeGroupedMma and (sm_90) MoeGroupedWgmma (widths multiples of 8), every path
+//     combined by MoeCombine and by MoeCombineSplit.
+//   * MoeGroupedMma and MoeGroupedWgmma alone against an fp64 per-row product: uneven and empty
+//     experts, one expert taking every row (several m-tiles), n / k not multiples of the tiles,
+//     both tile shapes of each, with and without the row gather; bf16 and fp16; for the wgmma
+//     kernel also more tiles than SMs (persistent CTAs walking several) and a long k.
 //   * MoeCombineSplit equal to MoeCombine bit for bit (no gated shared expert), within the
 //     gate's rounding with one (out aliasing x), odd widths (element loads), top-k 1 to 20.
 //   * The decode layer with MoeRouteAndPermute, the PDL-launched GEMVs and split combine, eager
@@ -39,7 +40,12 @@ using moe_cuda_test::Poison;
 using moe_cuda_test::RouteOnDevice;
 using moe_cuda_test::SpreadLogits;
 
-enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma };
+enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma, kWgmma };
+
+// MoeGroupedMma's signature (MoeGroupedWgmma has the same).
+template <typename T>
+using GroupedFn = absl::Status (*)(const T*, const int32_t*, const T*, const int32_t*, int64_t,
+                                   int64_t, int64_t, int64_t, T*, cudaStream_t);
 
 // MoeCombineSplit launched plainly, with MoeCombine's signature.
 template <typename T>
@@ -95,13 +101,14 @@ std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
     EXPECT_TRUE(
         (*gemm)->RunPadded(act.get(), down.get(), E, tokens, H, I, eout.get(), dt, nullptr).ok());
     row_map = padded_rows.get();
-  } else if (path == Path::kMma) {  // the gather folded into the gate_up product
-    EXPECT_TRUE(MoeGroupedMma<T>(dx.get(), perm.token_of_row.get(), gate_up.get(),
-                                 perm.offsets.get(), E, rows, 2 * I, H, gu.get(), nullptr)
+  } else if (path == Path::kMma || path == Path::kWgmma) {  // gather folded into gate_up
+    const GroupedFn<T> grouped = path == Path::kMma ? MoeGroupedMma<T> : MoeGroupedWgmma<T>;
+    EXPECT_TRUE(grouped(dx.get(), perm.token_of_row.get(), gate_up.get(), perm.offsets.get(), E,
+                        rows, 2 * I, H, gu.get(), nullptr)
                     .ok());
     EXPECT_TRUE(MoeSiluAndMul<T>(gu.get(), rows, I, act.get(), nullptr).ok());
-    EXPECT_TRUE(MoeGroupedMma<T>(act.get(), nullptr, down.get(), perm.offsets.get(), E, rows, H, I,
-                                 eout.get(), nullptr)
+    EXPECT_TRUE(grouped(act.get(), nullptr, down.get(), perm.offsets.get(), E, rows, H, I,
+                        eout.get(), nullptr)
                     .ok());
   } else {
     const auto mode =
@@ -158,6 +165,10 @@ void CheckLayer(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I, bool
   const double tol = (std::is_same_v<T, __half> ? 4e-3 : 3e-2) * max_want;
   std::vector<Path> paths = {Path::kGemv, Path::kPadded, Path::kGrouped, Path::kPerExpert};
   if (H % 8 == 0 && I % 8 == 0) paths.push_back(Path::kMma);
+  if (MoeGroupedWgmmaSupported(nullptr, nullptr, 2 * I, H) &&
+      MoeGroupedWgmmaSupported(nullptr, nullptr, H, I)) {
+    paths.push_back(Path::kWgmma);
+  }
   for (Path path : paths) {
     for (bool split : {false, true}) {
       const std::vector<float> got =
@@ -185,7 +196,7 @@ TEST(MoeCudaTest, LayerMatchesCpuFusedMoe) {
 // inputs: out[r] = a[src(r)] . w[e]^T for r in expert e's rows.
 template <typename T>
 void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gather,
-                     std::mt19937& rng) {
+                     std::mt19937& rng, GroupedFn<T> grouped = MoeGroupedMma<T>) {
   const int64_t E = static_cast<int64_t>(counts.size());
   std::vector<int32_t> offsets(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -203,8 +214,8 @@ void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, b
   DeviceBuffer<int32_t> doffsets(offsets), dindex(index);
   TANDEM_CUDA_CHECK(cudaMemset(out.get(), 0xff, std::max<int64_t>(rows, 1) * n * sizeof(T)));
   // `rows` + 5 as the host bound: a bound above the routed rows is allowed.
-  ASSERT_TRUE(MoeGroupedMma<T>(da.get(), gather ? dindex.get() : nullptr, dw.get(), doffsets.get(),
-                               E, rows + 5, n, k, out.get(), nullptr)
+  ASSERT_TRUE(grouped(da.get(), gather ? dindex.get() : nullptr, dw.get(), doffsets.get(), E,
+                      rows + 5, n, k, out.get(), nullptr)
                   .ok());
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
@@ -246,6 +257,34 @@ TEST(MoeCudaTest, GroupedMmaMatchesCpu) {
   EXPECT_FALSE(MoeGroupedMma<__nv_bfloat16>(buf.get(), nullptr, buf.get(), offs.get(), 1, 1, 12, 8,
                                             buf.get(), nullptr)
                    .ok());
+}
+
+// MoeGroupedWgmma (sm_90 only) on MoeGroupedMma's cases, and on grids of more tiles than SMs
+// (each persistent CTA walking several tiles, the ring wrapping across tiles) in both tile shapes.
+TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8)) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 rng(cuda_test::TestSeed());
+  const auto bf = MoeGroupedWgmma<__nv_bfloat16>;
+  const auto fp = MoeGroupedWgmma<__half>;
+  // Uneven with empty experts (64 x 256 tiles: rows <= 64 * E), odd n / k.
+  CheckGroupedMma<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 72, 200, true, rng, bf);
+  CheckGroupedMma<__half>({3, 0, 70, 1, 0, 0, 129, 5}, 136, 64, false, rng, fp);
+  // One expert taking every row (128 x 128 tiles, several m-tiles), the others empty.
+  CheckGroupedMma<__nv_bfloat16>({0, 0, 300, 0}, 256, 136, true, rng, bf);
+  CheckGroupedMma<__half>({300, 0, 0, 0}, 8, 8, false, rng, fp);
+  // Many experts, most empty; long k (the ring wraps inside one tile); no rows at all.
+  std::vector<int32_t> many(160, 0);
+  for (int e : {0, 31, 32, 33, 95, 159}) many[e] = 1 + e % 7;
+  CheckGroupedMma<__nv_bfloat16>(many, 40, 96, true, rng, bf);
+  CheckGroupedMma<__nv_bfloat16>({40, 0, 17}, 128, 1032, true, rng, bf);
+  CheckGroupedMma<__nv_bfloat16>(std::vector<int32_t>(5, 0), 16, 16, false, rng, bf);
+  // More tiles than SMs: 64 experts of 0-60 rows (64 x 256 tiles), 8 of 100-400 (128 x 128).
+  std::vector<int32_t> small(64), large(8);
+  for (int32_t& c : small) c = std::uniform_int_distribution<int32_t>(0, 60)(rng);
+  for (int32_t& c : large) c = std::uniform_int_distribution<int32_t>(100, 400)(rng);
+  CheckGroupedMma<__nv_bfloat16>(small, 1024, 128, true, rng, bf);
+  CheckGroupedMma<__half>(large, 1152, 192, false, rng, fp);
 }
 
 // MoeCombineSplit against MoeCombine on the same inputs.

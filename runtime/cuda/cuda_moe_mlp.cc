@@ -204,10 +204,10 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
   CudaMoeKernels k;
   const char* env = std::getenv("TANDEM_MOE_KERNELS");
   if (env == nullptr) return k;
-  k.split_combine = k.mma_grouped = false;  // a list names exactly what is on
+  k.split_combine = k.mma_grouped = k.wgmma_grouped = false;  // a list names exactly what is on
   for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipEmpty())) {
     if (item == "new") {
-      k.split_combine = k.mma_grouped = k.fused_route = k.pdl = true;
+      k.split_combine = k.mma_grouped = k.fused_route = k.pdl = k.wgmma_grouped = true;
     } else if (item == "split_combine") {
       k.split_combine = true;
     } else if (item == "mma_grouped") {
@@ -216,11 +216,13 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
       k.fused_route = true;
     } else if (item == "pdl") {
       k.pdl = true;
+    } else if (item == "wgmma_grouped") {
+      k.wgmma_grouped = true;
     } else if (item != "old") {
       return absl::InvalidArgumentError(
           absl::StrCat("TANDEM_MOE_KERNELS: unknown '", item,
                        "' (a comma-separated subset of split_combine, mma_grouped, fused_route, "
-                       "pdl; new; old)"));
+                       "pdl, wgmma_grouped; new; old)"));
     }
   }
   return k;
@@ -254,6 +256,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   }
   ASSIGN_OR_RETURN(m->kernels_, CudaMoeKernels::FromEnv());
   if (m->kernels_.mma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedMmaInit());
+  if (m->kernels_.wgmma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedWgmmaInit());
   ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(Ed));
   if (c.quantization.FromCheckpoint()) {  // FP8 experts (cuda_moe_fp8.h)
     ASSIGN_OR_RETURN(m->fp8_, CudaFp8MoeExperts::Create(c, max_tokens));
@@ -341,13 +344,16 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
       expert_out_.bytes() >= rows * H * 2 &&
       kc::MoeGroupedMmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
       kc::MoeGroupedMmaSupported(act_.data(), w.experts_down.data(), H, I)) {
-    RETURN_IF_ERROR(kc::MoeGroupedMma<T>(x, token_of_row_.get<int32_t>(),
-                                         w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
-                                         rows, 2 * I, H, gate_up_.get<T>(), stream));
+    // MoeGroupedWgmma: the same contract on Hopper's warpgroup MMA, for prefill-sized steps.
+    const bool wgmma = kernels_.wgmma_grouped && Tn >= kWgmmaMinTokens &&
+                       kc::MoeGroupedWgmmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
+                       kc::MoeGroupedWgmmaSupported(act_.data(), w.experts_down.data(), H, I);
+    const auto grouped = wgmma ? kc::MoeGroupedWgmma<T> : kc::MoeGroupedMma<T>;
+    RETURN_IF_ERROR(grouped(x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(),
+                            offsets_.get<int32_t>(), E, rows, 2 * I, H, gate_up_.get<T>(), stream));
     RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
-    return kc::MoeGroupedMma<T>(act_.get<T>(), nullptr, w.experts_down.get<T>(),
-                                offsets_.get<int32_t>(), E, rows, H, I, expert_out_.get<T>(),
-                                stream);
+    return grouped(act_.get<T>(), nullptr, w.experts_down.get<T>(), offsets_.get<int32_t>(), E,
+                   rows, H, I, expert_out_.get<T>(), stream);
   }
   if (path == Path::kPadded) {  // cap = T: no expert gets more rows than there are tokens
     if (Tn > kSyncFreeMaxTokens) {

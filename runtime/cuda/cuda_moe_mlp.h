@@ -99,18 +99,24 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     (MoeRouteAndPermute; not under expert parallelism, whose localization sits between them);
 //   pdl: the router GEMV, that launch, the expert GEMVs and the split combine are launched with
 //     programmatic stream serialization (PDL), so each one's blocks are scheduled while its
-//     predecessor finishes (independent of CudaBackendConfig::programmatic_launch).
-// All four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test, and
-// moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
-// the first two, 3.68 -> 3.59 ms with the last two). FromEnv(): TANDEM_MOE_KERNELS, a
-// comma-separated subset of "split_combine", "mma_grouped", "fused_route", "pdl" ("new" or
-// unset: all four; "old": none, the first A/B baseline), read once per CudaMoeMlp::Create so the
-// device A/B needs no new flag on every binary. INVALID_ARGUMENT naming an unknown entry.
+//     predecessor finishes (independent of CudaBackendConfig::programmatic_launch);
+//   wgmma_grouped: on sm_90, steps of at least kWgmmaMinTokens tokens that would take
+//     MoeGroupedMma take MoeGroupedWgmma (the Hopper warpgroup-MMA grouped kernel) instead:
+//     Qwen3-30B-A3B's layer 1.10x / 1.16x faster at 1,024 / 8,192 tokens (nvidia-h200,
+//     kernels/moe/BENCHMARKS.md); not at CUDA graph sizes, where it has not run under capture.
+// The first four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test,
+// and moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
+// the first two, 3.68 -> 3.59 ms with the last two), wgmma_grouped since its first run.
+// FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped",
+// "fused_route", "pdl", "wgmma_grouped" ("new" or unset: all five; "old": none, the first A/B
+// baseline), read once per CudaMoeMlp::Create so the device A/B needs no new flag on every
+// binary. INVALID_ARGUMENT naming an unknown entry.
 struct CudaMoeKernels {
   bool split_combine = true;
   bool mma_grouped = true;
   bool fused_route = true;
   bool pdl = true;
+  bool wgmma_grouped = true;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
@@ -120,6 +126,9 @@ class CudaMoeMlp {
   static constexpr int64_t kSyncFreeMaxTokens = 256;
   // Steps of at most this many tokens take MoeRouteAndPermute (CudaMoeKernels::fused_route).
   static constexpr int64_t kFusedRouteMaxTokens = 16;
+  // Steps of at least this many tokens take MoeGroupedWgmma (CudaMoeKernels::wgmma_grouped):
+  // past every CUDA graph size.
+  static constexpr int64_t kWgmmaMinTokens = kSyncFreeMaxTokens + 1;
   enum class Path { kAuto, kGemv, kPadded, kGrouped };
 
   // Scratch for steps of up to max_tokens tokens; per-expert load counters for every layer.
