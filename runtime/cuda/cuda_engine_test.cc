@@ -279,25 +279,31 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
 }
 
-// CudaBackendConfig::fold_norm: batch-1 steps with the residual adds + RMSNorms inside the GEMVs
-// give the separate kernels' tokens and logits bit for bit. One prompt at a time, so every decode
-// step is batch 1 (graphs); the 1-token prompts' prefill is a folded step too, so their compared
-// last-prompt logits come from the folded kernels.
-TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
+// Six random prompts (two of 1 token, so their prefill is a batch-1 step too) one at a time, so
+// every decode step is batch 1 (graphs), with a MidBackend whose option `set` turns on and off;
+// tokens and last-prompt logits compared by ExpectSameOutputs. Returns (on, off) stats.
+std::pair<ExecutorStats, ExecutorStats> ExpectBatch1OptionKeepsOutputs(
+    void (*set)(CudaBackendConfig&, bool)) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const ModelConfig model = engine_test::MidConfig();
   auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
   prompts[0].resize(1);
   prompts[1].resize(1);
-  CudaBackendConfig folded = MidBackend();
-  folded.gemm_autotune = false;
-  folded.fold_norm = true;
-  CudaBackendConfig separate = folded;
-  separate.fold_norm = false;
+  CudaBackendConfig on = MidBackend();
+  on.gemm_autotune = false;
+  CudaBackendConfig off = on;
+  set(on, true);
+  set(off, false);
+  return ExpectSameOutputs(model, seed, on, off, prompts, 12, false);
+}
+
+// CudaBackendConfig::fold_norm: batch-1 steps with the residual adds + RMSNorms inside the GEMVs
+// give the separate kernels' tokens and logits bit for bit, the folded prefills included.
+TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
   const auto [folded_stats, separate_stats] =
-      ExpectSameOutputs(model, seed, folded, separate, prompts, 12, false);
+      ExpectBatch1OptionKeepsOutputs([](CudaBackendConfig& c, bool on) { c.fold_norm = on; });
   EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
   EXPECT_GT(folded_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.folded_norm_steps, 0);
@@ -308,19 +314,8 @@ TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
 // same products, the same rotation arithmetic), the 1-token prompts' folded prefill included.
 TEST(CudaEngineTest, FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
   TANDEM_SKIP_WITHOUT_GPU();
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const ModelConfig model = engine_test::MidConfig();
-  auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
-  prompts[0].resize(1);
-  prompts[1].resize(1);
-  CudaBackendConfig fused = MidBackend();
-  fused.gemm_autotune = false;
-  fused.fold_rope = true;
-  CudaBackendConfig separate = fused;
-  separate.fold_rope = false;
   const auto [fused_stats, separate_stats] =
-      ExpectSameOutputs(model, seed, fused, separate, prompts, 12, false);
+      ExpectBatch1OptionKeepsOutputs([](CudaBackendConfig& c, bool on) { c.fold_rope = on; });
   EXPECT_GT(fused_stats.folded_rope_steps, 6 * 10);  // every decode step, 2 prefills
   EXPECT_EQ(fused_stats.folded_rope_steps, fused_stats.folded_norm_steps);
   EXPECT_GT(fused_stats.graph_steps, 0);

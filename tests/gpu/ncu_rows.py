@@ -99,6 +99,19 @@ def row(label, k):
     return "| " + " | ".join(cells) + " |"
 
 
+def load(label, path, tail):
+    """The log's kernels (parse), or None after printing a row that says why there are none."""
+    try:
+        with open(path, errors="replace") as f:
+            kernels = parse(f.read())
+    except OSError as e:
+        print(f"| {label}: no log ({e.strerror}) {tail}")
+        return None
+    if not kernels:
+        print(f"| {label}: no kernel profiled (see {path}) {tail}")
+    return kernels
+
+
 PIPE = re.compile(r"sm__pipe_tensor_op_(\w+?)_cycles_active\.avg\.pct_of_peak_sustained_active")
 
 
@@ -125,15 +138,8 @@ def main_every(args):
     print("| --- | ---: | --- | ---: | --- | ---: | ---: | --- | --- | ---: |")
     for arg in rows:
         label, path = arg.split("=", 1)
-        try:
-            with open(path, errors="replace") as f:
-                kernels = parse(f.read())
-        except OSError as e:
-            print(f"| {label}: no log ({e.strerror}) |")
-            continue
-        if not kernels:
-            print(f"| {label}: no kernel profiled (see {path}) |")
-        for i, k in enumerate(kernels):
+        kernels = load(label, path, "|")
+        for i, k in enumerate(kernels or []):
             cells = extra_cells(k, flops.get(label))
             print(row(f"{label} #{i}", k) + " " + " | ".join(cells) + " |")
     return 0
@@ -151,15 +157,8 @@ def main():
     print("| --- | ---: | --- | ---: | --- | ---: | ---: | --- |")
     for arg in sys.argv[1:]:
         label, path = arg.split("=", 1)
-        try:
-            with open(path, errors="replace") as f:
-                kernels = parse(f.read())
-        except OSError as e:
-            print(f"| {label}: no log ({e.strerror}) | | | | | | | |")
-            continue
-        if not kernels:
-            print(f"| {label}: no kernel profiled (see {path}) | | | | | | | |")
-        for launches in groups(kernels).values():
+        kernels = load(label, path, "| | | | | | | |")
+        for launches in groups(kernels or []).values():
             for i, k in enumerate(launches):
                 print(row(label if i == 0 else f"{label} +", k))
     return 0

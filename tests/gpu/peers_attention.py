@@ -247,17 +247,23 @@ def cudnn_call(q, k, v, mask, gqa):
     return fn
 
 
-def cudnn_shape(name, b, new, prefix):
-    """One prefill shape through cuDNN: {"time_us", "TFLOPs", "how", "tried": [...]}."""
+def cudnn_inputs(b, new, prefix):
+    """Random q [b, 32, new, 128], k and v [b, 8, prefix + new, 128] (bf16) and the masks to try:
+    [(name, mask)]: is_causal (None) without a prefix, else causal_lower_right and a bool mask."""
     from torch.nn.attention.bias import causal_lower_right
     s = prefix + new
     q = torch.randn(b, HQ, new, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    masks = [("is_causal", None)]
-    if prefix:
-        keys = torch.arange(s, device="cuda")[None, :]
-        bool_mask = (keys <= prefix + torch.arange(new, device="cuda")[:, None])[None, None]
-        masks = [("causal_lower_right", causal_lower_right(new, s)), ("bool mask", bool_mask)]
+    if not prefix:
+        return q, k, v, [("is_causal", None)]
+    keys = torch.arange(s, device="cuda")[None, :]
+    bool_mask = (keys <= prefix + torch.arange(new, device="cuda")[:, None])[None, None]
+    return q, k, v, [("causal_lower_right", causal_lower_right(new, s)), ("bool mask", bool_mask)]
+
+
+def cudnn_shape(name, b, new, prefix):
+    """One prefill shape through cuDNN: {"time_us", "TFLOPs", "how", "tried": [...]}."""
+    q, k, v, masks = cudnn_inputs(b, new, prefix)
     row = {"name": name, "tried": []}
     for mask_name, mask in masks:
         for gqa in (True, False):
@@ -318,16 +324,8 @@ def run_cudnn_ncu(args):
     cuDNN graph is built at the first), then one call between cudaProfilerStart / Stop; extend as
     causal_lower_right and as the bool mask, each with enable_gqa (or the KV heads expanded where
     cuDNN refuses it). Prints the profiled calls in order (ncu's launches follow it)."""
-    from torch.nn.attention.bias import causal_lower_right
     for name, b, new, prefix in PREFILL_SHAPES:
-        s = prefix + new
-        q = torch.randn(b, HQ, new, D, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, HKV, s, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        masks = [("is_causal", None)]
-        if prefix:
-            keys = torch.arange(s, device="cuda")[None, :]
-            bool_mask = (keys <= prefix + torch.arange(new, device="cuda")[:, None])[None, None]
-            masks = [("causal_lower_right", causal_lower_right(new, s)), ("bool mask", bool_mask)]
+        q, k, v, masks = cudnn_inputs(b, new, prefix)
         for mask_name, mask in masks:
             for gqa in (True, False):  # enable_gqa, else the KV heads expanded (not profiled)
                 how = "enable_gqa" if gqa else "KV heads expanded to 32"
