@@ -168,7 +168,20 @@ class NcclAgent final : public TransferAgent {
   explicit NcclAgent(NcclAgentOptions options);  // out of line: members hold incomplete types
   absl::Status Init();
   void AcceptLoop();
+  // Reader (nccl_agent_reader.cc): one thread per peer.
   void PeerLoop(Peer* peer);
+  // Reader: the TCP connection (`fd`, -1 until connected), the hello and the communicators.
+  absl::Status ConnectPeer(Peer* peer, int* fd, std::unique_ptr<NcclLink>* link);
+  // Reader: queues `fresh` in `awaiting` and sends their kReads (`alone`: nothing else is out,
+  // the chunks are sized for one transfer). Returns the connection's status.
+  absl::Status SendReads(int fd, const std::vector<Transfer*>& fresh, bool alone,
+                         std::deque<Posted>* awaiting);
+  // Reader: `peer`'s connection ended (removed, or failed with `conn_status`): ends every
+  // transfer it had posted, running or queued.
+  void EndConnectionLocked(Peer* peer, const absl::Status& conn_status,
+                           const std::deque<Posted>& awaiting, const std::deque<Posted>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Source (nccl_agent_source.cc): one thread per reader it serves.
   void ServeLoop(Served* served);
   // Reader: reads the acks that arrived, enqueues accepted transfers on `link` (moved from
   // `awaiting` to `running`), ends refused ones. Returns the connection's status.
