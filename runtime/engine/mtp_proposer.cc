@@ -242,7 +242,14 @@ absl::Status MtpProposer::BoundHeld(absl::Span<const MtpFedTokens> fed) {
 
 absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
   const int64_t H = target_.hidden_size;
+  // The hidden rows of one chunk (zeros where none was recorded: after an adaptive pause, a whole
+  // batch's pauses at once), sized once: the vector's regrowth copied them repeatedly.
+  int64_t rows = 0;
+  for (const CatchUpJob& job : jobs) {
+    rows += std::max<int64_t>(0, job.end - state_[job.request_id].valid);
+  }
   std::vector<float> input_hidden;
+  input_hidden.reserve(static_cast<size_t>(std::min(rows, options_.max_num_batched_tokens) * H));
   while (true) {
     int64_t budget = options_.max_num_batched_tokens;
     SchedulerOutput step;
