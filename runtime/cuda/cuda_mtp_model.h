@@ -1,6 +1,8 @@
 // DeepSeek-V3's multi-token prediction (MTP) layer on the CUDA backend (speculative decoding's
 // --speculative_method=mtp; runtime/engine/mtp_proposer.h drives it): the twin of
 // runtime/cpu/mtp_model.h, bf16/fp16 with fp32 accumulation, on a latent KV pool of its own.
+// An FP8 checkpoint's layer (DeepSeek-V3: the block's projections and experts e4m3 with 128x128
+// scales, the glue and heads bf16) keeps its block e4m3: CudaMlaModel's FP8 path (bf16 only).
 //
 // Token t at position i with the hidden state h paired with it (the target's final hidden state
 // of position i, after its final norm; or this layer's own output for a chained draft):

@@ -72,11 +72,9 @@ absl::StatusOr<MtpExecutorFactory> MakeMtpExecutorFactory(BackendOptions options
   options.kv_cache_dtype = "auto";  // its own 16-bit latent pool
   RETURN_IF_ERROR(MakeExecutorFactory(options, model).status());
   if (options.backend == "cpu") return CpuMtpExecutorFactory(options.num_threads);
-  if (model.quantization.IsFp8()) {  // CudaMtpModel's eh_proj and its layer read 16-bit weights
-    return absl::UnimplementedError(
-        absl::StrCat("--backend=cuda has no FP8 path for the MTP layer of ", model.architecture,
-                     " (", model.quantization.Describe(), "): use --backend=cpu"));
-  }
+    // An FP8 checkpoint's MTP layer (DeepSeek-V3: the block's projections and experts e4m3 with
+    // 128x128 scales, the glue bf16) runs its block through CudaMlaModel's FP8 path, as the
+    // target's layers do (cuda_mtp_model.h).
 #if defined(TANDEM_WITH_CUDA)
   const cuda::CudaBackendConfig config = CudaConfigOf(options, model);
   return MtpExecutorFactory(
@@ -134,7 +132,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // (runtime/cuda/cuda_moe_fp8.h) and DeepSeek's FP8 MLA projections (cuda_mla_model_fp8.cc) run
   // e4m3 on CUDA from checkpoint weights, on one GPU, a TP / EP (a) group or under --dp_attention
   // (EP (b): each rank's FP8 experts on the rows dispatched to it); not yet as device dummy
-  // weights (refused here), nor the FP8 MTP layer (MakeMtpExecutorFactory).
+  // weights (refused here). The FP8 MTP layer: MakeMtpExecutorFactory.
   if (model.quantization.IsFp8() && model.IsMoe() && options.dummy_seed.has_value()) {
     return absl::UnimplementedError(absl::StrCat(
         "--backend=cuda runs FP8 experts (", model.architecture, ", ",

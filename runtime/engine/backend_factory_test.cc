@@ -301,9 +301,10 @@ absl::StatusOr<ModelConfig> Fp8MlaMoe() {
 }
 
 // FP8 checkpoints of DeepSeek's MLA + MoE models on CUDA (issue 38: cuda_moe_fp8.h,
-// cuda_mla_model_fp8.cc): accepted where the build has CUDA (nothing built on the device yet);
-// device dummy FP8 experts and the FP8 MTP layer refused by name (a build without CUDA refuses
-// every CUDA factory: MtpExecutorOnTheTargetsBackend).
+// cuda_mla_model_fp8.cc): accepted where the build has CUDA (nothing built on the device yet),
+// their FP8 MTP layer too (its block through the same FP8 path: cuda_mtp_model.h); device dummy
+// FP8 experts refused by name (a build without CUDA refuses every CUDA factory:
+// MtpExecutorOnTheTargetsBackend).
 TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
   absl::StatusOr<ModelConfig> mla = Fp8MlaMoe();
   ASSERT_TRUE(mla.ok()) << mla.status();
@@ -315,8 +316,7 @@ TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
   EXPECT_EQ(st.ok(), CudaBackendAvailable()) << st;
   if (!CudaBackendAvailable()) return;
   st = MakeMtpExecutorFactory(options, *mla).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-  EXPECT_NE(st.message().find("MTP layer"), std::string::npos) << st;
+  EXPECT_TRUE(st.ok()) << st;
   options.dummy_seed = 3;
   st = MakeExecutorFactory(options, *mla).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
