@@ -5,7 +5,8 @@
 // quantized at load (--quantization=fp8 on every worker). The served greedy tokens must equal
 // the same engine's in this process (one request at a time, one thread: the same shapes as P
 // then D), and the first token transformers' activation-quantizing reference where its top-2 gap
-// is >= 1% of max|logit| (make_golden_fp8.py).
+// is >= 1% of max|logit| (make_golden_fp8.py). A prefill worker on the bf16 weights and a decode
+// worker quantizing them at load do not pair. The CUDA twin: tests/gpu/fp8_cuda_golden.sh (pd).
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -108,6 +109,25 @@ void ServeEveryFormat(const ClusterOptions& roles) {
 
 TEST(Fp8ServingE2eTest, PrefillDecodeEqualsTheEngineAndTransformers) {
   ServeEveryFormat(ClusterOptions{});  // one prefill and one decode worker
+}
+
+// The weights' quantization enters the KV compatibility hash (the model id: ":fp8" for
+// --quantization=fp8, the checkpoint's files otherwise), so a bf16 P and an FP8 D of the same
+// checkpoint are not paired: the router refuses the request and no KV byte moves.
+TEST(Fp8ServingE2eTest, Bf16PrefillAndFp8DecodeDoNotPair) {
+  ClusterOptions options;
+  options.model_dir = "tests/golden/fixtures_fp8/base_bf16";
+  options.worker_flags = {"--num_threads=1"};
+  options.decode_flags = {"--quantization=fp8"};
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Result r = Generate((*cluster)->router(), ToRequest(Prompt{{5, 6, 7}, 4}));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.error_message().find("none compatible"), std::string::npos)
+      << r.status.error_message();
+  auto stats = (*cluster)->Stats("decode-0");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->kv_bytes_received(), 0u);
 }
 
 TEST(Fp8ServingE2eTest, MixedWorkerEqualsTheEngineAndTransformers) {

@@ -39,6 +39,17 @@
 #   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
 #      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
 #      padded steps against the graphs' tokens: NAME-dp, NAME-dp-eager).
+#   7. pd: prefill -> decode between CUDA workers through the router (moe_pd_cuda_golden.sh's
+#      chains; P and D may share one GPU): fp8_deepseek_v3 (its decode worker also drafting with
+#      the checkpoint's FP8 MTP layer, P handing its MTP state over; a mixed worker drafting
+#      with it gives its greedy tokens without), ct_moe_channel_dynamic,
+#      llama_f32_gqa with --quantization=fp8 and the head_dim-64 formats where part 1 wrote them in
+#      LOG: tokens over P -> D equal to the mixed worker's, KV received, no recompute (NCCL rows
+#      with 2 GPUs); a bf16 prefill and an FP8 decode worker do not pair. The same chains on the
+#      CPU backend (pd-cpu), and the CUDA mixed workers' tokens against the CPU's (pd-vs-cpu):
+#      the first token equal wherever the reference's top-2 gap is >= 3% of max|logit| (15%
+#      where the fixture has no activation-quantizing reference: the workers return no logits for
+#      part 1's noise rule), whole sequences printed.
 #
 #   [ONLY=REGEX] tests/gpu/fp8_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
@@ -46,7 +57,8 @@
 # subsets side by side, one GPU each with SHARE=--tp_share_device). Each check's CPU run goes
 # in the background while its CUDA run executes.
 #
-# BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate. Run from the repository root.
+# BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate (pd: tool//runtime:tandem_worker
+# tool//router:tandem_router tool//router:tandem_cli). Run from the repository root.
 # Prints "N passed, N failed, N skipped".
 set -uo pipefail
 export SHARE=${SHARE-}
@@ -202,6 +214,56 @@ for fix in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg fp8_deepseek_v3; do
     "$LOG/$fix-dp.2.jsonl" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" --tp=2 \
     --enable_expert_parallel --dp_attention --cuda_graphs=false $SHARE
 done
+
+# 7. P -> D between CUDA workers, and the same on the CPU backend.
+pd_vs_cpu() { # CHAIN=MODEL_DIR...: the mixed workers' tokens of $LOG/pd/CHAIN against pd-cpu's
+  python3 - "$LOG" "$@" << 'PY'
+import json, sys
+log, bad = sys.argv[1], 0
+for arg in sys.argv[2:]:
+    chain, model = arg.split("=", 1)
+    a, b = (json.load(open(f"{log}/{d}/{chain}/mixed.json")) for d in ("pd", "pd-cpu"))
+    exp = json.load(open(f"{model}/expected.json"))
+    aq = "_act_quant" if "last_prompt_logits_act_quant" in exp else ""
+    gap_min = 0.03 if aq else 0.15  # the unquantized reference: moe_pd_cuda_golden.sh's judge
+    for i, (x, y) in enumerate(zip(a, b)):
+        lg = exp["last_prompt_logits" + aq][i]
+        top = sorted(lg, reverse=True)
+        if x[:1] != y[:1] and top[0] - top[1] >= gap_min * max(abs(v) for v in lg):
+            print(f"{chain} prompt {i}: first token {x[:1]} != the CPU's {y[:1]}"); bad += 1
+    print(f"{chain}: CUDA vs CPU mixed workers, first tokens equal on "
+          f"{sum(x[:1] == y[:1] for x, y in zip(a, b))}/{len(a)}, whole sequences on "
+          f"{sum(x == y for x, y in zip(a, b))}/{len(a)}")
+    bad += len(a) == 0
+sys.exit(1 if bad else 0)
+PY
+}
+if want pd; then
+  pd=(ct_moe_channel_dynamic tests/golden/fixtures/llama_f32_gqa:fp8)
+  chains=(mla/fp8_deepseek_v3=tests/golden/fixtures_fp8/fp8_deepseek_v3
+    dense/ct_moe_channel_dynamic=tests/golden/fixtures_fp8/ct_moe_channel_dynamic
+    dense/llama_f32_gqa-fp8=tests/golden/fixtures/llama_f32_gqa)
+  for fmt in $FORMATS; do
+    [[ -d $FIX64/fp8/$fmt ]] || continue
+    sfx=$([[ $fmt == base_bf16 ]] && echo :fp8)
+    pd+=("$FIX64/fp8/$fmt$sfx") chains+=("dense/$fmt${sfx:+-fp8}=$FIX64/fp8/$fmt")
+  done
+  pids=() runs=()
+  for sub in pd pd-cpu; do
+    for part in mla dense; do
+      fixtures=fp8_deepseek_v3 rows="ucx nccl spec_ucx spec_mixed"
+      [[ $part == dense ]] && fixtures="${pd[*]}" rows="ucx nccl mismatch"
+      env BACKEND="$([[ $sub == pd ]] && echo cuda || echo cpu)" PARALLEL=1 TOKENS_VS_HF=first \
+        FIXTURES="$fixtures" ROWS="$rows" tests/gpu/moe_pd_cuda_golden.sh "$B" "$LOG/$sub/$part" \
+        > "$LOG/$sub.$part.txt" 2>&1 &
+      pids+=($!) runs+=("$sub.$part")
+    done
+  done
+  for i in "${!pids[@]}"; do
+    if wait "${pids[$i]}"; then pass "${runs[$i]}"; else fail "${runs[$i]}" "$LOG/${runs[$i]}.txt"; fi
+  done
+  if pd_vs_cpu "${chains[@]}"; then pass pd-vs-cpu; else fail pd-vs-cpu; fi
+fi
 
 # 5. fp16 activations with FP8 weights: refused by name.
 if ! want fp16-refused; then
