@@ -90,6 +90,6 @@ expect_fail() {  # description, expected text, args...
 }
 expect_fail "tp=2 cuts an expert's 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks" \
   --model="$FIX" --prompt_ids="5,6" --max_tokens=1 --tp=2
-# --backend=cuda runs this checkpoint (tests/gpu/fp8_cuda_golden.sh; the FP8 MTP layer on CUDA
-# is refused by name: backend_factory_test Fp8MlaAndMoeCheckpointsOnCuda).
+# --backend=cuda runs this checkpoint and its FP8 MTP layer (tests/gpu/fp8_cuda_golden.sh,
+# runtime/cuda:cuda_mtp_test).
 echo "PASS"
