@@ -73,6 +73,9 @@ class CustomAllReduce {
  private:
   CustomAllReduce(int rank, int world, const CustomAllReduceOptions& options)
       : rank_(rank), world_(world), options_(options) {}
+  // Bytes of one rank's IPC allocation for messages of up to `max_bytes` (the kernels' layout:
+  // signal flags, two staging halves, the two-shot result; custom_all_reduce.cu).
+  static int64_t AllocationBytes(int64_t max_bytes);
 
   const int rank_;
   const int world_;
