@@ -374,9 +374,14 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
 // H200 (nvidia-h200-x4, BENCHMARKS.md): with m <= 8 and per-row scales the streaming kernel made
 // the Llama-3-8B batch-1 decode step 3.307 ms against 3.505 (same call) and won most Llama-3-70B
 // projections; at m > 8 (two 8-token tiles on 2 warps) and with per-group scales (4-byte copies
-// of the scales beside each group) it lost on most shapes.
+// of the scales beside each group) it lost on most shapes. The pipelined kernel (nvidia-h200,
+// same call): the Llama-3-8B batch-8 decode step 3.83 ms against 4.12-4.15 with the streaming
+// one, but at batch 1 3.33-3.35 against 3.31-3.32 (though it was faster alone, in a PDL chain,
+// on 20 of 24 projections at m = 1): it takes 2 <= m <= 8 (e4m3 codes; weight-only FP8 keeps
+// the streaming kernel there, Fp8SmallMLinear), m = 1 stays on the streaming one.
 Fp8GemvKernel Fp8GemvAutoKernel(int64_t m, int64_t /*n*/, int64_t /*k*/, bool group_scales) {
-  return m <= 8 && !group_scales ? Fp8GemvKernel::kStreaming : Fp8GemvKernel::kRegisterLoads;
+  if (m > 8 || group_scales) return Fp8GemvKernel::kRegisterLoads;
+  return m == 1 ? Fp8GemvKernel::kStreaming : Fp8GemvKernel::kPipelined;
 }
 
 template <typename TOut>
@@ -414,7 +419,15 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
   p.k = k;
   const bool pdl = programmatic_launch;
   if (kernel == Fp8GemvKernel::kAuto) kernel = Fp8GemvAutoKernel(m, p.n, k, p.group_scales);
-  const bool stream_kernel = kernel == Fp8GemvKernel::kStreaming;
+  if (kernel == Fp8GemvKernel::kPipelined && a.codes != nullptr &&
+      a.scheme != Fp8ActivationScheme::kNone && fp8_gemv_internal::PipelineApplies(p)) {
+    CUDA_RETURN_IF_ERROR(fp8_gemv_internal::LaunchPipeline<TOut>(p, out, stream, pdl));
+    return absl::OkStatus();
+  }
+  // Where the pipelined kernel does not apply, the streaming kernel (weight-only FP8) or the
+  // register-load kernel (everything else) runs instead.
+  const bool stream_kernel = kernel == Fp8GemvKernel::kStreaming ||
+                             (kernel == Fp8GemvKernel::kPipelined && m <= 8 && !p.group_scales);
   if (a.scheme == Fp8ActivationScheme::kNone) {
     CUDA_RETURN_IF_ERROR(
         (stream_kernel ? fp8_gemv_internal::LaunchStream<ActForm::kBf16, TOut>(p, out, stream, pdl)

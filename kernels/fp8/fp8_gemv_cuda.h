@@ -2,9 +2,15 @@
 // m <= kFp8SmallMMaxM rows, with an e4m3 weight whose scales are per row over blocks of 128
 // columns or the whole row (fp8_cuda.h's Fp8DeviceWeight). Decode reads every weight once per
 // step, so the cost is the weight bytes over the memory bandwidth; both kernels read each weight
-// byte ONCE for all m rows. Two kernels (Fp8GemvKernel):
-//   * kStreaming (fp8_gemv_stream_cuda.cu; kAuto's choice for m <= 8 with per-row scales): codes
-//     or weight-only FP8. Each lane streams
+// byte ONCE for all m rows. Three kernels (Fp8GemvKernel):
+//   * kPipelined (fp8_gemv_pipeline_cuda.cu; kAuto's choice for e4m3 codes at 2 <= m <= 8 with
+//     per-row weight and per-token / static activation scales): a block's warps split a 16-row
+//     tile's 128-column groups, each lane keeping the next 4 groups' weight bytes in flight in
+//     registers (16-byte loads, no cp.async, 32-bit column offsets), the weight codes made f16
+//     with integer operations (exactly 2^-8 times the value; the 2^8 applied once per output),
+//     the activation codes with the conversion instruction, m16n8k16 f16 MMAs;
+//   * kStreaming (fp8_gemv_stream_cuda.cu; kAuto's choice at m = 1, and for weight-only FP8 at
+//     m <= 8, with per-row scales): codes or weight-only FP8. Each lane streams
 //     its fragment bytes with cp.async into a private 3-stage ring in shared memory (weights,
 //     activations and per-group scales of the next groups always in flight, ~60 registers),
 //     (16-row tile, 128-column group) items over a one-wave persistent grid, and a cluster of 2
@@ -60,8 +66,9 @@ namespace tandem::kernels::cuda {
 inline constexpr int64_t kFp8SmallMMaxM = 16;
 
 // Which kernel Fp8SmallMLinear runs (the header comment); activations quantized inside the
-// kernel always take kRegisterLoads. kAuto: Fp8GemvAutoKernel's choice.
-enum class Fp8GemvKernel { kAuto, kStreaming, kRegisterLoads };
+// kernel always take kRegisterLoads, and kPipelined runs only e4m3 codes at m <= 8 with scales
+// constant along k (kAuto's choice otherwise). kAuto: Fp8GemvAutoKernel's choice.
+enum class Fp8GemvKernel { kAuto, kStreaming, kRegisterLoads, kPipelined };
 
 // The kernel kAuto runs for m rows of an n x k weight (group_scales: scales change every 128
 // columns), from the measured table in BENCHMARKS.md.

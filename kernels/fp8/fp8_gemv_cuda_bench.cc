@@ -8,9 +8,10 @@
 // producers at m = 1 / 8 / 16 (hidden 4096, inter 14336): FusedAddRmsNorm or SiluAndMul +
 // QuantizeActivations against the fused RmsNormQuantFp8 / SiluAndMulQuantFp8, with PDL.
 //
-// --only=sweep: the register-load ("old") and streaming ("new") kernels at every Llama-3-8B /
-// 70B projection and TP = 1 / 2 / 4 slice (BenchSweep); --only=detail: the 8B table above and
-// the producers; --only=producers: the producers alone; default: all of them.
+// --only=sweep: the register-load ("old"), streaming ("new") and pipelined ("pipe", m <= 8)
+// kernels at every Llama-3-8B / 70B projection and TP = 1 / 2 / 4 slice (BenchSweep);
+// --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
+// default: all of them.
 //
 //   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|all]
 #include <cuda_bf16.h>
@@ -206,7 +207,9 @@ constexpr SweepVariant kSweepVariants[] = {
     {"old-channel-pdl", Fp8GemvKernel::kRegisterLoads, false, true},
     {"new-channel-pdl", Fp8GemvKernel::kStreaming, false, true},
     {"old-block128-pdl", Fp8GemvKernel::kRegisterLoads, true, true},
-    {"new-block128-pdl", Fp8GemvKernel::kStreaming, true, true}};
+    {"new-block128-pdl", Fp8GemvKernel::kStreaming, true, true},
+    {"pipe-channel", Fp8GemvKernel::kPipelined, false, false},
+    {"pipe-channel-pdl", Fp8GemvKernel::kPipelined, false, true}};
 
 // One projection of BenchSweep: every m and variant (and bf16 when `bf16`).
 void SweepShape(cudaStream_t s, int reps, int iters, const char* prefix, int64_t n, int64_t k,
@@ -246,6 +249,8 @@ void SweepShape(cudaStream_t s, int reps, int iters, const char* prefix, int64_t
              2 * n * k);
     }
     for (const SweepVariant& v : kSweepVariants) {
+      // The pipelined kernel runs m <= 8 (above it, the register kernel's rows again).
+      if (v.kernel == Fp8GemvKernel::kPipelined && m > 8) continue;
       const Scheme scheme = v.blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
       Check(QuantizeActivations(xv, m, k, scheme, 0.0f, buf.a_codes, buf.a_scales, s).ok()
                 ? cudaSuccess
@@ -274,10 +279,10 @@ void SweepShape(cudaStream_t s, int reps, int iters, const char* prefix, int64_t
   cudaFree(x[0]);
 }
 
-// --only=sweep: the register-load kernel ("old") against the streaming kernel ("new") at every
-// Llama-3-8B / 70B decode projection, TP = 1 / 2 / 4 slices (qkv and gate_up split n, o and
-// down split k), m = 1 / 8 / 16, codes ready; the bf16 SmallMLinear beside them at TP = 1.
-// One line per (shape, m, variant): us and weight TB/s.
+// --only=sweep: the register-load kernel ("old") against the streaming ("new") and pipelined
+// ("pipe", m <= 8) kernels at every Llama-3-8B / 70B decode projection, TP = 1 / 2 / 4 slices (qkv
+// and gate_up split n, o and down split k), m = 1 / 8 / 16, codes ready; the bf16 SmallMLinear
+// beside them at TP = 1. One line per (shape, m, variant): us and weight TB/s.
 int BenchSweep(cudaStream_t s, int reps, int iters) {
   struct Model {
     const char* name;

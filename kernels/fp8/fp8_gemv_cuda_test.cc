@@ -1,10 +1,11 @@
-// Fp8SmallMLinear (fp8_gemv_cuda.h), both kernels, against the CPU reference cpu::Fp8Linear on
+// Fp8SmallMLinear (fp8_gemv_cuda.h), all three kernels, against the CPU reference cpu::Fp8Linear on
 // fresh random inputs with random scales: m = 1, 3, 8, 9, 16; n and k not multiples of the
 // tiles (n = 77, 8200; k = 272, 1040); per-tensor (one scale on every row), per-channel and
 // 128-column weight blocks; weight-only, static, per-token and 1 x 128 activations, each from
 // QuantizeActivations' codes and quantized inside the register kernel (fused), where both must
 // give the same bits; bf16 and fp32 output, bias on and off; then the streaming kernel's work
-// splits (an idle warp, clusters of 8 blocks, several tiles a block) (GPU; skips without one).
+// splits (an idle warp, clusters of 8 blocks, several tiles a block) and the pipelined kernel's
+// edges (partial tiles and groups, idle warps, 4 and 8 warps) (GPU; skips without one).
 #include "kernels/fp8/fp8_gemv_cuda.h"
 
 #include <algorithm>
@@ -106,9 +107,10 @@ void Check(std::mt19937& rng, const Case& c) {
   values.scheme = c.scheme;
   values.values = dx.get();
   values.static_scale = kStaticScale;
-  // outs[1] is bf16; the rest fp32. Weight-only FP8 runs both kernels on the bf16 values; a
-  // quantizing scheme runs the register kernel with the quantization fused, then both kernels
-  // on QuantizeActivations' codes.
+  // outs[1] is bf16, and with codes outs[4] and outs[6]; the rest fp32. Weight-only FP8 runs
+  // both kernels on the bf16 values; a quantizing scheme runs the register kernel with the
+  // quantization fused, then every kernel on QuantizeActivations' codes (the pipelined one
+  // where it applies: m <= 8, scales constant along k; else what it falls back to).
   std::vector<std::vector<float>> outs = {Run<float>(values, w, b, m), Run<bf16>(values, w, b, m)};
   if (c.scheme == Scheme::kNone) {
     outs.push_back(Run<float>(values, w, b, m, Fp8GemvKernel::kRegisterLoads));
@@ -127,11 +129,13 @@ void Check(std::mt19937& rng, const Case& c) {
     // in the same order in the same kernel: the same bits.
     ASSERT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * sizeof(float)), 0)
         << "fused quantization differs from QuantizeActivations + the kernel";
-    outs.push_back(Run<float>(pre, w, b, m));  // the streaming kernel (the default)
+    outs.push_back(Run<float>(pre, w, b, m));  // the streaming kernel
     outs.push_back(Run<bf16>(pre, w, b, m));
+    outs.push_back(Run<float>(pre, w, b, m, Fp8GemvKernel::kPipelined));
+    outs.push_back(Run<bf16>(pre, w, b, m, Fp8GemvKernel::kPipelined));
   }
   for (size_t v = 0; v < outs.size(); ++v) {
-    const bool bf16_out = v == 1 || v == 4;
+    const bool bf16_out = v == 1 || v == 4 || v == 6;
     const double rounding = bf16_out ? 0x1p-8 : 0.0;
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t j = 0; j < n; ++j) {
@@ -179,6 +183,24 @@ TEST(Fp8GemvCudaTest, StreamingSplitsMatchTheCpuReference) {
     Check(rng, {m, 24000, 272, WeightScales::kBlock128, Scheme::kStaticTensor, false});
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// The pipelined kernel's edges (m <= 8, per-tensor / per-channel weights, static or per-token
+// activations): a partial 16-row tile (n = 77, 8 + 1), fewer groups than warps (k = 96: one
+// partial group), a partial last group after whole ones on 8 warps (k = 272, 1040) and on 4
+// (n = 4240 > 4224 rows), more groups per warp than its loads in flight (k = 4112: 32 whole
+// groups over 8 warps, then a partial one) and n past one wave of blocks.
+TEST(Fp8GemvCudaTest, PipelinedEdgesMatchTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 2);
+  for (int64_t m : {1, 2, 5, 8}) {
+    Check(rng, {m, 77, 96, WeightScales::kChannel, Scheme::kDynamicToken, true});
+    Check(rng, {m, 77, 1040, WeightScales::kTensor, Scheme::kStaticTensor, false});
+    Check(rng, {m, 4240, 272, WeightScales::kChannel, Scheme::kDynamicToken, m == 5});
+    Check(rng, {m, 33, 4112, WeightScales::kChannel, Scheme::kDynamicToken, false});
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  Check(rng, {1, 9000, 4096, WeightScales::kChannel, Scheme::kDynamicToken, true});
 }
 
 TEST(Fp8GemvCudaTest, RefusesWhatItCannotRun) {

@@ -122,9 +122,32 @@ __device__ __forceinline__ void GroupBf16(const uint4 (&wv)[2][RT][2], const uin
   }
 }
 
+// Output element idx of a tile's C fragments (idx = fragment register i * 32 + lane) with its
+// summed value v: per-row / per-token scales (when constant along k), the bias, one rounding.
+template <ActForm kForm, int MT, typename TOut>
+__device__ __forceinline__ void Finish(const Params& p, int64_t tile, int idx, float v, TOut* out) {
+  const int l = idx & 31, i = idx >> 5;
+  const int mt = i / 4, c = i & 3;
+  const int64_t row = tile * 16 + (l >> 2) + 8 * (c >> 1);
+  const int tok = mt * 8 + 2 * (l & 3) + (c & 1);
+  if (row >= p.n || tok >= p.m) return;
+  if (!p.group_scales) {
+    v *= p.w_scales[row];
+    if constexpr (kForm == ActForm::kCodes) v *= p.a_scales[tok * p.a_scale_stride];
+  }
+  if (p.bias != nullptr) v += __bfloat162float(p.bias[row]);
+  out[tok * p.n + row] = internal::FromFloat<TOut>(v);
+}
+
 // The streaming kernel's launch (fp8_gemv_stream_cuda.cu) for kCodes and kBf16.
 template <ActForm kForm, typename TOut>
 cudaError_t LaunchStream(const Params& p, TOut* out, cudaStream_t stream, bool pdl);
+
+// The register-pipelined kernel (fp8_gemv_pipeline_cuda.cu): codes, m <= 8, scales constant
+// along k (PipelineApplies), k < 2^30.
+bool PipelineApplies(const Params& p);
+template <typename TOut>
+cudaError_t LaunchPipeline(const Params& p, TOut* out, cudaStream_t stream, bool pdl);
 
 }  // namespace tandem::kernels::cuda::fp8_gemv_internal
 

@@ -1,5 +1,6 @@
-// The streaming decode FP8 GEMV (fp8_gemv_cuda.h, Fp8GemvKernel::kStreaming; kAuto runs it for
-// m <= 8 with per-row scales), for activations given as e4m3 codes and for weight-only FP8.
+// The streaming decode FP8 GEMV (fp8_gemv_cuda.h, Fp8GemvKernel::kStreaming; kAuto runs it at
+// m = 1, and for weight-only FP8 at m <= 8, with per-row scales), for activations given as e4m3
+// codes and for weight-only FP8.
 //
 // What the register-load kernel (fp8_gemv_cuda.cu) left on the table (ncu, H200, o_proj m = 1:
 // DRAM 37% of peak, 127 registers -> 25% occupancy, most stalls on the weight loads): its loads
@@ -229,23 +230,6 @@ __device__ __forceinline__ void UseStage(const Params& p, const uint4* stage,
       acc[0][mt][i] = fmaf(gacc[0][mt][i], scale(i >> 1) * a, acc[0][mt][i]);
     }
   }
-}
-
-// Output element idx of a tile's C fragments (idx = fragment register i * 32 + lane) with its
-// summed value v: per-row / per-token scales (when constant along k), the bias, one rounding.
-template <ActForm kForm, int MT, typename TOut>
-__device__ __forceinline__ void Finish(const Params& p, int64_t tile, int idx, float v, TOut* out) {
-  const int l = idx & 31, i = idx >> 5;
-  const int mt = i / 4, c = i & 3;
-  const int64_t row = tile * 16 + (l >> 2) + 8 * (c >> 1);
-  const int tok = mt * 8 + 2 * (l & 3) + (c & 1);
-  if (row >= p.n || tok >= p.m) return;
-  if (!p.group_scales) {
-    v *= p.w_scales[row];
-    if constexpr (kForm == ActForm::kCodes) v *= p.a_scales[tok * p.a_scale_stride];
-  }
-  if (p.bias != nullptr) v += __bfloat162float(p.bias[row]);
-  out[tok * p.n + row] = internal::FromFloat<TOut>(v);
 }
 
 // Block (x, split): tiles x, x + gridDim.x, ...; of each, the groups split * kWarps + warp +

@@ -138,9 +138,11 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
       out->gemv_kernel_ = kc::Fp8GemvKernel::kStreaming;
     } else if (kernel == "register") {
       out->gemv_kernel_ = kc::Fp8GemvKernel::kRegisterLoads;
+    } else if (kernel == "pipelined") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kPipelined;
     } else if (kernel != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_FP8_GEMV_KERNEL=", kernel,
-                                                     ": expected auto, streaming or register"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_FP8_GEMV_KERNEL=", kernel, ": expected auto, pipelined, streaming or register"));
     }
   }
   ASSIGN_OR_RETURN(out->gemm_, kc::CublasLtFp8Gemm::Create());
