@@ -17,6 +17,7 @@
 #include "kernels/layers/cuda/layers_cuda.h"
 #include "kernels/layers/rope.h"
 #include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_prefill_select.h"
 #include "runtime/cuda/dummy_init.h"
 #include "runtime/engine/kv_layout.h"
 
@@ -31,6 +32,12 @@ constexpr float kLatentNormEps = 1e-6f;
 // Split-KV partials beyond the unsplit workspace (PlanMla caps the splits to fit).
 constexpr int64_t kSplitWorkspaceBytes = int64_t{256} << 20;
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+// The unabsorbed prefill's workspace: context rows for kUnabsorbedRowsPerToken x max_tokens (the
+// form wins prefills whose prefix is short next to the chunk: mla_prefill_select.h), at most
+// kUnabsorbedWorkspaceBytes (a row: ~2 Hq (Dn + Dr) values; 12 KiB at 16 heads of DeepSeek's
+// widths, 98 KiB at 128).
+constexpr int64_t kUnabsorbedRowsPerToken = 2;
+constexpr int64_t kUnabsorbedWorkspaceBytes = int64_t{512} << 20;
 
 kernels::MlaDims DimsOf(const ModelConfig& c) {
   return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank,
@@ -351,6 +358,34 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
   ASSIGN_OR_RETURN(
       mla_workspace_,
       DeviceBuffer::Allocate(unsplit.workspace_bytes + kSplitWorkspaceBytes, "MLA workspace"));
+  return AllocateUnabsorbed(T);
+}
+
+absl::Status CudaMlaModel::AllocateUnabsorbed(int64_t max_tokens) {
+  if (options_.fp8_latent_kv || options_.dcp.size > 1) return absl::OkStatus();
+  // The workspace grows by the same bytes per context row whatever the batch (one request here;
+  // a batch adds its (num_seqs + 1) starts: the slack).
+  constexpr int64_t kSlack = int64_t{1} << 20;
+  auto bytes = [&](int64_t rows) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(const kc::MlaUnabsorbedPlan p, kc::PlanMlaUnabsorbed({.dims = dims_,
+                                                                           .num_seqs = 1,
+                                                                           .num_tokens = max_tokens,
+                                                                           .max_q_len = max_tokens,
+                                                                           .max_seq_len = rows},
+                                                                          rows));
+    return p.workspace_bytes;
+  };
+  absl::StatusOr<int64_t> base = bytes(0);
+  if (!base.ok()) return absl::OkStatus();  // widths the unabsorbed form does not take
+  ASSIGN_OR_RETURN(const int64_t more, bytes(4096));
+  const int64_t per_row = (more - *base + 4095) / 4096;
+  const int64_t rows =
+      std::min(kUnabsorbedRowsPerToken * max_tokens, (kUnabsorbedWorkspaceBytes - *base) / per_row);
+  if (rows < max_tokens) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t need, bytes(rows));
+  ASSIGN_OR_RETURN(unabsorbed_workspace_,
+                   DeviceBuffer::Allocate(need + kSlack, "MLA unabsorbed prefill workspace"));
+  unabsorbed_rows_ = rows;
   return absl::OkStatus();
 }
 
@@ -389,8 +424,26 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");
   }
+  ASSIGN_OR_RETURN(step_unabsorbed_, ChooseUnabsorbed(in, stream));
   if (options_.dtype == ActDtype::kBf16) return ForwardT<__nv_bfloat16>(step, cache, mla, stream);
   return ForwardT<__half>(step, cache, mla, stream);
+}
+
+absl::StatusOr<std::optional<kc::MlaUnabsorbedPlan>> CudaMlaModel::ChooseUnabsorbed(
+    const kc::MlaPlanInput& in, cudaStream_t stream) const {
+  const kernels::MlaStepBounds bounds{.num_heads = dims_.num_heads,
+                                      .num_seqs = in.num_seqs,
+                                      .num_tokens = in.num_tokens,
+                                      .max_seq_len = in.max_seq_len,
+                                      .num_sms = num_sms_};
+  const int64_t rows = kernels::MlaUnabsorbedContextRows(bounds);
+  if (rows > unabsorbed_rows_ || !kernels::PreferUnabsorbedMla(bounds)) return std::nullopt;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return std::nullopt;  // graphs: decode-sized steps
+  ASSIGN_OR_RETURN(const kc::MlaUnabsorbedPlan plan, kc::PlanMlaUnabsorbed(in, rows));
+  if (plan.workspace_bytes > unabsorbed_workspace_.bytes()) return std::nullopt;
+  return plan;
 }
 
 template <typename T>
@@ -430,6 +483,11 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
   } else {
     RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
                                           step.slot_mapping, Tn, dims_, cache, l, stream));
+  }
+  if (step_unabsorbed_.has_value()) {  // a long prefill (ChooseUnabsorbed); no DCP
+    return kc::MlaUnabsorbedAttention<T>(
+        cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention, softmax_scale_,
+        *step_unabsorbed_, unabsorbed_workspace_.data(), Ptr<T>(attn_), nullptr, stream);
   }
   // DCP: this shard's partial over all the slice's heads with its LSE, then one all-to-all of
   // the group and the LSE merge into the rank's Hq / dcp heads (dcp_exchange_->merged()).

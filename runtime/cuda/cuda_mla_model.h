@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -137,6 +138,12 @@ class CudaMlaModel {
   absl::Status GatherLogits(int64_t R, cudaStream_t stream);
   comm::DeviceCommunicator* comm() const { return options_.comm; }
   absl::Status Allocate(int64_t num_sms);
+  // unabsorbed_workspace_ / unabsorbed_rows_ where the form applies (cuda_mla_model.cc: sized
+  // for 2 x max_tokens context rows, at most 512 MiB).
+  absl::Status AllocateUnabsorbed(int64_t max_tokens);
+  // The step's unabsorbed plan when the cost model prefers it and the workspace holds it.
+  absl::StatusOr<std::optional<kernels::cuda::MlaUnabsorbedPlan>> ChooseUnabsorbed(
+      const kernels::cuda::MlaPlanInput& in, cudaStream_t stream) const;
   template <typename T>
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                         const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
@@ -164,7 +171,14 @@ class CudaMlaModel {
   // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
   DeviceBuffer hidden_, residual_, q_lora_, q_, ckv_, ckv_normed_, kpe_, attn_, gate_up_, act_,
       last_, logits_;
-  DeviceBuffer mla_workspace_;       // kernels/mla: q_cat, o_lat, split partials
+  DeviceBuffer mla_workspace_;  // kernels/mla: q_cat, o_lat, split partials
+  // The unabsorbed prefill (kernels/mla MlaUnabsorbedAttention): its workspace, allocated once
+  // for up to unabsorbed_rows_ context rows (num_seqs x max_seq_len; 0: the form is off, for
+  // widths it does not take, FP8 latents and DCP), and this step's plan when Forward chose it
+  // (kernels/mla/mla_prefill_select.h: the measured cost model; never under graph capture).
+  DeviceBuffer unabsorbed_workspace_;
+  int64_t unabsorbed_rows_ = 0;
+  std::optional<kernels::cuda::MlaUnabsorbedPlan> step_unabsorbed_;
   std::unique_ptr<CudaMoeMlp> moe_;  // models with MoE layers: routing + expert scratch
   std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers
   int num_sms_ = 132;
