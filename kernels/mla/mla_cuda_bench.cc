@@ -25,35 +25,19 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_test_util.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int64_t kBlock = 64;
 constexpr double kPeak = 4.6e12;
-constexpr MlaDims kV3Dims{.num_heads = 128,
-                          .qk_nope_head_dim = 128,
-                          .qk_rope_head_dim = 64,
-                          .kv_lora_rank = 512,
-                          .v_head_dim = 128};
-
-std::vector<int64_t> ParseList(const char* arg, std::vector<int64_t> dflt) {
-  if (arg == nullptr) return dflt;
-  std::vector<int64_t> out;
-  for (absl::string_view s : absl::StrSplit(arg, ',')) {
-    int64_t v = 0;
-    if (absl::SimpleAtoi(s, &v)) out.push_back(v);
-  }
-  return out;
-}
 
 struct Bufs {
-  MlaDims dims = kV3Dims;
+  MlaDims dims = mla_test::kV3Dims;
   void* pool = nullptr;
   KvCacheLayout layout;
   __nv_bfloat16 *q = nullptr, *kv_b = nullptr, *out = nullptr, *q_cat = nullptr, *o_lat = nullptr;
@@ -148,8 +132,9 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--tma=", 0) == 0) tma = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--fp8=", 0) == 0) fp8 = std::atoi(argv[i] + 6) != 0;
   }
-  const std::vector<int64_t> batches = ParseList(batches_arg, {1, 16, 64, 128});
-  const std::vector<int64_t> contexts = ParseList(contexts_arg, {1024, 4096, 16384, 32768});
+  const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
+  const std::vector<int64_t> contexts =
+      mla_test::ParseInt64List(contexts_arg, {1024, 4096, 16384, 32768});
   const int64_t max_b = *std::max_element(batches.begin(), batches.end());
   const int64_t max_c = *std::max_element(contexts.begin(), contexts.end());
   Bufs b;

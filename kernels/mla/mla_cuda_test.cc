@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/mla/mla_attention.h"
 #include "kernels/mla/mla_fp8_latent.h"
+#include "kernels/mla/mla_test_util.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -52,33 +53,23 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const MlaDims& d = c.dims;
   const int64_t S = static_cast<int64_t>(c.seq_lens.size()), bs = c.block_size;
   const int64_t D = d.LatentDim(), L = d.kv_lora_rank, H = d.num_heads;
-  int64_t max_blocks = 0, max_len = 0, max_q = 1;
-  std::vector<int32_t> local_lens(S);  // the shard's latents per request (all without DCP)
+  int64_t max_q = 1;
+  std::vector<int32_t> local_lens(S), qsl = {0};  // the shard's latents (all without DCP)
   for (int64_t s = 0; s < S; ++s) {
     local_lens[s] = static_cast<int32_t>(DcpLocalCount(c.seq_lens[s], c.dcp));
-    max_blocks = std::max<int64_t>(max_blocks, (local_lens[s] + bs - 1) / bs);
-    max_len = std::max<int64_t>(max_len, local_lens[s]);
     max_q = std::max<int64_t>(max_q, c.q_lens[s]);
+    qsl.push_back(qsl.back() + c.q_lens[s]);
   }
-  KvCacheLayout layout{.num_blocks = S * max_blocks + 2,
+  mla_test::ShuffledPages pages = mla_test::ShufflePages(local_lens, bs, rng);
+  const int64_t max_blocks = pages.max_blocks, max_len = pages.max_len;
+  const std::vector<int32_t>& tables = pages.tables;
+  const std::vector<int64_t>& slots = pages.slots;
+  KvCacheLayout layout{.num_blocks = pages.num_blocks,
                        .num_layers = 2,
                        .block_size = bs,
                        .num_kv_heads = 1,
                        .head_dim = D,
                        .num_planes = 1};
-  std::vector<int32_t> ids(layout.num_blocks), tables(S * max_blocks, 0), qsl = {0};
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int64_t> slots;
-  int64_t next = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    for (int64_t b = 0; b < (local_lens[s] + bs - 1) / bs; ++b)
-      tables[s * max_blocks + b] = ids[next++];
-    for (int64_t j = 0; j < local_lens[s]; ++j) {
-      slots.push_back(int64_t{tables[s * max_blocks + j / bs]} * bs + j % bs);
-    }
-    qsl.push_back(qsl.back() + c.q_lens[s]);
-  }
   const int64_t n_lat = static_cast<int64_t>(slots.size()), T_tok = qsl.back();
   // Latents as the model produces them: c_kv rows and k_pe rows in separate strided buffers.
   std::vector<float> ckv = attention_test::RandomNormal(rng, n_lat * (L + 3), 1.0f);
@@ -226,16 +217,8 @@ void RunCase(const Case& c, std::mt19937& rng) {
   std::cout << "\n";
 }
 
-const MlaDims kV3{.num_heads = 128,
-                  .qk_nope_head_dim = 128,
-                  .qk_rope_head_dim = 64,
-                  .kv_lora_rank = 512,
-                  .v_head_dim = 128};
-const MlaDims kLite{.num_heads = 16,
-                    .qk_nope_head_dim = 128,
-                    .qk_rope_head_dim = 64,
-                    .kv_lora_rank = 512,
-                    .v_head_dim = 128};
+constexpr MlaDims kV3 = mla_test::kV3Dims;
+constexpr MlaDims kLite = mla_test::kLiteDims;
 const MlaDims kTiny{.num_heads = 4,
                     .qk_nope_head_dim = 16,
                     .qk_rope_head_dim = 8,

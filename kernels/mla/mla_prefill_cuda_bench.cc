@@ -22,27 +22,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_test_util.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int64_t kBlock = 64;
-
-std::vector<int64_t> ParseList(const char* arg, std::vector<int64_t> dflt) {
-  if (arg == nullptr) return dflt;
-  std::vector<int64_t> out;
-  for (absl::string_view s : absl::StrSplit(arg, ',')) {
-    int64_t v = 0;
-    if (absl::SimpleAtoi(s, &v)) out.push_back(v);
-  }
-  return out;
-}
 
 // Device memory freed at scope exit.
 struct Mem {
@@ -73,11 +62,8 @@ absl::StatusOr<double> TimeUs(int iters, cudaStream_t stream,
 
 absl::Status RunConfig(cublasHandle_t cublas, int64_t heads, int64_t prefix, int64_t chunk,
                        int iters, int num_sms, cudaStream_t stream) {
-  const MlaDims dims{.num_heads = heads,
-                     .qk_nope_head_dim = 128,
-                     .qk_rope_head_dim = 64,
-                     .kv_lora_rank = 512,
-                     .v_head_dim = 128};
+  MlaDims dims = mla_test::kV3Dims;
+  dims.num_heads = heads;
   const int64_t ctx = prefix + chunk, blocks = (ctx + kBlock - 1) / kBlock;
   const KvCacheLayout layout{.num_blocks = blocks,
                              .num_layers = 1,
@@ -172,9 +158,9 @@ absl::Status Main(int argc, char** argv) {
   std::printf(
       "| heads | prefix | chunk | absorbed us | unabsorbed us | un/abs | faster | abs TFLOP/s | "
       "unabs TFLOP/s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (int64_t h : ParseList(heads_arg, {16, 128})) {
-    for (int64_t c : ParseList(chunks_arg, {512, 2048})) {
-      for (int64_t p : ParseList(prefixes_arg, {0, 1024, 4096, 16384})) {
+  for (int64_t h : mla_test::ParseInt64List(heads_arg, {16, 128})) {
+    for (int64_t c : mla_test::ParseInt64List(chunks_arg, {512, 2048})) {
+      for (int64_t p : mla_test::ParseInt64List(prefixes_arg, {0, 1024, 4096, 16384})) {
         RETURN_IF_ERROR(RunConfig(cublas, h, p, c, iters, prop.multiProcessorCount, stream));
       }
     }

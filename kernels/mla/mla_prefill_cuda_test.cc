@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/mla/mla_attention.h"
 #include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_test_util.h"
 #include "kernels/threading/thread_pool.h"
 
 namespace tandem::kernels::cuda {
@@ -57,32 +58,23 @@ void RunCase(const Case& c, std::mt19937& rng, ThreadPool* pool) {
   const MlaDims& d = c.dims;
   const int64_t S = static_cast<int64_t>(c.seq_lens.size()), bs = c.block_size;
   const int64_t D = d.LatentDim(), H = d.num_heads;
-  int64_t max_blocks = 0, max_len = 0, max_q = 1, total_ctx = 0;
+  int64_t max_q = 1, total_ctx = 0;
+  std::vector<int32_t> qsl = {0};
   for (int64_t s = 0; s < S; ++s) {
-    max_blocks = std::max<int64_t>(max_blocks, (c.seq_lens[s] + bs - 1) / bs);
-    max_len = std::max<int64_t>(max_len, c.seq_lens[s]);
     max_q = std::max<int64_t>(max_q, c.q_lens[s]);
     total_ctx += c.seq_lens[s];
+    qsl.push_back(qsl.back() + c.q_lens[s]);
   }
-  KvCacheLayout layout{.num_blocks = S * max_blocks + 2,
+  mla_test::ShuffledPages pages = mla_test::ShufflePages(c.seq_lens, bs, rng);
+  const int64_t max_blocks = pages.max_blocks, max_len = pages.max_len;
+  const std::vector<int32_t>& tables = pages.tables;
+  const std::vector<int64_t>& slots = pages.slots;
+  KvCacheLayout layout{.num_blocks = pages.num_blocks,
                        .num_layers = 2,
                        .block_size = bs,
                        .num_kv_heads = 1,
                        .head_dim = D,
                        .num_planes = 1};
-  std::vector<int32_t> ids(layout.num_blocks), tables(S * max_blocks, 0), qsl = {0};
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int64_t> slots;
-  int64_t next = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    for (int64_t b = 0; b < (c.seq_lens[s] + bs - 1) / bs; ++b)
-      tables[s * max_blocks + b] = ids[next++];
-    for (int64_t j = 0; j < c.seq_lens[s]; ++j) {
-      slots.push_back(int64_t{tables[s * max_blocks + j / bs]} * bs + j % bs);
-    }
-    qsl.push_back(qsl.back() + c.q_lens[s]);
-  }
   const int64_t n_lat = static_cast<int64_t>(slots.size()), T_tok = qsl.back();
   std::vector<float> latent = attention_test::RandomNormal(rng, n_lat * D, 1.0f);
   std::vector<float> q = attention_test::RandomNormal(rng, T_tok * H * d.QkHeadDim(), 1.0f);
@@ -144,16 +136,8 @@ void RunCase(const Case& c, std::mt19937& rng, ThreadPool* pool) {
             << ", lse " << ea.lse << "\n";
 }
 
-const MlaDims kLite{.num_heads = 16,
-                    .qk_nope_head_dim = 128,
-                    .qk_rope_head_dim = 64,
-                    .kv_lora_rank = 512,
-                    .v_head_dim = 128};
-const MlaDims kV3{.num_heads = 128,
-                  .qk_nope_head_dim = 128,
-                  .qk_rope_head_dim = 64,
-                  .kv_lora_rank = 512,
-                  .v_head_dim = 128};
+constexpr MlaDims kLite = mla_test::kLiteDims;
+constexpr MlaDims kV3 = mla_test::kV3Dims;
 
 TEST(MlaPrefillCudaTest, UnabsorbedMatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
