@@ -2,6 +2,7 @@
 // MTP runner (CreateMtp) and its input hidden states, and the final hidden states a step returns.
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -39,55 +40,82 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateMtp(
 }
 
 absl::Status CudaModelRunner::UploadInputHidden(const SchedulerOutput& batch, int64_t num_tokens) {
-  const int64_t n = num_tokens * spec_.model_config.hidden_size;
+  const int64_t H = spec_.model_config.hidden_size;
   if (mtp_model_ == nullptr) {
     if (batch.input_hidden.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError("input hidden states given to a runner without MTP layer");
   }
-  if (static_cast<int64_t>(batch.input_hidden.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the MTP layer's step needs input hidden states [", num_tokens, ", ",
-        spec_.model_config.hidden_size, "], got ", batch.input_hidden.size(), " values"));
+  // Zero rows (a catch-up over an adaptive pause) are set on the device, not sent.
+  ASSIGN_OR_RETURN(const std::vector<HiddenRowRun> runs, InputHiddenRuns(batch, H));
+  float* dst = input_hidden_.get<float>();
+  for (const HiddenRowRun& run : runs) {
+    if (run.dst_row + run.rows > num_tokens) {
+      return absl::InternalError("MTP input hidden rows past the step's tokens");
+    }
+    if (run.zero) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(dst + run.dst_row * H, 0, run.rows * H * sizeof(float), stream_));
+    } else {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst + run.dst_row * H, batch.input_hidden.data() + run.src_row * H,
+                          run.rows * H * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    }
   }
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_hidden_.data(), batch.input_hidden.data(), n * 4,
-                                       cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::EnqueueHiddenCopy(const SchedulerOutput& batch, int64_t num_tokens) {
   if (!batch.return_hidden_states) return absl::OkStatus();
-  const void* rows = mtp_model_ != nullptr   ? mtp_model_->hidden_out()
-                     : mla_model_ != nullptr ? mla_model_->normed_hidden()
-                                             : nullptr;
+  const auto* rows = static_cast<const char*>(mtp_model_ != nullptr   ? mtp_model_->hidden_out()
+                                              : mla_model_ != nullptr ? mla_model_->normed_hidden()
+                                                                      : nullptr);
   if (rows == nullptr) {
     return absl::UnimplementedError(
         absl::StrCat("the CUDA backend returns hidden states (MTP drafting) for DeepSeek MLA "
                      "models only, not ",
                      spec_.model_config.architecture));
   }
-  // Rows 0 .. num_tokens - 1 are the batch's tokens in order (a padded step's padding follows).
-  const int64_t bytes = num_tokens * spec_.model_config.hidden_size * 2;
-  if (hidden_host_.bytes() < bytes) {
+  const int64_t row_bytes = spec_.model_config.hidden_size * 2;
+  if (hidden_host_.bytes() < num_tokens * row_bytes) {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // an earlier copy may still target it
     hidden_host_.Reset();
     ASSIGN_OR_RETURN(hidden_host_,
-                     PinnedBuffer::Allocate(max_tokens_ * spec_.model_config.hidden_size * 2,
-                                            "hidden states (host)"));
+                     PinnedBuffer::Allocate(max_tokens_ * row_bytes, "hidden states (host)"));
   }
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(hidden_host_.data(), rows, bytes, cudaMemcpyDeviceToHost, stream_));
+  char* host = hidden_host_.get<char>();
+  if (!batch.return_last_hidden_only) {
+    // Rows 0 .. num_tokens - 1 are the batch's tokens in order (a padded step's padding follows).
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host, rows, num_tokens * row_bytes, cudaMemcpyDeviceToHost, stream_));
+    return absl::OkStatus();
+  }
+  // One row per sequence (its last token's), runs of consecutive rows in one copy each.
+  const std::vector<int64_t> last = LastTokenRows(batch);
+  for (size_t s = 0; s < last.size();) {
+    size_t e = s + 1;
+    while (e < last.size() && last[e] == last[e - 1] + 1) ++e;
+    if (last[s] >= 0) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + s * row_bytes, rows + last[s] * row_bytes,
+                                           (e - s) * row_bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+    s = e;
+  }
   return absl::OkStatus();
 }
 
 void CudaModelRunner::TakeHidden(const SchedulerOutput& batch, int64_t num_tokens,
                                  RunnerOutput* out) const {
   if (!batch.return_hidden_states) return;
-  const int64_t n = num_tokens * spec_.model_config.hidden_size;
+  const int64_t rows =
+      batch.return_last_hidden_only ? static_cast<int64_t>(batch.seqs.size()) : num_tokens;
+  const int64_t n = rows * spec_.model_config.hidden_size;
   const uint16_t* bits = hidden_host_.get<uint16_t>();
   out->hidden_states.resize(static_cast<size_t>(n));
-  const bool bf16 = config_.dtype == ActDtype::kBf16;
-  for (int64_t i = 0; i < n; ++i) {
-    out->hidden_states[i] = bf16 ? Bf16ToFloat(bits[i]) : F16ToFloat(bits[i]);
+  float* dst = out->hidden_states.data();
+  if (config_.dtype == ActDtype::kBf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(bits[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(bits[i]);
   }
 }
 

@@ -7,6 +7,9 @@
 //    f32: cosine per row >= 0.99, printed;
 //  * greedy through the engine with MTP drafts (K = 1, 3) equals the same CUDA engine without
 //    speculation token for token, every target and MTP block back in its pool.
+//  * the MTP runner's compact steps (zero rows set on the device, not uploaded; one returned
+//    hidden row per sequence) equal the same step with the zeros uploaded and every row returned
+//    (cosine >= 0.99999; mtp_hidden_rows_test is the CPU twin).
 // The same on DeepSeek-V3's FP8 format (tests/golden/fixtures_fp8/fp8_deepseek_v3: target and MTP
 // block e4m3 with 128x128 scales, the MTP glue bf16; CudaMlaModel's FP8 path, 1x128 activation
 // quantization) against transformers on the dequantized weights with activations unquantized:
@@ -196,6 +199,96 @@ TEST(CudaMtpTest, HiddenStatesAndMtpLayerMatchTransformers) {
 TEST(CudaMtpTest, Fp8HiddenStatesAndMtpLayerMatchTransformers) {
   TANDEM_SKIP_WITHOUT_GPU();
   ExpectMtpLayerMatchesTransformers(kFp8Dir, /*check_target=*/false);
+}
+
+// One step of the MTP runner over sequences of (zero rows, fed tokens) (tokens from `tokens`,
+// request s in block s): `given` holds the rows that are not zero; `compact` sends them as they
+// are (ScheduledSeq::zero_hidden_rows) and asks for the last rows only, otherwise the zero rows
+// are written out and every row is returned.
+absl::StatusOr<RunnerOutput> RunRows(ModelExecutor& mtp,
+                                     const std::vector<std::pair<int64_t, int64_t>>& shape,
+                                     absl::Span<const int32_t> tokens,
+                                     const std::vector<float>& given, int64_t H, bool compact) {
+  std::vector<BlockId> blocks;
+  std::vector<float> written;
+  SchedulerOutput step;
+  int64_t t = 0, src = 0;
+  for (size_t s = 0; s < shape.size(); ++s) blocks.push_back(static_cast<BlockId>(s));
+  for (size_t s = 0; s < shape.size(); ++s) {
+    const auto [zero, n] = shape[s];
+    ScheduledSeq seq;
+    seq.request_id = static_cast<int64_t>(s);
+    seq.new_tokens = tokens.subspan(t, n);
+    seq.num_computed_tokens = 1;  // position 0 embeds no token (CudaMtpModel)
+    seq.block_table = absl::MakeConstSpan(blocks).subspan(s, 1);
+    seq.samples = s % 2 == 0;
+    seq.capture_prompt_logits = seq.samples;
+    seq.zero_hidden_rows = compact ? zero : 0;
+    written.insert(written.end(), static_cast<size_t>(zero * H), 0.0f);
+    written.insert(written.end(), given.begin() + src * H, given.begin() + (src + n - zero) * H);
+    step.seqs.push_back(seq);
+    t += n;
+    src += n - zero;
+  }
+  step.num_batched_tokens = t;
+  step.return_hidden_states = true;
+  step.return_last_hidden_only = compact;
+  step.input_hidden = compact ? absl::MakeConstSpan(given) : absl::MakeConstSpan(written);
+  return mtp.Run(step);
+}
+
+// The MTP runner's compact rows (zero rows set on the device, one returned row per sequence)
+// against the same step with the zeros uploaded and every row returned: the same samples and
+// logits, the returned rows the full step's last rows (cosine printed; the kernels are
+// deterministic, so they are expected bit-equal).
+TEST(CudaMtpTest, CompactHiddenRowsEqualExplicitZeros) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::ifstream in(std::string(kDir) + "/expected_mtp.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto tokens = ref["tokens"].get<std::vector<int32_t>>();
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(kDir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int64_t H = config->hidden_size;
+  // Given rows: transformers' target hidden states (real values), in order.
+  std::vector<float> given;
+  for (const auto& row : Rows(ref["target_hidden"]))
+    given.insert(given.end(), row.begin(), row.end());
+  const std::vector<std::pair<int64_t, int64_t>> shape = {{4, 9}, {6, 6}, {0, 5}, {2, 7}};
+  int64_t fed = 0, kept = 0;
+  for (const auto& [zero, n] : shape) {
+    fed += n;
+    kept += n - zero;
+  }
+  ASSERT_LE(fed, static_cast<int64_t>(tokens.size()));
+  ASSERT_LE(kept * H, static_cast<int64_t>(given.size()));
+  absl::StatusOr<MtpWeights> weights = LoadMtpWeights(kDir, *config);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto mtp = CudaModelRunner::CreateMtp(CudaBackendConfig(), Spec(*config), std::move(*weights));
+  ASSERT_TRUE(mtp.ok()) << mtp.status();
+  absl::StatusOr<RunnerOutput> full = RunRows(**mtp, shape, tokens, given, H, false);
+  ASSERT_TRUE(full.ok()) << full.status();
+  absl::StatusOr<RunnerOutput> compact = RunRows(**mtp, shape, tokens, given, H, true);
+  ASSERT_TRUE(compact.ok()) << compact.status();
+  EXPECT_EQ(compact->sampled_tokens, full->sampled_tokens);
+  ASSERT_EQ(static_cast<int64_t>(full->hidden_states.size()), fed * H);
+  ASSERT_EQ(compact->hidden_states.size(), shape.size() * static_cast<size_t>(H));
+  double worst = 1;
+  int64_t equal = 0, last = -1;
+  for (size_t s = 0; s < shape.size(); ++s) {
+    last += shape[s].second;
+    const std::vector<float> want(full->hidden_states.begin() + last * H,
+                                  full->hidden_states.begin() + (last + 1) * H);
+    const float* got = compact->hidden_states.data() + s * H;
+    worst = std::min(worst, Cosine(got, want));
+    equal += std::equal(want.begin(), want.end(), got);
+    if (s % 2 != 0) continue;  // sequences 0 and 2 sample
+    worst =
+        std::min(worst, Cosine(compact->last_prompt_logits[s].data(), full->last_prompt_logits[s]));
+  }
+  EXPECT_GE(worst, 0.99999);
+  std::printf("compact MTP rows: cosine to the full step >= %.9f, %lld/%zu rows bit-equal\n", worst,
+              static_cast<long long>(equal), shape.size());
 }
 
 struct Outcome {

@@ -32,9 +32,28 @@ struct RunnerOutput {
   // engine then verifies by the samples above, which is exact too, with lower acceptance).
   std::vector<std::vector<float>> verify_logits;
   // [num_batched_tokens, hidden] when the batch asks (SchedulerOutput::return_hidden_states): the
-  // model's final hidden state of every fed token, in batch order (MTP drafting, mtp_proposer.h).
+  // model's final hidden state of every fed token, in batch order (MTP drafting, mtp_proposer.h);
+  // [num seqs, hidden] with SchedulerOutput::return_last_hidden_only.
   std::vector<float> hidden_states;
 };
+
+// The MTP layer's input hidden states (SchedulerOutput::input_hidden) over a step's fed tokens,
+// in token order: runs of zero rows (ScheduledSeq::zero_hidden_rows) and runs of given rows
+// (input_hidden's rows from src_row on), adjacent runs of a kind merged. Executors that take
+// input hidden states fill their [num_batched_tokens, hidden] rows from these.
+struct HiddenRowRun {
+  int64_t dst_row = 0;  // the step's token row
+  int64_t src_row = 0;  // input_hidden's row (given rows only)
+  int64_t rows = 0;
+  bool zero = false;
+};
+// INVALID_ARGUMENT when input_hidden does not hold exactly the rows that are not zero, or a
+// sequence has more zero rows than fed tokens.
+absl::StatusOr<std::vector<HiddenRowRun>> InputHiddenRuns(const SchedulerOutput& batch,
+                                                          int64_t hidden);
+// The token rows whose hidden states a step returns with return_last_hidden_only: each sequence's
+// last fed token, in sequence order (-1 for a sequence that feeds nothing).
+std::vector<int64_t> LastTokenRows(const SchedulerOutput& batch);
 
 // Counters for tests and benchmarks (backends fill what applies).
 struct ExecutorStats {

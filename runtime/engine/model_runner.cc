@@ -137,9 +137,12 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   input.attention.max_blocks_per_seq = max_blocks;
   kernels::KvCacheView cache{kv_pool_, layout_};
   RunnerOutput out;
-  input.input_hidden = batch.input_hidden;
+  std::vector<float> input_hidden;
+  RETURN_IF_ERROR(ExpandInputHidden(batch, &input_hidden));
+  input.input_hidden = input_hidden.empty() ? batch.input_hidden : input_hidden;
   if (batch.return_hidden_states) input.hidden_out = &out.hidden_states;
   RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
+  if (batch.return_hidden_states && batch.return_last_hidden_only) KeepLastHidden(batch, &out);
 
   const int64_t vocab = model_->config().vocab_size;
   out.sampled_tokens.assign(S, -1);
@@ -169,6 +172,36 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
     }
   }
   return out;
+}
+
+absl::Status ModelRunner::ExpandInputHidden(const SchedulerOutput& batch,
+                                            std::vector<float>* rows) const {
+  const bool zeros = std::any_of(batch.seqs.begin(), batch.seqs.end(),
+                                 [](const ScheduledSeq& seq) { return seq.zero_hidden_rows != 0; });
+  if (!zeros) return absl::OkStatus();  // input_hidden as given
+  const int64_t H = model_->config().hidden_size;
+  ASSIGN_OR_RETURN(const std::vector<HiddenRowRun> runs, InputHiddenRuns(batch, H));
+  const HiddenRowRun& last = runs.back();
+  rows->assign(static_cast<size_t>((last.dst_row + last.rows) * H), 0.0f);
+  for (const HiddenRowRun& run : runs) {
+    if (run.zero) continue;
+    std::copy_n(batch.input_hidden.begin() + run.src_row * H, run.rows * H,
+                rows->begin() + run.dst_row * H);
+  }
+  return absl::OkStatus();
+}
+
+void ModelRunner::KeepLastHidden(const SchedulerOutput& batch, RunnerOutput* out) const {
+  const int64_t H = model_->config().hidden_size;
+  const std::vector<int64_t> rows = LastTokenRows(batch);
+  std::vector<float> last(rows.size() * static_cast<size_t>(H), 0.0f);
+  for (size_t s = 0; s < rows.size(); ++s) {
+    if (rows[s] < 0 || (rows[s] + 1) * H > static_cast<int64_t>(out->hidden_states.size())) {
+      continue;
+    }
+    std::copy_n(out->hidden_states.begin() + rows[s] * H, H, last.begin() + s * H);
+  }
+  out->hidden_states = std::move(last);
 }
 
 void ModelRunner::BuildDcpTables(const SchedulerOutput& batch) {

@@ -76,6 +76,11 @@ class ModelRunner : public ModelExecutor {
   std::vector<int32_t> local_seq_lens_;
 
   void BuildDcpTables(const SchedulerOutput& batch);
+  // The MTP layer's step: `batch.input_hidden` with its zero rows (ScheduledSeq::
+  // zero_hidden_rows) filled in, into `rows`; `rows` stays empty when it has none.
+  absl::Status ExpandInputHidden(const SchedulerOutput& batch, std::vector<float>* rows) const;
+  // return_last_hidden_only: out->hidden_states cut to each sequence's last fed token's row.
+  void KeepLastHidden(const SchedulerOutput& batch, RunnerOutput* out) const;
   // Sequence s's block table as this rank's pool sees it.
   absl::Span<const BlockId> Table(const SchedulerOutput& batch, int64_t s) const;
 };

@@ -242,11 +242,11 @@ absl::Status MtpProposer::BoundHeld(absl::Span<const MtpFedTokens> fed) {
 
 absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
   const int64_t H = target_.hidden_size;
-  // The hidden rows of one chunk (zeros where none was recorded: after an adaptive pause, a whole
-  // batch's pauses at once), sized once: the vector's regrowth copied them repeatedly.
+  // The held hidden rows of one chunk, sized once: the vector's regrowth copied them repeatedly.
   int64_t rows = 0;
   for (const CatchUpJob& job : jobs) {
-    rows += std::max<int64_t>(0, job.end - state_[job.request_id].valid);
+    rows += std::min<int64_t>(std::max<int64_t>(0, job.end - state_[job.request_id].valid),
+                              held_hidden_rows(job.request_id));
   }
   std::vector<float> input_hidden;
   input_hidden.reserve(static_cast<size_t>(std::min(rows, options_.max_num_batched_tokens) * H));
@@ -274,7 +274,13 @@ absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
         seq.sample_step = job.draft->sample_step;
         step.return_hidden_states |= seq.samples && job.draft->num_drafts > 1;
       }
-      for (int64_t p = st.valid; p < st.valid + take; ++p) AppendHidden(st, p, &input_hidden);
+      // Positions before the held rows (an adaptive pause, a prefix-cache hit) pair with zero
+      // hidden states: the executor fills them (on the device), they are not sent.
+      seq.zero_hidden_rows =
+          st.hidden.empty() ? take : std::clamp<int64_t>(st.hidden_begin - st.valid, 0, take);
+      for (int64_t p = st.valid + seq.zero_hidden_rows; p < st.valid + take; ++p) {
+        AppendHidden(st, p, &input_hidden);
+      }
       step.num_batched_tokens += take;
       budget -= take;
       step.seqs.push_back(seq);
@@ -282,12 +288,12 @@ absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
     }
     if (step.seqs.empty()) break;
     step.input_hidden = input_hidden;
+    step.return_last_hidden_only = true;
     ASSIGN_OR_RETURN(RunnerOutput out, executor_->Run(step));
-    int64_t row = 0;
+    RETURN_IF_ERROR(CheckLastHidden(step, out));
     for (size_t s = 0; s < step.seqs.size(); ++s) {
       const ScheduledSeq& seq = step.seqs[s];
       const CatchUpJob& job = *step_jobs[s];
-      row += static_cast<int64_t>(seq.new_tokens.size());
       RequestState& st = state_[job.request_id];
       st.valid += static_cast<int64_t>(seq.new_tokens.size());
       // Every target hidden state before `valid` is in the MTP's KV now.
@@ -300,8 +306,8 @@ absl::Status MtpProposer::CatchUp(absl::Span<const CatchUpJob> jobs) {
       if (!seq.samples) continue;
       RETURN_IF_ERROR(TakeDraft(out, s, seq, job.draft));
       if (step.return_hidden_states) {
-        chain_[job.request_id].assign(out.hidden_states.begin() + (row - 1) * H,
-                                      out.hidden_states.begin() + row * H);
+        chain_[job.request_id].assign(out.hidden_states.begin() + s * H,
+                                      out.hidden_states.begin() + (s + 1) * H);
       }
     }
   }
@@ -338,13 +344,26 @@ absl::Status MtpProposer::ChainRound(absl::Span<DraftJob* const> active, int64_t
   }
   if (step.seqs.empty()) return absl::OkStatus();
   step.input_hidden = input_hidden;
+  step.return_last_hidden_only = true;
   ASSIGN_OR_RETURN(RunnerOutput out, executor_->Run(step));
+  RETURN_IF_ERROR(CheckLastHidden(step, out));
   for (size_t s = 0; s < step.seqs.size(); ++s) {
     RETURN_IF_ERROR(TakeDraft(out, s, step.seqs[s], step_jobs[s]));
     if (step.return_hidden_states) {
       chain_[step_jobs[s]->request_id].assign(out.hidden_states.begin() + s * H,
                                               out.hidden_states.begin() + (s + 1) * H);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MtpProposer::CheckLastHidden(const SchedulerOutput& step,
+                                          const RunnerOutput& out) const {
+  const size_t want = step.seqs.size() * static_cast<size_t>(target_.hidden_size);
+  if (step.return_hidden_states && out.hidden_states.size() != want) {
+    return absl::InternalError(absl::StrCat("the MTP executor returned ", out.hidden_states.size(),
+                                            " hidden-state values, not one row per sequence (",
+                                            want, ")"));
   }
   return absl::OkStatus();
 }

@@ -23,8 +23,10 @@
 //     inputs are the target's hidden states: `valid` never counts them.
 // Positions whose target hidden state this process never computed or never asked for (a
 // prefix-cache hit; a P -> D request's prompt without a handoff; steps of an adaptive pause)
-// enter the MTP's KV with a zero hidden state (the token's embedding alone). Drafts stay exactly
-// verified; only acceptance can drop.
+// enter the MTP's KV with a zero hidden state (the token's embedding alone; the executor fills the
+// leading ones of a catch-up, ScheduledSeq::zero_hidden_rows, so they are neither built nor
+// uploaded). The MTP's steps return one hidden row per sequence (return_last_hidden_only), the
+// rows chained drafts need. Drafts stay exactly verified; only acceptance can drop.
 //
 // P -> D (MtpHandoff, request.h): a prefill worker with the MTP layer attached (it never drafts)
 // runs it over the prompt once the prefill completes (ExportPrompt: positions 0 .. L - 2, the
@@ -153,6 +155,9 @@ class MtpProposer {
   // The host address of the MTP's latent row of `position` (its blocks allocated); null on a
   // device pool or a pool of another size than f32 rows of row_width().
   float* LatentRow(int64_t request_id, int64_t position);
+  // INTERNAL unless a step that asked for hidden states got one row per sequence
+  // (SchedulerOutput::return_last_hidden_only).
+  absl::Status CheckLastHidden(const SchedulerOutput& step, const RunnerOutput& out) const;
   // Turns sequence s of `out` (which sampled) into job's next draft.
   absl::Status TakeDraft(const RunnerOutput& out, size_t s, const ScheduledSeq& seq,
                          DraftJob* job) const;

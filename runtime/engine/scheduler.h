@@ -77,6 +77,10 @@ struct ScheduledSeq {
   // bench hook caps its drafts at 0); true otherwise and without speculation. The engine asks for
   // MTP hidden states only for sequences that may draft next (mtp_proposer.h).
   bool may_draft_next = true;
+  // The MTP layer's own steps (mtp_proposer.h): the first zero_hidden_rows fed tokens pair with
+  // a zero hidden state (positions whose target hidden state was never asked for) and have no row
+  // in SchedulerOutput::input_hidden; the executor fills them with zeros (on the device for CUDA).
+  int64_t zero_hidden_rows = 0;
   // Data-parallel attention (dp_rank.h): the DP rank that runs this sequence (its block ids are
   // in that rank's pool, KvCacheConfig::dp_size); 0 without.
   int64_t dp_rank = 0;
@@ -94,6 +98,10 @@ struct SchedulerOutput {
   // token's final hidden state (RunnerOutput::hidden_states); and, on the MTP layer's own steps,
   // the hidden state paired with each fed token, [num_batched_tokens, hidden] in batch order.
   bool return_hidden_states = false;
+  // With return_hidden_states: one row per sequence, its last fed token's ([seqs.size(), hidden],
+  // what the MTP layer's chained drafts need), not every fed token's.
+  bool return_last_hidden_only = false;
+  // [num_batched_tokens - the sequences' zero_hidden_rows, hidden].
   absl::Span<const float> input_hidden;
   // Data-parallel attention (set by DpAttentionExecutor on each rank's part of the step): the
   // most sequences any DP rank runs when every DP rank's part decodes (one new token each, an
