@@ -31,8 +31,7 @@ absl::Status LoadAndAttachMtp(const ModelSource& source, const ModelConfig& conf
   if (source.load_format == "dummy") {
     // The model's seed: the MTP tensors' names give them streams of their own, and
     // make_dummy_model writes them with that seed too.
-    weights =
-        RandomMtpWeights(config, RandomModelWeights(config, source.dummy_seed), source.dummy_seed);
+    weights = RandomMtpWeights(config, source.dummy_seed);
   } else {
     ASSIGN_OR_RETURN(weights, LoadMtpWeights(source.model_dir, config));
   }

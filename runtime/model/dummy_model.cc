@@ -147,9 +147,11 @@ absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint6
   ASSIGN_OR_RETURN(std::vector<DummyTensorFill> plan, DummyWeightPlan(config, shard));
   ModelWeights weights;
   internal::AllocateModelWeights(config, dims, &weights);
+  const int threads = internal::DummyDrawThreads();
   for (const DummyTensorFill& fill : plan) {
-    internal::FillDummySlice(seed, fill.stream_id, fill.mean, fill.slice,
-                             SlotVector(&weights, fill.slot, fill.layer)->data() + fill.offset);
+    internal::FillDummySliceParallel(
+        seed, fill.stream_id, fill.mean, fill.slice,
+        SlotVector(&weights, fill.slot, fill.layer)->data() + fill.offset, threads);
   }
   return weights;
 }

@@ -298,6 +298,12 @@ TEST_F(MakeDummyModelTest, DeepseekMtpLayerIsTheDummyDraw) {
   EXPECT_EQ(mtp->block.norm, dummy.block.norm);
   EXPECT_EQ(mtp->block.embed_tokens, dummy.block.embed_tokens);
   EXPECT_EQ(mtp->block.lm_head, dummy.block.lm_head);
+  // --load_format=dummy's draw, which skips the model's layers, is the same bit for bit.
+  const MtpWeights lean = RandomMtpWeights(*config, seed_);
+  EXPECT_EQ(lean.eh_proj, dummy.eh_proj);
+  EXPECT_EQ(FlattenLayer(lean.block.layers[0]), layer);
+  EXPECT_EQ(lean.block.embed_tokens, dummy.block.embed_tokens);
+  EXPECT_EQ(lean.block.lm_head, dummy.block.lm_head);
 
   const fs::path plain = dir_ / "v3_plain";
   const Result none = Run(absl::StrCat("--config=", config_file.string(), " --out=", plain.string(),

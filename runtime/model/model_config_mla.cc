@@ -296,12 +296,17 @@ absl::StatusOr<ModelConfig> DeepseekPreset(absl::string_view name) {
       "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
       "v_head_dim": 16, "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
       "torch_dtype": "float32"})";
-  const char* text = name == "deepseek-v2-lite" ? kV2Lite
-                     : name == "deepseek-v3-4l" ? kV3FourLayers
-                     : name == "tiny-mla"       ? kTiny
-                                                : nullptr;
+  // deepseek-v2-lite-mtp: V2-Lite's shape with one MTP layer (a MoE layer, DeepSeek-V3's MTP
+  // design; V2-Lite ships none) for --speculative_method=mtp at a real model's size.
+  const bool mtp = name == "deepseek-v2-lite-mtp";
+  const char* text = name == "deepseek-v2-lite" || mtp ? kV2Lite
+                     : name == "deepseek-v3-4l"        ? kV3FourLayers
+                     : name == "tiny-mla"              ? kTiny
+                                                       : nullptr;
   if (text == nullptr) return absl::NotFoundError(absl::StrCat("no DeepSeek preset '", name, "'"));
-  return ParseModelConfig(text);
+  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text));
+  if (mtp) config.num_nextn_predict_layers = 1;
+  return config;
 }
 
 bool IsDeepseekConfig(const json& root) {

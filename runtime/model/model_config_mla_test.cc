@@ -115,6 +115,14 @@ TEST(DeepseekConfigTest, Presets) {
   EXPECT_EQ(lite->NumParameters(), 15706484224);
   EXPECT_EQ(lite->rope_scaling.type, kernels::RopeType::kYarn);
   EXPECT_EQ(lite->dtype, WeightDtype::kBF16);
+  EXPECT_EQ(lite->num_nextn_predict_layers, 0);
+  // The same model with one MTP layer (its parameters not counted: a layer of the drafter).
+  auto lite_mtp = PresetConfig("deepseek-v2-lite-mtp");
+  ASSERT_TRUE(lite_mtp.ok()) << lite_mtp.status();
+  EXPECT_EQ(lite_mtp->num_nextn_predict_layers, 1);
+  EXPECT_EQ(lite_mtp->num_hidden_layers, 27);
+  EXPECT_EQ(lite_mtp->NumParameters(), 15706484224);
+  EXPECT_TRUE(lite_mtp->IsMoeLayer(27));  // the MTP layer, past the model's
   auto v3 = PresetConfig("deepseek-v3-4l");
   ASSERT_TRUE(v3.ok()) << v3.status();
   EXPECT_EQ(v3->num_experts, 256);

@@ -205,13 +205,15 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
     c.eos_token_ids = {2};
   } else if (name == "qwen3-30b-a3b" || name == "mixtral-8x7b" || name == "tiny-moe") {
     return MoePreset(name);
-  } else if (name == "deepseek-v2-lite" || name == "deepseek-v3-4l" || name == "tiny-mla") {
+  } else if (name == "deepseek-v2-lite" || name == "deepseek-v2-lite-mtp" ||
+             name == "deepseek-v3-4l" || name == "tiny-mla") {
     return internal::DeepseekPreset(name);  // model_config_mla.cc
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown preset '", name,
                      "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, mixtral-8x7b, "
-                     "tiny-moe, deepseek-v2-lite, deepseek-v3-4l, tiny-mla)"));
+                     "tiny-moe, deepseek-v2-lite, deepseek-v2-lite-mtp, deepseek-v3-4l, "
+                     "tiny-mla)"));
   }
   RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;

@@ -173,7 +173,7 @@ void Draw(const MtpTensor& t, uint64_t seed, float* out) {
   h.name = t.name;
   h.shape = t.shape;
   h.is_norm = t.is_norm;
-  internal::TensorRandomStream(seed, h).Fill(out, h.numel());
+  internal::TensorRandomStream(seed, h).Fill(out, h.numel(), internal::DummyDrawThreads());
 }
 
 }  // namespace
@@ -281,6 +281,18 @@ MtpWeights RandomMtpWeights(const ModelConfig& config, const ModelWeights& model
   w.block.embed_tokens = model.embed_tokens;
   w.block.lm_head = model.lm_head.empty() ? model.embed_tokens : model.lm_head;
   return w;
+}
+
+MtpWeights RandomMtpWeights(const ModelConfig& config, uint64_t seed) {
+  // Tensors are drawn by name (DummyStreamId), so a one-layer model with a small dense MLP draws
+  // the same embedding and head; FP8 quantization leaves them alone.
+  ModelConfig embed_and_head = config;
+  embed_and_head.num_hidden_layers = 1;
+  embed_and_head.first_k_dense_replace = 1;
+  embed_and_head.intermediate_size = 16;
+  embed_and_head.num_nextn_predict_layers = 0;
+  embed_and_head.quantization = WeightQuantization();
+  return RandomMtpWeights(config, RandomModelWeights(embed_and_head, seed), seed);
 }
 
 absl::Status AddMtpLayerToCheckpoint(const std::string& model_dir, const ModelConfig& config,

@@ -65,6 +65,9 @@ absl::StatusOr<MtpWeights> LoadMtpWeights(const std::string& model_dir, const Mo
 // RandomModelWeights draws the model's tensors; the embedding and head are the model's
 // (`model`'s, which RandomModelWeights(config, seed) made).
 MtpWeights RandomMtpWeights(const ModelConfig& config, const ModelWeights& model, uint64_t seed);
+// The same, bit for bit, drawing only the model's embedding and head (not its layers: for
+// DeepSeek-V2-Lite RandomModelWeights would draw 15.7B fp32 values on the host).
+MtpWeights RandomMtpWeights(const ModelConfig& config, uint64_t seed);
 
 // Adds the first MTP layer to the single-file checkpoint `model_dir`/model.safetensors (its other
 // tensors kept bit for bit, the MTP tensors in F32 drawn as RandomMtpWeights does; with

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "runtime/model/mtp_weights.h"
 
 namespace tandem::runtime {
 namespace {
@@ -182,6 +184,39 @@ void ZeroAll(ModelWeights* w) {
       std::fill(v->begin(), v->end(), 0.0f);
     }
   }
+}
+
+// Host dummy draws of tensors past 1M values run on several threads (FillDummySliceParallel):
+// a model tensor split by rows, an MTP tensor (drawn whole, one row) split by columns; every
+// value is still the one DummyValue gives its index.
+TEST(TensorParallelTest, LargeDummyTensorsDrawnOnThreadsAreTheSameValues) {
+  const uint64_t seed = 0x5eed0000 + std::random_device()() % 1000;
+  SCOPED_TRACE(seed);
+  ModelConfig c = Config(8, 2);
+  c.vocab_size = 8191;  // 2.1M embedding values; an odd row count
+  c.hidden_size = 256;
+  ASSERT_TRUE(ValidateModelConfig(c).ok());
+  const ModelWeights w = RandomModelWeights(c, seed);
+  const uint64_t embed = DummyStreamId("model.embed_tokens.weight");
+  int64_t wrong = 0;
+  for (size_t i = 0; i < w.embed_tokens.size(); ++i) {
+    wrong += w.embed_tokens[i] != DummyValue(seed, embed, static_cast<int64_t>(i), 0.0f);
+  }
+  EXPECT_EQ(wrong, 0);
+  auto mla = ParseModelConfig(R"({"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 64,
+      "hidden_size": 1025, "intermediate_size": 48, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+      "first_k_dense_replace": 2, "num_nextn_predict_layers": 1, "torch_dtype": "float32"})");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  const MtpWeights mtp = RandomMtpWeights(*mla, seed);
+  ASSERT_EQ(mtp.eh_proj.size(), 1025u * 2050u);  // 2.1M values
+  const uint64_t eh = DummyStreamId("model.layers.1.eh_proj.weight");
+  wrong = 0;
+  for (size_t i = 0; i < mtp.eh_proj.size(); ++i) {
+    wrong += mtp.eh_proj[i] != DummyValue(seed, eh, static_cast<int64_t>(i), 0.0f);
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 // Device dummy weights at TP (issue 31 item 1): each rank draws only its slice, element by

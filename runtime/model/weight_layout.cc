@@ -1,6 +1,8 @@
 #include "runtime/model/weight_layout.h"
 
 #include <algorithm>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/model/weight_layout_mla.h"
@@ -228,9 +230,42 @@ TensorRandomStream::TensorRandomStream(uint64_t seed, const HfTensor& tensor)
       stream_id_(DummyStreamId(tensor.name.c_str())),
       mean_(tensor.is_norm ? 1.0f : 0.0f) {}
 
-void TensorRandomStream::Fill(float* out, int64_t count) {
-  FillDummySlice(seed_, stream_id_, mean_, DummySlice{count, 0, 1, position_, count}, out);
+void TensorRandomStream::Fill(float* out, int64_t count, int threads) {
+  FillDummySliceParallel(seed_, stream_id_, mean_, DummySlice{count, 0, 1, position_, count}, out,
+                         threads);
   position_ += count;
+}
+
+void FillDummySliceParallel(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,
+                            float* out, int threads) {
+  constexpr int64_t kMinChunk = int64_t{1} << 20;
+  const bool by_rows = slice.num_rows > 1;
+  const int64_t units = by_rows ? slice.num_rows : slice.num_cols;  // what chunks split
+  const int64_t unit_values = by_rows ? slice.num_cols : 1;
+  const int64_t chunks = std::min<int64_t>({threads, units, slice.numel() / kMinChunk});
+  if (chunks <= 1) {
+    FillDummySlice(seed, stream_id, mean, slice, out);
+    return;
+  }
+  std::vector<std::thread> workers;
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t begin = units * i / chunks, end = units * (i + 1) / chunks;
+    DummySlice part = slice;
+    if (by_rows) {
+      part.row_begin += begin;
+      part.num_rows = end - begin;
+    } else {
+      part.col_begin += begin;
+      part.num_cols = end - begin;
+    }
+    float* dst = out + begin * unit_values;
+    workers.emplace_back([=] { FillDummySlice(seed, stream_id, mean, part, dst); });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+int DummyDrawThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 32);
 }
 
 void FillDummySlice(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,

@@ -74,7 +74,8 @@ class TensorRandomStream {
  public:
   TensorRandomStream(uint64_t seed, const HfTensor& tensor);
   void Seek(int64_t position) { position_ = position; }
-  void Fill(float* out, int64_t count);
+  // `threads` > 1: FillDummySliceParallel's threads, the same values.
+  void Fill(float* out, int64_t count, int threads = 1);
 
  private:
   uint64_t seed_;
@@ -87,6 +88,13 @@ class TensorRandomStream {
 // slice.numel()): each pair is drawn once.
 void FillDummySlice(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,
                     float* out);
+// The same values on up to `threads` threads (chunks of >= 1M values: of rows, or of a one-row
+// slice's columns); a large model's host dummy draw (a DeepSeek MTP layer: ~1G values) is
+// otherwise ~40M values per second.
+void FillDummySliceParallel(uint64_t seed, uint64_t stream_id, float mean, const DummySlice& slice,
+                            float* out, int threads);
+// The host's threads for dummy draws (hardware_concurrency, 1 to 32).
+int DummyDrawThreads();
 
 }  // namespace tandem::runtime::internal
 
