@@ -1,5 +1,6 @@
 // CudaModelRunner's hidden-state traffic for speculative decoding with DeepSeek's MTP layer: the
 // MTP runner (CreateMtp) and its input hidden states, and the final hidden states a step returns.
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -76,11 +77,13 @@ absl::Status CudaModelRunner::EnqueueHiddenCopy(const SchedulerOutput& batch, in
                      spec_.model_config.architecture));
   }
   const int64_t row_bytes = spec_.model_config.hidden_size * 2;
-  if (hidden_host_.bytes() < num_tokens * row_bytes) {
+  const int64_t num_rows = std::max<int64_t>(num_tokens, static_cast<int64_t>(batch.seqs.size()));
+  if (hidden_host_.bytes() < num_rows * row_bytes) {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // an earlier copy may still target it
     hidden_host_.Reset();
     ASSIGN_OR_RETURN(hidden_host_,
-                     PinnedBuffer::Allocate(max_tokens_ * row_bytes, "hidden states (host)"));
+                     PinnedBuffer::Allocate(std::max(max_tokens_, num_rows) * row_bytes,
+                                            "hidden states (host)"));
   }
   char* host = hidden_host_.get<char>();
   if (!batch.return_last_hidden_only) {
@@ -93,7 +96,7 @@ absl::Status CudaModelRunner::EnqueueHiddenCopy(const SchedulerOutput& batch, in
   const std::vector<int64_t> last = LastTokenRows(batch);
   for (size_t s = 0; s < last.size();) {
     size_t e = s + 1;
-    while (e < last.size() && last[e] == last[e - 1] + 1) ++e;
+    while (e < last.size() && last[s] >= 0 && last[e] == last[e - 1] + 1) ++e;
     if (last[s] >= 0) {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + s * row_bytes, rows + last[s] * row_bytes,
                                            (e - s) * row_bytes, cudaMemcpyDeviceToHost, stream_));

@@ -201,10 +201,10 @@ TEST(CudaMtpTest, Fp8HiddenStatesAndMtpLayerMatchTransformers) {
   ExpectMtpLayerMatchesTransformers(kFp8Dir, /*check_target=*/false);
 }
 
-// One step of the MTP runner over sequences of (zero rows, fed tokens) (tokens from `tokens`,
-// request s in block s): `given` holds the rows that are not zero; `compact` sends them as they
-// are (ScheduledSeq::zero_hidden_rows) and asks for the last rows only, otherwise the zero rows
-// are written out and every row is returned.
+// One step of the MTP runner over sequences of (zero rows, fed tokens) (sequence s fed
+// tokens[s, s + n), request s in block s): `given` holds the rows that are not zero; `compact`
+// sends them as they are (ScheduledSeq::zero_hidden_rows) and asks for the last rows only,
+// otherwise the zero rows are written out and every row is returned.
 absl::StatusOr<RunnerOutput> RunRows(ModelExecutor& mtp,
                                      const std::vector<std::pair<int64_t, int64_t>>& shape,
                                      absl::Span<const int32_t> tokens,
@@ -218,8 +218,8 @@ absl::StatusOr<RunnerOutput> RunRows(ModelExecutor& mtp,
     const auto [zero, n] = shape[s];
     ScheduledSeq seq;
     seq.request_id = static_cast<int64_t>(s);
-    seq.new_tokens = tokens.subspan(t, n);
-    seq.num_computed_tokens = 1;  // position 0 embeds no token (CudaMtpModel)
+    seq.new_tokens = tokens.subspan(s, n);  // the fixture's 17 tokens, from token s on
+    seq.num_computed_tokens = 1;            // position 0 embeds no token (CudaMtpModel)
     seq.block_table = absl::MakeConstSpan(blocks).subspan(s, 1);
     seq.samples = s % 2 == 0;
     seq.capture_prompt_logits = seq.samples;
@@ -256,12 +256,12 @@ TEST(CudaMtpTest, CompactHiddenRowsEqualExplicitZeros) {
     given.insert(given.end(), row.begin(), row.end());
   const std::vector<std::pair<int64_t, int64_t>> shape = {{4, 9}, {6, 6}, {0, 5}, {2, 7}};
   int64_t fed = 0, kept = 0;
-  for (const auto& [zero, n] : shape) {
-    fed += n;
-    kept += n - zero;
+  for (size_t s = 0; s < shape.size(); ++s) {
+    ASSERT_LE(static_cast<int64_t>(s) + shape[s].second, static_cast<int64_t>(tokens.size()));
+    fed += shape[s].second;
+    kept += shape[s].second - shape[s].first;
   }
-  ASSERT_LE(fed, static_cast<int64_t>(tokens.size()));
-  ASSERT_LE(kept * H, static_cast<int64_t>(given.size()));
+  ASSERT_LE(kept * H, static_cast<int64_t>(given.size()));  // 15 of the fixture's 17 rows
   absl::StatusOr<MtpWeights> weights = LoadMtpWeights(kDir, *config);
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto mtp = CudaModelRunner::CreateMtp(CudaBackendConfig(), Spec(*config), std::move(*weights));
