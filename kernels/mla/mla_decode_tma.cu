@@ -38,6 +38,7 @@
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
 #include "kernels/mla/mla_wgmma.cuh"
 
@@ -253,18 +254,9 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
 }
 
 // The tensor map of the pool ([total rows][576] of T, 128-byte swizzle, boxes of 64 columns x
-// box_rows rows). cuTensorMapEncodeTiled from the driver through the runtime (no libcuda link).
+// box_rows rows).
 absl::StatusOr<CUtensorMap> EncodePoolMap(const DeviceKvCache& cache, int box_rows, bool bf16) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
   if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kD),

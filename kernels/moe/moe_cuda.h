@@ -159,18 +159,32 @@ absl::Status MoeGroupedMma(const T* a, const int32_t* a_row_index, const T* w,
                            int64_t n, int64_t k, T* out, cudaStream_t stream);
 
 // MoeGroupedMma's contract on Hopper's warpgroup MMA (moe_grouped_wgmma_cuda.cu): one persistent
-// CTA per SM, a cp.async producer warpgroup feeding two wgmma consumer warpgroups through a
-// 5-6 stage ring; 128 x 128 tiles (64 x 256 while experts average <= 64 rows) that never straddle
-// two experts, walked expert by expert. MoeGroupedWgmmaSupported: MoeGroupedMmaSupported's
-// conditions on an sm_90 device (the kernel is built for sm_90a only); INVALID_ARGUMENT
-// otherwise. MoeGroupedWgmmaInit(): the shared-memory opt-in (a no-op off sm_90), needed once
-// before a call made under stream capture.
+// CTA per SM, a producer warpgroup (cp.async for the gathered rows, TMA for the weights by
+// default: MoeWgmmaProducer) feeding two wgmma consumer warpgroups through a 5-6 stage ring; 128 x
+// 128 tiles (64 x 256 while experts average <= 64 rows) that never straddle two experts, walked
+// expert by expert. MoeGroupedWgmmaSupported: MoeGroupedMmaSupported's conditions on an sm_90
+// device (the kernel is built for sm_90a only); INVALID_ARGUMENT otherwise. MoeGroupedWgmmaInit():
+// the shared-memory opt-in (a no-op off sm_90), needed once before a call made under stream
+// capture.
 bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k);
 absl::Status MoeGroupedWgmmaInit();
 template <typename T>
 absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
                              const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
                              int64_t n, int64_t k, T* out, cudaStream_t stream);
+// How MoeGroupedWgmma's producer publishes a stage of the ring (the results are bit-identical):
+// kWaitGroup waits for its copies two stages back (cp.async.wait_group 2) and arrives, so at most
+// 3 stages are in flight; kArriveNoinc arrives through cp.async.mbarrier.arrive.noinc as the
+// copies land (the whole ring in flight); kTmaWeights is kArriveNoinc with the weight tiles loaded
+// by TMA; kTmaOperands also loads A by TMA where it is not gathered (a_row_index null).
+// MoeGroupedWgmma takes kMoeWgmmaDefaultProducer; MoeGroupedWgmmaWith names one (benchmarks,
+// tests).
+enum class MoeWgmmaProducer { kWaitGroup, kArriveNoinc, kTmaWeights, kTmaOperands };
+inline constexpr MoeWgmmaProducer kMoeWgmmaDefaultProducer = MoeWgmmaProducer::kTmaWeights;
+template <typename T>
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
+                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
+                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream);
 
 #define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
   extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
@@ -196,7 +210,10 @@ absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
                                                 int64_t, T*, cudaStream_t);                        \
   extern template absl::Status MoeGroupedWgmma<T>(const T*, const int32_t*, const T*,              \
                                                   const int32_t*, int64_t, int64_t, int64_t,       \
-                                                  int64_t, T*, cudaStream_t);
+                                                  int64_t, T*, cudaStream_t);                      \
+  extern template absl::Status MoeGroupedWgmmaWith<T>(MoeWgmmaProducer, const T*, const int32_t*,  \
+                                                      const T*, const int32_t*, int64_t, int64_t,  \
+                                                      int64_t, int64_t, T*, cudaStream_t);
 TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
 TANDEM_MOE_CUDA_DECLARE(__half)
 #undef TANDEM_MOE_CUDA_DECLARE

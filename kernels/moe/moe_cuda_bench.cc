@@ -23,8 +23,11 @@
 // TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose); on sm_90 then wg_ms / wg_TF / wg_err /
 // layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
 // (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
-// call like mma_err. For decode steps (T <= 16) also the fused route + permute launch and the
-// layer in CUDA graphs with and without it and PDL (DecodeGraphs).
+// call like mma_err; then per other MoeWgmmaProducer (enum order, kMoeWgmmaDefaultProducer left
+// out) wg2_ms / wg2_TF / wg2_err: the experts on MoeGroupedWgmma with that producer. For decode
+// steps (T <= 16)
+// also the fused route + permute launch and the layer in CUDA graphs with and without it and PDL
+// (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -243,7 +246,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "tokens", "active", "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us",
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
-  std::printf("%*s(sm_90: | wg_ms wg_TF wg_err layer_wg)\n", 150, "");
+  std::printf("%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err} x 3)\n", 150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
@@ -390,6 +393,19 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
           },
           iters);
       std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg_ms, flops / wg_ms / 1e9, wg_err, layer_wg_ms);
+      // The other producers (MoeWgmmaProducer) in the same place, in enum order.
+      for (const MoeWgmmaProducer other :
+           {MoeWgmmaProducer::kWaitGroup, MoeWgmmaProducer::kArriveNoinc,
+            MoeWgmmaProducer::kTmaWeights, MoeWgmmaProducer::kTmaOperands}) {
+        if (other == kMoeWgmmaDefaultProducer) continue;
+        auto wg2 = [&] {
+          grouped_experts(
+              [other](auto... args) { return MoeGroupedWgmmaWith<bf16>(other, args...); });
+        };
+        const double wg2_err = experts_err(wg2);
+        const double wg2_ms = TimeMs(wg2, iters);
+        std::printf(" | %8.4f %7.1f %8.1e", wg2_ms, flops / wg2_ms / 1e9, wg2_err);
+      }
     }
     if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {
       DecodeGraphs(s, T, p, x, gate_up, down, logits, ids, weights, perm, xs, gu, act, eout,

@@ -16,8 +16,10 @@
 //     and as a replayed CUDA graph, against FusedMoe.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -46,6 +48,15 @@ enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma, kWgmma };
 template <typename T>
 using GroupedFn = absl::Status (*)(const T*, const int32_t*, const T*, const int32_t*, int64_t,
                                    int64_t, int64_t, int64_t, T*, cudaStream_t);
+
+// MoeGroupedWgmma with a named producer (MoeWgmmaProducer), as a GroupedFn.
+template <typename T, MoeWgmmaProducer kProducer>
+absl::Status WgmmaWith(const T* a, const int32_t* a_row_index, const T* w, const int32_t* offsets,
+                       int64_t num_experts, int64_t rows, int64_t n, int64_t k, T* out,
+                       cudaStream_t stream) {
+  return MoeGroupedWgmmaWith<T>(kProducer, a, a_row_index, w, offsets, num_experts, rows, n, k, out,
+                                stream);
+}
 
 // MoeCombineSplit launched plainly, with MoeCombine's signature.
 template <typename T>
@@ -265,26 +276,35 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
   TANDEM_SKIP_WITHOUT_GPU();
   if (!MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8)) GTEST_SKIP() << "not an sm_90 device";
   std::mt19937 rng(cuda_test::TestSeed());
-  const auto bf = MoeGroupedWgmma<__nv_bfloat16>;
-  const auto fp = MoeGroupedWgmma<__half>;
-  // Uneven with empty experts (64 x 256 tiles: rows <= 64 * E), odd n / k.
-  CheckGroupedMma<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 72, 200, true, rng, bf);
-  CheckGroupedMma<__half>({3, 0, 70, 1, 0, 0, 129, 5}, 136, 64, false, rng, fp);
-  // One expert taking every row (128 x 128 tiles, several m-tiles), the others empty.
-  CheckGroupedMma<__nv_bfloat16>({0, 0, 300, 0}, 256, 136, true, rng, bf);
-  CheckGroupedMma<__half>({300, 0, 0, 0}, 8, 8, false, rng, fp);
-  // Many experts, most empty; long k (the ring wraps inside one tile); no rows at all.
-  std::vector<int32_t> many(160, 0);
-  for (int e : {0, 31, 32, 33, 95, 159}) many[e] = 1 + e % 7;
-  CheckGroupedMma<__nv_bfloat16>(many, 40, 96, true, rng, bf);
-  CheckGroupedMma<__nv_bfloat16>({40, 0, 17}, 128, 1032, true, rng, bf);
-  CheckGroupedMma<__nv_bfloat16>(std::vector<int32_t>(5, 0), 16, 16, false, rng, bf);
-  // More tiles than SMs: 64 experts of 0-60 rows (64 x 256 tiles), 8 of 100-400 (128 x 128).
-  std::vector<int32_t> small(64), large(8);
-  for (int32_t& c : small) c = std::uniform_int_distribution<int32_t>(0, 60)(rng);
-  for (int32_t& c : large) c = std::uniform_int_distribution<int32_t>(100, 400)(rng);
-  CheckGroupedMma<__nv_bfloat16>(small, 1024, 128, true, rng, bf);
-  CheckGroupedMma<__half>(large, 1152, 192, false, rng, fp);
+  // Every producer (the results are the same, the stage loading and publishing differ).
+  using P = MoeWgmmaProducer;
+  const std::pair<GroupedFn<__nv_bfloat16>, GroupedFn<__half>> producers[] = {
+      {WgmmaWith<__nv_bfloat16, P::kWaitGroup>, WgmmaWith<__half, P::kWaitGroup>},
+      {WgmmaWith<__nv_bfloat16, P::kArriveNoinc>, WgmmaWith<__half, P::kArriveNoinc>},
+      {WgmmaWith<__nv_bfloat16, P::kTmaWeights>, WgmmaWith<__half, P::kTmaWeights>},
+      {WgmmaWith<__nv_bfloat16, P::kTmaOperands>, WgmmaWith<__half, P::kTmaOperands>}};
+  for (size_t i = 0; i < std::size(producers); ++i) {
+    SCOPED_TRACE(::testing::Message() << "producer " << i);
+    const auto [bf, fp] = producers[i];
+    // Uneven with empty experts (64 x 256 tiles: rows <= 64 * E), odd n / k.
+    CheckGroupedMma<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 72, 200, true, rng, bf);
+    CheckGroupedMma<__half>({3, 0, 70, 1, 0, 0, 129, 5}, 136, 64, false, rng, fp);
+    // One expert taking every row (128 x 128 tiles, several m-tiles), the others empty.
+    CheckGroupedMma<__nv_bfloat16>({0, 0, 300, 0}, 256, 136, true, rng, bf);
+    CheckGroupedMma<__half>({300, 0, 0, 0}, 8, 8, false, rng, fp);
+    // Many experts, most empty; long k (the ring wraps inside one tile); no rows at all.
+    std::vector<int32_t> many(160, 0);
+    for (int e : {0, 31, 32, 33, 95, 159}) many[e] = 1 + e % 7;
+    CheckGroupedMma<__nv_bfloat16>(many, 40, 96, true, rng, bf);
+    CheckGroupedMma<__nv_bfloat16>({40, 0, 17}, 128, 1032, true, rng, bf);
+    CheckGroupedMma<__nv_bfloat16>(std::vector<int32_t>(5, 0), 16, 16, false, rng, bf);
+    // More tiles than SMs: 64 experts of 0-60 rows (64 x 256 tiles), 8 of 100-400 (128 x 128).
+    std::vector<int32_t> small(64), large(8);
+    for (int32_t& c : small) c = std::uniform_int_distribution<int32_t>(0, 60)(rng);
+    for (int32_t& c : large) c = std::uniform_int_distribution<int32_t>(100, 400)(rng);
+    CheckGroupedMma<__nv_bfloat16>(small, 1024, 128, true, rng, bf);
+    CheckGroupedMma<__half>(large, 1152, 192, false, rng, fp);
+  }
 }
 
 // MoeCombineSplit against MoeCombine on the same inputs.

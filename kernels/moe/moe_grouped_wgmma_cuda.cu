@@ -4,9 +4,17 @@
 // DeepGEMM's "m-grouped contiguous" layout:
 //   * warpgroup 0 (producer) copies each tile's A rows (gathered through a_row_index) and its
 //     expert's weight rows, 64 columns of k per stage, into a ring of kStages stages with
-//     cp.async (zero-fill past the expert's rows, n and k); a stage's copies are signalled on its
-//     "full" mbarrier two batches later (cp.async.wait_group 2, fence.proxy.async, arrive), as
-//     kernels/attention/cuda's prefill producer does;
+//     cp.async (zero-fill past the expert's rows, n and k). MoeWgmmaProducer picks how a stage is
+//     published on its "full" mbarrier: kWaitGroup, two batches later (cp.async.wait_group 2,
+//     fence.proxy.async, arrive), as kernels/attention/cuda's prefill producer does, so a thread
+//     has at most 3 stages in flight; kArriveNoinc, by cp.async.mbarrier.arrive.noinc right after
+//     the copies (the barrier's arrival lands with them: the whole ring in flight), the
+//     consumers then fencing the generic-proxy writes for wgmma's async proxy after their wait;
+//     kTmaWeights, as kArriveNoinc for the A rows, the weight tile by TMA (one thread: a 3-d
+//     tensor map [E][n][k], 128-byte swizzle, zero fill past n and k; expect-tx on the barrier);
+//     kTmaOperands, as kTmaWeights, but without a gather (the down projection) the A tile by TMA
+//     too (a 2-d map [rows][k]; rows of the next expert in a tile are computed, not stored), the
+//     whole stage then issued by one thread;
 //   * warpgroups 1 and 2 (consumers) own 64 x 128 of the tile each (the tile is 128 x 128 with
 //     the two stacked in rows, or 64 x 256 side by side for experts of ~64 rows): m64n128k16
 //     wgmma with both operands in shared memory (128-byte swizzle, prefill_wgmma.cuh), fp32
@@ -18,9 +26,12 @@
 // per-expert tile prefix from the device offsets once (shared memory) and finds a tile's expert
 // by binary search: no read-back, capturable in CUDA graphs.
 //
-// Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up): 347 TFLOP/s at
-// 8,192 tokens (1.21x MoeGroupedMma, 44% of a dense cuBLAS GEMM), 198 at 1,024; ncu's speed of
-// light at 48% SM / 50% memory, i.e. latency-bound (BENCHMARKS.md names the likely levers).
+// Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up, the default
+// kTmaWeights producer): 390 TFLOP/s at 8,192 tokens (1.34x MoeGroupedMma, 50% of a dense cuBLAS
+// GEMM; kWaitGroup 348, kArriveNoinc 367, kTmaOperands 393), 205 at 1,024 (BENCHMARKS.md).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -31,6 +42,7 @@
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 #include "kernels/moe/moe_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -52,6 +64,7 @@ using internal::prefill::WgmmaCommit;
 using internal::prefill::WgmmaFence;
 using internal::prefill::WgmmaSS128;
 using internal::prefill::WgmmaWait;
+using Producer = MoeWgmmaProducer;
 
 inline constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 inline constexpr int kBK = 64;        // k columns per stage: one 128-byte swizzled row per tile row
@@ -134,6 +147,8 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_
 }
 
 struct Params {
+  CUtensorMap wmap;  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1
+  CUtensorMap amap;  // kTmaOperands without a gather: A as [rows][k], boxes of 64 x kBM
   const void* a;
   const int32_t* a_row_index;
   const void* w;
@@ -142,14 +157,80 @@ struct Params {
   int num_experts, n, k;
 };
 
+// An arrival on `bar` once every cp.async this thread issued before has landed; counts as one
+// of the barrier's expected arrivals (.noinc).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// One arrival on `bar` that also expects `bytes` more transaction bytes (the TMA's).
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// TMA: the box at (k, row, expert) of the 3-d tensor map into shared memory at dst, completing
+// its bytes on `bar`.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int k, int row,
+                                          int expert, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(expert), "r"(SmemAddr(bar))
+      : "memory");
+}
+
 // The producer warpgroup (threads 0-127): thread tid copies 16-byte chunk u = tid % 8 of tile
 // rows tid / 8 + 16 j; 16 is a multiple of 8, so all its rows share one swizzle phase.
-template <typename T, int kWgRows>
+// kTmaWeights: thread 0 loads the weight tile by TMA instead.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int k, int row,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+constexpr bool TmaWeights(Producer producer) {
+  return producer == Producer::kTmaWeights || producer == Producer::kTmaOperands;
+}
+// kTmaOperands without a gather: one thread issues every stage, the barrier's only arrival.
+__device__ __forceinline__ bool AllByTma(Producer producer, const Params& p) {
+  return producer == Producer::kTmaOperands && p.a_row_index == nullptr;
+}
+
+// The producer of AllByTma: thread 0 alone, both tiles of a stage by TMA.
+template <int kWgRows>
+__device__ void ProduceByTma(const Params& p, const int* start, const int* offs, uint32_t ring,
+                             uint64_t* full, uint64_t* empty) {
+  using C = Tile<kWgRows>;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  uint32_t step = 0;
+  for (int t = blockIdx.x; t < start[p.num_experts]; t += gridDim.x) {
+    const TileRef tr = FindTile<C::kBM, C::kBN>(t, start, offs, p.num_experts);
+    for (int kt = 0; kt < ktiles; ++kt, ++step) {
+      const int st = step % C::kStages;
+      MbarWait(empty + st, ((step / C::kStages) & 1) ^ 1);
+      const uint32_t stage = ring + st * C::kStageBytes;
+      MbarArriveExpectTx(full + st, C::kStageBytes);
+      TmaLoad2d(stage, &p.amap, kt * kBK, tr.row0, full + st);
+      TmaLoad3d(stage + C::kBOff, &p.wmap, kt * kBK, tr.n0, tr.expert, full + st);
+    }
+  }
+}
+
+template <typename T, int kWgRows, Producer kProducer>
 __device__ void Produce(const Params& p, const int* start, const int* offs, uint32_t ring,
                         uint64_t* full, uint64_t* empty) {
   using C = Tile<kWgRows>;
   constexpr int kAJ = C::kBM / 16, kBJ = C::kBN / 16;
   const int tid = threadIdx.x, first = tid >> 3, u = tid & 7;
+  if (AllByTma(kProducer, p)) {
+    if (tid == 0) ProduceByTma<kWgRows>(p, start, offs, ring, full, empty);
+    return;
+  }
   const uint32_t dst0 = first * 128 + ((u ^ (first & 7)) << 4);
   const T* a = static_cast<const T*>(p.a);
   const T* w = static_cast<const T*>(p.w);
@@ -181,11 +262,23 @@ __device__ void Produce(const Params& p, const int* start, const int* offs, uint
         const T* src = a + static_cast<int64_t>(a_row[j] < 0 ? 0 : a_row[j]) * p.k + u * 8 + kc;
         CpAsync16(sa + j * 16 * 128, src, a_row[j] < 0 ? 0u : kbytes);
       }
+      if constexpr (TmaWeights(kProducer)) {
+        if (tid == 0) {
+          MbarArriveExpectTx(full + st, C::kBN * 128);
+          TmaLoad3d(ring + st * C::kStageBytes + C::kBOff, &p.wmap, kt * kBK, tr.n0, tr.expert,
+                    full + st);
+        }
+      } else {
 #pragma unroll
-      for (int j = 0; j < kBJ; ++j) {
-        const bool ok = first + 16 * j < b_rows;
-        const T* src = ok ? b0 + static_cast<int64_t>(16 * j) * p.k + kc : w;
-        CpAsync16(sa + C::kBOff + j * 16 * 128, src, ok ? kbytes : 0u);
+        for (int j = 0; j < kBJ; ++j) {
+          const bool ok = first + 16 * j < b_rows;
+          const T* src = ok ? b0 + static_cast<int64_t>(16 * j) * p.k + kc : w;
+          CpAsync16(sa + C::kBOff + j * 16 * 128, src, ok ? kbytes : 0u);
+        }
+      }
+      if constexpr (kProducer != Producer::kWaitGroup) {
+        CpAsyncArriveNoinc(full + st);
+        continue;
       }
       CpAsyncCommit();
       if (pend_old != nullptr) {  // the batch two back has landed: publish it
@@ -196,6 +289,11 @@ __device__ void Produce(const Params& p, const int* start, const int* offs, uint
       pend_old = pend_new;
       pend_new = full + st;
     }
+  }
+  if constexpr (kProducer != Producer::kWaitGroup) {  // nothing left in flight at exit
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    return;
   }
   CpAsyncWait<0>();
   FenceProxyAsync();
@@ -213,7 +311,7 @@ __device__ __forceinline__ void StorePair(T* dst, float x, float y) {
 }
 
 // A consumer warpgroup (wg 0 or 1): 64 x 128 of every tile.
-template <typename T, int kWgRows>
+template <typename T, int kWgRows, Producer kProducer>
 __device__ void Consume(const Params& p, const int* start, const int* offs, uint32_t ring,
                         uint64_t* full, uint64_t* empty) {
   using C = Tile<kWgRows>;
@@ -233,6 +331,7 @@ __device__ void Consume(const Params& p, const int* start, const int* offs, uint
     for (int kt = 0; kt < ktiles; ++kt, ++step) {
       const int st = step % C::kStages;
       MbarWait(full + st, (step / C::kStages) & 1);
+      if constexpr (kProducer != Producer::kWaitGroup) FenceProxyAsync();
       const uint32_t so = st * C::kStageBytes;
       WgmmaFence();
 #pragma unroll
@@ -268,7 +367,7 @@ __device__ void Consume(const Params& p, const int* start, const int* offs, uint
   }
 }
 
-template <typename T, int kWgRows>
+template <typename T, int kWgRows, Producer kProducer>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWgmmaKernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -282,17 +381,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* offs = start + C::kTableInts;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
-      MbarInit(full + s, 128);  // producer threads
-      MbarInit(empty + s, 8);   // consumer warps
+      // The producer threads (and the weight TMA's expect-tx arrival).
+      MbarInit(full + s, AllByTma(kProducer, p) ? 1 : TmaWeights(kProducer) ? 129 : 128);
+      MbarInit(empty + s, 8);  // consumer warps
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   BuildTileTable(p.offsets, p.num_experts, C::kBM, (p.n + C::kBN - 1) / C::kBN, start, offs);
   __syncthreads();
   if (threadIdx.x < 128) {
-    Produce<T, kWgRows>(p, start, offs, SmemAddr(smem), full, empty);
+    Produce<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   } else {
-    Consume<T, kWgRows>(p, start, offs, SmemAddr(smem), full, empty);
+    Consume<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   }
 #endif
 }
@@ -305,6 +405,10 @@ using moe_wgmma_internal::GroupedWgmmaKernel;
 using moe_wgmma_internal::kThreads;
 using moe_wgmma_internal::Params;
 using moe_wgmma_internal::Tile;
+constexpr MoeWgmmaProducer kWait = MoeWgmmaProducer::kWaitGroup;
+constexpr MoeWgmmaProducer kNoinc = MoeWgmmaProducer::kArriveNoinc;
+constexpr MoeWgmmaProducer kTma = MoeWgmmaProducer::kTmaWeights;
+constexpr MoeWgmmaProducer kTmaOps = MoeWgmmaProducer::kTmaOperands;
 
 absl::StatusOr<bool> IsSm90() {
   int dev = 0, major = 0, minor = 0;
@@ -314,10 +418,10 @@ absl::StatusOr<bool> IsSm90() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, int kWgRows>
+template <typename T, int kWgRows, MoeWgmmaProducer kProducer>
 absl::Status Launch(const Params& p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kWgRows>;
-  const auto kernel = GroupedWgmmaKernel<T, kWgRows>;
+  const auto kernel = GroupedWgmmaKernel<T, kWgRows, kProducer>;
   // The shared-memory opt-in is a host call: made here unless capturing (MoeGroupedWgmmaInit
   // made it before capture then).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -339,19 +443,71 @@ absl::Status Launch(const Params& p, int64_t rows, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+// A row-major T tensor (dims innermost first) as a TMA tensor map: boxes of `box`, 128-byte
+// swizzle (wgmma's layout; box[0] = 64 columns = 128 bytes), zeros past the tensor's ends.
+template <int kRank>
+absl::StatusOr<CUtensorMap> EncodeMap(const void* base, bool bf16, const cuuint64_t (&dims)[kRank],
+                                      const cuuint32_t (&box)[kRank]) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
+  cuuint64_t strides[kRank - 1];
+  cuuint32_t elem_strides[kRank];
+  cuuint64_t bytes = 2;
+  for (int i = 0; i < kRank; ++i) {
+    elem_strides[i] = 1;
+    bytes *= dims[i];
+    if (i + 1 < kRank) strides[i] = bytes;
+  }
+  CUtensorMap map{};
+  const CUresult r =
+      encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, kRank,
+             const_cast<void*>(base), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("MoeGroupedWgmma: cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
+  }
+  return map;
+}
+
+// The tensor maps of the TMA producers (kTmaWeights, kTmaOperands) into p, then the launch.
+template <typename T, int kWgRows, MoeWgmmaProducer kProducer>
+absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
+  using C = Tile<kWgRows>;
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  const auto n = static_cast<cuuint64_t>(p.n), k = static_cast<cuuint64_t>(p.k);
+  ASSIGN_OR_RETURN(p.wmap, EncodeMap<3>(p.w, bf16, {k, n, static_cast<cuuint64_t>(p.num_experts)},
+                                        {64, C::kBN, 1}));
+  if (kProducer == MoeWgmmaProducer::kTmaOperands && p.a_row_index == nullptr) {
+    ASSIGN_OR_RETURN(p.amap,
+                     EncodeMap<2>(p.a, bf16, {k, static_cast<cuuint64_t>(rows)}, {64, C::kBM}));
+  }
+  return Launch<T, kWgRows, kProducer>(p, rows, stream);
+}
+
+// The shared-memory opt-in of the four kernels of one producer variant.
+template <MoeWgmmaProducer kProducer>
+absl::Status SetSmem() {
+  const auto set = [](auto kernel, int bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  };
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 1, kProducer>, Tile<1>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 2, kProducer>, Tile<2>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 1, kProducer>, Tile<1>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 2, kProducer>, Tile<2>::kSmemBytes));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status MoeGroupedWgmmaInit() {
   ASSIGN_OR_RETURN(const bool sm90, IsSm90());
   if (!sm90) return absl::OkStatus();
-  const auto set = [](auto kernel, int bytes) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  };
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 1>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 2>, Tile<2>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 1>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 2>, Tile<2>::kSmemBytes));
-  return absl::OkStatus();
+  RETURN_IF_ERROR(SetSmem<kWait>());
+  RETURN_IF_ERROR(SetSmem<kNoinc>());
+  RETURN_IF_ERROR(SetSmem<kTma>());
+  return SetSmem<kTmaOps>();
 }
 
 bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
@@ -360,9 +516,9 @@ bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k
 }
 
 template <typename T>
-absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
-                             const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
-                             int64_t n, int64_t k, T* out, cudaStream_t stream) {
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
+                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
+                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream) {
   if (!MoeGroupedWgmmaSupported(a, w, n, k) || reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
       num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 || rows > 0x3fffffff) {
     return absl::InvalidArgumentError(
@@ -371,23 +527,49 @@ absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
                      num_experts, ", rows ", rows));
   }
   if (rows == 0) return absl::OkStatus();
-  const Params p{a,
-                 a_row_index,
-                 w,
-                 expert_offsets,
-                 out,
-                 static_cast<int>(num_experts),
-                 static_cast<int>(n),
-                 static_cast<int>(k)};
+  Params p{};
+  p.a = a;
+  p.a_row_index = a_row_index;
+  p.w = w;
+  p.offsets = expert_offsets;
+  p.out = out;
+  p.num_experts = static_cast<int>(num_experts);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
   // 64 x 256 tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128.
-  if (rows <= 64 * num_experts) return Launch<T, 1>(p, rows, stream);
-  return Launch<T, 2>(p, rows, stream);
+  const bool wide = rows <= 64 * num_experts;
+  if (producer == MoeWgmmaProducer::kTmaOperands) {
+    return wide ? LaunchTma<T, 1, kTmaOps>(p, rows, stream)
+                : LaunchTma<T, 2, kTmaOps>(p, rows, stream);
+  }
+  if (producer == MoeWgmmaProducer::kTmaWeights) {
+    return wide ? LaunchTma<T, 1, kTma>(p, rows, stream) : LaunchTma<T, 2, kTma>(p, rows, stream);
+  }
+  if (producer == MoeWgmmaProducer::kArriveNoinc) {
+    return wide ? Launch<T, 1, kNoinc>(p, rows, stream) : Launch<T, 2, kNoinc>(p, rows, stream);
+  }
+  return wide ? Launch<T, 1, kWait>(p, rows, stream) : Launch<T, 2, kWait>(p, rows, stream);
+}
+
+template <typename T>
+absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
+                             const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                             int64_t n, int64_t k, T* out, cudaStream_t stream) {
+  return MoeGroupedWgmmaWith<T>(kMoeWgmmaDefaultProducer, a, a_row_index, w, expert_offsets,
+                                num_experts, rows, n, k, out, stream);
 }
 
 template absl::Status MoeGroupedWgmma<__nv_bfloat16>(const __nv_bfloat16*, const int32_t*,
                                                      const __nv_bfloat16*, const int32_t*, int64_t,
                                                      int64_t, int64_t, int64_t, __nv_bfloat16*,
                                                      cudaStream_t);
+template absl::Status MoeGroupedWgmmaWith<__nv_bfloat16>(MoeWgmmaProducer, const __nv_bfloat16*,
+                                                         const int32_t*, const __nv_bfloat16*,
+                                                         const int32_t*, int64_t, int64_t, int64_t,
+                                                         int64_t, __nv_bfloat16*, cudaStream_t);
+template absl::Status MoeGroupedWgmmaWith<__half>(MoeWgmmaProducer, const __half*, const int32_t*,
+                                                  const __half*, const int32_t*, int64_t, int64_t,
+                                                  int64_t, int64_t, __half*, cudaStream_t);
 template absl::Status MoeGroupedWgmma<__half>(const __half*, const int32_t*, const __half*,
                                               const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                               __half*, cudaStream_t);

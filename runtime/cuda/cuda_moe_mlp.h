@@ -102,8 +102,10 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     predecessor finishes (independent of CudaBackendConfig::programmatic_launch);
 //   wgmma_grouped: on sm_90, steps of at least kWgmmaMinTokens tokens that would take
 //     MoeGroupedMma take MoeGroupedWgmma (the Hopper warpgroup-MMA grouped kernel) instead:
-//     Qwen3-30B-A3B's layer 1.10x / 1.16x faster at 1,024 / 8,192 tokens (nvidia-h200,
-//     kernels/moe/BENCHMARKS.md); not at CUDA graph sizes, where it has not run under capture.
+//     Qwen3-30B-A3B's layer 1.12x / 1.28x faster at 1,024 / 8,192 tokens (nvidia-h200,
+//     kernels/moe/BENCHMARKS.md; greedy tokens and logits of a Qwen3-30B-A3B-shaped model equal
+//     to the old kernels': tests/gpu/moe_wgmma_e2e.sh); not at CUDA graph sizes, where it has
+//     not run under capture.
 // The first four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test,
 // and moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
 // the first two, 3.68 -> 3.59 ms with the last two), wgmma_grouped since its first run.
