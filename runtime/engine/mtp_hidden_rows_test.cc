@@ -88,13 +88,12 @@ TEST(MtpHiddenRowsTest, CompactStepEqualsTheStepWithZerosWrittenOut) {
   const ModelConfig model = engine_test::DeepseekMtp(kVocab);
   const int64_t H = model.hidden_size;
   const ModelWeights weights = RandomModelWeights(model, 21);
-  ExecutorSpec spec;
-  spec.model_config = model;
-  spec.num_blocks = 8;
-  spec.block_size = kBlockSize;
-  spec.max_num_batched_tokens = 64;
-  spec.max_num_seqs = 8;
-  spec.max_model_len = 64;
+  const ExecutorSpec spec{.model_config = model,
+                          .num_blocks = 8,
+                          .block_size = kBlockSize,
+                          .max_num_batched_tokens = 64,
+                          .max_num_seqs = 8,
+                          .max_model_len = 64};
   const std::vector<std::pair<int64_t, int64_t>> shape = {{4, 9}, {0, 5}, {6, 6}, {2, 7}};
   std::unique_ptr<Batch> full = MakeBatch(shape, kVocab);
   std::unique_ptr<Batch> compact = MakeBatch(shape, kVocab);
