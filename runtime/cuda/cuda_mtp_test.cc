@@ -233,7 +233,9 @@ absl::StatusOr<RunnerOutput> RunRows(ModelExecutor& mtp,
   step.num_batched_tokens = t;
   step.return_hidden_states = true;
   step.return_last_hidden_only = compact;
-  step.input_hidden = compact ? absl::MakeConstSpan(given) : absl::MakeConstSpan(written);
+  // Compact: only the sequences' non-zero rows, in order (src of them); else every fed row.
+  step.input_hidden = compact ? absl::MakeConstSpan(given).subspan(0, static_cast<size_t>(src * H))
+                              : absl::MakeConstSpan(written);
   return mtp.Run(step);
 }
 
