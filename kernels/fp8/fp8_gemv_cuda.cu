@@ -419,15 +419,20 @@ absl::Status Fp8SmallMLinear(const Fp8SmallMActivations& a, const Fp8DeviceWeigh
   p.k = k;
   const bool pdl = programmatic_launch;
   if (kernel == Fp8GemvKernel::kAuto) kernel = Fp8GemvAutoKernel(m, p.n, k, p.group_scales);
-  if (kernel == Fp8GemvKernel::kPipelined && a.codes != nullptr &&
-      a.scheme != Fp8ActivationScheme::kNone && fp8_gemv_internal::PipelineApplies(p)) {
+  p.early_groups = !early_weight_loads                           ? 0
+                   : kernel == Fp8GemvKernel::kPipelined         ? 4
+                   : kernel == Fp8GemvKernel::kPipelinedOneEarly ? 1
+                                                                 : 0;
+  p.early_l2_prefetch = early_weight_loads && kernel == Fp8GemvKernel::kPipelinedPrefetchL2;
+  if (IsPipelinedGemv(kernel) && a.codes != nullptr && a.scheme != Fp8ActivationScheme::kNone &&
+      fp8_gemv_internal::PipelineApplies(p)) {
     CUDA_RETURN_IF_ERROR(fp8_gemv_internal::LaunchPipeline<TOut>(p, out, stream, pdl));
     return absl::OkStatus();
   }
   // Where the pipelined kernel does not apply, the streaming kernel (weight-only FP8) or the
   // register-load kernel (everything else) runs instead.
-  const bool stream_kernel = kernel == Fp8GemvKernel::kStreaming ||
-                             (kernel == Fp8GemvKernel::kPipelined && m <= 8 && !p.group_scales);
+  const bool stream_kernel =
+      kernel == Fp8GemvKernel::kStreaming || (IsPipelinedGemv(kernel) && m <= 8 && !p.group_scales);
   if (a.scheme == Fp8ActivationScheme::kNone) {
     CUDA_RETURN_IF_ERROR(
         (stream_kernel ? fp8_gemv_internal::LaunchStream<ActForm::kBf16, TOut>(p, out, stream, pdl)

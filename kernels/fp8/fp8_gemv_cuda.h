@@ -68,7 +68,26 @@ inline constexpr int64_t kFp8SmallMMaxM = 16;
 // Which kernel Fp8SmallMLinear runs (the header comment); activations quantized inside the
 // kernel always take kRegisterLoads, and kPipelined runs only e4m3 codes at m <= 8 with scales
 // constant along k (kAuto's choice otherwise). kAuto: Fp8GemvAutoKernel's choice.
-enum class Fp8GemvKernel { kAuto, kStreaming, kRegisterLoads, kPipelined };
+// The kPipelined* forms differ only in what a block issues before its PDL wait (with
+// early_weight_loads; same bits out): kPipelined its first 4 groups of weight loads per warp
+// into registers; kPipelinedOneEarly the first group only (the other 3 after the wait);
+// kPipelinedPrefetchL2 none into registers, the block's first 4 groups per warp prefetched into
+// L2 (cp.async.bulk.prefetch.L2, one per weight row); kPipelinedLate nothing.
+enum class Fp8GemvKernel {
+  kAuto,
+  kStreaming,
+  kRegisterLoads,
+  kPipelined,
+  kPipelinedOneEarly,
+  kPipelinedPrefetchL2,
+  kPipelinedLate
+};
+
+// True for the kPipelined* forms.
+constexpr bool IsPipelinedGemv(Fp8GemvKernel kernel) {
+  return kernel == Fp8GemvKernel::kPipelined || kernel == Fp8GemvKernel::kPipelinedOneEarly ||
+         kernel == Fp8GemvKernel::kPipelinedPrefetchL2 || kernel == Fp8GemvKernel::kPipelinedLate;
+}
 
 // The kernel kAuto runs for m rows of an n x k weight (group_scales: scales change every 128
 // columns), from the measured table in BENCHMARKS.md.

@@ -133,6 +133,15 @@ void Check(std::mt19937& rng, const Case& c) {
     outs.push_back(Run<bf16>(pre, w, b, m));
     outs.push_back(Run<float>(pre, w, b, m, Fp8GemvKernel::kPipelined));
     outs.push_back(Run<bf16>(pre, w, b, m, Fp8GemvKernel::kPipelined));
+    // The other pipelined forms issue their first loads elsewhere around the PDL wait (or
+    // prefetch them into L2), nothing else: kPipelined's bits.
+    for (Fp8GemvKernel form :
+         {Fp8GemvKernel::kPipelinedOneEarly, Fp8GemvKernel::kPipelinedPrefetchL2,
+          Fp8GemvKernel::kPipelinedLate}) {
+      const std::vector<float> got = Run<float>(pre, w, b, m, form);
+      ASSERT_EQ(std::memcmp(got.data(), outs[5].data(), got.size() * sizeof(float)), 0)
+          << "pipelined form " << static_cast<int>(form) << " differs from kPipelined";
+    }
   }
   for (size_t v = 0; v < outs.size(); ++v) {
     const bool bf16_out = v == 1 || v == 4 || v == 6;

@@ -42,6 +42,8 @@ struct Params {
   bool group_scales;              // some scale changes every 128 columns
   const __nv_bfloat16* bias;      // [n] or null
   bool early_weight_loads;        // the first weight loads before the PDL wait
+  int early_groups;               // kPipelined*: groups a warp loads before the PDL wait (0-4)
+  bool early_l2_prefetch;         // kPipelinedPrefetchL2: the first groups to L2 before it
   int m;
   int64_t n, k;
 };

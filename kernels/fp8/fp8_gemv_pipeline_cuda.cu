@@ -11,7 +11,8 @@
 //     w + kWarps, ...; each lane keeps kDepth groups of its weight bytes in flight IN
 //     REGISTERS (plain 16-byte evict-first loads): group j + kDepth is loaded as soon as group
 //     j's registers are consumed, so a warp is never without loads in flight while it has
-//     groups left; the first kDepth groups are requested before the PDL wait;
+//     groups left; the first kDepth groups are requested before the PDL wait (kPipelined; the
+//     other forms issue fewer there: fp8_gemv_cuda.h);
 //   * addresses are a row pointer per lane made once plus a 32-bit column: no 64-bit index math
 //     in the loop, no shared memory until the final reduction;
 //   * the weight codes become f16 with integer operations (sign bit kept, exponent and mantissa
@@ -118,6 +119,13 @@ __device__ __forceinline__ void UseGroup(const LaneRows& r, int gi, const uint4 
   for (int i = 0; i < 4; ++i) acc[i] += gacc[i];
 }
 
+// `bytes` (a multiple of 16) from 16-byte aligned `src` into L2, nothing into registers.
+__device__ __forceinline__ void PrefetchL2(const uint8_t* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes));
+#endif
+}
+
 // Block x: tile x (rows 16 x .. 16 x + 15) for all m <= 8 tokens. The whole 128-column groups
 // run through the pipeline; a partial last group (k % 128 != 0) is its warp's last, unpipelined.
 template <int kWarps, typename TOut>
@@ -138,17 +146,26 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)
   // every load).
   asm volatile("" : "+l"(r.w0), "+l"(r.w1));
   uint4 wv[kDepth][4];
-  const auto load_first = [&] {
+  // Stages [from, to) of the pipeline's first kDepth groups into registers.
+  const auto load_first = [&](int from, int to) {
 #pragma unroll
     for (int s = 0; s < kDepth; ++s) {
-      if (warp + s * kWarps < whole) LoadGroup<false>(r, warp + s * kWarps, wv[s]);
+      if (s >= from && s < to && warp + s * kWarps < whole) {
+        LoadGroup<false>(r, warp + s * kWarps, wv[s]);
+      }
     }
   };
-  // The weights are never written by a preceding kernel: their first loads may overlap its tail.
-  if (p.early_weight_loads) load_first();
+  // The weights are never written by a preceding kernel: the first p.early_groups groups' loads,
+  // or the L2 prefetch of the block's first kDepth groups a warp, may overlap its tail (the fewer
+  // bytes in flight early, the less the GEMV slows that producer: BENCHMARKS.md).
+  if (p.early_l2_prefetch && threadIdx.x < 16) {
+    const int64_t row = std::min<int64_t>(tile * 16 + threadIdx.x, p.n - 1);
+    PrefetchL2(p.w + row * p.k, static_cast<uint32_t>(std::min(k, kDepth * kWarps * kGroup)));
+  }
+  load_first(0, p.early_groups);
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
-  if (!p.early_weight_loads) load_first();
+  load_first(p.early_groups, kDepth);
   r.a = p.a_codes + int64_t{std::min(g, p.m - 1)} * p.k + r.lane_col;
   asm volatile("" : "+l"(r.a));
   float acc[4] = {};

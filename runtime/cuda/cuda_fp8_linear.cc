@@ -140,9 +140,17 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
       out->gemv_kernel_ = kc::Fp8GemvKernel::kRegisterLoads;
     } else if (kernel == "pipelined") {
       out->gemv_kernel_ = kc::Fp8GemvKernel::kPipelined;
+    } else if (kernel == "pipelined_one_early") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kPipelinedOneEarly;
+    } else if (kernel == "pipelined_l2") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kPipelinedPrefetchL2;
+    } else if (kernel == "pipelined_late") {
+      out->gemv_kernel_ = kc::Fp8GemvKernel::kPipelinedLate;
     } else if (kernel != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TANDEM_FP8_GEMV_KERNEL=", kernel, ": expected auto, pipelined, streaming or register"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_FP8_GEMV_KERNEL=", kernel,
+                       ": expected auto, pipelined, pipelined_one_early, pipelined_l2, "
+                       "pipelined_late, streaming or register"));
     }
   }
   ASSIGN_OR_RETURN(out->gemm_, kc::CublasLtFp8Gemm::Create());

@@ -89,8 +89,9 @@ class CudaFp8Linear {
  public:
   // Workspace for up to `max_tokens` rows of up to `max_k` input features. The decode kernel
   // (kernels/fp8/fp8_gemv_cuda.h's Fp8GemvKernel) is kAuto unless the environment variable
-  // TANDEM_FP8_GEMV_KERNEL says "pipelined", "streaming" or "register" (A/B runs of
-  // decode_step_bench; INVALID_ARGUMENT for another value).
+  // TANDEM_FP8_GEMV_KERNEL says "pipelined", "pipelined_one_early", "pipelined_l2",
+  // "pipelined_late", "streaming" or "register" (A/B runs of decode_step_bench; INVALID_ARGUMENT
+  // for another value).
   static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
