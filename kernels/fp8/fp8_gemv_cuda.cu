@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -378,10 +379,16 @@ bool Fp8SmallMLinearSupported(const Fp8SmallMActivations& a, const Fp8DeviceWeig
 // same call): the Llama-3-8B batch-8 decode step 3.83 ms against 4.12-4.15 with the streaming
 // one, but at batch 1 3.33-3.35 against 3.31-3.32 (though it was faster alone, in a PDL chain,
 // on 20 of 24 projections at m = 1): it takes 2 <= m <= 8 (e4m3 codes; weight-only FP8 keeps
-// the streaming kernel there, Fp8SmallMLinear), m = 1 stays on the streaming one.
-Fp8GemvKernel Fp8GemvAutoKernel(int64_t m, int64_t /*n*/, int64_t /*k*/, bool group_scales) {
+// the streaming kernel there, Fp8SmallMLinear). At m = 1 (nvidia-h200, one call, BENCHMARKS.md):
+// Llama-3-70B's step (every projection n, k >= 8192) 23.628 ms streaming, 22.974 pipelined,
+// 22.839 with one group loaded before the PDL wait (kPipelinedOneEarly); Llama-3-8B's (n or k
+// 4096) stays fastest streaming (3.318-3.322 against 3.331-3.352 for either pipelined form).
+Fp8GemvKernel Fp8GemvAutoKernel(int64_t m, int64_t n, int64_t k, bool group_scales) {
+  constexpr int64_t kPipelinedMinSide = 8192;
   if (m > 8 || group_scales) return Fp8GemvKernel::kRegisterLoads;
-  return m == 1 ? Fp8GemvKernel::kStreaming : Fp8GemvKernel::kPipelined;
+  if (m > 1) return Fp8GemvKernel::kPipelined;
+  return std::min(n, k) >= kPipelinedMinSide ? Fp8GemvKernel::kPipelinedOneEarly
+                                             : Fp8GemvKernel::kStreaming;
 }
 
 template <typename TOut>

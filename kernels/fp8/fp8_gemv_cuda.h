@@ -4,13 +4,14 @@
 // step, so the cost is the weight bytes over the memory bandwidth; both kernels read each weight
 // byte ONCE for all m rows. Three kernels (Fp8GemvKernel):
 //   * kPipelined (fp8_gemv_pipeline_cuda.cu; kAuto's choice for e4m3 codes at 2 <= m <= 8 with
-//     per-row weight and per-token / static activation scales): a block's warps split a 16-row
-//     tile's 128-column groups, each lane keeping the next 4 groups' weight bytes in flight in
+//     per-row weight and per-token / static activation scales, and as kPipelinedOneEarly at
+//     m = 1 for weights with n, k >= 8192): a block's warps split a 16-row tile's 128-column
+//     groups, each lane keeping the next 4 groups' weight bytes in flight in
 //     registers (16-byte loads, no cp.async, 32-bit column offsets), the weight codes made f16
 //     with integer operations (exactly 2^-8 times the value; the 2^8 applied once per output),
 //     the activation codes with the conversion instruction, m16n8k16 f16 MMAs;
-//   * kStreaming (fp8_gemv_stream_cuda.cu; kAuto's choice at m = 1, and for weight-only FP8 at
-//     m <= 8, with per-row scales): codes or weight-only FP8. Each lane streams
+//   * kStreaming (fp8_gemv_stream_cuda.cu; kAuto's choice at m = 1 for smaller weights, and for
+//     weight-only FP8 at m <= 8, with per-row scales): codes or weight-only FP8. Each lane streams
 //     its fragment bytes with cp.async into a private 3-stage ring in shared memory (weights,
 //     activations and per-group scales of the next groups always in flight, ~60 registers),
 //     (16-row tile, 128-column group) items over a one-wave persistent grid, and a cluster of 2
