@@ -64,12 +64,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const int64_t max_blocks = pages.max_blocks, max_len = pages.max_len;
   const std::vector<int32_t>& tables = pages.tables;
   const std::vector<int64_t>& slots = pages.slots;
-  KvCacheLayout layout{.num_blocks = pages.num_blocks,
-                       .num_layers = 2,
-                       .block_size = bs,
-                       .num_kv_heads = 1,
-                       .head_dim = D,
-                       .num_planes = 1};
+  const KvCacheLayout layout = pages.Layout(bs, D);
   const int64_t n_lat = static_cast<int64_t>(slots.size()), T_tok = qsl.back();
   // Latents as the model produces them: c_kv rows and k_pe rows in separate strided buffers.
   std::vector<float> ckv = attention_test::RandomNormal(rng, n_lat * (L + 3), 1.0f);

@@ -69,12 +69,7 @@ void RunCase(const Case& c, std::mt19937& rng, ThreadPool* pool) {
   const int64_t max_blocks = pages.max_blocks, max_len = pages.max_len;
   const std::vector<int32_t>& tables = pages.tables;
   const std::vector<int64_t>& slots = pages.slots;
-  KvCacheLayout layout{.num_blocks = pages.num_blocks,
-                       .num_layers = 2,
-                       .block_size = bs,
-                       .num_kv_heads = 1,
-                       .head_dim = D,
-                       .num_planes = 1};
+  const KvCacheLayout layout = pages.Layout(bs, D);
   const int64_t n_lat = static_cast<int64_t>(slots.size()), T_tok = qsl.back();
   std::vector<float> latent = attention_test::RandomNormal(rng, n_lat * D, 1.0f);
   std::vector<float> q = attention_test::RandomNormal(rng, T_tok * H * d.QkHeadDim(), 1.0f);

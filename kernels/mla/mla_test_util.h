@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "kernels/attention/kv_cache_layout.h"
 #include "kernels/mla/mla_attention.h"
 
 namespace tandem::kernels::mla_test {
@@ -38,6 +39,16 @@ struct ShuffledPages {
   int64_t max_len = 0;     // the longest request's latents
   std::vector<int32_t> tables;
   std::vector<int64_t> slots;
+
+  // The tests' latent pool over these pages: 2 layers, one latent "head" of latent_dim.
+  KvCacheLayout Layout(int64_t block_size, int64_t latent_dim) const {
+    return KvCacheLayout{.num_blocks = num_blocks,
+                         .num_layers = 2,
+                         .block_size = block_size,
+                         .num_kv_heads = 1,
+                         .head_dim = latent_dim,
+                         .num_planes = 1};
+  }
 };
 
 inline ShuffledPages ShufflePages(const std::vector<int32_t>& lens, int64_t block_size,
