@@ -61,8 +61,8 @@ struct Result {
 
 struct Schedule {
   std::vector<RequestSpec> specs;
-  std::vector<int> arrival;         // step before which request i is added
-  std::map<int, int64_t> abort_at;  // step -> request aborted before it
+  std::vector<int> arrival;              // step before which request i is added
+  std::multimap<int, int64_t> abort_at;  // step -> request aborted before it
 };
 
 // Runs `schedule` to completion; checks the protocol (nothing after a finish or an abort, every
@@ -97,7 +97,8 @@ std::vector<Result> Drive(EngineConfig config, const Schedule& schedule, bool as
       EXPECT_TRUE(added_status.ok()) << added_status;
       ++added;
     }
-    if (auto a = schedule.abort_at.find(step); a != schedule.abort_at.end() && !done[a->second]) {
+    for (auto [a, end] = schedule.abort_at.equal_range(step); a != end; ++a) {
+      EXPECT_FALSE(done[a->second]) << "request " << a->second << " ended before its abort";
       EXPECT_TRUE(e.Abort(a->second));
       done[a->second] = true;
       results[a->second].reason = FinishReason::kAborted;
@@ -230,7 +231,10 @@ TEST(EngineAsyncTest, AbortWhileItsStepIsInFlight) {
   const std::vector<Result> sync = Drive(EngineConfig{}, schedule, false);
   // Abort two requests mid-generation: the others are unchanged, the aborted ones emitted a
   // prefix of their tokens, and every block comes back (Drive checks).
-  schedule.abort_at = {{14, 1}, {17, 4}};
+  // Steps counted from each request's arrival: a request arriving at step a has emitted at most
+  // 1 + (s - a) of its 16 tokens before step s, so both are still running when aborted (a fixed
+  // step raced with early arrivals finishing first).
+  schedule.abort_at = {{schedule.arrival[1] + 5, 1}, {schedule.arrival[4] + 8, 4}};
   const std::vector<Result> r = Drive(EngineConfig{}, schedule, true);
   for (size_t i = 0; i < r.size(); ++i) {
     if (i == 1 || i == 4) {
