@@ -207,6 +207,36 @@ TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
   EXPECT_EQ(cuda->kv_dtype, KvDtype::kFp8E4m3);
 }
 
+// --kv_cache_dtype=fp8 with --dp_attention in a group of 2: the CPU backend wraps its FP8 latent
+// runner in the DP executor (each DP rank's pool of FP8 latent blocks; the generate golden:
+// tests/golden/mla_fp8_kv_parallel_test.sh); CUDA refuses the combination by name, in a build
+// with or without CUDA (the check comes before the CUDA toolkit's).
+TEST(BackendFactoryTest, Fp8LatentKvWithDpAttentionOnCpuOnly) {
+  absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  comm::NoCollectivesGroup group(0, 2);  // factories read the group's size only
+  BackendOptions options;
+  options.kv_cache_dtype = "fp8";
+  options.group = &group;
+  options.expert_parallel = true;
+  options.dp_attention = true;
+  absl::StatusOr<ExecutorFactory> cpu = MakeExecutorFactory(options, *mla);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kv_dtype, KvDtype::kFp8E4m3);
+  EXPECT_EQ(cpu->dp_size, 2);
+  EXPECT_EQ(cpu->name, "cpu:fp8-latent-kv dp-attention");
+  options.backend = "cuda";
+  const absl::Status st = MakeExecutorFactory(options, *mla).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_NE(st.message().find("--kv_cache_dtype=fp8 with --dp_attention runs on --backend=cpu"),
+            std::string::npos)
+      << st;
+  // A group of one has no DP ranks: CUDA's one-GPU FP8 latent (where the build has CUDA).
+  comm::NoCollectivesGroup one(0, 1);
+  options.group = &one;
+  EXPECT_EQ(MakeExecutorFactory(options, *mla).ok(), CudaBackendAvailable());
+}
+
 // LoadModelForBackend of `source` on the CPU and on CUDA; false when the CUDA load is not there
 // to check (a build without CUDA refuses it as UNIMPLEMENTED, checked here) or failed.
 bool LoadOnCpuAndCuda(const ModelSource& source, BackendModel* cpu, BackendModel* cuda) {
