@@ -122,10 +122,15 @@ show_logs() {  # on failure: what the daemons and the job said
     echo "---- ${f#$T/} (last 15 lines)"; tail -n 15 "$f"
   done
 }
-free_port() {  # a TCP port nobody listens on in this (host) namespace
+# Slurm's ports are fixed in slurm.conf, so they are picked here and bound later. Below the kernel's
+# ephemeral range (ip_local_port_range): a port of 32768-60999 could be taken meanwhile by any
+# connect() or bind(port 0) on this host (every other daemon and test binds port 0).
+ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+[[ "$ephemeral_low" =~ ^[0-9]+$ ]] && (( ephemeral_low > 12000 )) || ephemeral_low=32768
+free_port() {  # a TCP port nobody listens on in this (host) namespace, outside the ephemeral range
   local p
   while true; do
-    p=$((20000 + RANDOM % 20000))
+    p=$((10000 + RANDOM % (ephemeral_low - 10000)))
     [[ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]] && { echo "$p"; return; }
   done
 }
