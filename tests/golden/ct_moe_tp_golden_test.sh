@@ -12,7 +12,11 @@
 # RowParallelLinear does): cosine >= 0.999 and the first greedy token equal where that
 # reference's top-2 gap is >= 3% of max|logit|. Each TP=2 run is also checked against the TP=1
 # reference (the rounding the slices add; printed, cosine >= 0.98: this random MoE's routing
-# amplifies it to 0.9814 on one prompt). (~3 s)
+# amplifies it to 0.9814 on one prompt). Then the FP8_BLOCK fixture ct_moe_block_dynamic (128 x
+# 128 weight blocks, 1 x 128 activations): TP=1 and EP (b) (attention and dense MLP whole, experts
+# whole) against its 1 x 128-group reference, EP (b) within 1e-5 of TP=1; --tp=2 with or without
+# --enable_expert_parallel splits q_proj's 128 rows into 64 and is refused, naming the tensor.
+# (~4 s)
 set -euo pipefail
 GENERATE=$1
 T=${TEST_TMPDIR:-$(mktemp -d)}
@@ -67,4 +71,17 @@ for name in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg; do
   check "$T/$name.tp2.jsonl" "$fix" "tp=2" 0.999 0.03 _tp2
   check "$T/$name.tp2.jsonl" "$fix" "tp=2 vs the TP=1 reference" 0.98 0.10
 done
+name=ct_moe_block_dynamic
+fix=tests/golden/fixtures_fp8/$name
+echo "$name"
+run_generate 8 "$fix" 1 "$T/$name.tp1.jsonl"
+check "$T/$name.tp1.jsonl" "$fix" "tp=1" 0.999 0.03
+run_generate 8 "$fix" 2 "$T/$name.dp2.jsonl" --enable_expert_parallel --dp_attention
+check "$T/$name.dp2.jsonl" "$fix" "tp=2 --dp_attention" 0.999 0.03
+near_run "$T/$name.dp2.jsonl" "$T/$name.tp1.jsonl" "tp=2 --dp_attention vs tp=1"
+cut="tp=2 cuts the 128x128 FP8 scale blocks of 'model.layers.0.self_attn.q_proj.weight'"
+expect_fail "tp=2 cuts q_proj's 128-row block" "$cut" --model="$fix" --prompt_ids="5,6" --max_tokens=1 \
+  --tp=2
+expect_fail "tp=2 EP (a) cuts it too" "$cut" --model="$fix" --prompt_ids="5,6" --max_tokens=1 --tp=2 \
+  --enable_expert_parallel
 echo "PASS"

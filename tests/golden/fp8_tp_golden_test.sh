@@ -62,16 +62,6 @@ done
 run "$FIXTURES/base_bf16" 2 "$T/online.2.jsonl" --quantization=fp8
 check "$T/online.2.jsonl" "$FIXTURES/base_bf16/expected.json" "--quantization=fp8 tp=2" 0.985 0.10
 
-expect_fail() {  # description, expected text, args...
-  local what=$1 text=$2
-  shift 2
-  if timeout 60 "$GENERATE" "$@" > "$T/bad.out" 2> "$T/bad.err"; then
-    echo "FAIL: $what exited 0"
-    exit 1
-  fi
-  grep -q -- "$text" "$T/bad.err" || { echo "FAIL: $what: no '$text' in:"; cat "$T/bad.err"; exit 1; }
-  echo "ok: $what -> $(grep -- "$text" "$T/bad.err" | head -1 | cut -c1-200)"
-}
 expect_fail "tp=2 cuts a 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks" \
   --model="$FIXTURES/fp8_block" --prompt_ids="5,6" --max_tokens=1 --tp=2
 expect_fail "--quantization=fp8 on an FP8 checkpoint" "the checkpoint is quantized already" \

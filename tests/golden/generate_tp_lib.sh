@@ -8,6 +8,8 @@
 # near_run A B LABEL: the two runs' greedy tokens identical and last-prompt logits within
 #   1e-5 * max|logit| of each other, prompt by prompt (e.g. --dp_attention against TP=1: the same
 #   arithmetic per token, summed in another order).
+# expect_fail LABEL TEXT FLAGS...: generate with FLAGS (needs T, a scratch folder) must exit
+#   non-zero with TEXT in its stderr; prints the line that says it.
 
 run_generate() {
   local max_tokens=$1 fix=$2 tp=$3 out=$4
@@ -34,4 +36,15 @@ for i, (x, y) in enumerate(zip(a, b)):
     worst = max(worst, d)
 print(f"  {sys.argv[3]}: {len(a)} prompts, greedy tokens equal, logits within {worst:.1e} of max")
 PY
+}
+
+expect_fail() {
+  local what=$1 text=$2
+  shift 2
+  if timeout 60 "$GENERATE" "$@" > "$T/bad.out" 2> "$T/bad.err"; then
+    echo "FAIL: $what exited 0"
+    exit 1
+  fi
+  grep -q -- "$text" "$T/bad.err" || { echo "FAIL: $what: no '$text' in:"; cat "$T/bad.err"; exit 1; }
+  echo "ok: $what -> $(grep -- "$text" "$T/bad.err" | head -1 | cut -c1-200)"
 }
