@@ -11,6 +11,7 @@
 #include "common/crash_handler.h"
 #include "common/http/http_session.h"
 #include "common/http/tls_context.h"
+#include "common/logging.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::http {
@@ -49,7 +50,19 @@ Response ErrorResponse(int status, const std::string& message, const std::string
 void HttpServer::Impl::Accept(std::shared_ptr<Impl> self) {
   acceptor.async_accept(
       net::make_strand(ioc), [this, self](beast::error_code ec, tcp::socket socket) {
-        if (ec || stopping.load()) return;
+        if (stopping.load() || ec == net::error::operation_aborted) return;
+        if (ec) {
+          // EMFILE / ENFILE (the process or host is out of file descriptors), ENOBUFS, ...: the
+          // listening socket is fine, so accept again once connections have had time to close.
+          // Returning here instead would stop accepting for the rest of the process's life.
+          LOG_EVERY_N(WARNING, 100) << "http: accept failed (" << ec.message() << "); retrying in "
+                                    << kAcceptRetry.count() << " ms";
+          accept_retry.expires_after(kAcceptRetry);
+          accept_retry.async_wait([this, self](beast::error_code wait_ec) {
+            if (!wait_ec && !stopping.load()) Accept(self);
+          });
+          return;
+        }
         if (connections.load() >= options.max_connections) {
           beast::error_code ignored;
           socket.close(ignored);
@@ -76,9 +89,10 @@ void HttpServer::Impl::Accept(std::shared_ptr<Impl> self) {
 
 void HttpServer::Impl::Stop() {
   if (stopping.exchange(true)) return;
-  net::post(ioc, [this] {
+  net::post(acceptor.get_executor(), [this] {
     beast::error_code ignored;
     acceptor.close(ignored);
+    accept_retry.cancel();
   });
   std::vector<std::shared_ptr<SessionBase>> live;
   {

@@ -4,11 +4,18 @@
 // Write turns false) — with the connection count back to zero afterwards.
 #include "common/http/http_server.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -143,6 +150,30 @@ TEST(HttpServerTest, StreamsChunksAndSeesADisconnect) {
   EXPECT_EQ((*server2)->connections(), 0);
 }
 
+// A streamed response is the connection's last (the server watches the socket for the client
+// leaving while it streams), so its header says `Connection: close`: a client that pools
+// connections must not send its next request on this one. Before, the header promised
+// keep-alive (HTTP/1.1's default) and the server closed after the last chunk: a request sent
+// meanwhile was lost with "server disconnected".
+TEST(HttpServerTest, StreamedResponseSaysTheConnectionCloses) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  const int fd = Connect((*server)->port());
+  Send(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n");
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(stream->Write("data: x\n\n"));
+  stream->Close();
+  const std::string all = ReadUntil(fd, "\r\n0\r\n\r\n");
+  const std::string head = all.substr(0, all.find("\r\n\r\n"));
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  char byte;
+  EXPECT_EQ(read(fd, &byte, 1), 0);  // and it does close
+  close(fd);
+  stream.reset();
+}
+
 // Issue 30 item 2: the admission check (an API key) runs on the headers: a refused client gets its
 // answer without sending a byte of its body, so it cannot make the server buffer one.
 TEST(HttpServerTest, AdmissionDecidesOnTheHeadersBeforeTheBody) {
@@ -253,6 +284,42 @@ TEST(HttpServerTest, ExpectContinueIsAnswered) {
   std::string r = ReadUntil(fd, "hi|");
   EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
   close(fd);
+}
+
+// A failed accept (here EMFILE: the process is out of file descriptors, as under a connection
+// flood) must not stop the server accepting: once descriptors are free again, the connection
+// that waited in the backlog is served. Before, the acceptor returned on the error and the port
+// never accepted again (the daemon's HTTP plane was dead until a restart).
+TEST(HttpServerTest, AcceptsAgainAfterRunningOutOfFileDescriptors) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // connected once the table is full
+  ASSERT_GE(fd, 0);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(fd) + 64;  // past every descriptor open now
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> fillers;
+  for (int f; (f = open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(f);
+  ASSERT_EQ(errno, EMFILE);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  absl::SleepFor(absl::Milliseconds(300));  // the server's accept fails (EMFILE), maybe again
+  for (int f : fillers) close(f);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  Send(fd, "GET /health?x=2 HTTP/1.1\r\nHost: a\r\n\r\n");
+  const std::string r = ReadUntil(fd, "ok x=2");
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << "no answer: " << r;
+  close(fd);
+  EXPECT_EQ(HttpCall((*server)->port(), "GET", "/health").status, 200);
 }
 
 }  // namespace

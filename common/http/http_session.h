@@ -53,6 +53,8 @@ inline constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
 // How long a refused request's unread body is drained (discarded) before the connection closes:
 // closing with it unread would reset the connection, which can destroy the refusal in flight.
 inline constexpr auto kRefusalDrainTimeout = std::chrono::seconds(2);
+// How long the acceptor waits after a failed accept (EMFILE, ENFILE, ENOBUFS) before the next.
+inline constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
 inline std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -86,7 +88,10 @@ struct HttpServer::Impl {
   std::unique_ptr<boost::asio::ssl::context> tls;  // null: plain HTTP
   std::unique_ptr<BodyBudget> body_budget;
   boost::asio::io_context ioc;
-  boost::asio::ip::tcp::acceptor acceptor{ioc};
+  // The acceptor, its retry timer and Stop's close share one strand.
+  boost::asio::ip::tcp::acceptor acceptor{boost::asio::make_strand(ioc)};
+  // Re-arms Accept after a failed accept (e.g. out of file descriptors).
+  boost::asio::steady_timer accept_retry{acceptor.get_executor()};
   std::vector<std::thread> threads;
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};

@@ -50,7 +50,9 @@ void Session<Stream>::BeginStream(int status, const std::string& content_type,
   stream_header_->set(bhttp::field::cache_control, "no-cache");
   for (const auto& [k, v] : headers) stream_header_->set(k, v);
   stream_header_->chunked(true);
-  stream_header_->keep_alive(keep_alive_);
+  // One streamed response per connection (WatchForDisconnect reads the socket meanwhile, and the
+  // connection closes after the last chunk): say so, or a pooling client would reuse it.
+  stream_header_->keep_alive(false);
   serializer_ = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*stream_header_);
   writing_ = true;
   bhttp::async_write_header(stream_, *serializer_,
