@@ -259,7 +259,10 @@ absl::Status ParseQuantizationConfig(const json& root, ModelConfig* config) {
     return Refuse(absl::StrCat("unsupported quant_method '", method, "'"));
   }
   // Every architecture the parser accepts has an FP8 path on the CPU backend (dense, MoE
-  // experts, MLA projections; weight_fp8.cc); the CUDA backend refuses FP8 MoE / MLA at startup.
+  // experts, MLA projections; weight_fp8.cc) and on the CUDA backend from checkpoint weights (the
+  // loader holds every block-scaled format, "fp8" and compressed-tensors "block" alike, as
+  // per-row scales over 128-column groups; runtime/engine/backend_factory.cc says what CUDA
+  // refuses: device dummy FP8 experts, fp16 activations).
   config->quantization = q;
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@
 #   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
 #      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
 #      padded steps against the graphs' tokens: NAME-dp, NAME-dp-eager).
+#      ct_moe_block_dynamic (compressed-tensors FP8_BLOCK) at TP=1.
 #   7. pd: prefill -> decode between CUDA workers through the router (moe_pd_cuda_golden.sh's
 #      chains; P and D may share one GPU): fp8_deepseek_v3 (its decode worker also drafting with
 #      the checkpoint's FP8 MTP layer, P handing its MTP state over; a mixed worker drafting
@@ -214,6 +215,11 @@ for fix in ct_moe_channel_dynamic ct_moe_channel_dynamic_pkg fp8_deepseek_v3; do
     "$LOG/$fix-dp.2.jsonl" --model="$dir" --prompt_ids="$(prompts_of "$dir/expected.json")" --tp=2 \
     --enable_expert_parallel --dp_attention --cuda_graphs=false $SHARE
 done
+# The compressed-tensors FP8_BLOCK MoE fixture (128 x 128 blocks, 1 x 128 activations, partial edge
+# blocks) at TP=1: TP=2 and EP (a) cut its blocks (refused). Added without a GPU: not yet run.
+CT_BLOCK=tests/golden/fixtures_fp8/ct_moe_block_dynamic
+check ct_moe_block_dynamic 1 "$CT_BLOCK/expected.json" --model="$CT_BLOCK" \
+  --prompt_ids="$(prompts_of "$CT_BLOCK/expected.json")"
 
 # 7. P -> D between CUDA workers, and the same on the CPU backend.
 pd_vs_cpu() { # CHAIN=MODEL_DIR...: the mixed workers' tokens of $LOG/pd/CHAIN against pd-cpu's
