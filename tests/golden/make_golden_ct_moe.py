@@ -124,15 +124,20 @@ def is_linear(name):
     return name.endswith(".weight") and name.split(".")[-2] in LINEARS
 
 
+def block_view(w):
+    """w [n, k] in f32, zero-padded to whole 128-blocks: [ceil(n/128), 128, ceil(k/128), 128]."""
+    n, k = w.shape
+    pad = torch.zeros(-(-n // f8.BLOCK) * f8.BLOCK, -(-k // f8.BLOCK) * f8.BLOCK)
+    pad[:n, :k] = w.float()
+    return pad.view(pad.shape[0] // f8.BLOCK, f8.BLOCK, pad.shape[1] // f8.BLOCK, f8.BLOCK)
+
+
 def quant_block_bf16(w):
     """128 x 128 blocks of the bf16 weight w as compressed-tensors writes them: bf16 scales
     max|block| / 448 (the weight's dtype), codes of w / scale divided in bf16 (last blocks
     partial)."""
     n, k = w.shape
-    pad = torch.zeros(-(-n // f8.BLOCK) * f8.BLOCK, -(-k // f8.BLOCK) * f8.BLOCK)
-    pad[:n, :k] = w.float()
-    blocks = pad.view(pad.shape[0] // f8.BLOCK, f8.BLOCK, pad.shape[1] // f8.BLOCK, f8.BLOCK)
-    scale = f8.safe_scale(blocks.abs().amax(dim=(1, 3))).to(torch.bfloat16)
+    scale = f8.safe_scale(block_view(w).abs().amax(dim=(1, 3))).to(torch.bfloat16)
     full = scale.repeat_interleave(f8.BLOCK, 0).repeat_interleave(f8.BLOCK, 1)
     return f8.e4m3((w / full[:n, :k]).float()), scale
 
@@ -184,11 +189,7 @@ def package_writer(state, kind="channel"):
                 continue
             w = mod.weight.float()  # min-max per output channel / block, as llm-compressor
             if kind == "block":  # observes it (zero padding: calculate_qparams includes 0)
-                n, k = w.shape
-                pad = torch.zeros(-(-n // f8.BLOCK) * f8.BLOCK, -(-k // f8.BLOCK) * f8.BLOCK)
-                pad[:n, :k] = w
-                w = pad.view(pad.shape[0] // f8.BLOCK, f8.BLOCK, -1, f8.BLOCK).transpose(1, 2)
-                lo, hi = w.amin(dim=(2, 3)), w.amax(dim=(2, 3))
+                lo, hi = block_view(w).amin(dim=(1, 3)), block_view(w).amax(dim=(1, 3))
             else:
                 lo, hi = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
             scale, _ = calculate_qparams(lo, hi, scheme.weights)
@@ -348,9 +349,9 @@ def same_as_package(tensors, quant, pkg, pkg_quant):
     ours, theirs = (next(iter(q["config_groups"].values())) for q in (quant, pkg_quant))
     fields = [(part, key) for part in ("weights", "input_activations") for key in ours[part]
               if ours[part][key] != theirs[part][key]]
-    print(f"  the package: {len(fp8) + len(scales) - len(differ)} of the {len(fp8)} e4m3 tensors "
-          f"+ their {len(scales)} scales equal to ours bit for bit; config fields differing: "
-          f"{fields}", flush=True)
+    print(f"  the package: {len(fp8) + len(scales) - len(differ)} of {len(fp8) + len(scales)} "
+          f"tensors ({len(fp8)} e4m3 + their scales) equal to ours bit for bit; config fields "
+          f"differing: {fields}", flush=True)
     if differ or fields or pkg_quant["format"] != quant["format"]:
         sys.exit(f"our writer differs from compressed-tensors: {differ[:5]} {fields}")
 
