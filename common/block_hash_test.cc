@@ -2,6 +2,7 @@
 
 #include <openssl/sha.h>
 
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -16,7 +17,9 @@ namespace {
 // Fresh random inputs per run; the seed is printed with every failure (SCOPED_TRACE).
 class BlockHashTest : public ::testing::Test {
  protected:
-  BlockHashTest() : seed_(std::random_device{}()), rng_(seed_) {}
+  BlockHashTest() : seed_(std::random_device{}()), rng_(seed_) {
+    std::printf("seed %u\n", seed_);  // every test's log
+  }
 
   std::vector<int32_t> RandomTokens(size_t n) {
     // Full int32 range, negatives included: the encoding must not care.

@@ -253,7 +253,9 @@ TEST(CheckCompatibleTest, LyingHashIsInvalidArgument) {
 }
 
 TEST(ValidateHandshakeTest, Limits) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   const TransferHandshake good = RandomHandshake(rng, "p0");
   EXPECT_TRUE(ValidateHandshake(good).ok());
 
@@ -333,7 +335,9 @@ TEST(ValidateHandshakeTest, Limits) {
 }
 
 TEST(RankGeometryTest, SameModelSplitDifferentlyIsNotRefusedAsIncompatible) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   TransferHandshake local = RandomHandshake(rng, "d0");
   const uint32_t heads = local.compatibility().layout().num_kv_heads();
   if (heads % 2 != 0) local.mutable_compatibility()->mutable_layout()->set_num_kv_heads(heads + 1);
@@ -427,7 +431,9 @@ TEST(RankGeometryTest, MlaLatentLayoutNamesItsSplitAndHasOnePlane) {
 // heads (the latent is whole on every rank) in blocks of the same size. A quantized split that
 // re-shards heads, or states another block size, is UNIMPLEMENTED naming quantized KV.
 TEST(RankGeometryTest, QuantizedBlocksPairOnlyWhereNoHeadIsResharded) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   KvCompatibilityFacts facts;
   facts.model_id = "deepseek";
   facts.model_dtype = "float32";
@@ -477,7 +483,9 @@ TEST(RankGeometryTest, QuantizedBlocksPairOnlyWhereNoHeadIsResharded) {
 }
 
 TEST(RankGeometryTest, GroupRanksAreValidated) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   TransferHandshake group = RandomHandshake(rng, "p0");
   group.mutable_compatibility()->mutable_layout()->set_num_kv_heads(4);
   Rehash(&group);

@@ -40,7 +40,9 @@ struct FakePins {
 };
 
 TEST(HostPinGranulesTest, PinsEachTouchedGranuleOnceAndUnpinsThemAll) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
   constexpr uint64_t kGranule = 4096;
   const uint64_t length = kGranule * (8 + rng() % 24) + rng() % kGranule;  // a short last one
   std::vector<char> buffer(length);
@@ -78,7 +80,9 @@ TEST(HostPinGranulesTest, PinsEachTouchedGranuleOnceAndUnpinsThemAll) {
 }
 
 TEST(HostPinGranulesTest, ARefusedPinIsCountedNotRetriedAndNotAnError) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
   constexpr uint64_t kGranule = 1024;
   std::vector<char> buffer(kGranule * 6);
   FakePins fake;
@@ -110,7 +114,9 @@ TEST(HostPinGranulesTest, ARefusedPinIsCountedNotRetriedAndNotAnError) {
 // exactly the range, in order; WithinOneGranule says when one copy (a DMA) may take the range
 // whole. The granule size, the buffer and the ranges are random on each run.
 TEST(HostPinGranulesTest, PiecesEachLieInOneRegistrationAndCoverTheRange) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
   const uint64_t granule = 512 * (1 + rng() % 8);
   const uint64_t length = granule * (4 + rng() % 12) + rng() % granule;
   std::vector<char> buffer(length);

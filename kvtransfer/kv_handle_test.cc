@@ -23,7 +23,9 @@ class RecordingLeases final : public LeaseClient {
 };
 
 TEST(KvHandleTest, HeldBlocksSurviveTheTripFromSourceToReader) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   KvSource source{"prefill-7", 1'700'000'000'123'456u, rng() | (uint64_t{rng()} << 32),
                   "10.0.0.5:7301"};
   KvLease lease{rng() | 1u, absl::FromUnixMillis(1'800'000'000'000)};

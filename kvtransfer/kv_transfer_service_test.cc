@@ -5,6 +5,7 @@
 #include "kvtransfer/kv_transfer_service.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -39,6 +40,7 @@ class LeaseRenewalOverGrpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = std::random_device{}();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     std::mt19937 rng(seed_);
     for (auto& b : src_) b = static_cast<uint8_t>(rng());
     p_agent_ = std::make_unique<InProcessAgent>(fabric_, "p");

@@ -118,7 +118,9 @@ TEST(PullKvConnectorTest, LoadsRandomBlockListsBitExactAndSkipsLocalPrefix) {
 // load_micros sums each completed load's wait from posting to the poll that saw it end; failed
 // loads add nothing.
 TEST(PullKvConnectorTest, LoadTimeCountsFromPostToSeenFinished) {
-  Pair pair(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Pair pair(seed);
   pair.d->HoldTransfers(true);
   RemoteKvSpec remote;
   remote.peer = "p";
@@ -148,7 +150,9 @@ TEST(PullKvConnectorTest, LoadTimeCountsFromPostToSeenFinished) {
 }
 
 TEST(PullKvConnectorTest, DeadlineAndCancelEndOnlyAfterTheTransferEnded) {
-  Pair pair(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Pair pair(seed);
   pair.d->HoldTransfers(true);
   RemoteKvSpec remote;
   remote.peer = "p";
@@ -334,7 +338,9 @@ TEST(PullKvConnectorTest, LongLoadRenewsTheSourceLease) {
 }
 
 TEST(PullKvConnectorTest, LongLoadWithoutRenewalStopsBeforeTheLeaseEnds) {
-  SlowPair slow(std::random_device{}(), absl::Milliseconds(2500));
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SlowPair slow(seed, absl::Milliseconds(2500));
   std::vector<int64_t> source_done;
   const absl::Status end = slow.Load(absl::Seconds(1), /*renew=*/false, &source_done);
   EXPECT_EQ(end.code(), absl::StatusCode::kDeadlineExceeded) << end;
@@ -343,7 +349,9 @@ TEST(PullKvConnectorTest, LongLoadWithoutRenewalStopsBeforeTheLeaseEnds) {
 }
 
 TEST(PullKvConnectorTest, LoadFailsWhenTheSourceDroppedTheLease) {
-  SlowPair slow(std::random_device{}(), absl::Milliseconds(2500));
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SlowPair slow(seed, absl::Milliseconds(2500));
   std::vector<int64_t> source_done;
   const absl::Status end =
       slow.Load(absl::Seconds(1), /*renew=*/true, &source_done, /*release_mid_load=*/true);
@@ -359,7 +367,9 @@ namespace tandem::kvtransfer {
 namespace {
 
 TEST(PullKvConnectorTest, ReleaseLeaseOfFindsTheLeaseByTheRequestsExternalId) {
-  Pair pair(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Pair pair(seed);
   ASSERT_TRUE(pair.pc->RequestFinished(5, "req-a", true, 2, absl::Seconds(30)).has_value());
   ASSERT_TRUE(pair.pc->RequestFinished(6, "req-b", true, 1, absl::Milliseconds(1)).has_value());
   EXPECT_FALSE(pair.pc->ReleaseLeaseOf("unknown"));
@@ -375,7 +385,9 @@ TEST(PullKvConnectorTest, ReleaseLeaseOfFindsTheLeaseByTheRequestsExternalId) {
 }
 
 TEST(PullKvConnectorTest, DroppedRemoteKvReleasesTheSourceLeaseAtOnce) {
-  Pair pair(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Pair pair(seed);
   auto client = std::make_shared<DirectRenewer>(pair.pc.get());
   RemoteKvSpec remote;
   remote.peer = "p";

@@ -287,7 +287,9 @@ TEST(RankKvReaderTest, DataParallelSourceServesEachBlockFromItsRank) {
 }
 
 TEST(RankKvReaderTest, CancelUnlinkedBadBlocksAndDevicePools) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   std::vector<Rank> src = MakeGroup(fabric, "p", 4, 2, 8, rng);
   std::vector<Rank> dst = MakeGroup(fabric, "d", 4, 1, 8, rng);

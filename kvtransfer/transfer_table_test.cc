@@ -16,7 +16,9 @@ struct FakeTransfer {
 };
 
 TEST(TransferTableTest, EveryTransferEndsOnceAndIsReportedOnce) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   TransferTable<FakeTransfer> table;
   TransferAgentStats stats;
   std::vector<TransferId> ids;

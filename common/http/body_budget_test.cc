@@ -46,6 +46,7 @@ TEST(BodyBudgetTest, ConcurrentReservationsStayUnderTheLimit) {
   std::atomic<bool> over{false};
   std::vector<std::thread> threads;
   const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937 rng(seed + t);

@@ -92,7 +92,9 @@ nlohmann::json RandomDoc(std::mt19937& rng, int depth) {
 }
 
 TEST(JsonBodyTest, ScannerDepthMatchesTheParsedValueOnRandomDocuments) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   for (int trial = 0; trial < 500; ++trial) {
     const nlohmann::json doc = RandomDoc(rng, 0);
     const std::string text = doc.dump();

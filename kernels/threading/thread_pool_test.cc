@@ -11,7 +11,9 @@ namespace tandem::kernels {
 namespace {
 
 TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     for (int trial = 0; trial < 50; ++trial) {
@@ -40,7 +42,9 @@ TEST(ThreadPoolTest, GrainAlignsChunks) {
 TEST(ThreadPoolTest, NestedCallsRunInlineAndSumsMatch) {
   ThreadPool pool(3);
   std::vector<int64_t> data(10000);
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   int64_t expected = 0;
   for (auto& x : data) expected += (x = rng() % 100);
   std::atomic<int64_t> sum{0};

@@ -1,6 +1,7 @@
 #include "kvtransfer/testing/fault_injecting_agent.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <vector>
@@ -30,6 +31,7 @@ class FaultInjectingAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = std::random_device{}();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     rng_.seed(seed_);
     src_pool_.resize(kBlock * kBlocks);
     dst_pool_.assign(kBlock * kBlocks, kFill);

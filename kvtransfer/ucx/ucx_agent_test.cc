@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <memory>
@@ -44,6 +45,7 @@ class UcxAgentTest : public ::testing::Test {
              bool allocate_source = false,
              std::optional<UcxAgentOptions> source_options = std::nullopt) {
     seed_ = std::random_device{}();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     rng_.seed(seed_);
     block_ = block;
     blocks_ = blocks;

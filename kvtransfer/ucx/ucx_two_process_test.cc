@@ -71,6 +71,7 @@ class UcxTwoProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = std::random_device{}();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     rng_.seed(seed_);
   }
 

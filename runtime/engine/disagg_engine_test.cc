@@ -211,7 +211,9 @@ TEST(DisaggEngineTest, PrefillThenDecodeEqualsMixedEngine) {
 }
 
 TEST(DisaggEngineTest, DecodeSkipsBlocksItsPrefixCacheHolds) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   RequestSpec spec;
   for (int t = 0; t < 70; ++t) spec.prompt.push_back(static_cast<int32_t>(rng() % 256));
   spec.max_tokens = 6;
@@ -240,7 +242,9 @@ TEST(DisaggEngineTest, DecodeSkipsBlocksItsPrefixCacheHolds) {
 }
 
 TEST(DisaggEngineTest, DeadSourceRecomputesOrFailsPerPolicy) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   RequestSpec spec;
   for (int t = 0; t < 40; ++t) spec.prompt.push_back(static_cast<int32_t>(rng() % 256));
   spec.max_tokens = 5;
@@ -346,7 +350,9 @@ TEST(DisaggEngineTest, AbortAndDeadlineDuringLoadWaitForTheTransferToEnd) {
 // use exactly that memory, start from a clean pool whatever it held, and fail cleanly when the
 // allocator does.
 TEST(DisaggEngineTest, ExternalKvPoolMemoryIsUsedAndCleared) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   RequestSpec spec;
   for (int t = 0; t < 37; ++t) spec.prompt.push_back(static_cast<int32_t>(rng() % 256));
   spec.max_tokens = 6;

@@ -257,7 +257,9 @@ double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
 TEST(MtpDisaggTest, ImportedProposerDraftsTheMixedProposersDistributions) {
   const ModelConfig model = DeepseekMtp(128);
   const int64_t H = model.hidden_size;
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const int64_t len : {1, 2, 17, 40}) {
     SCOPED_TRACE(testing::Message() << "prompt of " << len);

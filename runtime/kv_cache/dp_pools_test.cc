@@ -41,7 +41,9 @@ TEST(DpPoolsTest, EachRequestTakesBlocksOfItsRanksPoolOnly) {
 }
 
 TEST(DpPoolsTest, PrefixHitsStayOnTheRank) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto kv = KvCacheManager::Create({.num_blocks = 16, .block_size = 4, .dp_size = 2});
   ASSERT_TRUE(kv.ok()) << kv.status();
   KvCacheManager& m = **kv;

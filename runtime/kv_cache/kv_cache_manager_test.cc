@@ -1,6 +1,7 @@
 #include "runtime/kv_cache/kv_cache_manager.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,7 +27,9 @@ std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 class KvCacheManagerTest : public ::testing::Test {
  protected:
-  KvCacheManagerTest() : seed_(std::random_device{}()), rng_(seed_) {}
+  KvCacheManagerTest() : seed_(std::random_device{}()), rng_(seed_) {
+    std::printf("seed %u\n", seed_);  // every test's log
+  }
 
   std::unique_ptr<KvCacheManager> Make(int64_t num_blocks, int64_t block_size = 4,
                                        bool prefix_caching = true) {

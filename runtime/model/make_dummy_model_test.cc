@@ -35,6 +35,7 @@ class MakeDummyModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = std::random_device()();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     dir_ = fs::path(::testing::TempDir()) / absl::StrCat("make_dummy_", ::getpid(), "_", seed_);
     fs::create_directories(dir_);
     const char* srcdir = std::getenv("TEST_SRCDIR");

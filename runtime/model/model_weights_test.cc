@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -184,6 +185,7 @@ class ModelWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = std::random_device()();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));  // every test's log
     rng_.seed(seed_);
     dir_ = fs::path(::testing::TempDir()) / absl::StrCat("weights_", ::getpid(), "_", seed_);
     fs::create_directories(dir_);

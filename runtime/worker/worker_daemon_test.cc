@@ -263,7 +263,9 @@ TEST(WorkerDaemonTest, AMixedWorkerExportsNoKvPoolAndStillServes) {
   EXPECT_EQ(mixed_exports->load(), 0) << "no RegisterMemory / AllocateMemory for a mixed worker";
   auto stub = tandem::v1::WorkerService::NewStub(
       grpc::CreateChannel((*mixed)->address(), grpc::InsecureChannelCredentials()));
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   std::uniform_int_distribution<uint32_t> token(1, 200);
   tandem::v1::GenerateRequest request;
   request.set_request_id("whole");

@@ -173,7 +173,9 @@ TEST(WorkerServiceTest, PrefillDecodeOverGrpcEqualsMixedWorker) {
 // (PERMISSION_DENIED, nothing recomputed) until ReassignLease (the router's decode retry) moves
 // the lease to it, over the RPC.
 TEST(WorkerServiceTest, LeaseServesTheNamedDecodeWorkerAndMovesWithReassignLease) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
   TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
@@ -217,7 +219,9 @@ TEST(WorkerServiceTest, LeaseServesTheNamedDecodeWorkerAndMovesWithReassignLease
 }
 
 TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   auto request = MakeRequest("stale", rng, 40, 6);
   tandem::v1::PrefillResponse prefilled;
@@ -266,7 +270,9 @@ TEST(WorkerServiceTest, StaleHandleFromRestartedSourceIsRecomputedOrFailed) {
 }
 
 TEST(WorkerServiceTest, RolesAndBadInputAreRefusedBeforeAnythingIsAllocated) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
   TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);
@@ -323,7 +329,9 @@ TEST(WorkerServiceTest, RolesAndBadInputAreRefusedBeforeAnythingIsAllocated) {
 }
 
 TEST(WorkerServiceTest, AbortReleasesLeaseAndCancelFreesDecodeBlocks) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   TestWorker p(fabric, "p0", tandem::v1::WORKER_ROLE_PREFILL);
   TestWorker d(fabric, "d0", tandem::v1::WORKER_ROLE_DECODE);

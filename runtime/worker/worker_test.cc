@@ -307,7 +307,9 @@ TEST(WorkerTest, SpeculativeDecodeAfterPrefillEqualsGenerateAndIsCounted) {
 }
 
 TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Cluster c;
   absl::StatusOr<PrefillResult> pre = c.p.worker->Prefill(
       "held", RandomSpec(rng, 40, 8), /*remote_decode=*/true, absl::Seconds(30), kStaying);
@@ -320,7 +322,9 @@ TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
 }
 
 TEST(WorkerTest, TheWorkerBoundsLeasesAndTheirIdsAreUnguessable) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Cluster c;
   // A caller asking for 49 days gets the worker's cap (2 minutes by default).
   absl::StatusOr<PrefillResult> greedy = c.p.worker->Prefill(
@@ -345,7 +349,9 @@ TEST(WorkerTest, TheWorkerBoundsLeasesAndTheirIdsAreUnguessable) {
 // refused (PERMISSION_DENIED, no recompute), and so is a handle of another request; a
 // reassignment moves it. With require_decode_worker a Prefill must name one.
 TEST(WorkerTest, LeasesServeOnlyTheDecodeWorkerTheyAreBoundTo) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Cluster c;
   const RequestSpec spec = RandomSpec(rng, 30, 4);
   absl::StatusOr<PrefillResult> for_d0 =
@@ -389,7 +395,9 @@ TEST(WorkerTest, LeasesServeOnlyTheDecodeWorkerTheyAreBoundTo) {
 }
 
 TEST(WorkerTest, CallerGoneMidStreamAbortsAndFreesBlocks) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Cluster c;
   int seen = 0;
   std::atomic<bool> gone{false};
@@ -407,7 +415,9 @@ TEST(WorkerTest, CallerGoneMidStreamAbortsAndFreesBlocks) {
 }
 
 TEST(WorkerTest, RolesDrainingAndBadHandlesAreRefusedBeforeAnythingIsAllocated) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Cluster c;
   EXPECT_EQ(c.d.worker->Admit(tandem::v1::WORKER_ROLE_PREFILL, "Prefill").code(),
             absl::StatusCode::kFailedPrecondition);
@@ -445,7 +455,9 @@ TEST(WorkerTest, RolesDrainingAndBadHandlesAreRefusedBeforeAnythingIsAllocated) 
 }
 
 TEST(WorkerTest, UnreachableKvSourcesMakeADecodeWorkerNotServingUntilItsProbe) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   auto fabric = std::make_shared<InProcessFabric>();
   auto links = std::make_shared<LocalLinks>();  // knows no source: every link fails
   links->SetSelf(links);

@@ -104,7 +104,9 @@ TEST(ServingE2eTest, SixtyFourConcurrentRequestsAllComplete) {
 TEST(ServingE2eTest, RepeatedPrefixHitsPrefillCache) {
   auto cluster = StartCluster(1, 1, 0);
   ASSERT_NE(cluster, nullptr);
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   Prompt p;
   for (int i = 0; i < 70; ++i) p.ids.push_back(3 + rng() % 500);
   p.max_tokens = 4;

@@ -138,13 +138,11 @@ TEST_F(VocabPaddingTest, NoIdPastTheTokenizerIsEverSampled) {
 }
 
 TEST_F(VocabPaddingTest, HttpCompletionsAtHighTemperatureAllDecode) {
-  const Json req = {{"model", "text"},
-                    {"prompt", "Hello, world!"},
-                    {"max_tokens", 24},
-                    {"temperature", 2.0},
-                    {"n", 4},
-                    {"ignore_eos", true},
-                    {"seed", router::FreshSeed() >> 1}};
+  const uint64_t seed = router::FreshSeed() >> 1;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Json req = {
+      {"model", "text"}, {"prompt", "Hello, world!"}, {"max_tokens", 24}, {"temperature", 2.0},
+      {"n", 4},          {"ignore_eos", true},        {"seed", seed}};
   const http::TestResponse whole =
       http::HttpCall(api_->port(), "POST", "/v1/completions", req.dump());
   ASSERT_EQ(whole.status, 200) << whole.body;

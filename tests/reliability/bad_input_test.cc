@@ -315,7 +315,9 @@ TEST(BadInputTest, RawTcpGarbageOnEveryListeningPort) {
   ASSERT_NE(cluster, nullptr);
   WarmUp(*cluster);
   const LeakCheck leaks(*cluster);
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
   std::string garbage(4096, '\0');
   for (char& c : garbage) c = static_cast<char>(rng());
   const std::string h2_then_garbage = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
