@@ -93,6 +93,11 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::s
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Said in the log when exec fails (e.g. the binary is being relinked): built before fork, the
+  // child of a threaded process only write()s it.
+  const std::string exec_failed =
+      absl::StrCat("exec of ", argv.empty() ? "" : argv[0],
+                   " failed (exit 127: missing, busy or not a binary)\n");
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -106,6 +111,7 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::s
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execv(args[0], args.data());
+    [[maybe_unused]] const ssize_t said = write(2, exec_failed.data(), exec_failed.size());
     _exit(127);
   }
   return std::unique_ptr<Process>(new Process(pid, log_path));
