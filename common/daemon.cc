@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -47,6 +48,23 @@ void ReturnLargeFreedBlocksToTheSystem() {
   // Setting the threshold turns glibc's dynamic adjustment off; trimming follows it.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 2 << 20);
+}
+
+uint64_t RaiseOpenFileLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  rlim_t target = limit.rlim_max;
+  if (target == RLIM_INFINITY) {  // the kernel's cap on a process's descriptors is the real one
+    std::ifstream nr_open("/proc/sys/fs/nr_open");
+    uint64_t cap = 0;
+    target = (nr_open >> cap) ? static_cast<rlim_t>(cap) : limit.rlim_cur;
+  }
+  if (limit.rlim_cur < target) {
+    rlimit raised = limit;
+    raised.rlim_cur = target;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<uint64_t>(limit.rlim_cur);
 }
 
 }  // namespace tandem

@@ -11,6 +11,7 @@
 #define TANDEM_COMMON_DAEMON_H_
 
 #include <csignal>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -37,6 +38,13 @@ class TerminationSignals {
 // request bodies stay in the heap: a router that buffered 40 uploads kept their 300 MB after the
 // clients left. Process-wide (malloc's settings are); call once, early in main.
 void ReturnLargeFreedBlocksToTheSystem();
+
+// Raises this process's soft limit on open file descriptors to its hard limit (what Go's runtime
+// does at start) and returns the soft limit now in force. Every client connection is a
+// descriptor: at the common default of 1,024 a flood of ~1,000 connections makes accept() fail
+// with EMFILE, and the gRPC library (1.51) stops accepting on that port for good after one such
+// failure. Process-wide; call once, early in main.
+uint64_t RaiseOpenFileLimit();
 
 // Writes "address\n" to `path` via a temporary file and a rename, so a launcher polling for the
 // file never reads half of it. UNAVAILABLE naming the file when it cannot.

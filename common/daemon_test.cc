@@ -1,5 +1,6 @@
 #include "common/daemon.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -40,6 +41,23 @@ TEST(DaemonTest, WaitForReturnsTheSignalOrZeroAtTheTimeout) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
   ASSERT_EQ(kill(getpid(), SIGINT), 0);
   EXPECT_EQ(signals.WaitFor(absl::Seconds(10)), SIGINT);
+}
+
+// The soft descriptor limit is raised to the hard one (a connection flood then meets the
+// operator's limit, not the shell's default of 1,024).
+TEST(DaemonTest, RaiseOpenFileLimitLiftsTheSoftLimitToTheHardOne) {
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max == RLIM_INFINITY || saved.rlim_max < 128)
+    GTEST_SKIP() << "no finite hard limit";
+  rlimit low = saved;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  EXPECT_EQ(RaiseOpenFileLimit(), static_cast<uint64_t>(saved.rlim_max));
+  rlimit now;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
+  EXPECT_EQ(now.rlim_cur, saved.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
 }
 
 }  // namespace

@@ -189,6 +189,8 @@ absl::Status Run() {
   TerminationSignals signals;
   // Request bodies freed go back to the system (the RSS falls when clients are done).
   ReturnLargeFreedBlocksToTheSystem();
+  // Every client connection is a descriptor; the shell's default soft limit is easy to flood.
+  LOG(INFO) << "open file limit: " << RaiseOpenFileLimit();
 
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
   if (!router.ok()) return router.status();

@@ -107,7 +107,7 @@ struct HttpServerOptions {
   uint64_t max_buffered_body_bytes = 64 << 20;
   Admission admission;  // unset: every request is read
   absl::Duration read_timeout = absl::Seconds(30);
-  int max_connections = 10000;
+  int max_connections = 10000;          // and at most a quarter of RLIMIT_NOFILE's soft limit
   std::optional<ServerTlsOptions> tls;  // unset: plain HTTP
 };
 

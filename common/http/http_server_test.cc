@@ -322,5 +322,32 @@ TEST(HttpServerTest, AcceptsAgainAfterRunningOutOfFileDescriptors) {
   EXPECT_EQ(HttpCall((*server)->port(), "GET", "/health").status, 200);
 }
 
+// One server's connections stay within a quarter of the descriptor limit, so that a flood of
+// them leaves descriptors for the process's other ports and files (at the limit every accept()
+// fails, and the gRPC library's listener then stops for good).
+TEST(HttpServerTest, ConnectionsStayWithinAQuarterOfTheDescriptorLimit) {
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 400;  // a cap of 100
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(server.ok());
+  std::vector<int> clients;
+  for (int i = 0; i < 130; ++i) clients.push_back(Connect((*server)->port()));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_LE((*server)->connections(), 100);
+  EXPECT_GE((*server)->connections(), 90);
+  for (int fd : clients) close(fd);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while ((*server)->connections() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(HttpCall((*server)->port(), "GET", "/health").status, 200);
+}
+
 }  // namespace
 }  // namespace tandem::http

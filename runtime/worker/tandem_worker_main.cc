@@ -342,6 +342,7 @@ absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
   // NCCL control tokens rank 0's KvTransferService hands out.
   config.transfer.nccl_token_key = NcclControlTokenKey(config.security);
   TerminationSignals signals;  // before any thread starts
+  RaiseOpenFileLimit();        // peers' connections and KV transfers are descriptors
   const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
   if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
     return absl::InvalidArgumentError(absl::StrCat(
