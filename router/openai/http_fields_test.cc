@@ -110,6 +110,12 @@ TEST_F(HttpFieldsTest, EveryFieldIsBoundedWithA400NamingIt) {
       {with("stop_token_ids", stop_ids_65), "'stop_token_ids'"},
       {with("user", std::string(129, 'u')), "'user'"},
       {with("user", 7), "'user'"},
+      // Sampling we do not implement: refused, never silently ignored (H4's probe: 200 before).
+      {with("frequency_penalty", 0.5), "'frequency_penalty'"},
+      {with("presence_penalty", -1), "'presence_penalty'"},
+      {with("presence_penalty", "x"), "'presence_penalty'"},
+      {with("repetition_penalty", 1.2), "'repetition_penalty'"},
+      {with("response_format", {{"type", "json_object"}}), "'response_format'"},
   };
   const int calls = w->total_calls();
   for (const Bad& b : completions) ExpectRefused(port(), "/v1/completions", b);
@@ -153,12 +159,58 @@ TEST_F(HttpFieldsTest, EveryFieldIsBoundedWithA400NamingIt) {
     edge["stop"].push_back(std::string(1023, 'a') + std::to_string(i % 10));
   edge["stop_token_ids"] = stop_ids_64;
   edge["user"] = std::string(128, 'u');
+  edge["frequency_penalty"] = 0;
+  edge["presence_penalty"] = 0.0;
+  edge["repetition_penalty"] = 1;
+  edge["response_format"] = {{"type", "text"}};
   http::TestResponse r = Post(port(), "/v1/completions", edge);
   EXPECT_EQ(r.status, 200) << r.body;
   Json tools = Json::array();
   for (int i = 0; i < 128; ++i) tools.push_back(tool);
   r = Post(port(), "/v1/chat/completions", chat_with("tools", tools));
   EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// OpenAI's content parts (what the `openai` client sends for multi-part messages) are the text
+// they hold, joined by "\n"; parts the model cannot read are a 400 naming the message. Before
+// (H4's probe) every list content was a 400 from the template: "can only concatenate str".
+TEST_F(HttpFieldsTest, TextContentPartsAreTheirTextAndOtherPartsA400) {
+  FakeWorker* w = AddWorker();
+  const auto tokens = [&](const Json& content) {
+    const Json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                           {{"role", "user"}, {"content", content}}};
+    const http::TestResponse r = Post(port(), "/tokenize", {{"messages", messages}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? Json::parse(r.body)["tokens"] : Json();
+  };
+  const Json parts = {{{"type", "text"}, {"text", "Hi 👋"}}, {{"type", "text"}, {"text", "there"}}};
+  EXPECT_EQ(tokens(parts), tokens("Hi 👋\nthere"));
+  EXPECT_EQ(tokens(Json::array({parts[0]})), tokens("Hi 👋"));
+  const Json chat = {{"model", "qwen-test"},
+                     {"messages", {{{"role", "user"}, {"content", parts}}}},
+                     {"max_tokens", 2}};
+  const int calls = w->total_calls();
+  http::TestResponse r = Post(port(), "/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(w->total_calls(), calls);
+  const auto with_content = [&](Json content) {
+    Json b = chat;
+    b["messages"][0]["content"] = std::move(content);
+    return b;
+  };
+  const Json image = {{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}};
+  const int before_bad = w->total_calls();
+  for (const Bad& b : std::vector<Bad>{
+           {with_content(Json::array({parts[0], image})),
+            "'messages[0].content' holds a part of "
+            "type 'image_url'"},
+           {with_content(Json::array({"text"})), "'messages[0].content' parts must be objects"},
+           {with_content(Json::array({{{"type", "text"}, {"text", 5}}})),
+            "'messages[0].content' text parts need a string 'text'"},
+       }) {
+    ExpectRefused(port(), "/v1/chat/completions", b);
+  }
+  EXPECT_EQ(w->total_calls(), before_bad) << "no bad request reached a worker";
 }
 
 // Item 7: out-of-range ids are a 400 naming the field, never wrapped to a small id.

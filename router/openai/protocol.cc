@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tandem/v1/limits.h"
 
 namespace tandem::router::openai {
@@ -169,14 +170,22 @@ absl::Status ParseUser(const Json& body, CompletionParams* p) {
 }
 
 // The fields we do not implement: absent, null or their neutral value (false, best_of 1, an
-// empty logit_bias), else a 400 naming them.
+// empty logit_bias, penalties of 0 (repetition 1), a "text" response_format), else a 400 naming
+// them: served without them the output would silently not be what was asked for.
 absl::Status RefuseUnsupported(const Json& body) {
-  for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias"}) {
+  for (const char* key :
+       {"logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "response_format"}) {
     if (!body.contains(key)) continue;
     const Json& v = body[key];
-    const bool neutral = v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
-                         (std::string(key) == "best_of" && v.is_number_integer() && v == 1) ||
-                         (std::string(key) == "logit_bias" && v.is_object() && v.empty());
+    const std::string k = key;
+    const bool neutral =
+        v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+        (k == "best_of" && v.is_number_integer() && v == 1) ||
+        (k == "logit_bias" && v.is_object() && v.empty()) ||
+        (k.ends_with("_penalty") && v.is_number() &&
+         v.get<double>() == (k == "repetition_penalty" ? 1.0 : 0.0)) ||
+        (k == "response_format" && v.is_object() && v.value("type", Json()) == "text");
     if (!neutral) return Field(key, "is not supported");
   }
   return absl::OkStatus();
@@ -312,14 +321,43 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(const std::string
   return m;
 }
 
-absl::StatusOr<std::vector<uint32_t>> RenderChat(const nlohmann::ordered_json& messages,
+absl::StatusOr<nlohmann::ordered_json> FlattenContentParts(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json out = messages;
+  if (!out.is_array()) return out;
+  for (size_t i = 0; i < out.size(); ++i) {
+    nlohmann::ordered_json& m = out[i];
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
+    const std::string field = absl::StrCat("messages[", i, "].content");
+    std::vector<std::string> texts;
+    for (const auto& part : m["content"]) {
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+        return Field(field, "parts must be objects with a string 'type'");
+      }
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text") {
+        return Field(field, absl::StrCat("holds a part of type '", type.substr(0, 64),
+                                         "'; this model reads text only"));
+      }
+      if (!part.contains("text") || !part["text"].is_string()) {
+        return Field(field, "text parts need a string 'text'");
+      }
+      texts.push_back(part["text"].get<std::string>());
+    }
+    m["content"] = absl::StrJoin(texts, "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<uint32_t>> RenderChat(const nlohmann::ordered_json& raw_messages,
                                                  const nlohmann::ordered_json& tools,
                                                  const ServedModel& model) {
+  absl::StatusOr<nlohmann::ordered_json> messages = FlattenContentParts(raw_messages);
+  if (!messages.ok()) return messages.status();
   if (model.chat_template == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("model '", model.name, "' has no chat template; use /v1/completions"));
   }
-  nlohmann::ordered_json context = {{"messages", messages},
+  nlohmann::ordered_json context = {{"messages", *std::move(messages)},
                                     {"add_generation_prompt", true},
                                     {"bos_token", model.bos_token},
                                     {"eos_token", model.eos_token}};

@@ -73,7 +73,15 @@ std::optional<uint32_t> TokenIdOf(const nlohmann::json& value, int64_t vocab_siz
 absl::StatusOr<CompletionParams> ParseCompletion(const nlohmann::json& body, bool chat,
                                                  const ServedModel& model, const ApiLimits& limits);
 
-// The chat template applied to `messages` (with the generation prompt) and tokenized.
+// OpenAI's content parts (`"content": [{"type": "text", "text": ...}, ...]`) as the one string
+// chat templates expect: the texts joined by "\n" (vLLM's rendering for string-content
+// templates). A part of another type (image_url, input_audio, ...) or a malformed part is
+// INVALID_ARGUMENT naming `messages[i].content`: the model reads text only. Other messages and
+// non-list input are returned as they are.
+absl::StatusOr<nlohmann::ordered_json> FlattenContentParts(const nlohmann::ordered_json& messages);
+
+// The chat template applied to `messages` (content parts flattened, above; with the generation
+// prompt) and tokenized.
 absl::StatusOr<std::vector<uint32_t>> RenderChat(const nlohmann::ordered_json& messages,
                                                  const nlohmann::ordered_json& tools,
                                                  const ServedModel& model);
