@@ -125,7 +125,9 @@ absl::Status GlooProcessGroup::AllGather(absl::Span<const float> in, absl::Span<
     return absl::InvalidArgumentError(absl::StrCat("all-gather: ", out.size(), " outputs for ",
                                                    in.size(), " inputs x ", size_, " ranks"));
   }
-  if (size_ == 1) {
+  // Nothing to gather (every rank has the same count: Gloo requires it): Gloo divides by the
+  // input's size, so 0 floats would be a SIGFPE in every rank.
+  if (size_ == 1 || in.empty()) {
     std::copy(in.begin(), in.end(), out.begin());
     return status();
   }

@@ -138,6 +138,29 @@ TEST(GlooProcessGroupTest, CollectivesMatchAReference) {
   }
 }
 
+// Collectives of nothing (a chunked prefill step samples no row, so a TP group gathers 0
+// logits on every rank): each returns OK at once on every rank, and the group's next collective
+// still matches (no tag skipped on one rank only). Gloo's own all-gather divides by the input
+// size: before, 0 floats killed every rank of the group with SIGFPE.
+TEST(GlooProcessGroupTest, CollectivesOfNothingAreNoOpsAndTheGroupGoesOn) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << size << " ranks");
+    RunRanks(size, absl::Seconds(10), [&](int rank, GlooProcessGroup& group) {
+      const std::vector<float> none;
+      std::vector<float> out;
+      EXPECT_TRUE(group.AllGather(none, absl::MakeSpan(out)).ok());
+      EXPECT_TRUE(group.AllReduceSum(absl::MakeSpan(out)).ok());
+      EXPECT_TRUE(group.ReduceScatterSum(none, absl::MakeSpan(out)).ok());
+      const std::vector<int64_t> zeros(size, 0);
+      EXPECT_TRUE(group.AllToAll(none, zeros, absl::MakeSpan(out), zeros).ok());
+      std::vector<float> data(5, static_cast<float>(rank + 1));
+      ASSERT_TRUE(group.AllReduceSum(absl::MakeSpan(data)).ok());
+      EXPECT_EQ(data[4], size * (size + 1) / 2.0f);
+      EXPECT_TRUE(group.status().ok());
+    });
+  }
+}
+
 TEST(GlooProcessGroupTest, WedgedRankGivesDeadlineExceededAndTheGroupStaysBroken) {
   absl::Notification done;
   std::atomic<int> deadline_errors{0};

@@ -37,7 +37,8 @@ class ProcessGroup {
 
   // data[i] = sum over ranks of data[i]; same size on every rank.
   virtual absl::Status AllReduceSum(absl::Span<float> data) = 0;
-  // out = the ranks' `in`, concatenated in rank order; out.size() = size() * in.size().
+  // out = the ranks' `in`, concatenated in rank order; out.size() = size() * in.size(); an
+  // empty `in` (on every rank: the sizes are the same) is a no-op.
   virtual absl::Status AllGather(absl::Span<const float> in, absl::Span<float> out) = 0;
   // out[i] = sum over ranks of in[rank() * out.size() + i]; in.size() = size() * out.size().
   virtual absl::Status ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) = 0;

@@ -3,6 +3,7 @@
 // real router, on the small model.
 //   * every listening socket of every process (router, each worker's rank 0 and rank 1) is on
 //     the configured address, 127.0.0.1: none on a wildcard or the host's external address;
+//     the request there is prefilled in chunks by the P group (steps that gather no logits);
 //   * a follower killed (SIGKILL) or stalled (SIGSTOP) mid-stream: the stream fails at once /
 //     after --dist_timeout_s, rank 0 restarts its whole group in place (same pid and address, a
 //     new epoch, a new rank 1), the router routes to it again within kServesAgain and it gives
@@ -42,13 +43,20 @@ TEST(TpGroupTest, EveryListenerOfEveryRankIsOnTheConfiguredAddress) {
   e2e::ClusterOptions options = SmallModelCluster(1, 1, 0);
   options.router_flags = {"--metrics_listen=127.0.0.1:0"};
   options.worker_flags = {"--metrics_listen=127.0.0.1:0"};
-  options.prefill_flags = {"--tp=2"};
+  // P prefills in chunks of 32 tokens: its steps before the last sample no row, so the group
+  // gathers 0 logits (before: SIGFPE inside Gloo in both ranks, the whole group gone; found by
+  // the H5 fault probe with --max_num_batched_tokens=256 and a 300-token prompt).
+  options.prefill_flags = {"--tp=2", "--max_num_batched_tokens=32"};
   options.decode_flags = {"--tp=2", "--dcp=2"};
   auto cluster = Start(options);
   ASSERT_NE(cluster, nullptr);
   // One request through P and D: every rank's KV agent has handshaken and moved KV.
   const Outcome o = RunRequest(cluster->router(), MakeRequest(7, 80, 6));
   ASSERT_TRUE(o.status.ok()) << o.status.error_message() << cluster->Logs();
+  EXPECT_EQ(o.tokens.size(), 6u);
+  for (const Daemon& daemon : Daemons(*cluster)) {
+    EXPECT_TRUE(e2e::Alive(daemon.pid)) << daemon.name << " died serving a chunked prompt";
+  }
   int checked = 0;
   for (const Daemon& daemon : Daemons(*cluster)) {
     const std::vector<pid_t> ranks = Ranks(daemon.pid);
