@@ -7,7 +7,9 @@
 // (Responder::Reply) or starts a stream (Responder::StartStream, then writes to it) at once or
 // later from any thread (Server-Sent Events, chunked). A client that disconnects mid-stream
 // cancels the stream: `cancelled()` turns true and the OnCancel callback runs once (e.g. to abort
-// the request on the workers).
+// the request on the workers). A client that disconnects while its handler has not answered yet
+// cancels the same way (Responder::OnCancel): the server reads the connection while it waits (a
+// pipelined next request's first bytes are kept for it).
 //
 // Headers first: a request's line and headers are read, then `admission` (e.g. the API key),
 // the body's size (over `max_body_bytes`: 413) and the server-wide body budget (over
@@ -87,6 +89,10 @@ class Responder {
   virtual std::shared_ptr<ResponseStream> StartStream(
       int status, const std::string& content_type,
       std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  // Runs `fn` once when the client disconnects before its answer (at once if it already has),
+  // e.g. to abort the work behind a Reply still to come; a later Reply is then dropped. A
+  // stream's disconnects are ResponseStream::OnCancel's.
+  virtual void OnCancel(std::function<void()> fn) = 0;
 };
 
 using Handler = std::function<void(const Request&, std::shared_ptr<Responder>)>;

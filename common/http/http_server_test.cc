@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/http/test_client.h"
@@ -172,6 +174,92 @@ TEST(HttpServerTest, StreamedResponseSaysTheConnectionCloses) {
   EXPECT_EQ(read(fd, &byte, 1), 0);  // and it does close
   close(fd);
   stream.reset();
+}
+
+// A handler that answers later (a generation running elsewhere): the client that leaves before
+// the answer cancels it (OnCancel runs, the late Reply is dropped); one that stays gets its answer
+// and then the next request on the same connection, whether it sent it after the answer or
+// pipelined before it; an idle connection after such an answer still closes after read_timeout.
+// Before, only streams saw a client leave: a non-streamed request ran to its end for nobody.
+TEST(HttpServerTest, AClientLeavingBeforeALateAnswerCancelsIt) {
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<Responder>> pending;
+  std::map<std::pair<std::string, std::string>, Handler> routes;
+  routes[{"GET", "/later"}] = [&](const Request&, std::shared_ptr<Responder> r) {
+    absl::MutexLock lock(&mu);
+    pending.push_back(std::move(r));
+  };
+  routes[{"GET", "/now"}] = [](const Request&, std::shared_ptr<Responder> r) {
+    Response res;
+    res.body = "now";
+    r->Reply(res);
+  };
+  const auto take = [&] {
+    auto ready = [&] { return !pending.empty(); };
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(5)));
+    std::shared_ptr<Responder> r = pending.empty() ? nullptr : pending.front();
+    if (r != nullptr) pending.erase(pending.begin());
+    return r;
+  };
+  const auto answer = [](const std::shared_ptr<Responder>& r, const std::string& body) {
+    Response res;
+    res.body = body;
+    std::thread([r, res] { r->Reply(res); }).detach();
+  };
+  HttpServerOptions options;
+  options.read_timeout = absl::Milliseconds(500);
+  auto server = HttpServer::Start(options, std::move(routes));
+  ASSERT_TRUE(server.ok());
+  // The client leaves before the answer: cancelled; the answer that comes anyway goes nowhere.
+  int fd = Connect((*server)->port());
+  Send(fd, "GET /later HTTP/1.1\r\nHost: a\r\n\r\n");
+  std::shared_ptr<Responder> left = take();
+  ASSERT_NE(left, nullptr);
+  absl::Notification cancelled;
+  left->OnCancel([&] { cancelled.Notify(); });
+  close(fd);
+  EXPECT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  answer(left, "late");
+  left.reset();
+  // The client stays: its answer, then a request sent after it, then one pipelined before it.
+  fd = Connect((*server)->port());
+  Send(fd, "GET /later HTTP/1.1\r\nHost: a\r\n\r\n");
+  std::shared_ptr<Responder> r = take();
+  ASSERT_NE(r, nullptr);
+  std::atomic<bool> wrongly_cancelled{false};
+  r->OnCancel([&] { wrongly_cancelled = true; });
+  absl::SleepFor(absl::Milliseconds(700));  // longer than read_timeout: waiting is no timeout
+  answer(r, "first");
+  EXPECT_NE(ReadUntil(fd, "first").find("HTTP/1.1 200"), std::string::npos);
+  Send(fd, "GET /now HTTP/1.1\r\nHost: a\r\n\r\n");
+  EXPECT_NE(ReadUntil(fd, "now").find("now"), std::string::npos);
+  Send(fd, "GET /later HTTP/1.1\r\nHost: a\r\n\r\nGET /now HTTP/1.1\r\nHost: a\r\n\r\n");
+  r = take();
+  ASSERT_NE(r, nullptr);
+  absl::SleepFor(absl::Milliseconds(50));  // the pipelined request's bytes arrive meanwhile
+  answer(r, "second");
+  const std::string both = ReadUntil(fd, "now");
+  EXPECT_NE(both.find("second"), std::string::npos) << both;
+  EXPECT_LT(both.find("second"), both.find("now")) << both;
+  EXPECT_FALSE(wrongly_cancelled.load());
+  // Idle after an answer: closed after read_timeout.
+  Send(fd, "GET /later HTTP/1.1\r\nHost: a\r\n\r\n");
+  r = take();
+  ASSERT_NE(r, nullptr);
+  answer(r, "third");
+  EXPECT_NE(ReadUntil(fd, "third").find("third"), std::string::npos);
+  const absl::Time idle_start = absl::Now();
+  char byte;
+  EXPECT_EQ(read(fd, &byte, 1), 0);
+  EXPECT_LT(absl::Now() - idle_start, absl::Seconds(5));
+  close(fd);
+  r.reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while ((*server)->connections() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*server)->connections(), 0);
 }
 
 // Issue 30 item 2: the admission check (an API key) runs on the headers: a refused client gets its

@@ -220,6 +220,7 @@ Request Session<Stream>::Head() {
 template <typename Stream>
 void Session<Stream>::Dispatch() {
   keep_alive_ = parser_->get().keep_alive();
+  awaiting_reply_ = true;  // until SendSimple or BeginStream (either may run inside the handler)
   {
     Request req = Head();
     req.body = std::move(parser_->get().body());
@@ -238,6 +239,37 @@ void Session<Stream>::Dispatch() {
   }  // the body is freed here: handlers copy what they keep
   reservation_.Release();
   buffer_.shrink_to_fit();
+  // Not answered yet (the work behind it runs elsewhere): see the client leave meanwhile. With a
+  // pipelined request already buffered there is nothing to watch for.
+  if (awaiting_reply_ && !streaming_ && buffer_.size() == 0) WatchBeforeReply();
+}
+
+template <typename Stream>
+void Session<Stream>::WatchBeforeReply() {
+  watching_ = true;
+  tcp().expires_never();  // a long generation is not a slow client
+  stream_.async_read_some(
+      buffer_.prepare(kWatchBytes),
+      [self = this->shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
+}
+
+template <typename Stream>
+void Session<Stream>::OnWatch(beast::error_code ec, size_t bytes) {
+  watching_ = false;
+  if (idle_timer_) idle_timer_->cancel();
+  if (streaming_) {  // the answer became a stream meanwhile: this read is its disconnect watch
+    if (ec && !closed_.load()) Cancel();
+    return;
+  }
+  if (!ec) {
+    buffer_.commit(bytes);         // the next request's first bytes
+    if (!awaiting_reply_) Read();  // else the answer's write reads it when done
+    return;
+  }
+  if (awaiting_reply_ && !cancelled_.exchange(true)) {  // the client left before its answer
+    if (std::function<void()> fn = TakeOnCancel()) fn();
+  }
+  CloseSocket();
 }
 
 template <typename Stream>
@@ -250,6 +282,8 @@ void Session<Stream>::Reply(Response response) {
 
 template <typename Stream>
 void Session<Stream>::SendSimple(Response response, bool close) {
+  awaiting_reply_ = false;
+  if (cancelled_.load()) return;  // the client left: nobody to answer
   auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
       static_cast<bhttp::status>(response.status), 11);
   res->set(bhttp::field::server, "tandem");
@@ -266,7 +300,15 @@ void Session<Stream>::SendSimple(Response response, bool close) {
                          self->tcp().expires_after(kRefusalDrainTimeout);
                          self->DrainThenClose();
                        } else if (ec || close) {
-                         self->Shutdown();
+                         // A pending watch read rules out TLS's close_notify exchange (a second
+                         // read): the answer is whole (Content-Length), so just close.
+                         self->watching_ ? self->CloseSocket() : self->Shutdown();
+                       } else if (self->watching_) {  // its read is the next request's first
+                         self->idle_timer_.emplace(self->stream_.get_executor(),
+                                                   ToChrono(self->server_->options.read_timeout));
+                         self->idle_timer_->async_wait([self](beast::error_code wait_ec) {
+                           if (!wait_ec && self->watching_) self->CloseSocket();
+                         });
                        } else {
                          self->Read();
                        }

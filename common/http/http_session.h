@@ -53,6 +53,8 @@ inline constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
 // How long a refused request's unread body is drained (discarded) before the connection closes:
 // closing with it unread would reset the connection, which can destroy the refusal in flight.
 inline constexpr auto kRefusalDrainTimeout = std::chrono::seconds(2);
+// What WatchBeforeReply reads at most (the start of a pipelined next request, kept for it).
+inline constexpr size_t kWatchBytes = 4096;
 // How long the acceptor waits after a failed accept (EMFILE, ENFILE, ENOBUFS) before the next.
 inline constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
@@ -69,7 +71,7 @@ class SessionBase : public Responder {
   // Cancels an open stream and closes the connection (HttpServer's Stop).
   virtual void RequestCancel() = 0;
   bool cancelled() const { return cancelled_.load(); }
-  void OnCancel(std::function<void()> fn);
+  void OnCancel(std::function<void()> fn) override;
 
  protected:
   // The OnCancel callback, once (null when none was set).
@@ -148,6 +150,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // The request line and headers of the request being read (no body).
   Request Head();
   void Dispatch();
+  // While a handler has not answered: a read that sees the client leave (then Cancel) or keeps
+  // the first bytes of a pipelined next request; after the answer it is that request's first read
+  // (idle_timer_ bounds it).
+  void WatchBeforeReply();
+  void OnWatch(boost::beast::error_code ec, size_t bytes);
   void SendSimple(Response response, bool close);
   // Sends `response` and closes without reading the request's body (drained unread).
   void Refuse(Response response);
@@ -167,7 +174,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   bool keep_alive_ = false;
-  bool drain_on_close_ = false;  // a refused request's body is still coming
+  bool drain_on_close_ = false;                          // a refused request's body is still coming
+  bool awaiting_reply_ = false;                          // dispatched, not answered yet
+  bool watching_ = false;                                // WatchBeforeReply's read is pending
+  std::optional<boost::asio::steady_timer> idle_timer_;  // the watch read after the answer
   // Streaming state (strand only, except the atomics in SessionBase).
   bool streaming_ = false, writing_ = false, closing_ = false;
   std::deque<std::string> queue_;

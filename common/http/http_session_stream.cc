@@ -41,6 +41,8 @@ std::shared_ptr<ResponseStream> Session<Stream>::StartStream(
 template <typename Stream>
 void Session<Stream>::BeginStream(int status, const std::string& content_type,
                                   const std::vector<std::pair<std::string, std::string>>& headers) {
+  awaiting_reply_ = false;
+  if (cancelled_.load()) return;  // the client left before its answer began
   streaming_ = true;
   tcp().expires_never();
   stream_header_ =
@@ -62,7 +64,8 @@ void Session<Stream>::BeginStream(int status, const std::string& content_type,
                                 self->Cancel();
                                 return;
                               }
-                              self->WatchForDisconnect();
+                              // A read pending since before the answer already watches.
+                              if (!self->watching_) self->WatchForDisconnect();
                               self->WriteNext();
                             });
 }
@@ -132,7 +135,7 @@ void Session<Stream>::Cancel() {
   if (closed_.load() && !streaming_) return;
   if (cancelled_.exchange(true)) return;
   if (std::function<void()> fn = TakeOnCancel()) fn();
-  Shutdown();
+  watching_ ? CloseSocket() : Shutdown();  // no close_notify exchange beside a pending read
 }
 
 // What http_server.cc (the vtable) and http_session.cc call, for both streams.

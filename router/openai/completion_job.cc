@@ -176,11 +176,15 @@ void CompletionJob::Refuse(const absl::Status& status) {
 void CompletionJob::Start() {
   id_ = NewId(params_->chat ? "chatcmpl" : "cmpl");
   created_ = absl::ToUnixSeconds(absl::Now());
+  // A client that leaves, streamed or not, cancels its choices on P and D.
+  auto cancel = [weak = weak_from_this()] {
+    if (std::shared_ptr<CompletionJob> self = weak.lock()) self->CancelAll();
+  };
   if (params_->stream) {
     stream_ = responder_->StartStream(200, "text/event-stream");
-    stream_->OnCancel([weak = weak_from_this()] {
-      if (std::shared_ptr<CompletionJob> self = weak.lock()) self->CancelAll();
-    });
+    stream_->OnCancel(std::move(cancel));
+  } else {
+    responder_->OnCancel(std::move(cancel));
   }
   // Every choice (prompts x n, bounded by ParseCompletion) runs at once.
   for (const std::vector<uint32_t>& prompt : params_->prompts) {

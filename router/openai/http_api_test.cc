@@ -271,6 +271,35 @@ TEST_F(HttpApiTest, AClientLeavingMidStreamAbortsItsRequest) {
   EXPECT_EQ(w->open_streams(), 0);
 }
 
+// The same for a whole (not streamed) answer: the client that leaves before it cancels its
+// requests on the workers. Before (H4's probe), such a request generated all its max_tokens for
+// nobody: 16 requests closed after 50 ms kept a decode worker busy for minutes.
+TEST_F(HttpApiTest, AClientLeavingBeforeAWholeAnswerAbortsItsRequest) {
+  FakeWorker* w = AddWorker(absl::Milliseconds(50));
+  const int fd = http::ConnectLoopback(api_->port());
+  ASSERT_GE(fd, 0);
+  const std::string body =
+      Json{{"model", "qwen-test"}, {"prompt", "a long story"}, {"max_tokens", 500}}.dump();
+  const std::string req =
+      absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: ", body.size(),
+                   "\r\n\r\n", body);
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (w->open_streams() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(w->open_streams(), 1) << "the request is generating";
+  close(fd);
+  deadline = absl::Now() + absl::Seconds(10);
+  while ((w->counters().abort == 0 || w->open_streams() > 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(w->counters().abort, 1);
+  EXPECT_EQ(w->open_streams(), 0);
+  // A client that stays gets its whole answer.
+  HttpResult whole = Call(api_->port(), "POST", "/v1/completions",
+                          Json{{"model", "qwen-test"}, {"prompt", "hi"}, {"max_tokens", 3}}.dump());
+  EXPECT_EQ(whole.status, 200) << whole.body;
+}
+
 TEST(HttpApiKeysTest, EveryRouteButHealthNeedsAKey) {
   RouterHarness harness;
   auto model = ServedModel::Load(ModelDir(), "qwen-test");
