@@ -164,6 +164,7 @@ TEST(GlooProcessGroupTest, CollectivesOfNothingAreNoOpsAndTheGroupGoesOn) {
 TEST(GlooProcessGroupTest, WedgedRankGivesDeadlineExceededAndTheGroupStaysBroken) {
   absl::Notification done;
   std::atomic<int> deadline_errors{0};
+  std::atomic<int> finished{0};
   RunRanks(3, absl::Seconds(1), [&](int rank, GlooProcessGroup& group) {
     if (rank == 2) {  // alive, connected, but never joins the collective
       done.WaitForNotificationWithTimeout(absl::Seconds(20));
@@ -176,7 +177,6 @@ TEST(GlooProcessGroupTest, WedgedRankGivesDeadlineExceededAndTheGroupStaysBroken
     // Broken from here on: at once, with the first error.
     EXPECT_EQ(group.Barrier().code(), s.code());
     EXPECT_EQ(group.status().code(), s.code());
-    static std::atomic<int> finished{0};
     if (++finished == 2) done.Notify();
   });
   EXPECT_GE(deadline_errors.load(), 1) << "a wedged peer is a timeout";
