@@ -31,6 +31,8 @@ int TerminationSignals::WaitFor(absl::Duration timeout) {
   return sig > 0 ? sig : 0;  // -1: EAGAIN (timed out) or EINTR (another signal's handler ran)
 }
 
+void IgnoreBrokenPipes() { std::signal(SIGPIPE, SIG_IGN); }
+
 absl::Status WritePortFile(const std::string& path, const std::string& address) {
   const std::string tmp = path + ".tmp";
   {

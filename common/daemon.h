@@ -46,6 +46,13 @@ void ReturnLargeFreedBlocksToTheSystem();
 // failure. Process-wide; call once, early in main.
 uint64_t RaiseOpenFileLimit();
 
+// Ignores SIGPIPE process-wide (inherited by the processes it starts), so a write to a socket
+// whose peer is gone fails with EPIPE instead of ending the process without a word. gRPC and
+// asio send with MSG_NOSIGNAL, but Gloo's TCP pairs do not: a TP rank 0 resumed after SIGSTOP
+// wrote to its dead rank 1 and died of SIGPIPE (the H5 fault probe) where it should restart its
+// group. Call once, early in main.
+void IgnoreBrokenPipes();
+
 // Writes "address\n" to `path` via a temporary file and a rename, so a launcher polling for the
 // file never reads half of it. UNAVAILABLE naming the file when it cannot.
 absl::Status WritePortFile(const std::string& path, const std::string& address);

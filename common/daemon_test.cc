@@ -1,8 +1,12 @@
 #include "common/daemon.h"
 
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -41,6 +45,32 @@ TEST(DaemonTest, WaitForReturnsTheSignalOrZeroAtTheTimeout) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
   ASSERT_EQ(kill(getpid(), SIGINT), 0);
   EXPECT_EQ(signals.WaitFor(absl::Seconds(10)), SIGINT);
+}
+
+// After IgnoreBrokenPipes a write to a socket whose peer closed is EPIPE; without it the
+// process dies of SIGPIPE. In a child process, so the test binary's own disposition is untouched.
+TEST(DaemonTest, AWriteToAClosedPeerIsEpipeNotDeath) {
+  for (const bool ignore : {false, true}) {
+    SCOPED_TRACE(ignore ? "ignored" : "default");
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      if (ignore) IgnoreBrokenPipes();
+      int fds[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) _exit(2);
+      close(fds[1]);
+      const char byte = 'x';
+      const ssize_t n = write(fds[0], &byte, 1);
+      _exit(n < 0 && errno == EPIPE ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (ignore) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE) << "status " << status;
+    }
+  }
 }
 
 // The soft descriptor limit is raised to the hard one (a connection flood then meets the

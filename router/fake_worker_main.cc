@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   }
 
   tandem::TerminationSignals signals;
+  tandem::IgnoreBrokenPipes();
 
   auto worker = tandem::router::FakeWorker::Start(o);
   if (!worker.ok()) {

@@ -191,6 +191,8 @@ absl::Status Run() {
   ReturnLargeFreedBlocksToTheSystem();
   // Every client connection is a descriptor; the shell's default soft limit is easy to flood.
   LOG(INFO) << "open file limit: " << RaiseOpenFileLimit();
+  // A client or worker gone mid-write is an error on that call, never the router's end.
+  IgnoreBrokenPipes();
 
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*options);
   if (!router.ok()) return router.status();

@@ -343,6 +343,7 @@ absl::StatusOr<ServeResult> Serve(const std::vector<std::string>& argv) {
   config.transfer.nccl_token_key = NcclControlTokenKey(config.security);
   TerminationSignals signals;  // before any thread starts
   RaiseOpenFileLimit();        // peers' connections and KV transfers are descriptors
+  IgnoreBrokenPipes();         // a dead rank or peer is an error, not SIGPIPE
   const RankGroupOptions group_options = RankGroupOptionsFromFlags(config.backend.device);
   if (group_options.dcp > 1 && config.role == tandem::v1::WORKER_ROLE_PREFILL) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -10,6 +10,7 @@
 //     the same tokens as before; no KV block or lease is left anywhere, no thread or fd leaked.
 #include <signal.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,17 @@ std::vector<pid_t> Ranks(pid_t rank0) {
   return out;
 }
 
+// Whether `pid` ignores SIGPIPE (/proc/PID/status SigIgn, a hex mask of signals 1..64).
+bool IgnoresSigpipe(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigIgn:", 0) != 0) continue;
+    return (std::stoull(line.substr(7), nullptr, 16) >> (SIGPIPE - 1)) & 1;
+  }
+  return false;
+}
+
 TEST(TpGroupTest, EveryListenerOfEveryRankIsOnTheConfiguredAddress) {
   e2e::ClusterOptions options = SmallModelCluster(1, 1, 0);
   options.router_flags = {"--metrics_listen=127.0.0.1:0"};
@@ -64,6 +76,10 @@ TEST(TpGroupTest, EveryListenerOfEveryRankIsOnTheConfiguredAddress) {
       ASSERT_EQ(ranks.size(), 2u) << daemon.name << ": rank 1 runs as rank 0's child";
     }
     for (size_t r = 0; r < ranks.size(); ++r) {
+      // A write to a dead peer (a rank 1 gone while rank 0 was stopped) must be EPIPE, not a
+      // silent SIGPIPE death of the whole worker (before: rank 0 died that way, found by the H5
+      // fault probe; Gloo's TCP pairs write without MSG_NOSIGNAL).
+      EXPECT_TRUE(IgnoresSigpipe(ranks[r])) << daemon.name << " rank " << r;
       const std::vector<TcpListener> listeners = ListeningTcpSockets(ranks[r]);
       // Rank 0 serves gRPC (and /metrics), every rank's KV agent listens.
       EXPECT_FALSE(listeners.empty()) << daemon.name << " rank " << r;
