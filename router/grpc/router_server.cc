@@ -93,33 +93,39 @@ absl::Status RouterServer::StartServers() {
   ASSIGN_OR_RETURN(strict_admin_, StrictAdminService(&admin_service_));
   ASSIGN_OR_RETURN(strict_registry_, StrictRegistryService(&registry_service_));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(
-      options_.listen,
-      security::PublicServerCredentials(options_.security, options_.public_client_ca_pem), &port_);
+  ASSIGN_OR_RETURN(
+      listener_, GrpcListener::Add(options_.listen,
+                                   security::PublicServerCredentials(options_.security,
+                                                                     options_.public_client_ca_pem),
+                                   &builder));
+  port_ = listener_->port();
   SetMessageLimits(builder);
   builder.RegisterService(strict_router_.get());
   if (single_port) builder.RegisterService(strict_registry_.get());
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
+  if (server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
   }
+  listener_->Start();
   address_ = WithPort(options_.listen, port_);
   if (single_port) {
     internal_address_ = address_;
     return absl::OkStatus();
   }
-  int internal_port = 0;
   grpc::ServerBuilder internal;
-  internal.AddListeningPort(options_.internal_listen,
-                            security::InternalServerCredentials(options_.security), &internal_port);
+  ASSIGN_OR_RETURN(
+      internal_listener_,
+      GrpcListener::Add(options_.internal_listen,
+                        security::InternalServerCredentials(options_.security), &internal));
   SetMessageLimits(internal);
   internal.RegisterService(strict_registry_.get());
   internal.RegisterService(strict_admin_.get());
   internal_server_ = internal.BuildAndStart();
-  if (internal_server_ == nullptr || internal_port == 0) {
+  if (internal_server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.internal_listen));
   }
-  internal_address_ = WithPort(options_.internal_listen, internal_port);
+  internal_listener_->Start();
+  internal_address_ = WithPort(options_.internal_listen, internal_listener_->port());
   return absl::OkStatus();
 }
 

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/grpc_listener.h"
 #include "common/security/security_config.h"
 #include "router/core/orchestrator.h"
 #include "router/core/request_table.h"
@@ -98,6 +99,8 @@ class RouterServer {
   std::unique_ptr<StrictParsingService> strict_router_, strict_admin_, strict_registry_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> internal_server_;  // null on a single-port router
+  // The servers' ports, accepted by us (common/grpc_listener.h: a failed accept is retried).
+  std::unique_ptr<GrpcListener> listener_, internal_listener_;
   int port_ = 0;
   std::string address_;
   std::string internal_address_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_keepalive.h"
+#include "common/grpc_listener.h"
 #include "common/net.h"
 #include "common/security/grpc_security.h"
 #include "common/status_macros.h"
@@ -92,6 +93,8 @@ struct WorkerDaemon::Parts {
   // service and kv_service behind strict request parsing (registered instead of them).
   std::unique_ptr<StrictParsingService> strict_service, strict_kv_service;
   std::unique_ptr<grpc::Server> server;
+  // The server's port, accepted by us (common/grpc_listener.h: a failed accept is retried).
+  std::unique_ptr<GrpcListener> listener;
   std::unique_ptr<RouterRegistration> registration;
   std::unique_ptr<http::HttpServer> metrics;
   // Whether the KV pool is registered with `agent` (prefill and decode workers). A mixed worker
@@ -214,20 +217,22 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const 
                                               std::string* address) {
   // The port is known only after the server starts; the worker learns the final address before
   // it is announced (printed, written to the port file, registered).
-  int port = 0;
   ASSIGN_OR_RETURN(strict_service, StrictWorkerService(service.get()));
   ASSIGN_OR_RETURN(strict_kv_service, kvtransfer::StrictKvTransferService(kv_service.get()));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, security::InternalServerCredentials(config.security),
-                           &port);
+  ASSIGN_OR_RETURN(
+      listener, GrpcListener::Add(config.listen,
+                                  security::InternalServerCredentials(config.security), &builder));
+  const int port = listener->port();
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
   AllowKeepalivePings(builder);  // the router's channels ping every second
   builder.RegisterService(strict_service.get());
   builder.RegisterService(strict_kv_service.get());
   server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen));
   }
+  listener->Start();
   *address = absl::StrCat(host, ":", port);
   worker->SetAddress(*address);
   return absl::OkStatus();
@@ -399,6 +404,7 @@ void WorkerDaemon::Drain(absl::Duration timeout) {
   }
   parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   parts_->server->Wait();
+  parts_->listener.reset();
   parts_->server.reset();
 }
 

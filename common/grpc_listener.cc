@@ -1,0 +1,138 @@
+#include "common/grpc_listener.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tandem {
+namespace {
+
+absl::Status Unavailable(const std::string& address, const std::string& what) {
+  return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", what));
+}
+
+// A listening TCP socket on `address` (HOST:PORT), or -1 with `error` set.
+int ListenOn(const std::string& address, std::string* error) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    *error = "expected HOST:PORT";
+    return -1;
+  }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    *error = gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  *error = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) break;
+    *error = std::strerror(errno);
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(found);
+  return fd;
+}
+
+int BoundPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Add(
+    const std::string& address, std::shared_ptr<grpc::ServerCredentials> credentials,
+    grpc::ServerBuilder* builder) {
+  std::unique_ptr<GrpcListener> listener(new GrpcListener());
+  std::string error;
+  listener->listen_fd_ = ListenOn(address, &error);
+  if (listener->listen_fd_ < 0) return Unavailable(address, error);
+  listener->port_ = BoundPort(listener->listen_fd_);
+  listener->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (listener->wake_fd_ < 0 || listener->port_ == 0) {
+    return Unavailable(address, std::strerror(errno));
+  }
+  listener->acceptor_ = builder->experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+      std::move(credentials));
+  return listener;
+}
+
+GrpcListener::~GrpcListener() {
+  stopping_.store(true);
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void GrpcListener::Start() {
+  thread_ = std::thread([this] { AcceptLoop(); });
+}
+
+void GrpcListener::AcceptLoop() {
+  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  bool backoff = false;  // after a failed accept: wait kAcceptRetry instead of spinning
+  while (!stopping_.load()) {
+    fds[0].events = backoff ? 0 : POLLIN;
+    fds[0].revents = fds[1].revents = 0;
+    if (poll(fds, 2, backoff ? static_cast<int>(kAcceptRetry.count()) : -1) < 0 && errno != EINTR) {
+      break;
+    }
+    if (stopping_.load() || (fds[1].revents & POLLIN)) break;
+    backoff = false;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+        continue;
+      }
+      LOG_EVERY_N(WARNING, 100) << "grpc port " << port_ << ": accept failed ("
+                                << std::strerror(errno) << "); retrying in " << kAcceptRetry.count()
+                                << " ms";
+      backoff = true;
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters params;
+    params.listener_fd = listen_fd_;
+    params.fd = fd;  // the server's from here on
+    acceptor_->HandleNewConnection(&params);
+  }
+}
+
+}  // namespace tandem
