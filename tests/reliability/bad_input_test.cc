@@ -5,8 +5,15 @@
 //   * malformed protobuf bytes on every gRPC method of every daemon (INVALID_ARGUMENT, "malformed
 //     request"), oversize messages, and raw TCP garbage on every port a daemon listens on (gRPC,
 //     HTTP metrics, UCX);
+//   * a connection flood past each daemon's descriptor limit: every port serves again after;
 //   * unknown and duplicate request ids.
 // Each case ends with the cluster serving, every KV pool whole and no thread or fd leaked.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -345,6 +352,67 @@ TEST(BadInputTest, RawTcpGarbageOnEveryListeningPort) {
   ASSERT_TRUE(cluster->router_process().Running()) << cluster->router_process().LogTail();
   ExpectServes(*cluster, 80);
   ExpectNothingLost(*cluster, leaks);
+}
+
+// Opens `n` TCP connections to 127.0.0.1:`port` at once, then closes them all.
+void FloodThenClose(int port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(200));  // the daemon accepts until it runs out
+  for (int fd : fds) close(fd);
+}
+
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+
+// A connection flood past a daemon's descriptor limit (accept() fails with EMFILE) loses no
+// port: with each daemon's limit lowered to what it has open + 24, 64 connections at once on the
+// router's public and internal gRPC ports, its metrics port and each worker's gRPC port; once
+// they close, everything serves. Before (H4's probe), gRPC 1.51's listener stopped for good after
+// one EMFILE (the router's public port: every later call "timed out before receiving SETTINGS"),
+// and so did the HTTP server's (common/grpc_listener.h, common/http/http_server.cc).
+TEST(BadInputTest, AConnectionFloodPastTheDescriptorLimitLosesNoPort) {
+  auto cluster = StartBadInputCluster();
+  ASSERT_NE(cluster, nullptr);
+  WarmUp(*cluster, 4, 2);
+  std::vector<std::pair<pid_t, std::vector<int>>> targets = {
+      {cluster->router_process().pid(), ListeningTcpPorts(cluster->router_process().pid())}};
+  for (e2e::WorkerHandle& w : cluster->workers()) {
+    targets.push_back({w.process->pid(), {PortOf(w.address)}});
+  }
+  for (const auto& [pid, ports] : targets) {
+    absl::StatusOr<ProcFigures> open = ReadProc(pid);
+    ASSERT_TRUE(open.ok()) << open.status();
+    rlimit saved;
+    ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &saved), 0);
+    rlimit low = saved;  // the soft limit only: raising a hard one back needs a capability
+    low.rlim_cur = static_cast<rlim_t>(open->fds + 24);
+    ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0);
+    for (int port : ports) FloodThenClose(port, 64);
+    ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &saved, nullptr), 0);
+  }
+  const std::string logs = cluster->Logs();
+  EXPECT_NE(logs.find("accept failed (Too many open files)"), std::string::npos)
+      << "the flood never reached the descriptor limit";
+  for (e2e::WorkerHandle& w : cluster->workers()) {
+    ASSERT_TRUE(w.process->Running()) << w.id << " died:\n" << w.process->LogTail();
+  }
+  ASSERT_TRUE(cluster->router_process().Running()) << cluster->router_process().LogTail();
+  ASSERT_TRUE(cluster->WaitHealthy(2, absl::Seconds(10)).ok()) << "the internal port is lost";
+  ExpectServes(*cluster, 90);  // public port, P and D ports
+  ExpectServes(*cluster, 91);
+  EXPECT_TRUE(WaitPoolsWhole(*cluster).ok());
 }
 
 TEST(BadInputTest, UnknownAndDuplicateRequestIds) {
