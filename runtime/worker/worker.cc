@@ -144,7 +144,15 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   RequestUpdate& update = result.first;
   while (true) {
     if (gone()) {
-      loop_->Abort(id);
+      // Still in the engine: the abort frees its KV (and a lease granted meanwhile). Already
+      // ended: its final update, queued here, holds the only word of its lease.
+      if (!loop_->Abort(id)) {
+        while ((*stream)->Next(&update, absl::ZeroDuration())) {
+          if (update.kv_lease.has_value() && leases_ != nullptr) {
+            leases_->ReleaseLease(update.kv_lease->lease.lease_id);
+          }
+        }
+      }
       return absl::CancelledError("client cancelled the prefill");
     }
     if (!(*stream)->Next(&update, kPollSlice)) continue;
@@ -181,6 +189,12 @@ absl::StatusOr<PrefillResult> Worker::Prefill(const std::string& id, RequestSpec
   result.kv_handle =
       kvtransfer::ToKvHandle(source, held.lease, held.block_ids, held.num_tokens, id);
   update.finish_reason = FinishReason::kNone;  // it goes on at the decode worker
+  // The caller left while the prompt ended (a router that gave up on this worker while it was
+  // stopped): nobody will read the handle, so the lease must not wait for its expiry.
+  if (gone()) {
+    leases_->ReleaseLease(held.lease.lease_id);
+    return absl::CancelledError("client cancelled the prefill");
+  }
   return result;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/handshake.h"
@@ -319,6 +320,30 @@ TEST(WorkerTest, AbortAfterPrefillReleasesTheLeaseAtOnce) {
   EXPECT_FALSE(c.p.worker->Abort("held"));
   EXPECT_TRUE(c.p.PoolWhole()) << "blocks must come back well before the 30 s lease";
   EXPECT_EQ(c.p.worker->StatsProto().leases_released(), 1u);
+}
+
+// The caller (the router) gives up on a prefill in the moment it ends: its KV lease is granted
+// but nobody will ever read it. It is released at once, whether the handler sees the caller gone
+// before it took the final update (the engine no longer knows the request, so an abort frees
+// nothing) or after it built the handle. Before: held until the lease expired (the H5 fault
+// probe: a prefill worker stopped 10 s under 8 streams, 2 leases expired 30 s later).
+TEST(WorkerTest, ACallerGoneAsThePrefillEndsReleasesItsLeaseAtOnce) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  Cluster c;
+  for (int i = 0; i < 6; ++i) {
+    // Gone from the moment the engine granted the lease (the step that ended the prompt ran):
+    // the handler then sees the caller gone before or after it took the final update.
+    const CallerGone gone = [&] { return c.p.worker->Load().kv_blocks_leased() > 0; };
+    absl::StatusOr<PrefillResult> pre =
+        c.p.worker->Prefill(absl::StrCat("leaving-", i), RandomSpec(rng, 40 + 7 * i, 8),
+                            /*remote_decode=*/true, absl::Seconds(30), gone);
+    EXPECT_EQ(pre.status().code(), absl::StatusCode::kCancelled) << pre.status();
+    EXPECT_EQ(c.p.worker->Load().kv_blocks_leased(), 0u) << "request " << i;
+    EXPECT_TRUE(c.p.PoolWhole()) << "blocks must come back well before the 30 s lease";
+  }
+  EXPECT_EQ(c.p.worker->StatsProto().leases_expired(), 0u);
 }
 
 TEST(WorkerTest, TheWorkerBoundsLeasesAndTheirIdsAreUnguessable) {
