@@ -188,6 +188,10 @@ void HttpApi::Tokenize(const http::Request& req, std::shared_ptr<http::Responder
   }
   absl::StatusOr<std::vector<uint32_t>> ids;
   if (body.contains("messages")) {
+    if (absl::Status shape = CheckChatShape(body, options_.limits); !shape.ok()) {
+      r->Reply(StatusResponse(shape));
+      return;
+    }
     const auto ordered = nlohmann::ordered_json::parse(body.dump());
     ids = RenderChat(ordered["messages"], nlohmann::ordered_json(), *model_);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {

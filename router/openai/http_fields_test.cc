@@ -116,6 +116,7 @@ TEST_F(HttpFieldsTest, EveryFieldIsBoundedWithA400NamingIt) {
       {with("presence_penalty", "x"), "'presence_penalty'"},
       {with("repetition_penalty", 1.2), "'repetition_penalty'"},
       {with("response_format", {{"type", "json_object"}}), "'response_format'"},
+      {with("stream_options", Json::array({1})), "'stream_options'"},
   };
   const int calls = w->total_calls();
   for (const Bad& b : completions) ExpectRefused(port(), "/v1/completions", b);
@@ -145,6 +146,12 @@ TEST_F(HttpFieldsTest, EveryFieldIsBoundedWithA400NamingIt) {
       {chat_with("user", std::string(129, 'u')), "'user'"},
   };
   for (const Bad& b : chats) ExpectRefused(port(), "/v1/chat/completions", b);
+  // /tokenize renders the same messages: the same bounds (before, any list was rendered, ints
+  // and 100,000 messages included).
+  for (const Bad& b : std::vector<Bad>{{{{"messages", many_messages}}, "'messages'"},
+                                       {{{"messages", {1, 2}}}, "'messages'"}}) {
+    ExpectRefused(port(), "/tokenize", b);
+  }
   EXPECT_EQ(w->total_calls(), calls) << "no bad request reached a worker";
 
   // The edges are served: n at its limit, best_of 1, false logprobs, an empty logit_bias, 16

@@ -193,7 +193,7 @@ absl::Status RefuseUnsupported(const Json& body) {
 
 // Chat bodies: the message list and the tools the template sees, bounded in count and size
 // (the template renders all of it).
-absl::Status CheckChatShape(const Json& body, const ApiLimits& limits) {
+absl::Status ChatShape(const Json& body, const ApiLimits& limits) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     return Field("messages", "must be a non-empty list");
   }
@@ -256,7 +256,8 @@ absl::Status ParseSampling(const Json& body, const ServedModel& model, const Api
     return s;
   }
   if (absl::Status s = Bool(body, "stream", &p->stream); !s.ok()) return s;
-  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    if (!body["stream_options"].is_object()) return Field("stream_options", "must be an object");
     if (absl::Status s = Bool(body["stream_options"], "include_usage", &p->include_usage);
         !s.ok()) {
       return s;
@@ -268,6 +269,10 @@ absl::Status ParseSampling(const Json& body, const ServedModel& model, const Api
 }
 
 }  // namespace
+
+absl::Status CheckChatShape(const Json& body, const ApiLimits& limits) {
+  return ChatShape(body, limits);
+}
 
 std::optional<uint32_t> TokenIdOf(const Json& value, int64_t vocab_size) {
   // An unsigned JSON number may exceed int64 (2^63 would read as negative), a signed one may be
@@ -386,7 +391,7 @@ absl::StatusOr<CompletionParams> ParseCompletion(const Json& body, bool chat,
   }
   if (absl::Status s = ParseSampling(body, model, limits, &p); !s.ok()) return s;
   if (chat) {
-    if (absl::Status s = CheckChatShape(body, limits); !s.ok()) return s;
+    if (absl::Status s = ChatShape(body, limits); !s.ok()) return s;
     // Key order matters to templates that print dicts (tools): keep the client's.
     const auto ordered = nlohmann::ordered_json::parse(body.dump());
     auto ids =

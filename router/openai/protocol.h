@@ -69,6 +69,11 @@ struct CompletionParams {
 // wrapped: 2^32 is not id 0, 2^63 not id 0 either).
 std::optional<uint32_t> TokenIdOf(const nlohmann::json& value, int64_t vocab_size);
 
+// A chat body's `messages` (a non-empty list of objects with a string role, at most
+// `limits.max_messages` of at most `max_message_bytes`) and `tools` (bounded the same way):
+// INVALID_ARGUMENT naming the field. ParseCompletion and /tokenize check it before rendering.
+absl::Status CheckChatShape(const nlohmann::json& body, const ApiLimits& limits);
+
 // INVALID_ARGUMENT naming the field for a bad body; NOT_FOUND for another model's name.
 absl::StatusOr<CompletionParams> ParseCompletion(const nlohmann::json& body, bool chat,
                                                  const ServedModel& model, const ApiLimits& limits);
