@@ -3,19 +3,13 @@
 // tandem_router under `prlimit --nofile=96`, its gRPC port dead after a 120-connection flood).
 #include "common/grpc_listener.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <string>
-#include <vector>
 
 #include "absl/time/clock.h"
+#include "common/descriptor_exhaustion.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/router.grpc.pb.h"
 
@@ -60,25 +54,10 @@ TEST(GrpcListenerTest, ServesAndAcceptsAgainAfterRunningOutOfFileDescriptors) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(message, "listening");
 
-  // Fill the descriptor table, then connect: the listener's accept fails with EMFILE.
-  rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  // A connection while the process is out of descriptors: the listener's accept fails (EMFILE),
+  // and again after each 100 ms.
+  const int fd = ConnectWhileOutOfDescriptors(port, absl::Milliseconds(300));
   ASSERT_GE(fd, 0);
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(fd) + 64;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::vector<int> fillers;
-  for (int f; (f = open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(f);
-  ASSERT_EQ(errno, EMFILE);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  absl::SleepFor(absl::Milliseconds(300));  // accept fails, and again after each 100 ms
-  for (int f : fillers) close(f);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
   close(fd);
   status = CallHealth(port, absl::Seconds(10), &message);
   EXPECT_TRUE(status.ok()) << "the port no longer accepts: " << status.error_message();

@@ -4,15 +4,11 @@
 // Write turns false) — with the connection count back to zero afterwards.
 #include "common/http/http_server.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <map>
 #include <string>
 #include <thread>
@@ -22,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/descriptor_exhaustion.h"
 #include "common/http/test_client.h"
 #include "gtest/gtest.h"
 
@@ -44,6 +41,15 @@ std::string ReadUntil(int fd, const std::string& until) {
     out.append(buf, n);
   }
   return out;
+}
+
+// Waits up to 5 s for the server's connection count to reach 0; true when it did.
+bool ConnectionsDrain(const HttpServer& server) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (server.connections() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return server.connections() == 0;
 }
 
 std::map<std::pair<std::string, std::string>, Handler> Routes(
@@ -145,11 +151,7 @@ TEST(HttpServerTest, StreamsChunksAndSeesADisconnect) {
   EXPECT_TRUE(stream2->cancelled());
   EXPECT_FALSE(stream2->Write("data: more\n\n"));
   stream2.reset();
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while ((*server2)->connections() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ((*server2)->connections(), 0);
+  EXPECT_TRUE(ConnectionsDrain(**server2));
 }
 
 // A streamed response is the connection's last (the server watches the socket for the client
@@ -255,11 +257,7 @@ TEST(HttpServerTest, AClientLeavingBeforeALateAnswerCancelsIt) {
   EXPECT_LT(absl::Now() - idle_start, absl::Seconds(5));
   close(fd);
   r.reset();
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while ((*server)->connections() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ((*server)->connections(), 0);
+  EXPECT_TRUE(ConnectionsDrain(**server));
 }
 
 // Issue 30 item 2: the admission check (an API key) runs on the headers: a refused client gets its
@@ -383,24 +381,8 @@ TEST(HttpServerTest, AcceptsAgainAfterRunningOutOfFileDescriptors) {
   absl::Notification started;
   auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
   ASSERT_TRUE(server.ok());
-  rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // connected once the table is full
-  ASSERT_GE(fd, 0);
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(fd) + 64;  // past every descriptor open now
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::vector<int> fillers;
-  for (int f; (f = open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(f);
-  ASSERT_EQ(errno, EMFILE);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  absl::SleepFor(absl::Milliseconds(300));  // the server's accept fails (EMFILE), maybe again
-  for (int f : fillers) close(f);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int fd = ConnectWhileOutOfDescriptors((*server)->port(), absl::Milliseconds(300));
+  ASSERT_GE(fd, 0);  // meanwhile the server's accept failed (EMFILE), maybe again
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   Send(fd, "GET /health?x=2 HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -430,10 +412,7 @@ TEST(HttpServerTest, ConnectionsStayWithinAQuarterOfTheDescriptorLimit) {
   EXPECT_LE((*server)->connections(), 100);
   EXPECT_GE((*server)->connections(), 90);
   for (int fd : clients) close(fd);
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while ((*server)->connections() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_TRUE(ConnectionsDrain(**server));
   EXPECT_EQ(HttpCall((*server)->port(), "GET", "/health").status, 200);
 }
 
