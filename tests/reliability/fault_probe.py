@@ -306,25 +306,34 @@ def case_client():
 
 
 def case_pull():
-    """Run inside a netns whose lo is rate-limited (tbf), so D's KV read lasts ~0.5 s."""
-    c = pd_cluster("pull")
+    """D reading the KV: the fault comes once P has granted the lease (D reads until it releases
+    it); the netns loopback at 80 Mbit/s makes a 2000-token read last ~0.8 s. 1 P + 1 D, then a
+    P --tp=2 group read by a D of one rank (re-sharded by heads)."""
+    setup_netns_qdisc()
     K, S = signal.SIGKILL, signal.SIGSTOP
-    try:
-        serves(c)
-        for name, victim, sig, hold, restart in [
-                ("P kill during pull", "prefill-0", K, 0, True),
-                ("D kill during pull", "decode-0", K, 0, True),
-                ("P stop during pull 10s", "prefill-0", S, 10, False),
-                ("D stop during pull 10s", "decode-0", S, 10, False),
-                ("D stop during pull 40s", "decode-0", S, 40, False)]:
-            before = {w: c.pool_state(w) for w in c.workers()}
-            fault_at(c, name, victim, sig, 1500, 40, "tokens:1", hold=hold, restart=restart)
-            d = c.pool_state("decode-0")
-            row(name + " /hit", d_load_failures=d["failures"] - (before["decode-0"]["failures"]
-                if victim != "decode-0" or not restart else 0),
-                d_recomputes=d["recomputes"])
-    finally:
-        c.down()
+    for tag, up, flags in [("", [], []),
+                           ("P tp=2 -> D: ", ["--prefill_tp=2", "--decode_tp=1"],
+                            ["--dist_timeout_s=3"])]:
+        c = pd_cluster("pull", up, flags)
+        try:
+            serves(c)
+            for name, victim, rank, sig, hold in [
+                    ("P kill during pull", "prefill-0", 0, K, 0),
+                    ("P stop 10s during pull", "prefill-0", 0, S, 10),
+                    ("P rank 1 kill during pull", "prefill-0", 1, K, 0),
+                    ("P rank 1 stop 10s during pull", "prefill-0", 1, S, 10),
+                    ("D kill during pull", "decode-0", 0, K, 0),
+                    ("D stop 40s during pull", "decode-0", 0, S, 40)]:
+                if (rank == 1) != bool(tag):
+                    continue
+                pid = c.children(victim)[0] if rank == 1 else c.pids[victim]
+                fault_at(c, tag + name, victim, sig, 2000, 40, "leased:prefill-0", hold=hold,
+                         restart=sig == K and rank == 0, victim_pid=pid)
+                d = c.pool_state("decode-0")
+                row(tag + name + " /D so far", load_failures=d["failures"],
+                    recomputes=d["recomputes"])
+        finally:
+            c.down()
 
 
 def case_net():

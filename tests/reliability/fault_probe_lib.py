@@ -321,6 +321,16 @@ def wait_running(c, w, timeout=10):
     return False
 
 
+def wait_leased(c, w, timeout=10):
+    t = time.time()
+    while time.time() - t < timeout:
+        st = c.pool_state(w)
+        if st and st["leased"] > 0:
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def busy_worker(c, role, timeout=10):
     t = time.time()
     while time.time() - t < timeout:
@@ -356,7 +366,12 @@ def fault_at(c, case, victim, sig, prompt, max_tokens, when, hold=0.0, restart=F
     SIGSTOP for `hold` seconds, then reports the client's outcome and recovery."""
     g = Gen(c, zlib.crc32(case.encode()) & 0xffff, prompt, max_tokens, timeout_ms=timeout_ms)
     kind, arg = when.split(":")
-    hit = wait_running(c, arg) if kind == "running" else g.wait_tokens(int(arg))
+    if kind == "running":
+        hit = wait_running(c, arg)
+    elif kind == "leased":  # P granted the lease: D is reading the KV (until it releases it)
+        hit = wait_leased(c, arg)
+    else:
+        hit = g.wait_tokens(int(arg))
     pid = victim_pid if victim_pid else c.pids[victim]
     t_fault = time.time()
     tokens_at_fault = g.ntokens()
