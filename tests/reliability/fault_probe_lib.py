@@ -308,27 +308,19 @@ def fmt(x):
     return "never" if x is None else "%.2fs" % x
 
 
-# ---------------------------------------------------------------- cases
+def wait_load(c, w, field, timeout=10):
+    """Polls `w`'s pool state until `field` ("running", "leased") is positive."""
+    t = time.time()
+    while time.time() - t < timeout:
+        st = c.pool_state(w)
+        if st and st[field] > 0:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def wait_running(c, w, timeout=10):
-    t = time.time()
-    while time.time() - t < timeout:
-        st = c.pool_state(w)
-        if st and st["running"] > 0:
-            return True
-        time.sleep(0.005)
-    return False
-
-
-def wait_leased(c, w, timeout=10):
-    t = time.time()
-    while time.time() - t < timeout:
-        st = c.pool_state(w)
-        if st and st["leased"] > 0:
-            return True
-        time.sleep(0.005)
-    return False
+    return wait_load(c, w, "running", timeout)
 
 
 def busy_worker(c, role, timeout=10):
@@ -369,7 +361,7 @@ def fault_at(c, case, victim, sig, prompt, max_tokens, when, hold=0.0, restart=F
     if kind == "running":
         hit = wait_running(c, arg)
     elif kind == "leased":  # P granted the lease: D is reading the KV (until it releases it)
-        hit = wait_leased(c, arg)
+        hit = wait_load(c, arg, "leased")
     else:
         hit = g.wait_tokens(int(arg))
     pid = victim_pid if victim_pid else c.pids[victim]
