@@ -120,23 +120,11 @@ def body_probes(P):
     run("prompt/max_tokens past context", comp(prompt="hi", max_tokens=4095))
     run("prompt/special tokens text", comp(prompt="<|im_start|><|endoftext|><|im_end|>"))
     run("prompt/100k words", comp(prompt="word " * 100000, max_tokens=1))
-    run("prompt/50KB one word", lambda: post("/v1/completions",
-                                              {"model": M, "prompt": "a" * 50000, "max_tokens": 1}))
-    run("prompt/200KB one word", lambda: post("/v1/completions",
-                                               {"model": M, "prompt": "a" * 200000, "max_tokens": 1},
-                                               timeout=120))
-    run("prompt/200KB digits", lambda: post("/v1/completions",
-                                             {"model": M, "prompt": "7" * 200000, "max_tokens": 1},
-                                             timeout=120))
-    run("prompt/200KB cjk", lambda: post("/v1/completions",
-                                          {"model": M, "prompt": "漢" * 200000, "max_tokens": 1},
-                                          timeout=120))
-    run("prompt/200KB spaces", lambda: post("/v1/completions",
-                                             {"model": M, "prompt": " " * 200000, "max_tokens": 1},
-                                             timeout=120))
-    run("prompt/200KB emoji", lambda: post("/v1/completions",
-                                            {"model": M, "prompt": "🙂" * 100000, "max_tokens": 1},
-                                            timeout=120))
+    for desc, text in [("50KB one word", "a" * 50000), ("200KB one word", "a" * 200000),
+                       ("200KB digits", "7" * 200000), ("200KB cjk", "漢" * 200000),
+                       ("200KB spaces", " " * 200000), ("200KB emoji", "🙂" * 100000)]:
+        body = {"model": M, "prompt": text, "max_tokens": 1}
+        run(f"prompt/{desc}", lambda body=body: post("/v1/completions", body, timeout=120))
     # ---- chat
     for desc, msgs in [
             ("content int", [{"role": "user", "content": 5}]),

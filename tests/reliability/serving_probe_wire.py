@@ -12,6 +12,24 @@ from serving_probe_lib import body_of, parse_status
 def wire_probes(P):
     run, C, M, hp, normal = P.run, P.C, P.C.model, P.raw, P.normal
     GOLD = P.gold
+
+    def send_and_read(data, responses, limit_s):
+        """Sends `data` on one connection; reads until `responses` status lines, close or limit."""
+        s = C.connect(30)
+        s.sendall(data)
+        buf = b""
+        t0 = time.time()
+        while (responses is None or buf.count(b"HTTP/1.1 ") < responses) and \
+                time.time() - t0 < limit_s:
+            try:
+                c = s.recv(65536)
+            except socket.timeout:
+                break
+            if not c:
+                break
+            buf += c
+        s.close()
+        return buf
     GOOD = json.dumps({"model": M, "prompt": "hi", "max_tokens": 2}).encode()
     run("http/no content-length", lambda: hp(C.request_bytes("POST", "/v1/completions", GOOD,
                                                              content_length=False), timeout=40))
@@ -77,20 +95,7 @@ def wire_probes(P):
     def pipelined(n=8):
         req = C.request_bytes("POST", "/v1/completions", GOOD)
         get_models = C.request_bytes("GET", "/v1/models", b"")
-        data = (req + get_models) * (n // 2)
-        s = C.connect(30)
-        s.sendall(data)
-        buf = b""
-        t0 = time.time()
-        while buf.count(b"HTTP/1.1 ") < n and time.time() - t0 < 30:
-            try:
-                c = s.recv(65536)
-            except socket.timeout:
-                break
-            if not c:
-                break
-            buf += c
-        s.close()
+        buf = send_and_read((req + get_models) * (n // 2), n, 30)
         codes = [int(x) for x in re.findall(rb"HTTP/1.1 (\d+)", buf)]
         return ("ok" if codes == [200] * n else "BAD"), f"{len(codes)} responses {codes}"
 
@@ -102,19 +107,7 @@ def wire_probes(P):
         body = json.dumps({"model": M, "prompt": "hi", "max_tokens": 30, "stream": True}).encode()
         data = C.request_bytes("POST", "/v1/completions", body) + C.request_bytes(
             "POST", "/v1/completions", GOOD)
-        s = C.connect(30)
-        s.sendall(data)
-        buf = b""
-        t0 = time.time()
-        while time.time() - t0 < 20:
-            try:
-                c = s.recv(65536)
-            except socket.timeout:
-                break
-            if not c:
-                break
-            buf += c
-        s.close()
+        buf = send_and_read(data, None, 20)
         codes = re.findall(rb"HTTP/1.1 (\d+)", buf)
         return codes, f"{len(buf)} bytes, done={b'[DONE]' in buf}"
 
