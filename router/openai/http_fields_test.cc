@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -218,6 +219,71 @@ TEST_F(HttpFieldsTest, TextContentPartsAreTheirTextAndOtherPartsA400) {
     ExpectRefused(port(), "/v1/chat/completions", b);
   }
   EXPECT_EQ(w->total_calls(), before_bad) << "no bad request reached a worker";
+}
+
+// OpenAI's chat fields we do not implement: their neutral values are served (the `openai`
+// client sends only what it is given), a value asking for what we lack is a 400 naming the
+// field. Before, every one of these was accepted and silently ignored.
+TEST_F(HttpFieldsTest, UnimplementedOpenAIFieldsServeTheirNeutralValueAndRefuseTheRest) {
+  FakeWorker* w = AddWorker();
+  const Json chat = {{"model", "qwen-test"},
+                     {"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                     {"max_tokens", 2}};
+  const Json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  const std::vector<std::pair<const char*, std::vector<Json>>> refused = {
+      {"tool_choice", {"auto", "required", {{"type", "function"}, {"function", {{"name", "f"}}}}}},
+      {"function_call", {"auto", {{"name", "f"}}}},
+      {"functions", {Json::array({tool["function"]})}},
+      {"parallel_tool_calls", {"yes"}},
+      {"service_tier", {"flex", "priority"}},
+      {"store", {true}},
+      {"metadata", {{{"k", "v"}}}},
+      {"modalities", {Json::array({"text", "audio"}), Json::array({"audio"})}},
+      {"audio", {{{"voice", "alloy"}, {"format", "wav"}}}},
+      {"prediction", {{{"type", "content"}, {"content", "x"}}}},
+      {"reasoning_effort", {"low", "high"}},
+      {"web_search_options", {Json::object()}},
+      {"suffix", {"end"}},
+      {"echo", {true}},
+      {"best_of", {3}},
+      {"logit_bias", {{{"11", -100}}}},
+  };
+  const int calls = w->total_calls();
+  for (const auto& [key, values] : refused) {
+    for (const Json& v : values) {
+      Json b = chat;
+      b[key] = v;
+      ExpectRefused(port(), "/v1/chat/completions", {b, absl::StrCat("'", key, "'")});
+    }
+  }
+  EXPECT_EQ(w->total_calls(), calls) << "no refused request reached a worker";
+
+  Json neutral = chat;
+  for (const auto& [key, value] : std::vector<std::pair<const char*, Json>>{
+           {"tools", Json::array({tool})},
+           {"tool_choice", "none"},
+           {"function_call", "none"},
+           {"functions", Json::array()},
+           {"parallel_tool_calls", true},
+           {"user", "someone"},
+           {"service_tier", "auto"},
+           {"store", false},
+           {"metadata", Json::object()},
+           {"modalities", Json::array({"text"})},
+           {"audio", nullptr},
+           {"prediction", nullptr},
+           {"reasoning_effort", nullptr},
+           {"web_search_options", nullptr},
+           {"suffix", ""},
+           {"echo", false},
+           {"best_of", 1},
+           {"logit_bias", Json::object()},
+       }) {
+    neutral[key] = value;
+  }
+  const http::TestResponse r = Post(port(), "/v1/chat/completions", neutral);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(w->total_calls(), calls);
 }
 
 // Item 7: out-of-range ids are a 400 naming the field, never wrapped to a small id.

@@ -169,24 +169,52 @@ absl::Status ParseUser(const Json& body, CompletionParams* p) {
   return absl::OkStatus();
 }
 
-// The fields we do not implement: absent, null or their neutral value (false, best_of 1, an
-// empty logit_bias, penalties of 0 (repetition 1), a "text" response_format), else a 400 naming
-// them: served without them the output would silently not be what was asked for.
+bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsNumber(const Json& v, double x) { return v.is_number() && v.get<double>() == x; }
+// An empty object or list (nlohmann's empty() is false for every string).
+bool IsEmpty(const Json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
+bool Never(const Json&) { return false; }
+
+// The OpenAI request fields we do not implement, each with the values that ask for nothing we
+// lack (absent and null always do). Any other value is a 400 naming the field: served without
+// it the output would silently not be what was asked for. `tools` is not here: the chat
+// template renders them (the model may answer with a call, as text); `user` is the cache salt.
+struct UnsupportedField {
+  const char* key;
+  bool (*neutral)(const Json&);
+};
+constexpr UnsupportedField kUnsupportedFields[] = {
+    {"logprobs", IsFalse},
+    {"top_logprobs", [](const Json& v) { return IsNumber(v, 0); }},
+    {"echo", IsFalse},
+    {"best_of", [](const Json& v) { return v.is_number_integer() && v == 1; }},
+    {"suffix", [](const Json& v) { return v == ""; }},
+    {"logit_bias", [](const Json& v) { return v.is_object() && IsEmpty(v); }},
+    {"presence_penalty", [](const Json& v) { return IsNumber(v, 0); }},
+    {"frequency_penalty", [](const Json& v) { return IsNumber(v, 0); }},
+    {"repetition_penalty", [](const Json& v) { return IsNumber(v, 1); }},
+    {"response_format",
+     [](const Json& v) { return v.is_object() && v.value("type", Json()) == "text"; }},
+    // Tool calls are not parsed out of the text: only "none" (vLLM without a tool parser too).
+    {"tool_choice", [](const Json& v) { return v == "none"; }},
+    {"function_call", [](const Json& v) { return v == "none"; }},
+    {"functions", [](const Json& v) { return v.is_array() && IsEmpty(v); }},
+    {"parallel_tool_calls", [](const Json& v) { return v.is_boolean(); }},
+    {"service_tier", [](const Json& v) { return v == "auto" || v == "default"; }},
+    {"store", IsFalse},
+    {"metadata", [](const Json& v) { return v.is_object() && IsEmpty(v); }},
+    {"modalities", [](const Json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; }},
+    {"audio", Never},
+    {"prediction", Never},
+    {"reasoning_effort", Never},
+    {"web_search_options", Never},
+};
+
 absl::Status RefuseUnsupported(const Json& body) {
-  for (const char* key :
-       {"logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "presence_penalty",
-        "frequency_penalty", "repetition_penalty", "response_format"}) {
-    if (!body.contains(key)) continue;
-    const Json& v = body[key];
-    const std::string k = key;
-    const bool neutral =
-        v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
-        (k == "best_of" && v.is_number_integer() && v == 1) ||
-        (k == "logit_bias" && v.is_object() && v.empty()) ||
-        (k.ends_with("_penalty") && v.is_number() &&
-         v.get<double>() == (k == "repetition_penalty" ? 1.0 : 0.0)) ||
-        (k == "response_format" && v.is_object() && v.value("type", Json()) == "text");
-    if (!neutral) return Field(key, "is not supported");
+  for (const UnsupportedField& f : kUnsupportedFields) {
+    if (!body.contains(f.key)) continue;
+    const Json& v = body[f.key];
+    if (!v.is_null() && !f.neutral(v)) return Field(f.key, "is not supported");
   }
   return absl::OkStatus();
 }
