@@ -178,6 +178,32 @@ TEST(HttpServerTest, StreamedResponseSaysTheConnectionCloses) {
   stream.reset();
 }
 
+// HTTP/1.0 has no chunked coding: a 1.0 client's stream is the raw bytes with Connection: close,
+// its end the close. Before, 1.0 clients got chunk sizes inside their event stream.
+TEST(HttpServerTest, AnHttp10StreamIsUnchunkedAndEndsAtTheClose) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  auto server = HttpServer::Start(HttpServerOptions{}, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok());
+  const int fd = Connect((*server)->port());
+  Send(fd, "GET /stream HTTP/1.0\r\n\r\n");
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(stream->Write("data: x\n\n"));
+  EXPECT_TRUE(stream->Write("data: y\n\n"));
+  stream->Close();
+  const std::string all = ReadUntil(fd, "never sent");  // to the close
+  const size_t end_of_head = all.find("\r\n\r\n");
+  ASSERT_NE(end_of_head, std::string::npos) << all;
+  const std::string head = all.substr(0, end_of_head);
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Transfer-Encoding"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Content-Length"), std::string::npos) << head;
+  EXPECT_EQ(all.substr(end_of_head + 4), "data: x\n\ndata: y\n\n");
+  close(fd);
+  stream.reset();
+  EXPECT_TRUE(ConnectionsDrain(**server));
+}
+
 // A handler that answers later (a generation running elsewhere): the client that leaves before
 // the answer cancels it (OnCancel runs, the late Reply is dropped); one that stays gets its answer
 // and then the next request on the same connection, whether it sent it after the answer or

@@ -220,6 +220,7 @@ Request Session<Stream>::Head() {
 template <typename Stream>
 void Session<Stream>::Dispatch() {
   keep_alive_ = parser_->get().keep_alive();
+  http10_ = parser_->get().version() < 11;
   awaiting_reply_ = true;  // until SendSimple or BeginStream (either may run inside the handler)
   {
     Request req = Head();

@@ -174,9 +174,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   bool keep_alive_ = false;
-  bool drain_on_close_ = false;                          // a refused request's body is still coming
-  bool awaiting_reply_ = false;                          // dispatched, not answered yet
-  bool watching_ = false;                                // WatchBeforeReply's read is pending
+  bool http10_ = false;          // the request being answered is HTTP/1.0: a stream is not chunked
+  bool drain_on_close_ = false;  // a refused request's body is still coming
+  bool awaiting_reply_ = false;  // dispatched, not answered yet
+  bool watching_ = false;        // WatchBeforeReply's read is pending
   std::optional<boost::asio::steady_timer> idle_timer_;  // the watch read after the answer
   // Streaming state (strand only, except the atomics in SessionBase).
   bool streaming_ = false, writing_ = false, closing_ = false;

@@ -51,7 +51,8 @@ void Session<Stream>::BeginStream(int status, const std::string& content_type,
   stream_header_->set(bhttp::field::content_type, content_type);
   stream_header_->set(bhttp::field::cache_control, "no-cache");
   for (const auto& [k, v] : headers) stream_header_->set(k, v);
-  stream_header_->chunked(true);
+  // HTTP/1.0 has no chunked coding: its stream is the raw bytes, ended by the close.
+  stream_header_->chunked(!http10_);
   // One streamed response per connection (WatchForDisconnect reads the socket meanwhile, and the
   // connection closes after the last chunk): say so, or a pooling client would reuse it.
   stream_header_->keep_alive(false);
@@ -108,18 +109,25 @@ void Session<Stream>::WriteNext() {
     auto data = std::make_shared<std::string>(std::move(queue_.front()));
     queue_.pop_front();
     writing_ = true;
-    net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)),
-                     [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
-                       self->writing_ = false;
-                       if (ec) {
-                         self->Cancel();
-                         return;
-                       }
-                       self->WriteNext();
-                     });
+    const auto done = [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) {
+        self->Cancel();
+        return;
+      }
+      self->WriteNext();
+    };
+    if (http10_) {
+      net::async_write(stream_, net::buffer(*data), done);
+    } else {
+      net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)), done);
+    }
     return;
   }
-  if (closing_) {
+  if (closing_ && http10_) {
+    streaming_ = false;
+    Shutdown();  // the close ends an HTTP/1.0 stream's body
+  } else if (closing_) {
     streaming_ = false;
     writing_ = true;
     net::async_write(stream_, bhttp::make_chunk_last(),
