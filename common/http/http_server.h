@@ -16,10 +16,12 @@
 // `max_buffered_body_bytes` in flight: 503 with Retry-After) decide on it before its body is read;
 // a refused request's body is drained unread and the connection closed. `Expect: 100-continue`
 // is answered once admitted. A request's body is freed when its handler returns.
-// Limits: headers over 16 KiB get 431, a request not
-// read within `read_timeout` closes the connection, more than `max_connections` open connections
-// are refused (closed at accept). Bad requests get 400. Unknown paths 404, known path with another
-// method 405. Errors are JSON `{"error": {"message", "type", "code"}}` (OpenAI's shape).
+// Limits: headers over 16 KiB get 431, a request line and headers not read within
+// `read_timeout` close the connection (an idle kept-alive one too), a body not whole within
+// `read_timeout` (shorter than its Content-Length) gets 408 and the connection closes, more than
+// `max_connections` open connections are refused (closed at accept). Bad requests get 400. Unknown
+// paths 404, known path with another method 405. Errors are JSON `{"error": {"message", "type",
+// "code"}}` (OpenAI's shape).
 //
 // HTTPS: with `tls` set every connection starts with a TLS handshake (TLS 1.2+; with a client CA,
 // clients must present a certificate chaining to it). A failed handshake closes the connection; a

@@ -178,6 +178,45 @@ TEST(HttpServerTest, StreamedResponseSaysTheConnectionCloses) {
   stream.reset();
 }
 
+// A body that stops short of its Content-Length (or a chunked one that stalls) gets a 408 after
+// read_timeout, then the connection closes; an idle connection (before a first request, or kept
+// alive after an answer) still just closes. Before, the short body was closed without a word
+// (Beast's timeout closed the socket first).
+TEST(HttpServerTest, ABodyThatStopsShortIsA408AndAnIdleConnectionJustCloses) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  options.read_timeout = absl::Milliseconds(300);
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const std::string& request :
+       {std::string("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc"),
+        std::string("POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "3\r\nabc\r\n")}) {
+    const int fd = Connect((*server)->port());
+    const absl::Time sent = absl::Now();
+    Send(fd, request);
+    const std::string r = ReadUntil(fd, "never sent");  // to the close
+    const absl::Duration took = absl::Now() - sent;
+    EXPECT_NE(r.find("HTTP/1.1 408"), std::string::npos) << r;
+    EXPECT_NE(r.find("did not arrive within 300ms"), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+    EXPECT_GE(took, absl::Milliseconds(250));
+    EXPECT_LT(took, absl::Seconds(4));
+    close(fd);
+  }
+  const int idle = Connect((*server)->port());
+  EXPECT_EQ(ReadUntil(idle, "never sent"), "");
+  close(idle);
+  const int kept = Connect((*server)->port());
+  Send(kept, "GET /health HTTP/1.1\r\nHost: a\r\n\r\n");
+  const std::string answer = ReadUntil(kept, "never sent");
+  EXPECT_NE(answer.find("HTTP/1.1 200"), std::string::npos) << answer;
+  EXPECT_EQ(answer.find("408"), std::string::npos) << answer;
+  close(kept);
+  EXPECT_TRUE(ConnectionsDrain(**server));
+}
+
 // HTTP/1.0 has no chunked coding: a 1.0 client's stream is the raw bytes with Connection: close,
 // its end the close. Before, 1.0 clients got chunk sizes inside their event stream.
 TEST(HttpServerTest, AnHttp10StreamIsUnchunkedAndEndsAtTheClose) {

@@ -184,7 +184,17 @@ std::optional<Response> Session<Stream>::Admit() {
 
 template <typename Stream>
 void Session<Stream>::ReadBody() {
-  tcp().expires_after(ToChrono(server_->options.read_timeout));
+  // A body shorter than its Content-Length (or a stalled chunked one) gets a 408 from our timer;
+  // Beast's timeout, later, only backs it up (it closes the socket without a word).
+  const auto timeout = ToChrono(server_->options.read_timeout);
+  tcp().expires_after(timeout + kBodyTimeoutSlack);
+  reading_body_ = true;
+  body_timer_.emplace(stream_.get_executor(), timeout);
+  body_timer_->async_wait([self = this->shared_from_this()](beast::error_code ec) {
+    if (ec || !self->reading_body_) return;
+    self->body_timed_out_ = true;
+    self->tcp().cancel();  // the read ends with operation_aborted: OnRead answers 408
+  });
   bhttp::async_read(
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -192,6 +202,14 @@ void Session<Stream>::ReadBody() {
 
 template <typename Stream>
 void Session<Stream>::OnRead(beast::error_code ec) {
+  reading_body_ = false;
+  body_timer_->cancel();
+  if (body_timed_out_) {
+    Refuse(ErrorResponse(408, absl::StrCat("the request body did not arrive within ",
+                                           absl::FormatDuration(server_->options.read_timeout),
+                                           " (shorter than its Content-Length?)")));
+    return;
+  }
   if (OnReadError(ec)) return;
   Dispatch();
 }

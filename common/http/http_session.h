@@ -53,6 +53,9 @@ inline constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
 // How long a refused request's unread body is drained (discarded) before the connection closes:
 // closing with it unread would reset the connection, which can destroy the refusal in flight.
 inline constexpr auto kRefusalDrainTimeout = std::chrono::seconds(2);
+// How much longer Beast's own timeout on a body read runs than ours (read_timeout): ours fires
+// first and answers 408; Beast's would close the socket before we could write.
+inline constexpr auto kBodyTimeoutSlack = std::chrono::seconds(5);
 // What WatchBeforeReply reads at most (the start of a pipelined next request, kept for it).
 inline constexpr size_t kWatchBytes = 4096;
 // How long the acceptor waits after a failed accept (EMFILE, ENFILE, ENOBUFS) before the next.
@@ -174,10 +177,12 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   bool keep_alive_ = false;
-  bool http10_ = false;          // the request being answered is HTTP/1.0: a stream is not chunked
-  bool drain_on_close_ = false;  // a refused request's body is still coming
-  bool awaiting_reply_ = false;  // dispatched, not answered yet
-  bool watching_ = false;        // WatchBeforeReply's read is pending
+  bool http10_ = false;  // the request being answered is HTTP/1.0: a stream is not chunked
+  bool reading_body_ = false, body_timed_out_ = false;
+  std::optional<boost::asio::steady_timer> body_timer_;  // read_timeout on a body read: 408
+  bool drain_on_close_ = false;                          // a refused request's body is still coming
+  bool awaiting_reply_ = false;                          // dispatched, not answered yet
+  bool watching_ = false;                                // WatchBeforeReply's read is pending
   std::optional<boost::asio::steady_timer> idle_timer_;  // the watch read after the answer
   // Streaming state (strand only, except the atomics in SessionBase).
   bool streaming_ = false, writing_ = false, closing_ = false;
