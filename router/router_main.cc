@@ -5,6 +5,7 @@
 //                 [--public_client_ca] | --insecure) [--heartbeat_interval_ms=1000]
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
+//                 [--route_wait_ms=2000]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
 //
 // Prints "router listening on HOST:PORT" once serving; SIGTERM/SIGINT drain and exit 0.
@@ -47,6 +48,9 @@ ABSL_FLAG(std::string, on_kv_failure, "recompute",
           "what a decode worker does when it cannot load the KV: recompute or fail");
 ABSL_FLAG(int32_t, max_attempts, 2,
           "workers tried per phase when one is unreachable before producing output");
+ABSL_FLAG(int64_t, route_wait_ms, 2000,
+          "with no route while a worker is in its short failure backoff, how long a request waits "
+          "for it (also at most half of the time left to its deadline; 0 = refuse at once)");
 ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
           "block hashes remembered per worker for prefix-aware routing");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
@@ -116,6 +120,10 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   if (o.orchestrator.max_attempts < 1) {
     return absl::InvalidArgumentError("--max_attempts must be >= 1");
   }
+  if (absl::GetFlag(FLAGS_route_wait_ms) < 0) {
+    return absl::InvalidArgumentError("--route_wait_ms must be >= 0");
+  }
+  o.orchestrator.route_wait = absl::Milliseconds(absl::GetFlag(FLAGS_route_wait_ms));
   const std::string log_format = absl::GetFlag(FLAGS_log_format);
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError("--log_format must be text or json");

@@ -20,6 +20,9 @@
 namespace tandem::router {
 namespace {
 
+// How often a request waiting for a worker to come back (WaitForRoute) routes again.
+constexpr absl::Duration kRouteWaitPoll = absl::Milliseconds(50);
+
 // Codes that mean "the worker (or the connection to it) is gone", not "the request is bad".
 // A server that dies mid-stream shows up as UNAVAILABLE (connection reset) or CANCELLED (the
 // server cancelled its streams on shutdown); a crashed handler as UNKNOWN.
@@ -60,7 +63,10 @@ void GenerateFlow::Route() {
   std::erase_if(snap.candidates,
                 [&](const RouteCandidate& c) { return excluded_.contains(c.worker_id); });
   absl::StatusOr<RoutePlan> plan = ChooseRoute(snap.candidates);
-  if (!plan.ok()) return Done(plan.status());
+  if (!plan.ok()) {
+    if (snap.in_backoff > 0 && WaitForRoute()) return;
+    return Done(plan.status());
+  }
   if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
     if (plan->disaggregated()) {
       metrics->RecordRouting(plan->prefill_worker, v1::WORKER_ROLE_PREFILL);
@@ -74,6 +80,28 @@ void GenerateFlow::Route() {
   } else {
     StartMixed(*plan, snap);
   }
+}
+
+bool GenerateFlow::WaitForRoute() {
+  const absl::Time now = absl::Now();
+  if (route_wait_until_ == absl::InfinitePast()) {
+    route_wait_until_ = std::min(now + orch_.options().route_wait, now + (deadline_ - now) / 2);
+  }
+  const absl::Time next = now + kRouteWaitPoll;
+  if (next > route_wait_until_) return false;
+  PostAt(shared_from_this(), next, [](GenerateFlow& f) {
+    if (absl::Status reason = f.flight_->cancel_reason(); !reason.ok()) {
+      return f.EndPhase(reason, "");
+    }
+    if (f.client_ != nullptr && f.client_->Cancelled()) {
+      return f.Done(absl::CancelledError("the client cancelled the request"));
+    }
+    // A worker this request found dead may be back (re-registered, or re-admitted after its
+    // backoff): any route beats failing; attempt_ still bounds the calls.
+    f.excluded_.clear();
+    f.Route();
+  });
+  return true;
 }
 
 void GenerateFlow::StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap) {

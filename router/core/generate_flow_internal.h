@@ -94,6 +94,9 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
 
   // Routing, the mixed worker's stream, relaying, the end (generate_flow.cc).
   void Route();
+  // No route, but a worker is in its short failure backoff: routes again in a moment (true), up
+  // to OrchestratorOptions::route_wait and half the time left to the deadline (then false).
+  bool WaitForRoute();
   void StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
   void StartStream(std::unique_ptr<StreamCall> stream, Phase phase);
   void OnStreamMessage(v1::GenerateResponse chunk);
@@ -156,6 +159,7 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // Routing.
   int attempt_ = 1;
   absl::flat_hash_set<std::string> excluded_;
+  absl::Time route_wait_until_ = absl::InfinitePast();  // set by the first WaitForRoute
   std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
   // The P/D phase: P until it answered, then D (or the mixed worker) until the end.
   std::unique_ptr<WorkerSlot> prefill_slot_, stream_slot_;

@@ -59,6 +59,11 @@ struct OrchestratorOptions {
   v1::KvLoadFailurePolicy on_kv_failure = v1::KV_LOAD_FAILURE_POLICY_RECOMPUTE;
   // Workers tried per phase when the previous one was unreachable before producing output.
   int max_attempts = 2;
+  // A request that finds no route while a worker is only in its short failure backoff (a
+  // restarted worker about to register again, one whose channel is reconnecting) routes again
+  // every 50 ms for up to this long, and at most half of the time left to its deadline, before
+  // it fails UNAVAILABLE. Workers that stopped heartbeating are not waited for. 0: never wait.
+  absl::Duration route_wait = absl::Seconds(2);
   // Records each request's latencies and outcome (may be null; outlives the Orchestrator).
   RouterMetrics* metrics = nullptr;
   // Writes each finished request's RequestTrace as one JSON line to stderr (--log_format=json).

@@ -267,6 +267,42 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
 }
 
+// The H5 fault probe's network drop: a worker's first call after its link came back fails (its
+// channel still reconnecting) and the worker sits out its failure backoff. A request with no
+// other prefill worker waits for it (OrchestratorOptions::route_wait) instead of being refused
+// "no healthy worker"; the heartbeat after the backoff re-admits it and the request is served.
+TEST(OrchestratorTest, ARequestWaitsForTheOnlyPrefillWorkerToLeaveItsBackoff) {
+  Harness h;
+  h.Start("r8", 2);
+  const int refused = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(refused, 0);
+  h.client("p0").ReplyPrefill(refused, absl::UnavailableError("failed to connect"));
+  // p0 is out for its backoff (1 s of the registry's clock); the request waits, calling no one.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(h.Healthy("p0"));
+  EXPECT_LT(h.client("p0").WaitForCall(FakeWorkerClient::kPrefill, absl::ZeroDuration()), 0);
+  h.clock.Advance(absl::Seconds(1));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("p0");
+  beat.set_epoch(1);
+  beat.set_status(v1::SERVING_STATUS_SERVING);
+  ASSERT_TRUE(h.registry.Heartbeat(beat, {}).ok());
+  ASSERT_TRUE(h.Healthy("p0"));
+  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(prefill, 0) << "routed again to the re-admitted worker";
+  h.client("p0").ReplyPrefill(prefill, Prefilled("r8", 11));
+  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  ASSERT_GE(decode, 0);
+  v1::GenerateResponse rest;
+  rest.add_token_ids(12);
+  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  h.client("d0").Push(decode, rest);
+  h.client("d0").End(decode, absl::OkStatus());
+  const absl::Status s = h.Result();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12}));
+}
+
 // The point of the asynchronous orchestrator: requests waiting for their workers are state
 // machines, not threads. 200 prefills held open at once on an orchestrator of 2 threads add no
 // thread to the process; released, every request finishes.

@@ -168,6 +168,7 @@ RoutingSnapshot WorkerRegistry::Snapshot(absl::Span<const uint32_t> prompt,
   absl::MutexLock lock(&mu_);
   snap.registered = static_cast<int>(workers_.size());
   for (const auto& [id, e] : workers_) {
+    if (e->failed && !e->timed_out && Routable(e->status)) ++snap.in_backoff;
     if (!e->healthy() || !Routable(e->status)) continue;
     RouteCandidate c;
     c.worker_id = id;

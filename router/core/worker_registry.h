@@ -94,6 +94,9 @@ struct RoutingSnapshot {
   std::vector<RouteCandidate> candidates;
   absl::flat_hash_map<uint32_t, std::vector<uint64_t>> chains;  // block_size -> h_0.Short(), ...
   int registered = 0;                                           // all workers, healthy or not
+  // Workers out of routing only for their short failure backoff (heartbeating, not timed out,
+  // serving): one may be back in a moment (see OrchestratorOptions::route_wait).
+  int in_backoff = 0;
 };
 
 class WorkerRegistry {

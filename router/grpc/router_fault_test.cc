@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,8 +177,10 @@ TEST(RouterFaultTest, DecodeDyingMidStreamIsUnavailableAndMarksItUnhealthy) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_NE(status.error_message().find("d0"), std::string::npos) << status.error_message();
   EXPECT_TRUE(h.WaitForHealth("d0", false));
-  // With the only decode worker gone there is no route.
-  EXPECT_EQ(h.Generate(MakeRequest({1}, 2)).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  // With the only decode worker gone there is no route (after waiting half of the 1 s deadline
+  // for d0 to come back from its failure backoff).
+  EXPECT_EQ(h.Generate(MakeRequest({1}, 2), absl::Seconds(1)).status.error_code(),
+            grpc::StatusCode::UNAVAILABLE);
 }
 
 // A decode worker restarted on its own address (a higher epoch) while the streams to its old
@@ -298,6 +301,62 @@ TEST(RouterFaultTest, OnlyPrefillDeadIsUnavailable) {
   EXPECT_TRUE(r.chunks.empty());
   EXPECT_EQ(d->total_calls(), 0);
   EXPECT_TRUE(h.WaitForHealth("p0", false));
+}
+
+// The H5 fault probe's restart case: a worker killed while idle is still listed healthy (its
+// last heartbeat is recent), so the next request's call to it fails (connection refused) and
+// there is no other prefill worker. Before, that request was refused at once with "no healthy
+// worker" although the restarted worker registered on the same address a moment later; now it
+// waits (bounded) for a worker in its failure backoff and is served by the new incarnation.
+TEST(RouterFaultTest, ARequestRightAfterAWorkerRestartWaitsForItsNewIncarnation) {
+  RouterHarness h;
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  h.AddWorker("d0", WORKER_ROLE_DECODE);
+  const std::string address = p->address();
+  p->Kill();
+  FakeWorker* back = nullptr;
+  std::thread restart([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // the new process loads, then registers
+    back = h.AddWorker("p0", WORKER_ROLE_PREFILL, [&](FakeWorkerOptions& o) {
+      o.listen = address;
+      o.epoch = 2;
+    });
+  });
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  v1::GenerateRequest req = MakeRequest(RandomPrompt(rng, 8, 1000), 4);
+  StreamResult r = h.Generate(req);
+  restart.join();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->counters().prefill, 1);
+}
+
+// The wait is bounded: a prefill worker that never comes back fails the request UNAVAILABLE
+// after half of the time left to its deadline (not DEADLINE_EXCEEDED), and once the worker timed
+// out (silent) nothing waits for it: the refusal is immediate again.
+TEST(RouterFaultTest, WaitingForAWorkerInBackoffEndsWithinHalfTheDeadline) {
+  RouterOptions options = TestRouterOptions();
+  options.registry.worker_timeout = absl::Milliseconds(800);
+  RouterHarness h(options);
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  h.AddWorker("d0", WORKER_ROLE_DECODE);
+  p->Kill();
+  const absl::Time killed = absl::Now();
+  StreamResult r = h.Generate(MakeRequest({1, 2}, 3), absl::Seconds(1));
+  const absl::Duration waited = absl::Now() - killed;
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("no healthy worker"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_GE(waited, absl::Milliseconds(400));
+  EXPECT_LT(waited, absl::Milliseconds(950));
+  absl::SleepFor(killed + absl::Seconds(1) - absl::Now());  // p0 silent for > 800 ms
+  const absl::Time t0 = absl::Now();
+  r = h.Generate(MakeRequest({1, 2}, 3), absl::Seconds(10));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
 }
 
 TEST(RouterFaultTest, SilentWorkerIsSkippedAndReadmittedWhenItHeartbeatsAgain) {
