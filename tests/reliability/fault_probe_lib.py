@@ -130,11 +130,16 @@ class Cluster:
             return None
         return json.loads(r.stdout)["workers"]
 
-    def wait_healthy(self, timeout=40):
+    def wait_healthy(self, timeout=40, stale=None):
+        """Every worker listed healthy; `stale` ({id: epoch}): not in those (killed) incarnations,
+        which stay listed healthy until a call finds them dead or their heartbeats time out."""
+        stale = stale or {}
         t0 = time.time()
         while time.time() - t0 < timeout:
             ws = self.workers_listed()
-            if ws is not None and len([w for w in ws if w["healthy"]]) >= len(self.workers()):
+            if ws is not None and len([w for w in ws if w["healthy"] and
+                                       stale.get(w["worker_id"]) != w["epoch"]]) \
+                    >= len(self.workers()):
                 return time.time() - t0
             time.sleep(0.2)
         return None
@@ -343,9 +348,13 @@ def serves(c, seed=1):
 
 def after(c, case, restart=None):
     """Restart what died, then: pools whole, leases expired, healthy, serves."""
+    stale = {}
     if restart:
+        if restart != "router":
+            stale = {w["worker_id"]: w["epoch"] for w in c.workers_listed() or []
+                     if w["worker_id"] == restart}
         c.restart(restart)
-    healthy = c.wait_healthy(60)
+    healthy = c.wait_healthy(60, stale)
     whole, states = c.wait_whole(40)
     exp = c.expired()
     row(case + " /after", healthy=fmt(healthy), whole=fmt(whole), expired=exp,
