@@ -16,9 +16,10 @@
 // `max_buffered_body_bytes` in flight: 503 with Retry-After) decide on it before its body is read;
 // a refused request's body is drained unread and the connection closed. `Expect: 100-continue`
 // is answered once admitted. A request's body is freed when its handler returns.
-// Limits: headers over 16 KiB get 431, a request line and headers not read within
-// `read_timeout` close the connection (an idle kept-alive one too), a body not whole within
-// `read_timeout` (shorter than its Content-Length) gets 408 and the connection closes, more than
+// Limits: headers over 16 KiB get 431, a request line and headers begun but not whole within
+// `read_timeout` get 408 and the connection closes (an idle connection, fresh or kept alive, just
+// closes), a body not whole within `read_timeout` (shorter than its Content-Length) gets 408 and
+// the connection closes, more than
 // `max_connections` open connections are refused (closed at accept). Bad requests get 400. Unknown
 // paths 404, known path with another method 405. Errors are JSON `{"error": {"message", "type",
 // "code"}}` (OpenAI's shape).

@@ -228,6 +228,51 @@ TEST(HttpServerTest, ABodyThatStopsShortIsA408AndAnIdleConnectionJustCloses) {
   EXPECT_TRUE(ConnectionsDrain(**server));
 }
 
+// A request line or headers that stop coming get a 408 after read_timeout too (a JSON error,
+// `Connection: close`), whether on a fresh connection or after a kept-alive answer; a connection
+// on which no byte of a next request came still just closes. Before, a stalled request line or
+// headers were closed without a word (Beast's timeout closed the socket: EOF, nothing read).
+TEST(HttpServerTest, AStalledRequestLineOrHeadersIsA408) {
+  std::shared_ptr<ResponseStream> stream;
+  absl::Notification started;
+  HttpServerOptions options;
+  options.read_timeout = absl::Milliseconds(300);
+  auto server = HttpServer::Start(options, Routes(&stream, &started));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto expect_408 = [](int fd, const std::string& stalled) {
+    const absl::Time sent = absl::Now();
+    Send(fd, stalled);
+    const std::string r = ReadUntil(fd, "never sent");  // to the close
+    const absl::Duration took = absl::Now() - sent;
+    EXPECT_TRUE(r.starts_with("HTTP/1.1 408")) << stalled << " -> " << r;
+    EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+    EXPECT_NE(r.find("application/json"), std::string::npos) << r;
+    EXPECT_NE(r.find("request line and headers did not arrive within 300ms"), std::string::npos)
+        << r;
+    EXPECT_NE(r.find("\"code\":408"), std::string::npos) << r;
+    EXPECT_GE(took, absl::Milliseconds(250));
+    EXPECT_LT(took, absl::Seconds(4));
+  };
+  for (const std::string& stalled :
+       {std::string("G"), std::string("GET /health HTTP/1.1\r\nHost: a\r\n"),
+        std::string("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Le")}) {
+    const int fd = Connect((*server)->port());
+    expect_408(fd, stalled);
+    close(fd);
+  }
+  // After a kept-alive answer: the next request's stalled start is a 408 as well.
+  const int kept = Connect((*server)->port());
+  Send(kept, "GET /health HTTP/1.1\r\nHost: a\r\n\r\n");
+  EXPECT_NE(ReadUntil(kept, "ok ").find("HTTP/1.1 200"), std::string::npos);
+  expect_408(kept, "GET /health HTTP/1.1\r\n");
+  close(kept);
+  // Not a byte: closed without an answer.
+  const int idle = Connect((*server)->port());
+  EXPECT_EQ(ReadUntil(idle, "never sent"), "");
+  close(idle);
+  EXPECT_TRUE(ConnectionsDrain(**server));
+}
+
 // HTTP/1.0 has no chunked coding: a 1.0 client's stream is the raw bytes with Connection: close,
 // its end the close. Before, 1.0 clients got chunk sizes inside their event stream.
 TEST(HttpServerTest, AnHttp10StreamIsUnchunkedAndEndsAtTheClose) {

@@ -117,10 +117,31 @@ void Session<Stream>::Read() {
   parser_.emplace();
   parser_->body_limit(server_->options.max_body_bytes);
   parser_->header_limit(kHeaderLimit);
-  tcp().expires_after(ToChrono(server_->options.read_timeout));
+  ArmReadTimer();
   bhttp::async_read_header(
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+}
+
+template <typename Stream>
+void Session<Stream>::ArmReadTimer() {
+  const auto timeout = ToChrono(server_->options.read_timeout);
+  tcp().expires_after(timeout + kReadTimeoutSlack);
+  reading_ = true;
+  read_timed_out_ = false;
+  read_timer_.emplace(stream_.get_executor(), timeout);
+  read_timer_->async_wait([self = this->shared_from_this()](beast::error_code ec) {
+    if (ec || !self->reading_) return;
+    self->read_timed_out_ = true;
+    self->tcp().cancel();  // the read ends with operation_aborted; its handler answers 408
+  });
+}
+
+template <typename Stream>
+bool Session<Stream>::ReadTimedOut() {
+  reading_ = false;
+  if (read_timer_) read_timer_->cancel();
+  return read_timed_out_;
 }
 
 template <typename Stream>
@@ -142,6 +163,14 @@ bool Session<Stream>::OnReadError(beast::error_code ec) {
 
 template <typename Stream>
 void Session<Stream>::OnHeader(beast::error_code ec) {
+  if (ReadTimedOut()) {
+    // A request begun and stalled in its line or headers is told why it is cut off; an idle
+    // connection (not a byte of a next request) just closes.
+    if (!parser_->got_some() && buffer_.size() == 0) return Shutdown();
+    return Refuse(
+        ErrorResponse(408, absl::StrCat("the request line and headers did not arrive within ",
+                                        absl::FormatDuration(server_->options.read_timeout))));
+  }
   if (OnReadError(ec)) return;
   if (std::optional<Response> refusal = Admit()) {
     Refuse(*std::move(refusal));
@@ -186,15 +215,7 @@ template <typename Stream>
 void Session<Stream>::ReadBody() {
   // A body shorter than its Content-Length (or a stalled chunked one) gets a 408 from our timer;
   // Beast's timeout, later, only backs it up (it closes the socket without a word).
-  const auto timeout = ToChrono(server_->options.read_timeout);
-  tcp().expires_after(timeout + kBodyTimeoutSlack);
-  reading_body_ = true;
-  body_timer_.emplace(stream_.get_executor(), timeout);
-  body_timer_->async_wait([self = this->shared_from_this()](beast::error_code ec) {
-    if (ec || !self->reading_body_) return;
-    self->body_timed_out_ = true;
-    self->tcp().cancel();  // the read ends with operation_aborted: OnRead answers 408
-  });
+  ArmReadTimer();
   bhttp::async_read(
       stream_, buffer_, *parser_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -202,9 +223,7 @@ void Session<Stream>::ReadBody() {
 
 template <typename Stream>
 void Session<Stream>::OnRead(beast::error_code ec) {
-  reading_body_ = false;
-  body_timer_->cancel();
-  if (body_timed_out_) {
+  if (ReadTimedOut()) {
     Refuse(ErrorResponse(408, absl::StrCat("the request body did not arrive within ",
                                            absl::FormatDuration(server_->options.read_timeout),
                                            " (shorter than its Content-Length?)")));

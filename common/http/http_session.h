@@ -53,9 +53,10 @@ inline constexpr auto kTlsCloseTimeout = std::chrono::seconds(1);
 // How long a refused request's unread body is drained (discarded) before the connection closes:
 // closing with it unread would reset the connection, which can destroy the refusal in flight.
 inline constexpr auto kRefusalDrainTimeout = std::chrono::seconds(2);
-// How much longer Beast's own timeout on a body read runs than ours (read_timeout): ours fires
-// first and answers 408; Beast's would close the socket before we could write.
-inline constexpr auto kBodyTimeoutSlack = std::chrono::seconds(5);
+// How much longer Beast's own timeout on a request's read (its head, its body) runs than ours
+// (read_timeout): ours fires first and answers 408; Beast's would close the socket before we
+// could write.
+inline constexpr auto kReadTimeoutSlack = std::chrono::seconds(5);
 // What WatchBeforeReply reads at most (the start of a pipelined next request, kept for it).
 inline constexpr size_t kWatchBytes = 4096;
 // How long the acceptor waits after a failed accept (EMFILE, ENFILE, ENOBUFS) before the next.
@@ -143,6 +144,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void RefusePlainHttp();
   void DrainThenClose();
   void Read();
+  // Bounds the read about to start by read_timeout (read_timer_: a timeout cancels it and
+  // read_timed_out_ tells its handler; Beast's timeout kReadTimeoutSlack later backs it up).
+  void ArmReadTimer();
+  // Called first by a read's handler: the timer stopped; true when it had fired.
+  bool ReadTimedOut();
   // The read's error answered (or the connection ended); false when there was none.
   bool OnReadError(boost::beast::error_code ec);
   void OnHeader(boost::beast::error_code ec);
@@ -178,8 +184,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   bool keep_alive_ = false;
   bool http10_ = false;  // the request being answered is HTTP/1.0: a stream is not chunked
-  bool reading_body_ = false, body_timed_out_ = false;
-  std::optional<boost::asio::steady_timer> body_timer_;  // read_timeout on a body read: 408
+  bool reading_ = false, read_timed_out_ = false;
+  std::optional<boost::asio::steady_timer> read_timer_;  // read_timeout on a head or body: 408
   bool drain_on_close_ = false;                          // a refused request's body is still coming
   bool awaiting_reply_ = false;                          // dispatched, not answered yet
   bool watching_ = false;                                // WatchBeforeReply's read is pending

@@ -155,9 +155,10 @@ TEST(HttpsServerTest, RoundTripAndRefusals) {
   WaitForNoConnections(*server);
 }
 
-// Over TLS too a body that stops short of its Content-Length is answered 408 (the pending TLS
-// read is cancelled, then the answer written) and the connection closed.
-TEST(HttpsServerTest, ABodyThatStopsShortIsA408) {
+// Over TLS too a body that stops short of its Content-Length, or a request line / headers that
+// stop coming, are answered 408 (the pending TLS read is cancelled, then the answer written) and
+// the connection closed.
+TEST(HttpsServerTest, AStalledBodyOrHeadIsA408) {
   std::shared_ptr<ResponseStream> stream;
   absl::Notification started;
   HttpServerOptions options;
@@ -166,14 +167,18 @@ TEST(HttpsServerTest, ABodyThatStopsShortIsA408) {
   absl::StatusOr<std::unique_ptr<HttpServer>> server =
       HttpServer::Start(options, Routes(&stream, &started));
   ASSERT_TRUE(server.ok()) << server.status();
-  std::unique_ptr<ClientConnection> conn = Dial((*server)->port(), TestPki().client);
-  ASSERT_NE(conn, nullptr);
-  ASSERT_TRUE(conn->Write("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc").ok());
-  bool eof = false;
-  const std::string r = ReadUntil(*conn, "never sent", &eof);
-  EXPECT_NE(r.find("HTTP/1.1 408"), std::string::npos) << r;
-  EXPECT_NE(r.find("did not arrive"), std::string::npos) << r;
-  conn.reset();
+  for (const std::string& stalled :
+       {std::string("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc"),
+        std::string("GET /health HTTP/1.1\r\nHo")}) {
+    std::unique_ptr<ClientConnection> conn = Dial((*server)->port(), TestPki().client);
+    ASSERT_NE(conn, nullptr);
+    ASSERT_TRUE(conn->Write(stalled).ok());
+    bool eof = false;
+    const std::string r = ReadUntil(*conn, "never sent", &eof);
+    EXPECT_NE(r.find("HTTP/1.1 408"), std::string::npos) << stalled << " -> " << r;
+    EXPECT_NE(r.find("did not arrive"), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+  }
   WaitForNoConnections(**server);
 }
 
