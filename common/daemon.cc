@@ -69,4 +69,12 @@ uint64_t RaiseOpenFileLimit() {
   return static_cast<uint64_t>(limit.rlim_cur);
 }
 
+int WithinAQuarterOfTheOpenFileLimit(int configured) {
+  configured = std::max(configured, 1);
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return configured;
+  return static_cast<int>(
+      std::max<rlim_t>(1, std::min<rlim_t>(static_cast<rlim_t>(configured), limit.rlim_cur / 4)));
+}
+
 }  // namespace tandem

@@ -46,6 +46,12 @@ void ReturnLargeFreedBlocksToTheSystem();
 // failure. Process-wide; call once, early in main.
 uint64_t RaiseOpenFileLimit();
 
+// `configured` (at least 1), but at most a quarter of this process's soft limit on open file
+// descriptors: one server's connections then cannot take every descriptor, which would fail
+// every accept() and open() in the process. HttpServer and GrpcListener clamp their connection
+// caps with it.
+int WithinAQuarterOfTheOpenFileLimit(int configured);
+
 // Ignores SIGPIPE process-wide (inherited by the processes it starts), so a write to a socket
 // whose peer is gone fails with EPIPE instead of ending the process without a word. gRPC and
 // asio send with MSG_NOSIGNAL, but Gloo's TCP pairs do not: a TP rank 0 resumed after SIGSTOP

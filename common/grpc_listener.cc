@@ -6,13 +6,17 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 
 namespace tandem {
@@ -73,8 +77,9 @@ int BoundPort(int fd) {
 
 absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Add(
     const std::string& address, std::shared_ptr<grpc::ServerCredentials> credentials,
-    grpc::ServerBuilder* builder) {
+    grpc::ServerBuilder* builder, const GrpcListenerOptions& options) {
   std::unique_ptr<GrpcListener> listener(new GrpcListener());
+  listener->max_connections_ = WithinAQuarterOfTheOpenFileLimit(options.max_connections);
   std::string error;
   listener->listen_fd_ = ListenOn(address, &error);
   if (listener->listen_fd_ < 0) return Unavailable(address, error);
@@ -83,6 +88,9 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Add(
   if (listener->wake_fd_ < 0 || listener->port_ == 0) {
     return Unavailable(address, std::strerror(errno));
   }
+  builder->AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.handshake_timeout))));
   listener->acceptor_ = builder->experimental().AddExternalConnectionAcceptor(
       grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
       std::move(credentials));
@@ -126,13 +134,41 @@ void GrpcListener::AcceptLoop() {
       backoff = true;
       continue;
     }
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters params;
-    params.listener_fd = listen_fd_;
-    params.fd = fd;  // the server's from here on
-    acceptor_->HandleNewConnection(&params);
+    Admit(fd);
   }
+}
+
+void GrpcListener::Admit(int fd) {
+  if (static_cast<int>(handed_.size()) >= max_connections_ &&
+      std::chrono::steady_clock::now() - last_recount_ >= kRecountInterval) {
+    Recount();
+  }
+  struct stat st {};
+  if (static_cast<int>(handed_.size()) >= max_connections_ || fstat(fd, &st) != 0) {
+    LOG_EVERY_N(WARNING, 1000) << "grpc port " << port_ << ": " << handed_.size()
+                               << " connections open (the cap): a new one closed";
+    close(fd);
+    return;
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  handed_.push_back({fd, st.st_dev, st.st_ino});
+  connections_.store(static_cast<int>(handed_.size()));
+  grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters params;
+  params.listener_fd = listen_fd_;
+  params.fd = fd;  // the server's from here on
+  acceptor_->HandleNewConnection(&params);
+}
+
+void GrpcListener::Recount() {
+  // The server closes a connection's descriptor when it ends (a failed or timed-out handshake,
+  // the peer gone, GOAWAY). The number may since name another socket or file: the inode tells.
+  std::erase_if(handed_, [](const Handed& h) {
+    struct stat st {};
+    return fstat(h.fd, &st) != 0 || st.st_dev != h.dev || st.st_ino != h.ino;
+  });
+  connections_.store(static_cast<int>(handed_.size()));
+  last_recount_ = std::chrono::steady_clock::now();
 }
 
 }  // namespace tandem

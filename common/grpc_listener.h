@@ -7,6 +7,14 @@
 // (gRPC's external connection acceptor, the same TLS / mTLS credentials); a failed accept is
 // logged and retried after 100 ms, so the port serves again once descriptors are free.
 //
+// Bounded (GrpcListenerOptions): gRPC 1.51 has no cap on a server's connections (its
+// GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS came later), so the listener keeps its own count of
+// the connections it handed over that are still open and, past `max_connections`, accepts a new
+// one and closes it at once (as HttpServer does). A connection that never completes its TLS
+// handshake and HTTP/2 preface is dropped by the server after `handshake_timeout`
+// (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, set on the builder; gRPC's default is 2 minutes), which
+// frees its place: idle TCP connections cannot hold the port's places for long.
+//
 //   grpc::ServerBuilder builder;
 //   ASSIGN_OR_RETURN(auto listener, GrpcListener::Add("127.0.0.1:0", creds, &builder));
 //   ... RegisterService ...; server = builder.BuildAndStart();
@@ -19,28 +27,43 @@
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tandem {
+
+struct GrpcListenerOptions {
+  // Open connections at most; more are closed as soon as accepted. Clamped to a quarter of the
+  // process's descriptor limit (WithinAQuarterOfTheOpenFileLimit). The router and the workers
+  // each hold one connection to a peer's port, a client or a tool one or a few.
+  int max_connections = 4096;
+  // A connection whose TLS handshake and HTTP/2 SETTINGS are not done within this is dropped.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+};
 
 class GrpcListener {
  public:
   // How long the accept loop waits after a failed accept (EMFILE, ENFILE, ENOBUFS, ENOMEM).
   static constexpr std::chrono::milliseconds kAcceptRetry{100};
+  // At the cap, how often the listener looks again for connections the server has closed.
+  static constexpr std::chrono::milliseconds kRecountInterval{10};
 
   // Binds and listens on `address` (HOST:PORT; port 0: any free one; HOST an IP address, IPv6
   // in brackets, or a name resolved once) and registers with `builder` in place of its
-  // AddListeningPort. UNAVAILABLE when the address cannot be bound.
+  // AddListeningPort; sets the builder's handshake timeout. UNAVAILABLE when the address cannot
+  // be bound.
   static absl::StatusOr<std::unique_ptr<GrpcListener>> Add(
       const std::string& address, std::shared_ptr<grpc::ServerCredentials> credentials,
-      grpc::ServerBuilder* builder);
+      grpc::ServerBuilder* builder, const GrpcListenerOptions& options = {});
   // Stops accepting and closes the listening socket (connections already handed over stay the
   // server's).
   ~GrpcListener();
@@ -49,11 +72,31 @@ class GrpcListener {
   int port() const { return port_; }
   // Starts accepting; call once the server is built and started.
   void Start();
+  // Connections handed to the server and open when last counted (tests).
+  int connections() const { return connections_.load(); }
+  // The cap in force (options' max_connections, clamped).
+  int max_connections() const { return max_connections_; }
 
  private:
+  // A connection handed to the server, known by its socket's identity: the descriptor number
+  // alone may be reused once the server closed it.
+  struct Handed {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+  };
+
   GrpcListener() = default;
   void AcceptLoop();
+  // Hands `fd` to the server, or closes it when the cap is reached.
+  void Admit(int fd);
+  // Forgets the connections the server has closed (a descriptor no longer that socket).
+  void Recount();
 
+  int max_connections_ = 0;
+  std::vector<Handed> handed_;  // the accept thread's
+  std::chrono::steady_clock::time_point last_recount_{};
+  std::atomic<int> connections_{0};
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that ends the accept loop
   int port_ = 0;

@@ -1,7 +1,5 @@
 #include "common/http/http_server.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -11,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crash_handler.h"
+#include "common/daemon.h"
 #include "common/http/http_session.h"
 #include "common/http/tls_context.h"
 #include "common/logging.h"
@@ -29,16 +28,6 @@ const char* ErrorType(int status) {
   if (status == 429) return "rate_limit_error";
   if (status >= 500) return "server_error";
   return "invalid_request_error";
-}
-
-// At most a quarter of the process's descriptors go to one server's connections: a flood of
-// connections then cannot use them all, which would fail every accept() in the process (the gRPC
-// library stops listening for good after one such failure) and every file or socket it opens.
-int ConnectionCap(int configured) {
-  rlimit limit;
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return configured;
-  return static_cast<int>(
-      std::min<rlim_t>(static_cast<rlim_t>(std::max(configured, 1)), limit.rlim_cur / 4));
 }
 
 }  // namespace
@@ -128,7 +117,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     std::map<std::pair<std::string, std::string>, Handler> routes) {
   auto impl = std::make_shared<Impl>();
   impl->options = options;
-  impl->options.max_connections = ConnectionCap(options.max_connections);
+  // A flood of connections cannot take every descriptor of the process (the gRPC ports' accepts
+  // and every file or socket it opens would fail).
+  impl->options.max_connections = WithinAQuarterOfTheOpenFileLimit(options.max_connections);
   impl->routes = std::move(routes);
   impl->body_budget = std::make_unique<BodyBudget>(options.max_buffered_body_bytes);
   if (options.tls.has_value()) {
