@@ -185,6 +185,20 @@ template <typename T>
 absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
                                  const T* w, const int32_t* expert_offsets, int64_t num_experts,
                                  int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream);
+// How MoeGroupedWgmma's two consumer warpgroups share the work (the results are bit-identical):
+// kCooperative, both on every tile (each 64 rows of a 128 x 128 tile or 128 columns of a 64 x 256
+// one), so both run their epilogue at once and the tensor cores idle meanwhile; kPingPong
+// (CUTLASS's "pingpong"), each a whole tile in turn, one's epilogue overlapping the other's MMAs,
+// the MMAs of a 128-row tile's last 64 rows skipped when they are all past the expert's rows;
+// built with the TMA producers only (kTmaWeights, kTmaOperands; INVALID_ARGUMENT otherwise).
+// The overload without a schedule takes kMoeWgmmaDefaultSchedule.
+enum class MoeWgmmaSchedule { kCooperative, kPingPong };
+inline constexpr MoeWgmmaSchedule kMoeWgmmaDefaultSchedule = MoeWgmmaSchedule::kCooperative;
+template <typename T>
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,
+                                 const int32_t* a_row_index, const T* w,
+                                 const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                                 int64_t n, int64_t k, T* out, cudaStream_t stream);
 
 #define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
   extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
@@ -213,7 +227,10 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const in
                                                   int64_t, T*, cudaStream_t);                      \
   extern template absl::Status MoeGroupedWgmmaWith<T>(MoeWgmmaProducer, const T*, const int32_t*,  \
                                                       const T*, const int32_t*, int64_t, int64_t,  \
-                                                      int64_t, int64_t, T*, cudaStream_t);
+                                                      int64_t, int64_t, T*, cudaStream_t);         \
+  extern template absl::Status MoeGroupedWgmmaWith<T>(                                             \
+      MoeWgmmaProducer, MoeWgmmaSchedule, const T*, const int32_t*, const T*, const int32_t*,      \
+      int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
 TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
 TANDEM_MOE_CUDA_DECLARE(__half)
 #undef TANDEM_MOE_CUDA_DECLARE

@@ -24,10 +24,10 @@
 // layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
 // (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
 // call like mma_err; then per other MoeWgmmaProducer (enum order, kMoeWgmmaDefaultProducer left
-// out) wg2_ms / wg2_TF / wg2_err: the experts on MoeGroupedWgmma with that producer. For decode
-// steps (T <= 16)
-// also the fused route + permute launch and the layer in CUDA graphs with and without it and PDL
-// (DecodeGraphs).
+// out) wg2_ms / wg2_TF / wg2_err: the experts on MoeGroupedWgmma with that producer, then the same
+// for MoeWgmmaSchedule::kPingPong with kTmaWeights (and layer_pp: the layer on it) and with
+// kTmaOperands. For decode steps (T <= 16) also the fused route + permute launch and the layer in
+// CUDA graphs with and without it and PDL (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -39,6 +39,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/moe/moe_bench_check.h"
@@ -246,7 +247,11 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "tokens", "active", "gemv_ms", "padded_ms", "grouped_ms", "per_exp_ms", "route_us", "perm_us",
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
-  std::printf("%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err} x 3)\n", 150, "");
+  std::printf(
+      "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err} x 3 (producers)"
+      " | pp_ms pp_TF pp_err layer_pp | pp2_ms pp2_TF pp2_err (ping-pong: kTmaWeights, "
+      "kTmaOperands))\n",
+      150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
@@ -393,18 +398,36 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
           },
           iters);
       std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg_ms, flops / wg_ms / 1e9, wg_err, layer_wg_ms);
-      // The other producers (MoeWgmmaProducer) in the same place, in enum order.
-      for (const MoeWgmmaProducer other :
-           {MoeWgmmaProducer::kWaitGroup, MoeWgmmaProducer::kArriveNoinc,
-            MoeWgmmaProducer::kTmaWeights, MoeWgmmaProducer::kTmaOperands}) {
-        if (other == kMoeWgmmaDefaultProducer) continue;
-        auto wg2 = [&] {
-          grouped_experts(
-              [other](auto... args) { return MoeGroupedWgmmaWith<bf16>(other, args...); });
+      // The other producers (MoeWgmmaProducer) in the same place, in enum order, then the
+      // ping-pong schedule with the TMA producers (and the layer on the default one's).
+      using P = MoeWgmmaProducer;
+      constexpr MoeWgmmaSchedule kCoop = MoeWgmmaSchedule::kCooperative;
+      constexpr MoeWgmmaSchedule kPp = MoeWgmmaSchedule::kPingPong;
+      const std::pair<P, MoeWgmmaSchedule> variants[] = {
+          {P::kWaitGroup, kCoop},   {P::kArriveNoinc, kCoop}, {P::kTmaWeights, kCoop},
+          {P::kTmaOperands, kCoop}, {P::kTmaWeights, kPp},    {P::kTmaOperands, kPp}};
+      for (const auto& variant : variants) {
+        const P producer = variant.first;
+        const MoeWgmmaSchedule schedule = variant.second;
+        if (producer == kMoeWgmmaDefaultProducer && schedule == kMoeWgmmaDefaultSchedule) continue;
+        auto wg2 = [&, producer, schedule] {
+          grouped_experts([producer, schedule](auto... args) {
+            return MoeGroupedWgmmaWith<bf16>(producer, schedule, args...);
+          });
         };
         const double wg2_err = experts_err(wg2);
         const double wg2_ms = TimeMs(wg2, iters);
         std::printf(" | %8.4f %7.1f %8.1e", wg2_ms, flops / wg2_ms / 1e9, wg2_err);
+        if (producer == kMoeWgmmaDefaultProducer && schedule == kPp) {
+          std::printf(" %9.4f", TimeMs(
+                                    [&] {
+                                      route();
+                                      permute();
+                                      wg2();
+                                      split(perm.row_of_pair);
+                                    },
+                                    iters));
+        }
       }
     }
     if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {

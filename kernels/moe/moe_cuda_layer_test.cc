@@ -49,13 +49,14 @@ template <typename T>
 using GroupedFn = absl::Status (*)(const T*, const int32_t*, const T*, const int32_t*, int64_t,
                                    int64_t, int64_t, int64_t, T*, cudaStream_t);
 
-// MoeGroupedWgmma with a named producer (MoeWgmmaProducer), as a GroupedFn.
-template <typename T, MoeWgmmaProducer kProducer>
+// MoeGroupedWgmma with a named producer (MoeWgmmaProducer) and schedule, as a GroupedFn.
+template <typename T, MoeWgmmaProducer kProducer,
+          MoeWgmmaSchedule kSchedule = MoeWgmmaSchedule::kCooperative>
 absl::Status WgmmaWith(const T* a, const int32_t* a_row_index, const T* w, const int32_t* offsets,
                        int64_t num_experts, int64_t rows, int64_t n, int64_t k, T* out,
                        cudaStream_t stream) {
-  return MoeGroupedWgmmaWith<T>(kProducer, a, a_row_index, w, offsets, num_experts, rows, n, k, out,
-                                stream);
+  return MoeGroupedWgmmaWith<T>(kProducer, kSchedule, a, a_row_index, w, offsets, num_experts, rows,
+                                n, k, out, stream);
 }
 
 // MoeCombineSplit launched plainly, with MoeCombine's signature.
@@ -271,20 +272,28 @@ TEST(MoeCudaTest, GroupedMmaMatchesCpu) {
 }
 
 // MoeGroupedWgmma (sm_90 only) on MoeGroupedMma's cases, and on grids of more tiles than SMs
-// (each persistent CTA walking several tiles, the ring wrapping across tiles) in both tile shapes.
+// (each persistent CTA walking several tiles, the ring wrapping across tiles) in both tile shapes,
+// with every producer under the cooperative schedule and the TMA producers under ping-pong (its
+// warpgroups taking turns: several tiles a warpgroup with k of 1 to 17 ring stages; 128-row tiles
+// of <= 64 rows, whose second half's MMAs are skipped).
 TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
   TANDEM_SKIP_WITHOUT_GPU();
   if (!MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8)) GTEST_SKIP() << "not an sm_90 device";
   std::mt19937 rng(cuda_test::TestSeed());
-  // Every producer (the results are the same, the stage loading and publishing differ).
+  // Every producer (the results are the same, the stage loading and publishing differ), then the
+  // ping-pong schedule.
   using P = MoeWgmmaProducer;
-  const std::pair<GroupedFn<__nv_bfloat16>, GroupedFn<__half>> producers[] = {
-      {WgmmaWith<__nv_bfloat16, P::kWaitGroup>, WgmmaWith<__half, P::kWaitGroup>},
-      {WgmmaWith<__nv_bfloat16, P::kArriveNoinc>, WgmmaWith<__half, P::kArriveNoinc>},
-      {WgmmaWith<__nv_bfloat16, P::kTmaWeights>, WgmmaWith<__half, P::kTmaWeights>},
-      {WgmmaWith<__nv_bfloat16, P::kTmaOperands>, WgmmaWith<__half, P::kTmaOperands>}};
+  constexpr MoeWgmmaSchedule kPp = MoeWgmmaSchedule::kPingPong;
+  using bf16 = __nv_bfloat16;
+  const std::pair<GroupedFn<bf16>, GroupedFn<__half>> producers[] = {
+      {WgmmaWith<bf16, P::kWaitGroup>, WgmmaWith<__half, P::kWaitGroup>},
+      {WgmmaWith<bf16, P::kArriveNoinc>, WgmmaWith<__half, P::kArriveNoinc>},
+      {WgmmaWith<bf16, P::kTmaWeights>, WgmmaWith<__half, P::kTmaWeights>},
+      {WgmmaWith<bf16, P::kTmaOperands>, WgmmaWith<__half, P::kTmaOperands>},
+      {WgmmaWith<bf16, P::kTmaWeights, kPp>, WgmmaWith<__half, P::kTmaWeights, kPp>},
+      {WgmmaWith<bf16, P::kTmaOperands, kPp>, WgmmaWith<__half, P::kTmaOperands, kPp>}};
   for (size_t i = 0; i < std::size(producers); ++i) {
-    SCOPED_TRACE(::testing::Message() << "producer " << i);
+    SCOPED_TRACE(::testing::Message() << "producer / schedule " << i);
     const auto [bf, fp] = producers[i];
     // Uneven with empty experts (64 x 256 tiles: rows <= 64 * E), odd n / k.
     CheckGroupedMma<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 72, 200, true, rng, bf);
@@ -304,7 +313,18 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
     for (int32_t& c : large) c = std::uniform_int_distribution<int32_t>(100, 400)(rng);
     CheckGroupedMma<__nv_bfloat16>(small, 1024, 128, true, rng, bf);
     CheckGroupedMma<__half>(large, 1152, 192, false, rng, fp);
+    // ~3 tiles a CTA (~400 on 132 SMs) with one ring stage each (k = 64; under ping-pong the ring's
+    // stages change hands every tile), expert ends at every offset inside a 128-row tile.
+    std::vector<int32_t> mixed(13);
+    for (int32_t& c : mixed) c = std::uniform_int_distribution<int32_t>(129, 255)(rng);
+    CheckGroupedMma<__nv_bfloat16>(mixed, 2048, 64, true, rng, bf);
   }
+  // The ping-pong schedule is built with the TMA producers only.
+  DeviceBuffer<bf16> buf(64);
+  DeviceBuffer<int32_t> offs(std::vector<int32_t>{0, 1});
+  EXPECT_FALSE(MoeGroupedWgmmaWith<bf16>(P::kWaitGroup, kPp, buf.get(), nullptr, buf.get(),
+                                         offs.get(), 1, 1, 8, 8, buf.get(), nullptr)
+                   .ok());
 }
 
 // MoeCombineSplit against MoeCombine on the same inputs.

@@ -78,7 +78,8 @@ struct Tile {
   static constexpr int kStageBytes = (kBM + kBN) * 128;
   static constexpr int kStages = kWgRows == 2 ? 6 : 5;  // 192 / 200 KiB of ring
   static constexpr int kBarOff = kStages * kStageBytes;
-  static constexpr int kTableOff = kBarOff + 2 * kStages * 8;
+  // full[kStages], empty[kStages], turn[2] (the ping-pong schedule's hand-over).
+  static constexpr int kTableOff = kBarOff + (2 * kStages + 2) * 8;
   static constexpr int kTableInts = static_cast<int>(kMoeMaxExperts) + 1;
   // Ring + barriers + two tables of E + 1 ints + slack for the 1024-byte alignment.
   static constexpr int kSmemBytes = kTableOff + 2 * kTableInts * 4 + 1024;
@@ -310,16 +311,38 @@ __device__ __forceinline__ void StorePair(T* dst, float x, float y) {
   }
 }
 
-// A consumer warpgroup (wg 0 or 1): 64 x 128 of every tile.
+// A consumer warpgroup's 64 x 128 block of accumulators at (row_off, col_off) of tile tr into
+// out; rows past the expert's and columns past n are not stored. Accumulator layout (m64nNk16,
+// fp32): row warp * 16 + lane / 4 + 8 h, column 8 f + 2 (lane % 4) + {0, 1} in
+// acc[4 f + 2 h + {0, 1}].
+template <typename T>
+__device__ __forceinline__ void StoreBlock(const float (&acc)[64], const Params& p,
+                                           const TileRef& tr, int row_off, int col_off) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  T* out = static_cast<T*>(p.out);
+  const int col0 = tr.n0 + col_off + (lane & 3) * 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = tr.row0 + row_off + warp * 16 + (lane >> 2) + 8 * h;
+    if (r >= tr.row_end) continue;
+    T* dst = out + static_cast<int64_t>(r) * p.n;
+#pragma unroll
+    for (int f = 0; f < 16; ++f) {
+      if (col0 + 8 * f < p.n)
+        StorePair(dst + col0 + 8 * f, acc[4 * f + 2 * h], acc[4 * f + 2 * h + 1]);
+    }
+  }
+}
+
+// A consumer warpgroup (wg 0 or 1) of the cooperative schedule: 64 x 128 of every tile.
 template <typename T, int kWgRows, Producer kProducer>
 __device__ void Consume(const Params& p, const int* start, const int* offs, uint32_t ring,
                         uint64_t* full, uint64_t* empty) {
   using C = Tile<kWgRows>;
   const int ctid = threadIdx.x - 128;
-  const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  const int wg = ctid >> 7, lane = ctid & 31;
   const int row_off = kWgRows == 2 ? wg * 64 : 0, col_off = kWgRows == 2 ? 0 : wg * 128;
   const uint32_t a_base = ring + row_off * 128, b_base = ring + C::kBOff + col_off * 128;
-  T* out = static_cast<T*>(p.out);
   const int ktiles = (p.k + kBK - 1) / kBK;
   uint32_t step = 0;
   float acc[64];
@@ -350,24 +373,107 @@ __device__ void Consume(const Params& p, const int* start, const int* offs, uint
 #pragma unroll
     for (int i = 0; i < 64; ++i) FenceOperand(acc[i]);
     MbarArriveIf(empty + prev, lane == 0 && ktiles > 0);
-    // Accumulator layout (m64nNk16, fp32): row warp * 16 + lane / 4 + 8 h, column
-    // 8 f + 2 (lane % 4) + {0, 1} in acc[4 f + 2 h + {0, 1}].
-    const int col0 = tr.n0 + col_off + (lane & 3) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = tr.row0 + row_off + warp * 16 + (lane >> 2) + 8 * h;
-      if (r >= tr.row_end) continue;
-      T* dst = out + static_cast<int64_t>(r) * p.n;
-#pragma unroll
-      for (int f = 0; f < 16; ++f) {
-        if (col0 + 8 * f < p.n)
-          StorePair(dst + col0 + 8 * f, acc[4 * f + 2 * h], acc[4 * f + 2 * h + 1]);
-      }
-    }
+    StoreBlock<T>(acc, p, tr, row_off, col_off);
   }
 }
 
+// The ping-pong schedule's main loop over one tile from ring step `step`: this warpgroup alone
+// computes the whole tile as two 64 x 128 blocks (h = 0, 1: rows h * 64 of a 128 x 128 tile, or
+// columns h * 128 of a 64 x 256 one), kHalves = 1 skipping the second (a 128-row tile whose last
+// 64 rows are past the expert's). Once every stage of the tile has landed (this warpgroup waited
+// on all of them) it hands the turn to the other warpgroup (`turn_next`), which then issues its
+// tile's MMAs while this one drains and stores.
+template <typename T, int kWgRows, Producer kProducer, int kHalves>
+__device__ __forceinline__ void PingPongMainLoop(float (&acc)[2][64], uint32_t ring, uint64_t* full,
+                                                 uint64_t* empty, uint64_t* turn_next,
+                                                 uint32_t step, int ktiles) {
+  using C = Tile<kWgRows>;
+  constexpr uint32_t kAHalf = kWgRows == 2 ? 64 * 128 : 0, kBHalf = kWgRows == 2 ? 0 : 128 * 128;
+  const int lane = threadIdx.x & 31;
+  int prev = 0;
+  for (int kt = 0; kt < ktiles; ++kt, ++step) {
+    const int st = step % C::kStages;
+    MbarWait(full + st, (step / C::kStages) & 1);
+    if constexpr (kProducer != Producer::kWaitGroup) FenceProxyAsync();
+    const uint32_t a = ring + st * C::kStageBytes, b = a + C::kBOff;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        WgmmaSS128<T>(acc[h], SmemDesc(a + h * kAHalf + kk * 32, 16, 1024),
+                      SmemDesc(b + h * kBHalf + kk * 32, 16, 1024), 1u);
+      }
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();  // the previous stage's MMAs are done: release it
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) FenceOperand(acc[h][i]);
+    }
+    MbarArriveIf(empty + prev, lane == 0 && kt > 0);
+    prev = st;
+  }
+  MbarArriveIf(turn_next, threadIdx.x % 128 == 0);
+  WgmmaWait<0>();
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) FenceOperand(acc[h][i]);
+  }
+  MbarArriveIf(empty + prev, lane == 0 && ktiles > 0);
+}
+
+// A consumer warpgroup (wg 0 or 1) of the ping-pong schedule (CUTLASS's "pingpong"): the CTA's
+// tiles alternate between the two, tile i (the i-th of this CTA) to warpgroup i % 2, each
+// computing the whole tile, so one warpgroup's epilogue runs while the other's MMAs do. The
+// producer fills the ring in tile order as before; a stage is consumed (and released: `empty`
+// counts 4 warps) by one warpgroup. The turn barriers keep the MMAs in tile order: warpgroup w
+// starts tile i > 0 only after the other has waited on every stage of tile i - 1 (turn[w]), so
+// a warpgroup never waits on a ring stage two fills ahead (parity waits stay unambiguous).
 template <typename T, int kWgRows, Producer kProducer>
+__device__ void ConsumePingPong(const Params& p, const int* start, const int* offs, uint32_t ring,
+                                uint64_t* full, uint64_t* empty, uint64_t* turn) {
+  using C = Tile<kWgRows>;
+  const int wg = (threadIdx.x - 128) >> 7;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  float acc[2][64];
+  uint32_t turns = 0;
+  int i = wg;
+  for (int t = blockIdx.x + wg * gridDim.x; t < start[p.num_experts]; t += 2 * gridDim.x, i += 2) {
+    const TileRef tr = FindTile<C::kBM, C::kBN>(t, start, offs, p.num_experts);
+#pragma unroll
+    for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
+    if (i > 0) MbarWait(turn + wg, turns++ & 1);
+    const uint32_t step = static_cast<uint32_t>(i) * ktiles;
+    const bool both = kWgRows == 1 || tr.row0 + 64 < tr.row_end;
+    if (both) {
+      PingPongMainLoop<T, kWgRows, kProducer, 2>(acc, ring, full, empty, turn + (wg ^ 1), step,
+                                                 ktiles);
+    } else {
+      PingPongMainLoop<T, kWgRows, kProducer, 1>(acc, ring, full, empty, turn + (wg ^ 1), step,
+                                                 ktiles);
+    }
+    StoreBlock<T>(acc[0], p, tr, 0, 0);
+    if (both) StoreBlock<T>(acc[1], p, tr, kWgRows == 2 ? 64 : 0, kWgRows == 2 ? 0 : 128);
+  }
+}
+
+// setmaxnreg: the ping-pong kernel's producer warpgroup gives registers back, its consumers (two
+// 64 x 128 fp32 accumulator blocks a thread) take them: 128 x 40 + 256 x 232 = 384 x 168, the
+// kernel's allocation under __launch_bounds__(384, 1).
+inline constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+template <int kRegs, bool kIncrease>
+__device__ __forceinline__ void SetMaxRegs() {
+  if constexpr (kIncrease) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  }
+}
+
+template <typename T, int kWgRows, Producer kProducer, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWgmmaKernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -377,20 +483,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
   uint64_t* empty = full + C::kStages;
+  uint64_t* turn = empty + C::kStages;
   int* start = reinterpret_cast<int*>(smem + C::kTableOff);
   int* offs = start + C::kTableInts;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       // The producer threads (and the weight TMA's expect-tx arrival).
       MbarInit(full + s, AllByTma(kProducer, p) ? 1 : TmaWeights(kProducer) ? 129 : 128);
-      MbarInit(empty + s, 8);  // consumer warps
+      MbarInit(empty + s, kPingPong ? 4 : 8);  // the consuming warps
     }
+    MbarInit(turn, 1);
+    MbarInit(turn + 1, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   BuildTileTable(p.offsets, p.num_experts, C::kBM, (p.n + C::kBN - 1) / C::kBN, start, offs);
   __syncthreads();
   if (threadIdx.x < 128) {
+    if constexpr (kPingPong) SetMaxRegs<kProducerRegs, false>();
     Produce<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+  } else if constexpr (kPingPong) {
+    SetMaxRegs<kConsumerRegs, true>();
+    ConsumePingPong<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty, turn);
   } else {
     Consume<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   }
@@ -418,10 +531,10 @@ absl::StatusOr<bool> IsSm90() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, int kWgRows, MoeWgmmaProducer kProducer>
+template <typename T, int kWgRows, MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status Launch(const Params& p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kWgRows>;
-  const auto kernel = GroupedWgmmaKernel<T, kWgRows, kProducer>;
+  const auto kernel = GroupedWgmmaKernel<T, kWgRows, kProducer, kPingPong>;
   // The shared-memory opt-in is a host call: made here unless capturing (MoeGroupedWgmmaInit
   // made it before capture then).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -472,7 +585,7 @@ absl::StatusOr<CUtensorMap> EncodeMap(const void* base, bool bf16, const cuuint6
 }
 
 // The tensor maps of the TMA producers (kTmaWeights, kTmaOperands) into p, then the launch.
-template <typename T, int kWgRows, MoeWgmmaProducer kProducer>
+template <typename T, int kWgRows, MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kWgRows>;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -483,19 +596,38 @@ absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
     ASSIGN_OR_RETURN(p.amap,
                      EncodeMap<2>(p.a, bf16, {k, static_cast<cuuint64_t>(rows)}, {64, C::kBM}));
   }
-  return Launch<T, kWgRows, kProducer>(p, rows, stream);
+  return Launch<T, kWgRows, kProducer, kPingPong>(p, rows, stream);
 }
 
-// The shared-memory opt-in of the four kernels of one producer variant.
-template <MoeWgmmaProducer kProducer>
+// The launch of `producer` with the schedule kPingPong in the tile shape kWgRows (the ping-pong
+// schedule is built for the TMA producers only: MoeGroupedWgmmaWith checks).
+template <typename T, int kWgRows, bool kPingPong>
+absl::Status LaunchVariant(MoeWgmmaProducer producer, const Params& p, int64_t rows,
+                           cudaStream_t stream) {
+  if (producer == kTmaOps) return LaunchTma<T, kWgRows, kTmaOps, kPingPong>(p, rows, stream);
+  if (producer == kTma) return LaunchTma<T, kWgRows, kTma, kPingPong>(p, rows, stream);
+  if constexpr (kPingPong) {
+    return absl::InvalidArgumentError("MoeGroupedWgmma: ping-pong needs a TMA producer");
+  } else if (producer == kNoinc) {
+    return Launch<T, kWgRows, kNoinc, false>(p, rows, stream);
+  } else {
+    return Launch<T, kWgRows, kWait, false>(p, rows, stream);
+  }
+}
+
+// The shared-memory opt-in of the four kernels of one producer variant and schedule.
+template <MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status SetSmem() {
   const auto set = [](auto kernel, int bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   };
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 1, kProducer>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, 2, kProducer>, Tile<2>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 1, kProducer>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, 2, kProducer>, Tile<2>::kSmemBytes));
+  using bf16 = __nv_bfloat16;
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<bf16, 1, kProducer, kPingPong>, Tile<1>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<bf16, 2, kProducer, kPingPong>, Tile<2>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(
+      set(GroupedWgmmaKernel<__half, 1, kProducer, kPingPong>, Tile<1>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(
+      set(GroupedWgmmaKernel<__half, 2, kProducer, kPingPong>, Tile<2>::kSmemBytes));
   return absl::OkStatus();
 }
 
@@ -504,10 +636,12 @@ absl::Status SetSmem() {
 absl::Status MoeGroupedWgmmaInit() {
   ASSIGN_OR_RETURN(const bool sm90, IsSm90());
   if (!sm90) return absl::OkStatus();
-  RETURN_IF_ERROR(SetSmem<kWait>());
-  RETURN_IF_ERROR(SetSmem<kNoinc>());
-  RETURN_IF_ERROR(SetSmem<kTma>());
-  return SetSmem<kTmaOps>();
+  RETURN_IF_ERROR((SetSmem<kWait, false>()));
+  RETURN_IF_ERROR((SetSmem<kNoinc, false>()));
+  RETURN_IF_ERROR((SetSmem<kTma, false>()));
+  RETURN_IF_ERROR((SetSmem<kTmaOps, false>()));
+  RETURN_IF_ERROR((SetSmem<kTma, true>()));
+  return SetSmem<kTmaOps, true>();
 }
 
 bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
@@ -516,15 +650,21 @@ bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k
 }
 
 template <typename T>
-absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
-                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
-                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream) {
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,
+                                 const int32_t* a_row_index, const T* w,
+                                 const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                                 int64_t n, int64_t k, T* out, cudaStream_t stream) {
   if (!MoeGroupedWgmmaSupported(a, w, n, k) || reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
       num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 || rows > 0x3fffffff) {
     return absl::InvalidArgumentError(
         absl::StrCat("MoeGroupedWgmma: n ", n, ", k ", k,
                      " (multiples of 8, 16-byte aligned operands, an sm_90 device), experts ",
                      num_experts, ", rows ", rows));
+  }
+  const bool ping_pong = schedule == MoeWgmmaSchedule::kPingPong;
+  if (ping_pong && producer != kTma && producer != kTmaOps) {
+    return absl::InvalidArgumentError(
+        "MoeGroupedWgmma: the ping-pong schedule needs a TMA producer (kTmaWeights, kTmaOperands)");
   }
   if (rows == 0) return absl::OkStatus();
   Params p{};
@@ -538,25 +678,28 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const in
   p.k = static_cast<int>(k);
   // 64 x 256 tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128.
   const bool wide = rows <= 64 * num_experts;
-  if (producer == MoeWgmmaProducer::kTmaOperands) {
-    return wide ? LaunchTma<T, 1, kTmaOps>(p, rows, stream)
-                : LaunchTma<T, 2, kTmaOps>(p, rows, stream);
+  if (ping_pong) {
+    return wide ? LaunchVariant<T, 1, true>(producer, p, rows, stream)
+                : LaunchVariant<T, 2, true>(producer, p, rows, stream);
   }
-  if (producer == MoeWgmmaProducer::kTmaWeights) {
-    return wide ? LaunchTma<T, 1, kTma>(p, rows, stream) : LaunchTma<T, 2, kTma>(p, rows, stream);
-  }
-  if (producer == MoeWgmmaProducer::kArriveNoinc) {
-    return wide ? Launch<T, 1, kNoinc>(p, rows, stream) : Launch<T, 2, kNoinc>(p, rows, stream);
-  }
-  return wide ? Launch<T, 1, kWait>(p, rows, stream) : Launch<T, 2, kWait>(p, rows, stream);
+  return wide ? LaunchVariant<T, 1, false>(producer, p, rows, stream)
+              : LaunchVariant<T, 2, false>(producer, p, rows, stream);
+}
+
+template <typename T>
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
+                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
+                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream) {
+  return MoeGroupedWgmmaWith<T>(producer, kMoeWgmmaDefaultSchedule, a, a_row_index, w,
+                                expert_offsets, num_experts, rows, n, k, out, stream);
 }
 
 template <typename T>
 absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
                              const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
                              int64_t n, int64_t k, T* out, cudaStream_t stream) {
-  return MoeGroupedWgmmaWith<T>(kMoeWgmmaDefaultProducer, a, a_row_index, w, expert_offsets,
-                                num_experts, rows, n, k, out, stream);
+  return MoeGroupedWgmmaWith<T>(kMoeWgmmaDefaultProducer, kMoeWgmmaDefaultSchedule, a, a_row_index,
+                                w, expert_offsets, num_experts, rows, n, k, out, stream);
 }
 
 template absl::Status MoeGroupedWgmma<__nv_bfloat16>(const __nv_bfloat16*, const int32_t*,
@@ -570,6 +713,15 @@ template absl::Status MoeGroupedWgmmaWith<__nv_bfloat16>(MoeWgmmaProducer, const
 template absl::Status MoeGroupedWgmmaWith<__half>(MoeWgmmaProducer, const __half*, const int32_t*,
                                                   const __half*, const int32_t*, int64_t, int64_t,
                                                   int64_t, int64_t, __half*, cudaStream_t);
+template absl::Status MoeGroupedWgmmaWith<__nv_bfloat16>(MoeWgmmaProducer, MoeWgmmaSchedule,
+                                                         const __nv_bfloat16*, const int32_t*,
+                                                         const __nv_bfloat16*, const int32_t*,
+                                                         int64_t, int64_t, int64_t, int64_t,
+                                                         __nv_bfloat16*, cudaStream_t);
+template absl::Status MoeGroupedWgmmaWith<__half>(MoeWgmmaProducer, MoeWgmmaSchedule, const __half*,
+                                                  const int32_t*, const __half*, const int32_t*,
+                                                  int64_t, int64_t, int64_t, int64_t, __half*,
+                                                  cudaStream_t);
 template absl::Status MoeGroupedWgmma<__half>(const __half*, const int32_t*, const __half*,
                                               const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                               __half*, cudaStream_t);
