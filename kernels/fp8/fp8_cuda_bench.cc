@@ -5,7 +5,8 @@
 //   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k): CublasLtFp8Gemm per-tensor and
 //     token x channel vs the bf16 CublasLtGemm: TFLOP/s, speedup;
 //   * block-scaled prefill GEMM (Llama-3-8B and DeepSeek-V3 shapes, M = 2k / 8k): CublasLtFp8Gemm
-//     kBlock128 (1x128 activation groups, 128x128 weight blocks) vs per-tensor FP8 and bf16;
+//     kBlock128 (1x128 activation groups, 128x128 weight blocks) on cuBLASLt and on our wgmma
+//     kernel (staged and direct scales) vs per-tensor FP8 and bf16;
 //   * --probe_accumulation: one FP8 GEMM whose exact sum needs more than 13 fraction bits below
 //     its largest product (448 + 31 x 2^-6): what Hopper's FP8 MMA accumulation keeps.
 //
@@ -166,8 +167,9 @@ int BenchGemm(int iters) {
   return 0;
 }
 
-// Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes. The
-// block path's activation-scale transpose (TransposeGroupScales) is timed with it.
+// Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
+// cuBLASLt, then on the wgmma kernel with staged and with direct scales (0 where it does not
+// run). Every block path's activation-scale transpose (TransposeGroupScales) is timed with it.
 int BenchBlockGemm(int iters) {
   auto fp8 = CublasLtFp8Gemm::Create();
   auto bf16 = CublasLtGemm::Create();
@@ -183,7 +185,7 @@ int BenchBlockGemm(int iters) {
                           {"v3.expert_gate_up", 4096, 7168}, {"v3.expert_down", 7168, 2048}};
   std::printf(
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
-      "block_vs_bf16\n");
+      "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_vs_tensor wgmma_vs_cublaslt\n");
   const int64_t max_m = 8192;
   for (const Shape& s : shapes) {
     const int64_t groups = Block128Groups(s.k);
@@ -205,21 +207,32 @@ int BenchBlockGemm(int iters) {
         (void)(*fp8)->Linear(a8, w_scales, w8, w_scales, Fp8GemmScaling::kTensor, m, s.n, s.k, out,
                              nullptr);
       });
-      const absl::Status st = (*fp8)->Linear(a8, a_scales_t, w8, w_scales,
-                                             Fp8GemmScaling::kBlock128, m, s.n, s.k, out, nullptr);
-      double tb = 0;
-      if (!st.ok()) {
-        std::printf("%s M=%ld block: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
-      } else {
-        tb = TimeUs(iters, [&] {
+      // One kBlock128 kernel's time (0 and the reason printed where it does not run).
+      auto time_block = [&](Fp8BlockGemmKernel kernel, const char* name) {
+        absl::Status st = (*fp8)->set_block_kernel(kernel);
+        if (st.ok()) {
+          st = (*fp8)->Linear(a8, a_scales_t, w8, w_scales, Fp8GemmScaling::kBlock128, m, s.n, s.k,
+                              out, nullptr);
+        }
+        if (!st.ok()) {
+          std::printf("%s M=%ld %s: %s\n", s.name, static_cast<long>(m), name,
+                      st.ToString().c_str());
+          return 0.0;
+        }
+        return TimeUs(iters, [&] {
           (void)TransposeGroupScales(a_scales, m, groups, a_scales_t, nullptr);
           (void)(*fp8)->Linear(a8, a_scales_t, w8, w_scales, Fp8GemmScaling::kBlock128, m, s.n, s.k,
                                out, nullptr);
         });
-      }
+      };
+      const double tb = time_block(Fp8BlockGemmKernel::kCublasLt, "block");
+      const double tw = time_block(Fp8BlockGemmKernel::kWgmma, "wgmma");
+      const double twd = time_block(Fp8BlockGemmKernel::kWgmmaDirectScales, "wgmma_direct");
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
-      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f\n", s.name, static_cast<long>(m), tflops(t16),
-                  tflops(tt), tflops(tb), tb > 0 ? tt / tb : 0.0, tb > 0 ? t16 / tb : 0.0);
+      auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
+      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.2f %.2f\n", s.name,
+                  static_cast<long>(m), tflops(t16), tflops(tt), tflops(tb), ratio(tt, tb),
+                  ratio(t16, tb), tflops(tw), tflops(twd), ratio(tt, tw), ratio(tb, tw));
     }
     for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
                     static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),

@@ -1,6 +1,8 @@
 #include "kernels/fp8/fp8_gemm_cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -8,6 +10,7 @@
 #include "common/cublas_status.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8_block_gemm_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -91,7 +94,34 @@ absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t
   if (try_outer_vector) {
     gemm->outer_vector_ = gemm->GetPlan(PlanKey{256, 256, 256, kOuterVectorPlan, false}).ok();
   }
+  Fp8BlockGemmKernel block = kDefaultFp8BlockGemmKernel;
+  if (const char* env = std::getenv("TANDEM_FP8_BLOCK_GEMM"); env != nullptr) {
+    const std::string_view v(env);
+    if (v != "cublaslt" && v != "wgmma" && v != "wgmma_direct") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_FP8_BLOCK_GEMM=", env,
+          ": the block-scaled FP8 GEMM is \"cublaslt\", \"wgmma\" or \"wgmma_direct\""));
+    }
+    block = v == "wgmma"          ? Fp8BlockGemmKernel::kWgmma
+            : v == "wgmma_direct" ? Fp8BlockGemmKernel::kWgmmaDirectScales
+                                  : Fp8BlockGemmKernel::kCublasLt;
+  }
+  if (block != Fp8BlockGemmKernel::kCublasLt && Fp8BlockGemmWgmmaSupported()) {
+    RETURN_IF_ERROR(gemm->set_block_kernel(block));
+  }
   return gemm;
+}
+
+absl::Status CublasLtFp8Gemm::set_block_kernel(Fp8BlockGemmKernel kernel) {
+  if (kernel != Fp8BlockGemmKernel::kCublasLt) {
+    if (!Fp8BlockGemmWgmmaSupported()) {
+      return absl::FailedPreconditionError(
+          "the wgmma block-scaled FP8 GEMM needs an sm_90 (Hopper) device");
+    }
+    RETURN_IF_ERROR(Fp8BlockGemmWgmmaInit());
+  }
+  block_kernel_ = kernel;
+  return absl::OkStatus();
 }
 
 CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes,
@@ -238,6 +268,12 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
       return ScaledLinear(kTensorPlan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
                           stream);
     case Fp8GemmScaling::kBlock128:
+      if (block_kernel_ != Fp8BlockGemmKernel::kCublasLt) {
+        return Fp8BlockGemmWgmma(a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias, stream,
+                                 block_kernel_ == Fp8BlockGemmKernel::kWgmma
+                                     ? Fp8BlockScaleLoad::kStaged
+                                     : Fp8BlockScaleLoad::kDirect);
+      }
       if (m % kBlock128RowMultiple != 0 || Block128Groups(k) % 4 != 0) {
         // m: cuBLASLt 13 answers NOT_SUPPORTED for other m on sm_90 (17, 129, 333 on an H200).
         // k: the padded weight-scale rows (ld > groups) have not been run on a GPU yet.

@@ -21,7 +21,9 @@
 //     (cuBLASLt has no kernel otherwise; CudaFp8Linear runs the last rows on its GEMV) and the
 //     number of 128-column groups a multiple of 4 (what has run on a GPU: no padded scale rows),
 //     else UNIMPLEMENTED. Every DeepSeek-V3 projection qualifies (k = 7168, 1536, 512, 2048,
-//     16384, 18432).
+//     16384, 18432). Or, with block_kernel() == kWgmma, our own wgmma kernel on the same
+//     layouts (fp8_block_gemm_cuda.h: any m, k a multiple of 16, n even; the bias added before
+//     its one rounding).
 // Numerics: Hopper's FP8 tensor cores add each MMA's 32 products and the running sum aligned to
 // the largest of them with 13 fraction bits, truncating (DeepSeek-V3 report 3.3.2); cuBLASLt
 // without FAST_ACCUM promotes to fp32 every 128 along k. fp8_cuda_bench --only=probe shows it on
@@ -53,6 +55,14 @@
 namespace tandem::kernels::cuda {
 
 enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
+
+// Which kernel runs kBlock128: cuBLASLt's block scale modes, or Fp8BlockGemmWgmma
+// (fp8_block_gemm_cuda.h, sm_90 only) with its scales staged in shared memory (kWgmma) or loaded
+// by each thread (kWgmmaDirectScales). Create takes TANDEM_FP8_BLOCK_GEMM ("cublaslt", "wgmma"
+// or "wgmma_direct") where it is set, else kDefaultFp8BlockGemmKernel (kCublasLt where the
+// device has no wgmma kernel).
+enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales };
+inline constexpr Fp8BlockGemmKernel kDefaultFp8BlockGemmKernel = Fp8BlockGemmKernel::kCublasLt;
 
 // cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major
 // activations [m, k] and weights [n, k] are k x m and k x n):
@@ -109,6 +119,11 @@ class CublasLtFp8Gemm {
   absl::Status ProductF32(const uint8_t* a_codes, const uint8_t* w_codes, int64_t m, int64_t n,
                           int64_t k, float* out, cudaStream_t stream);
 
+  // The kBlock128 kernel. set_block_kernel: FAILED_PRECONDITION for the wgmma ones on a device
+  // that is not sm_90 (the kernel's shared-memory opt-in is made here: before any graph capture).
+  Fp8BlockGemmKernel block_kernel() const { return block_kernel_; }
+  absl::Status set_block_kernel(Fp8BlockGemmKernel kernel);
+
   // Whether kTokenChannel runs on cuBLASLt's outer-vector scale mode (true on an H200, CUDA 13).
   bool outer_vector_scales() const { return outer_vector_; }
   // Rows per cuBLASLt call on the epilogue path for n output columns (0: not even one fits).
@@ -147,6 +162,7 @@ class CublasLtFp8Gemm {
   float* accumulator_;
   int64_t accumulator_bytes_;
   bool outer_vector_ = false;
+  Fp8BlockGemmKernel block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
   // Shapes cuBLASLt has no algorithm for, with the answer it gave.
   absl::flat_hash_map<PlanKey, absl::Status> no_kernel_;
