@@ -50,7 +50,8 @@ ABSL_FLAG(int32_t, max_attempts, 2,
           "workers tried per phase when one is unreachable before producing output");
 ABSL_FLAG(int64_t, route_wait_ms, 2000,
           "with no route while a worker is in its short failure backoff, how long a request waits "
-          "for it (also at most half of the time left to its deadline; 0 = refuse at once)");
+          "for it, or for a decode worker whose connection dropped (also at most half of the "
+          "time left to its deadline; 0 = refuse at once)");
 ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
           "block hashes remembered per worker for prefix-aware routing");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");

@@ -83,24 +83,36 @@ void GenerateFlow::Route() {
 }
 
 bool GenerateFlow::WaitForRoute() {
-  const absl::Time now = absl::Now();
-  if (route_wait_until_ == absl::InfinitePast()) {
-    route_wait_until_ = std::min(now + orch_.options().route_wait, now + (deadline_ - now) / 2);
-  }
-  const absl::Time next = now + kRouteWaitPoll;
-  if (next > route_wait_until_) return false;
-  PostAt(shared_from_this(), next, [](GenerateFlow& f) {
-    if (absl::Status reason = f.flight_->cancel_reason(); !reason.ok()) {
-      return f.EndPhase(reason, "");
-    }
-    if (f.client_ != nullptr && f.client_->Cancelled()) {
-      return f.Done(absl::CancelledError("the client cancelled the request"));
-    }
+  const std::optional<absl::Time> next = NextWaitPoll();
+  if (!next.has_value()) return false;
+  PostAt(shared_from_this(), *next, [](GenerateFlow& f) {
+    if (f.EndIfInterrupted(/*abort_workers=*/false)) return;
     // A worker this request found dead may be back (re-registered, or re-admitted after its
     // backoff): any route beats failing; attempt_ still bounds the calls.
     f.excluded_.clear();
     f.Route();
   });
+  return true;
+}
+
+std::optional<absl::Time> GenerateFlow::NextWaitPoll() {
+  const absl::Time now = absl::Now();
+  if (route_wait_until_ == absl::InfinitePast()) {
+    route_wait_until_ = std::min(now + orch_.options().route_wait, now + (deadline_ - now) / 2);
+  }
+  const absl::Time next = now + kRouteWaitPoll;
+  if (next > route_wait_until_) return std::nullopt;
+  return next;
+}
+
+bool GenerateFlow::EndIfInterrupted(bool abort_workers) {
+  absl::Status reason = flight_->cancel_reason();
+  if (reason.ok() && client_ != nullptr && client_->Cancelled()) {
+    reason = absl::CancelledError("the client cancelled the request");
+  }
+  if (reason.ok()) return false;
+  if (abort_workers) AbortWorkers();
+  EndPhase(std::move(reason), "");
   return true;
 }
 

@@ -2,7 +2,8 @@
 // Internal to the Orchestrator; only orchestrator.cc includes this.
 //
 //   Route ──▶ P/D: Prefill ──▶ first token ──▶ Decode stream ──▶ Done
-//     ▲          │ P unreachable    (D unreachable before a token: ReassignLease, next D)
+//     ▲          │ P unreachable    (D unreachable before a token: ReassignLease, next D;
+//     │          │                   none free and D's link down: wait for one, D included)
 //     └──────────┴─ mixed: Generate stream ──▶ Done          (a phase retried: Route again)
 //
 // Every step runs on the request's strand (executor.h): a worker call's completion callback

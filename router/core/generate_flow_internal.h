@@ -97,6 +97,13 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // No route, but a worker is in its short failure backoff: routes again in a moment (true), up
   // to OrchestratorOptions::route_wait and half the time left to the deadline (then false).
   bool WaitForRoute();
+  // The next poll of a bounded wait (WaitForRoute, WaitForDecode): kRouteWaitPoll from now, or
+  // nullopt once the request's waiting time is spent (route_wait from its first wait, and never
+  // past half of the time then left to its deadline; one budget for all its waits).
+  std::optional<absl::Time> NextWaitPoll();
+  // At a wait's poll: when the request was interrupted meanwhile (Router.Abort, shutdown, the
+  // client cancelled), ends it (its workers aborted first when `abort_workers`) and says so.
+  bool EndIfInterrupted(bool abort_workers);
   void StartMixed(const RoutePlan& plan, const RoutingSnapshot& snap);
   void StartStream(std::unique_ptr<StreamCall> stream, Phase phase);
   void OnStreamMessage(v1::GenerateResponse chunk);
@@ -117,6 +124,13 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // finds the source unreachable or the lease not its own, and recomputes or fails as for any
   // KV failure.
   bool ReplaceDecode(const absl::Status& failure);
+  // D failed before a token of its own, its connection is down and no other decode worker is
+  // free: polls (NextWaitPoll) for another one (ReplaceDecode) or for D's connection to be back
+  // (WorkerClient::Connected: a link that came back, gRPC reconnecting), then decodes there.
+  // False when no time is left to wait.
+  bool WaitForDecode(const absl::Status& failure);
+  // The decode starts again on the decode worker that failed (its connection is back).
+  bool RetryDecode(const absl::Status& failure);
   void OnDecodeEnded(const absl::Status& status);
 
   // Failures, calls, the client (generate_flow.cc).

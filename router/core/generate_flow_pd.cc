@@ -146,6 +146,35 @@ bool GenerateFlow::ReplaceDecode(const absl::Status& failure) {
   return true;
 }
 
+bool GenerateFlow::WaitForDecode(const absl::Status& failure) {
+  const std::optional<absl::Time> next = NextWaitPoll();
+  if (!next.has_value()) return false;
+  PostAt(shared_from_this(), *next, [failure](GenerateFlow& f) {
+    if (f.EndIfInterrupted(/*abort_workers=*/true)) return;
+    if (f.ReplaceDecode(failure)) return;
+    if (f.stream_slot_->ref().client->Connected() && f.RetryDecode(failure)) return;
+    if (f.WaitForDecode(failure)) return;
+    f.AbortWorkers();
+    f.EndPhase(failure, "");
+  });
+  return true;
+}
+
+bool GenerateFlow::RetryDecode(const absl::Status& failure) {
+  absl::StatusOr<WorkerRef> ref = registry().BeginCall(stream_slot_->id());
+  if (!ref.ok()) return false;
+  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+    metrics->RecordRouting(stream_slot_->id(), v1::WORKER_ROLE_DECODE);
+  }
+  LOG(WARNING) << "request " << flight_->id() << ": decode worker " << stream_slot_->id()
+               << " failed (" << failure << ") and is connected again; retrying there";
+  // The KV lease stays bound to this worker id: nothing to move.
+  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));  // ends the old
+  ++decode_attempt_;
+  StartDecode();
+  return true;
+}
+
 void GenerateFlow::OnDecodeEnded(const absl::Status& status) {
   if (relay_.finished) return EndPhase(absl::OkStatus(), "");
   if (relay_.client_gone) {
@@ -162,8 +191,11 @@ void GenerateFlow::OnDecodeEnded(const absl::Status& status) {
                   [](GenerateFlow& f, absl::Status s, bool retriable) {
                     // The KV is still leased on P: a decode worker that failed before producing
                     // anything can be replaced by another one reading the same handle.
+                    // With none free and D's link down (gRPC reconnecting), it waits a little
+                    // for one, D itself included.
                     if (retriable && !f.relay_.got_any && f.decode_attempt_ < f.MaxAttempts() &&
-                        f.ReplaceDecode(s)) {
+                        (f.ReplaceDecode(s) ||
+                         (!f.stream_slot_->ref().client->Connected() && f.WaitForDecode(s)))) {
                       return;
                     }
                     f.AbortWorkers();

@@ -21,7 +21,8 @@
 // did not cause, UNKNOWN) is marked unhealthy and the client gets UNAVAILABLE; when nothing was
 // produced yet by that worker (no token from this phase), the phase is retried on another worker
 // (up to max_attempts; a decode worker is replaced after P was asked to move the KV lease to
-// the new one, WorkerService.ReassignLease). Client cancel, Router.Abort and deadline send Abort
+// the new one, WorkerService.ReassignLease; with none free, a decode worker whose link is down is
+// waited for within route_wait). Client cancel, Router.Abort and deadline send Abort
 // to P and D (async, best effort). Router.Abort ends the stream with FINISH_REASON_ABORTED and OK
 // status. Worker errors that are about the request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)
 // pass through with the worker named.
@@ -62,7 +63,9 @@ struct OrchestratorOptions {
   // A request that finds no route while a worker is only in its short failure backoff (a
   // restarted worker about to register again, one whose channel is reconnecting) routes again
   // every 50 ms for up to this long, and at most half of the time left to its deadline, before
-  // it fails UNAVAILABLE. Workers that stopped heartbeating are not waited for. 0: never wait.
+  // it fails UNAVAILABLE. Workers that stopped heartbeating are not waited for. A decode worker
+  // that failed before a token of its own while its connection is down is waited for from the
+  // same budget (another one, or its connection back). 0: never wait.
   absl::Duration route_wait = absl::Seconds(2);
   // Records each request's latencies and outcome (may be null; outlives the Orchestrator).
   RouterMetrics* metrics = nullptr;

@@ -267,6 +267,48 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
 }
 
+// A decode worker whose call failed before a token of its own while its link is down (gRPC fails
+// every call at once while the channel reconnects), with no other decode worker: the request
+// waits for its connection and decodes there from the same KV handle (no lease to move, P's
+// first token not sent again). Before, it failed UNAVAILABLE after the first token.
+TEST(OrchestratorTest, ADecodeWorkerWhoseLinkIsDownIsWaitedFor) {
+  Harness h;
+  const int failed = h.StartThroughPrefill("r9", 3);
+  ASSERT_GE(failed, 0);
+  h.client("d0").SetConnected(false);
+  h.client("d0").End(failed, absl::UnavailableError("failed to connect to all addresses"));
+  absl::SleepFor(absl::Milliseconds(200));  // waiting, calling no one
+  EXPECT_LT(h.client("d0").WaitForCall(FakeWorkerClient::kDecode, absl::ZeroDuration()), 0);
+  h.client("d0").SetConnected(true);
+  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  ASSERT_GE(decode, 0) << "decoded again on d0 once its link was back";
+  v1::GenerateResponse rest;
+  rest.add_token_ids(12);
+  rest.add_token_ids(13);
+  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  h.client("d0").Push(decode, rest);
+  h.client("d0").End(decode, absl::OkStatus());
+  const absl::Status s = h.Result();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
+  EXPECT_TRUE(h.client("p0").reassigns().empty());
+}
+
+// One whose link is up (the worker itself failed the call) is not waited for: UNAVAILABLE at
+// once, as before.
+TEST(OrchestratorTest, ADecodeWorkerWhoseLinkIsUpIsNotWaitedFor) {
+  Harness h;
+  const int failed = h.StartThroughPrefill("r10", 3);
+  ASSERT_GE(failed, 0);
+  const absl::Time t0 = absl::Now();
+  h.client("d0").End(failed, absl::UnknownError("the handler crashed"));
+  const absl::Status s = h.Result();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11}));
+  EXPECT_LT(h.client("d0").WaitForCall(FakeWorkerClient::kDecode, absl::ZeroDuration()), 0);
+}
+
 // The H5 fault probe's network drop: a worker's first call after its link came back fails (its
 // channel still reconnecting) and the worker sits out its failure backoff. A request with no
 // other prefill worker waits for it (OrchestratorOptions::route_wait) instead of being refused

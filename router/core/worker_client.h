@@ -97,6 +97,10 @@ class WorkerClient {
   // answer, by `deadline` at the latest. The client stays alive until `done` has run.
   virtual void ReassignLeaseAsync(const v1::ReassignLeaseRequest& request, absl::Time deadline,
                                   std::function<void(absl::Status)> done) = 0;
+  // Whether the connection to the worker is up now (a call would go out at once, not fail for
+  // want of one); when it is idle, asks it to connect. Returns at once. A call made while the
+  // connection is down after a failure fails at once (UNAVAILABLE) until it is back.
+  virtual bool Connected() = 0;
 };
 
 // Makes the client for a worker serving at `address` (host:port).

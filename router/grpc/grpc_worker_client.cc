@@ -106,7 +106,8 @@ class GrpcStreamCall final : public StreamCall, public Reactor {
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(std::shared_ptr<Stub> stub) : stub_(std::move(stub)) {}
+  explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
+      : channel_(channel), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
 
   std::unique_ptr<PrefillCall> NewPrefill(const CallOptions& options) override {
     return std::make_unique<GrpcPrefillCall>(stub_, options);
@@ -130,6 +131,9 @@ class GrpcWorkerClient final : public WorkerClient {
                           std::function<void(absl::Status)> done) override {
     Unary<v1::ReassignLeaseRequest, v1::ReassignLeaseResponse>(
         request, deadline, &Stub::async::ReassignLease, std::move(done));
+  }
+  bool Connected() override {
+    return channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
   }
 
  private:
@@ -160,6 +164,7 @@ class GrpcWorkerClient final : public WorkerClient {
         });
   }
 
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::shared_ptr<Stub> stub_;
 };
 
@@ -174,9 +179,7 @@ std::shared_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // A worker whose link went silent fails its calls in ~1-2 s, not at the heartbeat timeout.
   EnableKeepalive(args);
-  std::shared_ptr<Stub> stub =
-      v1::WorkerService::NewStub(security::CreateChannel(address, security, args));
-  return std::make_shared<GrpcWorkerClient>(std::move(stub));
+  return std::make_shared<GrpcWorkerClient>(security::CreateChannel(address, security, args));
 }
 
 }  // namespace tandem::router

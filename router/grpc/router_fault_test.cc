@@ -359,6 +359,58 @@ TEST(RouterFaultTest, WaitingForAWorkerInBackoffEndsWithinHalfTheDeadline) {
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
 }
 
+// The H5 fault probe's network-drop rows: right after D's link came back, the router's channel
+// to it was still reconnecting, so the decode call failed at once ("failed to connect") after P
+// had sent the first token, and with no other decode worker the request failed. Here D's port
+// goes away and comes back at the same address with the same epoch (the router keeps its entry
+// and its channel, as after a drop). The decode now waits (bounded like the routing wait) for
+// D's connection and decodes there from the same KV handle: every token once, in order.
+TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
+  RouterOptions options = TestRouterOptions();
+  options.orchestrator.route_wait = absl::Seconds(4);  // gRPC reconnects within ~1.2 s
+  RouterHarness h(options);
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  const std::string address = d->address();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  v1::GenerateRequest warm = MakeRequest(RandomPrompt(rng, 8, 1000), 3);
+  ASSERT_TRUE(h.Generate(warm).status.ok());  // the router's channel to d0 is up
+  d->Kill();
+  FakeWorker* back = nullptr;
+  std::thread relink([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    back = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) { o.listen = address; });
+  });
+  v1::GenerateRequest req = MakeRequest(RandomPrompt(rng, 8, 1000), 6);
+  StreamResult r = h.Generate(req);
+  relink.join();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  EXPECT_EQ(p->counters().prefill, 2);
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->counters().decode, 1);
+}
+
+// A decode worker that does not come back within the wait: the request fails UNAVAILABLE after
+// P's first token, within the wait's bound.
+TEST(RouterFaultTest, ADecodeWorkerThatStaysAwayFailsTheRequestAfterTheWait) {
+  RouterOptions options = TestRouterOptions();
+  options.orchestrator.route_wait = absl::Milliseconds(600);
+  RouterHarness h(options);
+  h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  d->Kill();
+  const absl::Time t0 = absl::Now();
+  StreamResult r = h.Generate(MakeRequest({5, 6, 7}, 6));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 1u);  // P's first token, never repeated
+  EXPECT_GE(took, absl::Milliseconds(500));
+  EXPECT_LT(took, absl::Seconds(5));
+}
+
 TEST(RouterFaultTest, SilentWorkerIsSkippedAndReadmittedWhenItHeartbeatsAgain) {
   RouterOptions options = TestRouterOptions();
   options.registry.worker_timeout = absl::Milliseconds(400);

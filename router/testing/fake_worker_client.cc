@@ -31,6 +31,7 @@ struct FakeWorkerClient::State {
   std::vector<std::unique_ptr<Call>> calls ABSL_GUARDED_BY(mu);  // stable addresses
   std::vector<std::string> aborts ABSL_GUARDED_BY(mu);
   std::vector<v1::ReassignLeaseRequest> reassigns ABSL_GUARDED_BY(mu);
+  bool connected ABSL_GUARDED_BY(mu) = true;
   absl::Notification stop;
 
   int Add(Kind kind, const CallOptions& options, v1::GenerateRequest request) {
@@ -217,6 +218,16 @@ void FakeWorkerClient::ReassignLeaseAsync(const v1::ReassignLeaseRequest& reques
     state_->reassigns.push_back(request);
   }
   if (done) done(absl::OkStatus());
+}
+
+bool FakeWorkerClient::Connected() {
+  absl::MutexLock lock(&state_->mu);
+  return state_->connected;
+}
+
+void FakeWorkerClient::SetConnected(bool connected) {
+  absl::MutexLock lock(&state_->mu);
+  state_->connected = connected;
 }
 
 int FakeWorkerClient::WaitForCall(Kind kind, absl::Duration timeout) {

@@ -49,6 +49,9 @@ class FakeWorkerClient final : public WorkerClient {
   // Recorded and answered OK at once.
   void ReassignLeaseAsync(const v1::ReassignLeaseRequest& request, absl::Time deadline,
                           std::function<void(absl::Status)> done) override;
+  // What SetConnected set (true at first).
+  bool Connected() override;
+  void SetConnected(bool connected);
 
   // Waits up to `timeout` for a call of `kind` that started (Start) and has not been
   // returned by an earlier WaitForCall; its handle, or -1.
