@@ -59,20 +59,80 @@ struct Params {
   int m, n, k, groups, w_ld, m_tiles, n_tiles;
 };
 
-// Tile t's first row and column: groups of kRasterM m-tiles, n-tiles in order inside a group,
-// the group's m-tiles fastest.
-__device__ __forceinline__ int2 TileOrigin(int t, const Params& p) {
-  const int per_group = kRasterM * p.n_tiles;
-  const int group = t / per_group, local = t - group * per_group;
-  const int first = group * kRasterM;
-  const int rows = min(kRasterM, p.m_tiles - first);
-  return make_int2((first + local % rows) * kBM, (local / rows) * kBN);
+// Where a tile is: clusters of kCluster CTAs (cluster rank r) take units of kCluster adjacent
+// m-tiles sharing one n-tile, in groups of kRasterM m-tiles (the units' n-tiles in order inside a
+// group, its m-units fastest). m0_load: the A rows loaded, the last m-tile's for a rank past it
+// (the tile of a cluster's second CTA where m-tiles are odd: computed, never stored).
+struct TileRef {
+  int m0, m0_load, n0;
+};
+template <int kCluster>
+__device__ __forceinline__ int MUnits(const Params& p) {
+  return (p.m_tiles + kCluster - 1) / kCluster;
+}
+template <int kCluster>
+__device__ __forceinline__ TileRef TileAt(int u, int rank, const Params& p) {
+  constexpr int kGroup = kRasterM / kCluster;
+  const int per_group = kGroup * p.n_tiles;
+  const int group = u / per_group, local = u - group * per_group;
+  const int first = group * kGroup;
+  const int units = min(kGroup, MUnits<kCluster>(p) - first);
+  const int m0 = ((first + local % units) * kCluster + rank) * kBM;
+  return {m0, min(m0, (p.m_tiles - 1) * kBM), (local / units) * kBN};
+}
+
+// This CTA's units: every stride-th from first (kCluster 1: one CTA a unit).
+template <int kCluster>
+struct UnitWalk {
+  int first, stride, rank;
+};
+template <int kCluster>
+__device__ __forceinline__ UnitWalk<kCluster> MyUnits() {
+  if constexpr (kCluster == 1) {
+    return {static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), 0};
+  } else {
+    uint32_t id, count, rank;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(id));
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(count));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return {static_cast<int>(id), static_cast<int>(count), static_cast<int>(rank)};
+  }
+}
+
+// Every thread of the cluster (release / acquire: the barrier inits before, remote arrivals
+// before the exit).
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// An arrival on the barrier at bar's offset in CTA `cta` of the cluster, when pred holds
+// (predicated inside the asm, as MbarArriveIf).
+__device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t cta, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.u32 p, %2, 0;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
+          SmemAddr(bar)),
+      "r"(cta), "r"(static_cast<uint32_t>(pred))
+      : "memory");
 }
 
 __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
                "r"(bytes)
                : "memory");
+}
+
+// TMA multicast: the box into shared memory at offset dst of every CTA of the cluster in
+// cta_mask, completing its bytes on the barrier at bar's offset in each.
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int col,
+                                                   int row, uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(SmemAddr(bar)), "h"(cta_mask)
+      : "memory");
 }
 
 // TMA: the box at (column col, row row) of the 2-d tensor map into shared memory at dst,
@@ -126,33 +186,44 @@ __device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
 }
 
 // The producer warp: every k-group of every tile of this CTA into the ring, lane 0 the two TMA
-// boxes; kStaged: lane l also the activation scales of tile rows l, l + 32, l + 64, l + 96 (zeros
-// past m) and lane 0 the weight block's, by cp.async, all 32 lanes then arriving on the stage's
-// barrier as their copies land.
-template <ScaleLoad kScales>
+// boxes (kCluster 2: the A tile, and half of the weight tile's rows multicast into both CTAs, so
+// each stage's barrier still counts the whole stage's bytes); kStaged: lane l also the activation
+// scales of tile rows l, l + 32, l + 64, l + 96 (zeros past m) and lane 0 the weight block's, by
+// cp.async, all 32 lanes then arriving on the stage's barrier as their copies land.
+template <ScaleLoad kScales, int kCluster>
 __device__ void Produce(const Params& p, uint32_t ring, uint32_t scales, uint64_t* full,
                         uint64_t* empty) {
   const int lane = threadIdx.x & 31;
   if (kScales == ScaleLoad::kDirect && lane != 0) return;
+  const UnitWalk<kCluster> walk = MyUnits<kCluster>();
+  // kCluster 2: this CTA's half of the weight rows (the first half again past n: those output
+  // columns are never stored).
+  constexpr int kHalf = kBN / kCluster;
   uint32_t step = 0;
-  for (int t = blockIdx.x; t < p.m_tiles * p.n_tiles; t += gridDim.x) {
-    const int2 o = TileOrigin(t, p);
-    const float* w_row = p.w_scales + static_cast<int64_t>(o.y / 128) * p.w_ld;
+  for (int u = walk.first; u < MUnits<kCluster>(p) * p.n_tiles; u += walk.stride) {
+    const TileRef tr = TileAt<kCluster>(u, walk.rank, p);
+    const float* w_row = p.w_scales + static_cast<int64_t>(tr.n0 / 128) * p.w_ld;
+    const int w_row0 = tr.n0 + walk.rank * kHalf < p.n ? tr.n0 + walk.rank * kHalf : tr.n0;
     for (int g = 0; g < p.groups; ++g, ++step) {
       const int st = step % kStages;
       MbarWait(empty + st, ((step / kStages) & 1) ^ 1);
       if (lane == 0) {
         const uint32_t stage = ring + st * kStageBytes;
         MbarArriveExpectTx(full + st, kStageBytes);  // boxes past the ends count in full
-        TmaLoad2d(stage, &p.amap, g * kBK, o.x, full + st);
-        TmaLoad2d(stage + kBOff, &p.wmap, g * kBK, o.y, full + st);
+        TmaLoad2d(stage, &p.amap, g * kBK, tr.m0_load, full + st);
+        if constexpr (kCluster == 1) {
+          TmaLoad2d(stage + kBOff, &p.wmap, g * kBK, tr.n0, full + st);
+        } else {
+          TmaLoad2dMulticast(stage + kBOff + walk.rank * kHalf * kBK, &p.wmap, g * kBK, w_row0,
+                             full + st, static_cast<uint16_t>((1u << kCluster) - 1));
+        }
       }
       if constexpr (kScales == ScaleLoad::kStaged) {
         const uint32_t dst = scales + st * kScaleFloats * 4;
         const float* a = p.a_scales + static_cast<int64_t>(g) * p.m;
 #pragma unroll
         for (int j = 0; j < kBM / 32; ++j) {
-          const int r = o.x + lane + 32 * j;
+          const int r = tr.m0 + lane + 32 * j;
           CpAsync4(dst + (lane + 32 * j) * 4, a + min(r, p.m - 1), r < p.m ? 4u : 0u);
         }
         if (lane == 0) CpAsync4(dst + kBM * 4, w_row + g, 4u);
@@ -180,9 +251,11 @@ __device__ __forceinline__ GroupScales LoadScales(const Params& p, int g, int ro
 }
 
 // One k-group of a consumer warpgroup: four m64n128k32 MMAs into part (fresh), wait, release
-// the stage, then the promotion acc += part * scale of the row.
+// the stage (lane 0 of each warp; kCluster 2: lane r on CTA r's barrier, the stage's weight rows
+// having come from both), then the promotion acc += part * scale of the row.
+template <int kCluster>
 __device__ __forceinline__ void GroupMma(float (&acc)[64], float (&part)[64], uint32_t a_addr,
-                                         uint32_t b_addr, uint64_t* empty_bar, bool arrive,
+                                         uint32_t b_addr, uint64_t* empty_bar, int lane,
                                          GroupScales s) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) FenceOperand(part[i]);
@@ -196,7 +269,11 @@ __device__ __forceinline__ void GroupMma(float (&acc)[64], float (&part)[64], ui
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < 64; ++i) FenceOperand(part[i]);
-  MbarArriveIf(empty_bar, arrive);  // the stage is free for the producer
+  if constexpr (kCluster == 1) {
+    MbarArriveIf(empty_bar, lane == 0);  // the stage is free for the producer
+  } else {
+    MbarArriveCluster(empty_bar, lane % kCluster, lane < kCluster);
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? s.hi : s.lo, acc[i]);
 }
@@ -225,7 +302,7 @@ __device__ __forceinline__ void StoreTile(const Params& p, const float (&acc)[64
 }
 
 // A consumer warpgroup (wg 0 or 1): rows 64 wg .. 64 wg + 63 of every tile.
-template <ScaleLoad kScales>
+template <ScaleLoad kScales, int kCluster>
 __device__ void Consume(const Params& p, uint32_t ring, const float* scales, uint64_t* full,
                         uint64_t* empty) {
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -233,11 +310,12 @@ __device__ void Consume(const Params& p, uint32_t ring, const float* scales, uin
   const uint32_t a_base = ring + wg * 64 * kBK, b_base = ring + kBOff;
   uint32_t step = 0;
   float acc[64], part[64];
-  for (int t = blockIdx.x; t < p.m_tiles * p.n_tiles; t += gridDim.x) {
-    const int2 o = TileOrigin(t, p);
-    const int row0 = o.x + local;
+  const UnitWalk<kCluster> walk = MyUnits<kCluster>();
+  for (int u = walk.first; u < MUnits<kCluster>(p) * p.n_tiles; u += walk.stride) {
+    const TileRef tr = TileAt<kCluster>(u, walk.rank, p);
+    const int row0 = tr.m0 + local;
     const int row_lo = min(row0, p.m - 1), row_hi = min(row0 + 8, p.m - 1);
-    const float* w_row = p.w_scales + static_cast<int64_t>(o.y / 128) * p.w_ld;
+    const float* w_row = p.w_scales + static_cast<int64_t>(tr.n0 / 128) * p.w_ld;
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     GroupScales s{};
@@ -254,14 +332,14 @@ __device__ void Consume(const Params& p, uint32_t ring, const float* scales, uin
         s = {ss[local] * ss[kBM], ss[local + 8] * ss[kBM]};
       }
       const uint32_t so = st * kStageBytes;
-      GroupMma(acc, part, a_base + so, b_base + so, empty + st, lane == 0, s);
+      GroupMma<kCluster>(acc, part, a_base + so, b_base + so, empty + st, lane, s);
       if constexpr (kScales == ScaleLoad::kDirect) s = next;
     }
-    StoreTile(p, acc, row0, o.y + (lane & 3) * 2);
+    StoreTile(p, acc, row0, tr.n0 + (lane & 3) * 2);
   }
 }
 
-template <ScaleLoad kScales>
+template <ScaleLoad kScales, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8BlockGemmKernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -275,16 +353,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       // The producer's expect-tx arrival (+ the TMA bytes); kStaged: + its 32 lanes' copies.
       MbarInit(full + s, kScales == ScaleLoad::kStaged ? 33 : 1);
-      MbarInit(empty + s, 8);  // lane 0 of each consumer warp
+      MbarInit(empty + s, 8 * kCluster);  // each consumer warp of each CTA that reads it
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
-  if (threadIdx.x >= kConsumerThreads) {
-    Produce<kScales>(p, SmemAddr(smem), SmemAddr(scales), full, empty);
+  if constexpr (kCluster > 1) {
+    ClusterSync();  // the peer's barriers are initialized before anything lands on them
   } else {
-    Consume<kScales>(p, SmemAddr(smem), scales, full, empty);
+    __syncthreads();
   }
+  if (threadIdx.x >= kConsumerThreads) {
+    Produce<kScales, kCluster>(p, SmemAddr(smem), SmemAddr(scales), full, empty);
+  } else {
+    Consume<kScales, kCluster>(p, SmemAddr(smem), scales, full, empty);
+  }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (kCluster > 1) ClusterSync();
 #endif
 }
 
@@ -332,6 +416,52 @@ absl::StatusOr<CUtensorMap> EncodeCodes(const uint8_t* base, int64_t rows, int64
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The kernels built: (staged, 1), (direct, 1), (staged, 2).
+template <typename Fn>
+absl::Status ForEachKernel(Fn fn) {
+  RETURN_IF_ERROR(fn(Fp8BlockGemmKernel<Fp8BlockScaleLoad::kStaged, 1>));
+  RETURN_IF_ERROR(fn(Fp8BlockGemmKernel<Fp8BlockScaleLoad::kDirect, 1>));
+  return fn(Fp8BlockGemmKernel<Fp8BlockScaleLoad::kStaged, 2>);
+}
+
+// One CTA per SM over the tiles.
+template <Fp8BlockScaleLoad kScales>
+absl::Status LaunchPlain(const Params& p, cudaStream_t stream) {
+  int dev = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int grid = static_cast<int>(std::min<int64_t>(sms, int64_t{p.m_tiles} * p.n_tiles));
+  Fp8BlockGemmKernel<kScales, 1><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// Clusters of 2 CTAs, as many as fit at once on the device, over the units of 2 m-tiles.
+absl::Status LaunchMulticast(const Params& p, cudaStream_t stream) {
+  const auto kernel = Fp8BlockGemmKernel<Fp8BlockScaleLoad::kStaged, 2>;
+  const int64_t units = int64_t{(p.m_tiles + 1) / 2} * p.n_tiles;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(units, 1024)));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  if (clusters < 1) {
+    return absl::InternalError("Fp8BlockGemmWgmma: no cluster of 2 CTAs fits on this device");
+  }
+  cfg.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(units, clusters)));
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kernel, p));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool Fp8BlockGemmWgmmaSupported() {
@@ -342,26 +472,25 @@ bool Fp8BlockGemmWgmmaSupported() {
 absl::Status Fp8BlockGemmWgmmaInit() {
   ASSIGN_OR_RETURN(const bool sm90, IsSm90());
   if (!sm90) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(Fp8BlockGemmKernel<Fp8BlockScaleLoad::kStaged>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kSmemBytes));
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(Fp8BlockGemmKernel<Fp8BlockScaleLoad::kDirect>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kSmemBytes));
-  return absl::OkStatus();
+  return ForEachKernel([](auto kernel) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
                                const uint8_t* w_codes, const float* w_scales, int64_t m, int64_t n,
                                int64_t k, __nv_bfloat16* out, const __nv_bfloat16* bias,
-                               cudaStream_t stream, Fp8BlockScaleLoad scales) {
+                               cudaStream_t stream, Fp8BlockWgmmaForm form) {
   if (m < 0 || n < 0 || n % 2 != 0 || k < 16 || k % 16 != 0 || m > 0x7fffff80 || n > 0x7fffff80 ||
       k > 0x7fffff80 || a_codes == nullptr || w_codes == nullptr || a_scales == nullptr ||
       w_scales == nullptr || out == nullptr || !Aligned16(a_codes) || !Aligned16(w_codes) ||
-      reinterpret_cast<uintptr_t>(out) % 4 != 0) {
+      reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
+      (form.multicast && form.scales != Fp8BlockScaleLoad::kStaged)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8BlockGemmWgmma: needs m >= 0, n >= 0 even, k a positive multiple of 16, 16-byte "
-        "aligned codes, non-null scales and a 4-byte aligned out; got m=",
+        "aligned codes, non-null scales, a 4-byte aligned out (multicast: staged scales); got m=",
         m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
@@ -371,7 +500,7 @@ absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
   }
   Params p{};
   ASSIGN_OR_RETURN(p.amap, EncodeCodes(a_codes, m, k, kBM));
-  ASSIGN_OR_RETURN(p.wmap, EncodeCodes(w_codes, n, k, kBN));
+  ASSIGN_OR_RETURN(p.wmap, EncodeCodes(w_codes, n, k, form.multicast ? kBN / 2 : kBN));
   p.a_scales = a_scales;
   p.w_scales = w_scales;
   p.bias = bias;
@@ -388,18 +517,10 @@ absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
   if (capture == cudaStreamCaptureStatusNone) RETURN_IF_ERROR(Fp8BlockGemmWgmmaInit());
-  int dev = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t tiles = int64_t{p.m_tiles} * p.n_tiles;
-  const int grid = static_cast<int>(std::min<int64_t>(sms, tiles));
-  if (scales == Fp8BlockScaleLoad::kDirect) {
-    Fp8BlockGemmKernel<Fp8BlockScaleLoad::kDirect><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  } else {
-    Fp8BlockGemmKernel<Fp8BlockScaleLoad::kStaged><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  if (form.multicast) return LaunchMulticast(p, stream);
+  return form.scales == Fp8BlockScaleLoad::kDirect
+             ? LaunchPlain<Fp8BlockScaleLoad::kDirect>(p, stream)
+             : LaunchPlain<Fp8BlockScaleLoad::kStaged>(p, stream);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -11,6 +11,10 @@
 //     Fp8BlockScaleLoad says;
 //   * bf16 output (with an optional bias added in fp32 before the one rounding) stored straight
 //     from the registers while the producer already fills the next tile's stages.
+// Performance (H200, BENCHMARKS.md): 708-1038 TFLOP/s staged at the Llama-3-8B / DeepSeek-V3
+// shapes, 0.62-0.77x cuBLASLt's block kernel (direct scales a few % slower, multicast 30-40%
+// slower): about half of the tensor cores' time idle, each warpgroup keeping one group's MMAs in
+// flight. Hence not the default.
 // Numerics: as cuBLASLt's (fp8_gemm_cuda.h): each MMA instruction's 32 products are summed with
 // ~13 fraction bits, promoted to fp32 every 128 along k.
 //
@@ -39,6 +43,14 @@ namespace tandem::kernels::cuda {
 // ahead (no producer work; their latency overlaps the previous group's MMAs).
 enum class Fp8BlockScaleLoad { kStaged, kDirect };
 
+struct Fp8BlockWgmmaForm {
+  Fp8BlockScaleLoad scales = Fp8BlockScaleLoad::kStaged;
+  // Clusters of 2 CTAs on adjacent m-tiles of one n-tile, each loading half of the weight tile
+  // by TMA and multicasting it into both (a quarter less traffic from L2 to shared memory);
+  // staged scales only.
+  bool multicast = false;
+};
+
 // Whether the current device runs the kernel (sm_90: wgmma and TMA; sm_90a code).
 bool Fp8BlockGemmWgmmaSupported();
 
@@ -50,13 +62,13 @@ absl::Status Fp8BlockGemmWgmmaInit();
 //             * w_scales[(j / 128) * ld + g] (+ bias[j]), rounded once to bf16.
 // a_codes [m, k] and w_codes [n, k] e4m3 row-major, 16-byte aligned; out [m, n] bf16, bias [n]
 // bf16 or null. Asynchronous on `stream`. m == 0 or n == 0: OK, nothing launched.
-// INVALID_ARGUMENT for k not a positive multiple of 16, odd n, misaligned or null pointers;
+// INVALID_ARGUMENT for k not a positive multiple of 16, odd n, misaligned or null pointers,
+// multicast with direct scales;
 // FAILED_PRECONDITION on a device that is not sm_90.
 absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
                                const uint8_t* w_codes, const float* w_scales, int64_t m, int64_t n,
                                int64_t k, __nv_bfloat16* out, const __nv_bfloat16* bias,
-                               cudaStream_t stream,
-                               Fp8BlockScaleLoad scales = Fp8BlockScaleLoad::kStaged);
+                               cudaStream_t stream, Fp8BlockWgmmaForm form = {});
 
 }  // namespace tandem::kernels::cuda
 

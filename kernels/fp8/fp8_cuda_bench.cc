@@ -168,8 +168,9 @@ int BenchGemm(int iters) {
 }
 
 // Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
-// cuBLASLt, then on the wgmma kernel with staged and with direct scales (0 where it does not
-// run). Every block path's activation-scale transpose (TransposeGroupScales) is timed with it.
+// cuBLASLt, then on the wgmma kernel with staged and with direct scales and with the multicast
+// form (0 where it does not run). Every block path's activation-scale transpose
+// (TransposeGroupScales) is timed with it.
 int BenchBlockGemm(int iters) {
   auto fp8 = CublasLtFp8Gemm::Create();
   auto bf16 = CublasLtGemm::Create();
@@ -185,7 +186,8 @@ int BenchBlockGemm(int iters) {
                           {"v3.expert_gate_up", 4096, 7168}, {"v3.expert_down", 7168, 2048}};
   std::printf(
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
-      "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_vs_tensor wgmma_vs_cublaslt\n");
+      "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_mc_TFLOPs wgmma_vs_tensor "
+      "mc_vs_tensor mc_vs_cublaslt\n");
   const int64_t max_m = 8192;
   for (const Shape& s : shapes) {
     const int64_t groups = Block128Groups(s.k);
@@ -228,11 +230,13 @@ int BenchBlockGemm(int iters) {
       const double tb = time_block(Fp8BlockGemmKernel::kCublasLt, "block");
       const double tw = time_block(Fp8BlockGemmKernel::kWgmma, "wgmma");
       const double twd = time_block(Fp8BlockGemmKernel::kWgmmaDirectScales, "wgmma_direct");
+      const double twm = time_block(Fp8BlockGemmKernel::kWgmmaMulticast, "wgmma_multicast");
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
       auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
-      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.2f %.2f\n", s.name,
+      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.0f %.2f %.2f %.2f\n", s.name,
                   static_cast<long>(m), tflops(t16), tflops(tt), tflops(tb), ratio(tt, tb),
-                  ratio(t16, tb), tflops(tw), tflops(twd), ratio(tt, tw), ratio(tb, tw));
+                  ratio(t16, tb), tflops(tw), tflops(twd), tflops(twm), ratio(tt, tw),
+                  ratio(tt, twm), ratio(tb, twm));
     }
     for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
                     static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),

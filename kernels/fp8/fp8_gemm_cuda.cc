@@ -97,14 +97,15 @@ absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t
   Fp8BlockGemmKernel block = kDefaultFp8BlockGemmKernel;
   if (const char* env = std::getenv("TANDEM_FP8_BLOCK_GEMM"); env != nullptr) {
     const std::string_view v(env);
-    if (v != "cublaslt" && v != "wgmma" && v != "wgmma_direct") {
+    if (v != "cublaslt" && v != "wgmma" && v != "wgmma_direct" && v != "wgmma_multicast") {
       return absl::InvalidArgumentError(absl::StrCat(
           "TANDEM_FP8_BLOCK_GEMM=", env,
-          ": the block-scaled FP8 GEMM is \"cublaslt\", \"wgmma\" or \"wgmma_direct\""));
+          ": the block-scaled FP8 GEMM is cublaslt, wgmma, wgmma_direct or wgmma_multicast"));
     }
-    block = v == "wgmma"          ? Fp8BlockGemmKernel::kWgmma
-            : v == "wgmma_direct" ? Fp8BlockGemmKernel::kWgmmaDirectScales
-                                  : Fp8BlockGemmKernel::kCublasLt;
+    block = v == "wgmma"             ? Fp8BlockGemmKernel::kWgmma
+            : v == "wgmma_direct"    ? Fp8BlockGemmKernel::kWgmmaDirectScales
+            : v == "wgmma_multicast" ? Fp8BlockGemmKernel::kWgmmaMulticast
+                                     : Fp8BlockGemmKernel::kCublasLt;
   }
   if (block != Fp8BlockGemmKernel::kCublasLt && Fp8BlockGemmWgmmaSupported()) {
     RETURN_IF_ERROR(gemm->set_block_kernel(block));
@@ -269,10 +270,13 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
                           stream);
     case Fp8GemmScaling::kBlock128:
       if (block_kernel_ != Fp8BlockGemmKernel::kCublasLt) {
+        Fp8BlockWgmmaForm form;
+        if (block_kernel_ == Fp8BlockGemmKernel::kWgmmaDirectScales) {
+          form.scales = Fp8BlockScaleLoad::kDirect;
+        }
+        form.multicast = block_kernel_ == Fp8BlockGemmKernel::kWgmmaMulticast;
         return Fp8BlockGemmWgmma(a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias, stream,
-                                 block_kernel_ == Fp8BlockGemmKernel::kWgmma
-                                     ? Fp8BlockScaleLoad::kStaged
-                                     : Fp8BlockScaleLoad::kDirect);
+                                 form);
       }
       if (m % kBlock128RowMultiple != 0 || Block128Groups(k) % 4 != 0) {
         // m: cuBLASLt 13 answers NOT_SUPPORTED for other m on sm_90 (17, 129, 333 on an H200).

@@ -57,11 +57,12 @@ namespace tandem::kernels::cuda {
 enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
 
 // Which kernel runs kBlock128: cuBLASLt's block scale modes, or Fp8BlockGemmWgmma
-// (fp8_block_gemm_cuda.h, sm_90 only) with its scales staged in shared memory (kWgmma) or loaded
-// by each thread (kWgmmaDirectScales). Create takes TANDEM_FP8_BLOCK_GEMM ("cublaslt", "wgmma"
-// or "wgmma_direct") where it is set, else kDefaultFp8BlockGemmKernel (kCublasLt where the
-// device has no wgmma kernel).
-enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales };
+// (fp8_block_gemm_cuda.h, sm_90 only) with its scales staged in shared memory (kWgmma), loaded
+// by each thread (kWgmmaDirectScales), or staged with the weight tile multicast over clusters of
+// 2 CTAs (kWgmmaMulticast). Create takes TANDEM_FP8_BLOCK_GEMM ("cublaslt", "wgmma",
+// "wgmma_direct" or "wgmma_multicast") where it is set, else kDefaultFp8BlockGemmKernel
+// (kCublasLt where the device has no wgmma kernel).
+enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales, kWgmmaMulticast };
 inline constexpr Fp8BlockGemmKernel kDefaultFp8BlockGemmKernel = Fp8BlockGemmKernel::kCublasLt;
 
 // cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major

@@ -296,11 +296,13 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   }
 }
 
-// Our wgmma kernel (fp8_block_gemm_cuda.h), both ways of loading the scales, on the same
-// layouts and the same reference: odd m (1, 17, 333), n not a multiple of its 128-column tile
-// (8, 200, 1416), k not a multiple of 128 (16: less than one group; 144, 272 with padded
-// weight-scale rows, 400), bias; 1500 x 1416 is 144 tiles, more than an H200's 132 SMs, so a
-// persistent CTA runs two. Refused: odd n, k not a multiple of 16.
+// Our wgmma kernel (fp8_block_gemm_cuda.h), both ways of loading the scales and the multicast
+// form, on the same layouts and the same reference: odd m (1, 17, 333), n not a multiple of its
+// 128-column tile (8, 200, 1416), k not a multiple of 128 (16: less than one group; 144, 272 with
+// padded weight-scale rows, 400), bias; 1500 x 1416 is 144 tiles, more than an H200's 132 SMs,
+// so a persistent CTA runs two; with multicast, 3 m-tiles (333 rows) leave the second CTA of a
+// cluster a tile past m, n = 8 a weight half past n and n = 200 a partial one. Refused: odd n,
+// k not a multiple of 16, multicast with direct scales.
 TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   if (!Fp8BlockGemmWgmmaSupported()) GTEST_SKIP() << "the wgmma kernel needs an sm_90 device";
@@ -308,9 +310,12 @@ TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
   auto gemm = CublasLtFp8Gemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   for (Fp8BlockGemmKernel kernel :
-       {Fp8BlockGemmKernel::kWgmma, Fp8BlockGemmKernel::kWgmmaDirectScales}) {
-    const bool staged = kernel == Fp8BlockGemmKernel::kWgmma;
-    SCOPED_TRACE(staged ? "wgmma, staged scales" : "wgmma, direct scales");
+       {Fp8BlockGemmKernel::kWgmma, Fp8BlockGemmKernel::kWgmmaDirectScales,
+        Fp8BlockGemmKernel::kWgmmaMulticast}) {
+    const char* name = kernel == Fp8BlockGemmKernel::kWgmma               ? "staged"
+                       : kernel == Fp8BlockGemmKernel::kWgmmaDirectScales ? "direct"
+                                                                          : "multicast, staged";
+    SCOPED_TRACE(name);
     ASSERT_TRUE((*gemm)->set_block_kernel(kernel).ok());
     double worst = 0;
     for (auto [m, n, k, bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{17, 256, 512, false},
@@ -322,7 +327,7 @@ TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
       worst = std::max(worst, CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, bias));
     }
     std::printf("block on wgmma (%s scales): largest error / (2^-13 x per-MMA magnitude) %.3f\n",
-                staged ? "staged" : "direct", worst);
+                name, worst);
   }
   DeviceBuffer<uint8_t> codes(32 * 512);
   DeviceBuffer<float> scales(64);
@@ -334,6 +339,10 @@ TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
               absl::StatusCode::kInvalidArgument)
         << "n=" << n << " k=" << k;
   }
+  EXPECT_EQ(Fp8BlockGemmWgmma(codes.get(), scales.get(), codes.get(), scales.get(), 17, 16, 512,
+                              out.get(), nullptr, nullptr, {Fp8BlockScaleLoad::kDirect, true})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The host layout helper: per-row scales of 128 x 128 blocks to cuBLASLt's padded block rows;
