@@ -127,6 +127,17 @@ absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* sta
                                  w->scales.get<float>() + row0 * w->grid.GridCols(), stream);
 }
 
+absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, DeviceBuffer* staging,
+                          CudaFp8Weight* w, cudaStream_t stream) {
+  const int64_t bytes = fill.slice.numel() * int64_t{4};
+  if (staging->bytes() < bytes) {
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // the old staging is no longer read
+    staging->Reset();
+    ASSIGN_OR_RETURN(*staging, DeviceBuffer::Allocate(bytes, "fp8 dummy staging"));
+  }
+  return FillFp8Dummy(fill, seed, staging->get<float>(), w, stream);
+}
+
 absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max_tokens,
                                                                      int64_t max_k) {
   std::unique_ptr<CudaFp8Linear> out(new CudaFp8Linear());

@@ -84,6 +84,10 @@ absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t row
 // draw: the CPU dummy path's codes and scales.
 absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* staging,
                           CudaFp8Weight* w, cudaStream_t stream);
+// The same with `staging` grown to the fill's draw where it is smaller (once the stream's
+// earlier fills no longer read it): the dummy loaders' one staging buffer across fills.
+absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, DeviceBuffer* staging,
+                          CudaFp8Weight* w, cudaStream_t stream);
 
 class CudaFp8Linear {
  public:

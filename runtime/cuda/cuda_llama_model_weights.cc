@@ -50,7 +50,7 @@ absl::Status CudaLlamaModel::AllocateWeights(cudaStream_t stream) {
       RETURN_IF_ERROR(alloc(&l.k_norm, D, "k_norm"));
     }
     if (config_.IsMoeLayer(&l - layers_.data())) {  // its MoE MLP instead of gate_up / down
-      ASSIGN_OR_RETURN(l.moe, AllocateMoeWeights(config_, stream));
+      ASSIGN_OR_RETURN(l.moe, AllocateMoeWeights(config_, stream, options_.max_tokens));
       weight_bytes_ += l.moe.bytes();
       continue;
     }
@@ -90,20 +90,15 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
       options_.dummy_plan.empty() ? whole : options_.dummy_plan;
   DeviceBuffer fp8_staging;  // FP8 configs: one fill's fp32 draw before quantization
   for (const DummyTensorFill& f : plan) {
-    if (fp8 && Fp8Slot(f.slot, f.layer) != nullptr && fp8_staging.bytes() < f.slice.numel() * 4) {
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // the old staging is no longer read
-      fp8_staging.Reset();
-      ASSIGN_OR_RETURN(fp8_staging, DeviceBuffer::Allocate(f.slice.numel() * 4, "fp8 staging"));
-    }
     if (CudaFp8Weight* w = fp8 ? Fp8Slot(f.slot, f.layer) : nullptr; w != nullptr) {
-      RETURN_IF_ERROR(FillFp8Dummy(f, seed, fp8_staging.get<float>(), w, stream));
+      RETURN_IF_ERROR(FillFp8Dummy(f, seed, &fp8_staging, w, stream));
       continue;
     }
     if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < static_cast<int64_t>(layers_.size())) {
       Layer& l = layers_[static_cast<size_t>(f.layer)];
       RETURN_IF_ERROR(options_.dtype == ActDtype::kBf16
-                          ? FillMoeDummy<__nv_bfloat16>(f, seed, &l.moe, stream)
-                          : FillMoeDummy<__half>(f, seed, &l.moe, stream));
+                          ? FillMoeDummy<__nv_bfloat16>(f, seed, &l.moe, &fp8_staging, stream)
+                          : FillMoeDummy<__half>(f, seed, &l.moe, &fp8_staging, stream));
       continue;
     }
     DeviceBuffer* b = SlotBuffer(f.slot, f.layer);

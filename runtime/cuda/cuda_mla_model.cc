@@ -282,11 +282,12 @@ absl::Status CudaMlaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
     ASSIGN_OR_RETURN(whole, DummyWeightPlan(config_));
   }
   const bool bf16 = options_.dtype == ActDtype::kBf16;
+  DeviceBuffer no_fp8;  // FP8 MLA models are not drawn on the device (Create refuses them)
   for (const DummyTensorFill& f : options_.dummy_plan.empty() ? whole : options_.dummy_plan) {
     if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < config_.num_hidden_layers) {
       CudaMoeWeights* moe = &layers_[f.layer].moe;
-      RETURN_IF_ERROR(bf16 ? FillMoeDummy<__nv_bfloat16>(f, seed, moe, stream)
-                           : FillMoeDummy<__half>(f, seed, moe, stream));
+      RETURN_IF_ERROR(bf16 ? FillMoeDummy<__nv_bfloat16>(f, seed, moe, &no_fp8, stream)
+                           : FillMoeDummy<__half>(f, seed, moe, &no_fp8, stream));
       continue;
     }
     DeviceBuffer* b = nullptr;

@@ -114,6 +114,75 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> UploadFp8MoeWeights(const Mod
   return w;
 }
 
+absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> AllocateFp8MoeWeights(const ModelConfig& c,
+                                                                         int64_t max_tokens) {
+  const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  const bool ep = c.expert_placement != nullptr;
+  const int64_t experts = (ep ? c.NumHeldExperts() : c.num_experts) + (ep ? 1 : 0);
+  const WeightQuantization& q = c.quantization;
+  auto alloc = [&](int64_t n, int64_t k) -> absl::StatusOr<CudaFp8Weight> {
+    ASSIGN_OR_RETURN(CudaFp8Weight x,
+                     AllocateFp8Weight(Fp8QuantizedGrid(q, n, k), q.activation, 0.0f, max_tokens));
+    // Codes 0 and scales 0: the zero expert's exact zeros, and no stale bytes anywhere.
+    CUDA_RETURN_IF_ERROR(cudaMemset(x.codes.data(), 0, x.codes.bytes()));
+    CUDA_RETURN_IF_ERROR(cudaMemset(x.scales.data(), 0, x.scales.bytes()));
+    return x;
+  };
+  auto w = std::make_unique<CudaFp8MoeWeights>();
+  for (int64_t e = 0; e < experts; ++e) {
+    ASSIGN_OR_RETURN(CudaFp8Weight gate_up, alloc(2 * Ie, H));
+    w->gate_up.push_back(std::move(gate_up));
+    ASSIGN_OR_RETURN(CudaFp8Weight down, alloc(H, Ie));
+    w->down.push_back(std::move(down));
+  }
+  RETURN_IF_ERROR(Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales));
+  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales));
+  if (Is > 0) {
+    ASSIGN_OR_RETURN(w->shared_gate_up, alloc(2 * Is, H));
+    ASSIGN_OR_RETURN(w->shared_down, alloc(H, Is));
+  }
+  return w;
+}
+
+absl::Status FillFp8MoeDummy(const DummyTensorFill& fill, uint64_t seed, DeviceBuffer* staging,
+                             CudaFp8MoeWeights* w, cudaStream_t stream) {
+  DummyTensorFill local = fill;
+  // The expert whose stacked rows the fill starts in; the fill is then local to it (FillFp8Dummy
+  // refuses one running past that expert's rows).
+  auto expert = [&](std::vector<CudaFp8Weight>& experts) -> CudaFp8Weight* {
+    if (experts.empty()) return nullptr;
+    const int64_t size = experts.front().grid.rows * experts.front().grid.cols;
+    const int64_t e = fill.offset / size;
+    if (fill.offset < 0 || e >= static_cast<int64_t>(experts.size())) return nullptr;
+    local.offset = fill.offset - e * size;
+    return &experts[static_cast<size_t>(e)];
+  };
+  CudaFp8Weight* target = nullptr;
+  switch (fill.slot) {
+    case WeightSlot::kExpertsGateUp:
+      target = expert(w->gate_up);
+      break;
+    case WeightSlot::kExpertsDown:
+      target = expert(w->down);
+      break;
+    case WeightSlot::kSharedGateUp:
+      target = w->shared_gate_up.empty() ? nullptr : &w->shared_gate_up;
+      break;
+    case WeightSlot::kSharedDown:
+      target = w->shared_down.empty() ? nullptr : &w->shared_down;
+      break;
+    default:
+      break;
+  }
+  if (target == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("dummy plan does not fit the FP8 experts: slot ",
+                                                   static_cast<int>(fill.slot), " layer ",
+                                                   fill.layer, " elements from ", fill.offset));
+  }
+  return FillFp8Dummy(local, seed, staging, target, stream);
+}
+
 absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(const ModelConfig& c,
                                                                              int64_t max_tokens) {
   const int64_t H = c.hidden_size, Ie = c.moe_intermediate_size;

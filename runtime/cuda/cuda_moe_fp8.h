@@ -65,6 +65,22 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> UploadFp8MoeWeights(const Mod
                                                                        LayerWeights* layer,
                                                                        int64_t max_tokens);
 
+// Device dummy weights (--load_format=dummy of an FP8 config): the rank's experts of `config`
+// allocated as UploadFp8MoeWeights would hold them (E experts, or the held ones + 1 zero expert
+// under expert parallelism; the shared experts when the config has them), with the grid and
+// activation scheme config.quantization gives a weight quantized at load (Fp8QuantizedGrid),
+// zero-filled; FillFp8MoeDummy then draws each fill of the plan into them.
+absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> AllocateFp8MoeWeights(const ModelConfig& config,
+                                                                         int64_t max_tokens);
+
+// Draws `fill` (a kExpertsGateUp / kExpertsDown / kSharedGateUp / kSharedDown fill of
+// DummyWeightPlan: whole rows of one expert's weight, at its offset in the stacked layout) into
+// `w`, quantized on the device as QuantizeWeightsFp8 quantizes the host draw (FillFp8Dummy; the
+// fp32 draw in `staging`, grown as needed). INVALID_ARGUMENT for another slot or a fill that is
+// not whole rows of one expert.
+absl::Status FillFp8MoeDummy(const DummyTensorFill& fill, uint64_t seed, DeviceBuffer* staging,
+                             CudaFp8MoeWeights* w, cudaStream_t stream);
+
 class CudaFp8MoeExperts {
  public:
   // Steps of at most this many tokens take the GEMVs (CudaMoeMlp::kSyncFreeMaxTokens).

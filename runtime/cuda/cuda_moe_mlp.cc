@@ -125,9 +125,14 @@ absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& c, LayerWeigh
   return w;
 }
 
-absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& c, cudaStream_t stream) {
-  const MoeShapes s = ShapesOf(c);
+absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& c, cudaStream_t stream,
+                                                  int64_t fp8_max_tokens) {
+  MoeShapes s = ShapesOf(c);
   CudaMoeWeights w;
+  if (c.quantization.IsFp8()) {  // e4m3 experts and shared experts (cuda_moe_fp8.h)
+    ASSIGN_OR_RETURN(w.fp8, AllocateFp8MoeWeights(c, fp8_max_tokens));
+    s.experts_gate_up = s.experts_down = s.shared_gate_up = s.shared_down = 0;
+  }
   auto alloc = [&](DeviceBuffer* b, int64_t n, int64_t es, const char* what) -> absl::Status {
     ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(n * es, what));
     if (n > 0) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->data(), 0, b->bytes(), stream));
@@ -160,7 +165,12 @@ bool IsMoeSlot(WeightSlot slot) {
 
 template <typename T>
 absl::Status FillMoeDummy(const DummyTensorFill& f, uint64_t seed, CudaMoeWeights* w,
-                          cudaStream_t stream) {
+                          DeviceBuffer* fp8_staging, cudaStream_t stream) {
+  if (w->fp8 != nullptr &&
+      (f.slot == WeightSlot::kExpertsGateUp || f.slot == WeightSlot::kExpertsDown ||
+       f.slot == WeightSlot::kSharedGateUp || f.slot == WeightSlot::kSharedDown)) {
+    return FillFp8MoeDummy(f, seed, fp8_staging, w->fp8.get(), stream);
+  }
   DeviceBuffer* b = nullptr;
   switch (f.slot) {
     case WeightSlot::kRouter:
@@ -258,7 +268,7 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   if (m->kernels_.mma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedMmaInit());
   if (m->kernels_.wgmma_grouped) RETURN_IF_ERROR(kernels::cuda::MoeGroupedWgmmaInit());
   ASSIGN_OR_RETURN(m->grouped_, kernels::cuda::MoeGroupedGemm::Create(Ed));
-  if (c.quantization.FromCheckpoint()) {  // FP8 experts (cuda_moe_fp8.h)
+  if (c.quantization.IsFp8()) {  // FP8 experts (cuda_moe_fp8.h)
     ASSIGN_OR_RETURN(m->fp8_, CudaFp8MoeExperts::Create(c, max_tokens));
   }
   const int64_t T = max_tokens, rows = T * k;
@@ -475,7 +485,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   template absl::StatusOr<CudaMoeWeights> UploadMoeWeights<T>(const ModelConfig&, LayerWeights*,  \
                                                               cudaStream_t, int64_t);             \
   template absl::Status FillMoeDummy<T>(const DummyTensorFill&, uint64_t, CudaMoeWeights*,        \
-                                        cudaStream_t);                                            \
+                                        DeviceBuffer*, cudaStream_t);                             \
   template absl::Status CudaMoeMlp::Forward<T>(const CudaMoeWeights&, const T*, int64_t, int64_t, \
                                                T*, kc::CublasLtGemm&, cudaStream_t);              \
   /* for ForwardDispatched (cuda_moe_mlp_dispatch.cc) */                                          \

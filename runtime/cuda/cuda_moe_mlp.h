@@ -79,14 +79,18 @@ struct CudaMoeWeights {
 template <typename T>
 absl::StatusOr<CudaMoeWeights> UploadMoeWeights(const ModelConfig& config, LayerWeights* layer,
                                                 cudaStream_t stream, int64_t fp8_max_tokens = 1);
-// Zero-filled buffers of `config`'s shapes (2-byte elements), for device dummy weights.
-absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& config, cudaStream_t stream);
+// Zero-filled buffers of `config`'s shapes (2-byte elements), for device dummy weights; an FP8
+// config's experts and shared experts e4m3 instead (AllocateFp8MoeWeights, fp8_max_tokens as in
+// UploadMoeWeights; the router and Qwen2-MoE's shared-expert gate stay 16-bit).
+absl::StatusOr<CudaMoeWeights> AllocateMoeWeights(const ModelConfig& config, cudaStream_t stream,
+                                                  int64_t fp8_max_tokens = 1);
 // Whether a checkpoint slot lands in CudaMoeWeights.
 bool IsMoeSlot(WeightSlot slot);
-// Draws `fill` (a MoE slot of DummyWeightPlan) into `w` (T elements; the router bias fp32).
+// Draws `fill` (a MoE slot of DummyWeightPlan) into `w` (T elements; the router bias fp32; e4m3
+// experts through FillFp8MoeDummy, their fp32 draw in `fp8_staging`, grown as needed).
 template <typename T>
 absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWeights* w,
-                          cudaStream_t stream);
+                          DeviceBuffer* fp8_staging, cudaStream_t stream);
 
 // Kernel choices added after the first device measurements (kernels/moe/BENCHMARKS.md):
 //   split_combine: MoeCombineSplit (each token over several blocks, 16-byte loads) instead of

@@ -22,9 +22,10 @@
 // Engine::Step() loop either way.
 //
 // --quantization: a comma-separated list of weight formats measured one after the other in this
-// process, each with its own engine: none (bf16) and fp8 (device dummy FP8 weights as
-// --quantization=fp8 makes them: per-channel e4m3 weights, dynamic per-token activations; the
-// roofline counts 1 byte per linear-layer weight).
+// process, each with its own engine: none (the shape's own: bf16, or an FP8 preset's scheme such
+// as qwen3-30b-a3b-fp8's 1 x 128 groups) and fp8 (device dummy FP8 weights as
+// --quantization=fp8 makes them: per-channel e4m3 weights, dynamic per-token activations; dense
+// and MoE Llama-family shapes, the experts too); the roofline counts 1 byte per FP8 weight.
 //
 // Mixture-of-experts shapes: the roofline counts the weights a step reads, the non-expert ones
 // plus, per MoE layer, the experts a batch of B tokens routes to if routing were uniform:
@@ -238,28 +239,36 @@ int Main(int argc, char** argv) {
     for (int async : async_modes) runs.emplace_back(quant, async != 0);
   }
   for (const auto& [quant, async] : runs) {
-    const bool fp8 = quant == "fp8";
     config.async_scheduling = async;
-    if ((!fp8 && quant != "none") || (fp8 && (model.IsMoe() || model.IsMla()))) {
-      std::fprintf(stderr, "--quantization takes none and fp8 (dense models), got '%s'\n",
+    if ((quant != "fp8" && quant != "none") ||
+        (quant == "fp8" && (model.IsMla() || model.quantization.IsFp8()))) {
+      std::fprintf(stderr,
+                   "--quantization takes none (the shape's own weights) and fp8 (Llama-family "
+                   "16-bit shapes), got '%s'\n",
                    quant.c_str());
       return 1;
     }
-    WeightQuantization q;  // what generate --quantization=fp8 sets (model_source.cc)
-    if (fp8) {
+    WeightQuantization q = model.quantization;  // a preset's own (qwen3-30b-a3b-fp8) or none
+    if (quant == "fp8") {  // what generate --quantization=fp8 sets (model_source.cc)
       q.method = WeightQuantization::Method::kOnlineFp8;
       q.block_rows = 1;
       q.activation = kernels::Fp8ActivationScheme::kDynamicToken;
     }
+    const bool fp8 = q.IsFp8();
     local.quantization = q;
-    // The decoder's q/k/v/o and gate/up/down weights: 1 byte each in FP8 (scales: 4 bytes a row).
-    const double linear_params =
-        static_cast<double>(model.num_hidden_layers) *
-        (static_cast<double>((model.num_attention_heads + 2 * model.num_key_value_heads) *
-                             model.head_dim * model.hidden_size) +
-         static_cast<double>(model.hidden_size * model.num_attention_heads * model.head_dim) +
-         3.0 * static_cast<double>(model.hidden_size * model.intermediate_size)) /
-        tp;
+    // The decoder's q/k/v/o and dense gate/up/down weights: 1 byte each in FP8 (scales: 4
+    // bytes a row or a 128-column group, not counted); MoE layers' experts below.
+    double linear_params = 0.0;
+    for (int64_t l = 0; l < model.num_hidden_layers; ++l) {
+      linear_params +=
+          static_cast<double>((model.num_attention_heads + 2 * model.num_key_value_heads) *
+                              model.head_dim * model.hidden_size) +
+          static_cast<double>(model.hidden_size * model.num_attention_heads * model.head_dim) +
+          (model.IsMoeLayer(l)
+               ? 0.0
+               : 3.0 * static_cast<double>(model.hidden_size * model.intermediate_size));
+    }
+    linear_params /= tp;
     const auto created = std::chrono::steady_clock::now();
     auto engine = Engine::Create(config, local, ModelWeights{}, {}, &factory);
     if (!engine.ok()) {
@@ -272,15 +281,15 @@ int Main(int argc, char** argv) {
     // MoE: the experts' share replaced per batch by the experts the batch routes to (routed_bytes).
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < model.num_hidden_layers; ++l) moe_layers += model.IsMoeLayer(l);
-    const double expert_bytes = 3.0 * model.moe_intermediate_size * model.hidden_size * 2.0 / tp;
+    const double expert_params = 3.0 * model.moe_intermediate_size * model.hidden_size / tp;
     const double weight_bytes =
         (dense_bytes - (fp8 ? linear_params : 0.0) -
-         static_cast<double>(moe_layers) * model.num_experts * expert_bytes);
-    auto routed_bytes = [&](int batch) {
+         static_cast<double>(moe_layers) * model.num_experts * expert_params * 2.0);
+    auto routed_bytes = [&](int batch) {  // FP8 experts: 1 byte a weight
       if (!model.IsMoe()) return 0.0;
       const double E = static_cast<double>(model.num_experts), k = model.num_experts_per_tok;
       const double active = E * (1.0 - std::pow(1.0 - k / E, batch));
-      return static_cast<double>(moe_layers) * active * expert_bytes;
+      return static_cast<double>(moe_layers) * active * expert_params * (fp8 ? 1.0 : 2.0);
     };
     // MLA (DeepSeek): one latent row of kv_lora_rank + qk_rope_head_dim per layer, whole on every
     // rank; otherwise K and V of the rank's KV heads.
@@ -295,9 +304,8 @@ int Main(int argc, char** argv) {
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
           "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
-          fp8 ? "fp8 (per-channel e4m3, dynamic per-token activations)" : "bf16",
-          (weight_bytes + routed_bytes(1 << 20)) / 1e9, create_s, graphs ? "on" : "off",
-          pdl ? "on" : "off",
+          fp8 ? q.Describe().c_str() : "bf16", (weight_bytes + routed_bytes(1 << 20)) / 1e9,
+          create_s, graphs ? "on" : "off", pdl ? "on" : "off",
           custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl",
           (*engine)->async_scheduling() ? "on" : "off", fold_norm ? "on" : "off");
       if (tp > 1) {

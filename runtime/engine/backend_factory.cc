@@ -134,13 +134,16 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // bf16 activations (the FP8 kernels read and write bf16). FP8 MoE experts
   // (runtime/cuda/cuda_moe_fp8.h) and DeepSeek's FP8 MLA projections (cuda_mla_model_fp8.cc) run
   // e4m3 on CUDA from checkpoint weights, on one GPU, a TP / EP (a) group or under --dp_attention
-  // (EP (b): each rank's FP8 experts on the rows dispatched to it); not yet as device dummy
-  // weights (refused here). The FP8 MTP layer: MakeMtpExecutorFactory.
-  if (model.quantization.IsFp8() && model.IsMoe() && options.dummy_seed.has_value()) {
+  // (EP (b): each rank's FP8 experts on the rows dispatched to it). Device dummy weights of an
+  // FP8 config (--load_format=dummy) are drawn and quantized on the device, the dense
+  // projections and the Llama family's MoE experts (FillFp8Dummy, FillMoeDummy) as the host
+  // quantizes them; DeepSeek's MLA projections are not (refused here). The FP8 MTP layer:
+  // MakeMtpExecutorFactory.
+  if (model.quantization.IsFp8() && model.IsMla() && options.dummy_seed.has_value()) {
     return absl::UnimplementedError(absl::StrCat(
-        "--backend=cuda runs FP8 experts (", model.architecture, ", ",
-        model.quantization.Describe(), ") from checkpoint weights; device dummy FP8 experts ",
-        "(--load_format=dummy) are not built: use --backend=cpu"));
+        "--backend=cuda runs FP8 weights of ", model.architecture, " (",
+        model.quantization.Describe(), ") from checkpoint weights; device dummy FP8 MLA ",
+        "weights (--load_format=dummy) are not built: use a checkpoint"));
   }
   const bool fp16_act =
       options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);

@@ -333,7 +333,7 @@ absl::StatusOr<ModelConfig> Fp8MlaMoe() {
 // FP8 checkpoints of DeepSeek's MLA + MoE models on CUDA (issue 38: cuda_moe_fp8.h,
 // cuda_mla_model_fp8.cc): accepted where the build has CUDA (nothing built on the device yet),
 // their FP8 MTP layer too (its block through the same FP8 path: cuda_mtp_model.h); device dummy
-// FP8 experts refused by name (a build without CUDA refuses every CUDA factory:
+// FP8 MLA weights refused by name (a build without CUDA refuses every CUDA factory:
 // MtpExecutorOnTheTargetsBackend).
 TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
   absl::StatusOr<ModelConfig> mla = Fp8MlaMoe();
@@ -350,13 +350,14 @@ TEST(BackendFactoryTest, Fp8MlaAndMoeCheckpointsOnCuda) {
   options.dummy_seed = 3;
   st = MakeExecutorFactory(options, *mla).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-  EXPECT_NE(st.message().find("device dummy FP8 experts"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("device dummy FP8 MLA weights"), std::string::npos) << st;
 }
 
 // FP8 experts under data-parallel attention + EP (b) on CUDA (issues 32 / 38: CudaMoeMlp's
 // dispatched forward runs the rank's e4m3 experts on the rows it receives): a compressed-tensors
 // Qwen3-MoE config and DeepSeek's FP8 MLA + MoE config with --dp_attention in a group of 2 get
-// the DP executor where the build has CUDA; device dummy FP8 experts stay refused by name.
+// the DP executor where the build has CUDA, the Qwen3-MoE also as device dummy weights (drawn
+// and quantized on the device: cuda_moe_fp8_dummy_test).
 TEST(BackendFactoryTest, Fp8ExpertsUnderDpAttentionOnCuda) {
   absl::StatusOr<ModelConfig> moe = ParseModelConfig(
       R"({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2,
@@ -381,9 +382,49 @@ TEST(BackendFactoryTest, Fp8ExpertsUnderDpAttentionOnCuda) {
     EXPECT_NE(factory->name.find("dp-attention"), std::string::npos) << factory->name;
   }
   options.dummy_seed = 3;
-  absl::Status st = MakeExecutorFactory(options, *moe).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-  EXPECT_NE(st.message().find("device dummy FP8 experts"), std::string::npos) << st;
+  absl::StatusOr<ExecutorFactory> dummy = MakeExecutorFactory(options, *moe);
+  ASSERT_TRUE(dummy.ok()) << dummy.status();
+  EXPECT_EQ(dummy->dp_size, 2);
+  options.group = nullptr;  // one GPU
+  options.expert_parallel = options.dp_attention = false;
+  EXPECT_TRUE(MakeExecutorFactory(options, *moe).ok());
+}
+
+// Dummy weights of an FP8 MoE config on the CPU (the reference the CUDA backend's device draw is
+// checked against): --quantization=fp8 on tiny-moe, and the qwen3-30b-a3b-fp8 preset's scheme on
+// a tiny-moe shape, load with e4m3 experts (the router 16-bit) and the scheme's scale grid.
+TEST(BackendFactoryTest, DummyFp8MoeWeightsOnCpu) {
+  ModelSource source;
+  source.load_format = "dummy";
+  source.dummy_config = "tiny-moe";
+  source.quantization = "fp8";
+  BackendOptions options;
+  options.backend = "cpu";
+  options.num_threads = 1;
+  absl::StatusOr<BackendModel> online = LoadModelForBackend(source, options);
+  ASSERT_TRUE(online.ok()) << online.status();
+  const ModelConfig& c = online->model.config;
+  const LayerWeights& l = online->model.weights.layers[0];
+  EXPECT_TRUE(l.experts_gate_up.empty());
+  EXPECT_FALSE(l.router.empty());
+  EXPECT_EQ(l.experts_gate_up_fp8.grid.rows, c.num_experts * 2 * c.moe_intermediate_size);
+  EXPECT_EQ(l.experts_gate_up_fp8.grid.block_cols, c.hidden_size);  // per-channel
+  EXPECT_EQ(l.experts_down_fp8.grid.cols, c.moe_intermediate_size);
+  EXPECT_EQ(l.experts_down_fp8.activation, kernels::Fp8ActivationScheme::kDynamicToken);
+  EXPECT_TRUE(online->factory.create != nullptr);
+
+  absl::StatusOr<ModelConfig> fp8 = PresetConfig("qwen3-30b-a3b-fp8");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  tiny->hidden_size = 256;  // two 128-column groups
+  tiny->quantization = fp8->quantization;
+  absl::StatusOr<ModelWeights> w = RandomModelWeights(*tiny, 5, TpShard{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const Fp8LinearWeight& gu = w->layers[1].experts_gate_up_fp8;
+  EXPECT_EQ(gu.grid.block_cols, 128);
+  EXPECT_EQ(gu.scales.size(), static_cast<size_t>(gu.grid.rows * 2));
+  EXPECT_EQ(gu.activation, kernels::Fp8ActivationScheme::kDynamicGroup128);
 }
 
 }  // namespace

@@ -140,7 +140,9 @@ absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint6
     ModelConfig plain = config;
     plain.quantization = WeightQuantization();
     ASSIGN_OR_RETURN(ModelWeights weights, RandomModelWeights(plain, seed, shard));
-    RETURN_IF_ERROR(QuantizeWeightsFp8(config, &weights));
+    ASSIGN_OR_RETURN(const ModelConfig local,
+                     LocalModelConfig(config, shard));  // the rank's widths
+    RETURN_IF_ERROR(QuantizeWeightsFp8(local, &weights));
     return weights;
   }
   ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));
@@ -159,6 +161,11 @@ absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint6
 absl::Status WriteDummyModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
                              int64_t shard_bytes, int threads) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (config.quantization.IsFp8()) {  // config.json would not say so (ModelConfigToJson)
+    return absl::InvalidArgumentError(
+        absl::StrCat("dummy checkpoints are written 16/32-bit; ", config.quantization.Describe(),
+                     " weights are drawn at load only (--load_format=dummy)"));
+  }
   if (shard_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard_bytes must be positive, got ", shard_bytes));

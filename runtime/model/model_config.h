@@ -217,6 +217,8 @@ std::string ModelConfigToJson(const ModelConfig& config);
 //                 inter 2048, tied embeddings), float32.
 //   "tiny":       vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, inter 128, float32.
 //   "qwen3-30b-a3b": Qwen3-30B-A3B (48 layers, 128 experts of 768, top-8), bfloat16.
+//   "qwen3-30b-a3b-fp8": the same with Qwen3-30B-A3B-FP8's quantization_config (fp8, 128 x 128
+//                 weight blocks, dynamic 1 x 128 activations); dummy weights at load only.
 //   "mixtral-8x7b":  Mixtral-8x7B (32 layers, 8 experts of 14336, top-2), bfloat16.
 //   "tiny-moe":   a Qwen3-MoE of "tiny"'s shape with 8 experts of 32, top-2, float32.
 // INVALID_ARGUMENT listing the presets for any other name.

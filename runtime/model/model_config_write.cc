@@ -205,14 +205,24 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
     c.eos_token_ids = {2};
   } else if (name == "qwen3-30b-a3b" || name == "mixtral-8x7b" || name == "tiny-moe") {
     return MoePreset(name);
+  } else if (name == "qwen3-30b-a3b-fp8") {
+    // Qwen3-30B-A3B-FP8's quantization_config: "fp8", weight_block_size [128, 128], dynamic
+    // activations (1 x 128 groups). Dummy weights only (--load_format=dummy: drawn in fp32 and
+    // quantized at load, QuantizeWeightsFp8; on CUDA drawn on the device).
+    ASSIGN_OR_RETURN(c, MoePreset("qwen3-30b-a3b"));
+    c.quantization.method = WeightQuantization::Method::kFp8Block;
+    c.quantization.block_rows = 128;
+    c.quantization.block_cols = 128;
+    c.quantization.activation = kernels::Fp8ActivationScheme::kDynamicGroup128;
   } else if (name == "deepseek-v2-lite" || name == "deepseek-v2-lite-mtp" ||
              name == "deepseek-v3-4l" || name == "tiny-mla") {
     return internal::DeepseekPreset(name);  // model_config_mla.cc
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown preset '", name,
-                     "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, mixtral-8x7b, "
-                     "tiny-moe, deepseek-v2-lite, deepseek-v2-lite-mtp, deepseek-v3-4l, "
+                     "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, "
+                     "qwen3-30b-a3b-fp8, mixtral-8x7b, tiny-moe, deepseek-v2-lite, "
+                     "deepseek-v2-lite-mtp, deepseek-v3-4l, "
                      "tiny-mla)"));
   }
   RETURN_IF_ERROR(ValidateModelConfig(c));

@@ -150,12 +150,18 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 // WritePreShardedCheckpoint keeps FP8 weights' bytes as they are and writes each rank's slice of
 // their scale tensors beside them (block scales on block boundaries).
 
-// Quantizes the fp32 q/k/v/o, gate/up and down weights of `weights` (loaded for `config`) into
-// FP8 slots as config.quantization says (per-row scales, over blocks of 128 columns when
-// block_cols > 0, else the whole row), freeing the fp32 vectors: --quantization=fp8 (online:
-// per-channel, dynamic per-token activations) and dummy weights of an FP8 config.
-// INVALID_ARGUMENT for a static activation scheme (needs calibration) or an MLA / MoE model.
+// Quantizes the fp32 q/k/v/o, gate/up and down weights of `weights` (loaded for `config`, the
+// rank's LocalModelConfig) and a MoE layer's experts and shared experts (not the router) into
+// FP8 slots as config.quantization says (Fp8QuantizedGrid), freeing the fp32 vectors:
+// --quantization=fp8 (online: per-channel, dynamic per-token activations) and dummy weights of
+// an FP8 config (the CUDA backend draws the same codes and scales on the device:
+// runtime/cuda/cuda_fp8_linear.h FillFp8Dummy). INVALID_ARGUMENT for a static activation scheme
+// (needs calibration) or an MLA model.
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights);
+// The scale grid QuantizeWeightsFp8 gives an [n, k] weight: per-row scales over groups of 128
+// columns when q.block_cols > 0 (a 128 x 128-block config's weights drawn at load get 1 x 128
+// groups, not blocks shared by 128 rows), else over the whole row.
+kernels::Fp8ScaleGrid Fp8QuantizedGrid(const WeightQuantization& q, int64_t n, int64_t k);
 
 // Marks a pre-sharded checkpoint directory: {"format": "tandem-tp-shards", "tp": N, "dcp": K,
 // "ranks": ["rank-0-of-N", ...]}.

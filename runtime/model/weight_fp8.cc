@@ -367,6 +367,10 @@ std::vector<Fp8ScalePart> Fp8ScaleParts(const ModelConfig& config, const HfTenso
 
 }  // namespace internal
 
+kernels::Fp8ScaleGrid Fp8QuantizedGrid(const WeightQuantization& q, int64_t n, int64_t k) {
+  return {n, k, 1, q.block_cols > 0 ? internal::kBlock : k};
+}
+
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights) {
   const WeightQuantization& q = config.quantization;
   if (!q.IsFp8()) return absl::OkStatus();
@@ -375,25 +379,40 @@ absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights
         "static FP8 activation scales come from calibration: weights quantized at load (dummy "
         "or --quantization=fp8) need a dynamic scheme");
   }
-  if (config.IsMla() || config.IsMoe()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FP8 weights are not supported for ", config.architecture, " (dense Llama family only)"));
+  if (config.IsMla()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FP8 weights quantized at load are not supported for ", config.architecture,
+                     " (the Llama family, dense and MoE, only)"));
   }
+  // Each fp32 weight, its FP8 slot and its input width (k); the rows follow from the size.
   const int64_t h = config.hidden_size;
   for (LayerWeights& layer : weights->layers) {
-    const std::pair<std::vector<float>*, Fp8LinearWeight*> slots[] = {
-        {&layer.qkv_proj, &layer.qkv_fp8},
-        {&layer.o_proj, &layer.o_fp8},
-        {&layer.gate_up_proj, &layer.gate_up_fp8},
-        {&layer.down_proj, &layer.down_fp8}};
-    for (const auto& [fp32, fp8] : slots) {
+    const int64_t shared_k =
+        layer.shared_down.empty() ? 1 : static_cast<int64_t>(layer.shared_down.size()) / h;
+    const struct {
+      std::vector<float>* fp32;
+      Fp8LinearWeight* fp8;
+      int64_t k;
+    } slots[] = {
+        {&layer.qkv_proj, &layer.qkv_fp8, h},
+        {&layer.o_proj, &layer.o_fp8, static_cast<int64_t>(layer.o_proj.size()) / h},
+        {&layer.gate_up_proj, &layer.gate_up_fp8, h},
+        {&layer.down_proj, &layer.down_fp8, static_cast<int64_t>(layer.down_proj.size()) / h},
+        // MoE: the stacked experts ([E * 2 * Ie, H], [E * H, Ie]: per-row scales, so each
+        // expert's rows are its own weight) and the shared experts; the router stays 16-bit.
+        {&layer.experts_gate_up, &layer.experts_gate_up_fp8, h},
+        {&layer.experts_down, &layer.experts_down_fp8, config.moe_intermediate_size},
+        {&layer.shared_gate_up, &layer.shared_gate_up_fp8, h},
+        {&layer.shared_down, &layer.shared_down_fp8, shared_k}};
+    for (const auto& [fp32, fp8, k] : slots) {
       if (fp32->empty()) continue;
-      // q/k/v and gate/up read hidden columns; o_proj and down_proj write hidden rows.
-      const bool reads_hidden = fp32 == &layer.qkv_proj || fp32 == &layer.gate_up_proj;
       const int64_t size = static_cast<int64_t>(fp32->size());
-      const int64_t n = reads_hidden ? size / h : h, k = reads_hidden ? h : size / h;
-      fp8->grid = {n, k, 1, q.block_cols > 0 ? 128 : k};
-      fp8->codes.resize(static_cast<size_t>(n * k));
+      if (k <= 0 || size % k != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("FP8 quantization at load: a weight of ",
+                                                       size, " elements is not rows of ", k));
+      }
+      fp8->grid = Fp8QuantizedGrid(q, size / k, k);
+      fp8->codes.resize(static_cast<size_t>(size));
       fp8->scales.resize(static_cast<size_t>(fp8->grid.NumScales()));
       fp8->activation = q.activation;
       kernels::QuantizeWeight(fp32->data(), fp8->grid, fp8->codes.data(), fp8->scales.data());

@@ -33,8 +33,8 @@
 #      TP=1 and TP=2. Prompts longer than 16 tokens run the prefill paths (cuBLASLt FP8 GEMM
 #      for per-channel; the chunked-GEMV slow path for 128-column blocks).
 #   3. Graph-captured decode against --cuda_graphs=false: greedy tokens identical.
-#   4. Device dummy FP8 weights (tiny, --quantization=fp8) against the CPU's host dummy FP8
-#      weights, and TP=2 against TP=1.
+#   4. Device dummy FP8 weights (tiny and tiny-moe, --quantization=fp8) against the CPU's host
+#      dummy FP8 weights, TP=1 and TP=2.
 #   5. An fp16 model with --quantization=fp8 refused, naming bf16.
 #   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
 #      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
@@ -193,6 +193,10 @@ want fp8-graphs-vs-eager && tokens_check fp8-graphs-vs-eager "eager vs graphs" "
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
 check tiny-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
   --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
+# The same for a MoE model: device dummy FP8 experts (cuda_moe_fp8.h FillFp8MoeDummy) against the
+# CPU's host-quantized dummy experts, TP=1 and TP=2 (each rank its slice of every expert).
+check tiny-moe-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 \
+  --quantization=fp8 --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
 
 # 6. FP8 MoE / MLA checkpoints (issues 38 / 32: runtime/cuda/cuda_moe_fp8.h,
 # cuda_mla_model_fp8.cc): the compressed-tensors Qwen3-MoE fixtures (per-channel experts,
