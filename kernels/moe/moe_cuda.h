@@ -190,9 +190,12 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const in
 // one), so both run their epilogue at once and the tensor cores idle meanwhile; kPingPong
 // (CUTLASS's "pingpong"), each a whole tile in turn, one's epilogue overlapping the other's MMAs,
 // the MMAs of a 128-row tile's last 64 rows skipped when they are all past the expert's rows;
-// built with the TMA producers only (kTmaWeights, kTmaOperands; INVALID_ARGUMENT otherwise).
-// The overload without a schedule takes kMoeWgmmaDefaultSchedule.
-enum class MoeWgmmaSchedule { kCooperative, kPingPong };
+// kCooperative128x256, 128 x 256 tiles (each warpgroup 64 rows, all 256 columns: a quarter less
+// operand traffic per FLOP than 128 x 128) where experts average > 64 rows, kPingPong's 64 x 256
+// tiles otherwise. kPingPong and kCooperative128x256 are built with the TMA producers only
+// (kTmaWeights, kTmaOperands; INVALID_ARGUMENT otherwise). The overload without a schedule takes
+// kMoeWgmmaDefaultSchedule.
+enum class MoeWgmmaSchedule { kCooperative, kPingPong, kCooperative128x256 };
 inline constexpr MoeWgmmaSchedule kMoeWgmmaDefaultSchedule = MoeWgmmaSchedule::kCooperative;
 template <typename T>
 absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,

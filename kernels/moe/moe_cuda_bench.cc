@@ -24,10 +24,10 @@
 // layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
 // (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
 // call like mma_err; then per other MoeWgmmaProducer (enum order, kMoeWgmmaDefaultProducer left
-// out) wg2_ms / wg2_TF / wg2_err: the experts on MoeGroupedWgmma with that producer, then the same
-// for MoeWgmmaSchedule::kPingPong with kTmaWeights (and layer_pp: the layer on it) and with
-// kTmaOperands. For decode steps (T <= 16) also the fused route + permute launch and the layer in
-// CUDA graphs with and without it and PDL (DecodeGraphs).
+// out) wg2_ms / wg2_TF / wg2_err / layer2: the experts on MoeGroupedWgmma with that producer and
+// the layer on them, then the same for MoeWgmmaSchedule::kPingPong and kCooperative128x256, each
+// with kTmaWeights and kTmaOperands. For decode steps (T <= 16) also the fused route + permute
+// launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -248,9 +248,8 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
   std::printf(
-      "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err} x 3 (producers)"
-      " | pp_ms pp_TF pp_err layer_pp | pp2_ms pp2_TF pp2_err (ping-pong: kTmaWeights, "
-      "kTmaOperands))\n",
+      "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err layer2} x 7: the other "
+      "producers, then ping-pong and 128 x 256 with kTmaWeights, kTmaOperands)\n",
       150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
@@ -399,13 +398,15 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
           iters);
       std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg_ms, flops / wg_ms / 1e9, wg_err, layer_wg_ms);
       // The other producers (MoeWgmmaProducer) in the same place, in enum order, then the
-      // ping-pong schedule with the TMA producers (and the layer on the default one's).
+      // ping-pong and 128 x 256 schedules with the TMA producers; each also in the layer.
       using P = MoeWgmmaProducer;
       constexpr MoeWgmmaSchedule kCoop = MoeWgmmaSchedule::kCooperative;
       constexpr MoeWgmmaSchedule kPp = MoeWgmmaSchedule::kPingPong;
+      constexpr MoeWgmmaSchedule kWide = MoeWgmmaSchedule::kCooperative128x256;
       const std::pair<P, MoeWgmmaSchedule> variants[] = {
           {P::kWaitGroup, kCoop},   {P::kArriveNoinc, kCoop}, {P::kTmaWeights, kCoop},
-          {P::kTmaOperands, kCoop}, {P::kTmaWeights, kPp},    {P::kTmaOperands, kPp}};
+          {P::kTmaOperands, kCoop}, {P::kTmaWeights, kPp},    {P::kTmaOperands, kPp},
+          {P::kTmaWeights, kWide},  {P::kTmaOperands, kWide}};
       for (const auto& variant : variants) {
         const P producer = variant.first;
         const MoeWgmmaSchedule schedule = variant.second;
@@ -417,17 +418,15 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
         };
         const double wg2_err = experts_err(wg2);
         const double wg2_ms = TimeMs(wg2, iters);
-        std::printf(" | %8.4f %7.1f %8.1e", wg2_ms, flops / wg2_ms / 1e9, wg2_err);
-        if (producer == kMoeWgmmaDefaultProducer && schedule == kPp) {
-          std::printf(" %9.4f", TimeMs(
-                                    [&] {
-                                      route();
-                                      permute();
-                                      wg2();
-                                      split(perm.row_of_pair);
-                                    },
-                                    iters));
-        }
+        const double layer2_ms = TimeMs(
+            [&] {
+              route();
+              permute();
+              wg2();
+              split(perm.row_of_pair);
+            },
+            iters);
+        std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg2_ms, flops / wg2_ms / 1e9, wg2_err, layer2_ms);
       }
     }
     if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {

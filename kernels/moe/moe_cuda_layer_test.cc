@@ -275,7 +275,8 @@ TEST(MoeCudaTest, GroupedMmaMatchesCpu) {
 // (each persistent CTA walking several tiles, the ring wrapping across tiles) in both tile shapes,
 // with every producer under the cooperative schedule and the TMA producers under ping-pong (its
 // warpgroups taking turns: several tiles a warpgroup with k of 1 to 17 ring stages; 128-row tiles
-// of <= 64 rows, whose second half's MMAs are skipped).
+// of <= 64 rows, whose second half's MMAs are skipped) and on 128 x 256 tiles (n off the tile,
+// tiles whose second warpgroup has no rows).
 TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
   TANDEM_SKIP_WITHOUT_GPU();
   if (!MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8)) GTEST_SKIP() << "not an sm_90 device";
@@ -284,6 +285,7 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
   // ping-pong schedule.
   using P = MoeWgmmaProducer;
   constexpr MoeWgmmaSchedule kPp = MoeWgmmaSchedule::kPingPong;
+  constexpr MoeWgmmaSchedule kWide = MoeWgmmaSchedule::kCooperative128x256;
   using bf16 = __nv_bfloat16;
   const std::pair<GroupedFn<bf16>, GroupedFn<__half>> producers[] = {
       {WgmmaWith<bf16, P::kWaitGroup>, WgmmaWith<__half, P::kWaitGroup>},
@@ -291,7 +293,9 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
       {WgmmaWith<bf16, P::kTmaWeights>, WgmmaWith<__half, P::kTmaWeights>},
       {WgmmaWith<bf16, P::kTmaOperands>, WgmmaWith<__half, P::kTmaOperands>},
       {WgmmaWith<bf16, P::kTmaWeights, kPp>, WgmmaWith<__half, P::kTmaWeights, kPp>},
-      {WgmmaWith<bf16, P::kTmaOperands, kPp>, WgmmaWith<__half, P::kTmaOperands, kPp>}};
+      {WgmmaWith<bf16, P::kTmaOperands, kPp>, WgmmaWith<__half, P::kTmaOperands, kPp>},
+      {WgmmaWith<bf16, P::kTmaWeights, kWide>, WgmmaWith<__half, P::kTmaWeights, kWide>},
+      {WgmmaWith<bf16, P::kTmaOperands, kWide>, WgmmaWith<__half, P::kTmaOperands, kWide>}};
   for (size_t i = 0; i < std::size(producers); ++i) {
     SCOPED_TRACE(::testing::Message() << "producer / schedule " << i);
     const auto [bf, fp] = producers[i];
@@ -319,12 +323,14 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
     for (int32_t& c : mixed) c = std::uniform_int_distribution<int32_t>(129, 255)(rng);
     CheckGroupedMma<__nv_bfloat16>(mixed, 2048, 64, true, rng, bf);
   }
-  // The ping-pong schedule is built with the TMA producers only.
+  // The ping-pong and 128 x 256 schedules are built with the TMA producers only.
   DeviceBuffer<bf16> buf(64);
   DeviceBuffer<int32_t> offs(std::vector<int32_t>{0, 1});
-  EXPECT_FALSE(MoeGroupedWgmmaWith<bf16>(P::kWaitGroup, kPp, buf.get(), nullptr, buf.get(),
-                                         offs.get(), 1, 1, 8, 8, buf.get(), nullptr)
-                   .ok());
+  for (const MoeWgmmaSchedule schedule : {kPp, kWide}) {
+    EXPECT_FALSE(MoeGroupedWgmmaWith<bf16>(P::kArriveNoinc, schedule, buf.get(), nullptr, buf.get(),
+                                           offs.get(), 1, 1, 8, 8, buf.get(), nullptr)
+                     .ok());
+  }
 }
 
 // MoeCombineSplit against MoeCombine on the same inputs.

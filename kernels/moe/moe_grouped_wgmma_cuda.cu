@@ -15,12 +15,15 @@
 //     kTmaOperands, as kTmaWeights, but without a gather (the down projection) the A tile by TMA
 //     too (a 2-d map [rows][k]; rows of the next expert in a tile are computed, not stored), the
 //     whole stage then issued by one thread;
-//   * warpgroups 1 and 2 (consumers) own 64 x 128 of the tile each (the tile is 128 x 128 with
-//     the two stacked in rows, or 64 x 256 side by side for experts of ~64 rows): m64n128k16
-//     wgmma with both operands in shared memory (128-byte swizzle, prefill_wgmma.cuh), fp32
+//   * warpgroups 1 and 2 (consumers, moe_grouped_wgmma.cuh; MoeWgmmaSchedule): kCooperative, each
+//     owns 64 x 128 of every tile (128 x 128 tiles with the two stacked in rows, or 64 x 256 side
+//     by side for experts of ~64 rows); kPingPong, each takes every other tile whole (two 64 x 128
+//     accumulator blocks), one's epilogue overlapping the other's MMAs; kCooperative128x256, each
+//     64 x 256 of 128 x 256 tiles. m64n128k16 wgmma with both operands in shared memory, fp32
 //     accumulators, each stage released on its "empty" barrier once the next stage's MMAs are
 //     issued (wgmma.wait_group 1); the epilogue stores bf16 / fp16 pairs straight from the
-//     accumulators while the producer already fills the next tile's stages.
+//     accumulators while the producer already fills the next tile's stages. The two-block
+//     schedules move registers from the producer to the consumers (setmaxnreg).
 // Tile order: expert by expert, and inside an expert the m-tiles of one n-tile adjacent, so the
 // CTAs running at once share an expert's weight tiles and A rows in L2. Each CTA builds the
 // per-expert tile prefix from the device offsets once (shared memory) and finds a tile's expert
@@ -39,124 +42,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/attention/cuda/prefill_common.cuh"
-#include "kernels/attention/cuda/prefill_wgmma.cuh"
-#include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_grouped_wgmma.cuh"
 
 namespace tandem::kernels::cuda {
-// A named namespace, not an anonymous one: the compute_90 PTX pass compiles no kernel body
-// (wgmma is sm_90a only), and nvcc would reject the then-unused helpers as unreferenced.
 namespace moe_wgmma_internal {
-
-using internal::CpAsyncCommit;
-using internal::CpAsyncWait;
-using internal::SmemAddr;
-using internal::prefill::FenceOperand;
-using internal::prefill::FenceProxyAsync;
-using internal::prefill::MbarArrive;
-using internal::prefill::MbarArriveIf;
-using internal::prefill::MbarInit;
-using internal::prefill::MbarWait;
-using internal::prefill::SmemDesc;
-using internal::prefill::WgmmaCommit;
-using internal::prefill::WgmmaFence;
-using internal::prefill::WgmmaSS128;
-using internal::prefill::WgmmaWait;
-using Producer = MoeWgmmaProducer;
-
-inline constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-inline constexpr int kBK = 64;        // k columns per stage: one 128-byte swizzled row per tile row
-
-// kWgRows = 2: 128 x 128 tiles (consumer warpgroups stacked in rows); 1: 64 x 256 (side by side).
-template <int kWgRows>
-struct Tile {
-  static constexpr int kBM = 64 * kWgRows;
-  static constexpr int kBN = 128 * (3 - kWgRows);
-  static constexpr int kBOff = kBM * 128;  // the weight rows' block inside a stage
-  static constexpr int kStageBytes = (kBM + kBN) * 128;
-  static constexpr int kStages = kWgRows == 2 ? 6 : 5;  // 192 / 200 KiB of ring
-  static constexpr int kBarOff = kStages * kStageBytes;
-  // full[kStages], empty[kStages], turn[2] (the ping-pong schedule's hand-over).
-  static constexpr int kTableOff = kBarOff + (2 * kStages + 2) * 8;
-  static constexpr int kTableInts = static_cast<int>(kMoeMaxExperts) + 1;
-  // Ring + barriers + two tables of E + 1 ints + slack for the 1024-byte alignment.
-  static constexpr int kSmemBytes = kTableOff + 2 * kTableInts * 4 + 1024;
-  static_assert(kSmemBytes <= 227 * 1024);
-  static_assert(kStages >= 4, "two batches in flight + one released late need >= 4 stages");
-};
-
-struct TileRef {
-  int expert, row0, row_end, n0;
-};
-
-// Warp 0 writes start[e] = the first tile of expert e (start[E] = all tiles; an expert of c rows
-// has ceil(c / bm) x n_tiles tiles) and offs[e] = offsets[e], 32 experts per inclusive scan.
-__device__ void BuildTileTable(const int32_t* __restrict__ offsets, int num_experts, int bm,
-                               int n_tiles, int* start, int* offs) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  int before = 0;
-  for (int e0 = 0; e0 < num_experts; e0 += 32) {
-    const int e = e0 + lane;
-    int count = 0;
-    if (e < num_experts) {
-      offs[e] = offsets[e];
-      count = offsets[e + 1] - offs[e];
-    }
-    const int tiles = (count + bm - 1) / bm * n_tiles;
-    int incl = tiles;
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    if (e < num_experts) start[e] = before + incl - tiles;
-    before += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  if (lane == 0) {
-    start[num_experts] = before;
-    offs[num_experts] = offsets[num_experts];
-  }
-}
-
-// Tile t < start[E]: its expert (the last e with start[e] <= t: never an empty one), then m-tile
-// fastest inside the expert.
-template <int kBM, int kBN>
-__device__ __forceinline__ TileRef FindTile(int t, const int* start, const int* offs,
-                                            int num_experts) {
-  int lo = 0, hi = num_experts;  // start[lo] <= t < start[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (start[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  const int begin = offs[lo], end = offs[lo + 1];
-  const int m_tiles = (end - begin + kBM - 1) / kBM;
-  const int local = t - start[lo];
-  const int nt = local / m_tiles;
-  return {lo, begin + (local - nt * m_tiles) * kBM, end, nt * kBN};
-}
 
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
 }
-
-struct Params {
-  CUtensorMap wmap;  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1
-  CUtensorMap amap;  // kTmaOperands without a gather: A as [rows][k], boxes of 64 x kBM
-  const void* a;
-  const int32_t* a_row_index;
-  const void* w;
-  const int32_t* offsets;
-  void* out;
-  int num_experts, n, k;
-};
 
 // An arrival on `bar` once every cp.async this thread issued before has landed; counts as one
 // of the barrier's expected arrivals (.noinc).
@@ -203,10 +100,10 @@ __device__ __forceinline__ bool AllByTma(Producer producer, const Params& p) {
 }
 
 // The producer of AllByTma: thread 0 alone, both tiles of a stage by TMA.
-template <int kWgRows>
+template <int kShape>
 __device__ void ProduceByTma(const Params& p, const int* start, const int* offs, uint32_t ring,
                              uint64_t* full, uint64_t* empty) {
-  using C = Tile<kWgRows>;
+  using C = Tile<kShape>;
   const int ktiles = (p.k + kBK - 1) / kBK;
   uint32_t step = 0;
   for (int t = blockIdx.x; t < start[p.num_experts]; t += gridDim.x) {
@@ -222,14 +119,14 @@ __device__ void ProduceByTma(const Params& p, const int* start, const int* offs,
   }
 }
 
-template <typename T, int kWgRows, Producer kProducer>
+template <typename T, int kShape, Producer kProducer>
 __device__ void Produce(const Params& p, const int* start, const int* offs, uint32_t ring,
                         uint64_t* full, uint64_t* empty) {
-  using C = Tile<kWgRows>;
+  using C = Tile<kShape>;
   constexpr int kAJ = C::kBM / 16, kBJ = C::kBN / 16;
   const int tid = threadIdx.x, first = tid >> 3, u = tid & 7;
   if (AllByTma(kProducer, p)) {
-    if (tid == 0) ProduceByTma<kWgRows>(p, start, offs, ring, full, empty);
+    if (tid == 0) ProduceByTma<kShape>(p, start, offs, ring, full, empty);
     return;
   }
   const uint32_t dst0 = first * 128 + ((u ^ (first & 7)) << 4);
@@ -302,167 +199,9 @@ __device__ void Produce(const Params& p, const int* start, const int* offs, uint
   if (pend_new != nullptr) MbarArrive(pend_new);
 }
 
-template <typename T>
-__device__ __forceinline__ void StorePair(T* dst, float x, float y) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
-  } else {
-    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
-  }
-}
-
-// A consumer warpgroup's 64 x 128 block of accumulators at (row_off, col_off) of tile tr into
-// out; rows past the expert's and columns past n are not stored. Accumulator layout (m64nNk16,
-// fp32): row warp * 16 + lane / 4 + 8 h, column 8 f + 2 (lane % 4) + {0, 1} in
-// acc[4 f + 2 h + {0, 1}].
-template <typename T>
-__device__ __forceinline__ void StoreBlock(const float (&acc)[64], const Params& p,
-                                           const TileRef& tr, int row_off, int col_off) {
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  T* out = static_cast<T*>(p.out);
-  const int col0 = tr.n0 + col_off + (lane & 3) * 2;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = tr.row0 + row_off + warp * 16 + (lane >> 2) + 8 * h;
-    if (r >= tr.row_end) continue;
-    T* dst = out + static_cast<int64_t>(r) * p.n;
-#pragma unroll
-    for (int f = 0; f < 16; ++f) {
-      if (col0 + 8 * f < p.n)
-        StorePair(dst + col0 + 8 * f, acc[4 * f + 2 * h], acc[4 * f + 2 * h + 1]);
-    }
-  }
-}
-
-// A consumer warpgroup (wg 0 or 1) of the cooperative schedule: 64 x 128 of every tile.
-template <typename T, int kWgRows, Producer kProducer>
-__device__ void Consume(const Params& p, const int* start, const int* offs, uint32_t ring,
-                        uint64_t* full, uint64_t* empty) {
-  using C = Tile<kWgRows>;
-  const int ctid = threadIdx.x - 128;
-  const int wg = ctid >> 7, lane = ctid & 31;
-  const int row_off = kWgRows == 2 ? wg * 64 : 0, col_off = kWgRows == 2 ? 0 : wg * 128;
-  const uint32_t a_base = ring + row_off * 128, b_base = ring + C::kBOff + col_off * 128;
-  const int ktiles = (p.k + kBK - 1) / kBK;
-  uint32_t step = 0;
-  float acc[64];
-  for (int t = blockIdx.x; t < start[p.num_experts]; t += gridDim.x) {
-    const TileRef tr = FindTile<C::kBM, C::kBN>(t, start, offs, p.num_experts);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    int prev = 0;
-    for (int kt = 0; kt < ktiles; ++kt, ++step) {
-      const int st = step % C::kStages;
-      MbarWait(full + st, (step / C::kStages) & 1);
-      if constexpr (kProducer != Producer::kWaitGroup) FenceProxyAsync();
-      const uint32_t so = st * C::kStageBytes;
-      WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        WgmmaSS128<T>(acc, SmemDesc(a_base + so + kk * 32, 16, 1024),
-                      SmemDesc(b_base + so + kk * 32, 16, 1024), 1u);
-      }
-      WgmmaCommit();
-      WgmmaWait<1>();  // the previous stage's MMAs are done: release it
-#pragma unroll
-      for (int i = 0; i < 64; ++i) FenceOperand(acc[i]);
-      MbarArriveIf(empty + prev, lane == 0 && kt > 0);
-      prev = st;
-    }
-    WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) FenceOperand(acc[i]);
-    MbarArriveIf(empty + prev, lane == 0 && ktiles > 0);
-    StoreBlock<T>(acc, p, tr, row_off, col_off);
-  }
-}
-
-// The ping-pong schedule's main loop over one tile from ring step `step`: this warpgroup alone
-// computes the whole tile as two 64 x 128 blocks (h = 0, 1: rows h * 64 of a 128 x 128 tile, or
-// columns h * 128 of a 64 x 256 one), kHalves = 1 skipping the second (a 128-row tile whose last
-// 64 rows are past the expert's). Once every stage of the tile has landed (this warpgroup waited
-// on all of them) it hands the turn to the other warpgroup (`turn_next`), which then issues its
-// tile's MMAs while this one drains and stores.
-template <typename T, int kWgRows, Producer kProducer, int kHalves>
-__device__ __forceinline__ void PingPongMainLoop(float (&acc)[2][64], uint32_t ring, uint64_t* full,
-                                                 uint64_t* empty, uint64_t* turn_next,
-                                                 uint32_t step, int ktiles) {
-  using C = Tile<kWgRows>;
-  constexpr uint32_t kAHalf = kWgRows == 2 ? 64 * 128 : 0, kBHalf = kWgRows == 2 ? 0 : 128 * 128;
-  const int lane = threadIdx.x & 31;
-  int prev = 0;
-  for (int kt = 0; kt < ktiles; ++kt, ++step) {
-    const int st = step % C::kStages;
-    MbarWait(full + st, (step / C::kStages) & 1);
-    if constexpr (kProducer != Producer::kWaitGroup) FenceProxyAsync();
-    const uint32_t a = ring + st * C::kStageBytes, b = a + C::kBOff;
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        WgmmaSS128<T>(acc[h], SmemDesc(a + h * kAHalf + kk * 32, 16, 1024),
-                      SmemDesc(b + h * kBHalf + kk * 32, 16, 1024), 1u);
-      }
-    }
-    WgmmaCommit();
-    WgmmaWait<1>();  // the previous stage's MMAs are done: release it
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) FenceOperand(acc[h][i]);
-    }
-    MbarArriveIf(empty + prev, lane == 0 && kt > 0);
-    prev = st;
-  }
-  MbarArriveIf(turn_next, threadIdx.x % 128 == 0);
-  WgmmaWait<0>();
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) FenceOperand(acc[h][i]);
-  }
-  MbarArriveIf(empty + prev, lane == 0 && ktiles > 0);
-}
-
-// A consumer warpgroup (wg 0 or 1) of the ping-pong schedule (CUTLASS's "pingpong"): the CTA's
-// tiles alternate between the two, tile i (the i-th of this CTA) to warpgroup i % 2, each
-// computing the whole tile, so one warpgroup's epilogue runs while the other's MMAs do. The
-// producer fills the ring in tile order as before; a stage is consumed (and released: `empty`
-// counts 4 warps) by one warpgroup. The turn barriers keep the MMAs in tile order: warpgroup w
-// starts tile i > 0 only after the other has waited on every stage of tile i - 1 (turn[w]), so
-// a warpgroup never waits on a ring stage two fills ahead (parity waits stay unambiguous).
-template <typename T, int kWgRows, Producer kProducer>
-__device__ void ConsumePingPong(const Params& p, const int* start, const int* offs, uint32_t ring,
-                                uint64_t* full, uint64_t* empty, uint64_t* turn) {
-  using C = Tile<kWgRows>;
-  const int wg = (threadIdx.x - 128) >> 7;
-  const int ktiles = (p.k + kBK - 1) / kBK;
-  float acc[2][64];
-  uint32_t turns = 0;
-  int i = wg;
-  for (int t = blockIdx.x + wg * gridDim.x; t < start[p.num_experts]; t += 2 * gridDim.x, i += 2) {
-    const TileRef tr = FindTile<C::kBM, C::kBN>(t, start, offs, p.num_experts);
-#pragma unroll
-    for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
-    if (i > 0) MbarWait(turn + wg, turns++ & 1);
-    const uint32_t step = static_cast<uint32_t>(i) * ktiles;
-    const bool both = kWgRows == 1 || tr.row0 + 64 < tr.row_end;
-    if (both) {
-      PingPongMainLoop<T, kWgRows, kProducer, 2>(acc, ring, full, empty, turn + (wg ^ 1), step,
-                                                 ktiles);
-    } else {
-      PingPongMainLoop<T, kWgRows, kProducer, 1>(acc, ring, full, empty, turn + (wg ^ 1), step,
-                                                 ktiles);
-    }
-    StoreBlock<T>(acc[0], p, tr, 0, 0);
-    if (both) StoreBlock<T>(acc[1], p, tr, kWgRows == 2 ? 64 : 0, kWgRows == 2 ? 0 : 128);
-  }
-}
-
-// setmaxnreg: the ping-pong kernel's producer warpgroup gives registers back, its consumers (two
-// 64 x 128 fp32 accumulator blocks a thread) take them: 128 x 40 + 256 x 232 = 384 x 168, the
-// kernel's allocation under __launch_bounds__(384, 1).
+// setmaxnreg: the producer warpgroup of the ping-pong and 128 x 256 kernels gives registers back,
+// their consumers (two 64 x 128 fp32 accumulator blocks a thread) take them: 128 x 40 + 256 x 232 =
+// 384 x 168, the kernel's allocation under __launch_bounds__(384, 1).
 inline constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 template <int kRegs, bool kIncrease>
 __device__ __forceinline__ void SetMaxRegs() {
@@ -473,11 +212,13 @@ __device__ __forceinline__ void SetMaxRegs() {
   }
 }
 
-template <typename T, int kWgRows, Producer kProducer, bool kPingPong>
+// kPingPong: the ping-pong schedule's consumers (k64x256 or k128x128); k128x256 tiles take the
+// cooperative ConsumeWide.
+template <typename T, int kShape, Producer kProducer, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWgmmaKernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Tile<kWgRows>;
+  using C = Tile<kShape>;
   extern __shared__ uint8_t smem_raw[];
   // wgmma's 128-byte swizzle is a function of address bits 7-9: 1024-byte aligned stages.
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
@@ -498,14 +239,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   BuildTileTable(p.offsets, p.num_experts, C::kBM, (p.n + C::kBN - 1) / C::kBN, start, offs);
   __syncthreads();
+  constexpr bool kTwoBlocks = kPingPong || kShape == k128x256;
   if (threadIdx.x < 128) {
-    if constexpr (kPingPong) SetMaxRegs<kProducerRegs, false>();
-    Produce<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+    if constexpr (kTwoBlocks) SetMaxRegs<kProducerRegs, false>();
+    Produce<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+  } else if constexpr (kShape == k128x256) {
+    SetMaxRegs<kConsumerRegs, true>();
+    ConsumeWide<T, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   } else if constexpr (kPingPong) {
     SetMaxRegs<kConsumerRegs, true>();
-    ConsumePingPong<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty, turn);
+    ConsumePingPong<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty, turn);
   } else {
-    Consume<T, kWgRows, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+    Consume<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   }
 #endif
 }
@@ -531,10 +276,10 @@ absl::StatusOr<bool> IsSm90() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, int kWgRows, MoeWgmmaProducer kProducer, bool kPingPong>
+template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status Launch(const Params& p, int64_t rows, cudaStream_t stream) {
-  using C = Tile<kWgRows>;
-  const auto kernel = GroupedWgmmaKernel<T, kWgRows, kProducer, kPingPong>;
+  using C = Tile<kShape>;
+  const auto kernel = GroupedWgmmaKernel<T, kShape, kProducer, kPingPong>;
   // The shared-memory opt-in is a host call: made here unless capturing (MoeGroupedWgmmaInit
   // made it before capture then).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -585,9 +330,9 @@ absl::StatusOr<CUtensorMap> EncodeMap(const void* base, bool bf16, const cuuint6
 }
 
 // The tensor maps of the TMA producers (kTmaWeights, kTmaOperands) into p, then the launch.
-template <typename T, int kWgRows, MoeWgmmaProducer kProducer, bool kPingPong>
+template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
-  using C = Tile<kWgRows>;
+  using C = Tile<kShape>;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const auto n = static_cast<cuuint64_t>(p.n), k = static_cast<cuuint64_t>(p.k);
   ASSIGN_OR_RETURN(p.wmap, EncodeMap<3>(p.w, bf16, {k, n, static_cast<cuuint64_t>(p.num_experts)},
@@ -596,39 +341,43 @@ absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
     ASSIGN_OR_RETURN(p.amap,
                      EncodeMap<2>(p.a, bf16, {k, static_cast<cuuint64_t>(rows)}, {64, C::kBM}));
   }
-  return Launch<T, kWgRows, kProducer, kPingPong>(p, rows, stream);
+  return Launch<T, kShape, kProducer, kPingPong>(p, rows, stream);
 }
 
-// The launch of `producer` with the schedule kPingPong in the tile shape kWgRows (the ping-pong
-// schedule is built for the TMA producers only: MoeGroupedWgmmaWith checks).
-template <typename T, int kWgRows, bool kPingPong>
+// The launch of `producer` on kShape tiles, kPingPong or not (the ping-pong schedule and the
+// 128 x 256 tiles are built for the TMA producers only: MoeGroupedWgmmaWith checks).
+template <typename T, int kShape, bool kPingPong>
 absl::Status LaunchVariant(MoeWgmmaProducer producer, const Params& p, int64_t rows,
                            cudaStream_t stream) {
-  if (producer == kTmaOps) return LaunchTma<T, kWgRows, kTmaOps, kPingPong>(p, rows, stream);
-  if (producer == kTma) return LaunchTma<T, kWgRows, kTma, kPingPong>(p, rows, stream);
-  if constexpr (kPingPong) {
-    return absl::InvalidArgumentError("MoeGroupedWgmma: ping-pong needs a TMA producer");
+  if (producer == kTmaOps) return LaunchTma<T, kShape, kTmaOps, kPingPong>(p, rows, stream);
+  if (producer == kTma) return LaunchTma<T, kShape, kTma, kPingPong>(p, rows, stream);
+  if constexpr (kPingPong || kShape == moe_wgmma_internal::k128x256) {
+    return absl::InvalidArgumentError("MoeGroupedWgmma: this schedule needs a TMA producer");
   } else if (producer == kNoinc) {
-    return Launch<T, kWgRows, kNoinc, false>(p, rows, stream);
+    return Launch<T, kShape, kNoinc, false>(p, rows, stream);
   } else {
-    return Launch<T, kWgRows, kWait, false>(p, rows, stream);
+    return Launch<T, kShape, kWait, false>(p, rows, stream);
   }
 }
 
-// The shared-memory opt-in of the four kernels of one producer variant and schedule.
-template <MoeWgmmaProducer kProducer, bool kPingPong>
+// The shared-memory opt-in of the bf16 and fp16 kernels of one tile shape, producer and schedule.
+template <int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
 absl::Status SetSmem() {
-  const auto set = [](auto kernel, int bytes) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  constexpr int kBytes = Tile<kShape>::kSmemBytes;
+  const auto set = [](auto kernel) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   };
-  using bf16 = __nv_bfloat16;
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<bf16, 1, kProducer, kPingPong>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<bf16, 2, kProducer, kPingPong>, Tile<2>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(
-      set(GroupedWgmmaKernel<__half, 1, kProducer, kPingPong>, Tile<1>::kSmemBytes));
-  CUDA_RETURN_IF_ERROR(
-      set(GroupedWgmmaKernel<__half, 2, kProducer, kPingPong>, Tile<2>::kSmemBytes));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, kShape, kProducer, kPingPong>));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, kShape, kProducer, kPingPong>));
   return absl::OkStatus();
+}
+
+// Both of a producer's shapes of MoeGroupedWgmmaWith's kCooperative (kPingPong false) or
+// kPingPong schedule.
+template <MoeWgmmaProducer kProducer, bool kPingPong>
+absl::Status SetSmemBoth() {
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k64x256, kProducer, kPingPong>()));
+  return SetSmem<moe_wgmma_internal::k128x128, kProducer, kPingPong>();
 }
 
 }  // namespace
@@ -636,12 +385,14 @@ absl::Status SetSmem() {
 absl::Status MoeGroupedWgmmaInit() {
   ASSIGN_OR_RETURN(const bool sm90, IsSm90());
   if (!sm90) return absl::OkStatus();
-  RETURN_IF_ERROR((SetSmem<kWait, false>()));
-  RETURN_IF_ERROR((SetSmem<kNoinc, false>()));
-  RETURN_IF_ERROR((SetSmem<kTma, false>()));
-  RETURN_IF_ERROR((SetSmem<kTmaOps, false>()));
-  RETURN_IF_ERROR((SetSmem<kTma, true>()));
-  return SetSmem<kTmaOps, true>();
+  RETURN_IF_ERROR((SetSmemBoth<kWait, false>()));
+  RETURN_IF_ERROR((SetSmemBoth<kNoinc, false>()));
+  RETURN_IF_ERROR((SetSmemBoth<kTma, false>()));
+  RETURN_IF_ERROR((SetSmemBoth<kTmaOps, false>()));
+  RETURN_IF_ERROR((SetSmemBoth<kTma, true>()));
+  RETURN_IF_ERROR((SetSmemBoth<kTmaOps, true>()));
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k128x256, kTma, false>()));
+  return SetSmem<moe_wgmma_internal::k128x256, kTmaOps, false>();
 }
 
 bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
@@ -661,10 +412,10 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
                      " (multiples of 8, 16-byte aligned operands, an sm_90 device), experts ",
                      num_experts, ", rows ", rows));
   }
-  const bool ping_pong = schedule == MoeWgmmaSchedule::kPingPong;
-  if (ping_pong && producer != kTma && producer != kTmaOps) {
+  if (schedule != MoeWgmmaSchedule::kCooperative && producer != kTma && producer != kTmaOps) {
     return absl::InvalidArgumentError(
-        "MoeGroupedWgmma: the ping-pong schedule needs a TMA producer (kTmaWeights, kTmaOperands)");
+        "MoeGroupedWgmma: the ping-pong and 128 x 256 schedules need a TMA producer (kTmaWeights, "
+        "kTmaOperands)");
   }
   if (rows == 0) return absl::OkStatus();
   Params p{};
@@ -676,14 +427,20 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
   p.num_experts = static_cast<int>(num_experts);
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
-  // 64 x 256 tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128.
+  // 64 x 256 tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128
+  // (128 x 256 for kCooperative128x256).
+  using moe_wgmma_internal::k128x128;
+  using moe_wgmma_internal::k128x256;
+  using moe_wgmma_internal::k64x256;
   const bool wide = rows <= 64 * num_experts;
-  if (ping_pong) {
-    return wide ? LaunchVariant<T, 1, true>(producer, p, rows, stream)
-                : LaunchVariant<T, 2, true>(producer, p, rows, stream);
+  if (schedule == MoeWgmmaSchedule::kCooperative) {
+    return wide ? LaunchVariant<T, k64x256, false>(producer, p, rows, stream)
+                : LaunchVariant<T, k128x128, false>(producer, p, rows, stream);
   }
-  return wide ? LaunchVariant<T, 1, false>(producer, p, rows, stream)
-              : LaunchVariant<T, 2, false>(producer, p, rows, stream);
+  if (wide) return LaunchVariant<T, k64x256, true>(producer, p, rows, stream);
+  return schedule == MoeWgmmaSchedule::kPingPong
+             ? LaunchVariant<T, k128x128, true>(producer, p, rows, stream)
+             : LaunchVariant<T, k128x256, false>(producer, p, rows, stream);
 }
 
 template <typename T>
