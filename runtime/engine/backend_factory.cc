@@ -34,15 +34,9 @@ absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model)
   // rows), DCP splits its tokens; both as over a 16-bit / f32 latent, on either backend (CPU:
   // mla_fp8_kv_parallel_test; CUDA: tests/gpu/mla_fp8_cuda_golden.sh). Data-parallel attention
   // keeps each request's latent, codes and row scales inside the same blocks, in its DP rank's
-  // own pool (the DP executor hands the CPU runner local block ids of that pool; a row's codes
-  // and scale depend on its token alone): CPU only (mla_fp8_kv_parallel_test). On CUDA the DP
-  // decode padding and graph replays over an FP8 latent pool have not run on a GPU: refused.
-  const int64_t ranks = options.group == nullptr ? 1 : options.group->size();
-  if (options.backend == "cuda" && options.dp_attention && ranks > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--kv_cache_dtype=", options.kv_cache_dtype, " with --dp_attention runs on --backend=cpu ",
-        "only; --backend=cuda does not take the two together yet (a group of ", ranks, ")"));
-  }
+  // own pool (the DP executor hands the runner local block ids of that pool; a row's codes and
+  // scale depend on its token alone), on either backend (CPU: mla_fp8_kv_parallel_test; CUDA,
+  // decode padding and graph replays over the FP8 pool: mla_fp8_cuda_golden.sh fp8-tp2-ep-dp).
   return absl::OkStatus();
 }
 

@@ -209,9 +209,9 @@ TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
 
 // --kv_cache_dtype=fp8 with --dp_attention in a group of 2: the CPU backend wraps its FP8 latent
 // runner in the DP executor (each DP rank's pool of FP8 latent blocks; the generate golden:
-// tests/golden/mla_fp8_kv_parallel_test.sh); CUDA refuses the combination by name, in a build
-// with or without CUDA (the check comes before the CUDA toolkit's).
-TEST(BackendFactoryTest, Fp8LatentKvWithDpAttentionOnCpuOnly) {
+// tests/golden/mla_fp8_kv_parallel_test.sh); CUDA wraps its runner the same way where the build
+// has CUDA (tests/gpu/mla_fp8_cuda_golden.sh fp8-tp2-ep-dp).
+TEST(BackendFactoryTest, Fp8LatentKvWithDpAttentionOnBothBackends) {
   absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
   ASSERT_TRUE(mla.ok()) << mla.status();
   comm::NoCollectivesGroup group(0, 2);  // factories read the group's size only
@@ -226,11 +226,12 @@ TEST(BackendFactoryTest, Fp8LatentKvWithDpAttentionOnCpuOnly) {
   EXPECT_EQ(cpu->dp_size, 2);
   EXPECT_EQ(cpu->name, "cpu:fp8-latent-kv dp-attention");
   options.backend = "cuda";
-  const absl::Status st = MakeExecutorFactory(options, *mla).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-  EXPECT_NE(st.message().find("--kv_cache_dtype=fp8 with --dp_attention runs on --backend=cpu"),
-            std::string::npos)
-      << st;
+  absl::StatusOr<ExecutorFactory> cuda = MakeExecutorFactory(options, *mla);
+  EXPECT_EQ(cuda.ok(), CudaBackendAvailable()) << cuda.status();
+  if (cuda.ok()) {
+    EXPECT_EQ(cuda->kv_dtype, KvDtype::kFp8E4m3);
+    EXPECT_EQ(cuda->dp_size, 2);
+  }
   // A group of one has no DP ranks: CUDA's one-GPU FP8 latent (where the build has CUDA).
   comm::NoCollectivesGroup one(0, 1);
   options.group = &one;

@@ -13,9 +13,11 @@
 # quantizes the whole latent; DCP shards its tokens): --tp=2 and --tp=2 --dcp=2 (and --dcp=2
 # with --dcp_interleave=1 --block_size=4) on deepseek_v3_f32, and the latent-512 model's
 # 700-token prompt at --tp=2 --dcp=2, each against the CUDA TP=1 FP8 run of the same call (and
-# transformers where the fixture has it), by the same FP8 rule.
+# transformers where the fixture has it), by the same FP8 rule. Part "dp": --tp=2
+# --enable_expert_parallel --dp_attention on deepseek_v3_moe_f32 against its CUDA TP=1 FP8 run
+# (fp8-tp2-ep-dp), and that group eager against its graphs.
 #
-#   [PARTS="base tp"] [SHARE=""] tests/gpu/mla_fp8_cuda_golden.sh BUNDLE_DIR LOG_DIR
+#   [PARTS="base tp dp"] [SHARE=""] tests/gpu/mla_fp8_cuda_golden.sh BUNDLE_DIR LOG_DIR
 #
 # SHARE="" (env): TP rank r on GPU r over NCCL (default: --tp_share_device, one GPU, Gloo).
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:generate tool//runtime/model:make_dummy_model.
@@ -41,7 +43,7 @@ fp8() {  # NAME OUT_PREFIX EXPECTED_JSON|"" ARGS...: CUDA FP8 against CPU FP8 (a
   fi
 }
 
-PARTS=${PARTS:-base tp}
+PARTS=${PARTS:-base tp dp}
 long_prompt() {  # the latent-512 model's 700-token prompt
   python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 2000)) for _ in range(700)))"
 }
@@ -102,6 +104,24 @@ if [[ " $PARTS " == *" tp "* ]]; then
       "" "${L[@]}" --tp=2 --dcp=2
   else
     fail "latent-512-fp8-tp1-reference" "$LOG/tp.latent.tp1_fp8.jsonl.err"
+  fi
+fi
+if [[ " $PARTS " == *" dp "* ]]; then
+  # Data-parallel attention + EP (b) over the FP8 latent (each DP rank its requests' latent
+  # codes and row scales in its own pool, decode padded alike on both ranks and replayed as
+  # graphs), against the CUDA TP=1 FP8 run of the MoE fixture (not transformers: FP8 flips its
+  # closer routing decisions, see above); then the same padded steps eager.
+  moe=tests/golden/fixtures_mla/deepseek_v3_moe_f32
+  M=(--model="$moe" --prompt_ids="$(prompts_of "$moe/expected.json")")
+  if run "$LOG/tp.v3moe.tp1_fp8.jsonl" --kv_cache_dtype=fp8 "${M[@]}"; then
+    fp8_tp fp8-tp2-ep-dp "$LOG/tp.v3moe.dp_fp8.jsonl" "$LOG/tp.v3moe.tp1_fp8.jsonl" "" "${M[@]}" \
+      --tp=2 --enable_expert_parallel --dp_attention
+    # shellcheck disable=SC2086  # SHARE: zero or one flag
+    tokens_check fp8-tp2-ep-dp-eager "fp8 dp eager vs graphs" "$LOG/tp.v3moe.dp_eager.jsonl" \
+      "$LOG/tp.v3moe.dp_fp8.jsonl" --kv_cache_dtype=fp8 "${M[@]}" --tp=2 --enable_expert_parallel \
+      --dp_attention --cuda_graphs=false $SHARE
+  else
+    fail "fp8-moe-tp1-reference" "$LOG/tp.v3moe.tp1_fp8.jsonl.err"
   fi
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
