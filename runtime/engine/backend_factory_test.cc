@@ -426,6 +426,12 @@ TEST(BackendFactoryTest, DummyFp8MoeWeightsOnCpu) {
   EXPECT_EQ(gu.grid.block_cols, 128);
   EXPECT_EQ(gu.scales.size(), static_cast<size_t>(gu.grid.rows * 2));
   EXPECT_EQ(gu.activation, kernels::Fp8ActivationScheme::kDynamicGroup128);
+  // A TP rank's slice of every expert is quantized at the rank's widths (its half of Ie).
+  absl::StatusOr<ModelWeights> rank = RandomModelWeights(*tiny, 5, TpShard{1, 2});
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const Fp8LinearWeight& down = rank->layers[1].experts_down_fp8;
+  EXPECT_EQ(down.grid.cols, tiny->moe_intermediate_size / 2);
+  EXPECT_EQ(down.grid.rows, tiny->num_experts * tiny->hidden_size);
 }
 
 }  // namespace
