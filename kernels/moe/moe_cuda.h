@@ -177,14 +177,7 @@ absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
 // 3 stages are in flight; kArriveNoinc arrives through cp.async.mbarrier.arrive.noinc as the
 // copies land (the whole ring in flight); kTmaWeights is kArriveNoinc with the weight tiles loaded
 // by TMA; kTmaOperands also loads A by TMA where it is not gathered (a_row_index null).
-// MoeGroupedWgmma takes kMoeWgmmaDefaultProducer; MoeGroupedWgmmaWith names one (benchmarks,
-// tests).
 enum class MoeWgmmaProducer { kWaitGroup, kArriveNoinc, kTmaWeights, kTmaOperands };
-inline constexpr MoeWgmmaProducer kMoeWgmmaDefaultProducer = MoeWgmmaProducer::kTmaWeights;
-template <typename T>
-absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
-                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
-                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream);
 // How MoeGroupedWgmma's two consumer warpgroups share the work (the results are bit-identical):
 // kCooperative, both on every tile (each 64 rows of a 128 x 128 tile or 128 columns of a 64 x 256
 // one), so both run their epilogue at once and the tensor cores idle meanwhile; kPingPong
@@ -193,10 +186,13 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const in
 // kCooperative128x256, 128 x 256 tiles (each warpgroup 64 rows, all 256 columns: a quarter less
 // operand traffic per FLOP than 128 x 128) where experts average > 64 rows, kPingPong's 64 x 256
 // tiles otherwise. kPingPong and kCooperative128x256 are built with the TMA producers only
-// (kTmaWeights, kTmaOperands; INVALID_ARGUMENT otherwise). The overload without a schedule takes
-// kMoeWgmmaDefaultSchedule.
+// (kTmaWeights, kTmaOperands; INVALID_ARGUMENT otherwise).
 enum class MoeWgmmaSchedule { kCooperative, kPingPong, kCooperative128x256 };
-inline constexpr MoeWgmmaSchedule kMoeWgmmaDefaultSchedule = MoeWgmmaSchedule::kCooperative;
+// MoeGroupedWgmma takes these (the fastest on nvidia-h200 for the Qwen3-30B-A3B and Mixtral-8x7B
+// experts at 1,024 to 8,192 tokens: BENCHMARKS.md); MoeGroupedWgmmaWith names a producer and a
+// schedule (benchmarks, tests).
+inline constexpr MoeWgmmaProducer kMoeWgmmaDefaultProducer = MoeWgmmaProducer::kTmaOperands;
+inline constexpr MoeWgmmaSchedule kMoeWgmmaDefaultSchedule = MoeWgmmaSchedule::kCooperative128x256;
 template <typename T>
 absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,
                                  const int32_t* a_row_index, const T* w,
@@ -228,9 +224,6 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
   extern template absl::Status MoeGroupedWgmma<T>(const T*, const int32_t*, const T*,              \
                                                   const int32_t*, int64_t, int64_t, int64_t,       \
                                                   int64_t, T*, cudaStream_t);                      \
-  extern template absl::Status MoeGroupedWgmmaWith<T>(MoeWgmmaProducer, const T*, const int32_t*,  \
-                                                      const T*, const int32_t*, int64_t, int64_t,  \
-                                                      int64_t, int64_t, T*, cudaStream_t);         \
   extern template absl::Status MoeGroupedWgmmaWith<T>(                                             \
       MoeWgmmaProducer, MoeWgmmaSchedule, const T*, const int32_t*, const T*, const int32_t*,      \
       int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);

@@ -23,10 +23,10 @@
 // TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose); on sm_90 then wg_ms / wg_TF / wg_err /
 // layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
 // (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
-// call like mma_err; then per other MoeWgmmaProducer (enum order, kMoeWgmmaDefaultProducer left
-// out) wg2_ms / wg2_TF / wg2_err / layer2: the experts on MoeGroupedWgmma with that producer and
-// the layer on them, then the same for MoeWgmmaSchedule::kPingPong and kCooperative128x256, each
-// with kTmaWeights and kTmaOperands. For decode steps (T <= 16) also the fused route + permute
+// call like mma_err; then per other (MoeWgmmaProducer, MoeWgmmaSchedule) pair (every producer with
+// kCooperative, then kPingPong and kCooperative128x256 with kTmaWeights and kTmaOperands; the
+// default pair left out) wg2_ms / wg2_TF / wg2_err / layer2: the experts on MoeGroupedWgmma with
+// that pair and the layer on them. For decode steps (T <= 16) also the fused route + permute
 // launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -249,7 +249,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "mma_err", "csplit_us", "cdiff", "layer_new");
   std::printf(
       "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err layer2} x 7: the other "
-      "producers, then ping-pong and 128 x 256 with kTmaWeights, kTmaOperands)\n",
+      "producer / schedule pairs)\n",
       150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;

@@ -29,9 +29,10 @@
 // per-expert tile prefix from the device offsets once (shared memory) and finds a tile's expert
 // by binary search: no read-back, capturable in CUDA graphs.
 //
-// Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up, the default
-// kTmaWeights producer): 390 TFLOP/s at 8,192 tokens (1.34x MoeGroupedMma, 50% of a dense cuBLAS
-// GEMM; kWaitGroup 348, kArriveNoinc 367, kTmaOperands 393), 205 at 1,024 (BENCHMARKS.md).
+// Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up): the default
+// (kTmaOperands, kCooperative128x256) 433 TFLOP/s at 8,192 tokens (55% of a dense cuBLAS GEMM;
+// kCooperative 128 x 128 tiles with kTmaWeights 391-393, kPingPong 407), 210 at 1,024
+// (BENCHMARKS.md).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -444,14 +445,6 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
 }
 
 template <typename T>
-absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, const T* a, const int32_t* a_row_index,
-                                 const T* w, const int32_t* expert_offsets, int64_t num_experts,
-                                 int64_t rows, int64_t n, int64_t k, T* out, cudaStream_t stream) {
-  return MoeGroupedWgmmaWith<T>(producer, kMoeWgmmaDefaultSchedule, a, a_row_index, w,
-                                expert_offsets, num_experts, rows, n, k, out, stream);
-}
-
-template <typename T>
 absl::Status MoeGroupedWgmma(const T* a, const int32_t* a_row_index, const T* w,
                              const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
                              int64_t n, int64_t k, T* out, cudaStream_t stream) {
@@ -463,13 +456,6 @@ template absl::Status MoeGroupedWgmma<__nv_bfloat16>(const __nv_bfloat16*, const
                                                      const __nv_bfloat16*, const int32_t*, int64_t,
                                                      int64_t, int64_t, int64_t, __nv_bfloat16*,
                                                      cudaStream_t);
-template absl::Status MoeGroupedWgmmaWith<__nv_bfloat16>(MoeWgmmaProducer, const __nv_bfloat16*,
-                                                         const int32_t*, const __nv_bfloat16*,
-                                                         const int32_t*, int64_t, int64_t, int64_t,
-                                                         int64_t, __nv_bfloat16*, cudaStream_t);
-template absl::Status MoeGroupedWgmmaWith<__half>(MoeWgmmaProducer, const __half*, const int32_t*,
-                                                  const __half*, const int32_t*, int64_t, int64_t,
-                                                  int64_t, int64_t, __half*, cudaStream_t);
 template absl::Status MoeGroupedWgmmaWith<__nv_bfloat16>(MoeWgmmaProducer, MoeWgmmaSchedule,
                                                          const __nv_bfloat16*, const int32_t*,
                                                          const __nv_bfloat16*, const int32_t*,
