@@ -53,6 +53,20 @@
 
 namespace tandem::kernels::cuda {
 
+// How the two warpgroups of the TMA latent kernel share a 64-latent tile (BENCHMARKS.md: the
+// measured differences).
+enum class MlaTmaSchedule {
+  // mla_decode_tma.cu: warpgroup 0 scores and runs the softmax, hands P over, both add P V for
+  // their 256 output columns; both wait for both at the hand-over and at the stage's release.
+  kSerial,
+  // The same work, warpgroup 0 not waiting for warpgroup 1's P V: it scores the next tile under
+  // it (each hand-over waited for one way only).
+  kHandOff,
+  // mla_decode_seesaw.cu, FlashMLA's "seesaw": tiles in pairs, each warpgroup scores one of them
+  // and the softmax of one runs under the other's wgmma; both stages are held for the pair.
+  kSeesaw,
+};
+
 // Host-known bounds of one step's batch.
 struct MlaPlanInput {
   MlaDims dims;
@@ -75,6 +89,8 @@ struct MlaPlanInput {
   // mbarriers) where the pool's page size suits it (8, 16, 32 or a multiple of 64 latents); false:
   // the cp.async variant (A/B, and every other page size).
   bool allow_tma = true;
+  // With the TMA variant: its warpgroup schedule (MlaTmaSchedule).
+  MlaTmaSchedule tma_schedule = MlaTmaSchedule::kSerial;
   // Decode context parallelism (dcp_shard.h; size 1: none): the pool and the block tables hold
   // only this shard's latents at local indices, AttentionBatch::seq_lens (and so every query
   // position) stay global; a query at global position p sees the shard's latents before p + 1
@@ -86,12 +102,13 @@ struct MlaPlanInput {
 
 struct MlaPlan {
   MlaPlanInput input;
-  bool use_mma = false;     // the tensor-core kernel (latent 512 + 64) rather than the plain one
-  bool use_wgmma = false;   // use_mma && allow_wgmma: the Hopper variant where the device has it
-  bool use_tma = false;     // use_wgmma && allow_tma: its TMA loads where the page size suits
-  int num_splits = 1;       // CTAs per (request, row tile) along the context
-  int64_t split_chunk = 0;  // latents per split: a multiple of 64 (whole tiles of both kernels)
-  int64_t row_tiles = 0;    // ceil(max_q_len * Hq / 64)
+  bool use_mma = false;    // the tensor-core kernel (latent 512 + 64) rather than the plain one
+  bool use_wgmma = false;  // use_mma && allow_wgmma: the Hopper variant where the device has it
+  bool use_tma = false;    // use_wgmma && allow_tma: its TMA loads where the page size suits
+  MlaTmaSchedule tma_schedule = MlaTmaSchedule::kSerial;  // use_tma: input.tma_schedule
+  int num_splits = 1;           // CTAs per (request, row tile) along the context
+  int64_t split_chunk = 0;      // latents per split: a multiple of 64 (whole tiles of both kernels)
+  int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64)
   int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
 };
 

@@ -4,12 +4,18 @@
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
+//                  [--schedule=0|1|2] (the TMA variant's warpgroup schedule, MlaTmaSchedule:
+//                                   0 serial, 1 hand-off, 2 seesaw; default: MlaPlanInput's)
+//                  [--graph=0|1]   (the CUDA-graph timing; default 1; 0 prints 0 there: for ncu and
+//                                   compute-sanitizer runs)
 //                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
 //                                   planar; bytes counted as 576 + 4 per latent; --wgmma=1: the
 //                                   Hopper FP8 kernel, mla_decode_fp8.cu; 0: the plain kernel)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
-// 20 calls between CUDA events after 3 warm-ups. TB/s counts the latent bytes read once per
+// 20 eager calls between CUDA events after 3 warm-ups; and the latent attention as serving runs
+// it, 20 calls captured in one CUDA graph, mean per call over 5 replays after one ("graph us",
+// its TB/s and %4.6 beside it). TB/s counts the latent bytes read once per
 // request (context x 576 x 2 bytes) over the attention time; "%4.6" is against 4.6 TB/s (the
 // H200's usable HBM bandwidth). Small configs cycle through up to 16 block-table sets over a
 // pool >= 2 GiB, so repeated calls do not run from the 60 MB L2. Prints a table; no pass/fail.
@@ -35,6 +41,7 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 constexpr double kPeak = 4.6e12;
+constexpr const char* kScheduleNames[] = {"wgmma-tma", "wgmma-tma-handoff", "wgmma-tma-seesaw"};
 
 struct Bufs {
   MlaDims dims = mla_test::kV3Dims;
@@ -47,8 +54,61 @@ struct Bufs {
   cublasHandle_t cublas = nullptr;
   bool wgmma = MlaPlanInput{}.allow_wgmma;
   bool tma = MlaPlanInput{}.allow_tma;
+  MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
+  bool graph = true;
   float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
 };
+
+// Mean us per call of call(i) (i = 0, 1, ...: which block-table set), eager: 20 calls between
+// CUDA events after 3 warm-ups.
+template <typename Call>
+absl::StatusOr<double> EagerUs(Call&& call, cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(call(i));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  constexpr int kIters = 20;
+  cudaEventRecord(e0, stream);
+  for (int i = 0; i < kIters; ++i) RETURN_IF_ERROR(call(i));
+  cudaEventRecord(e1, stream);
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms * 1e3 / kIters;
+}
+
+// The same as serving runs decode: 20 calls captured in one CUDA graph; mean us per call over 5
+// replays after one.
+template <typename Call>
+absl::StatusOr<double> GraphUs(Call&& call, cudaStream_t stream) {
+  constexpr int kCalls = 20, kReplays = 5;
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  absl::Status st;
+  for (int i = 0; i < kCalls && st.ok(); ++i) st = call(i);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  RETURN_IF_ERROR(st);
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, stream);
+  for (int r = 0; r < kReplays; ++r) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  cudaEventRecord(e1, stream);
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms * 1e3 / (kCalls * kReplays);
+}
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStream_t stream) {
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
@@ -70,7 +130,8 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
                   .max_seq_len = ctx,
                   .num_splits = splits,
                   .allow_wgmma = b.wgmma,
-                  .allow_tma = b.tma};
+                  .allow_tma = b.tma,
+                  .tma_schedule = b.schedule};
   ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
   DeviceKvCache cache{b.pool, b.layout, KvDtype::kBf16};
   if (b.fp8_scales != nullptr) {
@@ -81,38 +142,28 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
   auto batch_of = [&](int i) {
     return AttentionBatch{b.qsl, b.lens, b.tables + (i % sets) * set_blocks, batch, blocks_per_seq};
   };
-  auto time = [&](auto&& call) -> absl::StatusOr<double> {
-    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(call(i));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    constexpr int kIters = 20;
-    cudaEventRecord(e0, stream);
-    for (int i = 0; i < kIters; ++i) RETURN_IF_ERROR(call(i));
-    cudaEventRecord(e1, stream);
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return ms * 1e3 / kIters;
+  auto attn = [&](int i) {
+    return MlaLatentAttention<__nv_bfloat16>(b.q_cat, cache, 0, batch_of(i), scale, plan, b.ws,
+                                             b.o_lat, b.lse, stream);
   };
-  ASSIGN_OR_RETURN(const double attn_us, time([&](int i) {
-                     return MlaLatentAttention<__nv_bfloat16>(b.q_cat, cache, 0, batch_of(i), scale,
-                                                              plan, b.ws, b.o_lat, b.lse, stream);
-                   }));
-  ASSIGN_OR_RETURN(const double step_us, time([&](int i) {
-                     return MlaAbsorbedAttention<__nv_bfloat16>(b.cublas, b.q, b.kv_b, cache, 0,
-                                                                batch_of(i), scale, plan, b.ws,
-                                                                b.out, b.lse, stream);
-                   }));
+  ASSIGN_OR_RETURN(const double attn_us, EagerUs(attn, stream));
+  double graph_us = 0.0;
+  if (b.graph) {
+    ASSIGN_OR_RETURN(graph_us, GraphUs(attn, stream));
+  }
+  auto step = [&](int i) {
+    return MlaAbsorbedAttention<__nv_bfloat16>(b.cublas, b.q, b.kv_b, cache, 0, batch_of(i), scale,
+                                               plan, b.ws, b.out, b.lse, stream);
+  };
+  ASSIGN_OR_RETURN(const double step_us, EagerUs(step, stream));
   const double bytes = double(batch) * ctx *
                        (b.fp8_scales != nullptr ? b.dims.LatentDim() + 4 : b.dims.LatentDim() * 2);
   const double flops = double(batch) * ctx * b.dims.num_heads * 2 * (576 + 512);
-  std::printf("| %5ld | %6ld | %3d | %9.1f | %6.2f | %4.0f%% | %6.0f | %9.1f |\n",
-              static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, attn_us,
-              bytes / attn_us / 1e6, 100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12),
-              flops / attn_us / 1e6, step_us);
+  std::printf(
+      "| %5ld | %6ld | %3d | %9.1f | %6.2f | %4.0f%% | %6.0f | %9.1f | %6.2f | %4.0f%% | %9.1f |\n",
+      static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, attn_us,
+      bytes / attn_us / 1e6, 100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12), flops / attn_us / 1e6,
+      graph_us, bytes / graph_us / 1e6, 100.0 * bytes / graph_us / 1e6 / (kPeak / 1e12), step_us);
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -122,6 +173,8 @@ absl::Status Main(int argc, char** argv) {
   const char* contexts_arg = nullptr;
   int splits = 0, heads = 128;
   bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
+  MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
+  bool graph = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
@@ -131,6 +184,10 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--wgmma=", 0) == 0) wgmma = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--tma=", 0) == 0) tma = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--fp8=", 0) == 0) fp8 = std::atoi(argv[i] + 6) != 0;
+    if (a.rfind("--schedule=", 0) == 0) {
+      schedule = static_cast<MlaTmaSchedule>(std::clamp(std::atoi(argv[i] + 11), 0, 2));
+    }
+    if (a.rfind("--graph=", 0) == 0) graph = std::atoi(argv[i] + 8) != 0;
   }
   const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts =
@@ -141,6 +198,8 @@ absl::Status Main(int argc, char** argv) {
   b.dims.num_heads = heads;
   b.wgmma = wgmma;
   b.tma = tma;
+  b.schedule = schedule;
+  b.graph = graph;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -177,12 +236,15 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
-  std::printf("MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel\n",
-              prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
-              fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
-                  : (wgmma ? (tma ? "wgmma-tma" : "wgmma") : "mma.sync"));
-  std::printf("| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | step us |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel\n", prop.name,
+      heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
+      fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
+          : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"));
+  std::printf(
+      "| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | graph us | TB/s | %%4.6 | step "
+      "us |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {
     for (int64_t c : contexts) {
       MlaPlanInput in{.dims = b.dims,
@@ -192,7 +254,8 @@ absl::Status Main(int argc, char** argv) {
                       .max_seq_len = c,
                       .num_splits = splits,
                       .allow_wgmma = b.wgmma,
-                      .allow_tma = b.tma};
+                      .allow_tma = b.tma,
+                      .tma_schedule = b.schedule};
       ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
       if (plan.workspace_bytes > ws_bytes) return absl::InternalError("workspace too small");
       RETURN_IF_ERROR(RunConfig(b, bt, c, splits, stream));

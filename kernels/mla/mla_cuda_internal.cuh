@@ -185,9 +185,15 @@ absl::StatusOr<bool> DeviceIsSm90();
 // latents loaded by TMA from `cache` (layer `layer`). Only where MlaTmaFits(cache): pages of 8,
 // 16, 32 or a multiple of 64 latents, < 2^31 pool rows.
 bool MlaTmaFits(const DeviceKvCache& cache);
+// hand_off: MlaTmaSchedule::kHandOff, else kSerial.
 template <typename T>
 absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                          dim3 grid, cudaStream_t stream);
+                          dim3 grid, bool hand_off, cudaStream_t stream);
+// MlaTmaSchedule::kSeesaw (mla_decode_seesaw.cu): LaunchMlaTma's grid, threads, loading and
+// results, the two warpgroups scoring alternate tiles. Same MlaTmaFits condition.
+template <typename T>
+absl::Status LaunchMlaSeesaw(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
+                             dim3 grid, cudaStream_t stream);
 
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.

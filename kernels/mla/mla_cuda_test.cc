@@ -40,7 +40,8 @@ struct Case {
   bool fp8 = false;    // an FP8 latent pool (e4m3 codes + per-row scales)
   // The tensor-core kernel for latent 512 + 64: 0 mma.sync, 1 the Hopper wgmma kernel with
   // cp.async loads (allow_tma false), 2 its TMA variant (pages of 8, 16, 32, 64k; the page of 5
-  // runs the cp.async one). Off sm_90 all three run mma.sync.
+  // runs the cp.async one), 3 and 4 the TMA variant's other warpgroup schedules
+  // (MlaTmaSchedule::kSeesaw, kHandOff; the same pages). Off sm_90 all five run mma.sync.
   int kernel = 0;
   // Decode context parallelism: the pool holds this shard's latents at local indices, the
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
@@ -74,7 +75,10 @@ void RunCase(const Case& c, std::mt19937& rng) {
       attention_test::RandomNormal(rng, H * (d.qk_nope_head_dim + d.v_head_dim) * L,
                                    0.5f / std::sqrt(float(d.qk_nope_head_dim)));
   for (auto* v : {&ckv, &kpe, &q, &kv_b}) cuda_test::RoundTo<T>(*v);
-  std::vector<float> latent(n_lat * D), pool(layout.TotalElems(), 0.0f);
+  // The bf16 / fp16 pool starts all NaN (bytes 0xff, on the device too): slots no request owns,
+  // rows past a context's end inside its last page, must never reach a result (the kernels read
+  // whole pages, tiles and boxes; masked scores are selected away and V rows past the end zeroed).
+  std::vector<float> latent(n_lat * D), pool(layout.TotalElems(), std::nanf(""));
   for (int64_t j = 0; j < n_lat; ++j) {
     std::copy_n(ckv.data() + j * (L + 3), L, latent.data() + j * D);
     std::copy_n(kpe.data() + j * d.qk_rope_head_dim, d.qk_rope_head_dim, latent.data() + j * D + L);
@@ -117,7 +121,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   DeviceBuffer<int64_t> slots_d(slots);
   DeviceBuffer<int32_t> qsl_d(qsl), lens_d(c.seq_lens), tables_d(tables), local_d(local_lens);
   DeviceBuffer<float> lse_d(T_tok * H);
-  TANDEM_CUDA_CHECK(cudaMemset(pool_d.get(), 0, layout.TotalElems() * sizeof(T)));
+  TANDEM_CUDA_CHECK(cudaMemset(pool_d.get(), 0xff, layout.TotalElems() * sizeof(T)));
   const KvDtype dt = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
   DeviceKvCache cache{pool_d.get(), layout, dt};
   DeviceBuffer<uint8_t> codes_d(c.fp8 ? layout.TotalElems() : 1);
@@ -149,7 +153,11 @@ void RunCase(const Case& c, std::mt19937& rng) {
                                   slots_d.get(), n_lat, d, cache, 1, nullptr)
                     .ok());
     const std::vector<float> pool_got = cuda_test::ToFloat(pool_d.ToHost());
-    ASSERT_EQ(pool_got, pool) << "MlaWriteLatent differs from cpu::WriteLatentCache";
+    ASSERT_EQ(pool_got.size(), pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) {
+      ASSERT_TRUE(pool_got[i] == pool[i] || (std::isnan(pool_got[i]) && std::isnan(pool[i])))
+          << "MlaWriteLatent differs from cpu::WriteLatentCache at element " << i;
+    }
   }
 
   MlaPlanInput in{.dims = d,
@@ -159,13 +167,19 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .max_seq_len = max_len,
                   .num_splits = c.num_splits,
                   .allow_wgmma = c.kernel >= 1,
-                  .allow_tma = c.kernel == 2,
+                  .allow_tma = c.kernel >= 2,
+                  .tma_schedule = c.kernel == 3   ? MlaTmaSchedule::kSeesaw
+                                  : c.kernel == 4 ? MlaTmaSchedule::kHandOff
+                                                  : MlaTmaSchedule::kSerial,
                   .dcp = c.dcp};
   absl::StatusOr<MlaPlan> plan = PlanMla(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
   EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.kernel >= 1);
-  EXPECT_EQ(plan->use_tma, plan->use_mma && c.kernel == 2);
+  EXPECT_EQ(plan->use_tma, plan->use_mma && c.kernel >= 2);
+  if (plan->use_tma) {
+    EXPECT_EQ(plan->tma_schedule, in.tma_schedule);
+  }
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
     EXPECT_EQ(plan->num_splits > 1, c.num_splits > 1);
@@ -199,10 +213,12 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_GT(max_ref, 0.0f);
   EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
   EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
-  const char* kernel = !plan->use_wgmma ? ""
-                       : c.fp8          ? " wgmma-fp8"
-                       : plan->use_tma  ? " wgmma-tma"
-                                        : " wgmma";
+  const char* kernel = !plan->use_wgmma                                 ? ""
+                       : c.fp8                                          ? " wgmma-fp8"
+                       : !plan->use_tma                                 ? " wgmma"
+                       : plan->tma_schedule == MlaTmaSchedule::kSeesaw  ? " wgmma-tma-seesaw"
+                       : plan->tma_schedule == MlaTmaSchedule::kHandOff ? " wgmma-tma-handoff"
+                                                                        : " wgmma-tma";
   std::cout << "H " << H << " L " << L << kernel << " splits " << plan->num_splits << ": max|err| "
             << max_err << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
   if (c.dcp.size > 1) {
@@ -220,12 +236,13 @@ const MlaDims kTiny{.num_heads = 4,
                     .kv_lora_rank = 32,
                     .v_head_dim = 12};
 
-// The tensor-core kernels: mma.sync, and wgmma with cp.async or TMA loads (where the device is
-// sm_90; elsewhere the plan's wgmma falls back to mma.sync and the case runs it three times).
+// The tensor-core kernels: mma.sync, and wgmma with cp.async or TMA loads, the latter in its three
+// warpgroup schedules (where the device is sm_90; elsewhere the plan's wgmma falls back to
+// mma.sync and the case runs it five times).
 TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  for (int kernel : {0, 1, 2}) {
+  for (int kernel : {0, 1, 2, 3, 4}) {
     const Case lite{kLite, {1, 4, 3, 1, 2}, {1, 77, 130, 301, 65}, 16, 1, false, kernel};
     for (int splits : {1, 3, 0}) {
       Case c = lite;
@@ -246,7 +263,7 @@ TEST(MlaCudaTest, TensorCoreKernelTilingEdges) {
   std::mt19937 rng(cuda_test::TestSeed());
   MlaDims h32 = kV3;
   h32.num_heads = 32;
-  for (int kernel : {0, 1, 2}) {
+  for (int kernel : {0, 1, 2, 3, 4}) {
     RunCase<__nv_bfloat16>({kV3, {1, 2, 1}, {63, 65, 1000}, 64, 0, false, kernel}, rng);
     RunCase<__nv_bfloat16>({kV3, {4}, {515}, 16, 3, false, kernel}, rng);
     RunCase<__nv_bfloat16>({h32, {3, 1, 4}, {127, 1, 130}, 16, 2, false, kernel}, rng);
@@ -263,10 +280,11 @@ TEST(MlaCudaTest, TensorCoreKernelTilingEdges) {
 }
 
 // Decode context parallelism: every shard of DCP 2 and 4 (interleave 1 token, a page, 2 pages)
-// on the four kernels (plain at the tiny widths, mma.sync, wgmma cp.async / TMA) against the CPU
-// shard's partial and LSE, decode and q_len 2-4 (the causal bound becomes DcpLocalCount(position +
-// 1) on the shard), splits forced and planned; contexts of 1-3 tokens leave shards empty (lse
-// -inf). The CPU shards merge by LSE to the unsharded fp64 result (mla_attention_test).
+// on the five kernels (plain at the tiny widths, mma.sync, wgmma cp.async / TMA in three schedules)
+// against the CPU shard's partial and LSE, decode and q_len 2-4 (the causal bound becomes
+// DcpLocalCount(position + 1) on the shard), splits forced and planned; contexts of 1-3 tokens
+// leave shards empty (lse -inf). The CPU shards merge by LSE to the unsharded fp64 result
+// (mla_attention_test).
 TEST(MlaCudaTest, DcpShardsMatchTheCpuShards) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
@@ -274,7 +292,7 @@ TEST(MlaCudaTest, DcpShardsMatchTheCpuShards) {
     for (int64_t rank = 0; rank < size; ++rank) {
       const DcpShard one{size, rank, 1}, page{size, rank, 16}, pages{size, rank, 32};
       RunCase<__nv_bfloat16>({kTiny, {1, 3, 1, 2}, {1, 40, 77, 3}, 16, 0, false, 0, one}, rng);
-      for (int kernel : {0, 1, 2}) {
+      for (int kernel : {0, 1, 2, 3, 4}) {
         RunCase<__nv_bfloat16>(
             {kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 0, false, kernel, page}, rng);
         RunCase<__nv_bfloat16>({kV3, {1, 3}, {700, 97}, 16, 2, false, kernel, one}, rng);

@@ -318,6 +318,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   plan.use_mma = L == kL && D == kD;
   plan.use_wgmma = plan.use_mma && in.allow_wgmma;
   plan.use_tma = plan.use_wgmma && in.allow_tma;
+  if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   int64_t splits = in.num_splits;
@@ -410,8 +411,12 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     RETURN_IF_ERROR(mla_internal::LaunchMlaFp8<T>(
         p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
   } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
-    RETURN_IF_ERROR(mla_internal::LaunchMlaTma<T>(
-        p, cache, layer, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
+    const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
+    const MlaTmaSchedule schedule = plan.tma_schedule;
+    RETURN_IF_ERROR(schedule == MlaTmaSchedule::kSeesaw
+                        ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
+                        : mla_internal::LaunchMlaTma<T>(
+                              p, cache, layer, grid, schedule == MlaTmaSchedule::kHandOff, stream));
   } else if (wgmma) {
     RETURN_IF_ERROR(mla_internal::LaunchMlaWgmma<T>(
         p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));

@@ -22,24 +22,18 @@
 // The last tile of a split can hold rows past its end (a page box is loaded whole, boxes past the
 // end repeat the last valid box): warpgroup 0 zeroes those rows' V columns after the scores
 // (masked to -inf by select, so stale values never reach them) and before P V.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
-#include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
-#include "common/status_macros.h"
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/tensor_map.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
+#include "kernels/mla/mla_tma.cuh"
 #include "kernels/mla/mla_wgmma.cuh"
 
 namespace tandem::kernels::cuda::mla_internal {
@@ -47,15 +41,9 @@ namespace tandem::kernels::cuda::mla_internal {
 // then flag every helper of internal linkage as unused.
 namespace tma_kernel {
 
-using internal::prefill::FenceOperand;
 using internal::prefill::FenceProxyAsync;
 using internal::prefill::MbarInit;
-using internal::prefill::MbarWait;
-using internal::prefill::SmemDesc;
-using internal::prefill::WgmmaCommit;
-using internal::prefill::WgmmaFence;
-using internal::prefill::WgmmaRS;
-using internal::prefill::WgmmaWait;
+using wgmma_common::BarArrive;
 using wgmma_common::BarSync;
 using wgmma_common::CopyTileRow;
 using wgmma_common::LoadP;
@@ -64,103 +52,24 @@ using wgmma_common::ShareWg0RowSums;
 using wgmma_common::Softmax;
 using wgmma_common::StoreP;
 using wgmma_common::StoreWgRows;
-using wgmma_common::WgmmaSS64;
 
-inline constexpr int kD = 576, kRows = 64, kKeys = 64, kChunks = kD / 64;
-constexpr int kBlockBytes = 64 * 128;              // one 64-column chunk of 64 rows (8 KiB)
-constexpr int kTileBytes = kChunks * kBlockBytes;  // Q, or one latent stage: 72 KiB
-constexpr int kPOff = 3 * kTileBytes;              // P: [4 k16 steps][128 threads] uint4
-constexpr int kFOff = kPOff + 4 * 128 * 16;        // rescale factors: [128 threads] float2
-constexpr int kBarOff = kFOff + 128 * 8;           // full barriers: [2 stages][9 chunks]
-constexpr int kSmemBytes = kBarOff + 2 * kChunks * 8 + 1024;  // + slack for 1024-byte alignment
-static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
-inline constexpr int kIssueWarp = 4;  // warp 0 of warpgroup 1 loads the tiles
-
-// Where the pool's rows are for the tensor map ([total rows][576], row = latent of one page slot
-// of one layer): block b's slot k of `layer` is row b * rows_per_block + layer_row + k.
-struct TmaGeometry {
-  int rows_per_block;  // num_layers * block_size
-  int layer_row;       // layer * block_size
-  int box_rows;        // min(block_size, 64): a box never crosses a page
-};
-
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// TMA: the box at (column col, row row) of the tensor map into shared memory at dst, completing
-// its bytes on the mbarrier at bar.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int col, int row,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
-      : "memory");
-}
-
-// The tensor-map row of box `box` of the tile starting at latent key0 (lane-parallel: one box per
-// lane); a box past ke repeats the last valid box (its rows are zeroed before P V).
-template <typename T>
-__device__ __forceinline__ int BoxRow(const LatentParams<T>& p, const TmaGeometry& g,
-                                      const int32_t* table, int key0, int box, int ke) {
-  int key = key0 + box * g.box_rows;
-  if (key >= ke) key = (ke - 1) / g.box_rows * g.box_rows;
-  return table[key / p.block_size] * g.rows_per_block + g.layer_row + key % p.block_size;
-}
-
-// Warp kIssueWarp: issues one tile into the stage at smem address dst (barriers at bars) from the
-// rows lane l < boxes holds in `rows`.
+// Warp kIssueWarp: issues one whole tile (every chunk).
 __device__ __forceinline__ void IssueTile(const CUtensorMap* map, const TmaGeometry& g, int rows,
                                           int boxes, uint32_t dst, uint32_t bars, int lane) {
-  if (lane == 0) {
-    for (int c = 0; c < kChunks; ++c) MbarExpectTx(bars + 8 * c, kBlockBytes);
-  }
-  for (int b = 0; b < boxes; ++b) {
-    const int row = __shfl_sync(0xffffffffu, rows, b);
-    if (lane == 0) {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        TmaLoad2d(dst + c * kBlockBytes + b * g.box_rows * 128, map, c * 64, row, bars + 8 * c);
-      }
-    }
-  }
+  IssueChunks(map, g, rows, boxes, dst, bars, lane, 0, kChunks);
 }
 
-// Warpgroup 0's scores of one tile, chunk by chunk as the chunks land.
-template <typename T>
-__device__ __forceinline__ void ScoresByChunk(float (&sc)[32], uint32_t q_addr, uint32_t k_addr,
-                                              uint64_t* bars, uint32_t parity) {
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    MbarWait(bars + c, parity);
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t off = c * kBlockBytes + kk * 32;
-      WgmmaSS64<T>(sc, SmemDesc(q_addr + off, 16, 1024), SmemDesc(k_addr + off, 16, 1024),
-                   (c | kk) != 0 ? 1u : 0u);
-    }
-    WgmmaCommit();
-  }
-  WgmmaWait<0>();
-#pragma unroll
-  for (int i = 0; i < 32; ++i) FenceOperand(sc[i]);
-}
-
-// Zeroes rows [valid, 64) of the V chunks (0-7) of the stage at `stage` (generic writes, made
-// visible to the async proxy the P V wgmma reads through).
+// Zeroes rows [valid, 64) of the V chunks (0-7) of the stage by warpgroup 0.
 __device__ __forceinline__ void ZeroTail(uint8_t* stage, int valid, int wt) {
-  for (int i = wt; i < (kKeys - valid) * 64; i += 128) {
-    const int r = valid + i / 64, u = i % 64;
-    *reinterpret_cast<uint4*>(stage + (u / 8) * kBlockBytes + r * 128 + (u % 8) * 16) =
-        make_uint4(0, 0, 0, 0);
-  }
-  FenceProxyAsync();
+  ZeroTailChunks(stage, valid, wt, 128, 0, 8);
 }
 
-template <typename T>
+// kHandOff (MlaTmaSchedule::kHandOff): warpgroup 0 does not wait for warpgroup 1's P V. It only
+// arrives at the P hand-over (barrier 1) and at the stage's release (barriers 2 / 4 by tile
+// parity: it can run a tile ahead, so one id could otherwise see two of its arrivals before
+// warpgroup 1's wait), and before storing the next P waits until warpgroup 1 has read the last
+// one (barrier 3); so warpgroup 1's P V overlaps warpgroup 0's next scores.
+template <typename T, bool kHandOff>
 __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     MlaTmaKernel(const __grid_constant__ LatentParams<T> p, const __grid_constant__ CUtensorMap map,
                  const TmaGeometry g) {
@@ -226,18 +135,34 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
       const int key0 = kb + t * kKeys;
       Softmax<T>(sc, key0, t4, vis, p.scale_log2, m_run, l_run, alpha, pa);
       if (ke - key0 < kKeys) ZeroTail(smem + (1 + st) * kTileBytes, ke - key0, wt);
+      if (kHandOff && t > 0) BarSync(3, kMlaWgmmaThreads);  // warpgroup 1 has read P(t - 1)
       StoreP(sp, wt, pa);
       sf[wt] = make_float2(alpha[0], alpha[1]);
-      BarSync(1, kMlaWgmmaThreads);
+      if constexpr (kHandOff) {
+        BarArrive(1, kMlaWgmmaThreads);
+      } else {
+        BarSync(1, kMlaWgmmaThreads);
+      }
     } else {
       BarSync(1, kMlaWgmmaThreads);
       const float2 f = sf[wt];
       alpha[0] = f.x;
       alpha[1] = f.y;
       LoadP(sp, wt, pa);
+      if (kHandOff && t + 1 < num_tiles) BarArrive(3, kMlaWgmmaThreads);
     }
     RescaleAndAddPv<T>(o, pa, alpha, k_addr, wg);  // O[:, 256 wg .. + 256) = alpha O + P V
-    BarSync(2, kMlaWgmmaThreads);                  // stage st is free; warpgroup 1 has read P
+    if constexpr (kHandOff) {                      // stage st is free once both P V are done
+      if (t + 2 < num_tiles) {
+        if (wg == 0) {
+          BarArrive(2 + 2 * st, kMlaWgmmaThreads);
+        } else {
+          BarSync(2 + 2 * st, kMlaWgmmaThreads);
+        }
+      }
+    } else {
+      BarSync(2, kMlaWgmmaThreads);  // stage st is free; warpgroup 1 has read P
+    }
     if (warp == kIssueWarp && t + 2 < num_tiles) {
       IssueTile(&map, g, next_rows, boxes, k_addr, bar_addr + st * kChunks * 8, lane);
       if (t + 3 < num_tiles && lane < boxes) {
@@ -253,29 +178,6 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
 #endif
 }
 
-// The tensor map of the pool ([total rows][576] of T, 128-byte swizzle, boxes of 64 columns x
-// box_rows rows).
-absl::StatusOr<CUtensorMap> EncodePoolMap(const DeviceKvCache& cache, int box_rows, bool bf16) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kD),
-                              static_cast<cuuint64_t>(cache.layout.TotalElems() / kD)};
-  const cuuint64_t strides[1] = {kD * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-             cache.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
-  }
-  return map;
-}
-
 }  // namespace tma_kernel
 
 bool MlaTmaFits(const DeviceKvCache& cache) {
@@ -288,26 +190,18 @@ bool MlaTmaFits(const DeviceKvCache& cache) {
 
 template <typename T>
 absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                          dim3 grid, cudaStream_t stream) {
-  using tma_kernel::kSmemBytes;
+                          dim3 grid, bool hand_off, cudaStream_t stream) {
   using tma_kernel::MlaTmaKernel;
-  const int64_t bs = cache.layout.block_size;
-  const tma_kernel::TmaGeometry g{static_cast<int>(cache.layout.num_layers * bs),
-                                  static_cast<int>(layer * bs),
-                                  static_cast<int>(bs < 64 ? bs : 64)};
-  ASSIGN_OR_RETURN(const CUtensorMap map,
-                   tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      MlaTmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  MlaTmaKernel<T><<<grid, kMlaWgmmaThreads, kSmemBytes, stream>>>(p, map, g);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return hand_off
+             ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true>, p, cache, layer, grid, stream)
+             : tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, false>, p, cache, layer, grid,
+                                              stream);
 }
 
 template absl::Status LaunchMlaTma<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
-                                                  const DeviceKvCache&, int64_t, dim3,
+                                                  const DeviceKvCache&, int64_t, dim3, bool,
                                                   cudaStream_t);
 template absl::Status LaunchMlaTma<__half>(const LatentParams<__half>&, const DeviceKvCache&,
-                                           int64_t, dim3, cudaStream_t);
+                                           int64_t, dim3, bool, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda::mla_internal

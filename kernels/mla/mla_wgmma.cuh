@@ -159,11 +159,12 @@ __device__ __forceinline__ void LoadP(const uint4* sp, int wt, uint32_t (&pa)[4]
 
 // O[:, 256 wg .. + 256) = alpha * O + P V for the tile at shared address k_addr (its first 512
 // dims, read N-major): the thread's two rows rescaled by alpha[0] / alpha[1], then two n128 wgmma
-// chains over the tile's 64-column chunks 4 wg .. 4 wg + 3 with P (A fragments) from registers;
-// returns when they are done.
+// chains over the tile's 64-column chunks 4 wg .. 4 wg + 3 with P (A fragments) from registers,
+// committed as one group and NOT waited for: o and pa stay untouched until WaitPv.
 template <typename T>
-__device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[4][4],
-                                                const float (&alpha)[2], uint32_t k_addr, int wg) {
+__device__ __forceinline__ void RescaleAndIssuePv(float (&o)[128], uint32_t (&pa)[4][4],
+                                                  const float (&alpha)[2], uint32_t k_addr,
+                                                  int wg) {
   using internal::prefill::FenceOperand;
   using internal::prefill::SmemDesc;
 #pragma unroll
@@ -185,6 +186,27 @@ __device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[
                                        SmemDesc(v + 2 * kChunkBytes, kChunkBytes, 1024));
   }
   internal::prefill::WgmmaCommit();
+}
+
+// Waits for the warpgroup's wgmma groups; o (and the P fragments pa they read) final after it.
+__device__ __forceinline__ void WaitPv(float (&o)[128], uint32_t (&pa)[4][4]) {
+  using internal::prefill::FenceOperand;
+  internal::prefill::WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) FenceOperand(pa[kk][e]);
+  }
+}
+
+// RescaleAndIssuePv, then waits: returns when the P V wgmma are done.
+template <typename T>
+__device__ __forceinline__ void RescaleAndAddPv(float (&o)[128], uint32_t (&pa)[4][4],
+                                                const float (&alpha)[2], uint32_t k_addr, int wg) {
+  using internal::prefill::FenceOperand;
+  RescaleAndIssuePv<T>(o, pa, alpha, k_addr, wg);
   internal::prefill::WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) FenceOperand(o[i]);
