@@ -151,6 +151,7 @@ void GenerateFlow::StartStream(std::unique_ptr<StreamCall> stream, Phase phase) 
 }
 
 void GenerateFlow::OnStreamMessage(v1::GenerateResponse chunk) {
+  if (!relay_.got_any) registry().Answered(stream_slot_->ref());  // reachable, whatever it was
   relay_.got_any = true;
   // Nothing may follow the final message; after the client left, the stream only drains.
   if (relay_.finished || relay_.client_gone) return stream_->ReadNext();

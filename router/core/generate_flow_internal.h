@@ -129,8 +129,9 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // (WorkerClient::Connected: a link that came back, gRPC reconnecting), then decodes there.
   // False when no time is left to wait.
   bool WaitForDecode(const absl::Status& failure);
-  // The decode starts again on the decode worker that failed (its connection is back).
-  bool RetryDecode(const absl::Status& failure);
+  // The decode starts again on the decode worker that failed (its connection is back); the
+  // request fails with `failure` when that worker is no longer registered.
+  void RetryDecode(const absl::Status& failure);
   void OnDecodeEnded(const absl::Status& status);
 
   // Failures, calls, the client (generate_flow.cc).

@@ -66,6 +66,7 @@ void GenerateFlow::OnPrefilled(absl::StatusOr<v1::PrefillResponse> answered) {
                            });
   }
   const v1::PrefillResponse& prefilled = *answered;
+  registry().Answered(prefill_slot_->ref());
   prefill_client_ = prefill_slot_->ref().client;
   prefill_slot_.reset();
   *trace_.mutable_prefill() = prefilled.worker_times();
@@ -152,7 +153,7 @@ bool GenerateFlow::WaitForDecode(const absl::Status& failure) {
   PostAt(shared_from_this(), *next, [failure](GenerateFlow& f) {
     if (f.EndIfInterrupted(/*abort_workers=*/true)) return;
     if (f.ReplaceDecode(failure)) return;
-    if (f.stream_slot_->ref().client->Connected() && f.RetryDecode(failure)) return;
+    if (f.stream_slot_->ref().client->Connected()) return f.RetryDecode(failure);
     if (f.WaitForDecode(failure)) return;
     f.AbortWorkers();
     f.EndPhase(failure, "");
@@ -160,19 +161,24 @@ bool GenerateFlow::WaitForDecode(const absl::Status& failure) {
   return true;
 }
 
-bool GenerateFlow::RetryDecode(const absl::Status& failure) {
-  absl::StatusOr<WorkerRef> ref = registry().BeginCall(stream_slot_->id());
-  if (!ref.ok()) return false;
-  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
-    metrics->RecordRouting(stream_slot_->id(), v1::WORKER_ROLE_DECODE);
+void GenerateFlow::RetryDecode(const absl::Status& failure) {
+  const std::string id = stream_slot_->id();
+  // The failed call ends first (its failure recorded), so that this one's answer re-admits D.
+  stream_slot_.reset();
+  absl::StatusOr<WorkerRef> ref = registry().BeginCall(id);
+  if (!ref.ok()) {  // forgotten meanwhile
+    AbortWorkers();
+    return EndPhase(failure, "");
   }
-  LOG(WARNING) << "request " << flight_->id() << ": decode worker " << stream_slot_->id()
-               << " failed (" << failure << ") and is connected again; retrying there";
+  if (RouterMetrics* metrics = orch_.options().metrics; metrics != nullptr) {
+    metrics->RecordRouting(id, v1::WORKER_ROLE_DECODE);
+  }
+  LOG(WARNING) << "request " << flight_->id() << ": decode worker " << id << " failed (" << failure
+               << ") and is connected again; retrying there";
   // The KV lease stays bound to this worker id: nothing to move.
-  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));  // ends the old
+  stream_slot_ = std::make_unique<WorkerSlot>(&registry(), *std::move(ref));
   ++decode_attempt_;
   StartDecode();
-  return true;
 }
 
 void GenerateFlow::OnDecodeEnded(const absl::Status& status) {

@@ -286,12 +286,14 @@ TEST(OrchestratorTest, ADecodeWorkerWhoseLinkIsDownIsWaitedFor) {
   rest.add_token_ids(12);
   rest.add_token_ids(13);
   rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  EXPECT_FALSE(h.Healthy("d0"));  // in its backoff (1 s of the registry's clock, never advanced)
   h.client("d0").Push(decode, rest);
   h.client("d0").End(decode, absl::OkStatus());
   const absl::Status s = h.Result();
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
   EXPECT_TRUE(h.client("p0").reassigns().empty());
+  EXPECT_TRUE(h.Healthy("d0")) << "its answer re-admitted it: the next request need not wait";
 }
 
 // One whose link is up (the worker itself failed the call) is not waited for: UNAVAILABLE at

@@ -202,7 +202,7 @@ absl::StatusOr<WorkerRef> WorkerRegistry::BeginCall(const std::string& worker_id
     auto chain = snapshot->chains.find(e.info.block_size());
     if (chain != snapshot->chains.end()) e.index.Add(chain->second);
   }
-  return WorkerRef{e.info, e.client};
+  return WorkerRef{e.info, e.client, clock_()};
 }
 
 void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error) {
@@ -223,9 +223,22 @@ void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::
   }
   backoff = std::min(backoff, options_.max_failure_backoff);
   e.failed = true;
+  e.failed_at = now;
   e.failed_until = now + backoff;
   LOG(WARNING) << "worker " << worker.info.worker_id() << " marked unhealthy for "
                << absl::FormatDuration(backoff) << ": " << error;
+}
+
+void WorkerRegistry::Answered(const WorkerRef& worker) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker.info.worker_id());
+  if (it == workers_.end() || it->second->info.epoch() != worker.info.epoch()) return;
+  Entry& e = *it->second;
+  if (!e.failed || worker.begun < e.failed_at) return;
+  e.failed = false;
+  e.consecutive_failures = 0;
+  LOG(INFO) << "worker " << worker.info.worker_id()
+            << " answered a call made after its failure: re-admitted";
 }
 
 std::vector<std::string> WorkerRegistry::CheckTimeouts() {

@@ -14,6 +14,9 @@
 //                      (heartbeat_interval * 2^(consecutive failures - 1), capped); the first
 //                      heartbeat after the backoff re-admits it, so a worker whose process lives
 //                      but whose calls keep failing is retried ever more rarely, not on every beat.
+//   Answered(ref)      a worker that answers a call begun after its failure (a reply, a stream's
+//                      first message) is re-admitted at once: it is reachable again (a link that
+//                      came back), so requests need not wait out the rest of its backoff.
 // A worker is healthy iff it is neither timed out nor in failure backoff. Routing sees only
 // healthy workers whose status is SERVING (or not yet reported).
 //
@@ -86,6 +89,7 @@ struct RegistryCaller {
 struct WorkerRef {
   v1::WorkerInfo info;
   std::shared_ptr<WorkerClient> client;
+  absl::Time begun;  // when BeginCall made it (the registry's clock)
 };
 
 // Candidates for one prompt plus the prompt's hash chains (one per block size in use), so the
@@ -131,6 +135,9 @@ class WorkerRegistry {
   // Ends a call begun by BeginCall. `worker_failed`: the worker is dead or broken (UNAVAILABLE,
   // broken stream): mark it unhealthy with backoff. Ignored when the worker re-registered since.
   void EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error = "");
+  // The worker answered the call `worker` was begun for: out of its failure backoff at once when
+  // the call began after the failure (an answer to an older call proves nothing new).
+  void Answered(const WorkerRef& worker);
 
   // Marks silent workers unhealthy; returns the ids that just became so.
   std::vector<std::string> CheckTimeouts();
@@ -157,7 +164,7 @@ class WorkerRegistry {
     bool timed_out = false;
     bool failed = false;  // in failure backoff
     int consecutive_failures = 0;
-    absl::Time failed_until;
+    absl::Time failed_at, failed_until;
     int64_t in_flight = 0;  // calls this router has open on the worker
     PrefixIndex index;
     bool healthy() const { return !timed_out && !failed; }

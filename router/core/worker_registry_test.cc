@@ -177,6 +177,35 @@ TEST_F(WorkerRegistryTest, FailedCallsBackOffExponentially) {
   EXPECT_TRUE(Healthy("w"));
 }
 
+// A worker that answers a call begun after its failure is reachable again (a link that came
+// back): re-admitted at once, its backoff reset. An answer to a call begun before the failure
+// proves nothing new and changes nothing.
+TEST_F(WorkerRegistryTest, AnAnswerToACallMadeAfterTheFailureReadmitsAtOnce) {
+  ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE), {}).ok());
+  absl::StatusOr<WorkerRef> before = registry_.BeginCall("w");
+  ASSERT_TRUE(before.ok());
+  clock_.Advance(absl::Milliseconds(10));
+  absl::StatusOr<WorkerRef> failed = registry_.BeginCall("w");
+  ASSERT_TRUE(failed.ok());
+  registry_.EndCall(*failed, true, "failed to connect");
+  EXPECT_FALSE(Healthy("w"));
+  registry_.Answered(*before);
+  EXPECT_FALSE(Healthy("w")) << "an answer to an older call";
+  clock_.Advance(absl::Milliseconds(10));
+  absl::StatusOr<WorkerRef> after = registry_.BeginCall("w");
+  ASSERT_TRUE(after.ok());
+  registry_.Answered(*after);
+  EXPECT_TRUE(Healthy("w")) << "answered after its failure, before its 1 s backoff ended";
+  registry_.EndCall(*after, false);
+  registry_.EndCall(*before, false);
+  // The backoff starts over: the next failure is out for 1 s again, not 2.
+  absl::StatusOr<WorkerRef> again = registry_.BeginCall("w");
+  registry_.EndCall(*again, true, "again");
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(*registry_.Heartbeat(Beat("w"), {}));
+  EXPECT_TRUE(Healthy("w"));
+}
+
 TEST_F(WorkerRegistryTest, FailuresOfAnOldEpochDoNotTouchTheNewOne) {
   ASSERT_TRUE(registry_.Register(Info("w", v1::WORKER_ROLE_DECODE, 1), {}).ok());
   absl::StatusOr<WorkerRef> old = registry_.BeginCall("w");
