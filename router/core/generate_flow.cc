@@ -87,8 +87,9 @@ bool GenerateFlow::WaitForRoute() {
   if (!next.has_value()) return false;
   PostAt(shared_from_this(), *next, [](GenerateFlow& f) {
     if (f.EndIfInterrupted(/*abort_workers=*/false)) return;
-    // A worker this request found dead may be back (re-registered, or re-admitted after its
-    // backoff): any route beats failing; attempt_ still bounds the calls.
+    // A worker this request found dead may be back (re-registered, re-admitted after its
+    // backoff, or its link up again): any route beats failing; attempt_ still bounds the calls.
+    f.registry().ReadmitReconnected();
     f.excluded_.clear();
     f.Route();
   });
@@ -289,7 +290,7 @@ absl::Status GenerateFlow::Failure(WorkerSlot& slot, const absl::Status& status,
   }
   if (IsWorkerFault(code)) {
     const std::string msg = absl::StrCat(where, " failed: ", status.message());
-    slot.MarkFailed(msg);
+    slot.MarkFailed(msg, /*link_down=*/!slot.ref().client->Connected());
     *retriable = true;
     return absl::UnavailableError(msg);
   }

@@ -267,6 +267,38 @@ TEST(OrchestratorTest, DecodeRetryUsesTheWorkersOfNowNotOfRoutingTime) {
   EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12, 13}));
 }
 
+// A prefill worker whose call failed while its link was down (its channel reconnecting), with no
+// other prefill worker: the waiting request re-admits it as soon as its connection is up again,
+// without waiting out its backoff (1 s of the registry's clock, never advanced here), and is
+// served. Before, it waited for the heartbeat after the backoff (here: never; for real: up to
+// route_wait, then "no healthy worker").
+TEST(OrchestratorTest, AWorkerWhoseLinkIsBackIsReadmittedForAWaitingRequest) {
+  Harness h;
+  h.Start("r11", 2);
+  const int refused = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(refused, 0);
+  h.client("p0").SetConnected(false);
+  h.client("p0").ReplyPrefill(refused, absl::UnavailableError("failed to connect"));
+  absl::SleepFor(absl::Milliseconds(200));  // waiting, calling no one
+  EXPECT_FALSE(h.Healthy("p0"));
+  EXPECT_LT(h.client("p0").WaitForCall(FakeWorkerClient::kPrefill, absl::ZeroDuration()), 0);
+  h.client("p0").SetConnected(true);
+  const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
+  ASSERT_GE(prefill, 0) << "routed to p0 once its link was back";
+  EXPECT_TRUE(h.Healthy("p0"));
+  h.client("p0").ReplyPrefill(prefill, Prefilled("r11", 11));
+  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
+  ASSERT_GE(decode, 0);
+  v1::GenerateResponse rest;
+  rest.add_token_ids(12);
+  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+  h.client("d0").Push(decode, rest);
+  h.client("d0").End(decode, absl::OkStatus());
+  const absl::Status s = h.Result();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12}));
+}
+
 // A decode worker whose call failed before a token of its own while its link is down (gRPC fails
 // every call at once while the channel reconnects), with no other decode worker: the request
 // waits for its connection and decodes there from the same KV handle (no lease to move, P's

@@ -1,7 +1,10 @@
 #include "router/core/worker_registry.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -205,7 +208,8 @@ absl::StatusOr<WorkerRef> WorkerRegistry::BeginCall(const std::string& worker_id
   return WorkerRef{e.info, e.client, clock_()};
 }
 
-void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error) {
+void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error,
+                             bool link_down) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker.info.worker_id());
@@ -223,10 +227,41 @@ void WorkerRegistry::EndCall(const WorkerRef& worker, bool worker_failed, absl::
   }
   backoff = std::min(backoff, options_.max_failure_backoff);
   e.failed = true;
+  e.link_down = link_down;
   e.failed_at = now;
   e.failed_until = now + backoff;
   LOG(WARNING) << "worker " << worker.info.worker_id() << " marked unhealthy for "
                << absl::FormatDuration(backoff) << ": " << error;
+}
+
+int WorkerRegistry::ReadmitReconnected() {
+  struct HeldOut {
+    std::string id;
+    uint64_t epoch;
+    std::shared_ptr<WorkerClient> client;
+  };
+  std::vector<HeldOut> held_out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : workers_) {
+      if (e->failed && e->link_down && !e->timed_out && e->client != nullptr) {
+        held_out.push_back({id, e->info.epoch(), e->client});
+      }
+    }
+  }
+  std::erase_if(held_out, [](const HeldOut& w) { return !w.client->Connected(); });
+  int readmitted = 0;
+  absl::MutexLock lock(&mu_);
+  for (const HeldOut& w : held_out) {
+    auto it = workers_.find(w.id);
+    if (it == workers_.end() || it->second->info.epoch() != w.epoch || !it->second->failed) {
+      continue;
+    }
+    it->second->failed = false;
+    ++readmitted;
+    LOG(INFO) << "worker " << w.id << " is connected again: re-admitted before its backoff ended";
+  }
+  return readmitted;
 }
 
 void WorkerRegistry::Answered(const WorkerRef& worker) {

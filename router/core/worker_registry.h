@@ -14,6 +14,8 @@
 //                      (heartbeat_interval * 2^(consecutive failures - 1), capped); the first
 //                      heartbeat after the backoff re-admits it, so a worker whose process lives
 //                      but whose calls keep failing is retried ever more rarely, not on every beat.
+//   ReadmitReconnected() re-admits the workers held out after a call found their link down whose
+//                      connection is up again (a request waiting for a route asks, every poll).
 //   Answered(ref)      a worker that answers a call begun after its failure (a reply, a stream's
 //                      first message) is re-admitted at once: it is reachable again (a link that
 //                      came back), so requests need not wait out the rest of its backoff.
@@ -133,8 +135,14 @@ class WorkerRegistry {
   absl::StatusOr<WorkerRef> BeginCall(const std::string& worker_id,
                                       const RoutingSnapshot* snapshot = nullptr);
   // Ends a call begun by BeginCall. `worker_failed`: the worker is dead or broken (UNAVAILABLE,
-  // broken stream): mark it unhealthy with backoff. Ignored when the worker re-registered since.
-  void EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error = "");
+  // broken stream): mark it unhealthy with backoff; `link_down`: its connection was down then
+  // (see ReadmitReconnected). Ignored when the worker re-registered since.
+  void EndCall(const WorkerRef& worker, bool worker_failed, absl::string_view error = "",
+               bool link_down = false);
+  // Re-admits the workers in failure backoff (not timed out) whose failing call found their
+  // connection down and whose connection is up again (WorkerClient::Connected, which also asks
+  // an idle one to connect); returns how many. Clients are asked outside the lock.
+  int ReadmitReconnected();
   // The worker answered the call `worker` was begun for: out of its failure backoff at once when
   // the call began after the failure (an answer to an older call proves nothing new).
   void Answered(const WorkerRef& worker);
@@ -162,7 +170,8 @@ class WorkerRegistry {
     v1::WorkerLoad load;
     absl::Time last_heartbeat;  // registration counts as the first heartbeat
     bool timed_out = false;
-    bool failed = false;  // in failure backoff
+    bool failed = false;     // in failure backoff
+    bool link_down = false;  // ... after a call that found its connection down
     int consecutive_failures = 0;
     absl::Time failed_at, failed_until;
     int64_t in_flight = 0;  // calls this router has open on the worker
@@ -182,21 +191,23 @@ class WorkerRegistry {
 class WorkerSlot {
  public:
   WorkerSlot(WorkerRegistry* registry, WorkerRef ref) : registry_(registry), ref_(std::move(ref)) {}
-  ~WorkerSlot() { registry_->EndCall(ref_, failed_, error_); }
+  ~WorkerSlot() { registry_->EndCall(ref_, failed_, error_, link_down_); }
   WorkerSlot(const WorkerSlot&) = delete;
   WorkerSlot& operator=(const WorkerSlot&) = delete;
 
   const WorkerRef& ref() const { return ref_; }
   const std::string& id() const { return ref_.info.worker_id(); }
-  void MarkFailed(std::string error) {
+  // `link_down`: the worker's connection was down (WorkerClient::Connected) when the call failed.
+  void MarkFailed(std::string error, bool link_down = false) {
     failed_ = true;
+    link_down_ = link_down;
     error_ = std::move(error);
   }
 
  private:
   WorkerRegistry* const registry_;
   const WorkerRef ref_;
-  bool failed_ = false;
+  bool failed_ = false, link_down_ = false;
   std::string error_;
 };
 
