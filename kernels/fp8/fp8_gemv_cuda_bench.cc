@@ -11,9 +11,10 @@
 // --only=sweep: the register-load ("old"), streaming ("new") and pipelined ("pipe", m <= 8)
 // kernels at every Llama-3-8B / 70B projection and TP = 1 / 2 / 4 slice (BenchSweep);
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
-// default: all of them.
+// --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
+// (BenchW8a16); default: sweep, detail and producers.
 //
-//   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|all]
+//   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|w8a16|all]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -30,6 +31,7 @@
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
 
@@ -307,6 +309,96 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
   return 0;
 }
 
+// --only=w8a16: batch 1 (m = 1) at the Llama-3-8B / 70B TP = 1 projections, every launch with
+// PDL: the W8A8 kernel kAuto picks (codes ready) against the weight-only FP8 GEMV
+// (fp8_w8a16_gemv_cuda.h) plain, with its first loads before the PDL wait ("-early"), and in the
+// folded form the decode step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next
+// to the bf16 SmallMLinear and its folded form. One line per (shape, variant): us and TB/s.
+struct W8a16Proj {
+  const char* model;
+  const char* name;
+  int64_t n, k;
+  int fold;  // the decode step's folded form: 0 NormIn, 1 AddTo, 2 NormInSiluMul
+};
+
+void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr) {
+  using bf16 = __nv_bfloat16;
+  const int64_t n = pr.n, k = pr.k, copies8 = CopiesFor(n * k), copies16 = CopiesFor(2 * n * k);
+  const std::vector<void*> w8 = PatternCopies(n * k, copies8, 0xF7);
+  const std::vector<void*> w16 = PatternCopies(2 * n * k, copies16, 0x3F);
+  const std::vector<void*> x = PatternCopies(2 * k, 1, 0x3F), norm = PatternCopies(2 * k, 1, 0x3F);
+  const ShapeBuffers buf(n, k);
+  const auto* xv = static_cast<const bf16*>(x[0]);
+  const auto* nw = static_cast<const bf16*>(norm[0]);
+  Fp8SmallMActivations codes;
+  codes.scheme = Scheme::kDynamicToken;
+  codes.codes = buf.a_codes;
+  codes.scales = buf.a_scales;
+  Check(QuantizeActivations(xv, 1, k, codes.scheme, 0.0f, buf.a_codes, buf.a_scales, s).ok()
+            ? cudaSuccess
+            : cudaErrorUnknown,
+        "QuantizeActivations");
+  const auto fp8w = [&](int i) {
+    return Fp8DeviceWeight{
+        static_cast<const uint8_t*>(w8[i % copies8]), buf.w_scales, {n, k, 1, k}};
+  };
+  const auto bf16w = [&](int i) { return static_cast<const bf16*>(w16[i % copies16]); };
+  const auto row = [&](const char* variant, int64_t bytes,
+                       const std::function<absl::Status(int)>& fn) {
+    const double us = TimeGraphUs(s, reps, iters, [&](int i) { return fn(i).ok(); });
+    std::printf("w8a16 %s %s %ld %ld %s ", pr.model, pr.name, static_cast<long>(n),
+                static_cast<long>(k), variant);
+    if (us < 0) {
+      std::printf("failed\n");
+    } else {
+      std::printf("%.2f %.2f\n", us, bytes / us / 1e6);
+    }
+  };
+  const float eps = 1e-5f;
+  row("bf16", 2 * n * k, [&](int i) {
+    return SmallMLinear<bf16, bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+  });
+  row("bf16-folded", 2 * n * k, [&](int i) {
+    if (pr.fold == 0) {
+      return SmallMLinearNormIn<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+    }
+    if (pr.fold == 2) {
+      return SmallMLinearNormInSiluMul<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n / 2, k, buf.out,
+                                             s, true);
+    }
+    return SmallMLinearAddTo<bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+  });
+  row("w8a8-auto", n * k,
+      [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
+  for (const bool early : {false, true}) {
+    row(early ? "w8a16-early" : "w8a16", n * k,
+        [&](int i) { return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, early); });
+    row(early ? "w8a16-folded-early" : "w8a16-folded", n * k, [&](int i) {
+      if (pr.fold == 0) {
+        return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early);
+      }
+      if (pr.fold == 2) {
+        return Fp8W16GemvNormInSiluMul(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early);
+      }
+      return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, 1, buf.out, s, true, early);
+    });
+  }
+  Check(cudaDeviceSynchronize(), "shape");
+  for (const std::vector<void*>* v : {&w8, &w16, &x, &norm}) {
+    for (void* p : *v) cudaFree(p);
+  }
+}
+
+int BenchW8a16(cudaStream_t s, int reps, int iters) {
+  const W8a16Proj projs[] = {{"8B", "qkv", 6144, 4096, 0},       {"8B", "o", 4096, 4096, 1},
+                             {"8B", "gate_up", 28672, 4096, 2},  {"8B", "down", 4096, 14336, 1},
+                             {"70B", "qkv", 10240, 8192, 0},     {"70B", "o", 8192, 8192, 1},
+                             {"70B", "gate_up", 57344, 8192, 2}, {"70B", "down", 8192, 28672, 1}};
+  std::printf("w8a16 model shape n k variant us TB/s\n");
+  for (const W8a16Proj& pr : projs) BenchW8a16Shape(s, reps, iters, pr);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int reps = 40, iters = 20;
   std::string only = "all";
@@ -321,6 +413,7 @@ int Main(int argc, char** argv) {
     if (const int rc = BenchSweep(s, reps, iters); rc != 0 || only == "sweep") return rc;
   }
   if (only == "producers") return BenchFusedQuant(s, reps, iters);
+  if (only == "w8a16") return BenchW8a16(s, reps, iters);
   std::mt19937 rng(1234);
   // e4m3 codes with bit 3 clear (never NaN); bf16 values of modest size.
   const auto fp8_byte = [&] { return static_cast<uint8_t>(rng() & 0xF7); };

@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_cuda_test_util.h"
 #include "kernels/fp8/fp8_linear.h"
 
 namespace tandem::kernels::cuda {
@@ -27,6 +28,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using cuda_test::DeviceBuffer;
+using fp8_test::RandomBf16;
+using fp8_test::RandomE4m3Codes;
 using Scheme = Fp8ActivationScheme;
 
 constexpr float kStaticScale = 0.05f;
@@ -39,13 +42,6 @@ struct Case {
   Scheme scheme;
   bool bias;
 };
-
-std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<bf16> v(count);
-  for (bf16& x : v) x = __float2bfloat16_rn(dist(rng));
-  return v;
-}
 
 // The device output as floats, NaN-poisoned before the call so an unwritten element fails.
 template <typename TOut>
@@ -70,12 +66,7 @@ void Check(std::mt19937& rng, const Case& c) {
                                     << static_cast<int>(c.scales) << " scheme "
                                     << static_cast<int>(c.scheme) << (c.bias ? " bias" : ""));
   const Fp8ScaleGrid grid{n, k, 1, c.scales == WeightScales::kBlock128 ? 128 : k};
-  std::vector<uint8_t> w_codes(n * k);
-  for (uint8_t& code : w_codes) {
-    do {
-      code = static_cast<uint8_t>(rng() & 0xFF);
-    } while ((code & 0x7F) == 0x7F);  // no NaN
-  }
+  const std::vector<uint8_t> w_codes = RandomE4m3Codes(rng, n * k);
   std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
   std::vector<float> w_scales(grid.NumScales());
   for (float& s : w_scales) s = std::exp2(log_scale(rng));

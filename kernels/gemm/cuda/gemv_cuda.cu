@@ -2,16 +2,18 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "common/block_reduce.cuh"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/gemm/cuda/gemv_cuda.h"
+#include "kernels/gemm/cuda/gemv_norm_stage.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 8;  // 16-byte weight loads in flight per lane
+static_assert(kWarpsPerBlock * 32 == 256, "StageRmsNorm's block size (RmsNormKernel's)");
+using gemv_internal::StageRmsNorm;
 
 template <typename T>
 __device__ __forceinline__ float ToFloat(T x) {
@@ -109,51 +111,6 @@ __device__ __forceinline__ void WarpDot(const uint4* __restrict__ wrow, const T*
   for (int r = 0; r < M; ++r) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-  }
-}
-
-// RmsNorm(x) * weight of the M rows of x [M, k] into `staged` [M, k] (shared memory), with
-// RmsNormKernel's arithmetic (layers_cuda.cu) at its 256 threads, this block's: thread t sums
-// the squares of elements 8 t .. 8 t + 7, then 8 (t + 256) .. and so on with fmaf, BlockSum adds
-// the threads in its fixed order, and each output is round_T((x * inv_rms) * weight), so the
-// staged rows are bit-identical to RmsNorm<T>'s output. weight_smem: [k] of shared memory, the
-// norm weight staged in the same round of global loads as x.
-template <typename T, int M>
-__device__ __forceinline__ void StageRmsNorm(const T* __restrict__ x, const T* __restrict__ weight,
-                                             int64_t k, float eps, T* staged, T* weight_smem) {
-  static_assert(kWarpsPerBlock * 32 == 256, "RmsNormKernel's block size (kNormThreads)");
-  constexpr int kThreads = kWarpsPerBlock * 32;
-  using V = internal::Vec<T, 8>;
-  __shared__ float warp_sums[kWarpsPerBlock];
-  float sum_sq[M];
-#pragma unroll
-  for (int r = 0; r < M; ++r) sum_sq[r] = 0.0f;
-#pragma unroll 2
-  for (int64_t i = threadIdx.x * 8; i < k; i += kThreads * 8) {
-    *reinterpret_cast<V*>(weight_smem + i) = *reinterpret_cast<const V*>(weight + i);
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      const V v = *reinterpret_cast<const V*>(x + r * k + i);
-      *reinterpret_cast<V*>(staged + r * k + i) = v;
-      float f[8];
-      internal::VecToFloat(v, f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sum_sq[r] = fmaf(f[j], f[j], sum_sq[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-    const float inv_rms =
-        rsqrtf(BlockSum<kThreads>(sum_sq[r], warp_sums) / static_cast<float>(k) + eps);
-    for (int64_t i = threadIdx.x * 8; i < k; i += kThreads * 8) {
-      V* v = reinterpret_cast<V*>(staged + r * k + i);
-      float f[8], wf[8];
-      internal::VecToFloat(*v, f);
-      internal::VecToFloat(*reinterpret_cast<const V*>(weight_smem + i), wf);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v->v[j] = FromFloat<T>((f[j] * inv_rms) * wf[j]);
-    }
-    __syncthreads();  // warp_sums is reused by the next row; every row staged before the dots
   }
 }
 
@@ -319,7 +276,7 @@ struct GemvArgs {
 };
 
 // StageRmsNorm's warp sums, beside the dynamic shared memory below.
-constexpr int64_t kNormInStaticSmemBytes = kWarpsPerBlock * sizeof(float);
+constexpr int64_t kNormInStaticSmemBytes = gemv_internal::kStageRmsNormStaticSmemBytes;
 
 // Dynamic shared memory of a kNormIn launch: the staged rows and the norm weight.
 int64_t NormInSmemBytes(int64_t m, int64_t k, int64_t elem_bytes) {

@@ -1,0 +1,279 @@
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
+#include "kernels/gemm/cuda/gemv_norm_stage.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 8;  // 256 threads: StageRmsNorm's (RmsNormKernel's) block size
+constexpr int kLoads = 8;  // 16-byte weight loads in flight per lane, over the warp's rows
+
+// What a kernel does around the product (gemv_cuda.cu's folds): kNormIn multiplies the staged
+// RmsNorm(a); kAddOut adds the rounded product into out (the residual stream).
+enum class Fold { kNone, kNormIn, kAddOut };
+
+struct Args {
+  const bf16* a;            // [k]: the activations, or the residual stream under kNormIn
+  const uint8_t* w;         // [R * n, k] e4m3
+  const float* scales;      // [R * n], constant along k
+  const bf16* bias;         // [R * n] or null
+  int64_t n, k;             // output rows (inter for SiLU-and-mul), columns
+  const bf16* norm_weight;  // kNormIn: [k]
+  float eps;
+  bool early;  // the first weight loads before the PDL wait
+};
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ float2 Half2BitsToFloat2(uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
+// acc[r] += the 16 products of weight row r's chunk wv[r] (16 e4m3 codes) with the activations'
+// 16 bf16 at column 16 c (shared memory under kShared, else through L1). A code becomes the f16
+// with its sign, exponent and mantissa bits (exactly 2^-8 times its value: e4m3's bias 7 against
+// f16's 15, subnormals onto subnormals), then fp32. Two accumulators a row (even / odd columns)
+// halve the fmaf chain.
+template <int R, bool kShared>
+__device__ __forceinline__ void AddChunk(const uint4 (&wv)[R], const bf16* a, int64_t c,
+                                         float (&acc)[R][2]) {
+  const uint4* ap = reinterpret_cast<const uint4*>(a + c * 16);
+  const uint4 a0 = kShared ? ap[0] : __ldg(ap), a1 = kShared ? ap[1] : __ldg(ap + 1);
+  float af[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t x = Word(j < 4 ? a0 : a1, j & 3);
+    af[2 * j] = __uint_as_float(x << 16);
+    af[2 * j + 1] = __uint_as_float(x & 0xffff0000u);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t q = Word(wv[r], i);  // codes of columns 4 i .. 4 i + 3, low byte first
+      const float2 even = Half2BitsToFloat2(((q << 8) & 0x80008000u) | ((q << 7) & 0x3F803F80u));
+      const float2 odd = Half2BitsToFloat2((q & 0x80008000u) | ((q >> 1) & 0x3F803F80u));
+      acc[r][0] = fmaf(even.x, af[4 * i], acc[r][0]);
+      acc[r][1] = fmaf(odd.x, af[4 * i + 1], acc[r][1]);
+      acc[r][0] = fmaf(even.y, af[4 * i + 2], acc[r][0]);
+      acc[r][1] = fmaf(odd.y, af[4 * i + 3], acc[r][1]);
+    }
+  }
+}
+
+// The lane's next U chunks of each row, c, c + 32, ... (those below `chunks`).
+template <int R, int U>
+__device__ __forceinline__ void LoadBatch(const uint4* const (&wrow)[R], int64_t c, int64_t chunks,
+                                          uint4 (&wv)[U][R]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (c + 32 * u < chunks) wv[u][r] = __ldcs(wrow[r] + c + 32 * u);
+    }
+  }
+}
+
+// acc[r] = the warp's dot product of weight row r with a, times 2^-8. The lane owns chunks
+// lane, lane + 32, ...; `buf` holds its first U (LoadBatch at c = lane). The loads stay in
+// flight without a gap: the batch's two halves are used in turn, each reloaded with the chunks U
+// further on as soon as it has been used, while the other half's loads are still arriving. The
+// chunk order, hence every sum, is the same for any R (SiLU-and-mul's gate and up rows equal the
+// plain kernel's) and any load schedule.
+template <int R, int U, bool kShared>
+__device__ __forceinline__ void WarpDot(const uint4* const (&wrow)[R], const bf16* a,
+                                        int64_t chunks, int lane, uint4 (&buf)[U][R],
+                                        float (&out)[R]) {
+  static_assert(U % 2 == 0, "two halves");
+  constexpr int H = U / 2;
+  float acc[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  for (int64_t c = lane; c < chunks; c += 32 * U) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const int u = half * H + h;
+        if (c + 32 * u < chunks) AddChunk<R, kShared>(buf[u], a, c + 32 * u, acc);
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // this half's next chunks, U further on
+        const int u = half * H + h;
+        const int64_t next = c + 32 * (U + u);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (next < chunks) buf[u][r] = __ldcs(wrow[r] + next);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r][0] + acc[r][1];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    out[r] = v;
+  }
+}
+
+// R = 1: warp = output row `row`. R = 2 (SiLU-and-mul, kNormIn): warp = output column `row`,
+// streaming gate row `row` and up row n + `row` together (the activations read once for both).
+template <typename TOut, int R, Fold kFold>
+__global__ void __launch_bounds__(kWarps * 32) Fp8W16Kernel(Args p, TOut* __restrict__ out) {
+  static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
+  static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
+  constexpr int U = kLoads / R;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
+  const bool active = row < p.n;
+  const int64_t chunks = p.k / 16;
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wrow[r] = reinterpret_cast<const uint4*>(p.w + (active ? row + r * p.n : 0) * p.k);
+  }
+  uint4 first[U][R];
+  if (p.early && active) LoadBatch<R, U>(wrow, lane, chunks, first);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early && active) LoadBatch<R, U>(wrow, lane, chunks, first);
+  float dot[R];
+  if constexpr (kFold == Fold::kNormIn) {
+    extern __shared__ uint4 w16_smem[];  // the normalised row [k], then the norm weight [k]
+    bf16* staged = reinterpret_cast<bf16*>(w16_smem);
+    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged,
+                                         staged + p.k);  // every warp: barriers
+    if (!active) return;
+    WarpDot<R, U, true>(wrow, staged, chunks, lane, first, dot);
+  } else {
+    if (!active) return;
+    WarpDot<R, U, false>(wrow, p.a, chunks, lane, first, dot);
+  }
+  if (lane != 0) return;
+  float v[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t wr = row + r * p.n;
+    v[r] = dot[r] * 256.0f * p.scales[wr];
+    if (p.bias != nullptr) v[r] += __bfloat162float(p.bias[wr]);
+  }
+  if constexpr (R == 2) {
+    // Gate and up rounded to bf16 as the unfused path stores them, then SiluAndMul's expression
+    // verbatim (expf, not __expf): bit-identical to the two kernels.
+    const float g = __bfloat162float(__float2bfloat16_rn(v[0]));
+    const float u = __bfloat162float(__float2bfloat16_rn(v[1]));
+    out[row] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  } else if constexpr (kFold == Fold::kAddOut) {
+    // The unfused path's two roundings: the product to bf16, then FusedAddRmsNorm's update.
+    const float prev = __bfloat162float(out[row]);
+    out[row] = __float2bfloat16_rn(prev + __bfloat162float(__float2bfloat16_rn(v[0])));
+  } else {
+    out[row] = internal::FromFloat<TOut>(v[0]);
+  }
+}
+
+template <typename TOut, int R, Fold kFold>
+absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, cudaStream_t stream,
+                    bool pdl) {
+  if (!supported || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        ": needs m = 1, an e4m3 weight with scales constant along k (block_rows 1, "
+        "block_cols k), k a positive multiple of 16, 16-byte aligned codes and activations, a "
+        "non-null out (and with the norm folded in, a 16-byte aligned norm weight and 4 k bytes "
+        "<= ",
+        kFp8W16NormInMaxSmemBytes, " of shared memory); got n=", p.n, " k=", p.k));
+  }
+  const internal::PdlLaunchConfig pdl_config(
+      dim3(static_cast<unsigned>((p.n + kWarps - 1) / kWarps)), dim3(kWarps * 32), stream, pdl);
+  cudaLaunchConfig_t config = *pdl_config.get();  // its attributes stay in pdl_config
+  if constexpr (kFold == Fold::kNormIn) {
+    config.dynamicSmemBytes = static_cast<size_t>(2 * p.k * sizeof(bf16));
+  }
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, Fp8W16Kernel<TOut, R, kFold>, p, out));
+  return absl::OkStatus();
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Args MakeArgs(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t rows, bool early) {
+  return Args{a, w.codes, w.scales, bias, rows, w.grid.cols, nullptr, 0.0f, early};
+}
+
+}  // namespace
+
+bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m) {
+  const Fp8ScaleGrid& g = w.grid;
+  return m >= 1 && m <= kFp8W16GemvMaxM && a != nullptr && w.codes != nullptr &&
+         w.scales != nullptr && Aligned16(a) && Aligned16(w.codes) && g.rows >= 1 && g.cols >= 16 &&
+         g.cols % 16 == 0 && g.block_rows == 1 && g.block_cols >= g.cols &&
+         g.rows <= (int64_t{1} << 31) * kWarps;
+}
+
+bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8DeviceWeight& w,
+                               int64_t m) {
+  return Fp8W16GemvSupported(x, w, m) && norm_weight != nullptr && Aligned16(norm_weight) &&
+         2 * w.grid.cols * 2 + gemv_internal::kStageRmsNormStaticSmemBytes <=
+             kFp8W16NormInMaxSmemBytes;
+}
+
+template <typename TOut>
+absl::Status Fp8W16Gemv(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
+                        TOut* out, cudaStream_t stream, bool programmatic_launch,
+                        bool early_weight_loads) {
+  return Launch<TOut, 1, Fold::kNone>("Fp8W16Gemv", Fp8W16GemvSupported(a, w, m),
+                                      MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), out,
+                                      stream, programmatic_launch);
+}
+
+absl::Status Fp8W16GemvNormIn(const bf16* x, const bf16* norm_weight, float eps,
+                              const Fp8DeviceWeight& w, const bf16* bias, int64_t m, bf16* out,
+                              cudaStream_t stream, bool programmatic_launch,
+                              bool early_weight_loads) {
+  Args p = MakeArgs(x, w, bias, w.grid.rows, early_weight_loads);
+  p.norm_weight = norm_weight;
+  p.eps = eps;
+  return Launch<bf16, 1, Fold::kNormIn>("Fp8W16GemvNormIn",
+                                        Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out,
+                                        stream, programmatic_launch);
+}
+
+absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, float eps,
+                                     const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
+                                     bf16* out, cudaStream_t stream, bool programmatic_launch,
+                                     bool early_weight_loads) {
+  Args p = MakeArgs(x, w, bias, w.grid.rows / 2, early_weight_loads);
+  p.norm_weight = norm_weight;
+  p.eps = eps;
+  return Launch<bf16, 2, Fold::kNormIn>(
+      "Fp8W16GemvNormInSiluMul",
+      w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out, stream,
+      programmatic_launch);
+}
+
+absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
+                             bf16* residual, cudaStream_t stream, bool programmatic_launch,
+                             bool early_weight_loads) {
+  return Launch<bf16, 1, Fold::kAddOut>("Fp8W16GemvAddTo", Fp8W16GemvSupported(a, w, m),
+                                        MakeArgs(a, w, bias, w.grid.rows, early_weight_loads),
+                                        residual, stream, programmatic_launch);
+}
+
+template absl::Status Fp8W16Gemv<bf16>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
+                                       bf16*, cudaStream_t, bool, bool);
+template absl::Status Fp8W16Gemv<float>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
+                                        float*, cudaStream_t, bool, bool);
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,103 @@
+// Weight-only use of an FP8 weight at batch 1 (W8A16, issue 38): out[1, n] = a[1, k] . W^T
+// (+ bias), W = the e4m3 codes times their per-row scales, a the bf16 activations AS THEY ARE
+// (no activation quantization, whatever the checkpoint's activation scheme: the product is
+// closer to the unquantized model than the W8A8 one, and no producer has to write codes).
+//
+// Why: at batch 1 the FP8 decode step's GEMVs are 4-30 us each, and the activation
+// quantization ahead of each (fused into RMSNorm / SiLU-and-mul, or QuantizeActivations before
+// o_proj) adds 4 kernels a layer whose PDL handoffs cost about what the GEMVs gained
+// (BENCHMARKS.md). With bf16 activations the residual add + RMSNorm and SiLU-and-mul fold into
+// the GEMVs as they do for the bf16 model (kernels/gemm/cuda/gemv_cuda.h): a layer is qkv (input
+// norm in its prologue) -> RoPE + KV write -> attention -> o_proj (adds into the residual) ->
+// gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds into the residual).
+//
+// The kernel (fp8_w8a16_gemv_cuda.cu) is the bf16 SmallMLinear's with 1-byte weights: one warp
+// per output row (two rows, gate and up, for SiLU-and-mul) streams the row's e4m3 bytes with
+// 16-byte evict-first loads, 8 in flight per lane; each code becomes an f16 with integer
+// operations (exactly 2^-8 times its value, subnormals included), then fp32, multiplied with the
+// bf16 activation in fp32 (fmaf); the warp's sum is scaled by 2^8 and the row's weight scale,
+// the bias added, one rounding to TOut. The activations are read through L1 (plain, AddTo) or
+// staged normalised in shared memory (NormIn, bit-identical to RmsNorm<bf16>: gemv_norm_stage.cuh).
+//
+// Numerics: cpu::Fp8Linear with Fp8ActivationScheme::kNone (fp8_linear.h) up to fp32 summation
+// order. The folded forms are bit-identical to the unfolded compositions:
+//   Fp8W16GemvNormIn        = RmsNorm<bf16> into a buffer, then Fp8W16Gemv<bf16>;
+//   Fp8W16GemvNormInSiluMul = RmsNorm<bf16>, Fp8W16Gemv<bf16> into [2 * inter], SiluAndMul<bf16>;
+//   Fp8W16GemvAddTo         = residual = round(residual + round(Fp8W16Gemv's value)), as
+//                             FusedAddRmsNorm updates the residual.
+//
+// Supported weights: e4m3 codes [n, k] with k a positive multiple of 16, scales constant along
+// k (per-tensor as n copies, or per-channel: Fp8ScaleGrid block_rows 1, block_cols k), 16-byte
+// aligned codes and activations, m == 1. 128-column weight blocks are not supported (the
+// caller keeps the W8A8 kernels there).
+//
+// programmatic_launch: as SmallMLinear's (gemv_cuda.h): every warp waits for the preceding grid
+// before it reads a, the norm weight, bias or the residual, or writes out. early_weight_loads:
+// the warp's first 8 weight loads per lane are issued before that wait (the preceding grid must
+// not write the weight codes); false issues them after it.
+//
+// Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
+#ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
+#define TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/fp8/fp8_cuda.h"
+
+namespace tandem::kernels::cuda {
+
+inline constexpr int64_t kFp8W16GemvMaxM = 1;
+// Shared memory the NormIn forms may use: the staged row and the norm weight, 2 * k * 2 bytes
+// (k <= 12280).
+inline constexpr int64_t kFp8W16NormInMaxSmemBytes = 48 * 1024;
+
+// True when Fp8W16Gemv takes these arguments (the header comment's supported weights).
+bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m);
+// ... and the NormIn forms: a non-null 16-byte aligned norm weight and the staging in
+// kFp8W16NormInMaxSmemBytes.
+bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8DeviceWeight& w,
+                               int64_t m);
+
+// a: [m, k] bf16; w: [n, k]; bias: [n] bf16 or null; out: [m, n] of TOut (bf16 or float), not
+// overlapping the inputs. INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvSupported and out
+// is non-null.
+template <typename TOut>
+absl::Status Fp8W16Gemv(const __nv_bfloat16* a, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
+                        int64_t m, TOut* out, cudaStream_t stream, bool programmatic_launch = false,
+                        bool early_weight_loads = false);
+
+// out = RmsNorm(x) . W^T (+ bias); x: [m, k] (the residual stream), norm_weight: [k]; out [m, n].
+absl::Status Fp8W16GemvNormIn(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight, float eps,
+                              const Fp8DeviceWeight& w, const __nv_bfloat16* bias, int64_t m,
+                              __nv_bfloat16* out, cudaStream_t stream,
+                              bool programmatic_launch = false, bool early_weight_loads = false);
+
+// out[i, j] = SiLU(g) * u, g / u = the rounded products of RmsNorm(x) with rows j / inter + j of
+// w ([2 * inter, k]: gate rows, then up rows) (+ bias [2 * inter]); out: [m, inter].
+absl::Status Fp8W16GemvNormInSiluMul(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight,
+                                     float eps, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
+                                     int64_t m, __nv_bfloat16* out, cudaStream_t stream,
+                                     bool programmatic_launch = false,
+                                     bool early_weight_loads = false);
+
+// residual[m, n] = round(residual + round(a . W^T (+ bias))), in place; residual not overlapping
+// a, w or bias.
+absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
+                             const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* residual,
+                             cudaStream_t stream, bool programmatic_launch = false,
+                             bool early_weight_loads = false);
+
+extern template absl::Status Fp8W16Gemv<__nv_bfloat16>(const __nv_bfloat16*, const Fp8DeviceWeight&,
+                                                       const __nv_bfloat16*, int64_t,
+                                                       __nv_bfloat16*, cudaStream_t, bool, bool);
+extern template absl::Status Fp8W16Gemv<float>(const __nv_bfloat16*, const Fp8DeviceWeight&,
+                                               const __nv_bfloat16*, int64_t, float*, cudaStream_t,
+                                               bool, bool);
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_

@@ -1,0 +1,230 @@
+// The batch-1 weight-only FP8 GEMV (fp8_w8a16_gemv_cuda.h) against the CPU reference
+// cpu::Fp8Linear with Fp8ActivationScheme::kNone on fresh random codes, scales and activations:
+// n = 77 / 130 / 9000 (a block's warps partly idle), k = 16 / 272 / 1040 / 4096 / 4112 / 14336
+// (a lane with no chunk, partial batches of loads, k not a multiple of 128), per-tensor and
+// per-channel scales, bias on / off, bf16 and fp32 out, the first loads before or after the PDL
+// wait (same bits); the folded forms bit for bit against the unfolded kernels (RmsNorm<bf16>,
+// SiluAndMul<bf16>, the residual add) and through them against the reference; refusals (GPU;
+// skips without one).
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_cuda_test_util.h"
+#include "kernels/fp8/fp8_linear.h"
+#include "kernels/layers/cuda/layers_cuda.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda_test::DeviceBuffer;
+using fp8_test::RandomBf16;
+using fp8_test::RandomE4m3Codes;
+
+constexpr float kEps = 1e-5f;
+
+std::vector<float> RandomScales(std::mt19937& rng, int64_t n, bool per_tensor) {
+  std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
+  std::vector<float> scales(n);
+  for (float& s : scales) s = std::exp2(log_scale(rng));
+  if (per_tensor) std::fill(scales.begin(), scales.end(), scales[0]);
+  return scales;
+}
+
+// A random e4m3 weight with per-channel or per-tensor (n copies) scales, host and device.
+struct Weight {
+  Weight(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor)
+      : grid{n, k, 1, k},
+        codes(RandomE4m3Codes(rng, n * k)),
+        scales(RandomScales(rng, n, per_tensor)),
+        d_codes(codes),
+        d_scales(scales) {}
+  Fp8DeviceWeight device() const { return {d_codes.get(), d_scales.get(), grid}; }
+
+  Fp8ScaleGrid grid;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  DeviceBuffer<uint8_t> d_codes;
+  DeviceBuffer<float> d_scales;
+};
+
+// Checks got (one row of n outputs) against cpu::Fp8Linear (weight-only) on the activations x
+// [k]: fp32 summation error plus the output rounding (bf16_out).
+void ExpectNearReference(const Weight& w, const std::vector<float>& x, const bf16* bias,
+                         const std::vector<float>& got, bool bf16_out) {
+  const int64_t n = w.grid.rows, k = w.grid.cols;
+  const Fp8WeightView view{w.codes.data(), w.scales.data(), w.grid, Fp8ActivationScheme::kNone,
+                           0.0f};
+  std::vector<float> bias_f(n, 0.0f), want(n), w_deq(n * k);
+  if (bias != nullptr) {
+    for (int64_t j = 0; j < n; ++j) bias_f[j] = __bfloat162float(bias[j]);
+  }
+  ASSERT_TRUE(cpu::Fp8Linear(x.data(), view, bias != nullptr ? bias_f.data() : nullptr, 1,
+                             want.data(), nullptr)
+                  .ok());
+  cpu::DequantizeFp8Weight(view, 0, n, w_deq.data());
+  for (int64_t j = 0; j < n; ++j) {
+    double mag = std::fabs(bias_f[j]);
+    for (int64_t i = 0; i < k; ++i) mag += std::fabs(x[i] * w_deq[j * k + i]);
+    const double tol =
+        4e-6 * std::sqrt(double(k)) * mag + (bf16_out ? 0x1p-8 * std::fabs(want[j]) : 0.0) + 1e-30;
+    ASSERT_NEAR(got[j], want[j], tol) << "col " << j;
+  }
+}
+
+template <typename TOut>
+std::vector<TOut> RunPlain(const bf16* x, const Weight& w, const bf16* bias, bool early) {
+  DeviceBuffer<TOut> out(w.grid.rows);
+  cudaMemset(out.get(), 0xFF, out.size() * sizeof(TOut));  // NaN: an unwritten element fails
+  const absl::Status st = Fp8W16Gemv<TOut>(x, w.device(), bias, 1, out.get(), nullptr,
+                                           /*programmatic_launch=*/true, early);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out.ToHost();
+}
+
+template <typename T>
+bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The plain kernel, fp32 and bf16 out, early loads on and off, against the reference.
+void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool with_bias) {
+  SCOPED_TRACE(::testing::Message()
+               << "plain n=" << n << " k=" << k << (per_tensor ? " per-tensor" : " per-channel")
+               << (with_bias ? " bias" : ""));
+  const Weight w(rng, n, k, per_tensor);
+  const std::vector<bf16> x = RandomBf16(rng, k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
+  DeviceBuffer<bf16> dx(x), dbias(bias);
+  const bf16* b = with_bias ? dbias.get() : nullptr;
+  const std::vector<float> f32 = RunPlain<float>(dx.get(), w, b, false);
+  EXPECT_TRUE(SameBits(f32, RunPlain<float>(dx.get(), w, b, true))) << "early loads change bits";
+  const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true);
+  const std::vector<float> xf = cuda_test::ToFloat(x);
+  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, f32, false);
+  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16), true);
+}
+
+TEST(Fp8W16GemvCudaTest, MatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  CheckPlain(rng, 77, 16, false, true);      // one chunk: lanes 1..31 idle; 3 idle warps
+  CheckPlain(rng, 130, 272, true, false);    // 17 chunks: a partial first batch
+  CheckPlain(rng, 77, 1040, false, false);   // k % 128 = 16
+  CheckPlain(rng, 9000, 4112, false, true);  // 257 chunks: a second, one-chunk batch
+  CheckPlain(rng, 9000, 4096, true, true);
+  CheckPlain(rng, 130, 14336, false, true);  // 3.5 batches a lane
+}
+
+// The folded forms bit for bit against the unfolded kernels, and through them the reference.
+void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool early) {
+  SCOPED_TRACE(::testing::Message() << "folds n=" << n << " k=" << k << (with_bias ? " bias" : "")
+                                    << (early ? " early" : ""));
+  const std::vector<bf16> x = RandomBf16(rng, k, 1.5f), norm_w = RandomBf16(rng, k, 1.0f);
+  DeviceBuffer<bf16> dx(x), dnorm(norm_w), normed(k);
+  ASSERT_TRUE(RmsNorm<bf16>(dx.get(), dnorm.get(), 1, k, kEps, normed.get(), nullptr).ok());
+
+  const Weight w(rng, n, k, false);
+  const std::vector<bf16> bias = RandomBf16(rng, 2 * n, 1.0f);
+  DeviceBuffer<bf16> dbias(bias), folded(n);
+  const bf16* b = with_bias ? dbias.get() : nullptr;
+  ASSERT_TRUE(Fp8W16GemvNormIn(dx.get(), dnorm.get(), kEps, w.device(), b, 1, folded.get(), nullptr,
+                               true, early)
+                  .ok());
+  const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early);
+  EXPECT_TRUE(SameBits(folded.ToHost(), unfolded)) << "NormIn != RmsNorm + Fp8W16Gemv";
+  const std::vector<float> normed_f = cuda_test::ToFloat(normed.ToHost());
+  ExpectNearReference(w, normed_f, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(unfolded),
+                      true);
+
+  // SiLU-and-mul: gate rows 0..n-1, up rows n..2n-1 of one [2n, k] weight.
+  const Weight gu(rng, 2 * n, k, false);
+  DeviceBuffer<bf16> act(n), gate_up_out(2 * n);
+  ASSERT_TRUE(Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), b, 1, act.get(),
+                                      nullptr, true, early)
+                  .ok());
+  ASSERT_TRUE(
+      Fp8W16Gemv<bf16>(normed.get(), gu.device(), b, 1, gate_up_out.get(), nullptr, true, early)
+          .ok());
+  // SiluAndMul takes inter a multiple of 8: gate and up padded with zeros to n8 columns each.
+  const int64_t n8 = (n + 7) / 8 * 8;
+  const std::vector<bf16> gate_up_host = gate_up_out.ToHost();
+  std::vector<bf16> padded(2 * n8, __float2bfloat16_rn(0.0f));
+  std::copy(gate_up_host.begin(), gate_up_host.begin() + n, padded.begin());
+  std::copy(gate_up_host.begin() + n, gate_up_host.end(), padded.begin() + n8);
+  DeviceBuffer<bf16> d_padded(padded), act_ref(n8);
+  ASSERT_TRUE(SiluAndMul<bf16>(d_padded.get(), 1, n8, act_ref.get(), nullptr).ok());
+  std::vector<bf16> want_act = act_ref.ToHost();
+  want_act.resize(n);
+  EXPECT_TRUE(SameBits(act.ToHost(), want_act))
+      << "NormInSiluMul != RmsNorm + Fp8W16Gemv + SiluAndMul";
+  ExpectNearReference(gu, normed_f, with_bias ? bias.data() : nullptr,
+                      cuda_test::ToFloat(gate_up_out.ToHost()), true);
+
+  // AddTo: residual = round(residual + round(product)).
+  const std::vector<bf16> res0 = RandomBf16(rng, n, 3.0f);
+  DeviceBuffer<bf16> residual(res0);
+  ASSERT_TRUE(
+      Fp8W16GemvAddTo(normed.get(), w.device(), b, 1, residual.get(), nullptr, true, early).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<bf16> got = residual.ToHost();
+  for (int64_t j = 0; j < n; ++j) {
+    const bf16 want =
+        __float2bfloat16_rn(__bfloat162float(res0[j]) + __bfloat162float(unfolded[j]));
+    ASSERT_EQ(std::memcmp(&got[j], &want, sizeof(bf16)), 0) << "AddTo col " << j;
+  }
+}
+
+TEST(Fp8W16GemvCudaTest, FoldsEqualTheUnfoldedKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 1);
+  CheckFolds(rng, 77, 272, true, false);
+  CheckFolds(rng, 130, 1040, false, true);
+  CheckFolds(rng, 9000, 4096, true, true);  // Llama-3-8B's hidden size
+  CheckFolds(rng, 33, 8192, false, false);  // Llama-3-70B's
+}
+
+TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  DeviceBuffer<uint8_t> codes(64 * 16384);
+  DeviceBuffer<float> s(64 * 128), out(2 * 64);
+  DeviceBuffer<bf16> x(2 * 16384), nw(16384), o16(64);
+  const Fp8DeviceWeight w{codes.get(), s.get(), {64, 64, 1, 64}};
+  EXPECT_TRUE(Fp8W16Gemv<float>(x.get(), w, nullptr, 1, out.get(), nullptr).ok());
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), w, nullptr, 2, out.get(), nullptr).ok());  // m
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), w, nullptr, 0, out.get(), nullptr).ok());
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 72, 1, 72}}, nullptr, 1,
+                                 out.get(),
+                                 nullptr)
+                   .ok());  // k % 16
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 256, 1, 128}}, nullptr, 1,
+                                 out.get(),
+                                 nullptr)
+                   .ok());  // 128-column blocks
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get() + 1, w, nullptr, 1, out.get(), nullptr).ok());  // align
+  EXPECT_FALSE(
+      Fp8W16Gemv<float>(x.get(), w, nullptr, 1, static_cast<float*>(nullptr), nullptr).ok());
+  EXPECT_FALSE(Fp8W16GemvNormIn(x.get(), nullptr, kEps, w, nullptr, 1, o16.get(), nullptr).ok());
+  EXPECT_FALSE(Fp8W16GemvNormIn(x.get(), nw.get(), kEps,
+                                {codes.get(), s.get(), {64, 16384, 1, 16384}}, nullptr, 1,
+                                o16.get(), nullptr)
+                   .ok());  // 64 KiB of staging
+  EXPECT_FALSE(Fp8W16GemvNormInSiluMul(x.get(), nw.get(), kEps,
+                                       {codes.get(), s.get(), {63, 64, 1, 64}}, nullptr, 1,
+                                       o16.get(), nullptr)
+                   .ok());  // odd gate_up rows
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
