@@ -6,7 +6,9 @@
 //  * the decode kernel's in-kernel split merge gives the merge kernel's tokens and logits;
 //  * a head_dim 128 GQA model with host random weights agrees with the CPU backend;
 //  * device-generated dummy weights run end to end; bad configs fail cleanly;
-//  * async scheduling gives the synchronous engine's tokens.
+//  * async scheduling gives the synchronous engine's tokens;
+//  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
+//    FP8 path.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -320,6 +322,59 @@ TEST(CudaEngineTest, FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
   EXPECT_EQ(fused_stats.folded_rope_steps, fused_stats.folded_norm_steps);
   EXPECT_GT(fused_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.folded_rope_steps, 0);
+}
+
+// CudaBackendConfig::fp8_weight_only_fold: an FP8 model (random weights quantized per channel at
+// load) runs its batch-1 steps on the weight-only FP8 GEMVs with the norms folded in. Weight-only
+// FP8 (scheme kNone): the unfolded engine multiplies the same bf16 activations by the same codes
+// (other kernels, another summation order): the folded 1-token prefills' logits agree to fp32
+// rounding. Per-token activations: the unfolded engine quantizes them, the fold does not: the
+// logits differ by that quantization's noise. Longer prompts' prefills are not batch 1: the same
+// bits either way.
+TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  using Scheme = kernels::Fp8ActivationScheme;
+  for (const Scheme act : {Scheme::kNone, Scheme::kDynamicToken}) {
+    SCOPED_TRACE(act == Scheme::kNone ? "weight-only" : "per-token activations");
+    ModelConfig model = engine_test::MidConfig();
+    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+    model.quantization.block_rows = 1;
+    model.quantization.activation = act;
+    auto prompts = RandomPrompts(4, 60, static_cast<int>(model.vocab_size), seed);
+    prompts[0].resize(1);
+    prompts[1].resize(1);
+    CudaBackendConfig on = MidBackend();
+    on.gemm_autotune = false;
+    CudaBackendConfig off = on;
+    off.fp8_weight_only_fold = false;
+    std::vector<Output> outs[2];
+    ExecutorStats stats[2];
+    for (int i = 0; i < 2; ++i) {
+      ModelWeights w = RandomModelWeights(model, seed);
+      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+      const ExecutorFactory factory = CudaExecutorFactory(i == 0 ? on : off);
+      outs[i] = RunPrompts(model, std::move(w), prompts, 8, &factory, false, &stats[i]);
+    }
+    EXPECT_GT(stats[0].folded_norm_steps, 4 * 6);  // every decode step, 2 prefills
+    EXPECT_EQ(stats[1].folded_norm_steps, 0);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      ASSERT_EQ(outs[0][p].tokens.size(), 8u) << "prompt " << p;
+      if (p >= 2) {
+        EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+        continue;
+      }
+      const float max_abs = MaxAbs(outs[1][p].logits);
+      EXPECT_GE(Cosine(outs[0][p].logits, outs[1][p].logits), act == Scheme::kNone ? 0.9999 : 0.99)
+          << "prompt " << p;
+      for (size_t v = 0; v < outs[1][p].logits.size(); ++v) {
+        ASSERT_NEAR(outs[0][p].logits[v], outs[1][p].logits[v],
+                    (act == Scheme::kNone ? 1e-2 : 0.1) * max_abs)
+            << "prompt " << p << " logit " << v;
+      }
+    }
+  }
 }
 
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group

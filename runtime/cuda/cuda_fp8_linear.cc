@@ -40,9 +40,7 @@ bool BlockGemmServes(const CudaFp8Weight& w) {
          kc::Block128Groups(w.grid.cols) % 4 == 0;
 }
 
-kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) {
-  return {w.codes.get<uint8_t>(), w.scales.get<float>(), w.grid};
-}
+kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) { return w.device(); }
 
 }  // namespace
 

@@ -60,6 +60,10 @@ struct CudaFp8Weight {
   kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
   float input_scale = 0.0f;
   bool empty() const { return codes.empty(); }
+  // The codes and per-row scales as the decode kernels take them.
+  kernels::cuda::Fp8DeviceWeight device() const {
+    return {codes.get<uint8_t>(), scales.get<float>(), grid};
+  }
   int64_t bytes() const {
     return codes.bytes() + scales.bytes() + static_act_scales.bytes() + block_scales.bytes();
   }

@@ -449,9 +449,10 @@ template absl::StatusOr<const __half*> CudaLlamaModel::AttendFromQkv<__half>(
 
 bool CudaLlamaModel::FoldsNorms(int64_t Tn) const {
   if (!options_.fold_norm || comm() != nullptr || options_.moe_comm != nullptr || config_.IsMoe() ||
-      fp8_ != nullptr || layers_.empty()) {
+      layers_.empty()) {
     return false;
   }
+  if (fp8_ != nullptr) return FoldsFp8(Tn);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size, D = config_.head_dim;
   const int64_t q_dim = config_.num_attention_heads * D;
   const int64_t qkv_dim = q_dim + 2 * config_.num_key_value_heads * D;
@@ -466,7 +467,8 @@ bool CudaLlamaModel::FoldsNorms(int64_t Tn) const {
 }
 
 bool CudaLlamaModel::FoldsRope(int64_t Tn) const {
-  return options_.fold_rope && !config_.qk_norm && config_.head_dim % 2 == 0 && FoldsNorms(Tn);
+  return options_.fold_rope && !config_.qk_norm && config_.head_dim % 2 == 0 && fp8_ == nullptr &&
+         FoldsNorms(Tn);
 }
 
 template <typename T>

@@ -103,6 +103,13 @@ struct CudaModelOptions {
   // layer. Off by default: measured 0.9% slower on an H200 (8B batch 1: the pair-per-warp
   // streaming costs the qkv product more than the kernel it removes; runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
+  // With fold_norm, FP8 models too (per-channel / per-tensor e4m3 weights, bf16 activations): a
+  // batch-1 step on one GPU multiplies the bf16 activations by the e4m3 weights as they are
+  // (W8A16: no activation quantization, whatever the checkpoint's activation scheme; closer to
+  // the unquantized model than W8A8, not the same bits) with the norms and SiLU-and-mul folded
+  // into the GEMVs (kernels/fp8/fp8_w8a16_gemv_cuda.h; FoldedLayerFp8): 5 kernels fewer a layer.
+  // Steps of more tokens keep the W8A8 kernels. false: W8A8 at batch 1 too.
+  bool fp8_weight_only_fold = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding
@@ -176,7 +183,8 @@ class CudaLlamaModel {
                             cudaStream_t stream);
 
   // True when a step of Tn tokens runs its residual adds + RMSNorms inside the layers' GEMVs
-  // (options.fold_norm, no communicator, a dense bf16/fp16 model, every product on the GEMV).
+  // (options.fold_norm, no communicator, a dense bf16/fp16 model, every product on the GEMV; an
+  // FP8 model with options.fp8_weight_only_fold at Tn = 1: FoldsFp8).
   bool FoldsNorms(int64_t Tn) const;
   // True when such a step's qkv GEMV also does RoPE + the KV write (options.fold_rope).
   bool FoldsRope(int64_t Tn) const;
@@ -258,6 +266,13 @@ class CudaLlamaModel {
   absl::Status FoldedLayer(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                            int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
                            cudaStream_t stream);
+  // FoldedLayer for FP8 weights (cuda_llama_model_fp8.cc; options.fp8_weight_only_fold).
+  absl::Status FoldedLayerFp8(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                              int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
+                              cudaStream_t stream);
+  // FoldsNorms for an FP8 model: fp8_weight_only_fold, bf16, one token, every projection on
+  // the weight-only GEMV.
+  bool FoldsFp8(int64_t Tn) const;
   // Sums `n` activations (device, the activation dtype) over the communicator.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->

@@ -3,9 +3,11 @@
 // per layer qkv (input norm in its prologue) -> RoPE + KV write -> attention -> o_proj (adds
 // into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds
 // into residual_), 2 kernels fewer than the unfused layer, the same bits in residual_ and in
-// every product.
+// every product. FP8 weights: the same layer on the weight-only FP8 GEMVs (FoldedLayerFp8).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "common/status_macros.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
@@ -19,6 +21,9 @@ template <typename T>
 absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::DeviceKvCache& cache,
                                          int64_t l, const StepAttentionPlan& plan,
                                          void* attn_workspace, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (fp8_ != nullptr) return FoldedLayerFp8(step, cache, l, plan, attn_workspace, stream);
+  }
   const int64_t Tn = step.num_tokens, H = config_.hidden_size, I = config_.intermediate_size;
   const int64_t q_dim = config_.num_attention_heads * config_.head_dim;
   const int64_t qkv_dim = q_dim + 2 * config_.num_key_value_heads * config_.head_dim;

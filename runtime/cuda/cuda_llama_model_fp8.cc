@@ -1,10 +1,15 @@
 // CudaLlamaModel's FP8 projections (issue 38; cuda_fp8_linear.h): upload from the loader's
-// *_fp8 slots, allocation for device dummy weights, the slot a dummy fill lands in, and the
+// *_fp8 slots, allocation for device dummy weights, the slot a dummy fill lands in, the
 // producers of per-token FP8 inputs with the quantization fused in
-// (kernels/fp8/fp8_fused_quant_cuda.h).
+// (kernels/fp8/fp8_fused_quant_cuda.h), and the batch-1 layer on the weight-only FP8 GEMVs with
+// the norms folded in (kernels/fp8/fp8_w8a16_gemv_cuda.h).
+#include <cstdlib>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
 
 namespace tandem::runtime::cuda {
@@ -75,6 +80,64 @@ absl::Status CudaLlamaModel::SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream)
   return kernels::cuda::SiluAndMulQuantFp8(gate_up_.get<__nv_bfloat16>(), Tn,
                                            config_.intermediate_size, nullptr, fp8_->token_codes(),
                                            stream, options_.programmatic_launch);
+}
+
+namespace {
+
+// The weight-only GEMVs issue their first weight loads before the PDL wait (Llama-3-8B batch 1
+// on an H200: 3.226 -> 3.126 ms a step, kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_EARLY=0 after
+// it (A/B runs of decode_step_bench).
+bool W16EarlyLoads() {
+  const char* v = std::getenv("TANDEM_FP8_W16_EARLY");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
+  namespace kc = ::tandem::kernels::cuda;
+  if (!options_.fp8_weight_only_fold || options_.dtype != ActDtype::kBf16 || Tn != 1) return false;
+  for (const Layer& w : layers_) {
+    if (w.qkv_fp8.empty() || w.o_fp8.empty() || w.gate_up_fp8.empty() || w.down_fp8.empty() ||
+        w.gate_up_fp8.grid.rows != 2 * config_.intermediate_size ||
+        !kc::Fp8W16GemvNormInSupported(residual_.data(), w.input_layernorm.data(),
+                                       w.qkv_fp8.device(), Tn) ||
+        !kc::Fp8W16GemvSupported(attn_.data(), w.o_fp8.device(), Tn) ||
+        !kc::Fp8W16GemvNormInSupported(residual_.data(), w.post_attention_layernorm.data(),
+                                       w.gate_up_fp8.device(), Tn) ||
+        !kc::Fp8W16GemvSupported(act_.data(), w.down_fp8.device(), Tn)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// As FoldedLayer: qkv (input norm in its prologue) -> RoPE + KV write -> attention -> o_proj
+// (adds into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj
+// (adds into residual_), every product W8A16.
+absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
+                                            const kernels::cuda::DeviceKvCache& cache, int64_t l,
+                                            const StepAttentionPlan& plan, void* attn_workspace,
+                                            cudaStream_t stream) {
+  namespace kc = ::tandem::kernels::cuda;
+  using bf16 = __nv_bfloat16;
+  const int64_t Tn = step.num_tokens;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const bool pdl = options_.programmatic_launch, early = W16EarlyLoads();
+  const Layer& w = layers_[l];
+  bf16* residual = residual_.get<bf16>();
+  RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
+                                       w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
+                                       qkv_.get<bf16>(), stream, pdl, early));
+  ASSIGN_OR_RETURN(const bf16* o_in,
+                   AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
+  RETURN_IF_ERROR(kc::Fp8W16GemvAddTo(o_in, w.o_fp8.device(), w.o_bias.get<bf16>(), Tn, residual,
+                                      stream, pdl, early));
+  RETURN_IF_ERROR(kc::Fp8W16GemvNormInSiluMul(residual, w.post_attention_layernorm.get<bf16>(), eps,
+                                              w.gate_up_fp8.device(), w.gate_up_bias.get<bf16>(),
+                                              Tn, act_.get<bf16>(), stream, pdl, early));
+  return kc::Fp8W16GemvAddTo(act_.get<bf16>(), w.down_fp8.device(), w.down_bias.get<bf16>(), Tn,
+                             residual, stream, pdl, early);
 }
 
 }  // namespace tandem::runtime::cuda

@@ -194,6 +194,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.programmatic_launch = config.programmatic_launch;
   options.fold_norm = config.fold_norm;
   options.fold_rope = config.fold_rope;
+  options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
   if (config.fp8_latent_kv && !spec.model_config.IsMla()) {

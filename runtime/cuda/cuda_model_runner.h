@@ -143,6 +143,9 @@ struct CudaBackendConfig {
   // CudaModelOptions::fold_rope: with fold_norm, RoPE + the KV write in the qkv GEMV's epilogue
   // (off: measured slower, runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
+  // CudaModelOptions::fp8_weight_only_fold: with fold_norm, batch-1 steps of FP8 models on one
+  // GPU run W8A16 (bf16 activations, no activation quantization) with the norms folded in.
+  bool fp8_weight_only_fold = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).

@@ -49,7 +49,10 @@
 // steps merged in the kernel. --fold_norm=0: the residual add + RMSNorm as separate kernels at
 // batch 1 on one GPU (CudaBackendConfig::fold_norm, default on: folded into the GEMVs).
 // --fold_rope=1: with the fold, RoPE + the KV write in the qkv GEMV's epilogue
-// (CudaBackendConfig::fold_rope); rows print how many timed steps did.
+// (CudaBackendConfig::fold_rope); rows print how many timed steps did. --fp8_w8a16=0: FP8
+// batch-1 steps keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
+// (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads
+// after the PDL wait, not before).
 // Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
 // weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
@@ -124,6 +127,7 @@ int Main(int argc, char** argv) {
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
   bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
+  bool fp8_w8a16 = CudaBackendConfig().fp8_weight_only_fold;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -148,6 +152,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
     if (a.rfind("--fold_norm=", 0) == 0) fold_norm = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fold_rope=", 0) == 0) fold_rope = std::atoi(argv[i] + 12) != 0;
+    if (a.rfind("--fp8_w8a16=", 0) == 0) fp8_w8a16 = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -193,6 +198,7 @@ int Main(int argc, char** argv) {
   backend.decode_merge_in_kernel = merge_in_kernel;
   backend.fold_norm = fold_norm;
   backend.fold_rope = fold_rope;
+  backend.fp8_weight_only_fold = fp8_w8a16;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -302,12 +308,13 @@ int Main(int argc, char** argv) {
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s%s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? q.Describe().c_str() : "bf16", (weight_bytes + routed_bytes(1 << 20)) / 1e9,
           create_s, graphs ? "on" : "off", pdl ? "on" : "off",
           custom_ar ? (fused_norm ? "custom+nccl, fused add+norm" : "custom+nccl") : "nccl",
-          (*engine)->async_scheduling() ? "on" : "off", fold_norm ? "on" : "off");
+          (*engine)->async_scheduling() ? "on" : "off", fold_norm ? "on" : "off",
+          fp8 ? (fp8_w8a16 ? ", FP8 batch 1 W8A16" : ", FP8 batch 1 W8A8") : "");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "

@@ -27,6 +27,30 @@ std::string ShortName(std::string_view full) {
   return std::string(head);
 }
 
+// "Kernel<a, b, c>(...)" -> {"a", "b", "c"} (empty without template arguments).
+std::vector<std::string_view> TemplateArgs(std::string_view name) {
+  std::vector<std::string_view> targs;
+  const size_t open = name.find('<');
+  if (open == std::string_view::npos) return targs;
+  for (std::string_view rest = name.substr(open + 1, name.find('>') - open - 1);;) {
+    const size_t comma = rest.find(", ");
+    targs.push_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 2);
+  }
+  return targs;
+}
+
+// The projection of a batch-1 GEMV by its place in the layer (`prefix` + qkv, o_proj, down_proj;
+// gate_up when `gate_up`).
+std::string GemvClass(std::string_view prefix, bool gate_up, std::string_view previous) {
+  const std::string p(prefix), gate_up_class = p + "gate_up + silu";
+  if (gate_up) return gate_up_class;
+  if (previous == "attention") return p + "o_proj";
+  if (previous == gate_up_class) return p + "down_proj";
+  return p + "qkv";
+}
+
 }  // namespace
 
 std::string KernelClass(std::string_view name, std::string_view previous) {
@@ -37,21 +61,14 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
   if (Has(name, "SmallMLinearKernel")) {
     // SmallMLinearKernel<T, TOut, M, kRows[, Fold]> (kernels/gemm/cuda/gemv_cuda.cu): kRows 2 is
     // gate_up with SiLU*up; TOut float is the logits.
-    const size_t open = name.find('<');
-    const std::string_view args =
-        open == std::string_view::npos ? std::string_view() : name.substr(open + 1);
-    std::vector<std::string_view> targs;
-    for (std::string_view rest = args.substr(0, args.find('>'));;) {
-      const size_t comma = rest.find(", ");
-      targs.push_back(rest.substr(0, comma));
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 2);
-    }
-    if (targs.size() >= 4 && targs[3] == "2") return "gemv gate_up + silu";
+    const std::vector<std::string_view> targs = TemplateArgs(name);
     if (targs.size() >= 2 && targs[1] == "float") return "gemv lm_head";
-    if (previous == "attention") return "gemv o_proj";
-    if (previous == "gemv gate_up + silu") return "gemv down_proj";
-    return "gemv qkv";
+    return GemvClass("gemv ", targs.size() >= 4 && targs[3] == "2", previous);
+  }
+  if (Has(name, "Fp8W16Kernel")) {
+    // Fp8W16Kernel<TOut, R, Fold> (kernels/fp8/fp8_w8a16_gemv_cuda.cu): R 2 is gate_up + SiLU.
+    const std::vector<std::string_view> targs = TemplateArgs(name);
+    return GemvClass("fp8 w8a16 gemv ", targs.size() >= 2 && targs[1] == "2", previous);
   }
   if (Has(name, "gemm") || Has(name, "Gemm") || Has(name, "cutlass") || Has(name, "xmma") ||
       Has(name, "nvjet")) {

@@ -50,6 +50,22 @@ constexpr char kAttn[] =
     "4>(tandem::kernels::cuda::(anonymous namespace)::DecodeParams)";
 constexpr char kSample[] = "void tandem::kernels::cuda::SampleRowKernel(float const*, int)";
 
+constexpr char kW16GateUp[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::Fp8W16Kernel<__nv_bfloat16, 2, "
+    "(tandem::kernels::cuda::(anonymous namespace)::Fold)1>(tandem::kernels::cuda::(anonymous "
+    "namespace)::Args, __nv_bfloat16*)";
+constexpr char kW16AddTo[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::Fp8W16Kernel<__nv_bfloat16, 1, "
+    "(tandem::kernels::cuda::(anonymous namespace)::Fold)2>(tandem::kernels::cuda::(anonymous "
+    "namespace)::Args, __nv_bfloat16*)";
+
+TEST(StepBreakdownTest, WeightOnlyFp8GemvsFollowTheLayerOrder) {
+  EXPECT_EQ(KernelClass(kW16AddTo, "embedding"), "fp8 w8a16 gemv qkv");
+  EXPECT_EQ(KernelClass(kW16AddTo, "attention"), "fp8 w8a16 gemv o_proj");
+  EXPECT_EQ(KernelClass(kW16GateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");
+  EXPECT_EQ(KernelClass(kW16AddTo, "fp8 w8a16 gemv gate_up + silu"), "fp8 w8a16 gemv down_proj");
+}
+
 TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kGemv, "all-reduce + add + norm (fused)"), "gemv qkv");
   EXPECT_EQ(KernelClass(kGemv, "attention"), "gemv o_proj");
