@@ -151,6 +151,21 @@ struct Harness {
     EXPECT_GE(decode, 0);
     return decode;
   }
+  // Answers p0's `prefill` of request `id` (first token 11), then d0 decodes 12 and the length
+  // ends it: the request ends OK with both tokens.
+  void ServeFromPrefill(int prefill, const std::string& id) {
+    client("p0").ReplyPrefill(prefill, Prefilled(id, 11));
+    const int decode = client("d0").WaitForCall(FakeWorkerClient::kDecode);
+    ASSERT_GE(decode, 0);
+    v1::GenerateResponse rest;
+    rest.add_token_ids(12);
+    rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    client("d0").Push(decode, rest);
+    client("d0").End(decode, absl::OkStatus());
+    const absl::Status s = Result();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(sink->tokens(), (std::vector<uint32_t>{11, 12}));
+  }
   absl::Status Result() { return sink->Wait(); }
   bool Healthy(const std::string& id) {
     const v1::ListWorkersResponse list = registry.List();
@@ -286,17 +301,7 @@ TEST(OrchestratorTest, AWorkerWhoseLinkIsBackIsReadmittedForAWaitingRequest) {
   const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
   ASSERT_GE(prefill, 0) << "routed to p0 once its link was back";
   EXPECT_TRUE(h.Healthy("p0"));
-  h.client("p0").ReplyPrefill(prefill, Prefilled("r11", 11));
-  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
-  ASSERT_GE(decode, 0);
-  v1::GenerateResponse rest;
-  rest.add_token_ids(12);
-  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
-  h.client("d0").Push(decode, rest);
-  h.client("d0").End(decode, absl::OkStatus());
-  const absl::Status s = h.Result();
-  EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12}));
+  h.ServeFromPrefill(prefill, "r11");
 }
 
 // A decode worker whose call failed before a token of its own while its link is down (gRPC fails
@@ -366,17 +371,7 @@ TEST(OrchestratorTest, ARequestWaitsForTheOnlyPrefillWorkerToLeaveItsBackoff) {
   ASSERT_TRUE(h.Healthy("p0"));
   const int prefill = h.client("p0").WaitForCall(FakeWorkerClient::kPrefill);
   ASSERT_GE(prefill, 0) << "routed again to the re-admitted worker";
-  h.client("p0").ReplyPrefill(prefill, Prefilled("r8", 11));
-  const int decode = h.client("d0").WaitForCall(FakeWorkerClient::kDecode);
-  ASSERT_GE(decode, 0);
-  v1::GenerateResponse rest;
-  rest.add_token_ids(12);
-  rest.set_finish_reason(v1::FINISH_REASON_LENGTH);
-  h.client("d0").Push(decode, rest);
-  h.client("d0").End(decode, absl::OkStatus());
-  const absl::Status s = h.Result();
-  EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(h.sink->tokens(), (std::vector<uint32_t>{11, 12}));
+  h.ServeFromPrefill(prefill, "r8");
 }
 
 // The point of the asynchronous orchestrator: requests waiting for their workers are state
