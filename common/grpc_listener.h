@@ -37,18 +37,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "common/grpc_listener_options.h"
 
 namespace tandem {
-
-struct GrpcListenerOptions {
-  // Open connections at most; more are closed as soon as accepted. Clamped to a quarter of the
-  // process's descriptor limit (WithinAQuarterOfTheOpenFileLimit). The router and the workers
-  // each hold one connection to a peer's port, a client or a tool one or a few.
-  int max_connections = 4096;
-  // A connection whose TLS handshake and HTTP/2 SETTINGS are not done within this is dropped.
-  absl::Duration handshake_timeout = absl::Seconds(10);
-};
 
 class GrpcListener {
  public:

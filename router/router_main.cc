@@ -4,6 +4,7 @@
 //                 [--internal_port_file=PATH] (--tls_cert --tls_key --tls_ca [--api_key_file]
 //                 [--public_client_ca] | --insecure) [--heartbeat_interval_ms=1000]
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
+//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=10000]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
 //                 [--route_wait_ms=2000]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
@@ -42,6 +43,12 @@ ABSL_FLAG(std::string, public_client_ca, "",
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval told to workers");
 ABSL_FLAG(int64_t, worker_timeout_ms, 5000, "no heartbeat for this long -> worker unhealthy");
 ABSL_FLAG(int32_t, max_queue, 1024, "requests in flight at most; more -> RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, grpc_max_connections, 4096,
+          "open connections per gRPC port at most (more are closed at once; also at most a "
+          "quarter of the descriptor limit)");
+ABSL_FLAG(int64_t, grpc_handshake_timeout_ms, 10000,
+          "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
+          "dropped");
 ABSL_FLAG(int64_t, request_timeout_ms, 600000, "deadline of one request, end to end");
 ABSL_FLAG(int64_t, lease_ms, 0, "KV lease asked of prefill workers (0 = worker default)");
 ABSL_FLAG(std::string, on_kv_failure, "recompute",
@@ -97,6 +104,13 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
     o.public_client_ca_pem = *std::move(ca);
   }
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.grpc_ports.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
+  o.grpc_ports.handshake_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
+  if (o.grpc_ports.max_connections < 1 || o.grpc_ports.handshake_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--grpc_max_connections and --grpc_handshake_timeout_ms must be >= 1");
+  }
   o.registry.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   o.registry.worker_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms));
   const int64_t index_blocks = absl::GetFlag(FLAGS_prefix_index_max_blocks);

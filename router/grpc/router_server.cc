@@ -97,7 +97,7 @@ absl::Status RouterServer::StartServers() {
       listener_, GrpcListener::Add(options_.listen,
                                    security::PublicServerCredentials(options_.security,
                                                                      options_.public_client_ca_pem),
-                                   &builder));
+                                   &builder, options_.grpc_ports));
   port_ = listener_->port();
   SetMessageLimits(builder);
   builder.RegisterService(strict_router_.get());
@@ -113,10 +113,10 @@ absl::Status RouterServer::StartServers() {
     return absl::OkStatus();
   }
   grpc::ServerBuilder internal;
-  ASSIGN_OR_RETURN(
-      internal_listener_,
-      GrpcListener::Add(options_.internal_listen,
-                        security::InternalServerCredentials(options_.security), &internal));
+  ASSIGN_OR_RETURN(internal_listener_,
+                   GrpcListener::Add(options_.internal_listen,
+                                     security::InternalServerCredentials(options_.security),
+                                     &internal, options_.grpc_ports));
   SetMessageLimits(internal);
   internal.RegisterService(strict_registry_.get());
   internal.RegisterService(strict_admin_.get());

@@ -51,6 +51,8 @@ struct RouterOptions {
   RegistryOptions registry;
   OrchestratorOptions orchestrator;
   int max_queue = 1024;  // requests in flight at once; more -> RESOURCE_EXHAUSTED
+  // Each gRPC port's connection cap and handshake timeout (the public and the internal one).
+  GrpcListenerOptions grpc_ports;
   // Makes each worker's client; empty: the gRPC one (MakeGrpcWorkerClient with `security`).
   // Tests inject fakes.
   WorkerClientFactory worker_clients;

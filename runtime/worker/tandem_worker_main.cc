@@ -5,6 +5,7 @@
 //                 [--listen=127.0.0.1:0] [--worker_id=ID] [--router=HOST:PORT]
 //                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
 //                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
+//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=10000]
 //                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
 //                 [--ucx_net_device=auto] [--ucx_mirror_pin_granule_mb=-1]
@@ -78,6 +79,12 @@ ABSL_FLAG(bool, async_scheduling, false,
           "schedule step s + 1 while step s runs (runtime/engine/engine.h; decode steps)");
 ABSL_FLAG(int64_t, max_queued_requests, 4096,
           "requests waiting to run at most (more: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int32_t, grpc_max_connections, 4096,
+          "open connections on the gRPC port at most (more are closed at once; also at most a "
+          "quarter of the descriptor limit)");
+ABSL_FLAG(int64_t, grpc_handshake_timeout_ms, 10000,
+          "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
+          "dropped");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
@@ -175,6 +182,9 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   config.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
   config.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  config.grpc_port.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
+  config.grpc_port.handshake_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
   return config;
 }
 

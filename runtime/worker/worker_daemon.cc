@@ -220,9 +220,9 @@ absl::Status WorkerDaemon::Parts::StartServer(const WorkerConfig& config, const 
   ASSIGN_OR_RETURN(strict_service, StrictWorkerService(service.get()));
   ASSIGN_OR_RETURN(strict_kv_service, kvtransfer::StrictKvTransferService(kv_service.get()));
   grpc::ServerBuilder builder;
-  ASSIGN_OR_RETURN(
-      listener, GrpcListener::Add(config.listen,
-                                  security::InternalServerCredentials(config.security), &builder));
+  ASSIGN_OR_RETURN(listener, GrpcListener::Add(config.listen,
+                                               security::InternalServerCredentials(config.security),
+                                               &builder, config.grpc_port));
   const int port = listener->port();
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::v1::kMaxGrpcMessageBytes));
   AllowKeepalivePings(builder);  // the router's channels ping every second
@@ -257,6 +257,11 @@ void WorkerDaemon::Parts::StartRegistration(const std::string& router,
 absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig config) {
   if (config.max_queued_requests < 1) {
     return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
+  }
+  if (config.grpc_port.max_connections < 1 ||
+      config.grpc_port.handshake_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--grpc_max_connections and --grpc_handshake_timeout_ms must be >= 1");
   }
   if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
   if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc_listener_options.h"
 #include "common/security/security_config.h"
 #include "runtime/engine/backend_factory.h"
 #include "runtime/engine/engine.h"
@@ -50,6 +51,8 @@ struct WorkerConfig {
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
+  // The gRPC port's connection cap and handshake timeout (common/grpc_listener.h).
+  GrpcListenerOptions grpc_port;
   // The model and backend already loaded (rank 0 of a worker group: LoadGroupBackend, its
   // backend fanned out over the group); empty: loaded here from `model` and `backend`.
   std::optional<BackendModel> loaded;
