@@ -198,6 +198,19 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
                                  const int32_t* a_row_index, const T* w,
                                  const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
                                  int64_t n, int64_t k, T* out, cudaStream_t stream);
+// gate_up with SiLU * up folded into its epilogue, on kCooperative128x256's tiles: each 256-column
+// tile loads 128 gate rows and the same 128 up rows of gate_up [E, 2 * inter, k] (two TMA boxes),
+// and stores act[r, j] = round(silu(g) * u), g / u the fp32 sums rounded to T first
+// (MoeSiluAndMul's expression: bit-identical to MoeGroupedWgmmaWith(producer, kCooperative128x256)
+// into gate_up [rows, 2 * inter] followed by MoeSiluAndMul), act [rows, inter]. No gate_up round
+// trip through memory and no separate SiLU launch. MoeGroupedWgmma's conditions with n = 2 * inter,
+// inter a multiple of 8, and a TMA producer; INVALID_ARGUMENT otherwise.
+template <typename T>
+absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, const T* gate_up,
+                                       const int32_t* expert_offsets, int64_t num_experts,
+                                       int64_t rows, int64_t inter, int64_t k, T* act,
+                                       cudaStream_t stream,
+                                       MoeWgmmaProducer producer = kMoeWgmmaDefaultProducer);
 
 #define TANDEM_MOE_CUDA_DECLARE(T)                                                                 \
   extern template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,    \
@@ -226,7 +239,10 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
                                                   int64_t, T*, cudaStream_t);                      \
   extern template absl::Status MoeGroupedWgmmaWith<T>(                                             \
       MoeWgmmaProducer, MoeWgmmaSchedule, const T*, const int32_t*, const T*, const int32_t*,      \
-      int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
+      int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);                                       \
+  extern template absl::Status MoeGroupedWgmmaGateUpSilu<T>(                                       \
+      const T*, const int32_t*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, T*,  \
+      cudaStream_t, MoeWgmmaProducer);
 TANDEM_MOE_CUDA_DECLARE(__nv_bfloat16)
 TANDEM_MOE_CUDA_DECLARE(__half)
 #undef TANDEM_MOE_CUDA_DECLARE

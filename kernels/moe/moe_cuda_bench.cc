@@ -1,7 +1,7 @@
 // The routed MoE layer's kernels on one GPU, Qwen3-30B-A3B (128 experts, top-8, hidden 2048,
 // expert width 768) and Mixtral-8x7B (8 experts, top-2, hidden 4096, width 14336) shapes, bf16:
 //
-//   moe_cuda_bench [--tokens=1,16,128,1024,8192] [--iters=20] [--new=1]
+//   moe_cuda_bench [--tokens=1,16,128,1024,8192] [--iters=20] [--new=1] [--variants=1]
 //
 // Per shape and token count: the experts' time (gate_up + SiLU*up + down) on the decode GEMVs
 // and on the padded strided-batched GEMM (<= 256 tokens: the sync-free paths), on one
@@ -23,7 +23,9 @@
 // TANDEM_MOE_KERNELS=new makes CudaMoeMlp choose); on sm_90 then wg_ms / wg_TF / wg_err /
 // layer_wg = the same with MoeGroupedWgmma (the Hopper wgmma kernel) in MoeGroupedMma's place
 // (every shape, also E <= 16; the layer on it at every size), checked against cuBLAS's grouped
-// call like mma_err; then per other (MoeWgmmaProducer, MoeWgmmaSchedule) pair (every producer with
+// call like mma_err; then glu_ms / glu_TF / glu_err / layer_glu: the same with gate_up and SiLU *
+// up in one launch (MoeGroupedWgmmaGateUpSilu, then MoeGroupedWgmma's down); then (unless
+// --variants=0) per other (MoeWgmmaProducer, MoeWgmmaSchedule) pair (every producer with
 // kCooperative, then kPingPong and kCooperative128x256 with kTmaWeights and kTmaOperands; the
 // default pair left out) wg2_ms / wg2_TF / wg2_err / layer2: the experts on MoeGroupedWgmma with
 // that pair and the layer on them. For decode steps (T <= 16) also the fused route + permute
@@ -203,7 +205,7 @@ void DecodeGraphs(const Shape& s, int T, const GroupedRoutingParams& p, const bf
 }
 
 void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool with_new, bool wgmma,
-         cublasHandle_t blas) {
+         bool variants, cublasHandle_t blas) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
   const int64_t max_t = *std::max_element(token_counts.begin(), token_counts.end());
   const int64_t max_rows = max_t * k;
@@ -248,7 +250,8 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "comb_us", "layer_ms", "TFLOP/s", "dense_TF", "GB/s", "expert_GB", "mma_ms", "mma_TF",
       "mma_err", "csplit_us", "cdiff", "layer_new");
   std::printf(
-      "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg {| wg2_ms wg2_TF wg2_err layer2} x 7: the other "
+      "%*s(sm_90: | wg_ms wg_TF wg_err layer_wg | glu_ms glu_TF glu_err layer_glu {| wg2_ms wg2_TF "
+      "wg2_err layer2} x 7: the other "
       "producer / schedule pairs)\n",
       150, "");
   std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
@@ -385,48 +388,46 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
     std::printf(" %8.4f %7.1f %8.1e %9.1f %7.1e %9.4f", mma_ms, flops / mma_ms / 1e9, mma_err,
                 split_us, cdiff, layer_new_ms);
     if (wgmma) {  // MoeGroupedWgmma in mma's place: experts alone, its check, the layer
-      auto wg = [&] { grouped_experts(MoeGroupedWgmma<bf16>); };
-      const double wg_err = experts_err(wg);
-      const double wg_ms = TimeMs(wg, iters);
-      const double layer_wg_ms = TimeMs(
-          [&] {
-            route();
-            permute();
-            wg();
-            split(perm.row_of_pair);
-          },
-          iters);
-      std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg_ms, flops / wg_ms / 1e9, wg_err, layer_wg_ms);
+      // One column group: the experts' time, TFLOP/s, check and the layer on them.
+      auto report = [&](const std::function<void()>& experts) {
+        const double err = experts_err(experts);
+        const double ms = TimeMs(experts, iters);
+        const double layer_ms = TimeMs(
+            [&] {
+              route();
+              permute();
+              experts();
+              split(perm.row_of_pair);
+            },
+            iters);
+        std::printf(" | %8.4f %7.1f %8.1e %9.4f", ms, flops / ms / 1e9, err, layer_ms);
+      };
+      report([&] { grouped_experts(MoeGroupedWgmma<bf16>); });
+      // gate_up with SiLU * up in its epilogue (the default producer), then the default down.
+      report([&] {
+        CHECK_OK(MoeGroupedWgmmaGateUpSilu<bf16>(x, perm.token_of_row, gate_up, perm.expert_offsets,
+                                                 E, rows, I, H, act, nullptr));
+        CHECK_OK(MoeGroupedWgmma<bf16>(act, nullptr, down, perm.expert_offsets, E, rows, H, I, eout,
+                                       nullptr));
+      });
       // The other producers (MoeWgmmaProducer) in the same place, in enum order, then the
       // ping-pong and 128 x 256 schedules with the TMA producers; each also in the layer.
       using P = MoeWgmmaProducer;
       constexpr MoeWgmmaSchedule kCoop = MoeWgmmaSchedule::kCooperative;
       constexpr MoeWgmmaSchedule kPp = MoeWgmmaSchedule::kPingPong;
       constexpr MoeWgmmaSchedule kWide = MoeWgmmaSchedule::kCooperative128x256;
-      const std::pair<P, MoeWgmmaSchedule> variants[] = {
+      const std::pair<P, MoeWgmmaSchedule> pairs[] = {
           {P::kWaitGroup, kCoop},   {P::kArriveNoinc, kCoop}, {P::kTmaWeights, kCoop},
           {P::kTmaOperands, kCoop}, {P::kTmaWeights, kPp},    {P::kTmaOperands, kPp},
           {P::kTmaWeights, kWide},  {P::kTmaOperands, kWide}};
-      for (const auto& variant : variants) {
-        const P producer = variant.first;
-        const MoeWgmmaSchedule schedule = variant.second;
+      for (const auto& [producer, schedule] : pairs) {
+        if (!variants) break;
         if (producer == kMoeWgmmaDefaultProducer && schedule == kMoeWgmmaDefaultSchedule) continue;
-        auto wg2 = [&, producer, schedule] {
+        report([&, producer = producer, schedule = schedule] {
           grouped_experts([producer, schedule](auto... args) {
             return MoeGroupedWgmmaWith<bf16>(producer, schedule, args...);
           });
-        };
-        const double wg2_err = experts_err(wg2);
-        const double wg2_ms = TimeMs(wg2, iters);
-        const double layer2_ms = TimeMs(
-            [&] {
-              route();
-              permute();
-              wg2();
-              split(perm.row_of_pair);
-            },
-            iters);
-        std::printf(" | %8.4f %7.1f %8.1e %9.4f", wg2_ms, flops / wg2_ms / 1e9, wg2_err, layer2_ms);
+        });
       }
     }
     if (T <= 16 && MoeRouteAndPermuteSupported(p, T)) {
@@ -451,7 +452,7 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
 int Main(int argc, char** argv) {
   std::vector<int> tokens = {1, 16, 128, 1024, 8192};
   int iters = 20;
-  bool with_new = true;
+  bool with_new = true, variants = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--tokens=", 9) == 0) {
       tokens.clear();
@@ -464,6 +465,7 @@ int Main(int argc, char** argv) {
     }
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
     if (std::strncmp(argv[i], "--new=", 6) == 0) with_new = std::atoi(argv[i] + 6) != 0;
+    if (std::strncmp(argv[i], "--variants=", 11) == 0) variants = std::atoi(argv[i] + 11) != 0;
   }
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
@@ -474,8 +476,8 @@ int Main(int argc, char** argv) {
       "gemv / grouped / per_exp: the experts only (grouped and per-expert include the "
       "gather); layer: route + permute + experts + combine; TFLOP/s and GB/s of the best "
       "experts time; dense_TF: one cublasGemmEx of rows x 2I x H\n");
-  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, with_new, wgmma, blas);
-  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, with_new, wgmma, blas);
+  Run({"Qwen3-30B-A3B", 128, 8, 2048, 768}, tokens, iters, with_new, wgmma, variants, blas);
+  Run({"Mixtral-8x7B", 8, 2, 4096, 14336}, tokens, iters, with_new, wgmma, variants, blas);
   cublasDestroy(blas);
   return 0;
 }

@@ -42,7 +42,8 @@ using moe_cuda_test::Poison;
 using moe_cuda_test::RouteOnDevice;
 using moe_cuda_test::SpreadLogits;
 
-enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma, kWgmma };
+// kWgmmaGlu: MoeGroupedWgmmaGateUpSilu (SiLU * up in gate_up's epilogue), then MoeGroupedWgmma.
+enum class Path { kGemv, kPadded, kGrouped, kPerExpert, kMma, kWgmma, kWgmmaGlu };
 
 // MoeGroupedMma's signature (MoeGroupedWgmma has the same).
 template <typename T>
@@ -122,6 +123,13 @@ std::vector<float> LayerOnDevice(Path path, const std::vector<float>& x,
     EXPECT_TRUE(grouped(act.get(), nullptr, down.get(), perm.offsets.get(), E, rows, H, I,
                         eout.get(), nullptr)
                     .ok());
+  } else if (path == Path::kWgmmaGlu) {
+    EXPECT_TRUE(MoeGroupedWgmmaGateUpSilu<T>(dx.get(), perm.token_of_row.get(), gate_up.get(),
+                                             perm.offsets.get(), E, rows, I, H, act.get(), nullptr)
+                    .ok());
+    EXPECT_TRUE(MoeGroupedWgmma<T>(act.get(), nullptr, down.get(), perm.offsets.get(), E, rows, H,
+                                   I, eout.get(), nullptr)
+                    .ok());
   } else {
     const auto mode =
         path == Path::kGrouped ? MoeGroupedGemm::Mode::kGrouped : MoeGroupedGemm::Mode::kPerExpert;
@@ -180,6 +188,7 @@ void CheckLayer(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I, bool
   if (MoeGroupedWgmmaSupported(nullptr, nullptr, 2 * I, H) &&
       MoeGroupedWgmmaSupported(nullptr, nullptr, H, I)) {
     paths.push_back(Path::kWgmma);
+    if (I % 8 == 0) paths.push_back(Path::kWgmmaGlu);
   }
   for (Path path : paths) {
     for (bool split : {false, true}) {
@@ -204,17 +213,24 @@ TEST(MoeCudaTest, LayerMatchesCpuFusedMoe) {
   CheckLayer<__half>(3, 64, 8, 72, 20, false, rng);            // most experts empty
 }
 
-// MoeGroupedMma on explicit expert row counts against an fp64 product of the same rounded
-// inputs: out[r] = a[src(r)] . w[e]^T for r in expert e's rows.
+// A grouped GEMM's inputs over explicit expert row counts, random and rounded to T: a [src rows,
+// k] (37 rows, read through `index`, when gathered), w [E, n, k], and their device copies.
 template <typename T>
-void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gather,
-                     std::mt19937& rng, GroupedFn<T> grouped = MoeGroupedMma<T>) {
+struct GroupedInputs {
+  int64_t rows;
+  std::vector<int32_t> offsets, index;
+  std::vector<float> a, w;
+  DeviceBuffer<T> da, dw;
+  DeviceBuffer<int32_t> doffsets, dindex;
+};
+
+template <typename T>
+GroupedInputs<T> MakeGroupedInputs(const std::vector<int32_t>& counts, int64_t n, int64_t k,
+                                   bool gather, std::mt19937& rng) {
   const int64_t E = static_cast<int64_t>(counts.size());
   std::vector<int32_t> offsets(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
   const int64_t rows = offsets[E], src_rows = gather ? 37 : rows;
-  SCOPED_TRACE(::testing::Message() << "E " << E << " rows " << rows << " n " << n << " k " << k
-                                    << " gather " << gather);
   std::vector<float> a = Normal(std::max<int64_t>(src_rows, 1) * k, 1.0f, rng);
   std::vector<float> w = Normal(E * n * k, 0.1f, rng);
   cuda_test::RoundTo<T>(a);
@@ -222,12 +238,36 @@ void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, b
   std::vector<int32_t> index(std::max<int64_t>(rows, 1));
   for (int32_t& i : index) i = std::uniform_int_distribution<int32_t>(0, 36)(rng);
   DeviceBuffer<T> da(cuda_test::Convert<T>(a)), dw(cuda_test::Convert<T>(w));
-  DeviceBuffer<T> out(std::max<int64_t>(rows, 1) * n);
   DeviceBuffer<int32_t> doffsets(offsets), dindex(index);
+  return {rows,
+          offsets,
+          index,
+          std::move(a),
+          std::move(w),
+          std::move(da),
+          std::move(dw),
+          std::move(doffsets),
+          std::move(dindex)};
+}
+
+// MoeGroupedMma on explicit expert row counts against an fp64 product of the same rounded
+// inputs: out[r] = a[src(r)] . w[e]^T for r in expert e's rows.
+template <typename T>
+void CheckGroupedMma(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gather,
+                     std::mt19937& rng, GroupedFn<T> grouped = MoeGroupedMma<T>) {
+  const int64_t E = static_cast<int64_t>(counts.size());
+  const GroupedInputs<T> in = MakeGroupedInputs<T>(counts, n, k, gather, rng);
+  const int64_t rows = in.rows;
+  const std::vector<int32_t>& offsets = in.offsets;
+  const std::vector<int32_t>& index = in.index;
+  const std::vector<float>&a = in.a, &w = in.w;
+  SCOPED_TRACE(::testing::Message() << "E " << E << " rows " << rows << " n " << n << " k " << k
+                                    << " gather " << gather);
+  DeviceBuffer<T> out(std::max<int64_t>(rows, 1) * n);
   TANDEM_CUDA_CHECK(cudaMemset(out.get(), 0xff, std::max<int64_t>(rows, 1) * n * sizeof(T)));
   // `rows` + 5 as the host bound: a bound above the routed rows is allowed.
-  ASSERT_TRUE(grouped(da.get(), gather ? dindex.get() : nullptr, dw.get(), doffsets.get(), E,
-                      rows + 5, n, k, out.get(), nullptr)
+  ASSERT_TRUE(grouped(in.da.get(), gather ? in.dindex.get() : nullptr, in.dw.get(),
+                      in.doffsets.get(), E, rows + 5, n, k, out.get(), nullptr)
                   .ok());
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
@@ -331,6 +371,93 @@ TEST(MoeCudaTest, GroupedWgmmaMatchesCpu) {
                                            offs.get(), 1, 1, 8, 8, buf.get(), nullptr)
                      .ok());
   }
+}
+
+// MoeGroupedWgmmaGateUpSilu on explicit expert row counts: bit for bit the unfused pair (the same
+// producer's kCooperative128x256 gate_up, then MoeSiluAndMul) and, against an fp64 product of the
+// same rounded inputs, act[r, j] = silu(g) * u with g / u = a[src(r)] . gate_up[e, j] / [e, I + j].
+template <typename T>
+void CheckGateUpSilu(const std::vector<int32_t>& counts, int64_t inter, int64_t k, bool gather,
+                     MoeWgmmaProducer producer, std::mt19937& rng) {
+  const int64_t E = static_cast<int64_t>(counts.size()), n = 2 * inter;
+  const GroupedInputs<T> in = MakeGroupedInputs<T>(counts, n, k, gather, rng);
+  const int64_t rows = in.rows;
+  const std::vector<int32_t>& offsets = in.offsets;
+  const std::vector<float>&a = in.a, &w = in.w;
+  SCOPED_TRACE(::testing::Message()
+               << "E " << E << " rows " << rows << " inter " << inter << " k " << k << " gather "
+               << gather << " producer " << static_cast<int>(producer));
+  DeviceBuffer<T> act(std::max<int64_t>(rows, 1) * inter), gu(std::max<int64_t>(rows, 1) * n),
+      act_ref(std::max<int64_t>(rows, 1) * inter);
+  Poison(act);
+  const int32_t* src = gather ? in.dindex.get() : nullptr;
+  ASSERT_TRUE(MoeGroupedWgmmaGateUpSilu<T>(in.da.get(), src, in.dw.get(), in.doffsets.get(), E,
+                                           rows + 5, inter, k, act.get(), nullptr, producer)
+                  .ok());
+  ASSERT_TRUE(MoeGroupedWgmmaWith<T>(producer, MoeWgmmaSchedule::kCooperative128x256, in.da.get(),
+                                     src, in.dw.get(), in.doffsets.get(), E, rows + 5, n, k,
+                                     gu.get(), nullptr)
+                  .ok());
+  ASSERT_TRUE(MoeSiluAndMul<T>(gu.get(), rows, inter, act_ref.get(), nullptr).ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = cuda_test::ToFloat(act.ToHost());
+  const std::vector<float> unfused = cuda_test::ToFloat(act_ref.ToHost());
+  // One rounding of g and u to T each (bf16: 2^-8 relative), of the product, fp32 accumulation.
+  const double eps = std::is_same_v<T, __half> ? 1e-3 : 8e-3;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      const float* ar = a.data() + (gather ? in.index[r] : r) * k;
+      for (int64_t j = 0; j < inter; ++j) {
+        ASSERT_EQ(got[r * inter + j], unfused[r * inter + j]) << "row " << r << " col " << j;
+        const float* wg = w.data() + (e * n + j) * k;
+        const float* wu = wg + inter * k;
+        double g = 0.0, u = 0.0, mag_g = 0.0, mag_u = 0.0;
+        for (int64_t i = 0; i < k; ++i) {
+          g += double{ar[i]} * wg[i];
+          u += double{ar[i]} * wu[i];
+          mag_g += std::abs(double{ar[i]} * wg[i]);
+          mag_u += std::abs(double{ar[i]} * wu[i]);
+        }
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        const double tol =
+            eps * 3.0 * std::abs(g * u) + 2e-4 * (std::abs(u) * mag_g + std::abs(g) * mag_u) + 1e-6;
+        ASSERT_NEAR(got[r * inter + j], want, tol)
+            << "expert " << e << " row " << r << " col " << j;
+      }
+    }
+  }
+}
+
+TEST(MoeCudaTest, GroupedWgmmaGateUpSiluMatchesCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!MoeGroupedWgmmaSupported(nullptr, nullptr, 8, 8)) GTEST_SKIP() << "not an sm_90 device";
+  std::mt19937 rng(cuda_test::TestSeed());
+  using P = MoeWgmmaProducer;
+  for (const P producer : {P::kTmaWeights, P::kTmaOperands}) {
+    // Uneven with empty experts (64 x 256 ping-pong tiles), inter off the 128-column half tile
+    // (the second tile's gate and up boxes past inter: zero-filled, not stored), odd k.
+    CheckGateUpSilu<__nv_bfloat16>({3, 0, 70, 1, 0, 0, 129, 5}, 200, 200, true, producer, rng);
+    // One expert taking every row (128 x 256 tiles), A by TMA under kTmaOperands (no gather).
+    CheckGateUpSilu<__half>({0, 0, 300, 0}, 136, 136, false, producer, rng);
+    // More tiles than SMs in both tile shapes: 64 experts of 0-60 rows x 4 n-tiles, 10 of 129-255
+    // rows (expert ends inside a tile's second 64 rows) x 8 n-tiles.
+    std::vector<int32_t> small(64), large(10);
+    for (int32_t& c : small) c = std::uniform_int_distribution<int32_t>(0, 60)(rng);
+    for (int32_t& c : large) c = std::uniform_int_distribution<int32_t>(129, 255)(rng);
+    CheckGateUpSilu<__nv_bfloat16>(small, 512, 64, true, producer, rng);
+    CheckGateUpSilu<__nv_bfloat16>(large, 1024, 64, false, producer, rng);
+    CheckGateUpSilu<__nv_bfloat16>(std::vector<int32_t>(5, 0), 16, 16, false, producer, rng);
+  }
+  // Refused: inter not a multiple of 8, a producer without TMA.
+  DeviceBuffer<__nv_bfloat16> buf(64);
+  DeviceBuffer<int32_t> offs(std::vector<int32_t>{0, 1});
+  EXPECT_FALSE(MoeGroupedWgmmaGateUpSilu<__nv_bfloat16>(buf.get(), nullptr, buf.get(), offs.get(),
+                                                        1, 1, 12, 8, buf.get(), nullptr)
+                   .ok());
+  EXPECT_FALSE(MoeGroupedWgmmaGateUpSilu<__nv_bfloat16>(buf.get(), nullptr, buf.get(), offs.get(),
+                                                        1, 1, 8, 8, buf.get(), nullptr,
+                                                        P::kArriveNoinc)
+                   .ok());
 }
 
 // MoeCombineSplit against MoeCombine on the same inputs.

@@ -119,7 +119,9 @@ __device__ __forceinline__ TileRef FindTile(int t, const int* start, const int* 
 }
 
 struct Params {
-  CUtensorMap wmap;  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1
+  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1; with glu as
+  // [E][2][n / 2][k], boxes 64 x kBN / 2 x 1 x 1 (a tile's gate rows, then its up rows).
+  CUtensorMap wmap;
   CUtensorMap amap;  // kTmaOperands without a gather: A as [rows][k], boxes of 64 x kBM
   const void* a;
   const int32_t* a_row_index;
@@ -127,6 +129,9 @@ struct Params {
   const int32_t* offsets;
   void* out;
   int num_experts, n, k;
+  // MoeGroupedWgmmaGateUpSilu: w is gate_up [E][n][k] (n = 2 x inter); a 256-column tile holds
+  // 128 gate columns and the same 128 up columns, and out [rows][n / 2] gets round(silu(g) * u).
+  bool glu;
 };
 
 template <typename T>
@@ -157,6 +162,41 @@ __device__ __forceinline__ void StoreBlock(const float (&acc)[64], const Params&
     for (int f = 0; f < 16; ++f) {
       if (col0 + 8 * f < p.n)
         StorePair(dst + col0 + 8 * f, acc[4 * f + 2 * h], acc[4 * f + 2 * h + 1]);
+    }
+  }
+}
+
+// MoeSiluAndMul's expression on the fp32 sums: gate and up rounded to T first (bit-identical to
+// storing gate_up and running MoeSiluAndMul).
+template <typename T>
+__device__ __forceinline__ float SiluMul(float g, float u) {
+  const float gr = internal::ToFloat<T>(internal::FromFloat<T>(g));
+  const float ur = internal::ToFloat<T>(internal::FromFloat<T>(u));
+  return gr / (1.0f + expf(-gr)) * ur;
+}
+
+// The glu epilogue of a warpgroup's two 64 x 128 blocks (acc[0] the gate columns, acc[1] the same
+// up columns: one thread holds both of an output) at row_off of tile tr: out [rows][n / 2], the
+// tile's 128 output columns from n0 / 2; rows past the expert's and columns past n / 2 not stored.
+template <typename T>
+__device__ __forceinline__ void StoreGlu(const float (&acc)[2][64], const Params& p,
+                                         const TileRef& tr, int row_off) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int inter = p.n >> 1;
+  T* out = static_cast<T*>(p.out);
+  const int col0 = (tr.n0 >> 1) + (lane & 3) * 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = tr.row0 + row_off + warp * 16 + (lane >> 2) + 8 * h;
+    if (r >= tr.row_end) continue;
+    T* dst = out + static_cast<int64_t>(r) * inter;
+#pragma unroll
+    for (int f = 0; f < 16; ++f) {
+      const int i = 4 * f + 2 * h;
+      if (col0 + 8 * f < inter) {
+        StorePair(dst + col0 + 8 * f, SiluMul<T>(acc[0][i], acc[1][i]),
+                  SiluMul<T>(acc[0][i + 1], acc[1][i + 1]));
+      }
     }
   }
 }
@@ -286,6 +326,10 @@ __device__ void ConsumePingPong(const Params& p, const int* start, const int* of
       TwoBlockMainLoop<T, kShape, kProducer, 1, true>(acc, ring, full, empty, next, step, ktiles,
                                                       0);
     }
+    if (kShape == k64x256 && p.glu) {
+      StoreGlu<T>(acc, p, tr, 0);
+      continue;
+    }
     StoreBlock<T>(acc[0], p, tr, 0, 0);
     if (both) {
       StoreBlock<T>(acc[1], p, tr, kShape == k128x128 ? 64 : 0, kShape == k128x128 ? 0 : 128);
@@ -315,6 +359,10 @@ __device__ void ConsumeWide(const Params& p, const int* start, const int* offs, 
     }
     TwoBlockMainLoop<T, k128x256, kProducer, 2, false>(acc, ring, full, empty, nullptr, step,
                                                        ktiles, row_off);
+    if (p.glu) {
+      StoreGlu<T>(acc, p, tr, row_off);
+      continue;
+    }
     StoreBlock<T>(acc[0], p, tr, row_off, 0);
     StoreBlock<T>(acc[1], p, tr, row_off, 128);
   }

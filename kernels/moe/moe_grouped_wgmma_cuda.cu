@@ -29,10 +29,14 @@
 // per-expert tile prefix from the device offsets once (shared memory) and finds a tile's expert
 // by binary search: no read-back, capturable in CUDA graphs.
 //
+// MoeGroupedWgmmaGateUpSilu (Params::glu) runs gate_up on kCooperative128x256's tiles with each
+// tile's weights as two TMA boxes (128 gate rows, the same 128 up rows: a consumer thread holds g
+// and u of the same outputs) and stores silu(g) * u.
+//
 // Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up): the default
 // (kTmaOperands, kCooperative128x256) 433 TFLOP/s at 8,192 tokens (55% of a dense cuBLAS GEMM;
-// kCooperative 128 x 128 tiles with kTmaWeights 391-393, kPingPong 407), 210 at 1,024
-// (BENCHMARKS.md).
+// kCooperative 128 x 128 tiles with kTmaWeights 391-393, kPingPong 407), 210 at 1,024; with
+// gate_up through MoeGroupedWgmmaGateUpSilu 489-490 (62%), 228 at 1,024 (BENCHMARKS.md).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -92,6 +96,30 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
+// TMA: the box at (k, row, half, expert) of the 4-d tensor map (glu's gate_up as [E][2][n/2][k]).
+__device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, int k, int row,
+                                          int half, int expert, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(half), "r"(expert),
+      "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// The weight tile of stage `dst` (kBN rows of 64 k columns) by TMA: with glu the tile's gate rows
+// (gate_up rows n0 / 2 ...) then its up rows (inter + n0 / 2 ...), kBN / 2 each.
+template <int kBN>
+__device__ __forceinline__ void TmaLoadWeights(uint32_t dst, const Params& p, int kt,
+                                               const TileRef& tr, uint64_t* bar) {
+  if (!p.glu) {
+    TmaLoad3d(dst, &p.wmap, kt * kBK, tr.n0, tr.expert, bar);
+    return;
+  }
+  TmaLoad4d(dst, &p.wmap, kt * kBK, tr.n0 >> 1, 0, tr.expert, bar);
+  TmaLoad4d(dst + kBN / 2 * 128, &p.wmap, kt * kBK, tr.n0 >> 1, 1, tr.expert, bar);
+}
+
 constexpr bool TmaWeights(Producer producer) {
   return producer == Producer::kTmaWeights || producer == Producer::kTmaOperands;
 }
@@ -115,7 +143,7 @@ __device__ void ProduceByTma(const Params& p, const int* start, const int* offs,
       const uint32_t stage = ring + st * C::kStageBytes;
       MbarArriveExpectTx(full + st, C::kStageBytes);
       TmaLoad2d(stage, &p.amap, kt * kBK, tr.row0, full + st);
-      TmaLoad3d(stage + C::kBOff, &p.wmap, kt * kBK, tr.n0, tr.expert, full + st);
+      TmaLoadWeights<C::kBN>(stage + C::kBOff, p, kt, tr, full + st);
     }
   }
 }
@@ -164,8 +192,7 @@ __device__ void Produce(const Params& p, const int* start, const int* offs, uint
       if constexpr (TmaWeights(kProducer)) {
         if (tid == 0) {
           MbarArriveExpectTx(full + st, C::kBN * 128);
-          TmaLoad3d(ring + st * C::kStageBytes + C::kBOff, &p.wmap, kt * kBK, tr.n0, tr.expert,
-                    full + st);
+          TmaLoadWeights<C::kBN>(ring + st * C::kStageBytes + C::kBOff, p, kt, tr, full + st);
         }
       } else {
 #pragma unroll
@@ -336,8 +363,13 @@ absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kShape>;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const auto n = static_cast<cuuint64_t>(p.n), k = static_cast<cuuint64_t>(p.k);
-  ASSIGN_OR_RETURN(p.wmap, EncodeMap<3>(p.w, bf16, {k, n, static_cast<cuuint64_t>(p.num_experts)},
-                                        {64, C::kBN, 1}));
+  const auto experts = static_cast<cuuint64_t>(p.num_experts);
+  if (p.glu) {  // [E][2][n / 2][k]: zeros past n / 2 in each half
+    ASSIGN_OR_RETURN(p.wmap,
+                     EncodeMap<4>(p.w, bf16, {k, n / 2, 2, experts}, {64, C::kBN / 2, 1, 1}));
+  } else {
+    ASSIGN_OR_RETURN(p.wmap, EncodeMap<3>(p.w, bf16, {k, n, experts}, {64, C::kBN, 1}));
+  }
   if (kProducer == MoeWgmmaProducer::kTmaOperands && p.a_row_index == nullptr) {
     ASSIGN_OR_RETURN(p.amap,
                      EncodeMap<2>(p.a, bf16, {k, static_cast<cuuint64_t>(rows)}, {64, C::kBM}));
@@ -401,24 +433,49 @@ bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k
   return sm90.ok() && *sm90 && MoeGroupedMmaSupported(a, w, n, k) && n <= 0x7fffffff;
 }
 
-template <typename T>
-absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,
-                                 const int32_t* a_row_index, const T* w,
-                                 const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
-                                 int64_t n, int64_t k, T* out, cudaStream_t stream) {
+namespace {
+
+// MoeGroupedWgmmaWith's argument checks (n = gate_up's width for MoeGroupedWgmmaGateUpSilu).
+absl::Status CheckArgs(const char* name, MoeWgmmaProducer producer, MoeWgmmaSchedule schedule,
+                       const void* a, const void* w, const void* out, int64_t num_experts,
+                       int64_t rows, int64_t n, int64_t k) {
   if (!MoeGroupedWgmmaSupported(a, w, n, k) || reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
       num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 || rows > 0x3fffffff) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MoeGroupedWgmma: n ", n, ", k ", k,
+        absl::StrCat(name, ": n ", n, ", k ", k,
                      " (multiples of 8, 16-byte aligned operands, an sm_90 device), experts ",
                      num_experts, ", rows ", rows));
   }
   if (schedule != MoeWgmmaSchedule::kCooperative && producer != kTma && producer != kTmaOps) {
-    return absl::InvalidArgumentError(
-        "MoeGroupedWgmma: the ping-pong and 128 x 256 schedules need a TMA producer (kTmaWeights, "
-        "kTmaOperands)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        ": the ping-pong and 128 x 256 schedules need a TMA producer (kTmaWeights, kTmaOperands)"));
   }
-  if (rows == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// The launch of p's kernel for `producer` and `schedule`: 64 x 256 tiles while experts average
+// <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128 (128 x 256 for kCooperative128x256).
+template <typename T>
+absl::Status Dispatch(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const Params& p,
+                      int64_t rows, cudaStream_t stream) {
+  using moe_wgmma_internal::k128x128;
+  using moe_wgmma_internal::k128x256;
+  using moe_wgmma_internal::k64x256;
+  const bool wide = rows <= int64_t{64} * p.num_experts;
+  if (schedule == MoeWgmmaSchedule::kCooperative) {
+    return wide ? LaunchVariant<T, k64x256, false>(producer, p, rows, stream)
+                : LaunchVariant<T, k128x128, false>(producer, p, rows, stream);
+  }
+  if (wide) return LaunchVariant<T, k64x256, true>(producer, p, rows, stream);
+  return schedule == MoeWgmmaSchedule::kPingPong
+             ? LaunchVariant<T, k128x128, true>(producer, p, rows, stream)
+             : LaunchVariant<T, k128x256, false>(producer, p, rows, stream);
+}
+
+template <typename T>
+Params MakeParams(const T* a, const int32_t* a_row_index, const T* w, const int32_t* expert_offsets,
+                  int64_t num_experts, int64_t n, int64_t k, T* out, bool glu) {
   Params p{};
   p.a = a;
   p.a_row_index = a_row_index;
@@ -428,20 +485,42 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
   p.num_experts = static_cast<int>(num_experts);
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
-  // 64 x 256 tiles while experts average <= 64 rows (Qwen3-30B-A3B at ~1k tokens), else 128 x 128
-  // (128 x 256 for kCooperative128x256).
-  using moe_wgmma_internal::k128x128;
-  using moe_wgmma_internal::k128x256;
-  using moe_wgmma_internal::k64x256;
-  const bool wide = rows <= 64 * num_experts;
-  if (schedule == MoeWgmmaSchedule::kCooperative) {
-    return wide ? LaunchVariant<T, k64x256, false>(producer, p, rows, stream)
-                : LaunchVariant<T, k128x128, false>(producer, p, rows, stream);
+  p.glu = glu;
+  return p;
+}
+
+}  // namespace
+
+template <typename T>
+absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, const T* a,
+                                 const int32_t* a_row_index, const T* w,
+                                 const int32_t* expert_offsets, int64_t num_experts, int64_t rows,
+                                 int64_t n, int64_t k, T* out, cudaStream_t stream) {
+  RETURN_IF_ERROR(
+      CheckArgs("MoeGroupedWgmma", producer, schedule, a, w, out, num_experts, rows, n, k));
+  if (rows == 0) return absl::OkStatus();
+  return Dispatch<T>(producer, schedule,
+                     MakeParams(a, a_row_index, w, expert_offsets, num_experts, n, k, out, false),
+                     rows, stream);
+}
+
+template <typename T>
+absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, const T* gate_up,
+                                       const int32_t* expert_offsets, int64_t num_experts,
+                                       int64_t rows, int64_t inter, int64_t k, T* act,
+                                       cudaStream_t stream, MoeWgmmaProducer producer) {
+  constexpr MoeWgmmaSchedule kWide = MoeWgmmaSchedule::kCooperative128x256;
+  if (inter % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeGroupedWgmmaGateUpSilu: inter ", inter, " (a multiple of 8)"));
   }
-  if (wide) return LaunchVariant<T, k64x256, true>(producer, p, rows, stream);
-  return schedule == MoeWgmmaSchedule::kPingPong
-             ? LaunchVariant<T, k128x128, true>(producer, p, rows, stream)
-             : LaunchVariant<T, k128x256, false>(producer, p, rows, stream);
+  RETURN_IF_ERROR(CheckArgs("MoeGroupedWgmmaGateUpSilu", producer, kWide, a, gate_up, act,
+                            num_experts, rows, 2 * inter, k));
+  if (rows == 0) return absl::OkStatus();
+  return Dispatch<T>(
+      producer, kWide,
+      MakeParams(a, a_row_index, gate_up, expert_offsets, num_experts, 2 * inter, k, act, true),
+      rows, stream);
 }
 
 template <typename T>
@@ -465,6 +544,13 @@ template absl::Status MoeGroupedWgmmaWith<__half>(MoeWgmmaProducer, MoeWgmmaSche
                                                   const int32_t*, const __half*, const int32_t*,
                                                   int64_t, int64_t, int64_t, int64_t, __half*,
                                                   cudaStream_t);
+#define TANDEM_MOE_WGMMA_GATE_UP_SILU(T)                                                        \
+  template absl::Status MoeGroupedWgmmaGateUpSilu<T>(const T*, const int32_t*, const T*,        \
+                                                     const int32_t*, int64_t, int64_t, int64_t, \
+                                                     int64_t, T*, cudaStream_t, MoeWgmmaProducer);
+TANDEM_MOE_WGMMA_GATE_UP_SILU(__nv_bfloat16)
+TANDEM_MOE_WGMMA_GATE_UP_SILU(__half)
+#undef TANDEM_MOE_WGMMA_GATE_UP_SILU
 template absl::Status MoeGroupedWgmma<__half>(const __half*, const int32_t*, const __half*,
                                               const int32_t*, int64_t, int64_t, int64_t, int64_t,
                                               __half*, cudaStream_t);
