@@ -254,8 +254,9 @@ int WorkerRegistry::ReadmitReconnected() {
   absl::MutexLock lock(&mu_);
   for (const HeldOut& w : held_out) {
     auto it = workers_.find(w.id);
-    if (it == workers_.end() || it->second->info.epoch() != w.epoch || !it->second->failed) {
-      continue;
+    if (it == workers_.end() || it->second->info.epoch() != w.epoch || !it->second->failed ||
+        !it->second->link_down) {
+      continue;  // gone, replaced, re-admitted meanwhile, or failed again with its link up
     }
     it->second->failed = false;
     ++readmitted;
