@@ -75,6 +75,24 @@ absl::Status MoeFp8ExpertGemvDown(const MoeFp8Activations& act, const MoeFp8Expe
                                   int64_t num_experts, int64_t rows, __nv_bfloat16* out,
                                   cudaStream_t stream, bool programmatic_launch = false);
 
+// The tensor-core form for steps where experts have several rows (decode batches past ~16
+// tokens, every CUDA graph size; moe_fp8_grouped_mma_cuda.cu): out[r, :n] = round(sum over
+// 128-column groups g of (a_src(r) . w_e[:, g]) x weight scale x activation scale), the dot
+// products of the e4m3 codes on mma.sync m16n8k32 (fp32 accumulation, folded per group), for every
+// row r in [offsets[e], offsets[e+1]) of every expert e; src(r) = a_row_index[r] (the gather folded
+// in: gate_up reads x [T, k] through token_of_row) or r when null. w: [n, k] codes per expert; out
+// [rows, n] bf16 (gate_up: gate and up, for MoeSiluAndMul). The activations are codes and scales
+// (any scheme but kNone). `rows` (host) = offsets[E] or more: bounds the grid; no host sync,
+// capturable. INVALID_ARGUMENT (nothing launched) for kNone, n odd, k not a positive multiple of
+// 16, groups neither 1 nor ceil(k / 128), codes not 16-byte aligned, experts outside [1,
+// kMoeMaxExperts]. MoeFp8GroupedMmaInit(): the shared-memory opt-in, needed once before a call made
+// under stream capture (uncaptured calls make it themselves).
+absl::Status MoeFp8GroupedMmaInit();
+absl::Status MoeFp8GroupedMma(const MoeFp8Activations& a, const int32_t* a_row_index,
+                              const MoeFp8Experts& w, const int32_t* expert_offsets,
+                              int64_t num_experts, int64_t rows, int64_t n, int64_t k,
+                              __nv_bfloat16* out, cudaStream_t stream);
+
 }  // namespace tandem::kernels::cuda
 
 #endif  // TANDEM_KERNELS_MOE_MOE_FP8_CUDA_H_

@@ -7,7 +7,8 @@
 // 272: a partial last group); x every activation scheme (bf16 weight-only, static per-tensor,
 // dynamic per-token, 1 x 128 groups, the codes from kernels/fp8's cuda::QuantizeActivations);
 // 1 to 40 tokens (1, 2, 4 and 8 rows per weight read; one expert taking every token; experts
-// with no rows); PDL-launched; and the refusals.
+// with no rows); PDL-launched; and the refusals. The same on the tensor-core MoeFp8GroupedMma
+// (gate_up rows, then MoeSiluAndMul) for the FP8 activation schemes.
 #include "kernels/moe/moe_fp8_cuda.h"
 
 #include <algorithm>
@@ -135,6 +136,7 @@ struct Case {
   WeightForm form;
   Scheme scheme;
   bool skew = false;  // every token's first choice is expert 0
+  bool mma = false;   // MoeFp8GroupedMma (+ MoeSiluAndMul) instead of the GEMVs
 };
 
 void RunCase(const Case& c, std::mt19937& rng) {
@@ -165,18 +167,27 @@ void RunCase(const Case& c, std::mt19937& rng) {
                                   row_of_pair.get()};
   ASSERT_TRUE(MoePermute(d_ids.get(), c.T, c.k, c.E, perm, nullptr, nullptr).ok());
   const DeviceActivations dx = Activations(x, c.T, c.H, c.scheme, static_scale);
-  DeviceBuffer<__nv_bfloat16> act(rows * c.I), out(rows * c.H);
-  ASSERT_TRUE(MoeFp8ExpertGemvGateUp(dx.view, gate_up.Device(), c.H, c.I, perm, c.E, rows,
-                                     act.get(), nullptr, /*programmatic_launch=*/c.T % 2 == 1)
-                  .ok());
+  DeviceBuffer<__nv_bfloat16> act(rows * c.I), out(rows * c.H), gu_rows(rows * 2 * c.I);
+  if (c.mma) {
+    ASSERT_TRUE(MoeFp8GroupedMma(dx.view, token_of_row.get(), gate_up.Device(), offsets.get(), c.E,
+                                 rows, 2 * c.I, c.H, gu_rows.get(), nullptr)
+                    .ok());
+    ASSERT_TRUE(MoeSiluAndMul<__nv_bfloat16>(gu_rows.get(), rows, c.I, act.get(), nullptr).ok());
+  } else {
+    ASSERT_TRUE(MoeFp8ExpertGemvGateUp(dx.view, gate_up.Device(), c.H, c.I, perm, c.E, rows,
+                                       act.get(), nullptr, /*programmatic_launch=*/c.T % 2 == 1)
+                    .ok());
+  }
   const std::vector<float> act_got = cuda_test::ToFloat(act.ToHost());
   // The down input is the kernel's act, quantized per row (static: the act's own scale).
   float act_amax = 0.0f;
   for (float v : act_got) act_amax = std::max(act_amax, std::abs(v));
   const float act_static = 1.25f * std::max(act_amax, 1e-6f) / kFp8E4m3Max;
   const DeviceActivations da = Activations(act_got, rows, c.I, c.scheme, act_static);
-  ASSERT_TRUE(MoeFp8ExpertGemvDown(da.view, down.Device(), c.H, c.I, perm, c.E, rows, out.get(),
-                                   nullptr, c.T % 2 == 0)
+  ASSERT_TRUE((c.mma ? MoeFp8GroupedMma(da.view, nullptr, down.Device(), offsets.get(), c.E, rows,
+                                        c.H, c.I, out.get(), nullptr)
+                     : MoeFp8ExpertGemvDown(da.view, down.Device(), c.H, c.I, perm, c.E, rows,
+                                            out.get(), nullptr, c.T % 2 == 0))
                   .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> out_got = cuda_test::ToFloat(out.ToHost());
@@ -223,6 +234,50 @@ TEST(MoeFp8CudaTest, ManyRowsPerExpertAndEmptyExperts) {
   RunCase({40, 4, 2, 128, 48, WeightForm::kBlock128, Scheme::kDynamicGroup128}, rng);
   RunCase({40, 4, 2, 128, 48, WeightForm::kPerChannel, Scheme::kDynamicToken, true}, rng);
   RunCase({2, 16, 1, 384, 256, WeightForm::kBlock128, Scheme::kDynamicGroup128}, rng);
+}
+
+// The tensor-core form: every weight scale form x every FP8 activation scheme; 32- and 64-row
+// tiles (several tiles of one expert), experts with no rows, one expert taking every token, odd
+// widths (k off the 128-column step, n off the 128-column tile), decode-like Qwen3 proportions.
+TEST(MoeFp8CudaTest, GroupedMmaMatchesCpuFp8LinearEveryScaleForm) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  for (WeightForm form : {WeightForm::kPerChannel, WeightForm::kPerTensor, WeightForm::kBlock128}) {
+    for (Scheme scheme : {Scheme::kStaticTensor, Scheme::kDynamicToken, Scheme::kDynamicGroup128}) {
+      RunCase({1, 8, 2, 272, 80, form, scheme, false, true}, rng);
+      RunCase({9, 8, 4, 272, 48, form, scheme, /*skew=*/true, true}, rng);
+      RunCase({40, 2, 2, 400, 144, form, scheme, false, true}, rng);  // 64-row tiles
+    }
+  }
+  RunCase({24, 64, 8, 256, 96, WeightForm::kBlock128, Scheme::kDynamicGroup128, false, true}, rng);
+  RunCase({70, 4, 1, 128, 48, WeightForm::kPerChannel, Scheme::kDynamicToken, true, true}, rng);
+  RunCase({2, 16, 1, 384, 256, WeightForm::kBlock128, Scheme::kDynamicGroup128, false, true}, rng);
+}
+
+TEST(MoeFp8CudaTest, GroupedMmaRefusesWhatItCannotRun) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  DeviceBuffer<int32_t> i32(8);
+  DeviceBuffer<const uint8_t*> codes(1);
+  DeviceBuffer<const float*> scales(1);
+  DeviceBuffer<uint8_t> a_codes(512);
+  DeviceBuffer<float> a_scales(8);
+  DeviceBuffer<__nv_bfloat16> x(512), out(512);
+  MoeFp8Activations q;
+  q.scheme = Scheme::kDynamicToken;
+  q.codes = a_codes.get();
+  q.scales = a_scales.get();
+  const MoeFp8Experts w{codes.get(), scales.get(), 1};
+  EXPECT_TRUE(MoeFp8GroupedMma(q, nullptr, w, i32.get(), 1, 0, 16, 128, out.get(), nullptr).ok());
+  MoeFp8Activations v;  // weight-only: bf16 activations are the GEMVs' only
+  v.values = x.get();
+  EXPECT_FALSE(MoeFp8GroupedMma(v, nullptr, w, i32.get(), 1, 1, 16, 128, out.get(), nullptr).ok());
+  // n odd; k not a multiple of 16; groups neither 1 nor ceil(k / 128); no experts.
+  EXPECT_FALSE(MoeFp8GroupedMma(q, nullptr, w, i32.get(), 1, 1, 15, 128, out.get(), nullptr).ok());
+  EXPECT_FALSE(MoeFp8GroupedMma(q, nullptr, w, i32.get(), 1, 1, 16, 120, out.get(), nullptr).ok());
+  EXPECT_FALSE(MoeFp8GroupedMma(q, nullptr, {codes.get(), scales.get(), 3}, i32.get(), 1, 1, 16,
+                                256, out.get(), nullptr)
+                   .ok());
+  EXPECT_FALSE(MoeFp8GroupedMma(q, nullptr, w, i32.get(), 0, 1, 16, 128, out.get(), nullptr).ok());
 }
 
 TEST(MoeFp8CudaTest, RefusesWhatItCannotRun) {

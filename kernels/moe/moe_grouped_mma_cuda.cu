@@ -16,6 +16,7 @@
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_grouped_tile.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -25,65 +26,25 @@ using internal::CpAsyncWait;
 using internal::LdMatrixX4;
 using internal::Mma16816;
 using internal::SmemAddr;
+using moe_tile::CpAsync16;
+using moe_tile::FindTile;
+using moe_tile::Swz;
 
 constexpr int kThreads = 256;
 constexpr int kBN = 128, kBK = 64, kStages = 3;
 constexpr int kRowBytes = kBK * 2;  // 128: one tile row of 64 two-byte elements
+static_assert(kRowBytes == moe_tile::kRowBytes);
 
 template <int MF>
 __host__ __device__ constexpr int StageBytes() {
   return (MF * 32 + kBN) * kRowBytes;
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..7) of tile row `row`.
-__device__ __forceinline__ uint32_t Swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
 __device__ __forceinline__ void StorePair(__nv_bfloat16* dst, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 __device__ __forceinline__ void StorePair(__half* dst, float x, float y) {
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
-}
-
-// Warp 0 finds m-tile `mt`'s expert: tile[0] = expert (-1: none), tile[1] = its first row,
-// tile[2] = the expert's end row. Experts are scanned 32 at a time (inclusive warp scan of
-// ceil(count / bm)).
-__device__ void FindTile(const int32_t* __restrict__ offsets, int num_experts, int mt, int bm,
-                         int* tile) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  if (lane == 0) tile[0] = -1;
-  __syncwarp();
-  int before = 0;  // tiles of the experts below this chunk
-  for (int e0 = 0; e0 < num_experts; e0 += 32) {
-    const int e = e0 + lane;
-    int begin = 0, count = 0;
-    if (e < num_experts) {
-      begin = offsets[e];
-      count = offsets[e + 1] - begin;
-    }
-    const int tiles = (count + bm - 1) / bm;
-    int incl = tiles;
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    const int first = before + incl - tiles;
-    const bool mine = tiles > 0 && mt >= first && mt < first + tiles;
-    if (mine) {
-      tile[0] = e;
-      tile[1] = begin + (mt - first) * bm;
-      tile[2] = begin + count;
-    }
-    if (__ballot_sync(0xffffffffu, mine) != 0u) break;
-    before += __shfl_sync(0xffffffffu, incl, 31);
-    if (before > mt) break;
-  }
 }
 
 template <typename T, int MF>

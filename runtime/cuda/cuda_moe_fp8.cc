@@ -1,10 +1,12 @@
 #include "runtime/cuda/cuda_moe_fp8.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_cuda.h"
@@ -194,6 +196,16 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
         H, ", ", Ie, ", ", Is, ")"));
   }
   std::unique_ptr<CudaFp8MoeExperts> m(new CudaFp8MoeExperts(c, max_tokens));
+  if (const char* env = std::getenv("TANDEM_MOE_FP8"); env != nullptr) {
+    const absl::string_view v = env;
+    if (v != "gemv" && v != "mma") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_MOE_FP8: unknown '", v, "' (gemv or mma)"));
+    }
+    m->grouped_mma_ = v == "mma";
+  }
+  // The tensor-core kernels' shared-memory opt-in, before any step is captured.
+  RETURN_IF_ERROR(kc::MoeFp8GroupedMmaInit());
   const int64_t rows = max_tokens * c.num_experts_per_tok;
   ASSIGN_OR_RETURN(m->linear_, CudaFp8Linear::Create(max_tokens, std::max({H, Ie, Is})));
   const int64_t codes = std::max(max_tokens * H, rows * Ie);
@@ -203,31 +215,47 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
   return m;
 }
 
+absl::StatusOr<kc::MoeFp8Activations> CudaFp8MoeExperts::Input(const bf16* values, int64_t m,
+                                                               int64_t k, const CudaFp8Weight& like,
+                                                               cudaStream_t stream) {
+  kc::MoeFp8Activations a;
+  a.scheme = like.activation;
+  a.values = values;
+  if (a.scheme == Scheme::kNone) return a;
+  RETURN_IF_ERROR(kc::QuantizeActivations(values, m, k, a.scheme, like.input_scale,
+                                          codes_.get<uint8_t>(), scales_.get<float>(), stream));
+  a.codes = codes_.get<uint8_t>();
+  a.scales = scales_.get<float>();
+  return a;
+}
+
 absl::Status CudaFp8MoeExperts::Gemvs(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
                                       const kc::DeviceMoePermutation& perm, int64_t E, bf16* act,
                                       bf16* expert_out, cudaStream_t stream, bool pdl) {
   const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
   const int64_t rows = Tn * config_.num_experts_per_tok;
-  // The input of one projection as the experts' scheme says: bf16, or codes + scales.
-  auto input = [&](const bf16* values, int64_t m, int64_t k,
-                   const CudaFp8Weight& like) -> absl::StatusOr<kc::MoeFp8Activations> {
-    kc::MoeFp8Activations a;
-    a.scheme = like.activation;
-    a.values = values;
-    if (a.scheme == Scheme::kNone) return a;
-    RETURN_IF_ERROR(kc::QuantizeActivations(values, m, k, a.scheme, like.input_scale,
-                                            codes_.get<uint8_t>(), scales_.get<float>(), stream));
-    a.codes = codes_.get<uint8_t>();
-    a.scales = scales_.get<float>();
-    return a;
-  };
-  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa, input(x, Tn, H, w.gate_up.front()));
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa, Input(x, Tn, H, w.gate_up.front(), stream));
   RETURN_IF_ERROR(
       kc::MoeFp8ExpertGemvGateUp(xa, DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales), H,
                                  Ie, perm, E, rows, act, stream, pdl));
-  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa, input(act, rows, Ie, w.down.front()));
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa, Input(act, rows, Ie, w.down.front(), stream));
   return kc::MoeFp8ExpertGemvDown(aa, DeviceExperts(w.down, w.down_codes, w.down_scales), H, Ie,
                                   perm, E, rows, expert_out, stream, pdl);
+}
+
+absl::Status CudaFp8MoeExperts::Mma(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
+                                    const kc::DeviceMoePermutation& perm, int64_t E, bf16* gate_up,
+                                    bf16* act, bf16* expert_out, cudaStream_t stream) {
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t rows = Tn * config_.num_experts_per_tok;
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa, Input(x, Tn, H, w.gate_up.front(), stream));
+  RETURN_IF_ERROR(kc::MoeFp8GroupedMma(xa, perm.token_of_row,
+                                       DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales),
+                                       perm.expert_offsets, E, rows, 2 * Ie, H, gate_up, stream));
+  RETURN_IF_ERROR(kc::MoeSiluAndMul<bf16>(gate_up, rows, Ie, act, stream));
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa, Input(act, rows, Ie, w.down.front(), stream));
+  return kc::MoeFp8GroupedMma(aa, nullptr, DeviceExperts(w.down, w.down_codes, w.down_scales),
+                              perm.expert_offsets, E, rows, H, Ie, expert_out, stream);
 }
 
 absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
@@ -247,6 +275,11 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   const bool static_fits =
       g0.activation != Scheme::kStaticTensor || g0.static_act_scales.bytes() >= Tn * int64_t{4};
   if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {
+    if (grouped_mma_ && g0.activation != Scheme::kNone &&
+        Tn > std::max<int64_t>(4, E / config_.num_experts_per_tok)) {
+      last_path_ = "fp8-grouped-mma";
+      return Mma(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
+    }
     last_path_ = "fp8-expert-gemv";
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }

@@ -7,7 +7,11 @@
 //     the input quantized as the checkpoint says (kernels/fp8 cuda::QuantizeActivations: per
 //     token, 1 x 128 groups, static; none for weight-only), kernels/moe's FP8 expert GEMVs
 //     (gate_up with SiLU * up, then the act rows quantized the same way, down): only the routed
-//     experts' weights read, no host sync;
+//     experts' weights read, no host sync. Past max(4, E / k) tokens (the bf16 layer's GEMV bound:
+//     experts then average one row or more) and with FP8 activations, the same
+//     steps on the tensor cores instead (kernels/moe MoeFp8GroupedMma for gate_up rows and down,
+//     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
+//     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs;
 //   * prefill (more tokens, not capturing): the permuted rows gathered, the expert offsets read
 //     back (the layer's one host sync, as the bf16 grouped path), then every expert with rows
 //     through CudaFp8Linear (cuda_fp8_linear.h: cuBLASLt's FP8 GEMM per token x per channel or
@@ -34,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_fp8_cuda.h"
 #include "kernels/moe/moe_gemm_cuda.h"
 #include "runtime/cuda/cuda_fp8_linear.h"
 #include "runtime/cuda/device_buffer.h"
@@ -106,8 +111,13 @@ class CudaFp8MoeExperts {
                       __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* out,
                       cudaStream_t stream);
 
-  // The path the last Routed call took: "fp8-expert-gemv" or "fp8-per-expert-gemm".
+  // The path the last Routed call took: "fp8-expert-gemv", "fp8-grouped-mma" or
+  // "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
+  // Whether sync-free steps past max(4, E / k) tokens with FP8 activations take MoeFp8GroupedMma
+  // (Create: true unless TANDEM_MOE_FP8=gemv).
+  void set_grouped_mma(bool on) { grouped_mma_ = on; }
+  bool grouped_mma() const { return grouped_mma_; }
 
  private:
   CudaFp8MoeExperts(const ModelConfig& config, int64_t max_tokens)
@@ -115,10 +125,20 @@ class CudaFp8MoeExperts {
   absl::Status Gemvs(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
                      const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                      __nv_bfloat16* act, __nv_bfloat16* expert_out, cudaStream_t stream, bool pdl);
+  // MoeFp8GroupedMma for gate_up (into gate_up [rows, 2 * Ie]), SiLU * up, and down.
+  absl::Status Mma(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
+                   const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
+                   __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
+                   cudaStream_t stream);
+  // The activations of one projection as `like`'s scheme says: bf16, or codes + scales.
+  absl::StatusOr<kernels::cuda::MoeFp8Activations> Input(const __nv_bfloat16* values, int64_t m,
+                                                         int64_t k, const CudaFp8Weight& like,
+                                                         cudaStream_t stream);
 
   const ModelConfig config_;
   const int64_t max_tokens_;
   const char* last_path_ = "";
+  bool grouped_mma_ = true;
   std::unique_ptr<CudaFp8Linear> linear_;
   DeviceBuffer codes_;   // activation codes for the GEMVs: [max(T * H, T * k * Ie)]
   DeviceBuffer scales_;  // their scales

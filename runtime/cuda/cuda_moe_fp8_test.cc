@@ -1,10 +1,10 @@
-// CudaFp8MoeExperts (cuda_moe_fp8.h) on both of its paths for the same 300-token step: the
+// CudaFp8MoeExperts (cuda_moe_fp8.h) on its three paths for the same 300-token step: the
 // prefill path (the offsets read back, one CudaFp8Linear per expert: cuBLASLt's block-scaled or
 // outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on the GEMV) and the FP8
-// expert GEMVs (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x 128 blocks as per-row
-// 128-column groups, 1 x 128 activations, widths with 4 groups: the block GEMM's) and
-// compressed-tensors' (per-channel, per-token); the e4m3 shared experts too. Uploads from the
-// loader's stacked form (UploadFp8MoeWeights), including expert parallelism's zero expert.
+// expert GEMVs and the grouped FP8 MMA (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x
+// 128 blocks as per-row 128-column groups, 1 x 128 activations, widths with 4 groups: the block
+// GEMM's) and compressed-tensors' (per-channel, per-token); the e4m3 shared experts too. Uploads
+// from the loader's stacked form (UploadFp8MoeWeights), including expert parallelism's zero expert.
 //
 // Every stage is checked against the CPU reference (cpu::Fp8Linear per expert, SiLU * up rounded
 // as the kernels round) fed the GPU's OWN input of that stage: the same bf16 values quantize to
@@ -249,11 +249,17 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
     return std::make_pair(kernels::cuda_test::ToFloat(act.ToHost()),
                           kernels::cuda_test::ToFloat(out.ToHost()));
   };
+  EXPECT_TRUE((*experts)->grouped_mma());  // the default (TANDEM_MOE_FP8 unset)
+  (*experts)->set_grouped_mma(false);
   const auto [act_gemv, out_gemv] = run(nullptr);
   EXPECT_STREQ((*experts)->last_path(), "fp8-expert-gemv");
   const auto [act_gemm, out_gemm] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), "fp8-per-expert-gemm");
   const std::vector<float> gu_gemm = kernels::cuda_test::ToFloat(gate_up.ToHost());
+  (*experts)->set_grouped_mma(true);
+  const auto [act_mma, out_mma] = run(nullptr);
+  EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
+  const std::vector<float> gu_mma = kernels::cuda_test::ToFloat(gate_up.ToHost());
 
   // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
   const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
@@ -270,6 +276,10 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   Compare(act_gemm, SiluMul(gu_gemm, rows, I), kOneStep, 1e-6f, "GEMM act vs CPU on its gate_up");
   const std::vector<float> down_of_gemm_act = PerExpert(act_gemm, I, dn_w, H, o);
   Compare(out_gemm, down_of_gemm_act, kRound, kAccum, "GEMM down vs CPU on its act");
+  Compare(gu_mma, gu_want, kRound, kAccum, "grouped MMA gate_up vs CPU");
+  Compare(act_mma, SiluMul(gu_mma, rows, I), kOneStep, 1e-6f, "MMA act vs CPU on its gate_up");
+  Compare(out_mma, PerExpert(act_mma, I, dn_w, H, o), kRound, kAccum,
+          "grouped MMA down vs CPU on its act");
 
   // GEMM against GEMV: act within the roundings of gate / up; the outputs differ by what the
   // down projection makes of the two act versions (computed on the CPU), and by nothing else.
