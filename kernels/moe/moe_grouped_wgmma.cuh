@@ -119,7 +119,7 @@ __device__ __forceinline__ TileRef FindTile(int t, const int* start, const int* 
 }
 
 struct Params {
-  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1; with glu as
+  // kTmaWeights / kTmaOperands: the weights as [E][n][k], boxes 64 x kBN x 1; with kGlu as
   // [E][2][n / 2][k], boxes 64 x kBN / 2 x 1 x 1 (a tile's gate rows, then its up rows).
   CUtensorMap wmap;
   CUtensorMap amap;  // kTmaOperands without a gather: A as [rows][k], boxes of 64 x kBM
@@ -128,10 +128,11 @@ struct Params {
   const void* w;
   const int32_t* offsets;
   void* out;
+  // The kernels' kGlu (MoeGroupedWgmmaGateUpSilu, a template parameter so that the plain kernels
+  // are the code they were before it): w is gate_up [E][n][k] (n = 2 x inter); a 256-column tile
+  // holds 128 gate columns and the same 128 up columns, and out [rows][n / 2] gets
+  // round(silu(g) * u).
   int num_experts, n, k;
-  // MoeGroupedWgmmaGateUpSilu: w is gate_up [E][n][k] (n = 2 x inter); a 256-column tile holds
-  // 128 gate columns and the same 128 up columns, and out [rows][n / 2] gets round(silu(g) * u).
-  bool glu;
 };
 
 template <typename T>
@@ -302,7 +303,7 @@ __device__ __forceinline__ void TwoBlockMainLoop(float (&acc)[2][64], uint32_t r
 // counts 4 warps) by one warpgroup. The turn barriers keep the MMAs in tile order: warpgroup w
 // starts tile i > 0 only after the other has waited on every stage of tile i - 1 (turn[w]), so
 // a warpgroup never waits on a ring stage two fills ahead (parity waits stay unambiguous).
-template <typename T, int kShape, Producer kProducer>
+template <typename T, int kShape, Producer kProducer, bool kGlu>
 __device__ void ConsumePingPong(const Params& p, const int* start, const int* offs, uint32_t ring,
                                 uint64_t* full, uint64_t* empty, uint64_t* turn) {
   using C = Tile<kShape>;
@@ -326,7 +327,7 @@ __device__ void ConsumePingPong(const Params& p, const int* start, const int* of
       TwoBlockMainLoop<T, kShape, kProducer, 1, true>(acc, ring, full, empty, next, step, ktiles,
                                                       0);
     }
-    if (kShape == k64x256 && p.glu) {
+    if constexpr (kShape == k64x256 && kGlu) {
       StoreGlu<T>(acc, p, tr, 0);
       continue;
     }
@@ -340,7 +341,7 @@ __device__ void ConsumePingPong(const Params& p, const int* start, const int* of
 // A consumer warpgroup (wg 0 or 1) of the cooperative schedule on 128 x 256 tiles: rows wg * 64
 // of every tile, all 256 columns, as two 64 x 128 accumulator blocks; a warpgroup whose rows are
 // all past the expert's only waits on and releases the stages.
-template <typename T, Producer kProducer>
+template <typename T, Producer kProducer, bool kGlu>
 __device__ void ConsumeWide(const Params& p, const int* start, const int* offs, uint32_t ring,
                             uint64_t* full, uint64_t* empty) {
   using C = Tile<k128x256>;
@@ -359,7 +360,7 @@ __device__ void ConsumeWide(const Params& p, const int* start, const int* offs, 
     }
     TwoBlockMainLoop<T, k128x256, kProducer, 2, false>(acc, ring, full, empty, nullptr, step,
                                                        ktiles, row_off);
-    if (p.glu) {
+    if constexpr (kGlu) {
       StoreGlu<T>(acc, p, tr, row_off);
       continue;
     }

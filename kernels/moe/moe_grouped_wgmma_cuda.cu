@@ -29,9 +29,9 @@
 // per-expert tile prefix from the device offsets once (shared memory) and finds a tile's expert
 // by binary search: no read-back, capturable in CUDA graphs.
 //
-// MoeGroupedWgmmaGateUpSilu (Params::glu) runs gate_up on kCooperative128x256's tiles with each
-// tile's weights as two TMA boxes (128 gate rows, the same 128 up rows: a consumer thread holds g
-// and u of the same outputs) and stores silu(g) * u.
+// MoeGroupedWgmmaGateUpSilu (the kernels' kGlu) runs gate_up on kCooperative128x256's tiles with
+// each tile's weights as two TMA boxes (128 gate rows, the same 128 up rows: a consumer thread
+// holds g and u of the same outputs) and stores silu(g) * u.
 //
 // Performance (H200, bf16, Qwen3-30B-A3B's experts with the gather and SiLU * up): the default
 // (kTmaOperands, kCooperative128x256) 433 TFLOP/s at 8,192 tokens (55% of a dense cuBLAS GEMM;
@@ -107,12 +107,12 @@ __device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
-// The weight tile of stage `dst` (kBN rows of 64 k columns) by TMA: with glu the tile's gate rows
-// (gate_up rows n0 / 2 ...) then its up rows (inter + n0 / 2 ...), kBN / 2 each.
-template <int kBN>
+// The weight tile of stage `dst` (kBN rows of 64 k columns) by TMA: with kGlu the tile's gate
+// rows (gate_up rows n0 / 2 ...) then its up rows (inter + n0 / 2 ...), kBN / 2 each.
+template <int kBN, bool kGlu>
 __device__ __forceinline__ void TmaLoadWeights(uint32_t dst, const Params& p, int kt,
                                                const TileRef& tr, uint64_t* bar) {
-  if (!p.glu) {
+  if constexpr (!kGlu) {
     TmaLoad3d(dst, &p.wmap, kt * kBK, tr.n0, tr.expert, bar);
     return;
   }
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool AllByTma(Producer producer, const Params& p) {
 }
 
 // The producer of AllByTma: thread 0 alone, both tiles of a stage by TMA.
-template <int kShape>
+template <int kShape, bool kGlu>
 __device__ void ProduceByTma(const Params& p, const int* start, const int* offs, uint32_t ring,
                              uint64_t* full, uint64_t* empty) {
   using C = Tile<kShape>;
@@ -143,19 +143,19 @@ __device__ void ProduceByTma(const Params& p, const int* start, const int* offs,
       const uint32_t stage = ring + st * C::kStageBytes;
       MbarArriveExpectTx(full + st, C::kStageBytes);
       TmaLoad2d(stage, &p.amap, kt * kBK, tr.row0, full + st);
-      TmaLoadWeights<C::kBN>(stage + C::kBOff, p, kt, tr, full + st);
+      TmaLoadWeights<C::kBN, kGlu>(stage + C::kBOff, p, kt, tr, full + st);
     }
   }
 }
 
-template <typename T, int kShape, Producer kProducer>
+template <typename T, int kShape, Producer kProducer, bool kGlu>
 __device__ void Produce(const Params& p, const int* start, const int* offs, uint32_t ring,
                         uint64_t* full, uint64_t* empty) {
   using C = Tile<kShape>;
   constexpr int kAJ = C::kBM / 16, kBJ = C::kBN / 16;
   const int tid = threadIdx.x, first = tid >> 3, u = tid & 7;
   if (AllByTma(kProducer, p)) {
-    if (tid == 0) ProduceByTma<kShape>(p, start, offs, ring, full, empty);
+    if (tid == 0) ProduceByTma<kShape, kGlu>(p, start, offs, ring, full, empty);
     return;
   }
   const uint32_t dst0 = first * 128 + ((u ^ (first & 7)) << 4);
@@ -192,7 +192,7 @@ __device__ void Produce(const Params& p, const int* start, const int* offs, uint
       if constexpr (TmaWeights(kProducer)) {
         if (tid == 0) {
           MbarArriveExpectTx(full + st, C::kBN * 128);
-          TmaLoadWeights<C::kBN>(ring + st * C::kStageBytes + C::kBOff, p, kt, tr, full + st);
+          TmaLoadWeights<C::kBN, kGlu>(ring + st * C::kStageBytes + C::kBOff, p, kt, tr, full + st);
         }
       } else {
 #pragma unroll
@@ -241,8 +241,8 @@ __device__ __forceinline__ void SetMaxRegs() {
 }
 
 // kPingPong: the ping-pong schedule's consumers (k64x256 or k128x128); k128x256 tiles take the
-// cooperative ConsumeWide.
-template <typename T, int kShape, Producer kProducer, bool kPingPong>
+// cooperative ConsumeWide. kGlu: MoeGroupedWgmmaGateUpSilu (k128x256, or k64x256 ping-pong).
+template <typename T, int kShape, Producer kProducer, bool kPingPong, bool kGlu>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWgmmaKernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -270,13 +270,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kTwoBlocks = kPingPong || kShape == k128x256;
   if (threadIdx.x < 128) {
     if constexpr (kTwoBlocks) SetMaxRegs<kProducerRegs, false>();
-    Produce<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+    Produce<T, kShape, kProducer, kGlu>(p, start, offs, SmemAddr(smem), full, empty);
   } else if constexpr (kShape == k128x256) {
     SetMaxRegs<kConsumerRegs, true>();
-    ConsumeWide<T, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
+    ConsumeWide<T, kProducer, kGlu>(p, start, offs, SmemAddr(smem), full, empty);
   } else if constexpr (kPingPong) {
     SetMaxRegs<kConsumerRegs, true>();
-    ConsumePingPong<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty, turn);
+    ConsumePingPong<T, kShape, kProducer, kGlu>(p, start, offs, SmemAddr(smem), full, empty, turn);
   } else {
     Consume<T, kShape, kProducer>(p, start, offs, SmemAddr(smem), full, empty);
   }
@@ -304,10 +304,10 @@ absl::StatusOr<bool> IsSm90() {
   return major == 9 && minor == 0;
 }
 
-template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
+template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong, bool kGlu>
 absl::Status Launch(const Params& p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kShape>;
-  const auto kernel = GroupedWgmmaKernel<T, kShape, kProducer, kPingPong>;
+  const auto kernel = GroupedWgmmaKernel<T, kShape, kProducer, kPingPong, kGlu>;
   // The shared-memory opt-in is a host call: made here unless capturing (MoeGroupedWgmmaInit
   // made it before capture then).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -358,13 +358,13 @@ absl::StatusOr<CUtensorMap> EncodeMap(const void* base, bool bf16, const cuuint6
 }
 
 // The tensor maps of the TMA producers (kTmaWeights, kTmaOperands) into p, then the launch.
-template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
+template <typename T, int kShape, MoeWgmmaProducer kProducer, bool kPingPong, bool kGlu>
 absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
   using C = Tile<kShape>;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const auto n = static_cast<cuuint64_t>(p.n), k = static_cast<cuuint64_t>(p.k);
   const auto experts = static_cast<cuuint64_t>(p.num_experts);
-  if (p.glu) {  // [E][2][n / 2][k]: zeros past n / 2 in each half
+  if constexpr (kGlu) {  // [E][2][n / 2][k]: zeros past n / 2 in each half
     ASSIGN_OR_RETURN(p.wmap,
                      EncodeMap<4>(p.w, bf16, {k, n / 2, 2, experts}, {64, C::kBN / 2, 1, 1}));
   } else {
@@ -374,34 +374,34 @@ absl::Status LaunchTma(Params p, int64_t rows, cudaStream_t stream) {
     ASSIGN_OR_RETURN(p.amap,
                      EncodeMap<2>(p.a, bf16, {k, static_cast<cuuint64_t>(rows)}, {64, C::kBM}));
   }
-  return Launch<T, kShape, kProducer, kPingPong>(p, rows, stream);
+  return Launch<T, kShape, kProducer, kPingPong, kGlu>(p, rows, stream);
 }
 
-// The launch of `producer` on kShape tiles, kPingPong or not (the ping-pong schedule and the
-// 128 x 256 tiles are built for the TMA producers only: MoeGroupedWgmmaWith checks).
-template <typename T, int kShape, bool kPingPong>
+// The launch of `producer` on kShape tiles, kPingPong or not (the ping-pong schedule, the
+// 128 x 256 tiles and kGlu are built for the TMA producers only: the callers check).
+template <typename T, int kShape, bool kPingPong, bool kGlu = false>
 absl::Status LaunchVariant(MoeWgmmaProducer producer, const Params& p, int64_t rows,
                            cudaStream_t stream) {
-  if (producer == kTmaOps) return LaunchTma<T, kShape, kTmaOps, kPingPong>(p, rows, stream);
-  if (producer == kTma) return LaunchTma<T, kShape, kTma, kPingPong>(p, rows, stream);
-  if constexpr (kPingPong || kShape == moe_wgmma_internal::k128x256) {
+  if (producer == kTmaOps) return LaunchTma<T, kShape, kTmaOps, kPingPong, kGlu>(p, rows, stream);
+  if (producer == kTma) return LaunchTma<T, kShape, kTma, kPingPong, kGlu>(p, rows, stream);
+  if constexpr (kPingPong || kGlu || kShape == moe_wgmma_internal::k128x256) {
     return absl::InvalidArgumentError("MoeGroupedWgmma: this schedule needs a TMA producer");
   } else if (producer == kNoinc) {
-    return Launch<T, kShape, kNoinc, false>(p, rows, stream);
+    return Launch<T, kShape, kNoinc, false, false>(p, rows, stream);
   } else {
-    return Launch<T, kShape, kWait, false>(p, rows, stream);
+    return Launch<T, kShape, kWait, false, false>(p, rows, stream);
   }
 }
 
 // The shared-memory opt-in of the bf16 and fp16 kernels of one tile shape, producer and schedule.
-template <int kShape, MoeWgmmaProducer kProducer, bool kPingPong>
+template <int kShape, MoeWgmmaProducer kProducer, bool kPingPong, bool kGlu = false>
 absl::Status SetSmem() {
   constexpr int kBytes = Tile<kShape>::kSmemBytes;
   const auto set = [](auto kernel) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   };
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, kShape, kProducer, kPingPong>));
-  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, kShape, kProducer, kPingPong>));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__nv_bfloat16, kShape, kProducer, kPingPong, kGlu>));
+  CUDA_RETURN_IF_ERROR(set(GroupedWgmmaKernel<__half, kShape, kProducer, kPingPong, kGlu>));
   return absl::OkStatus();
 }
 
@@ -425,7 +425,12 @@ absl::Status MoeGroupedWgmmaInit() {
   RETURN_IF_ERROR((SetSmemBoth<kTma, true>()));
   RETURN_IF_ERROR((SetSmemBoth<kTmaOps, true>()));
   RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k128x256, kTma, false>()));
-  return SetSmem<moe_wgmma_internal::k128x256, kTmaOps, false>();
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k128x256, kTmaOps, false>()));
+  // MoeGroupedWgmmaGateUpSilu's kernels.
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k128x256, kTma, false, true>()));
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k128x256, kTmaOps, false, true>()));
+  RETURN_IF_ERROR((SetSmem<moe_wgmma_internal::k64x256, kTma, true, true>()));
+  return SetSmem<moe_wgmma_internal::k64x256, kTmaOps, true, true>();
 }
 
 bool MoeGroupedWgmmaSupported(const void* a, const void* w, int64_t n, int64_t k) {
@@ -475,7 +480,7 @@ absl::Status Dispatch(MoeWgmmaProducer producer, MoeWgmmaSchedule schedule, cons
 
 template <typename T>
 Params MakeParams(const T* a, const int32_t* a_row_index, const T* w, const int32_t* expert_offsets,
-                  int64_t num_experts, int64_t n, int64_t k, T* out, bool glu) {
+                  int64_t num_experts, int64_t n, int64_t k, T* out) {
   Params p{};
   p.a = a;
   p.a_row_index = a_row_index;
@@ -485,7 +490,6 @@ Params MakeParams(const T* a, const int32_t* a_row_index, const T* w, const int3
   p.num_experts = static_cast<int>(num_experts);
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
-  p.glu = glu;
   return p;
 }
 
@@ -500,8 +504,8 @@ absl::Status MoeGroupedWgmmaWith(MoeWgmmaProducer producer, MoeWgmmaSchedule sch
       CheckArgs("MoeGroupedWgmma", producer, schedule, a, w, out, num_experts, rows, n, k));
   if (rows == 0) return absl::OkStatus();
   return Dispatch<T>(producer, schedule,
-                     MakeParams(a, a_row_index, w, expert_offsets, num_experts, n, k, out, false),
-                     rows, stream);
+                     MakeParams(a, a_row_index, w, expert_offsets, num_experts, n, k, out), rows,
+                     stream);
 }
 
 template <typename T>
@@ -517,10 +521,15 @@ absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, c
   RETURN_IF_ERROR(CheckArgs("MoeGroupedWgmmaGateUpSilu", producer, kWide, a, gate_up, act,
                             num_experts, rows, 2 * inter, k));
   if (rows == 0) return absl::OkStatus();
-  return Dispatch<T>(
-      producer, kWide,
-      MakeParams(a, a_row_index, gate_up, expert_offsets, num_experts, 2 * inter, k, act, true),
-      rows, stream);
+  const Params p =
+      MakeParams(a, a_row_index, gate_up, expert_offsets, num_experts, 2 * inter, k, act);
+  // kCooperative128x256's tiles as Dispatch picks them: 64 x 256 ping-pong while experts average
+  // <= 64 rows, else 128 x 256.
+  using moe_wgmma_internal::k128x256;
+  using moe_wgmma_internal::k64x256;
+  return rows <= int64_t{64} * num_experts
+             ? LaunchVariant<T, k64x256, true, true>(producer, p, rows, stream)
+             : LaunchVariant<T, k128x256, false, true>(producer, p, rows, stream);
 }
 
 template <typename T>

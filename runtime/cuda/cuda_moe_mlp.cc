@@ -214,10 +214,12 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
   CudaMoeKernels k;
   const char* env = std::getenv("TANDEM_MOE_KERNELS");
   if (env == nullptr) return k;
-  k.split_combine = k.mma_grouped = k.wgmma_grouped = false;  // a list names exactly what is on
+  // A list names exactly what is on.
+  k.split_combine = k.mma_grouped = k.wgmma_grouped = k.fused_glu = false;
   for (absl::string_view item : absl::StrSplit(env, ',', absl::SkipEmpty())) {
     if (item == "new") {
-      k.split_combine = k.mma_grouped = k.fused_route = k.pdl = k.wgmma_grouped = true;
+      k.split_combine = k.mma_grouped = k.fused_route = k.pdl = k.wgmma_grouped = k.fused_glu =
+          true;
     } else if (item == "split_combine") {
       k.split_combine = true;
     } else if (item == "mma_grouped") {
@@ -228,11 +230,13 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
       k.pdl = true;
     } else if (item == "wgmma_grouped") {
       k.wgmma_grouped = true;
+    } else if (item == "fused_glu") {
+      k.fused_glu = true;
     } else if (item != "old") {
       return absl::InvalidArgumentError(
           absl::StrCat("TANDEM_MOE_KERNELS: unknown '", item,
                        "' (a comma-separated subset of split_combine, mma_grouped, fused_route, "
-                       "pdl, wgmma_grouped; new; old)"));
+                       "pdl, wgmma_grouped, fused_glu; new; old)"));
     }
   }
   return k;
@@ -359,9 +363,17 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
                        kc::MoeGroupedWgmmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
                        kc::MoeGroupedWgmmaSupported(act_.data(), w.experts_down.data(), H, I);
     const auto grouped = wgmma ? kc::MoeGroupedWgmma<T> : kc::MoeGroupedMma<T>;
-    RETURN_IF_ERROR(grouped(x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(),
-                            offsets_.get<int32_t>(), E, rows, 2 * I, H, gate_up_.get<T>(), stream));
-    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+    if (wgmma && kernels_.fused_glu && I % 8 == 0) {  // gate_up with SiLU * up, one launch
+      RETURN_IF_ERROR(kc::MoeGroupedWgmmaGateUpSilu<T>(
+          x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
+          rows, I, H, act_.get<T>(), stream));
+      ++fused_glu_steps_;
+    } else {
+      RETURN_IF_ERROR(grouped(x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(),
+                              offsets_.get<int32_t>(), E, rows, 2 * I, H, gate_up_.get<T>(),
+                              stream));
+      RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+    }
     return grouped(act_.get<T>(), nullptr, w.experts_down.get<T>(), offsets_.get<int32_t>(), E,
                    rows, H, I, expert_out_.get<T>(), stream);
   }

@@ -109,20 +109,25 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     Qwen3-30B-A3B's layer 1.12x / 1.28x faster at 1,024 / 8,192 tokens (nvidia-h200,
 //     kernels/moe/BENCHMARKS.md; greedy tokens and logits of a Qwen3-30B-A3B-shaped model equal
 //     to the old kernels': tests/gpu/moe_wgmma_e2e.sh); not at CUDA graph sizes, where it has
-//     not run under capture.
+//     not run under capture;
+//   fused_glu: on those MoeGroupedWgmma steps, gate_up with SiLU * up in its epilogue
+//     (MoeGroupedWgmmaGateUpSilu: bit-identical to MoeGroupedWgmma + MoeSiluAndMul, one launch
+//     and the gate_up buffer's round trip less) where the expert width is a multiple of 8.
 // The first four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test,
 // and moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
 // the first two, 3.68 -> 3.59 ms with the last two), wgmma_grouped since its first run.
 // FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped",
-// "fused_route", "pdl", "wgmma_grouped" ("new" or unset: all five; "old": none, the first A/B
-// baseline), read once per CudaMoeMlp::Create so the device A/B needs no new flag on every
-// binary. INVALID_ARGUMENT naming an unknown entry.
+// "fused_route", "pdl", "wgmma_grouped", "fused_glu" ("new" or unset: all six; "old": none, the
+// first A/B baseline), read once per CudaMoeMlp::Create so the device A/B needs no new flag on
+// every binary (fused_glu off: the list without it, tests/gpu/moe_fused_glu_call.sh).
+// INVALID_ARGUMENT naming an unknown entry.
 struct CudaMoeKernels {
   bool split_combine = true;
   bool mma_grouped = true;
   bool fused_route = true;
   bool pdl = true;
   bool wgmma_grouped = true;
+  bool fused_glu = true;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
@@ -183,6 +188,9 @@ class CudaMoeMlp {
   // mma_grouped on here before any CUDA graph capture needs kernels::cuda::MoeGroupedMmaInit().
   void set_kernels(const CudaMoeKernels& kernels) { kernels_ = kernels; }
   const CudaMoeKernels& kernels() const { return kernels_; }
+  // Steps whose experts ran gate_up through MoeGroupedWgmmaGateUpSilu (CudaMoeKernels::fused_glu)
+  // since creation, for tests.
+  int64_t fused_glu_steps() const { return fused_glu_steps_; }
 
  private:
   CudaMoeMlp(const ModelConfig& config, int64_t max_tokens);
@@ -202,6 +210,7 @@ class CudaMoeMlp {
   const int64_t max_tokens_;
   int64_t experts_ = 0;  // experts in the device buffers (DeviceExperts in the .cc)
   int64_t dispatch_capacity_ = 0;
+  int64_t fused_glu_steps_ = 0;
   Path path_ = Path::kAuto;
   CudaMoeKernels kernels_;
   kernels::GroupedRoutingParams routing_;
