@@ -311,7 +311,8 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
 
 // --only=w8a16: batch 1 (m = 1) at the Llama-3-8B / 70B TP = 1 projections, every launch with
 // PDL: the W8A8 kernel kAuto picks (codes ready) against the weight-only FP8 GEMV
-// (fp8_w8a16_gemv_cuda.h) plain, with its first loads before the PDL wait ("-early"), and in the
+// (fp8_w8a16_gemv_cuda.h; "w8a16" its fp32 inner loop, "w8a16-mma" the tensor-core one) plain,
+// with its first loads before the PDL wait ("-early"), and in the
 // folded form the decode step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next
 // to the bf16 SmallMLinear and its folded form. One line per (shape, variant): us and TB/s.
 struct W8a16Proj {
@@ -370,18 +371,24 @@ void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr) {
   });
   row("w8a8-auto", n * k,
       [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
-  for (const bool early : {false, true}) {
-    row(early ? "w8a16-early" : "w8a16", n * k,
-        [&](int i) { return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, early); });
-    row(early ? "w8a16-folded-early" : "w8a16-folded", n * k, [&](int i) {
-      if (pr.fold == 0) {
-        return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early);
-      }
-      if (pr.fold == 2) {
-        return Fp8W16GemvNormInSiluMul(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early);
-      }
-      return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, 1, buf.out, s, true, early);
-    });
+  for (const Fp8W16Math math : {Fp8W16Math::kFp32Fma, Fp8W16Math::kTensorCore}) {
+    const std::string m = math == Fp8W16Math::kTensorCore ? "w8a16-mma" : "w8a16";
+    for (const bool early : {false, true}) {
+      const std::string e = early ? "-early" : "";
+      row((m + e).c_str(), n * k, [&](int i) {
+        return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+      });
+      row((m + "-folded" + e).c_str(), n * k, [&](int i) {
+        if (pr.fold == 0) {
+          return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+        }
+        if (pr.fold == 2) {
+          return Fp8W16GemvNormInSiluMul(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early,
+                                         math);
+        }
+        return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+      });
+    }
   }
   Check(cudaDeviceSynchronize(), "shape");
   for (const std::vector<void*>* v : {&w8, &w16, &x, &norm}) {

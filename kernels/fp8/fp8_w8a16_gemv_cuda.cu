@@ -128,6 +128,33 @@ __device__ __forceinline__ void WarpDot(const uint4* const (&wrow)[R], const bf1
   }
 }
 
+// The output of row `row` (R = 2: column `row` of SiLU(gate) * up) from its dot products times
+// `unit` (the codes' f16 scale undone): the row's weight scale, the bias, the fold, one rounding.
+template <typename TOut, int R, Fold kFold>
+__device__ __forceinline__ void StoreRow(const Args& p, int64_t row, const float (&dot)[R],
+                                         float unit, TOut* __restrict__ out) {
+  float v[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t wr = row + r * p.n;
+    v[r] = dot[r] * unit * p.scales[wr];
+    if (p.bias != nullptr) v[r] += __bfloat162float(p.bias[wr]);
+  }
+  if constexpr (R == 2) {
+    // Gate and up rounded to bf16 as the unfused path stores them, then SiluAndMul's expression
+    // verbatim (expf, not __expf): bit-identical to the two kernels.
+    const float g = __bfloat162float(__float2bfloat16_rn(v[0]));
+    const float u = __bfloat162float(__float2bfloat16_rn(v[1]));
+    out[row] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  } else if constexpr (kFold == Fold::kAddOut) {
+    // The unfused path's two roundings: the product to bf16, then FusedAddRmsNorm's update.
+    const float prev = __bfloat162float(out[row]);
+    out[row] = __float2bfloat16_rn(prev + __bfloat162float(__float2bfloat16_rn(v[0])));
+  } else {
+    out[row] = internal::FromFloat<TOut>(v[0]);
+  }
+}
+
 // R = 1: warp = output row `row`. R = 2 (SiLU-and-mul, kNormIn): warp = output column `row`,
 // streaming gate row `row` and up row n + `row` together (the activations read once for both).
 template <typename TOut, int R, Fold kFold>
@@ -161,48 +188,206 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16Kernel(Args p, TOut* __rest
     if (!active) return;
     WarpDot<R, U, false>(wrow, p.a, chunks, lane, first, dot);
   }
-  if (lane != 0) return;
-  float v[R];
+  if (lane == 0) StoreRow<TOut, R, kFold>(p, row, dot, 256.0f, out);
+}
+
+// ---- Fp8W16Math::kTensorCore: the products on the tensor cores (mma.sync m16n8k16, f16 in,
+// fp32 accumulate). A block owns 16 output rows (R = 2: 16 gate and the 16 matching up rows);
+// its 8 warps split k: warp w takes the 64-column groups w, w + 8, ... of all 16 rows. In a group,
+// lane (g = lane / 4, t = lane % 4) loads the 16 codes of columns 16 t .. 16 t + 15 of rows g and
+// g + 8 (two 16-byte loads) and makes them exact f16 with the hardware convert (one
+// F2FP.F16.E4M3.UNPACK_B per two codes on sm_90a): 4 A fragments. The k order inside a group is
+// permuted (mma j takes columns 16 t + 4 j .. + 3 as its k = 2 t, 2 t + 1, 2 t + 8, 2 t + 9), the
+// same permutation for the B fragment, which is the lane's own 16 activations (f16, staged in
+// shared memory); all 8 columns of B are that vector, so C's column 0 holds the partial dots. A
+// warp's partials meet in shared memory and warp 0 adds the 8 warps in a fixed order. SASS
+// (sm_90a): 183 instructions in the loop's 4 groups a lane (128 weight bytes: 64 F2FP, 16 HMMA,
+// 8 LDS, 8 LDG, the rest addressing and bounds), ~23 per 16 weight bytes (the fp32 form's ~80).
+constexpr int kMmaRows = 16;              // output rows per block
+constexpr int kGroupChunks = 4 * kWarps;  // chunks (16 columns) between a warp's groups
+
+__device__ __forceinline__ void E4m3x4ToHalf2x2(uint32_t q, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(q));
+}
+
+__device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The lane's chunk c of rows g and g + 8 (h = 0, 1) of each row set. Past k the row's last
+// chunk again (finite codes, multiplied by the zero activations MmaGroup uses there); past n row
+// 0 (wrow), whose products land in C rows nobody stores.
+template <int R>
+__device__ __forceinline__ void LoadGroup(const uint4* const (&wrow)[R][2], int c, int chunks,
+                                          uint4 (&wv)[R][2]) {
+  const int cc = min(c, chunks - 1);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t wr = row + r * p.n;
-    v[r] = dot[r] * 256.0f * p.scales[wr];
-    if (p.bias != nullptr) v[r] += __bfloat162float(p.bias[wr]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wv[r][h] = __ldcs(wrow[r][h] + cc);
   }
-  if constexpr (R == 2) {
-    // Gate and up rounded to bf16 as the unfused path stores them, then SiluAndMul's expression
-    // verbatim (expf, not __expf): bit-identical to the two kernels.
-    const float g = __bfloat162float(__float2bfloat16_rn(v[0]));
-    const float u = __bfloat162float(__float2bfloat16_rn(v[1]));
-    out[row] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
-  } else if constexpr (kFold == Fold::kAddOut) {
-    // The unfused path's two roundings: the product to bf16, then FusedAddRmsNorm's update.
-    const float prev = __bfloat162float(out[row]);
-    out[row] = __float2bfloat16_rn(prev + __bfloat162float(__float2bfloat16_rn(v[0])));
+}
+
+// acc[r] += the lane's part of the group's 4 mma (row set r) at its chunk c.
+template <int R>
+__device__ __forceinline__ void MmaGroup(const uint4 (&wv)[R][2], const uint4* act, int c,
+                                         int chunks, float (&acc)[R][4]) {
+  uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+  if (c < chunks) b0 = act[2 * c], b1 = act[2 * c + 1];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4& b = j < 2 ? b0 : b1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t a0, a1, a2, a3;
+      E4m3x4ToHalf2x2(Word(wv[r][0], j), a0, a2);  // row g: k 2t, 2t + 1 | 2t + 8, 2t + 9
+      E4m3x4ToHalf2x2(Word(wv[r][1], j), a1, a3);  // row g + 8
+      MmaF16(acc[r], a0, a1, a2, a3, Word(b, (2 * j) & 3), Word(b, (2 * j + 1) & 3));
+    }
+  }
+}
+
+// act16 [k] (shared) = the bf16 activations as f16 (exact for 2^-14 <= |x| <= 65504), from
+// global memory (src) or in place (src == null: the staged bf16 row already in act16). Barrier
+// after.
+__device__ __forceinline__ void StageF16(const bf16* src, int64_t k, uint4* act16) {
+  for (int64_t i = threadIdx.x; i < k / 8; i += kWarps * 32) {
+    const uint4 x = src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src) + i) : act16[i];
+    uint32_t y[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t v = Word(x, j);
+      const __half2 h =
+          __floats2half2_rn(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+      y[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    act16[i] = make_uint4(y[0], y[1], y[2], y[3]);
+  }
+  __syncthreads();
+}
+
+template <typename TOut, int R, Fold kFold>
+__global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __restrict__ out) {
+  static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
+  static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
+  constexpr int G = kLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
+  static_assert(G % 2 == 0, "two halves");
+  __shared__ float partial[kWarps][R][kMmaRows];
+  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = int64_t{blockIdx.x} * kMmaRows;
+  const int chunks = static_cast<int>(p.k / 16);
+  const uint4* wrow[R][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r0 = row0 + lane / 4 + 8 * h;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wrow[r][h] = reinterpret_cast<const uint4*>(p.w + (r0 < p.n ? r0 + r * p.n : 0) * p.k);
+    }
+  }
+  const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
+  uint4 buf[G][R][2];
+  const auto load_first = [&] {
+#pragma unroll
+    for (int u = 0; u < G; ++u) LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
+  };
+  if (p.early) load_first();
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early) load_first();
+  if constexpr (kFold == Fold::kNormIn) {
+    bf16* staged = reinterpret_cast<bf16*>(w16_smem);
+    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged, staged + p.k);
+    StageF16(nullptr, p.k, w16_smem);
   } else {
-    out[row] = internal::FromFloat<TOut>(v[0]);
+    StageF16(p.a, p.k, w16_smem);
   }
+  float acc[R][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+  const uint4* act = w16_smem;
+  for (int g0 = warp * 4, c = c0; g0 < chunks; g0 += kGroupChunks * G, c += kGroupChunks * G) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // warp-uniform conditions: mma.sync needs every lane
+        const int u = half * H + h;
+        if (g0 + kGroupChunks * u < chunks)
+          MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // this half's next groups, G further on
+        const int u = half * H + h;
+        if (g0 + kGroupChunks * (G + u) < chunks) {
+          LoadGroup<R>(wrow, c + kGroupChunks * (G + u), chunks, buf[u]);
+        }
+      }
+    }
+  }
+  if (lane % 4 == 0) {  // C's column 0: rows g (c[0]) and g + 8 (c[2])
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      partial[warp][r][lane / 4] = acc[r][0];
+      partial[warp][r][lane / 4 + 8] = acc[r][2];
+    }
+  }
+  __syncthreads();
+  const int64_t row = row0 + threadIdx.x;
+  if (threadIdx.x >= kMmaRows || row >= p.n) return;
+  float dot[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    dot[r] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) dot[r] += partial[w][r][threadIdx.x];
+  }
+  StoreRow<TOut, R, kFold>(p, row, dot, 1.0f, out);
 }
 
 template <typename TOut, int R, Fold kFold>
 absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, cudaStream_t stream,
-                    bool pdl) {
+                    bool pdl, Fp8W16Math math) {
   if (!supported || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         ": needs m = 1, an e4m3 weight with scales constant along k (block_rows 1, "
-        "block_cols k), k a positive multiple of 16, 16-byte aligned codes and activations, a "
-        "non-null out (and with the norm folded in, a 16-byte aligned norm weight and 4 k bytes "
-        "<= ",
+        "block_cols k), k a positive multiple of 16 up to ",
+        kFp8W16MaxK,
+        ", 16-byte aligned codes and activations, a non-null out (and with the norm folded in, a "
+        "16-byte aligned norm weight and 4 k bytes <= ",
         kFp8W16NormInMaxSmemBytes, " of shared memory); got n=", p.n, " k=", p.k));
   }
+  const bool mma = math == Fp8W16Math::kTensorCore ||
+                   (math == Fp8W16Math::kAuto &&
+                    (kFold == Fold::kNormIn || p.k * 2 <= kFp8W16AutoMaxStagingBytes));
+  const int64_t rows_per_block = mma ? kMmaRows : kWarps;
   const internal::PdlLaunchConfig pdl_config(
-      dim3(static_cast<unsigned>((p.n + kWarps - 1) / kWarps)), dim3(kWarps * 32), stream, pdl);
+      dim3(static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block)), dim3(kWarps * 32),
+      stream, pdl);
   cudaLaunchConfig_t config = *pdl_config.get();  // its attributes stay in pdl_config
-  if constexpr (kFold == Fold::kNormIn) {
+  if (kFold == Fold::kNormIn) {
     config.dynamicSmemBytes = static_cast<size_t>(2 * p.k * sizeof(bf16));
+  } else if (mma) {
+    config.dynamicSmemBytes = static_cast<size_t>(p.k * sizeof(bf16));  // the f16 activations
   }
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, Fp8W16Kernel<TOut, R, kFold>, p, out));
+  if (!mma) {
+    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, Fp8W16Kernel<TOut, R, kFold>, p, out));
+    return absl::OkStatus();
+  }
+  const auto kernel = Fp8W16MmaKernel<TOut, R, kFold>;
+  if (config.dynamicSmemBytes > kFp8W16AutoMaxStagingBytes) {  // past the default: opt in
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(config.dynamicSmemBytes)));
+  }
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
   return absl::OkStatus();
 }
 
@@ -218,7 +403,7 @@ bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m) {
   const Fp8ScaleGrid& g = w.grid;
   return m >= 1 && m <= kFp8W16GemvMaxM && a != nullptr && w.codes != nullptr &&
          w.scales != nullptr && Aligned16(a) && Aligned16(w.codes) && g.rows >= 1 && g.cols >= 16 &&
-         g.cols % 16 == 0 && g.block_rows == 1 && g.block_cols >= g.cols &&
+         g.cols % 16 == 0 && g.cols <= kFp8W16MaxK && g.block_rows == 1 && g.block_cols >= g.cols &&
          g.rows <= (int64_t{1} << 31) * kWarps;
 }
 
@@ -232,48 +417,48 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 template <typename TOut>
 absl::Status Fp8W16Gemv(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                         TOut* out, cudaStream_t stream, bool programmatic_launch,
-                        bool early_weight_loads) {
+                        bool early_weight_loads, Fp8W16Math math) {
   return Launch<TOut, 1, Fold::kNone>("Fp8W16Gemv", Fp8W16GemvSupported(a, w, m),
                                       MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), out,
-                                      stream, programmatic_launch);
+                                      stream, programmatic_launch, math);
 }
 
 absl::Status Fp8W16GemvNormIn(const bf16* x, const bf16* norm_weight, float eps,
                               const Fp8DeviceWeight& w, const bf16* bias, int64_t m, bf16* out,
                               cudaStream_t stream, bool programmatic_launch,
-                              bool early_weight_loads) {
+                              bool early_weight_loads, Fp8W16Math math) {
   Args p = MakeArgs(x, w, bias, w.grid.rows, early_weight_loads);
   p.norm_weight = norm_weight;
   p.eps = eps;
   return Launch<bf16, 1, Fold::kNormIn>("Fp8W16GemvNormIn",
                                         Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out,
-                                        stream, programmatic_launch);
+                                        stream, programmatic_launch, math);
 }
 
 absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, float eps,
                                      const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                                      bf16* out, cudaStream_t stream, bool programmatic_launch,
-                                     bool early_weight_loads) {
+                                     bool early_weight_loads, Fp8W16Math math) {
   Args p = MakeArgs(x, w, bias, w.grid.rows / 2, early_weight_loads);
   p.norm_weight = norm_weight;
   p.eps = eps;
   return Launch<bf16, 2, Fold::kNormIn>(
       "Fp8W16GemvNormInSiluMul",
       w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out, stream,
-      programmatic_launch);
+      programmatic_launch, math);
 }
 
 absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                              bf16* residual, cudaStream_t stream, bool programmatic_launch,
-                             bool early_weight_loads) {
+                             bool early_weight_loads, Fp8W16Math math) {
   return Launch<bf16, 1, Fold::kAddOut>("Fp8W16GemvAddTo", Fp8W16GemvSupported(a, w, m),
                                         MakeArgs(a, w, bias, w.grid.rows, early_weight_loads),
-                                        residual, stream, programmatic_launch);
+                                        residual, stream, programmatic_launch, math);
 }
 
 template absl::Status Fp8W16Gemv<bf16>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
-                                       bf16*, cudaStream_t, bool, bool);
+                                       bf16*, cudaStream_t, bool, bool, Fp8W16Math);
 template absl::Status Fp8W16Gemv<float>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
-                                        float*, cudaStream_t, bool, bool);
+                                        float*, cudaStream_t, bool, bool, Fp8W16Math);
 
 }  // namespace tandem::kernels::cuda

@@ -26,15 +26,30 @@
 //   Fp8W16GemvAddTo         = residual = round(residual + round(Fp8W16Gemv's value)), as
 //                             FusedAddRmsNorm updates the residual.
 //
-// Supported weights: e4m3 codes [n, k] with k a positive multiple of 16, scales constant along
-// k (per-tensor as n copies, or per-channel: Fp8ScaleGrid block_rows 1, block_cols k), 16-byte
-// aligned codes and activations, m == 1. 128-column weight blocks are not supported (the
-// caller keeps the W8A8 kernels there).
+// Supported weights: e4m3 codes [n, k] with k a positive multiple of 16 up to kFp8W16MaxK, scales
+// constant along k (per-tensor as n copies, or per-channel: Fp8ScaleGrid block_rows 1, block_cols
+// k), 16-byte aligned codes and activations, m == 1. 128-column weight blocks are not supported
+// (the caller keeps the W8A8 kernels there).
 //
 // programmatic_launch: as SmallMLinear's (gemv_cuda.h): every warp waits for the preceding grid
 // before it reads a, the norm weight, bias or the residual, or writes out. early_weight_loads:
 // the warp's first 8 weight loads per lane are issued before that wait (the preceding grid must
 // not write the weight codes); false issues them after it.
+//
+// Fp8W16Math picks the inner loop (same interface, A/B in one binary; decode steps:
+// TANDEM_FP8_W16_MMA in runtime/cuda/cuda_llama_model_fp8.cc):
+//   kFp32Fma      the above: codes to f16 by integer ops, then fp32 fmaf (~80 instructions a lane
+//                 per 16 weight bytes: issue-bound on an H200, BENCHMARKS.md);
+//   kTensorCore   16 rows a block, its 8 warps splitting k; codes to f16 by the hardware convert
+//                 (exact), products on the tensor cores (mma.sync m16n8k16 f16 x f16, fp32
+//                 accumulate) with the activations converted bf16 -> f16 once per block into
+//                 shared memory (~23 SASS instructions a lane per 16 weight bytes). Numerics: the
+//                 activations are exact in f16 for 2^-14 <= |x| <= 65504 (bf16's 8 significant
+//                 bits fit f16's 11); below, f16 subnormals (absolute error <= 2^-25); above,
+//                 they overflow to inf: not for activations past 65504. The sums are fp32 (the
+//                 tensor core's accumulation order, 16 products a step). Folds bit-identical to
+//                 the unfolded kernels of the same math.
+//   kAuto         below.
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -51,6 +66,14 @@
 namespace tandem::kernels::cuda {
 
 inline constexpr int64_t kFp8W16GemvMaxM = 1;
+// The largest k (kTensorCore stages k f16 activations in shared memory: 128 KiB).
+inline constexpr int64_t kFp8W16MaxK = 65536;
+
+enum class Fp8W16Math { kFp32Fma, kTensorCore, kAuto };
+// kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
+// NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =
+// 28,672: 57 KiB a block cut the blocks a SM holds, 83 vs 63 us on an H200, BENCHMARKS.md).
+inline constexpr int64_t kFp8W16AutoMaxStagingBytes = 48 * 1024;
 // Shared memory the NormIn forms may use: the staged row and the norm weight, 2 * k * 2 bytes
 // (k <= 12280).
 inline constexpr int64_t kFp8W16NormInMaxSmemBytes = 48 * 1024;
@@ -68,13 +91,14 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 template <typename TOut>
 absl::Status Fp8W16Gemv(const __nv_bfloat16* a, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
                         int64_t m, TOut* out, cudaStream_t stream, bool programmatic_launch = false,
-                        bool early_weight_loads = false);
+                        bool early_weight_loads = false, Fp8W16Math math = Fp8W16Math::kFp32Fma);
 
 // out = RmsNorm(x) . W^T (+ bias); x: [m, k] (the residual stream), norm_weight: [k]; out [m, n].
 absl::Status Fp8W16GemvNormIn(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight, float eps,
                               const Fp8DeviceWeight& w, const __nv_bfloat16* bias, int64_t m,
                               __nv_bfloat16* out, cudaStream_t stream,
-                              bool programmatic_launch = false, bool early_weight_loads = false);
+                              bool programmatic_launch = false, bool early_weight_loads = false,
+                              Fp8W16Math math = Fp8W16Math::kFp32Fma);
 
 // out[i, j] = SiLU(g) * u, g / u = the rounded products of RmsNorm(x) with rows j / inter + j of
 // w ([2 * inter, k]: gate rows, then up rows) (+ bias [2 * inter]); out: [m, inter].
@@ -82,21 +106,24 @@ absl::Status Fp8W16GemvNormInSiluMul(const __nv_bfloat16* x, const __nv_bfloat16
                                      float eps, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
                                      int64_t m, __nv_bfloat16* out, cudaStream_t stream,
                                      bool programmatic_launch = false,
-                                     bool early_weight_loads = false);
+                                     bool early_weight_loads = false,
+                                     Fp8W16Math math = Fp8W16Math::kFp32Fma);
 
 // residual[m, n] = round(residual + round(a . W^T (+ bias))), in place; residual not overlapping
 // a, w or bias.
 absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* residual,
                              cudaStream_t stream, bool programmatic_launch = false,
-                             bool early_weight_loads = false);
+                             bool early_weight_loads = false,
+                             Fp8W16Math math = Fp8W16Math::kFp32Fma);
 
 extern template absl::Status Fp8W16Gemv<__nv_bfloat16>(const __nv_bfloat16*, const Fp8DeviceWeight&,
                                                        const __nv_bfloat16*, int64_t,
-                                                       __nv_bfloat16*, cudaStream_t, bool, bool);
+                                                       __nv_bfloat16*, cudaStream_t, bool, bool,
+                                                       Fp8W16Math);
 extern template absl::Status Fp8W16Gemv<float>(const __nv_bfloat16*, const Fp8DeviceWeight&,
                                                const __nv_bfloat16*, int64_t, float*, cudaStream_t,
-                                               bool, bool);
+                                               bool, bool, Fp8W16Math);
 
 }  // namespace tandem::kernels::cuda
 

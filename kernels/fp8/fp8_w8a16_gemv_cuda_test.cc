@@ -3,9 +3,9 @@
 // n = 77 / 130 / 9000 (a block's warps partly idle), k = 16 / 272 / 1040 / 4096 / 4112 / 14336
 // (a lane with no chunk, partial batches of loads, k not a multiple of 128), per-tensor and
 // per-channel scales, bias on / off, bf16 and fp32 out, the first loads before or after the PDL
-// wait (same bits); the folded forms bit for bit against the unfolded kernels (RmsNorm<bf16>,
-// SiluAndMul<bf16>, the residual add) and through them against the reference; refusals (GPU;
-// skips without one).
+// wait (same bits); both inner loops (Fp8W16Math: fp32 fmaf, tensor-core mma); the folded forms bit
+// for bit against the unfolded kernels (RmsNorm<bf16>, SiluAndMul<bf16>, the residual add) and
+// through them against the reference; refusals (GPU; skips without one).
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 
 #include <algorithm>
@@ -59,9 +59,11 @@ struct Weight {
 };
 
 // Checks got (one row of n outputs) against cpu::Fp8Linear (weight-only) on the activations x
-// [k]: fp32 summation error plus the output rounding (bf16_out).
+// [k]: fp32 summation error plus the output rounding (bf16_out). kTensorCore: the same fp32 bound
+// (products of f16 are exact in fp32; the tensor core adds 16 at a step, k / 128 steps a warp, far
+// inside 4e-6 sqrt(k)) plus the activations' f16 rounding below 2^-14 (<= 2^-25 each, times |w|).
 void ExpectNearReference(const Weight& w, const std::vector<float>& x, const bf16* bias,
-                         const std::vector<float>& got, bool bf16_out) {
+                         const std::vector<float>& got, bool bf16_out, Fp8W16Math math) {
   const int64_t n = w.grid.rows, k = w.grid.cols;
   const Fp8WeightView view{w.codes.data(), w.scales.data(), w.grid, Fp8ActivationScheme::kNone,
                            0.0f};
@@ -74,20 +76,25 @@ void ExpectNearReference(const Weight& w, const std::vector<float>& x, const bf1
                   .ok());
   cpu::DequantizeFp8Weight(view, 0, n, w_deq.data());
   for (int64_t j = 0; j < n; ++j) {
-    double mag = std::fabs(bias_f[j]);
-    for (int64_t i = 0; i < k; ++i) mag += std::fabs(x[i] * w_deq[j * k + i]);
-    const double tol =
-        4e-6 * std::sqrt(double(k)) * mag + (bf16_out ? 0x1p-8 * std::fabs(want[j]) : 0.0) + 1e-30;
+    double mag = std::fabs(bias_f[j]), wsum = 0.0;
+    for (int64_t i = 0; i < k; ++i) {
+      mag += std::fabs(x[i] * w_deq[j * k + i]);
+      wsum += std::fabs(w_deq[j * k + i]);
+    }
+    const double tol = 4e-6 * std::sqrt(double(k)) * mag +
+                       (bf16_out ? 0x1p-8 * std::fabs(want[j]) : 0.0) +
+                       (math == Fp8W16Math::kTensorCore ? 0x1p-25 * wsum : 0.0) + 1e-30;
     ASSERT_NEAR(got[j], want[j], tol) << "col " << j;
   }
 }
 
 template <typename TOut>
-std::vector<TOut> RunPlain(const bf16* x, const Weight& w, const bf16* bias, bool early) {
+std::vector<TOut> RunPlain(const bf16* x, const Weight& w, const bf16* bias, bool early,
+                           Fp8W16Math math) {
   DeviceBuffer<TOut> out(w.grid.rows);
   cudaMemset(out.get(), 0xFF, out.size() * sizeof(TOut));  // NaN: an unwritten element fails
   const absl::Status st = Fp8W16Gemv<TOut>(x, w.device(), bias, 1, out.get(), nullptr,
-                                           /*programmatic_launch=*/true, early);
+                                           /*programmatic_launch=*/true, early, math);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return out.ToHost();
@@ -99,37 +106,53 @@ bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 // The plain kernel, fp32 and bf16 out, early loads on and off, against the reference.
-void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool with_bias) {
+void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool with_bias,
+                Fp8W16Math math) {
   SCOPED_TRACE(::testing::Message()
-               << "plain n=" << n << " k=" << k << (per_tensor ? " per-tensor" : " per-channel")
-               << (with_bias ? " bias" : ""));
+               << "plain math=" << static_cast<int>(math) << " n=" << n << " k=" << k
+               << (per_tensor ? " per-tensor" : " per-channel") << (with_bias ? " bias" : ""));
   const Weight w(rng, n, k, per_tensor);
   const std::vector<bf16> x = RandomBf16(rng, k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
   DeviceBuffer<bf16> dx(x), dbias(bias);
   const bf16* b = with_bias ? dbias.get() : nullptr;
-  const std::vector<float> f32 = RunPlain<float>(dx.get(), w, b, false);
-  EXPECT_TRUE(SameBits(f32, RunPlain<float>(dx.get(), w, b, true))) << "early loads change bits";
-  const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true);
+  const std::vector<float> f32 = RunPlain<float>(dx.get(), w, b, false, math);
+  EXPECT_TRUE(SameBits(f32, RunPlain<float>(dx.get(), w, b, true, math)))
+      << "early loads change bits";
+  const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true, math);
   const std::vector<float> xf = cuda_test::ToFloat(x);
-  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, f32, false);
-  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16), true);
+  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, f32, false, math);
+  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16), true,
+                      math);
+}
+
+void CheckPlainShapes(Fp8W16Math math) {
+  std::mt19937 rng(cuda_test::TestSeed() + 2 * static_cast<int>(math));
+  CheckPlain(rng, 77, 16, false, true, math);      // one chunk: lanes 1..31 idle; 3 idle warps
+  CheckPlain(rng, 130, 272, true, false, math);    // 17 chunks: a partial first batch
+  CheckPlain(rng, 77, 1040, false, false, math);   // k % 128 = 16
+  CheckPlain(rng, 9000, 4112, false, true, math);  // 257 chunks: a second, one-chunk batch
+  CheckPlain(rng, 9000, 4096, true, true, math);
+  CheckPlain(rng, 130, 14336, false, true, math);  // 3.5 batches a lane
 }
 
 TEST(Fp8W16GemvCudaTest, MatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(cuda_test::TestSeed());
-  CheckPlain(rng, 77, 16, false, true);      // one chunk: lanes 1..31 idle; 3 idle warps
-  CheckPlain(rng, 130, 272, true, false);    // 17 chunks: a partial first batch
-  CheckPlain(rng, 77, 1040, false, false);   // k % 128 = 16
-  CheckPlain(rng, 9000, 4112, false, true);  // 257 chunks: a second, one-chunk batch
-  CheckPlain(rng, 9000, 4096, true, true);
-  CheckPlain(rng, 130, 14336, false, true);  // 3.5 batches a lane
+  CheckPlainShapes(Fp8W16Math::kFp32Fma);
+}
+
+// kTensorCore: n = 77 / 130 leave a block's last rows past n, k = 16 / 272 / 1040 / 4112 end in
+// a partial 64-column group, k = 272 gives warps 5..7 no group.
+TEST(Fp8W16GemvCudaTest, TensorCoreMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckPlainShapes(Fp8W16Math::kTensorCore);
 }
 
 // The folded forms bit for bit against the unfolded kernels, and through them the reference.
-void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool early) {
-  SCOPED_TRACE(::testing::Message() << "folds n=" << n << " k=" << k << (with_bias ? " bias" : "")
-                                    << (early ? " early" : ""));
+void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool early,
+                Fp8W16Math math) {
+  SCOPED_TRACE(::testing::Message()
+               << "folds math=" << static_cast<int>(math) << " n=" << n << " k=" << k
+               << (with_bias ? " bias" : "") << (early ? " early" : ""));
   const std::vector<bf16> x = RandomBf16(rng, k, 1.5f), norm_w = RandomBf16(rng, k, 1.0f);
   DeviceBuffer<bf16> dx(x), dnorm(norm_w), normed(k);
   ASSERT_TRUE(RmsNorm<bf16>(dx.get(), dnorm.get(), 1, k, kEps, normed.get(), nullptr).ok());
@@ -139,23 +162,23 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   DeviceBuffer<bf16> dbias(bias), folded(n);
   const bf16* b = with_bias ? dbias.get() : nullptr;
   ASSERT_TRUE(Fp8W16GemvNormIn(dx.get(), dnorm.get(), kEps, w.device(), b, 1, folded.get(), nullptr,
-                               true, early)
+                               true, early, math)
                   .ok());
-  const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early);
+  const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early, math);
   EXPECT_TRUE(SameBits(folded.ToHost(), unfolded)) << "NormIn != RmsNorm + Fp8W16Gemv";
   const std::vector<float> normed_f = cuda_test::ToFloat(normed.ToHost());
   ExpectNearReference(w, normed_f, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(unfolded),
-                      true);
+                      true, math);
 
   // SiLU-and-mul: gate rows 0..n-1, up rows n..2n-1 of one [2n, k] weight.
   const Weight gu(rng, 2 * n, k, false);
   DeviceBuffer<bf16> act(n), gate_up_out(2 * n);
   ASSERT_TRUE(Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), b, 1, act.get(),
-                                      nullptr, true, early)
+                                      nullptr, true, early, math)
                   .ok());
-  ASSERT_TRUE(
-      Fp8W16Gemv<bf16>(normed.get(), gu.device(), b, 1, gate_up_out.get(), nullptr, true, early)
-          .ok());
+  ASSERT_TRUE(Fp8W16Gemv<bf16>(normed.get(), gu.device(), b, 1, gate_up_out.get(), nullptr, true,
+                               early, math)
+                  .ok());
   // SiluAndMul takes inter a multiple of 8: gate and up padded with zeros to n8 columns each.
   const int64_t n8 = (n + 7) / 8 * 8;
   const std::vector<bf16> gate_up_host = gate_up_out.ToHost();
@@ -169,13 +192,14 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   EXPECT_TRUE(SameBits(act.ToHost(), want_act))
       << "NormInSiluMul != RmsNorm + Fp8W16Gemv + SiluAndMul";
   ExpectNearReference(gu, normed_f, with_bias ? bias.data() : nullptr,
-                      cuda_test::ToFloat(gate_up_out.ToHost()), true);
+                      cuda_test::ToFloat(gate_up_out.ToHost()), true, math);
 
   // AddTo: residual = round(residual + round(product)).
   const std::vector<bf16> res0 = RandomBf16(rng, n, 3.0f);
   DeviceBuffer<bf16> residual(res0);
   ASSERT_TRUE(
-      Fp8W16GemvAddTo(normed.get(), w.device(), b, 1, residual.get(), nullptr, true, early).ok());
+      Fp8W16GemvAddTo(normed.get(), w.device(), b, 1, residual.get(), nullptr, true, early, math)
+          .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<bf16> got = residual.ToHost();
   for (int64_t j = 0; j < n; ++j) {
@@ -185,13 +209,38 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   }
 }
 
+void CheckFoldShapes(Fp8W16Math math) {
+  std::mt19937 rng(cuda_test::TestSeed() + 1 + 2 * static_cast<int>(math));
+  CheckFolds(rng, 77, 272, true, false, math);
+  CheckFolds(rng, 130, 1040, false, true, math);
+  CheckFolds(rng, 9000, 4096, true, true, math);  // Llama-3-8B's hidden size
+  CheckFolds(rng, 33, 8192, false, false, math);  // Llama-3-70B's
+}
+
 TEST(Fp8W16GemvCudaTest, FoldsEqualTheUnfoldedKernels) {
   TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(cuda_test::TestSeed() + 1);
-  CheckFolds(rng, 77, 272, true, false);
-  CheckFolds(rng, 130, 1040, false, true);
-  CheckFolds(rng, 9000, 4096, true, true);  // Llama-3-8B's hidden size
-  CheckFolds(rng, 33, 8192, false, false);  // Llama-3-70B's
+  CheckFoldShapes(Fp8W16Math::kFp32Fma);
+}
+
+TEST(Fp8W16GemvCudaTest, TensorCoreFoldsEqualTheUnfoldedKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckFoldShapes(Fp8W16Math::kTensorCore);
+}
+
+// kAuto: the tensor-core bits while the f16 staging fits 48 KiB (k <= 24,576), else fp32's.
+TEST(Fp8W16GemvCudaTest, AutoPicksByTheStagingSize) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 5);
+  for (const int64_t k : {int64_t{1040}, int64_t{24576}, int64_t{24592}}) {
+    SCOPED_TRACE(::testing::Message() << "k=" << k);
+    const Weight w(rng, 33, k, false);
+    const std::vector<bf16> x = RandomBf16(rng, k, 2.0f);
+    DeviceBuffer<bf16> dx(x);
+    const Fp8W16Math want =
+        2 * k <= kFp8W16AutoMaxStagingBytes ? Fp8W16Math::kTensorCore : Fp8W16Math::kFp32Fma;
+    EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kAuto),
+                         RunPlain<float>(dx.get(), w, nullptr, true, want)));
+  }
 }
 
 TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
@@ -211,6 +260,11 @@ TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
                                  out.get(),
                                  nullptr)
                    .ok());  // 128-column blocks
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(),
+                                 {codes.get(), s.get(), {1, kFp8W16MaxK + 16, 1, kFp8W16MaxK + 16}},
+                                 nullptr, 1, out.get(), nullptr, false, false,
+                                 Fp8W16Math::kTensorCore)
+                   .ok());  // k past kFp8W16MaxK
   EXPECT_FALSE(Fp8W16Gemv<float>(x.get() + 1, w, nullptr, 1, out.get(), nullptr).ok());  // align
   EXPECT_FALSE(
       Fp8W16Gemv<float>(x.get(), w, nullptr, 1, static_cast<float*>(nullptr), nullptr).ok());

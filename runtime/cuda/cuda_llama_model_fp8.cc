@@ -92,6 +92,17 @@ bool W16EarlyLoads() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAuto
+// (Llama-3-8B batch 1 on an H200: 3.091 -> 3.026 ms a step against kFp32Fma,
+// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=1 kTensorCore everywhere, =0 kFp32Fma (A/B runs
+// of decode_step_bench).
+kernels::cuda::Fp8W16Math W16Math() {
+  const char* v = std::getenv("TANDEM_FP8_W16_MMA");
+  if (v == nullptr) return kernels::cuda::Fp8W16Math::kAuto;
+  return std::strcmp(v, "0") != 0 ? kernels::cuda::Fp8W16Math::kTensorCore
+                                  : kernels::cuda::Fp8W16Math::kFp32Fma;
+}
+
 }  // namespace
 
 bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
@@ -124,20 +135,21 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
   const int64_t Tn = step.num_tokens;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const bool pdl = options_.programmatic_launch, early = W16EarlyLoads();
+  const kc::Fp8W16Math math = W16Math();
   const Layer& w = layers_[l];
   bf16* residual = residual_.get<bf16>();
   RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
                                        w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
-                                       qkv_.get<bf16>(), stream, pdl, early));
+                                       qkv_.get<bf16>(), stream, pdl, early, math));
   ASSIGN_OR_RETURN(const bf16* o_in,
                    AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
   RETURN_IF_ERROR(kc::Fp8W16GemvAddTo(o_in, w.o_fp8.device(), w.o_bias.get<bf16>(), Tn, residual,
-                                      stream, pdl, early));
+                                      stream, pdl, early, math));
   RETURN_IF_ERROR(kc::Fp8W16GemvNormInSiluMul(residual, w.post_attention_layernorm.get<bf16>(), eps,
                                               w.gate_up_fp8.device(), w.gate_up_bias.get<bf16>(),
-                                              Tn, act_.get<bf16>(), stream, pdl, early));
+                                              Tn, act_.get<bf16>(), stream, pdl, early, math));
   return kc::Fp8W16GemvAddTo(act_.get<bf16>(), w.down_fp8.device(), w.down_bias.get<bf16>(), Tn,
-                             residual, stream, pdl, early);
+                             residual, stream, pdl, early, math);
 }
 
 }  // namespace tandem::runtime::cuda

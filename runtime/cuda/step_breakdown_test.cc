@@ -59,11 +59,18 @@ constexpr char kW16AddTo[] =
     "(tandem::kernels::cuda::(anonymous namespace)::Fold)2>(tandem::kernels::cuda::(anonymous "
     "namespace)::Args, __nv_bfloat16*)";
 
+constexpr char kW16MmaGateUp[] =
+    "void tandem::kernels::cuda::(anonymous namespace)::Fp8W16MmaKernel<__nv_bfloat16, 2, "
+    "(tandem::kernels::cuda::(anonymous namespace)::Fold)1>(tandem::kernels::cuda::(anonymous "
+    "namespace)::Args, __nv_bfloat16*)";
+
 TEST(StepBreakdownTest, WeightOnlyFp8GemvsFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kW16AddTo, "embedding"), "fp8 w8a16 gemv qkv");
   EXPECT_EQ(KernelClass(kW16AddTo, "attention"), "fp8 w8a16 gemv o_proj");
   EXPECT_EQ(KernelClass(kW16GateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");
   EXPECT_EQ(KernelClass(kW16AddTo, "fp8 w8a16 gemv gate_up + silu"), "fp8 w8a16 gemv down_proj");
+  // The tensor-core inner loop (Fp8W16Math::kTensorCore) classes the same.
+  EXPECT_EQ(KernelClass(kW16MmaGateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");
 }
 
 TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
