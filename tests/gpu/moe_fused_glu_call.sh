@@ -59,8 +59,10 @@ Q=(--backend=cuda --load_format=dummy --dummy_config=qwen3-30b-a3b --max_num_seq
   "--prompt_ids=$(ids 800 1);$(ids 300 2)")
 G=$B/bin/runtime/generate
 step e2e_fused 45 env -u TANDEM_MOE_KERNELS "$G" "${Q[@]}"
+((step_rc == 0)) || tail -n 3 "$LOG/e2e_fused.txt"
 step e2e_unfused 45 env TANDEM_MOE_KERNELS=split_combine,mma_grouped,fused_route,pdl,wgmma_grouped \
   "$G" "${Q[@]}"
+((step_rc == 0)) || tail -n 3 "$LOG/e2e_unfused.txt"
 e2e=FAIL
 if python3 - "$LOG/e2e_fused.txt" "$LOG/e2e_unfused.txt" <<'PY'; then
 import json, sys
