@@ -245,6 +245,8 @@ __device__ __forceinline__ void SetMaxRegs() {
 template <typename T, int kShape, Producer kProducer, bool kPingPong, bool kGlu>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWgmmaKernel(const __grid_constant__ Params p) {
+  static_assert(!kGlu || kShape == k128x256 || (kShape == k64x256 && kPingPong),
+                "kGlu's epilogue is on ConsumeWide's and the 64 x 256 ping-pong tiles only");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Tile<kShape>;
   extern __shared__ uint8_t smem_raw[];
