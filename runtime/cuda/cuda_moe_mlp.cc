@@ -316,6 +316,32 @@ absl::StatusOr<std::vector<int64_t>> CudaMoeMlp::ExpertLoad() const {
   return out;
 }
 
+// The experts on MoeGroupedMma, or for prefill-sized steps on sm_90 MoeGroupedWgmma (the same
+// contract on Hopper's warpgroup MMA), gate_up there with SiLU * up in its epilogue
+// (CudaMoeKernels::fused_glu; bit-identical to gate_up + MoeSiluAndMul).
+template <typename T>
+absl::Status CudaMoeMlp::GroupedMma(const CudaMoeWeights& w, const T* x, int64_t Tn,
+                                    cudaStream_t stream) {
+  const int64_t E = experts_, H = config_.hidden_size, I = config_.moe_intermediate_size,
+                rows = Tn * config_.num_experts_per_tok;
+  const bool wgmma = kernels_.wgmma_grouped && Tn >= kWgmmaMinTokens &&
+                     kc::MoeGroupedWgmmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
+                     kc::MoeGroupedWgmmaSupported(act_.data(), w.experts_down.data(), H, I);
+  const auto grouped = wgmma ? kc::MoeGroupedWgmma<T> : kc::MoeGroupedMma<T>;
+  if (wgmma && kernels_.fused_glu && I % 8 == 0) {
+    RETURN_IF_ERROR(kc::MoeGroupedWgmmaGateUpSilu<T>(
+        x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
+        rows, I, H, act_.get<T>(), stream));
+    ++fused_glu_steps_;
+  } else {
+    RETURN_IF_ERROR(grouped(x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(),
+                            offsets_.get<int32_t>(), E, rows, 2 * I, H, gate_up_.get<T>(), stream));
+    RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
+  }
+  return grouped(act_.get<T>(), nullptr, w.experts_down.get<T>(), offsets_.get<int32_t>(), E, rows,
+                 H, I, expert_out_.get<T>(), stream);
+}
+
 template <typename T>
 absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn,
                                  const int32_t** row_map, cudaStream_t stream) {
@@ -358,24 +384,7 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
       expert_out_.bytes() >= rows * H * 2 &&
       kc::MoeGroupedMmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
       kc::MoeGroupedMmaSupported(act_.data(), w.experts_down.data(), H, I)) {
-    // MoeGroupedWgmma: the same contract on Hopper's warpgroup MMA, for prefill-sized steps.
-    const bool wgmma = kernels_.wgmma_grouped && Tn >= kWgmmaMinTokens &&
-                       kc::MoeGroupedWgmmaSupported(x, w.experts_gate_up.data(), 2 * I, H) &&
-                       kc::MoeGroupedWgmmaSupported(act_.data(), w.experts_down.data(), H, I);
-    const auto grouped = wgmma ? kc::MoeGroupedWgmma<T> : kc::MoeGroupedMma<T>;
-    if (wgmma && kernels_.fused_glu && I % 8 == 0) {  // gate_up with SiLU * up, one launch
-      RETURN_IF_ERROR(kc::MoeGroupedWgmmaGateUpSilu<T>(
-          x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(), offsets_.get<int32_t>(), E,
-          rows, I, H, act_.get<T>(), stream));
-      ++fused_glu_steps_;
-    } else {
-      RETURN_IF_ERROR(grouped(x, token_of_row_.get<int32_t>(), w.experts_gate_up.get<T>(),
-                              offsets_.get<int32_t>(), E, rows, 2 * I, H, gate_up_.get<T>(),
-                              stream));
-      RETURN_IF_ERROR(kc::MoeSiluAndMul<T>(gate_up_.get<T>(), rows, I, act_.get<T>(), stream));
-    }
-    return grouped(act_.get<T>(), nullptr, w.experts_down.get<T>(), offsets_.get<int32_t>(), E,
-                   rows, H, I, expert_out_.get<T>(), stream);
+    return GroupedMma<T>(w, x, Tn, stream);
   }
   if (path == Path::kPadded) {  // cap = T: no expert gets more rows than there are tokens
     if (Tn > kSyncFreeMaxTokens) {

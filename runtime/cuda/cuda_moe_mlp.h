@@ -197,6 +197,9 @@ class CudaMoeMlp {
   template <typename T>
   absl::Status Experts(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
                        const int32_t** row_map, cudaStream_t stream);
+  template <typename T>
+  absl::Status GroupedMma(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
+                          cudaStream_t stream);
   // Forward under UseAllToAll (cuda_moe_mlp_dispatch.cc).
   template <typename T>
   absl::Status ForwardDispatched(const CudaMoeWeights& w, const T* x, int64_t num_tokens,
