@@ -4,9 +4,10 @@
 #   tests/gpu/moe_fused_glu_call.sh BUNDLE_DIR
 # BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/moe:moe_cuda_layer_test
 #   //runtime/cuda:cuda_moe_mlp_test //kernels/moe:moe_cuda_bench tool//runtime:generate; optional
-#   bin/kernels/moe/moe_cuda_bench_2de8882 (the bench linked with 2de8882's kernel, whose fusion
-#   was a runtime flag: the A/B of the unfused kernel). Steps, each under its own timeout (~2 min
-#   on an H200 in all):
+#   bin/kernels/moe/moe_cuda_bench_2de8882 (moe_cuda_bench's link with moe_grouped_wgmma_cuda.cu
+#   compiled from 2de8882's sources, whose fusion was a runtime flag: the A/B of the unfused
+#   kernel). Steps, each under its own timeout (~2 min on an H200 in all; the A/B only if started
+#   within 65 s, ncu within 110 s):
 #   layer_test   moe_cuda_layer_test (the kernels against fp64 / the CPU layer, fused included);
 #   mlp_test     cuda_moe_mlp_test (CudaMoeMlp fused vs unfused: bit-equal, both vs the CPU);
 #   bench        moe_cuda_bench --tokens=1024,4096,8192 --iters=20 --variants=0: wg_ms (unfused
@@ -41,7 +42,7 @@ results mlp_test
 BENCH=(--iters=20 --variants=0)
 step bench 60 "$K/moe_cuda_bench" --tokens=1024,4096,8192 "${BENCH[@]}"
 grep -E "^(Mixtral|Qwen3)|^ +[0-9]" "$LOG/bench.txt" | cut -c1-400
-if [[ -x $K/moe_cuda_bench_2de8882 ]] && ((SECONDS - T0 < 100)); then
+if [[ -x $K/moe_cuda_bench_2de8882 ]] && ((SECONDS - T0 < 65)); then
   step bench_2de8882 35 "$K/moe_cuda_bench_2de8882" --tokens=4096,8192 "${BENCH[@]}"
   step bench_again 35 "$K/moe_cuda_bench" --tokens=4096,8192 "${BENCH[@]}"
   for f in bench_2de8882 bench_again; do
@@ -82,8 +83,8 @@ fi
 echo "$e2e e2e fused vs unfused (tokens and last-prompt logits equal)"
 [[ $e2e == PASS ]] || failed+=(e2e)
 NCU=/usr/local/cuda/bin/ncu
-if [[ -x $NCU ]] && ((SECONDS - T0 < 120)); then
-  step ncu 35 "$NCU" --kernel-name regex:GroupedWgmma --launch-count 2 \
+if [[ -x $NCU ]] && ((SECONDS - T0 < 110)); then
+  step ncu 30 "$NCU" --kernel-name regex:GroupedWgmma --launch-count 2 \
     --metrics gpu__time_duration.sum "$G" "${Q[@]}"
   grep -E "GroupedWgmmaKernel|gpu__time_duration" "$LOG/ncu.txt" | cut -c1-200
 fi
