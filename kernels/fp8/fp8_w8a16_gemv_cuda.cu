@@ -352,6 +352,21 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __r
   StoreRow<TOut, R, kFold>(p, row, dot, 1.0f, out);
 }
 
+// A kernel's static shared memory (the mma kernel's partial sums, StageRmsNorm's warp sums) counts
+// against the same 48 KiB default as the dynamic staging: opt in whenever both together pass it
+// (k = 24,576 staged, or 4 k = 48 KiB with the norm folded in, is the default alone).
+template <typename Kernel>
+absl::Status OptInPastTheDefaultSmem(Kernel kernel, size_t dynamic_bytes) {
+  // Both kernels' static parts are < 8 KiB: below 40 KiB dynamic no query (one per launch).
+  if (dynamic_bytes <= size_t{40} * 1024) return absl::OkStatus();
+  cudaFuncAttributes attributes{};
+  CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
+  if (dynamic_bytes + attributes.sharedSizeBytes <= size_t{48} * 1024) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(dynamic_bytes)));
+  return absl::OkStatus();
+}
+
 template <typename TOut, int R, Fold kFold>
 absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, cudaStream_t stream,
                     bool pdl, Fp8W16Math math) {
@@ -379,14 +394,13 @@ absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, 
     config.dynamicSmemBytes = static_cast<size_t>(p.k * sizeof(bf16));  // the f16 activations
   }
   if (!mma) {
-    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, Fp8W16Kernel<TOut, R, kFold>, p, out));
+    const auto kernel = Fp8W16Kernel<TOut, R, kFold>;
+    RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
     return absl::OkStatus();
   }
   const auto kernel = Fp8W16MmaKernel<TOut, R, kFold>;
-  if (config.dynamicSmemBytes > kFp8W16AutoMaxStagingBytes) {  // past the default: opt in
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(config.dynamicSmemBytes)));
-  }
+  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
   return absl::OkStatus();
 }

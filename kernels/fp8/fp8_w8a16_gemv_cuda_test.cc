@@ -215,6 +215,7 @@ void CheckFoldShapes(Fp8W16Math math) {
   CheckFolds(rng, 130, 1040, false, true, math);
   CheckFolds(rng, 9000, 4096, true, true, math);  // Llama-3-8B's hidden size
   CheckFolds(rng, 33, 8192, false, false, math);  // Llama-3-70B's
+  CheckFolds(rng, 40, 12272, true, true, math);   // the largest NormIn k: 4 k + statics <= 48 KiB
 }
 
 TEST(Fp8W16GemvCudaTest, FoldsEqualTheUnfoldedKernels) {
