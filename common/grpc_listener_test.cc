@@ -132,9 +132,16 @@ TEST(GrpcListenerTest, ConnectionsPastTheCapAreClosedAndIdleOnesDropped) {
   const absl::Duration idle_for = absl::Now() - opened;
   EXPECT_GE(idle_for, absl::Milliseconds(1300));
   EXPECT_LT(idle_for, absl::Seconds(5));
-  const int again = http::ConnectLoopback(port);
-  EXPECT_FALSE(ClosedWithin(again, absl::Milliseconds(200)));
-  close(again);
+  // gRPC may close a dropped connection's descriptor a moment after its peer read the EOF, and
+  // the listener counts descriptors: a new connection is admitted again within a second or two.
+  bool admitted = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(3); !admitted && absl::Now() < end;) {
+    const int again = http::ConnectLoopback(port);
+    ASSERT_GE(again, 0);
+    admitted = !ClosedWithin(again, absl::Milliseconds(200));
+    close(again);
+  }
+  EXPECT_TRUE(admitted) << "no connection admitted after the idle ones were dropped";
   status = health();
   EXPECT_TRUE(status.ok()) << status.error_message();
   server->Shutdown();
