@@ -21,7 +21,9 @@ namespace fp8_block_wgmma_internal {
 
 using internal::CpAsyncCommit;
 using internal::CpAsyncWait;
+using internal::MbarArriveExpectTx;
 using internal::SmemAddr;
+using internal::TmaLoad2d;
 using internal::prefill::FenceOperand;
 using internal::prefill::MbarArriveIf;
 using internal::prefill::MbarInit;
@@ -118,12 +120,6 @@ __device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t cta, b
       : "memory");
 }
 
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
 // TMA multicast: the box into shared memory at offset dst of every CTA of the cluster in
 // cta_mask, completing its bytes on the barrier at bar's offset in each.
 __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int col,
@@ -132,17 +128,6 @@ __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorM
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(SmemAddr(bar)), "h"(cta_mask)
-      : "memory");
-}
-
-// TMA: the box at (column col, row row) of the 2-d tensor map into shared memory at dst,
-// completing its bytes on `bar`.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int col, int row,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(SmemAddr(bar))
       : "memory");
 }
 

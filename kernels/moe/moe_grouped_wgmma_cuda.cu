@@ -54,6 +54,9 @@
 namespace tandem::kernels::cuda {
 namespace moe_wgmma_internal {
 
+using internal::MbarArriveExpectTx;
+using internal::TmaLoad2d;
+
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
@@ -64,13 +67,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_
 // of the barrier's expected arrivals (.noinc).
 __device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
-}
-
-// One arrival on `bar` that also expects `bytes` more transaction bytes (the TMA's).
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
 }
 
 // TMA: the box at (k, row, expert) of the 3-d tensor map into shared memory at dst, completing
@@ -87,15 +83,6 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
 // The producer warpgroup (threads 0-127): thread tid copies 16-byte chunk u = tid % 8 of tile
 // rows tid / 8 + 16 j; 16 is a multiple of 8, so all its rows share one swizzle phase.
 // kTmaWeights: thread 0 loads the weight tile by TMA instead.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int k, int row,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(SmemAddr(bar))
-      : "memory");
-}
-
 // TMA: the box at (k, row, half, expert) of the 4-d tensor map (glu's gate_up as [E][2][n/2][k]).
 __device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, int k, int row,
                                           int half, int expert, uint64_t* bar) {
