@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/mma_e4m3.cuh"
 #include "kernels/moe/moe_fp8_cuda.h"
 #include "kernels/moe/moe_grouped_tile.cuh"
 
@@ -53,16 +54,7 @@ struct MmaArgs {
   __nv_bfloat16* out;
 };
 
-__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
+using internal::MmaE4m3;  // kernels/cuda/mma_e4m3.cuh
 
 template <int MF>
 __global__ void __launch_bounds__(kThreads, MF == 1 ? 2 : 1)
