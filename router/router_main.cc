@@ -4,7 +4,7 @@
 //                 [--internal_port_file=PATH] (--tls_cert --tls_key --tls_ca [--api_key_file]
 //                 [--public_client_ca] | --insecure) [--heartbeat_interval_ms=1000]
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
-//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=10000]
+//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=30000]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
 //                 [--route_wait_ms=2000]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
+#include "common/grpc_listener_options.h"
 #include "common/http/http_server.h"
 #include "common/http/metrics_server.h"
 #include "common/logging.h"
@@ -46,7 +47,8 @@ ABSL_FLAG(int32_t, max_queue, 1024, "requests in flight at most; more -> RESOURC
 ABSL_FLAG(int32_t, grpc_max_connections, 4096,
           "open connections per gRPC port at most (more are closed at once; also at most a "
           "quarter of the descriptor limit)");
-ABSL_FLAG(int64_t, grpc_handshake_timeout_ms, 10000,
+ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
+          absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
           "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
           "dropped");
 ABSL_FLAG(int64_t, request_timeout_ms, 600000, "deadline of one request, end to end");

@@ -5,7 +5,7 @@
 //                 [--listen=127.0.0.1:0] [--worker_id=ID] [--router=HOST:PORT]
 //                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
 //                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
-//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=10000]
+//                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=30000]
 //                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
 //                 [--ucx_net_device=auto] [--ucx_mirror_pin_granule_mb=-1]
@@ -31,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
+#include "common/grpc_listener_options.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/security/flags.h"
@@ -82,7 +83,8 @@ ABSL_FLAG(int64_t, max_queued_requests, 4096,
 ABSL_FLAG(int32_t, grpc_max_connections, 4096,
           "open connections on the gRPC port at most (more are closed at once; also at most a "
           "quarter of the descriptor limit)");
-ABSL_FLAG(int64_t, grpc_handshake_timeout_ms, 10000,
+ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
+          absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
           "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
           "dropped");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");

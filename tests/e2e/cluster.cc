@@ -272,11 +272,13 @@ WorkerHandle* Cluster::worker(const std::string& id) {
   return nullptr;
 }
 
-absl::StatusOr<tandem::v1::WorkerStats> Cluster::Stats(const std::string& worker_id) {
+absl::StatusOr<tandem::v1::WorkerStats> Cluster::Stats(const std::string& worker_id,
+                                                       bool wait_for_ready) {
   WorkerHandle* w = worker(worker_id);
   if (w == nullptr) return absl::NotFoundError(worker_id);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ctx.set_wait_for_ready(wait_for_ready);
   tandem::v1::WorkerStats stats;
   grpc::Status s = w->stub->Stats(&ctx, tandem::v1::WorkerStatsRequest(), &stats);
   if (!s.ok()) return absl::UnavailableError(s.error_message());

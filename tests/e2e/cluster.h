@@ -86,7 +86,10 @@ class Cluster {
   const std::string& api_key() const { return api_key_; }
   std::vector<WorkerHandle>& workers() { return workers_; }
   WorkerHandle* worker(const std::string& id);
-  absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& worker_id);
+  // `wait_for_ready`: the call waits (up to its 5 s deadline) for the channel to connect instead
+  // of failing at once while it reconnects, for a caller waiting for a restarted worker.
+  absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& worker_id,
+                                                bool wait_for_ready = false);
   // Kills the worker with `sig` (if running), waits for it to exit, and starts it again with
   // the same flags on the same address (a new process: a new epoch). Returns once it serves
   // (its port file is written); the router learns of it by its registration.

@@ -187,7 +187,7 @@ void KillDecodeRankMidStream(std::vector<std::string> decode_flags) {
   // The group restarts in place (runtime/worker/group_restart.h): a new epoch, serving again.
   absl::StatusOr<tandem::v1::WorkerStats> stats;
   for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
-    stats = cluster.Stats("decode-0");
+    stats = cluster.Stats("decode-0", /*wait_for_ready=*/true);
     if (stats.ok() && stats->info().epoch() > before->info().epoch() &&
         stats->status() == tandem::v1::SERVING_STATUS_SERVING) {
       break;
