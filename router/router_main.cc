@@ -6,7 +6,7 @@
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
 //                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=30000]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
-//                 [--route_wait_ms=2000]
+//                 [--route_wait_ms=2000] [--decode_wait_ms=20000]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
 //
 // Prints "router listening on HOST:PORT" once serving; SIGTERM/SIGINT drain and exit 0.
@@ -59,8 +59,12 @@ ABSL_FLAG(int32_t, max_attempts, 2,
           "workers tried per phase when one is unreachable before producing output");
 ABSL_FLAG(int64_t, route_wait_ms, 2000,
           "with no route while a worker is in its short failure backoff, how long a request waits "
-          "for it, or for a decode worker whose connection dropped (also at most half of the "
-          "time left to its deadline; 0 = refuse at once)");
+          "for it (also at most half of the time left to its deadline; 0 = refuse at once)");
+ABSL_FLAG(int64_t, decode_wait_ms, 20000,
+          "how long a request whose decode worker's connection dropped before it decoded waits "
+          "for that connection to be back or for another decode worker (also at most half of "
+          "the time left to its deadline; keep it below the prefill workers' KV lease; 0 = fail "
+          "at once)");
 ABSL_FLAG(int64_t, prefix_index_max_blocks, int64_t{1} << 20,
           "block hashes remembered per worker for prefix-aware routing");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "on SIGTERM, time in-flight requests get to finish");
@@ -141,6 +145,10 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--route_wait_ms must be >= 0");
   }
   o.orchestrator.route_wait = absl::Milliseconds(absl::GetFlag(FLAGS_route_wait_ms));
+  if (absl::GetFlag(FLAGS_decode_wait_ms) < 0) {
+    return absl::InvalidArgumentError("--decode_wait_ms must be >= 0");
+  }
+  o.orchestrator.decode_wait = absl::Milliseconds(absl::GetFlag(FLAGS_decode_wait_ms));
   const std::string log_format = absl::GetFlag(FLAGS_log_format);
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError("--log_format must be text or json");

@@ -83,7 +83,8 @@ void GenerateFlow::Route() {
 }
 
 bool GenerateFlow::WaitForRoute() {
-  const std::optional<absl::Time> next = NextWaitPoll();
+  const std::optional<absl::Time> next =
+      NextWaitPoll(&route_wait_until_, orch_.options().route_wait);
   if (!next.has_value()) return false;
   PostAt(shared_from_this(), *next, [](GenerateFlow& f) {
     if (f.EndIfInterrupted(/*abort_workers=*/false)) return;
@@ -96,13 +97,11 @@ bool GenerateFlow::WaitForRoute() {
   return true;
 }
 
-std::optional<absl::Time> GenerateFlow::NextWaitPoll() {
+std::optional<absl::Time> GenerateFlow::NextWaitPoll(absl::Time* until, absl::Duration budget) {
   const absl::Time now = absl::Now();
-  if (route_wait_until_ == absl::InfinitePast()) {
-    route_wait_until_ = std::min(now + orch_.options().route_wait, now + (deadline_ - now) / 2);
-  }
+  if (*until == absl::InfinitePast()) *until = std::min(now + budget, now + (deadline_ - now) / 2);
   const absl::Time next = now + kRouteWaitPoll;
-  if (next > route_wait_until_) return std::nullopt;
+  if (next > *until) return std::nullopt;
   return next;
 }
 

@@ -97,10 +97,11 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // No route, but a worker is in its short failure backoff: routes again in a moment (true), up
   // to OrchestratorOptions::route_wait and half the time left to the deadline (then false).
   bool WaitForRoute();
-  // The next poll of a bounded wait (WaitForRoute, WaitForDecode): kRouteWaitPoll from now, or
-  // nullopt once the request's waiting time is spent (route_wait from its first wait, and never
-  // past half of the time then left to its deadline; one budget for all its waits).
-  std::optional<absl::Time> NextWaitPoll();
+  // The next poll of a bounded wait (WaitForRoute: `*until` = route_wait_until_ and `budget` =
+  // route_wait; WaitForDecode: decode_wait_until_, decode_wait): kRouteWaitPoll from now, or
+  // nullopt once that wait's time is spent (`budget` from its first poll, never past half of the
+  // time then left to the deadline; one budget for all the request's waits of that kind).
+  std::optional<absl::Time> NextWaitPoll(absl::Time* until, absl::Duration budget);
   // At a wait's poll: when the request was interrupted meanwhile (Router.Abort, shutdown, the
   // client cancelled), ends it (its workers aborted first when `abort_workers`) and says so.
   bool EndIfInterrupted(bool abort_workers);
@@ -174,7 +175,8 @@ class GenerateFlow final : public std::enable_shared_from_this<GenerateFlow> {
   // Routing.
   int attempt_ = 1;
   absl::flat_hash_set<std::string> excluded_;
-  absl::Time route_wait_until_ = absl::InfinitePast();  // set by the first WaitForRoute
+  absl::Time route_wait_until_ = absl::InfinitePast();   // set by the first WaitForRoute
+  absl::Time decode_wait_until_ = absl::InfinitePast();  // set by the first WaitForDecode
   std::vector<WorkerRef> touched_;  // workers that saw the request (Abort targets)
   // The P/D phase: P until it answered, then D (or the mixed worker) until the end.
   std::unique_ptr<WorkerSlot> prefill_slot_, stream_slot_;

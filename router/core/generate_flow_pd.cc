@@ -148,7 +148,8 @@ bool GenerateFlow::ReplaceDecode(const absl::Status& failure) {
 }
 
 bool GenerateFlow::WaitForDecode(const absl::Status& failure) {
-  const std::optional<absl::Time> next = NextWaitPoll();
+  const std::optional<absl::Time> next =
+      NextWaitPoll(&decode_wait_until_, orch_.options().decode_wait);
   if (!next.has_value()) return false;
   PostAt(shared_from_this(), *next, [failure](GenerateFlow& f) {
     if (f.EndIfInterrupted(/*abort_workers=*/true)) return;

@@ -22,7 +22,7 @@
 // produced yet by that worker (no token from this phase), the phase is retried on another worker
 // (up to max_attempts; a decode worker is replaced after P was asked to move the KV lease to
 // the new one, WorkerService.ReassignLease; with none free, a decode worker whose link is down is
-// waited for within route_wait). Client cancel, Router.Abort and deadline send Abort
+// waited for within decode_wait). Client cancel, Router.Abort and deadline send Abort
 // to P and D (async, best effort). Router.Abort ends the stream with FINISH_REASON_ABORTED and OK
 // status. Worker errors that are about the request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)
 // pass through with the worker named.
@@ -63,10 +63,18 @@ struct OrchestratorOptions {
   // A request that finds no route while a worker is only in its short failure backoff (a
   // restarted worker about to register again, one whose channel is reconnecting) routes again
   // every 50 ms for up to this long, and at most half of the time left to its deadline, before
-  // it fails UNAVAILABLE. Workers that stopped heartbeating are not waited for. A decode worker
-  // that failed before a token of its own while its connection is down is waited for from the
-  // same budget (another one, or its connection back). 0: never wait.
+  // it fails UNAVAILABLE. Workers that stopped heartbeating are not waited for. 0: never wait.
   absl::Duration route_wait = absl::Seconds(2);
+  // A decode worker that failed before a token of its own while its connection is down (a link
+  // drop, a restart on the same address) is waited for, polling every 50 ms for another free
+  // decode worker or for its connection to be back, for up to this long and at most half of the
+  // time left to the deadline; then the request fails UNAVAILABLE. A budget of its own, not
+  // route_wait's: the client already has P's first token, and P holds the prompt's KV under a
+  // lease (the workers' default --lease_ms is 30 s, vLLM's NIXL lease too), so a decode worker
+  // back within this finds the KV still there (past the lease it recomputes, or fails, by
+  // on_kv_failure). A link drop is seen ~2 s after it began (keepalive), and the TCP connect
+  // that ends it may wait out a SYN retransmission (1, 2, 4 s ...). 0: never wait.
+  absl::Duration decode_wait = absl::Seconds(20);
   // Records each request's latencies and outcome (may be null; outlives the Orchestrator).
   RouterMetrics* metrics = nullptr;
   // Writes each finished request's RequestTrace as one JSON line to stderr (--log_format=json).

@@ -367,7 +367,7 @@ TEST(RouterFaultTest, WaitingForAWorkerInBackoffEndsWithinHalfTheDeadline) {
 // D's connection and decodes there from the same KV handle: every token once, in order.
 TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
   RouterOptions options = TestRouterOptions();
-  options.orchestrator.route_wait = absl::Seconds(4);  // gRPC reconnects within ~1.2 s
+  options.orchestrator.decode_wait = absl::Seconds(4);  // gRPC reconnects within ~1.2 s
   RouterHarness h(options);
   FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
   FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
@@ -393,11 +393,39 @@ TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
   EXPECT_EQ(back->counters().decode, 1);
 }
 
+// The same with the default waits and D's link back only after 2.5 s: past the routing wait
+// (--route_wait_ms, 2 s), which the decode wait used to share, so the request failed after P's
+// first token. The decode wait has its own budget (--decode_wait_ms, 20 s).
+TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackAfterTheRouteWaitIsWaitedFor) {
+  RouterHarness h(TestRouterOptions());
+  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
+  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
+  const std::string address = d->address();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  ASSERT_TRUE(h.Generate(MakeRequest(RandomPrompt(rng, 8, 1000), 3)).status.ok());
+  d->Kill();
+  FakeWorker* back = nullptr;
+  std::thread relink([&] {
+    absl::SleepFor(absl::Milliseconds(2500));
+    back = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) { o.listen = address; });
+  });
+  v1::GenerateRequest req = MakeRequest(RandomPrompt(rng, 8, 1000), 6);
+  StreamResult r = h.Generate(req);
+  relink.join();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
+  EXPECT_EQ(p->counters().prefill, 2);
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->counters().decode, 1);
+}
+
 // A decode worker that does not come back within the wait: the request fails UNAVAILABLE after
 // P's first token, within the wait's bound.
 TEST(RouterFaultTest, ADecodeWorkerThatStaysAwayFailsTheRequestAfterTheWait) {
   RouterOptions options = TestRouterOptions();
-  options.orchestrator.route_wait = absl::Milliseconds(600);
+  options.orchestrator.decode_wait = absl::Milliseconds(600);
   RouterHarness h(options);
   h.AddWorker("p0", WORKER_ROLE_PREFILL);
   FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
