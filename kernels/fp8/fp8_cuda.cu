@@ -85,6 +85,57 @@ __global__ void __launch_bounds__(kQuantThreads)
   for (int64_t c = tid; c < k; c += kQuantThreads) cr[c] = ToE4m3(ToF32(xr[c]) / scale);
 }
 
+// One block per 128 x 128 tile (blockIdx.x: column group, blockIdx.y: row block): the tile's
+// amax, scale amax / 448 (1 for zeros), the codes, then the scale per row (and in the block
+// layout).
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeTilesKernel(const float* __restrict__ w, int64_t n, int64_t k,
+                        uint8_t* __restrict__ codes, float* __restrict__ row_scales,
+                        float* __restrict__ block_scales, int64_t block_ld) {
+  const int64_t groups = (k + kGroup - 1) / kGroup;
+  const int64_t g = blockIdx.x, r0 = int64_t{blockIdx.y} * kGroup, c0 = g * kGroup;
+  const int rows = static_cast<int>(n - r0 < kGroup ? n - r0 : kGroup);
+  const int cols = static_cast<int>(k - c0 < kGroup ? k - c0 : kGroup);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float amax = 0.0f;
+  for (int i = tid; i < rows * kGroup; i += kQuantThreads) {
+    const int r = i / kGroup, c = i % kGroup;
+    if (c < cols) amax = fmaxf(amax, fabsf(w[(r0 + r) * k + c0 + c]));
+  }
+  __shared__ float warp_max[kQuantThreads / 32];
+  amax = WarpMax(amax);
+  if (lane == 0) warp_max[warp] = amax;
+  __syncthreads();
+  amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kQuantThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
+  const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+  for (int i = tid; i < rows * kGroup; i += kQuantThreads) {
+    const int r = i / kGroup, c = i % kGroup;
+    if (c < cols) codes[(r0 + r) * k + c0 + c] = ToE4m3(w[(r0 + r) * k + c0 + c] / scale);
+  }
+  for (int r = tid; r < rows; r += kQuantThreads) row_scales[(r0 + r) * groups + g] = scale;
+  if (block_scales != nullptr && tid == 0) {
+    float* row = block_scales + blockIdx.y * block_ld;
+    row[g] = scale;
+    if (g == groups - 1) {
+      for (int64_t j = groups; j < block_ld; ++j) row[j] = 1.0f;  // padding
+    }
+  }
+}
+
+__global__ void DequantizeKernel(const uint8_t* __restrict__ codes,
+                                 const float* __restrict__ scales, int64_t n, int64_t k,
+                                 int64_t groups, int64_t block_cols,
+                                 __nv_bfloat16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * k;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / k, c = i % k;
+    const __half h(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(codes[i]), __NV_E4M3));
+    out[i] = __float2bfloat16_rn(__half2float(h) * scales[r * groups + c / block_cols]);
+  }
+}
+
 // Per-token or static quantization of bf16 rows with k % 8 == 0: 16-byte loads, the row's
 // values kept in registers between the amax and the quantization (up to kVecPerThread vectors
 // per thread: k <= 16384), 8-byte code stores. The same codes and scales as QuantizeKernel (max
@@ -361,6 +412,39 @@ absl::Status QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8Activa
                                  float static_scale, uint8_t* codes, float* scales,
                                  cudaStream_t stream) {
   return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream, false);
+}
+
+absl::Status QuantizeWeightTiles128(const float* w, int64_t n, int64_t k, uint8_t* codes,
+                                    float* row_scales, float* block_scales, int64_t block_ld,
+                                    cudaStream_t stream) {
+  const int64_t groups = (k + kGroup - 1) / kGroup;
+  if (w == nullptr || codes == nullptr || row_scales == nullptr || n < 1 || k < 1 ||
+      (block_scales != nullptr && block_ld < groups) || (n + kGroup - 1) / kGroup > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QuantizeWeightTiles128: needs 1 <= n <= 65535 * 128, k >= 1, non-null codes and row "
+        "scales and a block layout of at least ceil(k / 128) columns; got n=",
+        n, " k=", k, " block_ld=", block_ld));
+  }
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((n + kGroup - 1) / kGroup));
+  QuantizeTilesKernel<<<grid, kQuantThreads, 0, stream>>>(w, n, k, codes, row_scales, block_scales,
+                                                          block_ld);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeWeight(const uint8_t* codes, const float* scales, const Fp8ScaleGrid& grid,
+                              __nv_bfloat16* out, cudaStream_t stream) {
+  if (codes == nullptr || scales == nullptr || out == nullptr || grid.rows < 1 || grid.cols < 1 ||
+      grid.block_rows != 1 || grid.block_cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DequantizeWeight: needs non-null buffers and per-row scales; got [", grid.rows, ", ",
+        grid.cols, "] blocks ", grid.block_rows, "x", grid.block_cols));
+  }
+  const int64_t blocks = std::min<int64_t>((grid.rows * grid.cols + 255) / 256, 132 * 16);
+  DequantizeKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      codes, scales, grid.rows, grid.cols, grid.GridCols(), grid.block_cols, out);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 absl::Status AddBias(__nv_bfloat16* out, const __nv_bfloat16* bias, int64_t m, int64_t n,

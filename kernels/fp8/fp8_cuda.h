@@ -40,6 +40,25 @@ absl::Status QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8Activa
                                  float static_scale, uint8_t* codes, float* scales,
                                  cudaStream_t stream);
 
+// Quantizes an fp32 weight w: [n, k] with one scale per 128 x 128 tile (DeepSeek's
+// weight_block_size [128, 128]; tiles from w's first row and column, the last ones partial):
+// codes [n, k] and the tile scales in our in-memory form, row_scales [n, ceil(k / 128)] (each row
+// of a tile holding the tile's scale), the same codes and scales as kernels::QuantizeWeight with
+// a {n, k, 128, 128} grid, expanded to rows. block_scales (null: not written): the tile scales
+// in cuBLASLt's block layout, [ceil(n / 128), block_ld] with block_ld >= ceil(k / 128) (columns
+// past it set to 1): kernels/fp8/fp8_gemm_cuda.h Block128WeightScales. What device dummy FP8
+// weights of a 128 x 128-block config use. INVALID_ARGUMENT for n or k < 1, n past 65535 tiles,
+// null codes / row_scales, or a block_ld too small.
+absl::Status QuantizeWeightTiles128(const float* w, int64_t n, int64_t k, uint8_t* codes,
+                                    float* row_scales, float* block_scales, int64_t block_ld,
+                                    cudaStream_t stream);
+
+// out[r, c] = e4m3(codes[r, c]) * scales[r * GridCols + c / block_cols] in fp32, rounded once to
+// bf16: kernels::cpu::DequantizeFp8Weight on the device (per-row grids: block_rows 1).
+// INVALID_ARGUMENT for another grid or null buffers.
+absl::Status DequantizeWeight(const uint8_t* codes, const float* scales, const Fp8ScaleGrid& grid,
+                              __nv_bfloat16* out, cudaStream_t stream);
+
 // One FP8 weight on the device: codes [grid.rows, grid.cols], scales [grid.NumScales()] with
 // grid.block_rows == 1 and grid.block_cols 128 or grid.cols.
 struct Fp8DeviceWeight {

@@ -142,7 +142,9 @@ absl::StatusOr<ModelWeights> RandomModelWeights(const ModelConfig& config, uint6
     ASSIGN_OR_RETURN(ModelWeights weights, RandomModelWeights(plain, seed, shard));
     ASSIGN_OR_RETURN(const ModelConfig local,
                      LocalModelConfig(config, shard));  // the rank's widths
-    RETURN_IF_ERROR(QuantizeWeightsFp8(local, &weights));
+    // The checkpoint tensors' rows in their slots: 128 x 128 tiles restart at each.
+    ASSIGN_OR_RETURN(const std::vector<DummyTensorFill> parts, DummyWeightPlan(plain, shard));
+    RETURN_IF_ERROR(QuantizeWeightsFp8(local, &weights, parts));
     return weights;
   }
   ASSIGN_OR_RETURN(TpDims dims, ComputeTpDims(config, shard));

@@ -219,6 +219,9 @@ std::string ModelConfigToJson(const ModelConfig& config);
 //   "qwen3-30b-a3b": Qwen3-30B-A3B (48 layers, 128 experts of 768, top-8), bfloat16.
 //   "qwen3-30b-a3b-fp8": the same with Qwen3-30B-A3B-FP8's quantization_config (fp8, 128 x 128
 //                 weight blocks, dynamic 1 x 128 activations); dummy weights at load only.
+//   "deepseek-v2-lite-fp8", "deepseek-v3-4l-fp8", "tiny-mla-fp8": the DeepSeek presets with
+//                 DeepSeek-V3's quantization_config (fp8, 128 x 128 weight blocks on every
+//                 decoder projection, dynamic 1 x 128 activations); dummy weights at load only.
 //   "mixtral-8x7b":  Mixtral-8x7B (32 layers, 8 experts of 14336, top-2), bfloat16.
 //   "tiny-moe":   a Qwen3-MoE of "tiny"'s shape with 8 experts of 32, top-2, float32.
 // INVALID_ARGUMENT listing the presets for any other name.

@@ -296,15 +296,26 @@ absl::StatusOr<ModelConfig> DeepseekPreset(absl::string_view name) {
       "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
       "v_head_dim": 16, "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
       "torch_dtype": "float32"})";
+  // DeepSeek-V3's quantization_config (its FP8 checkpoint: every projection of the decoder e4m3
+  // with 128 x 128 block scales, the router, norms, embeddings and lm_head bf16; 1 x 128 dynamic
+  // activations). The "-fp8" presets put it on V2-Lite's shape (which ships no FP8 checkpoint)
+  // and V3's: dummy weights at load only (drawn in fp32 and quantized, QuantizeWeightsFp8; on CUDA
+  // drawn on the device).
+  constexpr char kFp8[] = R"({"activation_scheme": "dynamic", "fmt": "e4m3",
+      "quant_method": "fp8", "weight_block_size": [128, 128]})";
   // deepseek-v2-lite-mtp: V2-Lite's shape with one MTP layer (a MoE layer, DeepSeek-V3's MTP
   // design; V2-Lite ships none) for --speculative_method=mtp at a real model's size.
   const bool mtp = name == "deepseek-v2-lite-mtp";
-  const char* text = name == "deepseek-v2-lite" || mtp ? kV2Lite
-                     : name == "deepseek-v3-4l"        ? kV3FourLayers
-                     : name == "tiny-mla"              ? kTiny
+  const bool fp8 = absl::EndsWith(name, "-fp8");
+  const absl::string_view base = fp8 ? name.substr(0, name.size() - 4) : name;
+  const char* text = base == "deepseek-v2-lite" || mtp ? kV2Lite
+                     : base == "deepseek-v3-4l"        ? kV3FourLayers
+                     : base == "tiny-mla"              ? kTiny
                                                        : nullptr;
   if (text == nullptr) return absl::NotFoundError(absl::StrCat("no DeepSeek preset '", name, "'"));
-  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text));
+  json root = json::parse(text);
+  if (fp8) root["quantization_config"] = json::parse(kFp8);
+  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(root.dump()));
   if (mtp) config.num_nextn_predict_layers = 1;
   return config;
 }

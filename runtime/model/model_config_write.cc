@@ -215,15 +215,16 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
     c.quantization.block_cols = 128;
     c.quantization.activation = kernels::Fp8ActivationScheme::kDynamicGroup128;
   } else if (name == "deepseek-v2-lite" || name == "deepseek-v2-lite-mtp" ||
-             name == "deepseek-v3-4l" || name == "tiny-mla") {
+             name == "deepseek-v3-4l" || name == "tiny-mla" || name == "deepseek-v2-lite-fp8" ||
+             name == "deepseek-v3-4l-fp8" || name == "tiny-mla-fp8") {
     return internal::DeepseekPreset(name);  // model_config_mla.cc
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown preset '", name,
                      "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, "
                      "qwen3-30b-a3b-fp8, mixtral-8x7b, tiny-moe, deepseek-v2-lite, "
-                     "deepseek-v2-lite-mtp, deepseek-v3-4l, "
-                     "tiny-mla)"));
+                     "deepseek-v2-lite-mtp, deepseek-v3-4l, tiny-mla, deepseek-v2-lite-fp8, "
+                     "deepseek-v3-4l-fp8, tiny-mla-fp8)"));
   }
   RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;

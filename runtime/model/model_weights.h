@@ -151,17 +151,25 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 // their scale tensors beside them (block scales on block boundaries).
 
 // Quantizes the fp32 q/k/v/o, gate/up and down weights of `weights` (loaded for `config`, the
-// rank's LocalModelConfig) and a MoE layer's experts and shared experts (not the router) into
-// FP8 slots as config.quantization says (Fp8QuantizedGrid), freeing the fp32 vectors:
-// --quantization=fp8 (online: per-channel, dynamic per-token activations) and dummy weights of
-// an FP8 config (the CUDA backend draws the same codes and scales on the device:
-// runtime/cuda/cuda_fp8_linear.h FillFp8Dummy). INVALID_ARGUMENT for a static activation scheme
-// (needs calibration) or an MLA model.
+// rank's LocalModelConfig), a MoE layer's experts and shared experts (not the router) and the MLA
+// projections q_a / q_b (q_proj) / kv_a_proj_with_mqa / kv_b_proj into FP8 slots as
+// config.quantization says (Fp8QuantizedGrid; kv_b_proj dequantized back into its fp32 vector, as
+// the loader holds a checkpoint's), freeing the fp32 vectors: --quantization=fp8 (online:
+// per-channel, dynamic per-token activations) and dummy weights of an FP8 config (the CUDA
+// backend draws the same codes and scales on the device: runtime/cuda/cuda_fp8_linear.h
+// FillFp8Dummy). A 128 x 128-block config (Fp8QuantizesTiles) gets one scale per 128 x 128 tile
+// of each checkpoint tensor, tiles starting at the tensor's first row as its weight_scale_inv
+// [ceil(n / 128), ceil(k / 128)] does; `parts` (the 3-argument form: DummyWeightPlan's fills) say
+// where each tensor's rows start in its fused slot; without them each slot is one tensor.
+// INVALID_ARGUMENT for a static activation scheme (needs calibration).
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights);
-// The scale grid QuantizeWeightsFp8 gives an [n, k] weight: per-row scales over groups of 128
-// columns when q.block_cols > 0 (a 128 x 128-block config's weights drawn at load get 1 x 128
-// groups, not blocks shared by 128 rows), else over the whole row.
+// The scale grid QuantizeWeightsFp8 gives an [n, k] weight in memory: per-row scales over groups
+// of 128 columns when q.block_cols > 0 (a 128 x 128 tile's rows each hold its scale, as the
+// loader holds a block checkpoint's), else over the whole row.
 kernels::Fp8ScaleGrid Fp8QuantizedGrid(const WeightQuantization& q, int64_t n, int64_t k);
+// Whether weights quantized at load for `q` get one scale per 128 x 128 tile (weight_block_size
+// [128, 128]: DeepSeek-V3's and Qwen3-FP8's format) rather than per row.
+bool Fp8QuantizesTiles(const WeightQuantization& q);
 
 // Marks a pre-sharded checkpoint directory: {"format": "tandem-tp-shards", "tp": N, "dcp": K,
 // "ranks": ["rank-0-of-N", ...]}.
@@ -286,6 +294,10 @@ struct DummyTensorFill {
 // Topology errors as ComputeTpDims.
 absl::StatusOr<std::vector<DummyTensorFill>> DummyWeightPlan(const ModelConfig& config,
                                                              TpShard shard = {});
+
+// QuantizeWeightsFp8 with the checkpoint tensors' places in their slots (tiles restart at each).
+absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights,
+                                const std::vector<DummyTensorFill>& parts);
 
 // Writes a Hugging Face model directory that transformers and LoadModelWeights accept:
 // config.json, generation_config.json and the weights of RandomModelWeights(config, seed) in

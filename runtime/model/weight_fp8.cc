@@ -371,7 +371,80 @@ kernels::Fp8ScaleGrid Fp8QuantizedGrid(const WeightQuantization& q, int64_t n, i
   return {n, k, 1, q.block_cols > 0 ? internal::kBlock : k};
 }
 
+bool Fp8QuantizesTiles(const WeightQuantization& q) {
+  return q.block_rows == internal::kBlock && q.block_cols == internal::kBlock;
+}
+
+namespace {
+
+// One fp32 weight QuantizeWeightsFp8 quantizes: its FP8 slot, input width (k; the rows follow
+// from the size) and checkpoint slot (where `parts` place its tensors).
+struct QuantizedSlot {
+  std::vector<float>* fp32;
+  Fp8LinearWeight* fp8;
+  int64_t k;
+  WeightSlot slot;
+};
+
+std::vector<QuantizedSlot> SlotsOf(const ModelConfig& config, LayerWeights& layer) {
+  const int64_t h = config.hidden_size;
+  auto cols = [h](const std::vector<float>& w) { return static_cast<int64_t>(w.size()) / h; };
+  return {
+      {&layer.qkv_proj, &layer.qkv_fp8, h, WeightSlot::kQkvProj},
+      {&layer.o_proj, &layer.o_fp8, cols(layer.o_proj), WeightSlot::kOProj},
+      {&layer.gate_up_proj, &layer.gate_up_fp8, h, WeightSlot::kGateUpProj},
+      {&layer.down_proj, &layer.down_fp8, cols(layer.down_proj), WeightSlot::kDownProj},
+      // MoE: the stacked experts ([E * 2 * Ie, H], [E * H, Ie]: per-row scales, so each
+      // expert's rows are its own weight) and the shared experts; the router stays 16-bit.
+      {&layer.experts_gate_up, &layer.experts_gate_up_fp8, h, WeightSlot::kExpertsGateUp},
+      {&layer.experts_down, &layer.experts_down_fp8, config.moe_intermediate_size,
+       WeightSlot::kExpertsDown},
+      {&layer.shared_gate_up, &layer.shared_gate_up_fp8, h, WeightSlot::kSharedGateUp},
+      {&layer.shared_down, &layer.shared_down_fp8, std::max<int64_t>(1, cols(layer.shared_down)),
+       WeightSlot::kSharedDown},
+      // MLA (DeepSeek-V3's FP8 checkpoints: every projection of the decoder e4m3).
+      {&layer.q_a_proj, &layer.q_a_fp8, h, WeightSlot::kMlaQAProj},
+      {&layer.q_proj, &layer.q_fp8, config.q_lora_rank > 0 ? config.q_lora_rank : h,
+       WeightSlot::kMlaQProj},
+      {&layer.kv_a_proj, &layer.kv_a_fp8, h, WeightSlot::kMlaKvAProj},
+      {&layer.kv_b_proj, &layer.kv_b_fp8, config.kv_lora_rank, WeightSlot::kMlaKvBProj},
+  };
+}
+
+// Quantizes w [rows, k] into fp8 (grid set): per row, or in 128 x 128 tiles restarting at each
+// row of `starts` (sorted, the first 0), each tile's scale held by its rows.
+void QuantizeSlot(const WeightQuantization& q, const float* w, int64_t rows, int64_t k,
+                  const std::vector<int64_t>& starts, Fp8LinearWeight* fp8) {
+  fp8->grid = Fp8QuantizedGrid(q, rows, k);
+  fp8->codes.resize(static_cast<size_t>(rows * k));
+  fp8->scales.resize(static_cast<size_t>(fp8->grid.NumScales()));
+  fp8->activation = q.activation;
+  if (!Fp8QuantizesTiles(q)) {
+    kernels::QuantizeWeight(w, fp8->grid, fp8->codes.data(), fp8->scales.data());
+    return;
+  }
+  const int64_t groups = fp8->grid.GridCols();
+  std::vector<float> tiles;
+  for (size_t p = 0; p < starts.size(); ++p) {
+    const int64_t r0 = starts[p], r1 = p + 1 < starts.size() ? starts[p + 1] : rows;
+    const kernels::Fp8ScaleGrid grid{r1 - r0, k, internal::kBlock, internal::kBlock};
+    tiles.resize(static_cast<size_t>(grid.NumScales()));
+    kernels::QuantizeWeight(w + r0 * k, grid, fp8->codes.data() + r0 * k, tiles.data());
+    for (int64_t r = r0; r < r1; ++r) {
+      std::copy_n(tiles.data() + (r - r0) / internal::kBlock * groups, groups,
+                  fp8->scales.data() + r * groups);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights) {
+  return QuantizeWeightsFp8(config, weights, {});
+}
+
+absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights,
+                                const std::vector<DummyTensorFill>& parts) {
   const WeightQuantization& q = config.quantization;
   if (!q.IsFp8()) return absl::OkStatus();
   if (q.activation == kernels::Fp8ActivationScheme::kStaticTensor) {
@@ -379,44 +452,30 @@ absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights
         "static FP8 activation scales come from calibration: weights quantized at load (dummy "
         "or --quantization=fp8) need a dynamic scheme");
   }
-  if (config.IsMla()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FP8 weights quantized at load are not supported for ", config.architecture,
-                     " (the Llama family, dense and MoE, only)"));
-  }
-  // Each fp32 weight, its FP8 slot and its input width (k); the rows follow from the size.
-  const int64_t h = config.hidden_size;
-  for (LayerWeights& layer : weights->layers) {
-    const int64_t shared_k =
-        layer.shared_down.empty() ? 1 : static_cast<int64_t>(layer.shared_down.size()) / h;
-    const struct {
-      std::vector<float>* fp32;
-      Fp8LinearWeight* fp8;
-      int64_t k;
-    } slots[] = {
-        {&layer.qkv_proj, &layer.qkv_fp8, h},
-        {&layer.o_proj, &layer.o_fp8, static_cast<int64_t>(layer.o_proj.size()) / h},
-        {&layer.gate_up_proj, &layer.gate_up_fp8, h},
-        {&layer.down_proj, &layer.down_fp8, static_cast<int64_t>(layer.down_proj.size()) / h},
-        // MoE: the stacked experts ([E * 2 * Ie, H], [E * H, Ie]: per-row scales, so each
-        // expert's rows are its own weight) and the shared experts; the router stays 16-bit.
-        {&layer.experts_gate_up, &layer.experts_gate_up_fp8, h},
-        {&layer.experts_down, &layer.experts_down_fp8, config.moe_intermediate_size},
-        {&layer.shared_gate_up, &layer.shared_gate_up_fp8, h},
-        {&layer.shared_down, &layer.shared_down_fp8, shared_k}};
-    for (const auto& [fp32, fp8, k] : slots) {
-      if (fp32->empty()) continue;
-      const int64_t size = static_cast<int64_t>(fp32->size());
-      if (k <= 0 || size % k != 0) {
+  for (size_t l = 0; l < weights->layers.size(); ++l) {
+    LayerWeights& layer = weights->layers[l];
+    for (const QuantizedSlot& s : SlotsOf(config, layer)) {
+      if (s.fp32->empty()) continue;
+      const int64_t size = static_cast<int64_t>(s.fp32->size());
+      if (s.k <= 0 || size % s.k != 0) {
         return absl::InvalidArgumentError(absl::StrCat("FP8 quantization at load: a weight of ",
-                                                       size, " elements is not rows of ", k));
+                                                       size, " elements is not rows of ", s.k));
       }
-      fp8->grid = Fp8QuantizedGrid(q, size / k, k);
-      fp8->codes.resize(static_cast<size_t>(size));
-      fp8->scales.resize(static_cast<size_t>(fp8->grid.NumScales()));
-      fp8->activation = q.activation;
-      kernels::QuantizeWeight(fp32->data(), fp8->grid, fp8->codes.data(), fp8->scales.data());
-      std::vector<float>().swap(*fp32);
+      std::vector<int64_t> starts = {0};
+      for (const DummyTensorFill& f : parts) {
+        if (f.slot == s.slot && f.layer == static_cast<int64_t>(l) && f.offset > 0) {
+          starts.push_back(f.offset / s.k);
+        }
+      }
+      std::sort(starts.begin(), starts.end());
+      starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+      QuantizeSlot(q, s.fp32->data(), size / s.k, s.k, starts, s.fp8);
+      if (s.slot == WeightSlot::kMlaKvBProj) {  // used absorbed: widened as the loader does
+        kernels::cpu::DequantizeFp8Weight(s.fp8->View(), 0, size / s.k, s.fp32->data());
+        *s.fp8 = Fp8LinearWeight();
+        continue;
+      }
+      std::vector<float>().swap(*s.fp32);
     }
   }
   return absl::OkStatus();
