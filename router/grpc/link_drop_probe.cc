@@ -1,8 +1,7 @@
 // link_drop_probe: a real network drop between the router and one worker, by hand (not CI). In a
-// network namespace of its own (it calls unshare(CLONE_NEWNET) first: run it as root; the host's
+// network namespace of its own (router/testing/link_drop.h: run it as root; the host's
 // interfaces are never touched), it starts a router (RouterHarness) with a prefill and a decode
-// fake worker, drops every packet to and from the victim's gRPC port for --hold_s seconds (tc:
-// an htb class whose bfifo holds 0 bytes, the way tests/reliability/fault_probe.py does) while
+// fake worker, drops every packet to and from the victim's gRPC port for --hold_s seconds while
 // a long request streams from D, optionally sends one request during the drop (--during, so the
 // router's channel to the victim is reconnecting when the drop ends), then sends 8 requests
 // 0.5 s apart from the moment the drop ends and prints each outcome:
@@ -11,8 +10,6 @@
 //   sudo bazel-bin/router/grpc/link_drop_probe --victim=decode --hold_s=10 [--during]
 //
 // The heartbeat interval is the daemon's default (1 s), so failure backoffs are real-sized.
-#include <sched.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,26 +18,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "router/testing/fake_worker.h"
+#include "router/testing/link_drop.h"
 #include "router/testing/router_test_util.h"
 
 namespace tandem::router {
 namespace {
 
-bool Sh(const std::string& cmd) {
-  if (std::system((cmd + " >/dev/null 2>&1").c_str()) == 0) return true;
-  std::fprintf(stderr, "failed: %s\n", cmd.c_str());
-  return false;
-}
-
 void Drop(int port, bool on) {
-  if (!on) {
-    Sh("tc filter del dev lo parent 1: prio 1");
-    return;
-  }
-  for (const char* field : {"dport", "sport"}) {
-    Sh(absl::StrCat("tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip ", field, " ",
-                    port, " 0xffff flowid 1:2"));
-  }
+  const absl::Status s = on ? DropPackets(port, DropDirection::kBoth) : StopDropping();
+  if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
 }
 
 void Report(const std::string& what, absl::Time t, const StreamResult& r) {
@@ -110,15 +96,8 @@ int main(int argc, char** argv) {
     }
   }
   // Before any thread starts: the drop rules must never reach the host's loopback.
-  if (unshare(CLONE_NEWNET) != 0) {
-    std::perror("unshare(CLONE_NEWNET) (run as root)");
-    return 1;
-  }
-  if (!tandem::router::Sh("ip link set lo up") ||
-      !tandem::router::Sh("tc qdisc add dev lo root handle 1: htb default 1") ||
-      !tandem::router::Sh("tc class add dev lo parent 1: classid 1:1 htb rate 1000mbit") ||
-      !tandem::router::Sh("tc class add dev lo parent 1: classid 1:2 htb rate 8bit") ||
-      !tandem::router::Sh("tc qdisc add dev lo parent 1:2 handle 20: bfifo limit 0")) {
+  if (absl::Status s = tandem::router::EnterDroppingNetworkNamespace(); !s.ok()) {
+    std::fprintf(stderr, "%s (run as root)\n", s.ToString().c_str());
     return 1;
   }
   return tandem::router::Probe(drop_decode, absl::Seconds(hold_s), during);
