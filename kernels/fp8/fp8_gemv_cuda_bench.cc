@@ -12,9 +12,11 @@
 // kernels at every Llama-3-8B / 70B projection and TP = 1 / 2 / 4 slice (BenchSweep);
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
-// (BenchW8a16); default: sweep, detail and producers.
+// (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf picks its inner loops, the default all;
+// --w8a16_ref=0 leaves out the bf16 and W8A8 rows); default: sweep, detail and producers.
 //
 //   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|w8a16|all]
+//                       [--w8a16_math=...] [--w8a16_ref=0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -26,6 +28,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/fp8/fp8_cuda.h"
@@ -311,10 +314,11 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
 
 // --only=w8a16: batch 1 (m = 1) at the Llama-3-8B / 70B TP = 1 projections, every launch with
 // PDL: the W8A8 kernel kAuto picks (codes ready) against the weight-only FP8 GEMV
-// (fp8_w8a16_gemv_cuda.h; "w8a16" its fp32 inner loop, "w8a16-mma" the tensor-core one) plain,
-// with its first loads before the PDL wait ("-early"), and in the
-// folded form the decode step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next
-// to the bf16 SmallMLinear and its folded form. One line per (shape, variant): us and TB/s.
+// (fp8_w8a16_gemv_cuda.h; "w8a16" its fp32 inner loop, "w8a16-mma" the tensor-core one,
+// "w8a16-ring" / "-ring2" / "-ringhalf" the tensor-core arithmetic fed by the shared-memory ring)
+// plain, with its first loads before the PDL wait ("-early"), and in the folded form the decode
+// step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next to the bf16 SmallMLinear
+// and its folded form. One line per (shape, variant): us and TB/s.
 struct W8a16Proj {
   const char* model;
   const char* name;
@@ -322,7 +326,32 @@ struct W8a16Proj {
   int fold;  // the decode step's folded form: 0 NormIn, 1 AddTo, 2 NormInSiluMul
 };
 
-void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr) {
+// Which rows BenchW8a16 prints: the inner loops (name, math) and the bf16 / W8A8 references.
+struct W8a16Rows {
+  std::vector<std::pair<std::string, Fp8W16Math>> maths;
+  bool references = true;
+};
+
+W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
+  const std::pair<const char*, Fp8W16Math> known[] = {{"fp32", Fp8W16Math::kFp32Fma},
+                                                      {"mma", Fp8W16Math::kTensorCore},
+                                                      {"ring", Fp8W16Math::kRing},
+                                                      {"ring2", Fp8W16Math::kRing2},
+                                                      {"ringhalf", Fp8W16Math::kRingHalf}};
+  W8a16Rows rows;
+  rows.references = references;
+  for (const auto& [name, math] : known) {
+    if (maths == "all" ||
+        ("," + maths + ",").find("," + std::string(name) + ",") != std::string::npos) {
+      rows.maths.emplace_back(
+          std::strcmp(name, "fp32") == 0 ? "w8a16" : "w8a16-" + std::string(name), math);
+    }
+  }
+  return rows;
+}
+
+void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr,
+                     const W8a16Rows& rows) {
   using bf16 = __nv_bfloat16;
   const int64_t n = pr.n, k = pr.k, copies8 = CopiesFor(n * k), copies16 = CopiesFor(2 * n * k);
   const std::vector<void*> w8 = PatternCopies(n * k, copies8, 0xF7);
@@ -356,23 +385,24 @@ void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr) {
     }
   };
   const float eps = 1e-5f;
-  row("bf16", 2 * n * k, [&](int i) {
-    return SmallMLinear<bf16, bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
-  });
-  row("bf16-folded", 2 * n * k, [&](int i) {
-    if (pr.fold == 0) {
-      return SmallMLinearNormIn<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
-    }
-    if (pr.fold == 2) {
-      return SmallMLinearNormInSiluMul<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n / 2, k, buf.out,
-                                             s, true);
-    }
-    return SmallMLinearAddTo<bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
-  });
-  row("w8a8-auto", n * k,
-      [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
-  for (const Fp8W16Math math : {Fp8W16Math::kFp32Fma, Fp8W16Math::kTensorCore}) {
-    const std::string m = math == Fp8W16Math::kTensorCore ? "w8a16-mma" : "w8a16";
+  if (rows.references) {
+    row("bf16", 2 * n * k, [&](int i) {
+      return SmallMLinear<bf16, bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+    });
+    row("bf16-folded", 2 * n * k, [&](int i) {
+      if (pr.fold == 0) {
+        return SmallMLinearNormIn<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+      }
+      if (pr.fold == 2) {
+        return SmallMLinearNormInSiluMul<bf16>(xv, nw, eps, bf16w(i), nullptr, 1, n / 2, k, buf.out,
+                                               s, true);
+      }
+      return SmallMLinearAddTo<bf16>(xv, bf16w(i), nullptr, 1, n, k, buf.out, s, true);
+    });
+    row("w8a8-auto", n * k,
+        [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
+  }
+  for (const auto& [m, math] : rows.maths) {
     for (const bool early : {false, true}) {
       const std::string e = early ? "-early" : "";
       row((m + e).c_str(), n * k, [&](int i) {
@@ -396,20 +426,23 @@ void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr) {
   }
 }
 
-int BenchW8a16(cudaStream_t s, int reps, int iters) {
+int BenchW8a16(cudaStream_t s, int reps, int iters, const W8a16Rows& rows) {
   const W8a16Proj projs[] = {{"8B", "qkv", 6144, 4096, 0},       {"8B", "o", 4096, 4096, 1},
                              {"8B", "gate_up", 28672, 4096, 2},  {"8B", "down", 4096, 14336, 1},
                              {"70B", "qkv", 10240, 8192, 0},     {"70B", "o", 8192, 8192, 1},
                              {"70B", "gate_up", 57344, 8192, 2}, {"70B", "down", 8192, 28672, 1}};
   std::printf("w8a16 model shape n k variant us TB/s\n");
-  for (const W8a16Proj& pr : projs) BenchW8a16Shape(s, reps, iters, pr);
+  for (const W8a16Proj& pr : projs) BenchW8a16Shape(s, reps, iters, pr, rows);
   return 0;
 }
 
 int Main(int argc, char** argv) {
   int reps = 40, iters = 20;
-  std::string only = "all";
+  std::string only = "all", w8a16_math = "all";
+  bool w8a16_ref = true;
   for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--w8a16_math=", 13) == 0) w8a16_math = argv[i] + 13;
+    if (std::strncmp(argv[i], "--w8a16_ref=", 12) == 0) w8a16_ref = std::atoi(argv[i] + 12) != 0;
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
@@ -420,7 +453,7 @@ int Main(int argc, char** argv) {
     if (const int rc = BenchSweep(s, reps, iters); rc != 0 || only == "sweep") return rc;
   }
   if (only == "producers") return BenchFusedQuant(s, reps, iters);
-  if (only == "w8a16") return BenchW8a16(s, reps, iters);
+  if (only == "w8a16") return BenchW8a16(s, reps, iters, ParseW8a16Rows(w8a16_math, w8a16_ref));
   std::mt19937 rng(1234);
   // e4m3 codes with bit 3 clear (never NaN); bf16 values of modest size.
   const auto fp8_byte = [&] { return static_cast<uint8_t>(rng() & 0xF7); };

@@ -50,6 +50,17 @@
 //                 tensor core's accumulation order, 16 products a step). Folds bit-identical to
 //                 the unfolded kernels of the same math.
 //   kAuto         below.
+//   kRing         kTensorCore's arithmetic and bits, the weights streamed through a shared-memory
+//                 ring by 1-d bulk copies (fp8_w8a16_ring_cuda.cu): a persistent grid of one CTA
+//                 an SM walking its 16-row tiles, up to 12 stages of 16 rows x 1024 columns in
+//                 flight a CTA (the whole SM's shared memory), the first ones before the PDL
+//                 wait, the activations staged once a CTA. Falls back to kTensorCore where the
+//                 ring does not fit (staging past ~200 KiB).
+//   kRing2        the same with two CTAs an SM, each half the SM's shared memory.
+//   kRingHalf     one CTA an SM on half the shared memory: the next kernel's CTA fits beside it
+//                 and issues its early loads while this one streams.
+//                 Not yet measured on a GPU (issue 38): selectable only (TANDEM_FP8_W16_MMA=ring /
+//                 ring2 / ringhalf in runtime/cuda/cuda_llama_model_fp8.cc).
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -69,7 +80,7 @@ inline constexpr int64_t kFp8W16GemvMaxM = 1;
 // The largest k (kTensorCore stages k f16 activations in shared memory: 128 KiB).
 inline constexpr int64_t kFp8W16MaxK = 65536;
 
-enum class Fp8W16Math { kFp32Fma, kTensorCore, kAuto };
+enum class Fp8W16Math { kFp32Fma, kTensorCore, kAuto, kRing, kRing2, kRingHalf };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =
 // 28,672: 57 KiB a block cut the blocks a SM holds, 83 vs 63 us on an H200, BENCHMARKS.md).

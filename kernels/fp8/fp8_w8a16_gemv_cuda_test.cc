@@ -3,13 +3,16 @@
 // n = 77 / 130 / 9000 (a block's warps partly idle), k = 16 / 272 / 1040 / 4096 / 4112 / 14336
 // (a lane with no chunk, partial batches of loads, k not a multiple of 128), per-tensor and
 // per-channel scales, bias on / off, bf16 and fp32 out, the first loads before or after the PDL
-// wait (same bits); both inner loops (Fp8W16Math: fp32 fmaf, tensor-core mma); the folded forms bit
-// for bit against the unfolded kernels (RmsNorm<bf16>, SiluAndMul<bf16>, the residual add) and
-// through them against the reference; refusals (GPU; skips without one).
+// wait (same bits); the inner loops (Fp8W16Math: fp32 fmaf, tensor-core mma, the shared-memory
+// ring forms); the folded forms bit for bit against the unfolded kernels (RmsNorm<bf16>,
+// SiluAndMul<bf16>, the residual add) and through them against the reference; the ring forms bit
+// for bit against the tensor-core kernel at the Llama-3-8B / 70B projections (and sampled rows
+// against the reference there); refusals (GPU; skips without one).
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <type_traits>
@@ -41,15 +44,35 @@ std::vector<float> RandomScales(std::mt19937& rng, int64_t n, bool per_tensor) {
   return scales;
 }
 
+// Random codes for a large weight: a fresh random block of 2^20 - 3 codes repeated (rows of any
+// k start at different offsets in it), a fraction of the time per-code draws take at 0.5 G codes.
+std::vector<uint8_t> TiledE4m3Codes(std::mt19937& rng, int64_t count) {
+  const std::vector<uint8_t> block = RandomE4m3Codes(rng, (int64_t{1} << 20) - 3);
+  const int64_t size = static_cast<int64_t>(block.size());
+  std::vector<uint8_t> codes(count);
+  for (int64_t i = 0; i < count; i += size) {
+    std::memcpy(codes.data() + i, block.data(), std::min(size, count - i));
+  }
+  return codes;
+}
+
+// The host side of a weight: what the reference multiplies.
+struct HostWeight {
+  const uint8_t* codes;
+  const float* scales;
+  Fp8ScaleGrid grid;
+};
+
 // A random e4m3 weight with per-channel or per-tensor (n copies) scales, host and device.
 struct Weight {
-  Weight(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor)
+  Weight(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool tiled = false)
       : grid{n, k, 1, k},
-        codes(RandomE4m3Codes(rng, n * k)),
+        codes(tiled ? TiledE4m3Codes(rng, n * k) : RandomE4m3Codes(rng, n * k)),
         scales(RandomScales(rng, n, per_tensor)),
         d_codes(codes),
         d_scales(scales) {}
   Fp8DeviceWeight device() const { return {d_codes.get(), d_scales.get(), grid}; }
+  HostWeight host() const { return {codes.data(), scales.data(), grid}; }
 
   Fp8ScaleGrid grid;
   std::vector<uint8_t> codes;
@@ -58,15 +81,18 @@ struct Weight {
   DeviceBuffer<float> d_scales;
 };
 
+// The inner loops that multiply f16 activations: all but kFp32Fma.
+bool F16Activations(Fp8W16Math math) { return math != Fp8W16Math::kFp32Fma; }
+
 // Checks got (one row of n outputs) against cpu::Fp8Linear (weight-only) on the activations x
-// [k]: fp32 summation error plus the output rounding (bf16_out). kTensorCore: the same fp32 bound
-// (products of f16 are exact in fp32; the tensor core adds 16 at a step, k / 128 steps a warp, far
-// inside 4e-6 sqrt(k)) plus the activations' f16 rounding below 2^-14 (<= 2^-25 each, times |w|).
-void ExpectNearReference(const Weight& w, const std::vector<float>& x, const bf16* bias,
+// [k]: fp32 summation error plus the output rounding (bf16_out). The f16 forms (kTensorCore, the
+// rings): the same fp32 bound (products of f16 are exact in fp32; the tensor core adds 16 at a
+// step, k / 128 steps a warp, far inside 4e-6 sqrt(k)) plus the activations' f16 rounding below
+// 2^-14 (<= 2^-25 each, times |w|).
+void ExpectNearReference(const HostWeight& w, const std::vector<float>& x, const bf16* bias,
                          const std::vector<float>& got, bool bf16_out, Fp8W16Math math) {
   const int64_t n = w.grid.rows, k = w.grid.cols;
-  const Fp8WeightView view{w.codes.data(), w.scales.data(), w.grid, Fp8ActivationScheme::kNone,
-                           0.0f};
+  const Fp8WeightView view{w.codes, w.scales, w.grid, Fp8ActivationScheme::kNone, 0.0f};
   std::vector<float> bias_f(n, 0.0f), want(n), w_deq(n * k);
   if (bias != nullptr) {
     for (int64_t j = 0; j < n; ++j) bias_f[j] = __bfloat162float(bias[j]);
@@ -83,7 +109,7 @@ void ExpectNearReference(const Weight& w, const std::vector<float>& x, const bf1
     }
     const double tol = 4e-6 * std::sqrt(double(k)) * mag +
                        (bf16_out ? 0x1p-8 * std::fabs(want[j]) : 0.0) +
-                       (math == Fp8W16Math::kTensorCore ? 0x1p-25 * wsum : 0.0) + 1e-30;
+                       (F16Activations(math) ? 0x1p-25 * wsum : 0.0) + 1e-30;
     ASSERT_NEAR(got[j], want[j], tol) << "col " << j;
   }
 }
@@ -120,9 +146,9 @@ void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool w
       << "early loads change bits";
   const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true, math);
   const std::vector<float> xf = cuda_test::ToFloat(x);
-  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, f32, false, math);
-  ExpectNearReference(w, xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16), true,
-                      math);
+  ExpectNearReference(w.host(), xf, with_bias ? bias.data() : nullptr, f32, false, math);
+  ExpectNearReference(w.host(), xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16),
+                      true, math);
 }
 
 void CheckPlainShapes(Fp8W16Math math) {
@@ -167,8 +193,8 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early, math);
   EXPECT_TRUE(SameBits(folded.ToHost(), unfolded)) << "NormIn != RmsNorm + Fp8W16Gemv";
   const std::vector<float> normed_f = cuda_test::ToFloat(normed.ToHost());
-  ExpectNearReference(w, normed_f, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(unfolded),
-                      true, math);
+  ExpectNearReference(w.host(), normed_f, with_bias ? bias.data() : nullptr,
+                      cuda_test::ToFloat(unfolded), true, math);
 
   // SiLU-and-mul: gate rows 0..n-1, up rows n..2n-1 of one [2n, k] weight.
   const Weight gu(rng, 2 * n, k, false);
@@ -191,7 +217,7 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   want_act.resize(n);
   EXPECT_TRUE(SameBits(act.ToHost(), want_act))
       << "NormInSiluMul != RmsNorm + Fp8W16Gemv + SiluAndMul";
-  ExpectNearReference(gu, normed_f, with_bias ? bias.data() : nullptr,
+  ExpectNearReference(gu.host(), normed_f, with_bias ? bias.data() : nullptr,
                       cuda_test::ToFloat(gate_up_out.ToHost()), true, math);
 
   // AddTo: residual = round(residual + round(product)).
@@ -241,6 +267,120 @@ TEST(Fp8W16GemvCudaTest, AutoPicksByTheStagingSize) {
         2 * k <= kFp8W16AutoMaxStagingBytes ? Fp8W16Math::kTensorCore : Fp8W16Math::kFp32Fma;
     EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kAuto),
                          RunPlain<float>(dx.get(), w, nullptr, true, want)));
+  }
+}
+
+constexpr Fp8W16Math kRings[] = {Fp8W16Math::kRing, Fp8W16Math::kRing2, Fp8W16Math::kRingHalf};
+
+// The ring forms at the odd shapes: n = 77 / 130 give one tile a CTA and a partial last tile,
+// n = 9000 several tiles a CTA (the ring wraps across tiles), k = 16 one stage of one chunk
+// (fewer stages than the ring's slots), k = 1040 / 4112 a partial last stage, k = 14336 14
+// stages a tile.
+TEST(Fp8W16GemvCudaTest, RingsMatchTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const Fp8W16Math math : kRings) CheckPlainShapes(math);
+}
+
+TEST(Fp8W16GemvCudaTest, RingFoldsEqualTheUnfoldedKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const Fp8W16Math math : kRings) CheckFoldShapes(math);
+}
+
+// got (n outputs) against the reference on 96 rows of w: the first and last 40 (the last tile
+// partial or not) and 16 spread over the rest.
+void ExpectRowsNearReference(const Weight& w, const std::vector<float>& x,
+                             const std::vector<float>& got, Fp8W16Math math) {
+  const int64_t n = w.grid.rows, k = w.grid.cols;
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < 40; ++i) rows.insert(rows.end(), {i, n - 40 + i});
+  for (int64_t i = 0; i < 16; ++i) rows.push_back(n / 16 * i + 7 * i);
+  std::vector<uint8_t> codes;
+  std::vector<float> scales, sub;
+  for (const int64_t r : rows) {
+    codes.insert(codes.end(), w.codes.begin() + r * k, w.codes.begin() + (r + 1) * k);
+    scales.push_back(w.scales[r]);
+    sub.push_back(got[r]);
+  }
+  const int64_t m = static_cast<int64_t>(rows.size());
+  ExpectNearReference({codes.data(), scales.data(), {m, k, 1, k}}, x, nullptr, sub, false, math);
+}
+
+// One Llama-3 projection as the decode step runs it (fold: 0 NormIn, 1 AddTo, 2 NormInSiluMul):
+// every ring form bit for bit against kTensorCore, plain (fp32 out) and folded, and the plain
+// outputs' sampled rows against the reference.
+struct RealShape {
+  const char* name;
+  int64_t n, k;
+  int fold;
+};
+
+std::vector<bf16> RunFolded(const RealShape& s, const bf16* x, const bf16* norm_w, const Weight& w,
+                            const std::vector<bf16>& residual, Fp8W16Math math) {
+  DeviceBuffer<bf16> out(residual);
+  absl::Status st;
+  if (s.fold == 0) {
+    st = Fp8W16GemvNormIn(x, norm_w, kEps, w.device(), nullptr, 1, out.get(), nullptr, true, true,
+                          math);
+  } else if (s.fold == 2) {
+    st = Fp8W16GemvNormInSiluMul(x, norm_w, kEps, w.device(), nullptr, 1, out.get(), nullptr, true,
+                                 true, math);
+  } else {
+    st = Fp8W16GemvAddTo(x, w.device(), nullptr, 1, out.get(), nullptr, true, true, math);
+  }
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out.ToHost();
+}
+
+void CheckRealShape(std::mt19937& rng, const RealShape& s) {
+  SCOPED_TRACE(::testing::Message() << s.name << " n=" << s.n << " k=" << s.k);
+  const Weight w(rng, s.n, s.k, false, /*tiled=*/true);
+  const std::vector<bf16> x = RandomBf16(rng, s.k, 1.5f), norm_w = RandomBf16(rng, s.k, 1.0f);
+  DeviceBuffer<bf16> dx(x), dnorm(norm_w), normed(s.k);
+  ASSERT_TRUE(RmsNorm<bf16>(dx.get(), dnorm.get(), 1, s.k, kEps, normed.get(), nullptr).ok());
+  const std::vector<float> normed_f = cuda_test::ToFloat(normed.ToHost());
+  const std::vector<float> tc =
+      RunPlain<float>(normed.get(), w, nullptr, true, Fp8W16Math::kTensorCore);
+  ExpectRowsNearReference(w, normed_f, tc, Fp8W16Math::kTensorCore);
+  const std::vector<bf16> residual = RandomBf16(rng, s.fold == 2 ? s.n / 2 : s.n, 3.0f);
+  const bf16* in = s.fold == 1 ? normed.get() : dx.get();
+  const std::vector<bf16> want =
+      RunFolded(s, in, dnorm.get(), w, residual, Fp8W16Math::kTensorCore);
+  for (const Fp8W16Math math : kRings) {
+    SCOPED_TRACE(::testing::Message() << "math=" << static_cast<int>(math));
+    const std::vector<float> ring = RunPlain<float>(normed.get(), w, nullptr, true, math);
+    EXPECT_TRUE(SameBits(ring, tc)) << "plain != kTensorCore";
+    ExpectRowsNearReference(w, normed_f, ring, math);
+    EXPECT_TRUE(SameBits(RunFolded(s, in, dnorm.get(), w, residual, math), want))
+        << "folded != kTensorCore";
+  }
+}
+
+TEST(Fp8W16GemvCudaTest, RingsEqualTheTensorCoreAtTheLlamaShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 7);
+  const RealShape shapes[] = {
+      {"8B qkv", 6144, 4096, 0},       {"8B o", 4096, 4096, 1},      {"8B gate_up", 28672, 4096, 2},
+      {"8B down", 4096, 14336, 1},     {"70B qkv", 10240, 8192, 0},  {"70B o", 8192, 8192, 1},
+      {"70B gate_up", 57344, 8192, 2}, {"70B down", 8192, 28672, 1},
+  };
+  for (const RealShape& s : shapes) CheckRealShape(rng, s);
+}
+
+// k = 49,152: 96 KiB of f16 activations leave kRing2 / kRingHalf no room for 3 stages in half an
+// SM, so they run the tensor-core kernel; kRing runs the ring (7 stages beside the 96 KiB). All
+// three give the tensor-core kernel's bits.
+TEST(Fp8W16GemvCudaTest, RingsBesideLargeStagingOrFallingBack) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 9);
+  const Weight w(rng, 33, 49152, false);
+  const std::vector<bf16> x = RandomBf16(rng, 49152, 2.0f);
+  DeviceBuffer<bf16> dx(x);
+  const std::vector<float> want =
+      RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCore);
+  for (const Fp8W16Math math : kRings) {
+    EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, math), want))
+        << "math=" << static_cast<int>(math);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 
 namespace tandem::kernels::cuda::internal::prefill {
 
@@ -255,12 +256,10 @@ __device__ __forceinline__ void StoreRows(const PrefillParams<T>& p, const WorkI
 
 // ---- PTX wrappers ----
 
-__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count));
-}
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
-}
+// MbarInit, MbarArrive, MbarWait: kernels/cuda/tensor_map.cuh (one owner).
+using internal::MbarArrive;
+using internal::MbarInit;
+using internal::MbarWait;
 // Arrives when `pred` holds. Predicated inside the asm, not by a branch: a divergent branch
 // between wgmma issue and wait makes ptxas wait for every wgmma in flight (it cannot track the
 // groups across it), which would serialize the softmax with the P.V product.
@@ -270,23 +269,6 @@ __device__ __forceinline__ void MbarArriveIf(uint64_t* bar, bool pred) {
           "r"(SmemAddr(bar)),
       "r"(static_cast<uint32_t>(pred))
       : "memory");
-}
-// Blocks until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
-// waiting on parity 1 returns at once: the producer's first pass over empty slots).
-// Unbounded on purpose: a poll counter that traps after ~30 s (a poll takes ~30 ns on the H200)
-// cost the wgmma kernel 3% on every benchmark shape (measured, alternating builds), and a
-// clock64 or printf variant made ptxas spill in the 40-register producer.
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = SmemAddr(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 }  // namespace tandem::kernels::cuda::internal::prefill
 
