@@ -1,5 +1,6 @@
 #include "common/grpc_listener.h"
 
+#include <grpcpp/resource_quota.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,6 +22,28 @@
 
 namespace tandem {
 namespace {
+
+int Ms(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT32_MAX));
+}
+
+// The port's bounds on the builder (GrpcListenerOptions says why each).
+void SetBounds(const GrpcListenerOptions& options, grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, Ms(options.handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Ms(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Ms(options.keepalive_timeout));
+  // Idle connections too, and every keepalive_time: without these the server stops pinging
+  // after 2 pings with no data sent and spaces pings without data 5 minutes apart.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
+                             Ms(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             std::max(options.max_concurrent_streams, 1));
+  grpc::ResourceQuota quota("tandem gRPC port");
+  quota.Resize(static_cast<size_t>(std::max<int64_t>(options.memory_quota_bytes, 1 << 20)));
+  builder.SetResourceQuota(quota);  // holds its own reference
+}
 
 absl::Status Unavailable(const std::string& address, const std::string& what) {
   return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", what));
@@ -88,9 +111,7 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Add(
   if (listener->wake_fd_ < 0 || listener->port_ == 0) {
     return Unavailable(address, std::strerror(errno));
   }
-  builder->AddChannelArgument(
-      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-      static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.handshake_timeout))));
+  SetBounds(options, *builder);
   listener->acceptor_ = builder->experimental().AddExternalConnectionAcceptor(
       grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
       std::move(credentials));

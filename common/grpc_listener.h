@@ -13,7 +13,11 @@
 // one and closes it at once (as HttpServer does). A connection that never completes its TLS
 // handshake and HTTP/2 preface is dropped by the server after `handshake_timeout`
 // (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, set on the builder; gRPC's default is 2 minutes), which
-// frees its place: idle TCP connections cannot hold the port's places for long.
+// frees its place: idle TCP connections cannot hold the port's places for long. The server also
+// pings every connection (keepalive_time) and closes one whose peer stopped answering
+// (keepalive_timeout), runs at most max_concurrent_streams calls per connection, and holds the
+// port's connections to memory_quota_bytes together (a grpc::ResourceQuota): gRPC's defaults are
+// a ping every 2 hours and neither bound.
 //
 //   grpc::ServerBuilder builder;
 //   ASSIGN_OR_RETURN(auto listener, GrpcListener::Add("127.0.0.1:0", creds, &builder));

@@ -5,6 +5,7 @@
 //                 [--public_client_ca] | --insecure) [--heartbeat_interval_ms=1000]
 //                 [--worker_timeout_ms=5000] [--max_queue=1024] [--request_timeout_ms=600000]
 //                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=30000]
+//                 [--grpc_max_concurrent_streams=8192] [--grpc_memory_quota_mb=4096]
 //                 [--lease_ms=0] [--on_kv_failure=recompute] [--max_attempts=2]
 //                 [--route_wait_ms=2000] [--decode_wait_ms=20000]
 //                 [--prefix_index_max_blocks=1048576] [--shutdown_grace_ms=5000]
@@ -51,6 +52,12 @@ ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
           absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
           "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
           "dropped");
+ABSL_FLAG(int32_t, grpc_max_concurrent_streams,
+          tandem::GrpcListenerOptions{}.max_concurrent_streams,
+          "calls open at once on one gRPC connection (more wait in the client)");
+ABSL_FLAG(int64_t, grpc_memory_quota_mb, tandem::GrpcListenerOptions{}.memory_quota_bytes >> 20,
+          "memory of the gRPC port's connections together (gRPC ResourceQuota; past it, streams "
+          "are cancelled RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, request_timeout_ms, 600000, "deadline of one request, end to end");
 ABSL_FLAG(int64_t, lease_ms, 0, "KV lease asked of prefill workers (0 = worker default)");
 ABSL_FLAG(std::string, on_kv_failure, "recompute",
@@ -113,9 +120,13 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   o.grpc_ports.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
   o.grpc_ports.handshake_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
-  if (o.grpc_ports.max_connections < 1 || o.grpc_ports.handshake_timeout <= absl::ZeroDuration()) {
+  o.grpc_ports.max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
+  o.grpc_ports.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_mb) << 20;
+  if (o.grpc_ports.max_connections < 1 || o.grpc_ports.handshake_timeout <= absl::ZeroDuration() ||
+      o.grpc_ports.max_concurrent_streams < 1 || o.grpc_ports.memory_quota_bytes < 1) {
     return absl::InvalidArgumentError(
-        "--grpc_max_connections and --grpc_handshake_timeout_ms must be >= 1");
+        "--grpc_max_connections, --grpc_handshake_timeout_ms, --grpc_max_concurrent_streams and "
+        "--grpc_memory_quota_mb must be >= 1");
   }
   o.registry.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   o.registry.worker_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms));

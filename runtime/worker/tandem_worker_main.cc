@@ -6,6 +6,7 @@
 //                 [--kv_cache_bytes=N] [--block_size=16] [--max_num_batched_tokens=2048]
 //                 [--max_num_seqs=256] [--max_queued_requests=4096] [--num_threads=2]
 //                 [--grpc_max_connections=4096] [--grpc_handshake_timeout_ms=30000]
+//                 [--grpc_max_concurrent_streams=8192] [--grpc_memory_quota_mb=4096]
 //                 [--lease_ms=30000]
 //                 [--kv_load_timeout_ms=20000] [--kv_transport=ucx] [--ucx_tls=tcp,self,sm]
 //                 [--ucx_net_device=auto] [--ucx_mirror_pin_granule_mb=-1]
@@ -87,6 +88,12 @@ ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
           absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
           "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
           "dropped");
+ABSL_FLAG(int32_t, grpc_max_concurrent_streams,
+          tandem::GrpcListenerOptions{}.max_concurrent_streams,
+          "calls open at once on one gRPC connection (more wait in the client)");
+ABSL_FLAG(int64_t, grpc_memory_quota_mb, tandem::GrpcListenerOptions{}.memory_quota_bytes >> 20,
+          "memory of the gRPC port's connections together (gRPC ResourceQuota; past it, streams "
+          "are cancelled RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
@@ -187,6 +194,8 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.grpc_port.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
   config.grpc_port.handshake_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
+  config.grpc_port.max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
+  config.grpc_port.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_mb) << 20;
   return config;
 }
 

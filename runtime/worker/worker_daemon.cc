@@ -259,9 +259,11 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
     return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
   }
   if (config.grpc_port.max_connections < 1 ||
-      config.grpc_port.handshake_timeout <= absl::ZeroDuration()) {
+      config.grpc_port.handshake_timeout <= absl::ZeroDuration() ||
+      config.grpc_port.max_concurrent_streams < 1 || config.grpc_port.memory_quota_bytes < 1) {
     return absl::InvalidArgumentError(
-        "--grpc_max_connections and --grpc_handshake_timeout_ms must be >= 1");
+        "--grpc_max_connections, --grpc_handshake_timeout_ms, --grpc_max_concurrent_streams and "
+        "--grpc_memory_quota_mb must be >= 1");
   }
   if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
   if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
