@@ -281,9 +281,11 @@ TEST(Fp8W16GemvCudaTest, RingsMatchTheCpuReference) {
   for (const Fp8W16Math math : kRings) CheckPlainShapes(math);
 }
 
+// kRing's folds at the odd shapes (kRing2 / kRingHalf: bit for bit against kTensorCore's folds at
+// the Llama shapes below; the three differ only in grid size and stage count).
 TEST(Fp8W16GemvCudaTest, RingFoldsEqualTheUnfoldedKernels) {
   TANDEM_SKIP_WITHOUT_GPU();
-  for (const Fp8W16Math math : kRings) CheckFoldShapes(math);
+  CheckFoldShapes(Fp8W16Math::kRing);
 }
 
 // got (n outputs) against the reference on 96 rows of w: the first and last 40 (the last tile

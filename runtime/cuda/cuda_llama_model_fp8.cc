@@ -94,13 +94,17 @@ bool W16EarlyLoads() {
 
 // The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAuto
 // (Llama-3-8B batch 1 on an H200: 3.091 -> 3.026 ms a step against kFp32Fma,
-// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=1 kTensorCore everywhere, =0 kFp32Fma (A/B runs
-// of decode_step_bench).
+// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=1 kTensorCore everywhere, =0 kFp32Fma, =ring /
+// ring2 / ringhalf the shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits,
+// not yet measured in a step) (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
+  using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
-  if (v == nullptr) return kernels::cuda::Fp8W16Math::kAuto;
-  return std::strcmp(v, "0") != 0 ? kernels::cuda::Fp8W16Math::kTensorCore
-                                  : kernels::cuda::Fp8W16Math::kFp32Fma;
+  if (v == nullptr) return Fp8W16Math::kAuto;
+  if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
+  if (std::strcmp(v, "ring2") == 0) return Fp8W16Math::kRing2;
+  if (std::strcmp(v, "ringhalf") == 0) return Fp8W16Math::kRingHalf;
+  return std::strcmp(v, "0") != 0 ? Fp8W16Math::kTensorCore : Fp8W16Math::kFp32Fma;
 }
 
 }  // namespace
