@@ -247,10 +247,16 @@ absl::Status LaunchRing(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
   config.dynamicSmemBytes =
       static_cast<size_t>(DynamicBytes(R, kFold == Fold::kNormIn, p.k, stages));
   const auto kernel = Fp8W16RingKernel<TOut, R, kFold>;
-  // The whole 228 KiB as shared memory (two CTAs of ~110 KiB must fit an SM), then the opt-in.
+  // The whole 228 KiB as shared memory (two CTAs of ~110 KiB must fit an SM), and the opt-in at
+  // its largest, not at this launch's size: one graph holds launches of one kernel with different
+  // sizes (o_proj's and down_proj's AddTo), which must all stay within the attribute.
+  cudaFuncAttributes attributes{};
+  CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
-  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kSmemPerCta - static_cast<int64_t>(attributes.sharedSizeBytes))));
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, stages, out));
   return absl::OkStatus();
 }
