@@ -1,11 +1,15 @@
 // QuantizeActivations and Fp8Gemv (fp8_cuda.h) against the CPU reference (fp8.h,
 // cpu::Fp8Linear) on fresh random inputs with random scales: per-tensor / per-channel (per-row
 // scales over the whole row) and 128-column per-row blocks, the four activation schemes, m = 1..16,
-// bias on and off (GPU; skips without one). The GEMM and its epilogue: fp8_gemm_cuda_test.cc.
+// bias on and off (GPU; skips without one). QuantizeWeightTiles128 / DequantizeWeight (device dummy
+// weights) against QuantizeWeight / cpu::DequantizeFp8Weight. The GEMM and its epilogue:
+// fp8_gemm_cuda_test.cc.
 #include "kernels/fp8/fp8_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +63,58 @@ TEST(Fp8CudaTest, QuantizeActivationsEqualsTheCpu) {
       EXPECT_EQ(scales.ToHost(), want_scales) << "k=" << k;
     }
   }
+}
+
+// Device dummy weights of 128 x 128-block configs: QuantizeWeightTiles128 against
+// kernels::QuantizeWeight with a 128 x 128 grid (the tile scales expanded to rows; in cuBLASLt's
+// block layout with padding 1), partial tiles both ways and an all-zero tile (scale 1), then
+// DequantizeWeight against cpu::DequantizeFp8Weight rounded once to bf16. Bit-exact: the same
+// fp32 inputs, IEEE division and round-to-nearest-even on both.
+TEST(Fp8CudaTest, WeightTilesAndDequantizeEqualTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{300, 400}, {128, 512}, {64, 48}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<float> w(n * k);
+    for (float& v : w) v = d(rng) * 0.05f;
+    if (n > 128 && k > 128) {
+      for (int64_t r = 128; r < 256; ++r) std::fill_n(w.begin() + r * k + 128, 128, 0.0f);
+    }
+    const Fp8ScaleGrid tiles{n, k, 128, 128};
+    const int64_t groups = tiles.GridCols(), ld = (groups + 3) / 4 * 4;
+    std::vector<uint8_t> want_codes(n * k);
+    std::vector<float> tile_scales(tiles.NumScales()), want_rows(n * groups);
+    std::vector<float> want_blocks(tiles.GridRows() * ld, 1.0f);
+    QuantizeWeight(w.data(), tiles, want_codes.data(), tile_scales.data());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t g = 0; g < groups; ++g)
+        want_rows[r * groups + g] = tile_scales[r / 128 * groups + g];
+    }
+    for (int64_t b = 0; b < tiles.GridRows(); ++b) {
+      std::copy_n(tile_scales.begin() + b * groups, groups, want_blocks.begin() + b * ld);
+    }
+    DeviceBuffer<float> dw(w), rows(n * groups), blocks(tiles.GridRows() * ld);
+    DeviceBuffer<uint8_t> codes(n * k);
+    ASSERT_TRUE(
+        QuantizeWeightTiles128(dw.get(), n, k, codes.get(), rows.get(), blocks.get(), ld, nullptr)
+            .ok());
+    const Fp8ScaleGrid per_row{n, k, 1, 128};
+    DeviceBuffer<bf16> wide(n * k);
+    ASSERT_TRUE(DequantizeWeight(codes.get(), rows.get(), per_row, wide.get(), nullptr).ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(codes.ToHost(), want_codes);
+    EXPECT_EQ(rows.ToHost(), want_rows);
+    EXPECT_EQ(blocks.ToHost(), want_blocks);
+    std::vector<float> want_wide(n * k);
+    cpu::DequantizeFp8Weight({want_codes.data(), want_rows.data(), per_row}, 0, n,
+                             want_wide.data());
+    const std::vector<float> got_wide = cuda_test::ToFloat(wide.ToHost());
+    for (int64_t i = 0; i < n * k; ++i) {
+      ASSERT_EQ(got_wide[i], cuda_test::ToF(cuda_test::FromF<bf16>(want_wide[i]))) << i;
+    }
+  }
+  EXPECT_FALSE(QuantizeWeightTiles128(nullptr, 4, 4, nullptr, nullptr, nullptr, 0, nullptr).ok());
 }
 
 void CheckGemv(std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t block_cols,

@@ -107,6 +107,21 @@ absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t row
   return w;
 }
 
+absl::StatusOr<CudaFp8Weight> AllocateFp8DummyWeight(const WeightQuantization& q, int64_t n,
+                                                     int64_t k, int64_t max_tokens) {
+  ASSIGN_OR_RETURN(CudaFp8Weight w,
+                   AllocateFp8Weight(Fp8QuantizedGrid(q, n, k), q.activation, 0.0f, max_tokens));
+  CUDA_RETURN_IF_ERROR(cudaMemset(w.codes.data(), 0, w.codes.bytes()));
+  CUDA_RETURN_IF_ERROR(cudaMemset(w.scales.data(), 0, w.scales.bytes()));
+  w.dummy_tiles = Fp8QuantizesTiles(q);
+  if (w.dummy_tiles && q.activation == Scheme::kDynamicGroup128) {
+    const int64_t blocks = (n + kGroup - 1) / kGroup * kc::Block128WeightScaleLd(k);
+    ASSIGN_OR_RETURN(w.block_scales, DeviceBuffer::Allocate(blocks * 4, "fp8 block scales"));
+    CUDA_RETURN_IF_ERROR(cudaMemset(w.block_scales.data(), 0, w.block_scales.bytes()));
+  }
+  return w;
+}
+
 absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* staging,
                           CudaFp8Weight* w, cudaStream_t stream) {
   const int64_t k = w->grid.cols, n = fill.slice.numel();
@@ -117,12 +132,23 @@ absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* sta
   }
   RETURN_IF_ERROR(
       FillDummySlice<float>(staging, fill.slice, fill.mean, seed, fill.stream_id, stream));
+  const int64_t row0 = fill.offset / k;
+  uint8_t* codes = w->codes.get<uint8_t>() + fill.offset;
+  float* scales = w->scales.get<float>() + row0 * w->grid.GridCols();
+  if (w->dummy_tiles) {  // 128 x 128 tiles from the fill's first row (kernels::QuantizeWeight)
+    if (row0 % kGroup != 0 && !w->block_scales.empty()) {
+      // The weight's 128-row blocks do not share their scales: no block-scaled GEMM for it.
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // earlier fills wrote them
+      w->block_scales.Reset();
+    }
+    const int64_t ld = kc::Block128WeightScaleLd(k);
+    float* blocks =
+        w->block_scales.empty() ? nullptr : w->block_scales.get<float>() + row0 / kGroup * ld;
+    return kc::QuantizeWeightTiles128(staging, n / k, k, codes, scales, blocks, ld, stream);
+  }
   // Per-row amax / 448 (or per 128 columns), x / scale rounded: kernels::QuantizeWeight's codes.
   const Scheme rows_as = w->grid.block_cols >= k ? Scheme::kDynamicToken : Scheme::kDynamicGroup128;
-  const int64_t row0 = fill.offset / k;
-  return kc::QuantizeActivations(staging, n / k, k, rows_as, 0.0f,
-                                 w->codes.get<uint8_t>() + fill.offset,
-                                 w->scales.get<float>() + row0 * w->grid.GridCols(), stream);
+  return kc::QuantizeActivations(staging, n / k, k, rows_as, 0.0f, codes, scales, stream);
 }
 
 absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, DeviceBuffer* staging,

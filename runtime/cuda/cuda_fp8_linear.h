@@ -59,6 +59,9 @@ struct CudaFp8Weight {
   kernels::Fp8ScaleGrid grid;
   kernels::Fp8ActivationScheme activation = kernels::Fp8ActivationScheme::kNone;
   float input_scale = 0.0f;
+  // Device dummy weights of a 128 x 128-block config (AllocateFp8DummyWeight): FillFp8Dummy
+  // draws one scale per 128 x 128 tile of each checkpoint tensor (held per row as above).
+  bool dummy_tiles = false;
   bool empty() const { return codes.empty(); }
   // The codes and per-row scales as the decode kernels take them.
   kernels::cuda::Fp8DeviceWeight device() const {
@@ -82,10 +85,18 @@ absl::StatusOr<CudaFp8Weight> AllocateFp8Weight(const kernels::Fp8ScaleGrid& gri
 absl::StatusOr<CudaFp8Weight> UploadFp8Weight(Fp8LinearWeight* host, int64_t rows, int64_t cols,
                                               int64_t max_tokens, const std::string& what);
 
+// A device dummy FP8 weight [n, k] of a config quantized as `q` (Fp8QuantizedGrid; a 128 x 128
+// config's tiles: dummy_tiles, and block_scales for 1 x 128 activations), codes and scales zero.
+absl::StatusOr<CudaFp8Weight> AllocateFp8DummyWeight(const WeightQuantization& q, int64_t n,
+                                                     int64_t k, int64_t max_tokens);
+
 // Device dummy FP8 weight rows: draws `fill` (whole rows of the weight, starting at element
-// fill.offset) in fp32 into `staging` (fill.slice.numel() floats) and quantizes them on the
-// device per row or per 128 columns (the weight's grid), as QuantizeWeightsFp8 does the host
-// draw: the CPU dummy path's codes and scales.
+// fill.offset: one checkpoint tensor or its TP slice) in fp32 into `staging`
+// (fill.slice.numel() floats) and quantizes them on the device per row or per 128 columns (the
+// weight's grid), or in 128 x 128 tiles from the fill's first row (dummy_tiles; the block
+// scales written too, and dropped when a fill starts inside a 128-row block, as
+// UploadFp8Weight finds such a checkpoint's), as QuantizeWeightsFp8 does the host draw: the CPU
+// dummy path's codes and scales.
 absl::Status FillFp8Dummy(const DummyTensorFill& fill, uint64_t seed, float* staging,
                           CudaFp8Weight* w, cudaStream_t stream);
 // The same with `staging` grown to the fill's draw where it is smaller (once the stream's

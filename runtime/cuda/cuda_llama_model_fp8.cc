@@ -34,13 +34,12 @@ absl::Status CudaLlamaModel::AllocateFp8(Layer* l) {
   const int64_t qkv_dim = (config_.num_attention_heads + 2 * config_.num_key_value_heads) * D;
   const int64_t o_dim = config_.num_attention_heads / options_.dcp.size * D;
   const WeightQuantization& q = config_.quantization;
-  const auto grid = [&](int64_t n, int64_t k) { return Fp8QuantizedGrid(q, n, k); };
   const int64_t T = options_.max_tokens;
-  ASSIGN_OR_RETURN(l->qkv_fp8, AllocateFp8Weight(grid(qkv_dim, H), q.activation, 0.0f, T));
-  ASSIGN_OR_RETURN(l->o_fp8, AllocateFp8Weight(grid(H, o_dim), q.activation, 0.0f, T));
+  ASSIGN_OR_RETURN(l->qkv_fp8, AllocateFp8DummyWeight(q, qkv_dim, H, T));
+  ASSIGN_OR_RETURN(l->o_fp8, AllocateFp8DummyWeight(q, H, o_dim, T));
   if (!config_.IsMoeLayer(l - layers_.data())) {  // a MoE layer's experts: AllocateMoeWeights
-    ASSIGN_OR_RETURN(l->gate_up_fp8, AllocateFp8Weight(grid(2 * I, H), q.activation, 0.0f, T));
-    ASSIGN_OR_RETURN(l->down_fp8, AllocateFp8Weight(grid(H, I), q.activation, 0.0f, T));
+    ASSIGN_OR_RETURN(l->gate_up_fp8, AllocateFp8DummyWeight(q, 2 * I, H, T));
+    ASSIGN_OR_RETURN(l->down_fp8, AllocateFp8DummyWeight(q, H, I, T));
   }
   weight_bytes_ +=
       l->qkv_fp8.bytes() + l->o_fp8.bytes() + l->gate_up_fp8.bytes() + l->down_fp8.bytes();

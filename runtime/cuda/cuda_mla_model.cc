@@ -132,10 +132,10 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
   }
   std::unique_ptr<CudaMlaModel> model(new CudaMlaModel(config, options));
   if (config.quantization.IsFp8()) {  // e4m3 projections (cuda_mla_model_fp8.cc)
-    if (options.dtype != ActDtype::kBf16 || options.dummy_seed.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FP8 weights (", config.quantization.Describe(), ") of ", config.architecture,
-          " run on CUDA from checkpoint weights with bf16 activations only"));
+    if (options.dtype != ActDtype::kBf16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FP8 weights (", config.quantization.Describe(), ") of ",
+                       config.architecture, " run on CUDA with bf16 activations only"));
     }
     const int64_t max_k =
         std::max({config.hidden_size, config.q_lora_rank,
@@ -197,9 +197,9 @@ std::vector<CudaMlaModel::Tensor> CudaMlaModel::Tensors(ModelWeights* w) {
     auto src = [s](std::vector<float> LayerWeights::*f) {
       return s == nullptr ? nullptr : &(s->*f);
     };
-    // An e4m3 projection (UploadFp8) has no 16-bit tensor.
-    auto or0 = [s](Fp8LinearWeight LayerWeights::*f, int64_t numel) {
-      return s != nullptr && !(s->*f).empty() ? 0 : numel;
+    // An e4m3 projection (UploadFp8; dummy weights of an FP8 config) has no 16-bit tensor.
+    auto or0 = [s, this](Fp8LinearWeight LayerWeights::*f, int64_t numel) {
+      return (s != nullptr ? !(s->*f).empty() : fp8_ != nullptr) ? 0 : numel;
     };
     const bool moe = c.IsMoeLayer(l);  // no dense MLP tensors
     const Tensor layer[] = {
@@ -274,21 +274,26 @@ absl::Status CudaMlaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
   }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (!config_.IsMoeLayer(l)) continue;
-    ASSIGN_OR_RETURN(layers_[l].moe, AllocateMoeWeights(config_, stream));
+    ASSIGN_OR_RETURN(layers_[l].moe, AllocateMoeWeights(config_, stream, options_.max_tokens));
     weight_bytes_ += layers_[l].moe.bytes();
   }
+  if (fp8_ != nullptr) RETURN_IF_ERROR(AllocateFp8Dummy());
   std::vector<DummyTensorFill> whole;
   if (options_.dummy_plan.empty()) {
     ASSIGN_OR_RETURN(whole, DummyWeightPlan(config_));
   }
   const bool bf16 = options_.dtype == ActDtype::kBf16;
-  DeviceBuffer no_fp8;  // FP8 MLA models are not drawn on the device (Create refuses them)
+  DeviceBuffer fp8_staging;  // FP8 configs: one fill's fp32 draw before quantization
   for (const DummyTensorFill& f : options_.dummy_plan.empty() ? whole : options_.dummy_plan) {
     if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < config_.num_hidden_layers) {
       CudaMoeWeights* moe = &layers_[f.layer].moe;
-      RETURN_IF_ERROR(bf16 ? FillMoeDummy<__nv_bfloat16>(f, seed, moe, &no_fp8, stream)
-                           : FillMoeDummy<__half>(f, seed, moe, &no_fp8, stream));
+      RETURN_IF_ERROR(bf16 ? FillMoeDummy<__nv_bfloat16>(f, seed, moe, &fp8_staging, stream)
+                           : FillMoeDummy<__half>(f, seed, moe, &fp8_staging, stream));
       continue;
+    }
+    if (fp8_ != nullptr) {
+      ASSIGN_OR_RETURN(const bool drawn, FillFp8DummyProjection(f, seed, &fp8_staging, stream));
+      if (drawn) continue;
     }
     DeviceBuffer* b = nullptr;
     for (const Tensor& t : tensors) {

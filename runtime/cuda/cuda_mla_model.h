@@ -17,7 +17,8 @@
 // rows; the dense MLP and the experts are sliced; vocab-parallel embedding + all-reduce, an
 // all-reduce after o_proj and after the MLP, lm_head on the local vocabulary rows + all-gather.
 // Device dummy weights (options.dummy_seed): drawn on the device from DummyWeightPlan, each rank
-// only its slices (runtime/model/dummy_draw.h).
+// only its slices (runtime/model/dummy_draw.h); an FP8 config's projections and experts drawn
+// and quantized on the device as the host quantizes its draw (QuantizeWeightsFp8).
 //
 // Decode context parallelism (options.dcp, as the CPU MlaModel and CudaLlamaModel): the slice's
 // ranks hold token shards of the latent (the runner writes each latent on its shard only, at a
@@ -128,6 +129,16 @@ class CudaMlaModel {
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);
   // FP8 checkpoints (cuda_mla_model_fp8.cc): the layer's e4m3 projections onto the device.
   absl::Status UploadFp8(LayerWeights* src, Layer* dst);
+  // kv_a_proj_with_mqa [L + Dr, hidden] as its c_kv rows and its k_pe rows (freed).
+  absl::Status UploadKvA(Fp8LinearWeight* kv_a, Layer* dst);
+  // Device dummy weights of an FP8 config (cuda_mla_model_fp8.cc): every layer's e4m3
+  // projections allocated (zero), then each fill of an FP8 projection drawn and quantized as
+  // the host's QuantizeWeightsFp8 (true; false for another fill): kv_a_proj_with_mqa drawn whole
+  // then split as UploadFp8 splits a checkpoint's, kv_b_proj quantized and widened into its
+  // 16-bit buffer. `staging`: the fp32 draw, grown as needed.
+  absl::Status AllocateFp8Dummy();
+  absl::StatusOr<bool> FillFp8DummyProjection(const DummyTensorFill& fill, uint64_t seed,
+                                              DeviceBuffer* staging, cudaStream_t stream);
   // out [m, n] = a [m, k] . w^T: the FP8 weight `fp8` where it is set (CudaFp8Linear, bf16 only),
   // else the 16-bit `w` through cuBLASLt.
   template <typename T>

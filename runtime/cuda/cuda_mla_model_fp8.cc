@@ -4,14 +4,17 @@
 // them) and run through CudaFp8Linear with 1 x 128 activation quantization, as on the CPU
 // backend (runtime/cpu/mla_model.cc). kv_b_proj is dequantized at load for the absorbed
 // attention (runtime/model/weight_fp8.cc, as vLLM does); the experts are CudaMoeMlp's
-// (cuda_moe_fp8.h).
+// (cuda_moe_fp8.h). Device dummy weights of an FP8 config: AllocateFp8Dummy +
+// FillFp8DummyProjection, the codes and scales the host's QuantizeWeightsFp8 gives its draw.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8_cuda.h"
 #include "runtime/cuda/cuda_mla_model.h"
 #include "runtime/cuda/cuda_moe_fp8.h"
 
@@ -20,8 +23,7 @@ namespace tandem::runtime::cuda {
 absl::Status CudaMlaModel::UploadFp8(LayerWeights* src, Layer* dst) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, Rq = c.q_lora_rank;
-  const int64_t Hq = dims_.num_heads, L = dims_.kv_lora_rank, Dr = dims_.qk_rope_head_dim;
-  const int64_t T = options_.max_tokens, q_in = Rq > 0 ? Rq : H;
+  const int64_t Hq = dims_.num_heads, T = options_.max_tokens, q_in = Rq > 0 ? Rq : H;
   auto up = [&](Fp8LinearWeight* w, int64_t rows, int64_t cols, const char* what,
                 CudaFp8Weight* out) -> absl::Status {
     if (w->empty()) return absl::OkStatus();  // 16-bit in this checkpoint
@@ -30,16 +32,7 @@ absl::Status CudaMlaModel::UploadFp8(LayerWeights* src, Layer* dst) {
   };
   RETURN_IF_ERROR(up(&src->q_a_fp8, Rq, H, "q_a_proj", &dst->q_a_fp8));
   RETURN_IF_ERROR(up(&src->q_fp8, Hq * dims_.QkHeadDim(), q_in, "q_proj", &dst->q_fp8));
-  if (!src->kv_a_fp8.empty()) {  // its c_kv rows and its k_pe rows, two products
-    if (src->kv_a_fp8.grid.rows != L + Dr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FP8 kv_a_proj_with_mqa has ", src->kv_a_fp8.grid.rows, " rows, expected ", L + Dr));
-    }
-    Fp8LinearWeight ckv = Fp8Rows(src->kv_a_fp8, 0, L), kpe = Fp8Rows(src->kv_a_fp8, L, Dr);
-    src->kv_a_fp8 = Fp8LinearWeight();
-    RETURN_IF_ERROR(up(&ckv, L, H, "kv_a_proj_with_mqa (c_kv rows)", &dst->kv_a_c_fp8));
-    RETURN_IF_ERROR(up(&kpe, Dr, H, "kv_a_proj_with_mqa (k_pe rows)", &dst->kv_a_pe_fp8));
-  }
+  if (!src->kv_a_fp8.empty()) RETURN_IF_ERROR(UploadKvA(&src->kv_a_fp8, dst));
   RETURN_IF_ERROR(
       up(&src->o_fp8, H, Hq / options_.dcp.size * dims_.v_head_dim, "o_proj", &dst->o_fp8));
   RETURN_IF_ERROR(up(&src->gate_up_fp8, 2 * I, H, "gate_up_proj", &dst->gate_up_fp8));
@@ -49,6 +42,119 @@ absl::Status CudaMlaModel::UploadFp8(LayerWeights* src, Layer* dst) {
     weight_bytes_ += w->bytes();
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaMlaModel::UploadKvA(Fp8LinearWeight* kv_a, Layer* dst) {
+  // Its c_kv rows and its k_pe rows, two products.
+  const int64_t H = config_.hidden_size, L = dims_.kv_lora_rank, Dr = dims_.qk_rope_head_dim;
+  if (kv_a->grid.rows != L + Dr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FP8 kv_a_proj_with_mqa has ", kv_a->grid.rows, " rows, expected ", L + Dr));
+  }
+  Fp8LinearWeight ckv = Fp8Rows(*kv_a, 0, L), kpe = Fp8Rows(*kv_a, L, Dr);
+  *kv_a = Fp8LinearWeight();
+  const int64_t T = options_.max_tokens;
+  ASSIGN_OR_RETURN(dst->kv_a_c_fp8,
+                   UploadFp8Weight(&ckv, L, H, T, "kv_a_proj_with_mqa (c_kv rows)"));
+  ASSIGN_OR_RETURN(dst->kv_a_pe_fp8,
+                   UploadFp8Weight(&kpe, Dr, H, T, "kv_a_proj_with_mqa (k_pe rows)"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlaModel::AllocateFp8Dummy() {
+  const ModelConfig& c = config_;
+  const WeightQuantization& q = c.quantization;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Rq = c.q_lora_rank;
+  const int64_t Hq = dims_.num_heads, T = options_.max_tokens, q_in = Rq > 0 ? Rq : H;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Layer& d = layers_[l];
+    if (Rq > 0) {
+      ASSIGN_OR_RETURN(d.q_a_fp8, AllocateFp8DummyWeight(q, Rq, H, T));
+    }
+    ASSIGN_OR_RETURN(d.q_fp8, AllocateFp8DummyWeight(q, Hq * dims_.QkHeadDim(), q_in, T));
+    ASSIGN_OR_RETURN(d.o_fp8,
+                     AllocateFp8DummyWeight(q, H, Hq / options_.dcp.size * dims_.v_head_dim, T));
+    if (!c.IsMoeLayer(l)) {
+      ASSIGN_OR_RETURN(d.gate_up_fp8, AllocateFp8DummyWeight(q, 2 * I, H, T));
+      ASSIGN_OR_RETURN(d.down_fp8, AllocateFp8DummyWeight(q, H, I, T));
+    }
+    // kv_a_c_fp8 / kv_a_pe_fp8: FillFp8DummyProjection, from the whole tensor's draw.
+    for (const CudaFp8Weight* w : {&d.q_a_fp8, &d.q_fp8, &d.o_fp8, &d.gate_up_fp8, &d.down_fp8}) {
+      weight_bytes_ += w->bytes();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaMlaModel::FillFp8DummyProjection(const DummyTensorFill& f, uint64_t seed,
+                                                          DeviceBuffer* staging,
+                                                          cudaStream_t stream) {
+  if (f.layer < 0 || f.layer >= config_.num_hidden_layers) return false;
+  Layer& d = layers_[f.layer];
+  const WeightQuantization& q = config_.quantization;
+  const int64_t H = config_.hidden_size, L = dims_.kv_lora_rank, T = options_.max_tokens;
+  CudaFp8Weight* target = nullptr;
+  switch (f.slot) {
+    case WeightSlot::kMlaQAProj:
+      target = &d.q_a_fp8;
+      break;
+    case WeightSlot::kMlaQProj:
+      target = &d.q_fp8;
+      break;
+    case WeightSlot::kOProj:
+      target = &d.o_fp8;
+      break;
+    case WeightSlot::kGateUpProj:
+      target = &d.gate_up_fp8;
+      break;
+    case WeightSlot::kDownProj:
+      target = &d.down_fp8;
+      break;
+    case WeightSlot::kMlaKvAProj: {  // drawn whole (replicated), then split as a checkpoint's
+      ASSIGN_OR_RETURN(CudaFp8Weight whole,
+                       AllocateFp8DummyWeight(q, L + dims_.qk_rope_head_dim, H, T));
+      RETURN_IF_ERROR(FillFp8Dummy(f, seed, staging, &whole, stream));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      Fp8LinearWeight host;
+      host.grid = whole.grid;
+      host.activation = whole.activation;
+      host.codes.resize(static_cast<size_t>(whole.codes.bytes()));
+      host.scales.resize(static_cast<size_t>(whole.scales.bytes() / 4));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(host.codes.data(), whole.codes.data(), whole.codes.bytes(),
+                                      cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(host.scales.data(), whole.scales.data(), whole.scales.bytes(),
+                                      cudaMemcpyDeviceToHost));
+      RETURN_IF_ERROR(UploadKvA(&host, &d));
+      weight_bytes_ += d.kv_a_c_fp8.bytes() + d.kv_a_pe_fp8.bytes();
+      return true;
+    }
+    case WeightSlot::kMlaKvBProj: {  // quantized, then widened into kv_b_proj as the loader does
+      const int64_t rows = f.slice.numel() / L;
+      if (f.offset % L != 0 || (f.offset + f.slice.numel()) * 2 > d.kv_b_proj.bytes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dummy plan does not fit the MLA model's kv_b_proj: layer ", f.layer,
+                         " elements [", f.offset, ", ", f.offset + f.slice.numel(), ")"));
+      }
+      ASSIGN_OR_RETURN(CudaFp8Weight part, AllocateFp8DummyWeight(q, rows, L, T));
+      DummyTensorFill local = f;
+      local.offset = 0;
+      RETURN_IF_ERROR(FillFp8Dummy(local, seed, staging, &part, stream));
+      RETURN_IF_ERROR(kernels::cuda::DequantizeWeight(
+          part.codes.get<uint8_t>(), part.scales.get<float>(), part.grid,
+          d.kv_b_proj.get<__nv_bfloat16>() + f.offset, stream));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before `part` is freed
+      return true;
+    }
+    default:
+      return false;
+  }
+  if (target->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dummy plan does not fit the FP8 MLA model: slot ", static_cast<int>(f.slot),
+                     " layer ", f.layer));
+  }
+  RETURN_IF_ERROR(FillFp8Dummy(f, seed, staging, target, stream));
+  return true;
 }
 
 template <typename T>

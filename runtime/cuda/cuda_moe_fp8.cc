@@ -123,14 +123,8 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> AllocateFp8MoeWeights(const M
   const bool ep = c.expert_placement != nullptr;
   const int64_t experts = (ep ? c.NumHeldExperts() : c.num_experts) + (ep ? 1 : 0);
   const WeightQuantization& q = c.quantization;
-  auto alloc = [&](int64_t n, int64_t k) -> absl::StatusOr<CudaFp8Weight> {
-    ASSIGN_OR_RETURN(CudaFp8Weight x,
-                     AllocateFp8Weight(Fp8QuantizedGrid(q, n, k), q.activation, 0.0f, max_tokens));
-    // Codes 0 and scales 0: the zero expert's exact zeros, and no stale bytes anywhere.
-    CUDA_RETURN_IF_ERROR(cudaMemset(x.codes.data(), 0, x.codes.bytes()));
-    CUDA_RETURN_IF_ERROR(cudaMemset(x.scales.data(), 0, x.scales.bytes()));
-    return x;
-  };
+  // Codes 0 and scales 0: the zero expert's exact zeros, and no stale bytes anywhere.
+  auto alloc = [&](int64_t n, int64_t k) { return AllocateFp8DummyWeight(q, n, k, max_tokens); };
   auto w = std::make_unique<CudaFp8MoeWeights>();
   for (int64_t e = 0; e < experts; ++e) {
     ASSIGN_OR_RETURN(CudaFp8Weight gate_up, alloc(2 * Ie, H));

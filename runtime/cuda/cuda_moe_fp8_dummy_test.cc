@@ -1,8 +1,8 @@
 // Device dummy FP8 experts (issues 32 / 38): AllocateMoeWeights + FillMoeDummy of an FP8 config
 // (cuda_moe_fp8.h AllocateFp8MoeWeights / FillFp8MoeDummy) draw a MoE layer's e4m3 experts and
 // their scales on the device, for per-channel weights with per-token activations (what
-// --quantization=fp8 makes) and 1 x 128 weight groups with 1 x 128 activations (the
-// qwen3-30b-a3b-fp8 preset's scheme):
+// --quantization=fp8 makes) and 128 x 128 weight tiles with 1 x 128 activations (the
+// qwen3-30b-a3b-fp8 preset's scheme; 1 x 128 groups before the tenth session):
 //   * the codes and scales copied back equal the host's dummy draw (RandomModelWeights, quantized
 //     by QuantizeWeightsFp8: what --backend=cpu runs) but for a rare code one step away (the
 //     device's double-precision log / cos may move a drawn fp32 value by one ulp), also for a
@@ -34,6 +34,7 @@
 #include "kernels/moe/moe.h"
 #include "runtime/cuda/cuda_moe_fp8.h"
 #include "runtime/cuda/cuda_moe_mlp.h"
+#include "runtime/cuda/fp8_dummy_test_util.h"
 #include "runtime/model/model_weights.h"
 #include "runtime/model/tensor_parallel.h"
 
@@ -43,11 +44,13 @@ namespace {
 using bf16 = __nv_bfloat16;
 using Scheme = kernels::Fp8ActivationScheme;
 namespace ct = ::tandem::kernels::cuda_test;
+using testing::CopyBack;
+using testing::ExpectSameDraw;
 
 float Bf16(float x) { return ct::ToF(ct::FromF<bf16>(x)); }
 
 // A one-layer Qwen3-MoE (8 experts of 256, top-2, hidden 256: two 128-column groups everywhere)
-// with FP8 weights of `blocks` (1 x 128 groups and activations) or per-channel / per-token.
+// with FP8 weights of `blocks` (128 x 128 tiles, 1 x 128 activations) or per-channel / per-token.
 ModelConfig Fp8Moe(bool blocks) {
   ModelConfig c = *PresetConfig("tiny-moe");
   c.num_hidden_layers = 1;
@@ -74,49 +77,6 @@ absl::StatusOr<CudaMoeWeights> DeviceDraw(const ModelConfig& global, TpShard sha
   }
   if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device sync failed");
   return w;
-}
-
-// The device experts copied back into the loader's stacked form (per-row scales).
-Fp8LinearWeight CopyBack(const std::vector<CudaFp8Weight>& experts, int64_t count) {
-  Fp8LinearWeight all;
-  all.grid = experts.front().grid;
-  all.grid.rows *= count;
-  all.activation = experts.front().activation;
-  for (int64_t e = 0; e < count; ++e) {
-    const CudaFp8Weight& w = experts[static_cast<size_t>(e)];
-    std::vector<uint8_t> codes(static_cast<size_t>(w.codes.bytes()));
-    std::vector<float> scales(static_cast<size_t>(w.scales.bytes() / 4));
-    EXPECT_EQ(cudaMemcpy(codes.data(), w.codes.data(), codes.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(scales.data(), w.scales.data(), scales.size() * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    all.codes.insert(all.codes.end(), codes.begin(), codes.end());
-    all.scales.insert(all.scales.end(), scales.begin(), scales.end());
-  }
-  return all;
-}
-
-// Device codes within one e4m3 step of the host's, at most 0.1% of them off, scales within 1e-6.
-void ExpectSameDraw(const Fp8LinearWeight& got, const Fp8LinearWeight& want,
-                    const std::string& what) {
-  ASSERT_EQ(got.grid.rows, want.grid.rows) << what;
-  ASSERT_EQ(got.grid.cols, want.grid.cols) << what;
-  ASSERT_EQ(got.grid.block_cols, want.grid.block_cols) << what;
-  EXPECT_EQ(got.activation, want.activation) << what;
-  ASSERT_EQ(got.codes.size(), want.codes.size()) << what;
-  ASSERT_EQ(got.scales.size(), want.scales.size()) << what;
-  int64_t differ = 0;
-  for (size_t i = 0; i < got.codes.size(); ++i) {
-    ASSERT_LE(std::abs(int{got.codes[i]} - int{want.codes[i]}), 1) << what << " code " << i;
-    differ += got.codes[i] != want.codes[i];
-  }
-  EXPECT_LE(differ, static_cast<int64_t>(got.codes.size()) / 1000) << what;
-  for (size_t i = 0; i < got.scales.size(); ++i) {
-    ASSERT_GT(want.scales[i], 0.0f) << what;
-    ASSERT_NEAR(got.scales[i], want.scales[i], 1e-6 * want.scales[i]) << what << " scale " << i;
-  }
-  std::printf("  %-28s %zu codes (%lld one step off), %zu scales equal\n", what.c_str(),
-              got.codes.size(), static_cast<long long>(differ), got.scales.size());
 }
 
 // The CPU chain described above for T tokens x [T, H] (bf16 values).
@@ -164,8 +124,8 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
 }
 
 void DrawAndRun(bool blocks, std::mt19937& rng) {
-  SCOPED_TRACE(blocks ? "1 x 128 groups" : "per-channel");
-  std::printf("%s\n", blocks ? "1 x 128 weight groups, 1 x 128 activations"
+  SCOPED_TRACE(blocks ? "128 x 128 tiles" : "per-channel");
+  std::printf("%s\n", blocks ? "128 x 128 weight tiles, 1 x 128 activations"
                              : "per-channel weights, per-token activations");
   const ModelConfig c = Fp8Moe(blocks);
   const uint64_t seed = rng() % 1000 + 1;

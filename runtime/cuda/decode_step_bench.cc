@@ -23,7 +23,8 @@
 //
 // --quantization: a comma-separated list of weight formats measured one after the other in this
 // process, each with its own engine: none (the shape's own: bf16, or an FP8 preset's scheme such
-// as qwen3-30b-a3b-fp8's 1 x 128 groups) and fp8 (device dummy FP8 weights as
+// as qwen3-30b-a3b-fp8's or deepseek-v2-lite-fp8's 128 x 128 tiles) and fp8 (device dummy FP8
+// weights as
 // --quantization=fp8 makes them: per-channel e4m3 weights, dynamic per-token activations; dense
 // and MoE Llama-family shapes, the experts too); the roofline counts 1 byte per FP8 weight.
 //
@@ -267,7 +268,23 @@ int Main(int argc, char** argv) {
     // The decoder's q/k/v/o and dense gate/up/down weights: 1 byte each in FP8 (scales: 4
     // bytes a row or a 128-column group, not counted); MoE layers' experts below.
     double linear_params = 0.0;
-    for (int64_t l = 0; l < model.num_hidden_layers; ++l) {
+    for (int64_t l = 0; l < model.num_hidden_layers && model.IsMla(); ++l) {
+      // DeepSeek's FP8 format (the -fp8 presets): q_a, q_b (q_proj), kv_a_proj_with_mqa, o_proj,
+      // the dense MLP and the shared experts e4m3; kv_b_proj stays 16-bit (widened at load).
+      const double H = static_cast<double>(model.hidden_size);
+      const double Rq = static_cast<double>(model.q_lora_rank);
+      const double heads = static_cast<double>(model.num_attention_heads);
+      linear_params +=
+          Rq * H +
+          heads * static_cast<double>(model.qk_nope_head_dim + model.qk_rope_head_dim) *
+              (Rq > 0 ? Rq : H) +
+          static_cast<double>(model.kv_lora_rank + model.qk_rope_head_dim) * H +
+          H * heads * static_cast<double>(model.v_head_dim) +
+          3.0 * H *
+              static_cast<double>(model.IsMoeLayer(l) ? model.shared_expert_intermediate_size
+                                                      : model.intermediate_size);
+    }
+    for (int64_t l = 0; l < model.num_hidden_layers && !model.IsMla(); ++l) {
       linear_params +=
           static_cast<double>((model.num_attention_heads + 2 * model.num_key_value_heads) *
                               model.head_dim * model.hidden_size) +

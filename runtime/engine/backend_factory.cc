@@ -130,15 +130,9 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // e4m3 on CUDA from checkpoint weights, on one GPU, a TP / EP (a) group or under --dp_attention
   // (EP (b): each rank's FP8 experts on the rows dispatched to it). Device dummy weights of an
   // FP8 config (--load_format=dummy) are drawn and quantized on the device, the dense
-  // projections and the Llama family's MoE experts (FillFp8Dummy, FillMoeDummy) as the host
-  // quantizes them; DeepSeek's MLA projections are not (refused here). The FP8 MTP layer:
-  // MakeMtpExecutorFactory.
-  if (model.quantization.IsFp8() && model.IsMla() && options.dummy_seed.has_value()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--backend=cuda runs FP8 weights of ", model.architecture, " (",
-        model.quantization.Describe(), ") from checkpoint weights; device dummy FP8 MLA ",
-        "weights (--load_format=dummy) are not built: use a checkpoint"));
-  }
+  // projections, DeepSeek's MLA projections and the MoE experts (FillFp8Dummy, FillMoeDummy,
+  // CudaMlaModel::FillFp8DummyProjection) as the host quantizes them (128 x 128 configs: one
+  // scale per tile, as their checkpoints hold them). The FP8 MTP layer: MakeMtpExecutorFactory.
   const bool fp16_act =
       options.dtype == "fp16" || (options.dtype == "auto" && model.dtype == WeightDtype::kF16);
   if (model.quantization.IsFp8() && fp16_act) {
