@@ -201,13 +201,7 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __r
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
   if (!p.early) load_first();
-  if constexpr (kFold == Fold::kNormIn) {
-    bf16* staged = reinterpret_cast<bf16*>(w16_smem);
-    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged, staged + p.k);
-    StageF16(nullptr, p.k, w16_smem);
-  } else {
-    StageF16(p.a, p.k, w16_smem);
-  }
+  StageActivationsF16<kFold>(p, w16_smem);
   float acc[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;

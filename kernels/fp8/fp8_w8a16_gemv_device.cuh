@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/gemm/cuda/gemv_norm_stage.cuh"
 
 namespace tandem::kernels::cuda::fp8_w16_internal {
 
@@ -122,6 +123,20 @@ __device__ __forceinline__ void StageF16(const bf16* src, int64_t k, uint4* act1
     act16[i] = make_uint4(y[0], y[1], y[2], y[3]);
   }
   __syncthreads();
+}
+
+// The tensor-core forms' activations into act16 [k] (shared) as f16: the staged RmsNorm(a) under
+// kNormIn (4 k bytes of act16: the bf16 row, then the norm weight; bit-identical to
+// RmsNorm<bf16>), else a itself. Every thread of the 256 calls it (barriers).
+template <Fold kFold>
+__device__ __forceinline__ void StageActivationsF16(const Args& p, uint4* act16) {
+  if constexpr (kFold == Fold::kNormIn) {
+    bf16* staged = reinterpret_cast<bf16*>(act16);
+    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged, staged + p.k);
+    StageF16(nullptr, p.k, act16);
+  } else {
+    StageF16(p.a, p.k, act16);
+  }
 }
 
 // A kernel's static shared memory (the mma kernel's partial sums, StageRmsNorm's warp sums) counts

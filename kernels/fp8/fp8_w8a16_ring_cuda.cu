@@ -36,7 +36,6 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/fp8/fp8_w8a16_gemv_device.cuh"
-#include "kernels/gemm/cuda/gemv_norm_stage.cuh"
 
 namespace tandem::kernels::cuda::fp8_w16_internal {
 namespace {
@@ -165,13 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (!p.early && warp == 0) {
     while (filled < first) fill_next();
   }
-  if constexpr (kFold == Fold::kNormIn) {
-    bf16* staged = reinterpret_cast<bf16*>(act16);
-    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged, staged + p.k);
-    StageF16(nullptr, p.k, act16);
-  } else {
-    StageF16(p.a, p.k, act16);
-  }
+  StageActivationsF16<kFold>(p, act16);
   float acc[R][4] = {};
   RingPos use;
   for (int j = 0; j < total; ++j, use.Next(stages, kstages)) {
