@@ -54,6 +54,27 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// MbarWait with a bound: traps (the launch fails with cudaErrorLaunchFailure, the context is
+// lost) after `max_polls` unsuccessful polls (2^27 polls: ~4 s at the H200's ~30 ns a poll)
+// instead of spinning forever on an arrival or a transfer that never comes. For kernels whose
+// waits are short data waits, where a hang (a protocol bug, a copy that faulted) must surface as
+// an error: the counter costs an add and a compare a poll.
+__device__ __forceinline__ void MbarWaitOrTrap(uint64_t* bar, uint32_t parity,
+                                               uint32_t max_polls = 1u << 27) {
+  const uint32_t addr = SmemAddr(bar);
+  uint32_t done = 0;
+  for (uint32_t polls = 0;; ++polls) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (polls == max_polls) __trap();
+  }
+}
+
 // One arrival on the mbarrier `bar` that also expects `bytes` more transaction bytes (a TMA's).
 __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),

@@ -24,7 +24,8 @@
 // earlier at the top of each stage (waiting on its empty barrier, which the other warps passed a
 // stage ago), so it does not wait for the slowest warp of the stage just used. Rows past n are
 // not copied (their C rows are never stored; an mma row depends on its A row only); columns
-// past k are zeroed in the A fragments (stale shared memory may hold NaN codes).
+// past k are zeroed in the A fragments (stale shared memory may hold NaN codes). The waits trap
+// after ~4 s of polling (MbarWaitOrTrap): a lost arrival fails the launch instead of hanging.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -171,10 +172,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     // The refill's slot was used at stage filled - stages <= j - kRefillLag, one fill earlier:
     // its empty barrier's phase of that use has the parity opposite to this fill's.
     if (warp == 0 && filled < total && filled - stages <= j - kRefillLag) {
-      internal::MbarWait(empty + fill.slot, fill.phase ^ 1);
+      internal::MbarWaitOrTrap(empty + fill.slot, fill.phase ^ 1);
       fill_next();
     }
-    internal::MbarWait(full + use.slot, use.phase);
+    internal::MbarWaitOrTrap(full + use.slot, use.phase);
     UseStage<R>(ring + use.slot * StageBytes<R>(), act16, use.kstage * (kCols / 16), chunks, warp,
                 lane, acc);
     __syncwarp();

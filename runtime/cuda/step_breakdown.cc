@@ -65,9 +65,9 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
     if (targs.size() >= 2 && targs[1] == "float") return "gemv lm_head";
     return GemvClass("gemv ", targs.size() >= 4 && targs[3] == "2", previous);
   }
-  if (Has(name, "Fp8W16Kernel") || Has(name, "Fp8W16MmaKernel")) {
-    // Fp8W16[Mma]Kernel<TOut, R, Fold> (kernels/fp8/fp8_w8a16_gemv_cuda.cu): R 2 is gate_up +
-    // SiLU.
+  if (Has(name, "Fp8W16Kernel") || Has(name, "Fp8W16MmaKernel") || Has(name, "Fp8W16RingKernel")) {
+    // Fp8W16[Mma|Ring]Kernel<TOut, R, Fold> (kernels/fp8/fp8_w8a16_gemv_cuda.cu,
+    // fp8_w8a16_ring_cuda.cu): R 2 is gate_up + SiLU.
     const std::vector<std::string_view> targs = TemplateArgs(name);
     return GemvClass("fp8 w8a16 gemv ", targs.size() >= 2 && targs[1] == "2", previous);
   }

@@ -64,6 +64,15 @@ constexpr char kW16MmaGateUp[] =
     "(tandem::kernels::cuda::(anonymous namespace)::Fold)1>(tandem::kernels::cuda::(anonymous "
     "namespace)::Args, __nv_bfloat16*)";
 
+constexpr char kW16RingGateUp[] =
+    "void tandem::kernels::cuda::fp8_w16_internal::(anonymous namespace)::Fp8W16RingKernel<"
+    "__nv_bfloat16, 2, (tandem::kernels::cuda::fp8_w16_internal::Fold)1>(tandem::kernels::cuda::"
+    "fp8_w16_internal::Args, int, __nv_bfloat16*)";
+constexpr char kW16RingAddTo[] =
+    "void tandem::kernels::cuda::fp8_w16_internal::(anonymous namespace)::Fp8W16RingKernel<"
+    "__nv_bfloat16, 1, (tandem::kernels::cuda::fp8_w16_internal::Fold)2>(tandem::kernels::cuda::"
+    "fp8_w16_internal::Args, int, __nv_bfloat16*)";
+
 TEST(StepBreakdownTest, WeightOnlyFp8GemvsFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kW16AddTo, "embedding"), "fp8 w8a16 gemv qkv");
   EXPECT_EQ(KernelClass(kW16AddTo, "attention"), "fp8 w8a16 gemv o_proj");
@@ -71,6 +80,11 @@ TEST(StepBreakdownTest, WeightOnlyFp8GemvsFollowTheLayerOrder) {
   EXPECT_EQ(KernelClass(kW16AddTo, "fp8 w8a16 gemv gate_up + silu"), "fp8 w8a16 gemv down_proj");
   // The tensor-core inner loop (Fp8W16Math::kTensorCore) classes the same.
   EXPECT_EQ(KernelClass(kW16MmaGateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");
+  // And the ring forms (Fp8W16Math::kRing*).
+  EXPECT_EQ(KernelClass(kW16RingAddTo, "attention"), "fp8 w8a16 gemv o_proj");
+  EXPECT_EQ(KernelClass(kW16RingGateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");
+  EXPECT_EQ(KernelClass(kW16RingAddTo, "fp8 w8a16 gemv gate_up + silu"),
+            "fp8 w8a16 gemv down_proj");
 }
 
 TEST(StepBreakdownTest, ClassesFollowTheLayerOrder) {
