@@ -275,10 +275,33 @@ constexpr Fp8W16Math kRings[] = {Fp8W16Math::kRing, Fp8W16Math::kRing2, Fp8W16Ma
 // The ring forms at the odd shapes: n = 77 / 130 give one tile a CTA and a partial last tile,
 // n = 9000 several tiles a CTA (the ring wraps across tiles), k = 16 one stage of one chunk
 // (fewer stages than the ring's slots), k = 1040 / 4112 a partial last stage, k = 14336 14
-// stages a tile.
-TEST(Fp8W16GemvCudaTest, RingsMatchTheCpuReference) {
+// stages a tile. kRing against the reference (as the other loops); all three bit for bit against
+// kTensorCore on the same inputs, early loads or not (they differ only in grid size and stage
+// count: 11-12 stages a CTA on a whole SM, 4-6 on half).
+TEST(Fp8W16GemvCudaTest, RingMatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
-  for (const Fp8W16Math math : kRings) CheckPlainShapes(math);
+  CheckPlainShapes(Fp8W16Math::kRing);
+}
+
+TEST(Fp8W16GemvCudaTest, RingsEqualTheTensorCoreAtOddShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 11);
+  const int64_t shapes[][2] = {{77, 16},     {130, 272},   {77, 1040},
+                               {9000, 4112}, {9000, 4096}, {130, 14336}};
+  for (const auto& [n, k] : shapes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    const Weight w(rng, n, k, false);
+    const std::vector<bf16> x = RandomBf16(rng, k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
+    DeviceBuffer<bf16> dx(x), dbias(bias);
+    const std::vector<float> want =
+        RunPlain<float>(dx.get(), w, dbias.get(), true, Fp8W16Math::kTensorCore);
+    for (const Fp8W16Math math : kRings) {
+      for (const bool early : {false, true}) {
+        EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, dbias.get(), early, math), want))
+            << "math=" << static_cast<int>(math) << (early ? " early" : "");
+      }
+    }
+  }
 }
 
 // kRing's folds at the odd shapes (kRing2 / kRingHalf: bit for bit against kTensorCore's folds at

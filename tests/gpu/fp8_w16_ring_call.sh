@@ -6,8 +6,9 @@
 #   //kernels/fp8:fp8_gemv_cuda_bench //runtime/cuda:decode_step_bench, plus the session start's
 #   binaries (8e54faa: /tmp/start_bin10/{fp8_gemv_cuda_bench,decode_step_bench}) copied to
 #   DIR/old/. Steps, each under its own timeout (logs under $OUT/gfp8, a summary to stdout):
-#   test        fp8_w8a16_gemv_cuda_test (the ring forms vs cpu::Fp8Linear and vs kTensorCore's
-#               bits at the Llama-3-8B / 70B projections; a hang shows as rc 124);
+#   test        fp8_w8a16_gemv_cuda_test --gtest_filter=*Ring* (the ring forms vs cpu::Fp8Linear
+#               and vs kTensorCore's bits at odd shapes and the Llama-3-8B / 70B projections; the
+#               fp32 / tensor-core cases are left out: their SASS is unchanged since they passed);
 #   gemv_old    the start binary's fp8_gemv_cuda_bench --only=w8a16 (bf16, W8A8, fp32, mma rows);
 #   gemv_new    this tree's, the mma and the three ring inner loops only;
 #   d_*         decode_step_bench Llama-3-8B, context 1024, 32 steps: old / new (switch off) at
@@ -36,7 +37,7 @@ step() {
   echo "== $name: rc $step_rc in $((SECONDS - t0)) s (call at $((SECONDS - T0)) s)"
 }
 
-step test 40 "$B/bin/kernels/fp8/fp8_w8a16_gemv_cuda_test"
+step test 40 "$B/bin/kernels/fp8/fp8_w8a16_gemv_cuda_test" --gtest_filter="*Ring*"
 grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|col |math=" "$LOG/test.txt" |
   head -n 40
 RING=1
