@@ -33,6 +33,24 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Scale amax / 448, 1 for an all-zero row, group or tile (the CPU's ScaleFor).
+__device__ __forceinline__ float ScaleFor(float amax) {
+  return amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+}
+
+// The max of `v` over the kQuantThreads threads of the block, in every thread. Called once per
+// kernel by all its threads (its shared slots are not guarded for reuse).
+__device__ __forceinline__ float BlockMax(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+  v = WarpMax(v);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+  return v;
+}
+
 // One block per token row. Per-token: the block's amax; groups: each warp takes groups of 128
 // columns (4 per lane). Static: the given scale. Scales are amax / 448 (1 for zeros), values
 // divided by their scale (IEEE division, as the CPU reference), rounded to nearest even with
@@ -56,7 +74,7 @@ __global__ void __launch_bounds__(kQuantThreads)
         amax = fmaxf(amax, fabsf(ToF32(xr[c])));
       }
       amax = WarpMax(amax);
-      const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+      const float scale = ScaleFor(amax);
       if (lane == 0) scales[row * groups + g] = scale;
       for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
         cr[c] = ToE4m3(ToF32(xr[c]) / scale);
@@ -66,18 +84,11 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
   float scale = static_scale;
   if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicToken)) {
-    __shared__ float warp_max[kQuantThreads / 32];
     float amax = 0.0f;
     for (int64_t c = tid; c < k; c += kQuantThreads) {
       amax = fmaxf(amax, fabsf(ToF32(xr[c])));
     }
-    amax = WarpMax(amax);
-    if (lane == 0) warp_max[warp] = amax;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-    scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+    scale = ScaleFor(BlockMax(amax));
     if (tid == 0) scales[row] = scale;
   } else if (row == 0 && tid == 0) {
     scales[0] = static_scale;
@@ -96,20 +107,13 @@ __global__ void __launch_bounds__(kQuantThreads)
   const int64_t g = blockIdx.x, r0 = int64_t{blockIdx.y} * kGroup, c0 = g * kGroup;
   const int rows = static_cast<int>(n - r0 < kGroup ? n - r0 : kGroup);
   const int cols = static_cast<int>(k - c0 < kGroup ? k - c0 : kGroup);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   float amax = 0.0f;
   for (int i = tid; i < rows * kGroup; i += kQuantThreads) {
     const int r = i / kGroup, c = i % kGroup;
     if (c < cols) amax = fmaxf(amax, fabsf(w[(r0 + r) * k + c0 + c]));
   }
-  __shared__ float warp_max[kQuantThreads / 32];
-  amax = WarpMax(amax);
-  if (lane == 0) warp_max[warp] = amax;
-  __syncthreads();
-  amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kQuantThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
-  const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+  const float scale = ScaleFor(BlockMax(amax));
   for (int i = tid; i < rows * kGroup; i += kQuantThreads) {
     const int r = i / kGroup, c = i % kGroup;
     if (c < cols) codes[(r0 + r) * k + c0 + c] = ToE4m3(w[(r0 + r) * k + c0 + c] / scale);
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   internal::AllowDependentLaunch();
   const int64_t row = blockIdx.x, vecs = k / 8;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * k);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   uint4 v[kVecPerThread];
   float amax = 0.0f;
 #pragma unroll
@@ -163,14 +167,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
   float scale = static_scale;
   if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicToken)) {
-    __shared__ float warp_max[kQuantThreads / 32];
-    amax = WarpMax(amax);
-    if (lane == 0) warp_max[warp] = amax;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-    scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+    scale = ScaleFor(BlockMax(amax));
     if (tid == 0) scales[row] = scale;
   } else if (row == 0 && tid == 0) {
     scales[0] = static_scale;

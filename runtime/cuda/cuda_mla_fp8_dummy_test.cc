@@ -34,6 +34,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_weights.h"
+#include "tests/golden/logit_compare.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -224,16 +225,6 @@ Generated Generate(const ModelConfig& c, ModelWeights weights, const ExecutorFac
   return run;
 }
 
-double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ab += double{a[i]} * b[i];
-    aa += double{a[i]} * a[i];
-    bb += double{b[i]} * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
-
 TEST(CudaMlaFp8DummyTest, GeneratesOnTheDeviceDrawAsOnTheHostDraw) {
   TANDEM_SKIP_WITHOUT_GPU();
   const ModelConfig c = Fp8Mla();
@@ -260,8 +251,8 @@ TEST(CudaMlaFp8DummyTest, GeneratesOnTheDeviceDrawAsOnTheHostDraw) {
     ASSERT_FALSE(dev.logits[i].empty());
     ASSERT_EQ(dev.logits[i].size(), up.logits[i].size());
     ASSERT_EQ(dev.logits[i].size(), cpu.logits[i].size());
-    const double same = Cosine(dev.logits[i], up.logits[i]);
-    const double vs_cpu = Cosine(dev.logits[i], cpu.logits[i]);
+    const double same = golden::Cosine(dev.logits[i], up.logits[i]);
+    const double vs_cpu = golden::Cosine(dev.logits[i], cpu.logits[i]);
     std::printf(
         "  prompt %zu (%zu tokens): device draw vs host draw cosine %.6f, vs CPU %.6f, greedy "
         "tokens %s the host draw's\n",

@@ -390,18 +390,24 @@ TEST(BackendFactoryTest, Fp8ExpertsUnderDpAttentionOnCuda) {
   EXPECT_TRUE(MakeExecutorFactory(options, *moe).ok());
 }
 
+// Dummy weights of `preset` (quantized as `quantization` says) on the CPU backend.
+absl::StatusOr<BackendModel> DummyOnCpu(const std::string& preset,
+                                        const std::string& quantization = "") {
+  ModelSource source;
+  source.load_format = "dummy";
+  source.dummy_config = preset;
+  source.quantization = quantization;
+  BackendOptions options;
+  options.backend = "cpu";
+  options.num_threads = 1;
+  return LoadModelForBackend(source, options);
+}
+
 // Dummy weights of an FP8 MoE config on the CPU (the reference the CUDA backend's device draw is
 // checked against): --quantization=fp8 on tiny-moe, and the qwen3-30b-a3b-fp8 preset's scheme on
 // a tiny-moe shape, load with e4m3 experts (the router 16-bit) and the scheme's scale grid.
 TEST(BackendFactoryTest, DummyFp8MoeWeightsOnCpu) {
-  ModelSource source;
-  source.load_format = "dummy";
-  source.dummy_config = "tiny-moe";
-  source.quantization = "fp8";
-  BackendOptions options;
-  options.backend = "cpu";
-  options.num_threads = 1;
-  absl::StatusOr<BackendModel> online = LoadModelForBackend(source, options);
+  absl::StatusOr<BackendModel> online = DummyOnCpu("tiny-moe", "fp8");
   ASSERT_TRUE(online.ok()) << online.status();
   const ModelConfig& c = online->model.config;
   const LayerWeights& l = online->model.weights.layers[0];
@@ -439,13 +445,7 @@ TEST(BackendFactoryTest, DummyFp8MoeWeightsOnCpu) {
 // and embeddings 16/32-bit), and the CPU engine generates from it. Before: refused ("FP8 weights
 // quantized at load are not supported for DeepseekV3ForCausalLM").
 TEST(BackendFactoryTest, DummyFp8MlaWeightsOnCpu) {
-  ModelSource source;
-  source.load_format = "dummy";
-  source.dummy_config = "tiny-mla-fp8";
-  BackendOptions options;
-  options.backend = "cpu";
-  options.num_threads = 1;
-  absl::StatusOr<BackendModel> loaded = LoadModelForBackend(source, options);
+  absl::StatusOr<BackendModel> loaded = DummyOnCpu("tiny-mla-fp8");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const ModelConfig& c = loaded->model.config;
   ASSERT_TRUE(c.IsMla());

@@ -6,8 +6,9 @@
 #   //runtime/cuda:cuda_moe_fp8_dummy_test //kernels/fp8:fp8_cuda_test
 #   //runtime/cuda:decode_step_bench. Steps, each under its own timeout (logs under
 #   $OUT/gdummy, a summary to stdout):
-#   tiles       fp8_cuda_test WeightTilesAndDequantizeEqualTheCpu (QuantizeWeightTiles128 and
-#               DequantizeWeight vs the CPU, bit for bit);
+#   tiles       fp8_cuda_test: WeightTilesAndDequantizeEqualTheCpu (QuantizeWeightTiles128 and
+#               DequantizeWeight vs the CPU, bit for bit) and QuantizeActivationsEqualsTheCpu
+#               (the activation kernels now share BlockMax / ScaleFor with the tile kernel);
 #   mla         cuda_mla_fp8_dummy_test (DeepSeek FP8 device draw vs the host draw; the engine on
 #               it vs the host draw uploaded and vs the CPU);
 #   moe         cuda_moe_fp8_dummy_test (the Qwen3-MoE FP8 experts, now tiles);
@@ -41,7 +42,7 @@ report() { # NAME PATTERN
 }
 TESTS='^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|codes \(|cosine|rel\. L2|rror'
 
-job tiles 20 "$B/bin/kernels/fp8/fp8_cuda_test" --gtest_filter='*WeightTiles*' &
+job tiles 25 "$B/bin/kernels/fp8/fp8_cuda_test" &
 job mla 45 "$B/bin/runtime/cuda/cuda_mla_fp8_dummy_test" &
 job moe 30 "$B/bin/runtime/cuda/cuda_moe_fp8_dummy_test" &
 wait
