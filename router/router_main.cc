@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon.h"
-#include "common/grpc_listener_options.h"
+#include "common/grpc_listener_flags.h"
 #include "common/http/http_server.h"
 #include "common/http/metrics_server.h"
 #include "common/logging.h"
@@ -45,19 +45,6 @@ ABSL_FLAG(std::string, public_client_ca, "",
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval told to workers");
 ABSL_FLAG(int64_t, worker_timeout_ms, 5000, "no heartbeat for this long -> worker unhealthy");
 ABSL_FLAG(int32_t, max_queue, 1024, "requests in flight at most; more -> RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, grpc_max_connections, 4096,
-          "open connections per gRPC port at most (more are closed at once; also at most a "
-          "quarter of the descriptor limit)");
-ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
-          absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
-          "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
-          "dropped");
-ABSL_FLAG(int32_t, grpc_max_concurrent_streams,
-          tandem::GrpcListenerOptions{}.max_concurrent_streams,
-          "calls open at once on one gRPC connection (more wait in the client)");
-ABSL_FLAG(int64_t, grpc_memory_quota_mb, tandem::GrpcListenerOptions{}.memory_quota_bytes >> 20,
-          "memory of the gRPC port's connections together (gRPC ResourceQuota; past it, streams "
-          "are cancelled RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, request_timeout_ms, 600000, "deadline of one request, end to end");
 ABSL_FLAG(int64_t, lease_ms, 0, "KV lease asked of prefill workers (0 = worker default)");
 ABSL_FLAG(std::string, on_kv_failure, "recompute",
@@ -117,17 +104,9 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
     o.public_client_ca_pem = *std::move(ca);
   }
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
-  o.grpc_ports.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
-  o.grpc_ports.handshake_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
-  o.grpc_ports.max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
-  o.grpc_ports.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_mb) << 20;
-  if (o.grpc_ports.max_connections < 1 || o.grpc_ports.handshake_timeout <= absl::ZeroDuration() ||
-      o.grpc_ports.max_concurrent_streams < 1 || o.grpc_ports.memory_quota_bytes < 1) {
-    return absl::InvalidArgumentError(
-        "--grpc_max_connections, --grpc_handshake_timeout_ms, --grpc_max_concurrent_streams and "
-        "--grpc_memory_quota_mb must be >= 1");
-  }
+  absl::StatusOr<GrpcListenerOptions> ports = GrpcListenerOptionsFromFlags();
+  if (!ports.ok()) return ports.status();
+  o.grpc_ports = *ports;
   o.registry.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   o.registry.worker_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_worker_timeout_ms));
   const int64_t index_blocks = absl::GetFlag(FLAGS_prefix_index_max_blocks);

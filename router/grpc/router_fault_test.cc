@@ -359,15 +359,11 @@ TEST(RouterFaultTest, WaitingForAWorkerInBackoffEndsWithinHalfTheDeadline) {
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
 }
 
-// The H5 fault probe's network-drop rows: right after D's link came back, the router's channel
-// to it was still reconnecting, so the decode call failed at once ("failed to connect") after P
-// had sent the first token, and with no other decode worker the request failed. Here D's port
-// goes away and comes back at the same address with the same epoch (the router keeps its entry
-// and its channel, as after a drop). The decode now waits (bounded like the routing wait) for
-// D's connection and decodes there from the same KV handle: every token once, in order.
-TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
-  RouterOptions options = TestRouterOptions();
-  options.orchestrator.decode_wait = absl::Seconds(4);  // gRPC reconnects within ~1.2 s
+// D's port goes away and comes back `away` later at the same address with the same epoch (the
+// router keeps its entry and its channel, as after a drop) while a request is between P's first
+// token and D: it must be served, every token once and in order, decoded on D from the same KV
+// handle.
+void ExpectDecodeWorkerWaitedFor(const RouterOptions& options, absl::Duration away) {
   RouterHarness h(options);
   FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
   FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
@@ -380,7 +376,7 @@ TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
   d->Kill();
   FakeWorker* back = nullptr;
   std::thread relink([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    absl::SleepFor(away);
     back = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) { o.listen = address; });
   });
   v1::GenerateRequest req = MakeRequest(RandomPrompt(rng, 8, 1000), 6);
@@ -393,32 +389,21 @@ TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
   EXPECT_EQ(back->counters().decode, 1);
 }
 
+// The H5 fault probe's network-drop rows: right after D's link came back, the router's channel
+// to it was still reconnecting, so the decode call failed at once ("failed to connect") after P
+// had sent the first token, and with no other decode worker the request failed. The decode now
+// waits for D's connection and decodes there.
+TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackIsWaitedFor) {
+  RouterOptions options = TestRouterOptions();
+  options.orchestrator.decode_wait = absl::Seconds(4);  // gRPC reconnects within ~1.2 s
+  ExpectDecodeWorkerWaitedFor(options, absl::Milliseconds(300));
+}
+
 // The same with the default waits and D's link back only after 2.5 s: past the routing wait
 // (--route_wait_ms, 2 s), which the decode wait used to share, so the request failed after P's
 // first token. The decode wait has its own budget (--decode_wait_ms, 20 s).
 TEST(RouterFaultTest, ADecodeWorkerWhoseLinkComesBackAfterTheRouteWaitIsWaitedFor) {
-  RouterHarness h(TestRouterOptions());
-  FakeWorker* p = h.AddWorker("p0", WORKER_ROLE_PREFILL);
-  FakeWorker* d = h.AddWorker("d0", WORKER_ROLE_DECODE);
-  const std::string address = d->address();
-  const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  ASSERT_TRUE(h.Generate(MakeRequest(RandomPrompt(rng, 8, 1000), 3)).status.ok());
-  d->Kill();
-  FakeWorker* back = nullptr;
-  std::thread relink([&] {
-    absl::SleepFor(absl::Milliseconds(2500));
-    back = h.AddWorker("d0", WORKER_ROLE_DECODE, [&](FakeWorkerOptions& o) { o.listen = address; });
-  });
-  v1::GenerateRequest req = MakeRequest(RandomPrompt(rng, 8, 1000), 6);
-  StreamResult r = h.Generate(req);
-  relink.join();
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.tokens, FakeGenerate(req, 1000, {}).tokens);
-  EXPECT_EQ(p->counters().prefill, 2);
-  ASSERT_NE(back, nullptr);
-  EXPECT_EQ(back->counters().decode, 1);
+  ExpectDecodeWorkerWaitedFor(TestRouterOptions(), absl::Milliseconds(2500));
 }
 
 // A decode worker that does not come back within the wait: the request fails UNAVAILABLE after

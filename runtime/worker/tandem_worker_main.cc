@@ -32,7 +32,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
-#include "common/grpc_listener_options.h"
+#include "common/grpc_listener_flags.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/security/flags.h"
@@ -81,19 +81,6 @@ ABSL_FLAG(bool, async_scheduling, false,
           "schedule step s + 1 while step s runs (runtime/engine/engine.h; decode steps)");
 ABSL_FLAG(int64_t, max_queued_requests, 4096,
           "requests waiting to run at most (more: RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int32_t, grpc_max_connections, 4096,
-          "open connections on the gRPC port at most (more are closed at once; also at most a "
-          "quarter of the descriptor limit)");
-ABSL_FLAG(int64_t, grpc_handshake_timeout_ms,
-          absl::ToInt64Milliseconds(tandem::GrpcListenerOptions{}.handshake_timeout),
-          "a gRPC connection whose TLS handshake and HTTP/2 preface are not done by then is "
-          "dropped");
-ABSL_FLAG(int32_t, grpc_max_concurrent_streams,
-          tandem::GrpcListenerOptions{}.max_concurrent_streams,
-          "calls open at once on one gRPC connection (more wait in the client)");
-ABSL_FLAG(int64_t, grpc_memory_quota_mb, tandem::GrpcListenerOptions{}.memory_quota_bytes >> 20,
-          "memory of the gRPC port's connections together (gRPC ResourceQuota; past it, streams "
-          "are cancelled RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
@@ -191,11 +178,9 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   config.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
   config.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  config.grpc_port.max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
-  config.grpc_port.handshake_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
-  config.grpc_port.max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
-  config.grpc_port.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_mb) << 20;
+  absl::StatusOr<tandem::GrpcListenerOptions> port = tandem::GrpcListenerOptionsFromFlags();
+  if (!port.ok()) return port.status();
+  config.grpc_port = *port;
   return config;
 }
 
