@@ -55,12 +55,13 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 }
 
 // MbarWait with a bound: traps (the launch fails with cudaErrorLaunchFailure, the context is
-// lost) after `max_polls` unsuccessful polls (2^27 polls: ~4 s at the H200's ~30 ns a poll)
-// instead of spinning forever on an arrival or a transfer that never comes. For kernels whose
-// waits are short data waits, where a hang (a protocol bug, a copy that faulted) must surface as
-// an error: the counter costs an add and a compare a poll.
+// lost) after `max_polls` unsuccessful polls (2^25: ~1 s at the ~30 ns a poll measured on an
+// H200, longer where try_wait suspends the thread between polls) instead of spinning forever on
+// an arrival or a transfer that never comes. For kernels whose waits are short data waits, where
+// a hang (a protocol bug, a copy that faulted) must surface as an error: the counter costs an add
+// and a compare a poll.
 __device__ __forceinline__ void MbarWaitOrTrap(uint64_t* bar, uint32_t parity,
-                                               uint32_t max_polls = 1u << 27) {
+                                               uint32_t max_polls = 1u << 25) {
   const uint32_t addr = SmemAddr(bar);
   uint32_t done = 0;
   for (uint32_t polls = 0;; ++polls) {

@@ -25,7 +25,7 @@
 // stage ago), so it does not wait for the slowest warp of the stage just used. Rows past n are
 // not copied (their C rows are never stored; an mma row depends on its A row only); columns
 // past k are zeroed in the A fragments (stale shared memory may hold NaN codes). The waits trap
-// after ~4 s of polling (MbarWaitOrTrap): a lost arrival fails the launch instead of hanging.
+// after 2^25 polls (~1 s; MbarWaitOrTrap): a lost arrival fails the launch instead of hanging.
 #include <cuda_bf16.h>
 
 #include <algorithm>

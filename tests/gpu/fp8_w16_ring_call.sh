@@ -16,7 +16,7 @@
 #               ringhalf (FP8 batch 1; ring also batch 8, which runs W8A8 and must not move);
 #               time permitting, the fastest ring form's --trace=1 breakdown (16 steps) and a
 #               second off / fastest round at FP8 batch 1.
-# A ring kernel that hangs traps after ~4 s (MbarWaitOrTrap); if the test times out or reports a
+# A ring kernel that hangs traps after ~1 s (MbarWaitOrTrap); if the test times out or reports a
 # launch failure, every later ring step is skipped (the call stays short).
 set -uo pipefail
 T0=$SECONDS
