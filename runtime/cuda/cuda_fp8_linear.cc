@@ -119,6 +119,9 @@ absl::StatusOr<CudaFp8Weight> AllocateFp8DummyWeight(const WeightQuantization& q
     ASSIGN_OR_RETURN(w.block_scales, DeviceBuffer::Allocate(blocks * 4, "fp8 block scales"));
     CUDA_RETURN_IF_ERROR(cudaMemset(w.block_scales.data(), 0, w.block_scales.bytes()));
   }
+  // cudaMemset runs on the legacy stream, asynchronously to the host: done before a fill on the
+  // model's (non-blocking) stream writes the weight.
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return w;
 }
 

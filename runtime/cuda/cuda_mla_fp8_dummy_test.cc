@@ -11,7 +11,9 @@
 //     a code moved); the MoE layer's experts and shared experts (FillMoeDummy) likewise;
 //   * the CUDA engine on device dummy weights (CudaMlaModel::GenerateDummy) generates, and its
 //     last prompt logits equal the same engine's on the host draw uploaded (cosine >= 0.9999) and
-//     the CPU engine's on it (FP8 both, bf16 vs fp32 activations: >= 0.99).
+//     the CPU engine's on it (FP8 both, bf16 vs fp32 activations: >= 0.97; fp8_deepseek_v3's
+//     checkpoint measured >= 0.9809 CUDA vs CPU, runtime/cuda/README.md; a wrong code or scale
+//     layout is far below).
 // GPU test; skips without one.
 #include <algorithm>
 #include <cmath>
@@ -259,7 +261,7 @@ TEST(CudaMlaFp8DummyTest, GeneratesOnTheDeviceDrawAsOnTheHostDraw) {
         i, prompts[i].size(), same, vs_cpu,
         dev.tokens[i] == up.tokens[i] ? "equal" : "differ from");
     EXPECT_GE(same, 0.9999) << "prompt " << i;
-    EXPECT_GE(vs_cpu, 0.99) << "prompt " << i;
+    EXPECT_GE(vs_cpu, 0.97) << "prompt " << i;
   }
 }
 
