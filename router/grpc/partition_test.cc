@@ -12,6 +12,8 @@
 // at once while the channel is in TRANSIENT_FAILURE. Measured here: the first request after the
 // drop took 1.4-2.0 s (served by the other worker), every later one ~1 ms; with no other decode
 // worker, 2.4 s (keepalive + the 0.5 s decode wait) and 1.6 s (a connect timeout + the wait).
+// And the public side: a client whose replies are black-holed mid-stream is cut off by the
+// port's own keepalive (common/grpc_listener.h), which ends the decode call behind it.
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -38,10 +40,8 @@ absl::Status& Namespace() {
   return *status;
 }
 
-int PortOf(const FakeWorker& w) {
-  const std::string& a = w.address();
-  return std::stoi(a.substr(a.rfind(':') + 1));
-}
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+int PortOf(const FakeWorker& w) { return PortOf(w.address()); }
 
 // Keepalive (1 s + 1 s) sees the dead connection in ~2 s; the rest is slack for a loaded host.
 constexpr absl::Duration kNoticed = absl::Seconds(5);
@@ -143,6 +143,43 @@ TEST_F(PartitionTest, WithNoOtherDecodeWorkerRequestsFailClearly) {
     EXPECT_LT(took, kNoticed) << "request " << i;
     EXPECT_LE(r.tokens.size(), 1u);  // P's first token at most, never repeated
   }
+}
+
+// The router's replies to a client black-holed mid-stream (the client's host gone, its link
+// dropped): the public port's keepalive (300 + 300 ms here, 20 s + 20 s by default) closes the
+// connection, which cancels the request and its decode call. Before, the port never pinged, and
+// the stream and the worker call behind it stayed until gRPC's TCP_USER_TIMEOUT (20 s) with data
+// unacknowledged, or the request's deadline when nothing was being sent.
+TEST_F(PartitionTest, AClientWhoseRepliesAreBlackHoledIsCutOff) {
+  RouterOptions options = TestRouterOptions();
+  options.internal_listen = "127.0.0.1:0";  // the workers' heartbeats on a port not dropped
+  options.grpc_ports.keepalive_time = absl::Milliseconds(300);
+  options.grpc_ports.keepalive_timeout = absl::Milliseconds(300);
+  RouterHarness h(options);
+  h.AddWorker("p0", WORKER_ROLE_PREFILL, [](FakeWorkerOptions& o) { o.max_model_len = 1 << 20; });
+  FakeWorker* d0 = h.AddWorker("d0", WORKER_ROLE_DECODE, [](FakeWorkerOptions& o) {
+    o.token_delay = absl::Milliseconds(100);
+    o.max_model_len = 1 << 20;
+  });
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = h.stub().Generate(&context, MakeRequest({1, 2, 3}, 100000));
+  v1::GenerateResponse chunk;
+  int tokens = 0;
+  while (tokens < 3 && reader->Read(&chunk)) tokens += chunk.token_ids_size();
+  ASSERT_GE(tokens, 3);
+  ASSERT_EQ(d0->open_streams(), 1);
+  ASSERT_TRUE(DropPackets(PortOf(h.address()), DropDirection::kFromPort).ok());
+  const absl::Time t0 = absl::Now();
+  while (d0->open_streams() > 0 && absl::Now() - t0 < kNoticed) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Duration took = absl::Now() - t0;
+  std::printf("decode stream ended %s after the drop\n", absl::FormatDuration(took).c_str());
+  EXPECT_EQ(d0->open_streams(), 0) << "the decode call outlived its client";
+  EXPECT_LT(took, kNoticed);
+  context.TryCancel();
+  reader->Finish();
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ FakeWorker* RouterHarness::AddWorker(const std::string& id, v1::WorkerRole role,
   FakeWorkerOptions o;
   o.worker_id = id;
   o.role = role;
-  o.router_address = server_->address();
+  o.router_address = server_->internal_address();  // address() unless internal_listen is set
   if (customize) customize(o);
   absl::StatusOr<std::unique_ptr<FakeWorker>> w = FakeWorker::Start(o);
   EXPECT_TRUE(w.ok()) << w.status();
