@@ -41,17 +41,22 @@ __device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
 __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
 }
+// One poll of MbarWait: whether the phase of parity `parity` of the mbarrier at shared address
+// `addr` has completed.
+__device__ __forceinline__ bool MbarTryWait(uint32_t addr, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = SmemAddr(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
+  while (!MbarTryWait(addr, parity)) {
+  }
 }
 
 // MbarWait with a bound: traps (the launch fails with cudaErrorLaunchFailure, the context is
@@ -63,15 +68,7 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void MbarWaitOrTrap(uint64_t* bar, uint32_t parity,
                                                uint32_t max_polls = 1u << 25) {
   const uint32_t addr = SmemAddr(bar);
-  uint32_t done = 0;
-  for (uint32_t polls = 0;; ++polls) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-    if (done) return;
+  for (uint32_t polls = 0; !MbarTryWait(addr, parity); ++polls) {
     if (polls == max_polls) __trap();
   }
 }
