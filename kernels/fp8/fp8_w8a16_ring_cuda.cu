@@ -230,9 +230,11 @@ int RingStages(int rows_per_set, bool norm_in, int64_t k, int smem_share) {
 template <typename TOut, int R, Fold kFold>
 absl::Status LaunchRing(const Args& p, TOut* out, cudaStream_t stream, bool pdl, int stages,
                         int ctas_per_sm) {
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, optin = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const int64_t tiles = (p.n + kMmaRows - 1) / kMmaRows;
   const internal::PdlLaunchConfig pdl_config(
       dim3(static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{sms} * ctas_per_sm))),
@@ -248,9 +250,10 @@ absl::Status LaunchRing(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
   CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kSmemPerCta - static_cast<int64_t>(attributes.sharedSizeBytes))));
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(std::min<int64_t>(kSmemPerCta, optin) -
+                                            static_cast<int64_t>(attributes.sharedSizeBytes))));
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, stages, out));
   return absl::OkStatus();
 }
