@@ -23,6 +23,7 @@ PACKAGES=(
   libsentencepiece-dev     # tokenizer: SentencePiece .model files
   libboost-dev             # Boost.Beast (header-only): the HTTP server (common/http)
   clang-format             # tests/check_format.sh
+  iproute2                 # ip, tc: real packet drops in a test's own network namespace (partition_test)
 )
 
 missing=()
