@@ -105,48 +105,79 @@ void Scheduler::Preempt(Request* req) {
   waiting_.push_front(req);
 }
 
+// One Schedule() call's state, per DP rank where indexed by rank.
+struct Scheduler::ScheduleStep {
+  SchedulerOutput* out;
+  std::vector<int64_t> budget;       // tokens still schedulable
+  std::vector<bool> rank_preempted;  // a running request was preempted: admit nobody
+  bool batch_drafts;                 // this step's batch-level speculative switch
+};
+
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   // Data-parallel attention (SGLang's): the token budget and max_num_seqs hold per DP rank, and a
   // rank that cannot admit blocks only its own waiting requests. One rank without it.
   const int64_t num_ranks = kv_cache_->dp_size();
-  std::vector<int64_t> budget(num_ranks, config_.max_num_batched_tokens);
-  std::vector<bool> rank_preempted(num_ranks, false);
   // Batch-level switch (vLLM's speculative_disable_by_batch_size): a batch this large is no
   // longer bound by reading the weights, so verifying drafts stops paying; nobody drafts.
   const int64_t disable_at = config_.speculative.disable_by_batch_size;
-  const bool batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at;
-  // num_new past the request's tokens: its verify_input (last token + drafts) is fed.
-  auto add_seq = [&](Request* req, int64_t num_new) {
-    ScheduledSeq seq;
-    seq.request_id = req->id;
-    seq.num_computed_tokens = req->num_computed_tokens;
-    const int64_t known = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
-    seq.num_draft_tokens = std::max<int64_t>(0, num_new - known);
-    seq.new_tokens =
-        seq.num_draft_tokens > 0
-            ? absl::MakeConstSpan(req->verify_input)
-            : absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, num_new);
-    const int64_t end = req->num_computed_tokens + num_new - seq.num_draft_tokens;
-    seq.samples = end == static_cast<int64_t>(req->tokens.size());
-    seq.capture_prompt_logits = req->spec.capture_last_prompt_logits &&
-                                req->last_prompt_logits.empty() && seq.samples &&
-                                end == req->num_prompt_tokens();
-    seq.sampling = req->spec.sampling;
-    seq.sample_step = req->num_output_tokens();
-    seq.dp_rank = req->dp_rank;
-    seq.may_draft_next = MayDraftNext(*req, batch_drafts);
-    if (req->pending_index >= 0 && req->pending_index == req->num_computed_tokens) {
-      seq.input_from_prev_seq = req->pending_seq;
-    }
-    out.seqs.push_back(seq);
-    out.num_batched_tokens += num_new;
-    budget[req->dp_rank] -= num_new;
+  ScheduleStep step{
+      .out = &out,
+      .budget = std::vector<int64_t>(num_ranks, config_.max_num_batched_tokens),
+      .rank_preempted = std::vector<bool>(num_ranks, false),
+      .batch_drafts = disable_at == 0 || static_cast<int64_t>(running_.size()) < disable_at,
   };
+  ScheduleRunning(&step);
+  ScheduleWaiting(&step);
+  // Block tables last: every allocation of this step is done, so the spans stay valid.
+  for (ScheduledSeq& seq : out.seqs) seq.block_table = kv_cache_->BlockTable(seq.request_id);
+  return out;
+}
 
-  // 1. Running requests, oldest first; grow their block tables, preempting the newest if needed.
-  //    A rank whose request preempted itself schedules no more of its running requests.
-  std::vector<bool> rank_done(num_ranks, false);
+void Scheduler::AddSeq(Request* req, int64_t num_new, ScheduleStep* step) {
+  ScheduledSeq seq;
+  seq.request_id = req->id;
+  seq.num_computed_tokens = req->num_computed_tokens;
+  // num_new past the request's tokens: its verify_input (last token + drafts) is fed.
+  const int64_t known = static_cast<int64_t>(req->tokens.size()) - req->num_computed_tokens;
+  seq.num_draft_tokens = std::max<int64_t>(0, num_new - known);
+  seq.new_tokens =
+      seq.num_draft_tokens > 0
+          ? absl::MakeConstSpan(req->verify_input)
+          : absl::MakeConstSpan(req->tokens).subspan(req->num_computed_tokens, num_new);
+  const int64_t end = req->num_computed_tokens + num_new - seq.num_draft_tokens;
+  seq.samples = end == static_cast<int64_t>(req->tokens.size());
+  seq.capture_prompt_logits = req->spec.capture_last_prompt_logits &&
+                              req->last_prompt_logits.empty() && seq.samples &&
+                              end == req->num_prompt_tokens();
+  seq.sampling = req->spec.sampling;
+  seq.sample_step = req->num_output_tokens();
+  seq.dp_rank = req->dp_rank;
+  seq.may_draft_next = MayDraftNext(*req, step->batch_drafts);
+  if (req->pending_index >= 0 && req->pending_index == req->num_computed_tokens) {
+    seq.input_from_prev_seq = req->pending_seq;
+  }
+  step->out->seqs.push_back(seq);
+  step->out->num_batched_tokens += num_new;
+  step->budget[req->dp_rank] -= num_new;
+}
+
+bool Scheduler::GrowOrPreempt(Request* req, int64_t num_new, ScheduleStep* step) {
+  while (!kv_cache_->Allocate(req->id, req->num_computed_tokens + num_new, nullptr, req->dp_rank)) {
+    Request* victim = TakePreemptionVictim(*req);
+    Preempt(victim);
+    ++step->out->num_preempted;
+    step->rank_preempted[req->dp_rank] = true;
+    if (victim == req) return false;
+  }
+  return true;
+}
+
+void Scheduler::ScheduleRunning(ScheduleStep* step) {
+  // Oldest first; grow their block tables, preempting the newest if needed. A rank whose request
+  // preempted itself schedules no more of its running requests.
+  std::vector<int64_t>& budget = step->budget;
+  std::vector<bool> rank_done(budget.size(), false);
   for (size_t i = 0; i < running_.size();) {
     Request* req = running_[i];
     const int64_t rank = req->dp_rank;
@@ -160,40 +191,30 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     // A decoding request may verify drafts: only when its blocks can grow without preempting.
-    if (const int64_t drafts = remaining == 1 && batch_drafts ? Draft(req, budget[rank]) : 0;
+    if (const int64_t drafts = remaining == 1 && step->batch_drafts ? Draft(req, budget[rank]) : 0;
         drafts > 0 && kv_cache_->Allocate(req->id, req->num_computed_tokens + 1 + drafts, nullptr,
                                           req->dp_rank)) {
-      add_seq(req, 1 + drafts);
+      AddSeq(req, 1 + drafts, step);
       ++i;
       continue;
     }
-    bool preempted_self = false;
-    while (
-        !kv_cache_->Allocate(req->id, req->num_computed_tokens + num_new, nullptr, req->dp_rank)) {
-      Request* victim = TakePreemptionVictim(*req);
-      Preempt(victim);
-      ++out.num_preempted;
-      rank_preempted[rank] = true;
-      if (victim == req) {
-        preempted_self = true;
-        break;
-      }
-    }
-    if (preempted_self) {  // out of running_: running_[i] is the next one
+    if (!GrowOrPreempt(req, num_new, step)) {  // out of running_: running_[i] is the next one
       rank_done[rank] = true;
       continue;
     }
-    add_seq(req, num_new);
+    AddSeq(req, num_new, step);
     ++i;
   }
+}
 
-  // 2. Waiting requests, FCFS within each DP rank, only on ranks where nobody had to be
-  //    preempted (their pool is tight then). A request with remote KV takes blocks and starts
-  //    loading; it runs once loaded.
-  std::vector<int64_t> seqs(num_ranks, 0);
+void Scheduler::ScheduleWaiting(ScheduleStep* step) {
+  // FCFS within each DP rank, only on ranks where nobody had to be preempted (their pool is tight
+  // then). A request with remote KV takes blocks and starts loading; it runs once loaded.
+  std::vector<int64_t>& budget = step->budget;
+  std::vector<int64_t> seqs(budget.size(), 0);
   for (const Request* req : running_) ++seqs[req->dp_rank];
   for (const auto& [id, req] : loading_) ++seqs[req->dp_rank];
-  std::vector<bool> blocked = rank_preempted;
+  std::vector<bool> blocked = step->rank_preempted;
   int64_t open = std::count(blocked.begin(), blocked.end(), false);
   for (auto it = waiting_.begin(); it != waiting_.end() && open > 0;) {
     Request* req = *it;
@@ -214,12 +235,8 @@ SchedulerOutput Scheduler::Schedule() {
     it = waiting_.erase(it);
     ++seqs[rank];
     MarkScheduled(req);
-    if (num_new > 0) add_seq(req, num_new);
+    if (num_new > 0) AddSeq(req, num_new, step);
   }
-
-  // Block tables last: every allocation of this step is done, so the spans stay valid.
-  for (ScheduledSeq& seq : out.seqs) seq.block_table = kv_cache_->BlockTable(seq.request_id);
-  return out;
 }
 
 int64_t Scheduler::AdmitWaiting(Request* req, int64_t budget) {

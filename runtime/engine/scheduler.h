@@ -250,6 +250,17 @@ class Scheduler {
                    absl::Span<const int32_t> draft_samples, Request* req, RequestUpdate* update);
   // `req` was admitted: the first time, its queue time is reported (TakeQueueTimes).
   void MarkScheduled(Request* req);
+  // Schedule()'s steps. ScheduleStep (scheduler.cc) holds one call's output and per-DP-rank
+  // token budgets. ScheduleRunning: step 1 (running requests, preempting to grow);
+  // ScheduleWaiting: step 2 (admits waiting requests on ranks that preempted nobody).
+  struct ScheduleStep;
+  void ScheduleRunning(ScheduleStep* step);
+  void ScheduleWaiting(ScheduleStep* step);
+  // Grows `req`'s blocks to hold `num_new` more tokens, preempting the newest running requests
+  // of its DP rank; false when `req` itself was preempted (it is then out of running_).
+  bool GrowOrPreempt(Request* req, int64_t num_new, ScheduleStep* step);
+  // Schedules `num_new` tokens of `req` (past its tokens: its drafts) into `step`.
+  void AddSeq(Request* req, int64_t num_new, ScheduleStep* step);
   // Stop condition of `req` as if its tokens were the first `len` (Update: all of them).
   FinishReason CheckStopAt(const Request& req, int64_t len) const;
   // Frees request `id`'s blocks now, or once the launched step holding it is resolved.
