@@ -222,6 +222,33 @@ class UcxAgentImpl final : public UcxAgent {
   // Posts at most one request; says what it did. A direct copy is not done here but queued in
   // copy_queue_ (already counted as outstanding) for a copy thread.
   Posted PostOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One request PostOneLocked carves from a transfer's next op: one row's next bytes, or whole
+  // rows of a strided op.
+  struct ReadRequest {
+    const StridedCopyOp* op = nullptr;
+    bool strided = false;
+    uint64_t first_row = 0;  // strided ops
+    uint64_t rows = 1;
+    uint64_t bytes = 0;
+    uint64_t local_offset = 0;
+    uint64_t remote_offset = 0;
+    uint64_t remote_span = 0;  // bytes read from the peer's region (strided: to the last row's end)
+    char* dest = nullptr;      // where the bytes land (the staging buffer, when `slot`)
+    StagingSlot* slot = nullptr;  // set up for the device copy
+  };
+  // The transfer at the front of post_queue_ with a request to post, or null; pops those with
+  // nothing (more) to post and stops those whose connection closed.
+  Transfer* NextTransferToPostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next request of `t` (not ended, ops left), at most `limit` bytes but at least one row.
+  static ReadRequest NextRequest(const Transfer& t, uint64_t limit);
+  // Moves `t` past `req` and sends it to the back of post_queue_ (round robin) if it has more.
+  void AdvancePastRequestLocked(Transfer& t, const ReadRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts `req` the first way that applies: a DMA from the mapping, a direct copy, a gather at
+  // the source, a UCX GET.
+  Posted IssueRequestLocked(Transfer& t, const ReadRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostGetLocked(Transfer& t, const ReadRequest& req, RemoteRegion& remote)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PostRead / PostStridedRead after validation: queues a transfer of `ops` (coalesced).
   TransferId AddTransferLocked(Conn* conn, std::vector<StridedCopyOp> ops,
                                const std::string& peer_name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

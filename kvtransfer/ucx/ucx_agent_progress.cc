@@ -127,10 +127,9 @@ void UcxAgentImpl::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t stat
 // ---------------------------------------------------------------------------------------------
 // Progress thread.
 
-UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
+UcxAgentImpl::Transfer* UcxAgentImpl::NextTransferToPostLocked() {
   while (!post_queue_.empty()) {
-    const TransferId id = post_queue_.front();
-    Transfer* t = transfers_.Find(id);
+    Transfer* t = transfers_.Find(post_queue_.front());
     if (t == nullptr || t->ended || !t->error.ok() || t->next_op == t->ops.size()) {
       post_queue_.pop_front();  // nothing (more) to post
       continue;
@@ -142,116 +141,145 @@ UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
           *t, conn->failure.ok() ? absl::CancelledError("peer connection closed") : conn->failure);
       continue;
     }
-    const StridedCopyOp& op = t->ops[t->next_op];
-    RemoteRegion& remote = conn->regions[op.remote_region];
-    const LocalRegion& local = regions_[op.local_region];
-    const bool strided = op.rows > 1;
-    // A request: one row's next bytes, or whole rows of a strided op (a row always fits one:
-    // PostStridedRead checks it).
-    uint64_t limit = options_.max_request_bytes;
-    // A READ into staged device memory goes through a free staging buffer (or waits for one).
-    StagingSlot* slot = nullptr;
-    if (local.device != nullptr) {
-      limit = std::min(limit, options_.cuda_staging_bytes);
-      slot = FreeStagingSlotLocked();
-      if (slot == nullptr) return Posted::kNothing;
-    }
-    const uint64_t rows =
-        strided ? std::min(op.rows - t->next_offset, std::max<uint64_t>(1, limit / op.row_bytes))
-                : 1;
-    const uint64_t n =
-        strided ? rows * op.row_bytes : std::min(limit, op.row_bytes - t->next_offset);
-    if (inflight_bytes_ > 0 && inflight_bytes_ + n > options_.max_inflight_bytes) {
-      return Posted::kNothing;
-    }
-    const uint64_t first_row = t->next_offset;  // strided ops
-    const uint64_t local_offset =
-        op.local_offset + (strided ? t->next_offset * op.local_stride : t->next_offset);
-    const uint64_t remote_offset =
-        op.remote_offset + (strided ? t->next_offset * op.remote_stride : t->next_offset);
-    char* dest = slot != nullptr ? slot->host : local.base + local_offset;
-    if (slot != nullptr) {
-      slot->state = StagingSlot::State::kFilling;
-      slot->transfer = t;
-      slot->device_dst = local.device + local_offset;
-      slot->source = nullptr;
-      slot->bytes = n;
-      slot->rows = rows;
-      slot->row_bytes = strided ? op.row_bytes : n;
-      slot->device_stride = op.local_stride;
-      slot->source_stride = op.remote_stride;
-    }
-    t->next_offset += strided ? rows : n;
-    if (t->next_offset == (strided ? op.rows : op.row_bytes)) {
-      ++t->next_op;
-      t->next_offset = 0;
-    }
-    // Round robin between transfers sharing the in-flight window.
-    post_queue_.pop_front();
-    if (t->next_op < t->ops.size()) post_queue_.push_back(id);
+    return t;
+  }
+  return nullptr;
+}
 
-    // The bytes this request reads from the peer's region (strided: first row to last row's end).
-    const uint64_t remote_span = strided ? (rows - 1) * op.remote_stride + op.row_bytes : n;
-    if (remote.populated != nullptr) {  // best effort: a copy still faults pages in itself
-      remote.populated->PinCovering(remote_offset, remote_span).status().IgnoreError();
-    }
-    if (slot != nullptr && DmaFromMappedLocked(remote, remote_offset, remote_span)) {
-      // the GPU copies from the mapping
-      CountPostedLocked(*t, n);
-      slot->source = remote.mapped + remote_offset;
-      StartToDeviceLocked(*slot);
-      return Posted::kRequest;
-    }
-    if (options_.direct_copy && remote.mapped != nullptr) {
-      CountPostedLocked(*t, n);
-      const size_t streaming = t->total_bytes >= options_.min_streaming_transfer_bytes
-                                   ? kDefaultMinStreamingBytes
-                                   : SIZE_MAX;
-      DirectCopy copy{t, dest, remote.mapped + remote_offset, n, slot, streaming};
-      if (strided) {
-        copy.rows = rows;
-        copy.row_bytes = op.row_bytes;
-        // Into a staging buffer the rows land packed; the device copy spreads them.
-        copy.dst_stride = slot != nullptr ? op.row_bytes : op.local_stride;
-        copy.src_stride = op.remote_stride;
-      }
-      copy_queue_.push_back(copy);
-      ++direct_copies_;
-      return Posted::kDirectCopy;
-    }
-    if (strided && conn->gather) {  // no strided GET: the source packs the rows
-      PostGatherLocked(*t, op, first_row, rows, slot);
-      return Posted::kRequest;
-    }
-    if (strided) {  // PostStridedRead admits only mapped or gathering peers
-      if (slot != nullptr) slot->state = StagingSlot::State::kFree;
-      StopTransferLocked(*t, absl::UnavailableError("strided read from an unmapped region"));
-      return Posted::kRequest;
-    }
-    ucp_request_param_t param{};
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-    param.cb.send = slot != nullptr ? &UcxAgentImpl::OnStagedGetDone : &UcxAgentImpl::OnGetDone;
-    param.user_data = slot != nullptr ? static_cast<void*>(slot) : static_cast<void*>(t);
-    param.memh = slot != nullptr ? slot->memh : local.memh;
-    ucs_status_ptr_t request =
-        ucp_get_nbx(remote.ep, dest, n, remote.base + remote_offset, remote.rkey, &param);
-    if (UCS_PTR_IS_ERR(request)) {
-      if (slot != nullptr) slot->state = StagingSlot::State::kFree;
-      StopTransferLocked(*t, UCX_ERROR(UCS_PTR_STATUS(request), "ucp_get_nbx"));
-      return Posted::kRequest;
-    }
-    CountPostedLocked(*t, n);
-    if (request != nullptr) {
-      t->requests[request] = n;
-    } else if (slot != nullptr) {  // completed in place: the staging buffer is full
-      StartToDeviceLocked(*slot);
-    } else {  // completed in place (shared memory GETs usually do)
-      EndRequestLocked(*t, n, absl::OkStatus());
-    }
+UcxAgentImpl::ReadRequest UcxAgentImpl::NextRequest(const Transfer& t, uint64_t limit) {
+  const StridedCopyOp& op = t.ops[t.next_op];
+  ReadRequest req{.op = &op, .strided = op.rows > 1, .first_row = t.next_offset};
+  // A request: one row's next bytes, or whole rows of a strided op (a row always fits one:
+  // PostStridedRead checks it).
+  if (req.strided) {
+    req.rows = std::min(op.rows - t.next_offset, std::max<uint64_t>(1, limit / op.row_bytes));
+    req.bytes = req.rows * op.row_bytes;
+    req.local_offset = op.local_offset + t.next_offset * op.local_stride;
+    req.remote_offset = op.remote_offset + t.next_offset * op.remote_stride;
+    // The bytes this request reads from the peer's region: first row to last row's end.
+    req.remote_span = (req.rows - 1) * op.remote_stride + op.row_bytes;
+  } else {
+    req.bytes = std::min(limit, op.row_bytes - t.next_offset);
+    req.local_offset = op.local_offset + t.next_offset;
+    req.remote_offset = op.remote_offset + t.next_offset;
+    req.remote_span = req.bytes;
+  }
+  return req;
+}
+
+void UcxAgentImpl::AdvancePastRequestLocked(Transfer& t, const ReadRequest& req) {
+  t.next_offset += req.strided ? req.rows : req.bytes;
+  if (t.next_offset == (req.strided ? req.op->rows : req.op->row_bytes)) {
+    ++t.next_op;
+    t.next_offset = 0;
+  }
+  // Round robin between transfers sharing the in-flight window.
+  const TransferId id = post_queue_.front();
+  post_queue_.pop_front();
+  if (t.next_op < t.ops.size()) post_queue_.push_back(id);
+}
+
+UcxAgentImpl::Posted UcxAgentImpl::PostOneLocked() {
+  Transfer* t = NextTransferToPostLocked();
+  if (t == nullptr) return Posted::kNothing;
+  const LocalRegion& local = regions_[t->ops[t->next_op].local_region];
+  uint64_t limit = options_.max_request_bytes;
+  // A READ into staged device memory goes through a free staging buffer (or waits for one).
+  StagingSlot* slot = nullptr;
+  if (local.device != nullptr) {
+    limit = std::min(limit, options_.cuda_staging_bytes);
+    slot = FreeStagingSlotLocked();
+    if (slot == nullptr) return Posted::kNothing;
+  }
+  ReadRequest req = NextRequest(*t, limit);
+  if (inflight_bytes_ > 0 && inflight_bytes_ + req.bytes > options_.max_inflight_bytes) {
+    return Posted::kNothing;
+  }
+  req.slot = slot;
+  req.dest = slot != nullptr ? slot->host : local.base + req.local_offset;
+  if (slot != nullptr) {
+    slot->state = StagingSlot::State::kFilling;
+    slot->transfer = t;
+    slot->device_dst = local.device + req.local_offset;
+    slot->source = nullptr;
+    slot->bytes = req.bytes;
+    slot->rows = req.rows;
+    slot->row_bytes = req.strided ? req.op->row_bytes : req.bytes;
+    slot->device_stride = req.op->local_stride;
+    slot->source_stride = req.op->remote_stride;
+  }
+  AdvancePastRequestLocked(*t, req);
+  return IssueRequestLocked(*t, req);
+}
+
+UcxAgentImpl::Posted UcxAgentImpl::IssueRequestLocked(Transfer& t, const ReadRequest& req) {
+  RemoteRegion& remote = t.conn->regions[req.op->remote_region];
+  StagingSlot* slot = req.slot;
+  const uint64_t n = req.bytes;
+  if (remote.populated != nullptr) {  // best effort: a copy still faults pages in itself
+    remote.populated->PinCovering(req.remote_offset, req.remote_span).status().IgnoreError();
+  }
+  if (slot != nullptr && DmaFromMappedLocked(remote, req.remote_offset, req.remote_span)) {
+    // the GPU copies from the mapping
+    CountPostedLocked(t, n);
+    slot->source = remote.mapped + req.remote_offset;
+    StartToDeviceLocked(*slot);
     return Posted::kRequest;
   }
-  return Posted::kNothing;
+  if (options_.direct_copy && remote.mapped != nullptr) {
+    CountPostedLocked(t, n);
+    const size_t streaming = t.total_bytes >= options_.min_streaming_transfer_bytes
+                                 ? kDefaultMinStreamingBytes
+                                 : SIZE_MAX;
+    DirectCopy copy{&t, req.dest, remote.mapped + req.remote_offset, n, slot, streaming};
+    if (req.strided) {
+      copy.rows = req.rows;
+      copy.row_bytes = req.op->row_bytes;
+      // Into a staging buffer the rows land packed; the device copy spreads them.
+      copy.dst_stride = slot != nullptr ? req.op->row_bytes : req.op->local_stride;
+      copy.src_stride = req.op->remote_stride;
+    }
+    copy_queue_.push_back(copy);
+    ++direct_copies_;
+    return Posted::kDirectCopy;
+  }
+  if (req.strided && t.conn->gather) {  // no strided GET: the source packs the rows
+    PostGatherLocked(t, *req.op, req.first_row, req.rows, slot);
+    return Posted::kRequest;
+  }
+  if (req.strided) {  // PostStridedRead admits only mapped or gathering peers
+    if (slot != nullptr) slot->state = StagingSlot::State::kFree;
+    StopTransferLocked(t, absl::UnavailableError("strided read from an unmapped region"));
+    return Posted::kRequest;
+  }
+  PostGetLocked(t, req, remote);
+  return Posted::kRequest;
+}
+
+void UcxAgentImpl::PostGetLocked(Transfer& t, const ReadRequest& req, RemoteRegion& remote) {
+  StagingSlot* slot = req.slot;
+  const uint64_t n = req.bytes;
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+  param.cb.send = slot != nullptr ? &UcxAgentImpl::OnStagedGetDone : &UcxAgentImpl::OnGetDone;
+  param.user_data = slot != nullptr ? static_cast<void*>(slot) : static_cast<void*>(&t);
+  param.memh = slot != nullptr ? slot->memh : regions_[req.op->local_region].memh;
+  ucs_status_ptr_t request =
+      ucp_get_nbx(remote.ep, req.dest, n, remote.base + req.remote_offset, remote.rkey, &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    if (slot != nullptr) slot->state = StagingSlot::State::kFree;
+    StopTransferLocked(t, UCX_ERROR(UCS_PTR_STATUS(request), "ucp_get_nbx"));
+    return;
+  }
+  CountPostedLocked(t, n);
+  if (request != nullptr) {
+    t.requests[request] = n;
+  } else if (slot != nullptr) {  // completed in place: the staging buffer is full
+    StartToDeviceLocked(*slot);
+  } else {  // completed in place (shared memory GETs usually do)
+    EndRequestLocked(t, n, absl::OkStatus());
+  }
 }
 
 void UcxAgentImpl::RunQueuedCopyLocked() {
