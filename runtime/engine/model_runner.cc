@@ -81,6 +81,35 @@ ModelRunner::ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout
 
 absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  std::vector<int64_t> logit_row_of_seq(S, -1);
+  const int64_t max_blocks = BuildStepMetadata(batch, &logit_row_of_seq);
+  const kernels::DcpShard& dcp = model_->dcp();
+
+  ForwardInput input;
+  input.token_ids = token_ids_;
+  input.positions = positions_;
+  input.slot_mapping = slot_mapping_;
+  input.attention.query_start_loc = query_start_loc_.data();
+  input.attention.seq_lens = seq_lens_.data();
+  input.attention.block_tables = block_tables_.data();
+  input.attention.local_seq_lens = dcp.size > 1 ? local_seq_lens_.data() : nullptr;
+  input.attention.num_seqs = S;
+  input.attention.max_blocks_per_seq = max_blocks;
+  kernels::KvCacheView cache{kv_pool_, layout_};
+  RunnerOutput out;
+  std::vector<float> input_hidden;
+  RETURN_IF_ERROR(ExpandInputHidden(batch, &input_hidden));
+  input.input_hidden = input_hidden.empty() ? batch.input_hidden : input_hidden;
+  if (batch.return_hidden_states) input.hidden_out = &out.hidden_states;
+  RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
+  if (batch.return_hidden_states && batch.return_last_hidden_only) KeepLastHidden(batch, &out);
+  SampleFromLogits(batch, logit_row_of_seq, &out);
+  return out;
+}
+
+int64_t ModelRunner::BuildStepMetadata(const SchedulerOutput& batch,
+                                       std::vector<int64_t>* logit_row_of_seq) {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
   const int64_t bs = layout_.block_size;
   if (model_->dcp().size > 1) BuildDcpTables(batch);
   int64_t max_blocks = 1;
@@ -94,7 +123,6 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
   query_start_loc_.assign(1, 0);
   seq_lens_.clear();
   block_tables_.assign(S * max_blocks, 0);
-  std::vector<int64_t> logit_row_of_seq(S, -1);
   const kernels::DcpShard& dcp = model_->dcp();
   local_seq_lens_.clear();
   for (int64_t s = 0; s < S; ++s) {
@@ -117,61 +145,47 @@ absl::StatusOr<RunnerOutput> ModelRunner::Run(const SchedulerOutput& batch) {
     std::copy(table.begin(), table.end(), block_tables_.begin() + s * max_blocks);
     if (seq.samples || seq.capture_prompt_logits) {
       // A verify pass samples at its last token and at every draft: rows first .. first + K.
-      logit_row_of_seq[s] = static_cast<int64_t>(logit_rows_.size());
+      (*logit_row_of_seq)[s] = static_cast<int64_t>(logit_rows_.size());
       const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
       for (int64_t j = k; j >= 0; --j) {
         logit_rows_.push_back(static_cast<int64_t>(token_ids_.size()) - 1 - j);
       }
     }
   }
+  return max_blocks;
+}
 
-  ForwardInput input;
-  input.token_ids = token_ids_;
-  input.positions = positions_;
-  input.slot_mapping = slot_mapping_;
-  input.attention.query_start_loc = query_start_loc_.data();
-  input.attention.seq_lens = seq_lens_.data();
-  input.attention.block_tables = block_tables_.data();
-  input.attention.local_seq_lens = dcp.size > 1 ? local_seq_lens_.data() : nullptr;
-  input.attention.num_seqs = S;
-  input.attention.max_blocks_per_seq = max_blocks;
-  kernels::KvCacheView cache{kv_pool_, layout_};
-  RunnerOutput out;
-  std::vector<float> input_hidden;
-  RETURN_IF_ERROR(ExpandInputHidden(batch, &input_hidden));
-  input.input_hidden = input_hidden.empty() ? batch.input_hidden : input_hidden;
-  if (batch.return_hidden_states) input.hidden_out = &out.hidden_states;
-  RETURN_IF_ERROR(model_->Forward(input, cache, logit_rows_, &logits_));
-  if (batch.return_hidden_states && batch.return_last_hidden_only) KeepLastHidden(batch, &out);
-
+void ModelRunner::SampleFromLogits(const SchedulerOutput& batch,
+                                   absl::Span<const int64_t> logit_row_of_seq,
+                                   RunnerOutput* out) const {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
   const int64_t vocab = model_->config().vocab_size;
-  out.sampled_tokens.assign(S, -1);
-  out.last_prompt_logits.resize(S);
-  out.draft_samples.resize(S);
-  out.verify_logits.resize(S);
+  out->sampled_tokens.assign(S, -1);
+  out->last_prompt_logits.resize(S);
+  out->draft_samples.resize(S);
+  out->verify_logits.resize(S);
   for (int64_t s = 0; s < S; ++s) {
     const ScheduledSeq& seq = batch.seqs[s];
     const int64_t k = seq.samples ? seq.num_draft_tokens : 0;
     const int64_t first = logit_row_of_seq[s];
     if (first < 0) continue;
     if (seq.return_verify_logits && k > 0) {
-      out.verify_logits[s].assign(logits_.data() + first * vocab,
-                                  logits_.data() + (first + k + 1) * vocab);
+      out->verify_logits[s].assign(logits_.data() + first * vocab,
+                                   logits_.data() + (first + k + 1) * vocab);
     }
     for (int64_t j = 0; j < k; ++j) {
-      out.draft_samples[s].push_back(
+      out->draft_samples[s].push_back(
           kernels::cpu::SampleToken(logits_.data() + (first + j) * vocab, vocab, seq.sampling,
                                     static_cast<uint64_t>(seq.sample_step + j)));
     }
     const int64_t row = first + k;
     const float* logits = logits_.data() + row * vocab;
-    if (seq.capture_prompt_logits) out.last_prompt_logits[s].assign(logits, logits + vocab);
+    if (seq.capture_prompt_logits) out->last_prompt_logits[s].assign(logits, logits + vocab);
     if (seq.samples) {
-      out.sampled_tokens[s] = kernels::cpu::SampleToken(logits, vocab, seq.sampling,
-                                                        static_cast<uint64_t>(seq.sample_step + k));
+      out->sampled_tokens[s] = kernels::cpu::SampleToken(
+          logits, vocab, seq.sampling, static_cast<uint64_t>(seq.sample_step + k));
     }
   }
-  return out;
 }
 
 absl::Status ModelRunner::ExpandInputHidden(const SchedulerOutput& batch,

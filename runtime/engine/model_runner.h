@@ -76,6 +76,13 @@ class ModelRunner : public ModelExecutor {
   std::vector<int32_t> local_seq_lens_;
 
   void BuildDcpTables(const SchedulerOutput& batch);
+  // Run()'s per-step metadata (token_ids_ ... local_seq_lens_, logit_rows_) for `batch`; fills
+  // (*logit_row_of_seq)[s] with sequence s's first logits row (stays -1 when it samples
+  // nothing) and returns the block tables' row width (max_blocks_per_seq).
+  int64_t BuildStepMetadata(const SchedulerOutput& batch, std::vector<int64_t>* logit_row_of_seq);
+  // Run()'s sampling from logits_: sampled tokens, draft samples, verify and prompt logits.
+  void SampleFromLogits(const SchedulerOutput& batch, absl::Span<const int64_t> logit_row_of_seq,
+                        RunnerOutput* out) const;
   // The MTP layer's step: `batch.input_hidden` with its zero rows (ScheduledSeq::
   // zero_hidden_rows) filled in, into `rows`; `rows` stays empty when it has none.
   absl::Status ExpandInputHidden(const SchedulerOutput& batch, std::vector<float>* rows) const;
