@@ -110,14 +110,17 @@ std::string JsonFloat(float v) {
   return buf;
 }
 
-absl::Status Run(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
+ModelSource ModelSourceFromFlags() {
   ModelSource source;
   source.model_dir = absl::GetFlag(FLAGS_model);
   source.load_format = absl::GetFlag(FLAGS_load_format);
   source.dummy_config = absl::GetFlag(FLAGS_dummy_config);
   source.dummy_seed = absl::GetFlag(FLAGS_dummy_seed);
   source.quantization = absl::GetFlag(FLAGS_quantization);
+  return source;
+}
+
+BackendOptions BackendOptionsFromFlags() {
   BackendOptions backend;
   backend.backend = absl::GetFlag(FLAGS_backend);
   backend.num_threads = absl::GetFlag(FLAGS_num_threads);
@@ -128,15 +131,10 @@ absl::Status Run(const std::vector<std::string>& argv) {
   backend.cuda_verify_graphs = absl::GetFlag(FLAGS_cuda_verify_graphs);
   backend.prefill_kernel = absl::GetFlag(FLAGS_prefill_kernel);
   backend.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  ASSIGN_OR_RETURN(
-      GroupBackend group_backend,
-      LoadGroupBackend(source, backend, RankGroupOptionsFromFlags(backend.device), argv));
-  if (!group_backend.is_leader()) return RunFollowerRank(std::move(group_backend));
-  LoadedModel& model = group_backend.loaded.model;
-  const ExecutorFactory& factory = group_backend.loaded.factory;
-  ModelConfig config = model.local_config;
-  ModelWeights weights = std::move(model.weights);
+  return backend;
+}
 
+absl::StatusOr<EngineConfig> EngineConfigFromFlags() {
   EngineConfig engine_config;
   engine_config.block_size = absl::GetFlag(FLAGS_block_size);
   engine_config.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
@@ -146,6 +144,104 @@ absl::Status Run(const std::vector<std::string>& argv) {
   engine_config.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_config.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   ASSIGN_OR_RETURN(engine_config.speculative, SpeculativeConfigFromFlags());
+  return engine_config;
+}
+
+// Adds prompt i as request i, with the sampling flags (seed + i).
+absl::Status AddPrompts(const std::vector<std::vector<int32_t>>& prompts, bool dump,
+                        Engine& engine) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec spec;
+    spec.prompt = prompts[i];
+    spec.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    spec.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+    spec.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+    spec.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+    spec.sampling.seed = absl::GetFlag(FLAGS_seed) + i;
+    spec.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+    spec.capture_last_prompt_logits = dump;
+    absl::Status s = engine.AddRequest(static_cast<int64_t>(i), std::move(spec));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("prompt ", i, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What each request produced, indexed by request id (= prompt index).
+struct Generations {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logits;  // last prompt logits (--dump_last_logits)
+  std::vector<FinishReason> reasons;
+};
+
+// Steps `engine` until every request finished; the stats line goes to stderr.
+absl::StatusOr<Generations> RunToCompletion(size_t num_requests, Engine& engine) {
+  Generations out;
+  out.tokens.resize(num_requests);
+  out.logits.resize(num_requests);
+  out.reasons.assign(num_requests, FinishReason::kNone);
+  const absl::Time start = absl::Now();
+  int64_t generated = 0;
+  while (engine.HasUnfinished()) {
+    ASSIGN_OR_RETURN(std::vector<RequestUpdate> updates, engine.Step());
+    for (RequestUpdate& u : updates) {
+      auto& t = out.tokens[u.request_id];
+      t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
+      generated += static_cast<int64_t>(u.new_token_ids.size());
+      if (!u.last_prompt_logits.empty()) {
+        out.logits[u.request_id] = std::move(u.last_prompt_logits);
+      }
+      if (u.finish_reason != FinishReason::kNone) out.reasons[u.request_id] = u.finish_reason;
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const SpecStats& spec = engine.spec_stats();
+  std::fprintf(stderr,
+               "generate: %lld tokens in %.3f s (%.1f tok/s); speculative: verify passes %llu, "
+               "drafted %llu, accepted %llu, acceptance rate %.3f, mean accepted length %.3f\n",
+               static_cast<long long>(generated), seconds, generated / std::max(seconds, 1e-9),
+               static_cast<unsigned long long>(spec.verify_passes),
+               static_cast<unsigned long long>(spec.drafted_tokens),
+               static_cast<unsigned long long>(spec.accepted_tokens), spec.acceptance_rate(),
+               spec.mean_accepted_length());
+  return out;
+}
+
+// One JSON line per request to stdout, in request order.
+void PrintGenerations(const Generations& gen, bool dump) {
+  for (size_t i = 0; i < gen.tokens.size(); ++i) {
+    std::string line = "{\"tokens\":[";
+    for (size_t j = 0; j < gen.tokens[i].size(); ++j) {
+      absl::StrAppend(&line, j ? "," : "", gen.tokens[i][j]);
+    }
+    absl::StrAppend(&line, "],\"finish_reason\":\"", FinishReasonName(gen.reasons[i]), "\"");
+    if (dump) {
+      absl::StrAppend(&line, ",\"last_prompt_logits\":[");
+      for (size_t j = 0; j < gen.logits[i].size(); ++j) {
+        absl::StrAppend(&line, j ? "," : "", JsonFloat(gen.logits[i][j]));
+      }
+      absl::StrAppend(&line, "]");
+    }
+    absl::StrAppend(&line, "}\n");
+    std::fputs(line.c_str(), stdout);
+  }
+}
+
+absl::Status Run(const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(auto prompts, ParsePrompts(absl::GetFlag(FLAGS_prompt_ids)));
+  const ModelSource source = ModelSourceFromFlags();
+  const BackendOptions backend = BackendOptionsFromFlags();
+  ASSIGN_OR_RETURN(
+      GroupBackend group_backend,
+      LoadGroupBackend(source, backend, RankGroupOptionsFromFlags(backend.device), argv));
+  if (!group_backend.is_leader()) return RunFollowerRank(std::move(group_backend));
+  LoadedModel& model = group_backend.loaded.model;
+  const ExecutorFactory& factory = group_backend.loaded.factory;
+  ModelConfig config = model.local_config;
+  ModelWeights weights = std::move(model.weights);
+
+  ASSIGN_OR_RETURN(const EngineConfig engine_config, EngineConfigFromFlags());
   ASSIGN_OR_RETURN(auto engine,
                    Engine::Create(engine_config, config, std::move(weights), {}, &factory));
   if (engine_config.speculative.method == SpeculativeMethod::kDraft) {
@@ -157,64 +253,9 @@ absl::Status Run(const std::vector<std::string>& argv) {
   }
 
   const bool dump = absl::GetFlag(FLAGS_dump_last_logits);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestSpec spec;
-    spec.prompt = prompts[i];
-    spec.max_tokens = absl::GetFlag(FLAGS_max_tokens);
-    spec.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
-    spec.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-    spec.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
-    spec.sampling.seed = absl::GetFlag(FLAGS_seed) + i;
-    spec.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-    spec.capture_last_prompt_logits = dump;
-    absl::Status s = engine->AddRequest(static_cast<int64_t>(i), std::move(spec));
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("prompt ", i, ": ", s.message()));
-    }
-  }
-  std::vector<std::vector<int32_t>> tokens(prompts.size());
-  std::vector<std::vector<float>> logits(prompts.size());
-  std::vector<FinishReason> reasons(prompts.size(), FinishReason::kNone);
-  const absl::Time start = absl::Now();
-  int64_t generated = 0;
-  while (engine->HasUnfinished()) {
-    ASSIGN_OR_RETURN(std::vector<RequestUpdate> updates, engine->Step());
-    for (RequestUpdate& u : updates) {
-      auto& t = tokens[u.request_id];
-      t.insert(t.end(), u.new_token_ids.begin(), u.new_token_ids.end());
-      generated += static_cast<int64_t>(u.new_token_ids.size());
-      if (!u.last_prompt_logits.empty()) logits[u.request_id] = std::move(u.last_prompt_logits);
-      if (u.finish_reason != FinishReason::kNone) reasons[u.request_id] = u.finish_reason;
-    }
-  }
-  {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const SpecStats& spec = engine->spec_stats();
-    std::fprintf(stderr,
-                 "generate: %lld tokens in %.3f s (%.1f tok/s); speculative: verify passes %llu, "
-                 "drafted %llu, accepted %llu, acceptance rate %.3f, mean accepted length %.3f\n",
-                 static_cast<long long>(generated), seconds, generated / std::max(seconds, 1e-9),
-                 static_cast<unsigned long long>(spec.verify_passes),
-                 static_cast<unsigned long long>(spec.drafted_tokens),
-                 static_cast<unsigned long long>(spec.accepted_tokens), spec.acceptance_rate(),
-                 spec.mean_accepted_length());
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::string line = "{\"tokens\":[";
-    for (size_t j = 0; j < tokens[i].size(); ++j) {
-      absl::StrAppend(&line, j ? "," : "", tokens[i][j]);
-    }
-    absl::StrAppend(&line, "],\"finish_reason\":\"", FinishReasonName(reasons[i]), "\"");
-    if (dump) {
-      absl::StrAppend(&line, ",\"last_prompt_logits\":[");
-      for (size_t j = 0; j < logits[i].size(); ++j) {
-        absl::StrAppend(&line, j ? "," : "", JsonFloat(logits[i][j]));
-      }
-      absl::StrAppend(&line, "]");
-    }
-    absl::StrAppend(&line, "}\n");
-    std::fputs(line.c_str(), stdout);
-  }
+  RETURN_IF_ERROR(AddPrompts(prompts, dump, *engine));
+  ASSIGN_OR_RETURN(const Generations gen, RunToCompletion(prompts.size(), *engine));
+  PrintGenerations(gen, dump);
   return absl::OkStatus();
 }
 
