@@ -271,51 +271,43 @@ absl::Status ParseBiases(const json& root, const ArchitectureInfo& arch, ModelCo
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json must hold a JSON object, got ", Show(root)));
-  }
-  // DeepSeek (multi-head latent attention) has its own fields: model_config_mla.cc.
-  if (internal::IsDeepseekConfig(root)) return internal::ParseDeepseekConfig(root);
-  ModelConfig c;
-  ASSIGN_OR_RETURN(const ArchitectureInfo* arch, ParseArchitecture(root));
-  c.architecture = std::string(arch->name);
-  // Defaults of the architecture's transformers config class.
-  ASSIGN_OR_RETURN(c.vocab_size, Int(root, "vocab_size", arch->vocab_size));
-  ASSIGN_OR_RETURN(c.hidden_size, Int(root, "hidden_size", arch->hidden_size));
-  ASSIGN_OR_RETURN(c.intermediate_size, Int(root, "intermediate_size", arch->intermediate_size));
-  ASSIGN_OR_RETURN(c.num_hidden_layers, Int(root, "num_hidden_layers", arch->num_hidden_layers));
-  ASSIGN_OR_RETURN(c.num_attention_heads,
-                   Int(root, "num_attention_heads", arch->num_attention_heads));
+// Sizes, head_dim, rms_norm_eps and tie_word_embeddings, with the defaults of the
+// architecture's transformers config class.
+absl::Status ParseShape(const json& root, const ArchitectureInfo& arch, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->vocab_size, Int(root, "vocab_size", arch.vocab_size));
+  ASSIGN_OR_RETURN(c->hidden_size, Int(root, "hidden_size", arch.hidden_size));
+  ASSIGN_OR_RETURN(c->intermediate_size, Int(root, "intermediate_size", arch.intermediate_size));
+  ASSIGN_OR_RETURN(c->num_hidden_layers, Int(root, "num_hidden_layers", arch.num_hidden_layers));
+  ASSIGN_OR_RETURN(c->num_attention_heads,
+                   Int(root, "num_attention_heads", arch.num_attention_heads));
   ASSIGN_OR_RETURN(
-      c.num_key_value_heads,
+      c->num_key_value_heads,
       Int(root, "num_key_value_heads",
-          arch->num_key_value_heads > 0 ? arch->num_key_value_heads : c.num_attention_heads));
+          arch.num_key_value_heads > 0 ? arch.num_key_value_heads : c->num_attention_heads));
   ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, OptInt(root, "head_dim"));
-  if (head_dim.has_value() || arch->head_dim > 0) {
-    c.head_dim = head_dim.value_or(arch->head_dim);
-  } else if (c.num_attention_heads > 0) {
-    if (c.hidden_size % c.num_attention_heads != 0) {
+  if (head_dim.has_value() || arch.head_dim > 0) {
+    c->head_dim = head_dim.value_or(arch.head_dim);
+  } else if (c->num_attention_heads > 0) {
+    if (c->hidden_size % c->num_attention_heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "hidden_size (", c.hidden_size, ") is not divisible by num_attention_heads (",
-          c.num_attention_heads, ") and head_dim is not given"));
+          "hidden_size (", c->hidden_size, ") is not divisible by num_attention_heads (",
+          c->num_attention_heads, ") and head_dim is not given"));
     }
-    c.head_dim = c.hidden_size / c.num_attention_heads;
+    c->head_dim = c->hidden_size / c->num_attention_heads;
   }
-  ASSIGN_OR_RETURN(c.max_position_embeddings,
-                   Int(root, "max_position_embeddings", arch->max_position_embeddings));
+  ASSIGN_OR_RETURN(c->max_position_embeddings,
+                   Int(root, "max_position_embeddings", arch.max_position_embeddings));
   ASSIGN_OR_RETURN(std::optional<double> eps, OptDouble(root, "rms_norm_eps"));
-  c.rms_norm_eps = eps.value_or(arch->rms_norm_eps);
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, Bool(root, "tie_word_embeddings", false));
+  c->rms_norm_eps = eps.value_or(arch.rms_norm_eps);
+  ASSIGN_OR_RETURN(c->tie_word_embeddings, Bool(root, "tie_word_embeddings", false));
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(std::optional<std::string> act, OptString(root, "hidden_act"));
-  if (act.has_value() && *act != "silu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported hidden_act '", *act, "' (supported: silu)"));
-  }
-  RETURN_IF_ERROR(ParseBiases(root, *arch, &c));
-  if (arch->window == ArchitectureInfo::Window::kQwen2) {
+// Every layer must be full attention: Qwen2's sliding window reaching a layer, or a layer_types
+// entry other than "full_attention", is rejected.
+absl::Status RejectNonFullAttention(const json& root, const ArchitectureInfo& arch,
+                                    const ModelConfig& c) {
+  if (arch.window == ArchitectureInfo::Window::kQwen2) {
     ASSIGN_OR_RETURN(bool sliding, Bool(root, "use_sliding_window", false));
     ASSIGN_OR_RETURN(int64_t max_window_layers, Int(root, "max_window_layers", 28));
     if (sliding && c.num_hidden_layers > max_window_layers) {
@@ -334,25 +326,30 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
       }
     }
   }
-  RETURN_IF_ERROR(ParseRope(root, arch->rope_theta, &c));
-  RETURN_IF_ERROR(internal::ParseFamilyFields(root, *arch, &c));
+  return absl::OkStatus();
+}
 
+// bos_token_id and eos_token_id. LlamaConfig (Mistral, Mixtral) defaults them to 1/2; an
+// explicit null means "none".
+absl::Status ParseSpecialTokens(const json& root, const ArchitectureInfo& arch, ModelConfig* c) {
   ASSIGN_OR_RETURN(std::optional<int32_t> bos, OptTokenId(root, "bos_token_id"));
   ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> eos, TokenIds(root, "eos_token_id"));
-  // LlamaConfig (Mistral, Mixtral) defaults bos/eos to 1/2; an explicit null means "none".
-  const bool llama_defaults = arch->llama_token_defaults;
+  const bool llama_defaults = arch.llama_token_defaults;
   if (bos.has_value()) {
-    c.bos_token_id = bos;
+    c->bos_token_id = bos;
   } else if (llama_defaults && !root.contains("bos_token_id")) {
-    c.bos_token_id = 1;
+    c->bos_token_id = 1;
   }
   if (eos.has_value()) {
-    c.eos_token_ids = *std::move(eos);
+    c->eos_token_ids = *std::move(eos);
   } else if (llama_defaults && !root.contains("eos_token_id")) {
-    c.eos_token_ids = {2};
+    c->eos_token_ids = {2};
   }
+  return absl::OkStatus();
+}
 
-  // transformers 5 writes "dtype", older versions "torch_dtype".
+// transformers 5 writes "dtype", older versions "torch_dtype".
+absl::Status ParseDtype(const json& root, ModelConfig* c) {
   for (absl::string_view key : {"dtype", "torch_dtype"}) {
     ASSIGN_OR_RETURN(std::optional<std::string> name, OptString(root, key));
     if (!name.has_value()) continue;
@@ -361,9 +358,34 @@ absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
       return absl::InvalidArgumentError(
           absl::StrCat("config field '", key, "': ", dtype.status().message()));
     }
-    c.dtype = *dtype;
+    c->dtype = *dtype;
     break;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseRoot(const json& root) {
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json must hold a JSON object, got ", Show(root)));
+  }
+  // DeepSeek (multi-head latent attention) has its own fields: model_config_mla.cc.
+  if (internal::IsDeepseekConfig(root)) return internal::ParseDeepseekConfig(root);
+  ModelConfig c;
+  ASSIGN_OR_RETURN(const ArchitectureInfo* arch, ParseArchitecture(root));
+  c.architecture = std::string(arch->name);
+  RETURN_IF_ERROR(ParseShape(root, *arch, &c));
+  ASSIGN_OR_RETURN(std::optional<std::string> act, OptString(root, "hidden_act"));
+  if (act.has_value() && *act != "silu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported hidden_act '", *act, "' (supported: silu)"));
+  }
+  RETURN_IF_ERROR(ParseBiases(root, *arch, &c));
+  RETURN_IF_ERROR(RejectNonFullAttention(root, *arch, c));
+  RETURN_IF_ERROR(ParseRope(root, arch->rope_theta, &c));
+  RETURN_IF_ERROR(internal::ParseFamilyFields(root, *arch, &c));
+  RETURN_IF_ERROR(ParseSpecialTokens(root, *arch, &c));
+  RETURN_IF_ERROR(ParseDtype(root, &c));
   RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;
 }
