@@ -68,15 +68,11 @@ BlockShape RankKvReader::LocalShape() const {
   return BlockShape{l.num_layers(), l.block_size(), mine_.head_count, head_bytes_};
 }
 
-absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHandshake& source) {
+absl::StatusOr<RankKvReader::Source> RankKvReader::PlanSource(
+    const std::string& peer, const std::vector<const TransferHandshake*>& ranks) const {
   const tandem::v1::KvLayout& l = options_.compatibility.layout();
   const int total_heads = static_cast<int>(l.num_kv_heads());
-  // A group lists every rank; a single rank is its own only entry.
-  std::vector<const TransferHandshake*> ranks;
-  for (const TransferHandshake& r : source.ranks()) ranks.push_back(&r);
-  if (ranks.empty()) ranks.push_back(&source);
   const int n = static_cast<int>(ranks.size());
-
   Source s;
   for (int r = 0; r < n; ++r) {
     s.agent_peers.push_back(RankPeerName(peer, r, n));
@@ -100,25 +96,31 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
     return absl::InvalidArgumentError(absl::StrCat("KV source ", peer, " of ", n,
                                                    " ranks states data-parallel size ", s.dp_size));
   }
-  absl::MutexLock lock(&mu_);
-  // A data-parallel source serves blocks from every rank (each holds every head).
-  std::vector<bool> needed(n, s.dp_size > 1);
-  for (const ReshardPiece& piece : s.plan) needed[piece.src_rank] = true;
-  for (int r = 0; r < n; ++r) {
+  return s;
+}
+
+absl::Status RankKvReader::AddRankPeersLocked(const std::string& peer, const Source& s,
+                                              const std::vector<const TransferHandshake*>& ranks,
+                                              const std::vector<bool>& needed) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
     if (!needed[r]) continue;
     if (absl::Status added = agent_->AddPeer(s.agent_peers[r], *ranks[r]); !added.ok()) {
       return absl::Status(added.code(),
                           absl::StrCat("KV source ", peer, " rank ", r, ": ", added.message()));
     }
   }
-  // Each piece: direct (whole blocks), strided (the agent re-strides the head slice in its own
-  // copy), or staged (whole blocks into staging, then scattered here).
+  return absl::OkStatus();
+}
+
+// Each piece: direct (whole blocks), strided (the agent re-strides the head slice in its own
+// copy), or staged (whole blocks into staging, then scattered here).
+bool RankKvReader::ChooseReadFormsLocked(Source& s, const std::vector<bool>& needed) {
   bool staged = false;
   for (const ReshardPiece& piece : s.plan) {
     const bool direct = IsDirect(piece, s.heads[piece.src_rank], mine_);
     bool strided = !direct && head_bytes_ != 0 && options_.strided_reads;
-    for (int r = 0; r < n; ++r) {  // every rank a data-parallel source reads from
-      if (r == piece.src_rank || (s.dp_size > 1 && needed[r])) {
+    for (size_t r = 0; r < needed.size(); ++r) {  // every rank a data-parallel source reads from
+      if (static_cast<int>(r) == piece.src_rank || (s.dp_size > 1 && needed[r])) {
         strided = strided && agent_->CanReadStrided(s.agent_peers[r], options_.pool_region);
       }
     }
@@ -126,30 +128,54 @@ absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHand
     s.strided.push_back(strided);
     staged |= !direct && !strided;
   }
+  return staged;
+}
+
+absl::Status RankKvReader::ReshardRefused(const std::string& peer, int source_ranks) const {
+  return absl::UnimplementedError(absl::StrCat(
+      "KV source ", peer, " splits its ",
+      static_cast<int>(options_.compatibility.layout().num_kv_heads()), " KV heads over ",
+      source_ranks, " ranks, this rank holds heads [", mine_.head_begin, ", ",
+      mine_.head_begin + mine_.head_count, "): re-sharding into ",
+      head_bytes_ == 0 ? "quantized KV" : "a device pool",
+      head_bytes_ == 0 ? "" : " needs strided reads, which this transport cannot do from it",
+      " (pair groups of equal tensor-parallel size)"));
+}
+
+absl::Status RankKvReader::CheckStagingFitsLocked(const Source& s) {
+  RETURN_IF_ERROR(EnsureStagingLocked());
+  for (const BlockShape& shape : s.shapes) {
+    if (static_cast<uint64_t>(shape.BlockBytes()) > options_.staging_bytes / kSlots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV staging of ", options_.staging_bytes, " bytes (", kSlots,
+                       " slots) holds no block of ", shape.BlockBytes(), " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankKvReader::AddSource(const std::string& peer, const TransferHandshake& source) {
+  // A group lists every rank; a single rank is its own only entry.
+  std::vector<const TransferHandshake*> ranks;
+  for (const TransferHandshake& r : source.ranks()) ranks.push_back(&r);
+  if (ranks.empty()) ranks.push_back(&source);
+  const int n = static_cast<int>(ranks.size());
+  ASSIGN_OR_RETURN(Source s, PlanSource(peer, ranks));
+  absl::MutexLock lock(&mu_);
+  // A data-parallel source serves blocks from every rank (each holds every head).
+  std::vector<bool> needed(n, s.dp_size > 1);
+  for (const ReshardPiece& piece : s.plan) needed[piece.src_rank] = true;
+  RETURN_IF_ERROR(AddRankPeersLocked(peer, s, ranks, needed));
+  const bool staged = ChooseReadFormsLocked(s, needed);
   if (staged && (head_bytes_ == 0 || options_.pool == nullptr)) {
     // Refused: leave no half-linked source behind.
     for (int r = 0; r < n; ++r) {
       if (needed[r]) agent_->RemovePeer(s.agent_peers[r]);
     }
     sources_.erase(peer);
-    return absl::UnimplementedError(absl::StrCat(
-        "KV source ", peer, " splits its ", total_heads, " KV heads over ", n,
-        " ranks, this rank holds heads [", mine_.head_begin, ", ",
-        mine_.head_begin + mine_.head_count, "): re-sharding into ",
-        head_bytes_ == 0 ? "quantized KV" : "a device pool",
-        head_bytes_ == 0 ? "" : " needs strided reads, which this transport cannot do from it",
-        " (pair groups of equal tensor-parallel size)"));
+    return ReshardRefused(peer, n);
   }
-  if (staged) {
-    if (absl::Status st = EnsureStagingLocked(); !st.ok()) return st;
-    for (const BlockShape& shape : s.shapes) {
-      if (static_cast<uint64_t>(shape.BlockBytes()) > options_.staging_bytes / kSlots) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("KV staging of ", options_.staging_bytes, " bytes (", kSlots,
-                         " slots) holds no block of ", shape.BlockBytes(), " bytes"));
-      }
-    }
-  }
+  if (staged) RETURN_IF_ERROR(CheckStagingFitsLocked(s));
   sources_[peer] = std::move(s);
   unreachable_.erase(peer);
   return absl::OkStatus();

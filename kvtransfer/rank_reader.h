@@ -154,6 +154,22 @@ class RankKvReader final : public BlockTransport {
     uint64_t bytes = 0;
   };
 
+  // AddSource's steps. The source's per-rank peers, shapes and re-sharding plan (no lock).
+  absl::StatusOr<Source> PlanSource(
+      const std::string& peer,
+      const std::vector<const tandem::v1::TransferHandshake*>& ranks) const;
+  // Links the agent to every `needed` rank of the source.
+  absl::Status AddRankPeersLocked(const std::string& peer, const Source& s,
+                                  const std::vector<const tandem::v1::TransferHandshake*>& ranks,
+                                  const std::vector<bool>& needed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills s.direct and s.strided per piece; returns whether some piece must be staged.
+  bool ChooseReadFormsLocked(Source& s, const std::vector<bool>& needed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNIMPLEMENTED: a source of `source_ranks` ranks whose pieces this reader cannot stage.
+  absl::Status ReshardRefused(const std::string& peer, int source_ranks) const;
+  // Creates the staging region; INVALID_ARGUMENT when a slot holds no block of `s`.
+  absl::Status CheckStagingFitsLocked(const Source& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnsureStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts a direct or strided part: one agent read.
   absl::Status PostDirectLocked(Part& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
