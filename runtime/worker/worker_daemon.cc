@@ -74,6 +74,33 @@ std::string DefaultWorkerId(tandem::v1::WorkerRole role) {
   return absl::StrCat(RoleName(role), "-", hostname, "-", getpid());
 }
 
+// Checks the limits Create cannot start with; names an unnamed worker.
+absl::Status CheckConfig(WorkerConfig& config) {
+  if (config.max_queued_requests < 1) {
+    return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
+  }
+  if (config.grpc_port.max_connections < 1 ||
+      config.grpc_port.handshake_timeout <= absl::ZeroDuration() ||
+      config.grpc_port.max_concurrent_streams < 1 || config.grpc_port.memory_quota_bytes < 1) {
+    return absl::InvalidArgumentError(
+        "--grpc_max_connections, --grpc_handshake_timeout_ms, --grpc_max_concurrent_streams and "
+        "--grpc_memory_quota_mb must be >= 1");
+  }
+  if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
+  if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
+    return absl::InvalidArgumentError("--worker_id is too long");
+  }
+  return absl::OkStatus();
+}
+
+// The model the caller loaded (config.loaded, taken), else loaded here.
+absl::StatusOr<BackendModel> TakeOrLoadModel(WorkerConfig& config) {
+  if (!config.loaded.has_value()) return LoadModelForBackend(config.model, config.backend);
+  BackendModel loaded = *std::move(config.loaded);
+  config.loaded.reset();
+  return loaded;
+}
+
 }  // namespace
 
 // Declared in the order they must be built; destroyed in reverse (registration first, the
@@ -114,8 +141,17 @@ struct WorkerDaemon::Parts {
                                                             const BackendModel& loaded,
                                                             Engine& engine, uint32_t region,
                                                             uint64_t epoch);
+  // The Worker's options; its per-rank KV counters read this Parts' endpoint or group fan-out.
+  WorkerOptions MakeWorkerOptions(const WorkerConfig& config, const BackendModel& loaded,
+                                  const tandem::v1::TransferHandshake& local, uint64_t epoch);
+  // The engine loop, the KV transfer service, the source links (KV-exporting workers) and the
+  // Worker with its gRPC service over them.
+  void BuildServing(const WorkerConfig& config, std::unique_ptr<Engine> engine,
+                    const tandem::v1::TransferHandshake& local, const WorkerOptions& options);
   absl::Status StartServer(const WorkerConfig& config, const std::string& host,
                            std::string* address);
+  // The metrics HTTP server on `listen` (none when empty).
+  absl::Status StartMetrics(const std::string& listen);
   void StartRegistration(const std::string& router, const security::SecurityConfig& security);
 };
 
@@ -254,30 +290,85 @@ void WorkerDaemon::Parts::StartRegistration(const std::string& router,
   registration->Start();
 }
 
+WorkerOptions WorkerDaemon::Parts::MakeWorkerOptions(const WorkerConfig& config,
+                                                     const BackendModel& loaded,
+                                                     const tandem::v1::TransferHandshake& local,
+                                                     uint64_t epoch) {
+  WorkerOptions options;
+  options.worker_id = config.worker_id;
+  options.epoch = epoch;
+  options.role = config.role;
+  options.model_id = loaded.model.model_id;
+  options.kv_layout_hash = local.compatibility_hash();
+  options.kv_dtype = tandem::v1::KvDtype_Name(local.compatibility().layout().kv_dtype());
+  options.default_lease = config.default_lease;
+  // With mTLS a lease is bound to the decode worker the router names (it proves its id with its
+  // certificate); --insecure has no identities, so an unnamed reader is allowed there.
+  options.require_decode_worker = !config.security.insecure;
+  options.kv_load_timeout = config.kv_load_timeout;
+  options.group = config.group;
+  options.rank_kv_stats = [p = this](tandem::v1::WorkerStats* out) {
+    if (p->group_transport != nullptr) {
+      const GroupKvStats g = p->group_transport->stats();
+      for (size_t r = 0; r < g.bytes_kept.size(); ++r) {
+        out->add_kv_bytes_received_per_rank(g.bytes_kept[r]);
+        out->add_kv_bytes_read_per_rank(g.bytes_read[r]);
+        out->add_kv_copy_ops_per_rank(g.copy_ops[r]);
+      }
+      return;
+    }
+    const kvtransfer::RankKvReaderStats s = p->endpoint->reader()->stats();
+    out->add_kv_bytes_received_per_rank(s.bytes_kept);
+    out->add_kv_bytes_read_per_rank(s.bytes_read);
+    out->add_kv_copy_ops_per_rank(s.copy_ops);
+  };
+  return options;
+}
+
+void WorkerDaemon::Parts::BuildServing(const WorkerConfig& config, std::unique_ptr<Engine> engine,
+                                       const tandem::v1::TransferHandshake& local,
+                                       const WorkerOptions& options) {
+  EngineLoopOptions loop_options;
+  loop_options.max_queued_requests = config.max_queued_requests;
+  loop_options.release_orphan_lease = [c = connector.get()](uint64_t lease) {
+    c->ReleaseLease(lease);
+  };
+  loop = std::make_unique<EngineLoop>(std::move(engine), loop_options);
+  kv_service = std::make_unique<kvtransfer::KvTransferServiceImpl>(agent.get(), connector.get(),
+                                                                   local, options.max_lease);
+  kvtransfer::PeerLinks::SourceLinker linker =
+      [p = this](const std::string& peer, const tandem::v1::TransferHandshake& source) {
+        return p->group_transport != nullptr ? p->group_transport->AddSource(peer, source)
+                                             : p->endpoint->reader()->AddSource(peer, source);
+      };
+  kvtransfer::PeerLinks::LinkCheck linked = [p = this](const std::string& peer) {
+    return p->group_transport != nullptr ? p->group_transport->SourceLinked(peer)
+                                         : p->endpoint->reader()->SourceLinked(peer);
+  };
+  if (kv_exported) {
+    peers = std::make_unique<kvtransfer::PeerLinks>(agent.get(), local, config.security,
+                                                    absl::Seconds(5), std::move(linker),
+                                                    std::move(linked));
+  }
+  // A mixed worker: no lease table, no source links (Parts::kv_exported); its KV counters stay.
+  worker = std::make_unique<Worker>(loop.get(), kv_exported ? connector.get() : nullptr,
+                                    connector.get(), peers.get(), options);
+  service = std::make_unique<WorkerServiceImpl>(worker.get());
+}
+
+absl::Status WorkerDaemon::Parts::StartMetrics(const std::string& listen) {
+  if (listen.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(metrics, StartWorkerHttp(listen, worker.get()));
+  LOG(INFO) << "metrics on http://" << listen.substr(0, listen.rfind(':')) << ":" << metrics->port()
+            << "/metrics";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig config) {
-  if (config.max_queued_requests < 1) {
-    return absl::InvalidArgumentError("--max_queued_requests must be >= 1");
-  }
-  if (config.grpc_port.max_connections < 1 ||
-      config.grpc_port.handshake_timeout <= absl::ZeroDuration() ||
-      config.grpc_port.max_concurrent_streams < 1 || config.grpc_port.memory_quota_bytes < 1) {
-    return absl::InvalidArgumentError(
-        "--grpc_max_connections, --grpc_handshake_timeout_ms, --grpc_max_concurrent_streams and "
-        "--grpc_memory_quota_mb must be >= 1");
-  }
-  if (config.worker_id.empty()) config.worker_id = DefaultWorkerId(config.role);
-  if (config.worker_id.size() > static_cast<size_t>(tandem::v1::kMaxIdBytes)) {
-    return absl::InvalidArgumentError("--worker_id is too long");
-  }
+  RETURN_IF_ERROR(CheckConfig(config));
   ASSIGN_OR_RETURN(const std::string advertise, AdvertisedHost(config));
   ASSIGN_OR_RETURN(config.transfer.ucx_net_device, ResolveUcxNetDevice(config));
-  BackendModel loaded;
-  if (config.loaded.has_value()) {
-    loaded = *std::move(config.loaded);
-    config.loaded.reset();
-  } else {
-    ASSIGN_OR_RETURN(loaded, LoadModelForBackend(config.model, config.backend));
-  }
+  ASSIGN_OR_RETURN(BackendModel loaded, TakeOrLoadModel(config));
   auto parts = std::make_unique<Parts>();
   config.transfer.cuda_pool = config.backend.backend == "cuda";
   config.transfer.device = config.backend.device;
@@ -295,70 +386,11 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
                    parts->BuildKvSide(config, loaded, *engine, region, epoch));
   LOG(INFO) << "worker start: KV transfer side up in " << absl::Now() - kv_side_start;
   engine->AttachConnector(parts->connector.get());
-
-  WorkerOptions options;
-  options.worker_id = config.worker_id;
-  options.epoch = epoch;
-  options.role = config.role;
-  options.model_id = loaded.model.model_id;
-  options.kv_layout_hash = local.compatibility_hash();
-  options.kv_dtype = tandem::v1::KvDtype_Name(local.compatibility().layout().kv_dtype());
-  options.default_lease = config.default_lease;
-  // With mTLS a lease is bound to the decode worker the router names (it proves its id with its
-  // certificate); --insecure has no identities, so an unnamed reader is allowed there.
-  options.require_decode_worker = !config.security.insecure;
-  options.kv_load_timeout = config.kv_load_timeout;
-  options.group = config.group;
-  options.rank_kv_stats = [p = parts.get()](tandem::v1::WorkerStats* out) {
-    if (p->group_transport != nullptr) {
-      const GroupKvStats g = p->group_transport->stats();
-      for (size_t r = 0; r < g.bytes_kept.size(); ++r) {
-        out->add_kv_bytes_received_per_rank(g.bytes_kept[r]);
-        out->add_kv_bytes_read_per_rank(g.bytes_read[r]);
-        out->add_kv_copy_ops_per_rank(g.copy_ops[r]);
-      }
-      return;
-    }
-    const kvtransfer::RankKvReaderStats s = p->endpoint->reader()->stats();
-    out->add_kv_bytes_received_per_rank(s.bytes_kept);
-    out->add_kv_bytes_read_per_rank(s.bytes_read);
-    out->add_kv_copy_ops_per_rank(s.copy_ops);
-  };
-  EngineLoopOptions loop_options;
-  loop_options.max_queued_requests = config.max_queued_requests;
-  loop_options.release_orphan_lease = [connector = parts->connector.get()](uint64_t lease) {
-    connector->ReleaseLease(lease);
-  };
-  parts->loop = std::make_unique<EngineLoop>(std::move(engine), loop_options);
-  parts->kv_service = std::make_unique<kvtransfer::KvTransferServiceImpl>(
-      parts->agent.get(), parts->connector.get(), local, options.max_lease);
-  kvtransfer::PeerLinks::SourceLinker linker =
-      [p = parts.get()](const std::string& peer, const tandem::v1::TransferHandshake& source) {
-        return p->group_transport != nullptr ? p->group_transport->AddSource(peer, source)
-                                             : p->endpoint->reader()->AddSource(peer, source);
-      };
-  kvtransfer::PeerLinks::LinkCheck linked = [p = parts.get()](const std::string& peer) {
-    return p->group_transport != nullptr ? p->group_transport->SourceLinked(peer)
-                                         : p->endpoint->reader()->SourceLinked(peer);
-  };
-  if (parts->kv_exported) {
-    parts->peers = std::make_unique<kvtransfer::PeerLinks>(parts->agent.get(), local,
-                                                           config.security, absl::Seconds(5),
-                                                           std::move(linker), std::move(linked));
-  }
-  // A mixed worker: no lease table, no source links (Parts::kv_exported); its KV counters stay.
-  parts->worker = std::make_unique<Worker>(parts->loop.get(),
-                                           parts->kv_exported ? parts->connector.get() : nullptr,
-                                           parts->connector.get(), parts->peers.get(), options);
-  parts->service = std::make_unique<WorkerServiceImpl>(parts->worker.get());
+  const WorkerOptions options = parts->MakeWorkerOptions(config, loaded, local, epoch);
+  parts->BuildServing(config, std::move(engine), local, options);
   std::string address;
   RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));
-  if (!config.metrics_listen.empty()) {
-    ASSIGN_OR_RETURN(parts->metrics, StartWorkerHttp(config.metrics_listen, parts->worker.get()));
-    LOG(INFO) << "metrics on http://"
-              << config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) << ":"
-              << parts->metrics->port() << "/metrics";
-  }
+  RETURN_IF_ERROR(parts->StartMetrics(config.metrics_listen));
   if (!config.router.empty()) parts->StartRegistration(config.router, config.security);
   LOG(INFO) << "worker " << config.worker_id << " epoch " << epoch << " serving on " << address;
   auto daemon = std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(parts)));
