@@ -171,6 +171,93 @@ absl::StatusOr<v1::GenerateRequest> BuildRequest() {
   return req;
 }
 
+// What a Generate stream brought: the tokens, their timing and the final chunk's details.
+struct GenerateResult {
+  std::string request_id;
+  std::vector<uint32_t> tokens;
+  double ttft_ms = -1;
+  std::vector<double> itl_ms;  // between token chunks
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  v1::RequestTrace trace;
+  bool has_trace = false;
+};
+
+// Reads the stream to its end; without --json prints each token id as it arrives.
+GenerateResult ReadGenerateStream(grpc::ClientReader<v1::GenerateResponse>& reader,
+                                  Clock::time_point start, bool json) {
+  GenerateResult result;
+  v1::GenerateResponse chunk;
+  Clock::time_point last = start;
+  while (reader.Read(&chunk)) {
+    const Clock::time_point now = Clock::now();
+    if (result.request_id.empty()) result.request_id = chunk.request_id();
+    if (chunk.token_ids_size() > 0) {
+      const double ms = std::chrono::duration<double, std::milli>(now - last).count();
+      if (result.ttft_ms < 0) {
+        result.ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
+      } else {
+        result.itl_ms.push_back(ms);
+      }
+      last = now;
+    }
+    for (uint32_t t : chunk.token_ids()) {
+      result.tokens.push_back(t);
+      if (!json) std::printf("%s%u", result.tokens.size() == 1 ? "" : " ", t);
+    }
+    if (!json) std::fflush(stdout);
+    if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish = chunk.finish_reason();
+      result.usage = chunk.usage();
+      if (chunk.has_trace()) {
+        result.trace = chunk.trace();
+        result.has_trace = true;
+      }
+    }
+  }
+  return result;
+}
+
+// The median inter-token latency (0 without any); reorders `itl_ms`.
+double MedianItlMs(std::vector<double>& itl_ms) {
+  if (itl_ms.empty()) return 0;
+  std::nth_element(itl_ms.begin(), itl_ms.begin() + itl_ms.size() / 2, itl_ms.end());
+  return itl_ms[itl_ms.size() / 2];
+}
+
+absl::StatusOr<std::string> TraceJson(const v1::RequestTrace& trace) {
+  std::string trace_json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(trace, &trace_json, options); !s.ok()) {
+    return absl::InternalError(std::string(s.message()));
+  }
+  return trace_json;
+}
+
+// One JSON line on stdout (--json), else the summary on stderr.
+void PrintGenerateSummary(const GenerateResult& r, double itl_p50, const std::string& trace_json,
+                          bool json) {
+  if (json) {
+    std::printf(
+        "{\"request_id\":%s,\"tokens\":[%s],\"finish_reason\":\"%s\",\"ttft_ms\":%.3f,"
+        "\"itl_ms_p50\":%.3f,\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
+        "\"cached_prompt_tokens\":%u}%s%s}\n",
+        JsonString(r.request_id).c_str(), absl::StrJoin(r.tokens, ",").c_str(),
+        FinishName(r.finish).c_str(), std::max(r.ttft_ms, 0.0), itl_p50, r.usage.prompt_tokens(),
+        r.usage.completion_tokens(), r.usage.cached_prompt_tokens(),
+        r.has_trace ? ",\"trace\":" : "", trace_json.c_str());
+  } else {
+    std::fprintf(stderr,
+                 "request_id=%s finish_reason=%s prompt_tokens=%u completion_tokens=%u "
+                 "cached_prompt_tokens=%u ttft_ms=%.3f itl_ms_p50=%.3f\n",
+                 r.request_id.c_str(), FinishName(r.finish).c_str(), r.usage.prompt_tokens(),
+                 r.usage.completion_tokens(), r.usage.cached_prompt_tokens(),
+                 std::max(r.ttft_ms, 0.0), itl_p50);
+    if (r.has_trace) std::fprintf(stderr, "trace=%s\n", trace_json.c_str());
+  }
+}
+
 absl::Status Generate(const security::SecurityConfig& security) {
   absl::StatusOr<v1::GenerateRequest> req = BuildRequest();
   if (!req.ok()) return req.status();
@@ -180,80 +267,21 @@ absl::Status Generate(const security::SecurityConfig& security) {
   SetDeadline(ctx);
   const Clock::time_point start = Clock::now();
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(&ctx, *req);
-  v1::GenerateResponse chunk;
-  std::vector<uint32_t> tokens;
-  std::vector<double> itl_ms;
-  double ttft_ms = -1;
-  Clock::time_point last = start;
-  std::string request_id;
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  v1::Usage usage;
-  v1::RequestTrace trace;
-  bool has_trace = false;
-  while (reader->Read(&chunk)) {
-    const Clock::time_point now = Clock::now();
-    if (request_id.empty()) request_id = chunk.request_id();
-    if (chunk.token_ids_size() > 0) {
-      const double ms = std::chrono::duration<double, std::milli>(now - last).count();
-      if (ttft_ms < 0) {
-        ttft_ms = std::chrono::duration<double, std::milli>(now - start).count();
-      } else {
-        itl_ms.push_back(ms);
-      }
-      last = now;
-    }
-    for (uint32_t t : chunk.token_ids()) {
-      tokens.push_back(t);
-      if (!json) std::printf("%s%u", tokens.size() == 1 ? "" : " ", t);
-    }
-    if (!json) std::fflush(stdout);
-    if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      finish = chunk.finish_reason();
-      usage = chunk.usage();
-      if (chunk.has_trace()) {
-        trace = chunk.trace();
-        has_trace = true;
-      }
-    }
-  }
+  GenerateResult result = ReadGenerateStream(*reader, start, json);
   grpc::Status status = reader->Finish();
-  if (!json && !tokens.empty()) std::printf("\n");
+  if (!json && !result.tokens.empty()) std::printf("\n");
   // The summary and errors go to stderr, which is not buffered: end the token line first, or
   // with both streams on one pipe (a log, `2>&1 | tee`) the summary lands on the token line.
   std::fflush(stdout);
   if (!status.ok()) return FromGrpcStatus(status);
-  double itl_p50 = 0;
-  if (!itl_ms.empty()) {
-    std::nth_element(itl_ms.begin(), itl_ms.begin() + itl_ms.size() / 2, itl_ms.end());
-    itl_p50 = itl_ms[itl_ms.size() / 2];
-  }
+  const double itl_p50 = MedianItlMs(result.itl_ms);
   std::string trace_json;
-  if (has_trace) {
-    google::protobuf::util::JsonPrintOptions options;
-    options.preserve_proto_field_names = true;
-    if (auto s = google::protobuf::util::MessageToJsonString(trace, &trace_json, options);
-        !s.ok()) {
-      return absl::InternalError(std::string(s.message()));
-    }
+  if (result.has_trace) {
+    absl::StatusOr<std::string> printed = TraceJson(result.trace);
+    if (!printed.ok()) return printed.status();
+    trace_json = *std::move(printed);
   }
-  if (json) {
-    std::printf(
-        "{\"request_id\":%s,\"tokens\":[%s],\"finish_reason\":\"%s\",\"ttft_ms\":%.3f,"
-        "\"itl_ms_p50\":%.3f,\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
-        "\"cached_prompt_tokens\":%u}%s%s}\n",
-        JsonString(request_id).c_str(), absl::StrJoin(tokens, ",").c_str(),
-        FinishName(finish).c_str(), std::max(ttft_ms, 0.0), itl_p50, usage.prompt_tokens(),
-        usage.completion_tokens(), usage.cached_prompt_tokens(), has_trace ? ",\"trace\":" : "",
-        trace_json.c_str());
-  } else {
-    std::fprintf(stderr,
-                 "request_id=%s finish_reason=%s prompt_tokens=%u completion_tokens=%u "
-                 "cached_prompt_tokens=%u ttft_ms=%.3f itl_ms_p50=%.3f\n",
-                 request_id.c_str(), FinishName(finish).c_str(), usage.prompt_tokens(),
-                 usage.completion_tokens(), usage.cached_prompt_tokens(), std::max(ttft_ms, 0.0),
-                 itl_p50);
-    if (has_trace) std::fprintf(stderr, "trace=%s\n", trace_json.c_str());
-  }
+  PrintGenerateSummary(result, itl_p50, trace_json, json);
   std::fflush(stdout);
   return absl::OkStatus();
 }
