@@ -23,12 +23,9 @@ namespace {
 
 using internal::CpAsyncCommit;
 using internal::CpAsyncWait;
-using internal::LdMatrixX4;
 using internal::Mma16816;
 using internal::SmemAddr;
-using moe_tile::CpAsync16;
 using moe_tile::FindTile;
-using moe_tile::Swz;
 
 constexpr int kThreads = 256;
 constexpr int kBN = 128, kBK = 64, kStages = 3;
@@ -38,13 +35,6 @@ static_assert(kRowBytes == moe_tile::kRowBytes);
 template <int MF>
 __host__ __device__ constexpr int StageBytes() {
   return (MF * 32 + kBN) * kRowBytes;
-}
-
-__device__ __forceinline__ void StorePair(__nv_bfloat16* dst, float x, float y) {
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ void StorePair(__half* dst, float x, float y) {
-  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
 }
 
 template <typename T, int MF>
@@ -64,46 +54,20 @@ __global__ void __launch_bounds__(kThreads)
   const int n0 = static_cast<int>(blockIdx.y) * kBN;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int chunk = tid & 7;  // the 16-byte chunk of a tile row this thread copies
-
-  const T* a_src[kARows];
-  bool a_ok[kARows];
-#pragma unroll
-  for (int i = 0; i < kARows; ++i) {
-    const int r = row0 + (tid >> 3) + i * 32;
-    a_ok[i] = r < row_end;
-    const int src = a_ok[i] ? (a_row_index != nullptr ? a_row_index[r] : r)
-                            : (a_row_index != nullptr ? a_row_index[row0] : row0);
-    a_src[i] = a + static_cast<int64_t>(src) * k;
-  }
-  const T* b_src[4];
-  bool b_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int col = n0 + (tid >> 3) + i * 32;
-    b_ok[i] = col < n;
-    b_src[i] = w + (static_cast<int64_t>(expert) * n + (b_ok[i] ? col : 0)) * k;
-  }
+  const auto a_row = [&](bool ok, int r) {
+    return ok ? (a_row_index != nullptr ? a_row_index[r] : r)
+              : (a_row_index != nullptr ? a_row_index[row0] : row0);
+  };
+  const auto b_row = [&](int col) { return w + (static_cast<int64_t>(expert) * n + col) * k; };
+  const T *a_src[kARows], *b_src[4];
+  bool a_ok[kARows], b_ok[4];
+  moe_tile::InitRows(a, a_row, b_row, row0, row_end, n0, n, k, tid, a_src, a_ok, b_src, b_ok);
   const uint32_t base = SmemAddr(smem);
   auto load = [&](int kt, int stage) {
-    const int kcol = kt * kBK + chunk * 8;
-    const bool kok = kcol < k;
-    const uint32_t sa = base + stage * StageBytes<MF>(), sb = sa + BM * kRowBytes;
-#pragma unroll
-    for (int i = 0; i < kARows; ++i) {
-      CpAsync16(sa + Swz((tid >> 3) + i * 32, chunk), a_src[i] + (kok ? kcol : 0), a_ok[i] && kok);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      CpAsync16(sb + Swz((tid >> 3) + i * 32, chunk), b_src[i] + (kok ? kcol : 0), b_ok[i] && kok);
-    }
+    moe_tile::LoadStage<StageBytes<MF>()>(base, kt, stage, k, tid, chunk, a_src, a_ok, b_src, b_ok);
   };
-
   const int ktiles = (k + kBK - 1) / kBK;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ktiles) load(s, s);
-    CpAsyncCommit();
-  }
+  moe_tile::RingPrologue<kStages>(ktiles, load);
   const int wm = warp >> 2, wn = warp & 3;  // warp rows wm * MF * 16, columns wn * 32
   float acc[MF][4][4];
 #pragma unroll
@@ -123,16 +87,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t af[MF][4], bf[2][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        LdMatrixX4(sa + Swz(wm * MF * 16 + mf * 16 + (lane & 15), ks * 2 + (lane >> 4)), af[mf]);
-      }
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        LdMatrixX4(sb + Swz(wn * 32 + nb * 16 + (lane & 7) + ((lane >> 4) << 3),
-                            ks * 2 + ((lane >> 3) & 1)),
-                   bf[nb]);
-      }
+      moe_tile::LoadFragments<MF>(sa, sb, wm, wn, lane, ks, af, bf);
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
@@ -144,22 +99,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   CpAsyncWait<0>();
-#pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
-#pragma unroll
-    for (int nf = 0; nf < 4; ++nf) {
-      const int col = n0 + wn * 32 + nf * 8 + (lane & 3) * 2;
-      if (col >= n) continue;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row0 + wm * MF * 16 + mf * 16 + (lane >> 2) + half * 8;
-        if (r < row_end) {
-          StorePair(out + static_cast<int64_t>(r) * n + col, acc[mf][nf][half * 2],
-                    acc[mf][nf][half * 2 + 1]);
-        }
-      }
-    }
-  }
+  moe_tile::StoreTile<MF>(acc, out, row0, row_end, n0, n, wm, wn, lane);
 }
 
 template <typename T, int MF>
