@@ -1,6 +1,8 @@
 // MLA decode bandwidth on the first CUDA device, DeepSeek-V3 shape: 128 heads, latent 512 + 64,
 // nope 128, v 128, bf16, page 64, q_len 1; batch x context table.
 //   mla_cuda_bench [--batches=1,16,64,128] [--contexts=1024,4096,16384,32768] [--splits=N]
+//                  [--plan_len=N]  (plan for max_seq_len max(N, context), as serving's CUDA-graph
+//                                   plans do for max_model_len; the requests stay at the context)
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
@@ -110,7 +112,22 @@ absl::StatusOr<double> GraphUs(Call&& call, cudaStream_t stream) {
   return ms * 1e3 / (kCalls * kReplays);
 }
 
-absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStream_t stream) {
+// The plan of one config: max_seq_len the context, or plan_len where that is longer.
+absl::StatusOr<MlaPlan> BenchPlan(const Bufs& b, int64_t batch, int64_t ctx, int splits,
+                                  int64_t plan_len) {
+  return PlanMla({.dims = b.dims,
+                  .num_seqs = batch,
+                  .num_tokens = batch,
+                  .max_q_len = 1,
+                  .max_seq_len = std::max(ctx, plan_len),
+                  .num_splits = splits,
+                  .allow_wgmma = b.wgmma,
+                  .allow_tma = b.tma,
+                  .tma_schedule = b.schedule});
+}
+
+absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t plan_len,
+                       cudaStream_t stream) {
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   const int64_t set_blocks = batch * blocks_per_seq;
   const int sets = static_cast<int>(std::clamp<int64_t>(b.layout.num_blocks / set_blocks, 1, 16));
@@ -123,16 +140,7 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, cudaStre
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.tables, tables.data(), tables.size() * 4, cudaMemcpyDefault));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.qsl, qsl.data(), qsl.size() * 4, cudaMemcpyDefault));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.lens, lens.data(), lens.size() * 4, cudaMemcpyDefault));
-  MlaPlanInput in{.dims = b.dims,
-                  .num_seqs = batch,
-                  .num_tokens = batch,
-                  .max_q_len = 1,
-                  .max_seq_len = ctx,
-                  .num_splits = splits,
-                  .allow_wgmma = b.wgmma,
-                  .allow_tma = b.tma,
-                  .tma_schedule = b.schedule};
-  ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
+  ASSIGN_OR_RETURN(const MlaPlan plan, BenchPlan(b, batch, ctx, splits, plan_len));
   DeviceKvCache cache{b.pool, b.layout, KvDtype::kBf16};
   if (b.fp8_scales != nullptr) {
     cache.dtype = KvDtype::kFp8E4m3;
@@ -172,6 +180,7 @@ absl::Status Main(int argc, char** argv) {
   const char* batches_arg = nullptr;
   const char* contexts_arg = nullptr;
   int splits = 0, heads = 128;
+  int64_t plan_len = 0;
   bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
   bool graph = true;
@@ -180,6 +189,7 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
     if (a.rfind("--contexts=", 0) == 0) contexts_arg = argv[i] + 11;
     if (a.rfind("--splits=", 0) == 0) splits = std::atoi(argv[i] + 9);
+    if (a.rfind("--plan_len=", 0) == 0) plan_len = std::atoll(argv[i] + 11);
     if (a.rfind("--heads=", 0) == 0) heads = std::atoi(argv[i] + 8);
     if (a.rfind("--wgmma=", 0) == 0) wgmma = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--tma=", 0) == 0) tma = std::atoi(argv[i] + 6) != 0;
@@ -237,28 +247,20 @@ absl::Status Main(int argc, char** argv) {
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel\n", prop.name,
-      heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
+      "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel, plan_len %ld\n",
+      prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
       fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
-          : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"));
+          : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"),
+      static_cast<long>(plan_len));
   std::printf(
       "| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | graph us | TB/s | %%4.6 | step "
       "us |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int64_t bt : batches) {
     for (int64_t c : contexts) {
-      MlaPlanInput in{.dims = b.dims,
-                      .num_seqs = bt,
-                      .num_tokens = bt,
-                      .max_q_len = 1,
-                      .max_seq_len = c,
-                      .num_splits = splits,
-                      .allow_wgmma = b.wgmma,
-                      .allow_tma = b.tma,
-                      .tma_schedule = b.schedule};
-      ASSIGN_OR_RETURN(const MlaPlan plan, PlanMla(in));
+      ASSIGN_OR_RETURN(const MlaPlan plan, BenchPlan(b, bt, c, splits, plan_len));
       if (plan.workspace_bytes > ws_bytes) return absl::InternalError("workspace too small");
-      RETURN_IF_ERROR(RunConfig(b, bt, c, splits, stream));
+      RETURN_IF_ERROR(RunConfig(b, bt, c, splits, plan_len, stream));
     }
   }
   return absl::OkStatus();
