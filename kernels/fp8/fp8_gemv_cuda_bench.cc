@@ -13,9 +13,14 @@
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
 // (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf picks its inner loops, the default all;
-// --w8a16_ref=0 leaves out the bf16 and W8A8 rows); default: sweep, detail and producers.
+// --w8a16_ref=0 leaves out the bf16 and W8A8 rows); --only=w8a16-grouped: batch 1 at the
+// Qwen3-30B-A3B / DeepSeek-V2-Lite / V3 dense FP8 projections (128 x 128 weight blocks, scales
+// per row and 128 columns), QuantizeActivations (1 x 128) + the W8A8 GEMV as CudaFp8Linear ran
+// them before, against the grouped W8A16 GEMV (BenchW8a16Grouped); default: sweep, detail and
+// producers.
 //
-//   fp8_gemv_cuda_bench [--reps=40] [--iters=20] [--only=sweep|detail|producers|w8a16|all]
+//   fp8_gemv_cuda_bench [--reps=40] [--iters=20]
+//                       [--only=sweep|detail|producers|w8a16|w8a16-grouped|all]
 //                       [--w8a16_math=...] [--w8a16_ref=0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -436,6 +441,80 @@ int BenchW8a16(cudaStream_t s, int reps, int iters, const W8a16Rows& rows) {
   return 0;
 }
 
+// --only=w8a16-grouped: one line per (shape, variant): "w8a8-block128" (QuantizeActivations
+// 1 x 128 + Fp8SmallMLinear on the codes, kAuto: CudaFp8Linear's batch 1 before the W8A16 GEMV),
+// "w8a8-kernel" (the GEMV alone, codes ready), "w8a16-grouped" (Fp8W16Gemv kAuto, what
+// CudaFp8Linear runs now), "-mma" / "-fp32" (its inner loops), "bf16" (SmallMLinear); all with
+// PDL and early weight loads, weights rotated past L2.
+int BenchW8a16Grouped(cudaStream_t s, int reps, int iters) {
+  using bf16 = __nv_bfloat16;
+  const Shape shapes[] = {{"qwen3-30b-a3b.qkv", 5120, 2048},
+                          {"qwen3-30b-a3b.o", 2048, 4096},
+                          {"v2-lite.q", 3072, 2048},
+                          {"v2-lite.kv_a_c", 512, 2048},
+                          {"v2-lite.o", 2048, 2048},
+                          {"v2-lite.gate_up", 21888, 2048},
+                          {"v2-lite.down", 2048, 10944},
+                          {"v2-lite.shared_gate_up", 5632, 2048},
+                          {"v2-lite.shared_down", 2048, 2816},
+                          {"v3.q_a", 1536, 7168},
+                          {"v3.q_b", 24576, 1536},
+                          {"v3.kv_a_c", 512, 7168},
+                          {"v3.o", 7168, 16384},
+                          {"v3.gate_up", 36864, 7168},
+                          {"v3.down", 7168, 18432},
+                          {"v3.shared_gate_up", 4096, 7168},
+                          {"v3.shared_down", 7168, 2048}};
+  std::printf("w8a16-grouped shape n k variant us TB/s\n");
+  for (const Shape& sh : shapes) {
+    const int64_t n = sh.n, k = sh.k, copies8 = CopiesFor(n * k), copies16 = CopiesFor(2 * n * k);
+    const std::vector<void*> w8 = PatternCopies(n * k, copies8, 0xF7);
+    const std::vector<void*> w16 = PatternCopies(2 * n * k, copies16, 0x3F);
+    const std::vector<void*> x = PatternCopies(2 * k, 1, 0x3F);
+    const ShapeBuffers buf(n, k);
+    const auto* xv = static_cast<const bf16*>(x[0]);
+    const auto fp8w = [&](int i) {
+      return Fp8DeviceWeight{
+          static_cast<const uint8_t*>(w8[i % copies8]), buf.w_scales, {n, k, 1, 128}};
+    };
+    Fp8SmallMActivations codes;
+    codes.scheme = Scheme::kDynamicGroup128;
+    codes.codes = buf.a_codes;
+    codes.scales = buf.a_scales;
+    const auto row = [&](const char* variant, int64_t bytes, const std::function<bool(int)>& fn) {
+      const double us = TimeGraphUs(s, reps, iters, fn);
+      std::printf("w8a16-grouped %s %ld %ld %s ", sh.name, static_cast<long>(n),
+                  static_cast<long>(k), variant);
+      us < 0 ? std::printf("failed\n") : std::printf("%.2f %.2f\n", us, bytes / us / 1e6);
+    };
+    row("w8a8-block128", n * k, [&](int i) {
+      return QuantizeActivations(xv, 1, k, codes.scheme, 0.0f, buf.a_codes, buf.a_scales, s, true)
+                 .ok() &&
+             Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true).ok();
+    });
+    row("w8a8-kernel", n * k, [&](int i) {
+      return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true).ok();
+    });
+    for (const auto& [name, math] : {std::pair{"w8a16-grouped", Fp8W16Math::kAuto},
+                                     std::pair{"w8a16-grouped-mma", Fp8W16Math::kTensorCore},
+                                     std::pair{"w8a16-grouped-fp32", Fp8W16Math::kFp32Fma}}) {
+      row(name, n * k, [&](int i) {
+        return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, true, math).ok();
+      });
+    }
+    row("bf16", 2 * n * k, [&](int i) {
+      return SmallMLinear<bf16, bf16>(xv, static_cast<const bf16*>(w16[i % copies16]), nullptr, 1,
+                                      n, k, buf.out, s, true)
+          .ok();
+    });
+    Check(cudaDeviceSynchronize(), "shape");
+    for (const std::vector<void*>* v : {&w8, &w16, &x}) {
+      for (void* p : *v) cudaFree(p);
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int reps = 40, iters = 20;
   std::string only = "all", w8a16_math = "all";
@@ -454,6 +533,7 @@ int Main(int argc, char** argv) {
   }
   if (only == "producers") return BenchFusedQuant(s, reps, iters);
   if (only == "w8a16") return BenchW8a16(s, reps, iters, ParseW8a16Rows(w8a16_math, w8a16_ref));
+  if (only == "w8a16-grouped") return BenchW8a16Grouped(s, reps, iters);
   std::mt19937 rng(1234);
   // e4m3 codes with bit 3 clear (never NaN); bf16 values of modest size.
   const auto fp8_byte = [&] { return static_cast<uint8_t>(rng() & 0xF7); };

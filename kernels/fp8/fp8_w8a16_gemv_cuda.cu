@@ -107,9 +107,72 @@ __device__ __forceinline__ void WarpDot(const uint4* const (&wrow)[R], const bf1
   }
 }
 
+// WarpDot for grouped weights (scales per row and 128-column group): each chunk's products are
+// summed apart, then multiplied by their group's scale (srow[r][c / 8], loaded beside the chunk's
+// weight bytes) into the row's fp32 accumulators. The same load schedule and chunk order.
+template <int R, int U, bool kShared>
+__device__ __forceinline__ void WarpDotGrouped(const uint4* const (&wrow)[R],
+                                               const float* const (&srow)[R], const bf16* a,
+                                               int64_t chunks, int lane, uint4 (&buf)[U][R],
+                                               float (&out)[R]) {
+  static_assert(U % 2 == 0, "two halves");
+  constexpr int H = U / 2;
+  float sc[U][R];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (lane + 32 * u < chunks) sc[u][r] = __ldg(srow[r] + (lane + 32 * u) / kScaleGroupChunks);
+    }
+  }
+  float acc[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  for (int64_t c = lane; c < chunks; c += 32 * U) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const int u = half * H + h;
+        if (c + 32 * u < chunks) {
+          float part[R][2];
+#pragma unroll
+          for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = 0.0f;
+          AddChunk<R, kShared>(buf[u], a, c + 32 * u, part);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            acc[r][0] = fmaf(part[r][0], sc[u][r], acc[r][0]);
+            acc[r][1] = fmaf(part[r][1], sc[u][r], acc[r][1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // this half's next chunks and scales, U further on
+        const int u = half * H + h;
+        const int64_t next = c + 32 * (U + u);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (next < chunks) {
+            buf[u][r] = __ldcs(wrow[r] + next);
+            sc[u][r] = __ldg(srow[r] + next / kScaleGroupChunks);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r][0] + acc[r][1];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    out[r] = v;
+  }
+}
+
 // R = 1: warp = output row `row`. R = 2 (SiLU-and-mul, kNormIn): warp = output column `row`,
 // streaming gate row `row` and up row n + `row` together (the activations read once for both).
-template <typename TOut, int R, Fold kFold>
+// kGrouped: scales per row and 128-column group (WarpDotGrouped); false: per row.
+template <typename TOut, int R, Fold kFold, bool kGrouped = false>
 __global__ void __launch_bounds__(kWarps * 32) Fp8W16Kernel(Args p, TOut* __restrict__ out) {
   static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
   static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
@@ -129,18 +192,29 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16Kernel(Args p, TOut* __rest
   internal::AllowDependentLaunch();
   if (!p.early && active) LoadBatch<R, U>(wrow, lane, chunks, first);
   float dot[R];
+  const float* srow[R];  // kGrouped: the rows' group scales
+#pragma unroll
+  for (int r = 0; r < R; ++r) srow[r] = p.scales + (row + r * p.n) * ScaleGroups(p.k);
   if constexpr (kFold == Fold::kNormIn) {
     extern __shared__ uint4 w16_smem[];  // the normalised row [k], then the norm weight [k]
     bf16* staged = reinterpret_cast<bf16*>(w16_smem);
     gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged,
                                          staged + p.k);  // every warp: barriers
     if (!active) return;
-    WarpDot<R, U, true>(wrow, staged, chunks, lane, first, dot);
+    if constexpr (kGrouped) {
+      WarpDotGrouped<R, U, true>(wrow, srow, staged, chunks, lane, first, dot);
+    } else {
+      WarpDot<R, U, true>(wrow, staged, chunks, lane, first, dot);
+    }
   } else {
     if (!active) return;
-    WarpDot<R, U, false>(wrow, p.a, chunks, lane, first, dot);
+    if constexpr (kGrouped) {
+      WarpDotGrouped<R, U, false>(wrow, srow, p.a, chunks, lane, first, dot);
+    } else {
+      WarpDot<R, U, false>(wrow, p.a, chunks, lane, first, dot);
+    }
   }
-  if (lane == 0) StoreRow<TOut, R, kFold>(p, row, dot, 256.0f, out);
+  if (lane == 0) StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 256.0f, out);
 }
 
 // ---- Fp8W16Math::kTensorCore: the products on the tensor cores (mma.sync m16n8k16, f16 in,
@@ -171,7 +245,23 @@ __device__ __forceinline__ void LoadGroup(const uint4* const (&wrow)[R][2], int 
   }
 }
 
-template <typename TOut, int R, Fold kFold>
+// The scales of rows g and g + 8 (h) of each row set for the lane's chunk c (clamped as
+// LoadGroup's): a warp's 64-column group lies in one 128-column scale group.
+template <int R>
+__device__ __forceinline__ void LoadGroupScales(const float* const (&srow)[R][2], int c, int chunks,
+                                                float (&sc)[R][2]) {
+  const int g = min(c, chunks - 1) / kScaleGroupChunks;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[r][h] = __ldg(srow[r][h] + g);
+  }
+}
+
+// kGrouped: scales per row and 128-column group; each group's 4 mma go into zeros, then C's
+// rows g (c[0]) and g + 8 (c[2]) times their scales into the fp32 accumulators (the group
+// scales loaded beside the codes). false: per-row scales, applied once in StoreRow.
+template <typename TOut, int R, Fold kFold, bool kGrouped = false>
 __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __restrict__ out) {
   static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
   static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
@@ -183,19 +273,25 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __r
   const int64_t row0 = int64_t{blockIdx.x} * kMmaRows;
   const int chunks = static_cast<int>(p.k / 16);
   const uint4* wrow[R][2];
+  const float* srow[R][2];  // kGrouped
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r0 = row0 + lane / 4 + 8 * h;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       wrow[r][h] = reinterpret_cast<const uint4*>(p.w + (r0 < p.n ? r0 + r * p.n : 0) * p.k);
+      srow[r][h] = p.scales + (r0 < p.n ? r0 + r * p.n : 0) * ScaleGroups(p.k);
     }
   }
   const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
   uint4 buf[G][R][2];
+  float sc[kGrouped ? G : 1][R][2];
   const auto load_first = [&] {
 #pragma unroll
-    for (int u = 0; u < G; ++u) LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
+    for (int u = 0; u < G; ++u) {
+      LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
+      if constexpr (kGrouped) LoadGroupScales<R>(srow, c0 + kGroupChunks * u, chunks, sc[u]);
+    }
   };
   if (p.early) load_first();
   internal::WaitForPrecedingGrid();
@@ -212,14 +308,30 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __r
 #pragma unroll
       for (int h = 0; h < H; ++h) {  // warp-uniform conditions: mma.sync needs every lane
         const int u = half * H + h;
-        if (g0 + kGroupChunks * u < chunks)
-          MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
+        if (g0 + kGroupChunks * u < chunks) {
+          if constexpr (kGrouped) {
+            float part[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, part);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              acc[r][0] = fmaf(part[r][0], sc[u][r][0], acc[r][0]);
+              acc[r][2] = fmaf(part[r][2], sc[u][r][1], acc[r][2]);
+            }
+          } else {
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
+          }
+        }
       }
 #pragma unroll
       for (int h = 0; h < H; ++h) {  // this half's next groups, G further on
         const int u = half * H + h;
         if (g0 + kGroupChunks * (G + u) < chunks) {
           LoadGroup<R>(wrow, c + kGroupChunks * (G + u), chunks, buf[u]);
+          if constexpr (kGrouped) {
+            LoadGroupScales<R>(srow, c + kGroupChunks * (G + u), chunks, sc[u]);
+          }
         }
       }
     }
@@ -241,23 +353,53 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __r
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) dot[r] += partial[w][r][threadIdx.x];
   }
-  StoreRow<TOut, R, kFold>(p, row, dot, 1.0f, out);
+  StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
 }
 
+// The kernel for `config` (its grid and shared memory set): kGrouped's instantiation for
+// weights with scales per 128-column group, else the per-row one (the kernels as before).
 template <typename TOut, int R, Fold kFold>
-absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, cudaStream_t stream,
-                    bool pdl, Fp8W16Math math) {
+absl::Status LaunchKernel(bool mma, bool grouped, cudaLaunchConfig_t& config, const Args& p,
+                          TOut* out) {
+  if (grouped) {
+    const auto kernel =
+        mma ? Fp8W16MmaKernel<TOut, R, kFold, true> : Fp8W16Kernel<TOut, R, kFold, true>;
+    RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
+    return absl::OkStatus();
+  }
+  if (!mma) {
+    const auto kernel = Fp8W16Kernel<TOut, R, kFold>;
+    RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
+    return absl::OkStatus();
+  }
+  const auto kernel = Fp8W16MmaKernel<TOut, R, kFold>;
+  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
+  return absl::OkStatus();
+}
+
+// grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
+template <typename TOut, int R, Fold kFold>
+absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, TOut* out,
+                    cudaStream_t stream, bool pdl, Fp8W16Math math) {
   if (!supported || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         ": needs m = 1, an e4m3 weight with scales constant along k (block_rows 1, "
-        "block_cols k), k a positive multiple of 16 up to ",
+        "block_cols >= k) or per 128 columns (block_rows 1, block_cols 128), k a positive "
+        "multiple of 16 up to ",
         kFp8W16MaxK,
         ", 16-byte aligned codes and activations, a non-null out (and with the norm folded in, a "
         "16-byte aligned norm weight and 4 k bytes <= ",
         kFp8W16NormInMaxSmemBytes, " of shared memory); got n=", p.n, " k=", p.k));
   }
-  if (math == Fp8W16Math::kRing || math == Fp8W16Math::kRing2 || math == Fp8W16Math::kRingHalf) {
+  const bool ring =
+      math == Fp8W16Math::kRing || math == Fp8W16Math::kRing2 || math == Fp8W16Math::kRingHalf;
+  if (ring && grouped) {
+    math = Fp8W16Math::kTensorCore;  // no grouped ring form: the tensor-core kernel's
+  } else if (ring) {
     const int stages =
         RingStages(R, kFold == Fold::kNormIn, p.k, math == Fp8W16Math::kRing ? 1 : 2);
     if (stages > 0) {
@@ -279,16 +421,7 @@ absl::Status Launch(const char* name, bool supported, const Args& p, TOut* out, 
   } else if (mma) {
     config.dynamicSmemBytes = static_cast<size_t>(p.k * sizeof(bf16));  // the f16 activations
   }
-  if (!mma) {
-    const auto kernel = Fp8W16Kernel<TOut, R, kFold>;
-    RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
-    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
-    return absl::OkStatus();
-  }
-  const auto kernel = Fp8W16MmaKernel<TOut, R, kFold>;
-  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, out));
-  return absl::OkStatus();
+  return LaunchKernel<TOut, R, kFold>(mma, grouped, config, p, out);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -299,11 +432,16 @@ Args MakeArgs(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t
 
 }  // namespace
 
+bool Fp8W16GroupedScales(const Fp8ScaleGrid& g) {
+  return g.block_rows == 1 && g.block_cols == kFp8W16ScaleGroupCols && g.cols > g.block_cols;
+}
+
 bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m) {
   const Fp8ScaleGrid& g = w.grid;
   return m >= 1 && m <= kFp8W16GemvMaxM && a != nullptr && w.codes != nullptr &&
          w.scales != nullptr && Aligned16(a) && Aligned16(w.codes) && g.rows >= 1 && g.cols >= 16 &&
-         g.cols % 16 == 0 && g.cols <= kFp8W16MaxK && g.block_rows == 1 && g.block_cols >= g.cols &&
+         g.cols % 16 == 0 && g.cols <= kFp8W16MaxK && g.block_rows == 1 &&
+         (g.block_cols >= g.cols || Fp8W16GroupedScales(g)) &&
          g.rows <= (int64_t{1} << 31) * kWarps;
 }
 
@@ -319,6 +457,7 @@ absl::Status Fp8W16Gemv(const bf16* a, const Fp8DeviceWeight& w, const bf16* bia
                         TOut* out, cudaStream_t stream, bool programmatic_launch,
                         bool early_weight_loads, Fp8W16Math math) {
   return Launch<TOut, 1, Fold::kNone>("Fp8W16Gemv", Fp8W16GemvSupported(a, w, m),
+                                      Fp8W16GroupedScales(w.grid),
                                       MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), out,
                                       stream, programmatic_launch, math);
 }
@@ -330,9 +469,9 @@ absl::Status Fp8W16GemvNormIn(const bf16* x, const bf16* norm_weight, float eps,
   Args p = MakeArgs(x, w, bias, w.grid.rows, early_weight_loads);
   p.norm_weight = norm_weight;
   p.eps = eps;
-  return Launch<bf16, 1, Fold::kNormIn>("Fp8W16GemvNormIn",
-                                        Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out,
-                                        stream, programmatic_launch, math);
+  return Launch<bf16, 1, Fold::kNormIn>(
+      "Fp8W16GemvNormIn", Fp8W16GemvNormInSupported(x, norm_weight, w, m),
+      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math);
 }
 
 absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, float eps,
@@ -344,14 +483,15 @@ absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, flo
   p.eps = eps;
   return Launch<bf16, 2, Fold::kNormIn>(
       "Fp8W16GemvNormInSiluMul",
-      w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m), p, out, stream,
-      programmatic_launch, math);
+      w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m),
+      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math);
 }
 
 absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                              bf16* residual, cudaStream_t stream, bool programmatic_launch,
                              bool early_weight_loads, Fp8W16Math math) {
   return Launch<bf16, 1, Fold::kAddOut>("Fp8W16GemvAddTo", Fp8W16GemvSupported(a, w, m),
+                                        Fp8W16GroupedScales(w.grid),
                                         MakeArgs(a, w, bias, w.grid.rows, early_weight_loads),
                                         residual, stream, programmatic_launch, math);
 }

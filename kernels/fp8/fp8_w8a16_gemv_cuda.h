@@ -28,8 +28,18 @@
 //
 // Supported weights: e4m3 codes [n, k] with k a positive multiple of 16 up to kFp8W16MaxK, scales
 // constant along k (per-tensor as n copies, or per-channel: Fp8ScaleGrid block_rows 1, block_cols
-// k), 16-byte aligned codes and activations, m == 1. 128-column weight blocks are not supported
-// (the caller keeps the W8A8 kernels there).
+// k), or GROUPED: one scale per row and 128-column group (block_rows 1, block_cols 128, scales
+// [n, ceil(k / 128)] row-major, a partial last group its own; DeepSeek's 128 x 128 blocks held per
+// row as the CUDA model's CudaFp8Weight::scales: Fp8W16GroupedScales), 16-byte aligned codes and
+// activations, m == 1.
+//
+// Grouped weights run their own template instantiations of both inner loops (kGrouped; the
+// per-row kernels' code is unchanged): the products of each 16-column chunk (kFp32Fma) or of each
+// warp's 64-column mma group (kTensorCore, one 128-column group) are summed apart in fp32, times
+// that group's scale, into the row's fp32 accumulators (fmaf); the group scales are loaded beside
+// the weight bytes. The folded forms and kAuto work alike; kRing* have no grouped form and run
+// kTensorCore. Numerics: cpu::Fp8Linear (kNone, which dequantizes each block with its scale) up
+// to fp32 summation order.
 //
 // programmatic_launch: as SmallMLinear's (gemv_cuda.h): every warp waits for the preceding grid
 // before it reads a, the norm weight, bias or the residual, or writes out. early_weight_loads:
@@ -80,6 +90,9 @@ inline constexpr int64_t kFp8W16GemvMaxM = 1;
 // The largest k (kTensorCore stages k f16 activations in shared memory: 128 KiB).
 inline constexpr int64_t kFp8W16MaxK = 65536;
 
+// The scale groups of a grouped weight (columns per group).
+inline constexpr int64_t kFp8W16ScaleGroupCols = 128;
+
 enum class Fp8W16Math { kFp32Fma, kTensorCore, kAuto, kRing, kRing2, kRingHalf };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =
@@ -88,6 +101,10 @@ inline constexpr int64_t kFp8W16AutoMaxStagingBytes = 48 * 1024;
 // Shared memory the NormIn forms may use: the staged row and the norm weight, 2 * k * 2 bytes
 // (k <= 12280).
 inline constexpr int64_t kFp8W16NormInMaxSmemBytes = 48 * 1024;
+
+// True for a grid with one scale per row and 128-column group over more than one group (k > 128;
+// at k <= 128 the same scales are per-channel).
+bool Fp8W16GroupedScales(const Fp8ScaleGrid& grid);
 
 // True when Fp8W16Gemv takes these arguments (the header comment's supported weights).
 bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m);

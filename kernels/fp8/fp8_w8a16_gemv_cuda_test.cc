@@ -7,7 +7,9 @@
 // ring forms); the folded forms bit for bit against the unfolded kernels (RmsNorm<bf16>,
 // SiluAndMul<bf16>, the residual add) and through them against the reference; the ring forms bit
 // for bit against the tensor-core kernel at the Llama-3-8B / 70B projections (and sampled rows
-// against the reference there); refusals (GPU; skips without one).
+// against the reference there); grouped weights (a random scale per row and 128-column group)
+// on both inner loops, kAuto and the ring maths' fallback, k = 144 .. 10944 with partial last
+// groups, and their folds; refusals (GPU; skips without one).
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 
 #include <algorithm>
@@ -63,12 +65,14 @@ struct HostWeight {
   Fp8ScaleGrid grid;
 };
 
-// A random e4m3 weight with per-channel or per-tensor (n copies) scales, host and device.
+// A random e4m3 weight with per-channel or per-tensor (n copies) scales, or (grouped) a random
+// scale per row and 128-column group, host and device.
 struct Weight {
-  Weight(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool tiled = false)
-      : grid{n, k, 1, k},
+  Weight(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool tiled = false,
+         bool grouped = false)
+      : grid{n, k, 1, grouped ? kFp8W16ScaleGroupCols : k},
         codes(tiled ? TiledE4m3Codes(rng, n * k) : RandomE4m3Codes(rng, n * k)),
-        scales(RandomScales(rng, n, per_tensor)),
+        scales(RandomScales(rng, grid.NumScales(), per_tensor)),
         d_codes(codes),
         d_scales(scales) {}
   Fp8DeviceWeight device() const { return {d_codes.get(), d_scales.get(), grid}; }
@@ -133,11 +137,15 @@ bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
 
 // The plain kernel, fp32 and bf16 out, early loads on and off, against the reference.
 void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool with_bias,
-                Fp8W16Math math) {
+                Fp8W16Math math, bool grouped = false) {
   SCOPED_TRACE(::testing::Message()
                << "plain math=" << static_cast<int>(math) << " n=" << n << " k=" << k
-               << (per_tensor ? " per-tensor" : " per-channel") << (with_bias ? " bias" : ""));
-  const Weight w(rng, n, k, per_tensor);
+               << (grouped      ? " grouped"
+                   : per_tensor ? " per-tensor"
+                                : " per-channel")
+               << (with_bias ? " bias" : ""));
+  const Weight w(rng, n, k, per_tensor, false, grouped);
+  ASSERT_EQ(Fp8W16GroupedScales(w.grid), grouped && k > kFp8W16ScaleGroupCols);
   const std::vector<bf16> x = RandomBf16(rng, k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
   DeviceBuffer<bf16> dx(x), dbias(bias);
   const bf16* b = with_bias ? dbias.get() : nullptr;
@@ -175,15 +183,15 @@ TEST(Fp8W16GemvCudaTest, TensorCoreMatchesTheCpuReference) {
 
 // The folded forms bit for bit against the unfolded kernels, and through them the reference.
 void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool early,
-                Fp8W16Math math) {
-  SCOPED_TRACE(::testing::Message()
-               << "folds math=" << static_cast<int>(math) << " n=" << n << " k=" << k
-               << (with_bias ? " bias" : "") << (early ? " early" : ""));
+                Fp8W16Math math, bool grouped = false) {
+  SCOPED_TRACE(::testing::Message() << "folds math=" << static_cast<int>(math) << " n=" << n
+                                    << " k=" << k << (with_bias ? " bias" : "")
+                                    << (early ? " early" : "") << (grouped ? " grouped" : ""));
   const std::vector<bf16> x = RandomBf16(rng, k, 1.5f), norm_w = RandomBf16(rng, k, 1.0f);
   DeviceBuffer<bf16> dx(x), dnorm(norm_w), normed(k);
   ASSERT_TRUE(RmsNorm<bf16>(dx.get(), dnorm.get(), 1, k, kEps, normed.get(), nullptr).ok());
 
-  const Weight w(rng, n, k, false);
+  const Weight w(rng, n, k, false, false, grouped);
   const std::vector<bf16> bias = RandomBf16(rng, 2 * n, 1.0f);
   DeviceBuffer<bf16> dbias(bias), folded(n);
   const bf16* b = with_bias ? dbias.get() : nullptr;
@@ -197,7 +205,7 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
                       cuda_test::ToFloat(unfolded), true, math);
 
   // SiLU-and-mul: gate rows 0..n-1, up rows n..2n-1 of one [2n, k] weight.
-  const Weight gu(rng, 2 * n, k, false);
+  const Weight gu(rng, 2 * n, k, false, false, grouped);
   DeviceBuffer<bf16> act(n), gate_up_out(2 * n);
   ASSERT_TRUE(Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), b, 1, act.get(),
                                       nullptr, true, early, math)
@@ -409,6 +417,65 @@ TEST(Fp8W16GemvCudaTest, RingsBesideLargeStagingOrFallingBack) {
   }
 }
 
+// Grouped weights: a random scale per row and 128-column group (never equal across groups).
+// k = 144 / 272 / 1040 / 10944 end in a partial group (16 / 16 / 16 / 64 columns); 2048 / 7168
+// are Qwen3-30B-A3B's / DeepSeek-V3's hidden sizes, 1408 / 10944 DeepSeek-V2-Lite's expert /
+// dense intermediate sizes; k = 128 is one group (the per-channel kernels).
+void CheckGroupedShapes(Fp8W16Math math) {
+  std::mt19937 rng(cuda_test::TestSeed() + 11 + 2 * static_cast<int>(math));
+  CheckPlain(rng, 77, 128, false, true, math, true);
+  CheckPlain(rng, 77, 144, false, true, math, true);
+  CheckPlain(rng, 130, 272, false, false, math, true);
+  CheckPlain(rng, 33, 1040, false, true, math, true);
+  CheckPlain(rng, 513, 1408, false, false, math, true);
+  CheckPlain(rng, 4097, 2048, false, true, math, true);
+  CheckPlain(rng, 1537, 7168, false, false, math, true);
+  CheckPlain(rng, 129, 10944, false, true, math, true);
+}
+
+TEST(Fp8W16GemvCudaTest, GroupedMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckGroupedShapes(Fp8W16Math::kFp32Fma);
+}
+
+TEST(Fp8W16GemvCudaTest, GroupedTensorCoreMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckGroupedShapes(Fp8W16Math::kTensorCore);
+}
+
+TEST(Fp8W16GemvCudaTest, GroupedFoldsEqualTheUnfoldedKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const Fp8W16Math math : {Fp8W16Math::kFp32Fma, Fp8W16Math::kTensorCore}) {
+    std::mt19937 rng(cuda_test::TestSeed() + 12 + 2 * static_cast<int>(math));
+    CheckFolds(rng, 77, 272, true, false, math, true);
+    CheckFolds(rng, 130, 2048, false, true, math, true);
+    CheckFolds(rng, 33, 7168, true, true, math, true);
+    CheckFolds(rng, 40, 10944, false, false, math, true);
+  }
+}
+
+// kAuto on a grouped weight: the tensor-core bits (k <= 24,576), fp32's past; the ring maths run
+// the tensor-core kernel (no grouped ring form).
+TEST(Fp8W16GemvCudaTest, GroupedAutoAndRingsPickTheGroupedKernels) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 13);
+  for (const int64_t k : {int64_t{7168}, int64_t{28672}}) {
+    SCOPED_TRACE(::testing::Message() << "k=" << k);
+    const Weight w(rng, 300, k, false, false, true);
+    DeviceBuffer<bf16> dx(RandomBf16(rng, k, 1.0f));
+    const std::vector<float> fma =
+        RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kFp32Fma);
+    const std::vector<float> mma =
+        RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCore);
+    EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kAuto),
+                         k * 2 <= kFp8W16AutoMaxStagingBytes ? mma : fma));
+    for (const Fp8W16Math math : kRings) {
+      EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, math), mma))
+          << "math=" << static_cast<int>(math);
+    }
+  }
+}
+
 TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
   TANDEM_SKIP_WITHOUT_GPU();
   DeviceBuffer<uint8_t> codes(64 * 16384);
@@ -422,10 +489,15 @@ TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
                                  out.get(),
                                  nullptr)
                    .ok());  // k % 16
-  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 256, 1, 128}}, nullptr, 1,
-                                 out.get(),
-                                 nullptr)
-                   .ok());  // 128-column blocks
+  EXPECT_TRUE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 256, 1, 128}}, nullptr, 1,
+                                out.get(), nullptr)
+                  .ok());  // 128-column groups
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 256, 1, 64}}, nullptr, 1,
+                                 out.get(), nullptr)
+                   .ok());  // 64-column groups
+  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 256, 2, 128}}, nullptr, 1,
+                                 out.get(), nullptr)
+                   .ok());  // scales shared by 2 rows
   EXPECT_FALSE(Fp8W16Gemv<float>(x.get(),
                                  {codes.get(), s.get(), {1, kFp8W16MaxK + 16, 1, kFp8W16MaxK + 16}},
                                  nullptr, 1, out.get(), nullptr, false, false,

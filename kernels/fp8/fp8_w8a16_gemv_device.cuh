@@ -42,16 +42,26 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Grouped weights (fp8_w8a16_gemv_cuda.h): p.scales is [R * n, ceil(k / 128)], one scale per
+// row and 128-column group (a partial last group its own), applied to each group's partial dot.
+constexpr int kScaleGroupChunks = 128 / 16;  // 16-column chunks in a scale group
+__device__ __forceinline__ int64_t ScaleGroups(int64_t k) { return (k + 127) / 128; }
+
 // The output of row `row` (R = 2: column `row` of SiLU(gate) * up) from its dot products times
-// `unit` (the codes' f16 scale undone): the row's weight scale, the bias, the fold, one rounding.
-template <typename TOut, int R, Fold kFold>
+// `unit` (the codes' f16 scale undone): the row's weight scale (kRowScale; grouped weights have
+// theirs in dot already), the bias, the fold, one rounding.
+template <typename TOut, int R, Fold kFold, bool kRowScale = true>
 __device__ __forceinline__ void StoreRow(const Args& p, int64_t row, const float (&dot)[R],
                                          float unit, TOut* __restrict__ out) {
   float v[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t wr = row + r * p.n;
-    v[r] = dot[r] * unit * p.scales[wr];
+    if constexpr (kRowScale) {
+      v[r] = dot[r] * unit * p.scales[wr];
+    } else {
+      v[r] = dot[r] * unit;
+    }
     if (p.bias != nullptr) v[r] += __bfloat162float(p.bias[wr]);
   }
   if constexpr (R == 2) {
