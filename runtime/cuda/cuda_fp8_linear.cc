@@ -13,6 +13,7 @@
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_kernels.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 
 namespace tandem::runtime::cuda {
@@ -41,6 +42,14 @@ bool BlockGemmServes(const CudaFp8Weight& w) {
 }
 
 kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) { return w.device(); }
+
+// The W8A16 GEMV's weights in CudaFp8Linear: m = 1, scales per 128-column group and a k it takes
+// (per-channel weights keep the W8A8 GEMV here; CudaLlamaModel folds them itself).
+bool W8a16GemvServes(const CudaFp8Weight& w, int64_t m) {
+  const kernels::Fp8ScaleGrid& g = w.grid;
+  return m >= 1 && m <= kc::kFp8W16GemvMaxM && kc::Fp8W16GroupedScales(g) && g.cols % 16 == 0 &&
+         g.cols <= kc::kFp8W16MaxK;
+}
 
 }  // namespace
 
@@ -170,6 +179,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   std::unique_ptr<CudaFp8Linear> out(new CudaFp8Linear());
   out->max_tokens_ = max_tokens;
   out->max_k_ = max_k;
+  if (const char* env = std::getenv("TANDEM_FP8_W16_GEMV"); env != nullptr) {
+    out->w8a16_gemv_ = std::string(env) != "0";
+  }
   if (const char* env = std::getenv("TANDEM_FP8_GEMV_KERNEL"); env != nullptr) {
     const std::string kernel = env;
     if (kernel == "streaming") {
@@ -202,7 +214,8 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   return out;
 }
 
-const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m) {
+const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv) {
+  if (w8a16_gemv && W8a16GemvServes(w, m)) return "fp8-w8a16-gemv";
   if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
   if (BlockGemmServes(w)) return "cublaslt-fp8-block-gemm";
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
@@ -223,6 +236,16 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaFp8Linear: m=", m, " k=", k, " outside the workspace (", max_tokens_, ", ", max_k_,
         "), no FP8 weight, or codes_ready for a weight not quantizing per token"));
+  }
+  if (w8a16_gemv_ && !codes_ready && W8a16GemvServes(w, m) &&
+      kc::Fp8W16GemvSupported(a, DeviceWeight(w), m)) {
+    // Batch 1, per-128-column scales: the bf16 activations as they are (no quantization pass),
+    // the first weight loads before the PDL wait as the W8A8 GEMV's below.
+    RETURN_IF_ERROR(
+        kc::Fp8W16Gemv<__nv_bfloat16>(a, DeviceWeight(w), bias, m, out, stream, programmatic_launch,
+                                      /*early_weight_loads=*/true, kc::Fp8W16Math::kAuto));
+    last_path_ = "fp8-w8a16-gemv";
+    return absl::OkStatus();
   }
   if (m <= kc::kFp8SmallMMaxM) {  // decode: the weight read once for all rows
     kc::Fp8SmallMActivations act;

@@ -1,6 +1,12 @@
 // FP8 projections of the CUDA model (issue 38): one linear layer's e4m3 weight and scales on the
 // device (as the loader holds them: LayerWeights::*_fp8, scales per output row over blocks of 128
 // columns or the whole row), and CudaFp8Linear, which multiplies bf16 activations by it:
+//   * m = 1 and scales per 128-column group (DeepSeek's 128 x 128 blocks, Qwen3's FP8
+//     checkpoints; w8a16_gemv(), on by default): "fp8-w8a16-gemv", the weight-only GEMV
+//     cuda::Fp8W16Gemv (kernels/fp8/fp8_w8a16_gemv_cuda.h, kAuto) on the bf16 activations as
+//     they are, whatever the weight's activation scheme: no QuantizeActivations pass (one kernel
+//     instead of two a projection) and closer to the unquantized model than W8A8 (numerics:
+//     cpu::Fp8Linear with scheme kNone);
 //   * m <= kFp8SmallMMaxM (decode): cuda::Fp8SmallMLinear (kernels/fp8/fp8_gemv_cuda.h), which
 //     reads the weight once for all rows, on cuda::QuantizeActivations' codes (its fused
 //     quantization measured slower: kFusedQuantMaxM), on the codes the preceding RMSNorm /
@@ -111,7 +117,14 @@ class CudaFp8Linear {
   // TANDEM_FP8_GEMV_KERNEL says "pipelined", "pipelined_one_early", "pipelined_l2",
   // "pipelined_late", "streaming" or "register" (A/B runs of decode_step_bench; INVALID_ARGUMENT
   // for another value).
+  // TANDEM_FP8_W16_GEMV=0 starts it with w8a16_gemv() off (A/B runs).
   static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
+
+  // Batch 1 of a weight with per-128-column scales on the weight-only W8A16 GEMV (the header
+  // comment; true by default) or, off, on QuantizeActivations + the W8A8 GEMV as before. The
+  // models set it from CudaModelOptions::fp8_weight_only_fold.
+  void set_w8a16_gemv(bool on) { w8a16_gemv_ = on; }
+  bool w8a16_gemv() const { return w8a16_gemv_; }
 
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
@@ -132,10 +145,11 @@ class CudaFp8Linear {
     return {codes_.get<uint8_t>(), scales_.get<float>()};
   }
 
-  // Which path Linear takes for `m` rows of `w` ("fp8-gemv", "cublaslt-fp8-gemm",
-  // "cublaslt-fp8-block-gemm" or the slow "fp8-gemv-chunks"); a cuBLASLt shape without a kernel
-  // also falls back to the chunks.
-  static const char* PathFor(const CudaFp8Weight& w, int64_t m);
+  // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
+  // "fp8-gemv", "cublaslt-fp8-gemm", "cublaslt-fp8-block-gemm" or the slow "fp8-gemv-chunks");
+  // a cuBLASLt shape without a kernel also falls back to the chunks, and the W8A16 GEMV is
+  // skipped (for "fp8-gemv") for codes_ready or activations not 16-byte aligned.
+  static const char* PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv = true);
   // The path the last successful Linear call took (PathFor's names; "" before any): differs
   // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.
   const char* last_path() const { return last_path_; }
@@ -149,6 +163,7 @@ class CudaFp8Linear {
 
   int64_t max_tokens_ = 0, max_k_ = 0;
   kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
+  bool w8a16_gemv_ = true;
   const char* last_path_ = "";
   std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
   DeviceBuffer codes_;             // [max_tokens, max_k] e4m3 activations

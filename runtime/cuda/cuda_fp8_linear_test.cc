@@ -3,9 +3,11 @@
 // four activation schemes x m on both sides of the GEMV bound (1, 16, 17, 40, 100: the decode
 // GEMV, the cuBLASLt FP8 GEMM -- on sm_90 its fp32 product + scaling epilogue --, the
 // block-scaled cuBLASLt GEMM and the chunked-GEMV slow path),
-// bias on and off, each call checked to take the path PathFor names; per-token weights also on
-// codes written into token_codes() by a producer (codes_ready: the same bits), other schemes
-// refusing codes_ready; and the device dummy FP8 rows
+// bias on and off, each call checked to take the path PathFor names; m = 1 with 128-column
+// blocks on the weight-only W8A16 GEMV (against the reference with scheme kNone: no activation
+// quantization) and, w8a16_gemv off, on the W8A8 GEMV; per-token weights also on
+// codes written into token_codes() by a producer (codes_ready: the W8A8 GEMV's bits), other
+// schemes refusing codes_ready; and the device dummy FP8 rows
 // (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
@@ -66,7 +68,14 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   const std::vector<float> xf = kernels::cuda_test::ToFloat(x);
   const std::vector<float> bias_f = kernels::cuda_test::ToFloat(bias);
   std::vector<float> want(m * n), w_deq(n * k);
-  const kernels::Fp8WeightView view = host.View();
+  kernels::Fp8WeightView view = host.View();
+  CudaFp8Weight shape;  // PathFor's question before the upload frees the host codes
+  shape.grid = grid;
+  shape.activation = scheme;
+  const bool w8a16 =
+      std::string(CudaFp8Linear::PathFor(shape, m, linear.w8a16_gemv())) == "fp8-w8a16-gemv";
+  // The W8A16 GEMV multiplies the bf16 activations as they are: the weight-only reference.
+  if (w8a16) view.activation = Scheme::kNone;
   ASSERT_TRUE(kernels::cpu::Fp8Linear(xf.data(), view, with_bias ? bias_f.data() : nullptr, m,
                                       want.data(), nullptr)
                   .ok());
@@ -74,7 +83,8 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   absl::StatusOr<CudaFp8Weight> w = UploadFp8Weight(&host, n, k, 128, "test");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_TRUE(host.codes.empty());  // the host copy is freed
-  const std::string path = CudaFp8Linear::PathFor(*w, m);
+  const std::string path = CudaFp8Linear::PathFor(*w, m, linear.w8a16_gemv());
+  EXPECT_EQ(path == "fp8-w8a16-gemv", w8a16);
   SCOPED_TRACE(::testing::Message()
                << "m=" << m << " n=" << n << " k=" << k << " blocks " << block_cols << " scheme "
                << static_cast<int>(scheme) << " path " << path);
@@ -104,6 +114,13 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
     EXPECT_TRUE(absl::IsInvalidArgument(
         linear.Linear(nullptr, *w, nullptr, m, out2.get(), nullptr, false, /*codes_ready=*/true)));
     return;
+  }
+  if (w8a16) {  // codes_ready runs the W8A8 GEMV: its bits with w8a16_gemv off
+    linear.set_w8a16_gemv(false);
+    ASSERT_TRUE(
+        linear.Linear(dx.get(), *w, with_bias ? dbias.get() : nullptr, m, out.get(), nullptr).ok());
+    EXPECT_STREQ(linear.last_path(), "fp8-gemv");
+    linear.set_w8a16_gemv(true);
   }
   const kernels::cuda::Fp8TokenCodes q = linear.token_codes();
   ASSERT_TRUE(
@@ -136,6 +153,14 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
       CheckLinear(rng, **linear, m, 200, 1024, 128, scheme, false, /*square_blocks=*/true);
     }
   }
+  // m = 1 with 128-column groups, w8a16_gemv off: QuantizeActivations + the W8A8 GEMV (and the
+  // reference with the weight's activation scheme), as before the W8A16 GEMV.
+  (*linear)->set_w8a16_gemv(false);
+  for (Scheme scheme : {Scheme::kDynamicToken, Scheme::kDynamicGroup128}) {
+    CheckLinear(rng, **linear, 1, 80, 384, 128, scheme, true);
+    CheckLinear(rng, **linear, 1, 200, 1024, 128, scheme, false, /*square_blocks=*/true);
+  }
+  (*linear)->set_w8a16_gemv(true);
   // Which path: decode GEMV up to 16 rows; the GEMM for whole-row scales and per-token / static
   // activations; the chunked GEMV for blocks, 1x128 groups and weight-only layers.
   // (A block narrower than the row: 128 of 256 columns; a 128-wide block of a 64-wide row is a
@@ -156,6 +181,15 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   w.grid.cols = 512;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-block-gemm");
+  // Batch 1 of 128-column groups: the W8A16 GEMV unless switched off; whole-row scales keep the
+  // W8A8 GEMV (and 128 of 128 columns is a whole row).
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-w8a16-gemv");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1, /*w8a16_gemv=*/false), "fp8-gemv");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 2), "fp8-gemv");
+  w.grid.block_cols = 512;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-gemv");
+  w.grid = {64, 128, 1, 128};
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-gemv");
 }
 
 TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {

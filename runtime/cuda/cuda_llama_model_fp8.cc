@@ -15,6 +15,9 @@
 namespace tandem::runtime::cuda {
 
 absl::Status CudaLlamaModel::UploadFp8(LayerWeights* src, Layer* dst) {
+  // CudaModelOptions::fp8_weight_only_fold also picks CudaFp8Linear's batch-1 W8A16 GEMV for
+  // weights with per-128-column scales (TANDEM_FP8_W16_GEMV=0 turns it off in any case).
+  if (fp8_ != nullptr) fp8_->set_w8a16_gemv(fp8_->w8a16_gemv() && options_.fp8_weight_only_fold);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size, D = config_.head_dim;
   const int64_t qkv_dim = (config_.num_attention_heads + 2 * config_.num_key_value_heads) * D;
   const int64_t o_dim = config_.num_attention_heads / options_.dcp.size * D;
@@ -30,6 +33,9 @@ absl::Status CudaLlamaModel::UploadFp8(LayerWeights* src, Layer* dst) {
 }
 
 absl::Status CudaLlamaModel::AllocateFp8(Layer* l) {
+  // CudaModelOptions::fp8_weight_only_fold also picks CudaFp8Linear's batch-1 W8A16 GEMV for
+  // weights with per-128-column scales (TANDEM_FP8_W16_GEMV=0 turns it off in any case).
+  if (fp8_ != nullptr) fp8_->set_w8a16_gemv(fp8_->w8a16_gemv() && options_.fp8_weight_only_fold);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size, D = config_.head_dim;
   const int64_t qkv_dim = (config_.num_attention_heads + 2 * config_.num_key_value_heads) * D;
   const int64_t o_dim = config_.num_attention_heads / options_.dcp.size * D;

@@ -21,6 +21,9 @@
 namespace tandem::runtime::cuda {
 
 absl::Status CudaMlaModel::UploadFp8(LayerWeights* src, Layer* dst) {
+  // CudaModelOptions::fp8_weight_only_fold also picks CudaFp8Linear's batch-1 W8A16 GEMV for
+  // weights with per-128-column scales (TANDEM_FP8_W16_GEMV=0 turns it off in any case).
+  if (fp8_ != nullptr) fp8_->set_w8a16_gemv(fp8_->w8a16_gemv() && options_.fp8_weight_only_fold);
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, Rq = c.q_lora_rank;
   const int64_t Hq = dims_.num_heads, T = options_.max_tokens, q_in = Rq > 0 ? Rq : H;
@@ -62,6 +65,9 @@ absl::Status CudaMlaModel::UploadKvA(Fp8LinearWeight* kv_a, Layer* dst) {
 }
 
 absl::Status CudaMlaModel::AllocateFp8Dummy() {
+  // CudaModelOptions::fp8_weight_only_fold also picks CudaFp8Linear's batch-1 W8A16 GEMV for
+  // weights with per-128-column scales (TANDEM_FP8_W16_GEMV=0 turns it off in any case).
+  if (fp8_ != nullptr) fp8_->set_w8a16_gemv(fp8_->w8a16_gemv() && options_.fp8_weight_only_fold);
   const ModelConfig& c = config_;
   const WeightQuantization& q = c.quantization;
   const int64_t H = c.hidden_size, I = c.intermediate_size, Rq = c.q_lora_rank;
