@@ -10,6 +10,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/moe/moe_fp8_cuda.h"
 
 namespace tandem::runtime::cuda {
@@ -202,6 +203,7 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
   RETURN_IF_ERROR(kc::MoeFp8GroupedMmaInit());
   const int64_t rows = max_tokens * c.num_experts_per_tok;
   ASSIGN_OR_RETURN(m->linear_, CudaFp8Linear::Create(max_tokens, std::max({H, Ie, Is})));
+  m->w8a16_gemv_ = m->linear_->w8a16_gemv();  // TANDEM_FP8_W16_GEMV=0: off
   const int64_t codes = std::max(max_tokens * H, rows * Ie);
   const int64_t scales = std::max(max_tokens * ((H + 127) / 128), rows * ((Ie + 127) / 128));
   ASSIGN_OR_RETURN(m->codes_, DeviceBuffer::Allocate(codes, "fp8 moe activation codes"));
@@ -209,11 +211,23 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
   return m;
 }
 
+void CudaFp8MoeExperts::set_w8a16_gemv(bool on) {
+  w8a16_gemv_ = on;
+  linear_->set_w8a16_gemv(on);
+}
+
+bool CudaFp8MoeExperts::WeightOnly(const CudaFp8MoeWeights& w, int64_t Tn) const {
+  return w8a16_gemv_ && Tn <= kc::kFp8W16GemvMaxM && !w.gate_up.empty() && !w.down.empty() &&
+         kc::Fp8W16GroupedScales(w.gate_up.front().grid) &&
+         kc::Fp8W16GroupedScales(w.down.front().grid);
+}
+
 absl::StatusOr<kc::MoeFp8Activations> CudaFp8MoeExperts::Input(const bf16* values, int64_t m,
                                                                int64_t k, const CudaFp8Weight& like,
-                                                               cudaStream_t stream) {
+                                                               cudaStream_t stream,
+                                                               bool weight_only) {
   kc::MoeFp8Activations a;
-  a.scheme = like.activation;
+  a.scheme = weight_only ? Scheme::kNone : like.activation;
   a.values = values;
   if (a.scheme == Scheme::kNone) return a;
   RETURN_IF_ERROR(kc::QuantizeActivations(values, m, k, a.scheme, like.input_scale,
@@ -228,11 +242,14 @@ absl::Status CudaFp8MoeExperts::Gemvs(const CudaFp8MoeWeights& w, const bf16* x,
                                       bf16* expert_out, cudaStream_t stream, bool pdl) {
   const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
   const int64_t rows = Tn * config_.num_experts_per_tok;
-  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa, Input(x, Tn, H, w.gate_up.front(), stream));
+  const bool weight_only = WeightOnly(w, Tn);
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations xa,
+                   Input(x, Tn, H, w.gate_up.front(), stream, weight_only));
   RETURN_IF_ERROR(
       kc::MoeFp8ExpertGemvGateUp(xa, DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales), H,
                                  Ie, perm, E, rows, act, stream, pdl));
-  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa, Input(act, rows, Ie, w.down.front(), stream));
+  ASSIGN_OR_RETURN(const kc::MoeFp8Activations aa,
+                   Input(act, rows, Ie, w.down.front(), stream, weight_only));
   return kc::MoeFp8ExpertGemvDown(aa, DeviceExperts(w.down, w.down_codes, w.down_scales), H, Ie,
                                   perm, E, rows, expert_out, stream, pdl);
 }
@@ -274,7 +291,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
       last_path_ = "fp8-grouped-mma";
       return Mma(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }
-    last_path_ = "fp8-expert-gemv";
+    last_path_ = WeightOnly(w, Tn) ? "fp8-expert-w8a16-gemv" : "fp8-expert-gemv";
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }
   RETURN_IF_ERROR(kc::MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, rows_in, stream));

@@ -111,9 +111,16 @@ class CudaFp8MoeExperts {
                       __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* out,
                       cudaStream_t stream);
 
-  // The path the last Routed call took: "fp8-expert-gemv", "fp8-grouped-mma" or
-  // "fp8-per-expert-gemm".
+  // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
+  // "fp8-grouped-mma" or "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
+  // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
+  // checkpoints) weight-only: the expert GEMVs read x and act as bf16 values (scheme kNone, which
+  // kernels/moe/moe_fp8_cuda.h's GEMVs take with any weight scales), no QuantizeActivations before
+  // gate_up and down; the shared experts likewise (CudaFp8Linear::set_w8a16_gemv). Numerics:
+  // cpu::Fp8Linear with scheme kNone. Create: on unless TANDEM_FP8_W16_GEMV=0.
+  void set_w8a16_gemv(bool on);
+  bool w8a16_gemv() const { return w8a16_gemv_; }
   // Whether sync-free steps past max(4, E / k) tokens with FP8 activations take MoeFp8GroupedMma
   // (Create: true unless TANDEM_MOE_FP8=gemv).
   void set_grouped_mma(bool on) { grouped_mma_ = on; }
@@ -130,15 +137,20 @@ class CudaFp8MoeExperts {
                    const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                    __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
                    cudaStream_t stream);
-  // The activations of one projection as `like`'s scheme says: bf16, or codes + scales.
+  // Whether a step of num_tokens runs the routed experts weight-only (set_w8a16_gemv).
+  bool WeightOnly(const CudaFp8MoeWeights& w, int64_t num_tokens) const;
+  // The activations of one projection as `like`'s scheme says: bf16, or codes + scales (bf16
+  // whatever the scheme when weight_only).
   absl::StatusOr<kernels::cuda::MoeFp8Activations> Input(const __nv_bfloat16* values, int64_t m,
                                                          int64_t k, const CudaFp8Weight& like,
-                                                         cudaStream_t stream);
+                                                         cudaStream_t stream,
+                                                         bool weight_only = false);
 
   const ModelConfig config_;
   const int64_t max_tokens_;
   const char* last_path_ = "";
   bool grouped_mma_ = true;
+  bool w8a16_gemv_ = true;
   std::unique_ptr<CudaFp8Linear> linear_;
   DeviceBuffer codes_;   // activation codes for the GEMVs: [max(T * H, T * k * Ie)]
   DeviceBuffer scales_;  // their scales

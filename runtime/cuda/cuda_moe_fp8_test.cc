@@ -304,6 +304,71 @@ TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   PrefillMatchesGemvs(/*blocks=*/false, rng);
 }
 
+// One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the
+// routed experts' GEMVs and the shared experts read x and act as bf16 (no activation
+// quantization), against the CPU with scheme kNone on the GPU's own input of each stage; off, the
+// W8A8 GEMVs against the quantizing CPU reference, as before.
+void OneTokenMatchesCpu(bool weight_only, std::mt19937& rng) {
+  SCOPED_TRACE(weight_only ? "one token, W8A16" : "one token, W8A8");
+  std::printf("%s\n", weight_only ? "one token, W8A16" : "one token, W8A8");
+  ModelConfig c;
+  c.hidden_size = 512;
+  c.moe_intermediate_size = 384;            // 3 groups
+  c.shared_expert_intermediate_size = 272;  // a partial last group
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  const int64_t T = 1, E = 8, k = 2, H = 512, I = 384, Is = 272, rows = T * k;
+  const Scheme scheme = Scheme::kDynamicGroup128;
+  LayerWeights layer;
+  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, true, scheme, rng);
+  layer.experts_down_fp8 = RandomFp8(E * H, I, true, scheme, rng);
+  layer.shared_gate_up_fp8 = RandomFp8(2 * Is, H, true, scheme, rng);
+  layer.shared_down_fp8 = RandomFp8(H, Is, true, scheme, rng);
+  Fp8LinearWeight gu_w = layer.experts_gate_up_fp8, dn_w = layer.experts_down_fp8;
+  Fp8LinearWeight shared_gu = layer.shared_gate_up_fp8, shared_dn = layer.shared_down_fp8;
+  for (Fp8LinearWeight* ref : {&gu_w, &dn_w, &shared_gu, &shared_dn}) {
+    if (weight_only) ref->activation = Scheme::kNone;  // the reference of the W8A16 GEMVs
+  }
+  absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> w = UploadFp8MoeWeights(c, &layer, T);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> experts = CudaFp8MoeExperts::Create(c, T);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  (*experts)->set_w8a16_gemv(weight_only);
+
+  const std::vector<float> x = Bf16Rows(T * H, rng);
+  const std::vector<int32_t> ids = {3, static_cast<int32_t>((4 + rng() % (E - 1)) % E)};
+  TestBuffer<bf16> dx(kernels::cuda_test::Convert<bf16>(x)), act(rows * I), out(rows * H);
+  TestBuffer<int32_t> d_ids(ids), offsets(E + 1), active(E), token_of_row(rows), row_of_pair(rows);
+  const kernels::cuda::DeviceMoePermutation perm{offsets.get(), active.get(), token_of_row.get(),
+                                                 row_of_pair.get()};
+  ASSERT_TRUE(kernels::cuda::MoePermute(d_ids.get(), T, k, E, perm, nullptr, nullptr).ok());
+  ASSERT_TRUE((*experts)
+                  ->Routed(**w, dx.get(), T, perm, E, nullptr, nullptr, act.get(), out.get(),
+                           nullptr, nullptr, true)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_STREQ((*experts)->last_path(), weight_only ? "fp8-expert-w8a16-gemv" : "fp8-expert-gemv");
+  const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
+  ASSERT_EQ(o[E], rows);
+  std::vector<float> x_rows(rows * H);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.begin() + tor[r] * H, H, x_rows.begin() + r * H);
+  }
+  const std::vector<float> got_act = kernels::cuda_test::ToFloat(act.ToHost());
+  Compare(got_act, SiluMul(PerExpert(x_rows, H, gu_w, 2 * I, o), rows, I), kActRel, kAccum,
+          "1-token act vs CPU");
+  Compare(kernels::cuda_test::ToFloat(out.ToHost()), PerExpert(got_act, I, dn_w, H, o), kRound,
+          kAccum, "1-token down vs CPU on its act");
+  SharedMatchesCpu(**experts, **w, shared_gu, shared_dn, x, dx.get(), T, H, Is);
+}
+
+TEST(CudaMoeFp8Test, OneTokenWeightOnlyMatchesTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kernels::cuda_test::TestSeed() + 7);
+  OneTokenMatchesCpu(/*weight_only=*/true, rng);
+  OneTokenMatchesCpu(/*weight_only=*/false, rng);
+}
+
 // Expert parallelism: the rank's experts whole plus one all-zero expert (zero outputs).
 TEST(CudaMoeFp8Test, ExpertParallelUploadAddsAZeroExpert) {
   TANDEM_SKIP_WITHOUT_GPU();
