@@ -62,7 +62,9 @@ absl::Status MoePermute(const int32_t* expert_ids, int64_t num_tokens, int64_t t
                         cudaStream_t stream);
 
 // MoeRoute then MoePermute in ONE launch for decode-sized steps (one block: a warp routes each
-// token, the block permutes the ids from shared memory): the same expert_ids, weights and
+// token with its scores in registers, the block permutes the ids from shared memory; the load
+// counters are read right after the PDL wait so their latency hides under the routing; measured
+// in moe_route_cuda_bench): the same expert_ids, weights and
 // permutation, bit for bit, as the two calls. Needs MoeRouteAndPermuteSupported: E <=
 // kMoeFusedMaxExperts and T * k <= kMoeFusedMaxPairs (INVALID_ARGUMENT naming the numbers
 // otherwise, or as MoeRoute's checks). programmatic_launch: launched with programmatic stream

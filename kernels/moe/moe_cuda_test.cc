@@ -8,7 +8,9 @@
 //     skewed routings with empty experts and one expert taking every token; the load counters
 //     add up over calls.
 //   * MoeRouteAndPermute (one launch) equal bit for bit to MoeRoute + MoePermute and to the CPU,
-//     plain and PDL-launched, every routing variant, up to 1024 pairs, ties, no tokens.
+//     plain and PDL-launched, every routing variant, up to 1024 pairs, ties, no tokens; at the
+//     decode sizes T = 1, 2, 7, 16 every variant also on unspread normal logits (near ties, the
+//     two launches still bit for bit) and on exact ties.
 #include "kernels/moe/moe_cuda.h"
 
 #include <algorithm>
@@ -186,7 +188,8 @@ TEST(MoeCudaTest, PermuteMatchesCpuOnSkewedRoutings) {
 // another kernel; and against the CPU (GroupedTopK's ids, weights within 2e-6, PermuteByExpert's
 // offsets and row order).
 void CheckRouteAndPermute(const std::vector<float>& logits, int64_t T, GroupedRoutingParams p,
-                          const std::vector<float>& bias, const char* what) {
+                          const std::vector<float>& bias, const char* what,
+                          bool against_cpu = true) {
   const int64_t E = p.num_experts, k = p.top_k, rows = T * k;
   SCOPED_TRACE(::testing::Message() << what << ": T " << T << " E " << E << " k " << k);
   ASSERT_TRUE(MoeRouteAndPermuteSupported(p, T));
@@ -229,7 +232,7 @@ void CheckRouteAndPermute(const std::vector<float>& logits, int64_t T, GroupedRo
     }
     EXPECT_EQ(perm_b.offsets.ToHost(), perm_a.offsets.ToHost());
     EXPECT_EQ(perm_b.active.ToHost(), perm_a.active.ToHost());
-    if (pdl && rows > 0) {  // against the CPU reference
+    if (pdl && rows > 0 && against_cpu) {  // against the CPU reference
       GroupedRoutingParams hp = p;
       if (!bias.empty()) hp.correction_bias = bias.data();
       MoeRouting want;
@@ -306,6 +309,57 @@ TEST(MoeCudaTest, RouteAndPermuteMatchesSeparateKernelsAndCpu) {
   EXPECT_FALSE(
       MoeRouteAndPermute(logits.get(), 129, q, ids.get(), w.get(), perm.view(), nullptr, nullptr)
           .ok());
+}
+
+// The fused launch's register routing against MoeRoute's (and the CPU where the inputs are
+// spread) at the decode step sizes, every routing variant the models use.
+struct FusedVariant {
+  const char* name;
+  int64_t E, k, groups, topk_groups;
+  bool sigmoid, top_two_sum, renormalize, bias;
+  float scale;
+};
+
+TEST(MoeCudaTest, FusedRouteEveryVariantAtDecodeSizes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const FusedVariant variants[] = {
+      {"Mixtral", 8, 2, 1, 1, false, false, true, false, 1.0f},
+      {"softmax top-k, 60 experts", 60, 4, 1, 1, false, false, false, false, 1.0f},
+      {"Qwen3 norm_topk_prob", 128, 8, 1, 1, false, false, true, false, 1.0f},
+      {"V2-Lite greedy", 64, 6, 1, 1, false, false, false, false, 1.0f},
+      {"V2 group_limited_greedy", 128, 6, 8, 3, false, false, false, false, 16.0f},
+      {"V3 noaux_tc", 128, 8, 8, 4, true, true, true, true, 2.5f},
+      {"V3 noaux_tc, 32 groups", 128, 8, 32, 5, true, true, true, true, 2.5f},
+      {"sigmoid, one group", 96, 8, 1, 1, true, false, true, true, 2.5f},
+      {"k = 64", 128, 64, 1, 1, false, false, true, false, 1.0f},
+  };
+  std::uniform_int_distribution<int> pick(0, 2);
+  std::uniform_real_distribution<float> small(-0.1f, 0.1f);
+  for (const FusedVariant& v : variants) {
+    GroupedRoutingParams p;
+    p.num_experts = v.E;
+    p.top_k = v.k;
+    p.num_groups = v.groups;
+    p.topk_groups = v.topk_groups;
+    p.scoring = v.sigmoid ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+    p.group_score = v.top_two_sum ? MoeGroupScore::kTopTwoSum : MoeGroupScore::kMax;
+    p.renormalize = v.renormalize;
+    p.routed_scaling_factor = v.scale;
+    std::vector<float> spread_bias, random_bias;
+    for (int64_t e = 0; v.bias && e < v.E; ++e) {
+      spread_bias.push_back(0.001f * static_cast<float>((e * 37) % v.E));
+      random_bias.push_back(small(rng));
+    }
+    for (int64_t T : {1, 2, 7, 16}) {
+      CheckRouteAndPermute(SpreadLogits(T, v.E, rng), T, p, spread_bias, v.name);
+      CheckRouteAndPermute(moe_cuda_test::Normal(T * v.E, 1.0f, rng), T, p, random_bias, v.name,
+                           /*against_cpu=*/false);
+      std::vector<float> ties(T * v.E);
+      for (float& l : ties) l = 0.5f * static_cast<float>(pick(rng));
+      CheckRouteAndPermute(ties, T, p, spread_bias, v.name, /*against_cpu=*/!v.bias);
+    }
+  }
 }
 
 }  // namespace

@@ -173,37 +173,197 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
              weights + first, nullptr);
 }
 
-// Inclusive sum over the block (kPermuteWarps * 32 threads); `red` holds kPermuteWarps ints.
-__device__ int BlockInclusiveScan(int v, int* red, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int off = 1; off < 32; off <<= 1) {
-    const int o = __shfl_up_sync(0xffffffffu, v, off);
-    if (lane >= off) v += o;
-  }
-  if (lane == 31) red[warp] = v;
-  __syncthreads();
-  int before = 0, all = 0;
-  for (int w = 0; w < kPermuteWarps; ++w) {
-    if (w < warp) before += red[w];
-    all += red[w];
-  }
-  __syncthreads();
-  *total = all;
-  return v + before;
+// The fused kernel's routing of one token (E <= kFusedE): RouteToken's ids and weights bit for
+// bit, with the token's scores in registers (lane holds experts lane + 32 i) instead of shared
+// memory, all of its loads issued at once, and each top-k pick one pair of warp reductions
+// (redux.sync) on order-preserving keys instead of a shuffle tree: the picks are the total order's
+// (larger value, ties to the lower id) first k, as RouteToken's Better. The softmax's max / sum and
+// the weights' j-order sum are RouteToken's expressions in the same order. NaN scores are outside
+// the contract (RouteToken's pick among NaNs is lane-order dependent).
+constexpr int kFusedE = static_cast<int>(kMoeFusedMaxExperts);
+constexpr int kLaneExperts = kFusedE / 32;
+static_assert(kLaneExperts * 32 == kFusedE);
+
+// Larger float -> larger key, -0 and +0 equal; 0 is below every non-NaN key (the "taken" mark).
+__device__ __forceinline__ unsigned OrderKey(float v) {
+  const unsigned b = __float_as_uint(v);
+  if (b == 0x80000000u) return 0x80000000u;  // -0 as +0
+  return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
 }
 
-// One block. Warp w owns the pairs [w * seg, (w + 1) * seg) and a row of counts seg_base[w][E]
-// (shared, kPermuteWarps * E ints; `red` kPermuteWarps ints): pass 1 counts its pairs per expert,
-// the scans turn the counts into each warp's first row per expert, pass 2 hands out rows in pair
-// order (match_any: equal ids in one 32-pair chunk ranked by lane). Stable, deterministic, no
-// global atomics. `ids` may be shared or global memory.
-__device__ void PermuteBlock(const int32_t* ids, int rows, int top_k, int num_experts,
-                             const DeviceMoePermutation& perm, int64_t* expert_load, int* seg_base,
-                             int* red) {
-  const int E = num_experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = threadIdx.x; i < kPermuteWarps * E; i += blockDim.x) seg_base[i] = 0;
+// Per warp, shared: the choice scores [E] and the groups' scores / kept flags (grouped routings).
+struct FastScratch {
+  float *choice, *group;
+  unsigned char* kept;
+};
+
+// DeepSeek's group-limited choice: masks the experts of all but the best topk_groups groups (group
+// score: max, or the sum of the two largest), as RouteToken; a group is kept when fewer than
+// topk_groups groups beat it in Better's order (= RouteToken's topk_groups successive picks).
+__device__ __forceinline__ void MaskGroups(const RouteParams& p, const FastScratch& s, int lane,
+                                           float (&choice)[kLaneExperts]) {
+  const int E = p.num_experts, G = p.num_groups, per = E / G;
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) {
+    if (lane + 32 * i < E) s.choice[lane + 32 * i] = choice[i];
+  }
+  __syncwarp();
+  for (int g = lane; g < G; g += 32) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int e = g * per; e < (g + 1) * per; ++e) {
+      const float c = s.choice[e];
+      if (c > a) {
+        b = a;
+        a = c;
+      } else if (c > b) {
+        b = c;
+      }
+    }
+    s.group[g] = p.top_two_sum ? a + b : a;
+  }
+  __syncwarp();
+  for (int g = lane; g < G; g += 32) {
+    const float v = s.group[g];
+    int beaten_by = 0;
+    for (int o = 0; o < G; ++o) beaten_by += Better(s.group[o], o, v, g) ? 1 : 0;
+    s.kept[g] = beaten_by < p.topk_groups ? 1 : 0;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && !s.kept[e / per]) choice[i] = p.sigmoid ? -INFINITY : 0.0f;
+  }
+  __syncwarp();  // the scratch is free for the warp's next token
+}
+
+// The token's scores (softmax or sigmoid) and choice scores (+ bias), RouteToken's arithmetic.
+__device__ __forceinline__ void ScoreToken(const float* __restrict__ row, const RouteParams& p,
+                                           int lane, float (&score)[kLaneExperts],
+                                           float (&choice)[kLaneExperts]) {
+  const int E = p.num_experts;
+  float bias[kLaneExperts];
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) {
+    const int e = lane + 32 * i;
+    score[i] = e < E ? row[e] : -INFINITY;
+    bias[i] = e < E && p.bias != nullptr ? p.bias[e] : 0.0f;
+  }
+  if (p.sigmoid) {
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) score[i] = 1.0f / (1.0f + expf(-score[i]));
+  } else {
+    float local = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) local = fmaxf(local, score[i]);
+    const float max = WarpReduce(local, true);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) {
+      if (lane + 32 * i < E) {
+        score[i] = expf(score[i] - max);
+        sum += score[i];
+      }
+    }
+    sum = WarpReduce(sum, false);
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) score[i] /= sum;
+  }
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) choice[i] = score[i] + bias[i];
+}
+
+__device__ __forceinline__ void RouteTokenFast(const float* __restrict__ row, const RouteParams& p,
+                                               const FastScratch& s, int lane, int32_t* ids_out,
+                                               float* w_out, int32_t* ids_copy) {
+  const int E = p.num_experts;
+  float score[kLaneExperts], choice[kLaneExperts];
+  ScoreToken(row, p, lane, score, choice);
+  if (p.num_groups > 1) MaskGroups(p, s, lane, choice);
+  unsigned key[kLaneExperts];
+  float source[kLaneExperts];  // the weight source: the unbiased score with a bias, else the choice
+#pragma unroll
+  for (int i = 0; i < kLaneExperts; ++i) {
+    key[i] = lane + 32 * i < E ? OrderKey(choice[i]) : 0u;
+    source[i] = p.bias != nullptr ? score[i] : choice[i];
+  }
+  // Pick j: the warp's largest key, then the lowest id holding it (its lane's best: a lane scans
+  // its experts in id order); the winner's source value broadcast and summed in j order. Static
+  // register indices only (a pick marks a bit of `taken`), so nothing goes to local memory.
+  float sum = 0.0f, v0 = 0.0f, v1 = 0.0f;
+  int id0 = 0, id1 = 0;
+  unsigned taken = 0;
+  for (int j = 0; j < p.top_k; ++j) {
+    unsigned best = 0;
+    int bi = 0;
+    float bv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLaneExperts; ++i) {
+      const unsigned k = (taken >> i) & 1u ? 0u : key[i];
+      if (k > best) best = k, bi = i, bv = source[i];
+    }
+    const unsigned top = __reduce_max_sync(0xffffffffu, best);
+    const int e = static_cast<int>(__reduce_min_sync(
+        0xffffffffu, best == top ? static_cast<unsigned>(lane + 32 * bi) : 0xffffffffu));
+    const float v = __shfl_sync(0xffffffffu, bv, e & 31);
+    if (lane == (e & 31)) taken |= 1u << bi;
+    sum += v;
+    if (j == lane) id0 = e, v0 = v;
+    if (j == lane + 32) id1 = e, v1 = v;
+  }
+  const float denominator = sum + (p.sigmoid ? 1e-20f : 0.0f);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = lane + 32 * h;
+    if (j < p.top_k) {
+      const int e = h == 0 ? id0 : id1;
+      float v = h == 0 ? v0 : v1;
+      if (p.renormalize) v /= denominator;
+      ids_out[j] = e;
+      if (ids_copy != nullptr) ids_copy[j] = e;
+      w_out[j] = v * p.scale;
+    }
+  }
+}
+
+// Inclusive sums over the block (kPermuteWarps * 32 threads) of a and b at once; `red` holds
+// 2 * kPermuteWarps ints, used once per kernel (no barrier after the reads).
+__device__ int2 BlockInclusiveScan2(int a, int b, int* red, int2* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int off = 1; off < 32; off <<= 1) {
+    const int oa = __shfl_up_sync(0xffffffffu, a, off);
+    const int ob = __shfl_up_sync(0xffffffffu, b, off);
+    if (lane >= off) a += oa, b += ob;
+  }
+  if (lane == 31) red[warp] = a, red[kPermuteWarps + warp] = b;
   __syncthreads();
-  const int seg = (rows + kPermuteWarps - 1) / kPermuteWarps;
+  int2 before{0, 0}, all{0, 0};
+#pragma unroll
+  for (int w = 0; w < kPermuteWarps; ++w) {
+    const int ra = red[w], rb = red[kPermuteWarps + w];
+    if (w < warp) before.x += ra, before.y += rb;
+    all.x += ra;
+    all.y += rb;
+  }
+  *total = all;
+  return {a + before.x, b + before.y};
+}
+
+// One block. Warp w < nw owns the pairs [w * seg, (w + 1) * seg) (seg >= 32: decode-sized steps
+// take one or a few warps) and a row of counts seg_base[w][E] (shared, kPermuteWarps * E ints;
+// `red` 2 * kPermuteWarps ints): pass 1 counts its pairs per expert, the scans turn the counts
+// into each warp's first row per expert, pass 2 hands out rows in pair order (match_any: equal
+// ids in one 32-pair chunk ranked by lane). Stable, deterministic, no global atomics. `ids` may
+// be shared or global memory. load_before: expert_load[threadIdx.x] as the caller read it (early,
+// so its latency hides) for threads < E when expert_load is given.
+__device__ void PermuteBlock(const int32_t* ids, int rows, int top_k, int num_experts,
+                             const DeviceMoePermutation& perm, int64_t* expert_load,
+                             int64_t load_before, int* seg_base, int* red) {
+  const int E = num_experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = max(32, (rows + kPermuteWarps - 1) / kPermuteWarps);
+  const int nw = (rows + seg - 1) / seg;  // warps with pairs (<= kPermuteWarps)
+  for (int i = threadIdx.x; i < nw * E; i += blockDim.x) seg_base[i] = 0;
+  __syncthreads();
   const int begin = warp * seg, end = min(rows, begin + seg);
   int* mine = seg_base + warp * E;
   for (int c = begin; c < end; c += 32) {
@@ -215,25 +375,26 @@ __device__ void PermuteBlock(const int32_t* ids, int rows, int top_k, int num_ex
   }
   __syncthreads();
   // Thread e (E <= kMoeMaxExperts = the block's threads): each warp's exclusive start within
-  // expert e, the expert's count, its first row (a block scan) and its place among the active.
+  // expert e, the expert's count, its first row and its place among the active (block scans).
   const int e = threadIdx.x;
   int count = 0;
   if (e < E) {
-    for (int w = 0; w < kPermuteWarps; ++w) {
+    for (int w = 0; w < nw; ++w) {
       const int c = seg_base[w * E + e];
       seg_base[w * E + e] = count;
       count += c;
     }
   }
-  int rows_total = 0, num_active = 0;
-  const int offset = BlockInclusiveScan(count, red, &rows_total) - count;
-  const int active_rank = BlockInclusiveScan(count > 0 ? 1 : 0, red, &num_active) - 1;
+  int2 totals;
+  const int2 inclusive = BlockInclusiveScan2(count, count > 0 ? 1 : 0, red, &totals);
+  const int offset = inclusive.x - count, active_rank = inclusive.y - 1;
+  const int rows_total = totals.x, num_active = totals.y;
   if (e < E) {
     perm.expert_offsets[e] = offset;
-    for (int w = 0; w < kPermuteWarps; ++w) seg_base[w * E + e] += offset;
+    for (int w = 0; w < nw; ++w) seg_base[w * E + e] += offset;
     if (count > 0) perm.active_experts[active_rank] = e;
     if (e >= num_active) perm.active_experts[e] = -1;  // never an active slot: rank < num_active
-    if (expert_load != nullptr) expert_load[e] += count;
+    if (expert_load != nullptr) expert_load[e] = load_before + count;
   }
   if (e == 0) perm.expert_offsets[E] = rows_total;
   __syncthreads();
@@ -254,42 +415,47 @@ __device__ void PermuteBlock(const int32_t* ids, int rows, int top_k, int num_ex
   }
 }
 
+// expert_load[threadIdx.x] for PermuteBlock's load_before (0 where not read).
+__device__ __forceinline__ int64_t LoadBefore(const int64_t* expert_load, int num_experts) {
+  return expert_load != nullptr && static_cast<int>(threadIdx.x) < num_experts
+             ? expert_load[threadIdx.x]
+             : 0;
+}
+
 __global__ void __launch_bounds__(kPermuteWarps * 32)
     PermuteKernel(const int32_t* __restrict__ ids, int rows, int top_k, int num_experts,
                   DeviceMoePermutation perm, int64_t* expert_load) {
   extern __shared__ int seg_base[];  // [kPermuteWarps][E]
-  __shared__ int red[kPermuteWarps];
-  PermuteBlock(ids, rows, top_k, num_experts, perm, expert_load, seg_base, red);
+  __shared__ int red[2 * kPermuteWarps];
+  const int64_t load_before = LoadBefore(expert_load, num_experts);
+  PermuteBlock(ids, rows, top_k, num_experts, perm, expert_load, load_before, seg_base, red);
 }
 
 // MoeRouteAndPermute: one block of kPermuteWarps warps; warp w routes tokens w, w + 16, ...
-// (RouteToken, ids also kept in shared memory), then the block permutes them (PermuteBlock).
-// Static shared memory only (~45 KB at kMoeFusedMaxExperts = 128): no opt-in, PDL-launchable.
-constexpr int kFusedE = static_cast<int>(kMoeFusedMaxExperts);
+// (RouteTokenFast, ids also kept in shared memory), then the block permutes them (PermuteBlock).
+// Static shared memory only (~26 KB at kMoeFusedMaxExperts = 128): no opt-in, PDL-launchable.
 __global__ void __launch_bounds__(kPermuteWarps * 32)
     RoutePermuteKernel(const float* __restrict__ logits, int num_tokens, RouteParams p,
                        int32_t* __restrict__ ids, float* __restrict__ weights,
                        DeviceMoePermutation perm, int64_t* expert_load) {
-  __shared__ float s_scores[kPermuteWarps][kFusedE], s_choice[kPermuteWarps][kFusedE],
-      s_group[kPermuteWarps][kFusedE];
-  __shared__ unsigned char s_taken[kPermuteWarps][kFusedE], s_kept[kPermuteWarps][kFusedE];
-  __shared__ int s_chosen[kPermuteWarps][64];
+  __shared__ float s_choice[kPermuteWarps][kFusedE], s_group[kPermuteWarps][kFusedE];
+  __shared__ unsigned char s_kept[kPermuteWarps][kFusedE];
   __shared__ int32_t s_ids[kMoeFusedMaxPairs];
   __shared__ int seg_base[kPermuteWarps * kFusedE];
-  __shared__ int red[kPermuteWarps];
+  __shared__ int red[2 * kPermuteWarps];
   internal::WaitForPrecedingGrid();  // the logits (PDL: nothing read or written before)
   internal::AllowDependentLaunch();
+  const int64_t load_before = LoadBefore(expert_load, p.num_experts);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const RouteScratch s{s_scores[warp], s_choice[warp], s_group[warp],
-                       s_taken[warp],  s_kept[warp],   s_chosen[warp]};
+  const FastScratch s{s_choice[warp], s_group[warp], s_kept[warp]};
   for (int t = warp; t < num_tokens; t += kPermuteWarps) {
     const int64_t first = static_cast<int64_t>(t) * p.top_k;
-    RouteToken(logits + static_cast<int64_t>(t) * p.num_experts, p, s, lane, ids + first,
-               weights + first, s_ids + first);
+    RouteTokenFast(logits + static_cast<int64_t>(t) * p.num_experts, p, s, lane, ids + first,
+                   weights + first, s_ids + first);
   }
   __syncthreads();
-  PermuteBlock(s_ids, num_tokens * p.top_k, p.top_k, p.num_experts, perm, expert_load, seg_base,
-               red);
+  PermuteBlock(s_ids, num_tokens * p.top_k, p.top_k, p.num_experts, perm, expert_load, load_before,
+               seg_base, red);
 }
 
 // The kernel's parameters from the host's, after GroupedTopK's checks; INVALID_ARGUMENT names
