@@ -331,6 +331,7 @@ TEST(MoeCudaTest, FusedRouteEveryVariantAtDecodeSizes) {
       {"V2 group_limited_greedy", 128, 6, 8, 3, false, false, false, false, 16.0f},
       {"V3 noaux_tc", 128, 8, 8, 4, true, true, true, true, 2.5f},
       {"V3 noaux_tc, 32 groups", 128, 8, 32, 5, true, true, true, true, 2.5f},
+      {"V3 noaux_tc, 64 groups of 2", 128, 8, 64, 10, true, true, true, true, 2.5f},
       {"sigmoid, one group", 96, 8, 1, 1, true, false, true, true, 2.5f},
       {"k = 64", 128, 64, 1, 1, false, false, true, false, 1.0f},
   };
