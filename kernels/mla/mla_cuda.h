@@ -14,8 +14,9 @@
 //      and P.V on tensor cores (fp32 accumulators, online softmax): on sm_90 by wgmma (two
 //      warpgroups, 64-latent tiles; the default: TMA loads, mla_decode_tma.cu, where the page
 //      size suits, else cp.async, mla_decode_wgmma.cu), elsewhere or with
-//      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Long contexts are split
-//      over `plan.num_splits` CTAs per row tile (split-KV); the fp32 partials are merged by LSE
+//      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Contexts are split
+//      over `plan.num_splits` CTAs per row tile (split-KV: each request's own context in chunks
+//      of >= 64 latents, MlaPlan::num_splits); the fp32 partials are merged by LSE
 //      with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is causal
 //      per row. Latent widths other than 512 + 64 run a plain CUDA-core kernel (one warp per row;
 //      the tiny test models), same semantics.
@@ -75,8 +76,11 @@ struct MlaPlanInput {
   int64_t max_q_len = 1;    // >= every request's q_len
   int64_t max_seq_len = 0;  // >= every request's seq_len
   int num_sms = 132;        // cudaDevAttrMultiProcessorCount
-  // 0: choose (tensor-core kernels: the fewest splits that fill whole waves of one CTA per SM,
-  // each split >= 512 latents; plain kernel: about one wave); >= 1: at most this many.
+  // 0: choose (tensor-core kernels: the splits that minimize a modelled time, about one wave of
+  // one CTA per SM at small batches, each split >= 64 latents at max_seq_len; plain kernel: about
+  // one wave); >= 1: at most this many (and at most 256, and ceil(max_seq_len / 64)). Each CTA
+  // splits its own request's context (MlaPlan::num_splits), so a plan for a long bound (a CUDA
+  // graph's max_model_len) keeps short requests spread over SMs in chunks of >= 64 latents.
   int num_splits = 0;
   // > 0: fewer splits until plan.workspace_bytes fits (one split always does when it is at least
   // the unsplit workspace of num_tokens).
@@ -106,8 +110,11 @@ struct MlaPlan {
   bool use_wgmma = false;  // use_mma && allow_wgmma: the Hopper variant where the device has it
   bool use_tma = false;    // use_wgmma && allow_tma: its TMA loads where the page size suits
   MlaTmaSchedule tma_schedule = MlaTmaSchedule::kSerial;  // use_tma: input.tma_schedule
-  int num_splits = 1;           // CTAs per (request, row tile) along the context
-  int64_t split_chunk = 0;      // latents per split: a multiple of 64 (whole tiles of both kernels)
+  // CTAs per (request, row tile) along the context. The CTAs of a request whose rows see `keys`
+  // latents take chunks of ceil(keys / num_splits) rounded up to 64 (whole tiles of every
+  // kernel): its own context, not max_seq_len, is split; CTAs past its end only mark their
+  // partial empty.
+  int num_splits = 1;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64)
   int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
 };

@@ -110,9 +110,8 @@ struct LatentParams {
   int dim;   // D = L + Dr
   int lora;  // L
   float scale_log2;
-  int split_chunk;
-  int num_splits;
-  T* o_lat;  // unsplit: [T, H, L]
+  int num_splits;  // CTAs per (request, row tile) along the context (SplitChunk)
+  T* o_lat;        // unsplit: [T, H, L]
   float* lse;
   float* part_o;  // split: [split][T * H][L]
   float* part_lse;
@@ -143,9 +142,21 @@ __device__ __forceinline__ int LocalKeyEnd(const LatentParams<T>& p, int x) {
          min(max(x - cycles * p.dcp_cycle - p.dcp_offset, 0), p.dcp_interleave);
 }
 
+// The split rule of every latent kernel: a CTA whose rows see `keys` latents (its request's own
+// local key end, not the plan's bound) takes split `split` of num_splits chunks of
+// SplitChunk(keys, num_splits) latents, [split * chunk, min((split + 1) * chunk, keys)). So the
+// plan's num_splits is a CTA count and a request's real context spreads over as many of them as
+// have whole 64-latent tiles (kSplitAlign: tiles of both tensor-core kernels, and of the TMA
+// boxes); the rest have an empty range (EmptySplitDone). keys <= 2^30, num_splits <= 2^16.
+constexpr int kSplitAlign = 64;
+__host__ __device__ __forceinline__ int SplitChunk(int keys, int num_splits) {
+  return ((keys + num_splits - 1) / num_splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+}
+
 // One CTA of the tensor-core latent kernels (grid: splits, row tiles of `rows`, requests): its
 // request's query rows [r0, r0 + rows) of rows_seq = q_len x heads, and the latents [kb, ke) of
-// its split that any of those rows sees.
+// its split that any of those rows sees (SplitChunk over the tile's last row's key end: the
+// furthest any of its rows sees).
 struct LatentCta {
   int q0, q_len, rows_seq, r0, ctx, kb, ke;
   const int32_t* table;  // the request's block-table row
@@ -168,9 +179,11 @@ __device__ __forceinline__ LatentCta LatentCtaOf(const LatentParams<T>& p, int r
   c.r0 = blockIdx.y * rows;
   c.ctx = p.seq_lens[s];
   c.table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
-  c.kb = blockIdx.x * p.split_chunk;
   const int last_row = min(c.r0 + rows, c.rows_seq) - 1;
-  c.ke = min(c.kb + p.split_chunk, LocalKeyEnd(p, c.ctx - c.q_len + last_row / p.heads + 1));
+  const int keys = LocalKeyEnd(p, c.ctx - c.q_len + last_row / p.heads + 1);
+  const int chunk = SplitChunk(keys, p.num_splits);
+  c.kb = blockIdx.x * chunk;
+  c.ke = min(c.kb + chunk, keys);
   return c;
 }
 
@@ -260,6 +273,23 @@ __device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, in
   } else {
     p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
   }
+}
+
+// A split CTA with no latents in its range (its request's context ends before its chunk): the
+// rows' partial LSE -inf and nothing else, true (the kernel returns before loading anything).
+// MergeAttnStatesN treats a partial with a non-finite LSE as empty and never reads its out, so
+// the out rows are left unwritten (neither garbage nor 0 * NaN can reach a result). Unsplit, or
+// with latents: false (an unsplit CTA without latents runs on and stores out 0, lse -inf).
+// CTA-uniform: call before the first barrier.
+template <typename T>
+__device__ __forceinline__ bool EmptySplitDone(const LatentParams<T>& p, const LatentCta& c,
+                                               int rows) {
+  if (p.num_splits == 1 || c.kb < c.ke) return false;
+  const int n = min(rows, c.rows_seq - c.r0);
+  for (int r = threadIdx.x; r < n; r += blockDim.x) {
+    StoreLse(p, blockIdx.x, static_cast<int64_t>(c.q0) * p.heads + c.r0 + r, -INFINITY);
+  }
+  return true;
 }
 
 // Sums each of a thread's two row values over the quad of lanes sharing the rows (the m16n8

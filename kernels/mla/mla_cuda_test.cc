@@ -47,6 +47,9 @@ struct Case {
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
   DcpShard dcp = {};
   bool fp8_blocks = false;  // with fp8: block-interleaved (each block its codes then its scales)
+  // > 0: plan for max_seq_len max(this (its DCP local count), the real longest), as a CUDA
+  // graph's plan for max_model_len; the requests keep their lengths.
+  int64_t plan_len = 0;
 };
 
 template <typename T>
@@ -164,7 +167,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .num_seqs = S,
                   .num_tokens = T_tok,
                   .max_q_len = max_q,
-                  .max_seq_len = max_len,
+                  .max_seq_len = std::max(max_len, DcpLocalCount(c.plan_len, c.dcp)),
                   .num_splits = c.num_splits,
                   .allow_wgmma = c.kernel >= 1,
                   .allow_tma = c.kernel >= 2,
@@ -183,8 +186,13 @@ void RunCase(const Case& c, std::mt19937& rng) {
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
     EXPECT_EQ(plan->num_splits > 1, c.num_splits > 1);
+  } else if (c.plan_len >= 4096) {
+    EXPECT_GT(plan->num_splits, 1);  // the case is about splits past the requests' contexts
   }
   DeviceBuffer<unsigned char> ws(plan->workspace_bytes);
+  // NaN everywhere: a split partial the merge reads without its CTA having written it (an empty
+  // split's out rows stay unwritten) turns the result NaN.
+  TANDEM_CUDA_CHECK(cudaMemset(ws.get(), 0xff, plan->workspace_bytes));
   cublasHandle_t cublas = nullptr;
   ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
   AttentionBatch db{qsl_d.get(), lens_d.get(), tables_d.get(), S, max_blocks, local_d.get()};
@@ -219,8 +227,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
                        : plan->tma_schedule == MlaTmaSchedule::kSeesaw  ? " wgmma-tma-seesaw"
                        : plan->tma_schedule == MlaTmaSchedule::kHandOff ? " wgmma-tma-handoff"
                                                                         : " wgmma-tma";
-  std::cout << "H " << H << " L " << L << kernel << " splits " << plan->num_splits << ": max|err| "
-            << max_err << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
+  std::cout << "H " << H << " L " << L << kernel << (c.fp8 ? " fp8" : "") << " splits "
+            << plan->num_splits << " (plan len " << in.max_seq_len << "): max|err| " << max_err
+            << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
   if (c.dcp.size > 1) {
     std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
               << c.dcp.interleave << ", " << empty_rows << " empty rows)";
@@ -300,6 +309,106 @@ TEST(MlaCudaTest, DcpShardsMatchTheCpuShards) {
       }
     }
   }
+}
+
+// A plan for a long bound (32768: a CUDA graph's plan for max_model_len) run on short and uneven
+// real contexts: every CTA splits its own request's context (chunks of >= 64 latents), CTAs past
+// its end leave empty partials (LSE -inf, out unwritten) that the merge must skip. Lengths at the
+// tile edges (1, 63, 64, 65) and longer (1000, 4097), batch 1 / 3 / 8, q_len 1 and 2, 16 and 128
+// heads, on every kernel: mma.sync, wgmma cp.async, TMA in three schedules, FP8 on the Hopper and
+// the plain kernel, the plain kernel at the tiny widths; DCP shards (the plan bounds the local
+// lengths, 16384 of 32768).
+TEST(MlaCudaTest, LongPlanShortContexts) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  auto long_plan = [](Case c) {
+    c.plan_len = 32768;
+    return c;
+  };
+  const std::vector<int32_t> edges = {1, 63, 64, 65, 1000, 4097, 2, 130},
+                             q12 = {1, 2, 1, 1, 2, 1, 1, 2};
+  for (int kernel : {0, 1, 2, 3, 4}) {
+    RunCase<__nv_bfloat16>(long_plan({kLite, {1}, {1000}, 16, 0, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(long_plan({kLite, {2, 1, 2}, {4097, 1, 63}, 64, 0, false, kernel}), rng);
+    RunCase<__half>(long_plan({kLite, q12, edges, 16, 0, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(long_plan({kV3, {2}, {4097}, 64, 0, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(long_plan({kV3, {1, 2, 1}, {65, 1000, 64}, 32, 0, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(
+        long_plan({kV3, std::vector<int32_t>(8, 1), edges, 16, 0, false, kernel}), rng);
+  }
+  for (int kernel : {0, 1}) {  // FP8 pools: the plain kernel (0), the Hopper FP8 one (1)
+    RunCase<__nv_bfloat16>(long_plan({kLite, q12, edges, 16, 0, true, kernel}), rng);
+    RunCase<__half>(long_plan({kV3, {2, 1, 1}, {4097, 65, 1}, 64, 0, true, kernel}), rng);
+  }
+  RunCase<__nv_bfloat16>(long_plan({kTiny, {1, 2, 1}, {1000, 65, 1}, 16}), rng);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    for (int kernel : {0, 2}) {
+      RunCase<__nv_bfloat16>(
+          long_plan({kLite, {1, 2, 1}, {65, 1000, 4097}, 16, 0, false, kernel, {2, rank, 16}}),
+          rng);
+    }
+    RunCase<__nv_bfloat16>(long_plan({kV3, {2, 1}, {4097, 63}, 16, 0, true, 1, {2, rank, 1}}), rng);
+  }
+}
+
+// The split planner (host only: runs without a GPU). Batches of 1-8 fill between a quarter and
+// one wave of one CTA per SM (or every split is at its 64-latent minimum), never two; a plan
+// for a long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
+// SplitChunk); forced counts, the workspace cap and DCP's local bound.
+TEST(MlaCudaTest, PlanSplitsFillAWave) {
+  auto plan = [](const MlaDims& d, int64_t seqs, int64_t max_seq_len, int64_t max_q = 1,
+                 int splits = 0, int64_t max_ws = 0, DcpShard dcp = {}) {
+    absl::StatusOr<MlaPlan> p = PlanMla({.dims = d,
+                                         .num_seqs = seqs,
+                                         .num_tokens = seqs * max_q,
+                                         .max_q_len = max_q,
+                                         .max_seq_len = max_seq_len,
+                                         .num_sms = 132,
+                                         .num_splits = splits,
+                                         .max_workspace_bytes = max_ws,
+                                         .dcp = dcp});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : MlaPlan{};
+  };
+  for (const MlaDims& d : {kLite, kV3}) {
+    for (int64_t seqs : {1, 2, 3, 8}) {
+      for (int64_t ctx : {64, 1000, 1024, 4096, 32768, 163840}) {
+        for (int64_t q : {1, 2}) {
+          const MlaPlan p = plan(d, seqs, ctx, q);
+          const int64_t ctas = seqs * p.row_tiles * p.num_splits;
+          SCOPED_TRACE(::testing::Message() << d.num_heads << " heads, " << seqs << " x " << ctx
+                                            << " q_len " << q << ": " << p.num_splits << " splits");
+          EXPECT_LE(ctas, 132);
+          EXPECT_TRUE(4 * ctas > 132 || p.num_splits == (ctx + 63) / 64);
+          EXPECT_LT((p.num_splits - 1) * 64, ctx);  // >= 64 latents a split at the bound
+        }
+      }
+    }
+  }
+  EXPECT_EQ(plan(kLite, 1, 1024).num_splits, 16);    // 16 CTAs of 64 latents
+  EXPECT_EQ(plan(kLite, 8, 1024).num_splits, 16);    // 128 CTAs
+  EXPECT_EQ(plan(kLite, 64, 1024).num_splits, 2);    // 128 CTAs
+  EXPECT_EQ(plan(kLite, 1, 32768).num_splits, 128);  // chunks of 256
+  EXPECT_EQ(plan(kV3, 16, 4096).num_splits, 4);      // 2 row tiles: 128 CTAs
+  EXPECT_EQ(plan(kV3, 64, 32768).num_splits, 1);
+  EXPECT_EQ(plan(kLite, 1, 1).num_splits, 1);
+  EXPECT_EQ(plan(kTiny, 1, 32768).num_splits, 128);  // plain kernel: ~one wave of splits
+  // Forced: at most that many, chunks of >= 64 latents, at most 256.
+  EXPECT_EQ(plan(kLite, 1, 1000, 1, 3).num_splits, 3);
+  EXPECT_EQ(plan(kLite, 1, 1000, 1, 100).num_splits, 16);
+  EXPECT_EQ(plan(kLite, 1, 1 << 20, 1, 1000).num_splits, 256);
+  // The workspace cap: fewer splits until the partials fit.
+  const MlaPlan wide = plan(kV3, 1, 32768);
+  const MlaPlan one = plan(kV3, 1, 32768, 1, 1);
+  const int64_t cap = one.workspace_bytes + (wide.workspace_bytes - one.workspace_bytes) / 4;
+  const MlaPlan capped = plan(kV3, 1, 32768, 1, 0, cap);
+  EXPECT_LT(capped.num_splits, wide.num_splits);
+  EXPECT_GT(capped.num_splits, 1);
+  EXPECT_LE(capped.workspace_bytes, cap);
+  // DCP: max_seq_len bounds the shard's local lengths; the same splits as an unsharded plan of
+  // that length.
+  EXPECT_EQ(plan(kLite, 1, 16384, 1, 0, 0, {2, 1, 16}).num_splits,
+            plan(kLite, 1, 16384).num_splits);
 }
 
 TEST(MlaCudaTest, PlainKernelTinyDims) {

@@ -38,7 +38,6 @@ using mla_internal::StorePair;
 
 constexpr int kL = 512, kD = 576;
 constexpr int kRows = 64, kKeys = 32, kStages = 3, kThreads = 256;
-constexpr int kChunkAlign = 64;       // split chunks: whole tiles of both tensor-core kernels
 constexpr int kStride = kD + 8;       // shared row stride (elements): conflict-free ldmatrix
 constexpr int kChunks = kD / 8;       // 16-byte chunks per latent row
 constexpr int kKSteps = kD / 16 / 2;  // k16 steps of S per warp (each warp takes half of kD)
@@ -62,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sx = reinterpret_cast<float*>(sk + kStages * kKeys * kStride);
 
   const mla_internal::LatentCta cta = mla_internal::LatentCtaOf(p, kRows);
-  if (cta.r0 >= cta.rows_seq) return;
+  if (cta.r0 >= cta.rows_seq || mla_internal::EmptySplitDone(p, cta, kRows)) return;
   const int split = blockIdx.x, q0 = cta.q0, rows_seq = cta.rows_seq, r0 = cta.r0, kb = cta.kb;
   const int ke = cta.ke, num_tiles = cta.Tiles(kKeys);
   const int32_t* table = cta.table;
@@ -226,8 +225,14 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   const int q0 = p.qsl[lo], q_len = p.qsl[lo + 1] - q0;
   if (t < q0 || t >= q0 + q_len) return;  // padding past the batch's tokens
   const int ctx = p.seq_lens[lo];
-  const int kb = split * p.split_chunk;
-  const int ke = min(kb + p.split_chunk, mla_internal::LocalKeyEnd(p, ctx - q_len + (t - q0) + 1));
+  // The split rule of the tensor-core kernels (SplitChunk) over this row's own key end.
+  const int keys = mla_internal::LocalKeyEnd(p, ctx - q_len + (t - q0) + 1);
+  const int chunk = mla_internal::SplitChunk(keys, p.num_splits);
+  const int kb = split * chunk, ke = min(kb + chunk, keys);
+  if (p.num_splits > 1 && kb >= ke) {  // an empty split: LSE -inf, out unread (EmptySplitDone)
+    if (lane == 0) StoreLse(p, split, row, -INFINITY);
+    return;
+  }
   const int32_t* table = p.block_tables + static_cast<int64_t>(lo) * p.max_blocks;
   float q[kMaxDPerLane], acc[kMaxLPerLane] = {};
 #pragma unroll
@@ -274,21 +279,56 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   if (lane == 0) StoreLse(p, split, row, l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY);
 }
 
-// Splits per (request, row tile) for the tensor-core kernels (one CTA per SM): the fewest that
-// minimize the modelled time ceil(ctas x splits / SMs) waves x (ctx / splits + kSplitOverhead)
-// latents, up to max_splits. kSplitOverhead prices a CTA's fixed work (Q, the pipeline's fill,
-// its fp32 partial and the merge) in latent reads. 16 requests x 2 row tiles on 132 SMs at 4k:
-// 4 splits (one wave of 128 CTAs), where 5 would run 160 CTAs in two waves; 64 x 2 at 32k: 1 (33
-// would fill all 132 SMs, but in 32 waves of short splits).
-constexpr int64_t kSplitOverhead = 256;
-int64_t SplitsForWaves(int64_t ctas, int num_sms, int64_t ctx, int64_t max_splits) {
+// The split-KV plan. Every latent kernel splits each (request, row tile)'s own context into
+// num_splits chunks of SplitChunk(keys, num_splits) latents (mla_cuda_internal.cuh), so the plan
+// fixes only a CTA count: sized here for the bound max_seq_len, a shorter request fills fewer
+// CTAs with chunks of >= 64 latents, and a plan for a CUDA graph's max_model_len still spreads a
+// short request's context over as many SMs as it has 64-latent tiles.
+constexpr int64_t kMaxSplits = 256;
+// A CTA's fixed work (its launch, the Q rows, the pipeline's fill before the first tile's math:
+// about two 64-latent tiles), and the merge's launch and LSE pass, in latent reads of one SM.
+constexpr double kCtaLatents = 128, kMergeLatents = 128;
+
+// How many of `splits` CTAs a context of ctx latents fills: chunks of SplitChunk(ctx, splits).
+int64_t SplitsFilled(int64_t ctx, int64_t splits) {
+  const int64_t chunk = mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(splits));
+  return std::max<int64_t>(1, (ctx + chunk - 1) / chunk);
+}
+
+// Splits per (request, row tile) of the tensor-core kernels (one CTA per SM, `ctas` of them per
+// split): the fewest that minimize the modelled time (a larger count only where it gains 2%),
+// in one SM's latent reads (D x 2 bytes),
+//   waves x (chunk + kCtaLatents + partial) + kMergeLatents + filled x ctas x partial / SMs
+// (unsplit: waves x (ctx + kCtaLatents)), where filled = SplitsFilled(ctx, s), chunk =
+// SplitChunk(ctx, s), waves = ceil(ctas x filled / SMs), partial = a CTA's fp32 rows out in
+// latent reads (rows_tile x L x 4 bytes; the merge reads them back spread over all SMs).
+// V2-Lite (16 heads, 16 rows a tile: partial ~28) at 1k: batch 1 -> 16 splits of 64 latents,
+// batch 8 -> 16 (128 CTAs), batch 64 -> 2; a plan for 32k at batch 1 -> 128 splits of 256
+// (a 1k request then runs 16 CTAs of 64), batch 8 -> 16. V3 (128 heads, 2 tiles of 64 rows:
+// partial ~114): batch 1 at 4k -> 32 splits of 128 (64 splits of 64 would fill the wave, but
+// their partials cost as much as the halved chunks save), batch 8 at 1k -> 8 (128 CTAs), 16
+// requests at 4k -> 4 (one wave; 8 would run two), 64 at 32k -> 1.
+int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int num_sms,
+                       int64_t ctx, int64_t max_splits) {
   ctas = std::max<int64_t>(ctas, 1);
+  const double partial =
+      static_cast<double>(rows_tile * dims.kv_lora_rank * 4) / (dims.LatentDim() * 2);
   auto cost = [&](int64_t s) {
-    return (ctas * s + num_sms - 1) / num_sms * ((ctx + s - 1) / s + kSplitOverhead);
+    const int64_t filled = SplitsFilled(ctx, s);
+    const double waves = static_cast<double>((ctas * filled + num_sms - 1) / num_sms);
+    if (filled == 1) return waves * (static_cast<double>(ctx) + kCtaLatents);
+    const double chunk = mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s));
+    return waves * (chunk + kCtaLatents + partial) + kMergeLatents +
+           static_cast<double>(filled * ctas) * partial / num_sms;
   };
   int64_t best = 1;
+  double best_cost = cost(1);
   for (int64_t s = 2; s <= max_splits; ++s) {
-    if (cost(s) < cost(best)) best = s;
+    const double c = cost(s);
+    if (c < best_cost * 0.98) {  // more splits only for a clear gain (fewer partials)
+      best = s;
+      best_cost = c;
+    }
   }
   return best;
 }
@@ -321,21 +361,22 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
-  int64_t splits = in.num_splits;
+  const int64_t max_splits = std::clamp<int64_t>(
+      (ctx + mla_internal::kSplitAlign - 1) / mla_internal::kSplitAlign, 1, kMaxSplits);
+  int64_t splits = std::min<int64_t>(in.num_splits, kMaxSplits);
   if (splits == 0) {
-    const int64_t max_splits = std::clamp<int64_t>((ctx + 511) / 512, 1, 128);
     const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
     // The plain kernel runs several CTAs per SM: about one wave of them.
-    splits = plan.use_mma ? SplitsForWaves(seqs * plan.row_tiles, in.num_sms, ctx, max_splits)
-                          : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
+    splits = plan.use_mma
+                 ? SplitsForWaves(seqs * plan.row_tiles, std::min<int64_t>(in.max_q_len * H, kRows),
+                                  in.dims, in.num_sms, ctx, max_splits)
+                 : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
   }
-  for (;; splits = std::max<int64_t>(1, splits / 2)) {
-    int64_t chunk = (ctx + splits - 1) / splits;
-    chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-    plan.num_splits = static_cast<int>((ctx + chunk - 1) / chunk);
-    plan.split_chunk = chunk;
+  // The workspace's partials grow with the splits: fewer until they fit (one always does).
+  for (;; splits = plan.num_splits - 1) {
+    plan.num_splits = static_cast<int>(SplitsFilled(ctx, splits));
     plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
-    if (splits == 1 || in.max_workspace_bytes <= 0 ||
+    if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
       return plan;
     }
@@ -382,7 +423,6 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.dim = static_cast<int>(in.dims.LatentDim());
   p.lora = static_cast<int>(in.dims.kv_lora_rank);
   p.scale_log2 = scale * kLog2e;
-  p.split_chunk = static_cast<int>(plan.split_chunk);
   p.num_splits = plan.num_splits;
   p.o_lat = o_lat;
   p.lse = lse;

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   const LatentCta c = LatentCtaOf(p, kRows);
-  if (c.r0 >= c.rows_seq) return;
+  if (c.r0 >= c.rows_seq || EmptySplitDone(p, c, kRows)) return;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
   const int row_lo = (tid % 128 / 32) * 16 + lane / 4;
   Pair<T> x{&p,

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   float4* sf = reinterpret_cast<float4*>(smem + kFOff);
 
   const LatentCta c = LatentCtaOf(p, kRows);
-  if (c.r0 >= c.rows_seq) return;
+  if (c.r0 >= c.rows_seq || EmptySplitDone(p, c, kRows)) return;
   const int split = blockIdx.x, q0 = c.q0, rows_seq = c.rows_seq, r0 = c.r0, kb = c.kb, ke = c.ke;
   const int32_t* table = c.table;
   const int num_tiles = c.Tiles(kKeys);

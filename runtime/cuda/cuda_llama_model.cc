@@ -19,6 +19,7 @@
 #include "kernels/layers/cuda/layers_cuda.h"
 #include "kernels/layers/rope.h"
 #include "kernels/sampling/cuda/shard_argmax_cuda.h"
+#include "runtime/cuda/dense_linear.h"
 #include "runtime/engine/kv_layout.h"
 #include "runtime/model/half.h"
 
@@ -68,27 +69,6 @@ absl::Status CheckSize(const std::vector<float>& v, int64_t want, const std::str
 template <typename T>
 T* Ptr(const DeviceBuffer& b) {
   return b.get<T>();
-}
-
-// Decode products with at most this many rows run on the weight-streaming GEMV kernel
-// (kernels/gemm/cuda/gemv_cuda.h); larger ones on cuBLASLt. Measured on the H200 (Llama-3-8B decode
-// step): batch 1 4.97 -> 4.74 ms with it; batch 4 was slower with it (5.97 ms: the kernel
-// re-reads the activations from L1 once per weight vector and row).
-constexpr int64_t kGemvRows = 1;
-
-bool UseGemv(const void* a, const void* w, int64_t m, int64_t n, int64_t k) {
-  return m <= kGemvRows && kc::SmallMLinearSupported(a, w, m, n, k);
-}
-
-// out = a * w^T (+ bias): a named helper so the two template arguments stay out of macros.
-// pdl: programmatic dependent launch for the GEMV (cuBLASLt launches as usual).
-template <typename T, typename TOut>
-absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, const T* bias, int64_t m,
-                 int64_t n, int64_t k, TOut* out, cudaStream_t stream, bool pdl) {
-  if (UseGemv(a, w, m, n, k)) {
-    return kc::SmallMLinear<T, TOut>(a, w, bias, m, n, k, out, stream, pdl);
-  }
-  return gemm.Linear<T, TOut>(a, w, bias, m, n, k, out, stream);
 }
 
 }  // namespace
@@ -411,11 +391,12 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
   if (comm() == nullptr) {
-    return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V, H,
-               logits_.get<float>(), stream, pdl);
+    return DenseLinear(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V,
+                       H, logits_.get<float>(), stream, pdl);
   }
-  RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R,
-                      vocab_rows_, H, local_logits_.get<float>(), stream, pdl));
+  RETURN_IF_ERROR(DenseLinear(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head),
+                              static_cast<const T*>(nullptr), R, vocab_rows_, H,
+                              local_logits_.get<float>(), stream, pdl));
   if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
   return GatherLogits(R, stream);
 }
@@ -476,8 +457,8 @@ absl::Status CudaLlamaModel::Project(const DeviceBuffer& dense, const CudaFp8Wei
                                      const T* a, const DeviceBuffer& bias, int64_t m, int64_t n,
                                      int64_t k, T* out, cudaStream_t stream, bool fp8_codes_ready) {
   if (fp8.empty()) {
-    return Lin(*gemm_, a, Ptr<T>(dense), Ptr<T>(bias), m, n, k, out, stream,
-               options_.programmatic_launch);
+    return DenseLinear(*gemm_, a, Ptr<T>(dense), Ptr<T>(bias), m, n, k, out, stream,
+                       options_.programmatic_launch);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return fp8_->Linear(a, fp8, Ptr<T>(bias), m, out, stream, options_.programmatic_launch,

@@ -13,11 +13,13 @@
 #include "common/cublas_status.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
 #include "kernels/layers/rope.h"
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_prefill_select.h"
+#include "runtime/cuda/dense_linear.h"
 #include "runtime/cuda/dummy_init.h"
 #include "runtime/engine/kv_layout.h"
 
@@ -26,9 +28,6 @@ namespace {
 
 namespace kc = ::tandem::kernels::cuda;
 
-// transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (as the CPU
-// MlaModel).
-constexpr float kLatentNormEps = 1e-6f;
 // Split-KV partials beyond the unsplit workspace (PlanMla caps the splits to fit).
 constexpr int64_t kSplitWorkspaceBytes = int64_t{256} << 20;
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
@@ -59,13 +58,6 @@ float SoftmaxScale(const ModelConfig& c) {
 template <typename T>
 T* Ptr(const DeviceBuffer& b) {
   return b.get<T>();
-}
-
-// out = a * w^T through cuBLASLt (a named helper keeps template commas out of macros).
-template <typename T, typename TOut>
-absl::Status Lin(kc::CublasLtGemm& gemm, const T* a, const T* w, int64_t m, int64_t n, int64_t k,
-                 TOut* out, cudaStream_t stream) {
-  return gemm.Linear<T, TOut>(a, w, nullptr, m, n, k, out, stream);
 }
 
 // One fp32 host tensor of `want` elements into a new device buffer of the activation dtype
@@ -327,7 +319,7 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
       {&residual_, T * H, "residual"},
       {&q_lora_, T * std::max<int64_t>(config_.q_lora_rank, 1), "q_lora"},
       {&q_, T * Hq * dims_.QkHeadDim(), "q"},
-      {&ckv_, T * dims_.kv_lora_rank, "c_kv"},
+      {&ckv_, T * dims_.kv_lora_rank + dims_.qk_rope_head_dim, "c_kv (+ a GEMV's k_pe)"},
       {&ckv_normed_, T * dims_.kv_lora_rank, "c_kv normed"},
       {&kpe_, T * dims_.qk_rope_head_dim, "k_pe"},
       {&attn_, T * Hq * dims_.v_head_dim, "attn"},
@@ -456,39 +448,21 @@ template <typename T>
 absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvCache& cache,
                                      int64_t l, const kc::MlaPlan& plan, cudaStream_t stream) {
   const Layer& w = layers_[l];
-  const int64_t Tn = step.num_tokens, H = config_.hidden_size, Rq = config_.q_lora_rank;
-  const int64_t Hq = dims_.num_heads, Dqk = dims_.QkHeadDim(), L = dims_.kv_lora_rank;
-  const int64_t Dr = dims_.qk_rope_head_dim, Dn = dims_.qk_nope_head_dim;
-  const T* hidden = Ptr<T>(hidden_);
+  const int64_t Tn = step.num_tokens, Hq = dims_.num_heads, Dqk = dims_.QkHeadDim();
+  const int64_t L = dims_.kv_lora_rank, Dr = dims_.qk_rope_head_dim, Dn = dims_.qk_nope_head_dim;
   T* q = Ptr<T>(q_);
-  if (Rq > 0) {
-    RETURN_IF_ERROR(
-        Project(w.q_a_fp8, Ptr<T>(w.q_a_proj), hidden, Tn, Rq, H, Ptr<T>(q_lora_), stream));
-    RETURN_IF_ERROR(kc::RmsNorm<T>(Ptr<T>(q_lora_), Ptr<T>(w.q_a_layernorm), Tn, Rq, kLatentNormEps,
-                                   Ptr<T>(q_lora_), stream));
-    RETURN_IF_ERROR(
-        Project(w.q_fp8, Ptr<T>(w.q_proj), Ptr<T>(q_lora_), Tn, Hq * Dqk, Rq, q, stream));
-  } else {
-    RETURN_IF_ERROR(Project(w.q_fp8, Ptr<T>(w.q_proj), hidden, Tn, Hq * Dqk, H, q, stream));
-  }
-  // kv_a_proj_with_mqa as two products, so c_kv and k_pe are dense rows of their own.
-  RETURN_IF_ERROR(
-      Project(w.kv_a_c_fp8, Ptr<T>(w.kv_a_proj), hidden, Tn, L, H, Ptr<T>(ckv_), stream));
-  RETURN_IF_ERROR(
-      Project(w.kv_a_pe_fp8, Ptr<T>(w.kv_a_proj) + L * H, hidden, Tn, Dr, H, Ptr<T>(kpe_), stream));
-  RETURN_IF_ERROR(kc::RmsNorm<T>(Ptr<T>(ckv_), Ptr<T>(w.kv_a_layernorm), Tn, L, kLatentNormEps,
-                                 Ptr<T>(ckv_normed_), stream));
+  ASSIGN_OR_RETURN(T* const kpe, ProjectQKv<T>(w, Tn, stream));
   const float* inv_freq = inv_freq_.get<float>();
   RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
                                  config_.rope_interleave, q, Hq, Dqk, Dn, stream));
   RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
-                                 config_.rope_interleave, Ptr<T>(kpe_), 1, Dr, 0, stream));
+                                 config_.rope_interleave, kpe, 1, Dr, 0, stream));
   if (cache.dtype == kc::KvDtype::kFp8E4m3) {  // e4m3 codes + one scale per row (mla_cuda.h)
-    RETURN_IF_ERROR(kc::MlaWriteLatentFp8<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
-                                             step.slot_mapping, Tn, dims_, cache, l, stream));
+    RETURN_IF_ERROR(kc::MlaWriteLatentFp8<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
+                                             dims_, cache, l, stream));
   } else {
-    RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, Ptr<T>(kpe_), Dr,
-                                          step.slot_mapping, Tn, dims_, cache, l, stream));
+    RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
+                                          dims_, cache, l, stream));
   }
   if (step_unabsorbed_.has_value()) {  // a long prefill (ChooseUnabsorbed); no DCP
     return kc::MlaUnabsorbedAttention<T>(
@@ -511,6 +485,7 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
   const int64_t Tn = step.num_tokens, R = step.num_logit_rows;
   const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const bool pdl = options_.programmatic_launch;
   T* hidden = Ptr<T>(hidden_);
   T* residual = Ptr<T>(residual_);
   if (input_embeds_ != nullptr) {  // the MTP block (CudaMtpModel): eh_proj's output
@@ -528,10 +503,10 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
     const Layer& w = layers_[l];
     if (l == 0) {
       RETURN_IF_ERROR(
-          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream));
+          kc::RmsNorm<T>(residual, Ptr<T>(w.input_layernorm), Tn, H, eps, hidden, stream, pdl));
     } else {
-      RETURN_IF_ERROR(
-          kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H, eps, stream));
+      RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H,
+                                             eps, stream, pdl));
     }
     RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, stream));
     const T* attn = dcp_exchange_ != nullptr ? dcp_exchange_->merged<T>() : Ptr<T>(attn_);
@@ -540,29 +515,34 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
                             stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));  // row-parallel
     RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.post_attention_layernorm), Tn,
-                                           H, eps, stream));
+                                           H, eps, stream, pdl));
     if (config_.IsMoeLayer(l)) {  // DeepSeek's MoE layer: routed + shared experts
       RETURN_IF_ERROR(moe_->Forward<T>(w.moe, hidden, Tn, l, hidden, *gemm_, stream));
       if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
       continue;
     }
-    RETURN_IF_ERROR(Project(w.gate_up_fp8, Ptr<T>(w.gate_up_proj), hidden, Tn, 2 * I, H,
-                            Ptr<T>(gate_up_), stream));
-    RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+    if (w.gate_up_fp8.empty() && UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
+      // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
+      RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj), nullptr, Tn, I, H,
+                                                 Ptr<T>(act_), stream, pdl));
+    } else {
+      RETURN_IF_ERROR(Project(w.gate_up_fp8, Ptr<T>(w.gate_up_proj), hidden, Tn, 2 * I, H,
+                              Ptr<T>(gate_up_), stream));
+      RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
+    }
     RETURN_IF_ERROR(
         Project(w.down_fp8, Ptr<T>(w.down_proj), Ptr<T>(act_), Tn, H, I, hidden, stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
   }
-  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream));
+  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
-  const DeviceBuffer& lm_head = lm_head_.bytes() == 0 ? embed_tokens_ : lm_head_;
-  if (comm() == nullptr) {
-    return Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, V, H, logits_.get<float>(), stream);
-  }
-  RETURN_IF_ERROR(Lin(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), R, vocab_rows_, H,
-                      local_logits_.get<float>(), stream));
-  return GatherLogits(R, stream);
+  const T* lm_head = Ptr<T>(lm_head_.bytes() == 0 ? embed_tokens_ : lm_head_);
+  const bool local = comm() != nullptr;  // vocab-parallel: this rank's rows, then gathered
+  RETURN_IF_ERROR(DenseLinear(*gemm_, Ptr<T>(last_), lm_head, static_cast<const T*>(nullptr), R,
+                              local ? vocab_rows_ : V, H,
+                              (local ? local_logits_ : logits_).get<float>(), stream, pdl));
+  return local ? GatherLogits(R, stream) : absl::OkStatus();
 }
 
 absl::Status CudaMlaModel::ForwardIdle(cudaStream_t stream) {

@@ -140,7 +140,7 @@ class CudaMlaModel {
   absl::StatusOr<bool> FillFp8DummyProjection(const DummyTensorFill& fill, uint64_t seed,
                                               DeviceBuffer* staging, cudaStream_t stream);
   // out [m, n] = a [m, k] . w^T: the FP8 weight `fp8` where it is set (CudaFp8Linear, bf16 only),
-  // else the 16-bit `w` through cuBLASLt.
+  // else the 16-bit `w` (DenseLinear: the GEMV for one row, else cuBLASLt).
   template <typename T>
   absl::Status Project(const CudaFp8Weight& fp8, const T* w, const T* a, int64_t m, int64_t n,
                        int64_t k, T* out, cudaStream_t stream);
@@ -158,6 +158,11 @@ class CudaMlaModel {
   template <typename T>
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                         const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
+  // hidden_ (normed) -> q_ [T, Hq, Dn + Dr] (q_pe not yet rotated), ckv_normed_ [T, L] and the
+  // k_pe rows [T, Dr] it returns: kpe_, or right after the one token's c_kv in ckv_ when
+  // kv_a_proj_with_mqa ran as one GEMV (cuda_mla_model_proj.cc).
+  template <typename T>
+  absl::StatusOr<T*> ProjectQKv(const Layer& w, int64_t Tn, cudaStream_t stream);
   // hidden_ (normed) -> attn_ [T, Hq, Dv] for layer l.
   template <typename T>
   absl::Status Attention(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,

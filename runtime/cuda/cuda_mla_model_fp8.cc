@@ -17,6 +17,7 @@
 #include "kernels/fp8/fp8_cuda.h"
 #include "runtime/cuda/cuda_mla_model.h"
 #include "runtime/cuda/cuda_moe_fp8.h"
+#include "runtime/cuda/dense_linear.h"
 
 namespace tandem::runtime::cuda {
 
@@ -166,9 +167,14 @@ absl::StatusOr<bool> CudaMlaModel::FillFp8DummyProjection(const DummyTensorFill&
 template <typename T>
 absl::Status CudaMlaModel::Project(const CudaFp8Weight& fp8, const T* w, const T* a, int64_t m,
                                    int64_t n, int64_t k, T* out, cudaStream_t stream) {
-  if (fp8.empty()) return gemm_->Linear<T, T>(a, w, nullptr, m, n, k, out, stream);
+  if (fp8.empty()) {
+    return DenseLinear<T, T>(*gemm_, a, w, nullptr, m, n, k, out, stream,
+                             options_.programmatic_launch);
+  }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (fp8_ != nullptr) return fp8_->Linear(a, fp8, nullptr, m, out, stream);
+    if (fp8_ != nullptr) {
+      return fp8_->Linear(a, fp8, nullptr, m, out, stream, options_.programmatic_launch);
+    }
   }
   return absl::FailedPreconditionError("FP8 projections run with bf16 activations only");
 }

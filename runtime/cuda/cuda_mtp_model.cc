@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
+#include "runtime/cuda/dense_linear.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -117,7 +118,8 @@ absl::Status CudaMtpModel::InputT(const DeviceStep& step, const float* input_hid
   CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(concat + H, 2 * H * sizeof(T), normed_.data(),
                                          H * sizeof(T), H * sizeof(T), Tn, cudaMemcpyDeviceToDevice,
                                          stream));
-  return gemm_->Linear<T, T>(concat, eh_proj_.get<T>(), nullptr, Tn, H, 2 * H, x_.get<T>(), stream);
+  return DenseLinear<T, T>(*gemm_, concat, eh_proj_.get<T>(), nullptr, Tn, H, 2 * H, x_.get<T>(),
+                           stream, options_.programmatic_launch);
 }
 
 }  // namespace tandem::runtime::cuda
