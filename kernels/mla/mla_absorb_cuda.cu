@@ -1,5 +1,6 @@
 // The latent-row write, the W_UK / W_UV absorption through cuBLAS strided-batched GEMMs (one
-// batch entry per head), and the whole absorbed MLA step (mla_cuda.h).
+// batch entry per head; decode-sized steps through GEMVs over the heads), and the whole absorbed
+// MLA step (mla_cuda.h).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -51,6 +52,119 @@ __global__ void MlaRopeKernel(const int64_t* positions, int64_t num_tokens, cons
   const float x1 = internal::ToFloat(row[a]), x2 = internal::ToFloat(row[b]);
   row[a] = internal::FromFloat<T>(x1 * c - x2 * s);
   row[b] = internal::FromFloat<T>(x2 * c + x1 * s);
+}
+
+// ---- Decode-sized absorption: a step of at most kMlaAbsorbGemvMaxTokens tokens (batch-1 decode)
+// runs weight-streaming GEMVs over the heads instead of cuBLAS's strided-batched GEMM, whose
+// tiles idle at one token (H200, DeepSeek-V2-Lite batch 1: ~5.6 us a call for 2 MiB of W_UK or
+// W_UV); longer steps (padded graph batches, verification, prefill) keep cuBLAS, whose tiles fill
+// with the tokens (a larger bound is unmeasured). fp32 accumulation, one rounding to T: only the
+// summation order differs from the GEMM's.
+constexpr int64_t kMlaAbsorbGemvMaxTokens = 1;
+constexpr int kAbsorbThreads = 256;
+constexpr int kAbsorbCols = 128;                                      // q_lat columns a CTA owns
+constexpr int kAbsorbColThreads = kAbsorbCols / 8;                    // 8 columns (16 bytes) each
+constexpr int kAbsorbRowGroups = kAbsorbThreads / kAbsorbColThreads;  // W_UK rows split 16 ways
+constexpr int kAbsorbUnroll = 8;  // 16-byte weight loads in flight per thread
+
+// q_cat[t, h, :L] = W_UK_h^T q_nope[t, h] and q_cat[t, h, L:] = q_pe[t, h]. W_UK_h is [Dn, L]
+// row-major (kv_b_proj rows h * (Dn + Dv) ..), so the sum runs down its columns: thread (g, j)
+// streams 8 columns of the rows d = g, g + 16, .. (coalesced across j), the 16 row groups' fp32
+// partials are summed in shared memory in group order. Grid (ceil(L / 128), Hq, T).
+template <typename T>
+__global__ void __launch_bounds__(kAbsorbThreads)
+    AbsorbQueryGemvKernel(const T* __restrict__ q, const T* __restrict__ kv_b, int heads, int dn,
+                          int dr, int dv, int lora, T* __restrict__ q_cat) {
+  __shared__ float partial[kAbsorbRowGroups][kAbsorbCols];
+  const int h = blockIdx.y, j = threadIdx.x % kAbsorbColThreads;
+  const int g = threadIdx.x / kAbsorbColThreads;
+  const int64_t th = static_cast<int64_t>(blockIdx.z) * heads + h;  // (token, head) row
+  const T* qn = q + th * (dn + dr);
+  T* out = q_cat + th * (lora + dr);
+  const int col = blockIdx.x * kAbsorbCols + j * 8;
+  const bool active = col < lora;  // lora % 8 == 0: a thread's 8 columns are all in or all out
+  const T* w = kv_b + static_cast<int64_t>(h) * (dn + dv) * lora + col;
+  float acc[8] = {};
+  for (int d0 = g; d0 < dn; d0 += kAbsorbRowGroups * kAbsorbUnroll) {
+    uint4 wv[kAbsorbUnroll];
+    float x[kAbsorbUnroll];
+#pragma unroll
+    for (int u = 0; u < kAbsorbUnroll; ++u) {
+      const int d = d0 + u * kAbsorbRowGroups;
+      if (active && d < dn) {
+        wv[u] = __ldcs(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(d) * lora));
+        x[u] = internal::ToFloat(qn[d]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAbsorbUnroll; ++u) {
+      if (!active || d0 + u * kAbsorbRowGroups >= dn) continue;
+      const T* wt = reinterpret_cast<const T*>(&wv[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = fmaf(internal::ToFloat(wt[e]), x[u], acc[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) partial[g][j * 8 + e] = acc[e];
+  __syncthreads();
+  if (threadIdx.x < kAbsorbCols && blockIdx.x * kAbsorbCols + threadIdx.x < lora) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kAbsorbRowGroups; ++r) sum += partial[r][threadIdx.x];
+    out[blockIdx.x * kAbsorbCols + threadIdx.x] = internal::FromFloat<T>(sum);
+  }
+  if (blockIdx.x == 0) {  // q_pe into the last Dr columns (cuBLAS's path: a strided copy)
+    for (int i = threadIdx.x; i < dr; i += kAbsorbThreads) out[lora + i] = qn[dn + i];
+  }
+}
+
+// out[t, h, v] = W_UV_h[v] . o_lat[t, h]: one warp per (head, v) streams the L-wide row
+// (kv_b_proj row h * (Dn + Dv) + Dn + v) in 16-byte chunks and reduces over the warp.
+// Grid (ceil(Hq * Dv / 8), T).
+template <typename T>
+__global__ void __launch_bounds__(kAbsorbThreads)
+    UnabsorbOutputGemvKernel(const T* __restrict__ o_lat, const T* __restrict__ kv_b, int heads,
+                             int dn, int dv, int lora, T* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kAbsorbThreads / 32) + threadIdx.x / 32;
+  if (row >= static_cast<int64_t>(heads) * dv) return;
+  const int64_t h = row / dv, v = row % dv;
+  const int64_t th = static_cast<int64_t>(blockIdx.y) * heads + h;
+  const uint4* w = reinterpret_cast<const uint4*>(kv_b + (h * (dn + dv) + dn + v) * lora);
+  const uint4* a = reinterpret_cast<const uint4*>(o_lat + th * lora);
+  const int chunks = lora / 8;
+  float acc = 0.0f;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kAbsorbUnroll) {
+    uint4 wv[kAbsorbUnroll], av[kAbsorbUnroll];
+#pragma unroll
+    for (int u = 0; u < kAbsorbUnroll; ++u) {
+      if (c0 + 32 * u < chunks) {
+        wv[u] = __ldcs(w + c0 + 32 * u);
+        av[u] = __ldg(a + c0 + 32 * u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAbsorbUnroll; ++u) {
+      if (c0 + 32 * u >= chunks) continue;
+      const T* wt = reinterpret_cast<const T*>(&wv[u]);
+      const T* at = reinterpret_cast<const T*>(&av[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        acc = fmaf(internal::ToFloat(wt[e]), internal::ToFloat(at[e]), acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) out[th * dv + v] = internal::FromFloat<T>(acc);
+}
+
+// The GEMV forms read 16-byte chunks of kv_b_proj's rows (and of o_lat's): L a multiple of 8 and
+// 16-byte aligned operands (`a`: o_lat, or q_cat; cudaMalloc'd buffers at row offsets are).
+bool AbsorbGemvApplies(const MlaDims& dims, int64_t num_tokens, const void* a, const void* w) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return num_tokens <= kMlaAbsorbGemvMaxTokens && dims.kv_lora_rank % 8 == 0 && aligned(a) &&
+         aligned(w);
 }
 
 template <typename T>
@@ -123,6 +237,15 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
   }
   const int64_t H = dims.num_heads, Dn = dims.qk_nope_head_dim, Dr = dims.qk_rope_head_dim;
   const int64_t L = dims.kv_lora_rank, Dv = dims.v_head_dim, D = dims.LatentDim();
+  if (AbsorbGemvApplies(dims, num_tokens, q_cat, kv_b_proj)) {
+    const dim3 grid(static_cast<unsigned>((L + kAbsorbCols - 1) / kAbsorbCols),
+                    static_cast<unsigned>(H), static_cast<unsigned>(num_tokens));
+    AbsorbQueryGemvKernel<T><<<grid, kAbsorbThreads, 0, stream>>>(
+        q, kv_b_proj, static_cast<int>(H), static_cast<int>(Dn), static_cast<int>(Dr),
+        static_cast<int>(Dv), static_cast<int>(L), q_cat);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
   // Column-major view: q_lat_h^T [L, T] (ld H*D) = W_UK_h^T [L, Dn] (W_UK_h row-major [Dn, L],
   // ld L) x q_nope_h^T [Dn, T] (ld H*(Dn+Dr)); batch over h.
@@ -151,6 +274,16 @@ absl::Status MlaUnabsorbOutput(cublasHandle_t cublas, const T* o_lat, const T* k
   }
   const int64_t H = dims.num_heads, Dn = dims.qk_nope_head_dim;
   const int64_t L = dims.kv_lora_rank, Dv = dims.v_head_dim;
+  if (AbsorbGemvApplies(dims, num_tokens, o_lat, kv_b_proj)) {
+    constexpr int kRowsPerCta = kAbsorbThreads / 32;
+    const dim3 grid(static_cast<unsigned>((H * Dv + kRowsPerCta - 1) / kRowsPerCta),
+                    static_cast<unsigned>(num_tokens));
+    UnabsorbOutputGemvKernel<T><<<grid, kAbsorbThreads, 0, stream>>>(
+        o_lat, kv_b_proj, static_cast<int>(H), static_cast<int>(Dn), static_cast<int>(Dv),
+        static_cast<int>(L), out);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
   // Column-major: out_h^T [Dv, T] (ld H*Dv) = (W_UV_h viewed [L, Dv] ld L)^T x o_lat_h^T [L, T].
   const float one = 1.0f, zero = 0.0f;
