@@ -441,16 +441,19 @@ absl::Status CudaMoeMlp::SharedExpert(const CudaMoeWeights& w, const T* x, int64
     return grouped_->Dense(shared_act_.data(), w.shared_down.data(), Tn, H, Is, shared_out_.data(),
                            dt, stream);
   }
+  // One token: both GEMVs PDL-launched as the routed experts' (kernels_.pdl): each waits for its
+  // predecessor before reading, so it only gains that predecessor's tail and its own launch.
+  const bool pdl = kernels_.pdl;
   if (Tn == 1 && kc::SmallMLinearSupported(x, gate_up, 1, 2 * Is, H)) {
     RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(x, gate_up, nullptr, 1, Is, H, shared_act_.get<T>(),
-                                               stream, false));
+                                               stream, pdl));
   } else {
     RETURN_IF_ERROR((Lin<T, T>(gemm, x, gate_up, Tn, 2 * Is, H, shared_gate_up_.get<T>(), stream)));
     RETURN_IF_ERROR(
         kc::SiluAndMul<T>(shared_gate_up_.get<T>(), Tn, Is, shared_act_.get<T>(), stream));
   }
   return Lin<T, T>(gemm, shared_act_.get<T>(), w.shared_down.get<T>(), Tn, H, Is,
-                   shared_out_.get<T>(), stream);
+                   shared_out_.get<T>(), stream, pdl);
 }
 
 template <typename T>

@@ -101,9 +101,10 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     Mixtral-sized expert counts (E <= 16) keep cuBLAS;
 //   fused_route: steps of at most kFusedRouteMaxTokens tokens route and permute in one launch
 //     (MoeRouteAndPermute; not under expert parallelism, whose localization sits between them);
-//   pdl: the router GEMV, that launch, the expert GEMVs and the split combine are launched with
-//     programmatic stream serialization (PDL), so each one's blocks are scheduled while its
-//     predecessor finishes (independent of CudaBackendConfig::programmatic_launch);
+//   pdl: the router GEMV, that launch, the expert GEMVs, the one-token shared-expert GEMVs and
+//     the split combine are launched with programmatic stream serialization (PDL), so each one's
+//     blocks are scheduled while its predecessor finishes (independent of
+//     CudaBackendConfig::programmatic_launch);
 //   wgmma_grouped: on sm_90, steps of at least kWgmmaMinTokens tokens that would take
 //     MoeGroupedMma take MoeGroupedWgmma (the Hopper warpgroup-MMA grouped kernel) instead:
 //     Qwen3-30B-A3B's layer 1.12x / 1.28x faster at 1,024 / 8,192 tokens (nvidia-h200,
