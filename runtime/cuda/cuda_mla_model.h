@@ -10,6 +10,10 @@
 // SwiGLU MLP, or from first_k_dense_replace on DeepSeek's MoE layer (CudaMoeMlp,
 // cuda_moe_mlp.h: V2 group-limited / V3 noaux_tc routing, shared experts). The softmax scale is
 // DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
+// A one-token step (batch-1 decode) runs every 16-bit product on the weight-streaming GEMV
+// (dense_linear.h; kv_a_proj_with_mqa as one product, q_a_layernorm inside q_b_proj's GEMV,
+// SiLU*up inside gate_up's; kernels/mla's absorption GEMVs) instead of cuBLAS, whose tiles idle
+// at one row.
 //
 // Tensor parallelism (options.comm; config = the rank's LocalModelConfig), as the CPU MlaModel:
 // each rank runs its Hq/N heads (its rows of q_proj / q_b_proj and kv_b_proj, its o_proj
