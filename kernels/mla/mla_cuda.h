@@ -16,10 +16,10 @@
 //      size suits, else cp.async, mla_decode_wgmma.cu), elsewhere or with
 //      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Contexts are split
 //      over `plan.num_splits` CTAs per row tile (split-KV: each request's own context in chunks
-//      of >= 64 latents, MlaPlan::num_splits); the fp32 partials are merged by LSE
-//      with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is causal
-//      per row. Latent widths other than 512 + 64 run a plain CUDA-core kernel (one warp per row;
-//      the tiny test models), same semantics.
+//      of >= 64 latents, 512 when planned, MlaPlan::num_splits); the fp32 partials are merged by
+//      LSE with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is
+//      causal per row. Latent widths other than 512 + 64 run a plain CUDA-core kernel (one warp per
+//      row; the tiny test models), same semantics.
 //   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM.
 // kv_b_proj: [Hq * (Dn + Dv), L] (torch Linear layout; rows h*(Dn+Dv) .. +Dn are W_UK_h).
 //
@@ -112,9 +112,12 @@ struct MlaPlan {
   MlaTmaSchedule tma_schedule = MlaTmaSchedule::kSerial;  // use_tma: input.tma_schedule
   // CTAs per (request, row tile) along the context. The CTAs of a request whose rows see `keys`
   // latents take chunks of ceil(keys / num_splits) rounded up to 64 (whole tiles of every
-  // kernel): its own context, not max_seq_len, is split; CTAs past its end only mark their
-  // partial empty.
+  // kernel), and at least split_min_latents: its own context, not max_seq_len, is split; CTAs
+  // past its end only mark their partial empty.
   int num_splits = 1;
+  // 512 where the planner chose num_splits (shorter splits measured no faster), 64 where
+  // MlaPlanInput::num_splits forced it.
+  int split_min_latents = 64;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64)
   int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
 };

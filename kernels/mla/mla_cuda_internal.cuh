@@ -111,6 +111,7 @@ struct LatentParams {
   int lora;  // L
   float scale_log2;
   int num_splits;  // CTAs per (request, row tile) along the context (SplitChunk)
+  int split_min;   // latents a non-last split takes at least (MlaPlan::split_min_latents)
   T* o_lat;        // unsplit: [T, H, L]
   float* lse;
   float* part_o;  // split: [split][T * H][L]
@@ -144,13 +145,15 @@ __device__ __forceinline__ int LocalKeyEnd(const LatentParams<T>& p, int x) {
 
 // The split rule of every latent kernel: a CTA whose rows see `keys` latents (its request's own
 // local key end, not the plan's bound) takes split `split` of num_splits chunks of
-// SplitChunk(keys, num_splits) latents, [split * chunk, min((split + 1) * chunk, keys)). So the
-// plan's num_splits is a CTA count and a request's real context spreads over as many of them as
-// have whole 64-latent tiles (kSplitAlign: tiles of both tensor-core kernels, and of the TMA
-// boxes); the rest have an empty range (EmptySplitDone). keys <= 2^30, num_splits <= 2^16.
+// SplitChunk(keys, num_splits, min_chunk) latents, [split * chunk, min((split + 1) * chunk,
+// keys)). So the plan's num_splits is a CTA count and a request's real context spreads over as
+// many of them as have whole chunks of at least min_chunk latents (a multiple of kSplitAlign = 64:
+// tiles of both tensor-core kernels, and of the TMA boxes); the rest have an empty range
+// (EmptySplitDone). keys <= 2^30, num_splits <= 2^16.
 constexpr int kSplitAlign = 64;
-__host__ __device__ __forceinline__ int SplitChunk(int keys, int num_splits) {
-  return ((keys + num_splits - 1) / num_splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+__host__ __device__ __forceinline__ int SplitChunk(int keys, int num_splits, int min_chunk) {
+  const int even = ((keys + num_splits - 1) / num_splits + kSplitAlign - 1) / kSplitAlign;
+  return max(even * kSplitAlign, min_chunk);
 }
 
 // One CTA of the tensor-core latent kernels (grid: splits, row tiles of `rows`, requests): its
@@ -181,7 +184,7 @@ __device__ __forceinline__ LatentCta LatentCtaOf(const LatentParams<T>& p, int r
   c.table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
   const int last_row = min(c.r0 + rows, c.rows_seq) - 1;
   const int keys = LocalKeyEnd(p, c.ctx - c.q_len + last_row / p.heads + 1);
-  const int chunk = SplitChunk(keys, p.num_splits);
+  const int chunk = SplitChunk(keys, p.num_splits, p.split_min);
   c.kb = blockIdx.x * chunk;
   c.ke = min(c.kb + chunk, keys);
   return c;

@@ -351,10 +351,10 @@ TEST(MlaCudaTest, LongPlanShortContexts) {
   }
 }
 
-// The split planner (host only: runs without a GPU). Batches of 1-8 fill between a quarter and
-// one wave of one CTA per SM (or every split is at its 64-latent minimum), never two; a plan
-// for a long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
-// SplitChunk); forced counts, the workspace cap and DCP's local bound.
+// The split planner (host only: runs without a GPU). Batches of 1-8 stay within one wave of one
+// CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents); a plan for a
+// long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
+// SplitChunk); forced counts (64-latent minimum), the workspace cap and DCP's local bound.
 TEST(MlaCudaTest, PlanSplitsFillAWave) {
   auto plan = [](const MlaDims& d, int64_t seqs, int64_t max_seq_len, int64_t max_q = 1,
                  int splits = 0, int64_t max_ws = 0, DcpShard dcp = {}) {
@@ -379,21 +379,19 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
           SCOPED_TRACE(::testing::Message() << d.num_heads << " heads, " << seqs << " x " << ctx
                                             << " q_len " << q << ": " << p.num_splits << " splits");
           EXPECT_LE(ctas, 132);
-          EXPECT_TRUE(4 * ctas > 132 || p.num_splits == (ctx + 63) / 64);
-          EXPECT_LT((p.num_splits - 1) * 64, ctx);  // >= 64 latents a split at the bound
+          EXPECT_EQ(p.split_min_latents, 512);
+          EXPECT_LT((p.num_splits - 1) * 512, ctx);  // >= 512 latents a split at the bound
         }
       }
     }
   }
-  EXPECT_EQ(plan(kLite, 1, 1024).num_splits, 16);    // 16 CTAs of 64 latents
-  EXPECT_EQ(plan(kLite, 8, 1024).num_splits, 16);    // 128 CTAs
-  EXPECT_EQ(plan(kLite, 64, 1024).num_splits, 2);    // 128 CTAs
-  EXPECT_EQ(plan(kLite, 1, 32768).num_splits, 128);  // chunks of 256
-  EXPECT_EQ(plan(kV3, 16, 4096).num_splits, 4);      // 2 row tiles: 128 CTAs
+  EXPECT_EQ(plan(kLite, 1, 1024).num_splits, 2);  // 2 CTAs of 512 latents
+  EXPECT_EQ(plan(kLite, 1, 4096).num_splits, 8);
+  EXPECT_EQ(plan(kLite, 1, 32768).num_splits, 64);  // a 1k request then runs 2 CTAs of 512
   EXPECT_EQ(plan(kV3, 64, 32768).num_splits, 1);
   EXPECT_EQ(plan(kLite, 1, 1).num_splits, 1);
-  EXPECT_EQ(plan(kTiny, 1, 32768).num_splits, 128);  // plain kernel: ~one wave of splits
   // Forced: at most that many, chunks of >= 64 latents, at most 256.
+  EXPECT_EQ(plan(kLite, 1, 1000, 1, 3).split_min_latents, 64);
   EXPECT_EQ(plan(kLite, 1, 1000, 1, 3).num_splits, 3);
   EXPECT_EQ(plan(kLite, 1, 1000, 1, 100).num_splits, 16);
   EXPECT_EQ(plan(kLite, 1, 1 << 20, 1, 1000).num_splits, 256);

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kPlainWarps * 32)
   const int ctx = p.seq_lens[lo];
   // The split rule of the tensor-core kernels (SplitChunk) over this row's own key end.
   const int keys = mla_internal::LocalKeyEnd(p, ctx - q_len + (t - q0) + 1);
-  const int chunk = mla_internal::SplitChunk(keys, p.num_splits);
+  const int chunk = mla_internal::SplitChunk(keys, p.num_splits, p.split_min);
   const int kb = split * chunk, ke = min(kb + chunk, keys);
   if (p.num_splits > 1 && kb >= ke) {  // an empty split: LSE -inf, out unread (EmptySplitDone)
     if (lane == 0) StoreLse(p, split, row, -INFINITY);
@@ -288,10 +288,18 @@ constexpr int64_t kMaxSplits = 256;
 // A CTA's fixed work (its launch, the Q rows, the pipeline's fill before the first tile's math:
 // about two 64-latent tiles), and the merge's launch and LSE pass, in latent reads of one SM.
 constexpr double kCtaLatents = 128, kMergeLatents = 128;
+// The least latents of a planned split (forced counts: kSplitAlign). Measured on an H200
+// (nvidia-h200, mla_cuda_bench, 16 heads, 2026-11-29): splits of 64 latents were no faster than
+// 512 at 1k (batch 1: 16 x 64 33.7 us, 2 x 512 34.8; batch 8: 36.2 vs 35.6) and half as fast at
+// 4k (batch 1: 64 x 64 83.5 us, 8 x 512 41.5): a CTA's fixed cost and its fp32 partial dominate
+// short splits. With per-request chunks a plan for a long bound (a CUDA graph's max_model_len)
+// then runs a short request on ceil(len / 512) CTAs, not on one.
+constexpr int kSplitMinLatents = 512;
 
 // How many of `splits` CTAs a context of ctx latents fills: chunks of SplitChunk(ctx, splits).
-int64_t SplitsFilled(int64_t ctx, int64_t splits) {
-  const int64_t chunk = mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(splits));
+int64_t SplitsFilled(int64_t ctx, int64_t splits, int min_chunk) {
+  const int64_t chunk =
+      mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(splits), min_chunk);
   return std::max<int64_t>(1, (ctx + chunk - 1) / chunk);
 }
 
@@ -314,10 +322,11 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
   const double partial =
       static_cast<double>(rows_tile * dims.kv_lora_rank * 4) / (dims.LatentDim() * 2);
   auto cost = [&](int64_t s) {
-    const int64_t filled = SplitsFilled(ctx, s);
+    const int64_t filled = SplitsFilled(ctx, s, kSplitMinLatents);
     const double waves = static_cast<double>((ctas * filled + num_sms - 1) / num_sms);
     if (filled == 1) return waves * (static_cast<double>(ctx) + kCtaLatents);
-    const double chunk = mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s));
+    const double chunk =
+        mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s), kSplitMinLatents);
     return waves * (chunk + kCtaLatents + partial) + kMergeLatents +
            static_cast<double>(filled * ctas) * partial / num_sms;
   };
@@ -361,8 +370,9 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
+  plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign : kSplitMinLatents;
   const int64_t max_splits = std::clamp<int64_t>(
-      (ctx + mla_internal::kSplitAlign - 1) / mla_internal::kSplitAlign, 1, kMaxSplits);
+      (ctx + plan.split_min_latents - 1) / plan.split_min_latents, 1, kMaxSplits);
   int64_t splits = std::min<int64_t>(in.num_splits, kMaxSplits);
   if (splits == 0) {
     const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
@@ -374,7 +384,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   }
   // The workspace's partials grow with the splits: fewer until they fit (one always does).
   for (;; splits = plan.num_splits - 1) {
-    plan.num_splits = static_cast<int>(SplitsFilled(ctx, splits));
+    plan.num_splits = static_cast<int>(SplitsFilled(ctx, splits, plan.split_min_latents));
     plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
@@ -424,6 +434,7 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.lora = static_cast<int>(in.dims.kv_lora_rank);
   p.scale_log2 = scale * kLog2e;
   p.num_splits = plan.num_splits;
+  p.split_min = plan.split_min_latents;
   p.o_lat = o_lat;
   p.lse = lse;
   p.dcp_size = static_cast<int>(in.dcp.size);
