@@ -210,9 +210,19 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   ASSERT_TRUE(Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), b, 1, act.get(),
                                       nullptr, true, early, math)
                   .ok());
-  ASSERT_TRUE(Fp8W16Gemv<bf16>(normed.get(), gu.device(), b, 1, gate_up_out.get(), nullptr, true,
-                               early, math)
-                  .ok());
+  // The gate rows and the up rows as two weights of n rows each, so that gate (up) row i sits in
+  // the same row slot of a 16-row tensor-core tile as in the fold (row i % 16): the tensor cores'
+  // fp32 sums may differ in the last bit between slots (one bf16 ulp of about 1 in 10^5 outputs
+  // when gate and up are one [2n, k] weight and n % 16 != 0).
+  const int64_t scales_per_row = gu.grid.GridCols();
+  for (int half = 0; half < 2; ++half) {
+    const Fp8DeviceWeight rows{gu.d_codes.get() + half * n * k,
+                               gu.d_scales.get() + half * n * scales_per_row,
+                               {n, k, 1, gu.grid.block_cols}};
+    ASSERT_TRUE(Fp8W16Gemv<bf16>(normed.get(), rows, b == nullptr ? nullptr : b + half * n, 1,
+                                 gate_up_out.get() + half * n, nullptr, true, early, math)
+                    .ok());
+  }
   // SiluAndMul takes inter a multiple of 8: gate and up padded with zeros to n8 columns each.
   const int64_t n8 = (n + 7) / 8 * 8;
   const std::vector<bf16> gate_up_host = gate_up_out.ToHost();
