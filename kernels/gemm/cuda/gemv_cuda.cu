@@ -6,6 +6,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/gemm/cuda/gemv_norm_stage.cuh"
+#include "kernels/gemm/cuda/gemv_rope_store.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -13,6 +14,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 8;  // 16-byte weight loads in flight per lane
 static_assert(kWarpsPerBlock * 32 == 256, "StageRmsNorm's block size (RmsNormKernel's)");
+using gemv_internal::RopeKvStore;  // the RoPE + KV-write epilogue (kernels/fp8 too)
 using gemv_internal::StageRmsNorm;
 
 template <typename T>
@@ -188,40 +190,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       out[r * n + row] = FromFloat<T>(g / (1.0f + expf(-g)) * u);
     }
   }
-}
-
-// RoPE + KV write of output pair `pair` = (head h, element i < D / 2) of token r, from the two
-// products x1 (row h * D + i) and x2 (row h * D + i + D / 2), each already rounded to T as the qkv
-// buffer stores it: q and k rotated with RopeQkvToCacheKernel's fp32 expression
-// (kernels/attention/cuda/rope_cache_cuda.cu), v copied; q dense, k / v into the token's slot.
-template <typename T>
-__device__ __forceinline__ void RopeKvStore(const GemvRopeKv& d, int64_t pair, int r, float x1,
-                                            float x2) {
-  const int half = d.head_dim / 2;
-  const int64_t h = pair / half;
-  const int i = static_cast<int>(pair % half);
-  T* dst;
-  bool is_v = false;
-  if (h < d.num_q_heads) {
-    dst = static_cast<T*>(d.q_out) + (r * d.num_q_heads + h) * d.head_dim;
-  } else {
-    const int64_t slot = d.slot_mapping[r];
-    if (slot < 0 || slot >= d.num_slots) return;
-    is_v = h >= d.num_q_heads + d.num_kv_heads;
-    const int64_t kv_head = h - d.num_q_heads - (is_v ? d.num_kv_heads : 0);
-    dst = static_cast<T*>(d.pool) + (slot / d.block_size) * d.block_stride + d.layer_tile_offset +
-          (is_v ? d.kv_stride : 0) +
-          ((slot % d.block_size) * d.num_kv_heads + kv_head) * d.head_dim;
-  }
-  if (is_v) {
-    dst[i] = FromFloat<T>(x1);
-    dst[i + half] = FromFloat<T>(x2);
-    return;
-  }
-  float s, c;
-  sincosf(static_cast<float>(d.positions[r]) * d.inv_freq[i], &s, &c);
-  dst[i] = FromFloat<T>(x1 * c + (-x2) * s);
-  dst[i + half] = FromFloat<T>(x2 * c + x1 * s);
 }
 
 // The qkv product with the input RMSNorm in its prologue (as Fold::kNormIn) and RoPE + the KV
