@@ -17,9 +17,10 @@
 //      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Contexts are split
 //      over `plan.num_splits` CTAs per row tile (split-KV: each request's own context in chunks
 //      of >= 64 latents, 512 when planned, MlaPlan::num_splits); the fp32 partials are merged by
-//      LSE with cuda::MergeAttnStatesN. q_len > 1 (speculative verification, chunked prefill) is
-//      causal per row. Latent widths other than 512 + 64 run a plain CUDA-core kernel (one warp per
-//      row; the tiny test models), same semantics.
+//      LSE with cuda::MergeAttnStatesN, or by the TMA kernel itself (MlaPlan::merge_in_kernel).
+//      q_len > 1 (speculative verification, chunked prefill) is causal per row. Latent widths other
+//      than 512 + 64 run a plain CUDA-core kernel (one warp per row; the tiny test models), same
+//      semantics.
 //   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM.
 // kv_b_proj: [Hq * (Dn + Dv), L] (torch Linear layout; rows h*(Dn+Dv) .. +Dn are W_UK_h).
 //
@@ -102,7 +103,24 @@ struct MlaPlanInput {
   // sizes the splits). The output is this shard's partial with its LSE (a query that sees none of
   // the shard's latents: out 0, lse -inf), merged across shards by LSE (CudaDcpExchange).
   DcpShard dcp = {};
+  // The caller zeroed the workspace's first kMlaMergeCounterBytes once (at allocation) and keeps
+  // them for this purpose: the workspace layout then starts with them (every plan, split or not,
+  // so plans of any shape can share the workspace), and the TMA kernel (kSerial / kHandOff)
+  // merges its own splits (MlaPlan::merge_in_kernel): the last CTA of each (request, row tile) to
+  // finish merges every split's partial and writes o_lat (and lse) itself, no merge or convert
+  // launch; an atomic ticket per group that the merging CTA resets, so CUDA-graph replays and
+  // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
+  bool workspace_zeroed = false;
+  // The TMA kernel (kSerial / kHandOff), a variant for A/B (default 0: off): each CTA also
+  // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
+  // past its two stages, so a latency-bound CTA (small batch: one tile's load per tile's math)
+  // has more of its latents in flight. At most 16.
+  int tma_l2_prefetch_tiles = 0;
 };
+
+// The merge tickets' range at the start of a workspace_zeroed workspace (one uint32 per
+// (request, row tile): num_seqs x row_tiles <= 4096 for the in-kernel merge).
+inline constexpr int64_t kMlaMergeCounterBytes = 16384;
 
 struct MlaPlan {
   MlaPlanInput input;
@@ -118,8 +136,12 @@ struct MlaPlan {
   // 512 where the planner chose num_splits (shorter splits measured no faster), 64 where
   // MlaPlanInput::num_splits forced it.
   int split_min_latents = 64;
+  // num_splits > 1, input.workspace_zeroed, the TMA kernel, num_seqs x row_tiles <= 4096: the
+  // kernel merges its splits (MlaPlanInput::workspace_zeroed); where the TMA kernel does not run
+  // after all (page size, device) the separate merge does, in the same workspace layout.
+  bool merge_in_kernel = false;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64)
-  int64_t workspace_bytes = 0;  // q_cat + o_lat (+ fp32 partials and LSE when split)
+  int64_t workspace_bytes = 0;  // [counters] + q_cat + o_lat (+ fp32 partials, LSE when split)
 };
 
 // INVALID_ARGUMENT for invalid dims, D not a multiple of 8, L > 1024, negative or inconsistent

@@ -8,6 +8,11 @@
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
 //                  [--schedule=0|1|2] (the TMA variant's warpgroup schedule, MlaTmaSchedule:
 //                                   0 serial, 1 hand-off, 2 seesaw; default: MlaPlanInput's)
+//                  [--merge=0|1]   (1, the default: the workspace's merge tickets zeroed once,
+//                                   MlaPlanInput::workspace_zeroed, so the TMA kernel merges its
+//                                   own splits; 0: MergeAttnStatesN + ConvertFromF32 launches)
+//                  [--prefetch=N]  (the TMA kernel's L2 prefetch of the latents of the next N
+//                                   tiles, MlaPlanInput::tma_l2_prefetch_tiles; default 0: off)
 //                  [--graph=0|1]   (the CUDA-graph timing; default 1; 0 prints 0 there: for ncu and
 //                                   compute-sanitizer runs)
 //                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
@@ -58,6 +63,8 @@ struct Bufs {
   bool tma = MlaPlanInput{}.allow_tma;
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
   bool graph = true;
+  int prefetch = 0;             // MlaPlanInput::tma_l2_prefetch_tiles
+  bool merge = true;            // MlaPlanInput::workspace_zeroed (the in-kernel split merge)
   float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
 };
 
@@ -123,7 +130,9 @@ absl::StatusOr<MlaPlan> BenchPlan(const Bufs& b, int64_t batch, int64_t ctx, int
                   .num_splits = splits,
                   .allow_wgmma = b.wgmma,
                   .allow_tma = b.tma,
-                  .tma_schedule = b.schedule});
+                  .tma_schedule = b.schedule,
+                  .workspace_zeroed = b.merge,
+                  .tma_l2_prefetch_tiles = b.prefetch});
 }
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t plan_len,
@@ -183,7 +192,8 @@ absl::Status Main(int argc, char** argv) {
   int64_t plan_len = 0;
   bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
-  bool graph = true;
+  bool graph = true, merge = true;
+  int prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
@@ -198,6 +208,8 @@ absl::Status Main(int argc, char** argv) {
       schedule = static_cast<MlaTmaSchedule>(std::clamp(std::atoi(argv[i] + 11), 0, 2));
     }
     if (a.rfind("--graph=", 0) == 0) graph = std::atoi(argv[i] + 8) != 0;
+    if (a.rfind("--merge=", 0) == 0) merge = std::atoi(argv[i] + 8) != 0;
+    if (a.rfind("--prefetch=", 0) == 0) prefetch = std::atoi(argv[i] + 11);
   }
   const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts =
@@ -210,6 +222,8 @@ absl::Status Main(int argc, char** argv) {
   b.tma = tma;
   b.schedule = schedule;
   b.graph = graph;
+  b.merge = merge;
+  b.prefetch = prefetch;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -241,17 +255,20 @@ absl::Status Main(int argc, char** argv) {
   // Workspace for the largest plan (more splits only at small batches: bound by 128 x rows).
   const int64_t ws_bytes = int64_t{1} << 30;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&b.ws, ws_bytes));
+  CUDA_RETURN_IF_ERROR(cudaMemset(b.ws, 0, kMlaMergeCounterBytes));  // the merge tickets
   if (cublasCreate(&b.cublas) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublas");
   cudaStream_t stream;
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel, plan_len %ld\n",
+      "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel, plan_len %ld, "
+      "split merge %s, L2 prefetch %d tiles\n",
       prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
       fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
           : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"),
-      static_cast<long>(plan_len));
+      static_cast<long>(plan_len), merge ? "in-kernel (where the TMA kernel runs)" : "separate",
+      prefetch);
   std::printf(
       "| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | graph us | TB/s | %%4.6 | step "
       "us |\n");

@@ -20,6 +20,7 @@
 namespace tandem::kernels::cuda::mla_internal {
 
 // Byte offsets into the MLA workspace, each 256-byte aligned:
+//   workspace_zeroed only: the merge tickets (kMlaMergeCounterBytes, offset 0) |
 //   q_cat [T, Hq, D] T | o_lat [T, Hq, L] T | split only: part_o [splits][T * Hq][L] fp32,
 //   part_lse [splits][T * Hq] fp32, o_f32 [T, Hq, L] fp32 (the merged o_lat before rounding).
 struct MlaWorkspace {
@@ -31,6 +32,7 @@ struct MlaWorkspace {
       total += (bytes + 255) / 256 * 256;
       return at;
     };
+    if (in.workspace_zeroed) take(kMlaMergeCounterBytes);  // counters at offset 0
     q_cat = take(rows * in.dims.LatentDim() * 2);
     o_lat = take(rows * in.dims.kv_lora_rank * 2);
     if (num_splits > 1) {
@@ -129,6 +131,14 @@ struct LatentParams {
   int dcp_interleave;
   int dcp_cycle;   // interleave * size
   int dcp_offset;  // rank * interleave
+  // Non-null (the TMA kernel, MlaPlan::merge_in_kernel): one ticket per (request, row tile) at
+  // [request * row_tiles + tile], zero between calls; the last filled split CTA of a group merges
+  // the group's partials into o_lat / lse, and a request whose context fills one split writes
+  // o_lat / lse directly.
+  unsigned int* merge_counters;
+  // The TMA kernel (MlaPlanInput::tma_l2_prefetch_tiles): > 0 prefetches the latents of the tile
+  // this many tiles past the two stages into L2; 0 off.
+  int l2_prefetch_tiles;
 };
 
 #ifdef __CUDACC__
@@ -162,6 +172,7 @@ __host__ __device__ __forceinline__ int SplitChunk(int keys, int num_splits, int
 // furthest any of its rows sees).
 struct LatentCta {
   int q0, q_len, rows_seq, r0, ctx, kb, ke;
+  int keys, chunk;       // the tile's last row's key end and the split chunk (SplitChunk)
   const int32_t* table;  // the request's block-table row
   // How far the CTA's row r sees: min(ke, its causal / DCP bound); 0 past rows_seq.
   template <typename T>
@@ -171,6 +182,9 @@ struct LatentCta {
   __device__ __forceinline__ int Tiles(int keys) const {
     return kb < ke ? (ke - kb + keys - 1) / keys : 0;
   }
+  // The splits of the group (request, row tile) with latents, [0, Filled()): at least 1 (split 0
+  // of a group without latents stores out 0, lse -inf).
+  __device__ __forceinline__ int Filled() const { return max(1, (keys + chunk - 1) / chunk); }
 };
 template <typename T>
 __device__ __forceinline__ LatentCta LatentCtaOf(const LatentParams<T>& p, int rows) {
@@ -187,6 +201,8 @@ __device__ __forceinline__ LatentCta LatentCtaOf(const LatentParams<T>& p, int r
   const int chunk = SplitChunk(keys, p.num_splits, p.split_min);
   c.kb = blockIdx.x * chunk;
   c.ke = min(c.kb + chunk, keys);
+  c.keys = keys;
+  c.chunk = chunk;
   return c;
 }
 
@@ -255,11 +271,11 @@ __device__ __forceinline__ const T* LatentRow(const LatentParams<T>& p, const in
          static_cast<int64_t>(key % p.block_size) * p.dim;
 }
 
-// Stores one finished row: the final o_lat / lse, or this split's fp32 partial.
+// Stores one finished row: the final o_lat / lse (direct), or this split's fp32 partial.
 template <typename T>
 __device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, int64_t row, int col,
-                                          float a, float b) {
-  if (p.num_splits == 1) {
+                                          float a, float b, bool direct) {
+  if (direct) {
     StoreTwo(p.o_lat + row * p.lora + col, a, b);
   } else {
     float2* o = reinterpret_cast<float2*>(
@@ -267,15 +283,25 @@ __device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, i
     *o = make_float2(a, b);
   }
 }
+template <typename T>
+__device__ __forceinline__ void StorePair(const LatentParams<T>& p, int split, int64_t row, int col,
+                                          float a, float b) {
+  StorePair(p, split, row, col, a, b, p.num_splits == 1);
+}
 
 template <typename T>
 __device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, int64_t row,
-                                         float lse) {
-  if (p.num_splits == 1) {
+                                         float lse, bool direct) {
+  if (direct) {
     if (p.lse != nullptr) p.lse[row] = lse;
   } else {
     p.part_lse[static_cast<int64_t>(split) * p.num_tokens * p.heads + row] = lse;
   }
+}
+template <typename T>
+__device__ __forceinline__ void StoreLse(const LatentParams<T>& p, int split, int64_t row,
+                                         float lse) {
+  StoreLse(p, split, row, lse, p.num_splits == 1);
 }
 
 // A split CTA with no latents in its range (its request's context ends before its chunk): the

@@ -50,6 +50,10 @@ struct Case {
   // > 0: plan for max_seq_len max(this (its DCP local count), the real longest), as a CUDA
   // graph's plan for max_model_len; the requests keep their lengths.
   int64_t plan_len = 0;
+  // MlaPlanInput::workspace_zeroed (the tickets zeroed once): the TMA kernel merges its splits.
+  bool merge = false;
+  bool graph = false;  // also one call captured in a CUDA graph, replayed twice, each checked
+  int prefetch = 0;    // MlaPlanInput::tma_l2_prefetch_tiles (the TMA kernel's L2 prefetch)
 };
 
 template <typename T>
@@ -174,7 +178,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .tma_schedule = c.kernel == 3   ? MlaTmaSchedule::kSeesaw
                                   : c.kernel == 4 ? MlaTmaSchedule::kHandOff
                                                   : MlaTmaSchedule::kSerial,
-                  .dcp = c.dcp};
+                  .dcp = c.dcp,
+                  .workspace_zeroed = c.merge,
+                  .tma_l2_prefetch_tiles = c.prefetch};
   absl::StatusOr<MlaPlan> plan = PlanMla(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
@@ -189,52 +195,100 @@ void RunCase(const Case& c, std::mt19937& rng) {
   } else if (c.plan_len >= 4096) {
     EXPECT_GT(plan->num_splits, 1);  // the case is about splits past the requests' contexts
   }
+  if (c.merge) {  // the TMA kernel in its serial / hand-off schedule merges its own splits
+    EXPECT_EQ(plan->merge_in_kernel, plan->use_tma && plan->num_splits > 1 &&
+                                         plan->tma_schedule != MlaTmaSchedule::kSeesaw);
+  } else {
+    EXPECT_FALSE(plan->merge_in_kernel);
+  }
   DeviceBuffer<unsigned char> ws(plan->workspace_bytes);
   // NaN everywhere: a split partial the merge reads without its CTA having written it (an empty
-  // split's out rows stay unwritten) turns the result NaN.
+  // split's out rows stay unwritten) turns the result NaN. The merge tickets zeroed once.
   TANDEM_CUDA_CHECK(cudaMemset(ws.get(), 0xff, plan->workspace_bytes));
+  if (c.merge) {
+    TANDEM_CUDA_CHECK(cudaMemset(ws.get(), 0, kMlaMergeCounterBytes));
+  }
   cublasHandle_t cublas = nullptr;
   ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
   AttentionBatch db{qsl_d.get(), lens_d.get(), tables_d.get(), S, max_blocks, local_d.get()};
-  const absl::Status st =
-      MlaAbsorbedAttention<T>(cublas, q_d.get(), kv_b_d.get(), cache, 1, db, scale, *plan, ws.get(),
-                              out_d.get(), lse_d.get(), nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-  cublasDestroy(cublas);
-  const std::vector<float> got = cuda_test::ToFloat(out_d.ToHost());
-  const std::vector<float> got_lse = lse_d.ToHost();
-  float max_ref = 0.0f, max_err = 0.0f, max_lse_err = 0.0f;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_ref = std::max(max_ref, std::abs(want[i]));
-    max_err = std::max(max_err, std::abs(got[i] - want[i]));
-  }
-  int64_t empty_rows = 0;  // rows that see none of the shard's latents: lse -inf, out 0
-  for (size_t i = 0; i < want_lse.size(); ++i) {
-    if (std::isinf(want_lse[i])) {
-      ++empty_rows;
-      EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "row " << i << ": " << got_lse[i];
-      continue;
-    }
-    max_lse_err = std::max(max_lse_err, std::abs(got_lse[i] - want_lse[i]));
-  }
-  EXPECT_GT(max_ref, 0.0f);
-  EXPECT_LE(max_err, 2.5e-2f * max_ref) << "splits " << plan->num_splits;
-  EXPECT_LE(max_lse_err, 2e-2f) << "splits " << plan->num_splits;
+  auto call = [&](cudaStream_t stream) {
+    return MlaAbsorbedAttention<T>(cublas, q_d.get(), kv_b_d.get(), cache, 1, db, scale, *plan,
+                                   ws.get(), out_d.get(), lse_d.get(), stream);
+  };
   const char* kernel = !plan->use_wgmma                                 ? ""
                        : c.fp8                                          ? " wgmma-fp8"
                        : !plan->use_tma                                 ? " wgmma"
                        : plan->tma_schedule == MlaTmaSchedule::kSeesaw  ? " wgmma-tma-seesaw"
                        : plan->tma_schedule == MlaTmaSchedule::kHandOff ? " wgmma-tma-handoff"
                                                                         : " wgmma-tma";
-  std::cout << "H " << H << " L " << L << kernel << (c.fp8 ? " fp8" : "") << " splits "
-            << plan->num_splits << " (plan len " << in.max_seq_len << "): max|err| " << max_err
-            << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
-  if (c.dcp.size > 1) {
-    std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
-              << c.dcp.interleave << ", " << empty_rows << " empty rows)";
+  // The result against the reference; the merge tickets zero again after the call.
+  auto check = [&](const char* what) {
+    const std::vector<float> got = cuda_test::ToFloat(out_d.ToHost());
+    const std::vector<float> got_lse = lse_d.ToHost();
+    float max_ref = 0.0f, max_err = 0.0f, max_lse_err = 0.0f;
+    for (size_t i = 0; i < want.size(); ++i) {
+      max_ref = std::max(max_ref, std::abs(want[i]));
+      max_err = std::max(max_err, std::abs(got[i] - want[i]));  // NaN never passes below
+    }
+    int64_t empty_rows = 0;  // rows that see none of the shard's latents: lse -inf, out 0
+    for (size_t i = 0; i < want_lse.size(); ++i) {
+      if (std::isinf(want_lse[i])) {
+        ++empty_rows;
+        EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "row " << i << ": " << got_lse[i];
+        continue;
+      }
+      max_lse_err = std::max(max_lse_err, std::abs(got_lse[i] - want_lse[i]));
+    }
+    EXPECT_GT(max_ref, 0.0f);
+    EXPECT_LE(max_err, 2.5e-2f * max_ref) << what << ", splits " << plan->num_splits;
+    EXPECT_LE(max_lse_err, 2e-2f) << what << ", splits " << plan->num_splits;
+    if (c.merge) {
+      std::vector<uint32_t> counters(kMlaMergeCounterBytes / 4, 1);
+      TANDEM_CUDA_CHECK(
+          cudaMemcpy(counters.data(), ws.get(), kMlaMergeCounterBytes, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u),
+                static_cast<std::ptrdiff_t>(counters.size()))
+          << what << ": merge tickets not reset";
+    }
+    std::cout << "H " << H << " L " << L << kernel << (c.fp8 ? " fp8" : "") << " splits "
+              << plan->num_splits << (plan->merge_in_kernel ? " merged in kernel" : "")
+              << " (plan len " << in.max_seq_len << ", " << what << "): max|err| " << max_err
+              << " of max|ref| " << max_ref << ", max|lse err| " << max_lse_err;
+    if (c.dcp.size > 1) {
+      std::cout << " (DCP shard " << c.dcp.rank << "/" << c.dcp.size << " interleave "
+                << c.dcp.interleave << ", " << empty_rows << " empty rows)";
+    }
+    std::cout << "\n";
+  };
+  const absl::Status st = call(nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  check("eager");
+  if (c.graph) {  // one call captured, replayed twice: each replay finds the tickets zero
+    cudaStream_t stream = nullptr;
+    TANDEM_CUDA_CHECK(cudaStreamCreate(&stream));
+    DeviceBuffer<unsigned char> cublas_ws(int64_t{32} << 20);
+    ASSERT_EQ(cublasSetWorkspace(cublas, cublas_ws.get(), int64_t{32} << 20),
+              CUBLAS_STATUS_SUCCESS);
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    const absl::Status cst = call(stream);
+    cudaGraph_t graph = nullptr;
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(cst.ok()) << cst;
+    cudaGraphExec_t exec = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (const char* what : {"graph replay 1", "graph replay 2"}) {
+      TANDEM_CUDA_CHECK(cudaMemset(out_d.get(), 0xff, want.size() * sizeof(T)));
+      TANDEM_CUDA_CHECK(cudaMemset(lse_d.get(), 0xff, want_lse.size() * sizeof(float)));
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      check(what);
+    }
+    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+    TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
   }
-  std::cout << "\n";
+  cublasDestroy(cublas);
 }
 
 constexpr MlaDims kV3 = mla_test::kV3Dims;
@@ -351,6 +405,62 @@ TEST(MlaCudaTest, LongPlanShortContexts) {
   }
 }
 
+// The in-kernel split merge (MlaPlanInput::workspace_zeroed): the TMA kernel's last split CTA of
+// each (request, row tile) merges the partials and writes o_lat / LSE, a group with one filled
+// split writes them directly, CTAs past a request's end take no ticket. Forced 2 / 3 / 16 splits
+// (16 x 64: one tile a CTA), uneven lengths with empty splits (1 .. 4097 under 16 forced splits
+// and under a 32768-latent plan), batch 1 and 8, q_len 1-2, 16 and 128 heads (two row tiles),
+// pages 64 / 16 / 8 / 32, fp16, DCP shards (the merged LSE is the shard's, lse -inf rows
+// included); every call leaves the tickets zero, and the graph cases replay one captured call
+// twice. The serial and hand-off schedules merge in the kernel; the seesaw and cp.async kernels
+// (1, 3) keep the separate merge in the same workspace layout. Also the TMA kernel's L2 prefetch
+// variant (MlaPlanInput::tma_l2_prefetch_tiles).
+TEST(MlaCudaTest, InKernelMergeMatchesTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  auto merged = [](Case c, bool graph = false, int64_t plan_len = 0) {
+    c.merge = true;
+    c.graph = graph;
+    c.plan_len = plan_len;
+    return c;
+  };
+  const std::vector<int32_t> edges = {1, 63, 64, 65, 1000, 4097, 2, 130}, ones(8, 1),
+                             q12 = {1, 2, 1, 1, 2, 1, 1, 2};
+  for (int kernel : {2, 4}) {
+    RunCase<__nv_bfloat16>(merged({kLite, {1}, {1000}, 64, 2, false, kernel}, true), rng);
+    RunCase<__nv_bfloat16>(merged({kLite, {1}, {1000}, 64, 3, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(merged({kLite, {1}, {1024}, 64, 16, false, kernel}, true), rng);
+    RunCase<__nv_bfloat16>(merged({kLite, ones, edges, 16, 16, false, kernel}, true), rng);
+    RunCase<__half>(merged({kLite, q12, edges, 8, 3, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(merged({kV3, {1, 2, 1}, {65, 1000, 4097}, 32, 3, false, kernel}), rng);
+    RunCase<__nv_bfloat16>(merged({kLite, q12, edges, 16, 0, false, kernel}, false, 32768), rng);
+    RunCase<__nv_bfloat16>(merged({kV3, ones, edges, 64, 0, false, kernel}, true, 32768), rng);
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      RunCase<__nv_bfloat16>(
+          merged({kLite, {1, 4, 2, 1}, {2, 300, 131, 1000}, 16, 3, false, kernel, {2, rank, 16}}),
+          rng);
+      RunCase<__nv_bfloat16>(
+          merged({kLite, {1, 2, 1}, {65, 1000, 4097}, 16, 0, false, kernel, {2, rank, 16}}, true,
+                 32768),
+          rng);
+    }
+  }
+  // The L2 prefetch variant (results unchanged): 2 and 5 tiles ahead, pages of 64 and 8 (8
+  // boxes a tile: the prologue's 32 lanes cover 4 tiles), with and without the merge.
+  for (int pf : {2, 5}) {
+    Case a = merged({kLite, ones, edges, 64, 2, false, 2}, pf == 2);
+    Case b = merged({kV3, {1, 2}, {4097, 1000}, 8, 3, false, 4});
+    Case d = {kLite, {1, 2, 1}, {700, 1000, 65}, 8, 2, false, 2};
+    for (Case* x : {&a, &b, &d}) {
+      x->prefetch = pf;
+      RunCase<__nv_bfloat16>(*x, rng);
+    }
+  }
+  for (int kernel : {1, 3}) {  // no in-kernel merge: the separate one in the zeroed layout
+    RunCase<__nv_bfloat16>(merged({kLite, ones, edges, 16, 16, false, kernel}, true), rng);
+  }
+}
+
 // The split planner (host only: runs without a GPU). Batches of 1-8 stay within one wave of one
 // CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents); a plan for a
 // long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
@@ -407,6 +517,27 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   // that length.
   EXPECT_EQ(plan(kLite, 1, 16384, 1, 0, 0, {2, 1, 16}).num_splits,
             plan(kLite, 1, 16384).num_splits);
+  // workspace_zeroed: the tickets first (every plan), the in-kernel merge for split TMA plans.
+  auto zeroed = [](int64_t ctx, int splits, MlaTmaSchedule schedule, int64_t seqs = 1) {
+    absl::StatusOr<MlaPlan> p = PlanMla({.dims = kLite,
+                                         .num_seqs = seqs,
+                                         .num_tokens = seqs,
+                                         .max_seq_len = ctx,
+                                         .num_splits = splits,
+                                         .tma_schedule = schedule,
+                                         .workspace_zeroed = true});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : MlaPlan{};
+  };
+  EXPECT_TRUE(zeroed(1024, 0, MlaTmaSchedule::kSerial).merge_in_kernel);
+  EXPECT_TRUE(zeroed(1024, 0, MlaTmaSchedule::kHandOff).merge_in_kernel);
+  EXPECT_FALSE(zeroed(1024, 0, MlaTmaSchedule::kSeesaw).merge_in_kernel);
+  EXPECT_FALSE(zeroed(1024, 1, MlaTmaSchedule::kSerial).merge_in_kernel);
+  EXPECT_FALSE(zeroed(4096, 2, MlaTmaSchedule::kSerial, 4097).merge_in_kernel);  // > 4096 groups
+  EXPECT_EQ(zeroed(1024, 1, MlaTmaSchedule::kSerial).workspace_bytes,
+            plan(kLite, 1, 1024, 1, 1).workspace_bytes + kMlaMergeCounterBytes);
+  EXPECT_EQ(zeroed(1024, 0, MlaTmaSchedule::kSerial).workspace_bytes,
+            plan(kLite, 1, 1024).workspace_bytes + kMlaMergeCounterBytes);
 }
 
 TEST(MlaCudaTest, PlainKernelTinyDims) {

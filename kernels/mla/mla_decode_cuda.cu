@@ -388,6 +388,10 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
+      plan.merge_in_kernel =
+          in.workspace_zeroed && plan.num_splits > 1 && plan.use_tma &&
+          plan.tma_schedule != MlaTmaSchedule::kSeesaw &&
+          std::max<int64_t>(in.num_seqs, 1) * plan.row_tiles <= kMlaMergeCounterBytes / 4;
       return plan;
     }
   }
@@ -441,6 +445,7 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.dcp_interleave = static_cast<int>(in.dcp.interleave);
   p.dcp_cycle = static_cast<int>(in.dcp.size * in.dcp.interleave);
   p.dcp_offset = static_cast<int>(in.dcp.rank * in.dcp.interleave);
+  p.l2_prefetch_tiles = plan.use_tma ? std::clamp(in.tma_l2_prefetch_tiles, 0, 16) : 0;
   if (fp8) {  // the codes: the FP8 wgmma kernel where it runs, else the plain kernel
     p.pool = nullptr;
     p.pool8 = static_cast<const uint8_t*>(cache.data);
@@ -454,6 +459,8 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     p.part_o = reinterpret_cast<float*>(base + ws.part_o);
     p.part_lse = reinterpret_cast<float*>(base + ws.part_lse);
   }
+  // The TMA kernel merges its own splits (plan.merge_in_kernel, where it runs).
+  bool merged_in_kernel = false;
   bool wgmma = plan.use_wgmma && (!fp8 || mla_internal::MlaFp8TileFits(p));
   if (wgmma) {  // sm_90a machine code only (its compute_90 twin is empty)
     ASSIGN_OR_RETURN(wgmma, mla_internal::DeviceIsSm90());
@@ -464,6 +471,10 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
     const MlaTmaSchedule schedule = plan.tma_schedule;
+    if (plan.merge_in_kernel) {  // the counters: the workspace's first kMlaMergeCounterBytes
+      p.merge_counters = static_cast<unsigned int*>(workspace);
+      merged_in_kernel = true;
+    }
     RETURN_IF_ERROR(schedule == MlaTmaSchedule::kSeesaw
                         ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
                         : mla_internal::LaunchMlaTma<T>(
@@ -486,7 +497,7 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     }
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (plan.num_splits == 1) return absl::OkStatus();
+  if (plan.num_splits == 1 || merged_in_kernel) return absl::OkStatus();
   float* merged = reinterpret_cast<float*>(base + ws.o_f32);
   const int64_t rows = in.num_tokens * in.dims.num_heads;
   AttnPartials<float> parts{p.part_o, rows * p.lora, p.part_lse, rows, plan.num_splits};

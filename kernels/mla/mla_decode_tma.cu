@@ -22,6 +22,22 @@
 // The last tile of a split can hold rows past its end (a page box is loaded whole, boxes past the
 // end repeat the last valid box): warpgroup 0 zeroes those rows' V columns after the scores
 // (masked to -inf by select, so stale values never reach them) and before P V.
+//
+// Prologue (issue 33: a batch-1 CTA is latency-bound, BENCHMARKS.md): the issuing thread
+// prefetches the tensor map at entry (its fetch under the request's qsl / seq_lens loads),
+// initializes the stage barriers itself (no CTA-wide barrier before the first TMA: the other
+// warps touch the barriers only after the Q load's __syncthreads), and the issuing warp loads the
+// block-table rows of tiles 0-2 together before issuing tiles 0 and 1 (each TMA issue is an asm
+// with a memory clobber: a table load after it could not be hoisted above it, so tile 1's issue
+// waited for a second load round trip). Variant (MlaPlanInput::tma_l2_prefetch_tiles, default
+// off): the issuing warp also prefetches the latents of the next tiles into L2 (TMA prefetch).
+//
+// In-kernel merge (p.merge_counters, MlaPlan::merge_in_kernel): a group (request, row tile) whose
+// context fills one split writes o_lat / lse directly; otherwise each filled split stores its fp32
+// partial and takes a ticket (kernels/attention/cuda/paged_decode_merge.cuh's TakeMergeTicket),
+// and the last one merges the group's rows (MergeGroupSplits, the GQA decode's in-kernel merge)
+// in the idle latent stages; empty splits (past the request's context) return at once and take
+// no ticket (the ticket count is the group's filled splits).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
@@ -64,6 +81,26 @@ __device__ __forceinline__ void ZeroTail(uint8_t* stage, int valid, int wt) {
   ZeroTailChunks(stage, valid, wt, 128, 0, 8);
 }
 
+static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= 2 * kTileBytes,
+              "the merge's weights of 256 splits fit in the two latent stages");
+static_assert(internal::kMergeCounterBytes == kMlaMergeCounterBytes);
+
+// The in-kernel merge after the CTA's partial stores (every thread): the last of the group's
+// `filled` split CTAs merges their rows into o_lat / lse. scratch: the idle latent stages (every
+// issued tile has landed and been read by both warpgroups' waited wgmma).
+template <typename T>
+__device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
+                                              int filled, uint8_t* scratch) {
+  unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
+  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
+  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
+  const int n_rows = min(kRows, c.rows_seq - c.r0);
+  internal::MergeGroupSplits<T, 512>(
+      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
+      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
+      reinterpret_cast<float*>(scratch) + 4);
+}
+
 // kHandOff (MlaTmaSchedule::kHandOff): warpgroup 0 does not wait for warpgroup 1's P V. It only
 // arrives at the P hand-over (barrier 1) and at the stage's release (barriers 2 / 4 by tile
 // parity: it can run a tile ahead, so one id could otherwise see two of its arrivals before
@@ -80,31 +117,58 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   float2* sf = reinterpret_cast<float2*>(smem + kFOff);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
 
+  const int tid = threadIdx.x;
+  if (tid == kIssueWarp * 32) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+  }
   const LatentCta c = LatentCtaOf(p, kRows);
-  if (c.r0 >= c.rows_seq || EmptySplitDone(p, c, kRows)) return;
+  const bool merge = p.merge_counters != nullptr;
+  const int filled = merge ? c.Filled() : 0;
+  if (c.r0 >= c.rows_seq || (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows))) return;
   const int split = blockIdx.x, q0 = c.q0, rows_seq = c.rows_seq, r0 = c.r0, kb = c.kb, ke = c.ke;
   const int32_t* table = c.table;
   const int num_tiles = c.Tiles(kKeys);
-  const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128;
+  const int wg = tid / 128, wt = tid % 128;
   const int lane = tid % 32, t4 = lane % 4, warp = tid / 32;
   const int row_lo = (wt / 32) * 16 + lane / 4, row_hi = row_lo + 8;
   const uint32_t q_addr = SmemAddr(smem), bar_addr = SmemAddr(full);
   const int boxes = kKeys / g.box_rows;
 
-  if (tid == 0) {
-    for (int i = 0; i < 2 * kChunks; ++i) MbarInit(full + i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  // The issuing warp: tiles 0 and 1 now, then lane l keeps box l's row of the next tile.
-  int next_rows = 0;
+  // The issuing warp: the barriers (its lane 0), the table rows of tiles 0-2, tiles 0 and 1 now;
+  // then lane l keeps box l's row of the next tile.
+  int next_rows = 0, pf_rows = 0;
+  const int pf = p.l2_prefetch_tiles;
   if (warp == kIssueWarp) {
-    for (int t = 0; t < 2 && t < num_tiles; ++t) {
-      const int rows = lane < boxes ? BoxRow(p, g, table, kb + t * kKeys, lane, ke) : 0;
-      IssueTile(&map, g, rows, boxes, q_addr + (1 + t) * kTileBytes, bar_addr + t * kChunks * 8,
-                lane);
+    if (lane == 0) {
+      for (int i = 0; i < 2 * kChunks; ++i) MbarInit(full + i, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (2 < num_tiles && lane < boxes) next_rows = BoxRow(p, g, table, kb + 2 * kKeys, lane, ke);
+    int rows[3];
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      rows[t] = t < num_tiles && lane < boxes ? BoxRow(p, g, table, kb + t * kKeys, lane, ke) : 0;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      if (t < num_tiles) {
+        IssueTile(&map, g, rows[t], boxes, q_addr + (1 + t) * kTileBytes,
+                  bar_addr + t * kChunks * 8, lane);
+      }
+    }
+    next_rows = rows[2];
+    // L2 prefetch (p.l2_prefetch_tiles = pf): lane l takes box l % boxes of tile 2 + l / boxes,
+    // tiles 2 .. 1 + pf (as many as 32 lanes cover); the loop then prefetches tile t + 2 + pf at
+    // tile t, its rows loaded a tile ahead (pf_rows).
+    if (pf > 0) {
+      const int tp = 2 + lane / boxes;
+      if (lane / boxes < pf && tp < num_tiles) {
+        PrefetchBox(&map, BoxRow(p, g, table, kb + tp * kKeys, lane % boxes, ke));
+      }
+      if (2 + pf < num_tiles && lane < boxes) {
+        pf_rows = BoxRow(p, g, table, kb + (2 + pf) * kKeys, lane, ke);
+      }
+    }
   }
   // Q (zero rows beyond the request's), by cp.async: four threads per row.
   {
@@ -169,12 +233,19 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
         next_rows = BoxRow(p, g, table, kb + (t + 3) * kKeys, lane, ke);
       }
     }
+    if (warp == kIssueWarp && pf > 0 && t + 2 + pf < num_tiles && lane < boxes) {
+      PrefetchBox(&map, pf_rows);
+      if (t + 3 + pf < num_tiles)
+        pf_rows = BoxRow(p, g, table, kb + (t + 3 + pf) * kKeys, lane, ke);
+    }
   }
 
   // Row sums: warpgroup 0's, through the (now idle) P buffer.
   float l[2];
   ShareWg0RowSums(reinterpret_cast<float*>(smem + kPOff), wg, t4, row_lo, l_run, l);
-  StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run);
+  StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run,
+              merge ? filled == 1 : p.num_splits == 1);
+  if (merge && filled > 1) MergeInKernel(p, c, filled, smem + kTileBytes);
 #endif
 }
 

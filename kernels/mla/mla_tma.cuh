@@ -62,6 +62,21 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
+// TMA: the box at (column col, row row) of the tensor map into L2 only (no shared memory, no
+// barrier): a later TmaLoad2d of it then hits L2.
+__device__ __forceinline__ void TmaPrefetch2d(const CUtensorMap* map, int col, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row)
+               : "memory");
+}
+
+// Every 64-column chunk of the box at tensor-map row `row` into L2.
+__device__ __forceinline__ void PrefetchBox(const CUtensorMap* map, int row) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) TmaPrefetch2d(map, c * 64, row);
+}
+
 // The tensor-map row of box `box` of the tile starting at latent key0 (lane-parallel: one box per
 // lane); a box past ke repeats the last valid box (its rows are zeroed before P V).
 template <typename T>

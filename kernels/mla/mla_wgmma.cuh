@@ -232,12 +232,13 @@ __device__ __forceinline__ void ShareWg0RowSums(float* sl, int wg, int t4, int r
 
 // The epilogue of a warpgroup: its 256 columns of the thread's two finished rows (row_lo and
 // row_lo + 8 of the CTA's 64 from r0; l their quad-summed softmax sums, m_run their maxima), and
-// from warpgroup 0 their LSE; rows past the request's rows_seq are skipped.
+// from warpgroup 0 their LSE; rows past the request's rows_seq are skipped. direct: o_lat / lse
+// (default: unsplit plans), else the split's fp32 partial.
 template <typename T>
 __device__ __forceinline__ void StoreWgRows(const LatentParams<T>& p, int split, int q0, int r0,
                                             int rows_seq, int row_lo, int wg, int t4,
                                             const float (&o)[128], const float (&l)[2],
-                                            const float (&m_run)[2]) {
+                                            const float (&m_run)[2], bool direct) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row_lo + 8 * h;
@@ -247,12 +248,19 @@ __device__ __forceinline__ void StoreWgRows(const LatentParams<T>& p, int split,
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       StorePair(p, split, row, wg * 256 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
-                o[4 * j + 2 * h + 1] * inv);
+                o[4 * j + 2 * h + 1] * inv, direct);
     }
     if (wg == 0 && t4 == 0) {
-      StoreLse(p, split, row, l[h] > 0.0f ? (m_run[h] + log2f(l[h])) * kLn2 : -INFINITY);
+      StoreLse(p, split, row, l[h] > 0.0f ? (m_run[h] + log2f(l[h])) * kLn2 : -INFINITY, direct);
     }
   }
+}
+template <typename T>
+__device__ __forceinline__ void StoreWgRows(const LatentParams<T>& p, int split, int q0, int r0,
+                                            int rows_seq, int row_lo, int wg, int t4,
+                                            const float (&o)[128], const float (&l)[2],
+                                            const float (&m_run)[2]) {
+  StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run, p.num_splits == 1);
 }
 
 }  // namespace tandem::kernels::cuda::mla_internal::wgmma_common
