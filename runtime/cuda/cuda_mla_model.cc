@@ -351,11 +351,15 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
                       .max_q_len = T,
                       .max_seq_len = 1,
                       .num_sms = num_sms_,
-                      .num_splits = 1};
+                      .num_splits = 1,
+                      .workspace_zeroed = true};
   ASSIGN_OR_RETURN(const kc::MlaPlan unsplit, kc::PlanMla(in));
   ASSIGN_OR_RETURN(
       mla_workspace_,
       DeviceBuffer::Allocate(unsplit.workspace_bytes + kSplitWorkspaceBytes, "MLA workspace"));
+  // The split merge's tickets (MlaPlanInput::workspace_zeroed): zero once; the kernel's merging
+  // CTAs leave them zero after every call and graph replay.
+  CUDA_RETURN_IF_ERROR(cudaMemset(mla_workspace_.data(), 0, kc::kMlaMergeCounterBytes));
   return AllocateUnabsorbed(T);
 }
 
@@ -417,7 +421,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .max_seq_len = b.max_seq_len,
                       .num_sms = num_sms_,
                       .max_workspace_bytes = mla_workspace_.bytes(),
-                      .dcp = options_.dcp};
+                      .dcp = options_.dcp,
+                      .workspace_zeroed = true};  // the TMA kernel merges its splits
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");
