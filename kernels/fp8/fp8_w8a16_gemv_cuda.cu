@@ -229,130 +229,26 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16Kernel(Args p, TOut* __rest
 // warp's partials meet in shared memory and warp 0 adds the 8 warps in a fixed order. SASS
 // (sm_90a): 183 instructions in the loop's 4 groups a lane (128 weight bytes: 64 F2FP, 16 HMMA,
 // 8 LDS, 8 LDG, the rest addressing and bounds), ~23 per 16 weight bytes (the fp32 form's ~80).
-// kMmaRows, MmaGroup, StageF16, StoreRow: fp8_w8a16_gemv_device.cuh (shared with the ring form).
+// kMmaRows, MmaGroup, MmaTilePartials, StageF16, StoreRow: fp8_w8a16_gemv_device.cuh (shared with
+// the ring form and the RoPE fold, fp8_w8a16_rope_cuda.cu).
 
-// The lane's chunk c of rows g and g + 8 (h = 0, 1) of each row set. Past k the row's last
-// chunk again (finite codes, multiplied by the zero activations MmaGroup uses there); past n row
-// 0 (wrow), whose products land in C rows nobody stores.
-template <int R>
-__device__ __forceinline__ void LoadGroup(const uint4* const (&wrow)[R][2], int c, int chunks,
-                                          uint4 (&wv)[R][2]) {
-  const int cc = min(c, chunks - 1);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) wv[r][h] = __ldcs(wrow[r][h] + cc);
-  }
-}
-
-// The scales of rows g and g + 8 (h) of each row set for the lane's chunk c (clamped as
-// LoadGroup's): a warp's 64-column group lies in one 128-column scale group.
-template <int R>
-__device__ __forceinline__ void LoadGroupScales(const float* const (&srow)[R][2], int c, int chunks,
-                                                float (&sc)[R][2]) {
-  const int g = min(c, chunks - 1) / kScaleGroupChunks;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sc[r][h] = __ldg(srow[r][h] + g);
-  }
-}
-
-// kGrouped: scales per row and 128-column group; each group's 4 mma go into zeros, then C's
-// rows g (c[0]) and g + 8 (c[2]) times their scales into the fp32 accumulators (the group
-// scales loaded beside the codes). false: per-row scales, applied once in StoreRow.
+// kGrouped: scales per row and 128-column group (MmaTilePartials); false: per-row scales,
+// applied once in StoreRow.
 template <typename TOut, int R, Fold kFold, bool kGrouped = false>
 __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernel(Args p, TOut* __restrict__ out) {
   static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
   static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
-  constexpr int G = kLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
-  static_assert(G % 2 == 0, "two halves");
   __shared__ float partial[kWarps][R][kMmaRows];
-  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = int64_t{blockIdx.x} * kMmaRows;
-  const int chunks = static_cast<int>(p.k / 16);
-  const uint4* wrow[R][2];
-  const float* srow[R][2];  // kGrouped
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r0 = row0 + lane / 4 + 8 * h;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      wrow[r][h] = reinterpret_cast<const uint4*>(p.w + (r0 < p.n ? r0 + r * p.n : 0) * p.k);
-      srow[r][h] = p.scales + (r0 < p.n ? r0 + r * p.n : 0) * ScaleGroups(p.k);
-    }
-  }
-  const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
-  uint4 buf[G][R][2];
-  float sc[kGrouped ? G : 1][R][2];
-  const auto load_first = [&] {
-#pragma unroll
-    for (int u = 0; u < G; ++u) {
-      LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
-      if constexpr (kGrouped) LoadGroupScales<R>(srow, c0 + kGroupChunks * u, chunks, sc[u]);
-    }
+  const auto row_of = [&](int j, int r) -> int64_t {  // past n: row 0 (not stored)
+    const int64_t r0 = row0 + j;
+    return r0 < p.n ? r0 + r * p.n : 0;
   };
-  if (p.early) load_first();
-  internal::WaitForPrecedingGrid();
-  internal::AllowDependentLaunch();
-  if (!p.early) load_first();
-  StageActivationsF16<kFold>(p, w16_smem);
-  float acc[R][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
-  const uint4* act = w16_smem;
-  for (int g0 = warp * 4, c = c0; g0 < chunks; g0 += kGroupChunks * G, c += kGroupChunks * G) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int h = 0; h < H; ++h) {  // warp-uniform conditions: mma.sync needs every lane
-        const int u = half * H + h;
-        if (g0 + kGroupChunks * u < chunks) {
-          if constexpr (kGrouped) {
-            float part[R][4];
-#pragma unroll
-            for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
-            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, part);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              acc[r][0] = fmaf(part[r][0], sc[u][r][0], acc[r][0]);
-              acc[r][2] = fmaf(part[r][2], sc[u][r][1], acc[r][2]);
-            }
-          } else {
-            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
-          }
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < H; ++h) {  // this half's next groups, G further on
-        const int u = half * H + h;
-        if (g0 + kGroupChunks * (G + u) < chunks) {
-          LoadGroup<R>(wrow, c + kGroupChunks * (G + u), chunks, buf[u]);
-          if constexpr (kGrouped) {
-            LoadGroupScales<R>(srow, c + kGroupChunks * (G + u), chunks, sc[u]);
-          }
-        }
-      }
-    }
-  }
-  if (lane % 4 == 0) {  // C's column 0: rows g (c[0]) and g + 8 (c[2])
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      partial[warp][r][lane / 4] = acc[r][0];
-      partial[warp][r][lane / 4 + 8] = acc[r][2];
-    }
-  }
-  __syncthreads();
+  MmaTilePartials<R, kFold, kGrouped>(p, row_of, partial);
   const int64_t row = row0 + threadIdx.x;
   if (threadIdx.x >= kMmaRows || row >= p.n) return;
   float dot[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    dot[r] = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) dot[r] += partial[w][r][threadIdx.x];
-  }
+  SumPartials<R>(partial, threadIdx.x, dot);
   StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
 }
 

@@ -8,8 +8,9 @@
 // o_proj) adds 4 kernels a layer whose PDL handoffs cost about what the GEMVs gained
 // (BENCHMARKS.md). With bf16 activations the residual add + RMSNorm and SiLU-and-mul fold into
 // the GEMVs as they do for the bf16 model (kernels/gemm/cuda/gemv_cuda.h): a layer is qkv (input
-// norm in its prologue) -> RoPE + KV write -> attention -> o_proj (adds into the residual) ->
-// gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds into the residual).
+// norm in its prologue, RoPE + KV write in its epilogue: Fp8W16GemvNormInRopeKv) -> attention ->
+// o_proj (adds into the residual) -> gate_up + SiLU*up (post-attention norm in its prologue) ->
+// down_proj (adds into the residual).
 //
 // The kernel (fp8_w8a16_gemv_cuda.cu) is the bf16 SmallMLinear's with 1-byte weights: one warp
 // per output row (two rows, gate and up, for SiLU-and-mul) streams the row's e4m3 bytes with
@@ -83,6 +84,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
 
 namespace tandem::kernels::cuda {
 
@@ -144,6 +146,32 @@ absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
                              cudaStream_t stream, bool programmatic_launch = false,
                              bool early_weight_loads = false,
                              Fp8W16Math math = Fp8W16Math::kFp32Fma);
+
+// The qkv product of a batch-1 step with the input RMSNorm in its prologue (as Fp8W16GemvNormIn)
+// and RoPE + the KV-pool write in its epilogue (as the bf16 SmallMLinearNormInRopeKv,
+// kernels/gemm/cuda/gemv_cuda.h, whose GemvRopeKv it takes): one kernel instead of
+// Fp8W16GemvNormIn into a qkv buffer + RopeQkvToCache (kernels/attention/cuda/rope_cache_cuda.h).
+// w: [width, k], width = (num_q_heads + 2 * num_kv_heads) * head_dim (q, k, v rows), per-row or
+// grouped scales; bias: [width] or null. q rotated into rope.q_out ([1, num_q_heads, head_dim]
+// bf16), k rotated and v copied into the token's pool slot (skipped for slots < 0 or >=
+// num_slots; the pool must hold bf16), with RopeQkvToCache's fp32 arithmetic; no qkv buffer.
+// The tensor-core inner loop only (fp8_w8a16_rope_cuda.cu): a block multiplies the 16-row tile of
+// 16 consecutive rows h * D + i0 .. of a head and the tile of their RoPE partners (+ D / 2), so
+// each pair's two rounded products meet in one thread, and each row keeps its slot of
+// Fp8W16GemvNormIn's tiles: q, k and v are bit for bit Fp8W16GemvNormIn(kTensorCore) +
+// RopeQkvToCache. head_dim a multiple of 32 (the tiles). INVALID_ARGUMENT (nothing launched)
+// unless Fp8W16GemvNormInRopeKvSupported; callers fall back to the unfused pair.
+bool Fp8W16GemvNormInRopeKvSupported(const void* x, const void* norm_weight,
+                                     const Fp8DeviceWeight& w, int64_t m, const GemvRopeKv& rope,
+                                     Fp8W16Math math);
+// math: kTensorCore or kAuto (kAuto takes the tensor cores for every NormIn form); the others
+// (kFp32Fma, the rings) are refused.
+absl::Status Fp8W16GemvNormInRopeKv(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight,
+                                    float eps, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
+                                    int64_t m, const GemvRopeKv& rope, cudaStream_t stream,
+                                    bool programmatic_launch = false,
+                                    bool early_weight_loads = false,
+                                    Fp8W16Math math = Fp8W16Math::kAuto);
 
 extern template absl::Status Fp8W16Gemv<__nv_bfloat16>(const __nv_bfloat16*, const Fp8DeviceWeight&,
                                                        const __nv_bfloat16*, int64_t,

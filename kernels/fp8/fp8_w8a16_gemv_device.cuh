@@ -47,23 +47,29 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
 constexpr int kScaleGroupChunks = 128 / 16;  // 16-column chunks in a scale group
 __device__ __forceinline__ int64_t ScaleGroups(int64_t k) { return (k + 127) / 128; }
 
-// The output of row `row` (R = 2: column `row` of SiLU(gate) * up) from its dot products times
-// `unit` (the codes' f16 scale undone): the row's weight scale (kRowScale; grouped weights have
-// theirs in dot already), the bias, the fold, one rounding.
+// The fp32 value of weight row wr from its dot product times `unit` (the codes' f16 scale
+// undone): the row's weight scale (kRowScale; grouped weights have theirs in dot already), then
+// the bias.
+template <bool kRowScale>
+__device__ __forceinline__ float RowValue(const Args& p, int64_t wr, float dot, float unit) {
+  float v;
+  if constexpr (kRowScale) {
+    v = dot * unit * p.scales[wr];
+  } else {
+    v = dot * unit;
+  }
+  if (p.bias != nullptr) v += __bfloat162float(p.bias[wr]);
+  return v;
+}
+
+// The output of row `row` (R = 2: column `row` of SiLU(gate) * up) from its dot products:
+// RowValue, the fold, one rounding.
 template <typename TOut, int R, Fold kFold, bool kRowScale = true>
 __device__ __forceinline__ void StoreRow(const Args& p, int64_t row, const float (&dot)[R],
                                          float unit, TOut* __restrict__ out) {
   float v[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t wr = row + r * p.n;
-    if constexpr (kRowScale) {
-      v[r] = dot[r] * unit * p.scales[wr];
-    } else {
-      v[r] = dot[r] * unit;
-    }
-    if (p.bias != nullptr) v[r] += __bfloat162float(p.bias[wr]);
-  }
+  for (int r = 0; r < R; ++r) v[r] = RowValue<kRowScale>(p, row + r * p.n, dot[r], unit);
   if constexpr (R == 2) {
     // Gate and up rounded to bf16 as the unfused path stores them, then SiluAndMul's expression
     // verbatim (expf, not __expf): bit-identical to the two kernels.
@@ -146,6 +152,137 @@ __device__ __forceinline__ void StageActivationsF16(const Args& p, uint4* act16)
     StageF16(nullptr, p.k, act16);
   } else {
     StageF16(p.a, p.k, act16);
+  }
+}
+
+// The lane's chunk c of rows g and g + 8 (h = 0, 1) of each row set. Past k the row's last
+// chunk again (finite codes, multiplied by the zero activations MmaGroup uses there); past n row
+// 0 (wrow), whose products land in C rows nobody stores.
+template <int R>
+__device__ __forceinline__ void LoadGroup(const uint4* const (&wrow)[R][2], int c, int chunks,
+                                          uint4 (&wv)[R][2]) {
+  const int cc = min(c, chunks - 1);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wv[r][h] = __ldcs(wrow[r][h] + cc);
+  }
+}
+
+// The scales of rows g and g + 8 (h) of each row set for the lane's chunk c (clamped as
+// LoadGroup's): a warp's 64-column group lies in one 128-column scale group.
+template <int R>
+__device__ __forceinline__ void LoadGroupScales(const float* const (&srow)[R][2], int c, int chunks,
+                                                float (&sc)[R][2]) {
+  const int g = min(c, chunks - 1) / kScaleGroupChunks;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[r][h] = __ldg(srow[r][h] + g);
+  }
+}
+
+// The tensor-core kernels' product of one block's 16-row tile of each of R row sets (R = 2:
+// SiLU-and-mul's gate and up rows, the RoPE fold's pair rows): tile row j of set r is weight row
+// row_of(j, r) (an int64_t; rows past the weight map to any valid row, e.g. 0: their products
+// land in tile rows nobody stores); lane (g = lane / 4) streams rows g and g + 8 of each set
+// (kGrouped: their group scales beside the codes); the first G groups a lane are loaded before
+// the PDL wait when p.early; then the activations staged as f16 (StageActivationsF16), warp w's
+// 64-column groups w, w + 8, ... through MmaGroup, and the warps' sums of tile row j of set r
+// into partial[warp][r][j]. kGrouped: each group's 4 mma go into zeros, then C's rows g (c[0])
+// and g + 8 (c[2]) times their scales into the fp32 accumulators. Every thread of the block
+// calls it (barriers; one after partial is written).
+template <int R, Fold kFold, bool kGrouped, typename RowOf>
+__device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
+                                                float (&partial)[kWarps][R][kMmaRows]) {
+  constexpr int G = kLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
+  static_assert(G % 2 == 0, "two halves");
+  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunks = static_cast<int>(p.k / 16);
+  const uint4* wrow[R][2];
+  const float* srow[R][2];  // kGrouped
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = row_of(lane / 4 + 8 * h, r);
+      wrow[r][h] = reinterpret_cast<const uint4*>(p.w + row * p.k);
+      srow[r][h] = p.scales + row * ScaleGroups(p.k);
+    }
+  }
+  const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
+  uint4 buf[G][R][2];
+  float sc[kGrouped ? G : 1][R][2];
+  const auto load_first = [&] {
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
+      if constexpr (kGrouped) LoadGroupScales<R>(srow, c0 + kGroupChunks * u, chunks, sc[u]);
+    }
+  };
+  if (p.early) load_first();
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early) load_first();
+  StageActivationsF16<kFold>(p, w16_smem);
+  float acc[R][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+  const uint4* act = w16_smem;
+  for (int g0 = warp * 4, c = c0; g0 < chunks; g0 += kGroupChunks * G, c += kGroupChunks * G) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // warp-uniform conditions: mma.sync needs every lane
+        const int u = half * H + h;
+        if (g0 + kGroupChunks * u < chunks) {
+          if constexpr (kGrouped) {
+            float part[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, part);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              acc[r][0] = fmaf(part[r][0], sc[u][r][0], acc[r][0]);
+              acc[r][2] = fmaf(part[r][2], sc[u][r][1], acc[r][2]);
+            }
+          } else {
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {  // this half's next groups, G further on
+        const int u = half * H + h;
+        if (g0 + kGroupChunks * (G + u) < chunks) {
+          LoadGroup<R>(wrow, c + kGroupChunks * (G + u), chunks, buf[u]);
+          if constexpr (kGrouped) {
+            LoadGroupScales<R>(srow, c + kGroupChunks * (G + u), chunks, sc[u]);
+          }
+        }
+      }
+    }
+  }
+  if (lane % 4 == 0) {  // C's column 0: rows g (c[0]) and g + 8 (c[2])
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      partial[warp][r][lane / 4] = acc[r][0];
+      partial[warp][r][lane / 4 + 8] = acc[r][2];
+    }
+  }
+  __syncthreads();
+}
+
+// dot[r] = tile row j's sum over the warps' partials (set r), warp 0 first.
+template <int R>
+__device__ __forceinline__ void SumPartials(const float (&partial)[kWarps][R][kMmaRows], unsigned j,
+                                            float (&dot)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    dot[r] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) dot[r] += partial[w][r][j];
   }
 }
 
