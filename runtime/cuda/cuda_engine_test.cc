@@ -377,6 +377,46 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   }
 }
 
+// TANDEM_FP8_W16_ROPE (cuda_llama_model_fp8.cc): an FP8 model's weight-only batch-1 steps with
+// RoPE + the KV write in the qkv GEMV's epilogue (Fp8W16GemvNormInRopeKv) give the tokens and
+// logits of the same steps with the separate RopeQkvToCache kernel (=0) bit for bit: the fold's
+// q / k / v are Fp8W16GemvNormIn's products rotated with the same arithmetic. Per-channel and
+// 128 x 128 block weights (per-row / grouped scales), the 1-token prompts' prefills included.
+TEST(CudaEngineTest, Fp8FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (const int64_t block : {int64_t{1}, int64_t{128}}) {
+    SCOPED_TRACE(block == 1 ? "per-channel" : "128 x 128 blocks");
+    ModelConfig model = engine_test::MidConfig();
+    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+    model.quantization.block_rows = block;
+    model.quantization.block_cols = block == 1 ? 0 : block;
+    auto prompts = RandomPrompts(4, 50, static_cast<int>(model.vocab_size), seed);
+    prompts[0].resize(1);
+    prompts[1].resize(1);
+    CudaBackendConfig backend = MidBackend();
+    backend.gemm_autotune = false;
+    const ExecutorFactory factory = CudaExecutorFactory(backend);
+    std::vector<Output> outs[2];
+    ExecutorStats stats[2];
+    for (int i = 0; i < 2; ++i) {  // the fold, then the separate kernel
+      setenv("TANDEM_FP8_W16_ROPE", i == 0 ? "1" : "0", /*overwrite=*/1);
+      ModelWeights w = RandomModelWeights(model, seed);
+      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+      outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, false, &stats[i]);
+    }
+    unsetenv("TANDEM_FP8_W16_ROPE");
+    EXPECT_GT(stats[0].folded_norm_steps, 4 * 8);  // every decode step, 2 prefills
+    EXPECT_GT(stats[0].graph_steps, 0);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
+      EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
+      EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+    }
+  }
+}
+
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group
 // of one: over NCCL inside captured decode graphs, and host-staged over Gloo (eager), both
 // bit-identical to the runner without a group (every collective of one rank is a copy).

@@ -112,6 +112,37 @@ kernels::cuda::Fp8W16Math W16Math() {
   return std::strcmp(v, "0") != 0 ? Fp8W16Math::kTensorCore : Fp8W16Math::kFp32Fma;
 }
 
+// RoPE + the KV write in the weight-only qkv GEMV's epilogue (Fp8W16GemvNormInRopeKv: the
+// separate RopeQkvToCache kernel dropped, q / k / v bit for bit the same); TANDEM_FP8_W16_ROPE=0
+// keeps the separate kernel (A/B runs of decode_step_bench).
+bool W16FoldsRope() {
+  const char* v = std::getenv("TANDEM_FP8_W16_ROPE");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The pool geometry and per-token arrays of layer l's RoPE + KV write, as FoldedLayer passes them
+// to SmallMLinearNormInRopeKv (the pool holding the activations' dtype).
+kernels::cuda::GemvRopeKv RopeKvArgs(const ModelConfig& config, const DeviceStep& step,
+                                     const kernels::cuda::DeviceKvCache& cache, int64_t l,
+                                     const float* inv_freq, void* q_out) {
+  const kernels::KvCacheLayout& kv = cache.layout;
+  kernels::cuda::GemvRopeKv rope;
+  rope.positions = step.positions;
+  rope.slot_mapping = step.slot_mapping;
+  rope.inv_freq = inv_freq;
+  rope.head_dim = static_cast<int>(config.head_dim);
+  rope.num_q_heads = static_cast<int>(config.num_attention_heads);
+  rope.num_kv_heads = static_cast<int>(config.num_key_value_heads);
+  rope.q_out = q_out;
+  rope.pool = cache.data;
+  rope.num_slots = kv.NumSlots();
+  rope.block_size = kv.block_size;
+  rope.layer_tile_offset = kv.TileOffset(0, l, 0);
+  rope.block_stride = kv.BlockElems();
+  rope.kv_stride = kv.TileElems();
+  return rope;
+}
+
 }  // namespace
 
 bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
@@ -132,9 +163,10 @@ bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
   return true;
 }
 
-// As FoldedLayer: qkv (input norm in its prologue) -> RoPE + KV write -> attention -> o_proj
-// (adds into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj
-// (adds into residual_), every product W8A16.
+// As FoldedLayer: qkv (input norm in its prologue; RoPE + the KV write in its epilogue where
+// W16FoldsRope, the KV pool holds bf16, no qk-norm and Fp8W16GemvNormInRopeKvSupported; else a
+// separate RopeQkvToCache) -> attention -> o_proj (adds into residual_) -> gate_up + SiLU*up
+// (post-attention norm in its prologue) -> down_proj (adds into residual_), every product W8A16.
 absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
                                             const kernels::cuda::DeviceKvCache& cache, int64_t l,
                                             const StepAttentionPlan& plan, void* attn_workspace,
@@ -147,11 +179,22 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
   const kc::Fp8W16Math math = W16Math();
   const Layer& w = layers_[l];
   bf16* residual = residual_.get<bf16>();
-  RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
-                                       w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
-                                       qkv_.get<bf16>(), stream, pdl, early, math));
-  ASSIGN_OR_RETURN(const bf16* o_in,
-                   AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
+  const kc::GemvRopeKv rope =
+      RopeKvArgs(config_, step, cache, l, inv_freq_.get<float>(), q_.get<bf16>());
+  const bf16* o_in;
+  if (W16FoldsRope() && !config_.qk_norm && cache.dtype == kc::KvDtype::kBf16 &&
+      kc::Fp8W16GemvNormInRopeKvSupported(residual, w.input_layernorm.data(), w.qkv_fp8.device(),
+                                          Tn, rope, math)) {  // q_ and the pool written, not qkv_
+    RETURN_IF_ERROR(kc::Fp8W16GemvNormInRopeKv(residual, w.input_layernorm.get<bf16>(), eps,
+                                               w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn, rope,
+                                               stream, pdl, early, math));
+    ASSIGN_OR_RETURN(o_in, Attention<bf16>(step, cache, l, plan, attn_workspace, stream));
+  } else {
+    RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
+                                         w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
+                                         qkv_.get<bf16>(), stream, pdl, early, math));
+    ASSIGN_OR_RETURN(o_in, AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
+  }
   RETURN_IF_ERROR(kc::Fp8W16GemvAddTo(o_in, w.o_fp8.device(), w.o_bias.get<bf16>(), Tn, residual,
                                       stream, pdl, early, math));
   RETURN_IF_ERROR(kc::Fp8W16GemvNormInSiluMul(residual, w.post_attention_layernorm.get<bf16>(), eps,
