@@ -232,13 +232,11 @@ absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
       k.wgmma_grouped = true;
     } else if (item == "fused_glu") {
       k.fused_glu = true;
-    } else if (item == "fused_gemv") {
-      k.fused_gemv = true;
     } else if (item != "old") {
       return absl::InvalidArgumentError(
           absl::StrCat("TANDEM_MOE_KERNELS: unknown '", item,
                        "' (a comma-separated subset of split_combine, mma_grouped, fused_route, "
-                       "pdl, wgmma_grouped, fused_glu, fused_gemv; new; old)"));
+                       "pdl, wgmma_grouped, fused_glu; new; old)"));
     }
   }
   return k;
@@ -302,9 +300,6 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(const ModelConfig
   RETURN_IF_ERROR(alloc(&m->shared_out_, T * H * 2, "shared out"));
   RETURN_IF_ERROR(alloc(&m->load_, c.num_hidden_layers * E * 8, "moe expert load"));
   CUDA_RETURN_IF_ERROR(cudaMemset(m->load_.data(), 0, m->load_.bytes()));
-  RETURN_IF_ERROR(alloc(&m->gemv_sync_, kernels::cuda::MoeExpertGemvFusedSyncInts(Ed) * 4,
-                        "moe fused gemv counters"));
-  CUDA_RETURN_IF_ERROR(cudaMemset(m->gemv_sync_.data(), 0, m->gemv_sync_.bytes()));
   if (c.expert_placement != nullptr) {  // expert parallelism: global id -> local slot or -1
     const std::vector<int32_t> slots = c.expert_placement->LocalSlots(c.expert_rank);
     RETURN_IF_ERROR(alloc(&m->slot_of_expert_, E * 4, "moe expert slots"));
@@ -374,11 +369,6 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
                           kernels_.pdl);
     }
     return absl::InvalidArgumentError("FP8 experts need bf16 activations");
-  }
-  if (path == Path::kGemv && kernels_.fused_gemv) {  // one persistent launch
-    return kc::MoeExpertGemvFused<T>(x, w.experts_gate_up.get<T>(), w.experts_down.get<T>(), H, I,
-                                     perm, E, rows, act_.get<T>(), expert_out_.get<T>(),
-                                     gemv_sync_.get<int32_t>(), stream, kernels_.pdl);
   }
   if (path == Path::kGemv) {
     RETURN_IF_ERROR(kc::MoeExpertGemvGateUp<T>(x, w.experts_gate_up.get<T>(), H, I, perm, E, rows,

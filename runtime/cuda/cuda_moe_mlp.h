@@ -113,18 +113,14 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 //     not run under capture;
 //   fused_glu: on those MoeGroupedWgmma steps, gate_up with SiLU * up in its epilogue
 //     (MoeGroupedWgmmaGateUpSilu: bit-identical to MoeGroupedWgmma + MoeSiluAndMul, one launch
-//     and the gate_up buffer's round trip less) where the expert width is a multiple of 8;
-//   fused_gemv (off unless named; not in "new"): the GEMV steps' gate_up and down in one
-//     persistent launch (MoeExpertGemvFused: a per-expert handoff instead of the second launch;
-//     bit-identical to the two GEMVs), for the device A/B of issue 32's one-token target.
+//     and the gate_up buffer's round trip less) where the expert width is a multiple of 8.
 // The first four are the default since their first GPU runs (nvidia-h200-x2 / -x4: moe_cuda_test,
 // and moe_cuda_golden.sh with all four; Qwen3-30B-A3B decode step at batch 1: 5.37 -> 3.89 ms with
 // the first two, 3.68 -> 3.59 ms with the last two), wgmma_grouped since its first run.
 // FromEnv(): TANDEM_MOE_KERNELS, a comma-separated subset of "split_combine", "mma_grouped",
-// "fused_route", "pdl", "wgmma_grouped", "fused_glu", "fused_gemv" ("new" or unset: the first
-// six; "old": none, the first A/B baseline), read once per CudaMoeMlp::Create so the device A/B
-// needs no new flag on every binary (fused_glu off: the list without it,
-// tests/gpu/moe_fused_glu_call.sh).
+// "fused_route", "pdl", "wgmma_grouped", "fused_glu" ("new" or unset: all six; "old": none, the
+// first A/B baseline), read once per CudaMoeMlp::Create so the device A/B needs no new flag on
+// every binary (fused_glu off: the list without it, tests/gpu/moe_fused_glu_call.sh).
 // INVALID_ARGUMENT naming an unknown entry.
 struct CudaMoeKernels {
   bool split_combine = true;
@@ -133,7 +129,6 @@ struct CudaMoeKernels {
   bool pdl = true;
   bool wgmma_grouped = true;
   bool fused_glu = true;
-  bool fused_gemv = false;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
@@ -228,7 +223,6 @@ class CudaMoeMlp {
       padded_row_of_pair_;
   DeviceBuffer rows_in_, gate_up_, act_, expert_out_, shared_gate_up_, shared_act_, shared_out_;
   DeviceBuffer load_;            // [num_hidden_layers, E] int64
-  DeviceBuffer gemv_sync_;       // MoeExpertGemvFused's counters (zero between launches)
   DeviceBuffer slot_of_expert_;  // expert parallelism: [E] int32, the local slot or -1
   std::unique_ptr<CudaMoeAllToAll> all_to_all_;  // data-parallel attention only
   std::unique_ptr<CudaFp8MoeExperts> fp8_;       // FP8 checkpoints only
