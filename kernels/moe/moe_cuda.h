@@ -94,14 +94,7 @@ absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_r
 // `rows` = T * k (host): bounds the grid. Any hidden / inter >= 1 (16-byte loads where rows are
 // aligned and a multiple of 8 wide, else element loads). INVALID_ARGUMENT for bad sizes.
 // programmatic_launch: PDL as MoeRouteAndPermute's (each block waits for the preceding grid
-// before its first read of `x` / `act` and, for gate_up, of the permutation).
-// early_weight_loads (Down; the default): each warp reads the permutation and loads its first
-// weight chunks BEFORE the PDL wait, only `act` after it. REQUIRES then: the permutation is
-// complete once the preceding grid lets this one launch — true when that grid is
-// MoeExpertGemvGateUp (it waits for its predecessor before it triggers; the permutation's
-// writer ran before it) or any launch that waits before triggering, and with no PDL at all.
-// Results do not depend on it (same sums, same order); false: everything after the wait, the
-// kernel as before (for A/B runs and the bit-for-bit test).
+// before its first read).
 template <typename T>
 absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, int64_t inter,
                                  const DeviceMoePermutation& perm, int64_t num_experts,
@@ -110,23 +103,7 @@ absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, i
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream, bool programmatic_launch = false,
-                               bool early_weight_loads = true);
-
-// MoeExpertGemvGateUp then MoeExpertGemvDown in ONE persistent launch (issue 32: the second
-// launch's fixed cost and the first one's tail): blocks take gate_up tiles, then down tiles, in
-// ticket order; a down tile loads its weights, then waits on a per-expert counter until every
-// gate_up tile of its expert is stored. act and out as the two calls write them, bit for bit.
-// sync: MoeExpertGemvFusedSyncInts(num_experts) int32s, zeroed once by the caller before the
-// first call; every launch leaves them zero (one buffer per stream: launches must not overlap).
-// Hidden / inter not multiples of 8 or rows not 16-byte aligned: the two launches instead.
-// programmatic_launch: PDL as MoeExpertGemvGateUp's (everything after the wait).
-int64_t MoeExpertGemvFusedSyncInts(int64_t num_experts);
-template <typename T>
-absl::Status MoeExpertGemvFused(const T* x, const T* gate_up, const T* down, int64_t hidden,
-                                int64_t inter, const DeviceMoePermutation& perm,
-                                int64_t num_experts, int64_t rows, T* act, T* out, int32_t* sync,
-                                cudaStream_t stream, bool programmatic_launch = false);
+                               T* out, cudaStream_t stream, bool programmatic_launch = false);
 
 // out[r, j] = round(silu(g) * u) for r < rows, j < inter, g / u = gate_up[r, j] / [r, inter + j]
 // (SiluAndMul's expression, any width: layers_cuda.h's needs multiples of 8).
@@ -158,11 +135,7 @@ absl::Status MoeCombine(const T* expert_out, const float* weights, const int32_t
 // loads of all k expert rows in flight; element loads where hidden % 8 or alignment forbid).
 // Same j-order fp32 sum: identical results without a gated shared expert. Falls back to
 // MoeCombine when a gated shared expert's x overlaps out, or past 65535 tokens.
-// programmatic_launch: PDL as MoeRouteAndPermute's (not on the MoeCombine fallback); the first
-// 8 pairs' row_of_pair and weights are read BEFORE the wait (expert_out, shared and x after it).
-// REQUIRES then: row_of_pair and weights complete once the preceding grid lets this one launch
-// (as MoeExpertGemvDown's early loads: true behind the expert GEMVs, SmallMLinear, any launch
-// that waits before triggering, or one launched without PDL).
+// programmatic_launch: PDL as MoeRouteAndPermute's (not on the MoeCombine fallback).
 template <typename T>
 absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const int32_t* row_of_pair,
                              int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
@@ -249,10 +222,7 @@ absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, c
                                                       int64_t, T*, cudaStream_t, bool);            \
   extern template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,          \
                                                     const DeviceMoePermutation&, int64_t, int64_t, \
-                                                    T*, cudaStream_t, bool, bool);                 \
-  extern template absl::Status MoeExpertGemvFused<T>(                                              \
-      const T*, const T*, const T*, int64_t, int64_t, const DeviceMoePermutation&, int64_t,        \
-      int64_t, T*, T*, int32_t*, cudaStream_t, bool);                                              \
+                                                    T*, cudaStream_t, bool);                       \
   extern template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);     \
   extern template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                    \
                                              const DeviceMoePermutation&, int64_t, int64_t,        \

@@ -7,74 +7,153 @@
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
-#include "kernels/moe/moe_expert_gemv.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
-// The GEMV pieces shared with moe_expert_fused_cuda.cu.
-using moe_gemv::FromFloat;
-using moe_gemv::kGemvWarps;
-using moe_gemv::kRowsPerWarp;
-using moe_gemv::kUnroll;
-using moe_gemv::LoadWeightChunks;
-using moe_gemv::ToFloat;
-using moe_gemv::WarpRows;
-using moe_gemv::WeightRows;
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
 
+constexpr int kGemvWarps = 8;
+constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
 constexpr int kCombineThreads = 128;
+
+// acc[q][m] = w_q . a_m over R weight rows at once (k elements each; every row's loads in flight
+// together), this lane's share, then summed over the warp. kVec: 16-byte loads of 8 elements
+// (k % 8 == 0, rows 16-byte aligned). Each (q, m) sum runs in the same order as for one row
+// alone: results do not depend on R.
+template <typename T, int R, int M, bool kVec>
+__device__ __forceinline__ void WarpDot(const T* const (&w)[R], const T* const (&a)[M], int64_t k,
+                                        int lane, float (&acc)[R][M]) {
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[q][m] = 0.0f;
+  }
+  if constexpr (kVec) {
+    const int64_t chunks = k / 8;
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+      uint4 held[R][kUnroll];
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = c0 + 32 * u;
+          held[q][u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w[q]) + c)
+                                  : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 av = __ldg(reinterpret_cast<const uint4*>(a[m]) + c);
+          const T* at = reinterpret_cast<const T*>(&av);
+          float af[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) af[e] = ToFloat(at[e]);
+#pragma unroll
+          for (int q = 0; q < R; ++q) {
+            const T* wt = reinterpret_cast<const T*>(&held[q][u]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[q][m] = fmaf(ToFloat(wt[e]), af[e], acc[q][m]);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < k; i += 32) {
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        const float wf = ToFloat(w[q][i]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[q][m] = fmaf(wf, ToFloat(a[m][i]), acc[q][m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        acc[q][m] += __shfl_xor_sync(0xffffffffu, acc[q][m], off);
+      }
+    }
+  }
+}
 
 // Block (feature tile, active-expert slot); each warp streams two weight rows at once.
 // kGateUp: warp = output column j of act (gate row j and up row inter + j of the expert, input
 // rows gathered through token_of_row); else warp = output features h, h + 1 of down (input rows
 // the expert's contiguous act rows).
-//
-// early (down only): the permutation is read and the warp's first weight chunks are loaded
-// BEFORE the PDL wait; only `in` (gate_up's act) waits. This is safe because the permutation is
-// not the predecessor's output: it was written by the route / permute launch BEFORE gate_up, and
-// gate_up's blocks each wait for that launch (griddepcontrol.wait: it has completed, its writes
-// are visible) before they let dependents launch, so by the time any block of this grid runs,
-// the route's writes are complete in global memory. The permutation is read through L2
-// (__ldcg), never a stale L1 line. The contract, in moe_cuda.h: the permutation is complete when
-// the preceding grid lets this one launch (true after MoeExpertGemvGateUp or any launch that
-// waits before it triggers, and after any launch without PDL). The weights are constants.
-// gate_up itself has nothing to move: its predecessor writes the permutation that every
-// weight address depends on.
+constexpr int kRowsPerWarp = 2;
 template <typename T, int M, bool kGateUp, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     ExpertGemvKernel(const T* __restrict__ in, const T* __restrict__ w, int64_t n_out, int64_t k,
-                     DeviceMoePermutation perm, T* __restrict__ out, bool early) {
-  const bool pre = !kGateUp && early;
-  if (!pre) {
-    internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
-    internal::AllowDependentLaunch();
-  }
+                     DeviceMoePermutation perm, T* __restrict__ out) {
+  internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
+  internal::AllowDependentLaunch();
   constexpr int kFeat = kGateUp ? 1 : kRowsPerWarp;  // output features per warp
-  const int expert =
-      kGateUp ? perm.active_experts[blockIdx.y] : __ldcg(perm.active_experts + blockIdx.y);
+  const int expert = perm.active_experts[blockIdx.y];
   const int64_t feature = (int64_t{blockIdx.x} * kGemvWarps + (threadIdx.x >> 5)) * kFeat;
   if (expert < 0 || feature >= n_out) return;
   const int lane = threadIdx.x & 31;
-  const int begin = kGateUp ? perm.expert_offsets[expert] : __ldcg(perm.expert_offsets + expert);
-  const int end =
-      kGateUp ? perm.expert_offsets[expert + 1] : __ldcg(perm.expert_offsets + expert + 1);
+  const int begin = perm.expert_offsets[expert], end = perm.expert_offsets[expert + 1];
   const T* wrow[kRowsPerWarp];
-  WeightRows<T, kGateUp>(w, expert, n_out, k, feature, wrow);
-  uint4 held[kRowsPerWarp][kUnroll];
-  if (pre) {
-    if constexpr (kVec) LoadWeightChunks<T, kRowsPerWarp>(wrow, lane, k / 8, held);
-    internal::WaitForPrecedingGrid();  // PDL: `in` (gate_up's act) is the predecessor's
-    internal::AllowDependentLaunch();
+#pragma unroll
+  for (int q = 0; q < kRowsPerWarp; ++q) {
+    // gate_up: [E, 2 * n_out, k], rows feature and n_out + feature; down: [E, n_out, k], rows
+    // feature, feature + 1 (the last one repeated past n_out, not stored).
+    const int64_t row = kGateUp ? q * n_out + feature : min(feature + q, n_out - 1);
+    wrow[q] = w + (static_cast<int64_t>(expert) * (kGateUp ? 2 : 1) * n_out + row) * k;
   }
-  WarpRows<T, M, kGateUp, kVec>(in, wrow, n_out, k, perm, out, feature, begin, end, lane, held,
-                                pre);
+  for (int r0 = begin; r0 < end; r0 += M) {
+    const T* a[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int r = min(r0 + m, end - 1);  // past the expert's rows: a repeat, not stored
+      a[m] = in + static_cast<int64_t>(kGateUp ? perm.token_of_row[r] : r) * k;
+    }
+    float acc[kRowsPerWarp][M];
+    WarpDot<T, kRowsPerWarp, M, kVec>(wrow, a, k, lane, acc);
+    if (lane != 0) continue;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (r0 + m >= end) break;
+      T* dst = out + static_cast<int64_t>(r0 + m) * n_out + feature;
+      if constexpr (kGateUp) {
+        // Gate and up rounded to T first, then SiluAndMul's expression (layers_cuda.h).
+        const float g = ToFloat(FromFloat<T>(acc[0][m]));
+        const float u = ToFloat(FromFloat<T>(acc[1][m]));
+        *dst = FromFloat<T>(g / (1.0f + expf(-g)) * u);
+      } else {
+#pragma unroll
+        for (int q = 0; q < kFeat; ++q) {
+          if (feature + q < n_out) dst[q] = FromFloat<T>(acc[q][m]);
+        }
+      }
+    }
+  }
 }
 
 // The one place where rows per expert and alignment become template constants.
 template <typename T, bool kGateUp>
 absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
                         const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows, T* out,
-                        cudaStream_t stream, bool programmatic_launch, bool early) {
+                        cudaStream_t stream, bool programmatic_launch) {
   if (n_out < 1 || k < 1 || num_experts < 1 || num_experts > kMoeMaxExperts || rows < 0 ||
       n_out > int64_t{kGemvWarps} * 65535 * 1024) {
     return absl::InvalidArgumentError(absl::StrCat("MoeExpertGemv: outputs ", n_out, ", inputs ", k,
@@ -91,7 +170,7 @@ absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
   const internal::PdlLaunchConfig config(grid, dim3(kGemvWarps * 32), stream, programmatic_launch);
   cudaError_t launched = cudaSuccess;
   auto launch = [&](auto kernel) {
-    launched = cudaLaunchKernelEx(config.get(), kernel, in, w, n_out, k, perm, out, early);
+    launched = cudaLaunchKernelEx(config.get(), kernel, in, w, n_out, k, perm, out);
   };
   if (vec) {
     if (mean <= 1)
@@ -205,16 +284,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 // shared expert (the gate's dot product is summed in another order: last-bit differences). The
 // gate's dot product is repeated by every block of the token (x must not alias out then: the
 // launcher gives one block per token in that case).
-//
-// PDL (V = 8): the first kBatch pairs' rows and weights are read BEFORE the wait, so the expert
-// rows' loads can issue right after it (one L2 round trip less on the critical path). They are
-// the routing's output, not the predecessor's: MoeCombineSplit's contract (moe_cuda.h) is that
-// they are complete when the preceding grid lets this one launch — the expert GEMVs (and every
-// launch between them and the routing) wait for their own predecessor before they trigger, so
-// the routing launch has completed, its writes visible, before any block of this grid runs. Read
-// through L2 (__ldcg). expert_out, shared and x wait.
 constexpr int kSplitThreads = 64;
-constexpr int kSplitBatch = 8;  // expert-row loads in flight per thread
 template <typename T, int V>
 __global__ void __launch_bounds__(kSplitThreads)
     CombineSplitKernel(const T* __restrict__ expert_out, const float* __restrict__ weights,
@@ -222,20 +292,9 @@ __global__ void __launch_bounds__(kSplitThreads)
                        const T* __restrict__ shared, const T* __restrict__ shared_gate, const T* x,
                        T* out) {
   __shared__ float red[kSplitThreads / 32];
-  const int64_t t = blockIdx.y;
-  int32_t row0[kSplitBatch];
-  float wt0[kSplitBatch];
-  if constexpr (V == 8) {
-#pragma unroll
-    for (int u = 0; u < kSplitBatch; ++u) {
-      if (u < top_k) {
-        row0[u] = __ldcg(row_of_pair + t * top_k + u);
-        wt0[u] = __ldcg(weights + t * top_k + u);
-      }
-    }
-  }
   internal::WaitForPrecedingGrid();  // PDL: expert_out, shared and x are the predecessors'
   internal::AllowDependentLaunch();
+  const int64_t t = blockIdx.y;
   float gate = 1.0f;
   if (shared != nullptr && shared_gate != nullptr) {
     float dot = 0.0f;
@@ -253,21 +312,20 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.0f;
   if constexpr (V == 8) {
-    constexpr int kBatch = kSplitBatch;
+    constexpr int kBatch = 8;  // loads in flight per thread
     for (int j0 = 0; j0 < top_k; j0 += kBatch) {
       uint4 held[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (j0 + u < top_k) {
-          const int32_t row = j0 == 0 ? row0[u] : rows[j0 + u];
-          held[u] = __ldg(
-              reinterpret_cast<const uint4*>(expert_out + static_cast<int64_t>(row) * hidden + h0));
+          held[u] = __ldg(reinterpret_cast<const uint4*>(
+              expert_out + static_cast<int64_t>(rows[j0 + u]) * hidden + h0));
         }
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (j0 + u >= top_k) break;
-        const float wj = j0 == 0 ? wt0[u] : wt[j0 + u];
+        const float wj = wt[j0 + u];
         const T* v = reinterpret_cast<const T*>(&held[u]);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj, ToFloat(v[e]), acc[e]);
@@ -317,16 +375,15 @@ absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, i
                                  int64_t rows, T* act, cudaStream_t stream,
                                  bool programmatic_launch) {
   return LaunchGemv<T, true>(x, gate_up, inter, hidden, perm, num_experts, rows, act, stream,
-                             programmatic_launch, false);
+                             programmatic_launch);
 }
 
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream, bool programmatic_launch,
-                               bool early_weight_loads) {
+                               T* out, cudaStream_t stream, bool programmatic_launch) {
   return LaunchGemv<T, false>(act, down, hidden, inter, perm, num_experts, rows, out, stream,
-                              programmatic_launch, early_weight_loads);
+                              programmatic_launch);
 }
 
 template <typename T>
@@ -423,7 +480,7 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                                                cudaStream_t, bool);                               \
   template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,                \
                                              const DeviceMoePermutation&, int64_t, int64_t, T*,   \
-                                             cudaStream_t, bool, bool);                           \
+                                             cudaStream_t, bool);                                 \
   template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);           \
   template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                          \
                                       const DeviceMoePermutation&, int64_t, int64_t, int64_t, T*, \

@@ -29,7 +29,6 @@ struct GemvArgs {
   int64_t n_out, k;
   DeviceMoePermutation perm;
   __nv_bfloat16* out;
-  bool early;  // down: the permutation and first weight chunks read before the PDL wait
 };
 
 // The 16 activations of row `row` at column `col`, as floats (codes' values or bf16 values).
@@ -47,47 +46,20 @@ __device__ __forceinline__ void LoadActivations(const GemvArgs& p, int64_t row, 
   }
 }
 
-// The 16-byte weight chunks c0 + 32 u (u < kUnroll) of the warp's rows, zeros past `chunks`.
-__device__ __forceinline__ void LoadWeightChunks(const uint4* const (&wrow)[kRowsPerWarp],
-                                                 int64_t c0, int64_t chunks,
-                                                 uint4 (&held)[kRowsPerWarp][kUnroll]) {
-#pragma unroll
-  for (int q = 0; q < kRowsPerWarp; ++q) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + 32 * u;
-      held[q][u] = c < chunks ? __ldcs(wrow[q] + c) : make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 // kGateUp: warp = output column `feature` of act (gate row feature and up row n_out + feature of
 // the expert; input rows gathered through token_of_row); else warp = output features feature,
 // feature + 1 of down (input rows the expert's contiguous act rows). M rows per weight read.
-// p.early (down only): the permutation, the expert's pointers and the warp's first weight chunks
-// are read BEFORE the PDL wait, the activations after it; safe for the reason given at
-// moe_expert_cuda.cu's ExpertGemvKernel (the permutation's writer completed before the gate_up
-// GEMV — or the activation quantizer after it — let this grid launch; the pointer tables and
-// weights are constants). gate_up has nothing to move: every address depends on the permutation
-// its predecessor writes.
 template <int M, bool kGateUp, bool kFp8Act>
 __global__ void __launch_bounds__(kWarps * 32)
     Fp8ExpertGemvKernel(const __grid_constant__ GemvArgs p) {
-  const bool pre = !kGateUp && p.early;
-  if (!pre) {
-    internal::WaitForPrecedingGrid();  // PDL: the permutation and the activations
-    internal::AllowDependentLaunch();
-  }
+  internal::WaitForPrecedingGrid();  // PDL: the permutation and the activations
+  internal::AllowDependentLaunch();
   constexpr int kFeat = kGateUp ? 1 : kRowsPerWarp;
-  const int expert =
-      kGateUp ? p.perm.active_experts[blockIdx.y] : __ldcg(p.perm.active_experts + blockIdx.y);
+  const int expert = p.perm.active_experts[blockIdx.y];
   const int64_t feature = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kFeat;
   if (expert < 0 || feature >= p.n_out) return;
   const int lane = threadIdx.x & 31;
-  const int begin =
-      kGateUp ? p.perm.expert_offsets[expert] : __ldcg(p.perm.expert_offsets + expert);
-  const int end =
-      kGateUp ? p.perm.expert_offsets[expert + 1] : __ldcg(p.perm.expert_offsets + expert + 1);
+  const int begin = p.perm.expert_offsets[expert], end = p.perm.expert_offsets[expert + 1];
   const uint8_t* codes = p.w.codes[expert];
   const float* scales = p.w.scales[expert];
   const uint4* wrow[kRowsPerWarp];
@@ -99,12 +71,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     wscale[q] = scales + row * p.w.groups;
   }
   const int64_t chunks = p.k / 16;
-  uint4 held[kRowsPerWarp][kUnroll];
-  if (pre) {
-    LoadWeightChunks(wrow, lane, chunks, held);
-    internal::WaitForPrecedingGrid();  // PDL: the activations are the predecessor's
-    internal::AllowDependentLaunch();
-  }
   for (int r0 = begin; r0 < end; r0 += M) {
     int64_t arow[M];
 #pragma unroll
@@ -119,7 +85,15 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int m = 0; m < M; ++m) acc[q][m] = 0.0f;
     }
     for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-      if (!pre || r0 != begin || c0 != lane) LoadWeightChunks(wrow, c0, chunks, held);
+      uint4 held[kRowsPerWarp][kUnroll];
+#pragma unroll
+      for (int q = 0; q < kRowsPerWarp; ++q) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = c0 + 32 * u;
+          held[q][u] = c < chunks ? __ldcs(wrow[q] + c) : make_uint4(0, 0, 0, 0);
+        }
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = c0 + 32 * u;
@@ -183,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <bool kGateUp>
 absl::Status Launch(const MoeFp8Activations& a, const MoeFp8Experts& w, int64_t n_out, int64_t k,
                     const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                    __nv_bfloat16* out, cudaStream_t stream, bool programmatic_launch, bool early) {
+                    __nv_bfloat16* out, cudaStream_t stream, bool programmatic_launch) {
   const char* what = kGateUp ? "MoeFp8ExpertGemvGateUp" : "MoeFp8ExpertGemvDown";
   const bool fp8_act = a.scheme != Fp8ActivationScheme::kNone;
   const void* act = fp8_act ? static_cast<const void*>(a.codes) : a.values;
@@ -212,7 +186,6 @@ absl::Status Launch(const MoeFp8Activations& a, const MoeFp8Experts& w, int64_t 
   p.k = k;
   p.perm = perm;
   p.out = out;
-  p.early = early;
   const int64_t per_block = int64_t{kWarps} * (kGateUp ? 1 : kRowsPerWarp);
   const dim3 grid(static_cast<unsigned>((n_out + per_block - 1) / per_block),
                   static_cast<unsigned>(std::min(num_experts, rows)));
@@ -249,16 +222,15 @@ absl::Status MoeFp8ExpertGemvGateUp(const MoeFp8Activations& x, const MoeFp8Expe
                                     int64_t num_experts, int64_t rows, __nv_bfloat16* act,
                                     cudaStream_t stream, bool programmatic_launch) {
   return Launch<true>(x, gate_up, inter, hidden, perm, num_experts, rows, act, stream,
-                      programmatic_launch, false);
+                      programmatic_launch);
 }
 
 absl::Status MoeFp8ExpertGemvDown(const MoeFp8Activations& act, const MoeFp8Experts& down,
                                   int64_t hidden, int64_t inter, const DeviceMoePermutation& perm,
                                   int64_t num_experts, int64_t rows, __nv_bfloat16* out,
-                                  cudaStream_t stream, bool programmatic_launch,
-                                  bool early_weight_loads) {
+                                  cudaStream_t stream, bool programmatic_launch) {
   return Launch<false>(act, down, hidden, inter, perm, num_experts, rows, out, stream,
-                       programmatic_launch, early_weight_loads);
+                       programmatic_launch);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -70,13 +70,10 @@ absl::Status MoeFp8ExpertGemvGateUp(const MoeFp8Activations& x, const MoeFp8Expe
 
 // out[r, h] = round(act_r . down_e[h]) (dequantized): act [rows, inter] (values or codes per
 // row), out [rows, hidden] bf16; groups 1 or ceil(inter / 128). Requirements as GateUp's.
-// early_weight_loads: as moe_cuda.h's MoeExpertGemvDown (the permutation, the pointer tables and
-// the first weight chunks read before the PDL wait, with the same REQUIRES; the same results).
 absl::Status MoeFp8ExpertGemvDown(const MoeFp8Activations& act, const MoeFp8Experts& down,
                                   int64_t hidden, int64_t inter, const DeviceMoePermutation& perm,
                                   int64_t num_experts, int64_t rows, __nv_bfloat16* out,
-                                  cudaStream_t stream, bool programmatic_launch = false,
-                                  bool early_weight_loads = true);
+                                  cudaStream_t stream, bool programmatic_launch = false);
 
 // The tensor-core form for steps where experts have several rows (decode batches past ~16
 // tokens, every CUDA graph size; moe_fp8_grouped_mma_cuda.cu): out[r, :n] = round(sum over
