@@ -196,8 +196,11 @@ void RunCase(const Case& c, std::mt19937& rng) {
     EXPECT_GT(plan->num_splits, 1);  // the case is about splits past the requests' contexts
   }
   if (c.merge) {  // the TMA kernel in its serial / hand-off schedule merges its own splits
+    // (planned split counts: row tiles of <= 16 rows only)
+    const bool small_tiles = std::min<int64_t>(in.max_q_len * d.num_heads, 64) <= 16;
     EXPECT_EQ(plan->merge_in_kernel, plan->use_tma && plan->num_splits > 1 &&
-                                         plan->tma_schedule != MlaTmaSchedule::kSeesaw);
+                                         plan->tma_schedule != MlaTmaSchedule::kSeesaw &&
+                                         (c.num_splits > 0 || small_tiles));
   } else {
     EXPECT_FALSE(plan->merge_in_kernel);
   }
@@ -518,8 +521,9 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   EXPECT_EQ(plan(kLite, 1, 16384, 1, 0, 0, {2, 1, 16}).num_splits,
             plan(kLite, 1, 16384).num_splits);
   // workspace_zeroed: the tickets first (every plan), the in-kernel merge for split TMA plans.
-  auto zeroed = [](int64_t ctx, int splits, MlaTmaSchedule schedule, int64_t seqs = 1) {
-    absl::StatusOr<MlaPlan> p = PlanMla({.dims = kLite,
+  auto zeroed = [](int64_t ctx, int splits, MlaTmaSchedule schedule, int64_t seqs = 1,
+                   const MlaDims& dims = kLite) {
+    absl::StatusOr<MlaPlan> p = PlanMla({.dims = dims,
                                          .num_seqs = seqs,
                                          .num_tokens = seqs,
                                          .max_seq_len = ctx,
@@ -537,7 +541,30 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   EXPECT_EQ(zeroed(1024, 1, MlaTmaSchedule::kSerial).workspace_bytes,
             plan(kLite, 1, 1024, 1, 1).workspace_bytes + kMlaMergeCounterBytes);
   EXPECT_EQ(zeroed(1024, 0, MlaTmaSchedule::kSerial).workspace_bytes,
-            plan(kLite, 1, 1024).workspace_bytes + kMlaMergeCounterBytes);
+            plan(kLite, 1, 1024, 1, 8).workspace_bytes + kMlaMergeCounterBytes);
+  // With the in-kernel merge (16-row tiles) and <= 8 (request, row tile) groups, planned splits
+  // take >= 128 latents, at most 16 and 64 CTAs in all: batch 1 at 1k -> 8, at 4k and under a
+  // 32k graph bound -> 16; batch 8 at 1k and 4k -> 8. Larger batches keep the 512-latent
+  // planner (batch 64 at 4k -> 2, the same as without the tickets), merged in the kernel.
+  EXPECT_EQ(zeroed(1024, 0, MlaTmaSchedule::kSerial).split_min_latents, 128);
+  EXPECT_EQ(zeroed(1024, 0, MlaTmaSchedule::kSerial).num_splits, 8);
+  EXPECT_EQ(zeroed(4096, 0, MlaTmaSchedule::kSerial).num_splits, 16);
+  EXPECT_EQ(zeroed(32768, 0, MlaTmaSchedule::kSerial).num_splits, 16);
+  EXPECT_EQ(zeroed(1024, 0, MlaTmaSchedule::kSerial, 8).num_splits, 8);
+  EXPECT_EQ(zeroed(4096, 0, MlaTmaSchedule::kSerial, 8).num_splits, 8);
+  for (int64_t seqs : {16, 32, 64}) {
+    for (int64_t ctx : {1024, 4096, 32768}) {
+      const MlaPlan z = zeroed(ctx, 0, MlaTmaSchedule::kSerial, seqs);
+      EXPECT_EQ(z.split_min_latents, 512);
+      EXPECT_EQ(z.num_splits, plan(kLite, seqs, ctx).num_splits) << seqs << " x " << ctx;
+      EXPECT_EQ(z.merge_in_kernel, z.num_splits > 1);
+    }
+  }
+  const MlaPlan v3 = zeroed(4096, 0, MlaTmaSchedule::kSerial, 1, kV3);
+  EXPECT_FALSE(v3.merge_in_kernel);
+  EXPECT_EQ(v3.split_min_latents, 512);
+  EXPECT_EQ(v3.num_splits, plan(kV3, 1, 4096).num_splits);
+  EXPECT_TRUE(zeroed(4096, 4, MlaTmaSchedule::kSerial, 1, kV3).merge_in_kernel);  // forced
 }
 
 TEST(MlaCudaTest, PlainKernelTinyDims) {

@@ -295,6 +295,18 @@ constexpr double kCtaLatents = 128, kMergeLatents = 128;
 // short splits. With per-request chunks a plan for a long bound (a CUDA graph's max_model_len)
 // then runs a short request on ceil(len / 512) CTAs, not on one.
 constexpr int kSplitMinLatents = 512;
+// Where the TMA kernel merges its own splits (MlaPlan::merge_in_kernel) the separate merge's
+// launch and serial LSE pass are gone, and shorter splits pay: measured on an H200 (nvidia-h200,
+// mla_cuda_bench --merge=1 --splits=N, 16 heads, 2026-11-29, graph us): batch 1 at 1k 2 / 4 / 8 /
+// 16 splits 33.8 / 24.4 / 19.7 / 21.3, at 4k 8 / 16 splits 34.3 / 29.7; batch 8 at 1k 8 splits
+// 21.3 (2: 34.8), at 4k 16 splits 31.0 (8: 35.7). So 128-latent splits, at most 16 (the last CTA
+// reads every split's fp32 partial back alone). Only for row tiles of <= 16 rows: at 128 heads
+// (64-row tiles) the merging CTA's serial partial loads made the in-kernel merge slower (batch 1
+// at 1k 48.5 vs 31.8 us with the separate merge), so 64-row tiles keep the separate merge.
+constexpr int kSplitMinLatentsInKernel = 128;
+constexpr int64_t kMaxSplitsInKernel = 16;
+constexpr int64_t kMergeInKernelMaxRows = 16;
+constexpr int64_t kShortSplitGroups = 8, kShortSplitCtas = 64;
 
 // How many of `splits` CTAs a context of ctx latents fills: chunks of SplitChunk(ctx, splits).
 int64_t SplitsFilled(int64_t ctx, int64_t splits, int min_chunk) {
@@ -317,16 +329,16 @@ int64_t SplitsFilled(int64_t ctx, int64_t splits, int min_chunk) {
 // their partials cost as much as the halved chunks save), batch 8 at 1k -> 8 (128 CTAs), 16
 // requests at 4k -> 4 (one wave; 8 would run two), 64 at 32k -> 1.
 int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int num_sms,
-                       int64_t ctx, int64_t max_splits) {
+                       int64_t ctx, int64_t max_splits, int min_chunk) {
   ctas = std::max<int64_t>(ctas, 1);
   const double partial =
       static_cast<double>(rows_tile * dims.kv_lora_rank * 4) / (dims.LatentDim() * 2);
   auto cost = [&](int64_t s) {
-    const int64_t filled = SplitsFilled(ctx, s, kSplitMinLatents);
+    const int64_t filled = SplitsFilled(ctx, s, min_chunk);
     const double waves = static_cast<double>((ctas * filled + num_sms - 1) / num_sms);
     if (filled == 1) return waves * (static_cast<double>(ctx) + kCtaLatents);
     const double chunk =
-        mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s), kSplitMinLatents);
+        mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s), min_chunk);
     return waves * (chunk + kCtaLatents + partial) + kMergeLatents +
            static_cast<double>(filled * ctas) * partial / num_sms;
   };
@@ -370,17 +382,36 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
-  plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign : kSplitMinLatents;
+  const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
+  const int64_t rows_tile = std::min<int64_t>(in.max_q_len * H, kRows);
+  // The TMA kernel merges its own splits (when there are several) where the caller zeroed the
+  // tickets; a planned split count only for small row tiles (kMergeInKernelMaxRows), a forced one
+  // at any (tests, benchmarks).
+  const bool merge_possible = in.workspace_zeroed && plan.use_tma &&
+                              plan.tma_schedule != MlaTmaSchedule::kSeesaw &&
+                              seqs * plan.row_tiles <= kMlaMergeCounterBytes / 4 &&
+                              (in.num_splits > 0 || rows_tile <= kMergeInKernelMaxRows);
+  // Short (128-latent) planned splits where the kernel merges them and the batch is small: at
+  // most kShortSplitCtas CTAs in all (measured, nvidia-h200, 16 heads, in the decode step: 16
+  // splits x 8 requests = 128 CTAs at 4k lost 1.5% against 8 x 512 although the kernel alone
+  // gained; capping larger batches' splits to 64 CTAs lost 14% at 32 requests x 4k, so those keep
+  // the 512-latent planner below, their partials merged in the kernel).
+  const bool short_splits =
+      merge_possible && in.num_splits == 0 && seqs * plan.row_tiles <= kShortSplitGroups;
+  plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign
+                           : short_splits    ? kSplitMinLatentsInKernel
+                                             : kSplitMinLatents;
   const int64_t max_splits = std::clamp<int64_t>(
-      (ctx + plan.split_min_latents - 1) / plan.split_min_latents, 1, kMaxSplits);
+      (ctx + plan.split_min_latents - 1) / plan.split_min_latents, 1,
+      short_splits
+          ? std::min<int64_t>(kMaxSplitsInKernel, kShortSplitCtas / (seqs * plan.row_tiles))
+          : kMaxSplits);
   int64_t splits = std::min<int64_t>(in.num_splits, kMaxSplits);
   if (splits == 0) {
-    const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
     // The plain kernel runs several CTAs per SM: about one wave of them.
-    splits = plan.use_mma
-                 ? SplitsForWaves(seqs * plan.row_tiles, std::min<int64_t>(in.max_q_len * H, kRows),
-                                  in.dims, in.num_sms, ctx, max_splits)
-                 : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
+    splits = plan.use_mma ? SplitsForWaves(seqs * plan.row_tiles, rows_tile, in.dims, in.num_sms,
+                                           ctx, max_splits, plan.split_min_latents)
+                          : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
   }
   // The workspace's partials grow with the splits: fewer until they fit (one always does).
   for (;; splits = plan.num_splits - 1) {
@@ -388,10 +419,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     plan.workspace_bytes = mla_internal::MlaWorkspace(in, plan.num_splits).total;
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
-      plan.merge_in_kernel =
-          in.workspace_zeroed && plan.num_splits > 1 && plan.use_tma &&
-          plan.tma_schedule != MlaTmaSchedule::kSeesaw &&
-          std::max<int64_t>(in.num_seqs, 1) * plan.row_tiles <= kMlaMergeCounterBytes / 4;
+      plan.merge_in_kernel = merge_possible && plan.num_splits > 1;
       return plan;
     }
   }
