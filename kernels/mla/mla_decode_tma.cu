@@ -106,7 +106,9 @@ __device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const La
 // parity: it can run a tile ahead, so one id could otherwise see two of its arrivals before
 // warpgroup 1's wait), and before storing the next P waits until warpgroup 1 has read the last
 // one (barrier 3); so warpgroup 1's P V overlaps warpgroup 0's next scores.
-template <typename T, bool kHandOff>
+// kPrefetch: the L2-prefetch variant (p.l2_prefetch_tiles > 0) compiled in; without it the tile
+// loop carries none of its checks.
+template <typename T, bool kHandOff, bool kPrefetch>
 __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     MlaTmaKernel(const __grid_constant__ LatentParams<T> p, const __grid_constant__ CUtensorMap map,
                  const TmaGeometry g) {
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   // The issuing warp: the barriers (its lane 0), the table rows of tiles 0-2, tiles 0 and 1 now;
   // then lane l keeps box l's row of the next tile.
   int next_rows = 0, pf_rows = 0;
-  const int pf = p.l2_prefetch_tiles;
+  const int pf = kPrefetch ? p.l2_prefetch_tiles : 0;
   if (warp == kIssueWarp) {
     if (lane == 0) {
       for (int i = 0; i < 2 * kChunks; ++i) MbarInit(full + i, 1);
@@ -263,10 +265,16 @@ template <typename T>
 absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
                           dim3 grid, bool hand_off, cudaStream_t stream) {
   using tma_kernel::MlaTmaKernel;
-  return hand_off
-             ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true>, p, cache, layer, grid, stream)
-             : tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, false>, p, cache, layer, grid,
-                                              stream);
+  if (p.l2_prefetch_tiles > 0) {
+    return hand_off ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true, true>, p, cache, layer,
+                                                     grid, stream)
+                    : tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, false, true>, p, cache, layer,
+                                                     grid, stream);
+  }
+  return hand_off ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true, false>, p, cache, layer,
+                                                   grid, stream)
+                  : tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, false, false>, p, cache, layer,
+                                                   grid, stream);
 }
 
 template absl::Status LaunchMlaTma<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
