@@ -35,6 +35,7 @@
 #include "kernels/attention/dcp_shard.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/gemm/cuda/gemm_cuda.h"
+#include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/sampling/cuda/sampling_cuda.h"
 #include "runtime/cuda/cuda_dcp_exchange.h"
 #include "runtime/cuda/cuda_fp8_linear.h"
@@ -266,6 +267,11 @@ class CudaLlamaModel {
   absl::Status FoldedLayer(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                            int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
                            cudaStream_t stream);
+  // Layer l's RoPE + KV-write arguments for the folded qkv GEMVs (SmallMLinearNormInRopeKv,
+  // Fp8W16GemvNormInRopeKv): the step's positions and slots, the pool geometry, q written to q_out.
+  kernels::cuda::GemvRopeKv RopeKvArgs(const DeviceStep& step,
+                                       const kernels::cuda::DeviceKvCache& cache, int64_t l,
+                                       void* q_out) const;
   // FoldedLayer for FP8 weights (cuda_llama_model_fp8.cc; options.fp8_weight_only_fold).
   absl::Status FoldedLayerFp8(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                               int64_t l, const StepAttentionPlan& plan, void* attn_workspace,

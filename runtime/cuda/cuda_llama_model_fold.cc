@@ -17,6 +17,27 @@ namespace tandem::runtime::cuda {
 
 namespace kc = ::tandem::kernels::cuda;
 
+kernels::cuda::GemvRopeKv CudaLlamaModel::RopeKvArgs(const DeviceStep& step,
+                                                     const kernels::cuda::DeviceKvCache& cache,
+                                                     int64_t l, void* q_out) const {
+  const kernels::KvCacheLayout& kv = cache.layout;
+  kernels::cuda::GemvRopeKv rope;
+  rope.positions = step.positions;
+  rope.slot_mapping = step.slot_mapping;
+  rope.inv_freq = inv_freq_.get<float>();
+  rope.head_dim = static_cast<int>(config_.head_dim);
+  rope.num_q_heads = static_cast<int>(config_.num_attention_heads);
+  rope.num_kv_heads = static_cast<int>(config_.num_key_value_heads);
+  rope.q_out = q_out;
+  rope.pool = cache.data;
+  rope.num_slots = kv.NumSlots();
+  rope.block_size = kv.block_size;
+  rope.layer_tile_offset = kv.TileOffset(0, l, 0);
+  rope.block_stride = kv.BlockElems();
+  rope.kv_stride = kv.TileElems();
+  return rope;
+}
+
 template <typename T>
 absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::DeviceKvCache& cache,
                                          int64_t l, const StepAttentionPlan& plan,
@@ -33,21 +54,7 @@ absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::Devic
   T* residual = residual_.get<T>();
   const T* o_in;
   if (FoldsRope(Tn)) {  // RoPE + KV write in the qkv GEMV: q_ and the pool written, not qkv_
-    const ::tandem::kernels::KvCacheLayout& kv = cache.layout;
-    kc::GemvRopeKv rope;
-    rope.positions = step.positions;
-    rope.slot_mapping = step.slot_mapping;
-    rope.inv_freq = inv_freq_.get<float>();
-    rope.head_dim = static_cast<int>(config_.head_dim);
-    rope.num_q_heads = static_cast<int>(config_.num_attention_heads);
-    rope.num_kv_heads = static_cast<int>(config_.num_key_value_heads);
-    rope.q_out = q_.get<T>();
-    rope.pool = cache.data;
-    rope.num_slots = kv.NumSlots();
-    rope.block_size = kv.block_size;
-    rope.layer_tile_offset = kv.TileOffset(0, l, 0);
-    rope.block_stride = kv.BlockElems();
-    rope.kv_stride = kv.TileElems();
+    const kc::GemvRopeKv rope = RopeKvArgs(step, cache, l, q_.get<T>());
     RETURN_IF_ERROR(kc::SmallMLinearNormInRopeKv<T>(residual, w.input_layernorm.get<T>(), eps,
                                                     w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, H,
                                                     rope, stream, pdl));

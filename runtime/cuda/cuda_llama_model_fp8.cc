@@ -120,29 +120,6 @@ bool W16FoldsRope() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// The pool geometry and per-token arrays of layer l's RoPE + KV write, as FoldedLayer passes them
-// to SmallMLinearNormInRopeKv (the pool holding the activations' dtype).
-kernels::cuda::GemvRopeKv RopeKvArgs(const ModelConfig& config, const DeviceStep& step,
-                                     const kernels::cuda::DeviceKvCache& cache, int64_t l,
-                                     const float* inv_freq, void* q_out) {
-  const kernels::KvCacheLayout& kv = cache.layout;
-  kernels::cuda::GemvRopeKv rope;
-  rope.positions = step.positions;
-  rope.slot_mapping = step.slot_mapping;
-  rope.inv_freq = inv_freq;
-  rope.head_dim = static_cast<int>(config.head_dim);
-  rope.num_q_heads = static_cast<int>(config.num_attention_heads);
-  rope.num_kv_heads = static_cast<int>(config.num_key_value_heads);
-  rope.q_out = q_out;
-  rope.pool = cache.data;
-  rope.num_slots = kv.NumSlots();
-  rope.block_size = kv.block_size;
-  rope.layer_tile_offset = kv.TileOffset(0, l, 0);
-  rope.block_stride = kv.BlockElems();
-  rope.kv_stride = kv.TileElems();
-  return rope;
-}
-
 }  // namespace
 
 bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
@@ -179,8 +156,7 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
   const kc::Fp8W16Math math = W16Math();
   const Layer& w = layers_[l];
   bf16* residual = residual_.get<bf16>();
-  const kc::GemvRopeKv rope =
-      RopeKvArgs(config_, step, cache, l, inv_freq_.get<float>(), q_.get<bf16>());
+  const kc::GemvRopeKv rope = RopeKvArgs(step, cache, l, q_.get<bf16>());
   const bf16* o_in;
   if (W16FoldsRope() && !config_.qk_norm && cache.dtype == kc::KvDtype::kBf16 &&
       kc::Fp8W16GemvNormInRopeKvSupported(residual, w.input_layernorm.data(), w.qkv_fp8.device(),
