@@ -11,6 +11,7 @@
 #include "common/cublas_status.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/gemm/cuda/cublaslt_algo_tuner.h"
 #include "kernels/layers/cuda/convert_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -44,7 +45,7 @@ cublasStatus_t SetDescAttr(cublasLtMatmulDesc_t desc, Attr attr, const V& value)
 }  // namespace
 
 // Heuristic candidates timed per tuned plan.
-constexpr int kTuneCandidates = 8;
+constexpr int kTuneCandidates = kCublasLtTuneCandidates;
 
 struct CublasLtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -144,10 +145,7 @@ absl::StatusOr<CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const PlanKey& key, co
     }
     RETURN_IF_ERROR(CublasStatus(st, {"cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__}));
     if (*found > 0) plan->algo = results[0].algo;
-    plan->candidates.clear();
-    for (int i = 0; *found > 1 && i < *found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
-    }
+    plan->candidates = TuneCandidates(results, *found);
     return absl::OkStatus();
   };
 
@@ -182,42 +180,16 @@ absl::StatusOr<CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const PlanKey& key, co
 
 absl::Status CublasLtGemm::Tune(Plan* plan, const void* a, const void* w, void* out,
                                 cudaStream_t stream) {
-  std::vector<cublasLtMatmulAlgo_t> candidates = std::move(plan->candidates);
+  const std::vector<cublasLtMatmulAlgo_t> candidates = std::move(plan->candidates);
   plan->candidates.clear();  // tuned once, whatever happens below
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  struct EventDeleter {
-    cudaEvent_t* e;
-    ~EventDeleter() {
-      if (*e != nullptr) cudaEventDestroy(*e);
-    }
-  } start_deleter{&start}, stop_deleter{&stop};
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   const float alpha = 1.0f, beta = 0.0f;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->w_layout, a, plan->a_layout, &beta,
                           out, plan->out_layout, out, plan->out_layout, &algo, workspace_,
                           static_cast<size_t>(workspace_bytes_), stream);
   };
-  constexpr int kWarmup = 2, kReps = 10;
-  float best_ms = 0;
-  bool have_best = false;
-  for (const cublasLtMatmulAlgo_t& algo : candidates) {
-    bool ok = true;
-    for (int i = 0; i < kWarmup && ok; ++i) ok = launch(algo) == CUBLAS_STATUS_SUCCESS;
-    if (!ok) continue;  // a candidate the heuristic offered but cannot run: skip it
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
-    for (int i = 0; i < kReps; ++i) CUBLAS_RETURN_IF_ERROR(launch(algo));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
-    if (!have_best || ms < best_ms) {
-      best_ms = ms;
-      plan->algo = algo;
-      have_best = true;
-    }
-  }
+  ASSIGN_OR_RETURN(const int best, FastestCandidate(candidates, launch, stream));
+  if (best >= 0) plan->algo = candidates[best];
   return absl::OkStatus();
 }
 
@@ -250,9 +222,8 @@ absl::Status CublasLtGemm::Linear(const T* a, const T* w, const T* bias, int64_t
     CUBLAS_RETURN_IF_ERROR(SetDescAttr(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr));
   }
   if (!plan->candidates.empty()) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone) RETURN_IF_ERROR(Tune(plan, a, w, out, stream));
+    ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(stream));
+    if (!capturing) RETURN_IF_ERROR(Tune(plan, a, w, out, stream));
   }
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->w_layout, a,
