@@ -35,6 +35,8 @@ struct CublasLtFp8Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   bool fused_bias = false;  // cuBLASLt's BIAS epilogue adds the bias (pointer set per call)
   bool swap_ab = false;     // cuBLASLt's A is the activations (BuildPlan)
+  // Heuristic candidates (best first) until Run timed them; empty afterwards or untuned.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
   ~Plan() {
     if (out_layout != nullptr) cublasLtMatrixLayoutDestroy(out_layout);
     if (a_layout != nullptr) cublasLtMatrixLayoutDestroy(a_layout);
@@ -204,13 +206,14 @@ absl::Status CublasLtFp8Gemm::BuildPlan(const PlanKey& key, bool swap_ab, Plan* 
   const uint64_t max_workspace = static_cast<uint64_t>(workspace_bytes_);
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace));
-  cublasLtMatmulHeuristicResult_t result = {};
+  cublasLtMatmulHeuristicResult_t results[kCublasLtTuneCandidates] = {};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
     const cublasLtMatrixLayout_t first = swap_ab ? plan->a_layout : plan->w_layout;
     const cublasLtMatrixLayout_t second = swap_ab ? plan->w_layout : plan->a_layout;
+    const int wanted = m <= autotune_max_m_ ? kCublasLtTuneCandidates : 1;
     st = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, first, second, plan->out_layout,
-                                        plan->out_layout, pref, 1, &result, &found);
+                                        plan->out_layout, pref, wanted, results, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
@@ -223,7 +226,32 @@ absl::Status CublasLtFp8Gemm::BuildPlan(const PlanKey& key, bool swap_ab, Plan* 
                      bias ? " and a bias epilogue" : "", swap_ab ? " (operands swapped)" : "",
                      " (status ", static_cast<int>(st), ", ", found, " algorithms)"));
   }
-  plan->algo = result.algo;
+  plan->algo = results[0].algo;
+  plan->candidates = TuneCandidates(results, found);
+  return absl::OkStatus();
+}
+
+absl::Status CublasLtFp8Gemm::Run(Plan* plan, const void* first, const void* second, void* out,
+                                  cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(
+        handle_, plan->desc, &alpha, first, plan->swap_ab ? plan->a_layout : plan->w_layout, second,
+        plan->swap_ab ? plan->w_layout : plan->a_layout, &beta, out, plan->out_layout, out,
+        plan->out_layout, &algo, workspace_, static_cast<size_t>(workspace_bytes_), stream);
+  };
+  if (!plan->candidates.empty()) {
+    // Timing synchronizes: never inside a capture (that call keeps the heuristic's first).
+    ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(stream));
+    if (!capturing) {
+      const std::vector<cublasLtMatmulAlgo_t> candidates = std::move(plan->candidates);
+      plan->candidates.clear();  // timed once, whatever happens below
+      ++num_tuned_plans_;
+      ASSIGN_OR_RETURN(const int best, FastestCandidate(candidates, launch, stream));
+      if (best >= 0) plan->algo = candidates[best];
+    }
+  }
+  CUBLAS_RETURN_IF_ERROR(launch(plan->algo));
   return absl::OkStatus();
 }
 
@@ -318,13 +346,9 @@ absl::Status CublasLtFp8Gemm::ScaledLinear(PlanKind kind, const uint8_t* a_codes
     CUBLAS_RETURN_IF_ERROR(
         SetDescAttr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias)));
   }
-  const float alpha = 1.0f, beta = 0.0f;
   const void* first = p->swap_ab ? static_cast<const void*>(a_codes) : w_codes;
   const void* second = p->swap_ab ? static_cast<const void*>(w_codes) : a_codes;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-      handle_, p->desc, &alpha, first, p->swap_ab ? p->a_layout : p->w_layout, second,
-      p->swap_ab ? p->w_layout : p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
-      &p->algo, workspace_, static_cast<size_t>(workspace_bytes_), stream));
+  RETURN_IF_ERROR(Run(p, first, second, out, stream));
   return bias == nullptr || p->fused_bias ? absl::OkStatus() : AddBias(out, bias, m, n, stream);
 }
 
@@ -361,12 +385,7 @@ absl::Status CublasLtFp8Gemm::ProductF32(const uint8_t* a_codes, const uint8_t* 
   }
   if (m == 0 || n == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(Plan * p, GetPlan(PlanKey{m, n, k, kUnscaledF32Plan, false}));
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p->desc, &alpha, w_codes, p->w_layout, a_codes,
-                                        p->a_layout, &beta, out, p->out_layout, out, p->out_layout,
-                                        &p->algo, workspace_, static_cast<size_t>(workspace_bytes_),
-                                        stream));
-  return absl::OkStatus();
+  return Run(p, w_codes, a_codes, out, stream);
 }
 
 }  // namespace tandem::kernels::cuda

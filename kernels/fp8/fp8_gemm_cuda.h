@@ -33,8 +33,10 @@
 //
 // Thread safety: not thread-safe (plan cache, descriptor scale pointers, the accumulator), like
 // CublasLtGemm.
-// CUDA graphs: allocates nothing on the device after Create and never synchronizes; warm each
-// shape up first (plans are built on first use).
+// CUDA graphs: allocates nothing on the device after Create and never synchronizes (but for the
+// one eager timing of set_autotune_max_m); warm each shape up first (plans are built on first
+// use). A shape first met while its stream is capturing keeps the heuristic's first choice
+// and is timed on its next eager call.
 #ifndef TANDEM_KERNELS_FP8_FP8_GEMM_CUDA_H_
 #define TANDEM_KERNELS_FP8_FP8_GEMM_CUDA_H_
 
@@ -51,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/gemm/cuda/cublaslt_algo_tuner.h"
 
 namespace tandem::kernels::cuda {
 
@@ -125,6 +128,20 @@ class CublasLtFp8Gemm {
   Fp8BlockGemmKernel block_kernel() const { return block_kernel_; }
   absl::Status set_block_kernel(Fp8BlockGemmKernel kernel);
 
+  // Plans for m <= max_m (every scaling; kBlock128 on cuBLASLt only) first used from now on are
+  // chosen by timing up to kCublasLtTuneCandidates heuristic candidates on their first call that
+  // is not being captured into a CUDA graph (kernels/gemm/cuda/cublaslt_algo_tuner.h: 12
+  // launches each on `stream` with the caller's buffers, out overwritten anyway, one
+  // synchronization per candidate); until then, and for larger m, the heuristic's first.
+  // The choice is kept per (m, n, k, scaling path, bias epilogue): the plan cache. 0 (default):
+  // never time; kAutotuneAllM: every m (benchmarks). As CublasLtGemm::set_autotune_max_m.
+  void set_autotune_max_m(int64_t max_m) { autotune_max_m_ = max_m; }
+  int64_t autotune_max_m() const { return autotune_max_m_; }
+  // Cached plans (shapes and paths seen so far), and how many of them were timed: a repeated
+  // call changes neither.
+  size_t num_cached_plans() const { return plans_.size(); }
+  int64_t num_tuned_plans() const { return num_tuned_plans_; }
+
   // Whether kTokenChannel runs on cuBLASLt's outer-vector scale mode (true on an H200, CUDA 13).
   bool outer_vector_scales() const { return outer_vector_; }
   // Rows per cuBLASLt call on the epilogue path for n output columns (0: not even one fits).
@@ -147,6 +164,10 @@ class CublasLtFp8Gemm {
                   float* accumulator, int64_t accumulator_bytes);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
   absl::Status BuildPlan(const PlanKey& key, bool swap_ab, Plan* plan);
+  // Enqueues plan's product (first / second: cuBLASLt's A and B), first timing its candidates
+  // where it has any and `stream` is not capturing (set_autotune_max_m).
+  absl::Status Run(Plan* plan, const void* first, const void* second, void* out,
+                   cudaStream_t stream);
   // The cuBLASLt-scaled paths (kTensor, outer vectors, kBlock128): the plan with the BIAS
   // epilogue where a bias is given and cuBLASLt has one, else AddBias after the matmul.
   absl::Status ScaledLinear(PlanKind kind, const uint8_t* a_codes, const float* a_scales,
@@ -163,6 +184,8 @@ class CublasLtFp8Gemm {
   float* accumulator_;
   int64_t accumulator_bytes_;
   bool outer_vector_ = false;
+  int64_t autotune_max_m_ = 0;
+  int64_t num_tuned_plans_ = 0;
   Fp8BlockGemmKernel block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
   // Shapes cuBLASLt has no algorithm for, with the answer it gave.

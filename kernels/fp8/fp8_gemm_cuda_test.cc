@@ -434,5 +434,97 @@ TEST(Fp8GemmCudaTest, ScaleFp8AccumulatorMatchesFp64) {
       ScaleFp8Accumulator(f.get(), f.get(), f.get(), nullptr, 1, 0, o.get(), nullptr).ok());
 }
 
+// Timed algorithm choice (set_autotune_max_m) for every scaling path: whichever candidate wins
+// still matches the CPU reference; a shape's second call finds its plan (no new plan, no second
+// timing: num_cached_plans / num_tuned_plans unchanged).
+TEST(Fp8GemmCudaTest, TunedChoiceMatchesTheCpuReferenceAndIsCached) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  int64_t tuned = 0;
+  for (bool outer_vector : {true, false}) {
+    auto gemm = CublasLtFp8Gemm::Create(CublasLtFp8Gemm::kDefaultWorkspaceBytes,
+                                        CublasLtFp8Gemm::kDefaultAccumulatorBytes, outer_vector);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    (*gemm)->set_autotune_max_m(kAutotuneAllM);
+    for (Scaling scaling : {Scaling::kTensor, Scaling::kTokenChannel, Scaling::kBlock}) {
+      if (!outer_vector && scaling != Scaling::kTokenChannel) continue;
+      for (auto [m, n, k] :
+           {std::tuple<int64_t, int64_t, int64_t>{64, 256, 512}, {200, 384, 4096}}) {
+        SCOPED_TRACE(::testing::Message() << Name(scaling) << " m=" << m);
+        CheckGemm(rng, **gemm, scaling, m, n, k, /*with_bias=*/false);
+        const size_t plans = (*gemm)->num_cached_plans();
+        const int64_t timed = (*gemm)->num_tuned_plans();
+        CheckGemm(rng, **gemm, scaling, m, n, k, /*with_bias=*/false);  // fresh data, same shape
+        EXPECT_EQ((*gemm)->num_cached_plans(), plans);
+        EXPECT_EQ((*gemm)->num_tuned_plans(), timed);
+      }
+    }
+    tuned += (*gemm)->num_tuned_plans();
+  }
+  // cuBLASLt offers several FP8 algorithms for these shapes on an H200; 0 would mean the
+  // timing never ran.
+  EXPECT_GT(tuned, 0);
+  std::printf("tuned FP8 GEMM: %ld plans timed\n", static_cast<long>(tuned));
+}
+
+// A shape first met inside a stream capture is not timed (timing synchronizes): the capture
+// succeeds, its graph replays the heuristic's first choice (equal to an untuned GEMM's output),
+// and the next eager call times it, still correct.
+TEST(Fp8GemmCudaTest, TuningIsDeferredOutOfGraphCapture) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  auto tuned = CublasLtFp8Gemm::Create();
+  auto first = CublasLtFp8Gemm::Create();
+  ASSERT_TRUE(tuned.ok() && first.ok());
+  (*tuned)->set_autotune_max_m(kAutotuneAllM);
+  constexpr int64_t m = 128, n = 256, k = 1024;
+  std::vector<uint8_t> a_codes = RandomCodes(rng, m * k), w_codes = RandomCodes(rng, n * k);
+  DeviceBuffer<uint8_t> da(a_codes), dw(w_codes);
+  DeviceBuffer<float> scale(std::vector<float>{0x1p-8f});
+  DeviceBuffer<bf16> want(m * n), got(m * n);
+  ASSERT_TRUE((*first)
+                  ->Linear(da.get(), scale.get(), dw.get(), scale.get(), Fp8GemmScaling::kTensor, m,
+                           n, k, want.get(), nullptr)
+                  .ok());
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured =
+      (*tuned)->Linear(da.get(), scale.get(), dw.get(), scale.get(), Fp8GemmScaling::kTensor, m, n,
+                       k, got.get(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  EXPECT_EQ((*tuned)->num_tuned_plans(), 0);
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> ref = cuda_test::ToFloat(want.ToHost());
+  auto expect_close = [&](const char* what) {
+    // Another algorithm sums in another order: a few bf16 ulps of the output's scale.
+    const std::vector<float> out = cuda_test::ToFloat(got.ToHost());
+    double scale_max = 0, worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      scale_max = std::max(scale_max, std::fabs(double(ref[i])));
+      worst = std::max(worst, std::fabs(double(out[i]) - ref[i]));
+    }
+    EXPECT_LE(worst, 0x1p-6 * scale_max) << what;
+  };
+  expect_close("graph replay");
+  ASSERT_TRUE((*tuned)
+                  ->Linear(da.get(), scale.get(), dw.get(), scale.get(), Fp8GemmScaling::kTensor, m,
+                           n, k, got.get(), stream)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_close("tuned eager call");
+  EXPECT_EQ((*tuned)->num_cached_plans(), (*first)->num_cached_plans());
+  std::printf("deferred tuning: %ld plans timed after the eager call\n",
+              static_cast<long>((*tuned)->num_tuned_plans()));
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 }  // namespace tandem::kernels::cuda
