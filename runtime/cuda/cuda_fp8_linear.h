@@ -126,6 +126,11 @@ class CudaFp8Linear {
   void set_w8a16_gemv(bool on) { w8a16_gemv_ = on; }
   bool w8a16_gemv() const { return w8a16_gemv_; }
 
+  // cuBLASLt FP8 GEMM plans (m > kFp8SmallMMaxM) for m <= max_m first used from now on are
+  // chosen by timing (CublasLtFp8Gemm::set_autotune_max_m); the models forward their
+  // set_gemm_autotune_max_m here, as for their bf16 GEMMs. 0 (default): the heuristic's first.
+  void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+
   // out[m, n] = a . w^T (+ bias[n]); a: [m, k] bf16, out: [m, n] bf16 (k, n = w.grid's).
   // INVALID_ARGUMENT outside the workspace's bounds or for unaligned pointers.
   // programmatic_launch: the decode kernels (m <= 16) are launched with PDL, as

@@ -169,8 +169,12 @@ class CudaLlamaModel {
   }
 
   // GEMM plans for m <= max_m first used from now on are chosen by timing (CublasLtGemm::
-  // set_autotune_max_m); the runner enables it for its padded decode sizes only.
-  void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+  // set_autotune_max_m, and CublasLtFp8Gemm's for the FP8 projections); the runner enables it
+  // for its padded decode sizes only.
+  void set_gemm_autotune_max_m(int64_t max_m) {
+    gemm_->set_autotune_max_m(max_m);
+    if (fp8_ != nullptr) fp8_->set_gemm_autotune_max_m(max_m);
+  }
 
   // Vocab-parallel greedy steps (tensor parallelism): with set_gather_logits(false) Forward
   // leaves each rank's logits of its vocabulary rows unexchanged (logits() is not written), and

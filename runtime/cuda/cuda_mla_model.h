@@ -93,7 +93,11 @@ class CudaMlaModel {
     if (moe_ != nullptr) moe_->set_dispatch_capacity(capacity);
   }
 
-  void set_gemm_autotune_max_m(int64_t max_m) { gemm_->set_autotune_max_m(max_m); }
+  // As CudaLlamaModel's: the bf16 GEMM and the FP8 projections' cuBLASLt FP8 GEMM.
+  void set_gemm_autotune_max_m(int64_t max_m) {
+    gemm_->set_autotune_max_m(max_m);
+    if (fp8_ != nullptr) fp8_->set_gemm_autotune_max_m(max_m);
+  }
   // MTP (cuda_mtp_model.h): Forward takes its input rows [T, hidden] from `embeds` (a device
   // buffer of the activation dtype, read when Forward runs, also from a captured graph) instead
   // of embedding step.token_ids; null: the embedding (the default). One rank only.

@@ -83,10 +83,10 @@ struct CudaBackendConfig {
   // CUDA graph. false: every DP step eager and unpadded with the read-back (the A/B baseline).
   bool dp_attention_graphs = true;
   // Time cuBLASLt's candidate algorithms once per padded decode size (CublasLtGemm::
-  // set_autotune_max_m). The choice depends on timings, so two processes may pick different
-  // algorithms (and round differently); false: cuBLASLt's first heuristic choice, reproducible.
-  // Off by default: on the H200 it did not change the Llama-3-8B decode step (5.11 vs 4.97 ms
-  // at batch 1, within noise).
+  // set_autotune_max_m; CublasLtFp8Gemm's too, for FP8 projections at m > 16). The choice depends
+  // on timings, so two processes may pick different algorithms (and round differently); false:
+  // cuBLASLt's first heuristic choice, reproducible. Off by default: on the H200 it did not change
+  // the Llama-3-8B decode step (5.11 vs 4.97 ms at batch 1, within noise).
   bool gemm_autotune = false;
   // Steps with a query run of >= kPrefillMinQLen tokens use the tensor-core prefill kernel
   // (head_dim 64/128/256); false: the decode kernel serves every step (comparisons).
