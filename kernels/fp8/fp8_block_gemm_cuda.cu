@@ -13,6 +13,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/fp8/fp8_block_gemm_cuda.h"
+#include "kernels/fp8/fp8_block_gemm_overlap.h"
 
 namespace tandem::kernels::cuda {
 // A named namespace, not an anonymous one: the compute_90 PTX pass compiles no kernel body
@@ -377,28 +378,6 @@ absl::StatusOr<bool> IsSm90() {
   return major == 9 && minor == 0;
 }
 
-// A row-major [rows][k] byte matrix as a TMA tensor map: boxes of 128 columns x 128 rows,
-// 128-byte swizzle (wgmma's K-major layout), zeros past the ends.
-absl::StatusOr<CUtensorMap> EncodeCodes(const uint8_t* base, int64_t rows, int64_t k,
-                                        int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  CUtensorMap map{};
-  const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(base), dims, strides, box,
-             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("Fp8BlockGemmWgmma: cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
-  }
-  return map;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The kernels built: (staged, 1), (direct, 1), (staged, 2).
@@ -449,6 +428,30 @@ absl::Status LaunchMulticast(const Params& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace fp8_block_overlap {
+
+absl::StatusOr<CUtensorMap> EncodeCodes(const uint8_t* base, int64_t rows, int64_t k,
+                                        int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUtensorMap map{};
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("Fp8BlockGemmWgmma: cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
+  }
+  return map;
+}
+
+}  // namespace fp8_block_overlap
+
 bool Fp8BlockGemmWgmmaSupported() {
   const absl::StatusOr<bool> sm90 = IsSm90();
   return sm90.ok() && *sm90;
@@ -457,11 +460,12 @@ bool Fp8BlockGemmWgmmaSupported() {
 absl::Status Fp8BlockGemmWgmmaInit() {
   ASSIGN_OR_RETURN(const bool sm90, IsSm90());
   if (!sm90) return absl::OkStatus();
-  return ForEachKernel([](auto kernel) -> absl::Status {
+  RETURN_IF_ERROR(ForEachKernel([](auto kernel) -> absl::Status {
     CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return absl::OkStatus();
-  });
+  }));
+  return fp8_block_overlap::Init();
 }
 
 absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
@@ -472,10 +476,13 @@ absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
       k > 0x7fffff80 || a_codes == nullptr || w_codes == nullptr || a_scales == nullptr ||
       w_scales == nullptr || out == nullptr || !Aligned16(a_codes) || !Aligned16(w_codes) ||
       reinterpret_cast<uintptr_t>(out) % 4 != 0 ||
-      (form.multicast && form.scales != Fp8BlockScaleLoad::kStaged)) {
+      (form.multicast && form.scales != Fp8BlockScaleLoad::kStaged) ||
+      (form.overlap != Fp8BlockOverlap::kNone &&
+       (form.multicast || form.scales != Fp8BlockScaleLoad::kStaged))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8BlockGemmWgmma: needs m >= 0, n >= 0 even, k a positive multiple of 16, 16-byte "
-        "aligned codes, non-null scales, a 4-byte aligned out (multicast: staged scales); got m=",
+        "aligned codes, non-null scales, a 4-byte aligned out (multicast: staged scales; overlap: "
+        "staged scales, no multicast); got m=",
         m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
@@ -483,9 +490,19 @@ absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
   if (!sm90) {
     return absl::FailedPreconditionError("Fp8BlockGemmWgmma: needs an sm_90 (Hopper) device");
   }
+  // The shared-memory opt-in is a host call: made here unless capturing (Fp8BlockGemmWgmmaInit
+  // made it before capture then).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) RETURN_IF_ERROR(Fp8BlockGemmWgmmaInit());
+  if (form.overlap != Fp8BlockOverlap::kNone) {
+    return fp8_block_overlap::Launch(form.overlap, a_codes, a_scales, w_codes, w_scales, m, n, k,
+                                     out, bias, stream);
+  }
   Params p{};
-  ASSIGN_OR_RETURN(p.amap, EncodeCodes(a_codes, m, k, kBM));
-  ASSIGN_OR_RETURN(p.wmap, EncodeCodes(w_codes, n, k, form.multicast ? kBN / 2 : kBN));
+  ASSIGN_OR_RETURN(p.amap, fp8_block_overlap::EncodeCodes(a_codes, m, k, kBM));
+  ASSIGN_OR_RETURN(p.wmap,
+                   fp8_block_overlap::EncodeCodes(w_codes, n, k, form.multicast ? kBN / 2 : kBN));
   p.a_scales = a_scales;
   p.w_scales = w_scales;
   p.bias = bias;
@@ -497,11 +514,6 @@ absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
   p.w_ld = (p.groups + 3) / 4 * 4;  // Block128WeightScaleLd
   p.m_tiles = static_cast<int>((m + kBM - 1) / kBM);
   p.n_tiles = static_cast<int>((n + kBN - 1) / kBN);
-  // The shared-memory opt-in is a host call: made here unless capturing (Fp8BlockGemmWgmmaInit
-  // made it before capture then).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) RETURN_IF_ERROR(Fp8BlockGemmWgmmaInit());
   if (form.multicast) return LaunchMulticast(p, stream);
   return form.scales == Fp8BlockScaleLoad::kDirect
              ? LaunchPlain<Fp8BlockScaleLoad::kDirect>(p, stream)

@@ -43,12 +43,28 @@ namespace tandem::kernels::cuda {
 // ahead (no producer work; their latency overlaps the previous group's MMAs).
 enum class Fp8BlockScaleLoad { kStaged, kDirect };
 
+// Whether a consumer warpgroup overlaps its promotion with its next MMAs
+// (fp8_block_gemm_overlap.cu). kNone: the kernel above (288 threads, `wgmma.wait_group 0` before
+// each promotion). The others: 384 threads (a producer warpgroup at 40 registers, two consumer
+// warpgroups at 232 by setmaxnreg), the MMAs in chunks into two partial register sets in turn,
+// chunk c + 1 in flight while chunk c is promoted. k128: 128 x 128 tiles, a k-group one
+// m64n128 chunk; k192: 128 x 192 tiles (1.5x the FLOP per byte loaded), a k-group two m64n96
+// chunks; kAuto: k192 or k128 by shape (Fp8BlockOverlapAutoTileN).
+// Staged scales, no multicast.
+enum class Fp8BlockOverlap { kNone, k128, k192, kAuto };
+
+// The tile width (128 or 192) kAuto picks for m x n on `sms` SMs: 192 unless its column-waves
+// (ceil(tiles / sms) x tile width) exceed 128 x 128 tiles' by more than 1/16 (a first guess,
+// not measured yet), else 128.
+int Fp8BlockOverlapAutoTileN(int64_t m, int64_t n, int sms);
+
 struct Fp8BlockWgmmaForm {
   Fp8BlockScaleLoad scales = Fp8BlockScaleLoad::kStaged;
   // Clusters of 2 CTAs on adjacent m-tiles of one n-tile, each loading half of the weight tile
   // by TMA and multicasting it into both (a quarter less traffic from L2 to shared memory);
   // staged scales only.
   bool multicast = false;
+  Fp8BlockOverlap overlap = Fp8BlockOverlap::kNone;
 };
 
 // Whether the current device runs the kernel (sm_90: wgmma and TMA; sm_90a code).
@@ -63,7 +79,7 @@ absl::Status Fp8BlockGemmWgmmaInit();
 // a_codes [m, k] and w_codes [n, k] e4m3 row-major, 16-byte aligned; out [m, n] bf16, bias [n]
 // bf16 or null. Asynchronous on `stream`. m == 0 or n == 0: OK, nothing launched.
 // INVALID_ARGUMENT for k not a positive multiple of 16, odd n, misaligned or null pointers,
-// multicast with direct scales;
+// multicast with direct scales, an overlapped form with direct scales or multicast;
 // FAILED_PRECONDITION on a device that is not sm_90.
 absl::Status Fp8BlockGemmWgmma(const uint8_t* a_codes, const float* a_scales,
                                const uint8_t* w_codes, const float* w_scales, int64_t m, int64_t n,

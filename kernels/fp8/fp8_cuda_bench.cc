@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/random_fill.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_block_gemm_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_gemm_kernels.h"
@@ -169,9 +170,12 @@ int BenchGemm(int iters) {
 
 // Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
 // cuBLASLt, then on the wgmma kernel with staged and with direct scales and with the multicast
-// form (0 where it does not run). Every block path's activation-scale transpose
-// (TransposeGroupScales) is timed with it.
+// form (0 where it does not run), then on its overlapped forms (Fp8BlockOverlap k128 / k192,
+// called directly; `auto_n` = the tile width kAuto picks). Every block path's activation-scale
+// transpose (TransposeGroupScales) is timed with it. TANDEM_FP8_BENCH_BLOCK_ROW="shape M" (e.g.
+// "v3.gate_up_proj 8192") times that row alone (for ncu).
 int BenchBlockGemm(int iters) {
+  const char* only_row = std::getenv("TANDEM_FP8_BENCH_BLOCK_ROW");
   auto fp8 = CublasLtFp8Gemm::Create();
   auto bf16 = CublasLtGemm::Create();
   if (!fp8.ok() || !bf16.ok()) {
@@ -187,7 +191,10 @@ int BenchBlockGemm(int iters) {
   std::printf(
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
       "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_mc_TFLOPs wgmma_vs_tensor "
-      "mc_vs_tensor mc_vs_cublaslt\n");
+      "mc_vs_tensor mc_vs_cublaslt ovl128_TFLOPs ovl192_TFLOPs auto_n ovl_best_vs_tensor "
+      "ovl_best_vs_cublaslt\n");
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int64_t max_m = 8192;
   for (const Shape& s : shapes) {
     const int64_t groups = Block128Groups(s.k);
@@ -200,6 +207,9 @@ int BenchBlockGemm(int iters) {
     float* a_scales = DeviceFill<float>(max_m * groups, 0x3c);
     float* a_scales_t = DeviceFill<float>(max_m * groups, 0x3c);
     for (int64_t m : {2048, 8192}) {
+      char row[64];
+      std::snprintf(row, sizeof(row), "%s %ld", s.name, static_cast<long>(m));
+      if (only_row != nullptr && std::strcmp(only_row, row) != 0) continue;
       const double flops = 2.0 * m * s.n * s.k;
       const double t16 = TimeUs(iters, [&] {
         (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(a16, w16, nullptr, m, s.n, s.k, out,
@@ -231,12 +241,35 @@ int BenchBlockGemm(int iters) {
       const double tw = time_block(Fp8BlockGemmKernel::kWgmma, "wgmma");
       const double twd = time_block(Fp8BlockGemmKernel::kWgmmaDirectScales, "wgmma_direct");
       const double twm = time_block(Fp8BlockGemmKernel::kWgmmaMulticast, "wgmma_multicast");
+      // An overlapped form, called directly (0 and the reason printed where it does not run).
+      auto time_overlap = [&](Fp8BlockOverlap overlap, const char* name) {
+        const Fp8BlockWgmmaForm form{Fp8BlockScaleLoad::kStaged, false, overlap};
+        const auto run = [&] {
+          return Fp8BlockGemmWgmma(a8, a_scales_t, w8, w_scales, m, s.n, s.k, out, nullptr, nullptr,
+                                   form);
+        };
+        const absl::Status st = run();
+        if (!st.ok()) {
+          std::printf("%s M=%ld %s: %s\n", s.name, static_cast<long>(m), name,
+                      st.ToString().c_str());
+          return 0.0;
+        }
+        return TimeUs(iters, [&] {
+          (void)TransposeGroupScales(a_scales, m, groups, a_scales_t, nullptr);
+          (void)run();
+        });
+      };
+      const double to128 = time_overlap(Fp8BlockOverlap::k128, "overlap_128");
+      const double to192 = time_overlap(Fp8BlockOverlap::k192, "overlap_192");
+      const double tob = to128 > 0 && (to192 <= 0 || to128 < to192) ? to128 : to192;
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
       auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
-      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.0f %.2f %.2f %.2f\n", s.name,
+      std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.0f %.2f %.2f %.2f", s.name,
                   static_cast<long>(m), tflops(t16), tflops(tt), tflops(tb), ratio(tt, tb),
                   ratio(t16, tb), tflops(tw), tflops(twd), tflops(twm), ratio(tt, tw),
                   ratio(tt, twm), ratio(tb, twm));
+      std::printf(" %.0f %.0f %d %.2f %.2f\n", tflops(to128), tflops(to192),
+                  Fp8BlockOverlapAutoTileN(m, s.n, sms), ratio(tt, tob), ratio(tb, tob));
     }
     for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
                     static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),

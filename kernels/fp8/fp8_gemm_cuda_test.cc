@@ -95,9 +95,10 @@ const char* Name(Scaling s) {
 // One CublasLtFp8Gemm call against cpu::Fp8Linear: a random weight with random scales of the
 // scaling's grid (per-tensor; per-channel; 128 x 128 blocks) and bf16 activations quantized
 // as the scaling's scheme says (static; per token; 1 x 128 groups), rows of different
-// magnitudes and one zero row. Returns the largest |error| / (2^-13 * mma_mag) seen.
+// magnitudes and one zero row. Returns the largest |error| / (2^-13 * mma_mag) seen. With
+// `wgmma_form` (block scaling only), Fp8BlockGemmWgmma runs that form instead of `gemm`.
 double CheckGemm(std::mt19937& rng, CublasLtFp8Gemm& gemm, Scaling scaling, int64_t m, int64_t n,
-                 int64_t k, bool with_bias) {
+                 int64_t k, bool with_bias, const Fp8BlockWgmmaForm* wgmma_form = nullptr) {
   SCOPED_TRACE(::testing::Message()
                << "m=" << m << " n=" << n << " k=" << k << " " << Name(scaling)
                << (with_bias ? " bias" : "")
@@ -173,8 +174,11 @@ double CheckGemm(std::mt19937& rng, CublasLtFp8Gemm& gemm, Scaling scaling, int6
                                       : scaling == Scaling::kBlock ? Fp8GemmScaling::kBlock128
                                                                    : Fp8GemmScaling::kTokenChannel;
   const absl::Status st =
-      gemm.Linear(a_codes.get(), gemm_a_scales, dw.get(), dws.get(), gemm_scaling, m, n, k,
-                  out.get(), nullptr, with_bias ? dbias.get() : nullptr);
+      wgmma_form != nullptr
+          ? Fp8BlockGemmWgmma(a_codes.get(), gemm_a_scales, dw.get(), dws.get(), m, n, k, out.get(),
+                              with_bias ? dbias.get() : nullptr, nullptr, *wgmma_form)
+          : gemm.Linear(a_codes.get(), gemm_a_scales, dw.get(), dws.get(), gemm_scaling, m, n, k,
+                        out.get(), nullptr, with_bias ? dbias.get() : nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return 0;
   const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
@@ -343,6 +347,56 @@ TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
                               out.get(), nullptr, nullptr, {Fp8BlockScaleLoad::kDirect, true})
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The overlapped forms of the wgmma kernel (Fp8BlockOverlap: 128 x 128 tiles with two partial
+// register sets, 128 x 192 tiles in n96 halves, and kAuto), called directly, on the same
+// reference: odd m (1, 17, 333), n not a multiple of either tile (8, 200, 1416: 192-wide tiles
+// straddling two weight blocks, the last one's second block past n), k with a partial last
+// group and an odd number of groups (16, 272: the 128 form's tail), 144 with padded scale rows,
+// 4096; bias; 2200 x 1416 is 18 x 8 = 144 tiles of 128 x 192 (and 18 x 12 of 128 x 128), more
+// than an H200's 132 SMs. Refused: direct scales, multicast.
+TEST(Fp8GemmCudaTest, Block128WgmmaOverlapMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!Fp8BlockGemmWgmmaSupported()) GTEST_SKIP() << "the wgmma kernel needs an sm_90 device";
+  std::mt19937 rng(cuda_test::TestSeed());
+  auto gemm = CublasLtFp8Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  ASSERT_TRUE(Fp8BlockGemmWgmmaInit().ok());
+  for (Fp8BlockOverlap overlap :
+       {Fp8BlockOverlap::k128, Fp8BlockOverlap::k192, Fp8BlockOverlap::kAuto}) {
+    const char* name = overlap == Fp8BlockOverlap::k128   ? "128 x 128"
+                       : overlap == Fp8BlockOverlap::k192 ? "128 x 192"
+                                                          : "auto";
+    SCOPED_TRACE(name);
+    const Fp8BlockWgmmaForm form{Fp8BlockScaleLoad::kStaged, false, overlap};
+    double worst = 0;
+    for (auto [m, n, k, bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{17, 256, 512, false},
+                                 {333, 200, 272, true},
+                                 {1, 8, 16, false},
+                                 {64, 384, 400, true},
+                                 {200, 1416, 4096, false},
+                                 {2200, 1416, 144, true}}) {
+      worst = std::max(worst, CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, bias, &form));
+    }
+    std::printf("block on wgmma, overlapped %s: largest error / (2^-13 x per-MMA magnitude) %.3f\n",
+                name, worst);
+  }
+  DeviceBuffer<uint8_t> codes(32 * 512);
+  DeviceBuffer<float> scales(64);
+  DeviceBuffer<bf16> out(32 * 512);
+  for (Fp8BlockWgmmaForm bad :
+       {Fp8BlockWgmmaForm{Fp8BlockScaleLoad::kDirect, false, Fp8BlockOverlap::k128},
+        Fp8BlockWgmmaForm{Fp8BlockScaleLoad::kStaged, true, Fp8BlockOverlap::k192}}) {
+    EXPECT_EQ(Fp8BlockGemmWgmma(codes.get(), scales.get(), codes.get(), scales.get(), 17, 16, 512,
+                                out.get(), nullptr, nullptr, bad)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // kAuto's choice: 128 x 192 unless it takes over 1/16 more column-waves.
+  EXPECT_EQ(Fp8BlockOverlapAutoTileN(2048, 4096, 132), 128);   // 4 x 128 vs 3 x 192
+  EXPECT_EQ(Fp8BlockOverlapAutoTileN(8192, 36864, 132), 192);  // 140 x 128 vs 94 x 192
+  EXPECT_EQ(Fp8BlockOverlapAutoTileN(2048, 6144, 132), 192);   // 6 x 128 vs 4 x 192
 }
 
 // The host layout helper: per-row scales of 128 x 128 blocks to cuBLASLt's padded block rows;
