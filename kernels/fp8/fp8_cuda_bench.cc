@@ -2,8 +2,10 @@
 // same run:
 //   * decode GEMV (Llama-3-8B, m = 1 / 8 / 16): Fp8Gemv (activation quantization included) vs
 //     the bf16 SmallMLinear: microseconds, weight GB/s, speedup;
-//   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k): CublasLtFp8Gemm per-tensor and
-//     token x channel vs the bf16 CublasLtGemm: TFLOP/s, speedup;
+//   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k; --only=gemm): CublasLtFp8Gemm
+//     per-tensor, token x channel and block-scaled (cuBLASLt) vs the bf16 CublasLtGemm, each
+//     with cuBLASLt's first heuristic algorithm and tuned (set_autotune_max_m): TFLOP/s, ratios
+//     (tests/gpu/fp8_gemm_tune_call.sh puts torch._scaled_mm beside them);
 //   * block-scaled prefill GEMM (Llama-3-8B and DeepSeek-V3 shapes, M = 2k / 8k): CublasLtFp8Gemm
 //     kBlock128 (1x128 activation groups, 128x128 weight blocks) on cuBLASLt and on our wgmma
 //     kernel (staged and direct scales) vs per-tensor FP8 and bf16;
@@ -97,18 +99,60 @@ struct GemmOperands {
   }
 };
 
-// Per-tensor and token x channel FP8 next to bf16, on random operands. Where cuBLASLt has
-// outer-vector FP8 kernels, token x channel is also timed on the epilogue path (unit-scaled fp32
-// product + ScaleFp8Accumulator) for comparison; elsewhere that column repeats the epilogue path.
+// One prefill row's products, each with cuBLASLt's first heuristic algorithm and with the
+// fastest of its top candidates (timed on the first call of the tuned objects): microseconds, 0
+// where the product does not run (the reason printed).
+struct GemmPair {
+  CublasLtFp8Gemm *fp8_first, *fp8_tuned;
+  CublasLtGemm *bf16_first, *bf16_tuned;
+  const GemmOperands* ops;
+  const float* block_a_scales;  // [groups, m]: cuBLASLt's VEC128 layout
+  int iters;
+
+  double Bf16(CublasLtGemm& gemm, int64_t m, const Shape& s) const {
+    const auto run = [&] {
+      return gemm.Linear<__nv_bfloat16, __nv_bfloat16>(ops->a16, ops->w16, nullptr, m, s.n, s.k,
+                                                       ops->out, nullptr);
+    };
+    const absl::Status st = run();  // the plan (and, tuned, the timing of its candidates)
+    if (!st.ok()) {
+      std::printf("%s M=%ld bf16: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
+      return 0.0;
+    }
+    return TimeUs(iters, [&] { (void)run(); });
+  }
+  double Fp8(CublasLtFp8Gemm& gemm, Fp8GemmScaling scaling, int64_t m, const Shape& s) const {
+    const float* a_scales = scaling == Fp8GemmScaling::kBlock128 ? block_a_scales : ops->scales;
+    const auto run = [&] {
+      return gemm.Linear(ops->a8, a_scales, ops->w8, ops->scales, scaling, m, s.n, s.k, ops->out,
+                         nullptr);
+    };
+    const absl::Status st = run();
+    if (!st.ok()) {
+      std::printf("%s M=%ld: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
+      return 0.0;
+    }
+    return TimeUs(iters, [&] { (void)run(); });
+  }
+};
+
+// Per-tensor, token x channel and block-scaled FP8 (cuBLASLt; the block columns time the GEMM
+// alone, its scales already in cuBLASLt's layout) next to bf16, each as "first" (cuBLASLt's
+// first heuristic algorithm, what the runtime runs by default) and "tuned" (the fastest of its
+// top 8, timed once per shape: set_autotune_max_m(kAutotuneAllM)), on random operands.
 int BenchGemm(int iters) {
-  auto fp8 = CublasLtFp8Gemm::Create();
-  auto epilogue = CublasLtFp8Gemm::Create(CublasLtFp8Gemm::kDefaultWorkspaceBytes,
-                                          CublasLtFp8Gemm::kDefaultAccumulatorBytes, false);
-  auto bf16 = CublasLtGemm::Create();
-  if (!fp8.ok() || !epilogue.ok() || !bf16.ok()) {
+  auto fp8_first = CublasLtFp8Gemm::Create();
+  auto fp8_tuned = CublasLtFp8Gemm::Create();
+  auto bf16_first = CublasLtGemm::Create();
+  auto bf16_tuned = CublasLtGemm::Create();
+  if (!fp8_first.ok() || !fp8_tuned.ok() || !bf16_first.ok() || !bf16_tuned.ok() ||
+      !(*fp8_first)->set_block_kernel(Fp8BlockGemmKernel::kCublasLt).ok() ||
+      !(*fp8_tuned)->set_block_kernel(Fp8BlockGemmKernel::kCublasLt).ok()) {
     std::printf("cannot create cuBLASLt handles\n");
     return 1;
   }
+  (*fp8_tuned)->set_autotune_max_m(kAutotuneAllM);
+  (*bf16_tuned)->set_autotune_max_m(kAutotuneAllM);
   const Shape shapes[] = {{"8b.qkv_proj", 6144, 4096},       {"8b.o_proj", 4096, 4096},
                           {"8b.gate_up_proj", 28672, 4096},  {"8b.down_proj", 4096, 14336},
                           {"70b.qkv_proj", 10240, 8192},     {"70b.o_proj", 8192, 8192},
@@ -120,46 +164,49 @@ int BenchGemm(int iters) {
     max_k = std::max(max_k, s.k);
     max_n = std::max(max_n, s.n);
   }
+  // One scale buffer for every mode: per-tensor reads one, token x channel m and n, block
+  // [groups, m] (activations) and [n / 128, ld] (weights).
   GemmOperands ops;
-  if (!ops.Make(max_w, max_m * max_k, max_m * max_n, std::max(max_m, max_n))) {
+  if (!ops.Make(max_w, max_m * max_k, max_m * max_n,
+                std::max(max_n, max_m * Block128WeightScaleLd(max_k)))) {
     std::printf("cannot fill the operands\n");
     return 1;
   }
-  std::printf("fp8 token x channel path: %s; random operands\n",
-              (*fp8)->outer_vector_scales()
-                  ? "cuBLASLt outer-vector scales"
-                  : "cuBLASLt unit-scaled fp32 product + ScaleFp8Accumulator epilogue");
+  const GemmPair pair{&**fp8_first, &**fp8_tuned, &**bf16_first, &**bf16_tuned,
+                      &ops,         ops.scales,   iters};
   std::printf(
-      "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_token_channel_TFLOPs "
-      "fp8_token_channel_epilogue_TFLOPs speedup_tensor speedup_token_channel\n");
+      "fp8 token x channel path: %s; random operands; first = cuBLASLt's first heuristic "
+      "algorithm, tuned = the fastest of its top %d timed once per shape\n",
+      (*fp8_first)->outer_vector_scales() ? "cuBLASLt outer-vector scales"
+                                          : "unit-scaled fp32 product + epilogue",
+      kCublasLtTuneCandidates);
+  std::printf(
+      "shape M bf16_first bf16_tuned tensor_first tensor_tuned channel_first channel_tuned "
+      "block_first block_tuned (TFLOP/s) | tuned/first: bf16 tensor channel block | "
+      "tensor_tuned/bf16_tuned block_tuned/tensor_tuned\n");
   for (const Shape& s : shapes) {
     for (int64_t m : {1024, 4096, 16384}) {
-      const double flops = 2.0 * m * s.n * s.k;
-      const double t16 = TimeUs(iters, [&] {
-        (void)(*bf16)->Linear<__nv_bfloat16, __nv_bfloat16>(ops.a16, ops.w16, nullptr, m, s.n, s.k,
-                                                            ops.out, nullptr);
-      });
-      double t8[3] = {0, 0, 0};
-      for (int v = 0; v < 3; ++v) {
-        CublasLtFp8Gemm& gemm = v == 2 ? **epilogue : **fp8;
-        const auto scaling = v == 0 ? Fp8GemmScaling::kTensor : Fp8GemmScaling::kTokenChannel;
-        const auto run = [&] {
-          return gemm.Linear(ops.a8, ops.scales, ops.w8, ops.scales, scaling, m, s.n, s.k, ops.out,
-                             nullptr);
-        };
-        const absl::Status st = run();
-        if (!st.ok()) {
-          std::printf("%s M=%ld: %s\n", s.name, static_cast<long>(m), st.ToString().c_str());
-          continue;
-        }
-        t8[v] = TimeUs(iters, [&] { (void)run(); });
+      double us[8] = {pair.Bf16(*pair.bf16_first, m, s), pair.Bf16(*pair.bf16_tuned, m, s)};
+      int col = 2;
+      for (Fp8GemmScaling scaling :
+           {Fp8GemmScaling::kTensor, Fp8GemmScaling::kTokenChannel, Fp8GemmScaling::kBlock128}) {
+        us[col++] = pair.Fp8(*pair.fp8_first, scaling, m, s);
+        us[col++] = pair.Fp8(*pair.fp8_tuned, scaling, m, s);
       }
-      auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
-      std::printf("%s %ld %.0f %.0f %.0f %.0f %.2f %.2f\n", s.name, static_cast<long>(m),
-                  tflops(t16), tflops(t8[0]), tflops(t8[1]), tflops(t8[2]),
-                  t8[0] > 0 ? t16 / t8[0] : 0.0, t8[1] > 0 ? t16 / t8[1] : 0.0);
+      const double flops = 2.0 * m * s.n * s.k;
+      auto tflops = [&](double t) { return t > 0 ? flops / t / 1e6 : 0.0; };
+      auto speedup = [&](int slow, int fast) {  // us[slow] / us[fast]
+        return us[slow] > 0 && us[fast] > 0 ? us[slow] / us[fast] : 0.0;
+      };
+      std::printf("%s %ld", s.name, static_cast<long>(m));
+      for (double t : us) std::printf(" %.0f", tflops(t));
+      std::printf(" | %.3f %.3f %.3f %.3f | %.3f %.3f\n", speedup(0, 1), speedup(2, 3),
+                  speedup(4, 5), speedup(6, 7), speedup(1, 3), speedup(3, 7));
     }
   }
+  std::printf("plans timed: fp8 %ld (of %zu), bf16 %zu plans\n",
+              static_cast<long>((*fp8_tuned)->num_tuned_plans()), (*fp8_tuned)->num_cached_plans(),
+              (*bf16_tuned)->num_cached_plans());
   const cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     std::printf("CUDA error: %s\n", cudaGetErrorString(err));
@@ -171,7 +218,8 @@ int BenchGemm(int iters) {
 // Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
 // cuBLASLt, then on the wgmma kernel with staged and with direct scales and with the multicast
 // form (0 where it does not run), then on its overlapped forms (Fp8BlockOverlap k128 / k192,
-// called directly; `auto_n` = the tile width kAuto picks). Every block path's activation-scale
+// called directly; `auto_n` = the tile width kAuto picks; ovl_best = the fastest of k128, k192
+// and k192Serial, the last column). Every block path's activation-scale
 // transpose (TransposeGroupScales) is timed with it. TANDEM_FP8_BENCH_BLOCK_ROW="shape M" (e.g.
 // "v3.gate_up_proj 8192") times that row alone (for ncu).
 int BenchBlockGemm(int iters) {
@@ -192,7 +240,7 @@ int BenchBlockGemm(int iters) {
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
       "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_mc_TFLOPs wgmma_vs_tensor "
       "mc_vs_tensor mc_vs_cublaslt ovl128_TFLOPs ovl192_TFLOPs auto_n ovl_best_vs_tensor "
-      "ovl_best_vs_cublaslt\n");
+      "ovl_best_vs_cublaslt ser192_TFLOPs\n");
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int64_t max_m = 8192;
@@ -261,15 +309,18 @@ int BenchBlockGemm(int iters) {
       };
       const double to128 = time_overlap(Fp8BlockOverlap::k128, "overlap_128");
       const double to192 = time_overlap(Fp8BlockOverlap::k192, "overlap_192");
-      const double tob = to128 > 0 && (to192 <= 0 || to128 < to192) ? to128 : to192;
+      const double ts192 = time_overlap(Fp8BlockOverlap::k192Serial, "serial_192");
+      double tob = 0;  // the fastest of the three
+      for (double t : {to128, to192, ts192}) tob = t > 0 && (tob <= 0 || t < tob) ? t : tob;
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
       auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
       std::printf("%s %ld %.0f %.0f %.0f %.2f %.2f %.0f %.0f %.0f %.2f %.2f %.2f", s.name,
                   static_cast<long>(m), tflops(t16), tflops(tt), tflops(tb), ratio(tt, tb),
                   ratio(t16, tb), tflops(tw), tflops(twd), tflops(twm), ratio(tt, tw),
                   ratio(tt, twm), ratio(tb, twm));
-      std::printf(" %.0f %.0f %d %.2f %.2f\n", tflops(to128), tflops(to192),
-                  Fp8BlockOverlapAutoTileN(m, s.n, sms), ratio(tt, tob), ratio(tb, tob));
+      std::printf(" %.0f %.0f %d %.2f %.2f %.0f\n", tflops(to128), tflops(to192),
+                  Fp8BlockOverlapAutoTileN(m, s.n, sms), ratio(tt, tob), ratio(tb, tob),
+                  tflops(ts192));
     }
     for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
                     static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),
