@@ -49,9 +49,11 @@ enum class Fp8BlockScaleLoad { kStaged, kDirect };
 // warpgroups at 232 by setmaxnreg), the MMAs in chunks into two partial register sets in turn,
 // chunk c + 1 in flight while chunk c is promoted. k128: 128 x 128 tiles, a k-group one
 // m64n128 chunk; k192: 128 x 192 tiles (1.5x the FLOP per byte loaded), a k-group two m64n96
-// chunks; kAuto: k192 or k128 by shape (Fp8BlockOverlapAutoTileN).
+// chunks; kAuto: k192 or k128 by shape (Fp8BlockOverlapAutoTileN). k192Serial (no overlap, for
+// comparison): k192's tiles and threads, one m64n192 chunk a group, waited for before its
+// promotion as in kNone.
 // Staged scales, no multicast.
-enum class Fp8BlockOverlap { kNone, k128, k192, kAuto };
+enum class Fp8BlockOverlap { kNone, k128, k192, kAuto, k192Serial };
 
 // The tile width (128 or 192) kAuto picks for m x n on `sms` SMs: 192 unless its column-waves
 // (ceil(tiles / sms) x tile width) exceed 128 x 128 tiles' by more than 1/16 (a first guess,

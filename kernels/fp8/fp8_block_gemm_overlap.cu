@@ -8,7 +8,9 @@
 //     CUDA cores while the tensor cores work on c + 1; the stage is released after its last
 //     chunk. k128: 128 x 128 tiles, one chunk a group (acc 64 + 2 x 64 partial registers);
 //     k192: 128 x 192 tiles, two n96 chunks a group (96 + 2 x 48): 1.5x the FLOP per byte
-//     loaded (a tile straddles two 128-row weight blocks: two weight scales a stage).
+//     loaded (a tile straddles two 128-row weight blocks: two weight scales a stage);
+//     k192Serial: the same tiles, one m64n192 chunk a group waited for before its promotion
+//     (acc 96 + 96 partial registers: the wider tile without the overlap).
 // Scales staged by the producer as the serial kernel's kStaged; bf16 output from registers.
 #include <cuda.h>
 
@@ -83,6 +85,9 @@ __device__ __forceinline__ int2 TileAt(int u, const Params& p) {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define TANDEM_FP8O_R64 TANDEM_FP8O_R48 ", " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define TANDEM_FP8O_R96 TANDEM_FP8O_R64 ", " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define TANDEM_FP8O_D4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
 #define TANDEM_FP8O_D16(b) \
   TANDEM_FP8O_D4(b), TANDEM_FP8O_D4(b + 4), TANDEM_FP8O_D4(b + 8), TANDEM_FP8O_D4(b + 12)
@@ -98,8 +103,16 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t da, uint64_t 
         "%64, %65, p, 1, 1;\n}\n"
         : TANDEM_FP8O_D16(0), TANDEM_FP8O_D16(16), TANDEM_FP8O_D16(32), TANDEM_FP8O_D16(48)
         : "l"(da), "l"(db), "r"(acc));
+  } else if constexpr (kN == 192) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" TANDEM_FP8O_R96 "}, "
+        "%96, %97, p, 1, 1;\n}\n"
+        : TANDEM_FP8O_D16(0), TANDEM_FP8O_D16(16), TANDEM_FP8O_D16(32), TANDEM_FP8O_D16(48),
+          TANDEM_FP8O_D16(64), TANDEM_FP8O_D16(80)
+        : "l"(da), "l"(db), "r"(acc));
   } else {
-    static_assert(kN == 96, "m64n96 or m64n128");
+    static_assert(kN == 96, "m64n96, m64n128 or m64n192");
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {" TANDEM_FP8O_R48 "}, "
@@ -110,6 +123,7 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t da, uint64_t 
 }
 #undef TANDEM_FP8O_D16
 #undef TANDEM_FP8O_D4
+#undef TANDEM_FP8O_R96
 #undef TANDEM_FP8O_R64
 #undef TANDEM_FP8O_R48
 // clang-format on
@@ -170,6 +184,9 @@ template <int kBN, int kCN>
 struct Consumer {
   using L = Layout<kBN>;
   static constexpr int kChunks = kBN / kCN;
+  // k192Serial (kCN 192): one partial set, each group's MMAs waited for before its promotion
+  // (the serial kernel's order on the wider tile; p1 unused).
+  static constexpr bool kSerial = kCN == 192;
   float acc[kBN / 2];
   float p0[kCN / 2], p1[kCN / 2];
   uint32_t a_base, b_base;
@@ -233,6 +250,14 @@ struct Consumer {
     // Chunks in order: p0 takes the even ones, p1 the odd ones (k192: p0 a group's first n96
     // half, p1 its second; k128: alternate groups). One loop shape for both: ptxas kept the
     // MMAs in flight through this one, not through a loop with the tail's branch folded in.
+    if constexpr (kSerial) {
+      for (int g = 0; g < groups; ++g) {
+        Issue<0>(p0);
+        WgmmaWait<0>();
+        Finish<0>(p0);
+      }
+      return;
+    }
     constexpr int kOdd = kChunks - 1;
     const int total = groups * kChunks;
     Issue<0>(p0);
@@ -382,6 +407,7 @@ namespace tandem::kernels::cuda::fp8_block_overlap {
 
 absl::Status Init() {
   RETURN_IF_ERROR((SetSmem<128, 128>()));
+  RETURN_IF_ERROR((SetSmem<192, 192>()));
   return SetSmem<192, 96>();
 }
 
@@ -401,6 +427,9 @@ absl::Status Launch(Fp8BlockOverlap overlap, const uint8_t* a_codes, const float
   p.w_ld = (p.groups + 3) / 4 * 4;  // Block128WeightScaleLd
   p.w_blocks = static_cast<int>((n + 127) / 128);
   p.m_tiles = static_cast<int>((m + device::kBM - 1) / device::kBM);
+  if (overlap == Fp8BlockOverlap::k192Serial) {
+    return LaunchTiles<192, 192>(p, w_codes, n, k, sms, stream);
+  }
   const int tile_n = overlap == Fp8BlockOverlap::k128   ? 128
                      : overlap == Fp8BlockOverlap::k192 ? 192
                                                         : Fp8BlockOverlapAutoTileN(m, n, sms);

@@ -350,8 +350,8 @@ TEST(Fp8GemmCudaTest, Block128WgmmaMatchesTheCpuReference) {
 }
 
 // The overlapped forms of the wgmma kernel (Fp8BlockOverlap: 128 x 128 tiles with two partial
-// register sets, 128 x 192 tiles in n96 halves, and kAuto), called directly, on the same
-// reference: odd m (1, 17, 333), n not a multiple of either tile (8, 200, 392, 1416: 192-wide
+// register sets, 128 x 192 tiles in n96 halves, kAuto, and k192Serial), called directly, on the
+// same reference: odd m (1, 17, 333), n not a multiple of either tile (8, 200, 392, 1416: 192-wide
 // tiles straddling two weight blocks, the last one's second block past n), k with a partial last
 // group and an odd number of groups (16, 272: the 128 form's tail), 144 with padded scale rows,
 // 4096; bias; 2200 x 1416 is 18 x 8 = 144 tiles of 128 x 192 (and 18 x 12 of 128 x 128), more
@@ -363,11 +363,12 @@ TEST(Fp8GemmCudaTest, Block128WgmmaOverlapMatchesTheCpuReference) {
   auto gemm = CublasLtFp8Gemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   ASSERT_TRUE(Fp8BlockGemmWgmmaInit().ok());
-  for (Fp8BlockOverlap overlap :
-       {Fp8BlockOverlap::k128, Fp8BlockOverlap::k192, Fp8BlockOverlap::kAuto}) {
-    const char* name = overlap == Fp8BlockOverlap::k128   ? "128 x 128"
-                       : overlap == Fp8BlockOverlap::k192 ? "128 x 192"
-                                                          : "auto";
+  for (Fp8BlockOverlap overlap : {Fp8BlockOverlap::k128, Fp8BlockOverlap::k192,
+                                  Fp8BlockOverlap::kAuto, Fp8BlockOverlap::k192Serial}) {
+    const char* name = overlap == Fp8BlockOverlap::k128    ? "128 x 128"
+                       : overlap == Fp8BlockOverlap::k192  ? "128 x 192"
+                       : overlap == Fp8BlockOverlap::kAuto ? "auto"
+                                                           : "128 x 192 serial";
     SCOPED_TRACE(name);
     const Fp8BlockWgmmaForm form{Fp8BlockScaleLoad::kStaged, false, overlap};
     double worst = 0;
