@@ -4,10 +4,11 @@
 # on nvidia-h200, from the repository root, ~2 minutes:
 #   OUT=DIR kernels/fp8/fp8_gemm_tune_call.sh BUNDLE_DIR
 # BUNDLE_DIR (unpacked): tests/gpu/bundle.sh BUNDLE_DIR //kernels/fp8:fp8_gemm_cuda_test
-#   //kernels/gemm/cuda:gemm_cuda_test //kernels/fp8:fp8_cuda_bench
+#   //kernels/gemm/cuda:gemm_cuda_test //kernels/gemm/cuda:cublaslt_algo_tuner_test
+#   //kernels/fp8:fp8_cuda_bench
 # Steps, each under its own timeout, logs under $OUT/logs:
 #   1. fp8_gemm_cuda_test (the tuned cases, per-tensor / token x channel / block) and
-#      gemm_cuda_test (bf16, its autotune case included);
+#      gemm_cuda_test (bf16, its autotune case included), cublaslt_algo_tuner_test;
 #   2. fp8_cuda_bench --only=gemm: per Llama-3 8B / 70B shape and M = 1k / 4k / 16k, bf16,
 #      per-tensor, token x channel and block FP8 each with cuBLASLt's first heuristic algorithm
 #      and tuned;
@@ -38,6 +39,8 @@ grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|^\[       OK \]|timed|la
 timeout 60 "$B/bin/kernels/gemm/cuda/gemm_cuda_test" > "$LOG/gemm_cuda_test.txt" 2>&1
 check "gemm_cuda_test (bf16)" $?
 grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG/gemm_cuda_test.txt" | head -10
+timeout 30 "$B/bin/kernels/gemm/cuda/cublaslt_algo_tuner_test" > "$LOG/tuner_test.txt" 2>&1
+check "cublaslt_algo_tuner_test" $?
 echo "tests done at $((SECONDS - T0)) s"
 
 timeout 150 "$B/bin/kernels/fp8/fp8_cuda_bench" --only=gemm --gemm_iters="$ITERS" \
