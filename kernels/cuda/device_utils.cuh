@@ -162,14 +162,14 @@ __device__ __forceinline__ void AllowDependentLaunch() {
 #endif
 }
 
-// A cudaLaunchKernelEx configuration (no dynamic shared memory) with programmatic stream
-// serialization when `pdl`. Not copyable: the config points at its own attribute array.
+// A cudaLaunchKernelEx configuration (`smem_bytes` of dynamic shared memory) with programmatic
+// stream serialization when `pdl`. Not copyable: the config points at its own attribute array.
 class PdlLaunchConfig {
  public:
-  PdlLaunchConfig(dim3 grid, dim3 block, cudaStream_t stream, bool pdl) {
+  PdlLaunchConfig(dim3 grid, dim3 block, cudaStream_t stream, bool pdl, size_t smem_bytes = 0) {
     config_.gridDim = grid;
     config_.blockDim = block;
-    config_.dynamicSmemBytes = 0;
+    config_.dynamicSmemBytes = smem_bytes;
     config_.stream = stream;
     attr_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr_[0].val.programmaticStreamSerializationAllowed = 1;

@@ -443,6 +443,7 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
+  in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
 }
 
 bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const {

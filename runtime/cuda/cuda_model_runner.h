@@ -137,6 +137,10 @@ struct CudaBackendConfig {
   int64_t vocab_parallel_greedy_min_rows = 64;
   // CudaModelOptions::programmatic_launch (PDL for the batch-1 GEMVs and the norms).
   bool programmatic_launch = true;
+  // With programmatic_launch: the paged decode kernel is PDL-launched behind the kernel that
+  // writes q and the new KV rows (PagedAttentionPlanInput::programmatic_launch), so its launch and
+  // its first block-table loads overlap that kernel's tail; false: comparisons.
+  bool decode_attention_pdl = true;
   // CudaModelOptions::fold_norm: batch-1 steps on one GPU (no group) of dense bf16/fp16 Llama-
   // family models run the residual add + RMSNorm inside their GEMVs (bit-identical logits).
   bool fold_norm = true;

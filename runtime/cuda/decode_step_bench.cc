@@ -45,6 +45,8 @@
 // overhead). --vocab_greedy_min_rows=N: at TP > 1,
 // greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
+// --attention_pdl=0: the paged decode kernel launched without PDL (CudaBackendConfig::
+// decode_attention_pdl, default on).
 // --merge_in_kernel=1: the paged decode kernel merges its own KV splits instead of a second (PDL)
 // kernel (CudaBackendConfig::decode_merge_in_kernel, default off); rows print how many timed
 // steps merged in the kernel. --fold_norm=0: the residual add + RMSNorm as separate kernels at
@@ -132,6 +134,7 @@ int Main(int argc, char** argv) {
   bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
   bool fp8_w8a16 = CudaBackendConfig().fp8_weight_only_fold;
   int64_t vocab_greedy_min_rows = 64;
+  bool attention_pdl = CudaBackendConfig().decode_attention_pdl;
   std::string preset;
   std::vector<std::string> quants = {"none"};
   std::vector<int> async_modes = {0};
@@ -157,6 +160,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fold_rope=", 0) == 0) fold_rope = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fp8_w8a16=", 0) == 0) fp8_w8a16 = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
+    if (a.rfind("--attention_pdl=", 0) == 0) attention_pdl = std::atoi(argv[i] + 16) != 0;
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
     if (a == "--shape=70b") big = true;
@@ -205,6 +209,7 @@ int Main(int argc, char** argv) {
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
+  backend.decode_attention_pdl = attention_pdl;
   ModelConfig local = model;
   const int me = rank < 0 ? 0 : rank;
   if (tp > 1) {

@@ -61,6 +61,13 @@ struct PagedAttentionPlanInput {
   // by an atomic ticket that it resets, so graph replays and later calls find the counters zero
   // again) and no second kernel is launched. Otherwise a PDL-launched kernel merges them.
   bool workspace_zeroed = false;
+  // The decode kernel is launched with programmatic dependent launch (PDL): its CTAs may start
+  // while the stream's previous kernel still runs, load the request's bounds and first block-table
+  // entries, and wait (griddepcontrol.wait) only before reading q, the KV pool or the workspace.
+  // So the previous kernel may write q and the pool (RoPE + the KV write), but must not write
+  // query_start_loc, seq_lens, local_seq_lens or the block tables; and if it was PDL-launched
+  // itself it must wait for its own predecessor before it allows dependents to launch.
+  bool programmatic_launch = false;
 };
 
 struct PagedAttentionPlan {

@@ -22,6 +22,7 @@
 #include "kernels/attention/attention_test_util.h"
 #include "kernels/attention/cuda/attention_cuda_test_util.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/pdl_test_util.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -79,9 +80,14 @@ void ExpectMergeCountersZero(const DeviceBuffer<uint8_t>& ws, const PagedAttenti
 // Rounds the case's q and pool (and the reference's K/V copies) to T, or quantizes the pool to
 // fp8 with per-kv-head scales or to int8 with per-row scales (the reference's copies then hold
 // the dequantized values); runs the kernel; returns out and lse.
+// pdl_behind_writer: the decode kernel is PDL-launched (PagedAttentionPlanInput::
+// programmatic_launch) behind a kernel that allows it to start at once and writes q and the whole
+// pool only ~1 ms later (pdl_test::LaunchDelayedWriter; q and the pool hold NaN bytes until then):
+// the result is right only if the decode kernel reads neither before its griddepcontrol.wait.
 template <typename T>
 void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv kv,
-             bool tensor_cores, RunResult* result, Merge merge = Merge::kInKernel) {
+             bool tensor_cores, RunResult* result, Merge merge = Merge::kInKernel,
+             bool pdl_behind_writer = false) {
   const KvCacheLayout& layout = c.layout;
   const bool fp8 = kv == Kv::kFp8;
   cuda_test::RoundTo<T>(c.q);
@@ -152,6 +158,7 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
   in.allow_tensor_cores = tensor_cores;
   in.legacy_split_merge = merge == Merge::kLegacy;
   in.workspace_zeroed = merge == Merge::kInKernel;
+  in.programmatic_launch = pdl_behind_writer;
   absl::StatusOr<PagedAttentionPlan> plan = PlanPagedAttention(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->merge_in_kernel, plan->num_splits > 1 && merge == Merge::kInKernel);
@@ -166,11 +173,30 @@ void RunCase(PagedCase& c, const AttentionParams& params, int forced_splits, Kv 
   cache.v_scale = v_scale_dev.get();
   cache.per_head_scale = true;
   cache.token_scales = token_scales_dev.get();
+  cudaStream_t stream = nullptr;
+  DeviceBuffer<uint8_t> pool_stage(pdl_behind_writer ? pool_dev.size() : 1);
+  DeviceBuffer<T> q_stage(pdl_behind_writer ? q_dev.size() : 1);
+  if (pdl_behind_writer) {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpy(pool_stage.get(), pool_dev.get(), pool_dev.size(), cudaMemcpyDeviceToDevice));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpy(q_stage.get(), q_dev.get(), q_dev.size() * sizeof(T), cudaMemcpyDeviceToDevice));
+    TANDEM_CUDA_CHECK(cudaMemset(pool_dev.get(), 0xff, pool_dev.size()));
+    TANDEM_CUDA_CHECK(cudaMemset(q_dev.get(), 0xff, q_dev.size() * sizeof(T)));
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(pdl_test::LaunchDelayedWriter(
+        {q_dev.get(), q_stage.get(), q_dev.size() * sizeof(T)},
+        {pool_dev.get(), pool_stage.get(), pool_dev.size()}, /*spin_cycles=*/2'000'000, stream));
+  }
   const absl::Status status =
       PagedAttention<T>(q_dev.get(), cache, c.options.layer, batch.batch, params, *plan,
-                        out_dev.get(), lse_dev.get(), ws.get(), nullptr);
+                        out_dev.get(), lse_dev.get(), ws.get(), stream);
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (stream != nullptr) {
+    TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
   *result = cuda_test::ReadBack(c, out_dev, lse_dev);
   ExpectMergeCountersZero(ws, *plan);
 }
@@ -488,6 +514,40 @@ TEST(PagedAttentionCudaTest, InKernelMergeEverySplitCount) {
 // The grid depends only on the plan: a graph captured once replays correctly after the batch
 // metadata, q and the pool change in place (new lengths within the plan's bounds), with either
 // merge (in-kernel: the replays find the counters the previous one reset).
+// PagedAttentionPlanInput::programmatic_launch: the decode kernel may start while its
+// predecessor runs and must read q and the pool only after griddepcontrol.wait. Behind a writer
+// that lets it start at once and fills q and the pool ~1 ms later, every split count and merge,
+// both kernels and every KV dtype still give the reference's result (a read before the wait
+// would see NaN bytes).
+TEST(PagedAttentionCudaTest, PdlLaunchReadsQAndPoolAfterTheWait) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  CaseOptions options;
+  options.num_q_heads = 32;
+  options.num_kv_heads = 8;
+  options.head_dim = 128;
+  options.block_size = 16;
+  const AttentionParams params;
+  for (const Kv kv : {Kv::kOwn, Kv::kFp8, Kv::kInt8}) {
+    for (const bool tc : {true, false}) {
+      for (const auto& [splits, merge] :
+           {std::pair{0, Merge::kInKernel}, std::pair{5, Merge::kInKernel},
+            std::pair{5, Merge::kSeparate}, std::pair{1, Merge::kSeparate}}) {
+        SCOPED_TRACE(std::string("kv=") + KvName(kv) + " tc=" + (tc ? "1" : "0") +
+                     " splits=" + std::to_string(splits) +
+                     " merge=" + (merge == Merge::kInKernel ? "kernel" : "separate"));
+        PagedCase c = MakePagedCase(rng, options, {{1000, 1}, {37, 1}, {513, 2}});
+        RunResult r;
+        RunCase<__nv_bfloat16>(c, params, splits, kv, tc, &r, merge, /*pdl_behind_writer=*/true);
+        if (::testing::Test::HasFatalFailure()) return;
+        const attention_test::Reference ref = ReferenceAttention(c, params);
+        EXPECT_TRUE(OutClose(r.out, ref.out, OutTol(kv)));
+        EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
+      }
+    }
+  }
+}
+
 class CudaGraphReplay : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaGraphReplay, WithNewBatch) {

@@ -278,6 +278,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   const int split = cta.split, kvh = cta.kvh, seq = cta.seq, q_start = cta.q_start;
   const int q_len = cta.q_len, seq_len = cta.seq_len, rows_total = cta.rows_total, row0 = cta.row0;
   if (row0 >= rows_total) return;  // whole CTA: padding request or beyond its rows
+  WaitForPrecedingGrid();  // PDL: q, the pool and the workspace may be the previous kernel's
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, l8 = lane & 7, sgw = lane >> 3;

@@ -37,47 +37,54 @@ absl::Status LaunchInvalid(const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat("cuda::PagedAttention: ", args...));
 }
 
-template <typename T, typename KV, int D, int RPW>
-absl::Status LaunchCudaCore(const DecodeParams<T>& p, dim3 grid, cudaStream_t stream) {
-  constexpr int kSmem = internal::DecodeCfg<KV, D>::kSmemBytes;
-  auto* kernel = &PagedDecodeKernel<T, KV, D, RPW>;
+// One decode grid: `kernel` with `smem` bytes of dynamic shared memory, PDL-launched when the
+// plan says so (PagedAttentionPlanInput::programmatic_launch).
+template <typename T>
+absl::Status LaunchDecodeGrid(void (*kernel)(DecodeParams<T>), const DecodeParams<T>& p, dim3 grid,
+                              int smem, bool pdl, cudaStream_t stream) {
   CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const PdlLaunchConfig config(grid, dim3(kDecodeThreads), stream, pdl, static_cast<size_t>(smem));
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, p));
   return absl::OkStatus();
+}
+
+template <typename T, typename KV, int D, int RPW>
+absl::Status LaunchCudaCore(const DecodeParams<T>& p, dim3 grid, bool pdl, cudaStream_t stream) {
+  return LaunchDecodeGrid<T>(&PagedDecodeKernel<T, KV, D, RPW>, p, grid,
+                             internal::DecodeCfg<KV, D>::kSmemBytes, pdl, stream);
 }
 
 template <typename T, typename KV, int D>
 absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
                           cudaStream_t stream) {
   const PagedAttentionPlanInput& in = plan.input;
+  const bool pdl = in.programmatic_launch;
   const dim3 grid(static_cast<unsigned>(plan.num_splits),
                   static_cast<unsigned>(in.num_kv_heads * plan.row_tiles),
                   static_cast<unsigned>(in.num_seqs));
   if (plan.use_tensor_cores) {
     if constexpr (D == 64 || D == 128) {
       using Cfg = TcCfg<D, KV>;
-      auto* kernel = &PagedDecodeTcKernel<T, KV, D>;
-      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                Cfg::kSmemBytes));
-      kernel<<<grid, kDecodeThreads, Cfg::kSmemBytes, stream>>>(p);
+      RETURN_IF_ERROR(LaunchDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D>, p, grid, Cfg::kSmemBytes,
+                                          pdl, stream));
     } else {
       return LaunchInvalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
     }
   } else {
     switch (plan.rows_per_warp) {
       case 1:
-        RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 1>(p, grid, stream)));
+        RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 1>(p, grid, pdl, stream)));
         break;
       case 2:
         if constexpr (D <= 128) {
-          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 2>(p, grid, stream)));
+          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 2>(p, grid, pdl, stream)));
           break;
         }
         [[fallthrough]];
       case 4:
         if constexpr (D <= 64) {
-          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 4>(p, grid, stream)));
+          RETURN_IF_ERROR((LaunchCudaCore<T, KV, D, 4>(p, grid, pdl, stream)));
           break;
         }
         [[fallthrough]];

@@ -181,6 +181,10 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const int tok_last = (row0 + rows_here - 1) / p.group;
   int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
   int hi_cta = first_pos + tok_last + 1;
+  // PDL (PagedAttentionPlanInput::programmatic_launch): the request's bounds and the first
+  // block-table entries above are the host's; q, the pool and the workspace may be the previous
+  // kernel's. A no-op in a grid launched without the attribute.
+  WaitForPrecedingGrid();
 
   // This thread's two rows (g, g + 8): visible keys (global until the split is known) and q as
   // A fragments.
