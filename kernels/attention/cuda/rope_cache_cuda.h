@@ -43,6 +43,30 @@ extern template absl::Status RopeQkvToCache<__half>(const __half*, int64_t, cons
                                                     __half*, const DeviceKvCache&, int64_t,
                                                     cudaStream_t);
 
+// Qwen3's per-head q/k RMSNorm (q_norm / k_norm) fused in: each q and k head of the row is first
+// normalised exactly as QkHeadRmsNorm (kernels/layers/cuda/head_norm_cuda.h) does in place
+// (fp32, the same reduction order, rounded to T), then rotated and written as RopeQkvToCache
+// does: q_out and the pool bit-identical to QkHeadRmsNorm + RopeQkvToCache, one kernel instead
+// of two, and qkv itself is not modified. q_norm, k_norm: [head_dim] of T (device). One warp per
+// (token, head). Same contract as RopeQkvToCache, plus head_dim <= 1024 and non-null norm
+// weights (INVALID_ARGUMENT otherwise).
+template <typename T>
+absl::Status QkNormRopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
+                                  const int64_t* slot_mapping, int64_t num_tokens,
+                                  const float* inv_freq, int64_t num_q_heads, const T* q_norm,
+                                  const T* k_norm, float eps, T* q_out, const DeviceKvCache& cache,
+                                  int64_t layer, cudaStream_t stream);
+
+extern template absl::Status QkNormRopeQkvToCache<__nv_bfloat16>(
+    const __nv_bfloat16*, int64_t, const int64_t*, const int64_t*, int64_t, const float*, int64_t,
+    const __nv_bfloat16*, const __nv_bfloat16*, float, __nv_bfloat16*, const DeviceKvCache&,
+    int64_t, cudaStream_t);
+extern template absl::Status QkNormRopeQkvToCache<__half>(const __half*, int64_t, const int64_t*,
+                                                          const int64_t*, int64_t, const float*,
+                                                          int64_t, const __half*, const __half*,
+                                                          float, __half*, const DeviceKvCache&,
+                                                          int64_t, cudaStream_t);
+
 }  // namespace tandem::kernels::cuda
 
 #endif  // TANDEM_KERNELS_ATTENTION_CUDA_ROPE_CACHE_CUDA_H_

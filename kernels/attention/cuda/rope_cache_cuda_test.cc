@@ -1,6 +1,7 @@
 // RopeQkvToCache against the unfused ops it replaces (ApplyRope on the fused qkv rows,
 // ReshapeAndCache of the strided k/v, a strided q copy): bit-exact q and pool on fresh random
-// inputs (GPU; skips without one).
+// inputs (GPU; skips without one). QkNormRopeQkvToCache against QkHeadRmsNorm + RopeQkvToCache
+// (bit-exact) and against the CPU RmsNorm + ApplyRope (within T's rounding).
 #include "kernels/attention/cuda/rope_cache_cuda.h"
 
 #include <algorithm>
@@ -13,7 +14,9 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/cuda/reshape_and_cache_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/layers/cuda/head_norm_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
+#include "kernels/layers/norm.h"
 #include "kernels/layers/rope.h"
 
 namespace tandem::kernels::cuda {
@@ -89,6 +92,133 @@ TEST(RopeCacheCudaTest, MatchesUnfusedOpsBitForBit) {
     RunCase<__half>(rng, tokens, 8, 1, 64);
     RunCase<__half>(rng, tokens, 4, 4, 32);
   }
+}
+
+// QkNormRopeQkvToCache vs QkHeadRmsNorm (in place on a copy) + RopeQkvToCache: q and pool bit for
+// bit, qkv untouched; and vs the CPU RmsNorm per head (rounded to T) + cpu::ApplyRope within T's
+// rounding, v copied exactly.
+template <typename T>
+void RunQkNormCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int64_t d) {
+  SCOPED_TRACE(::testing::Message()
+               << "qk-norm T=" << num_tokens << " hq=" << hq << " hk=" << hk << " d=" << d);
+  KvCacheLayout layout;
+  layout.num_blocks = 37;
+  layout.num_layers = 3;
+  layout.block_size = 16;
+  layout.num_kv_heads = hk;
+  layout.head_dim = d;
+  const int64_t layer = 2;
+  const int64_t stride = (hq + 2 * hk) * d + 8;
+  const float eps = 1e-6f;
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> qkv_f(num_tokens * stride), qw(d), kw(d);
+  for (float& x : qkv_f) x = dist(rng);
+  for (float& x : qw) x = 1.0f + 0.1f * dist(rng);
+  for (float& x : kw) x = 1.0f + 0.1f * dist(rng);
+  cuda_test::RoundTo<T>(qkv_f);
+  cuda_test::RoundTo<T>(qw);
+  cuda_test::RoundTo<T>(kw);
+  const std::vector<T> qkv = cuda_test::Convert<T>(qkv_f);
+  std::vector<int64_t> slots(layout.NumSlots());
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
+  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
+  std::vector<int64_t> positions(num_tokens);
+  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  auto inv_freq = ComputeRopeInvFreq(1000000.0, d, RopeScaling{});
+  ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
+  const KvDtype dtype = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  std::vector<T> pool_init(layout.TotalElems());
+  for (T& x : pool_init) x = cuda_test::FromF<T>(dist(rng));
+  DeviceBuffer<T> d_qkv(qkv), d_qkv_ref(qkv), pool(pool_init), pool_ref(pool_init);
+  DeviceBuffer<T> d_qw(cuda_test::Convert<T>(qw)), d_kw(cuda_test::Convert<T>(kw));
+  DeviceBuffer<int64_t> d_pos(positions), d_slots(slots);
+  DeviceBuffer<float> d_freq(*inv_freq);
+  DeviceBuffer<T> q_out(num_tokens * hq * d), q_ref(num_tokens * hq * d);
+  DeviceKvCache cache{pool.get(), layout, dtype}, cache_ref{pool_ref.get(), layout, dtype};
+  ASSERT_TRUE(QkNormRopeQkvToCache<T>(d_qkv.get(), stride, d_pos.get(), d_slots.get(), num_tokens,
+                                      d_freq.get(), hq, d_qw.get(), d_kw.get(), eps, q_out.get(),
+                                      cache, layer, nullptr)
+                  .ok());
+  ASSERT_TRUE(QkHeadRmsNorm<T>(d_qkv_ref.get(), stride, num_tokens, hq, hk, d, d_qw.get(),
+                               d_kw.get(), eps, nullptr)
+                  .ok());
+  ASSERT_TRUE(RopeQkvToCache<T>(d_qkv_ref.get(), stride, d_pos.get(), d_slots.get(), num_tokens,
+                                d_freq.get(), hq, q_ref.get(), cache_ref, layer, nullptr)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<T> got_q = q_out.ToHost(), want_q = q_ref.ToHost();
+  const std::vector<T> got_pool = pool.ToHost(), want_pool = pool_ref.ToHost();
+  EXPECT_EQ(std::memcmp(got_q.data(), want_q.data(), got_q.size() * sizeof(T)), 0) << "q differs";
+  EXPECT_EQ(std::memcmp(got_pool.data(), want_pool.data(), got_pool.size() * sizeof(T)), 0)
+      << "pool differs";
+  EXPECT_EQ(std::memcmp(d_qkv.ToHost().data(), qkv.data(), qkv.size() * sizeof(T)), 0);
+  // CPU reference: RmsNorm per head rounded to T (the unfused path's qkv), then rotated.
+  const double tol = std::is_same_v<T, __half> ? 1.0 / 512 : 1.0 / 64;
+  const std::vector<float> q_f = cuda_test::ToFloat(got_q), pool_f = cuda_test::ToFloat(got_pool);
+  std::vector<float> head(d), rot(d);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const bool cached = slots[t] >= 0 && slots[t] < layout.NumSlots();
+    for (int64_t h = 0; h < hq + 2 * hk; ++h) {
+      const float* x = qkv_f.data() + t * stride + h * d;
+      const float* got;
+      if (h < hq) {
+        got = q_f.data() + (t * hq + h) * d;
+      } else if (!cached) {
+        continue;
+      } else {
+        const int64_t kv = h < hq + hk ? 0 : 1, kv_head = h - hq - kv * hk;
+        got = pool_f.data() + (slots[t] / layout.block_size) * layout.BlockElems() +
+              layout.TileOffset(0, layer, 0) + kv * layout.TileElems() +
+              ((slots[t] % layout.block_size) * hk + kv_head) * d;
+      }
+      if (h >= hq + hk) {  // v: copied
+        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(got[i], x[i]) << "v head " << h << " dim " << i;
+        continue;
+      }
+      cpu::RmsNorm(x, h < hq ? qw.data() : kw.data(), 1, d, eps, head.data());
+      cuda_test::RoundTo<T>(head);
+      rot = head;
+      cpu::ApplyRope(&positions[t], 1, inv_freq->data(), d, rot.data(), 1, nullptr, 0);
+      for (int64_t i = 0; i < d; ++i) {
+        const int64_t j = i < d / 2 ? i + d / 2 : i - d / 2;
+        const double limit = tol * (std::abs(head[i]) + std::abs(head[j]) + 1e-2);
+        ASSERT_LE(std::abs(double{got[i]} - rot[i]), limit)
+            << "token " << t << " head " << h << " dim " << i;
+      }
+    }
+  }
+}
+
+TEST(RopeCacheCudaTest, QkNormFusedMatchesHeadNormThenRopeBitForBit) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t tokens : {1, 7, 300}) {
+    RunQkNormCase<__nv_bfloat16>(rng, tokens, 32, 4, 128);  // Qwen3-30B-A3B
+    RunQkNormCase<__nv_bfloat16>(rng, tokens, 4, 2, 16);
+    RunQkNormCase<__nv_bfloat16>(rng, tokens, 8, 2, 256);
+    RunQkNormCase<__half>(rng, tokens, 8, 1, 64);
+    RunQkNormCase<__half>(rng, tokens, 16, 8, 128);
+  }
+}
+
+TEST(RopeCacheCudaTest, QkNormFusedRejectsBadArguments) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  KvCacheLayout layout{4, 2, 16, 2, 64};
+  DeviceBuffer<__nv_bfloat16> pool(layout.TotalElems()), qkv(64 * 8), q(64 * 8), w(64);
+  DeviceBuffer<int64_t> pos(8), slots(8);
+  DeviceBuffer<float> freq(32);
+  DeviceKvCache cache{pool.get(), layout, KvDtype::kBf16};
+  auto call = [&](int64_t stride, int64_t layer, const __nv_bfloat16* norm) {
+    return QkNormRopeQkvToCache<__nv_bfloat16>(qkv.get(), stride, pos.get(), slots.get(), 1,
+                                               freq.get(), 4, norm, w.get(), 1e-6f, q.get(), cache,
+                                               layer, nullptr);
+  };
+  EXPECT_EQ(call(8 * 64, 2, w.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(100, 0, w.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(8 * 64, 0, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RopeCacheCudaTest, RejectsBadArguments) {
