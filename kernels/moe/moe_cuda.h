@@ -142,6 +142,20 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                              const T* shared_gate, const T* x, T* out, cudaStream_t stream,
                              bool programmatic_launch = false);
 
+// The combine added into a residual stream (a decoder's batch-1 fold, where the next layer's
+// norm reads the residual itself): residual[t] = round(residual[t] + round(MoeCombine's sum)),
+// the rounded combine added as FusedAddRmsNorm updates its residual, so bit-identical to the
+// combine into a buffer followed by FusedAddRmsNorm's residual update. `split`: the same kernel
+// choice as MoeCombineSplit (true: with its fallback to MoeCombine's one block per token past
+// 65535 tokens) or MoeCombine (false); programmatic_launch as MoeCombineSplit's (split kernel
+// only). residual [T, hidden] must not overlap x. INVALID_ARGUMENT as MoeCombine, or for a null
+// or overlapping residual.
+template <typename T>
+absl::Status MoeCombineAddTo(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                             int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
+                             const T* shared_gate, const T* x, T* residual, bool split,
+                             cudaStream_t stream, bool programmatic_launch = false);
+
 // Every expert's rows against its weights in ONE launch, sized by host values only (no offsets
 // read-back: capturable), mma.sync bf16 / fp16 tensor cores, fp32 accumulation:
 //   out[r, :n] = a[src(r), :k] . w[e]^T for every row r in [offsets[e], offsets[e+1]),
@@ -233,6 +247,9 @@ absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, c
   extern template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t, \
                                                   int64_t, int64_t, const T*, const T*, const T*,  \
                                                   T*, cudaStream_t, bool);                         \
+  extern template absl::Status MoeCombineAddTo<T>(const T*, const float*, const int32_t*, int64_t, \
+                                                  int64_t, int64_t, const T*, const T*, const T*,  \
+                                                  T*, bool, cudaStream_t, bool);                   \
   extern template absl::Status MoeGroupedMma<T>(const T*, const int32_t*, const T*,                \
                                                 const int32_t*, int64_t, int64_t, int64_t,         \
                                                 int64_t, T*, cudaStream_t);                        \

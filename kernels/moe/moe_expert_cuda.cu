@@ -239,8 +239,9 @@ __global__ void PaddedRowOfPairKernel(const int32_t* __restrict__ ids, DeviceMoe
   out[p] = static_cast<int32_t>(e * cap + perm.row_of_pair[p] - perm.expert_offsets[e]);
 }
 
-// One block per token.
-template <typename T>
+// One block per token. kAddTo: out[t] = round(out[t] + round(sum)) (FusedAddRmsNorm's residual
+// update of the rounded sum) instead of round(sum).
+template <typename T, bool kAddTo = false>
 __global__ void __launch_bounds__(kCombineThreads)
     CombineKernel(const T* __restrict__ expert_out, const float* __restrict__ weights,
                   const int32_t* __restrict__ row_of_pair, int top_k, int64_t hidden,
@@ -274,7 +275,11 @@ __global__ void __launch_bounds__(kCombineThreads)
       acc = fmaf(wj, ToFloat(s[h]), acc);
     }
     if (shared != nullptr) acc = fmaf(gate, ToFloat(shared[t * hidden + h]), acc);
-    out[t * hidden + h] = FromFloat<T>(acc);
+    if constexpr (kAddTo) {
+      out[t * hidden + h] = FromFloat<T>(ToFloat(out[t * hidden + h]) + ToFloat(FromFloat<T>(acc)));
+    } else {
+      out[t * hidden + h] = FromFloat<T>(acc);
+    }
   }
 }
 
@@ -284,8 +289,9 @@ __global__ void __launch_bounds__(kCombineThreads)
 // shared expert (the gate's dot product is summed in another order: last-bit differences). The
 // gate's dot product is repeated by every block of the token (x must not alias out then: the
 // launcher gives one block per token in that case).
+// kAddTo: as CombineKernel's.
 constexpr int kSplitThreads = 64;
-template <typename T, int V>
+template <typename T, int V, bool kAddTo = false>
 __global__ void __launch_bounds__(kSplitThreads)
     CombineSplitKernel(const T* __restrict__ expert_out, const float* __restrict__ weights,
                        const int32_t* __restrict__ row_of_pair, int top_k, int64_t hidden,
@@ -340,6 +346,12 @@ __global__ void __launch_bounds__(kSplitThreads)
       if (shared != nullptr) acc[e] = fmaf(gate, ToFloat(sh[e]), acc[e]);
       res[e] = FromFloat<T>(acc[e]);
     }
+    if constexpr (kAddTo) {
+      const uint4 rv = *reinterpret_cast<const uint4*>(out + t * hidden + h0);
+      const T* r = reinterpret_cast<const T*>(&rv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) res[e] = FromFloat<T>(ToFloat(r[e]) + ToFloat(res[e]));
+    }
     *reinterpret_cast<uint4*>(out + t * hidden + h0) = *reinterpret_cast<const uint4*>(res);
   } else {
     for (int j = 0; j < top_k; ++j) {
@@ -347,7 +359,12 @@ __global__ void __launch_bounds__(kSplitThreads)
           fmaf(wt[j], ToFloat(expert_out[static_cast<int64_t>(rows[j]) * hidden + h0]), acc[0]);
     }
     if (shared != nullptr) acc[0] = fmaf(gate, ToFloat(shared[t * hidden + h0]), acc[0]);
-    out[t * hidden + h0] = FromFloat<T>(acc[0]);
+    if constexpr (kAddTo) {
+      out[t * hidden + h0] =
+          FromFloat<T>(ToFloat(out[t * hidden + h0]) + ToFloat(FromFloat<T>(acc[0])));
+    } else {
+      out[t * hidden + h0] = FromFloat<T>(acc[0]);
+    }
   }
 }
 
@@ -472,6 +489,43 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status MoeCombineAddTo(const T* expert_out, const float* weights, const int32_t* row_of_pair,
+                             int64_t num_tokens, int64_t top_k, int64_t hidden, const T* shared,
+                             const T* shared_gate, const T* x, T* residual, bool split,
+                             cudaStream_t stream, bool programmatic_launch) {
+  const auto lo = [](const T* p) { return reinterpret_cast<uintptr_t>(p); };
+  const uintptr_t bytes =
+      static_cast<uintptr_t>(std::max<int64_t>(num_tokens * hidden, 0)) * sizeof(T);
+  const bool overlap = x != nullptr && lo(x) < lo(residual) + bytes && lo(residual) < lo(x) + bytes;
+  if (num_tokens < 0 || top_k < 1 || hidden < 1 || residual == nullptr || overlap ||
+      (shared_gate != nullptr && x == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeCombineAddTo: tokens ", num_tokens, ", top_k ", top_k, ", hidden ", hidden,
+                     " (a residual not overlapping x needed; a shared gate needs x)"));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (!split || num_tokens > 65535) {  // MoeCombine, or MoeCombineSplit's fallback to it
+    CombineKernel<T, true><<<static_cast<unsigned>(num_tokens), kCombineThreads, 0, stream>>>(
+        expert_out, weights, row_of_pair, static_cast<int>(top_k), hidden, shared, shared_gate, x,
+        residual);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  const bool vec = hidden % 8 == 0 && lo(expert_out) % 16 == 0 && lo(residual) % 16 == 0 &&
+                   (shared == nullptr || lo(shared) % 16 == 0);
+  const int v = vec ? 8 : 1;
+  const dim3 grid(static_cast<unsigned>((hidden + int64_t{kSplitThreads} * v - 1) /
+                                        (int64_t{kSplitThreads} * v)),
+                  static_cast<unsigned>(num_tokens));
+  const auto kernel = vec ? CombineSplitKernel<T, 8, true> : CombineSplitKernel<T, 1, true>;
+  const internal::PdlLaunchConfig config(grid, dim3(kSplitThreads), stream, programmatic_launch);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, expert_out, weights, row_of_pair,
+                                          static_cast<int>(top_k), hidden, shared, shared_gate, x,
+                                          residual));
+  return absl::OkStatus();
+}
+
 #define TANDEM_MOE_CUDA_INSTANTIATE(T)                                                            \
   template absl::Status MoeGatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*,          \
                                          cudaStream_t);                                           \
@@ -489,7 +543,10 @@ absl::Status MoeCombineSplit(const T* expert_out, const float* weights, const in
                                       int64_t, const T*, const T*, const T*, T*, cudaStream_t);   \
   template absl::Status MoeCombineSplit<T>(const T*, const float*, const int32_t*, int64_t,       \
                                            int64_t, int64_t, const T*, const T*, const T*, T*,    \
-                                           cudaStream_t, bool);
+                                           cudaStream_t, bool);                                   \
+  template absl::Status MoeCombineAddTo<T>(const T*, const float*, const int32_t*, int64_t,       \
+                                           int64_t, int64_t, const T*, const T*, const T*, T*,    \
+                                           bool, cudaStream_t, bool);
 TANDEM_MOE_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_MOE_CUDA_INSTANTIATE(__half)
 #undef TANDEM_MOE_CUDA_INSTANTIATE
