@@ -8,7 +8,9 @@
 //  * device-generated dummy weights run end to end; bad configs fail cleanly;
 //  * async scheduling gives the synchronous engine's tokens;
 //  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
-//    FP8 path.
+//    FP8 path;
+//  * a Qwen3-MoE's folded batch-1 steps (fold_moe) and its q/k norms inside the RoPE kernel
+//    (qk_norm_rope) give the unfolded / separate kernels' tokens and logits bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -285,10 +287,9 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
 // every decode step is batch 1 (graphs), with a MidBackend whose option `set` turns on and off;
 // tokens and last-prompt logits compared by ExpectSameOutputs. Returns (on, off) stats.
 std::pair<ExecutorStats, ExecutorStats> ExpectBatch1OptionKeepsOutputs(
-    void (*set)(CudaBackendConfig&, bool)) {
+    void (*set)(CudaBackendConfig&, bool), const ModelConfig& model = engine_test::MidConfig()) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const ModelConfig model = engine_test::MidConfig();
   auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
   prompts[0].resize(1);
   prompts[1].resize(1);
@@ -322,6 +323,46 @@ TEST(CudaEngineTest, FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
   EXPECT_EQ(fused_stats.folded_rope_steps, fused_stats.folded_norm_steps);
   EXPECT_GT(fused_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.folded_rope_steps, 0);
+}
+
+// A Qwen3-MoE of MidConfig's attention (per-head q/k norms): 3 layers, the middle one dense
+// (mlp_only_layers), 8 experts of width 256, top-2 renormalised.
+ModelConfig MidQwen3MoeConfig() {
+  ModelConfig c = engine_test::MidConfig();
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.num_hidden_layers = 3;
+  c.qk_norm = true;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 256;
+  c.norm_topk_prob = true;
+  c.mlp_only_layers = {1};
+  c.rope_theta = 1e6;
+  return c;
+}
+
+// CudaBackendConfig::fold_moe: a bf16 Qwen3-MoE's folded batch-1 steps (o_proj and the MoE
+// combine adding into the residual stream, one RMSNorm before the experts; its dense layer as
+// fold_norm folds it) give the unfolded layers' tokens and logits bit for bit, the 1-token
+// prompts' folded prefill included.
+TEST(CudaEngineTest, FoldedMoeGivesTheUnfoldedLayersTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const auto [folded_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
+      [](CudaBackendConfig& c, bool on) { c.fold_moe = on; }, MidQwen3MoeConfig());
+  EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
+  EXPECT_GT(folded_stats.graph_steps, 0);
+  EXPECT_EQ(separate_stats.folded_norm_steps, 0);
+}
+
+// CudaBackendConfig::qk_norm_rope: Qwen3's q/k head norms inside the RoPE + KV-write kernel give
+// QkHeadRmsNorm + RopeQkvToCache's tokens and logits bit for bit, on the folded batch-1 steps
+// (a MoE model: fold_moe) and on the unfolded prefills of up to 50 tokens.
+TEST(CudaEngineTest, QkNormInRopeGivesTheSeparateKernelsTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
+      [](CudaBackendConfig& c, bool on) { c.qk_norm_rope = on; }, MidQwen3MoeConfig());
+  EXPECT_GT(fused_stats.folded_norm_steps, 6 * 10);
+  EXPECT_GT(fused_stats.graph_steps, 0);
 }
 
 // CudaBackendConfig::fp8_weight_only_fold: an FP8 model (random weights quantized per channel at

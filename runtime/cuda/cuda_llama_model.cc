@@ -409,6 +409,13 @@ absl::StatusOr<const T*> CudaLlamaModel::AttendFromQkv(const DeviceStep& step,
   const int64_t Tn = step.num_tokens, D = config_.head_dim, Hq = config_.num_attention_heads;
   const int64_t qkv_dim = (Hq + 2 * config_.num_key_value_heads) * D;
   T* qkv = Ptr<T>(qkv_);
+  if (config_.qk_norm && options_.qk_norm_rope) {  // Qwen3: the head norms in the RoPE kernel
+    RETURN_IF_ERROR(kc::QkNormRopeQkvToCache<T>(
+        qkv, qkv_dim, step.positions, step.slot_mapping, Tn, inv_freq_.get<float>(), Hq,
+        Ptr<T>(layers_[l].q_norm), Ptr<T>(layers_[l].k_norm),
+        static_cast<float>(config_.rms_norm_eps), Ptr<T>(q_), cache, l, stream));
+    return Attention<T>(step, cache, l, plan, attn_workspace, stream);
+  }
   if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
     RETURN_IF_ERROR(kc::QkHeadRmsNorm<T>(qkv, qkv_dim, Tn, Hq, config_.num_key_value_heads, D,
                                          Ptr<T>(layers_[l].q_norm), Ptr<T>(layers_[l].k_norm),
@@ -429,22 +436,34 @@ template absl::StatusOr<const __half*> CudaLlamaModel::AttendFromQkv<__half>(
     cudaStream_t);
 
 bool CudaLlamaModel::FoldsNorms(int64_t Tn) const {
-  if (!options_.fold_norm || comm() != nullptr || options_.moe_comm != nullptr || config_.IsMoe() ||
-      layers_.empty()) {
+  if (!options_.fold_norm || comm() != nullptr || options_.moe_comm != nullptr || layers_.empty()) {
+    return false;
+  }
+  // MoE models (FoldedLayer's MoE layers): bf16, one GPU, no FP8, no expert placement.
+  if (config_.IsMoe() &&
+      (!options_.fold_moe || options_.dtype != ActDtype::kBf16 || fp8_ != nullptr ||
+       moe_ == nullptr || config_.expert_placement != nullptr)) {
     return false;
   }
   if (fp8_ != nullptr) return FoldsFp8(Tn);
   const int64_t H = config_.hidden_size, I = config_.intermediate_size, D = config_.head_dim;
   const int64_t q_dim = config_.num_attention_heads * D;
   const int64_t qkv_dim = q_dim + 2 * config_.num_key_value_heads * D;
-  const Layer& w = layers_[0];  // every layer's buffers are allocated alike
-  return UseGemv(residual_.data(), w.qkv_proj.data(), Tn, qkv_dim, H) &&
-         kc::SmallMLinearNormInSupported(residual_.data(), w.input_layernorm.data(),
-                                         w.qkv_proj.data(), Tn, qkv_dim, H) &&
-         kc::SmallMLinearNormInSupported(residual_.data(), w.post_attention_layernorm.data(),
-                                         w.gate_up_proj.data(), Tn, 2 * I, H) &&
-         UseGemv(attn_.data(), w.o_proj.data(), Tn, H, q_dim) &&
-         UseGemv(act_.data(), w.down_proj.data(), Tn, H, I);
+  const Layer& w = layers_[0];  // every layer's attention buffers are allocated alike
+  if (!UseGemv(residual_.data(), w.qkv_proj.data(), Tn, qkv_dim, H) ||
+      !kc::SmallMLinearNormInSupported(residual_.data(), w.input_layernorm.data(),
+                                       w.qkv_proj.data(), Tn, qkv_dim, H) ||
+      !UseGemv(attn_.data(), w.o_proj.data(), Tn, H, q_dim)) {
+    return false;
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (config_.IsMoeLayer(l)) continue;  // a plain RMSNorm and the MoE MLP: any Tn
+    const Layer& d = layers_[l];          // the dense MLPs' buffers are allocated alike
+    return kc::SmallMLinearNormInSupported(residual_.data(), d.post_attention_layernorm.data(),
+                                           d.gate_up_proj.data(), Tn, 2 * I, H) &&
+           UseGemv(act_.data(), d.down_proj.data(), Tn, H, I);
+  }
+  return true;
 }
 
 bool CudaLlamaModel::FoldsRope(int64_t Tn) const {

@@ -104,6 +104,18 @@ struct CudaModelOptions {
   // layer. Off by default: measured 0.9% slower on an H200 (8B batch 1: the pair-per-warp
   // streaming costs the qkv product more than the kernel it removes; runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
+  // Qwen3 (config.qk_norm): the per-head q/k RMSNorm runs inside the RoPE + KV-write kernel
+  // (kernels/attention/cuda/rope_cache_cuda.h: QkNormRopeQkvToCache, bit-identical to
+  // QkHeadRmsNorm + RopeQkvToCache) at every step size: 1 kernel fewer per layer. false: the two
+  // kernels (comparisons).
+  bool qk_norm_rope = true;
+  // With fold_norm, bf16 MoE models (Qwen3-MoE, Mixtral, Qwen2-MoE; not FP8) too: a batch-1 step
+  // on one GPU (no communicator, no moe_comm) runs each MoE layer as qkv (input norm in its
+  // prologue) -> attention -> o_proj (adds into residual_) -> one RMSNorm -> the MoE MLP, whose
+  // combine adds its output into residual_ (CudaMoeMlp::Forward's add_to_out): 1 kernel fewer
+  // per layer than the two fused add + RMSNorm kernels, bit-identical logits. false: MoE models
+  // keep the unfolded layer (comparisons).
+  bool fold_moe = true;
   // With fold_norm, FP8 models too (per-channel / per-tensor e4m3 weights, bf16 activations): a
   // batch-1 step on one GPU multiplies the bf16 activations by the e4m3 weights as they are
   // (W8A16: no activation quantization, whatever the checkpoint's activation scheme; closer to
@@ -188,8 +200,9 @@ class CudaLlamaModel {
                             cudaStream_t stream);
 
   // True when a step of Tn tokens runs its residual adds + RMSNorms inside the layers' GEMVs
-  // (options.fold_norm, no communicator, a dense bf16/fp16 model, every product on the GEMV; an
-  // FP8 model with options.fp8_weight_only_fold at Tn = 1: FoldsFp8).
+  // (options.fold_norm, no communicator, a dense bf16/fp16 model or with options.fold_moe a bf16
+  // MoE model, every dense product on the GEMV; an FP8 dense model with
+  // options.fp8_weight_only_fold at Tn = 1: FoldsFp8).
   bool FoldsNorms(int64_t Tn) const;
   // True when such a step's qkv GEMV also does RoPE + the KV write (options.fold_rope).
   bool FoldsRope(int64_t Tn) const;

@@ -3,7 +3,9 @@
 // per layer qkv (input norm in its prologue) -> RoPE + KV write -> attention -> o_proj (adds
 // into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds
 // into residual_), 2 kernels fewer than the unfused layer, the same bits in residual_ and in
-// every product. FP8 weights: the same layer on the weight-only FP8 GEMVs (FoldedLayerFp8).
+// every product. MoE layers (CudaModelOptions::fold_moe): o_proj (adds into residual_) -> RMSNorm
+// -> the MoE MLP with its combine adding into residual_, 1 kernel fewer. FP8 weights: the same
+// dense layer on the weight-only FP8 GEMVs (FoldedLayerFp8).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +13,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
+#include "kernels/layers/cuda/layers_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
 
 namespace tandem::runtime::cuda {
@@ -67,6 +70,14 @@ absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::Devic
   }
   RETURN_IF_ERROR(kc::SmallMLinearAddTo<T>(o_in, w.o_proj.get<T>(), w.o_bias.get<T>(), Tn, H, q_dim,
                                            residual, stream, pdl));
+  if (config_.IsMoeLayer(l)) {  // FoldsNorms: options.fold_moe, bf16, one GPU
+    // FusedAddRmsNorm's norm of the residual o_proj just updated, then the MoE MLP adding its
+    // output into residual_ as the next FusedAddRmsNorm would (MoeCombineAddTo).
+    T* hidden = hidden_.get<T>();
+    RETURN_IF_ERROR(kc::RmsNorm<T>(residual, w.post_attention_layernorm.get<T>(), Tn, H, eps,
+                                   hidden, stream, pdl));
+    return moe_->Forward<T>(w.moe, hidden, Tn, l, residual, *gemm_, stream, /*add_to_out=*/true);
+  }
   RETURN_IF_ERROR(kc::SmallMLinearNormInSiluMul<T>(
       residual, w.post_attention_layernorm.get<T>(), eps, w.gate_up_proj.get<T>(),
       w.gate_up_bias.get<T>(), Tn, I, H, act_.get<T>(), stream, pdl));

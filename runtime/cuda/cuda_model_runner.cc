@@ -194,6 +194,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.programmatic_launch = config.programmatic_launch;
   options.fold_norm = config.fold_norm;
   options.fold_rope = config.fold_rope;
+  options.qk_norm_rope = config.qk_norm_rope;
+  options.fold_moe = config.fold_moe;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;

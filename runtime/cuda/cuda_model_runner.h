@@ -147,6 +147,12 @@ struct CudaBackendConfig {
   // CudaModelOptions::fold_rope: with fold_norm, RoPE + the KV write in the qkv GEMV's epilogue
   // (off: measured slower, runtime/cuda/BENCHMARKS.md).
   bool fold_rope = false;
+  // CudaModelOptions::qk_norm_rope: Qwen3's per-head q/k RMSNorm inside the RoPE + KV-write
+  // kernel (bit-identical to the two kernels).
+  bool qk_norm_rope = true;
+  // CudaModelOptions::fold_moe: with fold_norm, bf16 MoE models' batch-1 steps on one GPU fold
+  // too (o_proj and the MoE combine add into the residual stream; bit-identical logits).
+  bool fold_moe = true;
   // CudaModelOptions::fp8_weight_only_fold: with fold_norm, batch-1 steps of FP8 models on one
   // GPU run W8A16 (bf16 activations, no activation quantization) with the norms folded in.
   bool fp8_weight_only_fold = true;

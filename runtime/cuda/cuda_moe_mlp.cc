@@ -458,8 +458,12 @@ absl::Status CudaMoeMlp::SharedExpert(const CudaMoeWeights& w, const T* x, int64
 
 template <typename T>
 absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn, int64_t layer,
-                                 T* out, kc::CublasLtGemm& gemm, cudaStream_t stream) {
-  if (all_to_all_ != nullptr) return ForwardDispatched<T>(w, x, Tn, layer, out, gemm, stream);
+                                 T* out, kc::CublasLtGemm& gemm, cudaStream_t stream,
+                                 bool add_to_out) {
+  if (all_to_all_ != nullptr) {
+    if (add_to_out) return absl::UnimplementedError("moe add_to_out under the all-to-all");
+    return ForwardDispatched<T>(w, x, Tn, layer, out, gemm, stream);
+  }
   const int64_t E = config_.num_experts, k = config_.num_experts_per_tok, H = config_.hidden_size;
   if (Tn < 1 || Tn > max_tokens_ || layer < 0 || layer >= config_.num_hidden_layers ||
       w.router.bytes() != E * H * 2 || (w.experts_down.empty() && w.fp8 == nullptr)) {
@@ -497,6 +501,10 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   if (shared) RETURN_IF_ERROR(SharedExpert<T>(w, x, Tn, gemm, stream));
   const T* shared_out = shared ? shared_out_.get<T>() : nullptr;
   const T* gate = w.shared_expert_gate.empty() ? nullptr : w.shared_expert_gate.get<T>();
+  if (add_to_out) {  // out is the residual stream: out += the combine (as FusedAddRmsNorm adds)
+    return kc::MoeCombineAddTo<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
+                                  shared_out, gate, x, out, kernels_.split_combine, stream, pdl);
+  }
   if (kernels_.split_combine) {
     return kc::MoeCombineSplit<T>(expert_out_.get<T>(), weights_.get<float>(), row_map, Tn, k, H,
                                   shared_out, gate, x, out, stream, pdl);
@@ -511,7 +519,7 @@ absl::Status CudaMoeMlp::Forward(const CudaMoeWeights& w, const T* x, int64_t Tn
   template absl::Status FillMoeDummy<T>(const DummyTensorFill&, uint64_t, CudaMoeWeights*,        \
                                         DeviceBuffer*, cudaStream_t);                             \
   template absl::Status CudaMoeMlp::Forward<T>(const CudaMoeWeights&, const T*, int64_t, int64_t, \
-                                               T*, kc::CublasLtGemm&, cudaStream_t);              \
+                                               T*, kc::CublasLtGemm&, cudaStream_t, bool);        \
   /* for ForwardDispatched (cuda_moe_mlp_dispatch.cc) */                                          \
   template absl::Status CudaMoeMlp::Experts<T>(const CudaMoeWeights&, const T*, int64_t,          \
                                                const int32_t**, cudaStream_t);                    \

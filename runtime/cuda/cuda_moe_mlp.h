@@ -151,9 +151,13 @@ class CudaMoeMlp {
   // out[T, H] = the layer's MoE MLP of x[T, H] (normalized hidden states) from this rank's
   // slices; out may alias x. `layer` indexes the load counters. Enqueues on `stream`; the host
   // waits (once) only on the prefill path, never while `stream` is capturing.
+  // add_to_out: out is a residual stream (not overlapping x) and gets out = round(out + the MLP's
+  // rounded output) (kernels::cuda::MoeCombineAddTo: bit-identical to the MLP into a buffer
+  // followed by FusedAddRmsNorm's residual update); UNIMPLEMENTED under UseAllToAll.
   template <typename T>
   absl::Status Forward(const CudaMoeWeights& w, const T* x, int64_t num_tokens, int64_t layer,
-                       T* out, kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream);
+                       T* out, kernels::cuda::CublasLtGemm& gemm, cudaStream_t stream,
+                       bool add_to_out = false);
 
   // Tokens routed to each expert of each layer since creation ([num_hidden_layers][E], global
   // expert ids also under expert parallelism; dense layers stay 0). Copies the device counters back
