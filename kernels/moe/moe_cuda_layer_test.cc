@@ -12,12 +12,10 @@
 //     kernel also more tiles than SMs (persistent CTAs walking several) and a long k.
 //   * MoeCombineSplit equal to MoeCombine bit for bit (no gated shared expert), within the
 //     gate's rounding with one (out aliasing x), odd widths (element loads), top-k 1 to 20.
-//   * MoeCombineAddTo equal to either combine followed by the residual add, bit for bit.
 //   * The decode layer with MoeRouteAndPermute, the PDL-launched GEMVs and split combine, eager
 //     and as a replayed CUDA graph, against FusedMoe.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -510,63 +508,6 @@ TEST(MoeCudaTest, CombineSplitMatchesCombine) {
   CheckCombineSplit<__half>(7, 4, 72, true, true, false, rng);          // gate, no alias
   CheckCombineSplit<__nv_bfloat16>(9, 1, 37, true, false, false, rng);  // element loads
   CheckCombineSplit<__nv_bfloat16>(3, 9, 100, false, false, true, rng);
-}
-
-// MoeCombineAddTo (split and not) against the combine it mirrors (MoeCombineSplit / MoeCombine
-// into a buffer) followed by the residual update on the host, round_T(residual + combined):
-// bit for bit, the gated shared expert included; x untouched.
-template <typename T>
-void CheckCombineAddTo(int64_t tokens, int64_t k, int64_t H, bool shared, bool gated,
-                       std::mt19937& rng) {
-  SCOPED_TRACE(::testing::Message() << "add-to T " << tokens << " k " << k << " H " << H
-                                    << " shared " << shared << " gated " << gated);
-  const int64_t rows = tokens * k + 3;
-  DeviceBuffer<T> eout(cuda_test::Convert<T>(Normal(rows * H, 1.0f, rng)));
-  DeviceBuffer<float> weights(Normal(tokens * k, 0.5f, rng));
-  std::vector<int32_t> row_map(tokens * k);
-  for (int32_t& r : row_map) {
-    r = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(rows - 1))(rng);
-  }
-  DeviceBuffer<int32_t> drows(row_map);
-  const std::vector<T> x = cuda_test::Convert<T>(Normal(tokens * H, 1.0f, rng));
-  const std::vector<T> residual = cuda_test::Convert<T>(Normal(tokens * H, 4.0f, rng));
-  DeviceBuffer<T> dshared(cuda_test::Convert<T>(Normal(tokens * H, 1.0f, rng)));
-  DeviceBuffer<T> dgate(cuda_test::Convert<T>(Normal(H, 0.1f, rng)));
-  const T* sh = shared ? dshared.get() : nullptr;
-  const T* g = gated ? dgate.get() : nullptr;
-  for (bool split : {false, true}) {
-    DeviceBuffer<T> dx(x), out(tokens * H), dres(residual);
-    const auto combine = split ? SplitCombine<T> : MoeCombine<T>;
-    ASSERT_TRUE(combine(eout.get(), weights.get(), drows.get(), tokens, k, H, sh, g, dx.get(),
-                        out.get(), nullptr)
-                    .ok());
-    ASSERT_TRUE(MoeCombineAddTo<T>(eout.get(), weights.get(), drows.get(), tokens, k, H, sh, g,
-                                   dx.get(), dres.get(), split, nullptr, false)
-                    .ok());
-    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<T> combined = out.ToHost(), got = dres.ToHost();
-    for (int64_t i = 0; i < tokens * H; ++i) {
-      const T want = cuda_test::FromF<T>(cuda_test::ToF(residual[i]) + cuda_test::ToF(combined[i]));
-      ASSERT_EQ(cuda_test::ToF(got[i]), cuda_test::ToF(want))
-          << "split " << split << " element " << i;
-    }
-    const std::vector<T> x_after = dx.ToHost();
-    ASSERT_EQ(std::memcmp(x_after.data(), x.data(), x.size() * sizeof(T)), 0);
-  }
-  DeviceBuffer<T> dx(x);  // x overlapping the residual: refused
-  EXPECT_FALSE(MoeCombineAddTo<T>(eout.get(), weights.get(), drows.get(), tokens, k, H, sh, g,
-                                  dx.get(), dx.get(), true, nullptr, false)
-                   .ok());
-}
-
-TEST(MoeCudaTest, CombineAddToMatchesCombineThenResidualAdd) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(cuda_test::TestSeed());
-  CheckCombineAddTo<__nv_bfloat16>(1, 8, 2048, false, false, rng);  // Qwen3-30B-A3B decode
-  CheckCombineAddTo<__nv_bfloat16>(33, 2, 4096, true, false, rng);
-  CheckCombineAddTo<__half>(5, 20, 520, true, true, rng);  // k > 16, gated shared expert
-  CheckCombineAddTo<__half>(7, 4, 72, true, true, rng);
-  CheckCombineAddTo<__nv_bfloat16>(9, 1, 37, true, false, rng);  // element loads
 }
 
 // The decode layer as CudaMoeMlp runs it with fused_route and pdl (TANDEM_MOE_KERNELS): one
