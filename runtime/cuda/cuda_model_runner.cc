@@ -443,9 +443,9 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.kv_dtype = cache_.dtype;
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
+  in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
-  in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
 }
 
 bool CudaModelRunner::GreedyOnly(const SchedulerOutput& batch, int64_t num_logit_rows) const {

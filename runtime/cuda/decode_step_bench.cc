@@ -134,11 +134,11 @@ int Main(int argc, char** argv) {
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
   bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
+  bool attention_pdl = CudaBackendConfig().decode_attention_pdl;
   bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
   bool fp8_w8a16 = CudaBackendConfig().fp8_weight_only_fold;
   bool qk_norm_rope = CudaBackendConfig().qk_norm_rope, fold_moe = CudaBackendConfig().fold_moe;
   int64_t vocab_greedy_min_rows = 64;
-  bool attention_pdl = CudaBackendConfig().decode_attention_pdl;
   std::string preset;
   std::vector<std::string> quants = {"none"};
   std::vector<int> async_modes = {0};
@@ -160,13 +160,13 @@ int Main(int argc, char** argv) {
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
+    if (a.rfind("--attention_pdl=", 0) == 0) attention_pdl = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--fold_norm=", 0) == 0) fold_norm = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fold_rope=", 0) == 0) fold_rope = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--fp8_w8a16=", 0) == 0) fp8_w8a16 = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--qk_norm_rope=", 0) == 0) qk_norm_rope = std::atoi(argv[i] + 15) != 0;
     if (a.rfind("--fold_moe=", 0) == 0) fold_moe = std::atoi(argv[i] + 11) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
-    if (a.rfind("--attention_pdl=", 0) == 0) attention_pdl = std::atoi(argv[i] + 16) != 0;
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
     if (a == "--shape=70b") big = true;
@@ -209,6 +209,7 @@ int Main(int argc, char** argv) {
   backend.custom_all_reduce_pdl = ar_pdl;
   backend.vocab_parallel_greedy_min_rows = vocab_greedy_min_rows;
   backend.decode_merge_in_kernel = merge_in_kernel;
+  backend.decode_attention_pdl = attention_pdl;
   backend.fold_norm = fold_norm;
   backend.fold_rope = fold_rope;
   backend.fp8_weight_only_fold = fp8_w8a16;
@@ -217,7 +218,6 @@ int Main(int argc, char** argv) {
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
-  backend.decode_attention_pdl = attention_pdl;
   ModelConfig local = model;
   const int me = rank < 0 ? 0 : rank;
   if (tp > 1) {
