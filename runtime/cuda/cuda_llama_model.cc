@@ -413,7 +413,8 @@ absl::StatusOr<const T*> CudaLlamaModel::AttendFromQkv(const DeviceStep& step,
     RETURN_IF_ERROR(kc::QkNormRopeQkvToCache<T>(
         qkv, qkv_dim, step.positions, step.slot_mapping, Tn, inv_freq_.get<float>(), Hq,
         Ptr<T>(layers_[l].q_norm), Ptr<T>(layers_[l].k_norm),
-        static_cast<float>(config_.rms_norm_eps), Ptr<T>(q_), cache, l, stream));
+        static_cast<float>(config_.rms_norm_eps), Ptr<T>(q_), cache, l, stream,
+        options_.programmatic_launch));
     return Attention<T>(step, cache, l, plan, attn_workspace, stream);
   }
   if (config_.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
@@ -423,7 +424,8 @@ absl::StatusOr<const T*> CudaLlamaModel::AttendFromQkv(const DeviceStep& step,
   }
   // RoPE on q and k, rotated k and v into their pool slots, q dense for attention: one kernel.
   RETURN_IF_ERROR(kc::RopeQkvToCache<T>(qkv, qkv_dim, step.positions, step.slot_mapping, Tn,
-                                        inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l, stream));
+                                        inv_freq_.get<float>(), Hq, Ptr<T>(q_), cache, l, stream,
+                                        options_.programmatic_launch));
   return Attention<T>(step, cache, l, plan, attn_workspace, stream);
 }
 

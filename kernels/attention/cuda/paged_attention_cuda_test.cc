@@ -527,7 +527,7 @@ TEST(PagedAttentionCudaTest, PdlLaunchReadsQAndPoolAfterTheWait) {
   options.num_kv_heads = 8;
   options.head_dim = 128;
   options.block_size = 16;
-  const AttentionParams params;
+  const AttentionParams params{.scale = 0.09f};
   for (const Kv kv : {Kv::kOwn, Kv::kFp8, Kv::kInt8}) {
     for (const bool tc : {true, false}) {
       for (const auto& [splits, merge] :

@@ -28,6 +28,10 @@ __global__ void __launch_bounds__(kThreads)
                          int num_kv_heads, T* __restrict__ q_out, T* __restrict__ pool,
                          int64_t num_slots, int block_size, int64_t layer_tile_offset,
                          int64_t block_stride, int64_t kv_stride) {
+  // PDL (the caller's `pdl`): qkv is the previous kernel's; the paged decode kernel behind this
+  // one may start (it reads q and the pool only after its own wait). No-ops without the attribute.
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
   const int half = head_dim / 2;
   const int vecs_per_head = half / kVec;
   const int heads = num_q_heads + 2 * num_kv_heads;
@@ -82,7 +86,7 @@ template <typename T>
 absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
                             const int64_t* slot_mapping, int64_t num_tokens, const float* inv_freq,
                             int64_t num_q_heads, T* q_out, const DeviceKvCache& cache,
-                            int64_t layer, cudaStream_t stream) {
+                            int64_t layer, cudaStream_t stream, bool pdl) {
   auto invalid = [](const auto&... args) {
     return absl::InvalidArgumentError(absl::StrCat("cuda::RopeQkvToCache: ", args...));
   };
@@ -104,21 +108,22 @@ absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* pos
   }
   const int64_t work = num_tokens * (num_q_heads + 2 * l.num_kv_heads) * (D / 2 / kVec);
   const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, int64_t{1} << 30);
-  RopeQkvToCacheKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      qkv, qkv_stride, positions, slot_mapping, num_tokens, inv_freq, static_cast<int>(D),
-      static_cast<int>(num_q_heads), static_cast<int>(l.num_kv_heads), q_out,
-      static_cast<T*>(cache.data), l.NumSlots(), static_cast<int>(l.block_size),
-      l.TileOffset(0, layer, 0), l.BlockElems(), l.TileElems());
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                                         stream, pdl);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(
+      config.get(), RopeQkvToCacheKernel<T>, qkv, qkv_stride, positions, slot_mapping, num_tokens,
+      inv_freq, static_cast<int>(D), static_cast<int>(num_q_heads),
+      static_cast<int>(l.num_kv_heads), q_out, static_cast<T*>(cache.data), l.NumSlots(),
+      static_cast<int>(l.block_size), l.TileOffset(0, layer, 0), l.BlockElems(), l.TileElems()));
   return absl::OkStatus();
 }
 
 template absl::Status RopeQkvToCache<__nv_bfloat16>(const __nv_bfloat16*, int64_t, const int64_t*,
                                                     const int64_t*, int64_t, const float*, int64_t,
                                                     __nv_bfloat16*, const DeviceKvCache&, int64_t,
-                                                    cudaStream_t);
+                                                    cudaStream_t, bool);
 template absl::Status RopeQkvToCache<__half>(const __half*, int64_t, const int64_t*, const int64_t*,
                                              int64_t, const float*, int64_t, __half*,
-                                             const DeviceKvCache&, int64_t, cudaStream_t);
+                                             const DeviceKvCache&, int64_t, cudaStream_t, bool);
 
 }  // namespace tandem::kernels::cuda

@@ -27,21 +27,23 @@ namespace tandem::kernels::cuda {
 // INVALID_ARGUMENT (nothing launched): invalid cache view, layer out of range, another pool
 // dtype, head_dim / 2 not a multiple of 8, qkv_stride smaller than a row or not a multiple of 8,
 // null or unaligned pointers. num_tokens == 0: OK, nothing launched.
+// pdl: launched with programmatic dependent launch (waits for the previous kernel before reading
+// qkv, then lets the next kernel, e.g. a PDL-launched paged decode, start).
 template <typename T>
 absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
                             const int64_t* slot_mapping, int64_t num_tokens, const float* inv_freq,
                             int64_t num_q_heads, T* q_out, const DeviceKvCache& cache,
-                            int64_t layer, cudaStream_t stream);
+                            int64_t layer, cudaStream_t stream, bool pdl = false);
 
 extern template absl::Status RopeQkvToCache<__nv_bfloat16>(const __nv_bfloat16*, int64_t,
                                                            const int64_t*, const int64_t*, int64_t,
                                                            const float*, int64_t, __nv_bfloat16*,
                                                            const DeviceKvCache&, int64_t,
-                                                           cudaStream_t);
+                                                           cudaStream_t, bool);
 extern template absl::Status RopeQkvToCache<__half>(const __half*, int64_t, const int64_t*,
                                                     const int64_t*, int64_t, const float*, int64_t,
                                                     __half*, const DeviceKvCache&, int64_t,
-                                                    cudaStream_t);
+                                                    cudaStream_t, bool);
 
 // Qwen3's per-head q/k RMSNorm (q_norm / k_norm) fused in: each q and k head of the row is first
 // normalised exactly as QkHeadRmsNorm (kernels/layers/cuda/head_norm_cuda.h) does in place
@@ -55,17 +57,17 @@ absl::Status QkNormRopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_
                                   const int64_t* slot_mapping, int64_t num_tokens,
                                   const float* inv_freq, int64_t num_q_heads, const T* q_norm,
                                   const T* k_norm, float eps, T* q_out, const DeviceKvCache& cache,
-                                  int64_t layer, cudaStream_t stream);
+                                  int64_t layer, cudaStream_t stream, bool pdl = false);
 
 extern template absl::Status QkNormRopeQkvToCache<__nv_bfloat16>(
     const __nv_bfloat16*, int64_t, const int64_t*, const int64_t*, int64_t, const float*, int64_t,
     const __nv_bfloat16*, const __nv_bfloat16*, float, __nv_bfloat16*, const DeviceKvCache&,
-    int64_t, cudaStream_t);
+    int64_t, cudaStream_t, bool);
 extern template absl::Status QkNormRopeQkvToCache<__half>(const __half*, int64_t, const int64_t*,
                                                           const int64_t*, int64_t, const float*,
                                                           int64_t, const __half*, const __half*,
                                                           float, __half*, const DeviceKvCache&,
-                                                          int64_t, cudaStream_t);
+                                                          int64_t, cudaStream_t, bool);
 
 }  // namespace tandem::kernels::cuda
 

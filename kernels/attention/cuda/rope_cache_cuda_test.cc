@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/cuda/reshape_and_cache_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/pdl_test_util.h"
 #include "kernels/layers/cuda/head_norm_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
 #include "kernels/layers/norm.h"
@@ -25,10 +26,14 @@ namespace {
 using cuda_test::DeviceBuffer;
 using cuda_test::TestSeed;
 
+// pdl: RopeQkvToCache PDL-launched behind pdl_test::LaunchDelayedWriter, which lets it start at
+// once and writes qkv (NaN bytes until then) ~1 ms later: the kernel must read qkv only after its
+// griddepcontrol.wait.
 template <typename T>
-void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int64_t d) {
-  SCOPED_TRACE(::testing::Message()
-               << "T=" << num_tokens << " hq=" << hq << " hk=" << hk << " d=" << d);
+void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int64_t d,
+             bool pdl = false) {
+  SCOPED_TRACE(::testing::Message() << "T=" << num_tokens << " hq=" << hq << " hk=" << hk
+                                    << " d=" << d << " pdl=" << pdl);
   KvCacheLayout layout;
   layout.num_blocks = 37;
   layout.num_layers = 3;
@@ -61,9 +66,22 @@ void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int6
   DeviceBuffer<T> q_out(num_tokens * hq * d), q_ref(num_tokens * hq * d);
   DeviceKvCache cache{pool.get(), layout, dtype}, cache_ref{pool_ref.get(), layout, dtype};
 
+  cudaStream_t stream = nullptr;
+  DeviceBuffer<T> qkv_stage(qkv);
+  if (pdl) {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaMemset(d_qkv.get(), 0xff, qkv.size() * sizeof(T)));
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(pdl_test::LaunchDelayedWriter(
+        {d_qkv.get(), qkv_stage.get(), qkv.size() * sizeof(T)}, {}, 2'000'000, stream));
+  }
   ASSERT_TRUE(RopeQkvToCache<T>(d_qkv.get(), stride, d_pos.get(), d_slots.get(), num_tokens,
-                                d_freq.get(), hq, q_out.get(), cache, layer, nullptr)
+                                d_freq.get(), hq, q_out.get(), cache, layer, stream, pdl)
                   .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (stream != nullptr) {
+    TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
   T* r = d_qkv_ref.get();
   ASSERT_TRUE(ApplyRope<T>(d_pos.get(), num_tokens, d_freq.get(), d, r, hq, r + hq * d, hk, nullptr,
                            stride, stride)
@@ -91,6 +109,16 @@ TEST(RopeCacheCudaTest, MatchesUnfusedOpsBitForBit) {
     RunCase<__nv_bfloat16>(rng, tokens, 32, 8, 128);
     RunCase<__half>(rng, tokens, 8, 1, 64);
     RunCase<__half>(rng, tokens, 4, 4, 32);
+  }
+}
+
+// The PDL launch (the decode step's): qkv read only after the wait, the same bits.
+TEST(RopeCacheCudaTest, PdlLaunchReadsQkvAfterTheWait) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t tokens : {1, 300}) {
+    RunCase<__nv_bfloat16>(rng, tokens, 32, 8, 128, /*pdl=*/true);
+    RunCase<__half>(rng, tokens, 8, 1, 64, /*pdl=*/true);
   }
 }
 

@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ alignas(16) unsigned char staged_bytes[kWarps * 32 * kPer * sizeof(T)];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t pair = int64_t{blockIdx.x} * kWarps + warp;
+  internal::WaitForPrecedingGrid();  // PDL: as RopeQkvToCacheKernel
+  internal::AllowDependentLaunch();
   if (pair >= num_pairs) return;
   const int heads = num_q_heads + 2 * num_kv_heads;
   const int64_t t = pair / heads;
@@ -99,7 +101,7 @@ absl::Status QkNormRopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_
                                   const int64_t* slot_mapping, int64_t num_tokens,
                                   const float* inv_freq, int64_t num_q_heads, const T* q_norm,
                                   const T* k_norm, float eps, T* q_out, const DeviceKvCache& cache,
-                                  int64_t layer, cudaStream_t stream) {
+                                  int64_t layer, cudaStream_t stream, bool pdl) {
   auto invalid = [](const auto&... args) {
     return absl::InvalidArgumentError(absl::StrCat("cuda::QkNormRopeQkvToCache: ", args...));
   };
@@ -127,22 +129,24 @@ absl::Status QkNormRopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_
   if (blocks > 0x7fffffff) return invalid(num_tokens, " tokens: too many");
   const auto kernel =
       D <= 128 ? QkNormRopeQkvToCacheKernel<T, 4> : QkNormRopeQkvToCacheKernel<T, 32>;
-  kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-      qkv, qkv_stride, positions, slot_mapping, pairs, inv_freq, static_cast<int>(D),
-      static_cast<int>(num_q_heads), static_cast<int>(l.num_kv_heads), q_norm, k_norm, eps, q_out,
-      static_cast<T*>(cache.data), l.NumSlots(), static_cast<int>(l.block_size),
-      l.TileOffset(0, layer, 0), l.BlockElems(), l.TileElems());
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32),
+                                         stream, pdl);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(
+      config.get(), kernel, qkv, qkv_stride, positions, slot_mapping, pairs, inv_freq,
+      static_cast<int>(D), static_cast<int>(num_q_heads), static_cast<int>(l.num_kv_heads), q_norm,
+      k_norm, eps, q_out, static_cast<T*>(cache.data), l.NumSlots(), static_cast<int>(l.block_size),
+      l.TileOffset(0, layer, 0), l.BlockElems(), l.TileElems()));
   return absl::OkStatus();
 }
 
 template absl::Status QkNormRopeQkvToCache<__nv_bfloat16>(
     const __nv_bfloat16*, int64_t, const int64_t*, const int64_t*, int64_t, const float*, int64_t,
     const __nv_bfloat16*, const __nv_bfloat16*, float, __nv_bfloat16*, const DeviceKvCache&,
-    int64_t, cudaStream_t);
+    int64_t, cudaStream_t, bool);
 template absl::Status QkNormRopeQkvToCache<__half>(const __half*, int64_t, const int64_t*,
                                                    const int64_t*, int64_t, const float*, int64_t,
                                                    const __half*, const __half*, float, __half*,
-                                                   const DeviceKvCache&, int64_t, cudaStream_t);
+                                                   const DeviceKvCache&, int64_t, cudaStream_t,
+                                                   bool);
 
 }  // namespace tandem::kernels::cuda
