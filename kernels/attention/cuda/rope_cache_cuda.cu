@@ -82,6 +82,33 @@ bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
+namespace rope_internal {
+
+absl::Status ValidateRopeQkvShape(const char* name, const DeviceKvCache& cache, KvDtype want,
+                                  int64_t layer, int64_t num_tokens, int64_t num_q_heads,
+                                  int64_t qkv_stride, int64_t max_head_dim) {
+  auto invalid = [name](const auto&... args) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda::", name, ": ", args...));
+  };
+  RETURN_IF_ERROR(ValidateDeviceKvCache(cache, name));
+  const KvCacheLayout& l = cache.layout;
+  if (cache.dtype != want) return invalid("the pool must hold the activations' dtype");
+  if (layer < 0 || layer >= l.num_layers) return invalid("layer ", layer, " out of range");
+  if (num_tokens < 0 || num_q_heads <= 0) return invalid("negative sizes");
+  const int64_t D = l.head_dim;
+  if ((D / 2) % kVec != 0 || (max_head_dim > 0 && D > max_head_dim)) {
+    return invalid("head_dim / 2 must be a multiple of 8",
+                   max_head_dim > 0 ? absl::StrCat(" and head_dim <= ", max_head_dim) : "",
+                   ", got ", D);
+  }
+  if (qkv_stride < (num_q_heads + 2 * l.num_kv_heads) * D || qkv_stride % kVec != 0) {
+    return invalid("qkv_stride ", qkv_stride, " must cover a row and be a multiple of 8");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rope_internal
+
 template <typename T>
 absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* positions,
                             const int64_t* slot_mapping, int64_t num_tokens, const float* inv_freq,
@@ -90,17 +117,12 @@ absl::Status RopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_t* pos
   auto invalid = [](const auto&... args) {
     return absl::InvalidArgumentError(absl::StrCat("cuda::RopeQkvToCache: ", args...));
   };
-  RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "RopeQkvToCache"));
+  constexpr KvDtype kWant = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  RETURN_IF_ERROR(rope_internal::ValidateRopeQkvShape("RopeQkvToCache", cache, kWant, layer,
+                                                      num_tokens, num_q_heads, qkv_stride,
+                                                      /*max_head_dim=*/0));
   const KvCacheLayout& l = cache.layout;
-  const KvDtype want = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
-  if (cache.dtype != want) return invalid("the pool must hold the activations' dtype");
-  if (layer < 0 || layer >= l.num_layers) return invalid("layer ", layer, " out of range");
-  if (num_tokens < 0 || num_q_heads <= 0) return invalid("negative sizes");
   const int64_t D = l.head_dim;
-  if ((D / 2) % kVec != 0) return invalid("head_dim / 2 must be a multiple of 8, got ", D);
-  if (qkv_stride < (num_q_heads + 2 * l.num_kv_heads) * D || qkv_stride % kVec != 0) {
-    return invalid("qkv_stride ", qkv_stride, " must cover a row and be a multiple of 8");
-  }
   if (num_tokens == 0) return absl::OkStatus();
   if (qkv == nullptr || positions == nullptr || slot_mapping == nullptr || inv_freq == nullptr ||
       q_out == nullptr || !Aligned(qkv) || !Aligned(q_out)) {

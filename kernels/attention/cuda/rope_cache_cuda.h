@@ -19,6 +19,15 @@
 
 namespace tandem::kernels::cuda {
 
+namespace rope_internal {
+// The shape checks RopeQkvToCache and QkNormRopeQkvToCache share (INVALID_ARGUMENT naming `name`):
+// the cache view, the pool's dtype == want, the layer, sizes, head_dim / 2 a multiple of 8 (and
+// <= max_head_dim when > 0), qkv_stride covering a row and a multiple of 8.
+absl::Status ValidateRopeQkvShape(const char* name, const DeviceKvCache& cache, KvDtype want,
+                                  int64_t layer, int64_t num_tokens, int64_t num_q_heads,
+                                  int64_t qkv_stride, int64_t max_head_dim);
+}  // namespace rope_internal
+
 // qkv: [num_tokens, qkv_stride] of T, each row q (num_q_heads x head_dim), then k and v
 // (num_kv_heads x head_dim each); positions, slot_mapping: [num_tokens] (device; slot -1 or
 // outside the pool: k/v not written); inv_freq: [head_dim / 2] fp32 (device);

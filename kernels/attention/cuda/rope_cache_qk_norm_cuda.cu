@@ -105,19 +105,12 @@ absl::Status QkNormRopeQkvToCache(const T* qkv, int64_t qkv_stride, const int64_
   auto invalid = [](const auto&... args) {
     return absl::InvalidArgumentError(absl::StrCat("cuda::QkNormRopeQkvToCache: ", args...));
   };
-  RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "QkNormRopeQkvToCache"));
+  constexpr KvDtype kWant = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  RETURN_IF_ERROR(rope_internal::ValidateRopeQkvShape("QkNormRopeQkvToCache", cache, kWant, layer,
+                                                      num_tokens, num_q_heads, qkv_stride,
+                                                      kMaxHeadDim));
   const KvCacheLayout& l = cache.layout;
-  const KvDtype want = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
-  if (cache.dtype != want) return invalid("the pool must hold the activations' dtype");
-  if (layer < 0 || layer >= l.num_layers) return invalid("layer ", layer, " out of range");
-  if (num_tokens < 0 || num_q_heads <= 0) return invalid("negative sizes");
   const int64_t D = l.head_dim;
-  if ((D / 2) % 8 != 0 || D > kMaxHeadDim) {
-    return invalid("head_dim / 2 must be a multiple of 8 and head_dim <= 1024, got ", D);
-  }
-  if (qkv_stride < (num_q_heads + 2 * l.num_kv_heads) * D || qkv_stride % 8 != 0) {
-    return invalid("qkv_stride ", qkv_stride, " must cover a row and be a multiple of 8");
-  }
   if (num_tokens == 0) return absl::OkStatus();
   if (qkv == nullptr || positions == nullptr || slot_mapping == nullptr || inv_freq == nullptr ||
       q_out == nullptr || q_norm == nullptr || k_norm == nullptr || !Aligned16(qkv) ||
