@@ -156,6 +156,25 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
                             const int64_t* slot_mapping, int64_t num_tokens, const MlaDims& dims,
                             const DeviceKvCache& cache, int64_t layer, cudaStream_t stream);
 
+// MlaWriteLatent with the kv_a_layernorm of the c_kv rows fused in: row t = [RmsNorm(c_kv[t, 0..L))
+// | k_pe[t, 0..Dr)] at slot slot_mapping[t] (-1: skipped), the norm bit-identical to
+// kernels/layers/cuda's RmsNorm(c_kv, norm_weight, L, eps) (fp32, its reduction order, rounded
+// once to T) followed by MlaWriteLatent; one kernel instead of two. c_kv rows c_kv_stride elements
+// apart (a multiple of 8), c_kv and norm_weight 16-byte aligned. 16-bit pools only (an FP8 pool:
+// RmsNorm then MlaWriteLatentFp8). INVALID_ARGUMENT as MlaWriteLatent, and unless
+// MlaWriteLatentNormedSupported(dims).
+inline constexpr int64_t kMlaWriteNormMaxLora = 2048;  // RmsNorm's one-vector-per-thread rows
+inline bool MlaWriteLatentNormedSupported(const MlaDims& dims) {
+  return dims.kv_lora_rank > 0 && dims.kv_lora_rank % 8 == 0 &&
+         dims.kv_lora_rank <= kMlaWriteNormMaxLora;
+}
+template <typename T>
+absl::Status MlaWriteLatentNormed(const T* c_kv, int64_t c_kv_stride, const T* norm_weight,
+                                  float eps, const T* k_pe, int64_t k_pe_stride,
+                                  const int64_t* slot_mapping, int64_t num_tokens,
+                                  const MlaDims& dims, const DeviceKvCache& cache, int64_t layer,
+                                  cudaStream_t stream);
+
 // MlaWriteLatent into an FP8 latent pool (mla_fp8_latent.h's format: `cache` of dtype kFp8E4m3
 // holding e4m3 codes, cache.token_scales one fp32 scale per (token, layer) row at [e / D]; or,
 // with cache.latent_block_bytes > 0, each block its codes then its scales, one range);
@@ -257,6 +276,9 @@ absl::Status MlaUnabsorbedAttention(cublasHandle_t cublas, const T* q, const T* 
   extern template absl::Status MlaWriteLatentFp8<T>(const T*, int64_t, const T*, int64_t,          \
                                                     const int64_t*, int64_t, const MlaDims&,       \
                                                     const DeviceKvCache&, int64_t, cudaStream_t);  \
+  extern template absl::Status MlaWriteLatentNormed<T>(                                            \
+      const T*, int64_t, const T*, float, const T*, int64_t, const int64_t*, int64_t,              \
+      const MlaDims&, const DeviceKvCache&, int64_t, cudaStream_t);                                \
   extern template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float,   \
                                           bool, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
   extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \
