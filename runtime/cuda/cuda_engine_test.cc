@@ -10,7 +10,10 @@
 //  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
 //    FP8 path;
 //  * a Qwen3-MoE's folded batch-1 steps (fold_moe) and its q/k norms inside the RoPE kernel
-//    (qk_norm_rope) give the unfolded / separate kernels' tokens and logits bit for bit.
+//    (qk_norm_rope) give the unfolded / separate kernels' tokens and logits bit for bit;
+//  * DeepSeek MLA models with kv_a_layernorm inside the latent write (mla_norm_in_write) and
+//    their folded batch-1 steps (mla_fold_norm) give the separate kernels' tokens and logits bit
+//    for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -363,6 +366,65 @@ TEST(CudaEngineTest, QkNormInRopeGivesTheSeparateKernelsTokensAndLogits) {
       [](CudaBackendConfig& c, bool on) { c.qk_norm_rope = on; }, MidQwen3MoeConfig());
   EXPECT_GT(fused_stats.folded_norm_steps, 6 * 10);
   EXPECT_GT(fused_stats.graph_steps, 0);
+}
+
+// A DeepSeek-V3 of DeepSeek's latent widths (kv_lora_rank 512, k_pe 64: the tensor-core MLA
+// kernels), q_lora, 3 layers (the first dense, then MoE: 8 routed experts top-2 in 4 groups, one
+// shared expert). q_lora = false: q_proj, as V2-Lite.
+ModelConfig MidMlaConfig(bool q_lora = true) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(
+      std::string(R"({"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 1024,
+      "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "first_k_dense_replace": 1,
+      "q_lora_rank": )") +
+      (q_lora ? "128" : "null") + R"(,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64,
+      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+      "moe_intermediate_size": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+      "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6, "rope_interleave": true,
+      "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2})");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : ModelConfig();
+}
+
+// CudaBackendConfig::mla_norm_in_write: DeepSeek's kv_a_layernorm inside the latent-write kernel
+// (MlaWriteLatentNormed) gives RmsNorm + MlaWriteLatent's tokens and logits bit for bit, on the
+// batch-1 decode steps (graphs) and the prefills of up to 50 tokens: MidMlaConfig, and the
+// tiny-mla preset (kv_lora_rank 32: the plain MLA kernel).
+TEST(CudaEngineTest, MlaNormInLatentWriteGivesTheSeparateKernelsTokensAndLogits) {
+  const ModelConfig mid = MidMlaConfig();  // parsed here, GPU or not
+  absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-mla");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const ModelConfig& model : {mid, *tiny}) {
+    SCOPED_TRACE(::testing::Message() << "kv_lora_rank " << model.kv_lora_rank);
+    const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
+        [](CudaBackendConfig& c, bool on) { c.mla_norm_in_write = on; }, model);
+    EXPECT_GT(fused_stats.graph_steps, 0);
+    EXPECT_GT(separate_stats.graph_steps, 0);
+  }
+}
+
+// CudaBackendConfig::mla_fold_norm: DeepSeek's folded batch-1 steps (the input norm inside
+// q_a_proj's / q_proj's and kv_a_proj_with_mqa's GEMVs, o_proj / down_proj / the MoE combine adding
+// into the residual stream) give the unfolded layers' tokens and logits bit for bit, the 1-token
+// prompts' folded prefill included: MidMlaConfig (q_lora, MoE), the same without q_lora (q_proj,
+// V2-Lite's form) and the tiny-mla preset (dense).
+TEST(CudaEngineTest, MlaFoldedNormGivesTheUnfoldedLayersTokensAndLogits) {
+  const ModelConfig no_q_lora = MidMlaConfig(/*q_lora=*/false);
+  EXPECT_EQ(no_q_lora.q_lora_rank, 0);
+  absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-mla");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const ModelConfig& model : {MidMlaConfig(), no_q_lora, *tiny}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "q_lora_rank " << model.q_lora_rank << " kv_lora_rank " << model.kv_lora_rank);
+    const auto [folded_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
+        [](CudaBackendConfig& c, bool on) { c.mla_fold_norm = on; }, model);
+    EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
+    EXPECT_GT(folded_stats.graph_steps, 0);
+    EXPECT_EQ(separate_stats.folded_norm_steps, 0);
+  }
 }
 
 // CudaBackendConfig::fp8_weight_only_fold: an FP8 model (random weights quantized per channel at

@@ -123,6 +123,17 @@ struct CudaModelOptions {
   // into the GEMVs (kernels/fp8/fp8_w8a16_gemv_cuda.h; FoldedLayerFp8): 5 kernels fewer a layer.
   // Steps of more tokens keep the W8A8 kernels. false: W8A8 at batch 1 too.
   bool fp8_weight_only_fold = true;
+  // DeepSeek-V2/V3 (CudaMlaModel) over a 16-bit latent pool: kv_a_layernorm runs inside the
+  // kernel that writes the latent into the pool (kernels/mla/mla_cuda.h: MlaWriteLatentNormed,
+  // bit-identical to RmsNorm + MlaWriteLatent) at every step size: 1 kernel fewer per layer.
+  // FP8 latent pools keep the two kernels. false: the two kernels (comparisons).
+  bool mla_norm_in_write = true;
+  // DeepSeek-V2/V3 (CudaMlaModel::FoldsNorms): a batch-1 step on one GPU (16-bit weights, no DCP,
+  // MoE models bf16) runs the residual adds + RMSNorms inside the GEMVs as fold_norm does for
+  // Llama (the input norm in q_a_proj's / q_proj's and kv_a_proj_with_mqa's prologue, o_proj /
+  // down_proj / the MoE combine adding into the residual stream): 2 kernels fewer a dense layer,
+  // 1 a MoE layer, bit-identical logits. false: the unfolded layers (comparisons).
+  bool mla_fold_norm = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding

@@ -451,12 +451,16 @@ absl::StatusOr<std::optional<kc::MlaUnabsorbedPlan>> CudaMlaModel::ChooseUnabsor
 
 template <typename T>
 absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvCache& cache,
-                                     int64_t l, const kc::MlaPlan& plan, cudaStream_t stream) {
+                                     int64_t l, const kc::MlaPlan& plan, bool fold,
+                                     cudaStream_t stream) {
   const Layer& w = layers_[l];
   const int64_t Tn = step.num_tokens, Hq = dims_.num_heads, Dqk = dims_.QkHeadDim();
   const int64_t L = dims_.kv_lora_rank, Dr = dims_.qk_rope_head_dim, Dn = dims_.qk_nope_head_dim;
   T* q = Ptr<T>(q_);
-  ASSIGN_OR_RETURN(T* const kpe, ProjectQKv<T>(w, Tn, stream));
+  // kv_a_layernorm inside the latent write (16-bit pools; bit-identical to RmsNorm + the write).
+  const bool norm_in_write = options_.mla_norm_in_write && cache.dtype != kc::KvDtype::kFp8E4m3 &&
+                             kc::MlaWriteLatentNormedSupported(dims_);
+  ASSIGN_OR_RETURN(T* const kpe, ProjectQKv<T>(w, Tn, fold, norm_in_write, stream));
   const float* inv_freq = inv_freq_.get<float>();
   RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
                                  config_.rope_interleave, q, Hq, Dqk, Dn, stream));
@@ -465,6 +469,10 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
   if (cache.dtype == kc::KvDtype::kFp8E4m3) {  // e4m3 codes + one scale per row (mla_cuda.h)
     RETURN_IF_ERROR(kc::MlaWriteLatentFp8<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
                                              dims_, cache, l, stream));
+  } else if (norm_in_write) {
+    RETURN_IF_ERROR(kc::MlaWriteLatentNormed<T>(Ptr<T>(ckv_), L, Ptr<T>(w.kv_a_layernorm),
+                                                kLatentNormEps, kpe, Dr, step.slot_mapping, Tn,
+                                                dims_, cache, l, stream));
   } else {
     RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
                                           dims_, cache, l, stream));
@@ -504,7 +512,12 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
                                                vocab_begin_, vocab_rows_, H, residual, stream));
     RETURN_IF_ERROR(AllReduce(residual, Tn * H, stream));
   }
+  const bool fold = FoldsNorms(Tn);  // then residual_ holds the stream after every layer
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (fold) {
+      RETURN_IF_ERROR(FoldedLayer<T>(step, cache, l, plan, stream));
+      continue;
+    }
     const Layer& w = layers_[l];
     if (l == 0) {
       RETURN_IF_ERROR(
@@ -513,7 +526,7 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
       RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(w.input_layernorm), Tn, H,
                                              eps, stream, pdl));
     }
-    RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, stream));
+    RETURN_IF_ERROR(Attention<T>(step, cache, l, plan, /*fold=*/false, stream));
     const T* attn = dcp_exchange_ != nullptr ? dcp_exchange_->merged<T>() : Ptr<T>(attn_);
     RETURN_IF_ERROR(Project(w.o_fp8, Ptr<T>(w.o_proj), attn, Tn, H,
                             dims_.num_heads / options_.dcp.size * dims_.v_head_dim, hidden,
@@ -539,7 +552,12 @@ absl::Status CudaMlaModel::ForwardT(const DeviceStep& step, const kc::DeviceKvCa
         Project(w.down_fp8, Ptr<T>(w.down_proj), Ptr<T>(act_), Tn, H, I, hidden, stream));
     if (comm() != nullptr) RETURN_IF_ERROR(AllReduce(hidden, Tn * H, stream));
   }
-  RETURN_IF_ERROR(kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
+  if (fold) {  // residual_ is up to date: FusedAddRmsNorm's norm of it
+    RETURN_IF_ERROR(kc::RmsNorm<T>(residual, Ptr<T>(norm_), Tn, H, eps, hidden, stream, pdl));
+  } else {
+    RETURN_IF_ERROR(
+        kc::FusedAddRmsNorm<T>(hidden, residual, Ptr<T>(norm_), Tn, H, eps, stream, pdl));
+  }
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const T* lm_head = Ptr<T>(lm_head_.bytes() == 0 ? embed_tokens_ : lm_head_);

@@ -5,15 +5,17 @@
 // Per layer: (fused add +) RMSNorm -> q (q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj) ->
 // kv_a_proj_with_mqa as two products (c_kv rows, k_pe rows) -> kv_a_layernorm on c_kv -> RoPE
 // on q_pe and k_pe (kernels/mla MlaRope: interleaved or rotate-half, YaRN factor) -> latent
-// write -> absorbed MLA over the paged latent cache (kernels/mla MlaAbsorbedAttention, every
-// q_len: decode, verification and prefill alike) -> o_proj -> fused add + RMSNorm -> dense
-// SwiGLU MLP, or from first_k_dense_replace on DeepSeek's MoE layer (CudaMoeMlp,
+// write (a 16-bit pool with options.mla_norm_in_write: kv_a_layernorm inside the write kernel,
+// MlaWriteLatentNormed, bit-identical) -> absorbed MLA over the paged latent cache (kernels/mla
+// MlaAbsorbedAttention, every q_len: decode, verification and prefill alike) -> o_proj -> fused add
+// + RMSNorm -> dense SwiGLU MLP, or from first_k_dense_replace on DeepSeek's MoE layer (CudaMoeMlp,
 // cuda_moe_mlp.h: V2 group-limited / V3 noaux_tc routing, shared experts). The softmax scale is
 // DeepSeek's (Dn + Dr)^-0.5 times YaRN's mscale^2.
 // A one-token step (batch-1 decode) runs every 16-bit product on the weight-streaming GEMV
 // (dense_linear.h; kv_a_proj_with_mqa as one product, q_a_layernorm inside q_b_proj's GEMV,
 // SiLU*up inside gate_up's; kernels/mla's absorption GEMVs) instead of cuBLAS, whose tiles idle
-// at one row.
+// at one row; on one GPU (options.mla_fold_norm: FoldsNorms, FoldedLayer) with the residual adds
+// + RMSNorms inside the GEMVs as CudaLlamaModel's FoldedLayer (bit-identical).
 //
 // Tensor parallelism (options.comm; config = the rank's LocalModelConfig), as the CPU MlaModel:
 // each rank runs its Hq/N heads (its rows of q_proj / q_b_proj and kv_b_proj, its o_proj
@@ -110,6 +112,11 @@ class CudaMlaModel {
   const float* logits() const { return logits_.get<float>(); }
   const ModelConfig& config() const { return config_; }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // True when a step of Tn tokens runs the folded layer (options.mla_fold_norm; a batch-1 step on
+  // one GPU, 16-bit weights, no DCP, not the MTP block, every product on the GEMV; MoE models
+  // bf16 without expert placement; cuda_mla_model_fold.cc): the input RMSNorm inside the first
+  // products' GEMVs, o_proj / down_proj / the MoE combine adding into residual_; bit-identical.
+  bool FoldsNorms(int64_t Tn) const;
 
  private:
   struct Layer {
@@ -166,15 +173,27 @@ class CudaMlaModel {
   template <typename T>
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                         const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
-  // hidden_ (normed) -> q_ [T, Hq, Dn + Dr] (q_pe not yet rotated), ckv_normed_ [T, L] and the
-  // k_pe rows [T, Dr] it returns: kpe_, or right after the one token's c_kv in ckv_ when
-  // kv_a_proj_with_mqa ran as one GEMV (cuda_mla_model_proj.cc).
+  // hidden_ (normed) -> q_ [T, Hq, Dn + Dr] (q_pe not yet rotated), ckv_normed_ [T, L] (with
+  // norm_in_write: c_kv left un-normed in ckv_ [T, L], for MlaWriteLatentNormed) and the k_pe
+  // rows [T, Dr] it returns: kpe_, or right after the one token's c_kv in ckv_ when
+  // kv_a_proj_with_mqa ran as one GEMV (cuda_mla_model_proj.cc). fold (FoldsNorms): the first
+  // products read residual_ with the input RMSNorm in their prologue (SmallMLinearNormIn).
   template <typename T>
-  absl::StatusOr<T*> ProjectQKv(const Layer& w, int64_t Tn, cudaStream_t stream);
-  // hidden_ (normed) -> attn_ [T, Hq, Dv] for layer l.
+  absl::StatusOr<T*> ProjectQKv(const Layer& w, int64_t Tn, bool fold, bool norm_in_write,
+                                cudaStream_t stream);
+  // hidden_ (normed; fold: residual_ and the input norm in the GEMVs) -> attn_ [T, Hq, Dv].
   template <typename T>
   absl::Status Attention(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
-                         int64_t l, const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
+                         int64_t l, const kernels::cuda::MlaPlan& plan, bool fold,
+                         cudaStream_t stream);
+  // Layer l of a FoldsNorms step (cuda_mla_model_fold.cc): residual_ in, residual_ out.
+  template <typename T>
+  absl::Status FoldedLayer(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
+                           int64_t l, const kernels::cuda::MlaPlan& plan, cudaStream_t stream);
+
+  // transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (as the CPU
+  // MlaModel).
+  static constexpr float kLatentNormEps = 1e-6f;
 
   const ModelConfig config_;
   const CudaModelOptions options_;

@@ -196,6 +196,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.fold_rope = config.fold_rope;
   options.qk_norm_rope = config.qk_norm_rope;
   options.fold_moe = config.fold_moe;
+  options.mla_norm_in_write = config.mla_norm_in_write;
+  options.mla_fold_norm = config.mla_fold_norm;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
@@ -550,7 +552,9 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     ++stats_.eager_steps;
     stats_.split_merge_in_kernel_steps += !plan.use_prefill && plan.decode.merge_in_kernel ? 1 : 0;
   }
-  stats_.folded_norm_steps += model_ != nullptr && model_->FoldsNorms(step.num_tokens) ? 1 : 0;
+  const bool folded = (model_ != nullptr && model_->FoldsNorms(step.num_tokens)) ||
+                      (mla_model_ != nullptr && mla_model_->FoldsNorms(step.num_tokens));
+  stats_.folded_norm_steps += folded ? 1 : 0;
   stats_.folded_rope_steps += model_ != nullptr && model_->FoldsRope(step.num_tokens) ? 1 : 0;
   RETURN_IF_ERROR(EnqueueHiddenCopy(batch, total_tokens));
   RETURN_IF_ERROR(EnqueueRejection(batch, padded > 0));

@@ -156,6 +156,12 @@ struct CudaBackendConfig {
   // CudaModelOptions::fp8_weight_only_fold: with fold_norm, batch-1 steps of FP8 models on one
   // GPU run W8A16 (bf16 activations, no activation quantization) with the norms folded in.
   bool fp8_weight_only_fold = true;
+  // CudaModelOptions::mla_norm_in_write: DeepSeek-V2/V3's kv_a_layernorm inside the latent-write
+  // kernel over a 16-bit latent pool (bit-identical to the two kernels).
+  bool mla_norm_in_write = true;
+  // CudaModelOptions::mla_fold_norm: DeepSeek-V2/V3's batch-1 steps on one GPU with the residual
+  // adds + RMSNorms inside the GEMVs (bit-identical logits).
+  bool mla_fold_norm = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).

@@ -55,7 +55,10 @@
 // (CudaBackendConfig::fold_rope); rows print how many timed steps did. --qk_norm_rope=0: Qwen3's
 // q/k head norms as their own kernel before RoPE (CudaBackendConfig::qk_norm_rope, default: in
 // the RoPE kernel). --fold_moe=0: MoE models' batch-1 steps unfolded (CudaBackendConfig::
-// fold_moe, default: folded with fold_norm). --fp8_w8a16=0: FP8
+// fold_moe, default: folded with fold_norm). --mla_norm_write=0: DeepSeek's kv_a_layernorm as
+// its own kernel before the latent write (CudaBackendConfig::mla_norm_in_write, default: inside
+// the write kernel, 16-bit latent pools). --mla_fold=0: DeepSeek's batch-1 steps unfolded
+// (CudaBackendConfig::mla_fold_norm, default: the norms inside the GEMVs). --fp8_w8a16=0: FP8
 // batch-1 steps keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
 // (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads
 // after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core / fp32 inner loop
@@ -138,6 +141,8 @@ int Main(int argc, char** argv) {
   bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
   bool fp8_w8a16 = CudaBackendConfig().fp8_weight_only_fold;
   bool qk_norm_rope = CudaBackendConfig().qk_norm_rope, fold_moe = CudaBackendConfig().fold_moe;
+  bool mla_norm_write = CudaBackendConfig().mla_norm_in_write;
+  bool mla_fold = CudaBackendConfig().mla_fold_norm;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -166,6 +171,8 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fp8_w8a16=", 0) == 0) fp8_w8a16 = std::atoi(argv[i] + 12) != 0;
     if (a.rfind("--qk_norm_rope=", 0) == 0) qk_norm_rope = std::atoi(argv[i] + 15) != 0;
     if (a.rfind("--fold_moe=", 0) == 0) fold_moe = std::atoi(argv[i] + 11) != 0;
+    if (a.rfind("--mla_norm_write=", 0) == 0) mla_norm_write = std::atoi(argv[i] + 17) != 0;
+    if (a.rfind("--mla_fold=", 0) == 0) mla_fold = std::atoi(argv[i] + 11) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -215,6 +222,8 @@ int Main(int argc, char** argv) {
   backend.fp8_weight_only_fold = fp8_w8a16;
   backend.qk_norm_rope = qk_norm_rope;
   backend.fold_moe = fold_moe;
+  backend.mla_norm_in_write = mla_norm_write;
+  backend.mla_fold_norm = mla_fold;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -340,7 +349,7 @@ int Main(int argc, char** argv) {
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s%s%s%s\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s%s%s%s%s%s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? q.Describe().c_str() : "bf16", (weight_bytes + routed_bytes(1 << 20)) / 1e9,
           create_s, graphs ? "on" : "off", pdl ? "on" : "off",
@@ -348,7 +357,11 @@ int Main(int argc, char** argv) {
           (*engine)->async_scheduling() ? "on" : "off", fold_norm ? "on" : "off",
           fp8 ? (fp8_w8a16 ? ", FP8 batch 1 W8A16" : ", FP8 batch 1 W8A8") : "",
           model.IsMoe() ? (fold_moe ? ", MoE fold on" : ", MoE fold off") : "",
-          model.qk_norm ? (qk_norm_rope ? ", qk-norm in RoPE" : ", qk-norm kernel") : "");
+          model.qk_norm ? (qk_norm_rope ? ", qk-norm in RoPE" : ", qk-norm kernel") : "",
+          model.kv_lora_rank > 0
+              ? (mla_norm_write ? ", kv_a norm in latent write" : ", kv_a norm kernel")
+              : "",
+          model.kv_lora_rank > 0 ? (mla_fold ? ", MLA fold on" : ", MLA fold off") : "");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "
