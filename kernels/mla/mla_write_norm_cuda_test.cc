@@ -151,12 +151,19 @@ TEST(MlaWriteNormCudaTest, FusedNormMatchesRmsNormThenWriteLatentBitForBit) {
 }
 
 TEST(MlaWriteNormCudaTest, RefusesBadArguments) {
-  TANDEM_SKIP_WITHOUT_GPU();
   const MlaDims dims{.num_heads = 4,
                      .qk_nope_head_dim = 16,
                      .qk_rope_head_dim = 64,
                      .kv_lora_rank = 512,
                      .v_head_dim = 16};
+  // The host predicate the model checks (CudaMlaModel::Attention), GPU or not.
+  MlaDims wide = dims, odd = dims;
+  wide.kv_lora_rank = 4096;  // past the one-vector-per-thread row
+  odd.kv_lora_rank = 500;    // not a multiple of 8
+  EXPECT_TRUE(MlaWriteLatentNormedSupported(dims));
+  EXPECT_FALSE(MlaWriteLatentNormedSupported(wide));
+  EXPECT_FALSE(MlaWriteLatentNormedSupported(odd));
+  TANDEM_SKIP_WITHOUT_GPU();
   const KvCacheLayout layout{.num_blocks = 2,
                              .num_layers = 1,
                              .block_size = 16,
@@ -181,10 +188,6 @@ TEST(MlaWriteNormCudaTest, RefusesBadArguments) {
   EXPECT_FALSE(call(dims, 512, x.get(), DeviceKvCache{pool.get(), layout, KvDtype::kFp16}).ok());
   EXPECT_FALSE(call(dims, 512, x.get(), DeviceKvCache{pool.get(), layout, KvDtype::kFp8E4m3}).ok());
   // kv_lora_rank past the one-vector-per-thread row (the pool sized to match).
-  MlaDims wide = dims;
-  wide.kv_lora_rank = 4096;
-  EXPECT_FALSE(MlaWriteLatentNormedSupported(wide));
-  EXPECT_TRUE(MlaWriteLatentNormedSupported(dims));
   KvCacheLayout wide_layout = layout;
   wide_layout.head_dim = 4096 + 64;
   DeviceBuffer<__nv_bfloat16> wide_pool(wide_layout.TotalElems()), wide_x(4096);
