@@ -163,6 +163,16 @@ absl::Status MlaWriteLatent(const T* c_kv, int64_t c_kv_stride, const T* k_pe, i
 // apart (a multiple of 8), c_kv and norm_weight 16-byte aligned. 16-bit pools only (an FP8 pool:
 // RmsNorm then MlaWriteLatentFp8). INVALID_ARGUMENT as MlaWriteLatent, and unless
 // MlaWriteLatentNormedSupported(dims).
+// rope (optional): k_pe is rotated on its way into the pool, bit-identical to MlaRope(positions,
+// num_tokens, inv_freq, Dr, attention_factor, interleave, k_pe, 1, k_pe_stride, 0) before the
+// write (the same fp32 angle, fp64 sincos rounded to fp32, products and rounding); k_pe itself is
+// not modified. positions / inv_freq on the device, as MlaRope's.
+struct MlaLatentRope {
+  const int64_t* positions = nullptr;  // [num_tokens]
+  const float* inv_freq = nullptr;     // [Dr / 2]
+  float attention_factor = 1.0f;
+  bool interleave = false;
+};
 inline constexpr int64_t kMlaWriteNormMaxLora = 2048;  // RmsNorm's one-vector-per-thread rows
 inline bool MlaWriteLatentNormedSupported(const MlaDims& dims) {
   return dims.kv_lora_rank > 0 && dims.kv_lora_rank % 8 == 0 &&
@@ -173,7 +183,7 @@ absl::Status MlaWriteLatentNormed(const T* c_kv, int64_t c_kv_stride, const T* n
                                   float eps, const T* k_pe, int64_t k_pe_stride,
                                   const int64_t* slot_mapping, int64_t num_tokens,
                                   const MlaDims& dims, const DeviceKvCache& cache, int64_t layer,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const MlaLatentRope* rope = nullptr);
 
 // MlaWriteLatent into an FP8 latent pool (mla_fp8_latent.h's format: `cache` of dtype kFp8E4m3
 // holding e4m3 codes, cache.token_scales one fp32 scale per (token, layer) row at [e / D]; or,
@@ -278,7 +288,7 @@ absl::Status MlaUnabsorbedAttention(cublasHandle_t cublas, const T* q, const T* 
                                                     const DeviceKvCache&, int64_t, cudaStream_t);  \
   extern template absl::Status MlaWriteLatentNormed<T>(                                            \
       const T*, int64_t, const T*, float, const T*, int64_t, const int64_t*, int64_t,              \
-      const MlaDims&, const DeviceKvCache&, int64_t, cudaStream_t);                                \
+      const MlaDims&, const DeviceKvCache&, int64_t, cudaStream_t, const MlaLatentRope*);          \
   extern template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float,   \
                                           bool, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
   extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \
