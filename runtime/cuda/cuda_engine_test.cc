@@ -11,7 +11,8 @@
 //    FP8 path;
 //  * a Qwen3-MoE's folded batch-1 steps (fold_moe) and its q/k norms inside the RoPE kernel
 //    (qk_norm_rope) give the unfolded / separate kernels' tokens and logits bit for bit;
-//  * DeepSeek MLA models with kv_a_layernorm inside the latent write (mla_norm_in_write) and
+//  * DeepSeek MLA models with kv_a_layernorm (and k_pe's RoPE) inside the latent write
+//    (mla_norm_in_write, mla_rope_in_write) and
 //    their folded batch-1 steps (mla_fold_norm) give the separate kernels' tokens and logits bit
 //    for bit.
 #include <algorithm>
@@ -387,21 +388,27 @@ ModelConfig MidMlaConfig(bool q_lora = true) {
   return c.ok() ? *c : ModelConfig();
 }
 
-// CudaBackendConfig::mla_norm_in_write: DeepSeek's kv_a_layernorm inside the latent-write kernel
-// (MlaWriteLatentNormed) gives RmsNorm + MlaWriteLatent's tokens and logits bit for bit, on the
-// batch-1 decode steps (graphs) and the prefills of up to 50 tokens: MidMlaConfig, and the
-// tiny-mla preset (kv_lora_rank 32: the plain MLA kernel).
+// CudaBackendConfig::mla_norm_in_write: DeepSeek's kv_a_layernorm (and with mla_rope_in_write
+// k_pe's RoPE) inside the latent-write kernel (MlaWriteLatentNormed) gives RmsNorm (+ MlaRope) +
+// MlaWriteLatent's tokens and logits bit for bit, on the batch-1 decode steps (graphs) and the
+// prefills of up to 50 tokens: MidMlaConfig, and the tiny-mla preset (kv_lora_rank 32: the plain
+// MLA kernel). Then mla_rope_in_write alone (the norm in the write kernel both ways).
 TEST(CudaEngineTest, MlaNormInLatentWriteGivesTheSeparateKernelsTokensAndLogits) {
   const ModelConfig mid = MidMlaConfig();  // parsed here, GPU or not
   absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-mla");
   ASSERT_TRUE(tiny.ok()) << tiny.status();
   TANDEM_SKIP_WITHOUT_GPU();
-  for (const ModelConfig& model : {mid, *tiny}) {
-    SCOPED_TRACE(::testing::Message() << "kv_lora_rank " << model.kv_lora_rank);
-    const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
-        [](CudaBackendConfig& c, bool on) { c.mla_norm_in_write = on; }, model);
-    EXPECT_GT(fused_stats.graph_steps, 0);
-    EXPECT_GT(separate_stats.graph_steps, 0);
+  using Set = void (*)(CudaBackendConfig&, bool);
+  const Set norm = [](CudaBackendConfig& c, bool on) { c.mla_norm_in_write = on; };
+  const Set rope = [](CudaBackendConfig& c, bool on) { c.mla_rope_in_write = on; };
+  for (const Set set : {norm, rope}) {
+    for (const ModelConfig& model : {mid, *tiny}) {
+      SCOPED_TRACE(::testing::Message() << (set == norm ? "norm" : "rope") << " in write, "
+                                        << "kv_lora_rank " << model.kv_lora_rank);
+      const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(set, model);
+      EXPECT_GT(fused_stats.graph_steps, 0);
+      EXPECT_GT(separate_stats.graph_steps, 0);
+    }
   }
 }
 

@@ -128,6 +128,9 @@ struct CudaModelOptions {
   // bit-identical to RmsNorm + MlaWriteLatent) at every step size: 1 kernel fewer per layer.
   // FP8 latent pools keep the two kernels. false: the two kernels (comparisons).
   bool mla_norm_in_write = true;
+  // With mla_norm_in_write: k_pe's RoPE inside the same write kernel too (MlaLatentRope,
+  // bit-identical to MlaRope + the write; q's RoPE stays its own kernel): 1 kernel fewer a layer.
+  bool mla_rope_in_write = true;
   // DeepSeek-V2/V3 (CudaMlaModel::FoldsNorms): a batch-1 step on one GPU (16-bit weights, no DCP,
   // MoE models bf16) runs the residual adds + RMSNorms inside the GEMVs as fold_norm does for
   // Llama (the input norm in q_a_proj's / q_proj's and kv_a_proj_with_mqa's prologue, o_proj /

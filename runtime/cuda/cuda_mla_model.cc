@@ -460,19 +460,27 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
   // kv_a_layernorm inside the latent write (16-bit pools; bit-identical to RmsNorm + the write).
   const bool norm_in_write = options_.mla_norm_in_write && cache.dtype != kc::KvDtype::kFp8E4m3 &&
                              kc::MlaWriteLatentNormedSupported(dims_);
+  // With it, k_pe's RoPE too (mla_rope_in_write: k_pe rotated on its way into the pool).
+  const bool rope_in_write = norm_in_write && options_.mla_rope_in_write;
   ASSIGN_OR_RETURN(T* const kpe, ProjectQKv<T>(w, Tn, fold, norm_in_write, stream));
   const float* inv_freq = inv_freq_.get<float>();
   RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
                                  config_.rope_interleave, q, Hq, Dqk, Dn, stream));
-  RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
-                                 config_.rope_interleave, kpe, 1, Dr, 0, stream));
+  if (!rope_in_write) {
+    RETURN_IF_ERROR(kc::MlaRope<T>(step.positions, Tn, inv_freq, Dr, rope_factor_,
+                                   config_.rope_interleave, kpe, 1, Dr, 0, stream));
+  }
   if (cache.dtype == kc::KvDtype::kFp8E4m3) {  // e4m3 codes + one scale per row (mla_cuda.h)
     RETURN_IF_ERROR(kc::MlaWriteLatentFp8<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
                                              dims_, cache, l, stream));
   } else if (norm_in_write) {
-    RETURN_IF_ERROR(kc::MlaWriteLatentNormed<T>(Ptr<T>(ckv_), L, Ptr<T>(w.kv_a_layernorm),
-                                                kLatentNormEps, kpe, Dr, step.slot_mapping, Tn,
-                                                dims_, cache, l, stream));
+    const kc::MlaLatentRope rope{.positions = step.positions,
+                                 .inv_freq = inv_freq,
+                                 .attention_factor = rope_factor_,
+                                 .interleave = config_.rope_interleave};
+    RETURN_IF_ERROR(kc::MlaWriteLatentNormed<T>(
+        Ptr<T>(ckv_), L, Ptr<T>(w.kv_a_layernorm), kLatentNormEps, kpe, Dr, step.slot_mapping, Tn,
+        dims_, cache, l, stream, rope_in_write ? &rope : nullptr));
   } else {
     RETURN_IF_ERROR(kc::MlaWriteLatent<T>(Ptr<T>(ckv_normed_), L, kpe, Dr, step.slot_mapping, Tn,
                                           dims_, cache, l, stream));

@@ -197,6 +197,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.qk_norm_rope = config.qk_norm_rope;
   options.fold_moe = config.fold_moe;
   options.mla_norm_in_write = config.mla_norm_in_write;
+  options.mla_rope_in_write = config.mla_rope_in_write;
   options.mla_fold_norm = config.mla_fold_norm;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;

@@ -159,6 +159,8 @@ struct CudaBackendConfig {
   // CudaModelOptions::mla_norm_in_write: DeepSeek-V2/V3's kv_a_layernorm inside the latent-write
   // kernel over a 16-bit latent pool (bit-identical to the two kernels).
   bool mla_norm_in_write = true;
+  // CudaModelOptions::mla_rope_in_write: with mla_norm_in_write, k_pe's RoPE in that kernel too.
+  bool mla_rope_in_write = true;
   // CudaModelOptions::mla_fold_norm: DeepSeek-V2/V3's batch-1 steps on one GPU with the residual
   // adds + RMSNorms inside the GEMVs (bit-identical logits).
   bool mla_fold_norm = true;

@@ -57,15 +57,16 @@
 // the RoPE kernel). --fold_moe=0: MoE models' batch-1 steps unfolded (CudaBackendConfig::
 // fold_moe, default: folded with fold_norm). --mla_norm_write=0: DeepSeek's kv_a_layernorm as
 // its own kernel before the latent write (CudaBackendConfig::mla_norm_in_write, default: inside
-// the write kernel, 16-bit latent pools). --mla_fold=0: DeepSeek's batch-1 steps unfolded
-// (CudaBackendConfig::mla_fold_norm, default: the norms inside the GEMVs). --fp8_w8a16=0: FP8
-// batch-1 steps keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
-// (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads
-// after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core / fp32 inner loop
-// everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms (Fp8W16Math::kRing ...),
-// unset: Fp8W16Math::kAuto).
-// Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
-// weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
+// the write kernel, 16-bit latent pools). --mla_rope_write=0: k_pe's RoPE as its own kernel
+// (CudaBackendConfig::mla_rope_in_write, default: in the write kernel too). --mla_fold=0:
+// DeepSeek's batch-1 steps unfolded (CudaBackendConfig::mla_fold_norm, default: the norms inside
+// the GEMVs). --fp8_w8a16=0: FP8 batch-1 steps keep the W8A8 kernels instead of the weight-only
+// GEMVs with the norms folded in (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0:
+// their first weight loads after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their
+// tensor-core / fp32 inner loop everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms
+// (Fp8W16Math::kRing ...), unset: Fp8W16Math::kAuto). Prints per batch (rank 0): mean decode step
+// time, tokens/s, the tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per
+// step) and the step's share of it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -143,6 +144,7 @@ int Main(int argc, char** argv) {
   bool qk_norm_rope = CudaBackendConfig().qk_norm_rope, fold_moe = CudaBackendConfig().fold_moe;
   bool mla_norm_write = CudaBackendConfig().mla_norm_in_write;
   bool mla_fold = CudaBackendConfig().mla_fold_norm;
+  bool mla_rope_write = CudaBackendConfig().mla_rope_in_write;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
   std::vector<std::string> quants = {"none"};
@@ -173,6 +175,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fold_moe=", 0) == 0) fold_moe = std::atoi(argv[i] + 11) != 0;
     if (a.rfind("--mla_norm_write=", 0) == 0) mla_norm_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--mla_fold=", 0) == 0) mla_fold = std::atoi(argv[i] + 11) != 0;
+    if (a.rfind("--mla_rope_write=", 0) == 0) mla_rope_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
     }
@@ -224,6 +227,7 @@ int Main(int argc, char** argv) {
   backend.fold_moe = fold_moe;
   backend.mla_norm_in_write = mla_norm_write;
   backend.mla_fold_norm = mla_fold;
+  backend.mla_rope_in_write = mla_rope_write;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
   std::unique_ptr<comm::GlooProcessGroup> group;
@@ -359,7 +363,9 @@ int Main(int argc, char** argv) {
           model.IsMoe() ? (fold_moe ? ", MoE fold on" : ", MoE fold off") : "",
           model.qk_norm ? (qk_norm_rope ? ", qk-norm in RoPE" : ", qk-norm kernel") : "",
           model.kv_lora_rank > 0
-              ? (mla_norm_write ? ", kv_a norm in latent write" : ", kv_a norm kernel")
+              ? (mla_norm_write ? (mla_rope_write ? ", kv_a norm + k_pe RoPE in latent write"
+                                                  : ", kv_a norm in latent write")
+                                : ", kv_a norm kernel")
               : "",
           model.kv_lora_rank > 0 ? (mla_fold ? ", MLA fold on" : ", MLA fold off") : "");
       if (tp > 1) {
