@@ -7,14 +7,7 @@
 //  * a head_dim 128 GQA model with host random weights agrees with the CPU backend;
 //  * device-generated dummy weights run end to end; bad configs fail cleanly;
 //  * async scheduling gives the synchronous engine's tokens;
-//  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
-//    FP8 path;
-//  * a Qwen3-MoE's folded batch-1 steps (fold_moe) and its q/k norms inside the RoPE kernel
-//    (qk_norm_rope) give the unfolded / separate kernels' tokens and logits bit for bit;
-//  * DeepSeek MLA models with kv_a_layernorm (and k_pe's RoPE) inside the latent write
-//    (mla_norm_in_write, mla_rope_in_write) and
-//    their folded batch-1 steps (mla_fold_norm) give the separate kernels' tokens and logits bit
-//    for bit.
+//  * the batch-1 folds and fused kernels: cuda_engine_fold_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -29,6 +22,7 @@
 #include "comm/tcp_store.h"
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/cuda_engine_test_util.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_test_util.h"
@@ -37,6 +31,16 @@
 
 namespace tandem::runtime::cuda {
 namespace {
+
+using engine_cuda_test::ArgMax;
+using engine_cuda_test::Cosine;
+using engine_cuda_test::ExpectBatch1OptionKeepsOutputs;
+using engine_cuda_test::ExpectSameOutputs;
+using engine_cuda_test::MaxAbs;
+using engine_cuda_test::MidBackend;
+using engine_cuda_test::Output;
+using engine_cuda_test::RandomPrompts;
+using engine_cuda_test::RunPrompts;
 
 std::string FixtureDir(const std::string& variant) {
   const char* root = std::getenv("TANDEM_FIXTURES");
@@ -68,68 +72,6 @@ Golden LoadGolden(const std::string& variant) {
   g.gaps = j["greedy_top2_gaps"].get<std::vector<std::vector<float>>>();
   g.max_new_tokens = j["max_new_tokens"];
   return g;
-}
-
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-};
-
-// Runs every prompt through one engine (all at once when `together`).
-std::vector<Output> RunPrompts(const ModelConfig& model, ModelWeights weights,
-                               const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
-                               const ExecutorFactory* factory, bool together,
-                               ExecutorStats* stats = nullptr) {
-  EngineConfig config;
-  config.kv_cache_bytes = int64_t{64} << 20;
-  config.max_num_batched_tokens = 512;
-  config.max_num_seqs = 64;
-  auto engine = Engine::Create(config, model, std::move(weights), {}, factory);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  std::vector<Output> out(prompts.size());
-  if (!engine.ok()) return out;
-  auto drain = [&] {
-    while ((*engine)->HasUnfinished()) {
-      auto updates = (*engine)->Step();
-      ASSERT_TRUE(updates.ok()) << updates.status();
-      for (RequestUpdate& u : *updates) {
-        Output& o = out[u.request_id];
-        o.tokens.insert(o.tokens.end(), u.new_token_ids.begin(), u.new_token_ids.end());
-        if (!u.last_prompt_logits.empty()) o.logits = std::move(u.last_prompt_logits);
-      }
-    }
-  };
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestSpec spec;
-    spec.prompt = prompts[i];
-    spec.max_tokens = max_new_tokens;
-    spec.ignore_eos = true;
-    spec.capture_last_prompt_logits = true;
-    EXPECT_TRUE((*engine)->AddRequest(static_cast<int64_t>(i), spec).ok());
-    if (!together) drain();
-  }
-  drain();
-  if (stats != nullptr) *stats = (*engine)->executor_stats();
-  return out;
-}
-
-float MaxAbs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-int ArgMax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return -2;
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ab += double{a[i]} * b[i];
-    aa += double{a[i]} * a[i];
-    bb += double{b[i]} * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
 }
 
 struct GoldenCase {
@@ -194,27 +136,6 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.variant);
     });
 
-// TANDEM_TEST_PREFILL=off|mma|wgmma (default wgmma, the backend's default) picks the prefill
-// kernel of the MidConfig tests, to compare variants on a GPU without rebuilding.
-CudaBackendConfig MidBackend() {
-  CudaBackendConfig backend;
-  const char* v = std::getenv("TANDEM_TEST_PREFILL");
-  const std::string mode = v != nullptr ? v : "wgmma";
-  backend.use_prefill_kernel = mode != "off";
-  backend.prefill_allow_wgmma = mode == "wgmma";
-  return backend;
-}
-
-std::vector<std::vector<int32_t>> RandomPrompts(int n, int max_len, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> prompts(n);
-  for (auto& p : prompts) {
-    p.resize(1 + rng() % max_len);
-    for (int32_t& t : p) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-  }
-  return prompts;
-}
-
 TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
@@ -242,28 +163,6 @@ TEST(CudaEngineTest, GraphAndEagerDecodeGiveIdenticalTokens) {
   }
 }
 
-// Runs `prompts` through an engine on `on` and one on `off` (the random weights of `seed` each)
-// and expects every prompt's max_new_tokens tokens and last-prompt logits equal, bit for bit.
-// Returns the two engines' stats.
-std::pair<ExecutorStats, ExecutorStats> ExpectSameOutputs(
-    const ModelConfig& model, uint32_t seed, const CudaBackendConfig& on,
-    const CudaBackendConfig& off, const std::vector<std::vector<int32_t>>& prompts,
-    int max_new_tokens, bool together) {
-  const ExecutorFactory on_factory = CudaExecutorFactory(on);
-  const ExecutorFactory off_factory = CudaExecutorFactory(off);
-  std::pair<ExecutorStats, ExecutorStats> stats;
-  const auto got = RunPrompts(model, RandomModelWeights(model, seed), prompts, max_new_tokens,
-                              &on_factory, together, &stats.first);
-  const auto want = RunPrompts(model, RandomModelWeights(model, seed), prompts, max_new_tokens,
-                               &off_factory, together, &stats.second);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i].tokens.size(), static_cast<size_t>(max_new_tokens)) << "prompt " << i;
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
-    EXPECT_EQ(got[i].logits, want[i].logits) << "prompt " << i;
-  }
-  return stats;
-}
-
 // CudaBackendConfig::decode_merge_in_kernel: the decode kernel merging its own KV splits (in its
 // zeroed workspace, graph replays included) gives the tokens and logits of the PDL merge kernel,
 // bit for bit. The decode kernel serves every step (prompts of up to 600 tokens in chunks too)
@@ -285,246 +184,6 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   EXPECT_GT(in_kernel_stats.split_merge_in_kernel_steps, 0);
   EXPECT_GT(in_kernel_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
-}
-
-// Six random prompts (two of 1 token, so their prefill is a batch-1 step too) one at a time, so
-// every decode step is batch 1 (graphs), with a MidBackend whose option `set` turns on and off;
-// tokens and last-prompt logits compared by ExpectSameOutputs. Returns (on, off) stats.
-std::pair<ExecutorStats, ExecutorStats> ExpectBatch1OptionKeepsOutputs(
-    void (*set)(CudaBackendConfig&, bool), const ModelConfig& model = engine_test::MidConfig()) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  auto prompts = RandomPrompts(6, 50, static_cast<int>(model.vocab_size), seed);
-  prompts[0].resize(1);
-  prompts[1].resize(1);
-  CudaBackendConfig on = MidBackend();
-  on.gemm_autotune = false;
-  CudaBackendConfig off = on;
-  set(on, true);
-  set(off, false);
-  return ExpectSameOutputs(model, seed, on, off, prompts, 12, false);
-}
-
-// CudaBackendConfig::fold_norm: batch-1 steps with the residual adds + RMSNorms inside the GEMVs
-// give the separate kernels' tokens and logits bit for bit, the folded prefills included.
-TEST(CudaEngineTest, FoldedNormGivesTheSeparateKernelsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const auto [folded_stats, separate_stats] =
-      ExpectBatch1OptionKeepsOutputs([](CudaBackendConfig& c, bool on) { c.fold_norm = on; });
-  EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
-  EXPECT_GT(folded_stats.graph_steps, 0);
-  EXPECT_EQ(separate_stats.folded_norm_steps, 0);
-}
-
-// CudaBackendConfig::fold_rope: the folded batch-1 steps with RoPE + the KV write in the qkv
-// GEMV's epilogue give the separate RopeQkvToCache kernel's tokens and logits bit for bit (the
-// same products, the same rotation arithmetic), the 1-token prompts' folded prefill included.
-TEST(CudaEngineTest, FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const auto [fused_stats, separate_stats] =
-      ExpectBatch1OptionKeepsOutputs([](CudaBackendConfig& c, bool on) { c.fold_rope = on; });
-  EXPECT_GT(fused_stats.folded_rope_steps, 6 * 10);  // every decode step, 2 prefills
-  EXPECT_EQ(fused_stats.folded_rope_steps, fused_stats.folded_norm_steps);
-  EXPECT_GT(fused_stats.graph_steps, 0);
-  EXPECT_EQ(separate_stats.folded_rope_steps, 0);
-}
-
-// A Qwen3-MoE of MidConfig's attention (per-head q/k norms): 3 layers, the middle one dense
-// (mlp_only_layers), 8 experts of width 256, top-2 renormalised.
-ModelConfig MidQwen3MoeConfig() {
-  ModelConfig c = engine_test::MidConfig();
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.num_hidden_layers = 3;
-  c.qk_norm = true;
-  c.num_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 256;
-  c.norm_topk_prob = true;
-  c.mlp_only_layers = {1};
-  c.rope_theta = 1e6;
-  return c;
-}
-
-// CudaBackendConfig::fold_moe: a bf16 Qwen3-MoE's folded batch-1 steps (o_proj and the MoE
-// combine adding into the residual stream, one RMSNorm before the experts; its dense layer as
-// fold_norm folds it) give the unfolded layers' tokens and logits bit for bit, the 1-token
-// prompts' folded prefill included.
-TEST(CudaEngineTest, FoldedMoeGivesTheUnfoldedLayersTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const auto [folded_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
-      [](CudaBackendConfig& c, bool on) { c.fold_moe = on; }, MidQwen3MoeConfig());
-  EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
-  EXPECT_GT(folded_stats.graph_steps, 0);
-  EXPECT_EQ(separate_stats.folded_norm_steps, 0);
-}
-
-// CudaBackendConfig::qk_norm_rope: Qwen3's q/k head norms inside the RoPE + KV-write kernel give
-// QkHeadRmsNorm + RopeQkvToCache's tokens and logits bit for bit, on the folded batch-1 steps
-// (a MoE model: fold_moe) and on the unfolded prefills of up to 50 tokens.
-TEST(CudaEngineTest, QkNormInRopeGivesTheSeparateKernelsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
-      [](CudaBackendConfig& c, bool on) { c.qk_norm_rope = on; }, MidQwen3MoeConfig());
-  EXPECT_GT(fused_stats.folded_norm_steps, 6 * 10);
-  EXPECT_GT(fused_stats.graph_steps, 0);
-}
-
-// A DeepSeek-V3 of DeepSeek's latent widths (kv_lora_rank 512, k_pe 64: the tensor-core MLA
-// kernels), q_lora, 3 layers (the first dense, then MoE: 8 routed experts top-2 in 4 groups, one
-// shared expert). q_lora = false: q_proj, as V2-Lite.
-ModelConfig MidMlaConfig(bool q_lora = true) {
-  absl::StatusOr<ModelConfig> c = ParseModelConfig(
-      std::string(R"({"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 1024,
-      "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
-      "num_attention_heads": 4, "num_key_value_heads": 4, "first_k_dense_replace": 1,
-      "q_lora_rank": )") +
-      (q_lora ? "128" : "null") + R"(,
-      "kv_lora_rank": 512, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64,
-      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
-      "moe_intermediate_size": 256, "n_shared_experts": 1, "norm_topk_prob": true,
-      "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6, "rope_interleave": true,
-      "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2})");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *c : ModelConfig();
-}
-
-// CudaBackendConfig::mla_norm_in_write: DeepSeek's kv_a_layernorm (and with mla_rope_in_write
-// k_pe's RoPE) inside the latent-write kernel (MlaWriteLatentNormed) gives RmsNorm (+ MlaRope) +
-// MlaWriteLatent's tokens and logits bit for bit, on the batch-1 decode steps (graphs) and the
-// prefills of up to 50 tokens: MidMlaConfig, and the tiny-mla preset (kv_lora_rank 32: the plain
-// MLA kernel). Then mla_rope_in_write alone (the norm in the write kernel both ways).
-TEST(CudaEngineTest, MlaNormInLatentWriteGivesTheSeparateKernelsTokensAndLogits) {
-  const ModelConfig mid = MidMlaConfig();  // parsed here, GPU or not
-  absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-mla");
-  ASSERT_TRUE(tiny.ok()) << tiny.status();
-  TANDEM_SKIP_WITHOUT_GPU();
-  using Set = void (*)(CudaBackendConfig&, bool);
-  const Set norm = [](CudaBackendConfig& c, bool on) { c.mla_norm_in_write = on; };
-  const Set rope = [](CudaBackendConfig& c, bool on) { c.mla_rope_in_write = on; };
-  for (const Set set : {norm, rope}) {
-    for (const ModelConfig& model : {mid, *tiny}) {
-      SCOPED_TRACE(::testing::Message() << (set == norm ? "norm" : "rope") << " in write, "
-                                        << "kv_lora_rank " << model.kv_lora_rank);
-      const auto [fused_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(set, model);
-      EXPECT_GT(fused_stats.graph_steps, 0);
-      EXPECT_GT(separate_stats.graph_steps, 0);
-    }
-  }
-}
-
-// CudaBackendConfig::mla_fold_norm: DeepSeek's folded batch-1 steps (the input norm inside
-// q_a_proj's / q_proj's and kv_a_proj_with_mqa's GEMVs, o_proj / down_proj / the MoE combine adding
-// into the residual stream) give the unfolded layers' tokens and logits bit for bit, the 1-token
-// prompts' folded prefill included: MidMlaConfig (q_lora, MoE), the same without q_lora (q_proj,
-// V2-Lite's form) and the tiny-mla preset (dense).
-TEST(CudaEngineTest, MlaFoldedNormGivesTheUnfoldedLayersTokensAndLogits) {
-  const ModelConfig no_q_lora = MidMlaConfig(/*q_lora=*/false);
-  EXPECT_EQ(no_q_lora.q_lora_rank, 0);
-  absl::StatusOr<ModelConfig> tiny = PresetConfig("tiny-mla");
-  ASSERT_TRUE(tiny.ok()) << tiny.status();
-  TANDEM_SKIP_WITHOUT_GPU();
-  for (const ModelConfig& model : {MidMlaConfig(), no_q_lora, *tiny}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "q_lora_rank " << model.q_lora_rank << " kv_lora_rank " << model.kv_lora_rank);
-    const auto [folded_stats, separate_stats] = ExpectBatch1OptionKeepsOutputs(
-        [](CudaBackendConfig& c, bool on) { c.mla_fold_norm = on; }, model);
-    EXPECT_GT(folded_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
-    EXPECT_GT(folded_stats.graph_steps, 0);
-    EXPECT_EQ(separate_stats.folded_norm_steps, 0);
-  }
-}
-
-// CudaBackendConfig::fp8_weight_only_fold: an FP8 model (random weights quantized per channel at
-// load) runs its batch-1 steps on the weight-only FP8 GEMVs with the norms folded in. Weight-only
-// FP8 (scheme kNone): the unfolded engine multiplies the same bf16 activations by the same codes
-// (other kernels, another summation order): the folded 1-token prefills' logits agree to fp32
-// rounding. Per-token activations: the unfolded engine quantizes them, the fold does not: the
-// logits differ by that quantization's noise. Longer prompts' prefills are not batch 1: the same
-// bits either way.
-TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  using Scheme = kernels::Fp8ActivationScheme;
-  for (const Scheme act : {Scheme::kNone, Scheme::kDynamicToken}) {
-    SCOPED_TRACE(act == Scheme::kNone ? "weight-only" : "per-token activations");
-    ModelConfig model = engine_test::MidConfig();
-    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
-    model.quantization.block_rows = 1;
-    model.quantization.activation = act;
-    auto prompts = RandomPrompts(4, 60, static_cast<int>(model.vocab_size), seed);
-    prompts[0].resize(1);
-    prompts[1].resize(1);
-    CudaBackendConfig on = MidBackend();
-    on.gemm_autotune = false;
-    CudaBackendConfig off = on;
-    off.fp8_weight_only_fold = false;
-    std::vector<Output> outs[2];
-    ExecutorStats stats[2];
-    for (int i = 0; i < 2; ++i) {
-      ModelWeights w = RandomModelWeights(model, seed);
-      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
-      const ExecutorFactory factory = CudaExecutorFactory(i == 0 ? on : off);
-      outs[i] = RunPrompts(model, std::move(w), prompts, 8, &factory, false, &stats[i]);
-    }
-    EXPECT_GT(stats[0].folded_norm_steps, 4 * 6);  // every decode step, 2 prefills
-    EXPECT_EQ(stats[1].folded_norm_steps, 0);
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      ASSERT_EQ(outs[0][p].tokens.size(), 8u) << "prompt " << p;
-      if (p >= 2) {
-        EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
-        continue;
-      }
-      const float max_abs = MaxAbs(outs[1][p].logits);
-      EXPECT_GE(Cosine(outs[0][p].logits, outs[1][p].logits), act == Scheme::kNone ? 0.9999 : 0.99)
-          << "prompt " << p;
-      for (size_t v = 0; v < outs[1][p].logits.size(); ++v) {
-        ASSERT_NEAR(outs[0][p].logits[v], outs[1][p].logits[v],
-                    (act == Scheme::kNone ? 1e-2 : 0.1) * max_abs)
-            << "prompt " << p << " logit " << v;
-      }
-    }
-  }
-}
-
-// TANDEM_FP8_W16_ROPE (cuda_llama_model_fp8.cc): an FP8 model's weight-only batch-1 steps with
-// RoPE + the KV write in the qkv GEMV's epilogue (Fp8W16GemvNormInRopeKv) give the tokens and
-// logits of the same steps with the separate RopeQkvToCache kernel (=0) bit for bit: the fold's
-// q / k / v are Fp8W16GemvNormIn's products rotated with the same arithmetic. Per-channel and
-// 128 x 128 block weights (per-row / grouped scales), the 1-token prompts' prefills included.
-TEST(CudaEngineTest, Fp8FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  for (const int64_t block : {int64_t{1}, int64_t{128}}) {
-    SCOPED_TRACE(block == 1 ? "per-channel" : "128 x 128 blocks");
-    ModelConfig model = engine_test::MidConfig();
-    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
-    model.quantization.block_rows = block;
-    model.quantization.block_cols = block == 1 ? 0 : block;
-    auto prompts = RandomPrompts(4, 50, static_cast<int>(model.vocab_size), seed);
-    prompts[0].resize(1);
-    prompts[1].resize(1);
-    CudaBackendConfig backend = MidBackend();
-    backend.gemm_autotune = false;
-    const ExecutorFactory factory = CudaExecutorFactory(backend);
-    std::vector<Output> outs[2];
-    ExecutorStats stats[2];
-    for (int i = 0; i < 2; ++i) {  // the fold, then the separate kernel
-      setenv("TANDEM_FP8_W16_ROPE", i == 0 ? "1" : "0", /*overwrite=*/1);
-      ModelWeights w = RandomModelWeights(model, seed);
-      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
-      outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, false, &stats[i]);
-    }
-    unsetenv("TANDEM_FP8_W16_ROPE");
-    EXPECT_GT(stats[0].folded_norm_steps, 4 * 8);  // every decode step, 2 prefills
-    EXPECT_GT(stats[0].graph_steps, 0);
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
-      EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
-      EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
-    }
-  }
 }
 
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group
