@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 35's remaining measurements in one device call on one GPU (nvidia-h200, about 130 s; no
 # job starts or runs past CALL_SECONDS, default 140), jobs one after the other:
-#   tests   gemv_rope_cuda_test, gemv_cuda_test; cuda_engine_test's folded-step tests
+#   tests   gemv_rope_cuda_test, gemv_cuda_test; cuda_engine_fold_test's folded-step tests
 #           (--gtest_filter=*Fold*)
 #   ab_*    decode_step_bench at batch 1, context 1024: the old binary (BUNDLE's bin/old) and the
 #           new one with --fold_rope=1 / 0 (RoPE + KV write in the qkv GEMV or its own kernel),
@@ -58,7 +58,7 @@ if [[ $PARTS == *tests* ]]; then
   job gemv 0 "${GEMV_SECONDS:-20}" "$B/kernels/gemm/cuda/gemv_cuda_test" \
     --gtest_filter="${GEMV_FILTER:-*}"
   TANDEM_FIXTURES=$ROOT/tests/golden/fixtures TANDEM_REQUIRE_GPU=1 \
-    job engine_fold 0 30 "$B/runtime/cuda/cuda_engine_test" --gtest_filter='*Fold*'
+    job engine_fold 0 30 "$B/runtime/cuda/cuda_engine_fold_test" --gtest_filter='*Fold*'
 fi
 for round in 1 2; do
   [[ $PARTS == *ab* ]] || break
