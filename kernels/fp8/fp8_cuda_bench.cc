@@ -5,7 +5,7 @@
 //   * prefill GEMM (Llama-3-8B and -70B, M = 1k / 4k / 16k; --only=gemm): CublasLtFp8Gemm
 //     per-tensor, token x channel and block-scaled (cuBLASLt) vs the bf16 CublasLtGemm, each
 //     with cuBLASLt's first heuristic algorithm and tuned (set_autotune_max_m): TFLOP/s, ratios
-//     (tests/gpu/fp8_gemm_tune_call.sh puts torch._scaled_mm beside them);
+//     (kernels/fp8/fp8_gemm_tune_call.sh puts torch._scaled_mm beside them);
 //   * block-scaled prefill GEMM (Llama-3-8B and DeepSeek-V3 shapes, M = 2k / 8k): CublasLtFp8Gemm
 //     kBlock128 (1x128 activation groups, 128x128 weight blocks) on cuBLASLt and on our wgmma
 //     kernel (staged and direct scales) vs per-tensor FP8 and bf16;
