@@ -41,14 +41,17 @@ for t in "${CORES[@]}"; do
 done
 [[ $rc -eq 0 ]] && echo "check_deps: ${#CORES[@]} core targets have no path to gRPC"
 # The two backends are siblings (issue 36): no library of runtime/cpu/ reaches runtime/cuda/ and
-# none of runtime/cuda/ reaches runtime/cpu/ (tests may use both, e.g. through backend_factory).
+# none of runtime/cuda/ reaches runtime/cpu/ (tests may use both, e.g. through backend_factory;
+# so may their testonly support libraries, e.g. runtime/cuda:cuda_engine_test_util running an
+# Engine).
 SIBLINGS=(
   "//runtime/cpu/..." "//runtime/cuda/..."
   "//runtime/cuda/..." "//runtime/cpu/..."
 )
 for ((i = 0; i < ${#SIBLINGS[@]}; i += 2)); do
   from=${SIBLINGS[i]} to=${SIBLINGS[i + 1]}
-  path=$("$BAZEL" query --noshow_progress "somepath(kind(\"cc_library\", $from), $to)" 2>/dev/null)
+  libs="kind(\"cc_library\", $from) except attr(\"testonly\", 1, $from)"
+  path=$("$BAZEL" query --noshow_progress "somepath($libs, $to)" 2>/dev/null)
   if [[ -n $path ]]; then
     echo "check_deps: $from reaches $to:" >&2
     sed 's/^/  /' <<<"$path" >&2
