@@ -37,7 +37,12 @@
 #             (mtp_cuda_golden.sh's).
 #   spec_mixed  (a checkpoint with an MTP layer only) a mixed worker drafting with it, K = 3:
 #             greedy tokens equal to the mixed worker's without drafts, drafted > 0, accepted
-#             printed.
+#             printed. FP8 weights on CUDA: a one-token step runs the W8A16 GEMV (bf16
+#             activations, kFp8W16GemvMaxM = 1) and the K + 1-token verify pass the W8A8 one
+#             (quantized activations), so they round differently and only the first tokens are
+#             required (the rest printed); then both mixed workers again with
+#             TANDEM_FP8_W16_GEMV=0 (W8A8 everywhere): whole sequences must be equal there
+#             (spec_mixed_w8a8_same_tokens).
 #   mismatch  (a FIX:fp8 entry only) prefill worker on the bf16 weights, decode worker with
 #             --quantization=fp8: their compatibility hashes differ (the model id carries the
 #             weights' quantization), so the router pairs them not ("none compatible") and no KV
@@ -328,6 +333,9 @@ fi
 stop_row
 echo "mixed: $((SECONDS - t_row)) s"
 MTP=()  # an MLA checkpoint's own MTP layer (model.layers.N.eh_proj) drafting, where it has one
+FP8_WEIGHTS=0  # FP8 weights: a checkpoint's quantization_config, or FIX:fp8
+grep -q '"quantization_config"' "$MODEL/config.json" && FP8_WEIGHTS=1
+[[ ${#FIX_FLAGS[@]} -gt 0 ]] && FP8_WEIGHTS=1
 grep -qa "eh_proj.weight" "$MODEL"/*.safetensors && MTP=(--speculative_method=mtp --num_speculative_tokens=3)
 if [[ $ROWS != *" spec_mixed "* ]]; then
   :
@@ -340,11 +348,34 @@ else  # greedy with MTP drafts on a mixed worker: the mixed worker's tokens with
     cp "$DIR/tokens.json" "$LOG/spec_mixed.json"
     "$C" --insecure stats --worker="$(cat "$DIR/mixed.port")" --json >"$DIR/mixed.stats.json"
     check spec_mixed_drafted spec_counted mixed 0
-    check spec_mixed_same_tokens_as_mixed judge same "$LOG/spec_mixed.json" "$LOG/mixed.json"
+    if [[ $FP8_WEIGHTS == 0 || $BACKEND == cpu ]]; then
+      check spec_mixed_same_tokens_as_mixed judge same "$LOG/spec_mixed.json" "$LOG/mixed.json"
+    else  # one-token steps: the W8A16 GEMV; the K + 1-token verify pass: W8A8 (see above)
+      check spec_mixed_first_tokens judge first "$LOG/spec_mixed.json" "$LOG/mixed.json"
+    fi
   else
     fail spec_mixed "$DIR/mixed.log"
   fi
   stop_row
+  if [[ $FP8_WEIGHTS == 1 && $BACKEND != cpu ]]; then  # both on W8A8: the same tokens again
+    export TANDEM_FP8_W16_GEMV=0
+    for tag in w8a8_mixed w8a8_spec_mixed; do
+      flags=()
+      [[ $tag == w8a8_spec_mixed ]] && flags=("${MTP[@]}")
+      # shellcheck disable=SC2046  # dev: one flag or none
+      if row_start "$tag" && worker mixed mixed $(dev 0) ${flags[@]+"${flags[@]}"} && healthy 1 &&
+         gen_all; then
+        cp "$DIR/tokens.json" "$LOG/$tag.json"
+      else
+        fail "$tag" "$DIR/mixed.log"
+      fi
+      stop_row
+    done
+    unset TANDEM_FP8_W16_GEMV
+    if [[ -s $LOG/w8a8_mixed.json && -s $LOG/w8a8_spec_mixed.json ]]; then
+      check spec_mixed_w8a8_same_tokens judge same "$LOG/w8a8_spec_mixed.json" "$LOG/w8a8_mixed.json"
+    fi
+  fi
   echo "spec_mixed: $((SECONDS - t_row)) s"
 fi
 PREFILL_FLAGS=()  # the spec row's prefill worker: the MTP flags (it hands its MTP state over)
