@@ -12,7 +12,8 @@
 // kernels at every Llama-3-8B / 70B projection and TP = 1 / 2 / 4 slice (BenchSweep);
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
-// (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf picks its inner loops, the default all;
+// (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf,deep,splitk,splitk2,splitk4 picks its
+// inner loops, the default all; splitk: S picked per shape, splitk2 / 4: S forced;
 // --w8a16_ref=0 leaves out the bf16 and W8A8 rows); --only=w8a16-grouped: batch 1 at the
 // Qwen3-30B-A3B / DeepSeek-V2-Lite / V3 dense FP8 projections (128 x 128 weight blocks, scales
 // per row and 128 columns), QuantizeActivations (1 x 128) + the W8A8 GEMV as CudaFp8Linear ran
@@ -320,7 +321,9 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
 // --only=w8a16: batch 1 (m = 1) at the Llama-3-8B / 70B TP = 1 projections, every launch with
 // PDL: the W8A8 kernel kAuto picks (codes ready) against the weight-only FP8 GEMV
 // (fp8_w8a16_gemv_cuda.h; "w8a16" its fp32 inner loop, "w8a16-mma" the tensor-core one,
-// "w8a16-ring" / "-ring2" / "-ringhalf" the tensor-core arithmetic fed by the shared-memory ring)
+// "w8a16-ring" / "-ring2" / "-ringhalf" the tensor-core arithmetic fed by the shared-memory ring,
+// "w8a16-deep" 16 loads in flight a lane, "w8a16-splitk" S CTAs a tile splitting k (S picked;
+// "-splitk2" / "-splitk4" forced; the bench owns the workspace))
 // plain, with its first loads before the PDL wait ("-early"), and in the folded form the decode
 // step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next to the bf16 SmallMLinear
 // and its folded form. One line per (shape, variant): us and TB/s.
@@ -332,24 +335,31 @@ struct W8a16Proj {
 };
 
 // Which rows BenchW8a16 prints: the inner loops (name, math) and the bf16 / W8A8 references.
+struct W8a16Math {
+  std::string name;
+  Fp8W16Math math;
+  int splits;  // kTensorCoreSplitK: Fp8W16SplitKWorkspace::splits
+};
 struct W8a16Rows {
-  std::vector<std::pair<std::string, Fp8W16Math>> maths;
+  std::vector<W8a16Math> maths;
   bool references = true;
 };
 
 W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
-  const std::pair<const char*, Fp8W16Math> known[] = {{"fp32", Fp8W16Math::kFp32Fma},
-                                                      {"mma", Fp8W16Math::kTensorCore},
-                                                      {"ring", Fp8W16Math::kRing},
-                                                      {"ring2", Fp8W16Math::kRing2},
-                                                      {"ringhalf", Fp8W16Math::kRingHalf}};
+  const W8a16Math known[] = {{"fp32", Fp8W16Math::kFp32Fma, 0},
+                             {"mma", Fp8W16Math::kTensorCore, 0},
+                             {"ring", Fp8W16Math::kRing, 0},
+                             {"ring2", Fp8W16Math::kRing2, 0},
+                             {"ringhalf", Fp8W16Math::kRingHalf, 0},
+                             {"deep", Fp8W16Math::kTensorCoreDeep, 0},
+                             {"splitk", Fp8W16Math::kTensorCoreSplitK, 0},
+                             {"splitk2", Fp8W16Math::kTensorCoreSplitK, 2},
+                             {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4}};
   W8a16Rows rows;
   rows.references = references;
-  for (const auto& [name, math] : known) {
-    if (maths == "all" ||
-        ("," + maths + ",").find("," + std::string(name) + ",") != std::string::npos) {
-      rows.maths.emplace_back(
-          std::strcmp(name, "fp32") == 0 ? "w8a16" : "w8a16-" + std::string(name), math);
+  for (const W8a16Math& m : known) {
+    if (maths == "all" || ("," + maths + ",").find("," + m.name + ",") != std::string::npos) {
+      rows.maths.push_back({m.name == "fp32" ? "w8a16" : "w8a16-" + m.name, m.math, m.splits});
     }
   }
   return rows;
@@ -407,25 +417,32 @@ void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr,
     row("w8a8-auto", n * k,
         [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
   }
-  for (const auto& [m, math] : rows.maths) {
+  void* split_mem = nullptr;  // kTensorCoreSplitK's workspace, counters zero
+  Check(cudaMalloc(&split_mem, Fp8W16SplitKWorkspaceBytes(n)), "split-k workspace");
+  Check(cudaMemset(split_mem, 0, Fp8W16SplitKWorkspaceBytes(n)), "split-k workspace");
+  for (const auto& [m, math, splits] : rows.maths) {
+    const Fp8W16SplitKWorkspace ws = Fp8W16SplitKWorkspaceAt(split_mem, n, splits);
+    const Fp8W16SplitKWorkspace* sk = &ws;
     for (const bool early : {false, true}) {
       const std::string e = early ? "-early" : "";
       row((m + e).c_str(), n * k, [&](int i) {
-        return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+        return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math, sk);
       });
       row((m + "-folded" + e).c_str(), n * k, [&](int i) {
         if (pr.fold == 0) {
-          return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+          return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early, math,
+                                  sk);
         }
         if (pr.fold == 2) {
           return Fp8W16GemvNormInSiluMul(xv, nw, eps, fp8w(i), nullptr, 1, buf.out, s, true, early,
-                                         math);
+                                         math, sk);
         }
-        return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math);
+        return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, 1, buf.out, s, true, early, math, sk);
       });
     }
   }
   Check(cudaDeviceSynchronize(), "shape");
+  cudaFree(split_mem);
   for (const std::vector<void*>* v : {&w8, &w16, &x, &norm}) {
     for (void* p : *v) cudaFree(p);
   }

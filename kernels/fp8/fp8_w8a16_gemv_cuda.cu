@@ -279,7 +279,8 @@ absl::Status LaunchKernel(bool mma, bool grouped, cudaLaunchConfig_t& config, co
 // grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
 template <typename TOut, int R, Fold kFold>
 absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, TOut* out,
-                    cudaStream_t stream, bool pdl, Fp8W16Math math) {
+                    cudaStream_t stream, bool pdl, Fp8W16Math math,
+                    const Fp8W16SplitKWorkspace* split_k) {
   if (!supported || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
@@ -303,6 +304,17 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
                                         math == Fp8W16Math::kRing2 ? 2 : 1);
     }
     math = Fp8W16Math::kTensorCore;  // the ring does not fit: the same bits from registers
+  }
+  if (math == Fp8W16Math::kTensorCoreDeep) {
+    return LaunchDeep<TOut, R, kFold>(p, out, stream, pdl, grouped);
+  }
+  if (math == Fp8W16Math::kTensorCoreSplitK) {
+    if (split_k != nullptr) {
+      ASSIGN_OR_RETURN(const bool launched,
+                       (LaunchSplitK<TOut, R, kFold>(p, out, stream, pdl, grouped, *split_k)));
+      if (launched) return absl::OkStatus();
+    }
+    math = Fp8W16Math::kTensorCore;  // one split, or no workspace: the whole-k tiles
   }
   const bool mma = math == Fp8W16Math::kTensorCore ||
                    (math == Fp8W16Math::kAuto &&
@@ -351,50 +363,56 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 template <typename TOut>
 absl::Status Fp8W16Gemv(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                         TOut* out, cudaStream_t stream, bool programmatic_launch,
-                        bool early_weight_loads, Fp8W16Math math) {
+                        bool early_weight_loads, Fp8W16Math math,
+                        const Fp8W16SplitKWorkspace* split_k) {
   return Launch<TOut, 1, Fold::kNone>("Fp8W16Gemv", Fp8W16GemvSupported(a, w, m),
                                       Fp8W16GroupedScales(w.grid),
                                       MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), out,
-                                      stream, programmatic_launch, math);
+                                      stream, programmatic_launch, math, split_k);
 }
 
 absl::Status Fp8W16GemvNormIn(const bf16* x, const bf16* norm_weight, float eps,
                               const Fp8DeviceWeight& w, const bf16* bias, int64_t m, bf16* out,
                               cudaStream_t stream, bool programmatic_launch,
-                              bool early_weight_loads, Fp8W16Math math) {
+                              bool early_weight_loads, Fp8W16Math math,
+                              const Fp8W16SplitKWorkspace* split_k) {
   Args p = MakeArgs(x, w, bias, w.grid.rows, early_weight_loads);
   p.norm_weight = norm_weight;
   p.eps = eps;
   return Launch<bf16, 1, Fold::kNormIn>(
       "Fp8W16GemvNormIn", Fp8W16GemvNormInSupported(x, norm_weight, w, m),
-      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math);
+      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math, split_k);
 }
 
 absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, float eps,
                                      const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                                      bf16* out, cudaStream_t stream, bool programmatic_launch,
-                                     bool early_weight_loads, Fp8W16Math math) {
+                                     bool early_weight_loads, Fp8W16Math math,
+                                     const Fp8W16SplitKWorkspace* split_k) {
   Args p = MakeArgs(x, w, bias, w.grid.rows / 2, early_weight_loads);
   p.norm_weight = norm_weight;
   p.eps = eps;
   return Launch<bf16, 2, Fold::kNormIn>(
       "Fp8W16GemvNormInSiluMul",
       w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m),
-      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math);
+      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math, split_k);
 }
 
 absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
                              bf16* residual, cudaStream_t stream, bool programmatic_launch,
-                             bool early_weight_loads, Fp8W16Math math) {
+                             bool early_weight_loads, Fp8W16Math math,
+                             const Fp8W16SplitKWorkspace* split_k) {
   return Launch<bf16, 1, Fold::kAddOut>("Fp8W16GemvAddTo", Fp8W16GemvSupported(a, w, m),
                                         Fp8W16GroupedScales(w.grid),
                                         MakeArgs(a, w, bias, w.grid.rows, early_weight_loads),
-                                        residual, stream, programmatic_launch, math);
+                                        residual, stream, programmatic_launch, math, split_k);
 }
 
 template absl::Status Fp8W16Gemv<bf16>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
-                                       bf16*, cudaStream_t, bool, bool, Fp8W16Math);
+                                       bf16*, cudaStream_t, bool, bool, Fp8W16Math,
+                                       const Fp8W16SplitKWorkspace*);
 template absl::Status Fp8W16Gemv<float>(const bf16*, const Fp8DeviceWeight&, const bf16*, int64_t,
-                                        float*, cudaStream_t, bool, bool, Fp8W16Math);
+                                        float*, cudaStream_t, bool, bool, Fp8W16Math,
+                                        const Fp8W16SplitKWorkspace*);
 
 }  // namespace tandem::kernels::cuda

@@ -72,6 +72,18 @@
 //                 and issues its early loads while this one streams.
 //                 Not yet measured on a GPU (issue 38): selectable only (TANDEM_FP8_W16_MMA=ring /
 //                 ring2 / ringhalf in runtime/cuda/cuda_llama_model_fp8.cc).
+//   kTensorCoreDeep    kTensorCore's tile, arithmetic and bits with twice the 16-byte weight
+//                 loads in flight a lane (16; G = 8 groups a lane, 4 for SiLU-and-mul), still 2
+//                 CTAs an SM (fp8_w8a16_deep_cuda.cu).
+//   kTensorCoreSplitK  kTensorCore with S in {2, 4} CTAs a 16-row tile where the tiles are
+//                 fewer than one wave of resident CTAs (e.g. n = 4096 on an H200), each taking a
+//                 contiguous 128-column-aligned share of k; their fp32 tile sums meet in the
+//                 caller's Fp8W16SplitKWorkspace and the tile's last CTA adds them in the fixed
+//                 order s = 0 .. S - 1 and runs the epilogue. Deterministic run to run, NOT bit
+//                 for bit kTensorCore (another fp32 sum order); every CTA runs the NormIn
+//                 prologue. Without a workspace (null), or where S would be 1, or the workspace
+//                 holds fewer tiles than ceil(n / 16): kTensorCore.
+//                 Both selectable only, not yet measured (TANDEM_FP8_W16_MMA=deep / splitk).
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -95,7 +107,16 @@ inline constexpr int64_t kFp8W16MaxK = 65536;
 // The scale groups of a grouped weight (columns per group).
 inline constexpr int64_t kFp8W16ScaleGroupCols = 128;
 
-enum class Fp8W16Math { kFp32Fma, kTensorCore, kAuto, kRing, kRing2, kRingHalf };
+enum class Fp8W16Math {
+  kFp32Fma,
+  kTensorCore,
+  kAuto,
+  kRing,
+  kRing2,
+  kRingHalf,
+  kTensorCoreDeep,
+  kTensorCoreSplitK
+};
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =
 // 28,672: 57 KiB a block cut the blocks a SM holds, 83 vs 63 us on an H200, BENCHMARKS.md).
@@ -103,6 +124,25 @@ inline constexpr int64_t kFp8W16AutoMaxStagingBytes = 48 * 1024;
 // Shared memory the NormIn forms may use: the staged row and the norm weight, 2 * k * 2 bytes
 // (k <= 12280).
 inline constexpr int64_t kFp8W16NormInMaxSmemBytes = 48 * 1024;
+
+// Fp8W16Math::kTensorCoreSplitK's workspace, owned by the caller (device memory it allocated,
+// e.g. with Fp8W16SplitKWorkspaceBytes; this struct only points at it): fp32 tile partial sums
+// and one ticket counter a tile. The counters must be zero before the first launch (cudaMemset
+// once); every launch leaves them zero again (graph replays). Launches that share a workspace
+// must run in one stream's order (under PDL too: the kernel touches it after the PDL wait).
+inline constexpr int kFp8W16MaxSplits = 4;
+struct Fp8W16SplitKWorkspace {
+  float* partials = nullptr;         // [tiles, kFp8W16MaxSplits, 2 * 16] fp32
+  unsigned int* counters = nullptr;  // [tiles]
+  int64_t tiles = 0;                 // 16-row tiles it holds: ceil(n / 16) of the largest n
+  int splits = 0;                    // S: 0 picked per launch from n, k and the SM count; else
+                                     // forced (clamped to 4 and k's 128-column groups)
+};
+// Bytes of a workspace for weights of up to `weight_rows` rows (SiLU-and-mul: its 2 x inter):
+// the partials, then the counters.
+int64_t Fp8W16SplitKWorkspaceBytes(int64_t weight_rows);
+// The workspace in `bytes` (Fp8W16SplitKWorkspaceBytes(weight_rows)) of device memory at base.
+Fp8W16SplitKWorkspace Fp8W16SplitKWorkspaceAt(void* base, int64_t weight_rows, int splits = 0);
 
 // True for a grid with one scale per row and 128-column group over more than one group (k > 128;
 // at k <= 128 the same scales are per-channel).
@@ -117,18 +157,20 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 
 // a: [m, k] bf16; w: [n, k]; bias: [n] bf16 or null; out: [m, n] of TOut (bf16 or float), not
 // overlapping the inputs. INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvSupported and out
-// is non-null.
+// is non-null. split_k (all four forms): kTensorCoreSplitK's workspace, unused by the other maths.
 template <typename TOut>
 absl::Status Fp8W16Gemv(const __nv_bfloat16* a, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
                         int64_t m, TOut* out, cudaStream_t stream, bool programmatic_launch = false,
-                        bool early_weight_loads = false, Fp8W16Math math = Fp8W16Math::kFp32Fma);
+                        bool early_weight_loads = false, Fp8W16Math math = Fp8W16Math::kFp32Fma,
+                        const Fp8W16SplitKWorkspace* split_k = nullptr);
 
 // out = RmsNorm(x) . W^T (+ bias); x: [m, k] (the residual stream), norm_weight: [k]; out [m, n].
 absl::Status Fp8W16GemvNormIn(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight, float eps,
                               const Fp8DeviceWeight& w, const __nv_bfloat16* bias, int64_t m,
                               __nv_bfloat16* out, cudaStream_t stream,
                               bool programmatic_launch = false, bool early_weight_loads = false,
-                              Fp8W16Math math = Fp8W16Math::kFp32Fma);
+                              Fp8W16Math math = Fp8W16Math::kFp32Fma,
+                              const Fp8W16SplitKWorkspace* split_k = nullptr);
 
 // out[i, j] = SiLU(g) * u, g / u = the rounded products of RmsNorm(x) with rows j / inter + j of
 // w ([2 * inter, k]: gate rows, then up rows) (+ bias [2 * inter]); out: [m, inter].
@@ -137,7 +179,8 @@ absl::Status Fp8W16GemvNormInSiluMul(const __nv_bfloat16* x, const __nv_bfloat16
                                      int64_t m, __nv_bfloat16* out, cudaStream_t stream,
                                      bool programmatic_launch = false,
                                      bool early_weight_loads = false,
-                                     Fp8W16Math math = Fp8W16Math::kFp32Fma);
+                                     Fp8W16Math math = Fp8W16Math::kFp32Fma,
+                                     const Fp8W16SplitKWorkspace* split_k = nullptr);
 
 // residual[m, n] = round(residual + round(a . W^T (+ bias))), in place; residual not overlapping
 // a, w or bias.
@@ -145,7 +188,8 @@ absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
                              const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* residual,
                              cudaStream_t stream, bool programmatic_launch = false,
                              bool early_weight_loads = false,
-                             Fp8W16Math math = Fp8W16Math::kFp32Fma);
+                             Fp8W16Math math = Fp8W16Math::kFp32Fma,
+                             const Fp8W16SplitKWorkspace* split_k = nullptr);
 
 // The qkv product of a batch-1 step with the input RMSNorm in its prologue (as Fp8W16GemvNormIn)
 // and RoPE + the KV-pool write in its epilogue (as the bf16 SmallMLinearNormInRopeKv,
@@ -176,10 +220,11 @@ absl::Status Fp8W16GemvNormInRopeKv(const __nv_bfloat16* x, const __nv_bfloat16*
 extern template absl::Status Fp8W16Gemv<__nv_bfloat16>(const __nv_bfloat16*, const Fp8DeviceWeight&,
                                                        const __nv_bfloat16*, int64_t,
                                                        __nv_bfloat16*, cudaStream_t, bool, bool,
-                                                       Fp8W16Math);
+                                                       Fp8W16Math, const Fp8W16SplitKWorkspace*);
 extern template absl::Status Fp8W16Gemv<float>(const __nv_bfloat16*, const Fp8DeviceWeight&,
                                                const __nv_bfloat16*, int64_t, float*, cudaStream_t,
-                                               bool, bool, Fp8W16Math);
+                                               bool, bool, Fp8W16Math,
+                                               const Fp8W16SplitKWorkspace*);
 
 }  // namespace tandem::kernels::cuda
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -120,11 +121,11 @@ void ExpectNearReference(const HostWeight& w, const std::vector<float>& x, const
 
 template <typename TOut>
 std::vector<TOut> RunPlain(const bf16* x, const Weight& w, const bf16* bias, bool early,
-                           Fp8W16Math math) {
+                           Fp8W16Math math, const Fp8W16SplitKWorkspace* ws = nullptr) {
   DeviceBuffer<TOut> out(w.grid.rows);
   cudaMemset(out.get(), 0xFF, out.size() * sizeof(TOut));  // NaN: an unwritten element fails
   const absl::Status st = Fp8W16Gemv<TOut>(x, w.device(), bias, 1, out.get(), nullptr,
-                                           /*programmatic_launch=*/true, early, math);
+                                           /*programmatic_launch=*/true, early, math, ws);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return out.ToHost();
@@ -137,7 +138,7 @@ bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
 
 // The plain kernel, fp32 and bf16 out, early loads on and off, against the reference.
 void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool with_bias,
-                Fp8W16Math math, bool grouped = false) {
+                Fp8W16Math math, bool grouped = false, const Fp8W16SplitKWorkspace* ws = nullptr) {
   SCOPED_TRACE(::testing::Message()
                << "plain math=" << static_cast<int>(math) << " n=" << n << " k=" << k
                << (grouped      ? " grouped"
@@ -149,24 +150,24 @@ void CheckPlain(std::mt19937& rng, int64_t n, int64_t k, bool per_tensor, bool w
   const std::vector<bf16> x = RandomBf16(rng, k, 2.0f), bias = RandomBf16(rng, n, 1.0f);
   DeviceBuffer<bf16> dx(x), dbias(bias);
   const bf16* b = with_bias ? dbias.get() : nullptr;
-  const std::vector<float> f32 = RunPlain<float>(dx.get(), w, b, false, math);
-  EXPECT_TRUE(SameBits(f32, RunPlain<float>(dx.get(), w, b, true, math)))
-      << "early loads change bits";
-  const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true, math);
+  const std::vector<float> f32 = RunPlain<float>(dx.get(), w, b, false, math, ws);
+  EXPECT_TRUE(SameBits(f32, RunPlain<float>(dx.get(), w, b, true, math, ws)))
+      << "early loads (or a second run) change bits";
+  const std::vector<bf16> b16 = RunPlain<bf16>(dx.get(), w, b, true, math, ws);
   const std::vector<float> xf = cuda_test::ToFloat(x);
   ExpectNearReference(w.host(), xf, with_bias ? bias.data() : nullptr, f32, false, math);
   ExpectNearReference(w.host(), xf, with_bias ? bias.data() : nullptr, cuda_test::ToFloat(b16),
                       true, math);
 }
 
-void CheckPlainShapes(Fp8W16Math math) {
+void CheckPlainShapes(Fp8W16Math math, const Fp8W16SplitKWorkspace* ws = nullptr) {
   std::mt19937 rng(cuda_test::TestSeed() + 2 * static_cast<int>(math));
-  CheckPlain(rng, 77, 16, false, true, math);      // one chunk: lanes 1..31 idle; 3 idle warps
-  CheckPlain(rng, 130, 272, true, false, math);    // 17 chunks: a partial first batch
-  CheckPlain(rng, 77, 1040, false, false, math);   // k % 128 = 16
-  CheckPlain(rng, 9000, 4112, false, true, math);  // 257 chunks: a second, one-chunk batch
-  CheckPlain(rng, 9000, 4096, true, true, math);
-  CheckPlain(rng, 130, 14336, false, true, math);  // 3.5 batches a lane
+  CheckPlain(rng, 77, 16, false, true, math, false, ws);      // one chunk: lanes 1..31 idle
+  CheckPlain(rng, 130, 272, true, false, math, false, ws);    // 17 chunks: a partial first batch
+  CheckPlain(rng, 77, 1040, false, false, math, false, ws);   // k % 128 = 16
+  CheckPlain(rng, 9000, 4112, false, true, math, false, ws);  // 257 chunks
+  CheckPlain(rng, 9000, 4096, true, true, math, false, ws);
+  CheckPlain(rng, 130, 14336, false, true, math, false, ws);  // 3.5 batches a lane
 }
 
 TEST(Fp8W16GemvCudaTest, MatchesTheCpuReference) {
@@ -183,7 +184,7 @@ TEST(Fp8W16GemvCudaTest, TensorCoreMatchesTheCpuReference) {
 
 // The folded forms bit for bit against the unfolded kernels, and through them the reference.
 void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool early,
-                Fp8W16Math math, bool grouped = false) {
+                Fp8W16Math math, bool grouped = false, const Fp8W16SplitKWorkspace* ws = nullptr) {
   SCOPED_TRACE(::testing::Message() << "folds math=" << static_cast<int>(math) << " n=" << n
                                     << " k=" << k << (with_bias ? " bias" : "")
                                     << (early ? " early" : "") << (grouped ? " grouped" : ""));
@@ -196,9 +197,9 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   DeviceBuffer<bf16> dbias(bias), folded(n);
   const bf16* b = with_bias ? dbias.get() : nullptr;
   ASSERT_TRUE(Fp8W16GemvNormIn(dx.get(), dnorm.get(), kEps, w.device(), b, 1, folded.get(), nullptr,
-                               true, early, math)
+                               true, early, math, ws)
                   .ok());
-  const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early, math);
+  const std::vector<bf16> unfolded = RunPlain<bf16>(normed.get(), w, b, early, math, ws);
   EXPECT_TRUE(SameBits(folded.ToHost(), unfolded)) << "NormIn != RmsNorm + Fp8W16Gemv";
   const std::vector<float> normed_f = cuda_test::ToFloat(normed.ToHost());
   ExpectNearReference(w.host(), normed_f, with_bias ? bias.data() : nullptr,
@@ -208,7 +209,7 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   const Weight gu(rng, 2 * n, k, false, false, grouped);
   DeviceBuffer<bf16> act(n), gate_up_out(2 * n);
   ASSERT_TRUE(Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), b, 1, act.get(),
-                                      nullptr, true, early, math)
+                                      nullptr, true, early, math, ws)
                   .ok());
   // The gate rows and the up rows as two weights of n rows each, so that gate (up) row i sits in
   // the same row slot of a 16-row tensor-core tile as in the fold (row i % 16): the tensor cores'
@@ -220,7 +221,7 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
                                gu.d_scales.get() + half * n * scales_per_row,
                                {n, k, 1, gu.grid.block_cols}};
     ASSERT_TRUE(Fp8W16Gemv<bf16>(normed.get(), rows, b == nullptr ? nullptr : b + half * n, 1,
-                                 gate_up_out.get() + half * n, nullptr, true, early, math)
+                                 gate_up_out.get() + half * n, nullptr, true, early, math, ws)
                     .ok());
   }
   // SiluAndMul takes inter a multiple of 8: gate and up padded with zeros to n8 columns each.
@@ -241,9 +242,9 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   // AddTo: residual = round(residual + round(product)).
   const std::vector<bf16> res0 = RandomBf16(rng, n, 3.0f);
   DeviceBuffer<bf16> residual(res0);
-  ASSERT_TRUE(
-      Fp8W16GemvAddTo(normed.get(), w.device(), b, 1, residual.get(), nullptr, true, early, math)
-          .ok());
+  ASSERT_TRUE(Fp8W16GemvAddTo(normed.get(), w.device(), b, 1, residual.get(), nullptr, true, early,
+                              math, ws)
+                  .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<bf16> got = residual.ToHost();
   for (int64_t j = 0; j < n; ++j) {
@@ -253,13 +254,13 @@ void CheckFolds(std::mt19937& rng, int64_t n, int64_t k, bool with_bias, bool ea
   }
 }
 
-void CheckFoldShapes(Fp8W16Math math) {
+void CheckFoldShapes(Fp8W16Math math, const Fp8W16SplitKWorkspace* ws = nullptr) {
   std::mt19937 rng(cuda_test::TestSeed() + 1 + 2 * static_cast<int>(math));
-  CheckFolds(rng, 77, 272, true, false, math);
-  CheckFolds(rng, 130, 1040, false, true, math);
-  CheckFolds(rng, 9000, 4096, true, true, math);  // Llama-3-8B's hidden size
-  CheckFolds(rng, 33, 8192, false, false, math);  // Llama-3-70B's
-  CheckFolds(rng, 40, 12272, true, true, math);   // the largest NormIn k: 4 k + statics <= 48 KiB
+  CheckFolds(rng, 77, 272, true, false, math, false, ws);
+  CheckFolds(rng, 130, 1040, false, true, math, false, ws);
+  CheckFolds(rng, 9000, 4096, true, true, math, false, ws);  // Llama-3-8B's hidden size
+  CheckFolds(rng, 33, 8192, false, false, math, false, ws);  // Llama-3-70B's
+  CheckFolds(rng, 40, 12272, true, true, math, false, ws);   // the largest NormIn k
 }
 
 TEST(Fp8W16GemvCudaTest, FoldsEqualTheUnfoldedKernels) {
@@ -431,16 +432,17 @@ TEST(Fp8W16GemvCudaTest, RingsBesideLargeStagingOrFallingBack) {
 // k = 144 / 272 / 1040 / 10944 end in a partial group (16 / 16 / 16 / 64 columns); 2048 / 7168
 // are Qwen3-30B-A3B's / DeepSeek-V3's hidden sizes, 1408 / 10944 DeepSeek-V2-Lite's expert /
 // dense intermediate sizes; k = 128 is one group (the per-channel kernels).
-void CheckGroupedShapes(Fp8W16Math math) {
+void CheckGroupedShapes(Fp8W16Math math, const Fp8W16SplitKWorkspace* ws = nullptr) {
   std::mt19937 rng(cuda_test::TestSeed() + 11 + 2 * static_cast<int>(math));
-  CheckPlain(rng, 77, 128, false, true, math, true);
-  CheckPlain(rng, 77, 144, false, true, math, true);
-  CheckPlain(rng, 130, 272, false, false, math, true);
-  CheckPlain(rng, 33, 1040, false, true, math, true);
-  CheckPlain(rng, 513, 1408, false, false, math, true);
-  CheckPlain(rng, 4097, 2048, false, true, math, true);
-  CheckPlain(rng, 1537, 7168, false, false, math, true);
-  CheckPlain(rng, 129, 10944, false, true, math, true);
+  struct Case {
+    int64_t n, k;
+    bool bias;
+  };
+  for (const Case& c : {Case{77, 128, true}, Case{77, 144, true}, Case{130, 272, false},
+                        Case{33, 1040, true}, Case{513, 1408, false}, Case{4097, 2048, true},
+                        Case{1537, 7168, false}, Case{129, 10944, true}}) {
+    CheckPlain(rng, c.n, c.k, false, c.bias, math, true, ws);
+  }
 }
 
 TEST(Fp8W16GemvCudaTest, GroupedMatchesTheCpuReference) {
@@ -526,6 +528,93 @@ TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
                                        o16.get(), nullptr)
                    .ok());  // odd gate_up rows
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// kTensorCoreDeep (16 loads in flight a lane): kTensorCore's bits, hence the reference, plain,
+// folded and grouped.
+TEST(Fp8W16GemvCudaTest, DeepEqualsTheTensorCore) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckPlainShapes(Fp8W16Math::kTensorCoreDeep);
+  CheckFoldShapes(Fp8W16Math::kTensorCoreDeep);
+  CheckGroupedShapes(Fp8W16Math::kTensorCoreDeep);
+  std::mt19937 rng(cuda_test::TestSeed() + 21);
+  for (const auto& [n, k, grouped] :
+       {std::tuple{77, 272, false}, std::tuple{130, 14336, false}, std::tuple{4096, 4096, false},
+        std::tuple{129, 10944, true}}) {
+    const Weight w(rng, n, k, false, false, grouped);
+    DeviceBuffer<bf16> dx(RandomBf16(rng, k, 2.0f));
+    EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCoreDeep),
+                         RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCore)))
+        << "deep != kTensorCore at n=" << n << " k=" << k;
+  }
+}
+
+// A split-k workspace for weights of up to `rows` rows, counters zeroed.
+struct SplitKBuffer {
+  SplitKBuffer(int64_t rows, int splits) : mem(Fp8W16SplitKWorkspaceBytes(rows)) {
+    EXPECT_EQ(cudaMemset(mem.get(), 0, mem.size()), cudaSuccess);
+    ws = Fp8W16SplitKWorkspaceAt(mem.get(), rows, splits);
+  }
+  bool CountersZero() const {
+    std::vector<unsigned int> c(ws.tiles);
+    EXPECT_EQ(cudaMemcpy(c.data(), ws.counters, c.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return std::all_of(c.begin(), c.end(), [](unsigned int v) { return v == 0; });
+  }
+  DeviceBuffer<uint8_t> mem;
+  Fp8W16SplitKWorkspace ws;
+};
+
+// kTensorCoreSplitK, S picked (on an H200: 4 at n <= 130 and k >= 4096, 2 at n = 4097 and k =
+// 2048, else one split: kTensorCore) and forced to 2 (k = 272: 256 + 16 columns; k = 1040: 640 +
+// 400) and 4 (k = 272: 3 splits of 128, 128, 16 columns; k = 1040: 3 of 384, 384, 272), k =
+// 14336 with 130 rows: 4 x 3584: against the reference with kTensorCore's tolerance, every call
+// twice (early loads off / on) with the same bits, the folds bit for bit against the unfolded
+// split kernels (the same S for the same n and k), the counters zero after.
+TEST(Fp8W16GemvCudaTest, SplitKMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  for (const int splits : {0, 2, 4}) {
+    SCOPED_TRACE(::testing::Message() << "splits=" << splits);
+    SplitKBuffer buf(2 * 9000, splits);
+    CheckPlainShapes(Fp8W16Math::kTensorCoreSplitK, &buf.ws);
+    CheckFoldShapes(Fp8W16Math::kTensorCoreSplitK, &buf.ws);
+    CheckGroupedShapes(Fp8W16Math::kTensorCoreSplitK, &buf.ws);
+    EXPECT_TRUE(buf.CountersZero());
+  }
+}
+
+// Replays of a captured split-k launch give the eager bits (the counters wrap back to 0).
+TEST(Fp8W16GemvCudaTest, SplitKReplaysInAGraph) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 22);
+  const int64_t n = 4096, k = 14336;  // Llama-3-8B's down_proj (S = 2, as picked on an H200)
+  const Weight w(rng, n, k, false, true);
+  DeviceBuffer<bf16> dx(RandomBf16(rng, k, 2.0f));
+  SplitKBuffer buf(n, 2);
+  const std::vector<float> eager =
+      RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCoreSplitK, &buf.ws);
+  DeviceBuffer<float> out(n);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const absl::Status st = Fp8W16Gemv<float>(dx.get(), w.device(), nullptr, 1, out.get(), stream,
+                                            true, true, Fp8W16Math::kTensorCoreSplitK, &buf.ws);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3; ++replay) {
+    cudaMemsetAsync(out.get(), 0xFF, n * sizeof(float), stream);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(SameBits(out.ToHost(), eager)) << "replay " << replay;
+  }
+  EXPECT_TRUE(buf.CountersZero());
+  ExpectNearReference(w.host(), cuda_test::ToFloat(dx.ToHost()), nullptr, eager, false,
+                      Fp8W16Math::kTensorCoreSplitK);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Device pieces shared by the batch-1 weight-only FP8 GEMV kernels (fp8_w8a16_gemv_cuda.h): the
 // register-load kernels (fp8_w8a16_gemv_cuda.cu) and the shared-memory ring kernel
-// (fp8_w8a16_ring_cuda.cu). Internal: include from this package's .cu files only.
+// (fp8_w8a16_ring_cuda.cu) and the latency forms (fp8_w8a16_deep_cuda.cu). Internal: include from
+// this package's .cu files only.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_DEVICE_CUH_
 #define TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_DEVICE_CUH_
 
@@ -12,8 +13,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/gemm/cuda/gemv_norm_stage.cuh"
 
 namespace tandem::kernels::cuda::fp8_w16_internal {
@@ -155,6 +158,30 @@ __device__ __forceinline__ void StageActivationsF16(const Args& p, uint4* act16)
   }
 }
 
+// The chunks [begin, end) of k (16 columns each) a split-k block covers (MmaTilePartialsOf).
+struct ChunkRange {
+  int begin, end;
+};
+
+// The split-k form's activations (MmaTilePartialsOf): under kNormIn the whole row staged
+// normalised as StageActivationsF16's, then only `range` converted to f16 in place; else only
+// `range`'s activations staged, from act16's start. Returns the f16 activations of the range's
+// first chunk. Every thread of the 256 calls it (barriers).
+template <Fold kFold>
+__device__ __forceinline__ const uint4* StageRangeF16(const Args& p, ChunkRange range,
+                                                      uint4* act16) {
+  const int64_t columns = int64_t{range.end - range.begin} * 16;
+  if constexpr (kFold == Fold::kNormIn) {
+    bf16* staged = reinterpret_cast<bf16*>(act16);
+    gemv_internal::StageRmsNorm<bf16, 1>(p.a, p.norm_weight, p.k, p.eps, staged, staged + p.k);
+    StageF16(nullptr, columns, act16 + 2 * range.begin);  // 2 uint4 a 16-column chunk
+    return act16 + 2 * range.begin;
+  } else {
+    StageF16(p.a + int64_t{range.begin} * 16, columns, act16);
+    return act16;
+  }
+}
+
 // The lane's chunk c of rows g and g + 8 (h = 0, 1) of each row set. Past k the row's last
 // chunk again (finite codes, multiplied by the zero activations MmaGroup uses there); past n row
 // 0 (wrow), whose products land in C rows nobody stores.
@@ -192,14 +219,23 @@ __device__ __forceinline__ void LoadGroupScales(const float* const (&srow)[R][2]
 // into partial[warp][r][j]. kGrouped: each group's 4 mma go into zeros, then C's rows g (c[0])
 // and g + 8 (c[2]) times their scales into the fp32 accumulators. Every thread of the block
 // calls it (barriers; one after partial is written).
-template <int R, Fold kFold, bool kGrouped, typename RowOf>
-__device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
-                                                float (&partial)[kWarps][R][kMmaRows]) {
-  constexpr int G = kLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
+//
+// MmaTilePartialsOf generalises it (MmaTilePartials is its kLoads, whole-k instance): kLaneLoads
+// 16-byte loads in flight a lane (Fp8W16Math::kTensorCoreDeep: 2 kLoads), and under kSplitK
+// (Fp8W16Math::kTensorCoreSplitK) the block's product covers only the chunks [range.begin,
+// range.end) of k (begin a multiple of kScaleGroupChunks: a 128-column scale group), the warps
+// taking that range's 64-column groups as the whole-k form takes k's; under kNormIn the whole
+// row is still normalised (the norm needs it) and only the range converted to f16, else only the
+// range's activations are staged (act16 [end - begin chunks]).
+template <int R, Fold kFold, bool kGrouped, int kLaneLoads, bool kSplitK, typename RowOf>
+__device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
+                                                  float (&partial)[kWarps][R][kMmaRows],
+                                                  ChunkRange range) {
+  constexpr int G = kLaneLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
   static_assert(G % 2 == 0, "two halves");
   extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int chunks = static_cast<int>(p.k / 16);
+  const int chunks = kSplitK ? range.end - range.begin : static_cast<int>(p.k / 16);
   const uint4* wrow[R][2];
   const float* srow[R][2];  // kGrouped
 #pragma unroll
@@ -209,6 +245,10 @@ __device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
       const int64_t row = row_of(lane / 4 + 8 * h, r);
       wrow[r][h] = reinterpret_cast<const uint4*>(p.w + row * p.k);
       srow[r][h] = p.scales + row * ScaleGroups(p.k);
+      if constexpr (kSplitK) {
+        wrow[r][h] += range.begin;
+        srow[r][h] += range.begin / kScaleGroupChunks;
+      }
     }
   }
   const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
@@ -225,11 +265,15 @@ __device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
   if (!p.early) load_first();
-  StageActivationsF16<kFold>(p, w16_smem);
+  const uint4* act = w16_smem;
+  if constexpr (kSplitK) {
+    act = StageRangeF16<kFold>(p, range, w16_smem);
+  } else {
+    StageActivationsF16<kFold>(p, w16_smem);
+  }
   float acc[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
-  const uint4* act = w16_smem;
   for (int g0 = warp * 4, c = c0; g0 < chunks; g0 += kGroupChunks * G, c += kGroupChunks * G) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -274,6 +318,12 @@ __device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
   __syncthreads();
 }
 
+template <int R, Fold kFold, bool kGrouped, typename RowOf>
+__device__ __forceinline__ void MmaTilePartials(const Args& p, RowOf row_of,
+                                                float (&partial)[kWarps][R][kMmaRows]) {
+  MmaTilePartialsOf<R, kFold, kGrouped, kLoads, false>(p, row_of, partial, ChunkRange{0, 0});
+}
+
 // dot[r] = tile row j's sum over the warps' partials (set r), warp 0 first.
 template <int R>
 __device__ __forceinline__ void SumPartials(const float (&partial)[kWarps][R][kMmaRows], unsigned j,
@@ -311,6 +361,24 @@ int RingStages(int rows_per_set, bool norm_in, int64_t k, int smem_share);
 template <typename TOut, int R, Fold kFold>
 absl::Status LaunchRing(const Args& p, TOut* out, cudaStream_t stream, bool pdl, int stages,
                         int ctas_per_sm);
+
+// Fp8W16Math::kTensorCoreDeep / kTensorCoreSplitK (fp8_w8a16_deep_cuda.cu). LaunchDeep: 16-row
+// tiles as Fp8W16MmaKernel, 2 kLoads in flight a lane (kTensorCore's bits). LaunchSplitK: S CTAs
+// a tile splitting k (SplitKShare), the tile's partials added by its last CTA; false (nothing
+// launched) where S would be 1 or the workspace is too small: the caller runs kTensorCore.
+template <typename TOut, int R, Fold kFold>
+absl::Status LaunchDeep(const Args& p, TOut* out, cudaStream_t stream, bool pdl, bool grouped);
+template <typename TOut, int R, Fold kFold>
+absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
+                                  bool grouped, const Fp8W16SplitKWorkspace& ws);
+
+// The split-k form's plan: S (into *splits) and the chunks a split takes (the return value, a
+// multiple of kScaleGroupChunks; every split non-empty). ws.splits > 0 forces S (clamped to
+// kFp8W16MaxSplits and k's 128-column groups); 0 picks the largest of 4, 2 with tiles x S <=
+// sms x kSplitKResidentCtas (one wave) and k >= S x kSplitKMinColumns, else 1.
+constexpr int kSplitKResidentCtas = 4;       // 256 threads x 64 registers: 4 CTAs an SM
+constexpr int64_t kSplitKMinColumns = 1024;  // a split's 8 warps: 2 groups each at least
+int SplitKShare(int64_t tiles, int64_t k, const Fp8W16SplitKWorkspace& ws, int sms, int* splits);
 
 }  // namespace tandem::kernels::cuda::fp8_w16_internal
 
