@@ -226,6 +226,17 @@ bool CudaFp8Linear::TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const {
          w.grid.cols <= max_k_;
 }
 
+absl::Status CudaFp8Linear::ReserveW16SplitK(int64_t weight_rows, int splits) {
+  w16_split_k_.splits = splits;
+  if (weight_rows <= w16_split_k_rows_) return absl::OkStatus();
+  const int64_t bytes = kc::Fp8W16SplitKWorkspaceBytes(weight_rows);
+  ASSIGN_OR_RETURN(w16_split_k_mem_, DeviceBuffer::Allocate(bytes, "fp8 w8a16 split-k workspace"));
+  CUDA_RETURN_IF_ERROR(cudaMemset(w16_split_k_mem_.data(), 0, static_cast<size_t>(bytes)));
+  w16_split_k_ = kc::Fp8W16SplitKWorkspaceAt(w16_split_k_mem_.data(), weight_rows, splits);
+  w16_split_k_rows_ = weight_rows;
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& w,
                                    const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
                                    cudaStream_t stream, bool programmatic_launch,
@@ -241,9 +252,9 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       kc::Fp8W16GemvSupported(a, DeviceWeight(w), m)) {
     // Batch 1, per-128-column scales: the bf16 activations as they are (no quantization pass),
     // the first weight loads before the PDL wait as the W8A8 GEMV's below.
-    RETURN_IF_ERROR(
-        kc::Fp8W16Gemv<__nv_bfloat16>(a, DeviceWeight(w), bias, m, out, stream, programmatic_launch,
-                                      /*early_weight_loads=*/true, kc::Fp8W16Math::kAuto));
+    RETURN_IF_ERROR(kc::Fp8W16Gemv<__nv_bfloat16>(a, DeviceWeight(w), bias, m, out, stream,
+                                                  programmatic_launch, /*early_weight_loads=*/true,
+                                                  w8a16_math_, w16_split_k()));
     last_path_ = "fp8-w8a16-gemv";
     return absl::OkStatus();
   }

@@ -47,6 +47,7 @@
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
+#include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/dummy_draw.h"
 #include "runtime/model/model_weights.h"
@@ -126,6 +127,21 @@ class CudaFp8Linear {
   void set_w8a16_gemv(bool on) { w8a16_gemv_ = on; }
   bool w8a16_gemv() const { return w8a16_gemv_; }
 
+  // The W8A16 GEMV's inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math; kAuto by
+  // default). kTensorCoreSplitK uses w16_split_k() (the whole-k tiles before ReserveW16SplitK).
+  void set_w8a16_math(kernels::cuda::Fp8W16Math math) { w8a16_math_ = math; }
+  kernels::cuda::Fp8W16Math w8a16_math() const { return w8a16_math_; }
+  // Grows the split-k workspace this object owns to weights of up to `weight_rows` rows (kept
+  // when it holds them), its counters zeroed; `splits`: Fp8W16SplitKWorkspace::splits (0: S
+  // picked per launch). Synchronous (cudaMalloc, cudaMemset): call while loading, outside graph
+  // capture. The GEMVs that take it (Linear's, and the models' folded layers through
+  // w16_split_k()) must run in one stream's order.
+  absl::Status ReserveW16SplitK(int64_t weight_rows, int splits = 0);
+  // Null before ReserveW16SplitK.
+  const kernels::cuda::Fp8W16SplitKWorkspace* w16_split_k() const {
+    return w16_split_k_rows_ > 0 ? &w16_split_k_ : nullptr;
+  }
+
   // cuBLASLt FP8 GEMM plans (m > kFp8SmallMMaxM) for m <= max_m first used from now on are
   // chosen by timing (CublasLtFp8Gemm::set_autotune_max_m); the models forward their
   // set_gemm_autotune_max_m here, as for their bf16 GEMMs. 0 (default): the heuristic's first.
@@ -169,6 +185,10 @@ class CudaFp8Linear {
   int64_t max_tokens_ = 0, max_k_ = 0;
   kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
   bool w8a16_gemv_ = true;
+  kernels::cuda::Fp8W16Math w8a16_math_ = kernels::cuda::Fp8W16Math::kAuto;
+  DeviceBuffer w16_split_k_mem_;  // Fp8W16SplitKWorkspaceBytes(w16_split_k_rows_)
+  kernels::cuda::Fp8W16SplitKWorkspace w16_split_k_;
+  int64_t w16_split_k_rows_ = 0;
   const char* last_path_ = "";
   std::unique_ptr<kernels::cuda::CublasLtFp8Gemm> gemm_;
   DeviceBuffer codes_;             // [max_tokens, max_k] e4m3 activations

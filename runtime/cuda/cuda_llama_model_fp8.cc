@@ -3,6 +3,7 @@
 // producers of per-token FP8 inputs with the quantization fused in
 // (kernels/fp8/fp8_fused_quant_cuda.h), and the batch-1 layer on the weight-only FP8 GEMVs with
 // the norms folded in (kernels/fp8/fp8_w8a16_gemv_cuda.h).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,6 +14,13 @@
 #include "runtime/cuda/cuda_llama_model.h"
 
 namespace tandem::runtime::cuda {
+namespace {
+
+// TANDEM_FP8_W16_MMA=deep / splitk (below): the FP8 linear's W8A16 GEMV takes the same math and
+// its split-k workspace grows to weights of up to `weight_rows` rows.
+absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows);
+
+}  // namespace
 
 absl::Status CudaLlamaModel::UploadFp8(LayerWeights* src, Layer* dst) {
   // CudaModelOptions::fp8_weight_only_fold also picks CudaFp8Linear's batch-1 W8A16 GEMV for
@@ -29,7 +37,7 @@ absl::Status CudaLlamaModel::UploadFp8(LayerWeights* src, Layer* dst) {
                      UploadFp8Weight(&src->gate_up_fp8, 2 * I, H, T, "gate_up_proj"));
     ASSIGN_OR_RETURN(dst->down_fp8, UploadFp8Weight(&src->down_fp8, H, I, T, "down_proj"));
   }
-  return absl::OkStatus();
+  return PrepareW16Latency(fp8_.get(), std::max({qkv_dim, H, 2 * I}));
 }
 
 absl::Status CudaLlamaModel::AllocateFp8(Layer* l) {
@@ -49,7 +57,7 @@ absl::Status CudaLlamaModel::AllocateFp8(Layer* l) {
   }
   weight_bytes_ +=
       l->qkv_fp8.bytes() + l->o_fp8.bytes() + l->gate_up_fp8.bytes() + l->down_fp8.bytes();
-  return absl::OkStatus();
+  return PrepareW16Latency(fp8_.get(), std::max({qkv_dim, H, 2 * I}));
 }
 
 CudaFp8Weight* CudaLlamaModel::Fp8Slot(WeightSlot slot, int64_t layer) {
@@ -101,15 +109,41 @@ bool W16EarlyLoads() {
 // (Llama-3-8B batch 1 on an H200: 3.091 -> 3.026 ms a step against kFp32Fma,
 // kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=1 kTensorCore everywhere, =0 kFp32Fma, =ring /
 // ring2 / ringhalf the shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits,
-// not yet measured in a step) (A/B runs of decode_step_bench).
+// slower), =deep / splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per
+// shape; =splitk2 / splitk4: S forced; not yet measured in a step; also for CudaFp8Linear's W8A16
+// GEMV: PrepareW16Latency) (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
   if (v == nullptr) return Fp8W16Math::kAuto;
+  if (std::strcmp(v, "deep") == 0) return Fp8W16Math::kTensorCoreDeep;
+  if (std::strncmp(v, "splitk", 6) == 0) return Fp8W16Math::kTensorCoreSplitK;
   if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
   if (std::strcmp(v, "ring2") == 0) return Fp8W16Math::kRing2;
   if (std::strcmp(v, "ringhalf") == 0) return Fp8W16Math::kRingHalf;
   return std::strcmp(v, "0") != 0 ? Fp8W16Math::kTensorCore : Fp8W16Math::kFp32Fma;
+}
+
+absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
+  using kernels::cuda::Fp8W16Math;
+  const Fp8W16Math math = W16Math();
+  if (fp8 == nullptr ||
+      (math != Fp8W16Math::kTensorCoreDeep && math != Fp8W16Math::kTensorCoreSplitK)) {
+    return absl::OkStatus();
+  }
+  fp8->set_w8a16_math(math);
+  if (math == Fp8W16Math::kTensorCoreDeep) return absl::OkStatus();
+  const char* v = std::getenv("TANDEM_FP8_W16_MMA");  // splitk, splitk2, splitk4
+  return fp8->ReserveW16SplitK(weight_rows, std::atoi(v + 6));
+}
+
+// The RoPE fold (Fp8W16GemvNormInRopeKv) has the kTensorCore inner loop only: under the latency
+// forms the qkv GEMV keeps it (kAuto) rather than falling back to the unfused pair.
+kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
+  using kernels::cuda::Fp8W16Math;
+  return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK
+             ? Fp8W16Math::kAuto
+             : math;
 }
 
 // RoPE + the KV write in the weight-only qkv GEMV's epilogue (Fp8W16GemvNormInRopeKv: the
@@ -154,30 +188,31 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const bool pdl = options_.programmatic_launch, early = W16EarlyLoads();
   const kc::Fp8W16Math math = W16Math();
+  const kc::Fp8W16SplitKWorkspace* split_k = fp8_ != nullptr ? fp8_->w16_split_k() : nullptr;
   const Layer& w = layers_[l];
   bf16* residual = residual_.get<bf16>();
   const kc::GemvRopeKv rope = RopeKvArgs(step, cache, l, q_.get<bf16>());
   const bf16* o_in;
   if (W16FoldsRope() && !config_.qk_norm && cache.dtype == kc::KvDtype::kBf16 &&
       kc::Fp8W16GemvNormInRopeKvSupported(residual, w.input_layernorm.data(), w.qkv_fp8.device(),
-                                          Tn, rope, math)) {  // q_ and the pool written, not qkv_
+                                          Tn, rope, W16RopeMath(math))) {  // q_, pool; not qkv_
     RETURN_IF_ERROR(kc::Fp8W16GemvNormInRopeKv(residual, w.input_layernorm.get<bf16>(), eps,
                                                w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn, rope,
-                                               stream, pdl, early, math));
+                                               stream, pdl, early, W16RopeMath(math)));
     ASSIGN_OR_RETURN(o_in, Attention<bf16>(step, cache, l, plan, attn_workspace, stream));
   } else {
     RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
                                          w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
-                                         qkv_.get<bf16>(), stream, pdl, early, math));
+                                         qkv_.get<bf16>(), stream, pdl, early, math, split_k));
     ASSIGN_OR_RETURN(o_in, AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
   }
   RETURN_IF_ERROR(kc::Fp8W16GemvAddTo(o_in, w.o_fp8.device(), w.o_bias.get<bf16>(), Tn, residual,
-                                      stream, pdl, early, math));
-  RETURN_IF_ERROR(kc::Fp8W16GemvNormInSiluMul(residual, w.post_attention_layernorm.get<bf16>(), eps,
-                                              w.gate_up_fp8.device(), w.gate_up_bias.get<bf16>(),
-                                              Tn, act_.get<bf16>(), stream, pdl, early, math));
+                                      stream, pdl, early, math, split_k));
+  RETURN_IF_ERROR(kc::Fp8W16GemvNormInSiluMul(
+      residual, w.post_attention_layernorm.get<bf16>(), eps, w.gate_up_fp8.device(),
+      w.gate_up_bias.get<bf16>(), Tn, act_.get<bf16>(), stream, pdl, early, math, split_k));
   return kc::Fp8W16GemvAddTo(act_.get<bf16>(), w.down_fp8.device(), w.down_bias.get<bf16>(), Tn,
-                             residual, stream, pdl, early, math);
+                             residual, stream, pdl, early, math, split_k);
 }
 
 }  // namespace tandem::runtime::cuda
