@@ -67,6 +67,10 @@ enum class MlaTmaSchedule {
   // mla_decode_seesaw.cu, FlashMLA's "seesaw": tiles in pairs, each warpgroup scores one of them
   // and the softmax of one runs under the other's wgmma; both stages are held for the pair.
   kSeesaw,
+  // mla_decode_rows16.cu (issue 33): row tiles of <= 16 rows (heads x max_q_len <= 16) without
+  // wgmma's padding to 64 rows: mma.sync m16n8k16, 8 warps, Q in registers, the same TMA tiles
+  // (three stages), plans, workspace and in-kernel merge. A plan for more rows runs kSerial.
+  kRows16,
 };
 
 // Host-known bounds of one step's batch.

@@ -6,8 +6,9 @@
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
-//                  [--schedule=0|1|2] (the TMA variant's warpgroup schedule, MlaTmaSchedule:
-//                                   0 serial, 1 hand-off, 2 seesaw; default: MlaPlanInput's)
+//                  [--schedule=0|1|2|3] (the TMA variant's warpgroup schedule, MlaTmaSchedule:
+//                                   0 serial, 1 hand-off, 2 seesaw, 3 rows16 (mma.sync, <= 16
+//                                   rows; more heads run serial); default: MlaPlanInput's)
 //                  [--merge=0|1]   (1, the default: the workspace's merge tickets zeroed once,
 //                                   MlaPlanInput::workspace_zeroed, so the TMA kernel merges its
 //                                   own splits; 0: MergeAttnStatesN + ConvertFromF32 launches)
@@ -48,7 +49,8 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 constexpr double kPeak = 4.6e12;
-constexpr const char* kScheduleNames[] = {"wgmma-tma", "wgmma-tma-handoff", "wgmma-tma-seesaw"};
+constexpr const char* kScheduleNames[] = {"wgmma-tma", "wgmma-tma-handoff", "wgmma-tma-seesaw",
+                                          "tma-rows16-mma"};
 
 struct Bufs {
   MlaDims dims = mla_test::kV3Dims;
@@ -205,7 +207,7 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--tma=", 0) == 0) tma = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--fp8=", 0) == 0) fp8 = std::atoi(argv[i] + 6) != 0;
     if (a.rfind("--schedule=", 0) == 0) {
-      schedule = static_cast<MlaTmaSchedule>(std::clamp(std::atoi(argv[i] + 11), 0, 2));
+      schedule = static_cast<MlaTmaSchedule>(std::clamp(std::atoi(argv[i] + 11), 0, 3));
     }
     if (a.rfind("--graph=", 0) == 0) graph = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--merge=", 0) == 0) merge = std::atoi(argv[i] + 8) != 0;

@@ -227,6 +227,12 @@ template <typename T>
 absl::Status LaunchMlaSeesaw(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
                              dim3 grid, cudaStream_t stream);
 
+// MlaTmaSchedule::kRows16 (mla_decode_rows16.cu): LaunchMlaTma's grid, loading (MlaTmaFits),
+// results and in-kernel merge for row tiles of <= 16 rows (the plan's rows), mma.sync, 256 threads.
+template <typename T>
+absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
+                             dim3 grid, cudaStream_t stream);
+
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.
 // Only where MlaFp8TileFits: codes 16-byte aligned, block by block.

@@ -41,7 +41,8 @@ struct Case {
   // The tensor-core kernel for latent 512 + 64: 0 mma.sync, 1 the Hopper wgmma kernel with
   // cp.async loads (allow_tma false), 2 its TMA variant (pages of 8, 16, 32, 64k; the page of 5
   // runs the cp.async one), 3 and 4 the TMA variant's other warpgroup schedules
-  // (MlaTmaSchedule::kSeesaw, kHandOff; the same pages). Off sm_90 all five run mma.sync.
+  // (MlaTmaSchedule::kSeesaw, kHandOff; the same pages), 5 its kRows16 kernel (<= 16 rows, else
+  // the plan runs kSerial). Off sm_90 all of them run mma.sync.
   int kernel = 0;
   // Decode context parallelism: the pool holds this shard's latents at local indices, the
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
@@ -177,6 +178,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
                   .allow_tma = c.kernel >= 2,
                   .tma_schedule = c.kernel == 3   ? MlaTmaSchedule::kSeesaw
                                   : c.kernel == 4 ? MlaTmaSchedule::kHandOff
+                                  : c.kernel == 5 ? MlaTmaSchedule::kRows16
                                                   : MlaTmaSchedule::kSerial,
                   .dcp = c.dcp,
                   .workspace_zeroed = c.merge,
@@ -186,8 +188,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
   EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.kernel >= 1);
   EXPECT_EQ(plan->use_tma, plan->use_mma && c.kernel >= 2);
-  if (plan->use_tma) {
-    EXPECT_EQ(plan->tma_schedule, in.tma_schedule);
+  if (plan->use_tma) {  // kRows16 only for row tiles of <= 16 rows
+    EXPECT_EQ(plan->tma_schedule,
+              c.kernel == 5 && max_q * H > 16 ? MlaTmaSchedule::kSerial : in.tma_schedule);
   }
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
@@ -223,6 +226,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
                        : !plan->use_tma                                 ? " wgmma"
                        : plan->tma_schedule == MlaTmaSchedule::kSeesaw  ? " wgmma-tma-seesaw"
                        : plan->tma_schedule == MlaTmaSchedule::kHandOff ? " wgmma-tma-handoff"
+                       : plan->tma_schedule == MlaTmaSchedule::kRows16  ? " tma-rows16"
                                                                         : " wgmma-tma";
   // The result against the reference; the merge tickets zero again after the call.
   auto check = [&](const char* what) {
@@ -318,6 +322,43 @@ TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
     RunCase<__nv_bfloat16>({kV3, {1, 3}, {200, 97}, 64, 0, false, kernel}, rng);
     RunCase<__half>({kLite, {2, 1}, {33, 129}, 5, 2, false, kernel}, rng);
   }
+}
+
+// MlaTmaSchedule::kRows16 (mla_decode_rows16.cu: mma.sync over row tiles of <= 16 rows, TMA
+// tiles): 16 heads q_len 1 and 8 heads q_len 1 / 2, contexts at the tile edges (1, 63, 64, 65)
+// and longer (700, 4096), pages 16 / 64, splits 1 / 2 / planned, separate and in-kernel merge;
+// a long plan (empty splits) replayed in a CUDA graph, a DCP shard, and 128 heads (the plan falls
+// back to kSerial).
+template <typename T>
+void RunRows16Cases(std::mt19937& rng) {
+  MlaDims h8 = kV3;
+  h8.num_heads = 8;
+  const std::vector<int32_t> ctx = {1, 63, 64, 65, 700, 4096};
+  for (int64_t page : {16, 64}) {
+    for (int splits : {1, 2, 0}) {
+      for (bool merge : {false, true}) {
+        if (merge && splits == 1) continue;
+        Case lite{kLite, std::vector<int32_t>(6, 1), ctx, page, splits, false, 5};
+        Case v3{h8, {1, 2, 2, 1, 2, 1}, ctx, page, splits, false, 5};
+        lite.merge = v3.merge = merge;
+        RunCase<T>(lite, rng);
+        RunCase<T>(v3, rng);
+      }
+    }
+  }
+  Case graph{kLite, {1, 1, 1}, {4096, 65, 1}, 64, 0, false, 5};
+  graph.plan_len = 32768;
+  graph.merge = graph.graph = true;
+  RunCase<T>(graph, rng);
+  RunCase<T>({h8, {2, 1}, {700, 65}, 16, 0, false, 5, DcpShard{2, 1, 16}}, rng);
+  RunCase<T>({kV3, {1}, {700}, 64, 2, false, 5}, rng);
+}
+
+TEST(MlaCudaTest, TmaRows16MatchesTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  RunRows16Cases<__nv_bfloat16>(rng);
+  RunRows16Cases<__half>(rng);
 }
 
 // The tiling edges of the tensor-core kernels: contexts not a multiple of the 64-latent tile or

@@ -380,6 +380,9 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   plan.use_wgmma = plan.use_mma && in.allow_wgmma;
   plan.use_tma = plan.use_wgmma && in.allow_tma;
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
+  if (plan.tma_schedule == MlaTmaSchedule::kRows16 && in.max_q_len * H > 16) {
+    plan.tma_schedule = MlaTmaSchedule::kSerial;  // kRows16 takes row tiles of <= 16 rows only
+  }
   plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
@@ -505,6 +508,8 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     }
     RETURN_IF_ERROR(schedule == MlaTmaSchedule::kSeesaw
                         ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
+                    : schedule == MlaTmaSchedule::kRows16
+                        ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, stream)
                         : mla_internal::LaunchMlaTma<T>(
                               p, cache, layer, grid, schedule == MlaTmaSchedule::kHandOff, stream));
   } else if (wgmma) {

@@ -1,0 +1,349 @@
+// MlaTmaSchedule::kRows16 (issue 33): the Hopper latent kernel for row tiles of <= 16 query rows
+// (heads x q_len <= 16: DeepSeek-V2-Lite's 16 heads, DeepSeek-V3 at TP = 8), FlashAttention-2
+// style on mma.sync m16n8k16 with no padding (the wgmma kernels pad 16 rows to M = 64: at 16 heads
+// they are compute-bound by 4x wasted tensor work, BENCHMARKS.md). Same grid, plan, workspace,
+// partial layout and in-kernel merge as mla_decode_tma.cu (LatentCtaOf over tiles of 16 rows; the
+// plan's row tiles of 64 are one tile here since the plan picks kRows16 only for <= 16 rows).
+//
+// Loading: mla_tma.cuh's TMA tiles (the pool as a [rows][576] tensor map, 128-byte swizzle, nine
+// 64-column chunks a tile, one full mbarrier a chunk), issued by warp kIssueWarp, whose lanes keep
+// the block-table rows of the next tile. Three stages of 64 latents x 576 (Q lives in registers,
+// so its 72 KiB of shared memory hold a third stage): tile t + 2 is issued at barrier A of tile t
+// (every warp has then finished P V of tile t - 1, whose stage it reuses).
+// Per tile t (stage t % 3), 8 warps, 256 threads:
+//   * QK: warp w scores S[16 rows][tokens 8 w .. 8 w + 8) over the 576 dims, chunk by chunk as the
+//     chunks land: Q as A fragments in registers (loaded once), K by ldmatrix from the swizzled
+//     stage (16-byte unit u of row r at ((u ^ (r % 8)) * 16)), two accumulator chains;
+//   * online softmax: masked scores (each row's own key end, KeyEnd) -> the warp's row maxima in
+//     shared memory, barrier A (named barrier 1), every warp takes the same tile maxima, so the
+//     running max and the rescale factor alpha are the same in all warps; each warp keeps the
+//     partial row sums of its own tokens (summed over warps in the epilogue);
+//   * P (16 x 64 of T, 128-byte rows, swizzled) to shared memory; the last tile's V rows past the
+//     split's end zeroed by the warp that reads them (its 64 columns); barrier B (named barrier 2);
+//   * PV: warp w owns output columns [64 w, 64 w + 64) = chunk w of the stage: O = alpha O + P V,
+//     P by ldmatrix, V by ldmatrix.trans (8 n8 tiles, 32 fp32 registers).
+// Buffers: one P and one max array suffice (a warp writes them for tile t + 1 only after barrier A
+// of tile t + 1, which every warp reaches after reading them for tile t).
+// Epilogue: the row sums over the quads and warps, then o_lat / lse or the fp32 partial (as
+// StoreWgRows), and the in-kernel merge (MergeInKernel of mla_decode_tma.cu). The L2 prefetch
+// variant (MlaPlanInput::tma_l2_prefetch_tiles) is not implemented here (ignored).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/attention/cuda/paged_decode_merge.cuh"
+#include "kernels/attention/cuda/prefill_common.cuh"
+#include "kernels/attention/cuda/prefill_wgmma.cuh"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/mla/mla_cuda_internal.cuh"
+#include "kernels/mla/mla_tma.cuh"
+#include "kernels/mla/mla_wgmma.cuh"
+
+namespace tandem::kernels::cuda::mla_internal {
+// Not an anonymous namespace (see mla_decode_tma.cu: the compute_90 pass empties the kernel).
+namespace rows16_kernel {
+
+using tma_kernel::BoxRow;
+using tma_kernel::IssueChunks;
+using tma_kernel::kBlockBytes;
+using tma_kernel::kChunks;
+using tma_kernel::kD;
+using tma_kernel::kTileBytes;
+using tma_kernel::TmaGeometry;
+using wgmma_common::BarSync;
+using wgmma_common::PackTwo;
+
+inline constexpr int kRows = 16, kKeys = 64, kStages = 3, kThreads = 256, kWarps = kThreads / 32;
+inline constexpr int kKSteps = kD / 16;              // 36 k16 steps of the scores
+inline constexpr int kPOff = kStages * kTileBytes;   // P: [16 rows][128 bytes], swizzled
+inline constexpr int kRedOff = kPOff + kRows * 128;  // [8 warps][16 rows] float: maxima, sums
+inline constexpr int kBarOff = kRedOff + kWarps * kRows * 4;  // full barriers: [3 stages][9 chunks]
+inline constexpr int kSmemBytes = kBarOff + 256 + 1024;       // + slack for 1024-byte alignment
+static_assert(kStages * kChunks * 8 <= 256);
+static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
+static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= kTileBytes,
+              "the merge's weights of 256 splits fit in a latent stage");
+inline constexpr int kIssueWarp = 0;
+
+// The thread's A fragments of Q for all 36 k16 steps (rows lane / 4 and + 8 of the CTA's; rows
+// past the request's are zero): qa[ks] = {row lo k, row hi k, row lo k + 8, row hi k + 8}.
+template <typename T>
+__device__ __forceinline__ void LoadQ(const LatentParams<T>& p, const LatentCta& c, int lane,
+                                      uint32_t (&qa)[kKSteps][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + 8 * h;
+    const bool ok = c.r0 + r < c.rows_seq;
+    const uint32_t* src =
+        reinterpret_cast<const uint32_t*>(
+            ok ? p.q + (static_cast<int64_t>(c.q0) * p.heads + c.r0 + r) * kD : p.q) +
+        lane % 4;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      qa[ks][h] = ok ? __ldg(src + ks * 8) : 0u;
+      qa[ks][2 + h] = ok ? __ldg(src + ks * 8 + 4) : 0u;
+    }
+  }
+}
+
+// Warp w's scores of the tile in the stage at shared address stage: s = {row lo, tokens 2 (lane %
+// 4) + 0 / 1; row hi, same} of tokens [8 w, 8 w + 8), chunk by chunk as the chunks land.
+template <typename T>
+__device__ __forceinline__ void TileScores(float (&s)[4], const uint32_t (&qa)[kKSteps][4],
+                                           uint32_t stage, uint64_t* bars, uint32_t parity,
+                                           int warp, int lane) {
+  float acc[2][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i / 4][i % 4] = 0.0f;
+  const int tok = warp * 8 + lane % 8;
+  const uint32_t row = stage + tok * 128;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    internal::prefill::MbarWait(bars + c, parity);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t b[4];
+      const int u = kk * 4 + lane / 8;  // matrices: k-step 2 kk (dims 0-7, 8-15), 2 kk + 1
+      LdMatrixX4(row + c * kBlockBytes + ((u ^ (tok % 8)) * 16), b);
+      const int ks = c * 4 + kk * 2;
+      Mma16816<T>(acc[0], qa[ks], b[0], b[1]);
+      Mma16816<T>(acc[1], qa[ks + 1], b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] = acc[0][i] + acc[1][i];
+}
+
+// O[16][64 w ..) = alpha O + P V: P from shared memory (p_addr), V = chunk w of the stage.
+template <typename T>
+__device__ __forceinline__ void AddPv(float (&o)[32], const float (&alpha)[2], uint32_t p_addr,
+                                      uint32_t stage, int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] *= alpha[(i % 4) / 2];
+  const uint32_t v = stage + warp * kBlockBytes;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    const int pr = lane % 16, pu = kk * 2 + lane / 16;
+    LdMatrixX4(p_addr + pr * 128 + ((pu ^ (pr % 8)) * 16), a);
+    const int tok = kk * 16 + lane % 16;  // lanes 8-15 / 24-31: tokens + 8
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t b[4];
+      const int u = jj * 2 + lane / 16;
+      LdMatrixX4Trans(v + tok * 128 + ((u ^ (tok % 8)) * 16), b);
+      Mma16816<T>(o + 8 * jj, a, b[0], b[1]);
+      Mma16816<T>(o + 8 * jj + 4, a, b[2], b[3]);
+    }
+  }
+}
+
+// The in-kernel merge (mla_decode_tma.cu's MergeInKernel for tiles of 16 rows).
+template <typename T>
+__device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
+                                              int filled, uint8_t* scratch) {
+  unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
+  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
+  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
+  const int n_rows = min(kRows, c.rows_seq - c.r0);
+  internal::MergeGroupSplits<T, 512>(
+      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
+      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
+      reinterpret_cast<float*>(scratch) + 4);
+}
+
+// The epilogue: row sums over quads and warps (through red), then the thread's 2 rows x 16
+// columns of o and (warp 0) the LSE, to o_lat / lse (direct) or the split's partial.
+template <typename T>
+__device__ __forceinline__ void StoreRows(const LatentParams<T>& p, const LatentCta& c, float* red,
+                                          int warp, int lane, const float (&o)[32],
+                                          float (&l_run)[2], const float (&m_run)[2], bool direct) {
+  const int g = lane / 4, t4 = lane % 4;
+  QuadSum2(l_run);
+  __syncthreads();  // every warp is done with the maxima
+  if (t4 == 0) {
+    red[warp * kRows + g] = l_run[0];
+    red[warp * kRows + g + 8] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    if (c.r0 + r >= c.rows_seq) continue;
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) l += red[w * kRows + r];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = static_cast<int64_t>(c.q0) * p.heads + c.r0 + r;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      StorePair(p, blockIdx.x, row, warp * 64 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
+                o[4 * j + 2 * h + 1] * inv, direct);
+    }
+    if (warp == 0 && t4 == 0) {
+      StoreLse(p, blockIdx.x, row,
+               l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY, direct);
+    }
+  }
+}
+
+// The tile's masked scores -> this warp's row maxima in red (before barrier A).
+__device__ __forceinline__ void MaskAndShareMax(float (&s)[4], int key0, int warp, int lane,
+                                                const int (&vis)[2], float scale_log2, float* red) {
+  float mx[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + warp * 8 + 2 * (lane % 4) + e;
+      s[2 * h + e] = key < vis[h] ? s[2 * h + e] * scale_log2 : -INFINITY;
+    }
+    mx[h] = fmaxf(s[2 * h], s[2 * h + 1]);
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+  if (lane % 4 == 0) {
+    red[warp * kRows + lane / 4] = mx[0];
+    red[warp * kRows + lane / 4 + 8] = mx[1];
+  }
+}
+
+// After barrier A: the tile maxima (the same in every warp), the running state's update, P of
+// the warp's 8 tokens rounded to T into the swizzled P buffer.
+template <typename T>
+__device__ __forceinline__ void SoftmaxToP(const float (&s)[4], const float* red, int warp,
+                                           int lane, float (&m_run)[2], float (&l_run)[2],
+                                           float (&alpha)[2], uint8_t* sp) {
+  const int g = lane / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m = red[g + 8 * h];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w * kRows + g + 8 * h]);
+    const float m_new = fmaxf(m_run[h], m);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked: a finite base
+    alpha[h] = exp2f(m_run[h] - m_use);
+    m_run[h] = m_new;
+    const float w0 = exp2f(s[2 * h] - m_use), w1 = exp2f(s[2 * h + 1] - m_use);
+    l_run[h] = l_run[h] * alpha[h] + w0 + w1;
+    const int r = g + 8 * h;
+    *reinterpret_cast<uint32_t*>(sp + r * 128 + ((warp ^ (r % 8)) * 16) + (lane % 4) * 4) =
+        PackTwo<T>(w0, w1);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaRows16Kernel(const __grid_constant__ LatentParams<T> p,
+                    const __grid_constant__ CUtensorMap map, const TmaGeometry g) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  float* red = reinterpret_cast<float*>(smem + kRedOff);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == kIssueWarp * 32) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+  }
+  const LatentCta c = LatentCtaOf(p, kRows);
+  const bool merge = p.merge_counters != nullptr;
+  const int filled = merge ? c.Filled() : 0;
+  if (c.r0 >= c.rows_seq || (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows))) return;
+  const int kb = c.kb, ke = c.ke, num_tiles = c.Tiles(kKeys), boxes = kKeys / g.box_rows;
+  const uint32_t base = SmemAddr(smem), bar_addr = SmemAddr(full);
+
+  // The issuing warp: the barriers, the table rows of tiles 0-2, tiles 0 and 1 now.
+  int next_rows = 0;
+  if (warp == kIssueWarp) {
+    if (lane == 0) {
+      for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    int rows[3];
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      rows[t] = t < num_tiles && lane < boxes ? BoxRow(p, g, c.table, kb + t * kKeys, lane, ke) : 0;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      if (t < num_tiles) {
+        IssueChunks(&map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8,
+                    lane, 0, kChunks);
+      }
+    }
+    next_rows = rows[2];
+  }
+  uint32_t qa[kKSteps][4];
+  LoadQ(p, c, lane, qa);
+  __syncthreads();  // the barriers initialized
+
+  const int vis[2] = {c.KeyEnd(p, lane / 4), c.KeyEnd(p, lane / 4 + 8)};
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t % kStages;
+    const uint32_t stage = base + st * kTileBytes;
+    const int key0 = kb + t * kKeys;
+    float s[4];
+    TileScores<T>(s, qa, stage, full + st * kChunks, (t / kStages) & 1, warp, lane);
+    MaskAndShareMax(s, key0, warp, lane, vis, p.scale_log2, red);
+    BarSync(1, kThreads);  // A: every warp's maxima; P V of tile t - 1 done everywhere
+    if (warp == kIssueWarp && t + 2 < num_tiles) {
+      const int s2 = (t + 2) % kStages;
+      IssueChunks(&map, g, next_rows, boxes, base + s2 * kTileBytes, bar_addr + s2 * kChunks * 8,
+                  lane, 0, kChunks);
+      if (t + 3 < num_tiles && lane < boxes) {
+        next_rows = BoxRow(p, g, c.table, kb + (t + 3) * kKeys, lane, ke);
+      }
+    }
+    float alpha[2];
+    SoftmaxToP<T>(s, red, warp, lane, m_run, l_run, alpha, smem + kPOff);
+    if (ke - key0 < kKeys) {  // V rows past the split's end: zero (NaN-safe P V), own chunk only
+      tma_kernel::ZeroTailChunks(smem + st * kTileBytes, ke - key0, lane, 32, warp, warp + 1);
+    }
+    BarSync(2, kThreads);  // B: P complete
+    AddPv<T>(o, alpha, base + kPOff, stage, warp, lane);
+  }
+
+  const bool direct = merge ? filled == 1 : p.num_splits == 1;
+  StoreRows(p, c, red, warp, lane, o, l_run, m_run, direct);
+  if (merge && filled > 1) MergeInKernel(p, c, filled, smem);
+#endif
+}
+
+}  // namespace rows16_kernel
+
+template <typename T>
+absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
+                             dim3 grid, cudaStream_t stream) {
+  using rows16_kernel::kSmemBytes;
+  const int64_t bs = cache.layout.block_size;
+  const tma_kernel::TmaGeometry g{static_cast<int>(cache.layout.num_layers * bs),
+                                  static_cast<int>(layer * bs),
+                                  static_cast<int>(bs < 64 ? bs : 64)};
+  ASSIGN_OR_RETURN(const CUtensorMap map,
+                   tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
+  auto kernel = rows16_kernel::MlaRows16Kernel<T>;
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<grid, rows16_kernel::kThreads, kSmemBytes, stream>>>(p, map, g);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template absl::Status LaunchMlaRows16<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
+                                                     const DeviceKvCache&, int64_t, dim3,
+                                                     cudaStream_t);
+template absl::Status LaunchMlaRows16<__half>(const LatentParams<__half>&, const DeviceKvCache&,
+                                              int64_t, dim3, cudaStream_t);
+
+}  // namespace tandem::kernels::cuda::mla_internal
