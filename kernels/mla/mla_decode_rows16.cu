@@ -8,8 +8,9 @@
 // Loading: mla_tma.cuh's TMA tiles (the pool as a [rows][576] tensor map, 128-byte swizzle, nine
 // 64-column chunks a tile, one full mbarrier a chunk), issued by warp kIssueWarp, whose lanes keep
 // the block-table rows of the next tile. Three stages of 64 latents x 576 (Q lives in registers,
-// so its 72 KiB of shared memory hold a third stage): tile t + 2 is issued at barrier A of tile t
-// (every warp has then finished P V of tile t - 1, whose stage it reuses).
+// so its 72 KiB of shared memory hold a third stage): tiles 0-2 are issued at entry, tile t + 2
+// (t >= 1) at barrier A of tile t (every warp has then finished P V of tile t - 1, whose stage it
+// reuses). Every mbarrier wait traps after ~1 s of polls (MbarWaitOrTrap) instead of hanging.
 // Per tile t (stage t % 3), 8 warps, 256 threads:
 //   * QK: warp w scores S[16 rows][tokens 8 w .. 8 w + 8) over the 576 dims, chunk by chunk as the
 //     chunks land: Q as A fragments in registers (loaded once), K by ldmatrix from the swizzled
@@ -103,7 +104,7 @@ __device__ __forceinline__ void TileScores(float (&s)[4], const uint32_t (&qa)[k
   const uint32_t row = stage + tok * 128;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    internal::prefill::MbarWait(bars + c, parity);
+    internal::MbarWaitOrTrap(bars + c, parity);  // a protocol bug traps, never hangs
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       uint32_t b[4];
@@ -257,27 +258,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kb = c.kb, ke = c.ke, num_tiles = c.Tiles(kKeys), boxes = kKeys / g.box_rows;
   const uint32_t base = SmemAddr(smem), bar_addr = SmemAddr(full);
 
-  // The issuing warp: the barriers, the table rows of tiles 0-2, tiles 0 and 1 now.
+  // The issuing warp: the barriers, the table rows of tiles 0-3, tiles 0-2 now (every stage).
   int next_rows = 0;
   if (warp == kIssueWarp) {
     if (lane == 0) {
       for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    int rows[3];
+    int rows[kStages + 1];
 #pragma unroll
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t <= kStages; ++t) {
       rows[t] = t < num_tiles && lane < boxes ? BoxRow(p, g, c.table, kb + t * kKeys, lane, ke) : 0;
     }
     __syncwarp();
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < kStages; ++t) {
       if (t < num_tiles) {
         IssueChunks(&map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8,
                     lane, 0, kChunks);
       }
     }
-    next_rows = rows[2];
+    next_rows = rows[kStages];
   }
   uint32_t qa[kKSteps][4];
   LoadQ(p, c, lane, qa);
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     TileScores<T>(s, qa, stage, full + st * kChunks, (t / kStages) & 1, warp, lane);
     MaskAndShareMax(s, key0, warp, lane, vis, p.scale_log2, red);
     BarSync(1, kThreads);  // A: every warp's maxima; P V of tile t - 1 done everywhere
-    if (warp == kIssueWarp && t + 2 < num_tiles) {
+    if (warp == kIssueWarp && t >= 1 && t + 2 < num_tiles) {  // tile t + 2 into t - 1's stage
       const int s2 = (t + 2) % kStages;
       IssueChunks(&map, g, next_rows, boxes, base + s2 * kTileBytes, bar_addr + s2 * kChunks * 8,
                   lane, 0, kChunks);
