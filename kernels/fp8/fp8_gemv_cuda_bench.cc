@@ -354,7 +354,8 @@ W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
                              {"deep", Fp8W16Math::kTensorCoreDeep, 0},
                              {"splitk", Fp8W16Math::kTensorCoreSplitK, 0},
                              {"splitk2", Fp8W16Math::kTensorCoreSplitK, 2},
-                             {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4}};
+                             {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4},
+                             {"waves", Fp8W16Math::kAutoWaves, 0}};
   W8a16Rows rows;
   rows.references = references;
   for (const W8a16Math& m : known) {

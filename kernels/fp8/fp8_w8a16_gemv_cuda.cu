@@ -277,6 +277,16 @@ absl::Status LaunchKernel(bool mma, bool grouped, cudaLaunchConfig_t& config, co
 }
 
 // grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
+// Fp8W16Math::kAutoWaves' rule (the header): n output rows (of each set) in 16-row tiles against
+// the SMs' resident CTAs, 2 an SM for kTensorCoreDeep, 4 for kTensorCore.
+absl::StatusOr<bool> DeepFillsTheWavesBetter(int64_t n) {
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (n + kMmaRows - 1) / kMmaRows;
+  return tiles <= int64_t{2} * sms || tiles > int64_t{4} * sms;
+}
+
 template <typename TOut, int R, Fold kFold>
 absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, TOut* out,
                     cudaStream_t stream, bool pdl, Fp8W16Math math,
@@ -304,6 +314,13 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
                                         math == Fp8W16Math::kRing2 ? 2 : 1);
     }
     math = Fp8W16Math::kTensorCore;  // the ring does not fit: the same bits from registers
+  }
+  if (math == Fp8W16Math::kAutoWaves) {
+    math = Fp8W16Math::kAuto;
+    if (kFold == Fold::kNormIn || p.k * 2 <= kFp8W16AutoMaxStagingBytes) {  // kAuto's mma
+      ASSIGN_OR_RETURN(const bool deep, DeepFillsTheWavesBetter(p.n));
+      if (deep) math = Fp8W16Math::kTensorCoreDeep;
+    }
   }
   if (math == Fp8W16Math::kTensorCoreDeep) {
     return LaunchDeep<TOut, R, kFold>(p, out, stream, pdl, grouped);

@@ -83,7 +83,15 @@
 //                 for bit kTensorCore (another fp32 sum order); every CTA runs the NormIn
 //                 prologue. Without a workspace (null), or where S would be 1, or the workspace
 //                 holds fewer tiles than ceil(n / 16): kTensorCore.
-//                 Both selectable only, not yet measured (TANDEM_FP8_W16_MMA=deep / splitk).
+//                 Both selectable (TANDEM_FP8_W16_MMA=deep / splitk); measured on an H200
+//                 (BENCHMARKS.md, fourteenth session): deep faster where its 2 CTAs an SM fill
+//                 the waves better, split-k no better than deep anywhere.
+//   kAutoWaves    kAuto, but kTensorCoreDeep (the same bits) wherever kAuto takes kTensorCore and
+//                 the 16-row tiles fit one wave of deep CTAs (<= 2 an SM) or exceed one wave of
+//                 kTensorCore's (> 4 an SM): where the 4-CTA kernel's last wave is not full
+//                 anyway or it is under one wave with slots idle, twice the loads in flight a lane
+//                 win (H200, Llama-3-8B o / down / gate_up, 70B qkv / gate_up); between the two
+//                 (8B qkv: 384 tiles, 70B o: 512) kTensorCore.
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -115,7 +123,8 @@ enum class Fp8W16Math {
   kRing2,
   kRingHalf,
   kTensorCoreDeep,
-  kTensorCoreSplitK
+  kTensorCoreSplitK,
+  kAutoWaves
 };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =

@@ -105,17 +105,20 @@ bool W16EarlyLoads() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAuto
-// (Llama-3-8B batch 1 on an H200: 3.091 -> 3.026 ms a step against kFp32Fma,
-// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=1 kTensorCore everywhere, =0 kFp32Fma, =ring /
-// ring2 / ringhalf the shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits,
-// slower), =deep / splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per
-// shape; =splitk2 / splitk4: S forced; not yet measured in a step; also for CudaFp8Linear's W8A16
-// GEMV: PrepareW16Latency) (A/B runs of decode_step_bench).
+// The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAutoWaves
+// (kAuto's choice, on kTensorCoreDeep where it fills the SMs' waves better; the same bits:
+// Llama-3-8B FP8 batch 1 on an H200 3.02-3.05 -> 2.75 ms a step, 70B 20.58 -> 19.86,
+// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=auto kAuto (3.091 -> 3.026 ms against kFp32Fma
+// when it came), =1 kTensorCore everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the
+// shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits, slower), =deep /
+// splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per shape; =splitk2 /
+// splitk4: S forced); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency) (A/B runs of
+// decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
-  if (v == nullptr) return Fp8W16Math::kAuto;
+  if (v == nullptr || std::strcmp(v, "waves") == 0) return Fp8W16Math::kAutoWaves;
+  if (std::strcmp(v, "auto") == 0) return Fp8W16Math::kAuto;
   if (std::strcmp(v, "deep") == 0) return Fp8W16Math::kTensorCoreDeep;
   if (std::strncmp(v, "splitk", 6) == 0) return Fp8W16Math::kTensorCoreSplitK;
   if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
@@ -127,12 +130,12 @@ kernels::cuda::Fp8W16Math W16Math() {
 absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
   using kernels::cuda::Fp8W16Math;
   const Fp8W16Math math = W16Math();
-  if (fp8 == nullptr ||
-      (math != Fp8W16Math::kTensorCoreDeep && math != Fp8W16Math::kTensorCoreSplitK)) {
+  if (fp8 == nullptr || (math != Fp8W16Math::kTensorCoreDeep &&
+                         math != Fp8W16Math::kTensorCoreSplitK && math != Fp8W16Math::kAutoWaves)) {
     return absl::OkStatus();
   }
   fp8->set_w8a16_math(math);
-  if (math == Fp8W16Math::kTensorCoreDeep) return absl::OkStatus();
+  if (math != Fp8W16Math::kTensorCoreSplitK) return absl::OkStatus();
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");  // splitk, splitk2, splitk4
   return fp8->ReserveW16SplitK(weight_rows, std::atoi(v + 6));
 }
@@ -141,7 +144,8 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
 // forms the qkv GEMV keeps it (kAuto) rather than falling back to the unfused pair.
 kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
   using kernels::cuda::Fp8W16Math;
-  return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK
+  return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK ||
+                 math == Fp8W16Math::kAutoWaves
              ? Fp8W16Math::kAuto
              : math;
 }
