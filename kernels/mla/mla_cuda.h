@@ -115,6 +115,11 @@ struct MlaPlanInput {
   // launch; an atomic ticket per group that the merging CTA resets, so CUDA-graph replays and
   // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
   bool workspace_zeroed = false;
+  // With tma_schedule kSerial: kRows16 instead where the plan takes short in-kernel-merged splits
+  // (row tiles of <= 16 rows, at most 8 request x row-tile groups: batch-1 decode of 16-head
+  // models). Measured on an H200 (BENCHMARKS.md, fourteenth session): 16 heads, batch 1 at 1k /
+  // 4k / 16k / 64k 7-13% faster than kSerial, larger batches 3-5% slower (so they keep kSerial).
+  bool rows16_small_batches = false;
   // The TMA kernel (kSerial / kHandOff), a variant for A/B (default 0: off): each CTA also
   // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
   // past its two stages, so a latency-bound CTA (small batch: one tile's load per tile's math)

@@ -509,6 +509,39 @@ TEST(MlaCudaTest, InKernelMergeMatchesTheCpu) {
 // CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents); a plan for a
 // long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
 // SplitChunk); forced counts (64-latent minimum), the workspace cap and DCP's local bound.
+// MlaPlanInput::rows16_small_batches (host planner only): kRows16 exactly where the plan takes
+// short in-kernel-merged splits and the row tile holds <= 16 rows; kSerial everywhere else, and
+// never without the switch or with another schedule asked for.
+TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
+  auto schedule = [](const MlaDims& d, int64_t seqs, int64_t ctx, int64_t q, bool rows16,
+                     MlaTmaSchedule asked = MlaTmaSchedule::kSerial, int splits = 0) {
+    absl::StatusOr<MlaPlan> p = PlanMla({.dims = d,
+                                         .num_seqs = seqs,
+                                         .num_tokens = seqs * q,
+                                         .max_q_len = q,
+                                         .max_seq_len = ctx,
+                                         .num_sms = 132,
+                                         .num_splits = splits,
+                                         .tma_schedule = asked,
+                                         .workspace_zeroed = true,
+                                         .rows16_small_batches = rows16});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->tma_schedule : MlaTmaSchedule::kSeesaw;
+  };
+  for (int64_t ctx : {1024, 4096, 65536}) {
+    for (int64_t seqs : {1, 8}) {
+      EXPECT_EQ(schedule(kLite, seqs, ctx, 1, true), MlaTmaSchedule::kRows16) << seqs << "x" << ctx;
+      EXPECT_EQ(schedule(kLite, seqs, ctx, 1, false), MlaTmaSchedule::kSerial);
+    }
+    EXPECT_EQ(schedule(kLite, 16, ctx, 1, true), MlaTmaSchedule::kSerial);  // > 8 groups
+    EXPECT_EQ(schedule(kLite, 1, ctx, 2, true), MlaTmaSchedule::kSerial);   // 32 rows a tile
+    EXPECT_EQ(schedule(kV3, 1, ctx, 1, true), MlaTmaSchedule::kSerial);     // 128 heads
+    EXPECT_EQ(schedule(kLite, 1, ctx, 1, true, MlaTmaSchedule::kHandOff), MlaTmaSchedule::kHandOff);
+    EXPECT_EQ(schedule(kLite, 1, ctx, 1, true, MlaTmaSchedule::kSerial, 4),
+              MlaTmaSchedule::kSerial);  // forced splits: not the short-split plan
+  }
+}
+
 TEST(MlaCudaTest, PlanSplitsFillAWave) {
   auto plan = [](const MlaDims& d, int64_t seqs, int64_t max_seq_len, int64_t max_q = 1,
                  int splits = 0, int64_t max_ws = 0, DcpShard dcp = {}) {

@@ -401,6 +401,10 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   // the 512-latent planner below, their partials merged in the kernel).
   const bool short_splits =
       merge_possible && in.num_splits == 0 && seqs * plan.row_tiles <= kShortSplitGroups;
+  if (short_splits && in.rows16_small_batches && plan.tma_schedule == MlaTmaSchedule::kSerial &&
+      in.max_q_len * H <= 16) {
+    plan.tma_schedule = MlaTmaSchedule::kRows16;
+  }
   plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign
                            : short_splits    ? kSplitMinLatentsInKernel
                                              : kSplitMinLatents;

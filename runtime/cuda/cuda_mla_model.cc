@@ -422,7 +422,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .num_sms = num_sms_,
                       .max_workspace_bytes = mla_workspace_.bytes(),
                       .dcp = options_.dcp,
-                      .workspace_zeroed = true};  // the TMA kernel merges its splits
+                      .workspace_zeroed = true,  // the TMA kernel merges its splits
+                      .rows16_small_batches = options_.mla_rows16};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");

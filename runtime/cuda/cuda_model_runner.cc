@@ -199,6 +199,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.mla_norm_in_write = config.mla_norm_in_write;
   options.mla_rope_in_write = config.mla_rope_in_write;
   options.mla_fold_norm = config.mla_fold_norm;
+  options.mla_rows16 = config.mla_rows16;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;

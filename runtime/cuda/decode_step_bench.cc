@@ -60,14 +60,16 @@
 // the write kernel, 16-bit latent pools). --mla_rope_write=0: k_pe's RoPE as its own kernel
 // (CudaBackendConfig::mla_rope_in_write, default: in the write kernel too). --mla_fold=0:
 // DeepSeek's batch-1 steps unfolded (CudaBackendConfig::mla_fold_norm, default: the norms inside
-// the GEMVs). --fp8_w8a16=0: FP8 batch-1 steps keep the W8A8 kernels instead of the weight-only
-// GEMVs with the norms folded in (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0:
-// their first weight loads after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their
-// tensor-core / fp32 inner loop everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms
-// (Fp8W16Math::kRing ...), =deep / splitk[2|4]: the latency forms (kTensorCoreDeep /
-// kTensorCoreSplitK), unset: Fp8W16Math::kAuto). Prints per batch (rank 0): mean decode step
-// time, tokens/s, the tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per
-// step) and the step's share of it.
+// the GEMVs). --mla_rows16=1: DeepSeek's small-batch latent attention on the 16-row kernel
+// instead of kSerial (CudaBackendConfig::mla_rows16, default off). --fp8_w8a16=0: FP8 batch-1 steps
+// keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
+// (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads after
+// the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core / fp32 inner loop
+// everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms (Fp8W16Math::kRing ...), =deep
+// / splitk[2|4]: the latency forms (kTensorCoreDeep / kTensorCoreSplitK), =auto: Fp8W16Math::kAuto,
+// unset / =waves: kAutoWaves). Prints per batch (rank 0): mean decode step time, tokens/s, the
+// tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's
+// share of it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -145,6 +147,7 @@ int Main(int argc, char** argv) {
   bool qk_norm_rope = CudaBackendConfig().qk_norm_rope, fold_moe = CudaBackendConfig().fold_moe;
   bool mla_norm_write = CudaBackendConfig().mla_norm_in_write;
   bool mla_fold = CudaBackendConfig().mla_fold_norm;
+  bool mla_rows16 = CudaBackendConfig().mla_rows16;
   bool mla_rope_write = CudaBackendConfig().mla_rope_in_write;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
@@ -176,6 +179,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fold_moe=", 0) == 0) fold_moe = std::atoi(argv[i] + 11) != 0;
     if (a.rfind("--mla_norm_write=", 0) == 0) mla_norm_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--mla_fold=", 0) == 0) mla_fold = std::atoi(argv[i] + 11) != 0;
+    if (a.rfind("--mla_rows16=", 0) == 0) mla_rows16 = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--mla_rope_write=", 0) == 0) mla_rope_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
@@ -228,6 +232,7 @@ int Main(int argc, char** argv) {
   backend.fold_moe = fold_moe;
   backend.mla_norm_in_write = mla_norm_write;
   backend.mla_fold_norm = mla_fold;
+  backend.mla_rows16 = mla_rows16;
   backend.mla_rope_in_write = mla_rope_write;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
