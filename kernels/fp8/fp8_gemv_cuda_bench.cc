@@ -12,8 +12,9 @@
 // kernels at every Llama-3-8B / 70B projection and TP = 1 / 2 / 4 slice (BenchSweep);
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
-// (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf,deep,splitk,splitk2,splitk4 picks its
-// inner loops, the default all; splitk: S picked per shape, splitk2 / 4: S forced;
+// (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf,deep,splitk,splitk2,splitk4,waves,
+// persistent picks its inner loops, the default all; splitk: S picked per shape, splitk2 / 4: S
+// forced;
 // --w8a16_ref=0 leaves out the bf16 and W8A8 rows); --only=w8a16-grouped: batch 1 at the
 // Qwen3-30B-A3B / DeepSeek-V2-Lite / V3 dense FP8 projections (128 x 128 weight blocks, scales
 // per row and 128 columns), QuantizeActivations (1 x 128) + the W8A8 GEMV as CudaFp8Linear ran
@@ -323,7 +324,8 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
 // (fp8_w8a16_gemv_cuda.h; "w8a16" its fp32 inner loop, "w8a16-mma" the tensor-core one,
 // "w8a16-ring" / "-ring2" / "-ringhalf" the tensor-core arithmetic fed by the shared-memory ring,
 // "w8a16-deep" 16 loads in flight a lane, "w8a16-splitk" S CTAs a tile splitting k (S picked;
-// "-splitk2" / "-splitk4" forced; the bench owns the workspace))
+// "-splitk2" / "-splitk4" forced; the bench owns the workspace), "w8a16-persistent" the deep
+// tiles on a persistent grid, the activations staged once a CTA)
 // plain, with its first loads before the PDL wait ("-early"), and in the folded form the decode
 // step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next to the bf16 SmallMLinear
 // and its folded form. One line per (shape, variant): us and TB/s.
@@ -355,7 +357,8 @@ W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
                              {"splitk", Fp8W16Math::kTensorCoreSplitK, 0},
                              {"splitk2", Fp8W16Math::kTensorCoreSplitK, 2},
                              {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4},
-                             {"waves", Fp8W16Math::kAutoWaves, 0}};
+                             {"waves", Fp8W16Math::kAutoWaves, 0},
+                             {"persistent", Fp8W16Math::kTensorCorePersistent, 0}};
   W8a16Rows rows;
   rows.references = references;
   for (const W8a16Math& m : known) {

@@ -1,13 +1,16 @@
 // The batch-1 weight-only FP8 GEMV's latency forms (Fp8W16Math::kTensorCoreDeep /
-// kTensorCoreSplitK, fp8_w8a16_gemv_cuda.h): the tensor-core kernel (Fp8W16MmaKernel,
-// fp8_w8a16_gemv_cuda.cu) with more weight bytes in flight on the shapes whose 16-row tiles do
-// not fill the GPU (Llama-3-8B's o / down_proj, n = 4096: 256 CTAs = 0.48 waves on an H200, ncu
-// DRAM 54-56%, BENCHMARKS.md).
+// kTensorCoreSplitK / kTensorCorePersistent, fp8_w8a16_gemv_cuda.h): the tensor-core kernel
+// (Fp8W16MmaKernel, fp8_w8a16_gemv_cuda.cu) with more weight bytes in flight on the shapes whose
+// 16-row tiles do not fill the GPU (Llama-3-8B's o / down_proj, n = 4096: 256 CTAs = 0.48 waves on
+// an H200, ncu DRAM 54-56%, BENCHMARKS.md).
 //
 //   Deep:   the same tile and arithmetic with 2 kLoads 16-byte loads in flight a lane (G = 8
 //           groups for R = 1, 4 for SiLU-and-mul's R = 2), __launch_bounds__ for 2 CTAs an SM
 //           (<= 128 registers). Bits: kTensorCore's (the same mma order into the same
 //           accumulators; only the load schedule differs).
+//   Persistent: the deep kernel's tiles on min(tiles, 2 SMs) CTAs, each walking tiles b,
+//           b + gridDim.x, ... with the activations (kNormIn: the RmsNorm) staged once a CTA
+//           rather than once a tile. Bits: kTensorCore's.
 //   SplitK: S CTAs a tile (gridDim.y = S), CTA s taking the chunks [s share, (s + 1) share) of
 //           k (share a multiple of 128 columns, so the grouped scales line up), each writing its
 //           16 (x R) fp32 tile sums into the caller's workspace; the last CTA of the tile to take
@@ -47,6 +50,63 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   float dot[R];
   SumPartials<R>(partial, threadIdx.x, dot);
   StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
+}
+
+// Fp8W16MmaKernelDeep's tiles on a persistent grid: CTA b takes the tiles b, b + gridDim.x, ...
+// The first tile's first G groups are loaded before the PDL wait (p.early), the activations
+// (kNormIn: the RmsNorm) staged once a CTA, each next tile's first G groups loaded as soon as the
+// previous tile's products are done (before its partials' barrier and epilogue). Per tile the
+// deep kernel's arithmetic, hence kTensorCore's bits. partial alternates between two buffers:
+// tile i + 2 writes buffer i % 2 only after the barrier of tile i + 1, which warp 0 reaches after
+// its epilogue of tile i read it.
+template <typename TOut, int R, Fold kFold, bool kGrouped>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    Fp8W16MmaKernelPersistent(Args p, TOut* __restrict__ out) {
+  static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
+  static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
+  constexpr int G = kDeepLoads / (2 * R);
+  __shared__ float partial[2][kWarps][R][kMmaRows];
+  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunks = static_cast<int>(p.k / 16), c0 = warp * 4 + lane % 4;
+  const int64_t tiles = (p.n + kMmaRows - 1) / kMmaRows;
+  const uint4* wrow[R][2];
+  const float* srow[R][2];  // kGrouped
+  uint4 buf[G][R][2];
+  float sc[kGrouped ? G : 1][R][2];
+  const auto rows_of = [&](int64_t tile) {
+    const int64_t row0 = tile * kMmaRows;
+    const auto row_of = [&](int j, int r) -> int64_t {  // past n: row 0 (not stored)
+      const int64_t r0 = row0 + j;
+      return r0 < p.n ? r0 + r * p.n : 0;
+    };
+    TileRowsOf<R, false>(p, row_of, lane, 0, wrow, srow);
+  };
+  int64_t tile = blockIdx.x;
+  rows_of(tile);
+  if (p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  StageActivationsF16<kFold>(p, w16_smem);  // once a CTA (barrier after)
+  for (int i = 0; tile < tiles; ++i) {
+    float acc[R][4];
+    MmaTileGroups<R, kGrouped, G>(wrow, srow, w16_smem, warp, c0, chunks, buf, sc, acc);
+    const int64_t next = tile + gridDim.x;
+    if (next < tiles) {  // the next tile's first groups in flight across the epilogue
+      rows_of(next);
+      LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+    }
+    WriteTilePartials<R>(acc, warp, lane, partial[i & 1]);
+    __syncthreads();
+    const int64_t row = tile * kMmaRows + threadIdx.x;
+    if (threadIdx.x < kMmaRows && row < p.n) {
+      float dot[R];
+      SumPartials<R>(partial[i & 1], threadIdx.x, dot);
+      StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
+    }
+    tile = next;
+  }
 }
 
 // The split-k kernels' share of the caller's workspace.
@@ -148,6 +208,22 @@ absl::Status LaunchDeep(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
 }
 
 template <typename TOut, int R, Fold kFold>
+absl::Status LaunchPersistent(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
+                              bool grouped) {
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (p.n + kMmaRows - 1) / kMmaRows;
+  const internal::PdlLaunchConfig pdl_config(
+      dim3(static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{2} * sms))), dim3(kWarps * 32),
+      stream, pdl);
+  cudaLaunchConfig_t config = *pdl_config.get();  // its attributes stay in pdl_config
+  config.dynamicSmemBytes = static_cast<size_t>((kFold == Fold::kNormIn ? 2 : 1) * p.k * 2);
+  if (grouped) return LaunchWith(Fp8W16MmaKernelPersistent<TOut, R, kFold, true>, config, p, out);
+  return LaunchWith(Fp8W16MmaKernelPersistent<TOut, R, kFold, false>, config, p, out);
+}
+
+template <typename TOut, int R, Fold kFold>
 absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
                                   bool grouped, const Fp8W16SplitKWorkspace& ws) {
   int device = 0, sms = 0, splits = 1;
@@ -176,6 +252,8 @@ absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream,
 
 #define TANDEM_W16_LATENCY_FORMS(TOut, R, kFold)                                                  \
   template absl::Status LaunchDeep<TOut, R, kFold>(const Args&, TOut*, cudaStream_t, bool, bool); \
+  template absl::Status LaunchPersistent<TOut, R, kFold>(const Args&, TOut*, cudaStream_t, bool,  \
+                                                         bool);                                   \
   template absl::StatusOr<bool> LaunchSplitK<TOut, R, kFold>(                                     \
       const Args&, TOut*, cudaStream_t, bool, bool, const Fp8W16SplitKWorkspace&);
 TANDEM_W16_LATENCY_FORMS(bf16, 1, Fold::kNone)

@@ -325,6 +325,9 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
   if (math == Fp8W16Math::kTensorCoreDeep) {
     return LaunchDeep<TOut, R, kFold>(p, out, stream, pdl, grouped);
   }
+  if (math == Fp8W16Math::kTensorCorePersistent) {
+    return LaunchPersistent<TOut, R, kFold>(p, out, stream, pdl, grouped);
+  }
   if (math == Fp8W16Math::kTensorCoreSplitK) {
     if (split_k != nullptr) {
       ASSIGN_OR_RETURN(const bool launched,

@@ -92,6 +92,12 @@
 //                 anyway or it is under one wave with slots idle, twice the loads in flight a lane
 //                 win (H200, Llama-3-8B o / down / gate_up, 70B qkv / gate_up); between the two
 //                 (8B qkv: 384 tiles, 70B o: 512) kTensorCore.
+//   kTensorCorePersistent  kTensorCoreDeep's tiles, arithmetic and bits on a persistent grid of
+//                 min(tiles, 2 x SMs) CTAs, each walking the tiles b, b + gridDim.x, ...: the
+//                 activations (NormIn: the RmsNorm prologue) staged once a CTA instead of once a
+//                 tile, the first tile's first loads before the PDL wait, each next tile's as soon
+//                 as the previous tile's products are done. Selectable only
+//                 (TANDEM_FP8_W16_MMA=persistent; issue 38).
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -124,7 +130,8 @@ enum class Fp8W16Math {
   kRingHalf,
   kTensorCoreDeep,
   kTensorCoreSplitK,
-  kAutoWaves
+  kAutoWaves,
+  kTensorCorePersistent
 };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =

@@ -9,7 +9,8 @@
 // for bit against the tensor-core kernel at the Llama-3-8B / 70B projections (and sampled rows
 // against the reference there); grouped weights (a random scale per row and 128-column group)
 // on both inner loops, kAuto and the ring maths' fallback, k = 144 .. 10944 with partial last
-// groups, and their folds; refusals (GPU; skips without one).
+// groups, and their folds; refusals; the latency forms (deep, split-k, persistent: the deep and
+// persistent ones bit for bit against kTensorCore) (GPU; skips without one).
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 
 #include <algorithm>
@@ -615,6 +616,62 @@ TEST(Fp8W16GemvCudaTest, SplitKReplaysInAGraph) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// kTensorCorePersistent (the deep tiles on min(tiles, 2 SMs) CTAs, the activations staged once a
+// CTA): against the reference and its own unfolded kernels as the other forms, then bit for bit
+// against kTensorCore, plain (fp32 out), NormIn, NormInSiluMul and AddTo, per-channel and grouped,
+// at n = 77 / 130 (5 / 9 tiles: one a CTA) and 9000 (563 tiles: past 2 x 132 SMs, 2-3 a CTA), k =
+// 272 / 1040 / 4096 / 14336 (NormIn's k <= 12280: 14336 plain and AddTo only).
+void ExpectPersistentBits(std::mt19937& rng, int64_t n, int64_t k, bool grouped) {
+  SCOPED_TRACE(::testing::Message()
+               << "persistent n=" << n << " k=" << k << (grouped ? " grouped" : ""));
+  constexpr Fp8W16Math kP = Fp8W16Math::kTensorCorePersistent, kT = Fp8W16Math::kTensorCore;
+  const Weight w(rng, n, k, false, false, grouped);
+  DeviceBuffer<bf16> dx(RandomBf16(rng, k, 1.5f)), dnorm(RandomBf16(rng, k, 1.0f));
+  DeviceBuffer<bf16> dbias(RandomBf16(rng, 2 * n, 1.0f));
+  const std::vector<bf16> res0 = RandomBf16(rng, n, 3.0f);
+  EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, dbias.get(), true, kP),
+                       RunPlain<float>(dx.get(), w, dbias.get(), true, kT)))
+      << "plain";
+  EXPECT_TRUE(SameBits(RunPlain<float>(dx.get(), w, nullptr, false, kP),
+                       RunPlain<float>(dx.get(), w, nullptr, false, kT)))
+      << "plain, late loads";
+  const auto add_to = [&](Fp8W16Math math) {
+    DeviceBuffer<bf16> residual(res0);
+    EXPECT_TRUE(Fp8W16GemvAddTo(dx.get(), w.device(), dbias.get(), 1, residual.get(), nullptr, true,
+                                true, math)
+                    .ok());
+    return residual.ToHost();
+  };
+  EXPECT_TRUE(SameBits(add_to(kP), add_to(kT))) << "AddTo";
+  if (!Fp8W16GemvNormInSupported(dx.get(), dnorm.get(), w.device(), 1)) return;  // k > 12280
+  const Weight gu(rng, 2 * n, k, false, false, grouped);  // gate rows, then up rows
+  const auto norm_in = [&](Fp8W16Math math, bool silu) {
+    DeviceBuffer<bf16> out(n);
+    const absl::Status st =
+        silu ? Fp8W16GemvNormInSiluMul(dx.get(), dnorm.get(), kEps, gu.device(), dbias.get(), 1,
+                                       out.get(), nullptr, true, true, math)
+             : Fp8W16GemvNormIn(dx.get(), dnorm.get(), kEps, w.device(), dbias.get(), 1, out.get(),
+                                nullptr, true, true, math);
+    EXPECT_TRUE(st.ok()) << st;
+    return out.ToHost();
+  };
+  EXPECT_TRUE(SameBits(norm_in(kP, false), norm_in(kT, false))) << "NormIn";
+  EXPECT_TRUE(SameBits(norm_in(kP, true), norm_in(kT, true))) << "NormInSiluMul";
+}
+
+TEST(Fp8W16GemvCudaTest, PersistentEqualsTheTensorCore) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckPlainShapes(Fp8W16Math::kTensorCorePersistent);
+  CheckFoldShapes(Fp8W16Math::kTensorCorePersistent);
+  CheckGroupedShapes(Fp8W16Math::kTensorCorePersistent);
+  std::mt19937 rng(cuda_test::TestSeed() + 23);
+  for (const int64_t n : {int64_t{77}, int64_t{130}, int64_t{9000}}) {
+    for (const int64_t k : {int64_t{272}, int64_t{1040}, int64_t{4096}, int64_t{14336}}) {
+      for (const bool grouped : {false, true}) ExpectPersistentBits(rng, n, k, grouped);
+    }
+  }
 }
 
 }  // namespace

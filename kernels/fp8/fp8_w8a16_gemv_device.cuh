@@ -209,35 +209,12 @@ __device__ __forceinline__ void LoadGroupScales(const float* const (&srow)[R][2]
   }
 }
 
-// The tensor-core kernels' product of one block's 16-row tile of each of R row sets (R = 2:
-// SiLU-and-mul's gate and up rows, the RoPE fold's pair rows): tile row j of set r is weight row
-// row_of(j, r) (an int64_t; rows past the weight map to any valid row, e.g. 0: their products
-// land in tile rows nobody stores); lane (g = lane / 4) streams rows g and g + 8 of each set
-// (kGrouped: their group scales beside the codes); the first G groups a lane are loaded before
-// the PDL wait when p.early; then the activations staged as f16 (StageActivationsF16), warp w's
-// 64-column groups w, w + 8, ... through MmaGroup, and the warps' sums of tile row j of set r
-// into partial[warp][r][j]. kGrouped: each group's 4 mma go into zeros, then C's rows g (c[0])
-// and g + 8 (c[2]) times their scales into the fp32 accumulators. Every thread of the block
-// calls it (barriers; one after partial is written).
-//
-// MmaTilePartialsOf generalises it (MmaTilePartials is its kLoads, whole-k instance): kLaneLoads
-// 16-byte loads in flight a lane (Fp8W16Math::kTensorCoreDeep: 2 kLoads), and under kSplitK
-// (Fp8W16Math::kTensorCoreSplitK) the block's product covers only the chunks [range.begin,
-// range.end) of k (begin a multiple of kScaleGroupChunks: a 128-column scale group), the warps
-// taking that range's 64-column groups as the whole-k form takes k's; under kNormIn the whole
-// row is still normalised (the norm needs it) and only the range converted to f16, else only the
-// range's activations are staged (act16 [end - begin chunks]).
-template <int R, Fold kFold, bool kGrouped, int kLaneLoads, bool kSplitK, typename RowOf>
-__device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
-                                                  float (&partial)[kWarps][R][kMmaRows],
-                                                  ChunkRange range) {
-  constexpr int G = kLaneLoads / (2 * R), H = G / 2;  // groups in flight a lane; halves
-  static_assert(G % 2 == 0, "two halves");
-  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int chunks = kSplitK ? range.end - range.begin : static_cast<int>(p.k / 16);
-  const uint4* wrow[R][2];
-  const float* srow[R][2];  // kGrouped
+// MmaTilePartialsOf's pieces (also the persistent form's, fp8_w8a16_deep_cuda.cu, which walks
+// several tiles a CTA). TileRowsOf: the lane's weight rows g and g + 8 (h) of each row set of the
+// tile row_of names, and their group scales (kSplitK: from chunk `begin` of k on).
+template <int R, bool kSplitK, typename RowOf>
+__device__ __forceinline__ void TileRowsOf(const Args& p, RowOf row_of, int lane, int begin,
+                                           const uint4* (&wrow)[R][2], const float* (&srow)[R][2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -246,32 +223,36 @@ __device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
       wrow[r][h] = reinterpret_cast<const uint4*>(p.w + row * p.k);
       srow[r][h] = p.scales + row * ScaleGroups(p.k);
       if constexpr (kSplitK) {
-        wrow[r][h] += range.begin;
-        srow[r][h] += range.begin / kScaleGroupChunks;
+        wrow[r][h] += begin;
+        srow[r][h] += begin / kScaleGroupChunks;
       }
     }
   }
-  const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
-  uint4 buf[G][R][2];
-  float sc[kGrouped ? G : 1][R][2];
-  const auto load_first = [&] {
+}
+
+// The lane's first G groups (its chunk c0 of the warp's groups 0 .. G - 1) and their scales.
+template <int R, bool kGrouped, int G>
+__device__ __forceinline__ void LoadFirstGroups(const uint4* const (&wrow)[R][2],
+                                                const float* const (&srow)[R][2], int c0,
+                                                int chunks, uint4 (&buf)[G][R][2],
+                                                float (&sc)[kGrouped ? G : 1][R][2]) {
 #pragma unroll
-    for (int u = 0; u < G; ++u) {
-      LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
-      if constexpr (kGrouped) LoadGroupScales<R>(srow, c0 + kGroupChunks * u, chunks, sc[u]);
-    }
-  };
-  if (p.early) load_first();
-  internal::WaitForPrecedingGrid();
-  internal::AllowDependentLaunch();
-  if (!p.early) load_first();
-  const uint4* act = w16_smem;
-  if constexpr (kSplitK) {
-    act = StageRangeF16<kFold>(p, range, w16_smem);
-  } else {
-    StageActivationsF16<kFold>(p, w16_smem);
+  for (int u = 0; u < G; ++u) {
+    LoadGroup<R>(wrow, c0 + kGroupChunks * u, chunks, buf[u]);
+    if constexpr (kGrouped) LoadGroupScales<R>(srow, c0 + kGroupChunks * u, chunks, sc[u]);
   }
-  float acc[R][4];
+}
+
+// acc[r] = the warp's products of the tile (row set r; C's column 0: rows g in acc[r][0], g + 8
+// in acc[r][2]) over its 64-column groups warp, warp + 8, ..., from the first G in buf
+// (LoadFirstGroups) on, each half of buf reloaded G groups further on once used.
+template <int R, bool kGrouped, int G>
+__device__ __forceinline__ void MmaTileGroups(const uint4* const (&wrow)[R][2],
+                                              const float* const (&srow)[R][2], const uint4* act,
+                                              int warp, int c0, int chunks, uint4 (&buf)[G][R][2],
+                                              float (&sc)[kGrouped ? G : 1][R][2],
+                                              float (&acc)[R][4]) {
+  constexpr int H = G / 2;
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
   for (int g0 = warp * 4, c = c0; g0 < chunks; g0 += kGroupChunks * G, c += kGroupChunks * G) {
@@ -308,6 +289,12 @@ __device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
       }
     }
   }
+}
+
+// partial[warp][r][j] = the warp's sum of tile row j of set r (C's column 0, lanes g * 4).
+template <int R>
+__device__ __forceinline__ void WriteTilePartials(const float (&acc)[R][4], int warp, int lane,
+                                                  float (&partial)[kWarps][R][kMmaRows]) {
   if (lane % 4 == 0) {  // C's column 0: rows g (c[0]) and g + 8 (c[2])
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -315,6 +302,54 @@ __device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
       partial[warp][r][lane / 4 + 8] = acc[r][2];
     }
   }
+}
+
+// The tensor-core kernels' product of one block's 16-row tile of each of R row sets (R = 2:
+// SiLU-and-mul's gate and up rows, the RoPE fold's pair rows): tile row j of set r is weight row
+// row_of(j, r) (an int64_t; rows past the weight map to any valid row, e.g. 0: their products
+// land in tile rows nobody stores); lane (g = lane / 4) streams rows g and g + 8 of each set
+// (kGrouped: their group scales beside the codes); the first G groups a lane are loaded before
+// the PDL wait when p.early; then the activations staged as f16 (StageActivationsF16), warp w's
+// 64-column groups w, w + 8, ... through MmaGroup, and the warps' sums of tile row j of set r
+// into partial[warp][r][j]. kGrouped: each group's 4 mma go into zeros, then C's rows g (c[0])
+// and g + 8 (c[2]) times their scales into the fp32 accumulators. Every thread of the block
+// calls it (barriers; one after partial is written).
+//
+// MmaTilePartialsOf generalises it (MmaTilePartials is its kLoads, whole-k instance): kLaneLoads
+// 16-byte loads in flight a lane (Fp8W16Math::kTensorCoreDeep: 2 kLoads), and under kSplitK
+// (Fp8W16Math::kTensorCoreSplitK) the block's product covers only the chunks [range.begin,
+// range.end) of k (begin a multiple of kScaleGroupChunks: a 128-column scale group), the warps
+// taking that range's 64-column groups as the whole-k form takes k's; under kNormIn the whole
+// row is still normalised (the norm needs it) and only the range converted to f16, else only the
+// range's activations are staged (act16 [end - begin chunks]).
+template <int R, Fold kFold, bool kGrouped, int kLaneLoads, bool kSplitK, typename RowOf>
+__device__ __forceinline__ void MmaTilePartialsOf(const Args& p, RowOf row_of,
+                                                  float (&partial)[kWarps][R][kMmaRows],
+                                                  ChunkRange range) {
+  constexpr int G = kLaneLoads / (2 * R);  // groups in flight a lane
+  static_assert(G % 2 == 0, "two halves");
+  extern __shared__ uint4 w16_smem[];  // f16 activations [k] (kNormIn: then the norm weight [k])
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunks = kSplitK ? range.end - range.begin : static_cast<int>(p.k / 16);
+  const uint4* wrow[R][2];
+  const float* srow[R][2];  // kGrouped
+  TileRowsOf<R, kSplitK>(p, row_of, lane, range.begin, wrow, srow);
+  const int c0 = warp * 4 + lane % 4;  // the lane's chunk in the warp's first group
+  uint4 buf[G][R][2];
+  float sc[kGrouped ? G : 1][R][2];
+  if (p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  const uint4* act = w16_smem;
+  if constexpr (kSplitK) {
+    act = StageRangeF16<kFold>(p, range, w16_smem);
+  } else {
+    StageActivationsF16<kFold>(p, w16_smem);
+  }
+  float acc[R][4];
+  MmaTileGroups<R, kGrouped, G>(wrow, srow, act, warp, c0, chunks, buf, sc, acc);
+  WriteTilePartials<R>(acc, warp, lane, partial);
   __syncthreads();
 }
 
@@ -371,6 +406,11 @@ absl::Status LaunchDeep(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
 template <typename TOut, int R, Fold kFold>
 absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
                                   bool grouped, const Fp8W16SplitKWorkspace& ws);
+// Fp8W16Math::kTensorCorePersistent (fp8_w8a16_deep_cuda.cu): LaunchDeep's tiles on a grid of
+// min(tiles, 2 SMs) CTAs, each staging the activations once and walking its tiles (the same bits).
+template <typename TOut, int R, Fold kFold>
+absl::Status LaunchPersistent(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
+                              bool grouped);
 
 // The split-k form's plan: S (into *splits) and the chunks a split takes (the return value, a
 // multiple of kScaleGroupChunks; every split non-empty). ws.splits > 0 forces S (clamped to

@@ -112,14 +112,16 @@ bool W16EarlyLoads() {
 // when it came), =1 kTensorCore everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the
 // shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits, slower), =deep /
 // splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per shape; =splitk2 /
-// splitk4: S forced); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency) (A/B runs of
-// decode_step_bench).
+// splitk4: S forced), =persistent kTensorCorePersistent (the deep tiles on a persistent grid,
+// the activations staged once a CTA); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency)
+// (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
   if (v == nullptr || std::strcmp(v, "waves") == 0) return Fp8W16Math::kAutoWaves;
   if (std::strcmp(v, "auto") == 0) return Fp8W16Math::kAuto;
   if (std::strcmp(v, "deep") == 0) return Fp8W16Math::kTensorCoreDeep;
+  if (std::strcmp(v, "persistent") == 0) return Fp8W16Math::kTensorCorePersistent;
   if (std::strncmp(v, "splitk", 6) == 0) return Fp8W16Math::kTensorCoreSplitK;
   if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
   if (std::strcmp(v, "ring2") == 0) return Fp8W16Math::kRing2;
@@ -130,8 +132,9 @@ kernels::cuda::Fp8W16Math W16Math() {
 absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
   using kernels::cuda::Fp8W16Math;
   const Fp8W16Math math = W16Math();
-  if (fp8 == nullptr || (math != Fp8W16Math::kTensorCoreDeep &&
-                         math != Fp8W16Math::kTensorCoreSplitK && math != Fp8W16Math::kAutoWaves)) {
+  if (fp8 == nullptr ||
+      (math != Fp8W16Math::kTensorCoreDeep && math != Fp8W16Math::kTensorCoreSplitK &&
+       math != Fp8W16Math::kAutoWaves && math != Fp8W16Math::kTensorCorePersistent)) {
     return absl::OkStatus();
   }
   fp8->set_w8a16_math(math);
@@ -145,7 +148,7 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
 kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
   using kernels::cuda::Fp8W16Math;
   return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK ||
-                 math == Fp8W16Math::kAutoWaves
+                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent
              ? Fp8W16Math::kAuto
              : math;
 }
