@@ -26,7 +26,7 @@
 // Buffers: one P and one max array suffice (a warp writes them for tile t + 1 only after barrier A
 // of tile t + 1, which every warp reaches after reading them for tile t).
 // Epilogue: the row sums over the quads and warps, then o_lat / lse or the fp32 partial (as
-// StoreWgRows), and the in-kernel merge (MergeInKernel of mla_decode_tma.cu). The L2 prefetch
+// StoreWgRows), and the in-kernel merge (mla_tma.cuh's MergeInKernel). The L2 prefetch
 // variant (MlaPlanInput::tma_l2_prefetch_tiles) is not implemented here (ignored).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,20 +141,6 @@ __device__ __forceinline__ void AddPv(float (&o)[32], const float (&alpha)[2], u
       Mma16816<T>(o + 8 * jj + 4, a, b[2], b[3]);
     }
   }
-}
-
-// The in-kernel merge (mla_decode_tma.cu's MergeInKernel for tiles of 16 rows).
-template <typename T>
-__device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
-                                              int filled, uint8_t* scratch) {
-  unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
-  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
-  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
-  const int n_rows = min(kRows, c.rows_seq - c.r0);
-  internal::MergeGroupSplits<T, 512>(
-      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
-      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
-      reinterpret_cast<float*>(scratch) + 4);
 }
 
 // The epilogue: row sums over quads and warps (through red), then the thread's 2 rows x 16
@@ -317,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const bool direct = merge ? filled == 1 : p.num_splits == 1;
   StoreRows(p, c, red, warp, lane, o, l_run, m_run, direct);
-  if (merge && filled > 1) MergeInKernel(p, c, filled, smem);
+  if (merge && filled > 1) tma_kernel::MergeInKernel<kRows>(p, c, filled, smem);
 #endif
 }
 

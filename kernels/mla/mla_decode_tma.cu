@@ -85,22 +85,6 @@ static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= 2 * kTileBytes,
               "the merge's weights of 256 splits fit in the two latent stages");
 static_assert(internal::kMergeCounterBytes == kMlaMergeCounterBytes);
 
-// The in-kernel merge after the CTA's partial stores (every thread): the last of the group's
-// `filled` split CTAs merges their rows into o_lat / lse. scratch: the idle latent stages (every
-// issued tile has landed and been read by both warpgroups' waited wgmma).
-template <typename T>
-__device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
-                                              int filled, uint8_t* scratch) {
-  unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
-  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
-  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
-  const int n_rows = min(kRows, c.rows_seq - c.r0);
-  internal::MergeGroupSplits<T, 512>(
-      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
-      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
-      reinterpret_cast<float*>(scratch) + 4);
-}
-
 // kHandOff (MlaTmaSchedule::kHandOff): warpgroup 0 does not wait for warpgroup 1's P V. It only
 // arrives at the P hand-over (barrier 1) and at the stage's release (barriers 2 / 4 by tile
 // parity: it can run a tile ahead, so one id could otherwise see two of its arrivals before
@@ -247,7 +231,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   ShareWg0RowSums(reinterpret_cast<float*>(smem + kPOff), wg, t4, row_lo, l_run, l);
   StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run,
               merge ? filled == 1 : p.num_splits == 1);
-  if (merge && filled > 1) MergeInKernel(p, c, filled, smem + kTileBytes);
+  if (merge && filled > 1) MergeInKernel<kRows>(p, c, filled, smem + kTileBytes);
 #endif
 }
 

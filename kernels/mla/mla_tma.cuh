@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
@@ -180,6 +181,24 @@ absl::Status LaunchTmaKernel(Kernel kernel, const LatentParams<T>& p, const Devi
   kernel<<<grid, kMlaWgmmaThreads, kSmemBytes, stream>>>(p, map, g);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+// The in-kernel merge after a CTA's partial stores (every thread): the last of the group's
+// `filled` split CTAs merges their rows (row tiles of kTileRows) into o_lat / lse, with
+// paged_decode_merge.cuh's TakeMergeTicket / MergeGroupSplits. scratch: idle shared memory for the
+// merge's weights (the kernels' latent stages once every issued tile has been read). Shared by
+// the TMA kernel (64-row tiles) and kRows16 (16).
+template <int kTileRows, typename T>
+__device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
+                                              int filled, uint8_t* scratch) {
+  unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
+  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
+  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
+  const int n_rows = min(kTileRows, c.rows_seq - c.r0);
+  internal::MergeGroupSplits<T, 512>(
+      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
+      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
+      reinterpret_cast<float*>(scratch) + 4);
 }
 
 }  // namespace tandem::kernels::cuda::mla_internal::tma_kernel
