@@ -67,9 +67,9 @@ enum class MlaTmaSchedule {
   // mla_decode_seesaw.cu, FlashMLA's "seesaw": tiles in pairs, each warpgroup scores one of them
   // and the softmax of one runs under the other's wgmma; both stages are held for the pair.
   kSeesaw,
-  // mla_decode_rows16.cu (issue 33): row tiles of <= 16 rows (heads x max_q_len <= 16) without
-  // wgmma's padding to 64 rows: mma.sync m16n8k16, 8 warps, Q in registers, the same TMA tiles
-  // (three stages), plans, workspace and in-kernel merge. A plan for more rows runs kSerial.
+  // mla_decode_rows16.cu (issue 33): row tiles of 16 rows (models of <= 16 heads; more heads run
+  // kSerial) without wgmma's padding to 64 rows: mma.sync m16n8k16, 8 warps, Q in registers, the
+  // same TMA tiles (three stages), workspace and in-kernel merge.
   kRows16,
 };
 
@@ -115,10 +115,10 @@ struct MlaPlanInput {
   // launch; an atomic ticket per group that the merging CTA resets, so CUDA-graph replays and
   // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
   bool workspace_zeroed = false;
-  // With tma_schedule kSerial: kRows16 instead where the plan takes short in-kernel-merged splits
-  // (row tiles of <= 16 rows, at most 8 request x row-tile groups: batch-1 decode of 16-head
-  // models). Measured on an H200 (BENCHMARKS.md, fourteenth session): 16 heads, batch 1 at 1k /
-  // 4k / 16k / 64k 7-13% faster than kSerial, larger batches 3-5% slower (so they keep kSerial).
+  // With tma_schedule kSerial and no forced splits: kRows16 instead for models of <= 16 heads
+  // (per rank) at <= 8 requests, any max_q_len (16-row tiles: a verify pass's token runs the same
+  // kernel as a one-token step). Measured on an H200 (BENCHMARKS.md, fourteenth session): 16 heads,
+  // batch 1 at 1k / 4k / 16k / 64k 7-13% faster than kSerial, larger batches 3-5% slower.
   bool rows16_small_batches = false;
   // The TMA kernel (kSerial / kHandOff), a variant for A/B (default 0: off): each CTA also
   // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
@@ -149,7 +149,7 @@ struct MlaPlan {
   // kernel merges its splits (MlaPlanInput::workspace_zeroed); where the TMA kernel does not run
   // after all (page size, device) the separate merge does, in the same workspace layout.
   bool merge_in_kernel = false;
-  int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64)
+  int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64); kRows16: / 16
   int64_t workspace_bytes = 0;  // [counters] + q_cat + o_lat (+ fp32 partials, LSE when split)
 };
 

@@ -41,8 +41,8 @@ struct Case {
   // The tensor-core kernel for latent 512 + 64: 0 mma.sync, 1 the Hopper wgmma kernel with
   // cp.async loads (allow_tma false), 2 its TMA variant (pages of 8, 16, 32, 64k; the page of 5
   // runs the cp.async one), 3 and 4 the TMA variant's other warpgroup schedules
-  // (MlaTmaSchedule::kSeesaw, kHandOff; the same pages), 5 its kRows16 kernel (<= 16 rows, else
-  // the plan runs kSerial). Off sm_90 all of them run mma.sync.
+  // (MlaTmaSchedule::kSeesaw, kHandOff; the same pages), 5 its kRows16 kernel (16-row tiles, <= 16
+  // heads, else the plan runs kSerial). Off sm_90 all of them run mma.sync.
   int kernel = 0;
   // Decode context parallelism: the pool holds this shard's latents at local indices, the
   // reference is cpu::MlaPagedAttention over the same shard (its partial and LSE).
@@ -188,9 +188,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
   EXPECT_EQ(plan->use_mma, L == 512 && d.qk_rope_head_dim == 64);
   EXPECT_EQ(plan->use_wgmma, plan->use_mma && c.kernel >= 1);
   EXPECT_EQ(plan->use_tma, plan->use_mma && c.kernel >= 2);
-  if (plan->use_tma) {  // kRows16 only for row tiles of <= 16 rows
+  if (plan->use_tma) {  // kRows16 only for models of <= 16 heads (16-row tiles)
     EXPECT_EQ(plan->tma_schedule,
-              c.kernel == 5 && max_q * H > 16 ? MlaTmaSchedule::kSerial : in.tma_schedule);
+              c.kernel == 5 && H > 16 ? MlaTmaSchedule::kSerial : in.tma_schedule);
   }
   if (c.num_splits > 0) {
     EXPECT_LE(plan->num_splits, c.num_splits);
@@ -200,7 +200,8 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
   if (c.merge) {  // the TMA kernel in its serial / hand-off schedule merges its own splits
     // (planned split counts: row tiles of <= 16 rows only)
-    const bool small_tiles = std::min<int64_t>(in.max_q_len * d.num_heads, 64) <= 16;
+    const int64_t tile_rows = plan->tma_schedule == MlaTmaSchedule::kRows16 ? 16 : 64;
+    const bool small_tiles = std::min<int64_t>(in.max_q_len * d.num_heads, tile_rows) <= 16;
     EXPECT_EQ(plan->merge_in_kernel, plan->use_tma && plan->num_splits > 1 &&
                                          plan->tma_schedule != MlaTmaSchedule::kSeesaw &&
                                          (c.num_splits > 0 || small_tiles));
@@ -324,10 +325,11 @@ TEST(MlaCudaTest, TensorCoreKernelDecodeAndVerify) {
   }
 }
 
-// MlaTmaSchedule::kRows16 (mla_decode_rows16.cu: mma.sync over row tiles of <= 16 rows, TMA
+// MlaTmaSchedule::kRows16 (mla_decode_rows16.cu: mma.sync over row tiles of 16 rows, TMA
 // tiles): 16 heads q_len 1 and 8 heads q_len 1 / 2, contexts at the tile edges (1, 63, 64, 65)
 // and longer (700, 4096), pages 16 / 64, splits 1 / 2 / planned, separate and in-kernel merge;
-// a long plan (empty splits) replayed in a CUDA graph, a DCP shard, and 128 heads (the plan falls
+// q_len 2-4 at 16 heads and 3-4 at 8 heads (several 16-row tiles a request: verify passes); a
+// long plan (empty splits) replayed in a CUDA graph, a DCP shard, and 128 heads (the plan falls
 // back to kSerial).
 template <typename T>
 void RunRows16Cases(std::mt19937& rng) {
@@ -345,6 +347,13 @@ void RunRows16Cases(std::mt19937& rng) {
         RunCase<T>(v3, rng);
       }
     }
+  }
+  for (int splits : {1, 0}) {  // several 16-row tiles a request
+    Case multi{kLite, {1, 4, 3, 2, 4, 2}, ctx, 64, splits, false, 5};
+    Case multi8{h8, {1, 4, 4, 3, 3, 4}, ctx, 16, splits, false, 5};
+    multi.merge = multi8.merge = splits == 0;
+    RunCase<T>(multi, rng);
+    RunCase<T>(multi8, rng);
   }
   Case graph{kLite, {1, 1, 1}, {4096, 65, 1}, 64, 0, false, 5};
   graph.plan_len = 32768;
@@ -509,12 +518,13 @@ TEST(MlaCudaTest, InKernelMergeMatchesTheCpu) {
 // CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents); a plan for a
 // long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
 // SplitChunk); forced counts (64-latent minimum), the workspace cap and DCP's local bound.
-// MlaPlanInput::rows16_small_batches (host planner only): kRows16 exactly where the plan takes
-// short in-kernel-merged splits and the row tile holds <= 16 rows; kSerial everywhere else, and
-// never without the switch or with another schedule asked for.
+// MlaPlanInput::rows16_small_batches (host planner only): kRows16 with 16-row tiles for <= 16
+// heads at <= 8 requests and any q_len (a verify pass's tokens as one-token steps' rows); kSerial
+// for more requests, more heads, forced splits, or without the switch; another schedule asked
+// for is kept.
 TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
-  auto schedule = [](const MlaDims& d, int64_t seqs, int64_t ctx, int64_t q, bool rows16,
-                     MlaTmaSchedule asked = MlaTmaSchedule::kSerial, int splits = 0) {
+  auto planned = [](const MlaDims& d, int64_t seqs, int64_t ctx, int64_t q, bool rows16,
+                    MlaTmaSchedule asked = MlaTmaSchedule::kSerial, int splits = 0) {
     absl::StatusOr<MlaPlan> p = PlanMla({.dims = d,
                                          .num_seqs = seqs,
                                          .num_tokens = seqs * q,
@@ -526,19 +536,26 @@ TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
                                          .workspace_zeroed = true,
                                          .rows16_small_batches = rows16});
     EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? p->tma_schedule : MlaTmaSchedule::kSeesaw;
+    return p.ok() ? *p : MlaPlan{};
   };
   for (int64_t ctx : {1024, 4096, 65536}) {
     for (int64_t seqs : {1, 8}) {
-      EXPECT_EQ(schedule(kLite, seqs, ctx, 1, true), MlaTmaSchedule::kRows16) << seqs << "x" << ctx;
-      EXPECT_EQ(schedule(kLite, seqs, ctx, 1, false), MlaTmaSchedule::kSerial);
+      for (int64_t q : {1, 2, 4}) {
+        const MlaPlan p = planned(kLite, seqs, ctx, q, true);
+        EXPECT_EQ(p.tma_schedule, MlaTmaSchedule::kRows16) << seqs << " x " << ctx << " q " << q;
+        EXPECT_EQ(p.row_tiles, q);  // 16 heads: a token's rows a tile
+        EXPECT_EQ(planned(kLite, seqs, ctx, q, false).tma_schedule, MlaTmaSchedule::kSerial);
+        EXPECT_EQ(planned(kLite, seqs, ctx, q, false).row_tiles, (16 * q + 63) / 64);
+      }
     }
-    EXPECT_EQ(schedule(kLite, 16, ctx, 1, true), MlaTmaSchedule::kSerial);  // > 8 groups
-    EXPECT_EQ(schedule(kLite, 1, ctx, 2, true), MlaTmaSchedule::kSerial);   // 32 rows a tile
-    EXPECT_EQ(schedule(kV3, 1, ctx, 1, true), MlaTmaSchedule::kSerial);     // 128 heads
-    EXPECT_EQ(schedule(kLite, 1, ctx, 1, true, MlaTmaSchedule::kHandOff), MlaTmaSchedule::kHandOff);
-    EXPECT_EQ(schedule(kLite, 1, ctx, 1, true, MlaTmaSchedule::kSerial, 4),
-              MlaTmaSchedule::kSerial);  // forced splits: not the short-split plan
+    EXPECT_EQ(planned(kLite, 16, ctx, 1, true).tma_schedule, MlaTmaSchedule::kSerial);  // > 8
+    EXPECT_EQ(planned(kV3, 1, ctx, 1, true).tma_schedule, MlaTmaSchedule::kSerial);     // 128 heads
+    EXPECT_EQ(planned(kV3, 1, ctx, 1, false, MlaTmaSchedule::kRows16).tma_schedule,
+              MlaTmaSchedule::kSerial);  // asked for, but more than 16 heads
+    EXPECT_EQ(planned(kLite, 1, ctx, 1, true, MlaTmaSchedule::kHandOff).tma_schedule,
+              MlaTmaSchedule::kHandOff);
+    EXPECT_EQ(planned(kLite, 1, ctx, 1, true, MlaTmaSchedule::kSerial, 4).tma_schedule,
+              MlaTmaSchedule::kSerial);  // forced splits
   }
 }
 

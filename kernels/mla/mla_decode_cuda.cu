@@ -307,6 +307,7 @@ constexpr int kSplitMinLatentsInKernel = 128;
 constexpr int64_t kMaxSplitsInKernel = 16;
 constexpr int64_t kMergeInKernelMaxRows = 16;
 constexpr int64_t kShortSplitGroups = 8, kShortSplitCtas = 64;
+constexpr int64_t kRows16TileRows = 16;  // mla_decode_rows16.cu's row tile
 
 // How many of `splits` CTAs a context of ctx latents fills: chunks of SplitChunk(ctx, splits).
 int64_t SplitsFilled(int64_t ctx, int64_t splits, int min_chunk) {
@@ -380,13 +381,23 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   plan.use_wgmma = plan.use_mma && in.allow_wgmma;
   plan.use_tma = plan.use_wgmma && in.allow_tma;
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
-  if (plan.tma_schedule == MlaTmaSchedule::kRows16 && in.max_q_len * H > 16) {
-    plan.tma_schedule = MlaTmaSchedule::kSerial;  // kRows16 takes row tiles of <= 16 rows only
-  }
-  plan.row_tiles = (in.max_q_len * H + kRows - 1) / kRows;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
-  const int64_t rows_tile = std::min<int64_t>(in.max_q_len * H, kRows);
+  // rows16_small_batches: kRows16 for <= 16 heads and <= kShortSplitGroups requests, whatever
+  // max_q_len (a verify pass's tokens in 16-row tiles, so a token's rows run the same kernel as
+  // in a one-token step).
+  if (in.rows16_small_batches && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kSerial &&
+      in.workspace_zeroed && in.num_splits == 0 && H <= kRows16TileRows &&
+      seqs <= kShortSplitGroups) {
+    plan.tma_schedule = MlaTmaSchedule::kRows16;
+  }
+  if (plan.tma_schedule == MlaTmaSchedule::kRows16 && H > kRows16TileRows) {
+    plan.tma_schedule = MlaTmaSchedule::kSerial;  // kRows16: 16-row tiles of <= 16 heads
+  }
+  const int64_t tile_rows =
+      plan.tma_schedule == MlaTmaSchedule::kRows16 ? kRows16TileRows : int64_t{kRows};
+  plan.row_tiles = (in.max_q_len * H + tile_rows - 1) / tile_rows;
+  const int64_t rows_tile = std::min<int64_t>(in.max_q_len * H, tile_rows);
   // The TMA kernel merges its own splits (when there are several) where the caller zeroed the
   // tickets; a planned split count only for small row tiles (kMergeInKernelMaxRows), a forced one
   // at any (tests, benchmarks).
@@ -401,10 +412,6 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   // the 512-latent planner below, their partials merged in the kernel).
   const bool short_splits =
       merge_possible && in.num_splits == 0 && seqs * plan.row_tiles <= kShortSplitGroups;
-  if (short_splits && in.rows16_small_batches && plan.tma_schedule == MlaTmaSchedule::kSerial &&
-      in.max_q_len * H <= 16) {
-    plan.tma_schedule = MlaTmaSchedule::kRows16;
-  }
   plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign
                            : short_splits    ? kSplitMinLatentsInKernel
                                              : kSplitMinLatents;

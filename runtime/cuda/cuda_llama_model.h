@@ -137,14 +137,12 @@ struct CudaModelOptions {
   // down_proj / the MoE combine adding into the residual stream): 2 kernels fewer a dense layer,
   // 1 a MoE layer, bit-identical logits. false: the unfolded layers (comparisons).
   bool mla_fold_norm = true;
-  // DeepSeek-V2/V3's latent attention on kernels/mla's 16-row kernel (MlaTmaSchedule::kRows16)
-  // where the plan takes short splits and a row tile holds <= 16 rows (batch-1 decode of 16-head
-  // models; MlaPlanInput::rows16_small_batches). Off by default: not bit-identical to kSerial
-  // (another fp32 order), so one-token decode steps would no longer round like a speculative
-  // verify pass (q_len > 1: 32+ rows, kSerial) and MTP / draft greedy tokens could part from the
-  // non-speculative ones; the gain is ~1% of a DeepSeek-V2-Lite batch-1 step
-  // (kernels/mla/BENCHMARKS.md, fourteenth session).
-  bool mla_rows16 = false;
+  // DeepSeek-V2/V3's latent attention on kernels/mla's 16-row kernel (MlaTmaSchedule::kRows16) for
+  // models of <= 16 heads a rank at <= 8 requests, one-token steps and verify passes alike (16-row
+  // tiles: a token's rows run the same kernel either way; MlaPlanInput::rows16_small_batches).
+  // DeepSeek-V2-Lite decode steps 4-6% faster on an H200 (kernels/mla/BENCHMARKS.md, fourteenth
+  // session). Not kSerial's bits (another fp32 order). false: kSerial everywhere (comparisons).
+  bool mla_rows16 = true;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding

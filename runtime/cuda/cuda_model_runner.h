@@ -164,8 +164,8 @@ struct CudaBackendConfig {
   // CudaModelOptions::mla_fold_norm: DeepSeek-V2/V3's batch-1 steps on one GPU with the residual
   // adds + RMSNorms inside the GEMVs (bit-identical logits).
   bool mla_fold_norm = true;
-  // CudaModelOptions::mla_rows16: small-batch MLA decode on the 16-row kernel (opt-in).
-  bool mla_rows16 = false;
+  // CudaModelOptions::mla_rows16: small-batch MLA attention on the 16-row kernel.
+  bool mla_rows16 = true;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).

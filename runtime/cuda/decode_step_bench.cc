@@ -60,8 +60,8 @@
 // the write kernel, 16-bit latent pools). --mla_rope_write=0: k_pe's RoPE as its own kernel
 // (CudaBackendConfig::mla_rope_in_write, default: in the write kernel too). --mla_fold=0:
 // DeepSeek's batch-1 steps unfolded (CudaBackendConfig::mla_fold_norm, default: the norms inside
-// the GEMVs). --mla_rows16=1: DeepSeek's small-batch latent attention on the 16-row kernel
-// instead of kSerial (CudaBackendConfig::mla_rows16, default off). --fp8_w8a16=0: FP8 batch-1 steps
+// the GEMVs). --mla_rows16=0: DeepSeek's small-batch latent attention on kSerial instead of
+// the 16-row kernel (CudaBackendConfig::mla_rows16). --fp8_w8a16=0: FP8 batch-1 steps
 // keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
 // (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads after
 // the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core / fp32 inner loop
