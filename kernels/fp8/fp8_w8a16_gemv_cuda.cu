@@ -276,7 +276,6 @@ absl::Status LaunchKernel(bool mma, bool grouped, cudaLaunchConfig_t& config, co
   return absl::OkStatus();
 }
 
-// grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
 // Fp8W16Math::kAutoWaves' rule (the header): n output rows (of each set) in 16-row tiles against
 // the SMs' resident CTAs, 2 an SM for kTensorCoreDeep, 4 for kTensorCore.
 absl::StatusOr<bool> DeepFillsTheWavesBetter(int64_t n) {
@@ -287,6 +286,7 @@ absl::StatusOr<bool> DeepFillsTheWavesBetter(int64_t n) {
   return tiles <= int64_t{2} * sms || tiles > int64_t{4} * sms;
 }
 
+// grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
 template <typename TOut, int R, Fold kFold>
 absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, TOut* out,
                     cudaStream_t stream, bool pdl, Fp8W16Math math,
