@@ -124,6 +124,7 @@ struct MlaPlanInput {
   // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
   // past its two stages, so a latency-bound CTA (small batch: one tile's load per tile's math)
   // has more of its latents in flight. At most 16.
+  // kRows16 has no such variant: a plan asking for it runs kSerial.
   int tma_l2_prefetch_tiles = 0;
 };
 

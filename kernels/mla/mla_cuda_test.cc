@@ -557,6 +557,17 @@ TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
     EXPECT_EQ(planned(kLite, 1, ctx, 1, true, MlaTmaSchedule::kSerial, 4).tma_schedule,
               MlaTmaSchedule::kSerial);  // forced splits
   }
+  absl::StatusOr<MlaPlan> prefetch = PlanMla({.dims = kLite,
+                                              .num_seqs = 1,
+                                              .num_tokens = 1,
+                                              .max_seq_len = 4096,
+                                              .num_sms = 132,
+                                              .tma_schedule = MlaTmaSchedule::kRows16,
+                                              .workspace_zeroed = true,
+                                              .rows16_small_batches = true,
+                                              .tma_l2_prefetch_tiles = 4});
+  ASSERT_TRUE(prefetch.ok()) << prefetch.status();
+  EXPECT_EQ(prefetch->tma_schedule, MlaTmaSchedule::kSerial);  // no L2-prefetch kRows16
 }
 
 TEST(MlaCudaTest, PlanSplitsFillAWave) {

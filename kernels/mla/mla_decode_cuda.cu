@@ -391,8 +391,10 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
       seqs <= kShortSplitGroups) {
     plan.tma_schedule = MlaTmaSchedule::kRows16;
   }
-  if (plan.tma_schedule == MlaTmaSchedule::kRows16 && H > kRows16TileRows) {
-    plan.tma_schedule = MlaTmaSchedule::kSerial;  // kRows16: 16-row tiles of <= 16 heads
+  if (plan.tma_schedule == MlaTmaSchedule::kRows16 &&
+      (H > kRows16TileRows || in.tma_l2_prefetch_tiles > 0)) {
+    // kRows16: 16-row tiles of <= 16 heads, no L2-prefetch variant (a kSerial / kHandOff A/B).
+    plan.tma_schedule = MlaTmaSchedule::kSerial;
   }
   const int64_t tile_rows =
       plan.tma_schedule == MlaTmaSchedule::kRows16 ? kRows16TileRows : int64_t{kRows};

@@ -27,7 +27,8 @@
 // of tile t + 1, which every warp reaches after reading them for tile t).
 // Epilogue: the row sums over the quads and warps, then o_lat / lse or the fp32 partial (as
 // StoreWgRows), and the in-kernel merge (mla_tma.cuh's MergeInKernel). The L2 prefetch
-// variant (MlaPlanInput::tma_l2_prefetch_tiles) is not implemented here (ignored).
+// variant (MlaPlanInput::tma_l2_prefetch_tiles) is a kSerial / kHandOff A/B only: a plan that asks
+// for it runs kSerial (PlanMla), never this kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
