@@ -126,6 +126,19 @@ struct MlaPlanInput {
   // has more of its latents in flight. At most 16.
   // kRows16 has no such variant: a plan asking for it runs kSerial.
   int tma_l2_prefetch_tiles = 0;
+  // kRows16 only (issue 33, an A/B, default off): the kernel is launched with programmatic
+  // dependent launch (PDL) and does before griddepcontrol.wait what does not depend on the kernel
+  // before it in the stream: barrier init, tensor-map prefetch, the request's qsl / seq_lens /
+  // block-table reads, and the TMA loads of its first stages where those tiles lie wholly below
+  // the positions this step writes (local positions < seq_len - q_len). Q, every store, the merge
+  // tickets come after the wait. REQUIRES: nothing the preceding kernel (or one still running
+  // before it) writes is read before the wait: qsl, seq_lens, block tables and the older
+  // latents are written before that kernel (or by kernels already complete).
+  bool prewait = false;
+  // Measurement only (mla_cuda_bench --phases=1; null: off): the TMA kernels (kSerial /
+  // kHandOff / kRows16) write per-CTA phase stamps here (mla_phase_stamps.h: kMlaStampWords
+  // uint64 a CTA of the grid (num_splits, row_tiles, num_seqs), zeroed by the caller).
+  unsigned long long* phase_stamps = nullptr;
 };
 
 // The merge tickets' range at the start of a workspace_zeroed workspace (one uint32 per

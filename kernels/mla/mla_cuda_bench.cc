@@ -16,6 +16,11 @@
 //                                   tiles, MlaPlanInput::tma_l2_prefetch_tiles; default 0: off)
 //                  [--graph=0|1]   (the CUDA-graph timing; default 1; 0 prints 0 there: for ncu and
 //                                   compute-sanitizer runs)
+//                  [--prewait=0|1] (kRows16: MlaPlanInput::prewait, the PDL launch with its
+//                                   prologue before griddepcontrol.wait; default 0)
+//                  [--phases=0|1]  (after each cell's timings: two more calls captured in one
+//                                   graph, each with MlaPlanInput::phase_stamps; the second's
+//                                   per-phase table, mla_phase_stamps.h; TMA kernels only)
 //                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
 //                                   planar; bytes counted as 576 + 4 per latent; --wgmma=1: the
 //                                   Hopper FP8 kernel, mla_decode_fp8.cu; 0: the plain kernel)
@@ -42,6 +47,7 @@
 #include "common/cuda_status.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_phase_stamps.h"
 #include "kernels/mla/mla_test_util.h"
 
 namespace tandem::kernels::cuda {
@@ -67,6 +73,8 @@ struct Bufs {
   bool graph = true;
   int prefetch = 0;             // MlaPlanInput::tma_l2_prefetch_tiles
   bool merge = true;            // MlaPlanInput::workspace_zeroed (the in-kernel split merge)
+  bool prewait = false;         // MlaPlanInput::prewait
+  bool phases = false;          // --phases=1: the phase-stamp table per cell
   float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
 };
 
@@ -134,7 +142,129 @@ absl::StatusOr<MlaPlan> BenchPlan(const Bufs& b, int64_t batch, int64_t ctx, int
                   .allow_tma = b.tma,
                   .tma_schedule = b.schedule,
                   .workspace_zeroed = b.merge,
-                  .tma_l2_prefetch_tiles = b.prefetch});
+                  .tma_l2_prefetch_tiles = b.prefetch,
+                  .prewait = b.prewait});
+}
+
+// min / median / max of v (empty: zeros).
+struct Spread {
+  double lo = 0, med = 0, hi = 0;
+  int n = 0;
+};
+Spread SpreadOf(std::vector<double> v) {
+  Spread r;
+  r.n = static_cast<int>(v.size());
+  if (v.empty()) return r;
+  std::sort(v.begin(), v.end());
+  r.lo = v.front();
+  r.med = v[v.size() / 2];
+  r.hi = v.back();
+  return r;
+}
+
+// The phase-stamp table of one call (h: its stamps, kMlaStampWords a CTA); prev_last_ns: the
+// latest stamp of the call before it in the same graph (0: none). sm_khz: the clock clock64 is
+// converted with.
+void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas, double sm_khz,
+                 unsigned long long prev_last_ns) {
+  unsigned long long t0 = ~0ull;
+  for (int64_t c = 0; c < ctas; ++c) {
+    const unsigned long long e = h[c * kMlaStampWords + kMlaPhaseEntry];
+    if (e != 0) t0 = std::min(t0, e);
+  }
+  if (t0 == ~0ull) {
+    std::printf("  (no stamps: not a TMA kernel)\n");
+    return;
+  }
+  std::printf(
+      "  phases of the 2nd of 2 graph-captured calls, %ld CTAs; t = %%globaltimer - the "
+      "earliest CTA entry (us); d = clock64 since the CTA's own entry (us at %.0f MHz)\n",
+      static_cast<long>(ctas), sm_khz / 1e3);
+  if (prev_last_ns != 0) {
+    std::printf("  gap: the previous call's last stamp -> this call's first entry: %.2f us\n",
+                (static_cast<double>(t0) - static_cast<double>(prev_last_ns)) / 1e3);
+  }
+  std::printf("  | phase | CTAs | t min | t med | t max | d min | d med | d max |\n");
+  for (int ph = 0; ph < kMlaPhases; ++ph) {
+    std::vector<double> t, d;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const unsigned long long* w = h.data() + c * kMlaStampWords;
+      if (w[ph] == 0 || w[kMlaPhaseEntry] == 0) continue;
+      t.push_back((static_cast<double>(w[ph]) - static_cast<double>(t0)) / 1e3);
+      d.push_back(static_cast<double>(w[kMlaPhases + ph] - w[kMlaPhases + kMlaPhaseEntry]) /
+                  sm_khz * 1e3);
+    }
+    const Spread a = SpreadOf(t), e = SpreadOf(d);
+    std::printf("  | %-14s | %4d | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f |\n",
+                kMlaPhaseNames[ph], a.n, a.lo, a.med, a.hi, e.lo, e.med, e.hi);
+  }
+  std::vector<double> merge, wait, clock_mhz;
+  for (int64_t c = 0; c < ctas; ++c) {
+    const unsigned long long* w = h.data() + c * kMlaStampWords;
+    const unsigned long long* ck = w + kMlaPhases;
+    if (w[kMlaStampTicket] == 2 && w[kMlaPhaseMergeDone] != 0) {
+      merge.push_back(static_cast<double>(ck[kMlaPhaseMergeDone] - ck[kMlaPhaseTicket]) / sm_khz *
+                      1e3);
+      wait.push_back(static_cast<double>(ck[kMlaPhaseTicket] - ck[kMlaPhaseStored]) / sm_khz * 1e3);
+    }
+    int last = kMlaPhases - 1;
+    while (last > 0 && w[last] == 0) --last;
+    if (w[kMlaPhaseEntry] != 0 && w[last] > w[kMlaPhaseEntry]) {
+      clock_mhz.push_back(static_cast<double>(ck[last] - ck[kMlaPhaseEntry]) * 1e3 /
+                          static_cast<double>(w[last] - w[kMlaPhaseEntry]));
+    }
+  }
+  const Spread m = SpreadOf(merge), wt = SpreadOf(wait), mhz = SpreadOf(clock_mhz);
+  std::printf(
+      "  mergers (ticket won): %d; merge (ticket -> merge done, clock64) min / med / max "
+      "%.2f / %.2f / %.2f us; stored -> ticket %.2f / %.2f / %.2f us\n",
+      m.n, m.lo, m.med, m.hi, wt.lo, wt.med, wt.hi);
+  std::printf(
+      "  SM clock measured (clock64 / globaltimer over each CTA): min / med / max %.0f / "
+      "%.0f / %.0f MHz\n",
+      mhz.lo, mhz.med, mhz.hi);
+}
+
+// --phases=1: two calls captured in one graph (as GraphUs's), each writing phase stamps; the
+// second's table.
+template <typename Attn>
+absl::Status PhaseRun(const MlaPlan& plan, int64_t batch, Attn&& attn, cudaStream_t stream) {
+  const int64_t ctas = int64_t{plan.num_splits} * plan.row_tiles * batch;
+  const int64_t words = ctas * kMlaStampWords;
+  unsigned long long* st = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&st, 2 * words * 8));
+  CUDA_RETURN_IF_ERROR(cudaMemset(st, 0, 2 * words * 8));
+  MlaPlan p0 = plan, p1 = plan;
+  p0.input.phase_stamps = st;
+  p1.input.phase_stamps = st + words;
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  absl::Status s = attn(p0, 0);
+  if (s.ok()) s = attn(p1, 1);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  RETURN_IF_ERROR(s);
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));  // warm-up, then the stamped replay
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  CUDA_RETURN_IF_ERROR(cudaMemset(st, 0, 2 * words * 8));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::vector<unsigned long long> h(2 * words);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), st, 2 * words * 8, cudaMemcpyDeviceToHost));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(st);
+  unsigned long long prev_last = 0;
+  for (int64_t i = 0; i < words; ++i) {
+    if (i % kMlaStampWords < kMlaPhases) prev_last = std::max(prev_last, h[i]);
+  }
+  int khz = 0;  // cudaDevAttrClockRate: the SM's peak (boost) clock in kHz
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  std::printf("  (clock64 converted at cudaDevAttrClockRate = %d kHz, the peak SM clock)\n", khz);
+  PrintPhases(std::vector<unsigned long long>(h.begin() + words, h.end()), ctas, khz, prev_last);
+  return absl::OkStatus();
 }
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t plan_len,
@@ -175,6 +305,10 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t 
                                                plan, b.ws, b.out, b.lse, stream);
   };
   ASSIGN_OR_RETURN(const double step_us, EagerUs(step, stream));
+  auto stamped = [&](const MlaPlan& pl, int i) {
+    return MlaLatentAttention<__nv_bfloat16>(b.q_cat, cache, 0, batch_of(i), scale, pl, b.ws,
+                                             b.o_lat, b.lse, stream);
+  };
   const double bytes = double(batch) * ctx *
                        (b.fp8_scales != nullptr ? b.dims.LatentDim() + 4 : b.dims.LatentDim() * 2);
   const double flops = double(batch) * ctx * b.dims.num_heads * 2 * (576 + 512);
@@ -183,6 +317,7 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t 
       static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, attn_us,
       bytes / attn_us / 1e6, 100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12), flops / attn_us / 1e6,
       graph_us, bytes / graph_us / 1e6, 100.0 * bytes / graph_us / 1e6 / (kPeak / 1e12), step_us);
+  if (b.phases) RETURN_IF_ERROR(PhaseRun(plan, batch, stamped, stream));
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -194,7 +329,7 @@ absl::Status Main(int argc, char** argv) {
   int64_t plan_len = 0;
   bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
-  bool graph = true, merge = true;
+  bool graph = true, merge = true, prewait = false, phases = false;
   int prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -212,6 +347,8 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--graph=", 0) == 0) graph = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--merge=", 0) == 0) merge = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--prefetch=", 0) == 0) prefetch = std::atoi(argv[i] + 11);
+    if (a.rfind("--prewait=", 0) == 0) prewait = std::atoi(argv[i] + 10) != 0;
+    if (a.rfind("--phases=", 0) == 0) phases = std::atoi(argv[i] + 9) != 0;
   }
   const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts =
@@ -226,6 +363,8 @@ absl::Status Main(int argc, char** argv) {
   b.graph = graph;
   b.merge = merge;
   b.prefetch = prefetch;
+  b.prewait = prewait;
+  b.phases = phases;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -265,12 +404,12 @@ absl::Status Main(int argc, char** argv) {
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::printf(
       "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel, plan_len %ld, "
-      "split merge %s, L2 prefetch %d tiles\n",
+      "split merge %s, L2 prefetch %d tiles, prewait (PDL) %d\n",
       prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
       fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
           : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"),
       static_cast<long>(plan_len), merge ? "in-kernel (where the TMA kernel runs)" : "separate",
-      prefetch);
+      prefetch, prewait ? 1 : 0);
   std::printf(
       "| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | graph us | TB/s | %%4.6 | step "
       "us |\n");

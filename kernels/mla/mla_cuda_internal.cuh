@@ -139,6 +139,8 @@ struct LatentParams {
   // The TMA kernel (MlaPlanInput::tma_l2_prefetch_tiles): > 0 prefetches the latents of the tile
   // this many tiles past the two stages into L2; 0 off.
   int l2_prefetch_tiles;
+  // MlaPlanInput::phase_stamps (null: off; mla_phase_stamps.h's layout).
+  unsigned long long* phase_stamps;
 };
 
 #ifdef __CUDACC__
@@ -229,9 +231,10 @@ absl::Status LaunchMlaSeesaw(const LatentParams<T>& p, const DeviceKvCache& cach
 
 // MlaTmaSchedule::kRows16 (mla_decode_rows16.cu): LaunchMlaTma's grid, loading (MlaTmaFits),
 // results and in-kernel merge for row tiles of <= 16 rows (the plan's rows), mma.sync, 256 threads.
+// prewait: MlaPlanInput::prewait (a PDL launch, the prologue before griddepcontrol.wait).
 template <typename T>
 absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                             dim3 grid, cudaStream_t stream);
+                             dim3 grid, bool prewait, cudaStream_t stream);
 
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.

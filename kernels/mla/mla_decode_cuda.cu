@@ -490,6 +490,7 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   p.dcp_cycle = static_cast<int>(in.dcp.size * in.dcp.interleave);
   p.dcp_offset = static_cast<int>(in.dcp.rank * in.dcp.interleave);
   p.l2_prefetch_tiles = plan.use_tma ? std::clamp(in.tma_l2_prefetch_tiles, 0, 16) : 0;
+  p.phase_stamps = in.phase_stamps;
   if (fp8) {  // the codes: the FP8 wgmma kernel where it runs, else the plain kernel
     p.pool = nullptr;
     p.pool8 = static_cast<const uint8_t*>(cache.data);
@@ -519,12 +520,13 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
       p.merge_counters = static_cast<unsigned int*>(workspace);
       merged_in_kernel = true;
     }
-    RETURN_IF_ERROR(schedule == MlaTmaSchedule::kSeesaw
-                        ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
-                    : schedule == MlaTmaSchedule::kRows16
-                        ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, stream)
-                        : mla_internal::LaunchMlaTma<T>(
-                              p, cache, layer, grid, schedule == MlaTmaSchedule::kHandOff, stream));
+    RETURN_IF_ERROR(
+        schedule == MlaTmaSchedule::kSeesaw
+            ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
+        : schedule == MlaTmaSchedule::kRows16
+            ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, in.prewait, stream)
+            : mla_internal::LaunchMlaTma<T>(p, cache, layer, grid,
+                                            schedule == MlaTmaSchedule::kHandOff, stream));
   } else if (wgmma) {
     RETURN_IF_ERROR(mla_internal::LaunchMlaWgmma<T>(
         p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));

@@ -224,7 +224,52 @@ __device__ __forceinline__ void SoftmaxToP(const float (&s)[4], const float* red
   }
 }
 
-template <typename T>
+// The issuing warp's prologue: the barriers, the table rows of tiles 0-3, tiles 0-2 (every
+// stage); returns the rows of tile 3 (lane l: box l). kPrewait: only the tiles wholly below
+// pre_end (the latents the kernel before this one cannot be writing) before griddepcontrol.wait,
+// the rest after it; every other thread of the CTA waits in the kernel body.
+template <typename T, bool kPrewait>
+__device__ __forceinline__ int IssuePrologue(const LatentParams<T>& p, const LatentCta& c,
+                                             const CUtensorMap* map, const TmaGeometry& g,
+                                             uint64_t* full, uint32_t base, uint32_t bar_addr,
+                                             int num_tiles, int boxes, int lane) {
+  if (lane == 0) {
+    for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  int rows[kStages + 1];
+#pragma unroll
+  for (int t = 0; t <= kStages; ++t) {
+    rows[t] =
+        t < num_tiles && lane < boxes ? BoxRow(p, g, c.table, c.kb + t * kKeys, lane, c.ke) : 0;
+  }
+  __syncwarp();
+  int pre = 0;  // tiles issued before the wait
+  if constexpr (kPrewait) {
+    const int pre_end = LocalKeyEnd(p, c.ctx - c.q_len);  // older latents: already written
+    while (pre < kStages && pre < num_tiles && c.kb + (pre + 1) * kKeys <= pre_end) ++pre;
+#pragma unroll
+    for (int t = 0; t < kStages; ++t) {
+      if (t < pre) {
+        IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
+                    0, kChunks);
+      }
+    }
+    internal::WaitForPrecedingGrid();
+  }
+#pragma unroll
+  for (int t = 0; t < kStages; ++t) {
+    if (t >= pre && t < num_tiles) {
+      IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
+                  0, kChunks);
+    }
+  }
+  return rows[kStages];
+}
+
+// kPrewait: MlaPlanInput::prewait (launched with PDL; IssuePrologue). kStamps: p.phase_stamps
+// non-null (the measurement's own instantiation: the default one carries no stamp code).
+template <typename T, bool kPrewait, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaRows16Kernel(const __grid_constant__ LatentParams<T> p,
                     const __grid_constant__ CUtensorMap map, const TmaGeometry g) {
@@ -235,41 +280,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  unsigned long long* const stamps = kStamps ? p.phase_stamps : nullptr;
+  if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseEntry);
+  if constexpr (kPrewait) internal::AllowDependentLaunch();  // its wait covers this whole grid
   if (tid == kIssueWarp * 32) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
   }
   const LatentCta c = LatentCtaOf(p, kRows);
   const bool merge = p.merge_counters != nullptr;
+  if (kPrewait && !merge) internal::WaitForPrecedingGrid();  // EmptySplitDone stores
   const int filled = merge ? c.Filled() : 0;
   if (c.r0 >= c.rows_seq || (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows))) return;
   const int kb = c.kb, ke = c.ke, num_tiles = c.Tiles(kKeys), boxes = kKeys / g.box_rows;
   const uint32_t base = SmemAddr(smem), bar_addr = SmemAddr(full);
 
-  // The issuing warp: the barriers, the table rows of tiles 0-3, tiles 0-2 now (every stage).
   int next_rows = 0;
   if (warp == kIssueWarp) {
-    if (lane == 0) {
-      for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    int rows[kStages + 1];
-#pragma unroll
-    for (int t = 0; t <= kStages; ++t) {
-      rows[t] = t < num_tiles && lane < boxes ? BoxRow(p, g, c.table, kb + t * kKeys, lane, ke) : 0;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < kStages; ++t) {
-      if (t < num_tiles) {
-        IssueChunks(&map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8,
-                    lane, 0, kChunks);
-      }
-    }
-    next_rows = rows[kStages];
+    next_rows =
+        IssuePrologue<T, kPrewait>(p, c, &map, g, full, base, bar_addr, num_tiles, boxes, lane);
+  } else if constexpr (kPrewait) {
+    internal::WaitForPrecedingGrid();  // Q (q_cat) is the preceding kernel's output
+  }
+  if (stamps != nullptr && tid == 0) {
+    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseSetup);
+    *tma_kernel::StampWord(stamps, kMlaStampTiles) = num_tiles;
   }
   uint32_t qa[kKSteps][4];
   LoadQ(p, c, lane, qa);
   __syncthreads();  // the barriers initialized
+  if (stamps != nullptr && tid == 0) {
+    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseQ);
+    if (num_tiles > 0) {  // tile 0's every chunk landed (a wait the loop's then passes at once)
+      for (int ch = 0; ch < kChunks; ++ch) internal::MbarWaitOrTrap(full + ch, 0);
+      tma_kernel::WritePhaseStamp(stamps, kMlaPhaseFirstTile);
+    }
+  }
 
   const int vis[2] = {c.KeyEnd(p, lane / 4), c.KeyEnd(p, lane / 4 + 8)};
   float o[32];
@@ -301,10 +346,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     BarSync(2, kThreads);  // B: P complete
     AddPv<T>(o, alpha, base + kPOff, stage, warp, lane);
   }
+  if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseLastMath);
 
   const bool direct = merge ? filled == 1 : p.num_splits == 1;
   StoreRows(p, c, red, warp, lane, o, l_run, m_run, direct);
-  if (merge && filled > 1) tma_kernel::MergeInKernel<kRows>(p, c, filled, smem);
+  if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseStored);
+  if (merge && filled > 1) tma_kernel::MergeInKernel<kRows>(p, c, filled, smem, stamps);
 #endif
 }
 
@@ -312,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename T>
 absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                             dim3 grid, cudaStream_t stream) {
+                             dim3 grid, bool prewait, cudaStream_t stream) {
   using rows16_kernel::kSmemBytes;
   const int64_t bs = cache.layout.block_size;
   const tma_kernel::TmaGeometry g{static_cast<int>(cache.layout.num_layers * bs),
@@ -320,18 +367,24 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
                                   static_cast<int>(bs < 64 ? bs : 64)};
   ASSIGN_OR_RETURN(const CUtensorMap map,
                    tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
-  auto kernel = rows16_kernel::MlaRows16Kernel<T>;
+  const bool st = p.phase_stamps != nullptr;
+  auto kernel = prewait ? (st ? rows16_kernel::MlaRows16Kernel<T, true, true>
+                              : rows16_kernel::MlaRows16Kernel<T, true, false>)
+                        : (st ? rows16_kernel::MlaRows16Kernel<T, false, true>
+                              : rows16_kernel::MlaRows16Kernel<T, false, false>);
   CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  kernel<<<grid, rows16_kernel::kThreads, kSmemBytes, stream>>>(p, map, g);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  // prewait: PDL, the prologue under the preceding kernel (MlaPlanInput::prewait).
+  const internal::PdlLaunchConfig config(grid, rows16_kernel::kThreads, stream, prewait,
+                                         kSmemBytes);
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, p, map, g));
   return absl::OkStatus();
 }
 
 template absl::Status LaunchMlaRows16<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
-                                                     const DeviceKvCache&, int64_t, dim3,
+                                                     const DeviceKvCache&, int64_t, dim3, bool,
                                                      cudaStream_t);
 template absl::Status LaunchMlaRows16<__half>(const LatentParams<__half>&, const DeviceKvCache&,
-                                              int64_t, dim3, cudaStream_t);
+                                              int64_t, dim3, bool, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda::mla_internal

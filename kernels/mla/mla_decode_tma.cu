@@ -104,6 +104,8 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
 
   const int tid = threadIdx.x;
+  unsigned long long* const stamps = p.phase_stamps;  // measurement only (mla_phase_stamps.h)
+  if (stamps != nullptr && tid == 0) WritePhaseStamp(stamps, kMlaPhaseEntry);
   if (tid == kIssueWarp * 32) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
   }
@@ -155,6 +157,10 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
         pf_rows = BoxRow(p, g, table, kb + (2 + pf) * kKeys, lane, ke);
       }
     }
+    if (stamps != nullptr && lane == 0) {
+      WritePhaseStamp(stamps, kMlaPhaseSetup);
+      *StampWord(stamps, kMlaStampTiles) = num_tiles;
+    }
   }
   // Q (zero rows beyond the request's), by cp.async: four threads per row.
   {
@@ -166,6 +172,13 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();
+  }
+  if (stamps != nullptr && tid == 0) {
+    WritePhaseStamp(stamps, kMlaPhaseQ);
+    if (num_tiles > 0) {  // tile 0's every chunk landed (a wait the loop's then passes at once)
+      for (int ch = 0; ch < kChunks; ++ch) internal::prefill::MbarWait(full + ch, 0);
+      WritePhaseStamp(stamps, kMlaPhaseFirstTile);
+    }
   }
 
   const int vis[2] = {c.KeyEnd(p, row_lo), c.KeyEnd(p, row_hi)};
@@ -226,12 +239,14 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     }
   }
 
+  if (stamps != nullptr && tid == 0) WritePhaseStamp(stamps, kMlaPhaseLastMath);
   // Row sums: warpgroup 0's, through the (now idle) P buffer.
   float l[2];
   ShareWg0RowSums(reinterpret_cast<float*>(smem + kPOff), wg, t4, row_lo, l_run, l);
   StoreWgRows(p, split, q0, r0, rows_seq, row_lo, wg, t4, o, l, m_run,
               merge ? filled == 1 : p.num_splits == 1);
-  if (merge && filled > 1) MergeInKernel<kRows>(p, c, filled, smem + kTileBytes);
+  if (stamps != nullptr && tid == 0) WritePhaseStamp(stamps, kMlaPhaseStored);
+  if (merge && filled > 1) MergeInKernel<kRows>(p, c, filled, smem + kTileBytes, stamps);
 #endif
 }
 

@@ -25,6 +25,7 @@
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
+#include "kernels/mla/mla_phase_stamps.h"
 #include "kernels/mla/mla_wgmma.cuh"
 
 namespace tandem::kernels::cuda::mla_internal::tma_kernel {
@@ -142,6 +143,26 @@ __device__ __forceinline__ void ZeroTailChunks(uint8_t* stage, int valid, int t,
   internal::prefill::FenceProxyAsync();
 }
 
+// Phase stamps (mla_phase_stamps.h; measurement only, p.phase_stamps non-null): this CTA's word w.
+__device__ __forceinline__ unsigned long long* StampWord(unsigned long long* stamps, int w) {
+  const int64_t cta =
+      blockIdx.x + gridDim.x * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  return stamps + cta * kMlaStampWords + w;
+}
+// One thread: %globaltimer and clock64 of `phase` (and, at entry, the SM id).
+inline __device__ __noinline__ void WritePhaseStamp(unsigned long long* stamps, int phase) {
+  unsigned long long gt;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+  const long long ck = clock64();
+  *StampWord(stamps, phase) = gt;
+  *StampWord(stamps, kMlaPhases + phase) = static_cast<unsigned long long>(ck);
+  if (phase == kMlaPhaseEntry) {
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    *StampWord(stamps, kMlaStampSm) = sm;
+  }
+}
+
 // The tensor map of the pool ([total rows][576] of T, 128-byte swizzle, boxes of 64 columns x
 // box_rows rows).
 inline absl::StatusOr<CUtensorMap> EncodePoolMap(const DeviceKvCache& cache, int box_rows,
@@ -190,15 +211,25 @@ absl::Status LaunchTmaKernel(Kernel kernel, const LatentParams<T>& p, const Devi
 // the TMA kernel (64-row tiles) and kRows16 (16).
 template <int kTileRows, typename T>
 __device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
-                                              int filled, uint8_t* scratch) {
+                                              int filled, uint8_t* scratch,
+                                              unsigned long long* stamps) {
   unsigned int* counter = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
-  if (!internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch))) return;
+  const bool won = internal::TakeMergeTicket(counter, filled, reinterpret_cast<int*>(scratch));
+  if (stamps != nullptr && threadIdx.x == 0) {
+    WritePhaseStamp(stamps, kMlaPhaseTicket);
+    *StampWord(stamps, kMlaStampTicket) = won ? 2 : 1;
+  }
+  if (!won) return;
   const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
   const int n_rows = min(kTileRows, c.rows_seq - c.r0);
   internal::MergeGroupSplits<T, 512>(
       p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
       [first](int rr) { return first + rr; }, p.o_lat, p.lse,
       reinterpret_cast<float*>(scratch) + 4);
+  if (stamps != nullptr) {  // CTA-uniform
+    __syncthreads();
+    if (threadIdx.x == 0) WritePhaseStamp(stamps, kMlaPhaseMergeDone);
+  }
 }
 
 }  // namespace tandem::kernels::cuda::mla_internal::tma_kernel
