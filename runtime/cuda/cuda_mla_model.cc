@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -37,6 +39,16 @@ constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 // widths, 98 KiB at 128).
 constexpr int64_t kUnabsorbedRowsPerToken = 2;
 constexpr int64_t kUnabsorbedWorkspaceBytes = int64_t{512} << 20;
+
+// TANDEM_MLA_PREWAIT=1 (read once; default off, an A/B of issue 33): kRows16's PDL launch with its
+// prologue before griddepcontrol.wait (kc::MlaPlanInput::prewait).
+bool MlaPrewaitFromEnv() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_MLA_PREWAIT");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 kernels::MlaDims DimsOf(const ModelConfig& c) {
   return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank,
@@ -423,7 +435,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .max_workspace_bytes = mla_workspace_.bytes(),
                       .dcp = options_.dcp,
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
-                      .rows16_small_batches = options_.mla_rows16};
+                      .rows16_small_batches = options_.mla_rows16,
+                      .prewait = MlaPrewaitFromEnv()};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");
