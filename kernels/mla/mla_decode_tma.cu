@@ -91,8 +91,9 @@ static_assert(internal::kMergeCounterBytes == kMlaMergeCounterBytes);
 // warpgroup 1's wait), and before storing the next P waits until warpgroup 1 has read the last
 // one (barrier 3); so warpgroup 1's P V overlaps warpgroup 0's next scores.
 // kPrefetch: the L2-prefetch variant (p.l2_prefetch_tiles > 0) compiled in; without it the tile
-// loop carries none of its checks.
-template <typename T, bool kHandOff, bool kPrefetch>
+// loop carries none of its checks. kStamps: p.phase_stamps written (mla_phase_stamps.h; the
+// measurement's own instantiation, with kPrefetch: the default ones carry no stamp code).
+template <typename T, bool kHandOff, bool kPrefetch, bool kStamps = false>
 __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
     MlaTmaKernel(const __grid_constant__ LatentParams<T> p, const __grid_constant__ CUtensorMap map,
                  const TmaGeometry g) {
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kMlaWgmmaThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
 
   const int tid = threadIdx.x;
-  unsigned long long* const stamps = p.phase_stamps;  // measurement only (mla_phase_stamps.h)
+  unsigned long long* const stamps = kStamps ? p.phase_stamps : nullptr;  // measurement only
   if (stamps != nullptr && tid == 0) WritePhaseStamp(stamps, kMlaPhaseEntry);
   if (tid == kIssueWarp * 32) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
@@ -264,6 +265,12 @@ template <typename T>
 absl::Status LaunchMlaTma(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
                           dim3 grid, bool hand_off, cudaStream_t stream) {
   using tma_kernel::MlaTmaKernel;
+  if (p.phase_stamps != nullptr) {  // kPrefetch's instantiation also runs pf = 0
+    return hand_off ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true, true, true>, p, cache,
+                                                     layer, grid, stream)
+                    : tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, false, true, true>, p, cache,
+                                                     layer, grid, stream);
+  }
   if (p.l2_prefetch_tiles > 0) {
     return hand_off ? tma_kernel::LaunchTmaKernel<T>(MlaTmaKernel<T, true, true>, p, cache, layer,
                                                      grid, stream)
