@@ -11,11 +11,6 @@
 //     plain and PDL-launched, every routing variant, up to 1024 pairs, ties, no tokens; at the
 //     decode sizes T = 1, 2, 7, 16 every variant also on unspread normal logits (near ties, the
 //     two launches still bit for bit) and on exact ties.
-//   * MoeExpertGemvDown's early weight loads (its permutation and first weight chunks read
-//     before the PDL wait): layers with alternating routings on one set of buffers (route +
-//     permute, both GEMVs, combine), PDL-launched eagerly and as a CUDA graph replayed twice,
-//     bit for bit equal to the PDL chain without them and to plain launches; the experts' rows
-//     against a host product of act and down. bf16 and fp16, 1 to 40 tokens.
 #include "kernels/moe/moe_cuda.h"
 
 #include <algorithm>
@@ -37,7 +32,6 @@ using cuda_test::DeviceBuffer;
 using moe_cuda_test::DevicePerm;
 using moe_cuda_test::DeviceRouting;
 using moe_cuda_test::MakePerm;
-using moe_cuda_test::Normal;
 using moe_cuda_test::Poison;
 using moe_cuda_test::RouteOnDevice;
 using moe_cuda_test::SpreadLogits;
@@ -367,156 +361,6 @@ TEST(MoeCudaTest, FusedRouteEveryVariantAtDecodeSizes) {
       CheckRouteAndPermute(ties, T, p, spread_bias, v.name, /*against_cpu=*/!v.bias);
     }
   }
-}
-
-// kLayers decode layers on one set of routing / expert buffers, layer l routed by logits[l % 2]:
-// MoeRouteAndPermute, MoeExpertGemvGateUp, MoeExpertGemvDown (early weight loads when `early`)
-// and the combine (MoeCombineSplit when `pdl`, else MoeCombine: the same bits without a shared
-// expert), each layer's output to outs[l].
-template <typename T>
-struct EarlyDownChain {
-  static constexpr int kLayers = 4;
-  int64_t tokens, E, k, H, I;
-  GroupedRoutingParams p;
-  DeviceBuffer<T> x, gate_up, down, act, eout;
-  DeviceBuffer<float> logits[2], weights;
-  DeviceBuffer<int32_t> ids;
-  DevicePerm perm;
-
-  void Run(bool pdl, bool early, std::vector<DeviceBuffer<T>>& outs, cudaStream_t s) {
-    const int64_t rows = tokens * k;
-    for (int l = 0; l < kLayers; ++l) {
-      EXPECT_TRUE(MoeRouteAndPermute(logits[l % 2].get(), tokens, p, ids.get(), weights.get(),
-                                     perm.view(), nullptr, s, pdl)
-                      .ok());
-      EXPECT_TRUE(MoeExpertGemvGateUp<T>(x.get(), gate_up.get(), H, I, perm.view(), E, rows,
-                                         act.get(), s, pdl)
-                      .ok());
-      EXPECT_TRUE(MoeExpertGemvDown<T>(act.get(), down.get(), H, I, perm.view(), E, rows,
-                                       eout.get(), s, pdl, early)
-                      .ok());
-      if (pdl) {
-        EXPECT_TRUE(MoeCombineSplit<T>(eout.get(), weights.get(), perm.row_of_pair.get(), tokens, k,
-                                       H, nullptr, nullptr, x.get(), outs[l].get(), s, true)
-                        .ok());
-      } else {
-        EXPECT_TRUE(MoeCombine<T>(eout.get(), weights.get(), perm.row_of_pair.get(), tokens, k, H,
-                                  nullptr, nullptr, x.get(), outs[l].get(), s)
-                        .ok());
-      }
-    }
-  }
-};
-
-// The experts' rows in eout against the host product act[r] . down[e, h] (fp64), e the expert
-// of row r by the device permutation; 4e-5 of the terms' magnitude for the fp32 sum's order.
-template <typename T>
-void ExpectDownMatchesHost(const EarlyDownChain<T>& c, const std::vector<float>& down) {
-  const std::vector<float> act = cuda_test::ToFloat(c.act.ToHost());
-  const std::vector<float> eout = cuda_test::ToFloat(c.eout.ToHost());
-  const std::vector<int32_t> offsets = c.perm.offsets.ToHost();
-  const int64_t H = c.H, I = c.I;
-  for (int64_t e = 0; e < c.E; ++e) {
-    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-      for (int64_t h = 0; h < H; ++h) {
-        double want = 0.0, mag = 0.0;
-        for (int64_t i = 0; i < I; ++i) {
-          const double term = double{act[r * I + i]} * down[(e * H + h) * I + i];
-          want += term;
-          mag += std::abs(term);
-        }
-        ASSERT_NEAR(eout[r * H + h], want, 8e-3 * std::abs(want) + 4e-5 * mag + 1e-6)
-            << "row " << r << " feature " << h;
-      }
-    }
-  }
-}
-
-template <typename T>
-std::vector<std::vector<float>> OnHost(const std::vector<DeviceBuffer<T>>& outs) {
-  std::vector<std::vector<float>> h;
-  for (const auto& o : outs) h.push_back(cuda_test::ToFloat(o.ToHost()));
-  return h;
-}
-
-template <typename T>
-void CheckEarlyDown(int64_t tokens, int64_t E, int64_t k, int64_t H, int64_t I, std::mt19937& rng) {
-  SCOPED_TRACE(::testing::Message()
-               << "T " << tokens << " E " << E << " k " << k << " H " << H << " I " << I);
-  const int64_t rows = tokens * k;
-  std::vector<float> down = Normal(E * H * I, 0.2f, rng);
-  cuda_test::RoundTo<T>(down);
-  EarlyDownChain<T> c{tokens,
-                      E,
-                      k,
-                      H,
-                      I,
-                      {},
-                      DeviceBuffer<T>(cuda_test::Convert<T>(Normal(tokens * H, 1.0f, rng))),
-                      DeviceBuffer<T>(cuda_test::Convert<T>(Normal(E * 2 * I * H, 0.2f, rng))),
-                      DeviceBuffer<T>(cuda_test::Convert<T>(down)),
-                      DeviceBuffer<T>(rows * I),
-                      DeviceBuffer<T>(rows * H),
-                      {DeviceBuffer<float>(SpreadLogits(tokens, E, rng)),
-                       DeviceBuffer<float>(SpreadLogits(tokens, E, rng))},
-                      DeviceBuffer<float>(rows),
-                      DeviceBuffer<int32_t>(rows),
-                      MakePerm(E, rows)};
-  c.p.num_experts = E;
-  c.p.top_k = k;
-  c.p.renormalize = true;
-  auto make_outs = [&] {
-    std::vector<DeviceBuffer<T>> outs;
-    for (int l = 0; l < EarlyDownChain<T>::kLayers; ++l) {
-      outs.emplace_back(tokens * H);
-      Poison(outs.back());
-    }
-    return outs;
-  };
-  cudaStream_t stream = nullptr;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<DeviceBuffer<T>> plain = make_outs(), late = make_outs(), early = make_outs();
-  c.Run(false, false, plain, stream);
-  c.Run(true, false, late, stream);
-  Poison(c.eout);
-  c.Run(true, true, early, stream);
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  ExpectDownMatchesHost(c, down);  // the last layer's rows, early loads
-  const auto want = OnHost(plain);
-  EXPECT_EQ(OnHost(late), want) << "PDL without early loads";
-  EXPECT_EQ(OnHost(early), want) << "PDL with early loads";
-  for (bool with_early : {false, true}) {  // as CUDA graphs, replayed twice
-    std::vector<DeviceBuffer<T>> graphed = make_outs();
-    cudaGraph_t graph = nullptr;
-    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    c.Run(true, with_early, graphed, stream);
-    TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      for (auto& o : graphed) Poison(o);
-      Poison(c.eout);
-      TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-      EXPECT_EQ(OnHost(graphed), want) << "graph replay " << replay << " early " << with_early;
-    }
-    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
-  }
-  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
-TEST(MoeCudaTest, EarlyDownLoadsMatchPlainLaunches) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(cuda_test::TestSeed());
-  CheckEarlyDown<__nv_bfloat16>(1, 128, 8, 256, 96, rng);    // Qwen3-MoE-like, batch 1
-  CheckEarlyDown<__nv_bfloat16>(1, 16, 8, 2048, 768, rng);   // Qwen3-30B-A3B widths, batch 1
-  CheckEarlyDown<__nv_bfloat16>(16, 64, 6, 128, 1064, rng);  // down: two chunk steps a lane
-  CheckEarlyDown<__half>(40, 4, 2, 72, 48, rng);             // 20 rows an expert: 8 a pass
-  CheckEarlyDown<__nv_bfloat16>(3, 8, 2, 40, 37, rng);       // element loads (inter % 8 != 0)
-  CheckEarlyDown<__nv_bfloat16>(2, 16, 8, 2048, 768, rng);   // Qwen3-30B-A3B's widths
-  CheckEarlyDown<__nv_bfloat16>(16, 16, 4, 136, 64, rng);    // 4 rows an expert; hidden % 16
 }
 
 }  // namespace

@@ -212,13 +212,6 @@ absl::Status FillMoeDummy(const DummyTensorFill& f, uint64_t seed, CudaMoeWeight
 
 absl::StatusOr<CudaMoeKernels> CudaMoeKernels::FromEnv() {
   CudaMoeKernels k;
-  if (const char* early = std::getenv("TANDEM_MOE_EARLY_DOWN"); early != nullptr) {
-    const absl::string_view v = early;
-    if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_MOE_EARLY_DOWN: '", v, "' (0 or 1)"));
-    }
-    k.early_down = v == "1";
-  }
   const char* env = std::getenv("TANDEM_MOE_KERNELS");
   if (env == nullptr) return k;
   // A list names exactly what is on.
@@ -380,11 +373,8 @@ absl::Status CudaMoeMlp::Experts(const CudaMoeWeights& w, const T* x, int64_t Tn
   if (path == Path::kGemv) {
     RETURN_IF_ERROR(kc::MoeExpertGemvGateUp<T>(x, w.experts_gate_up.get<T>(), H, I, perm, E, rows,
                                                act_.get<T>(), stream, kernels_.pdl));
-    // early_down: its first weight chunks before its PDL wait (gate_up, its predecessor, waits
-    // for the route before it triggers: the permutation is complete; moe_cuda.h).
     return kc::MoeExpertGemvDown<T>(act_.get<T>(), w.experts_down.get<T>(), H, I, perm, E, rows,
-                                    expert_out_.get<T>(), stream, kernels_.pdl,
-                                    kernels_.early_down);
+                                    expert_out_.get<T>(), stream, kernels_.pdl);
   }
   // MoeGroupedMma (TANDEM_MOE_KERNELS=mma_grouped): sync-free, so it replaces both the padded
   // and the grouped path (unless set_path asked for kPadded), under capture too. Many small

@@ -122,9 +122,6 @@ absl::Status FillMoeDummy(const DummyTensorFill& fill, uint64_t seed, CudaMoeWei
 // first A/B baseline), read once per CudaMoeMlp::Create so the device A/B needs no new flag on
 // every binary (fused_glu off: the list without it, tests/gpu/moe_fused_glu_call.sh).
 // INVALID_ARGUMENT naming an unknown entry.
-// early_down (issue 32): on the GEMV path with pdl, MoeExpertGemvDown loads its first weight
-// chunks (and reads the permutation) before its PDL wait (bit-identical; kernels/moe/moe_cuda.h).
-// On by default; TANDEM_MOE_EARLY_DOWN=0 turns it off (=1 on), read in FromEnv, for the A/B.
 struct CudaMoeKernels {
   bool split_combine = true;
   bool mma_grouped = true;
@@ -132,7 +129,6 @@ struct CudaMoeKernels {
   bool pdl = true;
   bool wgmma_grouped = true;
   bool fused_glu = true;
-  bool early_down = true;
   static absl::StatusOr<CudaMoeKernels> FromEnv();
 };
 
