@@ -95,12 +95,6 @@ absl::Status MoeGatherRows(const T* x, int64_t hidden, const int32_t* token_of_r
 // aligned and a multiple of 8 wide, else element loads). INVALID_ARGUMENT for bad sizes.
 // programmatic_launch: PDL as MoeRouteAndPermute's (each block waits for the preceding grid
 // before its first read).
-// early_weight_loads (Down, only with programmatic_launch; else ignored): each warp reads the
-// permutation and loads its first weight chunks BEFORE the PDL wait, only `act` after it (a
-// separate compile-time kernel: the plain launch's code is unchanged). REQUIRES then: the
-// permutation is complete once the preceding grid lets this one launch: true when that grid is
-// MoeExpertGemvGateUp on the same permutation (it waits for the permutation's writer before it
-// triggers) or any launch that waits before it triggers. Same results, bit for bit.
 template <typename T>
 absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, int64_t inter,
                                  const DeviceMoePermutation& perm, int64_t num_experts,
@@ -109,8 +103,7 @@ absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, i
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream, bool programmatic_launch = false,
-                               bool early_weight_loads = false);
+                               T* out, cudaStream_t stream, bool programmatic_launch = false);
 
 // out[r, j] = round(silu(g) * u) for r < rows, j < inter, g / u = gate_up[r, j] / [r, inter + j]
 // (SiluAndMul's expression, any width: layers_cuda.h's needs multiples of 8).
@@ -243,7 +236,7 @@ absl::Status MoeGroupedWgmmaGateUpSilu(const T* a, const int32_t* a_row_index, c
                                                       int64_t, T*, cudaStream_t, bool);            \
   extern template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,          \
                                                     const DeviceMoePermutation&, int64_t, int64_t, \
-                                                    T*, cudaStream_t, bool, bool);                 \
+                                                    T*, cudaStream_t, bool);                       \
   extern template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);     \
   extern template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                    \
                                              const DeviceMoePermutation&, int64_t, int64_t,        \

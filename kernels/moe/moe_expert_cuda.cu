@@ -28,31 +28,13 @@ constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
 constexpr int kCombineThreads = 128;
 
-// The 16-byte weight chunks c0 + 32 u (u < kUnroll) of R rows, zeros past `chunks`.
-template <typename T, int R>
-__device__ __forceinline__ void LoadWeightChunks(const T* const (&w)[R], int64_t c0, int64_t chunks,
-                                                 uint4 (&held)[R][kUnroll]) {
-#pragma unroll
-  for (int q = 0; q < R; ++q) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + 32 * u;
-      held[q][u] =
-          c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w[q]) + c) : make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 // acc[q][m] = w_q . a_m over R weight rows at once (k elements each; every row's loads in flight
 // together), this lane's share, then summed over the warp. kVec: 16-byte loads of 8 elements
 // (k % 8 == 0, rows 16-byte aligned). Each (q, m) sum runs in the same order as for one row
-// alone: results do not depend on R. kFirstHeld (kVec only): when first_held, `first` already
-// holds the first step's chunks (c0 = lane, loaded before a PDL wait): the same sums, only the
-// loads are issued earlier. Without it the code is the plain GEMV's (first is never read).
-template <typename T, int R, int M, bool kVec, bool kFirstHeld = false>
+// alone: results do not depend on R.
+template <typename T, int R, int M, bool kVec>
 __device__ __forceinline__ void WarpDot(const T* const (&w)[R], const T* const (&a)[M], int64_t k,
-                                        int lane, float (&acc)[R][M],
-                                        const uint4 (&first)[R][kUnroll], bool first_held) {
+                                        int lane, float (&acc)[R][M]) {
 #pragma unroll
   for (int q = 0; q < R; ++q) {
 #pragma unroll
@@ -62,14 +44,14 @@ __device__ __forceinline__ void WarpDot(const T* const (&w)[R], const T* const (
     const int64_t chunks = k / 8;
     for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
       uint4 held[R][kUnroll];
-      if (kFirstHeld && first_held && c0 == lane) {
 #pragma unroll
-        for (int q = 0; q < R; ++q) {
+      for (int q = 0; q < R; ++q) {
 #pragma unroll
-          for (int u = 0; u < kUnroll; ++u) held[q][u] = first[q][u];
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = c0 + 32 * u;
+          held[q][u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w[q]) + c)
+                                  : make_uint4(0, 0, 0, 0);
         }
-      } else {
-        LoadWeightChunks<T, R>(w, c0, chunks, held);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -117,38 +99,19 @@ __device__ __forceinline__ void WarpDot(const T* const (&w)[R], const T* const (
 // kGateUp: warp = output column j of act (gate row j and up row inter + j of the expert, input
 // rows gathered through token_of_row); else warp = output features h, h + 1 of down (input rows
 // the expert's contiguous act rows).
-//
-// kEarly (down only, launched with PDL behind MoeExpertGemvGateUp; MoeExpertGemvDown's
-// early_weight_loads): the permutation is read and the warp's first weight chunks are loaded
-// BEFORE the PDL wait; only `in` (gate_up's act) is read after it. Why this is safe: the
-// permutation is not the predecessor's output. The route / permute launch wrote it before
-// gate_up, and every gate_up block waits for that launch (griddepcontrol.wait returns once it
-// has completed and its writes are visible) before it lets dependents launch (or exits), so no
-// block of this grid runs before the route's writes are complete in global memory. They are
-// read through L2 (__ldcg: no stale L1 line of an earlier layer's permutation). The weights are
-// constants. (The next layer's route cannot overwrite the permutation early either: every
-// launch of the chain waits for its predecessor before it writes.) gate_up has nothing to move:
-// every weight address depends on the permutation its own predecessor writes. !kEarly: the
-// plain kernel (the same code as before the flag existed).
 constexpr int kRowsPerWarp = 2;
-template <typename T, int M, bool kGateUp, bool kVec, bool kEarly = false>
+template <typename T, int M, bool kGateUp, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     ExpertGemvKernel(const T* __restrict__ in, const T* __restrict__ w, int64_t n_out, int64_t k,
                      DeviceMoePermutation perm, T* __restrict__ out) {
-  static_assert(!(kEarly && kGateUp), "early weight loads are down's only");
-  if constexpr (!kEarly) {
-    internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
-    internal::AllowDependentLaunch();
-  }
+  internal::WaitForPrecedingGrid();  // PDL: the permutation and `in` are the predecessors'
+  internal::AllowDependentLaunch();
   constexpr int kFeat = kGateUp ? 1 : kRowsPerWarp;  // output features per warp
-  const int expert =
-      kEarly ? __ldcg(perm.active_experts + blockIdx.y) : perm.active_experts[blockIdx.y];
+  const int expert = perm.active_experts[blockIdx.y];
   const int64_t feature = (int64_t{blockIdx.x} * kGemvWarps + (threadIdx.x >> 5)) * kFeat;
   if (expert < 0 || feature >= n_out) return;
   const int lane = threadIdx.x & 31;
-  const int begin = kEarly ? __ldcg(perm.expert_offsets + expert) : perm.expert_offsets[expert];
-  const int end =
-      kEarly ? __ldcg(perm.expert_offsets + expert + 1) : perm.expert_offsets[expert + 1];
+  const int begin = perm.expert_offsets[expert], end = perm.expert_offsets[expert + 1];
   const T* wrow[kRowsPerWarp];
 #pragma unroll
   for (int q = 0; q < kRowsPerWarp; ++q) {
@@ -156,12 +119,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     // feature, feature + 1 (the last one repeated past n_out, not stored).
     const int64_t row = kGateUp ? q * n_out + feature : min(feature + q, n_out - 1);
     wrow[q] = w + (static_cast<int64_t>(expert) * (kGateUp ? 2 : 1) * n_out + row) * k;
-  }
-  uint4 first[kRowsPerWarp][kUnroll];  // kEarly: the first step's chunks, loaded before the wait
-  if constexpr (kEarly) {
-    if constexpr (kVec) LoadWeightChunks<T, kRowsPerWarp>(wrow, lane, k / 8, first);
-    internal::WaitForPrecedingGrid();  // PDL: `in` (gate_up's act) is the predecessor's
-    internal::AllowDependentLaunch();
   }
   for (int r0 = begin; r0 < end; r0 += M) {
     const T* a[M];
@@ -171,7 +128,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       a[m] = in + static_cast<int64_t>(kGateUp ? perm.token_of_row[r] : r) * k;
     }
     float acc[kRowsPerWarp][M];
-    WarpDot<T, kRowsPerWarp, M, kVec, kEarly && kVec>(wrow, a, k, lane, acc, first, r0 == begin);
+    WarpDot<T, kRowsPerWarp, M, kVec>(wrow, a, k, lane, acc);
     if (lane != 0) continue;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -193,7 +150,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 // The one place where rows per expert and alignment become template constants.
-template <typename T, bool kGateUp, bool kEarly = false>
+template <typename T, bool kGateUp>
 absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
                         const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows, T* out,
                         cudaStream_t stream, bool programmatic_launch) {
@@ -217,18 +174,18 @@ absl::Status LaunchGemv(const T* in, const T* w, int64_t n_out, int64_t k,
   };
   if (vec) {
     if (mean <= 1)
-      launch(ExpertGemvKernel<T, 1, kGateUp, true, kEarly>);
+      launch(ExpertGemvKernel<T, 1, kGateUp, true>);
     else if (mean <= 2)
-      launch(ExpertGemvKernel<T, 2, kGateUp, true, kEarly>);
+      launch(ExpertGemvKernel<T, 2, kGateUp, true>);
     else if (mean <= 4)
-      launch(ExpertGemvKernel<T, 4, kGateUp, true, kEarly>);
+      launch(ExpertGemvKernel<T, 4, kGateUp, true>);
     else
-      launch(ExpertGemvKernel<T, 8, kGateUp, true, kEarly>);
+      launch(ExpertGemvKernel<T, 8, kGateUp, true>);
   } else {
     if (mean <= 1)
-      launch(ExpertGemvKernel<T, 1, kGateUp, false, kEarly>);
+      launch(ExpertGemvKernel<T, 1, kGateUp, false>);
     else
-      launch(ExpertGemvKernel<T, 4, kGateUp, false, kEarly>);
+      launch(ExpertGemvKernel<T, 4, kGateUp, false>);
   }
   CUDA_RETURN_IF_ERROR(launched);
   return absl::OkStatus();
@@ -441,12 +398,7 @@ absl::Status MoeExpertGemvGateUp(const T* x, const T* gate_up, int64_t hidden, i
 template <typename T>
 absl::Status MoeExpertGemvDown(const T* act, const T* down, int64_t hidden, int64_t inter,
                                const DeviceMoePermutation& perm, int64_t num_experts, int64_t rows,
-                               T* out, cudaStream_t stream, bool programmatic_launch,
-                               bool early_weight_loads) {
-  if (programmatic_launch && early_weight_loads) {  // ExpertGemvKernel's kEarly: why it is safe
-    return LaunchGemv<T, false, true>(act, down, hidden, inter, perm, num_experts, rows, out,
-                                      stream, true);
-  }
+                               T* out, cudaStream_t stream, bool programmatic_launch) {
   return LaunchGemv<T, false>(act, down, hidden, inter, perm, num_experts, rows, out, stream,
                               programmatic_launch);
 }
@@ -582,7 +534,7 @@ absl::Status MoeCombineAddTo(const T* expert_out, const float* weights, const in
                                                cudaStream_t, bool);                               \
   template absl::Status MoeExpertGemvDown<T>(const T*, const T*, int64_t, int64_t,                \
                                              const DeviceMoePermutation&, int64_t, int64_t, T*,   \
-                                             cudaStream_t, bool, bool);                           \
+                                             cudaStream_t, bool);                                 \
   template absl::Status MoeSiluAndMul<T>(const T*, int64_t, int64_t, T*, cudaStream_t);           \
   template absl::Status MoePadRows<T>(const T*, int64_t, const int32_t*,                          \
                                       const DeviceMoePermutation&, int64_t, int64_t, int64_t, T*, \
