@@ -13,8 +13,8 @@
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
 // (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf,deep,splitk,splitk2,splitk4,waves,
-// persistent,streamk picks its inner loops in the order listed, repeats included, the default all;
-// splitk: S picked per shape, splitk2 / 4: S forced; streamk: the bench's workspace;
+// persistent picks its inner loops, the default all; splitk: S picked per shape, splitk2 / 4: S
+// forced;
 // --w8a16_ref=0 leaves out the bf16 and W8A8 rows); --only=w8a16-grouped: batch 1 at the
 // Qwen3-30B-A3B / DeepSeek-V2-Lite / V3 dense FP8 projections (128 x 128 weight blocks, scales
 // per row and 128 columns), QuantizeActivations (1 x 128) + the W8A8 GEMV as CudaFp8Linear ran
@@ -325,8 +325,7 @@ int BenchSweep(cudaStream_t s, int reps, int iters) {
 // "w8a16-ring" / "-ring2" / "-ringhalf" the tensor-core arithmetic fed by the shared-memory ring,
 // "w8a16-deep" 16 loads in flight a lane, "w8a16-splitk" S CTAs a tile splitting k (S picked;
 // "-splitk2" / "-splitk4" forced; the bench owns the workspace), "w8a16-persistent" the deep
-// tiles on a persistent grid, the activations staged once a CTA, "w8a16-streamk" the deep tiles'
-// 128-column units in equal ranges over min(tiles, 2 SMs) CTAs, cut tiles met in the workspace)
+// tiles on a persistent grid, the activations staged once a CTA)
 // plain, with its first loads before the PDL wait ("-early"), and in the folded form the decode
 // step runs (qkv: NormIn, o / down: AddTo, gate_up: NormInSiluMul), next to the bf16 SmallMLinear
 // and its folded form. One line per (shape, variant): us and TB/s.
@@ -359,25 +358,13 @@ W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
                              {"splitk2", Fp8W16Math::kTensorCoreSplitK, 2},
                              {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4},
                              {"waves", Fp8W16Math::kAutoWaves, 0},
-                             {"persistent", Fp8W16Math::kTensorCorePersistent, 0},
-                             {"streamk", Fp8W16Math::kTensorCoreStreamK, 0}};
+                             {"persistent", Fp8W16Math::kTensorCorePersistent, 0}};
   W8a16Rows rows;
   rows.references = references;
-  const auto add = [&](const W8a16Math& m) {
-    rows.maths.push_back({m.name == "fp32" ? "w8a16" : "w8a16-" + m.name, m.math, m.splits});
-  };
-  if (maths == "all") {
-    for (const W8a16Math& m : known) add(m);
-    return rows;
-  }
-  // The listed order, repeats included (A/B/A/B runs), unknown names skipped.
-  for (size_t begin = 0; begin <= maths.size();) {
-    const size_t end = std::min(maths.find(',', begin), maths.size());
-    const std::string name = maths.substr(begin, end - begin);
-    for (const W8a16Math& m : known) {
-      if (m.name == name) add(m);
+  for (const W8a16Math& m : known) {
+    if (maths == "all" || ("," + maths + ",").find("," + m.name + ",") != std::string::npos) {
+      rows.maths.push_back({m.name == "fp32" ? "w8a16" : "w8a16-" + m.name, m.math, m.splits});
     }
-    begin = end + 1;
   }
   return rows;
 }
@@ -434,7 +421,7 @@ void BenchW8a16Shape(cudaStream_t s, int reps, int iters, const W8a16Proj& pr,
     row("w8a8-auto", n * k,
         [&](int i) { return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, 1, buf.out, s, true); });
   }
-  void* split_mem = nullptr;  // kTensorCoreSplitK's / kTensorCoreStreamK's workspace, counters 0
+  void* split_mem = nullptr;  // kTensorCoreSplitK's workspace, counters zero
   Check(cudaMalloc(&split_mem, Fp8W16SplitKWorkspaceBytes(n)), "split-k workspace");
   Check(cudaMemset(split_mem, 0, Fp8W16SplitKWorkspaceBytes(n)), "split-k workspace");
   for (const auto& [m, math, splits] : rows.maths) {

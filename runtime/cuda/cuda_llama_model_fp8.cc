@@ -16,9 +16,8 @@
 namespace tandem::runtime::cuda {
 namespace {
 
-// TANDEM_FP8_W16_MMA=deep / splitk / streamk (below): the FP8 linear's W8A16 GEMV takes the same
-// math and its split-k workspace (split-k's and stream-K's) grows to weights of up to
-// `weight_rows` rows.
+// TANDEM_FP8_W16_MMA=deep / splitk (below): the FP8 linear's W8A16 GEMV takes the same math and
+// its split-k workspace grows to weights of up to `weight_rows` rows.
 absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows);
 
 }  // namespace
@@ -114,10 +113,8 @@ bool W16EarlyLoads() {
 // shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits, slower), =deep /
 // splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per shape; =splitk2 /
 // splitk4: S forced), =persistent kTensorCorePersistent (the deep tiles on a persistent grid,
-// the activations staged once a CTA), =streamk kTensorCoreStreamK (the deep tiles' 128-column
-// units in equal ranges over min(tiles, 2 SMs) CTAs, no partial last wave; the split-k
-// workspace); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency) (A/B runs of
-// decode_step_bench).
+// the activations staged once a CTA); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency)
+// (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
@@ -125,7 +122,6 @@ kernels::cuda::Fp8W16Math W16Math() {
   if (std::strcmp(v, "auto") == 0) return Fp8W16Math::kAuto;
   if (std::strcmp(v, "deep") == 0) return Fp8W16Math::kTensorCoreDeep;
   if (std::strcmp(v, "persistent") == 0) return Fp8W16Math::kTensorCorePersistent;
-  if (std::strcmp(v, "streamk") == 0) return Fp8W16Math::kTensorCoreStreamK;
   if (std::strncmp(v, "splitk", 6) == 0) return Fp8W16Math::kTensorCoreSplitK;
   if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
   if (std::strcmp(v, "ring2") == 0) return Fp8W16Math::kRing2;
@@ -138,13 +134,10 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
   const Fp8W16Math math = W16Math();
   if (fp8 == nullptr ||
       (math != Fp8W16Math::kTensorCoreDeep && math != Fp8W16Math::kTensorCoreSplitK &&
-       math != Fp8W16Math::kAutoWaves && math != Fp8W16Math::kTensorCorePersistent &&
-       math != Fp8W16Math::kTensorCoreStreamK)) {
+       math != Fp8W16Math::kAutoWaves && math != Fp8W16Math::kTensorCorePersistent)) {
     return absl::OkStatus();
   }
   fp8->set_w8a16_math(math);
-  // Stream-K: the split-k workspace of ceil(rows / 16) tiles (its splits unused).
-  if (math == Fp8W16Math::kTensorCoreStreamK) return fp8->ReserveW16SplitK(weight_rows);
   if (math != Fp8W16Math::kTensorCoreSplitK) return absl::OkStatus();
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");  // splitk, splitk2, splitk4
   return fp8->ReserveW16SplitK(weight_rows, std::atoi(v + 6));
@@ -155,8 +148,7 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
 kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
   using kernels::cuda::Fp8W16Math;
   return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK ||
-                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent ||
-                 math == Fp8W16Math::kTensorCoreStreamK
+                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent
              ? Fp8W16Math::kAuto
              : math;
 }
