@@ -17,8 +17,6 @@
 //           a ticket (atomicInc on the tile's counter, wrapping back to 0: graph replays find it
 //           zero) adds the S partials in the fixed order s = 0 .. S - 1 and runs StoreRow.
 //           Deterministic run to run, not bit-identical to kTensorCore (another sum order).
-// The stream-K form (kTensorCoreStreamK: these tiles without the partial last wave) is in
-// fp8_w8a16_streamk_cuda.cu.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -30,6 +28,8 @@
 
 namespace tandem::kernels::cuda::fp8_w16_internal {
 namespace {
+
+constexpr int kDeepLoads = 2 * kLoads;
 
 // Fp8W16MmaKernel with kDeepLoads in flight a lane. (The names start with "Fp8W16MmaKernel": the
 // step breakdown, runtime/cuda/step_breakdown.cc, classes them as the tensor-core kernel.)
@@ -116,6 +116,22 @@ struct SplitArgs {
   int share;               // chunks a split (a multiple of kScaleGroupChunks)
 };
 
+// True (in every thread) in the last of the tile's gridDim.y CTAs to arrive, whose partial
+// stores and every other split's are then visible to it (paged_decode_merge.cuh's
+// TakeMergeTicket): atomicInc wraps the counter from S - 1 back to 0.
+__device__ __forceinline__ bool TakeTileTicket(unsigned int* counter, int* flag) {
+  __threadfence();  // this thread's partial stores, device-wide, before the ticket
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int last = gridDim.y - 1;
+    const unsigned int ticket = atomicInc(counter, last);
+    __threadfence();
+    *flag = ticket == last;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
 template <typename TOut, int R, Fold kFold, bool kGrouped>
 __global__ void __launch_bounds__(kWarps * 32)
     Fp8W16MmaKernelSplitK(Args p, SplitArgs sk, TOut* __restrict__ out) {
@@ -152,6 +168,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
+}
+
+template <typename Kernel, typename... KernelArgs>
+absl::Status LaunchWith(Kernel kernel, cudaLaunchConfig_t& config, KernelArgs... args) {
+  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -328,14 +328,6 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
   if (math == Fp8W16Math::kTensorCorePersistent) {
     return LaunchPersistent<TOut, R, kFold>(p, out, stream, pdl, grouped);
   }
-  if (math == Fp8W16Math::kTensorCoreStreamK) {
-    if (split_k != nullptr) {
-      ASSIGN_OR_RETURN(const bool launched,
-                       (LaunchStreamK<TOut, R, kFold>(p, out, stream, pdl, grouped, *split_k)));
-      if (launched) return absl::OkStatus();
-    }
-    return LaunchDeep<TOut, R, kFold>(p, out, stream, pdl, grouped);  // no workspace: deep
-  }
   if (math == Fp8W16Math::kTensorCoreSplitK) {
     if (split_k != nullptr) {
       ASSIGN_OR_RETURN(const bool launched,

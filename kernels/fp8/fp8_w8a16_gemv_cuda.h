@@ -98,20 +98,6 @@
 //                 tile, the first tile's first loads before the PDL wait, each next tile's as soon
 //                 as the previous tile's products are done. Selectable only
 //                 (TANDEM_FP8_W16_MMA=persistent; issue 38).
-//   kTensorCoreStreamK  kTensorCoreDeep's tiles without the partial last wave
-//                 (fp8_w8a16_streamk_cuda.cu): a persistent grid of C = min(tiles, 2 x SMs) deep
-//                 CTAs; the tiles' 128-column units of k (tiles x ceil(k / 128), tile-major) split
-//                 into C equal contiguous ranges, each CTA walking its range a tile at a time with
-//                 the activations (NormIn: the RmsNorm) staged once a CTA. A tile wholly inside
-//                 one CTA's range: kTensorCoreDeep's bits. A tile cut between two CTAs (at most
-//                 two: a range holds >= one tile's units): each piece's fp32 sums into the
-//                 caller's Fp8W16SplitKWorkspace (its first 2 of kFp8W16MaxSplits slots a tile),
-//                 the second to arrive adding piece 0 then piece 1 and running the epilogue:
-//                 deterministic run to run, not kTensorCoreDeep's bits for those rows. Needs a
-//                 workspace of ceil(n / 16) tiles (Fp8W16SplitKWorkspaceBytes(n): the plain /
-//                 NormIn / AddTo forms' n rows, SiLU-and-mul's 2 x inter weight rows; its splits
-//                 field unused); without one (null or too small): kTensorCoreDeep. Selectable
-//                 only (TANDEM_FP8_W16_MMA=streamk; issue 38).
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -145,8 +131,7 @@ enum class Fp8W16Math {
   kTensorCoreDeep,
   kTensorCoreSplitK,
   kAutoWaves,
-  kTensorCorePersistent,
-  kTensorCoreStreamK
+  kTensorCorePersistent
 };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =
@@ -156,20 +141,18 @@ inline constexpr int64_t kFp8W16AutoMaxStagingBytes = 48 * 1024;
 // (k <= 12280).
 inline constexpr int64_t kFp8W16NormInMaxSmemBytes = 48 * 1024;
 
-// Fp8W16Math::kTensorCoreSplitK's (and kTensorCoreStreamK's) workspace, owned by the caller (device
-// memory it allocated, e.g. with Fp8W16SplitKWorkspaceBytes; this struct only points at it): fp32
-// tile partial sums and one ticket counter a tile. The counters must be zero before the first
-// launch (cudaMemset once); every launch leaves them zero again (graph replays). Launches that
-// share a workspace must run in one stream's order (under PDL too: the kernel touches it after the
-// PDL wait).
+// Fp8W16Math::kTensorCoreSplitK's workspace, owned by the caller (device memory it allocated,
+// e.g. with Fp8W16SplitKWorkspaceBytes; this struct only points at it): fp32 tile partial sums
+// and one ticket counter a tile. The counters must be zero before the first launch (cudaMemset
+// once); every launch leaves them zero again (graph replays). Launches that share a workspace
+// must run in one stream's order (under PDL too: the kernel touches it after the PDL wait).
 inline constexpr int kFp8W16MaxSplits = 4;
 struct Fp8W16SplitKWorkspace {
   float* partials = nullptr;         // [tiles, kFp8W16MaxSplits, 2 * 16] fp32
   unsigned int* counters = nullptr;  // [tiles]
   int64_t tiles = 0;                 // 16-row tiles it holds: ceil(n / 16) of the largest n
   int splits = 0;                    // S: 0 picked per launch from n, k and the SM count; else
-                                     // forced (clamped to 4 and k's 128-column groups); unused
-                                     // by kTensorCoreStreamK (2 pieces a tile at most)
+                                     // forced (clamped to 4 and k's 128-column groups)
 };
 // Bytes of a workspace for weights of up to `weight_rows` rows (SiLU-and-mul: its 2 x inter):
 // the partials, then the counters.
@@ -190,8 +173,7 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 
 // a: [m, k] bf16; w: [n, k]; bias: [n] bf16 or null; out: [m, n] of TOut (bf16 or float), not
 // overlapping the inputs. INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvSupported and out
-// is non-null. split_k (all four forms): kTensorCoreSplitK's and kTensorCoreStreamK's workspace,
-// unused by the other maths.
+// is non-null. split_k (all four forms): kTensorCoreSplitK's workspace, unused by the other maths.
 template <typename TOut>
 absl::Status Fp8W16Gemv(const __nv_bfloat16* a, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
                         int64_t m, TOut* out, cudaStream_t stream, bool programmatic_launch = false,

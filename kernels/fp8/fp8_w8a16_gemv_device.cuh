@@ -1,7 +1,7 @@
 // Device pieces shared by the batch-1 weight-only FP8 GEMV kernels (fp8_w8a16_gemv_cuda.h): the
 // register-load kernels (fp8_w8a16_gemv_cuda.cu) and the shared-memory ring kernel
-// (fp8_w8a16_ring_cuda.cu) and the latency forms (fp8_w8a16_deep_cuda.cu,
-// fp8_w8a16_streamk_cuda.cu). Internal: include from this package's .cu files only.
+// (fp8_w8a16_ring_cuda.cu) and the latency forms (fp8_w8a16_deep_cuda.cu). Internal: include from
+// this package's .cu files only.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_DEVICE_CUH_
 #define TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_DEVICE_CUH_
 
@@ -25,7 +25,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 8;  // 256 threads: StageRmsNorm's (RmsNormKernel's) block size
 constexpr int kLoads = 8;  // 16-byte weight loads in flight per lane, over the warp's rows
-constexpr int kDeepLoads = 2 * kLoads;  // the latency forms' (fp8_w8a16_deep_cuda.cu)
 
 // What a kernel does around the product (gemv_cuda.cu's folds): kNormIn multiplies the staged
 // RmsNorm(a); kAddOut adds the rounded product into out (the residual stream).
@@ -372,25 +371,6 @@ __device__ __forceinline__ void SumPartials(const float (&partial)[kWarps][R][kM
   }
 }
 
-// True (in every thread) in the last of the CTAs that meet on a tile to arrive (kCtas: 0 = the
-// split-k form's gridDim.y splits, else that many: the stream-K form's 2 pieces), whose partial
-// stores and every other CTA's are then visible to it (paged_decode_merge.cuh's TakeMergeTicket):
-// atomicInc wraps the counter from kCtas - 1 back to 0 (graph replays find it zero). Every thread
-// of the block calls it (barriers).
-template <unsigned int kCtas = 0>
-__device__ __forceinline__ bool TakeTileTicket(unsigned int* counter, int* flag) {
-  __threadfence();  // this thread's partial stores, device-wide, before the ticket
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int last = (kCtas == 0 ? gridDim.y : kCtas) - 1;
-    const unsigned int ticket = atomicInc(counter, last);
-    __threadfence();
-    *flag = ticket == last;
-  }
-  __syncthreads();
-  return *flag != 0;
-}
-
 // A kernel's static shared memory (the mma kernel's partial sums, StageRmsNorm's warp sums) counts
 // against the same 48 KiB default as the dynamic staging: opt in whenever both together pass it
 // (k = 24,576 staged, or 4 k = 48 KiB with the norm folded in, is the default alone).
@@ -403,13 +383,6 @@ absl::Status OptInPastTheDefaultSmem(Kernel kernel, size_t dynamic_bytes) {
   if (dynamic_bytes + attributes.sharedSizeBytes <= size_t{48} * 1024) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(dynamic_bytes)));
-  return absl::OkStatus();
-}
-
-template <typename Kernel, typename... KernelArgs>
-absl::Status LaunchWith(Kernel kernel, cudaLaunchConfig_t& config, KernelArgs... args) {
-  RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
   return absl::OkStatus();
 }
 
@@ -438,14 +411,6 @@ absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream,
 template <typename TOut, int R, Fold kFold>
 absl::Status LaunchPersistent(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
                               bool grouped);
-
-// Fp8W16Math::kTensorCoreStreamK (fp8_w8a16_streamk_cuda.cu): min(tiles, 2 SMs) deep CTAs
-// sharing the tiles' 128-column units in equal contiguous ranges, a tile cut between two CTAs
-// meeting in the split-k workspace; false (nothing launched) without a workspace of enough tiles:
-// the caller runs kTensorCoreDeep.
-template <typename TOut, int R, Fold kFold>
-absl::StatusOr<bool> LaunchStreamK(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
-                                   bool grouped, const Fp8W16SplitKWorkspace& ws);
 
 // The split-k form's plan: S (into *splits) and the chunks a split takes (the return value, a
 // multiple of kScaleGroupChunks; every split non-empty). ws.splits > 0 forces S (clamped to
