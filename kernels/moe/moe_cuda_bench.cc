@@ -29,7 +29,9 @@
 // kCooperative, then kPingPong and kCooperative128x256 with kTmaWeights and kTmaOperands; the
 // default pair left out) wg2_ms / wg2_TF / wg2_err / layer2: the experts on MoeGroupedWgmma with
 // that pair and the layer on them. For decode steps (T <= 16) also the fused route + permute
-// launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs).
+// launch and the layer in CUDA graphs with and without it and PDL (DecodeGraphs); at the GEMV
+// sizes then gemv_pdl_us: the two expert GEMVs alone, PDL-launched back to back as CudaMoeMlp
+// launches them (gemv_ms above is the plain launches).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -201,6 +203,13 @@ void DecodeGraphs(const Shape& s, int T, const GroupedRoutingParams& p, const bf
   }
   std::printf(" | %6.1f %8.1f %5s %8.1f %10.1f", rp_us, fused_us, same ? "yes" : "NO", graph_us[0],
               graph_us[1]);
+  if (use_gemv) {  // the two GEMVs alone, PDL-launched back to back (eager), as the step's
+    const double pdl_us = time_on_stream([&] {
+      CHECK_OK(MoeExpertGemvGateUp<bf16>(x, gate_up, H, I, perm, E, rows, act, st, true));
+      CHECK_OK(MoeExpertGemvDown<bf16>(act, down, H, I, perm, E, rows, eout, st, true));
+    });
+    std::printf(" | %11.1f", pdl_us);
+  }
   CHECK_CUDA(cudaStreamDestroy(st));
 }
 
@@ -254,7 +263,9 @@ void Run(const Shape& s, const std::vector<int>& token_counts, int iters, bool w
       "wg2_err layer2} x 7: the other "
       "producer / schedule pairs)\n",
       150, "");
-  std::printf("%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us)\n", 150, "");
+  std::printf(
+      "%*s(T <= 16: | rp_us fused_us fsame g_sep_us g_fused_us; GEMV sizes: | gemv_pdl_us)\n", 150,
+      "");
   const auto bf = MoeGroupedGemm::Dtype::kBf16;
   for (int T : token_counts) {
     const int64_t rows = T * k;
