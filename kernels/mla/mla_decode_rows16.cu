@@ -8,13 +8,15 @@
 // Loading: mla_tma.cuh's TMA tiles (the pool as a [rows][576] tensor map, 128-byte swizzle, nine
 // 64-column chunks a tile, one full mbarrier a chunk), issued by warp kIssueWarp, whose lanes keep
 // the block-table rows of the next tile. Three stages of 64 latents x 576 (Q lives in registers,
-// so its 72 KiB of shared memory hold a third stage): tiles 0-2 are issued at entry, tile t + 2
-// (t >= 1) at barrier A of tile t (every warp has then finished P V of tile t - 1, whose stage it
-// reuses). Every mbarrier wait traps after ~1 s of polls (MbarWaitOrTrap) instead of hanging.
+// so its 72 KiB of shared memory hold a third stage): tiles 0-1 are issued at entry; Q is staged
+// once a CTA in stage 2's buffer (16-byte cp.async), read into registers by ldmatrix, and tile 2
+// is issued after the CTA barrier that follows (StageQ / LoadQFrags); tile t + 2 (t >= 1) at
+// barrier A of tile t (every warp has then finished P V of tile t - 1, whose stage it reuses).
+// Every mbarrier wait traps after ~1 s of polls (MbarWaitOrTrap) instead of hanging.
 // Per tile t (stage t % 3), 8 warps, 256 threads:
 //   * QK: warp w scores S[16 rows][tokens 8 w .. 8 w + 8) over the 576 dims, chunk by chunk as the
-//     chunks land: Q as A fragments in registers (loaded once), K by ldmatrix from the swizzled
-//     stage (16-byte unit u of row r at ((u ^ (r % 8)) * 16)), two accumulator chains;
+//     chunks land: Q as A fragments in registers (loaded once, LoadQFrags), K by ldmatrix from the
+//     swizzled stage (16-byte unit u of row r at ((u ^ (r % 8)) * 16)), two accumulator chains;
 //   * online softmax: masked scores (each row's own key end, KeyEnd) -> the warp's row maxima in
 //     shared memory, barrier A (named barrier 1), every warp takes the same tile maxima, so the
 //     running max and the rescale factor alpha are the same in all warps; each warp keeps the
@@ -71,25 +73,34 @@ static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= kTileBytes,
               "the merge's weights of 256 splits fit in a latent stage");
 inline constexpr int kIssueWarp = 0;
 
-// The thread's A fragments of Q for all 36 k16 steps (rows lane / 4 and + 8 of the CTA's; rows
-// past the request's are zero): qa[ks] = {row lo k, row hi k, row lo k + 8, row hi k + 8}.
+// Q staged once a CTA (issue 33: it was 8 warps x 72 4-byte loads of all of Q) in the third
+// stage's buffer, before that stage's tile is issued: [16 rows][kQPitch bytes] (a 16-byte pad
+// per row: the 8 rows of an ldmatrix then hit distinct banks), 16-byte cp.async, rows past the
+// request's zero-filled. Every thread then waits for its copies and the CTA barrier follows.
+inline constexpr int kQPitch = kD * 2 + 16;
+static_assert(kRows * kQPitch <= kTileBytes, "Q fits in a latent stage");
 template <typename T>
-__device__ __forceinline__ void LoadQ(const LatentParams<T>& p, const LatentCta& c, int lane,
-                                      uint32_t (&qa)[kKSteps][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = lane / 4 + 8 * h;
+__device__ __forceinline__ void StageQ(const LatentParams<T>& p, const LatentCta& c, uint8_t* sq,
+                                       int tid) {
+  constexpr int kUnits = kD * 2 / 16;  // 72 16-byte units a row
+  for (int i = tid; i < kRows * kUnits; i += kThreads) {
+    const int r = i / kUnits, u = i % kUnits;
     const bool ok = c.r0 + r < c.rows_seq;
-    const uint32_t* src =
-        reinterpret_cast<const uint32_t*>(
-            ok ? p.q + (static_cast<int64_t>(c.q0) * p.heads + c.r0 + r) * kD : p.q) +
-        lane % 4;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      qa[ks][h] = ok ? __ldg(src + ks * 8) : 0u;
-      qa[ks][2 + h] = ok ? __ldg(src + ks * 8 + 4) : 0u;
-    }
+    const T* src = ok ? p.q + (static_cast<int64_t>(c.q0) * p.heads + c.r0 + r) * kD + u * 8 : p.q;
+    CpAsync16(sq + r * kQPitch + u * 16, src, ok);
   }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+}
+
+// The thread's A fragments of Q for all 36 k16 steps from the staged Q at shared address sq
+// (rows lane / 4 and + 8 of the CTA's; rows past the request's are zero): qa[ks] = {row lo k,
+// row hi k, row lo k + 8, row hi k + 8}, by ldmatrix.x4 (matrices: rows 0-7 / 8-15 x dims k /
+// k + 8; lane l addresses row l % 16, dims + 8 (l / 16)): the bits the former 4-byte __ldg gave.
+__device__ __forceinline__ void LoadQFrags(uint32_t sq, int lane, uint32_t (&qa)[kKSteps][4]) {
+  const uint32_t src = sq + (lane % 16) * kQPitch + (lane / 16) * 16;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) LdMatrixX4(src + ks * 32, qa[ks]);
 }
 
 // Warp w's scores of the tile in the stage at shared address stage: s = {row lo, tokens 2 (lane %
@@ -224,20 +235,21 @@ __device__ __forceinline__ void SoftmaxToP(const float (&s)[4], const float* red
   }
 }
 
-// The issuing warp's prologue: the barriers, the table rows of tiles 0-3, tiles 0-2 (every
-// stage); returns the rows of tile 3 (lane l: box l). kPrewait: only the tiles wholly below
-// pre_end (the latents the kernel before this one cannot be writing) before griddepcontrol.wait,
-// the rest after it; every other thread of the CTA waits in the kernel body.
+// The issuing warp's prologue: the barriers, the table rows of tiles 0-3 into rows (lane l: box
+// l), tiles 0 and 1 (stage 2 holds Q until every warp has its fragments: the kernel body issues
+// tile 2). kPrewait: only those of tiles 0-1 wholly below pre_end (the latents the kernel before
+// this one cannot be writing) before griddepcontrol.wait, the rest after it (tile 2 after Q, the
+// preceding kernel's output); every other thread of the CTA waits in the kernel body.
 template <typename T, bool kPrewait>
-__device__ __forceinline__ int IssuePrologue(const LatentParams<T>& p, const LatentCta& c,
-                                             const CUtensorMap* map, const TmaGeometry& g,
-                                             uint64_t* full, uint32_t base, uint32_t bar_addr,
-                                             int num_tiles, int boxes, int lane) {
+__device__ __forceinline__ void IssuePrologue(const LatentParams<T>& p, const LatentCta& c,
+                                              const CUtensorMap* map, const TmaGeometry& g,
+                                              uint64_t* full, uint32_t base, uint32_t bar_addr,
+                                              int num_tiles, int boxes, int lane,
+                                              int (&rows)[kStages + 1]) {
   if (lane == 0) {
     for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  int rows[kStages + 1];
 #pragma unroll
   for (int t = 0; t <= kStages; ++t) {
     rows[t] =
@@ -247,9 +259,9 @@ __device__ __forceinline__ int IssuePrologue(const LatentParams<T>& p, const Lat
   int pre = 0;  // tiles issued before the wait
   if constexpr (kPrewait) {
     const int pre_end = LocalKeyEnd(p, c.ctx - c.q_len);  // older latents: already written
-    while (pre < kStages && pre < num_tiles && c.kb + (pre + 1) * kKeys <= pre_end) ++pre;
+    while (pre < kStages - 1 && pre < num_tiles && c.kb + (pre + 1) * kKeys <= pre_end) ++pre;
 #pragma unroll
-    for (int t = 0; t < kStages; ++t) {
+    for (int t = 0; t < kStages - 1; ++t) {
       if (t < pre) {
         IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
                     0, kChunks);
@@ -258,13 +270,12 @@ __device__ __forceinline__ int IssuePrologue(const LatentParams<T>& p, const Lat
     internal::WaitForPrecedingGrid();
   }
 #pragma unroll
-  for (int t = 0; t < kStages; ++t) {
+  for (int t = 0; t < kStages - 1; ++t) {
     if (t >= pre && t < num_tiles) {
       IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
                   0, kChunks);
     }
   }
-  return rows[kStages];
 }
 
 // kPrewait: MlaPlanInput::prewait (launched with PDL; IssuePrologue). kStamps: p.phase_stamps
@@ -294,10 +305,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kb = c.kb, ke = c.ke, num_tiles = c.Tiles(kKeys), boxes = kKeys / g.box_rows;
   const uint32_t base = SmemAddr(smem), bar_addr = SmemAddr(full);
 
-  int next_rows = 0;
+  int rows[kStages + 1] = {};
   if (warp == kIssueWarp) {
-    next_rows =
-        IssuePrologue<T, kPrewait>(p, c, &map, g, full, base, bar_addr, num_tiles, boxes, lane);
+    IssuePrologue<T, kPrewait>(p, c, &map, g, full, base, bar_addr, num_tiles, boxes, lane, rows);
   } else if constexpr (kPrewait) {
     internal::WaitForPrecedingGrid();  // Q (q_cat) is the preceding kernel's output
   }
@@ -305,9 +315,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_kernel::WritePhaseStamp(stamps, kMlaPhaseSetup);
     *tma_kernel::StampWord(stamps, kMlaStampTiles) = num_tiles;
   }
+  constexpr int kQStage = kStages - 1;  // Q's buffer until tile 2 is issued
+  StageQ(p, c, smem + kQStage * kTileBytes, tid);
+  __syncthreads();  // Q staged; the barriers initialized
   uint32_t qa[kKSteps][4];
-  LoadQ(p, c, lane, qa);
-  __syncthreads();  // the barriers initialized
+  LoadQFrags(base + kQStage * kTileBytes, lane, qa);
+  internal::prefill::FenceProxyAsync();  // the stage's cp.async writes before the TMA's writes
+  __syncthreads();  // every warp has read Q: its stage may be overwritten (generic reads, then TMA)
+  if (warp == kIssueWarp && kQStage < num_tiles) {
+    IssueChunks(&map, g, rows[kQStage], boxes, base + kQStage * kTileBytes,
+                bar_addr + kQStage * kChunks * 8, lane, 0, kChunks);
+  }
+  int next_rows = rows[kStages];
   if (stamps != nullptr && tid == 0) {
     tma_kernel::WritePhaseStamp(stamps, kMlaPhaseQ);
     if (num_tiles > 0) {  // tile 0's every chunk landed (a wait the loop's then passes at once)
