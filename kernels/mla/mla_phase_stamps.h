@@ -15,8 +15,8 @@ enum MlaPhase : int {
   kMlaPhaseEntry = 0,      // kernel entry
   kMlaPhaseSetup = 1,      // barriers, tensor-map prefetch, plan / block-table reads, the first
                            // stages' TMA issued (the issuing thread)
-  kMlaPhaseQ = 2,          // Q staged (kSerial: landed in shared memory; kRows16: its register
-                           // loads issued, CTA barrier passed; they land at the first mma)
+  kMlaPhaseQ = 2,          // Q staged (kSerial: landed in shared memory; kRows16: staged in
+                           // stage 2's buffer, its fragments read, tile 2 issued)
   kMlaPhaseFirstTile = 3,  // every chunk of tile 0 landed (its full barriers' wait returned)
   kMlaPhaseLastMath = 4,   // the last tile's P V done (thread 0's)
   kMlaPhaseStored = 5,     // the rows / partials stored (thread 0's stores issued)
