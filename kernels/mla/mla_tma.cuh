@@ -208,9 +208,7 @@ absl::Status LaunchTmaKernel(Kernel kernel, const LatentParams<T>& p, const Devi
 // `filled` split CTAs merges their rows (row tiles of kTileRows) into o_lat / lse, with
 // paged_decode_merge.cuh's TakeMergeTicket / MergeGroupSplits. scratch: idle shared memory for the
 // merge's weights (the kernels' latent stages once every issued tile has been read). Shared by
-// the TMA kernel (64-row tiles) and kRows16 (16). kMergeItems: MergeGroupSplits' items a thread
-// loads at once (the tile loop's registers are dead by the merge).
-inline constexpr int kMergeItems = 4;
+// the TMA kernel (64-row tiles) and kRows16 (16).
 template <int kTileRows, typename T>
 __device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const LatentCta& c,
                                               int filled, uint8_t* scratch,
@@ -224,10 +222,10 @@ __device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const La
   if (!won) return;
   const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
   const int n_rows = min(kTileRows, c.rows_seq - c.r0);
-  const auto row_of = [first](int rr) { return first + rr; };
-  internal::MergeGroupSplits<T, 512, decltype(row_of), kMergeItems>(
-      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows, row_of,
-      p.o_lat, p.lse, reinterpret_cast<float*>(scratch) + 4);
+  internal::MergeGroupSplits<T, 512>(
+      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
+      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
+      reinterpret_cast<float*>(scratch) + 4);
   if (stamps != nullptr) {  // CTA-uniform
     __syncthreads();
     if (threadIdx.x == 0) WritePhaseStamp(stamps, kMlaPhaseMergeDone);

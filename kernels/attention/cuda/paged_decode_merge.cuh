@@ -136,65 +136,10 @@ __device__ __forceinline__ bool TakeMergeTicket(unsigned int* counter, int num_s
   return *flag != 0;
 }
 
-// MergeGroupSplits' weighted sums with kItems items (a row's 4-float chunk) a thread at once:
-// kItems x kBatch float4 loads in flight (kItems = 1's loop has kBatch), each output still
-// fmaf over the splits in ascending order, so the rows are bit-identical to kItems = 1's.
-template <typename T, int D, int kItems, int kBatch, typename RowIndex>
-__device__ __forceinline__ void MergeItemsBatched(const float* part_o, int num_splits, int64_t rows,
-                                                  int n_rows, const RowIndex& row_index, T* out,
-                                                  const float* w, const float* inv) {
-  constexpr int kPer = 4, kChunks = D / kPer;
-  const int nt = blockDim.x, n_items = n_rows * kChunks;
-  for (int i0 = threadIdx.x; i0 < n_items; i0 += kItems * nt) {
-    float o[kItems][kPer] = {};
-    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
-      float v[kItems][kBatch][kPer] = {};
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        const int idx = i0 + k * nt;
-        if (idx >= n_items) continue;
-        const float* src = part_o + row_index(idx / kChunks) * D + (idx % kChunks) * kPer;
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          if (s0 + j < num_splits) {
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * rows * D));
-            v[k][j][0] = x.x;
-            v[k][j][1] = x.y;
-            v[k][j][2] = x.z;
-            v[k][j][3] = x.w;
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        const int idx = i0 + k * nt;
-        if (idx >= n_items) continue;
-        const float* wr = w + (idx / kChunks) * num_splits;
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          if (s0 + j >= num_splits) continue;
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) o[k][e] = fmaf(wr[s0 + j], v[k][j][e], o[k][e]);
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int idx = i0 + k * nt;
-      if (idx >= n_items) continue;
-      T* dst = out + row_index(idx / kChunks) * D + (idx % kChunks) * kPer;
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[k][e] * inv[idx / kChunks]);
-    }
-  }
-}
-
 // The last split CTA's merge of its group's n_rows rows (row rr of the group is row
 // row_index(rr) of out / lse / the partials): MergeSplitsKernel's arithmetic in its order.
-// smem: MergeSmemFloats(n_rows, num_splits) - 4 floats the CTA may overwrite. kItems: items (a
-// row's 4-float chunk) a thread loads at once (MergeItemsBatched; 1: one at a time, the GQA
-// decode kernels'; the MLA kernels, whose tile-loop registers are dead by then, take 4).
-template <typename T, int D, typename RowIndex, int kItems = 1>
+// smem: MergeSmemFloats(n_rows, num_splits) - 4 floats the CTA may overwrite.
+template <typename T, int D, typename RowIndex>
 __device__ __forceinline__ void MergeGroupSplits(const float* part_o, const float* part_lse,
                                                  int num_splits, int64_t rows, int n_rows,
                                                  const RowIndex& row_index, T* out, float* lse,
@@ -240,40 +185,35 @@ __device__ __forceinline__ void MergeGroupSplits(const float* part_o, const floa
   constexpr int kPer = 4;  // floats per step of a thread (rows are >= 16 floats)
   constexpr int kChunks = D / kPer;
   static_assert(D % kPer == 0);
-  constexpr int kBatch = 8;  // partial rows in flight per thread (and item)
-  if constexpr (kItems > 1) {
-    MergeItemsBatched<T, D, kItems, kBatch>(part_o, num_splits, rows, n_rows, row_index, out, w,
-                                            inv);
-  } else {
-    for (int idx = tid; idx < n_rows * kChunks; idx += nt) {
-      const int rr = idx / kChunks;
-      const int64_t row = row_index(rr);
-      const float* src = part_o + row * D + (idx % kChunks) * kPer;
-      const float* wr = w + rr * num_splits;
-      float o[kPer] = {};
-      for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
-        float v[kBatch][kPer] = {};
+  constexpr int kBatch = 8;  // partial rows in flight per thread
+  for (int idx = tid; idx < n_rows * kChunks; idx += nt) {
+    const int rr = idx / kChunks;
+    const int64_t row = row_index(rr);
+    const float* src = part_o + row * D + (idx % kChunks) * kPer;
+    const float* wr = w + rr * num_splits;
+    float o[kPer] = {};
+    for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+      float v[kBatch][kPer] = {};
 #pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          if (s0 + j < num_splits) {
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * rows * D));
-            v[j][0] = x.x;
-            v[j][1] = x.y;
-            v[j][2] = x.z;
-            v[j][3] = x.w;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          if (s0 + j >= num_splits) continue;
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) o[e] = fmaf(wr[s0 + j], v[j][e], o[e]);
+      for (int j = 0; j < kBatch; ++j) {
+        if (s0 + j < num_splits) {
+          const float4 x = __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * rows * D));
+          v[j][0] = x.x;
+          v[j][1] = x.y;
+          v[j][2] = x.z;
+          v[j][3] = x.w;
         }
       }
-      T* dst = out + row * D + (idx % kChunks) * kPer;
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[e] * inv[rr]);
+      for (int j = 0; j < kBatch; ++j) {
+        if (s0 + j >= num_splits) continue;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) o[e] = fmaf(wr[s0 + j], v[j][e], o[e]);
+      }
     }
+    T* dst = out + row * D + (idx % kChunks) * kPer;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) dst[e] = FromFloat<T>(o[e] * inv[rr]);
   }
 }
 
