@@ -1,7 +1,6 @@
 #include "runtime/cuda/cuda_model_runner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -23,20 +22,6 @@ namespace {
 namespace kc = ::tandem::kernels::cuda;
 
 int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
-
-// TANDEM_DECODE_PREFETCH=N (read once; default 0, an A/B), bits: 1: the paged decode kernel
-// prefetches its split's older K/V rows into L2 before griddepcontrol.wait (kc::
-// PagedAttentionPlanInput::l2_prefetch_kv); 2: it loads its actual split's first block-table
-// entries before the wait (early_block_table). Safe under PDL: the block tables, seq_lens and
-// query_start_loc it reads are copied from the host with the step's metadata (Run's
-// cudaMemcpyAsync), never written by a kernel.
-int DecodePrologueModeFromEnv() {
-  static const int mode = [] {
-    const char* v = std::getenv("TANDEM_DECODE_PREFETCH");
-    return v == nullptr ? 0 : std::atoi(v) & 3;
-  }();
-  return mode;
-}
 
 const std::vector<int64_t>& DefaultGraphSizes() {
   static const std::vector<int64_t> kSizes = {1,  2,  4,   8,   16,  24,  32, 48,
@@ -463,8 +448,6 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
-  in.l2_prefetch_kv = (DecodePrologueModeFromEnv() & 1) != 0;
-  in.early_block_table = (DecodePrologueModeFromEnv() & 2) != 0;
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
 }
