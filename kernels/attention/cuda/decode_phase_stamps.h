@@ -19,8 +19,7 @@ enum DecodePhase : int {
   kDecodePhaseBounds = 1,     // query_start_loc / seq_lens and the first block-table entries
                               // landed (the stamp stores them, so it waits for the loads)
   kDecodePhaseWait = 2,       // griddepcontrol.wait returned (PDL: the predecessor finished)
-  kDecodePhaseQ = 3,          // q's A fragments landed (stored likewise; stamped after the first
-                              // tiles' copies were issued, so the stamp delays none of them)
+  kDecodePhaseQ = 3,          // q's A fragments landed (stored likewise)
   kDecodePhaseFirstTile = 4,  // tile 0 landed (first cp.async wait + barrier of the loop)
   kDecodePhaseLastTile = 5,   // the last tile's P.V done (ring drained, barrier passed)
   kDecodePhaseStored = 6,     // the rows / partials stored (thread 0's stores issued)

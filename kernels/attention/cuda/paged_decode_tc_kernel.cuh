@@ -254,6 +254,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     }
   }
 
+  if (kStamps && stamps != nullptr) WriteDecodeStamp(stamps, kDecodePhaseQ, qa[0][0] ^ qa[0][1]);
   LocalizeKeyBounds(p, seq, lo_cta, hi_cta, lo, hi);
   const KeySplit keys = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, split);
   const int k_begin = keys.begin, k_end = keys.end, n_tiles = keys.n_tiles;
@@ -409,9 +410,6 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     }
   }
   int32_t next_entry = fast && kAhead < n_tiles ? lane_entry(kAhead) : 0;
-  if (kStamps && stamps != nullptr) {  // (after the first copies: waiting on q delays none)
-    WriteDecodeStamp(stamps, kDecodePhaseQ, qa[0][0] ^ qa[0][1]);
-  }
   for (int t = 0; t < n_tiles; ++t) {
     CpAsyncWait<C::kStages - 2>();
     __syncthreads();
