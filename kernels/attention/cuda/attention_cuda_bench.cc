@@ -1,8 +1,7 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
 //   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]
-//       [--legacy_split_merge] [--separate_merge] [--pool_gib=N] [--phases=1]
-//       [--prefetch=0,1,...] [--pdl=1] [--plan_keys=N]
+//       [--legacy_split_merge] [--separate_merge] [--pool_gib=N]
 //       (e.g. --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits
 //       or @SPLITS forces the planner's KV split count; --flush_l2 times the way FlashInfer's peer
 //       script does, for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events
@@ -11,14 +10,7 @@
 //       --separate_merge: the splits merged by the PDL-launched merge kernel instead of inside the
 //       decode kernel (the workspace is zeroed once, so the in-kernel merge is the default);
 //       --pool_gib caps the KV pool, default 64, whose fill takes ~20 s: configs that do not fit
-//       are skipped; --phases=1: after each config's timings, one more call writing phase stamps
-//       (decode_phase_stamps.h), printed per phase as min / median / max over the CTAs; --prefetch:
-//       a list of prologue modes, each config timed once per entry in the order given (e.g.
-//       0,1,0,1): bit 1 PagedAttentionPlanInput::l2_prefetch_kv, bit 2 early_block_table;
-//       --plan_keys=N: the plan's max_seq_len (default: the context; the runtime's graphs plan for
-//       max_model_len, >= 8192 in decode_step_bench); --pdl=1: the calls PDL-launched
-//       (programmatic_launch), back to back, so a call's prologue and prefetch overlap the previous
-//       call's tail)
+//       are skipped)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -38,7 +30,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
-#include "kernels/attention/cuda/decode_phase_stamps.h"
 #include "kernels/attention/cuda/paged_attention_cuda.h"
 
 namespace tandem::kernels::cuda {
@@ -136,84 +127,11 @@ struct BenchOptions {
   bool legacy_split_merge = false;
   bool separate_merge = false;
   int64_t pool_gib = 64;
-  bool phases = false;
-  std::vector<int> prefetch = {0};
-  bool pdl = false;
-  int64_t plan_keys = 0;
 };
-
-struct Span {
-  double lo = 0, med = 0, hi = 0;
-  int n = 0;
-};
-Span Stats(std::vector<double> v) {
-  Span s;
-  s.n = static_cast<int>(v.size());
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  s.lo = v.front();
-  s.med = v[v.size() / 2];
-  s.hi = v.back();
-  return s;
-}
-
-// The stamp table of one stamped call: per phase, t = %globaltimer - the earliest entry (us) and
-// d = clock64 since the CTA's entry at the measured SM clock (us), min / median / max over the
-// CTAs that reached it; then the mergers' merge (ticket -> merge done) and the split geometry.
-void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas) {
-  unsigned long long t0 = ~0ull;
-  std::vector<double> mhz;
-  for (int64_t c = 0; c < ctas; ++c) {
-    const unsigned long long* w = &h[c * kDecodeStampWords];
-    if (w[kDecodePhaseEntry] != 0) t0 = std::min(t0, w[kDecodePhaseEntry]);
-    if (w[kDecodePhaseStored] > w[kDecodePhaseEntry] && w[kDecodePhaseEntry] != 0) {
-      mhz.push_back(static_cast<double>(w[kDecodePhases + kDecodePhaseStored] -
-                                        w[kDecodePhases + kDecodePhaseEntry]) *
-                    1e3 / static_cast<double>(w[kDecodePhaseStored] - w[kDecodePhaseEntry]));
-    }
-  }
-  const double clock_mhz = Stats(mhz).med > 0 ? Stats(mhz).med : 1980.0;
-  std::printf("  phases: %lld CTAs, SM clock %.0f MHz (clock64 / globaltimer, median)\n",
-              static_cast<long long>(ctas), clock_mhz);
-  std::printf("  %-14s %5s %24s %24s\n", "phase", "ctas", "t us (min/med/max)",
-              "d us (min/med/max)");
-  for (int ph = 0; ph < kDecodePhases; ++ph) {
-    std::vector<double> t, d;
-    for (int64_t c = 0; c < ctas; ++c) {
-      const unsigned long long* w = &h[c * kDecodeStampWords];
-      if (w[ph] == 0 || w[kDecodePhaseEntry] == 0) continue;
-      t.push_back(static_cast<double>(w[ph] - t0) * 1e-3);
-      d.push_back(static_cast<double>(w[kDecodePhases + ph] - w[kDecodePhases]) / clock_mhz);
-    }
-    const Span a = Stats(t), b = Stats(d);
-    std::printf("  %-14s %5d %7.2f %7.2f %8.2f %7.2f %7.2f %8.2f\n", kDecodePhaseNames[ph], a.n,
-                a.lo, a.med, a.hi, b.lo, b.med, b.hi);
-  }
-  std::vector<double> merge, tiles, keys, splits;
-  for (int64_t c = 0; c < ctas; ++c) {
-    const unsigned long long* w = &h[c * kDecodeStampWords];
-    const unsigned long long* ck = w + kDecodePhases;
-    if (w[kDecodeStampTicket] == 2 && w[kDecodePhaseMergeDone] != 0) {
-      merge.push_back(static_cast<double>(ck[kDecodePhaseMergeDone] - ck[kDecodePhaseTicket]) /
-                      clock_mhz);
-    }
-    if (w[kDecodePhaseEntry] == 0) continue;
-    tiles.push_back(static_cast<double>(w[kDecodeStampTiles]));
-    keys.push_back(static_cast<double>(w[kDecodeStampKeys]));
-    splits.push_back(static_cast<double>(w[kDecodeStampSplits]));
-  }
-  const Span m = Stats(merge), ti = Stats(tiles), k = Stats(keys), sp = Stats(splits);
-  std::printf(
-      "  mergers %d: merge us %.2f / %.2f / %.2f; splits %.0f; keys per CTA %.0f / %.0f / "
-      "%.0f; tiles %.0f / %.0f / %.0f\n",
-      m.n, m.lo, m.med, m.hi, sp.med, k.lo, k.med, k.hi, ti.lo, ti.med, ti.hi);
-}
 
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
                        bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0,
-                       void* flush = nullptr, bool legacy = false, bool separate = false,
-                       int prefetch = 0, bool pdl = false, bool phases = false,
-                       int64_t plan_keys = 0) {
+                       void* flush = nullptr, bool legacy = false, bool separate = false) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -254,7 +172,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   PagedAttentionPlanInput in{.num_seqs = batch,
                              .num_tokens = batch,
                              .max_q_len = 1,
-                             .max_seq_len = std::max(ctx, plan_keys),
+                             .max_seq_len = ctx,
                              .num_q_heads = kHq,
                              .num_kv_heads = kHkv,
                              .head_dim = kD,
@@ -263,11 +181,8 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                              .forced_splits = static_cast<int>(forced_splits),
                              .allow_tensor_cores = tensor_cores,
                              .legacy_split_merge = legacy,
-                             .workspace_zeroed = !separate,
-                             .programmatic_launch = pdl,
-                             .l2_prefetch_kv = (prefetch & 1) != 0,
-                             .early_block_table = (prefetch & 2) != 0};
-  ASSIGN_OR_RETURN(PagedAttentionPlan plan, PlanPagedAttention(in));
+                             .workspace_zeroed = !separate};
+  ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
   if (plan.workspace_bytes > 0) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
     CUDA_RETURN_IF_ERROR(cudaMemset(d_ws, 0, plan.workspace_bytes));
@@ -284,7 +199,6 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                       .per_head_scale = true,
                       .token_scales = pool.token_scales};
   const AttentionParams params{.scale = 0.0884f};
-  // (run reads `plan` by reference: the phase-stamp call below re-plans with the stamp buffer.)
   auto run = [&](int64_t i) {
     AttentionBatch b{.query_start_loc = d_qsl,
                      .seq_lens = d_lens,
@@ -302,27 +216,10 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   const double io_bytes = static_cast<double>(batch) * kHq * (kD * 2 * 2 + 4);
   ASSIGN_OR_RETURN(const double sec, TimeCalls(run, kv_bytes, flush));
   const double gbs = (kv_bytes + io_bytes) / sec / 1e9;
-  std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%%s%s\n",
-              static_cast<long long>(batch), static_cast<long long>(ctx), KvDtypeName(dtype),
+  std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%\n", static_cast<long long>(batch),
+              static_cast<long long>(ctx), KvDtypeName(dtype),
               plan.use_tensor_cores ? "mma" : "fma", plan.num_splits, sec * 1e6, kv_bytes / 1e6,
-              gbs, 100.0 * gbs * 1e9 / kPeak, absl::StrCat(" prefetch=", prefetch).c_str(),
-              pdl ? " pdl" : "");
-  if (phases) {  // one more call, writing phase stamps
-    const int64_t ctas = int64_t{plan.num_splits} * in.num_kv_heads * plan.row_tiles * batch;
-    unsigned long long* d_stamps = nullptr;
-    const size_t stamp_bytes = ctas * kDecodeStampWords * sizeof(unsigned long long);
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&d_stamps, stamp_bytes));
-    CUDA_RETURN_IF_ERROR(cudaMemset(d_stamps, 0, stamp_bytes));
-    in.phase_stamps = d_stamps;
-    ASSIGN_OR_RETURN(plan, PlanPagedAttention(in));
-    if (flush != nullptr) CUDA_RETURN_IF_ERROR(cudaMemset(flush, 1, kFlushBytes));
-    RETURN_IF_ERROR(run(3));
-    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    std::vector<unsigned long long> h(ctas * kDecodeStampWords);
-    CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), d_stamps, stamp_bytes, cudaMemcpyDeviceToHost));
-    CUDA_RETURN_IF_ERROR(cudaFree(d_stamps));
-    PrintPhases(h, ctas);
-  }
+              gbs, 100.0 * gbs * 1e9 / kPeak);
   cudaFree(d_tables);
   cudaFree(d_qsl);
   cudaFree(d_lens);
@@ -369,14 +266,11 @@ absl::Status Run(const BenchOptions& opt) {
         item = item.substr(0, at);
       }
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8E4m3, KvDtype::kInt8}) {
-        for (int64_t batch : {1, 8, 16, 64, 256}) {
+        for (int64_t batch : {1, 16, 64, 256}) {
           for (int64_t ctx : {1024, 4096, 16384, 65536}) {
-            if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) != item) continue;
-            for (size_t k = 0; k < opt.prefetch.size(); ++k) {
-              const bool last = k + 1 == opt.prefetch.size();
+            if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) == item) {
               RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true,
-                                        rng, splits, flush, legacy, separate, opt.prefetch[k],
-                                        opt.pdl, opt.phases && last, opt.plan_keys));
+                                        rng, splits, flush, legacy, separate));
             }
           }
         }
@@ -429,24 +323,12 @@ int main(int argc, char** argv) {
       opt.legacy_split_merge = true;
     } else if (std::strcmp(argv[i], "--separate_merge") == 0) {
       opt.separate_merge = true;
-    } else if (std::strncmp(argv[i], "--phases=", 9) == 0) {
-      opt.phases = std::atoi(argv[i] + 9) != 0;
-    } else if (std::strncmp(argv[i], "--plan_keys=", 12) == 0) {
-      opt.plan_keys = std::atoll(argv[i] + 12);
-    } else if (std::strncmp(argv[i], "--pdl=", 6) == 0) {
-      opt.pdl = std::atoi(argv[i] + 6) != 0;
-    } else if (std::strncmp(argv[i], "--prefetch=", 11) == 0) {
-      opt.prefetch.clear();
-      for (absl::string_view v : absl::StrSplit(argv[i] + 11, ',')) {
-        opt.prefetch.push_back(std::atoi(std::string(v).c_str()));
-      }
     } else if (std::strncmp(argv[i], "--pool_gib=", 11) == 0) {
       opt.pool_gib = std::max<int64_t>(1, std::atoll(argv[i] + 11));
     } else {
       std::fprintf(stderr,
                    "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2] "
-                   "[--legacy_split_merge] [--separate_merge] [--pool_gib=N] [--phases=1] "
-                   "[--prefetch=0,1,...] [--pdl=1] [--plan_keys=N]\n",
+                   "[--legacy_split_merge] [--separate_merge] [--pool_gib=N]\n",
                    argv[0]);
       return 2;
     }

@@ -127,11 +127,6 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
   int rg = 1;
   while (rg * rpw < rows_cta) rg *= 2;
   plan.use_tensor_cores = in.allow_tensor_cores && (in.head_dim == 64 || in.head_dim == 128);
-  if (in.phase_stamps != nullptr &&
-      !(plan.use_tensor_cores && in.head_dim == 128 &&
-        (in.kv_dtype == KvDtype::kBf16 || in.kv_dtype == KvDtype::kFp16))) {
-    return Invalid("phase_stamps: the tensor-core kernel at head_dim 128, 16-bit KV only");
-  }
   if (plan.use_tensor_cores) {  // one m16 tile of rows per CTA
     rpw = 4;
     rg = 4;
@@ -248,7 +243,6 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.dcp_cycle = static_cast<int>(params.dcp_size * params.dcp_interleave);
   p.dcp_offset = static_cast<int>(params.dcp_rank * params.dcp_interleave);
   p.local_seq_lens = batch.local_seq_lens;
-  p.phase_stamps = in.phase_stamps;
 
   switch (cache.dtype) {
     case KvDtype::kFp8E4m3:

@@ -68,22 +68,6 @@ struct PagedAttentionPlanInput {
   // query_start_loc, seq_lens, local_seq_lens or the block tables; and if it was PDL-launched
   // itself it must wait for its own predecessor before it allows dependents to launch.
   bool programmatic_launch = false;
-  // Candidate (default off; TANDEM_DECODE_PREFETCH bit 1 in runtime/cuda/cuda_model_runner.cc):
-  // before griddepcontrol.wait, each CTA of the tensor-core kernel (head_dim 128, 16-bit KV)
-  // prefetches into L2 the K/V rows of its split's keys older than the step's new tokens, through
-  // block-table entries read before the wait (the host's, as above). Bit-identical results; other
-  // kernels ignore it.
-  bool l2_prefetch_kv = false;
-  // Candidate (default off; TANDEM_DECODE_PREFETCH bit 2): before griddepcontrol.wait, the same
-  // kernel loads the first block-table entries of each CTA's actual split; without it, a split
-  // that does not start where the plan's max_seq_len puts it (every split but the first when the
-  // plan is for max_model_len, as under CUDA graphs) loads them after the wait. Bit-identical.
-  bool early_block_table = false;
-  // Measurement only: a zeroed device buffer of kDecodeStampWords uint64 per CTA of the decode
-  // grid (num_splits x num_kv_heads x row_tiles x num_seqs) that the kernel fills with per-phase
-  // timestamps (decode_phase_stamps.h); the tensor-core kernel at head_dim 128 with 16-bit KV
-  // only (PlanPagedAttention refuses others).
-  unsigned long long* phase_stamps = nullptr;
 };
 
 struct PagedAttentionPlan {

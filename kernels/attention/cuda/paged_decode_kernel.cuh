@@ -111,9 +111,6 @@ struct DecodeParams {
   int dcp_cycle;   // interleave * size
   int dcp_offset;  // rank * interleave
   const int32_t* local_seq_lens;
-  // Measurement only: PagedAttentionPlanInput::phase_stamps, read by PagedDecodeTcKernel's
-  // kDecodeModeStamps instantiations (decode_phase_stamps.h); ignored by the default kernels.
-  unsigned long long* phase_stamps;
 };
 
 // Under decode context parallelism (dcp_size > 1), the key bound in the shard for the global

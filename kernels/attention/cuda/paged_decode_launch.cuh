@@ -55,28 +55,6 @@ absl::Status LaunchCudaCore(const DecodeParams<T>& p, dim3 grid, bool pdl, cudaS
                              internal::DecodeCfg<KV, D>::kSmemBytes, pdl, stream);
 }
 
-// The tensor-core kernel; at head_dim 128 with 16-bit KV, the DecodeMode instantiation the plan
-// asks for (phase stamps, L2 prefetch, early block table: decode_phase_stamps.h); elsewhere the
-// default kernel.
-template <typename T, typename KV, int D>
-absl::Status LaunchTc(const DecodeParams<T>& p, const PagedAttentionPlanInput& in, dim3 grid,
-                      cudaStream_t stream) {
-  constexpr int kSmem = TcCfg<D, KV>::kSmemBytes;
-  const bool pdl = in.programmatic_launch;
-  if constexpr (D == 128 && std::is_same_v<KV, T>) {
-    const int mode = (in.phase_stamps != nullptr ? kDecodeModeStamps : 0) |
-                     (in.l2_prefetch_kv ? kDecodeModePrefetchKv : 0) |
-                     (in.early_block_table ? kDecodeModeEarlyTable : 0);
-    void (*kernels[8])(DecodeParams<T>) = {
-        &PagedDecodeTcKernel<T, KV, D, 0>, &PagedDecodeTcKernel<T, KV, D, 1>,
-        &PagedDecodeTcKernel<T, KV, D, 2>, &PagedDecodeTcKernel<T, KV, D, 3>,
-        &PagedDecodeTcKernel<T, KV, D, 4>, &PagedDecodeTcKernel<T, KV, D, 5>,
-        &PagedDecodeTcKernel<T, KV, D, 6>, &PagedDecodeTcKernel<T, KV, D, 7>};
-    return LaunchDecodeGrid<T>(kernels[mode], p, grid, kSmem, pdl, stream);
-  }
-  return LaunchDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D>, p, grid, kSmem, pdl, stream);
-}
-
 template <typename T, typename KV, int D>
 absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
                           cudaStream_t stream) {
@@ -87,7 +65,9 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
                   static_cast<unsigned>(in.num_seqs));
   if (plan.use_tensor_cores) {
     if constexpr (D == 64 || D == 128) {
-      RETURN_IF_ERROR((LaunchTc<T, KV, D>(p, in, grid, stream)));
+      using Cfg = TcCfg<D, KV>;
+      RETURN_IF_ERROR(LaunchDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D>, p, grid, Cfg::kSmemBytes,
+                                          pdl, stream));
     } else {
       return LaunchInvalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
     }

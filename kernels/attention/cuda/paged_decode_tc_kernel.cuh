@@ -34,9 +34,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/attention/cuda/decode_phase_stamps.h"
 #include "kernels/attention/cuda/paged_decode_kernel.cuh"
-#include "kernels/attention/cuda/paged_decode_prefetch.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace tandem::kernels::cuda::internal {
@@ -137,9 +135,7 @@ __device__ __forceinline__ void WidenV<int8_t>(uint32_t x, uint32_t& even, uint3
   odd = Int8PairToHalf2(u, 0x4341);
 }
 
-// kMode: DecodeMode bits (decode_phase_stamps.h); 0 is the default kernel, whose code the other
-// modes' `if constexpr` blocks leave unchanged.
-template <typename T, typename KV, int D, int kMode = 0>
+template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     PagedDecodeTcKernel(const __grid_constant__ DecodeParams<T> p) {
   using C = TcCfg<D, KV>;
@@ -152,9 +148,6 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
   AllowDependentLaunch();  // the split merge (paged_decode_merge.cuh) may be scheduled now
   constexpr int kAhead = C::kStages - 1;  // tiles in flight ahead of the one computed
-  constexpr bool kStamps = (kMode & kDecodeModeStamps) != 0;
-  unsigned long long* const stamps = kStamps && threadIdx.x == 0 ? p.phase_stamps : nullptr;
-  if (kStamps && stamps != nullptr) WriteDecodeStamp(stamps, kDecodePhaseEntry, 0);
 
   // Fast copy path (block size a power of two, a tile spanning at most 32 pages; see below).
   const int shift = p.block_shift;
@@ -166,7 +159,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   // there (always for split 0 without a window; every split at the planned length) the K/V copies
   // do not wait for a second dependent round trip. Entries past the request's last page are
   // never used, and the loads stay inside the table row.
-  int spec_begin = SplitKeys<kT>(0, p.planned_keys, p.num_splits, blockIdx.x).begin;
+  const int spec_begin = SplitKeys<kT>(0, p.planned_keys, p.num_splits, blockIdx.x).begin;
   int32_t spec_entries[kAhead];
 #pragma unroll
   for (int t = 0; t < kAhead; ++t) {
@@ -188,32 +181,10 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   const int tok_last = (row0 + rows_here - 1) / p.group;
   int lo_cta = p.window_left >= 0 ? max(0, first_pos + tok_first - p.window_left) : 0;
   int hi_cta = first_pos + tok_last + 1;
-  if (kStamps && stamps != nullptr) {
-    WriteDecodeStamp(stamps, kDecodePhaseBounds, seq_len + spec_entries[0]);
-  }
-  if constexpr ((kMode & kDecodeModeEarlyTable) != 0) {
-    // The request's length is known (host-written): when its split starts elsewhere than the
-    // planned length's (under graphs the plan is for max_model_len), load the real split's first
-    // entries now, under the predecessor, instead of after the wait.
-    const int real_begin = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, blockIdx.x).begin;
-    if (p.dcp_size == 1 && real_begin != spec_begin) {
-      spec_begin = real_begin;
-      LoadSplitEntries<kT, kAhead>(p, table, spec_begin, shift, fast, spec_entries);
-    }
-  }
-  if constexpr ((kMode & kDecodeModePrefetchKv) != 0) {
-    // The split's keys older than the step's new tokens (< first_pos): the predecessor writes
-    // only the new tokens' slots. (DCP's local indices: not prefetched.)
-    if (p.dcp_size == 1) {
-      const KeySplit pk = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, blockIdx.x);
-      PrefetchKvRowsL2<T, KV, D>(p, table, cta.kvh, pk.begin, min(pk.end, first_pos));
-    }
-  }
   // PDL (PagedAttentionPlanInput::programmatic_launch): the request's bounds and the first
   // block-table entries above are the host's; q, the pool and the workspace may be the previous
   // kernel's. A no-op in a grid launched without the attribute.
   WaitForPrecedingGrid();
-  if (kStamps && stamps != nullptr) WriteDecodeStamp(stamps, kDecodePhaseWait, 0);
 
   // This thread's two rows (g, g + 8): visible keys (global until the split is known) and q as
   // A fragments.
@@ -254,15 +225,9 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     }
   }
 
-  if (kStamps && stamps != nullptr) WriteDecodeStamp(stamps, kDecodePhaseQ, qa[0][0] ^ qa[0][1]);
   LocalizeKeyBounds(p, seq, lo_cta, hi_cta, lo, hi);
   const KeySplit keys = SplitKeys<kT>(lo_cta, hi_cta, p.num_splits, split);
   const int k_begin = keys.begin, k_end = keys.end, n_tiles = keys.n_tiles;
-  if (kStamps && stamps != nullptr) {
-    *DecodeStampWord(stamps, kDecodeStampTiles) = n_tiles;
-    *DecodeStampWord(stamps, kDecodeStampSplits) = p.num_splits;
-    *DecodeStampWord(stamps, kDecodeStampKeys) = k_end - k_begin;
-  }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     lo[j] = max(k_begin, lo[j]);
@@ -413,7 +378,6 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   for (int t = 0; t < n_tiles; ++t) {
     CpAsyncWait<C::kStages - 2>();
     __syncthreads();
-    if (kStamps && stamps != nullptr && t == 0) WriteDecodeStamp(stamps, kDecodePhaseFirstTile, 0);
     if (t + kAhead < n_tiles) {
       load_tile(t + kAhead, next_entry);
       // The next tile's entries load while this tile computes.
@@ -565,9 +529,6 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   }
   CpAsyncWait<0>();
   __syncthreads();  // ring free: reuse it for the warp merge
-  if (kStamps && stamps != nullptr) {
-    WriteDecodeStamp(stamps, kDecodePhaseLastTile, 0);
-  }
 
   // Row sums live spread over the 4 lanes of a row.
 #pragma unroll
@@ -627,12 +588,7 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
       if (d == 0) p.part_lse[prow] = lse_row;
     }
   }
-  if constexpr (kStamps) {
-    if (stamps != nullptr) WriteDecodeStamp(stamps, kDecodePhaseStored, 0);
-    MergeIfLastSplitStamped<D>(p, cta, rows_here, smem);
-  } else {
-    MergeIfLastSplit<D>(p, cta, rows_here, smem);
-  }
+  MergeIfLastSplit<D>(p, cta, rows_here, smem);
 }
 
 }  // namespace tandem::kernels::cuda::internal
