@@ -198,7 +198,7 @@ void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas, double 
     std::printf("  | %-14s | %4d | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f |\n",
                 kMlaPhaseNames[ph], a.n, a.lo, a.med, a.hi, e.lo, e.med, e.hi);
   }
-  std::vector<double> merge, wait, clock_mhz;
+  std::vector<double> merge, wait, clock_mhz, m_lse, m_weights, m_rows;
   for (int64_t c = 0; c < ctas; ++c) {
     const unsigned long long* w = h.data() + c * kMlaStampWords;
     const unsigned long long* ck = w + kMlaPhases;
@@ -206,6 +206,12 @@ void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas, double 
       merge.push_back(static_cast<double>(ck[kMlaPhaseMergeDone] - ck[kMlaPhaseTicket]) / sm_khz *
                       1e3);
       wait.push_back(static_cast<double>(ck[kMlaPhaseTicket] - ck[kMlaPhaseStored]) / sm_khz * 1e3);
+      const unsigned long long lse_ck = w[kMlaStampMergeLse], wt_ck = w[kMlaStampMergeWeights];
+      if (lse_ck != 0 && wt_ck != 0) {  // the merge's own phases (clock64)
+        m_lse.push_back(static_cast<double>(lse_ck - ck[kMlaPhaseTicket]) / sm_khz * 1e3);
+        m_weights.push_back(static_cast<double>(wt_ck - lse_ck) / sm_khz * 1e3);
+        m_rows.push_back(static_cast<double>(ck[kMlaPhaseMergeDone] - wt_ck) / sm_khz * 1e3);
+      }
     }
     int last = kMlaPhases - 1;
     while (last > 0 && w[last] == 0) --last;
@@ -219,6 +225,10 @@ void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas, double 
       "  mergers (ticket won): %d; merge (ticket -> merge done, clock64) min / med / max "
       "%.2f / %.2f / %.2f us; stored -> ticket %.2f / %.2f / %.2f us\n",
       m.n, m.lo, m.med, m.hi, wt.lo, wt.med, wt.hi);
+  const Spread ml = SpreadOf(m_lse), mw = SpreadOf(m_weights), mr = SpreadOf(m_rows);
+  std::printf(
+      "  merge phases (median us): LSEs staged %.2f, weights %.2f, weighted rows + stores %.2f\n",
+      ml.med, mw.med, mr.med);
   std::printf(
       "  SM clock measured (clock64 / globaltimer over each CTA): min / med / max %.0f / "
       "%.0f / %.0f MHz\n",

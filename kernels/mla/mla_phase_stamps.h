@@ -5,7 +5,9 @@
 // Layout: kMlaStampWords uint64 per CTA, CTA index blockIdx.x + gridDim.x * (blockIdx.y +
 // gridDim.y * blockIdx.z); words [0, kMlaPhases) globaltimer, [kMlaPhases, 2 kMlaPhases) clock64
 // (0: the phase was not reached), then kMlaStampTicket (0 no ticket taken, 1 lost, 2 won: the
-// merger), kMlaStampSm (%smid), kMlaStampTiles (the CTA's tiles). The caller zeroes the buffer.
+// merger), kMlaStampSm (%smid), kMlaStampTiles (the CTA's tiles), then the merger's clock64
+// after MergeGroupSplits staged the LSEs and after its weights (kMlaStampMergeLse / Weights).
+// The caller zeroes the buffer.
 #ifndef TANDEM_KERNELS_MLA_MLA_PHASE_STAMPS_H_
 #define TANDEM_KERNELS_MLA_MLA_PHASE_STAMPS_H_
 
@@ -25,7 +27,8 @@ enum MlaPhase : int {
   kMlaPhases = 8,
 };
 inline constexpr int kMlaStampTicket = 2 * kMlaPhases, kMlaStampSm = kMlaStampTicket + 1,
-                     kMlaStampTiles = kMlaStampSm + 1, kMlaStampWords = 20;
+                     kMlaStampTiles = kMlaStampSm + 1, kMlaStampMergeLse = kMlaStampTiles + 1,
+                     kMlaStampMergeWeights = kMlaStampMergeLse + 1, kMlaStampWords = 21;
 inline constexpr const char* kMlaPhaseNames[kMlaPhases] = {
     "entry",          "setup+issue", "Q staged", "tile 0 landed",
     "last tile math", "stored",      "ticket",   "merge done"};

@@ -222,10 +222,19 @@ __device__ __forceinline__ void MergeInKernel(const LatentParams<T>& p, const La
   if (!won) return;
   const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
   const int n_rows = min(kTileRows, c.rows_seq - c.r0);
-  internal::MergeGroupSplits<T, 512>(
-      p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows,
-      [first](int rr) { return first + rr; }, p.o_lat, p.lse,
-      reinterpret_cast<float*>(scratch) + 4);
+  const auto row_of = [first](int rr) { return first + rr; };
+  if (stamps == nullptr) {
+    internal::MergeGroupSplits<T, 512>(p.part_o, p.part_lse, filled,
+                                       static_cast<int64_t>(p.num_tokens) * p.heads, n_rows, row_of,
+                                       p.o_lat, p.lse, reinterpret_cast<float*>(scratch) + 4);
+  } else {  // the merge's own phases: clock64 after the LSEs, after the weights
+    const auto probe = [stamps](int i) {
+      if (threadIdx.x == 0) *StampWord(stamps, kMlaStampMergeLse + i) = clock64();
+    };
+    internal::MergeGroupSplits<T, 512>(
+        p.part_o, p.part_lse, filled, static_cast<int64_t>(p.num_tokens) * p.heads, n_rows, row_of,
+        p.o_lat, p.lse, reinterpret_cast<float*>(scratch) + 4, probe);
+  }
   if (stamps != nullptr) {  // CTA-uniform
     __syncthreads();
     if (threadIdx.x == 0) WritePhaseStamp(stamps, kMlaPhaseMergeDone);

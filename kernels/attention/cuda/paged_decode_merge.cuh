@@ -136,14 +136,20 @@ __device__ __forceinline__ bool TakeMergeTicket(unsigned int* counter, int num_s
   return *flag != 0;
 }
 
+// MergeGroupSplits' default probe: nothing (a measurement build passes one that stamps the
+// merge's phases: 0 after the LSEs are staged, 1 after the weights).
+struct NoMergeProbe {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
 // The last split CTA's merge of its group's n_rows rows (row rr of the group is row
 // row_index(rr) of out / lse / the partials): MergeSplitsKernel's arithmetic in its order.
 // smem: MergeSmemFloats(n_rows, num_splits) - 4 floats the CTA may overwrite.
-template <typename T, int D, typename RowIndex>
+template <typename T, int D, typename RowIndex, typename Probe = NoMergeProbe>
 __device__ __forceinline__ void MergeGroupSplits(const float* part_o, const float* part_lse,
                                                  int num_splits, int64_t rows, int n_rows,
                                                  const RowIndex& row_index, T* out, float* lse,
-                                                 float* smem) {
+                                                 float* smem, const Probe& probe = Probe()) {
   const int tid = threadIdx.x, lane = tid % 32, nt = blockDim.x;
   float* w = smem;                          // [n_rows][num_splits]: the LSEs, then the weights
   float* inv = smem + n_rows * num_splits;  // [n_rows]: 1 / sum of the weights
@@ -161,6 +167,7 @@ __device__ __forceinline__ void MergeGroupSplits(const float* part_o, const floa
     }
   }
   __syncthreads();
+  probe(0);
   for (int rr = tid / 32; rr < n_rows; rr += nt / 32) {  // a warp per row, a lane per split
     float* wr = w + rr * num_splits;
     float m = -INFINITY;
@@ -182,6 +189,7 @@ __device__ __forceinline__ void MergeGroupSplits(const float* part_o, const floa
     }
   }
   __syncthreads();
+  probe(1);
   constexpr int kPer = 4;  // floats per step of a thread (rows are >= 16 floats)
   constexpr int kChunks = D / kPer;
   static_assert(D % kPer == 0);
