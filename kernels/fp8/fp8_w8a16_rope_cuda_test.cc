@@ -182,7 +182,7 @@ class RopeCase {
   }
 
   // Row `row`'s product in fp64 over the staged row and its error bound: fp32 summation (the
-  // bound of fp8_w8a16_gemv_cuda_test), 2^-25 |w| per f16-subnormal activation, and the product's
+  // bound of fp8_w8a16_test_util.h), 2^-25 |w| per f16-subnormal activation, and the product's
   // bf16 rounding.
   void Product(int64_t row, double* y, double* tol) const {
     double v = s_.bias ? F(bias_[row]) : 0.0, mag = std::fabs(v), wsum = 0.0;

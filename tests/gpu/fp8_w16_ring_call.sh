@@ -2,12 +2,12 @@
 # Issue 38: the batch-1 W8A16 GEMV's ring forms (Fp8W16Math::kRing / kRing2 / kRingHalf,
 # kernels/fp8/fp8_w8a16_ring_cuda.cu) in one device call on nvidia-h200 (one GPU), <= ~60 s:
 #   tests/gpu/fp8_w16_ring_call.sh [BUNDLE_DIR]    (default: the current directory)
-# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/fp8:fp8_w8a16_gemv_cuda_test
+# BUNDLE_DIR: tests/gpu/bundle.sh DIR //kernels/fp8:fp8_w8a16_gemv_ring_cuda_test
 #   //kernels/fp8:fp8_gemv_cuda_bench //runtime/cuda:decode_step_bench, plus the session start's
 #   binaries (8e54faa: /tmp/start_bin10/{fp8_gemv_cuda_bench,decode_step_bench}) copied to
 #   DIR/old/. Steps, each under its own timeout (logs under $OUT/gfp8, a summary to stdout):
-#   test        fp8_w8a16_gemv_cuda_test --gtest_filter=*Ring* (the ring forms vs cpu::Fp8Linear
-#               and vs kTensorCore's bits at odd shapes and the Llama-3-8B / 70B projections; the
+#   test        fp8_w8a16_gemv_ring_cuda_test --gtest_filter=*Ring* (the ring forms vs
+#               cpu::Fp8Linear and vs kTensorCore's bits at odd shapes and the Llama-3-8B / 70B projections; the
 #               fp32 / tensor-core cases are left out: their SASS is unchanged since they passed);
 #   gemv_old    the start binary's fp8_gemv_cuda_bench --only=w8a16 (bf16, W8A8, fp32, mma rows);
 #   gemv_new    this tree's, the mma and the three ring inner loops only;
@@ -37,7 +37,7 @@ step() {
   echo "== $name: rc $step_rc in $((SECONDS - t0)) s (call at $((SECONDS - T0)) s)"
 }
 
-step test 40 "$B/bin/kernels/fp8/fp8_w8a16_gemv_cuda_test" --gtest_filter="*Ring*"
+step test 40 "$B/bin/kernels/fp8/fp8_w8a16_gemv_ring_cuda_test" --gtest_filter="*Ring*"
 grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|col |math=" "$LOG/test.txt" |
   head -n 40
 RING=1
