@@ -1,7 +1,8 @@
 // Decode attention bandwidth on the first CUDA device: batch x context table for 32 query / 8
 // KV heads, head_dim 128, block 16 (the shapes), bf16 KV (plus a few fp8 and int8 rows).
 //   attention_cuda_bench [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2]
-//       [--legacy_split_merge] [--separate_merge] [--pool_gib=N]
+//       [--legacy_split_merge] [--separate_merge] [--pool_gib=N] [--cluster_merge=0,1,...]
+//       [--pdl=1] [--plan_keys=N]
 //       (e.g. --only=fp8_e4m3:64x16384: that one tensor-core config, for a profiler; --splits
 //       or @SPLITS forces the planner's KV split count; --flush_l2 times the way FlashInfer's peer
 //       script does, for tests/gpu/attention_vs_flashinfer.sh: each call alone between CUDA events
@@ -10,7 +11,13 @@
 //       --separate_merge: the splits merged by the PDL-launched merge kernel instead of inside the
 //       decode kernel (the workspace is zeroed once, so the in-kernel merge is the default);
 //       --pool_gib caps the KV pool, default 64, whose fill takes ~20 s: configs that do not fit
-//       are skipped)
+//       are skipped; --cluster_merge: a list of merge modes, each config timed once per entry in
+//       the order given (e.g. 0,1,0,1): 1 = PagedAttentionPlanInput::cluster_merge (the splits
+//       merged through a thread-block cluster; rows print "cluster", or the planner's reason for
+//       falling back), 0 = the merge the other flags choose; --pdl=1: the calls PDL-launched
+//       (programmatic_launch), back to back; --plan_keys=N: the plan's max_seq_len (default: the
+//       context; the runtime's graphs plan for max_model_len, >= 8192 in decode_step_bench);
+//       --only takes any BATCHxCONTEXT)
 // GB/s counts KV bytes read (int8: + its fp32 per-token scales, 4 bytes per K or V row) + q + o
 // (+ lse) bytes over the measured time; "%peak" is against 4.3 TB/s (H200 device copy). Small
 // configs read from a rotating set of block tables over a pool >= 1 GiB, so repeated calls do not
@@ -127,11 +134,22 @@ struct BenchOptions {
   bool legacy_split_merge = false;
   bool separate_merge = false;
   int64_t pool_gib = 64;
+  std::vector<int> cluster_modes = {0};
+  bool pdl = false;
+  int64_t plan_keys = 0;
+};
+
+// Per-run plan options beyond the split count and merge.
+struct RunExtras {
+  bool cluster_merge = false;
+  bool pdl = false;
+  int64_t plan_keys = 0;  // > 0: the plan's max_seq_len
 };
 
 absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx, KvDtype dtype,
                        bool tensor_cores, std::mt19937& rng, int64_t forced_splits = 0,
-                       void* flush = nullptr, bool legacy = false, bool separate = false) {
+                       void* flush = nullptr, bool legacy = false, bool separate = false,
+                       const RunExtras& extras = {}) {
   const int64_t kv_elem = KvDtypeBytes(dtype);
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   // The pool holds bf16-sized blocks; an fp8 view of it has twice as many.
@@ -172,7 +190,7 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   PagedAttentionPlanInput in{.num_seqs = batch,
                              .num_tokens = batch,
                              .max_q_len = 1,
-                             .max_seq_len = ctx,
+                             .max_seq_len = extras.plan_keys > 0 ? extras.plan_keys : ctx,
                              .num_q_heads = kHq,
                              .num_kv_heads = kHkv,
                              .head_dim = kD,
@@ -181,7 +199,9 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
                              .forced_splits = static_cast<int>(forced_splits),
                              .allow_tensor_cores = tensor_cores,
                              .legacy_split_merge = legacy,
-                             .workspace_zeroed = !separate};
+                             .workspace_zeroed = !separate,
+                             .programmatic_launch = extras.pdl,
+                             .cluster_merge = extras.cluster_merge};
   ASSIGN_OR_RETURN(const PagedAttentionPlan plan, PlanPagedAttention(in));
   if (plan.workspace_bytes > 0) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&d_ws, plan.workspace_bytes));
@@ -216,10 +236,12 @@ absl::Status RunConfig(const Pool& pool, int num_sms, int64_t batch, int64_t ctx
   const double io_bytes = static_cast<double>(batch) * kHq * (kD * 2 * 2 + 4);
   ASSIGN_OR_RETURN(const double sec, TimeCalls(run, kv_bytes, flush));
   const double gbs = (kv_bytes + io_bytes) / sec / 1e9;
-  std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%\n", static_cast<long long>(batch),
-              static_cast<long long>(ctx), KvDtypeName(dtype),
+  std::printf("%6lld %7lld %8s %4s %7d %10.1f %9.1f %8.1f %7.1f%%%s%s%s\n",
+              static_cast<long long>(batch), static_cast<long long>(ctx), KvDtypeName(dtype),
               plan.use_tensor_cores ? "mma" : "fma", plan.num_splits, sec * 1e6, kv_bytes / 1e6,
-              gbs, 100.0 * gbs * 1e9 / kPeak);
+              gbs, 100.0 * gbs * 1e9 / kPeak, plan.cluster_merge ? " cluster" : "",
+              extras.cluster_merge && !plan.cluster_merge ? " no cluster: " : "",
+              extras.cluster_merge && !plan.cluster_merge ? plan.cluster_merge_fallback : "");
   cudaFree(d_tables);
   cudaFree(d_qsl);
   cudaFree(d_lens);
@@ -265,14 +287,18 @@ absl::Status Run(const BenchOptions& opt) {
         splits = std::atoll(std::string(item.substr(at + 1)).c_str());
         item = item.substr(0, at);
       }
+      const size_t colon = item.find(':'), x = item.find('x');
+      if (colon == absl::string_view::npos || x == absl::string_view::npos || x < colon) {
+        return absl::InvalidArgumentError(absl::StrCat("--only: bad config ", item));
+      }
+      const int64_t batch = std::atoll(std::string(item.substr(colon + 1, x - colon - 1)).c_str());
+      const int64_t ctx = std::atoll(std::string(item.substr(x + 1)).c_str());
       for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kFp8E4m3, KvDtype::kInt8}) {
-        for (int64_t batch : {1, 16, 64, 256}) {
-          for (int64_t ctx : {1024, 4096, 16384, 65536}) {
-            if (absl::StrCat(KvDtypeName(dtype), ":", batch, "x", ctx) == item) {
-              RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true,
-                                        rng, splits, flush, legacy, separate));
-            }
-          }
+        if (item.substr(0, colon) != KvDtypeName(dtype) || batch <= 0 || ctx <= 0) continue;
+        for (int mode : opt.cluster_modes) {
+          RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, dtype, true, rng,
+                                    splits, flush, legacy, separate,
+                                    {mode != 0, opt.pdl, opt.plan_keys}));
         }
       }
     }
@@ -280,8 +306,11 @@ absl::Status Run(const BenchOptions& opt) {
   }
   for (int64_t batch : {1, 16, 64, 256}) {
     for (int64_t ctx : {1024, 4096, 16384, 65536}) {
-      RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true,
-                                rng, 0, flush, legacy, separate));
+      for (int mode : opt.cluster_modes) {
+        RETURN_IF_ERROR(RunConfig(pool, prop.multiProcessorCount, batch, ctx, KvDtype::kBf16, true,
+                                  rng, 0, flush, legacy, separate,
+                                  {mode != 0, opt.pdl, opt.plan_keys}));
+      }
     }
   }
   for (KvDtype dtype : {KvDtype::kFp8E4m3, KvDtype::kInt8}) {
@@ -325,10 +354,20 @@ int main(int argc, char** argv) {
       opt.separate_merge = true;
     } else if (std::strncmp(argv[i], "--pool_gib=", 11) == 0) {
       opt.pool_gib = std::max<int64_t>(1, std::atoll(argv[i] + 11));
+    } else if (std::strncmp(argv[i], "--cluster_merge=", 16) == 0) {
+      opt.cluster_modes.clear();
+      for (absl::string_view m : absl::StrSplit(argv[i] + 16, ',')) {
+        opt.cluster_modes.push_back(std::atoi(std::string(m).c_str()));
+      }
+    } else if (std::strncmp(argv[i], "--pdl=", 6) == 0) {
+      opt.pdl = std::atoi(argv[i] + 6) != 0;
+    } else if (std::strncmp(argv[i], "--plan_keys=", 12) == 0) {
+      opt.plan_keys = std::atoll(argv[i] + 12);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--only=DTYPE:BATCHxCONTEXT[@SPLITS],... [--splits=N]] [--flush_l2] "
-                   "[--legacy_split_merge] [--separate_merge] [--pool_gib=N]\n",
+                   "[--legacy_split_merge] [--separate_merge] [--pool_gib=N] "
+                   "[--cluster_merge=0,1,...] [--pdl=1] [--plan_keys=N]\n",
                    argv[0]);
       return 2;
     }

@@ -94,6 +94,50 @@ int PlanSplits(int64_t keys, int64_t tile, int64_t base, int num_sms, int ctas_p
   return static_cast<int>(best);
 }
 
+// Clusters of `cluster` cluster-merge decode CTAs resident at once on the current device.
+absl::StatusOr<int> MaxActiveClusters(int64_t head_dim, KvDtype dtype, int cluster) {
+  switch (dtype) {
+    case KvDtype::kFp8E4m3:
+      return internal::MaxActiveDecodeClusters<__nv_bfloat16, __nv_fp8_e4m3>(head_dim, cluster);
+    case KvDtype::kInt8:
+      return internal::MaxActiveDecodeClusters<__nv_bfloat16, int8_t>(head_dim, cluster);
+    case KvDtype::kFp16:
+      return internal::MaxActiveDecodeClusters<__half, __half>(head_dim, cluster);
+    default:
+      return internal::MaxActiveDecodeClusters<__nv_bfloat16, __nv_bfloat16>(head_dim, cluster);
+  }
+}
+
+// PagedAttentionPlanInput::cluster_merge: takes it (no workspace, no other merge) where valid,
+// else leaves the plan as it is and names the reason in cluster_merge_fallback.
+void PlanClusterMerge(PagedAttentionPlan& plan) {
+  const PagedAttentionPlanInput& in = plan.input;
+  const char* why = nullptr;
+  if (!plan.use_tensor_cores) {
+    why = "not the tensor-core kernel";
+  } else if (in.legacy_split_merge) {
+    why = "legacy_split_merge";
+  } else if (plan.num_splits < 2 || plan.num_splits > internal::kMaxClusterMergeSplits) {
+    why = "num_splits outside 2..16";
+  } else {
+    const absl::StatusOr<int> clusters =
+        MaxActiveClusters(in.head_dim, in.kv_dtype, plan.num_splits);
+    if (!clusters.ok()) {
+      (void)cudaGetLastError();  // the query's error (e.g. no device) is not the caller's
+      why = "cudaOccupancyMaxActiveClusters failed";
+    } else if (*clusters <= 0) {
+      why = "no cluster of num_splits CTAs fits an SM group";
+    }
+  }
+  if (why != nullptr) {
+    plan.cluster_merge_fallback = why;
+    return;
+  }
+  plan.cluster_merge = true;
+  plan.merge_in_kernel = false;
+  plan.workspace_bytes = 0;
+}
+
 }  // namespace
 
 absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanInput& in) {
@@ -164,6 +208,7 @@ absl::StatusOr<PagedAttentionPlan> PlanPagedAttention(const PagedAttentionPlanIn
         internal::MergeSmemFloats(rows_per_cta, plan.num_splits) * 4 <=
             internal::kDecodeStages * internal::kDecodeStageBytes;
   }
+  if (in.cluster_merge) PlanClusterMerge(plan);
   return plan;
 }
 
@@ -196,7 +241,7 @@ absl::Status PagedAttention(const T* q, const DeviceKvCache& cache, int64_t laye
   p.q = q;
   p.out = out;
   p.lse = lse;
-  if (plan.num_splits > 1) {
+  if (plan.num_splits > 1 && !plan.cluster_merge) {
     p.part_o =
         reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + internal::kMergeCounterBytes);
     if (plan.merge_in_kernel) p.merge_counters = static_cast<unsigned int*>(workspace);

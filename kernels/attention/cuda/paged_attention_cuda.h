@@ -68,6 +68,13 @@ struct PagedAttentionPlanInput {
   // query_start_loc, seq_lens, local_seq_lens or the block tables; and if it was PDL-launched
   // itself it must wait for its own predecessor before it allows dependents to launch.
   bool programmatic_launch = false;
+  // Merge the KV splits through a thread-block cluster (tensor-core kernel only): the num_splits
+  // CTAs of each (request, kv head, row tile) form one cluster, keep their partials in shared
+  // memory and merge them through distributed shared memory (cluster_merge.cuh): no workspace,
+  // no merge kernel, rows and LSEs bit-identical to the other merges. Taken only where valid
+  // (2..16 splits, the tensor-core kernel, not legacy_split_merge, such clusters fit the current
+  // device: PlanPagedAttention queries it); PagedAttentionPlan::cluster_merge says whether.
+  bool cluster_merge = false;
 };
 
 struct PagedAttentionPlan {
@@ -79,6 +86,9 @@ struct PagedAttentionPlan {
   int row_tiles = 1;      // CTAs along the rows of one (request, kv head)
   int64_t workspace_bytes = 0;   // device scratch PagedAttention needs (0 when num_splits == 1)
   bool merge_in_kernel = false;  // the decode kernel merges the splits (see workspace_zeroed)
+  bool cluster_merge = false;    // the splits merge through a cluster (see cluster_merge)
+  // Why input.cluster_merge was not taken (a string literal), or null.
+  const char* cluster_merge_fallback = nullptr;
 };
 
 // Chooses the split count from batch x kv heads x row tiles against the SM count (an SM streams

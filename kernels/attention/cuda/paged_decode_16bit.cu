@@ -9,4 +9,7 @@ template absl::Status LaunchPagedDecode<__nv_bfloat16, __nv_bfloat16>(
 template absl::Status LaunchPagedDecode<__half, __half>(const DecodeParams<__half>&,
                                                         const PagedAttentionPlan&, cudaStream_t);
 
+template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, __nv_bfloat16>(int64_t, int);
+template absl::StatusOr<int> MaxActiveDecodeClusters<__half, __half>(int64_t, int);
+
 }  // namespace tandem::kernels::cuda::internal

@@ -9,4 +9,6 @@ template absl::Status LaunchPagedDecode<__half, __nv_fp8_e4m3>(const DecodeParam
                                                                const PagedAttentionPlan&,
                                                                cudaStream_t);
 
+template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, __nv_fp8_e4m3>(int64_t, int);
+
 }  // namespace tandem::kernels::cuda::internal

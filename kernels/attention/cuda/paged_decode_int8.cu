@@ -10,4 +10,6 @@ template absl::Status LaunchPagedDecode<__nv_bfloat16, int8_t>(const DecodeParam
 template absl::Status LaunchPagedDecode<__half, int8_t>(const DecodeParams<__half>&,
                                                         const PagedAttentionPlan&, cudaStream_t);
 
+template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, int8_t>(int64_t, int);
+
 }  // namespace tandem::kernels::cuda::internal

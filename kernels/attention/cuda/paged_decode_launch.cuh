@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
@@ -49,6 +50,41 @@ absl::Status LaunchDecodeGrid(void (*kernel)(DecodeParams<T>), const DecodeParam
   return absl::OkStatus();
 }
 
+// The cluster-merge decode grid (PagedAttentionPlan::cluster_merge): clusters of `cluster` CTAs
+// along x (the grid's splits), with the PDL attribute when `pdl`. Only sets the kernel's
+// attributes when `grid` is empty: cudaOccupancyMaxActiveClusters then asks about `cluster`,
+// `smem` and the result goes to *max_clusters.
+template <typename T>
+absl::Status LaunchClusterDecodeGrid(void (*kernel)(DecodeParams<T>), const DecodeParams<T>& p,
+                                     dim3 grid, int smem, int cluster, bool pdl,
+                                     cudaStream_t stream, int* max_clusters = nullptr) {
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.gridDim = grid;
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = pdl ? 2 : 1;
+  if (max_clusters != nullptr) {
+    config.gridDim = dim3(static_cast<unsigned>(cluster));
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(max_clusters, kernel, &config));
+    return absl::OkStatus();
+  }
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p));
+  return absl::OkStatus();
+}
+
 template <typename T, typename KV, int D, int RPW>
 absl::Status LaunchCudaCore(const DecodeParams<T>& p, dim3 grid, bool pdl, cudaStream_t stream) {
   return LaunchDecodeGrid<T>(&PagedDecodeKernel<T, KV, D, RPW>, p, grid,
@@ -66,8 +102,13 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
   if (plan.use_tensor_cores) {
     if constexpr (D == 64 || D == 128) {
       using Cfg = TcCfg<D, KV>;
-      RETURN_IF_ERROR(LaunchDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D>, p, grid, Cfg::kSmemBytes,
-                                          pdl, stream));
+      if (plan.cluster_merge) {
+        RETURN_IF_ERROR(LaunchClusterDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D, true>, p, grid,
+                                                   Cfg::kSmemBytes, plan.num_splits, pdl, stream));
+      } else {
+        RETURN_IF_ERROR(LaunchDecodeGrid<T>(&PagedDecodeTcKernel<T, KV, D>, p, grid,
+                                            Cfg::kSmemBytes, pdl, stream));
+      }
     } else {
       return LaunchInvalid("no tensor-core kernel for head_dim ", D, " / this KV dtype");
     }
@@ -94,7 +135,7 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
     }
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (plan.num_splits > 1 && !plan.merge_in_kernel) {
+  if (plan.num_splits > 1 && !plan.merge_in_kernel && !plan.cluster_merge) {
     const int64_t rows = in.num_tokens * in.num_q_heads;
     const unsigned blocks = static_cast<unsigned>((rows + 3) / 4);
     if (in.legacy_split_merge) {
@@ -111,6 +152,24 @@ absl::Status LaunchDecode(const DecodeParams<T>& p, const PagedAttentionPlan& pl
 }
 
 }  // namespace decode_launch_detail
+
+// Clusters of `cluster` cluster-merge tensor-core decode CTAs (head_dim 64 / 128) that can be
+// resident at once on the current device (cudaOccupancyMaxActiveClusters; 0: none fit).
+template <typename T, typename KV>
+absl::StatusOr<int> MaxActiveDecodeClusters(int64_t head_dim, int cluster) {
+  int n = 0;
+  const DecodeParams<T> p{};
+  if (head_dim == 64) {
+    RETURN_IF_ERROR(decode_launch_detail::LaunchClusterDecodeGrid<T>(
+        &PagedDecodeTcKernel<T, KV, 64, true>, p, dim3(0), TcCfg<64, KV>::kSmemBytes, cluster,
+        false, nullptr, &n));
+  } else if (head_dim == 128) {
+    RETURN_IF_ERROR(decode_launch_detail::LaunchClusterDecodeGrid<T>(
+        &PagedDecodeTcKernel<T, KV, 128, true>, p, dim3(0), TcCfg<128, KV>::kSmemBytes, cluster,
+        false, nullptr, &n));
+  }
+  return n;
+}
 
 template <typename T, typename KV>
 absl::Status LaunchPagedDecode(const DecodeParams<T>& p, const PagedAttentionPlan& plan,
@@ -149,6 +208,13 @@ extern template absl::Status LaunchPagedDecode<__nv_bfloat16, int8_t>(
 extern template absl::Status LaunchPagedDecode<__half, int8_t>(const DecodeParams<__half>&,
                                                                const PagedAttentionPlan&,
                                                                cudaStream_t);
+
+extern template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, __nv_bfloat16>(int64_t,
+                                                                                          int);
+extern template absl::StatusOr<int> MaxActiveDecodeClusters<__half, __half>(int64_t, int);
+extern template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, __nv_fp8_e4m3>(int64_t,
+                                                                                          int);
+extern template absl::StatusOr<int> MaxActiveDecodeClusters<__nv_bfloat16, int8_t>(int64_t, int);
 
 }  // namespace tandem::kernels::cuda::internal
 

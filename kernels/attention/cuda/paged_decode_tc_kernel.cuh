@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/paged_decode_kernel.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
@@ -135,7 +136,11 @@ __device__ __forceinline__ void WidenV<int8_t>(uint32_t x, uint32_t& even, uint3
   odd = Int8PairToHalf2(u, 0x4341);
 }
 
-template <typename T, typename KV, int D>
+// kClusterMerge (PagedAttentionPlan::cluster_merge): the grid's num_splits CTAs along x form one
+// cluster; each keeps its split's partial in shared memory (after the warp merge's rows) and the
+// cluster merges them (ClusterMergeSplits): no workspace, no ticket, no merge kernel. A template
+// constant, so the default kernels compile as before.
+template <typename T, typename KV, int D, bool kClusterMerge = false>
 __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     PagedDecodeTcKernel(const __grid_constant__ DecodeParams<T> p) {
   using C = TcCfg<D, KV>;
@@ -557,6 +562,15 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
   __syncthreads();
 
   const float* base = reinterpret_cast<const float*>(smem);
+  // Cluster merge: the CTA's partial [kRows][D] and LSEs [kRows], then ClusterMergeSplits'
+  // scratch, behind the warp merge's rows (16-byte aligned: the rows are 256 (D + 2) bytes).
+  constexpr int kRedFloats = 4 * C::kRows * (D + 2);
+  float* const cpart_o = reinterpret_cast<float*>(smem) + kRedFloats;
+  float* const cpart_lse = cpart_o + C::kRows * D;
+  static_assert(!kClusterMerge || (kRedFloats + C::kRows * (D + 1) +
+                                   ClusterMergeSmemFloats(C::kRows, kMaxClusterMergeSplits)) *
+                                          4 <=
+                                      C::kSmemBytes);
   for (int idx = tid; idx < rows_here * D; idx += kDecodeThreads) {
     const int rr = idx / D, d = idx % D;
     float mw[4], mstar = -INFINITY;
@@ -582,13 +596,22 @@ __global__ void __launch_bounds__(kDecodeThreads, TcCfg<D, KV>::kCtasPerSm)
     if (p.num_splits == 1) {
       p.out[row * D + d] = FromFloat<T>(out);
       if (p.lse != nullptr && d == 0) p.lse[row] = lse_row;
+    } else if constexpr (kClusterMerge) {
+      cpart_o[idx] = out;
+      if (d == 0) cpart_lse[rr] = lse_row;
     } else {
       const int64_t prow = split * p.num_tokens * p.num_q_heads + row;
       p.part_o[prow * D + d] = out;
       if (d == 0) p.part_lse[prow] = lse_row;
     }
   }
-  MergeIfLastSplit<D>(p, cta, rows_here, smem);
+  if constexpr (kClusterMerge) {
+    ClusterMergeSplits<T, D>(
+        cpart_o, cpart_lse, rows_here, [&](int rr) { return DecodeRow(p, cta, rr); }, p.out, p.lse,
+        cpart_lse + C::kRows);
+  } else {
+    MergeIfLastSplit<D>(p, cta, rows_here, smem);
+  }
 }
 
 }  // namespace tandem::kernels::cuda::internal
