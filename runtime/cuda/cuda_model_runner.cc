@@ -1,6 +1,7 @@
 #include "runtime/cuda/cuda_model_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -27,6 +28,16 @@ const std::vector<int64_t>& DefaultGraphSizes() {
   static const std::vector<int64_t> kSizes = {1,  2,  4,   8,   16,  24,  32, 48,
                                               64, 96, 128, 160, 192, 224, 256};
   return kSizes;
+}
+
+// TANDEM_DECODE_CLUSTER_MERGE=1 (read once; default off, an A/B): the decode attention merges its
+// KV splits through a thread-block cluster (kc::PagedAttentionPlanInput::cluster_merge).
+bool DecodeClusterMergeFromEnv() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_DECODE_CLUSTER_MERGE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
 }
 
 }  // namespace
@@ -448,6 +459,7 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
+  in.cluster_merge = DecodeClusterMergeFromEnv();
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
 }
