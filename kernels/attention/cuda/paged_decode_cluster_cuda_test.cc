@@ -220,8 +220,8 @@ TEST(PagedDecodeClusterCudaTest, PdlChain) {
   }
 }
 
-// A graph captured once (PDL attribute on) replays twice with the same bits as a plain call of
-// the separate merge.
+// A graph captured once (PDL attribute on) replays twice, over poisoned out / lse, with the same
+// bits as a plain call of the separate merge.
 TEST(PagedDecodeClusterCudaTest, GraphReplay) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());
@@ -237,11 +237,14 @@ TEST(PagedDecodeClusterCudaTest, GraphReplay) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  dc.Enqueue(plan, ws, stream);
+  dc.Enqueue(plan, ws, stream, /*poison=*/false);
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 2; ++replay) {
     SCOPED_TRACE(replay);
+    TANDEM_CUDA_CHECK(cudaMemset(dc.out.get(), 0xff, dc.out.size() * 2));
+    TANDEM_CUDA_CHECK(cudaMemset(dc.lse.get(), 0xff, dc.lse.size() * 4));
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
     TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
     EXPECT_TRUE(SameBits(cuda_test::ReadBack(c, dc.out, dc.lse), want));
