@@ -135,6 +135,14 @@ struct MlaPlanInput {
   // before it) writes is read before the wait: qsl, seq_lens, block tables and the older
   // latents are written before that kernel (or by kernels already complete).
   bool prewait = false;
+  // kRows16 only (an A/B, default off): the split CTAs of one merge group (request, row tile)
+  // form one thread-block cluster (cluster rank = split) and merge the group's splits through
+  // distributed shared memory (cluster_merge.cuh's ClusterMergeSplits, bit-identical to the
+  // in-kernel merge): each CTA keeps its fp32 partial in its own shared memory, no workspace
+  // partials, no tickets. The cluster has plan.num_splits CTAs for every group: a request whose
+  // context fills fewer of them merges empty splits (LSE -inf, o 0) from the rest. Taken only
+  // where valid (MlaPlan::cluster_merge); otherwise the plan keeps today's merge.
+  bool cluster_merge = false;
   // Measurement only (mla_cuda_bench --phases=1; null: off): the TMA kernels (kSerial /
   // kHandOff / kRows16) write per-CTA phase stamps here (mla_phase_stamps.h: kMlaStampWords
   // uint64 a CTA of the grid (num_splits, row_tiles, num_seqs), zeroed by the caller).
@@ -163,6 +171,11 @@ struct MlaPlan {
   // kernel merges its splits (MlaPlanInput::workspace_zeroed); where the TMA kernel does not run
   // after all (page size, device) the separate merge does, in the same workspace layout.
   bool merge_in_kernel = false;
+  // input.cluster_merge taken: kRows16 with 2..16 splits (one cluster size for every group:
+  // num_splits) where cudaOccupancyMaxActiveClusters of that cluster is > 0 on the current device.
+  // false where asked but invalid (other schedule, 1 or > 16 splits, no device or no room): the
+  // plan then merges as without it (merge_in_kernel or the separate merge).
+  bool cluster_merge = false;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64); kRows16: / 16
   int64_t workspace_bytes = 0;  // [counters] + q_cat + o_lat (+ fp32 partials, LSE when split)
 };

@@ -355,6 +355,17 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
   return best;
 }
 
+// MlaPlanInput::cluster_merge where it is valid: kRows16 (its TMA kernel), one cluster of
+// num_splits CTAs a group (2 .. kMaxClusterMergeSplits: 8 is the portable cluster size, 16 needs
+// the non-portable attribute), room on the device for one such cluster (a device query, only when
+// asked). Short requests' CTAs past their filled splits hold empty splits in the cluster.
+constexpr int kMaxClusterMergeSplits = 16;  // cluster_merge.cuh's kMaxClusterMergeSplits
+bool ClusterMergeTaken(const MlaPlan& plan) {
+  return plan.input.cluster_merge && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kRows16 &&
+         plan.num_splits >= 2 && plan.num_splits <= kMaxClusterMergeSplits &&
+         mla_internal::MlaRows16MaxActiveClusters(plan.num_splits) > 0;
+}
+
 }  // namespace
 
 absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
@@ -436,6 +447,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
       plan.merge_in_kernel = merge_possible && plan.num_splits > 1;
+      plan.cluster_merge = ClusterMergeTaken(plan);
       return plan;
     }
   }
@@ -516,15 +528,17 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
     const MlaTmaSchedule schedule = plan.tma_schedule;
-    if (plan.merge_in_kernel) {  // the counters: the workspace's first kMlaMergeCounterBytes
+    const bool cluster = plan.cluster_merge && schedule == MlaTmaSchedule::kRows16;
+    if (plan.merge_in_kernel && !cluster) {  // the counters: the workspace's first 16 KiB
       p.merge_counters = static_cast<unsigned int*>(workspace);
       merged_in_kernel = true;
     }
+    merged_in_kernel = merged_in_kernel || cluster;  // the cluster merges its splits itself
     RETURN_IF_ERROR(
         schedule == MlaTmaSchedule::kSeesaw
             ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
         : schedule == MlaTmaSchedule::kRows16
-            ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, in.prewait, stream)
+            ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, in.prewait, cluster, stream)
             : mla_internal::LaunchMlaTma<T>(p, cache, layer, grid,
                                             schedule == MlaTmaSchedule::kHandOff, stream));
   } else if (wgmma) {

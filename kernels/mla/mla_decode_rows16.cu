@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
@@ -71,6 +72,15 @@ static_assert(kStages * kChunks * 8 <= 256);
 static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
 static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= kTileBytes,
               "the merge's weights of 256 splits fit in a latent stage");
+// The cluster merge (MlaPlanInput::cluster_merge) in the latent stages once every tile is read:
+// the CTA's partial [16 rows][512] fp32 at 0, its LSEs [16] after it, ClusterMergeSplits' scratch.
+inline constexpr int kLora = 512;
+inline constexpr int kClusterLseOff = kRows * kLora * 4, kClusterScratchOff = kClusterLseOff + 64;
+static_assert(kClusterScratchOff +
+                      internal::ClusterMergeSmemFloats(kRows, internal::kMaxClusterMergeSplits) *
+                          4 <=
+                  kStages * kTileBytes,
+              "the cluster merge's partial and scratch fit in the latent stages");
 inline constexpr int kIssueWarp = 0;
 
 // Q staged once a CTA (issue 33: it was 8 warps x 72 4-byte loads of all of Q) in the third
@@ -156,11 +166,13 @@ __device__ __forceinline__ void AddPv(float (&o)[32], const float (&alpha)[2], u
 }
 
 // The epilogue: row sums over quads and warps (through red), then the thread's 2 rows x 16
-// columns of o and (warp 0) the LSE, to o_lat / lse (direct) or the split's partial.
-template <typename T>
+// columns of o and (warp 0) the LSE, to o_lat / lse (direct) or the split's partial; kCluster:
+// the partial to this CTA's shared memory, part [16 rows][512] and its LSEs at part + 16 x 512.
+template <typename T, bool kCluster = false>
 __device__ __forceinline__ void StoreRows(const LatentParams<T>& p, const LatentCta& c, float* red,
                                           int warp, int lane, const float (&o)[32],
-                                          float (&l_run)[2], const float (&m_run)[2], bool direct) {
+                                          float (&l_run)[2], const float (&m_run)[2], bool direct,
+                                          float* part = nullptr) {
   const int g = lane / 4, t4 = lane % 4;
   QuadSum2(l_run);
   __syncthreads();  // every warp is done with the maxima
@@ -178,14 +190,25 @@ __device__ __forceinline__ void StoreRows(const LatentParams<T>& p, const Latent
     for (int w = 0; w < kWarps; ++w) l += red[w * kRows + r];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t row = static_cast<int64_t>(c.q0) * p.heads + c.r0 + r;
+    if constexpr (kCluster) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      StorePair(p, blockIdx.x, row, warp * 64 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
-                o[4 * j + 2 * h + 1] * inv, direct);
-    }
-    if (warp == 0 && t4 == 0) {
-      StoreLse(p, blockIdx.x, row,
-               l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY, direct);
+      for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<float2*>(part + r * kLora + warp * 64 + j * 8 + 2 * t4) =
+            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      }
+      if (warp == 0 && t4 == 0) {
+        part[kRows * kLora + r] = l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        StorePair(p, blockIdx.x, row, warp * 64 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
+                  o[4 * j + 2 * h + 1] * inv, direct);
+      }
+      if (warp == 0 && t4 == 0) {
+        StoreLse(p, blockIdx.x, row,
+                 l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY, direct);
+      }
     }
   }
 }
@@ -278,9 +301,33 @@ __device__ __forceinline__ void IssuePrologue(const LatentParams<T>& p, const La
   }
 }
 
+// The cluster merge (kCluster, MlaPlanInput::cluster_merge) after the tile loop: the CTA's
+// partial and LSEs into its own shared memory (the latent stages: every issued tile has landed and
+// been read), then ClusterMergeSplits over the cluster's splits (cluster rank = blockIdx.x).
+template <typename T>
+__device__ __forceinline__ void ClusterMergeRows(const LatentParams<T>& p, const LatentCta& c,
+                                                 uint8_t* smem, unsigned long long* stamps) {
+  if (stamps != nullptr && threadIdx.x == 0) {
+    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseTicket);  // the merge's start (no ticket)
+    *tma_kernel::StampWord(stamps, kMlaStampTicket) = 2;   // every CTA merges a slice
+  }
+  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
+  const auto row_of = [first](int rr) { return first + rr; };
+  const float* part = reinterpret_cast<const float*>(smem);
+  internal::ClusterMergeSplits<T, kLora>(part, part + kRows * kLora, min(kRows, c.rows_seq - c.r0),
+                                         row_of, p.o_lat, p.lse,
+                                         reinterpret_cast<float*>(smem + kClusterScratchOff));
+  if (stamps != nullptr && threadIdx.x == 0) {
+    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseMergeDone);
+  }
+}
+
 // kPrewait: MlaPlanInput::prewait (launched with PDL; IssuePrologue). kStamps: p.phase_stamps
 // non-null (the measurement's own instantiation: the default one carries no stamp code).
-template <typename T, bool kPrewait, bool kStamps>
+// kCluster: MlaPlanInput::cluster_merge (launched in clusters of gridDim.x CTAs, the group's
+// splits): a CTA past its request's filled splits runs no tile and holds an empty split (LSE
+// -inf, o 0) for the merge; no tickets (p.merge_counters unused), no workspace partials.
+template <typename T, bool kPrewait, bool kStamps, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaRows16Kernel(const __grid_constant__ LatentParams<T> p,
                     const __grid_constant__ CUtensorMap map, const TmaGeometry g) {
@@ -298,10 +345,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
   }
   const LatentCta c = LatentCtaOf(p, kRows);
-  const bool merge = p.merge_counters != nullptr;
-  if (kPrewait && !merge) internal::WaitForPrecedingGrid();  // EmptySplitDone stores
+  const bool merge = !kCluster && p.merge_counters != nullptr;
+  if (kPrewait && !kCluster && !merge) internal::WaitForPrecedingGrid();  // EmptySplitDone stores
   const int filled = merge ? c.Filled() : 0;
-  if (c.r0 >= c.rows_seq || (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows))) return;
+  // (kCluster: the whole cluster, one group, leaves here or none of it does.)
+  if (c.r0 >= c.rows_seq ||
+      (!kCluster && (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows)))) {
+    return;
+  }
   const int kb = c.kb, ke = c.ke, num_tiles = c.Tiles(kKeys), boxes = kKeys / g.box_rows;
   const uint32_t base = SmemAddr(smem), bar_addr = SmemAddr(full);
 
@@ -367,6 +418,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseLastMath);
 
+  if constexpr (kCluster) {
+    StoreRows<T, true>(p, c, red, warp, lane, o, l_run, m_run, false,
+                       reinterpret_cast<float*>(smem));
+    if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseStored);
+    ClusterMergeRows(p, c, smem, stamps);
+    return;
+  }
   const bool direct = merge ? filled == 1 : p.num_splits == 1;
   StoreRows(p, c, red, warp, lane, o, l_run, m_run, direct);
   if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseStored);
@@ -376,9 +434,53 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace rows16_kernel
 
+namespace {
+template <typename T, bool kCluster>
+auto Rows16Kernel(bool prewait, bool stamps) {
+  using rows16_kernel::MlaRows16Kernel;
+  return prewait ? (stamps ? MlaRows16Kernel<T, true, true, kCluster>
+                           : MlaRows16Kernel<T, true, false, kCluster>)
+                 : (stamps ? MlaRows16Kernel<T, false, true, kCluster>
+                           : MlaRows16Kernel<T, false, false, kCluster>);
+}
+
+// The cluster instantiation's attributes: its shared memory, clusters of up to 16 CTAs.
+template <typename Kernel>
+cudaError_t SetClusterAttributes(Kernel kernel) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       rows16_kernel::kSmemBytes);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  return e;
+}
+}  // namespace
+
+int MlaRows16MaxActiveClusters(int cluster_size) {
+  const auto kernel = rows16_kernel::MlaRows16Kernel<__nv_bfloat16, false, false, true>;
+  int n = 0;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster_size, 1, 1);
+  config.blockDim = dim3(rows16_kernel::kThreads);
+  config.dynamicSmemBytes = rows16_kernel::kSmemBytes;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  if (SetClusterAttributes(kernel) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  return n;
+}
+
 template <typename T>
 absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                             dim3 grid, bool prewait, cudaStream_t stream) {
+                             dim3 grid, bool prewait, bool cluster, cudaStream_t stream) {
   using rows16_kernel::kSmemBytes;
   const int64_t bs = cache.layout.block_size;
   const tma_kernel::TmaGeometry g{static_cast<int>(cache.layout.num_layers * bs),
@@ -387,10 +489,27 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
   ASSIGN_OR_RETURN(const CUtensorMap map,
                    tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
   const bool st = p.phase_stamps != nullptr;
-  auto kernel = prewait ? (st ? rows16_kernel::MlaRows16Kernel<T, true, true>
-                              : rows16_kernel::MlaRows16Kernel<T, true, false>)
-                        : (st ? rows16_kernel::MlaRows16Kernel<T, false, true>
-                              : rows16_kernel::MlaRows16Kernel<T, false, false>);
+  if (cluster) {  // MlaPlan::cluster_merge: a cluster of grid.x CTAs a group (plus PDL: prewait)
+    auto kernel = Rows16Kernel<T, true>(prewait, st);
+    CUDA_RETURN_IF_ERROR(SetClusterAttributes(kernel));
+    cudaLaunchAttribute attrs[2] = {};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = grid.x;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(rows16_kernel::kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    config.attrs = attrs;
+    config.numAttrs = prewait ? 2 : 1;
+    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, map, g));
+    return absl::OkStatus();
+  }
+  auto kernel = Rows16Kernel<T, false>(prewait, st);
   CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // prewait: PDL, the prologue under the preceding kernel (MlaPlanInput::prewait).
@@ -402,8 +521,8 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
 
 template absl::Status LaunchMlaRows16<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
                                                      const DeviceKvCache&, int64_t, dim3, bool,
-                                                     cudaStream_t);
+                                                     bool, cudaStream_t);
 template absl::Status LaunchMlaRows16<__half>(const LatentParams<__half>&, const DeviceKvCache&,
-                                              int64_t, dim3, bool, cudaStream_t);
+                                              int64_t, dim3, bool, bool, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda::mla_internal
