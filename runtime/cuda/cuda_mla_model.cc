@@ -50,6 +50,17 @@ bool MlaPrewaitFromEnv() {
   return on;
 }
 
+// TANDEM_MLA_CLUSTER_MERGE=1 (read once; default off, an A/B): kRows16 merges its splits through a
+// thread-block cluster and DSMEM (kc::MlaPlanInput::cluster_merge; the plan falls back where
+// invalid).
+bool MlaClusterMergeFromEnv() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_MLA_CLUSTER_MERGE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 kernels::MlaDims DimsOf(const ModelConfig& c) {
   return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank,
           c.v_head_dim};
@@ -436,7 +447,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .dcp = options_.dcp,
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
-                      .prewait = MlaPrewaitFromEnv()};
+                      .prewait = MlaPrewaitFromEnv(),
+                      .cluster_merge = MlaClusterMergeFromEnv()};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");
