@@ -185,6 +185,8 @@ void RunSplits(Batch<T>& batch, int splits, cudaStream_t stream, const std::stri
   std::ostringstream what;
   what << name << " splits " << cluster->num_splits << " (asked " << splits << "), cluster "
        << cluster->cluster_merge;
+  if (cluster->cluster_merge_fallback != nullptr)
+    what << " (" << cluster->cluster_merge_fallback << ")";
   const bool valid = cluster->num_splits >= 2 && cluster->num_splits <= 16;
   if (!valid) {
     EXPECT_FALSE(cluster->cluster_merge) << what.str();
@@ -273,6 +275,11 @@ TEST(MlaClusterMergeCudaTest, FallsBackWhereInvalid) {
     absl::StatusOr<MlaPlan> asked = PlanMla(batch.Input(c.splits, c.schedule, true));
     ASSERT_TRUE(plain.ok() && asked.ok());
     EXPECT_FALSE(asked->cluster_merge) << "splits " << c.splits;
+    EXPECT_NE(asked->cluster_merge_fallback, nullptr) << "splits " << c.splits;
+    EXPECT_EQ(plain->cluster_merge_fallback, nullptr);
+    if (asked->cluster_merge_fallback != nullptr) {
+      std::cout << "splits " << asked->num_splits << ": " << asked->cluster_merge_fallback << "\n";
+    }
     EXPECT_EQ(asked->num_splits, plain->num_splits);
     EXPECT_EQ(asked->merge_in_kernel, plain->merge_in_kernel);
     Workspace ws(asked->workspace_bytes);

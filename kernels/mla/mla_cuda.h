@@ -176,6 +176,8 @@ struct MlaPlan {
   // false where asked but invalid (other schedule, 1 or > 16 splits, no device or no room): the
   // plan then merges as without it (merge_in_kernel or the separate merge).
   bool cluster_merge = false;
+  // Why input.cluster_merge was not taken (a string literal), or null.
+  const char* cluster_merge_fallback = nullptr;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64); kRows16: / 16
   int64_t workspace_bytes = 0;  // [counters] + q_cat + o_lat (+ fp32 partials, LSE when split)
 };

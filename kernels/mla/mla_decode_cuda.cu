@@ -358,12 +358,20 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
 // MlaPlanInput::cluster_merge where it is valid: kRows16 (its TMA kernel), one cluster of
 // num_splits CTAs a group (2 .. kMaxClusterMergeSplits: 8 is the portable cluster size, 16 needs
 // the non-portable attribute), room on the device for one such cluster (a device query, only when
-// asked). Short requests' CTAs past their filled splits hold empty splits in the cluster.
+// asked). Short requests' CTAs past their filled splits hold empty splits in the cluster. Sets
+// plan.cluster_merge, or plan.cluster_merge_fallback (why not) where it was asked.
 constexpr int kMaxClusterMergeSplits = 16;  // cluster_merge.cuh's kMaxClusterMergeSplits
-bool ClusterMergeTaken(const MlaPlan& plan) {
-  return plan.input.cluster_merge && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kRows16 &&
-         plan.num_splits >= 2 && plan.num_splits <= kMaxClusterMergeSplits &&
-         mla_internal::MlaRows16MaxActiveClusters(plan.num_splits) > 0;
+void TakeClusterMerge(MlaPlan& plan) {
+  if (!plan.input.cluster_merge) return;
+  if (!plan.use_tma || plan.tma_schedule != MlaTmaSchedule::kRows16) {
+    plan.cluster_merge_fallback = "not the kRows16 kernel";
+  } else if (plan.num_splits < 2 || plan.num_splits > kMaxClusterMergeSplits) {
+    plan.cluster_merge_fallback = "splits not in 2..16";
+  } else if (mla_internal::MlaRows16MaxActiveClusters(plan.num_splits) <= 0) {
+    plan.cluster_merge_fallback = "no room for the cluster (cudaOccupancyMaxActiveClusters)";
+  } else {
+    plan.cluster_merge = true;
+  }
 }
 
 }  // namespace
@@ -447,7 +455,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
       plan.merge_in_kernel = merge_possible && plan.num_splits > 1;
-      plan.cluster_merge = ClusterMergeTaken(plan);
+      TakeClusterMerge(plan);
       return plan;
     }
   }
