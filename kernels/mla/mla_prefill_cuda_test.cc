@@ -5,8 +5,8 @@
 // DeepSeek's widths (Dn 128 + Dr 64, V 128: the prefill kernel's 192 / 128 variant) at 16 and
 // 128 heads, and widths with V as wide as K (64, 128). The LSE (what chunked prefill merges by) is
 // checked too, and the same step through the absorbed path (MlaAbsorbedAttention) must agree.
-// Tolerance as mla_cuda_test: out within 2.5e-2 of max|ref|, LSE within 2e-2. Refusals: an FP8
-// pool, a DCP shard, widths the prefill kernel does not take.
+// Tolerance as mla_cuda_test_util.h: out within 2.5e-2 of max|ref|, LSE within 2e-2. Refusals: an
+// FP8 pool, a DCP shard, widths the prefill kernel does not take.
 #include <cublas_v2.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Host helpers shared by the kernels/mla GPU tests and benchmarks (mla_cuda_test,
+// Host helpers shared by the kernels/mla GPU tests and benchmarks (mla_cuda_test_util,
 // mla_prefill_cuda_test, mla_cuda_bench, mla_prefill_cuda_bench): DeepSeek's attention widths,
 // latents laid out on shuffled pages, and the benchmarks' list flags.
 #ifndef TANDEM_KERNELS_MLA_MLA_TEST_UTIL_H_

@@ -2,10 +2,12 @@
 # Issue 33's FP8 latent KV on CUDA (the block-interleaved pool, Fp8LatentBlocks) over P -> D and
 # with TP / DCP, in one device call on nvidia-h200-x4 (4 GPUs), from the repository root:
 #   tests/gpu/mla_fp8_call.sh BUNDLE_TAR_XZ
-# Extracts BUNDLE_TAR_XZ (tests/gpu/bundle.sh .. //kernels/mla:mla_cuda_test tool//runtime:generate
+# Extracts BUNDLE_TAR_XZ (tests/gpu/bundle.sh .. //kernels/mla:mla_plain_fp8_cuda_test
+# //kernels/mla:mla_tensor_core_cuda_test tool//runtime:generate
 # tool//runtime/model:make_dummy_model tool//runtime:tandem_worker tool//router:tandem_router
 # tool//router:tandem_cli), then runs every check in parallel, each under its own timeout:
-#   kernels  GPU 3      mla_cuda_test --gtest_filter='*Fp8*:*Dcp*' (FP8 pools both forms; DCP)
+#   kernels  GPU 3      mla_plain_fp8_cuda_test, mla_tensor_core_cuda_test --gtest_filter=
+#                       '*Fp8*:*Dcp*' (FP8 pools both forms; DCP)
 #   base     GPU 0      mla_fp8_cuda_golden.sh PARTS=base (CUDA FP8 vs CPU FP8 / transformers)
 #   tp       GPUs 1,2   mla_fp8_cuda_golden.sh PARTS=tp SHARE="" (TP=2, TP=2 x DCP=2 vs TP=1 FP8)
 #   pd_ucx   GPU 3      mla_serve_pd.sh KV_CACHE_DTYPE=fp8 PD_STAGES=ucx
@@ -36,8 +38,10 @@ job() {  # NAME SECONDS GPUS CMD...: in the background, its output to $LOG/NAME.
     echo "$? $((SECONDS - t))" > "$LOG/$name.rc"
   ) &
 }
-job kernels 40 3 env LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64" \
-  "$BD/bin/kernels/mla/mla_cuda_test" --gtest_filter='*Fp8*:*Dcp*'
+# The FP8 pool tests are in mla_plain_fp8_cuda_test, the DCP one in mla_tensor_core_cuda_test.
+job kernels 40 3 env LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64" bash -c \
+  'rc=0; for t; do "$t" --gtest_filter="*Fp8*:*Dcp*" || rc=1; done; exit $rc' _ \
+  "$BD/bin/kernels/mla/mla_plain_fp8_cuda_test" "$BD/bin/kernels/mla/mla_tensor_core_cuda_test"
 job base 66 0 env PARTS=base tests/gpu/mla_fp8_cuda_golden.sh "$BD" "$LOG/base"
 job tp 66 1,2 env PARTS=tp SHARE="" tests/gpu/mla_fp8_cuda_golden.sh "$BD" "$LOG/tp"
 job pd_ucx 66 3 env KV_CACHE_DTYPE=fp8 PD_STAGES=ucx tests/gpu/mla_serve_pd.sh "$BD" "$LOG/pd_ucx"

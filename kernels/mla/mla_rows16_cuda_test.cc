@@ -1,0 +1,71 @@
+// CUDA MLA's MlaTmaSchedule::kRows16 kernel (mla_decode_rows16.cu) against the CPU reference
+// cpu::MlaPagedAttention (kAbsorbed) through the shared harness (mla_cuda_test_util.h), bf16 and
+// fp16 (GPU; skips without one).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/mla/mla_cuda.h"
+#include "kernels/mla/mla_cuda_test_util.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using mla_cuda_test::Case;
+using mla_cuda_test::kLite;
+using mla_cuda_test::kV3;
+using mla_cuda_test::RunCase;
+
+// MlaTmaSchedule::kRows16 (mla_decode_rows16.cu: mma.sync over row tiles of 16 rows, TMA
+// tiles): 16 heads q_len 1 and 8 heads q_len 1 / 2, contexts at the tile edges (1, 63, 64, 65)
+// and longer (700, 4096), pages 16 / 64, splits 1 / 2 / planned, separate and in-kernel merge;
+// q_len 2-4 at 16 heads and 3-4 at 8 heads (several 16-row tiles a request: verify passes); a
+// long plan (empty splits) replayed in a CUDA graph, a DCP shard, and 128 heads (the plan falls
+// back to kSerial).
+template <typename T>
+void RunRows16Cases(std::mt19937& rng) {
+  MlaDims h8 = kV3;
+  h8.num_heads = 8;
+  const std::vector<int32_t> ctx = {1, 63, 64, 65, 700, 4096};
+  for (int64_t page : {16, 64}) {
+    for (int splits : {1, 2, 0}) {
+      for (bool merge : {false, true}) {
+        if (merge && splits == 1) continue;
+        Case lite{kLite, std::vector<int32_t>(6, 1), ctx, page, splits, false, 5};
+        Case v3{h8, {1, 2, 2, 1, 2, 1}, ctx, page, splits, false, 5};
+        lite.merge = v3.merge = merge;
+        RunCase<T>(lite, rng);
+        RunCase<T>(v3, rng);
+      }
+    }
+  }
+  for (int splits : {1, 0}) {  // several 16-row tiles a request
+    Case multi{kLite, {1, 4, 3, 2, 4, 2}, ctx, 64, splits, false, 5};
+    Case multi8{h8, {1, 4, 4, 3, 3, 4}, ctx, 16, splits, false, 5};
+    multi.merge = multi8.merge = splits == 0;
+    RunCase<T>(multi, rng);
+    RunCase<T>(multi8, rng);
+  }
+  Case graph{kLite, {1, 1, 1}, {4096, 65, 1}, 64, 0, false, 5};
+  graph.plan_len = 32768;
+  graph.merge = graph.graph = true;
+  RunCase<T>(graph, rng);
+  RunCase<T>({h8, {2, 1}, {700, 65}, 16, 0, false, 5, DcpShard{2, 1, 16}}, rng);
+  RunCase<T>({kV3, {1}, {700}, 64, 2, false, 5}, rng);
+}
+
+TEST(MlaCudaTest, TmaRows16MatchesTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  RunRows16Cases<__nv_bfloat16>(rng);
+  RunRows16Cases<__half>(rng);
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
