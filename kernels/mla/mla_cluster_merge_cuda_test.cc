@@ -116,7 +116,9 @@ class Batch {
                         .num_splits = splits,
                         .tma_schedule = schedule,
                         .workspace_zeroed = true,
-                        .cluster_merge = cluster};
+                        .cluster_merge = cluster,
+                        // every valid case checked, in as many waves as it takes
+                        .cluster_merge_one_wave = false};
   }
 
   absl::Status Call(const MlaPlan& plan, void* ws, cudaStream_t stream) {

@@ -143,6 +143,10 @@ struct MlaPlanInput {
   // context fills fewer of them merges empty splits (LSE -inf, o 0) from the rest. Taken only
   // where valid (MlaPlan::cluster_merge); otherwise the plan keeps today's merge.
   bool cluster_merge = false;
+  // With cluster_merge: take it only where every cluster of the grid is resident at once (a
+  // second wave of clusters made 16 x 4k 49% slower, BENCHMARKS.md); false (tests) takes it
+  // wherever it is valid.
+  bool cluster_merge_one_wave = true;
   // Measurement only (mla_cuda_bench --phases=1; null: off): the TMA kernels (kSerial /
   // kHandOff / kRows16) write per-CTA phase stamps here (mla_phase_stamps.h: kMlaStampWords
   // uint64 a CTA of the grid (num_splits, row_tiles, num_seqs), zeroed by the caller).

@@ -367,8 +367,12 @@ void TakeClusterMerge(MlaPlan& plan) {
     plan.cluster_merge_fallback = "not the kRows16 kernel";
   } else if (plan.num_splits < 2 || plan.num_splits > kMaxClusterMergeSplits) {
     plan.cluster_merge_fallback = "splits not in 2..16";
-  } else if (mla_internal::MlaRows16MaxActiveClusters(plan.num_splits) <= 0) {
+  } else if (const int fit = mla_internal::MlaRows16MaxActiveClusters(plan.num_splits); fit <= 0) {
     plan.cluster_merge_fallback = "no room for the cluster (cudaOccupancyMaxActiveClusters)";
+  } else if (plan.input.cluster_merge_one_wave && plan.input.num_seqs * plan.row_tiles > fit) {
+    // More clusters than fit at once run in a second wave (measured: 16 x 4k, 8-CTA clusters,
+    // 33.5 -> 50.0 us; BENCHMARKS.md, sixteenth session): the ticket merge is faster there.
+    plan.cluster_merge_fallback = "more clusters than fit at once (one wave only)";
   } else {
     plan.cluster_merge = true;
   }

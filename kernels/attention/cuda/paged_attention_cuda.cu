@@ -127,6 +127,11 @@ void PlanClusterMerge(PagedAttentionPlan& plan) {
       why = "cudaOccupancyMaxActiveClusters failed";
     } else if (*clusters <= 0) {
       why = "no cluster of num_splits CTAs fits an SM group";
+    } else if (in.cluster_merge_one_wave &&
+               in.num_seqs * in.num_kv_heads * plan.row_tiles > *clusters) {
+      // More clusters than fit at once run in a second wave (measured: 8 x 1k, 4-CTA clusters,
+      // 16.1 -> 22.1 us; BENCHMARKS.md, sixteenth session): the ticket merge is faster there.
+      why = "more clusters than fit at once (one wave only)";
     }
   }
   if (why != nullptr) {

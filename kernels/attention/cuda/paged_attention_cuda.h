@@ -75,6 +75,10 @@ struct PagedAttentionPlanInput {
   // (2..16 splits, the tensor-core kernel, not legacy_split_merge, such clusters fit the current
   // device: PlanPagedAttention queries it); PagedAttentionPlan::cluster_merge says whether.
   bool cluster_merge = false;
+  // With cluster_merge: take it only where every cluster of the grid is resident at once (a
+  // second wave of clusters made 8 x 1k 37% slower, BENCHMARKS.md); false (tests) takes it
+  // wherever it is valid.
+  bool cluster_merge_one_wave = true;
 };
 
 struct PagedAttentionPlan {

@@ -67,6 +67,7 @@ struct DeviceCase {
     in.forced_splits = forced_splits;
     in.workspace_zeroed = merge == Merge::kInKernel;
     in.cluster_merge = merge == Merge::kCluster;
+    in.cluster_merge_one_wave = false;  // every valid case checked, in as many waves as it takes
     in.programmatic_launch = pdl;
     return in;
   }
@@ -303,6 +304,15 @@ TEST(PagedDecodeClusterCudaTest, PlanFallsBackWhereInvalid) {
   } else {
     EXPECT_FALSE(plan.cluster_merge);  // the occupancy query failed: today's plan
     EXPECT_TRUE(plan.merge_in_kernel);
+  }
+  // More clusters than the device holds at once (1,024 of 16 CTAs): one wave only by default.
+  if (::tandem::testing::GpuAvailable(&why)) {
+    in = base;
+    in.num_seqs = in.num_tokens = 128;
+    in.forced_splits = 16;
+    expect_fallback(in, "1024 clusters, one wave only");
+    in.cluster_merge_one_wave = false;
+    EXPECT_TRUE(MustPlan(in).cluster_merge);
   }
 }
 
