@@ -50,13 +50,13 @@ bool MlaPrewaitFromEnv() {
   return on;
 }
 
-// TANDEM_MLA_CLUSTER_MERGE=1 (read once; default off, an A/B): kRows16 merges its splits through a
-// thread-block cluster and DSMEM (kc::MlaPlanInput::cluster_merge; the plan falls back where
-// invalid).
+// TANDEM_MLA_CLUSTER_MERGE (read once; default on, =0 turns it off for an A/B): kRows16 merges its
+// splits through a thread-block cluster and DSMEM (kc::MlaPlanInput::cluster_merge; the plan falls
+// back where invalid).
 bool MlaClusterMergeFromEnv() {
   static const bool on = [] {
     const char* v = std::getenv("TANDEM_MLA_CLUSTER_MERGE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return on;
 }

@@ -30,12 +30,13 @@ const std::vector<int64_t>& DefaultGraphSizes() {
   return kSizes;
 }
 
-// TANDEM_DECODE_CLUSTER_MERGE=1 (read once; default off, an A/B): the decode attention merges its
-// KV splits through a thread-block cluster (kc::PagedAttentionPlanInput::cluster_merge).
+// TANDEM_DECODE_CLUSTER_MERGE (read once; default on, =0 turns it off for an A/B): the decode
+// attention merges its KV splits through a thread-block cluster
+// (kc::PagedAttentionPlanInput::cluster_merge).
 bool DecodeClusterMergeFromEnv() {
   static const bool on = [] {
     const char* v = std::getenv("TANDEM_DECODE_CLUSTER_MERGE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return on;
 }
