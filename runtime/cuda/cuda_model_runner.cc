@@ -544,9 +544,15 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
   if (padded > 0) {
     // Fixed plan for the padded size: the grid must not depend on this step's lengths (bounded
     // by the most tokens of max_model_len this rank's shard can hold).
-    ASSIGN_OR_RETURN(StepAttentionPlan plan, Plan(padded, padded * width, width,
-                                                  kernels::DcpLocalCount(spec_.max_model_len, dcp_),
-                                                  /*allow_prefill=*/false));
+    auto planned = padded_plans_.find({padded, width});
+    if (planned == padded_plans_.end()) {
+      ASSIGN_OR_RETURN(
+          StepAttentionPlan fresh,
+          Plan(padded, padded * width, width, kernels::DcpLocalCount(spec_.max_model_len, dcp_),
+               /*allow_prefill=*/false));
+      planned = padded_plans_.emplace(std::make_pair(padded, width), fresh).first;
+    }
+    const StepAttentionPlan& plan = planned->second;
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan));
     ++stats_.padded_steps;
     stats_.split_merge_in_kernel_steps += plan.decode.merge_in_kernel ? 1 : 0;

@@ -43,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -327,6 +328,10 @@ class CudaModelRunner : public ModelExecutor {
   std::vector<int64_t> graph_sizes_;
   // By (padded size, token width, greedy).
   std::map<std::tuple<int64_t, int64_t, bool>, cudaGraphExec_t> graphs_;
+  // The padded decode steps' plans by (padded size, token width): fixed for the runner's life
+  // (the grid must not depend on a step's lengths), so planned once each, which keeps the
+  // cluster merge's occupancy query and attribute calls off every later step's host path.
+  std::map<std::pair<int64_t, int64_t>, StepAttentionPlan> padded_plans_;
   ExecutorStats stats_;
   // Device rejection sampling (cuda_model_runner_verify.cc), grown on demand, outside graphs.
   struct RejectionPassOf {
