@@ -177,6 +177,7 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   in_kernel.gemm_autotune = false;
   in_kernel.use_prefill_kernel = false;
   in_kernel.decode_merge_in_kernel = true;
+  in_kernel.decode_cluster_merge = false;  // it would replace both merges where it applies
   CudaBackendConfig separate = in_kernel;
   separate.decode_merge_in_kernel = false;
   const auto [in_kernel_stats, separate_stats] =
@@ -184,6 +185,28 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   EXPECT_GT(in_kernel_stats.split_merge_in_kernel_steps, 0);
   EXPECT_GT(in_kernel_stats.graph_steps, 0);
   EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
+}
+
+// CudaBackendConfig::decode_cluster_merge (the default): the decode kernel's splits merged
+// through a thread-block cluster give the tokens and logits of the PDL merge kernel, bit for
+// bit, in eager steps and graph replays alike.
+TEST(CudaEngineTest, ClusterMergeGivesTheMergeKernelsOutputs) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  const auto prompts = RandomPrompts(7, 600, static_cast<int>(model.vocab_size), seed);
+  CudaBackendConfig cluster = MidBackend();
+  cluster.gemm_autotune = false;
+  cluster.use_prefill_kernel = false;
+  ASSERT_TRUE(cluster.decode_cluster_merge);  // the default
+  CudaBackendConfig separate = cluster;
+  separate.decode_cluster_merge = false;
+  const auto [cluster_stats, separate_stats] =
+      ExpectSameOutputs(model, seed, cluster, separate, prompts, 16, true);
+  EXPECT_GT(cluster_stats.split_merge_cluster_steps, 0);
+  EXPECT_GT(cluster_stats.graph_steps, 0);
+  EXPECT_EQ(separate_stats.split_merge_cluster_steps, 0);
 }
 
 // The tensor-parallel path (vocab-shard embedding, all-reduces, logits all-gather) with a group

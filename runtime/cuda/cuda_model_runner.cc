@@ -460,7 +460,7 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
-  in.cluster_merge = DecodeClusterMergeFromEnv();
+  in.cluster_merge = config_.decode_cluster_merge && DecodeClusterMergeFromEnv();
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
 }
@@ -556,6 +556,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan));
     ++stats_.padded_steps;
     stats_.split_merge_in_kernel_steps += plan.decode.merge_in_kernel ? 1 : 0;
+    stats_.split_merge_cluster_steps += plan.decode.cluster_merge ? 1 : 0;
     if (config_.enable_cuda_graphs && (comm_ == nullptr || comm_->graph_capturable())) {
       ASSIGN_OR_RETURN(cudaGraphExec_t exec, GraphFor(step, plan, width, greedy));
       const absl::Time launch = absl::Now();
@@ -572,6 +573,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
     RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     ++stats_.eager_steps;
     stats_.split_merge_in_kernel_steps += !plan.use_prefill && plan.decode.merge_in_kernel ? 1 : 0;
+    stats_.split_merge_cluster_steps += !plan.use_prefill && plan.decode.cluster_merge ? 1 : 0;
   }
   const bool folded = (model_ != nullptr && model_->FoldsNorms(step.num_tokens)) ||
                       (mla_model_ != nullptr && mla_model_->FoldsNorms(step.num_tokens));

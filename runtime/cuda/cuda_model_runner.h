@@ -101,6 +101,12 @@ struct CudaBackendConfig {
   // workspace the prefill kernel shares. Bit-identical results either way. Off by default: on the
   // H200 it did not speed up the Llama-3-8B decode step (kernels/attention/cuda/BENCHMARKS.md).
   bool decode_merge_in_kernel = false;
+  // The decode kernel's split CTAs of one (request, kv head) form a thread-block cluster and
+  // merge their splits through distributed shared memory (PagedAttentionPlanInput::
+  // cluster_merge; taken where valid and every cluster fits in one wave, else the merge above).
+  // Bit-identical to both merges; on by default (Llama-3-8B FP8 batch 1 -2%, nvidia-h200;
+  // kernels/attention/cuda/BENCHMARKS.md). TANDEM_DECODE_CLUSTER_MERGE=0 turns it off too.
+  bool decode_cluster_merge = true;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;

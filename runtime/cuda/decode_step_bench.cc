@@ -451,9 +451,13 @@ int Main(int argc, char** argv) {
               static_cast<double>(after.graph_launch_ns - before.graph_launch_ns) / launches / 1e3);
         }
         std::printf(
-            "   split merge in kernel %lld/%d steps   norms folded %lld/%d   rope folded %lld/%d\n",
+            "   split merge in kernel %lld/%d steps, cluster %lld/%d   norms folded %lld/%d   rope "
+            "folded %lld/%d\n",
             static_cast<long long>(after.split_merge_in_kernel_steps -
                                    before.split_merge_in_kernel_steps),
+            steps,
+            static_cast<long long>(after.split_merge_cluster_steps -
+                                   before.split_merge_cluster_steps),
             steps, static_cast<long long>(after.folded_norm_steps - before.folded_norm_steps),
             steps, static_cast<long long>(after.folded_rope_steps - before.folded_rope_steps),
             steps);

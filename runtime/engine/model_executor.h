@@ -67,6 +67,9 @@ struct ExecutorStats {
   // Decode-kernel steps whose KV splits were merged inside the decode kernel (CUDA:
   // CudaBackendConfig::decode_merge_in_kernel; graph replays included).
   int64_t split_merge_in_kernel_steps = 0;
+  // Decode-kernel steps whose KV splits were merged through a thread-block cluster (CUDA:
+  // CudaBackendConfig::decode_cluster_merge; graph replays included).
+  int64_t split_merge_cluster_steps = 0;
   // Steps whose residual adds + RMSNorms ran inside the GEMVs (CUDA: CudaBackendConfig::
   // fold_norm; graph replays included).
   int64_t folded_norm_steps = 0;
