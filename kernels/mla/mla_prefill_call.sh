@@ -3,7 +3,7 @@
 # nvidia-h200, from the repository root:
 #   kernels/mla/mla_prefill_call.sh BUNDLE_TAR_XZ
 # BUNDLE_TAR_XZ: tests/gpu/bundle.sh DIR //kernels/mla:mla_prefill_cuda_test
-# //kernels/mla:mla_cuda_test //kernels/mla:mla_prefill_cuda_bench
+# //kernels/mla:mla_tensor_core_cuda_test //kernels/mla:mla_rows16_cuda_test //kernels/mla:mla_plan_cuda_test //kernels/mla:mla_plain_fp8_cuda_test //kernels/mla:mla_prefill_cuda_bench
 # //kernels/attention/cuda:paged_prefill_cuda_test, tarred and xz-compressed.
 # In order, each under its own timeout: mla_prefill_cuda_test; mla_prefill_cuda_bench on its
 # default grid (16 / 128 heads x prefix 0 / 1k / 4k / 16k x chunk 512 / 2k) and on a chunk grid
@@ -23,7 +23,8 @@ tar xJf "$TARBALL" -C "$BD" || { echo "FAIL extract"; exit 1; }
 echo "extracted in $((SECONDS - T0)) s"
 export LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64"
 P=$BD/bin/kernels/mla/mla_prefill_cuda_test
-T=$BD/bin/kernels/mla/mla_cuda_test
+export MLA_BIN_DIR=$BD/bin/kernels/mla  # mla_cuda_test is four binaries now
+T=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/tests/gpu/mla_cuda_tests.sh
 PP=$BD/bin/kernels/attention/cuda/paged_prefill_cuda_test
 B=$BD/bin/kernels/mla/mla_prefill_cuda_bench
 CS=/usr/local/cuda/bin/compute-sanitizer

@@ -2,7 +2,7 @@
 # The seesaw MLA decode kernel's check in one device call on nvidia-h200 (one GPU), from the
 # repository root:
 #   kernels/mla/mla_seesaw_call.sh BUNDLE_TAR_XZ [2]
-# BUNDLE_TAR_XZ: tests/gpu/bundle.sh DIR //kernels/mla:mla_cuda_test //kernels/mla:mla_cuda_bench,
+# BUNDLE_TAR_XZ: tests/gpu/bundle.sh DIR //kernels/mla:mla_tensor_core_cuda_test //kernels/mla:mla_rows16_cuda_test //kernels/mla:mla_plan_cuda_test //kernels/mla:mla_plain_fp8_cuda_test //kernels/mla:mla_cuda_bench,
 # plus the baseline bench (built before the change) as DIR/bin/old/mla_cuda_bench; tarred, xz.
 # Steps, each under its own timeout. First call (~190 s):
 #   1. smoke: the seesaw kernel at 16 heads, 1 x 1k (a hang costs 20 s, not the call)
@@ -27,7 +27,8 @@ tar xJf "$TARBALL" -C "$BD" || { echo "FAIL extract"; exit 1; }
 echo "extracted in $((SECONDS - T0)) s"
 nvidia-smi -L > "$LOG/gpus.txt" 2>&1
 export LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64"
-T=$BD/bin/kernels/mla/mla_cuda_test
+export MLA_BIN_DIR=$BD/bin/kernels/mla  # mla_cuda_test is four binaries now
+T=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/tests/gpu/mla_cuda_tests.sh
 B=$BD/bin/kernels/mla/mla_cuda_bench
 OLD=$BD/bin/old/mla_cuda_bench
 CS=/usr/local/cuda/bin/compute-sanitizer

@@ -2,7 +2,7 @@
 # Issue 33's MLA decode kernel check in one device call on nvidia-h200-x4 (4 GPUs), from the
 # repository root:
 #   kernels/mla/mla_tma_call.sh BUNDLE_TAR_XZ
-# BUNDLE_TAR_XZ: tests/gpu/bundle.sh DIR //kernels/mla:mla_cuda_test //kernels/mla:mla_cuda_bench
+# BUNDLE_TAR_XZ: tests/gpu/bundle.sh DIR //kernels/mla:mla_tensor_core_cuda_test //kernels/mla:mla_rows16_cuda_test //kernels/mla:mla_plan_cuda_test //kernels/mla:mla_plain_fp8_cuda_test //kernels/mla:mla_cuda_bench
 # tool//runtime:generate tool//runtime/model:make_dummy_model, tarred and xz-compressed.
 # Jobs, in parallel, each under its own timeout (the call within ~100 s):
 #   GPU 0  mla_cuda_test (every case: mma.sync, wgmma cp.async, wgmma TMA, FP8, DCP), then ncu on
@@ -26,7 +26,8 @@ tar xJf "$TARBALL" -C "$BD" || { echo "FAIL extract"; exit 1; }
 echo "extracted in $((SECONDS - T0)) s"
 nvidia-smi -L > "$LOG/gpus.txt" 2>&1 || echo "no GPU (nvidia-smi failed)"
 export LD_LIBRARY_PATH="$BD/lib:/usr/local/cuda/lib64"
-T=$BD/bin/kernels/mla/mla_cuda_test
+export MLA_BIN_DIR=$BD/bin/kernels/mla  # mla_cuda_test is four binaries now
+T=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/tests/gpu/mla_cuda_tests.sh
 B=$BD/bin/kernels/mla/mla_cuda_bench
 CS=/usr/local/cuda/bin/compute-sanitizer
 NCU=/usr/local/cuda/bin/ncu
