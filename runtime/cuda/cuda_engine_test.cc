@@ -177,7 +177,7 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   in_kernel.gemm_autotune = false;
   in_kernel.use_prefill_kernel = false;
   in_kernel.decode_merge_in_kernel = true;
-  in_kernel.decode_cluster_merge = false;  // it would replace both merges where it applies
+  in_kernel.decode_cluster_merge = false;  // (the default) it would replace both merges
   CudaBackendConfig separate = in_kernel;
   separate.decode_merge_in_kernel = false;
   const auto [in_kernel_stats, separate_stats] =
@@ -187,7 +187,7 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   EXPECT_EQ(separate_stats.split_merge_in_kernel_steps, 0);
 }
 
-// CudaBackendConfig::decode_cluster_merge (the default): the decode kernel's splits merged
+// CudaBackendConfig::decode_cluster_merge: the decode kernel's splits merged
 // through a thread-block cluster give the tokens and logits of the PDL merge kernel, bit for
 // bit, in eager steps and graph replays alike.
 TEST(CudaEngineTest, ClusterMergeGivesTheMergeKernelsOutputs) {
@@ -199,7 +199,7 @@ TEST(CudaEngineTest, ClusterMergeGivesTheMergeKernelsOutputs) {
   CudaBackendConfig cluster = MidBackend();
   cluster.gemm_autotune = false;
   cluster.use_prefill_kernel = false;
-  ASSERT_TRUE(cluster.decode_cluster_merge);  // the default
+  cluster.decode_cluster_merge = true;
   CudaBackendConfig separate = cluster;
   separate.decode_cluster_merge = false;
   const auto [cluster_stats, separate_stats] =

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -30,13 +31,13 @@ const std::vector<int64_t>& DefaultGraphSizes() {
   return kSizes;
 }
 
-// TANDEM_DECODE_CLUSTER_MERGE (read once; default on, =0 turns it off for an A/B): the decode
-// attention merges its KV splits through a thread-block cluster
-// (kc::PagedAttentionPlanInput::cluster_merge).
-bool DecodeClusterMergeFromEnv() {
-  static const bool on = [] {
+// TANDEM_DECODE_CLUSTER_MERGE (read once): "1" / "0" override CudaBackendConfig::
+// decode_cluster_merge for an A/B; unset: the config decides.
+std::optional<bool> DecodeClusterMergeFromEnv() {
+  static const std::optional<bool> on = []() -> std::optional<bool> {
     const char* v = std::getenv("TANDEM_DECODE_CLUSTER_MERGE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::strcmp(v, "0") != 0;
   }();
   return on;
 }
@@ -460,7 +461,7 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
-  in.cluster_merge = config_.decode_cluster_merge && DecodeClusterMergeFromEnv();
+  in.cluster_merge = DecodeClusterMergeFromEnv().value_or(config_.decode_cluster_merge);
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
 }
