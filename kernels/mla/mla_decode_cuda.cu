@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/merge_attn_states_cuda.h"
 #include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/mla/mla_cuda.h"
@@ -360,7 +361,7 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
 // the non-portable attribute), room on the device for one such cluster (a device query, only when
 // asked). Short requests' CTAs past their filled splits hold empty splits in the cluster. Sets
 // plan.cluster_merge, or plan.cluster_merge_fallback (why not) where it was asked.
-constexpr int kMaxClusterMergeSplits = 16;  // cluster_merge.cuh's kMaxClusterMergeSplits
+using internal::kMaxClusterMergeSplits;  // the largest cluster the merge takes
 void TakeClusterMerge(MlaPlan& plan) {
   if (!plan.input.cluster_merge) return;
   if (!plan.use_tma || plan.tma_schedule != MlaTmaSchedule::kRows16) {
