@@ -120,6 +120,11 @@ struct MlaPlanInput {
   // kernel as a one-token step). Measured on an H200 (BENCHMARKS.md, fourteenth session): 16 heads,
   // batch 1 at 1k / 4k / 16k / 64k 7-13% faster than kSerial, larger batches 3-5% slower.
   bool rows16_small_batches = false;
+  // rows16_small_batches' request bound: kRows16 at <= this many requests (a step's num_seqs; with
+  // verify passes, their requests). 8 was the bound while kRows16 lost 3-5% at 16 requests; after
+  // its Q staging and the cluster merge it is measured again per batch (BENCHMARKS.md, seventeenth
+  // session), and the runtime passes CudaModelOptions::mla_rows16_max_requests.
+  int64_t rows16_max_requests = 8;
   // The TMA kernel (kSerial / kHandOff), a variant for A/B (default 0: off): each CTA also
   // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
   // past its two stages, so a latency-bound CTA (small batch: one tile's load per tile's math)

@@ -407,12 +407,12 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
-  // rows16_small_batches: kRows16 for <= 16 heads and <= kShortSplitGroups requests, whatever
+  // rows16_small_batches: kRows16 for <= 16 heads and <= rows16_max_requests requests, whatever
   // max_q_len (a verify pass's tokens in 16-row tiles, so a token's rows run the same kernel as
   // in a one-token step).
   if (in.rows16_small_batches && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kSerial &&
       in.workspace_zeroed && in.num_splits == 0 && H <= kRows16TileRows &&
-      seqs <= kShortSplitGroups) {
+      seqs <= in.rows16_max_requests) {
     plan.tma_schedule = MlaTmaSchedule::kRows16;
   }
   if (plan.tma_schedule == MlaTmaSchedule::kRows16 &&

@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cublas_status.h"
 #include "common/cuda_status.h"
@@ -59,6 +61,18 @@ bool MlaClusterMergeFromEnv() {
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return on;
+}
+
+// TANDEM_MLA_ROWS16_MAX_REQUESTS (read once; an A/B): overrides
+// CudaModelOptions::mla_rows16_max_requests when set to a number >= 0.
+std::optional<int64_t> MlaRows16MaxRequestsFromEnv() {
+  static const std::optional<int64_t> n = []() -> std::optional<int64_t> {
+    const char* v = std::getenv("TANDEM_MLA_ROWS16_MAX_REQUESTS");
+    int64_t parsed = 0;
+    if (v == nullptr || !absl::SimpleAtoi(v, &parsed) || parsed < 0) return std::nullopt;
+    return parsed;
+  }();
+  return n;
 }
 
 kernels::MlaDims DimsOf(const ModelConfig& c) {
@@ -447,6 +461,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .dcp = options_.dcp,
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
+                      .rows16_max_requests = MlaRows16MaxRequestsFromEnv().value_or(
+                          options_.mla_rows16_max_requests),
                       .prewait = MlaPrewaitFromEnv(),
                       .cluster_merge = MlaClusterMergeFromEnv()};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));

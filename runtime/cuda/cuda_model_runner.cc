@@ -213,6 +213,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.mla_rope_in_write = config.mla_rope_in_write;
   options.mla_fold_norm = config.mla_fold_norm;
   options.mla_rows16 = config.mla_rows16;
+  options.mla_rows16_max_requests = config.mla_rows16_max_requests;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
