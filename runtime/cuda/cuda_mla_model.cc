@@ -461,8 +461,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .dcp = options_.dcp,
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
-                      .rows16_max_requests = MlaRows16MaxRequestsFromEnv().value_or(
-                          options_.mla_rows16_max_requests),
+                      .rows16_max_requests =
+                          MlaRows16MaxRequestsFromEnv().value_or(options_.mla_rows16_max_requests),
                       .prewait = MlaPrewaitFromEnv(),
                       .cluster_merge = MlaClusterMergeFromEnv()};
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
