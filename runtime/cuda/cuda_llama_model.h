@@ -143,9 +143,9 @@ struct CudaModelOptions {
   // DeepSeek-V2-Lite decode steps 4-6% faster on an H200 (kernels/mla/BENCHMARKS.md, fourteenth
   // session). Not kSerial's bits (another fp32 order). false: kSerial everywhere (comparisons).
   bool mla_rows16 = true;
-  // mla_rows16's request bound (MlaPlanInput::rows16_max_requests); TANDEM_MLA_ROWS16_MAX_REQUESTS
-  // overrides it for an A/B.
-  int64_t mla_rows16_max_requests = 8;
+  // mla_rows16's request bound; unset: the planner's (MlaPlanInput::rows16_max_requests).
+  // TANDEM_MLA_ROWS16_MAX_REQUESTS overrides both for an A/B.
+  std::optional<int64_t> mla_rows16_max_requests;
   // Tensor parallelism (a communicator outliving the model; any size, 1 included): the model is
   // the communicator's rank's shard, as the CPU LlamaModel (config: LocalModelConfig; host
   // weights: the rank's slices, or device dummy weights from dummy_plan). Vocab-parallel embedding

@@ -64,7 +64,7 @@ bool MlaClusterMergeFromEnv() {
 }
 
 // TANDEM_MLA_ROWS16_MAX_REQUESTS (read once; an A/B): overrides
-// CudaModelOptions::mla_rows16_max_requests when set to a number >= 0.
+// CudaModelOptions::mla_rows16_max_requests and the planner's bound when set to a number >= 0.
 std::optional<int64_t> MlaRows16MaxRequestsFromEnv() {
   static const std::optional<int64_t> n = []() -> std::optional<int64_t> {
     const char* v = std::getenv("TANDEM_MLA_ROWS16_MAX_REQUESTS");
@@ -461,10 +461,12 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .dcp = options_.dcp,
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
-                      .rows16_max_requests =
-                          MlaRows16MaxRequestsFromEnv().value_or(options_.mla_rows16_max_requests),
                       .prewait = MlaPrewaitFromEnv(),
                       .cluster_merge = MlaClusterMergeFromEnv()};
+  const std::optional<int64_t> rows16_bound = MlaRows16MaxRequestsFromEnv().has_value()
+                                                  ? MlaRows16MaxRequestsFromEnv()
+                                                  : options_.mla_rows16_max_requests;
+  if (rows16_bound.has_value()) in.rows16_max_requests = *rows16_bound;
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
     return absl::InternalError("Forward: the MLA workspace is too small for the step");

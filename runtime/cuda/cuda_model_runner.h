@@ -175,8 +175,8 @@ struct CudaBackendConfig {
   bool mla_fold_norm = true;
   // CudaModelOptions::mla_rows16: small-batch MLA attention on the 16-row kernel.
   bool mla_rows16 = true;
-  // CudaModelOptions::mla_rows16_max_requests: the largest batch it runs on.
-  int64_t mla_rows16_max_requests = 8;
+  // CudaModelOptions::mla_rows16_max_requests: the largest batch it runs on (unset: the planner's).
+  std::optional<int64_t> mla_rows16_max_requests;
   // Decode context parallelism over `group` (ExecutorFactory::dcp_size / dcp_interleave): KV
   // shards per attention slice (dividing the group's size; this rank is shard group->rank() %
   // dcp_size) and tokens per unit (0: the block size).
