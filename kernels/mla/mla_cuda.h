@@ -116,15 +116,15 @@ struct MlaPlanInput {
   // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
   bool workspace_zeroed = false;
   // With tma_schedule kSerial and no forced splits: kRows16 instead for models of <= 16 heads
-  // (per rank) at <= 8 requests, any max_q_len (16-row tiles: a verify pass's token runs the same
-  // kernel as a one-token step). Measured on an H200 (BENCHMARKS.md, fourteenth session): 16 heads,
-  // batch 1 at 1k / 4k / 16k / 64k 7-13% faster than kSerial, larger batches 3-5% slower.
+  // (per rank) at <= rows16_max_requests requests, any max_q_len (16-row tiles: a verify pass's
+  // token runs the same kernel as a one-token step).
   bool rows16_small_batches = false;
-  // rows16_small_batches' request bound: kRows16 at <= this many requests (a step's num_seqs; with
-  // verify passes, their requests). 8 was the bound while kRows16 lost 3-5% at 16 requests; after
-  // its Q staging and the cluster merge it is measured again per batch (BENCHMARKS.md, seventeenth
-  // session), and the runtime passes CudaModelOptions::mla_rows16_max_requests.
-  int64_t rows16_max_requests = 8;
+  // rows16_small_batches' request bound (a step's num_seqs). 8 while kRows16 lost 3-5% to kSerial
+  // at 16 requests; since its Q staging and cluster merge it is faster at every batch measured on
+  // an H200 (BENCHMARKS.md, seventeenth session: 16 heads, 16 .. 128 requests x 512 .. 4k, kernel
+  // -1 to -27%; DeepSeek-V2-Lite decode steps at 16 / 32 / 64 requests -1.3 / -1.4 / -4.1%), so
+  // the bound is the largest batch measured. CudaModelOptions::mla_rows16_max_requests overrides.
+  int64_t rows16_max_requests = 128;
   // The TMA kernel (kSerial / kHandOff), a variant for A/B (default 0: off): each CTA also
   // prefetches into L2 (TMA prefetch, no shared memory) the latents of the tiles up to this many
   // past its two stages, so a latency-bound CTA (small batch: one tile's load per tile's math)

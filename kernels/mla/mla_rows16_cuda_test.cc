@@ -25,7 +25,8 @@ using mla_cuda_test::RunCase;
 // MlaTmaSchedule::kRows16 (mla_decode_rows16.cu: mma.sync over row tiles of 16 rows, TMA
 // tiles): 16 heads q_len 1 and 8 heads q_len 1 / 2, contexts at the tile edges (1, 63, 64, 65)
 // and longer (700, 4096), pages 16 / 64, splits 1 / 2 / planned, separate and in-kernel merge;
-// q_len 2-4 at 16 heads and 3-4 at 8 heads (several 16-row tiles a request: verify passes); a
+// q_len 2-4 at 16 heads and 3-4 at 8 heads (several 16-row tiles a request: verify passes); 40
+// requests (q_len 1 and 2, one split and planned splits merged in the kernel); a
 // long plan (empty splits) replayed in a CUDA graph, a DCP shard, and 128 heads (the plan falls
 // back to kSerial).
 template <typename T>
@@ -51,6 +52,18 @@ void RunRows16Cases(std::mt19937& rng) {
     multi.merge = multi8.merge = splits == 0;
     RunCase<T>(multi, rng);
     RunCase<T>(multi8, rng);
+  }
+  {  // many requests (the runtime takes kRows16 up to MlaPlanInput::rows16_max_requests)
+    std::vector<int32_t> q(40, 1), c(40);
+    for (size_t i = 0; i < c.size(); ++i) {
+      c[i] = ctx[i % ctx.size()] + static_cast<int32_t>(3 * i);
+    }
+    q[3] = q[17] = 2;
+    for (int splits : {1, 0}) {
+      Case many{kLite, q, c, 64, splits, false, 5};
+      many.merge = splits == 0;
+      RunCase<T>(many, rng);
+    }
   }
   Case graph{kLite, {1, 1, 1}, {4096, 65, 1}, 64, 0, false, 5};
   graph.plan_len = 32768;
