@@ -152,17 +152,6 @@ struct MlaPlanInput {
   // second wave of clusters made 16 x 4k 49% slower, BENCHMARKS.md); false (tests) takes it
   // wherever it is valid.
   bool cluster_merge_one_wave = true;
-  // With cluster_merge and cluster_merge_one_wave (an A/B, default off): where one cluster of
-  // num_splits CTAs a group would run in more than one wave (or does not fit at all), the
-  // two-level merge instead (mla_cluster_two_level.cuh): clusters of C CTAs (C in {2, 4, 8}, C <
-  // num_splits, C divides num_splits; the largest C whose groups x num_splits / C clusters all fit
-  // at once) merge their splits through DSMEM into fp32 partials in the workspace, and the last
-  // cluster of each group to finish (the in-kernel merge's ticket: needs workspace_zeroed) merges
-  // those. Not bit-identical to the ticket merge (another order), within the same tolerance.
-  bool cluster_merge_two_level = false;
-  // Tests only (0: the planner's choice): the two-level merge with clusters of this many CTAs
-  // wherever it is valid (C as above, room for one such cluster; one wave not required).
-  int cluster_merge_force_size = 0;
   // Measurement only (mla_cuda_bench --phases=1; null: off): the TMA kernels (kSerial /
   // kHandOff / kRows16) write per-CTA phase stamps here (mla_phase_stamps.h: kMlaStampWords
   // uint64 a CTA of the grid (num_splits, row_tiles, num_seqs), zeroed by the caller).
@@ -198,9 +187,6 @@ struct MlaPlan {
   bool cluster_merge = false;
   // Why input.cluster_merge was not taken (a string literal), or null.
   const char* cluster_merge_fallback = nullptr;
-  // With cluster_merge: the CTAs of a cluster, num_splits (one level) or fewer (the two-level
-  // merge, MlaPlanInput::cluster_merge_two_level); 0 without it.
-  int cluster_size = 0;
   int64_t row_tiles = 0;        // ceil(max_q_len * Hq / 64); kRows16: / 16
   int64_t workspace_bytes = 0;  // [counters] + q_cat + o_lat (+ fp32 partials, LSE when split)
 };
@@ -208,17 +194,6 @@ struct MlaPlan {
 // INVALID_ARGUMENT for invalid dims, D not a multiple of 8, L > 1024, negative or inconsistent
 // bounds, an invalid DCP shard.
 absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& input);
-
-// The two-level merge's cluster size (PlanMla's rule, host only): the largest C in {8, 4, 2} with
-// C < num_splits, num_splits % C == 0 and fits(C) >= groups * num_splits / C (fits: how many
-// clusters of C CTAs run at once, cudaOccupancyMaxActiveClusters); 0 if none.
-template <typename Fits>
-int MlaTwoLevelClusterSize(int num_splits, int64_t groups, const Fits& fits) {
-  for (int c : {8, 4, 2}) {
-    if (c < num_splits && num_splits % c == 0 && fits(c) >= groups * (num_splits / c)) return c;
-  }
-  return 0;
-}
 
 // Writes latent rows into plane 0 of `layer`: row t = [c_kv[t, 0..L) | k_pe[t, 0..Dr)] at slot
 // slot_mapping[t] (-1: skipped). c_kv / k_pe rows `*_stride` elements apart (device). T matches

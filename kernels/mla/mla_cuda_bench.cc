@@ -18,14 +18,9 @@
 //                                   compute-sanitizer runs)
 //                  [--prewait=0|1] (kRows16: MlaPlanInput::prewait, the PDL launch with its
 //                                   prologue before griddepcontrol.wait; default 0)
-//                  [--cluster_merge=0|1|2] (kRows16: MlaPlanInput::cluster_merge, the splits
+//                  [--cluster_merge=0|1] (kRows16: MlaPlanInput::cluster_merge, the splits
 //                                   merged through a thread-block cluster and DSMEM; default 0;
-//                                   the splits column shows "c" where the plan took it; 2: also
-//                                   cluster_merge_two_level where one cluster a group does not
-//                                   fit in one wave, "c<C>" in the splits column: clusters of C)
-//                  [--cluster_size=C] (with --cluster_merge=1|2: the two-level merge with clusters
-//                                   of C CTAs forced, MlaPlanInput::cluster_merge_force_size; for
-//                                   compute-sanitizer runs and A/B)
+//                                   the splits column shows "c" where the plan took it)
 //                  [--phases=0|1]  (after each cell's timings: two more calls captured in one
 //                                   graph, each with MlaPlanInput::phase_stamps; the second's
 //                                   per-phase table, mla_phase_stamps.h; TMA kernels only)
@@ -83,8 +78,6 @@ struct Bufs {
   bool merge = true;            // MlaPlanInput::workspace_zeroed (the in-kernel split merge)
   bool prewait = false;         // MlaPlanInput::prewait
   bool cluster_merge = false;   // MlaPlanInput::cluster_merge
-  bool two_level = false;       // MlaPlanInput::cluster_merge_two_level
-  int cluster_size = 0;         // MlaPlanInput::cluster_merge_force_size
   bool phases = false;          // --phases=1: the phase-stamp table per cell
   float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
 };
@@ -155,9 +148,7 @@ absl::StatusOr<MlaPlan> BenchPlan(const Bufs& b, int64_t batch, int64_t ctx, int
                   .workspace_zeroed = b.merge,
                   .tma_l2_prefetch_tiles = b.prefetch,
                   .prewait = b.prewait,
-                  .cluster_merge = b.cluster_merge,
-                  .cluster_merge_two_level = b.two_level,
-                  .cluster_merge_force_size = b.cluster_size});
+                  .cluster_merge = b.cluster_merge});
 }
 
 // min / median / max of v (empty: zeros).
@@ -336,17 +327,13 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t 
   const double bytes = double(batch) * ctx *
                        (b.fp8_scales != nullptr ? b.dims.LatentDim() + 4 : b.dims.LatentDim() * 2);
   const double flops = double(batch) * ctx * b.dims.num_heads * 2 * (576 + 512);
-  char merge[16] = "";  // "c": one cluster a group; "c<C>": the two-level merge, clusters of C
-  if (plan.cluster_merge) {
-    std::snprintf(merge, sizeof(merge), plan.cluster_size < plan.num_splits ? "c%d" : "c",
-                  plan.cluster_size);
-  }
   std::printf(
       "| %5ld | %6ld | %3d%s | %9.1f | %6.2f | %4.0f%% | %6.0f | %9.1f | %6.2f | %4.0f%% | %9.1f "
       "|\n",
-      static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits, merge, attn_us,
-      bytes / attn_us / 1e6, 100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12), flops / attn_us / 1e6,
-      graph_us, bytes / graph_us / 1e6, 100.0 * bytes / graph_us / 1e6 / (kPeak / 1e12), step_us);
+      static_cast<long>(batch), static_cast<long>(ctx), plan.num_splits,
+      plan.cluster_merge ? "c" : "", attn_us, bytes / attn_us / 1e6,
+      100.0 * bytes / attn_us / 1e6 / (kPeak / 1e12), flops / attn_us / 1e6, graph_us,
+      bytes / graph_us / 1e6, 100.0 * bytes / graph_us / 1e6 / (kPeak / 1e12), step_us);
   if (b.phases) RETURN_IF_ERROR(PhaseRun(plan, batch, stamped, stream));
   std::fflush(stdout);
   return absl::OkStatus();
@@ -359,8 +346,8 @@ absl::Status Main(int argc, char** argv) {
   int64_t plan_len = 0;
   bool wgmma = MlaPlanInput{}.allow_wgmma, tma = MlaPlanInput{}.allow_tma, fp8 = false;
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
-  bool graph = true, merge = true, prewait = false, phases = false;
-  int prefetch = 0, cluster_merge = 0, cluster_size = 0;
+  bool graph = true, merge = true, prewait = false, phases = false, cluster_merge = false;
+  int prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
@@ -378,9 +365,8 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--merge=", 0) == 0) merge = std::atoi(argv[i] + 8) != 0;
     if (a.rfind("--prefetch=", 0) == 0) prefetch = std::atoi(argv[i] + 11);
     if (a.rfind("--prewait=", 0) == 0) prewait = std::atoi(argv[i] + 10) != 0;
-    if (a.rfind("--cluster_merge=", 0) == 0) cluster_merge = std::atoi(argv[i] + 16);
+    if (a.rfind("--cluster_merge=", 0) == 0) cluster_merge = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--phases=", 0) == 0) phases = std::atoi(argv[i] + 9) != 0;
-    if (a.rfind("--cluster_size=", 0) == 0) cluster_size = std::atoi(argv[i] + 15);
   }
   const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts =
@@ -397,9 +383,7 @@ absl::Status Main(int argc, char** argv) {
   b.prefetch = prefetch;
   b.prewait = prewait;
   b.phases = phases;
-  b.cluster_merge = cluster_merge != 0;
-  b.two_level = cluster_merge == 2;
-  b.cluster_size = cluster_size;
+  b.cluster_merge = cluster_merge;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -444,10 +428,7 @@ absl::Status Main(int argc, char** argv) {
       fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
           : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"),
       static_cast<long>(plan_len), merge ? "in-kernel (where the TMA kernel runs)" : "separate",
-      prefetch, prewait ? 1 : 0,
-      cluster_merge == 2   ? 2
-      : cluster_merge != 0 ? 1
-                           : 0);
+      prefetch, prewait ? 1 : 0, cluster_merge ? 1 : 0);
   std::printf(
       "| batch | ctx | splits | attn us | TB/s | %%4.6 | TFLOP/s | graph us | TB/s | %%4.6 | step "
       "us |\n");

@@ -232,19 +232,14 @@ absl::Status LaunchMlaSeesaw(const LatentParams<T>& p, const DeviceKvCache& cach
 // MlaTmaSchedule::kRows16 (mla_decode_rows16.cu): LaunchMlaTma's grid, loading (MlaTmaFits),
 // results and in-kernel merge for row tiles of <= 16 rows (the plan's rows), mma.sync, 256 threads.
 // prewait: MlaPlanInput::prewait (a PDL launch, the prologue before griddepcontrol.wait).
-// cluster: MlaPlan::cluster_size where MlaPlan::cluster_merge (0: none): grid.x CTAs a cluster
-// (the splits merged through DSMEM), or fewer (a divisor of grid.x: the two-level merge, p's
-// merge_counters and partials in use).
+// cluster: MlaPlan::cluster_merge (grid.x CTAs a cluster, the splits merged through DSMEM).
 template <typename T>
 absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                             dim3 grid, bool prewait, int cluster, cudaStream_t stream);
+                             dim3 grid, bool prewait, bool cluster, cudaStream_t stream);
 // How many clusters of `cluster_size` kRows16 CTAs (its cluster-merge instantiation, its shared
 // memory) the current device runs at once (cudaOccupancyMaxActiveClusters); 0 on any error (no
 // device, not sm_90, a size it cannot place).
 int MlaRows16MaxActiveClusters(int cluster_size);
-// PlanMla's last step (mla_cluster_plan.cu): MlaPlanInput::cluster_merge (one level, or the
-// two-level merge) where it is asked and valid, else plan.cluster_merge_fallback says why not.
-void TakeClusterMerge(MlaPlan& plan);
 
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.

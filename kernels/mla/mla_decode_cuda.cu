@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/merge_attn_states_cuda.h"
 #include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/mla/mla_cuda.h"
@@ -355,6 +356,29 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
   return best;
 }
 
+// MlaPlanInput::cluster_merge where it is valid: kRows16 (its TMA kernel), one cluster of
+// num_splits CTAs a group (2 .. kMaxClusterMergeSplits: 8 is the portable cluster size, 16 needs
+// the non-portable attribute), room on the device for one such cluster (a device query, only when
+// asked). Short requests' CTAs past their filled splits hold empty splits in the cluster. Sets
+// plan.cluster_merge, or plan.cluster_merge_fallback (why not) where it was asked.
+using internal::kMaxClusterMergeSplits;  // the largest cluster the merge takes
+void TakeClusterMerge(MlaPlan& plan) {
+  if (!plan.input.cluster_merge) return;
+  if (!plan.use_tma || plan.tma_schedule != MlaTmaSchedule::kRows16) {
+    plan.cluster_merge_fallback = "not the kRows16 kernel";
+  } else if (plan.num_splits < 2 || plan.num_splits > kMaxClusterMergeSplits) {
+    plan.cluster_merge_fallback = "splits not in 2..16";
+  } else if (const int fit = mla_internal::MlaRows16MaxActiveClusters(plan.num_splits); fit <= 0) {
+    plan.cluster_merge_fallback = "no room for the cluster (cudaOccupancyMaxActiveClusters)";
+  } else if (plan.input.cluster_merge_one_wave && plan.input.num_seqs * plan.row_tiles > fit) {
+    // More clusters than fit at once run in a second wave (measured: 16 x 4k, 8-CTA clusters,
+    // 33.5 -> 50.0 us; BENCHMARKS.md, sixteenth session): the ticket merge is faster there.
+    plan.cluster_merge_fallback = "more clusters than fit at once (one wave only)";
+  } else {
+    plan.cluster_merge = true;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
@@ -436,7 +460,7 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
     if (plan.num_splits == 1 || in.max_workspace_bytes <= 0 ||
         plan.workspace_bytes <= in.max_workspace_bytes) {
       plan.merge_in_kernel = merge_possible && plan.num_splits > 1;
-      mla_internal::TakeClusterMerge(plan);
+      TakeClusterMerge(plan);
       return plan;
     }
   }
@@ -517,14 +541,12 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
     const MlaTmaSchedule schedule = plan.tma_schedule;
-    const int cluster =
-        plan.cluster_merge && schedule == MlaTmaSchedule::kRows16 ? plan.cluster_size : 0;
-    // The counters (the workspace's first 16 KiB): the ticket merge, or the two-level cluster's.
-    if (plan.merge_in_kernel && (cluster == 0 || cluster < plan.num_splits)) {
+    const bool cluster = plan.cluster_merge && schedule == MlaTmaSchedule::kRows16;
+    if (plan.merge_in_kernel && !cluster) {  // the counters: the workspace's first 16 KiB
       p.merge_counters = static_cast<unsigned int*>(workspace);
       merged_in_kernel = true;
     }
-    merged_in_kernel = merged_in_kernel || cluster > 0;  // the cluster merges its splits itself
+    merged_in_kernel = merged_in_kernel || cluster;  // the cluster merges its splits itself
     RETURN_IF_ERROR(
         schedule == MlaTmaSchedule::kSeesaw
             ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)

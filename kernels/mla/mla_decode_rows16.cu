@@ -44,7 +44,6 @@
 #include "kernels/attention/cuda/prefill_common.cuh"
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/mla/mla_cluster_two_level.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
 #include "kernels/mla/mla_tma.cuh"
 #include "kernels/mla/mla_wgmma.cuh"
@@ -325,13 +324,10 @@ __device__ __forceinline__ void ClusterMergeRows(const LatentParams<T>& p, const
 
 // kPrewait: MlaPlanInput::prewait (launched with PDL; IssuePrologue). kStamps: p.phase_stamps
 // non-null (the measurement's own instantiation: the default one carries no stamp code).
-// kCluster: MlaPlanInput::cluster_merge; 1: launched in clusters of gridDim.x CTAs, the group's
-// splits: a CTA past its request's filled splits runs no tile and holds an empty split (LSE
-// -inf, o 0) for the merge; no tickets (p.merge_counters unused), no workspace partials. 2: the
-// two-level merge (mla_cluster_two_level.cuh), clusters of MlaPlan::cluster_size < gridDim.x CTAs
-// (empty splits as in 1), level-1 partials in the workspace, the group's ticket in
-// p.merge_counters.
-template <typename T, bool kPrewait, bool kStamps, int kCluster>
+// kCluster: MlaPlanInput::cluster_merge (launched in clusters of gridDim.x CTAs, the group's
+// splits): a CTA past its request's filled splits runs no tile and holds an empty split (LSE
+// -inf, o 0) for the merge; no tickets (p.merge_counters unused), no workspace partials.
+template <typename T, bool kPrewait, bool kStamps, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaRows16Kernel(const __grid_constant__ LatentParams<T> p,
                     const __grid_constant__ CUtensorMap map, const TmaGeometry g) {
@@ -352,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool merge = !kCluster && p.merge_counters != nullptr;
   if (kPrewait && !kCluster && !merge) internal::WaitForPrecedingGrid();  // EmptySplitDone stores
   const int filled = merge ? c.Filled() : 0;
-  // (kCluster: the whole group, each of its clusters, leaves here or none of it does.)
+  // (kCluster: the whole cluster, one group, leaves here or none of it does.)
   if (c.r0 >= c.rows_seq ||
       (!kCluster && (merge ? blockIdx.x >= filled : EmptySplitDone(p, c, kRows)))) {
     return;
@@ -422,16 +418,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseLastMath);
 
-  if constexpr (kCluster != 0) {
+  if constexpr (kCluster) {
     StoreRows<T, true>(p, c, red, warp, lane, o, l_run, m_run, false,
                        reinterpret_cast<float*>(smem));
     if (stamps != nullptr && tid == 0) tma_kernel::WritePhaseStamp(stamps, kMlaPhaseStored);
-    if constexpr (kCluster == 1) {
-      ClusterMergeRows(p, c, smem, stamps);
-    } else {  // red: free after StoreRows (the ticket's flag)
-      rows16_two_level::MergeRows<kRows, kLora>(p, c, smem, kClusterScratchOff,
-                                                reinterpret_cast<int*>(red), stamps);
-    }
+    ClusterMergeRows(p, c, smem, stamps);
     return;
   }
   const bool direct = merge ? filled == 1 : p.num_splits == 1;
@@ -444,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace rows16_kernel
 
 namespace {
-template <typename T, int kCluster>
+template <typename T, bool kCluster>
 auto Rows16Kernel(bool prewait, bool stamps) {
   using rows16_kernel::MlaRows16Kernel;
   return prewait ? (stamps ? MlaRows16Kernel<T, true, true, kCluster>
@@ -466,7 +457,7 @@ cudaError_t SetClusterAttributes(Kernel kernel) {
 }  // namespace
 
 int MlaRows16MaxActiveClusters(int cluster_size) {
-  const auto kernel = rows16_kernel::MlaRows16Kernel<__nv_bfloat16, false, false, 1>;
+  const auto kernel = rows16_kernel::MlaRows16Kernel<__nv_bfloat16, false, false, true>;
   int n = 0;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -489,7 +480,7 @@ int MlaRows16MaxActiveClusters(int cluster_size) {
 
 template <typename T>
 absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
-                             dim3 grid, bool prewait, int cluster, cudaStream_t stream) {
+                             dim3 grid, bool prewait, bool cluster, cudaStream_t stream) {
   using rows16_kernel::kSmemBytes;
   const int64_t bs = cache.layout.block_size;
   const tma_kernel::TmaGeometry g{static_cast<int>(cache.layout.num_layers * bs),
@@ -498,14 +489,12 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
   ASSIGN_OR_RETURN(const CUtensorMap map,
                    tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
   const bool st = p.phase_stamps != nullptr;
-  if (cluster > 0) {  // MlaPlan::cluster_size CTAs a cluster (plus PDL: prewait); two-level where
-                      // that is less than the group's grid.x splits
-    auto kernel = static_cast<unsigned>(cluster) == grid.x ? Rows16Kernel<T, 1>(prewait, st)
-                                                           : Rows16Kernel<T, 2>(prewait, st);
+  if (cluster) {  // MlaPlan::cluster_merge: a cluster of grid.x CTAs a group (plus PDL: prewait)
+    auto kernel = Rows16Kernel<T, true>(prewait, st);
     CUDA_RETURN_IF_ERROR(SetClusterAttributes(kernel));
     cudaLaunchAttribute attrs[2] = {};
     attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[0].val.clusterDim.x = grid.x;
     attrs[0].val.clusterDim.y = 1;
     attrs[0].val.clusterDim.z = 1;
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -520,7 +509,7 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
     CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, map, g));
     return absl::OkStatus();
   }
-  auto kernel = Rows16Kernel<T, 0>(prewait, st);
+  auto kernel = Rows16Kernel<T, false>(prewait, st);
   CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // prewait: PDL, the prologue under the preceding kernel (MlaPlanInput::prewait).
@@ -531,9 +520,9 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
 }
 
 template absl::Status LaunchMlaRows16<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,
-                                                     const DeviceKvCache&, int64_t, dim3, bool, int,
-                                                     cudaStream_t);
+                                                     const DeviceKvCache&, int64_t, dim3, bool,
+                                                     bool, cudaStream_t);
 template absl::Status LaunchMlaRows16<__half>(const LatentParams<__half>&, const DeviceKvCache&,
-                                              int64_t, dim3, bool, int, cudaStream_t);
+                                              int64_t, dim3, bool, bool, cudaStream_t);
 
 }  // namespace tandem::kernels::cuda::mla_internal

@@ -171,48 +171,5 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   EXPECT_TRUE(zeroed(4096, 4, MlaTmaSchedule::kSerial, 1, kV3).merge_in_kernel);  // forced
 }
 
-// The two-level cluster merge's size rule (MlaTwoLevelClusterSize, host only: the largest C in
-// {8, 4, 2} below and dividing num_splits whose groups x num_splits / C clusters all fit at once),
-// and PlanMla's refusals of a forced size that cannot be, on any device (no device query: each is
-// refused before it).
-TEST(MlaCudaTest, PlanTwoLevelClusterSize) {
-  const auto fits = [](int c) { return c == 8 ? 14 : c == 4 ? 32 : 66; };  // an H200-like device
-  EXPECT_EQ(MlaTwoLevelClusterSize(8, 16, fits), 4);  // 32 clusters of 4 (16 of 8 do not fit)
-  EXPECT_EQ(MlaTwoLevelClusterSize(4, 16, fits), 2);  // 32 of 2
-  EXPECT_EQ(MlaTwoLevelClusterSize(8, 17, fits), 0);  // 34 of 4, 68 of 2 do not fit
-  EXPECT_EQ(MlaTwoLevelClusterSize(16, 7, fits), 8);  // 14 of 8
-  EXPECT_EQ(MlaTwoLevelClusterSize(16, 8, fits), 4);  // 32 of 4 (16 of 8 do not fit)
-  EXPECT_EQ(MlaTwoLevelClusterSize(2, 1, fits), 0);   // C < num_splits
-  EXPECT_EQ(MlaTwoLevelClusterSize(6, 1, fits), 2);   // C divides num_splits
-  EXPECT_EQ(MlaTwoLevelClusterSize(12, 1, fits), 4);
-  EXPECT_EQ(MlaTwoLevelClusterSize(5, 1, fits), 0);
-  EXPECT_EQ(MlaTwoLevelClusterSize(8, 1, [](int) { return 0; }), 0);
-  const auto plan = [](int force, bool zeroed, bool cluster = true) {
-    absl::StatusOr<MlaPlan> p = PlanMla({.dims = kLite,
-                                         .num_seqs = 2,
-                                         .num_tokens = 2,
-                                         .max_seq_len = 4096,
-                                         .num_sms = 132,
-                                         .num_splits = 8,
-                                         .tma_schedule = MlaTmaSchedule::kRows16,
-                                         .workspace_zeroed = zeroed,
-                                         .cluster_merge = cluster,
-                                         .cluster_merge_two_level = true,
-                                         .cluster_merge_force_size = force});
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *p : MlaPlan{};
-  };
-  for (const MlaPlan& p : {plan(3, true), plan(8, true), plan(16, true), plan(4, false)}) {
-    EXPECT_EQ(p.num_splits, 8);
-    EXPECT_FALSE(p.cluster_merge);
-    EXPECT_EQ(p.cluster_size, 0);
-    EXPECT_NE(p.cluster_merge_fallback, nullptr);
-  }
-  const MlaPlan off = plan(4, true, false);  // cluster_merge off: nothing asked, nothing said
-  EXPECT_FALSE(off.cluster_merge);
-  EXPECT_EQ(off.cluster_size, 0);
-  EXPECT_EQ(off.cluster_merge_fallback, nullptr);
-}
-
 }  // namespace
 }  // namespace tandem::kernels::cuda

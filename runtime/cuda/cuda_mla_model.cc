@@ -52,18 +52,15 @@ bool MlaPrewaitFromEnv() {
   return on;
 }
 
-// kRows16's split merge through thread-block clusters and DSMEM: 0 off (the ticket merge), 1 one
-// cluster a group where all fit at once (kc::MlaPlanInput::cluster_merge), 2 also the two-level
-// merge where they do not (cluster_merge_two_level); the plan falls back where invalid.
-// TANDEM_MLA_CLUSTER_MERGE=0|1|2 (read once) overrides the default for an A/B.
-constexpr int kMlaClusterMergeDefault = 1;
-int MlaClusterMergeFromEnv() {
-  static const int mode = [] {
+// TANDEM_MLA_CLUSTER_MERGE (read once; default on, =0 turns it off for an A/B): kRows16 merges its
+// splits through a thread-block cluster and DSMEM (kc::MlaPlanInput::cluster_merge; the plan falls
+// back where invalid).
+bool MlaClusterMergeFromEnv() {
+  static const bool on = [] {
     const char* v = std::getenv("TANDEM_MLA_CLUSTER_MERGE");
-    if (v == nullptr) return kMlaClusterMergeDefault;
-    return std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
-  return mode;
+  return on;
 }
 
 // TANDEM_MLA_ROWS16_MAX_REQUESTS (read once; an A/B): overrides
@@ -465,8 +462,7 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
                       .prewait = MlaPrewaitFromEnv(),
-                      .cluster_merge = MlaClusterMergeFromEnv() >= 1,
-                      .cluster_merge_two_level = MlaClusterMergeFromEnv() == 2};
+                      .cluster_merge = MlaClusterMergeFromEnv()};
   const std::optional<int64_t> rows16_bound = MlaRows16MaxRequestsFromEnv().has_value()
                                                   ? MlaRows16MaxRequestsFromEnv()
                                                   : options_.mla_rows16_max_requests;
