@@ -57,11 +57,21 @@ if ! command -v slurmctld > /dev/null || ! command -v munged > /dev/null; then
         > /dev/null; } || fail_early "installing slurm-wlm and munge failed"
   [[ $made_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
 fi
-# The official `openai` client (PyPI) for the HTTP API's end-to-end test, in a cached venv.
+# The official `openai` client (PyPI) for the HTTP API's end-to-end test, and NVIDIA CUTLASS's
+# C++ headers (PyPI's nvidia-cutlass wheel: @cutlass, third_party/cutlass/), in a cached venv.
 PYENV=${TANDEM_PYENV:-$HOME/.cache/tandem/pyenv}
-if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null; then
-  python3 -m venv "$PYENV" && "$PYENV/bin/pip" install --quiet "openai==3.57.0" \
-    || fail_early "installing the openai client (PyPI) failed"
+if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null ||
+  ! compgen -G "$PYENV/lib/python3*/site-packages/cutlass_library/source/include/cutlass" \
+    > /dev/null; then
+  python3 -m venv "$PYENV" &&
+    "$PYENV/bin/pip" install --quiet "openai==3.57.0" "nvidia-cutlass==4.2.0.0" ||
+    fail_early "installing the openai client and nvidia-cutlass (PyPI) failed"
+fi
+# Where @cutlass finds the headers (a change of this variable makes Bazel look again).
+if [[ -z ${TANDEM_CUTLASS_INCLUDE:-} ]]; then
+  for inc in "$PYENV"/lib/python3*/site-packages/cutlass_library/source/include; do
+    if [[ -e $inc/cutlass/cutlass.h ]]; then export TANDEM_CUTLASS_INCLUDE=$inc; fi
+  done
 fi
 
 WORK=$(mktemp -d)
