@@ -8,7 +8,8 @@
 //     (kernels/fp8/fp8_gemm_tune_call.sh puts torch._scaled_mm beside them);
 //   * block-scaled prefill GEMM (Llama-3-8B and DeepSeek-V3 shapes, M = 2k / 8k): CublasLtFp8Gemm
 //     kBlock128 (1x128 activation groups, 128x128 weight blocks) on cuBLASLt and on our wgmma
-//     kernel (staged and direct scales) vs per-tensor FP8 and bf16;
+//     kernel (staged and direct scales), and on CUTLASS's sm90 kernel (kernels/fp8/cutlass/,
+//     where built) vs per-tensor FP8 and bf16;
 //   * --probe_accumulation: one FP8 GEMM whose exact sum needs more than 13 fraction bits below
 //     its largest product (448 + 31 x 2^-6): what Hopper's FP8 MMA accumulation keeps.
 //
@@ -17,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,9 @@
 #include "kernels/fp8/fp8_gemm_kernels.h"
 #include "kernels/gemm/cuda/gemm_cuda.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
+#ifdef TANDEM_CUTLASS_ENABLED  // kernels/fp8/cutlass/ is built only where CUTLASS's headers are
+#include "kernels/fp8/cutlass/cutlass_block_gemm.h"
+#endif
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -215,6 +220,68 @@ int BenchGemm(int iters) {
   return 0;
 }
 
+// "name: min .. max, geomean g, N of M rows >= target" for a column of ratios.
+void PrintRatioSummary(const char* name, const std::vector<double>& ratios, double target) {
+  if (ratios.empty()) return;
+  double log_sum = 0;
+  int meeting = 0;
+  for (double r : ratios) {
+    log_sum += std::log(r);
+    meeting += r >= target ? 1 : 0;
+  }
+  std::printf("%s: %.3f .. %.3f, geomean %.3f, %d of %zu rows >= %.2f\n", name,
+              *std::min_element(ratios.begin(), ratios.end()),
+              *std::max_element(ratios.begin(), ratios.end()),
+              std::exp(log_sum / static_cast<double>(ratios.size())), meeting, ratios.size(),
+              target);
+}
+
+// One block-scaled product's buffers in the block table (cuBLASLt's layouts).
+struct BlockOperands {
+  const uint8_t* a8;
+  const float* a_scales;  // [m, groups]: QuantizeActivations' layout
+  float* a_scales_t;      // [groups, m]: what the GEMMs read, written by TransposeGroupScales
+  const uint8_t* w8;
+  const float* w_scales;  // [ceil(n / 128), Block128WeightScaleLd(k)]
+  int64_t m, n, k;
+  __nv_bfloat16* out;
+};
+
+// CutlassFp8BlockGemm (kernels/fp8/cutlass/) on `op` with TransposeGroupScales timed with it, as
+// the other block columns: microseconds; 0 where it does not run (the reason printed) or is not
+// built (no CUTLASS headers: printed once by the caller). pingpong: force its 64 x 128 tiles
+// (else kAuto: 128 x 128 cooperative at these m).
+double TimeCutlassBlock(int iters, const BlockOperands& op, bool pingpong, const char* row) {
+#ifdef TANDEM_CUTLASS_ENABLED
+  CutlassFp8BlockGemmArgs args{
+      op.a8, op.a_scales_t, op.w8, op.w_scales, Block128WeightScaleLd(op.k),
+      op.m,  op.n,          op.k,  op.out};
+  args.tile = pingpong ? CutlassBlockTile::kPingpong64 : CutlassBlockTile::kAuto;
+  absl::StatusOr<size_t> bytes = CutlassFp8BlockGemmWorkspaceBytes(args);
+  absl::Status st = bytes.ok() ? CutlassFp8BlockGemmInit() : bytes.status();
+  void* workspace = nullptr;
+  if (st.ok() && *bytes > 0 && cudaMalloc(&workspace, *bytes) != cudaSuccess) {
+    st = absl::ResourceExhaustedError("workspace");
+  }
+  if (st.ok()) st = CutlassFp8BlockGemm(args, workspace, *bytes, nullptr);
+  double us = 0;
+  if (st.ok()) {
+    const int64_t groups = Block128Groups(op.k);
+    us = TimeUs(iters, [&] {
+      (void)TransposeGroupScales(op.a_scales, op.m, groups, op.a_scales_t, nullptr);
+      (void)CutlassFp8BlockGemm(args, workspace, *bytes, nullptr);
+    });
+  } else {
+    std::printf("%s cutlass%s: %s\n", row, pingpong ? "_pp64" : "", st.ToString().c_str());
+  }
+  cudaFree(workspace);
+  return us;
+#else
+  (void)iters, (void)op, (void)pingpong, (void)row;
+  return 0;
+#endif
+}
+
 // Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
 // cuBLASLt, then on the wgmma kernel with staged and with direct scales and with the multicast
 // form (0 where it does not run), then on its overlapped forms (Fp8BlockOverlap k128 / k192,
@@ -240,7 +307,12 @@ int BenchBlockGemm(int iters) {
       "shape M bf16_TFLOPs fp8_tensor_TFLOPs fp8_block_TFLOPs block_vs_tensor "
       "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_mc_TFLOPs wgmma_vs_tensor "
       "mc_vs_tensor mc_vs_cublaslt ovl128_TFLOPs ovl192_TFLOPs auto_n ovl_best_vs_tensor "
-      "ovl_best_vs_cublaslt ser192_TFLOPs\n");
+      "ovl_best_vs_cublaslt ser192_TFLOPs cutlass_TFLOPs cutlass_vs_tensor cutlass_vs_cublaslt "
+      "cutlass_pp64_TFLOPs\n");
+#ifndef TANDEM_CUTLASS_ENABLED
+  std::printf("cutlass: not built (no CUTLASS headers: third_party/cutlass/), columns 0\n");
+#endif
+  std::vector<double> cutlass_vs_tensor, cublaslt_vs_tensor;  // for the closing summary
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int64_t max_m = 8192;
@@ -310,6 +382,9 @@ int BenchBlockGemm(int iters) {
       const double to128 = time_overlap(Fp8BlockOverlap::k128, "overlap_128");
       const double to192 = time_overlap(Fp8BlockOverlap::k192, "overlap_192");
       const double ts192 = time_overlap(Fp8BlockOverlap::k192Serial, "serial_192");
+      const BlockOperands op{a8, a_scales, a_scales_t, w8, w_scales, m, s.n, s.k, out};
+      const double tc = TimeCutlassBlock(iters, op, false, row);
+      const double tc64 = TimeCutlassBlock(iters, op, true, row);
       double tob = 0;  // the fastest of the three
       for (double t : {to128, to192, ts192}) tob = t > 0 && (tob <= 0 || t < tob) ? t : tob;
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
@@ -318,9 +393,12 @@ int BenchBlockGemm(int iters) {
                   static_cast<long>(m), tflops(t16), tflops(tt), tflops(tb), ratio(tt, tb),
                   ratio(t16, tb), tflops(tw), tflops(twd), tflops(twm), ratio(tt, tw),
                   ratio(tt, twm), ratio(tb, twm));
-      std::printf(" %.0f %.0f %d %.2f %.2f %.0f\n", tflops(to128), tflops(to192),
+      std::printf(" %.0f %.0f %d %.2f %.2f %.0f", tflops(to128), tflops(to192),
                   Fp8BlockOverlapAutoTileN(m, s.n, sms), ratio(tt, tob), ratio(tb, tob),
                   tflops(ts192));
+      std::printf(" %.0f %.2f %.2f %.0f\n", tflops(tc), ratio(tt, tc), ratio(tb, tc), tflops(tc64));
+      if (tc > 0 && tt > 0) cutlass_vs_tensor.push_back(tt / tc);
+      if (tb > 0 && tt > 0) cublaslt_vs_tensor.push_back(tt / tb);
     }
     for (void* p : {static_cast<void*>(w8), static_cast<void*>(a8), static_cast<void*>(w16),
                     static_cast<void*>(a16), static_cast<void*>(out), static_cast<void*>(w_scales),
@@ -333,6 +411,8 @@ int BenchBlockGemm(int iters) {
       return 1;
     }
   }
+  PrintRatioSummary("block_vs_tensor (cuBLASLt)", cublaslt_vs_tensor, 0.9);
+  PrintRatioSummary("cutlass_vs_tensor", cutlass_vs_tensor, 0.9);
   return 0;
 }
 

@@ -1,0 +1,232 @@
+// CutlassFp8BlockGemm (cutlass_block_gemm.h) against the CPU reference of the block path: both
+// operands dequantized by cpu::DequantizeFp8Weight (activations as a {m, k, 1, 128} grid, the
+// weight as DeepSeek's {n, k, 128, 128}) and multiplied in fp64, on random e4m3 codes over the
+// whole range and random non-zero scales (2^-10 .. 2^-4). m = 1 / 7 / 128 / 300 / 1024 (7 and
+// 1: the padded activation-scale copy; 300 and 1024: partial and whole 128-row tiles) at
+// Llama-3-8B and DeepSeek-V3 projections, including V3's fused q_a + kv_a (n = 2112: a partial
+// last 128-row weight block) and k = 7168; both tile configurations forced; refusals.
+//
+// Tolerance (fp8_gemm_cuda_test.cc's model of Hopper's FP8 MMA): each instruction's 32
+// products are summed with ~13 fraction bits of the largest magnitude, promoted to fp32 every
+// 128, so |error| <= 4 x 2^-13 x Sigma over instructions of their largest magnitude + one bf16
+// rounding (2^-9, x2 margin) + fp32 summation. Large shapes check a sample of rows (all columns).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/gpu_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/fp8/cutlass/cutlass_block_gemm.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_cuda_test_util.h"
+#include "kernels/fp8/fp8_linear.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda_test::DeviceBuffer;
+
+constexpr int64_t kMmaK = 32;         // e4m3 products per Hopper MMA instruction
+constexpr int64_t kPromoteK = 128;    // fp32 promotion interval
+constexpr double kMmaRel = 0x1p-11;   // 4 x 2^-13 per instruction's largest magnitude
+constexpr double kRoundRel = 0x1p-8;  // one bf16 rounding (2^-9) with a factor 2 of margin
+constexpr int kSampledRows = 12;      // rows checked beyond m <= kSampledRows
+
+int64_t Groups(int64_t k) { return (k + 127) / 128; }
+
+std::vector<float> RandomScales(std::mt19937& rng, int64_t count) {
+  std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
+  std::vector<float> s(count);
+  for (float& x : s) x = std::exp2(log_scale(rng));
+  return s;
+}
+
+// The rows checked: all of them for small m, else the first, the last, the last full 128-row
+// tile's last and random ones.
+std::vector<int64_t> RowsToCheck(std::mt19937& rng, int64_t m) {
+  std::vector<int64_t> rows;
+  if (m <= kSampledRows) {
+    for (int64_t r = 0; r < m; ++r) rows.push_back(r);
+    return rows;
+  }
+  rows = {0, m - 1, std::max<int64_t>(0, m / 128 * 128 - 1)};
+  std::uniform_int_distribution<int64_t> pick(0, m - 1);
+  while (static_cast<int>(rows.size()) < kSampledRows) rows.push_back(pick(rng));
+  return rows;
+}
+
+struct Case {
+  int64_t m, n, k;
+  CutlassBlockTile tile = CutlassBlockTile::kAuto;
+  bool pad_w_scale_rows = true;  // w_scale_ld = groups rounded up to 4 (cuBLASLt's), else groups
+};
+
+// One CutlassFp8BlockGemm call against the reference; returns the largest
+// (|error| - rounding) / (2^-13 x per-MMA magnitude) seen.
+double CheckGemm(std::mt19937& rng, const Case& c) {
+  const auto [m, n, k, tile, pad] = c;
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k
+                                    << " tile=" << static_cast<int>(tile) << " pad=" << pad);
+  const int64_t groups = Groups(k), n_blocks = (n + 127) / 128;
+  const int64_t ld = pad ? (groups + 3) / 4 * 4 : groups;
+  const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, m * k);
+  const std::vector<uint8_t> w = fp8_test::RandomE4m3Codes(rng, n * k);
+  const std::vector<float> a_scales = RandomScales(rng, m * groups);         // [m, groups]
+  const std::vector<float> w_scales = RandomScales(rng, n_blocks * groups);  // [n_blocks, groups]
+  // The device layouts: activation scales group-major, weight scales in rows of ld.
+  std::vector<float> a_scales_t(m * groups), w_scales_ld(n_blocks * ld, 1.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < groups; ++g) a_scales_t[g * m + r] = a_scales[r * groups + g];
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    std::copy_n(&w_scales[b * groups], groups, &w_scales_ld[b * ld]);
+  }
+  DeviceBuffer<uint8_t> da(a), dw(w);
+  DeviceBuffer<float> das(a_scales_t), dws(w_scales_ld);
+  DeviceBuffer<bf16> out(m * n);
+  CutlassFp8BlockGemmArgs args{da.get(), das.get(), dw.get(), dws.get(), ld,
+                               m,        n,         k,        out.get(), tile};
+  const absl::StatusOr<size_t> bytes = CutlassFp8BlockGemmWorkspaceBytes(args);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return 0;
+  DeviceBuffer<char> workspace(std::max<size_t>(*bytes, 1));
+  const absl::Status st = CutlassFp8BlockGemm(args, workspace.get(), *bytes, nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return 0;
+  const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
+  // A second call writes the same bits (no split k, no atomics).
+  EXPECT_TRUE(CutlassFp8BlockGemm(args, workspace.get(), *bytes, nullptr).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(cuda_test::ToFloat(out.ToHost()) == got) << "a second run differs";
+
+  std::vector<float> w_deq(n * k), a_row(k);
+  cpu::DequantizeFp8Weight(
+      {w.data(), w_scales.data(), {n, k, 128, 128}, Fp8ActivationScheme::kNone}, 0, n,
+      w_deq.data());
+  const Fp8WeightView a_view{a.data(), a_scales.data(), {m, k, 1, 128}, Fp8ActivationScheme::kNone};
+  double worst = 0;
+  int reported = 0;
+  for (int64_t r : RowsToCheck(rng, m)) {
+    cpu::DequantizeFp8Weight(a_view, r, 1, a_row.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const float* wr = &w_deq[j * k];
+      double want = 0, mag = 0, mma_mag = 0, partial = 0;
+      for (int64_t c0 = 0; c0 < k; c0 += kMmaK) {
+        if (c0 % kPromoteK == 0) partial = 0;
+        double largest = std::fabs(partial);
+        for (int64_t i = c0; i < c0 + kMmaK; ++i) {
+          const double p = double(a_row[i]) * wr[i];
+          want += p;
+          mag += std::fabs(p);
+          largest = std::max(largest, std::fabs(p));
+          partial += p;
+        }
+        mma_mag += largest;
+      }
+      const double err = std::fabs(double(got[r * n + j]) - want);
+      const double tol = 4e-6 * std::sqrt(double(k)) * mag + kMmaRel * mma_mag +
+                         kRoundRel * std::fabs(want) + 1e-30;
+      worst = std::max(worst, (err - kRoundRel * std::fabs(want)) / (0x1p-13 * mma_mag + 1e-30));
+      if (err > tol && reported++ < 5) {
+        ADD_FAILURE() << "row " << r << " col " << j << ": got " << got[r * n + j] << " want "
+                      << want << " (tol " << tol << ", per-MMA magnitude " << mma_mag << ")";
+      }
+    }
+  }
+  return worst;
+}
+
+// Llama-3-8B qkv / down, DeepSeek-V3 fused q_a + kv_a (n = 2112), q_b, o, an expert's down.
+constexpr std::tuple<int64_t, int64_t> kShapes[] = {{6144, 4096},  {4096, 14336}, {2112, 7168},
+                                                    {24576, 1536}, {7168, 16384}, {7168, 2048}};
+
+TEST(CutlassBlockGemmCudaTest, MatchesTheCpuReferenceAtModelShapes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CutlassFp8BlockGemmSupported()) GTEST_SKIP() << "the CUTLASS kernels need an sm_90 device";
+  ASSERT_TRUE(CutlassFp8BlockGemmInit().ok());
+  std::mt19937 rng(cuda_test::TestSeed());
+  double worst = 0;
+  for (int64_t m : {1, 7, 128, 300, 1024}) {
+    for (auto [n, k] : kShapes) worst = std::max(worst, CheckGemm(rng, {m, n, k}));
+  }
+  std::printf("CUTLASS block: largest error / (2^-13 x per-MMA magnitude) %.3f\n", worst);
+}
+
+// Both configurations on shapes kAuto would not give them, unpadded weight-scale rows, and a
+// grid of more tiles than SMs (2200 x 2112: 18 x 17 = 306 tiles of 128 x 128).
+TEST(CutlassBlockGemmCudaTest, BothTilesMatchTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CutlassFp8BlockGemmSupported()) GTEST_SKIP() << "the CUTLASS kernels need an sm_90 device";
+  ASSERT_TRUE(CutlassFp8BlockGemmInit().ok());
+  std::mt19937 rng(cuda_test::TestSeed() + 1);
+  double worst = 0;
+  for (CutlassBlockTile tile : {CutlassBlockTile::kCooperative128, CutlassBlockTile::kPingpong64}) {
+    for (Case c : {Case{1, 256, 512}, Case{65, 136, 384}, Case{333, 2112, 1152},
+                   Case{2200, 2112, 640}, Case{7, 8, 128}}) {
+      c.tile = tile;
+      c.pad_w_scale_rows = c.m % 2 == 0;
+      worst = std::max(worst, CheckGemm(rng, c));
+    }
+  }
+  std::printf("CUTLASS block, both tiles: largest error / (2^-13 x per-MMA magnitude) %.3f\n",
+              worst);
+}
+
+// Refused before any device work (so also checked without a GPU): k not a positive multiple of
+// 128, n not a multiple of 8, short weight-scale rows, negative sizes, null or misaligned
+// pointers, a short workspace; m == 0 or n == 0 launches nothing.
+TEST(CutlassBlockGemmCudaTest, RefusesWhatItCannotTake) {
+  alignas(16) static uint8_t codes[64];
+  alignas(16) static float scales[64];
+  alignas(16) static bf16 out[64];
+  const CutlassFp8BlockGemmArgs ok{codes, scales, codes, scales, 4, 4, 8, 512, out};
+  auto code = [](const CutlassFp8BlockGemmArgs& a) {
+    return CutlassFp8BlockGemm(a, nullptr, 0, nullptr).code();
+  };
+  for (int64_t k : {0, 100, 200, 16, -128}) {
+    CutlassFp8BlockGemmArgs a = ok;
+    a.k = k;
+    EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "k=" << k;
+    EXPECT_FALSE(CutlassFp8BlockGemmWorkspaceBytes(a).ok()) << "k=" << k;
+  }
+  for (int64_t n : {12, 2100, 7}) {
+    CutlassFp8BlockGemmArgs a = ok;
+    a.n = n;
+    EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "n=" << n;
+  }
+  CutlassFp8BlockGemmArgs a = ok;
+  a.w_scale_ld = 3;  // k / 128 = 4
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.m = -1;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.w = nullptr;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.a = codes + 8;  // 8-byte aligned only
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.a_scales = scales + 1;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.m = 7;  // needs the padded scale copy: a workspace
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  for (int64_t m_or_n : {0}) {
+    a = ok;
+    a.m = m_or_n;
+    EXPECT_TRUE(CutlassFp8BlockGemm(a, nullptr, 0, nullptr).ok());
+    a = ok;
+    a.n = m_or_n;
+    EXPECT_TRUE(CutlassFp8BlockGemm(a, nullptr, 0, nullptr).ok());
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
