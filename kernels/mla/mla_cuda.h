@@ -116,8 +116,9 @@ struct MlaPlanInput {
   // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
   bool workspace_zeroed = false;
   // With tma_schedule kSerial and no forced splits: kRows16 instead for models of <= 16 heads
-  // (per rank) at <= rows16_max_requests requests, any max_q_len (16-row tiles: a verify pass's
-  // token runs the same kernel as a one-token step).
+  // (per rank) at <= rows16_max_requests requests and max_q_len <= kMlaAbsorbMaxQueryLen (16-row
+  // tiles: a verify pass's token runs the same kernel as a one-token step; a step with a prefill
+  // chunk keeps kSerial).
   bool rows16_small_batches = false;
   // rows16_small_batches' request bound (a step's num_seqs). 8 while kRows16 lost 3-5% to kSerial
   // at 16 requests; since its Q staging and cluster merge it is faster at every batch measured on

@@ -21,6 +21,7 @@
 #include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/merge_attn_states_cuda.h"
 #include "kernels/layers/cuda/convert_cuda.h"
+#include "kernels/mla/mla_attention.h"  // kMlaAbsorbMaxQueryLen
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_cuda_internal.cuh"
 
@@ -407,12 +408,15 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (plan.use_tma) plan.tma_schedule = in.tma_schedule;
   const int64_t ctx = std::max<int64_t>(in.max_seq_len, 1);
   const int64_t seqs = std::max<int64_t>(in.num_seqs, 1);
-  // rows16_small_batches: kRows16 for <= 16 heads and <= rows16_max_requests requests, whatever
-  // max_q_len (a verify pass's tokens in 16-row tiles, so a token's rows run the same kernel as
-  // in a one-token step).
+  // rows16_small_batches: kRows16 for <= 16 heads, <= rows16_max_requests requests and decode /
+  // verification rows (max_q_len <= kMlaAbsorbMaxQueryLen: a verify pass's tokens in 16-row tiles,
+  // so a token's rows run the same kernel as in a one-token step). A step with a prefill chunk
+  // among its requests keeps kSerial: kRows16's grid has a 16-row tile per max_q_len x heads rows
+  // of every request, 4x kSerial's (measured: served V2-Lite at concurrency 64 lost 6% of its
+  // throughput to such mixed steps; BENCHMARKS.md, seventeenth session).
   if (in.rows16_small_batches && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kSerial &&
       in.workspace_zeroed && in.num_splits == 0 && H <= kRows16TileRows &&
-      seqs <= in.rows16_max_requests) {
+      seqs <= in.rows16_max_requests && in.max_q_len <= kMlaAbsorbMaxQueryLen) {
     plan.tma_schedule = MlaTmaSchedule::kRows16;
   }
   if (plan.tma_schedule == MlaTmaSchedule::kRows16 &&

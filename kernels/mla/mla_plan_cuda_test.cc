@@ -19,9 +19,10 @@ using mla_cuda_test::kV3;
 // long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
 // SplitChunk); forced counts (64-latent minimum), the workspace cap and DCP's local bound.
 // MlaPlanInput::rows16_small_batches (host planner only): kRows16 with 16-row tiles for <= 16
-// heads at <= rows16_max_requests (128) requests and any q_len (a verify pass's tokens as one-token
-// steps' rows); kSerial for more requests, more heads, forced splits, or without the switch;
-// another schedule asked for is kept.
+// heads at <= rows16_max_requests (128) requests and q_len <= kMlaAbsorbMaxQueryLen (4: a verify
+// pass's tokens as one-token steps' rows); kSerial for more requests, longer queries (a prefill
+// chunk in the step), more heads, forced splits, or without the switch; another schedule asked
+// for is kept.
 TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
   auto planned = [](const MlaDims& d, int64_t seqs, int64_t ctx, int64_t q, bool rows16,
                     MlaTmaSchedule asked = MlaTmaSchedule::kSerial, int splits = 0) {
@@ -51,6 +52,8 @@ TEST(MlaCudaTest, PlanTakesRows16ForSmallBatches) {
     EXPECT_EQ(planned(kLite, 16, ctx, 1, true).tma_schedule, MlaTmaSchedule::kRows16);
     EXPECT_EQ(planned(kLite, 128, ctx, 4, true).tma_schedule, MlaTmaSchedule::kRows16);
     EXPECT_EQ(planned(kLite, 129, ctx, 1, true).tma_schedule, MlaTmaSchedule::kSerial);  // > 128
+    EXPECT_EQ(planned(kLite, 1, ctx, 5, true).tma_schedule, MlaTmaSchedule::kSerial);    // prefill
+    EXPECT_EQ(planned(kLite, 64, ctx, 512, true).tma_schedule, MlaTmaSchedule::kSerial);
     EXPECT_EQ(planned(kV3, 1, ctx, 1, true).tma_schedule, MlaTmaSchedule::kSerial);  // 128 heads
     EXPECT_EQ(planned(kV3, 1, ctx, 1, false, MlaTmaSchedule::kRows16).tma_schedule,
               MlaTmaSchedule::kSerial);  // asked for, but more than 16 heads

@@ -139,10 +139,10 @@ struct CudaModelOptions {
   bool mla_fold_norm = true;
   // DeepSeek-V2/V3's latent attention on kernels/mla's 16-row kernel (MlaTmaSchedule::kRows16) for
   // models of <= 16 heads a rank at <= 128 requests (mla_rows16_max_requests), one-token steps and
-  // verify passes alike (16-row tiles: a token's rows run the same kernel either way;
-  // MlaPlanInput::rows16_small_batches). DeepSeek-V2-Lite decode steps 1-6% faster on an H200
-  // (kernels/mla/BENCHMARKS.md, fourteenth and seventeenth sessions). Not kSerial's bits (another
-  // fp32 order). false: kSerial everywhere (comparisons).
+  // verify passes alike (16-row tiles: a token's rows run the same kernel either way; steps with a
+  // prefill chunk run kSerial; MlaPlanInput::rows16_small_batches). DeepSeek-V2-Lite decode steps
+  // 1-6% faster on an H200 (kernels/mla/BENCHMARKS.md, fourteenth and seventeenth sessions). Not
+  // kSerial's bits (another fp32 order). false: kSerial everywhere (comparisons).
   bool mla_rows16 = true;
   // mla_rows16's request bound; unset: the planner's (MlaPlanInput::rows16_max_requests).
   // TANDEM_MLA_ROWS16_MAX_REQUESTS overrides both for an A/B.
