@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_block_gemm_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
+#ifdef TANDEM_HAVE_CUTLASS
+#include "kernels/fp8/cutlass/cutlass_block_gemm.h"
+#endif
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -23,7 +27,47 @@ cublasStatus_t SetDescAttr(cublasLtMatmulDesc_t desc, Attr attr, const V& value)
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// TANDEM_FP8_BLOCK_GEMM's kernel (nullopt where unset); INVALID_ARGUMENT for another value.
+absl::StatusOr<std::optional<Fp8BlockGemmKernel>> BlockKernelFromEnv() {
+  const char* env = std::getenv("TANDEM_FP8_BLOCK_GEMM");
+  if (env == nullptr) return std::nullopt;
+  const std::string_view v(env);
+  if (v == "cublaslt") return Fp8BlockGemmKernel::kCublasLt;
+  if (v == "cutlass") return Fp8BlockGemmKernel::kCutlass;
+  if (v == "wgmma") return Fp8BlockGemmKernel::kWgmma;
+  if (v == "wgmma_direct") return Fp8BlockGemmKernel::kWgmmaDirectScales;
+  if (v == "wgmma_multicast") return Fp8BlockGemmKernel::kWgmmaMulticast;
+  return absl::InvalidArgumentError(
+      absl::StrCat("TANDEM_FP8_BLOCK_GEMM=", env,
+                   ": the block-scaled FP8 GEMM is cutlass, cublaslt, wgmma, wgmma_direct or "
+                   "wgmma_multicast"));
+}
+
+// Whether the current device runs `kernel` (kCublasLt: always).
+bool BlockKernelSupported(Fp8BlockGemmKernel kernel) {
+  if (kernel == Fp8BlockGemmKernel::kCublasLt) return true;
+  if (kernel != Fp8BlockGemmKernel::kCutlass) return Fp8BlockGemmWgmmaSupported();
+#ifdef TANDEM_HAVE_CUTLASS
+  return CutlassFp8BlockGemmSupported();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+bool Fp8BlockGemmCutlassBuilt() {
+#ifdef TANDEM_HAVE_CUTLASS
+  return true;
+#else
+  return false;
+#endif
+}
+
+Fp8BlockGemmKernel DefaultFp8BlockGemmKernel() {
+  return BlockKernelSupported(Fp8BlockGemmKernel::kCutlass) ? Fp8BlockGemmKernel::kCutlass
+                                                            : Fp8BlockGemmKernel::kCublasLt;
+}
 
 // One shape's descriptors and algorithm. In cuBLASLt's column-major terms D[n, m] =
 // op(A)[n, k] . B[k, m] with A = w (transposed: the "TN" layout FP8 matmul requires) and B = a.
@@ -96,27 +140,24 @@ absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t
   if (try_outer_vector) {
     gemm->outer_vector_ = gemm->GetPlan(PlanKey{256, 256, 256, kOuterVectorPlan, false}).ok();
   }
-  Fp8BlockGemmKernel block = kDefaultFp8BlockGemmKernel;
-  if (const char* env = std::getenv("TANDEM_FP8_BLOCK_GEMM"); env != nullptr) {
-    const std::string_view v(env);
-    if (v != "cublaslt" && v != "wgmma" && v != "wgmma_direct" && v != "wgmma_multicast") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TANDEM_FP8_BLOCK_GEMM=", env,
-          ": the block-scaled FP8 GEMM is cublaslt, wgmma, wgmma_direct or wgmma_multicast"));
-    }
-    block = v == "wgmma"             ? Fp8BlockGemmKernel::kWgmma
-            : v == "wgmma_direct"    ? Fp8BlockGemmKernel::kWgmmaDirectScales
-            : v == "wgmma_multicast" ? Fp8BlockGemmKernel::kWgmmaMulticast
-                                     : Fp8BlockGemmKernel::kCublasLt;
-  }
-  if (block != Fp8BlockGemmKernel::kCublasLt && Fp8BlockGemmWgmmaSupported()) {
+  ASSIGN_OR_RETURN(const std::optional<Fp8BlockGemmKernel> from_env, BlockKernelFromEnv());
+  const Fp8BlockGemmKernel block = from_env.value_or(DefaultFp8BlockGemmKernel());
+  if (block != Fp8BlockGemmKernel::kCublasLt && BlockKernelSupported(block)) {
     RETURN_IF_ERROR(gemm->set_block_kernel(block));
   }
   return gemm;
 }
 
 absl::Status CublasLtFp8Gemm::set_block_kernel(Fp8BlockGemmKernel kernel) {
-  if (kernel != Fp8BlockGemmKernel::kCublasLt) {
+  if (kernel == Fp8BlockGemmKernel::kCutlass) {
+#ifdef TANDEM_HAVE_CUTLASS
+    RETURN_IF_ERROR(CutlassFp8BlockGemmInit());  // FAILED_PRECONDITION where not sm_90
+#else
+    return absl::FailedPreconditionError(
+        "the CUTLASS block-scaled FP8 GEMM is not built (no CUTLASS headers: "
+        "third_party/cutlass/)");
+#endif
+  } else if (kernel != Fp8BlockGemmKernel::kCublasLt) {
     if (!Fp8BlockGemmWgmmaSupported()) {
       return absl::FailedPreconditionError(
           "the wgmma block-scaled FP8 GEMM needs an sm_90 (Hopper) device");
@@ -137,6 +178,8 @@ CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t handle, void* workspace, int64
 
 CublasLtFp8Gemm::~CublasLtFp8Gemm() {
   plans_.clear();
+  for (void* p : retired_workspaces_) cudaFree(p);
+  if (cutlass_workspace_ != nullptr) cudaFree(cutlass_workspace_);
   if (accumulator_ != nullptr) cudaFree(accumulator_);
   if (workspace_ != nullptr) cudaFree(workspace_);
   cublasLtDestroy(handle_);
@@ -297,7 +340,12 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
       return ScaledLinear(kTensorPlan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
                           stream);
     case Fp8GemmScaling::kBlock128:
-      if (block_kernel_ != Fp8BlockGemmKernel::kCublasLt) {
+      if (block_kernel_ == Fp8BlockGemmKernel::kCutlass) {
+        ASSIGN_OR_RETURN(const bool ran, CutlassBlockLinear(a_codes, a_scales, w_codes, w_scales, m,
+                                                            n, k, out, bias, stream));
+        if (ran) return absl::OkStatus();
+      } else if (block_kernel_ != Fp8BlockGemmKernel::kCublasLt) {
+        last_block_kernel_ = block_kernel_;
         Fp8BlockWgmmaForm form;
         if (block_kernel_ == Fp8BlockGemmKernel::kWgmmaDirectScales) {
           form.scales = Fp8BlockScaleLoad::kDirect;
@@ -313,6 +361,7 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
             absl::StrCat("block-scaled FP8 GEMM: needs m a multiple of ", kBlock128RowMultiple,
                          " and ceil(k / 128) a multiple of 4; got m=", m, " k=", k));
       }
+      last_block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
       return ScaledLinear(kBlock128Plan, a_codes, a_scales, w_codes, w_scales, m, n, k, out, bias,
                           stream);
     case Fp8GemmScaling::kTokenChannel:
@@ -350,6 +399,48 @@ absl::Status CublasLtFp8Gemm::ScaledLinear(PlanKind kind, const uint8_t* a_codes
   const void* second = p->swap_ab ? static_cast<const void*>(w_codes) : a_codes;
   RETURN_IF_ERROR(Run(p, first, second, out, stream));
   return bias == nullptr || p->fused_bias ? absl::OkStatus() : AddBias(out, bias, m, n, stream);
+}
+
+absl::StatusOr<bool> CublasLtFp8Gemm::CutlassBlockLinear(
+    const uint8_t* a_codes, const float* a_scales, const uint8_t* w_codes, const float* w_scales,
+    int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, const __nv_bfloat16* bias,
+    cudaStream_t stream) {
+#ifdef TANDEM_HAVE_CUTLASS
+  // A bias: cuBLASLt's BIAS epilogue adds it before the one rounding (CUTLASS's has no bias).
+  if (bias != nullptr) return false;
+  const CutlassFp8BlockGemmArgs args{a_codes, a_scales, w_codes, w_scales, Block128WeightScaleLd(k),
+                                     m,       n,        k,       out};
+  const absl::StatusOr<size_t> needed = CutlassFp8BlockGemmWorkspaceBytes(args);
+  if (!needed.ok()) return false;  // sizes CUTLASS refuses (k % 128, n % 8)
+  void* workspace = workspace_;
+  int64_t bytes = workspace_bytes_;
+  if (static_cast<int64_t>(*needed) > bytes) {
+    if (static_cast<int64_t>(*needed) > cutlass_workspace_bytes_) {
+      // Grown only outside a capture; the old buffer stays allocated (a graph may use it).
+      ASSIGN_OR_RETURN(const bool capturing, StreamIsCapturing(stream));
+      if (capturing) return false;
+      void* grown = nullptr;
+      if (cudaMalloc(&grown, *needed) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      if (cutlass_workspace_ != nullptr) retired_workspaces_.push_back(cutlass_workspace_);
+      cutlass_workspace_ = grown;
+      cutlass_workspace_bytes_ = static_cast<int64_t>(*needed);
+    }
+    workspace = cutlass_workspace_;
+    bytes = cutlass_workspace_bytes_;
+  }
+  // Any refusal (pointers, alignment, CUTLASS's can_implement) leaves the call to cuBLASLt, which
+  // checks the same inputs itself; last_block_kernel() tells which one ran.
+  if (!CutlassFp8BlockGemm(args, workspace, static_cast<size_t>(bytes), stream).ok()) return false;
+  last_block_kernel_ = Fp8BlockGemmKernel::kCutlass;
+  return true;
+#else
+  (void)a_codes, (void)a_scales, (void)w_codes, (void)w_scales, (void)m, (void)n, (void)k;
+  (void)out, (void)bias, (void)stream;
+  return false;
+#endif
 }
 
 // Per-token x per-channel without cuBLASLt's outer-vector mode: for each chunk of rows, the

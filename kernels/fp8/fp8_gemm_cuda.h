@@ -21,9 +21,11 @@
 //     (cuBLASLt has no kernel otherwise; CudaFp8Linear runs the last rows on its GEMV) and the
 //     number of 128-column groups a multiple of 4 (what has run on a GPU: no padded scale rows),
 //     else UNIMPLEMENTED. Every DeepSeek-V3 projection qualifies (k = 7168, 1536, 512, 2048,
-//     16384, 18432). Or, with block_kernel() == kWgmma, our own wgmma kernel on the same
-//     layouts (fp8_block_gemm_cuda.h: any m, k a multiple of 16, n even; the bias added before
-//     its one rounding).
+//     16384, 18432). By default where it is built, CUTLASS's kernel on the same layouts
+//     (block_kernel() == kCutlass: any m, k a multiple of 128, n a multiple of 8, no bias; other
+//     calls on cuBLASLt as above). Or, with block_kernel() == kWgmma, our own wgmma kernel on the
+//     same layouts (fp8_block_gemm_cuda.h: any m, k a multiple of 16, n even; the bias added
+//     before its one rounding).
 // Numerics: Hopper's FP8 tensor cores add each MMA's 32 products and the running sum aligned to
 // the largest of them with 13 fraction bits, truncating (DeepSeek-V3 report 3.3.2); cuBLASLt
 // without FAST_ACCUM promotes to fp32 every 128 along k. fp8_cuda_bench --only=probe shows it on
@@ -34,9 +36,11 @@
 // Thread safety: not thread-safe (plan cache, descriptor scale pointers, the accumulator), like
 // CublasLtGemm.
 // CUDA graphs: allocates nothing on the device after Create and never synchronizes (but for the
-// one eager timing of set_autotune_max_m); warm each shape up first (plans are built on first
-// use). A shape first met while its stream is capturing keeps the heuristic's first choice
-// and is timed on its next eager call.
+// one eager timing of set_autotune_max_m, and kCutlass's larger workspace where a shape needs
+// more than workspace_bytes: allocated on an eager call; inside a capture such a call runs on
+// cuBLASLt); warm each shape up first (plans are built on first use). A shape first met while
+// its stream is capturing keeps the heuristic's first choice and is timed on its next eager
+// call.
 #ifndef TANDEM_KERNELS_FP8_FP8_GEMM_CUDA_H_
 #define TANDEM_KERNELS_FP8_FP8_GEMM_CUDA_H_
 
@@ -59,14 +63,20 @@ namespace tandem::kernels::cuda {
 
 enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
 
-// Which kernel runs kBlock128: cuBLASLt's block scale modes, or Fp8BlockGemmWgmma
-// (fp8_block_gemm_cuda.h, sm_90 only) with its scales staged in shared memory (kWgmma), loaded
-// by each thread (kWgmmaDirectScales), or staged with the weight tile multicast over clusters of
-// 2 CTAs (kWgmmaMulticast). Create takes TANDEM_FP8_BLOCK_GEMM ("cublaslt", "wgmma",
-// "wgmma_direct" or "wgmma_multicast") where it is set, else kDefaultFp8BlockGemmKernel
-// (kCublasLt where the device has no wgmma kernel).
-enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales, kWgmmaMulticast };
-inline constexpr Fp8BlockGemmKernel kDefaultFp8BlockGemmKernel = Fp8BlockGemmKernel::kCublasLt;
+// Which kernel runs kBlock128: CUTLASS's sm90 block-scaled kernel (kernels/fp8/cutlass/
+// cutlass_block_gemm.h, kCutlass: the default where it is built and the device is sm_90; calls it
+// does not take, a bias, or a workspace it cannot get inside a graph capture go to cuBLASLt),
+// cuBLASLt's block scale modes, or Fp8BlockGemmWgmma (fp8_block_gemm_cuda.h, sm_90 only) with its
+// scales staged in shared memory (kWgmma), loaded by each thread (kWgmmaDirectScales), or staged
+// with the weight tile multicast over clusters of 2 CTAs (kWgmmaMulticast). Create takes
+// TANDEM_FP8_BLOCK_GEMM ("cutlass", "cublaslt", "wgmma", "wgmma_direct" or "wgmma_multicast";
+// read by each Create) where it is set, else DefaultFp8BlockGemmKernel(); a kernel the device
+// (or build) lacks leaves kCublasLt.
+enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales, kWgmmaMulticast, kCutlass };
+// Whether this binary has the CUTLASS kernel (built with @cutlass: third_party/cutlass/).
+bool Fp8BlockGemmCutlassBuilt();
+// kCutlass where it is built and the current device is sm_90, else kCublasLt.
+Fp8BlockGemmKernel DefaultFp8BlockGemmKernel();
 
 // cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major
 // activations [m, k] and weights [n, k] are k x m and k x n):
@@ -123,10 +133,14 @@ class CublasLtFp8Gemm {
   absl::Status ProductF32(const uint8_t* a_codes, const uint8_t* w_codes, int64_t m, int64_t n,
                           int64_t k, float* out, cudaStream_t stream);
 
-  // The kBlock128 kernel. set_block_kernel: FAILED_PRECONDITION for the wgmma ones on a device
-  // that is not sm_90 (the kernel's shared-memory opt-in is made here: before any graph capture).
+  // The kBlock128 kernel. set_block_kernel: FAILED_PRECONDITION for the wgmma ones and kCutlass
+  // on a device that is not sm_90, and for kCutlass where it is not built (the kernels'
+  // shared-memory opt-in is made here: before any graph capture).
   Fp8BlockGemmKernel block_kernel() const { return block_kernel_; }
   absl::Status set_block_kernel(Fp8BlockGemmKernel kernel);
+  // The kernel that ran the last kBlock128 call that launched one (kCublasLt before any, and
+  // where kCutlass fell back to cuBLASLt).
+  Fp8BlockGemmKernel last_block_kernel() const { return last_block_kernel_; }
 
   // Plans for m <= max_m (every scaling; kBlock128 on cuBLASLt only) first used from now on are
   // chosen by timing up to kCublasLtTuneCandidates heuristic candidates on their first call that
@@ -174,6 +188,13 @@ class CublasLtFp8Gemm {
                             const uint8_t* w_codes, const float* w_scales, int64_t m, int64_t n,
                             int64_t k, __nv_bfloat16* out, const __nv_bfloat16* bias,
                             cudaStream_t stream);
+  // kCutlass: CutlassFp8BlockGemm on the workspace (the object's if large enough, else one of
+  // its own, grown outside graph capture only). OK(false) where CUTLASS does not take the call
+  // (not built, a bias, sizes it refuses, no workspace inside a capture): cuBLASLt runs it.
+  absl::StatusOr<bool> CutlassBlockLinear(const uint8_t* a_codes, const float* a_scales,
+                                          const uint8_t* w_codes, const float* w_scales, int64_t m,
+                                          int64_t n, int64_t k, __nv_bfloat16* out,
+                                          const __nv_bfloat16* bias, cudaStream_t stream);
   absl::Status EpilogueLinear(const uint8_t* a_codes, const float* a_scales, const uint8_t* w_codes,
                               const float* w_scales, int64_t m, int64_t n, int64_t k,
                               __nv_bfloat16* out, const __nv_bfloat16* bias, cudaStream_t stream);
@@ -187,6 +208,12 @@ class CublasLtFp8Gemm {
   int64_t autotune_max_m_ = 0;
   int64_t num_tuned_plans_ = 0;
   Fp8BlockGemmKernel block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
+  Fp8BlockGemmKernel last_block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
+  // kCutlass's workspace where workspace_ is too small (null until then); the ones it replaced
+  // stay allocated until destruction (a captured graph may still use them).
+  void* cutlass_workspace_ = nullptr;
+  int64_t cutlass_workspace_bytes_ = 0;
+  std::vector<void*> retired_workspaces_;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
   // Shapes cuBLASLt has no algorithm for, with the answer it gave.
   absl::flat_hash_map<PlanKey, absl::Status> no_kernel_;

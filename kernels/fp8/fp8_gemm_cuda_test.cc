@@ -17,8 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -31,6 +34,7 @@
 #include "kernels/fp8/fp8_block_gemm_cuda.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_gemm_kernels.h"
+#include "kernels/fp8/fp8_gemm_test_util.h"
 #include "kernels/fp8/fp8_linear.h"
 
 namespace tandem::kernels::cuda {
@@ -39,168 +43,11 @@ namespace {
 using bf16 = __nv_bfloat16;
 using cuda_test::DeviceBuffer;
 
-constexpr int64_t kMmaK = 32;         // e4m3 products per Hopper MMA instruction
-constexpr int64_t kPromoteK = 128;    // fp32 promotion interval assumed for the partial sums
-constexpr double kMmaRel = 0x1p-11;   // 4 x 2^-13 per instruction's largest magnitude
-constexpr double kRoundRel = 0x1p-8;  // one bf16 rounding (2^-9) with a factor 2 of margin
-
-std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<bf16> v(count);
-  for (bf16& x : v) x = __float2bfloat16_rn(dist(rng));
-  return v;
-}
-
-// Random e4m3 codes over the whole range (no NaN): products spanning many binades.
-std::vector<uint8_t> RandomCodes(std::mt19937& rng, int64_t count) {
-  std::vector<uint8_t> codes(count);
-  for (uint8_t& c : codes) {
-    do {
-      c = static_cast<uint8_t>(rng() & 0xFF);
-    } while ((c & 0x7F) == 0x7F);
-  }
-  return codes;
-}
-
-// The bound on |got - want| for one output from the exact products p[c] = a[c] * w[c]: fp32
-// summation, the MMA's per-instruction alignment (see the header comment), bf16 rounding.
-struct ErrorModel {
-  double mag = 0;      // Sigma |p|
-  double mma_mag = 0;  // Sigma over instructions of max(|p in it|, |partial sum so far|)
-};
-
-ErrorModel ModelFor(const float* a, const float* w, int64_t k) {
-  ErrorModel e;
-  double partial = 0;
-  for (int64_t c0 = 0; c0 < k; c0 += kMmaK) {
-    if (c0 % kPromoteK == 0) partial = 0;
-    double largest = std::fabs(partial);
-    for (int64_t c = c0; c < std::min(k, c0 + kMmaK); ++c) {
-      const double p = double(a[c]) * w[c];
-      e.mag += std::fabs(p);
-      largest = std::max(largest, std::fabs(p));
-      partial += p;
-    }
-    e.mma_mag += largest;
-  }
-  return e;
-}
-
-enum class Scaling { kTensor, kTokenChannel, kBlock };
-
-const char* Name(Scaling s) {
-  return s == Scaling::kTensor ? "per-tensor" : s == Scaling::kBlock ? "block" : "token x channel";
-}
-
-// One CublasLtFp8Gemm call against cpu::Fp8Linear: a random weight with random scales of the
-// scaling's grid (per-tensor; per-channel; 128 x 128 blocks) and bf16 activations quantized
-// as the scaling's scheme says (static; per token; 1 x 128 groups), rows of different
-// magnitudes and one zero row. Returns the largest |error| / (2^-13 * mma_mag) seen. With
-// `wgmma_form` (block scaling only), Fp8BlockGemmWgmma runs that form instead of `gemm`.
-double CheckGemm(std::mt19937& rng, CublasLtFp8Gemm& gemm, Scaling scaling, int64_t m, int64_t n,
-                 int64_t k, bool with_bias, const Fp8BlockWgmmaForm* wgmma_form = nullptr) {
-  SCOPED_TRACE(::testing::Message()
-               << "m=" << m << " n=" << n << " k=" << k << " " << Name(scaling)
-               << (with_bias ? " bias" : "")
-               << (gemm.outer_vector_scales() ? " outer-vector" : " epilogue"));
-  const Fp8ScaleGrid grid = scaling == Scaling::kTensor  ? Fp8ScaleGrid{n, k, n, k}
-                            : scaling == Scaling::kBlock ? Fp8ScaleGrid{n, k, 128, 128}
-                                                         : Fp8ScaleGrid{n, k, 1, k};
-  const auto scheme = scaling == Scaling::kTensor  ? Fp8ActivationScheme::kStaticTensor
-                      : scaling == Scaling::kBlock ? Fp8ActivationScheme::kDynamicGroup128
-                                                   : Fp8ActivationScheme::kDynamicToken;
-  const std::vector<uint8_t> w_codes = RandomCodes(rng, n * k);
-  std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
-  std::vector<float> w_scales(grid.NumScales());
-  for (float& s : w_scales) s = std::exp2(log_scale(rng));
-  std::vector<bf16> x = RandomBf16(rng, m * k, 2.0f);
-  std::uniform_real_distribution<float> row_gain(0.01f, 8.0f);
-  for (int64_t r = 0; r < m; ++r) {
-    const float g = r == m / 2 ? 0.0f : row_gain(rng);
-    for (int64_t c = 0; c < k; ++c) {
-      x[r * k + c] = __float2bfloat16_rn(__bfloat162float(x[r * k + c]) * g);
-    }
-  }
-  const std::vector<float> xf = cuda_test::ToFloat(x);
-  const std::vector<bf16> bias = RandomBf16(rng, n, 1.0f);
-  const std::vector<float> bias_f = cuda_test::ToFloat(bias);
-  const Fp8WeightView view{w_codes.data(), w_scales.data(), grid, scheme, 0.05f};
-  std::vector<float> want(m * n), w_deq(n * k), a_deq(m * k);
-  EXPECT_TRUE(
-      cpu::Fp8Linear(xf.data(), view, with_bias ? bias_f.data() : nullptr, m, want.data(), nullptr)
-          .ok());
-  cpu::DequantizeFp8Weight(view, 0, n, w_deq.data());
-  {  // The activations the product sees (the GPU's codes equal these: fp8_cuda_test).
-    std::vector<uint8_t> codes(m * k);
-    std::vector<float> scales(NumActivationScales(scheme, m, k));
-    QuantizeActivations(xf.data(), m, k, scheme, 0.05f, codes.data(), scales.data());
-    const Fp8WeightView as_weight{
-        codes.data(), scales.data(),
-        scheme == Fp8ActivationScheme::kStaticTensor   ? Fp8ScaleGrid{m, k, m, k}
-        : scheme == Fp8ActivationScheme::kDynamicToken ? Fp8ScaleGrid{m, k, 1, k}
-                                                       : Fp8ScaleGrid{m, k, 1, 128},
-        Fp8ActivationScheme::kNone, 0.0f};
-    cpu::DequantizeFp8Weight(as_weight, 0, m, a_deq.data());
-  }
-  // Device inputs: the weight scales in the layout each path reads.
-  std::vector<float> dev_w_scales = w_scales;
-  if (scaling == Scaling::kTensor) dev_w_scales.resize(1);
-  if (scaling == Scaling::kBlock) {
-    std::vector<float> rows(n * Block128Groups(k));  // the loader's per-row form
-    for (int64_t r = 0; r < n; ++r) {
-      std::copy_n(w_scales.begin() + r / 128 * Block128Groups(k), Block128Groups(k),
-                  rows.begin() + r * Block128Groups(k));
-    }
-    absl::StatusOr<std::vector<float>> blocks =
-        Block128WeightScales(rows.data(), Fp8ScaleGrid{n, k, 1, 128});
-    EXPECT_TRUE(blocks.ok()) << blocks.status();
-    if (!blocks.ok()) return 0;
-    dev_w_scales = *std::move(blocks);
-  }
-  DeviceBuffer<bf16> dx(x), dbias(bias), out(m * n);
-  DeviceBuffer<uint8_t> dw(w_codes), a_codes(m * k);
-  DeviceBuffer<float> dws(dev_w_scales), a_scales(std::max<int64_t>(1, m * Block128Groups(k))),
-      a_scales_t(m * Block128Groups(k));
-  EXPECT_TRUE(
-      QuantizeActivations(dx.get(), m, k, scheme, 0.05f, a_codes.get(), a_scales.get(), nullptr)
-          .ok());
-  const float* gemm_a_scales = a_scales.get();
-  if (scaling == Scaling::kBlock) {
-    EXPECT_TRUE(
-        TransposeGroupScales(a_scales.get(), m, Block128Groups(k), a_scales_t.get(), nullptr).ok());
-    gemm_a_scales = a_scales_t.get();
-  }
-  const Fp8GemmScaling gemm_scaling = scaling == Scaling::kTensor  ? Fp8GemmScaling::kTensor
-                                      : scaling == Scaling::kBlock ? Fp8GemmScaling::kBlock128
-                                                                   : Fp8GemmScaling::kTokenChannel;
-  const absl::Status st =
-      wgmma_form != nullptr
-          ? Fp8BlockGemmWgmma(a_codes.get(), gemm_a_scales, dw.get(), dws.get(), m, n, k, out.get(),
-                              with_bias ? dbias.get() : nullptr, nullptr, *wgmma_form)
-          : gemm.Linear(a_codes.get(), gemm_a_scales, dw.get(), dws.get(), gemm_scaling, m, n, k,
-                        out.get(), nullptr, with_bias ? dbias.get() : nullptr);
-  EXPECT_TRUE(st.ok()) << st;
-  if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return 0;
-  const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
-  double worst = 0;
-  int64_t reported = 0;
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t j = 0; j < n; ++j) {
-      const ErrorModel e = ModelFor(&a_deq[r * k], &w_deq[j * k], k);
-      const double err = std::fabs(double(got[r * n + j]) - want[r * n + j]);
-      const double tol = 4e-6 * std::sqrt(double(k)) * e.mag + kMmaRel * e.mma_mag +
-                         kRoundRel * std::fabs(want[r * n + j]) + 1e-30;
-      worst = std::max(
-          worst, (err - kRoundRel * std::fabs(want[r * n + j])) / (0x1p-13 * e.mma_mag + 1e-30));
-      if (err > tol && reported++ < 5) {
-        ADD_FAILURE() << "row " << r << " col " << j << ": got " << got[r * n + j] << " want "
-                      << want[r * n + j] << " (tol " << tol << ", sum|p| " << e.mag
-                      << ", sum of per-MMA largest " << e.mma_mag << ")";
-      }
-    }
-  }
-  return worst;
-}
+using fp8_gemm_test::CheckGemm;
+using fp8_gemm_test::Name;
+using fp8_gemm_test::RandomBf16;
+using fp8_gemm_test::RandomCodes;
+using fp8_gemm_test::Scaling;
 
 constexpr std::tuple<int64_t, int64_t, int64_t> kGemmShapes[] = {
     {64, 256, 512}, {200, 384, 4096}, {17, 96, 1024}, {333, 80, 272}};
@@ -278,6 +125,7 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   std::mt19937 rng(cuda_test::TestSeed());
   auto gemm = CublasLtFp8Gemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
+  ASSERT_TRUE((*gemm)->set_block_kernel(Fp8BlockGemmKernel::kCublasLt).ok());  // not CUTLASS
   double worst = 0;
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 256, 512},
                          {200, 384, 4096},
@@ -298,6 +146,75 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
               absl::StatusCode::kUnimplemented)
         << "m=" << m << " k=" << k;
   }
+}
+
+// The kBlock128 dispatch: CUTLASS by default where it is built and the device is sm_90 (also any
+// m, here 17 and 7), TANDEM_FP8_BLOCK_GEMM=cublaslt / cutlass read by Create, cuBLASLt where
+// CUTLASS does not take a call (k = 400: not a multiple of 128; a bias), each against the CPU
+// reference; last_block_kernel() says which ran. The CUTLASS call captured into a graph (m = 7:
+// its padded scale copy too) replays bit for bit.
+TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassByDefault) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  const bool cutlass = DefaultFp8BlockGemmKernel() == Fp8BlockGemmKernel::kCutlass;
+  std::printf("CUTLASS block GEMM: %s\n", cutlass                      ? "the default"
+                                          : Fp8BlockGemmCutlassBuilt() ? "built, device not sm_90"
+                                                                       : "not built");
+  const char* saved = std::getenv("TANDEM_FP8_BLOCK_GEMM");
+  for (const char* env : {static_cast<const char*>(nullptr), "cublaslt", "cutlass"}) {
+    SCOPED_TRACE(env == nullptr ? "TANDEM_FP8_BLOCK_GEMM unset" : env);
+    if (env == nullptr) unsetenv("TANDEM_FP8_BLOCK_GEMM");
+    if (env != nullptr) setenv("TANDEM_FP8_BLOCK_GEMM", env, 1);
+    auto gemm = CublasLtFp8Gemm::Create();
+    if (saved != nullptr) setenv("TANDEM_FP8_BLOCK_GEMM", saved, 1);
+    if (saved == nullptr) unsetenv("TANDEM_FP8_BLOCK_GEMM");
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    const bool on_cutlass = cutlass && (env == nullptr || std::string_view(env) == "cutlass");
+    const auto want = on_cutlass ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt;
+    EXPECT_EQ((*gemm)->block_kernel(), want);
+    for (auto [m, n, k, bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{256, 384, 4096, false},
+                                 {200, 200, 1024, false},
+                                 {36, 256, 400, false},
+                                 {64, 256, 512, true},
+                                 {17, 256, 512, false}}) {
+      if (!on_cutlass && m % kBlock128RowMultiple != 0) continue;  // cuBLASLt has no kernel
+      CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, bias);
+      const bool cutlass_takes = on_cutlass && k % 128 == 0 && !bias;
+      EXPECT_EQ((*gemm)->last_block_kernel(),
+                cutlass_takes ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt)
+          << "m=" << m << " n=" << n << " k=" << k << " bias=" << bias;
+    }
+  }
+  if (!cutlass) return;
+  auto gemm = CublasLtFp8Gemm::Create();
+  ASSERT_TRUE(gemm.ok() && (*gemm)->set_block_kernel(Fp8BlockGemmKernel::kCutlass).ok());
+  constexpr int64_t m = 7, n = 256, k = 1024;
+  DeviceBuffer<uint8_t> a(RandomCodes(rng, m * k)), w(RandomCodes(rng, n * k));
+  DeviceBuffer<float> a_scales(std::vector<float>(m * 8, 0x1p-6f)),
+      w_scales(std::vector<float>(2 * 8, 0x1p-7f));
+  DeviceBuffer<bf16> eager(m * n), replay(m * n);
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto run = [&](bf16* out) {
+    return (*gemm)->Linear(a.get(), a_scales.get(), w.get(), w_scales.get(),
+                           Fp8GemmScaling::kBlock128, m, n, k, out, stream);
+  };
+  ASSERT_TRUE(run(eager.get()).ok());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = run(replay.get());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  EXPECT_EQ((*gemm)->last_block_kernel(), Fp8BlockGemmKernel::kCutlass);
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<bf16> want = eager.ToHost(), got = replay.ToHost();
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // Our wgmma kernel (fp8_block_gemm_cuda.h), both ways of loading the scales and the multicast
@@ -500,6 +417,7 @@ TEST(Fp8GemmCudaTest, TunedChoiceMatchesTheCpuReferenceAndIsCached) {
     auto gemm = CublasLtFp8Gemm::Create(CublasLtFp8Gemm::kDefaultWorkspaceBytes,
                                         CublasLtFp8Gemm::kDefaultAccumulatorBytes, outer_vector);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
+    ASSERT_TRUE((*gemm)->set_block_kernel(Fp8BlockGemmKernel::kCublasLt).ok());
     (*gemm)->set_autotune_max_m(kAutotuneAllM);
     for (Scaling scaling : {Scaling::kTensor, Scaling::kTokenChannel, Scaling::kBlock}) {
       if (!outer_vector && scaling != Scaling::kTokenChannel) continue;
