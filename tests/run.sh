@@ -59,12 +59,15 @@ if ! command -v slurmctld > /dev/null || ! command -v munged > /dev/null; then
 fi
 # The official `openai` client (PyPI) for the HTTP API's end-to-end test, and NVIDIA CUTLASS's
 # C++ headers (PyPI's nvidia-cutlass wheel: @cutlass, third_party/cutlass/), in a cached venv.
+# The wheel with --no-deps: only its headers are used (its Python dependencies, numpy, scipy,
+# cuda-python, networkx, ... are not needed).
 PYENV=${TANDEM_PYENV:-$HOME/.cache/tandem/pyenv}
 if ! "$PYENV/bin/python" -c "import openai" 2> /dev/null ||
   ! compgen -G "$PYENV/lib/python3*/site-packages/cutlass_library/source/include/cutlass" \
     > /dev/null; then
   python3 -m venv "$PYENV" &&
-    "$PYENV/bin/pip" install --quiet "openai==3.57.0" "nvidia-cutlass==4.2.0.0" ||
+    "$PYENV/bin/pip" install --quiet "openai==3.57.0" &&
+    "$PYENV/bin/pip" install --quiet --no-deps "nvidia-cutlass==4.2.0.0" ||
     fail_early "installing the openai client and nvidia-cutlass (PyPI) failed"
 fi
 # Where @cutlass finds the headers (a change of this variable makes Bazel look again).
