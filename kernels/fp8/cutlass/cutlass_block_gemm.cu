@@ -51,8 +51,7 @@ absl::Status CheckSizes(const CutlassFp8BlockGemmArgs& args) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CutlassFp8BlockGemm: m = ", args.m, ", n = ", args.n, ", k = ", args.k, " too large"));
   }
-  if (args.tile != CutlassBlockTile::kAuto && args.tile != CutlassBlockTile::kCooperative128 &&
-      args.tile != CutlassBlockTile::kPingpong64) {
+  if (args.tile != CutlassBlockTile::kAuto && CutlassBlockTileName(args.tile)[0] == '?') {
     return absl::InvalidArgumentError("CutlassFp8BlockGemm: unknown tile");
   }
   return absl::OkStatus();
@@ -80,9 +79,27 @@ Problem MakeProblem(const CutlassFp8BlockGemmArgs& args) {
   return p;
 }
 
-size_t CutlassWorkspaceBytes(CutlassBlockTile tile, const Problem& p) {
-  return tile == CutlassBlockTile::kPingpong64 ? cutlass_block::Pingpong64WorkspaceBytes(p)
-                                               : cutlass_block::Cooperative128WorkspaceBytes(p);
+// One configuration's entry points (cutlass_block_gemm_config.h).
+struct ConfigCalls {
+  size_t (*workspace_bytes)(const Problem&);
+  absl::Status (*init)();
+  absl::Status (*run)(const Problem&, void*, cudaStream_t);
+};
+
+ConfigCalls Calls(CutlassBlockTile tile) {
+  namespace cb = cutlass_block;
+  switch (tile) {
+    case CutlassBlockTile::kPingpong64:
+      return {cb::Pingpong64WorkspaceBytes, cb::Pingpong64Init, cb::Pingpong64Run};
+    case CutlassBlockTile::kCooperative128Cluster2x1:
+      return {cb::Cooperative128Cluster2x1WorkspaceBytes, cb::Cooperative128Cluster2x1Init,
+              cb::Cooperative128Cluster2x1Run};
+    case CutlassBlockTile::kCooperative128StreamK:
+      return {cb::Cooperative128StreamKWorkspaceBytes, cb::Cooperative128StreamKInit,
+              cb::Cooperative128StreamKRun};
+    default:
+      return {cb::Cooperative128WorkspaceBytes, cb::Cooperative128Init, cb::Cooperative128Run};
+  }
 }
 
 absl::Status CheckPointers(const CutlassFp8BlockGemmArgs& args, void* workspace,
@@ -109,6 +126,22 @@ absl::Status CheckPointers(const CutlassFp8BlockGemmArgs& args, void* workspace,
 
 }  // namespace
 
+const char* CutlassBlockTileName(CutlassBlockTile tile) {
+  switch (tile) {
+    case CutlassBlockTile::kAuto:
+      return "auto";
+    case CutlassBlockTile::kCooperative128:
+      return "coop128";
+    case CutlassBlockTile::kPingpong64:
+      return "pp64";
+    case CutlassBlockTile::kCooperative128Cluster2x1:
+      return "coop128_c2x1";
+    case CutlassBlockTile::kCooperative128StreamK:
+      return "coop128_sk";
+  }
+  return "?";
+}
+
 bool CutlassFp8BlockGemmSupported() {
   int device = 0;
   int major = 0;
@@ -126,14 +159,14 @@ absl::Status CutlassFp8BlockGemmInit() {
   if (!CutlassFp8BlockGemmSupported()) {
     return absl::FailedPreconditionError("CutlassFp8BlockGemm: the device is not sm_90");
   }
-  RETURN_IF_ERROR(cutlass_block::Cooperative128Init());
-  return cutlass_block::Pingpong64Init();
+  for (CutlassBlockTile tile : kCutlassBlockTiles) RETURN_IF_ERROR(Calls(tile).init());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<size_t> CutlassFp8BlockGemmWorkspaceBytes(const CutlassFp8BlockGemmArgs& args) {
   RETURN_IF_ERROR(CheckSizes(args));
   if (args.m == 0 || args.n == 0) return size_t{0};
-  return ScaleCopyBytes(args) + AlignUp(CutlassWorkspaceBytes(PickTile(args), MakeProblem(args)));
+  return ScaleCopyBytes(args) + AlignUp(Calls(PickTile(args)).workspace_bytes(MakeProblem(args)));
 }
 
 absl::Status CutlassFp8BlockGemm(const CutlassFp8BlockGemmArgs& args, void* workspace,
@@ -159,9 +192,7 @@ absl::Status CutlassFp8BlockGemm(const CutlassFp8BlockGemmArgs& args, void* work
     p.a_scales = padded;
   }
   void* cutlass_workspace = copy_bytes > 0 ? static_cast<char*>(workspace) + copy_bytes : workspace;
-  return PickTile(args) == CutlassBlockTile::kPingpong64
-             ? cutlass_block::Pingpong64Run(p, cutlass_workspace, stream)
-             : cutlass_block::Cooperative128Run(p, cutlass_workspace, stream);
+  return Calls(PickTile(args)).run(p, cutlass_workspace, stream);
 }
 
 }  // namespace tandem::kernels::cuda

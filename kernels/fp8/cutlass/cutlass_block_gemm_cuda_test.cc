@@ -4,7 +4,8 @@
 // whole range and random non-zero scales (2^-10 .. 2^-4). m = 1 / 7 / 128 / 300 / 1024 (7 and
 // 1: the padded activation-scale copy; 300 and 1024: partial and whole 128-row tiles) at
 // Llama-3-8B and DeepSeek-V3 projections, including V3's fused q_a + kv_a (n = 2112: a partial
-// last 128-row weight block) and k = 7168; both tile configurations forced; refusals.
+// last 128-row weight block) and k = 7168; every configuration forced (kCutlassBlockTiles);
+// refusals.
 //
 // Tolerance (fp8_gemm_cuda_test.cc's model of Hopper's FP8 MMA): each instruction's 32
 // products are summed with ~13 fraction bits of the largest magnitude, promoted to fp32 every
@@ -72,7 +73,7 @@ struct Case {
 double CheckGemm(std::mt19937& rng, const Case& c) {
   const auto [m, n, k, tile, pad] = c;
   SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k
-                                    << " tile=" << static_cast<int>(tile) << " pad=" << pad);
+                                    << " tile=" << CutlassBlockTileName(tile) << " pad=" << pad);
   const int64_t groups = Groups(k), n_blocks = (n + 127) / 128;
   const int64_t ld = pad ? (groups + 3) / 4 * 4 : groups;
   const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, m * k);
@@ -100,7 +101,7 @@ double CheckGemm(std::mt19937& rng, const Case& c) {
   EXPECT_TRUE(st.ok()) << st;
   if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return 0;
   const std::vector<float> got = cuda_test::ToFloat(out.ToHost());
-  // A second call writes the same bits (no split k, no atomics).
+  // A second call writes the same bits (no atomics; Stream-K's reduction is deterministic).
   EXPECT_TRUE(CutlassFp8BlockGemm(args, workspace.get(), *bytes, nullptr).ok());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(cuda_test::ToFloat(out.ToHost()) == got) << "a second run differs";
@@ -158,24 +159,27 @@ TEST(CutlassBlockGemmCudaTest, MatchesTheCpuReferenceAtModelShapes) {
   std::printf("CUTLASS block: largest error / (2^-13 x per-MMA magnitude) %.3f\n", worst);
 }
 
-// Both configurations on shapes kAuto would not give them, unpadded weight-scale rows, and a
-// grid of more tiles than SMs (2200 x 2112: 18 x 17 = 306 tiles of 128 x 128).
-TEST(CutlassBlockGemmCudaTest, BothTilesMatchTheCpuReference) {
+// Every configuration on shapes kAuto would not give it, unpadded weight-scale rows, a grid of
+// more tiles than SMs (2200 x 2112: 18 x 17 = 306 tiles of 128 x 128, a partial last wave that
+// Stream-K splits), one of fewer tiles than SMs with a long k (8 x 8 tiles, k = 4096: split
+// along k by Stream-K) and model shapes (DeepSeek-V3 q_b and expert down, Llama-3-8B qkv).
+TEST(CutlassBlockGemmCudaTest, EveryTileMatchesTheCpuReference) {
   TANDEM_SKIP_WITHOUT_GPU();
   if (!CutlassFp8BlockGemmSupported()) GTEST_SKIP() << "the CUTLASS kernels need an sm_90 device";
   ASSERT_TRUE(CutlassFp8BlockGemmInit().ok());
   std::mt19937 rng(cuda_test::TestSeed() + 1);
-  double worst = 0;
-  for (CutlassBlockTile tile : {CutlassBlockTile::kCooperative128, CutlassBlockTile::kPingpong64}) {
+  for (CutlassBlockTile tile : kCutlassBlockTiles) {
+    double worst = 0;
     for (Case c : {Case{1, 256, 512}, Case{65, 136, 384}, Case{333, 2112, 1152},
-                   Case{2200, 2112, 640}, Case{7, 8, 128}}) {
+                   Case{2200, 2112, 640}, Case{7, 8, 128}, Case{1024, 1024, 4096},
+                   Case{300, 24576, 1536}, Case{1024, 7168, 2048}, Case{128, 6144, 4096}}) {
       c.tile = tile;
       c.pad_w_scale_rows = c.m % 2 == 0;
       worst = std::max(worst, CheckGemm(rng, c));
     }
+    std::printf("CUTLASS block %s: largest error / (2^-13 x per-MMA magnitude) %.3f\n",
+                CutlassBlockTileName(tile), worst);
   }
-  std::printf("CUTLASS block, both tiles: largest error / (2^-13 x per-MMA magnitude) %.3f\n",
-              worst);
 }
 
 // Refused before any device work (so also checked without a GPU): k not a positive multiple of
