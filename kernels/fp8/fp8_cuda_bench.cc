@@ -14,6 +14,7 @@
 //     its largest product (448 + 31 x 2^-6): what Hopper's FP8 MMA accumulation keeps.
 //
 //   fp8_cuda_bench [--iters=200] [--gemm_iters=20] [--only=all|gemm|block|probe]
+//                  [--cutlass_configs=all] (block rows: one column per CUTLASS configuration)
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -237,6 +239,21 @@ void PrintRatioSummary(const char* name, const std::vector<double>& ratios, doub
 }
 
 // One block-scaled product's buffers in the block table (cuBLASLt's layouts).
+// The CUTLASS configurations (kCutlassBlockTiles) by index: count 0 where not built.
+#ifdef TANDEM_CUTLASS_ENABLED
+int CutlassConfigCount() { return static_cast<int>(std::size(kCutlassBlockTiles)); }
+const char* CutlassConfigName(int c) { return CutlassBlockTileName(kCutlassBlockTiles[c]); }
+#else
+int CutlassConfigCount() { return 0; }
+const char* CutlassConfigName(int) { return ""; }
+#endif
+int CutlassConfigIndex(const char* name) {
+  for (int c = 0; c < CutlassConfigCount(); ++c) {
+    if (std::strcmp(CutlassConfigName(c), name) == 0) return c;
+  }
+  return -1;
+}
+
 struct BlockOperands {
   const uint8_t* a8;
   const float* a_scales;  // [m, groups]: QuantizeActivations' layout
@@ -249,14 +266,14 @@ struct BlockOperands {
 
 // CutlassFp8BlockGemm (kernels/fp8/cutlass/) on `op` with TransposeGroupScales timed with it, as
 // the other block columns: microseconds; 0 where it does not run (the reason printed) or is not
-// built (no CUTLASS headers: printed once by the caller). pingpong: force its 64 x 128 tiles
-// (else kAuto: 128 x 128 cooperative at these m).
-double TimeCutlassBlock(int iters, const BlockOperands& op, bool pingpong, const char* row) {
+// built (no CUTLASS headers: printed once by the caller). tile: a forced configuration index
+// into kCutlassBlockTiles, or -1 for kAuto (128 x 128 cooperative at these m).
+double TimeCutlassBlock(int iters, const BlockOperands& op, int tile, const char* row) {
 #ifdef TANDEM_CUTLASS_ENABLED
   CutlassFp8BlockGemmArgs args{
       op.a8, op.a_scales_t, op.w8, op.w_scales, Block128WeightScaleLd(op.k),
       op.m,  op.n,          op.k,  op.out};
-  args.tile = pingpong ? CutlassBlockTile::kPingpong64 : CutlassBlockTile::kAuto;
+  args.tile = tile < 0 ? CutlassBlockTile::kAuto : kCutlassBlockTiles[tile];
   absl::StatusOr<size_t> bytes = CutlassFp8BlockGemmWorkspaceBytes(args);
   absl::Status st = bytes.ok() ? CutlassFp8BlockGemmInit() : bytes.status();
   void* workspace = nullptr;
@@ -272,14 +289,38 @@ double TimeCutlassBlock(int iters, const BlockOperands& op, bool pingpong, const
       (void)CutlassFp8BlockGemm(args, workspace, *bytes, nullptr);
     });
   } else {
-    std::printf("%s cutlass%s: %s\n", row, pingpong ? "_pp64" : "", st.ToString().c_str());
+    std::printf("%s cutlass_%s: %s\n", row, CutlassBlockTileName(args.tile), st.ToString().c_str());
   }
   cudaFree(workspace);
   return us;
 #else
-  (void)iters, (void)op, (void)pingpong, (void)row;
+  (void)iters, (void)op, (void)tile, (void)row;
   return 0;
 #endif
+}
+
+// --cutlass_configs=all: a TFLOP/s column per CUTLASS configuration (tc: kAuto's time, its
+// coop128 at these m; tc64: pp64's), then the fastest one's name and its ratio to per-tensor
+// (tt). Returns the fastest time (0 where none ran).
+double PrintEveryCutlassConfig(int iters, const BlockOperands& op, double tc, double tc64,
+                               double flops, double tt, const char* row) {
+  double best = 0;
+  int best_c = -1;
+  for (int c = 0; c < CutlassConfigCount(); ++c) {
+    double t = 0;
+    if (std::strcmp(CutlassConfigName(c), "pp64") == 0) {
+      t = tc64;
+    } else if (tc > 0 && op.m > 64 && std::strcmp(CutlassConfigName(c), "coop128") == 0) {
+      t = tc;
+    } else {
+      t = TimeCutlassBlock(iters, op, c, row);
+    }
+    std::printf(" %.0f", t > 0 ? flops / t / 1e6 : 0.0);
+    if (t > 0 && (best <= 0 || t < best)) best = t, best_c = c;
+  }
+  std::printf(" %s %.2f", best_c < 0 ? "none" : CutlassConfigName(best_c),
+              best > 0 && tt > 0 ? tt / best : 0.0);
+  return best;
 }
 
 // Block-scaled FP8 GEMM (kBlock128) next to per-tensor FP8 and bf16 on the same shapes: on
@@ -288,8 +329,9 @@ double TimeCutlassBlock(int iters, const BlockOperands& op, bool pingpong, const
 // called directly; `auto_n` = the tile width kAuto picks; ovl_best = the fastest of k128, k192
 // and k192Serial, the last column). Every block path's activation-scale
 // transpose (TransposeGroupScales) is timed with it. TANDEM_FP8_BENCH_BLOCK_ROW="shape M" (e.g.
-// "v3.gate_up_proj 8192") times that row alone (for ncu).
-int BenchBlockGemm(int iters) {
+// "v3.gate_up_proj 8192") times that row alone (for ncu). all_cutlass: after those columns one
+// per CUTLASS configuration, then the fastest one's name and its ratio to per-tensor.
+int BenchBlockGemm(int iters, bool all_cutlass) {
   const char* only_row = std::getenv("TANDEM_FP8_BENCH_BLOCK_ROW");
   auto fp8 = CublasLtFp8Gemm::Create();
   auto bf16 = CublasLtGemm::Create();
@@ -308,11 +350,14 @@ int BenchBlockGemm(int iters) {
       "block_vs_bf16 wgmma_TFLOPs wgmma_direct_TFLOPs wgmma_mc_TFLOPs wgmma_vs_tensor "
       "mc_vs_tensor mc_vs_cublaslt ovl128_TFLOPs ovl192_TFLOPs auto_n ovl_best_vs_tensor "
       "ovl_best_vs_cublaslt ser192_TFLOPs cutlass_TFLOPs cutlass_vs_tensor cutlass_vs_cublaslt "
-      "cutlass_pp64_TFLOPs\n");
+      "cutlass_pp64_TFLOPs");
+  const int n_configs = all_cutlass ? CutlassConfigCount() : 0;
+  for (int c = 0; c < n_configs; ++c) std::printf(" cfg_%s_TFLOPs", CutlassConfigName(c));
+  std::printf(all_cutlass ? " cutlass_best cutlass_best_vs_tensor\n" : "\n");
 #ifndef TANDEM_CUTLASS_ENABLED
   std::printf("cutlass: not built (no CUTLASS headers: third_party/cutlass/), columns 0\n");
 #endif
-  std::vector<double> cutlass_vs_tensor, cublaslt_vs_tensor;  // for the closing summary
+  std::vector<double> cutlass_vs_tensor, cublaslt_vs_tensor, best_vs_tensor;  // closing summary
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int64_t max_m = 8192;
@@ -383,8 +428,8 @@ int BenchBlockGemm(int iters) {
       const double to192 = time_overlap(Fp8BlockOverlap::k192, "overlap_192");
       const double ts192 = time_overlap(Fp8BlockOverlap::k192Serial, "serial_192");
       const BlockOperands op{a8, a_scales, a_scales_t, w8, w_scales, m, s.n, s.k, out};
-      const double tc = TimeCutlassBlock(iters, op, false, row);
-      const double tc64 = TimeCutlassBlock(iters, op, true, row);
+      const double tc = TimeCutlassBlock(iters, op, -1, row);
+      const double tc64 = TimeCutlassBlock(iters, op, CutlassConfigIndex("pp64"), row);
       double tob = 0;  // the fastest of the three
       for (double t : {to128, to192, ts192}) tob = t > 0 && (tob <= 0 || t < tob) ? t : tob;
       auto tflops = [&](double us) { return us > 0 ? flops / us / 1e6 : 0.0; };
@@ -396,7 +441,12 @@ int BenchBlockGemm(int iters) {
       std::printf(" %.0f %.0f %d %.2f %.2f %.0f", tflops(to128), tflops(to192),
                   Fp8BlockOverlapAutoTileN(m, s.n, sms), ratio(tt, tob), ratio(tb, tob),
                   tflops(ts192));
-      std::printf(" %.0f %.2f %.2f %.0f\n", tflops(tc), ratio(tt, tc), ratio(tb, tc), tflops(tc64));
+      std::printf(" %.0f %.2f %.2f %.0f", tflops(tc), ratio(tt, tc), ratio(tb, tc), tflops(tc64));
+      if (all_cutlass) {
+        const double best = PrintEveryCutlassConfig(iters, op, tc, tc64, flops, tt, row);
+        if (best > 0 && tt > 0) best_vs_tensor.push_back(tt / best);
+      }
+      std::printf("\n");
       if (tc > 0 && tt > 0) cutlass_vs_tensor.push_back(tt / tc);
       if (tb > 0 && tt > 0) cublaslt_vs_tensor.push_back(tt / tb);
     }
@@ -413,6 +463,7 @@ int BenchBlockGemm(int iters) {
   }
   PrintRatioSummary("block_vs_tensor (cuBLASLt)", cublaslt_vs_tensor, 0.9);
   PrintRatioSummary("cutlass_vs_tensor", cutlass_vs_tensor, 0.9);
+  if (all_cutlass) PrintRatioSummary("cutlass_best_vs_tensor", best_vs_tensor, 0.9);
   return 0;
 }
 
@@ -451,13 +502,15 @@ int ProbeAccumulation() {
 int Main(int argc, char** argv) {
   int iters = 200, gemm_iters = 20;
   const char* only = "all";
+  bool all_cutlass = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
     if (std::strncmp(argv[i], "--gemm_iters=", 13) == 0) gemm_iters = std::atoi(argv[i] + 13);
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
+    if (std::strcmp(argv[i], "--cutlass_configs=all") == 0) all_cutlass = true;
   }
   if (std::strcmp(only, "probe") == 0) return ProbeAccumulation();
-  if (std::strcmp(only, "block") == 0) return BenchBlockGemm(gemm_iters);
+  if (std::strcmp(only, "block") == 0) return BenchBlockGemm(gemm_iters, all_cutlass);
   if (std::strcmp(only, "gemm") == 0) return BenchGemm(gemm_iters);
   const Shape shapes[] = {{"qkv_proj", 6144, 4096},
                           {"o_proj", 4096, 4096},
@@ -519,7 +572,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (BenchGemm(gemm_iters) != 0) return 1;
-  return BenchBlockGemm(gemm_iters) != 0 || ProbeAccumulation() != 0;
+  return BenchBlockGemm(gemm_iters, all_cutlass) != 0 || ProbeAccumulation() != 0;
 }
 
 }  // namespace
