@@ -166,7 +166,17 @@ absl::Status CutlassFp8BlockGemmInit() {
 absl::StatusOr<size_t> CutlassFp8BlockGemmWorkspaceBytes(const CutlassFp8BlockGemmArgs& args) {
   RETURN_IF_ERROR(CheckSizes(args));
   if (args.m == 0 || args.n == 0) return size_t{0};
-  return ScaleCopyBytes(args) + AlignUp(Calls(PickTile(args)).workspace_bytes(MakeProblem(args)));
+  // The current device's SM count, as CutlassFp8BlockGemm passes it (Stream-K's workspace depends
+  // on it; CUTLASS would otherwise ask device 0). Without a device: 0, CUTLASS's own query.
+  Problem p = MakeProblem(args);
+  if (cudaGetDevice(&p.device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, p.device) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    p.device = 0;
+    p.sm_count = 0;
+  }
+  return ScaleCopyBytes(args) + AlignUp(Calls(PickTile(args)).workspace_bytes(p));
 }
 
 absl::Status CutlassFp8BlockGemm(const CutlassFp8BlockGemmArgs& args, void* workspace,
