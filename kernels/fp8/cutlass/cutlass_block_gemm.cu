@@ -91,12 +91,6 @@ ConfigCalls Calls(CutlassBlockTile tile) {
   switch (tile) {
     case CutlassBlockTile::kPingpong64:
       return {cb::Pingpong64WorkspaceBytes, cb::Pingpong64Init, cb::Pingpong64Run};
-    case CutlassBlockTile::kCooperative128Cluster2x1:
-      return {cb::Cooperative128Cluster2x1WorkspaceBytes, cb::Cooperative128Cluster2x1Init,
-              cb::Cooperative128Cluster2x1Run};
-    case CutlassBlockTile::kCooperative128StreamK:
-      return {cb::Cooperative128StreamKWorkspaceBytes, cb::Cooperative128StreamKInit,
-              cb::Cooperative128StreamKRun};
     default:
       return {cb::Cooperative128WorkspaceBytes, cb::Cooperative128Init, cb::Cooperative128Run};
   }
@@ -134,10 +128,6 @@ const char* CutlassBlockTileName(CutlassBlockTile tile) {
       return "coop128";
     case CutlassBlockTile::kPingpong64:
       return "pp64";
-    case CutlassBlockTile::kCooperative128Cluster2x1:
-      return "coop128_c2x1";
-    case CutlassBlockTile::kCooperative128StreamK:
-      return "coop128_sk";
   }
   return "?";
 }

@@ -52,25 +52,18 @@ namespace tandem::kernels::cuda {
 //     two n-tiles), two consumer warpgroups on one tile (vLLM's sm90 block-FP8 config);
 //   kPingpong64: 64 x 128 x 128 tiles, no cluster, the two consumer warpgroups on alternate
 //     tiles (less padding for small m);
-//   kCooperative128Cluster2x1: kCooperative128 with clusters of 2 x 1 (the weight tile
-//     multicast to two m-tiles);
-//   kCooperative128StreamK: kCooperative128 on CUTLASS's Stream-K tile scheduler (a partial last
-//     wave's tiles split along k, reduced deterministically through the workspace);
 //   kAuto: kPingpong64 for m <= 64, else kCooperative128.
 enum class CutlassBlockTile {
   kAuto,
   kCooperative128,
   kPingpong64,
-  kCooperative128Cluster2x1,
-  kCooperative128StreamK,
 };
 
 // Every configuration but kAuto (tests and benchmarks force each).
-inline constexpr CutlassBlockTile kCutlassBlockTiles[] = {
-    CutlassBlockTile::kCooperative128, CutlassBlockTile::kPingpong64,
-    CutlassBlockTile::kCooperative128Cluster2x1, CutlassBlockTile::kCooperative128StreamK};
+inline constexpr CutlassBlockTile kCutlassBlockTiles[] = {CutlassBlockTile::kCooperative128,
+                                                          CutlassBlockTile::kPingpong64};
 
-// A short name for printing ("coop128", "pp64", "coop128_c2x1", "coop128_sk"; "auto").
+// A short name for printing ("coop128", "pp64"; "auto").
 const char* CutlassBlockTileName(CutlassBlockTile tile);
 
 struct CutlassFp8BlockGemmArgs {

@@ -1,6 +1,5 @@
 // Internal to :cutlass_block_gemm: the configurations' entry points, each defined in its own
-// .cu file (cutlass_block_gemm_coop128.cu, cutlass_block_gemm_pingpong64.cu,
-// cutlass_block_gemm_coop128_c2x1.cu, cutlass_block_gemm_coop128_streamk.cu) from
+// .cu file (cutlass_block_gemm_coop128.cu, cutlass_block_gemm_pingpong64.cu) from
 // cutlass_block_gemm_kernel.cuh, called by cutlass_block_gemm.cu after it checked the problem.
 #ifndef TANDEM_KERNELS_FP8_CUTLASS_CUTLASS_BLOCK_GEMM_CONFIG_H_
 #define TANDEM_KERNELS_FP8_CUTLASS_CUTLASS_BLOCK_GEMM_CONFIG_H_
@@ -41,14 +40,6 @@ absl::Status Cooperative128Run(const Problem& p, void* workspace, cudaStream_t s
 size_t Pingpong64WorkspaceBytes(const Problem& p);
 absl::Status Pingpong64Init();
 absl::Status Pingpong64Run(const Problem& p, void* workspace, cudaStream_t stream);
-
-size_t Cooperative128Cluster2x1WorkspaceBytes(const Problem& p);
-absl::Status Cooperative128Cluster2x1Init();
-absl::Status Cooperative128Cluster2x1Run(const Problem& p, void* workspace, cudaStream_t stream);
-
-size_t Cooperative128StreamKWorkspaceBytes(const Problem& p);
-absl::Status Cooperative128StreamKInit();
-absl::Status Cooperative128StreamKRun(const Problem& p, void* workspace, cudaStream_t stream);
 
 }  // namespace tandem::kernels::cuda::cutlass_block
 

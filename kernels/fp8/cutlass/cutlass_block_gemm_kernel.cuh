@@ -30,10 +30,8 @@ namespace tandem::kernels::cuda::cutlass_block {
 // column-major K x N), scales per (1 row, 128 columns) of A, read M-major ([groups, m]: what
 // CUTLASS loads by TMA), and per (128 rows, 128 columns) block of the weight, read K-major
 // ([n blocks, ld]). No C operand (beta = 0, nothing read). fp32 accumulation, promoted per
-// 128-column group with its scales (ScalePromotionInterval = the tile's k). TileScheduler: void
-// (the persistent data-parallel scheduler) or cutlass::gemm::StreamKScheduler.
-template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule,
-          class TileScheduler = void>
+// 128-column group with its scales (ScalePromotionInterval = the tile's k).
+template <class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
 struct BlockGemmConfig {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -65,13 +63,10 @@ struct BlockGemmConfig {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  // void: the persistent tile scheduler, every output tile on one CTA, no split k, so the
-  // result does not depend on the grid. StreamKScheduler: CUTLASS's heuristic splits the last
-  // wave's tiles along k across CTAs, reduced in a fixed order through the workspace
-  // (ReductionMode::Deterministic: the same bits for the same problem and SM count).
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, TileScheduler>;
+  // The persistent tile scheduler (void): every output tile on one CTA, no split k, so the
+  // result does not depend on the grid.
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                                      CollectiveMainloop, CollectiveEpilogue, void>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
