@@ -217,7 +217,7 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
 const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv) {
   if (w8a16_gemv && W8a16GemvServes(w, m)) return "fp8-w8a16-gemv";
   if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
-  if (BlockGemmServes(w)) return "cublaslt-fp8-block-gemm";
+  if (BlockGemmServes(w)) return "fp8-block-gemm";  // CUTLASS where built, else cuBLASLt
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
 }
 
@@ -298,9 +298,9 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     if (!absl::IsUnimplemented(st)) return st;
   }
   if (m > kc::kFp8SmallMMaxM && BlockGemmServes(w)) {
-    // 1x128 x 128x128 blocks: cuBLASLt's block-scaled GEMM on the rows it has kernels for (a
-    // multiple of 4), the group scales transposed into its VEC128 layout; the last m % 4 rows on
-    // the GEMV below.
+    // 1x128 x 128x128 blocks: the block-scaled GEMM (CUTLASS where built, else cuBLASLt:
+    // CublasLtFp8Gemm's dispatch) on the rows cuBLASLt has kernels for (a multiple of 4), the
+    // group scales transposed into its VEC128 layout; the last m % 4 rows on the GEMV below.
     const int64_t gemm_rows = m / kc::kBlock128RowMultiple * kc::kBlock128RowMultiple;
     RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), gemm_rows,
                                              (k + kGroup - 1) / kGroup,
@@ -311,7 +311,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
                       out, stream, bias);
     if (st.ok()) {
       if (gemm_rows < m) RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream, gemm_rows));
-      last_path_ = "cublaslt-fp8-block-gemm";
+      last_path_ = "fp8-block-gemm";  // which kernel ran: gemm_->last_block_kernel()
       return absl::OkStatus();
     }
     if (!absl::IsUnimplemented(st)) return st;

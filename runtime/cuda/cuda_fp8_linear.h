@@ -167,9 +167,9 @@ class CudaFp8Linear {
   }
 
   // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
-  // "fp8-gemv", "cublaslt-fp8-gemm", "cublaslt-fp8-block-gemm" or the slow "fp8-gemv-chunks");
-  // a cuBLASLt shape without a kernel also falls back to the chunks, and the W8A16 GEMV is
-  // skipped (for "fp8-gemv") for codes_ready or activations not 16-byte aligned.
+  // "fp8-gemv", "cublaslt-fp8-gemm", "fp8-block-gemm" (CUTLASS where built, else cuBLASLt) or the
+  // slow "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks, and
+  // the W8A16 GEMV is skipped (for "fp8-gemv") for codes_ready or activations not 16-byte aligned.
   static const char* PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv = true);
   // The path the last successful Linear call took (PathFor's names; "" before any): differs
   // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.

@@ -180,7 +180,7 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");  // 2 groups: not 4n
   w.grid.cols = 512;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-block-gemm");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-block-gemm");
   // Batch 1 of 128-column groups: the W8A16 GEMV unless switched off; whole-row scales keep the
   // W8A8 GEMV (and 128 of 128 columns is a whole row).
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-w8a16-gemv");
