@@ -64,10 +64,9 @@ bool Fp8BlockGemmCutlassBuilt() {
 #endif
 }
 
-Fp8BlockGemmKernel DefaultFp8BlockGemmKernel() {
-  return BlockKernelSupported(Fp8BlockGemmKernel::kCutlass) ? Fp8BlockGemmKernel::kCutlass
-                                                            : Fp8BlockGemmKernel::kCublasLt;
-}
+bool Fp8BlockGemmCutlassAvailable() { return BlockKernelSupported(Fp8BlockGemmKernel::kCutlass); }
+
+Fp8BlockGemmKernel DefaultFp8BlockGemmKernel() { return Fp8BlockGemmKernel::kCublasLt; }
 
 // One shape's descriptors and algorithm. In cuBLASLt's column-major terms D[n, m] =
 // op(A)[n, k] . B[k, m] with A = w (transposed: the "TN" layout FP8 matmul requires) and B = a.

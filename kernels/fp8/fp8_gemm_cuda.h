@@ -75,7 +75,12 @@ enum class Fp8GemmScaling { kTensor, kTokenChannel, kBlock128 };
 enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales, kWgmmaMulticast, kCutlass };
 // Whether this binary has the CUTLASS kernel (built with @cutlass: third_party/cutlass/).
 bool Fp8BlockGemmCutlassBuilt();
-// kCutlass where it is built and the current device is sm_90, else kCublasLt.
+// Whether the CUTLASS kernel runs here (built, and the current device is sm_90).
+bool Fp8BlockGemmCutlassAvailable();
+// kCublasLt. CUTLASS is opt-in (TANDEM_FP8_BLOCK_GEMM=cutlass, set_block_kernel): faster in the
+// kernel table at M 2048 / 8192 (geomean ~1.05x cuBLASLt's block mode) but Qwen3-30B-A3B-FP8
+// served with it had 9% longer TTFT on an H200 (its per-expert GEMMs of ~128 rows; kernels/fp8/
+// BENCHMARKS.md, seventeenth session), so not the default until a per-shape rule is measured.
 Fp8BlockGemmKernel DefaultFp8BlockGemmKernel();
 
 // cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major

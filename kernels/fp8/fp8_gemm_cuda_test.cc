@@ -148,16 +148,17 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   }
 }
 
-// The kBlock128 dispatch: CUTLASS by default where it is built and the device is sm_90 (also any
-// m, here 17 and 7), TANDEM_FP8_BLOCK_GEMM=cublaslt / cutlass read by Create, cuBLASLt where
+// The kBlock128 dispatch: cuBLASLt by default, CUTLASS with TANDEM_FP8_BLOCK_GEMM=cutlass (read
+// by Create) where it is built and the device is sm_90 (also any m, here 17 and 7), cuBLASLt where
 // CUTLASS does not take a call (k = 400: not a multiple of 128; a bias), each against the CPU
 // reference; last_block_kernel() says which ran. The CUTLASS call captured into a graph (m = 7:
 // its padded scale copy too) replays bit for bit.
-TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassByDefault) {
+TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassWhenAsked) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  const bool cutlass = DefaultFp8BlockGemmKernel() == Fp8BlockGemmKernel::kCutlass;
-  std::printf("CUTLASS block GEMM: %s\n", cutlass                      ? "the default"
+  EXPECT_EQ(DefaultFp8BlockGemmKernel(), Fp8BlockGemmKernel::kCublasLt);
+  const bool cutlass = Fp8BlockGemmCutlassAvailable();
+  std::printf("CUTLASS block GEMM: %s\n", cutlass                      ? "available"
                                           : Fp8BlockGemmCutlassBuilt() ? "built, device not sm_90"
                                                                        : "not built");
   const char* saved = std::getenv("TANDEM_FP8_BLOCK_GEMM");
@@ -169,7 +170,7 @@ TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassByDefault) {
     if (saved != nullptr) setenv("TANDEM_FP8_BLOCK_GEMM", saved, 1);
     if (saved == nullptr) unsetenv("TANDEM_FP8_BLOCK_GEMM");
     ASSERT_TRUE(gemm.ok()) << gemm.status();
-    const bool on_cutlass = cutlass && (env == nullptr || std::string_view(env) == "cutlass");
+    const bool on_cutlass = cutlass && env != nullptr && std::string_view(env) == "cutlass";
     const auto want = on_cutlass ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt;
     EXPECT_EQ((*gemm)->block_kernel(), want);
     for (auto [m, n, k, bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{256, 384, 4096, false},
