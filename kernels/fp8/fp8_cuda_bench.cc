@@ -15,6 +15,7 @@
 //
 //   fp8_cuda_bench [--iters=200] [--gemm_iters=20] [--only=all|gemm|block|probe]
 //                  [--cutlass_configs=all] (block rows: one column per CUTLASS configuration)
+//                  [--block_ms=2048,8192] (block rows' m: multiples of 4, e.g. expert sizes)
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -29,6 +30,9 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_block_gemm_cuda.h"
@@ -331,7 +335,7 @@ double PrintEveryCutlassConfig(int iters, const BlockOperands& op, double tc, do
 // transpose (TransposeGroupScales) is timed with it. TANDEM_FP8_BENCH_BLOCK_ROW="shape M" (e.g.
 // "v3.gate_up_proj 8192") times that row alone (for ncu). all_cutlass: after those columns one
 // per CUTLASS configuration, then the fastest one's name and its ratio to per-tensor.
-int BenchBlockGemm(int iters, bool all_cutlass) {
+int BenchBlockGemm(int iters, bool all_cutlass, const std::vector<int64_t>& ms) {
   const char* only_row = std::getenv("TANDEM_FP8_BENCH_BLOCK_ROW");
   auto fp8 = CublasLtFp8Gemm::Create();
   auto bf16 = CublasLtGemm::Create();
@@ -360,7 +364,7 @@ int BenchBlockGemm(int iters, bool all_cutlass) {
   std::vector<double> cutlass_vs_tensor, cublaslt_vs_tensor, best_vs_tensor;  // closing summary
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const int64_t max_m = 8192;
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   for (const Shape& s : shapes) {
     const int64_t groups = Block128Groups(s.k);
     uint8_t* w8 = DeviceFill<uint8_t>(s.n * s.k, 0x30);
@@ -371,7 +375,7 @@ int BenchBlockGemm(int iters, bool all_cutlass) {
     float* w_scales = DeviceFill<float>((s.n + 127) / 128 * Block128WeightScaleLd(s.k), 0x3c);
     float* a_scales = DeviceFill<float>(max_m * groups, 0x3c);
     float* a_scales_t = DeviceFill<float>(max_m * groups, 0x3c);
-    for (int64_t m : {2048, 8192}) {
+    for (int64_t m : ms) {
       char row[64];
       std::snprintf(row, sizeof(row), "%s %ld", s.name, static_cast<long>(m));
       if (only_row != nullptr && std::strcmp(only_row, row) != 0) continue;
@@ -503,14 +507,26 @@ int Main(int argc, char** argv) {
   int iters = 200, gemm_iters = 20;
   const char* only = "all";
   bool all_cutlass = false;
+  std::vector<int64_t> block_ms = {2048, 8192};
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--iters=", 8) == 0) iters = std::atoi(argv[i] + 8);
     if (std::strncmp(argv[i], "--gemm_iters=", 13) == 0) gemm_iters = std::atoi(argv[i] + 13);
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
     if (std::strcmp(argv[i], "--cutlass_configs=all") == 0) all_cutlass = true;
+    if (std::strncmp(argv[i], "--block_ms=", 11) == 0) {
+      block_ms.clear();
+      for (const absl::string_view m : absl::StrSplit(argv[i] + 11, ',')) {
+        int64_t v = 0;
+        if (absl::SimpleAtoi(m, &v) && v > 0 && v % 4 == 0) block_ms.push_back(v);
+      }
+      if (block_ms.empty()) {
+        std::fprintf(stderr, "--block_ms: positive multiples of 4, comma-separated\n");
+        return 2;
+      }
+    }
   }
   if (std::strcmp(only, "probe") == 0) return ProbeAccumulation();
-  if (std::strcmp(only, "block") == 0) return BenchBlockGemm(gemm_iters, all_cutlass);
+  if (std::strcmp(only, "block") == 0) return BenchBlockGemm(gemm_iters, all_cutlass, block_ms);
   if (std::strcmp(only, "gemm") == 0) return BenchGemm(gemm_iters);
   const Shape shapes[] = {{"qkv_proj", 6144, 4096},
                           {"o_proj", 4096, 4096},
@@ -572,7 +588,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (BenchGemm(gemm_iters) != 0) return 1;
-  return BenchBlockGemm(gemm_iters, all_cutlass) != 0 || ProbeAccumulation() != 0;
+  return BenchBlockGemm(gemm_iters, all_cutlass, block_ms) != 0 || ProbeAccumulation() != 0;
 }
 
 }  // namespace

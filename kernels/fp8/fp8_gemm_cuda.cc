@@ -66,7 +66,10 @@ bool Fp8BlockGemmCutlassBuilt() {
 
 bool Fp8BlockGemmCutlassAvailable() { return BlockKernelSupported(Fp8BlockGemmKernel::kCutlass); }
 
-Fp8BlockGemmKernel DefaultFp8BlockGemmKernel() { return Fp8BlockGemmKernel::kCublasLt; }
+Fp8BlockGemmKernel DefaultFp8BlockGemmKernel() {
+  return Fp8BlockGemmCutlassAvailable() ? Fp8BlockGemmKernel::kCutlass
+                                        : Fp8BlockGemmKernel::kCublasLt;
+}
 
 // One shape's descriptors and algorithm. In cuBLASLt's column-major terms D[n, m] =
 // op(A)[n, k] . B[k, m] with A = w (transposed: the "TN" layout FP8 matmul requires) and B = a.
@@ -142,12 +145,13 @@ absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(int64_t
   ASSIGN_OR_RETURN(const std::optional<Fp8BlockGemmKernel> from_env, BlockKernelFromEnv());
   const Fp8BlockGemmKernel block = from_env.value_or(DefaultFp8BlockGemmKernel());
   if (block != Fp8BlockGemmKernel::kCublasLt && BlockKernelSupported(block)) {
-    RETURN_IF_ERROR(gemm->set_block_kernel(block));
+    // Asked for by name: every call; the default: large calls only (kCutlassBlockMinRows).
+    RETURN_IF_ERROR(gemm->set_block_kernel(block, from_env ? 0 : kCutlassBlockMinRows));
   }
   return gemm;
 }
 
-absl::Status CublasLtFp8Gemm::set_block_kernel(Fp8BlockGemmKernel kernel) {
+absl::Status CublasLtFp8Gemm::set_block_kernel(Fp8BlockGemmKernel kernel, int64_t min_rows) {
   if (kernel == Fp8BlockGemmKernel::kCutlass) {
 #ifdef TANDEM_HAVE_CUTLASS
     RETURN_IF_ERROR(CutlassFp8BlockGemmInit());  // FAILED_PRECONDITION where not sm_90
@@ -164,6 +168,7 @@ absl::Status CublasLtFp8Gemm::set_block_kernel(Fp8BlockGemmKernel kernel) {
     RETURN_IF_ERROR(Fp8BlockGemmWgmmaInit());
   }
   block_kernel_ = kernel;
+  cutlass_min_rows_ = kernel == Fp8BlockGemmKernel::kCutlass ? std::max<int64_t>(min_rows, 0) : 0;
   return absl::OkStatus();
 }
 
@@ -340,9 +345,11 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
                           stream);
     case Fp8GemmScaling::kBlock128:
       if (block_kernel_ == Fp8BlockGemmKernel::kCutlass) {
-        ASSIGN_OR_RETURN(const bool ran, CutlassBlockLinear(a_codes, a_scales, w_codes, w_scales, m,
-                                                            n, k, out, bias, stream));
-        if (ran) return absl::OkStatus();
+        if (m >= cutlass_min_rows_) {  // else cuBLASLt below
+          ASSIGN_OR_RETURN(const bool ran, CutlassBlockLinear(a_codes, a_scales, w_codes, w_scales,
+                                                              m, n, k, out, bias, stream));
+          if (ran) return absl::OkStatus();
+        }
       } else if (block_kernel_ != Fp8BlockGemmKernel::kCublasLt) {
         last_block_kernel_ = block_kernel_;
         Fp8BlockWgmmaForm form;

@@ -77,11 +77,15 @@ enum class Fp8BlockGemmKernel { kCublasLt, kWgmma, kWgmmaDirectScales, kWgmmaMul
 bool Fp8BlockGemmCutlassBuilt();
 // Whether the CUTLASS kernel runs here (built, and the current device is sm_90).
 bool Fp8BlockGemmCutlassAvailable();
-// kCublasLt. CUTLASS is opt-in (TANDEM_FP8_BLOCK_GEMM=cutlass, set_block_kernel): faster in the
-// kernel table at M 2048 / 8192 (geomean ~1.05x cuBLASLt's block mode) but Qwen3-30B-A3B-FP8
-// served with it had 9% longer TTFT on an H200 (its per-expert GEMMs of ~128 rows; kernels/fp8/
-// BENCHMARKS.md, seventeenth session), so not the default until a per-shape rule is measured.
+// kCutlass where available, else kCublasLt. By default CUTLASS takes only calls of at least
+// kCutlassBlockMinRows rows (the rest: cuBLASLt); TANDEM_FP8_BLOCK_GEMM=cutlass or
+// set_block_kernel(kCutlass) gives it every m.
 Fp8BlockGemmKernel DefaultFp8BlockGemmKernel();
+// Measured on an H200 (kernels/fp8/BENCHMARKS.md, seventeenth session; fp8_cuda_bench --only=block
+// --block_ms): CUTLASS / cuBLASLt's block mode 0.64-1.08 at m 64-512 (most rows below 1: a MoE
+// model's per-expert GEMMs; Qwen3-30B-A3B-FP8 served on CUTLASS at every m had 9% longer TTFT),
+// 0.92-1.02 at 1024, 0.97-1.17 at 2048 / 8192 (geomean ~1.05).
+inline constexpr int64_t kCutlassBlockMinRows = 2048;
 
 // cuBLASLt's scale layouts for kBlock128 (column-major in its terms, where our row-major
 // activations [m, k] and weights [n, k] are k x m and k x n):
@@ -140,9 +144,11 @@ class CublasLtFp8Gemm {
 
   // The kBlock128 kernel. set_block_kernel: FAILED_PRECONDITION for the wgmma ones and kCutlass
   // on a device that is not sm_90, and for kCutlass where it is not built (the kernels'
-  // shared-memory opt-in is made here: before any graph capture).
+  // shared-memory opt-in is made here: before any graph capture); kCutlass for calls of at least
+  // min_rows rows (0: every call; Create's default: kCutlassBlockMinRows), cuBLASLt below.
   Fp8BlockGemmKernel block_kernel() const { return block_kernel_; }
-  absl::Status set_block_kernel(Fp8BlockGemmKernel kernel);
+  absl::Status set_block_kernel(Fp8BlockGemmKernel kernel, int64_t min_rows = 0);
+  int64_t cutlass_min_rows() const { return cutlass_min_rows_; }
   // The kernel that ran the last kBlock128 call that launched one (kCublasLt before any, and
   // where kCutlass fell back to cuBLASLt).
   Fp8BlockGemmKernel last_block_kernel() const { return last_block_kernel_; }
@@ -213,6 +219,7 @@ class CublasLtFp8Gemm {
   int64_t autotune_max_m_ = 0;
   int64_t num_tuned_plans_ = 0;
   Fp8BlockGemmKernel block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
+  int64_t cutlass_min_rows_ = 0;  // kCutlass: calls of fewer rows run on cuBLASLt
   Fp8BlockGemmKernel last_block_kernel_ = Fp8BlockGemmKernel::kCublasLt;
   // kCutlass's workspace where workspace_ is too small (null until then); the ones it replaced
   // stay allocated until destruction (a captured graph may still use them).

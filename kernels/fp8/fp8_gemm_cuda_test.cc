@@ -148,17 +148,19 @@ TEST(Fp8GemmCudaTest, Block128MatchesTheCpuReference) {
   }
 }
 
-// The kBlock128 dispatch: cuBLASLt by default, CUTLASS with TANDEM_FP8_BLOCK_GEMM=cutlass (read
-// by Create) where it is built and the device is sm_90 (also any m, here 17 and 7), cuBLASLt where
-// CUTLASS does not take a call (k = 400: not a multiple of 128; a bias), each against the CPU
-// reference; last_block_kernel() says which ran. The CUTLASS call captured into a graph (m = 7:
-// its padded scale copy too) replays bit for bit.
-TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassWhenAsked) {
+// The kBlock128 dispatch where CUTLASS is built and the device is sm_90: by default CUTLASS for
+// calls of >= kCutlassBlockMinRows rows and cuBLASLt below; TANDEM_FP8_BLOCK_GEMM=cublaslt (read
+// by Create): cuBLASLt; =cutlass: CUTLASS at any m (here 17 and 7); cuBLASLt wherever CUTLASS
+// does not take a call (k = 400: not a multiple of 128; a bias); each against the CPU reference,
+// last_block_kernel() saying which ran. The CUTLASS call captured into a graph (m = 7: its
+// padded scale copy too) replays bit for bit.
+TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassForLargeCalls) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  EXPECT_EQ(DefaultFp8BlockGemmKernel(), Fp8BlockGemmKernel::kCublasLt);
   const bool cutlass = Fp8BlockGemmCutlassAvailable();
-  std::printf("CUTLASS block GEMM: %s\n", cutlass                      ? "available"
+  EXPECT_EQ(DefaultFp8BlockGemmKernel(),
+            cutlass ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt);
+  std::printf("CUTLASS block GEMM: %s\n", cutlass                      ? "the default, large calls"
                                           : Fp8BlockGemmCutlassBuilt() ? "built, device not sm_90"
                                                                        : "not built");
   const char* saved = std::getenv("TANDEM_FP8_BLOCK_GEMM");
@@ -170,17 +172,22 @@ TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassWhenAsked) {
     if (saved != nullptr) setenv("TANDEM_FP8_BLOCK_GEMM", saved, 1);
     if (saved == nullptr) unsetenv("TANDEM_FP8_BLOCK_GEMM");
     ASSERT_TRUE(gemm.ok()) << gemm.status();
-    const bool on_cutlass = cutlass && env != nullptr && std::string_view(env) == "cutlass";
+    const bool on_cutlass = cutlass && (env == nullptr || std::string_view(env) == "cutlass");
+    const int64_t min_rows = env == nullptr ? kCutlassBlockMinRows : 0;
     const auto want = on_cutlass ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt;
     EXPECT_EQ((*gemm)->block_kernel(), want);
+    if (on_cutlass) {
+      EXPECT_EQ((*gemm)->cutlass_min_rows(), min_rows);
+    }
     for (auto [m, n, k, bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{256, 384, 4096, false},
                                  {200, 200, 1024, false},
                                  {36, 256, 400, false},
                                  {64, 256, 512, true},
-                                 {17, 256, 512, false}}) {
-      if (!on_cutlass && m % kBlock128RowMultiple != 0) continue;  // cuBLASLt has no kernel
+                                 {17, 256, 512, false},
+                                 {kCutlassBlockMinRows, 256, 512, false}}) {
+      const bool cutlass_takes = on_cutlass && m >= min_rows && k % 128 == 0 && !bias;
+      if (!cutlass_takes && m % kBlock128RowMultiple != 0) continue;  // cuBLASLt has no kernel
       CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, bias);
-      const bool cutlass_takes = on_cutlass && k % 128 == 0 && !bias;
       EXPECT_EQ((*gemm)->last_block_kernel(),
                 cutlass_takes ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt)
           << "m=" << m << " n=" << n << " k=" << k << " bias=" << bias;
