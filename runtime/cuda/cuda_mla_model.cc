@@ -463,9 +463,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .rows16_small_batches = options_.mla_rows16,
                       .prewait = MlaPrewaitFromEnv(),
                       .cluster_merge = MlaClusterMergeFromEnv()};
-  const std::optional<int64_t> rows16_bound = MlaRows16MaxRequestsFromEnv().has_value()
-                                                  ? MlaRows16MaxRequestsFromEnv()
-                                                  : options_.mla_rows16_max_requests;
+  std::optional<int64_t> rows16_bound = MlaRows16MaxRequestsFromEnv();
+  if (!rows16_bound.has_value()) rows16_bound = options_.mla_rows16_max_requests;
   if (rows16_bound.has_value()) in.rows16_max_requests = *rows16_bound;
   ASSIGN_OR_RETURN(const kc::MlaPlan mla, kc::PlanMla(in));
   if (mla.workspace_bytes > mla_workspace_.bytes()) {
