@@ -3,7 +3,6 @@
 // 128 on both operands), the kernel that fills its per-group arguments on the device from the
 // expert offsets, and the checks. CUTLASS's types stay in this file.
 #include <climits>
-
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -228,8 +227,8 @@ absl::Status MoeFp8CutlassGroupedInit() {
       cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::SharedStorageSize);
   if (err != cudaSuccess) {
-    return absl::InternalError(absl::StrCat(
-        "MoeFp8CutlassGroupedGemm: shared-memory opt-in: ", cudaGetErrorString(err)));
+    return absl::InternalError(
+        absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in: ", cudaGetErrorString(err)));
   }
   return absl::OkStatus();
 }
@@ -248,9 +247,9 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   RETURN_IF_ERROR(CheckArgs(args));
   ASSIGN_OR_RETURN(const size_t needed, MoeFp8CutlassGroupedWorkspaceBytes(args.num_experts));
   if (workspace == nullptr || !Aligned(workspace, kAlign) || workspace_bytes < needed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MoeFp8CutlassGroupedGemm: workspace of ", workspace_bytes, " bytes, ",
-                     needed, " needed, 128-byte aligned"));
+    return absl::InvalidArgumentError(absl::StrCat("MoeFp8CutlassGroupedGemm: workspace of ",
+                                                   workspace_bytes, " bytes, ", needed,
+                                                   " needed, 128-byte aligned"));
   }
   if (!MoeFp8CutlassGroupedSupported()) {
     return absl::FailedPreconditionError("MoeFp8CutlassGroupedGemm: the device is not sm_90");

@@ -1,9 +1,9 @@
 // The FP8 experts' prefill GEMMs as ONE grouped GEMM (issue 38): CUTLASS 4.2's sm90 ptr-array
-// grouped GEMM with blockwise FP8 scaling (`KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise`:
-// TMA loads, two consumer warpgroups of e4m3 wgmma, the partial sums of each 128-column group
-// promoted into fp32 with their scales), one group per expert, for the runtime's prefill steps
-// (runtime/cuda/cuda_moe_fp8.h) where it ran one cuBLASLt GEMM per expert and projection after
-// reading the expert offsets back to the host.
+// grouped GEMM with blockwise FP8 scaling
+// (`KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise`: TMA loads, two consumer warpgroups of
+// e4m3 wgmma, the partial sums of each 128-column group promoted into fp32 with their scales), one
+// group per expert, for the runtime's prefill steps (runtime/cuda/cuda_moe_fp8.h) where it ran one
+// cuBLASLt GEMM per expert and projection after reading the expert offsets back to the host.
 //
 // No host sync: a small kernel fills CUTLASS's per-group problem shapes, operand pointers and
 // scale layouts in the workspace from the device expert offsets; the grid is the persistent
@@ -52,9 +52,9 @@ namespace tandem::kernels::cuda {
 inline constexpr int64_t kMoeFp8CutlassMaxExperts = 1024;
 
 struct MoeFp8CutlassGroupedArgs {
-  const uint8_t* a = nullptr;             // [rows, k] e4m3, expert-contiguous
-  const float* a_scales = nullptr;        // [rows, k / 128]
-  MoeFp8Experts w;                        // device tables: codes [n, k], scales [n, k / 128]
+  const uint8_t* a = nullptr;               // [rows, k] e4m3, expert-contiguous
+  const float* a_scales = nullptr;          // [rows, k / 128]
+  MoeFp8Experts w;                          // device tables: codes [n, k], scales [n, k / 128]
   const int32_t* expert_offsets = nullptr;  // device [num_experts + 1]
   int64_t num_experts = 0;
   int64_t n = 0;

@@ -11,8 +11,6 @@
 // (each instruction's 32 products summed with ~13 fraction bits of the largest magnitude,
 // promoted to fp32 every 128) plus one bf16 rounding. A sample of each expert's rows is checked
 // (all columns); rows past offsets[E] must stay untouched.
-#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +25,7 @@
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_cuda_test_util.h"
 #include "kernels/fp8/fp8_linear.h"
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -34,11 +33,11 @@ namespace {
 using bf16 = __nv_bfloat16;
 using cuda_test::DeviceBuffer;
 
-constexpr int64_t kMmaK = 32;         // e4m3 products per Hopper MMA instruction
-constexpr int64_t kPromoteK = 128;    // fp32 promotion interval
-constexpr double kMmaRel = 0x1p-11;   // 4 x 2^-13 per instruction's largest magnitude
-constexpr double kRoundRel = 0x1p-8;  // one bf16 rounding (2^-9) with a factor 2 of margin
-constexpr int kRowsPerExpert = 3;     // rows checked per expert (first, last, one random)
+constexpr int64_t kMmaK = 32;            // e4m3 products per Hopper MMA instruction
+constexpr int64_t kPromoteK = 128;       // fp32 promotion interval
+constexpr double kMmaRel = 0x1p-11;      // 4 x 2^-13 per instruction's largest magnitude
+constexpr double kRoundRel = 0x1p-8;     // one bf16 rounding (2^-9) with a factor 2 of margin
+constexpr int kRowsPerExpert = 3;        // rows checked per expert (first, last, one random)
 constexpr uint16_t kUntouched = 0x7FBF;  // a bf16 NaN the kernel never writes
 
 bf16 UntouchedValue() {
@@ -99,8 +98,8 @@ Weights MakeWeights(std::mt19937& rng, int64_t E, int64_t distinct, int64_t n, i
 struct Case {
   std::vector<int32_t> counts;  // rows per expert
   int64_t n, k;
-  int64_t distinct = 4;  // distinct weights (tables repeat them)
-  bool blocks = true;    // 128 x 128-block weight scales, else per row
+  int64_t distinct = 4;    // distinct weights (tables repeat them)
+  bool blocks = true;      // 128 x 128-block weight scales, else per row
   int64_t extra_rows = 5;  // rows past offsets[E] (must stay untouched)
 };
 
@@ -116,12 +115,12 @@ double CheckExpert(std::mt19937& rng, const Weights& w, int64_t e, int64_t first
     rows.push_back(pick(rng));
   }
   std::vector<float> w_deq(n * k), a_row(k);
-  cpu::DequantizeFp8Weight({w.codes[d].data(), w.scales[d].data(), {n, k, 1, 128},
-                            Fp8ActivationScheme::kNone},
-                           0, n, w_deq.data());
+  cpu::DequantizeFp8Weight(
+      {w.codes[d].data(), w.scales[d].data(), {n, k, 1, 128}, Fp8ActivationScheme::kNone}, 0, n,
+      w_deq.data());
   const int64_t total = static_cast<int64_t>(a.size()) / k;
-  const Fp8WeightView a_view{a.data(), a_scales.data(), {total, k, 1, 128},
-                             Fp8ActivationScheme::kNone};
+  const Fp8WeightView a_view{
+      a.data(), a_scales.data(), {total, k, 1, 128}, Fp8ActivationScheme::kNone};
   double worst = 0;
   for (int64_t r : rows) {
     cpu::DequantizeFp8Weight(a_view, r, 1, a_row.data());
@@ -155,8 +154,8 @@ double CheckExpert(std::mt19937& rng, const Weights& w, int64_t e, int64_t first
 
 double CheckCase(std::mt19937& rng, const Case& c) {
   const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
-  SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k
-                                    << " blocks=" << c.blocks);
+  SCOPED_TRACE(::testing::Message()
+               << "E=" << E << " n=" << n << " k=" << k << " blocks=" << c.blocks);
   std::vector<int32_t> offsets(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + c.counts[e];
   const int64_t rows = offsets[E] + c.extra_rows;
@@ -194,8 +193,8 @@ double CheckCase(std::mt19937& rng, const Case& c) {
   int reported = 0;
   for (int64_t e = 0; e < E; ++e) {
     if (c.counts[e] == 0) continue;
-    worst = std::max(worst, CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got,
-                                        &reported));
+    worst = std::max(worst,
+                     CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
   }
   return worst;
 }
