@@ -12,6 +12,9 @@
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/moe/moe_fp8_cuda.h"
+#ifdef TANDEM_HAVE_CUTLASS
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
+#endif
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -199,16 +202,107 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
     }
     m->grouped_mma_ = v == "mma";
   }
+  RETURN_IF_ERROR(m->ReadPrefillEnv());
   // The tensor-core kernels' shared-memory opt-in, before any step is captured.
   RETURN_IF_ERROR(kc::MoeFp8GroupedMmaInit());
   const int64_t rows = max_tokens * c.num_experts_per_tok;
   ASSIGN_OR_RETURN(m->linear_, CudaFp8Linear::Create(max_tokens, std::max({H, Ie, Is})));
   m->w8a16_gemv_ = m->linear_->w8a16_gemv();  // TANDEM_FP8_W16_GEMV=0: off
-  const int64_t codes = std::max(max_tokens * H, rows * Ie);
-  const int64_t scales = std::max(max_tokens * ((H + 127) / 128), rows * ((Ie + 127) / 128));
+  int64_t codes = std::max(max_tokens * H, rows * Ie);
+  int64_t scales = std::max(max_tokens * ((H + 127) / 128), rows * ((Ie + 127) / 128));
+  RETURN_IF_ERROR(m->AllocateCutlass());
+  if (m->cutlass_experts_ > 0) {  // the gathered rows quantized: [rows, H] codes
+    codes = std::max(codes, rows * H);
+    scales = std::max(scales, rows * ((H + 127) / 128));
+  }
   ASSIGN_OR_RETURN(m->codes_, DeviceBuffer::Allocate(codes, "fp8 moe activation codes"));
   ASSIGN_OR_RETURN(m->scales_, DeviceBuffer::Allocate(scales * 4, "fp8 moe activation scales"));
   return m;
+}
+
+absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
+  const char* env = std::getenv("TANDEM_MOE_FP8_PREFILL");
+  if (env == nullptr) return absl::OkStatus();
+  const absl::string_view v = env;
+  if (v == "cutlass") {
+    prefill_ = Prefill::kCutlass;
+  } else if (v == "mma") {
+    prefill_ = Prefill::kMma;
+  } else if (v == "per-expert") {
+    prefill_ = Prefill::kPerExpert;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TANDEM_MOE_FP8_PREFILL: unknown '", v, "' (cutlass, mma or per-expert)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp8MoeExperts::AllocateCutlass() {
+#ifdef TANDEM_HAVE_CUTLASS
+  if (prefill_ != Prefill::kCutlass ||
+      config_.quantization.activation != Scheme::kDynamicGroup128 ||
+      !kc::MoeFp8CutlassGroupedSupported()) {
+    return absl::OkStatus();
+  }
+  // The rank's experts, + 1: the zero expert under expert parallelism.
+  const int64_t experts = config_.num_experts + 1;
+  RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedInit());
+  ASSIGN_OR_RETURN(const size_t bytes, kc::MoeFp8CutlassGroupedWorkspaceBytes(experts));
+  ASSIGN_OR_RETURN(cutlass_workspace_, DeviceBuffer::Allocate(static_cast<int64_t>(bytes),
+                                                              "fp8 moe cutlass workspace"));
+  cutlass_experts_ = experts;
+#endif
+  return absl::OkStatus();
+}
+
+bool CudaFp8MoeExperts::CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t rows) const {
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t E = static_cast<int64_t>(w.gate_up.size());
+  if (cutlass_experts_ == 0 || E < 1 || E > cutlass_experts_ || w.down.empty()) return false;
+  const CudaFp8Weight& g = w.gate_up.front();
+  const CudaFp8Weight& d = w.down.front();
+  return g.activation == Scheme::kDynamicGroup128 && d.activation == Scheme::kDynamicGroup128 &&
+         kc::Fp8W16GroupedScales(g.grid) && kc::Fp8W16GroupedScales(d.grid) && H % 128 == 0 &&
+         Ie % 128 == 0 && rows * H <= codes_.bytes() && rows * (H / 128) * 4 <= scales_.bytes();
+}
+
+absl::Status CudaFp8MoeExperts::CutlassPrefill(const CudaFp8MoeWeights& w, const bf16* x,
+                                               int64_t Tn, const kc::DeviceMoePermutation& perm,
+                                               int64_t E, bf16* rows_in, bf16* gate_up, bf16* act,
+                                               bf16* expert_out, cudaStream_t stream) {
+#ifdef TANDEM_HAVE_CUTLASS
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t rows = Tn * config_.num_experts_per_tok;
+  constexpr Scheme kGroups = Scheme::kDynamicGroup128;
+  uint8_t* codes = codes_.get<uint8_t>();
+  float* scales = scales_.get<float>();
+  // Per-row 1 x 128 groups: quantizing the gathered rows gives the codes of x's rows.
+  RETURN_IF_ERROR(kc::MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, rows_in, stream));
+  RETURN_IF_ERROR(kc::QuantizeActivations(rows_in, rows, H, kGroups, 0.0f, codes, scales, stream));
+  kc::MoeFp8CutlassGroupedArgs args{codes,
+                                    scales,
+                                    DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales),
+                                    perm.expert_offsets,
+                                    E,
+                                    2 * Ie,
+                                    H,
+                                    gate_up};
+  void* ws = cutlass_workspace_.data();
+  const size_t ws_bytes = static_cast<size_t>(cutlass_workspace_.bytes());
+  RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream));
+  RETURN_IF_ERROR(kc::MoeSiluAndMul<bf16>(gate_up, rows, Ie, act, stream));
+  RETURN_IF_ERROR(kc::QuantizeActivations(act, rows, Ie, kGroups, 0.0f, codes, scales, stream));
+  args.w = DeviceExperts(w.down, w.down_codes, w.down_scales);
+  args.n = H;
+  args.k = Ie;
+  args.out = expert_out;
+  return kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream);
+#else
+  static_cast<void>(w), static_cast<void>(x), static_cast<void>(Tn), static_cast<void>(perm);
+  static_cast<void>(E), static_cast<void>(rows_in), static_cast<void>(gate_up);
+  static_cast<void>(act), static_cast<void>(expert_out), static_cast<void>(stream);
+  return absl::FailedPreconditionError("FP8 experts: built without CUTLASS");
+#endif
 }
 
 void CudaFp8MoeExperts::set_w8a16_gemv(bool on) {
@@ -273,7 +367,6 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
                                        const kc::DeviceMoePermutation& perm, int64_t E,
                                        bf16* rows_in, bf16* gate_up, bf16* act, bf16* expert_out,
                                        kc::MoeGroupedGemm* grouped, cudaStream_t stream, bool pdl) {
-  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
   const int64_t rows = Tn * config_.num_experts_per_tok;
   if (Tn < 1 || Tn > max_tokens_ || static_cast<int64_t>(w.gate_up.size()) != E ||
       static_cast<int64_t>(w.down.size()) != E) {
@@ -294,6 +387,24 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     last_path_ = WeightOnly(w, Tn) ? "fp8-expert-w8a16-gemv" : "fp8-expert-gemv";
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }
+  if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
+    last_path_ = "fp8-cutlass-grouped";
+    return CutlassPrefill(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+  }
+  if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {
+    last_path_ = "fp8-grouped-mma";
+    return Mma(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
+  }
+  last_path_ = "fp8-per-expert-gemm";
+  return PerExpert(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, grouped, stream);
+}
+
+absl::Status CudaFp8MoeExperts::PerExpert(const CudaFp8MoeWeights& w, const bf16* x, int64_t Tn,
+                                          const kc::DeviceMoePermutation& perm, int64_t E,
+                                          bf16* rows_in, bf16* gate_up, bf16* act, bf16* expert_out,
+                                          kc::MoeGroupedGemm* grouped, cudaStream_t stream) {
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  const int64_t rows = Tn * config_.num_experts_per_tok;
   RETURN_IF_ERROR(kc::MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, rows_in, stream));
   RETURN_IF_ERROR(grouped->ReadOffsets(perm.expert_offsets, E, stream));
   const std::vector<int32_t>& o = grouped->offsets();
@@ -310,7 +421,6 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     RETURN_IF_ERROR(
         linear_->Linear(act + o[e] * Ie, w.down[e], nullptr, m, expert_out + o[e] * H, stream));
   }
-  last_path_ = "fp8-per-expert-gemm";
   return absl::OkStatus();
 }
 

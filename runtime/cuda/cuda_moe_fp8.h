@@ -12,10 +12,18 @@
 //     steps on the tensor cores instead (kernels/moe MoeFp8GroupedMma for gate_up rows and down,
 //     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
 //     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs;
-//   * prefill (more tokens, not capturing): the permuted rows gathered, the expert offsets read
-//     back (the layer's one host sync, as the bf16 grouped path), then every expert with rows
-//     through CudaFp8Linear (cuda_fp8_linear.h: cuBLASLt's FP8 GEMM per token x per channel or
-//     1 x 128 x 128 x 128 blocks, its GEMV for <= 16 rows) — one GEMM per expert and projection.
+//   * prefill (more tokens, not capturing), by TANDEM_MOE_FP8_PREFILL (read at Create):
+//     - cutlass (the default where it applies: weights with per-row scales over 128-column groups,
+//       1 x 128 activation groups, an sm_90 device, CUTLASS built): the permuted rows gathered and
+//       quantized per row in 1 x 128 groups, then ONE grouped GEMM per projection over all
+//       experts (kernels/moe/cutlass MoeFp8CutlassGroupedGemm: CUTLASS's sm90 ptr-array grouped
+//       GEMM with blockwise scaling, its per-group arguments filled on the device from the expert
+//       offsets), MoeSiluAndMul between: no host sync ("fp8-cutlass-grouped");
+//     - mma: MoeFp8GroupedMma (as the sync-free steps past their GEMV bound; any FP8 scheme);
+//     - per-expert (and cutlass where it does not apply): the expert offsets read back (the
+//       layer's one host sync, as the bf16 grouped path), then every expert with rows through
+//       CudaFp8Linear (cuda_fp8_linear.h: cuBLASLt's FP8 GEMM per token x per channel or 1 x 128
+//       x 128 x 128 blocks, its GEMV for <= 16 rows) — one GEMM per expert and projection.
 //   * the shared experts: CudaFp8Linear on the T tokens.
 // Each expert has its own device allocation (CudaFp8Weight, what CudaFp8Linear takes); the
 // GEMVs find them through device tables of the experts' code and scale pointers. Under expert
@@ -112,7 +120,7 @@ class CudaFp8MoeExperts {
                       cudaStream_t stream);
 
   // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
-  // "fp8-grouped-mma" or "fp8-per-expert-gemm".
+  // "fp8-grouped-mma", "fp8-cutlass-grouped" or "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
   // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
   // checkpoints) weight-only: the expert GEMVs read x and act as bf16 values (scheme kNone, which
@@ -125,6 +133,15 @@ class CudaFp8MoeExperts {
   // (Create: true unless TANDEM_MOE_FP8=gemv).
   void set_grouped_mma(bool on) { grouped_mma_ = on; }
   bool grouped_mma() const { return grouped_mma_; }
+  // The prefill steps' kernels (TANDEM_MOE_FP8_PREFILL=cutlass|mma|per-expert at Create; default
+  // kCutlass). kCutlass runs where CutlassPrefillServes, else the per-expert loop.
+  enum class Prefill { kCutlass, kMma, kPerExpert };
+  void set_prefill(Prefill p) { prefill_ = p; }
+  Prefill prefill() const { return prefill_; }
+  // Whether prefill steps on `w` can take the CUTLASS grouped GEMM (built, an sm_90 device, its
+  // workspace allocated at Create, 128-column-grouped weight scales, 1 x 128 activations, k of
+  // both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
+  bool CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t rows) const;
 
  private:
   CudaFp8MoeExperts(const ModelConfig& config, int64_t max_tokens)
@@ -137,6 +154,22 @@ class CudaFp8MoeExperts {
                    const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                    __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
                    cudaStream_t stream);
+  // TANDEM_MOE_FP8_PREFILL into prefill_ (INVALID_ARGUMENT for an unknown value).
+  absl::Status ReadPrefillEnv();
+  // Where prefill_ is kCutlass, CUTLASS is built, the device is sm_90 and the checkpoint's
+  // activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
+  absl::Status AllocateCutlass();
+  // Prefill on the CUTLASS grouped GEMM: gather, quantize, gate_up, SiLU * up, quantize, down.
+  absl::Status CutlassPrefill(const CudaFp8MoeWeights& w, const __nv_bfloat16* x,
+                              int64_t num_tokens, const kernels::cuda::DeviceMoePermutation& perm,
+                              int64_t num_experts, __nv_bfloat16* rows_in, __nv_bfloat16* gate_up,
+                              __nv_bfloat16* act, __nv_bfloat16* expert_out, cudaStream_t stream);
+  // Prefill one GEMM per expert (the offsets read back through `grouped`).
+  absl::Status PerExpert(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
+                         const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
+                         __nv_bfloat16* rows_in, __nv_bfloat16* gate_up, __nv_bfloat16* act,
+                         __nv_bfloat16* expert_out, kernels::cuda::MoeGroupedGemm* grouped,
+                         cudaStream_t stream);
   // Whether a step of num_tokens runs the routed experts weight-only (set_w8a16_gemv).
   bool WeightOnly(const CudaFp8MoeWeights& w, int64_t num_tokens) const;
   // The activations of one projection as `like`'s scheme says: bf16, or codes + scales (bf16
@@ -151,9 +184,16 @@ class CudaFp8MoeExperts {
   const char* last_path_ = "";
   bool grouped_mma_ = true;
   bool w8a16_gemv_ = true;
+  Prefill prefill_ = Prefill::kCutlass;
   std::unique_ptr<CudaFp8Linear> linear_;
-  DeviceBuffer codes_;   // activation codes for the GEMVs: [max(T * H, T * k * Ie)]
-  DeviceBuffer scales_;  // their scales
+  // Activation codes: [max(T * H, T * k * Ie, T * k * H)] (the last: the CUTLASS prefill's
+  // gathered rows, quantized per row); scales for as many rows in 1 x 128 groups.
+  DeviceBuffer codes_;
+  DeviceBuffer scales_;
+  // The CUTLASS grouped GEMM's workspace for num_experts + 1 groups (empty where it is not built
+  // or the device is not sm_90).
+  DeviceBuffer cutlass_workspace_;
+  int64_t cutlass_experts_ = 0;  // the groups cutlass_workspace_ holds
 };
 
 }  // namespace tandem::runtime::cuda

@@ -1,7 +1,9 @@
-// CudaFp8MoeExperts (cuda_moe_fp8.h) on its three paths for the same 300-token step: the
-// prefill path (the offsets read back, one CudaFp8Linear per expert: cuBLASLt's block-scaled or
-// outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on the GEMV) and the FP8
-// expert GEMVs and the grouped FP8 MMA (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x
+// CudaFp8MoeExperts (cuda_moe_fp8.h) on its paths for the same 300-token step: the prefill paths
+// (TANDEM_MOE_FP8_PREFILL's: per-expert — the offsets read back, one CudaFp8Linear per expert:
+// cuBLASLt's block-scaled or outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on
+// the GEMV —, mma, and cutlass — kernels/moe/cutlass's grouped GEMM, for 1 x 128 activations on
+// sm_90 —) and the FP8 expert GEMVs and the grouped FP8 MMA (kernels/moe/moe_fp8_cuda.h), for
+// DeepSeek-V3's form (128 x
 // 128 blocks as per-row 128-column groups, 1 x 128 activations, widths with 4 groups: the block
 // GEMM's) and compressed-tensors' (per-channel, per-token); the e4m3 shared experts too. Uploads
 // from the loader's stacked form (UploadFp8MoeWeights), including expert parallelism's zero expert.
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -211,6 +214,7 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   c.shared_expert_intermediate_size = 256;
   c.num_experts = 8;
   c.num_experts_per_tok = 2;
+  c.quantization.activation = scheme;  // Create sizes the CUTLASS prefill's scratch by it
   const int64_t T = 300, E = 8, k = 2, H = 512, I = 512, Is = 256, rows = T * k;
   LayerWeights layer;
   layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng);
@@ -250,9 +254,12 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
                           kernels::cuda_test::ToFloat(out.ToHost()));
   };
   EXPECT_TRUE((*experts)->grouped_mma());  // the default (TANDEM_MOE_FP8 unset)
+  using Prefill = CudaFp8MoeExperts::Prefill;
+  EXPECT_EQ((*experts)->prefill(), Prefill::kCutlass);  // TANDEM_MOE_FP8_PREFILL unset
   (*experts)->set_grouped_mma(false);
   const auto [act_gemv, out_gemv] = run(nullptr);
   EXPECT_STREQ((*experts)->last_path(), "fp8-expert-gemv");
+  (*experts)->set_prefill(Prefill::kPerExpert);
   const auto [act_gemm, out_gemm] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), "fp8-per-expert-gemm");
   const std::vector<float> gu_gemm = kernels::cuda_test::ToFloat(gate_up.ToHost());
@@ -260,6 +267,19 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   const auto [act_mma, out_mma] = run(nullptr);
   EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
   const std::vector<float> gu_mma = kernels::cuda_test::ToFloat(gate_up.ToHost());
+  // Prefill on MoeFp8GroupedMma (TANDEM_MOE_FP8_PREFILL=mma): the sync-free run's bits.
+  (*experts)->set_prefill(Prefill::kMma);
+  const auto [act_pmma, out_pmma] = run(grouped->get());
+  EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
+  EXPECT_TRUE(out_pmma == out_mma) << "prefill on the MMA differs from the sync-free MMA";
+  // Prefill on the CUTLASS grouped GEMM (the default where it serves: 1 x 128 activations,
+  // sm_90, CUTLASS built); elsewhere the per-expert loop.
+  (*experts)->set_prefill(Prefill::kCutlass);
+  const bool cutlass = (*experts)->CutlassPrefillServes(**w, rows);
+  const auto [act_cut, out_cut] = run(grouped->get());
+  EXPECT_STREQ((*experts)->last_path(), cutlass ? "fp8-cutlass-grouped" : "fp8-per-expert-gemm");
+  const std::vector<float> gu_cut = kernels::cuda_test::ToFloat(gate_up.ToHost());
+  std::printf("  prefill fp8-cutlass-grouped %s\n", cutlass ? "ran" : "not served here");
 
   // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
   const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
@@ -280,6 +300,14 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   Compare(act_mma, SiluMul(gu_mma, rows, I), kOneStep, 1e-6f, "MMA act vs CPU on its gate_up");
   Compare(out_mma, PerExpert(act_mma, I, dn_w, H, o), kRound, kAccum,
           "grouped MMA down vs CPU on its act");
+  Compare(gu_cut, gu_want, kRound, kAccum, "CUTLASS grouped gate_up vs CPU");
+  Compare(act_cut, SiluMul(gu_cut, rows, I), kOneStep, 1e-6f, "CUTLASS act vs CPU on its gate_up");
+  Compare(out_cut, PerExpert(act_cut, I, dn_w, H, o), kRound, kAccum,
+          "CUTLASS grouped down vs CPU on its act");
+  if (cutlass) {  // Hopper's FP8 MMA as cuBLASLt's block GEMM: the same bits are not promised
+    const auto [act_cut2, out_cut2] = run(grouped->get());
+    EXPECT_TRUE(out_cut2 == out_cut) << "two CUTLASS prefill runs differ";
+  }
 
   // GEMM against GEMV: act within the roundings of gate / up; the outputs differ by what the
   // down projection makes of the two act versions (computed on the CPU), and by nothing else.
@@ -302,6 +330,31 @@ TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   std::mt19937 rng(kernels::cuda_test::TestSeed());
   PrefillMatchesGemvs(/*blocks=*/true, rng);
   PrefillMatchesGemvs(/*blocks=*/false, rng);
+}
+
+// TANDEM_MOE_FP8_PREFILL: read at Create, unknown values refused (before any device work, so
+// also without a GPU); each known value sets prefill().
+TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
+  ModelConfig c;
+  c.hidden_size = 256;
+  c.moe_intermediate_size = 256;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  setenv("TANDEM_MOE_FP8_PREFILL", "cublas", 1);
+  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  std::string why;
+  if (::tandem::testing::GpuAvailable(&why)) {
+    using Prefill = CudaFp8MoeExperts::Prefill;
+    for (const auto& [name, want] :
+         {std::make_pair("cutlass", Prefill::kCutlass), std::make_pair("mma", Prefill::kMma),
+          std::make_pair("per-expert", Prefill::kPerExpert)}) {
+      setenv("TANDEM_MOE_FP8_PREFILL", name, 1);
+      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
+      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
+      EXPECT_EQ((*e)->prefill(), want) << name;
+    }
+  }
+  unsetenv("TANDEM_MOE_FP8_PREFILL");
 }
 
 // One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the
