@@ -14,6 +14,18 @@
 // Each timed step (CUDA events) uses one of 8 random routings in turn (top-k distinct experts per
 // token) after a 256 MiB memset that evicts L2 (50 MiB on an H200), so weights come from HBM.
 // Weight values are constant bytes (time does not depend on them).
+//
+// Prefill rows (--prefill_tokens=512,2048,8192; 0: none; --mode=decode|prefill|both): the
+// experts of a prefill step (x [T, H] routed top-k, 1 x 128 activations, 128 x 128-block weights
+// held per row: Qwen3-30B-A3B-FP8's and DeepSeek-V3's checkpoints), gate_up + SiLU * up + down with
+// the quantization passes, milliseconds and TFLOP/s (6 x rows x H x I flops):
+//   cutlass   the runtime's default (cuda_moe_fp8.h): MoeGatherRows, QuantizeActivations, one
+//             MoeFp8CutlassGroupedGemm per projection (kernels/moe/cutlass), MoeSiluAndMul;
+//   mma       MoeFp8GroupedMma (the gather folded into gate_up);
+//   per-exp   the old runtime loop: gather, the offsets read back (a host sync), then per expert
+//             QuantizeActivations + TransposeGroupScales + CublasLtFp8Gemm kBlock128 (its
+//             default dispatch) on the expert's rows rounded down to 4 (the runtime's remainder
+//             rows' GEMV and its <= 16-row GEMVs are not modelled).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,9 +37,14 @@
 #include <vector>
 
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_gemm_cuda.h"
+#include "kernels/fp8/fp8_gemm_kernels.h"
 #include "kernels/moe/moe_bench_check.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_fp8_cuda.h"
+#ifdef TANDEM_CUTLASS_ENABLED
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
+#endif
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -55,13 +72,14 @@ struct Projection {
   MoeFp8Experts fp8;
 };
 
-Projection MakeProjection(int64_t E, int64_t rows, int64_t cols, bool blocks) {
+Projection MakeProjection(int64_t E, int64_t rows, int64_t cols, bool blocks,
+                          bool with_bf16 = true) {
   Projection p{};
   const int64_t groups = blocks ? (cols + 127) / 128 : 1;
-  p.bf16_w = Alloc<bf16>(E * rows * cols);
+  p.bf16_w = with_bf16 ? Alloc<__nv_bfloat16>(E * rows * cols) : nullptr;
   p.codes = Alloc<uint8_t>(E * rows * cols);
   p.scales = Alloc<float>(E * rows * groups);
-  CHECK_CUDA(cudaMemset(p.bf16_w, 0x3c, E * rows * cols * sizeof(bf16)));
+  if (with_bf16) CHECK_CUDA(cudaMemset(p.bf16_w, 0x3c, E * rows * cols * sizeof(__nv_bfloat16)));
   CHECK_CUDA(cudaMemset(p.codes, 0x38, E * rows * cols));
   CHECK_CUDA(cudaMemset(p.scales, 0, E * rows * groups * sizeof(float)));
   std::vector<const uint8_t*> c(E);
@@ -175,8 +193,169 @@ void RunShape(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
   }
 }
 
+// Random top-k routings (distinct experts per token) of T tokens into perm's buffers.
+void Route(int64_t T, int64_t k, int64_t E, std::mt19937& rng, int32_t* ids,
+           const DeviceMoePermutation& perm) {
+  std::vector<int32_t> h(T * k), all(E);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t e = 0; e < E; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t j = 0; j < k; ++j) h[t * k + j] = all[j];
+  }
+  CHECK_CUDA(cudaMemcpy(ids, h.data(), T * k * 4, cudaMemcpyHostToDevice));
+  CHECK_OK(MoePermute(ids, T, k, E, perm, nullptr, nullptr));
+}
+
+// The prefill buffers of one shape at up to max_t tokens.
+struct PrefillBuffers {
+  bf16 *x, *rows_in, *gate_up, *act, *out;
+  uint8_t* codes;
+  float *scales, *scales_t;
+  int32_t *ids, *offsets, *active, *tor, *rop;
+  char* flush;
+};
+
+// One projection of the old per-expert loop: per expert with rows, its rows quantized, their
+// scales transposed, cuBLASLt's block GEMM on the rows rounded down to 4.
+void PerExpertProjection(CublasLtFp8Gemm& gemm, const std::vector<int32_t>& o, const bf16* in,
+                         const Projection& w, const float* w_blocks, int64_t n, int64_t kk,
+                         PrefillBuffers& b, bf16* out) {
+  const int64_t groups = kk / 128, ld = Block128WeightScaleLd(kk), E = o.size() - 1;
+  const Fp8ActivationScheme scheme = Fp8ActivationScheme::kDynamicGroup128;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = (o[e + 1] - o[e]) / 4 * 4;
+    if (m == 0) continue;
+    CHECK_OK(QuantizeActivations(in + o[e] * kk, m, kk, scheme, 0.0f, b.codes, b.scales, nullptr));
+    CHECK_OK(TransposeGroupScales(b.scales, m, groups, b.scales_t, nullptr));
+    CHECK_OK(gemm.Linear(b.codes, b.scales_t, w.codes + e * n * kk,
+                         w_blocks + e * ((n + 127) / 128) * ld, Fp8GemmScaling::kBlock128, m, n, kk,
+                         out + o[e] * n, nullptr));
+  }
+}
+
+void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
+  const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
+  const Fp8ActivationScheme scheme = Fp8ActivationScheme::kDynamicGroup128;
+  const Projection gu = MakeProjection(E, 2 * I, H, true, false);
+  const Projection dn = MakeProjection(E, H, I, true, false);
+  // cuBLASLt's block scales [ceil(n / 128), ld] per expert (the upload's copy).
+  float* gu_blocks = Alloc<float>(E * ((2 * I + 127) / 128) * Block128WeightScaleLd(H));
+  float* dn_blocks = Alloc<float>(E * ((H + 127) / 128) * Block128WeightScaleLd(I));
+  const int64_t max_t = *std::max_element(tokens.begin(), tokens.end()), max_rows = max_t * k;
+  PrefillBuffers b{};
+  b.x = Alloc<bf16>(max_t * H);
+  b.rows_in = Alloc<bf16>(max_rows * H);
+  b.gate_up = Alloc<bf16>(max_rows * 2 * I);
+  b.act = Alloc<bf16>(max_rows * I);
+  b.out = Alloc<bf16>(max_rows * H);
+  b.codes = Alloc<uint8_t>(max_rows * H);
+  b.scales = Alloc<float>(max_rows * H / 128);
+  b.scales_t = Alloc<float>(max_rows * H / 128);
+  b.ids = Alloc<int32_t>(max_rows);
+  b.offsets = Alloc<int32_t>(E + 1);
+  b.active = Alloc<int32_t>(E);
+  b.tor = Alloc<int32_t>(max_rows);
+  b.rop = Alloc<int32_t>(max_rows);
+  b.flush = Alloc<char>(256 << 20);
+  CHECK_CUDA(cudaMemset(b.x, 0x3c, max_t * H * sizeof(bf16)));
+  auto gemm = CublasLtFp8Gemm::Create();
+  CHECK_OK(gemm.status());
+#ifdef TANDEM_CUTLASS_ENABLED
+  const bool cutlass = MoeFp8CutlassGroupedSupported();
+  size_t ws_bytes = 0;
+  char* ws = nullptr;
+  if (cutlass) {
+    CHECK_OK(MoeFp8CutlassGroupedInit());
+    auto bytes = MoeFp8CutlassGroupedWorkspaceBytes(E);
+    CHECK_OK(bytes.status());
+    ws_bytes = *bytes;
+    ws = Alloc<char>(ws_bytes);
+  }
+#else
+  const bool cutlass = false;
+#endif
+  cudaEvent_t t0, t1;
+  CHECK_CUDA(cudaEventCreate(&t0));
+  CHECK_CUDA(cudaEventCreate(&t1));
+  std::mt19937 rng(11);
+  for (int64_t T : tokens) {
+    const int64_t rows = T * k;
+    const DeviceMoePermutation perm{b.offsets, b.active, b.tor, b.rop};
+    Route(T, k, E, rng, b.ids, perm);
+    auto time = [&](auto step) {
+      double total = 0;
+      for (int i = -2; i < iters; ++i) {  // two warm-ups
+        CHECK_CUDA(cudaMemsetAsync(b.flush, i & 0xff, 256 << 20));
+        CHECK_CUDA(cudaEventRecord(t0));
+        step();
+        CHECK_CUDA(cudaEventRecord(t1));
+        CHECK_CUDA(cudaEventSynchronize(t1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+        if (i >= 0) total += ms;
+      }
+      return total / iters;  // milliseconds
+    };
+    double cutlass_ms = 0;
+#ifdef TANDEM_CUTLASS_ENABLED
+    if (cutlass) {
+      cutlass_ms = time([&] {
+        CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
+        CHECK_OK(QuantizeActivations(b.rows_in, rows, H, scheme, 0.0f, b.codes, b.scales, nullptr));
+        CHECK_OK(MoeFp8CutlassGroupedGemm(
+            {b.codes, b.scales, gu.fp8, b.offsets, E, 2 * I, H, b.gate_up}, ws, ws_bytes, nullptr));
+        CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
+        CHECK_OK(QuantizeActivations(b.act, rows, I, scheme, 0.0f, b.codes, b.scales, nullptr));
+        CHECK_OK(MoeFp8CutlassGroupedGemm({b.codes, b.scales, dn.fp8, b.offsets, E, H, I, b.out},
+                                          ws, ws_bytes, nullptr));
+      });
+    }
+#endif
+    const double mma_ms = time([&] {
+      MoeFp8Activations a{scheme, b.x, b.codes, b.scales};
+      CHECK_OK(QuantizeActivations(b.x, T, H, scheme, 0.0f, b.codes, b.scales, nullptr));
+      CHECK_OK(
+          MoeFp8GroupedMma(a, b.tor, gu.fp8, b.offsets, E, rows, 2 * I, H, b.gate_up, nullptr));
+      CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
+      CHECK_OK(QuantizeActivations(b.act, rows, I, scheme, 0.0f, b.codes, b.scales, nullptr));
+      a.values = b.act;
+      CHECK_OK(MoeFp8GroupedMma(a, nullptr, dn.fp8, b.offsets, E, rows, H, I, b.out, nullptr));
+    });
+    const double per_expert_ms = time([&] {
+      CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
+      std::vector<int32_t> o(E + 1);  // the read-back: the loop's host sync
+      CHECK_CUDA(cudaMemcpy(o.data(), b.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost));
+      PerExpertProjection(**gemm, o, b.rows_in, gu, gu_blocks, 2 * I, H, b, b.gate_up);
+      CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
+      PerExpertProjection(**gemm, o, b.act, dn, dn_blocks, H, I, b, b.out);
+    });
+    const double tflop = 6.0 * rows * H * I / 1e12;
+    std::printf(
+        "prefill %-9s T=%-5lld rows=%-6lld | cutlass %8.3f ms %6.1f TFLOP/s | mma %8.3f ms %6.1f "
+        "TFLOP/s | per-exp %8.3f ms %6.1f TFLOP/s | cutlass vs mma %.2fx vs per-exp %.2fx\n",
+        s.name, static_cast<long long>(T), static_cast<long long>(rows), cutlass_ms,
+        cutlass ? tflop / cutlass_ms * 1e3 : 0.0, mma_ms, tflop / mma_ms * 1e3, per_expert_ms,
+        tflop / per_expert_ms * 1e3, cutlass ? mma_ms / cutlass_ms : 0.0,
+        cutlass ? per_expert_ms / cutlass_ms : 0.0);
+    std::fflush(stdout);
+  }
+  if (!cutlass) std::printf("prefill %s: cutlass not built or not sm_90 (zeros)\n", s.name);
+  FreeProjection(gu);
+  FreeProjection(dn);
+#ifdef TANDEM_CUTLASS_ENABLED
+  cudaFree(ws);
+#endif
+  for (void* p : std::vector<void*>{gu_blocks, dn_blocks, b.x, b.rows_in, b.gate_up, b.act, b.out,
+                                    b.codes, b.scales, b.scales_t, b.ids, b.offsets, b.active,
+                                    b.tor, b.rop, b.flush}) {
+    cudaFree(p);
+  }
+}
+
 int Main(int argc, char** argv) {
   std::vector<int64_t> tokens = {1, 4, 8, 16, 64};
+  std::vector<int64_t> prefill_tokens = {512, 2048, 8192};
+  std::string mode = "both";
   int iters = 40;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -192,6 +371,16 @@ int Main(int argc, char** argv) {
       iters = std::atoi(a.c_str() + 8);
     } else if (a.rfind("--only=", 0) == 0) {
       only = a.substr(7);
+    } else if (a.rfind("--mode=", 0) == 0) {
+      mode = a.substr(7);
+    } else if (a.rfind("--prefill_tokens=", 0) == 0) {
+      prefill_tokens.clear();
+      for (const char* p = a.c_str() + 17; *p != '\0';) {
+        char* end = nullptr;
+        const int64_t t = std::strtoll(p, &end, 10);
+        if (t > 0) prefill_tokens.push_back(t);
+        p = *end == ',' ? end + 1 : end;
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -200,7 +389,12 @@ int Main(int argc, char** argv) {
   const Shape shapes[] = {{"qwen3", 128, 8, 2048, 768, false},
                           {"deepseek", 256, 8, 7168, 2048, true}};
   for (const Shape& s : shapes) {
-    if (only.empty() || only == s.name) RunShape(s, tokens, iters);
+    if ((only.empty() || only == s.name) && mode != "prefill") RunShape(s, tokens, iters);
+  }
+  for (const Shape& s : shapes) {  // both checkpoints' experts are 128 x 128 blocks here
+    if ((only.empty() || only == s.name) && mode != "decode" && !prefill_tokens.empty()) {
+      RunPrefill(s, prefill_tokens, iters);
+    }
   }
   return 0;
 }
