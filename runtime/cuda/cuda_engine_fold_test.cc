@@ -8,10 +8,7 @@
 //  * DeepSeek MLA models with kv_a_layernorm (and k_pe's RoPE) inside the latent write
 //    (mla_norm_in_write, mla_rope_in_write) and their folded batch-1 steps (mla_fold_norm);
 //  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
-//    FP8 path; the FP8 RoPE fold;
-//  * the L2 prefetch of o_proj's / gate_up's weights during the attention
-//  (decode_l2_prefetch_bytes),
-//    bf16 and FP8.
+//    FP8 path; the FP8 RoPE fold.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -253,70 +250,6 @@ TEST(CudaEngineTest, Fp8FoldedRopeGivesTheSeparateKernelsTokensAndLogits) {
       outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, false, &stats[i]);
     }
     unsetenv("TANDEM_FP8_W16_ROPE");
-    EXPECT_GT(stats[0].folded_norm_steps, 4 * 8);  // every decode step, 2 prefills
-    EXPECT_GT(stats[0].graph_steps, 0);
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
-      EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
-      EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
-    }
-  }
-}
-
-// The L2 prefetch budget of the tests below: o_proj's weights whole and an unaligned head of
-// gate_up's (MidConfig: o_proj 1 MiB bf16 / 512 KiB FP8, gate_up 2 MiB / 1 MiB).
-constexpr int64_t kPrefetchBytes = (int64_t{3} << 19) + 100;
-
-// CudaBackendConfig::decode_l2_prefetch_bytes: the folded one-token steps with the L2 prefetch
-// between qkv and the attention give the tokens and logits of the steps without it bit for bit
-// (a prefetch writes nothing; its PDL wait keeps the attention behind the qkv GEMV), with the
-// separate RoPE kernel and with RoPE in the qkv GEMV (fold_rope), graphs and prefills included.
-TEST(CudaEngineTest, L2PrefetchKeepsTheFoldedStepsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  using Set = void (*)(CudaBackendConfig&, bool);
-  const Set plain = [](CudaBackendConfig& c, bool on) {
-    c.decode_l2_prefetch_bytes = on ? kPrefetchBytes : 0;
-  };
-  const Set rope = [](CudaBackendConfig& c, bool on) {
-    c.fold_rope = true;
-    c.decode_l2_prefetch_bytes = on ? kPrefetchBytes : 0;
-  };
-  for (const Set set : {plain, rope}) {
-    SCOPED_TRACE(set == plain ? "separate RoPE" : "fold_rope");
-    const auto [on_stats, off_stats] = ExpectBatch1OptionKeepsOutputs(set);
-    EXPECT_GT(on_stats.folded_norm_steps, 6 * 10);  // every decode step, 2 prefills
-    EXPECT_GT(on_stats.graph_steps, 0);
-    EXPECT_EQ(on_stats.folded_norm_steps, off_stats.folded_norm_steps);
-  }
-}
-
-// The same for an FP8 model's weight-only batch-1 steps (FoldedLayerFp8: o_proj's codes and
-// scales, gate_up's scales and an unaligned head of its codes prefetched), per-channel and
-// 128 x 128 block weights.
-TEST(CudaEngineTest, Fp8L2PrefetchKeepsTheFoldedStepsTokensAndLogits) {
-  TANDEM_SKIP_WITHOUT_GPU();
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  for (const int64_t block : {int64_t{1}, int64_t{128}}) {
-    SCOPED_TRACE(block == 1 ? "per-channel" : "128 x 128 blocks");
-    ModelConfig model = engine_test::MidConfig();
-    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
-    model.quantization.block_rows = block;
-    model.quantization.block_cols = block == 1 ? 0 : block;
-    auto prompts = RandomPrompts(4, 50, static_cast<int>(model.vocab_size), seed);
-    prompts[0].resize(1);
-    prompts[1].resize(1);
-    std::vector<Output> outs[2];
-    ExecutorStats stats[2];
-    for (int i = 0; i < 2; ++i) {  // with the prefetch, then without
-      CudaBackendConfig backend = MidBackend();
-      backend.gemm_autotune = false;
-      backend.decode_l2_prefetch_bytes = i == 0 ? kPrefetchBytes : 0;
-      const ExecutorFactory factory = CudaExecutorFactory(backend);
-      ModelWeights w = RandomModelWeights(model, seed);
-      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
-      outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, false, &stats[i]);
-    }
     EXPECT_GT(stats[0].folded_norm_steps, 4 * 8);  // every decode step, 2 prefills
     EXPECT_GT(stats[0].graph_steps, 0);
     for (size_t p = 0; p < prompts.size(); ++p) {

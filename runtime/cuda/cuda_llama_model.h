@@ -123,13 +123,6 @@ struct CudaModelOptions {
   // into the GEMVs (kernels/fp8/fp8_w8a16_gemv_cuda.h; FoldedLayerFp8): 5 kernels fewer a layer.
   // Steps of more tokens keep the W8A8 kernels. false: W8A8 at batch 1 too.
   bool fp8_weight_only_fold = true;
-  // Folded one-token steps (FoldedLayer, FoldedLayerFp8): between each layer's qkv GEMV and its
-  // attention, a few CTAs prefetch into L2 (kernels/cuda/l2_prefetch.h) up to this many bytes of
-  // the weights the next GEMVs read: o_proj's (FP8: codes and scales), gate_up's scales (FP8),
-  // then the head of gate_up's, so HBM works during the attention (which reads only the KV) and
-  // the o / gate_up GEMVs find those bytes in L2. The same bits either way (a prefetch writes
-  // nothing). 0: off (CudaBackendConfig::decode_l2_prefetch_bytes).
-  int64_t decode_l2_prefetch_bytes = 0;
   // DeepSeek-V2/V3 (CudaMlaModel) over a 16-bit latent pool: kv_a_layernorm runs inside the
   // kernel that writes the latent into the pool (kernels/mla/mla_cuda.h: MlaWriteLatentNormed,
   // bit-identical to RmsNorm + MlaWriteLatent) at every step size: 1 kernel fewer per layer.
@@ -320,10 +313,6 @@ class CudaLlamaModel {
   kernels::cuda::GemvRopeKv RopeKvArgs(const DeviceStep& step,
                                        const kernels::cuda::DeviceKvCache& cache, int64_t l,
                                        void* q_out) const;
-  // Layer w's L2 prefetch of a folded one-token step (options.decode_l2_prefetch_bytes; none when
-  // 0): o_proj's weights, then gate_up's, up to the budget. Enqueued between the qkv GEMV and the
-  // attention.
-  absl::Status PrefetchNextWeights(const Layer& w, int64_t Tn, cudaStream_t stream) const;
   // FoldedLayer for FP8 weights (cuda_llama_model_fp8.cc; options.fp8_weight_only_fold).
   absl::Status FoldedLayerFp8(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                               int64_t l, const StepAttentionPlan& plan, void* attn_workspace,

@@ -5,19 +5,13 @@
 // into residual_), 2 kernels fewer than the unfused layer, the same bits in residual_ and in
 // every product. MoE layers (CudaModelOptions::fold_moe): o_proj (adds into residual_) -> RMSNorm
 // -> the MoE MLP with its combine adding into residual_, 1 kernel fewer. FP8 weights: the same
-// dense layer on the weight-only FP8 GEMVs (FoldedLayerFp8). With decode_l2_prefetch_bytes,
-// one-token steps prefetch the next GEMVs' weights into L2 between qkv and the attention
-// (PrefetchNextWeights).
+// dense layer on the weight-only FP8 GEMVs (FoldedLayerFp8).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "common/status_macros.h"
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/gemm/cuda/gemv_cuda.h"
 #include "kernels/layers/cuda/layers_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
@@ -25,45 +19,6 @@
 namespace tandem::runtime::cuda {
 
 namespace kc = ::tandem::kernels::cuda;
-
-namespace {
-
-// TANDEM_DECODE_L2_PREFETCH_AFTER_WAIT=1 (read once): the L2 prefetch issued after its PDL wait
-// (the qkv GEMV done: overlapping the attention only) instead of at once (A/B runs of
-// decode_step_bench).
-bool L2PrefetchAfterWait() {
-  static const bool after = [] {
-    const char* v = std::getenv("TANDEM_DECODE_L2_PREFETCH_AFTER_WAIT");
-    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-  }();
-  return after;
-}
-
-}  // namespace
-
-absl::Status CudaLlamaModel::PrefetchNextWeights(const Layer& w, int64_t Tn,
-                                                 cudaStream_t stream) const {
-  int64_t left = options_.decode_l2_prefetch_bytes;
-  if (left <= 0 || Tn != 1) return absl::OkStatus();
-  kc::L2PrefetchRange ranges[kc::kL2PrefetchMaxRanges];
-  int n = 0;
-  const auto take = [&](const DeviceBuffer& b) {  // b's first bytes, as many as the budget leaves
-    const int64_t bytes = std::min(left, b.bytes());
-    if (bytes <= 0 || n == kc::kL2PrefetchMaxRanges) return;
-    ranges[n++] = {b.data(), bytes};
-    left -= bytes;
-  };
-  if (!w.o_fp8.empty()) {  // FoldedLayerFp8: the codes, and the (small) scales before gate_up's
-    take(w.o_fp8.codes);
-    take(w.o_fp8.scales);
-    take(w.gate_up_fp8.scales);
-    take(w.gate_up_fp8.codes);
-  } else {
-    take(w.o_proj);
-    take(w.gate_up_proj);  // empty in a MoE layer
-  }
-  return kc::L2Prefetch(ranges, n, stream, options_.programmatic_launch, L2PrefetchAfterWait());
-}
 
 kernels::cuda::GemvRopeKv CudaLlamaModel::RopeKvArgs(const DeviceStep& step,
                                                      const kernels::cuda::DeviceKvCache& cache,
@@ -106,13 +61,11 @@ absl::Status CudaLlamaModel::FoldedLayer(const DeviceStep& step, const kc::Devic
     RETURN_IF_ERROR(kc::SmallMLinearNormInRopeKv<T>(residual, w.input_layernorm.get<T>(), eps,
                                                     w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, H,
                                                     rope, stream, pdl));
-    RETURN_IF_ERROR(PrefetchNextWeights(w, Tn, stream));
     ASSIGN_OR_RETURN(o_in, Attention<T>(step, cache, l, plan, attn_workspace, stream));
   } else {
     RETURN_IF_ERROR(kc::SmallMLinearNormIn<T>(residual, w.input_layernorm.get<T>(), eps,
                                               w.qkv_proj.get<T>(), w.qkv_bias.get<T>(), Tn, qkv_dim,
                                               H, qkv_.get<T>(), stream, pdl));
-    RETURN_IF_ERROR(PrefetchNextWeights(w, Tn, stream));
     ASSIGN_OR_RETURN(o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
   }
   RETURN_IF_ERROR(kc::SmallMLinearAddTo<T>(o_in, w.o_proj.get<T>(), w.o_bias.get<T>(), Tn, H, q_dim,

@@ -183,8 +183,7 @@ bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
 
 // As FoldedLayer: qkv (input norm in its prologue; RoPE + the KV write in its epilogue where
 // W16FoldsRope, the KV pool holds bf16, no qk-norm and Fp8W16GemvNormInRopeKvSupported; else a
-// separate RopeQkvToCache) -> (the L2 prefetch of o_proj's and gate_up's weights,
-// PrefetchNextWeights) -> attention -> o_proj (adds into residual_) -> gate_up + SiLU*up
+// separate RopeQkvToCache) -> attention -> o_proj (adds into residual_) -> gate_up + SiLU*up
 // (post-attention norm in its prologue) -> down_proj (adds into residual_), every product W8A16.
 absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
                                             const kernels::cuda::DeviceKvCache& cache, int64_t l,
@@ -207,13 +206,11 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
     RETURN_IF_ERROR(kc::Fp8W16GemvNormInRopeKv(residual, w.input_layernorm.get<bf16>(), eps,
                                                w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn, rope,
                                                stream, pdl, early, W16RopeMath(math)));
-    RETURN_IF_ERROR(PrefetchNextWeights(w, Tn, stream));
     ASSIGN_OR_RETURN(o_in, Attention<bf16>(step, cache, l, plan, attn_workspace, stream));
   } else {
     RETURN_IF_ERROR(kc::Fp8W16GemvNormIn(residual, w.input_layernorm.get<bf16>(), eps,
                                          w.qkv_fp8.device(), w.qkv_bias.get<bf16>(), Tn,
                                          qkv_.get<bf16>(), stream, pdl, early, math, split_k));
-    RETURN_IF_ERROR(PrefetchNextWeights(w, Tn, stream));
     ASSIGN_OR_RETURN(o_in, AttendFromQkv<bf16>(step, cache, l, plan, attn_workspace, stream));
   }
   RETURN_IF_ERROR(kc::Fp8W16GemvAddTo(o_in, w.o_fp8.device(), w.o_bias.get<bf16>(), Tn, residual,

@@ -42,17 +42,6 @@ std::optional<bool> DecodeClusterMergeFromEnv() {
   return on;
 }
 
-// TANDEM_DECODE_L2_PREFETCH_MB (read once): N MiB (0: off) overrides CudaBackendConfig::
-// decode_l2_prefetch_bytes for an A/B; unset or empty: the config decides.
-std::optional<int64_t> DecodeL2PrefetchBytesFromEnv() {
-  static const std::optional<int64_t> bytes = []() -> std::optional<int64_t> {
-    const char* v = std::getenv("TANDEM_DECODE_L2_PREFETCH_MB");
-    if (v == nullptr || *v == '\0') return std::nullopt;
-    return std::max<int64_t>(0, std::atoll(v)) << 20;
-  }();
-  return bytes;
-}
-
 }  // namespace
 
 ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
@@ -226,8 +215,6 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.mla_rows16 = config.mla_rows16;
   options.mla_rows16_max_requests = config.mla_rows16_max_requests;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
-  options.decode_l2_prefetch_bytes =
-      DecodeL2PrefetchBytesFromEnv().value_or(config.decode_l2_prefetch_bytes);
   options.dcp = r->dcp_;
   options.fp8_latent_kv = config.fp8_latent_kv;
   if (config.fp8_latent_kv && !spec.model_config.IsMla()) {

@@ -109,10 +109,6 @@ struct CudaBackendConfig {
   // kernel alone is 24% slower at 1 x 16k; kernels/attention/cuda/BENCHMARKS.md, sixteenth
   // session). TANDEM_DECODE_CLUSTER_MERGE=1 / 0 overrides it.
   bool decode_cluster_merge = false;
-  // CudaModelOptions::decode_l2_prefetch_bytes: folded one-token steps prefetch up to this many
-  // bytes of each layer's o_proj / gate_up weights into L2 during its attention (0: off).
-  // TANDEM_DECODE_L2_PREFETCH_MB=N overrides it (N MiB; 0: off) for an A/B.
-  int64_t decode_l2_prefetch_bytes = 0;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;
