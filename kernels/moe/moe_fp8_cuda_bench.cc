@@ -15,12 +15,17 @@
 // token) after a 256 MiB memset that evicts L2 (50 MiB on an H200), so weights come from HBM.
 // Weight values are constant bytes (time does not depend on them).
 //
-// Prefill rows (--prefill_tokens=512,2048,8192; 0: none; --mode=decode|prefill|both): the
+// Prefill rows (--prefill_tokens=128,256,512,2048,8192; 0: none; --mode=decode|prefill|both;
+// 128 and 256: the CUDA-graph sizes, where the runtime takes MoeFp8GroupedMma): the
 // experts of a prefill step (x [T, H] routed top-k, 1 x 128 activations, 128 x 128-block weights
 // held per row: Qwen3-30B-A3B-FP8's and DeepSeek-V3's checkpoints), gate_up + SiLU * up + down with
 // the quantization passes, milliseconds and TFLOP/s (6 x rows x H x I flops):
 //   cutlass   the runtime's default (cuda_moe_fp8.h): MoeGatherRows, QuantizeActivations, one
-//             MoeFp8CutlassGroupedGemm per projection (kernels/moe/cutlass), MoeSiluAndMul;
+//             MoeFp8CutlassGroupedGemm per projection (kernels/moe/cutlass), MoeSiluAndMul; the
+//             weight scales per row (ScaleGranularityN 1: 128 scales per tile and k step);
+//   cut-blk   the same with the block form (TANDEM_MOE_FP8_CUTLASS_SCALES=block: the experts'
+//             block scales [ceil(n / 128), Block128WeightScaleLd(k)], ScaleGranularityN 128;
+//             Qwen3's down, k = 768, through the compact copy);
 //   mma       MoeFp8GroupedMma (the gather folded into gate_up);
 //   per-exp   the old runtime loop: gather, the offsets read back (a host sync), then per expert
 //             QuantizeActivations + TransposeGroupScales + CublasLtFp8Gemm kBlock128 (its
@@ -229,13 +234,22 @@ bool PerExpertProjection(CublasLtFp8Gemm& gemm, const std::vector<int32_t>& o, c
     if (m == 0) continue;
     CHECK_OK(QuantizeActivations(in + o[e] * kk, m, kk, scheme, 0.0f, b.codes, b.scales, nullptr));
     CHECK_OK(TransposeGroupScales(b.scales, m, groups, b.scales_t, nullptr));
-    const absl::Status st = gemm.Linear(b.codes, b.scales_t, w.codes + e * n * kk,
-                                        w_blocks + e * ((n + 127) / 128) * ld,
-                                        Fp8GemmScaling::kBlock128, m, n, kk, out + o[e] * n, nullptr);
+    const absl::Status st = gemm.Linear(
+        b.codes, b.scales_t, w.codes + e * n * kk, w_blocks + e * ((n + 127) / 128) * ld,
+        Fp8GemmScaling::kBlock128, m, n, kk, out + o[e] * n, nullptr);
     if (absl::IsUnimplemented(st)) return false;
     CHECK_OK(st);
   }
   return true;
+}
+
+// A device table of E pointers blocks + e * per_expert.
+const float** BlockTable(const float* blocks, int64_t E, int64_t per_expert) {
+  std::vector<const float*> h(E);
+  for (int64_t e = 0; e < E; ++e) h[e] = blocks + e * per_expert;
+  const float** d = Alloc<const float*>(E);
+  CHECK_CUDA(cudaMemcpy(d, h.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
+  return d;
 }
 
 void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
@@ -243,9 +257,16 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
   const Fp8ActivationScheme scheme = Fp8ActivationScheme::kDynamicGroup128;
   const Projection gu = MakeProjection(E, 2 * I, H, true, false);
   const Projection dn = MakeProjection(E, H, I, true, false);
-  // cuBLASLt's block scales [ceil(n / 128), ld] per expert (the upload's copy).
-  float* gu_blocks = Alloc<float>(E * ((2 * I + 127) / 128) * Block128WeightScaleLd(H));
-  float* dn_blocks = Alloc<float>(E * ((H + 127) / 128) * Block128WeightScaleLd(I));
+  // cuBLASLt's block scales [ceil(n / 128), ld] per expert (the upload's copy), zero as the
+  // per-row scales; the tables of their per-expert pointers (the CUTLASS block form's).
+  const int64_t gu_block_floats = ((2 * I + 127) / 128) * Block128WeightScaleLd(H);
+  const int64_t dn_block_floats = ((H + 127) / 128) * Block128WeightScaleLd(I);
+  float* gu_blocks = Alloc<float>(E * gu_block_floats);
+  float* dn_blocks = Alloc<float>(E * dn_block_floats);
+  CHECK_CUDA(cudaMemset(gu_blocks, 0, E * gu_block_floats * sizeof(float)));
+  CHECK_CUDA(cudaMemset(dn_blocks, 0, E * dn_block_floats * sizeof(float)));
+  const float** gu_block_table = BlockTable(gu_blocks, E, gu_block_floats);
+  const float** dn_block_table = BlockTable(dn_blocks, E, dn_block_floats);
   const int64_t max_t = *std::max_element(tokens.begin(), tokens.end()), max_rows = max_t * k;
   PrefillBuffers b{};
   b.x = Alloc<bf16>(max_t * H);
@@ -273,7 +294,11 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
     CHECK_OK(MoeFp8CutlassGroupedInit());
     auto bytes = MoeFp8CutlassGroupedWorkspaceBytes(E);
     CHECK_OK(bytes.status());
-    ws_bytes = *bytes;
+    auto gu_bytes = MoeFp8CutlassGroupedBlockWorkspaceBytes(E, 2 * I, H, Block128WeightScaleLd(H));
+    CHECK_OK(gu_bytes.status());
+    auto dn_bytes = MoeFp8CutlassGroupedBlockWorkspaceBytes(E, H, I, Block128WeightScaleLd(I));
+    CHECK_OK(dn_bytes.status());
+    ws_bytes = std::max({*bytes, *gu_bytes, *dn_bytes});
     ws = Alloc<char>(ws_bytes);
   }
 #else
@@ -301,19 +326,30 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
       }
       return total / iters;  // milliseconds
     };
-    double cutlass_ms = 0;
+    double cutlass_ms = 0, block_ms = 0;
 #ifdef TANDEM_CUTLASS_ENABLED
+    // One CUTLASS prefill step; block: the weight scales per 128 x 128 block.
+    auto cutlass_step = [&](bool block) {
+      CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
+      CHECK_OK(QuantizeActivations(b.rows_in, rows, H, scheme, 0.0f, b.codes, b.scales, nullptr));
+      MoeFp8CutlassGroupedArgs args{b.codes, b.scales, gu.fp8, b.offsets, E, 2 * I, H, b.gate_up};
+      if (block) {
+        args.block_scales = gu_block_table;
+        args.block_scale_ld = Block128WeightScaleLd(H);
+      }
+      CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
+      CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
+      CHECK_OK(QuantizeActivations(b.act, rows, I, scheme, 0.0f, b.codes, b.scales, nullptr));
+      args = {b.codes, b.scales, dn.fp8, b.offsets, E, H, I, b.out};
+      if (block) {
+        args.block_scales = dn_block_table;
+        args.block_scale_ld = Block128WeightScaleLd(I);
+      }
+      CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
+    };
     if (cutlass) {
-      cutlass_ms = time([&] {
-        CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
-        CHECK_OK(QuantizeActivations(b.rows_in, rows, H, scheme, 0.0f, b.codes, b.scales, nullptr));
-        CHECK_OK(MoeFp8CutlassGroupedGemm(
-            {b.codes, b.scales, gu.fp8, b.offsets, E, 2 * I, H, b.gate_up}, ws, ws_bytes, nullptr));
-        CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
-        CHECK_OK(QuantizeActivations(b.act, rows, I, scheme, 0.0f, b.codes, b.scales, nullptr));
-        CHECK_OK(MoeFp8CutlassGroupedGemm({b.codes, b.scales, dn.fp8, b.offsets, E, H, I, b.out},
-                                          ws, ws_bytes, nullptr));
-      });
+      cutlass_ms = time([&] { cutlass_step(false); });
+      block_ms = time([&] { cutlass_step(true); });
     }
 #endif
     const double mma_ms = time([&] {
@@ -331,20 +367,23 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
       CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
       std::vector<int32_t> o(E + 1);  // the read-back: the loop's host sync
       CHECK_CUDA(cudaMemcpy(o.data(), b.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost));
-      per_expert_ran &= PerExpertProjection(**gemm, o, b.rows_in, gu, gu_blocks, 2 * I, H, b,
-                                            b.gate_up);
+      per_expert_ran &=
+          PerExpertProjection(**gemm, o, b.rows_in, gu, gu_blocks, 2 * I, H, b, b.gate_up);
       CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
       per_expert_ran &= PerExpertProjection(**gemm, o, b.act, dn, dn_blocks, H, I, b, b.out);
     });
     if (!per_expert_ran) per_expert_ms = 0.0;
     const double tflop = 6.0 * rows * H * I / 1e12;
+    auto rate = [&](bool ran, double ms) { return ran ? tflop / ms * 1e3 : 0.0; };
     std::printf(
-        "prefill %-9s T=%-5lld rows=%-6lld | cutlass %8.3f ms %6.1f TFLOP/s | mma %8.3f ms %6.1f "
-        "TFLOP/s | per-exp %8.3f ms %6.1f TFLOP/s | cutlass vs mma %.2fx vs per-exp %.2fx\n",
+        "prefill %-9s T=%-5lld rows=%-6lld | cutlass %8.3f ms %6.1f TFLOP/s | cut-blk %8.3f ms "
+        "%6.1f TFLOP/s | mma %8.3f ms %6.1f TFLOP/s | per-exp %8.3f ms %6.1f TFLOP/s | "
+        "cutlass vs mma %.2fx vs per-exp %.2fx | cut-blk vs cutlass %.2fx vs mma %.2fx\n",
         s.name, static_cast<long long>(T), static_cast<long long>(rows), cutlass_ms,
-        cutlass ? tflop / cutlass_ms * 1e3 : 0.0, mma_ms, tflop / mma_ms * 1e3, per_expert_ms,
-        per_expert_ran ? tflop / per_expert_ms * 1e3 : 0.0, cutlass ? mma_ms / cutlass_ms : 0.0,
-        cutlass ? per_expert_ms / cutlass_ms : 0.0);
+        rate(cutlass, cutlass_ms), block_ms, rate(cutlass, block_ms), mma_ms, rate(true, mma_ms),
+        per_expert_ms, rate(per_expert_ran, per_expert_ms), cutlass ? mma_ms / cutlass_ms : 0.0,
+        cutlass ? per_expert_ms / cutlass_ms : 0.0, cutlass ? cutlass_ms / block_ms : 0.0,
+        cutlass ? mma_ms / block_ms : 0.0);
     std::fflush(stdout);
   }
   if (!cutlass) std::printf("prefill %s: cutlass not built or not sm_90 (zeros)\n", s.name);
@@ -353,6 +392,8 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
 #ifdef TANDEM_CUTLASS_ENABLED
   cudaFree(ws);
 #endif
+  cudaFree(gu_block_table);
+  cudaFree(dn_block_table);
   for (void* p : std::vector<void*>{gu_blocks, dn_blocks, b.x, b.rows_in, b.gate_up, b.act, b.out,
                                     b.codes, b.scales, b.scales_t, b.ids, b.offsets, b.active,
                                     b.tor, b.rop, b.flush}) {
@@ -362,7 +403,7 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
 
 int Main(int argc, char** argv) {
   std::vector<int64_t> tokens = {1, 4, 8, 16, 64};
-  std::vector<int64_t> prefill_tokens = {512, 2048, 8192};
+  std::vector<int64_t> prefill_tokens = {128, 256, 512, 2048, 8192};
   std::string mode = "both";
   int iters = 40;
   std::string only;

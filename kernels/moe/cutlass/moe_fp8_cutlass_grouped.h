@@ -14,22 +14,36 @@
 //   SA: a_scales + offsets[e] * (k / 128), [m_e, k / 128] fp32: QuantizeActivations'
 //       kDynamicGroup128 layout [rows, groups] as it writes it (no transpose);
 //   B:  w.codes[e], [n, k] e4m3 row-major (the weight as stored);
-//   SB: w.scales[e], [n, k / 128] fp32: the loader's per-row scales over 128-column groups
-//       (CudaFp8Weight::scales), read directly: CUTLASS's scale granularity is 1 row x 128
-//       columns on both operands, so DeepSeek-V3's 128 x 128 blocks held per row and any per-row
-//       group scales are taken alike (no compact block copy);
+//   SB, two forms (one CUTLASS configuration each):
+//     * row form (block_scales null): w.scales[e], [n, k / 128] fp32, the loader's per-row
+//       scales over 128-column groups (CudaFp8Weight::scales), read at granularity 1 row x 128
+//       columns: DeepSeek-V3's 128 x 128 blocks held per row and any per-row group scales alike;
+//       the mainloop loads and applies 128 weight scales per tile and k step;
+//     * block form (block_scales set): block_scales[e], [ceil(n / 128), block_scale_ld] fp32, one
+//       scale per 128 x 128 block (CudaFp8Weight::block_scales: block_scale_ld =
+//       Block128WeightScaleLd(k), k / 128 rounded up to 4), read at granularity 128 x 128: one
+//       weight scale per tile and k step. CUTLASS's grouped kernel reads rows of exactly k / 128
+//       scales, so where block_scale_ld differs (e.g. k = 768: 6 groups, ld 8) the call first
+//       copies them into a compact [E, ceil(n / 128), k / 128] array in the workspace (in the same
+//       small kernel that fills the per-group arguments). w.scales is not read.
 //   D:  out + offsets[e] * n, [m_e, n] bf16 row-major.
 // out[r, j] = sum over groups g of (sum_{c in g} a[r, c] w_e[j, c]) * sa[r, g] * sb_e[j, g],
-// rounded once to bf16. Rows at or past offsets[E] are not written.
+// rounded once to bf16. Rows at or past offsets[E] are not written. The two forms multiply each
+// fp32 partial sum p by the scales in another order (row: (p * sa) * sb, block: p * (sa * sb)):
+// on weights of true 128 x 128 blocks they agree exactly where the scales' products are exact
+// (powers of two), else to fp32 rounding (a bf16 output may then differ in its last place).
 // Numerics: as kernels/fp8/cutlass's block GEMM (wgmma's ~13-bit partial sums of 32 products,
 // promoted into fp32 every 128 along k).
 //
 // Requirements (INVALID_ARGUMENT naming the one that fails, nothing launched): 1 <= num_experts
 // <= kMoeFp8CutlassMaxExperts, k a positive multiple of 128, n a positive multiple of 8 (16-byte
-// bf16 rows), w.groups == k / 128, non-null pointers, a / out 16-byte aligned, a_scales 4-byte,
+// bf16 rows), row form: w.groups == k / 128 and w.scales non-null, block form: block_scale_ld >=
+// k / 128, non-null pointers, a / out 16-byte aligned, a_scales 4-byte,
 // rows * k and rows * n within int64, n and k within int; the workspace at least
-// MoeFp8CutlassGroupedWorkspaceBytes(num_experts) bytes, 128-byte aligned. Each expert's codes
-// must be 16-byte aligned (device tables: not checked).
+// MoeFp8CutlassGroupedWorkspaceBytes(num_experts) bytes (block form:
+// MoeFp8CutlassGroupedBlockWorkspaceBytes(num_experts, n, k, block_scale_ld)), 128-byte aligned.
+// Each expert's codes must be 16-byte aligned, its block scales 4-byte (device tables: not
+// checked).
 //
 // Thread safety: stateless; asynchronous on `stream`; nothing allocated, no host sync. Capturable
 // in CUDA graphs once MoeFp8CutlassGroupedInit ran on the device (CUTLASS's initialize writes
@@ -60,13 +74,17 @@ struct MoeFp8CutlassGroupedArgs {
   int64_t n = 0;
   int64_t k = 0;
   __nv_bfloat16* out = nullptr;  // [rows, n]
+  // The block form: a device table [num_experts] of the experts' block scales [ceil(n / 128),
+  // block_scale_ld] (null: the row form, w.scales).
+  const float* const* block_scales = nullptr;
+  int64_t block_scale_ld = 0;
 };
 
 // Whether the current device runs the kernel (sm_90 exactly: the code is sm_90a).
 bool MoeFp8CutlassGroupedSupported();
 
-// The kernel's shared-memory opt-in on the current device (a host call: before graph capture).
-// FAILED_PRECONDITION where the device is not sm_90.
+// The kernels' (both forms') shared-memory opt-in on the current device (a host call: before graph
+// capture). FAILED_PRECONDITION where the device is not sm_90.
 absl::Status MoeFp8CutlassGroupedInit();
 
 // Device workspace bytes for calls of up to num_experts groups (any n, k, rows): the per-group
@@ -74,8 +92,16 @@ absl::Status MoeFp8CutlassGroupedInit();
 // num_experts outside [1, kMoeFp8CutlassMaxExperts].
 absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts);
 
-// The grouped product above. INVALID_ARGUMENT for the requirements; FAILED_PRECONDITION on a
-// device that is not sm_90; INTERNAL naming CUTLASS's status where it refuses or fails to launch.
+// The block form's workspace for calls of up to num_experts groups of this n, k and
+// block_scale_ld: its per-group arrays and CUTLASS's, plus the compact scale copy where
+// block_scale_ld != k / 128 (num_experts x ceil(n / 128) x k / 128 floats). INVALID_ARGUMENT as
+// MoeFp8CutlassGroupedWorkspaceBytes, or for an n, k or block_scale_ld the call refuses.
+absl::StatusOr<size_t> MoeFp8CutlassGroupedBlockWorkspaceBytes(int64_t num_experts, int64_t n,
+                                                               int64_t k, int64_t block_scale_ld);
+
+// The grouped product above (the block form where args.block_scales is set). INVALID_ARGUMENT for
+// the requirements; FAILED_PRECONDITION on a device that is not sm_90; INTERNAL naming CUTLASS's
+// status where it refuses or fails to launch.
 absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void* workspace,
                                       size_t workspace_bytes, cudaStream_t stream);
 

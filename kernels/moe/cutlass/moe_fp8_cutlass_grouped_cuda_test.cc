@@ -7,6 +7,15 @@
 // 768) and DeepSeek-V3 (gate_up 4096 x 7168, down 7168 x 2048); weight scales per 128 x 128 block
 // (DeepSeek's) and per row; two calls bit-identical; refusals (also without a GPU).
 //
+// The block form (args.block_scales: ScaleGranularityN 128) on every case of 128 x 128-block
+// weights, from the block scales [ceil(n / 128), ld] as the runtime uploads them (ld = k / 128
+// rounded up to 4: the compact copy where that differs, e.g. k = 768 or 384; ld = k / 128 read in
+// place; the padding entries NaN, so a read of one would show): against the same CPU reference,
+// and against the row form: bit-identical where every scale is a power of two (the two forms
+// then multiply exactly: (p * sa) * sb = p * (sa * sb)); with other scales both only within the
+// reference's tolerance (they round the scale products differently), the count of differing
+// outputs printed.
+//
 // Tolerance: kernels/fp8/cutlass/cutlass_block_gemm_cuda_test.cc's model of Hopper's FP8 MMA
 // (each instruction's 32 products summed with ~13 fraction bits of the largest magnitude,
 // promoted to fp32 every 128) plus one bf16 rounding. A sample of each expert's rows is checked
@@ -46,52 +55,67 @@ bf16 UntouchedValue() {
   return bf16(raw);
 }
 
-std::vector<float> RandomScales(std::mt19937& rng, int64_t count) {
+// Random scales 2^-10 .. 2^-4 (powers of two only when pow2).
+std::vector<float> RandomScales(std::mt19937& rng, int64_t count, bool pow2 = false) {
   std::uniform_real_distribution<float> log_scale(-10.0f, -4.0f);
   std::vector<float> s(count);
-  for (float& x : s) x = std::exp2(log_scale(rng));
+  for (float& x : s) x = std::exp2(pow2 ? std::round(log_scale(rng)) : log_scale(rng));
   return s;
 }
 
+// The runtime's block-scale row length (kernels/fp8 Block128WeightScaleLd): k / 128 rounded up
+// to 4.
+int64_t UploadLd(int64_t k) { return (k / 128 + 3) / 4 * 4; }
+
 // `distinct` expert weights [n, k] with per-row scales [n, k / 128] (the same scale on each 128
-// rows when `blocks`), on the host and the device; the tables map expert e to weight e % distinct.
+// rows when `blocks`, then also as block scales [ceil(n / 128), ld], padding NaN), on the host
+// and the device; the tables map expert e to weight e % distinct.
 struct Weights {
-  int64_t n = 0, k = 0, groups = 0, distinct = 0;
+  int64_t n = 0, k = 0, groups = 0, distinct = 0, ld = 0;
   std::vector<std::vector<uint8_t>> codes;
   std::vector<std::vector<float>> scales;
   std::vector<DeviceBuffer<uint8_t>> d_codes;
   std::vector<DeviceBuffer<float>> d_scales;
+  std::vector<DeviceBuffer<float>> d_blocks;
   std::unique_ptr<DeviceBuffer<const uint8_t*>> code_table;
   std::unique_ptr<DeviceBuffer<const float*>> scale_table;
+  std::unique_ptr<DeviceBuffer<const float*>> block_table;  // null unless blocks
 };
 
 Weights MakeWeights(std::mt19937& rng, int64_t E, int64_t distinct, int64_t n, int64_t k,
-                    bool blocks) {
+                    bool blocks, bool pow2, int64_t ld) {
   Weights w;
   w.n = n;
   w.k = k;
   w.groups = k / 128;
   w.distinct = distinct;
+  w.ld = ld;
+  const int64_t n_blocks = (n + 127) / 128;
   for (int64_t d = 0; d < distinct; ++d) {
     w.codes.push_back(fp8_test::RandomE4m3Codes(rng, n * k));
-    std::vector<float> s = RandomScales(rng, n * w.groups);
+    std::vector<float> s = RandomScales(rng, n * w.groups, pow2);
+    std::vector<float> b(n_blocks * ld, std::nanf(""));
     if (blocks) {
       for (int64_t r = 0; r < n; ++r) {
         std::copy_n(&s[(r / 128 * 128) * w.groups], w.groups, &s[r * w.groups]);
+        if (r % 128 == 0) std::copy_n(&s[r * w.groups], w.groups, &b[r / 128 * ld]);
       }
+      w.d_blocks.emplace_back(b);
     }
     w.scales.push_back(s);
     w.d_codes.emplace_back(w.codes.back());
     w.d_scales.emplace_back(w.scales.back());
   }
   std::vector<const uint8_t*> c;
-  std::vector<const float*> s;
+  std::vector<const float*> s, b;
   for (int64_t e = 0; e < E; ++e) {
     c.push_back(w.d_codes[e % distinct].get());
     s.push_back(w.d_scales[e % distinct].get());
+    if (blocks) b.push_back(w.d_blocks[e % distinct].get());
   }
   w.code_table = std::make_unique<DeviceBuffer<const uint8_t*>>(c);
   w.scale_table = std::make_unique<DeviceBuffer<const float*>>(s);
+  if (blocks) w.block_table = std::make_unique<DeviceBuffer<const float*>>(b);
   return w;
 }
 
@@ -99,8 +123,10 @@ struct Case {
   std::vector<int32_t> counts;  // rows per expert
   int64_t n, k;
   int64_t distinct = 4;    // distinct weights (tables repeat them)
-  bool blocks = true;      // 128 x 128-block weight scales, else per row
+  bool blocks = true;      // 128 x 128-block weight scales (both forms run), else per row
   int64_t extra_rows = 5;  // rows past offsets[E] (must stay untouched)
+  bool pow2 = false;       // every scale a power of two: the two forms bit-identical
+  int64_t ld = 0;          // block scale row length (0: the upload's, UploadLd(k))
 };
 
 // Checks expert e's sampled rows; returns the largest (|error| - rounding) / (2^-13 x per-MMA
@@ -152,49 +178,87 @@ double CheckExpert(std::mt19937& rng, const Weights& w, int64_t e, int64_t first
   return worst;
 }
 
+// One form's output bits for `args` (rows x n, NaN-filled first; empty on failure), run twice:
+// the second run must write the same bits (persistent scheduler, no split k, no atomics), and
+// rows past offsets[E] must keep their NaN.
+std::vector<bf16> RunForm(const MoeFp8CutlassGroupedArgs& args, int64_t rows, int64_t written_rows,
+                          size_t bytes) {
+  const int64_t n = args.n;
+  DeviceBuffer<bf16> out(std::vector<bf16>(rows * n, UntouchedValue()));
+  MoeFp8CutlassGroupedArgs a = args;
+  a.out = out.get();
+  DeviceBuffer<char> workspace(bytes);
+  const absl::Status st = MoeFp8CutlassGroupedGemm(a, workspace.get(), bytes, nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return {};
+  const std::vector<bf16> got = out.ToHost();
+  EXPECT_TRUE(MoeFp8CutlassGroupedGemm(a, workspace.get(), bytes, nullptr).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<bf16> again = out.ToHost();
+  EXPECT_EQ(std::memcmp(again.data(), got.data(), again.size() * sizeof(bf16)), 0)
+      << "a second run differs";
+  int64_t past = 0;
+  for (int64_t i = written_rows * n; i < rows * n; ++i) {
+    past += __nv_bfloat16_raw(got[i]).x != kUntouched;
+  }
+  EXPECT_EQ(past, 0) << "values past offsets[E] written";
+  return got;
+}
+
 double CheckCase(std::mt19937& rng, const Case& c) {
   const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
-  SCOPED_TRACE(::testing::Message()
-               << "E=" << E << " n=" << n << " k=" << k << " blocks=" << c.blocks);
+  const int64_t ld = c.ld > 0 ? c.ld : UploadLd(k);
+  SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k << " blocks="
+                                    << c.blocks << " pow2=" << c.pow2 << " ld=" << ld);
   std::vector<int32_t> offsets(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + c.counts[e];
   const int64_t rows = offsets[E] + c.extra_rows;
-  const Weights w = MakeWeights(rng, E, std::min(c.distinct, E), n, k, c.blocks);
+  const Weights w = MakeWeights(rng, E, std::min(c.distinct, E), n, k, c.blocks, c.pow2, ld);
   const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, rows * k);
-  const std::vector<float> a_scales = RandomScales(rng, rows * groups);
+  const std::vector<float> a_scales = RandomScales(rng, rows * groups, c.pow2);
   DeviceBuffer<uint8_t> da(a);
   DeviceBuffer<float> das(a_scales);
   DeviceBuffer<int32_t> doff(offsets);
-  DeviceBuffer<bf16> out(std::vector<bf16>(rows * n, UntouchedValue()));
-  const MoeFp8CutlassGroupedArgs args{
+  MoeFp8CutlassGroupedArgs args{
       da.get(), das.get(), {w.code_table->get(), w.scale_table->get(), groups}, doff.get(), E, n,
-      k,        out.get()};
+      k,        nullptr};
   const absl::StatusOr<size_t> bytes = MoeFp8CutlassGroupedWorkspaceBytes(E);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   if (!bytes.ok()) return 0;
-  DeviceBuffer<char> workspace(*bytes);
-  const absl::Status st = MoeFp8CutlassGroupedGemm(args, workspace.get(), *bytes, nullptr);
-  EXPECT_TRUE(st.ok()) << st;
-  if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) return 0;
-  const std::vector<bf16> got_bits = out.ToHost();
-  const std::vector<float> got = cuda_test::ToFloat(got_bits);
-  // A second call writes the same bits (persistent scheduler, no split k, no atomics).
-  EXPECT_TRUE(MoeFp8CutlassGroupedGemm(args, workspace.get(), *bytes, nullptr).ok());
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<bf16> again = out.ToHost();
-  EXPECT_EQ(std::memcmp(again.data(), got_bits.data(), again.size() * sizeof(bf16)), 0)
-      << "a second run differs";
-  int64_t written = 0;  // rows past offsets[E] must keep their NaN
-  for (int64_t i = offsets[E] * n; i < rows * n; ++i) {
-    written += __nv_bfloat16_raw(got_bits[i]).x != kUntouched;
+  std::vector<std::vector<bf16>> outs = {RunForm(args, rows, offsets[E], *bytes)};
+  if (c.blocks) {  // the block form: its scales only (w.scales not read)
+    args.w.scales = nullptr;
+    args.block_scales = w.block_table->get();
+    args.block_scale_ld = ld;
+    const absl::StatusOr<size_t> block_bytes = MoeFp8CutlassGroupedBlockWorkspaceBytes(E, n, k, ld);
+    EXPECT_TRUE(block_bytes.ok()) << block_bytes.status();
+    if (!block_bytes.ok()) return 0;
+    outs.push_back(RunForm(args, rows, offsets[E], *block_bytes));
   }
-  EXPECT_EQ(written, 0) << "values past offsets[E] written";
   double worst = 0;
-  int reported = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    if (c.counts[e] == 0) continue;
-    worst = std::max(worst,
-                     CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
+  for (size_t f = 0; f < outs.size(); ++f) {
+    SCOPED_TRACE(f == 0 ? "row form" : "block form");
+    if (outs[f].empty()) return 0;
+    const std::vector<float> got = cuda_test::ToFloat(outs[f]);
+    int reported = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (c.counts[e] == 0) continue;
+      worst = std::max(
+          worst, CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
+    }
+  }
+  if (outs.size() == 2) {
+    int64_t differ = 0;
+    for (int64_t i = 0; i < offsets[E] * n; ++i) {
+      differ += __nv_bfloat16_raw(outs[0][i]).x != __nv_bfloat16_raw(outs[1][i]).x;
+    }
+    if (c.pow2) {
+      EXPECT_EQ(differ, 0) << "row and block forms differ on power-of-two scales";
+    }
+    std::printf("E=%lld n=%lld k=%lld ld=%lld pow2=%d: row / block forms differ in %lld of %lld\n",
+                static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
+                static_cast<long long>(ld), c.pow2 ? 1 : 0, static_cast<long long>(differ),
+                static_cast<long long>(offsets[E] * n));
   }
   return worst;
 }
@@ -224,6 +288,7 @@ TEST_F(MoeFp8CutlassGroupedTest, UnevenAndEmptyExperts) {
   worst = std::max(worst, CheckCase(rng, {{5}, 136, 128, 1, false}));
   worst = std::max(worst, CheckCase(rng, {{0, 0, 0}, 256, 256}));  // no rows at all
   worst = std::max(worst, CheckCase(rng, {{3, 900, 0, 17}, 1536, 2048, 4, false}));
+  worst = std::max(worst, CheckCase(rng, {{5, 130, 0, 1}, 136, 256}));  // a partial 128-row block
   std::printf("CUTLASS grouped: largest error / (2^-13 x per-MMA magnitude) %.3f\n", worst);
 }
 
@@ -236,11 +301,37 @@ TEST_F(MoeFp8CutlassGroupedTest, ModelShapes) {
   qwen[3] = 1000;
   worst = std::max(worst, CheckCase(rng, {qwen, 1536, 2048, 8, true}));
   worst = std::max(worst, CheckCase(rng, {qwen, 2048, 768, 8, false}));
+  worst = std::max(worst, CheckCase(rng, {qwen, 2048, 768, 8, true}));  // block form: ld 8 != 6
   const std::vector<int32_t> v3 = RandomCounts(rng, 16, 1500);
   worst = std::max(worst, CheckCase(rng, {v3, 4096, 7168, 3, true}));
   worst = std::max(worst, CheckCase(rng, {v3, 7168, 2048, 3, true}));
   std::printf("CUTLASS grouped (model shapes): largest error / (2^-13 x per-MMA magnitude) %.3f\n",
               worst);
+}
+
+// The block form bit-identical to the row form where every scale is a power of two: Qwen3's
+// gate_up (ld = k / 128 = 16: the block scales read in place) and down (k = 768: ld 8, the
+// compact copy), DeepSeek-V3's shapes (ld 56 and 16), a partial last block (n = 136), rows of
+// more than 4 padding floats (ld = 19 for k = 2048), one expert of many tiles.
+TEST_F(MoeFp8CutlassGroupedTest, BlockFormMatchesRowForm) {
+  std::mt19937 rng(cuda_test::TestSeed() + 2);
+  double worst = 0;
+  const std::vector<int32_t> qwen = RandomCounts(rng, 128, 3000);
+  const std::vector<int32_t> v3 = RandomCounts(rng, 8, 700);
+  const Case cases[] = {
+      {qwen, 1536, 2048, 8, true, 5, true},
+      {qwen, 2048, 768, 8, true, 5, true},
+      {v3, 4096, 7168, 2, true, 5, true},
+      {v3, 7168, 2048, 2, true, 5, true},
+      {{0, 17, 300, 0, 2}, 136, 384, 3, true, 5, true},
+      {{40, 0, 9}, 256, 2048, 3, true, 5, true, 19},
+      {{1000}, 512, 1024, 1, true, 0, true},
+  };
+  for (const Case& c : cases) worst = std::max(worst, CheckCase(rng, c));
+  std::printf(
+      "CUTLASS grouped (power-of-two scales): largest error / (2^-13 x per-MMA magnitude) "
+      "%.3f\n",
+      worst);
 }
 
 // Refused before any device work (so also checked without a GPU).
@@ -298,6 +389,46 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   const absl::StatusOr<size_t> bytes = MoeFp8CutlassGroupedWorkspaceBytes(128);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_GT(*bytes, size_t{128} * 11 * 8);  // at least the per-group arrays
+}
+
+TEST(MoeFp8CutlassGroupedRefusals, RefusesBlockFormWhatItCannotTake) {
+  alignas(16) static uint8_t codes[64];
+  alignas(16) static float scales[64];
+  alignas(16) static bf16 out[64];
+  alignas(16) static int32_t offsets[8];
+  static const uint8_t* code_table[4];
+  static const float* block_table[4];
+  alignas(128) static char workspace[128];
+  MoeFp8CutlassGroupedArgs ok{codes, scales, {code_table, nullptr, 0}, offsets, 2, 8, 768, out};
+  ok.block_scales = block_table;
+  ok.block_scale_ld = 8;
+  auto code = [](const MoeFp8CutlassGroupedArgs& a) {
+    return MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr).code();
+  };
+  for (int64_t ld : {0, 5, -6}) {  // rows shorter than k / 128 = 6
+    MoeFp8CutlassGroupedArgs a = ok;
+    a.block_scale_ld = ld;
+    EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "ld=" << ld;
+    EXPECT_FALSE(MoeFp8CutlassGroupedBlockWorkspaceBytes(2, 8, 768, ld).ok()) << "ld=" << ld;
+  }
+  EXPECT_FALSE(MoeFp8CutlassGroupedBlockWorkspaceBytes(2, 8, 700, 8).ok());
+  EXPECT_FALSE(MoeFp8CutlassGroupedBlockWorkspaceBytes(2, 12, 768, 8).ok());
+  EXPECT_FALSE(MoeFp8CutlassGroupedBlockWorkspaceBytes(0, 8, 768, 8).ok());
+  MoeFp8CutlassGroupedArgs a = ok;
+  a.w.codes = nullptr;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.k = 640;  // ld 8 >= 5 groups, but the workspace is short
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  // w.scales and w.groups are not read by the block form: refused here only for the workspace.
+  EXPECT_EQ(code(ok), absl::StatusCode::kInvalidArgument);
+  // The compact copy: ld != k / 128 needs E x ceil(n / 128) x k / 128 floats more than ld = 6.
+  const absl::StatusOr<size_t> in_place =
+      MoeFp8CutlassGroupedBlockWorkspaceBytes(128, 2048, 768, 6);
+  const absl::StatusOr<size_t> compact = MoeFp8CutlassGroupedBlockWorkspaceBytes(128, 2048, 768, 8);
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  ASSERT_TRUE(compact.ok()) << compact.status();
+  EXPECT_GE(*compact, *in_place + size_t{128} * 16 * 6 * 4);
 }
 
 }  // namespace

@@ -1,0 +1,250 @@
+// Internal to :moe_fp8_cutlass_grouped: one CUTLASS configuration of the grouped FP8 GEMM as a
+// type (128 x 128 x 128 tiles, clusters of 1 x 2, cooperative, ptr-array grouped with blockwise
+// FP8 scaling), the kernel that fills its per-group arguments on the device from the expert
+// offsets, and the host calls that run it. Included by one .cu file per configuration
+// (moe_fp8_cutlass_grouped_row.cu, moe_fp8_cutlass_grouped_block.cu): nvcc compiles them in
+// parallel, and CUTLASS's types stay inside them.
+#ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_KERNEL_CUH_
+#define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_KERNEL_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
+
+namespace tandem::kernels::cuda::moe_cutlass {
+
+// D[m_e, n] bf16 = A[m_e, k] e4m3 (row-major) x B^T, B = the expert's weight [n, k] row-major
+// (CUTLASS's column-major K x N). Scales K-major on both operands: A's per (1 row, 128 columns)
+// [m_e, groups] (QuantizeActivations' layout); B's per (kScaleN rows, 128 columns): kScaleN 1,
+// the loader's per-row group scales [n, groups]; kScaleN 128, one per 128 x 128 block
+// [ceil(n / 128), groups].
+//
+// CUTLASS 4.2's grouped kernel derives each group's scale layouts from its problem shape
+// (tile_atom_to_shape_SF*(m_e, n, k)) and ignores the layout arrays it is given: a scale row is
+// exactly k / 128 floats. The runtime's block scales have rows of Block128WeightScaleLd(k) (k /
+// 128 rounded up to 4); where that differs the block form runs on a compact copy (BlockRun).
+//
+// GroupedCommon: what both forms share, outside the class template (nvcc 13 did not compile the
+// epilogue builder's result as a member of it).
+struct GroupedCommon {
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = cutlass::bfloat16_t;
+  using ElementAccumulator = float;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignmentAB = 16;  // elements: 16 bytes, TMA's minimum
+  static constexpr int kAlignmentD = 8;    // 16 bytes of bf16
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+  using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void,
+      LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, void,
+                                                   ElementAccumulator>>::CollectiveOp;
+  static constexpr int kEpilogueSmemBytes =
+      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
+};
+
+template <int kScaleN>
+struct GroupedConfig : GroupedCommon {
+  static constexpr bool kBlockScales = kScaleN > 1;
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, 128, cute::GMMA::Major::K,
+                                                cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA*, LayoutSFA*>, kAlignmentAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
+      kAlignmentAB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+};
+
+// The per-group arrays at the start of the workspace, each 128-byte aligned; CUTLASS's own after.
+template <class Config>
+struct GroupArrays {
+  typename Config::Shape* shapes;
+  const typename Config::ElementA** a;
+  const typename Config::ElementB** b;
+  const float** sfa;
+  const float** sfb;
+  typename Config::ElementD** d;
+  typename Config::StrideA* stride_a;
+  typename Config::StrideB* stride_b;
+  typename Config::StrideD* stride_d;
+  typename Config::LayoutSFA* layout_sfa;
+  typename Config::LayoutSFB* layout_sfb;
+};
+
+inline constexpr size_t kAlign = 128;
+inline size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Lays the arrays for `groups` groups out from `base` (null: only counts); returns their bytes.
+template <class Config>
+size_t LayOut(int64_t groups, char* base, GroupArrays<Config>* g) {
+  size_t offset = 0;
+  auto take = [&]<class T>(T** field, size_t element_bytes) {
+    *field = base == nullptr ? nullptr : reinterpret_cast<T*>(base + offset);
+    offset += AlignUp(element_bytes * static_cast<size_t>(groups));
+  };
+  take(&g->shapes, sizeof(typename Config::Shape));
+  take(&g->a, sizeof(void*));
+  take(&g->b, sizeof(void*));
+  take(&g->sfa, sizeof(void*));
+  take(&g->sfb, sizeof(void*));
+  take(&g->d, sizeof(void*));
+  take(&g->stride_a, sizeof(typename Config::StrideA));
+  take(&g->stride_b, sizeof(typename Config::StrideB));
+  take(&g->stride_d, sizeof(typename Config::StrideD));
+  take(&g->layout_sfa, sizeof(typename Config::LayoutSFA));
+  take(&g->layout_sfb, sizeof(typename Config::LayoutSFB));
+  return offset;
+}
+
+// Threads [0, num_experts): expert e's problem shape (m_e, n, k), operand pointers, strides and
+// scale layouts from the device offsets (no host sync). Block form with `compact` (block_scale_ld
+// != k / 128): every thread of the grid also copies a stride of the experts' block scales into
+// compact [num_experts, ceil(n / 128), k / 128], which CUTLASS then reads.
+template <class Config>
+__global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g, float* compact) {
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t groups = args.k / 128;
+  const int64_t n_blocks = (args.n + 127) / 128;
+  if constexpr (Config::kBlockScales) {
+    if (compact != nullptr) {
+      const int64_t per_expert = n_blocks * groups, total = args.num_experts * per_expert;
+      for (int64_t i = e; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+        const int64_t x = i / per_expert, b = i % per_expert / groups, c = i % groups;
+        compact[i] = args.block_scales[x][b * args.block_scale_ld + c];
+      }
+    }
+  }
+  if (e >= args.num_experts) return;
+  const int64_t first = args.expert_offsets[e];
+  const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
+  const int n = static_cast<int>(args.n), k = static_cast<int>(args.k);
+  g.shapes[e] = typename Config::Shape(m, n, k);
+  g.a[e] = reinterpret_cast<const typename Config::ElementA*>(args.a + first * args.k);
+  g.b[e] = reinterpret_cast<const typename Config::ElementB*>(args.w.codes[e]);
+  g.sfa[e] = args.a_scales + first * groups;
+  if constexpr (Config::kBlockScales) {
+    g.sfb[e] = compact != nullptr ? compact + e * n_blocks * groups : args.block_scales[e];
+  } else {
+    g.sfb[e] = args.w.scales[e];
+  }
+  g.d[e] = reinterpret_cast<typename Config::ElementD*>(args.out + first * args.n);
+  typename Config::StrideA sa{};
+  cute::get<0>(sa) = args.k;
+  g.stride_a[e] = sa;
+  typename Config::StrideB sb{};
+  cute::get<0>(sb) = args.k;
+  g.stride_b[e] = sb;
+  typename Config::StrideD sd{};
+  cute::get<0>(sd) = args.n;
+  g.stride_d[e] = sd;
+  g.layout_sfa[e] = Config::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
+  g.layout_sfb[e] = Config::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+}
+
+template <class Config>
+typename Config::Gemm::Arguments MakeArguments(int64_t groups, const GroupArrays<Config>& g,
+                                               int device, int sm_count) {
+  typename Config::Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {static_cast<int>(groups), g.shapes, nullptr},  // no host shapes: no host sync
+      {g.a, g.stride_a, g.b, g.stride_b, g.sfa, g.layout_sfa, g.sfb, g.layout_sfb},
+      {{}, nullptr, g.stride_d, g.d, g.stride_d}};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+inline absl::Status CheckCutlass(cutlass::Status status, const char* what) {
+  if (status == cutlass::Status::kSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUTLASS grouped FP8 MoE GEMM: ", what, ": ",
+                                          cutlass::cutlassGetStatusString(status)));
+}
+
+template <class Config>
+size_t WorkspaceBytes(int64_t groups, int device, int sm_count) {
+  GroupArrays<Config> g{};
+  const size_t arrays = LayOut(groups, nullptr, &g);
+  return arrays + AlignUp(Config::Gemm::get_workspace_size(
+                      MakeArguments<Config>(groups, g, device, sm_count)));
+}
+
+template <class Config>
+absl::Status Init() {
+  using Kernel = typename Config::Kernel;
+  const cudaError_t err =
+      cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::SharedStorageSize);
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in: ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+template <class Config>
+absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* compact, int device,
+                 int sm_count, cudaStream_t stream) {
+  GroupArrays<Config> g{};
+  const size_t arrays = LayOut(args.num_experts, workspace, &g);
+  constexpr int kThreads = 128;
+  int64_t blocks = (args.num_experts + kThreads - 1) / kThreads;
+  if (compact != nullptr) {  // enough threads for the copy, at most ~2 waves of small blocks
+    const int64_t total = args.num_experts * ((args.n + 127) / 128) * (args.k / 128);
+    blocks = std::max(blocks, std::min<int64_t>((total + kThreads - 1) / kThreads, 1024));
+  }
+  FillGroups<Config><<<static_cast<int>(blocks), kThreads, 0, stream>>>(args, g, compact);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const typename Config::Gemm::Arguments gemm_args =
+      MakeArguments<Config>(args.num_experts, g, device, sm_count);
+  typename Config::Gemm gemm;
+  const cutlass::Status can = gemm.can_implement(gemm_args);
+  if (can != cutlass::Status::kSuccess) return CheckCutlass(can, "can_implement");
+  const cutlass::Status init = gemm.initialize(gemm_args, workspace + arrays, stream);
+  if (init != cutlass::Status::kSuccess) return CheckCutlass(init, "initialize");
+  return CheckCutlass(gemm.run(stream), "run");
+}
+
+}  // namespace tandem::kernels::cuda::moe_cutlass
+
+#endif  // TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_KERNEL_CUH_
