@@ -10,6 +10,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_cuda.h"
+#include "kernels/fp8/fp8_gemm_cuda.h"
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/moe/moe_fp8_cuda.h"
 #ifdef TANDEM_HAVE_CUTLASS
@@ -48,25 +49,35 @@ absl::Status UploadExperts(Fp8LinearWeight* all, int64_t held, int64_t rows, int
                      AllocateFp8Weight(grid, all->activation, all->input_scale, max_tokens));
     CUDA_RETURN_IF_ERROR(cudaMemset(w.codes.data(), 0, w.codes.bytes()));
     CUDA_RETURN_IF_ERROR(cudaMemset(w.scales.data(), 0, w.scales.bytes()));
+    if (held > 0 && !out->front().block_scales.empty()) {  // as the held experts (zeros)
+      const int64_t bytes = out->front().block_scales.bytes();
+      ASSIGN_OR_RETURN(w.block_scales, DeviceBuffer::Allocate(bytes, "fp8 block scales"));
+      CUDA_RETURN_IF_ERROR(cudaMemset(w.block_scales.data(), 0, bytes));
+    }
     out->push_back(std::move(w));
   }
   *all = Fp8LinearWeight();
   return absl::OkStatus();
 }
 
-// The device tables of the experts' code and scale pointers.
+// The device tables of the experts' code and scale pointers, and of their block scales where
+// every expert has them (else `blocks` stays empty).
 absl::Status Tables(const std::vector<CudaFp8Weight>& experts, DeviceBuffer* codes,
-                    DeviceBuffer* scales) {
-  std::vector<const void*> c, s;
+                    DeviceBuffer* scales, DeviceBuffer* blocks) {
+  std::vector<const void*> c, s, b;
   for (const CudaFp8Weight& w : experts) {
     c.push_back(w.codes.data());
     s.push_back(w.scales.data());
+    if (!w.block_scales.empty()) b.push_back(w.block_scales.data());
   }
   const int64_t bytes = static_cast<int64_t>(c.size() * sizeof(void*));
   ASSIGN_OR_RETURN(*codes, DeviceBuffer::Allocate(bytes, "fp8 expert code table"));
   ASSIGN_OR_RETURN(*scales, DeviceBuffer::Allocate(bytes, "fp8 expert scale table"));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(codes->data(), c.data(), bytes, cudaMemcpyHostToDevice));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(scales->data(), s.data(), bytes, cudaMemcpyHostToDevice));
+  if (b.empty() || b.size() != c.size()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*blocks, DeviceBuffer::Allocate(bytes, "fp8 expert block scale table"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(blocks->data(), b.data(), bytes, cudaMemcpyHostToDevice));
   return absl::OkStatus();
 }
 
@@ -109,8 +120,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> UploadFp8MoeWeights(const Mod
                                 "experts gate_up", &w->gate_up));
   RETURN_IF_ERROR(UploadExperts(&l->experts_down_fp8, held, H, Ie, ep ? 1 : 0, max_tokens,
                                 "experts down", &w->down));
-  RETURN_IF_ERROR(Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales));
-  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales));
+  RETURN_IF_ERROR(
+      Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales, &w->gate_up_block_scales));
+  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales, &w->down_block_scales));
   if (!l->shared_gate_up_fp8.empty()) {
     ASSIGN_OR_RETURN(w->shared_gate_up, UploadFp8Weight(&l->shared_gate_up_fp8, 2 * Is, H,
                                                         max_tokens, "shared experts gate_up"));
@@ -136,8 +148,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> AllocateFp8MoeWeights(const M
     ASSIGN_OR_RETURN(CudaFp8Weight down, alloc(H, Ie));
     w->down.push_back(std::move(down));
   }
-  RETURN_IF_ERROR(Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales));
-  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales));
+  RETURN_IF_ERROR(
+      Tables(w->gate_up, &w->gate_up_codes, &w->gate_up_scales, &w->gate_up_block_scales));
+  RETURN_IF_ERROR(Tables(w->down, &w->down_codes, &w->down_scales, &w->down_block_scales));
   if (Is > 0) {
     ASSIGN_OR_RETURN(w->shared_gate_up, alloc(2 * Is, H));
     ASSIGN_OR_RETURN(w->shared_down, alloc(H, Is));
@@ -159,12 +172,15 @@ absl::Status FillFp8MoeDummy(const DummyTensorFill& fill, uint64_t seed, DeviceB
     return &experts[static_cast<size_t>(e)];
   };
   CudaFp8Weight* target = nullptr;
+  DeviceBuffer* block_table = nullptr;  // the experts' block-scale table the target is in
   switch (fill.slot) {
     case WeightSlot::kExpertsGateUp:
       target = expert(w->gate_up);
+      block_table = &w->gate_up_block_scales;
       break;
     case WeightSlot::kExpertsDown:
       target = expert(w->down);
+      block_table = &w->down_block_scales;
       break;
     case WeightSlot::kSharedGateUp:
       target = w->shared_gate_up.empty() ? nullptr : &w->shared_gate_up;
@@ -180,7 +196,12 @@ absl::Status FillFp8MoeDummy(const DummyTensorFill& fill, uint64_t seed, DeviceB
                                                    static_cast<int>(fill.slot), " layer ",
                                                    fill.layer, " elements from ", fill.offset));
   }
-  return FillFp8Dummy(local, seed, staging, target, stream);
+  const bool had_blocks = !target->block_scales.empty();
+  RETURN_IF_ERROR(FillFp8Dummy(local, seed, staging, target, stream));
+  // A fill inside a 128-row block drops the expert's block scales (FillFp8Dummy): the table
+  // would point at freed memory, and the projection is no longer all 128 x 128 blocks.
+  if (had_blocks && target->block_scales.empty() && block_table != nullptr) block_table->Reset();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(const ModelConfig& c,
@@ -221,6 +242,14 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
 }
 
 absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
+  if (const char* scales = std::getenv("TANDEM_MOE_FP8_CUTLASS_SCALES"); scales != nullptr) {
+    const absl::string_view v = scales;
+    if (v != "row" && v != "block") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_MOE_FP8_CUTLASS_SCALES: unknown '", v, "' (row or block)"));
+    }
+    cutlass_scales_ = v == "block" ? CutlassScales::kBlock : CutlassScales::kRow;
+  }
   const char* env = std::getenv("TANDEM_MOE_FP8_PREFILL");
   if (env == nullptr) return absl::OkStatus();
   const absl::string_view v = env;
@@ -246,8 +275,19 @@ absl::Status CudaFp8MoeExperts::AllocateCutlass() {
   }
   // The rank's experts, + 1: the zero expert under expert parallelism.
   const int64_t experts = config_.num_experts + 1;
+  const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
   RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedInit());
-  ASSIGN_OR_RETURN(const size_t bytes, kc::MoeFp8CutlassGroupedWorkspaceBytes(experts));
+  ASSIGN_OR_RETURN(size_t bytes, kc::MoeFp8CutlassGroupedWorkspaceBytes(experts));
+  // Either form (set_cutlass_scales may switch after Create): the block form's for both
+  // projections, with their compact scale copies where the upload's ld is not k / 128.
+  cutlass_block_ = H % 128 == 0 && Ie % 128 == 0;
+  if (cutlass_block_) {
+    ASSIGN_OR_RETURN(const size_t gate_up, kc::MoeFp8CutlassGroupedBlockWorkspaceBytes(
+                                               experts, 2 * Ie, H, kc::Block128WeightScaleLd(H)));
+    ASSIGN_OR_RETURN(const size_t down, kc::MoeFp8CutlassGroupedBlockWorkspaceBytes(
+                                            experts, H, Ie, kc::Block128WeightScaleLd(Ie)));
+    bytes = std::max({bytes, gate_up, down});
+  }
   ASSIGN_OR_RETURN(cutlass_workspace_, DeviceBuffer::Allocate(static_cast<int64_t>(bytes),
                                                               "fp8 moe cutlass workspace"));
   cutlass_experts_ = experts;
@@ -264,6 +304,11 @@ bool CudaFp8MoeExperts::CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t
   return g.activation == Scheme::kDynamicGroup128 && d.activation == Scheme::kDynamicGroup128 &&
          kc::Fp8W16GroupedScales(g.grid) && kc::Fp8W16GroupedScales(d.grid) && H % 128 == 0 &&
          Ie % 128 == 0 && rows * H <= codes_.bytes() && rows * (H / 128) * 4 <= scales_.bytes();
+}
+
+bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) const {
+  return cutlass_scales_ == CutlassScales::kBlock && cutlass_block_ &&
+         !w.gate_up_block_scales.empty() && !w.down_block_scales.empty();
 }
 
 absl::Status CudaFp8MoeExperts::CutlassPrefill(const CudaFp8MoeWeights& w, const bf16* x,
@@ -287,6 +332,11 @@ absl::Status CudaFp8MoeExperts::CutlassPrefill(const CudaFp8MoeWeights& w, const
                                     2 * Ie,
                                     H,
                                     gate_up};
+  const bool block = CutlassBlockScalesServe(w);
+  if (block) {  // the block form: the upload's block scales [ceil(n / 128), ld]
+    args.block_scales = w.gate_up_block_scales.get<const float* const>();
+    args.block_scale_ld = kc::Block128WeightScaleLd(H);
+  }
   void* ws = cutlass_workspace_.data();
   const size_t ws_bytes = static_cast<size_t>(cutlass_workspace_.bytes());
   RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream));
@@ -296,6 +346,10 @@ absl::Status CudaFp8MoeExperts::CutlassPrefill(const CudaFp8MoeWeights& w, const
   args.n = H;
   args.k = Ie;
   args.out = expert_out;
+  if (block) {
+    args.block_scales = w.down_block_scales.get<const float* const>();
+    args.block_scale_ld = kc::Block128WeightScaleLd(Ie);
+  }
   return kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream);
 #else
   static_cast<void>(w), static_cast<void>(x), static_cast<void>(Tn), static_cast<void>(perm);
@@ -388,7 +442,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }
   if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
-    last_path_ = "fp8-cutlass-grouped";
+    last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
     return CutlassPrefill(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
   }
   if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {

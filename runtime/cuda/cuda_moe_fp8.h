@@ -18,7 +18,11 @@
 //       quantized per row in 1 x 128 groups, then ONE grouped GEMM per projection over all
 //       experts (kernels/moe/cutlass MoeFp8CutlassGroupedGemm: CUTLASS's sm90 ptr-array grouped
 //       GEMM with blockwise scaling, its per-group arguments filled on the device from the expert
-//       offsets), MoeSiluAndMul between: no host sync ("fp8-cutlass-grouped");
+//       offsets), MoeSiluAndMul between: no host sync ("fp8-cutlass-grouped"). The weight
+//       scales per row (the loader's), or, where TANDEM_MOE_FP8_CUTLASS_SCALES=block (read at
+//       Create; default row: kDefaultCutlassScales) and every expert has 128 x 128 block scales
+//       (CudaFp8Weight::block_scales), per block: one scale per tile and k step instead of 128
+//       ("fp8-cutlass-grouped-block");
 //     - mma: MoeFp8GroupedMma (as the sync-free steps past their GEMV bound; any FP8 scheme);
 //     - per-expert (and cutlass where it does not apply): the expert offsets read back (the
 //       layer's one host sync, as the bf16 grouped path), then every expert with rows through
@@ -61,6 +65,11 @@ struct CudaFp8MoeWeights {
   std::vector<CudaFp8Weight> down;     // [E] of [H, Ie]
   // Device tables [E] of the experts' codes / scales pointers (the GEMVs' MoeFp8Experts).
   DeviceBuffer gate_up_codes, gate_up_scales, down_codes, down_scales;
+  // Device tables [E] of the experts' block_scales pointers ([ceil(n / 128),
+  // Block128WeightScaleLd(k)] each: the CUTLASS prefill's block form); empty unless every expert
+  // of the projection has them (128 x 128 blocks with 1 x 128 activations; the zero expert of
+  // expert parallelism gets zero ones).
+  DeviceBuffer gate_up_block_scales, down_block_scales;
   CudaFp8Weight shared_gate_up, shared_down;  // [2 * Is, H], [H, Is]; empty without
   int64_t bytes() const;
 };
@@ -120,7 +129,8 @@ class CudaFp8MoeExperts {
                       cudaStream_t stream);
 
   // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
-  // "fp8-grouped-mma", "fp8-cutlass-grouped" or "fp8-per-expert-gemm".
+  // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block" or
+  // "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
   // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
   // checkpoints) weight-only: the expert GEMVs read x and act as bf16 values (scheme kNone, which
@@ -142,6 +152,17 @@ class CudaFp8MoeExperts {
   // workspace allocated at Create, 128-column-grouped weight scales, 1 x 128 activations, k of
   // both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
   bool CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t rows) const;
+  // How the CUTLASS prefill reads the weight scales (TANDEM_MOE_FP8_CUTLASS_SCALES=row|block at
+  // Create, default kDefaultCutlassScales): kRow the per-row scales (ScaleGranularityN 1, any
+  // 128-column-grouped weight), kBlock the block scales (ScaleGranularityN 128) where
+  // CutlassBlockScalesServe, else kRow.
+  enum class CutlassScales { kRow, kBlock };
+  static constexpr CutlassScales kDefaultCutlassScales = CutlassScales::kRow;
+  void set_cutlass_scales(CutlassScales s) { cutlass_scales_ = s; }
+  CutlassScales cutlass_scales() const { return cutlass_scales_; }
+  // Whether the CUTLASS prefill on `w` (where CutlassPrefillServes) takes the block form: kBlock,
+  // every expert's block scales present (the tables), the workspace sized for it at Create.
+  bool CutlassBlockScalesServe(const CudaFp8MoeWeights& w) const;
 
  private:
   CudaFp8MoeExperts(const ModelConfig& config, int64_t max_tokens)
@@ -154,7 +175,8 @@ class CudaFp8MoeExperts {
                    const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                    __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
                    cudaStream_t stream);
-  // TANDEM_MOE_FP8_PREFILL into prefill_ (INVALID_ARGUMENT for an unknown value).
+  // TANDEM_MOE_FP8_PREFILL into prefill_, TANDEM_MOE_FP8_CUTLASS_SCALES into cutlass_scales_
+  // (INVALID_ARGUMENT for an unknown value).
   absl::Status ReadPrefillEnv();
   // Where prefill_ is kCutlass, CUTLASS is built, the device is sm_90 and the checkpoint's
   // activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
@@ -185,13 +207,15 @@ class CudaFp8MoeExperts {
   bool grouped_mma_ = true;
   bool w8a16_gemv_ = true;
   Prefill prefill_ = Prefill::kCutlass;
+  CutlassScales cutlass_scales_ = kDefaultCutlassScales;
+  bool cutlass_block_ = false;  // cutlass_workspace_ holds the block form's too
   std::unique_ptr<CudaFp8Linear> linear_;
   // Activation codes: [max(T * H, T * k * Ie, T * k * H)] (the last: the CUTLASS prefill's
   // gathered rows, quantized per row); scales for as many rows in 1 x 128 groups.
   DeviceBuffer codes_;
   DeviceBuffer scales_;
-  // The CUTLASS grouped GEMM's workspace for num_experts + 1 groups (empty where it is not built
-  // or the device is not sm_90).
+  // The CUTLASS grouped GEMM's workspace for num_experts + 1 groups, either form (empty where it
+  // is not built or the device is not sm_90).
   DeviceBuffer cutlass_workspace_;
   int64_t cutlass_experts_ = 0;  // the groups cutlass_workspace_ holds
 };

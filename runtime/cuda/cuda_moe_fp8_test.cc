@@ -2,11 +2,12 @@
 // (TANDEM_MOE_FP8_PREFILL's: per-expert — the offsets read back, one CudaFp8Linear per expert:
 // cuBLASLt's block-scaled or outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on
 // the GEMV —, mma, and cutlass — kernels/moe/cutlass's grouped GEMM, for 1 x 128 activations on
-// sm_90 —) and the FP8 expert GEMVs and the grouped FP8 MMA (kernels/moe/moe_fp8_cuda.h), for
-// DeepSeek-V3's form (128 x
-// 128 blocks as per-row 128-column groups, 1 x 128 activations, widths with 4 groups: the block
-// GEMM's) and compressed-tensors' (per-channel, per-token); the e4m3 shared experts too. Uploads
-// from the loader's stacked form (UploadFp8MoeWeights), including expert parallelism's zero expert.
+// sm_90 —, its weight scales per row and, for the 128 x 128 blocks, per block:
+// TANDEM_MOE_FP8_CUTLASS_SCALES=block) and the FP8 expert GEMVs and the grouped FP8 MMA
+// (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x 128 blocks as per-row 128-column
+// groups, 1 x 128 activations, widths with 4 groups: the block GEMM's) and compressed-tensors'
+// (per-channel, per-token); the e4m3 shared experts too. Uploads from the loader's stacked form
+// (UploadFp8MoeWeights), including expert parallelism's zero expert.
 //
 // Every stage is checked against the CPU reference (cpu::Fp8Linear per expert, SiLU * up rounded
 // as the kernels round) fed the GPU's OWN input of that stage: the same bf16 values quantize to
@@ -280,6 +281,22 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   EXPECT_STREQ((*experts)->last_path(), cutlass ? "fp8-cutlass-grouped" : "fp8-per-expert-gemm");
   const std::vector<float> gu_cut = kernels::cuda_test::ToFloat(gate_up.ToHost());
   std::printf("  prefill fp8-cutlass-grouped %s\n", cutlass ? "ran" : "not served here");
+  // The block form (TANDEM_MOE_FP8_CUTLASS_SCALES=block): the experts' 128 x 128 block scales
+  // (uploaded where every expert's 128-row blocks share their scales: the blocks case).
+  using Scales = CudaFp8MoeExperts::CutlassScales;
+  EXPECT_EQ((*experts)->cutlass_scales(), Scales::kRow);  // the default, env unset
+  (*experts)->set_cutlass_scales(Scales::kBlock);
+  const bool block = cutlass && (*experts)->CutlassBlockScalesServe(**w);
+  if (cutlass) {
+    EXPECT_EQ(block, blocks) << "block tables where the experts are 128 x 128 blocks";
+  }
+  const auto [act_blk, out_blk] = run(grouped->get());
+  EXPECT_STREQ((*experts)->last_path(), block     ? "fp8-cutlass-grouped-block"
+                                        : cutlass ? "fp8-cutlass-grouped"
+                                                  : "fp8-per-expert-gemm");
+  const std::vector<float> gu_blk = kernels::cuda_test::ToFloat(gate_up.ToHost());
+  std::printf("  prefill fp8-cutlass-grouped-block %s\n", block ? "ran" : "not served here");
+  (*experts)->set_cutlass_scales(Scales::kRow);
 
   // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
   const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
@@ -304,6 +321,10 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   Compare(act_cut, SiluMul(gu_cut, rows, I), kOneStep, 1e-6f, "CUTLASS act vs CPU on its gate_up");
   Compare(out_cut, PerExpert(act_cut, I, dn_w, H, o), kRound, kAccum,
           "CUTLASS grouped down vs CPU on its act");
+  Compare(gu_blk, gu_want, kRound, kAccum, "CUTLASS block-form gate_up vs CPU");
+  Compare(act_blk, SiluMul(gu_blk, rows, I), kOneStep, 1e-6f, "CUTLASS block act vs CPU");
+  Compare(out_blk, PerExpert(act_blk, I, dn_w, H, o), kRound, kAccum,
+          "CUTLASS block-form down vs CPU on its act");
   if (cutlass) {  // Hopper's FP8 MMA as cuBLASLt's block GEMM: the same bits are not promised
     const auto [act_cut2, out_cut2] = run(grouped->get());
     EXPECT_TRUE(out_cut2 == out_cut) << "two CUTLASS prefill runs differ";
@@ -342,7 +363,21 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   c.num_experts_per_tok = 2;
   setenv("TANDEM_MOE_FP8_PREFILL", "cublas", 1);
   EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  unsetenv("TANDEM_MOE_FP8_PREFILL");
+  setenv("TANDEM_MOE_FP8_CUTLASS_SCALES", "blocks", 1);
+  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
   std::string why;
+  if (::tandem::testing::GpuAvailable(&why)) {
+    using Scales = CudaFp8MoeExperts::CutlassScales;
+    for (const auto& [name, want] :
+         {std::make_pair("row", Scales::kRow), std::make_pair("block", Scales::kBlock)}) {
+      setenv("TANDEM_MOE_FP8_CUTLASS_SCALES", name, 1);
+      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
+      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
+      EXPECT_EQ((*e)->cutlass_scales(), want) << name;
+    }
+  }
+  unsetenv("TANDEM_MOE_FP8_CUTLASS_SCALES");
   if (::tandem::testing::GpuAvailable(&why)) {
     using Prefill = CudaFp8MoeExperts::Prefill;
     for (const auto& [name, want] :
