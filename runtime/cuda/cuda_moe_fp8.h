@@ -18,11 +18,12 @@
 //       quantized per row in 1 x 128 groups, then ONE grouped GEMM per projection over all
 //       experts (kernels/moe/cutlass MoeFp8CutlassGroupedGemm: CUTLASS's sm90 ptr-array grouped
 //       GEMM with blockwise scaling, its per-group arguments filled on the device from the expert
-//       offsets), MoeSiluAndMul between: no host sync ("fp8-cutlass-grouped"). The weight
-//       scales per row (the loader's), or, where TANDEM_MOE_FP8_CUTLASS_SCALES=block (read at
-//       Create; default row: kDefaultCutlassScales) and every expert has 128 x 128 block scales
-//       (CudaFp8Weight::block_scales), per block: one scale per tile and k step instead of 128
-//       ("fp8-cutlass-grouped-block");
+//       offsets), MoeSiluAndMul between: no host sync. The weight scales per block where every
+//       expert has 128 x 128 block scales (CudaFp8Weight::block_scales): one scale per tile and
+//       k step ("fp8-cutlass-grouped-block", the default: 1.09-1.23x the per-row form on an H200,
+//       kernels/moe/BENCHMARKS.md); else, or with TANDEM_MOE_FP8_CUTLASS_SCALES=row (read at
+//       Create), per row as the loader holds them: 128 scales per tile and k step
+//       ("fp8-cutlass-grouped");
 //     - mma: MoeFp8GroupedMma (as the sync-free steps past their GEMV bound; any FP8 scheme);
 //     - per-expert (and cutlass where it does not apply): the expert offsets read back (the
 //       layer's one host sync, as the bf16 grouped path), then every expert with rows through
@@ -157,7 +158,7 @@ class CudaFp8MoeExperts {
   // 128-column-grouped weight), kBlock the block scales (ScaleGranularityN 128) where
   // CutlassBlockScalesServe, else kRow.
   enum class CutlassScales { kRow, kBlock };
-  static constexpr CutlassScales kDefaultCutlassScales = CutlassScales::kRow;
+  static constexpr CutlassScales kDefaultCutlassScales = CutlassScales::kBlock;
   void set_cutlass_scales(CutlassScales s) { cutlass_scales_ = s; }
   CutlassScales cutlass_scales() const { return cutlass_scales_; }
   // Whether the CUTLASS prefill on `w` (where CutlassPrefillServes) takes the block form: kBlock,

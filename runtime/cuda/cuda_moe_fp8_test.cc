@@ -277,14 +277,15 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   // sm_90, CUTLASS built); elsewhere the per-expert loop.
   (*experts)->set_prefill(Prefill::kCutlass);
   const bool cutlass = (*experts)->CutlassPrefillServes(**w, rows);
+  using Scales = CudaFp8MoeExperts::CutlassScales;
+  EXPECT_EQ((*experts)->cutlass_scales(), Scales::kBlock);  // the default, env unset
+  (*experts)->set_cutlass_scales(Scales::kRow);  // TANDEM_MOE_FP8_CUTLASS_SCALES=row
   const auto [act_cut, out_cut] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), cutlass ? "fp8-cutlass-grouped" : "fp8-per-expert-gemm");
   const std::vector<float> gu_cut = kernels::cuda_test::ToFloat(gate_up.ToHost());
   std::printf("  prefill fp8-cutlass-grouped %s\n", cutlass ? "ran" : "not served here");
-  // The block form (TANDEM_MOE_FP8_CUTLASS_SCALES=block): the experts' 128 x 128 block scales
-  // (uploaded where every expert's 128-row blocks share their scales: the blocks case).
-  using Scales = CudaFp8MoeExperts::CutlassScales;
-  EXPECT_EQ((*experts)->cutlass_scales(), Scales::kRow);  // the default, env unset
+  // The block form (the default): the experts' 128 x 128 block scales (uploaded where every
+  // expert's 128-row blocks share their scales: the blocks case).
   (*experts)->set_cutlass_scales(Scales::kBlock);
   const bool block = cutlass && (*experts)->CutlassBlockScalesServe(**w);
   if (cutlass) {
@@ -296,7 +297,6 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
                                                   : "fp8-per-expert-gemm");
   const std::vector<float> gu_blk = kernels::cuda_test::ToFloat(gate_up.ToHost());
   std::printf("  prefill fp8-cutlass-grouped-block %s\n", block ? "ran" : "not served here");
-  (*experts)->set_cutlass_scales(Scales::kRow);
 
   // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
   const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
