@@ -250,6 +250,14 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
     }
     cutlass_scales_ = v == "block" ? CutlassScales::kBlock : CutlassScales::kRow;
   }
+  if (const char* decode = std::getenv("TANDEM_MOE_FP8_DECODE"); decode != nullptr) {
+    const absl::string_view v = decode;
+    if (v != "cutlass" && v != "mma") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_MOE_FP8_DECODE: unknown '", v, "' (cutlass or mma)"));
+    }
+    decode_ = v == "cutlass" ? Decode::kCutlass : Decode::kMma;
+  }
   const char* env = std::getenv("TANDEM_MOE_FP8_PREFILL");
   if (env == nullptr) return absl::OkStatus();
   const absl::string_view v = env;
@@ -268,7 +276,7 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
 
 absl::Status CudaFp8MoeExperts::AllocateCutlass() {
 #ifdef TANDEM_HAVE_CUTLASS
-  if (prefill_ != Prefill::kCutlass ||
+  if ((prefill_ != Prefill::kCutlass && decode_ != Decode::kCutlass) ||
       config_.quantization.activation != Scheme::kDynamicGroup128 ||
       !kc::MoeFp8CutlassGroupedSupported()) {
     return absl::OkStatus();
@@ -311,7 +319,7 @@ bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) cons
          !w.gate_up_block_scales.empty() && !w.down_block_scales.empty();
 }
 
-absl::Status CudaFp8MoeExperts::CutlassPrefill(const CudaFp8MoeWeights& w, const bf16* x,
+absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const bf16* x,
                                                int64_t Tn, const kc::DeviceMoePermutation& perm,
                                                int64_t E, bf16* rows_in, bf16* gate_up, bf16* act,
                                                bf16* expert_out, cudaStream_t stream) {
@@ -432,9 +440,15 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   const CudaFp8Weight& g0 = w.gate_up.front();
   const bool static_fits =
       g0.activation != Scheme::kStaticTensor || g0.static_act_scales.bytes() >= Tn * int64_t{4};
-  if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {
+  if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {  // sync-free, capturable
     if (grouped_mma_ && g0.activation != Scheme::kNone &&
         Tn > std::max<int64_t>(4, E / config_.num_experts_per_tok)) {
+      if (decode_ == Decode::kCutlass && Tn >= kCutlassDecodeMinTokens && rows_in != nullptr &&
+          CutlassPrefillServes(w, rows)) {
+        last_path_ =
+            CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
+        return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+      }
       last_path_ = "fp8-grouped-mma";
       return Mma(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }
@@ -443,7 +457,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   }
   if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
     last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
-    return CutlassPrefill(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+    return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
   }
   if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {
     last_path_ = "fp8-grouped-mma";

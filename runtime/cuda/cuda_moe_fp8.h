@@ -11,7 +11,13 @@
 //     experts then average one row or more) and with FP8 activations, the same
 //     steps on the tensor cores instead (kernels/moe MoeFp8GroupedMma for gate_up rows and down,
 //     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
-//     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs;
+//     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs.
+//     From kCutlassDecodeMinTokens tokens on, where the CUTLASS grouped GEMM serves (as the
+//     prefill's cutlass below: 1 x 128 activations, sm_90, CUTLASS built), that path instead of
+//     MoeFp8GroupedMma (TANDEM_MOE_FP8_DECODE=cutlass, the default, read at Create; mma keeps
+//     MoeFp8GroupedMma): the same code as the prefill's, capturable (its per-group arguments
+//     filled on the device, a fixed workspace from Create, the shared-memory opt-in at Create;
+//     CUTLASS's initialize only sets kernel attributes, its workspace init is a no-op);
 //   * prefill (more tokens, not capturing), by TANDEM_MOE_FP8_PREFILL (read at Create):
 //     - cutlass (the default where it applies: weights with per-row scales over 128-column groups,
 //       1 x 128 activation groups, an sm_90 device, CUTLASS built): the permuted rows gathered and
@@ -108,15 +114,19 @@ class CudaFp8MoeExperts {
  public:
   // Steps of at most this many tokens take the GEMVs (CudaMoeMlp::kSyncFreeMaxTokens).
   static constexpr int64_t kGemvMaxTokens = 256;
+  // Sync-free steps of at least this many tokens (past the GEMV bound) take the CUTLASS grouped
+  // GEMM where it serves and decode() is kCutlass, else MoeFp8GroupedMma.
+  static constexpr int64_t kCutlassDecodeMinTokens = 64;
   // Scratch for steps of up to max_tokens tokens of `config` (the rank's).
   static absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> Create(const ModelConfig& config,
                                                                    int64_t max_tokens);
 
   // The routed experts of T tokens x [T, H] (bf16) under the permutation `perm` of rows = T * k
   // routing pairs over `num_experts` device experts, into expert_out [rows, H] (rows in the
-  // permutation's order), using act [rows, Ie] and, on the prefill path, rows_in [rows, H] and
-  // gate_up [rows, 2 * Ie] as scratch. `grouped` reads the offsets back (prefill path); pass
-  // null to force the GEMVs (as under capture). pdl: the GEMVs launched with PDL.
+  // permutation's order), using act [rows, Ie] and, on the grouped paths, rows_in [rows, H] (the
+  // per-expert and CUTLASS paths; null: never the CUTLASS path) and gate_up [rows, 2 * Ie] as
+  // scratch. `grouped` reads the offsets back (prefill path); pass null for the sync-free steps
+  // (as under capture). pdl: the GEMVs launched with PDL.
   absl::Status Routed(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
                       const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                       __nv_bfloat16* rows_in, __nv_bfloat16* gate_up, __nv_bfloat16* act,
@@ -130,8 +140,8 @@ class CudaFp8MoeExperts {
                       cudaStream_t stream);
 
   // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
-  // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block" or
-  // "fp8-per-expert-gemm".
+  // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block" (prefill, or sync-free
+  // steps from kCutlassDecodeMinTokens) or "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
   // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
   // checkpoints) weight-only: the expert GEMVs read x and act as bf16 values (scheme kNone, which
@@ -149,6 +159,12 @@ class CudaFp8MoeExperts {
   enum class Prefill { kCutlass, kMma, kPerExpert };
   void set_prefill(Prefill p) { prefill_ = p; }
   Prefill prefill() const { return prefill_; }
+  // The sync-free steps' grouped kernel past the GEMV bound (TANDEM_MOE_FP8_DECODE=cutlass|mma at
+  // Create; default kCutlass): kCutlass from kCutlassDecodeMinTokens tokens where
+  // CutlassPrefillServes, else (and kMma) MoeFp8GroupedMma.
+  enum class Decode { kCutlass, kMma };
+  void set_decode(Decode d) { decode_ = d; }
+  Decode decode() const { return decode_; }
   // Whether prefill steps on `w` can take the CUTLASS grouped GEMM (built, an sm_90 device, its
   // workspace allocated at Create, 128-column-grouped weight scales, 1 x 128 activations, k of
   // both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
@@ -176,14 +192,15 @@ class CudaFp8MoeExperts {
                    const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                    __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
                    cudaStream_t stream);
-  // TANDEM_MOE_FP8_PREFILL into prefill_, TANDEM_MOE_FP8_CUTLASS_SCALES into cutlass_scales_
-  // (INVALID_ARGUMENT for an unknown value).
+  // TANDEM_MOE_FP8_PREFILL into prefill_, TANDEM_MOE_FP8_CUTLASS_SCALES into cutlass_scales_,
+  // TANDEM_MOE_FP8_DECODE into decode_ (INVALID_ARGUMENT for an unknown value).
   absl::Status ReadPrefillEnv();
-  // Where prefill_ is kCutlass, CUTLASS is built, the device is sm_90 and the checkpoint's
-  // activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
+  // Where prefill_ or decode_ is kCutlass, CUTLASS is built, the device is sm_90 and the
+  // checkpoint's activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
   absl::Status AllocateCutlass();
-  // Prefill on the CUTLASS grouped GEMM: gather, quantize, gate_up, SiLU * up, quantize, down.
-  absl::Status CutlassPrefill(const CudaFp8MoeWeights& w, const __nv_bfloat16* x,
+  // The CUTLASS grouped GEMM (prefill, and sync-free steps from kCutlassDecodeMinTokens): gather,
+  // quantize, gate_up, SiLU * up, quantize, down; no host sync, capturable.
+  absl::Status CutlassGrouped(const CudaFp8MoeWeights& w, const __nv_bfloat16* x,
                               int64_t num_tokens, const kernels::cuda::DeviceMoePermutation& perm,
                               int64_t num_experts, __nv_bfloat16* rows_in, __nv_bfloat16* gate_up,
                               __nv_bfloat16* act, __nv_bfloat16* expert_out, cudaStream_t stream);
@@ -208,6 +225,7 @@ class CudaFp8MoeExperts {
   bool grouped_mma_ = true;
   bool w8a16_gemv_ = true;
   Prefill prefill_ = Prefill::kCutlass;
+  Decode decode_ = Decode::kCutlass;
   CutlassScales cutlass_scales_ = kDefaultCutlassScales;
   bool cutlass_block_ = false;  // cutlass_workspace_ holds the block form's too
   std::unique_ptr<CudaFp8Linear> linear_;

@@ -13,14 +13,20 @@
 //     token of 128 x 128 tiles unquantized, as the weight-only W8A16 expert GEMVs take them) with
 //     gate / up / SiLU * up / the expert output rounded to bf16 where the kernels round, the
 //     weighted sum rounded once. Decode sizes take the expert GEMVs, whose fp32 sums differ from
-//     the CPU's only in order (rel. L2 error bound 1e-2); 300 tokens the per-expert FP8 GEMMs,
-//     whose Hopper FP8 MMA (13-bit aligned partial sums) moves ~10% of the act values by a bf16
-//     step and so ~1% of the down projection's e4m3 input codes (cuda_moe_fp8_test.cc; bound
-//     4e-2). A wrong code, scale layout or expert would be an error of order 1.
+//     the CPU's only in order (rel. L2 error bound 1e-2); 8 tokens MoeFp8GroupedMma, 64 and 96
+//     (1 x 128 activations: CudaFp8MoeExperts::kCutlassDecodeMinTokens and past) the CUTLASS
+//     grouped GEMM, per-token activations MoeFp8GroupedMma, and 300 tokens the prefill's CUTLASS
+//     grouped GEMM or per-expert FP8 GEMMs: Hopper's FP8 MMA (13-bit aligned partial sums)
+//     moves ~10% of the act values by a bf16 step and so ~1% of the down projection's e4m3
+//     input codes (cuda_moe_fp8_test.cc; bound 4e-2 for the prefill sizes). A wrong code, scale
+//     layout or expert would be an error of order 1;
+//   * a 96-token step (a CUDA graph size) captured in a CUDA graph on a non-default stream and
+//     replayed twice gives the eager step's bits.
 // GPU test; skips without one.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -124,6 +130,41 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / den);
 }
 
+// The layer's step of T tokens eager on a non-default stream, then captured in a CUDA graph
+// (global mode) and replayed twice over a poisoned output: the replays' bits are the eager ones.
+void CapturedStepMatchesEager(CudaMoeMlp& mlp, const CudaMoeWeights& w,
+                              kernels::cuda::CublasLtGemm& gemm, int64_t T, int64_t H,
+                              std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(T * H);
+  for (float& v : x) v = Bf16(d(rng));
+  ct::DeviceBuffer<bf16> dx(ct::Convert<bf16>(x)), dout(T * H);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(mlp.Forward<bf16>(w, dx.get(), T, 0, dout.get(), gemm, s).ok());
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  const std::vector<bf16> eager = dout.ToHost();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const absl::Status captured = mlp.Forward<bf16>(w, dx.get(), T, 0, dout.get(), gemm, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    ASSERT_EQ(cudaMemsetAsync(dout.get(), 0xff, T * H * 2, s), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const std::vector<bf16> got = dout.ToHost();
+    EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * 2), 0) << "replay " << replay;
+  }
+  std::printf("  %3lld tokens captured in a CUDA graph, replayed twice: bits vs eager checked\n",
+              static_cast<long long>(T));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 void DrawAndRun(bool blocks, std::mt19937& rng) {
   SCOPED_TRACE(blocks ? "128 x 128 tiles" : "per-channel");
   std::printf("%s\n", blocks ? "128 x 128 weight tiles, 1 x 128 activations"
@@ -154,7 +195,7 @@ void DrawAndRun(bool blocks, std::mt19937& rng) {
       kernels::cuda::CublasLtGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   std::normal_distribution<float> d(0.0f, 1.0f);
-  for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, max_tokens}) {
+  for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{96}, max_tokens}) {
     std::vector<float> x(T * H);
     for (float& v : x) v = Bf16(d(rng));
     ct::DeviceBuffer<bf16> dx(ct::Convert<bf16>(x)), dout(T * H);
@@ -174,6 +215,7 @@ void DrawAndRun(bool blocks, std::mt19937& rng) {
         static_cast<long long>(T), weight_only ? " (weight-only)" : "", err, bound);
     EXPECT_LE(err, bound) << T << " tokens";
   }
+  CapturedStepMatchesEager(**mlp, *w, **gemm, 96, H, rng);
 }
 
 TEST(CudaMoeFp8DummyTest, DeviceDrawEqualsTheHostsAndTheLayerMatchesTheCpu) {

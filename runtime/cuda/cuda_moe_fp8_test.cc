@@ -6,7 +6,9 @@
 // TANDEM_MOE_FP8_CUTLASS_SCALES=block) and the FP8 expert GEMVs and the grouped FP8 MMA
 // (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x 128 blocks as per-row 128-column
 // groups, 1 x 128 activations, widths with 4 groups: the block GEMM's) and compressed-tensors'
-// (per-channel, per-token); the e4m3 shared experts too. Uploads from the loader's stacked form
+// (per-channel, per-token); the e4m3 shared experts too. A 96-token sync-free step (a CUDA graph
+// size) on the CUTLASS grouped GEMM (TANDEM_MOE_FP8_DECODE's default) eager and captured in a
+// CUDA graph, vs the CPU. Uploads from the loader's stacked form
 // (UploadFp8MoeWeights), including expert parallelism's zero expert.
 //
 // Every stage is checked against the CPU reference (cpu::Fp8Linear per expert, SiLU * up rounded
@@ -28,6 +30,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -265,6 +269,8 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   EXPECT_STREQ((*experts)->last_path(), "fp8-per-expert-gemm");
   const std::vector<float> gu_gemm = kernels::cuda_test::ToFloat(gate_up.ToHost());
   (*experts)->set_grouped_mma(true);
+  EXPECT_EQ((*experts)->decode(), CudaFp8MoeExperts::Decode::kCutlass);  // env unset
+  (*experts)->set_decode(CudaFp8MoeExperts::Decode::kMma);  // TANDEM_MOE_FP8_DECODE=mma
   const auto [act_mma, out_mma] = run(nullptr);
   EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
   const std::vector<float> gu_mma = kernels::cuda_test::ToFloat(gate_up.ToHost());
@@ -279,7 +285,7 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   const bool cutlass = (*experts)->CutlassPrefillServes(**w, rows);
   using Scales = CudaFp8MoeExperts::CutlassScales;
   EXPECT_EQ((*experts)->cutlass_scales(), Scales::kBlock);  // the default, env unset
-  (*experts)->set_cutlass_scales(Scales::kRow);  // TANDEM_MOE_FP8_CUTLASS_SCALES=row
+  (*experts)->set_cutlass_scales(Scales::kRow);             // TANDEM_MOE_FP8_CUTLASS_SCALES=row
   const auto [act_cut, out_cut] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), cutlass ? "fp8-cutlass-grouped" : "fp8-per-expert-gemm");
   const std::vector<float> gu_cut = kernels::cuda_test::ToFloat(gate_up.ToHost());
@@ -346,6 +352,129 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   SharedMatchesCpu(**experts, **w, shared_gu, shared_dn, x, dx.get(), T, H, Is);
 }
 
+// `step` (enqueueing on s) captured in a CUDA graph (global capture mode: an illegal call fails
+// the capture) and replayed twice over a poisoned `out`: each replay's bits are `eager`.
+void CapturedReplaysMatch(const std::function<absl::Status()>& step, TestBuffer<bf16>& out,
+                          const std::vector<bf16>& eager, cudaStream_t s) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const absl::Status captured = step();
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    ASSERT_EQ(cudaMemsetAsync(out.get(), 0xff, eager.size() * 2, s), cudaSuccess);  // NaNs
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const std::vector<bf16> got = out.ToHost();
+    EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * 2), 0) << "replay " << replay;
+  }
+  std::printf("  captured in a CUDA graph, replayed twice: bits vs eager checked\n");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// A graph-size step (96 tokens, sync-free: no `grouped`) on TANDEM_MOE_FP8_DECODE's default
+// kCutlass: the CUTLASS grouped GEMM where it serves (1 x 128 activations; both weight-scale
+// forms), else (per-token activations) MoeFp8GroupedMma. Eager on a non-default stream, then
+// captured in a CUDA graph (global capture mode: an illegal call fails the capture) and replayed
+// twice over poisoned outputs: the replays' bits are the eager run's; gate_up, act and down
+// against the CPU on the GPU's own input of each stage. Below kCutlassDecodeMinTokens, and with
+// kMma, MoeFp8GroupedMma.
+void SyncFreeStepCaptured(bool blocks, CudaFp8MoeExperts::CutlassScales form, std::mt19937& rng) {
+  SCOPED_TRACE(blocks ? "blocks" : "per-channel");
+  const Scheme scheme = blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
+  ModelConfig c;
+  c.hidden_size = 512;
+  c.moe_intermediate_size = 384;  // k = 384 for down: ld 4 != 3, the block form's compact copy
+  c.num_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.quantization.activation = scheme;
+  const int64_t T = 96, E = 16, k = 4, H = 512, I = 384, rows = T * k;
+  LayerWeights layer;
+  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng);
+  layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng);
+  const Fp8LinearWeight gu_w = layer.experts_gate_up_fp8, dn_w = layer.experts_down_fp8;
+  absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> w = UploadFp8MoeWeights(c, &layer, T);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> experts = CudaFp8MoeExperts::Create(c, T);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  (*experts)->set_cutlass_scales(form);
+  const std::vector<float> x = Bf16Rows(T * H, rng);
+  std::vector<int32_t> ids(rows), pool;
+  for (int32_t e = 0; e < E; ++e) {
+    if (e != 5) pool.push_back(e);  // expert 5 gets no rows
+  }
+  for (int64_t t = 0; t < T; ++t) {  // k distinct experts per token
+    std::shuffle(pool.begin(), pool.end(), rng);
+    std::copy_n(pool.begin(), k, ids.begin() + t * k);
+  }
+  TestBuffer<bf16> dx(kernels::cuda_test::Convert<bf16>(x)), rows_in(rows * H),
+      gate_up(rows * 2 * I), act(rows * I), out(rows * H);
+  TestBuffer<int32_t> d_ids(ids), offsets(E + 1), active(E), token_of_row(rows), row_of_pair(rows);
+  const kernels::cuda::DeviceMoePermutation perm{offsets.get(), active.get(), token_of_row.get(),
+                                                 row_of_pair.get()};
+  ASSERT_TRUE(kernels::cuda::MoePermute(d_ids.get(), T, k, E, perm, nullptr, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto routed = [&](int64_t tokens) {
+    return (*experts)->Routed(**w, dx.get(), tokens, perm, E, rows_in.get(), gate_up.get(),
+                              act.get(), out.get(), nullptr, s, false);
+  };
+  const bool served = (*experts)->CutlassPrefillServes(**w, rows);
+  const bool block = served && (*experts)->CutlassBlockScalesServe(**w);
+  const char* want_path = block    ? "fp8-cutlass-grouped-block"
+                          : served ? "fp8-cutlass-grouped"
+                                   : "fp8-grouped-mma";
+  std::printf("  %s, %d-token sync-free step: %s\n", blocks ? "blocks" : "per-channel",
+              static_cast<int>(T), want_path);
+  if (blocks) {
+    EXPECT_EQ(block, served && form == CudaFp8MoeExperts::CutlassScales::kBlock);
+  }
+  ASSERT_TRUE(routed(T).ok());
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_STREQ((*experts)->last_path(), want_path);
+  const std::vector<bf16> eager = out.ToHost();
+  const std::vector<float> gu = kernels::cuda_test::ToFloat(gate_up.ToHost());
+  const std::vector<float> a = kernels::cuda_test::ToFloat(act.ToHost());
+
+  CapturedReplaysMatch([&] { return routed(T); }, out, eager, s);
+  EXPECT_STREQ((*experts)->last_path(), want_path);
+
+  const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
+  ASSERT_EQ(o[E], rows);
+  std::vector<float> x_rows(rows * H);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.begin() + tor[r] * H, H, x_rows.begin() + r * H);
+  }
+  Compare(gu, PerExpert(x_rows, H, gu_w, 2 * I, o), kRound, kAccum, "sync-free gate_up vs CPU");
+  Compare(a, SiluMul(gu, rows, I), kOneStep, 1e-6f, "sync-free act vs CPU on its gate_up");
+  Compare(kernels::cuda_test::ToFloat(eager), PerExpert(a, I, dn_w, H, o), kRound, kAccum,
+          "sync-free down vs CPU on its act");
+  // With TANDEM_MOE_FP8_DECODE=mma, and below the bound: MoeFp8GroupedMma.
+  (*experts)->set_decode(CudaFp8MoeExperts::Decode::kMma);
+  ASSERT_TRUE(routed(T).ok());
+  EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
+  (*experts)->set_decode(CudaFp8MoeExperts::Decode::kCutlass);
+  const int64_t fewer = CudaFp8MoeExperts::kCutlassDecodeMinTokens - 1;
+  ASSERT_TRUE(kernels::cuda::MoePermute(d_ids.get(), fewer, k, E, perm, nullptr, s).ok());
+  ASSERT_TRUE(routed(fewer).ok());
+  EXPECT_STREQ((*experts)->last_path(), fewer > E / k ? "fp8-grouped-mma" : "fp8-expert-gemv");
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaMoeFp8Test, SyncFreeCutlassStepCapturedMatchesEagerAndTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kernels::cuda_test::TestSeed() + 3);
+  using Scales = CudaFp8MoeExperts::CutlassScales;
+  SyncFreeStepCaptured(/*blocks=*/true, Scales::kBlock, rng);
+  SyncFreeStepCaptured(/*blocks=*/true, Scales::kRow, rng);
+  SyncFreeStepCaptured(/*blocks=*/false, Scales::kBlock, rng);
+}
+
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(kernels::cuda_test::TestSeed());
@@ -353,8 +482,9 @@ TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   PrefillMatchesGemvs(/*blocks=*/false, rng);
 }
 
-// TANDEM_MOE_FP8_PREFILL: read at Create, unknown values refused (before any device work, so
-// also without a GPU); each known value sets prefill().
+// TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES and _DECODE: read at Create, unknown values refused
+// (before any device work, so also without a GPU); each known value sets prefill(),
+// cutlass_scales(), decode().
 TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   ModelConfig c;
   c.hidden_size = 256;
@@ -390,6 +520,19 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
     }
   }
   unsetenv("TANDEM_MOE_FP8_PREFILL");
+  setenv("TANDEM_MOE_FP8_DECODE", "gemv", 1);
+  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  if (::tandem::testing::GpuAvailable(&why)) {
+    using Decode = CudaFp8MoeExperts::Decode;
+    for (const auto& [name, want] :
+         {std::make_pair("cutlass", Decode::kCutlass), std::make_pair("mma", Decode::kMma)}) {
+      setenv("TANDEM_MOE_FP8_DECODE", name, 1);
+      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
+      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
+      EXPECT_EQ((*e)->decode(), want) << name;
+    }
+  }
+  unsetenv("TANDEM_MOE_FP8_DECODE");
 }
 
 // One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the
