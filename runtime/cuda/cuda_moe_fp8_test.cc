@@ -332,6 +332,7 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   Compare(out_blk, PerExpert(act_blk, I, dn_w, H, o), kRound, kAccum,
           "CUTLASS block-form down vs CPU on its act");
   if (cutlass) {  // Hopper's FP8 MMA as cuBLASLt's block GEMM: the same bits are not promised
+    (*experts)->set_cutlass_scales(Scales::kRow);  // out_cut's form again
     const auto [act_cut2, out_cut2] = run(grouped->get());
     EXPECT_TRUE(out_cut2 == out_cut) << "two CUTLASS prefill runs differ";
   }
