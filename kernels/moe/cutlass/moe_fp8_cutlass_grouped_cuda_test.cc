@@ -42,10 +42,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 using cuda_test::DeviceBuffer;
 
-constexpr int64_t kMmaK = 32;            // e4m3 products per Hopper MMA instruction
-constexpr int64_t kPromoteK = 128;       // fp32 promotion interval
-constexpr double kMmaRel = 0x1p-11;      // 4 x 2^-13 per instruction's largest magnitude
-constexpr double kRoundRel = 0x1p-8;     // one bf16 rounding (2^-9) with a factor 2 of margin
 constexpr int kRowsPerExpert = 3;        // rows checked per expert (first, last, one random)
 constexpr uint16_t kUntouched = 0x7FBF;  // a bf16 NaN the kernel never writes
 
@@ -151,27 +147,12 @@ double CheckExpert(std::mt19937& rng, const Weights& w, int64_t e, int64_t first
   for (int64_t r : rows) {
     cpu::DequantizeFp8Weight(a_view, r, 1, a_row.data());
     for (int64_t j = 0; j < n; ++j) {
-      const float* wr = &w_deq[j * k];
-      double want = 0, mag = 0, mma_mag = 0, partial = 0;
-      for (int64_t c0 = 0; c0 < k; c0 += kMmaK) {
-        if (c0 % kPromoteK == 0) partial = 0;
-        double largest = std::fabs(partial);
-        for (int64_t i = c0; i < c0 + kMmaK; ++i) {
-          const double p = double(a_row[i]) * wr[i];
-          want += p;
-          mag += std::fabs(p);
-          largest = std::max(largest, std::fabs(p));
-          partial += p;
-        }
-        mma_mag += largest;
-      }
-      const double err = std::fabs(double(got[r * n + j]) - want);
-      const double tol = 4e-6 * std::sqrt(double(k)) * mag + kMmaRel * mma_mag +
-                         kRoundRel * std::fabs(want) + 1e-30;
-      worst = std::max(worst, (err - kRoundRel * std::fabs(want)) / (0x1p-13 * mma_mag + 1e-30));
-      if (!(err <= tol) && (*reported)++ < 5) {
+      const fp8_test::Fp8MmaDot d =
+          fp8_test::CheckFp8MmaDot(a_row.data(), &w_deq[j * k], k, got[r * n + j]);
+      worst = std::max(worst, d.ratio);
+      if (!d.ok && (*reported)++ < 5) {
         ADD_FAILURE() << "expert " << e << " row " << r << " col " << j << ": got "
-                      << got[r * n + j] << " want " << want << " (tol " << tol << ")";
+                      << got[r * n + j] << " want " << d.want << " (tol " << d.tol << ")";
       }
     }
   }
