@@ -32,9 +32,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -483,6 +485,23 @@ TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   PrefillMatchesGemvs(/*blocks=*/false, rng);
 }
 
+// Each (value, want) of `env`: Create reads it and `get` of the result returns want (a GPU:
+// Create allocates); `env` unset after.
+template <typename T, typename Get>
+void ExpectEnvSelects(const ModelConfig& c, const char* env,
+                      std::initializer_list<std::pair<const char*, T>> cases, Get get) {
+  std::string why;
+  if (::tandem::testing::GpuAvailable(&why)) {
+    for (const auto& [name, want] : cases) {
+      setenv(env, name, 1);
+      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
+      ASSERT_TRUE(e.ok()) << env << "=" << name << ": " << e.status();
+      EXPECT_EQ(get(**e), want) << env << "=" << name;
+    }
+  }
+  unsetenv(env);
+}
+
 // TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES and _DECODE: read at Create, unknown values refused
 // (before any device work, so also without a GPU); each known value sets prefill(),
 // cutlass_scales(), decode().
@@ -492,48 +511,27 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   c.moe_intermediate_size = 256;
   c.num_experts = 4;
   c.num_experts_per_tok = 2;
-  setenv("TANDEM_MOE_FP8_PREFILL", "cublas", 1);
-  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
-  unsetenv("TANDEM_MOE_FP8_PREFILL");
-  setenv("TANDEM_MOE_FP8_CUTLASS_SCALES", "blocks", 1);
-  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
-  std::string why;
-  if (::tandem::testing::GpuAvailable(&why)) {
-    using Scales = CudaFp8MoeExperts::CutlassScales;
-    for (const auto& [name, want] :
-         {std::make_pair("row", Scales::kRow), std::make_pair("block", Scales::kBlock)}) {
-      setenv("TANDEM_MOE_FP8_CUTLASS_SCALES", name, 1);
-      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
-      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
-      EXPECT_EQ((*e)->cutlass_scales(), want) << name;
-    }
+  for (const auto& [env, bad] : {std::make_pair("TANDEM_MOE_FP8_PREFILL", "cublas"),
+                                 std::make_pair("TANDEM_MOE_FP8_CUTLASS_SCALES", "blocks"),
+                                 std::make_pair("TANDEM_MOE_FP8_DECODE", "gemv")}) {
+    setenv(env, bad, 1);
+    EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument)
+        << env << "=" << bad;
+    unsetenv(env);
   }
-  unsetenv("TANDEM_MOE_FP8_CUTLASS_SCALES");
-  if (::tandem::testing::GpuAvailable(&why)) {
-    using Prefill = CudaFp8MoeExperts::Prefill;
-    for (const auto& [name, want] :
-         {std::make_pair("cutlass", Prefill::kCutlass), std::make_pair("mma", Prefill::kMma),
-          std::make_pair("per-expert", Prefill::kPerExpert)}) {
-      setenv("TANDEM_MOE_FP8_PREFILL", name, 1);
-      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
-      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
-      EXPECT_EQ((*e)->prefill(), want) << name;
-    }
-  }
-  unsetenv("TANDEM_MOE_FP8_PREFILL");
-  setenv("TANDEM_MOE_FP8_DECODE", "gemv", 1);
-  EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument);
-  if (::tandem::testing::GpuAvailable(&why)) {
-    using Decode = CudaFp8MoeExperts::Decode;
-    for (const auto& [name, want] :
-         {std::make_pair("cutlass", Decode::kCutlass), std::make_pair("mma", Decode::kMma)}) {
-      setenv("TANDEM_MOE_FP8_DECODE", name, 1);
-      absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> e = CudaFp8MoeExperts::Create(c, 16);
-      ASSERT_TRUE(e.ok()) << name << ": " << e.status();
-      EXPECT_EQ((*e)->decode(), want) << name;
-    }
-  }
-  unsetenv("TANDEM_MOE_FP8_DECODE");
+  using E = CudaFp8MoeExperts;
+  ExpectEnvSelects<E::CutlassScales>(
+      c, "TANDEM_MOE_FP8_CUTLASS_SCALES",
+      {{"row", E::CutlassScales::kRow}, {"block", E::CutlassScales::kBlock}},
+      [](const E& e) { return e.cutlass_scales(); });
+  ExpectEnvSelects<E::Prefill>(c, "TANDEM_MOE_FP8_PREFILL",
+                               {{"cutlass", E::Prefill::kCutlass},
+                                {"mma", E::Prefill::kMma},
+                                {"per-expert", E::Prefill::kPerExpert}},
+                               [](const E& e) { return e.prefill(); });
+  ExpectEnvSelects<E::Decode>(c, "TANDEM_MOE_FP8_DECODE",
+                              {{"cutlass", E::Decode::kCutlass}, {"mma", E::Decode::kMma}},
+                              [](const E& e) { return e.decode(); });
 }
 
 // One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the
