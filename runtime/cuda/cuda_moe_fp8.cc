@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
@@ -258,6 +259,12 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
     }
     decode_ = v == "cutlass" ? Decode::kCutlass : Decode::kMma;
   }
+  if (const char* n = std::getenv("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS"); n != nullptr) {
+    if (!absl::SimpleAtoi(n, &cutlass_decode_min_tokens_) || cutlass_decode_min_tokens_ < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS: '", n, "' is not a token count >= 1"));
+    }
+  }
   const char* env = std::getenv("TANDEM_MOE_FP8_PREFILL");
   if (env == nullptr) return absl::OkStatus();
   const absl::string_view v = env;
@@ -441,14 +448,16 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   const bool static_fits =
       g0.activation != Scheme::kStaticTensor || g0.static_act_scales.bytes() >= Tn * int64_t{4};
   if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {  // sync-free, capturable
+    // From cutlass_decode_min_tokens_ on (past the GEMVs' bound too: CUTLASS reads only the
+    // experts with rows, as they do), except the weight-only batch-1 step.
+    if (grouped_mma_ && decode_ == Decode::kCutlass && g0.activation != Scheme::kNone &&
+        Tn >= cutlass_decode_min_tokens_ && !WeightOnly(w, Tn) && rows_in != nullptr &&
+        CutlassPrefillServes(w, rows)) {
+      last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
+      return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+    }
     if (grouped_mma_ && g0.activation != Scheme::kNone &&
         Tn > std::max<int64_t>(4, E / config_.num_experts_per_tok)) {
-      if (decode_ == Decode::kCutlass && Tn >= kCutlassDecodeMinTokens && rows_in != nullptr &&
-          CutlassPrefillServes(w, rows)) {
-        last_path_ =
-            CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
-        return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
-      }
       last_path_ = "fp8-grouped-mma";
       return Mma(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }

@@ -12,12 +12,12 @@
 //     steps on the tensor cores instead (kernels/moe MoeFp8GroupedMma for gate_up rows and down,
 //     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
 //     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs.
-//     From kCutlassDecodeMinTokens tokens on, where the CUTLASS grouped GEMM serves (as the
+//     From kCutlassDecodeMinTokens (8) tokens on, where the CUTLASS grouped GEMM serves (as the
 //     prefill's cutlass below: 1 x 128 activations, sm_90, CUTLASS built), that path instead of
-//     MoeFp8GroupedMma (TANDEM_MOE_FP8_DECODE=cutlass, the default, read at Create; mma keeps
-//     MoeFp8GroupedMma): the same code as the prefill's, capturable (its per-group arguments
-//     filled on the device, a fixed workspace from Create, the shared-memory opt-in at Create;
-//     CUTLASS's initialize only sets kernel attributes, its workspace init is a no-op);
+//     the GEMVs or MoeFp8GroupedMma (TANDEM_MOE_FP8_DECODE=cutlass, the default, read at Create;
+//     mma keeps the older choice): the same code as the prefill's, capturable (its per-group
+//     arguments filled on the device, a fixed workspace from Create, the shared-memory opt-in at
+//     Create; CUTLASS's initialize only sets kernel attributes, its workspace init is a no-op);
 //   * prefill (more tokens, not capturing), by TANDEM_MOE_FP8_PREFILL (read at Create):
 //     - cutlass (the default where it applies: weights with per-row scales over 128-column groups,
 //       1 x 128 activation groups, an sm_90 device, CUTLASS built): the permuted rows gathered and
@@ -114,9 +114,14 @@ class CudaFp8MoeExperts {
  public:
   // Steps of at most this many tokens take the GEMVs (CudaMoeMlp::kSyncFreeMaxTokens).
   static constexpr int64_t kGemvMaxTokens = 256;
-  // Sync-free steps of at least this many tokens (past the GEMV bound) take the CUTLASS grouped
-  // GEMM where it serves and decode() is kCutlass, else MoeFp8GroupedMma.
-  static constexpr int64_t kCutlassDecodeMinTokens = 64;
+  // Sync-free steps of at least this many tokens take the CUTLASS grouped GEMM where it serves and
+  // decode() is kCutlass (before the GEMVs' and the MMA's bounds), else the GEMVs / the MMA as
+  // before. The default of cutlass_decode_min_tokens() (TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS=N at
+  // Create sets it, an A/B). Measured on an H200 (kernels/moe/BENCHMARKS.md, eighteenth session,
+  // decode steps at 1k context): Qwen3-30B-A3B-FP8 at 2 / 4 / 8 / 16 / 32 / 64 requests
+  // +14% / +4% / -8% / -25% / -15% / -15% against the GEMVs / MMA, DeepSeek-V2-Lite-FP8 +13% / +6%
+  // / -5% / -12% / -13% / -13%: from 8 tokens on.
+  static constexpr int64_t kCutlassDecodeMinTokens = 8;
   // Scratch for steps of up to max_tokens tokens of `config` (the rank's).
   static absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> Create(const ModelConfig& config,
                                                                    int64_t max_tokens);
@@ -165,6 +170,8 @@ class CudaFp8MoeExperts {
   enum class Decode { kCutlass, kMma };
   void set_decode(Decode d) { decode_ = d; }
   Decode decode() const { return decode_; }
+  void set_cutlass_decode_min_tokens(int64_t n) { cutlass_decode_min_tokens_ = n; }
+  int64_t cutlass_decode_min_tokens() const { return cutlass_decode_min_tokens_; }
   // Whether prefill steps on `w` can take the CUTLASS grouped GEMM (built, an sm_90 device, its
   // workspace allocated at Create, 128-column-grouped weight scales, 1 x 128 activations, k of
   // both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
@@ -193,7 +200,8 @@ class CudaFp8MoeExperts {
                    __nv_bfloat16* gate_up, __nv_bfloat16* act, __nv_bfloat16* expert_out,
                    cudaStream_t stream);
   // TANDEM_MOE_FP8_PREFILL into prefill_, TANDEM_MOE_FP8_CUTLASS_SCALES into cutlass_scales_,
-  // TANDEM_MOE_FP8_DECODE into decode_ (INVALID_ARGUMENT for an unknown value).
+  // TANDEM_MOE_FP8_DECODE into decode_, TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS into
+  // cutlass_decode_min_tokens_ (INVALID_ARGUMENT for an unknown value or a count < 1).
   absl::Status ReadPrefillEnv();
   // Where prefill_ or decode_ is kCutlass, CUTLASS is built, the device is sm_90 and the
   // checkpoint's activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
@@ -226,6 +234,7 @@ class CudaFp8MoeExperts {
   bool w8a16_gemv_ = true;
   Prefill prefill_ = Prefill::kCutlass;
   Decode decode_ = Decode::kCutlass;
+  int64_t cutlass_decode_min_tokens_ = kCutlassDecodeMinTokens;
   CutlassScales cutlass_scales_ = kDefaultCutlassScales;
   bool cutlass_block_ = false;  // cutlass_workspace_ holds the block form's too
   std::unique_ptr<CudaFp8Linear> linear_;

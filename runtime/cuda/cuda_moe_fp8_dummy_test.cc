@@ -13,9 +13,9 @@
 //     token of 128 x 128 tiles unquantized, as the weight-only W8A16 expert GEMVs take them) with
 //     gate / up / SiLU * up / the expert output rounded to bf16 where the kernels round, the
 //     weighted sum rounded once. Decode sizes take the expert GEMVs, whose fp32 sums differ from
-//     the CPU's only in order (rel. L2 error bound 1e-2); 8 tokens MoeFp8GroupedMma, 64 and 96
-//     (1 x 128 activations: CudaFp8MoeExperts::kCutlassDecodeMinTokens and past) the CUTLASS
-//     grouped GEMM, per-token activations MoeFp8GroupedMma, and 300 tokens the prefill's CUTLASS
+//     the CPU's only in order (rel. L2 error bound 1e-2); 8, 64 and 96 tokens (1 x 128
+//     activations: CudaFp8MoeExperts::kCutlassDecodeMinTokens and past) the CUTLASS grouped GEMM,
+//     per-token activations MoeFp8GroupedMma, and 300 tokens the prefill's CUTLASS
 //     grouped GEMM or per-expert FP8 GEMMs: Hopper's FP8 MMA (13-bit aligned partial sums)
 //     moves ~10% of the act values by a bf16 step and so ~1% of the down projection's e4m3
 //     input codes (cuda_moe_fp8_test.cc; bound 4e-2 for the prefill sizes). A wrong code, scale

@@ -502,9 +502,9 @@ void ExpectEnvSelects(const ModelConfig& c, const char* env,
   unsetenv(env);
 }
 
-// TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES and _DECODE: read at Create, unknown values refused
-// (before any device work, so also without a GPU); each known value sets prefill(),
-// cutlass_scales(), decode().
+// TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES, _DECODE and _CUTLASS_MIN_TOKENS: read at Create,
+// unknown values refused (before any device work, so also without a GPU); each known value sets
+// prefill(), cutlass_scales(), decode(), cutlass_decode_min_tokens().
 TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   ModelConfig c;
   c.hidden_size = 256;
@@ -513,7 +513,8 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   c.num_experts_per_tok = 2;
   for (const auto& [env, bad] : {std::make_pair("TANDEM_MOE_FP8_PREFILL", "cublas"),
                                  std::make_pair("TANDEM_MOE_FP8_CUTLASS_SCALES", "blocks"),
-                                 std::make_pair("TANDEM_MOE_FP8_DECODE", "gemv")}) {
+                                 std::make_pair("TANDEM_MOE_FP8_DECODE", "gemv"),
+                                 std::make_pair("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS", "0")}) {
     setenv(env, bad, 1);
     EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument)
         << env << "=" << bad;
@@ -532,6 +533,8 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   ExpectEnvSelects<E::Decode>(c, "TANDEM_MOE_FP8_DECODE",
                               {{"cutlass", E::Decode::kCutlass}, {"mma", E::Decode::kMma}},
                               [](const E& e) { return e.decode(); });
+  ExpectEnvSelects<int64_t>(c, "TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS", {{"32", 32}},
+                            [](const E& e) { return e.cutlass_decode_min_tokens(); });
 }
 
 // One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the
