@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/kv.grpc.pb.h"
@@ -33,6 +35,21 @@ uint64_t ListedEpoch(Cluster& cluster, const std::string& worker) {
     if (e.info().worker_id() == worker) return e.info().epoch();
   }
   return 0;
+}
+
+// The epoch the router lists for `worker` once it equals `want`, or the last one listed when
+// `timeout` passes first. A restarted worker re-registers asynchronously: right after
+// WaitHealthy the router may still list the old process's entry (its heartbeats stopped less
+// than the unhealthy threshold ago; seen under CI load).
+uint64_t WaitListedEpoch(Cluster& cluster, const std::string& worker, uint64_t want,
+                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t listed = ListedEpoch(cluster, worker);
+  while (listed != want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    listed = ListedEpoch(cluster, worker);
+  }
+  return listed;
 }
 
 // D's decode of `request` from `handle`, as the router would call it.
@@ -92,7 +109,8 @@ TEST(RestartTest, SamePortIsANewEpochAndStaleHandlesAreRefused) {
   ASSERT_TRUE(cluster->WaitHealthy(2, absl::Seconds(30)).ok()) << cluster->Logs();
   const uint64_t new_epoch = EpochOf(*cluster, "prefill-0");
   EXPECT_GT(new_epoch, old_epoch);
-  EXPECT_EQ(ListedEpoch(*cluster, "prefill-0"), new_epoch) << "the router knows the new epoch";
+  EXPECT_EQ(WaitListedEpoch(*cluster, "prefill-0", new_epoch, absl::Seconds(10)), new_epoch)
+      << "the router learns the new epoch";
 
   // Policy fail: refused, naming the restart. Policy recompute: D prefills the prompt itself;
   // if it serves the request, the tokens are the model's (never the old process's blocks).
