@@ -93,6 +93,32 @@ absl::Status MoeFp8GroupedMma(const MoeFp8Activations& a, const int32_t* a_row_i
                               int64_t num_experts, int64_t rows, int64_t n, int64_t k,
                               __nv_bfloat16* out, cudaStream_t stream);
 
+// The grouped prefill's activation passes (moe_fp8_act_cuda.cu; runtime/cuda/cuda_moe_fp8.h's
+// CUTLASS path), each one kernel where it replaced two and bit for bit what the two give:
+//
+// MoeGatherFp8Rows: the permuted rows of x already quantized ONCE per token (QuantizeActivations
+// of x [T, k] into codes / scales): out_codes [rows, k] and out_scales (kDynamicGroup128 [rows,
+// ceil(k / 128)], kDynamicToken [rows]; kStaticTensor: none, the caller keeps scales[0]) of row r
+// = token_of_row[r]'s. Every scheme is row-local, so this equals gathering the bf16 rows
+// (MoeGatherRows) and quantizing them, at a T-row quantization instead of a T * top_k-row one and
+// 1-byte rows instead of 2-byte ones. INVALID_ARGUMENT for k not a positive multiple of 16, a
+// non-FP8 scheme, rows < 0, null or (codes) not 16-byte aligned pointers.
+absl::Status MoeGatherFp8Rows(const uint8_t* codes, const float* scales, int64_t k,
+                              Fp8ActivationScheme scheme, const int32_t* token_of_row, int64_t rows,
+                              uint8_t* out_codes, float* out_scales, cudaStream_t stream);
+
+// MoeSiluAndMulQuantFp8: act = MoeSiluAndMul<bf16>(gate_up) ([rows, 2 * inter] -> [rows, inter];
+// skipped where act is null) and its e4m3 codes [rows, inter] + scales as QuantizeActivations
+// writes them for `scheme` (static_scale for kStaticTensor), quantizing the ROUNDED bf16 values,
+// in one pass (a warp per row; per token: the row's chunks recomputed for the codes). A width not
+// a multiple of 8 or pointers not 16-byte aligned run the two kernels (act then required).
+// INVALID_ARGUMENT for a non-FP8 scheme, a non-positive static scale, rows < 0, inter < 1, null
+// gate_up / codes / scales.
+absl::Status MoeSiluAndMulQuantFp8(const __nv_bfloat16* gate_up, int64_t rows, int64_t inter,
+                                   Fp8ActivationScheme scheme, float static_scale,
+                                   __nv_bfloat16* act, uint8_t* codes, float* scales,
+                                   cudaStream_t stream);
+
 }  // namespace tandem::kernels::cuda
 
 #endif  // TANDEM_KERNELS_MOE_MOE_FP8_CUDA_H_

@@ -20,12 +20,20 @@
 // experts of a prefill step (x [T, H] routed top-k, 1 x 128 activations, 128 x 128-block weights
 // held per row: Qwen3-30B-A3B-FP8's and DeepSeek-V3's checkpoints), gate_up + SiLU * up + down with
 // the quantization passes, milliseconds and TFLOP/s (6 x rows x H x I flops):
-//   cutlass   the runtime's default (cuda_moe_fp8.h): MoeGatherRows, QuantizeActivations, one
-//             MoeFp8CutlassGroupedGemm per projection (kernels/moe/cutlass), MoeSiluAndMul; the
-//             weight scales per row (ScaleGranularityN 1: 128 scales per tile and k step);
+//   cutlass   the runtime's CUTLASS path (cuda_moe_fp8.h): QuantizeActivations of x per token,
+//             MoeGatherFp8Rows, one MoeFp8CutlassGroupedGemm per projection (kernels/moe/cutlass),
+//             MoeSiluAndMulQuantFp8 between; the weight scales per row (ScaleGranularityN 1: 128
+//             scales per tile and k step); "cut-blk two-pass": the block form with the two-kernel
+//             activation passes those replaced (MoeGatherRows + QuantizeActivations of the rows,
+//             MoeSiluAndMul + QuantizeActivations);
 //   cut-blk   the same with the block form (TANDEM_MOE_FP8_CUTLASS_SCALES=block: the experts'
 //             block scales [ceil(n / 128), Block128WeightScaleLd(k)], ScaleGranularityN 128;
 //             Qwen3's down, k = 768, through the compact copy);
+//   cut-tok   the per-token form: per-channel weights (compressed-tensors', online FP8's) and
+//             per-token activations, their scales broadcast over the 128-column groups by the
+//             call (MoeFp8CutlassGroupedArgs::a_scales_wide / w_scales_wide);
+//   --stages=1 also times the block and per-token forms' stages apart (gather + quantize,
+//             gate_up, SiLU * up + quantize, down; each after an L2 flush);
 //   mma       MoeFp8GroupedMma (the gather folded into gate_up);
 //   per-exp   the old runtime loop: gather, the offsets read back (a host sync), then per expert
 //             QuantizeActivations + TransposeGroupScales + CublasLtFp8Gemm kBlock128 (its
@@ -252,7 +260,11 @@ const float** BlockTable(const float* blocks, int64_t E, int64_t per_expert) {
   return d;
 }
 
-void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
+// The CUTLASS step's forms: the weight scales per row (over 128-column groups) or per 128 x 128
+// block, with 1 x 128 activations; per channel with per-token activations (broadcast scales).
+enum class CutForm { kRow, kBlock, kToken };
+
+void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, bool stages) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
   const Fp8ActivationScheme scheme = Fp8ActivationScheme::kDynamicGroup128;
   const Projection gu = MakeProjection(E, 2 * I, H, true, false);
@@ -290,7 +302,18 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
   const bool cutlass = MoeFp8CutlassGroupedSupported();
   size_t ws_bytes = 0;
   char* ws = nullptr;
+  // The per-token form's per-channel projections and broadcast scratch.
+  Projection gu_ch{}, dn_ch{};
+  float *a_wide = nullptr, *w_wide = nullptr, *x_scales = nullptr;
+  uint8_t* x_codes = nullptr;
   if (cutlass) {
+    gu_ch = MakeProjection(E, 2 * I, H, false, false);
+    dn_ch = MakeProjection(E, H, I, false, false);
+    a_wide = Alloc<float>(max_rows * std::max(H, I) / 128);
+    x_codes = Alloc<uint8_t>(max_t * H);
+    x_scales = Alloc<float>(max_t * H / 128);
+    w_wide = Alloc<float>(std::max(MoeFp8CutlassWideWeightScales(E, 2 * I, H),
+                                   MoeFp8CutlassWideWeightScales(E, H, I)));
     CHECK_OK(MoeFp8CutlassGroupedInit());
     auto bytes = MoeFp8CutlassGroupedWorkspaceBytes(E);
     CHECK_OK(bytes.status());
@@ -326,30 +349,73 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
       }
       return total / iters;  // milliseconds
     };
-    double cutlass_ms = 0, block_ms = 0;
+    double cutlass_ms = 0, block_ms = 0, token_ms = 0, block_2pass_ms = 0;
+    bool no_act = false;  // --stages: the fused SiLU * up pass without writing act
 #ifdef TANDEM_CUTLASS_ENABLED
-    // One CUTLASS prefill step; block: the weight scales per 128 x 128 block.
-    auto cutlass_step = [&](bool block) {
-      CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
-      CHECK_OK(QuantizeActivations(b.rows_in, rows, H, scheme, 0.0f, b.codes, b.scales, nullptr));
-      MoeFp8CutlassGroupedArgs args{b.codes, b.scales, gu.fp8, b.offsets, E, 2 * I, H, b.gate_up};
+    // One CUTLASS prefill step in `form`; stage -1: all of it, else only that stage (0 gather +
+    // quantize, 1 gate_up, 2 SiLU * up + quantize, 3 down: --stages). fused: the runtime's
+    // activation passes (x quantized per token, its codes gathered; SiLU * up quantized in one
+    // pass), else the two-kernel passes they replaced (gather bf16 rows, quantize them; SiLU * up,
+    // quantize).
+    auto cutlass_step = [&](CutForm form, int stage, bool fused = true) {
+      const bool token = form == CutForm::kToken, block = form == CutForm::kBlock;
+      const Fp8ActivationScheme sch = token ? Fp8ActivationScheme::kDynamicToken : scheme;
+      auto run = [&](int st) { return stage < 0 || stage == st; };
+      if (run(0) && fused) {
+        CHECK_OK(QuantizeActivations(b.x, T, H, sch, 0.0f, x_codes, x_scales, nullptr));
+        CHECK_OK(
+            MoeGatherFp8Rows(x_codes, x_scales, H, sch, b.tor, rows, b.codes, b.scales, nullptr));
+      } else if (run(0)) {
+        CHECK_OK(MoeGatherRows<bf16>(b.x, H, b.tor, rows, b.rows_in, nullptr));
+        CHECK_OK(QuantizeActivations(b.rows_in, rows, H, sch, 0.0f, b.codes, b.scales, nullptr));
+      }
+      MoeFp8CutlassGroupedArgs args{
+          b.codes, b.scales, (token ? gu_ch : gu).fp8, b.offsets, E, 2 * I, H, b.gate_up};
       if (block) {
         args.block_scales = gu_block_table;
         args.block_scale_ld = Block128WeightScaleLd(H);
       }
-      CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
-      CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
-      CHECK_OK(QuantizeActivations(b.act, rows, I, scheme, 0.0f, b.codes, b.scales, nullptr));
-      args = {b.codes, b.scales, dn.fp8, b.offsets, E, H, I, b.out};
+      if (token) args.a_scheme = sch, args.a_scales_wide = a_wide, args.w_scales_wide = w_wide;
+      if (run(1)) CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
+      if (run(2) && fused) {
+        CHECK_OK(MoeSiluAndMulQuantFp8(b.gate_up, rows, I, sch, 0.0f, no_act ? nullptr : b.act,
+                                       b.codes, b.scales, nullptr));
+      } else if (run(2)) {
+        CHECK_OK(MoeSiluAndMul<bf16>(b.gate_up, rows, I, b.act, nullptr));
+        CHECK_OK(QuantizeActivations(b.act, rows, I, sch, 0.0f, b.codes, b.scales, nullptr));
+      }
+      args.w = (token ? dn_ch : dn).fp8;
+      args.n = H;
+      args.k = I;
+      args.out = b.out;
       if (block) {
         args.block_scales = dn_block_table;
         args.block_scale_ld = Block128WeightScaleLd(I);
       }
-      CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
+      if (run(3)) CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
     };
     if (cutlass) {
-      cutlass_ms = time([&] { cutlass_step(false); });
-      block_ms = time([&] { cutlass_step(true); });
+      cutlass_ms = time([&] { cutlass_step(CutForm::kRow, -1); });
+      block_ms = time([&] { cutlass_step(CutForm::kBlock, -1); });
+      token_ms = time([&] { cutlass_step(CutForm::kToken, -1); });
+      block_2pass_ms = time([&] { cutlass_step(CutForm::kBlock, -1, false); });
+      if (stages) {
+        for (const CutForm form : {CutForm::kBlock, CutForm::kToken}) {
+          double ms[4], two_pass[4];
+          for (int st = 0; st < 4; ++st) ms[st] = time([&] { cutlass_step(form, st); });
+          for (int st : {0, 2}) two_pass[st] = time([&] { cutlass_step(form, st, false); });
+          no_act = true;  // the fused pass without the bf16 act rows
+          const double no_act_ms = time([&] { cutlass_step(form, 2); });
+          no_act = false;
+          std::printf(
+              "stages %-9s T=%-5lld %-5s | gather+quant %.3f ms (two-pass %.3f) | gate_up %.3f ms "
+              "%6.1f TFLOP/s | silu+quant %.3f ms (no act %.3f, two-pass %.3f) | down %.3f ms "
+              "%6.1f TFLOP/s\n",
+              s.name, static_cast<long long>(T), form == CutForm::kBlock ? "block" : "token", ms[0],
+              two_pass[0], ms[1], 4.0 * rows * H * I / 1e9 / ms[1], ms[2], no_act_ms, two_pass[2],
+              ms[3], 2.0 * rows * H * I / 1e9 / ms[3]);
+        }
+      }
     }
 #endif
     const double mma_ms = time([&] {
@@ -377,13 +443,15 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
     auto rate = [&](bool ran, double ms) { return ran ? tflop / ms * 1e3 : 0.0; };
     std::printf(
         "prefill %-9s T=%-5lld rows=%-6lld | cutlass %8.3f ms %6.1f TFLOP/s | cut-blk %8.3f ms "
-        "%6.1f TFLOP/s | mma %8.3f ms %6.1f TFLOP/s | per-exp %8.3f ms %6.1f TFLOP/s | "
-        "cutlass vs mma %.2fx vs per-exp %.2fx | cut-blk vs cutlass %.2fx vs mma %.2fx\n",
+        "%6.1f TFLOP/s | cut-tok %8.3f ms %6.1f TFLOP/s | mma %8.3f ms %6.1f TFLOP/s | per-exp "
+        "%8.3f ms %6.1f TFLOP/s | cutlass vs mma %.2fx vs per-exp %.2fx | cut-blk vs cutlass "
+        "%.2fx vs mma %.2fx | cut-blk two-pass %8.3f ms\n",
         s.name, static_cast<long long>(T), static_cast<long long>(rows), cutlass_ms,
-        rate(cutlass, cutlass_ms), block_ms, rate(cutlass, block_ms), mma_ms, rate(true, mma_ms),
-        per_expert_ms, rate(per_expert_ran, per_expert_ms), cutlass ? mma_ms / cutlass_ms : 0.0,
+        rate(cutlass, cutlass_ms), block_ms, rate(cutlass, block_ms), token_ms,
+        rate(cutlass, token_ms), mma_ms, rate(true, mma_ms), per_expert_ms,
+        rate(per_expert_ran, per_expert_ms), cutlass ? mma_ms / cutlass_ms : 0.0,
         cutlass ? per_expert_ms / cutlass_ms : 0.0, cutlass ? cutlass_ms / block_ms : 0.0,
-        cutlass ? mma_ms / block_ms : 0.0);
+        cutlass ? mma_ms / block_ms : 0.0, block_2pass_ms);
     std::fflush(stdout);
   }
   if (!cutlass) std::printf("prefill %s: cutlass not built or not sm_90 (zeros)\n", s.name);
@@ -391,6 +459,14 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters) {
   FreeProjection(dn);
 #ifdef TANDEM_CUTLASS_ENABLED
   cudaFree(ws);
+  if (cutlass) {
+    FreeProjection(gu_ch);
+    FreeProjection(dn_ch);
+    cudaFree(a_wide);
+    cudaFree(w_wide);
+    cudaFree(x_codes);
+    cudaFree(x_scales);
+  }
 #endif
   cudaFree(gu_block_table);
   cudaFree(dn_block_table);
@@ -405,6 +481,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> tokens = {1, 4, 8, 16, 64};
   std::vector<int64_t> prefill_tokens = {128, 256, 512, 2048, 8192};
   std::string mode = "both";
+  bool stages = false;
   int iters = 40;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -422,6 +499,8 @@ int Main(int argc, char** argv) {
       only = a.substr(7);
     } else if (a.rfind("--mode=", 0) == 0) {
       mode = a.substr(7);
+    } else if (a == "--stages=1") {
+      stages = true;
     } else if (a.rfind("--prefill_tokens=", 0) == 0) {
       prefill_tokens.clear();
       for (const char* p = a.c_str() + 17; *p != '\0';) {
@@ -442,7 +521,7 @@ int Main(int argc, char** argv) {
   }
   for (const Shape& s : shapes) {  // both checkpoints' experts are 128 x 128 blocks here
     if ((only.empty() || only == s.name) && mode != "decode" && !prefill_tokens.empty()) {
-      RunPrefill(s, prefill_tokens, iters);
+      RunPrefill(s, prefill_tokens, iters, stages);
     }
   }
   return 0;

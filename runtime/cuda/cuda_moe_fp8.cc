@@ -236,6 +236,10 @@ absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> CudaFp8MoeExperts::Create(con
   if (m->cutlass_experts_ > 0) {  // the gathered rows quantized: [rows, H] codes
     codes = std::max(codes, rows * H);
     scales = std::max(scales, rows * ((H + 127) / 128));
+    // x quantized once per token before the gather: [T, H] codes and their scales.
+    ASSIGN_OR_RETURN(m->x_codes_, DeviceBuffer::Allocate(max_tokens * H, "fp8 moe x codes"));
+    ASSIGN_OR_RETURN(m->x_scales_, DeviceBuffer::Allocate(max_tokens * ((H + 127) / 128) * 4,
+                                                          "fp8 moe x scales"));
   }
   ASSIGN_OR_RETURN(m->codes_, DeviceBuffer::Allocate(codes, "fp8 moe activation codes"));
   ASSIGN_OR_RETURN(m->scales_, DeviceBuffer::Allocate(scales * 4, "fp8 moe activation scales"));
@@ -283,14 +287,28 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
 
 absl::Status CudaFp8MoeExperts::AllocateCutlass() {
 #ifdef TANDEM_HAVE_CUTLASS
+  const WeightQuantization& q = config_.quantization;
   if ((prefill_ != Prefill::kCutlass && decode_ != Decode::kCutlass) ||
-      config_.quantization.activation != Scheme::kDynamicGroup128 ||
-      !kc::MoeFp8CutlassGroupedSupported()) {
+      q.activation == Scheme::kNone || !kc::MoeFp8CutlassGroupedSupported()) {
     return absl::OkStatus();
   }
   // The rank's experts, + 1: the zero expert under expert parallelism.
   const int64_t experts = config_.num_experts + 1;
   const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
+  if (H % 128 != 0 || Ie % 128 != 0) return absl::OkStatus();  // the kernel's k
+  // Per-token / per-tensor activations and per-channel (or per-tensor) weights: the scales
+  // broadcast over the 128-column groups, for the larger projection.
+  const int64_t rows = max_tokens_ * config_.num_experts_per_tok;
+  if (q.activation != Scheme::kDynamicGroup128) {
+    ASSIGN_OR_RETURN(a_scales_wide_, DeviceBuffer::Allocate(rows * (std::max(H, Ie) / 128) * 4,
+                                                            "fp8 moe cutlass activation scales"));
+  }
+  if (q.block_cols != 128) {
+    const int64_t floats = std::max(kc::MoeFp8CutlassWideWeightScales(experts, 2 * Ie, H),
+                                    kc::MoeFp8CutlassWideWeightScales(experts, H, Ie));
+    ASSIGN_OR_RETURN(w_scales_wide_,
+                     DeviceBuffer::Allocate(floats * 4, "fp8 moe cutlass weight scales"));
+  }
   RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedInit());
   ASSIGN_OR_RETURN(size_t bytes, kc::MoeFp8CutlassGroupedWorkspaceBytes(experts));
   // Either form (set_cutlass_scales may switch after Create): the block form's for both
@@ -316,9 +334,24 @@ bool CudaFp8MoeExperts::CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t
   if (cutlass_experts_ == 0 || E < 1 || E > cutlass_experts_ || w.down.empty()) return false;
   const CudaFp8Weight& g = w.gate_up.front();
   const CudaFp8Weight& d = w.down.front();
-  return g.activation == Scheme::kDynamicGroup128 && d.activation == Scheme::kDynamicGroup128 &&
-         kc::Fp8W16GroupedScales(g.grid) && kc::Fp8W16GroupedScales(d.grid) && H % 128 == 0 &&
-         Ie % 128 == 0 && rows * H <= codes_.bytes() && rows * (H / 128) * 4 <= scales_.bytes();
+  // Per-row weight scales over 128-column groups (in place), or over the whole row (broadcast).
+  auto weight_serves = [&](const CudaFp8Weight& x) {
+    if (x.grid.block_rows != 1 || x.grid.cols % 128 != 0) return false;
+    const int64_t groups = x.grid.cols / 128, cols = x.grid.GridCols();
+    return cols == groups || (cols == 1 && !w_scales_wide_.empty());
+  };
+  const Scheme a = g.activation;
+  const bool wide_a = a == Scheme::kDynamicToken || a == Scheme::kStaticTensor;
+  const int64_t a_groups = a == Scheme::kDynamicGroup128 ? H / 128 : 1;
+  return (a == Scheme::kDynamicGroup128 || (wide_a && !a_scales_wide_.empty())) &&
+         d.activation == a && weight_serves(g) && weight_serves(d) && H % 128 == 0 &&
+         Ie % 128 == 0 && rows * H <= codes_.bytes() && rows * a_groups * 4 <= scales_.bytes() &&
+         (!wide_a || rows * (std::max(H, Ie) / 128) * 4 <= a_scales_wide_.bytes());
+}
+
+bool CudaFp8MoeExperts::CutlassDecodeServes(const CudaFp8MoeWeights& w, int64_t rows) const {
+  return !w.gate_up.empty() && w.gate_up.front().activation == Scheme::kDynamicGroup128 &&
+         CutlassPrefillServes(w, rows);
 }
 
 bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) const {
@@ -328,25 +361,35 @@ bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) cons
 
 absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const bf16* x,
                                                int64_t Tn, const kc::DeviceMoePermutation& perm,
-                                               int64_t E, bf16* rows_in, bf16* gate_up, bf16* act,
+                                               int64_t E, bf16* gate_up, bf16* act,
                                                bf16* expert_out, cudaStream_t stream) {
 #ifdef TANDEM_HAVE_CUTLASS
   const int64_t H = config_.hidden_size, Ie = config_.moe_intermediate_size;
   const int64_t rows = Tn * config_.num_experts_per_tok;
-  constexpr Scheme kGroups = Scheme::kDynamicGroup128;
+  const CudaFp8Weight& g0 = w.gate_up.front();
+  const CudaFp8Weight& d0 = w.down.front();
+  const Scheme scheme = g0.activation;
   uint8_t* codes = codes_.get<uint8_t>();
   float* scales = scales_.get<float>();
-  // Per-row 1 x 128 groups: quantizing the gathered rows gives the codes of x's rows.
-  RETURN_IF_ERROR(kc::MoeGatherRows<bf16>(x, H, perm.token_of_row, rows, rows_in, stream));
-  RETURN_IF_ERROR(kc::QuantizeActivations(rows_in, rows, H, kGroups, 0.0f, codes, scales, stream));
+  // x quantized once per token (1 x 128 groups, per token or one static scale: row-local), then
+  // its codes gathered into the permuted rows: the codes of the gathered rows.
+  uint8_t* x_codes = x_codes_.get<uint8_t>();
+  float* x_scales = x_scales_.get<float>();
+  RETURN_IF_ERROR(
+      kc::QuantizeActivations(x, Tn, H, scheme, g0.input_scale, x_codes, x_scales, stream));
+  RETURN_IF_ERROR(kc::MoeGatherFp8Rows(x_codes, x_scales, H, scheme, perm.token_of_row, rows, codes,
+                                       scales, stream));
   kc::MoeFp8CutlassGroupedArgs args{codes,
-                                    scales,
+                                    scheme == Scheme::kStaticTensor ? x_scales : scales,
                                     DeviceExperts(w.gate_up, w.gate_up_codes, w.gate_up_scales),
                                     perm.expert_offsets,
                                     E,
                                     2 * Ie,
                                     H,
                                     gate_up};
+  args.a_scheme = scheme;
+  args.a_scales_wide = a_scales_wide_.empty() ? nullptr : a_scales_wide_.get<float>();
+  args.w_scales_wide = w_scales_wide_.empty() ? nullptr : w_scales_wide_.get<float>();
   const bool block = CutlassBlockScalesServe(w);
   if (block) {  // the block form: the upload's block scales [ceil(n / 128), ld]
     args.block_scales = w.gate_up_block_scales.get<const float* const>();
@@ -355,9 +398,12 @@ absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const
   void* ws = cutlass_workspace_.data();
   const size_t ws_bytes = static_cast<size_t>(cutlass_workspace_.bytes());
   RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream));
-  RETURN_IF_ERROR(kc::MoeSiluAndMul<bf16>(gate_up, rows, Ie, act, stream));
-  RETURN_IF_ERROR(kc::QuantizeActivations(act, rows, Ie, kGroups, 0.0f, codes, scales, stream));
+  // SiLU * up and its quantization in one pass (act written too: the bf16 rows the other paths
+  // and the tests read).
+  RETURN_IF_ERROR(kc::MoeSiluAndMulQuantFp8(gate_up, rows, Ie, scheme, d0.input_scale, act, codes,
+                                            scales, stream));
   args.w = DeviceExperts(w.down, w.down_codes, w.down_scales);
+  args.a_scales = scales;
   args.n = H;
   args.k = Ie;
   args.out = expert_out;
@@ -368,7 +414,7 @@ absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const
   return kc::MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, stream);
 #else
   static_cast<void>(w), static_cast<void>(x), static_cast<void>(Tn), static_cast<void>(perm);
-  static_cast<void>(E), static_cast<void>(rows_in), static_cast<void>(gate_up);
+  static_cast<void>(E), static_cast<void>(gate_up);
   static_cast<void>(act), static_cast<void>(expert_out), static_cast<void>(stream);
   return absl::FailedPreconditionError("FP8 experts: built without CUTLASS");
 #endif
@@ -450,11 +496,10 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {  // sync-free, capturable
     // From cutlass_decode_min_tokens_ on (past the GEMVs' bound too: CUTLASS reads only the
     // experts with rows, as they do), except the weight-only batch-1 step.
-    if (grouped_mma_ && decode_ == Decode::kCutlass && g0.activation != Scheme::kNone &&
-        Tn >= cutlass_decode_min_tokens_ && !WeightOnly(w, Tn) && rows_in != nullptr &&
-        CutlassPrefillServes(w, rows)) {
+    if (grouped_mma_ && decode_ == Decode::kCutlass && Tn >= cutlass_decode_min_tokens_ &&
+        !WeightOnly(w, Tn) && CutlassDecodeServes(w, rows)) {
       last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
-      return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+      return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }
     if (grouped_mma_ && g0.activation != Scheme::kNone &&
         Tn > std::max<int64_t>(4, E / config_.num_experts_per_tok)) {
@@ -466,7 +511,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   }
   if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
     last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
-    return CutlassGrouped(w, x, Tn, perm, E, rows_in, gate_up, act, expert_out, stream);
+    return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
   }
   if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {
     last_path_ = "fp8-grouped-mma";

@@ -13,23 +13,27 @@
 //     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
 //     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs.
 //     From kCutlassDecodeMinTokens (8) tokens on, where the CUTLASS grouped GEMM serves (as the
-//     prefill's cutlass below: 1 x 128 activations, sm_90, CUTLASS built), that path instead of
+//     prefill's cutlass below, with 1 x 128 activations: CutlassDecodeServes), that path instead of
 //     the GEMVs or MoeFp8GroupedMma (TANDEM_MOE_FP8_DECODE=cutlass, the default, read at Create;
 //     mma keeps the older choice): the same code as the prefill's, capturable (its per-group
 //     arguments filled on the device, a fixed workspace from Create, the shared-memory opt-in at
 //     Create; CUTLASS's initialize only sets kernel attributes, its workspace init is a no-op);
 //   * prefill (more tokens, not capturing), by TANDEM_MOE_FP8_PREFILL (read at Create):
-//     - cutlass (the default where it applies: weights with per-row scales over 128-column groups,
-//       1 x 128 activation groups, an sm_90 device, CUTLASS built): the permuted rows gathered and
-//       quantized per row in 1 x 128 groups, then ONE grouped GEMM per projection over all
-//       experts (kernels/moe/cutlass MoeFp8CutlassGroupedGemm: CUTLASS's sm90 ptr-array grouped
+//     - cutlass (the default where it applies: an sm_90 device, CUTLASS built, widths multiples of
+//       128; every FP8 scheme: weights with per-row scales over 128-column groups (DeepSeek's /
+//       Qwen3's blocks) or over the whole row (per-channel, and per-tensor as the loader holds
+//       it), activations in 1 x 128 groups, per token or one static scale): the permuted rows
+//       gathered and quantized as the checkpoint says, then ONE grouped GEMM per projection over
+//       all experts (kernels/moe/cutlass MoeFp8CutlassGroupedGemm: CUTLASS's sm90 ptr-array grouped
 //       GEMM with blockwise scaling, its per-group arguments filled on the device from the expert
 //       offsets), MoeSiluAndMul between: no host sync. The weight scales per block where every
 //       expert has 128 x 128 block scales (CudaFp8Weight::block_scales): one scale per tile and
 //       k step ("fp8-cutlass-grouped-block", the default: 1.09-1.23x the per-row form on an H200,
 //       kernels/moe/BENCHMARKS.md); else, or with TANDEM_MOE_FP8_CUTLASS_SCALES=row (read at
 //       Create), per row as the loader holds them: 128 scales per tile and k step
-//       ("fp8-cutlass-grouped");
+//       ("fp8-cutlass-grouped"; per-token / per-tensor activation scales and per-channel weight
+//       scales broadcast over the 128-column groups first, in the kernel's argument fill:
+//       the same products, each row's scale applied per group);
 //     - mma: MoeFp8GroupedMma (as the sync-free steps past their GEMV bound; any FP8 scheme);
 //     - per-expert (and cutlass where it does not apply): the expert offsets read back (the
 //       layer's one host sync, as the bf16 grouped path), then every expert with rows through
@@ -128,10 +132,9 @@ class CudaFp8MoeExperts {
 
   // The routed experts of T tokens x [T, H] (bf16) under the permutation `perm` of rows = T * k
   // routing pairs over `num_experts` device experts, into expert_out [rows, H] (rows in the
-  // permutation's order), using act [rows, Ie] and, on the grouped paths, rows_in [rows, H] (the
-  // per-expert and CUTLASS paths; null: never the CUTLASS path) and gate_up [rows, 2 * Ie] as
-  // scratch. `grouped` reads the offsets back (prefill path); pass null for the sync-free steps
-  // (as under capture). pdl: the GEMVs launched with PDL.
+  // permutation's order), using act [rows, Ie], gate_up [rows, 2 * Ie] and, on the per-expert
+  // path, rows_in [rows, H] as scratch. `grouped` reads the offsets back (prefill path); pass null
+  // for the sync-free steps (as under capture). pdl: the GEMVs launched with PDL.
   absl::Status Routed(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
                       const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
                       __nv_bfloat16* rows_in, __nv_bfloat16* gate_up, __nv_bfloat16* act,
@@ -173,9 +176,15 @@ class CudaFp8MoeExperts {
   void set_cutlass_decode_min_tokens(int64_t n) { cutlass_decode_min_tokens_ = n; }
   int64_t cutlass_decode_min_tokens() const { return cutlass_decode_min_tokens_; }
   // Whether prefill steps on `w` can take the CUTLASS grouped GEMM (built, an sm_90 device, its
-  // workspace allocated at Create, 128-column-grouped weight scales, 1 x 128 activations, k of
-  // both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
+  // workspace allocated at Create, per-row weight scales over 128-column groups or the whole row,
+  // FP8 activations of any scheme (the broadcast scratch allocated at Create for the config's), k
+  // of both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
   bool CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t rows) const;
+  // Whether sync-free steps (decode) take it: CutlassPrefillServes with 1 x 128 activations only.
+  // Per-token / static activations keep MoeFp8GroupedMma there: on an H200 (Qwen3-30B-A3B, online
+  // FP8) CUTLASS's steps measured +13% at 8 requests, -10% at 16, +1-2% at 32-64, equal at 128
+  // (kernels/moe/BENCHMARKS.md, nineteenth session).
+  bool CutlassDecodeServes(const CudaFp8MoeWeights& w, int64_t rows) const;
   // How the CUTLASS prefill reads the weight scales (TANDEM_MOE_FP8_CUTLASS_SCALES=row|block at
   // Create, default kDefaultCutlassScales): kRow the per-row scales (ScaleGranularityN 1, any
   // 128-column-grouped weight), kBlock the block scales (ScaleGranularityN 128) where
@@ -206,12 +215,13 @@ class CudaFp8MoeExperts {
   // Where prefill_ or decode_ is kCutlass, CUTLASS is built, the device is sm_90 and the
   // checkpoint's activations are 1 x 128 groups: the kernel's opt-in and cutlass_workspace_.
   absl::Status AllocateCutlass();
-  // The CUTLASS grouped GEMM (prefill, and sync-free steps from kCutlassDecodeMinTokens): gather,
-  // quantize, gate_up, SiLU * up, quantize, down; no host sync, capturable.
+  // The CUTLASS grouped GEMM (prefill, and sync-free steps from kCutlassDecodeMinTokens): x
+  // quantized per token, its codes gathered (kernels/moe MoeGatherFp8Rows), gate_up, SiLU * up
+  // quantized in one pass (MoeSiluAndMulQuantFp8), down; no host sync, capturable.
   absl::Status CutlassGrouped(const CudaFp8MoeWeights& w, const __nv_bfloat16* x,
                               int64_t num_tokens, const kernels::cuda::DeviceMoePermutation& perm,
-                              int64_t num_experts, __nv_bfloat16* rows_in, __nv_bfloat16* gate_up,
-                              __nv_bfloat16* act, __nv_bfloat16* expert_out, cudaStream_t stream);
+                              int64_t num_experts, __nv_bfloat16* gate_up, __nv_bfloat16* act,
+                              __nv_bfloat16* expert_out, cudaStream_t stream);
   // Prefill one GEMM per expert (the offsets read back through `grouped`).
   absl::Status PerExpert(const CudaFp8MoeWeights& w, const __nv_bfloat16* x, int64_t num_tokens,
                          const kernels::cuda::DeviceMoePermutation& perm, int64_t num_experts,
@@ -245,6 +255,15 @@ class CudaFp8MoeExperts {
   // The CUTLASS grouped GEMM's workspace for num_experts + 1 groups, either form (empty where it
   // is not built or the device is not sm_90).
   DeviceBuffer cutlass_workspace_;
+  // Its broadcast scales (kc::MoeFp8CutlassGroupedArgs): per-token / per-tensor activation scales
+  // over [rows, max(H, Ie) / 128] (allocated unless the activations are 1 x 128 groups), and
+  // per-channel weight scales over [num_experts + 1, n, k / 128] of the larger projection
+  // (unless the config's weights are 128-column blocks).
+  DeviceBuffer a_scales_wide_;
+  DeviceBuffer w_scales_wide_;
+  // x [max_tokens, H] quantized once per token before the CUTLASS path's gather (codes, scales).
+  DeviceBuffer x_codes_;
+  DeviceBuffer x_scales_;
   int64_t cutlass_experts_ = 0;  // the groups cutlass_workspace_ holds
 };
 

@@ -1,12 +1,14 @@
 // CudaFp8MoeExperts (cuda_moe_fp8.h) on its paths for the same 300-token step: the prefill paths
 // (TANDEM_MOE_FP8_PREFILL's: per-expert — the offsets read back, one CudaFp8Linear per expert:
 // cuBLASLt's block-scaled or outer-vector FP8 GEMM on each expert's rows, the last m % 4 rows on
-// the GEMV —, mma, and cutlass — kernels/moe/cutlass's grouped GEMM, for 1 x 128 activations on
-// sm_90 —, its weight scales per row and, for the 128 x 128 blocks, per block:
+// the GEMV —, mma, and cutlass — kernels/moe/cutlass's grouped GEMM on sm_90, for every scheme
+// here: per-token and static scales broadcast over its 128-column groups —, its weight scales
+// per row and, for the 128 x 128 blocks, per block:
 // TANDEM_MOE_FP8_CUTLASS_SCALES=block) and the FP8 expert GEMVs and the grouped FP8 MMA
 // (kernels/moe/moe_fp8_cuda.h), for DeepSeek-V3's form (128 x 128 blocks as per-row 128-column
-// groups, 1 x 128 activations, widths with 4 groups: the block GEMM's) and compressed-tensors'
-// (per-channel, per-token); the e4m3 shared experts too. A 96-token sync-free step (a CUDA graph
+// groups, 1 x 128 activations, widths with 4 groups: the block GEMM's), compressed-tensors' and
+// online FP8's (per-channel, per-token) and modelopt's (per-tensor weights, held per channel, and a
+// static activation scale); the e4m3 shared experts too. A 96-token sync-free step (a CUDA graph
 // size) on the CUTLASS grouped GEMM (TANDEM_MOE_FP8_DECODE's default) eager and captured in a
 // CUDA graph, vs the CPU. Uploads from the loader's stacked form
 // (UploadFp8MoeWeights), including expert parallelism's zero expert.
@@ -58,8 +60,12 @@ using TestBuffer = kernels::cuda_test::DeviceBuffer<T>;
 
 // A stacked host FP8 weight [rows, cols] as the loader holds it: quantized in 128 x 128 blocks
 // (DeepSeek; each block's scale written on its rows' 128-column groups) or per row.
-Fp8LinearWeight RandomFp8(int64_t rows, int64_t cols, bool blocks, Scheme scheme,
-                          std::mt19937& rng) {
+// A static scheme's input scale: kStaticInput for the experts' inputs (x ~ N(0, 1), bf16),
+// kStaticAct for their act rows; a value past 448 x it saturates (the CPU's and GPU's alike).
+constexpr float kStaticInput = 5.0f / 448, kStaticAct = 16.0f / 448;
+
+Fp8LinearWeight RandomFp8(int64_t rows, int64_t cols, bool blocks, Scheme scheme, std::mt19937& rng,
+                          float input_scale = 0.0f) {
   std::normal_distribution<float> d(0.0f, 0.05f);
   std::vector<float> w(rows * cols);
   for (float& x : w) x = d(rng);
@@ -75,7 +81,21 @@ Fp8LinearWeight RandomFp8(int64_t rows, int64_t cols, bool blocks, Scheme scheme
     for (int64_t g = 0; g < gc; ++g) f.scales[r * gc + g] = block_scales[r / q.block_rows * gc + g];
   }
   f.activation = scheme;
+  if (scheme == Scheme::kStaticTensor) f.input_scale = input_scale;
   return f;
+}
+
+const char* SchemeName(Scheme scheme) {
+  switch (scheme) {
+    case Scheme::kDynamicGroup128:
+      return "128 x 128 blocks, 1 x 128 activations";
+    case Scheme::kDynamicToken:
+      return "per-channel, per-token";
+    case Scheme::kStaticTensor:
+      return "per-channel, static per-tensor activations";
+    default:
+      return "weight-only";
+  }
 }
 
 std::vector<float> Bf16Rows(int64_t n, std::mt19937& rng) {
@@ -211,10 +231,10 @@ void SharedMatchesCpu(CudaFp8MoeExperts& experts, const CudaFp8MoeWeights& w,
   Compare(out, chained, 1.6e-2f, 2e-2f, "shared out vs CPU chained from x", /*check=*/false);
 }
 
-void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
-  SCOPED_TRACE(blocks ? "128 x 128 blocks, 1 x 128 activations" : "per-channel, per-token");
-  std::printf("%s\n", blocks ? "128 x 128 blocks, 1 x 128 activations" : "per-channel, per-token");
-  const Scheme scheme = blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
+void PrefillMatchesGemvs(Scheme scheme, std::mt19937& rng) {
+  SCOPED_TRACE(SchemeName(scheme));
+  std::printf("%s\n", SchemeName(scheme));
+  const bool blocks = scheme == Scheme::kDynamicGroup128;
   ModelConfig c;
   c.hidden_size = 512;
   c.moe_intermediate_size = 512;
@@ -224,10 +244,10 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   c.quantization.activation = scheme;  // Create sizes the CUTLASS prefill's scratch by it
   const int64_t T = 300, E = 8, k = 2, H = 512, I = 512, Is = 256, rows = T * k;
   LayerWeights layer;
-  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng);
-  layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng);
-  layer.shared_gate_up_fp8 = RandomFp8(2 * Is, H, blocks, scheme, rng);
-  layer.shared_down_fp8 = RandomFp8(H, Is, blocks, scheme, rng);
+  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng, kStaticInput);
+  layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng, kStaticAct);
+  layer.shared_gate_up_fp8 = RandomFp8(2 * Is, H, blocks, scheme, rng, kStaticInput);
+  layer.shared_down_fp8 = RandomFp8(H, Is, blocks, scheme, rng, kStaticAct);
   const Fp8LinearWeight gu_w = layer.experts_gate_up_fp8, dn_w = layer.experts_down_fp8;
   const Fp8LinearWeight shared_gu = layer.shared_gate_up_fp8, shared_dn = layer.shared_down_fp8;
   absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> w = UploadFp8MoeWeights(c, &layer, T);
@@ -281,8 +301,9 @@ void PrefillMatchesGemvs(bool blocks, std::mt19937& rng) {
   const auto [act_pmma, out_pmma] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), "fp8-grouped-mma");
   EXPECT_TRUE(out_pmma == out_mma) << "prefill on the MMA differs from the sync-free MMA";
-  // Prefill on the CUTLASS grouped GEMM (the default where it serves: 1 x 128 activations,
-  // sm_90, CUTLASS built); elsewhere the per-expert loop.
+  // Prefill on the CUTLASS grouped GEMM (the default where it serves: sm_90, CUTLASS built; every
+  // scheme here, per-channel weights and per-token / static activations through its broadcast
+  // scales); elsewhere the per-expert loop.
   (*experts)->set_prefill(Prefill::kCutlass);
   const bool cutlass = (*experts)->CutlassPrefillServes(**w, rows);
   using Scales = CudaFp8MoeExperts::CutlassScales;
@@ -380,14 +401,14 @@ void CapturedReplaysMatch(const std::function<absl::Status()>& step, TestBuffer<
 
 // A graph-size step (96 tokens, sync-free: no `grouped`) on TANDEM_MOE_FP8_DECODE's default
 // kCutlass: the CUTLASS grouped GEMM where it serves (1 x 128 activations; both weight-scale
-// forms), else (per-token activations) MoeFp8GroupedMma. Eager on a non-default stream, then
-// captured in a CUDA graph (global capture mode: an illegal call fails the capture) and replayed
-// twice over poisoned outputs: the replays' bits are the eager run's; gate_up, act and down
-// against the CPU on the GPU's own input of each stage. Below kCutlassDecodeMinTokens, and with
-// kMma, MoeFp8GroupedMma.
-void SyncFreeStepCaptured(bool blocks, CudaFp8MoeExperts::CutlassScales form, std::mt19937& rng) {
-  SCOPED_TRACE(blocks ? "blocks" : "per-channel");
-  const Scheme scheme = blocks ? Scheme::kDynamicGroup128 : Scheme::kDynamicToken;
+// forms), else (per-token or static activations) MoeFp8GroupedMma. Eager on a non-default stream,
+// then captured in a CUDA graph (global capture mode: an illegal call fails the capture) and
+// replayed twice over poisoned outputs: the replays' bits are the eager run's; gate_up, act and
+// down against the CPU on the GPU's own input of each stage. Below kCutlassDecodeMinTokens, and
+// with kMma, MoeFp8GroupedMma.
+void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, std::mt19937& rng) {
+  SCOPED_TRACE(SchemeName(scheme));
+  const bool blocks = scheme == Scheme::kDynamicGroup128;
   ModelConfig c;
   c.hidden_size = 512;
   c.moe_intermediate_size = 384;  // k = 384 for down: ld 4 != 3, the block form's compact copy
@@ -396,8 +417,8 @@ void SyncFreeStepCaptured(bool blocks, CudaFp8MoeExperts::CutlassScales form, st
   c.quantization.activation = scheme;
   const int64_t T = 96, E = 16, k = 4, H = 512, I = 384, rows = T * k;
   LayerWeights layer;
-  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng);
-  layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng);
+  layer.experts_gate_up_fp8 = RandomFp8(E * 2 * I, H, blocks, scheme, rng, kStaticInput);
+  layer.experts_down_fp8 = RandomFp8(E * H, I, blocks, scheme, rng, kStaticAct);
   const Fp8LinearWeight gu_w = layer.experts_gate_up_fp8, dn_w = layer.experts_down_fp8;
   absl::StatusOr<std::unique_ptr<CudaFp8MoeWeights>> w = UploadFp8MoeWeights(c, &layer, T);
   ASSERT_TRUE(w.ok()) << w.status();
@@ -426,13 +447,15 @@ void SyncFreeStepCaptured(bool blocks, CudaFp8MoeExperts::CutlassScales form, st
     return (*experts)->Routed(**w, dx.get(), tokens, perm, E, rows_in.get(), gate_up.get(),
                               act.get(), out.get(), nullptr, s, false);
   };
-  const bool served = (*experts)->CutlassPrefillServes(**w, rows);
+  const bool served = (*experts)->CutlassDecodeServes(**w, rows);
+  EXPECT_EQ(served, blocks && (*experts)->CutlassPrefillServes(**w, rows))
+      << "sync-free steps take CUTLASS with 1 x 128 activations only";
   const bool block = served && (*experts)->CutlassBlockScalesServe(**w);
   const char* want_path = block    ? "fp8-cutlass-grouped-block"
                           : served ? "fp8-cutlass-grouped"
                                    : "fp8-grouped-mma";
-  std::printf("  %s, %d-token sync-free step: %s\n", blocks ? "blocks" : "per-channel",
-              static_cast<int>(T), want_path);
+  std::printf("  %s, %d-token sync-free step: %s\n", SchemeName(scheme), static_cast<int>(T),
+              want_path);
   if (blocks) {
     EXPECT_EQ(block, served && form == CudaFp8MoeExperts::CutlassScales::kBlock);
   }
@@ -473,16 +496,18 @@ TEST(CudaMoeFp8Test, SyncFreeCutlassStepCapturedMatchesEagerAndTheCpu) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(kernels::cuda_test::TestSeed() + 3);
   using Scales = CudaFp8MoeExperts::CutlassScales;
-  SyncFreeStepCaptured(/*blocks=*/true, Scales::kBlock, rng);
-  SyncFreeStepCaptured(/*blocks=*/true, Scales::kRow, rng);
-  SyncFreeStepCaptured(/*blocks=*/false, Scales::kBlock, rng);
+  SyncFreeStepCaptured(Scheme::kDynamicGroup128, Scales::kBlock, rng);
+  SyncFreeStepCaptured(Scheme::kDynamicGroup128, Scales::kRow, rng);
+  SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kBlock, rng);
+  SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng);
 }
 
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(kernels::cuda_test::TestSeed());
-  PrefillMatchesGemvs(/*blocks=*/true, rng);
-  PrefillMatchesGemvs(/*blocks=*/false, rng);
+  PrefillMatchesGemvs(Scheme::kDynamicGroup128, rng);
+  PrefillMatchesGemvs(Scheme::kDynamicToken, rng);
+  PrefillMatchesGemvs(Scheme::kStaticTensor, rng);
 }
 
 // Each (value, want) of `env`: Create reads it and `get` of the result returns want (a GPU:

@@ -68,8 +68,18 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
   RETURN_IF_ERROR(CheckShape(args.n, args.k));
   if (args.block_scales != nullptr) {
     RETURN_IF_ERROR(CheckBlockLd(args.k, args.block_scale_ld));
-  } else if (args.w.groups != args.k / 128) {
-    return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128);
+  } else if (args.w.groups != args.k / 128 &&
+             (args.w.groups != 1 || args.w_scales_wide == nullptr)) {
+    return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128,
+               " (or 1, per channel, with w_scales_wide)");
+  }
+  using Scheme = Fp8ActivationScheme;
+  if (args.a_scheme == Scheme::kNone) return Bad("activations without FP8 scales (kNone)");
+  if (args.a_scheme != Scheme::kDynamicGroup128 && args.a_scales_wide == nullptr) {
+    return Bad("per-token or per-tensor activation scales need a_scales_wide");
+  }
+  if (!Aligned(args.a_scales_wide, 4) || !Aligned(args.w_scales_wide, 4)) {
+    return Bad("a_scales_wide and w_scales_wide must be 4-byte aligned");
   }
   if (args.a == nullptr || args.a_scales == nullptr || args.w.codes == nullptr ||
       (args.block_scales == nullptr && args.w.scales == nullptr) ||

@@ -12,13 +12,21 @@
 // Group e (expert e, m_e = expert_offsets[e + 1] - expert_offsets[e] rows, 0 allowed):
 //   A:  a + offsets[e] * k, [m_e, k] e4m3 row-major (the permuted rows, expert-contiguous);
 //   SA: a_scales + offsets[e] * (k / 128), [m_e, k / 128] fp32: QuantizeActivations'
-//       kDynamicGroup128 layout [rows, groups] as it writes it (no transpose);
+//       kDynamicGroup128 layout [rows, groups] as it writes it (no transpose). Activations of the
+//       other schemes (a_scheme: kDynamicToken, a_scales [rows], compressed-tensors' and online
+//       FP8's per-token scales; kStaticTensor, a_scales[0] for every row, modelopt's and static
+//       compressed-tensors') are broadcast first into a_scales_wide [rows, k / 128] (each row's
+//       scale on all its groups), which CUTLASS then reads: the same products, as the scale of a
+//       row multiplies each group's partial sum instead of the whole sum;
 //   B:  w.codes[e], [n, k] e4m3 row-major (the weight as stored);
 //   SB, two forms (one CUTLASS configuration each):
 //     * row form (block_scales null): w.scales[e], [n, k / 128] fp32, the loader's per-row
 //       scales over 128-column groups (CudaFp8Weight::scales), read at granularity 1 row x 128
 //       columns: DeepSeek-V3's 128 x 128 blocks held per row and any per-row group scales alike;
-//       the mainloop loads and applies 128 weight scales per tile and k step;
+//       the mainloop loads and applies 128 weight scales per tile and k step. Per-channel weights
+//       (w.groups == 1: one scale per row over all k, compressed-tensors' and online FP8's; the
+//       loader holds per-tensor ones as per-channel too) are broadcast first into w_scales_wide
+//       [num_experts, n, k / 128] (the experts with rows only);
 //     * block form (block_scales set): block_scales[e], [ceil(n / 128), block_scale_ld] fp32, one
 //       scale per 128 x 128 block (CudaFp8Weight::block_scales: block_scale_ld =
 //       Block128WeightScaleLd(k), k / 128 rounded up to 4), read at granularity 128 x 128: one
@@ -37,8 +45,10 @@
 //
 // Requirements (INVALID_ARGUMENT naming the one that fails, nothing launched): 1 <= num_experts
 // <= kMoeFp8CutlassMaxExperts, k a positive multiple of 128, n a positive multiple of 8 (16-byte
-// bf16 rows), row form: w.groups == k / 128 and w.scales non-null, block form: block_scale_ld >=
-// k / 128, non-null pointers, a / out 16-byte aligned, a_scales 4-byte,
+// bf16 rows), row form: w.groups == k / 128 (or 1 with w_scales_wide) and w.scales non-null,
+// block form: block_scale_ld >= k / 128, a_scheme an FP8 one (a_scales_wide set unless
+// kDynamicGroup128), non-null pointers, a / out 16-byte aligned, a_scales and the wide scratch
+// 4-byte,
 // rows * k and rows * n within int64, n and k within int; the workspace at least
 // MoeFp8CutlassGroupedWorkspaceBytes(num_experts) bytes (block form:
 // MoeFp8CutlassGroupedBlockWorkspaceBytes(num_experts, n, k, block_scale_ld)), 128-byte aligned.
@@ -78,7 +88,20 @@ struct MoeFp8CutlassGroupedArgs {
   // block_scale_ld] (null: the row form, w.scales).
   const float* const* block_scales = nullptr;
   int64_t block_scale_ld = 0;
+  // The activation scales' scheme (QuantizeActivations' layout of a_scales): kDynamicGroup128 read
+  // in place; kDynamicToken ([rows]) and kStaticTensor ([1]) broadcast into a_scales_wide.
+  Fp8ActivationScheme a_scheme = Fp8ActivationScheme::kDynamicGroup128;
+  float* a_scales_wide = nullptr;  // [rows, k / 128] scratch: a_scheme != kDynamicGroup128
+  // [num_experts, n, k / 128] scratch: the row form on per-channel weights (w.groups == 1 < k /
+  // 128).
+  float* w_scales_wide = nullptr;
 };
+
+// Floats of MoeFp8CutlassGroupedArgs::w_scales_wide for calls of up to num_experts experts of
+// [n, k] (num_experts x n x k / 128).
+inline int64_t MoeFp8CutlassWideWeightScales(int64_t num_experts, int64_t n, int64_t k) {
+  return num_experts * n * (k / 128);
+}
 
 // Whether the current device runs the kernel (sm_90 exactly: the code is sm_90a).
 bool MoeFp8CutlassGroupedSupported();

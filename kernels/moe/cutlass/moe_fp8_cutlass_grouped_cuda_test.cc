@@ -5,7 +5,9 @@
 // scales (2^-10 .. 2^-4). Uneven counts, empty experts (first, last, between), one expert of
 // several 128-row tiles, 128 experts; n / k of Qwen3-30B-A3B-FP8 (gate_up 1536 x 2048, down 2048 x
 // 768) and DeepSeek-V3 (gate_up 4096 x 7168, down 7168 x 2048); weight scales per 128 x 128 block
-// (DeepSeek's) and per row; two calls bit-identical; refusals (also without a GPU).
+// (DeepSeek's) and per row; per-channel weight scales and per-token / per-tensor activation scales
+// (broadcast by the call) bit for bit the same scales given per group; two calls bit-identical;
+// refusals (also without a GPU).
 //
 // The block form (args.block_scales: ScaleGranularityN 128) on every case of 128 x 128-block
 // weights, from the block scales [ceil(n / 128), ld] as the runtime uploads them (ld = k / 128
@@ -315,6 +317,96 @@ TEST_F(MoeFp8CutlassGroupedTest, BlockFormMatchesRowForm) {
       worst);
 }
 
+// Per-channel weight scales (w.groups 1) and per-token / static per-tensor activation scales,
+// broadcast by the call into its wide scratch: bit for bit the row form given the same scales
+// spread over the 128-column groups by the host (which the CPU reference checks as above). Qwen3's
+// shapes with empty experts, an odd k = 384, a k = 128 weight (one group: in place).
+TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
+  std::mt19937 rng(cuda_test::TestSeed() + 3);
+  struct Broadcast {
+    std::vector<int32_t> counts;
+    int64_t n, k;
+    Fp8ActivationScheme a_scheme;
+  };
+  const std::vector<int32_t> qwen = RandomCounts(rng, 128, 3000);
+  const Broadcast cases[] = {
+      {qwen, 1536, 2048, Fp8ActivationScheme::kDynamicToken},
+      {qwen, 2048, 768, Fp8ActivationScheme::kDynamicToken},
+      {qwen, 1536, 2048, Fp8ActivationScheme::kStaticTensor},
+      {{0, 17, 300, 0, 2}, 136, 384, Fp8ActivationScheme::kStaticTensor},
+      {{40, 0, 9}, 256, 128, Fp8ActivationScheme::kDynamicToken},
+  };
+  double worst = 0;
+  for (const Broadcast& c : cases) {
+    const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
+    SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k
+                                      << " scheme=" << static_cast<int>(c.a_scheme));
+    std::vector<int32_t> offsets(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + c.counts[e];
+    const int64_t rows = offsets[E] + 5, distinct = std::min<int64_t>(4, E);
+    Weights w = MakeWeights(rng, E, distinct, n, k, false, false, UploadLd(k));
+    // One scale per weight row: the group form's rows get it on every group.
+    std::vector<DeviceBuffer<float>> per_channel;
+    std::vector<const float*> channel_table;
+    for (int64_t d = 0; d < distinct; ++d) {
+      std::vector<float> ch(n);
+      for (int64_t r = 0; r < n; ++r) {
+        ch[r] = w.scales[d][r * groups];
+        std::fill_n(&w.scales[d][r * groups], groups, ch[r]);
+      }
+      ASSERT_EQ(cudaMemcpy(w.d_scales[d].get(), w.scales[d].data(), n * groups * sizeof(float),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      per_channel.emplace_back(ch);
+    }
+    std::vector<const float*> wide_table;
+    for (int64_t e = 0; e < E; ++e) {
+      wide_table.push_back(w.d_scales[e % distinct].get());
+      channel_table.push_back(per_channel[e % distinct].get());
+    }
+    DeviceBuffer<const float*> d_wide_table(wide_table), d_channel_table(channel_table);
+    const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, rows * k);
+    const bool per_row = c.a_scheme == Fp8ActivationScheme::kDynamicToken;
+    const std::vector<float> a_own = RandomScales(rng, per_row ? rows : 1);
+    std::vector<float> a_scales(rows * groups);
+    for (int64_t i = 0; i < rows * groups; ++i) a_scales[i] = a_own[per_row ? i / groups : 0];
+    DeviceBuffer<uint8_t> da(a);
+    DeviceBuffer<float> das(a_scales), das_own(a_own);
+    DeviceBuffer<int32_t> doff(offsets);
+    const absl::StatusOr<size_t> bytes = MoeFp8CutlassGroupedWorkspaceBytes(E);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    MoeFp8CutlassGroupedArgs args{
+        da.get(), das.get(), {w.code_table->get(), d_wide_table.get(), groups}, doff.get(), E, n,
+        k,        nullptr};
+    const std::vector<bf16> grouped = RunForm(args, rows, offsets[E], *bytes);
+    // The wide scratch NaN-filled: a broadcast that missed an entry CUTLASS reads would show.
+    DeviceBuffer<float> a_wide(std::vector<float>(rows * groups, std::nanf("")));
+    DeviceBuffer<float> w_wide(
+        std::vector<float>(MoeFp8CutlassWideWeightScales(E, n, k), std::nanf("")));
+    args.a_scales = das_own.get();
+    args.a_scheme = c.a_scheme;
+    args.a_scales_wide = a_wide.get();
+    args.w = {w.code_table->get(), d_channel_table.get(), 1};
+    args.w_scales_wide = w_wide.get();
+    const std::vector<bf16> broadcast = RunForm(args, rows, offsets[E], *bytes);
+    ASSERT_FALSE(grouped.empty());
+    ASSERT_FALSE(broadcast.empty());
+    EXPECT_EQ(std::memcmp(grouped.data(), broadcast.data(), grouped.size() * sizeof(bf16)), 0)
+        << "broadcast scales differ from the same scales given per group";
+    const std::vector<float> got = cuda_test::ToFloat(broadcast);
+    int reported = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (c.counts[e] == 0) continue;
+      worst = std::max(
+          worst, CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
+    }
+  }
+  std::printf(
+      "CUTLASS grouped (broadcast scales): largest error / (2^-13 x per-MMA magnitude) "
+      "%.3f\n",
+      worst);
+}
+
 // Refused before any device work (so also checked without a GPU).
 TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   alignas(16) static uint8_t codes[64];
@@ -347,7 +439,20 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
     EXPECT_FALSE(MoeFp8CutlassGroupedWorkspaceBytes(e).ok()) << "experts=" << e;
   }
   MoeFp8CutlassGroupedArgs a = ok;
-  a.w.groups = 1;  // per-channel weight scales: not this kernel's
+  a.w.groups = 1;  // per-channel weight scales without w_scales_wide
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a.w.groups = 2;  // neither k / 128 nor 1
+  a.w_scales_wide = scales;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.a_scheme = Fp8ActivationScheme::kDynamicToken;  // per-token scales without a_scales_wide
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a.a_scheme = Fp8ActivationScheme::kNone;
+  a.a_scales_wide = scales;
+  EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  a = ok;
+  a.a_scheme = Fp8ActivationScheme::kStaticTensor;
+  a.a_scales_wide = reinterpret_cast<float*>(reinterpret_cast<char*>(scales) + 2);  // misaligned
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
   a = ok;
   a.w.codes = nullptr;

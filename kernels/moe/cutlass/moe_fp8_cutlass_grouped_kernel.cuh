@@ -135,24 +135,55 @@ size_t LayOut(int64_t groups, char* base, GroupArrays<Config>* g) {
   return offset;
 }
 
-// Threads [0, num_experts): expert e's problem shape (m_e, n, k), operand pointers, strides and
-// scale layouts from the device offsets (no host sync). Block form with `compact` (block_scale_ld
-// != k / 128): every thread of the grid also copies a stride of the experts' block scales into
-// compact [num_experts, ceil(n / 128), k / 128], which CUTLASS then reads.
+// Whether the row form reads w_scales_wide (per-channel weights broadcast over the groups).
+inline __host__ __device__ bool WideWeightScales(const MoeFp8CutlassGroupedArgs& args) {
+  return args.block_scales == nullptr && args.w.groups != args.k / 128;
+}
+
+// The scale copies before the GEMM, each thread a stride of them: the block form's compact block
+// scales (block_scale_ld != k / 128) into compact [num_experts, ceil(n / 128), k / 128]; per-token
+// or per-tensor activation scales into a_scales_wide [rows, k / 128]; per-channel weight scales
+// into w_scales_wide [num_experts, n, k / 128] (experts without rows skipped: never read).
 template <class Config>
-__global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g, float* compact) {
-  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+__device__ void CopyScales(const MoeFp8CutlassGroupedArgs& args, float* compact) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t groups = args.k / 128;
-  const int64_t n_blocks = (args.n + 127) / 128;
   if constexpr (Config::kBlockScales) {
     if (compact != nullptr) {
-      const int64_t per_expert = n_blocks * groups, total = args.num_experts * per_expert;
-      for (int64_t i = e; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+      const int64_t per_expert = (args.n + 127) / 128 * groups;
+      const int64_t total = args.num_experts * per_expert;
+      for (int64_t i = first; i < total; i += stride) {
         const int64_t x = i / per_expert, b = i % per_expert / groups, c = i % groups;
         compact[i] = args.block_scales[x][b * args.block_scale_ld + c];
       }
     }
   }
+  if (args.a_scheme != Fp8ActivationScheme::kDynamicGroup128) {
+    const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
+    const int64_t total = int64_t{args.expert_offsets[args.num_experts]} * groups;
+    for (int64_t i = first; i < total; i += stride) {
+      args.a_scales_wide[i] = args.a_scales[per_row ? i / groups : 0];
+    }
+  }
+  if (WideWeightScales(args)) {
+    const int64_t per_expert = args.n * groups, total = args.num_experts * per_expert;
+    for (int64_t i = first; i < total; i += stride) {
+      const int64_t x = i / per_expert;
+      if (args.expert_offsets[x + 1] == args.expert_offsets[x]) continue;
+      args.w_scales_wide[i] = args.w.scales[x][i % per_expert / groups];
+    }
+  }
+}
+
+// Threads [0, num_experts): expert e's problem shape (m_e, n, k), operand pointers, strides and
+// scale layouts from the device offsets (no host sync), after every thread's share of CopyScales.
+template <class Config>
+__global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g, float* compact) {
+  CopyScales<Config>(args, compact);
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t groups = args.k / 128;
+  const int64_t n_blocks = (args.n + 127) / 128;
   if (e >= args.num_experts) return;
   const int64_t first = args.expert_offsets[e];
   const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
@@ -160,11 +191,12 @@ __global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g,
   g.shapes[e] = typename Config::Shape(m, n, k);
   g.a[e] = reinterpret_cast<const typename Config::ElementA*>(args.a + first * args.k);
   g.b[e] = reinterpret_cast<const typename Config::ElementB*>(args.w.codes[e]);
-  g.sfa[e] = args.a_scales + first * groups;
+  const bool wide_a = args.a_scheme != Fp8ActivationScheme::kDynamicGroup128;
+  g.sfa[e] = (wide_a ? args.a_scales_wide : args.a_scales) + first * groups;
   if constexpr (Config::kBlockScales) {
     g.sfb[e] = compact != nullptr ? compact + e * n_blocks * groups : args.block_scales[e];
   } else {
-    g.sfb[e] = args.w.scales[e];
+    g.sfb[e] = WideWeightScales(args) ? args.w_scales_wide + e * args.n * groups : args.w.scales[e];
   }
   g.d[e] = reinterpret_cast<typename Config::ElementD*>(args.out + first * args.n);
   typename Config::StrideA sa{};
@@ -229,10 +261,13 @@ absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* c
   const size_t arrays = LayOut(args.num_experts, workspace, &g);
   constexpr int kThreads = 128;
   int64_t blocks = (args.num_experts + kThreads - 1) / kThreads;
-  if (compact != nullptr) {  // enough threads for the copy, at most ~2 waves of small blocks
-    const int64_t total = args.num_experts * ((args.n + 127) / 128) * (args.k / 128);
-    blocks = std::max(blocks, std::min<int64_t>((total + kThreads - 1) / kThreads, 1024));
-  }
+  // Enough threads for the scale copies, at most ~2 waves of small blocks (the activation rows
+  // are on the device only: 1024 blocks whenever they are broadcast).
+  int64_t total = 0;
+  if (compact != nullptr) total = args.num_experts * ((args.n + 127) / 128) * (args.k / 128);
+  if (WideWeightScales(args)) total = std::max(total, args.num_experts * args.n * (args.k / 128));
+  if (args.a_scheme != Fp8ActivationScheme::kDynamicGroup128) total = int64_t{1024} * kThreads;
+  blocks = std::max(blocks, std::min<int64_t>((total + kThreads - 1) / kThreads, 1024));
   FillGroups<Config><<<static_cast<int>(blocks), kThreads, 0, stream>>>(args, g, compact);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const typename Config::Gemm::Arguments gemm_args =
