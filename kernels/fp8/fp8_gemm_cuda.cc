@@ -345,7 +345,10 @@ absl::Status CublasLtFp8Gemm::Linear(const uint8_t* a_codes, const float* a_scal
                           stream);
     case Fp8GemmScaling::kBlock128:
       if (block_kernel_ == Fp8BlockGemmKernel::kCutlass) {
-        if (m >= cutlass_min_rows_) {  // else cuBLASLt below
+        // Calls of cutlass_min_rows_ and more, and smaller ones cuBLASLt has no kernel for (a
+        // number of 128-column groups off 4, e.g. DeepSeek-V2-Lite's shared experts' k = 2816).
+        const bool cublaslt_takes = m % kBlock128RowMultiple == 0 && Block128Groups(k) % 4 == 0;
+        if (m >= cutlass_min_rows_ || !cublaslt_takes) {  // else cuBLASLt below
           ASSIGN_OR_RETURN(const bool ran, CutlassBlockLinear(a_codes, a_scales, w_codes, w_scales,
                                                               m, n, k, out, bias, stream));
           if (ran) return absl::OkStatus();

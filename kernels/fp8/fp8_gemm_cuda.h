@@ -22,8 +22,9 @@
 //     number of 128-column groups a multiple of 4 (what has run on a GPU: no padded scale rows),
 //     else UNIMPLEMENTED. Every DeepSeek-V3 projection qualifies (k = 7168, 1536, 512, 2048,
 //     16384, 18432). By default where it is built, CUTLASS's kernel on the same layouts
-//     (block_kernel() == kCutlass: any m, k a multiple of 128, n a multiple of 8, no bias; other
-//     calls on cuBLASLt as above). Or, with block_kernel() == kWgmma, our own wgmma kernel on the
+//     (block_kernel() == kCutlass: any m, k a multiple of 128, n a multiple of 8, no bias; calls
+//     below its row bound on cuBLASLt as above, except those cuBLASLt has no kernel for, which
+//     CUTLASS takes at any m). Or, with block_kernel() == kWgmma, our own wgmma kernel on the
 //     same layouts (fp8_block_gemm_cuda.h: any m, k a multiple of 16, n even; the bias added
 //     before its one rounding).
 // Numerics: Hopper's FP8 tensor cores add each MMA's 32 products and the running sum aligned to

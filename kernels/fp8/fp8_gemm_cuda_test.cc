@@ -184,9 +184,14 @@ TEST(Fp8GemmCudaTest, Block128DispatchTakesCutlassForLargeCalls) {
                                  {36, 256, 400, false},
                                  {64, 256, 512, true},
                                  {17, 256, 512, false},
-                                 {kCutlassBlockMinRows, 256, 512, false}}) {
-      const bool cutlass_takes = on_cutlass && m >= min_rows && k % 128 == 0 && !bias;
-      if (!cutlass_takes && m % kBlock128RowMultiple != 0) continue;  // cuBLASLt has no kernel
+                                 {kCutlassBlockMinRows, 256, 512, false},
+                                 // 6 and 22 groups: no cuBLASLt kernel, CUTLASS at any m
+                                 {256, 256, 768, false},
+                                 {36, 256, 2816, false}}) {
+      const bool cublaslt_takes = m % kBlock128RowMultiple == 0 && (k + 127) / 128 % 4 == 0;
+      const bool cutlass_takes =
+          on_cutlass && (m >= min_rows || !cublaslt_takes) && k % 128 == 0 && !bias;
+      if (!cutlass_takes && !cublaslt_takes) continue;  // neither has a kernel
       CheckGemm(rng, **gemm, Scaling::kBlock, m, n, k, bias);
       EXPECT_EQ((*gemm)->last_block_kernel(),
                 cutlass_takes ? Fp8BlockGemmKernel::kCutlass : Fp8BlockGemmKernel::kCublasLt)

@@ -35,10 +35,13 @@ bool GemmServes(const CudaFp8Weight& w) {
 }
 
 // The block-scaled GEMM: 128 x 128 weight blocks in cuBLASLt's layout and 1x128 activations.
-// (CublasLtFp8Gemm takes k with a multiple of 4 groups of 128 columns.)
-bool BlockGemmServes(const CudaFp8Weight& w) {
-  return !w.block_scales.empty() && w.activation == Scheme::kDynamicGroup128 &&
-         kc::Block128Groups(w.grid.cols) % 4 == 0;
+// CublasLtFp8Gemm takes k with a multiple of 4 groups of 128 columns on cuBLASLt, and any multiple
+// of 128 on CUTLASS (`cutlass`: its block kernel is CUTLASS's). Before CUTLASS took the other k,
+// DeepSeek-V2-Lite's shared experts' down (k = 2816: 22 groups) ran its prefill rows through the
+// GEMV 16 rows at a time (kernels/fp8/BENCHMARKS.md, nineteenth session).
+bool BlockGemmServes(const CudaFp8Weight& w, bool cutlass) {
+  if (w.block_scales.empty() || w.activation != Scheme::kDynamicGroup128) return false;
+  return kc::Block128Groups(w.grid.cols) % 4 == 0 || (cutlass && w.grid.cols % kGroup == 0);
 }
 
 kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) { return w.device(); }
@@ -217,7 +220,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
 const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv) {
   if (w8a16_gemv && W8a16GemvServes(w, m)) return "fp8-w8a16-gemv";
   if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
-  if (BlockGemmServes(w)) return "fp8-block-gemm";  // CUTLASS where built, else cuBLASLt
+  if (BlockGemmServes(w, kc::Fp8BlockGemmCutlassAvailable())) {
+    return "fp8-block-gemm";  // CUTLASS where built, else cuBLASLt
+  }
   return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
 }
 
@@ -297,7 +302,8 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     // No cuBLASLt kernel for this shape: the chunked GEMV below (same numerics).
     if (!absl::IsUnimplemented(st)) return st;
   }
-  if (m > kc::kFp8SmallMMaxM && BlockGemmServes(w)) {
+  if (m > kc::kFp8SmallMMaxM &&
+      BlockGemmServes(w, gemm_->block_kernel() == kc::Fp8BlockGemmKernel::kCutlass)) {
     // 1x128 x 128x128 blocks: the block-scaled GEMM (CUTLASS where built, else cuBLASLt:
     // CublasLtFp8Gemm's dispatch) on the rows cuBLASLt has kernels for (a multiple of 4), the
     // group scales transposed into its VEC128 layout; the last m % 4 rows on the GEMV below.

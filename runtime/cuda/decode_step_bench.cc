@@ -42,7 +42,9 @@
 // all-reduce kernels without PDL (CudaBackendConfig::custom_all_reduce_pdl). --trace=1: rank 0
 // records its kernels through CUPTI (KernelTrace) and prints, per batch, the timed steps' time per
 // kernel class, busy and idle GPU time (step_breakdown.h; the traced step times include CUPTI's
-// overhead). --vocab_greedy_min_rows=N: at TP > 1,
+// overhead). --prefill_trace=1 (with --trace=1): also each batch's first step, the prefill of
+// batch x context tokens where they fit one step (max_num_batched_tokens), timed and traced.
+// --vocab_greedy_min_rows=N: at TP > 1,
 // greedy steps of at least N logit rows gather per-rank (value, id) candidates instead of the
 // logits (default 64, 0 never, 1 always: CudaBackendConfig::vocab_parallel_greedy_min_rows).
 // --attention_pdl=0: the paged decode kernel launched without PDL (CudaBackendConfig::
@@ -141,6 +143,7 @@ int Main(int argc, char** argv) {
   bool expert_parallel = false, dp_attention = false, dp_graphs = true;
   bool graphs = true, pdl = true, custom_ar = true, big = false;
   bool fused_norm = CudaBackendConfig().fuse_all_reduce_norm, ar_pdl = true, trace = false;
+  bool prefill_trace = false;
   bool merge_in_kernel = CudaBackendConfig().decode_merge_in_kernel;
   bool attention_pdl = CudaBackendConfig().decode_attention_pdl;
   bool fold_norm = CudaBackendConfig().fold_norm, fold_rope = CudaBackendConfig().fold_rope;
@@ -171,6 +174,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--fused_norm=", 0) == 0) fused_norm = std::atoi(argv[i] + 13) != 0;
     if (a.rfind("--ar_pdl=", 0) == 0) ar_pdl = std::atoi(argv[i] + 9) != 0;
     if (a.rfind("--trace=", 0) == 0) trace = std::atoi(argv[i] + 8) != 0;
+    if (a.rfind("--prefill_trace=", 0) == 0) prefill_trace = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--merge_in_kernel=", 0) == 0) merge_in_kernel = std::atoi(argv[i] + 18) != 0;
     if (a.rfind("--attention_pdl=", 0) == 0) attention_pdl = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--fold_norm=", 0) == 0) fold_norm = std::atoi(argv[i] + 12) != 0;
@@ -410,15 +414,32 @@ int Main(int argc, char** argv) {
           return 1;
         }
       }
-      // Prefill (and the first decode steps, which capture graphs) untimed.
+      // Prefill (and the first decode steps, which capture graphs) untimed; with --prefill_trace
+      // the first step (the prefill of batch x context tokens where they fit one step) traced.
+      if (tracer != nullptr && prefill_trace) {
+        cudaDeviceSynchronize();
+        if (!tracer->Collect().ok()) return 1;  // drop what ran before this batch
+      }
       int warm = 0;
-      while ((*engine)->num_waiting() > 0 || warm < 4) {
+      for (bool first = true; (*engine)->num_waiting() > 0 || warm < 4; first = false) {
+        const auto s0 = std::chrono::steady_clock::now();
         auto u = (*engine)->Step();
         if (!u.ok()) {
           std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
           return 1;
         }
         if ((*engine)->num_waiting() == 0) ++warm;
+        if (first && tracer != nullptr && prefill_trace) {
+          cudaDeviceSynchronize();
+          const double step_ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0)
+                  .count();
+          absl::StatusOr<std::vector<KernelRecord>> records = tracer->Collect();
+          if (!records.ok()) return 1;
+          std::printf("rank 0 kernels of the first step of batch %d x context %d (%.3f ms):\n%s",
+                      batch, context, step_ms,
+                      FormatBreakdown(BreakDownSteps(*records, 1), step_ms).c_str());
+        }
       }
       if (tracer != nullptr) {
         cudaDeviceSynchronize();
