@@ -359,6 +359,20 @@ bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) cons
          !w.gate_up_block_scales.empty() && !w.down_block_scales.empty();
 }
 
+bool CudaFp8MoeExperts::CutlassScaledFormServes(const CudaFp8MoeWeights& w) const {
+  if (cutlass_scales_ == CutlassScales::kRow || w.gate_up.empty() || w.down.empty()) return false;
+  const CudaFp8Weight& g = w.gate_up.front();
+  const CudaFp8Weight& d = w.down.front();
+  return g.grid.GridCols() == 1 && d.grid.GridCols() == 1 &&
+         (g.activation == Scheme::kDynamicToken || g.activation == Scheme::kStaticTensor);
+}
+
+const char* CudaFp8MoeExperts::CutlassPath(const CudaFp8MoeWeights& w) const {
+  return CutlassBlockScalesServe(w)   ? "fp8-cutlass-grouped-block"
+         : CutlassScaledFormServes(w) ? "fp8-cutlass-grouped-scaled"
+                                      : "fp8-cutlass-grouped";
+}
+
 absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const bf16* x,
                                                int64_t Tn, const kc::DeviceMoePermutation& perm,
                                                int64_t E, bf16* gate_up, bf16* act,
@@ -390,6 +404,9 @@ absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const
   args.a_scheme = scheme;
   args.a_scales_wide = a_scales_wide_.empty() ? nullptr : a_scales_wide_.get<float>();
   args.w_scales_wide = w_scales_wide_.empty() ? nullptr : w_scales_wide_.get<float>();
+  // Per-channel weights with per-token / static activations: their scales in the epilogue (the
+  // scaled form), unless kRow asks for the broadcast row form.
+  args.broadcast_scales = !CutlassScaledFormServes(w);
   const bool block = CutlassBlockScalesServe(w);
   if (block) {  // the block form: the upload's block scales [ceil(n / 128), ld]
     args.block_scales = w.gate_up_block_scales.get<const float* const>();
@@ -498,7 +515,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     // experts with rows, as they do), except the weight-only batch-1 step.
     if (grouped_mma_ && decode_ == Decode::kCutlass && Tn >= cutlass_decode_min_tokens_ &&
         !WeightOnly(w, Tn) && CutlassDecodeServes(w, rows)) {
-      last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
+      last_path_ = CutlassPath(w);
       return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }
     if (grouped_mma_ && g0.activation != Scheme::kNone &&
@@ -510,7 +527,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }
   if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
-    last_path_ = CutlassBlockScalesServe(w) ? "fp8-cutlass-grouped-block" : "fp8-cutlass-grouped";
+    last_path_ = CutlassPath(w);
     return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
   }
   if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {

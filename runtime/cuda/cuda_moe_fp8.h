@@ -31,9 +31,13 @@
 //       k step ("fp8-cutlass-grouped-block", the default: 1.09-1.23x the per-row form on an H200,
 //       kernels/moe/BENCHMARKS.md); else, or with TANDEM_MOE_FP8_CUTLASS_SCALES=row (read at
 //       Create), per row as the loader holds them: 128 scales per tile and k step
-//       ("fp8-cutlass-grouped"; per-token / per-tensor activation scales and per-channel weight
-//       scales broadcast over the 128-column groups first, in the kernel's argument fill:
-//       the same products, each row's scale applied per group);
+//       ("fp8-cutlass-grouped"). Per-channel weights with per-token / per-tensor activations
+//       (compressed-tensors' FP8_DYNAMIC, online --quantization=fp8, static checkpoints) take the
+//       scaled form by default ("fp8-cutlass-grouped-scaled": no scales in the mainloop, both
+//       applied to the fp32 sums in the epilogue; CutlassScaledFormServes); with
+//       TANDEM_MOE_FP8_CUTLASS_SCALES=row the row form, their scales broadcast over the
+//       128-column groups first in the kernel's argument fill (the same products, each row's
+//       scale applied per group);
 //     - mma: MoeFp8GroupedMma (as the sync-free steps past their GEMV bound; any FP8 scheme);
 //     - per-expert (and cutlass where it does not apply): the expert offsets read back (the
 //       layer's one host sync, as the bf16 grouped path), then every expert with rows through
@@ -148,7 +152,8 @@ class CudaFp8MoeExperts {
                       cudaStream_t stream);
 
   // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
-  // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block" (prefill, or sync-free
+  // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block",
+  // "fp8-cutlass-grouped-scaled" (prefill, or sync-free
   // steps from kCutlassDecodeMinTokens) or "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
   // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
@@ -187,8 +192,9 @@ class CudaFp8MoeExperts {
   bool CutlassDecodeServes(const CudaFp8MoeWeights& w, int64_t rows) const;
   // How the CUTLASS prefill reads the weight scales (TANDEM_MOE_FP8_CUTLASS_SCALES=row|block at
   // Create, default kDefaultCutlassScales): kRow the per-row scales (ScaleGranularityN 1, any
-  // 128-column-grouped weight), kBlock the block scales (ScaleGranularityN 128) where
-  // CutlassBlockScalesServe, else kRow.
+  // 128-column-grouped weight; per-channel ones broadcast over the groups), kBlock the block
+  // scales (ScaleGranularityN 128) where CutlassBlockScalesServe, the scaled form where
+  // CutlassScaledFormServes, else kRow.
   enum class CutlassScales { kRow, kBlock };
   static constexpr CutlassScales kDefaultCutlassScales = CutlassScales::kBlock;
   void set_cutlass_scales(CutlassScales s) { cutlass_scales_ = s; }
@@ -196,6 +202,11 @@ class CudaFp8MoeExperts {
   // Whether the CUTLASS prefill on `w` (where CutlassPrefillServes) takes the block form: kBlock,
   // every expert's block scales present (the tables), the workspace sized for it at Create.
   bool CutlassBlockScalesServe(const CudaFp8MoeWeights& w) const;
+  // Whether it takes the scaled form (kernels/moe/cutlass: scales in the epilogue): not kRow,
+  // per-channel weight scales on both projections, per-token or static activation scales.
+  bool CutlassScaledFormServes(const CudaFp8MoeWeights& w) const;
+  // The CUTLASS path's last_path() name for `w`.
+  const char* CutlassPath(const CudaFp8MoeWeights& w) const;
 
  private:
   CudaFp8MoeExperts(const ModelConfig& config, int64_t max_tokens)

@@ -320,12 +320,17 @@ void PrefillMatchesGemvs(Scheme scheme, std::mt19937& rng) {
   if (cutlass) {
     EXPECT_EQ(block, blocks) << "block tables where the experts are 128 x 128 blocks";
   }
+  // Per-channel weights with per-token / static activations: the scaled form under kBlock.
+  const bool scaled = cutlass && (*experts)->CutlassScaledFormServes(**w);
+  EXPECT_EQ(scaled, cutlass && scheme != Scheme::kDynamicGroup128);
   const auto [act_blk, out_blk] = run(grouped->get());
   EXPECT_STREQ((*experts)->last_path(), block     ? "fp8-cutlass-grouped-block"
+                                        : scaled  ? "fp8-cutlass-grouped-scaled"
                                         : cutlass ? "fp8-cutlass-grouped"
                                                   : "fp8-per-expert-gemm");
   const std::vector<float> gu_blk = kernels::cuda_test::ToFloat(gate_up.ToHost());
-  std::printf("  prefill fp8-cutlass-grouped-block %s\n", block ? "ran" : "not served here");
+  std::printf("  prefill %s %s\n", (*experts)->last_path(),
+              block || scaled ? "ran" : "(no block or scaled form here)");
 
   // The CPU on the permuted rows: x gathered by token_of_row, each expert's rows through it.
   const std::vector<int32_t> o = offsets.ToHost(), tor = token_of_row.ToHost();
@@ -350,10 +355,10 @@ void PrefillMatchesGemvs(Scheme scheme, std::mt19937& rng) {
   Compare(act_cut, SiluMul(gu_cut, rows, I), kOneStep, 1e-6f, "CUTLASS act vs CPU on its gate_up");
   Compare(out_cut, PerExpert(act_cut, I, dn_w, H, o), kRound, kAccum,
           "CUTLASS grouped down vs CPU on its act");
-  Compare(gu_blk, gu_want, kRound, kAccum, "CUTLASS block-form gate_up vs CPU");
-  Compare(act_blk, SiluMul(gu_blk, rows, I), kOneStep, 1e-6f, "CUTLASS block act vs CPU");
+  Compare(gu_blk, gu_want, kRound, kAccum, "CUTLASS block / scaled form gate_up vs CPU");
+  Compare(act_blk, SiluMul(gu_blk, rows, I), kOneStep, 1e-6f, "CUTLASS block / scaled act vs CPU");
   Compare(out_blk, PerExpert(act_blk, I, dn_w, H, o), kRound, kAccum,
-          "CUTLASS block-form down vs CPU on its act");
+          "CUTLASS block / scaled form down vs CPU on its act");
   if (cutlass) {  // Hopper's FP8 MMA as cuBLASLt's block GEMM: the same bits are not promised
     (*experts)->set_cutlass_scales(Scales::kRow);  // out_cut's form again
     const auto [act_cut2, out_cut2] = run(grouped->get());

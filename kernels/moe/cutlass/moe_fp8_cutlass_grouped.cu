@@ -1,7 +1,8 @@
 // MoeFp8CutlassGroupedGemm (moe_fp8_cutlass_grouped.h): the checks, the workspace queries and the
-// dispatch to the two configurations (moe_fp8_cutlass_grouped_config.h: the row form in
-// moe_fp8_cutlass_grouped_row.cu, the block form in moe_fp8_cutlass_grouped_block.cu). No CUTLASS
-// types here.
+// dispatch to the three configurations (moe_fp8_cutlass_grouped_config.h: the row form in
+// moe_fp8_cutlass_grouped_row.cu, the block form in moe_fp8_cutlass_grouped_block.cu, the scaled
+// form in moe_fp8_cutlass_grouped_scaled.cu). No CUTLASS types here.
+#include <algorithm>
 #include <climits>
 
 #include "absl/strings/str_cat.h"
@@ -66,17 +67,20 @@ size_t CompactBytes(int64_t num_experts, int64_t n, int64_t k, int64_t ld) {
 absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
   RETURN_IF_ERROR(CheckExperts(args.num_experts));
   RETURN_IF_ERROR(CheckShape(args.n, args.k));
+  const bool scaled = MoeFp8CutlassScaledFormServes(args);
   if (args.block_scales != nullptr) {
     RETURN_IF_ERROR(CheckBlockLd(args.k, args.block_scale_ld));
   } else if (args.w.groups != args.k / 128 &&
-             (args.w.groups != 1 || args.w_scales_wide == nullptr)) {
+             (args.w.groups != 1 || (args.w_scales_wide == nullptr && !scaled))) {
     return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128,
-               " (or 1, per channel, with w_scales_wide)");
+               " (or 1, per channel, with w_scales_wide or per-token / per-tensor activations)");
   }
   using Scheme = Fp8ActivationScheme;
   if (args.a_scheme == Scheme::kNone) return Bad("activations without FP8 scales (kNone)");
-  if (args.a_scheme != Scheme::kDynamicGroup128 && args.a_scales_wide == nullptr) {
-    return Bad("per-token or per-tensor activation scales need a_scales_wide");
+  if (args.a_scheme != Scheme::kDynamicGroup128 && args.a_scales_wide == nullptr && !scaled) {
+    return Bad(
+        "per-token or per-tensor activation scales need a_scales_wide (or per-channel "
+        "weight scales)");
   }
   if (!Aligned(args.a_scales_wide, 4) || !Aligned(args.w_scales_wide, 4)) {
     return Bad("a_scales_wide and w_scales_wide must be 4-byte aligned");
@@ -94,6 +98,12 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
 
 }  // namespace
 
+bool MoeFp8CutlassScaledFormServes(const MoeFp8CutlassGroupedArgs& args) {
+  using Scheme = Fp8ActivationScheme;
+  return args.block_scales == nullptr && args.w.groups == 1 && !args.broadcast_scales &&
+         (args.a_scheme == Scheme::kDynamicToken || args.a_scheme == Scheme::kStaticTensor);
+}
+
 bool MoeFp8CutlassGroupedSupported() {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -110,6 +120,7 @@ absl::Status MoeFp8CutlassGroupedInit() {
     return absl::FailedPreconditionError("MoeFp8CutlassGroupedGemm: the device is not sm_90");
   }
   RETURN_IF_ERROR(moe_cutlass::RowInit());
+  RETURN_IF_ERROR(moe_cutlass::ScaledInit());
   return moe_cutlass::BlockInit();
 }
 
@@ -117,7 +128,8 @@ absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts) {
   RETURN_IF_ERROR(CheckExperts(num_experts));
   int device = 0, sms = 0;
   DeviceAndSms(&device, &sms);
-  return moe_cutlass::RowWorkspaceBytes(num_experts, device, sms);
+  return std::max(moe_cutlass::RowWorkspaceBytes(num_experts, device, sms),
+                  moe_cutlass::ScaledWorkspaceBytes(num_experts, device, sms));
 }
 
 absl::StatusOr<size_t> MoeFp8CutlassGroupedBlockWorkspaceBytes(int64_t num_experts, int64_t n,
@@ -149,6 +161,9 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   char* base = static_cast<char*>(workspace);
+  if (MoeFp8CutlassScaledFormServes(args)) {
+    return moe_cutlass::ScaledRun(args, base, device, sms, stream);
+  }
   if (!block) return moe_cutlass::RowRun(args, base, device, sms, stream);
   // The compact copy after the block form's arrays and CUTLASS's workspace.
   const size_t gemm_bytes =

@@ -27,6 +27,13 @@
 //       (w.groups == 1: one scale per row over all k, compressed-tensors' and online FP8's; the
 //       loader holds per-tensor ones as per-channel too) are broadcast first into w_scales_wide
 //       [num_experts, n, k / 128] (the experts with rows only);
+//     * scaled form (the default where it serves, MoeFp8CutlassScaledFormServes: per-channel
+//       weights, w.groups == 1, with per-token or static activations): no scales in the mainloop
+//       (CUTLASS's plain FP8 grouped kernel, its partial sums promoted into fp32 every 128 along
+//       k), the fp32 sums multiplied by w.scales[e][j] and the row's activation scale in the
+//       epilogue: out[r, j] = bf16((sum_c a[r, c] w_e[j, c]) * sb_e[j] * sa[r]). The scratch
+//       (a_scales_wide, w_scales_wide) is not read; broadcast_scales = true runs the broadcast
+//       row form instead (the same products, scaled per group);
 //     * block form (block_scales set): block_scales[e], [ceil(n / 128), block_scale_ld] fp32, one
 //       scale per 128 x 128 block (CudaFp8Weight::block_scales: block_scale_ld =
 //       Block128WeightScaleLd(k), k / 128 rounded up to 4), read at granularity 128 x 128: one
@@ -47,8 +54,8 @@
 // <= kMoeFp8CutlassMaxExperts, k a positive multiple of 128, n a positive multiple of 8 (16-byte
 // bf16 rows), row form: w.groups == k / 128 (or 1 with w_scales_wide) and w.scales non-null,
 // block form: block_scale_ld >= k / 128, a_scheme an FP8 one (a_scales_wide set unless
-// kDynamicGroup128), non-null pointers, a / out 16-byte aligned, a_scales and the wide scratch
-// 4-byte,
+// kDynamicGroup128 or the scaled form serves), non-null pointers, a / out 16-byte aligned,
+// a_scales and the wide scratch 4-byte,
 // rows * k and rows * n within int64, n and k within int; the workspace at least
 // MoeFp8CutlassGroupedWorkspaceBytes(num_experts) bytes (block form:
 // MoeFp8CutlassGroupedBlockWorkspaceBytes(num_experts, n, k, block_scale_ld)), 128-byte aligned.
@@ -95,7 +102,13 @@ struct MoeFp8CutlassGroupedArgs {
   // [num_experts, n, k / 128] scratch: the row form on per-channel weights (w.groups == 1 < k /
   // 128).
   float* w_scales_wide = nullptr;
+  // Where the scaled form serves, run the broadcast row form instead (an A/B; needs the scratch).
+  bool broadcast_scales = false;
 };
+
+// Whether `args` runs the scaled form: no block scales, per-channel weight scales (w.groups == 1),
+// per-token or static per-tensor activation scales, and broadcast_scales unset.
+bool MoeFp8CutlassScaledFormServes(const MoeFp8CutlassGroupedArgs& args);
 
 // Floats of MoeFp8CutlassGroupedArgs::w_scales_wide for calls of up to num_experts experts of
 // [n, k] (num_experts x n x k / 128).
@@ -110,9 +123,9 @@ bool MoeFp8CutlassGroupedSupported();
 // capture). FAILED_PRECONDITION where the device is not sm_90.
 absl::Status MoeFp8CutlassGroupedInit();
 
-// Device workspace bytes for calls of up to num_experts groups (any n, k, rows): the per-group
-// arrays and CUTLASS's own (tensormaps per SM of the current device). INVALID_ARGUMENT for
-// num_experts outside [1, kMoeFp8CutlassMaxExperts].
+// Device workspace bytes for calls of up to num_experts groups (any n, k, rows) of the row or the
+// scaled form: the per-group arrays and CUTLASS's own (tensormaps per SM of the current device).
+// INVALID_ARGUMENT for num_experts outside [1, kMoeFp8CutlassMaxExperts].
 absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts);
 
 // The block form's workspace for calls of up to num_experts groups of this n, k and

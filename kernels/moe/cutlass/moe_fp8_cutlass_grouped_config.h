@@ -1,7 +1,9 @@
-// Internal to :moe_fp8_cutlass_grouped: the two configurations' entry points, each defined in its
+// Internal to :moe_fp8_cutlass_grouped: the three configurations' entry points, each defined in its
 // own .cu file from moe_fp8_cutlass_grouped_kernel.cuh (moe_fp8_cutlass_grouped_row.cu: weight
-// scales per row, moe_fp8_cutlass_grouped_block.cu: per 128-row block), called by
-// moe_fp8_cutlass_grouped.cu after it checked the call. No CUTLASS types here.
+// scales per row, moe_fp8_cutlass_grouped_block.cu: per 128-row block,
+// moe_fp8_cutlass_grouped_scaled.cu: per-channel weight and per-token / per-tensor activation
+// scales in the epilogue), called by moe_fp8_cutlass_grouped.cu after it checked the call. No
+// CUTLASS types here.
 #ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_CONFIG_H_
 #define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_CONFIG_H_
 
@@ -31,6 +33,12 @@ absl::Status BlockInit();
 // k / 128] floats, filled before the GEMM runs.
 absl::Status BlockRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* compact,
                       int device, int sm_count, cudaStream_t stream);
+
+// The scaled form (ScaledFormServes(args)): no scale copies, no compact array.
+size_t ScaledWorkspaceBytes(int64_t groups, int device, int sm_count);
+absl::Status ScaledInit();
+absl::Status ScaledRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
+                       int sm_count, cudaStream_t stream);
 
 }  // namespace tandem::kernels::cuda::moe_cutlass
 

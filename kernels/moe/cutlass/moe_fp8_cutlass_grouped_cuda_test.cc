@@ -6,8 +6,9 @@
 // several 128-row tiles, 128 experts; n / k of Qwen3-30B-A3B-FP8 (gate_up 1536 x 2048, down 2048 x
 // 768) and DeepSeek-V3 (gate_up 4096 x 7168, down 7168 x 2048); weight scales per 128 x 128 block
 // (DeepSeek's) and per row; per-channel weight scales and per-token / per-tensor activation scales
-// (broadcast by the call) bit for bit the same scales given per group; two calls bit-identical;
-// refusals (also without a GPU).
+// (broadcast by the call) bit for bit the same scales given per group, and in the scaled form
+// (scales in the epilogue) against the CPU reference; two calls bit-identical; refusals (also
+// without a GPU).
 //
 // The block form (args.block_scales: ScaleGranularityN 128) on every case of 128 x 128-block
 // weights, from the block scales [ceil(n / 128), ld] as the runtime uploads them (ld = k / 128
@@ -318,8 +319,10 @@ TEST_F(MoeFp8CutlassGroupedTest, BlockFormMatchesRowForm) {
 }
 
 // Per-channel weight scales (w.groups 1) and per-token / static per-tensor activation scales,
-// broadcast by the call into its wide scratch: bit for bit the row form given the same scales
-// spread over the 128-column groups by the host (which the CPU reference checks as above). Qwen3's
+// broadcast by the call into its wide scratch (broadcast_scales): bit for bit the row form given
+// the same scales spread over the 128-column groups by the host (which the CPU reference checks
+// as above); and in the scaled form (the default for them, no scratch: NaN scratch would show)
+// against the same CPU reference, its differing outputs from the group form counted. Qwen3's
 // shapes with empty experts, an odd k = 384, a k = 128 weight (one group: in place).
 TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
   std::mt19937 rng(cuda_test::TestSeed() + 3);
@@ -336,7 +339,7 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
       {{0, 17, 300, 0, 2}, 136, 384, Fp8ActivationScheme::kStaticTensor},
       {{40, 0, 9}, 256, 128, Fp8ActivationScheme::kDynamicToken},
   };
-  double worst = 0;
+  double worst = 0, worst_scaled = 0;
   for (const Broadcast& c : cases) {
     const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
     SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k
@@ -388,23 +391,43 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
     args.a_scales_wide = a_wide.get();
     args.w = {w.code_table->get(), d_channel_table.get(), 1};
     args.w_scales_wide = w_wide.get();
+    args.broadcast_scales = true;
+    ASSERT_FALSE(MoeFp8CutlassScaledFormServes(args));
     const std::vector<bf16> broadcast = RunForm(args, rows, offsets[E], *bytes);
+    // The scaled form (the default for these scales): no scratch at all.
+    args.broadcast_scales = false;
+    args.a_scales_wide = nullptr;
+    args.w_scales_wide = nullptr;
+    ASSERT_TRUE(MoeFp8CutlassScaledFormServes(args));
+    const std::vector<bf16> scaled = RunForm(args, rows, offsets[E], *bytes);
     ASSERT_FALSE(grouped.empty());
     ASSERT_FALSE(broadcast.empty());
+    ASSERT_FALSE(scaled.empty());
     EXPECT_EQ(std::memcmp(grouped.data(), broadcast.data(), grouped.size() * sizeof(bf16)), 0)
         << "broadcast scales differ from the same scales given per group";
-    const std::vector<float> got = cuda_test::ToFloat(broadcast);
-    int reported = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (c.counts[e] == 0) continue;
-      worst = std::max(
-          worst, CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
+    for (const std::vector<bf16>* out : {&broadcast, &scaled}) {
+      SCOPED_TRACE(out == &scaled ? "scaled form" : "broadcast row form");
+      const std::vector<float> got = cuda_test::ToFloat(*out);
+      int reported = 0;
+      double& worst_form = out == &scaled ? worst_scaled : worst;
+      for (int64_t e = 0; e < E; ++e) {
+        if (c.counts[e] == 0) continue;
+        worst_form = std::max(worst_form, CheckExpert(rng, w, e, offsets[e], c.counts[e], a,
+                                                      a_scales, got, &reported));
+      }
     }
+    int64_t differ = 0;
+    for (int64_t i = 0; i < offsets[E] * n; ++i) {
+      differ += __nv_bfloat16_raw(scaled[i]).x != __nv_bfloat16_raw(grouped[i]).x;
+    }
+    std::printf("E=%lld n=%lld k=%lld: scaled / group forms differ in %lld of %lld outputs\n",
+                static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
+                static_cast<long long>(differ), static_cast<long long>(offsets[E] * n));
   }
   std::printf(
-      "CUTLASS grouped (broadcast scales): largest error / (2^-13 x per-MMA magnitude) "
-      "%.3f\n",
-      worst);
+      "CUTLASS grouped: largest error / (2^-13 x per-MMA magnitude), broadcast scales %.3f, "
+      "scaled form %.3f\n",
+      worst, worst_scaled);
 }
 
 // Refused before any device work (so also checked without a GPU).
@@ -457,6 +480,22 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   a = ok;
   a.w.codes = nullptr;
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  // The scaled form: per-channel weights with per-token or static activations, no block scales,
+  // unless broadcast_scales.
+  a = ok;
+  EXPECT_FALSE(MoeFp8CutlassScaledFormServes(a));  // 1 x 128 activations, grouped weights
+  a.w.groups = 1;
+  EXPECT_FALSE(MoeFp8CutlassScaledFormServes(a));  // 1 x 128 activations
+  for (const Fp8ActivationScheme s :
+       {Fp8ActivationScheme::kDynamicToken, Fp8ActivationScheme::kStaticTensor}) {
+    a.a_scheme = s;
+    EXPECT_TRUE(MoeFp8CutlassScaledFormServes(a));
+    a.broadcast_scales = true;
+    EXPECT_FALSE(MoeFp8CutlassScaledFormServes(a));
+    a.broadcast_scales = false;
+  }
+  a.w.groups = 4;
+  EXPECT_FALSE(MoeFp8CutlassScaledFormServes(a));  // grouped weight scales
   a = ok;
   a.expert_offsets = nullptr;
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
