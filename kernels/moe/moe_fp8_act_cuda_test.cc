@@ -4,7 +4,8 @@
 //   * MoeSiluAndMulQuantFp8 == MoeSiluAndMul then QuantizeActivations of its bf16 output: act,
 //     codes and scales, every FP8 scheme (1 x 128 groups, per token, static), widths a multiple of
 //     128 (Qwen3-30B-A3B's 768, Mixtral's 14336), of 8 only (136: a partial last group) and of
-//     neither (100: the two-kernel fallback), act written or not;
+//     neither (100: the two-kernel fallback), act written or not; per token, rows held in
+//     registers (up to 2,048: 768, 136, 2,048) and wider ones in two passes (2,056, 14,336);
 //   * MoeGatherFp8Rows of x quantized once == QuantizeActivations of the gathered bf16 rows
 //     (MoeGatherRows): codes and scales, every scheme, rows repeated and skipped.
 // And the refusals (also without a GPU).
@@ -66,7 +67,7 @@ class MoeFp8ActTest : public ::testing::Test {
 
 TEST_F(MoeFp8ActTest, SiluAndMulQuantEqualsTheTwoKernels) {
   std::mt19937 rng(cuda_test::TestSeed());
-  for (const int64_t inter : {768, 136, 100, 14336}) {
+  for (const int64_t inter : {768, 136, 100, 2048, 2056, 14336}) {
     for (const int64_t rows : {1, 37, 300}) {
       if (inter == 14336 && rows == 300) continue;  // enough rows at that width
       const std::vector<bf16> gu = RandomRows(rng, rows, 2 * inter);

@@ -288,8 +288,8 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
 absl::Status CudaFp8MoeExperts::AllocateCutlass() {
 #ifdef TANDEM_HAVE_CUTLASS
   const WeightQuantization& q = config_.quantization;
-  if ((prefill_ != Prefill::kCutlass && decode_ != Decode::kCutlass) ||
-      q.activation == Scheme::kNone || !kc::MoeFp8CutlassGroupedSupported()) {
+  if ((prefill_ != Prefill::kCutlass && decode_ == Decode::kMma) || q.activation == Scheme::kNone ||
+      !kc::MoeFp8CutlassGroupedSupported()) {
     return absl::OkStatus();
   }
   // The rank's experts, + 1: the zero expert under expert parallelism.
@@ -350,8 +350,9 @@ bool CudaFp8MoeExperts::CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t
 }
 
 bool CudaFp8MoeExperts::CutlassDecodeServes(const CudaFp8MoeWeights& w, int64_t rows) const {
-  return !w.gate_up.empty() && w.gate_up.front().activation == Scheme::kDynamicGroup128 &&
-         CutlassPrefillServes(w, rows);
+  if (w.gate_up.empty()) return false;
+  const bool groups = w.gate_up.front().activation == Scheme::kDynamicGroup128;
+  return (groups || CutlassScaledFormServes(w)) && CutlassPrefillServes(w, rows);
 }
 
 bool CudaFp8MoeExperts::CutlassBlockScalesServe(const CudaFp8MoeWeights& w) const {
@@ -513,7 +514,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
   if (grouped == nullptr || Tn <= kGemvMaxTokens || !static_fits) {  // sync-free, capturable
     // From cutlass_decode_min_tokens_ on (past the GEMVs' bound too: CUTLASS reads only the
     // experts with rows, as they do), except the weight-only batch-1 step.
-    if (grouped_mma_ && decode_ == Decode::kCutlass && Tn >= cutlass_decode_min_tokens_ &&
+    if (grouped_mma_ && decode_ != Decode::kMma && Tn >= cutlass_decode_min_tokens_ &&
         !WeightOnly(w, Tn) && CutlassDecodeServes(w, rows)) {
       last_path_ = CutlassPath(w);
       return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);

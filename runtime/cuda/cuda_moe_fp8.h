@@ -13,7 +13,8 @@
 //     MoeSiluAndMul between): the GEMVs ran the e4m3 products on CUDA cores, 1.6x slower than
 //     bf16 at batch 64 (kernels/moe/BENCHMARKS.md). TANDEM_MOE_FP8=gemv keeps the GEMVs.
 //     From kCutlassDecodeMinTokens (8) tokens on, where the CUTLASS grouped GEMM serves (as the
-//     prefill's cutlass below, with 1 x 128 activations: CutlassDecodeServes), that path instead of
+//     prefill's cutlass below, with 1 x 128 activations or on the scaled form:
+//     CutlassDecodeServes), that path instead of
 //     the GEMVs or MoeFp8GroupedMma (TANDEM_MOE_FP8_DECODE=cutlass, the default, read at Create;
 //     mma keeps the older choice): the same code as the prefill's, capturable (its per-group
 //     arguments filled on the device, a fixed workspace from Create, the shared-memory opt-in at
@@ -174,7 +175,7 @@ class CudaFp8MoeExperts {
   Prefill prefill() const { return prefill_; }
   // The sync-free steps' grouped kernel past the GEMV bound (TANDEM_MOE_FP8_DECODE=cutlass|mma at
   // Create; default kCutlass): kCutlass from kCutlassDecodeMinTokens tokens where
-  // CutlassPrefillServes, else (and kMma) MoeFp8GroupedMma.
+  // CutlassDecodeServes, else (and kMma) MoeFp8GroupedMma.
   enum class Decode { kCutlass, kMma };
   void set_decode(Decode d) { decode_ = d; }
   Decode decode() const { return decode_; }
@@ -185,10 +186,12 @@ class CudaFp8MoeExperts {
   // FP8 activations of any scheme (the broadcast scratch allocated at Create for the config's), k
   // of both projections multiples of 128, n multiples of 8, scratch for `rows` quantized rows).
   bool CutlassPrefillServes(const CudaFp8MoeWeights& w, int64_t rows) const;
-  // Whether sync-free steps (decode) take it: CutlassPrefillServes with 1 x 128 activations only.
-  // Per-token / static activations keep MoeFp8GroupedMma there: on an H200 (Qwen3-30B-A3B, online
-  // FP8) CUTLASS's steps measured +13% at 8 requests, -10% at 16, +1-2% at 32-64, equal at 128
-  // (kernels/moe/BENCHMARKS.md, nineteenth session).
+  // Whether sync-free steps (decode) take it: CutlassPrefillServes with 1 x 128 activations, or
+  // where CutlassScaledFormServes (per-token / static activations on the scaled form: on an H200,
+  // Qwen3-30B-A3B online FP8, steps of 8 / 16 / 32 / 64 / 128 requests -2 / -20 / -10 / -10 / -10%
+  // against MoeFp8GroupedMma, kernels/moe/BENCHMARKS.md, twentieth session). Their broadcast row
+  // form (TANDEM_MOE_FP8_CUTLASS_SCALES=row) keeps MoeFp8GroupedMma: it measured +13% at 8
+  // requests, -10% at 16, +1-2% at 32-64 (nineteenth session).
   bool CutlassDecodeServes(const CudaFp8MoeWeights& w, int64_t rows) const;
   // How the CUTLASS prefill reads the weight scales (TANDEM_MOE_FP8_CUTLASS_SCALES=row|block at
   // Create, default kDefaultCutlassScales): kRow the per-row scales (ScaleGranularityN 1, any

@@ -272,8 +272,9 @@ void CapturedReplaysMatch(const std::function<absl::Status()>& step, TestBuffer<
 }
 
 // A graph-size step (96 tokens, sync-free: no `grouped`) on TANDEM_MOE_FP8_DECODE's default
-// kCutlass: the CUTLASS grouped GEMM where it serves (1 x 128 activations; both weight-scale
-// forms), else (per-token or static activations) MoeFp8GroupedMma. Eager on a non-default stream,
+// kCutlass: the CUTLASS grouped GEMM where it serves (1 x 128 activations, both weight-scale
+// forms; per-token or static activations on the scaled form), else (their kRow) MoeFp8GroupedMma.
+// Eager on a non-default stream,
 // then captured in a CUDA graph (global capture mode: an illegal call fails the capture) and
 // replayed twice over poisoned outputs: the replays' bits are the eager run's; gate_up, act and
 // down against the CPU on the GPU's own input of each stage. Below kCutlassDecodeMinTokens, and
@@ -320,12 +321,15 @@ void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, 
                               act.get(), out.get(), nullptr, s, false);
   };
   const bool served = (*experts)->CutlassDecodeServes(**w, rows);
-  EXPECT_EQ(served, blocks && (*experts)->CutlassPrefillServes(**w, rows))
-      << "sync-free steps take CUTLASS with 1 x 128 activations only";
+  const bool scaled = (*experts)->CutlassScaledFormServes(**w);
+  EXPECT_EQ(scaled, !blocks && form == CudaFp8MoeExperts::CutlassScales::kBlock);
+  EXPECT_EQ(served, (blocks || scaled) && (*experts)->CutlassPrefillServes(**w, rows))
+      << "sync-free steps take CUTLASS with 1 x 128 activations or on the scaled form";
   const bool block = served && (*experts)->CutlassBlockScalesServe(**w);
-  const char* want_path = block    ? "fp8-cutlass-grouped-block"
-                          : served ? "fp8-cutlass-grouped"
-                                   : "fp8-grouped-mma";
+  const char* want_path = block              ? "fp8-cutlass-grouped-block"
+                          : served && scaled ? "fp8-cutlass-grouped-scaled"
+                          : served           ? "fp8-cutlass-grouped"
+                                             : "fp8-grouped-mma";
   std::printf("  %s, %d-token sync-free step: %s\n", SchemeName(scheme), static_cast<int>(T),
               want_path);
   if (blocks) {
@@ -370,8 +374,11 @@ TEST(CudaMoeFp8Test, SyncFreeCutlassStepCapturedMatchesEagerAndTheCpu) {
   using Scales = CudaFp8MoeExperts::CutlassScales;
   SyncFreeStepCaptured(Scheme::kDynamicGroup128, Scales::kBlock, rng);
   SyncFreeStepCaptured(Scheme::kDynamicGroup128, Scales::kRow, rng);
+  // Per-token / static activations: the scaled form by default, MoeFp8GroupedMma under kRow.
   SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kBlock, rng);
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng);
+  SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kRow, rng);
+  SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kRow, rng);
 }
 
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
