@@ -263,6 +263,12 @@ absl::Status CudaFp8MoeExperts::ReadPrefillEnv() {
     }
     decode_ = v == "cutlass" ? Decode::kCutlass : Decode::kMma;
   }
+  if (const char* n = std::getenv("TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS"); n != nullptr) {
+    if (!absl::SimpleAtoi(n, &cutlass_swap_rows_) || cutlass_swap_rows_ < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS: '", n,
+                                                     "' is not a row count >= 0 (0: never)"));
+    }
+  }
   if (const char* n = std::getenv("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS"); n != nullptr) {
     if (!absl::SimpleAtoi(n, &cutlass_decode_min_tokens_) || cutlass_decode_min_tokens_ < 1) {
       return absl::InvalidArgumentError(
@@ -368,10 +374,17 @@ bool CudaFp8MoeExperts::CutlassScaledFormServes(const CudaFp8MoeWeights& w) cons
          (g.activation == Scheme::kDynamicToken || g.activation == Scheme::kStaticTensor);
 }
 
-const char* CudaFp8MoeExperts::CutlassPath(const CudaFp8MoeWeights& w) const {
-  return CutlassBlockScalesServe(w)   ? "fp8-cutlass-grouped-block"
-         : CutlassScaledFormServes(w) ? "fp8-cutlass-grouped-scaled"
-                                      : "fp8-cutlass-grouped";
+bool CudaFp8MoeExperts::CutlassSwapServes(const CudaFp8MoeWeights& w, int64_t rows,
+                                          int64_t E) const {
+  return CutlassScaledFormServes(w) && rows <= cutlass_swap_rows_ * E;
+}
+
+const char* CudaFp8MoeExperts::CutlassPath(const CudaFp8MoeWeights& w, int64_t rows,
+                                           int64_t E) const {
+  return CutlassBlockScalesServe(w)      ? "fp8-cutlass-grouped-block"
+         : CutlassSwapServes(w, rows, E) ? "fp8-cutlass-grouped-swapped"
+         : CutlassScaledFormServes(w)    ? "fp8-cutlass-grouped-scaled"
+                                         : "fp8-cutlass-grouped";
 }
 
 absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const bf16* x,
@@ -406,8 +419,9 @@ absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const
   args.a_scales_wide = a_scales_wide_.empty() ? nullptr : a_scales_wide_.get<float>();
   args.w_scales_wide = w_scales_wide_.empty() ? nullptr : w_scales_wide_.get<float>();
   // Per-channel weights with per-token / static activations: their scales in the epilogue (the
-  // scaled form), unless kRow asks for the broadcast row form.
+  // scaled form), unless kRow asks for the broadcast row form; few rows an expert: swapped.
   args.broadcast_scales = !CutlassScaledFormServes(w);
+  args.swap_ab = CutlassSwapServes(w, rows, E);
   const bool block = CutlassBlockScalesServe(w);
   if (block) {  // the block form: the upload's block scales [ceil(n / 128), ld]
     args.block_scales = w.gate_up_block_scales.get<const float* const>();
@@ -516,7 +530,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     // experts with rows, as they do), except the weight-only batch-1 step.
     if (grouped_mma_ && decode_ != Decode::kMma && Tn >= cutlass_decode_min_tokens_ &&
         !WeightOnly(w, Tn) && CutlassDecodeServes(w, rows)) {
-      last_path_ = CutlassPath(w);
+      last_path_ = CutlassPath(w, rows, E);
       return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
     }
     if (grouped_mma_ && g0.activation != Scheme::kNone &&
@@ -528,7 +542,7 @@ absl::Status CudaFp8MoeExperts::Routed(const CudaFp8MoeWeights& w, const bf16* x
     return Gemvs(w, x, Tn, perm, E, act, expert_out, stream, pdl);
   }
   if (prefill_ == Prefill::kCutlass && CutlassPrefillServes(w, rows)) {
-    last_path_ = CutlassPath(w);
+    last_path_ = CutlassPath(w, rows, E);
     return CutlassGrouped(w, x, Tn, perm, E, gate_up, act, expert_out, stream);
   }
   if (prefill_ == Prefill::kMma && g0.activation != Scheme::kNone) {

@@ -279,7 +279,8 @@ void CapturedReplaysMatch(const std::function<absl::Status()>& step, TestBuffer<
 // replayed twice over poisoned outputs: the replays' bits are the eager run's; gate_up, act and
 // down against the CPU on the GPU's own input of each stage. Below kCutlassDecodeMinTokens, and
 // with kMma, MoeFp8GroupedMma.
-void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, std::mt19937& rng) {
+void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, std::mt19937& rng,
+                          int64_t swap_rows = CudaFp8MoeExperts::kCutlassSwapRows) {
   SCOPED_TRACE(SchemeName(scheme));
   const bool blocks = scheme == Scheme::kDynamicGroup128;
   ModelConfig c;
@@ -298,6 +299,7 @@ void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, 
   absl::StatusOr<std::unique_ptr<CudaFp8MoeExperts>> experts = CudaFp8MoeExperts::Create(c, T);
   ASSERT_TRUE(experts.ok()) << experts.status();
   (*experts)->set_cutlass_scales(form);
+  (*experts)->set_cutlass_swap_rows(swap_rows);
   const std::vector<float> x = Bf16Rows(T * H, rng);
   std::vector<int32_t> ids(rows), pool;
   for (int32_t e = 0; e < E; ++e) {
@@ -326,7 +328,12 @@ void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, 
   EXPECT_EQ(served, (blocks || scaled) && (*experts)->CutlassPrefillServes(**w, rows))
       << "sync-free steps take CUTLASS with 1 x 128 activations or on the scaled form";
   const bool block = served && (*experts)->CutlassBlockScalesServe(**w);
+  // 384 rows over 16 experts: 24 an expert, past kCutlassSwapRows (16) but within 32: swapped
+  // where the test's bound is 32.
+  const bool swapped = served && (*experts)->CutlassSwapServes(**w, rows, E);
+  EXPECT_EQ(swapped, served && scaled && rows <= swap_rows * E);
   const char* want_path = block              ? "fp8-cutlass-grouped-block"
+                          : swapped          ? "fp8-cutlass-grouped-swapped"
                           : served && scaled ? "fp8-cutlass-grouped-scaled"
                           : served           ? "fp8-cutlass-grouped"
                                              : "fp8-grouped-mma";
@@ -379,6 +386,9 @@ TEST(CudaMoeFp8Test, SyncFreeCutlassStepCapturedMatchesEagerAndTheCpu) {
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng);
   SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kRow, rng);
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kRow, rng);
+  // The scaled form with its operands swapped (a bound of 32 rows an expert: this step's 24).
+  SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kBlock, rng, 32);
+  SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng, 32);
 }
 
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {
@@ -406,9 +416,10 @@ void ExpectEnvSelects(const ModelConfig& c, const char* env,
   unsetenv(env);
 }
 
-// TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES, _DECODE and _CUTLASS_MIN_TOKENS: read at Create,
-// unknown values refused (before any device work, so also without a GPU); each known value sets
-// prefill(), cutlass_scales(), decode(), cutlass_decode_min_tokens().
+// TANDEM_MOE_FP8_PREFILL, _CUTLASS_SCALES, _DECODE, _CUTLASS_MIN_TOKENS and _CUTLASS_SWAP_ROWS:
+// read at Create, unknown values refused (before any device work, so also without a GPU); each
+// known value sets prefill(), cutlass_scales(), decode(), cutlass_decode_min_tokens(),
+// cutlass_swap_rows().
 TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   ModelConfig c;
   c.hidden_size = 256;
@@ -418,7 +429,8 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
   for (const auto& [env, bad] : {std::make_pair("TANDEM_MOE_FP8_PREFILL", "cublas"),
                                  std::make_pair("TANDEM_MOE_FP8_CUTLASS_SCALES", "blocks"),
                                  std::make_pair("TANDEM_MOE_FP8_DECODE", "gemv"),
-                                 std::make_pair("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS", "0")}) {
+                                 std::make_pair("TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS", "0"),
+                                 std::make_pair("TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS", "-1")}) {
     setenv(env, bad, 1);
     EXPECT_EQ(CudaFp8MoeExperts::Create(c, 16).status().code(), absl::StatusCode::kInvalidArgument)
         << env << "=" << bad;
@@ -439,6 +451,8 @@ TEST(CudaMoeFp8Test, PrefillSwitchFromTheEnvironment) {
                               [](const E& e) { return e.decode(); });
   ExpectEnvSelects<int64_t>(c, "TANDEM_MOE_FP8_CUTLASS_MIN_TOKENS", {{"32", 32}},
                             [](const E& e) { return e.cutlass_decode_min_tokens(); });
+  ExpectEnvSelects<int64_t>(c, "TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS", {{"0", 0}, {"64", 64}},
+                            [](const E& e) { return e.cutlass_swap_rows(); });
 }
 
 // One token (batch 1) with 128 x 128 blocks: weight_only (the default, set_w8a16_gemv) the

@@ -1,7 +1,7 @@
 // MoeFp8CutlassGroupedGemm (moe_fp8_cutlass_grouped.h): the checks, the workspace queries and the
-// dispatch to the three configurations (moe_fp8_cutlass_grouped_config.h: the row form in
+// dispatch to the four configurations (moe_fp8_cutlass_grouped_config.h: the row form in
 // moe_fp8_cutlass_grouped_row.cu, the block form in moe_fp8_cutlass_grouped_block.cu, the scaled
-// form in moe_fp8_cutlass_grouped_scaled.cu). No CUTLASS types here.
+// form in moe_fp8_cutlass_grouped_scaled.cu and, swapped, _swap.cu). No CUTLASS types here.
 #include <algorithm>
 #include <climits>
 
@@ -75,6 +75,11 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
     return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128,
                " (or 1, per channel, with w_scales_wide or per-token / per-tensor activations)");
   }
+  if (args.swap_ab && !scaled) {
+    return Bad(
+        "swap_ab needs the scaled form (per-channel weight scales, per-token or static "
+        "activation scales, no block scales, broadcast_scales unset)");
+  }
   using Scheme = Fp8ActivationScheme;
   if (args.a_scheme == Scheme::kNone) return Bad("activations without FP8 scales (kNone)");
   if (args.a_scheme != Scheme::kDynamicGroup128 && args.a_scales_wide == nullptr && !scaled) {
@@ -121,6 +126,7 @@ absl::Status MoeFp8CutlassGroupedInit() {
   }
   RETURN_IF_ERROR(moe_cutlass::RowInit());
   RETURN_IF_ERROR(moe_cutlass::ScaledInit());
+  RETURN_IF_ERROR(moe_cutlass::SwapInit());
   return moe_cutlass::BlockInit();
 }
 
@@ -128,8 +134,9 @@ absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts) {
   RETURN_IF_ERROR(CheckExperts(num_experts));
   int device = 0, sms = 0;
   DeviceAndSms(&device, &sms);
-  return std::max(moe_cutlass::RowWorkspaceBytes(num_experts, device, sms),
-                  moe_cutlass::ScaledWorkspaceBytes(num_experts, device, sms));
+  return std::max({moe_cutlass::RowWorkspaceBytes(num_experts, device, sms),
+                   moe_cutlass::ScaledWorkspaceBytes(num_experts, device, sms),
+                   moe_cutlass::SwapWorkspaceBytes(num_experts, device, sms)});
 }
 
 absl::StatusOr<size_t> MoeFp8CutlassGroupedBlockWorkspaceBytes(int64_t num_experts, int64_t n,
@@ -162,7 +169,8 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   char* base = static_cast<char*>(workspace);
   if (MoeFp8CutlassScaledFormServes(args)) {
-    return moe_cutlass::ScaledRun(args, base, device, sms, stream);
+    return args.swap_ab ? moe_cutlass::SwapRun(args, base, device, sms, stream)
+                        : moe_cutlass::ScaledRun(args, base, device, sms, stream);
   }
   if (!block) return moe_cutlass::RowRun(args, base, device, sms, stream);
   // The compact copy after the block form's arrays and CUTLASS's workspace.

@@ -104,6 +104,11 @@ struct MoeFp8CutlassGroupedArgs {
   float* w_scales_wide = nullptr;
   // Where the scaled form serves, run the broadcast row form instead (an A/B; needs the scratch).
   bool broadcast_scales = false;
+  // The scaled form with the operands swapped: D^T [n, m_e] = W x rows^T in 128 x 32 tiles (the
+  // weight as the 128-row operand), for groups of a few rows (decode steps). Only with the scaled
+  // form (else INVALID_ARGUMENT). The same products and scales; the same bits up to the order of
+  // the accumulation's MMAs.
+  bool swap_ab = false;
 };
 
 // Whether `args` runs the scaled form: no block scales, per-channel weight scales (w.groups == 1),

@@ -1,9 +1,10 @@
-// Internal to :moe_fp8_cutlass_grouped: the three configurations' entry points, each defined in its
-// own .cu file from moe_fp8_cutlass_grouped_kernel.cuh (moe_fp8_cutlass_grouped_row.cu: weight
-// scales per row, moe_fp8_cutlass_grouped_block.cu: per 128-row block,
-// moe_fp8_cutlass_grouped_scaled.cu: per-channel weight and per-token / per-tensor activation
-// scales in the epilogue), called by moe_fp8_cutlass_grouped.cu after it checked the call. No
-// CUTLASS types here.
+// Internal to :moe_fp8_cutlass_grouped: the four configurations' entry points, each defined in its
+// own .cu file (moe_fp8_cutlass_grouped_row.cu: weight scales per row, moe_fp8_cutlass_grouped_
+// block.cu: per 128-row block, from moe_fp8_cutlass_grouped_kernel.cuh;
+// moe_fp8_cutlass_grouped_scaled.cu / _swap.cu: per-channel weight and per-token / per-tensor
+// activation scales in the epilogue, rows first or weight first, from
+// moe_fp8_cutlass_grouped_scaled.cuh), called by moe_fp8_cutlass_grouped.cu after it checked the
+// call. No CUTLASS types here.
 #ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_CONFIG_H_
 #define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_CONFIG_H_
 
@@ -34,11 +35,16 @@ absl::Status BlockInit();
 absl::Status BlockRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* compact,
                       int device, int sm_count, cudaStream_t stream);
 
-// The scaled form (ScaledFormServes(args)): no scale copies, no compact array.
+// The scaled form (MoeFp8CutlassScaledFormServes(args)): no scale copies, no compact array; Swap*
+// its swapped order (args.swap_ab, moe_fp8_cutlass_grouped_swap.cu).
 size_t ScaledWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status ScaledInit();
 absl::Status ScaledRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
                        int sm_count, cudaStream_t stream);
+size_t SwapWorkspaceBytes(int64_t groups, int device, int sm_count);
+absl::Status SwapInit();
+absl::Status SwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
+                     int sm_count, cudaStream_t stream);
 
 }  // namespace tandem::kernels::cuda::moe_cutlass
 

@@ -321,8 +321,9 @@ TEST_F(MoeFp8CutlassGroupedTest, BlockFormMatchesRowForm) {
 // Per-channel weight scales (w.groups 1) and per-token / static per-tensor activation scales,
 // broadcast by the call into its wide scratch (broadcast_scales): bit for bit the row form given
 // the same scales spread over the 128-column groups by the host (which the CPU reference checks
-// as above); and in the scaled form (the default for them, no scratch: NaN scratch would show)
-// against the same CPU reference, its differing outputs from the group form counted. Qwen3's
+// as above); and in the scaled form (the default for them, no scratch: NaN scratch would show),
+// rows first and swapped (swap_ab), against the same CPU reference, its differing outputs from the
+// group form counted. Qwen3's
 // shapes with empty experts, an odd k = 384, a k = 128 weight (one group: in place).
 TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
   std::mt19937 rng(cuda_test::TestSeed() + 3);
@@ -400,16 +401,21 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
     args.w_scales_wide = nullptr;
     ASSERT_TRUE(MoeFp8CutlassScaledFormServes(args));
     const std::vector<bf16> scaled = RunForm(args, rows, offsets[E], *bytes);
+    args.swap_ab = true;  // the weight first, the rows in 32-wide tiles
+    const std::vector<bf16> swapped = RunForm(args, rows, offsets[E], *bytes);
     ASSERT_FALSE(grouped.empty());
     ASSERT_FALSE(broadcast.empty());
     ASSERT_FALSE(scaled.empty());
+    ASSERT_FALSE(swapped.empty());
     EXPECT_EQ(std::memcmp(grouped.data(), broadcast.data(), grouped.size() * sizeof(bf16)), 0)
         << "broadcast scales differ from the same scales given per group";
-    for (const std::vector<bf16>* out : {&broadcast, &scaled}) {
-      SCOPED_TRACE(out == &scaled ? "scaled form" : "broadcast row form");
+    for (const std::vector<bf16>* out : {&broadcast, &scaled, &swapped}) {
+      SCOPED_TRACE(out == &scaled    ? "scaled form"
+                   : out == &swapped ? "scaled form, swapped"
+                                     : "broadcast row form");
       const std::vector<float> got = cuda_test::ToFloat(*out);
       int reported = 0;
-      double& worst_form = out == &scaled ? worst_scaled : worst;
+      double& worst_form = out == &broadcast ? worst : worst_scaled;
       for (int64_t e = 0; e < E; ++e) {
         if (c.counts[e] == 0) continue;
         worst_form = std::max(worst_form, CheckExpert(rng, w, e, offsets[e], c.counts[e], a,
@@ -420,9 +426,16 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
     for (int64_t i = 0; i < offsets[E] * n; ++i) {
       differ += __nv_bfloat16_raw(scaled[i]).x != __nv_bfloat16_raw(grouped[i]).x;
     }
-    std::printf("E=%lld n=%lld k=%lld: scaled / group forms differ in %lld of %lld outputs\n",
-                static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
-                static_cast<long long>(differ), static_cast<long long>(offsets[E] * n));
+    int64_t swap_differ = 0;
+    for (int64_t i = 0; i < offsets[E] * n; ++i) {
+      swap_differ += __nv_bfloat16_raw(scaled[i]).x != __nv_bfloat16_raw(swapped[i]).x;
+    }
+    std::printf(
+        "E=%lld n=%lld k=%lld: scaled / group forms differ in %lld of %lld outputs, swapped / "
+        "scaled in %lld\n",
+        static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
+        static_cast<long long>(differ), static_cast<long long>(offsets[E] * n),
+        static_cast<long long>(swap_differ));
   }
   std::printf(
       "CUTLASS grouped: largest error / (2^-13 x per-MMA magnitude), broadcast scales %.3f, "
@@ -496,6 +509,11 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   }
   a.w.groups = 4;
   EXPECT_FALSE(MoeFp8CutlassScaledFormServes(a));  // grouped weight scales
+  a.swap_ab = true;                                // the swapped order outside the scaled form
+  a.a_scales_wide = scales;
+  const absl::Status swap = MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr);
+  EXPECT_EQ(swap.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(swap.message().find("swap_ab"), absl::string_view::npos) << swap;
   a = ok;
   a.expert_offsets = nullptr;
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);

@@ -1,0 +1,223 @@
+// Internal to :moe_fp8_cutlass_grouped: the epilogue-scaled form (moe_fp8_cutlass_grouped.h,
+// "scaled form") as a template over the operand order, included by one .cu file per order
+// (moe_fp8_cutlass_grouped_scaled.cu, moe_fp8_cutlass_grouped_swap.cu).
+//
+// Per-channel weight scales (w.groups == 1) with per-token or static per-tensor activation scales
+// are constant along k, so the mainloop needs none: CUTLASS's plain FP8 ptr-array grouped kernel
+// (KernelPtrArrayTmaWarpSpecializedCooperative on e4m3: the wgmma partial sums promoted into fp32
+// every 128 along k, as cuBLASLt without FAST_ACCUM) and an epilogue visitor tree that multiplies
+// each fp32 sum by its weight row's scale and its activation row's (per token, or one value where
+// static: the broadcast's dynamic stride 0), rounded once to bf16. CUTLASS 4.2's row and column
+// broadcast nodes read per-group pointer arrays. vLLM runs this design for the same schemes
+// (cutlass_moe_mm, with its swap_ab for few rows).
+//
+//   kSwap false: D [m_e, n] = A (the expert's rows) x B^T (its weight), 128 x 128 x 128 tiles,
+//     clusters of 1 x 2 (as the other forms): prefill-sized groups;
+//   kSwap true: D^T [n, m_e] = W x rows^T, the weight as the 128-row operand and the group's rows
+//     as a 32-wide one (128 x 32 x 128 tiles, no cluster), D written column-major (= [m_e, n]
+//     row-major): groups of a few rows (decode) no longer fill 128-row tiles with padding, so more
+//     stages of weight are in flight per SM.
+#ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_SCALED_CUH_
+#define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_SCALED_CUH_
+
+#include <type_traits>
+
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp"
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped_kernel.cuh"
+
+namespace tandem::kernels::cuda::moe_cutlass {
+
+template <bool kSwap>
+struct ScaledForm {
+  using C = GroupedCommon;
+  using _0 = cute::_0;
+  using TileShape =
+      std::conditional_t<kSwap, cute::Shape<cute::_128, cute::_32, cute::_128>, C::TileShape>;
+  using ClusterShape =
+      std::conditional_t<kSwap, cute::Shape<cute::_1, cute::_1, cute::_1>, C::ClusterShape>;
+  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, C::LayoutD>;
+
+  // The weight scales [n] and the activation scales (per token [m_e], or [0] on every row) of a
+  // group: kSwap false, a row vector (over D's columns) and a column vector (over its rows); kSwap
+  // true, the other way round.
+  using RowScales = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float*, float,
+                                                                cute::Stride<_0, bool, _0>>;
+  using ColScales = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float*, float,
+                                                                cute::Stride<bool, _0, _0>>;
+  using WeightScales = std::conditional_t<kSwap, ColScales, RowScales>;
+  using ActScales = std::conditional_t<kSwap, RowScales, ColScales>;
+  template <class Out>
+  using Times = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, Out, float,
+                                                       cutlass::FloatRoundStyle::round_to_nearest>;
+  // bf16((acc * weight scale) * activation scale).
+  using AccTimesWeight =
+      cutlass::epilogue::fusion::Sm90EVT<Times<float>, WeightScales,
+                                         cutlass::epilogue::fusion::Sm90AccFetch>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Times<C::ElementD>, ActScales, AccTimesWeight>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, C::ElementAccumulator, C::ElementAccumulator,
+      void, LayoutD*, C::kAlignmentD, C::ElementD, LayoutD*, C::kAlignmentD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Scaled>::CollectiveOp;
+  static constexpr int kEpilogueSmemBytes =
+      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
+  // Both orders take a row-major [rows, k] A and a K-major B (CUTLASS's column-major K x N): the
+  // activations and the weight, or the weight and the activations.
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, C::ElementA, C::LayoutA*,
+      C::kAlignmentAB, C::ElementB, C::LayoutB*, C::kAlignmentAB, C::ElementAccumulator, TileShape,
+      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<C::ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape = typename C::ProblemShape::UnderlyingProblemShape;
+
+  // The per-group arrays at the start of the workspace (128-byte aligned each), CUTLASS's after.
+  struct Arrays {
+    Shape* shapes;
+    const C::ElementA** a;
+    const C::ElementB** b;
+    const float** sa;  // the group's activation scales
+    const float** sw;  // the group's weight scales [n]
+    C::ElementD** d;
+    StrideA* stride_a;
+    StrideB* stride_b;
+    StrideD* stride_d;
+  };
+
+  static size_t LayOut(int64_t groups, char* base, Arrays* g) {
+    size_t offset = 0;
+    auto take = [&]<class T>(T** field, size_t element_bytes) {
+      *field = base == nullptr ? nullptr : reinterpret_cast<T*>(base + offset);
+      offset += AlignUp(element_bytes * static_cast<size_t>(groups));
+    };
+    take(&g->shapes, sizeof(Shape));
+    take(&g->a, sizeof(void*));
+    take(&g->b, sizeof(void*));
+    take(&g->sa, sizeof(void*));
+    take(&g->sw, sizeof(void*));
+    take(&g->d, sizeof(void*));
+    take(&g->stride_a, sizeof(StrideA));
+    take(&g->stride_b, sizeof(StrideB));
+    take(&g->stride_d, sizeof(StrideD));
+    return offset;
+  }
+
+  static typename Gemm::Arguments MakeArguments(int64_t groups, const Arrays& g, bool per_row,
+                                                int device, int sm_count) {
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                  {static_cast<int>(groups), g.shapes, nullptr},
+                                  {g.a, g.stride_a, g.b, g.stride_b},
+                                  {{}, nullptr, g.stride_d, g.d, g.stride_d}};
+    typename ActScales::Arguments act{g.sa, 0.0f, {}};
+    typename WeightScales::Arguments weight{g.sw, 0.0f, {}};
+    // The dynamic broadcast flags: activations per token or one value, weights per row.
+    if constexpr (kSwap) {
+      act.dRow = {_0{}, per_row, _0{}};
+      weight.dCol = {true, _0{}, _0{}};
+    } else {
+      act.dCol = {per_row, _0{}, _0{}};
+      weight.dRow = {_0{}, true, _0{}};
+    }
+    args.epilogue.thread = {act, {weight, {}, {}}, {}};
+    args.hw_info.device_id = device;
+    args.hw_info.sm_count = sm_count;
+    return args;
+  }
+
+  static size_t WorkspaceBytes(int64_t groups, int device, int sm_count) {
+    Arrays g{};
+    const size_t arrays = LayOut(groups, nullptr, &g);
+    return arrays +
+           AlignUp(Gemm::get_workspace_size(MakeArguments(groups, g, true, device, sm_count)));
+  }
+
+  static absl::Status Init() {
+    const cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 Kernel::SharedStorageSize);
+    if (err != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in (scaled form", Name(),
+                       "): ", cudaGetErrorString(err)));
+    }
+    return absl::OkStatus();
+  }
+
+  static const char* Name() { return kSwap ? ", swapped" : ""; }
+
+  static absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
+                          int sm_count, cudaStream_t stream);
+};
+
+// Thread e < num_experts: expert e's shape, operands and scale pointers from the device offsets.
+template <bool kSwap>
+__global__ void FillScaledGroups(MoeFp8CutlassGroupedArgs args,
+                                 typename ScaledForm<kSwap>::Arrays g) {
+  using F = ScaledForm<kSwap>;
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (e >= args.num_experts) return;
+  const int64_t first = args.expert_offsets[e];
+  const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
+  const int n = static_cast<int>(args.n), k = static_cast<int>(args.k);
+  const auto* rows = reinterpret_cast<const typename F::C::ElementA*>(args.a + first * args.k);
+  const auto* weight = reinterpret_cast<const typename F::C::ElementB*>(args.w.codes[e]);
+  if constexpr (kSwap) {
+    g.shapes[e] = typename F::Shape(n, m, k);
+    g.a[e] = reinterpret_cast<const typename F::C::ElementA*>(weight);
+    g.b[e] = reinterpret_cast<const typename F::C::ElementB*>(rows);
+  } else {
+    g.shapes[e] = typename F::Shape(m, n, k);
+    g.a[e] = rows;
+    g.b[e] = weight;
+  }
+  const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
+  g.sa[e] = per_row ? args.a_scales + first : args.a_scales;
+  g.sw[e] = args.w.scales[e];
+  g.d[e] = reinterpret_cast<typename F::C::ElementD*>(args.out + first * args.n);
+  typename F::StrideA sa{};
+  cute::get<0>(sa) = args.k;
+  g.stride_a[e] = sa;
+  typename F::StrideB sb{};
+  cute::get<0>(sb) = args.k;
+  g.stride_b[e] = sb;
+  typename F::StrideD sd{};
+  if constexpr (kSwap) {
+    cute::get<1>(sd) = args.n;  // column-major [n, m_e]: columns n apart
+  } else {
+    cute::get<0>(sd) = args.n;
+  }
+  g.stride_d[e] = sd;
+}
+
+template <bool kSwap>
+absl::Status ScaledForm<kSwap>::Run(const MoeFp8CutlassGroupedArgs& args, char* workspace,
+                                    int device, int sm_count, cudaStream_t stream) {
+  Arrays g{};
+  const size_t arrays = LayOut(args.num_experts, workspace, &g);
+  constexpr int kThreads = 128;
+  const int blocks = static_cast<int>((args.num_experts + kThreads - 1) / kThreads);
+  FillScaledGroups<kSwap><<<blocks, kThreads, 0, stream>>>(args, g);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
+  const typename Gemm::Arguments gemm_args =
+      MakeArguments(args.num_experts, g, per_row, device, sm_count);
+  Gemm gemm;
+  const cutlass::Status can = gemm.can_implement(gemm_args);
+  if (can != cutlass::Status::kSuccess) return CheckCutlass(can, "can_implement (scaled form)");
+  const cutlass::Status init = gemm.initialize(gemm_args, workspace + arrays, stream);
+  if (init != cutlass::Status::kSuccess) return CheckCutlass(init, "initialize (scaled form)");
+  return CheckCutlass(gemm.run(stream), "run (scaled form)");
+}
+
+}  // namespace tandem::kernels::cuda::moe_cutlass
+
+#endif  // TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_SCALED_CUH_
