@@ -35,6 +35,7 @@
 //             128-column groups by the call into the row form (MoeFp8CutlassGroupedArgs::
 //             broadcast_scales, a_scales_wide / w_scales_wide); "cut-tok swap": the scaled form
 //             with the operands swapped (swap_ab: the weight first, the rows in 32-wide tiles);
+//             "cut-blk swap": the block form swapped;
 //   --stages=1 also times the block and per-token forms' stages apart (gather + quantize,
 //             gate_up, SiLU * up + quantize, down; each after an L2 flush);
 //   mma       MoeFp8GroupedMma (the gather folded into gate_up);
@@ -265,7 +266,7 @@ const float** BlockTable(const float* blocks, int64_t E, int64_t per_expert) {
 
 // The CUTLASS step's forms: the weight scales per row (over 128-column groups) or per 128 x 128
 // block, with 1 x 128 activations; per channel with per-token activations (broadcast scales).
-enum class CutForm { kRow, kBlock, kToken, kTokenBroadcast, kTokenSwap };
+enum class CutForm { kRow, kBlock, kToken, kTokenBroadcast, kTokenSwap, kBlockSwap };
 
 void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, bool stages) {
   const int64_t E = s.E, k = s.k, H = s.H, I = s.I;
@@ -353,7 +354,7 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, b
       return total / iters;  // milliseconds
     };
     double cutlass_ms = 0, block_ms = 0, token_ms = 0, token_bcast_ms = 0, block_2pass_ms = 0;
-    double token_swap_ms = 0;
+    double token_swap_ms = 0, block_swap_ms = 0;
     bool no_act = false;  // --stages: the fused SiLU * up pass without writing act
 #ifdef TANDEM_CUTLASS_ENABLED
     // One CUTLASS prefill step in `form`; stage -1: all of it, else only that stage (0 gather +
@@ -364,7 +365,7 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, b
     auto cutlass_step = [&](CutForm form, int stage, bool fused = true) {
       const bool token = form == CutForm::kToken || form == CutForm::kTokenBroadcast ||
                          form == CutForm::kTokenSwap;
-      const bool block = form == CutForm::kBlock;
+      const bool block = form == CutForm::kBlock || form == CutForm::kBlockSwap;
       const Fp8ActivationScheme sch = token ? Fp8ActivationScheme::kDynamicToken : scheme;
       auto run = [&](int st) { return stage < 0 || stage == st; };
       if (run(0) && fused) {
@@ -383,7 +384,7 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, b
       }
       if (token) args.a_scheme = sch, args.a_scales_wide = a_wide, args.w_scales_wide = w_wide;
       args.broadcast_scales = form == CutForm::kTokenBroadcast;
-      args.swap_ab = form == CutForm::kTokenSwap;
+      args.swap_ab = form == CutForm::kTokenSwap || form == CutForm::kBlockSwap;
       if (run(1)) CHECK_OK(MoeFp8CutlassGroupedGemm(args, ws, ws_bytes, nullptr));
       if (run(2) && fused) {
         CHECK_OK(MoeSiluAndMulQuantFp8(b.gate_up, rows, I, sch, 0.0f, no_act ? nullptr : b.act,
@@ -408,6 +409,7 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, b
       token_ms = time([&] { cutlass_step(CutForm::kToken, -1); });
       token_bcast_ms = time([&] { cutlass_step(CutForm::kTokenBroadcast, -1); });
       token_swap_ms = time([&] { cutlass_step(CutForm::kTokenSwap, -1); });
+      block_swap_ms = time([&] { cutlass_step(CutForm::kBlockSwap, -1); });
       block_2pass_ms = time([&] { cutlass_step(CutForm::kBlock, -1, false); });
       if (stages) {
         for (const CutForm form :
@@ -461,14 +463,15 @@ void RunPrefill(const Shape& s, const std::vector<int64_t>& tokens, int iters, b
         "%6.1f TFLOP/s | cut-tok %8.3f ms %6.1f TFLOP/s | mma %8.3f ms %6.1f TFLOP/s | per-exp "
         "%8.3f ms %6.1f TFLOP/s | cutlass vs mma %.2fx vs per-exp %.2fx | cut-blk vs cutlass "
         "%.2fx vs mma %.2fx | cut-blk two-pass %8.3f ms | cut-tok bcast %8.3f ms %6.1f TFLOP/s | "
-        "cut-tok swap %8.3f ms %6.1f TFLOP/s\n",
+        "cut-tok swap %8.3f ms %6.1f TFLOP/s | cut-blk swap %8.3f ms %6.1f TFLOP/s\n",
         s.name, static_cast<long long>(T), static_cast<long long>(rows), cutlass_ms,
         rate(cutlass, cutlass_ms), block_ms, rate(cutlass, block_ms), token_ms,
         rate(cutlass, token_ms), mma_ms, rate(true, mma_ms), per_expert_ms,
         rate(per_expert_ran, per_expert_ms), cutlass ? mma_ms / cutlass_ms : 0.0,
         cutlass ? per_expert_ms / cutlass_ms : 0.0, cutlass ? cutlass_ms / block_ms : 0.0,
         cutlass ? mma_ms / block_ms : 0.0, block_2pass_ms, token_bcast_ms,
-        rate(cutlass, token_bcast_ms), token_swap_ms, rate(cutlass, token_swap_ms));
+        rate(cutlass, token_bcast_ms), token_swap_ms, rate(cutlass, token_swap_ms), block_swap_ms,
+        rate(cutlass, block_swap_ms));
     std::fflush(stdout);
   }
   if (!cutlass) std::printf("prefill %s: cutlass not built or not sm_90 (zeros)\n", s.name);

@@ -376,15 +376,21 @@ bool CudaFp8MoeExperts::CutlassScaledFormServes(const CudaFp8MoeWeights& w) cons
 
 bool CudaFp8MoeExperts::CutlassSwapServes(const CudaFp8MoeWeights& w, int64_t rows,
                                           int64_t E) const {
-  return CutlassScaledFormServes(w) && rows <= cutlass_swap_rows_ * E;
+  const bool block = CutlassBlockScalesServe(w) && !w.gate_up.empty() &&
+                     w.gate_up.front().activation == Scheme::kDynamicGroup128;
+  return (CutlassScaledFormServes(w) || block) && rows <= cutlass_swap_rows_ * E;
 }
 
 const char* CudaFp8MoeExperts::CutlassPath(const CudaFp8MoeWeights& w, int64_t rows,
                                            int64_t E) const {
-  return CutlassBlockScalesServe(w)      ? "fp8-cutlass-grouped-block"
-         : CutlassSwapServes(w, rows, E) ? "fp8-cutlass-grouped-swapped"
-         : CutlassScaledFormServes(w)    ? "fp8-cutlass-grouped-scaled"
-                                         : "fp8-cutlass-grouped";
+  const bool swapped = CutlassSwapServes(w, rows, E);
+  if (CutlassBlockScalesServe(w)) {
+    return swapped ? "fp8-cutlass-grouped-block-swapped" : "fp8-cutlass-grouped-block";
+  }
+  if (CutlassScaledFormServes(w)) {
+    return swapped ? "fp8-cutlass-grouped-swapped" : "fp8-cutlass-grouped-scaled";
+  }
+  return "fp8-cutlass-grouped";
 }
 
 absl::Status CudaFp8MoeExperts::CutlassGrouped(const CudaFp8MoeWeights& w, const bf16* x,

@@ -154,7 +154,8 @@ class CudaFp8MoeExperts {
 
   // The path the last Routed call took: "fp8-expert-w8a16-gemv" (WeightOnly), "fp8-expert-gemv",
   // "fp8-grouped-mma", "fp8-cutlass-grouped", "fp8-cutlass-grouped-block",
-  // "fp8-cutlass-grouped-scaled", "fp8-cutlass-grouped-swapped" (prefill, or sync-free
+  // "fp8-cutlass-grouped-block-swapped", "fp8-cutlass-grouped-scaled",
+  // "fp8-cutlass-grouped-swapped" (prefill, or sync-free
   // steps from kCutlassDecodeMinTokens) or "fp8-per-expert-gemm".
   const char* last_path() const { return last_path_; }
   // Batch 1 (one token) of experts with per-128-column weight scales (DeepSeek's / Qwen3's FP8
@@ -208,10 +209,10 @@ class CudaFp8MoeExperts {
   // Whether it takes the scaled form (kernels/moe/cutlass: scales in the epilogue): not kRow,
   // per-channel weight scales on both projections, per-token or static activation scales.
   bool CutlassScaledFormServes(const CudaFp8MoeWeights& w) const;
-  // Whether the scaled form runs with its operands swapped (kernels/moe/cutlass swap_ab: the weight
-  // as the 128-row operand, the rows in 32-wide tiles): where it serves and the call's rows average
-  // at most cutlass_swap_rows() an expert (TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=N at Create; 0:
-  // never).
+  // Whether the scaled or the block form runs with its operands swapped (kernels/moe/cutlass
+  // swap_ab: the weight as the 128-row operand, the rows in 32-wide tiles): where it serves (the
+  // block form with 1 x 128 activations) and the call's rows average at most cutlass_swap_rows()
+  // an expert (TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=N at Create; 0: never).
   bool CutlassSwapServes(const CudaFp8MoeWeights& w, int64_t rows, int64_t E) const;
   // Measured on an H200 (kernels/moe/BENCHMARKS.md, twentieth session): swapped -11 to -15% at
   // <= 16 rows an expert (Qwen3-30B-A3B, DeepSeek-V3 experts), even at 32, slower from 64.

@@ -331,8 +331,9 @@ void SyncFreeStepCaptured(Scheme scheme, CudaFp8MoeExperts::CutlassScales form, 
   // 384 rows over 16 experts: 24 an expert, past kCutlassSwapRows (16) but within 32: swapped
   // where the test's bound is 32.
   const bool swapped = served && (*experts)->CutlassSwapServes(**w, rows, E);
-  EXPECT_EQ(swapped, served && scaled && rows <= swap_rows * E);
-  const char* want_path = block              ? "fp8-cutlass-grouped-block"
+  EXPECT_EQ(swapped, served && (scaled || block) && rows <= swap_rows * E);
+  const char* want_path = block && swapped   ? "fp8-cutlass-grouped-block-swapped"
+                          : block            ? "fp8-cutlass-grouped-block"
                           : swapped          ? "fp8-cutlass-grouped-swapped"
                           : served && scaled ? "fp8-cutlass-grouped-scaled"
                           : served           ? "fp8-cutlass-grouped"
@@ -386,9 +387,11 @@ TEST(CudaMoeFp8Test, SyncFreeCutlassStepCapturedMatchesEagerAndTheCpu) {
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng);
   SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kRow, rng);
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kRow, rng);
-  // The scaled form with its operands swapped (a bound of 32 rows an expert: this step's 24).
+  // The scaled and the block forms with their operands swapped (a bound of 32 rows an expert: this
+  // step's 24).
   SyncFreeStepCaptured(Scheme::kDynamicToken, Scales::kBlock, rng, 32);
   SyncFreeStepCaptured(Scheme::kStaticTensor, Scales::kBlock, rng, 32);
+  SyncFreeStepCaptured(Scheme::kDynamicGroup128, Scales::kBlock, rng, 32);
 }
 
 TEST(CudaMoeFp8Test, PerExpertGemmPrefillMatchesTheGemvs) {

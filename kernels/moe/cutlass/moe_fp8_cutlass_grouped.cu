@@ -1,7 +1,8 @@
 // MoeFp8CutlassGroupedGemm (moe_fp8_cutlass_grouped.h): the checks, the workspace queries and the
-// dispatch to the four configurations (moe_fp8_cutlass_grouped_config.h: the row form in
-// moe_fp8_cutlass_grouped_row.cu, the block form in moe_fp8_cutlass_grouped_block.cu, the scaled
-// form in moe_fp8_cutlass_grouped_scaled.cu and, swapped, _swap.cu). No CUTLASS types here.
+// dispatch to the five configurations (moe_fp8_cutlass_grouped_config.h: the row form in
+// moe_fp8_cutlass_grouped_row.cu, the block form in moe_fp8_cutlass_grouped_block.cu and, swapped,
+// _block_swap.cu, the scaled form in moe_fp8_cutlass_grouped_scaled.cu and, swapped, _swap.cu). No
+// CUTLASS types here.
 #include <algorithm>
 #include <climits>
 
@@ -64,6 +65,12 @@ size_t CompactBytes(int64_t num_experts, int64_t n, int64_t k, int64_t ld) {
   return AlignUp(static_cast<size_t>(num_experts * ((n + 127) / 128) * (k / 128)) * sizeof(float));
 }
 
+// The block form's arrays and CUTLASS workspace, swapped or not (the compact copy after them).
+size_t BlockGemmBytes(int64_t num_experts, int device, int sms) {
+  return AlignUp(std::max(moe_cutlass::BlockWorkspaceBytes(num_experts, device, sms),
+                          moe_cutlass::BlockSwapWorkspaceBytes(num_experts, device, sms)));
+}
+
 absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
   RETURN_IF_ERROR(CheckExperts(args.num_experts));
   RETURN_IF_ERROR(CheckShape(args.n, args.k));
@@ -75,10 +82,12 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
     return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128,
                " (or 1, per channel, with w_scales_wide or per-token / per-tensor activations)");
   }
-  if (args.swap_ab && !scaled) {
+  if (args.swap_ab && !scaled &&
+      (args.block_scales == nullptr || args.a_scheme != Fp8ActivationScheme::kDynamicGroup128)) {
     return Bad(
         "swap_ab needs the scaled form (per-channel weight scales, per-token or static "
-        "activation scales, no block scales, broadcast_scales unset)");
+        "activation scales, no block scales, broadcast_scales unset) or the block form with 1 x "
+        "128 activation scales");
   }
   using Scheme = Fp8ActivationScheme;
   if (args.a_scheme == Scheme::kNone) return Bad("activations without FP8 scales (kNone)");
@@ -127,6 +136,7 @@ absl::Status MoeFp8CutlassGroupedInit() {
   RETURN_IF_ERROR(moe_cutlass::RowInit());
   RETURN_IF_ERROR(moe_cutlass::ScaledInit());
   RETURN_IF_ERROR(moe_cutlass::SwapInit());
+  RETURN_IF_ERROR(moe_cutlass::BlockSwapInit());
   return moe_cutlass::BlockInit();
 }
 
@@ -146,8 +156,7 @@ absl::StatusOr<size_t> MoeFp8CutlassGroupedBlockWorkspaceBytes(int64_t num_exper
   RETURN_IF_ERROR(CheckBlockLd(k, block_scale_ld));
   int device = 0, sms = 0;
   DeviceAndSms(&device, &sms);
-  return AlignUp(moe_cutlass::BlockWorkspaceBytes(num_experts, device, sms)) +
-         CompactBytes(num_experts, n, k, block_scale_ld);
+  return BlockGemmBytes(num_experts, device, sms) + CompactBytes(num_experts, n, k, block_scale_ld);
 }
 
 absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void* workspace,
@@ -174,11 +183,11 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   }
   if (!block) return moe_cutlass::RowRun(args, base, device, sms, stream);
   // The compact copy after the block form's arrays and CUTLASS's workspace.
-  const size_t gemm_bytes =
-      AlignUp(moe_cutlass::BlockWorkspaceBytes(args.num_experts, device, sms));
+  const size_t gemm_bytes = BlockGemmBytes(args.num_experts, device, sms);
   float* compact =
       args.block_scale_ld == args.k / 128 ? nullptr : reinterpret_cast<float*>(base + gemm_bytes);
-  return moe_cutlass::BlockRun(args, base, compact, device, sms, stream);
+  return args.swap_ab ? moe_cutlass::BlockSwapRun(args, base, compact, device, sms, stream)
+                      : moe_cutlass::BlockRun(args, base, compact, device, sms, stream);
 }
 
 }  // namespace tandem::kernels::cuda

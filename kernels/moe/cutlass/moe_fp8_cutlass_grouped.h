@@ -104,10 +104,11 @@ struct MoeFp8CutlassGroupedArgs {
   float* w_scales_wide = nullptr;
   // Where the scaled form serves, run the broadcast row form instead (an A/B; needs the scratch).
   bool broadcast_scales = false;
-  // The scaled form with the operands swapped: D^T [n, m_e] = W x rows^T in 128 x 32 tiles (the
-  // weight as the 128-row operand), for groups of a few rows (decode steps). Only with the scaled
-  // form (else INVALID_ARGUMENT). The same products and scales; the same bits up to the order of
-  // the accumulation's MMAs.
+  // The operands swapped: D^T [n, m_e] = W x rows^T in 128 x 32 tiles (the weight as the 128-row
+  // operand), for groups of a few rows (decode steps). With the scaled form, or the block form on
+  // 1 x 128 activation scales (else INVALID_ARGUMENT). The same products and scales (the scaled
+  // form: bit for bit; the block form multiplies each partial sum by its scales in the other
+  // operand order).
   bool swap_ab = false;
 };
 

@@ -1,6 +1,7 @@
-// Internal to :moe_fp8_cutlass_grouped: the four configurations' entry points, each defined in its
+// Internal to :moe_fp8_cutlass_grouped: the five configurations' entry points, each defined in its
 // own .cu file (moe_fp8_cutlass_grouped_row.cu: weight scales per row, moe_fp8_cutlass_grouped_
-// block.cu: per 128-row block, from moe_fp8_cutlass_grouped_kernel.cuh;
+// block.cu: per 128-row block, _block_swap.cu: the same swapped, from
+// moe_fp8_cutlass_grouped_kernel.cuh;
 // moe_fp8_cutlass_grouped_scaled.cu / _swap.cu: per-channel weight and per-token / per-tensor
 // activation scales in the epilogue, rows first or weight first, from
 // moe_fp8_cutlass_grouped_scaled.cuh), called by moe_fp8_cutlass_grouped.cu after it checked the
@@ -41,6 +42,12 @@ size_t ScaledWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status ScaledInit();
 absl::Status ScaledRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
                        int sm_count, cudaStream_t stream);
+// The block form swapped (args.swap_ab with block scales, moe_fp8_cutlass_grouped_block_swap.cu):
+// its compact copy as BlockRun's.
+size_t BlockSwapWorkspaceBytes(int64_t groups, int device, int sm_count);
+absl::Status BlockSwapInit();
+absl::Status BlockSwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* compact,
+                          int device, int sm_count, cudaStream_t stream);
 size_t SwapWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status SwapInit();
 absl::Status SwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,

@@ -210,7 +210,7 @@ double CheckCase(std::mt19937& rng, const Case& c) {
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   if (!bytes.ok()) return 0;
   std::vector<std::vector<bf16>> outs = {RunForm(args, rows, offsets[E], *bytes)};
-  if (c.blocks) {  // the block form: its scales only (w.scales not read)
+  if (c.blocks) {  // the block form: its scales only (w.scales not read); then swapped
     args.w.scales = nullptr;
     args.block_scales = w.block_table->get();
     args.block_scale_ld = ld;
@@ -218,10 +218,12 @@ double CheckCase(std::mt19937& rng, const Case& c) {
     EXPECT_TRUE(block_bytes.ok()) << block_bytes.status();
     if (!block_bytes.ok()) return 0;
     outs.push_back(RunForm(args, rows, offsets[E], *block_bytes));
+    args.swap_ab = true;
+    outs.push_back(RunForm(args, rows, offsets[E], *block_bytes));
   }
   double worst = 0;
   for (size_t f = 0; f < outs.size(); ++f) {
-    SCOPED_TRACE(f == 0 ? "row form" : "block form");
+    SCOPED_TRACE(f == 0 ? "row form" : f == 1 ? "block form" : "block form, swapped");
     if (outs[f].empty()) return 0;
     const std::vector<float> got = cuda_test::ToFloat(outs[f]);
     int reported = 0;
@@ -231,18 +233,22 @@ double CheckCase(std::mt19937& rng, const Case& c) {
           worst, CheckExpert(rng, w, e, offsets[e], c.counts[e], a, a_scales, got, &reported));
     }
   }
-  if (outs.size() == 2) {
-    int64_t differ = 0;
+  if (outs.size() == 3) {
+    int64_t differ = 0, swap_differ = 0;
     for (int64_t i = 0; i < offsets[E] * n; ++i) {
       differ += __nv_bfloat16_raw(outs[0][i]).x != __nv_bfloat16_raw(outs[1][i]).x;
+      swap_differ += __nv_bfloat16_raw(outs[1][i]).x != __nv_bfloat16_raw(outs[2][i]).x;
     }
     if (c.pow2) {
       EXPECT_EQ(differ, 0) << "row and block forms differ on power-of-two scales";
+      EXPECT_EQ(swap_differ, 0) << "the block form and its swapped order differ";
     }
-    std::printf("E=%lld n=%lld k=%lld ld=%lld pow2=%d: row / block forms differ in %lld of %lld\n",
-                static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
-                static_cast<long long>(ld), c.pow2 ? 1 : 0, static_cast<long long>(differ),
-                static_cast<long long>(offsets[E] * n));
+    std::printf(
+        "E=%lld n=%lld k=%lld ld=%lld pow2=%d: row / block forms differ in %lld of %lld, block / "
+        "swapped in %lld\n",
+        static_cast<long long>(E), static_cast<long long>(n), static_cast<long long>(k),
+        static_cast<long long>(ld), c.pow2 ? 1 : 0, static_cast<long long>(differ),
+        static_cast<long long>(offsets[E] * n), static_cast<long long>(swap_differ));
   }
   return worst;
 }

@@ -72,6 +72,7 @@ struct GroupedCommon {
 template <int kScaleN>
 struct GroupedConfig : GroupedCommon {
   static constexpr bool kBlockScales = kScaleN > 1;
+  static constexpr bool kSwap = false;
   using ScaleConfig =
       cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, 128, cute::GMMA::Major::K,
                                                 cute::GMMA::Major::K>;
@@ -85,6 +86,52 @@ struct GroupedConfig : GroupedCommon {
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+};
+
+// The block form with its operands swapped, for groups of a few rows (args.swap_ab): D^T [n, m_e]
+// = W x rows^T, the weight as the 128-row operand with its 128 x 128 block scales as SFA
+// (ScaleGranularityM 128), a group's rows as the 32-wide operand with their 1 x 128 scales as SFB
+// (ScaleGranularityN 1: 32 scales a tile and k step), D written column-major; 128 x 32 x 128 tiles,
+// no cluster (moe_fp8_cutlass_grouped_block_swap.cu).
+struct BlockSwapConfig {
+  using ElementA = GroupedCommon::ElementA;
+  using ElementB = GroupedCommon::ElementB;
+  using ElementD = GroupedCommon::ElementD;
+  using ElementAccumulator = float;
+  using LayoutA = GroupedCommon::LayoutA;
+  using LayoutB = GroupedCommon::LayoutB;
+  using LayoutD = cutlass::layout::ColumnMajor;
+  using TileShape = cute::Shape<cute::_128, cute::_32, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ProblemShape = GroupedCommon::ProblemShape;
+  static constexpr bool kBlockScales = true;
+  static constexpr bool kSwap = true;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void,
+      LayoutD*, GroupedCommon::kAlignmentD, ElementD, LayoutD*, GroupedCommon::kAlignmentD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, void,
+                                                   ElementAccumulator>>::CollectiveOp;
+  static constexpr int kEpilogueSmemBytes =
+      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<128, 1, 128, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA*, LayoutSFA*>, GroupedCommon::kAlignmentAB, ElementB,
+      cute::tuple<LayoutB*, LayoutSFB*>, GroupedCommon::kAlignmentAB, ElementAccumulator, TileShape,
+      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -188,15 +235,16 @@ __global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g,
   const int64_t first = args.expert_offsets[e];
   const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
   const int n = static_cast<int>(args.n), k = static_cast<int>(args.k);
-  g.shapes[e] = typename Config::Shape(m, n, k);
-  g.a[e] = reinterpret_cast<const typename Config::ElementA*>(args.a + first * args.k);
-  g.b[e] = reinterpret_cast<const typename Config::ElementB*>(args.w.codes[e]);
+  const auto* rows = reinterpret_cast<const typename Config::ElementA*>(args.a + first * args.k);
+  const auto* weight = reinterpret_cast<const typename Config::ElementB*>(args.w.codes[e]);
   const bool wide_a = args.a_scheme != Fp8ActivationScheme::kDynamicGroup128;
-  g.sfa[e] = (wide_a ? args.a_scales_wide : args.a_scales) + first * groups;
+  const float* row_scales = (wide_a ? args.a_scales_wide : args.a_scales) + first * groups;
+  const float* weight_scales = nullptr;
   if constexpr (Config::kBlockScales) {
-    g.sfb[e] = compact != nullptr ? compact + e * n_blocks * groups : args.block_scales[e];
+    weight_scales = compact != nullptr ? compact + e * n_blocks * groups : args.block_scales[e];
   } else {
-    g.sfb[e] = WideWeightScales(args) ? args.w_scales_wide + e * args.n * groups : args.w.scales[e];
+    weight_scales =
+        WideWeightScales(args) ? args.w_scales_wide + e * args.n * groups : args.w.scales[e];
   }
   g.d[e] = reinterpret_cast<typename Config::ElementD*>(args.out + first * args.n);
   typename Config::StrideA sa{};
@@ -206,10 +254,25 @@ __global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g,
   cute::get<0>(sb) = args.k;
   g.stride_b[e] = sb;
   typename Config::StrideD sd{};
-  cute::get<0>(sd) = args.n;
+  if constexpr (Config::kSwap) {  // the weight first: D^T [n, m_e], column-major
+    g.shapes[e] = typename Config::Shape(n, m, k);
+    g.a[e] = weight;
+    g.b[e] = rows;
+    g.sfa[e] = weight_scales;
+    g.sfb[e] = row_scales;
+    cute::get<1>(sd) = args.n;
+  } else {
+    g.shapes[e] = typename Config::Shape(m, n, k);
+    g.a[e] = rows;
+    g.b[e] = weight;
+    g.sfa[e] = row_scales;
+    g.sfb[e] = weight_scales;
+    cute::get<0>(sd) = args.n;
+  }
   g.stride_d[e] = sd;
-  g.layout_sfa[e] = Config::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
-  g.layout_sfb[e] = Config::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+  const auto shape = Config::kSwap ? cute::make_shape(n, m, k, 1) : cute::make_shape(m, n, k, 1);
+  g.layout_sfa[e] = Config::ScaleConfig::tile_atom_to_shape_SFA(shape);
+  g.layout_sfb[e] = Config::ScaleConfig::tile_atom_to_shape_SFB(shape);
 }
 
 template <class Config>
