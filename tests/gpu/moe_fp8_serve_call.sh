@@ -7,7 +7,9 @@
 #     default scaled form (GPU 1); then bf16 (GPU 0) vs the default again (GPU 1);
 #   prefill: online FP8 with the old per-expert prefill (TANDEM_MOE_FP8_PREFILL=per-expert,
 #     GPU 0) vs the default (GPU 1);
-#   block: bf16 (GPU 0) vs the block-FP8 form (--dummy_config=qwen3-30b-a3b-fp8, GPU 1).
+#   block: bf16 (GPU 0) vs the block-FP8 form (--dummy_config=qwen3-30b-a3b-fp8, GPU 1);
+#   swap: the block-FP8 form without the swapped decode GEMMs (TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=0,
+#     GPU 0) vs the default (GPU 1).
 # tandem_bench per worker: 4,096-token prompts at Poisson 1 req/s (16 requests, 128 out) and at
 # concurrency 16 (48, 64 out); 1,024 / 256 at concurrency 64 (128). From the repository root:
 #   PAIRS="scaled block" tests/gpu/moe_fp8_serve_call.sh BUNDLE.tar.xz
@@ -59,6 +61,10 @@ for p in ${PAIRS:-scaled}; do
       pair bf16b TANDEM_X=1 qwen3-30b-a3b --quantization= \
         block TANDEM_X=1 qwen3-30b-a3b-fp8 --quantization=
       dirs+=(bf16b block) ;;
+    swap)
+      pair noswap TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=0 qwen3-30b-a3b-fp8 --quantization= \
+        swap TANDEM_X=1 qwen3-30b-a3b-fp8 --quantization=
+      dirs+=(noswap swap) ;;
   esac
 done
 {
