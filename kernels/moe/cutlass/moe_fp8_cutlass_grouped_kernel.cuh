@@ -1,9 +1,10 @@
-// Internal to :moe_fp8_cutlass_grouped: one CUTLASS configuration of the grouped FP8 GEMM as a
-// type (128 x 128 x 128 tiles, clusters of 1 x 2, cooperative, ptr-array grouped with blockwise
-// FP8 scaling), the kernel that fills its per-group arguments on the device from the expert
-// offsets, and the host calls that run it. Included by one .cu file per configuration
-// (moe_fp8_cutlass_grouped_row.cu, moe_fp8_cutlass_grouped_block.cu): nvcc compiles them in
-// parallel, and CUTLASS's types stay inside them.
+// Internal to :moe_fp8_cutlass_grouped: the blockwise-scaled CUTLASS configurations of the grouped
+// FP8 GEMM as types (cooperative, ptr-array grouped with blockwise FP8 scaling; the tiles of
+// GroupedTiles), the kernel that fills their per-group arguments on the device from the expert
+// offsets, and the host calls that run them (LaunchGemm, Init also serve the scaled form's
+// moe_fp8_cutlass_grouped_scaled.cuh). Included by one .cu file per configuration
+// (moe_fp8_cutlass_grouped_row.cu, _block.cu, _block_swap.cu): nvcc compiles them in parallel,
+// and CUTLASS's types stay inside them.
 #ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_KERNEL_CUH_
 #define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_KERNEL_CUH_
 
@@ -12,9 +13,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -42,8 +45,10 @@ namespace tandem::kernels::cuda::moe_cutlass {
 // exactly k / 128 floats. The runtime's block scales have rows of Block128WeightScaleLd(k) (k /
 // 128 rounded up to 4); where that differs the block form runs on a compact copy (BlockRun).
 //
-// GroupedCommon: what both forms share, outside the class template (nvcc 13 did not compile the
-// epilogue builder's result as a member of it).
+// GroupedCommon: what every configuration shares (operand types, layouts, alignments, the group
+// problem shape). GroupedTiles<kSwap>: the tiles of the two operand orders, rows first (128 x 128
+// x 128, clusters of 1 x 2, D row-major) or the weight first (128 x 32 x 128, no cluster, D
+// column-major: D^T [n, m_e]).
 struct GroupedCommon {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -51,95 +56,71 @@ struct GroupedCommon {
   using ElementAccumulator = float;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignmentAB = 16;  // elements: 16 bytes, TMA's minimum
   static constexpr int kAlignmentD = 8;    // 16 bytes of bf16
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-
-  using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void,
-      LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, void,
-                                                   ElementAccumulator>>::CollectiveOp;
-  static constexpr int kEpilogueSmemBytes =
-      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
 };
 
-template <int kScaleN>
-struct GroupedConfig : GroupedCommon {
-  static constexpr bool kBlockScales = kScaleN > 1;
-  static constexpr bool kSwap = false;
+template <bool kSwap>
+struct GroupedTiles : GroupedCommon {
+  using TileShape = std::conditional_t<kSwap, cute::Shape<cute::_128, cute::_32, cute::_128>,
+                                       cute::Shape<cute::_128, cute::_128, cute::_128>>;
+  using ClusterShape = std::conditional_t<kSwap, cute::Shape<cute::_1, cute::_1, cute::_1>,
+                                          cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  using LayoutD =
+      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+};
+
+// The blockwise-scaled configurations: scales per (kScaleM rows, 128 columns) of A and per
+// (kScaleN rows, 128 columns) of B, K-major. Rows first (kSwap false): A the rows' 1 x 128 scales,
+// B the weight's per row (kScaleN 1, the row form) or per 128 x 128 block (kScaleN 128, the block
+// form). Swapped (args.swap_ab, the block form only): A the weight's block scales (kScaleM 128),
+// B the rows' 1 x 128 scales (kScaleN 1: 32 scales a tile and k step).
+template <int kScaleM, int kScaleN, bool kSwapOrder>
+struct BlockwiseConfig : GroupedTiles<kSwapOrder> {
+  using Tiles = GroupedTiles<kSwapOrder>;
+  using typename Tiles::ClusterShape;
+  using typename Tiles::LayoutD;
+  using typename Tiles::TileShape;
+  static constexpr bool kBlockScales = kScaleM > 1 || kScaleN > 1;
+  static constexpr bool kSwap = kSwapOrder;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*,
+      GroupedCommon::kAlignmentD, GroupedCommon::ElementD, LayoutD*, GroupedCommon::kAlignmentD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<GroupedCommon::ElementD, float, void,
+                                                   float>>::CollectiveOp;
+  static constexpr int kEpilogueSmemBytes =
+      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
   using ScaleConfig =
-      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, 128, cute::GMMA::Major::K,
+      cutlass::detail::Sm90BlockwiseScaleConfig<kScaleM, kScaleN, 128, cute::GMMA::Major::K,
                                                 cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA*, LayoutSFA*>, kAlignmentAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
-      kAlignmentAB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, GroupedCommon::ElementA,
+      cute::tuple<GroupedCommon::LayoutA*, LayoutSFA*>, GroupedCommon::kAlignmentAB,
+      GroupedCommon::ElementB, cute::tuple<GroupedCommon::LayoutB*, LayoutSFB*>,
+      GroupedCommon::kAlignmentAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedCommon::ProblemShape,
+                                                      CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
-  using Shape = typename ProblemShape::UnderlyingProblemShape;
+  using Shape = typename GroupedCommon::ProblemShape::UnderlyingProblemShape;
 };
 
-// The block form with its operands swapped, for groups of a few rows (args.swap_ab): D^T [n, m_e]
-// = W x rows^T, the weight as the 128-row operand with its 128 x 128 block scales as SFA
-// (ScaleGranularityM 128), a group's rows as the 32-wide operand with their 1 x 128 scales as SFB
-// (ScaleGranularityN 1: 32 scales a tile and k step), D written column-major; 128 x 32 x 128 tiles,
-// no cluster (moe_fp8_cutlass_grouped_block_swap.cu).
-struct BlockSwapConfig {
-  using ElementA = GroupedCommon::ElementA;
-  using ElementB = GroupedCommon::ElementB;
-  using ElementD = GroupedCommon::ElementD;
-  using ElementAccumulator = float;
-  using LayoutA = GroupedCommon::LayoutA;
-  using LayoutB = GroupedCommon::LayoutB;
-  using LayoutD = cutlass::layout::ColumnMajor;
-  using TileShape = cute::Shape<cute::_128, cute::_32, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using ProblemShape = GroupedCommon::ProblemShape;
-  static constexpr bool kBlockScales = true;
-  static constexpr bool kSwap = true;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void,
-      LayoutD*, GroupedCommon::kAlignmentD, ElementD, LayoutD*, GroupedCommon::kAlignmentD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, void,
-                                                   ElementAccumulator>>::CollectiveOp;
-  static constexpr int kEpilogueSmemBytes =
-      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<128, 1, 128, cute::GMMA::Major::K,
-                                                                cute::GMMA::Major::K>;
-  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA*, LayoutSFA*>, GroupedCommon::kAlignmentAB, ElementB,
-      cute::tuple<LayoutB*, LayoutSFB*>, GroupedCommon::kAlignmentAB, ElementAccumulator, TileShape,
-      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideD = typename Kernel::InternalStrideD;
-  using Shape = typename ProblemShape::UnderlyingProblemShape;
-};
+// The row (kScaleN 1) and block (kScaleN 128) forms, rows first; the block form swapped
+// (moe_fp8_cutlass_grouped_block_swap.cu).
+template <int kScaleN>
+using GroupedConfig = BlockwiseConfig<1, kScaleN, false>;
+using BlockSwapConfig = BlockwiseConfig<128, 1, true>;
 
 // The per-group arrays at the start of the workspace, each 128-byte aligned; CUTLASS's own after.
 template <class Config>
@@ -290,10 +271,24 @@ typename Config::Gemm::Arguments MakeArguments(int64_t groups, const GroupArrays
   return args;
 }
 
-inline absl::Status CheckCutlass(cutlass::Status status, const char* what) {
+inline absl::Status CheckCutlass(cutlass::Status status, absl::string_view what,
+                                 absl::string_view form = "") {
   if (status == cutlass::Status::kSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUTLASS grouped FP8 MoE GEMM: ", what, ": ",
+  return absl::InternalError(absl::StrCat("CUTLASS grouped FP8 MoE GEMM: ", what, form, ": ",
                                           cutlass::cutlassGetStatusString(status)));
+}
+
+// Checks, initializes (CUTLASS's workspace after the per-group arrays) and launches `args` on
+// `stream`; `form` is added to what an error names.
+template <class Gemm>
+absl::Status LaunchGemm(const typename Gemm::Arguments& args, char* gemm_workspace,
+                        cudaStream_t stream, absl::string_view form = "") {
+  Gemm gemm;
+  const cutlass::Status can = gemm.can_implement(args);
+  if (can != cutlass::Status::kSuccess) return CheckCutlass(can, "can_implement", form);
+  const cutlass::Status init = gemm.initialize(args, gemm_workspace, stream);
+  if (init != cutlass::Status::kSuccess) return CheckCutlass(init, "initialize", form);
+  return CheckCutlass(gemm.run(stream), "run", form);
 }
 
 template <class Config>
@@ -304,15 +299,16 @@ size_t WorkspaceBytes(int64_t groups, int device, int sm_count) {
                       MakeArguments<Config>(groups, g, device, sm_count)));
 }
 
+// The kernel's shared-memory opt-in (`form` named in an error).
 template <class Config>
-absl::Status Init() {
+absl::Status Init(absl::string_view form = "") {
   using Kernel = typename Config::Kernel;
   const cudaError_t err =
       cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::SharedStorageSize);
   if (err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in: ", cudaGetErrorString(err)));
+    return absl::InternalError(absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in", form,
+                                            ": ", cudaGetErrorString(err)));
   }
   return absl::OkStatus();
 }
@@ -333,14 +329,8 @@ absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* c
   blocks = std::max(blocks, std::min<int64_t>((total + kThreads - 1) / kThreads, 1024));
   FillGroups<Config><<<static_cast<int>(blocks), kThreads, 0, stream>>>(args, g, compact);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  const typename Config::Gemm::Arguments gemm_args =
-      MakeArguments<Config>(args.num_experts, g, device, sm_count);
-  typename Config::Gemm gemm;
-  const cutlass::Status can = gemm.can_implement(gemm_args);
-  if (can != cutlass::Status::kSuccess) return CheckCutlass(can, "can_implement");
-  const cutlass::Status init = gemm.initialize(gemm_args, workspace + arrays, stream);
-  if (init != cutlass::Status::kSuccess) return CheckCutlass(init, "initialize");
-  return CheckCutlass(gemm.run(stream), "run");
+  return LaunchGemm<typename Config::Gemm>(
+      MakeArguments<Config>(args.num_experts, g, device, sm_count), workspace + arrays, stream);
 }
 
 }  // namespace tandem::kernels::cuda::moe_cutlass

@@ -33,11 +33,9 @@ template <bool kSwap>
 struct ScaledForm {
   using C = GroupedCommon;
   using _0 = cute::_0;
-  using TileShape =
-      std::conditional_t<kSwap, cute::Shape<cute::_128, cute::_32, cute::_128>, C::TileShape>;
-  using ClusterShape =
-      std::conditional_t<kSwap, cute::Shape<cute::_1, cute::_1, cute::_1>, C::ClusterShape>;
-  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, C::LayoutD>;
+  using TileShape = typename GroupedTiles<kSwap>::TileShape;
+  using ClusterShape = typename GroupedTiles<kSwap>::ClusterShape;
+  using LayoutD = typename GroupedTiles<kSwap>::LayoutD;
 
   // The weight scales [n] and the activation scales (per token [m_e], or [0] on every row) of a
   // group: kSwap false, a row vector (over D's columns) and a column vector (over its rows); kSwap
@@ -140,19 +138,9 @@ struct ScaledForm {
            AlignUp(Gemm::get_workspace_size(MakeArguments(groups, g, true, device, sm_count)));
   }
 
-  static absl::Status Init() {
-    const cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 Kernel::SharedStorageSize);
-    if (err != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat("MoeFp8CutlassGroupedGemm: shared-memory opt-in (scaled form", Name(),
-                       "): ", cudaGetErrorString(err)));
-    }
-    return absl::OkStatus();
-  }
+  static absl::Status Init() { return moe_cutlass::Init<ScaledForm>(Name()); }
 
-  static const char* Name() { return kSwap ? ", swapped" : ""; }
+  static const char* Name() { return kSwap ? " (scaled form, swapped)" : " (scaled form)"; }
 
   static absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
                           int sm_count, cudaStream_t stream);
@@ -208,14 +196,8 @@ absl::Status ScaledForm<kSwap>::Run(const MoeFp8CutlassGroupedArgs& args, char* 
   FillScaledGroups<kSwap><<<blocks, kThreads, 0, stream>>>(args, g);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
-  const typename Gemm::Arguments gemm_args =
-      MakeArguments(args.num_experts, g, per_row, device, sm_count);
-  Gemm gemm;
-  const cutlass::Status can = gemm.can_implement(gemm_args);
-  if (can != cutlass::Status::kSuccess) return CheckCutlass(can, "can_implement (scaled form)");
-  const cutlass::Status init = gemm.initialize(gemm_args, workspace + arrays, stream);
-  if (init != cutlass::Status::kSuccess) return CheckCutlass(init, "initialize (scaled form)");
-  return CheckCutlass(gemm.run(stream), "run (scaled form)");
+  return LaunchGemm<Gemm>(MakeArguments(args.num_experts, g, per_row, device, sm_count),
+                          workspace + arrays, stream, Name());
 }
 
 }  // namespace tandem::kernels::cuda::moe_cutlass
