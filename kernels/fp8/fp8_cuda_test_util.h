@@ -51,7 +51,7 @@ inline Fp8MmaDot CheckFp8MmaDot(const float* a_row, const float* w_row, int64_t 
   for (int64_t c0 = 0; c0 < k; c0 += kMmaK) {
     if (c0 % kPromoteK == 0) partial = 0;
     double largest = std::fabs(partial);
-    for (int64_t i = c0; i < c0 + kMmaK; ++i) {
+    for (int64_t i = c0; i < std::min(c0 + kMmaK, k); ++i) {  // the last MMA partial at k % 32
       const double p = double(a_row[i]) * w_row[i];
       want += p;
       mag += std::fabs(p);

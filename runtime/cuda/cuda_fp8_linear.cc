@@ -16,6 +16,10 @@
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "runtime/cuda/dummy_init.h"
 
+#ifdef TANDEM_HAVE_CUTLASS
+#include "kernels/moe/cutlass/moe_fp8_cutlass_grouped.h"
+#endif
+
 namespace tandem::runtime::cuda {
 namespace {
 
@@ -42,6 +46,16 @@ bool GemmServes(const CudaFp8Weight& w) {
 bool BlockGemmServes(const CudaFp8Weight& w, bool cutlass) {
   if (w.block_scales.empty() || w.activation != Scheme::kDynamicGroup128) return false;
   return kc::Block128Groups(w.grid.cols) % 4 == 0 || (cutlass && w.grid.cols % kGroup == 0);
+}
+
+// The one-group CUTLASS row GEMM: per-row scales over 128-column groups (whatever a 128-row
+// block's rows hold, any k a multiple of 16) and FP8 activations with scales.
+bool RowGemmServes(const CudaFp8Weight& w) {
+  const kernels::Fp8ScaleGrid& g = w.grid;
+  return g.block_rows == 1 && g.block_cols == kGroup && g.cols > kGroup && g.cols % 16 == 0 &&
+         g.rows % 8 == 0 &&
+         (w.activation == Scheme::kDynamicGroup128 || w.activation == Scheme::kDynamicToken ||
+          w.activation == Scheme::kStaticTensor);
 }
 
 kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) { return w.device(); }
@@ -214,16 +228,73 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   ASSIGN_OR_RETURN(out->block_act_scales_,
                    DeviceBuffer::Allocate(max_tokens * ((max_k + kGroup - 1) / kGroup) * 4,
                                           "fp8 block activation scales"));
+  const char* row_env = std::getenv("TANDEM_FP8_ROW_GEMM");
+  if (RowGemmAvailable() && (row_env == nullptr || std::string(row_env) != "0")) {
+    RETURN_IF_ERROR(out->CreateRowGemm());
+  }
   return out;
 }
 
-const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv) {
+bool CudaFp8Linear::RowGemmAvailable() {
+#ifdef TANDEM_HAVE_CUTLASS
+  return kc::MoeFp8CutlassGroupedSupported();
+#else
+  return false;
+#endif
+}
+
+absl::Status CudaFp8Linear::CreateRowGemm() {
+#ifdef TANDEM_HAVE_CUTLASS
+  RETURN_IF_ERROR(kc::MoeFp8CutlassGroupedInit());
+  ASSIGN_OR_RETURN(const size_t bytes, kc::MoeFp8CutlassGroupedWorkspaceBytes(1));
+  std::vector<int32_t> pairs(2 * static_cast<size_t>(max_tokens_ + 1));
+  for (int64_t m = 0; m <= max_tokens_; ++m) pairs[2 * m + 1] = static_cast<int32_t>(m);
+  ASSIGN_OR_RETURN(row_gemm_offsets_, DeviceBuffer::Allocate(static_cast<int64_t>(pairs.size()) * 4,
+                                                             "fp8 row gemm offsets"));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(row_gemm_offsets_.data(), pairs.data(), pairs.size() * 4, cudaMemcpyHostToDevice));
+  ASSIGN_OR_RETURN(row_gemm_workspace_,
+                   DeviceBuffer::Allocate(static_cast<int64_t>(bytes), "fp8 row gemm workspace"));
+#endif
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out,
+                                    cudaStream_t stream) {
+#ifdef TANDEM_HAVE_CUTLASS
+  const int64_t k = w.grid.cols;
+  kc::MoeFp8CutlassGroupedArgs args;
+  args.a = codes_.get<uint8_t>();
+  args.a_scales = scales_.get<float>();  // QuantizeActivations' (static: scales_[0])
+  args.w.groups = w.grid.GridCols();
+  args.single_codes = w.codes.get<uint8_t>();
+  args.single_scales = w.scales.get<float>();
+  args.expert_offsets = row_gemm_offsets_.get<int32_t>() + 2 * m;
+  args.num_experts = 1;
+  args.n = w.grid.rows;
+  args.k = k;
+  args.out = out;
+  args.a_scheme = w.activation;
+  if (w.activation != Scheme::kDynamicGroup128) {
+    args.a_scales_wide = block_act_scales_.get<float>();  // [m, ceil(k / 128)]: as the block GEMM's
+  }
+  return kc::MoeFp8CutlassGroupedGemm(args, row_gemm_workspace_.data(),
+                                      static_cast<size_t>(row_gemm_workspace_.bytes()), stream);
+#else
+  (void)w, (void)m, (void)out, (void)stream;
+  return absl::UnimplementedError("CudaFp8Linear: built without CUTLASS (no row GEMM)");
+#endif
+}
+
+const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv,
+                                   bool row_gemm) {
   if (w8a16_gemv && W8a16GemvServes(w, m)) return "fp8-w8a16-gemv";
   if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
   if (BlockGemmServes(w, kc::Fp8BlockGemmCutlassAvailable())) {
     return "fp8-block-gemm";  // CUTLASS where built, else cuBLASLt
   }
-  return GemmServes(w) ? "cublaslt-fp8-gemm" : "fp8-gemv-chunks";
+  if (GemmServes(w)) return "cublaslt-fp8-gemm";
+  return row_gemm && RowGemmServes(w) ? "fp8-cutlass-row-gemm" : "fp8-gemv-chunks";
 }
 
 bool CudaFp8Linear::TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const {
@@ -321,6 +392,14 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       return absl::OkStatus();
     }
     if (!absl::IsUnimplemented(st)) return st;
+  }
+  if (m > kc::kFp8SmallMMaxM && row_gemm() && RowGemmServes(w)) {
+    // Per-row group scales no block GEMM takes: one group of CUTLASS's grouped row form, a bias
+    // added after its bf16 output (as the cuBLASLt GEMMs' AddBias).
+    RETURN_IF_ERROR(RowGemm(w, m, out, stream));
+    if (bias != nullptr) RETURN_IF_ERROR(kc::AddBias(out, bias, m, n, stream));
+    last_path_ = "fp8-cutlass-row-gemm";
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream));
   last_path_ = m <= kc::kFp8SmallMMaxM ? "fp8-gemv" : "fp8-gemv-chunks";

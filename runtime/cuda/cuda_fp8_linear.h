@@ -23,8 +23,16 @@
 //     block-scaled cuBLASLt FP8 GEMM (CublasLtFp8Gemm kBlock128), the activation scales
 //     transposed into its layout, on m rounded down to a multiple of 4 (cuBLASLt has no kernel
 //     for other m), the last m % 4 rows on the chunked GEMV below;
-//   * larger m otherwise (per-row 128-column blocks, 1x128 groups with whole-row weight scales,
-//     weight-only FP8, or a shape cuBLASLt has no kernel for): the SLOW PATH "fp8-gemv-chunks":
+//   * larger m, scales per row over 128-column groups that no block GEMM takes (the rows of a
+//     128-row block differ: fused parts meeting off a block boundary, as DeepSeek-V2-Lite's dense
+//     gate_up at 10,944; or k not a multiple of 128, its dense down) with FP8 activations (1x128,
+//     per token or static): "fp8-cutlass-row-gemm", CUTLASS's grouped blockwise GEMM
+//     (kernels/moe/cutlass, the row form: the weight's 128 scales a tile and k step) run as one
+//     group on the weight itself (MoeFp8CutlassGroupedArgs::single_codes), where CUTLASS is
+//     built and the device is sm_90, a bias added after its bf16 output (TANDEM_FP8_ROW_GEMM=0
+//     at Create: off, for A/B runs);
+//   * larger m otherwise (1x128 groups with whole-row weight scales, weight-only FP8, or a shape
+//     no GEMM here has a kernel for): the SLOW PATH "fp8-gemv-chunks":
 //     Fp8SmallMLinear over chunks of 16 rows, which re-streams the weight every 16 tokens. Correct
 //     (the GEMV's per-block scaling) but far from GEMM speed.
 // Numerics are cpu::Fp8Linear's (kernels/fp8): fp32 accumulation, one rounding to bf16.
@@ -167,16 +175,27 @@ class CudaFp8Linear {
   }
 
   // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
-  // "fp8-gemv", "cublaslt-fp8-gemm", "fp8-block-gemm" (CUTLASS where built, else cuBLASLt) or the
-  // slow "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the chunks, and
-  // the W8A16 GEMV is skipped (for "fp8-gemv") for codes_ready or activations not 16-byte aligned.
-  static const char* PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv = true);
+  // "fp8-gemv", "cublaslt-fp8-gemm", "fp8-block-gemm" (CUTLASS where built, else cuBLASLt),
+  // "fp8-cutlass-row-gemm" (where `row_gemm`: an object's row_gemm()) or the slow
+  // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the row GEMM or the
+  // chunks, and the W8A16 GEMV is skipped (for "fp8-gemv") for codes_ready or activations not
+  // 16-byte aligned.
+  static const char* PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv = true,
+                             bool row_gemm = RowGemmAvailable());
+  // Whether this build and device run the one-group CUTLASS row GEMM (CUTLASS built, sm_90).
+  static bool RowGemmAvailable();
+  // Whether this object runs it (RowGemmAvailable() unless TANDEM_FP8_ROW_GEMM=0 at Create).
+  bool row_gemm() const { return !row_gemm_workspace_.empty(); }
   // The path the last successful Linear call took (PathFor's names; "" before any): differs
   // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.
   const char* last_path() const { return last_path_; }
 
  private:
   CudaFp8Linear() = default;
+  // The row GEMM's workspace and offsets (Create, where RowGemmAvailable()).
+  absl::Status CreateRowGemm();
+  // out[m, n] = codes_ . w^T on the row GEMM (the activations already quantized; no bias).
+  absl::Status RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out, cudaStream_t stream);
   // Rows [first_row, m) on the small-m kernel, 16 at a time.
   absl::Status GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a, const __nv_bfloat16* bias,
                           int64_t m, __nv_bfloat16* out, cudaStream_t stream,
@@ -194,6 +213,10 @@ class CudaFp8Linear {
   DeviceBuffer codes_;             // [max_tokens, max_k] e4m3 activations
   DeviceBuffer scales_;            // [max_tokens * ceil(max_k / 128)] fp32
   DeviceBuffer block_act_scales_;  // the same transposed for the block-scaled GEMM
+  // The row GEMM's CUTLASS workspace (empty: no row GEMM) and its expert offsets: pairs {0, m}
+  // for m = 0 .. max_tokens, so a call of m rows passes row_gemm_offsets_ + 2 m (no upload).
+  DeviceBuffer row_gemm_workspace_;
+  DeviceBuffer row_gemm_offsets_;
 };
 
 }  // namespace tandem::runtime::cuda

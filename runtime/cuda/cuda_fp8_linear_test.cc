@@ -8,7 +8,8 @@
 // quantization) and, w8a16_gemv off, on the W8A8 GEMV; per-token weights also on
 // codes written into token_codes() by a producer (codes_ready: the W8A8 GEMV's bits), other
 // schemes refusing codes_ready; and the device dummy FP8 rows
-// (FillFp8Dummy) against kernels::QuantizeWeight of the host draw. GPU test; skips without one.
+// (FillFp8Dummy) against kernels::QuantizeWeight of the host draw; the CUTLASS row GEMM at
+// DeepSeek-V2-Lite's dense shapes (k = 10,944). GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
 #include <algorithm>
@@ -73,8 +74,8 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   CudaFp8Weight shape;  // PathFor's question before the upload frees the host codes
   shape.grid = grid;
   shape.activation = scheme;
-  const bool w8a16 =
-      std::string(CudaFp8Linear::PathFor(shape, m, linear.w8a16_gemv())) == "fp8-w8a16-gemv";
+  const bool w8a16 = std::string(CudaFp8Linear::PathFor(shape, m, linear.w8a16_gemv(),
+                                                        linear.row_gemm())) == "fp8-w8a16-gemv";
   // The W8A16 GEMV multiplies the bf16 activations as they are: the weight-only reference.
   if (w8a16) view.activation = Scheme::kNone;
   ASSERT_TRUE(kernels::cpu::Fp8Linear(xf.data(), view, with_bias ? bias_f.data() : nullptr, m,
@@ -84,7 +85,7 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   absl::StatusOr<CudaFp8Weight> w = UploadFp8Weight(&host, n, k, 128, "test");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_TRUE(host.codes.empty());  // the host copy is freed
-  const std::string path = CudaFp8Linear::PathFor(*w, m, linear.w8a16_gemv());
+  const std::string path = CudaFp8Linear::PathFor(*w, m, linear.w8a16_gemv(), linear.row_gemm());
   EXPECT_EQ(path == "fp8-w8a16-gemv", w8a16);
   SCOPED_TRACE(::testing::Message()
                << "m=" << m << " n=" << n << " k=" << k << " blocks " << block_cols << " scheme "
@@ -97,14 +98,24 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   // back to the chunked GEMV on the device (on sm_90 it is the fp32-product + epilogue path).
   EXPECT_EQ(std::string(linear.last_path()), path);
   const std::vector<float> got = kernels::cuda_test::ToFloat(out.ToHost());
+  // The GEMMs sum on Hopper's FP8 tensor cores: each 32-product MMA may lose a few 2^-13 of its
+  // largest product (kernels/fp8/fp8_cuda_test_util.h's CheckFp8MmaDot), which the fp32 GEMVs do
+  // not.
+  const bool mma = path.find("gemm") != std::string::npos;
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t j = 0; j < n; ++j) {
-      double mag = with_bias ? std::fabs(bias_f[j]) : 0.0;
-      for (int64_t c = 0; c < k; ++c) mag += std::fabs(xf[r * k + c] * w_deq[j * k + c]) * 1.07;
+      double mag = with_bias ? std::fabs(bias_f[j]) : 0.0, mma_mag = 0.0, largest = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double p = std::fabs(xf[r * k + c] * w_deq[j * k + c]) * 1.07;
+        mag += p;
+        largest = std::max(largest, p);
+        if (c % 32 == 31 || c == k - 1) mma_mag += largest, largest = 0.0;
+      }
       // bf16 output (one rounding; two where a cuBLASLt-scaled GEMM's bias is added after it)
-      // + fp32 sums.
+      // + fp32 sums (+ the MMAs' partial sums).
       const double tol = 2.0 * std::fabs(want[r * n + j]) / 256.0 +
-                         1e-5 * std::sqrt(static_cast<double>(k)) * mag + 1e-30;
+                         1e-5 * std::sqrt(static_cast<double>(k)) * mag +
+                         (mma ? 0x1p-11 * mma_mag : 0.0) + 1e-30;
       ASSERT_NEAR(got[r * n + j], want[r * n + j], tol) << "row " << r << " col " << j;
     }
   }
@@ -163,7 +174,10 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   }
   (*linear)->set_w8a16_gemv(true);
   // Which path: decode GEMV up to 16 rows; the GEMM for whole-row scales and per-token / static
-  // activations; the chunked GEMV for blocks, 1x128 groups and weight-only layers.
+  // activations; per-row 128-column groups on the CUTLASS row GEMM where built (sm_90), else the
+  // chunked GEMV, as weight-only layers.
+  const char* row_or_chunks =
+      CudaFp8Linear::RowGemmAvailable() ? "fp8-cutlass-row-gemm" : "fp8-gemv-chunks";
   // (A block narrower than the row: 128 of 256 columns; a 128-wide block of a 64-wide row is a
   // whole-row scale, which the GEMM serves.)
   CudaFp8Weight w;
@@ -172,16 +186,19 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-gemm");
   w.grid.block_cols = 128;
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), row_or_chunks);
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, /*row_gemm=*/false), "fp8-gemv-chunks");
   w.activation = Scheme::kDynamicGroup128;
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");  // per-row blocks
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), row_or_chunks);  // per-row blocks
+  w.activation = Scheme::kNone;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-gemv-chunks");  // weight-only
+  w.activation = Scheme::kDynamicGroup128;
   absl::StatusOr<DeviceBuffer> blocks = DeviceBuffer::Allocate(16, "test");
   ASSERT_TRUE(blocks.ok());
   w.block_scales = *std::move(blocks);
   // 2 groups, not 4n: no cuBLASLt kernel; CUTLASS's (where built and sm_90) takes any k / 128.
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), kernels::cuda::Fp8BlockGemmCutlassAvailable()
-                                                  ? "fp8-block-gemm"
-                                                  : "fp8-gemv-chunks");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17),
+               kernels::cuda::Fp8BlockGemmCutlassAvailable() ? "fp8-block-gemm" : row_or_chunks);
   w.grid.cols = 512;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "fp8-block-gemm");
@@ -194,6 +211,24 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-gemv");
   w.grid = {64, 128, 1, 128};
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1), "fp8-gemv");
+}
+
+// The CUTLASS row GEMM (per-row 128-column groups no block GEMM takes) at DeepSeek-V2-Lite's
+// dense shapes cut to fewer rows: its down projection's k = 10,944 (85.5 groups), its fused
+// gate_up (k = 2,048, per-row scales), every FP8 activation scheme, with and without a bias, m
+// from 17 (one partial tile) to 300 (three tiles).
+TEST(CudaFp8LinearTest, RowGemmMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CudaFp8Linear::RowGemmAvailable()) GTEST_SKIP() << "no CUTLASS row GEMM (build or device)";
+  std::mt19937 rng(kernels::cuda_test::TestSeed() + 1);
+  absl::StatusOr<std::unique_ptr<CudaFp8Linear>> linear = CudaFp8Linear::Create(300, 10944);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  ASSERT_TRUE((*linear)->row_gemm());
+  CheckLinear(rng, **linear, 40, 64, 10944, 128, Scheme::kDynamicGroup128, false);
+  CheckLinear(rng, **linear, 17, 136, 10944, 128, Scheme::kDynamicToken, true);
+  CheckLinear(rng, **linear, 300, 272, 2048, 128, Scheme::kDynamicGroup128, true);
+  CheckLinear(rng, **linear, 129, 200, 2048, 128, Scheme::kStaticTensor, false);
+  EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-row-gemm");
 }
 
 TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Served Qwen3-30B-A3B (dummy weights) in FP8 forms and bf16 on nvidia-h200-x2, one mixed CUDA
-# worker per GPU, each behind its own router (tests/gpu/serve_lib.sh), two at a time
+# Served Qwen3-30B-A3B (dummy weights; DeepSeek-V2-Lite for PAIRS=v2lite) in FP8 forms and bf16 on
+# nvidia-h200-x2, one mixed CUDA worker per GPU, each behind its own router (tests/gpu/serve_lib.sh),
+# two at a time
 # (kernels/moe/BENCHMARKS.md, nineteenth and twentieth sessions). PAIRS (default "scaled"):
 #   scaled: online FP8 (--quantization=fp8: per-channel weights, per-token activations) with the
 #     CUTLASS prefill's broadcast row form (TANDEM_MOE_FP8_CUTLASS_SCALES=row, GPU 0) vs the
@@ -9,7 +10,10 @@
 #     GPU 0) vs the default (GPU 1);
 #   block: bf16 (GPU 0) vs the block-FP8 form (--dummy_config=qwen3-30b-a3b-fp8, GPU 1);
 #   swap: the block-FP8 form without the swapped decode GEMMs (TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=0,
-#     GPU 0) vs the default (GPU 1).
+#     GPU 0) vs the default (GPU 1);
+#   v2lite: DeepSeek-V2-Lite-FP8 (--dummy_config=deepseek-v2-lite-fp8) with its dense layer's
+#     prefill on the chunked GEMV (TANDEM_FP8_ROW_GEMM=0, GPU 0) vs the default CUTLASS row GEMM
+#     (GPU 1); then V2-Lite bf16 (GPU 0) vs the default again (GPU 1).
 # tandem_bench per worker: 4,096-token prompts at Poisson 1 req/s (16 requests, 128 out) and at
 # concurrency 16 (48, 64 out); 1,024 / 256 at concurrency 64 (128). From the repository root:
 #   PAIRS="scaled block" tests/gpu/moe_fp8_serve_call.sh BUNDLE.tar.xz
@@ -65,6 +69,12 @@ for p in ${PAIRS:-scaled}; do
       pair noswap TANDEM_MOE_FP8_CUTLASS_SWAP_ROWS=0 qwen3-30b-a3b-fp8 --quantization= \
         swap TANDEM_X=1 qwen3-30b-a3b-fp8 --quantization=
       dirs+=(noswap swap) ;;
+    v2lite)
+      pair chunks TANDEM_FP8_ROW_GEMM=0 deepseek-v2-lite-fp8 --quantization= \
+        rowgemm TANDEM_X=1 deepseek-v2-lite-fp8 --quantization=
+      pair v2bf16 TANDEM_X=1 deepseek-v2-lite --quantization= \
+        rowgemm2 TANDEM_X=1 deepseek-v2-lite-fp8 --quantization=
+      dirs+=(chunks rowgemm v2bf16 rowgemm2) ;;
   esac
 done
 {

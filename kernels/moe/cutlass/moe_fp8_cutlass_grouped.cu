@@ -43,8 +43,8 @@ absl::Status CheckExperts(int64_t num_experts) {
 }
 
 absl::Status CheckShape(int64_t n, int64_t k) {
-  if (k <= 0 || k % 128 != 0 || k > INT_MAX) {
-    return Bad("k = ", k, " is not a positive multiple of 128 (within int)");
+  if (k <= 0 || k % 16 != 0 || k > INT_MAX) {
+    return Bad("k = ", k, " is not a positive multiple of 16 (16-byte e4m3 rows, within int)");
   }
   if (n <= 0 || n % 8 != 0 || n > INT_MAX) {
     return Bad("n = ", n, " is not a positive multiple of 8 (16-byte bf16 rows, within int)");
@@ -53,16 +53,18 @@ absl::Status CheckShape(int64_t n, int64_t k) {
 }
 
 absl::Status CheckBlockLd(int64_t k, int64_t ld) {
-  if (ld < k / 128 || ld > INT_MAX) {
-    return Bad("block scale rows of ", ld, " floats, need at least k / 128 = ", k / 128);
+  if (ld < MoeFp8CutlassGroups(k) || ld > INT_MAX) {
+    return Bad("block scale rows of ", ld,
+               " floats, need at least ceil(k / 128) = ", MoeFp8CutlassGroups(k));
   }
   return absl::OkStatus();
 }
 
 // The compact block-scale copy's bytes (0 where CUTLASS reads the block scales in place).
 size_t CompactBytes(int64_t num_experts, int64_t n, int64_t k, int64_t ld) {
-  if (ld == k / 128) return 0;
-  return AlignUp(static_cast<size_t>(num_experts * ((n + 127) / 128) * (k / 128)) * sizeof(float));
+  const int64_t groups = MoeFp8CutlassGroups(k);
+  if (ld == groups) return 0;
+  return AlignUp(static_cast<size_t>(num_experts * ((n + 127) / 128) * groups) * sizeof(float));
 }
 
 // The block form's arrays and CUTLASS workspace, swapped or not (the compact copy after them).
@@ -75,11 +77,20 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
   RETURN_IF_ERROR(CheckExperts(args.num_experts));
   RETURN_IF_ERROR(CheckShape(args.n, args.k));
   const bool scaled = MoeFp8CutlassScaledFormServes(args);
+  const int64_t groups = MoeFp8CutlassGroups(args.k);
+  const bool single = args.single_codes != nullptr || args.single_scales != nullptr;
+  if (single &&
+      (args.num_experts != 1 || args.block_scales != nullptr || args.single_codes == nullptr ||
+       args.single_scales == nullptr || args.w.codes != nullptr || args.w.scales != nullptr)) {
+    return Bad(
+        "a single weight needs num_experts 1, no block scales, single_codes and single_scales, "
+        "and no expert tables");
+  }
   if (args.block_scales != nullptr) {
     RETURN_IF_ERROR(CheckBlockLd(args.k, args.block_scale_ld));
-  } else if (args.w.groups != args.k / 128 &&
+  } else if (args.w.groups != groups &&
              (args.w.groups != 1 || (args.w_scales_wide == nullptr && !scaled))) {
-    return Bad("weight scale groups = ", args.w.groups, ", need k / 128 = ", args.k / 128,
+    return Bad("weight scale groups = ", args.w.groups, ", need ceil(k / 128) = ", groups,
                " (or 1, per channel, with w_scales_wide or per-token / per-tensor activations)");
   }
   if (args.swap_ab && !scaled &&
@@ -99,8 +110,8 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
   if (!Aligned(args.a_scales_wide, 4) || !Aligned(args.w_scales_wide, 4)) {
     return Bad("a_scales_wide and w_scales_wide must be 4-byte aligned");
   }
-  if (args.a == nullptr || args.a_scales == nullptr || args.w.codes == nullptr ||
-      (args.block_scales == nullptr && args.w.scales == nullptr) ||
+  if (args.a == nullptr || args.a_scales == nullptr || (!single && args.w.codes == nullptr) ||
+      (!single && args.block_scales == nullptr && args.w.scales == nullptr) ||
       args.expert_offsets == nullptr || args.out == nullptr) {
     return Bad("null operand, scale table, offsets or output");
   }
@@ -184,8 +195,9 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   if (!block) return moe_cutlass::RowRun(args, base, device, sms, stream);
   // The compact copy after the block form's arrays and CUTLASS's workspace.
   const size_t gemm_bytes = BlockGemmBytes(args.num_experts, device, sms);
-  float* compact =
-      args.block_scale_ld == args.k / 128 ? nullptr : reinterpret_cast<float*>(base + gemm_bytes);
+  float* compact = args.block_scale_ld == MoeFp8CutlassGroups(args.k)
+                       ? nullptr
+                       : reinterpret_cast<float*>(base + gemm_bytes);
   return args.swap_ab ? moe_cutlass::BlockSwapRun(args, base, compact, device, sms, stream)
                       : moe_cutlass::BlockRun(args, base, compact, device, sms, stream);
 }

@@ -50,10 +50,22 @@
 // Numerics: as kernels/fp8/cutlass's block GEMM (wgmma's ~13-bit partial sums of 32 products,
 // promoted into fp32 every 128 along k).
 //
+// k need not be a multiple of 128: "k / 128" above is the group count ceil(k / 128)
+// (MoeFp8CutlassGroups), the last group partial (its scales cover its columns; TMA reads zeros
+// past k, so the last k tile's missing products are 0), as the loader's grids and
+// QuantizeActivations' kDynamicGroup128 layout hold such a k (DeepSeek-V2-Lite's dense
+// intermediate 10,944 = 85.5 groups).
+//
+// A single weight (a dense projection run as one group, num_experts 1) may come without device
+// tables: args.single_codes / single_scales instead of w.codes / w.scales (the row and scaled
+// forms; w.groups still says which).
+//
 // Requirements (INVALID_ARGUMENT naming the one that fails, nothing launched): 1 <= num_experts
-// <= kMoeFp8CutlassMaxExperts, k a positive multiple of 128, n a positive multiple of 8 (16-byte
-// bf16 rows), row form: w.groups == k / 128 (or 1 with w_scales_wide) and w.scales non-null,
-// block form: block_scale_ld >= k / 128, a_scheme an FP8 one (a_scales_wide set unless
+// <= kMoeFp8CutlassMaxExperts, k a positive multiple of 16 (16-byte e4m3 rows for TMA), n a
+// positive multiple of 8 (16-byte bf16 rows), row form: w.groups == ceil(k / 128) (or 1 with
+// w_scales_wide) and w.scales non-null, block form: block_scale_ld >= ceil(k / 128), single
+// weights: num_experts 1, no block scales, both pointers set and w's tables null, a_scheme an FP8
+// one (a_scales_wide set unless
 // kDynamicGroup128 or the scaled form serves), non-null pointers, a / out 16-byte aligned,
 // a_scales and the wide scratch 4-byte,
 // rows * k and rows * n within int64, n and k within int; the workspace at least
@@ -81,6 +93,9 @@
 namespace tandem::kernels::cuda {
 
 inline constexpr int64_t kMoeFp8CutlassMaxExperts = 1024;
+
+// The 128-column scale groups of a k-wide row (the last one partial where k % 128 != 0).
+inline constexpr int64_t MoeFp8CutlassGroups(int64_t k) { return (k + 127) / 128; }
 
 struct MoeFp8CutlassGroupedArgs {
   const uint8_t* a = nullptr;               // [rows, k] e4m3, expert-contiguous
@@ -110,6 +125,11 @@ struct MoeFp8CutlassGroupedArgs {
   // form: bit for bit; the block form multiplies each partial sum by its scales in the other
   // operand order).
   bool swap_ab = false;
+  // One weight given directly (num_experts 1, w.codes / w.scales null): its codes [n, k] and its
+  // scales (row form [n, ceil(k / 128)], scaled form [n]). For dense projections
+  // (runtime/cuda/cuda_fp8_linear.h), which have no device pointer tables.
+  const uint8_t* single_codes = nullptr;
+  const float* single_scales = nullptr;
 };
 
 // Whether `args` runs the scaled form: no block scales, per-channel weight scales (w.groups == 1),
@@ -117,9 +137,9 @@ struct MoeFp8CutlassGroupedArgs {
 bool MoeFp8CutlassScaledFormServes(const MoeFp8CutlassGroupedArgs& args);
 
 // Floats of MoeFp8CutlassGroupedArgs::w_scales_wide for calls of up to num_experts experts of
-// [n, k] (num_experts x n x k / 128).
+// [n, k] (num_experts x n x ceil(k / 128)).
 inline int64_t MoeFp8CutlassWideWeightScales(int64_t num_experts, int64_t n, int64_t k) {
-  return num_experts * n * (k / 128);
+  return num_experts * n * MoeFp8CutlassGroups(k);
 }
 
 // Whether the current device runs the kernel (sm_90 exactly: the code is sm_90a).

@@ -62,9 +62,9 @@ std::vector<float> RandomScales(std::mt19937& rng, int64_t count, bool pow2 = fa
   return s;
 }
 
-// The runtime's block-scale row length (kernels/fp8 Block128WeightScaleLd): k / 128 rounded up
-// to 4.
-int64_t UploadLd(int64_t k) { return (k / 128 + 3) / 4 * 4; }
+// The runtime's block-scale row length (kernels/fp8 Block128WeightScaleLd): ceil(k / 128)
+// rounded up to 4.
+int64_t UploadLd(int64_t k) { return (MoeFp8CutlassGroups(k) + 3) / 4 * 4; }
 
 // `distinct` expert weights [n, k] with per-row scales [n, k / 128] (the same scale on each 128
 // rows when `blocks`, then also as block scales [ceil(n / 128), ld], padding NaN), on the host
@@ -86,7 +86,7 @@ Weights MakeWeights(std::mt19937& rng, int64_t E, int64_t distinct, int64_t n, i
   Weights w;
   w.n = n;
   w.k = k;
-  w.groups = k / 128;
+  w.groups = MoeFp8CutlassGroups(k);
   w.distinct = distinct;
   w.ld = ld;
   const int64_t n_blocks = (n + 127) / 128;
@@ -190,7 +190,8 @@ std::vector<bf16> RunForm(const MoeFp8CutlassGroupedArgs& args, int64_t rows, in
 }
 
 double CheckCase(std::mt19937& rng, const Case& c) {
-  const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
+  const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k;
+  const int64_t groups = MoeFp8CutlassGroups(k);
   const int64_t ld = c.ld > 0 ? c.ld : UploadLd(k);
   SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k << " blocks="
                                     << c.blocks << " pow2=" << c.pow2 << " ld=" << ld);
@@ -279,6 +280,11 @@ TEST_F(MoeFp8CutlassGroupedTest, UnevenAndEmptyExperts) {
   worst = std::max(worst, CheckCase(rng, {{0, 0, 0}, 256, 256}));  // no rows at all
   worst = std::max(worst, CheckCase(rng, {{3, 900, 0, 17}, 1536, 2048, 4, false}));
   worst = std::max(worst, CheckCase(rng, {{5, 130, 0, 1}, 136, 256}));  // a partial 128-row block
+  // k not a multiple of 128: a last partial 128-column group (16 or 64 columns), row and block
+  // forms (k = 400: 4 groups, ld 4 read in place; k = 1344: 11 groups, ld 12, the compact copy).
+  worst = std::max(worst, CheckCase(rng, {{0, 9, 300, 2}, 256, 400, 3, true}));
+  worst = std::max(worst, CheckCase(rng, {{40, 170}, 136, 1344, 2, false}));
+  worst = std::max(worst, CheckCase(rng, {{33, 0, 260}, 264, 1344, 2, true}));
   std::printf("CUTLASS grouped: largest error / (2^-13 x per-MMA magnitude) %.3f\n", worst);
 }
 
@@ -345,10 +351,12 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
       {qwen, 1536, 2048, Fp8ActivationScheme::kStaticTensor},
       {{0, 17, 300, 0, 2}, 136, 384, Fp8ActivationScheme::kStaticTensor},
       {{40, 0, 9}, 256, 128, Fp8ActivationScheme::kDynamicToken},
+      {{0, 17, 300, 0, 2}, 136, 400, Fp8ActivationScheme::kDynamicToken},  // a partial group
   };
   double worst = 0, worst_scaled = 0;
   for (const Broadcast& c : cases) {
-    const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k, groups = k / 128;
+    const int64_t E = static_cast<int64_t>(c.counts.size()), n = c.n, k = c.k;
+    const int64_t groups = MoeFp8CutlassGroups(k);
     SCOPED_TRACE(::testing::Message() << "E=" << E << " n=" << n << " k=" << k
                                       << " scheme=" << static_cast<int>(c.a_scheme));
     std::vector<int32_t> offsets(E + 1, 0);
@@ -449,6 +457,78 @@ TEST_F(MoeFp8CutlassGroupedTest, BroadcastScalesMatchTheGroupForm) {
       worst, worst_scaled);
 }
 
+// A dense projection as one group (args.single_codes / single_scales, no device tables): bit for
+// bit the same call through one-entry tables, in the row form (per-row group scales, 1 x 128 and
+// per-token activations) and the scaled form (per-channel), at DeepSeek-V2-Lite's dense shapes
+// (gate_up 21,888 x 2,048; down 2,048 x 10,944: 85.5 groups) cut to fewer rows, and checked
+// against the CPU reference.
+TEST_F(MoeFp8CutlassGroupedTest, SingleWeightEqualsTheTables) {
+  std::mt19937 rng(cuda_test::TestSeed() + 4);
+  struct Single {
+    int64_t m, n, k;
+    Fp8ActivationScheme a_scheme;
+    bool per_channel;
+  };
+  const Single cases[] = {
+      {300, 1088, 2048, Fp8ActivationScheme::kDynamicGroup128, false},
+      {129, 2048, 10944, Fp8ActivationScheme::kDynamicGroup128, false},
+      {40, 264, 10944, Fp8ActivationScheme::kDynamicToken, false},
+      {77, 512, 400, Fp8ActivationScheme::kDynamicToken, true},
+  };
+  double worst = 0;
+  for (const Single& c : cases) {
+    const int64_t groups = MoeFp8CutlassGroups(c.k), n = c.n, k = c.k, m = c.m;
+    SCOPED_TRACE(::testing::Message()
+                 << "m=" << m << " n=" << n << " k=" << k
+                 << " scheme=" << static_cast<int>(c.a_scheme) << " per_channel=" << c.per_channel);
+    Weights w = MakeWeights(rng, 1, 1, n, k, false, false, UploadLd(k));
+    std::vector<float> channel(n);
+    if (c.per_channel) {  // one scale a row, spread over its groups for the reference
+      for (int64_t r = 0; r < n; ++r) {
+        channel[r] = w.scales[0][r * groups];
+        std::fill_n(&w.scales[0][r * groups], groups, channel[r]);
+      }
+    }
+    DeviceBuffer<float> d_channel(channel);
+    const float* weight_scales = c.per_channel ? d_channel.get() : w.d_scales[0].get();
+    DeviceBuffer<const float*> scale_table(std::vector<const float*>{weight_scales});
+    const bool per_token = c.a_scheme == Fp8ActivationScheme::kDynamicToken;
+    const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, (m + 3) * k);
+    const std::vector<float> a_own = RandomScales(rng, (m + 3) * (per_token ? 1 : groups));
+    std::vector<float> a_scales((m + 3) * groups);  // per group, for the reference
+    for (int64_t i = 0; i < (m + 3) * groups; ++i) a_scales[i] = a_own[per_token ? i / groups : i];
+    DeviceBuffer<uint8_t> da(a);
+    DeviceBuffer<float> das(a_own);
+    DeviceBuffer<float> a_wide(std::vector<float>((m + 3) * groups, std::nanf("")));
+    DeviceBuffer<int32_t> doff(std::vector<int32_t>{0, static_cast<int32_t>(m)});
+    const absl::StatusOr<size_t> bytes = MoeFp8CutlassGroupedWorkspaceBytes(1);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    MoeFp8CutlassGroupedArgs args{
+        da.get(),   das.get(), {w.code_table->get(), scale_table.get(), c.per_channel ? 1 : groups},
+        doff.get(), 1,         n,
+        k,          nullptr};
+    args.a_scheme = c.a_scheme;
+    if (per_token && !c.per_channel) args.a_scales_wide = a_wide.get();
+    ASSERT_EQ(MoeFp8CutlassScaledFormServes(args), c.per_channel);
+    const std::vector<bf16> tables = RunForm(args, m + 3, m, *bytes);
+    args.w.codes = nullptr;
+    args.w.scales = nullptr;
+    args.single_codes = w.d_codes[0].get();
+    args.single_scales = weight_scales;
+    const std::vector<bf16> single = RunForm(args, m + 3, m, *bytes);
+    ASSERT_FALSE(tables.empty());
+    ASSERT_FALSE(single.empty());
+    EXPECT_EQ(std::memcmp(tables.data(), single.data(), tables.size() * sizeof(bf16)), 0)
+        << "the single weight differs from the same weight through tables";
+    int reported = 0;
+    worst = std::max(
+        worst, CheckExpert(rng, w, 0, 0, m, a, a_scales, cuda_test::ToFloat(single), &reported));
+  }
+  std::printf(
+      "CUTLASS grouped (single weights): largest error / (2^-13 x per-MMA magnitude) %.3f\n",
+      worst);
+}
+
 // Refused before any device work (so also checked without a GPU).
 TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   alignas(16) static uint8_t codes[64];
@@ -463,10 +543,10 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   auto code = [](const MoeFp8CutlassGroupedArgs& a) {
     return MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr).code();
   };
-  for (int64_t k : {0, 100, 200, 16, -128}) {
+  for (int64_t k : {0, 100, 200, 8, -128}) {  // not a positive multiple of 16
     MoeFp8CutlassGroupedArgs a = ok;
     a.k = k;
-    a.w.groups = k / 128;
+    a.w.groups = MoeFp8CutlassGroups(k);
     EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "k=" << k;
   }
   for (int64_t n : {0, 12, 2100, 7, -8}) {
@@ -483,7 +563,7 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   MoeFp8CutlassGroupedArgs a = ok;
   a.w.groups = 1;  // per-channel weight scales without w_scales_wide
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
-  a.w.groups = 2;  // neither k / 128 nor 1
+  a.w.groups = 2;  // neither ceil(k / 128) nor 1
   a.w_scales_wide = scales;
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
   a = ok;
@@ -523,6 +603,23 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
   a = ok;
   a.expert_offsets = nullptr;
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  // A single weight: only with one expert, both pointers, no tables, no block scales.
+  MoeFp8CutlassGroupedArgs single = ok;
+  single.num_experts = 1;
+  single.w.codes = nullptr;
+  single.w.scales = nullptr;
+  single.single_codes = codes;
+  single.single_scales = scales;
+  for (int bad = 0; bad < 4; ++bad) {
+    a = single;
+    if (bad == 0) a.num_experts = 2;
+    if (bad == 1) a.single_scales = nullptr;
+    if (bad == 2) a.w.codes = code_table;
+    if (bad == 3) a.block_scales = scale_table, a.block_scale_ld = 4;
+    const absl::Status st = MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "case " << bad;
+    EXPECT_NE(st.message().find("single weight"), absl::string_view::npos) << st;
+  }
   a = ok;
   a.a = codes + 8;  // 8-byte aligned only
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);

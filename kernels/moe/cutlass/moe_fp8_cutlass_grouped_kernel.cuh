@@ -42,8 +42,8 @@ namespace tandem::kernels::cuda::moe_cutlass {
 //
 // CUTLASS 4.2's grouped kernel derives each group's scale layouts from its problem shape
 // (tile_atom_to_shape_SF*(m_e, n, k)) and ignores the layout arrays it is given: a scale row is
-// exactly k / 128 floats. The runtime's block scales have rows of Block128WeightScaleLd(k) (k /
-// 128 rounded up to 4); where that differs the block form runs on a compact copy (BlockRun).
+// exactly ceil(k / 128) floats. The runtime's block scales have rows of Block128WeightScaleLd(k) (k
+// / 128 rounded up to 4); where that differs the block form runs on a compact copy (BlockRun).
 //
 // GroupedCommon: what every configuration shares (operand types, layouts, alignments, the group
 // problem shape). GroupedTiles<kSwap>: the tiles of the two operand orders, rows first (128 x 128
@@ -165,18 +165,27 @@ size_t LayOut(int64_t groups, char* base, GroupArrays<Config>* g) {
 
 // Whether the row form reads w_scales_wide (per-channel weights broadcast over the groups).
 inline __host__ __device__ bool WideWeightScales(const MoeFp8CutlassGroupedArgs& args) {
-  return args.block_scales == nullptr && args.w.groups != args.k / 128;
+  return args.block_scales == nullptr && args.w.groups != MoeFp8CutlassGroups(args.k);
+}
+
+// Expert e's codes and (row or scaled form) scales: the device tables', or the single weight's.
+inline __device__ const uint8_t* ExpertCodes(const MoeFp8CutlassGroupedArgs& args, int64_t e) {
+  return args.single_codes != nullptr ? args.single_codes : args.w.codes[e];
+}
+inline __device__ const float* ExpertScales(const MoeFp8CutlassGroupedArgs& args, int64_t e) {
+  return args.single_scales != nullptr ? args.single_scales : args.w.scales[e];
 }
 
 // The scale copies before the GEMM, each thread a stride of them: the block form's compact block
-// scales (block_scale_ld != k / 128) into compact [num_experts, ceil(n / 128), k / 128]; per-token
-// or per-tensor activation scales into a_scales_wide [rows, k / 128]; per-channel weight scales
-// into w_scales_wide [num_experts, n, k / 128] (experts without rows skipped: never read).
+// scales (block_scale_ld != groups = ceil(k / 128)) into compact [num_experts, ceil(n / 128),
+// groups]; per-token or per-tensor activation scales into a_scales_wide [rows, k / 128];
+// per-channel weight scales into w_scales_wide [num_experts, n, k / 128] (experts without rows
+// skipped: never read).
 template <class Config>
 __device__ void CopyScales(const MoeFp8CutlassGroupedArgs& args, float* compact) {
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = args.k / 128;
+  const int64_t groups = MoeFp8CutlassGroups(args.k);
   if constexpr (Config::kBlockScales) {
     if (compact != nullptr) {
       const int64_t per_expert = (args.n + 127) / 128 * groups;
@@ -199,7 +208,7 @@ __device__ void CopyScales(const MoeFp8CutlassGroupedArgs& args, float* compact)
     for (int64_t i = first; i < total; i += stride) {
       const int64_t x = i / per_expert;
       if (args.expert_offsets[x + 1] == args.expert_offsets[x]) continue;
-      args.w_scales_wide[i] = args.w.scales[x][i % per_expert / groups];
+      args.w_scales_wide[i] = ExpertScales(args, x)[i % per_expert / groups];
     }
   }
 }
@@ -210,14 +219,14 @@ template <class Config>
 __global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g, float* compact) {
   CopyScales<Config>(args, compact);
   const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t groups = args.k / 128;
+  const int64_t groups = MoeFp8CutlassGroups(args.k);
   const int64_t n_blocks = (args.n + 127) / 128;
   if (e >= args.num_experts) return;
   const int64_t first = args.expert_offsets[e];
   const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
   const int n = static_cast<int>(args.n), k = static_cast<int>(args.k);
   const auto* rows = reinterpret_cast<const typename Config::ElementA*>(args.a + first * args.k);
-  const auto* weight = reinterpret_cast<const typename Config::ElementB*>(args.w.codes[e]);
+  const auto* weight = reinterpret_cast<const typename Config::ElementB*>(ExpertCodes(args, e));
   const bool wide_a = args.a_scheme != Fp8ActivationScheme::kDynamicGroup128;
   const float* row_scales = (wide_a ? args.a_scales_wide : args.a_scales) + first * groups;
   const float* weight_scales = nullptr;
@@ -225,7 +234,7 @@ __global__ void FillGroups(MoeFp8CutlassGroupedArgs args, GroupArrays<Config> g,
     weight_scales = compact != nullptr ? compact + e * n_blocks * groups : args.block_scales[e];
   } else {
     weight_scales =
-        WideWeightScales(args) ? args.w_scales_wide + e * args.n * groups : args.w.scales[e];
+        WideWeightScales(args) ? args.w_scales_wide + e * args.n * groups : ExpertScales(args, e);
   }
   g.d[e] = reinterpret_cast<typename Config::ElementD*>(args.out + first * args.n);
   typename Config::StrideA sa{};
@@ -323,8 +332,9 @@ absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* c
   // Enough threads for the scale copies, at most ~2 waves of small blocks (the activation rows
   // are on the device only: 1024 blocks whenever they are broadcast).
   int64_t total = 0;
-  if (compact != nullptr) total = args.num_experts * ((args.n + 127) / 128) * (args.k / 128);
-  if (WideWeightScales(args)) total = std::max(total, args.num_experts * args.n * (args.k / 128));
+  const int64_t groups = MoeFp8CutlassGroups(args.k);
+  if (compact != nullptr) total = args.num_experts * ((args.n + 127) / 128) * groups;
+  if (WideWeightScales(args)) total = std::max(total, args.num_experts * args.n * groups);
   if (args.a_scheme != Fp8ActivationScheme::kDynamicGroup128) total = int64_t{1024} * kThreads;
   blocks = std::max(blocks, std::min<int64_t>((total + kThreads - 1) / kThreads, 1024));
   FillGroups<Config><<<static_cast<int>(blocks), kThreads, 0, stream>>>(args, g, compact);

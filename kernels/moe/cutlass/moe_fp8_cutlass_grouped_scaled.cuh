@@ -157,7 +157,7 @@ __global__ void FillScaledGroups(MoeFp8CutlassGroupedArgs args,
   const int m = args.expert_offsets[e + 1] - args.expert_offsets[e];
   const int n = static_cast<int>(args.n), k = static_cast<int>(args.k);
   const auto* rows = reinterpret_cast<const typename F::C::ElementA*>(args.a + first * args.k);
-  const auto* weight = reinterpret_cast<const typename F::C::ElementB*>(args.w.codes[e]);
+  const auto* weight = reinterpret_cast<const typename F::C::ElementB*>(ExpertCodes(args, e));
   if constexpr (kSwap) {
     g.shapes[e] = typename F::Shape(n, m, k);
     g.a[e] = reinterpret_cast<const typename F::C::ElementA*>(weight);
@@ -169,7 +169,7 @@ __global__ void FillScaledGroups(MoeFp8CutlassGroupedArgs args,
   }
   const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
   g.sa[e] = per_row ? args.a_scales + first : args.a_scales;
-  g.sw[e] = args.w.scales[e];
+  g.sw[e] = ExpertScales(args, e);
   g.d[e] = reinterpret_cast<typename F::C::ElementD*>(args.out + first * args.n);
   typename F::StrideA sa{};
   cute::get<0>(sa) = args.k;
