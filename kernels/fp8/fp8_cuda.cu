@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -184,6 +186,46 @@ __global__ void __launch_bounds__(kQuantThreads)
     for (int e = 0; e < 8; ++e) w[e / 4] |= uint32_t{ToE4m3(f[e] / scale)} << (8 * (e % 4));
     cr[c] = make_uint2(w[0], w[1]);
   }
+}
+
+// kDynamicGroup128 on bf16 rows with k % 8 == 0: a warp per two groups of 128 columns of a row,
+// a half-warp per group, one 16-byte load of 8 values a lane, the group's amax by shuffles within
+// the half-warp, 8-byte code stores (a last partial group: its lanes past k hold 0). The same codes
+// and scales as QuantizeKernel's group path (max is exact in any order; the same division and
+// rounding per element), which takes a warp per group with 2-byte loads and 1-byte stores.
+constexpr int kGroupsPerWarp = 2;
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeGroupsVec8Kernel(const __nv_bfloat16* __restrict__ x, int64_t m, int64_t k,
+                             uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  const int64_t groups = (k + kGroup - 1) / kGroup;
+  const int64_t tasks_per_row = (groups + kGroupsPerWarp - 1) / kGroupsPerWarp;
+  const int64_t task = int64_t{blockIdx.x} * (kQuantThreads / 32) + (threadIdx.x >> 5);
+  if (task >= m * tasks_per_row) return;  // whole warps: the shuffles below see full warps
+  const int lane = threadIdx.x & 31;
+  const int64_t row = task / tasks_per_row;
+  const int64_t g = task % tasks_per_row * kGroupsPerWarp + (lane >> 4);
+  const int64_t c = g * kGroup + (lane & 15) * 8;  // this lane's 8 columns (k % 8 == 0)
+  const bool valid = g < groups && c < k;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (valid) v = __ldg(reinterpret_cast<const uint4*>(x + row * k + c));
+  float f[8];
+  VecToFloat(*reinterpret_cast<const Vec<__nv_bfloat16, 8>*>(&v), f);
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float scale = ScaleFor(amax);
+  if (g < groups && (lane & 15) == 0) scales[row * groups + g] = scale;
+  if (!valid) return;
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) w[e / 4] |= uint32_t{ToE4m3(f[e] / scale)} << (8 * (e % 4));
+  *reinterpret_cast<uint2*>(codes + row * k + c) = make_uint2(w[0], w[1]);
 }
 
 struct GemvParams {
@@ -369,6 +411,16 @@ absl::Status ScaleFp8Accumulator(const float* acc, const float* a_scales, const 
   return absl::OkStatus();
 }
 
+// QuantizeGroupsVec8Kernel unless TANDEM_FP8_QUANT_VEC_GROUPS=0 (read once: A/B runs against
+// QuantizeKernel's group path, the same bits).
+bool VecGroupsOn() {
+  static const bool on = [] {
+    const char* env = std::getenv("TANDEM_FP8_QUANT_VEC_GROUPS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
 template <typename TIn>
 absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
                                   float static_scale, uint8_t* codes, float* scales,
@@ -390,6 +442,16 @@ absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8Activat
       CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), QuantizeRowsVec8Kernel, x, k,
                                               static_cast<int>(scheme), static_scale, codes,
                                               scales));
+      return absl::OkStatus();
+    }
+    if (scheme == Fp8ActivationScheme::kDynamicGroup128 && k % 8 == 0 && Aligned16(x) &&
+        reinterpret_cast<uintptr_t>(codes) % 8 == 0 && VecGroupsOn()) {
+      const int64_t warps = m * ((k + kGroup * kGroupsPerWarp - 1) / (kGroup * kGroupsPerWarp));
+      const internal::PdlLaunchConfig groups_config(
+          dim3(static_cast<unsigned>((warps + kQuantThreads / 32 - 1) / (kQuantThreads / 32))),
+          dim3(kQuantThreads), stream, programmatic_launch);
+      CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(groups_config.get(), QuantizeGroupsVec8Kernel, x, m,
+                                              k, codes, scales));
       return absl::OkStatus();
     }
   }

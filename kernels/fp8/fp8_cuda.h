@@ -29,6 +29,9 @@ inline constexpr int64_t kFp8GemvMaxM = 16;
 // (kStaticTensor: scales[0] = static_scale is written). INVALID_ARGUMENT for kNone, m or k < 1,
 // null pointers, or a non-positive static scale. programmatic_launch: launched with PDL (the
 // kernel waits for the preceding grid before reading x), as kernels/gemm/cuda/gemv_cuda.h's.
+// Vectorized (16-byte loads, 8-byte code stores) where k % 8 == 0, x is 16-byte and codes 8-byte
+// aligned: a block per row for per-token / static scales, a half-warp per 128-column group for
+// kDynamicGroup128 (TANDEM_FP8_QUANT_VEC_GROUPS=0: the scalar form, the same bits).
 absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
                                  Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
                                  float* scales, cudaStream_t stream,

@@ -40,10 +40,13 @@ std::vector<bf16> RandomBf16(std::mt19937& rng, int64_t count, float stddev) {
 TEST(Fp8CudaTest, QuantizeActivationsEqualsTheCpu) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
-  for (int64_t k : {16, 300, 4096}) {
+  // k % 8 == 0 runs the vectorized kernels (QuantizeRowsVec8Kernel, QuantizeGroupsVec8Kernel: 1
+  // group, 1 + a partial group, 32 groups, 85.5 groups (DeepSeek-V2-Lite's dense 10,944), and an
+  // odd group count at 37 rows); k = 300 the general QuantizeKernel.
+  for (int64_t k : {16, 200, 300, 4096, 10944, 2432}) {
     for (auto scheme : {Fp8ActivationScheme::kStaticTensor, Fp8ActivationScheme::kDynamicToken,
                         Fp8ActivationScheme::kDynamicGroup128}) {
-      const int64_t m = 5;
+      const int64_t m = k == 2432 ? 37 : 5;
       std::vector<bf16> x = RandomBf16(rng, m * k, 3.0f);
       for (int64_t c = 0; c < k; ++c) x[2 * k + c] = __float2bfloat16_rn(0.0f);  // scale 1
       const std::vector<float> xf = cuda_test::ToFloat(x);
