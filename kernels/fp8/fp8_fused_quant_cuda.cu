@@ -1,4 +1,4 @@
-// The producers of FP8 activations with the per-token quantization fused in
+// The producers of FP8 activations with the quantization fused in
 // (fp8_fused_quant_cuda.h). The arithmetic up to the bf16 output is kernels/layers/cuda's
 // (layers_cuda.cu) line for line; the quantization is QuantizeActivations' (fp8_cuda.cu).
 #include <cooperative_groups.h>
@@ -40,6 +40,43 @@ __device__ __forceinline__ float BlockMax(float v, float* warp_max) {
   return v;
 }
 
+// e4m3 codes of 8 values over `scale` (IEEE division, round to nearest even, saturating), as one
+// 8-byte word.
+__device__ __forceinline__ uint2 Codes8(const float (&v)[kVec], float scale) {
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const uint32_t code = __nv_cvt_float_to_fp8(v[e] / scale, __NV_SATFINITE, __NV_E4M3) & 0xFFu;
+    w[e / 4] |= code << (8 * (e % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// The row's 1 x 128 groups from this thread's rounded outputs `held`: vector v of thread t holds
+// columns (t + v * kThreads) * 8, so the 16 threads of a half-warp hold one group; its amax by
+// shuffles within the half-warp (every lane shuffles, past-width vectors holding 0), its scale
+// written by the group's first lane, codes 8 per 8-byte store.
+template <int kVecs>
+__device__ __forceinline__ void QuantizeHeldGroups(const float (&held)[kVecs][kVec], int64_t width,
+                                                   int64_t row, uint8_t* codes, float* scales) {
+  const int64_t groups = (width + 127) / 128;
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t i = (threadIdx.x + int64_t{v} * kThreads) * kVec;
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(held[v][j]));
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    }
+    if (i >= width) continue;
+    const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+    if (threadIdx.x % 16 == 0) scales[row * groups + i / 128] = scale;
+    reinterpret_cast<uint2*>(codes + row * width)[i / kVec] = Codes8(held[v], scale);
+  }
+}
+
 // The row's per-token scale from this thread's rounded outputs `held` (kVecs x 8, vectors at
 // columns (threadIdx.x + v * kThreads) * 8 below width), then its codes, 8 per 8-byte store.
 template <int kVecs>
@@ -60,20 +97,13 @@ __device__ __forceinline__ void QuantizeHeldRow(const float (&held)[kVecs][kVec]
   for (int v = 0; v < kVecs; ++v) {
     const int64_t i = (threadIdx.x + int64_t{v} * kThreads) * kVec;
     if (i >= width) break;
-    uint32_t w[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const uint32_t code =
-          __nv_cvt_float_to_fp8(held[v][e] / scale, __NV_SATFINITE, __NV_E4M3) & 0xFFu;
-      w[e / 4] |= code << (8 * (e % 4));
-    }
-    cr[i / kVec] = make_uint2(w[0], w[1]);
+    cr[i / kVec] = Codes8(held[v], scale);
   }
 }
 
-// layers_cuda.cu's RmsNormKernel (kVecs > 0), then the row quantized. held[] is zero for
-// columns past hidden, which leaves the amax alone.
-template <bool kFusedAdd, int kVecs>
+// layers_cuda.cu's RmsNormKernel (kVecs > 0), then the row quantized per token or (kGroups) per
+// 1 x 128 group. held[] is zero for columns past hidden, which leaves the amax alone.
+template <bool kFusedAdd, bool kGroups, int kVecs>
 __global__ void __launch_bounds__(kThreads)
     RmsNormQuantKernel(const bf16* x, bf16* residual, const bf16* __restrict__ weight,
                        int64_t hidden, float eps, bf16* out, uint8_t* __restrict__ codes,
@@ -121,7 +151,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     *reinterpret_cast<BVec*>(out + base + i) = o;
   }
-  QuantizeHeldRow<kVecs>(held, hidden, row, codes, scales);
+  if constexpr (kGroups) {
+    QuantizeHeldGroups<kVecs>(held, hidden, row, codes, scales);
+  } else {
+    QuantizeHeldRow<kVecs>(held, hidden, row, codes, scales);
+  }
 }
 
 // layers_cuda.cu's SiluAndMulKernel per element, then the row quantized. One block alone per
@@ -173,14 +207,7 @@ __global__ void __cluster_dims__(kSiluCtas, 1, 1) __launch_bounds__(kThreads)
   const float scale = row_amax > 0.0f ? row_amax / kFp8E4m3Max : 1.0f;
   if (rank == 0 && threadIdx.x == 0) scales[row] = scale;
   if (mine) {
-    uint32_t w[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const uint32_t code =
-          __nv_cvt_float_to_fp8(held[e] / scale, __NV_SATFINITE, __NV_E4M3) & 0xFFu;
-      w[e / 4] |= code << (8 * (e % 4));
-    }
-    reinterpret_cast<uint2*>(codes + row * inter)[v] = make_uint2(w[0], w[1]);
+    reinterpret_cast<uint2*>(codes + row * inter)[v] = Codes8(held, scale);
   }
   cluster.sync();  // no block leaves while another still reads its block_amax
 }
@@ -197,22 +224,31 @@ cudaError_t LaunchByWidth(int64_t m, int64_t width, cudaStream_t stream, bool pd
   return cudaLaunchKernelEx(config.get(), K<8>::kernel, args...);
 }
 
-template <int kVecs>
-struct NormPlain {
-  static constexpr auto kernel = RmsNormQuantKernel<false, kVecs>;
+template <bool kAdd, bool kGroups>
+struct Norm {
+  template <int kVecs>
+  struct Of {
+    static constexpr auto kernel = RmsNormQuantKernel<kAdd, kGroups, kVecs>;
+  };
 };
-template <int kVecs>
-struct NormAdd {
-  static constexpr auto kernel = RmsNormQuantKernel<true, kVecs>;
-};
+
+template <bool kAdd, bool kGroups>
+cudaError_t LaunchNorm(int64_t m, int64_t hidden, cudaStream_t stream, bool pdl, const bf16* x,
+                       bf16* residual, const bf16* weight, float eps, bf16* out,
+                       const Fp8TokenCodes& q) {
+  return LaunchByWidth<Norm<kAdd, kGroups>::template Of>(
+      m, hidden, stream, pdl, x, residual, weight, hidden, eps, out, q.codes, q.scales);
+}
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 absl::Status Invalid(const char* op, int64_t m, int64_t width) {
   return absl::InvalidArgumentError(
       absl::StrCat("cuda::", op, ": needs m >= 0, a width that is a positive multiple of 8 up to ",
-                   kFp8FusedQuantMaxWidth, " and non-null 16-byte aligned buffers; got m=", m,
-                   " width=", width));
+                   kFp8FusedQuantMaxWidth,
+                   " and non-null 16-byte aligned buffers (SiluAndMulQuantFp8: per-token codes "
+                   "only); got m=",
+                   m, " width=", width));
 }
 
 }  // namespace
@@ -230,15 +266,18 @@ absl::Status RmsNormQuantFp8(const bf16* x, bf16* residual, const bf16* weight, 
                   q.scales != nullptr && Aligned(residual);
   if (!ok) return Invalid("RmsNormQuantFp8", m, hidden);
   if (m == 0) return absl::OkStatus();
-  if (residual == nullptr) {
-    CUDA_RETURN_IF_ERROR(
-        (LaunchByWidth<NormPlain>(m, hidden, stream, programmatic_launch, x, residual, weight,
-                                  hidden, eps, out, q.codes, q.scales)));
-  } else {
-    CUDA_RETURN_IF_ERROR(
-        (LaunchByWidth<NormAdd>(m, hidden, stream, programmatic_launch, x, residual, weight, hidden,
-                                eps, out, q.codes, q.scales)));
-  }
+  const bool pdl = programmatic_launch;
+  const cudaError_t err =
+      residual == nullptr
+          ? (q.group128
+                 ? LaunchNorm<false, true>(m, hidden, stream, pdl, x, residual, weight, eps, out, q)
+                 : LaunchNorm<false, false>(m, hidden, stream, pdl, x, residual, weight, eps, out,
+                                            q))
+          : (q.group128
+                 ? LaunchNorm<true, true>(m, hidden, stream, pdl, x, residual, weight, eps, out, q)
+                 : LaunchNorm<true, false>(m, hidden, stream, pdl, x, residual, weight, eps, out,
+                                           q));
+  CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();
 }
 
@@ -247,7 +286,7 @@ absl::Status SiluAndMulQuantFp8(const bf16* gate_up, int64_t m, int64_t inter, b
                                 bool programmatic_launch) {
   const bool ok = m >= 0 && m <= 0x7fffffff / kSiluCtas && Fp8FusedQuantSupported(inter) &&
                   gate_up != nullptr && Aligned(gate_up) && Aligned(out) && q.codes != nullptr &&
-                  Aligned(q.codes) && q.scales != nullptr;
+                  Aligned(q.codes) && q.scales != nullptr && !q.group128;
   if (!ok) return Invalid("SiluAndMulQuantFp8", m, inter);
   if (m == 0) return absl::OkStatus();
   const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(m * kSiluCtas)), dim3(kThreads),

@@ -1,4 +1,5 @@
-// Per-token FP8 activation quantization fused into the kernels that produce the activations
+// FP8 activation quantization (per token; 1 x 128 groups after RMSNorm) fused into the kernels
+// that produce the activations
 // (issue 38): RMSNorm (plain, or with vLLM's residual add) and SiLU-and-mul write the e4m3 codes
 // and per-token scales of their bf16 output themselves, so the FP8 projection that follows
 // needs no separate QuantizeActivations pass (one kernel and one read of the row fewer per
@@ -34,10 +35,13 @@ namespace tandem::kernels::cuda {
 
 inline constexpr int64_t kFp8FusedQuantMaxWidth = 16384;
 
-// Where the per-token quantized output goes: codes [m, width] e4m3, scales [m] fp32.
+// Where the quantized output goes: codes [m, width] e4m3, scales [m] fp32 per token, or with
+// group128 one per 1 x 128 group, [m, ceil(width / 128)] (QuantizeActivations' kDynamicGroup128
+// layout: DeepSeek-style block-FP8 weights' activations). group128 is RmsNormQuantFp8's only.
 struct Fp8TokenCodes {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
+  bool group128 = false;
 };
 
 // True when the fused kernels take rows of `width` elements.
@@ -45,7 +49,9 @@ bool Fp8FusedQuantSupported(int64_t width);
 
 // residual == nullptr: out = RmsNorm(x) (layers_cuda.h's RmsNorm). Else FusedAddRmsNorm's:
 // residual = bf16(residual + x); out = RmsNorm(residual) (out may be x, as FusedAddRmsNorm
-// writes it in place). Then q = per-token e4m3 of out. x, residual, out: [m, hidden];
+// writes it in place). Then q = per-token e4m3 of out, or with q.group128 per 1 x 128 group (a
+// half-warp holds a group: 16 threads x one 16-byte vector; QuantizeActivations' kDynamicGroup128
+// bits). x, residual, out: [m, hidden];
 // weight: [hidden]. INVALID_ARGUMENT (nothing launched) for m < 0, an unsupported hidden,
 // null or unaligned pointers.
 absl::Status RmsNormQuantFp8(const __nv_bfloat16* x, __nv_bfloat16* residual,
@@ -55,7 +61,8 @@ absl::Status RmsNormQuantFp8(const __nv_bfloat16* x, __nv_bfloat16* residual,
 
 // out = bf16(silu(gate) * up) as layers_cuda.h's SiluAndMul (skipped when out is null: the
 // FP8 projection reads only the codes), q = per-token e4m3 of that bf16 output.
-// gate_up: [m, 2 * inter] (gate first); out: [m, inter]. INVALID_ARGUMENT as above.
+// gate_up: [m, 2 * inter] (gate first); out: [m, inter]. INVALID_ARGUMENT as above, and for
+// q.group128 (a cluster block's vectors need not start on a group: not fused).
 absl::Status SiluAndMulQuantFp8(const __nv_bfloat16* gate_up, int64_t m, int64_t inter,
                                 __nv_bfloat16* out, const Fp8TokenCodes& q, cudaStream_t stream,
                                 bool programmatic_launch = false);

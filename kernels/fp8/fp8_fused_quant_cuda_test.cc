@@ -1,8 +1,8 @@
 // RmsNormQuantFp8 / SiluAndMulQuantFp8 (fp8_fused_quant_cuda.h) on fresh random inputs (GPU;
 // skips without one):
 //   * bit for bit the two kernels they replace: kernels/layers/cuda's RmsNorm / FusedAddRmsNorm
-//     / SiluAndMul, then QuantizeActivations (kDynamicToken) on their bf16 output: output,
-//     residual, codes and scales;
+//     / SiluAndMul, then QuantizeActivations (kDynamicToken; after RMSNorm also
+//     kDynamicGroup128) on their bf16 output: output, residual, codes and scales;
 //   * against the CPU reference: kernels/layers' fp32 RmsNorm / SiluAndMul on the same bf16
 //     inputs, rounded to bf16, quantized by kernels::QuantizeActivations: bf16 outputs within
 //     2^-7 relative, scales within 2^-7, every dequantized code within an e4m3 half-step
@@ -81,20 +81,25 @@ void ExpectSameBf16(const std::vector<bf16>& a, const std::vector<bf16>& b, cons
   EXPECT_EQ(diffs, 0) << what << " differs from the two-kernel path";
 }
 
-// The device result against the CPU reference `ref` ([m, width], the bf16-rounded fp32 values).
+// The device result against the CPU reference `ref` ([m, width], the bf16-rounded fp32 values),
+// quantized per token or per 1 x 128 group (`scheme`).
 void ExpectNearReference(const std::vector<float>& got_out, const Quantized& got,
-                         const std::vector<float>& ref, int64_t m, int64_t width) {
+                         const std::vector<float>& ref, int64_t m, int64_t width,
+                         Fp8ActivationScheme scheme = Fp8ActivationScheme::kDynamicToken) {
   constexpr float kBf16Rel = 0x1p-7f;
   for (size_t i = 0; i < ref.size() && !got_out.empty(); ++i) {
     ASSERT_NEAR(got_out[i], ref[i], kBf16Rel * std::fabs(ref[i]) + 1e-30f) << "element " << i;
   }
-  Quantized want{std::vector<uint8_t>(m * width), std::vector<float>(m)};
-  kernels::QuantizeActivations(ref.data(), m, width, Fp8ActivationScheme::kDynamicToken, 0.0f,
-                               want.codes.data(), want.scales.data());
+  const int64_t per_row = scheme == Fp8ActivationScheme::kDynamicGroup128 ? (width + 127) / 128 : 1;
+  const int64_t group_cols = scheme == Fp8ActivationScheme::kDynamicGroup128 ? 128 : width;
+  Quantized want{std::vector<uint8_t>(m * width), std::vector<float>(m * per_row)};
+  kernels::QuantizeActivations(ref.data(), m, width, scheme, 0.0f, want.codes.data(),
+                               want.scales.data());
   for (int64_t r = 0; r < m; ++r) {
-    const float s = got.scales[r];
-    ASSERT_NEAR(s, want.scales[r], kBf16Rel * want.scales[r]) << "row " << r;
     for (int64_t c = 0; c < width; ++c) {
+      const int64_t si = r * per_row + c / group_cols;
+      const float s = got.scales[si];
+      ASSERT_NEAR(s, want.scales[si], kBf16Rel * want.scales[si]) << "row " << r << " col " << c;
       const float v = ref[r * width + c];
       const float deq = Fp8E4m3ToFloat(got.codes[r * width + c]) * s;
       ASSERT_NEAR(deq, v, (0x1p-4f + 2 * kBf16Rel) * std::fabs(v) + 0x1p-10f * s)
@@ -103,8 +108,12 @@ void ExpectNearReference(const std::vector<float>& got_out, const Quantized& got
   }
 }
 
-void CheckNorm(std::mt19937& rng, int64_t m, int64_t hidden, bool add) {
-  SCOPED_TRACE(::testing::Message() << "m=" << m << " hidden=" << hidden << (add ? " add" : ""));
+void CheckNorm(std::mt19937& rng, int64_t m, int64_t hidden, bool add, bool group128 = false) {
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " hidden=" << hidden << (add ? " add" : "")
+                                    << (group128 ? " 1 x 128 groups" : ""));
+  const Fp8ActivationScheme scheme =
+      group128 ? Fp8ActivationScheme::kDynamicGroup128 : Fp8ActivationScheme::kDynamicToken;
+  const int64_t num_scales = NumActivationScales(scheme, m, hidden);
   const int64_t zero_row = m > 2 ? 1 : -1;
   const std::vector<bf16> x = RandomRows(rng, m, hidden, 1.0f, add ? -1 : zero_row);
   // With the add, residual + x is zero on the zero row: both are.
@@ -118,11 +127,11 @@ void CheckNorm(std::mt19937& rng, int64_t m, int64_t hidden, bool add) {
   DeviceBuffer<bf16> dx(x), dres(res), dw(weight), dout(m * hidden);
   DeviceBuffer<bf16> dx2(x), dres2(res), dout2(m * hidden);
   DeviceBuffer<uint8_t> codes(m * hidden), codes2(m * hidden);
-  DeviceBuffer<float> scales(m), scales2(m);
+  DeviceBuffer<float> scales(num_scales), scales2(num_scales);
   // Fused: out = norm (the add variant writes it over x, as the model does).
   bf16* out = add ? dx.get() : dout.get();
   ASSERT_TRUE(RmsNormQuantFp8(dx.get(), add ? dres.get() : nullptr, dw.get(), m, hidden, kEps, out,
-                              {codes.get(), scales.get()}, nullptr)
+                              {codes.get(), scales.get(), group128}, nullptr)
                   .ok());
   // The two kernels it replaces.
   bf16* out2 = add ? dx2.get() : dout2.get();
@@ -132,9 +141,9 @@ void CheckNorm(std::mt19937& rng, int64_t m, int64_t hidden, bool add) {
   } else {
     ASSERT_TRUE(RmsNorm<bf16>(dx2.get(), dw.get(), m, hidden, kEps, dout2.get(), nullptr).ok());
   }
-  ASSERT_TRUE(QuantizeActivations(out2, m, hidden, Fp8ActivationScheme::kDynamicToken, 0.0f,
-                                  codes2.get(), scales2.get(), nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      QuantizeActivations(out2, m, hidden, scheme, 0.0f, codes2.get(), scales2.get(), nullptr)
+          .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<bf16> got_out = add ? dx.ToHost() : dout.ToHost();
   ExpectSameBf16(got_out, add ? dx2.ToHost() : dout2.ToHost(), "norm output");
@@ -150,7 +159,7 @@ void CheckNorm(std::mt19937& rng, int64_t m, int64_t hidden, bool add) {
   } else {
     cpu::RmsNorm(xf.data(), ToF(weight).data(), m, hidden, kEps, ref.data());
   }
-  ExpectNearReference(ToF(got_out), got, RoundBf16(ref), m, hidden);
+  ExpectNearReference(ToF(got_out), got, RoundBf16(ref), m, hidden, scheme);
 }
 
 void CheckSilu(std::mt19937& rng, int64_t m, int64_t inter, bool write_out) {
@@ -190,6 +199,21 @@ TEST(Fp8FusedQuantCudaTest, RmsNormQuantMatchesNormThenQuantize) {
   }
 }
 
+// 1 x 128 groups (block-FP8 weights' activations): bit for bit RmsNorm / FusedAddRmsNorm +
+// QuantizeActivations(kDynamicGroup128); widths of one partial group (8, 72), 2,048 (one vector a
+// thread), 7,168 (DeepSeek-V3: 3.5), 10,944 (a partial last group) and 16,384.
+TEST(Fp8FusedQuantCudaTest, RmsNormGroupQuantMatchesNormThenQuantize) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 1);
+  for (bool add : {false, true}) {
+    for (int64_t m : {1, 3, 17}) {
+      for (int64_t hidden : {8, 72, 2048, 7168, 10944, 16384}) {
+        CheckNorm(rng, m, hidden, add, /*group128=*/true);
+      }
+    }
+  }
+}
+
 TEST(Fp8FusedQuantCudaTest, SiluAndMulQuantMatchesSiluThenQuantize) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
@@ -214,6 +238,8 @@ TEST(Fp8FusedQuantCudaTest, Refusals) {
       SiluAndMulQuantFp8(a.get() + 1, 1, 64, nullptr, q, nullptr)));  // unaligned
   EXPECT_TRUE(absl::IsInvalidArgument(SiluAndMulQuantFp8(a.get(), -1, 64, nullptr, q, nullptr)));
   EXPECT_TRUE(SiluAndMulQuantFp8(a.get(), 0, 64, nullptr, q, nullptr).ok());  // nothing to do
+  EXPECT_TRUE(absl::IsInvalidArgument(SiluAndMulQuantFp8(
+      a.get(), 1, 64, nullptr, {codes.get(), scales.get(), /*group128=*/true}, nullptr)));
   EXPECT_FALSE(Fp8FusedQuantSupported(16392));
   EXPECT_TRUE(Fp8FusedQuantSupported(14336));
 }

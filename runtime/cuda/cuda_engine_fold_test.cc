@@ -220,6 +220,39 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   }
 }
 
+// TANDEM_FP8_GROUP_CODES (cuda_fp8_linear.h): a 128 x 128-block FP8 model with 1 x 128 activation
+// groups whose RMSNorms write the qkv / gate_up projections' codes themselves
+// (kernels/fp8/fp8_fused_quant_cuda.h, group128) gives the tokens and logits of the same model
+// with the separate QuantizeActivations pass (=0) bit for bit: the same codes and scales, on the
+// batched decode steps' GEMVs and the prefills' GEMMs; batch 1 runs the W8A16 fold either way.
+TEST(CudaEngineTest, Fp8GroupCodesGiveTheSeparateQuantizationTokensAndLogits) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ModelConfig model = engine_test::MidConfig();
+  model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+  model.quantization.block_rows = 128;
+  model.quantization.block_cols = 128;
+  model.quantization.activation = kernels::Fp8ActivationScheme::kDynamicGroup128;
+  const auto prompts = RandomPrompts(5, 60, static_cast<int>(model.vocab_size), seed);
+  CudaBackendConfig backend = MidBackend();
+  backend.gemm_autotune = false;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  std::vector<Output> outs[2];
+  for (int i = 0; i < 2; ++i) {  // fused, then the separate pass
+    setenv("TANDEM_FP8_GROUP_CODES", i == 0 ? "1" : "0", /*overwrite=*/1);
+    ModelWeights w = RandomModelWeights(model, seed);
+    ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+    outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, /*together=*/true);
+  }
+  unsetenv("TANDEM_FP8_GROUP_CODES");
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
+    EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
+    EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+  }
+}
+
 // TANDEM_FP8_W16_ROPE (cuda_llama_model_fp8.cc): an FP8 model's weight-only batch-1 steps with
 // RoPE + the KV write in the qkv GEMV's epilogue (Fp8W16GemvNormInRopeKv) give the tokens and
 // logits of the same steps with the separate RopeQkvToCache kernel (=0) bit for bit: the fold's

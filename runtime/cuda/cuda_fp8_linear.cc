@@ -199,6 +199,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   if (const char* env = std::getenv("TANDEM_FP8_W16_GEMV"); env != nullptr) {
     out->w8a16_gemv_ = std::string(env) != "0";
   }
+  if (const char* env = std::getenv("TANDEM_FP8_GROUP_CODES"); env != nullptr) {
+    out->group_codes_ = std::string(env) != "0";
+  }
   if (const char* env = std::getenv("TANDEM_FP8_GEMV_KERNEL"); env != nullptr) {
     const std::string kernel = env;
     if (kernel == "streaming") {
@@ -298,8 +301,11 @@ const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16
 }
 
 bool CudaFp8Linear::TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const {
-  return !w.empty() && w.activation == Scheme::kDynamicToken && m >= 1 && m <= max_tokens_ &&
-         w.grid.cols <= max_k_;
+  // 1 x 128 groups: not where the W8A16 GEMV takes the bf16 activations themselves (batch 1).
+  const bool groups = group_codes_ && w.activation == Scheme::kDynamicGroup128 &&
+                      !(w8a16_gemv_ && W8a16GemvServes(w, m));
+  return !w.empty() && (w.activation == Scheme::kDynamicToken || groups) && m >= 1 &&
+         m <= max_tokens_ && w.grid.cols <= max_k_;
 }
 
 absl::Status CudaFp8Linear::ReserveW16SplitK(int64_t weight_rows, int splits) {

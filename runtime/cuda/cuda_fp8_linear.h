@@ -126,7 +126,9 @@ class CudaFp8Linear {
   // TANDEM_FP8_GEMV_KERNEL says "pipelined", "pipelined_one_early", "pipelined_l2",
   // "pipelined_late", "streaming" or "register" (A/B runs of decode_step_bench; INVALID_ARGUMENT
   // for another value).
-  // TANDEM_FP8_W16_GEMV=0 starts it with w8a16_gemv() off (A/B runs).
+  // TANDEM_FP8_W16_GEMV=0 starts it with w8a16_gemv() off (A/B runs); TANDEM_FP8_GROUP_CODES=0
+  // with TakesTokenCodes false for 1 x 128-group weights (their producers' fused quantization
+  // off: A/B runs).
   static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
 
   // Batch 1 of a weight with per-128-column scales on the weight-only W8A16 GEMV (the header
@@ -160,18 +162,22 @@ class CudaFp8Linear {
   // programmatic_launch: the decode kernels (m <= 16) are launched with PDL, as
   // kernels/gemm/cuda/gemv_cuda.h's SmallMLinear.
   // codes_ready: a fused producer (kernels/fp8/fp8_fused_quant_cuda.h) already wrote a's
-  // per-token codes and scales into token_codes(); no quantization pass runs (a is unused;
-  // INVALID_ARGUMENT unless TakesTokenCodes(w, m)).
+  // codes and scales (per token or per 1 x 128 group, as w quantizes) into token_codes(w); no
+  // quantization pass runs (a is unused; INVALID_ARGUMENT unless TakesTokenCodes(w, m)).
   absl::Status Linear(const __nv_bfloat16* a, const CudaFp8Weight& w, const __nv_bfloat16* bias,
                       int64_t m, __nv_bfloat16* out, cudaStream_t stream,
                       bool programmatic_launch = false, bool codes_ready = false);
 
-  // True when `w` quantizes its input per token (kDynamicToken) and m x k fits the workspace:
-  // a fused producer may then write the codes into token_codes() for Linear(codes_ready).
+  // True when `w` quantizes its input per token (kDynamicToken) or per 1 x 128 group
+  // (kDynamicGroup128, except where the batch-1 W8A16 GEMV takes bf16 activations) and m x k
+  // fits the workspace: a fused producer may then write the codes into token_codes(w) for
+  // Linear(codes_ready).
   bool TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const;
-  // The workspace a fused producer writes per-token codes [m, k] and scales [m] into.
-  kernels::cuda::Fp8TokenCodes token_codes() {
-    return {codes_.get<uint8_t>(), scales_.get<float>()};
+  // The workspace a fused producer writes w's codes [m, k] and scales into: [m] per token, or
+  // [m, ceil(k / 128)] per group (group128) for a kDynamicGroup128 weight.
+  kernels::cuda::Fp8TokenCodes token_codes(const CudaFp8Weight& w) {
+    return {codes_.get<uint8_t>(), scales_.get<float>(),
+            w.activation == kernels::Fp8ActivationScheme::kDynamicGroup128};
   }
 
   // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
@@ -204,6 +210,7 @@ class CudaFp8Linear {
   int64_t max_tokens_ = 0, max_k_ = 0;
   kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
   bool w8a16_gemv_ = true;
+  bool group_codes_ = true;  // TakesTokenCodes for kDynamicGroup128 weights
   kernels::cuda::Fp8W16Math w8a16_math_ = kernels::cuda::Fp8W16Math::kAuto;
   DeviceBuffer w16_split_k_mem_;  // Fp8W16SplitKWorkspaceBytes(w16_split_k_rows_)
   kernels::cuda::Fp8W16SplitKWorkspace w16_split_k_;

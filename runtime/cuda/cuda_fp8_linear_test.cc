@@ -5,11 +5,11 @@
 // block-scaled cuBLASLt GEMM and the chunked-GEMV slow path),
 // bias on and off, each call checked to take the path PathFor names; m = 1 with 128-column
 // blocks on the weight-only W8A16 GEMV (against the reference with scheme kNone: no activation
-// quantization) and, w8a16_gemv off, on the W8A8 GEMV; per-token weights also on
-// codes written into token_codes() by a producer (codes_ready: the W8A8 GEMV's bits), other
-// schemes refusing codes_ready; and the device dummy FP8 rows
-// (FillFp8Dummy) against kernels::QuantizeWeight of the host draw; the CUTLASS row GEMM at
-// DeepSeek-V2-Lite's dense shapes (k = 10,944). GPU test; skips without one.
+// quantization) and, w8a16_gemv off, on the W8A8 GEMV; per-token and 1 x 128-group weights also
+// on codes written into token_codes(w) by a producer (codes_ready: the same bits on every path),
+// other schemes (and groups where batch 1 runs the W8A16 GEMV) refusing codes_ready; and the device
+// dummy FP8 rows (FillFp8Dummy) against kernels::QuantizeWeight of the host draw; the CUTLASS row
+// GEMM at DeepSeek-V2-Lite's dense shapes (k = 10,944). GPU test; skips without one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
 #include <algorithm>
@@ -134,7 +134,7 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
     EXPECT_STREQ(linear.last_path(), "fp8-gemv");
     linear.set_w8a16_gemv(true);
   }
-  const kernels::cuda::Fp8TokenCodes q = linear.token_codes();
+  const kernels::cuda::Fp8TokenCodes q = linear.token_codes(*w);
   ASSERT_TRUE(
       kernels::cuda::QuantizeActivations(dx.get(), m, k, scheme, 0.0f, q.codes, q.scales, nullptr)
           .ok());

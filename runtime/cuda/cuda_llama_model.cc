@@ -343,7 +343,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     const bool reduce_in = l == 0 ? comm() != nullptr : hidden_partial;
     const bool qkv_codes = FusesFp8Quant(w.qkv_fp8, Tn, H, reduce_in);  // FP8: norm + quant
     if (qkv_codes) {
-      RETURN_IF_ERROR(AddNormQuantFp8(l > 0, w.input_layernorm, Tn, eps, stream));
+      RETURN_IF_ERROR(AddNormQuantFp8(l > 0, w.input_layernorm, w.qkv_fp8, Tn, eps, stream));
     } else {
       RETURN_IF_ERROR(
           ReduceAddNorm<T>(reduce_in, l > 0, Ptr<T>(w.input_layernorm), Tn, eps, stream));
@@ -356,7 +356,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     const bool gate_up_codes =
         !config_.IsMoeLayer(l) && FusesFp8Quant(w.gate_up_fp8, Tn, H, comm() != nullptr);
     if (gate_up_codes) {
-      RETURN_IF_ERROR(AddNormQuantFp8(true, w.post_attention_layernorm, Tn, eps, stream));
+      RETURN_IF_ERROR(
+          AddNormQuantFp8(true, w.post_attention_layernorm, w.gate_up_fp8, Tn, eps, stream));
     } else {
       RETURN_IF_ERROR(ReduceAddNorm<T>(comm() != nullptr, true, Ptr<T>(w.post_attention_layernorm),
                                        Tn, eps, stream));
@@ -367,7 +368,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
       continue;
     }
     // FP8: SiLU-and-mul writes down_proj's per-token codes itself.
-    const bool down_codes = !w.gate_up_fp8.empty() && FusesFp8Quant(w.down_fp8, Tn, I, false);
+    const bool down_codes =
+        !w.gate_up_fp8.empty() && FusesFp8Quant(w.down_fp8, Tn, I, false, /*silu=*/true);
     if (w.gate_up_fp8.empty() && UseGemv(hidden, Ptr<T>(w.gate_up_proj), Tn, 2 * I, H)) {
       // SiLU*up in the gate_up GEMV's epilogue (bit-identical to the two kernels below).
       RETURN_IF_ERROR(kc::SmallMLinearSiluMul<T>(hidden, Ptr<T>(w.gate_up_proj),
@@ -377,7 +379,7 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
       RETURN_IF_ERROR(Project<T>(w.gate_up_proj, w.gate_up_fp8, hidden, w.gate_up_bias, Tn, 2 * I,
                                  H, Ptr<T>(gate_up_), stream, gate_up_codes));
       if (down_codes) {
-        RETURN_IF_ERROR(SiluAndMulQuantFp8(Tn, stream));
+        RETURN_IF_ERROR(SiluAndMulQuantFp8(w.down_fp8, Tn, stream));
       } else {
         RETURN_IF_ERROR(kc::SiluAndMul<T>(Ptr<T>(gate_up_), Tn, I, Ptr<T>(act_), stream));
       }

@@ -266,14 +266,17 @@ class CudaLlamaModel {
                        const DeviceBuffer& bias, int64_t m, int64_t n, int64_t k, T* out,
                        cudaStream_t stream, bool fp8_codes_ready = false);
   // True when the producer of `fp8`'s input (RMSNorm or SiLU-and-mul over rows of `width`)
-  // writes its per-token codes itself (kernels/fp8/fp8_fused_quant_cuda.h): an FP8 per-token
-  // weight, bf16, and no all-reduce before the norm (`reduce`; TP > 1 keeps the separate pass).
-  bool FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width, bool reduce) const;
-  // ReduceAddNorm without the reduce, its output also quantized into fp8_'s codes.
-  absl::Status AddNormQuantFp8(bool add, const DeviceBuffer& weight, int64_t Tn, float eps,
-                               cudaStream_t stream);
+  // writes its codes itself (kernels/fp8/fp8_fused_quant_cuda.h): an FP8 weight taking per-token
+  // codes (RMSNorm also 1 x 128 groups: `silu` false), bf16, and no all-reduce before the norm
+  // (`reduce`; TP > 1 keeps the separate pass).
+  bool FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width, bool reduce,
+                     bool silu = false) const;
+  // ReduceAddNorm without the reduce, its output also quantized into fp8_'s codes as `fp8`
+  // quantizes its input.
+  absl::Status AddNormQuantFp8(bool add, const DeviceBuffer& weight, const CudaFp8Weight& fp8,
+                               int64_t Tn, float eps, cudaStream_t stream);
   // act_ = SiLU(gate) * up of gate_up_ as per-token codes in fp8_'s workspace (no bf16 act_).
-  absl::Status SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream);
+  absl::Status SiluAndMulQuantFp8(const CudaFp8Weight& fp8, int64_t Tn, cudaStream_t stream);
   // The rank's weight buffers, sized as Upload() checks them, zero-filled on `stream`.
   absl::Status AllocateWeights(cudaStream_t stream);
   absl::Status GenerateDummy(uint64_t seed, cudaStream_t stream);

@@ -71,14 +71,17 @@ CudaFp8Weight* CudaLlamaModel::Fp8Slot(WeightSlot slot, int64_t layer) {
   return w != nullptr && !w->empty() ? w : nullptr;
 }
 
-bool CudaLlamaModel::FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width,
-                                   bool reduce) const {
+bool CudaLlamaModel::FusesFp8Quant(const CudaFp8Weight& fp8, int64_t Tn, int64_t width, bool reduce,
+                                   bool silu) const {
+  // SiLU-and-mul fuses per-token codes only (kernels/fp8/fp8_fused_quant_cuda.h).
+  if (silu && fp8.activation != kernels::Fp8ActivationScheme::kDynamicToken) return false;
   return !reduce && fp8_ != nullptr && options_.dtype == ActDtype::kBf16 &&
          fp8_->TakesTokenCodes(fp8, Tn) && kernels::cuda::Fp8FusedQuantSupported(width);
 }
 
-absl::Status CudaLlamaModel::AddNormQuantFp8(bool add, const DeviceBuffer& weight, int64_t Tn,
-                                             float eps, cudaStream_t stream) {
+absl::Status CudaLlamaModel::AddNormQuantFp8(bool add, const DeviceBuffer& weight,
+                                             const CudaFp8Weight& fp8, int64_t Tn, float eps,
+                                             cudaStream_t stream) {
   using bf16 = __nv_bfloat16;
   bf16* hidden = hidden_.get<bf16>();
   bf16* residual = residual_.get<bf16>();
@@ -86,13 +89,15 @@ absl::Status CudaLlamaModel::AddNormQuantFp8(bool add, const DeviceBuffer& weigh
   // hidden = norm(residual).
   return kernels::cuda::RmsNormQuantFp8(add ? hidden : residual, add ? residual : nullptr,
                                         weight.get<bf16>(), Tn, config_.hidden_size, eps, hidden,
-                                        fp8_->token_codes(), stream, options_.programmatic_launch);
+                                        fp8_->token_codes(fp8), stream,
+                                        options_.programmatic_launch);
 }
 
-absl::Status CudaLlamaModel::SiluAndMulQuantFp8(int64_t Tn, cudaStream_t stream) {
-  return kernels::cuda::SiluAndMulQuantFp8(gate_up_.get<__nv_bfloat16>(), Tn,
-                                           config_.intermediate_size, nullptr, fp8_->token_codes(),
-                                           stream, options_.programmatic_launch);
+absl::Status CudaLlamaModel::SiluAndMulQuantFp8(const CudaFp8Weight& fp8, int64_t Tn,
+                                                cudaStream_t stream) {
+  return kernels::cuda::SiluAndMulQuantFp8(
+      gate_up_.get<__nv_bfloat16>(), Tn, config_.intermediate_size, nullptr, fp8_->token_codes(fp8),
+      stream, options_.programmatic_launch);
 }
 
 namespace {

@@ -13,7 +13,10 @@
 #     GPU 0) vs the default (GPU 1);
 #   v2lite: DeepSeek-V2-Lite-FP8 (--dummy_config=deepseek-v2-lite-fp8) with its dense layer's
 #     prefill on the chunked GEMV (TANDEM_FP8_ROW_GEMM=0, GPU 0) vs the default CUTLASS row GEMM
-#     (GPU 1); then V2-Lite bf16 (GPU 0) vs the default again (GPU 1).
+#     (GPU 1); then V2-Lite bf16 (GPU 0) vs the default again (GPU 1);
+#   blockstart: the block-FP8 forms (V2-Lite-FP8, then Qwen3-30B-A3B-FP8) as the twenty-first
+#     session found them (TANDEM_FP8_ROW_GEMM=0, TANDEM_FP8_QUANT_VEC_GROUPS=0,
+#     TANDEM_FP8_GROUP_CODES=0: GPU 0) vs the default (GPU 1).
 # tandem_bench per worker: 4,096-token prompts at Poisson 1 req/s (16 requests, 128 out) and at
 # concurrency 16 (48, 64 out); 1,024 / 256 at concurrency 64 (128). From the repository root:
 #   PAIRS="scaled block" tests/gpu/moe_fp8_serve_call.sh BUNDLE.tar.xz
@@ -31,10 +34,10 @@ BIN=/tmp/sb/bin
 source tests/gpu/serve_lib.sh
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/tmp/sb/lib:$ICU:/usr/local/cuda/lib64
 nvidia-smi -L > $OUT/gpus.txt
-serve() {  # DIR GPU TAG ENV DUMMY_CONFIG [WORKER_FLAGS...]
+serve() {  # DIR GPU TAG ENV[,ENV...] DUMMY_CONFIG [WORKER_FLAGS...]
   local dir=$1 gpu=$2 tag=$3 envv=$4 cfg=$5 router
   shift 5
-  if serve_start $dir $gpu $tag $envv -- --worker_id=w-$tag --load_format=dummy \
+  if serve_start $dir $gpu $tag ${envv//,/ } -- --worker_id=w-$tag --load_format=dummy \
     --dummy_config=$cfg --kv_cache_bytes=30000000000 --max_model_len=8192 "$@"; then
     router=$SERVE_ROUTER
     timeout 60 $BIN/tests/bench/tandem_bench --router=$router --rate=1 --num_requests=16 --prompt_len=4096 --output_len=128 --warmup=1 --seed=401 --json > $dir/p1.json 2> $dir/p1.err; echo "$tag poisson1 rc=$? at $SECONDS"
@@ -75,6 +78,13 @@ for p in ${PAIRS:-scaled}; do
       pair v2bf16 TANDEM_X=1 deepseek-v2-lite --quantization= \
         rowgemm2 TANDEM_X=1 deepseek-v2-lite-fp8 --quantization=
       dirs+=(chunks rowgemm v2bf16 rowgemm2) ;;
+    blockstart)
+      old=TANDEM_FP8_ROW_GEMM=0,TANDEM_FP8_QUANT_VEC_GROUPS=0,TANDEM_FP8_GROUP_CODES=0
+      pair v2start $old deepseek-v2-lite-fp8 --quantization= \
+        v2now TANDEM_X=1 deepseek-v2-lite-fp8 --quantization=
+      pair q3start $old qwen3-30b-a3b-fp8 --quantization= \
+        q3now TANDEM_X=1 qwen3-30b-a3b-fp8 --quantization=
+      dirs+=(v2start v2now q3start q3now) ;;
   esac
 done
 {
