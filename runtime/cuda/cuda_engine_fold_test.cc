@@ -220,36 +220,42 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   }
 }
 
-// TANDEM_FP8_GROUP_CODES (cuda_fp8_linear.h): a 128 x 128-block FP8 model with 1 x 128 activation
-// groups whose RMSNorms write the qkv / gate_up projections' codes themselves
-// (kernels/fp8/fp8_fused_quant_cuda.h, group128) gives the tokens and logits of the same model
-// with the separate QuantizeActivations pass (=0) bit for bit: the same codes and scales, on the
-// batched decode steps' GEMVs and the prefills' GEMMs; batch 1 runs the W8A16 fold either way.
+// TANDEM_FP8_GROUP_CODES (cuda_fp8_linear.h): 128 x 128-block FP8 models with 1 x 128 activation
+// groups whose producers hand the projections their codes -- CudaLlamaModel's RMSNorms writing the
+// qkv / gate_up codes (kernels/fp8/fp8_fused_quant_cuda.h, group128), CudaMlaModel's q_proj and
+// kv_a_proj_with_mqa sharing one quantization of the hidden rows (SharesFp8Codes) -- give the
+// tokens and logits of the same models with a separate QuantizeActivations pass each (=0) bit for
+// bit: the same codes and scales, on the batched decode steps' GEMVs and the prefills' GEMMs
+// (batch 1 runs the W8A16 GEMVs either way). MidConfig (dense), MidMlaConfig without q_lora
+// (V2-Lite's form: three products share) and with it (kv_a's two parts share).
 TEST(CudaEngineTest, Fp8GroupCodesGiveTheSeparateQuantizationTokensAndLogits) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  ModelConfig model = engine_test::MidConfig();
-  model.quantization.method = WeightQuantization::Method::kOnlineFp8;
-  model.quantization.block_rows = 128;
-  model.quantization.block_cols = 128;
-  model.quantization.activation = kernels::Fp8ActivationScheme::kDynamicGroup128;
-  const auto prompts = RandomPrompts(5, 60, static_cast<int>(model.vocab_size), seed);
-  CudaBackendConfig backend = MidBackend();
-  backend.gemm_autotune = false;
-  const ExecutorFactory factory = CudaExecutorFactory(backend);
-  std::vector<Output> outs[2];
-  for (int i = 0; i < 2; ++i) {  // fused, then the separate pass
-    setenv("TANDEM_FP8_GROUP_CODES", i == 0 ? "1" : "0", /*overwrite=*/1);
-    ModelWeights w = RandomModelWeights(model, seed);
-    ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
-    outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, /*together=*/true);
-  }
-  unsetenv("TANDEM_FP8_GROUP_CODES");
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
-    EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
-    EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "llama" : variant == 1 ? "mla, no q_lora" : "mla, q_lora");
+    ModelConfig model = variant == 0 ? engine_test::MidConfig() : MidMlaConfig(variant == 2);
+    model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+    model.quantization.block_rows = 128;
+    model.quantization.block_cols = 128;
+    model.quantization.activation = kernels::Fp8ActivationScheme::kDynamicGroup128;
+    const auto prompts = RandomPrompts(5, 60, static_cast<int>(model.vocab_size), seed);
+    CudaBackendConfig backend = MidBackend();
+    backend.gemm_autotune = false;
+    const ExecutorFactory factory = CudaExecutorFactory(backend);
+    std::vector<Output> outs[2];
+    for (int i = 0; i < 2; ++i) {  // shared / fused codes, then a pass each
+      setenv("TANDEM_FP8_GROUP_CODES", i == 0 ? "1" : "0", /*overwrite=*/1);
+      ModelWeights w = RandomModelWeights(model, seed);
+      ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+      outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, /*together=*/true);
+    }
+    unsetenv("TANDEM_FP8_GROUP_CODES");
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
+      EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
+      EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+    }
   }
 }
 

@@ -155,10 +155,17 @@ class CudaMlaModel {
   absl::StatusOr<bool> FillFp8DummyProjection(const DummyTensorFill& fill, uint64_t seed,
                                               DeviceBuffer* staging, cudaStream_t stream);
   // out [m, n] = a [m, k] . w^T: the FP8 weight `fp8` where it is set (CudaFp8Linear, bf16 only),
-  // else the 16-bit `w` (DenseLinear: the GEMV for one row, else cuBLASLt).
+  // else the 16-bit `w` (DenseLinear: the GEMV for one row, else cuBLASLt). fp8_codes_ready: a's
+  // codes are already in fp8_'s workspace (SharesFp8Codes), no quantization pass.
   template <typename T>
   absl::Status Project(const CudaFp8Weight& fp8, const T* w, const T* a, int64_t m, int64_t n,
-                       int64_t k, T* out, cudaStream_t stream);
+                       int64_t k, T* out, cudaStream_t stream, bool fp8_codes_ready = false);
+  // True when `next`, multiplying the same m rows right after `first`, can take the codes
+  // first's CudaFp8Linear call quantized into fp8_'s workspace: both FP8 with the same dynamic
+  // scheme (per token or 1 x 128 groups) and width, and first's call quantizing (TakesTokenCodes:
+  // not the batch-1 W8A16 GEMV). q_proj and kv_a_proj_with_mqa's two parts read the same normed
+  // hidden rows.
+  bool SharesFp8Codes(const CudaFp8Weight& first, const CudaFp8Weight& next, int64_t m) const;
   // Sums `n` activations over the communicator; the vocab-parallel logits local -> logits_.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   absl::Status GatherLogits(int64_t R, cudaStream_t stream);

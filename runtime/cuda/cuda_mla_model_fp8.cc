@@ -166,25 +166,35 @@ absl::StatusOr<bool> CudaMlaModel::FillFp8DummyProjection(const DummyTensorFill&
 
 template <typename T>
 absl::Status CudaMlaModel::Project(const CudaFp8Weight& fp8, const T* w, const T* a, int64_t m,
-                                   int64_t n, int64_t k, T* out, cudaStream_t stream) {
+                                   int64_t n, int64_t k, T* out, cudaStream_t stream,
+                                   bool fp8_codes_ready) {
   if (fp8.empty()) {
     return DenseLinear<T, T>(*gemm_, a, w, nullptr, m, n, k, out, stream,
                              options_.programmatic_launch);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (fp8_ != nullptr) {
-      return fp8_->Linear(a, fp8, nullptr, m, out, stream, options_.programmatic_launch);
+      return fp8_->Linear(a, fp8, nullptr, m, out, stream, options_.programmatic_launch,
+                          fp8_codes_ready);
     }
   }
   return absl::FailedPreconditionError("FP8 projections run with bf16 activations only");
 }
 
+bool CudaMlaModel::SharesFp8Codes(const CudaFp8Weight& first, const CudaFp8Weight& next,
+                                  int64_t m) const {
+  return fp8_ != nullptr && options_.dtype == ActDtype::kBf16 && !first.empty() && !next.empty() &&
+         first.activation == next.activation && first.grid.cols == next.grid.cols &&
+         fp8_->TakesTokenCodes(first, m) && fp8_->TakesTokenCodes(next, m);
+}
+
 template absl::Status CudaMlaModel::Project<__nv_bfloat16>(const CudaFp8Weight&,
                                                            const __nv_bfloat16*,
                                                            const __nv_bfloat16*, int64_t, int64_t,
-                                                           int64_t, __nv_bfloat16*, cudaStream_t);
+                                                           int64_t, __nv_bfloat16*, cudaStream_t,
+                                                           bool);
 template absl::Status CudaMlaModel::Project<__half>(const CudaFp8Weight&, const __half*,
                                                     const __half*, int64_t, int64_t, int64_t,
-                                                    __half*, cudaStream_t);
+                                                    __half*, cudaStream_t, bool);
 
 }  // namespace tandem::runtime::cuda

@@ -6,7 +6,8 @@
 // kv_a_proj_with_mqa as one product of L + Dr rows; in a folded step (FoldsNorms) q_a_proj (or
 // q_proj) and kv_a_proj_with_mqa with the input RMSNorm in their prologue. With
 // options.mla_norm_in_write (a 16-bit latent pool) kv_a_layernorm is left to the latent write
-// (MlaWriteLatentNormed).
+// (MlaWriteLatentNormed). FP8 projections of the same hidden rows share one quantization
+// (SharesFp8Codes).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -76,8 +77,12 @@ absl::StatusOr<T*> CudaMlaModel::ProjectQKv(const Layer& w, int64_t Tn, bool fol
     RETURN_IF_ERROR(DenseLinear(*gemm_, hidden, kv_a, static_cast<const T*>(nullptr), Tn, L + Dr, H,
                                 ckv, stream, pdl));
   } else {
-    RETURN_IF_ERROR(Project(w.kv_a_c_fp8, kv_a, hidden, Tn, L, H, ckv, stream));
-    RETURN_IF_ERROR(Project(w.kv_a_pe_fp8, kv_a + L * H, hidden, Tn, Dr, H, kpe, stream));
+    // FP8: the hidden rows' codes quantized once for q_proj (no q_lora: nothing in between
+    // rewrote the workspace) and kv_a_proj_with_mqa's two parts.
+    const bool c_codes = Rq == 0 && SharesFp8Codes(w.q_fp8, w.kv_a_c_fp8, Tn);
+    RETURN_IF_ERROR(Project(w.kv_a_c_fp8, kv_a, hidden, Tn, L, H, ckv, stream, c_codes));
+    RETURN_IF_ERROR(Project(w.kv_a_pe_fp8, kv_a + L * H, hidden, Tn, Dr, H, kpe, stream,
+                            SharesFp8Codes(w.kv_a_c_fp8, w.kv_a_pe_fp8, Tn)));
   }
   if (!norm_in_write) {  // else MlaWriteLatentNormed norms c_kv as it writes the latent
     RETURN_IF_ERROR(kc::RmsNorm<T>(ckv, w.kv_a_layernorm.get<T>(), Tn, L, kLatentNormEps,
