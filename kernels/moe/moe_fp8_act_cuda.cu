@@ -96,8 +96,37 @@ __device__ __forceinline__ void StoreCodes(const bf16 (&v)[kChunk], float scale,
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<uint2*>(c);
 }
 
-// A warp per row of gate_up [rows, 2 * inter]. kDynamicGroup128: a group of 128 columns is 16
-// chunks, i.e. one half-warp of an iteration; its amax by shuffles within the half-warp.
+// kDynamicGroup128: a warp per two groups of 128 columns of a row of gate_up [rows, 2 * inter]
+// (warp w: row w / tasks_per_row, chunks 32 (w % tasks_per_row) + lane), a group being 16 chunks,
+// one half-warp; its amax by shuffles within the half-warp. Every warp one step, so decode-sized
+// calls (a few rows) spread over many warps instead of walking a row's groups in turn.
+__global__ void __launch_bounds__(kThreads)
+    SiluMulQuantGroupsKernel(const bf16* __restrict__ gate_up, int64_t rows, int64_t inter,
+                             int64_t tasks_per_row, bf16* __restrict__ act,
+                             uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  const int lane = threadIdx.x & 31;
+  const int64_t task = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  if (task >= rows * tasks_per_row) return;  // whole warps: the shuffles see full warps
+  const int64_t r = task / tasks_per_row, chunks = inter / kChunk, groups = (inter + 127) / 128;
+  const int64_t chunk = task % tasks_per_row * 32 + lane;
+  bf16 v[kChunk];
+  float amax = 0.0f;
+  if (chunk < chunks) {
+    ActChunk(gate_up + r * 2 * inter, inter, chunk, act == nullptr ? nullptr : act + r * inter, v);
+    amax = ChunkMax(v);
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float scale = ScaleFor(amax);
+  if (chunk < chunks) {
+    StoreCodes(v, scale, codes + r * inter + chunk * kChunk);
+    if ((lane & 15) == 0) scales[r * groups + chunk / 16] = scale;
+  }
+}
+
+// A warp per row of gate_up [rows, 2 * inter] for the per-token and static schemes.
 // kDynamicToken: the row's amax over the warp, then a second pass recomputes the chunks (the same
 // bits) for their codes. kStaticTensor: the given scale. (Loading 4 chunks a lane before using them
 // measured slower on an H200: kernels/moe/BENCHMARKS.md, nineteenth session.)
@@ -113,27 +142,6 @@ __global__ void __launch_bounds__(kThreads)
   uint8_t* code_row = codes + r * inter;
   const int64_t chunks = inter / kChunk;
   bf16 v[kChunk];
-  if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicGroup128)) {
-    const int64_t groups = (inter + 127) / 128;
-    for (int64_t base = 0; base < chunks; base += 32) {
-      const int64_t chunk = base + lane;
-      float amax = 0.0f;
-      if (chunk < chunks) {
-        ActChunk(gate_row, inter, chunk, act_row, v);
-        amax = ChunkMax(v);
-      }
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      }
-      const float scale = ScaleFor(amax);
-      if (chunk < chunks) {
-        StoreCodes(v, scale, code_row + chunk * kChunk);
-        if ((lane & 15) == 0) scales[r * groups + chunk / 16] = scale;
-      }
-    }
-    return;
-  }
   float scale = static_scale;
   if (scheme == static_cast<int>(Fp8ActivationScheme::kDynamicToken)) {
     float amax = 0.0f;
@@ -215,8 +223,14 @@ absl::Status MoeSiluAndMulQuantFp8(const __nv_bfloat16* gate_up, int64_t rows, i
     RETURN_IF_ERROR(MoeSiluAndMul<bf16>(gate_up, rows, inter, act, stream));
     return QuantizeActivations(act, rows, inter, scheme, static_scale, codes, scales, stream);
   }
-  SiluMulQuantKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
-      gate_up, rows, inter, static_cast<int>(scheme), static_scale, act, codes, scales);
+  if (scheme == Fp8ActivationScheme::kDynamicGroup128) {
+    const int64_t tasks_per_row = (inter / kChunk + 31) / 32;
+    SiluMulQuantGroupsKernel<<<RowBlocks(rows * tasks_per_row), kThreads, 0, stream>>>(
+        gate_up, rows, inter, tasks_per_row, act, codes, scales);
+  } else {
+    SiluMulQuantKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
+        gate_up, rows, inter, static_cast<int>(scheme), static_scale, act, codes, scales);
+  }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -110,7 +110,8 @@ absl::Status MoeGatherFp8Rows(const uint8_t* codes, const float* scales, int64_t
 // MoeSiluAndMulQuantFp8: act = MoeSiluAndMul<bf16>(gate_up) ([rows, 2 * inter] -> [rows, inter];
 // skipped where act is null) and its e4m3 codes [rows, inter] + scales as QuantizeActivations
 // writes them for `scheme` (static_scale for kStaticTensor), quantizing the ROUNDED bf16 values,
-// in one pass (a warp per row; per token: the row's chunks recomputed for the codes). A width not
+// in one pass (1 x 128 groups: a warp per two groups of a row; per token and static: a warp per
+// row, per token recomputing the row's chunks for the codes). A width not
 // a multiple of 8 or pointers not 16-byte aligned run the two kernels (act then required).
 // INVALID_ARGUMENT for a non-FP8 scheme, a non-positive static scale, rows < 0, inter < 1, null
 // gate_up / codes / scales.
