@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -126,10 +128,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A warp per row of gate_up [rows, 2 * inter] for the per-token and static schemes.
-// kDynamicToken: the row's amax over the warp, then a second pass recomputes the chunks (the same
-// bits) for their codes. kStaticTensor: the given scale. (Loading 4 chunks a lane before using them
-// measured slower on an H200: kernels/moe/BENCHMARKS.md, nineteenth session.)
+// Per-token rows up to this width keep their rounded act values in shared memory between the
+// amax and the codes (a warp's row: inter bf16; 8 warps: 48 KB at this width, the default limit).
+constexpr int64_t kStashMaxInter = 3072;
+
+// kDynamicToken, inter <= kStashMaxInter: a warp per row; the first pass writes each chunk's
+// rounded act values into the warp's shared-memory row as it takes the amax, the second reads
+// them back for the codes (SiluMulQuantKernel's second pass recomputes them: the same bits).
+__global__ void __launch_bounds__(kThreads)
+    SiluMulQuantTokenStashKernel(const bf16* __restrict__ gate_up, int64_t rows, int64_t inter,
+                                 bf16* __restrict__ act, uint8_t* __restrict__ codes,
+                                 float* __restrict__ scales) {
+  extern __shared__ uint4 stash_rows[];  // kRowsPerBlock rows of inter / 8 chunks
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t chunks = inter / kChunk;
+  uint4* stash = stash_rows + (threadIdx.x >> 5) * chunks;
+  const bf16* gate_row = gate_up + r * 2 * inter;
+  bf16* act_row = act == nullptr ? nullptr : act + r * inter;
+  bf16 v[kChunk];
+  float amax = 0.0f;
+  for (int64_t chunk = lane; chunk < chunks; chunk += 32) {
+    ActChunk(gate_row, inter, chunk, act_row, v);
+    amax = fmaxf(amax, ChunkMax(v));
+    stash[chunk] = *reinterpret_cast<const uint4*>(v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float scale = ScaleFor(amax);
+  if (lane == 0) scales[r] = scale;
+  uint8_t* code_row = codes + r * inter;
+  for (int64_t chunk = lane; chunk < chunks; chunk += 32) {  // the lane's own chunks: no barrier
+    *reinterpret_cast<uint4*>(v) = stash[chunk];
+    StoreCodes(v, scale, code_row + chunk * kChunk);
+  }
+}
+
+// A warp per row of gate_up [rows, 2 * inter] for the per-token (wider than kStashMaxInter) and
+// static schemes. kDynamicToken: the row's amax over the warp, then a second pass recomputes the
+// chunks (the same bits) for their codes. kStaticTensor: the given scale. (Loading 4 chunks a lane
+// before using them measured slower on an H200: kernels/moe/BENCHMARKS.md, nineteenth session.)
 __global__ void __launch_bounds__(kThreads)
     SiluMulQuantKernel(const bf16* __restrict__ gate_up, int64_t rows, int64_t inter, int scheme,
                        float static_scale, bf16* __restrict__ act, uint8_t* __restrict__ codes,
@@ -169,6 +210,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// SiluMulQuantTokenStashKernel unless TANDEM_MOE_FP8_SILU_STASH=0 (read once: A/B runs against the
+// recomputing second pass, the same bits).
+bool StashOn() {
+  static const bool on = [] {
+    const char* env = std::getenv("TANDEM_MOE_FP8_SILU_STASH");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
 
 unsigned RowBlocks(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -227,6 +278,10 @@ absl::Status MoeSiluAndMulQuantFp8(const __nv_bfloat16* gate_up, int64_t rows, i
     const int64_t tasks_per_row = (inter / kChunk + 31) / 32;
     SiluMulQuantGroupsKernel<<<RowBlocks(rows * tasks_per_row), kThreads, 0, stream>>>(
         gate_up, rows, inter, tasks_per_row, act, codes, scales);
+  } else if (scheme == Fp8ActivationScheme::kDynamicToken && inter <= kStashMaxInter && StashOn()) {
+    const size_t smem = static_cast<size_t>(kRowsPerBlock) * inter * sizeof(bf16);
+    SiluMulQuantTokenStashKernel<<<RowBlocks(rows), kThreads, smem, stream>>>(gate_up, rows, inter,
+                                                                              act, codes, scales);
   } else {
     SiluMulQuantKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
         gate_up, rows, inter, static_cast<int>(scheme), static_scale, act, codes, scales);

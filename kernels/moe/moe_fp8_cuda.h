@@ -111,7 +111,8 @@ absl::Status MoeGatherFp8Rows(const uint8_t* codes, const float* scales, int64_t
 // skipped where act is null) and its e4m3 codes [rows, inter] + scales as QuantizeActivations
 // writes them for `scheme` (static_scale for kStaticTensor), quantizing the ROUNDED bf16 values,
 // in one pass (1 x 128 groups: a warp per two groups of a row; per token and static: a warp per
-// row, per token recomputing the row's chunks for the codes). A width not
+// row, per token keeping the row's rounded values in shared memory for the codes up to 3,072
+// columns, recomputing them past that; TANDEM_MOE_FP8_SILU_STASH=0: always recompute). A width not
 // a multiple of 8 or pointers not 16-byte aligned run the two kernels (act then required).
 // INVALID_ARGUMENT for a non-FP8 scheme, a non-positive static scale, rows < 0, inter < 1, null
 // gate_up / codes / scales.
