@@ -284,6 +284,8 @@ absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bflo
   return kc::MoeFp8CutlassGroupedGemm(args, row_gemm_workspace_.data(),
                                       static_cast<size_t>(row_gemm_workspace_.bytes()), stream);
 #else
+  // Not reached: without CUTLASS, CreateRowGemm allocates nothing, row_gemm() is false and
+  // Linear never calls this; an error rather than a silent no-op if a caller ever did.
   (void)w, (void)m, (void)out, (void)stream;
   return absl::UnimplementedError("CudaFp8Linear: built without CUTLASS (no row GEMM)");
 #endif
