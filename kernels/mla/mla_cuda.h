@@ -153,6 +153,9 @@ struct MlaPlanInput {
   // second wave of clusters made 16 x 4k 49% slower, BENCHMARKS.md); false (tests) takes it
   // wherever it is valid.
   bool cluster_merge_one_wave = true;
+  // An FP8 latent pool planned on kRows16: its FP8 kernel (mla_decode_rows16_fp8.cu, the codes on
+  // the fp16 mma); false: the 64-row FP8 wgmma kernel (mla_decode_fp8.cu), an A/B.
+  bool rows16_fp8 = true;
   // Measurement only (mla_cuda_bench --phases=1; null: off): the TMA kernels (kSerial /
   // kHandOff / kRows16) write per-CTA phase stamps here (mla_phase_stamps.h: kMlaStampWords
   // uint64 a CTA of the grid (num_splits, row_tiles, num_seqs), zeroed by the caller).

@@ -1,9 +1,10 @@
 // MLA decode bandwidth on the first CUDA device, DeepSeek-V3 shape: 128 heads, latent 512 + 64,
-// nope 128, v 128, bf16, page 64, q_len 1; batch x context table.
+// nope 128, v 128, bf16, page 64 (--page), q_len 1; batch x context table.
 //   mla_cuda_bench [--batches=1,16,64,128] [--contexts=1024,4096,16384,32768] [--splits=N]
 //                  [--plan_len=N]  (plan for max_seq_len max(N, context), as serving's CUDA-graph
 //                                   plans do for max_model_len; the requests stay at the context)
 //                  [--heads=128]   (16: DeepSeek-V2-Lite, or V3 at TP 8: memory-bound)
+//                  [--page=64]     (latents a block; the serving runtime's default is 16)
 //                  [--wgmma=0|1]   (the Hopper kernel or the mma.sync one; default: the plan's)
 //                  [--tma=0|1]     (the Hopper kernel's TMA variant or its cp.async one; default 1)
 //                  [--schedule=0|1|2|3] (the TMA variant's warpgroup schedule, MlaTmaSchedule:
@@ -26,7 +27,8 @@
 //                                   per-phase table, mla_phase_stamps.h; TMA kernels only)
 //                  [--fp8=1]       (an FP8 latent pool: e4m3 codes + one fp32 scale per row,
 //                                   planar; bytes counted as 576 + 4 per latent; --wgmma=1: the
-//                                   Hopper FP8 kernel, mla_decode_fp8.cu; 0: the plain kernel)
+//                                   Hopper FP8 kernel, mla_decode_fp8.cu, or with --schedule=3
+//                                   kRows16's FP8 kernel, mla_decode_rows16_fp8.cu; 0: plain)
 // For each config: the latent attention (MlaLatentAttention: the tensor-core kernel + split
 // merge) and the whole absorbed step (MlaAbsorbedAttention: + the W_UK / W_UV GEMMs), mean of
 // 20 eager calls between CUDA events after 3 warm-ups; and the latent attention as serving runs
@@ -56,7 +58,6 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-constexpr int64_t kBlock = 64;
 constexpr double kPeak = 4.6e12;
 constexpr const char* kScheduleNames[] = {"wgmma-tma", "wgmma-tma-handoff", "wgmma-tma-seesaw",
                                           "tma-rows16-mma"};
@@ -80,6 +81,7 @@ struct Bufs {
   bool cluster_merge = false;   // MlaPlanInput::cluster_merge
   bool phases = false;          // --phases=1: the phase-stamp table per cell
   float* fp8_scales = nullptr;  // non-null: the pool is read as FP8 codes with these row scales
+  int64_t page = 64;            // --page: latents a block (the runtime's default is 16)
 };
 
 // Mean us per call of call(i) (i = 0, 1, ...: which block-table set), eager: 20 calls between
@@ -284,7 +286,7 @@ absl::Status PhaseRun(const MlaPlan& plan, int64_t batch, Attn&& attn, cudaStrea
 
 absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t plan_len,
                        cudaStream_t stream) {
-  const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+  const int64_t blocks_per_seq = (ctx + b.page - 1) / b.page;
   const int64_t set_blocks = batch * blocks_per_seq;
   const int sets = static_cast<int>(std::clamp<int64_t>(b.layout.num_blocks / set_blocks, 1, 16));
   std::vector<int32_t> ids(b.layout.num_blocks), tables(sets * set_blocks);
@@ -348,6 +350,7 @@ absl::Status Main(int argc, char** argv) {
   MlaTmaSchedule schedule = MlaPlanInput{}.tma_schedule;
   bool graph = true, merge = true, prewait = false, phases = false, cluster_merge = false;
   int prefetch = 0;
+  int64_t page = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--batches=", 0) == 0) batches_arg = argv[i] + 10;
@@ -367,6 +370,7 @@ absl::Status Main(int argc, char** argv) {
     if (a.rfind("--prewait=", 0) == 0) prewait = std::atoi(argv[i] + 10) != 0;
     if (a.rfind("--cluster_merge=", 0) == 0) cluster_merge = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--phases=", 0) == 0) phases = std::atoi(argv[i] + 9) != 0;
+    if (a.rfind("--page=", 0) == 0) page = std::max(1, std::atoi(argv[i] + 7));
   }
   const std::vector<int64_t> batches = mla_test::ParseInt64List(batches_arg, {1, 16, 64, 128});
   const std::vector<int64_t> contexts =
@@ -384,6 +388,8 @@ absl::Status Main(int argc, char** argv) {
   b.prewait = prewait;
   b.phases = phases;
   b.cluster_merge = cluster_merge;
+  b.page = page;
+  const int64_t kBlock = page;
   const int64_t block_bytes = kBlock * b.dims.LatentDim() * 2;
   const int64_t pool_bytes =
       std::max<int64_t>(int64_t{2} << 30, max_b * ((max_c + kBlock - 1) / kBlock) * block_bytes);
@@ -425,7 +431,10 @@ absl::Status Main(int argc, char** argv) {
       "MLA decode, %s: %d heads, latent 512+64, %s, page %ld, q_len 1, %s kernel, plan_len %ld, "
       "split merge %s, L2 prefetch %d tiles, prewait (PDL) %d, cluster merge %d\n",
       prop.name, heads, fp8 ? "fp8 e4m3 pool" : "bf16", static_cast<long>(kBlock),
-      fp8 ? (wgmma ? "wgmma-fp8 (codes dequantized in shared memory)" : "plain (FP8)")
+      fp8 ? (!wgmma ? "plain (FP8)"
+             : tma && schedule == MlaTmaSchedule::kRows16
+                 ? "tma-rows16-fp8 (codes on the fp16 mma)"
+                 : "wgmma-fp8 (codes dequantized in shared memory)")
           : (wgmma ? (tma ? kScheduleNames[static_cast<int>(schedule)] : "wgmma") : "mma.sync"),
       static_cast<long>(plan_len), merge ? "in-kernel (where the TMA kernel runs)" : "separate",
       prefetch, prewait ? 1 : 0, cluster_merge ? 1 : 0);

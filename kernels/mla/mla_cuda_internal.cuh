@@ -241,6 +241,16 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
 // device, not sm_90, a size it cannot place).
 int MlaRows16MaxActiveClusters(int cluster_size);
 
+// kRows16 over an FP8 latent pool (mla_decode_rows16_fp8.cu): LaunchMlaRows16's grid, plan,
+// workspace, merges and results, the codes read by TMA (a 3-D tensor map over the blocks) and
+// multiplied on the fp16 tensor cores. Only where MlaRows16Fp8Fits: MlaTmaFits, pages of >= 8
+// latents, codes and scales 16-byte aligned block by block, < 2^31 pool rows.
+template <typename T>
+bool MlaRows16Fp8Fits(const LatentParams<T>& p, const DeviceKvCache& cache);
+template <typename T>
+absl::Status LaunchMlaRows16Fp8(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
+                                dim3 grid, bool prewait, bool cluster, cudaStream_t stream);
+
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.
 // Only where MlaFp8TileFits: codes 16-byte aligned, block by block.

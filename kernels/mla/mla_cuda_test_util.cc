@@ -96,13 +96,16 @@ void WriteHostPool(const Case& c, HostBatch& h, bool* done) {
     std::copy_n(h.kpe.data() + j * d.qk_rope_head_dim, d.qk_rope_head_dim,
                 latent.data() + j * D + L);
   }
-  h.codes.assign(c.fp8 ? layout.TotalElems() : 0, 0);
+  // FP8 pools: unwritten codes are 0xff (e4m3 NaN) too, and in the block-interleaved form their
+  // scales NaN bytes: a kernel that lets them reach a result fails.
+  h.codes.assign(c.fp8 ? layout.TotalElems() : 0, 0xff);
   h.row_scales.assign(c.fp8 ? layout.TotalElems() / D : 0, 0.0f);
   h.fp8_view = {h.codes.data(), h.row_scales.data(), layout};
   // The block-interleaved form: one buffer of num_blocks blocks, each its codes then its scales.
   h.block_bytes = layout.BlockElems() + layout.BlockElems() / D * 4;
   h.blocks_words.assign(c.fp8_blocks ? layout.num_blocks * h.block_bytes / 4 : 0, 0.0f);
   auto* blocks8 = reinterpret_cast<uint8_t*>(h.blocks_words.data());
+  std::fill_n(blocks8, h.blocks_words.size() * 4, uint8_t{0xff});
   if (c.fp8_blocks) {
     h.fp8_view = {blocks8, reinterpret_cast<float*>(blocks8 + layout.BlockElems()), layout,
                   h.block_bytes};
@@ -183,7 +186,7 @@ void WriteDevicePool(const Case& c, const HostBatch& h, DeviceBatch<T>& dev, boo
   DeviceKvCache& cache = dev.cache;
   cache = DeviceKvCache{dev.pool.get(), layout, dt};
   if (c.fp8_blocks) {
-    TANDEM_CUDA_CHECK(cudaMemset(dev.blocks.get(), 0, layout.num_blocks * h.block_bytes));
+    TANDEM_CUDA_CHECK(cudaMemset(dev.blocks.get(), 0xff, layout.num_blocks * h.block_bytes));
     cache = DeviceKvCache{dev.blocks.get(), layout, KvDtype::kFp8E4m3};
     cache.token_scales = reinterpret_cast<float*>(dev.blocks.get() + layout.BlockElems());
     cache.latent_block_bytes = h.block_bytes;
@@ -195,7 +198,7 @@ void WriteDevicePool(const Case& c, const HostBatch& h, DeviceBatch<T>& dev, boo
         std::equal(got.begin(), got.end(), reinterpret_cast<const uint8_t*>(h.blocks_words.data())))
         << "MlaWriteLatentFp8 (blocks form) differs from the CPU's bytes";
   } else if (c.fp8) {
-    TANDEM_CUDA_CHECK(cudaMemset(dev.codes.get(), 0, layout.TotalElems()));
+    TANDEM_CUDA_CHECK(cudaMemset(dev.codes.get(), 0xff, layout.TotalElems()));
     TANDEM_CUDA_CHECK(cudaMemset(dev.scales.get(), 0, layout.TotalElems() / D * sizeof(float)));
     cache = DeviceKvCache{dev.codes.get(), layout, KvDtype::kFp8E4m3};
     cache.token_scales = dev.scales.get();
@@ -269,9 +272,10 @@ void CheckPlan(const Case& c, const MlaPlanInput& in, const MlaPlan& plan) {
 
 // The kernel's name in the printed line.
 const char* KernelName(const Case& c, const MlaPlan& plan) {
-  return !plan.use_wgmma                                 ? ""
-         : c.fp8                                         ? " wgmma-fp8"
-         : !plan.use_tma                                 ? " wgmma"
+  return !plan.use_wgmma                                                         ? ""
+         : c.fp8 && plan.use_tma && plan.tma_schedule == MlaTmaSchedule::kRows16 ? " tma-rows16-fp8"
+         : c.fp8                                                                 ? " wgmma-fp8"
+         : !plan.use_tma                                                         ? " wgmma"
          : plan.tma_schedule == MlaTmaSchedule::kSeesaw  ? " wgmma-tma-seesaw"
          : plan.tma_schedule == MlaTmaSchedule::kHandOff ? " wgmma-tma-handoff"
          : plan.tma_schedule == MlaTmaSchedule::kRows16  ? " tma-rows16"

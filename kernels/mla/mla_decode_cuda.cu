@@ -539,10 +539,15 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   if (wgmma) {  // sm_90a machine code only (its compute_90 twin is empty)
     ASSIGN_OR_RETURN(wgmma, mla_internal::DeviceIsSm90());
   }
-  if (wgmma && fp8) {
+  // kRows16 over an FP8 pool: the 16-row kernel reading the codes (mla_decode_rows16_fp8.cu);
+  // other FP8 plans the 64-row FP8 wgmma kernel.
+  const bool rows16_fp8 = wgmma && fp8 && in.rows16_fp8 && plan.use_tma &&
+                          plan.tma_schedule == MlaTmaSchedule::kRows16 &&
+                          mla_internal::MlaRows16Fp8Fits(p, cache);
+  if (wgmma && fp8 && !rows16_fp8) {
     RETURN_IF_ERROR(mla_internal::LaunchMlaFp8<T>(
         p, dim3(plan.num_splits, plan.row_tiles, in.num_seqs), stream));
-  } else if (wgmma && plan.use_tma && mla_internal::MlaTmaFits(cache)) {
+  } else if (wgmma && plan.use_tma && (rows16_fp8 || mla_internal::MlaTmaFits(cache))) {
     const dim3 grid(plan.num_splits, plan.row_tiles, in.num_seqs);
     const MlaTmaSchedule schedule = plan.tma_schedule;
     const bool cluster = plan.cluster_merge && schedule == MlaTmaSchedule::kRows16;
@@ -552,7 +557,9 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
     }
     merged_in_kernel = merged_in_kernel || cluster;  // the cluster merges its splits itself
     RETURN_IF_ERROR(
-        schedule == MlaTmaSchedule::kSeesaw
+        rows16_fp8 ? mla_internal::LaunchMlaRows16Fp8<T>(p, cache, layer, grid, in.prewait, cluster,
+                                                         stream)
+        : schedule == MlaTmaSchedule::kSeesaw
             ? mla_internal::LaunchMlaSeesaw<T>(p, cache, layer, grid, stream)
         : schedule == MlaTmaSchedule::kRows16
             ? mla_internal::LaunchMlaRows16<T>(p, cache, layer, grid, in.prewait, cluster, stream)

@@ -5,25 +5,28 @@
 // partial layout and in-kernel merge as mla_decode_tma.cu (LatentCtaOf over tiles of 16 rows; the
 // plan's row tiles of 64 are one tile here since the plan picks kRows16 only for <= 16 rows).
 //
-// Loading: mla_tma.cuh's TMA tiles (the pool as a [rows][576] tensor map, 128-byte swizzle, nine
-// 64-column chunks a tile, one full mbarrier a chunk), issued by warp kIssueWarp, whose lanes keep
-// the block-table rows of the next tile. Three stages of 64 latents x 576 (Q lives in registers,
+// Loading: TMA tiles (the pool as a [rows][9 chunks][64] tensor map, 128-byte swizzle over the
+// 128-byte lines of a stage's [64 rows][9 chunks][64] layout, LatentOffset; one copy a box, i.e. a
+// page run of up to 64 rows, and one full mbarrier a stage), issued by warp kIssueWarp, one lane a
+// box, whose lanes keep the block-table rows of the next tile. (mla_tma.cuh's chunk-major tiles,
+// one copy a chunk and box, made a 16-latent page's tile 36 copies from one lane: 35% slower than
+// pages of 64, BENCHMARKS.md.) Three stages of 64 latents x 576 (Q lives in registers,
 // so its 72 KiB of shared memory hold a third stage): tiles 0-1 are issued at entry; Q is staged
 // once a CTA in stage 2's buffer (16-byte cp.async), read into registers by ldmatrix, and tile 2
 // is issued after the CTA barrier that follows (StageQ / LoadQFrags); tile t + 2 (t >= 1) at
 // barrier A of tile t (every warp has then finished P V of tile t - 1, whose stage it reuses).
 // Every mbarrier wait traps after ~1 s of polls (MbarWaitOrTrap) instead of hanging.
 // Per tile t (stage t % 3), 8 warps, 256 threads:
-//   * QK: warp w scores S[16 rows][tokens 8 w .. 8 w + 8) over the 576 dims, chunk by chunk as the
-//     chunks land: Q as A fragments in registers (loaded once, LoadQFrags), K by ldmatrix from the
-//     swizzled stage (16-byte unit u of row r at ((u ^ (r % 8)) * 16)), two accumulator chains;
+//   * QK: warp w scores S[16 rows][tokens 8 w .. 8 w + 8) over the 576 dims once the tile lands:
+//     Q as A fragments in registers (loaded once, LoadQFrags), K by ldmatrix from the swizzled
+//     stage (LatentOffset), two accumulator chains;
 //   * online softmax: masked scores (each row's own key end, KeyEnd) -> the warp's row maxima in
 //     shared memory, barrier A (named barrier 1), every warp takes the same tile maxima, so the
 //     running max and the rescale factor alpha are the same in all warps; each warp keeps the
 //     partial row sums of its own tokens (summed over warps in the epilogue);
 //   * P (16 x 64 of T, 128-byte rows, swizzled) to shared memory; the last tile's V rows past the
 //     split's end zeroed by the warp that reads them (its 64 columns); barrier B (named barrier 2);
-//   * PV: warp w owns output columns [64 w, 64 w + 64) = chunk w of the stage: O = alpha O + P V,
+//   * PV: warp w owns output columns [64 w, 64 w + 64) = chunk w of each row: O = alpha O + P V,
 //     P by ldmatrix, V by ldmatrix.trans (8 n8 tiles, 32 fp32 registers).
 // Buffers: one P and one max array suffice (a warp writes them for tile t + 1 only after barrier A
 // of tile t + 1, which every warp reaches after reading them for tile t).
@@ -45,6 +48,7 @@
 #include "kernels/attention/cuda/prefill_wgmma.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/mla/mla_cuda_internal.cuh"
+#include "kernels/mla/mla_rows16.cuh"
 #include "kernels/mla/mla_tma.cuh"
 #include "kernels/mla/mla_wgmma.cuh"
 
@@ -53,54 +57,75 @@ namespace tandem::kernels::cuda::mla_internal {
 namespace rows16_kernel {
 
 using tma_kernel::BoxRow;
-using tma_kernel::IssueChunks;
-using tma_kernel::kBlockBytes;
 using tma_kernel::kChunks;
 using tma_kernel::kD;
 using tma_kernel::kTileBytes;
 using tma_kernel::TmaGeometry;
 using wgmma_common::BarSync;
-using wgmma_common::PackTwo;
 
-inline constexpr int kRows = 16, kKeys = 64, kStages = 3, kThreads = 256, kWarps = kThreads / 32;
+using rows16_common::ClusterMergeRows;
+using rows16_common::kClusterBytes;
+using rows16_common::kKeys;
+using rows16_common::kQPitch;
+using rows16_common::kRows;
+using rows16_common::kThreads;
+using rows16_common::kWarps;
+using rows16_common::MaskAndShareMax;
+using rows16_common::SoftmaxToP;
+using rows16_common::StageQ;
+using rows16_common::StoreRows;
+
+inline constexpr int kStages = 3;
 inline constexpr int kKSteps = kD / 16;              // 36 k16 steps of the scores
 inline constexpr int kPOff = kStages * kTileBytes;   // P: [16 rows][128 bytes], swizzled
 inline constexpr int kRedOff = kPOff + kRows * 128;  // [8 warps][16 rows] float: maxima, sums
-inline constexpr int kBarOff = kRedOff + kWarps * kRows * 4;  // full barriers: [3 stages][9 chunks]
+inline constexpr int kBarOff = kRedOff + kWarps * kRows * 4;  // full barriers: [3 stages]
 inline constexpr int kSmemBytes = kBarOff + 256 + 1024;       // + slack for 1024-byte alignment
-static_assert(kStages * kChunks * 8 <= 256);
+static_assert(kStages * 8 <= 256);
 static_assert(kSmemBytes <= 227 * 1024, "over the opt-in shared memory limit");
 static_assert(internal::MergeSmemFloats(kRows, 256) * 4 <= kTileBytes,
               "the merge's weights of 256 splits fit in a latent stage");
-// The cluster merge (MlaPlanInput::cluster_merge) in the latent stages once every tile is read:
-// the CTA's partial [16 rows][512] fp32 at 0, its LSEs [16] after it, ClusterMergeSplits' scratch.
-inline constexpr int kLora = 512;
-inline constexpr int kClusterLseOff = kRows * kLora * 4, kClusterScratchOff = kClusterLseOff + 64;
-static_assert(kClusterScratchOff +
-                      internal::ClusterMergeSmemFloats(kRows, internal::kMaxClusterMergeSplits) *
-                          4 <=
-                  kStages * kTileBytes,
+static_assert(kClusterBytes <= kStages * kTileBytes,
               "the cluster merge's partial and scratch fit in the latent stages");
+static_assert(kRows * kQPitch <= kTileBytes, "Q fits in a latent stage");
 inline constexpr int kIssueWarp = 0;
 
-// Q staged once a CTA (issue 33: it was 8 warps x 72 4-byte loads of all of Q) in the third
-// stage's buffer, before that stage's tile is issued: [16 rows][kQPitch bytes] (a 16-byte pad
-// per row: the 8 rows of an ldmatrix then hit distinct banks), 16-byte cp.async, rows past the
-// request's zero-filled. Every thread then waits for its copies and the CTA barrier follows.
-inline constexpr int kQPitch = kD * 2 + 16;
-static_assert(kRows * kQPitch <= kTileBytes, "Q fits in a latent stage");
-template <typename T>
-__device__ __forceinline__ void StageQ(const LatentParams<T>& p, const LatentCta& c, uint8_t* sq,
-                                       int tid) {
-  constexpr int kUnits = kD * 2 / 16;  // 72 16-byte units a row
-  for (int i = tid; i < kRows * kUnits; i += kThreads) {
-    const int r = i / kUnits, u = i % kUnits;
-    const bool ok = c.r0 + r < c.rows_seq;
-    const T* src = ok ? p.q + (static_cast<int64_t>(c.q0) * p.heads + c.r0 + r) * kD + u * 8 : p.q;
-    CpAsync16(sq + r * kQPitch + u * 16, src, ok);
+// The byte offset of 16-byte unit u of chunk ch of latent row tok in a stage ([64 rows][9 chunks]
+// [64 values], the copy engine's 128-byte swizzle over the 128-byte lines).
+__device__ __forceinline__ uint32_t LatentOffset(int tok, int ch, int u) {
+  const int line = tok * kChunks + ch;
+  return line * 128 + ((u ^ (line & 7)) * 16);
+}
+
+// One box of the 3-D pool map (64 values x 9 chunks x box rows) at pool row `row`.
+__device__ __forceinline__ void TmaLoadBox(uint32_t dst, const CUtensorMap* map, int row,
+                                           uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// One warp: the tile whose box lane l < boxes holds (pool row `row`, BoxRow) into the stage at
+// smem address dst on the stage's barrier bar: lane 0 arms it, each box's lane issues its box (one
+// copy: every chunk of its rows; a copy a chunk and box cost 16-latent pages ~35%, BENCHMARKS.md).
+__device__ __forceinline__ void IssueTile(const CUtensorMap* map, const TmaGeometry& g, int row,
+                                          int boxes, uint32_t dst, uint32_t bar, int lane) {
+  if (lane == 0) tma_kernel::MbarExpectTx(bar, kTileBytes);
+  __syncwarp();
+  if (lane < boxes) TmaLoadBox(dst + lane * g.box_rows * (kD * 2), map, row, bar);
+}
+
+// Zeroes rows [valid, 64) of chunk `chunk` of the stage (one warp; generic writes, fenced for the
+// TMA that later refills the stage).
+__device__ __forceinline__ void ZeroTailChunk(uint8_t* stage, int valid, int chunk, int lane) {
+  for (int i = lane; i < (kKeys - valid) * 8; i += 32) {
+    *reinterpret_cast<uint4*>(stage + LatentOffset(valid + i / 8, chunk, i % 8)) =
+        make_uint4(0, 0, 0, 0);
   }
-  CpAsyncCommit();
-  CpAsyncWait<0>();
+  internal::prefill::FenceProxyAsync();
+  __syncwarp();
 }
 
 // The thread's A fragments of Q for all 36 k16 steps from the staged Q at shared address sq
@@ -117,21 +142,20 @@ __device__ __forceinline__ void LoadQFrags(uint32_t sq, int lane, uint32_t (&qa)
 // 4) + 0 / 1; row hi, same} of tokens [8 w, 8 w + 8), chunk by chunk as the chunks land.
 template <typename T>
 __device__ __forceinline__ void TileScores(float (&s)[4], const uint32_t (&qa)[kKSteps][4],
-                                           uint32_t stage, uint64_t* bars, uint32_t parity,
-                                           int warp, int lane) {
+                                           uint32_t stage, uint64_t* bar, uint32_t parity, int warp,
+                                           int lane) {
   float acc[2][4];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i / 4][i % 4] = 0.0f;
   const int tok = warp * 8 + lane % 8;
-  const uint32_t row = stage + tok * 128;
+  internal::MbarWaitOrTrap(bar, parity);  // a protocol bug traps, never hangs
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    internal::MbarWaitOrTrap(bars + c, parity);  // a protocol bug traps, never hangs
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       uint32_t b[4];
       const int u = kk * 4 + lane / 8;  // matrices: k-step 2 kk (dims 0-7, 8-15), 2 kk + 1
-      LdMatrixX4(row + c * kBlockBytes + ((u ^ (tok % 8)) * 16), b);
+      LdMatrixX4(stage + LatentOffset(tok, c, u), b);
       const int ks = c * 4 + kk * 2;
       Mma16816<T>(acc[0], qa[ks], b[0], b[1]);
       Mma16816<T>(acc[1], qa[ks + 1], b[2], b[3]);
@@ -147,7 +171,6 @@ __device__ __forceinline__ void AddPv(float (&o)[32], const float (&alpha)[2], u
                                       uint32_t stage, int warp, int lane) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) o[i] *= alpha[(i % 4) / 2];
-  const uint32_t v = stage + warp * kBlockBytes;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t a[4];
@@ -158,103 +181,10 @@ __device__ __forceinline__ void AddPv(float (&o)[32], const float (&alpha)[2], u
     for (int jj = 0; jj < 4; ++jj) {
       uint32_t b[4];
       const int u = jj * 2 + lane / 16;
-      LdMatrixX4Trans(v + tok * 128 + ((u ^ (tok % 8)) * 16), b);
+      LdMatrixX4Trans(stage + LatentOffset(tok, warp, u), b);
       Mma16816<T>(o + 8 * jj, a, b[0], b[1]);
       Mma16816<T>(o + 8 * jj + 4, a, b[2], b[3]);
     }
-  }
-}
-
-// The epilogue: row sums over quads and warps (through red), then the thread's 2 rows x 16
-// columns of o and (warp 0) the LSE, to o_lat / lse (direct) or the split's partial; kCluster:
-// the partial to this CTA's shared memory, part [16 rows][512] and its LSEs at part + 16 x 512.
-template <typename T, bool kCluster = false>
-__device__ __forceinline__ void StoreRows(const LatentParams<T>& p, const LatentCta& c, float* red,
-                                          int warp, int lane, const float (&o)[32],
-                                          float (&l_run)[2], const float (&m_run)[2], bool direct,
-                                          float* part = nullptr) {
-  const int g = lane / 4, t4 = lane % 4;
-  QuadSum2(l_run);
-  __syncthreads();  // every warp is done with the maxima
-  if (t4 == 0) {
-    red[warp * kRows + g] = l_run[0];
-    red[warp * kRows + g + 8] = l_run[1];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = g + 8 * h;
-    if (c.r0 + r >= c.rows_seq) continue;
-    float l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) l += red[w * kRows + r];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t row = static_cast<int64_t>(c.q0) * p.heads + c.r0 + r;
-    if constexpr (kCluster) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<float2*>(part + r * kLora + warp * 64 + j * 8 + 2 * t4) =
-            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-      }
-      if (warp == 0 && t4 == 0) {
-        part[kRows * kLora + r] = l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        StorePair(p, blockIdx.x, row, warp * 64 + j * 8 + 2 * t4, o[4 * j + 2 * h] * inv,
-                  o[4 * j + 2 * h + 1] * inv, direct);
-      }
-      if (warp == 0 && t4 == 0) {
-        StoreLse(p, blockIdx.x, row,
-                 l > 0.0f ? (m_run[h] + log2f(l)) * wgmma_common::kLn2 : -INFINITY, direct);
-      }
-    }
-  }
-}
-
-// The tile's masked scores -> this warp's row maxima in red (before barrier A).
-__device__ __forceinline__ void MaskAndShareMax(float (&s)[4], int key0, int warp, int lane,
-                                                const int (&vis)[2], float scale_log2, float* red) {
-  float mx[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = key0 + warp * 8 + 2 * (lane % 4) + e;
-      s[2 * h + e] = key < vis[h] ? s[2 * h + e] * scale_log2 : -INFINITY;
-    }
-    mx[h] = fmaxf(s[2 * h], s[2 * h + 1]);
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-  }
-  if (lane % 4 == 0) {
-    red[warp * kRows + lane / 4] = mx[0];
-    red[warp * kRows + lane / 4 + 8] = mx[1];
-  }
-}
-
-// After barrier A: the tile maxima (the same in every warp), the running state's update, P of
-// the warp's 8 tokens rounded to T into the swizzled P buffer.
-template <typename T>
-__device__ __forceinline__ void SoftmaxToP(const float (&s)[4], const float* red, int warp,
-                                           int lane, float (&m_run)[2], float (&l_run)[2],
-                                           float (&alpha)[2], uint8_t* sp) {
-  const int g = lane / 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float m = red[g + 8 * h];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w * kRows + g + 8 * h]);
-    const float m_new = fmaxf(m_run[h], m);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked: a finite base
-    alpha[h] = exp2f(m_run[h] - m_use);
-    m_run[h] = m_new;
-    const float w0 = exp2f(s[2 * h] - m_use), w1 = exp2f(s[2 * h + 1] - m_use);
-    l_run[h] = l_run[h] * alpha[h] + w0 + w1;
-    const int r = g + 8 * h;
-    *reinterpret_cast<uint32_t*>(sp + r * 128 + ((warp ^ (r % 8)) * 16) + (lane % 4) * 4) =
-        PackTwo<T>(w0, w1);
   }
 }
 
@@ -270,7 +200,7 @@ __device__ __forceinline__ void IssuePrologue(const LatentParams<T>& p, const La
                                               int num_tiles, int boxes, int lane,
                                               int (&rows)[kStages + 1]) {
   if (lane == 0) {
-    for (int i = 0; i < kStages * kChunks; ++i) internal::prefill::MbarInit(full + i, 1);
+    for (int i = 0; i < kStages; ++i) internal::prefill::MbarInit(full + i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 #pragma unroll
@@ -286,8 +216,7 @@ __device__ __forceinline__ void IssuePrologue(const LatentParams<T>& p, const La
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < pre) {
-        IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
-                    0, kChunks);
+        IssueTile(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * 8, lane);
       }
     }
     internal::WaitForPrecedingGrid();
@@ -295,30 +224,8 @@ __device__ __forceinline__ void IssuePrologue(const LatentParams<T>& p, const La
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
     if (t >= pre && t < num_tiles) {
-      IssueChunks(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * kChunks * 8, lane,
-                  0, kChunks);
+      IssueTile(map, g, rows[t], boxes, base + t * kTileBytes, bar_addr + t * 8, lane);
     }
-  }
-}
-
-// The cluster merge (kCluster, MlaPlanInput::cluster_merge) after the tile loop: the CTA's
-// partial and LSEs into its own shared memory (the latent stages: every issued tile has landed and
-// been read), then ClusterMergeSplits over the cluster's splits (cluster rank = blockIdx.x).
-template <typename T>
-__device__ __forceinline__ void ClusterMergeRows(const LatentParams<T>& p, const LatentCta& c,
-                                                 uint8_t* smem, unsigned long long* stamps) {
-  if (stamps != nullptr && threadIdx.x == 0) {
-    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseTicket);  // the merge's start (no ticket)
-    *tma_kernel::StampWord(stamps, kMlaStampTicket) = 2;   // every CTA merges a slice
-  }
-  const int64_t first = static_cast<int64_t>(c.q0) * p.heads + c.r0;
-  const auto row_of = [first](int rr) { return first + rr; };
-  const float* part = reinterpret_cast<const float*>(smem);
-  internal::ClusterMergeSplits<T, kLora>(part, part + kRows * kLora, min(kRows, c.rows_seq - c.r0),
-                                         row_of, p.o_lat, p.lse,
-                                         reinterpret_cast<float*>(smem + kClusterScratchOff));
-  if (stamps != nullptr && threadIdx.x == 0) {
-    tma_kernel::WritePhaseStamp(stamps, kMlaPhaseMergeDone);
   }
 }
 
@@ -374,14 +281,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   internal::prefill::FenceProxyAsync();  // the stage's cp.async writes before the TMA's writes
   __syncthreads();  // every warp has read Q: its stage may be overwritten (generic reads, then TMA)
   if (warp == kIssueWarp && kQStage < num_tiles) {
-    IssueChunks(&map, g, rows[kQStage], boxes, base + kQStage * kTileBytes,
-                bar_addr + kQStage * kChunks * 8, lane, 0, kChunks);
+    IssueTile(&map, g, rows[kQStage], boxes, base + kQStage * kTileBytes, bar_addr + kQStage * 8,
+              lane);
   }
   int next_rows = rows[kStages];
   if (stamps != nullptr && tid == 0) {
     tma_kernel::WritePhaseStamp(stamps, kMlaPhaseQ);
     if (num_tiles > 0) {  // tile 0's every chunk landed (a wait the loop's then passes at once)
-      for (int ch = 0; ch < kChunks; ++ch) internal::MbarWaitOrTrap(full + ch, 0);
+      internal::MbarWaitOrTrap(full, 0);
       tma_kernel::WritePhaseStamp(stamps, kMlaPhaseFirstTile);
     }
   }
@@ -397,13 +304,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t stage = base + st * kTileBytes;
     const int key0 = kb + t * kKeys;
     float s[4];
-    TileScores<T>(s, qa, stage, full + st * kChunks, (t / kStages) & 1, warp, lane);
+    TileScores<T>(s, qa, stage, full + st, (t / kStages) & 1, warp, lane);
     MaskAndShareMax(s, key0, warp, lane, vis, p.scale_log2, red);
     BarSync(1, kThreads);  // A: every warp's maxima; P V of tile t - 1 done everywhere
     if (warp == kIssueWarp && t >= 1 && t + 2 < num_tiles) {  // tile t + 2 into t - 1's stage
       const int s2 = (t + 2) % kStages;
-      IssueChunks(&map, g, next_rows, boxes, base + s2 * kTileBytes, bar_addr + s2 * kChunks * 8,
-                  lane, 0, kChunks);
+      IssueTile(&map, g, next_rows, boxes, base + s2 * kTileBytes, bar_addr + s2 * 8, lane);
       if (t + 3 < num_tiles && lane < boxes) {
         next_rows = BoxRow(p, g, c.table, kb + (t + 3) * kKeys, lane, ke);
       }
@@ -411,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2];
     SoftmaxToP<T>(s, red, warp, lane, m_run, l_run, alpha, smem + kPOff);
     if (ke - key0 < kKeys) {  // V rows past the split's end: zero (NaN-safe P V), own chunk only
-      tma_kernel::ZeroTailChunks(smem + st * kTileBytes, ke - key0, lane, 32, warp, warp + 1);
+      ZeroTailChunk(smem + st * kTileBytes, ke - key0, warp, lane);
     }
     BarSync(2, kThreads);  // B: P complete
     AddPv<T>(o, alpha, base + kPOff, stage, warp, lane);
@@ -454,6 +360,32 @@ cudaError_t SetClusterAttributes(Kernel kernel) {
   }
   return e;
 }
+// The pool as [rows][9 chunks][64 values] of T (a row: one latent of one page slot of one layer,
+// as tma_kernel::EncodePoolMap's rows), a box = 64 values x 9 chunks x box_rows rows (one copy a
+// page run of a tile), 128-byte swizzle (LatentOffset).
+absl::StatusOr<CUtensorMap> EncodeRowsMap(const DeviceKvCache& cache, int box_rows, bool bf16) {
+  using rows16_kernel::kChunks;
+  using rows16_kernel::kD;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(kChunks),
+                              static_cast<cuuint64_t>(cache.layout.TotalElems() / kD)};
+  const cuuint64_t strides[2] = {128, kD * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kChunks),
+                             static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+             cache.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("cuTensorMapEncodeTiled (kRows16 latent rows) failed: ", static_cast<int>(r)));
+  }
+  return map;
+}
 }  // namespace
 
 int MlaRows16MaxActiveClusters(int cluster_size) {
@@ -487,7 +419,7 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
                                   static_cast<int>(layer * bs),
                                   static_cast<int>(bs < 64 ? bs : 64)};
   ASSIGN_OR_RETURN(const CUtensorMap map,
-                   tma_kernel::EncodePoolMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
+                   EncodeRowsMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
   const bool st = p.phase_stamps != nullptr;
   if (cluster) {  // MlaPlan::cluster_merge: a cluster of grid.x CTAs a group (plus PDL: prewait)
     auto kernel = Rows16Kernel<T, true>(prewait, st);

@@ -63,6 +63,16 @@ bool MlaClusterMergeFromEnv() {
   return on;
 }
 
+// TANDEM_MLA_ROWS16_FP8 (read once; default on, =0 off for an A/B): an FP8 latent pool's kRows16
+// steps on the 16-row FP8 kernel (MlaPlanInput::rows16_fp8), else the 64-row FP8 kernel.
+bool MlaRows16Fp8FromEnv() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_MLA_ROWS16_FP8");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 // TANDEM_MLA_ROWS16_MAX_REQUESTS (read once; an A/B): overrides
 // CudaModelOptions::mla_rows16_max_requests and the planner's bound when set to a number >= 0.
 std::optional<int64_t> MlaRows16MaxRequestsFromEnv() {
@@ -462,7 +472,8 @@ absl::Status CudaMlaModel::Forward(const DeviceStep& step, const kc::DeviceKvCac
                       .workspace_zeroed = true,  // the TMA kernel merges its splits
                       .rows16_small_batches = options_.mla_rows16,
                       .prewait = MlaPrewaitFromEnv(),
-                      .cluster_merge = MlaClusterMergeFromEnv()};
+                      .cluster_merge = MlaClusterMergeFromEnv(),
+                      .rows16_fp8 = MlaRows16Fp8FromEnv()};
   std::optional<int64_t> rows16_bound = MlaRows16MaxRequestsFromEnv();
   if (!rows16_bound.has_value()) rows16_bound = options_.mla_rows16_max_requests;
   if (rows16_bound.has_value()) in.rows16_max_requests = *rows16_bound;
