@@ -90,20 +90,19 @@ __device__ __forceinline__ int BoxRow(const LatentParams<T>& p, const TmaGeometr
 }
 
 // One warp: issues chunks [c0, c1) of one tile into the stage at smem address dst (barriers at
-// bars) from the rows lane l < boxes holds in `rows`.
+// bars) from the rows lane l < boxes holds in `rows`: lane 0 arms the barriers, then each box's
+// lane issues its own copies (lane 0 issuing every box made a 16-latent page's tile 36 copies in a
+// row: kernels/mla/BENCHMARKS.md, twenty-second session).
 __device__ __forceinline__ void IssueChunks(const CUtensorMap* map, const TmaGeometry& g, int rows,
                                             int boxes, uint32_t dst, uint32_t bars, int lane,
                                             int c0, int c1) {
   if (lane == 0) {
     for (int c = c0; c < c1; ++c) MbarExpectTx(bars + 8 * c, kBlockBytes);
   }
-  for (int b = 0; b < boxes; ++b) {
-    const int row = __shfl_sync(0xffffffffu, rows, b);
-    if (lane == 0) {
-#pragma unroll
-      for (int c = c0; c < c1; ++c) {
-        TmaLoad2d(dst + c * kBlockBytes + b * g.box_rows * 128, map, c * 64, row, bars + 8 * c);
-      }
+  __syncwarp();
+  if (lane < boxes) {
+    for (int c = c0; c < c1; ++c) {
+      TmaLoad2d(dst + c * kBlockBytes + lane * g.box_rows * 128, map, c * 64, rows, bars + 8 * c);
     }
   }
 }
