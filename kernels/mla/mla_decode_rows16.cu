@@ -350,41 +350,20 @@ auto Rows16Kernel(bool prewait, bool stamps) {
                            : MlaRows16Kernel<T, false, false, kCluster>);
 }
 
-// The cluster instantiation's attributes: its shared memory, clusters of up to 16 CTAs.
-template <typename Kernel>
-cudaError_t SetClusterAttributes(Kernel kernel) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       rows16_kernel::kSmemBytes);
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  }
-  return e;
-}
 // The pool as [rows][9 chunks][64 values] of T (a row: one latent of one page slot of one layer,
 // as tma_kernel::EncodePoolMap's rows), a box = 64 values x 9 chunks x box_rows rows (one copy a
 // page run of a tile), 128-byte swizzle (LatentOffset).
 absl::StatusOr<CUtensorMap> EncodeRowsMap(const DeviceKvCache& cache, int box_rows, bool bf16) {
   using rows16_kernel::kChunks;
   using rows16_kernel::kD;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
-  CUtensorMap map{};
   const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(kChunks),
                               static_cast<cuuint64_t>(cache.layout.TotalElems() / kD)};
   const cuuint64_t strides[2] = {128, kD * 2};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kChunks),
                              static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r =
-      encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-             cache.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cuTensorMapEncodeTiled (kRows16 latent rows) failed: ", static_cast<int>(r)));
-  }
-  return map;
+  return tma_kernel::EncodeLatentMap(
+      cache.data, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "kRows16 latent rows");
 }
 }  // namespace
 
@@ -402,7 +381,7 @@ int MlaRows16MaxActiveClusters(int cluster_size) {
   config.dynamicSmemBytes = rows16_kernel::kSmemBytes;
   config.attrs = &attr;
   config.numAttrs = 1;
-  if (SetClusterAttributes(kernel) != cudaSuccess ||
+  if (rows16_common::SetRows16Attributes(kernel, rows16_kernel::kSmemBytes, true) != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it
     return 0;
@@ -421,34 +400,10 @@ absl::Status LaunchMlaRows16(const LatentParams<T>& p, const DeviceKvCache& cach
   ASSIGN_OR_RETURN(const CUtensorMap map,
                    EncodeRowsMap(cache, g.box_rows, std::is_same_v<T, __nv_bfloat16>));
   const bool st = p.phase_stamps != nullptr;
-  if (cluster) {  // MlaPlan::cluster_merge: a cluster of grid.x CTAs a group (plus PDL: prewait)
-    auto kernel = Rows16Kernel<T, true>(prewait, st);
-    CUDA_RETURN_IF_ERROR(SetClusterAttributes(kernel));
-    cudaLaunchAttribute attrs[2] = {};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = grid.x;
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(rows16_kernel::kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = prewait ? 2 : 1;
-    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, map, g));
-    return absl::OkStatus();
-  }
-  auto kernel = Rows16Kernel<T, false>(prewait, st);
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // prewait: PDL, the prologue under the preceding kernel (MlaPlanInput::prewait).
-  const internal::PdlLaunchConfig config(grid, rows16_kernel::kThreads, stream, prewait,
-                                         kSmemBytes);
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, p, map, g));
-  return absl::OkStatus();
+  return cluster ? rows16_common::LaunchRows16(Rows16Kernel<T, true>(prewait, st), grid, kSmemBytes,
+                                               true, prewait, stream, p, map, g)
+                 : rows16_common::LaunchRows16(Rows16Kernel<T, false>(prewait, st), grid,
+                                               kSmemBytes, false, prewait, stream, p, map, g);
 }
 
 template absl::Status LaunchMlaRows16<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,

@@ -443,9 +443,6 @@ auto Rows16Fp8Kernel(bool prewait) {
 absl::StatusOr<CUtensorMap> EncodeFp8CodesMap(const DeviceKvCache& cache, int box_rows,
                                               int64_t rows_per_block, int64_t block_stride) {
   using rows16_fp8_kernel::kChunks;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
-  CUtensorMap map{};
   const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(kChunks),
                               static_cast<cuuint64_t>(rows_per_block),
                               static_cast<cuuint64_t>(cache.layout.num_blocks)};
@@ -453,15 +450,8 @@ absl::StatusOr<CUtensorMap> EncodeFp8CodesMap(const DeviceKvCache& cache, int bo
                                  static_cast<cuuint64_t>(block_stride)};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(kChunks),
                              static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, cache.data, dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cuTensorMapEncodeTiled (FP8 latent codes) failed: ", static_cast<int>(r)));
-  }
-  return map;
+  return tma_kernel::EncodeLatentMap(cache.data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, dims, strides,
+                                     box, CU_TENSOR_MAP_SWIZZLE_64B, "FP8 latent codes");
 }
 }  // namespace
 
@@ -486,36 +476,10 @@ absl::Status LaunchMlaRows16Fp8(const LatentParams<T>& p, const DeviceKvCache& c
   ASSIGN_OR_RETURN(
       const CUtensorMap map,
       EncodeFp8CodesMap(cache, g.box_rows, cache.layout.num_layers * bs, p.code_block_stride));
-  if (cluster) {  // MlaPlan::cluster_merge: a cluster of grid.x CTAs a group (plus PDL: prewait)
-    auto kernel = Rows16Fp8Kernel<T, true>(prewait);
-    CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchAttribute attrs[2] = {};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = grid.x;
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(rows16_common::kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = prewait ? 2 : 1;
-    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, map, g));
-    return absl::OkStatus();
-  }
-  auto kernel = Rows16Fp8Kernel<T, false>(prewait);
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  const internal::PdlLaunchConfig config(grid, rows16_common::kThreads, stream, prewait,
-                                         kSmemBytes);
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), kernel, p, map, g));
-  return absl::OkStatus();
+  return cluster ? rows16_common::LaunchRows16(Rows16Fp8Kernel<T, true>(prewait), grid, kSmemBytes,
+                                               true, prewait, stream, p, map, g)
+                 : rows16_common::LaunchRows16(Rows16Fp8Kernel<T, false>(prewait), grid, kSmemBytes,
+                                               false, prewait, stream, p, map, g);
 }
 
 template bool MlaRows16Fp8Fits<__nv_bfloat16>(const LatentParams<__nv_bfloat16>&,

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "common/cuda_status.h"
 #include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/paged_decode_merge.cuh"
 #include "kernels/cuda/device_utils.cuh"
@@ -186,6 +188,50 @@ __device__ __forceinline__ void ClusterMergeRows(const LatentParams<T>& p, const
   if (stamps != nullptr && threadIdx.x == 0) {
     tma_kernel::WritePhaseStamp(stamps, kMlaPhaseMergeDone);
   }
+}
+
+// A kRows16 kernel's attributes: its dynamic shared memory and, for the cluster-merge
+// instantiation, clusters of up to 16 CTAs (the non-portable sizes).
+template <typename Kernel>
+cudaError_t SetRows16Attributes(Kernel kernel, int smem_bytes, bool cluster) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (e == cudaSuccess && cluster) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  return e;
+}
+
+// Launches a kRows16 kernel over `grid` (kThreads threads, smem_bytes of dynamic shared memory):
+// `cluster`, clusters of grid.x CTAs (MlaPlan::cluster_merge: a cluster a split group); `prewait`,
+// with programmatic dependent launch (MlaPlanInput::prewait: the prologue under the kernel before).
+template <typename Kernel, typename... Args>
+absl::Status LaunchRows16(Kernel kernel, dim3 grid, int smem_bytes, bool cluster, bool prewait,
+                          cudaStream_t stream, const Args&... args) {
+  CUDA_RETURN_IF_ERROR(SetRows16Attributes(kernel, smem_bytes, cluster));
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned int n = 0;
+  if (cluster) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = grid.x;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (prewait) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = n;
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::kernels::cuda::mla_internal::rows16_common

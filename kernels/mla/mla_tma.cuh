@@ -162,28 +162,37 @@ inline __device__ __noinline__ void WritePhaseStamp(unsigned long long* stamps, 
   }
 }
 
+// A tiled tensor map over `data` of `rank` dims (dims[0] innermost, strides in bytes of dims 1..,
+// elements strides 1), boxes `box`, the given element type and swizzle; `what` names it in errors.
+inline absl::StatusOr<CUtensorMap> EncodeLatentMap(void* data, CUtensorMapDataType type, int rank,
+                                                   const cuuint64_t* dims,
+                                                   const cuuint64_t* strides, const cuuint32_t* box,
+                                                   CUtensorMapSwizzle swizzle, const char* what) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
+  CUtensorMap map{};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(&map, type, rank, data, dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("cuTensorMapEncodeTiled (", what, ") failed: ", static_cast<int>(r)));
+  }
+  return map;
+}
+
 // The tensor map of the pool ([total rows][576] of T, 128-byte swizzle, boxes of 64 columns x
 // box_rows rows).
 inline absl::StatusOr<CUtensorMap> EncodePoolMap(const DeviceKvCache& cache, int box_rows,
                                                  bool bf16) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = internal::TensorMapEncodeTiled();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is not available");
-  CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kD),
                               static_cast<cuuint64_t>(cache.layout.TotalElems() / kD)};
   const cuuint64_t strides[1] = {kD * 2};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-             cache.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
-  }
-  return map;
+  return EncodeLatentMap(cache.data,
+                         bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                         2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "latent pool");
 }
 
 // Launches `kernel` (one of the TMA kernels: (params, tensor map, geometry), kMlaWgmmaThreads
