@@ -1,4 +1,5 @@
-// BlockSum: the sum of one float per thread over a thread block, device code only.
+// BlockSum / BlockMax: the sum / max of one float per thread over a thread block, device code
+// only.
 //
 // One owner for the block reduction that kernels/ (RMSNorm, the MoE combine's shared-expert gate)
 // and comm/ (the custom all-reduce's fused RMSNorm epilogue) share. It lives in common/ because
@@ -25,6 +26,20 @@ __device__ __forceinline__ float BlockSum(float v, float* warp_sums) {
   v = 0.0f;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) v += warp_sums[w];
+  return v;
+}
+
+// The same contract as BlockSum (kernels/attention/cuda's N-way split merge: the partials' largest
+// LSE); fmaxf, so a NaN input is dropped for any other value.
+template <int kThreads>
+__device__ __forceinline__ float BlockMax(float v, float* warp_sums) {
+  static_assert(kThreads % 32 == 0 && kThreads >= 32 && kThreads <= 1024, "whole warps");
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = warp_sums[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, warp_sums[w]);
   return v;
 }
 

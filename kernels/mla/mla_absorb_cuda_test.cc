@@ -123,8 +123,21 @@ TEST(MlaAbsorbCudaTest, OneTokenGemvAndCublasMatchTheReference) {
                      .qk_rope_head_dim = 8,
                      .kv_lora_rank = 32,
                      .v_head_dim = 12};
+  // kV3Dims and long_latent (>= 8192 rows of W_UV a token): the W_UV GEMV's 4 rows a warp, the
+  // latter over a latent of 125 chunks (a lane's second chunk partly idle); kLiteDims, tiny and
+  // odd_v (a v_head_dim that is no multiple of 4): a row a warp.
+  const MlaDims long_latent{.num_heads = 64,
+                            .qk_nope_head_dim = 16,
+                            .qk_rope_head_dim = 8,
+                            .kv_lora_rank = 1000,
+                            .v_head_dim = 128};
+  const MlaDims odd_v{.num_heads = 2,
+                      .qk_nope_head_dim = 16,
+                      .qk_rope_head_dim = 8,
+                      .kv_lora_rank = 64,
+                      .v_head_dim = 6};
   for (int64_t tokens : {1, 3}) {
-    for (const MlaDims& d : {mla_test::kLiteDims, mla_test::kV3Dims, tiny}) {
+    for (const MlaDims& d : {mla_test::kLiteDims, mla_test::kV3Dims, tiny, long_latent, odd_v}) {
       RunCase<__nv_bfloat16>(d, tokens, rng, cublas);
       RunCase<__half>(d, tokens, rng, cublas);
     }

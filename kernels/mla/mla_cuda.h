@@ -17,7 +17,7 @@
 //      allow_wgmma = false by mma.sync m16n8k16 (8 warps, 32-latent tiles). Contexts are split
 //      over `plan.num_splits` CTAs per row tile (split-KV: each request's own context in chunks
 //      of >= 64 latents, 512 when planned, MlaPlan::num_splits); the fp32 partials are merged by
-//      LSE with cuda::MergeAttnStatesN, or by the TMA kernel itself (MlaPlan::merge_in_kernel).
+//      LSE with cuda::MergeF32AttnStatesN, or by the TMA kernel itself (MlaPlan::merge_in_kernel).
 //      q_len > 1 (speculative verification, chunked prefill) is causal per row. Latent widths other
 //      than 512 + 64 run a plain CUDA-core kernel (one warp per row; the tiny test models), same
 //      semantics.
@@ -113,7 +113,7 @@ struct MlaPlanInput {
   // merges its own splits (MlaPlan::merge_in_kernel): the last CTA of each (request, row tile) to
   // finish merges every split's partial and writes o_lat (and lse) itself, no merge or convert
   // launch; an atomic ticket per group that the merging CTA resets, so CUDA-graph replays and
-  // later calls find the counters zero. false: the separate MergeAttnStatesN + ConvertFromF32.
+  // later calls find the counters zero. false: the separate MergeF32AttnStatesN.
   bool workspace_zeroed = false;
   // With tma_schedule kSerial and no forced splits: kRows16 instead for models of <= 16 heads
   // (per rank) at <= rows16_max_requests requests and max_q_len <= kMlaAbsorbMaxQueryLen (16-row

@@ -22,9 +22,9 @@ namespace tandem::kernels::cuda::mla_internal {
 // Byte offsets into the MLA workspace, each 256-byte aligned:
 //   workspace_zeroed only: the merge tickets (kMlaMergeCounterBytes, offset 0) |
 //   q_cat [T, Hq, D] T | o_lat [T, Hq, L] T | split only: part_o [splits][T * Hq][L] fp32,
-//   part_lse [splits][T * Hq] fp32, o_f32 [T, Hq, L] fp32 (the merged o_lat before rounding).
+//   part_lse [splits][T * Hq] fp32.
 struct MlaWorkspace {
-  int64_t q_cat = 0, o_lat = 0, part_o = 0, part_lse = 0, o_f32 = 0, total = 0;
+  int64_t q_cat = 0, o_lat = 0, part_o = 0, part_lse = 0, total = 0;
   MlaWorkspace(const MlaPlanInput& in, int num_splits) {
     const int64_t rows = in.num_tokens * in.dims.num_heads;
     auto take = [this](int64_t bytes) {
@@ -38,7 +38,6 @@ struct MlaWorkspace {
     if (num_splits > 1) {
       part_o = take(num_splits * rows * in.dims.kv_lora_rank * 4);
       part_lse = take(num_splits * rows * 4);
-      o_f32 = take(rows * in.dims.kv_lora_rank * 4);
     }
   }
 };

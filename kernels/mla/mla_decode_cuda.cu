@@ -1,5 +1,5 @@
 // MlaLatentAttention (mla_cuda.h): the tensor-core kernel for latent 512 + 64, the plain kernel
-// for other widths, split-KV partials merged by cuda::MergeAttnStatesN.
+// for other widths, split-KV partials merged by cuda::MergeF32AttnStatesN.
 //
 // Tensor-core kernel, one CTA = 64 (query token x head) rows of one request x one split of its
 // context, 8 warps. Warp w owns row block rb = w % 4 (16 rows) and half ch = w / 4: it scores
@@ -20,7 +20,6 @@
 #include "common/status_macros.h"
 #include "kernels/attention/cuda/cluster_merge.cuh"
 #include "kernels/attention/cuda/merge_attn_states_cuda.h"
-#include "kernels/layers/cuda/convert_cuda.h"
 #include "kernels/mla/mla_attention.h"  // kMlaAbsorbMaxQueryLen
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_cuda_internal.cuh"
@@ -306,6 +305,16 @@ constexpr int kSplitMinLatents = 512;
 // (64-row tiles) the merging CTA's serial partial loads made the in-kernel merge slower (batch 1
 // at 1k 48.5 vs 31.8 us with the separate merge), so 64-row tiles keep the separate merge.
 constexpr int kSplitMinLatentsInKernel = 128;
+// Full 64-row tiles whose splits the separate merge sums (128 heads: DeepSeek-V3 under
+// --dp_attention) since the split merge (MergeF32AttnStatesN) runs CTAs per row for many partials:
+// measured on an H200 (nvidia-h200, mla_cuda_bench --heads=128 --page=16 --merge=0 --splits=N,
+// batch 1, graph us): 8k at 32 / 43 / 64 splits 27.7 / 27.0 / 29.5, 16k 39.0 / 35.3 / 34.7, 32k 32
+// / 47 / 64 splits 61.3 / 50.3 / 46.6, 64k 47 / 64 / 94 79.5 / 67.6 / 106.9 (two waves); about 8.9
+// us + 44 ns a latent of the chunk + 0.23 us a split. So splits of >= 128 latents, and a CTA's
+// partial weighs kSeparateMergeWeight x its bytes in the model (the merge reads it back and the
+// CTAs' stores meet at HBM at once; 1x fitted 64 splits at 8k, the measured optimum is ~43).
+constexpr int kSplitMinLatentsSeparate = 128;
+constexpr double kSeparateMergeWeight = 3.0;
 constexpr int64_t kMaxSplitsInKernel = 16;
 constexpr int64_t kMergeInKernelMaxRows = 16;
 constexpr int64_t kShortSplitGroups = 8, kShortSplitCtas = 64;
@@ -325,14 +334,14 @@ int64_t SplitsFilled(int64_t ctx, int64_t splits, int min_chunk) {
 // (unsplit: waves x (ctx + kCtaLatents)), where filled = SplitsFilled(ctx, s), chunk =
 // SplitChunk(ctx, s), waves = ceil(ctas x filled / SMs), partial = a CTA's fp32 rows out in
 // latent reads (rows_tile x L x 4 bytes; the merge reads them back spread over all SMs).
-// V2-Lite (16 heads, 16 rows a tile: partial ~28) at 1k: batch 1 -> 16 splits of 64 latents,
-// batch 8 -> 16 (128 CTAs), batch 64 -> 2; a plan for 32k at batch 1 -> 128 splits of 256
-// (a 1k request then runs 16 CTAs of 64), batch 8 -> 16. V3 (128 heads, 2 tiles of 64 rows:
-// partial ~114): batch 1 at 4k -> 32 splits of 128 (64 splits of 64 would fill the wave, but
-// their partials cost as much as the halved chunks save), batch 8 at 1k -> 8 (128 CTAs), 16
-// requests at 4k -> 4 (one wave; 8 would run two), 64 at 32k -> 1.
+// w = merge_weight: 1, or kSeparateMergeWeight for full tiles merged by the separate kernel.
+// With 512-latent splits, V2-Lite without the in-kernel merge (16 heads, 16 rows a tile: partial
+// ~28): batch 1 at 1k -> 2, at 32k -> 64; batch 8 at 32k -> 16; batch 64 at 4k -> 2. V3 (128
+// heads, 2 tiles of 64 rows: partial ~114, w 3, >= 128 latents): batch 1 at 4k -> 22, at 16k ->
+// 43, at >= 32k -> 64 (one wave); batch 4 -> 16; 16 requests at 4k -> 4 (one wave; 8 would run
+// two); 64 at 32k -> 1.
 int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int num_sms,
-                       int64_t ctx, int64_t max_splits, int min_chunk) {
+                       int64_t ctx, int64_t max_splits, int min_chunk, double merge_weight) {
   ctas = std::max<int64_t>(ctas, 1);
   const double partial =
       static_cast<double>(rows_tile * dims.kv_lora_rank * 4) / (dims.LatentDim() * 2);
@@ -343,7 +352,7 @@ int64_t SplitsForWaves(int64_t ctas, int64_t rows_tile, const MlaDims& dims, int
     const double chunk =
         mla_internal::SplitChunk(static_cast<int>(ctx), static_cast<int>(s), min_chunk);
     return waves * (chunk + kCtaLatents + partial) + kMergeLatents +
-           static_cast<double>(filled * ctas) * partial / num_sms;
+           merge_weight * static_cast<double>(filled * ctas) * partial / num_sms;
   };
   int64_t best = 1;
   double best_cost = cost(1);
@@ -442,9 +451,11 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   // the 512-latent planner below, their partials merged in the kernel).
   const bool short_splits =
       merge_possible && in.num_splits == 0 && seqs * plan.row_tiles <= kShortSplitGroups;
-  plan.split_min_latents = in.num_splits > 0 ? mla_internal::kSplitAlign
-                           : short_splits    ? kSplitMinLatentsInKernel
-                                             : kSplitMinLatents;
+  const bool separate_full_tiles = !merge_possible && rows_tile == kRows;
+  plan.split_min_latents = in.num_splits > 0     ? mla_internal::kSplitAlign
+                           : short_splits        ? kSplitMinLatentsInKernel
+                           : separate_full_tiles ? kSplitMinLatentsSeparate
+                                                 : kSplitMinLatents;
   const int64_t max_splits = std::clamp<int64_t>(
       (ctx + plan.split_min_latents - 1) / plan.split_min_latents, 1,
       short_splits
@@ -454,7 +465,8 @@ absl::StatusOr<MlaPlan> PlanMla(const MlaPlanInput& in) {
   if (splits == 0) {
     // The plain kernel runs several CTAs per SM: about one wave of them.
     splits = plan.use_mma ? SplitsForWaves(seqs * plan.row_tiles, rows_tile, in.dims, in.num_sms,
-                                           ctx, max_splits, plan.split_min_latents)
+                                           ctx, max_splits, plan.split_min_latents,
+                                           separate_full_tiles ? kSeparateMergeWeight : 1.0)
                           : std::clamp<int64_t>((in.num_sms + seqs - 1) / seqs, 1, max_splits);
   }
   // The workspace's partials grow with the splits: fewer until they fit (one always does).
@@ -584,12 +596,10 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (plan.num_splits == 1 || merged_in_kernel) return absl::OkStatus();
-  float* merged = reinterpret_cast<float*>(base + ws.o_f32);
   const int64_t rows = in.num_tokens * in.dims.num_heads;
   AttnPartials<float> parts{p.part_o, rows * p.lora, p.part_lse, rows, plan.num_splits};
-  RETURN_IF_ERROR(MergeAttnStatesN<float>(parts, in.num_tokens, in.dims.num_heads, p.lora, merged,
-                                          lse, stream));
-  return ConvertFromF32<T>(merged, rows * p.lora, o_lat, stream);
+  return MergeF32AttnStatesN<T>(parts, in.num_tokens, in.dims.num_heads, p.lora, o_lat, lse,
+                                stream);
 }
 
 template absl::Status MlaLatentAttention<__nv_bfloat16>(const __nv_bfloat16*, const DeviceKvCache&,

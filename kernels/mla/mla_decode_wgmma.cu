@@ -20,7 +20,7 @@
 // copy is issued at the top of each tile, right after the barrier that retires the stage it
 // overwrites (the tile before), so one tile is always in flight while the current one computes.
 // The block table is read once per latent row (four threads copy a row), so any page size works.
-// Output: the final o_lat / LSE, or fp32 partials per split for MergeAttnStatesN.
+// Output: the final o_lat / LSE, or fp32 partials per split for MergeF32AttnStatesN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -15,7 +15,8 @@ using mla_cuda_test::kLite;
 using mla_cuda_test::kV3;
 
 // The split planner (host only: runs without a GPU). Batches of 1-8 stay within one wave of one
-// CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents); a plan for a
+// CTA per SM, every planned split >= 512 latents at the bound (kSplitMinLatents; 128 for full
+// 64-row tiles merged by the separate kernel); a plan for a
 // long bound gives many splits (short requests then use fewer, mla_cuda_internal.cuh's
 // SplitChunk); forced counts (64-latent minimum), the workspace cap and DCP's local bound.
 // MlaPlanInput::rows16_small_batches (host planner only): kRows16 with 16-row tiles for <= 16
@@ -99,8 +100,10 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
           SCOPED_TRACE(::testing::Message() << d.num_heads << " heads, " << seqs << " x " << ctx
                                             << " q_len " << q << ": " << p.num_splits << " splits");
           EXPECT_LE(ctas, 132);
-          EXPECT_EQ(p.split_min_latents, 512);
-          EXPECT_LT((p.num_splits - 1) * 512, ctx);  // >= 512 latents a split at the bound
+          // Full 64-row tiles (128 heads) merged by the separate kernel: >= 128 latents.
+          const int min_split = d.num_heads * q >= 64 ? 128 : 512;
+          EXPECT_EQ(p.split_min_latents, min_split);
+          EXPECT_LT((p.num_splits - 1) * min_split, ctx);  // >= min_split a split at the bound
         }
       }
     }
@@ -109,6 +112,17 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   EXPECT_EQ(plan(kLite, 1, 4096).num_splits, 8);
   EXPECT_EQ(plan(kLite, 1, 32768).num_splits, 64);  // a 1k request then runs 2 CTAs of 512
   EXPECT_EQ(plan(kV3, 64, 32768).num_splits, 1);
+  // 128 heads (2 row tiles of 64, the separate merge): about one wave of >= 128-latent splits,
+  // fewer where the partials cost more than the shorter chunks save (measured optima at batch 1:
+  // BENCHMARKS.md, twenty-third session): batch 1 at 4k -> 22, 8k -> 32, 16k -> 43, 32k -> 64,
+  // batch 2 at 16k -> 32, batch 4 -> 16, batch 16 -> 4.
+  EXPECT_EQ(plan(kV3, 1, 4096).num_splits, 22);
+  EXPECT_EQ(plan(kV3, 1, 8192).num_splits, 32);
+  EXPECT_EQ(plan(kV3, 1, 16384).num_splits, 43);
+  EXPECT_EQ(plan(kV3, 1, 131072).num_splits, 64);
+  EXPECT_EQ(plan(kV3, 2, 16384).num_splits, 32);
+  EXPECT_EQ(plan(kV3, 4, 16384).num_splits, 16);
+  EXPECT_EQ(plan(kV3, 16, 16384).num_splits, 4);
   EXPECT_EQ(plan(kLite, 1, 1).num_splits, 1);
   // Forced: at most that many, chunks of >= 64 latents, at most 256.
   EXPECT_EQ(plan(kLite, 1, 1000, 1, 3).split_min_latents, 64);
@@ -169,7 +183,7 @@ TEST(MlaCudaTest, PlanSplitsFillAWave) {
   }
   const MlaPlan v3 = zeroed(4096, 0, MlaTmaSchedule::kSerial, 1, kV3);
   EXPECT_FALSE(v3.merge_in_kernel);
-  EXPECT_EQ(v3.split_min_latents, 512);
+  EXPECT_EQ(v3.split_min_latents, 128);
   EXPECT_EQ(v3.num_splits, plan(kV3, 1, 4096).num_splits);
   EXPECT_TRUE(zeroed(4096, 4, MlaTmaSchedule::kSerial, 1, kV3).merge_in_kernel);  // forced
 }

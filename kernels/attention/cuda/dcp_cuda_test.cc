@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -211,9 +212,10 @@ TEST(DcpAttentionCudaTest, SizeOneIsTheOrdinaryPath) {
   EXPECT_TRUE(a.lse_host == b.lse_host);
 }
 
-// cuda::MergeAttnStatesN vs cpu::MergeAttnStatesN on the same (rounded) partials, strided, with
-// empty partials (lse -inf / NaN / +inf over NaN out) and all-empty rows.
-template <typename T>
+// cuda::MergeAttnStatesN (TOut = T) or MergeF32AttnStatesN (T = float, TOut 16-bit) vs
+// cpu::MergeAttnStatesN on the same (rounded) partials, strided, with empty partials (lse -inf /
+// NaN / +inf over NaN out) and all-empty rows.
+template <typename T, typename TOut = T>
 void CheckMergeN(std::mt19937& rng, int64_t parts, int64_t tokens, int64_t heads, int64_t dim) {
   SCOPED_TRACE(::testing::Message()
                << parts << " partials, " << tokens << "x" << heads << "x" << dim);
@@ -238,11 +240,16 @@ void CheckMergeN(std::mt19937& rng, int64_t parts, int64_t tokens, int64_t heads
   std::vector<float> want_o(rows * dim), want_l(rows);
   cpu::MergeAttnStatesN({outs.data(), out_stride, lses.data(), lse_stride, parts}, tokens, heads,
                         dim, want_o.data(), want_l.data());
-  DeviceBuffer<T> outs_d(cuda_test::Convert<T>(outs)), o_d(rows * dim);
+  DeviceBuffer<T> outs_d(cuda_test::Convert<T>(outs));
+  DeviceBuffer<TOut> o_d(rows * dim);
   DeviceBuffer<float> lses_d(lses), l_d(rows);
-  const absl::Status s =
-      MergeAttnStatesN<T>({outs_d.get(), out_stride, lses_d.get(), lse_stride, parts}, tokens,
-                          heads, dim, o_d.get(), l_d.get(), nullptr);
+  const AttnPartials<T> view{outs_d.get(), out_stride, lses_d.get(), lse_stride, parts};
+  absl::Status s;
+  if constexpr (std::is_same_v<T, TOut>) {
+    s = MergeAttnStatesN<T>(view, tokens, heads, dim, o_d.get(), l_d.get(), nullptr);
+  } else {
+    s = MergeF32AttnStatesN<TOut>(view, tokens, heads, dim, o_d.get(), l_d.get(), nullptr);
+  }
   ASSERT_TRUE(s.ok()) << s;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got_o = cuda_test::ToFloat(o_d.ToHost());
@@ -251,7 +258,7 @@ void CheckMergeN(std::mt19937& rng, int64_t parts, int64_t tokens, int64_t heads
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < dim; ++j) {
       const float w = want_o[r * dim + j], g = got_o[r * dim + j];
-      // fp32 math on both sides, then one rounding to T: within 2^-8 relative (+ a tiny floor).
+      // fp32 math on both sides, then one rounding to TOut: within 2^-8 relative (+ a floor).
       ASSERT_LE(std::abs(g - w), std::abs(w) * 0x1p-8f + 1e-6f) << "row " << r << " dim " << j;
     }
   }
@@ -266,6 +273,31 @@ TEST(DcpMergeCudaTest, MergeNMatchesCpu) {
     CheckMergeN<float>(rng, parts, 2, 3, 4);
   }
   CheckMergeN<__nv_bfloat16>(rng, 4, 300, 8, 256);  // more rows than one block
+}
+
+// More than 8 partials (split-KV's merges), or partials x ceil(row vectors / 32) > 8 over <= 256
+// rows, take the CTA-per-row-slice kernel: interleaved thread groups (float rows of 512 = 4
+// slices of 32 vectors: 8 groups; bf16 rows of 128 = 16 vectors: 16 groups; fp16 rows of 768 =
+// 3 slices), a short last slice (float rows of 2056 = 514 vectors: 16 slices + 2 vectors), a
+// slice of 1 vector, and hundreds of partials; and fp32 partials merged straight into bf16 /
+// fp16 (MergeF32AttnStatesN, the MLA split merge) on both kernels (2 partials of 512 over 16
+// rows: 8 loads a lane, and 4 over 300 rows: the warp kernel; 3 over 16 rows: CTAs).
+TEST(DcpMergeCudaTest, ManyPartialsMatchCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (int64_t parts : {9, 16, 64, 200}) {
+    CheckMergeN<float>(rng, parts, 1, 8, 512);
+    CheckMergeN<__nv_bfloat16>(rng, parts, 2, 5, 128);
+    CheckMergeN<__half>(rng, parts, 1, 3, 768);
+  }
+  CheckMergeN<float>(rng, 33, 1, 2, 2056);
+  CheckMergeN<float>(rng, 256, 3, 4, 4);
+  CheckMergeN<float>(rng, 12, 1100, 1, 8);
+  for (int64_t parts : {2, 3, 9, 64}) {
+    CheckMergeN<float, __nv_bfloat16>(rng, parts, 1, 16, 512);
+    CheckMergeN<float, __half>(rng, parts, 2, 3, 64);
+  }
+  CheckMergeN<float, __nv_bfloat16>(rng, 4, 3, 100, 512);
 }
 
 // The CUDA pack writes every value where the layout comment says and nothing else.

@@ -43,13 +43,16 @@ extern template absl::Status MergeAttnStates<__half>(const __half*, const float*
                                                      __half*, float*, cudaStream_t);
 
 // N-way merge with exactly cpu::MergeAttnStatesN's semantics, fp32 math, output in T: partials
-// summed in index order over the non-empty ones (lse finite); NaN/+-inf lse = empty, its out
-// never read; one non-empty partial is copied exactly; none gives out = 0, lse = -inf.
-// parts: device view (AttnPartials: a dense stack, or the regions of a DCP receive buffer);
-// out: [num_tokens, num_heads, head_dim] of T; lse: [num_tokens, num_heads] fp32 or null. out
-// and lse must not overlap the partials. head_dim * sizeof(T), parts.out_stride * sizeof(T) and
-// the out pointers must be 16-byte aligned (INVALID_ARGUMENT otherwise, or for negative sizes /
-// strides / null pointers when there are rows). One warp per row; asynchronous.
+// summed over the non-empty ones (lse finite): up to 8 partials in index order, a warp per row
+// (DCP's ranks; and split-KV's few partials over many rows); more (split-KV's tens to hundreds),
+// or long rows of several partials over <= 256 rows, by CTAs per row slice whose thread groups
+// sum interleaved partials, the groups then added in order (only the rounding differs). NaN/+-inf
+// lse = empty, its out never read; one non-empty partial is copied exactly; none gives out = 0,
+// lse = -inf. parts: device view (AttnPartials: a dense stack, or the regions of a DCP receive
+// buffer); out: [num_tokens, num_heads, head_dim] of T; lse: [num_tokens, num_heads] fp32 or
+// null. out and lse must not overlap the partials. head_dim * sizeof(T), parts.out_stride *
+// sizeof(T) and the out pointers must be 16-byte aligned (INVALID_ARGUMENT otherwise, or for
+// negative sizes / strides / null pointers when there are rows). Asynchronous.
 template <typename T>
 absl::Status MergeAttnStatesN(const AttnPartials<T>& parts, int64_t num_tokens, int64_t num_heads,
                               int64_t head_dim, T* out, float* lse, cudaStream_t stream);
@@ -61,6 +64,20 @@ extern template absl::Status MergeAttnStatesN<__nv_bfloat16>(const AttnPartials<
                                                              __nv_bfloat16*, float*, cudaStream_t);
 extern template absl::Status MergeAttnStatesN<__half>(const AttnPartials<__half>&, int64_t, int64_t,
                                                       int64_t, __half*, float*, cudaStream_t);
+
+// MergeAttnStatesN of fp32 partials (split-KV's) rounded once straight into T's out: no fp32
+// merged copy and conversion pass. The same checks; out 8-byte aligned.
+template <typename T>
+absl::Status MergeF32AttnStatesN(const AttnPartials<float>& parts, int64_t num_tokens,
+                                 int64_t num_heads, int64_t head_dim, T* out, float* lse,
+                                 cudaStream_t stream);
+
+extern template absl::Status MergeF32AttnStatesN<__nv_bfloat16>(const AttnPartials<float>&, int64_t,
+                                                                int64_t, int64_t, __nv_bfloat16*,
+                                                                float*, cudaStream_t);
+extern template absl::Status MergeF32AttnStatesN<__half>(const AttnPartials<float>&, int64_t,
+                                                         int64_t, int64_t, __half*, float*,
+                                                         cudaStream_t);
 
 }  // namespace tandem::kernels::cuda
 
