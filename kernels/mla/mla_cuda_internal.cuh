@@ -19,6 +19,11 @@
 
 namespace tandem::kernels::cuda::mla_internal {
 
+// The tensor-core latent kernels' geometry (latent 512 + 64; 64-row tiles) and the plain kernel's
+// widths (one warp a row: L <= 32 x 32, L + Dr <= 32 x 36), which PlanMla checks.
+inline constexpr int kTensorCoreL = 512, kTensorCoreD = 576, kTensorCoreRows = 64;
+inline constexpr int kPlainMaxLPerLane = 32, kPlainMaxDPerLane = 36;
+
 // Byte offsets into the MLA workspace, each 256-byte aligned:
 //   workspace_zeroed only: the merge tickets (kMlaMergeCounterBytes, offset 0) |
 //   q_cat [T, Hq, D] T | o_lat [T, Hq, L] T | split only: part_o [splits][T * Hq][L] fp32,
