@@ -27,6 +27,10 @@ namespace kc = ::tandem::kernels::cuda;
 using Scheme = kernels::Fp8ActivationScheme;
 
 constexpr int64_t kGroup = 128;
+// The swapped GEMM's fp32 split sums: slices x m x n floats. A split only pays where the weight
+// has few tiles (n x m small), so a few MiB hold every split SwapSplits picks at decode sizes.
+constexpr int64_t kSplitScratchBytes = int64_t{8} << 20;
+constexpr int64_t kSplitMinCols = 512;
 // Up to this many rows the decode kernel quantizes the bf16 activations itself (no separate
 // pass). 0: on an H200 the fused form measured slower than QuantizeActivations + the kernel on
 // its codes at every m (kernels/fp8/BENCHMARKS.md), so it is not used.
@@ -56,6 +60,26 @@ bool RowGemmServes(const CudaFp8Weight& w) {
          g.rows % 8 == 0 &&
          (w.activation == Scheme::kDynamicGroup128 || w.activation == Scheme::kDynamicToken ||
           w.activation == Scheme::kStaticTensor);
+}
+
+// The swapped CUTLASS GEMM (the scaled form): whole-row weight scales with per-token or static
+// activations, rows a multiple of 8 (16-byte bf16 output rows), k of 16 (16-byte TMA rows).
+bool SwapGemmServes(const CudaFp8Weight& w) {
+  return GemmServes(w) && w.grid.rows % 8 == 0 && w.grid.cols % 16 == 0;
+}
+
+// Whether m rows of w run the swapped CUTLASS GEMM (row_gemm: the object has CUTLASS's workspace).
+bool UseSwapGemm(const CudaFp8Weight& w, int64_t m, bool row_gemm, Fp8DecodeGemm g) {
+  if (!row_gemm || m < 2 || !SwapGemmServes(w)) return false;
+  if (g == Fp8DecodeGemm::kCutlassSwap) return true;
+  return g == Fp8DecodeGemm::kAuto && m >= kFp8SwapGemmMinM && m <= kFp8SwapGemmMaxM &&
+         w.grid.rows * w.grid.cols >= kFp8SwapGemmMinElements;
+}
+
+// Whether m rows run the small-m GEMV: up to kFp8SmallMMaxM, except where cuBLASLt is forced on a
+// weight it serves.
+bool UseSmallMGemv(const CudaFp8Weight& w, int64_t m, Fp8DecodeGemm g) {
+  return m <= kc::kFp8SmallMMaxM && !(g == Fp8DecodeGemm::kCublasLt && m >= 2 && GemmServes(w));
 }
 
 kc::Fp8DeviceWeight DeviceWeight(const CudaFp8Weight& w) { return w.device(); }
@@ -202,6 +226,19 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   if (const char* env = std::getenv("TANDEM_FP8_GROUP_CODES"); env != nullptr) {
     out->group_codes_ = std::string(env) != "0";
   }
+  if (const char* env = std::getenv("TANDEM_FP8_DECODE_GEMM"); env != nullptr) {
+    const std::string g = env;
+    if (g == "gemv") {
+      out->decode_gemm_ = Fp8DecodeGemm::kGemv;
+    } else if (g == "cublaslt") {
+      out->decode_gemm_ = Fp8DecodeGemm::kCublasLt;
+    } else if (g == "swap") {
+      out->decode_gemm_ = Fp8DecodeGemm::kCutlassSwap;
+    } else if (g != "auto") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_FP8_DECODE_GEMM=", g, ": expected auto, gemv, cublaslt or swap"));
+    }
+  }
   if (const char* env = std::getenv("TANDEM_FP8_GEMV_KERNEL"); env != nullptr) {
     const std::string kernel = env;
     if (kernel == "streaming") {
@@ -258,12 +295,17 @@ absl::Status CudaFp8Linear::CreateRowGemm() {
       cudaMemcpy(row_gemm_offsets_.data(), pairs.data(), pairs.size() * 4, cudaMemcpyHostToDevice));
   ASSIGN_OR_RETURN(row_gemm_workspace_,
                    DeviceBuffer::Allocate(static_cast<int64_t>(bytes), "fp8 row gemm workspace"));
+  ASSIGN_OR_RETURN(split_partials_, DeviceBuffer::Allocate(kSplitScratchBytes, "fp8 split sums"));
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
 #endif
   return absl::OkStatus();
 }
 
 absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, bool swap_ab, int k_splits,
+                                    const __nv_bfloat16* split_bias) {
 #ifdef TANDEM_HAVE_CUTLASS
   const int64_t k = w.grid.cols;
   kc::MoeFp8CutlassGroupedArgs args;
@@ -278,6 +320,14 @@ absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bflo
   args.k = k;
   args.out = out;
   args.a_scheme = w.activation;
+  args.swap_ab = swap_ab;
+  args.raster_along_tokens = swap_ab;  // one weight: its token tiles next to each other
+  if (k_splits > 1) {
+    args.k_splits = k_splits;
+    args.split_partials = split_partials_.get<float>();
+    args.split_bias = split_bias;
+    args.split_rows = m;
+  }
   if (w.activation != Scheme::kDynamicGroup128) {
     args.a_scales_wide = block_act_scales_.get<float>();  // [m, ceil(k / 128)]: as the block GEMM's
   }
@@ -286,15 +336,59 @@ absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bflo
 #else
   // Not reached: without CUTLASS, CreateRowGemm allocates nothing, row_gemm() is false and
   // Linear never calls this; an error rather than a silent no-op if a caller ever did.
-  (void)w, (void)m, (void)out, (void)stream;
+  (void)w, (void)m, (void)out, (void)stream, (void)swap_ab, (void)k_splits, (void)split_bias;
   return absl::UnimplementedError("CudaFp8Linear: built without CUTLASS (no row GEMM)");
 #endif
 }
 
+int CudaFp8Linear::SwapSplits(int64_t m, int64_t n, int64_t k) const {
+#ifdef TANDEM_HAVE_CUTLASS
+  if (sm_count_ < 1 || m < 1) return 1;
+  const int64_t tiles = (n + 127) / 128 * ((m + 31) / 32);
+  // A model of the call's time in weight bytes an SM streams: the waves of (tile, slice) units,
+  // each 128 rows x the slice's columns, plus the split sums written and read back, spread over
+  // the SMs.
+  auto cost = [&](int64_t slices, int64_t cols) {
+    const int64_t waves = (tiles * slices + sm_count_ - 1) / sm_count_;
+    const int64_t sums = slices > 1 ? slices * m * n * 8 / sm_count_ : 0;
+    return static_cast<double>(waves * 128 * cols + sums);
+  };
+  int best = 1;
+  double best_cost = cost(1, k);
+  for (int s = 2; s <= kc::kMoeFp8CutlassMaxSplits; ++s) {
+    const int64_t cols = kc::MoeFp8CutlassSplitCols(k, s);
+    if (cols < kSplitMinCols) break;
+    const int64_t slices = (k + cols - 1) / cols;
+    if (slices * m * n * 4 > split_partials_.bytes()) break;
+    // A split costs a second launch: taken only where it saves a tenth.
+    if (cost(slices, cols) < 0.9 * cost(1, k) && cost(slices, cols) < best_cost) {
+      best = static_cast<int>(slices);
+      best_cost = cost(slices, cols);
+    }
+  }
+  return best;
+#else
+  (void)m, (void)n, (void)k;
+  return 1;
+#endif
+}
+
+absl::Status CudaFp8Linear::SwapGemm(const CudaFp8Weight& w, int64_t m, const __nv_bfloat16* bias,
+                                     __nv_bfloat16* out, cudaStream_t stream) {
+  const int splits = SwapSplits(m, w.grid.rows, w.grid.cols);
+  if (splits == 1) {
+    RETURN_IF_ERROR(RowGemm(w, m, out, stream, /*swap_ab=*/true));
+    if (bias != nullptr) RETURN_IF_ERROR(kc::AddBias(out, bias, m, w.grid.rows, stream));
+    return absl::OkStatus();
+  }
+  return RowGemm(w, m, out, stream, /*swap_ab=*/true, splits, bias);
+}
+
 const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv,
-                                   bool row_gemm) {
+                                   bool row_gemm, Fp8DecodeGemm decode_gemm) {
   if (w8a16_gemv && W8a16GemvServes(w, m)) return "fp8-w8a16-gemv";
-  if (m <= kc::kFp8SmallMMaxM) return "fp8-gemv";
+  if (UseSwapGemm(w, m, row_gemm, decode_gemm)) return "fp8-cutlass-swap-gemm";
+  if (UseSmallMGemv(w, m, decode_gemm)) return "fp8-gemv";
   if (BlockGemmServes(w, kc::Fp8BlockGemmCutlassAvailable())) {
     return "fp8-block-gemm";  // CUTLASS where built, else cuBLASLt
   }
@@ -342,7 +436,17 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     last_path_ = "fp8-w8a16-gemv";
     return absl::OkStatus();
   }
-  if (m <= kc::kFp8SmallMMaxM) {  // decode: the weight read once for all rows
+  if (UseSwapGemm(w, m, row_gemm(), decode_gemm_)) {
+    // Decode-sized m on whole-row scales: the weight as the swapped GEMM's 128-row operand.
+    if (!codes_ready) {
+      RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
+                                              codes_.get<uint8_t>(), scales_.get<float>(), stream));
+    }
+    RETURN_IF_ERROR(SwapGemm(w, m, bias, out, stream));
+    last_path_ = "fp8-cutlass-swap-gemm";
+    return absl::OkStatus();
+  }
+  if (UseSmallMGemv(w, m, decode_gemm_)) {  // decode: the weight read once for all rows
     kc::Fp8SmallMActivations act;
     act.scheme = w.activation;
     if (!codes_ready && (w.activation == Scheme::kNone || m <= kFusedQuantMaxM)) {
@@ -366,7 +470,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
                                             codes_.get<uint8_t>(), scales_.get<float>(), stream));
   }
-  if (m > kc::kFp8SmallMMaxM && GemmServes(w)) {
+  if (GemmServes(w)) {  // m > kFp8SmallMMaxM, or cuBLASLt forced (decode_gemm_)
     const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
                                                                   : scales_.get<float>();
     // Per-token (or static) x per-channel: cuBLASLt's outer-vector scales where it has them (an

@@ -12,6 +12,19 @@
 //     quantization measured slower: kFusedQuantMaxM), on the codes the preceding RMSNorm /
 //     SiLU-and-mul wrote with the quantization fused in (codes_ready, per-token weights), or,
 //     weight-only, the bf16 activations;
+//   * kFp8SwapGemmMinM <= m <= kFp8SwapGemmMaxM rows of a weight of at least
+//     kFp8SwapGemmMinElements codes with whole-row scales (per-channel / per-tensor) and a
+//     per-token or static activation scheme, where CUTLASS is built and the device is sm_90
+//     (decode_gemm() kAuto): "fp8-cutlass-swap-gemm", CUTLASS's grouped FP8 GEMM
+//     (kernels/moe/cutlass: the scaled form with the operands swapped, the weight as the 128-row
+//     wgmma operand and the tokens as 32-wide tiles, both scales in the epilogue) run as one group
+//     on the weight itself, or, where the weight's tiles would leave SMs idle (SwapSplits), split
+//     along k into slices whose fp32 sums one kernel adds, scales and rounds. At these m cuBLASLt
+//     streamed the weight at 1.2-2.8 TB/s and the small-m GEMV at 1.3-2.7 from 9 rows on; the
+//     swapped GEMM at 2.7-3.8 on the large weights (kernels/fp8/BENCHMARKS.md, twenty-fourth
+//     session: fp8_linear_bench). Smaller weights keep the GEMV to 16 rows and cuBLASLt above:
+//     the GEMM's fixed cost (its argument kernel, tensor-map set-up, a second launch when split)
+//     outweighs their few microseconds of bytes;
 //   * larger m, whole-row weight scales and a per-token or static activation scheme: the
 //     cuBLASLt FP8 GEMM (CublasLtFp8Gemm kTokenChannel: per-token x per-channel scale vectors, a
 //     static scale being a preallocated vector of max_tokens copies): on an H200 cuBLASLt's
@@ -61,6 +74,23 @@
 #include "runtime/model/model_weights.h"
 
 namespace tandem::runtime::cuda {
+
+// Which kernel multiplies whole-row-scaled weights (per-channel or per-tensor, with per-token or
+// static activations) at decode-sized m: kAuto (the measured choice, below), or one forced for A/B
+// runs (TANDEM_FP8_DECODE_GEMM=auto|gemv|cublaslt|swap at Create): kGemv the small-m GEMV up to
+// 16 rows and cuBLASLt beyond, as before the swapped GEMM; kCublasLt cuBLASLt from 2 rows;
+// kCutlassSwap the swapped CUTLASS GEMM from 2 rows (where it serves).
+enum class Fp8DecodeGemm { kAuto, kGemv, kCublasLt, kCutlassSwap };
+
+// kAuto's swapped CUTLASS GEMM: rows [kFp8SwapGemmMinM, kFp8SwapGemmMaxM] of weights of at least
+// kFp8SwapGemmMinElements codes (the GEMV below, cuBLASLt above and for smaller weights beyond
+// 16 rows). Measured on an H200 (kernels/fp8/BENCHMARKS.md, twenty-fourth session): up to 8 rows
+// the GEMV was fastest on every Llama-3 shape; from 9 to 64 rows the swapped GEMM on weights of
+// >= 32 Mi codes (Llama-3-8B's gate_up and down, every Llama-3-70B projection at TP 1 and 2);
+// beyond 64 rows cuBLASLt.
+inline constexpr int64_t kFp8SwapGemmMinM = 9;
+inline constexpr int64_t kFp8SwapGemmMaxM = 64;
+inline constexpr int64_t kFp8SwapGemmMinElements = int64_t{32} << 20;
 
 // One FP8 weight on the device; empty() for a bf16/fp16 projection.
 struct CudaFp8Weight {
@@ -152,6 +182,10 @@ class CudaFp8Linear {
     return w16_split_k_rows_ > 0 ? &w16_split_k_ : nullptr;
   }
 
+  // The kernel of whole-row-scaled weights at decode-sized m (Fp8DecodeGemm).
+  void set_decode_gemm(Fp8DecodeGemm g) { decode_gemm_ = g; }
+  Fp8DecodeGemm decode_gemm() const { return decode_gemm_; }
+
   // cuBLASLt FP8 GEMM plans (m > kFp8SmallMMaxM) for m <= max_m first used from now on are
   // chosen by timing (CublasLtFp8Gemm::set_autotune_max_m); the models forward their
   // set_gemm_autotune_max_m here, as for their bf16 GEMMs. 0 (default): the heuristic's first.
@@ -181,17 +215,24 @@ class CudaFp8Linear {
   }
 
   // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
-  // "fp8-gemv", "cublaslt-fp8-gemm", "fp8-block-gemm" (CUTLASS where built, else cuBLASLt),
-  // "fp8-cutlass-row-gemm" (where `row_gemm`: an object's row_gemm()) or the slow
-  // "fp8-gemv-chunks"); a cuBLASLt shape without a kernel also falls back to the row GEMM or the
-  // chunks, and the W8A16 GEMV is skipped (for "fp8-gemv") for codes_ready or activations not
-  // 16-byte aligned.
+  // "fp8-gemv", "fp8-cutlass-swap-gemm" (where `row_gemm`), "cublaslt-fp8-gemm",
+  // "fp8-block-gemm" (CUTLASS where built, else cuBLASLt), "fp8-cutlass-row-gemm" (where
+  // `row_gemm`: an object's row_gemm()) or the slow "fp8-gemv-chunks"); a cuBLASLt shape without
+  // a kernel also falls back to the row GEMM or the chunks, and the W8A16 GEMV is skipped (for
+  // "fp8-gemv") for codes_ready or activations not 16-byte aligned.
   static const char* PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16_gemv = true,
-                             bool row_gemm = RowGemmAvailable());
+                             bool row_gemm = RowGemmAvailable(),
+                             Fp8DecodeGemm decode_gemm = Fp8DecodeGemm::kAuto);
   // Whether this build and device run the one-group CUTLASS row GEMM (CUTLASS built, sm_90).
   static bool RowGemmAvailable();
   // Whether this object runs it (RowGemmAvailable() unless TANDEM_FP8_ROW_GEMM=0 at Create).
   bool row_gemm() const { return !row_gemm_workspace_.empty(); }
+  // The k slices the swapped GEMM cuts an [n, k] weight into for m rows (1: not split): the
+  // count in [1, kMoeFp8CutlassMaxSplits] with the least modelled time (waves of 128-row weight
+  // tiles x 32-row token tiles x slices, each streaming its slice, plus the fp32 sums written and
+  // read), where that is at least 10% below not splitting; slices of at least 512 columns, their
+  // sums within the split scratch.
+  int SwapSplits(int64_t m, int64_t n, int64_t k) const;
   // The path the last successful Linear call took (PathFor's names; "" before any): differs
   // from PathFor only where cuBLASLt had no kernel for the shape and the chunks ran instead.
   const char* last_path() const { return last_path_; }
@@ -200,8 +241,15 @@ class CudaFp8Linear {
   CudaFp8Linear() = default;
   // The row GEMM's workspace and offsets (Create, where RowGemmAvailable()).
   absl::Status CreateRowGemm();
-  // out[m, n] = codes_ . w^T on the row GEMM (the activations already quantized; no bias).
-  absl::Status RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out, cudaStream_t stream);
+  // out[m, n] = codes_ . w^T on the row GEMM (the activations already quantized; no bias);
+  // swap_ab: the swapped scaled form (whole-row weight scales only), k_splits > 1 its split form
+  // (split_partials_; split_bias added in its reduction).
+  absl::Status RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out, cudaStream_t stream,
+                       bool swap_ab = false, int k_splits = 1,
+                       const __nv_bfloat16* split_bias = nullptr);
+  // out[m, n] = codes_ . w^T (+ bias) on the swapped GEMM, split along k as SwapSplits says.
+  absl::Status SwapGemm(const CudaFp8Weight& w, int64_t m, const __nv_bfloat16* bias,
+                        __nv_bfloat16* out, cudaStream_t stream);
   // Rows [first_row, m) on the small-m kernel, 16 at a time.
   absl::Status GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a, const __nv_bfloat16* bias,
                           int64_t m, __nv_bfloat16* out, cudaStream_t stream,
@@ -212,6 +260,7 @@ class CudaFp8Linear {
   bool w8a16_gemv_ = true;
   bool group_codes_ = true;  // TakesTokenCodes for kDynamicGroup128 weights
   kernels::cuda::Fp8W16Math w8a16_math_ = kernels::cuda::Fp8W16Math::kAuto;
+  Fp8DecodeGemm decode_gemm_ = Fp8DecodeGemm::kAuto;
   DeviceBuffer w16_split_k_mem_;  // Fp8W16SplitKWorkspaceBytes(w16_split_k_rows_)
   kernels::cuda::Fp8W16SplitKWorkspace w16_split_k_;
   int64_t w16_split_k_rows_ = 0;
@@ -224,6 +273,9 @@ class CudaFp8Linear {
   // for m = 0 .. max_tokens, so a call of m rows passes row_gemm_offsets_ + 2 m (no upload).
   DeviceBuffer row_gemm_workspace_;
   DeviceBuffer row_gemm_offsets_;
+  // The swapped GEMM's split sums [slices, m, n] fp32 (kSplitScratchBytes) and the SM count.
+  DeviceBuffer split_partials_;
+  int sm_count_ = 0;
 };
 
 }  // namespace tandem::runtime::cuda

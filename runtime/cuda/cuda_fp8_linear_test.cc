@@ -9,7 +9,9 @@
 // on codes written into token_codes(w) by a producer (codes_ready: the same bits on every path),
 // other schemes (and groups where batch 1 runs the W8A16 GEMV) refusing codes_ready; and the device
 // dummy FP8 rows (FillFp8Dummy) against kernels::QuantizeWeight of the host draw; the CUTLASS row
-// GEMM at DeepSeek-V2-Lite's dense shapes (k = 10,944). GPU test; skips without one.
+// GEMM at DeepSeek-V2-Lite's dense shapes (k = 10,944); the swapped CUTLASS GEMM of whole-row
+// scales at decode-sized m, and every forced Fp8DecodeGemm on its shapes. GPU test; skips without
+// one.
 #include "runtime/cuda/cuda_fp8_linear.h"
 
 #include <algorithm>
@@ -74,8 +76,9 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   CudaFp8Weight shape;  // PathFor's question before the upload frees the host codes
   shape.grid = grid;
   shape.activation = scheme;
-  const bool w8a16 = std::string(CudaFp8Linear::PathFor(shape, m, linear.w8a16_gemv(),
-                                                        linear.row_gemm())) == "fp8-w8a16-gemv";
+  const bool w8a16 =
+      std::string(CudaFp8Linear::PathFor(shape, m, linear.w8a16_gemv(), linear.row_gemm(),
+                                         linear.decode_gemm())) == "fp8-w8a16-gemv";
   // The W8A16 GEMV multiplies the bf16 activations as they are: the weight-only reference.
   if (w8a16) view.activation = Scheme::kNone;
   ASSERT_TRUE(kernels::cpu::Fp8Linear(xf.data(), view, with_bias ? bias_f.data() : nullptr, m,
@@ -85,7 +88,8 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
   absl::StatusOr<CudaFp8Weight> w = UploadFp8Weight(&host, n, k, 128, "test");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_TRUE(host.codes.empty());  // the host copy is freed
-  const std::string path = CudaFp8Linear::PathFor(*w, m, linear.w8a16_gemv(), linear.row_gemm());
+  const std::string path =
+      CudaFp8Linear::PathFor(*w, m, linear.w8a16_gemv(), linear.row_gemm(), linear.decode_gemm());
   EXPECT_EQ(path == "fp8-w8a16-gemv", w8a16);
   SCOPED_TRACE(::testing::Message()
                << "m=" << m << " n=" << n << " k=" << k << " blocks " << block_cols << " scheme "
@@ -183,8 +187,39 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
   CudaFp8Weight w;
   w.grid = {64, 256, 1, 256};
   w.activation = Scheme::kDynamicToken;
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16), "fp8-gemv");
-  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), "cublaslt-fp8-gemm");
+  // Whole-row scales at decode-sized m: a small weight on the GEMV up to 16 rows and cuBLASLt
+  // beyond; a large one (>= kFp8SwapGemmMinElements) on the swapped CUTLASS GEMM from 9 to 64
+  // rows where built (row_gemm); forced modes as they say.
+  CudaFp8Weight big;
+  big.grid = {8192, 4096, 1, 4096};
+  big.activation = Scheme::kDynamicToken;
+  for (int64_t m : {2, 8, 9, 16, 17, 64, 65, 256}) {
+    EXPECT_STREQ(CudaFp8Linear::PathFor(w, m, true, true),
+                 m <= 16 ? "fp8-gemv" : "cublaslt-fp8-gemm")
+        << m;
+    EXPECT_STREQ(CudaFp8Linear::PathFor(big, m, true, true), m <= 8    ? "fp8-gemv"
+                                                             : m <= 64 ? "fp8-cutlass-swap-gemm"
+                                                                       : "cublaslt-fp8-gemm")
+        << m;
+    EXPECT_STREQ(CudaFp8Linear::PathFor(big, m, true, /*row_gemm=*/false),
+                 m <= 16 ? "fp8-gemv" : "cublaslt-fp8-gemm")
+        << m;
+    EXPECT_STREQ(CudaFp8Linear::PathFor(w, m, true, true, Fp8DecodeGemm::kCutlassSwap),
+                 "fp8-cutlass-swap-gemm");
+    EXPECT_STREQ(CudaFp8Linear::PathFor(w, m, true, true, Fp8DecodeGemm::kCublasLt),
+                 "cublaslt-fp8-gemm");
+  }
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1, true, true, Fp8DecodeGemm::kCutlassSwap), "fp8-gemv");
+  w.grid.rows = 68;  // not a multiple of 8: no swapped GEMM
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, true, Fp8DecodeGemm::kCutlassSwap),
+               "cublaslt-fp8-gemm");
+  w.grid.rows = 64;
+  w.activation = Scheme::kNone;  // weight-only: neither GEMM
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, true, Fp8DecodeGemm::kCutlassSwap),
+               "fp8-gemv-chunks");
+  w.activation = Scheme::kDynamicToken;
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 16, true, /*row_gemm=*/false), "fp8-gemv");
+  EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, /*row_gemm=*/false), "cublaslt-fp8-gemm");
   w.grid.block_cols = 128;
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17), row_or_chunks);
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, /*row_gemm=*/false), "fp8-gemv-chunks");
@@ -229,6 +264,47 @@ TEST(CudaFp8LinearTest, RowGemmMatchesTheCpuReference) {
   CheckLinear(rng, **linear, 300, 272, 2048, 128, Scheme::kDynamicGroup128, true);
   CheckLinear(rng, **linear, 129, 200, 2048, 128, Scheme::kStaticTensor, false);
   EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-row-gemm");
+}
+
+// The swapped CUTLASS GEMM (whole-row weight scales, per-token or static activations) at every
+// decode-sized m it takes by default or forced: a partial 32-row token tile (2, 5, 33), full ones
+// (32, 64, 256), rows 16 / 17 on both sides of the GEMV bound, n a multiple of 8 but not of 128,
+// k not a multiple of 128, whole and split along k (SwapSplits > 1, a last slice not a multiple
+// of 128, bias added in the split reduction); against the CPU reference, codes_ready bit for bit
+// (CheckLinear), and the other forced modes on the same shapes.
+TEST(CudaFp8LinearTest, SwapGemmMatchesTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CudaFp8Linear::RowGemmAvailable()) GTEST_SKIP() << "no CUTLASS GEMM (build or device)";
+  std::mt19937 rng(kernels::cuda_test::TestSeed() + 2);
+  absl::StatusOr<std::unique_ptr<CudaFp8Linear>> linear = CudaFp8Linear::Create(256, 4096);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  for (Fp8DecodeGemm g : {Fp8DecodeGemm::kAuto, Fp8DecodeGemm::kCutlassSwap,
+                          Fp8DecodeGemm::kCublasLt, Fp8DecodeGemm::kGemv}) {
+    (*linear)->set_decode_gemm(g);
+    for (int64_t m : {2, 5, 16, 17, 32, 33, 64}) {
+      CheckLinear(rng, **linear, m, 136, 1040, 1040, Scheme::kDynamicToken, m % 2 == 1);
+      CheckLinear(rng, **linear, m, 264, 512, 512, Scheme::kStaticTensor, m % 2 == 0);
+    }
+  }
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kAuto);
+  CheckLinear(rng, **linear, 256, 200, 4096, 4096, Scheme::kDynamicToken, true);
+  CheckLinear(rng, **linear, 9, 8192, 4096, 4096, Scheme::kDynamicToken, true);  // 32 Mi codes
+  EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-swap-gemm");
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kCutlassSwap);
+  CheckLinear(rng, **linear, 9, 4096, 4096, 4096, Scheme::kDynamicToken, false);
+  EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-swap-gemm");
+  // Split along k (few weight tiles): 2 slices of 640 + 400 columns, 8 of 512, and a weight of
+  // Llama-3-8B's o_proj shape; a shape with many tiles or short k stays whole.
+  EXPECT_EQ((*linear)->SwapSplits(5, 136, 1040), 2);
+  EXPECT_GT((*linear)->SwapSplits(40, 200, 4096), 2);
+  EXPECT_GT((*linear)->SwapSplits(9, 4096, 4096), 1);
+  EXPECT_EQ((*linear)->SwapSplits(32, 28672, 4096), 1);
+  EXPECT_EQ((*linear)->SwapSplits(17, 264, 512), 1);
+  for (int64_t m : {2, 5, 33, 100}) {
+    CheckLinear(rng, **linear, m, 136, 1040, 1040, Scheme::kDynamicToken, true);
+    CheckLinear(rng, **linear, m, 200, 4096, 4096, Scheme::kStaticTensor, m % 2 == 1);
+  }
+  CheckLinear(rng, **linear, 17, 4096, 4096, 4096, Scheme::kDynamicToken, true);
 }
 
 TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {

@@ -86,6 +86,15 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
         "a single weight needs num_experts 1, no block scales, single_codes and single_scales, "
         "and no expert tables");
   }
+  if (args.k_splits != 1) {
+    if (args.k_splits < 2 || args.k_splits > kMoeFp8CutlassMaxSplits || !args.swap_ab || !scaled ||
+        !single || args.split_partials == nullptr || !Aligned(args.split_partials, 16) ||
+        args.split_rows < 0 || args.split_rows > INT_MAX) {
+      return Bad("k_splits = ", args.k_splits, " needs 2 to ", kMoeFp8CutlassMaxSplits,
+                 " slices, swap_ab on the scaled form of a single weight, 16-byte aligned "
+                 "split_partials and split_rows within int");
+    }
+  }
   if (args.block_scales != nullptr) {
     RETURN_IF_ERROR(CheckBlockLd(args.k, args.block_scale_ld));
   } else if (args.w.groups != groups &&
@@ -147,6 +156,7 @@ absl::Status MoeFp8CutlassGroupedInit() {
   RETURN_IF_ERROR(moe_cutlass::RowInit());
   RETURN_IF_ERROR(moe_cutlass::ScaledInit());
   RETURN_IF_ERROR(moe_cutlass::SwapInit());
+  RETURN_IF_ERROR(moe_cutlass::SplitInit());
   RETURN_IF_ERROR(moe_cutlass::BlockSwapInit());
   return moe_cutlass::BlockInit();
 }
@@ -157,7 +167,8 @@ absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts) {
   DeviceAndSms(&device, &sms);
   return std::max({moe_cutlass::RowWorkspaceBytes(num_experts, device, sms),
                    moe_cutlass::ScaledWorkspaceBytes(num_experts, device, sms),
-                   moe_cutlass::SwapWorkspaceBytes(num_experts, device, sms)});
+                   moe_cutlass::SwapWorkspaceBytes(num_experts, device, sms),
+                   moe_cutlass::SplitWorkspaceBytes(device, sms)});
 }
 
 absl::StatusOr<size_t> MoeFp8CutlassGroupedBlockWorkspaceBytes(int64_t num_experts, int64_t n,
@@ -188,6 +199,9 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   char* base = static_cast<char*>(workspace);
+  if (args.k_splits > 1) {
+    return moe_cutlass::SplitRun(args, args.split_rows, base, device, sms, stream);
+  }
   if (MoeFp8CutlassScaledFormServes(args)) {
     return args.swap_ab ? moe_cutlass::SwapRun(args, base, device, sms, stream)
                         : moe_cutlass::ScaledRun(args, base, device, sms, stream);

@@ -93,9 +93,19 @@
 namespace tandem::kernels::cuda {
 
 inline constexpr int64_t kMoeFp8CutlassMaxExperts = 1024;
+// The most k slices of the split form (MoeFp8CutlassGroupedArgs::k_splits).
+inline constexpr int kMoeFp8CutlassMaxSplits = 16;
 
 // The 128-column scale groups of a k-wide row (the last one partial where k % 128 != 0).
 inline constexpr int64_t MoeFp8CutlassGroups(int64_t k) { return (k + 127) / 128; }
+
+// The split form's columns a slice: ceil(k / splits) rounded up to 128 (to 16 below 128 x
+// splits), so ceil(k / MoeFp8CutlassSplitCols(k, splits)) <= splits slices, none empty.
+inline constexpr int64_t MoeFp8CutlassSplitCols(int64_t k, int64_t splits) {
+  const int64_t per = (k + splits - 1) / splits;
+  const int64_t unit = k >= 128 * splits ? 128 : 16;
+  return (per + unit - 1) / unit * unit;
+}
 
 struct MoeFp8CutlassGroupedArgs {
   const uint8_t* a = nullptr;               // [rows, k] e4m3, expert-contiguous
@@ -125,11 +135,30 @@ struct MoeFp8CutlassGroupedArgs {
   // form: bit for bit; the block form multiplies each partial sum by its scales in the other
   // operand order).
   bool swap_ab = false;
+  // Swapped order only: the token tiles of one weight tile scheduled next to each other (CUTLASS's
+  // raster order along N), so a weight tile read for 32 rows is read again from L2 for the next
+  // 32. Faster for one weight's 33-64 rows (dense decode: Llama-3-8B gate_up at 64 rows 71 -> 46
+  // us on an H200), slower for a MoE step's many experts of few rows (Qwen3-30B-A3B decode batch 8
+  // +10%): set by the dense caller only. The split form always runs so.
+  bool raster_along_tokens = false;
   // One weight given directly (num_experts 1, w.codes / w.scales null): its codes [n, k] and its
   // scales (row form [n, ceil(k / 128)], scaled form [n]). For dense projections
   // (runtime/cuda/cuda_fp8_linear.h), which have no device pointer tables.
   const uint8_t* single_codes = nullptr;
   const float* single_scales = nullptr;
+  // The split form (swap_ab, the scaled form, a single weight; k_splits in [2,
+  // kMoeFp8CutlassMaxSplits]): the k columns cut into slices of MoeFp8CutlassSplitCols(k,
+  // k_splits), each slice one group of the plain FP8 grouped kernel writing its fp32 sums into
+  // split_partials [slices, split_rows, n] (16-byte aligned scratch), then one kernel adding the
+  // slices in order, scaling ((sum * weight scale) * activation scale), adding split_bias [n]
+  // (bf16, or null) and rounding once into out. split_rows: the rows of the call
+  // (expert_offsets[1] - expert_offsets[0]), known on the host (the reduction's grid). For
+  // weights whose 128-row tiles x 32-row token tiles fill too few SMs (decode products). 1: not
+  // split (split_bias then unused).
+  int k_splits = 1;
+  float* split_partials = nullptr;
+  const __nv_bfloat16* split_bias = nullptr;
+  int64_t split_rows = 0;
 };
 
 // Whether `args` runs the scaled form: no block scales, per-channel weight scales (w.groups == 1),

@@ -48,6 +48,12 @@ size_t BlockSwapWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status BlockSwapInit();
 absl::Status BlockSwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, float* compact,
                           int device, int sm_count, cudaStream_t stream);
+// The swapped scaled form split along k (args.k_splits > 1, moe_fp8_cutlass_grouped_split.cu):
+// its arrays for kMoeFp8CutlassMaxSplits groups and CUTLASS's workspace.
+size_t SplitWorkspaceBytes(int device, int sm_count);
+absl::Status SplitInit();
+absl::Status SplitRun(const MoeFp8CutlassGroupedArgs& args, int64_t rows, char* workspace,
+                      int device, int sm_count, cudaStream_t stream);
 size_t SwapWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status SwapInit();
 absl::Status SwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,

@@ -105,6 +105,41 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "case " << bad;
     EXPECT_NE(st.message().find("single weight"), absl::string_view::npos) << st;
   }
+  // The split form: a single weight on the swapped scaled form, 2 .. kMoeFp8CutlassMaxSplits
+  // slices, aligned scratch.
+  single.w.groups = 1;
+  single.a_scheme = Fp8ActivationScheme::kDynamicToken;
+  single.swap_ab = true;
+  single.k_splits = 2;
+  alignas(16) static float partials[64];
+  single.split_partials = partials;
+  single.split_rows = 4;
+  for (int bad = 0; bad < 7; ++bad) {
+    a = single;
+    if (bad == 0) a.k_splits = 0;
+    if (bad == 1) a.k_splits = kMoeFp8CutlassMaxSplits + 1;
+    if (bad == 2) a.swap_ab = false;
+    if (bad == 3) a.split_partials = nullptr;
+    if (bad == 4) a.split_partials = partials + 1;                     // 4-byte aligned only
+    if (bad == 5) a.a_scheme = Fp8ActivationScheme::kDynamicGroup128;  // not the scaled form
+    if (bad == 6) a.split_rows = -1;
+    const absl::Status st = MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "split case " << bad;
+    EXPECT_NE(st.message().find("k_splits"), absl::string_view::npos) << st;
+  }
+  // Slices: 128-column multiples where k allows, else 16; never an empty slice.
+  EXPECT_EQ(MoeFp8CutlassSplitCols(4096, 4), 1024);
+  EXPECT_EQ(MoeFp8CutlassSplitCols(1040, 2), 640);
+  EXPECT_EQ(MoeFp8CutlassSplitCols(14336, 3), 4864);
+  EXPECT_EQ(MoeFp8CutlassSplitCols(160, 4), 48);
+  for (int64_t k : {16, 160, 1040, 4096, 10944, 28672}) {
+    for (int64_t s = 1; s <= kMoeFp8CutlassMaxSplits; ++s) {
+      const int64_t cols = MoeFp8CutlassSplitCols(k, s);
+      EXPECT_EQ(cols % 16, 0) << k << " " << s;
+      EXPECT_LE((k + cols - 1) / cols, s) << k << " " << s;
+      EXPECT_GT(k - ((k + cols - 1) / cols - 1) * cols, 0) << k << " " << s;
+    }
+  }
   a = ok;
   a.a = codes + 8;  // 8-byte aligned only
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);

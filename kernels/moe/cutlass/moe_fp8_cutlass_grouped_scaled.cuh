@@ -110,7 +110,8 @@ struct ScaledForm {
   }
 
   static typename Gemm::Arguments MakeArguments(int64_t groups, const Arrays& g, bool per_row,
-                                                int device, int sm_count) {
+                                                int device, int sm_count,
+                                                bool along_tokens = false) {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                   {static_cast<int>(groups), g.shapes, nullptr},
                                   {g.a, g.stride_a, g.b, g.stride_b},
@@ -126,6 +127,11 @@ struct ScaledForm {
       weight.dRow = {_0{}, true, _0{}};
     }
     args.epilogue.thread = {act, {weight, {}, {}}, {}};
+    // Swapped, where the caller asks: a weight tile's token tiles next to each other
+    // (MoeFp8CutlassGroupedArgs::raster_along_tokens).
+    if (kSwap && along_tokens) {
+      args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    }
     args.hw_info.device_id = device;
     args.hw_info.sm_count = sm_count;
     return args;
@@ -196,8 +202,9 @@ absl::Status ScaledForm<kSwap>::Run(const MoeFp8CutlassGroupedArgs& args, char* 
   FillScaledGroups<kSwap><<<blocks, kThreads, 0, stream>>>(args, g);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
-  return LaunchGemm<Gemm>(MakeArguments(args.num_experts, g, per_row, device, sm_count),
-                          workspace + arrays, stream, Name());
+  return LaunchGemm<Gemm>(
+      MakeArguments(args.num_experts, g, per_row, device, sm_count, args.raster_along_tokens),
+      workspace + arrays, stream, Name());
 }
 
 }  // namespace tandem::kernels::cuda::moe_cutlass
