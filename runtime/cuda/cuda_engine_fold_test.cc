@@ -8,9 +8,13 @@
 //  * DeepSeek MLA models with kv_a_layernorm (and k_pe's RoPE) inside the latent write
 //    (mla_norm_in_write, mla_rope_in_write) and their folded batch-1 steps (mla_fold_norm);
 //  * FP8 batch-1 steps on the weight-only GEMVs with the norms folded in agree with the unfolded
-//    FP8 path; the FP8 RoPE fold.
+//    FP8 path; the FP8 RoPE fold; FP8 projections of 9-60 rows on the swapped CUTLASS GEMM agree
+//    with the GEMV and cuBLASLt.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -19,6 +23,7 @@
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_engine_test_util.h"
+#include "runtime/cuda/cuda_fp8_linear.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_test_util.h"
@@ -255,6 +260,66 @@ TEST(CudaEngineTest, Fp8GroupCodesGiveTheSeparateQuantizationTokensAndLogits) {
       ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
       EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
       EXPECT_EQ(outs[0][p].logits, outs[1][p].logits) << "prompt " << p;
+    }
+  }
+}
+
+// TANDEM_FP8_DECODE_GEMM (cuda_fp8_linear.h): an online-FP8 model (per-channel weights, per-token
+// activations) whose prompts of 9-60 tokens, one at a time, run each prefill's projections on the
+// swapped CUTLASS GEMM (=swap: whole, and split along k, as MidConfig's weights have few 128-row
+// tiles) agrees with the same prefills on the GEMV (<= 16 rows) and cuBLASLt (=gemv, the choice
+// before it): the same weights, the FP8 tensor cores' partial sums (a few 2^-13 of each 32-product
+// MMA) in place of the GEMV's fp32 ones; the next projection's per-token quantization turns such
+// differences into whole e4m3 steps of a few activations, so the last-prompt logits agree to FP8
+// activation noise, as Fp8WeightOnlyFold's per-token case (cosine >= 0.99, within 0.1 of the
+// largest logit), and their argmax where the top two are apart. Batch-1 decode steps run the GEMV
+// either way. (Measured on an H200, 5 seeds: the 17-60-token prompts' logits equal to cuBLASLt's
+// bit for bit, so on these shapes its FP8 kernels sum in the same order; the 9-16-token ones,
+// against the GEMV, at cosine >= 0.9991, within 0.045 of the largest logit.)
+TEST(CudaEngineTest, Fp8SwapGemmAgreesWithTheGemvAndCublasLt) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CudaFp8Linear::RowGemmAvailable()) GTEST_SKIP() << "no CUTLASS GEMM (build or device)";
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ModelConfig model = engine_test::MidConfig();
+  model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+  model.quantization.block_rows = 1;
+  model.quantization.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  auto prompts = RandomPrompts(6, 60, static_cast<int>(model.vocab_size), seed);
+  const size_t lengths[] = {9, 12, 16, 17, 33, 60};
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    while (prompts[p].size() < lengths[p]) prompts[p].push_back(prompts[p][0]);
+    prompts[p].resize(lengths[p]);
+  }
+  CudaBackendConfig backend = MidBackend();
+  backend.gemm_autotune = false;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  std::vector<Output> outs[2];
+  for (int i = 0; i < 2; ++i) {
+    setenv("TANDEM_FP8_DECODE_GEMM", i == 0 ? "swap" : "gemv", /*overwrite=*/1);
+    ModelWeights w = RandomModelWeights(model, seed);
+    ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+    outs[i] = RunPrompts(model, std::move(w), prompts, 2, &factory, /*together=*/false);
+  }
+  unsetenv("TANDEM_FP8_DECODE_GEMM");
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << prompts[p].size() << " tokens");
+    const std::vector<float>& got = outs[0][p].logits;
+    const std::vector<float>& want = outs[1][p].logits;
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_FALSE(got.empty());
+    const float max_abs = MaxAbs(want);
+    float worst = 0.0f;
+    for (size_t v = 0; v < want.size(); ++v) worst = std::max(worst, std::fabs(got[v] - want[v]));
+    std::printf("  %zu tokens: cosine %.6f, largest difference %.4f of max |logit|\n",
+                prompts[p].size(), Cosine(got, want), worst / max_abs);
+    EXPECT_GE(Cosine(got, want), 0.99);
+    EXPECT_LE(worst, 0.1f * max_abs);
+    std::vector<float> sorted = want;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 0.2f * max_abs) {
+      EXPECT_EQ(ArgMax(got), ArgMax(want));
+      EXPECT_EQ(outs[0][p].tokens[0], outs[1][p].tokens[0]);
     }
   }
 }
