@@ -141,28 +141,24 @@ struct GroupArrays {
 inline constexpr size_t kAlign = 128;
 inline size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Lays the arrays for `groups` groups out from `base` (null: only counts); returns their bytes.
-template <class Config>
-size_t LayOut(int64_t groups, char* base, GroupArrays<Config>* g) {
+// Lays one array of `groups` elements per field out from `base` (null: only counts), each 128-byte
+// aligned, in the order given; returns their bytes. Every form's per-group arguments use it.
+template <class... T>
+size_t LayOutArrays(int64_t groups, char* base, T**... fields) {
   size_t offset = 0;
-  auto take = [&]<class T>(T** field, size_t element_bytes) {
-    *field = base == nullptr ? nullptr : reinterpret_cast<T*>(base + offset);
-    offset += AlignUp(element_bytes * static_cast<size_t>(groups));
+  auto take = [&]<class U>(U** field) {
+    *field = base == nullptr ? nullptr : reinterpret_cast<U*>(base + offset);
+    offset += AlignUp(sizeof(U) * static_cast<size_t>(groups));
   };
-  take(&g->shapes, sizeof(typename Config::Shape));
-  take(&g->a, sizeof(void*));
-  take(&g->b, sizeof(void*));
-  take(&g->sfa, sizeof(void*));
-  take(&g->sfb, sizeof(void*));
-  take(&g->d, sizeof(void*));
-  take(&g->stride_a, sizeof(typename Config::StrideA));
-  take(&g->stride_b, sizeof(typename Config::StrideB));
-  take(&g->stride_d, sizeof(typename Config::StrideD));
-  take(&g->layout_sfa, sizeof(typename Config::LayoutSFA));
-  take(&g->layout_sfb, sizeof(typename Config::LayoutSFB));
+  (take(fields), ...);
   return offset;
 }
-
+// The blockwise forms' arrays for `groups` groups.
+template <class Config>
+size_t LayOut(int64_t groups, char* base, GroupArrays<Config>* g) {
+  return LayOutArrays(groups, base, &g->shapes, &g->a, &g->b, &g->sfa, &g->sfb, &g->d, &g->stride_a,
+                      &g->stride_b, &g->stride_d, &g->layout_sfa, &g->layout_sfb);
+}
 // Whether the row form reads w_scales_wide (per-channel weights broadcast over the groups).
 inline __host__ __device__ bool WideWeightScales(const MoeFp8CutlassGroupedArgs& args) {
   return args.block_scales == nullptr && args.w.groups != MoeFp8CutlassGroups(args.k);

@@ -53,19 +53,8 @@ struct SplitForm {
   };
 
   static size_t LayOut(int64_t groups, char* base, Arrays* g) {
-    size_t offset = 0;
-    auto take = [&]<class T>(T** field, size_t element_bytes) {
-      *field = base == nullptr ? nullptr : reinterpret_cast<T*>(base + offset);
-      offset += AlignUp(element_bytes * static_cast<size_t>(groups));
-    };
-    take(&g->shapes, sizeof(Shape));
-    take(&g->a, sizeof(void*));
-    take(&g->b, sizeof(void*));
-    take(&g->d, sizeof(void*));
-    take(&g->stride_a, sizeof(StrideA));
-    take(&g->stride_b, sizeof(StrideB));
-    take(&g->stride_d, sizeof(StrideD));
-    return offset;
+    return LayOutArrays(groups, base, &g->shapes, &g->a, &g->b, &g->d, &g->stride_a, &g->stride_b,
+                        &g->stride_d);
   }
 
   static typename Gemm::Arguments MakeArguments(int64_t groups, const Arrays& g, int device,
