@@ -71,6 +71,17 @@ struct GroupedTiles : GroupedCommon {
       std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 };
 
+// The plain FP8 mainloop of the scaled and split forms (no scales in it: CUTLASS's
+// KernelPtrArrayTmaWarpSpecializedCooperative on e4m3, its wgmma partial sums promoted into fp32
+// every 128 along k), both operands K-major, its stages fitted beside the epilogue's shared memory.
+template <class TileShape, class ClusterShape, int kEpilogueSmemBytes>
+using PlainFp8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, GroupedCommon::ElementA,
+    GroupedCommon::LayoutA*, GroupedCommon::kAlignmentAB, GroupedCommon::ElementB,
+    GroupedCommon::LayoutB*, GroupedCommon::kAlignmentAB, GroupedCommon::ElementAccumulator,
+    TileShape, ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
 // The blockwise-scaled configurations: scales per (kScaleM rows, 128 columns) of A and per
 // (kScaleN rows, 128 columns) of B, K-major. Rows first (kSwap false): A the rows' 1 x 128 scales,
 // B the weight's per row (kScaleN 1, the row form) or per 128 x 128 block (kScaleN 128, the block

@@ -64,11 +64,7 @@ struct ScaledForm {
       static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
   // Both orders take a row-major [rows, k] A and a K-major B (CUTLASS's column-major K x N): the
   // activations and the weight, or the weight and the activations.
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, C::ElementA, C::LayoutA*,
-      C::kAlignmentAB, C::ElementB, C::LayoutB*, C::kAlignmentAB, C::ElementAccumulator, TileShape,
-      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using CollectiveMainloop = PlainFp8Mainloop<TileShape, ClusterShape, kEpilogueSmemBytes>;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<C::ProblemShape, CollectiveMainloop, CollectiveEpilogue>;

@@ -29,11 +29,7 @@ struct SplitForm {
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
   static constexpr int kEpilogueSmemBytes =
       static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, C::ElementA, C::LayoutA*,
-      C::kAlignmentAB, C::ElementB, C::LayoutB*, C::kAlignmentAB, C::ElementAccumulator, TileShape,
-      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using CollectiveMainloop = PlainFp8Mainloop<TileShape, ClusterShape, kEpilogueSmemBytes>;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<C::ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
