@@ -557,6 +557,25 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json) {
   return config;
 }
 
+namespace {
+
+// `dir`/hf_quant_config.json, when present (TensorRT Model Optimizer's export; older ones write
+// no quantization_config into config.json): internal::ParseHfQuantConfig, errors naming the file.
+absl::Status ReadHfQuantConfig(const std::string& dir, ModelConfig* config) {
+  const std::string path = (std::filesystem::path(dir) / "hf_quant_config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::Status status = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(json hf, ParseJsonText(text, "hf_quant_config.json"));
+    return internal::ParseHfQuantConfig(hf, config);
+  }();
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   namespace fs = std::filesystem;
   // A directory, or the config file itself (`--dummy_config=DIR/config.json`): then the
@@ -575,6 +594,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   ModelConfig config = *std::move(parsed);
 
   if (is_file && config_file.filename() != "config.json") return config;
+  RETURN_IF_ERROR(ReadHfQuantConfig(config_file.parent_path().string(), &config));
   const std::string generation_path =
       (config_file.parent_path() / "generation_config.json").string();
   std::error_code ec;

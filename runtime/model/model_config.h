@@ -63,6 +63,12 @@ struct WeightQuantization {
   // The loader refuses an entry naming a projection it reads as e4m3 (weight_fp8.h); lm_head, MoE
   // routers and gates are 16-bit in every FP8 format anyway.
   std::vector<std::string> ignore;
+  // The checkpoint was calibrated for an e4m3 KV cache and ships per-layer k / v scales (modelopt
+  // kv_cache_quant_algo "FP8", compressed-tensors kv_cache_scheme float 8-bit per tensor). The
+  // loader checks those scale tensors (weight_fp8.h KvScaleTensorNames) and does not use them:
+  // the KV pool is whatever --kv_cache_dtype says (auto: 16-bit, as vLLM's auto), and an FP8
+  // latent pool (MLA) takes a scale per token row.
+  bool kv_cache_fp8 = false;
   bool IsFp8() const { return method != Method::kNone; }
   bool FromCheckpoint() const { return IsFp8() && method != Method::kOnlineFp8; }
   // One line, e.g. "fp8 compressed-tensors: per-channel weight scales, dynamic per-token
@@ -186,14 +192,22 @@ struct ModelConfig {
 //     "group" of 128; `ignore` a list of module names or "re:" regexes (WeightQuantization::ignore:
 //     lm_head and MoE router gates, as llm-compressor writes them; one naming an FP8 projection
 //     is refused at load);
-//   * quant_method "modelopt" with quant_algo "FP8" (flat or under "quantization"): per-tensor
-//     weight and static input scales; no KV-cache quantization; exclude_modules as `ignore`.
+//   * quant_method "modelopt" (flat in config.json, or under "quantization" as hf_quant_config.json
+//     nests it) with quant_algo (any case) "FP8" (per-tensor weight and static input scales),
+//     "FP8_PER_CHANNEL_PER_TOKEN" (per-channel weight scales, dynamic per-token activations) or
+//     "FP8_PB_WO" (128 x 128 weight blocks; run as vLLM runs it, with dynamic 1 x 128 activation
+//     groups); exclude_modules (or config.json's `ignore`) as `ignore`, fnmatch wildcards as
+//     regexes;
+//   * KV-cache quantization: modelopt kv_cache_quant_algo "FP8" or a kv_cache_scheme (modelopt
+//     or compressed-tensors) of 8-bit float per-tensor scales sets kv_cache_fp8; any other KV
+//     scheme is refused.
 // Any other method or scheme is INVALID_ARGUMENT naming it and the supported ones, as is FP8 for
 // an architecture other than the dense Llama family (Llama, Qwen2, Mistral, Qwen3).
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json);
 
 // Reads `model_dir`/config.json (or `model_dir` itself when it names a file) and, when present,
-// the generation_config.json beside config.json: its
+// the files beside config.json: hf_quant_config.json (TensorRT Model Optimizer's export; read
+// as the modelopt quantization_config when config.json has none) and generation_config.json: its
 // eos_token_id entries come first, followed by config.json's not already listed (transformers'
 // generate() stops on the generation config's; the union never misses a stop token), and its
 // bos_token_id fills in a missing one. NOT_FOUND when config.json does not exist.

@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -31,7 +33,8 @@ std::string WeightQuantization::Describe() const {
                     : activation == Fp8ActivationScheme::kDynamicToken ? "dynamic per-token"
                                                                        : "dynamic 1x128-group";
   return absl::StrCat("fp8 ", method_name, ": ", weights, " weight scales, ", act,
-                      activation == Fp8ActivationScheme::kNone ? "" : " activations");
+                      activation == Fp8ActivationScheme::kNone ? "" : " activations",
+                      kv_cache_fp8 ? "; FP8 KV scales (unused)" : "");
 }
 
 namespace {
@@ -73,7 +76,8 @@ using json = nlohmann::json;
 
 constexpr char kSupported[] =
     "supported: \"fp8\" with weight_block_size [128, 128], \"compressed-tensors\" float 8-bit "
-    "(tensor / channel / block weights), \"modelopt\" FP8";
+    "(tensor / channel / block weights), \"modelopt\" FP8 / FP8_PER_CHANNEL_PER_TOKEN / "
+    "FP8_PB_WO; KV scales of 8-bit float per tensor";
 
 absl::Status Refuse(absl::string_view what) {
   return absl::InvalidArgumentError(
@@ -89,6 +93,19 @@ std::string Show(const json& j) {
 std::string Str(const json& object, const char* key) {
   auto it = object.find(key);
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// `key` of `object` is the boolean true (absent, false or another type: false; never throws, as
+// nlohmann's value() would on "dynamic": "local").
+bool IsTrue(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_boolean() && it->get<bool>();
+}
+
+// `key` of `object` as an integer, `otherwise` when absent or not an integer.
+int64_t IntOr(const json& object, const char* key, int64_t otherwise) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_number_integer() ? it->get<int64_t>() : otherwise;
 }
 
 // The modules a checkpoint leaves 16-bit, kept for the loader (WeightQuantization::ignore): it
@@ -155,6 +172,22 @@ absl::Status IsFloat8(const json& args, const char* what) {
   return absl::OkStatus();
 }
 
+// A kv_cache_scheme (compressed-tensors; modelopt's config.json form): null, or 8-bit float
+// with static per-tensor scales (llm-compressor's and modelopt's FP8 KV), which sets
+// kv_cache_fp8.
+absl::Status ParseKvCacheScheme(const json& scheme, const char* who, WeightQuantization* q) {
+  if (scheme.is_null()) return absl::OkStatus();
+  const bool fp8_tensor = scheme.is_object() && Str(scheme, "type") == "float" &&
+                          IntOr(scheme, "num_bits", 0) == 8 && !IsTrue(scheme, "dynamic") &&
+                          (!scheme.contains("strategy") || Str(scheme, "strategy") == "tensor");
+  if (!fp8_tensor) {
+    return Refuse(absl::StrCat(who, " kv_cache_scheme ", Show(scheme),
+                               " (8-bit float with static per-tensor scales only)"));
+  }
+  q->kv_cache_fp8 = true;
+  return absl::OkStatus();
+}
+
 absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
   q->method = Method::kCompressedTensors;
   const std::string format = Str(qc, "format");
@@ -179,7 +212,7 @@ absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
   }
   RETURN_IF_ERROR(IsFloat8(*weights, "weights"));
   const std::string strategy = Str(*weights, "strategy");
-  if (weights->value("dynamic", false) == true) {
+  if (IsTrue(*weights, "dynamic")) {
     return Refuse("compressed-tensors dynamic weights");
   }
   if (strategy == "tensor") {
@@ -199,12 +232,12 @@ absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
   } else {
     RETURN_IF_ERROR(IsFloat8(*input, "input_activations"));
     const std::string act = Str(*input, "strategy");
-    const bool dynamic = input->value("dynamic", false) == true;
+    const bool dynamic = IsTrue(*input, "dynamic");
     if (act == "token" && dynamic) {
       q->activation = Fp8ActivationScheme::kDynamicToken;
     } else if (act == "tensor" && !dynamic) {
       q->activation = Fp8ActivationScheme::kStaticTensor;
-    } else if (act == "group" && dynamic && input->value("group_size", 0) == 128) {
+    } else if (act == "group" && dynamic && IntOr(*input, "group_size", 0) == 128) {
       q->activation = Fp8ActivationScheme::kDynamicGroup128;
     } else {
       return Refuse(absl::StrCat("compressed-tensors input_activations ", Show(*input),
@@ -215,10 +248,27 @@ absl::Status ParseCompressedTensors(const json& qc, WeightQuantization* q) {
     return Refuse("compressed-tensors output_activations");
   }
   auto kv = qc.find("kv_cache_scheme");
-  if (kv != qc.end() && !kv->is_null()) {
-    return Refuse("compressed-tensors kv_cache_scheme (use --kv_cache_dtype instead)");
-  }
+  if (kv != qc.end()) RETURN_IF_ERROR(ParseKvCacheScheme(*kv, "compressed-tensors", q));
   return ParseIgnoreList(qc, "ignore", q);
+}
+
+// An fnmatch pattern of modelopt's exclude_modules ("model.layers.*.mlp.gate") as the whole-name
+// "re:" regex WeightQuantization::ignore holds; other entries unchanged. `*` and `?` are the
+// wildcards; every other character matches itself.
+std::string WildcardAsRegex(const std::string& entry) {
+  if (entry.rfind("re:", 0) == 0 || entry.find_first_of("*?") == std::string::npos) return entry;
+  std::string re = "re:";
+  for (char c : entry) {
+    if (c == '*') {
+      re += ".*";
+    } else if (c == '?') {
+      re += '.';
+    } else {
+      if (std::string_view("\\^$.|+()[]{}").find(c) != std::string_view::npos) re += '\\';
+      re += c;
+    }
+  }
+  return re + "$";
 }
 
 absl::Status ParseModelOpt(const json& qc, WeightQuantization* q) {
@@ -226,19 +276,36 @@ absl::Status ParseModelOpt(const json& qc, WeightQuantization* q) {
   // hf_quant_config.json nests the fields under "quantization"; config.json writes them flat.
   const json& fields =
       qc.contains("quantization") && qc["quantization"].is_object() ? qc["quantization"] : qc;
-  const std::string algo = Str(fields, "quant_algo");
-  if (algo != "FP8") {
-    return Refuse(absl::StrCat("modelopt quant_algo '", algo, "' (FP8 only)"));
+  const std::string algo = absl::AsciiStrToUpper(Str(fields, "quant_algo"));
+  if (algo == "FP8") {  // per-tensor weight scales, static per-tensor input scales
+    q->block_rows = 0;
+    q->activation = Fp8ActivationScheme::kStaticTensor;
+  } else if (algo == "FP8_PER_CHANNEL_PER_TOKEN") {
+    q->block_rows = 1;
+    q->activation = Fp8ActivationScheme::kDynamicToken;
+  } else if (algo == "FP8_PB_WO") {
+    // Per-block weight-only: vLLM runs it with dynamic 1 x 128 activation groups (a W8A8 block
+    // GEMM), and so does this runtime (its batch-1 GEMV keeps the activations 16-bit).
+    q->block_rows = 128;
+    q->block_cols = 128;
+    q->activation = Fp8ActivationScheme::kDynamicGroup128;
+  } else {
+    return Refuse(absl::StrCat("modelopt quant_algo '", Str(fields, "quant_algo"),
+                               "' (FP8, FP8_PER_CHANNEL_PER_TOKEN or FP8_PB_WO)"));
   }
   auto kv = fields.find("kv_cache_quant_algo");
   if (kv != fields.end() && !kv->is_null()) {
-    return Refuse(absl::StrCat("modelopt kv_cache_quant_algo ", Show(*kv),
-                               " (use --kv_cache_dtype instead)"));
+    if (!kv->is_string() || absl::AsciiStrToUpper(kv->get<std::string>()) != "FP8") {
+      return Refuse(absl::StrCat("modelopt kv_cache_quant_algo ", Show(*kv), " (FP8 only)"));
+    }
+    q->kv_cache_fp8 = true;
   }
-  q->block_rows = 0;
-  q->block_cols = 0;
-  q->activation = Fp8ActivationScheme::kStaticTensor;
-  return ParseIgnoreList(fields, "exclude_modules", q);
+  auto scheme = fields.find("kv_cache_scheme");  // config.json's form of the same
+  if (scheme != fields.end()) RETURN_IF_ERROR(ParseKvCacheScheme(*scheme, "modelopt", q));
+  RETURN_IF_ERROR(ParseIgnoreList(
+      fields, fields.contains("exclude_modules") ? "exclude_modules" : "ignore", q));
+  for (std::string& entry : q->ignore) entry = WildcardAsRegex(entry);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -265,6 +332,25 @@ absl::Status ParseQuantizationConfig(const json& root, ModelConfig* config) {
   // refuses: device dummy FP8 experts, fp16 activations).
   config->quantization = q;
   return absl::OkStatus();
+}
+
+absl::Status ParseHfQuantConfig(const json& hf, ModelConfig* config) {
+  if (config->quantization.IsFp8()) return absl::OkStatus();  // config.json's own wins
+  if (!hf.is_object() || !hf.contains("quantization") || !hf["quantization"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hf_quant_config.json: needs a \"quantization\" object (TensorRT Model Optimizer's "
+        "export), got ",
+        Show(hf)));
+  }
+  auto producer = hf.find("producer");
+  if (producer != hf.end() && producer->is_object() && producer->contains("name") &&
+      Str(*producer, "name") != "modelopt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf_quant_config.json: producer ", Show(*producer), " (modelopt only)"));
+  }
+  json qc = hf;
+  qc["quant_method"] = "modelopt";
+  return ParseQuantizationConfig(json{{"quantization_config", std::move(qc)}}, config);
 }
 
 }  // namespace internal

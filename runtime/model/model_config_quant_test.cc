@@ -100,12 +100,59 @@ TEST(QuantizationConfigTest, AcceptedSchemes) {
   ASSERT_TRUE(flat.ok() && nested.ok()) << flat.status() << nested.status();
   EXPECT_EQ(nested->quantization.method, Method::kModelOpt);
   EXPECT_EQ(nested->quantization.activation, Fp8ActivationScheme::kStaticTensor);
+  EXPECT_FALSE(nested->quantization.kv_cache_fp8);
+}
+
+// TensorRT Model Optimizer's other FP8 algorithms (any case, as vLLM reads them), its KV-cache
+// quantization in both of its spellings, compressed-tensors' kv_cache_scheme, and modelopt's
+// fnmatch exclude_modules.
+TEST(QuantizationConfigTest, ModelOptAlgorithmsAndKvCacheSchemes) {
+  auto pcpt = WithQuant({{"quant_method", "modelopt"},
+                         {"quantization", {{"quant_algo", "FP8_PER_CHANNEL_PER_TOKEN"}}}});
+  ASSERT_TRUE(pcpt.ok()) << pcpt.status();
+  EXPECT_EQ(pcpt->quantization.Describe(),
+            "fp8 modelopt: per-channel weight scales, dynamic per-token activations");
+  auto pb = WithQuant({{"quant_method", "modelopt"}, {"quant_algo", "fp8_pb_wo"}});
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  EXPECT_EQ(pb->quantization.Describe(),
+            "fp8 modelopt: 128x128 block weight scales, dynamic 1x128-group activations");
+
+  // hf_quant_config.json's KV algorithm (nested), and config.json's flat kv_cache_scheme.
+  auto kv = WithQuant({{"quant_method", "modelopt"},
+                       {"quantization", {{"quant_algo", "FP8"}, {"kv_cache_quant_algo", "fp8"}}}});
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_TRUE(kv->quantization.kv_cache_fp8);
+  EXPECT_EQ(kv->quantization.Describe(),
+            "fp8 modelopt: per-tensor weight scales, static per-tensor activations; FP8 KV "
+            "scales (unused)");
+  const json fp8_kv = {{"num_bits", 8},
+                       {"type", "float"},
+                       {"strategy", "tensor"},
+                       {"dynamic", false},
+                       {"symmetric", true}};
+  auto flat = WithQuant({{"quant_method", "modelopt"},
+                         {"quant_algo", "FP8"},
+                         {"kv_cache_scheme", fp8_kv},
+                         {"ignore", {"lm_head", "model.layers.*.mlp.gate"}}});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_TRUE(flat->quantization.kv_cache_fp8);
+  EXPECT_EQ(flat->quantization.ignore,
+            std::vector<std::string>({"lm_head", "re:model\\.layers\\..*\\.mlp\\.gate$"}));
+  json ct = CtGroup("channel", Act("token", true));
+  ct["kv_cache_scheme"] = fp8_kv;
+  auto ct_kv = WithQuant(ct);
+  ASSERT_TRUE(ct_kv.ok()) << ct_kv.status();
+  EXPECT_TRUE(ct_kv->quantization.kv_cache_fp8);
+  ct["kv_cache_scheme"] = nullptr;
+  ASSERT_TRUE(WithQuant(ct).ok());
+  EXPECT_FALSE(WithQuant(ct)->quantization.kv_cache_fp8);
 }
 
 TEST(QuantizationConfigTest, UnsupportedSchemesAreRefusedNamingThem) {
   const std::string supported =
       " (supported: \"fp8\" with weight_block_size [128, 128], \"compressed-tensors\" float "
-      "8-bit (tensor / channel / block weights), \"modelopt\" FP8)";
+      "8-bit (tensor / channel / block weights), \"modelopt\" FP8 / FP8_PER_CHANNEL_PER_TOKEN / "
+      "FP8_PB_WO; KV scales of 8-bit float per tensor)";
   EXPECT_EQ(WithQuant({{"quant_method", "awq"}, {"bits", 4}}).status().message(),
             "quantization_config: unsupported quant_method 'awq'" + supported);
   EXPECT_EQ(WithQuant({{"quant_method", "fp8"}}).status().message(),
@@ -116,15 +163,36 @@ TEST(QuantizationConfigTest, UnsupportedSchemesAreRefusedNamingThem) {
       WithQuant({{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}).status().message(),
       "quantization_config: fp8 weight_block_size [64,64] (only [128, 128] blocks)" + supported);
   EXPECT_EQ(WithQuant({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}}).status().message(),
-            "quantization_config: modelopt quant_algo 'NVFP4' (FP8 only)" + supported);
+            "quantization_config: modelopt quant_algo 'NVFP4' (FP8, FP8_PER_CHANNEL_PER_TOKEN or "
+            "FP8_PB_WO)" +
+                supported);
   EXPECT_EQ(
       WithQuant(
-          {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"kv_cache_quant_algo", "FP8"}})
+          {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"kv_cache_quant_algo", "NVFP4"}})
           .status()
           .message(),
-      "quantization_config: modelopt kv_cache_quant_algo \"FP8\" (use --kv_cache_dtype "
-      "instead)" +
-          supported);
+      "quantization_config: modelopt kv_cache_quant_algo \"NVFP4\" (FP8 only)" + supported);
+  // KV schemes other than 8-bit float per tensor, and fields of the wrong type (never a throw).
+  json ct_kv = CtGroup("channel", Act("token", true));
+  ct_kv["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "int"}, {"strategy", "tensor"}};
+  EXPECT_EQ(WithQuant(ct_kv).status().message(),
+            "quantization_config: compressed-tensors kv_cache_scheme "
+            "{\"num_bits\":8,\"strategy\":\"tensor\",\"type\":\"int\"} (8-bit float with "
+            "static per-tensor scales only)" +
+                supported);
+  ct_kv["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"strategy", "attn_head"}};
+  EXPECT_NE(WithQuant(ct_kv).status().message().find("kv_cache_scheme"), std::string::npos);
+  ct_kv["kv_cache_scheme"] = "fp8";
+  EXPECT_NE(WithQuant(ct_kv).status().message().find("kv_cache_scheme \"fp8\""), std::string::npos);
+  json local = CtGroup(
+      "channel", {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", "local"}});
+  EXPECT_NE(WithQuant(local).status().message().find("input_activations"), std::string::npos);
+  json grouped = CtGroup("channel", {{"num_bits", 8},
+                                     {"type", "float"},
+                                     {"strategy", "group"},
+                                     {"dynamic", true},
+                                     {"group_size", "128"}});
+  EXPECT_NE(WithQuant(grouped).status().message().find("input_activations"), std::string::npos);
   EXPECT_EQ(WithQuant(CtGroup("group", Act("token", true))).status().message(),
             "quantization_config: compressed-tensors weight strategy 'group' (tensor, channel or "
             "block)" +

@@ -535,5 +535,41 @@ TEST_F(LoadModelConfigTest, AcceptsTheConfigFileItself) {
             absl::StatusCode::kNotFound);
 }
 
+// TensorRT Model Optimizer's older exports keep their quantization in hf_quant_config.json beside a
+// config.json without quantization_config: it is read as the modelopt quantization_config;
+// config.json's own wins; a bad file is refused naming it.
+TEST_F(LoadModelConfigTest, ReadsHfQuantConfigBesideConfigJson) {
+  Write("config.json", Base().dump());
+  Write("hf_quant_config.json",
+        R"({"producer": {"name": "modelopt", "version": "0.19.0"},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
+                             "exclude_modules": ["lm_head"]}})");
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(dir_.string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.method, WeightQuantization::Method::kModelOpt);
+  EXPECT_TRUE(c->quantization.kv_cache_fp8);
+  EXPECT_EQ(c->quantization.ignore, std::vector<std::string>{"lm_head"});
+
+  json own = Base();
+  own["quantization_config"] = {
+      {"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
+  Write("config.json", own.dump());
+  absl::StatusOr<ModelConfig> wins = LoadModelConfig(dir_.string());
+  ASSERT_TRUE(wins.ok()) << wins.status();
+  EXPECT_EQ(wins->quantization.method, WeightQuantization::Method::kFp8Block);
+
+  Write("config.json", Base().dump());
+  Write("hf_quant_config.json", R"({"quantization": {"quant_algo": "W4A8_AWQ"}})");
+  absl::StatusOr<ModelConfig> bad = LoadModelConfig(dir_.string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("hf_quant_config.json"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'W4A8_AWQ'"));
+  Write("hf_quant_config.json", R"({"producer": {"name": "autofp8"}, "quantization": {}})");
+  EXPECT_THAT(std::string(LoadModelConfig(dir_.string()).status().message()),
+              HasSubstr("modelopt only"));
+  Write("hf_quant_config.json", "[1, 2");
+  EXPECT_EQ(LoadModelConfig(dir_.string()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem::runtime

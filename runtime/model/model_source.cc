@@ -90,7 +90,7 @@ absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source) {
     ASSIGN_OR_RETURN(out.weights, LoadModelWeights(source.model_dir, out.config, source.shard));
   }
   // Same files in different directories (or machines) are the same model: name + a hash of
-  // config.json and the weight files' names and sizes.
+  // config.json (and hf_quant_config.json) and the weight files' names and sizes.
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   auto mix = [&h](absl::string_view bytes) {
     for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
@@ -98,6 +98,10 @@ absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source) {
   std::ifstream config_file(std::filesystem::path(source.model_dir) / "config.json",
                             std::ios::binary);
   mix(std::string(std::istreambuf_iterator<char>(config_file), {}));
+  // A modelopt export's quantization may live beside it (LoadModelConfig reads it).
+  std::ifstream quant_file(std::filesystem::path(source.model_dir) / "hf_quant_config.json",
+                           std::ios::binary);
+  if (quant_file) mix(std::string(std::istreambuf_iterator<char>(quant_file), {}));
   std::error_code ec;
   std::vector<std::string> weights;
   for (const auto& entry : std::filesystem::directory_iterator(source.model_dir, ec)) {

@@ -298,7 +298,19 @@ absl::Status OpenRankCheckpoint(const std::string& model_dir, const ModelConfig&
     auto it = tensors->find(name);
     return it == tensors->end() ? nullptr : it->second.info;
   };
-  return internal::CheckFp8Checkpoint(config, out->dims, out->layout, out->find);
+  RETURN_IF_ERROR(internal::CheckFp8Checkpoint(config, out->dims, out->layout, out->find));
+  if (config.quantization.kv_cache_fp8 && shard.rank == 0) {
+    int64_t found = 0;
+    for (const std::string& name : internal::KvScaleTensorNames(config, out->layout)) {
+      found += out->find(name) != nullptr;
+    }
+    std::fprintf(stderr,
+                 "LoadModelWeights: the checkpoint was calibrated for an FP8 KV cache (%lld k / v "
+                 "scale tensors, checked); they are not used: the KV pool is what "
+                 "--kv_cache_dtype says (auto: 16-bit)\n",
+                 static_cast<long long>(found));
+  }
+  return absl::OkStatus();
 }
 
 // The reads of the rank's F32 / BF16 / F16 tensor parts (FP8 weights are kept as they are);

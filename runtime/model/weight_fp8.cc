@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -59,7 +60,13 @@ std::vector<ScaleSpec> ScaleSpecs(const ModelConfig& c, const HfTensor& t) {
       }
       break;
     case Method::kModelOpt:
-      out.push_back({p + "weight_scale", {{}, {1}}});
+      if (Blocked(c)) {  // FP8_PB_WO: modelopt writes [row blocks, 1, column blocks, 1]
+        out.push_back({p + "weight_scale", {blocks, {blocks[0], 1, blocks[1], 1}}});
+      } else if (c.quantization.block_rows == 1) {  // FP8_PER_CHANNEL_PER_TOKEN
+        out.push_back({p + "weight_scale", {{n}, {n, 1}}});
+      } else {
+        out.push_back({p + "weight_scale", {{}, {1}}});
+      }
       break;
     case Method::kNone:
     case Method::kOnlineFp8:
@@ -98,7 +105,9 @@ absl::Status CheckScale(const ScaleSpec& spec, const HfTensor& weight, const Fin
   if (std::find(spec.shapes.begin(), spec.shapes.end(), info->shape) == spec.shapes.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "scale tensor '", spec.name, "' has shape ", ShapeString(info->shape), ", expected ",
-        ShapeString(spec.shapes[0]), " for weight ", ShapeString(weight.shape)));
+        ShapeString(spec.shapes[0]),
+        weight.shape.empty() ? std::string(" (a per-tensor KV scale)")
+                             : absl::StrCat(" for weight ", ShapeString(weight.shape))));
   }
   if (info->dtype == SafetensorsDtype::kOther) {
     return absl::InvalidArgumentError(absl::StrCat("scale tensor '", spec.name, "' has dtype ",
@@ -266,9 +275,27 @@ Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot) {
   }
 }
 
+std::vector<std::string> KvScaleTensorNames(const ModelConfig& config,
+                                            const std::vector<HfTensor>& layout) {
+  std::vector<std::string> names;
+  if (!config.quantization.kv_cache_fp8) return names;
+  std::set<std::string> attention;  // "model.layers.3.self_attn." of every layer in `layout`
+  for (const HfTensor& t : layout) {
+    const size_t at = t.name.find(".self_attn.");
+    if (at != std::string::npos) attention.insert(t.name.substr(0, at + 11));
+  }
+  for (const std::string& p : attention) {
+    for (const char* suffix :
+         {"k_proj.k_scale", "v_proj.v_scale", "k_scale", "v_scale", "kv_scale"}) {
+      names.push_back(p + suffix);
+    }
+  }
+  return names;
+}
+
 std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
                                              const std::vector<HfTensor>& layout) {
-  std::vector<std::string> names;
+  std::vector<std::string> names = KvScaleTensorNames(config, layout);
   for (const HfTensor& t : layout) {
     if (!IsFp8Weight(config, t)) continue;
     for (const ScaleSpec& s : ScaleSpecs(config, t)) names.push_back(s.name);
@@ -279,6 +306,10 @@ std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
 absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
                                 const std::vector<HfTensor>& layout, const FindTensor& find) {
   RETURN_IF_ERROR(CheckIgnored(config, layout));
+  for (const std::string& name : KvScaleTensorNames(config, layout)) {
+    if (find(name) == nullptr) continue;  // optional: the KV pool does not use them
+    RETURN_IF_ERROR(CheckScale({name, {{}, {1}}}, HfTensor{name, {}}, find));
+  }
   for (const HfTensor& t : layout) {
     if (!IsFp8Weight(config, t)) continue;
     const TensorInfo* info = find(t.name);
@@ -344,7 +375,8 @@ std::vector<Fp8ScalePart> Fp8ScaleParts(const ModelConfig& config, const HfTenso
     } else if (Blocked(config)) {  // [row blocks, column blocks]: blocks of the slice
       const int64_t b0 = t.slice_begin / kBlock;
       const int64_t b1 = CeilDiv(t.slice_begin + t.slice_count, kBlock);
-      const int64_t rows = info.shape[0], cols = info.shape[1];
+      // (modelopt's [row blocks, 1, column blocks, 1] is the same bytes; the rank file gets 2-D)
+      const int64_t rows = info.shape[0], cols = NumElements(info.shape) / rows;
       if (t.slice_dim == 0) {
         part.spec.shape = {b1 - b0, cols};
         part.bytes.assign(data + b0 * cols * item, (b1 - b0) * cols * item);

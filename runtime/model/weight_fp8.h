@@ -6,7 +6,14 @@
 //   fp8 (block):           P.weight_scale_inv [ceil(n/128), ceil(k/128)]
 //   compressed-tensors:    P.weight_scale [1] or [] (tensor), [n, 1] or [n] (channel),
 //                          [ceil(n/128), ceil(k/128)] (block); P.input_scale [1] or [] (static)
-//   modelopt:              P.weight_scale [] or [1], P.input_scale [] or [1]
+//   modelopt:              P.weight_scale [] or [1] (FP8), [n] or [n, 1]
+//                          (FP8_PER_CHANNEL_PER_TOKEN), [ceil(n/128), ceil(k/128)] or
+//                          [ceil(n/128), 1, ceil(k/128), 1] (FP8_PB_WO); P.input_scale [] or [1]
+//                          (FP8)
+// and, when config.quantization.kv_cache_fp8, per attention layer A ("model.layers.3.self_attn."):
+// A.k_proj.k_scale / A.v_proj.v_scale (modelopt), A.k_scale / A.v_scale (compressed-tensors,
+// newer modelopt) or the older A.kv_scale, [] or [1], each optional (the KV pool does not use
+// them) and checked when present.
 // F32, BF16 or F16, positive and finite. A tensor-parallel slice of a block-scaled weight must
 // start and end on 128-element block boundaries (or the tensor's end).
 #ifndef TANDEM_RUNTIME_MODEL_WEIGHT_FP8_H_
@@ -36,13 +43,18 @@ bool IsFp8Weight(const ModelConfig& config, const HfTensor& t);
 // The FP8 twin of an fp32 slot of `layer` (nullptr for other slots).
 Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot);
 
-// Names of the scale tensors the checkpoint holds beside the FP8 weights of `layout`.
+// The KV scale tensor names a checkpoint of `config` may hold for the attention layers of
+// `layout` (empty unless config.quantization.kv_cache_fp8; the forms above).
+std::vector<std::string> KvScaleTensorNames(const ModelConfig& config,
+                                            const std::vector<HfTensor>& layout);
+// Names of the scale tensors the checkpoint may hold beside the FP8 weights of `layout` (the
+// weights' own, then KvScaleTensorNames).
 std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
                                              const std::vector<HfTensor>& layout);
 
 // INVALID_ARGUMENT naming the tensor: an FP8 weight of another dtype, a missing scale, a scale
-// of the wrong shape, dtype or value; a tensor-parallel slice (rank of `dims`) that cuts a
-// 128-block, naming the TP size; an FP8 weight whose module an entry of
+// (a KV scale included) of the wrong shape, dtype or value; a tensor-parallel slice (rank of
+// `dims`) that cuts a 128-block, naming the TP size; an FP8 weight whose module an entry of
 // config.quantization.ignore names (naming both).
 absl::Status CheckFp8Checkpoint(const ModelConfig& config, const TpDims& dims,
                                 const std::vector<HfTensor>& layout, const FindTensor& find);

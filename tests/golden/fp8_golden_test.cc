@@ -1,6 +1,8 @@
 // FP8 checkpoints (issue 38) against transformers: tests/golden/fixtures_fp8/<format>/ hold one
 // random bf16 tiny Llama written by make_golden_fp8.py in each FP8 format (DeepSeek-style 128x128
-// blocks, compressed-tensors per-channel dynamic and per-tensor static, modelopt) plus the bf16
+// blocks, compressed-tensors per-channel dynamic and per-tensor static, modelopt; and
+// make_golden_fp8_modelopt.py's modelopt variants of the same weights: FP8 KV scales in an
+// hf_quant_config.json export, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO) plus the bf16
 // model itself for --quantization=fp8, with two transformers references in f32: the dequantized
 // weights alone, and the same with every decoder Linear's input quantized as the scheme says.
 // Tolerances (measured on these fixtures, README.md):
@@ -154,7 +156,8 @@ TEST_P(Fp8GoldenTest, SchemeMatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8GoldenTest,
                          ::testing::Values("fp8_block", "ct_channel_dynamic", "ct_tensor_static",
-                                           "modelopt", "base_bf16"));
+                                           "modelopt", "base_bf16", "modelopt_kv_hf",
+                                           "modelopt_channel", "modelopt_pb_wo"));
 
 // The configs parse into the schemes the writers used.
 TEST(Fp8CheckpointTest, ConfigsNameTheirSchemes) {
@@ -166,7 +169,15 @@ TEST(Fp8CheckpointTest, ConfigsNameTheirSchemes) {
       {"ct_tensor_static",
        "fp8 compressed-tensors: per-tensor weight scales, static per-tensor activations"},
       {"modelopt", "fp8 modelopt: per-tensor weight scales, static per-tensor activations"},
-      {"base_bf16", "fp8 online: per-channel weight scales, dynamic per-token activations"}};
+      {"base_bf16", "fp8 online: per-channel weight scales, dynamic per-token activations"},
+      {"modelopt_kv_hf",
+       "fp8 modelopt: per-tensor weight scales, static per-tensor activations; FP8 KV scales "
+       "(unused)"},
+      {"modelopt_channel",
+       "fp8 modelopt: per-channel weight scales, dynamic per-token activations; FP8 KV scales "
+       "(unused)"},
+      {"modelopt_pb_wo",
+       "fp8 modelopt: 128x128 block weight scales, dynamic 1x128-group activations"}};
   for (const auto& [format, describe] : cases) {
     absl::StatusOr<LoadedModel> model = Load(format);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -207,7 +218,7 @@ TEST(Fp8CheckpointTest, CodesAreTheFilesBytes) {
 
 // Each TP rank's codes and scales are the rows / columns of the whole model's.
 TEST(Fp8CheckpointTest, TensorParallelRanksHoldSlices) {
-  for (const char* format : {"ct_channel_dynamic", "ct_tensor_static"}) {
+  for (const char* format : {"ct_channel_dynamic", "ct_tensor_static", "modelopt_channel"}) {
     SCOPED_TRACE(format);
     const std::string dir = std::string(kFixtures) + format;
     auto config = LoadModelConfig(dir);
@@ -246,13 +257,18 @@ TEST(Fp8CheckpointTest, TensorParallelRanksHoldSlices) {
 // shard_checkpoint's pre-sharded FP8 directory: each rank's file holds exactly what the rank
 // loads from the original (codes, scales, input scales), and loads to the same weights.
 TEST(Fp8CheckpointTest, PreShardedRanksLoadTheirSlices) {
-  for (const char* format : {"ct_channel_dynamic", "ct_tensor_static", "modelopt"}) {
+  for (const char* format : {"ct_channel_dynamic", "ct_tensor_static", "modelopt", "modelopt_kv_hf",
+                             "modelopt_channel"}) {
     SCOPED_TRACE(format);
     const std::string dir = std::string(kFixtures) + format;
     const std::string out = ::testing::TempDir() + "/fp8_tp2_" + format;
     auto config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok());
     ASSERT_TRUE(WritePreShardedCheckpoint(dir, *config, 2, 1, out).ok());
+    // The pre-sharded directory describes itself (hf_quant_config.json travels with it).
+    auto reread = LoadModelConfig(out);
+    ASSERT_TRUE(reread.ok()) << reread.status();
+    EXPECT_EQ(reread->quantization.Describe(), config->quantization.Describe());
     for (int rank = 0; rank < 2; ++rank) {
       auto original = LoadModelWeights(dir, *config, TpShard{rank, 2, 1});
       auto pre = LoadModelWeights(out, *config, TpShard{rank, 2, 1});
@@ -337,7 +353,9 @@ std::string RewriteFixture(const std::string& format, const std::string& name, c
   const fs::path dst = fs::path(::testing::TempDir()) / ("fp8_" + name);
   fs::remove_all(dst);
   fs::create_directories(dst);
-  fs::copy_file(src / "config.json", dst / "config.json");
+  for (const char* json : {"config.json", "hf_quant_config.json"}) {
+    if (fs::exists(src / json)) fs::copy_file(src / json, dst / json);
+  }
   auto file = SafetensorsFile::Open((src / "model.safetensors").string());
   EXPECT_TRUE(file.ok());
   nlohmann::json header = nlohmann::json::object();
@@ -408,6 +426,63 @@ TEST(Fp8CheckpointTest, BadCheckpointsAreRefusedNamingTheTensor) {
   EXPECT_EQ(zero.message(),
             "scale tensor 'model.layers.0.self_attn.k_proj.weight_scale' holds 0 at 0 (scales "
             "must be positive and finite)");
+}
+
+// modelopt's checkpoints: the KV scales of an FP8-KV export are optional but checked; modelopt's
+// 4-D block scales and 1-D channel scales are held to their shapes; KV scales in a checkpoint
+// that asks for no FP8 KV cache are unexpected tensors.
+TEST(Fp8CheckpointTest, ModelOptKvAndScaleShapesAreChecked) {
+  const std::string k_scale = "model.layers.1.self_attn.k_proj.k_scale";
+  absl::Status negative = LoadRewritten("modelopt_kv_hf", "kv_negative",
+                                        [&](const std::string& n, auto*, auto*, std::string* b) {
+                                          if (n == k_scale) {
+                                            const float v = -0.5f;
+                                            std::memcpy(b->data(), &v, 4);
+                                          }
+                                          return true;
+                                        });
+  EXPECT_EQ(negative.message(),
+            "scale tensor '" + k_scale + "' holds -0.5 at 0 (scales must be positive and finite)");
+  absl::Status vector = LoadRewritten(
+      "modelopt_channel", "kv_vector",
+      [](const std::string& n, std::string*, std::vector<int64_t>* s, std::string* b) {
+        if (n == "model.layers.0.self_attn.v_scale") {
+          *s = {2};
+          *b += *b;
+        }
+        return true;
+      });
+  EXPECT_EQ(vector.message(),
+            "scale tensor 'model.layers.0.self_attn.v_scale' has shape [2], expected [] (a "
+            "per-tensor KV scale)");
+  EXPECT_TRUE(
+      LoadRewritten("modelopt_kv_hf", "kv_absent", [](const std::string& n, auto*, auto*, auto*) {
+        return n.find("_proj.k_scale") == std::string::npos &&
+               n.find("_proj.v_scale") == std::string::npos;
+      }).ok());
+  absl::Status block = LoadRewritten("modelopt_pb_wo", "pb_shape",
+                                     [](const std::string& n, std::string*, auto* s, auto*) {
+                                       if (n == "model.layers.1.mlp.down_proj.weight_scale")
+                                         *s = {2, 2, 1, 1};
+                                       return true;
+                                     });
+  EXPECT_EQ(block.message(),
+            "scale tensor 'model.layers.1.mlp.down_proj.weight_scale' has shape [2, 2, 1, 1], "
+            "expected [2, 2] for weight [256, 192]");
+  // The same tensors beside a config that asks for no FP8 KV cache.
+  const std::string dir = RewriteFixture("modelopt_channel", "kv_unasked",
+                                         [](auto&, auto*, auto*, auto*) { return true; });
+  nlohmann::json config;
+  std::ifstream(fs::path(dir) / "config.json") >> config;
+  config["quantization_config"].erase("kv_cache_scheme");
+  std::ofstream(fs::path(dir) / "config.json") << config.dump();
+  auto parsed = LoadModelConfig(dir);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_NE(LoadModelWeights(dir, *parsed)
+                .status()
+                .message()
+                .find("unexpected tensor 'model.layers.0.self_attn.k_scale'"),
+            std::string::npos);
 }
 
 }  // namespace

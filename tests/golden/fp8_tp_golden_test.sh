@@ -51,9 +51,9 @@ run() {  # DIR TP OUT [flags...]
 }
 
 # TP=1 of every format is //tests/golden:fp8_golden_test's (in process); here the rank processes.
-for format in ct_channel_dynamic ct_tensor_static modelopt; do
+for format in ct_channel_dynamic ct_tensor_static modelopt modelopt_kv_hf modelopt_channel; do
   run "$FIXTURES/$format" 2 "$T/$format.2.jsonl"
-  if [[ $format == ct_channel_dynamic ]]; then  # local per-token scales: see the top
+  if [[ $format == *channel* ]]; then  # local per-token scales: see the top
     check "$T/$format.2.jsonl" "$FIXTURES/$format/expected.json" "$format tp=2" 0.99 0.10
   else
     check "$T/$format.2.jsonl" "$FIXTURES/$format/expected.json" "$format tp=2"

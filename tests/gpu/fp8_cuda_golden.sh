@@ -26,7 +26,9 @@
 #   1. The four checkpoint formats of tests/golden/fixtures_fp8 (DeepSeek 128x128 blocks,
 #      compressed-tensors per-channel dynamic / per-tensor static, modelopt) and base_bf16 with
 #      --quantization=fp8, written again by make_golden_fp8.py --head_dim=64 (the CI fixtures'
-#      head_dim 48 has no CUDA attention kernel); SKIP when torch / transformers do not import.
+#      head_dim 48 has no CUDA attention kernel), and make_golden_fp8_modelopt.py's modelopt
+#      variants of them (FP8 KV scales in hf_quant_config.json, FP8_PER_CHANNEL_PER_TOKEN,
+#      FP8_PB_WO: TP=1 only, like fp8_block); SKIP when torch / transformers do not import.
 #      TP=1 and TP=2 (one GPU per rank: SHARE="" unless set), each against the CPU backend at
 #      the same TP (fp8_block at TP=1 only: TP=2 cuts its 128x128 blocks).
 #   2. --quantization=fp8 on the Llama / Qwen2 (qkv bias) / Qwen3 / MQA + bias golden fixtures,
@@ -155,19 +157,21 @@ check() { # NAME TPS EXPECTED_JSON|"" ARGS... : CUDA at TP=t against the CPU bac
 
 # 1. The checkpoint formats, head_dim 64.
 FIX64=$LOG/fixtures_fp8_hd64
-FORMATS="fp8_block ct_channel_dynamic ct_tensor_static modelopt base_bf16"
+FORMATS="fp8_block ct_channel_dynamic ct_tensor_static modelopt base_bf16 modelopt_kv_hf
+  modelopt_channel modelopt_pb_wo"
 # shellcheck disable=SC2086 # the names, split
 if ! want $FORMATS; then
   :
 elif python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
-  python3 tests/golden/make_golden_fp8.py --out "$FIX64" --head_dim=64 > "$LOG/make_golden_fp8.log" 2>&1; then
+  python3 tests/golden/make_golden_fp8.py --out "$FIX64" --head_dim=64 > "$LOG/make_golden_fp8.log" 2>&1 &&
+  python3 tests/golden/make_golden_fp8_modelopt.py --fixtures "$FIX64/fp8" >> "$LOG/make_golden_fp8.log" 2>&1; then
   for fmt in $FORMATS; do
     fix=$FIX64/fp8/$fmt
     extra=()
     [[ $fmt == base_bf16 ]] && extra=(--quantization=fp8)
     # fp8_block: TP=2 would cut its 128x128 scale blocks (k/v rows 64 a rank): refused, TP=1 only.
     tps="1 2"
-    [[ $fmt == fp8_block ]] && tps=1
+    [[ $fmt == fp8_block || $fmt == modelopt_pb_wo ]] && tps=1
     check "$fmt" "$tps" "$fix/expected.json" --model="$fix" \
       --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
   done
