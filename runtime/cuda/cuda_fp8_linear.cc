@@ -72,8 +72,11 @@ bool SwapGemmServes(const CudaFp8Weight& w) {
 bool UseSwapGemm(const CudaFp8Weight& w, int64_t m, bool row_gemm, Fp8DecodeGemm g) {
   if (!row_gemm || m < 2 || !SwapGemmServes(w)) return false;
   if (g == Fp8DecodeGemm::kCutlassSwap) return true;
-  return g == Fp8DecodeGemm::kAuto && m >= kFp8SwapGemmMinM && m <= kFp8SwapGemmMaxM &&
-         w.grid.rows * w.grid.cols >= kFp8SwapGemmMinElements;
+  if (g != Fp8DecodeGemm::kAuto && g != Fp8DecodeGemm::kAutoNarrow) return false;
+  if (w.grid.rows * w.grid.cols < kFp8SwapGemmMinElements) return false;
+  if (m >= kFp8SwapGemmMinM && m <= kFp8SwapGemmMaxM) return true;
+  return g == Fp8DecodeGemm::kAuto && m >= kFp8WideSwapMinM && m <= kFp8WideSwapMaxM &&
+         w.grid.rows >= kFp8WideSwapMinN;
 }
 
 // Whether m rows run the small-m GEMV: up to kFp8SmallMMaxM, except where cuBLASLt is forced on a
@@ -226,6 +229,14 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   if (const char* env = std::getenv("TANDEM_FP8_GROUP_CODES"); env != nullptr) {
     out->group_codes_ = std::string(env) != "0";
   }
+  if (const char* env = std::getenv("TANDEM_FP8_SWAP_TOKENS"); env != nullptr) {
+    const std::string t = env;
+    if (t != "32" && t != "64" && t != "auto") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_FP8_SWAP_TOKENS=", t, ": expected auto, 32 or 64"));
+    }
+    out->swap_token_tile_ = t == "auto" ? 0 : std::stoi(t);
+  }
   if (const char* env = std::getenv("TANDEM_FP8_DECODE_GEMM"); env != nullptr) {
     const std::string g = env;
     if (g == "gemv") {
@@ -234,9 +245,11 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
       out->decode_gemm_ = Fp8DecodeGemm::kCublasLt;
     } else if (g == "swap") {
       out->decode_gemm_ = Fp8DecodeGemm::kCutlassSwap;
+    } else if (g == "auto32") {
+      out->decode_gemm_ = Fp8DecodeGemm::kAutoNarrow;
     } else if (g != "auto") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_FP8_DECODE_GEMM=", g, ": expected auto, gemv, cublaslt or swap"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_FP8_DECODE_GEMM=", g, ": expected auto, auto32, gemv, cublaslt or swap"));
     }
   }
   if (const char* env = std::getenv("TANDEM_FP8_GEMV_KERNEL"); env != nullptr) {
@@ -322,6 +335,7 @@ absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bflo
   args.a_scheme = w.activation;
   args.swap_ab = swap_ab;
   args.raster_along_tokens = swap_ab;  // one weight: its token tiles next to each other
+  if (swap_ab && k_splits == 1) args.swap_token_tile = SwapTokenTile(m, w.grid.rows, k);
   if (k_splits > 1) {
     args.k_splits = k_splits;
     args.split_partials = split_partials_.get<float>();
@@ -373,9 +387,17 @@ int CudaFp8Linear::SwapSplits(int64_t m, int64_t n, int64_t k) const {
 #endif
 }
 
+int CudaFp8Linear::SwapTokenTile(int64_t m, int64_t n, int64_t k) const {
+  if (swap_token_tile_ != 0) return swap_token_tile_;
+  if (decode_gemm_ != Fp8DecodeGemm::kAuto || n < kFp8WideSwapMinN || m <= 32) return 32;
+  return m > kFp8SwapGemmMaxM || SwapSplits(m, n, k) == 1 ? 64 : 32;
+}
+
 absl::Status CudaFp8Linear::SwapGemm(const CudaFp8Weight& w, int64_t m, const __nv_bfloat16* bias,
                                      __nv_bfloat16* out, cudaStream_t stream) {
-  const int splits = SwapSplits(m, w.grid.rows, w.grid.cols);
+  const int splits = SwapTokenTile(m, w.grid.rows, w.grid.cols) == 32
+                         ? SwapSplits(m, w.grid.rows, w.grid.cols)
+                         : 1;
   if (splits == 1) {
     RETURN_IF_ERROR(RowGemm(w, m, out, stream, /*swap_ab=*/true));
     if (bias != nullptr) RETURN_IF_ERROR(kc::AddBias(out, bias, m, w.grid.rows, stream));

@@ -77,10 +77,11 @@ namespace tandem::runtime::cuda {
 
 // Which kernel multiplies whole-row-scaled weights (per-channel or per-tensor, with per-token or
 // static activations) at decode-sized m: kAuto (the measured choice, below), or one forced for A/B
-// runs (TANDEM_FP8_DECODE_GEMM=auto|gemv|cublaslt|swap at Create): kGemv the small-m GEMV up to
-// 16 rows and cuBLASLt beyond, as before the swapped GEMM; kCublasLt cuBLASLt from 2 rows;
-// kCutlassSwap the swapped CUTLASS GEMM from 2 rows (where it serves).
-enum class Fp8DecodeGemm { kAuto, kGemv, kCublasLt, kCutlassSwap };
+// runs (TANDEM_FP8_DECODE_GEMM=auto|auto32|gemv|cublaslt|swap at Create): kAutoNarrow kAuto
+// before the wide token tiles (32-row tiles, 9-64 rows: the twenty-fourth session's choice);
+// kGemv the small-m GEMV up to 16 rows and cuBLASLt beyond, as before the swapped GEMM; kCublasLt
+// cuBLASLt from 2 rows; kCutlassSwap the swapped CUTLASS GEMM from 2 rows (where it serves).
+enum class Fp8DecodeGemm { kAuto, kAutoNarrow, kGemv, kCublasLt, kCutlassSwap };
 
 // kAuto's swapped CUTLASS GEMM: rows [kFp8SwapGemmMinM, kFp8SwapGemmMaxM] of weights of at least
 // kFp8SwapGemmMinElements codes (the GEMV below, cuBLASLt above and for smaller weights beyond
@@ -91,6 +92,16 @@ enum class Fp8DecodeGemm { kAuto, kGemv, kCublasLt, kCutlassSwap };
 inline constexpr int64_t kFp8SwapGemmMinM = 9;
 inline constexpr int64_t kFp8SwapGemmMaxM = 64;
 inline constexpr int64_t kFp8SwapGemmMinElements = int64_t{32} << 20;
+// kAuto's 64-row token tiles (MoeFp8CutlassGroupedArgs::swap_token_tile), on weights of those
+// sizes with at least kFp8WideSwapMinN rows (80 weight tiles: Llama-3-70B's qkv at TP 1, every
+// gate_up): for 33-64 rows (one token tile instead of two), and for kFp8WideSwapMinM to
+// kFp8WideSwapMaxM rows, where cuBLASLt's 128-row tiles compute a second, mostly empty row tile
+// (kernels/fp8/BENCHMARKS.md, twenty-fifth session: Llama-3-70B gate_up at 160 / 192 rows 282 /
+// 281 -> 229 / 233 us, qkv 78 / 70 -> 48 / 46 us on an H200). Measured slower there: the o and
+// down projections (fewer weight tiles), 65-128 and 193-256 rows (cuBLASLt's tiles fit).
+inline constexpr int64_t kFp8WideSwapMinN = 10240;
+inline constexpr int64_t kFp8WideSwapMinM = 129;
+inline constexpr int64_t kFp8WideSwapMaxM = 192;
 
 // One FP8 weight on the device; empty() for a bf16/fp16 projection.
 struct CudaFp8Weight {
@@ -185,6 +196,14 @@ class CudaFp8Linear {
   // The kernel of whole-row-scaled weights at decode-sized m (Fp8DecodeGemm).
   void set_decode_gemm(Fp8DecodeGemm g) { decode_gemm_ = g; }
   Fp8DecodeGemm decode_gemm() const { return decode_gemm_; }
+  // The swapped GEMM's token tile forced (MoeFp8CutlassGroupedArgs::swap_token_tile: 32 or 64;
+  // TANDEM_FP8_SWAP_TOKENS at Create), or 0 (default): SwapTokenTile's choice. A 64-row tile
+  // runs unsplit.
+  void set_swap_token_tile(int rows) { swap_token_tile_ = rows; }
+  int swap_token_tile() const { return swap_token_tile_; }
+  // The token tile the swapped GEMM takes for m rows of an [n, k] weight: the forced one, else
+  // under kAuto 64 where kFp8WideSwapMinN says (and SwapSplits would not split), else 32.
+  int SwapTokenTile(int64_t m, int64_t n, int64_t k) const;
 
   // cuBLASLt FP8 GEMM plans (m > kFp8SmallMMaxM) for m <= max_m first used from now on are
   // chosen by timing (CublasLtFp8Gemm::set_autotune_max_m); the models forward their
@@ -258,6 +277,7 @@ class CudaFp8Linear {
   int64_t max_tokens_ = 0, max_k_ = 0;
   kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
   bool w8a16_gemv_ = true;
+  int swap_token_tile_ = 0;
   bool group_codes_ = true;  // TakesTokenCodes for kDynamicGroup128 weights
   kernels::cuda::Fp8W16Math w8a16_math_ = kernels::cuda::Fp8W16Math::kAuto;
   Fp8DecodeGemm decode_gemm_ = Fp8DecodeGemm::kAuto;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,6 +210,22 @@ TEST(CudaFp8LinearTest, MatchesTheCpuReferenceOnEveryPath) {
     EXPECT_STREQ(CudaFp8Linear::PathFor(w, m, true, true, Fp8DecodeGemm::kCublasLt),
                  "cublaslt-fp8-gemm");
   }
+  // A weight of >= kFp8WideSwapMinN rows: the swapped GEMM also from 129 to 192 rows (64-row
+  // token tiles), not under kAutoNarrow.
+  CudaFp8Weight wide;
+  wide.grid = {28672, 4096, 1, 4096};
+  wide.activation = Scheme::kDynamicToken;
+  for (int64_t m : {65, 128, 129, 160, 192, 193, 256}) {
+    const bool swap = m >= 129 && m <= 192;
+    EXPECT_STREQ(CudaFp8Linear::PathFor(wide, m, true, true),
+                 swap ? "fp8-cutlass-swap-gemm" : "cublaslt-fp8-gemm")
+        << m;
+    EXPECT_STREQ(CudaFp8Linear::PathFor(wide, m, true, true, Fp8DecodeGemm::kAutoNarrow),
+                 "cublaslt-fp8-gemm")
+        << m;
+  }
+  EXPECT_STREQ(CudaFp8Linear::PathFor(wide, 40, true, true, Fp8DecodeGemm::kAutoNarrow),
+               "fp8-cutlass-swap-gemm");
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 1, true, true, Fp8DecodeGemm::kCutlassSwap), "fp8-gemv");
   w.grid.rows = 68;  // not a multiple of 8: no swapped GEMM
   EXPECT_STREQ(CudaFp8Linear::PathFor(w, 17, true, true, Fp8DecodeGemm::kCutlassSwap),
@@ -293,6 +310,19 @@ TEST(CudaFp8LinearTest, SwapGemmMatchesTheCpuReference) {
   (*linear)->set_decode_gemm(Fp8DecodeGemm::kCutlassSwap);
   CheckLinear(rng, **linear, 9, 4096, 4096, 4096, Scheme::kDynamicToken, false);
   EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-swap-gemm");
+  // Token tiles (kAuto): 64 rows for weights of >= kFp8WideSwapMinN rows from 33 rows, 32 below
+  // and for narrower weights; forced where set; 32 under kAutoNarrow.
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kAuto);
+  EXPECT_EQ((*linear)->SwapTokenTile(32, 28672, 4096), 32);
+  EXPECT_EQ((*linear)->SwapTokenTile(48, 28672, 4096), 64);
+  EXPECT_EQ((*linear)->SwapTokenTile(160, 28672, 4096), 64);
+  EXPECT_EQ((*linear)->SwapTokenTile(48, 8192, 8192), 32);
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kAutoNarrow);
+  EXPECT_EQ((*linear)->SwapTokenTile(48, 28672, 4096), 32);
+  (*linear)->set_swap_token_tile(64);
+  EXPECT_EQ((*linear)->SwapTokenTile(48, 8192, 8192), 64);
+  (*linear)->set_swap_token_tile(0);
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kCutlassSwap);
   // Split along k (few weight tiles): 2 slices of 640 + 400 columns, 8 of 512, and a weight of
   // Llama-3-8B's o_proj shape; a shape with many tiles or short k stays whole.
   EXPECT_EQ((*linear)->SwapSplits(5, 136, 1040), 2);
@@ -305,6 +335,55 @@ TEST(CudaFp8LinearTest, SwapGemmMatchesTheCpuReference) {
     CheckLinear(rng, **linear, m, 200, 4096, 4096, Scheme::kStaticTensor, m % 2 == 1);
   }
   CheckLinear(rng, **linear, 17, 4096, 4096, 4096, Scheme::kDynamicToken, true);
+}
+
+// The swapped GEMM with 64-row token tiles (swap_token_tile): against the CPU reference at 2-256
+// rows (partial and whole tiles, a bias, static scales), and bit for bit the 32-row tiles' output
+// on the same operands. (A 128-row form passed the same checks on the H200 before it was dropped:
+// kernels/fp8/BENCHMARKS.md, twenty-fifth session.)
+TEST(CudaFp8LinearTest, WideSwapTokenTilesMatchTheNarrowOnes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CudaFp8Linear::RowGemmAvailable()) GTEST_SKIP() << "no CUTLASS GEMM (build or device)";
+  std::mt19937 rng(kernels::cuda_test::TestSeed() + 3);
+  absl::StatusOr<std::unique_ptr<CudaFp8Linear>> linear = CudaFp8Linear::Create(256, 4096);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  (*linear)->set_decode_gemm(Fp8DecodeGemm::kCutlassSwap);
+  {
+    (*linear)->set_swap_token_tile(64);
+    for (int64_t m : {2, 65, 100, 128, 200, 256}) {
+      CheckLinear(rng, **linear, m, 264, 1040, 1040, Scheme::kDynamicToken, m % 2 == 0);
+      CheckLinear(rng, **linear, m, 136, 4096, 4096, Scheme::kStaticTensor, m % 2 == 1);
+      EXPECT_STREQ((*linear)->last_path(), "fp8-cutlass-swap-gemm");
+    }
+  }
+  // The same weight and rows through every tile width: the same bits.
+  const int64_t m = 200, n = 1024, k = 2048;
+  Fp8LinearWeight host;
+  host.grid = {n, k, 1, k};
+  host.activation = Scheme::kDynamicToken;
+  host.codes.resize(n * k);
+  for (uint8_t& c : host.codes) {
+    do {
+      c = static_cast<uint8_t>(rng());
+    } while ((c & 0x7F) == 0x7F);
+  }
+  host.scales.assign(n, 0.0f);
+  for (float& s : host.scales) s = std::exp2(std::uniform_real_distribution<float>(-9, -6)(rng));
+  absl::StatusOr<CudaFp8Weight> w = UploadFp8Weight(&host, n, k, 256, "tiles");
+  ASSERT_TRUE(w.ok()) << w.status();
+  TestBuffer<bf16> x(RandomBf16(rng, m * k, 2.0f)), out(m * n);
+  std::vector<bf16> first;
+  for (int tile : {32, 64}) {
+    (*linear)->set_swap_token_tile(tile);
+    ASSERT_TRUE((*linear)->Linear(x.get(), *w, nullptr, m, out.get(), nullptr).ok());
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16> got = out.ToHost();
+    if (first.empty()) {
+      first = got;
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(bf16)), 0) << tile;
+  }
 }
 
 TEST(CudaFp8LinearTest, RefusesWhatItCannotRun) {

@@ -7,7 +7,7 @@
 // the graph's mean over `iters` replays divided by reps. TB/s counts the weight bytes a call reads.
 //
 //   fp8_linear_bench [--shapes=8b,70b_tp2,70b] [--ms=1,2,4,8,16,32,64,128,256]
-//                    [--modes=gemv,cublaslt,swap,auto] [--reps=20] [--iters=10]
+//                    [--modes=gemv,cublaslt,swap,swap64,auto32,auto] [--reps=20] [--iters=10]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -111,16 +111,26 @@ double GraphUs(cudaStream_t stream, int reps, int iters, Fn fn) {
 struct Mode {
   std::string name;
   Fp8DecodeGemm gemm;
+  int swap_token_tile = 0;  // 0: SwapTokenTile's choice
 };
 
 Mode ParseMode(absl::string_view s) {
   if (s == "gemv") return {"gemv", Fp8DecodeGemm::kGemv};
   if (s == "cublaslt") return {"cublaslt", Fp8DecodeGemm::kCublasLt};
-  if (s == "swap") return {"swap", Fp8DecodeGemm::kCutlassSwap};
+  if (s == "swap") return {"swap", Fp8DecodeGemm::kCutlassSwap, 32};
+  if (s == "auto32") return {"auto32", Fp8DecodeGemm::kAutoNarrow};
+  if (s == "swap64") return {"swap64", Fp8DecodeGemm::kCutlassSwap, 64};
   if (s == "auto") return {"auto", Fp8DecodeGemm::kAuto};
-  std::fprintf(stderr, "unknown mode %.*s (gemv, cublaslt, swap, auto)\n",
+  std::fprintf(stderr, "unknown mode %.*s (gemv, cublaslt, swap, swap64, auto32, auto)\n",
                static_cast<int>(s.size()), s.data());
   std::exit(2);
+}
+
+// "swap/S" (32-row token tiles, S slices) or "swap64" for the swapped GEMM's call.
+std::string SwapName(const CudaFp8Linear& linear, int64_t m, const Shape& s) {
+  const int tile = linear.SwapTokenTile(m, s.n, s.k);
+  return tile == 32 ? "swap/" + std::to_string(linear.SwapSplits(m, s.n, s.k))
+                    : "swap" + std::to_string(tile);
 }
 
 // FP8 weight copies of one shape: random non-NaN codes, per-row scales around 2^-7.
@@ -225,13 +235,13 @@ int Main(int argc, char** argv) {
                     bf16_bytes / us16 * 1e-6);
         for (const Mode& mode : modes) {
           (*linear)->set_decode_gemm(mode.gemm);
+          (*linear)->set_swap_token_tile(mode.swap_token_tile);
           const double us = GraphUs(stream, reps, iters, [&](int i) {
             Check((*linear)->Linear(a, w8[i % w8.size()], nullptr, m, out, stream), "fp8");
           });
-          const std::string path =
-              std::string((*linear)->last_path()) == "fp8-cutlass-swap-gemm"
-                  ? "swap/" + std::to_string((*linear)->SwapSplits(m, s.n, s.k))
-                  : (*linear)->last_path();
+          const std::string path = std::string((*linear)->last_path()) == "fp8-cutlass-swap-gemm"
+                                       ? SwapName(**linear, m, s)
+                                       : (*linear)->last_path();
           std::printf(" %8.2f (%5.2f) %-22s", us, fp8_bytes / us * 1e-6, path.c_str());
         }
         std::printf("\n");

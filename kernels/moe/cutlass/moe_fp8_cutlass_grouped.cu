@@ -102,6 +102,11 @@ absl::Status CheckArgs(const MoeFp8CutlassGroupedArgs& args) {
     return Bad("weight scale groups = ", args.w.groups, ", need ceil(k / 128) = ", groups,
                " (or 1, per channel, with w_scales_wide or per-token / per-tensor activations)");
   }
+  if (args.swap_token_tile != 32 &&
+      (args.swap_token_tile != 64 || !args.swap_ab || !scaled || args.k_splits != 1)) {
+    return Bad("swap_token_tile = ", args.swap_token_tile,
+               " needs 32, or 64 on the swapped scaled form without k_splits");
+  }
   if (args.swap_ab && !scaled &&
       (args.block_scales == nullptr || args.a_scheme != Fp8ActivationScheme::kDynamicGroup128)) {
     return Bad(
@@ -156,6 +161,7 @@ absl::Status MoeFp8CutlassGroupedInit() {
   RETURN_IF_ERROR(moe_cutlass::RowInit());
   RETURN_IF_ERROR(moe_cutlass::ScaledInit());
   RETURN_IF_ERROR(moe_cutlass::SwapInit());
+  RETURN_IF_ERROR(moe_cutlass::Swap64Init());
   RETURN_IF_ERROR(moe_cutlass::SplitInit());
   RETURN_IF_ERROR(moe_cutlass::BlockSwapInit());
   return moe_cutlass::BlockInit();
@@ -168,6 +174,7 @@ absl::StatusOr<size_t> MoeFp8CutlassGroupedWorkspaceBytes(int64_t num_experts) {
   return std::max({moe_cutlass::RowWorkspaceBytes(num_experts, device, sms),
                    moe_cutlass::ScaledWorkspaceBytes(num_experts, device, sms),
                    moe_cutlass::SwapWorkspaceBytes(num_experts, device, sms),
+                   moe_cutlass::Swap64WorkspaceBytes(num_experts, device, sms),
                    moe_cutlass::SplitWorkspaceBytes(device, sms)});
 }
 
@@ -203,8 +210,9 @@ absl::Status MoeFp8CutlassGroupedGemm(const MoeFp8CutlassGroupedArgs& args, void
     return moe_cutlass::SplitRun(args, args.split_rows, base, device, sms, stream);
   }
   if (MoeFp8CutlassScaledFormServes(args)) {
-    return args.swap_ab ? moe_cutlass::SwapRun(args, base, device, sms, stream)
-                        : moe_cutlass::ScaledRun(args, base, device, sms, stream);
+    if (!args.swap_ab) return moe_cutlass::ScaledRun(args, base, device, sms, stream);
+    return args.swap_token_tile == 64 ? moe_cutlass::Swap64Run(args, base, device, sms, stream)
+                                      : moe_cutlass::SwapRun(args, base, device, sms, stream);
   }
   if (!block) return moe_cutlass::RowRun(args, base, device, sms, stream);
   // The compact copy after the block form's arrays and CUTLASS's workspace.

@@ -141,6 +141,11 @@ struct MoeFp8CutlassGroupedArgs {
   // us on an H200), slower for a MoE step's many experts of few rows (Qwen3-30B-A3B decode batch 8
   // +10%): set by the dense caller only. The split form always runs so.
   bool raster_along_tokens = false;
+  // Swapped scaled form only: the width of its token tiles, 32 or 64 (else INVALID_ARGUMENT; not
+  // with k_splits > 1). 64-row tiles read each weight tile half as often for one weight's 33-64
+  // and 129-192 decode rows (runtime/cuda/cuda_fp8_linear.h kFp8WideSwapMinN); the same products
+  // and scales, bit for bit (each output element's sum does not depend on the tile's width).
+  int swap_token_tile = 32;
   // One weight given directly (num_experts 1, w.codes / w.scales null): its codes [n, k] and its
   // scales (row form [n, ceil(k / 128)], scaled form [n]). For dense projections
   // (runtime/cuda/cuda_fp8_linear.h), which have no device pointer tables.

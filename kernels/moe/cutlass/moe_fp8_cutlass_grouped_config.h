@@ -58,6 +58,10 @@ size_t SwapWorkspaceBytes(int64_t groups, int device, int sm_count);
 absl::Status SwapInit();
 absl::Status SwapRun(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
                      int sm_count, cudaStream_t stream);
+size_t Swap64WorkspaceBytes(int64_t groups, int device, int sm_count);
+absl::Status Swap64Init();
+absl::Status Swap64Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
+                       int sm_count, cudaStream_t stream);
 
 }  // namespace tandem::kernels::cuda::moe_cutlass
 

@@ -127,6 +127,19 @@ TEST(MoeFp8CutlassGroupedRefusals, RefusesWhatItCannotTake) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "split case " << bad;
     EXPECT_NE(st.message().find("k_splits"), absl::string_view::npos) << st;
   }
+  // Token tiles: 32, or 64 on the swapped scaled form unsplit.
+  single.k_splits = 1;
+  for (int bad = 0; bad < 4; ++bad) {
+    a = single;
+    a.swap_token_tile = 64;
+    if (bad == 0) a.swap_token_tile = 128;
+    if (bad == 1) a.swap_ab = false;
+    if (bad == 2) a.broadcast_scales = true, a.w_scales_wide = partials;  // not the scaled form
+    if (bad == 3) a.k_splits = 2;
+    const absl::Status st = MoeFp8CutlassGroupedGemm(a, workspace, sizeof(workspace), nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "token tile case " << bad;
+    EXPECT_NE(st.message().find("swap_token_tile"), absl::string_view::npos) << st;
+  }
   // Slices: 128-column multiples where k allows, else 16; never an empty slice.
   EXPECT_EQ(MoeFp8CutlassSplitCols(4096, 4), 1024);
   EXPECT_EQ(MoeFp8CutlassSplitCols(1040, 2), 640);

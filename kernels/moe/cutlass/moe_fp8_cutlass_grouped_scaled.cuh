@@ -14,9 +14,11 @@
 //   kSwap false: D [m_e, n] = A (the expert's rows) x B^T (its weight), 128 x 128 x 128 tiles,
 //     clusters of 1 x 2 (as the other forms): prefill-sized groups;
 //   kSwap true: D^T [n, m_e] = W x rows^T, the weight as the 128-row operand and the group's rows
-//     as a 32-wide one (128 x 32 x 128 tiles, no cluster), D written column-major (= [m_e, n]
-//     row-major): groups of a few rows (decode) no longer fill 128-row tiles with padding, so more
-//     stages of weight are in flight per SM.
+//     as a kTokens-wide one (128 x kTokens x 128 tiles, no cluster; kTokens 32, or 64 for one
+//     weight's 33-64 and 129-192 decode rows: fewer re-reads of a weight tile), D written
+//     column-major
+//     (= [m_e, n] row-major): groups of a few rows (decode) no longer fill 128-row tiles with
+//     padding, so more stages of weight are in flight per SM.
 #ifndef TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_SCALED_CUH_
 #define TANDEM_KERNELS_MOE_CUTLASS_MOE_FP8_CUTLASS_GROUPED_SCALED_CUH_
 
@@ -29,11 +31,14 @@
 
 namespace tandem::kernels::cuda::moe_cutlass {
 
-template <bool kSwap>
+template <bool kSwap, int kTokens = 32>
 struct ScaledForm {
+  static_assert(kTokens == 32 || (kSwap && kTokens == 64));
   using C = GroupedCommon;
   using _0 = cute::_0;
-  using TileShape = typename GroupedTiles<kSwap>::TileShape;
+  using TileShape =
+      std::conditional_t<kSwap, cute::Shape<cute::_128, cute::Int<kTokens>, cute::_128>,
+                         typename GroupedTiles<false>::TileShape>;
   using ClusterShape = typename GroupedTiles<kSwap>::ClusterShape;
   using LayoutD = typename GroupedTiles<kSwap>::LayoutD;
 
@@ -129,17 +134,21 @@ struct ScaledForm {
 
   static absl::Status Init() { return moe_cutlass::Init<ScaledForm>(Name()); }
 
-  static const char* Name() { return kSwap ? " (scaled form, swapped)" : " (scaled form)"; }
+  static const char* Name() {
+    return !kSwap          ? " (scaled form)"
+           : kTokens == 32 ? " (scaled form, swapped)"
+                           : " (scaled form, swapped, 64-row token tiles)";
+  }
 
   static absl::Status Run(const MoeFp8CutlassGroupedArgs& args, char* workspace, int device,
                           int sm_count, cudaStream_t stream);
 };
 
 // Thread e < num_experts: expert e's shape, operands and scale pointers from the device offsets.
-template <bool kSwap>
+template <bool kSwap, int kTokens>
 __global__ void FillScaledGroups(MoeFp8CutlassGroupedArgs args,
-                                 typename ScaledForm<kSwap>::Arrays g) {
-  using F = ScaledForm<kSwap>;
+                                 typename ScaledForm<kSwap, kTokens>::Arrays g) {
+  using F = ScaledForm<kSwap, kTokens>;
   const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (e >= args.num_experts) return;
   const int64_t first = args.expert_offsets[e];
@@ -175,14 +184,14 @@ __global__ void FillScaledGroups(MoeFp8CutlassGroupedArgs args,
   g.stride_d[e] = sd;
 }
 
-template <bool kSwap>
-absl::Status ScaledForm<kSwap>::Run(const MoeFp8CutlassGroupedArgs& args, char* workspace,
-                                    int device, int sm_count, cudaStream_t stream) {
+template <bool kSwap, int kTokens>
+absl::Status ScaledForm<kSwap, kTokens>::Run(const MoeFp8CutlassGroupedArgs& args, char* workspace,
+                                             int device, int sm_count, cudaStream_t stream) {
   Arrays g{};
   const size_t arrays = LayOut(args.num_experts, workspace, &g);
   constexpr int kThreads = 128;
   const int blocks = static_cast<int>((args.num_experts + kThreads - 1) / kThreads);
-  FillScaledGroups<kSwap><<<blocks, kThreads, 0, stream>>>(args, g);
+  FillScaledGroups<kSwap, kTokens><<<blocks, kThreads, 0, stream>>>(args, g);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const bool per_row = args.a_scheme == Fp8ActivationScheme::kDynamicToken;
   return LaunchGemm<Gemm>(
