@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -483,6 +484,119 @@ TEST(Fp8CheckpointTest, ModelOptKvAndScaleShapesAreChecked) {
                 .message()
                 .find("unexpected tensor 'model.layers.0.self_attn.k_scale'"),
             std::string::npos);
+}
+
+// A one-layer Llama whose projections are all 256 x 256 (two 128-blocks each way) in modelopt's
+// FP8_PB_WO layout (weight_scale [2, 1, 2, 1]): TP = 2 slices them on block boundaries, so the
+// pre-sharded rank files hold the 4-D scales' slices (written 2-D) and load to the original's
+// rank weights.
+TEST(Fp8CheckpointTest, ModelOptBlockScalesPreShardOnBlockBoundaries) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "fp8_pb_wo_256";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const nlohmann::json config_json = {{"architectures", {"LlamaForCausalLM"}},
+                                      {"model_type", "llama"},
+                                      {"vocab_size", 256},
+                                      {"hidden_size", 256},
+                                      {"intermediate_size", 256},
+                                      {"num_hidden_layers", 1},
+                                      {"num_attention_heads", 2},
+                                      {"num_key_value_heads", 2},
+                                      {"head_dim", 128},
+                                      {"tie_word_embeddings", false},
+                                      {"dtype", "bfloat16"},
+                                      {"quantization_config",
+                                       {{"quant_method", "modelopt"},
+                                        {"quant_algo", "FP8_PB_WO"},
+                                        {"exclude_modules", {"lm_head"}}}}};
+  std::ofstream(dir / "config.json") << config_json.dump();
+  std::mt19937 rng(25);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto add = [&](const std::string& name, const char* dtype, std::vector<int64_t> shape,
+                 const std::string& bytes) {
+    header[name] = {{"dtype", dtype},
+                    {"shape", shape},
+                    {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    data += bytes;
+  };
+  auto bf16 = [&](const std::string& name, std::vector<int64_t> shape, float centre) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string bytes(2 * n, '\0');
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = centre + 0.05f * uniform(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      const uint16_t top = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(bytes.data() + 2 * i, &top, 2);
+    }
+    add(name, "BF16", std::move(shape), bytes);
+  };
+  auto fp8 = [&](const std::string& module) {
+    std::string codes(256 * 256, '\0');
+    for (char& c : codes) {
+      do {
+        c = static_cast<char>(rng() & 0xFF);
+      } while ((c & 0x7F) == 0x7F);
+    }
+    add(module + ".weight", "F8_E4M3", {256, 256}, codes);
+    std::string scales(16, '\0');
+    for (int i = 0; i < 4; ++i) {
+      const float s = std::exp2(-9.0f + 2.0f * uniform(rng));
+      std::memcpy(scales.data() + 4 * i, &s, 4);
+    }
+    add(module + ".weight_scale", "F32", {2, 1, 2, 1}, scales);
+  };
+  bf16("model.embed_tokens.weight", {256, 256}, 0.0f);
+  bf16("model.layers.0.input_layernorm.weight", {256}, 1.0f);
+  bf16("model.layers.0.post_attention_layernorm.weight", {256}, 1.0f);
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    fp8(std::string("model.layers.0.self_attn.") + p);
+  }
+  for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+    fp8(std::string("model.layers.0.mlp.") + p);
+  }
+  bf16("model.norm.weight", {256}, 1.0f);
+  bf16("lm_head.weight", {256, 256}, 0.0f);
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  {
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    const uint64_t n = text.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << text << data;
+  }
+  auto config = LoadModelConfig(dir.string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->quantization.Describe(),
+            "fp8 modelopt: 128x128 block weight scales, dynamic 1x128-group activations");
+  auto whole = LoadModelWeights(dir.string(), *config);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->layers[0].qkv_fp8.grid.block_cols, 128);
+  const std::string out = (fs::path(::testing::TempDir()) / "fp8_pb_wo_256_tp2").string();
+  fs::remove_all(out);
+  ASSERT_TRUE(WritePreShardedCheckpoint(dir.string(), *config, 2, 1, out).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    auto original = LoadModelWeights(dir.string(), *config, TpShard{rank, 2, 1});
+    auto pre = LoadModelWeights(out, *config, TpShard{rank, 2, 1});
+    ASSERT_TRUE(original.ok() && pre.ok()) << original.status() << pre.status();
+    const LayerWeights& a = original->layers[0];
+    const LayerWeights& b = pre->layers[0];
+    for (auto [x, y] : {std::pair{&a.qkv_fp8, &b.qkv_fp8},
+                        {&a.o_fp8, &b.o_fp8},
+                        {&a.gate_up_fp8, &b.gate_up_fp8},
+                        {&a.down_fp8, &b.down_fp8}}) {
+      EXPECT_FALSE(x->codes.empty());
+      EXPECT_EQ(x->codes, y->codes) << "rank " << rank;
+      EXPECT_EQ(x->scales, y->scales) << "rank " << rank;
+      EXPECT_EQ(x->grid.cols, y->grid.cols);
+    }
+    // The rank's o_proj columns [128 r, 128 r + 128) keep their column block's scales.
+    const float* whole_scales = whole->layers[0].o_fp8.scales.data();
+    EXPECT_EQ(a.o_fp8.scales[0], whole_scales[rank]);  // row 0: groups (0, 1) of the whole
+  }
 }
 
 }  // namespace
