@@ -453,6 +453,10 @@ int Main(int argc, char** argv) {
         if (!tracer->Collect().ok()) return 1;  // drop the prefill's and warm-up's kernels
       }
       const ExecutorStats before = (*engine)->executor_stats();
+      // The fewest requests a timed step ran: below `batch` when the KV pool cannot hold batch x
+      // (context + steps) tokens and the scheduler preempts or holds some back; such a row is
+      // not this batch's time (it is flagged below).
+      int64_t fewest = (*engine)->num_running();
       const auto t0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) {
         auto u = (*engine)->Step();
@@ -460,6 +464,7 @@ int Main(int argc, char** argv) {
           std::fprintf(stderr, "step: %s\n", u.status().ToString().c_str());
           return 1;
         }
+        fewest = std::min(fewest, (*engine)->num_running());
       }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
@@ -473,6 +478,12 @@ int Main(int argc, char** argv) {
       if (print) {
         std::printf("%6d %8d %12.3f %12.1f %12.1f %9.1f%%", batch, context, ms, tok_s,
                     batch * 1000.0 / roof_ms, 100.0 * roof_ms / ms);
+        if (fewest < batch) {
+          std::printf(
+              "   PARTIAL: as few as %lld of %d requests ran a step (the KV pool holds "
+              "fewer than batch x context tokens)",
+              static_cast<long long>(fewest), batch);
+        }
         if (launches > 0) {  // host time inside cudaGraphLaunch (GPU idle through most of it)
           std::printf(
               "   graph launch %.1f us",
