@@ -221,7 +221,16 @@ int Main(int argc, char** argv) {
     model = *p;
   }
   EngineConfig config;
-  FitDecodeBenchLength(context, steps, &model,
+  // A batch's prompts enter kBatchedTokens a step, and the first requests decode meanwhile: each
+  // request gets that many steps (and the warm-up's 4) more to generate, so none finishes inside
+  // the timed steps (which would time a smaller batch: the PARTIAL flag below).
+  constexpr int64_t kBatchedTokens = 8192;
+  auto prefill_steps = [&](int64_t batch) {
+    return (batch * context + kBatchedTokens - 1) / kBatchedTokens + 4;
+  };
+  const int64_t most_prefill_steps =
+      prefill_steps(batches.empty() ? 1 : *std::max_element(batches.begin(), batches.end()));
+  FitDecodeBenchLength(context, steps + most_prefill_steps, &model,
                        &config.max_model_len);  // before LocalModelConfig copies it
   CudaBackendConfig backend;
   backend.dummy_seed = 1;
@@ -282,7 +291,7 @@ int Main(int argc, char** argv) {
   }
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   config.kv_cache_bytes = 0;  // the backend's default: a fraction of free memory
-  config.max_num_batched_tokens = 8192;
+  config.max_num_batched_tokens = kBatchedTokens;
   config.max_num_seqs = 256;
   const double dense_bytes = static_cast<double>(model.NumParameters()) * 2.0 / tp;
   std::vector<std::pair<std::string, bool>> runs;  // (weight format, async scheduling)
@@ -414,7 +423,7 @@ int Main(int argc, char** argv) {
         for (int t = 0; t < context; ++t) {
           spec.prompt[t] = 1000 + (t * 7919 + b * 31 + salt) % span;
         }
-        spec.max_tokens = steps + kDecodeBenchExtraTokens;
+        spec.max_tokens = steps + kDecodeBenchExtraTokens + prefill_steps(batch);
         spec.ignore_eos = true;
         if (auto st = (*engine)->AddRequest(next_id++, spec); !st.ok()) {
           std::fprintf(stderr, "add: %s\n", st.ToString().c_str());
