@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/graph_timing.h"
 #include "kernels/fp8/fp8_cuda.h"
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_gemv_cuda.h"
@@ -73,7 +74,6 @@ std::vector<void*> RandomCopies(int64_t bytes, int copies, const std::function<u
 // Microseconds per call: `reps` calls of fn(i) captured in one graph, replayed `iters` times.
 double TimeGraphUs(cudaStream_t s, int reps, int iters, const std::function<bool(int)>& fn) {
   cudaGraph_t graph;
-  cudaGraphExec_t exec;
   Check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
   bool ok = true;
   for (int i = 0; i < reps; ++i) ok = fn(i) && ok;
@@ -82,22 +82,12 @@ double TimeGraphUs(cudaStream_t s, int reps, int iters, const std::function<bool
     cudaGraphDestroy(graph);
     return -1.0;
   }
-  Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  Check(cudaGraphLaunch(exec, s), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, s);
-  for (int i = 0; i < iters; ++i) cudaGraphLaunch(exec, s);
-  cudaEventRecord(stop, s);
-  Check(cudaEventSynchronize(stop), "run");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return 1000.0 * ms / (static_cast<double>(reps) * iters);
+  const absl::StatusOr<float> ms = ReplayGraphMs(graph, s, iters);
+  if (!ms.ok()) {
+    std::fprintf(stderr, "graph replays: %s\n", ms.status().ToString().c_str());
+    std::exit(1);
+  }
+  return 1000.0 * *ms / (static_cast<double>(reps) * iters);
 }
 
 struct Shape {

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "common/cuda_status.h"
+#include "kernels/cuda/graph_timing.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_phase_stamps.h"
@@ -116,22 +117,7 @@ absl::StatusOr<double> GraphUs(Call&& call, cudaStream_t stream) {
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   RETURN_IF_ERROR(st);
   CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0, stream);
-  for (int r = 0; r < kReplays; ++r) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
-  cudaEventRecord(e1, stream);
-  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  ASSIGN_OR_RETURN(const float ms, ReplayGraphMs(graph, stream, kReplays));
   return ms * 1e3 / (kCalls * kReplays);
 }
 

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cuda/graph_timing.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/gemm/cuda/gemm_cuda.h"
 #include "runtime/cuda/cuda_fp8_linear.h"
@@ -86,26 +87,12 @@ double GraphUs(cudaStream_t stream, int reps, int iters, Fn fn) {
   for (int i = 0; i < reps; ++i) fn(i);  // warm-up (plans, cuBLASLt heuristics) before capture
   CheckCuda(cudaStreamSynchronize(stream), "warm-up");
   cudaGraph_t graph;
-  cudaGraphExec_t exec;
   CheckCuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
   for (int i = 0; i < reps; ++i) fn(i);
   CheckCuda(cudaStreamEndCapture(stream, &graph), "end capture");
-  CheckCuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  CheckCuda(cudaGraphLaunch(exec, stream), "replay");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < iters; ++i) cudaGraphLaunch(exec, stream);
-  cudaEventRecord(stop, stream);
-  CheckCuda(cudaEventSynchronize(stop), "timing");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return 1000.0 * ms / (static_cast<double>(iters) * reps);
+  const absl::StatusOr<float> ms = kernels::cuda::ReplayGraphMs(graph, stream, iters);
+  Check(ms.status(), "graph replays");
+  return 1000.0 * *ms / (static_cast<double>(iters) * reps);
 }
 
 struct Mode {

@@ -1,0 +1,43 @@
+// ReplayGraphMs: how the benchmarks time a captured CUDA graph (the decode steps' form): the graph
+// instantiated, replayed once untimed, then `replays` times between two events.
+#ifndef TANDEM_KERNELS_CUDA_GRAPH_TIMING_H_
+#define TANDEM_KERNELS_CUDA_GRAPH_TIMING_H_
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/cuda_status.h"
+
+namespace tandem::kernels::cuda {
+
+// Milliseconds of `replays` back-to-back replays of `graph` on `stream` (after one untimed
+// replay). Takes ownership of `graph` and destroys it, with its executable, on every path. A CUDA
+// error of any step as a status.
+inline absl::StatusOr<float> ReplayGraphMs(cudaGraph_t graph, cudaStream_t stream, int replays) {
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float ms = 0;
+  absl::Status st = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
+    for (int i = 0; i < replays; ++i) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+    return absl::OkStatus();
+  }();
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  if (!st.ok()) return st;
+  return ms;
+}
+
+}  // namespace tandem::kernels::cuda
+
+#endif  // TANDEM_KERNELS_CUDA_GRAPH_TIMING_H_
