@@ -1,13 +1,16 @@
 // RopeQkvToCache against the unfused ops it replaces (ApplyRope on the fused qkv rows,
 // ReshapeAndCache of the strided k/v, a strided q copy): bit-exact q and pool on fresh random
 // inputs (GPU; skips without one). QkNormRopeQkvToCache against QkHeadRmsNorm + RopeQkvToCache
-// (bit-exact) and against the CPU RmsNorm + ApplyRope (within T's rounding).
+// (bit-exact) and against the CPU RmsNorm + ApplyRope (within T's rounding). Both into fp8 e4m3
+// pools against the same kernel into a T pool + ReshapeAndCache<T> of its rows (bit-exact).
 #include "kernels/attention/cuda/rope_cache_cuda.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -229,6 +232,168 @@ TEST(RopeCacheCudaTest, QkNormFusedMatchesHeadNormThenRopeBitForBit) {
     RunQkNormCase<__nv_bfloat16>(rng, tokens, 8, 2, 256);
     RunQkNormCase<__half>(rng, tokens, 8, 1, 64);
     RunQkNormCase<__half>(rng, tokens, 16, 8, 128);
+  }
+}
+
+// FP8 e4m3 pools: the kernel (RopeQkvToCache, or QkNormRopeQkvToCache when qk_norm) writing an
+// fp8 pool against the same kernel writing a T pool, whose written rows ReshapeAndCache<T> then
+// stores into an fp8 pool with the same scales (the documented semantics): pool bytes and q_out
+// bit for bit, the bytes of unwritten slots untouched. Random positive scales per tensor or per kv
+// head, wide enough that some codes saturate and some are subnormal; inputs non-zero.
+template <typename T>
+void RunFp8Case(std::mt19937& rng, bool qk_norm, int64_t num_tokens, int64_t hq, int64_t hk,
+                int64_t d, bool per_head_scale) {
+  SCOPED_TRACE(::testing::Message()
+               << "fp8 qk_norm=" << qk_norm << " T=" << num_tokens << " hq=" << hq << " hk=" << hk
+               << " d=" << d << " per_head_scale=" << per_head_scale);
+  KvCacheLayout layout;
+  layout.num_blocks = 37;
+  layout.num_layers = 3;
+  layout.block_size = 16;
+  layout.num_kv_heads = hk;
+  layout.head_dim = d;
+  const int64_t layer = 1;
+  const int64_t stride = (hq + 2 * hk) * d + 8;
+  const int64_t row = hk * d;
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<T> qkv(num_tokens * stride);
+  for (T& x : qkv) {
+    do {
+      x = cuda_test::FromF<T>(dist(rng));
+    } while (cuda_test::ToF(x) == 0.0f);
+  }
+  std::vector<float> qw(d), kw(d);
+  for (float& x : qw) x = 1.0f + 0.1f * dist(rng);
+  for (float& x : kw) x = 1.0f + 0.1f * dist(rng);
+  std::vector<int64_t> slots(layout.NumSlots());
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
+  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
+  std::vector<int64_t> positions(num_tokens);
+  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  auto inv_freq = ComputeRopeInvFreq(500000.0, d, RopeScaling{});
+  ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
+  std::uniform_real_distribution<float> scale_dist(0.005f, 0.03f);
+  std::vector<float> k_scales(per_head_scale ? hk : 1), v_scales(k_scales.size());
+  for (float& x : k_scales) x = scale_dist(rng);
+  for (float& x : v_scales) x = scale_dist(rng);
+
+  const KvDtype own = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
+  std::vector<T> pool_t_init(layout.TotalElems());
+  for (T& x : pool_t_init) x = cuda_test::FromF<T>(dist(rng));
+  std::vector<uint8_t> pool8_init(layout.TotalElems());
+  for (uint8_t& x : pool8_init) x = static_cast<uint8_t>(rng());
+  DeviceBuffer<T> d_qkv(qkv), pool_t(pool_t_init);
+  DeviceBuffer<uint8_t> pool8(pool8_init), pool8_ref(pool8_init);
+  DeviceBuffer<T> d_qw(cuda_test::Convert<T>(qw)), d_kw(cuda_test::Convert<T>(kw));
+  DeviceBuffer<int64_t> d_pos(positions), d_slots(slots);
+  DeviceBuffer<float> d_freq(*inv_freq), d_k_scales(k_scales), d_v_scales(v_scales);
+  DeviceBuffer<T> q_t(num_tokens * hq * d), q8(num_tokens * hq * d);
+  const DeviceKvCache cache_t{pool_t.get(), layout, own};
+  DeviceKvCache cache8{pool8.get(),      layout,           KvDtype::kFp8E4m3,
+                       d_k_scales.get(), d_v_scales.get(), per_head_scale};
+  DeviceKvCache cache8_ref = cache8;
+  cache8_ref.data = pool8_ref.get();
+  auto run = [&](const DeviceKvCache& cache, T* q_out) {
+    return qk_norm ? QkNormRopeQkvToCache<T>(d_qkv.get(), stride, d_pos.get(), d_slots.get(),
+                                             num_tokens, d_freq.get(), hq, d_qw.get(), d_kw.get(),
+                                             1e-6f, q_out, cache, layer, nullptr)
+                   : RopeQkvToCache<T>(d_qkv.get(), stride, d_pos.get(), d_slots.get(), num_tokens,
+                                       d_freq.get(), hq, q_out, cache, layer, nullptr);
+  };
+  ASSERT_TRUE(run(cache_t, q_t.get()).ok());
+  ASSERT_TRUE(run(cache8, q8.get()).ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  // The T pool's written k / v rows, dense per token (zeros where the slot is skipped: -1 or
+  // outside the pool, which ReshapeAndCache skips too), into the reference fp8 pool.
+  const std::vector<T> got_pool_t = pool_t.ToHost();
+  std::vector<T> k_rows(num_tokens * row), v_rows(num_tokens * row);
+  std::vector<bool> written(layout.TotalElems(), false);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0 || slots[t] >= layout.NumSlots()) continue;
+    const int64_t k_at = (slots[t] / layout.block_size) * layout.BlockElems() +
+                         layout.TileOffset(0, layer, 0) + (slots[t] % layout.block_size) * row;
+    const int64_t v_at = k_at + layout.TileElems();
+    std::copy_n(got_pool_t.begin() + k_at, row, k_rows.begin() + t * row);
+    std::copy_n(got_pool_t.begin() + v_at, row, v_rows.begin() + t * row);
+    std::fill_n(written.begin() + k_at, row, true);
+    std::fill_n(written.begin() + v_at, row, true);
+  }
+  DeviceBuffer<T> d_k_rows(k_rows), d_v_rows(v_rows);
+  ASSERT_TRUE(ReshapeAndCache<T>(d_k_rows.get(), d_v_rows.get(), d_slots.get(), num_tokens, layer,
+                                 cache8_ref, nullptr)
+                  .ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<T> got_q8 = q8.ToHost(), want_q = q_t.ToHost();
+  const std::vector<uint8_t> got_pool8 = pool8.ToHost(), want_pool8 = pool8_ref.ToHost();
+  EXPECT_EQ(std::memcmp(got_q8.data(), want_q.data(), got_q8.size() * sizeof(T)), 0) << "q differs";
+  int64_t differing = 0, touched = 0, first = -1;
+  for (int64_t i = 0; i < layout.TotalElems(); ++i) {
+    if (got_pool8[i] != want_pool8[i] && differing++ == 0) first = i;
+    touched += !written[i] && got_pool8[i] != pool8_init[i];
+  }
+  EXPECT_EQ(differing, 0) << "fp8 pool differs from ReshapeAndCache's, first at byte " << first
+                          << ": " << int{got_pool8[std::max<int64_t>(first, 0)]} << " vs "
+                          << int{want_pool8[std::max<int64_t>(first, 0)]};
+  EXPECT_EQ(touched, 0) << "bytes of unwritten slots changed";
+  EXPECT_EQ(std::memcmp(d_qkv.ToHost().data(), qkv.data(), qkv.size() * sizeof(T)), 0);
+}
+
+TEST(RopeCacheCudaTest, Fp8PoolMatchesTPoolThenReshapeAndCache) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  for (bool qk_norm : {false, true}) {
+    for (bool per_head_scale : {false, true}) {
+      for (int64_t tokens : {1, 7, 300}) {
+        RunFp8Case<__nv_bfloat16>(rng, qk_norm, tokens, 32, 8, 128, per_head_scale);  // Llama-3
+        RunFp8Case<__nv_bfloat16>(rng, qk_norm, tokens, 8, 2, 64, per_head_scale);
+        RunFp8Case<__half>(rng, qk_norm, tokens, 16, 4, 128, per_head_scale);
+        RunFp8Case<__half>(rng, qk_norm, tokens, 12, 2, 64, per_head_scale);
+      }
+    }
+  }
+}
+
+// FP8 pools need both scales; int8 pools are refused (the dtype named); nothing launched.
+TEST(RopeCacheCudaTest, Fp8PoolRefusals) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  KvCacheLayout layout{4, 2, 16, 2, 64};
+  DeviceBuffer<uint8_t> pool(layout.TotalElems());
+  DeviceBuffer<__nv_bfloat16> qkv(64 * 8), q(64 * 8), w(64);
+  DeviceBuffer<int64_t> pos(std::vector<int64_t>(8, 0)), slots(std::vector<int64_t>(8, 0));
+  DeviceBuffer<float> freq(std::vector<float>(32, 0.0f)), scales(std::vector<float>(2, 1.0f));
+  DeviceBuffer<float> token_scales(layout.num_blocks * KvScaleBlockElems(layout));
+  TANDEM_CUDA_CHECK(cudaMemset(pool.get(), 0x11, layout.TotalElems()));
+  TANDEM_CUDA_CHECK(cudaMemset(qkv.get(), 0, 64 * 8 * sizeof(__nv_bfloat16)));
+  for (bool qk_norm : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "qk_norm=" << qk_norm);
+    auto call = [&](const DeviceKvCache& c) {
+      return qk_norm ? QkNormRopeQkvToCache<__nv_bfloat16>(qkv.get(), 8 * 64, pos.get(),
+                                                           slots.get(), 1, freq.get(), 4, w.get(),
+                                                           w.get(), 1e-6f, q.get(), c, 0, nullptr)
+                     : RopeQkvToCache<__nv_bfloat16>(qkv.get(), 8 * 64, pos.get(), slots.get(), 1,
+                                                     freq.get(), 4, q.get(), c, 0, nullptr);
+    };
+    DeviceKvCache fp8{pool.get(), layout, KvDtype::kFp8E4m3, scales.get(), scales.get()};
+    DeviceKvCache no_k = fp8, no_v = fp8, int8 = fp8;
+    no_k.k_scale = nullptr;
+    no_v.v_scale = nullptr;
+    int8.dtype = KvDtype::kInt8;
+    int8.token_scales = token_scales.get();
+    EXPECT_EQ(call(no_k).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(call(no_v).code(), absl::StatusCode::kInvalidArgument);
+    const absl::Status refused = call(int8);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.message().find("int8"), std::string_view::npos) << refused;
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> after = pool.ToHost();
+    EXPECT_EQ(std::count(after.begin(), after.end(), uint8_t{0x11}),
+              static_cast<int64_t>(after.size()))
+        << "a refused call wrote the pool";
+    EXPECT_TRUE(call(fp8).ok());
   }
 }
 
