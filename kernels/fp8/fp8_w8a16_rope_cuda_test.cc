@@ -9,8 +9,9 @@
 // at Llama-3-8B's qkv (32 q / 8 kv heads of 128, k = 4096), Llama-3-70B's at TP = 1 / 2 (64 / 8,
 // 32 / 4 heads, k = 8192) and small odd shapes (head_dim 32 / 64, k = 272 / 1040 with a partial
 // scale group), several positions (0, 1, 8191, random) and slots (random, -1, past the pool);
-// refusals (GPU; skips without one). The pool holds bf16 (RopeQkvToCache's and the bf16 fold's
-// only pool dtype for bf16 activations: an fp8 pool is not written by either).
+// refusals (GPU; skips without one). The pool holds bf16, and again fp8 e4m3 codes with one scale
+// per tensor (GemvRopeKv::k_scale / v_scale): (c) the codes RopeQkvToCache writes into an fp8
+// pool from the unfused chain's qkv, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +63,12 @@ std::vector<float> RandomScales(std::mt19937& rng, int64_t n) {
   return scales;
 }
 
+std::vector<uint8_t> RandomBytes(std::mt19937& rng, int64_t n) {
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
 KvCacheLayout PoolLayout(const Shape& s) {
   KvCacheLayout l;
   l.num_blocks = 13;
@@ -94,6 +101,7 @@ class RopeCase {
         norm_w_(RandomBf16(rng, s.k, 1.0f)),
         bias_(RandomBf16(rng, width_, 0.5f)),
         pool_init_(RandomBf16(rng, layout_.TotalElems(), 1.0f)),
+        pool8_init_(RandomBytes(rng, layout_.TotalElems())),
         d_codes_(codes_),
         d_scales_(scales_),
         dfreq_(inv_freq_),
@@ -148,15 +156,39 @@ class RopeCase {
         if (math == Fp8W16Math::kAuto && early) ExpectNearReference(position, slot, q, pool);
       }
     }
+    // (c) an fp8 pool, one scale per tensor: the codes RopeQkvToCache stores from that qkv.
+    const std::vector<float> kv_scales{0.0371f, 0.0113f};
+    DeviceBuffer<float> dscales(kv_scales);
+    DeviceBuffer<uint8_t> pool8_ref(pool8_init_);
+    DeviceKvCache cache8{pool8_ref.get(), layout_, KvDtype::kFp8E4m3, dscales.get(),
+                         dscales.get() + 1};
+    const absl::Status st8 =
+        RopeQkvToCache<bf16>(qkv.get(), width_, dpos.get(), dslot.get(), 1, dfreq_.get(), s_.hq,
+                             q_ref.get(), cache8, kLayer, nullptr);
+    ASSERT_TRUE(st8.ok()) << st8;
+    const std::vector<uint8_t> want_pool8 = pool8_ref.ToHost();
+    if (slot >= 0 && slot < NumSlots()) {
+      EXPECT_NE(want_pool8, pool8_init_) << "the reference wrote nothing";
+    }
+    for (const Fp8W16Math math : {Fp8W16Math::kTensorCore, Fp8W16Math::kAuto}) {
+      SCOPED_TRACE(::testing::Message() << "fp8 pool, math=" << static_cast<int>(math));
+      DeviceBuffer<bf16> q(s_.hq * s_.d);
+      DeviceBuffer<uint8_t> pool8(pool8_init_);
+      GemvRopeKv rope = Rope(dpos.get(), dslot.get(), q.get(), pool8.get());
+      rope.k_scale = dscales.get();
+      rope.v_scale = dscales.get() + 1;
+      const absl::Status st = Fp8W16GemvNormInRopeKv(dx_.get(), dnorm_.get(), kEps, weight(), b, 1,
+                                                     rope, nullptr, true, true, math);
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_TRUE(SameBits(q.ToHost(), want_q)) << "q with an fp8 pool";
+      EXPECT_TRUE(SameBits(pool8.ToHost(), want_pool8)) << "fp8 pool != RopeQkvToCache's codes";
+    }
   }
 
  private:
   Fp8DeviceWeight weight() const { return {d_codes_.get(), d_scales_.get(), grid_}; }
 
-  void RunFused(const int64_t* pos, const int64_t* slot, Fp8W16Math math, bool early,
-                std::vector<bf16>* q_host, std::vector<bf16>* pool_host) {
-    DeviceBuffer<bf16> q(s_.hq * s_.d), pool(pool_init_);
-    cudaMemset(q.get(), 0xFF, q.size() * sizeof(bf16));  // NaN: an unwritten element fails
+  GemvRopeKv Rope(const int64_t* pos, const int64_t* slot, void* q, void* pool) const {
     GemvRopeKv rope;
     rope.positions = pos;
     rope.slot_mapping = slot;
@@ -164,13 +196,21 @@ class RopeCase {
     rope.head_dim = static_cast<int>(s_.d);
     rope.num_q_heads = static_cast<int>(s_.hq);
     rope.num_kv_heads = static_cast<int>(s_.hk);
-    rope.q_out = q.get();
-    rope.pool = pool.get();
+    rope.q_out = q;
+    rope.pool = pool;
     rope.num_slots = layout_.NumSlots();
     rope.block_size = layout_.block_size;
     rope.layer_tile_offset = layout_.TileOffset(0, kLayer, 0);
     rope.block_stride = layout_.BlockElems();
     rope.kv_stride = layout_.TileElems();
+    return rope;
+  }
+
+  void RunFused(const int64_t* pos, const int64_t* slot, Fp8W16Math math, bool early,
+                std::vector<bf16>* q_host, std::vector<bf16>* pool_host) {
+    DeviceBuffer<bf16> q(s_.hq * s_.d), pool(pool_init_);
+    cudaMemset(q.get(), 0xFF, q.size() * sizeof(bf16));  // NaN: an unwritten element fails
+    const GemvRopeKv rope = Rope(pos, slot, q.get(), pool.get());
     ASSERT_TRUE(Fp8W16GemvNormInRopeKvSupported(dx_.get(), dnorm_.get(), weight(), 1, rope, math));
     const absl::Status st = Fp8W16GemvNormInRopeKv(dx_.get(), dnorm_.get(), kEps, weight(),
                                                    s_.bias ? dbias_.get() : nullptr, 1, rope,
@@ -241,6 +281,7 @@ class RopeCase {
   const std::vector<uint8_t> codes_;
   const std::vector<float> scales_, inv_freq_;
   const std::vector<bf16> x_, norm_w_, bias_, pool_init_;
+  const std::vector<uint8_t> pool8_init_;  // an fp8 pool's initial codes
   const DeviceBuffer<uint8_t> d_codes_;
   const DeviceBuffer<float> d_scales_, dfreq_;
   const DeviceBuffer<bf16> dx_, dnorm_, dbias_;

@@ -1,7 +1,7 @@
 // CUDA paged prefill / extend attention over the block-major KV pool: the tensor-core twin of
 // kernels/attention/paged_attention.h for many new tokens per request (prompt prefill, chunked
 // prefill over a paged prefix), variable lengths in one launch, GQA/MQA, sliding window,
-// soft-cap, O and natural-log LSE.
+// soft-cap, O and natural-log LSE; the pool bf16/fp16 (the activations' dtype) or fp8 e4m3.
 //
 // FlashAttention-style: a work item is (request, kv head, tile of query rows), the rows being
 // (new token x query head of the kv head's GQA group) so every K/V row read from the pool
@@ -13,7 +13,9 @@
 //     wgmma (S = Q K^T from shared memory, O += P V with P in registers) and overlap the
 //     softmax of one key tile with the P.V product of the previous one;
 //   * mma.sync m16n8k16 (4 warps, 64 rows) for head_dim 64/128/192/256 (192: MLA's unabsorbed
-//     prefill, kernels/mla), and when wgmma is disabled in the plan.
+//     prefill, kernels/mla), when wgmma is disabled in the plan, and for every fp8 e4m3 pool
+//     (head_dim 64/128): its codes are copied as they are and widened to the activations' dtype
+//     in shared memory (exactly), the K scale folded into the scores, the V scale into O.
 // Both are persistent: a fixed grid from the plan walks the work items, so a captured CUDA
 // graph replays with new lengths as long as the plan's bounds hold.
 //
@@ -43,9 +45,11 @@ struct PagedPrefillPlanInput {
   int64_t max_seq_len = 0;  // >= every request's seq_len
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;               // 64, 128, 192 or 256
-  KvDtype kv_dtype = KvDtype::kBf16;  // bf16 or fp16 (the activations' own dtype)
-  int num_sms = 132;                  // cudaDevAttrMultiProcessorCount of the device
+  int64_t head_dim = 0;  // 64, 128, 192 or 256
+  // bf16 or fp16 (the activations' own dtype), or fp8 e4m3 at head_dim 64/128 (the mma.sync
+  // kernel: use_wgmma false); int8 pools are not supported.
+  KvDtype kv_dtype = KvDtype::kBf16;
+  int num_sms = 132;  // cudaDevAttrMultiProcessorCount of the device
   // head_dim 64/128 run on the Hopper wgmma kernel unless this is false (tests, comparisons);
   // otherwise, and for head_dim 192 / 256, the mma.sync kernel runs.
   bool allow_wgmma = true;
@@ -66,7 +70,8 @@ struct PagedPrefillPlan {
 // Picks the kernel and the persistent grid. INVALID_ARGUMENT for non-positive head counts,
 // num_q_heads not a multiple of num_kv_heads, head_dim other than 64/128/192/256, v_head_dim
 // other than 0 / head_dim / (128 at head_dim 192), a kv_dtype other
-// than bf16/fp16, negative bounds, or bounds beyond 2^30 tokens.
+// than bf16/fp16/fp8_e4m3 (int8), fp8_e4m3 with head_dim other than 64/128, negative bounds, or
+// bounds beyond 2^30 tokens.
 absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& input);
 
 // Semantics of cpu::PagedAttention: sequence s has q_len = query_start_loc[s+1] -
@@ -82,11 +87,13 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
 // q: [num_tokens, num_q_heads, head_dim] of T; out: [num_tokens, num_q_heads, v_head_dim] of T
 // (v_head_dim 0: head_dim); lse: [num_tokens,
 // num_q_heads] fp32 natural log, or null. T is __nv_bfloat16 or __half, the pool of the same
-// dtype. workspace may be null (plan.workspace_bytes is 0). q and out 16-byte aligned. Rows of
-// out beyond query_start_loc[num_seqs] are not written.
+// dtype or fp8 e4m3 (KvDtype::kFp8E4m3: element = code * k_scale / v_scale, per tensor or per kv
+// head; a NaN code is a NaN element). workspace may be null (plan.workspace_bytes is 0). q and
+// out 16-byte aligned. Rows of out beyond query_start_loc[num_seqs] are not written.
 //
-// INVALID_ARGUMENT (nothing launched) on: invalid cache view, layer out of range, plan/cache
-// mismatch, a pool dtype other than T's, scale not finite and > 0, softcap negative or not
+// INVALID_ARGUMENT (nothing launched) on: invalid cache view (e.g. an fp8 pool without k_scale
+// or v_scale), layer out of range, plan/cache mismatch (kv_dtype included), a pool dtype other
+// than T's or fp8_e4m3, scale not finite and > 0, softcap negative or not
 // finite, window_left < -1, dcp_size > 1 (decode context parallelism runs on
 // cuda::PagedAttention, whatever the q_len), null or unaligned pointers. Batch contents (device
 // memory) are NOT validated: they are the caller's contract, as the CPU op checks them.

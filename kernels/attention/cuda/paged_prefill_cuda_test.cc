@@ -5,13 +5,17 @@
 //
 // Tolerances (as paged_attention_cuda_test): out within 1e-2 x max|ref| (bf16/fp16 output
 // rounding is 2^-9 relative, P rounded to bf16 adds about as much), lse within 2e-3 x max(1,
-// |ref|).
+// |ref|). fp8 e4m3 pools (the mma.sync kernel only): the reference reads the dequantized codes
+// (code * scale, exact for the kernel's inputs), out within 2e-2 as the fp8 decode test.
 #include "kernels/attention/cuda/paged_prefill_cuda.h"
+
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -80,12 +84,67 @@ Reference ParallelReference(const PagedCase& c, const AttentionParams& params) {
 using cuda_test::RoundCase;
 using RunResult = cuda_test::AttentionOutput;
 
+// How a case's pool is stored: in the activations' dtype, or as fp8 e4m3 codes with one scale
+// per tensor (k and v each) or per kv head.
+enum class Pool { kOwn, kFp8PerTensor, kFp8PerHead };
+
+const char* PoolName(Pool pool) {
+  return pool == Pool::kOwn          ? "own-dtype pool"
+         : pool == Pool::kFp8PerHead ? "fp8 pool, per-head scales"
+                                     : "fp8 pool, per-tensor scales";
+}
+
+// A case's pool as fp8 codes and their dequantization scales ([num_kv_heads] or [1]).
+struct Fp8Pool {
+  std::vector<__nv_fp8_e4m3> codes;
+  std::vector<float> k_scale, v_scale;
+  bool per_head = false;
+};
+
+// Quantizes the case's pool to fp8 e4m3 with random positive scales (values ~N(0, 1): |x| /
+// scale stays well under 448 for scales >= 0.012; the NaN slots stay NaN codes) and replaces the
+// reference's K/V copies by the dequantized values code * scale, so the reference sees exactly
+// what the kernel reads.
+Fp8Pool QuantizeFp8(std::mt19937& rng, PagedCase& c, bool per_head) {
+  const KvCacheLayout& layout = c.layout;
+  const int64_t d = layout.head_dim, row = layout.num_kv_heads * d;
+  Fp8Pool f;
+  f.per_head = per_head;
+  std::uniform_real_distribution<float> scale(0.012f, 0.04f);
+  for (int64_t h = 0; h < (per_head ? layout.num_kv_heads : 1); ++h) {
+    f.k_scale.push_back(scale(rng));
+    f.v_scale.push_back(scale(rng));
+  }
+  // Element i of the pool or of a [seq_len, kv heads, d] copy belongs to kv head (i % row) / d.
+  auto scale_of = [&](size_t i, const std::vector<float>& s) {
+    return s[per_head ? (static_cast<int64_t>(i) % row) / d : 0];
+  };
+  f.codes.resize(c.pool.size());
+  for (size_t i = 0; i < c.pool.size(); ++i) {
+    const bool is_v = (static_cast<int64_t>(i) / layout.TileElems()) % 2 == 1;
+    f.codes[i] = __nv_fp8_e4m3(c.pool[i] / scale_of(i, is_v ? f.v_scale : f.k_scale));
+  }
+  auto dequant = [&](std::vector<float>& x, const std::vector<float>& s) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float sc = scale_of(i, s);
+      x[i] = static_cast<float>(__nv_fp8_e4m3(x[i] / sc)) * sc;
+    }
+  };
+  for (auto& k : c.k) dequant(k, f.k_scale);
+  for (auto& v : c.v) dequant(v, f.v_scale);
+  return f;
+}
+
+// fp8: the pool is `fp8`'s codes (c.pool is not read), and wgmma must be false.
 template <typename T>
 void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool with_lse,
-             RunResult* result) {
+             RunResult* result, const Fp8Pool* fp8 = nullptr) {
   const KvCacheLayout& layout = c.layout;
   const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
-  DeviceBuffer<T> pool_dev(cuda_test::Convert<T>(c.pool));
+  DeviceBuffer<T> pool_dev(fp8 == nullptr ? cuda_test::Convert<T>(c.pool) : std::vector<T>());
+  DeviceBuffer<__nv_fp8_e4m3> codes_dev(fp8 == nullptr ? std::vector<__nv_fp8_e4m3>() : fp8->codes);
+  DeviceBuffer<float> k_scale_dev(fp8 == nullptr ? std::vector<float>(1, 1.0f) : fp8->k_scale);
+  DeviceBuffer<float> v_scale_dev(fp8 == nullptr ? std::vector<float>(1, 1.0f) : fp8->v_scale);
   DeviceBuffer<T> q_dev(cuda_test::Convert<T>(c.q));
   const cuda_test::DeviceBatch batch(c);
   DeviceBuffer<T> out_dev(std::max<int64_t>(1, c.num_tokens * hq * d));
@@ -96,7 +155,9 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
 
   PagedPrefillPlanInput in;
   cuda_test::SetPlanShape(c, in);
-  in.kv_dtype = std::is_same_v<T, __half> ? KvDtype::kFp16 : KvDtype::kBf16;
+  in.kv_dtype = fp8 != nullptr              ? KvDtype::kFp8E4m3
+                : std::is_same_v<T, __half> ? KvDtype::kFp16
+                                            : KvDtype::kBf16;
   in.allow_wgmma = wgmma;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&in.num_sms, cudaDevAttrMultiProcessorCount, 0));
   absl::StatusOr<PagedPrefillPlan> plan = PlanPagedPrefill(in);
@@ -104,7 +165,13 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
   ASSERT_EQ(plan->use_wgmma, wgmma && d <= 128);
   ASSERT_EQ(plan->workspace_bytes, 0);
 
-  const DeviceKvCache cache{.data = pool_dev.get(), .layout = layout, .dtype = in.kv_dtype};
+  const DeviceKvCache cache{
+      .data = fp8 == nullptr ? static_cast<void*>(pool_dev.get()) : codes_dev.get(),
+      .layout = layout,
+      .dtype = in.kv_dtype,
+      .k_scale = fp8 == nullptr ? nullptr : k_scale_dev.get(),
+      .v_scale = fp8 == nullptr ? nullptr : v_scale_dev.get(),
+      .per_head_scale = fp8 != nullptr && fp8->per_head};
   const absl::Status status =
       PagedPrefillAttention<T>(q_dev.get(), cache, c.options.layer, batch.batch, params, *plan,
                                out_dev.get(), with_lse ? lse_dev.get() : nullptr, nullptr, nullptr);
@@ -115,21 +182,30 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
 
 template <typename T>
 void CheckCase(std::mt19937& rng, const CaseOptions& options, const std::vector<SeqSpec>& seqs,
-               const std::vector<AttentionParams>& param_sets, const std::string& label) {
+               const std::vector<AttentionParams>& param_sets, const std::string& label,
+               Pool pool = Pool::kOwn) {
   SCOPED_TRACE(label);
+  SCOPED_TRACE(PoolName(pool));
   PagedCase c = MakePagedCase(rng, options, seqs);
-  RoundCase<T>(c);
+  std::optional<Fp8Pool> fp8;
+  if (pool == Pool::kOwn) {
+    RoundCase<T>(c);
+  } else {
+    cuda_test::RoundTo<T>(c.q);
+    fp8 = QuantizeFp8(rng, c, pool == Pool::kFp8PerHead);
+  }
+  const double out_tol = fp8 ? 2 * kOutTol : kOutTol;
   for (const AttentionParams& params : param_sets) {
     SCOPED_TRACE("window_left=" + std::to_string(params.window_left) +
                  " softcap=" + std::to_string(params.softcap));
     const Reference ref = ParallelReference(c, params);
     for (bool wgmma : {true, false}) {
-      if (wgmma && options.head_dim > 128) continue;
+      if (wgmma && (options.head_dim > 128 || fp8)) continue;  // fp8: mma.sync only
       SCOPED_TRACE(wgmma ? "wgmma kernel" : "mma.sync kernel");
       RunResult r;
-      RunCase<T>(c, params, wgmma, /*with_lse=*/true, &r);
+      RunCase<T>(c, params, wgmma, /*with_lse=*/true, &r, fp8 ? &*fp8 : nullptr);
       if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_TRUE(OutClose(r.out, ref.out, kOutTol));
+      EXPECT_TRUE(OutClose(r.out, ref.out, out_tol));
       EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
     }
   }
@@ -205,6 +281,47 @@ TEST(PagedPrefillCudaTest, Fp16) {
     CheckCase<__half>(rng, o, MixedSeqs(rng, 32),
                       {{.scale = 0.088f}, {.scale = 0.088f, .window_left = 100, .softcap = 4.0f}},
                       "fp16 " + Label(d, 32, 8, 2));
+  }
+}
+
+// fp8 e4m3 pools (the mma.sync kernel): bf16 q, head_dim 64 / 128, GQA groups 1, 4, 8, a power-
+// of-two and a non-power-of-two block size, per-tensor and per-head scales, the engine's mix.
+TEST(PagedPrefillCudaTest, Fp8VarlenBatches) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  const AttentionParams params{.scale = 0.09f};
+  for (int64_t d : {64, 128}) {
+    for (int64_t bs : {16, 24}) {
+      for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {16, 4}, {16, 2}}) {
+        for (Pool pool : {Pool::kFp8PerTensor, Pool::kFp8PerHead}) {
+          CaseOptions o{.num_q_heads = hq, .num_kv_heads = hkv, .head_dim = d, .block_size = bs};
+          CheckCase<__nv_bfloat16>(rng, o, MixedSeqs(rng, bs), {params}, Label(d, bs, hq, hkv),
+                                   pool);
+        }
+      }
+    }
+  }
+}
+
+// fp8 pools with a window and soft-cap (the K scale then enters tanh's argument), bf16 and fp16 q.
+TEST(PagedPrefillCudaTest, Fp8WindowSoftcapAndFp16) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  const std::vector<AttentionParams> params = {
+      {.scale = 0.1f, .window_left = 37},
+      {.scale = 0.1f, .softcap = 5.0f},
+      {.scale = 0.1f, .window_left = 150, .softcap = 3.0f},
+  };
+  for (int64_t d : {64, 128}) {
+    CaseOptions o{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = d, .block_size = 16};
+    CheckCase<__nv_bfloat16>(rng, o, MixedSeqs(rng, 16), params, Label(d, 16, 8, 2),
+                             Pool::kFp8PerHead);
+    o.block_size = 24;
+    CheckCase<__half>(rng, o, MixedSeqs(rng, 24), params, "fp16 " + Label(d, 24, 8, 2),
+                      Pool::kFp8PerTensor);
+    o.num_q_heads = 16;
+    CheckCase<__half>(rng, o, MixedSeqs(rng, 24), {{.scale = 0.088f}},
+                      "fp16 " + Label(d, 24, 16, 2), Pool::kFp8PerHead);
   }
 }
 
@@ -308,9 +425,28 @@ TEST(PagedPrefillCudaTest, PlanRejectsBadShapes) {
   in.num_kv_heads = 2;
   in.head_dim = 96;
   EXPECT_EQ(PlanPagedPrefill(in).status().code(), absl::StatusCode::kInvalidArgument);
-  in.head_dim = 128;
+  in.kv_dtype = KvDtype::kInt8;
+  for (int64_t d : {64, 128, 256}) {
+    in.head_dim = d;
+    EXPECT_EQ(PlanPagedPrefill(in).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // fp8 e4m3: the mma.sync kernel at head_dim 64 / 128, refused at 192 / 256.
   in.kv_dtype = KvDtype::kFp8E4m3;
-  EXPECT_EQ(PlanPagedPrefill(in).status().code(), absl::StatusCode::kInvalidArgument);
+  for (int64_t d : {64, 128}) {
+    in.head_dim = d;
+    absl::StatusOr<PagedPrefillPlan> fp8_plan = PlanPagedPrefill(in);
+    ASSERT_TRUE(fp8_plan.ok()) << fp8_plan.status();
+    EXPECT_FALSE(fp8_plan->use_wgmma);
+    EXPECT_EQ(fp8_plan->rows_per_tile, 64);
+    EXPECT_GE(fp8_plan->grid, 1);
+  }
+  for (int64_t d : {192, 256}) {
+    in.head_dim = d;
+    const absl::Status status = PlanPagedPrefill(in).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("fp8"), std::string::npos) << status;
+  }
+  in.head_dim = 128;
   in.kv_dtype = KvDtype::kBf16;
   in.num_tokens = -1;
   EXPECT_EQ(PlanPagedPrefill(in).status().code(), absl::StatusCode::kInvalidArgument);
@@ -370,6 +506,30 @@ TEST(PagedPrefillCudaTest, RejectsBadArguments) {
   EXPECT_EQ(call(wrong, 0, {.scale = 0.1f}, fake), kInvalid);
   wrong = cache;
   wrong.data = nullptr;
+  EXPECT_EQ(call(wrong, 0, {.scale = 0.1f}, fake), kInvalid);
+
+  // fp8 pools need both scales, and a plan of the same kv_dtype.
+  PagedPrefillPlanInput fp8_in = in;
+  fp8_in.kv_dtype = KvDtype::kFp8E4m3;
+  absl::StatusOr<PagedPrefillPlan> fp8_plan = PlanPagedPrefill(fp8_in);
+  ASSERT_TRUE(fp8_plan.ok()) << fp8_plan.status();
+  const float* fake_f = reinterpret_cast<const float*>(uintptr_t{1} << 20);
+  DeviceKvCache fp8_cache = cache;
+  fp8_cache.dtype = KvDtype::kFp8E4m3;
+  fp8_cache.k_scale = fake_f;
+  for (const float* v_scale : {static_cast<const float*>(nullptr), fake_f}) {
+    fp8_cache.v_scale = v_scale;
+    fp8_cache.k_scale = v_scale == nullptr ? fake_f : nullptr;
+    EXPECT_EQ(PagedPrefillAttention<__nv_bfloat16>(fake, fp8_cache, 0, batch, {.scale = 0.1f},
+                                                   *fp8_plan, fake, nullptr, nullptr, nullptr)
+                  .code(),
+              kInvalid);
+  }
+  fp8_cache.k_scale = fake_f;
+  fp8_cache.v_scale = fake_f;
+  EXPECT_EQ(call(fp8_cache, 0, {.scale = 0.1f}, fake), kInvalid);  // a bf16 plan
+  wrong = cache;
+  wrong.dtype = KvDtype::kInt8;
   EXPECT_EQ(call(wrong, 0, {.scale = 0.1f}, fake), kInvalid);
 }
 

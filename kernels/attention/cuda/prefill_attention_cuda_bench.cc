@@ -5,7 +5,10 @@
 // TFLOP/s counts 4 * head_dim * num_q_heads * (sum over query rows of visible keys): QK^T and
 // P.V, 2 FLOP per multiply-add, causal work only (masked-out keys are not counted). Each shape
 // runs the Hopper wgmma kernel and the mma.sync kernel and prints max |wgmma - mma| over the
-// output as a cross-check. Prints a table; no pass/fail.
+// output as a cross-check, then the mma.sync kernel over an fp8 e4m3 pool of the same layout
+// (--kv_cache_dtype=fp8: codes of other random values, one scale per tensor; timed only). Prints
+// a table; no pass/fail.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,8 +54,28 @@ float Bf16ToFloat(uint16_t x) {
   return f;
 }
 
-absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_blocks,
-                      std::mt19937& rng) {
+// Fills `bytes` of device memory from one random 64 MiB host chunk, replicated on the device.
+absl::Status FillReplicated(void* dst, int64_t bytes, const void* chunk, int64_t chunk_bytes) {
+  auto* base = static_cast<uint8_t*>(dst);
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(base, chunk, std::min(chunk_bytes, bytes), cudaMemcpyHostToDevice));
+  for (int64_t off = chunk_bytes; off < bytes; off += chunk_bytes) {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(base + off, base, std::min(chunk_bytes, bytes - off), cudaMemcpyDeviceToDevice));
+  }
+  return absl::OkStatus();
+}
+
+struct Pools {
+  void* bf16 = nullptr;
+  void* fp8 = nullptr;            // the same layout in e4m3 codes
+  const float* scales = nullptr;  // [2]: K, V (device)
+  int64_t blocks = 0;
+};
+
+absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::mt19937& rng) {
+  void* pool = pools.bf16;
+  const int64_t pool_blocks = pools.blocks;
   const int64_t seq_len = shape.prefix + shape.q_len;
   const int64_t tokens = shape.num_seqs * shape.q_len;
   const int64_t blocks_per_seq = (seq_len + kBlock - 1) / kBlock;
@@ -99,9 +122,14 @@ absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_
                              .num_seqs = shape.num_seqs,
                              .max_blocks_per_seq = blocks_per_seq};
   const AttentionParams params{.scale = 0.0884f};
-  double us[2] = {0, 0};
-  int grid[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
+  DeviceKvCache cache8 = cache;
+  cache8.data = pools.fp8;
+  cache8.dtype = KvDtype::kFp8E4m3;
+  cache8.k_scale = pools.scales;
+  cache8.v_scale = pools.scales + 1;
+  double us[3] = {0, 0, 0};
+  int grid[3] = {0, 0, 0};
+  for (int k = 0; k < 3; ++k) {  // wgmma, mma.sync, mma.sync over the fp8 pool
     PagedPrefillPlanInput in{.num_seqs = shape.num_seqs,
                              .num_tokens = tokens,
                              .max_q_len = shape.q_len,
@@ -109,13 +137,15 @@ absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_
                              .num_q_heads = kHq,
                              .num_kv_heads = kHkv,
                              .head_dim = kD,
+                             .kv_dtype = k == 2 ? KvDtype::kFp8E4m3 : KvDtype::kBf16,
                              .num_sms = num_sms,
                              .allow_wgmma = k == 0};
     ASSIGN_OR_RETURN(const PagedPrefillPlan plan, PlanPagedPrefill(in));
     grid[k] = plan.grid;
     auto run = [&] {
-      return PagedPrefillAttention<__nv_bfloat16>(d_q, cache, 0, batch, params, plan, d_out[k],
-                                                  d_lse, nullptr, nullptr);
+      return PagedPrefillAttention<__nv_bfloat16>(d_q, k == 2 ? cache8 : cache, 0, batch, params,
+                                                  plan, d_out[k == 2 ? 1 : k], d_lse, nullptr,
+                                                  nullptr);
     };
     for (int i = 0; i < 2; ++i) RETURN_IF_ERROR(run());
     CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -134,6 +164,21 @@ absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
   }
+  // The fp8 run wrote d_out[1] last: the mma.sync kernel's 16-bit output again for the check.
+  {
+    PagedPrefillPlanInput in{.num_seqs = shape.num_seqs,
+                             .num_tokens = tokens,
+                             .max_q_len = shape.q_len,
+                             .max_seq_len = seq_len,
+                             .num_q_heads = kHq,
+                             .num_kv_heads = kHkv,
+                             .head_dim = kD,
+                             .num_sms = num_sms,
+                             .allow_wgmma = false};
+    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, PlanPagedPrefill(in));
+    RETURN_IF_ERROR(PagedPrefillAttention<__nv_bfloat16>(d_q, cache, 0, batch, params, plan,
+                                                         d_out[1], d_lse, nullptr, nullptr));
+  }
   std::vector<uint16_t> o[2];
   for (int k = 0; k < 2; ++k) {
     o[k].resize(tokens * kHq * kD);
@@ -147,9 +192,9 @@ absl::Status RunShape(const Shape& shape, int num_sms, void* pool, int64_t pool_
     max_diff = std::max(max_diff, diff);
     max_abs = std::max(max_abs, std::abs(b));
   }
-  std::printf("%-22s %10.1f %9.1f %5d %10.1f %9.1f %5d %12.2e %9.3f\n", shape.name, us[0],
-              flops / us[0] * 1e-6, grid[0], us[1], flops / us[1] * 1e-6, grid[1], max_diff,
-              max_abs);
+  std::printf("%-22s %10.1f %9.1f %5d %10.1f %9.1f %5d %12.2e %9.3f %10.1f %9.1f %5d\n", shape.name,
+              us[0], flops / us[0] * 1e-6, grid[0], us[1], flops / us[1] * 1e-6, grid[1], max_diff,
+              max_abs, us[2], flops / us[2] * 1e-6, grid[2]);
   cudaFree(d_tables);
   cudaFree(d_qsl);
   cudaFree(d_lens);
@@ -169,23 +214,28 @@ absl::Status Run(const char* only) {
       prop.name, prop.multiProcessorCount);
   // One pool for every shape: 1 GiB of random bf16 (a 64 MiB chunk replicated on the device).
   const int64_t block_bytes = 2 * kBlock * kHkv * kD * 2;
-  const int64_t pool_blocks = (int64_t{1} << 30) / block_bytes;
-  void* pool = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&pool, pool_blocks * block_bytes));
+  Pools pools;
+  pools.blocks = (int64_t{1} << 30) / block_bytes;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pools.bf16, pools.blocks * block_bytes));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&pools.fp8, pools.blocks * block_bytes / 2));
+  float* scales = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&scales, 2 * sizeof(float)));
+  const float host_scales[2] = {1.0f / 64, 1.0f / 64};
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(scales, host_scales, sizeof(host_scales), cudaMemcpyHostToDevice));
+  pools.scales = scales;
   std::mt19937 rng(7);
   {
     const int64_t chunk = int64_t{64} << 20;
     const std::vector<uint16_t> host = RandomBf16(rng, chunk / 2);
-    auto* base = static_cast<uint8_t*>(pool);
-    CUDA_RETURN_IF_ERROR(cudaMemcpy(base, host.data(), chunk, cudaMemcpyHostToDevice));
-    for (int64_t off = chunk; off < pool_blocks * block_bytes; off += chunk) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(base + off, base,
-                                      std::min(chunk, pool_blocks * block_bytes - off),
-                                      cudaMemcpyDeviceToDevice));
-    }
+    RETURN_IF_ERROR(FillReplicated(pools.bf16, pools.blocks * block_bytes, host.data(), chunk));
+    std::vector<__nv_fp8_e4m3> codes(chunk);  // values * 64, so x = code / 64
+    for (int64_t i = 0; i < chunk; ++i) codes[i] = __nv_fp8_e4m3(64.0f * Bf16ToFloat(host[i / 2]));
+    RETURN_IF_ERROR(FillReplicated(pools.fp8, pools.blocks * block_bytes / 2, codes.data(), chunk));
   }
-  std::printf("%-22s %10s %9s %5s %10s %9s %5s %12s %9s\n", "shape", "wgmma_us", "TFLOP/s", "grid",
-              "mma_us", "TFLOP/s", "grid", "max|diff|", "max|out|");
+  std::printf("%-22s %10s %9s %5s %10s %9s %5s %12s %9s %10s %9s %5s\n", "shape", "wgmma_us",
+              "TFLOP/s", "grid", "mma_us", "TFLOP/s", "grid", "max|diff|", "max|out|", "fp8_mma_us",
+              "TFLOP/s", "grid");
   const Shape shapes[] = {
       {"1 x 4k prefill", 1, 4096, 0},
       {"1 x 16k prefill", 1, 16384, 0},
@@ -194,9 +244,11 @@ absl::Status Run(const char* only) {
   };
   for (const Shape& shape : shapes) {
     if (std::strstr(shape.name, only) == nullptr) continue;
-    RETURN_IF_ERROR(RunShape(shape, prop.multiProcessorCount, pool, pool_blocks, rng));
+    RETURN_IF_ERROR(RunShape(shape, prop.multiProcessorCount, pools, rng));
   }
-  CUDA_RETURN_IF_ERROR(cudaFree(pool));
+  CUDA_RETURN_IF_ERROR(cudaFree(pools.bf16));
+  CUDA_RETURN_IF_ERROR(cudaFree(pools.fp8));
+  CUDA_RETURN_IF_ERROR(cudaFree(scales));
   return absl::OkStatus();
 }
 

@@ -20,12 +20,13 @@ namespace tandem::kernels::cuda::internal::prefill {
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T>
+// KV: the pool's element type, T itself or __nv_fp8_e4m3 (the mma.sync kernel only).
+template <typename T, typename KV = T>
 struct PrefillParams {
-  const T* q;     // [num_tokens, num_q_heads, D]
-  T* out;         // same
-  float* lse;     // [num_tokens, num_q_heads] or null
-  const T* pool;  // the pool at (block 0, this layer, K): + block * block_elems + kv head * D
+  const T* q;      // [num_tokens, num_q_heads, D]
+  T* out;          // same
+  float* lse;      // [num_tokens, num_q_heads] or null
+  const KV* pool;  // the pool at (block 0, this layer, K): + block * block_elems + kv head * D
   int64_t block_elems;
   int64_t tile_elems;  // K -> V of the same (block, layer)
   int token_stride;    // num_kv_heads * D
@@ -46,6 +47,11 @@ struct PrefillParams {
   float softcap_pre;   // scale / softcap
   float softcap_log2;  // softcap * log2(e)
   int window_left;     // -1: none
+  // fp8 pools only: device dequantization scales, [num_kv_heads] when scale_per_head, else [1].
+  // Folded into the scores (k) and the output (v), never applied to the codes.
+  const float* k_scale;
+  const float* v_scale;
+  bool scale_per_head;
 };
 
 // One work item: kRows query rows (token x group head, token-major) of one request and kv head.
@@ -73,8 +79,8 @@ __device__ __forceinline__ int SlotOf(const int32_t* qsl, int s, int group) {
   return static_cast<int>(int64_t{qsl[s]} * group / kRows) + s;
 }
 
-template <int kRows, typename T>
-__device__ __forceinline__ bool GetWork(const PrefillParams<T>& p, const int32_t* qsl, int w,
+template <int kRows, typename T, typename KV>
+__device__ __forceinline__ bool GetWork(const PrefillParams<T, KV>& p, const int32_t* qsl, int w,
                                         WorkItem* it) {
   const int slot = w / p.num_kv_heads;
   int lo = 0, hi = p.num_seqs - 1;
@@ -130,8 +136,8 @@ __device__ __forceinline__ int WalkItem(int round) {
 
 // Visible keys [lo, hi) of packed row r of the item; rows past rows_here see everything (their
 // q is zero-filled, their output never written), so masking never empties them.
-template <typename T>
-__device__ __forceinline__ void RowBounds(const PrefillParams<T>& p, const WorkItem& it, int r,
+template <typename T, typename KV>
+__device__ __forceinline__ void RowBounds(const PrefillParams<T, KV>& p, const WorkItem& it, int r,
                                           int* lo, int* hi) {
   if (r >= it.rows_here) {
     *lo = INT_MIN;
@@ -141,6 +147,32 @@ __device__ __forceinline__ void RowBounds(const PrefillParams<T>& p, const WorkI
   const int pos = it.first_pos + (it.row0 + r) / p.group;
   *hi = pos + 1;
   *lo = p.window_left >= 0 ? max(0, pos - p.window_left) : INT_MIN;
+}
+
+// A work item's factors: the params' own for a T pool. An fp8 pool's scores are q . code, so its
+// K scale multiplies the exp2 factor (with soft-cap the pre-tanh factor instead, score_scale being
+// 1 there), and O = sum p code, so its V scale multiplies the output; the LSE, from the scaled
+// scores, needs nothing more.
+struct ItemScales {
+  float score;        // PrefillParams::score_scale (x k_scale without soft-cap)
+  float softcap_pre;  // PrefillParams::softcap_pre (x k_scale with soft-cap)
+  float out;          // 1, or v_scale
+};
+
+template <bool kSoftcap, typename T, typename KV>
+__device__ __forceinline__ ItemScales ScalesOf(const PrefillParams<T, KV>& p, int kvh) {
+  ItemScales sc{p.score_scale, p.softcap_pre, 1.0f};
+  if constexpr (!std::is_same_v<T, KV>) {
+    const int i = p.scale_per_head ? kvh : 0;
+    const float k_scale = p.k_scale[i];
+    sc.out = p.v_scale[i];
+    if constexpr (kSoftcap) {
+      sc.softcap_pre *= k_scale;
+    } else {
+      sc.score *= k_scale;
+    }
+  }
+  return sc;
 }
 
 __device__ __forceinline__ float Ex2(float x) {
@@ -156,17 +188,19 @@ __device__ __forceinline__ float Ex2(float x) {
 // the weights exp2((s - m) * score_scale), and returns the factor that rescales the old O and l. A
 // row whose keys are all masked so far keeps m = -inf and weights 0 (m_use = 0 avoids -inf - -inf);
 // NaN scores are skipped by fmaxf and poison l, so the row's output is NaN.
-template <int kN8, bool kSoftcap, bool kMask, typename T>
-__device__ __forceinline__ void OnlineSoftmax(float* s, const PrefillParams<T>& p, int key0,
-                                              const int (&lo)[2], const int (&hi)[2], int t4,
-                                              float (&m)[2], float (&l)[2], float (&corr)[2]) {
+// `sc`: the item's factors (ScalesOf); the overload without it uses the params' own (T pools).
+template <int kN8, bool kSoftcap, bool kMask, typename T, typename KV>
+__device__ __forceinline__ void OnlineSoftmax(float* s, const PrefillParams<T, KV>& p,
+                                              const ItemScales& sc, int key0, const int (&lo)[2],
+                                              const int (&hi)[2], int t4, float (&m)[2],
+                                              float (&l)[2], float (&corr)[2]) {
   float mx[2] = {m[0], m[1]};
 #pragma unroll
   for (int n8 = 0; n8 < kN8; ++n8) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = s[n8 * 4 + e];
-      if constexpr (kSoftcap) v = p.softcap_log2 * tanhf(v * p.softcap_pre);
+      if constexpr (kSoftcap) v = p.softcap_log2 * tanhf(v * sc.softcap_pre);
       if constexpr (kMask) {
         const int pos = key0 + n8 * 8 + 2 * t4 + (e & 1);
         if (pos < lo[e >> 1] || pos >= hi[e >> 1]) v = -INFINITY;
@@ -181,21 +215,28 @@ __device__ __forceinline__ void OnlineSoftmax(float* s, const PrefillParams<T>& 
     mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
     mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
     const float m_use = mx[j] == -INFINITY ? 0.0f : mx[j];
-    ms[j] = m_use * p.score_scale;
-    corr[j] = Ex2(m[j] * p.score_scale - ms[j]);
+    ms[j] = m_use * sc.score;
+    corr[j] = Ex2(m[j] * sc.score - ms[j]);
     m[j] = mx[j];
   }
 #pragma unroll
   for (int n8 = 0; n8 < kN8; ++n8) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float w = Ex2(fmaf(s[n8 * 4 + e], p.score_scale, -ms[e >> 1]));
+      const float w = Ex2(fmaf(s[n8 * 4 + e], sc.score, -ms[e >> 1]));
       s[n8 * 4 + e] = w;
       sum[e >> 1] += w;
     }
   }
   l[0] = l[0] * corr[0] + sum[0];
   l[1] = l[1] * corr[1] + sum[1];
+}
+template <int kN8, bool kSoftcap, bool kMask, typename T>
+__device__ __forceinline__ void OnlineSoftmax(float* s, const PrefillParams<T>& p, int key0,
+                                              const int (&lo)[2], const int (&hi)[2], int t4,
+                                              float (&m)[2], float (&l)[2], float (&corr)[2]) {
+  OnlineSoftmax<kN8, kSoftcap, kMask>(s, p, ItemScales{p.score_scale, p.softcap_pre, 1.0f}, key0,
+                                      lo, hi, t4, m, l, corr);
 }
 
 template <typename T>
@@ -225,10 +266,11 @@ __device__ __forceinline__ void WeightsToA(const float* s, uint32_t (*pa)[4]) {
 
 // Normalizes and stores this thread's two rows (g, g + 8 of the warp's 16; packed rows r0 and
 // r0 + 8 of the item) of the O accumulator o[n8 * 4 + e] and their LSE.
-template <int D, typename T>
-__device__ __forceinline__ void StoreRows(const PrefillParams<T>& p, const WorkItem& it, int r0,
-                                          int t4, const float* o, const float (&m)[2],
-                                          float (&l)[2]) {
+// `sc.out` multiplies the output (an fp8 pool's V scale); sc.score gives the LSE its units.
+template <int D, typename T, typename KV>
+__device__ __forceinline__ void StoreRows(const PrefillParams<T, KV>& p, const ItemScales& sc,
+                                          const WorkItem& it, int r0, int t4, const float* o,
+                                          const float (&m)[2], float (&l)[2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     l[j] += __shfl_xor_sync(0xffffffffu, l[j], 1);
@@ -242,16 +284,22 @@ __device__ __forceinline__ void StoreRows(const PrefillParams<T>& p, const WorkI
     const int64_t row =
         int64_t{it.q_start + gr / p.group} * p.num_q_heads + it.kvh * p.group + gr % p.group;
     const bool empty = l[j] == 0.0f;  // NaN compares false: propagates
-    const float inv = empty ? 0.0f : 1.0f / l[j];
+    const float inv = empty ? 0.0f : sc.out / l[j];
     uint32_t* dst = reinterpret_cast<uint32_t*>(p.out + row * D) + t4;
 #pragma unroll
     for (int n8 = 0; n8 < D / 8; ++n8) {
       dst[n8 * 4] = PackPair<T>(o[n8 * 4 + 2 * j] * inv, o[n8 * 4 + 2 * j + 1] * inv);
     }
     if (p.lse != nullptr && t4 == 0) {
-      p.lse[row] = empty ? -INFINITY : (m[j] * p.score_scale + __log2f(l[j])) * kLn2;
+      p.lse[row] = empty ? -INFINITY : (m[j] * sc.score + __log2f(l[j])) * kLn2;
     }
   }
+}
+template <int D, typename T>
+__device__ __forceinline__ void StoreRows(const PrefillParams<T>& p, const WorkItem& it, int r0,
+                                          int t4, const float* o, const float (&m)[2],
+                                          float (&l)[2]) {
+  StoreRows<D>(p, ItemScales{p.score_scale, p.softcap_pre, 1.0f}, it, r0, t4, o, m, l);
 }
 
 // ---- PTX wrappers ----

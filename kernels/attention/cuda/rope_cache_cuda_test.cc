@@ -366,10 +366,11 @@ TEST(RopeCacheCudaTest, Fp8PoolRefusals) {
   DeviceBuffer<int64_t> pos(std::vector<int64_t>(8, 0)), slots(std::vector<int64_t>(8, 0));
   DeviceBuffer<float> freq(std::vector<float>(32, 0.0f)), scales(std::vector<float>(2, 1.0f));
   DeviceBuffer<float> token_scales(layout.num_blocks * KvScaleBlockElems(layout));
-  TANDEM_CUDA_CHECK(cudaMemset(pool.get(), 0x11, layout.TotalElems()));
   TANDEM_CUDA_CHECK(cudaMemset(qkv.get(), 0, 64 * 8 * sizeof(__nv_bfloat16)));
   for (bool qk_norm : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "qk_norm=" << qk_norm);
+    // (Refilled each round: the previous round's accepted call wrote its slot.)
+    TANDEM_CUDA_CHECK(cudaMemset(pool.get(), 0x11, layout.TotalElems()));
     auto call = [&](const DeviceKvCache& c) {
       return qk_norm ? QkNormRopeQkvToCache<__nv_bfloat16>(qkv.get(), 8 * 64, pos.get(),
                                                            slots.get(), 1, freq.get(), 4, w.get(),

@@ -113,7 +113,12 @@ struct GemvRopeKv {
   const float* inv_freq = nullptr;        // [head_dim / 2] (device)
   int head_dim = 0, num_q_heads = 0, num_kv_heads = 0;
   void* q_out = nullptr;  // [m, num_q_heads, head_dim] of T
-  void* pool = nullptr;   // the KV pool, of T
+  // The KV pool: of T, or (k_scale and v_scale non-null: device fp32 [1] each) of fp8 e4m3 codes
+  // with one scale per tensor, code = e4m3(float(T value) / scale) as ReshapeAndCache and
+  // RopeQkvToCache store them (kernels/attention/cuda/kv_cache_cuda.h).
+  void* pool = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   int64_t num_slots = 0, block_size = 0, layer_tile_offset = 0, block_stride = 0, kv_stride = 0;
 };
 bool SmallMLinearNormInRopeKvSupported(const void* x, const void* norm_weight, const void* w,
