@@ -266,6 +266,8 @@ tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts
   layout->set_block_size(facts.block_size);
   layout->set_kv_dtype(facts.kv_dtype);
   layout->set_scale_granularity(facts.scale_granularity);
+  for (float s : facts.k_scales) info.add_k_scales(s);
+  for (float s : facts.v_scales) info.add_v_scales(s);
   return info;
 }
 
@@ -282,13 +284,15 @@ tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo&
   return g;
 }
 
-uint64_t KvElementBytes(tandem::v1::KvDtype dtype) {
-  switch (dtype) {
+uint64_t KvElementBytes(const KvLayout& layout) {
+  switch (layout.kv_dtype()) {
     case tandem::v1::KV_DTYPE_F32:
       return 4;
     case tandem::v1::KV_DTYPE_F16:
     case tandem::v1::KV_DTYPE_BF16:
       return 2;
+    case tandem::v1::KV_DTYPE_FP8_E4M3:
+      return layout.scale_granularity() == tandem::v1::KV_SCALE_PER_TENSOR ? 1 : 0;
     default:
       return 0;
   }
@@ -307,7 +311,7 @@ absl::Status ValidateGeometry(const tandem::v1::CompatibilityInfo& info,
                                                    ", ", g.kv_head_begin() + g.kv_head_count(),
                                                    ") outside the model's ", l.num_kv_heads()));
   }
-  const uint64_t elem_bytes = KvElementBytes(l.kv_dtype());
+  const uint64_t elem_bytes = KvElementBytes(l);
   // Quantized blocks carry scales: their size is the backend's.
   if (elem_bytes == 0) return absl::OkStatus();
   // An MLA latent layout has one plane per layer, K and V layouts two.
@@ -336,15 +340,14 @@ absl::Status CheckGeometry(const TransferHandshake& local, const TransferHandsha
   // (rank_reader.h re-shards heads in bulk). A decode context-parallel group reads from an
   // unsharded source when its shards hold whole blocks (each rank reads its shard's blocks,
   // runtime/parallel/group_kv.h); other context-parallel pairs are not re-sharded. Quantized
-  // blocks (scales inside the block) are not re-sharded either: they pair across splits only
+  // blocks with their scales inside (KvElementBytes 0; FP8 per tensor keeps its scales outside and
+  // re-shards as 16-bit KV does) are not re-sharded either: they pair across splits only
   // where both ranks keep the same heads in blocks of the same size (a DeepSeek MLA latent, whole
   // on every rank), so every read is of whole blocks (rank_reader.h: direct).
   const bool same_heads = a.kv_head_begin() == b.kv_head_begin() &&
                           a.kv_head_count() == b.kv_head_count() &&
                           a.block_bytes() == b.block_bytes();
-  const bool quantized =
-      local.compatibility().layout().scale_granularity() != tandem::v1::KV_SCALE_NONE &&
-      !same_heads;
+  const bool quantized = KvElementBytes(local.compatibility().layout()) == 0 && !same_heads;
   const bool same_dcp = a.dcp_size() == b.dcp_size() && a.dcp_interleave() == b.dcp_interleave();
   const uint32_t block_size = local.compatibility().layout().block_size();
   const tandem::v1::RankGeometry& sharded = a.dcp_size() > 1 ? a : b;

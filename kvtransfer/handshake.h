@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "tandem/v1/kv.pb.h"
@@ -77,8 +78,11 @@ struct KvCompatibilityFacts {
   uint32_t block_size = 0;
   tandem::v1::KvDtype kv_dtype = tandem::v1::KV_DTYPE_UNSPECIFIED;
   // Quantized KV: where its scales live (an FP8 latent pool: one per token, KV_SCALE_PER_TOKEN_HEAD
-  // of its one latent "head"); unquantized: KV_SCALE_NONE.
+  // of its one latent "head", inside the block; a GQA FP8 pool: KV_SCALE_PER_TENSOR, the values
+  // in k_scales / v_scales, outside the blocks); unquantized: KV_SCALE_NONE.
   tandem::v1::KvScaleGranularity scale_granularity = tandem::v1::KV_SCALE_NONE;
+  // KV_SCALE_PER_TENSOR: the dequantization scales (hashed: P and D must quantize alike).
+  std::vector<float> k_scales, v_scales;
   // Multi-head latent attention (DeepSeek MLA): one latent "head" of kv_lora_rank +
   // qk_rope_head_dim per token and layer, no separate V (num_kv_heads 1, head_dim the latent
   // width). The layout is then named kMlaLatentLayout + "(kv_lora_rank=R,qk_rope_head_dim=D)", so
@@ -91,9 +95,10 @@ tandem::v1::CompatibilityInfo CompatibilityFor(const KvCompatibilityFacts& facts
 // The geometry of a worker that is a single rank: all KV heads, no DCP.
 tandem::v1::RankGeometry SingleRankGeometry(const tandem::v1::CompatibilityInfo& info,
                                             uint64_t block_bytes);
-// Bytes of one KV element of an unquantized dtype; 0 for quantized ones (their blocks carry
-// scales, so a block's size is the backend's to state).
-uint64_t KvElementBytes(tandem::v1::KvDtype dtype);
+// Bytes of one KV element of `layout`: of an unquantized dtype, or of a quantized one whose
+// scales live outside the blocks (FP8 per tensor: 1); 0 for quantized blocks that carry their
+// scales (a block's size is then the backend's to state, and its heads are not re-sharded).
+uint64_t KvElementBytes(const tandem::v1::KvLayout& layout);
 
 // INVALID_ARGUMENT when `geometry` cannot describe a rank of `info`'s layout: tp_rank >=
 // tp_size, a KV head range outside the model's, or (unquantized KV) block_bytes other than

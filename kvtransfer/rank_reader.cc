@@ -28,9 +28,8 @@ RankKvReader::RankKvReader(TransferAgent* agent, RankKvReaderOptions options)
     : agent_(agent),
       options_(std::move(options)),
       mine_(HeadsOf(options_.geometry, options_.compatibility.layout().num_kv_heads())),
-      head_bytes_(
-          int64_t{options_.compatibility.layout().head_dim()} *
-          static_cast<int64_t>(KvElementBytes(options_.compatibility.layout().kv_dtype()))) {}
+      head_bytes_(int64_t{options_.compatibility.layout().head_dim()} *
+                  static_cast<int64_t>(KvElementBytes(options_.compatibility.layout()))) {}
 
 RankKvReader::~RankKvReader() {
   {

@@ -271,6 +271,7 @@ kernels::KvCacheLayout CudaLlamaModel::KvLayout(int64_t num_blocks, int64_t bloc
 }
 
 kc::KvDtype CudaLlamaModel::kv_dtype() const {
+  if (options_.fp8_kv) return kc::KvDtype::kFp8E4m3;
   return options_.dtype == ActDtype::kBf16 ? kc::KvDtype::kBf16 : kc::KvDtype::kFp16;
 }
 

@@ -167,8 +167,11 @@ struct CudaModelOptions {
   // all-to-alls; `comm` stays null (nothing is split by heads or vocabulary). Capturable only
   // with a dispatch capacity (set_moe_dispatch_capacity).
   comm::DeviceCommunicator* moe_comm = nullptr;
-  // CudaMlaModel only: its latent pool is FP8 (CudaBackendConfig::fp8_latent_kv).
-  bool fp8_latent_kv = false;
+  // --kv_cache_dtype=fp8 (CudaBackendConfig::fp8_kv): CudaMlaModel's latent pool in FP8 with row
+  // scales; CudaLlamaModel's K / V pool in e4m3 with one scale per tensor (kv_dtype kFp8E4m3; the
+  // RoPE + KV-write kernels and the batch-1 GEMVs' RoPE epilogues quantize, the attention kernels
+  // read it).
+  bool fp8_kv = false;
 };
 
 class CudaLlamaModel {

@@ -33,6 +33,10 @@ kernels::cuda::GemvRopeKv CudaLlamaModel::RopeKvArgs(const DeviceStep& step,
   rope.num_kv_heads = static_cast<int>(config_.num_key_value_heads);
   rope.q_out = q_out;
   rope.pool = cache.data;
+  if (cache.dtype == kernels::cuda::KvDtype::kFp8E4m3) {  // per tensor (the runner's kv_scales_)
+    rope.k_scale = cache.k_scale;
+    rope.v_scale = cache.v_scale;
+  }
   rope.num_slots = kv.NumSlots();
   rope.block_size = kv.block_size;
   rope.layer_tile_offset = kv.TileOffset(0, l, 0);

@@ -187,9 +187,10 @@ bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
 }
 
 // As FoldedLayer: qkv (input norm in its prologue; RoPE + the KV write in its epilogue where
-// W16FoldsRope, the KV pool holds bf16, no qk-norm and Fp8W16GemvNormInRopeKvSupported; else a
-// separate RopeQkvToCache) -> attention -> o_proj (adds into residual_) -> gate_up + SiLU*up
-// (post-attention norm in its prologue) -> down_proj (adds into residual_), every product W8A16.
+// W16FoldsRope, the KV pool holds bf16 or FP8 codes of one scale per tensor, no qk-norm and
+// Fp8W16GemvNormInRopeKvSupported; else a separate RopeQkvToCache) -> attention -> o_proj (adds
+// into residual_) -> gate_up + SiLU*up (post-attention norm in its prologue) -> down_proj (adds
+// into residual_), every product W8A16.
 absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
                                             const kernels::cuda::DeviceKvCache& cache, int64_t l,
                                             const StepAttentionPlan& plan, void* attn_workspace,
@@ -205,7 +206,9 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
   bf16* residual = residual_.get<bf16>();
   const kc::GemvRopeKv rope = RopeKvArgs(step, cache, l, q_.get<bf16>());
   const bf16* o_in;
-  if (W16FoldsRope() && !config_.qk_norm && cache.dtype == kc::KvDtype::kBf16 &&
+  const bool pool_ok = cache.dtype == kc::KvDtype::kBf16 ||
+                       (cache.dtype == kc::KvDtype::kFp8E4m3 && !cache.per_head_scale);
+  if (W16FoldsRope() && !config_.qk_norm && pool_ok &&
       kc::Fp8W16GemvNormInRopeKvSupported(residual, w.input_layernorm.data(), w.qkv_fp8.device(),
                                           Tn, rope, W16RopeMath(math))) {  // q_, pool; not qkv_
     RETURN_IF_ERROR(kc::Fp8W16GemvNormInRopeKv(residual, w.input_layernorm.get<bf16>(), eps,

@@ -411,7 +411,7 @@ absl::Status CudaMlaModel::Allocate(int64_t num_sms) {
 }
 
 absl::Status CudaMlaModel::AllocateUnabsorbed(int64_t max_tokens) {
-  if (options_.fp8_latent_kv || options_.dcp.size > 1) return absl::OkStatus();
+  if (options_.fp8_kv || options_.dcp.size > 1) return absl::OkStatus();
   // The workspace grows by the same bytes per context row whatever the batch (one request here;
   // a batch adds its (num_seqs + 1) starts: the slack).
   constexpr int64_t kSlack = int64_t{1} << 20;
@@ -443,7 +443,7 @@ kernels::KvCacheLayout CudaMlaModel::KvLayout(int64_t num_blocks, int64_t block_
 }
 
 kc::KvDtype CudaMlaModel::kv_dtype() const {
-  if (options_.fp8_latent_kv) return kc::KvDtype::kFp8E4m3;
+  if (options_.fp8_kv) return kc::KvDtype::kFp8E4m3;
   return options_.dtype == ActDtype::kBf16 ? kc::KvDtype::kBf16 : kc::KvDtype::kFp16;
 }
 

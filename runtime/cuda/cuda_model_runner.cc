@@ -48,7 +48,7 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
   ExecutorFactory factory;
   factory.name = std::string("cuda:") + ActDtypeName(config.dtype);
   factory.kv_dtype = config.dtype == ActDtype::kFp16 ? KvDtype::kF16 : KvDtype::kBf16;
-  if (config.fp8_latent_kv) factory.kv_dtype = KvDtype::kFp8E4m3;
+  if (config.fp8_kv) factory.kv_dtype = KvDtype::kFp8E4m3;
   factory.accepts_external_pool = false;
   factory.verifies_drafts = true;  // a verify pass samples K + 1 rows (graphed: verify_graphs)
   // The engine books KV per shard from these (ExecutorSpec::num_blocks is one shard's pool).
@@ -216,11 +216,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   options.mla_rows16_max_requests = config.mla_rows16_max_requests;
   options.fp8_weight_only_fold = config.fp8_weight_only_fold;
   options.dcp = r->dcp_;
-  options.fp8_latent_kv = config.fp8_latent_kv;
-  if (config.fp8_latent_kv && !spec.model_config.IsMla()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an FP8 latent KV pool needs a DeepSeek MLA model, not ", spec.model_config.architecture));
-  }
+  options.fp8_kv = config.fp8_kv;
   if (config.group != nullptr) {
     ASSIGN_OR_RETURN(r->comm_, MakeCommunicator(config));
     // Data-parallel attention: the communicator carries the MoE layers' all-to-alls only.
@@ -241,12 +237,15 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
 absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout) {
   // KV pool, zero-filled once (padding reads nothing, but never leave garbage NaNs around).
   RETURN_IF_ERROR(layout.Validate());
-  if (config_.fp8_latent_kv) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
+  const bool latent_fp8 = config_.fp8_kv && mla_model_ != nullptr;
+  if (latent_fp8) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
   // An FP8 latent pool (kv_layout.h, Fp8LatentBlocks): each block its codes, then its fp32 row
   // scales, one range per block (so a block moves P -> D, is leased and hashed like any other).
-  const int64_t pool_bytes = config_.fp8_latent_kv
+  // A GQA FP8 pool: one byte a value, its scales per tensor (kv_scales_).
+  const int64_t pool_bytes = latent_fp8
                                  ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
-                                 : layout.TotalElems() * 2;
+                             : config_.fp8_kv ? layout.TotalElems()
+                                              : layout.TotalElems() * 2;
   ASSIGN_OR_RETURN(pool_, DeviceBuffer::Allocate(pool_bytes, "KV pool"));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
   cache_.data = pool_.data();
@@ -254,7 +253,15 @@ absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout)
   cache_.dtype = model_ != nullptr       ? model_->kv_dtype()
                  : mla_model_ != nullptr ? mla_model_->kv_dtype()
                                          : mtp_model_->kv_dtype();
-  if (config_.fp8_latent_kv) {
+  if (config_.fp8_kv && !latent_fp8) {
+    const float scales[2] = {kFp8KvTensorScale, kFp8KvTensorScale};
+    ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer::Allocate(sizeof(scales), "FP8 KV scales"));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(kv_scales_.data(), scales, sizeof(scales), cudaMemcpyHostToDevice));
+    cache_.k_scale = kv_scales_.get<float>();
+    cache_.v_scale = kv_scales_.get<float>() + 1;
+  }
+  if (latent_fp8) {
     // kernels/mla reads block b's codes at b * latent_block_bytes and its row scales from
     // token_scales + b * latent_block_bytes / 4 (no per-tensor k/v scale).
     const Fp8LatentPool blocks = Fp8LatentBlocks(pool_.data(), layout);

@@ -182,13 +182,16 @@ struct CudaBackendConfig {
   // dcp_size) and tokens per unit (0: the block size).
   int64_t dcp_size = 1;
   int64_t dcp_interleave = 0;
-  // --kv_cache_dtype=fp8: a DeepSeek MLA model's latent pool in FP8 (runtime/engine/kv_layout.h,
-  // Fp8LatentPool; kernels/mla MlaWriteLatentFp8 and the FP8 read), kv_dtype kFp8E4m3.
-  bool fp8_latent_kv = false;
+  // --kv_cache_dtype=fp8, kv_dtype kFp8E4m3: a DeepSeek MLA model's latent pool in FP8 with row
+  // scales (runtime/engine/kv_layout.h, Fp8LatentPool; kernels/mla MlaWriteLatentFp8 and the FP8
+  // read), or a GQA model's K / V pool in e4m3 with one scale per tensor, kFp8KvTensorScale for K
+  // and V (runtime/engine/kv_layout.h; kernels/attention/cuda kv_cache_cuda.h: RopeQkvToCache
+  // quantizes, the decode and prefill kernels dequantize).
+  bool fp8_kv = false;
 };
 
 // The CUDA backend for Engine::Create. The KV pool is device memory in the activation dtype
-// (kv_dtype bf16 or fp16, the activation dtype; or an FP8 latent pool, fp8_latent_kv); external
+// (kv_dtype bf16 or fp16, the activation dtype; or FP8, fp8_kv); external
 // (host) pools are not accepted.
 ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config);
 
@@ -323,6 +326,7 @@ class CudaModelRunner : public ModelExecutor {
   DeviceBuffer input_hidden_;                       // MTP: fp32 [max_tokens, hidden]
   PinnedBuffer hidden_host_;                        // hidden_states rows (activation dtype)
   DeviceBuffer pool_;
+  DeviceBuffer kv_scales_;  // a GQA FP8 pool's K and V scales (kFp8KvTensorScale each)
   kernels::cuda::DeviceKvCache cache_;
   MetaLayout meta_{};
   PinnedBuffer meta_host_;

@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateMtp(
                                                    spec.model_config.architecture));
   }
   if (config.group != nullptr || config.dcp_size > 1 || config.dummy_seed.has_value() ||
-      config.fp8_latent_kv) {
+      config.fp8_kv) {
     return absl::InvalidArgumentError(
         "the CUDA MTP runner is one rank with host weights and a 16-bit latent pool (no group, "
         "DCP, device dummy weights or FP8 KV)");

@@ -63,18 +63,18 @@
 // (CudaBackendConfig::mla_rope_in_write, default: in the write kernel too). --mla_fold=0:
 // DeepSeek's batch-1 steps unfolded (CudaBackendConfig::mla_fold_norm, default: the norms inside
 // the GEMVs). --mla_rows16=0: DeepSeek's small-batch latent attention on kSerial instead of
-// the 16-row kernel (CudaBackendConfig::mla_rows16). --fp8_latent_kv=1: DeepSeek's latent pool in
-// FP8 (CudaBackendConfig::fp8_latent_kv, --kv_cache_dtype=fp8; KV bytes 1 + 4 / (L + Dr) a value;
-// TANDEM_MLA_ROWS16_FP8=0: its small batches on the 64-row FP8 kernel). --fp8_w8a16=0: FP8 batch-1
-// steps keep the W8A8 kernels instead of the weight-only GEMVs with the norms folded in
-// (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their first weight loads after
-// the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core / fp32 inner loop
-// everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms (Fp8W16Math::kRing ...), =deep
-// / splitk[2|4] / persistent: the latency forms (kTensorCoreDeep / kTensorCoreSplitK /
-// kTensorCorePersistent), =auto: Fp8W16Math::kAuto,
-// unset / =waves: kAutoWaves). Prints per batch (rank 0): mean decode step time, tokens/s, the
-// tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's
-// share of it.
+// the 16-row kernel (CudaBackendConfig::mla_rows16). --fp8_kv=1 (or its older name
+// --fp8_latent_kv=1): the KV pool in FP8 (CudaBackendConfig::fp8_kv, --kv_cache_dtype=fp8):
+// DeepSeek's latent rows (KV bytes 1 + 4 / (L + Dr) a value; TANDEM_MLA_ROWS16_FP8=0: its small
+// batches on the 64-row FP8 kernel) or a GQA model's K and V (1 byte a value, one scale per
+// tensor). --fp8_w8a16=0: FP8 batch-1 steps keep the W8A8 kernels instead of the weight-only GEMVs
+// with the norms folded in (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their
+// first weight loads after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core /
+// fp32 inner loop everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms
+// (Fp8W16Math::kRing ...), =deep / splitk[2|4] / persistent: the latency forms (kTensorCoreDeep /
+// kTensorCoreSplitK / kTensorCorePersistent), =auto: Fp8W16Math::kAuto, unset / =waves:
+// kAutoWaves). Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
+// weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -154,7 +154,7 @@ int Main(int argc, char** argv) {
   bool mla_norm_write = CudaBackendConfig().mla_norm_in_write;
   bool mla_fold = CudaBackendConfig().mla_fold_norm;
   bool mla_rows16 = CudaBackendConfig().mla_rows16;
-  bool fp8_latent_kv = false;
+  bool fp8_kv = false;
   bool mla_rope_write = CudaBackendConfig().mla_rope_in_write;
   int64_t vocab_greedy_min_rows = 64;
   std::string preset;
@@ -188,7 +188,8 @@ int Main(int argc, char** argv) {
     if (a.rfind("--mla_norm_write=", 0) == 0) mla_norm_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--mla_fold=", 0) == 0) mla_fold = std::atoi(argv[i] + 11) != 0;
     if (a.rfind("--mla_rows16=", 0) == 0) mla_rows16 = std::atoi(argv[i] + 13) != 0;
-    if (a.rfind("--fp8_latent_kv=", 0) == 0) fp8_latent_kv = std::atoi(argv[i] + 16) != 0;
+    if (a.rfind("--fp8_kv=", 0) == 0) fp8_kv = std::atoi(argv[i] + 9) != 0;
+    if (a.rfind("--fp8_latent_kv=", 0) == 0) fp8_kv = std::atoi(argv[i] + 16) != 0;
     if (a.rfind("--mla_rope_write=", 0) == 0) mla_rope_write = std::atoi(argv[i] + 17) != 0;
     if (a.rfind("--vocab_greedy_min_rows=", 0) == 0) {
       vocab_greedy_min_rows = std::atoll(argv[i] + 24);
@@ -251,7 +252,7 @@ int Main(int argc, char** argv) {
   backend.mla_norm_in_write = mla_norm_write;
   backend.mla_fold_norm = mla_fold;
   backend.mla_rows16 = mla_rows16;
-  backend.fp8_latent_kv = fp8_latent_kv;
+  backend.fp8_kv = fp8_kv;
   backend.mla_rope_in_write = mla_rope_write;
   // Graphs for the measured batch sizes only: capture time is not what is measured here.
   backend.graph_batch_sizes.assign(batches.begin(), batches.end());
@@ -372,15 +373,16 @@ int Main(int argc, char** argv) {
     const double kv_bytes_per_token =
         model.IsMla() ? static_cast<double>(model.num_hidden_layers) *
                             (static_cast<double>(model.kv_lora_rank + model.qk_rope_head_dim) *
-                                 (fp8_latent_kv ? 1.0 : 2.0) +
-                             (fp8_latent_kv ? 4.0 : 0.0))
-                      : 2.0 * 2.0 * static_cast<double>(model.num_hidden_layers) *
+                                 (fp8_kv ? 1.0 : 2.0) +
+                             (fp8_kv ? 4.0 : 0.0))
+                      : 2.0 * (fp8_kv ? 1.0 : 2.0) * static_cast<double>(model.num_hidden_layers) *
                             static_cast<double>(local.num_key_value_heads * model.head_dim);
     const bool print = me == 0;
     if (print) {
       std::printf(
           "%s shapes, tp %d, dummy %s weights (%.2f GB per GPU, engine up in %.1f s), "
-          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s%s%s%s%s%s\n",
+          "CUDA graphs %s, PDL %s, all-reduce %s, async scheduling %s, norms folded %s%s%s%s%s%s, "
+          "KV pool %s\n",
           preset.empty() ? (big ? "Llama-3-70B" : "Llama-3-8B") : preset.c_str(), tp,
           fp8 ? q.Describe().c_str() : "bf16", (weight_bytes + routed_bytes(1 << 20)) / 1e9,
           create_s, graphs ? "on" : "off", pdl ? "on" : "off",
@@ -394,7 +396,8 @@ int Main(int argc, char** argv) {
                                                   : ", kv_a norm in latent write")
                                 : ", kv_a norm kernel")
               : "",
-          model.kv_lora_rank > 0 ? (mla_fold ? ", MLA fold on" : ", MLA fold off") : "");
+          model.kv_lora_rank > 0 ? (mla_fold ? ", MLA fold on" : ", MLA fold off") : "",
+          fp8_kv ? "fp8_e4m3" : "bf16");
       if (tp > 1) {
         std::printf(
             "greedy steps of >= %lld logit rows (0: none) sample from vocab-parallel "

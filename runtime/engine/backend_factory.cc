@@ -23,12 +23,25 @@ bool CudaBackendAvailable() {
 
 namespace {
 
-// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent pool in e4m3 with row scales.
+// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent pool in e4m3 with row scales (either
+// backend), or a GQA model's K / V pool in e4m3 with one scale per tensor (CUDA only: the CPU
+// backend's attention reads f32 or FP8 latent pools; the CUDA prefill kernel reads FP8 K / V of
+// head_dim 64 and 128).
 absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model) {
   if (!model.IsMla()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_cache_dtype=", options.kv_cache_dtype, " keeps a DeepSeek MLA latent ",
-                     "in FP8; ", model.architecture, " has no latent KV (use auto)"));
+    if (options.backend != "cuda") {
+      return absl::UnimplementedError(absl::StrCat(
+          "--kv_cache_dtype=", options.kv_cache_dtype, " for ", model.architecture,
+          " (K / V heads) runs on --backend=cuda only; the CPU backend keeps FP8 KV for DeepSeek "
+          "MLA latents (use --kv_cache_dtype=auto)"));
+    }
+    if (model.head_dim != 64 && model.head_dim != 128) {
+      return absl::UnimplementedError(
+          absl::StrCat("--kv_cache_dtype=", options.kv_cache_dtype, ": the CUDA FP8 K / V pool ",
+                       "takes head_dim 64 or 128; ", model.architecture, " has ", model.head_dim,
+                       " (use --kv_cache_dtype=auto)"));
+    }
+    return absl::OkStatus();
   }
   // A tensor-parallel group keeps the whole latent on every rank (each rank quantizes the same
   // rows), DCP splits its tokens; both as over a 16-bit / f32 latent, on either backend (CPU:
@@ -155,7 +168,7 @@ absl::StatusOr<ExecutorFactory> MakeExecutorFactory(const BackendOptions& option
   // Decode context parallelism over the group (the runner refuses it without one).
   config.dcp_size = options.dcp_size;
   config.dcp_interleave = options.dcp_interleave;
-  config.fp8_latent_kv = fp8_kv;
+  config.fp8_kv = fp8_kv;
   // Data-parallel attention with expert parallelism on CUDA (runtime/cuda/cuda_moe_all_to_all.h):
   // the Llama-family MoE decoders and DeepSeek's MLA model (each rank its sequences' latent); each
   // rank's runner gets its own DP rank's sequences only.

@@ -171,8 +171,9 @@ TEST(BackendFactoryTest, MtpExecutorOnTheTargetsBackend) {
 }
 
 // --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent in FP8 on either backend, with DCP
-// and groups; other models and unknown spellings refused by name.
-TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
+// and groups; a GQA model's FP8 K / V on CUDA only (head_dim 64 / 128); unknown spellings refused
+// by name.
+TEST(BackendFactoryTest, Fp8KvLatentOnEitherBackendGqaOnCuda) {
   absl::StatusOr<ModelConfig> mla = PresetConfig("tiny-mla");
   ASSERT_TRUE(mla.ok()) << mla.status();
   BackendOptions options;
@@ -182,8 +183,24 @@ TEST(BackendFactoryTest, Fp8LatentKvForMlaModelsOnly) {
   EXPECT_EQ(cpu->kv_dtype, KvDtype::kFp8E4m3);
   EXPECT_EQ(cpu->name, "cpu:fp8-latent-kv");
   absl::Status st = MakeExecutorFactory(options, Tiny()).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_NE(st.message().find("--backend=cuda only"), std::string::npos) << st;
   EXPECT_NE(st.message().find("MLA"), std::string::npos) << st;
+  {
+    BackendOptions gqa = options;
+    gqa.backend = "cuda";
+    ModelConfig llama = *PresetConfig("llama3-8b");
+    absl::StatusOr<ExecutorFactory> f = MakeExecutorFactory(gqa, llama);
+    EXPECT_EQ(f.ok(), CudaBackendAvailable()) << f.status();
+    if (f.ok()) {
+      EXPECT_EQ(f->kv_dtype, KvDtype::kFp8E4m3);
+      EXPECT_EQ(KvBlockBytes(llama, 16, f->kv_dtype), KvBlockBytes(llama, 16, KvDtype::kBf16) / 2);
+    }
+    llama.head_dim = 96;  // the FP8 prefill kernel reads head_dim 64 / 128
+    st = MakeExecutorFactory(gqa, llama).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+    EXPECT_NE(st.message().find("head_dim 64 or 128"), std::string::npos) << st;
+  }
   // DCP (and tensor-parallel groups) on either backend (CUDA: where this build has it).
   options.dcp_size = 2;
   EXPECT_TRUE(MakeExecutorFactory(options, *mla).ok());

@@ -61,7 +61,8 @@ int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype
                      KvHeadShare share) {
   const kernels::KvCacheLayout layout =
       KvLayoutForModel(model, /*num_blocks=*/1, block_size, share);
-  const int64_t scales = dtype == KvDtype::kFp8E4m3 ? layout.BlockElems() / layout.head_dim * 4 : 0;
+  const int64_t scales =
+      dtype == KvDtype::kFp8E4m3 && model.IsMla() ? layout.BlockElems() / layout.head_dim * 4 : 0;
   return layout.BlockElems() * KvDtypeBytes(dtype) + scales;
 }
 

@@ -17,16 +17,20 @@
 
 namespace tandem::runtime {
 
-// Element type of a KV pool. kFp8E4m3 (--kv_cache_dtype=fp8) is for DeepSeek MLA latent pools
-// only: e4m3 codes of the latent layout with one fp32 scale per (token, layer) row, the format of
-// kernels/mla/mla_fp8_latent.h, held as Fp8LatentPool below.
+// Element type of a KV pool. kFp8E4m3 (--kv_cache_dtype=fp8) is, for a DeepSeek MLA model, e4m3
+// codes of the latent layout with one fp32 scale per (token, layer) row, the format of
+// kernels/mla/mla_fp8_latent.h, held as Fp8LatentPool below (both backends); for a GQA model
+// (CUDA backend only), e4m3 codes of K and V, code = e4m3(x / scale), one scale per tensor:
+// kFp8KvTensorScale for K and for V (vLLM's --kv-cache-dtype fp8 without calibrated scales; e4m3
+// keeps 3 mantissa bits from 2^-6 to 448), outside the blocks.
 enum class KvDtype { kF32, kF16, kBf16, kFp8E4m3 };
+inline constexpr float kFp8KvTensorScale = 1.0f;
 int64_t KvDtypeBytes(KvDtype dtype);     // of one element (an FP8 code: 1; its scale not counted)
 const char* KvDtypeName(KvDtype dtype);  // "float32", "float16", "bfloat16", "fp8_e4m3"
 
-// --kv_cache_dtype: "auto" (`activation`, the backend's own) or "fp8" / "fp8_e4m3" (e4m3 with a
-// per-token scale; MLA models only: MakeExecutorFactory refuses the others). INVALID_ARGUMENT
-// naming the flag otherwise.
+// --kv_cache_dtype: "auto" (`activation`, the backend's own) or "fp8" / "fp8_e4m3" (KvDtype::
+// kFp8E4m3 above; MakeExecutorFactory refuses it for a GQA model on the CPU backend).
+// INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<KvDtype> ParseKvCacheDtype(absl::string_view flag, KvDtype activation);
 
 // Which KV heads one rank of a worker group keeps (tensor parallelism splits KV heads; with
@@ -43,7 +47,7 @@ kernels::KvCacheLayout KvLayoutForModel(const ModelConfig& model, int64_t num_bl
                                         int64_t block_size, KvHeadShare share = {});
 
 // Bytes of one block of that layout in `dtype` (every layer's K and V; an FP8 latent block's
-// codes and its row scales).
+// codes and its row scales; a GQA FP8 block's codes only).
 int64_t KvBlockBytes(const ModelConfig& model, int64_t block_size, KvDtype dtype,
                      KvHeadShare share = {});
 

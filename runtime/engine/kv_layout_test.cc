@@ -19,6 +19,11 @@ TEST(KvLayoutTest, LayoutAndBlockBytesFollowTheModelAndTheDtype) {
   EXPECT_EQ(layout.head_dim, 128);
   EXPECT_EQ(KvBlockBytes(model, 16, KvDtype::kBf16), 32 * 2 * 16 * 8 * 128 * 2);
   EXPECT_EQ(KvBlockBytes(model, 16, KvDtype::kF32), 32 * 2 * 16 * 8 * 128 * 4);
+  // A GQA FP8 pool (--kv_cache_dtype=fp8 on CUDA): one byte a value, its scales per tensor, not
+  // in the block.
+  EXPECT_EQ(KvBlockBytes(model, 16, KvDtype::kFp8E4m3), 32 * 2 * 16 * 8 * 128);
+  EXPECT_EQ(KvBlockBytes(model, 16, KvDtype::kFp8E4m3, {2, 2}) * 4,
+            KvBlockBytes(model, 16, KvDtype::kFp8E4m3));
   // A rank holding 2 of the 8 KV heads (TP 4) keeps a quarter of each block.
   EXPECT_EQ(KvLayoutForModel(model, 1, 16, {2, 2}).num_kv_heads, 2);
   EXPECT_EQ(KvBlockBytes(model, 16, KvDtype::kBf16, {2, 2}) * 4,

@@ -74,5 +74,43 @@ TEST(KvLayoutInfoTest, Fp8LatentPairsOnlyWithFp8) {
   }
 }
 
+// A GQA model's FP8 K / V (CUDA, --kv_cache_dtype=fp8): one scale per tensor for K and for V,
+// stated in the hash (KV_SCALE_PER_TENSOR, k_scales / v_scales), outside the blocks; so the
+// blocks are one byte a value and re-shard by heads between different TP splits, while a 16-bit
+// peer, or one of other scales, refuses to pair.
+TEST(KvLayoutInfoTest, GqaFp8PerTensorScalesReshardAcrossTpSplits) {
+  const ModelConfig llama = *PresetConfig("llama3-8b");  // 8 KV heads of 128
+  const tandem::v1::CompatibilityInfo info = KvLayoutInfo(llama, 16, KvDtype::kFp8E4m3);
+  EXPECT_EQ(info.layout().scale_granularity(), tandem::v1::KV_SCALE_PER_TENSOR);
+  ASSERT_EQ(info.k_scales_size(), 1);
+  ASSERT_EQ(info.v_scales_size(), 1);
+  EXPECT_EQ(info.k_scales(0), kFp8KvTensorScale);
+  EXPECT_EQ(kvtransfer::KvElementBytes(info.layout()), 1u);
+  const tandem::v1::TransferHandshake p = Handshake(llama, "p0", KvDtype::kFp8E4m3);
+  EXPECT_TRUE(kvtransfer::ValidateGeometry(p.compatibility(), p.geometry()).ok());
+  // A decode rank of a TP = 2 group: KV heads [4, 8), half of each block.
+  tandem::v1::TransferHandshake d = Handshake(llama, "d0", KvDtype::kFp8E4m3);
+  tandem::v1::RankGeometry* g = d.mutable_geometry();
+  g->set_tp_size(2);
+  g->set_tp_rank(1);
+  g->set_kv_head_begin(4);
+  g->set_kv_head_count(4);
+  g->set_block_bytes(static_cast<uint64_t>(KvBlockBytes(llama, 16, KvDtype::kFp8E4m3, {4, 4})));
+  EXPECT_TRUE(kvtransfer::ValidateGeometry(d.compatibility(), d.geometry()).ok());
+  EXPECT_TRUE(kvtransfer::CheckCompatible(p, d).ok()) << kvtransfer::CheckCompatible(p, d);
+  g->set_block_bytes(g->block_bytes() * 2);  // codes of 2 bytes: contradicts the layout
+  EXPECT_EQ(kvtransfer::CheckCompatible(p, d).code(), absl::StatusCode::kInvalidArgument);
+
+  const absl::Status s = kvtransfer::CheckCompatible(p, Handshake(llama, "d1", KvDtype::kBf16));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("fp8_e4m3"), std::string::npos) << s;
+  tandem::v1::TransferHandshake other = Handshake(llama, "d2", KvDtype::kFp8E4m3);
+  other.mutable_compatibility()->set_k_scales(0, 0.5f);
+  other.set_compatibility_hash(kvtransfer::CompatibilityHash(other.compatibility()));
+  const absl::Status scales = kvtransfer::CheckCompatible(p, other);
+  EXPECT_EQ(scales.code(), absl::StatusCode::kFailedPrecondition) << scales;
+  EXPECT_NE(scales.message().find("k_scales"), std::string::npos) << scales;
+}
+
 }  // namespace
 }  // namespace tandem::runtime

@@ -51,6 +51,16 @@ VARIANTS = [
           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
      "Qwen3ForCausalLM f32: per-head q_norm / k_norm RMSNorm before RoPE, GQA 4/2, no biases, "
      "tied embeddings, RoPE theta 1e6."),
+    # Built at test time only (tests/gpu/fp8_kv_cuda_golden.sh, not committed): head dims the CUDA
+    # FP8 K / V pool takes (--kv_cache_dtype=fp8: 64, 128).
+    ("mistral_f32_hd64", MistralConfig,
+     dict(num_key_value_heads=2, head_dim=64, sliding_window=None, tie_word_embeddings=False,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+     "MistralForCausalLM f32, GQA 4q/2kv of head_dim 64 (q width 256 != hidden 64), no window."),
+    ("qwen3_f32_hd128", Qwen3Config,
+     dict(num_key_value_heads=2, head_dim=128, tie_word_embeddings=True, use_sliding_window=False,
+          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+     "Qwen3ForCausalLM f32 as qwen3_f32, head_dim 128."),
     ("mixtral_f32", MixtralConfig,
      dict(num_key_value_heads=2, head_dim=16, intermediate_size=40, num_local_experts=4,
           num_experts_per_tok=2, tie_word_embeddings=False,

@@ -14,8 +14,11 @@
 # kv_layout.h Fp8LatentBlocks), so the FP8 blocks move P -> D and D's tokens must equal the mixed
 # FP8 worker's. PD_STAGES (env, default "ucx nccl nccl21"): the P -> D stages to run after the
 # mixed reference (several instances may run at once, each with its own router, on other GPUs).
+# MODEL (env): another checkpoint directory, e.g. a GQA model whose K / V then move in FP8 with
+# KV_CACHE_DTYPE=fp8 (one scale per tensor: tests/gpu/fp8_kv_cuda_golden.sh builds head_dim-64
+# fixtures; the prompts' token ids stay below 512).
 #
-#   [KV_CACHE_DTYPE=fp8] [PD_STAGES="ucx"] tests/gpu/mla_serve_pd.sh BUNDLE_DIR LOG_DIR
+#   [KV_CACHE_DTYPE=fp8] [PD_STAGES="ucx"] [MODEL=DIR] tests/gpu/mla_serve_pd.sh BUNDLE_DIR LOG_DIR
 #
 # BUNDLE_DIR: tests/gpu/bundle.sh with tool//runtime:tandem_worker tool//router:tandem_router
 # tool//router:tandem_cli. Run from the repository root. Prints "N passed, N failed, N skipped".
@@ -26,7 +29,7 @@ mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 W=$B/bin/runtime/tandem_worker R=$B/bin/router/tandem_router C=$B/bin/router/tandem_cli
-MODEL=tests/golden/fixtures_mla/deepseek_v3_f32
+MODEL=${MODEL:-tests/golden/fixtures_mla/deepseek_v3_f32}
 KV_CACHE_DTYPE=${KV_CACHE_DTYPE:-auto}
 PD_STAGES=" ${PD_STAGES:-ucx nccl nccl21} "
 passed=0 failed=0 skipped=0

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# FP8 K / V pools of GQA models served (one device call, one GPU; runtime/cuda/README.md):
+#   1. P -> D over UCX with FP8 K / V: tests/gpu/mla_serve_pd.sh with MODEL = a head_dim-64 GQA
+#      fixture built here by transformers (tests/golden/make_golden_moe.py --only mistral_f32_hd64),
+#      KV_CACHE_DTYPE=fp8, PD_STAGES=ucx: a mixed FP8-KV worker's greedy tokens, then a prefill and a
+#      decode worker (both FP8 KV) through the router: the same tokens, KV received, no recompute;
+#   2. Llama-3-8B (dummy weights, FP8 weights quantized at load) behind its own router, a bf16 KV
+#      pool then an FP8 one, the same KV budget (KV_BYTES, default 16e9): tandem_bench at
+#      concurrency 1 (1024 in / 256 out, 8 requests) and 128 (1024 in / 512 out, 256 requests).
+#   Prints the PASS / FAIL lines and one summary line a run; logs in $OUT/logs.tgz.
+#
+#   OUT=DIR tests/gpu/fp8_kv_serve_call.sh BUNDLE.tar.xz | BUNDLE_DIR
+#
+# BUNDLE.tar.xz: a tar of directory b2/ made by tests/gpu/bundle.sh b2 //some:gpu_test
+# tool//runtime:tandem_worker tool//router:tandem_router tool//router:tandem_cli
+# tool//tests/bench:tandem_bench, xz-compressed (or that directory, already unpacked).
+set -u
+cd "$(dirname "$0")/../.."
+D=${1:?bundle .tar.xz or directory}
+if [[ ! -d $D ]]; then
+  mkdir -p /tmp/b && tar -xJf "$D" -C /tmp/b && D=/tmp/b/b2
+fi
+D=$(cd "$D" && pwd)
+BIN=$D/bin
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$D/lib:/usr/local/cuda/lib64
+L=$OUT/logs
+mkdir -p "$L"
+timeout 300 python3 tests/golden/make_golden_moe.py --out "$L/fix" --only mistral_f32_hd64 \
+  > "$L/fixture.txt" 2>&1
+tail -n 1 "$L/fixture.txt"
+MODEL=$L/fix/mistral_f32_hd64 KV_CACHE_DTYPE=fp8 PD_STAGES=ucx timeout 300 \
+  tests/gpu/mla_serve_pd.sh "$D" "$L/pd" 2>&1 | tail -n 12
+source tests/gpu/serve_lib.sh
+SERVE_UP_S=240
+for kv in auto fp8; do
+  d=$L/serve_$kv
+  if serve_start "$d" 0 "8b-fp8w-kv-$kv" -- --worker_id="w-$kv" --load_format=dummy \
+    --dummy_config=llama3-8b --quantization=fp8 --kv_cache_dtype=$kv \
+    --kv_cache_bytes="${KV_BYTES:-16000000000}" --max_model_len=4096; then
+    timeout 60 "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
+      --max_concurrency=1 --num_requests=8 --prompt_len=1024 --output_len=256 --warmup=1 \
+      --seed=401 --json > "$d/c1.json" 2> "$d/c1.err"
+    echo "$kv c1 rc=$?"
+    timeout 150 "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
+      --max_concurrency=128 --num_requests=256 --prompt_len=1024 --output_len=512 --warmup=1 \
+      --seed=402 --json > "$d/c128.json" 2> "$d/c128.err"
+    echo "$kv c128 rc=$?"
+  fi
+  grep -m 3 -iE "kv pool|blocks|error" "$d/worker.log"
+  serve_stop
+done
+bench_summary "$L"/serve_*/c1.json "$L"/serve_*/c128.json
+rm -rf "$L/fix"/*/model.safetensors
+cd "$OUT" && tar -czf logs.tgz logs && rm -rf logs
