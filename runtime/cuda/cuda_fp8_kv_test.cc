@@ -1,6 +1,7 @@
 // --kv_cache_dtype=fp8 for GQA models on the CUDA backend (GPU; skips without one): the K / V
 // pool in e4m3 with one scale per tensor (CudaBackendConfig::fp8_kv, runtime/engine/kv_layout.h),
 // written by the RoPE + KV-write kernels and read by the prefill and decode kernels.
+//  * a checkpoint's calibrated per-layer K / V scales are the ones each layer uses;
 //  * a head_dim 128 GQA model with random weights (prompts long enough to be prefilled in chunks
 //    over their own FP8 prefix) follows the 16-bit pool and the CPU backend's fp32 logits
 //    (FP8 KV is lossy: cosine >= 0.99, top-1 equal where the reference's top-2 gap is wide),
@@ -131,6 +132,34 @@ TEST(CudaFp8KvTest, GraphsAndEagerGiveIdenticalOutputs) {
       12, /*together=*/true);
   EXPECT_GT(stats.first.graph_steps, 0);
   EXPECT_EQ(stats.second.graph_steps, 0);
+}
+
+// A checkpoint's calibrated scales (LayerWeights::kv_k_scale / kv_v_scale, e.g. modelopt's
+// k_proj.k_scale) quantize and dequantize each layer's K / V: only layer 1 calibrated (K 3, V 2;
+// layer 0 keeps kFp8KvTensorScale) gives other logits than no calibration (so layer 1's own
+// scales are read, not layer 0's), both within FP8 KV's error of the CPU backend's fp32.
+TEST(CudaFp8KvTest, CalibratedScalesApplyPerLayer) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ModelConfig model = engine_test::MidConfig();
+  const auto prompts = RandomPrompts(4, 300, static_cast<int>(model.vocab_size), seed);
+  const ModelWeights plain = ScaledWeights(model, seed);
+  ModelWeights calibrated = plain;
+  calibrated.layers[1].kv_k_scale = 3.0f;
+  calibrated.layers[1].kv_v_scale = 2.0f;
+  CudaBackendConfig fp8 = MidBackend();
+  fp8.fp8_kv = true;
+  fp8.gemm_autotune = false;
+  const ExecutorFactory factory = CudaExecutorFactory(fp8);
+  const auto a = RunPrompts(model, plain, prompts, 4, &factory, true);
+  const auto b = RunPrompts(model, calibrated, prompts, 4, &factory, true);
+  const auto cpu = RunPrompts(model, plain, prompts, 4, nullptr, true);
+  ExpectNear(a, cpu, 0.99, "no calibration vs the CPU backend");
+  ExpectNear(b, cpu, 0.99, "layer 1 calibrated vs the CPU backend");
+  int differ = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) differ += a[i].logits != b[i].logits;
+  EXPECT_EQ(differ, static_cast<int>(prompts.size())) << "layer 1's scales changed no logits";
 }
 
 // Batch-1 steps (prompts one at a time) write the FP8 pool from the qkv GEMVs' RoPE epilogues

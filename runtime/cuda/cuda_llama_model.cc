@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
                    DeviceBuffer::Allocate(inv_freq.size() * sizeof(float), "rope inv_freq"));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(model->inv_freq_.data(), inv_freq.data(),
                                   inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (opts.fp8_kv) RETURN_IF_ERROR(model->SetKvScales(weights));
   if (options.dummy_seed.has_value() || options.checkpoint.has_value()) {
     if (!weights.layers.empty() || !weights.embed_tokens.empty()) {
       return absl::InvalidArgumentError(
@@ -270,6 +271,29 @@ kernels::KvCacheLayout CudaLlamaModel::KvLayout(int64_t num_blocks, int64_t bloc
   return KvLayoutForModel(config_, num_blocks, block_size);
 }
 
+absl::Status CudaLlamaModel::SetKvScales(const ModelWeights& weights) {
+  const int64_t L = config_.num_hidden_layers;
+  std::vector<float> scales(2 * L, kFp8KvTensorScale);  // K of every layer, then V
+  for (int64_t l = 0; l < L && l < static_cast<int64_t>(weights.layers.size()); ++l) {
+    const LayerWeights& w = weights.layers[l];
+    if (w.kv_k_scale > 0.0f) scales[l] = w.kv_k_scale;
+    if (w.kv_v_scale > 0.0f) scales[L + l] = w.kv_v_scale;
+  }
+  ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer::Allocate(scales.size() * sizeof(float), "KV scales"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(kv_scales_.data(), scales.data(), scales.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+kc::DeviceKvCache CudaLlamaModel::LayerKv(const kc::DeviceKvCache& cache, int64_t l) const {
+  kc::DeviceKvCache view = cache;
+  if (cache.dtype == kc::KvDtype::kFp8E4m3 && !kv_scales_.empty()) {
+    view.k_scale = kv_scales_.get<float>() + l;
+    view.v_scale = kv_scales_.get<float>() + config_.num_hidden_layers + l;
+  }
+  return view;
+}
+
 kc::KvDtype CudaLlamaModel::kv_dtype() const {
   if (options_.fp8_kv) return kc::KvDtype::kFp8E4m3;
   return options_.dtype == ActDtype::kBf16 ? kc::KvDtype::kBf16 : kc::KvDtype::kFp16;
@@ -335,8 +359,9 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   bool hidden_partial = false;
   const bool fold = FoldsNorms(Tn);  // then residual_ holds the stream after every layer
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const kc::DeviceKvCache layer_kv = LayerKv(cache, l);  // an FP8 pool: this layer's scales
     if (fold) {
-      RETURN_IF_ERROR(FoldedLayer<T>(step, cache, l, plan, attn_workspace, stream));
+      RETURN_IF_ERROR(FoldedLayer<T>(step, layer_kv, l, plan, attn_workspace, stream));
       continue;
     }
     const Layer& w = layers_[l];
@@ -352,7 +377,8 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
     hidden_partial = false;
     RETURN_IF_ERROR(Project<T>(w.qkv_proj, w.qkv_fp8, hidden, w.qkv_bias, Tn, qkv_dim, H, qkv,
                                stream, qkv_codes));
-    ASSIGN_OR_RETURN(const T* o_in, AttendFromQkv<T>(step, cache, l, plan, attn_workspace, stream));
+    ASSIGN_OR_RETURN(const T* o_in,
+                     AttendFromQkv<T>(step, layer_kv, l, plan, attn_workspace, stream));
     RETURN_IF_ERROR(Project<T>(w.o_proj, w.o_fp8, o_in, w.o_bias, Tn, H, o_dim, hidden, stream));
     const bool gate_up_codes =
         !config_.IsMoeLayer(l) && FusesFp8Quant(w.gate_up_fp8, Tn, H, comm() != nullptr);

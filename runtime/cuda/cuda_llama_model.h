@@ -188,6 +188,12 @@ class CudaLlamaModel {
 
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
   kernels::cuda::KvDtype kv_dtype() const;
+  // An FP8 K / V pool's dequantization scales (CudaModelOptions::fp8_kv): device fp32, every
+  // layer's K scale, then every layer's V scale: the checkpoint's calibration
+  // (LayerWeights::kv_k_scale / kv_v_scale) where it has one, else kFp8KvTensorScale
+  // (runtime/engine/kv_layout.h). Null without fp8_kv. The runner's pool view points at layer 0's;
+  // each layer runs on LayerKv's.
+  const float* kv_scales() const { return kv_scales_.empty() ? nullptr : kv_scales_.get<float>(); }
 
   // Enqueues the forward over `step` on `stream`: writes new K/V into `cache`, and fp32 logits
   // [R, vocab] into logits(). `plan` must be planned for this step's bounds; `attn_workspace`
@@ -255,6 +261,10 @@ class CudaLlamaModel {
   absl::Status ForwardT(const DeviceStep& step, const kernels::cuda::DeviceKvCache& cache,
                         const StepAttentionPlan& plan, void* attn_workspace, cudaStream_t stream);
   absl::Status Upload(ModelWeights weights, cudaStream_t stream);
+  // kv_scales_ from the host weights' calibration (empty weights: kFp8KvTensorScale everywhere).
+  absl::Status SetKvScales(const ModelWeights& weights);
+  // `cache` with k_scale / v_scale pointing at layer l's (an FP8 pool; otherwise `cache`).
+  kernels::cuda::DeviceKvCache LayerKv(const kernels::cuda::DeviceKvCache& cache, int64_t l) const;
   // Layer l's FP8 projections from the loader's *_fp8 slots (FP8 configs).
   absl::Status UploadFp8(LayerWeights* src, Layer* dst);
   // Allocates layer l's FP8 projections for device dummy weights (FP8 configs).
@@ -344,7 +354,8 @@ class CudaLlamaModel {
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
   DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied
   std::vector<Layer> layers_;
-  DeviceBuffer inv_freq_;  // [head_dim / 2] fp32
+  DeviceBuffer inv_freq_;   // [head_dim / 2] fp32
+  DeviceBuffer kv_scales_;  // fp8_kv: [2][num_layers] fp32 (kv_scales())
   // Activations, [max_tokens, *] of the activation dtype; logits_ [max_logit_rows, vocab] fp32.
   DeviceBuffer hidden_, residual_, qkv_, q_, attn_, gate_up_, act_, last_, logits_;
   std::unique_ptr<CudaDcpExchange> dcp_exchange_;  // DCP only: lse, exchange and merged buffers

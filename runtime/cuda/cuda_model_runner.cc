@@ -253,13 +253,12 @@ absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout)
   cache_.dtype = model_ != nullptr       ? model_->kv_dtype()
                  : mla_model_ != nullptr ? mla_model_->kv_dtype()
                                          : mtp_model_->kv_dtype();
-  if (config_.fp8_kv && !latent_fp8) {
-    const float scales[2] = {kFp8KvTensorScale, kFp8KvTensorScale};
-    ASSIGN_OR_RETURN(kv_scales_, DeviceBuffer::Allocate(sizeof(scales), "FP8 KV scales"));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(kv_scales_.data(), scales, sizeof(scales), cudaMemcpyHostToDevice));
-    cache_.k_scale = kv_scales_.get<float>();
-    cache_.v_scale = kv_scales_.get<float>() + 1;
+  if (config_.fp8_kv && !latent_fp8) {  // layer 0's scales; the model's layers take their own
+    if (model_ == nullptr || model_->kv_scales() == nullptr) {
+      return absl::InternalError("an FP8 K / V pool without the model's KV scales");
+    }
+    cache_.k_scale = model_->kv_scales();
+    cache_.v_scale = model_->kv_scales() + layout.num_layers;
   }
   if (latent_fp8) {
     // kernels/mla reads block b's codes at b * latent_block_bytes and its row scales from

@@ -184,9 +184,10 @@ struct CudaBackendConfig {
   int64_t dcp_interleave = 0;
   // --kv_cache_dtype=fp8, kv_dtype kFp8E4m3: a DeepSeek MLA model's latent pool in FP8 with row
   // scales (runtime/engine/kv_layout.h, Fp8LatentPool; kernels/mla MlaWriteLatentFp8 and the FP8
-  // read), or a GQA model's K / V pool in e4m3 with one scale per tensor, kFp8KvTensorScale for K
-  // and V (runtime/engine/kv_layout.h; kernels/attention/cuda kv_cache_cuda.h: RopeQkvToCache
-  // quantizes, the decode and prefill kernels dequantize).
+  // read), or a GQA model's K / V pool in e4m3 with one scale per tensor and layer: the
+  // checkpoint's calibrated k / v scales where it has them, else kFp8KvTensorScale
+  // (runtime/engine/kv_layout.h; CudaLlamaModel::kv_scales; kernels/attention/cuda
+  // kv_cache_cuda.h: RopeQkvToCache quantizes, the decode and prefill kernels dequantize).
   bool fp8_kv = false;
 };
 
@@ -326,7 +327,6 @@ class CudaModelRunner : public ModelExecutor {
   DeviceBuffer input_hidden_;                       // MTP: fp32 [max_tokens, hidden]
   PinnedBuffer hidden_host_;                        // hidden_states rows (activation dtype)
   DeviceBuffer pool_;
-  DeviceBuffer kv_scales_;  // a GQA FP8 pool's K and V scales (kFp8KvTensorScale each)
   kernels::cuda::DeviceKvCache cache_;
   MetaLayout meta_{};
   PinnedBuffer meta_host_;

@@ -20,9 +20,10 @@ namespace tandem::runtime {
 // Element type of a KV pool. kFp8E4m3 (--kv_cache_dtype=fp8) is, for a DeepSeek MLA model, e4m3
 // codes of the latent layout with one fp32 scale per (token, layer) row, the format of
 // kernels/mla/mla_fp8_latent.h, held as Fp8LatentPool below (both backends); for a GQA model
-// (CUDA backend only), e4m3 codes of K and V, code = e4m3(x / scale), one scale per tensor:
-// kFp8KvTensorScale for K and for V (vLLM's --kv-cache-dtype fp8 without calibrated scales; e4m3
-// keeps 3 mantissa bits from 2^-6 to 448), outside the blocks.
+// (CUDA backend only), e4m3 codes of K and V, code = e4m3(x / scale), one scale per tensor (K or
+// V of a layer), outside the blocks: the checkpoint's calibrated k / v scales where it has them
+// (config.quantization.kv_cache_fp8: modelopt, compressed-tensors), else kFp8KvTensorScale (vLLM's
+// --kv-cache-dtype fp8 without calibrated scales; e4m3 keeps 3 mantissa bits from 2^-6 to 448).
 enum class KvDtype { kF32, kF16, kBf16, kFp8E4m3 };
 inline constexpr float kFp8KvTensorScale = 1.0f;
 int64_t KvDtypeBytes(KvDtype dtype);     // of one element (an FP8 code: 1; its scale not counted)

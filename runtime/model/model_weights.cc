@@ -306,8 +306,8 @@ absl::Status OpenRankCheckpoint(const std::string& model_dir, const ModelConfig&
     }
     std::fprintf(stderr,
                  "LoadModelWeights: the checkpoint was calibrated for an FP8 KV cache (%lld k / v "
-                 "scale tensors, checked); they are not used: the KV pool is what "
-                 "--kv_cache_dtype says (auto: 16-bit)\n",
+                 "scale tensors, checked): an FP8 K / V pool (--kv_cache_dtype=fp8, CUDA) uses "
+                 "them; the KV pool is what --kv_cache_dtype says (auto: 16-bit)\n",
                  static_cast<long long>(found));
   }
   return absl::OkStatus();

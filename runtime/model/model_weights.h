@@ -104,6 +104,11 @@ struct LayerWeights {
   // after the load.
   Fp8LinearWeight experts_gate_up_fp8, experts_down_fp8, shared_gate_up_fp8, shared_down_fp8;
   Fp8LinearWeight q_a_fp8, q_fp8, kv_a_fp8, kv_b_fp8;
+  // A checkpoint calibrated for an FP8 KV cache (config.quantization.kv_cache_fp8): this layer's
+  // K and V dequantization scales (modelopt's k_proj.k_scale / v_proj.v_scale, compressed-tensors'
+  // k_scale / v_scale, the older kv_scale for both); 0 where the checkpoint has none. Used by an
+  // FP8 K / V pool (--kv_cache_dtype=fp8 on CUDA), else unused.
+  float kv_k_scale = 0.0f, kv_v_scale = 0.0f;
 };
 
 struct ModelWeights {

@@ -293,6 +293,29 @@ std::vector<std::string> KvScaleTensorNames(const ModelConfig& config,
   return names;
 }
 
+void LoadKvScales(const ModelConfig& config, const std::vector<HfTensor>& layout,
+                  const FindTensor& find, ModelWeights* weights) {
+  if (!config.quantization.kv_cache_fp8) return;
+  std::map<std::string, int64_t> attention;  // "model.layers.3.self_attn." -> 3
+  for (const HfTensor& t : layout) {
+    const size_t at = t.name.find(".self_attn.");
+    if (at != std::string::npos && t.layer >= 0)
+      attention.emplace(t.name.substr(0, at + 11), t.layer);
+  }
+  auto first = [&find](const std::string& p, std::initializer_list<const char*> suffixes) {
+    for (const char* s : suffixes) {
+      if (const TensorInfo* info = find(p + s); info != nullptr) return ScaleAt(*info, 0);
+    }
+    return 0.0f;
+  };
+  for (const auto& [prefix, layer] : attention) {
+    if (layer >= static_cast<int64_t>(weights->layers.size())) continue;
+    LayerWeights& l = weights->layers[layer];
+    l.kv_k_scale = first(prefix, {"k_proj.k_scale", "k_scale", "kv_scale"});
+    l.kv_v_scale = first(prefix, {"v_proj.v_scale", "v_scale", "kv_scale"});
+  }
+}
+
 std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,
                                              const std::vector<HfTensor>& layout) {
   std::vector<std::string> names = KvScaleTensorNames(config, layout);
@@ -347,6 +370,7 @@ void LoadFp8Weights(const ModelConfig& config, const std::vector<HfTensor>& layo
     if (!t.keep || !IsFp8Weight(config, t)) continue;
     FillPart(config, t, find, Fp8SlotOf(&weights->layers[t.layer], t.slot));
   }
+  LoadKvScales(config, layout, find, weights);
   // kv_b_proj is used absorbed (W_UK / W_UV inside the latent attention), so it is widened once
   // here, as vLLM's MLA does (get_and_maybe_dequant_weights(kv_b_proj)); it is small (32 MB per
   // DeepSeek-V3 layer in fp8).

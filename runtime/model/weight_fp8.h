@@ -47,6 +47,11 @@ Fp8LinearWeight* Fp8SlotOf(LayerWeights* layer, WeightSlot slot);
 // `layout` (empty unless config.quantization.kv_cache_fp8; the forms above).
 std::vector<std::string> KvScaleTensorNames(const ModelConfig& config,
                                             const std::vector<HfTensor>& layout);
+// Reads the KV scales of KvScaleTensorNames into each layer's LayerWeights::kv_k_scale /
+// kv_v_scale (K: k_proj.k_scale, else k_scale, else kv_scale; V: v_proj.v_scale, else v_scale,
+// else kv_scale); layers without them keep 0. The tensors were checked by CheckFp8Checkpoint.
+void LoadKvScales(const ModelConfig& config, const std::vector<HfTensor>& layout,
+                  const FindTensor& find, ModelWeights* weights);
 // Names of the scale tensors the checkpoint may hold beside the FP8 weights of `layout` (the
 // weights' own, then KvScaleTensorNames).
 std::vector<std::string> Fp8ScaleTensorNames(const ModelConfig& config,

@@ -50,13 +50,17 @@ tandem::v1::CompatibilityInfo KvLayoutInfo(const ModelConfig& model, int64_t blo
   facts.block_size = static_cast<uint32_t>(block_size);
   facts.kv_dtype = ToProto(kv_dtype);
   // FP8 latent KV (kv_layout.h): one scale per token and layer, inside the worker's pool; GQA FP8
-  // KV: one scale per tensor for K and one for V (KvFp8TensorScale), outside the blocks.
+  // KV: one scale per tensor (a layer's K or V), outside the blocks: kFp8KvTensorScale, stated
+  // here, or a calibrated checkpoint's own, which its model_id pins (the same files on both
+  // sides).
   if (kv_dtype == KvDtype::kFp8E4m3 && model.IsMla()) {
     facts.scale_granularity = tandem::v1::KV_SCALE_PER_TOKEN_HEAD;
   } else if (kv_dtype == KvDtype::kFp8E4m3) {
     facts.scale_granularity = tandem::v1::KV_SCALE_PER_TENSOR;
-    facts.k_scales = {kFp8KvTensorScale};
-    facts.v_scales = {kFp8KvTensorScale};
+    if (!model.quantization.kv_cache_fp8) {
+      facts.k_scales = {kFp8KvTensorScale};
+      facts.v_scales = {kFp8KvTensorScale};
+    }
   }
   if (model.IsMla()) {  // the latent layout (KvLayoutForModel): one row per token and layer
     const kernels::KvCacheLayout latent = KvLayoutForModel(model, 1, block_size);

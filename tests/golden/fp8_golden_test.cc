@@ -486,6 +486,40 @@ TEST(Fp8CheckpointTest, ModelOptKvAndScaleShapesAreChecked) {
             std::string::npos);
 }
 
+// The calibrated KV scales land in each layer (LayerWeights::kv_k_scale / kv_v_scale, used by
+// an FP8 K / V pool on CUDA): make_golden_fp8_modelopt.py wrote K 0.05 + 0.01 i and V 0.03 +
+// 0.01 i for layer i, as k_proj.k_scale / v_proj.v_scale (modelopt_kv_hf) and as self_attn.k_scale
+// / v_scale (modelopt_channel); a checkpoint without them (or without the FP8 KV config) keeps 0.
+TEST(Fp8CheckpointTest, KvScalesLoadIntoTheLayers) {
+  for (const char* format : {"modelopt_kv_hf", "modelopt_channel"}) {
+    SCOPED_TRACE(format);
+    const std::string dir = std::string(kFixtures) + format;
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    ASSERT_TRUE(config->quantization.kv_cache_fp8);
+    auto weights = LoadModelWeights(dir, *config);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    ASSERT_EQ(weights->layers.size(), 2u);
+    for (size_t i = 0; i < weights->layers.size(); ++i) {
+      EXPECT_FLOAT_EQ(weights->layers[i].kv_k_scale, 0.05f + 0.01f * static_cast<float>(i)) << i;
+      EXPECT_FLOAT_EQ(weights->layers[i].kv_v_scale, 0.03f + 0.01f * static_cast<float>(i)) << i;
+    }
+  }
+  const std::string absent = RewriteFixture("modelopt_kv_hf", "kv_scales_absent",
+                                            [](const std::string& n, auto*, auto*, auto*) {
+                                              return n.find("_proj.k_scale") == std::string::npos &&
+                                                     n.find("_proj.v_scale") == std::string::npos;
+                                            });
+  auto config = LoadModelConfig(absent);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto weights = LoadModelWeights(absent, *config);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  for (const LayerWeights& l : weights->layers) {
+    EXPECT_EQ(l.kv_k_scale, 0.0f);
+    EXPECT_EQ(l.kv_v_scale, 0.0f);
+  }
+}
+
 // A one-layer Llama whose projections are all 256 x 256 (two 128-blocks each way) in modelopt's
 // FP8_PB_WO layout (weight_scale [2, 1, 2, 1]): TP = 2 slices them on block boundaries, so the
 // pre-sharded rank files hold the 4-D scales' slices (written 2-D) and load to the original's
