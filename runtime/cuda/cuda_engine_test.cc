@@ -41,6 +41,7 @@ using engine_cuda_test::MidBackend;
 using engine_cuda_test::Output;
 using engine_cuda_test::RandomPrompts;
 using engine_cuda_test::RunPrompts;
+using engine_cuda_test::ScaledRandomWeights;
 
 std::string FixtureDir(const std::string& variant) {
   const char* root = std::getenv("TANDEM_FIXTURES");
@@ -259,15 +260,7 @@ TEST(CudaEngineTest, HeadDim128AgreesWithCpuBackend) {
   ModelConfig model = engine_test::MidConfig();
   const auto prompts = RandomPrompts(6, 200, static_cast<int>(model.vocab_size), seed);
   // Larger weights than the dummy default so logits are far from uniform.
-  ModelWeights weights = RandomModelWeights(model, seed);
-  for (std::vector<float>* m : {&weights.embed_tokens, &weights.lm_head}) {
-    for (float& x : *m) x *= 25.0f;
-  }
-  for (LayerWeights& l : weights.layers) {
-    for (std::vector<float>* m : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj}) {
-      for (float& x : *m) x *= 3.0f;
-    }
-  }
+  const ModelWeights weights = ScaledRandomWeights(model, seed);
   CudaBackendConfig backend = MidBackend();
   const ExecutorFactory factory = CudaExecutorFactory(backend);
   CudaBackendConfig decode_only = backend;

@@ -66,6 +66,19 @@ double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
   return ab / std::sqrt(aa * bb);
 }
 
+ModelWeights ScaledRandomWeights(const ModelConfig& model, uint32_t seed) {
+  ModelWeights weights = RandomModelWeights(model, seed);
+  for (std::vector<float>* m : {&weights.embed_tokens, &weights.lm_head}) {
+    for (float& x : *m) x *= 25.0f;
+  }
+  for (LayerWeights& l : weights.layers) {
+    for (std::vector<float>* m : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj}) {
+      for (float& x : *m) x *= 3.0f;
+    }
+  }
+  return weights;
+}
+
 CudaBackendConfig MidBackend() {
   CudaBackendConfig backend;
   const char* v = std::getenv("TANDEM_TEST_PREFILL");

@@ -38,6 +38,10 @@ CudaBackendConfig MidBackend();
 
 std::vector<std::vector<int32_t>> RandomPrompts(int n, int max_len, int vocab, uint32_t seed);
 
+// RandomModelWeights(model, seed) scaled (embeddings and lm_head x 25, the projections x 3) so
+// logits are far from uniform: the comparisons against the CPU backend.
+ModelWeights ScaledRandomWeights(const ModelConfig& model, uint32_t seed);
+
 // Runs `prompts` through an engine on `on` and one on `off` (the random weights of `seed` each)
 // and expects every prompt's max_new_tokens tokens and last-prompt logits equal, bit for bit.
 // Returns the two engines' stats.

@@ -40,21 +40,7 @@ using engine_cuda_test::MidBackend;
 using engine_cuda_test::Output;
 using engine_cuda_test::RandomPrompts;
 using engine_cuda_test::RunPrompts;
-
-// Random weights scaled (as cuda_engine_test's HeadDim128AgreesWithCpuBackend does) so logits are
-// far from uniform and K / V reach magnitudes where e4m3's 3 mantissa bits show.
-ModelWeights ScaledWeights(const ModelConfig& model, uint32_t seed) {
-  ModelWeights weights = RandomModelWeights(model, seed);
-  for (std::vector<float>* m : {&weights.embed_tokens, &weights.lm_head}) {
-    for (float& x : *m) x *= 25.0f;
-  }
-  for (LayerWeights& l : weights.layers) {
-    for (std::vector<float>* m : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj}) {
-      for (float& x : *m) x *= 3.0f;
-    }
-  }
-  return weights;
-}
+using engine_cuda_test::ScaledRandomWeights;
 
 // `got` (an FP8 pool) against a reference's last-prompt logits: cosine >= min_cosine, and the
 // top-1 the same wherever the reference's top-2 gap is at least 5% of its largest |logit|.
@@ -77,7 +63,7 @@ void CheckAgainstReferences(const ModelConfig& model, uint32_t seed) {
   // Up to 700 tokens: a prompt over max_num_batched_tokens (512, RunPrompts) is prefilled in two
   // chunks, the second reading the first's K / V back from the FP8 pool.
   const auto prompts = RandomPrompts(6, 700, static_cast<int>(model.vocab_size), seed);
-  const ModelWeights weights = ScaledWeights(model, seed);
+  const ModelWeights weights = ScaledRandomWeights(model, seed);
   CudaBackendConfig fp8 = MidBackend();
   fp8.fp8_kv = true;
   CudaBackendConfig fp8_decode_kernel = fp8;
@@ -144,7 +130,7 @@ TEST(CudaFp8KvTest, CalibratedScalesApplyPerLayer) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const ModelConfig model = engine_test::MidConfig();
   const auto prompts = RandomPrompts(4, 300, static_cast<int>(model.vocab_size), seed);
-  const ModelWeights plain = ScaledWeights(model, seed);
+  const ModelWeights plain = ScaledRandomWeights(model, seed);
   ModelWeights calibrated = plain;
   calibrated.layers[1].kv_k_scale = 3.0f;
   calibrated.layers[1].kv_v_scale = 2.0f;

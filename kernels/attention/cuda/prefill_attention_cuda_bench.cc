@@ -129,18 +129,21 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
   cache8.v_scale = pools.scales + 1;
   double us[3] = {0, 0, 0};
   int grid[3] = {0, 0, 0};
-  for (int k = 0; k < 3; ++k) {  // wgmma, mma.sync, mma.sync over the fp8 pool
-    PagedPrefillPlanInput in{.num_seqs = shape.num_seqs,
+  auto plan_for = [&](KvDtype kv, bool wgmma) {
+    return PlanPagedPrefill({.num_seqs = shape.num_seqs,
                              .num_tokens = tokens,
                              .max_q_len = shape.q_len,
                              .max_seq_len = seq_len,
                              .num_q_heads = kHq,
                              .num_kv_heads = kHkv,
                              .head_dim = kD,
-                             .kv_dtype = k == 2 ? KvDtype::kFp8E4m3 : KvDtype::kBf16,
+                             .kv_dtype = kv,
                              .num_sms = num_sms,
-                             .allow_wgmma = k == 0};
-    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, PlanPagedPrefill(in));
+                             .allow_wgmma = wgmma});
+  };
+  for (int k = 0; k < 3; ++k) {  // wgmma, mma.sync, mma.sync over the fp8 pool
+    ASSIGN_OR_RETURN(const PagedPrefillPlan plan,
+                     plan_for(k == 2 ? KvDtype::kFp8E4m3 : KvDtype::kBf16, k == 0));
     grid[k] = plan.grid;
     auto run = [&] {
       return PagedPrefillAttention<__nv_bfloat16>(d_q, k == 2 ? cache8 : cache, 0, batch, params,
@@ -166,16 +169,7 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
   }
   // The fp8 run wrote d_out[1] last: the mma.sync kernel's 16-bit output again for the check.
   {
-    PagedPrefillPlanInput in{.num_seqs = shape.num_seqs,
-                             .num_tokens = tokens,
-                             .max_q_len = shape.q_len,
-                             .max_seq_len = seq_len,
-                             .num_q_heads = kHq,
-                             .num_kv_heads = kHkv,
-                             .head_dim = kD,
-                             .num_sms = num_sms,
-                             .allow_wgmma = false};
-    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, PlanPagedPrefill(in));
+    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, plan_for(KvDtype::kBf16, false));
     RETURN_IF_ERROR(PagedPrefillAttention<__nv_bfloat16>(d_q, cache, 0, batch, params, plan,
                                                          d_out[1], d_lse, nullptr, nullptr));
   }

@@ -32,6 +32,20 @@ using cuda_test::TestSeed;
 // pdl: RopeQkvToCache PDL-launched behind pdl_test::LaunchDelayedWriter, which lets it start at
 // once and writes qkv (NaN bytes until then) ~1 ms later: the kernel must read qkv only after its
 // griddepcontrol.wait.
+// Distinct slots of `layout` in random order for num_tokens tokens, every 5th -1 (skipped) and
+// token 3 out of the pool; random positions below 70000.
+void RandomSlotsAndPositions(std::mt19937& rng, const KvCacheLayout& layout, int64_t num_tokens,
+                             std::vector<int64_t>* slots, std::vector<int64_t>* positions) {
+  slots->resize(layout.NumSlots());
+  std::iota(slots->begin(), slots->end(), 0);
+  std::shuffle(slots->begin(), slots->end(), rng);
+  slots->resize(num_tokens);
+  for (int64_t t = 0; t < num_tokens; t += 5) (*slots)[t] = -1;
+  if (num_tokens > 3) (*slots)[3] = layout.NumSlots() + 7;
+  positions->resize(num_tokens);
+  for (int64_t& p : *positions) p = static_cast<int64_t>(rng() % 70000);
+}
+
 template <typename T>
 void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int64_t d,
              bool pdl = false) {
@@ -48,15 +62,8 @@ void RunCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk, int6
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<T> qkv(num_tokens * stride);
   for (T& x : qkv) x = cuda_test::FromF<T>(dist(rng));
-  // Distinct slots in random order, some -1 (skipped) and one out of the pool.
-  std::vector<int64_t> slots(layout.NumSlots());
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(num_tokens);
-  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
-  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
-  std::vector<int64_t> positions(num_tokens);
-  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  std::vector<int64_t> slots, positions;
+  RandomSlotsAndPositions(rng, layout, num_tokens, &slots, &positions);
   auto inv_freq = ComputeRopeInvFreq(500000.0, d, RopeScaling{});
   ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
 
@@ -150,14 +157,8 @@ void RunQkNormCase(std::mt19937& rng, int64_t num_tokens, int64_t hq, int64_t hk
   cuda_test::RoundTo<T>(qw);
   cuda_test::RoundTo<T>(kw);
   const std::vector<T> qkv = cuda_test::Convert<T>(qkv_f);
-  std::vector<int64_t> slots(layout.NumSlots());
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(num_tokens);
-  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
-  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
-  std::vector<int64_t> positions(num_tokens);
-  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  std::vector<int64_t> slots, positions;
+  RandomSlotsAndPositions(rng, layout, num_tokens, &slots, &positions);
   auto inv_freq = ComputeRopeInvFreq(1000000.0, d, RopeScaling{});
   ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
   const KvDtype dtype = std::is_same_v<T, __nv_bfloat16> ? KvDtype::kBf16 : KvDtype::kFp16;
@@ -265,14 +266,8 @@ void RunFp8Case(std::mt19937& rng, bool qk_norm, int64_t num_tokens, int64_t hq,
   std::vector<float> qw(d), kw(d);
   for (float& x : qw) x = 1.0f + 0.1f * dist(rng);
   for (float& x : kw) x = 1.0f + 0.1f * dist(rng);
-  std::vector<int64_t> slots(layout.NumSlots());
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(num_tokens);
-  for (int64_t t = 0; t < num_tokens; t += 5) slots[t] = -1;
-  if (num_tokens > 3) slots[3] = layout.NumSlots() + 7;
-  std::vector<int64_t> positions(num_tokens);
-  for (int64_t& p : positions) p = static_cast<int64_t>(rng() % 70000);
+  std::vector<int64_t> slots, positions;
+  RandomSlotsAndPositions(rng, layout, num_tokens, &slots, &positions);
   auto inv_freq = ComputeRopeInvFreq(500000.0, d, RopeScaling{});
   ASSERT_TRUE(inv_freq.ok()) << inv_freq.status();
   std::uniform_real_distribution<float> scale_dist(0.005f, 0.03f);
