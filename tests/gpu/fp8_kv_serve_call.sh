@@ -4,10 +4,13 @@
 #      fixture built here by transformers (tests/golden/make_golden_moe.py --only mistral_f32_hd64),
 #      KV_CACHE_DTYPE=fp8, PD_STAGES=ucx: a mixed FP8-KV worker's greedy tokens, then a prefill and a
 #      decode worker (both FP8 KV) through the router: the same tokens, KV received, no recompute;
-#   2. Llama-3-8B (dummy weights, FP8 weights quantized at load) behind its own router, a bf16 KV
-#      pool then an FP8 one, the same KV budget (KV_BYTES, default 16e9): tandem_bench at
-#      concurrency 1 (1024 in / 256 out, 8 requests) and 128 (1024 in / 512 out, 256 requests).
-#   Prints the PASS / FAIL lines and one summary line a run; logs in $OUT/logs.tgz.
+#   2. DUMMY_CONFIG (a --dummy_config preset, default llama3-8b; dummy weights, FP8 weights
+#      quantized at load) behind its
+#      own router, a bf16 KV pool then an FP8 one, the same KV budget (KV_BYTES, default 16e9):
+#      tandem_bench for each RUNS entry CONCURRENCY:REQUESTS:PROMPT:OUTPUT (default
+#      "1:8:1024:256 128:256:1024:512").
+#   PD=0 skips part 1. Prints the PASS / FAIL lines and one summary line a run; logs in
+#   $OUT/logs.tgz.
 #
 #   OUT=DIR tests/gpu/fp8_kv_serve_call.sh BUNDLE.tar.xz | BUNDLE_DIR
 #
@@ -25,30 +28,31 @@ BIN=$D/bin
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$D/lib:/usr/local/cuda/lib64
 L=$OUT/logs
 mkdir -p "$L"
-timeout 300 python3 tests/golden/make_golden_moe.py --out "$L/fix" --only mistral_f32_hd64 \
-  > "$L/fixture.txt" 2>&1
-tail -n 1 "$L/fixture.txt"
-MODEL=$L/fix/mistral_f32_hd64 KV_CACHE_DTYPE=fp8 PD_STAGES=ucx timeout 300 \
-  tests/gpu/mla_serve_pd.sh "$D" "$L/pd" 2>&1 | tail -n 12
+if [[ ${PD:-1} != 0 ]]; then
+  timeout 300 python3 tests/golden/make_golden_moe.py --out "$L/fix" --only mistral_f32_hd64 \
+    > "$L/fixture.txt" 2>&1
+  tail -n 1 "$L/fixture.txt"
+  MODEL=$L/fix/mistral_f32_hd64 KV_CACHE_DTYPE=fp8 PD_STAGES=ucx timeout 300 \
+    tests/gpu/mla_serve_pd.sh "$D" "$L/pd" 2>&1 | tail -n 12
+fi
 source tests/gpu/serve_lib.sh
 SERVE_UP_S=240
 for kv in auto fp8; do
   d=$L/serve_$kv
-  if serve_start "$d" 0 "8b-fp8w-kv-$kv" -- --worker_id="w-$kv" --load_format=dummy \
-    --dummy_config=llama3-8b --quantization=fp8 --kv_cache_dtype=$kv \
-    --kv_cache_bytes="${KV_BYTES:-16000000000}" --max_model_len=4096; then
-    timeout 60 "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
-      --max_concurrency=1 --num_requests=8 --prompt_len=1024 --output_len=256 --warmup=1 \
-      --seed=401 --json > "$d/c1.json" 2> "$d/c1.err"
-    echo "$kv c1 rc=$?"
-    timeout 150 "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
-      --max_concurrency=128 --num_requests=256 --prompt_len=1024 --output_len=512 --warmup=1 \
-      --seed=402 --json > "$d/c128.json" 2> "$d/c128.err"
-    echo "$kv c128 rc=$?"
+  if serve_start "$d" 0 "${DUMMY_CONFIG:-llama3-8b}-fp8w-kv-$kv" -- --worker_id="w-$kv" \
+    --load_format=dummy --dummy_config="${DUMMY_CONFIG:-llama3-8b}" --quantization=fp8 \
+    --kv_cache_dtype=$kv --kv_cache_bytes="${KV_BYTES:-16000000000}" --max_model_len=4096; then
+    for run in ${RUNS:-1:8:1024:256 128:256:1024:512}; do
+      IFS=: read -r conc reqs plen olen <<<"$run"
+      timeout "${RUN_S:-150}" "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
+        --max_concurrency="$conc" --num_requests="$reqs" --prompt_len="$plen" --output_len="$olen" \
+        --warmup=1 --seed=$((400 + conc)) --json > "$d/c$conc.json" 2> "$d/c$conc.err"
+      echo "$kv c$conc rc=$?"
+    done
   fi
   grep -m 3 -iE "kv pool|blocks|error" "$d/worker.log"
   serve_stop
 done
-bench_summary "$L"/serve_*/c1.json "$L"/serve_*/c128.json
+for run in ${RUNS:-1:8:1024:256 128:256:1024:512}; do bench_summary "$L"/serve_*/c"${run%%:*}".json; done
 rm -rf "$L/fix"/*/model.safetensors
 cd "$OUT" && tar -czf logs.tgz logs && rm -rf logs

@@ -7,8 +7,8 @@
 #   --router=... --listen=127.0.0.1:0` with CUDA_VISIBLE_DEVICES=GPUS, the NAME=VALUE environment
 #   and WORKER_FLAGS (the model, --kv_cache_bytes, --max_model_len, ...), logs DIR/router.log and
 #   DIR/worker.log; waits up to SERVE_UP_S seconds (default 120) for the router to list it healthy.
-#   Sets SERVE_ROUTER (host:port) and SERVE_PIDS, prints "TAG healthy=0|1 after N s"; returns 1
-#   unless healthy. serve_stop stops what it started (call it either way).
+#   Sets SERVE_ROUTER (host:port) and SERVE_PIDS, prints "TAG healthy=0|1 after N s" (at once
+#   when the worker exits, with its last log line); returns 1 unless healthy. serve_stop stops what it started (call it either way).
 # bench_summary FILE...: one line per tandem_bench --json FILE (its last two path parts, requests
 #   OK, TTFT mean / p50 / p99, TPOT mean, ITL p50 / p99, output tok/s); missing files named.
 
@@ -32,11 +32,16 @@ serve_start() {
   env ${envv[@]+"${envv[@]}"} CUDA_VISIBLE_DEVICES="$gpus" "$BIN/runtime/tandem_worker" --insecure \
     --role=mixed --backend=cuda --device=0 --router="$SERVE_ROUTER" --listen=127.0.0.1:0 \
     --port_file="$dir/worker.port" "$@" > "$dir/worker.log" 2>&1 &
-  SERVE_PIDS+=($!)
+  local worker=$!
+  SERVE_PIDS+=("$worker")
   for i in $(seq 1 $((${SERVE_UP_S:-120} * 5))); do
     if "$BIN/router/tandem_cli" --insecure workers --router="$SERVE_ROUTER" --json 2> /dev/null |
       grep -q '"healthy":true'; then
       up=1
+      break
+    fi
+    if ! kill -0 "$worker" 2> /dev/null; then  # it exited: no point waiting for it
+      echo "$tag: the worker exited: $(tail -n 1 "$dir/worker.log")"
       break
     fi
     sleep 0.2
