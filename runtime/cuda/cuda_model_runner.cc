@@ -241,7 +241,7 @@ absl::Status CudaModelRunner::AllocatePool(const kernels::KvCacheLayout& layout)
   if (latent_fp8) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
   // An FP8 latent pool (kv_layout.h, Fp8LatentBlocks): each block its codes, then its fp32 row
   // scales, one range per block (so a block moves P -> D, is leased and hashed like any other).
-  // A GQA FP8 pool: one byte a value, its scales per tensor (kv_scales_).
+  // A GQA FP8 pool: one byte a value, its scales per tensor (CudaLlamaModel::kv_scales).
   const int64_t pool_bytes = latent_fp8
                                  ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
                              : config_.fp8_kv ? layout.TotalElems()
