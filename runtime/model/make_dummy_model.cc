@@ -7,7 +7,8 @@
 //   make_dummy_model --config=deepseek-v3-4l --mtp_layers=1 --out=DIR   (+ DeepSeek's MTP layer)
 //
 // --config is a config.json file, a model directory holding one, or a preset name (tiny,
-// llama-100m, llama3-8b). Exits 1 with a message on stderr for bad input.
+// llama-100m, llama3-8b, llama3-70b, ...: PresetConfig). Exits 1 with a message on stderr for bad
+// input.
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -108,7 +109,8 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a Hugging Face model directory with random weights.\n"
-      "  make_dummy_model --config=<config.json | model dir | tiny | llama-100m | llama3-8b>\n"
+      "  make_dummy_model --config=<config.json | model dir | preset (tiny, llama3-8b, llama3-70b, "
+      "...)>\n"
       "                   --out=DIR [--seed=S] [--dtype=float32|bfloat16|float16] "
       "[--shard_mb=N] [--mtp_layers=N]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -227,6 +227,7 @@ std::string ModelConfigToJson(const ModelConfig& config);
 // Built-in shapes for dummy models:
 //   "llama3-8b":  Llama-3.1-8B (vocab 128256, hidden 4096, 32 layers, 32 heads, 8 kv heads,
 //                 inter 14336, rope_theta 500000 with llama3 scaling), bfloat16.
+//   "llama3-70b": Llama-3.1-70B (the same with hidden 8192, 80 layers, 64 heads, inter 28672).
 //   "llama-100m": ~100M parameters (vocab 32000, hidden 768, 12 layers, 12 heads, 4 kv heads,
 //                 inter 2048, tied embeddings), float32.
 //   "tiny":       vocab 256, hidden 64, 2 layers, 4 heads, 2 kv heads, inter 128, float32.

@@ -451,6 +451,10 @@ TEST(ModelConfigTest, Presets) {
   absl::StatusOr<ModelConfig> c = PresetConfig("llama3-8b");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->NumParameters(), 8030261248);
+  c = PresetConfig("llama3-70b");  // Llama-3.1-70B: 70.55B
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->NumParameters(), 70553706496);
+  EXPECT_EQ(c->num_key_value_heads, 8);
   c = PresetConfig("llama-100m");
   ASSERT_TRUE(c.ok());
   EXPECT_GT(c->NumParameters(), 90'000'000);

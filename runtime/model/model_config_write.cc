@@ -163,12 +163,13 @@ std::string ModelConfigToJson(const ModelConfig& c) {
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   ModelConfig c;
   c.architecture = std::string(kLlama);
-  if (name == "llama3-8b") {
+  if (name == "llama3-8b" || name == "llama3-70b") {
+    const bool big = name == "llama3-70b";
     c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
+    c.hidden_size = big ? 8192 : 4096;
+    c.intermediate_size = big ? 28672 : 14336;
+    c.num_hidden_layers = big ? 80 : 32;
+    c.num_attention_heads = big ? 64 : 32;
     c.num_key_value_heads = 8;
     c.head_dim = 128;
     c.rms_norm_eps = 1e-5;
@@ -221,7 +222,7 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown preset '", name,
-                     "' (presets: llama3-8b, llama-100m, tiny, qwen3-30b-a3b, "
+                     "' (presets: llama3-8b, llama3-70b, llama-100m, tiny, qwen3-30b-a3b, "
                      "qwen3-30b-a3b-fp8, mixtral-8x7b, tiny-moe, deepseek-v2-lite, "
                      "deepseek-v2-lite-mtp, deepseek-v3-4l, tiny-mla, deepseek-v2-lite-fp8, "
                      "deepseek-v3-4l-fp8, tiny-mla-fp8)"));
