@@ -7,8 +7,8 @@
 #   2. DUMMY_CONFIG (a --dummy_config preset, default llama3-8b; dummy weights, FP8 weights
 #      quantized at load) behind its
 #      own router, a bf16 KV pool then an FP8 one, the same KV budget (KV_BYTES, default 16e9):
-#      tandem_bench for each RUNS entry CONCURRENCY:REQUESTS:PROMPT:OUTPUT (default
-#      "1:8:1024:256 128:256:1024:512").
+#      tandem_bench for each RUNS entry CONCURRENCY:REQUESTS:PROMPT:OUTPUT[:RATE] (RATE: Poisson
+#      requests/s, default inf; default RUNS "1:8:1024:256 128:256:1024:512").
 #   PD=0 skips part 1. Prints the PASS / FAIL lines and one summary line a run; logs in
 #   $OUT/logs.tgz.
 #
@@ -43,8 +43,9 @@ for kv in auto fp8; do
     --load_format=dummy --dummy_config="${DUMMY_CONFIG:-llama3-8b}" --quantization=fp8 \
     --kv_cache_dtype=$kv --kv_cache_bytes="${KV_BYTES:-16000000000}" --max_model_len=4096; then
     for run in ${RUNS:-1:8:1024:256 128:256:1024:512}; do
-      IFS=: read -r conc reqs plen olen <<<"$run"
-      timeout "${RUN_S:-150}" "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" --rate=inf \
+      IFS=: read -r conc reqs plen olen rate <<<"$run"
+      timeout "${RUN_S:-150}" "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" \
+        --rate="${rate:-inf}" \
         --max_concurrency="$conc" --num_requests="$reqs" --prompt_len="$plen" --output_len="$olen" \
         --warmup=1 --seed=$((400 + conc)) --json > "$d/c$conc.json" 2> "$d/c$conc.err"
       echo "$kv c$conc rc=$?"
