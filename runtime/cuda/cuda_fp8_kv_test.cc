@@ -68,13 +68,19 @@ void CheckAgainstReferences(const ModelConfig& model, uint32_t seed) {
   fp8.fp8_kv = true;
   CudaBackendConfig fp8_decode_kernel = fp8;
   fp8_decode_kernel.use_prefill_kernel = false;
+  // The prefill steps widen the pool for the wgmma kernel by default; with no budget the
+  // mma.sync kernel reads the codes.
+  CudaBackendConfig fp8_codes = fp8;
+  fp8_codes.prefill_fp8_widen_max_bytes = 0;
   const CudaBackendConfig bf16 = MidBackend();
   const ExecutorFactory fp8_factory = CudaExecutorFactory(fp8);
   ASSERT_EQ(fp8_factory.kv_dtype, KvDtype::kFp8E4m3);
   const ExecutorFactory fp8_decode_factory = CudaExecutorFactory(fp8_decode_kernel);
+  const ExecutorFactory fp8_codes_factory = CudaExecutorFactory(fp8_codes);
   const ExecutorFactory bf16_factory = CudaExecutorFactory(bf16);
   const auto got = RunPrompts(model, weights, prompts, 4, &fp8_factory, true);
   const auto via_decode = RunPrompts(model, weights, prompts, 4, &fp8_decode_factory, true);
+  const auto via_codes = RunPrompts(model, weights, prompts, 4, &fp8_codes_factory, true);
   const auto pool16 = RunPrompts(model, weights, prompts, 4, &bf16_factory, true);
   const auto cpu = RunPrompts(model, weights, prompts, 4, nullptr, true);
   ExpectNear(got, cpu, 0.99, "FP8 pool vs the CPU backend (fp32)");
@@ -82,6 +88,7 @@ void CheckAgainstReferences(const ModelConfig& model, uint32_t seed) {
   ExpectNear(via_decode, cpu, 0.99, "FP8 pool prefilled by the decode kernel vs the CPU backend");
   // The same codes read by two kernels: only summation orders and roundings differ.
   ExpectNear(got, via_decode, 0.999, "prefill kernel vs decode kernel over the FP8 pool");
+  ExpectNear(got, via_codes, 0.999, "widened wgmma prefill vs mma.sync prefill over the codes");
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].tokens.size(), 4u);
 }
 
@@ -118,6 +125,9 @@ TEST(CudaFp8KvTest, GraphsAndEagerGiveIdenticalOutputs) {
       12, /*together=*/true);
   EXPECT_GT(stats.first.graph_steps, 0);
   EXPECT_EQ(stats.second.graph_steps, 0);
+  // The prompts' prefill steps widened the pool for the wgmma kernel (both engines).
+  EXPECT_GT(stats.first.widened_fp8_prefill_steps, 0);
+  EXPECT_EQ(stats.first.widened_fp8_prefill_steps, stats.second.widened_fp8_prefill_steps);
 }
 
 // A checkpoint's calibrated scales (LayerWeights::kv_k_scale / kv_v_scale, e.g. modelopt's

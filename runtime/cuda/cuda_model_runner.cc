@@ -428,6 +428,7 @@ void CudaModelRunner::PackBlockTable(absl::Span<const BlockId> table, int32_t* r
 
 absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_t num_tokens,
                                                         int64_t max_q_len, int64_t max_seq_len,
+                                                        int64_t total_kv_blocks,
                                                         bool allow_prefill) const {
   const ModelConfig& m = spec_.model_config;
   StepAttentionPlan plan;
@@ -452,6 +453,9 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
     in.kv_dtype = cache_.dtype;
     in.num_sms = num_sms_;
     in.allow_wgmma = config_.prefill_allow_wgmma;
+    in.kv_block_size = spec_.block_size;
+    in.total_kv_blocks = total_kv_blocks;
+    in.fp8_widen_max_bytes = config_.prefill_fp8_widen_max_bytes;
     ASSIGN_OR_RETURN(plan.prefill, kc::PlanPagedPrefill(in));
     plan.use_prefill = true;
     return plan;
@@ -557,7 +561,7 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
       ASSIGN_OR_RETURN(
           StepAttentionPlan fresh,
           Plan(padded, padded * width, width, kernels::DcpLocalCount(spec_.max_model_len, dcp_),
-               /*allow_prefill=*/false));
+               /*total_kv_blocks=*/0, /*allow_prefill=*/false));
       planned = padded_plans_.emplace(std::make_pair(padded, width), fresh).first;
     }
     const StepAttentionPlan& plan = planned->second;
@@ -575,11 +579,19 @@ absl::StatusOr<RunnerOutput> CudaModelRunner::Run(const SchedulerOutput& batch) 
       RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     }
   } else {
-    ASSIGN_OR_RETURN(StepAttentionPlan plan,
-                     Plan(S, total_tokens, max_q_len, max_seq_len, config_.use_prefill_kernel));
+    // The step's blocks (the fp8 prefill widening sizes its copy by them).
+    const auto* seq_lens =
+        reinterpret_cast<const int32_t*>(meta_host_.get<char>() + meta_.seq_lens);
+    int64_t kv_blocks = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      kv_blocks += (seq_lens[s] + spec_.block_size - 1) / spec_.block_size;
+    }
+    ASSIGN_OR_RETURN(StepAttentionPlan plan, Plan(S, total_tokens, max_q_len, max_seq_len,
+                                                  kv_blocks, config_.use_prefill_kernel));
     RETURN_IF_ERROR(EnsureAttnWorkspace(plan));
     RETURN_IF_ERROR(Enqueue(step, plan, greedy));
     ++stats_.eager_steps;
+    stats_.widened_fp8_prefill_steps += plan.use_prefill && plan.prefill.widen_fp8 ? 1 : 0;
     stats_.split_merge_in_kernel_steps += !plan.use_prefill && plan.decode.merge_in_kernel ? 1 : 0;
     stats_.split_merge_cluster_steps += !plan.use_prefill && plan.decode.cluster_merge ? 1 : 0;
   }

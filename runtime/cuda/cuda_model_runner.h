@@ -95,6 +95,11 @@ struct CudaBackendConfig {
   // The prefill kernel's Hopper (wgmma) variant for head_dim 64/128 (2-2.5x the mma.sync one on
   // the H200); false: its mma.sync one.
   bool prefill_allow_wgmma = true;
+  // FP8 K / V pools (--kv_cache_dtype=fp8) on the wgmma prefill kernel: a prefill step's
+  // layer K / V of the blocks it reaches are widened to 16 bits in the attention workspace
+  // first, when that copy (4 KiB a token at 8 kv heads x 128) fits this many bytes; larger steps
+  // (or 0) run the mma.sync kernel over the codes.
+  int64_t prefill_fp8_widen_max_bytes = int64_t{256} << 20;
   // The paged decode kernel merges its KV splits itself (the last split CTA of each group;
   // PagedAttentionPlanInput::workspace_zeroed) in a decode workspace of its own, zeroed when it
   // is allocated and kept zero by the kernel; false: a second (PDL) kernel merges them, in the
@@ -285,9 +290,11 @@ class CudaModelRunner : public ModelExecutor {
   // (its shard's blocks as local ids under DCP).
   void PackBlockTable(absl::Span<const BlockId> table, int32_t* row) const;
   // The decode kernel's plan, or the prefill kernel's when max_q_len >= kPrefillMinQLen and the
-  // head_dim has a prefill kernel (never for graph steps: allow_prefill = false).
+  // head_dim has a prefill kernel (never for graph steps: allow_prefill = false). total_kv_blocks:
+  // the step's blocks, sum of ceil(seq_len / block_size) (an fp8 pool's prefill widening).
   absl::StatusOr<StepAttentionPlan> Plan(int64_t num_seqs, int64_t num_tokens, int64_t max_q_len,
-                                         int64_t max_seq_len, bool allow_prefill) const;
+                                         int64_t max_seq_len, int64_t total_kv_blocks,
+                                         bool allow_prefill) const;
   // Grows the workspace `plan` runs in (attn_workspace_ or, for a decode plan that merges its
   // splits in the kernel, decode_workspace_, zeroed when allocated) to its workspace_bytes();
   // growing drops the captured graphs.

@@ -142,8 +142,13 @@ void* CudaModelRunner::AttnWorkspace(const StepAttentionPlan& plan) {
 absl::Status CudaModelRunner::EnsureAttnWorkspace(const StepAttentionPlan& plan) {
   const bool own = InDecodeWorkspace(plan);
   DeviceBuffer& buffer = own ? decode_workspace_ : attn_workspace_;
-  const int64_t bytes = plan.workspace_bytes();
+  int64_t bytes = plan.workspace_bytes();
   if (bytes <= buffer.bytes()) return absl::OkStatus();
+  // The fp8 prefill widening's copy varies with every step: its whole budget at once, so the
+  // workspace grows (and the graphs are dropped) once.
+  if (plan.use_prefill && plan.prefill.widen_fp8) {
+    bytes = std::max(bytes, config_.prefill_fp8_widen_max_bytes);
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   DropGraphs();  // they captured the old workspace's address
   buffer.Reset();

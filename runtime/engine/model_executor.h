@@ -76,6 +76,9 @@ struct ExecutorStats {
   // Of those, steps whose qkv GEMVs also applied RoPE and wrote the KV pool (CUDA:
   // CudaBackendConfig::fold_rope).
   int64_t folded_rope_steps = 0;
+  // Prefill-kernel steps over an FP8 K / V pool that widened it for the wgmma kernel (CUDA:
+  // CudaBackendConfig::prefill_fp8_widen_max_bytes).
+  int64_t widened_fp8_prefill_steps = 0;
   // Mixture-of-experts models: tokens routed to each expert ([num_experts], global ids), summed
   // over the MoE layers and steps (one per token and chosen expert); empty for dense models and
   // backends that do not count.

@@ -8,7 +8,9 @@
 #      quantized at load) behind its
 #      own router, a bf16 KV pool then an FP8 one, the same KV budget (KV_BYTES, default 16e9):
 #      tandem_bench for each RUNS entry CONCURRENCY:REQUESTS:PROMPT:OUTPUT[:RATE] (RATE: Poisson
-#      requests/s, default inf; default RUNS "1:8:1024:256 128:256:1024:512").
+#      requests/s, default inf; default RUNS "1:8:1024:256 128:256:1024:512"). KVS lists the
+#      workers, each KV_DTYPE[:PREFILL_KERNEL] (default "auto fp8"; e.g. fp8:mma = the FP8 pool
+#      with the mma.sync prefill kernel reading the codes, the widening off).
 #   PD=0 skips part 1. Prints the PASS / FAIL lines and one summary line a run; logs in
 #   $OUT/logs.tgz.
 #
@@ -37,18 +39,21 @@ if [[ ${PD:-1} != 0 ]]; then
 fi
 source tests/gpu/serve_lib.sh
 SERVE_UP_S=240
-for kv in auto fp8; do
-  d=$L/serve_$kv
-  if serve_start "$d" 0 "${DUMMY_CONFIG:-llama3-8b}-fp8w-kv-$kv" -- --worker_id="w-$kv" \
+for variant in ${KVS:-auto fp8}; do
+  IFS=: read -r kv pk <<<"$variant"
+  name=$kv${pk:+_$pk}
+  d=$L/serve_$name
+  if serve_start "$d" 0 "${DUMMY_CONFIG:-llama3-8b}-fp8w-kv-$name" -- --worker_id="w-$name" \
     --load_format=dummy --dummy_config="${DUMMY_CONFIG:-llama3-8b}" --quantization=fp8 \
-    --kv_cache_dtype=$kv --kv_cache_bytes="${KV_BYTES:-16000000000}" --max_model_len=4096; then
+    --kv_cache_dtype=$kv --prefill_kernel="${pk:-auto}" --kv_cache_bytes="${KV_BYTES:-16000000000}" \
+    --max_model_len=4096; then
     for run in ${RUNS:-1:8:1024:256 128:256:1024:512}; do
       IFS=: read -r conc reqs plen olen rate <<<"$run"
       timeout "${RUN_S:-150}" "$BIN/tests/bench/tandem_bench" --router="$SERVE_ROUTER" \
         --rate="${rate:-inf}" \
         --max_concurrency="$conc" --num_requests="$reqs" --prompt_len="$plen" --output_len="$olen" \
         --warmup=1 --seed=$((400 + conc)) --json > "$d/c$conc.json" 2> "$d/c$conc.err"
-      echo "$kv c$conc rc=$?"
+      echo "$name c$conc rc=$?"
     done
   fi
   grep -m 3 -iE "kv pool|blocks|error" "$d/worker.log"

@@ -11,17 +11,20 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/attention/cuda/paged_prefill_cuda.h"
+#include "kernels/attention/cuda/prefill_fp8_widen.h"
 #include "kernels/attention/cuda/prefill_mma_kernel.cuh"
 #include "kernels/attention/cuda/prefill_wgmma_kernel.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
+using internal::prefill::Fp8WidenBytes;
 using internal::prefill::MmaCfg;
 using internal::prefill::PrefillMmaKernel;
 using internal::prefill::PrefillParams;
 using internal::prefill::PrefillWgmmaKernel;
 using internal::prefill::WgCfg;
+using internal::prefill::WidenFp8Pool;
 
 template <typename... Args>
 absl::Status Invalid(const Args&... args) {
@@ -175,9 +178,27 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
       in.num_seqs > (int64_t{1} << 30) || in.num_q_heads > 65536) {
     return Invalid("num_seqs / num_tokens / max_seq_len beyond 2^30 or num_q_heads beyond 65536");
   }
+  if (in.kv_block_size < 0 || in.total_kv_blocks < 0 || in.fp8_widen_max_bytes < 0) {
+    return Invalid("kv_block_size, total_kv_blocks and fp8_widen_max_bytes must be >= 0");
+  }
   PagedPrefillPlan plan;
   plan.input = in;
-  plan.use_wgmma = in.allow_wgmma && in.head_dim <= 128 && !fp8;  // fp8: mma.sync only
+  if (fp8 && in.allow_wgmma && in.kv_block_size > 0 && in.total_kv_blocks > 0) {
+    // Widened into the workspace when the copy fits the budget (and the wgmma kernel then runs).
+    const KvCacheLayout one{.num_blocks = 1,
+                            .num_layers = 1,
+                            .block_size = in.kv_block_size,
+                            .num_kv_heads = in.num_kv_heads,
+                            .head_dim = in.head_dim};
+    const int64_t stride = (in.max_seq_len + in.kv_block_size - 1) / in.kv_block_size;
+    const int64_t bytes =
+        Fp8WidenBytes(one, in.total_kv_blocks, in.num_seqs, std::max<int64_t>(1, stride));
+    if (in.total_kv_blocks <= INT32_MAX && bytes <= in.fp8_widen_max_bytes) {
+      plan.widen_fp8 = true;
+      plan.workspace_bytes = bytes;
+    }
+  }
+  plan.use_wgmma = in.allow_wgmma && in.head_dim <= 128 && (!fp8 || plan.widen_fp8);
   plan.rows_per_tile = plan.use_wgmma ? 128 : 64;
   // The fallback to the mma kernel (non-Hopper device) walks 64-row items: size for both.
   plan.num_work_items = NumWorkItems(in, 64);
@@ -195,7 +216,7 @@ template <typename T>
 absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64_t layer,
                                    const AttentionBatch& batch, const AttentionParams& params,
                                    const PagedPrefillPlan& plan, T* out, float* lse,
-                                   void* /*workspace*/, cudaStream_t stream) {
+                                   void* workspace, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateDeviceKvCache(cache, "cuda::PagedPrefillAttention"));
   const KvCacheLayout& layout = cache.layout;
   const PagedPrefillPlanInput& in = plan.input;
@@ -221,12 +242,25 @@ absl::Status PagedPrefillAttention(const T* q, const DeviceKvCache& cache, int64
   }
   if (in.num_seqs == 0 || in.num_tokens == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateAttentionPointers("cuda::PagedPrefillAttention", q, out, batch));
-  if (fp8) {
-    return Run<T, __nv_fp8_e4m3>(q, cache, layer, batch, params, plan, false, out, lse, stream);
-  }
   bool wgmma = plan.use_wgmma;
   if (wgmma) {
     ASSIGN_OR_RETURN(wgmma, DeviceIsSm90());
+  }
+  if (fp8 && !wgmma) {
+    return Run<T, __nv_fp8_e4m3>(q, cache, layer, batch, params, plan, false, out, lse, stream);
+  }
+  if (fp8) {  // widened into the workspace (plan.widen_fp8), then read as T by the wgmma kernel
+    if (layout.block_size != in.kv_block_size) {
+      return Invalid("the plan widens blocks of ", in.kv_block_size, " tokens, the pool has ",
+                     layout.block_size);
+    }
+    DeviceKvCache widened;
+    AttentionBatch widened_batch;
+    const int64_t stride =
+        std::max<int64_t>(1, (in.max_seq_len + layout.block_size - 1) / layout.block_size);
+    RETURN_IF_ERROR(WidenFp8Pool<T>(cache, layer, batch, in.total_kv_blocks, stride, workspace,
+                                    &widened, &widened_batch, stream));
+    return Run<T, T>(q, widened, 0, widened_batch, params, plan, true, out, lse, stream);
   }
   return Run<T, T>(q, cache, layer, batch, params, plan, wgmma, out, lse, stream);
 }

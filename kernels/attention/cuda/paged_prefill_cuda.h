@@ -13,14 +13,19 @@
 //     wgmma (S = Q K^T from shared memory, O += P V with P in registers) and overlap the
 //     softmax of one key tile with the P.V product of the previous one;
 //   * mma.sync m16n8k16 (4 warps, 64 rows) for head_dim 64/128/192/256 (192: MLA's unabsorbed
-//     prefill, kernels/mla), when wgmma is disabled in the plan, and for every fp8 e4m3 pool
-//     (head_dim 64/128): its codes are copied as they are and widened to the activations' dtype
-//     in shared memory (exactly), the K scale folded into the scores, the V scale into O.
+//     prefill, kernels/mla), when wgmma is disabled in the plan, and for fp8 e4m3 pools
+//     (head_dim 64/128) the plan does not widen: its codes are copied as they are and widened to
+//     the activations' dtype in shared memory (exactly), the K scale folded into the scores, the
+//     V scale into O.
+// An fp8 pool the plan widens (PagedPrefillPlanInput::total_kv_blocks) runs on the wgmma kernel
+// instead: one small kernel first writes the layer's dequantized K / V of the batch's blocks into
+// the workspace (code * scale rounded once to the activations' dtype; prefill_fp8_widen.h).
 // Both are persistent: a fixed grid from the plan walks the work items, so a captured CUDA
 // graph replays with new lengths as long as the plan's bounds hold.
 //
 // Thread safety: plans are plain values. PagedPrefillAttention is asynchronous on `stream`,
-// reads q, the pool and the batch metadata, and writes out and lse; it needs no workspace.
+// reads q, the pool and the batch metadata, and writes out and lse (and the workspace when the
+// plan widens an fp8 pool).
 #ifndef TANDEM_KERNELS_ATTENTION_CUDA_PAGED_PREFILL_CUDA_H_
 #define TANDEM_KERNELS_ATTENTION_CUDA_PAGED_PREFILL_CUDA_H_
 
@@ -56,15 +61,27 @@ struct PagedPrefillPlanInput {
   // Width of V and of the output rows: 0 = head_dim; 128 with head_dim 192 (MLA's unabsorbed
   // prefill, kernels/mla: V rows of the pool keep head_dim values, only the first 128 are read).
   int64_t v_head_dim = 0;
+  // fp8 e4m3 pools on the wgmma kernel (allow_wgmma, head_dim 64 / 128): the layer's K / V of
+  // the blocks the batch reaches are first widened into a 16-bit copy in the workspace
+  // (prefill_fp8_widen.h). That needs the pool's block_size and the batch's blocks,
+  // sum over requests of ceil(seq_len / block_size) (host-known: the caller packed the seq_lens),
+  // and the copy (Fp8WidenBytes) must fit in fp8_widen_max_bytes; otherwise (either 0, or over)
+  // the mma.sync kernel reads the codes directly.
+  int64_t kv_block_size = 0;
+  int64_t total_kv_blocks = 0;
+  int64_t fp8_widen_max_bytes = int64_t{256} << 20;
 };
 
 struct PagedPrefillPlan {
   PagedPrefillPlanInput input;
   bool use_wgmma = false;
-  int rows_per_tile = 64;       // query rows (token x group head) per work item
-  int64_t num_work_items = 0;   // upper bound: (num_tokens * group / rows + num_seqs) * kv heads
-  int grid = 0;                 // persistent CTAs
-  int64_t workspace_bytes = 0;  // always 0: no scratch needed
+  // An fp8 pool widened into the workspace for the wgmma kernel (use_wgmma is then true too).
+  bool widen_fp8 = false;
+  int rows_per_tile = 64;      // query rows (token x group head) per work item
+  int64_t num_work_items = 0;  // upper bound: (num_tokens * group / rows + num_seqs) * kv heads
+  int grid = 0;                // persistent CTAs
+  // 0 unless widen_fp8: the widened layer's K / V and its block table.
+  int64_t workspace_bytes = 0;
 };
 
 // Picks the kernel and the persistent grid. INVALID_ARGUMENT for non-positive head counts,
@@ -88,7 +105,8 @@ absl::StatusOr<PagedPrefillPlan> PlanPagedPrefill(const PagedPrefillPlanInput& i
 // (v_head_dim 0: head_dim); lse: [num_tokens,
 // num_q_heads] fp32 natural log, or null. T is __nv_bfloat16 or __half, the pool of the same
 // dtype or fp8 e4m3 (KvDtype::kFp8E4m3: element = code * k_scale / v_scale, per tensor or per kv
-// head; a NaN code is a NaN element). workspace may be null (plan.workspace_bytes is 0). q and
+// head; a NaN code is a NaN element). workspace: plan.workspace_bytes bytes, 256-byte aligned (null
+// when 0). q and
 // out 16-byte aligned. Rows of out beyond query_start_loc[num_seqs] are not written.
 //
 // INVALID_ARGUMENT (nothing launched) on: invalid cache view (e.g. an fp8 pool without k_scale

@@ -5,8 +5,9 @@
 //
 // Tolerances (as paged_attention_cuda_test): out within 1e-2 x max|ref| (bf16/fp16 output
 // rounding is 2^-9 relative, P rounded to bf16 adds about as much), lse within 2e-3 x max(1,
-// |ref|). fp8 e4m3 pools (the mma.sync kernel only): the reference reads the dequantized codes
-// (code * scale, exact for the kernel's inputs), out within 2e-2 as the fp8 decode test.
+// |ref|). fp8 e4m3 pools: the reference reads what the kernel reads, the dequantized codes (code *
+// scale; the mma.sync kernel's exact inputs) or, for the wgmma kernel, the pool widened into the
+// workspace (code * scale rounded once to 16 bits); out within 2e-2 as the fp8 decode test.
 #include "kernels/attention/cuda/paged_prefill_cuda.h"
 
 #include <cuda_fp8.h>
@@ -135,10 +136,32 @@ Fp8Pool QuantizeFp8(std::mt19937& rng, PagedCase& c, bool per_head) {
   return f;
 }
 
-// fp8: the pool is `fp8`'s codes (c.pool is not read), and wgmma must be false.
+// What the wgmma kernel reads of an fp8 case (QuantizeFp8 done): the pool widened into the
+// workspace, code * scale rounded once to T (the same fp32 product, rounded to nearest even).
+template <typename T>
+PagedCase WidenedCase(const PagedCase& c) {
+  PagedCase w = c;
+  for (auto& k : w.k) cuda_test::RoundTo<T>(k);
+  for (auto& v : w.v) cuda_test::RoundTo<T>(v);
+  return w;
+}
+
+// Blocks the case's requests reach: sum of ceil(seq_len / block_size).
+int64_t TotalKvBlocks(const PagedCase& c) {
+  int64_t blocks = 0;
+  for (const SeqSpec& seq : c.seqs) {
+    blocks += (seq.seq_len + c.layout.block_size - 1) / c.layout.block_size;
+  }
+  return blocks;
+}
+
+// fp8: the pool is `fp8`'s codes (c.pool is not read); with wgmma the plan widens it into the
+// workspace (PagedPrefillPlanInput::total_kv_blocks) unless widen_budget is too small for it,
+// when the plan must fall back to the mma.sync kernel.
 template <typename T>
 void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool with_lse,
-             RunResult* result, const Fp8Pool* fp8 = nullptr) {
+             RunResult* result, const Fp8Pool* fp8 = nullptr,
+             int64_t widen_budget = int64_t{256} << 20) {
   const KvCacheLayout& layout = c.layout;
   const int64_t hq = c.options.num_q_heads, d = c.options.head_dim;
   DeviceBuffer<T> pool_dev(fp8 == nullptr ? cuda_test::Convert<T>(c.pool) : std::vector<T>());
@@ -159,11 +182,26 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
                 : std::is_same_v<T, __half> ? KvDtype::kFp16
                                             : KvDtype::kBf16;
   in.allow_wgmma = wgmma;
+  in.kv_block_size = layout.block_size;
+  in.total_kv_blocks = TotalKvBlocks(c);
+  in.fp8_widen_max_bytes = widen_budget;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&in.num_sms, cudaDevAttrMultiProcessorCount, 0));
   absl::StatusOr<PagedPrefillPlan> plan = PlanPagedPrefill(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->use_wgmma, wgmma && d <= 128);
-  ASSERT_EQ(plan->workspace_bytes, 0);
+  // fp8 widened: the layer's K and V of every reached block in 16 bits, plus the table.
+  const int64_t widened = 2 * in.total_kv_blocks * layout.TileElems() * 2;
+  const bool widen = fp8 != nullptr && wgmma && d <= 128 && widened < widen_budget;
+  ASSERT_EQ(plan->widen_fp8, widen);
+  ASSERT_EQ(plan->use_wgmma, wgmma && d <= 128 && (fp8 == nullptr || widen));
+  if (widen) {
+    ASSERT_GE(plan->workspace_bytes, widened);
+    ASSERT_LE(plan->workspace_bytes, widen_budget);
+  } else {
+    ASSERT_EQ(plan->workspace_bytes, 0);
+  }
+  DeviceBuffer<char> workspace(std::max<int64_t>(1, plan->workspace_bytes));
+  // Stale bytes in the workspace must not matter: NaN everywhere (0xff) before the widening.
+  TANDEM_CUDA_CHECK(cudaMemset(workspace.get(), 0xff, workspace.size()));
 
   const DeviceKvCache cache{
       .data = fp8 == nullptr ? static_cast<void*>(pool_dev.get()) : codes_dev.get(),
@@ -174,7 +212,8 @@ void RunCase(const PagedCase& c, const AttentionParams& params, bool wgmma, bool
       .per_head_scale = fp8 != nullptr && fp8->per_head};
   const absl::Status status =
       PagedPrefillAttention<T>(q_dev.get(), cache, c.options.layer, batch.batch, params, *plan,
-                               out_dev.get(), with_lse ? lse_dev.get() : nullptr, nullptr, nullptr);
+                               out_dev.get(), with_lse ? lse_dev.get() : nullptr,
+                               plan->workspace_bytes > 0 ? workspace.get() : nullptr, nullptr);
   ASSERT_TRUE(status.ok()) << status;
   TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   *result = cuda_test::ReadBack(c, out_dev, lse_dev);
@@ -195,18 +234,22 @@ void CheckCase(std::mt19937& rng, const CaseOptions& options, const std::vector<
     fp8 = QuantizeFp8(rng, c, pool == Pool::kFp8PerHead);
   }
   const double out_tol = fp8 ? 2 * kOutTol : kOutTol;
+  const bool widens = fp8 && options.head_dim <= 128;  // fp8 on the wgmma kernel
+  const PagedCase widened = widens ? WidenedCase<T>(c) : PagedCase{};
   for (const AttentionParams& params : param_sets) {
     SCOPED_TRACE("window_left=" + std::to_string(params.window_left) +
                  " softcap=" + std::to_string(params.softcap));
     const Reference ref = ParallelReference(c, params);
+    const Reference ref_widened = widens ? ParallelReference(widened, params) : Reference{};
     for (bool wgmma : {true, false}) {
-      if (wgmma && (options.head_dim > 128 || fp8)) continue;  // fp8: mma.sync only
+      if (wgmma && options.head_dim > 128) continue;
       SCOPED_TRACE(wgmma ? "wgmma kernel" : "mma.sync kernel");
       RunResult r;
       RunCase<T>(c, params, wgmma, /*with_lse=*/true, &r, fp8 ? &*fp8 : nullptr);
       if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_TRUE(OutClose(r.out, ref.out, out_tol));
-      EXPECT_TRUE(LseClose(r.lse, ref.lse, kLseTol));
+      const Reference& want = fp8 && wgmma ? ref_widened : ref;
+      EXPECT_TRUE(OutClose(r.out, want.out, out_tol));
+      EXPECT_TRUE(LseClose(r.lse, want.lse, kLseTol));
     }
   }
 }
@@ -338,6 +381,35 @@ TEST(PagedPrefillCudaTest, LongContext) {
   CheckCase<__nv_bfloat16>(rng, o, {{16384, 300}, {3001, 3001}, {17, 2}},
                            {{.scale = 0.088f}, {.scale = 0.088f, .window_left = 4095}},
                            "16k extend + 3k prefill");
+  // The same over fp8 codes: the widened copy holds 1,214 blocks (4.7 MiB at 2 kv heads).
+  CheckCase<__nv_bfloat16>(rng, o, {{16384, 300}, {3001, 3001}, {17, 2}}, {{.scale = 0.088f}},
+                           "fp8 16k extend + 3k prefill", Pool::kFp8PerTensor);
+}
+
+// An fp8 pool whose widened copy does not fit the plan's budget runs the mma.sync kernel over
+// the codes (and needs no workspace), with the same results as the widened wgmma run.
+TEST(PagedPrefillCudaTest, Fp8WidenOverBudgetReadsTheCodes) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(TestSeed());
+  CaseOptions o{.num_q_heads = 16, .num_kv_heads = 4, .head_dim = 128, .block_size = 16};
+  PagedCase c = MakePagedCase(rng, o, MixedSeqs(rng, 16));
+  cuda_test::RoundTo<__nv_bfloat16>(c.q);
+  const Fp8Pool fp8 = QuantizeFp8(rng, c, /*per_head=*/true);
+  const AttentionParams params{.scale = 0.09f};
+  const Reference ref = ParallelReference(c, params);
+  const Reference ref_widened = ParallelReference(WidenedCase<__nv_bfloat16>(c), params);
+  RunResult widened, codes;
+  RunCase<__nv_bfloat16>(c, params, /*wgmma=*/true, /*with_lse=*/true, &widened, &fp8);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  RunCase<__nv_bfloat16>(c, params, /*wgmma=*/true, /*with_lse=*/true, &codes, &fp8,
+                         /*widen_budget=*/4096);  // RunCase asserts the plan's fallback
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_TRUE(OutClose(widened.out, ref_widened.out, 2 * kOutTol));
+  EXPECT_TRUE(LseClose(widened.lse, ref_widened.lse, kLseTol));
+  EXPECT_TRUE(OutClose(codes.out, ref.out, 2 * kOutTol));
+  EXPECT_TRUE(LseClose(codes.lse, ref.lse, kLseTol));
+  EXPECT_TRUE(
+      OutClose(widened.out, std::vector<double>(codes.out.begin(), codes.out.end()), 2 * kOutTol));
 }
 
 // Many requests: the work-item search over query_start_loc, inside and beyond the kernel's

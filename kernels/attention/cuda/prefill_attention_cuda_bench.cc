@@ -5,9 +5,10 @@
 // TFLOP/s counts 4 * head_dim * num_q_heads * (sum over query rows of visible keys): QK^T and
 // P.V, 2 FLOP per multiply-add, causal work only (masked-out keys are not counted). Each shape
 // runs the Hopper wgmma kernel and the mma.sync kernel and prints max |wgmma - mma| over the
-// output as a cross-check, then the mma.sync kernel over an fp8 e4m3 pool of the same layout
-// (--kv_cache_dtype=fp8: codes of other random values, one scale per tensor; timed only). Prints
-// a table; no pass/fail.
+// output as a cross-check, then over an fp8 e4m3 pool of the same layout (--kv_cache_dtype=fp8:
+// codes of other random values, one scale per tensor) the mma.sync kernel reading the codes and
+// the wgmma kernel after the widening pass (its time included; max |widened - codes| printed as
+// the fp8 cross-check). Prints a table; no pass/fail.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -88,14 +89,13 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
   for (int64_t i = 0; i <= shape.num_seqs; ++i) qsl[i] = static_cast<int32_t>(i * shape.q_len);
 
   int32_t *d_tables, *d_qsl, *d_lens;
-  __nv_bfloat16 *d_q, *d_out[2];
+  __nv_bfloat16 *d_q, *d_out[4];
   float* d_lse;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d_tables, tables.size() * 4));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d_qsl, qsl.size() * 4));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lens, lens.size() * 4));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d_q, tokens * kHq * kD * 2));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out[0], tokens * kHq * kD * 2));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out[1], tokens * kHq * kD * 2));
+  for (auto*& out : d_out) CUDA_RETURN_IF_ERROR(cudaMalloc(&out, tokens * kHq * kD * 2));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d_lse, tokens * kHq * 4));
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
@@ -127,8 +127,10 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
   cache8.dtype = KvDtype::kFp8E4m3;
   cache8.k_scale = pools.scales;
   cache8.v_scale = pools.scales + 1;
-  double us[3] = {0, 0, 0};
-  int grid[3] = {0, 0, 0};
+  double us[4] = {0, 0, 0, 0};
+  int grid[4] = {0, 0, 0, 0};
+  const int64_t kv_blocks = shape.num_seqs * ((seq_len + kBlock - 1) / kBlock);
+  void* workspace = nullptr;
   auto plan_for = [&](KvDtype kv, bool wgmma) {
     return PlanPagedPrefill({.num_seqs = shape.num_seqs,
                              .num_tokens = tokens,
@@ -139,16 +141,24 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
                              .head_dim = kD,
                              .kv_dtype = kv,
                              .num_sms = num_sms,
-                             .allow_wgmma = wgmma});
+                             .allow_wgmma = wgmma,
+                             .kv_block_size = kBlock,
+                             .total_kv_blocks = kv_blocks,
+                             .fp8_widen_max_bytes = int64_t{1} << 30});
   };
-  for (int k = 0; k < 3; ++k) {  // wgmma, mma.sync, mma.sync over the fp8 pool
+  // wgmma, mma.sync, mma.sync over the fp8 codes, wgmma over the widened fp8 pool
+  for (int k = 0; k < 4; ++k) {
+    const bool fp8 = k >= 2;
     ASSIGN_OR_RETURN(const PagedPrefillPlan plan,
-                     plan_for(k == 2 ? KvDtype::kFp8E4m3 : KvDtype::kBf16, k == 0));
+                     plan_for(fp8 ? KvDtype::kFp8E4m3 : KvDtype::kBf16, k == 0 || k == 3));
+    if (k == 3 && !plan.widen_fp8) return absl::InternalError("the fp8 plan did not widen");
+    if (plan.workspace_bytes > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace, plan.workspace_bytes));
+    }
     grid[k] = plan.grid;
     auto run = [&] {
-      return PagedPrefillAttention<__nv_bfloat16>(d_q, k == 2 ? cache8 : cache, 0, batch, params,
-                                                  plan, d_out[k == 2 ? 1 : k], d_lse, nullptr,
-                                                  nullptr);
+      return PagedPrefillAttention<__nv_bfloat16>(d_q, fp8 ? cache8 : cache, 0, batch, params, plan,
+                                                  d_out[k], d_lse, workspace, nullptr);
     };
     for (int i = 0; i < 2; ++i) RETURN_IF_ERROR(run());
     CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -166,35 +176,37 @@ absl::Status RunShape(const Shape& shape, int num_sms, const Pools& pools, std::
     us[k] = ms * 1e3 / iters;
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    if (workspace != nullptr) cudaFree(workspace);
+    workspace = nullptr;
   }
-  // The fp8 run wrote d_out[1] last: the mma.sync kernel's 16-bit output again for the check.
-  {
-    ASSIGN_OR_RETURN(const PagedPrefillPlan plan, plan_for(KvDtype::kBf16, false));
-    RETURN_IF_ERROR(PagedPrefillAttention<__nv_bfloat16>(d_q, cache, 0, batch, params, plan,
-                                                         d_out[1], d_lse, nullptr, nullptr));
-  }
-  std::vector<uint16_t> o[2];
-  for (int k = 0; k < 2; ++k) {
+  std::vector<uint16_t> o[4];
+  for (int k = 0; k < 4; ++k) {
     o[k].resize(tokens * kHq * kD);
     CUDA_RETURN_IF_ERROR(
         cudaMemcpy(o[k].data(), d_out[k], o[k].size() * 2, cudaMemcpyDeviceToHost));
   }
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < o[0].size(); ++i) {
-    const double a = Bf16ToFloat(o[0][i]), b = Bf16ToFloat(o[1][i]);
-    const double diff = std::isnan(a) || std::isnan(b) ? INFINITY : std::abs(a - b);
-    max_diff = std::max(max_diff, diff);
-    max_abs = std::max(max_abs, std::abs(b));
-  }
-  std::printf("%-22s %10.1f %9.1f %5d %10.1f %9.1f %5d %12.2e %9.3f %10.1f %9.1f %5d\n", shape.name,
-              us[0], flops / us[0] * 1e-6, grid[0], us[1], flops / us[1] * 1e-6, grid[1], max_diff,
-              max_abs, us[2], flops / us[2] * 1e-6, grid[2]);
+  // max |a - b| and max |b| over the outputs of runs a, b (NaN: infinite).
+  auto diff = [&](int a, int b, double* max_abs) {
+    double max_diff = 0;
+    for (size_t i = 0; i < o[a].size(); ++i) {
+      const double x = Bf16ToFloat(o[a][i]), y = Bf16ToFloat(o[b][i]);
+      max_diff = std::max(max_diff, std::isnan(x) || std::isnan(y) ? INFINITY : std::abs(x - y));
+      *max_abs = std::max(*max_abs, std::abs(y));
+    }
+    return max_diff;
+  };
+  double max_abs = 0, max_abs8 = 0;
+  const double max_diff = diff(0, 1, &max_abs), max_diff8 = diff(3, 2, &max_abs8);
+  std::printf(
+      "%-22s %10.1f %9.1f %5d %10.1f %9.1f %5d %12.2e %9.3f %10.1f %9.1f %5d %10.1f %9.1f %12.2e\n",
+      shape.name, us[0], flops / us[0] * 1e-6, grid[0], us[1], flops / us[1] * 1e-6, grid[1],
+      max_diff, max_abs, us[2], flops / us[2] * 1e-6, grid[2], us[3], flops / us[3] * 1e-6,
+      max_diff8 / std::max(1e-30, max_abs8));
   cudaFree(d_tables);
   cudaFree(d_qsl);
   cudaFree(d_lens);
   cudaFree(d_q);
-  cudaFree(d_out[0]);
-  cudaFree(d_out[1]);
+  for (void* out : d_out) cudaFree(out);
   cudaFree(d_lse);
   return absl::OkStatus();
 }
@@ -227,13 +239,12 @@ absl::Status Run(const char* only) {
     for (int64_t i = 0; i < chunk; ++i) codes[i] = __nv_fp8_e4m3(64.0f * Bf16ToFloat(host[i / 2]));
     RETURN_IF_ERROR(FillReplicated(pools.fp8, pools.blocks * block_bytes / 2, codes.data(), chunk));
   }
-  std::printf("%-22s %10s %9s %5s %10s %9s %5s %12s %9s %10s %9s %5s\n", "shape", "wgmma_us",
-              "TFLOP/s", "grid", "mma_us", "TFLOP/s", "grid", "max|diff|", "max|out|", "fp8_mma_us",
-              "TFLOP/s", "grid");
+  std::printf("%-22s %10s %9s %5s %10s %9s %5s %12s %9s %10s %9s %5s %10s %9s %12s\n", "shape",
+              "wgmma_us", "TFLOP/s", "grid", "mma_us", "TFLOP/s", "grid", "max|diff|", "max|out|",
+              "fp8_mma_us", "TFLOP/s", "grid", "fp8_wg_us", "TFLOP/s", "fp8_rel_diff");
   const Shape shapes[] = {
-      {"1 x 4k prefill", 1, 4096, 0},
-      {"1 x 16k prefill", 1, 16384, 0},
-      {"8 x 2k prefill", 8, 2048, 0},
+      {"1 x 1k prefill", 1, 1024, 0},           {"1 x 4k prefill", 1, 4096, 0},
+      {"1 x 16k prefill", 1, 16384, 0},         {"8 x 2k prefill", 8, 2048, 0},
       {"2k new over 8k prefix", 1, 2048, 8192},
   };
   for (const Shape& shape : shapes) {
