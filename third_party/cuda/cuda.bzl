@@ -7,7 +7,10 @@
   cuda_cc_binary(name, ...)                       a cc_binary tagged "gpu_bench" (likewise).
 
 In a CPU-only build (no toolkit, or --config=cpu) all three define nothing: GPU-only targets are
-excluded, not broken. Device code targets sm_90a (Hopper, wgmma/TMA) plus compute_90 PTX.
+excluded, not broken. Device code targets sm_90a (Hopper, wgmma/TMA); optimized builds (-c opt:
+the GPU bundles, tests/gpu/bundle.sh with BAZEL adding it) embed compute_90 PTX as well, for
+newer GPUs to JIT. The PTX is a second device compile of every .cu (a third of nvcc's time), so
+the default build (CI's, which runs no GPU code) leaves it out.
 """
 
 load("@local_cuda//:defs.bzl", "CUDA_ENABLED", "CUDA_HOME")
@@ -17,7 +20,6 @@ NVCC_FLAGS = [
     "-O3",
     "-lineinfo",
     "-gencode=arch=compute_90a,code=sm_90a",
-    "-gencode=arch=compute_90,code=compute_90",
     "--expt-relaxed-constexpr",
     "-Xcompiler=-fPIC,-Wall,-Wextra",
     "-Werror=all-warnings",
@@ -28,6 +30,8 @@ def _cuda_objects_impl(ctx):
     cc_info = cc_common.merge_cc_infos(cc_infos = [d[CcInfo] for d in ctx.attr.deps if CcInfo in d])
     comp = cc_info.compilation_context
     flags = list(NVCC_FLAGS)
+    if ctx.var["COMPILATION_MODE"] == "opt":
+        flags.append("-gencode=arch=compute_90,code=compute_90")
     flags += ["-I.", "-I" + ctx.bin_dir.path]
     for inc in comp.includes.to_list() + comp.quote_includes.to_list():
         flags.append("-I" + inc)

@@ -16,13 +16,11 @@ load("@cutlass//:defs.bzl", "CUTLASS_ENABLED")
 load("@local_cuda//:defs.bzl", "CUDA_ENABLED", "CUDA_HOME")
 load("//third_party/cuda:cuda.bzl", "NVCC_FLAGS")
 
-_PTX_FLAG = "-gencode=arch=compute_90,code=compute_90"
-
 def _cutlass_objects_impl(ctx):
     infos = [d[CcInfo] for d in ctx.attr.deps if CcInfo in d]
     cc_info = cc_common.merge_cc_infos(cc_infos = infos)
     comp = cc_info.compilation_context
-    flags = [f for f in NVCC_FLAGS if f != _PTX_FLAG] + ["-DNDEBUG"]
+    flags = NVCC_FLAGS + ["-DNDEBUG"]  # NVCC_FLAGS has no PTX gencode (cuda_library adds it)
     flags += ["-I.", "-I" + ctx.bin_dir.path]
     for inc in comp.includes.to_list() + comp.quote_includes.to_list():
         flags.append("-I" + inc)
