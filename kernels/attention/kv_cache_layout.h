@@ -58,6 +58,17 @@ struct KvCacheView {
   KvCacheLayout layout;
 };
 
+// Non-owning view of an FP8 K / V pool (--kv_cache_dtype=fp8 for K / V heads): the same layout,
+// one e4m3fn code a value (layout.TotalElems() bytes), read back as code * scale with one scale
+// per tensor: k_scale for the K tiles and v_scale for the V tiles of the layer the view is used
+// for (the runtime passes each layer's own: a checkpoint's calibrated scales, else 1).
+struct Fp8KvCacheView {
+  uint8_t* data = nullptr;
+  KvCacheLayout layout;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+};
+
 }  // namespace tandem::kernels
 
 #endif  // TANDEM_KERNELS_ATTENTION_KV_CACHE_LAYOUT_H_

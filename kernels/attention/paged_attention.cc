@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fp8/fp8.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -50,8 +51,12 @@ struct Plan {
   float* out = nullptr;
   float* lse = nullptr;
   const float* k_base = nullptr;  // pool + layer's K tile offset within block 0
-  int64_t block_elems = 0;        // stride between blocks
-  int64_t tile_elems = 0;         // V tile = K tile + tile_elems
+  // FP8 pools instead (k_base null): the codes from the same offset, and the layer's scales.
+  const uint8_t* k_codes = nullptr;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  int64_t block_elems = 0;  // stride between blocks
+  int64_t tile_elems = 0;   // V tile = K tile + tile_elems
   int64_t block_size = 0;
   int64_t num_kv_heads = 0;
   int64_t num_q_heads = 0;
@@ -88,14 +93,44 @@ struct Scratch {
         hi(plan.tile_tokens),
         scores(kKeyChunk),
         k_rows(kKeyChunk),
-        v_rows(kKeyChunk) {}
+        v_rows(kKeyChunk),
+        k_deq(plan.k_codes != nullptr ? kKeyChunk * plan.head_dim : 0),
+        v_deq(plan.k_codes != nullptr ? kKeyChunk * plan.head_dim : 0) {}
   std::vector<float> acc;       // [rows][head_dim] unnormalized output
   std::vector<float> m;         // [rows] running max of scores
   std::vector<float> l;         // [rows] running sum of exp(score - m)
   std::vector<int64_t> lo, hi;  // [tokens] visible key positions [lo, hi)
   std::vector<float> scores;
   std::vector<const float*> k_rows, v_rows;  // this chunk's rows for the item's kv head
+  std::vector<float> k_deq, v_deq;  // FP8 pools: the chunk's rows dequantized, [kKeyChunk][d]
 };
+
+// Points s.k_rows / s.v_rows at the rows of keys [c0, c1) of the item's kv head: in the f32 pool,
+// or (FP8) at their values code * scale in s.k_deq / s.v_deq, the exact fp32 products, so the
+// arithmetic after this is that of an f32 pool holding them.
+void LoadChunkRows(const Plan& plan, const int32_t* block_table, int64_t kv_head, int64_t d,
+                   int64_t c0, int64_t c1, Scratch& s) {
+  const int64_t token_stride = plan.num_kv_heads * d;  // between tokens within a tile
+  for (int64_t pos = c0; pos < c1; ++pos) {
+    const int64_t off = block_table[pos / plan.block_size] * plan.block_elems +
+                        (pos % plan.block_size) * token_stride + kv_head * d;
+    if (plan.k_codes == nullptr) {
+      s.k_rows[pos - c0] = plan.k_base + off;
+      s.v_rows[pos - c0] = plan.k_base + off + plan.tile_elems;
+      continue;
+    }
+    float* k = s.k_deq.data() + (pos - c0) * d;
+    float* v = s.v_deq.data() + (pos - c0) * d;
+    const uint8_t* k_code = plan.k_codes + off;
+    const uint8_t* v_code = k_code + plan.tile_elems;
+    for (int64_t j = 0; j < d; ++j) {
+      k[j] = Fp8E4m3ToFloat(k_code[j]) * plan.k_scale;
+      v[j] = Fp8E4m3ToFloat(v_code[j]) * plan.v_scale;
+    }
+    s.k_rows[pos - c0] = k;
+    s.v_rows[pos - c0] = v;
+  }
+}
 
 // 4 x fp32 SIMD (SSE on x86-64, NEON on arm64) through GCC/Clang vector extensions: no -march
 // flags, so one binary runs everywhere and computes the same bits everywhere.
@@ -222,8 +257,6 @@ void RunItem(const Plan& plan, const WorkItem& item, Scratch& s) {
   std::fill(s.l.begin(), s.l.begin() + rows, 0.0f);
   std::fill(s.acc.begin(), s.acc.begin() + rows * d, 0.0f);
 
-  const int64_t token_stride = plan.num_kv_heads * d;  // between tokens within a tile
-  const float* k_head = plan.k_base + item.kv_head * d;
   const bool softcap = params.softcap > 0;
   const float inv_softcap = softcap ? 1.0f / params.softcap : 0.0f;
 
@@ -231,12 +264,7 @@ void RunItem(const Plan& plan, const WorkItem& item, Scratch& s) {
   const int64_t key_end = s.hi[num_tok - 1];
   for (int64_t c0 = s.lo[0]; c0 < key_end; c0 += kKeyChunk) {
     const int64_t c1 = std::min(c0 + kKeyChunk, key_end);
-    for (int64_t pos = c0; pos < c1; ++pos) {
-      const float* k_row = k_head + block_table[pos / plan.block_size] * plan.block_elems +
-                           (pos % plan.block_size) * token_stride;
-      s.k_rows[pos - c0] = k_row;
-      s.v_rows[pos - c0] = k_row + plan.tile_elems;
-    }
+    LoadChunkRows(plan, block_table, item.kv_head, d, c0, c1, s);
     for (int64_t t = 0; t < num_tok; ++t) {
       const int64_t vis_begin = std::max(c0, s.lo[t]);
       const int64_t vis_end = std::min(c1, s.hi[t]);
@@ -333,11 +361,11 @@ void RunItems(const Plan& plan, const std::vector<WorkItem>& items, std::atomic<
   }
 }
 
-absl::Status ValidateParams(int64_t num_q_heads, const KvCacheView& cache, int64_t layer,
-                            const AttentionBatch& batch, const AttentionParams& params) {
-  const KvCacheLayout& layout = cache.layout;
+absl::Status ValidateParams(int64_t num_q_heads, const KvCacheLayout& layout, const void* data,
+                            int64_t layer, const AttentionBatch& batch,
+                            const AttentionParams& params) {
   RETURN_IF_ERROR(layout.Validate());
-  if (cache.data == nullptr) return Invalid("cache.data is null");
+  if (data == nullptr) return Invalid("cache.data is null");
   if (layer < 0 || layer >= layout.num_layers) {
     return Invalid("layer ", layer, " out of range [0, ", layout.num_layers, ")");
   }
@@ -423,23 +451,16 @@ absl::Status ValidateBatch(const AttentionBatch& batch, const KvCacheLayout& lay
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cache, int64_t layer,
-                            const AttentionBatch& batch, const AttentionParams& params, float* out,
-                            float* lse, ThreadPool* pool) {
-  RETURN_IF_ERROR(ValidateParams(num_q_heads, cache, layer, batch, params));
-  RETURN_IF_ERROR(ValidateBatch(batch, cache.layout, params));
+// The entry points' shared body: checks, the plan (k_base or k_codes set by the caller), items.
+absl::Status Run(Plan plan, const KvCacheLayout& layout, const void* data, int64_t layer,
+                 int64_t num_q_heads, const AttentionBatch& batch, const AttentionParams& params,
+                 ThreadPool* pool) {
+  RETURN_IF_ERROR(ValidateParams(num_q_heads, layout, data, layer, batch, params));
+  RETURN_IF_ERROR(ValidateBatch(batch, layout, params));
   const int64_t num_tokens = batch.num_seqs == 0 ? 0 : batch.query_start_loc[batch.num_seqs];
   if (num_tokens == 0) return absl::OkStatus();
-  if (q == nullptr || out == nullptr) return Invalid("q and out must be non-null");
+  if (plan.q == nullptr || plan.out == nullptr) return Invalid("q and out must be non-null");
 
-  const KvCacheLayout& layout = cache.layout;
-  Plan plan;
-  plan.q = q;
-  plan.out = out;
-  plan.lse = lse;
-  plan.k_base = cache.data + layout.TileOffset(0, layer, 0);
   plan.block_elems = layout.BlockElems();
   plan.tile_elems = layout.TileElems();
   plan.block_size = layout.block_size;
@@ -479,6 +500,42 @@ absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cac
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   pool->ParallelFor(num_workers, [&](int64_t, int64_t) { RunItems(plan, items, next); });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cache, int64_t layer,
+                            const AttentionBatch& batch, const AttentionParams& params, float* out,
+                            float* lse, ThreadPool* pool) {
+  Plan plan;
+  plan.q = q;
+  plan.out = out;
+  plan.lse = lse;
+  if (cache.data != nullptr && layer >= 0 && layer < cache.layout.num_layers) {
+    plan.k_base = cache.data + cache.layout.TileOffset(0, layer, 0);
+  }
+  return Run(plan, cache.layout, cache.data, layer, num_q_heads, batch, params, pool);
+}
+
+absl::Status PagedAttention(const float* q, int64_t num_q_heads, Fp8KvCacheView cache,
+                            int64_t layer, const AttentionBatch& batch,
+                            const AttentionParams& params, float* out, float* lse,
+                            ThreadPool* pool) {
+  for (float scale : {cache.k_scale, cache.v_scale}) {
+    if (!std::isfinite(scale) || scale <= 0) {
+      return Invalid("FP8 pool scales must be finite and > 0, got ", scale);
+    }
+  }
+  Plan plan;
+  plan.q = q;
+  plan.out = out;
+  plan.lse = lse;
+  if (cache.data != nullptr && layer >= 0 && layer < cache.layout.num_layers) {
+    plan.k_codes = cache.data + cache.layout.TileOffset(0, layer, 0);
+  }
+  plan.k_scale = cache.k_scale;
+  plan.v_scale = cache.v_scale;
+  return Run(plan, cache.layout, cache.data, layer, num_q_heads, batch, params, pool);
 }
 
 }  // namespace tandem::kernels::cpu

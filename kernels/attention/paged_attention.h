@@ -90,6 +90,15 @@ absl::Status PagedAttention(const float* q, int64_t num_q_heads, KvCacheView cac
                             const AttentionBatch& batch, const AttentionParams& params, float* out,
                             float* lse, ThreadPool* pool);
 
+// The same over an FP8 K / V pool (kv_cache_layout.h): each K / V row read as its codes times
+// cache.k_scale / cache.v_scale (fp32 products), then the arithmetic above, so the result is
+// bitwise that of PagedAttention over an f32 pool holding those products. Also INVALID_ARGUMENT
+// for a scale that is not finite and > 0.
+absl::Status PagedAttention(const float* q, int64_t num_q_heads, Fp8KvCacheView cache,
+                            int64_t layer, const AttentionBatch& batch,
+                            const AttentionParams& params, float* out, float* lse,
+                            ThreadPool* pool);
+
 }  // namespace tandem::kernels::cpu
 
 #endif  // TANDEM_KERNELS_ATTENTION_PAGED_ATTENTION_H_

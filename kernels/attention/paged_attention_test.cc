@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/attention_test_util.h"
 #include "kernels/attention/kv_cache_layout.h"
+#include "kernels/fp8/fp8.h"
 #include "kernels/threading/thread_pool.h"
 
 namespace tandem::kernels::cpu {
@@ -141,6 +142,88 @@ TEST(PagedAttentionRandomTest, RandomBatches) {
                  << " d " << options.head_dim << " bs " << options.block_size);
     CheckAgainstReference(c, params, &pool);
   }
+}
+
+// An FP8 pool (Fp8KvCacheView): the case's pool quantized with random per-tensor scales. The
+// kernel must give bitwise what it gives over an f32 pool holding code * scale, any thread count,
+// with DCP-free random batches, windows and soft-caps; and that f32 run is near the fp64
+// reference of the dequantized values (the same tolerance as the f32 tests).
+TEST(PagedAttentionFp8Test, EqualsTheF32PoolOfItsValues) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  ThreadPool pool(3);
+  const HeadConfig head_configs[] = {{4, 4}, {8, 2}, {16, 2}, {6, 3}, {5, 1}};
+  for (int trial = 0; trial < 12; ++trial) {
+    CaseOptions options;
+    const HeadConfig heads = head_configs[trial % 5];
+    options.num_q_heads = heads.num_q_heads;
+    options.num_kv_heads = heads.num_kv_heads;
+    options.head_dim = trial < 4 ? 64 * (1 + trial % 2) : 1 + rng() % 100;
+    options.block_size = 1 + rng() % 20;
+    options.kv_stddev = 0.1f + (rng() % 30) / 10.0f;
+    std::vector<SeqSpec> seqs = trial % 2 == 0 ? MixedBatch() : std::vector<SeqSpec>(1 + rng() % 5);
+    for (SeqSpec& q : seqs) {
+      if (trial % 2 == 0) continue;
+      q.seq_len = 1 + rng() % 150;
+      q.q_len = 1 + rng() % q.seq_len;
+    }
+    PagedCase c = MakePagedCase(rng, options, seqs);
+    Fp8KvCacheView fp8{nullptr, c.layout, 0.002f + (rng() % 100) / 1000.0f,
+                       0.002f + (rng() % 100) / 1000.0f};
+    std::vector<uint8_t> codes(c.pool.size());
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const bool is_v = (static_cast<int64_t>(i) / c.layout.TileElems()) % 2 == 1;
+      const float scale = is_v ? fp8.v_scale : fp8.k_scale;
+      codes[i] = FloatToFp8E4m3(c.pool[i] / scale);
+      c.pool[i] = Fp8E4m3ToFloat(codes[i]) * scale;  // the f32 pool of the codes' values
+    }
+    fp8.data = codes.data();
+    // The reference's per-sequence K / V copies: the same values.
+    for (size_t q = 0; q < c.seqs.size(); ++q) {
+      for (size_t i = 0; i < c.k[q].size(); ++i) {
+        c.k[q][i] = Fp8E4m3ToFloat(FloatToFp8E4m3(c.k[q][i] / fp8.k_scale)) * fp8.k_scale;
+        c.v[q][i] = Fp8E4m3ToFloat(FloatToFp8E4m3(c.v[q][i] / fp8.v_scale)) * fp8.v_scale;
+      }
+    }
+    AttentionParams params;
+    params.scale = 1.0f / std::sqrt(static_cast<float>(options.head_dim));
+    params.window_left = trial % 3 == 1 ? static_cast<int64_t>(rng() % 50) : -1;
+    params.softcap = trial % 4 == 3 ? 1.0f + (rng() % 100) / 10.0f : 0.0f;
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " heads " << heads.num_q_heads << "/" << heads.num_kv_heads
+                 << " d " << options.head_dim << " bs " << options.block_size << " scales "
+                 << fp8.k_scale << ", " << fp8.v_scale);
+    CheckAgainstReference(c, params, &pool);
+    const Result f32 = RunCpuPagedAttention(c, params, nullptr);
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      Result got;
+      got.out.assign(f32.out.size(), 1234.5f);
+      got.lse.assign(f32.lse.size(), 1234.5f);
+      const absl::Status status =
+          PagedAttention(c.q.data(), options.num_q_heads, fp8, options.layer, c.Batch(), params,
+                         got.out.data(), got.lse.data(), p);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(got.out == f32.out) << "FP8 pool output differs from the f32 pool of its values";
+      EXPECT_TRUE(got.lse == f32.lse) << "FP8 pool lse differs from the f32 pool of its values";
+    }
+  }
+}
+
+TEST(PagedAttentionFp8Test, ScalesMustBeFiniteAndPositive) {
+  std::mt19937 rng(TestSeed());
+  PagedCase c = MakePagedCase(rng, CaseOptions{}, {{20, 3}});
+  std::vector<uint8_t> codes(c.pool.size(), 0x30);
+  std::vector<float> out(c.num_tokens * 8 * 64, 1234.5f);
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    const Fp8KvCacheView fp8{codes.data(), c.layout, 1.0f, bad};
+    const absl::Status status = PagedAttention(c.q.data(), 8, fp8, 1, c.Batch(), {.scale = 0.1f},
+                                               out.data(), nullptr, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("scales"), std::string::npos) << status;
+  }
+  EXPECT_EQ(out[0], 1234.5f);  // nothing written
 }
 
 TEST(PagedAttentionStabilityTest, LargeScoresDoNotOverflow) {
@@ -282,8 +365,8 @@ TEST_F(PagedAttentionValidationTest, HeadsAndLayer) {
   ExpectInvalid(PagedAttention(c_.q.data(), 8, {c_.pool.data(), bad}, 1, c_.Batch(), params_,
                                out_.data(), lse_.data(), nullptr),
                 "num_kv_heads");
-  ExpectInvalid(PagedAttention(c_.q.data(), 8, {nullptr, c_.layout}, 1, c_.Batch(), params_,
-                               out_.data(), lse_.data(), nullptr),
+  ExpectInvalid(PagedAttention(c_.q.data(), 8, KvCacheView{nullptr, c_.layout}, 1, c_.Batch(),
+                               params_, out_.data(), lse_.data(), nullptr),
                 "cache.data");
 }
 

@@ -26,6 +26,13 @@ namespace tandem::kernels::cpu {
 absl::Status ReshapeAndCache(const float* k, const float* v, const int64_t* slot_mapping,
                              int64_t num_tokens, int64_t layer, KvCacheView cache);
 
+// The same into an FP8 K / V pool: each value stored as FloatToFp8E4m3(x / scale) (fp32
+// division, nearest e4m3fn code, saturated to +-448, NaN kept NaN), scale = cache.k_scale for K
+// and cache.v_scale for V: the codes the CUDA writers (ReshapeAndCache, RopeQkvToCache) store.
+// INVALID_ARGUMENT as above, and for a scale that is not finite and > 0.
+absl::Status ReshapeAndCacheFp8(const float* k, const float* v, const int64_t* slot_mapping,
+                                int64_t num_tokens, int64_t layer, Fp8KvCacheView cache);
+
 }  // namespace tandem::kernels::cpu
 
 #endif  // TANDEM_KERNELS_ATTENTION_RESHAPE_AND_CACHE_H_

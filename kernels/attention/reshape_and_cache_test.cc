@@ -1,13 +1,16 @@
 #include "kernels/attention/reshape_and_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention/attention_test_util.h"
 #include "kernels/attention/kv_cache_layout.h"
+#include "kernels/fp8/fp8.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -136,6 +139,61 @@ TEST_F(ReshapeAndCacheErrorTest, AllSkippedOrEmptyWritesNothing) {
   EXPECT_TRUE(ReshapeAndCache(k_.data(), v_.data(), slots.data(), 4, 0, View()).ok());
   EXPECT_TRUE(ReshapeAndCache(nullptr, nullptr, nullptr, 0, 0, View()).ok());
   EXPECT_TRUE(pool_ == before_);
+}
+
+// The FP8 writer: every value's code is FloatToFp8E4m3(x / scale) (K and V with their own
+// scales), at the slots the layout says, out-of-range values saturated, NaN kept NaN, every other
+// byte untouched; bad scales refused with nothing written.
+TEST(ReshapeAndCacheFp8Test, CodesOfValueOverScaleAtTheirSlots) {
+  const uint32_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  const KvCacheLayout layout = {
+      .num_blocks = 5, .num_layers = 2, .block_size = 4, .num_kv_heads = 3, .head_dim = 6};
+  const int64_t row = layout.num_kv_heads * layout.head_dim;
+  std::vector<uint8_t> pool(layout.TotalElems());
+  for (uint8_t& b : pool) b = static_cast<uint8_t>(rng());
+  const std::vector<uint8_t> before = pool;
+  const std::vector<int64_t> slots = {7, -1, 0, 19, 12};
+  const int64_t T = static_cast<int64_t>(slots.size());
+  std::vector<float> k = RandomNormal(rng, T * row, 3.0f), v = RandomNormal(rng, T * row, 0.5f);
+  k[1] = 1e6f;  // saturates to +448 * scale
+  v[2] = -1e6f;
+  k[3] = std::numeric_limits<float>::quiet_NaN();
+  const Fp8KvCacheView view{pool.data(), layout, 0.0125f, 0.004f};
+  ASSERT_TRUE(ReshapeAndCacheFp8(k.data(), v.data(), slots.data(), T, 1, view).ok());
+  std::vector<bool> written(pool.size(), false);
+  for (int64_t t = 0; t < T; ++t) {
+    if (slots[t] < 0) continue;
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      for (int64_t j = 0; j < layout.head_dim; ++j) {
+        const int64_t i = h * layout.head_dim + j;
+        const int64_t ki = PoolIndex(layout, slots[t], 1, 0, h, j);
+        const int64_t vi = PoolIndex(layout, slots[t], 1, 1, h, j);
+        EXPECT_EQ(pool[ki], FloatToFp8E4m3(k[t * row + i] / view.k_scale)) << t << " " << i;
+        EXPECT_EQ(pool[vi], FloatToFp8E4m3(v[t * row + i] / view.v_scale)) << t << " " << i;
+        written[ki] = written[vi] = true;
+      }
+    }
+  }
+  EXPECT_EQ(Fp8E4m3ToFloat(pool[PoolIndex(layout, 7, 1, 0, 0, 1)]), 448.0f);
+  EXPECT_EQ(Fp8E4m3ToFloat(pool[PoolIndex(layout, 7, 1, 1, 0, 2)]), -448.0f);
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToFloat(pool[PoolIndex(layout, 7, 1, 0, 0, 3)])));
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (!written[i]) {
+      EXPECT_EQ(pool[i], before[i]) << "byte " << i << " changed";
+    }
+  }
+  const std::vector<uint8_t> after = pool;
+  for (float bad : {0.0f, -0.5f, std::numeric_limits<float>::infinity()}) {
+    const Fp8KvCacheView bad_view{pool.data(), layout, bad, 1.0f};
+    EXPECT_EQ(ReshapeAndCacheFp8(k.data(), v.data(), slots.data(), T, 1, bad_view).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  const std::vector<int64_t> bad_slots = {0, 20};
+  EXPECT_EQ(ReshapeAndCacheFp8(k.data(), v.data(), bad_slots.data(), 2, 0, view).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pool == after) << "a refused call wrote";
 }
 
 }  // namespace

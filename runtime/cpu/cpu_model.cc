@@ -33,18 +33,14 @@ absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(const ModelConfig& config
                                                        ModelWeights weights,
                                                        kernels::ThreadPool* pool,
                                                        comm::ProcessGroup* group,
-                                                       kernels::DcpShard dcp, bool fp8_latent_kv) {
+                                                       kernels::DcpShard dcp, bool fp8_kv) {
   if (config.IsMla()) {
     ASSIGN_OR_RETURN(std::unique_ptr<MlaModel> mla,
-                     MlaModel::Create(config, std::move(weights), pool, group, dcp, fp8_latent_kv));
+                     MlaModel::Create(config, std::move(weights), pool, group, dcp, fp8_kv));
     return std::unique_ptr<CpuModel>(std::move(mla));
   }
-  if (fp8_latent_kv) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an FP8 latent KV pool needs a DeepSeek MLA model, not ", config.architecture));
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> llama,
-                   LlamaModel::Create(config, std::move(weights), pool, group, dcp));
+                   LlamaModel::Create(config, std::move(weights), pool, group, dcp, fp8_kv));
   return std::unique_ptr<CpuModel>(new LlamaCpuModel(std::move(llama)));
 }
 

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
                                                                ModelWeights weights,
                                                                kernels::ThreadPool* pool,
                                                                comm::ProcessGroup* group,
-                                                               kernels::DcpShard dcp) {
+                                                               kernels::DcpShard dcp,
+                                                               bool fp8_kv) {
   // Data-parallel attention: nothing is split by heads or vocabulary (no TP collective); the
   // group carries the MoE layers' all-to-alls only (moe_all_to_all.h).
   comm::ProcessGroup* dispatch =
@@ -80,13 +81,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
   std::unique_ptr<LlamaModel> model(
-      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp));
+      new LlamaModel(config, std::move(weights), std::move(inv_freq), pool, group, dcp, fp8_kv));
   if (dispatch != nullptr) model->moe_.UseAllToAll(dispatch);
   return model;
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-                       kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp)
+                       kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp,
+                       bool fp8_kv)
     : config_(config),
       weights_(std::move(weights)),
       inv_freq_(std::move(inv_freq)),
@@ -94,7 +96,28 @@ LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, std::vec
       group_(group != nullptr && group->size() > 1 ? group : nullptr),
       vocab_begin_(group_ == nullptr ? 0 : group_->rank() * VocabRows(config.vocab_size, group_)),
       vocab_rows_(VocabRows(config.vocab_size, group_)),
-      dcp_(dcp) {}
+      dcp_(dcp),
+      fp8_kv_(fp8_kv) {}
+
+absl::Status LlamaModel::Attend(const ForwardInput& input, kernels::KvCacheView cache, int64_t l,
+                                const kernels::AttentionParams& params, int64_t Hq) {
+  const int64_t T = static_cast<int64_t>(input.token_ids.size());
+  float* lse = dcp_.size > 1 ? lse_.data() : nullptr;
+  if (!fp8_kv_) {
+    RETURN_IF_ERROR(
+        kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(), T, l, cache));
+    return kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention, params,
+                                        attn_.data(), lse, pool_);
+  }
+  const LayerWeights& w = weights_.layers[l];
+  const kernels::Fp8KvCacheView fp8{reinterpret_cast<uint8_t*>(cache.data), cache.layout,
+                                    w.kv_k_scale > 0 ? w.kv_k_scale : kFp8KvTensorScale,
+                                    w.kv_v_scale > 0 ? w.kv_v_scale : kFp8KvTensorScale};
+  RETURN_IF_ERROR(
+      kernels::cpu::ReshapeAndCacheFp8(k_.data(), v_.data(), input.slot_mapping.data(), T, l, fp8));
+  return kernels::cpu::PagedAttention(q_.data(), Hq, fp8, l, input.attention, params, attn_.data(),
+                                      lse, pool_);
+}
 
 kernels::KvCacheLayout LlamaModel::KvLayout(int64_t num_blocks, int64_t block_size) const {
   return KvLayoutForModel(config_, num_blocks, block_size);
@@ -167,11 +190,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
     }
     kernels::cpu::ApplyRope(input.positions.data(), T, inv_freq_.data(), D, q_.data(), Hq,
                             k_.data(), Hk);
-    RETURN_IF_ERROR(kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(),
-                                                  T, l, cache));
-    RETURN_IF_ERROR(kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention,
-                                                 attn_params, attn_.data(),
-                                                 dcp_.size > 1 ? lse_.data() : nullptr, pool_));
+    RETURN_IF_ERROR(Attend(input, cache, l, attn_params, Hq));
     if (dcp_.size > 1) {
       RETURN_IF_ERROR(DcpExchangeAttention(attn_.data(), lse_.data(), T, Hq, config_.head_dim, dcp_,
                                            group_, &tp_));

@@ -63,11 +63,17 @@ class LlamaModel {
   // (kernels/attention/dcp_exchange.h), each rank merges its Hq/N heads by LSE and runs its
   // o_proj rows (row-parallel over all N ranks, all-reduced). `dcp.rank` must be
   // group->rank() % dcp.size.
+  //
+  // fp8_kv (--kv_cache_dtype=fp8): Forward's cache.data holds e4m3 codes (KvLayout's elements, one
+  // byte each; kernels::Fp8KvCacheView), layer l's K and V each with one scale: the checkpoint's
+  // calibrated LayerWeights::kv_k_scale / kv_v_scale where it has them, else kFp8KvTensorScale
+  // (runtime/engine/kv_layout.h), as the CUDA backend stores them.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
                                                             ModelWeights weights,
                                                             kernels::ThreadPool* pool,
                                                             comm::ProcessGroup* group = nullptr,
-                                                            kernels::DcpShard dcp = {});
+                                                            kernels::DcpShard dcp = {},
+                                                            bool fp8_kv = false);
 
   // The KV pool layout this model needs for `num_blocks` blocks of `block_size` tokens.
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
@@ -85,7 +91,11 @@ class LlamaModel {
 
  private:
   LlamaModel(const ModelConfig& config, ModelWeights weights, std::vector<float> inv_freq,
-             kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp);
+             kernels::ThreadPool* pool, comm::ProcessGroup* group, kernels::DcpShard dcp,
+             bool fp8_kv);
+  // Writes layer l's new K / V (k_, v_) into `cache` and attends over it into attn_ (and lse_).
+  absl::Status Attend(const ForwardInput& input, kernels::KvCacheView cache, int64_t l,
+                      const kernels::AttentionParams& params, int64_t Hq);
   // Layer l's MLP (dense or mixture of experts) on hidden_ ([T, H], normalized) into hidden_
   // (this rank's partial sum).
   absl::Status Mlp(int64_t l, int64_t T);
@@ -99,6 +109,7 @@ class LlamaModel {
   const int64_t vocab_begin_;        // this rank's embedding / lm_head rows
   const int64_t vocab_rows_;
   const kernels::DcpShard dcp_;
+  const bool fp8_kv_;
   // Scratch, grown on demand and reused across steps.
   std::vector<float> hidden_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, lse_, moe_out_;
   TpScratch tp_;  // vocab-parallel logits, DCP exchange (tp_collectives.h)

@@ -23,19 +23,12 @@ bool CudaBackendAvailable() {
 
 namespace {
 
-// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent pool in e4m3 with row scales (either
-// backend), or a GQA model's K / V pool in e4m3 with one scale per tensor (CUDA only: the CPU
-// backend's attention reads f32 or FP8 latent pools; the CUDA prefill kernel reads FP8 K / V of
-// head_dim 64 and 128).
+// --kv_cache_dtype=fp8 (kv_layout.h): a DeepSeek MLA latent pool in e4m3 with row scales, or a
+// GQA model's K / V pool in e4m3 with one scale per tensor, on either backend (the CUDA prefill
+// kernels read FP8 K / V of head_dim 64 and 128 only; the CPU attention any head_dim).
 absl::Status CheckFp8Kv(const BackendOptions& options, const ModelConfig& model) {
   if (!model.IsMla()) {
-    if (options.backend != "cuda") {
-      return absl::UnimplementedError(absl::StrCat(
-          "--kv_cache_dtype=", options.kv_cache_dtype, " for ", model.architecture,
-          " (K / V heads) runs on --backend=cuda only; the CPU backend keeps FP8 KV for DeepSeek "
-          "MLA latents (use --kv_cache_dtype=auto)"));
-    }
-    if (model.head_dim != 64 && model.head_dim != 128) {
+    if (options.backend == "cuda" && model.head_dim != 64 && model.head_dim != 128) {
       return absl::UnimplementedError(
           absl::StrCat("--kv_cache_dtype=", options.kv_cache_dtype, ": the CUDA FP8 K / V pool ",
                        "takes head_dim 64 or 128; ", model.architecture, " has ", model.head_dim,

@@ -34,8 +34,8 @@ struct BackendOptions {
   // prefill kernel: the split-KV decode kernel serves every step; slow, for comparisons).
   std::string prefill_kernel = "auto";
   // "auto" (the backend's KV dtype: f32 on the CPU, the activation dtype on CUDA) or "fp8"
-  // (kv_layout.h: a DeepSeek MLA latent in e4m3 with one scale per token and layer; one rank,
-  // no DCP; other models refused by name).
+  // (kv_layout.h: a DeepSeek MLA latent in e4m3 with one scale per token and layer, or other
+  // models' K / V in e4m3 with one scale per layer's K or V; CUDA: head_dim 64 / 128).
   std::string kv_cache_dtype = "auto";
   std::optional<uint64_t> dummy_seed;       // cuda: generate dummy weights on the device
   std::vector<DummyTensorFill> dummy_plan;  // cuda, with a group: the rank's slices to draw

@@ -17,7 +17,7 @@ namespace tandem::runtime {
 ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, int64_t dcp_size,
                                    int64_t dcp_interleave, KvDtype kv_dtype) {
   ExecutorFactory factory;
-  factory.name = kv_dtype == KvDtype::kFp8E4m3 ? "cpu:fp8-latent-kv" : "cpu";
+  factory.name = kv_dtype == KvDtype::kFp8E4m3 ? "cpu:fp8-kv" : "cpu";
   factory.kv_dtype = kv_dtype;
   factory.accepts_external_pool = true;
   factory.verifies_drafts = true;
@@ -37,14 +37,14 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
     const bool fp8 = kv_dtype == KvDtype::kFp8E4m3;
     if (!fp8 && kv_dtype != KvDtype::kF32) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the CPU backend keeps KV in float32 or FP8 (latent), not ", KvDtypeName(kv_dtype)));
+          "the CPU backend keeps KV in float32 or FP8, not ", KvDtypeName(kv_dtype)));
     }
     ASSIGN_OR_RETURN(
         std::unique_ptr<CpuModel> model,
         MakeCpuModel(spec.model_config, std::move(weights), thread_pool.get(), group, dcp, fp8));
     const kernels::KvCacheLayout layout = model->KvLayout(spec.num_blocks, spec.block_size);
     RETURN_IF_ERROR(layout.Validate());
-    if (fp8) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
+    if (fp8 && layout.num_planes == 1) RETURN_IF_ERROR(CheckFp8LatentPool(layout));
     if (spec.kv_pool != nullptr && reinterpret_cast<uintptr_t>(spec.kv_pool) % alignof(float)) {
       return absl::InternalError("KV pool memory is not float-aligned");
     }
@@ -56,10 +56,10 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
 }
 
 int64_t ModelRunner::PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_dtype) {
-  // FP8 latent (kv_layout.h, Fp8LatentBlocks): each block's codes, then its fp32 row scales.
-  return kv_dtype == KvDtype::kFp8E4m3
-             ? layout.TotalElems() + layout.TotalElems() / layout.head_dim * 4
-             : layout.TotalElems() * static_cast<int64_t>(sizeof(float));
+  // FP8 latent (kv_layout.h, Fp8LatentBlocks; one plane): each block's codes, then its fp32
+  // row scales. FP8 K / V (two planes): the codes alone, the scales per tensor.
+  if (kv_dtype != KvDtype::kFp8E4m3) return layout.TotalElems() * int64_t{sizeof(float)};
+  return layout.TotalElems() + (layout.num_planes == 1 ? layout.TotalElems() / layout.head_dim * 4 : 0);
 }
 
 ModelRunner::ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,

@@ -25,7 +25,8 @@ namespace tandem::runtime {
 // `group` (size > 1; outliving the executors) the model is the group's rank's shard (LlamaModel).
 // dcp_size > 1: decode context parallelism over the group (ExecutorFactory::dcp_size; the rank
 // is KV shard group->rank() % dcp_size); dcp_interleave 0 = the block size. kv_dtype kF32, or
-// kFp8E4m3 for a DeepSeek MLA model's FP8 latent pool (kv_layout.h, Fp8LatentPool).
+// kFp8E4m3: a DeepSeek MLA model's FP8 latent pool (kv_layout.h, Fp8LatentPool), or another
+// model's FP8 K / V pool (e4m3 codes, one scale per tensor: kernels/attention Fp8KvCacheView).
 ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = nullptr,
                                    int64_t dcp_size = 1, int64_t dcp_interleave = 0,
                                    KvDtype kv_dtype = KvDtype::kF32);
@@ -36,7 +37,7 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group = 
 class ModelRunner : public ModelExecutor {
  public:
   // `kv_pool`: memory for the KV pool (layout.TotalElems() floats, or for kv_dtype kFp8E4m3 an
-  // FP8 latent pool of num_blocks * KvBlockBytes bytes; owned by the caller and outliving the
+  // FP8 pool of num_blocks * KvBlockBytes bytes; owned by the caller and outliving the
   // runner, e.g. a transfer agent's shareable allocation), or null: the runner allocates it.
   // Either way it is zero-filled once here. `thread_pool` (nullable) is the pool the model
   // computes on; the runner keeps it alive.
@@ -57,7 +58,7 @@ class ModelRunner : public ModelExecutor {
   // The KV pool memory (block-major, layout()), for registering with a transfer agent.
   void* kv_pool_data() override { return kv_pool_; }
   int64_t kv_pool_bytes() const override { return PoolBytes(layout_, kv_dtype_); }
-  // Bytes of a pool of `layout` in `kv_dtype` (kF32 or an FP8 latent pool).
+  // Bytes of a pool of `layout` in `kv_dtype` (kF32, an FP8 latent pool, or FP8 K / V codes).
   static int64_t PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_dtype);
 
  private:

@@ -74,7 +74,7 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "KV cache budget in bytes
 ABSL_FLAG(int64_t, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "auto (the backend's KV dtype) or fp8: e4m3 KV, DeepSeek MLA latents with a scale per "
-          "token (both backends), K / V of other models with one scale per tensor (cuda)");
+          "token, K / V of other models with one scale per tensor (both backends)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "token budget per step (chunked prefill)");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "running requests at most");
 ABSL_FLAG(bool, async_scheduling, false,

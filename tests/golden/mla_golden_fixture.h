@@ -1,5 +1,5 @@
 // The MLA golden fixtures' expected.json (make_golden_mla.py), read the one way the MLA goldens
-// (mla_golden_test, mla_fp8_kv_golden_test) share.
+// (mla_golden_test, fp8_kv_golden_test) share; LoadGoldenAt reads make_golden.py's too.
 #ifndef TANDEM_TESTS_GOLDEN_MLA_GOLDEN_FIXTURE_H_
 #define TANDEM_TESTS_GOLDEN_MLA_GOLDEN_FIXTURE_H_
 
@@ -22,9 +22,10 @@ struct Golden {
   int max_new_tokens = 0;
 };
 
-inline Golden LoadGolden(const std::string& variant) {
-  std::ifstream in(kFixtures + variant + "/expected.json");
-  EXPECT_TRUE(in.good()) << variant;
+// The expected.json of the fixture directory `dir` (any golden fixture of make_golden.py's form).
+inline Golden LoadGoldenAt(const std::string& dir) {
+  std::ifstream in(dir + "/expected.json");
+  EXPECT_TRUE(in.good()) << dir;
   const nlohmann::json j = nlohmann::json::parse(in);
   Golden g;
   g.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
@@ -34,6 +35,8 @@ inline Golden LoadGolden(const std::string& variant) {
   g.max_new_tokens = j["max_new_tokens"];
   return g;
 }
+
+inline Golden LoadGolden(const std::string& variant) { return LoadGoldenAt(kFixtures + variant); }
 
 // One request's generated tokens and last-prompt logits.
 struct Output {

@@ -5,10 +5,10 @@
 # Part "base": `generate --backend=cuda` (bf16 activations, FP8 latent pool, decode as CUDA
 # graphs) on the dense MLA golden fixtures and the latent-512 random model (700-token prompt)
 # against the CPU backend's FP8 run and transformers, by the CUDA golden rule loosened to the FP8
-# tolerance of tests/golden/mla_fp8_kv_golden_test.cc (cosine >= 0.995; first token equal where
+# tolerance of tests/golden/fp8_kv_golden_test.cc (cosine >= 0.995; first token equal where
 # the top-2 gap is >= 30% of max|logit|); the bf16 pool of the same fixtures by the plain rule
 # first (the kernels' sanity); eager equal to graphs with the FP8 pool. The MoE fixtures are left
-# out: FP8 flips their closer routing decisions (mla_fp8_kv_golden_test.cc, RoutingClearUnderFp8).
+# out: FP8 flips their closer routing decisions (fp8_kv_golden_test.cc, RoutingClearUnderFp8).
 # Part "tp": the FP8 latent in tensor- and decode-context-parallel groups (each TP rank holds and
 # quantizes the whole latent; DCP shards its tokens): --tp=2 and --tp=2 --dcp=2 (and --dcp=2
 # with --dcp_interleave=1 --block_size=4) on deepseek_v3_f32, and the latent-512 model's
