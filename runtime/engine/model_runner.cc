@@ -36,8 +36,8 @@ ExecutorFactory CpuExecutorFactory(int num_threads, comm::ProcessGroup* group, i
     // LlamaModel, or MlaModel for DeepSeek multi-head latent attention (cpu_model.h).
     const bool fp8 = kv_dtype == KvDtype::kFp8E4m3;
     if (!fp8 && kv_dtype != KvDtype::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the CPU backend keeps KV in float32 or FP8, not ", KvDtypeName(kv_dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the CPU backend keeps KV in float32 or FP8, not ", KvDtypeName(kv_dtype)));
     }
     ASSIGN_OR_RETURN(
         std::unique_ptr<CpuModel> model,
@@ -59,7 +59,8 @@ int64_t ModelRunner::PoolBytes(const kernels::KvCacheLayout& layout, KvDtype kv_
   // FP8 latent (kv_layout.h, Fp8LatentBlocks; one plane): each block's codes, then its fp32
   // row scales. FP8 K / V (two planes): the codes alone, the scales per tensor.
   if (kv_dtype != KvDtype::kFp8E4m3) return layout.TotalElems() * int64_t{sizeof(float)};
-  return layout.TotalElems() + (layout.num_planes == 1 ? layout.TotalElems() / layout.head_dim * 4 : 0);
+  return layout.TotalElems() +
+         (layout.num_planes == 1 ? layout.TotalElems() / layout.head_dim * 4 : 0);
 }
 
 ModelRunner::ModelRunner(std::unique_ptr<CpuModel> model, kernels::KvCacheLayout layout,
