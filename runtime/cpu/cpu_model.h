@@ -39,9 +39,11 @@ class CpuModel {
 // MlaModel::Create for config.IsMla(), else LlamaModel::Create (their errors). fp8_kv: the pool
 // is FP8, an MLA model's latent pool (runtime/engine/kv_layout.h, Fp8LatentBlocks) or another
 // model's K / V codes (LlamaModel::Create).
-absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(
-    const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
-    comm::ProcessGroup* group, kernels::DcpShard dcp, bool fp8_kv = false);
+absl::StatusOr<std::unique_ptr<CpuModel>> MakeCpuModel(const ModelConfig& config,
+                                                       ModelWeights weights,
+                                                       kernels::ThreadPool* pool,
+                                                       comm::ProcessGroup* group,
+                                                       kernels::DcpShard dcp, bool fp8_kv = false);
 
 }  // namespace tandem::runtime
 

@@ -43,8 +43,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
                                                                ModelWeights weights,
                                                                kernels::ThreadPool* pool,
                                                                comm::ProcessGroup* group,
-                                                               kernels::DcpShard dcp,
-                                                               bool fp8_kv) {
+                                                               kernels::DcpShard dcp, bool fp8_kv) {
   // Data-parallel attention: nothing is split by heads or vocabulary (no TP collective); the
   // group carries the MoE layers' all-to-alls only (moe_all_to_all.h).
   comm::ProcessGroup* dispatch =
@@ -104,8 +103,8 @@ absl::Status LlamaModel::Attend(const ForwardInput& input, kernels::KvCacheView 
   const int64_t T = static_cast<int64_t>(input.token_ids.size());
   float* lse = dcp_.size > 1 ? lse_.data() : nullptr;
   if (!fp8_kv_) {
-    RETURN_IF_ERROR(
-        kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(), T, l, cache));
+    RETURN_IF_ERROR(kernels::cpu::ReshapeAndCache(k_.data(), v_.data(), input.slot_mapping.data(),
+                                                  T, l, cache));
     return kernels::cpu::PagedAttention(q_.data(), Hq, cache, l, input.attention, params,
                                         attn_.data(), lse, pool_);
   }

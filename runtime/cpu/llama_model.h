@@ -68,12 +68,9 @@ class LlamaModel {
   // byte each; kernels::Fp8KvCacheView), layer l's K and V each with one scale: the checkpoint's
   // calibrated LayerWeights::kv_k_scale / kv_v_scale where it has them, else kFp8KvTensorScale
   // (runtime/engine/kv_layout.h), as the CUDA backend stores them.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
-                                                            ModelWeights weights,
-                                                            kernels::ThreadPool* pool,
-                                                            comm::ProcessGroup* group = nullptr,
-                                                            kernels::DcpShard dcp = {},
-                                                            bool fp8_kv = false);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
+      const ModelConfig& config, ModelWeights weights, kernels::ThreadPool* pool,
+      comm::ProcessGroup* group = nullptr, kernels::DcpShard dcp = {}, bool fp8_kv = false);
 
   // The KV pool layout this model needs for `num_blocks` blocks of `block_size` tokens.
   kernels::KvCacheLayout KvLayout(int64_t num_blocks, int64_t block_size) const;
