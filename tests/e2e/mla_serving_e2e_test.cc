@@ -52,70 +52,12 @@ TEST(MlaServingE2eTest, MixedAndPrefillDecodeEqualTransformers) {
   }
 }
 
-// One cluster of an FP8 latent run: its roles and their flags.
-struct Fp8Run {
-  const char* name;
-  int prefill, decode, mixed;
-  std::vector<std::string> prefill_flags, decode_flags;
-  std::string log_line{};  // the cluster's logs must hold it (empty: nothing asked)
-};
-
-// Serves prompts of 1, 3, 7, 16 and 33 tokens (33: three latent blocks move) of `model_dir`'s
-// fixture, 12 greedy tokens each, with an FP8 latent (--kv_cache_dtype=fp8) on every worker, one
-// cluster per run. The first run is the mixed worker: FP8 moves transformers' tokens, so it is the
-// reference. Every P -> D run's tokens must equal it, its D having received whole FP8 blocks
-// (layers x 16 tokens x (latent codes + a 4-byte row scale)) with no load failed or recomputed.
-void ExpectFp8RunsEqualTheMixedWorker(const std::string& model_dir,
-                                      const std::vector<Fp8Run>& runs) {
-  std::ifstream in(model_dir + "/expected.json"), config_in(model_dir + "/config.json");
-  ASSERT_TRUE(in.good() && config_in.good());
-  const auto prompts =
-      nlohmann::json::parse(in)["prompts"].get<std::vector<std::vector<uint32_t>>>();
-  const nlohmann::json config = nlohmann::json::parse(config_in);
-  const uint64_t block_bytes =
-      config["num_hidden_layers"].get<uint64_t>() * 16 *
-      (config["kv_lora_rank"].get<uint64_t>() + config["qk_rope_head_dim"].get<uint64_t>() + 4);
-  ASSERT_TRUE(!runs.empty() && runs[0].mixed > 0);
-  std::vector<std::vector<uint32_t>> mixed_tokens;
-  for (const Fp8Run& run : runs) {
-    SCOPED_TRACE(run.name);
-    ClusterOptions options;
-    options.prefill = run.prefill;
-    options.decode = run.decode;
-    options.mixed = run.mixed;
-    options.model_dir = model_dir;
-    options.worker_flags = {"--kv_cache_dtype=fp8"};
-    options.prefill_flags = run.prefill_flags;
-    options.decode_flags = run.decode_flags;
-    auto cluster = Cluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    std::vector<std::vector<uint32_t>> tokens;
-    for (size_t i : {0, 1, 2, 3, 5}) {
-      Result r = Generate((*cluster)->router(), ToRequest(Prompt{prompts[i], 12}));
-      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
-      tokens.push_back(r.tokens);
-    }
-    EXPECT_NE((*cluster)->Logs().find(run.log_line), std::string::npos) << run.log_line;
-    if (run.mixed > 0) {
-      mixed_tokens = tokens;
-      continue;
-    }
-    EXPECT_EQ(tokens, mixed_tokens);
-    auto stats = (*cluster)->Stats("decode-0");
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_GT(stats->kv_bytes_received(), 0u) << (*cluster)->Logs();
-    EXPECT_EQ(stats->kv_bytes_received() % block_bytes, 0u) << stats->kv_bytes_received();
-    EXPECT_EQ(stats->kv_load_failures(), 0u);
-    EXPECT_EQ(stats->kv_recomputes(), 0u);
-  }
-}
-
 // FP8 latent KV served disaggregated: a CPU FP8 block is one range of the pool, its codes then
 // its row scales (runtime/engine/kv_layout.h, Fp8LatentBlocks), so it moves P -> D like any
 // block: 1P1D, P a TP=2 group, D a TP=2 x DCP=2 group (each D rank reads its shard's whole
 // blocks). Here 2 layers x 16 tokens x (40 codes + 4) = 1408 bytes a block.
 TEST(MlaServingE2eTest, Fp8LatentPrefillDecodeEqualsTheMixedFp8Worker) {
-  ExpectFp8RunsEqualTheMixedWorker(
+  ExpectFp8KvRunsEqualTheMixedWorker(
       kMlaModel, {{"mixed", 0, 0, 1, {}, {}},
                   {"1P1D", 1, 1, 0, {}, {}},
                   {"1P1D prefill tp=2", 1, 1, 0, {"--tp=2"}, {}},
@@ -128,10 +70,10 @@ TEST(MlaServingE2eTest, Fp8LatentPrefillDecodeEqualsTheMixedFp8Worker) {
 // holding it: RankGeometry.dp_size), the experts shared by all-to-all.
 TEST(MlaServingE2eTest, Fp8LatentUnderDpAttentionEqualsTheMixedFp8Worker) {
   const std::vector<std::string> dp = {"--tp=2", "--enable_expert_parallel", "--dp_attention"};
-  ExpectFp8RunsEqualTheMixedWorker("tests/golden/fixtures_mla/deepseek_v3_moe_f32",
-                                   {{"mixed", 0, 0, 1, {}, {}},
-                                    {"1P1D prefill and decode data-parallel attention", 1, 1, 0, dp,
-                                     dp, "data-parallel attention over 2 ranks"}});
+  ExpectFp8KvRunsEqualTheMixedWorker("tests/golden/fixtures_mla/deepseek_v3_moe_f32",
+                                     {{"mixed", 0, 0, 1, {}, {}},
+                                      {"1P1D prefill and decode data-parallel attention", 1, 1, 0,
+                                       dp, dp, "data-parallel attention over 2 ranks"}});
 }
 
 // A P with an FP8 latent and a D with the f32 one do not pair: their compatibility hashes differ

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_source.h"
 
@@ -197,6 +198,59 @@ void KillDecodeRankMidStream(std::vector<std::string> decode_flags) {
   ASSERT_TRUE(stats.ok()) << stats.status() << cluster.Logs();
   EXPECT_GT(stats->info().epoch(), before->info().epoch()) << cluster.Logs();
   EXPECT_EQ(stats->status(), tandem::v1::SERVING_STATUS_SERVING);
+}
+
+void ExpectFp8KvRunsEqualTheMixedWorker(const std::string& model_dir,
+                                        const std::vector<Fp8KvRun>& runs) {
+  std::ifstream in(model_dir + "/expected.json"), config_in(model_dir + "/config.json");
+  ASSERT_TRUE(in.good() && config_in.good());
+  const auto prompts =
+      nlohmann::json::parse(in)["prompts"].get<std::vector<std::vector<uint32_t>>>();
+  const nlohmann::json config = nlohmann::json::parse(config_in);
+  const bool latent = config.contains("kv_lora_rank");
+  const uint64_t layer_bytes =  // a token's, one layer, whole
+      latent
+          ? config["kv_lora_rank"].get<uint64_t>() + config["qk_rope_head_dim"].get<uint64_t>() + 4
+          : 2 * config["num_key_value_heads"].get<uint64_t>() *
+                (config.contains("head_dim") && !config["head_dim"].is_null()
+                     ? config["head_dim"].get<uint64_t>()
+                     : config["hidden_size"].get<uint64_t>() /
+                           config["num_attention_heads"].get<uint64_t>());
+  ASSERT_TRUE(!runs.empty() && runs[0].mixed > 0);
+  std::vector<std::vector<uint32_t>> mixed_tokens;
+  for (const Fp8KvRun& run : runs) {
+    SCOPED_TRACE(run.name);
+    ClusterOptions options;
+    options.prefill = run.prefill;
+    options.decode = run.decode;
+    options.mixed = run.mixed;
+    options.model_dir = model_dir;
+    options.worker_flags = {"--kv_cache_dtype=fp8"};
+    options.prefill_flags = run.prefill_flags;
+    options.decode_flags = run.decode_flags;
+    auto cluster = Cluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    std::vector<std::vector<uint32_t>> tokens;
+    for (size_t i : {0, 1, 2, 3, 5}) {
+      Result r = Generate((*cluster)->router(), ToRequest(Prompt{prompts[i], 12}));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << (*cluster)->Logs();
+      tokens.push_back(r.tokens);
+    }
+    EXPECT_NE((*cluster)->Logs().find(run.log_line), std::string::npos) << run.log_line;
+    if (run.mixed > 0) {
+      mixed_tokens = tokens;
+      continue;
+    }
+    EXPECT_EQ(tokens, mixed_tokens);
+    auto stats = (*cluster)->Stats("decode-0");
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->kv_bytes_received(), 0u) << (*cluster)->Logs();
+    const uint64_t block_bytes = config["num_hidden_layers"].get<uint64_t>() * 16 * layer_bytes /
+                                 (latent ? 1 : static_cast<uint64_t>(run.kv_split));
+    EXPECT_EQ(stats->kv_bytes_received() % block_bytes, 0u) << stats->kv_bytes_received();
+    EXPECT_EQ(stats->kv_load_failures(), 0u);
+    EXPECT_EQ(stats->kv_recomputes(), 0u);
+  }
 }
 
 }  // namespace tandem::e2e

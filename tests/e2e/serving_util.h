@@ -48,6 +48,27 @@ void ExpectServedTokens(Cluster& cluster, const std::vector<Prompt>& prompts,
 // Greedy reference: the engine in this process on kModel.
 std::vector<std::vector<uint32_t>> Reference(const std::vector<Prompt>& prompts);
 
+// One cluster of an FP8 KV run (--kv_cache_dtype=fp8 on every worker): its roles and flags.
+struct Fp8KvRun {
+  const char* name;
+  int prefill, decode, mixed;
+  std::vector<std::string> prefill_flags, decode_flags;
+  std::string log_line{};  // the cluster's logs must hold it (empty: nothing asked)
+  // K / V models: the ways decode-0's group splits the KV heads (its tensor-parallel size), so
+  // its blocks hold 1 / kv_split of them. Ignored for MLA latents (every rank holds the whole).
+  int kv_split = 1;
+};
+
+// Serves prompts 0, 1, 2, 3 and 5 of `model_dir`'s fixture (the golden prompts of 1, 3, 7, 16 and
+// 33 tokens: 33 moves three blocks), 12 greedy tokens each, with FP8 KV on every worker, one
+// cluster per run. The first run is the mixed worker: its tokens are the reference (FP8 is not
+// transformers'). Every P -> D run's tokens must equal them, its D having received whole FP8
+// blocks with no load failed or recomputed: layers x 16 tokens x (an MLA latent's codes + a
+// 4-byte row scale, or K and V codes of decode-0's kv heads; the scales per tensor travel in the
+// handshake).
+void ExpectFp8KvRunsEqualTheMixedWorker(const std::string& model_dir,
+                                        const std::vector<Fp8KvRun>& runs);
+
 // The processes whose parent is `parent` (from /proc/PID/stat): a worker group's rank processes.
 std::vector<pid_t> Children(pid_t parent);
 bool Alive(pid_t pid);
