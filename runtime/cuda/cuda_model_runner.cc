@@ -21,6 +21,15 @@
 namespace tandem::runtime::cuda {
 namespace {
 
+// The workspace an FP8 K / V pool's prefill widening takes (CudaBackendConfig::
+// prefill_fp8_widen_max_bytes) where it can run: a GQA model's FP8 pool on the wgmma prefill
+// kernel; else 0.
+int64_t Fp8WidenWorkspaceBytes(const CudaBackendConfig& config, const ModelConfig& model) {
+  const bool widens =
+      config.fp8_kv && !model.IsMla() && config.use_prefill_kernel && config.prefill_allow_wgmma;
+  return widens ? std::max<int64_t>(0, config.prefill_fp8_widen_max_bytes) : 0;
+}
+
 namespace kc = ::tandem::kernels::cuda;
 
 int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -70,7 +79,8 @@ ExecutorFactory CudaExecutorFactory(const CudaBackendConfig& config) {
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t weights = model.DeviceWeightBytes();  // FP8 projections: 1 byte a weight
-    const int64_t reserve = int64_t{2} << 30;
+    // The activations' reserve, and the FP8 prefill widening's workspace (Create allocates it).
+    const int64_t reserve = (int64_t{2} << 30) + Fp8WidenWorkspaceBytes(config, model);
     const int64_t budget =
         static_cast<int64_t>(static_cast<double>(free_bytes) * config.gpu_memory_utilization) -
         weights - reserve;
@@ -230,6 +240,12 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Build(
   ASSIGN_OR_RETURN(const kernels::KvCacheLayout layout, make_model(r.get(), options));
   RETURN_IF_ERROR(r->AllocatePool(layout));
   RETURN_IF_ERROR(r->AllocateStepBuffers());
+  // The FP8 prefill widening's whole budget now, so a device without room for it fails here, not
+  // in the middle of serving (EnsureAttnWorkspace would otherwise allocate it at the first step).
+  if (const int64_t widen = Fp8WidenWorkspaceBytes(config, spec.model_config); widen > 0) {
+    ASSIGN_OR_RETURN(r->attn_workspace_,
+                     DeviceBuffer::Allocate(widen, "attention workspace (FP8 prefill widening)"));
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
   return r;
 }

@@ -98,7 +98,8 @@ struct CudaBackendConfig {
   // FP8 K / V pools (--kv_cache_dtype=fp8) on the wgmma prefill kernel: a prefill step's
   // layer K / V of the blocks it reaches are widened to 16 bits in the attention workspace
   // first, when that copy (4 KiB a token at 8 kv heads x 128) fits this many bytes; larger steps
-  // (or 0) run the mma.sync kernel over the codes.
+  // (or 0) run the mma.sync kernel over the codes. Allocated when the runner is created, and
+  // taken out of the default KV budget (gpu_memory_utilization) besides its 2 GiB reserve.
   int64_t prefill_fp8_widen_max_bytes = int64_t{256} << 20;
   // The paged decode kernel merges its KV splits itself (the last split CTA of each group;
   // PagedAttentionPlanInput::workspace_zeroed) in a decode workspace of its own, zeroed when it
