@@ -11,6 +11,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/attention/cuda/prefill_fp8_widen.h"
+#include "kernels/cuda/device_utils.cuh"
 
 namespace tandem::kernels::cuda::internal::prefill {
 namespace {
@@ -40,16 +41,7 @@ struct WidenParams {
   int64_t dst_stride;
 };
 
-template <typename T>
-__device__ T FromFloat(float x);
-template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
+using ::tandem::kernels::cuda::internal::FromFloat;
 
 // CTA (s, y): request s's blocks y, y + gridDim.y, ... Every CTA of s computes s's offset.
 template <typename T>
