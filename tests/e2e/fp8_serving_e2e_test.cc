@@ -142,7 +142,7 @@ TEST(Fp8ServingE2eTest, MixedWorkerEqualsTheEngineAndTransformers) {
 // blocks are e4m3 codes in the f32 pool's layout (one byte a value, the K / V scales per tensor in
 // the handshake), so they move P -> D over UCX like any block and re-shard by heads between
 // tensor-parallel splits: 1P1D, P a TP = 2 group (each rank half the heads) -> D TP = 1, and
-// D a TP = 2 group. llama_f32_gqa8x4: 2 layers x 16 tokens x 2 x 4 kv heads x 16 = 2048 bytes
+// D a TP = 2 group. llama_f32_gqa8x4: 2 layers x 16 tokens x 2 x 4 kv heads x 16 = 4096 bytes
 // a block.
 TEST(Fp8ServingE2eTest, Fp8KvPrefillDecodeEqualsTheMixedFp8Worker) {
   ExpectFp8KvRunsEqualTheMixedWorker("tests/golden/fixtures/llama_f32_gqa8x4",

@@ -10,6 +10,9 @@
 #   arithmetic per token, summed in another order).
 # expect_fail LABEL TEXT FLAGS...: generate with FLAGS (needs T, a scratch folder) must exit
 #   non-zero with TEXT in its stderr; prints the line that says it.
+# within GOT REF LABEL [differ]: FP8 KV runs (mla_ / gqa_fp8_kv_parallel_test.sh): greedy tokens
+#   equal and last-prompt logits within 1e-3 * max|logit|, or, with `differ`, apart by more than
+#   that somewhere (the runs are not of the same KV dtype).
 
 run_generate() {
   local max_tokens=$1 fix=$2 tp=$3 out=$4
@@ -47,4 +50,23 @@ expect_fail() {
   fi
   grep -q -- "$text" "$T/bad.err" || { echo "FAIL: $what: no '$text' in:"; cat "$T/bad.err"; exit 1; }
   echo "ok: $what -> $(grep -- "$text" "$T/bad.err" | head -1 | cut -c1-200)"
+}
+
+within() {
+  python3 - "$@" <<'PY'
+import json, sys
+got, ref = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+assert got and len(got) == len(ref), f"{len(got)} lines for {len(ref)}"
+worst, same = 0.0, True
+for g, r in zip(got, ref):
+    scale = max(abs(x) for x in r["last_prompt_logits"])
+    worst = max(worst, max(abs(a - b) for a, b in zip(g["last_prompt_logits"],
+                                                      r["last_prompt_logits"])) / scale)
+    same = same and g["tokens"] == r["tokens"]
+if len(sys.argv) > 4:
+    print(f"  {sys.argv[3]}: worst logit diff {worst:.2e} of max (must exceed 1e-3)")
+    sys.exit(0 if worst > 1e-3 else 1)
+print(f"  {sys.argv[3]}: tokens {'equal' if same else 'DIFFER'}, worst logit diff {worst:.2e} of max")
+sys.exit(0 if same and worst <= 1e-3 else 1)
+PY
 }

@@ -31,26 +31,9 @@ run() { # OUT PROMPTS MAX_TOKENS ARGS...
     }
 }
 
-# compare GOT REF LABEL [differ]: tokens equal and logits within 1e-3 * max (or, with `differ`,
-# logits apart by more than that somewhere: the runs are not the same KV dtype).
-compare() {
-  python3 - "$@" <<'EOF'
-import json, sys
-got, ref = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
-assert got and len(got) == len(ref), f"{len(got)} lines for {len(ref)}"
-worst, same = 0.0, True
-for g, r in zip(got, ref):
-    scale = max(abs(x) for x in r["last_prompt_logits"])
-    worst = max(worst, max(abs(a - b) for a, b in zip(g["last_prompt_logits"],
-                                                      r["last_prompt_logits"])) / scale)
-    same = same and g["tokens"] == r["tokens"]
-if len(sys.argv) > 4:
-    print(f"  {sys.argv[3]}: worst logit diff {worst:.2e} of max (must exceed 1e-3)")
-    sys.exit(0 if worst > 1e-3 else 1)
-print(f"  {sys.argv[3]}: tokens {'equal' if same else 'DIFFER'}, worst logit diff {worst:.2e} of max")
-sys.exit(0 if same and worst <= 1e-3 else 1)
-EOF
-}
+# shellcheck source-path=SCRIPTDIR source=generate_tp_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/generate_tp_lib.sh"
+compare() { within "$@"; }  # tokens equal, logits within 1e-3 of max (or `differ`)
 
 prompts_of() { # FIXTURE: its expected.json prompts as --prompt_ids
   python3 -c "import json, sys; print(';'.join(','.join(map(str, p)) for p in json.load(open(sys.argv[1]))['prompts']))" "$1/expected.json"
