@@ -51,6 +51,15 @@ absl::Status CheckSizes(const CutlassFp8BlockGemmArgs& args) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CutlassFp8BlockGemm: m = ", args.m, ", n = ", args.n, ", k = ", args.k, " too large"));
   }
+  if (args.swizzle != 0 && args.swizzle != 1 && args.swizzle != 2 && args.swizzle != 4 &&
+      args.swizzle != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CutlassFp8BlockGemm: swizzle = ", args.swizzle, " is not 0, 1, 2, 4 or 8"));
+  }
+  if (args.raster < 0 || args.raster > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CutlassFp8BlockGemm: raster = ", args.raster, " is not 0, 1 or 2"));
+  }
   if (args.tile != CutlassBlockTile::kAuto && CutlassBlockTileName(args.tile)[0] == '?') {
     return absl::InvalidArgumentError("CutlassFp8BlockGemm: unknown tile");
   }
@@ -76,6 +85,8 @@ Problem MakeProblem(const CutlassFp8BlockGemmArgs& args) {
   p.n = args.n;
   p.k = args.k;
   p.out = args.out;
+  p.swizzle = args.swizzle == 0 ? kCutlassBlockSwizzle : args.swizzle;
+  p.raster = args.raster;
   return p;
 }
 

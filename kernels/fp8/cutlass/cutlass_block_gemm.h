@@ -77,7 +77,16 @@ struct CutlassFp8BlockGemmArgs {
   int64_t k = 0;
   __nv_bfloat16* out = nullptr;  // [m, n]
   CutlassBlockTile tile = CutlassBlockTile::kAuto;
+  // The persistent tile scheduler's order (no effect on the result, which does not depend on the
+  // grid): output tiles visited in groups of `swizzle` (1, 2, 4 or 8) tile rows / columns, for L2
+  // reuse; 0 = kCutlassBlockSwizzle. raster: 0 = CUTLASS's heuristic (along the longer side),
+  // 1 = along m, 2 = along n.
+  int swizzle = 0;
+  int raster = 0;
 };
+
+// The swizzle CutlassFp8BlockGemmArgs::swizzle = 0 takes (BENCHMARKS.md, twenty-eighth session).
+inline constexpr int kCutlassBlockSwizzle = 1;
 
 // Whether the current device runs the kernels (sm_90 exactly: the code is sm_90a).
 bool CutlassFp8BlockGemmSupported();

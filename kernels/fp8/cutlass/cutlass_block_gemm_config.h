@@ -30,6 +30,8 @@ struct Problem {
   __nv_bfloat16* out = nullptr;
   int device = 0;
   int sm_count = 0;  // 0: CUTLASS asks the device
+  int swizzle = 1;   // the tile scheduler's max_swizzle_size (1, 2, 4, 8)
+  int raster = 0;    // 0 heuristic, 1 along m, 2 along n
 };
 
 // CUTLASS's own workspace for the problem (the scale copy not included).

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,14 +63,17 @@ struct Case {
   int64_t m, n, k;
   CutlassBlockTile tile = CutlassBlockTile::kAuto;
   bool pad_w_scale_rows = true;  // w_scale_ld = groups rounded up to 4 (cuBLASLt's), else groups
+  int swizzle = 0;               // the tile scheduler's order (no effect on the result)
+  int raster = 0;
 };
 
 // One CutlassFp8BlockGemm call against the reference; returns the largest
 // (|error| - rounding) / (2^-13 x per-MMA magnitude) seen.
 double CheckGemm(std::mt19937& rng, const Case& c) {
-  const auto [m, n, k, tile, pad] = c;
-  SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k
-                                    << " tile=" << CutlassBlockTileName(tile) << " pad=" << pad);
+  const auto [m, n, k, tile, pad, swizzle, raster] = c;
+  SCOPED_TRACE(::testing::Message()
+               << "m=" << m << " n=" << n << " k=" << k << " tile=" << CutlassBlockTileName(tile)
+               << " pad=" << pad << " swizzle=" << swizzle << " raster=" << raster);
   const int64_t groups = Groups(k), n_blocks = (n + 127) / 128;
   const int64_t ld = pad ? (groups + 3) / 4 * 4 : groups;
   const std::vector<uint8_t> a = fp8_test::RandomE4m3Codes(rng, m * k);
@@ -89,6 +93,8 @@ double CheckGemm(std::mt19937& rng, const Case& c) {
   DeviceBuffer<bf16> out(m * n);
   CutlassFp8BlockGemmArgs args{da.get(), das.get(), dw.get(), dws.get(), ld,
                                m,        n,         k,        out.get(), tile};
+  args.swizzle = swizzle;
+  args.raster = raster;
   const absl::StatusOr<size_t> bytes = CutlassFp8BlockGemmWorkspaceBytes(args);
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   if (!bytes.ok()) return 0;
@@ -163,6 +169,25 @@ TEST(CutlassBlockGemmCudaTest, EveryTileMatchesTheCpuReference) {
   }
 }
 
+// The tile scheduler's orders (swizzle 2 / 4 / 8, raster along m / n) visit the tiles in another
+// order; each must give the reference's result (no split k, so the default's bits too).
+TEST(CutlassBlockGemmCudaTest, SchedulerOrdersMatchTheCpuReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  if (!CutlassFp8BlockGemmSupported()) GTEST_SKIP() << "the CUTLASS kernels need an sm_90 device";
+  ASSERT_TRUE(CutlassFp8BlockGemmInit().ok());
+  std::mt19937 rng(cuda_test::TestSeed() + 2);
+  double worst = 0;
+  for (auto [swizzle, raster] : {std::pair{2, 0}, std::pair{4, 1}, std::pair{8, 2}}) {
+    for (Case c : {Case{2200, 2112, 640}, Case{333, 24576, 1536}, Case{65, 136, 384}}) {
+      c.swizzle = swizzle;
+      c.raster = raster;
+      c.pad_w_scale_rows = c.m % 2 == 0;
+      worst = std::max(worst, CheckGemm(rng, c));
+    }
+  }
+  std::printf("CUTLASS block scheduler orders: largest error / (2^-13 x magnitude) %.3f\n", worst);
+}
+
 // Refused before any device work (so also checked without a GPU): k not a positive multiple of
 // 128, n not a multiple of 8, short weight-scale rows, negative sizes, null or misaligned
 // pointers, a short workspace; m == 0 or n == 0 launches nothing.
@@ -203,6 +228,16 @@ TEST(CutlassBlockGemmCudaTest, RefusesWhatItCannotTake) {
   a = ok;
   a.m = 7;  // needs the padded scale copy: a workspace
   EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument);
+  for (int swizzle : {-1, 3, 16}) {
+    a = ok;
+    a.swizzle = swizzle;
+    EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "swizzle=" << swizzle;
+  }
+  for (int raster : {-1, 3}) {
+    a = ok;
+    a.raster = raster;
+    EXPECT_EQ(code(a), absl::StatusCode::kInvalidArgument) << "raster=" << raster;
+  }
   for (int64_t m_or_n : {0}) {
     a = ok;
     a.m = m_or_n;

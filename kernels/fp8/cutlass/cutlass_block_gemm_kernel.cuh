@@ -118,6 +118,11 @@ typename Config::Gemm::Arguments MakeArguments(const Problem& p) {
   args.epilogue.thread.beta = 0.0f;
   args.hw_info.device_id = p.device;
   args.hw_info.sm_count = p.sm_count;
+  using RasterOptions = typename Config::Kernel::TileScheduler::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOptions::AlongM
+                                : p.raster == 2 ? RasterOptions::AlongN
+                                                : RasterOptions::Heuristic;
   return args;
 }
 
