@@ -358,15 +358,25 @@ TEST(Fp8GemmCudaTest, Block128WeightScalesLayout) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// TransposeGroupScales against the host transpose, m not a multiple of the block.
+// TransposeGroupScales against the host transpose: m and groups on and off the 32 x 32 tile
+// (partial tiles in both directions, one group, more groups than a tile), the output buffer
+// starting as NaN so an element left unwritten fails.
 TEST(Fp8GemmCudaTest, TransposeGroupScales) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
   std::uniform_real_distribution<float> dist(0.0f, 1.0f);
-  for (auto [m, groups] : {std::pair<int64_t, int64_t>{333, 3}, {1, 56}, {4097, 7}}) {
+  for (auto [m, groups] : {std::pair<int64_t, int64_t>{333, 3},
+                           {1, 56},
+                           {4097, 7},
+                           {32, 32},
+                           {31, 1},
+                           {65, 33},
+                           {2048, 128},
+                           {8195, 112},
+                           {100, 257}}) {
     std::vector<float> scales(m * groups);
     for (float& s : scales) s = dist(rng);
-    DeviceBuffer<float> in(scales), out(m * groups);
+    DeviceBuffer<float> in(scales), out(std::vector<float>(m * groups, std::nanf("")));
     ASSERT_TRUE(TransposeGroupScales(in.get(), m, groups, out.get(), nullptr).ok());
     const std::vector<float> got = out.ToHost();
     for (int64_t i = 0; i < m; ++i) {
