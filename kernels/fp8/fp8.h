@@ -57,6 +57,15 @@ void QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8ActivationSche
 // Number of activation scales QuantizeActivations writes.
 int64_t NumActivationScales(Fp8ActivationScheme scheme, int64_t m, int64_t k);
 
+// Where the kDynamicGroup128 scale of (row, group) of an activation with `groups` groups a row
+// lives: token-major [m, groups] (group_major_ld 0, QuantizeActivations' layout), or group-major
+// [groups, group_major_ld] (the block-scaled GEMM's layout, kernels/fp8/fp8_gemm_cuda.h, written
+// so by the CUDA quantizers when asked: no transpose before the GEMM). Host and device.
+constexpr int64_t Fp8GroupScaleIndex(int64_t row, int64_t group, int64_t groups,
+                                     int64_t group_major_ld) {
+  return group_major_ld > 0 ? group * group_major_ld + row : row * groups + group;
+}
+
 // Quantizes a weight w: [n, k] with per-block scales max|block| / 448 (1 for an all-zero block)
 // into codes [n, k] and scales [grid.NumScales()] (row-major over the grid). What online
 // quantization (--quantization=fp8) and the tests use.

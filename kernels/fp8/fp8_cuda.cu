@@ -60,7 +60,8 @@ __device__ __forceinline__ float BlockMax(float v) {
 template <typename TIn>
 __global__ void __launch_bounds__(kQuantThreads)
     QuantizeKernel(const TIn* __restrict__ x, int64_t k, int scheme, float static_scale,
-                   uint8_t* __restrict__ codes, float* __restrict__ scales) {
+                   uint8_t* __restrict__ codes, float* __restrict__ scales,
+                   int64_t group_major_ld) {
   internal::WaitForPrecedingGrid();  // PDL (programmatic_launch): x is the predecessor's output
   internal::AllowDependentLaunch();
   const int64_t row = blockIdx.x;
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kQuantThreads)
       }
       amax = WarpMax(amax);
       const float scale = ScaleFor(amax);
-      if (lane == 0) scales[row * groups + g] = scale;
+      if (lane == 0) scales[Fp8GroupScaleIndex(row, g, groups, group_major_ld)] = scale;
       for (int64_t c = c0 + lane; c < c0 + kGroup && c < k; c += 32) {
         cr[c] = ToE4m3(ToF32(xr[c]) / scale);
       }
@@ -196,7 +197,8 @@ __global__ void __launch_bounds__(kQuantThreads)
 constexpr int kGroupsPerWarp = 2;
 __global__ void __launch_bounds__(kQuantThreads)
     QuantizeGroupsVec8Kernel(const __nv_bfloat16* __restrict__ x, int64_t m, int64_t k,
-                             uint8_t* __restrict__ codes, float* __restrict__ scales) {
+                             uint8_t* __restrict__ codes, float* __restrict__ scales,
+                             int64_t group_major_ld) {
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
   const int64_t groups = (k + kGroup - 1) / kGroup;
@@ -220,7 +222,9 @@ __global__ void __launch_bounds__(kQuantThreads)
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   }
   const float scale = ScaleFor(amax);
-  if (g < groups && (lane & 15) == 0) scales[row * groups + g] = scale;
+  if (g < groups && (lane & 15) == 0) {
+    scales[Fp8GroupScaleIndex(row, g, groups, group_major_ld)] = scale;
+  }
   if (!valid) return;
   uint32_t w[2] = {0, 0};
 #pragma unroll
@@ -424,7 +428,8 @@ bool VecGroupsOn() {
 template <typename TIn>
 absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
                                   float static_scale, uint8_t* codes, float* scales,
-                                  cudaStream_t stream, bool programmatic_launch) {
+                                  cudaStream_t stream, bool programmatic_launch,
+                                  int64_t group_major_ld) {
   if (scheme == Fp8ActivationScheme::kNone || m < 1 || k < 1 || x == nullptr || codes == nullptr ||
       scales == nullptr ||
       (scheme == Fp8ActivationScheme::kStaticTensor && !(static_scale > 0.0f))) {
@@ -432,6 +437,12 @@ absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8Activat
         "QuantizeActivations: needs a quantizing scheme, m, k >= 1, non-null buffers and a "
         "positive static scale; got m=",
         m, " k=", k, " scheme=", static_cast<int>(scheme)));
+  }
+  if (group_major_ld != 0 &&
+      (scheme != Fp8ActivationScheme::kDynamicGroup128 || group_major_ld < m)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QuantizeActivations: group-major scales need kDynamicGroup128 and an ld >= m; got ld=",
+        group_major_ld, " m=", m, " scheme=", static_cast<int>(scheme)));
   }
   const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(m)), dim3(kQuantThreads),
                                          stream, programmatic_launch);
@@ -451,26 +462,28 @@ absl::Status QuantizeActivationsT(const TIn* x, int64_t m, int64_t k, Fp8Activat
           dim3(static_cast<unsigned>((warps + kQuantThreads / 32 - 1) / (kQuantThreads / 32))),
           dim3(kQuantThreads), stream, programmatic_launch);
       CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(groups_config.get(), QuantizeGroupsVec8Kernel, x, m,
-                                              k, codes, scales));
+                                              k, codes, scales, group_major_ld));
       return absl::OkStatus();
     }
   }
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(config.get(), QuantizeKernel<TIn>, x, k,
-                                          static_cast<int>(scheme), static_scale, codes, scales));
+                                          static_cast<int>(scheme), static_scale, codes, scales,
+                                          group_major_ld));
   return absl::OkStatus();
 }
 
 absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
                                  Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
-                                 float* scales, cudaStream_t stream, bool programmatic_launch) {
+                                 float* scales, cudaStream_t stream, bool programmatic_launch,
+                                 int64_t group_major_ld) {
   return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream,
-                              programmatic_launch);
+                              programmatic_launch, group_major_ld);
 }
 
 absl::Status QuantizeActivations(const float* x, int64_t m, int64_t k, Fp8ActivationScheme scheme,
                                  float static_scale, uint8_t* codes, float* scales,
                                  cudaStream_t stream) {
-  return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream, false);
+  return QuantizeActivationsT(x, m, k, scheme, static_scale, codes, scales, stream, false, 0);
 }
 
 absl::Status QuantizeWeightTiles128(const float* w, int64_t n, int64_t k, uint8_t* codes,

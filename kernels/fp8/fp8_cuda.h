@@ -32,10 +32,13 @@ inline constexpr int64_t kFp8GemvMaxM = 16;
 // Vectorized (16-byte loads, 8-byte code stores) where k % 8 == 0, x is 16-byte and codes 8-byte
 // aligned: a block per row for per-token / static scales, a half-warp per 128-column group for
 // kDynamicGroup128 (TANDEM_FP8_QUANT_VEC_GROUPS=0: the scalar form, the same bits).
+// group_major_ld > 0 (kDynamicGroup128 only, >= m): the scales go group-major, [groups, ld]
+// (Fp8GroupScaleIndex: the block-scaled GEMM reads them so, no TransposeGroupScales); the same
+// values.
 absl::Status QuantizeActivations(const __nv_bfloat16* x, int64_t m, int64_t k,
                                  Fp8ActivationScheme scheme, float static_scale, uint8_t* codes,
                                  float* scales, cudaStream_t stream,
-                                 bool programmatic_launch = false);
+                                 bool programmatic_launch = false, int64_t group_major_ld = 0);
 // The same from fp32 rows: what the CUDA model's device dummy FP8 weights use (rows quantized
 // per row, kDynamicToken, or per 128 columns, kDynamicGroup128), as kernels::QuantizeWeight on
 // the host.

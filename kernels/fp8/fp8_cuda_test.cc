@@ -64,6 +64,24 @@ TEST(Fp8CudaTest, QuantizeActivationsEqualsTheCpu) {
       TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(codes.ToHost(), want_codes) << "k=" << k << " scheme " << static_cast<int>(scheme);
       EXPECT_EQ(scales.ToHost(), want_scales) << "k=" << k;
+      if (scheme != Fp8ActivationScheme::kDynamicGroup128) continue;
+      // Group-major (the block GEMM's layout, ld = m + 1): the same codes, the CPU's scales at
+      // [g * ld + row], the padding column untouched (both kernel forms: k = 300 the scalar one).
+      const int64_t groups = ns / m, ld = m + 1;
+      DeviceBuffer<uint8_t> codes2(m * k);
+      DeviceBuffer<float> major(std::vector<float>(groups * ld, -1.0f));
+      ASSERT_TRUE(QuantizeActivations(dx.get(), m, k, scheme, 0.03f, codes2.get(), major.get(),
+                                      nullptr, false, ld)
+                      .ok());
+      TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(codes2.ToHost(), want_codes) << "group-major, k=" << k;
+      std::vector<float> want_major(groups * ld, -1.0f);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          want_major[Fp8GroupScaleIndex(r, g, groups, ld)] = want_scales[r * groups + g];
+        }
+      }
+      EXPECT_EQ(major.ToHost(), want_major) << "group-major, k=" << k;
     }
   }
 }

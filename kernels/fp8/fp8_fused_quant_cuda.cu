@@ -58,7 +58,8 @@ __device__ __forceinline__ uint2 Codes8(const float (&v)[kVec], float scale) {
 // written by the group's first lane, codes 8 per 8-byte store.
 template <int kVecs>
 __device__ __forceinline__ void QuantizeHeldGroups(const float (&held)[kVecs][kVec], int64_t width,
-                                                   int64_t row, uint8_t* codes, float* scales) {
+                                                   int64_t row, uint8_t* codes, float* scales,
+                                                   int64_t group_major_ld) {
   const int64_t groups = (width + 127) / 128;
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
@@ -72,7 +73,9 @@ __device__ __forceinline__ void QuantizeHeldGroups(const float (&held)[kVecs][kV
     }
     if (i >= width) continue;
     const float scale = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
-    if (threadIdx.x % 16 == 0) scales[row * groups + i / 128] = scale;
+    if (threadIdx.x % 16 == 0) {
+      scales[Fp8GroupScaleIndex(row, i / 128, groups, group_major_ld)] = scale;
+    }
     reinterpret_cast<uint2*>(codes + row * width)[i / kVec] = Codes8(held[v], scale);
   }
 }
@@ -107,7 +110,7 @@ template <bool kFusedAdd, bool kGroups, int kVecs>
 __global__ void __launch_bounds__(kThreads)
     RmsNormQuantKernel(const bf16* x, bf16* residual, const bf16* __restrict__ weight,
                        int64_t hidden, float eps, bf16* out, uint8_t* __restrict__ codes,
-                       float* __restrict__ scales) {
+                       float* __restrict__ scales, int64_t group_major_ld) {
   internal::WaitForPrecedingGrid();
   internal::AllowDependentLaunch();
   __shared__ float warp_sums[kThreads / 32];
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<BVec*>(out + base + i) = o;
   }
   if constexpr (kGroups) {
-    QuantizeHeldGroups<kVecs>(held, hidden, row, codes, scales);
+    QuantizeHeldGroups<kVecs>(held, hidden, row, codes, scales, group_major_ld);
   } else {
     QuantizeHeldRow<kVecs>(held, hidden, row, codes, scales);
   }
@@ -237,7 +240,8 @@ cudaError_t LaunchNorm(int64_t m, int64_t hidden, cudaStream_t stream, bool pdl,
                        bf16* residual, const bf16* weight, float eps, bf16* out,
                        const Fp8TokenCodes& q) {
   return LaunchByWidth<Norm<kAdd, kGroups>::template Of>(
-      m, hidden, stream, pdl, x, residual, weight, hidden, eps, out, q.codes, q.scales);
+      m, hidden, stream, pdl, x, residual, weight, hidden, eps, out, q.codes, q.scales,
+      q.group128 ? q.group_major_ld : int64_t{0});
 }
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -247,7 +251,7 @@ absl::Status Invalid(const char* op, int64_t m, int64_t width) {
       absl::StrCat("cuda::", op, ": needs m >= 0, a width that is a positive multiple of 8 up to ",
                    kFp8FusedQuantMaxWidth,
                    " and non-null 16-byte aligned buffers (SiluAndMulQuantFp8: per-token codes "
-                   "only); got m=",
+                   "only; group-major scales: group128 and an ld >= m); got m=",
                    m, " width=", width));
 }
 
@@ -263,7 +267,8 @@ absl::Status RmsNormQuantFp8(const bf16* x, bf16* residual, const bf16* weight, 
   const bool ok = m >= 0 && m <= 0x7fffffff && Fp8FusedQuantSupported(hidden) && Aligned(x) &&
                   Aligned(weight) && Aligned(out) && Aligned(q.codes) && x != nullptr &&
                   weight != nullptr && out != nullptr && q.codes != nullptr &&
-                  q.scales != nullptr && Aligned(residual);
+                  q.scales != nullptr && Aligned(residual) &&
+                  (q.group_major_ld == 0 || (q.group128 && q.group_major_ld >= m));
   if (!ok) return Invalid("RmsNormQuantFp8", m, hidden);
   if (m == 0) return absl::OkStatus();
   const bool pdl = programmatic_launch;
@@ -286,7 +291,7 @@ absl::Status SiluAndMulQuantFp8(const bf16* gate_up, int64_t m, int64_t inter, b
                                 bool programmatic_launch) {
   const bool ok = m >= 0 && m <= 0x7fffffff / kSiluCtas && Fp8FusedQuantSupported(inter) &&
                   gate_up != nullptr && Aligned(gate_up) && Aligned(out) && q.codes != nullptr &&
-                  Aligned(q.codes) && q.scales != nullptr && !q.group128;
+                  Aligned(q.codes) && q.scales != nullptr && !q.group128 && q.group_major_ld == 0;
   if (!ok) return Invalid("SiluAndMulQuantFp8", m, inter);
   if (m == 0) return absl::OkStatus();
   const internal::PdlLaunchConfig config(dim3(static_cast<unsigned>(m * kSiluCtas)), dim3(kThreads),

@@ -42,6 +42,9 @@ struct Fp8TokenCodes {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   bool group128 = false;
+  // group128 only: > 0 writes the scales group-major, [groups, group_major_ld] with ld >= m
+  // (kernels/fp8/fp8.h Fp8GroupScaleIndex: the block-scaled GEMM's layout, no transpose).
+  int64_t group_major_ld = 0;
 };
 
 // True when the fused kernels take rows of `width` elements.

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -212,6 +213,80 @@ TEST(Fp8FusedQuantCudaTest, RmsNormGroupQuantMatchesNormThenQuantize) {
       }
     }
   }
+}
+
+// Group-major scales (Fp8TokenCodes::group_major_ld, QuantizeActivations' group_major_ld: the
+// block GEMM's layout, here with ld past m): the fused norm and QuantizeActivations write the
+// token-major run's codes and, at [g * ld + row], its scales; the padding entries [m, ld) of each
+// group are left as they were. (QuantizeActivations' scalar form, for k % 8 != 0: the
+// scalar-row case in fp8_cuda_test.)
+void CheckGroupMajor(std::mt19937& rng, int64_t m, int64_t hidden, bool add) {
+  SCOPED_TRACE(::testing::Message()
+               << "group-major m=" << m << " hidden=" << hidden << (add ? " add" : ""));
+  const int64_t groups = (hidden + 127) / 128, ld = m + 3;
+  const std::vector<bf16> x = RandomRows(rng, m, hidden, 1.0f, m > 2 ? 1 : -1);
+  const std::vector<bf16> res = RandomRows(rng, m, hidden, 2.0f, -1);
+  const std::vector<bf16> weight = RandomRows(rng, 1, hidden, 0.5f, -1);
+  DeviceBuffer<bf16> dw(weight), dx(x), dres(res), dx2(x), dres2(res), dout(m * hidden),
+      dout2(m * hidden);
+  DeviceBuffer<uint8_t> codes(m * hidden), codes2(m * hidden), codes3(m * hidden);
+  DeviceBuffer<float> token(m * groups);
+  const std::vector<float> sentinel(groups * ld, -7.0f);
+  DeviceBuffer<float> major(sentinel), major2(sentinel);
+  ASSERT_TRUE(RmsNormQuantFp8(dx.get(), add ? dres.get() : nullptr, dw.get(), m, hidden, kEps,
+                              dout.get(), {codes.get(), token.get(), true}, nullptr)
+                  .ok());
+  ASSERT_TRUE(RmsNormQuantFp8(dx2.get(), add ? dres2.get() : nullptr, dw.get(), m, hidden, kEps,
+                              dout2.get(), {codes2.get(), major.get(), true, ld}, nullptr)
+                  .ok());
+  ASSERT_TRUE(QuantizeActivations(dout.get(), m, hidden, Fp8ActivationScheme::kDynamicGroup128,
+                                  0.0f, codes3.get(), major2.get(), nullptr, false, ld)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint8_t> c1 = codes.ToHost();
+  EXPECT_TRUE(codes2.ToHost() == c1) << "fused norm codes";
+  EXPECT_TRUE(codes3.ToHost() == c1) << "QuantizeActivations codes";
+  const std::vector<float> t = token.ToHost();
+  for (const auto& [buf, what] :
+       {std::pair{&major, "fused norm"}, std::pair{&major2, "quantize"}}) {
+    const std::vector<float> got = buf->ToHost();
+    int64_t diffs = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < ld; ++i) {
+        const float want = i < m ? t[i * groups + g] : -7.0f;
+        diffs += got[Fp8GroupScaleIndex(i, g, groups, ld)] != want;
+      }
+    }
+    EXPECT_EQ(diffs, 0) << what << " group-major scales";
+  }
+}
+
+TEST(Fp8FusedQuantCudaTest, GroupMajorScalesAreTheTokenMajorOnesTransposed) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed() + 2);
+  for (bool add : {false, true}) {
+    for (int64_t m : {1, 17, 40}) {
+      for (int64_t hidden : {72, 2048, 7168, 10944}) CheckGroupMajor(rng, m, hidden, add);
+    }
+  }
+  // Refused: group-major without groups, an ld below m.
+  DeviceBuffer<bf16> a(4 * 256), w(256);
+  DeviceBuffer<uint8_t> codes(4 * 256);
+  DeviceBuffer<float> scales(64);
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(RmsNormQuantFp8(a.get(), nullptr, w.get(), 4, 256, kEps, a.get(),
+                                              {codes.get(), scales.get(), false, 4}, nullptr)));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(RmsNormQuantFp8(a.get(), nullptr, w.get(), 4, 256, kEps, a.get(),
+                                              {codes.get(), scales.get(), true, 3}, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      QuantizeActivations(a.get(), 4, 256, Fp8ActivationScheme::kDynamicToken, 0.0f, codes.get(),
+                          scales.get(), nullptr, false, 4)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      QuantizeActivations(a.get(), 4, 256, Fp8ActivationScheme::kDynamicGroup128, 0.0f, codes.get(),
+                          scales.get(), nullptr, false, 3)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      SiluAndMulQuantFp8(a.get(), 1, 64, nullptr, {codes.get(), scales.get(), false, 1}, nullptr)));
 }
 
 TEST(Fp8FusedQuantCudaTest, SiluAndMulQuantMatchesSiluThenQuantize) {

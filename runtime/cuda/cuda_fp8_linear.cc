@@ -418,6 +418,12 @@ const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16
   return row_gemm && RowGemmServes(w) ? "fp8-cutlass-row-gemm" : "fp8-gemv-chunks";
 }
 
+bool CudaFp8Linear::GroupMajorScales(const CudaFp8Weight& w, int64_t m) const {
+  return w.activation == Scheme::kDynamicGroup128 && m > kc::kFp8SmallMMaxM &&
+         m % kc::kBlock128RowMultiple == 0 && m <= max_tokens_ &&
+         BlockGemmServes(w, gemm_->block_kernel() == kc::Fp8BlockGemmKernel::kCutlass);
+}
+
 bool CudaFp8Linear::TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const {
   // 1 x 128 groups: not where the W8A16 GEMV takes the bf16 activations themselves (batch 1).
   const bool groups = group_codes_ && w.activation == Scheme::kDynamicGroup128 &&
@@ -488,9 +494,11 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     last_path_ = "fp8-gemv";
     return absl::OkStatus();
   }
+  const bool group_major = GroupMajorScales(w, m);  // the block GEMM below takes every row
   if (w.activation != Scheme::kNone && !codes_ready) {
     RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
-                                            codes_.get<uint8_t>(), scales_.get<float>(), stream));
+                                            codes_.get<uint8_t>(), scales_.get<float>(), stream,
+                                            false, group_major ? m : 0));
   }
   if (GemmServes(w)) {  // m > kFp8SmallMMaxM, or cuBLASLt forced (decode_gemm_)
     const float* a_scales = w.activation == Scheme::kStaticTensor ? w.static_act_scales.get<float>()
@@ -511,21 +519,31 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       BlockGemmServes(w, gemm_->block_kernel() == kc::Fp8BlockGemmKernel::kCutlass)) {
     // 1x128 x 128x128 blocks: the block-scaled GEMM (CUTLASS where built, else cuBLASLt:
     // CublasLtFp8Gemm's dispatch) on the rows cuBLASLt has kernels for (a multiple of 4), the
-    // group scales transposed into its VEC128 layout; the last m % 4 rows on the GEMV below.
+    // group scales in its VEC128 layout (group-major: written so where it takes every row, else
+    // transposed); the last m % 4 rows on the GEMV below.
     const int64_t gemm_rows = m / kc::kBlock128RowMultiple * kc::kBlock128RowMultiple;
-    RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), gemm_rows,
-                                             (k + kGroup - 1) / kGroup,
-                                             block_act_scales_.get<float>(), stream));
-    const absl::Status st =
-        gemm_->Linear(codes_.get<uint8_t>(), block_act_scales_.get<float>(), w.codes.get<uint8_t>(),
-                      w.block_scales.get<float>(), kc::Fp8GemmScaling::kBlock128, gemm_rows, n, k,
-                      out, stream, bias);
+    const int64_t groups = (k + kGroup - 1) / kGroup;
+    if (!group_major) {
+      RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), gemm_rows, groups,
+                                               block_act_scales_.get<float>(), stream));
+    }
+    const float* a_scales = group_major ? scales_.get<float>() : block_act_scales_.get<float>();
+    const absl::Status st = gemm_->Linear(
+        codes_.get<uint8_t>(), a_scales, w.codes.get<uint8_t>(), w.block_scales.get<float>(),
+        kc::Fp8GemmScaling::kBlock128, gemm_rows, n, k, out, stream, bias);
     if (st.ok()) {
       if (gemm_rows < m) RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream, gemm_rows));
       last_path_ = "fp8-block-gemm";  // which kernel ran: gemm_->last_block_kernel()
       return absl::OkStatus();
     }
     if (!absl::IsUnimplemented(st)) return st;
+    if (group_major) {  // the paths below read them token-major: [groups, m] -> [m, groups]
+      RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), groups, m,
+                                               block_act_scales_.get<float>(), stream));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales_.get<float>(), block_act_scales_.get<float>(),
+                                           static_cast<size_t>(m * groups) * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, stream));
+    }
   }
   if (m > kc::kFp8SmallMMaxM && row_gemm() && RowGemmServes(w)) {
     // Per-row group scales no block GEMM takes: one group of CUTLASS's grouped row form, a bias

@@ -226,12 +226,19 @@ class CudaFp8Linear {
   // fits the workspace: a fused producer may then write the codes into token_codes(w) for
   // Linear(codes_ready).
   bool TakesTokenCodes(const CudaFp8Weight& w, int64_t m) const;
-  // The workspace a fused producer writes w's codes [m, k] and scales into: [m] per token, or
-  // [m, ceil(k / 128)] per group (group128) for a kDynamicGroup128 weight.
-  kernels::cuda::Fp8TokenCodes token_codes(const CudaFp8Weight& w) {
+  // The workspace a fused producer writes the codes [m, k] of m rows for w and their scales
+  // into: [m] per token, or per group (group128) for a kDynamicGroup128 weight, [m, ceil(k /
+  // 128)], or group-major [ceil(k / 128), m] where Linear's block-scaled GEMM takes all m rows
+  // (GroupMajorScales: the GEMM's own layout, no transpose).
+  kernels::cuda::Fp8TokenCodes token_codes(const CudaFp8Weight& w, int64_t m) const {
     return {codes_.get<uint8_t>(), scales_.get<float>(),
-            w.activation == kernels::Fp8ActivationScheme::kDynamicGroup128};
+            w.activation == kernels::Fp8ActivationScheme::kDynamicGroup128,
+            GroupMajorScales(w, m) ? m : 0};
   }
+  // Whether Linear runs m rows of w wholly on the block-scaled GEMM (1 x 128 activation groups,
+  // m a multiple of 4 past the GEMV's rows), which reads the activation scales group-major: its
+  // quantization (or the fused producer, token_codes) writes them so, no TransposeGroupScales.
+  bool GroupMajorScales(const CudaFp8Weight& w, int64_t m) const;
 
   // Which path Linear takes for `m` rows of `w` with w8a16_gemv() as given ("fp8-w8a16-gemv",
   // "fp8-gemv", "fp8-cutlass-swap-gemm" (where `row_gemm`), "cublaslt-fp8-gemm",

@@ -139,10 +139,12 @@ void CheckLinear(std::mt19937& rng, CudaFp8Linear& linear, int64_t m, int64_t n,
     EXPECT_STREQ(linear.last_path(), "fp8-gemv");
     linear.set_w8a16_gemv(true);
   }
-  const kernels::cuda::Fp8TokenCodes q = linear.token_codes(*w);
-  ASSERT_TRUE(
-      kernels::cuda::QuantizeActivations(dx.get(), m, k, scheme, 0.0f, q.codes, q.scales, nullptr)
-          .ok());
+  // The layout token_codes asks for (group-major where the block GEMM takes every row).
+  const kernels::cuda::Fp8TokenCodes q = linear.token_codes(*w, m);
+  EXPECT_EQ(q.group_major_ld, linear.GroupMajorScales(*w, m) ? m : 0);
+  ASSERT_TRUE(kernels::cuda::QuantizeActivations(dx.get(), m, k, scheme, 0.0f, q.codes, q.scales,
+                                                 nullptr, false, q.group_major_ld)
+                  .ok());
   ASSERT_TRUE(linear
                   .Linear(nullptr, *w, with_bias ? dbias.get() : nullptr, m, out2.get(), nullptr,
                           false, /*codes_ready=*/true)

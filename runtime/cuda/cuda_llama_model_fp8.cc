@@ -89,15 +89,15 @@ absl::Status CudaLlamaModel::AddNormQuantFp8(bool add, const DeviceBuffer& weigh
   // hidden = norm(residual).
   return kernels::cuda::RmsNormQuantFp8(add ? hidden : residual, add ? residual : nullptr,
                                         weight.get<bf16>(), Tn, config_.hidden_size, eps, hidden,
-                                        fp8_->token_codes(fp8), stream,
+                                        fp8_->token_codes(fp8, Tn), stream,
                                         options_.programmatic_launch);
 }
 
 absl::Status CudaLlamaModel::SiluAndMulQuantFp8(const CudaFp8Weight& fp8, int64_t Tn,
                                                 cudaStream_t stream) {
   return kernels::cuda::SiluAndMulQuantFp8(
-      gate_up_.get<__nv_bfloat16>(), Tn, config_.intermediate_size, nullptr, fp8_->token_codes(fp8),
-      stream, options_.programmatic_launch);
+      gate_up_.get<__nv_bfloat16>(), Tn, config_.intermediate_size, nullptr,
+      fp8_->token_codes(fp8, Tn), stream, options_.programmatic_launch);
 }
 
 namespace {
