@@ -229,6 +229,9 @@ absl::StatusOr<std::unique_ptr<CudaFp8Linear>> CudaFp8Linear::Create(int64_t max
   if (const char* env = std::getenv("TANDEM_FP8_GROUP_CODES"); env != nullptr) {
     out->group_codes_ = std::string(env) != "0";
   }
+  if (const char* env = std::getenv("TANDEM_FP8_GROUP_MAJOR"); env != nullptr) {
+    out->group_major_ = std::string(env) != "0";
+  }
   if (const char* env = std::getenv("TANDEM_FP8_SWAP_TOKENS"); env != nullptr) {
     const std::string t = env;
     if (t != "32" && t != "64" && t != "auto") {
@@ -318,12 +321,13 @@ absl::Status CudaFp8Linear::CreateRowGemm() {
 
 absl::Status CudaFp8Linear::RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out,
                                     cudaStream_t stream, bool swap_ab, int k_splits,
-                                    const __nv_bfloat16* split_bias) {
+                                    const __nv_bfloat16* split_bias, const float* a_scales) {
 #ifdef TANDEM_HAVE_CUTLASS
   const int64_t k = w.grid.cols;
   kc::MoeFp8CutlassGroupedArgs args;
   args.a = codes_.get<uint8_t>();
-  args.a_scales = scales_.get<float>();  // QuantizeActivations' (static: scales_[0])
+  // QuantizeActivations' (static: scales_[0]), token-major.
+  args.a_scales = a_scales != nullptr ? a_scales : scales_.get<float>();
   args.w.groups = w.grid.GridCols();
   args.single_codes = w.codes.get<uint8_t>();
   args.single_scales = w.scales.get<float>();
@@ -419,7 +423,7 @@ const char* CudaFp8Linear::PathFor(const CudaFp8Weight& w, int64_t m, bool w8a16
 }
 
 bool CudaFp8Linear::GroupMajorScales(const CudaFp8Weight& w, int64_t m) const {
-  return w.activation == Scheme::kDynamicGroup128 && m > kc::kFp8SmallMMaxM &&
+  return group_major_ && w.activation == Scheme::kDynamicGroup128 && m > kc::kFp8SmallMMaxM &&
          m % kc::kBlock128RowMultiple == 0 && m <= max_tokens_ &&
          BlockGemmServes(w, gemm_->block_kernel() == kc::Fp8BlockGemmKernel::kCutlass);
 }
@@ -495,6 +499,7 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
     return absl::OkStatus();
   }
   const bool group_major = GroupMajorScales(w, m);  // the block GEMM below takes every row
+  const float* token_scales = nullptr;              // the fallbacks' scales: scales_
   if (w.activation != Scheme::kNone && !codes_ready) {
     RETURN_IF_ERROR(kc::QuantizeActivations(a, m, k, w.activation, w.input_scale,
                                             codes_.get<uint8_t>(), scales_.get<float>(), stream,
@@ -537,30 +542,31 @@ absl::Status CudaFp8Linear::Linear(const __nv_bfloat16* a, const CudaFp8Weight& 
       return absl::OkStatus();
     }
     if (!absl::IsUnimplemented(st)) return st;
-    if (group_major) {  // the paths below read them token-major: [groups, m] -> [m, groups]
+    if (group_major) {
+      // The paths below read the scales token-major: [groups, m] -> [m, groups] into
+      // block_act_scales_ (scales_ stays as written: a later codes_ready call may read it).
       RETURN_IF_ERROR(kc::TransposeGroupScales(scales_.get<float>(), groups, m,
                                                block_act_scales_.get<float>(), stream));
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales_.get<float>(), block_act_scales_.get<float>(),
-                                           static_cast<size_t>(m * groups) * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, stream));
+      token_scales = block_act_scales_.get<float>();
     }
   }
   if (m > kc::kFp8SmallMMaxM && row_gemm() && RowGemmServes(w)) {
     // Per-row group scales no block GEMM takes: one group of CUTLASS's grouped row form, a bias
     // added after its bf16 output (as the cuBLASLt GEMMs' AddBias).
-    RETURN_IF_ERROR(RowGemm(w, m, out, stream));
+    RETURN_IF_ERROR(RowGemm(w, m, out, stream, false, 1, nullptr, token_scales));
     if (bias != nullptr) RETURN_IF_ERROR(kc::AddBias(out, bias, m, n, stream));
     last_path_ = "fp8-cutlass-row-gemm";
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream));
+  RETURN_IF_ERROR(GemvChunks(w, a, bias, m, out, stream, 0, token_scales));
   last_path_ = m <= kc::kFp8SmallMMaxM ? "fp8-gemv" : "fp8-gemv-chunks";
   return absl::OkStatus();
 }
 
 absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a,
                                        const __nv_bfloat16* bias, int64_t m, __nv_bfloat16* out,
-                                       cudaStream_t stream, int64_t first_row) {
+                                       cudaStream_t stream, int64_t first_row,
+                                       const float* a_scales) {
   const int64_t k = w.grid.cols, n = w.grid.rows;
   // Activation scales per row: none (static: one), 1 (per token), k / 128 groups.
   const int64_t scale_stride = w.activation == Scheme::kDynamicToken ? 1
@@ -575,7 +581,7 @@ absl::Status CudaFp8Linear::GemvChunks(const CudaFp8Weight& w, const __nv_bfloat
       act.values = a + r0 * k;
     } else {
       act.codes = codes_.get<uint8_t>() + r0 * k;
-      act.scales = scales_.get<float>() + r0 * scale_stride;
+      act.scales = (a_scales != nullptr ? a_scales : scales_.get<float>()) + r0 * scale_stride;
     }
     RETURN_IF_ERROR(kc::Fp8SmallMLinear<__nv_bfloat16>(
         act, DeviceWeight(w), bias, rows, out + r0 * n, stream, false, true, gemv_kernel_));

@@ -169,7 +169,8 @@ class CudaFp8Linear {
   // for another value).
   // TANDEM_FP8_W16_GEMV=0 starts it with w8a16_gemv() off (A/B runs); TANDEM_FP8_GROUP_CODES=0
   // with TakesTokenCodes false for 1 x 128-group weights (their producers' fused quantization
-  // off: A/B runs).
+  // off: A/B runs); TANDEM_FP8_GROUP_MAJOR=0 with GroupMajorScales false (the group scales
+  // transposed before each block GEMM, as before: A/B runs).
   static absl::StatusOr<std::unique_ptr<CudaFp8Linear>> Create(int64_t max_tokens, int64_t max_k);
 
   // Batch 1 of a weight with per-128-column scales on the weight-only W8A16 GEMV (the header
@@ -270,22 +271,24 @@ class CudaFp8Linear {
   // out[m, n] = codes_ . w^T on the row GEMM (the activations already quantized; no bias);
   // swap_ab: the swapped scaled form (whole-row weight scales only), k_splits > 1 its split form
   // (split_partials_; split_bias added in its reduction).
+  // a_scales: the activation scales token-major (null: scales_).
   absl::Status RowGemm(const CudaFp8Weight& w, int64_t m, __nv_bfloat16* out, cudaStream_t stream,
                        bool swap_ab = false, int k_splits = 1,
-                       const __nv_bfloat16* split_bias = nullptr);
+                       const __nv_bfloat16* split_bias = nullptr, const float* a_scales = nullptr);
   // out[m, n] = codes_ . w^T (+ bias) on the swapped GEMM, split along k as SwapSplits says.
   absl::Status SwapGemm(const CudaFp8Weight& w, int64_t m, const __nv_bfloat16* bias,
                         __nv_bfloat16* out, cudaStream_t stream);
-  // Rows [first_row, m) on the small-m kernel, 16 at a time.
+  // Rows [first_row, m) on the small-m kernel, 16 at a time (a_scales as RowGemm's).
   absl::Status GemvChunks(const CudaFp8Weight& w, const __nv_bfloat16* a, const __nv_bfloat16* bias,
-                          int64_t m, __nv_bfloat16* out, cudaStream_t stream,
-                          int64_t first_row = 0);
+                          int64_t m, __nv_bfloat16* out, cudaStream_t stream, int64_t first_row = 0,
+                          const float* a_scales = nullptr);
 
   int64_t max_tokens_ = 0, max_k_ = 0;
   kernels::cuda::Fp8GemvKernel gemv_kernel_ = kernels::cuda::Fp8GemvKernel::kAuto;
   bool w8a16_gemv_ = true;
   int swap_token_tile_ = 0;
   bool group_codes_ = true;  // TakesTokenCodes for kDynamicGroup128 weights
+  bool group_major_ = true;  // GroupMajorScales may be true
   kernels::cuda::Fp8W16Math w8a16_math_ = kernels::cuda::Fp8W16Math::kAuto;
   Fp8DecodeGemm decode_gemm_ = Fp8DecodeGemm::kAuto;
   DeviceBuffer w16_split_k_mem_;  // Fp8W16SplitKWorkspaceBytes(w16_split_k_rows_)

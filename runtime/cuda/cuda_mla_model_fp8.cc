@@ -185,7 +185,9 @@ bool CudaMlaModel::SharesFp8Codes(const CudaFp8Weight& first, const CudaFp8Weigh
                                   int64_t m) const {
   return fp8_ != nullptr && options_.dtype == ActDtype::kBf16 && !first.empty() && !next.empty() &&
          first.activation == next.activation && first.grid.cols == next.grid.cols &&
-         fp8_->TakesTokenCodes(first, m) && fp8_->TakesTokenCodes(next, m);
+         fp8_->TakesTokenCodes(first, m) && fp8_->TakesTokenCodes(next, m) &&
+         // one layout of the group scales for both (CudaFp8Linear::GroupMajorScales)
+         fp8_->GroupMajorScales(first, m) == fp8_->GroupMajorScales(next, m);
 }
 
 template absl::Status CudaMlaModel::Project<__nv_bfloat16>(const CudaFp8Weight&,
