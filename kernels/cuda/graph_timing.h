@@ -1,9 +1,12 @@
 // ReplayGraphMs: how the benchmarks time a captured CUDA graph (the decode steps' form): the graph
-// instantiated, replayed once untimed, then `replays` times between two events.
+// instantiated, replayed once untimed, then `replays` times between two events. EventTimeUs: how
+// they time eager launches on the default stream.
 #ifndef TANDEM_KERNELS_CUDA_GRAPH_TIMING_H_
 #define TANDEM_KERNELS_CUDA_GRAPH_TIMING_H_
 
 #include <cuda_runtime.h>
+
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +39,24 @@ inline absl::StatusOr<float> ReplayGraphMs(cudaGraph_t graph, cudaStream_t strea
   cudaGraphDestroy(graph);
   if (!st.ok()) return st;
   return ms;
+}
+
+// Microseconds per call of `fn` (launches on the default stream): `warmup` untimed calls, then
+// `iters` between two events. Launch-bound where a call's kernels are shorter than its host cost.
+inline double EventTimeUs(int iters, const std::function<void()>& fn, int warmup = 10) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 1000.0 * ms / iters;
 }
 
 }  // namespace tandem::kernels::cuda

@@ -33,6 +33,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cuda/graph_timing.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_block_gemm_cuda.h"
@@ -54,21 +55,7 @@ struct Shape {
 };
 
 // Mean microseconds of `fn` over `iters` launches (after 10 warm-up ones).
-double TimeUs(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < 10; ++i) fn();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1000.0 * ms / iters;
-}
+double TimeUs(int iters, const std::function<void()>& fn) { return EventTimeUs(iters, fn); }
 
 template <typename T>
 T* DeviceFill(size_t count, uint8_t byte) {

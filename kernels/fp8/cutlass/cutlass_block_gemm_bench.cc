@@ -27,6 +27,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cuda/graph_timing.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/fp8/cutlass/cutlass_block_gemm.h"
 #include "kernels/fp8/fp8.h"
@@ -43,21 +44,7 @@ struct Shape {
   int64_t n, k;
 };
 
-double TimeUs(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < 5; ++i) fn();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1000.0 * ms / iters;
-}
+double TimeUs(int iters, const std::function<void()>& fn) { return EventTimeUs(iters, fn, 5); }
 
 template <typename T>
 T* DeviceAlloc(int64_t count) {
