@@ -1,6 +1,6 @@
 // The latent-row write, the W_UK / W_UV absorption through cuBLAS strided-batched GEMMs (one
-// batch entry per head; decode-sized steps through GEMVs over the heads), and the whole absorbed
-// MLA step (mla_cuda.h).
+// batch entry per head; decode-sized steps through the GEMVs of mla_absorb_gemv_cuda.cu), and
+// the whole absorbed MLA step (mla_cuda.h).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -52,138 +52,6 @@ __global__ void MlaRopeKernel(const int64_t* positions, int64_t num_tokens, cons
   const float x1 = internal::ToFloat(row[a]), x2 = internal::ToFloat(row[b]);
   row[a] = internal::FromFloat<T>(x1 * c - x2 * s);
   row[b] = internal::FromFloat<T>(x2 * c + x1 * s);
-}
-
-// ---- Decode-sized absorption: a step of at most kMlaAbsorbGemvMaxTokens tokens (batch-1 decode)
-// runs weight-streaming GEMVs over the heads instead of cuBLAS's strided-batched GEMM, whose
-// tiles idle at one token (H200, DeepSeek-V2-Lite batch 1: ~5.6 us a call for 2 MiB of W_UK or
-// W_UV); longer steps (padded graph batches, verification, prefill) keep cuBLAS, whose tiles fill
-// with the tokens (a larger bound is unmeasured). fp32 accumulation, one rounding to T: only the
-// summation order differs from the GEMM's.
-constexpr int64_t kMlaAbsorbGemvMaxTokens = 1;
-constexpr int kAbsorbThreads = 256;
-constexpr int kAbsorbCols = 128;                                      // q_lat columns a CTA owns
-constexpr int kAbsorbColThreads = kAbsorbCols / 8;                    // 8 columns (16 bytes) each
-constexpr int kAbsorbRowGroups = kAbsorbThreads / kAbsorbColThreads;  // W_UK rows split 16 ways
-constexpr int kAbsorbUnroll = 8;  // 16-byte weight loads in flight per thread
-
-// q_cat[t, h, :L] = W_UK_h^T q_nope[t, h] and q_cat[t, h, L:] = q_pe[t, h]. W_UK_h is [Dn, L]
-// row-major (kv_b_proj rows h * (Dn + Dv) ..), so the sum runs down its columns: thread (g, j)
-// streams 8 columns of the rows d = g, g + 16, .. (coalesced across j), the 16 row groups' fp32
-// partials are summed in shared memory in group order. Grid (ceil(L / 128), Hq, T).
-template <typename T>
-__global__ void __launch_bounds__(kAbsorbThreads)
-    AbsorbQueryGemvKernel(const T* __restrict__ q, const T* __restrict__ kv_b, int heads, int dn,
-                          int dr, int dv, int lora, T* __restrict__ q_cat) {
-  __shared__ float partial[kAbsorbRowGroups][kAbsorbCols];
-  const int h = blockIdx.y, j = threadIdx.x % kAbsorbColThreads;
-  const int g = threadIdx.x / kAbsorbColThreads;
-  const int64_t th = static_cast<int64_t>(blockIdx.z) * heads + h;  // (token, head) row
-  const T* qn = q + th * (dn + dr);
-  T* out = q_cat + th * (lora + dr);
-  const int col = blockIdx.x * kAbsorbCols + j * 8;
-  const bool active = col < lora;  // lora % 8 == 0: a thread's 8 columns are all in or all out
-  const T* w = kv_b + static_cast<int64_t>(h) * (dn + dv) * lora + col;
-  float acc[8] = {};
-  for (int d0 = g; d0 < dn; d0 += kAbsorbRowGroups * kAbsorbUnroll) {
-    uint4 wv[kAbsorbUnroll];
-    float x[kAbsorbUnroll];
-#pragma unroll
-    for (int u = 0; u < kAbsorbUnroll; ++u) {
-      const int d = d0 + u * kAbsorbRowGroups;
-      if (active && d < dn) {
-        wv[u] = __ldcs(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(d) * lora));
-        x[u] = internal::ToFloat(qn[d]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kAbsorbUnroll; ++u) {
-      if (!active || d0 + u * kAbsorbRowGroups >= dn) continue;
-      const T* wt = reinterpret_cast<const T*>(&wv[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = fmaf(internal::ToFloat(wt[e]), x[u], acc[e]);
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) partial[g][j * 8 + e] = acc[e];
-  __syncthreads();
-  if (threadIdx.x < kAbsorbCols && blockIdx.x * kAbsorbCols + threadIdx.x < lora) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kAbsorbRowGroups; ++r) sum += partial[r][threadIdx.x];
-    out[blockIdx.x * kAbsorbCols + threadIdx.x] = internal::FromFloat<T>(sum);
-  }
-  if (blockIdx.x == 0) {  // q_pe into the last Dr columns (cuBLAS's path: a strided copy)
-    for (int i = threadIdx.x; i < dr; i += kAbsorbThreads) out[lora + i] = qn[dn + i];
-  }
-}
-
-// out[t, h, v] = W_UV_h[v] . o_lat[t, h]: one warp per (head, kRowsPerWarp consecutive v) streams
-// the rows' L-wide weights (kv_b_proj rows h * (Dn + Dv) + Dn + v ..) in 16-byte chunks, 2 chunks
-// of each row a lane in flight with the o_lat chunks they share, and reduces over the warp.
-// Grid (ceil(Hq * Dv / (8 x kRowsPerWarp)), T); Dv % kRowsPerWarp == 0. Measured (nvidia-h200-x2,
-// ncu): 128 heads (16 MiB of W_UV) 13.1 us at 1 row a warp (2048 short CTAs), 7.1 at 4; 16 heads
-// (2 MiB) 2.95 us at 1 row, 3.55 at 4 (64 CTAs on 132 SMs). So 4 rows a warp from kUvWideRows
-// rows of a token on (where Dv % 4 == 0).
-constexpr int kUvRows = 4;
-constexpr int64_t kUvWideRows = 8192;
-template <typename T, int kRowsPerWarp>
-__global__ void __launch_bounds__(kAbsorbThreads)
-    UnabsorbOutputGemvKernel(const T* __restrict__ o_lat, const T* __restrict__ kv_b, int heads,
-                             int dn, int dv, int lora, T* __restrict__ out) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row0 =
-      (static_cast<int64_t>(blockIdx.x) * (kAbsorbThreads / 32) + threadIdx.x / 32) * kRowsPerWarp;
-  if (row0 >= static_cast<int64_t>(heads) * dv) return;
-  const int64_t h = row0 / dv, v0 = row0 % dv;  // dv % kRowsPerWarp == 0: the rows share head h
-  const int64_t th = static_cast<int64_t>(blockIdx.y) * heads + h;
-  const uint4* w = reinterpret_cast<const uint4*>(kv_b + (h * (dn + dv) + dn + v0) * lora);
-  const uint4* a = reinterpret_cast<const uint4*>(o_lat + th * lora);
-  const int chunks = lora / 8;  // a row's 16-byte chunks; row r's start at w + r * chunks
-  float acc[kRowsPerWarp] = {};
-  for (int c0 = lane; c0 < chunks; c0 += 64) {
-    const bool second = c0 + 32 < chunks;
-    uint4 wv[kRowsPerWarp][2], av[2];
-    av[0] = __ldg(a + c0);
-    if (second) av[1] = __ldg(a + c0 + 32);
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      wv[r][0] = __ldcs(w + r * chunks + c0);
-      if (second) wv[r][1] = __ldcs(w + r * chunks + c0 + 32);
-    }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      if (k == 1 && !second) break;
-      const T* at = reinterpret_cast<const T*>(&av[k]);
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const T* wt = reinterpret_cast<const T*>(&wv[r][k]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          acc[r] = fmaf(internal::ToFloat(wt[e]), internal::ToFloat(at[e]), acc[r]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-  }
-  if (lane < kRowsPerWarp) {
-    float mine = acc[0];
-#pragma unroll
-    for (int r = 1; r < kRowsPerWarp; ++r) mine = lane == r ? acc[r] : mine;
-    out[th * dv + v0 + lane] = internal::FromFloat<T>(mine);
-  }
-}
-
-// The GEMV forms read 16-byte chunks of kv_b_proj's rows (and of o_lat's): L a multiple of 8 and
-// 16-byte aligned operands (`a`: o_lat, or q_cat; cudaMalloc'd buffers at row offsets are).
-bool AbsorbGemvApplies(const MlaDims& dims, int64_t num_tokens, const void* a, const void* w) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return num_tokens <= kMlaAbsorbGemvMaxTokens && dims.kv_lora_rank % 8 == 0 && aligned(a) &&
-         aligned(w);
 }
 
 template <typename T>
@@ -246,8 +114,8 @@ absl::Status MlaRope(const int64_t* positions, int64_t num_tokens, const float* 
 
 template <typename T>
 absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
-                            const MlaDims& dims, int64_t num_tokens, T* q_cat,
-                            cudaStream_t stream) {
+                            const MlaDims& dims, int64_t num_tokens, T* q_cat, cudaStream_t stream,
+                            const MlaAbsorbOptions& options) {
   RETURN_IF_ERROR(dims.Validate());
   if (num_tokens == 0) return absl::OkStatus();
   if (cublas == nullptr || q == nullptr || kv_b_proj == nullptr || q_cat == nullptr ||
@@ -256,14 +124,10 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
   }
   const int64_t H = dims.num_heads, Dn = dims.qk_nope_head_dim, Dr = dims.qk_rope_head_dim;
   const int64_t L = dims.kv_lora_rank, Dv = dims.v_head_dim, D = dims.LatentDim();
-  if (AbsorbGemvApplies(dims, num_tokens, q_cat, kv_b_proj)) {
-    const dim3 grid(static_cast<unsigned>((L + kAbsorbCols - 1) / kAbsorbCols),
-                    static_cast<unsigned>(H), static_cast<unsigned>(num_tokens));
-    AbsorbQueryGemvKernel<T><<<grid, kAbsorbThreads, 0, stream>>>(
-        q, kv_b_proj, static_cast<int>(H), static_cast<int>(Dn), static_cast<int>(Dr),
-        static_cast<int>(Dv), static_cast<int>(L), q_cat);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+  if (mla_internal::AbsorbGemvApplies(dims, num_tokens, options.gemv_max_tokens, q_cat,
+                                      kv_b_proj)) {
+    return mla_internal::AbsorbQueryGemv<T>(q, kv_b_proj, dims, num_tokens, q_cat, options.pdl,
+                                            stream);
   }
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
   // Column-major view: q_lat_h^T [L, T] (ld H*D) = W_UK_h^T [L, Dn] (W_UK_h row-major [Dn, L],
@@ -283,8 +147,8 @@ absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_pro
 
 template <typename T>
 absl::Status MlaUnabsorbOutput(cublasHandle_t cublas, const T* o_lat, const T* kv_b_proj,
-                               const MlaDims& dims, int64_t num_tokens, T* out,
-                               cudaStream_t stream) {
+                               const MlaDims& dims, int64_t num_tokens, T* out, cudaStream_t stream,
+                               const MlaAbsorbOptions& options) {
   RETURN_IF_ERROR(dims.Validate());
   if (num_tokens == 0) return absl::OkStatus();
   if (cublas == nullptr || o_lat == nullptr || kv_b_proj == nullptr || out == nullptr ||
@@ -293,17 +157,10 @@ absl::Status MlaUnabsorbOutput(cublasHandle_t cublas, const T* o_lat, const T* k
   }
   const int64_t H = dims.num_heads, Dn = dims.qk_nope_head_dim;
   const int64_t L = dims.kv_lora_rank, Dv = dims.v_head_dim;
-  if (AbsorbGemvApplies(dims, num_tokens, o_lat, kv_b_proj)) {
-    const bool wide = H * Dv >= kUvWideRows && Dv % kUvRows == 0;
-    const int64_t rows_per_cta = kAbsorbThreads / 32 * (wide ? kUvRows : 1);
-    const dim3 grid(static_cast<unsigned>((H * Dv + rows_per_cta - 1) / rows_per_cta),
-                    static_cast<unsigned>(num_tokens));
-    auto* kernel = wide ? UnabsorbOutputGemvKernel<T, kUvRows> : UnabsorbOutputGemvKernel<T, 1>;
-    kernel<<<grid, kAbsorbThreads, 0, stream>>>(o_lat, kv_b_proj, static_cast<int>(H),
-                                                static_cast<int>(Dn), static_cast<int>(Dv),
-                                                static_cast<int>(L), out);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+  if (mla_internal::AbsorbGemvApplies(dims, num_tokens, options.gemv_max_tokens, o_lat,
+                                      kv_b_proj)) {
+    return mla_internal::UnabsorbOutputGemv<T>(o_lat, kv_b_proj, dims, num_tokens, out, options.pdl,
+                                               stream);
   }
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
   // Column-major: out_h^T [Dv, T] (ld H*Dv) = (W_UV_h viewed [L, Dv] ld L)^T x o_lat_h^T [L, T].
@@ -320,7 +177,8 @@ template <typename T>
 absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
                                   const DeviceKvCache& cache, int64_t layer,
                                   const AttentionBatch& batch, float scale, const MlaPlan& plan,
-                                  void* workspace, T* out, float* lse, cudaStream_t stream) {
+                                  void* workspace, T* out, float* lse, cudaStream_t stream,
+                                  const MlaAbsorbOptions& absorb) {
   const MlaPlanInput& in = plan.input;
   if (in.num_tokens == 0 || in.num_seqs == 0) return absl::OkStatus();
   if (workspace == nullptr) return absl::InvalidArgumentError("MlaAbsorbedAttention: workspace");
@@ -328,10 +186,12 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
   unsigned char* base = static_cast<unsigned char*>(workspace);
   T* q_cat = reinterpret_cast<T*>(base + ws.q_cat);
   T* o_lat = reinterpret_cast<T*>(base + ws.o_lat);
-  RETURN_IF_ERROR(MlaAbsorbQuery<T>(cublas, q, kv_b_proj, in.dims, in.num_tokens, q_cat, stream));
+  RETURN_IF_ERROR(
+      MlaAbsorbQuery<T>(cublas, q, kv_b_proj, in.dims, in.num_tokens, q_cat, stream, absorb));
   RETURN_IF_ERROR(MlaLatentAttention<T>(q_cat, cache, layer, batch, scale, plan, workspace, o_lat,
                                         lse, stream));
-  return MlaUnabsorbOutput<T>(cublas, o_lat, kv_b_proj, in.dims, in.num_tokens, out, stream);
+  return MlaUnabsorbOutput<T>(cublas, o_lat, kv_b_proj, in.dims, in.num_tokens, out, stream,
+                              absorb);
 }
 
 #define TANDEM_MLA_CUDA_INSTANTIATE(T)                                                            \
@@ -341,12 +201,12 @@ absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv
   template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float, bool,   \
                                    T*, int64_t, int64_t, int64_t, cudaStream_t);                  \
   template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*, const MlaDims&,     \
-                                          int64_t, T*, cudaStream_t);                             \
+                                          int64_t, T*, cudaStream_t, const MlaAbsorbOptions&);    \
   template absl::Status MlaUnabsorbOutput<T>(cublasHandle_t, const T*, const T*, const MlaDims&,  \
-                                             int64_t, T*, cudaStream_t);                          \
+                                             int64_t, T*, cudaStream_t, const MlaAbsorbOptions&); \
   template absl::Status MlaAbsorbedAttention<T>(                                                  \
       cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,   \
-      float, const MlaPlan&, void*, T*, float*, cudaStream_t);
+      float, const MlaPlan&, void*, T*, float*, cudaStream_t, const MlaAbsorbOptions&);
 TANDEM_MLA_CUDA_INSTANTIATE(__nv_bfloat16)
 TANDEM_MLA_CUDA_INSTANTIATE(__half)
 #undef TANDEM_MLA_CUDA_INSTANTIATE

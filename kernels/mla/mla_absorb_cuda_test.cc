@@ -1,10 +1,12 @@
 // The W_UK / W_UV absorption steps (mla_cuda.h MlaAbsorbQuery, MlaUnabsorbOutput) against an fp64
-// CPU reference on the same bf16/fp16-rounded random inputs: one token (the decode GEMVs of
-// mla_absorb_cuda.cu) and three (cuBLAS's strided-batched GEMM), at DeepSeek-V2-Lite's and
-// DeepSeek-V3's widths and the tiny test models' (latent 32, 16 / 12-wide heads). Tolerance:
-// within 1e-2 of max|ref| (one rounding of the output to T; fp32 sums in another order).
-// q_cat's rope part is a copy: exact. The one-token rows also equal the first row of the
-// three-token run within the same bound.
+// CPU reference on the same bf16/fp16-rounded random inputs, on each path (MlaAbsorbOptions): the
+// decode GEMVs of mla_absorb_gemv_cuda.cu (the model runs them at one token; forced, at 2, 3, 5,
+// 8 and 11 tokens too: a CTA row per token), with and without PDL, and cuBLAS's strided-batched
+// GEMM; at DeepSeek-V2-Lite's and DeepSeek-V3's widths (64- and 128-column W_UK tiles; 1 and 4
+// W_UV rows a warp) and the tiny test models' (latent 32, 16 / 12-wide heads; a latent of 1000;
+// an odd v_head_dim). Tolerance: within 1e-2 of max|ref| (one rounding of the output to T; fp32
+// sums in another order). q_cat's rope part is a copy: exact. The one-token rows also equal the
+// first row of the four-token run within the same bound, and the PDL launch changes no bit.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/pdl_test_util.h"
 #include "kernels/mla/mla_cuda.h"
 #include "kernels/mla/mla_test_util.h"
 
@@ -56,11 +59,13 @@ struct Absorbed {
 };
 template <typename T>
 Absorbed RunSteps(cublasHandle_t cublas, const MlaDims& d, int64_t tokens, const T* q,
-                  const T* kv_b, const T* o_lat) {
+                  const T* kv_b, const T* o_lat, const MlaAbsorbOptions& options = {}) {
   const int64_t rows = tokens * d.num_heads;
   DeviceBuffer<T> q_cat(rows * d.LatentDim()), out(rows * d.v_head_dim);
-  const absl::Status a = MlaAbsorbQuery<T>(cublas, q, kv_b, d, tokens, q_cat.get(), nullptr);
-  const absl::Status b = MlaUnabsorbOutput<T>(cublas, o_lat, kv_b, d, tokens, out.get(), nullptr);
+  const absl::Status a =
+      MlaAbsorbQuery<T>(cublas, q, kv_b, d, tokens, q_cat.get(), nullptr, options);
+  const absl::Status b =
+      MlaUnabsorbOutput<T>(cublas, o_lat, kv_b, d, tokens, out.get(), nullptr, options);
   EXPECT_TRUE(a.ok()) << a;
   EXPECT_TRUE(b.ok()) << b;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -80,6 +85,11 @@ struct Inputs {
   std::vector<float> q, kv_b, o_lat;
   DeviceBuffer<T> q_d, kv_b_d, o_lat_d;
 };
+
+// The three paths: the model's default, the GEMVs for any token count under PDL, cuBLAS only.
+constexpr MlaAbsorbOptions kPaths[] = {
+    {}, {.gemv_max_tokens = 1 << 20, .pdl = true}, {.gemv_max_tokens = 0}};
+constexpr const char* kPathNames[] = {"default", "GEMV+PDL", "cuBLAS"};
 
 template <typename T>
 void RunCase(const MlaDims& d, int64_t tokens, std::mt19937& rng, cublasHandle_t cublas) {
@@ -102,15 +112,18 @@ void RunCase(const MlaDims& d, int64_t tokens, std::mt19937& rng, cublasHandle_t
       want_o[th * Dv + v] = s;
     }
   }
-  const Absorbed got =
-      RunSteps<T>(cublas, d, tokens, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get());
-  ExpectClose(got.q_cat, want_q, "MlaAbsorbQuery", tokens);
-  for (int64_t th = 0; th < tokens * H; ++th) {
-    for (int64_t r = 0; r < Dr; ++r) {
-      ASSERT_EQ(got.q_cat[th * D + L + r], want_q[th * D + L + r]) << "q_pe copy, row " << th;
+  for (int p = 0; p < 3; ++p) {
+    SCOPED_TRACE(kPathNames[p]);
+    const Absorbed got =
+        RunSteps<T>(cublas, d, tokens, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get(), kPaths[p]);
+    ExpectClose(got.q_cat, want_q, "MlaAbsorbQuery", tokens);
+    for (int64_t th = 0; th < tokens * H; ++th) {
+      for (int64_t r = 0; r < Dr; ++r) {
+        ASSERT_EQ(got.q_cat[th * D + L + r], want_q[th * D + L + r]) << "q_pe copy, row " << th;
+      }
     }
+    ExpectClose(got.out, want_o, "MlaUnabsorbOutput", tokens);
   }
-  ExpectClose(got.out, want_o, "MlaUnabsorbOutput", tokens);
 }
 
 TEST(MlaAbsorbCudaTest, OneTokenGemvAndCublasMatchTheReference) {
@@ -136,7 +149,7 @@ TEST(MlaAbsorbCudaTest, OneTokenGemvAndCublasMatchTheReference) {
                       .qk_rope_head_dim = 8,
                       .kv_lora_rank = 64,
                       .v_head_dim = 6};
-  for (int64_t tokens : {1, 3}) {
+  for (int64_t tokens : {1, 2, 3, 5, 8, 11}) {
     for (const MlaDims& d : {mla_test::kLiteDims, mla_test::kV3Dims, tiny, long_latent, odd_v}) {
       RunCase<__nv_bfloat16>(d, tokens, rng, cublas);
       RunCase<__half>(d, tokens, rng, cublas);
@@ -145,8 +158,8 @@ TEST(MlaAbsorbCudaTest, OneTokenGemvAndCublasMatchTheReference) {
   cublasDestroy(cublas);
 }
 
-// A one-token step's rows are the first rows of a four-token step's (the GEMV and the GEMM
-// differ only in the fp32 summation order).
+// A one-token step's rows are the first rows of a four-token cuBLAS step's (the GEMV and the
+// GEMM differ only in the fp32 summation order).
 TEST(MlaAbsorbCudaTest, OneTokenRowsEqualALongerStepsFirstRows) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(cuda_test::TestSeed());
@@ -156,8 +169,14 @@ TEST(MlaAbsorbCudaTest, OneTokenRowsEqualALongerStepsFirstRows) {
   const MlaDims d = mla_test::kLiteDims;
   const Inputs<T> in(d, 4, rng);
   const Absorbed one = RunSteps<T>(cublas, d, 1, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get());
-  const Absorbed four = RunSteps<T>(cublas, d, 4, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get());
+  const Absorbed four = RunSteps<T>(cublas, d, 4, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get(),
+                                    {.gemv_max_tokens = 0});
+  // The PDL launch of the GEMVs: the same arithmetic, so the same bits.
+  const Absorbed one_pdl =
+      RunSteps<T>(cublas, d, 1, in.q_d.get(), in.kv_b_d.get(), in.o_lat_d.get(), {.pdl = true});
   cublasDestroy(cublas);
+  EXPECT_EQ(one_pdl.q_cat, one.q_cat);
+  EXPECT_EQ(one_pdl.out, one.out);
   for (int i = 0; i < 2; ++i) {
     const std::vector<float>& a = i == 0 ? one.q_cat : one.out;
     const std::vector<float>& b = i == 0 ? four.q_cat : four.out;
@@ -169,6 +188,50 @@ TEST(MlaAbsorbCudaTest, OneTokenRowsEqualALongerStepsFirstRows) {
     EXPECT_GT(max_ref, 0.0f);
     EXPECT_LE(max_diff, 1e-2f * max_ref) << (i == 0 ? "MlaAbsorbQuery" : "MlaUnabsorbOutput");
   }
+}
+
+// Under PDL the GEMVs issue weight loads before griddepcontrol.wait and must read q / o_lat only
+// after it: both PDL-launched (W_UK, then W_UV behind it) behind pdl_test::LaunchDelayedWriter,
+// which lets them start at once and writes q and o_lat (NaN bytes until then) ~1 ms later. The
+// results equal a plain launch's bit for bit.
+TEST(MlaAbsorbCudaTest, PdlLaunchReadsTheActivationsAfterTheWait) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(cuda_test::TestSeed());
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  using T = __nv_bfloat16;
+  for (const MlaDims& d : {mla_test::kLiteDims, mla_test::kV3Dims}) {
+    for (int64_t tokens : {1, 4}) {
+      const Inputs<T> in(d, tokens, rng);
+      const Absorbed want = RunSteps<T>(cublas, d, tokens, in.q_d.get(), in.kv_b_d.get(),
+                                        in.o_lat_d.get(), {.gemv_max_tokens = 1 << 20});
+      const int64_t rows = tokens * d.num_heads;
+      DeviceBuffer<T> q(in.q.size()), o_lat(in.o_lat.size());
+      DeviceBuffer<T> q_cat(rows * d.LatentDim()), out(rows * d.v_head_dim);
+      TANDEM_CUDA_CHECK(cudaMemset(q.get(), 0xff, in.q.size() * sizeof(T)));
+      TANDEM_CUDA_CHECK(cudaMemset(o_lat.get(), 0xff, in.o_lat.size() * sizeof(T)));
+      TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+      cudaStream_t stream = nullptr;
+      TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      TANDEM_CUDA_CHECK(pdl_test::LaunchDelayedWriter(
+          {q.get(), in.q_d.get(), in.q.size() * sizeof(T)},
+          {o_lat.get(), in.o_lat_d.get(), in.o_lat.size() * sizeof(T)}, 2'000'000, stream));
+      const MlaAbsorbOptions pdl{.gemv_max_tokens = 1 << 20, .pdl = true};
+      ASSERT_TRUE(
+          MlaAbsorbQuery<T>(cublas, q.get(), in.kv_b_d.get(), d, tokens, q_cat.get(), stream, pdl)
+              .ok());
+      ASSERT_TRUE(MlaUnabsorbOutput<T>(cublas, o_lat.get(), in.kv_b_d.get(), d, tokens, out.get(),
+                                       stream, pdl)
+                      .ok());
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaStreamDestroy(stream));
+      EXPECT_EQ(cuda_test::ToFloat(q_cat.ToHost()), want.q_cat)
+          << d.num_heads << " heads, " << tokens << " tokens";
+      EXPECT_EQ(cuda_test::ToFloat(out.ToHost()), want.out)
+          << d.num_heads << " heads, " << tokens << " tokens";
+    }
+  }
+  cublasDestroy(cublas);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 //
 // Absorbed attention, three steps (MlaAbsorbedAttention runs all of them):
 //   1. MlaAbsorbQuery: q_cat[t, h] = [W_UK_h^T q_nope[t, h] | q_pe[t, h]]  ([T, Hq, D]); one
-//      cuBLAS strided-batched GEMM over the heads (fp32 accumulation) plus a strided copy of q_pe.
+//      cuBLAS strided-batched GEMM over the heads (fp32 accumulation) plus a strided copy of q_pe,
+//      or at one token a GEMV (MlaAbsorbOptions).
 //   2. MlaLatentAttention: every head attends over the shared latent rows (576-wide keys, the
 //      512-wide c_kv as values for DeepSeek-V3), o_lat [T, Hq, L] and the natural-log LSE.
 //      FlashMLA's design: a CTA owns 64 (query token x head) rows of one request, streams that
@@ -21,7 +22,8 @@
 //      q_len > 1 (speculative verification, chunked prefill) is causal per row. Latent widths other
 //      than 512 + 64 run a plain CUDA-core kernel (one warp per row; the tiny test models), same
 //      semantics.
-//   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM.
+//   3. MlaUnabsorbOutput: out[t, h] = W_UV_h o_lat[t, h] ([T, Hq, Dv]); one strided-batched GEMM
+//      (at one token a GEMV, as step 1).
 // kv_b_proj: [Hq * (Dn + Dv), L] (torch Linear layout; rows h*(Dn+Dv) .. +Dn are W_UK_h).
 //
 // Semantics are cpu::MlaPagedAttention's (kAbsorbed): query token i of a request with q_len new
@@ -262,10 +264,26 @@ absl::Status MlaRope(const int64_t* positions, int64_t num_tokens, const float* 
                      int64_t rows_per_token, int64_t row_stride, int64_t offset,
                      cudaStream_t stream);
 
+// How steps 1 and 3 run. One-token steps (batch-1 decode; at most `gemv_max_tokens` tokens) run
+// weight-streaming GEMVs over the heads (mla_absorb_gemv_cuda.cu: every weight byte read from HBM
+// once), longer ones (prefill, verification, batches) cuBLAS's strided-batched GEMM, whose tiles
+// fill with the tokens: from 2 tokens on cuBLAS is as fast or faster (kernels/mla/BENCHMARKS.md,
+// "Twenty-ninth session": mla_absorb_cuda_bench). The GEMVs need L % 8 == 0, Dn <= 256 and
+// 16-byte aligned operands, else cuBLAS runs.
+struct MlaAbsorbOptions {
+  static constexpr int64_t kDefaultGemvMaxTokens = 1;
+  int64_t gemv_max_tokens = kDefaultGemvMaxTokens;  // 0: cuBLAS always (the bench's baseline)
+  // A programmatic dependent launch (PDL) of the GEMVs: each CTA issues its first weight loads
+  // (which never depend on the predecessor) before griddepcontrol.wait, then reads the
+  // activations. Off: a plain launch (the same arithmetic, bit-identical results).
+  bool pdl = false;
+};
+
 // Step 1. q: [T, Hq, Dn + Dr]; q_cat: [T, Hq, D].
 template <typename T>
 absl::Status MlaAbsorbQuery(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
-                            const MlaDims& dims, int64_t num_tokens, T* q_cat, cudaStream_t stream);
+                            const MlaDims& dims, int64_t num_tokens, T* q_cat, cudaStream_t stream,
+                            const MlaAbsorbOptions& options = {});
 
 // Step 2. q_cat: [T, Hq, D]; o_lat: [T, Hq, L]; lse: [T, Hq] or null. `batch` holds DEVICE
 // pointers; bounds as planned. workspace: plan.workspace_bytes (only the split partials are
@@ -281,8 +299,8 @@ absl::Status MlaLatentAttention(const T* q_cat, const DeviceKvCache& cache, int6
 // Step 3. o_lat: [T, Hq, L]; out: [T, Hq, Dv].
 template <typename T>
 absl::Status MlaUnabsorbOutput(cublasHandle_t cublas, const T* o_lat, const T* kv_b_proj,
-                               const MlaDims& dims, int64_t num_tokens, T* out,
-                               cudaStream_t stream);
+                               const MlaDims& dims, int64_t num_tokens, T* out, cudaStream_t stream,
+                               const MlaAbsorbOptions& options = {});
 
 // Steps 1-3 with q_cat and o_lat in `workspace` (plan.workspace_bytes, 256-byte aligned).
 // q: [T, Hq, Dn + Dr] (q_pe rotated); out: [T, Hq, Dv]; lse: [T, Hq] or null.
@@ -290,7 +308,8 @@ template <typename T>
 absl::Status MlaAbsorbedAttention(cublasHandle_t cublas, const T* q, const T* kv_b_proj,
                                   const DeviceKvCache& cache, int64_t layer,
                                   const AttentionBatch& batch, float scale, const MlaPlan& plan,
-                                  void* workspace, T* out, float* lse, cudaStream_t stream);
+                                  void* workspace, T* out, float* lse, cudaStream_t stream,
+                                  const MlaAbsorbOptions& absorb = {});
 
 // ---- Unabsorbed prefill (mla_unabsorbed_cuda.cu) ----
 // The form vLLM runs long prefills in: every request's whole latent context (prefix and new
@@ -343,15 +362,17 @@ absl::Status MlaUnabsorbedAttention(cublasHandle_t cublas, const T* q, const T* 
   extern template absl::Status MlaRope<T>(const int64_t*, int64_t, const float*, int64_t, float,   \
                                           bool, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
   extern template absl::Status MlaAbsorbQuery<T>(cublasHandle_t, const T*, const T*,               \
-                                                 const MlaDims&, int64_t, T*, cudaStream_t);       \
+                                                 const MlaDims&, int64_t, T*, cudaStream_t,        \
+                                                 const MlaAbsorbOptions&);                         \
   extern template absl::Status MlaLatentAttention<T>(const T*, const DeviceKvCache&, int64_t,      \
                                                      const AttentionBatch&, float, const MlaPlan&, \
                                                      void*, T*, float*, cudaStream_t);             \
   extern template absl::Status MlaUnabsorbOutput<T>(cublasHandle_t, const T*, const T*,            \
-                                                    const MlaDims&, int64_t, T*, cudaStream_t);    \
+                                                    const MlaDims&, int64_t, T*, cudaStream_t,     \
+                                                    const MlaAbsorbOptions&);                      \
   extern template absl::Status MlaAbsorbedAttention<T>(                                            \
       cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,    \
-      float, const MlaPlan&, void*, T*, float*, cudaStream_t);                                     \
+      float, const MlaPlan&, void*, T*, float*, cudaStream_t, const MlaAbsorbOptions&);            \
   extern template absl::Status MlaUnabsorbedAttention<T>(                                          \
       cublasHandle_t, const T*, const T*, const DeviceKvCache&, int64_t, const AttentionBatch&,    \
       float, const MlaUnabsorbedPlan&, void*, T*, float*, cudaStream_t);

@@ -255,6 +255,19 @@ template <typename T>
 absl::Status LaunchMlaRows16Fp8(const LatentParams<T>& p, const DeviceKvCache& cache, int64_t layer,
                                 dim3 grid, bool prewait, bool cluster, cudaStream_t stream);
 
+// The decode-sized W_UK / W_UV GEMVs (mla_absorb_gemv_cuda.cu; MlaAbsorbOptions). They apply
+// to steps of <= max_tokens tokens with L % 8 == 0, Dn <= 256 and 16-byte aligned operands (`a`:
+// q_cat or o_lat, `w`: kv_b_proj); pdl: a programmatic dependent launch, the first weight loads
+// before griddepcontrol.wait.
+bool AbsorbGemvApplies(const MlaDims& dims, int64_t num_tokens, int64_t max_tokens, const void* a,
+                       const void* w);
+template <typename T>
+absl::Status AbsorbQueryGemv(const T* q, const T* kv_b, const MlaDims& dims, int64_t num_tokens,
+                             T* q_cat, bool pdl, cudaStream_t stream);
+template <typename T>
+absl::Status UnabsorbOutputGemv(const T* o_lat, const T* kv_b, const MlaDims& dims,
+                                int64_t num_tokens, T* out, bool pdl, cudaStream_t stream);
+
 // The FP8 variant (mla_decode_fp8.cu): same grid, threads and results as LaunchMlaWgmma, over an
 // FP8 latent pool (p.pool8 / p.row_scales), dequantized into bf16 / fp16 tiles in shared memory.
 // Only where MlaFp8TileFits: codes 16-byte aligned, block by block.

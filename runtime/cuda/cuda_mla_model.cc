@@ -546,10 +546,11 @@ absl::Status CudaMlaModel::Attention(const DeviceStep& step, const kc::DeviceKvC
   }
   // DCP: this shard's partial over all the slice's heads with its LSE, then one all-to-all of
   // the group and the LSE merge into the rank's Hq / dcp heads (dcp_exchange_->merged()).
-  RETURN_IF_ERROR(kc::MlaAbsorbedAttention<T>(
-      cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention, softmax_scale_, plan,
-      mla_workspace_.data(), Ptr<T>(attn_),
-      dcp_exchange_ != nullptr ? dcp_exchange_->lse() : nullptr, stream));
+  RETURN_IF_ERROR(
+      kc::MlaAbsorbedAttention<T>(cublas_, q, Ptr<T>(w.kv_b_proj), cache, l, step.attention,
+                                  softmax_scale_, plan, mla_workspace_.data(), Ptr<T>(attn_),
+                                  dcp_exchange_ != nullptr ? dcp_exchange_->lse() : nullptr, stream,
+                                  {.pdl = options_.programmatic_launch}));
   if (dcp_exchange_ == nullptr) return absl::OkStatus();
   return dcp_exchange_->Exchange<T>(Ptr<T>(attn_), Tn, stream);
 }
