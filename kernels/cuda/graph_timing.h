@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 
 namespace tandem::kernels::cuda {
 
@@ -39,6 +40,23 @@ inline absl::StatusOr<float> ReplayGraphMs(cudaGraph_t graph, cudaStream_t strea
   cudaGraphDestroy(graph);
   if (!st.ok()) return st;
   return ms;
+}
+
+// Microseconds per call of `call(i)` (i = 0 .. calls - 1, each an absl::Status-returning launch
+// sequence on `stream`) as serving replays decode: the calls captured in one CUDA graph (relaxed
+// capture), replayed once untimed, then `replays` times (ReplayGraphMs).
+template <typename Call>
+absl::StatusOr<double> CapturedCallsUs(Call&& call, cudaStream_t stream, int calls = 20,
+                                       int replays = 5) {
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  absl::Status st;
+  for (int i = 0; i < calls && st.ok(); ++i) st = call(i);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  RETURN_IF_ERROR(st);
+  CUDA_RETURN_IF_ERROR(end);
+  ASSIGN_OR_RETURN(const float ms, ReplayGraphMs(graph, stream, replays));
+  return ms * 1e3 / (calls * replays);
 }
 
 // Microseconds per call of `fn` (launches on the default stream): `warmup` untimed calls, then

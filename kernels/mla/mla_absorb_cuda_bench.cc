@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,20 +28,7 @@ namespace tandem::kernels::cuda {
 namespace {
 
 using Bf16 = __nv_bfloat16;
-constexpr int kCallsPerGraph = 20, kReplays = 5;
-
-// Microseconds per call of fn(i) (i = 0 .. kCallsPerGraph - 1) captured in one graph.
-absl::StatusOr<double> GraphUs(const std::function<absl::Status(int)>& fn, cudaStream_t stream) {
-  cudaGraph_t graph = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  absl::Status st;
-  for (int i = 0; i < kCallsPerGraph && st.ok(); ++i) st = fn(i);
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  RETURN_IF_ERROR(st);
-  CUDA_RETURN_IF_ERROR(end);
-  ASSIGN_OR_RETURN(const float ms, ReplayGraphMs(graph, stream, kReplays));
-  return 1000.0 * ms / (kReplays * kCallsPerGraph);
-}
+constexpr int kCallsPerGraph = 20;  // CapturedCallsUs's default
 
 absl::Status Main(int argc, char** argv) {
   const char* heads_arg = nullptr;
@@ -100,14 +86,14 @@ absl::Status Main(int argc, char** argv) {
       const MlaAbsorbOptions* opts[3] = {&cublas_only, &gemv, &gemv_pdl};
       for (int k = 0; k < 3; ++k) {
         const MlaAbsorbOptions& o = *opts[k];
-        ASSIGN_OR_RETURN(us[k], GraphUs(
+        ASSIGN_OR_RETURN(us[k], CapturedCallsUs(
                                     [&](int i) {
                                       return MlaAbsorbQuery<Bf16>(cublas, q,
                                                                   kv_b + (i % n_copies) * elems,
                                                                   dims, t, q_cat, stream, o);
                                     },
                                     stream));
-        ASSIGN_OR_RETURN(us[3 + k], GraphUs(
+        ASSIGN_OR_RETURN(us[3 + k], CapturedCallsUs(
                                         [&](int i) {
                                           return MlaUnabsorbOutput<Bf16>(
                                               cublas, o_lat, kv_b + (i % n_copies) * elems, dims, t,

@@ -105,22 +105,6 @@ absl::StatusOr<double> EagerUs(Call&& call, cudaStream_t stream) {
   return ms * 1e3 / kIters;
 }
 
-// The same as serving runs decode: 20 calls captured in one CUDA graph; mean us per call over 5
-// replays after one.
-template <typename Call>
-absl::StatusOr<double> GraphUs(Call&& call, cudaStream_t stream) {
-  constexpr int kCalls = 20, kReplays = 5;
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  absl::Status st;
-  for (int i = 0; i < kCalls && st.ok(); ++i) st = call(i);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  RETURN_IF_ERROR(st);
-  CUDA_RETURN_IF_ERROR(end);
-  ASSIGN_OR_RETURN(const float ms, ReplayGraphMs(graph, stream, kReplays));
-  return ms * 1e3 / (kCalls * kReplays);
-}
-
 // The plan of one config: max_seq_len the context, or plan_len where that is longer.
 absl::StatusOr<MlaPlan> BenchPlan(const Bufs& b, int64_t batch, int64_t ctx, int splits,
                                   int64_t plan_len) {
@@ -228,8 +212,8 @@ void PrintPhases(const std::vector<unsigned long long>& h, int64_t ctas, double 
       mhz.lo, mhz.med, mhz.hi);
 }
 
-// --phases=1: two calls captured in one graph (as GraphUs's), each writing phase stamps; the
-// second's table.
+// --phases=1: two calls captured in one graph (as CapturedCallsUs's), each writing phase stamps;
+// the second's table.
 template <typename Attn>
 absl::Status PhaseRun(const MlaPlan& plan, int64_t batch, Attn&& attn, cudaStream_t stream) {
   const int64_t ctas = int64_t{plan.num_splits} * plan.row_tiles * batch;
@@ -301,7 +285,7 @@ absl::Status RunConfig(Bufs& b, int64_t batch, int64_t ctx, int splits, int64_t 
   ASSIGN_OR_RETURN(const double attn_us, EagerUs(attn, stream));
   double graph_us = 0.0;
   if (b.graph) {
-    ASSIGN_OR_RETURN(graph_us, GraphUs(attn, stream));
+    ASSIGN_OR_RETURN(graph_us, CapturedCallsUs(attn, stream));  // as serving replays decode
   }
   auto step = [&](int i) {
     return MlaAbsorbedAttention<__nv_bfloat16>(b.cublas, b.q, b.kv_b, cache, 0, batch_of(i), scale,
