@@ -29,8 +29,9 @@
 #      head_dim 48 has no CUDA attention kernel), and make_golden_fp8_modelopt.py's modelopt
 #      variants of them (FP8 KV scales in hf_quant_config.json, FP8_PER_CHANNEL_PER_TOKEN,
 #      FP8_PB_WO: TP=1 only, like fp8_block); SKIP when torch / transformers do not import.
-#      TP=1 and TP=2 (one GPU per rank: SHARE="" unless set), each against the CPU backend at
-#      the same TP (fp8_block at TP=1 only: TP=2 cuts its 128x128 blocks).
+#      TP=1 and TP=2 (one GPU per rank where there are two, else --tp_share_device; SHARE
+#      overrides), each against the CPU backend at the same TP (fp8_block at TP=1 only: TP=2
+#      cuts its 128x128 blocks).
 #   2. --quantization=fp8 on the Llama / Qwen2 (qkv bias) / Qwen3 / MQA + bias golden fixtures,
 #      TP=1 and TP=2. Prompts longer than 16 tokens run the prefill paths (cuBLASLt FP8 GEMM
 #      for per-channel; the chunked-GEMV slow path for 128-column blocks).
@@ -64,7 +65,13 @@
 # tool//router:tandem_router tool//router:tandem_cli). Run from the repository root.
 # Prints "N passed, N failed, N skipped".
 set -uo pipefail
-export SHARE=${SHARE-}
+# Rank r on GPU r where there are two GPUs; on one GPU the ranks share it (--tp_share_device),
+# as cuda_golden_lib.sh does by default (a TP=2 run asking for device 1 of one failed every
+# TP=2 check with "invalid device ordinal").
+if [[ -z ${SHARE+set} ]]; then
+  if (( $(nvidia-smi -L 2> /dev/null | grep -c '^GPU') >= 2 )); then SHARE=""; else SHARE=--tp_share_device; fi
+fi
+export SHARE
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_golden_lib.sh"
 
 run_cpu() { # OUT ARGS...
