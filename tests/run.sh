@@ -13,7 +13,8 @@
 # (tests/gpu/bundle.sh) always compile the CUDA code.
 #
 # 1. installs the Debian packages the build needs (deploy/install_deps.sh; idempotent),
-# 2. builds everything, CUDA objects too where a toolkit is installed,
+# 2. builds everything, the CUDA code too where a toolkit is installed and a GPU is visible (or
+#    with --cuda),
 # 3. runs every test (GPU tests skip without a GPU), the format check and the dependency check
 #    (tests/check_deps.sh: core targets have no path to gRPC),
 # 4. prints one closing line "N passed, N failed, N skipped" (test cases, parsed from Bazel's
