@@ -13,8 +13,8 @@
 // --only=detail: the 8B table above and the producers; --only=producers: the producers alone;
 // --only=w8a16: batch 1, the weight-only FP8 GEMV and its folded forms against W8A8 and bf16
 // (BenchW8a16; --w8a16_math=fp32,mma,ring,ring2,ringhalf,deep,splitk,splitk2,splitk4,waves,
-// persistent picks its inner loops, the default all; splitk: S picked per shape, splitk2 / 4: S
-// forced;
+// persistent,wide picks its inner loops, the default all; splitk: S picked per shape, splitk2 / 4:
+// S forced;
 // --w8a16_ref=0 leaves out the bf16 and W8A8 rows); --only=w8a16-grouped: batch 1 at the
 // Qwen3-30B-A3B / DeepSeek-V2-Lite / V3 dense FP8 projections (128 x 128 weight blocks, scales
 // per row and 128 columns), QuantizeActivations (1 x 128) + the W8A8 GEMV as CudaFp8Linear ran
@@ -348,7 +348,8 @@ W8a16Rows ParseW8a16Rows(const std::string& maths, bool references) {
                              {"splitk2", Fp8W16Math::kTensorCoreSplitK, 2},
                              {"splitk4", Fp8W16Math::kTensorCoreSplitK, 4},
                              {"waves", Fp8W16Math::kAutoWaves, 0},
-                             {"persistent", Fp8W16Math::kTensorCorePersistent, 0}};
+                             {"persistent", Fp8W16Math::kTensorCorePersistent, 0},
+                             {"wide", Fp8W16Math::kTensorCoreWide, 0}};
   W8a16Rows rows;
   rows.references = references;
   for (const W8a16Math& m : known) {

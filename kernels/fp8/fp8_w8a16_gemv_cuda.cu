@@ -315,7 +315,9 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
     }
     math = Fp8W16Math::kTensorCore;  // the ring does not fit: the same bits from registers
   }
-  if (math == Fp8W16Math::kAutoWaves) {
+  if (math == Fp8W16Math::kAutoWaves && !grouped) {
+    math = Fp8W16Math::kTensorCoreWide;  // the header: faster on every 8B / 70B projection
+  } else if (math == Fp8W16Math::kAutoWaves) {
     math = Fp8W16Math::kAuto;
     if (kFold == Fold::kNormIn || p.k * 2 <= kFp8W16AutoMaxStagingBytes) {  // kAuto's mma
       ASSIGN_OR_RETURN(const bool deep, DeepFillsTheWavesBetter(p.n));
@@ -327,6 +329,9 @@ absl::Status Launch(const char* name, bool supported, bool grouped, const Args& 
   }
   if (math == Fp8W16Math::kTensorCorePersistent) {
     return LaunchPersistent<TOut, R, kFold>(p, out, stream, pdl, grouped);
+  }
+  if (math == Fp8W16Math::kTensorCoreWide) {
+    return LaunchWide<TOut, R, kFold>(p, out, stream, pdl, grouped);
   }
   if (math == Fp8W16Math::kTensorCoreSplitK) {
     if (split_k != nullptr) {

@@ -86,7 +86,10 @@
 //                 Both selectable (TANDEM_FP8_W16_MMA=deep / splitk); measured on an H200
 //                 (BENCHMARKS.md, fourteenth session): deep faster where its 2 CTAs an SM fill
 //                 the waves better, split-k no better than deep anywhere.
-//   kAutoWaves    kAuto, but kTensorCoreDeep (the same bits) wherever kAuto takes kTensorCore and
+//   kAutoWaves    Weights with scales constant along k: kTensorCoreWide (on an H200 3-14% faster
+//                 than the choice below at every Llama-3-8B / 70B projection, 70B's down_proj with
+//                 k = 28,672 included; BENCHMARKS.md, thirty-second session). Grouped weights:
+//                 kAuto, but kTensorCoreDeep (the same bits) wherever kAuto takes kTensorCore and
 //                 the 16-row tiles fit one wave of deep CTAs (<= 2 an SM) or exceed one wave of
 //                 kTensorCore's (> 4 an SM): where the 4-CTA kernel's last wave is not full
 //                 anyway or it is under one wave with slots idle, twice the loads in flight a lane
@@ -98,6 +101,11 @@
 //                 tile, the first tile's first loads before the PDL wait, each next tile's as soon
 //                 as the previous tile's products are done. Selectable only
 //                 (TANDEM_FP8_W16_MMA=persistent; issue 38).
+//   kTensorCoreWide  kTensorCoreDeep's tiles, loads in flight and 2 CTAs an SM, each warp load
+//                 reading 4 rows x 128 contiguous bytes instead of 8 rows x 64 (two lanes' A rows
+//                 a weight row, two halves of each 128-column window, the product's diagonal
+//                 kept: fp8_w8a16_wide_cuda.cu). Deterministic, NOT kTensorCore's bits (each row
+//                 adds its two halves last). Selectable (TANDEM_FP8_W16_MMA=wide).
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -131,7 +139,8 @@ enum class Fp8W16Math {
   kTensorCoreDeep,
   kTensorCoreSplitK,
   kAutoWaves,
-  kTensorCorePersistent
+  kTensorCorePersistent,
+  kTensorCoreWide
 };
 // kAuto: kTensorCore where its f16 activations fit the default 48 KiB of shared memory (the
 // NormIn forms always; the others for k <= 24,576), else kFp32Fma (Llama-3-70B's down_proj, k =

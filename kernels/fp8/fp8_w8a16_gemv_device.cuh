@@ -412,6 +412,11 @@ template <typename TOut, int R, Fold kFold>
 absl::Status LaunchPersistent(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
                               bool grouped);
 
+// Fp8W16Math::kTensorCoreWide (fp8_w8a16_wide_cuda.cu): LaunchDeep's tiles on the 128-byte
+// lane mapping.
+template <typename TOut, int R, Fold kFold>
+absl::Status LaunchWide(const Args& p, TOut* out, cudaStream_t stream, bool pdl, bool grouped);
+
 // The split-k form's plan: S (into *splits) and the chunks a split takes (the return value, a
 // multiple of kScaleGroupChunks; every split non-empty). ws.splits > 0 forces S (clamped to
 // kFp8W16MaxSplits and k's 128-column groups); 0 picks the largest of 4, 2 with tiles x S <=

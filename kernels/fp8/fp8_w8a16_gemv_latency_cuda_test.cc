@@ -4,6 +4,7 @@
 // its counters back to zero, replayed in a CUDA graph (GPU; skips without one). The shared
 // checks: fp8_w8a16_test_util.h.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <tuple>
@@ -171,6 +172,35 @@ TEST(Fp8W16GemvCudaTest, PersistentEqualsTheTensorCore) {
     for (const int64_t k : {int64_t{272}, int64_t{1040}, int64_t{4096}, int64_t{14336}}) {
       for (const bool grouped : {false, true}) ExpectPersistentBits(rng, n, k, grouped);
     }
+  }
+}
+
+// kTensorCoreWide (128 bytes of a row a warp load; each row's two window halves added last): not
+// kTensorCore's bits, so against the reference (plain, fp32 / bf16 out, early loads on and off:
+// the same bits), folded (bit for bit against its own unfolded kernels), grouped; and within the
+// fp32 bound of kTensorCore on the shapes of the 8B projections.
+TEST(Fp8W16GemvCudaTest, WideMatchesTheReference) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckPlainShapes(Fp8W16Math::kTensorCoreWide);
+  CheckFoldShapes(Fp8W16Math::kTensorCoreWide);
+  CheckGroupedShapes(Fp8W16Math::kTensorCoreWide);
+  std::mt19937 rng(cuda_test::TestSeed() + 29);
+  for (const auto& [n, k, grouped] : {std::tuple{6144, 4096, false}, std::tuple{4096, 14336, false},
+                                      std::tuple{28672, 4096, true}, std::tuple{77, 272, true}}) {
+    const Weight w(rng, n, k, false, false, grouped);
+    DeviceBuffer<bf16> dx(RandomBf16(rng, k, 2.0f));
+    const std::vector<float> wide =
+        RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCoreWide);
+    const std::vector<float> mma =
+        RunPlain<float>(dx.get(), w, nullptr, true, Fp8W16Math::kTensorCore);
+    ASSERT_EQ(wide.size(), mma.size());
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < wide.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(wide[i]) - mma[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(mma[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << "wide vs kTensorCore at n=" << n << " k=" << k;
+    EXPECT_GT(scale, 0.0);
   }
 }
 

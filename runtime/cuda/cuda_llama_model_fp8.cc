@@ -111,15 +111,16 @@ bool W16EarlyLoads() {
 }
 
 // The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAutoWaves
-// (kAuto's choice, on kTensorCoreDeep where it fills the SMs' waves better; the same bits:
-// Llama-3-8B FP8 batch 1 on an H200 3.02-3.05 -> 2.75 ms a step, 70B 20.58 -> 19.86,
-// kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=auto kAuto (3.091 -> 3.026 ms against kFp32Fma
-// when it came), =1 kTensorCore everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the
-// shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits, slower), =deep /
-// splitk the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per shape; =splitk2 /
-// splitk4: S forced), =persistent kTensorCorePersistent (the deep tiles on a persistent grid,
-// the activations staged once a CTA); all also for CudaFp8Linear's W8A16 GEMV (PrepareW16Latency)
-// (A/B runs of decode_step_bench).
+// (kTensorCoreWide for scales constant along k: Llama-3-8B FP8 batch 1 on an H200 2.82-2.84 ->
+// 2.72 ms a step; grouped scales: kAuto's choice, on kTensorCoreDeep where it fills the SMs'
+// waves better, 8B 3.02-3.05 -> 2.75 ms when it came, kernels/fp8/BENCHMARKS.md);
+// TANDEM_FP8_W16_MMA=auto kAuto (3.091 -> 3.026 ms against kFp32Fma when it came), =1 kTensorCore
+// everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the shared-memory ring forms (kRing / kRing2 /
+// kRingHalf: kTensorCore's bits, slower), =deep / splitk the latency forms (kTensorCoreDeep /
+// kTensorCoreSplitK, S picked per shape; =splitk2 / splitk4: S forced), =persistent
+// kTensorCorePersistent (the deep tiles on a persistent grid, the activations staged once a CTA),
+// =wide kTensorCoreWide (128 bytes a row a warp load); all also for CudaFp8Linear's W8A16 GEMV
+// (PrepareW16Latency) (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
@@ -127,6 +128,7 @@ kernels::cuda::Fp8W16Math W16Math() {
   if (std::strcmp(v, "auto") == 0) return Fp8W16Math::kAuto;
   if (std::strcmp(v, "deep") == 0) return Fp8W16Math::kTensorCoreDeep;
   if (std::strcmp(v, "persistent") == 0) return Fp8W16Math::kTensorCorePersistent;
+  if (std::strcmp(v, "wide") == 0) return Fp8W16Math::kTensorCoreWide;
   if (std::strncmp(v, "splitk", 6) == 0) return Fp8W16Math::kTensorCoreSplitK;
   if (std::strcmp(v, "ring") == 0) return Fp8W16Math::kRing;
   if (std::strcmp(v, "ring2") == 0) return Fp8W16Math::kRing2;
@@ -139,7 +141,8 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
   const Fp8W16Math math = W16Math();
   if (fp8 == nullptr ||
       (math != Fp8W16Math::kTensorCoreDeep && math != Fp8W16Math::kTensorCoreSplitK &&
-       math != Fp8W16Math::kAutoWaves && math != Fp8W16Math::kTensorCorePersistent)) {
+       math != Fp8W16Math::kAutoWaves && math != Fp8W16Math::kTensorCorePersistent &&
+       math != Fp8W16Math::kTensorCoreWide)) {
     return absl::OkStatus();
   }
   fp8->set_w8a16_math(math);
@@ -153,7 +156,8 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
 kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
   using kernels::cuda::Fp8W16Math;
   return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK ||
-                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent
+                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent ||
+                 math == Fp8W16Math::kTensorCoreWide
              ? Fp8W16Math::kAuto
              : math;
 }

@@ -71,10 +71,11 @@
 // with the norms folded in (CudaBackendConfig::fp8_weight_only_fold; TANDEM_FP8_W16_EARLY=0: their
 // first weight loads after the PDL wait, not before; TANDEM_FP8_W16_MMA=1 / 0: their tensor-core /
 // fp32 inner loop everywhere, =ring / ring2 / ringhalf: the shared-memory ring forms
-// (Fp8W16Math::kRing ...), =deep / splitk[2|4] / persistent: the latency forms (kTensorCoreDeep /
-// kTensorCoreSplitK / kTensorCorePersistent), =auto: Fp8W16Math::kAuto, unset / =waves:
-// kAutoWaves). Prints per batch (rank 0): mean decode step time, tokens/s, the tokens/s the per-GPU
-// weight + KV read roofline allows (bytes / 4.3 TB/s per step) and the step's share of it.
+// (Fp8W16Math::kRing ...), =deep / splitk[2|4] / persistent / wide: the latency forms
+// (kTensorCoreDeep / kTensorCoreSplitK / kTensorCorePersistent / kTensorCoreWide), =auto:
+// Fp8W16Math::kAuto, unset / =waves: kAutoWaves). Prints per batch (rank 0): mean decode step time,
+// tokens/s, the tokens/s the per-GPU weight + KV read roofline allows (bytes / 4.3 TB/s per step)
+// and the step's share of it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
