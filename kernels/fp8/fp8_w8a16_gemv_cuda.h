@@ -224,17 +224,19 @@ absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
 // grouped scales; bias: [width] or null. q rotated into rope.q_out ([1, num_q_heads, head_dim]
 // bf16), k rotated and v copied into the token's pool slot (skipped for slots < 0 or >=
 // num_slots; the pool must hold bf16), with RopeQkvToCache's fp32 arithmetic; no qkv buffer.
-// The tensor-core inner loop only (fp8_w8a16_rope_cuda.cu): a block multiplies the 16-row tile of
-// 16 consecutive rows h * D + i0 .. of a head and the tile of their RoPE partners (+ D / 2), so
-// each pair's two rounded products meet in one thread, and each row keeps its slot of
-// Fp8W16GemvNormIn's tiles: q, k and v are bit for bit Fp8W16GemvNormIn(kTensorCore) +
-// RopeQkvToCache. head_dim a multiple of 32 (the tiles). INVALID_ARGUMENT (nothing launched)
-// unless Fp8W16GemvNormInRopeKvSupported; callers fall back to the unfused pair.
+// The tensor-core inner loop or its wide mapping (fp8_w8a16_rope_cuda.cu): a block multiplies the
+// 16-row tile of 16 consecutive rows h * D + i0 .. of a head and the tile of their RoPE partners
+// (+ D / 2), so each pair's two rounded products meet in one thread, and each row keeps its slot
+// of Fp8W16GemvNormIn's tiles: q, k and v are bit for bit Fp8W16GemvNormIn (kTensorCore, or
+// kTensorCoreWide where the wide mapping runs) + RopeQkvToCache. head_dim a multiple of 32 (the
+// tiles). INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvNormInRopeKvSupported; callers fall
+// back to the unfused pair.
 bool Fp8W16GemvNormInRopeKvSupported(const void* x, const void* norm_weight,
                                      const Fp8DeviceWeight& w, int64_t m, const GemvRopeKv& rope,
                                      Fp8W16Math math);
-// math: kTensorCore or kAuto (kAuto takes the tensor cores for every NormIn form); the others
-// (kFp32Fma, the rings) are refused.
+// math: kTensorCore or kAuto (kAuto takes the tensor cores for every NormIn form), kTensorCoreWide,
+// or kAutoWaves (wide for scales constant along k, else kTensorCore); the others (kFp32Fma, the
+// rings, the other latency forms) are refused.
 absl::Status Fp8W16GemvNormInRopeKv(const __nv_bfloat16* x, const __nv_bfloat16* norm_weight,
                                     float eps, const Fp8DeviceWeight& w, const __nv_bfloat16* bias,
                                     int64_t m, const GemvRopeKv& rope, cudaStream_t stream,

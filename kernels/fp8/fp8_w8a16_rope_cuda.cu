@@ -1,5 +1,6 @@
 // Fp8W16GemvNormInRopeKv (fp8_w8a16_gemv_cuda.h): the batch-1 W8A16 qkv GEMV with the input
-// RMSNorm in its prologue and RoPE + the KV write in its epilogue, on the tensor-core inner loop.
+// RMSNorm in its prologue and RoPE + the KV write in its epilogue, on the tensor-core inner loop
+// or its wide lane mapping (kTensorCoreWide).
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
 #include "kernels/fp8/fp8_w8a16_gemv_device.cuh"
+#include "kernels/fp8/fp8_w8a16_wide_device.cuh"
 #include "kernels/gemm/cuda/gemv_norm_stage.cuh"
 #include "kernels/gemm/cuda/gemv_rope_store.cuh"
 
@@ -28,8 +30,11 @@ constexpr int kPairsPerBlock = kMmaRows;
 // RopeKvStore: q rotated into q_out, k rotated and v copied into the pool. kGrouped: scales per
 // row and 128-column group. The name starts with Fp8W16MmaKernel so decode_step_bench --trace
 // (runtime/cuda/step_breakdown.cc) counts it as the qkv GEMV, not as a RoPE kernel.
-template <bool kGrouped>
-__global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernelRopeKv(Args p, GemvRopeKv rope) {
+//
+// kWide: the same tiles on the wide lane mapping (WideTilePartials, 2 CTAs an SM), whose products
+// are Fp8W16GemvNormIn's under kTensorCoreWide bit for bit by the same slot argument.
+template <bool kGrouped, bool kWide>
+__device__ __forceinline__ void RopeKvTile(const Args& p, const GemvRopeKv& rope) {
   __shared__ float partial[kWarps][2][kMmaRows];
   const int half = rope.head_dim / 2;
   const int blocks_per_head = half / kPairsPerBlock;
@@ -37,7 +42,11 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernelRopeKv(Args p, Gem
   const int i0 = static_cast<int>(blockIdx.x % blocks_per_head) * kPairsPerBlock;
   const int64_t base = head * rope.head_dim + i0;  // weight row of tile row 0, set 0
   const auto row_of = [&](int j, int r) -> int64_t { return base + r * half + j; };
-  MmaTilePartials<2, Fold::kNormIn, kGrouped>(p, row_of, partial);
+  if constexpr (kWide) {
+    WideTilePartials<2, Fold::kNormIn, kGrouped>(p, row_of, partial);
+  } else {
+    MmaTilePartials<2, Fold::kNormIn, kGrouped>(p, row_of, partial);
+  }
   if (threadIdx.x >= kPairsPerBlock) return;
   float dot[2];
   SumPartials<2>(partial, threadIdx.x, dot);
@@ -50,8 +59,19 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernelRopeKv(Args p, Gem
   gemv_internal::RopeKvStore<bf16>(rope, head * half + i0 + threadIdx.x, 0, x[0], x[1]);
 }
 
+template <bool kGrouped>
+__global__ void __launch_bounds__(kWarps * 32) Fp8W16MmaKernelRopeKv(Args p, GemvRopeKv rope) {
+  RopeKvTile<kGrouped, false>(p, rope);
+}
+template <bool kGrouped>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    Fp8W16MmaKernelRopeKvWide(Args p, GemvRopeKv rope) {
+  RopeKvTile<kGrouped, true>(p, rope);
+}
+
 bool MathHasRopeForm(Fp8W16Math math) {
-  return math == Fp8W16Math::kTensorCore || math == Fp8W16Math::kAuto;
+  return math == Fp8W16Math::kTensorCore || math == Fp8W16Math::kAuto ||
+         math == Fp8W16Math::kTensorCoreWide || math == Fp8W16Math::kAutoWaves;
 }
 
 }  // namespace
@@ -78,7 +98,7 @@ absl::Status Fp8W16GemvNormInRopeKv(const bf16* x, const bf16* norm_weight, floa
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8W16GemvNormInRopeKv: needs Fp8W16GemvNormInSupported, w's rows = (q heads + 2 kv "
         "heads) * head_dim, head_dim a positive multiple of 32, heads >= 1, non-null rope / pool "
-        "pointers and math kTensorCore or kAuto; got m=",
+        "pointers and math kTensorCore, kAuto, kTensorCoreWide or kAutoWaves; got m=",
         m, " rows=", w.grid.rows, " k=", w.grid.cols, " head_dim=", rope.head_dim,
         " math=", static_cast<int>(math)));
   }
@@ -89,8 +109,13 @@ absl::Status Fp8W16GemvNormInRopeKv(const bf16* x, const bf16* norm_weight, floa
                                              stream, programmatic_launch);
   cudaLaunchConfig_t config = *pdl_config.get();  // its attributes stay in pdl_config
   config.dynamicSmemBytes = static_cast<size_t>(2 * p.k * sizeof(bf16));  // row + norm weight
+  // kAutoWaves: the wide mapping where the plain GEMVs take it (scales constant along k).
+  const bool grouped = Fp8W16GroupedScales(w.grid);
+  const bool wide =
+      math == Fp8W16Math::kTensorCoreWide || (math == Fp8W16Math::kAutoWaves && !grouped);
   const auto kernel =
-      Fp8W16GroupedScales(w.grid) ? Fp8W16MmaKernelRopeKv<true> : Fp8W16MmaKernelRopeKv<false>;
+      wide ? (grouped ? Fp8W16MmaKernelRopeKvWide<true> : Fp8W16MmaKernelRopeKvWide<false>)
+           : (grouped ? Fp8W16MmaKernelRopeKv<true> : Fp8W16MmaKernelRopeKv<false>);
   RETURN_IF_ERROR(OptInPastTheDefaultSmem(kernel, config.dynamicSmemBytes));
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p, rope));
   return absl::OkStatus();

@@ -137,23 +137,37 @@ class RopeCase {
     DeviceBuffer<int64_t> dpos(pos), dslot(slots);
     DeviceBuffer<bf16> qkv(width_), q_ref(s_.hq * s_.d), pool_ref(pool_init_);
     const bf16* b = s_.bias ? dbias_.get() : nullptr;
-    ASSERT_TRUE(Fp8W16GemvNormIn(dx_.get(), dnorm_.get(), kEps, weight(), b, 1, qkv.get(), nullptr,
-                                 true, true, Fp8W16Math::kTensorCore)
-                    .ok());
-    const absl::Status st = RopeQkvToCache<bf16>(
-        qkv.get(), width_, dpos.get(), dslot.get(), 1, dfreq_.get(), s_.hq, q_ref.get(),
-        DeviceKvCache{pool_ref.get(), layout_, KvDtype::kBf16}, kLayer, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
+    // The unfused chain under each product math the fold takes: kTensorCore's, and the wide
+    // mapping's (kTensorCoreWide; kAutoWaves takes it for scales constant along k).
+    const auto unfused = [&](Fp8W16Math product, DeviceBuffer<bf16>& q_out,
+                             DeviceBuffer<bf16>& pool_out) {
+      ASSERT_TRUE(Fp8W16GemvNormIn(dx_.get(), dnorm_.get(), kEps, weight(), b, 1, qkv.get(),
+                                   nullptr, true, true, product)
+                      .ok());
+      const absl::Status st = RopeQkvToCache<bf16>(
+          qkv.get(), width_, dpos.get(), dslot.get(), 1, dfreq_.get(), s_.hq, q_out.get(),
+          DeviceKvCache{pool_out.get(), layout_, KvDtype::kBf16}, kLayer, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    };
+    unfused(Fp8W16Math::kTensorCore, q_ref, pool_ref);
+    DeviceBuffer<bf16> q_wide(s_.hq * s_.d), pool_wide(pool_init_);
+    unfused(Fp8W16Math::kTensorCoreWide, q_wide, pool_wide);
     const std::vector<bf16> want_q = q_ref.ToHost(), want_pool = pool_ref.ToHost();
-    for (const Fp8W16Math math : {Fp8W16Math::kTensorCore, Fp8W16Math::kAuto}) {
+    const std::vector<bf16> wide_q = q_wide.ToHost(), wide_pool = pool_wide.ToHost();
+    for (const Fp8W16Math math : {Fp8W16Math::kTensorCore, Fp8W16Math::kAuto,
+                                  Fp8W16Math::kTensorCoreWide, Fp8W16Math::kAutoWaves}) {
+      const bool wide =
+          math == Fp8W16Math::kTensorCoreWide || (math == Fp8W16Math::kAutoWaves && !s_.grouped);
       for (const bool early : {false, true}) {
         SCOPED_TRACE(::testing::Message()
                      << "math=" << static_cast<int>(math) << " early=" << early);
         std::vector<bf16> q, pool;
         RunFused(dpos.get(), dslot.get(), math, early, &q, &pool);
-        EXPECT_TRUE(SameBits(q, want_q)) << "q != Fp8W16GemvNormIn + RopeQkvToCache";
-        EXPECT_TRUE(SameBits(pool, want_pool)) << "pool != Fp8W16GemvNormIn + RopeQkvToCache";
-        if (math == Fp8W16Math::kAuto && early) ExpectNearReference(position, slot, q, pool);
+        EXPECT_TRUE(SameBits(q, wide ? wide_q : want_q))
+            << "q != Fp8W16GemvNormIn + RopeQkvToCache";
+        EXPECT_TRUE(SameBits(pool, wide ? wide_pool : want_pool))
+            << "pool != Fp8W16GemvNormIn + RopeQkvToCache";
+        if (early) ExpectNearReference(position, slot, q, pool);
       }
     }
     // (c) an fp8 pool, one scale per tensor: the codes RopeQkvToCache stores from that qkv.

@@ -151,13 +151,13 @@ absl::Status PrepareW16Latency(CudaFp8Linear* fp8, int64_t weight_rows) {
   return fp8->ReserveW16SplitK(weight_rows, std::atoi(v + 6));
 }
 
-// The RoPE fold (Fp8W16GemvNormInRopeKv) has the kTensorCore inner loop only: under the latency
-// forms the qkv GEMV keeps it (kAuto) rather than falling back to the unfused pair.
+// The RoPE fold (Fp8W16GemvNormInRopeKv) has the kTensorCore inner loop and its wide mapping
+// (kTensorCoreWide; kAutoWaves: wide for scales constant along k): under the other latency
+// forms the qkv GEMV keeps kTensorCore (kAuto) rather than falling back to the unfused pair.
 kernels::cuda::Fp8W16Math W16RopeMath(kernels::cuda::Fp8W16Math math) {
   using kernels::cuda::Fp8W16Math;
   return math == Fp8W16Math::kTensorCoreDeep || math == Fp8W16Math::kTensorCoreSplitK ||
-                 math == Fp8W16Math::kAutoWaves || math == Fp8W16Math::kTensorCorePersistent ||
-                 math == Fp8W16Math::kTensorCoreWide
+                 math == Fp8W16Math::kTensorCorePersistent
              ? Fp8W16Math::kAuto
              : math;
 }
