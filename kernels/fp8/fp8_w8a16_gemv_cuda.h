@@ -105,7 +105,9 @@
 //                 reading 4 rows x 128 contiguous bytes instead of 8 rows x 64 (two lanes' A rows
 //                 a weight row, two halves of each 128-column window, the product's diagonal
 //                 kept: fp8_w8a16_wide_cuda.cu). Deterministic, NOT kTensorCore's bits (each row
-//                 adds its two halves last). Selectable (TANDEM_FP8_W16_MMA=wide).
+//                 adds its two halves last). kAutoWaves' choice for scales constant along k;
+//                 TANDEM_FP8_W16_MMA=wide forces it for grouped scales too. The RoPE fold
+//                 (Fp8W16GemvNormInRopeKv) has it as well.
 //
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_

@@ -111,16 +111,16 @@ bool W16EarlyLoads() {
 }
 
 // The weight-only GEMVs' inner loop (kernels/fp8/fp8_w8a16_gemv_cuda.h's Fp8W16Math): kAutoWaves
-// (kTensorCoreWide for scales constant along k: Llama-3-8B FP8 batch 1 on an H200 2.82-2.84 ->
-// 2.72 ms a step; grouped scales: kAuto's choice, on kTensorCoreDeep where it fills the SMs'
-// waves better, 8B 3.02-3.05 -> 2.75 ms when it came, kernels/fp8/BENCHMARKS.md);
-// TANDEM_FP8_W16_MMA=auto kAuto (3.091 -> 3.026 ms against kFp32Fma when it came), =1 kTensorCore
-// everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the shared-memory ring forms (kRing / kRing2 /
-// kRingHalf: kTensorCore's bits, slower), =deep / splitk the latency forms (kTensorCoreDeep /
-// kTensorCoreSplitK, S picked per shape; =splitk2 / splitk4: S forced), =persistent
-// kTensorCorePersistent (the deep tiles on a persistent grid, the activations staged once a CTA),
-// =wide kTensorCoreWide (128 bytes a row a warp load); all also for CudaFp8Linear's W8A16 GEMV
-// (PrepareW16Latency) (A/B runs of decode_step_bench).
+// (kTensorCoreWide for scales constant along k, the RoPE fold's qkv GEMV included: Llama-3-8B FP8
+// batch 1 on an H200 2.80-2.83 -> 2.59-2.62 ms a step, 70B 19.99 -> 18.63; grouped scales: kAuto's
+// choice, on kTensorCoreDeep where it fills the SMs' waves better, 8B 3.02-3.05 -> 2.75 ms when it
+// came, kernels/fp8/BENCHMARKS.md); TANDEM_FP8_W16_MMA=auto kAuto (3.091 -> 3.026 ms against
+// kFp32Fma when it came), =1 kTensorCore everywhere, =0 kFp32Fma, =ring / ring2 / ringhalf the
+// shared-memory ring forms (kRing / kRing2 / kRingHalf: kTensorCore's bits, slower), =deep / splitk
+// the latency forms (kTensorCoreDeep / kTensorCoreSplitK, S picked per shape; =splitk2 / splitk4: S
+// forced), =persistent kTensorCorePersistent (the deep tiles on a persistent grid, the activations
+// staged once a CTA), =wide kTensorCoreWide (128 bytes a row a warp load); all also for
+// CudaFp8Linear's W8A16 GEMV (PrepareW16Latency) (A/B runs of decode_step_bench).
 kernels::cuda::Fp8W16Math W16Math() {
   using kernels::cuda::Fp8W16Math;
   const char* v = std::getenv("TANDEM_FP8_W16_MMA");
