@@ -36,20 +36,9 @@ constexpr int kDeepLoads = 2 * kLoads;
 template <typename TOut, int R, Fold kFold, bool kGrouped>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     Fp8W16MmaKernelDeep(Args p, TOut* __restrict__ out) {
-  static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
-  static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
-  __shared__ float partial[kWarps][R][kMmaRows];
-  const int64_t row0 = int64_t{blockIdx.x} * kMmaRows;
-  const auto row_of = [&](int j, int r) -> int64_t {  // past n: row 0 (not stored)
-    const int64_t r0 = row0 + j;
-    return r0 < p.n ? r0 + r * p.n : 0;
-  };
-  MmaTilePartialsOf<R, kFold, kGrouped, kDeepLoads, false>(p, row_of, partial, ChunkRange{0, 0});
-  const int64_t row = row0 + threadIdx.x;
-  if (threadIdx.x >= kMmaRows || row >= p.n) return;
-  float dot[R];
-  SumPartials<R>(partial, threadIdx.x, dot);
-  StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
+  TileKernelBody<TOut, R, kFold, kGrouped>(p, out, [&](const auto& row_of, auto& partial) {
+    MmaTilePartialsOf<R, kFold, kGrouped, kDeepLoads, false>(p, row_of, partial, ChunkRange{0, 0});
+  });
 }
 
 // Fp8W16MmaKernelDeep's tiles on a persistent grid: CTA b takes the tiles b, b + gridDim.x, ...

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -369,6 +370,30 @@ __device__ __forceinline__ void SumPartials(const float (&partial)[kWarps][R][kM
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) dot[r] += partial[w][r][j];
   }
+}
+
+// The body of a kernel of one 16-row tile a block (Fp8W16MmaKernel, its deep and wide forms):
+// tile row j of set r is weight row 16 blockIdx.x + j (+ r n; past n row 0, whose products
+// nobody stores); `products(row_of, partial)` (every thread calls it) leaves the warps' sums of
+// tile row j of set r in partial[warp][r][j]; thread j < 16 adds them (SumPartials) and stores row
+// 16 blockIdx.x + j (StoreRow; kGrouped: the scales already in the sums).
+template <typename TOut, int R, Fold kFold, bool kGrouped, typename Products>
+__device__ __forceinline__ void TileKernelBody(const Args& p, TOut* __restrict__ out,
+                                               Products products) {
+  static_assert(R == 1 || (R == 2 && kFold == Fold::kNormIn && std::is_same_v<TOut, bf16>));
+  static_assert(kFold != Fold::kAddOut || std::is_same_v<TOut, bf16>);
+  __shared__ float partial[kWarps][R][kMmaRows];
+  const int64_t row0 = int64_t{blockIdx.x} * kMmaRows;
+  const auto row_of = [&](int j, int r) -> int64_t {  // past n: row 0 (not stored)
+    const int64_t r0 = row0 + j;
+    return r0 < p.n ? r0 + r * p.n : 0;
+  };
+  products(row_of, partial);
+  const int64_t row = row0 + threadIdx.x;
+  if (threadIdx.x >= kMmaRows || row >= p.n) return;
+  float dot[R];
+  SumPartials<R>(partial, threadIdx.x, dot);
+  StoreRow<TOut, R, kFold, !kGrouped>(p, row, dot, 1.0f, out);
 }
 
 // A kernel's static shared memory (the mma kernel's partial sums, StageRmsNorm's warp sums) counts
