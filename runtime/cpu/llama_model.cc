@@ -76,6 +76,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig
         "embedding / lm_head weights do not hold ", embed_elems / config.hidden_size,
         " vocabulary rows (the ", group == nullptr ? 1 : group->size(), "-way vocab partition)"));
   }
+  const kernels::Fp8ScaleGrid& head = weights.lm_head_fp8.grid;
+  if (config.quantization.lm_head != !weights.lm_head_fp8.empty() ||
+      (config.quantization.lm_head &&
+       (head.rows * head.cols != embed_elems || head.cols != config.hidden_size))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the FP8 lm_head ([", head.rows, ", ", head.cols, "]) does not match the config (lm_head ",
+        config.quantization.lm_head ? "FP8" : "16-bit", ", ", embed_elems / config.hidden_size,
+        " vocabulary rows of ", config.hidden_size, ")"));
+  }
   ASSIGN_OR_RETURN(
       std::vector<float> inv_freq,
       kernels::ComputeRopeInvFreq(config.rope_theta, config.head_dim, config.rope_scaling));
@@ -206,8 +215,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, kernels::KvCacheView
 
   const std::vector<float>& lm_head =
       weights_.lm_head.empty() ? weights_.embed_tokens : weights_.lm_head;
-  return VocabParallelLogits(hidden_.data(), H, logit_rows, lm_head.data(), config_.vocab_size,
-                             vocab_rows_, group_, pool_, &tp_, logits);
+  const kernels::Fp8WeightView head_fp8 = weights_.lm_head_fp8.View();
+  return VocabParallelLogits(hidden_.data(), H, logit_rows,
+                             weights_.lm_head_fp8.empty() ? lm_head.data() : nullptr,
+                             config_.vocab_size, vocab_rows_, group_, pool_, &tp_, logits,
+                             weights_.lm_head_fp8.empty() ? nullptr : &head_fp8);
 }
 
 absl::Status LlamaModel::Mlp(int64_t l, int64_t T) {

@@ -76,6 +76,10 @@ absl::Status CheckWeights(const ModelConfig& c, const ModelWeights& w, int64_t v
       (!w.lm_head.empty() && static_cast<int64_t>(w.lm_head.size()) != vocab_rows * H)) {
     return absl::InvalidArgumentError("embedding / lm_head weights do not match the vocabulary");
   }
+  if (c.quantization.lm_head || !w.lm_head_fp8.empty()) {
+    return absl::InvalidArgumentError(
+        "an FP8 lm_head (--quantize_lm_head) is supported for Llama-family models, not MLA");
+  }
   return absl::OkStatus();
 }
 

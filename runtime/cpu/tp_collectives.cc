@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/attention/dcp_exchange.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/layers/embedding.h"
 
@@ -52,7 +53,8 @@ absl::Status VocabParallelLogits(const float* hidden, int64_t H,
                                  absl::Span<const int64_t> logit_rows, const float* lm_head,
                                  int64_t V, int64_t vocab_rows, comm::ProcessGroup* group,
                                  kernels::ThreadPool* pool, TpScratch* s,
-                                 std::vector<float>* logits) {
+                                 std::vector<float>* logits,
+                                 const kernels::Fp8WeightView* lm_head_fp8) {
   // Logits only where a token is sampled (or prompt logits are captured).
   const int64_t R = static_cast<int64_t>(logit_rows.size());
   s->last.resize(R * H);
@@ -61,15 +63,27 @@ absl::Status VocabParallelLogits(const float* hidden, int64_t H,
   }
   const float* last = s->last.data();
   logits->resize(R * V);
-  if (group == nullptr) {
-    if (R > 0) kernels::cpu::Linear(last, lm_head, nullptr, R, V, H, logits->data(), pool);
-    return absl::OkStatus();
-  }
+  // out [R, rows] = last . lm_head's first `rows` rows^T
+  const auto head = [&](int64_t rows, float* out) -> absl::Status {
+    if (R == 0) return absl::OkStatus();
+    if (lm_head_fp8 == nullptr) {
+      kernels::cpu::Linear(last, lm_head, nullptr, R, rows, H, out, pool);
+      return absl::OkStatus();
+    }
+    if (lm_head_fp8->grid.cols != H || lm_head_fp8->grid.rows != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FP8 lm_head [", lm_head_fp8->grid.rows, ", ", lm_head_fp8->grid.cols, "], expected [",
+          rows, ", ", H, "]"));
+    }
+    return kernels::cpu::Fp8Linear(last, *lm_head_fp8, nullptr, R, out, pool);
+  };
+  if (group == nullptr) return head(V, logits->data());
   // Every rank takes part even with R = 0 rows: the gather is collective.
   const int64_t P = vocab_rows, n = group->size();
   s->local_logits.resize(R * P);
   s->gathered.resize(n * R * P);
-  if (R > 0) kernels::cpu::Linear(last, lm_head, nullptr, R, P, H, s->local_logits.data(), pool);
+  // (the shape check cannot fail on one rank only: the models check their weights at Create)
+  RETURN_IF_ERROR(head(P, s->local_logits.data()));
   RETURN_IF_ERROR(group->AllGather(s->local_logits, absl::MakeSpan(s->gathered)));
   // gathered is [rank][row][P]; logits is [row][V] (the padding past V dropped).
   for (int64_t r = 0; r < n; ++r) {

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "comm/process_group.h"
 #include "kernels/attention/dcp_shard.h"
+#include "kernels/fp8/fp8_linear.h"
 #include "kernels/threading/thread_pool.h"
 
 namespace tandem::runtime {
@@ -49,12 +50,14 @@ absl::Status TpEmbedding(const int32_t* token_ids, int64_t T, const float* embed
 // logits [R, V] of hidden's rows `logit_rows` (hidden [T, H]) through `lm_head`: with a group,
 // this rank's `vocab_rows` rows (ids from rank * vocab_rows), all-gathered (every rank takes
 // part, also with R = 0) and the padding past V dropped; without, lm_head's V rows. `pool`
-// nullable.
+// nullable. With `lm_head_fp8` (an FP8 lm_head of those rows: ModelWeights::lm_head_fp8), the
+// product is cpu::Fp8Linear's (its activation scheme) and `lm_head` is unused.
 absl::Status VocabParallelLogits(const float* hidden, int64_t H,
                                  absl::Span<const int64_t> logit_rows, const float* lm_head,
                                  int64_t V, int64_t vocab_rows, comm::ProcessGroup* group,
                                  kernels::ThreadPool* pool, TpScratch* scratch,
-                                 std::vector<float>* logits);
+                                 std::vector<float>* logits,
+                                 const kernels::Fp8WeightView* lm_head_fp8 = nullptr);
 
 // DCP: `attn` [T, num_heads, head_dim] and `lse` [T, num_heads] (the slice's heads over this
 // shard's keys) -> scratch->merged [T, num_heads / dcp.size, head_dim] (this rank's heads over

@@ -160,12 +160,23 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   const bool row_bias = comm() == nullptr || comm()->rank() == 0;
   RETURN_IF_ERROR(CheckSize(w.embed_tokens, P * H, "embed_tokens"));
   RETURN_IF_ERROR(CheckSize(w.norm, H, "norm"));
-  if (!config_.tie_word_embeddings) RETURN_IF_ERROR(CheckSize(w.lm_head, P * H, "lm_head"));
+  const bool head_fp8 = config_.quantization.lm_head;
+  if (!config_.tie_word_embeddings && !head_fp8) {
+    RETURN_IF_ERROR(CheckSize(w.lm_head, P * H, "lm_head"));
+  }
+  if (head_fp8 != !w.lm_head_fp8.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the config's lm_head is ", head_fp8 ? "FP8" : "16-bit", " but the weights' is not"));
+  }
   DeviceBuffer staging;
   const ActDtype dt = options_.dtype;
   ASSIGN_OR_RETURN(embed_tokens_, UploadTensor(&w.embed_tokens, dt, &staging, "embed", stream));
   ASSIGN_OR_RETURN(norm_, UploadTensor(&w.norm, dt, &staging, "norm", stream));
   ASSIGN_OR_RETURN(lm_head_, UploadTensor(&w.lm_head, dt, &staging, "lm_head", stream));
+  if (head_fp8) {
+    ASSIGN_OR_RETURN(lm_head_fp8_, UploadFp8Weight(&w.lm_head_fp8, P, H, options_.max_tokens,
+                                                   "lm_head"));
+  }
   layers_.resize(w.layers.size());
   const bool fp8 = config_.quantization.IsFp8();
   for (size_t l = 0; l < w.layers.size(); ++l) {
@@ -220,6 +231,7 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   add(embed_tokens_);
   add(norm_);
   add(lm_head_);
+  weight_bytes_ += lm_head_fp8_.bytes();
   for (const Layer& l : layers_) {
     for (const DeviceBuffer* b :
          {&l.input_layernorm, &l.qkv_proj, &l.qkv_bias, &l.o_proj, &l.o_bias,
@@ -248,6 +260,9 @@ absl::Status CudaLlamaModel::AllocateActivations() {
   ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(T * I * es, "act"));
   ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(R * H * es, "last"));
   ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(R * config_.vocab_size * int64_t{4}, "logits"));
+  if (!lm_head_fp8_.empty()) {
+    ASSIGN_OR_RETURN(lm_head_out_, DeviceBuffer::Allocate(R * vocab_rows_ * es, "lm_head out"));
+  }
   if (config_.IsMoe()) {
     // Data-parallel attention: the layer's experts see the rows of every rank.
     const int64_t ranks = options_.moe_comm == nullptr ? 1 : options_.moe_comm->size();
@@ -419,14 +434,16 @@ absl::Status CudaLlamaModel::ForwardT(const DeviceStep& step, const kc::DeviceKv
   if (R == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kc::GatherRows<T>(hidden, H, step.logit_rows, R, Ptr<T>(last_), stream));
   const DeviceBuffer& lm_head = lm_head_.empty() ? embed_tokens_ : lm_head_;
-  if (comm() == nullptr) {
-    return DenseLinear(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head), static_cast<const T*>(nullptr), R, V,
-                       H, logits_.get<float>(), stream, pdl);
+  // Without a communicator the whole vocabulary into logits_, else this rank's rows, gathered.
+  float* out = comm() == nullptr ? logits_.get<float>() : local_logits_.get<float>();
+  if (!lm_head_fp8_.empty()) {
+    RETURN_IF_ERROR(LmHeadFp8(R, out, stream));
+  } else {
+    RETURN_IF_ERROR(DenseLinear(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head),
+                                static_cast<const T*>(nullptr), R,
+                                comm() == nullptr ? V : vocab_rows_, H, out, stream, pdl));
   }
-  RETURN_IF_ERROR(DenseLinear(*gemm_, Ptr<T>(last_), Ptr<T>(lm_head),
-                              static_cast<const T*>(nullptr), R, vocab_rows_, H,
-                              local_logits_.get<float>(), stream, pdl));
-  if (!gather_logits_) return absl::OkStatus();  // GreedyTokens reads the local logits
+  if (comm() == nullptr || !gather_logits_) return absl::OkStatus();  // GreedyTokens: local
   return GatherLogits(R, stream);
 }
 

@@ -336,6 +336,11 @@ class CudaLlamaModel {
   // FoldsNorms for an FP8 model: fp8_weight_only_fold, bf16, one token, every projection on
   // the weight-only GEMV.
   bool FoldsFp8(int64_t Tn) const;
+  // out [R, vocab rows] fp32 = last_'s R rows . lm_head_fp8_^T (config.quantization.lm_head;
+  // cuda_llama_model_fp8.cc): R = 1 on the weight-only GEMV (Fp8W16Gemv, fp32 out, as the
+  // batch-1 projections; where fp8_weight_only_fold), else CudaFp8Linear (the projections'
+  // scheme) into lm_head_out_ [R, vocab rows] bf16, widened.
+  absl::Status LmHeadFp8(int64_t R, float* out, cudaStream_t stream);
   // Sums `n` activations (device, the activation dtype) over the communicator.
   absl::Status AllReduce(void* data, int64_t n, cudaStream_t stream);
   // The vocab-parallel logits: local [R, vocab_rows_] -> gathered [ranks, R, vocab_rows_] ->
@@ -352,7 +357,9 @@ class CudaLlamaModel {
   bool gather_logits_ = true;     // set_gather_logits
 
   std::unique_ptr<kernels::cuda::CublasLtGemm> gemm_;
-  DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied
+  DeviceBuffer embed_tokens_, norm_, lm_head_;  // lm_head_ empty when tied or FP8
+  CudaFp8Weight lm_head_fp8_;  // config_.quantization.lm_head: [vocab_rows_, hidden] e4m3
+  DeviceBuffer lm_head_out_;   // with lm_head_fp8_: [max_logit_rows, vocab_rows_] bf16
   std::vector<Layer> layers_;
   DeviceBuffer inv_freq_;   // [head_dim / 2] fp32
   DeviceBuffer kv_scales_;  // fp8_kv: [2][num_layers] fp32 (kv_scales())

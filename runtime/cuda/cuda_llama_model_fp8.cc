@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "kernels/fp8/fp8_fused_quant_cuda.h"
 #include "kernels/fp8/fp8_w8a16_gemv_cuda.h"
+#include "kernels/layers/cuda/convert_cuda.h"
 #include "runtime/cuda/cuda_llama_model.h"
 
 namespace tandem::runtime::cuda {
@@ -61,6 +62,9 @@ absl::Status CudaLlamaModel::AllocateFp8(Layer* l) {
 }
 
 CudaFp8Weight* CudaLlamaModel::Fp8Slot(WeightSlot slot, int64_t layer) {
+  if (slot == WeightSlot::kLmHead && layer < 0) {
+    return lm_head_fp8_.empty() ? nullptr : &lm_head_fp8_;
+  }
   if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return nullptr;
   Layer& l = layers_[static_cast<size_t>(layer)];
   CudaFp8Weight* w = slot == WeightSlot::kQkvProj      ? &l.qkv_fp8
@@ -232,6 +236,24 @@ absl::Status CudaLlamaModel::FoldedLayerFp8(const DeviceStep& step,
       w.gate_up_bias.get<bf16>(), Tn, act_.get<bf16>(), stream, pdl, early, math, split_k));
   return kc::Fp8W16GemvAddTo(act_.get<bf16>(), w.down_fp8.device(), w.down_bias.get<bf16>(), Tn,
                              residual, stream, pdl, early, math, split_k);
+}
+
+absl::Status CudaLlamaModel::LmHeadFp8(int64_t R, float* out, cudaStream_t stream) {
+  namespace kc = ::tandem::kernels::cuda;
+  using bf16 = __nv_bfloat16;
+  if (options_.dtype != ActDtype::kBf16 || fp8_ == nullptr) {
+    return absl::FailedPreconditionError("an FP8 lm_head needs bf16 activations");
+  }
+  const bool pdl = options_.programmatic_launch;
+  const bf16* last = last_.get<bf16>();
+  const kc::Fp8DeviceWeight w = lm_head_fp8_.device();
+  if (R == 1 && options_.fp8_weight_only_fold && kc::Fp8W16GemvSupported(last, w, R)) {
+    return kc::Fp8W16Gemv<float>(last, w, nullptr, R, out, stream, pdl, W16EarlyLoads(), W16Math(),
+                                 fp8_->w16_split_k());
+  }
+  bf16* out16 = lm_head_out_.get<bf16>();
+  RETURN_IF_ERROR(fp8_->Linear(last, lm_head_fp8_, nullptr, R, out16, stream, pdl));
+  return kc::ConvertToF32<bf16>(out16, R * w.grid.rows, out, stream);
 }
 
 }  // namespace tandem::runtime::cuda

@@ -34,7 +34,13 @@ absl::Status CudaLlamaModel::AllocateWeights(cudaStream_t stream) {
   const bool row_bias = comm() == nullptr || comm()->rank() == 0;
   RETURN_IF_ERROR(alloc(&embed_tokens_, vocab_rows_ * H, "embed"));
   RETURN_IF_ERROR(alloc(&norm_, H, "norm"));
-  if (!config_.tie_word_embeddings) RETURN_IF_ERROR(alloc(&lm_head_, vocab_rows_ * H, "lm_head"));
+  if (config_.quantization.lm_head) {  // drawn from lm_head's fills, or the embedding's if tied
+    ASSIGN_OR_RETURN(lm_head_fp8_, AllocateFp8DummyWeight(config_.quantization, vocab_rows_, H,
+                                                          options_.max_tokens));
+    weight_bytes_ += lm_head_fp8_.bytes();
+  } else if (!config_.tie_word_embeddings) {
+    RETURN_IF_ERROR(alloc(&lm_head_, vocab_rows_ * H, "lm_head"));
+  }
   layers_.resize(config_.num_hidden_layers);
   const bool fp8 = config_.quantization.IsFp8();  // FP8 projections instead of the dense four
   for (Layer& l : layers_) {
@@ -93,6 +99,10 @@ absl::Status CudaLlamaModel::GenerateDummy(uint64_t seed, cudaStream_t stream) {
     if (CudaFp8Weight* w = fp8 ? Fp8Slot(f.slot, f.layer) : nullptr; w != nullptr) {
       RETURN_IF_ERROR(FillFp8Dummy(f, seed, &fp8_staging, w, stream));
       continue;
+    }
+    if (f.slot == WeightSlot::kEmbedTokens && !lm_head_fp8_.empty() &&
+        config_.tie_word_embeddings) {  // the tied head's e4m3 copy of these rows, then them
+      RETURN_IF_ERROR(FillFp8Dummy(f, seed, &fp8_staging, &lm_head_fp8_, stream));
     }
     if (IsMoeSlot(f.slot) && f.layer >= 0 && f.layer < static_cast<int64_t>(layers_.size())) {
       Layer& l = layers_[static_cast<size_t>(f.layer)];

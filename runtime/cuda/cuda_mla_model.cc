@@ -157,6 +157,10 @@ absl::StatusOr<std::unique_ptr<CudaMlaModel>> CudaMlaModel::Create(const ModelCo
         absl::StrCat(config.architecture, " has no multi-head latent attention"));
   }
   RETURN_IF_ERROR(DimsOf(config).Validate());
+  if (config.quantization.lm_head) {
+    return absl::InvalidArgumentError(
+        "an FP8 lm_head (--quantize_lm_head) is supported for Llama-family models, not MLA");
+  }
   if (options.comm != nullptr && options.dummy_seed.has_value() && options.dummy_plan.empty()) {
     return absl::InvalidArgumentError(
         "device dummy weights of a tensor-parallel rank need its plan (DummyWeightPlan)");

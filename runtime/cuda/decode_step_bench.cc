@@ -4,7 +4,7 @@
 // sampling), not a kernel.
 //
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
-//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8]
+//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8,fp8_lm_head]
 //                     [--ep=1] [--dp_attention=1] [--async_scheduling=0,1]
 //
 // --ep=1 (MoE shapes, --tp=N): expert parallelism over the TP ranks (EP a: experts whole on the
@@ -26,7 +26,8 @@
 // as qwen3-30b-a3b-fp8's or deepseek-v2-lite-fp8's 128 x 128 tiles) and fp8 (device dummy FP8
 // weights as
 // --quantization=fp8 makes them: per-channel e4m3 weights, dynamic per-token activations; dense
-// and MoE Llama-family shapes, the experts too); the roofline counts 1 byte per FP8 weight.
+// and MoE Llama-family shapes, the experts too), fp8_lm_head the same with lm_head FP8 too
+// (--quantize_lm_head); the roofline counts 1 byte per FP8 weight.
 //
 // Mixture-of-experts shapes: the roofline counts the weights a step reads, the non-expert ones
 // plus, per MoE layer, the experts a batch of B tokens routes to if routing were uniform:
@@ -302,19 +303,21 @@ int Main(int argc, char** argv) {
   }
   for (const auto& [quant, async] : runs) {
     config.async_scheduling = async;
-    if ((quant != "fp8" && quant != "none") ||
-        (quant == "fp8" && (model.IsMla() || model.quantization.IsFp8()))) {
+    const bool online = quant == "fp8" || quant == "fp8_lm_head";
+    if ((!online && quant != "none") ||
+        (online && (model.IsMla() || model.quantization.IsFp8()))) {
       std::fprintf(stderr,
-                   "--quantization takes none (the shape's own weights) and fp8 (Llama-family "
-                   "16-bit shapes), got '%s'\n",
+                   "--quantization takes none (the shape's own weights), fp8 and fp8_lm_head "
+                   "(Llama-family 16-bit shapes), got '%s'\n",
                    quant.c_str());
       return 1;
     }
     WeightQuantization q = model.quantization;  // a preset's own (qwen3-30b-a3b-fp8) or none
-    if (quant == "fp8") {  // what generate --quantization=fp8 sets (model_source.cc)
+    if (online) {  // what generate --quantization=fp8 [--quantize_lm_head] sets (model_source.cc)
       q.method = WeightQuantization::Method::kOnlineFp8;
       q.block_rows = 1;
       q.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+      q.lm_head = quant == "fp8_lm_head";
     }
     const bool fp8 = q.IsFp8();
     local.quantization = q;
@@ -345,6 +348,9 @@ int Main(int argc, char** argv) {
           (model.IsMoeLayer(l)
                ? 0.0
                : 3.0 * static_cast<double>(model.hidden_size * model.intermediate_size));
+    }
+    if (q.lm_head) {  // the head a step reads: 1 byte a weight (tied: its e4m3 copy)
+      linear_params += static_cast<double>(model.vocab_size * model.hidden_size);
     }
     linear_params /= tp;
     const auto created = std::chrono::steady_clock::now();

@@ -42,7 +42,7 @@ absl::string_view WeightDtypeName(WeightDtype dtype);
 absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);
 
 // How the decoder's linear layers (q/k/v/o, gate/up/down) are stored and multiplied (issue 38;
-// model_config_quant.cc). Embeddings, norms, lm_head stay in `dtype`.
+// model_config_quant.cc). Embeddings and norms stay in `dtype`; lm_head too unless `lm_head`.
 struct WeightQuantization {
   enum class Method {
     kNone,
@@ -69,6 +69,11 @@ struct WeightQuantization {
   // the KV pool is whatever --kv_cache_dtype says (auto: 16-bit, as vLLM's auto), and an FP8
   // latent pool (MLA) takes a scale per token row.
   bool kv_cache_fp8 = false;
+  // lm_head is e4m3 too, with one scale per vocabulary row and the projections' activation
+  // scheme (--quantization=fp8 --quantize_lm_head, as TensorRT-LLM's quantize_lm_head; Llama
+  // family only, per-row weight scales only). Off in every checkpoint format: they keep lm_head
+  // 16-bit. A tied lm_head gets its own e4m3 copy of the embedding.
+  bool lm_head = false;
   bool IsFp8() const { return method != Method::kNone; }
   bool FromCheckpoint() const { return IsFp8() && method != Method::kOnlineFp8; }
   // One line, e.g. "fp8 compressed-tensors: per-channel weight scales, dynamic per-token
@@ -177,8 +182,9 @@ struct ModelConfig {
   // Bytes of the weights on a GPU backend (what a --kv_cache_bytes=0 KV pool is sized around;
   // model_config_quant.cc): 2 a parameter, but the decoder's FP8 projections (`quantization`:
   // q/k/v/o, the dense layers' gate/up/down; the loader refuses an `ignore` entry naming one)
-  // 1 a parameter plus their fp32 scales. MLA models and MoE experts count 2 a parameter (an
-  // estimate that may only fall on the high side).
+  // 1 a parameter plus their fp32 scales, and an FP8 lm_head (`quantization.lm_head`) 1 a
+  // parameter plus a scale a row (a tied one adds that copy to the embedding's 2). MLA models and
+  // MoE experts count 2 a parameter (an estimate that may only fall on the high side).
   int64_t DeviceWeightBytes() const;
 };
 

@@ -34,7 +34,8 @@ std::string WeightQuantization::Describe() const {
                                                                        : "dynamic 1x128-group";
   return absl::StrCat("fp8 ", method_name, ": ", weights, " weight scales, ", act,
                       activation == Fp8ActivationScheme::kNone ? "" : " activations",
-                      kv_cache_fp8 ? "; FP8 KV scales (unused)" : "");
+                      kv_cache_fp8 ? "; FP8 KV scales (unused)" : "",
+                      lm_head ? "; lm_head FP8 (per-channel)" : "");
 }
 
 namespace {
@@ -65,6 +66,10 @@ int64_t ModelConfig::DeviceWeightBytes() const {
     if (IsMoeLayer(l)) continue;
     fp8(2 * i, h);
     fp8(h, i);
+  }
+  if (quantization.lm_head) {  // a tied head's copy adds to the embedding's bytes
+    const int64_t head = Fp8ProjectionBytes(quantization, vocab_size, h);
+    saved += tie_word_embeddings ? -head : 2 * vocab_size * h - head;
   }
   return bytes16 - saved;
 }

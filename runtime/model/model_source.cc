@@ -19,6 +19,11 @@ absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source);
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
+  const bool fp8 = source.quantization == "fp8";
+  if (source.quantize_lm_head && !fp8) {
+    return absl::InvalidArgumentError(
+        "--quantize_lm_head quantizes lm_head with the rest: it needs --quantization=fp8");
+  }
   if (source.quantization.empty() || source.quantization == "none") {
     return LoadUnquantized(source);
   }
@@ -32,16 +37,23 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
         absl::StrCat("--quantization=fp8: the checkpoint is quantized already (",
                      out.config.quantization.Describe(), "); drop the flag"));
   }
+  if (source.quantize_lm_head && out.config.IsMla()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quantize_lm_head: ", out.config.architecture,
+        " (multi-head latent attention) keeps lm_head 16-bit; it is supported for Llama-family "
+        "models"));
+  }
   WeightQuantization online;
   online.method = WeightQuantization::Method::kOnlineFp8;
   online.block_rows = 1;
   online.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  online.lm_head = source.quantize_lm_head;
   out.config.quantization = online;
   out.local_config.quantization = online;
   if (!source.dummy_weights_on_backend) {
     RETURN_IF_ERROR(QuantizeWeightsFp8(out.local_config, &out.weights));
   }
-  out.model_id += ":fp8";
+  out.model_id += source.quantize_lm_head ? ":fp8+lm_head" : ":fp8";
   return out;
 }
 

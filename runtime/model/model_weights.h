@@ -116,6 +116,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<float> norm;     // [hidden]
   std::vector<float> lm_head;  // [vocab, hidden]; EMPTY when tie_word_embeddings (use embed_tokens)
+  // config.quantization.lm_head (QuantizeWeightsFp8): the head in e4m3 with a scale a row, the
+  // same rows as lm_head (or embed_tokens when tied); lm_head is then empty.
+  Fp8LinearWeight lm_head_fp8;
 };
 
 // Loads `model_dir`/model.safetensors, or else every shard named in
@@ -168,6 +171,11 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 // where each tensor's rows start in its fused slot; without them each slot is one tensor.
 // INVALID_ARGUMENT for a static activation scheme (needs calibration).
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights);
+// The lm_head part of it (config.quantization.lm_head; QuantizeWeightsFp8 calls it last): the
+// head's rows (embed_tokens' when tied) quantized per row into lm_head_fp8 with the config's
+// activation scheme, lm_head freed; nothing when lm_head_fp8 is filled already or the config
+// keeps lm_head 16-bit. INVALID_ARGUMENT for block-scaled configs.
+absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights);
 // The scale grid QuantizeWeightsFp8 gives an [n, k] weight in memory: per-row scales over groups
 // of 128 columns when q.block_cols > 0 (a 128 x 128 tile's rows each hold its scale, as the
 // loader holds a block checkpoint's), else over the whole row.

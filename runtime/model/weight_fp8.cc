@@ -534,6 +534,25 @@ absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights
       std::vector<float>().swap(*s.fp32);
     }
   }
+  return QuantizeLmHeadFp8(config, weights);
+}
+
+absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights) {
+  const WeightQuantization& q = config.quantization;
+  if (!q.lm_head || !weights->lm_head_fp8.empty()) return absl::OkStatus();
+  if (q.block_cols > 0 || q.block_rows != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an FP8 lm_head takes per-channel scales (--quantization=fp8), not ", q.Describe()));
+  }
+  // Untied: the head's own rows, freed after; tied: a copy of the embedding's.
+  std::vector<float>& src = weights->lm_head.empty() ? weights->embed_tokens : weights->lm_head;
+  const int64_t h = config.hidden_size, size = static_cast<int64_t>(src.size());
+  if (h <= 0 || size == 0 || size % h != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 lm_head at load: ", size, " head elements are not rows of ", h));
+  }
+  QuantizeSlot(q, src.data(), size / h, h, {0}, &weights->lm_head_fp8);
+  std::vector<float>().swap(weights->lm_head);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,9 @@
 # each rank's slice of o_proj / down_proj with its own per-row scales (vLLM's online FP8
 # quantizes after sharding too): cosine 0.990, so >= 0.985 there. Then the 128x128-block fixture
 # at --tp=2 (its 192 q_proj rows split 96 / 96) exits 1 naming the cut block, and
-# --quantization=fp8 on an FP8 checkpoint or --quantization=int4 exits 1. (~3 s)
+# --quantization=fp8 on an FP8 checkpoint, --quantization=int4 or --quantize_lm_head without
+# --quantization=fp8 exits 1. --quantization=fp8 --quantize_lm_head at --tp=2 against
+# make_golden_fp8.py's expected_lm_head.json (the same bounds as --quantization=fp8). (~4 s)
 set -euo pipefail
 GENERATE=$1
 T=${TEST_TMPDIR:-$(mktemp -d)}
@@ -61,11 +63,17 @@ for format in ct_channel_dynamic ct_tensor_static modelopt modelopt_kv_hf modelo
 done
 run "$FIXTURES/base_bf16" 2 "$T/online.2.jsonl" --quantization=fp8
 check "$T/online.2.jsonl" "$FIXTURES/base_bf16/expected.json" "--quantization=fp8 tp=2" 0.985 0.10
+# lm_head FP8 too: each rank quantizes its vocabulary rows (per-row scales: the whole head's).
+run "$FIXTURES/base_bf16" 2 "$T/head.2.jsonl" --quantization=fp8 --quantize_lm_head
+check "$T/head.2.jsonl" "$FIXTURES/base_bf16/expected_lm_head.json" \
+  "--quantization=fp8 --quantize_lm_head tp=2" 0.985 0.10
 
 expect_fail "tp=2 cuts a 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks" \
   --model="$FIXTURES/fp8_block" --prompt_ids="5,6" --max_tokens=1 --tp=2
 expect_fail "--quantization=fp8 on an FP8 checkpoint" "the checkpoint is quantized already" \
   --model="$FIXTURES/modelopt" --prompt_ids="5,6" --max_tokens=1 --quantization=fp8
+expect_fail "--quantize_lm_head alone" "it needs --quantization=fp8" \
+  --model="$FIXTURES/base_bf16" --prompt_ids="5,6" --max_tokens=1 --quantize_lm_head
 expect_fail "--quantization=int4" "--quantization must be fp8 or none" \
   --model="$FIXTURES/base_bf16" --prompt_ids="5,6" --max_tokens=1 --quantization=int4
 echo "PASS"

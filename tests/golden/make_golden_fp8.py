@@ -18,9 +18,11 @@ Formats (OUT/fp8/<name>/: config.json, generation_config.json, model.safetensors
 expected.json holds two references: transformers on the dequantized weights alone
 (last_prompt_logits, ...), and the same with every decoder Linear's input quantized as the scheme
 says (forward pre-hooks: dynamic per-token, dynamic 1x128 groups, or the static input_scale;
-last_prompt_logits_act_quant, ...), which is what the engine computes.
+last_prompt_logits_act_quant, ...), which is what the engine computes. base_bf16 also gets
+expected_lm_head.json: the same two references for --quantization=fp8 --quantize_lm_head
+(lm_head per-channel too, its input quantized per token in the second).
 
-  python3 tests/golden/make_golden_fp8.py --out DIR [--tar FILE.tar.gz]
+  python3 tests/golden/make_golden_fp8.py --out DIR [--tar FILE.tar.gz] [--formats=a,b]
 
 Needs PyTorch (float8_e4m3fn) and transformers; CPU only, one thread, deterministic.
 """
@@ -197,9 +199,10 @@ def fake_quant(x, scheme, static_scale=None):
     return torch.cat(parts, dim=-1)
 
 
-def add_activation_quant(model, fmt, tensors):
+def add_activation_quant(model, fmt, tensors, lm_head=False):
+    quantized = LINEARS + (("lm_head",) if lm_head else ())
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEARS:
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in quantized:
             s = tensors.get(name + ".input_scale")
             def hook(m, inp, s=None if s is None else float(s.reshape(()))):
                 return (fake_quant(inp[0], ACTIVATION[fmt], s),)
@@ -207,11 +210,11 @@ def add_activation_quant(model, fmt, tensors):
 
 
 @torch.no_grad()
-def reference(cfg, deq_state, prompts, fmt=None, tensors=None):
+def reference(cfg, deq_state, prompts, fmt=None, tensors=None, lm_head=False):
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     model.load_state_dict(deq_state, strict=True)
     if fmt is not None:
-        add_activation_quant(model, fmt, tensors)
+        add_activation_quant(model, fmt, tensors, lm_head)
     logits, gaps, greedy = [], [], []
     for p in prompts:
         seq, toks = list(p), []
@@ -252,6 +255,8 @@ def main():
     # The CUDA attention kernels take head_dim 16/32/64/128/256: tests/gpu/fp8_cuda_golden.sh
     # writes the formats again with --head_dim=64 on the GPU machine (not the CI fixtures).
     parser.add_argument("--head_dim", type=int, default=CONFIG["head_dim"])
+    parser.add_argument("--formats", default="",
+                        help="comma-separated subset of the formats (default: all)")
     args = parser.parse_args()
     CONFIG["head_dim"] = args.head_dim
     torch.manual_seed(SEED)
@@ -264,7 +269,10 @@ def main():
     root = os.path.join(args.out, "fp8")
     shutil.rmtree(root, ignore_errors=True)
     summary = {}
-    for fmt in ["base_bf16"] + list(QUANT_CONFIGS):
+    formats = ["base_bf16"] + list(QUANT_CONFIGS)
+    if args.formats:
+        formats = [f for f in formats if f in args.formats.split(",")]
+    for fmt in formats:
         tensors, deq = quantize_state(fmt, state, input_amax)
         logits, gaps, greedy = reference(cfg, deq, prompts)
         aq_logits, aq_gaps, aq_greedy = reference(cfg, deq, prompts, fmt, tensors)
@@ -277,6 +285,20 @@ def main():
                                  (" of --quantization=fp8 (per-channel)" if fmt == "base_bf16"
                                   else "")}
         write_dir(os.path.join(root, fmt), cfg, tensors, QUANT_CONFIGS.get(fmt), expected)
+        if fmt == "base_bf16":  # --quantize_lm_head: the head per-channel too
+            deq_head = dict(deq)
+            deq_head["lm_head.weight"] = quant_channel(state["lm_head.weight"])[2]
+            logits, gaps, greedy = reference(cfg, deq_head, prompts)
+            aq_logits, aq_gaps, aq_greedy = reference(cfg, deq_head, prompts, fmt, tensors,
+                                                      lm_head=True)
+            with open(os.path.join(root, fmt, "expected_lm_head.json"), "w") as f:
+                json.dump({**expected, "last_prompt_logits": logits, "top2_gap": gaps,
+                           "greedy_tokens": greedy, "last_prompt_logits_act_quant": aq_logits,
+                           "top2_gap_act_quant": aq_gaps, "greedy_tokens_act_quant": aq_greedy,
+                           "reference": "transformers f32 on the dequantized weights of "
+                                        "--quantization=fp8 --quantize_lm_head (per-channel, "
+                                        "lm_head too)"}, f)
+                f.write("\n")
         cos = [float(torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), 0))
                for a, b in zip(logits, aq_logits)]
         summary[fmt] = {"min_gap_over_max": min(g / m for g, m in zip(gaps, maxabs)),

@@ -36,8 +36,10 @@
 #      TP=1 and TP=2. Prompts longer than 16 tokens run the prefill paths (cuBLASLt FP8 GEMM
 #      for per-channel; the chunked-GEMV slow path for 128-column blocks).
 #   3. Graph-captured decode against --cuda_graphs=false: greedy tokens identical.
-#   4. Device dummy FP8 weights (tiny and tiny-moe, --quantization=fp8) against the CPU's host
-#      dummy FP8 weights, TP=1 and TP=2.
+#   4. Device dummy FP8 weights (tiny and tiny-moe, --quantization=fp8; tiny with
+#      --quantize_lm_head too) against the CPU's host dummy FP8 weights, TP=1 and TP=2.
+#   Parts 1 and 2 also run base_bf16 (expected_lm_head.json) and llama_f32_gqa with
+#   --quantization=fp8 --quantize_lm_head.
 #   5. An fp16 model with --quantization=fp8 refused, naming bf16.
 #   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
 #      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
@@ -167,7 +169,7 @@ FIX64=$LOG/fixtures_fp8_hd64
 FORMATS="fp8_block ct_channel_dynamic ct_tensor_static modelopt base_bf16 modelopt_kv_hf
   modelopt_channel modelopt_pb_wo"
 # shellcheck disable=SC2086 # the names, split
-if ! want $FORMATS; then
+if ! want $FORMATS base_bf16_lm_head; then
   :
 elif python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
   python3 tests/golden/make_golden_fp8.py --out "$FIX64" --head_dim=64 > "$LOG/make_golden_fp8.log" 2>&1 &&
@@ -182,6 +184,10 @@ elif python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
     check "$fmt" "$tps" "$fix/expected.json" --model="$fix" \
       --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
   done
+  # lm_head FP8 too (--quantize_lm_head): transformers with the head per-channel as well.
+  fix=$FIX64/fp8/base_bf16
+  check base_bf16_lm_head "1 2" "$fix/expected_lm_head.json" --model="$fix" \
+    --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8 --quantize_lm_head
 else
   echo "SKIP checkpoint formats: torch / transformers / safetensors missing or make_golden_fp8.py failed"
   tail -n 3 "$LOG/make_golden_fp8.log" 2> /dev/null
@@ -194,6 +200,9 @@ for variant in llama_f32_gqa qwen2_f32 qwen3_f32 llama_f32_mqa_headdim_bias; do
   check "$variant-fp8" "1 2" "$fix/expected.json" --model="$fix" \
     --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8
 done
+fix=tests/golden/fixtures/llama_f32_gqa  # lm_head FP8 too (against the f32 model)
+check llama_f32_gqa-fp8-lm_head "1 2" "$fix/expected.json" --model="$fix" \
+  --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8 --quantize_lm_head
 
 # 3. Graphs against eager decode on the same FP8 model.
 fix=tests/golden/fixtures/llama_f32_gqa
@@ -204,6 +213,8 @@ want fp8-graphs-vs-eager && tokens_check fp8-graphs-vs-eager "eager vs graphs" "
 # 4. Device dummy FP8 weights against the CPU's host dummy FP8 weights (same draw, same codes).
 check tiny-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny --dummy_seed=3 --quantization=fp8 \
   --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
+check tiny-dummy-fp8-lm_head "1 2" "" --load_format=dummy --dummy_config=tiny --dummy_seed=3 \
+  --quantization=fp8 --quantize_lm_head --prompt_ids="5,6,7,8,9;100,200,30;17;$(seq -s, 3 42)"
 # The same for a MoE model: device dummy FP8 experts (cuda_moe_fp8.h FillFp8MoeDummy) against the
 # CPU's host-quantized dummy experts, TP=1 and TP=2 (each rank its slice of every expert).
 check tiny-moe-dummy-fp8 "1 2" "" --load_format=dummy --dummy_config=tiny-moe --dummy_seed=3 \

@@ -57,6 +57,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Copies rows in units of U (uint4 when rows are 16-byte multiples and aligned, else T).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    WidenKernel(const T* __restrict__ in, int64_t n, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    out[i] = ToFloat(in[i]);
+  }
+}
+
 template <typename U>
 __global__ void __launch_bounds__(kThreads)
     GatherKernel(const U* __restrict__ in, int64_t units_per_row, const int32_t* __restrict__ rows,
@@ -100,6 +109,16 @@ absl::Status ConvertFromF32(const float* in, int64_t n, T* out, cudaStream_t str
   } else {
     ConvertKernel<T, false><<<Blocks(n), kThreads, 0, stream>>>(in, n, out);
   }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ConvertToF32(const T* in, int64_t n, float* out, cudaStream_t stream) {
+  if (n < 0) return Invalid("ConvertToF32", "n must be >= 0, got ", n);
+  if (n == 0) return absl::OkStatus();
+  if (in == nullptr || out == nullptr) return Invalid("ConvertToF32", "null in or out");
+  WidenKernel<T><<<Blocks(n), kThreads, 0, stream>>>(in, n, out);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -149,6 +168,9 @@ absl::Status AddBias(T* x, const TBias* bias, int64_t rows, int64_t cols, cudaSt
 template absl::Status ConvertFromF32<__nv_bfloat16>(const float*, int64_t, __nv_bfloat16*,
                                                     cudaStream_t);
 template absl::Status ConvertFromF32<__half>(const float*, int64_t, __half*, cudaStream_t);
+template absl::Status ConvertToF32<__nv_bfloat16>(const __nv_bfloat16*, int64_t, float*,
+                                                  cudaStream_t);
+template absl::Status ConvertToF32<__half>(const __half*, int64_t, float*, cudaStream_t);
 #define TANDEM_CONVERT_CUDA_INSTANTIATE(T)                                            \
   template absl::Status GatherRows<T>(const T*, int64_t, const int32_t*, int64_t, T*, \
                                       cudaStream_t);                                  \

@@ -1,4 +1,4 @@
-// Small element-wise and copy ops around the GEMMs: fp32 -> bf16/fp16 conversion, row gather
+// Small element-wise and copy ops around the GEMMs: fp32 <-> bf16/fp16 conversion, row gather
 // (e.g. the last token of each request before the lm_head) and a broadcast bias add.
 //
 // Every op is asynchronous on `stream`, graph-capturable (no allocation, no synchronization),
@@ -22,6 +22,11 @@ namespace tandem::kernels::cuda {
 // IEEE semantics: overflow rounds to +-inf, NaN stays NaN, subnormals are kept (no flush).
 template <typename T>
 absl::Status ConvertFromF32(const float* in, int64_t n, T* out, cudaStream_t stream);
+
+// out[i] = in[i] widened to fp32 (exact); in: [n] T (__nv_bfloat16 or __half), out: [n] fp32
+// (e.g. bf16 logits of an FP8 lm_head into the fp32 logits the samplers read).
+template <typename T>
+absl::Status ConvertToF32(const T* in, int64_t n, float* out, cudaStream_t stream);
 
 // out[i, :] = in[rows[i], :]. in: [*, row_elems]; rows: [num_rows] int32 (device); out:
 // [num_rows, row_elems], not overlapping in. REQUIRES: every rows[i] indexes a row of in (the
@@ -48,6 +53,9 @@ TANDEM_CONVERT_CUDA_EXTERN(__half)
 extern template absl::Status ConvertFromF32<__nv_bfloat16>(const float*, int64_t, __nv_bfloat16*,
                                                            cudaStream_t);
 extern template absl::Status ConvertFromF32<__half>(const float*, int64_t, __half*, cudaStream_t);
+extern template absl::Status ConvertToF32<__nv_bfloat16>(const __nv_bfloat16*, int64_t, float*,
+                                                         cudaStream_t);
+extern template absl::Status ConvertToF32<__half>(const __half*, int64_t, float*, cudaStream_t);
 extern template absl::Status AddBias<float, __nv_bfloat16>(float*, const __nv_bfloat16*, int64_t,
                                                            int64_t, cudaStream_t);
 extern template absl::Status AddBias<float, __half>(float*, const __half*, int64_t, int64_t,

@@ -1,7 +1,8 @@
 // ConvertFromF32 against a table-based round-to-nearest-even reference (every bf16/fp16 value
 // decoded to fp64, nearest picked with ties to the even bit pattern), bit for bit, over random
 // magnitudes across the whole exponent range, exact midpoints, subnormals, overflow edges and
-// specials. GatherRows bit for bit; AddBias within one rounding of the fp64 sum.
+// specials. ConvertToF32 exact on every bit pattern; GatherRows bit for bit; AddBias within one
+// rounding of the fp64 sum.
 #include "kernels/layers/cuda/convert_cuda.h"
 
 #include <algorithm>
@@ -215,6 +216,37 @@ void CheckGather(std::mt19937& rng, int64_t in_rows, int64_t row_elems, int64_t 
   }
 }
 
+// Every bf16 / fp16 bit pattern widened: the exact value (NaN stays NaN), at an odd offset too.
+template <typename T>
+void CheckWiden(int offset) {
+  std::vector<T> in(offset + 65536);
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint16_t bits = static_cast<uint16_t>(b);
+    std::memcpy(&in[offset + b], &bits, 2);
+  }
+  DeviceBuffer<T> in_d(in);
+  DeviceBuffer<float> out_d(offset + 65536);
+  ASSERT_TRUE(ConvertToF32<T>(in_d.get() + offset, 65536, out_d.get() + offset, nullptr).ok());
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = out_d.ToHost();
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float want = cuda_test::ToF(in[offset + b]);
+    const float g = got[offset + b];
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(g)) << "bits " << b;
+    } else {
+      ASSERT_EQ(std::memcmp(&g, &want, 4), 0) << "bits " << b << ": got " << g << ", want " << want;
+    }
+  }
+}
+
+TEST(ConvertCudaTest, ConvertToF32IsExact) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  CheckWiden<bf16>(0);
+  CheckWiden<bf16>(3);
+  CheckWiden<__half>(1);
+}
+
 TEST(ConvertCudaTest, GatherRowsCopiesRowsAndZeroesPadding) {
   TANDEM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(TestSeed());
@@ -275,6 +307,11 @@ TEST(ConvertCudaTest, RejectsBadArgumentsAndSkipsEmptyWork) {
   EXPECT_EQ(ConvertFromF32<bf16>(nullptr, 4, h.get(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ConvertFromF32<bf16>(nullptr, 0, nullptr, nullptr).ok());
+  EXPECT_EQ(ConvertToF32<bf16>(h.get(), -1, f.get(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertToF32<bf16>(h.get(), 4, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ConvertToF32<bf16>(nullptr, 0, nullptr, nullptr).ok());
   EXPECT_EQ(GatherRows<bf16>(h.get(), -2, ids.get(), 4, h.get(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GatherRows<bf16>(h.get(), 2, nullptr, 4, h.get(), nullptr).code(),
