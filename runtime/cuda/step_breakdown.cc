@@ -67,8 +67,9 @@ std::string KernelClass(std::string_view name, std::string_view previous) {
   }
   if (Has(name, "Fp8W16Kernel") || Has(name, "Fp8W16MmaKernel") || Has(name, "Fp8W16RingKernel")) {
     // Fp8W16[Mma|Ring]Kernel<TOut, R, Fold> (kernels/fp8/fp8_w8a16_gemv_cuda.cu,
-    // fp8_w8a16_ring_cuda.cu): R 2 is gate_up + SiLU.
+    // fp8_w8a16_ring_cuda.cu): R 2 is gate_up + SiLU; TOut float is an FP8 lm_head's logits.
     const std::vector<std::string_view> targs = TemplateArgs(name);
+    if (!targs.empty() && targs[0] == "float") return "fp8 w8a16 gemv lm_head";
     return GemvClass("fp8 w8a16 gemv ", targs.size() >= 2 && targs[1] == "2", previous);
   }
   if (Has(name, "gemm") || Has(name, "Gemm") || Has(name, "cutlass") || Has(name, "xmma") ||

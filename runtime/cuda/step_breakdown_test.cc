@@ -73,7 +73,14 @@ constexpr char kW16RingAddTo[] =
     "__nv_bfloat16, 1, (tandem::kernels::cuda::fp8_w16_internal::Fold)2>(tandem::kernels::cuda::"
     "fp8_w16_internal::Args, int, __nv_bfloat16*)";
 
+constexpr char kW16WideLmHead[] =
+    "void tandem::kernels::cuda::fp8_w16_internal::(anonymous namespace)::Fp8W16MmaKernelWide<"
+    "float, 1, (tandem::kernels::cuda::fp8_w16_internal::Fold)0, false>(tandem::kernels::cuda::"
+    "fp8_w16_internal::Args, float*)";
+
 TEST(StepBreakdownTest, WeightOnlyFp8GemvsFollowTheLayerOrder) {
+  // An FP8 lm_head (fp32 logits) wherever it runs.
+  EXPECT_EQ(KernelClass(kW16WideLmHead, "gather logit rows"), "fp8 w8a16 gemv lm_head");
   EXPECT_EQ(KernelClass(kW16AddTo, "embedding"), "fp8 w8a16 gemv qkv");
   EXPECT_EQ(KernelClass(kW16AddTo, "attention"), "fp8 w8a16 gemv o_proj");
   EXPECT_EQ(KernelClass(kW16GateUp, "fp8 w8a16 gemv o_proj"), "fp8 w8a16 gemv gate_up + silu");

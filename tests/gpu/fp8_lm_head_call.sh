@@ -2,21 +2,20 @@
 # Issue 38's FP8 lm_head (--quantize_lm_head) on one GPU (nvidia-h200), in two device calls:
 #
 #   OUT=DIR tests/gpu/fp8_lm_head_call.sh BUNDLE.tar.xz check   (~5 min)
-#     the GPU tests (cuda_fp8_lm_head_test, convert_cuda_test, cuda_engine_fold_test), the
-#     lm_head cases of fp8_cuda_golden.sh (and its base_bf16 / llama_f32_gqa-fp8 / tiny-dummy-fp8
-#     neighbours), then decode_step_bench Llama-3-8B at batch 1 / 8 / 64 with bf16, FP8 and FP8 +
+#     the GPU tests (cuda_fp8_lm_head_test, convert_cuda_test), then decode_step_bench Llama-3-8B at batch 1 / 8 / 64 with bf16, FP8 and FP8 +
 #     lm_head in one process, batch 1 twice more, a CUPTI trace of FP8 + lm_head at batch 1, and
 #     Llama-3-70B FP8 vs FP8 + lm_head at batch 1;
-#   OUT=DIR tests/gpu/fp8_lm_head_call.sh BUNDLE.tar.xz serve   (~4 min)
-#     Llama-3-8B (dummy weights) served through tandem_router by one mixed CUDA worker, bf16, FP8
+#   OUT=DIR tests/gpu/fp8_lm_head_call.sh BUNDLE.tar.xz serve   (~6 min)
+#     the lm_head cases of fp8_cuda_golden.sh (and its base_bf16 / llama_f32_gqa-fp8 /
+#     tiny-dummy-fp8 neighbours: FP8 with a 16-bit head), then Llama-3-8B (dummy weights) served through tandem_router by one mixed CUDA worker, bf16, FP8
 #     and FP8 + lm_head one after the other: tandem_bench 1024 in / 256 out at concurrency 1 (8
 #     requests), Poisson 2 requests/s (32) and concurrency 64 (128); one summary line per run.
 #
 # BUNDLE.tar.xz: a tar of directory gb/ made by tests/gpu/bundle.sh gb
 # //runtime/cuda:cuda_fp8_lm_head_test //kernels/layers/cuda:convert_cuda_test
-# //runtime/cuda:cuda_engine_fold_test tool//runtime/cuda:decode_step_bench tool//runtime:generate
-# tool//runtime:tandem_worker tool//router:tandem_router tool//router:tandem_cli
-# tool//tests/bench:tandem_bench, xz-compressed. Logs in $OUT/logs.tgz.
+# tool//runtime/cuda:decode_step_bench tool//runtime:generate tool//runtime:tandem_worker
+# tool//router:tandem_router tool//router:tandem_cli tool//tests/bench:tandem_bench, binaries
+# stripped, xz-compressed (the carried tree stays under 64 MiB). Logs in $OUT/logs.tgz.
 set -u
 cd "$(dirname "$0")/../.."
 mkdir -p /tmp/b && tar -xJf "${1:?bundle .tar.xz}" -C /tmp/b
@@ -28,15 +27,10 @@ mkdir -p "$L"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 
 if [[ ${2:?check or serve} == check ]]; then
-  for t in runtime/cuda/cuda_fp8_lm_head_test kernels/layers/cuda/convert_cuda_test \
-    runtime/cuda/cuda_engine_fold_test; do
+  for t in runtime/cuda/cuda_fp8_lm_head_test kernels/layers/cuda/convert_cuda_test; do
     timeout 300 "$BIN/$t" > "$L/$(basename $t).log" 2>&1
     echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/$(basename $t).log" | tr '\n' ' ')"
   done
-  ONLY='lm_head|^base_bf16$|^llama_f32_gqa-fp8$|^tiny-dummy-fp8$' timeout 400 \
-    tests/gpu/fp8_cuda_golden.sh "$B" "$L/golden" > "$L/golden.log" 2>&1
-  echo "fp8_cuda_golden rc=$?: $(tail -n 1 "$L/golden.log")"
-  grep -E "^(PASS|FAIL)|failures" "$L/golden.log" | head -20
   DSB=$BIN/runtime/cuda/decode_step_bench
   timeout 240 "$DSB" --shape=8b --batches=1,8,64 --context=1024 --steps=48 \
     --quantization=none,fp8,fp8_lm_head > "$L/dsb8b.log" 2>&1
@@ -57,6 +51,10 @@ if [[ ${2:?check or serve} == check ]]; then
   echo "70b rc=$?"
   grep -E "shapes|^ *1 " "$L/dsb70b.log" | head -12
 else
+  ONLY='lm_head|^base_bf16$|^llama_f32_gqa-fp8$|^tiny-dummy-fp8$' timeout 300 \
+    tests/gpu/fp8_cuda_golden.sh "$B" "$L/golden" > "$L/golden.log" 2>&1
+  echo "fp8_cuda_golden rc=$?: $(tail -n 1 "$L/golden.log")"
+  grep -E "^(PASS|FAIL)|failures" "$L/golden.log" | head -20
   source tests/gpu/serve_lib.sh
   serve() {  # TAG QUANT_FLAGS...
     local tag=$1 dir=$L/$1 router

@@ -222,7 +222,7 @@ void CheckWiden(int offset) {
   std::vector<T> in(offset + 65536);
   for (uint32_t b = 0; b < 65536; ++b) {
     const uint16_t bits = static_cast<uint16_t>(b);
-    std::memcpy(&in[offset + b], &bits, 2);
+    std::memcpy(static_cast<void*>(&in[offset + b]), &bits, 2);
   }
   DeviceBuffer<T> in_d(in);
   DeviceBuffer<float> out_d(offset + 65536);
