@@ -178,7 +178,7 @@ TEST(CudaEngineTest, DecodeKernelMergesItsSplitsAsTheMergeKernelDoes) {
   in_kernel.gemm_autotune = false;
   in_kernel.use_prefill_kernel = false;
   in_kernel.decode_merge_in_kernel = true;
-  in_kernel.decode_cluster_merge = false;  // (the default) it would replace both merges
+  in_kernel.decode_cluster_merge = false;  // (16-bit weights' default) it would replace both
   CudaBackendConfig separate = in_kernel;
   separate.decode_merge_in_kernel = false;
   const auto [in_kernel_stats, separate_stats] =

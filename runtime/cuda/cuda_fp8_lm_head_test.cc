@@ -5,7 +5,8 @@
 // the CPU multiplies the dequantized weights exactly as the GPU kernels do up to summation order
 // and bf16 logits (cosine >= 0.9999); with per-token activations the GPU's batch-1 products stay
 // weight-only where the CPU's quantize (cosine >= 0.99). A 16-bit head gives other logits. The
-// device dummy draw (untied and tied heads) computes what the host draw uploaded computes.
+// device dummy draw (untied and tied heads) computes what the host draw uploaded computes. The
+// decode split merge defaults to the cluster form for FP8 weights only.
 #include <random>
 #include <utility>
 #include <vector>
@@ -70,6 +71,32 @@ TEST(CudaFp8LmHeadTest, AgreesWithTheCpuEngineAloneAndBatched) {
       EXPECT_GE(Cosine(alone[p].logits, cpu[p].logits), bound);
       EXPECT_GE(Cosine(batched[p].logits, cpu[p].logits), bound);
       EXPECT_NE(alone[p].logits, other[p].logits) << "the 16-bit head's logits";
+    }
+  }
+}
+
+// CudaBackendConfig::decode_cluster_merge unset: the cluster merge for FP8 weights (with or
+// without an FP8 head), the merge kernel for 16-bit ones.
+TEST(CudaFp8LmHeadTest, ClusterMergeByDefaultForFp8Weights) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const ModelConfig plain = engine_test::MidConfig();
+  const auto prompts = RandomPrompts(4, 600, static_cast<int>(plain.vocab_size), 29);
+  CudaBackendConfig backend = MidBackend();
+  backend.gemm_autotune = false;
+  ASSERT_FALSE(backend.decode_cluster_merge.has_value());
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  for (const ModelConfig& model : {HeadConfig(Scheme::kDynamicToken),
+                                   HeadConfig(Scheme::kDynamicToken, false), plain}) {
+    SCOPED_TRACE(model.quantization.Describe());
+    ExecutorStats stats;
+    ModelWeights w = RandomModelWeights(model, 3);
+    ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+    RunPrompts(model, std::move(w), prompts, 8, &factory, true, &stats);
+    EXPECT_GT(stats.graph_steps, 0);
+    if (model.quantization.IsFp8()) {
+      EXPECT_GT(stats.split_merge_cluster_steps, 0);
+    } else {
+      EXPECT_EQ(stats.split_merge_cluster_steps, 0);
     }
   }
 }

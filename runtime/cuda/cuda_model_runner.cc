@@ -488,7 +488,8 @@ absl::StatusOr<StepAttentionPlan> CudaModelRunner::Plan(int64_t num_seqs, int64_
   in.num_sms = num_sms_;
   in.workspace_zeroed = config_.decode_merge_in_kernel;  // decode_workspace_
   in.programmatic_launch = config_.programmatic_launch && config_.decode_attention_pdl;
-  in.cluster_merge = DecodeClusterMergeFromEnv().value_or(config_.decode_cluster_merge);
+  in.cluster_merge = DecodeClusterMergeFromEnv().value_or(
+      config_.decode_cluster_merge.value_or(m.quantization.IsFp8()));
   ASSIGN_OR_RETURN(plan.decode, kc::PlanPagedAttention(in));
   return plan;
 }

@@ -110,11 +110,14 @@ struct CudaBackendConfig {
   // The decode kernel's split CTAs of one (request, kv head) form a thread-block cluster and
   // merge their splits through distributed shared memory (PagedAttentionPlanInput::
   // cluster_merge; taken where valid and every cluster fits in one wave, else the merge above).
-  // Bit-identical to both merges. Off by default: Llama-3-8B FP8 batch-1 steps gain 1-2% at 1k -
-  // 16k, bf16 ones gain nothing and lose 1% at 16k (the clusters pack up to 4 CTAs an SM; the
-  // kernel alone is 24% slower at 1 x 16k; kernels/attention/cuda/BENCHMARKS.md, sixteenth
-  // session). TANDEM_DECODE_CLUSTER_MERGE=1 / 0 overrides it.
-  bool decode_cluster_merge = false;
+  // Bit-identical to both merges. Unset (the default): on for models with FP8 weights, off for
+  // 16-bit ones. On an H200 Llama-3-8B FP8 batch-1 steps gained 1-2% at 1k - 16k (sixteenth
+  // session) and 0.6-3% (thirty-third, with and without an FP8 lm_head: 2.544 -> 2.471 ms at 1k),
+  // bf16 ones gained nothing and lost 0.5-1% at 4k / 16k (the clusters pack up to 4 CTAs an SM;
+  // the kernel alone is 24% slower at 1 x 16k; kernels/attention/cuda/BENCHMARKS.md, sixteenth
+  // session; kernels/fp8/BENCHMARKS.md, thirty-third). TANDEM_DECODE_CLUSTER_MERGE=1 / 0
+  // overrides it.
+  std::optional<bool> decode_cluster_merge;
   // Decode batch sizes captured as graphs (sorted, capped at max_num_seqs). Empty: the default
   // 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256.
   std::vector<int64_t> graph_batch_sizes;
