@@ -51,6 +51,10 @@ if [[ ${2:?check or serve} == check ]]; then
   echo "70b rc=$?"
   grep -E "shapes|^ *1 " "$L/dsb70b.log" | head -12
 else
+  if [[ -x $BIN/runtime/cuda/cuda_fp8_lm_head_test ]]; then  # when the bundle carries it
+    timeout 120 "$BIN/runtime/cuda/cuda_fp8_lm_head_test" > "$L/cuda_fp8_lm_head_test.log" 2>&1
+    echo "cuda_fp8_lm_head_test rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/cuda_fp8_lm_head_test.log" | tr '\n' ' ')"
+  fi
   ONLY='lm_head|^base_bf16$|^llama_f32_gqa-fp8$|^tiny-dummy-fp8$' timeout 300 \
     tests/gpu/fp8_cuda_golden.sh "$B" "$L/golden" > "$L/golden.log" 2>&1
   echo "fp8_cuda_golden rc=$?: $(tail -n 1 "$L/golden.log")"
