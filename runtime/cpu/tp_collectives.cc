@@ -71,9 +71,9 @@ absl::Status VocabParallelLogits(const float* hidden, int64_t H,
       return absl::OkStatus();
     }
     if (lm_head_fp8->grid.cols != H || lm_head_fp8->grid.rows != rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FP8 lm_head [", lm_head_fp8->grid.rows, ", ", lm_head_fp8->grid.cols, "], expected [",
-          rows, ", ", H, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("FP8 lm_head [", lm_head_fp8->grid.rows, ", ",
+                                                     lm_head_fp8->grid.cols, "], expected [", rows,
+                                                     ", ", H, "]"));
     }
     return kernels::cpu::Fp8Linear(last, *lm_head_fp8, nullptr, R, out, pool);
   };

@@ -85,8 +85,8 @@ TEST(CudaFp8LmHeadTest, ClusterMergeByDefaultForFp8Weights) {
   backend.gemm_autotune = false;
   ASSERT_FALSE(backend.decode_cluster_merge.has_value());
   const ExecutorFactory factory = CudaExecutorFactory(backend);
-  for (const ModelConfig& model : {HeadConfig(Scheme::kDynamicToken),
-                                   HeadConfig(Scheme::kDynamicToken, false), plain}) {
+  for (const ModelConfig& model :
+       {HeadConfig(Scheme::kDynamicToken), HeadConfig(Scheme::kDynamicToken, false), plain}) {
     SCOPED_TRACE(model.quantization.Describe());
     ExecutorStats stats;
     ModelWeights w = RandomModelWeights(model, 3);

@@ -174,8 +174,8 @@ absl::Status CudaLlamaModel::Upload(ModelWeights w, cudaStream_t stream) {
   ASSIGN_OR_RETURN(norm_, UploadTensor(&w.norm, dt, &staging, "norm", stream));
   ASSIGN_OR_RETURN(lm_head_, UploadTensor(&w.lm_head, dt, &staging, "lm_head", stream));
   if (head_fp8) {
-    ASSIGN_OR_RETURN(lm_head_fp8_, UploadFp8Weight(&w.lm_head_fp8, P, H, options_.max_tokens,
-                                                   "lm_head"));
+    ASSIGN_OR_RETURN(lm_head_fp8_,
+                     UploadFp8Weight(&w.lm_head_fp8, P, H, options_.max_tokens, "lm_head"));
   }
   layers_.resize(w.layers.size());
   const bool fp8 = config_.quantization.IsFp8();

@@ -4,7 +4,8 @@
 // sampling), not a kernel.
 //
 //   decode_step_bench [--shape=8b|70b|PRESET] [--batches=1,64] [--context=1024] [--steps=64]
-//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1] [--quantization=none,fp8,fp8_lm_head]
+//                     [--graphs=1] [--pdl=1] [--tp=N] [--custom_ar=1]
+//                     [--quantization=none,fp8,fp8_lm_head]
 //                     [--ep=1] [--dp_attention=1] [--async_scheduling=0,1]
 //
 // --ep=1 (MoE shapes, --tp=N): expert parallelism over the TP ranks (EP a: experts whole on the
@@ -304,8 +305,7 @@ int Main(int argc, char** argv) {
   for (const auto& [quant, async] : runs) {
     config.async_scheduling = async;
     const bool online = quant == "fp8" || quant == "fp8_lm_head";
-    if ((!online && quant != "none") ||
-        (online && (model.IsMla() || model.quantization.IsFp8()))) {
+    if ((!online && quant != "none") || (online && (model.IsMla() || model.quantization.IsFp8()))) {
       std::fprintf(stderr,
                    "--quantization takes none (the shape's own weights), fp8 and fp8_lm_head "
                    "(Llama-family 16-bit shapes), got '%s'\n",

@@ -548,8 +548,8 @@ absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights)
   std::vector<float>& src = weights->lm_head.empty() ? weights->embed_tokens : weights->lm_head;
   const int64_t h = config.hidden_size, size = static_cast<int64_t>(src.size());
   if (h <= 0 || size == 0 || size % h != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FP8 lm_head at load: ", size, " head elements are not rows of ", h));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FP8 lm_head at load: ", size, " head elements are not rows of ", h));
   }
   QuantizeSlot(q, src.data(), size / h, h, {0}, &weights->lm_head_fp8);
   std::vector<float>().swap(weights->lm_head);

@@ -81,7 +81,8 @@ PromptRun RunHeadModel(const Reference& ref, bool weight_only) {
   if (weight_only) {
     w.lm_head_fp8.activation = kernels::Fp8ActivationScheme::kNone;
     for (LayerWeights& layer : w.layers) {
-      for (Fp8LinearWeight* fp8 : {&layer.qkv_fp8, &layer.o_fp8, &layer.gate_up_fp8, &layer.down_fp8}) {
+      for (Fp8LinearWeight* fp8 :
+           {&layer.qkv_fp8, &layer.o_fp8, &layer.gate_up_fp8, &layer.down_fp8}) {
         fp8->activation = kernels::Fp8ActivationScheme::kNone;
       }
     }
