@@ -48,8 +48,8 @@ ABSL_FLAG(std::string, quantization, "",
           "fp8: quantize the linear layers of a 16/32-bit checkpoint to FP8 at load (per-channel "
           "weights, dynamic per-token activations); empty: as the checkpoint says");
 ABSL_FLAG(bool, quantize_lm_head, false,
-          "with --quantization=fp8: lm_head to FP8 too (per-row scales; faster batch-1 decode, "
-          "logits less exact; Llama-family models)");
+          "lm_head to FP8 too (per-row scales, per-token activations), with --quantization=fp8 "
+          "or on an FP8 checkpoint: faster batch-1 decode, logits less exact; Llama family");
 ABSL_FLAG(std::string, prompt_ids, "", "prompts as token ids: '1,2,3;4,5,6'");
 ABSL_FLAG(int64_t, max_tokens, 16, "tokens to generate per prompt");
 ABSL_FLAG(double, temperature, 0.0, "0 = greedy");

@@ -35,8 +35,8 @@ absl::Status CudaLlamaModel::AllocateWeights(cudaStream_t stream) {
   RETURN_IF_ERROR(alloc(&embed_tokens_, vocab_rows_ * H, "embed"));
   RETURN_IF_ERROR(alloc(&norm_, H, "norm"));
   if (config_.quantization.lm_head) {  // drawn from lm_head's fills, or the embedding's if tied
-    ASSIGN_OR_RETURN(lm_head_fp8_, AllocateFp8DummyWeight(config_.quantization, vocab_rows_, H,
-                                                          options_.max_tokens));
+    ASSIGN_OR_RETURN(lm_head_fp8_, AllocateFp8DummyWeight(LmHeadFp8Scheme(config_.quantization),
+                                                          vocab_rows_, H, options_.max_tokens));
     weight_bytes_ += lm_head_fp8_.bytes();
   } else if (!config_.tie_word_embeddings) {
     RETURN_IF_ERROR(alloc(&lm_head_, vocab_rows_ * H, "lm_head"));

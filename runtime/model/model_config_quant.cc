@@ -67,8 +67,8 @@ int64_t ModelConfig::DeviceWeightBytes() const {
     fp8(2 * i, h);
     fp8(h, i);
   }
-  if (quantization.lm_head) {  // a tied head's copy adds to the embedding's bytes
-    const int64_t head = Fp8ProjectionBytes(quantization, vocab_size, h);
+  if (quantization.lm_head) {  // a scale a row; a tied head's copy adds to the embedding's bytes
+    const int64_t head = vocab_size * h + 4 * vocab_size;
     saved += tie_word_embeddings ? -head : 2 * vocab_size * h - head;
   }
   return bytes16 - saved;

@@ -16,16 +16,35 @@ namespace {
 
 absl::StatusOr<LoadedModel> LoadUnquantized(const ModelSource& source);
 
+// --quantize_lm_head's models: not MLA (their head stays 16-bit).
+absl::Status CheckLmHeadModel(const ModelConfig& config) {
+  if (!config.IsMla()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--quantize_lm_head: ", config.architecture,
+      " (multi-head latent attention) keeps lm_head 16-bit; it is supported for Llama-family "
+      "models"));
+}
+
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
-  const bool fp8 = source.quantization == "fp8";
-  if (source.quantize_lm_head && !fp8) {
-    return absl::InvalidArgumentError(
-        "--quantize_lm_head quantizes lm_head with the rest: it needs --quantization=fp8");
-  }
   if (source.quantization.empty() || source.quantization == "none") {
-    return LoadUnquantized(source);
+    ASSIGN_OR_RETURN(LoadedModel out, LoadUnquantized(source));
+    if (!source.quantize_lm_head) return out;
+    // An FP8 checkpoint's head, quantized at load like the online one's.
+    if (!out.config.quantization.FromCheckpoint()) {
+      return absl::InvalidArgumentError(
+          "--quantize_lm_head quantizes lm_head with FP8 weights: it needs --quantization=fp8 or "
+          "an FP8 checkpoint");
+    }
+    RETURN_IF_ERROR(CheckLmHeadModel(out.config));
+    out.config.quantization.lm_head = true;
+    out.local_config.quantization.lm_head = true;
+    if (!source.dummy_weights_on_backend) {
+      RETURN_IF_ERROR(QuantizeLmHeadFp8(out.local_config, &out.weights));
+    }
+    out.model_id += ":lm_head_fp8";
+    return out;
   }
   if (source.quantization != "fp8") {
     return absl::InvalidArgumentError(
@@ -37,12 +56,7 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source) {
         absl::StrCat("--quantization=fp8: the checkpoint is quantized already (",
                      out.config.quantization.Describe(), "); drop the flag"));
   }
-  if (source.quantize_lm_head && out.config.IsMla()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--quantize_lm_head: ", out.config.architecture,
-        " (multi-head latent attention) keeps lm_head 16-bit; it is supported for Llama-family "
-        "models"));
-  }
+  if (source.quantize_lm_head) RETURN_IF_ERROR(CheckLmHeadModel(out.config));
   WeightQuantization online;
   online.method = WeightQuantization::Method::kOnlineFp8;
   online.block_rows = 1;

@@ -28,8 +28,9 @@ struct ModelSource {
   // weight scales, dynamic per-token activations; model_id gains ":fp8", so workers of different
   // weight quantization do not pair); "" or "none": as the checkpoint says.
   std::string quantization;
-  // With quantization "fp8": lm_head too (per-row scales; WeightQuantization::lm_head), model_id
-  // ":fp8+lm_head". Llama-family models only.
+  // lm_head in FP8 too (per-row scales, dynamic per-token activations;
+  // WeightQuantization::lm_head): with quantization "fp8" (model_id ":fp8+lm_head") or on an FP8
+  // checkpoint (":lm_head_fp8"). Llama-family models only.
   bool quantize_lm_head = false;
   // Load only this tensor-parallel rank's part of the weights (tensor_parallel.h).
   TpShard shard;
@@ -45,8 +46,8 @@ struct LoadedModel {
 };
 
 // INVALID_ARGUMENT for a bad format or quantization, missing --model, --quantization=fp8 on a
-// checkpoint that is quantized already, or quantize_lm_head without it or on an MLA model;
-// loader errors otherwise.
+// checkpoint that is quantized already, or quantize_lm_head without FP8 weights or on an MLA
+// model; loader errors otherwise.
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source);
 
 }  // namespace tandem::runtime

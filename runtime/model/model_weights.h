@@ -171,11 +171,14 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
 // where each tensor's rows start in its fused slot; without them each slot is one tensor.
 // INVALID_ARGUMENT for a static activation scheme (needs calibration).
 absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights);
-// The lm_head part of it (config.quantization.lm_head; QuantizeWeightsFp8 calls it last): the
-// head's rows (embed_tokens' when tied) quantized per row into lm_head_fp8 with the config's
-// activation scheme, lm_head freed; nothing when lm_head_fp8 is filled already or the config
-// keeps lm_head 16-bit. INVALID_ARGUMENT for block-scaled configs.
+// The lm_head part of it (config.quantization.lm_head; QuantizeWeightsFp8 calls it last, and
+// LoadModel on an FP8 checkpoint): the head's rows (embed_tokens' when tied) quantized into
+// lm_head_fp8 as LmHeadFp8Scheme says, lm_head freed; nothing when lm_head_fp8 is filled already
+// or the config keeps lm_head 16-bit.
 absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights);
+// An FP8 lm_head's scheme under the model's `q`, whatever the projections': a scale a row,
+// dynamic per-token activations (no calibrated input scale exists for it).
+WeightQuantization LmHeadFp8Scheme(const WeightQuantization& q);
 // The scale grid QuantizeWeightsFp8 gives an [n, k] weight in memory: per-row scales over groups
 // of 128 columns when q.block_cols > 0 (a 128 x 128 tile's rows each hold its scale, as the
 // loader holds a block checkpoint's), else over the whole row.

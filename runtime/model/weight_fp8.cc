@@ -537,13 +537,16 @@ absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights
   return QuantizeLmHeadFp8(config, weights);
 }
 
+WeightQuantization LmHeadFp8Scheme(const WeightQuantization& q) {
+  WeightQuantization head = q;
+  head.block_rows = 1;
+  head.block_cols = 0;
+  head.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  return head;
+}
+
 absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights) {
-  const WeightQuantization& q = config.quantization;
-  if (!q.lm_head || !weights->lm_head_fp8.empty()) return absl::OkStatus();
-  if (q.block_cols > 0 || q.block_rows != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an FP8 lm_head takes per-channel scales (--quantization=fp8), not ", q.Describe()));
-  }
+  if (!config.quantization.lm_head || !weights->lm_head_fp8.empty()) return absl::OkStatus();
   // Untied: the head's own rows, freed after; tied: a copy of the embedding's.
   std::vector<float>& src = weights->lm_head.empty() ? weights->embed_tokens : weights->lm_head;
   const int64_t h = config.hidden_size, size = static_cast<int64_t>(src.size());
@@ -551,7 +554,8 @@ absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights)
     return absl::InvalidArgumentError(
         absl::StrCat("FP8 lm_head at load: ", size, " head elements are not rows of ", h));
   }
-  QuantizeSlot(q, src.data(), size / h, h, {0}, &weights->lm_head_fp8);
+  QuantizeSlot(LmHeadFp8Scheme(config.quantization), src.data(), size / h, h, {0},
+               &weights->lm_head_fp8);
   std::vector<float>().swap(weights->lm_head);
   return absl::OkStatus();
 }

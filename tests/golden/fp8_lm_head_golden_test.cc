@@ -1,16 +1,18 @@
-// --quantization=fp8 --quantize_lm_head (ModelSource::quantize_lm_head): lm_head in e4m3 with a
-// scale a vocabulary row, multiplied as the projections are (dynamic per-token activations on the
-// CPU), against transformers on fixtures_fp8/base_bf16 (make_golden_fp8.py's
-// expected_lm_head.json: the per-channel weights, lm_head's too, dequantized; and the same with
-// every Linear's input, lm_head's included, quantized per token):
+// --quantize_lm_head (ModelSource::quantize_lm_head): lm_head in e4m3 with a scale a vocabulary
+// row, its input quantized per token (LmHeadFp8Scheme), with --quantization=fp8 on
+// fixtures_fp8/base_bf16 and on each FP8 checkpoint format (DeepSeek blocks, compressed-tensors
+// per-channel dynamic / per-tensor static, modelopt), against transformers
+// (make_golden_fp8.py's expected_lm_head.json: the format's weights and lm_head per-channel,
+// dequantized; and the same with every Linear's input quantized as the format says, lm_head's
+// per token):
 //   * activations left unquantized: logits within 1e-4 * max|logit| of the dequantized reference
 //     and the first greedy token equal; that reference differs from expected.json's (lm_head
 //     16-bit) by far more, so a head left 16-bit cannot pass;
 //   * as the scheme says: cosine >= 0.995 to the activation-quantizing reference, first tokens
 //     equal where its top-2 gap is >= 1% of max|logit|.
 // Also: the codes are kernels::QuantizeWeight's of the 16-bit head per row (a tied head's from
-// the embedding, which stays); a TP rank's rows are the whole head's; the flag without
-// --quantization=fp8 and on an MLA model is refused by name.
+// the embedding, which stays); a TP rank's rows are the whole head's; the flag without FP8
+// weights and on an MLA model is refused by name.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,7 +34,6 @@
 namespace tandem::runtime {
 namespace {
 
-constexpr char kBase[] = "tests/golden/fixtures_fp8/base_bf16";
 constexpr float kGapFraction = 0.01f;
 constexpr double kCosineActQuant = 0.995;
 
@@ -47,8 +48,10 @@ struct Reference {
   std::vector<int32_t> first, aq_first;
 };
 
-Reference LoadReference(const std::string& file) {
-  std::ifstream in(std::string(kBase) + "/" + file);
+constexpr char kFixtures[] = "tests/golden/fixtures_fp8/";
+
+Reference LoadReference(const std::string& format, const std::string& file) {
+  std::ifstream in(kFixtures + format + "/" + file);
   EXPECT_TRUE(in.good()) << file;
   const nlohmann::json j = nlohmann::json::parse(in);
   Reference r;
@@ -61,18 +64,19 @@ Reference LoadReference(const std::string& file) {
   return r;
 }
 
-ModelSource HeadSource(const std::string& dir = kBase) {
+// The format's model with --quantize_lm_head (base_bf16: with --quantization=fp8).
+ModelSource HeadSource(const std::string& format = "base_bf16") {
   ModelSource source;
-  source.model_dir = dir;
-  source.quantization = "fp8";
+  source.model_dir = kFixtures + format;
+  if (format == "base_bf16") source.quantization = "fp8";
   source.quantize_lm_head = true;
   return source;
 }
 
 // All prompts through a CPU engine; `weight_only`: every FP8 weight (lm_head's too) multiplies
 // the activations unquantized.
-PromptRun RunHeadModel(const Reference& ref, bool weight_only) {
-  absl::StatusOr<LoadedModel> model = LoadModel(HeadSource());
+PromptRun RunHeadModel(const std::string& format, const Reference& ref, bool weight_only) {
+  absl::StatusOr<LoadedModel> model = LoadModel(HeadSource(format));
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return EmptyPromptRun(ref.prompts.size());
   ModelWeights& w = model->weights;
@@ -93,10 +97,13 @@ PromptRun RunHeadModel(const Reference& ref, bool weight_only) {
   return RunPromptsOnce(**engine, ref.prompts);
 }
 
-TEST(Fp8LmHeadTest, WeightsAloneMatchTransformersToF32Rounding) {
-  const Reference ref = LoadReference("expected_lm_head.json");
-  const Reference head16 = LoadReference("expected.json");  // lm_head left 16-bit
-  const PromptRun run = RunHeadModel(ref, /*weight_only=*/true);
+class Fp8LmHeadGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fp8LmHeadGoldenTest, WeightsAloneMatchTransformersToF32Rounding) {
+  const std::string format = GetParam();
+  const Reference ref = LoadReference(format, "expected_lm_head.json");
+  const Reference head16 = LoadReference(format, "expected.json");  // lm_head left 16-bit
+  const PromptRun run = RunHeadModel(format, ref, /*weight_only=*/true);
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     SCOPED_TRACE("prompt " + std::to_string(i));
     ASSERT_EQ(run.logits[i].size(), ref.logits[i].size());
@@ -112,9 +119,10 @@ TEST(Fp8LmHeadTest, WeightsAloneMatchTransformersToF32Rounding) {
   }
 }
 
-TEST(Fp8LmHeadTest, SchemeMatchesTransformers) {
-  const Reference ref = LoadReference("expected_lm_head.json");
-  const PromptRun run = RunHeadModel(ref, /*weight_only=*/false);
+TEST_P(Fp8LmHeadGoldenTest, SchemeMatchesTransformers) {
+  const std::string format = GetParam();
+  const Reference ref = LoadReference(format, "expected_lm_head.json");
+  const PromptRun run = RunHeadModel(format, ref, /*weight_only=*/false);
   int checked = 0;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     SCOPED_TRACE("prompt " + std::to_string(i));
@@ -127,17 +135,52 @@ TEST(Fp8LmHeadTest, SchemeMatchesTransformers) {
       EXPECT_EQ(run.first[i], ref.aq_first[i]) << "reference gap/max " << gap;
       ++checked;
     }
-    std::printf("prompt %zu: cosine %.6f, gap/max %.4f, token %d vs %d\n", i, cosine, gap,
-                run.first[i], ref.aq_first[i]);
+    std::printf("%s prompt %zu: cosine %.6f, gap/max %.4f, token %d vs %d\n", format.c_str(), i,
+                cosine, gap, run.first[i], ref.aq_first[i]);
   }
   EXPECT_GE(checked, 3) << "too few prompts with a clear greedy token";
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8LmHeadGoldenTest,
+                         ::testing::Values("base_bf16", "fp8_block", "ct_channel_dynamic",
+                                           "ct_tensor_static", "modelopt"));
+
+// An FP8 checkpoint's head: per row and per token whatever the projections' scheme (here 128 x
+// 128 blocks with 1 x 128 groups, and static per-tensor), the model another one for pairing.
+TEST(Fp8LmHeadTest, CheckpointHeadsArePerRowPerToken) {
+  for (const char* format : {"fp8_block", "ct_tensor_static"}) {
+    SCOPED_TRACE(format);
+    ModelSource plain;
+    plain.model_dir = std::string(kFixtures) + format;
+    absl::StatusOr<LoadedModel> head16 = LoadModel(plain);
+    absl::StatusOr<LoadedModel> head8 = LoadModel(HeadSource(format));
+    ASSERT_TRUE(head16.ok() && head8.ok()) << head16.status() << head8.status();
+    EXPECT_EQ(head8->model_id, head16->model_id + ":lm_head_fp8");
+    EXPECT_EQ(head8->config.quantization.Describe(),
+              head16->config.quantization.Describe() + "; lm_head FP8 (per-channel)");
+    const Fp8LinearWeight& head = head8->weights.lm_head_fp8;
+    const int64_t V = head16->config.vocab_size, H = head16->config.hidden_size;
+    EXPECT_EQ(head.grid.rows, V);
+    EXPECT_EQ(head.grid.block_rows, 1);
+    EXPECT_EQ(head.grid.block_cols, H);
+    EXPECT_EQ(head.activation, kernels::Fp8ActivationScheme::kDynamicToken);
+    std::vector<uint8_t> codes(V * H);
+    std::vector<float> scales(V);
+    kernels::QuantizeWeight(head16->weights.lm_head.data(), {V, H, 1, H}, codes.data(),
+                            scales.data());
+    EXPECT_EQ(head.codes, codes);
+    EXPECT_EQ(head.scales, scales);
+    EXPECT_TRUE(head8->weights.lm_head.empty());
+    // The projections keep the checkpoint's codes.
+    EXPECT_EQ(head8->weights.layers[1].qkv_fp8.codes, head16->weights.layers[1].qkv_fp8.codes);
+  }
 }
 
 // The head's codes and scales are QuantizeWeight's per row of the 16-bit head; the config says
 // so; the model is another model for pairing; a TP rank holds the whole head's rows.
 TEST(Fp8LmHeadTest, CodesAreThePerRowQuantizationOfTheHead) {
   ModelSource plain;
-  plain.model_dir = kBase;
+  plain.model_dir = std::string(kFixtures) + "base_bf16";
   absl::StatusOr<LoadedModel> bf16 = LoadModel(plain);
   absl::StatusOr<LoadedModel> fp8 = LoadModel(HeadSource());
   ASSERT_TRUE(bf16.ok() && fp8.ok()) << bf16.status() << fp8.status();
@@ -215,10 +258,11 @@ TEST(Fp8LmHeadTest, TiedHeadQuantizesACopyOfTheEmbedding) {
 
 TEST(Fp8LmHeadTest, RefusedWithoutFp8AndOnMla) {
   ModelSource alone;
-  alone.model_dir = kBase;
+  alone.model_dir = std::string(kFixtures) + "base_bf16";
   alone.quantize_lm_head = true;
   EXPECT_EQ(LoadModel(alone).status().message(),
-            "--quantize_lm_head quantizes lm_head with the rest: it needs --quantization=fp8");
+            "--quantize_lm_head quantizes lm_head with FP8 weights: it needs --quantization=fp8 "
+            "or an FP8 checkpoint");
   ModelSource mla;
   mla.load_format = "dummy";
   mla.dummy_config = "tiny-mla";

@@ -72,7 +72,7 @@ expect_fail "tp=2 cuts a 128x128 block" "tp=2 cuts the 128x128 FP8 scale blocks"
   --model="$FIXTURES/fp8_block" --prompt_ids="5,6" --max_tokens=1 --tp=2
 expect_fail "--quantization=fp8 on an FP8 checkpoint" "the checkpoint is quantized already" \
   --model="$FIXTURES/modelopt" --prompt_ids="5,6" --max_tokens=1 --quantization=fp8
-expect_fail "--quantize_lm_head alone" "it needs --quantization=fp8" \
+expect_fail "--quantize_lm_head without FP8 weights" "it needs --quantization=fp8 or an FP8 checkpoint" \
   --model="$FIXTURES/base_bf16" --prompt_ids="5,6" --max_tokens=1 --quantize_lm_head
 expect_fail "--quantization=int4" "--quantization must be fp8 or none" \
   --model="$FIXTURES/base_bf16" --prompt_ids="5,6" --max_tokens=1 --quantization=int4

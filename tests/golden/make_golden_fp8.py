@@ -18,9 +18,10 @@ Formats (OUT/fp8/<name>/: config.json, generation_config.json, model.safetensors
 expected.json holds two references: transformers on the dequantized weights alone
 (last_prompt_logits, ...), and the same with every decoder Linear's input quantized as the scheme
 says (forward pre-hooks: dynamic per-token, dynamic 1x128 groups, or the static input_scale;
-last_prompt_logits_act_quant, ...), which is what the engine computes. base_bf16 also gets
-expected_lm_head.json: the same two references for --quantization=fp8 --quantize_lm_head
-(lm_head per-channel too, its input quantized per token in the second).
+last_prompt_logits_act_quant, ...), which is what the engine computes. Every format also gets
+expected_lm_head.json: the same two references with --quantize_lm_head (lm_head per-channel too,
+its input quantized per token in the second, whatever the format's scheme: the runtime's FP8
+head is per-token; with base_bf16 that is --quantization=fp8 --quantize_lm_head).
 
   python3 tests/golden/make_golden_fp8.py --out DIR [--tar FILE.tar.gz] [--formats=a,b]
 
@@ -204,8 +205,9 @@ def add_activation_quant(model, fmt, tensors, lm_head=False):
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in quantized:
             s = tensors.get(name + ".input_scale")
-            def hook(m, inp, s=None if s is None else float(s.reshape(()))):
-                return (fake_quant(inp[0], ACTIVATION[fmt], s),)
+            scheme = "token" if name == "lm_head" else ACTIVATION[fmt]
+            def hook(m, inp, s=None if s is None else float(s.reshape(())), scheme=scheme):
+                return (fake_quant(inp[0], scheme, s),)
             mod.register_forward_pre_hook(hook)
 
 
@@ -285,20 +287,21 @@ def main():
                                  (" of --quantization=fp8 (per-channel)" if fmt == "base_bf16"
                                   else "")}
         write_dir(os.path.join(root, fmt), cfg, tensors, QUANT_CONFIGS.get(fmt), expected)
-        if fmt == "base_bf16":  # --quantize_lm_head: the head per-channel too
-            deq_head = dict(deq)
-            deq_head["lm_head.weight"] = quant_channel(state["lm_head.weight"])[2]
-            logits, gaps, greedy = reference(cfg, deq_head, prompts)
-            aq_logits, aq_gaps, aq_greedy = reference(cfg, deq_head, prompts, fmt, tensors,
-                                                      lm_head=True)
-            with open(os.path.join(root, fmt, "expected_lm_head.json"), "w") as f:
-                json.dump({**expected, "last_prompt_logits": logits, "top2_gap": gaps,
-                           "greedy_tokens": greedy, "last_prompt_logits_act_quant": aq_logits,
-                           "top2_gap_act_quant": aq_gaps, "greedy_tokens_act_quant": aq_greedy,
-                           "reference": "transformers f32 on the dequantized weights of "
-                                        "--quantization=fp8 --quantize_lm_head (per-channel, "
-                                        "lm_head too)"}, f)
-                f.write("\n")
+        # --quantize_lm_head: the head per-channel too, its input per token
+        deq_head = dict(deq)
+        deq_head["lm_head.weight"] = quant_channel(state["lm_head.weight"])[2]
+        h_logits, h_gaps, h_greedy = reference(cfg, deq_head, prompts)
+        h_aq_logits, h_aq_gaps, h_aq_greedy = reference(cfg, deq_head, prompts, fmt, tensors,
+                                                        lm_head=True)
+        with open(os.path.join(root, fmt, "expected_lm_head.json"), "w") as f:
+            json.dump({**expected, "last_prompt_logits": h_logits, "top2_gap": h_gaps,
+                       "greedy_tokens": h_greedy, "last_prompt_logits_act_quant": h_aq_logits,
+                       "top2_gap_act_quant": h_aq_gaps, "greedy_tokens_act_quant": h_aq_greedy,
+                       "reference": "transformers f32 on the dequantized weights" +
+                                    (" of --quantization=fp8" if fmt == "base_bf16" else "") +
+                                    " --quantize_lm_head (lm_head per-channel, its input "
+                                    "per token)"}, f)
+            f.write("\n")
         cos = [float(torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), 0))
                for a, b in zip(logits, aq_logits)]
         summary[fmt] = {"min_gap_over_max": min(g / m for g, m in zip(gaps, maxabs)),

@@ -39,7 +39,8 @@
 #   4. Device dummy FP8 weights (tiny and tiny-moe, --quantization=fp8; tiny with
 #      --quantize_lm_head too) against the CPU's host dummy FP8 weights, TP=1 and TP=2.
 #   Parts 1 and 2 also run base_bf16 (expected_lm_head.json) and llama_f32_gqa with
-#   --quantization=fp8 --quantize_lm_head.
+#   --quantization=fp8 --quantize_lm_head, and ct_channel_dynamic / fp8_block with
+#   --quantize_lm_head (expected_lm_head.json).
 #   5. An fp16 model with --quantization=fp8 refused, naming bf16.
 #   6. The FP8 MoE / MLA checkpoints (ct_moe_channel_dynamic[_pkg], fp8_deepseek_v3), TP=1 / 2 / EP
 #      (a) / EP (b) (--dp_attention; against the CPU backend's --dp_attention run, and its eager
@@ -169,7 +170,7 @@ FIX64=$LOG/fixtures_fp8_hd64
 FORMATS="fp8_block ct_channel_dynamic ct_tensor_static modelopt base_bf16 modelopt_kv_hf
   modelopt_channel modelopt_pb_wo"
 # shellcheck disable=SC2086 # the names, split
-if ! want $FORMATS base_bf16_lm_head; then
+if ! want $FORMATS base_bf16_lm_head ct_channel_dynamic_lm_head fp8_block_lm_head; then
   :
 elif python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
   python3 tests/golden/make_golden_fp8.py --out "$FIX64" --head_dim=64 > "$LOG/make_golden_fp8.log" 2>&1 &&
@@ -184,10 +185,18 @@ elif python3 -c "import torch, transformers, safetensors" 2> /dev/null &&
     check "$fmt" "$tps" "$fix/expected.json" --model="$fix" \
       --prompt_ids="$(prompts_of "$fix/expected.json")" "${extra[@]}"
   done
-  # lm_head FP8 too (--quantize_lm_head): transformers with the head per-channel as well.
+  # lm_head FP8 too (--quantize_lm_head): transformers with the head per-channel as well, on
+  # the bf16 model (--quantization=fp8) and on two checkpoint formats.
   fix=$FIX64/fp8/base_bf16
   check base_bf16_lm_head "1 2" "$fix/expected_lm_head.json" --model="$fix" \
     --prompt_ids="$(prompts_of "$fix/expected.json")" --quantization=fp8 --quantize_lm_head
+  for fmt in ct_channel_dynamic fp8_block; do
+    fix=$FIX64/fp8/$fmt
+    tps="1 2"
+    [[ $fmt == fp8_block ]] && tps=1
+    check "${fmt}_lm_head" "$tps" "$fix/expected_lm_head.json" --model="$fix" \
+      --prompt_ids="$(prompts_of "$fix/expected.json")" --quantize_lm_head
+  done
 else
   echo "SKIP checkpoint formats: torch / transformers / safetensors missing or make_golden_fp8.py failed"
   tail -n 3 "$LOG/make_golden_fp8.log" 2> /dev/null
