@@ -70,10 +70,10 @@ struct WeightQuantization {
   // latent pool (MLA) takes a scale per token row.
   bool kv_cache_fp8 = false;
   // lm_head is e4m3 too, quantized at load with one scale per vocabulary row and dynamic
-  // per-token activations (LmHeadFp8Scheme) whatever the projections' scheme: --quantize_lm_head
-  // with --quantization=fp8 or on an FP8 checkpoint (as TensorRT-LLM's quantize_lm_head; Llama
-  // family only). Off unless asked: every checkpoint format stores lm_head 16-bit. A tied lm_head
-  // gets its own e4m3 copy of the embedding.
+  // per-token activations (LmHeadFp8Scheme; weight-only models: none) whatever the projections'
+  // scheme: --quantize_lm_head with --quantization=fp8 or on an FP8 checkpoint (as TensorRT-LLM's
+  // quantize_lm_head; Llama family only). Off unless asked: every checkpoint format stores
+  // lm_head 16-bit. A tied lm_head gets its own e4m3 copy of the embedding.
   bool lm_head = false;
   bool IsFp8() const { return method != Method::kNone; }
   bool FromCheckpoint() const { return IsFp8() && method != Method::kOnlineFp8; }

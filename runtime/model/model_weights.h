@@ -176,8 +176,9 @@ absl::Status QuantizeWeightsFp8(const ModelConfig& config, ModelWeights* weights
 // lm_head_fp8 as LmHeadFp8Scheme says, lm_head freed; nothing when lm_head_fp8 is filled already
 // or the config keeps lm_head 16-bit.
 absl::Status QuantizeLmHeadFp8(const ModelConfig& config, ModelWeights* weights);
-// An FP8 lm_head's scheme under the model's `q`, whatever the projections': a scale a row,
-// dynamic per-token activations (no calibrated input scale exists for it).
+// An FP8 lm_head's scheme under the model's `q`: a scale a row whatever the projections' weight
+// scales, and dynamic per-token activations (no calibrated input scale exists for it) unless the
+// model is weight-only (kNone: the head is too).
 WeightQuantization LmHeadFp8Scheme(const WeightQuantization& q);
 // The scale grid QuantizeWeightsFp8 gives an [n, k] weight in memory: per-row scales over groups
 // of 128 columns when q.block_cols > 0 (a 128 x 128 tile's rows each hold its scale, as the

@@ -541,7 +541,10 @@ WeightQuantization LmHeadFp8Scheme(const WeightQuantization& q) {
   WeightQuantization head = q;
   head.block_rows = 1;
   head.block_cols = 0;
-  head.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  // A weight-only model's head stays weight-only; any other's takes its input per token.
+  if (q.activation != kernels::Fp8ActivationScheme::kNone) {
+    head.activation = kernels::Fp8ActivationScheme::kDynamicToken;
+  }
   return head;
 }
 
