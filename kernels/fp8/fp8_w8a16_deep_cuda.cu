@@ -245,11 +245,7 @@ absl::StatusOr<bool> LaunchSplitK(const Args& p, TOut* out, cudaStream_t stream,
                                                          bool);                                   \
   template absl::StatusOr<bool> LaunchSplitK<TOut, R, kFold>(                                     \
       const Args&, TOut*, cudaStream_t, bool, bool, const Fp8W16SplitKWorkspace&);
-TANDEM_W16_LATENCY_FORMS(bf16, 1, Fold::kNone)
-TANDEM_W16_LATENCY_FORMS(float, 1, Fold::kNone)
-TANDEM_W16_LATENCY_FORMS(bf16, 1, Fold::kNormIn)
-TANDEM_W16_LATENCY_FORMS(bf16, 2, Fold::kNormIn)
-TANDEM_W16_LATENCY_FORMS(bf16, 1, Fold::kAddOut)
+TANDEM_W16_TILE_FORMS(TANDEM_W16_LATENCY_FORMS)
 #undef TANDEM_W16_LATENCY_FORMS
 
 }  // namespace tandem::kernels::cuda::fp8_w16_internal

@@ -411,6 +411,16 @@ absl::Status OptInPastTheDefaultSmem(Kernel kernel, size_t dynamic_bytes) {
   return absl::OkStatus();
 }
 
+// The (TOut, R, Fold) forms the 16-row-tile kernel families are instantiated in (the deep,
+// persistent and split-k forms, fp8_w8a16_deep_cuda.cu; the wide one, fp8_w8a16_wide_cuda.cu):
+// X(TOut, R, kFold) for each, as the header's entry points call them.
+#define TANDEM_W16_TILE_FORMS(X) \
+  X(bf16, 1, Fold::kNone)        \
+  X(float, 1, Fold::kNone)       \
+  X(bf16, 1, Fold::kNormIn)      \
+  X(bf16, 2, Fold::kNormIn)      \
+  X(bf16, 1, Fold::kAddOut)
+
 // Fp8W16Math::kRing / kRing2 / kRingHalf (fp8_w8a16_ring_cuda.cu): the ring's stages for these
 // arguments when a CTA may take 1 / smem_share of an SM's shared memory (0: the ring does not
 // fit; the caller runs Fp8W16MmaKernel instead).

@@ -41,11 +41,7 @@ absl::Status LaunchWide(const Args& p, TOut* out, cudaStream_t stream, bool pdl,
 
 #define TANDEM_W16_WIDE_FORM(TOut, R, kFold) \
   template absl::Status LaunchWide<TOut, R, kFold>(const Args&, TOut*, cudaStream_t, bool, bool);
-TANDEM_W16_WIDE_FORM(bf16, 1, Fold::kNone)
-TANDEM_W16_WIDE_FORM(float, 1, Fold::kNone)
-TANDEM_W16_WIDE_FORM(bf16, 1, Fold::kNormIn)
-TANDEM_W16_WIDE_FORM(bf16, 2, Fold::kNormIn)
-TANDEM_W16_WIDE_FORM(bf16, 1, Fold::kAddOut)
+TANDEM_W16_TILE_FORMS(TANDEM_W16_WIDE_FORM)
 #undef TANDEM_W16_WIDE_FORM
 
 }  // namespace tandem::kernels::cuda::fp8_w16_internal
