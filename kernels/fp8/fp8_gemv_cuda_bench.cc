@@ -22,7 +22,7 @@
 // producers.
 //
 //   fp8_gemv_cuda_bench [--reps=40] [--iters=20]
-//                       [--only=sweep|detail|producers|w8a16|w8a16-grouped|all]
+//                       [--only=sweep|detail|producers|w8a16|w8a16-grouped|w8a16-tokens|all]
 //                       [--w8a16_math=...] [--w8a16_ref=0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -453,6 +453,85 @@ int BenchW8a16(cudaStream_t s, int reps, int iters, const W8a16Rows& rows) {
   return 0;
 }
 
+// --only=w8a16-tokens: m = 2 / 4 / 8 tokens at the Llama-3-8B / 70B TP = 1 projections, every
+// launch with PDL and early loads: "bf16" (SmallMLinear), "w8a8-quant" (QuantizeActivations per
+// token + Fp8SmallMLinear, kAuto: the W8A8 path's two kernels), "w8a8-kernel" (the GEMV alone,
+// codes ready), "w8a16-tokens" (Fp8W16Gemv's multi-token form) and "-folded" (its form in the
+// step: qkv NormIn, o / down AddTo, gate_up NormInSiluMul). Shapes whose staging does not fit
+// (70B down_proj past 4 tokens) print "unsupported". One line per (m, shape, variant): us, TB/s.
+int BenchW8a16Tokens(cudaStream_t s, int reps, int iters) {
+  using bf16 = __nv_bfloat16;
+  const W8a16Proj projs[] = {{"8B", "qkv", 6144, 4096, 0},       {"8B", "o", 4096, 4096, 1},
+                             {"8B", "gate_up", 28672, 4096, 2},  {"8B", "down", 4096, 14336, 1},
+                             {"70B", "qkv", 10240, 8192, 0},     {"70B", "o", 8192, 8192, 1},
+                             {"70B", "gate_up", 57344, 8192, 2}, {"70B", "down", 8192, 28672, 1}};
+  std::printf("w8a16-tokens m model shape n k variant us TB/s\n");
+  const float eps = 1e-5f;
+  for (const int64_t m : {2, 4, 8}) {
+    for (const W8a16Proj& pr : projs) {
+      const int64_t n = pr.n, k = pr.k, copies8 = CopiesFor(n * k), copies16 = CopiesFor(2 * n * k);
+      const std::vector<void*> w8 = PatternCopies(n * k, copies8, 0xF7);
+      const std::vector<void*> w16 = PatternCopies(2 * n * k, copies16, 0x3F);
+      const std::vector<void*> x = PatternCopies(2 * m * k, 1, 0x3F);
+      const std::vector<void*> norm = PatternCopies(2 * k, 1, 0x3F);
+      const ShapeBuffers buf(n, k);
+      const auto* xv = static_cast<const bf16*>(x[0]);
+      const auto* nw = static_cast<const bf16*>(norm[0]);
+      Fp8SmallMActivations codes;
+      codes.scheme = Scheme::kDynamicToken;
+      codes.codes = buf.a_codes;
+      codes.scales = buf.a_scales;
+      const auto fp8w = [&](int i) {
+        return Fp8DeviceWeight{
+            static_cast<const uint8_t*>(w8[i % copies8]), buf.w_scales, {n, k, 1, k}};
+      };
+      const auto row = [&](const char* variant, int64_t bytes,
+                           const std::function<absl::Status(int)>& fn) {
+        std::printf("w8a16-tokens %ld %s %s %ld %ld %s ", static_cast<long>(m), pr.model, pr.name,
+                    static_cast<long>(n), static_cast<long>(k), variant);
+        if (std::string(variant).find("w8a16") == 0 && !Fp8W16GemvSupported(xv, fp8w(0), m)) {
+          std::printf("unsupported\n");
+          return;
+        }
+        const double us = TimeGraphUs(s, reps, iters, [&](int i) { return fn(i).ok(); });
+        if (us < 0) {
+          std::printf("failed\n");
+        } else {
+          std::printf("%.2f %.2f\n", us, bytes / us / 1e6);
+        }
+      };
+      row("bf16", 2 * n * k, [&](int i) {
+        return SmallMLinear<bf16, bf16>(xv, static_cast<const bf16*>(w16[i % copies16]), nullptr, m,
+                                        n, k, buf.out, s, true);
+      });
+      row("w8a8-quant", n * k, [&](int i) {
+        const absl::Status q =
+            QuantizeActivations(xv, m, k, codes.scheme, 0.0f, buf.a_codes, buf.a_scales, s);
+        if (!q.ok()) return q;
+        return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, m, buf.out, s, true);
+      });
+      row("w8a8-kernel", n * k, [&](int i) {
+        return Fp8SmallMLinear<bf16>(codes, fp8w(i), nullptr, m, buf.out, s, true);
+      });
+      row("w8a16-tokens", n * k,
+          [&](int i) { return Fp8W16Gemv<bf16>(xv, fp8w(i), nullptr, m, buf.out, s, true, true); });
+      row("w8a16-tokens-folded", n * k, [&](int i) {
+        if (pr.fold == 0)
+          return Fp8W16GemvNormIn(xv, nw, eps, fp8w(i), nullptr, m, buf.out, s, true, true);
+        if (pr.fold == 2) {
+          return Fp8W16GemvNormInSiluMul(xv, nw, eps, fp8w(i), nullptr, m, buf.out, s, true, true);
+        }
+        return Fp8W16GemvAddTo(xv, fp8w(i), nullptr, m, buf.out, s, true, true);
+      });
+      Check(cudaDeviceSynchronize(), "shape");
+      for (const std::vector<void*>* v : {&w8, &w16, &x, &norm}) {
+        for (void* p : *v) cudaFree(p);
+      }
+    }
+  }
+  return 0;
+}
+
 // --only=w8a16-grouped: one line per (shape, variant): "w8a8-block128" (QuantizeActivations
 // 1 x 128 + Fp8SmallMLinear on the codes, kAuto: CudaFp8Linear's batch 1 before the W8A16 GEMV),
 // "w8a8-kernel" (the GEMV alone, codes ready), "w8a16-grouped" (Fp8W16Gemv kAuto, what
@@ -551,6 +630,7 @@ int Main(int argc, char** argv) {
   if (only == "producers") return BenchFusedQuant(s, reps, iters);
   if (only == "w8a16") return BenchW8a16(s, reps, iters, ParseW8a16Rows(w8a16_math, w8a16_ref));
   if (only == "w8a16-grouped") return BenchW8a16Grouped(s, reps, iters);
+  if (only == "w8a16-tokens") return BenchW8a16Tokens(s, reps, iters);
   std::mt19937 rng(1234);
   // e4m3 codes with bit 3 clear (never NaN); bf16 values of modest size.
   const auto fp8_byte = [&] { return static_cast<uint8_t>(rng() & 0xF7); };

@@ -277,20 +277,22 @@ absl::StatusOr<bool> DeepFillsTheWavesBetter(int64_t n) {
 
 // grouped: the weight's scales per row and 128-column group (Fp8W16GroupedScales).
 template <typename TOut, int R, Fold kFold>
-absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, TOut* out,
-                    cudaStream_t stream, bool pdl, Fp8W16Math math,
+absl::Status Launch(const char* name, bool supported, bool grouped, const Args& p, int64_t m,
+                    TOut* out, cudaStream_t stream, bool pdl, Fp8W16Math math,
                     const Fp8W16SplitKWorkspace* split_k) {
   if (!supported || out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name,
-        ": needs m = 1, an e4m3 weight with scales constant along k (block_rows 1, "
+        name, ": needs m = 1 (or up to ", kFp8W16TokensMaxM,
+        " tokens whose staged activations fit ", kFp8W16TokensMaxSmemBytes,
+        " bytes of shared memory), an e4m3 weight with scales constant along k (block_rows 1, "
         "block_cols >= k) or per 128 columns (block_rows 1, block_cols 128), k a positive "
         "multiple of 16 up to ",
         kFp8W16MaxK,
         ", 16-byte aligned codes and activations, a non-null out (and with the norm folded in, a "
         "16-byte aligned norm weight and 4 k bytes <= ",
-        kFp8W16NormInMaxSmemBytes, " of shared memory); got n=", p.n, " k=", p.k));
+        kFp8W16NormInMaxSmemBytes, " of shared memory); got m=", m, " n=", p.n, " k=", p.k));
   }
+  if (m > 1) return LaunchTokens<TOut, R, kFold>(p, m, out, stream, pdl, grouped);
   const bool ring =
       math == Fp8W16Math::kRing || math == Fp8W16Math::kRing2 || math == Fp8W16Math::kRingHalf;
   if (ring && grouped) {
@@ -360,18 +362,28 @@ bool Fp8W16GroupedScales(const Fp8ScaleGrid& g) {
 
 bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m) {
   const Fp8ScaleGrid& g = w.grid;
-  return m >= 1 && m <= kFp8W16GemvMaxM && a != nullptr && w.codes != nullptr &&
-         w.scales != nullptr && Aligned16(a) && Aligned16(w.codes) && g.rows >= 1 && g.cols >= 16 &&
-         g.cols % 16 == 0 && g.cols <= kFp8W16MaxK && g.block_rows == 1 &&
+  // The multi-token form: its staging and the two-round sums' 2 KiB of static memory.
+  const bool tokens_fit = m >= 2 && m <= kFp8W16TokensMaxM &&
+                          TokensSmemBytes(m, g.cols, false) + 2048 <= kFp8W16TokensMaxSmemBytes;
+  return (m == 1 || tokens_fit) && a != nullptr && w.codes != nullptr && w.scales != nullptr &&
+         Aligned16(a) && Aligned16(w.codes) && g.rows >= 1 && g.cols >= 16 && g.cols % 16 == 0 &&
+         g.cols <= kFp8W16MaxK && g.block_rows == 1 &&
          (g.block_cols >= g.cols || Fp8W16GroupedScales(g)) &&
          g.rows <= (int64_t{1} << 31) * kWarps;
 }
 
 bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8DeviceWeight& w,
                                int64_t m) {
+  // m > 1: the staged rows, the norm weight, SiLU-and-mul's 4 KiB of sums and the norm's.
+  const int64_t smem =
+      m == 1 ? 2 * w.grid.cols * 2 + gemv_internal::kStageRmsNormStaticSmemBytes
+             : TokensSmemBytes(m, w.grid.cols, true) + 4096 + kTokenNormStaticSmemBytes;
   return Fp8W16GemvSupported(x, w, m) && norm_weight != nullptr && Aligned16(norm_weight) &&
-         2 * w.grid.cols * 2 + gemv_internal::kStageRmsNormStaticSmemBytes <=
-             kFp8W16NormInMaxSmemBytes;
+         smem <= (m == 1 ? kFp8W16NormInMaxSmemBytes : kFp8W16TokensMaxSmemBytes);
+}
+
+bool Fp8W16TokensTwoCtasPerSm(int64_t m, int64_t k, bool norm_in, int rows_per_set) {
+  return m >= 2 && m <= kFp8W16TokensMaxM && TokensCtasPerSm(m, k, norm_in, rows_per_set) == 2;
 }
 
 template <typename TOut>
@@ -381,7 +393,7 @@ absl::Status Fp8W16Gemv(const bf16* a, const Fp8DeviceWeight& w, const bf16* bia
                         const Fp8W16SplitKWorkspace* split_k) {
   return Launch<TOut, 1, Fold::kNone>("Fp8W16Gemv", Fp8W16GemvSupported(a, w, m),
                                       Fp8W16GroupedScales(w.grid),
-                                      MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), out,
+                                      MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), m, out,
                                       stream, programmatic_launch, math, split_k);
 }
 
@@ -395,7 +407,7 @@ absl::Status Fp8W16GemvNormIn(const bf16* x, const bf16* norm_weight, float eps,
   p.eps = eps;
   return Launch<bf16, 1, Fold::kNormIn>(
       "Fp8W16GemvNormIn", Fp8W16GemvNormInSupported(x, norm_weight, w, m),
-      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math, split_k);
+      Fp8W16GroupedScales(w.grid), p, m, out, stream, programmatic_launch, math, split_k);
 }
 
 absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, float eps,
@@ -409,7 +421,7 @@ absl::Status Fp8W16GemvNormInSiluMul(const bf16* x, const bf16* norm_weight, flo
   return Launch<bf16, 2, Fold::kNormIn>(
       "Fp8W16GemvNormInSiluMul",
       w.grid.rows % 2 == 0 && Fp8W16GemvNormInSupported(x, norm_weight, w, m),
-      Fp8W16GroupedScales(w.grid), p, out, stream, programmatic_launch, math, split_k);
+      Fp8W16GroupedScales(w.grid), p, m, out, stream, programmatic_launch, math, split_k);
 }
 
 absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16* bias, int64_t m,
@@ -418,7 +430,7 @@ absl::Status Fp8W16GemvAddTo(const bf16* a, const Fp8DeviceWeight& w, const bf16
                              const Fp8W16SplitKWorkspace* split_k) {
   return Launch<bf16, 1, Fold::kAddOut>("Fp8W16GemvAddTo", Fp8W16GemvSupported(a, w, m),
                                         Fp8W16GroupedScales(w.grid),
-                                        MakeArgs(a, w, bias, w.grid.rows, early_weight_loads),
+                                        MakeArgs(a, w, bias, w.grid.rows, early_weight_loads), m,
                                         residual, stream, programmatic_launch, math, split_k);
 }
 

@@ -109,6 +109,21 @@
 //                 TANDEM_FP8_W16_MMA=wide forces it for grouped scales too. The RoPE fold
 //                 (Fp8W16GemvNormInRopeKv) has it as well.
 //
+// Several tokens (m = 2 .. kFp8W16TokensMaxM, all four entry points; `math` and `split_k` are
+// for m = 1 only): one kernel reads each weight byte once for the m tokens
+// (fp8_w8a16_tokens_cuda.cu). kTensorCoreDeep's tiles, loads and mma, with the m16n8k16 B
+// operand's 8 columns holding the tokens (lane g supplies token g's f16 activations, so the mma
+// that multiplied one token 8 times multiplies 8 tokens), the m tokens' activations (kNormIn:
+// their RmsNorms, each bit-identical to RmsNorm<bf16>) staged once a CTA on a persistent grid of
+// min(16-row tiles, resident CTAs); the folds as above for every token. Numerics: cpu::Fp8Linear
+// (kNone) per token up to fp32 summation order (the tensor-core form's products, f16 activations
+// and their range); deterministic, not the one-token kernels' bits. Supported while the m staged
+// rows (NormIn: and the norm weight) fit one CTA's kFp8W16TokensMaxSmemBytes with the kernel's
+// static sums: Llama-3-8B's down_proj (k = 14,336) at 8 tokens, Llama-3-70B's (k = 28,672) up to
+// 4; fast where two CTAs an SM fit (Fp8W16TokensTwoCtasPerSm). Why: at 2-8 tokens the W8A8 path
+// quantizes the activations in 3 kernels a layer before its GEMVs (kernels/fp8/BENCHMARKS.md,
+// thirty-fourth session).
+//
 // Thread safety: stateless; asynchronous on `stream`; usable inside CUDA graph capture.
 #ifndef TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
 #define TANDEM_KERNELS_FP8_FP8_W8A16_GEMV_CUDA_H_
@@ -124,7 +139,12 @@
 
 namespace tandem::kernels::cuda {
 
+// The one-token forms' m (every Fp8W16Math); the multi-token form takes m up to
+// kFp8W16TokensMaxM where its staging fits kFp8W16TokensMaxSmemBytes (sm_90's opt-in maximum a
+// CTA: 227 KiB).
 inline constexpr int64_t kFp8W16GemvMaxM = 1;
+inline constexpr int64_t kFp8W16TokensMaxM = 8;
+inline constexpr int64_t kFp8W16TokensMaxSmemBytes = 227 * 1024;
 // The largest k (kTensorCore stages k f16 activations in shared memory: 128 KiB).
 inline constexpr int64_t kFp8W16MaxK = 65536;
 
@@ -175,12 +195,21 @@ Fp8W16SplitKWorkspace Fp8W16SplitKWorkspaceAt(void* base, int64_t weight_rows, i
 // at k <= 128 the same scales are per-channel).
 bool Fp8W16GroupedScales(const Fp8ScaleGrid& grid);
 
-// True when Fp8W16Gemv takes these arguments (the header comment's supported weights).
+// True when Fp8W16Gemv takes these arguments (the header comment's supported weights; m > 1:
+// the m staged rows of k f16 and 2 KiB of sums in kFp8W16TokensMaxSmemBytes).
 bool Fp8W16GemvSupported(const void* a, const Fp8DeviceWeight& w, int64_t m);
 // ... and the NormIn forms: a non-null 16-byte aligned norm weight and the staging in
-// kFp8W16NormInMaxSmemBytes.
+// kFp8W16NormInMaxSmemBytes (m > 1: m + 1 rows of k f16 and 4 KiB of sums in
+// kFp8W16TokensMaxSmemBytes).
 bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8DeviceWeight& w,
                                int64_t m);
+
+// True when the multi-token form at m tokens keeps two CTAs an SM (its staging of m rows of k,
+// NormIn: + the norm weight, and the sums of rows_per_set row sets, twice in an SM's 228 KiB). One
+// CTA an SM streams the weights more slowly than the W8A8 GEMV (Llama-3-8B's down_proj at 4-8
+// tokens, 70B's at 2-4: kernels/fp8/BENCHMARKS.md, thirty-fourth session): CudaLlamaModel folds
+// steps of more than one token only where every projection keeps two.
+bool Fp8W16TokensTwoCtasPerSm(int64_t m, int64_t k, bool norm_in, int rows_per_set);
 
 // a: [m, k] bf16; w: [n, k]; bias: [n] bf16 or null; out: [m, n] of TOut (bf16 or float), not
 // overlapping the inputs. INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvSupported and out
@@ -231,8 +260,8 @@ absl::Status Fp8W16GemvAddTo(const __nv_bfloat16* a, const Fp8DeviceWeight& w,
 // (+ D / 2), so each pair's two rounded products meet in one thread, and each row keeps its slot
 // of Fp8W16GemvNormIn's tiles: q, k and v are bit for bit Fp8W16GemvNormIn (kTensorCore, or
 // kTensorCoreWide where the wide mapping runs) + RopeQkvToCache. head_dim a multiple of 32 (the
-// tiles). INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvNormInRopeKvSupported; callers fall
-// back to the unfused pair.
+// tiles). m = 1 only. INVALID_ARGUMENT (nothing launched) unless Fp8W16GemvNormInRopeKvSupported;
+// callers fall back to the unfused pair.
 bool Fp8W16GemvNormInRopeKvSupported(const void* x, const void* norm_weight,
                                      const Fp8DeviceWeight& w, int64_t m, const GemvRopeKv& rope,
                                      Fp8W16Math math);

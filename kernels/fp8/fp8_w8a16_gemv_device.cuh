@@ -107,12 +107,14 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// acc[r] += the lane's part of the group's 4 mma (row set r) at its chunk c.
+// acc[r] += the lane's part of the group's 4 mma (row set r) at its chunk c. swz: the
+// multi-token form's swizzle of the staged row (StageTokensF16: its 16-byte halves of a chunk
+// swapped in odd tokens' rows); 0 for one token.
 template <int R>
 __device__ __forceinline__ void MmaGroup(const uint4 (&wv)[R][2], const uint4* act, int c,
-                                         int chunks, float (&acc)[R][4]) {
+                                         int chunks, float (&acc)[R][4], int swz = 0) {
   uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-  if (c < chunks) b0 = act[2 * c], b1 = act[2 * c + 1];
+  if (c < chunks) b0 = act[(2 * c) ^ swz], b1 = act[(2 * c + 1) ^ swz];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint4& b = j < 2 ? b0 : b1;
@@ -246,13 +248,16 @@ __device__ __forceinline__ void LoadFirstGroups(const uint4* const (&wrow)[R][2]
 
 // acc[r] = the warp's products of the tile (row set r; C's column 0: rows g in acc[r][0], g + 8
 // in acc[r][2]) over its 64-column groups warp, warp + 8, ..., from the first G in buf
-// (LoadFirstGroups) on, each half of buf reloaded G groups further on once used.
-template <int R, bool kGrouped, int G>
+// (LoadFirstGroups) on, each half of buf reloaded G groups further on once used. kTokens (the
+// multi-token form, fp8_w8a16_tokens_cuda.cu): B's columns are tokens, every element of acc is
+// kept (columns 2 t and 2 t + 1: acc[r][0, 1] row g, acc[r][2, 3] row g + 8), act is the lane's
+// token's staged row and swz its swizzle (MmaGroup).
+template <int R, bool kGrouped, int G, bool kTokens = false>
 __device__ __forceinline__ void MmaTileGroups(const uint4* const (&wrow)[R][2],
                                               const float* const (&srow)[R][2], const uint4* act,
                                               int warp, int c0, int chunks, uint4 (&buf)[G][R][2],
                                               float (&sc)[kGrouped ? G : 1][R][2],
-                                              float (&acc)[R][4]) {
+                                              float (&acc)[R][4], int swz = 0) {
   constexpr int H = G / 2;
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
@@ -267,14 +272,18 @@ __device__ __forceinline__ void MmaTileGroups(const uint4* const (&wrow)[R][2],
             float part[R][4];
 #pragma unroll
             for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
-            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, part);
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, part, swz);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
               acc[r][0] = fmaf(part[r][0], sc[u][r][0], acc[r][0]);
               acc[r][2] = fmaf(part[r][2], sc[u][r][1], acc[r][2]);
+              if constexpr (kTokens) {
+                acc[r][1] = fmaf(part[r][1], sc[u][r][0], acc[r][1]);
+                acc[r][3] = fmaf(part[r][3], sc[u][r][1], acc[r][3]);
+              }
             }
           } else {
-            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc);
+            MmaGroup<R>(buf[u], act, c + kGroupChunks * u, chunks, acc, swz);
           }
         }
       }
@@ -451,6 +460,19 @@ absl::Status LaunchPersistent(const Args& p, TOut* out, cudaStream_t stream, boo
 // lane mapping.
 template <typename TOut, int R, Fold kFold>
 absl::Status LaunchWide(const Args& p, TOut* out, cudaStream_t stream, bool pdl, bool grouped);
+
+// The multi-token form (fp8_w8a16_tokens_cuda.cu; m = 2 .. kFp8W16TokensMaxM): its dynamic
+// shared memory (the m staged rows, kNormIn the norm weight after them), and its launch on a
+// persistent grid of min(16-row tiles, resident CTAs).
+int64_t TokensSmemBytes(int64_t m, int64_t k, bool norm_in);
+// Resident CTAs an SM of the multi-token kernel (2 where two fit its shared memory, else 1).
+int TokensCtasPerSm(int64_t m, int64_t k, bool norm_in, int rows_per_set);
+// The NormIn forms' static bytes for the m rows' norms (8 x 8 warp sums, 8 inverse rms) beside
+// the sums of the warps' products (R x 2 KiB).
+inline constexpr int64_t kTokenNormStaticSmemBytes = (8 * 8 + 8) * 4;
+template <typename TOut, int R, Fold kFold>
+absl::Status LaunchTokens(const Args& p, int64_t m, TOut* out, cudaStream_t stream, bool pdl,
+                          bool grouped);
 
 // The split-k form's plan: S (into *splits) and the chunks a split takes (the return value, a
 // multiple of kScaleGroupChunks; every split non-empty). ws.splits > 0 forces S (clamped to

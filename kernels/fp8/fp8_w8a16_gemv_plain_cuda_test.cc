@@ -102,7 +102,8 @@ TEST(Fp8W16GemvCudaTest, RefusesWhatItCannotRun) {
   DeviceBuffer<bf16> x(2 * 16384), nw(16384), o16(64);
   const Fp8DeviceWeight w{codes.get(), s.get(), {64, 64, 1, 64}};
   EXPECT_TRUE(Fp8W16Gemv<float>(x.get(), w, nullptr, 1, out.get(), nullptr).ok());
-  EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), w, nullptr, 2, out.get(), nullptr).ok());  // m
+  EXPECT_FALSE(
+      Fp8W16Gemv<float>(x.get(), w, nullptr, kFp8W16TokensMaxM + 1, out.get(), nullptr).ok());  // m
   EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), w, nullptr, 0, out.get(), nullptr).ok());
   EXPECT_FALSE(Fp8W16Gemv<float>(x.get(), {codes.get(), s.get(), {64, 72, 1, 72}}, nullptr, 1,
                                  out.get(),

@@ -81,7 +81,7 @@ bool Fp8W16GemvNormInRopeKvSupported(const void* x, const void* norm_weight,
                                      Fp8W16Math math) {
   const int64_t width =
       (int64_t{rope.num_q_heads} + 2 * int64_t{rope.num_kv_heads}) * rope.head_dim;
-  return MathHasRopeForm(math) && rope.head_dim >= 2 * kPairsPerBlock &&
+  return m == 1 && MathHasRopeForm(math) && rope.head_dim >= 2 * kPairsPerBlock &&
          rope.head_dim % (2 * kPairsPerBlock) == 0 && rope.num_q_heads >= 1 &&
          rope.num_kv_heads >= 1 && w.grid.rows == width && rope.positions != nullptr &&
          rope.slot_mapping != nullptr && rope.inv_freq != nullptr && rope.q_out != nullptr &&

@@ -177,8 +177,8 @@ TEST(CudaEngineTest, MlaFoldedNormGivesTheUnfoldedLayersTokensAndLogits) {
 // FP8 (scheme kNone): the unfolded engine multiplies the same bf16 activations by the same codes
 // (other kernels, another summation order): the folded 1-token prefills' logits agree to fp32
 // rounding. Per-token activations: the unfolded engine quantizes them, the fold does not: the
-// logits differ by that quantization's noise. Longer prompts' prefills are not batch 1: the same
-// bits either way.
+// logits differ by that quantization's noise. Prompts of more than 8 tokens prefill unfolded
+// (the fold takes steps of up to 8): the same bits either way.
 TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();
@@ -193,6 +193,9 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
     auto prompts = RandomPrompts(4, 60, static_cast<int>(model.vocab_size), seed);
     prompts[0].resize(1);
     prompts[1].resize(1);
+    for (size_t p = 2; p < prompts.size(); ++p) {
+      while (prompts[p].size() < 9) prompts[p].push_back(prompts[p][0]);
+    }
     CudaBackendConfig on = MidBackend();
     on.gemm_autotune = false;
     CudaBackendConfig off = on;
@@ -225,6 +228,40 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   }
 }
 
+// Steps of 2-8 tokens of an FP8 model fold too (the weight-only GEMVs' multi-token form,
+// kernels/fp8/fp8_w8a16_gemv_cuda.h): a weight-only FP8 model (per-channel weights, scheme kNone)
+// serving 4 prompts together gives the tokens of the same engine with the fold held to batch 1
+// (TANDEM_FP8_W16_TOKENS=1: the batched steps on CudaFp8Linear, which multiplies the same bf16
+// activations by the same codes in another order), its batched decode steps folded. Scaled random
+// weights keep the logits' top two apart.
+TEST(CudaEngineTest, Fp8MultiTokenFoldGivesTheUnfoldedTokens) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ModelConfig model = engine_test::MidConfig();
+  model.quantization.method = WeightQuantization::Method::kOnlineFp8;
+  model.quantization.block_rows = 1;
+  model.quantization.activation = kernels::Fp8ActivationScheme::kNone;
+  const auto prompts = RandomPrompts(4, 40, static_cast<int>(model.vocab_size), seed);
+  CudaBackendConfig backend = MidBackend();
+  backend.gemm_autotune = false;
+  const ExecutorFactory factory = CudaExecutorFactory(backend);
+  std::vector<Output> outs[2];
+  ExecutorStats stats[2];
+  for (int i = 0; i < 2; ++i) {  // 2-8 tokens folded, then batch 1 only
+    setenv("TANDEM_FP8_W16_TOKENS", i == 0 ? "8" : "1", /*overwrite=*/1);
+    ModelWeights w = engine_cuda_test::ScaledRandomWeights(model, seed);
+    ASSERT_TRUE(QuantizeWeightsFp8(model, &w).ok());
+    outs[i] = RunPrompts(model, std::move(w), prompts, 12, &factory, /*together=*/true, &stats[i]);
+  }
+  unsetenv("TANDEM_FP8_W16_TOKENS");
+  EXPECT_GE(stats[0].folded_norm_steps, stats[1].folded_norm_steps + 8);  // the batched decodes
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ASSERT_EQ(outs[0][p].tokens.size(), 12u) << "prompt " << p;
+    EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;
+  }
+}
+
 // TANDEM_FP8_GROUP_CODES (cuda_fp8_linear.h): 128 x 128-block FP8 models with 1 x 128 activation
 // groups whose producers hand the projections their codes -- CudaLlamaModel's RMSNorms writing the
 // qkv / gate_up codes (kernels/fp8/fp8_fused_quant_cuda.h, group128), CudaMlaModel's q_proj and
@@ -249,6 +286,8 @@ TEST(CudaEngineTest, Fp8GroupCodesGiveTheSeparateQuantizationTokensAndLogits) {
     backend.gemm_autotune = false;
     const ExecutorFactory factory = CudaExecutorFactory(backend);
     std::vector<Output> outs[2];
+    // Batched decode steps on CudaFp8Linear (the codes' consumers), not the W8A16 fold.
+    setenv("TANDEM_FP8_W16_TOKENS", "1", /*overwrite=*/1);
     for (int i = 0; i < 2; ++i) {  // shared / fused codes, then a pass each
       setenv("TANDEM_FP8_GROUP_CODES", i == 0 ? "1" : "0", /*overwrite=*/1);
       ModelWeights w = RandomModelWeights(model, seed);
@@ -256,6 +295,7 @@ TEST(CudaEngineTest, Fp8GroupCodesGiveTheSeparateQuantizationTokensAndLogits) {
       outs[i] = RunPrompts(model, std::move(w), prompts, 10, &factory, /*together=*/true);
     }
     unsetenv("TANDEM_FP8_GROUP_CODES");
+    unsetenv("TANDEM_FP8_W16_TOKENS");
     for (size_t p = 0; p < prompts.size(); ++p) {
       ASSERT_EQ(outs[0][p].tokens.size(), 10u) << "prompt " << p;
       EXPECT_EQ(outs[0][p].tokens, outs[1][p].tokens) << "prompt " << p;

@@ -1,8 +1,8 @@
 // CudaLlamaModel's FP8 projections (issue 38; cuda_fp8_linear.h): upload from the loader's
 // *_fp8 slots, allocation for device dummy weights, the slot a dummy fill lands in, the
 // producers of per-token FP8 inputs with the quantization fused in
-// (kernels/fp8/fp8_fused_quant_cuda.h), and the batch-1 layer on the weight-only FP8 GEMVs with
-// the norms folded in (kernels/fp8/fp8_w8a16_gemv_cuda.h).
+// (kernels/fp8/fp8_fused_quant_cuda.h), and the layer of 1-8 tokens on the weight-only FP8 GEMVs
+// with the norms folded in (kernels/fp8/fp8_w8a16_gemv_cuda.h).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -174,11 +174,35 @@ bool W16FoldsRope() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// The most tokens a step folds on the weight-only GEMVs (2-8 tokens: the multi-token form, one
+// weight read for them all). TANDEM_FP8_W16_TOKENS unset or 0: up to kFp8W16TokensMaxM where
+// every projection's kernel keeps two CTAs an SM (Fp8W16TokensTwoCtasPerSm: Llama-3-8B at 2-3
+// tokens, 70B at none), returned negated. =N: up to N wherever the kernel fits (1: batch 1 only,
+// every larger step on the W8A8 path as before; A/B runs of decode_step_bench,
+// kernels/fp8/BENCHMARKS.md).
+int64_t W16MaxTokens() {
+  const char* v = std::getenv("TANDEM_FP8_W16_TOKENS");
+  if (v == nullptr || std::atoll(v) <= 0) return -kernels::cuda::kFp8W16TokensMaxM;
+  return std::clamp<int64_t>(std::atoll(v), 1, kernels::cuda::kFp8W16TokensMaxM);
+}
+
 }  // namespace
 
 bool CudaLlamaModel::FoldsFp8(int64_t Tn) const {
   namespace kc = ::tandem::kernels::cuda;
-  if (!options_.fp8_weight_only_fold || options_.dtype != ActDtype::kBf16 || Tn != 1) return false;
+  const int64_t bound = W16MaxTokens();
+  if (!options_.fp8_weight_only_fold || options_.dtype != ActDtype::kBf16 || Tn < 1 ||
+      Tn > std::abs(bound)) {
+    return false;
+  }
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t o_k = config_.num_attention_heads * config_.head_dim;
+  if (bound < 0 && Tn > 1 &&                             // the two-CTA rule
+      !(kc::Fp8W16TokensTwoCtasPerSm(Tn, H, true, 2) &&  // qkv / gate_up: NormIn, R <= 2
+        kc::Fp8W16TokensTwoCtasPerSm(Tn, o_k, false, 1) &&
+        kc::Fp8W16TokensTwoCtasPerSm(Tn, I, false, 1))) {
+    return false;
+  }
   for (const Layer& w : layers_) {
     if (w.qkv_fp8.empty() || w.o_fp8.empty() || w.gate_up_fp8.empty() || w.down_fp8.empty() ||
         w.gate_up_fp8.grid.rows != 2 * config_.intermediate_size ||
