@@ -63,27 +63,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const float* srow[R][2];  // kGrouped
   uint4 buf[G][R][2];
   float sc[kGrouped ? G : 1][R][2];
-  const auto rows_of = [&](int64_t tile) {
-    const int64_t row0 = tile * kMmaRows;
-    const auto row_of = [&](int j, int r) -> int64_t {  // past n: row 0 (not stored)
-      const int64_t r0 = row0 + j;
-      return r0 < p.n ? r0 + r * p.n : 0;
-    };
-    TileRowsOf<R, false>(p, row_of, lane, 0, wrow, srow);
-  };
   int64_t tile = blockIdx.x;
-  rows_of(tile);
-  if (p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
-  internal::WaitForPrecedingGrid();
-  internal::AllowDependentLaunch();
-  if (!p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  PersistentStart<R, kGrouped, G>(p, lane, c0, chunks, wrow, srow, buf, sc);
   StageActivationsF16<kFold>(p, w16_smem);  // once a CTA (barrier after)
   for (int i = 0; tile < tiles; ++i) {
     float acc[R][4];
     MmaTileGroups<R, kGrouped, G>(wrow, srow, w16_smem, warp, c0, chunks, buf, sc, acc);
     const int64_t next = tile + gridDim.x;
     if (next < tiles) {  // the next tile's first groups in flight across the epilogue
-      rows_of(next);
+      PersistentTileRows<R>(p, next, lane, wrow, srow);
       LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
     }
     WriteTilePartials<R>(acc, warp, lane, partial[i & 1]);

@@ -301,6 +301,34 @@ __device__ __forceinline__ void MmaTileGroups(const uint4* const (&wrow)[R][2],
   }
 }
 
+// The persistent forms' (fp8_w8a16_deep_cuda.cu, fp8_w8a16_tokens_cuda.cu) lane rows of 16-row
+// tile `tile` (TileRowsOf; rows past n: row 0, whose products nobody stores).
+template <int R>
+__device__ __forceinline__ void PersistentTileRows(const Args& p, int64_t tile, int lane,
+                                                   const uint4* (&wrow)[R][2],
+                                                   const float* (&srow)[R][2]) {
+  const int64_t row0 = tile * kMmaRows;
+  const auto row_of = [&](int j, int r) -> int64_t {
+    const int64_t r0 = row0 + j;
+    return r0 < p.n ? r0 + r * p.n : 0;
+  };
+  TileRowsOf<R, false>(p, row_of, lane, 0, wrow, srow);
+}
+
+// A persistent CTA's start: its first tile (blockIdx.x) and that tile's first G groups a lane,
+// loaded before the PDL wait when p.early, else after it.
+template <int R, bool kGrouped, int G>
+__device__ __forceinline__ void PersistentStart(const Args& p, int lane, int c0, int chunks,
+                                                const uint4* (&wrow)[R][2],
+                                                const float* (&srow)[R][2], uint4 (&buf)[G][R][2],
+                                                float (&sc)[kGrouped ? G : 1][R][2]) {
+  PersistentTileRows<R>(p, blockIdx.x, lane, wrow, srow);
+  if (p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+  internal::WaitForPrecedingGrid();
+  internal::AllowDependentLaunch();
+  if (!p.early) LoadFirstGroups<R, kGrouped, G>(wrow, srow, c0, chunks, buf, sc);
+}
+
 // partial[warp][r][j] = the warp's sum of tile row j of set r (C's column 0, lanes g * 4).
 template <int R>
 __device__ __forceinline__ void WriteTilePartials(const float (&acc)[R][4], int warp, int lane,

@@ -228,12 +228,12 @@ TEST(CudaEngineTest, Fp8WeightOnlyFoldAgreesWithTheUnfoldedFp8Path) {
   }
 }
 
-// Steps of 2-8 tokens of an FP8 model fold too (the weight-only GEMVs' multi-token form,
-// kernels/fp8/fp8_w8a16_gemv_cuda.h): a weight-only FP8 model (per-channel weights, scheme kNone)
-// serving 4 prompts together gives the tokens of the same engine with the fold held to batch 1
-// (TANDEM_FP8_W16_TOKENS=1: the batched steps on CudaFp8Linear, which multiplies the same bf16
-// activations by the same codes in another order), its batched decode steps folded. Scaled random
-// weights keep the logits' top two apart.
+// Steps of 2-8 tokens of an FP8 model fold too where asked (TANDEM_FP8_W16_TOKENS=8: the
+// weight-only GEMVs' multi-token form, kernels/fp8/fp8_w8a16_gemv_cuda.h): a weight-only FP8 model
+// (per-channel weights, scheme kNone) serving 4 prompts together gives the tokens of the same
+// engine with the fold held to batch 1 (TANDEM_FP8_W16_TOKENS=1: the batched steps on
+// CudaFp8Linear, which multiplies the same bf16 activations by the same codes in another order),
+// its batched decode steps folded. Scaled random weights keep the logits' top two apart.
 TEST(CudaEngineTest, Fp8MultiTokenFoldGivesTheUnfoldedTokens) {
   TANDEM_SKIP_WITHOUT_GPU();
   const uint32_t seed = std::random_device{}();

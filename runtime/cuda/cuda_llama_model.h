@@ -121,8 +121,8 @@ struct CudaModelOptions {
   // (W8A16: no activation quantization, whatever the checkpoint's activation scheme; closer to
   // the unquantized model than W8A8, not the same bits) with the norms and SiLU-and-mul folded
   // into the GEMVs (kernels/fp8/fp8_w8a16_gemv_cuda.h; FoldedLayerFp8): 5 kernels fewer a layer.
-  // Steps of 2-8 tokens too where the multi-token GEMV keeps two CTAs an SM (FoldsFp8); larger
-  // steps keep the W8A8 kernels. false: W8A8 at batch 1 too.
+  // Steps of more tokens keep the W8A8 kernels (2-8 tokens fold opt-in: TANDEM_FP8_W16_TOKENS,
+  // FoldsFp8). false: W8A8 at batch 1 too.
   bool fp8_weight_only_fold = true;
   // DeepSeek-V2/V3 (CudaMlaModel) over a 16-bit latent pool: kv_a_layernorm runs inside the
   // kernel that writes the latent into the pool (kernels/mla/mla_cuda.h: MlaWriteLatentNormed,
@@ -236,7 +236,7 @@ class CudaLlamaModel {
   // True when a step of Tn tokens runs its residual adds + RMSNorms inside the layers' GEMVs
   // (options.fold_norm, no communicator, a dense bf16/fp16 model or with options.fold_moe a bf16
   // MoE model, every dense product on the GEMV; an FP8 dense model with
-  // options.fp8_weight_only_fold at 1 token or a few: FoldsFp8).
+  // options.fp8_weight_only_fold at 1 token, opt-in a few: FoldsFp8).
   bool FoldsNorms(int64_t Tn) const;
   // True when such a step's qkv GEMV also does RoPE + the KV write (options.fold_rope).
   bool FoldsRope(int64_t Tn) const;
@@ -335,8 +335,8 @@ class CudaLlamaModel {
                               int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
                               cudaStream_t stream);
   // FoldsNorms for an FP8 model: fp8_weight_only_fold, bf16, every projection on the weight-only
-  // GEMV; 1 token, or 2 to kFp8W16TokensMaxM on its multi-token form where every projection keeps
-  // two CTAs an SM (Llama-3-8B: 2-3 tokens; TANDEM_FP8_W16_TOKENS=N overrides the bound).
+  // GEMV; 1 token, or (opt-in, TANDEM_FP8_W16_TOKENS=auto / N) 2 to kFp8W16TokensMaxM on its
+  // multi-token form (auto: where every projection keeps two CTAs an SM, Llama-3-8B 2-3 tokens).
   bool FoldsFp8(int64_t Tn) const;
   // out [R, vocab rows] fp32 = last_'s R rows . lm_head_fp8_^T (config.quantization.lm_head;
   // cuda_llama_model_fp8.cc): R = 1 on the weight-only GEMV (Fp8W16Gemv, fp32 out, as the

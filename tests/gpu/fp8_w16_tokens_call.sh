@@ -11,11 +11,12 @@
 #     at batch 2 / 4 the same way;
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE step   (~4 min)
 #     decode_step_bench Llama-3-8B FP8 at batch 1 / 2 / 3 / 4 / 8 (bf16 beside in round 1) with the
-#     default fold (TANDEM_FP8_W16_TOKENS=0: the two-CTA rule) and batch 1 only (=1), two rounds;
+#     multi-token fold (TANDEM_FP8_W16_TOKENS=auto: the two-CTA rule) and batch 1 only (=1, the
+#     default), two rounds;
 #     Llama-3-70B FP8 at batch 2 / 3 the same way;
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE serve   (~6 min)
 #     Llama-3-8B FP8 (dummy weights) served through tandem_router by one mixed CUDA worker, the
-#     default fold, batch 1 only, the default again: tandem_bench 1024 in / 256 out at concurrency
+#     multi-token fold (auto), batch 1 only, auto again: tandem_bench 1024 in / 256 out at concurrency
 #     2 and 3 (32 requests each), Poisson 4 requests/s (48) and concurrency 64 (128).
 #
 # BUNDLE: a .tar.xz of gb/, or a gb/ directory staged by earlier calls (a bundle too large to
@@ -43,7 +44,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 if [[ ${2:?check, step or serve} == step ]]; then
   DSB=$BIN/runtime/cuda/decode_step_bench
   for r in 1 2; do
-    for t in 0 1; do  # 0: the default rule (two CTAs an SM); 1: batch 1 only
+    for t in auto 1; do  # auto: the two-CTA rule; 1: batch 1 only (the default)
       TANDEM_FP8_W16_TOKENS=$t timeout 150 "$DSB" --shape=8b --batches=1,2,3,4,8 --context=1024 \
         --steps=48 --quantization=$([[ $r == 1 ]] && echo none,fp8 || echo fp8) \
         > "$L/step8b_t${t}_r$r.log" 2>&1
@@ -51,7 +52,7 @@ if [[ ${2:?check, step or serve} == step ]]; then
       grep -E "^ *[0-9]+ +1024" "$L/step8b_t${t}_r$r.log" | awk '{print $1, $3, $6, $NF}'
     done
   done
-  for t in 0 1; do
+  for t in auto 1; do
     TANDEM_FP8_W16_TOKENS=$t timeout 150 "$DSB" --shape=70b --batches=2,3 --context=1024 \
       --steps=24 --quantization=fp8 > "$L/step70b_t$t.log" 2>&1
     echo "70b tokens=$t rc=$?"
@@ -91,6 +92,11 @@ elif [[ $2 == check ]]; then
   echo "trace rc=$?"
   tail -n 24 "$L/dsb8b_trace.log"
 else
+  for t in kernels/fp8/fp8_w8a16_tokens_cuda_test kernels/fp8/fp8_w8a16_gemv_latency_cuda_test; do
+    [[ -x $BIN/$t ]] || continue  # when the bundle carries them
+    timeout 240 "$BIN/$t" > "$L/$(basename $t).log" 2>&1
+    echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/$(basename $t).log" | tr '\n' ' ')"
+  done
   source tests/gpu/serve_lib.sh
   serve() {  # TAG TOKENS
     local tag=$1 dir=$L/$1 router
@@ -115,9 +121,9 @@ else
     fi
     serve_stop
   }
-  serve fp8_auto 0
+  serve fp8_auto auto
   serve fp8_tokens1 1
-  serve fp8_auto_b 0
+  serve fp8_auto_b auto
   bench_summary "$L"/*/c2.json "$L"/*/c3.json "$L"/*/r4.json "$L"/*/c64.json
   grep -h -i "error\|fail" "$L"/*/worker.log | head -5
 fi
