@@ -108,7 +108,7 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, 
 }
 
 // acc[r] += the lane's part of the group's 4 mma (row set r) at its chunk c. swz: the
-// multi-token form's swizzle of the staged row (StageTokensF16: its 16-byte halves of a chunk
+// multi-token form's swizzle of the staged row (ConvertTokensF16: its 16-byte halves of a chunk
 // swapped in odd tokens' rows); 0 for one token.
 template <int R>
 __device__ __forceinline__ void MmaGroup(const uint4 (&wv)[R][2], const uint4* act, int c,
