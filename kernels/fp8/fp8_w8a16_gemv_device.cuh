@@ -128,21 +128,24 @@ __device__ __forceinline__ void MmaGroup(const uint4 (&wv)[R][2], const uint4* a
   }
 }
 
-// act16 [k] (shared) = the bf16 activations as f16 (exact for 2^-14 <= |x| <= 65504), from
-// global memory (src) or in place (src == null: the staged bf16 row already in act16). Barrier
-// after.
+// 8 bf16 (one uint4) as 8 f16 (exact for 2^-14 <= |x| <= 65504).
+__device__ __forceinline__ uint4 Bf16x8ToF16(const uint4& x) {
+  uint32_t y[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = Word(x, j);
+    const __half2 h = __floats2half2_rn(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    y[j] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(y[0], y[1], y[2], y[3]);
+}
+
+// act16 [k] (shared) = the bf16 activations as f16 (Bf16x8ToF16), from global memory (src) or in
+// place (src == null: the staged bf16 row already in act16). Barrier after.
 __device__ __forceinline__ void StageF16(const bf16* src, int64_t k, uint4* act16) {
   for (int64_t i = threadIdx.x; i < k / 8; i += kWarps * 32) {
-    const uint4 x = src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src) + i) : act16[i];
-    uint32_t y[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t v = Word(x, j);
-      const __half2 h =
-          __floats2half2_rn(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-      y[j] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    act16[i] = make_uint4(y[0], y[1], y[2], y[3]);
+    act16[i] =
+        Bf16x8ToF16(src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src) + i) : act16[i]);
   }
   __syncthreads();
 }

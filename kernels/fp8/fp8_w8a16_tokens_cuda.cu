@@ -32,18 +32,6 @@ constexpr int kTokenLoads = 2 * kLoads;  // the deep kernel's loads in flight a 
 constexpr int kMaxTokens = static_cast<int>(kFp8W16TokensMaxM);
 constexpr int kSumSlots = kWarps / 2;  // the two-round sum's slots
 
-// Converts 8 bf16 (one uint4) to f16 (exact for 2^-14 <= |x| <= 65504, StageF16's conversion).
-__device__ __forceinline__ uint4 Bf16x8ToF16(const uint4& x) {
-  uint32_t y[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t v = Word(x, j);
-    const __half2 h = __floats2half2_rn(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-    y[j] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  return make_uint4(y[0], y[1], y[2], y[3]);
-}
-
 // dst[i] = src[i] for i < count 16-byte units, global to shared through cp.async: every copy in
 // flight at once and no registers held (the staging of 8 tokens x 14,336 columns is 229 KiB a
 // CTA). Barrier after.
