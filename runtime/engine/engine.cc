@@ -284,11 +284,13 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::Step() {
     kvtransfer::FinishedTransfers finished = connector_->GetFinished(absl::Now());
     updates = scheduler_->ApplyConnectorResults(finished, connector_->GetLoadErrors());
   }
+  last_step_ = StepShape{};
   if (async_) return StepAsync(std::move(updates));
   SchedulerOutput batch = scheduler_->Schedule();
   if (connector_ != nullptr) RETURN_IF_ERROR(connector_->StartLoad(connector_->BuildStepMeta()));
   if (batch.empty()) return updates;
   if (drafts_by_model()) RETURN_IF_ERROR(ProposeDrafts(&batch));
+  last_step_ = ShapeOf(batch);
   // MTP: the target's hidden states only where the MTP layer may draft next step (none while
   // every request's adaptive draft length pauses; mtp_proposer.h).
   batch.return_hidden_states =

@@ -137,6 +137,9 @@ class Engine {
 
   // Runs one scheduling step. Returns the updates of the requests it advanced.
   absl::StatusOr<std::vector<RequestUpdate>> Step();
+  // What the last Step() scheduled (launched, under async scheduling); all zero when it ran no
+  // model step.
+  const StepShape& last_step() const { return last_step_; }
 
   // Also true while a launched step's tokens are not yet applied (async scheduling).
   bool HasUnfinished() const { return scheduler_->HasUnfinished() || launched_.has_value(); }
@@ -191,6 +194,7 @@ class Engine {
   };
   bool async_ = false;
   std::optional<LaunchedStep> launched_;
+  StepShape last_step_;
 };
 
 }  // namespace tandem::runtime

@@ -45,6 +45,7 @@ absl::StatusOr<std::vector<RequestUpdate>> Engine::StepAsync(std::vector<Request
     RETURN_IF_ERROR(Drain(&updates));
     return updates;
   }
+  last_step_ = ShapeOf(batch);
   RETURN_IF_ERROR(runner_->Launch(batch));
   const uint64_t tag = scheduler_->MarkLaunched(batch);
   RETURN_IF_ERROR(Drain(&updates));  // the previous step, which ran while this one was planned

@@ -551,4 +551,20 @@ void Scheduler::DropFinished(const std::vector<RequestUpdate>& updates) {
   }
 }
 
+StepShape ShapeOf(const SchedulerOutput& batch) {
+  StepShape shape;
+  shape.seqs = static_cast<int64_t>(batch.seqs.size());
+  shape.tokens = batch.num_batched_tokens;
+  for (const ScheduledSeq& seq : batch.seqs) {
+    const int64_t fed = static_cast<int64_t>(seq.new_tokens.size()) - seq.num_draft_tokens;
+    shape.draft_tokens += seq.num_draft_tokens;
+    if (fed == 1 && seq.num_computed_tokens > 0) {
+      ++shape.decode_seqs;
+    } else {
+      shape.prefill_tokens += fed;
+    }
+  }
+  return shape;
+}
+
 }  // namespace tandem::runtime

@@ -111,6 +111,18 @@ struct SchedulerOutput {
   bool empty() const { return seqs.empty(); }
 };
 
+// What one step ran (the worker's step trace and step metrics): sequences, how many of them
+// decode (one fed token besides drafts), the prompt tokens of the others, and draft tokens.
+struct StepShape {
+  int64_t seqs = 0;
+  int64_t decode_seqs = 0;
+  int64_t prefill_tokens = 0;  // fed tokens of the sequences that do not decode
+  int64_t draft_tokens = 0;
+  int64_t tokens = 0;  // SchedulerOutput::num_batched_tokens
+  bool has_prefill() const { return decode_seqs < seqs; }
+};
+StepShape ShapeOf(const SchedulerOutput& batch);
+
 // Per-request result of a step, returned by Update().
 struct RequestUpdate {
   int64_t request_id = 0;

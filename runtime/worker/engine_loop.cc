@@ -205,6 +205,23 @@ void EngineLoop::FailAll(const absl::Status& error, int64_t step) {
   names_.clear();
 }
 
+void EngineLoop::RecordStep(int64_t step, absl::Time start) {
+  const absl::Time end = absl::Now();
+  const absl::Time previous_end = last_step_end_;
+  last_step_end_ = end;
+  StepRecord record;
+  record.shape = engine_->last_step();
+  if (record.shape.seqs == 0) return;  // no model step (only KV loads or lease expiry)
+  record.step = step;
+  record.start = start;
+  record.wall = end - start;
+  record.gap = previous_end == absl::InfinitePast() ? absl::ZeroDuration() : start - previous_end;
+  record.running = engine_->num_running();
+  record.waiting = engine_->num_waiting();
+  step_metrics_.Observe(record);
+  if (options_.step_trace != nullptr) options_.step_trace->Write(record);
+}
+
 void EngineLoop::Run() {
   bool poll_due = false;
   while (true) {
@@ -237,8 +254,10 @@ void EngineLoop::Run() {
       continue;
     }
     poll_due = false;
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<std::vector<RequestUpdate>> updates = engine_->Step();
     ++steps_done_;
+    RecordStep(step, step_start);
     for (absl::Duration queued : engine_->TakeQueueTimes()) {
       queue_time_.Observe(absl::ToDoubleSeconds(queued));
     }

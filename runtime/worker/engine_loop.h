@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/http/prometheus.h"
 #include "runtime/engine/engine.h"
+#include "runtime/worker/step_trace.h"
 
 namespace tandem::runtime {
 
@@ -90,6 +91,9 @@ struct EngineLoopOptions {
   // holding its KV for a remote reader but was aborted meanwhile: its handle never reaches a
   // reader, so the lease must end now, not at expiry (e.g. KvConnector::ReleaseLease).
   std::function<void(uint64_t lease_id)> release_orphan_lease;
+  // Where each model step's record goes, one JSON line a step (step_trace.h; null: nowhere).
+  // Used by the loop thread only.
+  std::shared_ptr<StepTraceWriter> step_trace;
 };
 
 class EngineLoop {
@@ -125,6 +129,9 @@ class EngineLoop {
   // caller set it earlier) to the step whose scheduling first admitted the request (to run, or
   // to load its remote KV); one observation per request admitted. Never waits.
   http::HistogramSnapshot QueueTimeSnapshot() const { return queue_time_.Snapshot(); }
+  // The model steps' times (decode-only / with prompt tokens) and tokens (StepMetrics). Never
+  // waits.
+  StepMetrics::Snapshot StepSnapshot() const { return step_metrics_.Take(); }
 
   // Fixed at creation: safe from any thread.
   const ModelConfig& model_config() const { return engine_->model_config(); }
@@ -149,6 +156,8 @@ class EngineLoop {
   void Deliver(std::vector<RequestUpdate> updates, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Loop thread: a failed step fails every request in flight (their KV may be bad).
   void FailAll(const absl::Status& error, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Loop thread: the step metrics and trace line of a model step that started at `start`.
+  void RecordStep(int64_t step, absl::Time start);
   // Loop thread: refreshes the snapshot read by Stats / TakeCacheEvents / CachedHashes.
   void Publish() ABSL_LOCKS_EXCLUDED(snapshot_mu_);
 
@@ -176,6 +185,8 @@ class EngineLoop {
   uint64_t step_errors_ = 0;
   int64_t steps_done_ = 0;
   http::Histogram queue_time_{http::LatencyBuckets()};  // thread-safe
+  StepMetrics step_metrics_;                            // thread-safe
+  absl::Time last_step_end_ = absl::InfinitePast();
 
   // Lock order: mu_ is never held while taking snapshot_mu_ or the reverse.
   mutable absl::Mutex snapshot_mu_;

@@ -13,6 +13,7 @@
 //                 [--advertise_address=HOST]
 //                 [--kv_transport=nccl --nccl_control_host=127.0.0.1]
 //                 [--port_file=PATH] [--drain_timeout_ms=30000]
+//                 [--step_trace=PATH [--step_trace_max_lines=1000000]]
 //                 [--speculative_method=ngram --num_speculative_tokens=K [--ngram_min/max=N]]
 //                 [--speculative_method=draft --draft_model=DIR|dummy:CONFIG[:SEED] ...]
 //                 [--speculative_method=mtp --num_speculative_tokens=K]  (DeepSeek-V3 MTP)
@@ -84,6 +85,9 @@ ABSL_FLAG(bool, async_scheduling, false,
           "schedule step s + 1 while step s runs (runtime/engine/engine.h; decode steps)");
 ABSL_FLAG(int64_t, max_queued_requests, 4096,
           "requests waiting to run at most (more: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(std::string, step_trace, "",
+          "write one JSON line per model step here (step_trace.h: time, gap, batch shape)");
+ABSL_FLAG(int64_t, step_trace_max_lines, 1000000, "step trace lines at most");
 ABSL_FLAG(int64_t, max_model_len, 0, "0 = the model's max_position_embeddings");
 ABSL_FLAG(int32_t, num_threads, 2, "CPU threads for the model");
 ABSL_FLAG(int64_t, lease_ms, 30000, "default lease of prefilled KV held for a decode worker");
@@ -182,6 +186,8 @@ absl::StatusOr<WorkerConfig> ConfigFromFlags() {
   config.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   config.kv_load_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_load_timeout_ms));
   config.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  config.step_trace = absl::GetFlag(FLAGS_step_trace);
+  config.step_trace_max_lines = absl::GetFlag(FLAGS_step_trace_max_lines);
   absl::StatusOr<tandem::GrpcListenerOptions> port = tandem::GrpcListenerOptionsFromFlags();
   if (!port.ok()) return port.status();
   config.grpc_port = *port;

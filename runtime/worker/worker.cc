@@ -321,8 +321,8 @@ Worker::Latencies Worker::LatencySnapshots() const {
   http::HistogramSnapshot kv_load =
       kv_metrics_ != nullptr ? kv_metrics_->Stats().load_seconds : http::HistogramSnapshot{};
   if (kv_load.bounds.empty()) kv_load = http::Histogram(http::LatencyBuckets()).Snapshot();
-  return {first_token_.Snapshot(), inter_token_.Snapshot(), e2e_.Snapshot(),
-          loop_->QueueTimeSnapshot(), std::move(kv_load)};
+  return {first_token_.Snapshot(),    inter_token_.Snapshot(), e2e_.Snapshot(),
+          loop_->QueueTimeSnapshot(), std::move(kv_load),      loop_->StepSnapshot()};
 }
 
 absl::Status Worker::ReassignLease(const std::string& id, uint64_t lease_id,

@@ -137,9 +137,11 @@ class Worker {
   // token (prefill: the prompt's; decode: after the KV load; mixed: both), the gaps between
   // streamed updates, whole requests, the queue time (arrival to first admission by the
   // scheduler: EngineLoop::QueueTimeSnapshot), and the completed KV loads (decode side, posting
-  // to end: KvConnectorStats::load_seconds; empty buckets without a connector).
+  // to end: KvConnectorStats::load_seconds; empty buckets without a connector), and the model
+  // steps (EngineLoop::StepSnapshot).
   struct Latencies {
     http::HistogramSnapshot first_token, inter_token, e2e, queue, kv_load;
+    StepMetrics::Snapshot steps;
   };
   Latencies LatencySnapshots() const;
   const WorkerOptions& options() const { return options_; }

@@ -147,7 +147,8 @@ struct WorkerDaemon::Parts {
   // The engine loop, the KV transfer service, the source links (KV-exporting workers) and the
   // Worker with its gRPC service over them.
   void BuildServing(const WorkerConfig& config, std::unique_ptr<Engine> engine,
-                    const tandem::v1::TransferHandshake& local, const WorkerOptions& options);
+                    const tandem::v1::TransferHandshake& local, const WorkerOptions& options,
+                    std::shared_ptr<StepTraceWriter> step_trace);
   absl::Status StartServer(const WorkerConfig& config, const std::string& host,
                            std::string* address);
   // The metrics HTTP server on `listen` (none when empty).
@@ -327,9 +328,11 @@ WorkerOptions WorkerDaemon::Parts::MakeWorkerOptions(const WorkerConfig& config,
 
 void WorkerDaemon::Parts::BuildServing(const WorkerConfig& config, std::unique_ptr<Engine> engine,
                                        const tandem::v1::TransferHandshake& local,
-                                       const WorkerOptions& options) {
+                                       const WorkerOptions& options,
+                                       std::shared_ptr<StepTraceWriter> step_trace) {
   EngineLoopOptions loop_options;
   loop_options.max_queued_requests = config.max_queued_requests;
+  loop_options.step_trace = std::move(step_trace);
   loop_options.release_orphan_lease = [c = connector.get()](uint64_t lease) {
     c->ReleaseLease(lease);
   };
@@ -366,6 +369,11 @@ absl::Status WorkerDaemon::Parts::StartMetrics(const std::string& listen) {
 
 absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig config) {
   RETURN_IF_ERROR(CheckConfig(config));
+  std::shared_ptr<StepTraceWriter> step_trace;  // opened first: a bad path fails before the load
+  if (!config.step_trace.empty()) {
+    ASSIGN_OR_RETURN(step_trace,
+                     StepTraceWriter::Open(config.step_trace, config.step_trace_max_lines));
+  }
   ASSIGN_OR_RETURN(const std::string advertise, AdvertisedHost(config));
   ASSIGN_OR_RETURN(config.transfer.ucx_net_device, ResolveUcxNetDevice(config));
   ASSIGN_OR_RETURN(BackendModel loaded, TakeOrLoadModel(config));
@@ -387,7 +395,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(WorkerConfig 
   LOG(INFO) << "worker start: KV transfer side up in " << absl::Now() - kv_side_start;
   engine->AttachConnector(parts->connector.get());
   const WorkerOptions options = parts->MakeWorkerOptions(config, loaded, local, epoch);
-  parts->BuildServing(config, std::move(engine), local, options);
+  parts->BuildServing(config, std::move(engine), local, options, std::move(step_trace));
   std::string address;
   RETURN_IF_ERROR(parts->StartServer(config, advertise, &address));
   RETURN_IF_ERROR(parts->StartMetrics(config.metrics_listen));

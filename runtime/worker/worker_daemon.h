@@ -51,6 +51,10 @@ struct WorkerConfig {
   absl::Duration default_lease = absl::Seconds(30);
   absl::Duration kv_load_timeout = absl::Seconds(20);
   int64_t max_queued_requests = 4096;
+  // One JSON line a model step (runtime/worker/step_trace.h) into this file; empty: none. Lines
+  // past step_trace_max_lines are dropped.
+  std::string step_trace;
+  int64_t step_trace_max_lines = 1'000'000;
   // The gRPC port's connection cap and handshake timeout (common/grpc_listener.h).
   GrpcListenerOptions grpc_port;
   // The model and backend already loaded (rank 0 of a worker group: LoadGroupBackend, its

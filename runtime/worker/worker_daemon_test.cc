@@ -4,13 +4,17 @@
 #include "runtime/worker/worker_daemon.h"
 
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/http/test_client.h"
 #include "grpcpp/grpcpp.h"
@@ -26,6 +30,17 @@ namespace {
 std::string HttpGet(int port, const std::string& path) {
   const http::TestResponse r = http::HttpCall(port, "GET", path);
   return absl::StrCat("HTTP/1.1 ", r.status, "\n", r.body);
+}
+
+// The value of the first sample of `metrics` whose line starts with `series` and contains
+// `with`; "" when none does.
+std::string SampleOf(const std::string& metrics, const std::string& series,
+                     const std::string& with) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, series) || line.find(with) == absl::string_view::npos) continue;
+    return std::string(line.substr(line.rfind(' ') + 1));
+  }
+  return "";
 }
 
 WorkerConfig TinyConfig(tandem::v1::WorkerRole role) {
@@ -100,6 +115,7 @@ void CountExports(WorkerConfig& config, std::shared_ptr<std::atomic<int>> export
 TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
   WorkerConfig config = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
   config.metrics_listen = "127.0.0.1:0";
+  config.step_trace = absl::StrCat(::testing::TempDir(), "/daemon_steps.jsonl");
   absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon = WorkerDaemon::Create(config);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   EXPECT_EQ((*daemon)->address().rfind("127.0.0.1:", 0), 0u) << (*daemon)->address();
@@ -142,6 +158,11 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
     EXPECT_EQ(metrics.substr(metrics.find("} ", at) + 2, 2), "1\n") << h;
   }
   EXPECT_NE(metrics.find("le=\"+Inf\"} 1\n"), std::string::npos);
+  // The model steps: the 5-token prompt's step (its first token), then 5 decode steps.
+  EXPECT_EQ(SampleOf(metrics, "tandem:step_duration_seconds_count{", "kind=\"prefill\""), "1");
+  EXPECT_EQ(SampleOf(metrics, "tandem:step_duration_seconds_count{", "kind=\"decode\""), "5");
+  EXPECT_EQ(SampleOf(metrics, "tandem:iteration_tokens_total_count{", ""), "6");
+  EXPECT_EQ(SampleOf(metrics, "tandem:iteration_tokens_total_sum{", ""), "10");
   EXPECT_NE(HttpGet((*daemon)->metrics_port(), "/health").find("HTTP/1.1 200"), std::string::npos);
 
   (*daemon)->Drain(absl::Seconds(5));
@@ -153,6 +174,19 @@ TEST(WorkerDaemonTest, ServesFromAConfigAndDrains) {
   tandem::v1::HealthResponse health;
   EXPECT_FALSE(stub->Health(&after, tandem::v1::WorkerHealthRequest(), &health).ok())
       << "the server stopped";
+  // --step_trace: one line a model step, written out when the worker goes.
+  daemon->reset();
+  std::ifstream in(config.step_trace);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_NE(lines[0].find("\"seqs\":1,\"decode\":0,\"prefill_tokens\":5,"), std::string::npos)
+      << lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_NE(lines[i].find("\"decode\":1,\"prefill_tokens\":0,\"draft_tokens\":0,\"tokens\":1,"),
+              std::string::npos)
+        << lines[i];
+  }
 }
 
 // A prefill worker's SIGTERM: no new prefills, but a KV lease a decode worker has yet to read
@@ -323,6 +357,12 @@ TEST(WorkerDaemonTest, BadConfigurationsAreRefusedNamingTheProblem) {
   id.worker_id = std::string(1000, 'w');
   d = WorkerDaemon::Create(id);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+
+  WorkerConfig trace = TinyConfig(tandem::v1::WORKER_ROLE_MIXED);
+  trace.step_trace = absl::StrCat(::testing::TempDir(), "/no-such-dir/steps.jsonl");
+  d = WorkerDaemon::Create(trace);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+  EXPECT_NE(d.status().message().find("no-such-dir/steps.jsonl"), std::string::npos) << d.status();
 }
 
 }  // namespace

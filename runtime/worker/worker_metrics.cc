@@ -104,6 +104,19 @@ std::string WorkerMetricsText(const tandem::v1::WorkerStats& s,
               latencies.inter_token, labels);
   p.Histogram("tandem:worker_e2e_request_latency_seconds", "A call from arrival to its end.",
               latencies.e2e, labels);
+  // The model steps (step_trace.h): decode-only steps and steps that fed prompt tokens apart, so
+  // that a decode ITL tail shows which kind of step it is.
+  for (const auto& [kind, seconds] : {std::pair{"decode", &latencies.steps.decode_seconds},
+                                      std::pair{"prefill", &latencies.steps.prefill_seconds}}) {
+    http::Labels with_kind = labels;
+    with_kind.emplace_back("kind", kind);
+    p.Histogram("tandem:step_duration_seconds",
+                "A model step's wall time on the engine thread; kind=prefill when it fed prompt "
+                "tokens (with or without decodes), else decode.",
+                *seconds, with_kind);
+  }
+  p.Histogram("tandem:iteration_tokens_total", "Tokens a model step fed (prompt, decode, drafts).",
+              latencies.steps.tokens, labels);
   return p.text();
 }
 

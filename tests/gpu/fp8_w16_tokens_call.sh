@@ -14,6 +14,9 @@
 #     multi-token fold (TANDEM_FP8_W16_TOKENS=auto: the two-CTA rule) and batch 1 only (=1, the
 #     default), two rounds;
 #     Llama-3-70B FP8 at batch 2 / 3 the same way;
+#   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE trace   (~4 min)
+#     as serve, concurrency 2 and 3 only, auto / 1 / auto / 1, every worker with --step_trace and
+#     tandem_bench with --requests_out (read with tests/bench/step_trace_summary.py);
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE serve   (~6 min)
 #     Llama-3-8B FP8 (dummy weights) served through tandem_router by one mixed CUDA worker, the
 #     multi-token fold (auto), batch 1 only, auto again: tandem_bench 1024 in / 256 out at concurrency
@@ -98,18 +101,20 @@ else
     echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/$(basename $t).log" | tr '\n' ' ')"
   done
   source tests/gpu/serve_lib.sh
-  serve() {  # TAG TOKENS
+  serve() {  # TAG TOKENS [c2/c3 only]
     local tag=$1 dir=$L/$1 router
     if serve_start "$dir" 0 "$tag" TANDEM_DUMMY=1 TANDEM_FP8_W16_TOKENS="$2" -- \
       --worker_id="w-$tag" --load_format=dummy --dummy_config=llama3-8b --quantization=fp8 \
-      --kv_cache_bytes=20000000000 --max_model_len=4096; then
+      --kv_cache_bytes=20000000000 --max_model_len=4096 --step_trace="$dir/steps.jsonl"; then
       router=$SERVE_ROUTER
       for c in 2 3; do
         timeout 70 "$BIN/tests/bench/tandem_bench" --router="$router" --rate=inf \
           --max_concurrency=$c --num_requests=32 --prompt_len=1024 --output_len=256 --warmup=1 \
-          --seed=40$c --json > "$dir/c$c.json" 2> "$dir/c$c.err"
+          --seed=40$c --json --requests_out="$dir/c$c.requests.jsonl" > "$dir/c$c.json" \
+          2> "$dir/c$c.err"
         echo "$tag c$c rc=$?"
       done
+      if [[ -n ${3:-} ]]; then serve_stop; return; fi
       timeout 60 "$BIN/tests/bench/tandem_bench" --router="$router" --rate=4 --num_requests=48 \
         --prompt_len=1024 --output_len=256 --warmup=1 --seed=402 --json \
         > "$dir/r4.json" 2> "$dir/r4.err"
@@ -121,10 +126,18 @@ else
     fi
     serve_stop
   }
-  serve fp8_auto auto
-  serve fp8_tokens1 1
-  serve fp8_auto_b auto
-  bench_summary "$L"/*/c2.json "$L"/*/c3.json "$L"/*/r4.json "$L"/*/c64.json
+  if [[ $2 == trace ]]; then  # c2 / c3 only, each worker writing its step trace
+    serve fp8_auto auto c23
+    serve fp8_tokens1 1 c23
+    serve fp8_auto_b auto c23
+    serve fp8_tokens1_b 1 c23
+    bench_summary "$L"/*/c2.json "$L"/*/c3.json
+  else
+    serve fp8_auto auto
+    serve fp8_tokens1 1
+    serve fp8_auto_b auto
+    bench_summary "$L"/*/c2.json "$L"/*/c3.json "$L"/*/r4.json "$L"/*/c64.json
+  fi
   grep -h -i "error\|fail" "$L"/*/worker.log | head -5
 fi
 cd "$OUT" && tar -czf logs.tgz logs && rm -rf logs
