@@ -208,8 +208,8 @@ bool Fp8W16GemvNormInSupported(const void* x, const void* norm_weight, const Fp8
 // NormIn: + the norm weight, and the sums of rows_per_set row sets, twice in an SM's 228 KiB). One
 // CTA an SM streams the weights more slowly than the W8A8 GEMV (Llama-3-8B's down_proj at 4-8
 // tokens, 70B's at 2-4: kernels/fp8/BENCHMARKS.md, thirty-fourth session): CudaLlamaModel's
-// opt-in multi-token fold (TANDEM_FP8_W16_TOKENS=auto) takes a step only where every projection
-// keeps two.
+// multi-token fold (TANDEM_FP8_W16_TOKENS=auto, the default) takes a step only where every
+// projection keeps two.
 bool Fp8W16TokensTwoCtasPerSm(int64_t m, int64_t k, bool norm_in, int rows_per_set);
 
 // a: [m, k] bf16; w: [n, k]; bias: [n] bf16 or null; out: [m, n] of TOut (bf16 or float), not

@@ -121,8 +121,9 @@ struct CudaModelOptions {
   // (W8A16: no activation quantization, whatever the checkpoint's activation scheme; closer to
   // the unquantized model than W8A8, not the same bits) with the norms and SiLU-and-mul folded
   // into the GEMVs (kernels/fp8/fp8_w8a16_gemv_cuda.h; FoldedLayerFp8): 5 kernels fewer a layer.
-  // Steps of more tokens keep the W8A8 kernels (2-8 tokens fold opt-in: TANDEM_FP8_W16_TOKENS,
-  // FoldsFp8). false: W8A8 at batch 1 too.
+  // Steps of 2-8 tokens fold too where the multi-token form keeps two CTAs an SM (Llama-3-8B at
+  // 2-3 tokens; TANDEM_FP8_W16_TOKENS, FoldsFp8); larger steps keep the W8A8 kernels. false: W8A8
+  // at every step size.
   bool fp8_weight_only_fold = true;
   // DeepSeek-V2/V3 (CudaMlaModel) over a 16-bit latent pool: kv_a_layernorm runs inside the
   // kernel that writes the latent into the pool (kernels/mla/mla_cuda.h: MlaWriteLatentNormed,
@@ -335,8 +336,9 @@ class CudaLlamaModel {
                               int64_t l, const StepAttentionPlan& plan, void* attn_workspace,
                               cudaStream_t stream);
   // FoldsNorms for an FP8 model: fp8_weight_only_fold, bf16, every projection on the weight-only
-  // GEMV; 1 token, or (opt-in, TANDEM_FP8_W16_TOKENS=auto / N) 2 to kFp8W16TokensMaxM on its
-  // multi-token form (auto: where every projection keeps two CTAs an SM, Llama-3-8B 2-3 tokens).
+  // GEMV; 1 token, or 2 to kFp8W16TokensMaxM on its multi-token form (TANDEM_FP8_W16_TOKENS:
+  // auto, the default, where every projection keeps two CTAs an SM, Llama-3-8B 2-3 tokens; 1:
+  // batch 1 only; N: up to N).
   bool FoldsFp8(int64_t Tn) const;
   // out [R, vocab rows] fp32 = last_'s R rows . lm_head_fp8_^T (config.quantization.lm_head;
   // cuda_llama_model_fp8.cc): R = 1 on the weight-only GEMV (Fp8W16Gemv, fp32 out, as the

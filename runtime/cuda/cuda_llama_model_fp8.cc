@@ -175,17 +175,18 @@ bool W16FoldsRope() {
 }
 
 // The most tokens a step folds on the weight-only GEMVs (2-8 tokens: the multi-token form, one
-// weight read for them all), TANDEM_FP8_W16_TOKENS: unset, 1 (batch 1 only, every larger step on
-// the W8A8 path: the default, see below); "auto", up to kFp8W16TokensMaxM where every
-// projection's kernel keeps two CTAs an SM (Fp8W16TokensTwoCtasPerSm: Llama-3-8B at 2-3 tokens,
-// 70B at none), returned negated; N, up to N wherever the kernel fits. Opt-in: on an H200 "auto"
-// made Llama-3-8B FP8's batch-2 decode step 6% faster and served concurrency 2 4% more tokens a
-// second, but its ITL p99 went from 3.7 to 5.8-6.2 ms for reasons not yet found
-// (kernels/fp8/BENCHMARKS.md, thirty-fourth session).
+// weight read for them all), TANDEM_FP8_W16_TOKENS: unset, empty or "auto" (the default), up to
+// kFp8W16TokensMaxM where every projection's kernel keeps two CTAs an SM
+// (Fp8W16TokensTwoCtasPerSm: Llama-3-8B at 2-3 tokens, 70B at none), returned negated; 1, batch
+// 1 only (every larger step on the W8A8 path); N, up to N wherever the kernel fits. On an H200
+// "auto" makes Llama-3-8B FP8's batch-2 decode step 5-6% faster and serves concurrency 2 with
+// 4-5% more tokens a second at a lower ITL p99 (kernels/fp8/BENCHMARKS.md, thirty-fifth session:
+// the p99 rise one earlier session saw did not come back in seven runs, step traces beside).
 int64_t W16MaxTokens() {
   const char* v = std::getenv("TANDEM_FP8_W16_TOKENS");
-  if (v == nullptr) return 1;
-  if (std::strcmp(v, "auto") == 0) return -kernels::cuda::kFp8W16TokensMaxM;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+    return -kernels::cuda::kFp8W16TokensMaxM;
+  }
   return std::clamp<int64_t>(std::atoll(v), 1, kernels::cuda::kFp8W16TokensMaxM);
 }
 

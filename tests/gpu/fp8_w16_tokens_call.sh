@@ -6,16 +6,17 @@
 #     the GPU tests (fp8_w8a16_tokens_cuda_test; the one-token forms' plain / latency / RoPE tests
 #     the shared device code touched; cuda_engine_fold_test's FP8 cases), fp8_gemv_cuda_bench
 #     --only=w8a16-tokens, then decode_step_bench Llama-3-8B at batch 1 / 2 / 4 / 8 with bf16 and
-#     FP8, the FP8 steps folded up to 8 tokens (TANDEM_FP8_W16_TOKENS=8, the default) and at batch
+#     FP8, the FP8 steps folded up to 8 tokens (TANDEM_FP8_W16_TOKENS=8) and at batch
 #     1 only (=1: 2-8 tokens on the W8A8 path as before), two interleaved rounds; Llama-3-70B FP8
 #     at batch 2 / 4 the same way;
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE step   (~4 min)
 #     decode_step_bench Llama-3-8B FP8 at batch 1 / 2 / 3 / 4 / 8 (bf16 beside in round 1) with the
-#     multi-token fold (TANDEM_FP8_W16_TOKENS=auto: the two-CTA rule) and batch 1 only (=1, the
-#     default), two rounds;
+#     multi-token fold (TANDEM_FP8_W16_TOKENS=auto: the two-CTA rule, the default since the
+#     thirty-fifth session) and batch 1 only (=1), two rounds;
 #     Llama-3-70B FP8 at batch 2 / 3 the same way;
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE trace   (~4 min)
-#     as serve, concurrency 2 and 3 only, auto / 1 / auto / 1, every worker with --step_trace and
+#     as serve, concurrency 2 and 3 only, $TRACE_TOKENS (default "auto 1") twice over, every
+#     worker with --step_trace and
 #     tandem_bench with --requests_out (read with tests/bench/step_trace_summary.py);
 #   OUT=DIR tests/gpu/fp8_w16_tokens_call.sh BUNDLE serve   (~6 min)
 #     Llama-3-8B FP8 (dummy weights) served through tandem_router by one mixed CUDA worker, the
@@ -95,10 +96,12 @@ elif [[ $2 == check ]]; then
   echo "trace rc=$?"
   tail -n 24 "$L/dsb8b_trace.log"
 else
-  for t in kernels/fp8/fp8_w8a16_tokens_cuda_test kernels/fp8/fp8_w8a16_gemv_latency_cuda_test; do
+  for t in kernels/fp8/fp8_w8a16_tokens_cuda_test kernels/fp8/fp8_w8a16_gemv_latency_cuda_test \
+    runtime/cuda/cuda_engine_fold_test; do
     [[ -x $BIN/$t ]] || continue  # when the bundle carries them
     timeout 240 "$BIN/$t" > "$L/$(basename $t).log" 2>&1
     echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/$(basename $t).log" | tr '\n' ' ')"
+    grep -E "Failure|Expected|Which is|seed" "$L/$(basename $t).log" | head -8
   done
   source tests/gpu/serve_lib.sh
   serve() {  # TAG TOKENS [c2/c3 only]
@@ -127,10 +130,13 @@ else
     serve_stop
   }
   if [[ $2 == trace ]]; then  # c2 / c3 only, each worker writing its step trace
-    serve fp8_auto auto c23
-    serve fp8_tokens1 1 c23
-    serve fp8_auto_b auto c23
-    serve fp8_tokens1_b 1 c23
+    # TRACE_TOKENS: the TANDEM_FP8_W16_TOKENS values in turn ("default": empty, the built-in
+    # default), each run once, then the list again.
+    for round in a b; do
+      for t in ${TRACE_TOKENS:-auto 1}; do
+        serve "fp8_${t}_$round" "$([[ $t == default ]] || echo "$t")" c23
+      done
+    done
     bench_summary "$L"/*/c2.json "$L"/*/c3.json
   else
     serve fp8_auto auto
